@@ -1,0 +1,3 @@
+module github.com/questrt/questrt
+
+go 1.26

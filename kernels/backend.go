@@ -1,0 +1,197 @@
+package kernels
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// GQAMode says how the query heads of one KV head group share page
+// selection.
+type GQAMode int
+
+const (
+	// GroupMax gives each KV head one page set; a page's score is the max
+	// over the group's query heads. Score rows are KV heads. Default.
+	GroupMax GQAMode = iota
+	// PerHead lets every query head select its own pages; the KV head reads
+	// the union. Score rows are query heads.
+	PerHead
+)
+
+// String returns the mode's name as used in configs and the replay format.
+func (m GQAMode) String() string {
+	switch m {
+	case GroupMax:
+		return "group_max"
+	case PerHead:
+		return "per_head"
+	}
+	return fmt.Sprintf("GQAMode(%d)", int(m))
+}
+
+// ParseGQAMode parses "group_max" or "per_head" ("" means group_max).
+func ParseGQAMode(s string) (GQAMode, error) {
+	switch s {
+	case "", "group_max":
+		return GroupMax, nil
+	case "per_head":
+		return PerHead, nil
+	}
+	return 0, fmt.Errorf("unknown gqa mode %q (want group_max or per_head)", s)
+}
+
+// Shape is the head geometry of one shard's layer.
+type Shape struct {
+	QHeads   int // query heads served by this shard
+	KVHeads  int // KV heads stored by this shard; QHeads % KVHeads == 0
+	HeadDim  int // D
+	PageSize int // S, tokens per page
+}
+
+// Validate reports whether the shape is usable.
+func (s Shape) Validate() error {
+	switch {
+	case s.QHeads <= 0, s.KVHeads <= 0, s.HeadDim <= 0, s.PageSize <= 0:
+		return fmt.Errorf("shape %+v: every size must be positive", s)
+	case s.QHeads%s.KVHeads != 0:
+		return fmt.Errorf("shape %+v: query heads must be a multiple of KV heads", s)
+	}
+	return nil
+}
+
+// Group is the number of query heads per KV head.
+func (s Shape) Group() int { return s.QHeads / s.KVHeads }
+
+// Rows is the number of score/selection rows per sequence for mode.
+func (s Shape) Rows(m GQAMode) int {
+	if m == PerHead {
+		return s.QHeads
+	}
+	return s.KVHeads
+}
+
+// Layer is the page pool of one layer, read in place. K and V are
+// [pages][KVHeads][PageSize][HeadDim]; Summary is [pages][KVHeads][2][HeadDim]
+// (mins then maxes), indexed by physical page id.
+type Layer struct {
+	K, V, Summary []float32
+}
+
+// Batch describes the sequences of one step in CSR form. Sequence b owns the
+// physical pages Pages[Indptr[b]:Indptr[b+1]] in logical order; its last page
+// holds LastLen[b] valid tokens (1..PageSize). A sequence with no pages is
+// allowed (its LastLen is ignored) and contributes empty states.
+type Batch struct {
+	Indptr  []int32
+	Pages   []int32
+	LastLen []int32
+}
+
+// Len is the number of sequences in the batch.
+func (b *Batch) Len() int { return len(b.Indptr) - 1 }
+
+// NumPages is the page count of sequence i.
+func (b *Batch) NumPages(i int) int { return int(b.Indptr[i+1] - b.Indptr[i]) }
+
+// Validate checks the CSR arrays against the shape and the layer's pool size.
+func (b *Batch) Validate(s Shape, l Layer) error {
+	if len(b.Indptr) < 1 || b.Indptr[0] != 0 {
+		return errors.New("batch: indptr must start at 0")
+	}
+	n := b.Len()
+	if len(b.LastLen) != n {
+		return fmt.Errorf("batch: %d last lengths for %d sequences", len(b.LastLen), n)
+	}
+	for i := 0; i < n; i++ {
+		if b.Indptr[i+1] < b.Indptr[i] {
+			return fmt.Errorf("batch: indptr decreases at %d", i)
+		}
+		if b.NumPages(i) > 0 && (b.LastLen[i] < 1 || int(b.LastLen[i]) > s.PageSize) {
+			return fmt.Errorf("batch: sequence %d last page length %d outside 1..%d", i, b.LastLen[i], s.PageSize)
+		}
+	}
+	if int(b.Indptr[n]) != len(b.Pages) {
+		return fmt.Errorf("batch: indptr ends at %d but %d pages given", b.Indptr[n], len(b.Pages))
+	}
+	pool := len(l.Summary) / (s.KVHeads * 2 * s.HeadDim)
+	if len(l.K) != pool*s.KVHeads*s.PageSize*s.HeadDim || len(l.V) != len(l.K) {
+		return fmt.Errorf("batch: layer arrays K=%d V=%d summary=%d floats do not match one pool", len(l.K), len(l.V), len(l.Summary))
+	}
+	for i, p := range b.Pages {
+		if p < 0 || int(p) >= pool {
+			return fmt.Errorf("batch: physical page %d at %d outside pool of %d", p, i, pool)
+		}
+	}
+	return nil
+}
+
+// ScoreOffset is where sequence i's scores start in a Score output: the
+// output holds, per sequence, rows x NumPages(i) floats, row-major.
+func (b *Batch) ScoreOffset(i, rows int) int { return int(b.Indptr[i]) * rows }
+
+// TopKPlan lists top-K rows in CSR-like arrays (one entry per row). Row r
+// selects K[r] of the N[r] candidate scores starting at scores[ScoreOff[r]];
+// candidate i is logical page Base[r]+i. The chosen logical pages are written
+// in ascending order to out[OutOff[r]:OutOff[r]+min(K[r],N[r])].
+type TopKPlan struct {
+	ScoreOff []int32
+	N        []int32
+	Base     []int32
+	K        []int32
+	OutOff   []int32
+}
+
+// Rows is the number of rows in the plan.
+func (p *TopKPlan) Rows() int { return len(p.N) }
+
+// Reset empties the plan, keeping its storage.
+func (p *TopKPlan) Reset() {
+	p.ScoreOff, p.N, p.Base, p.K, p.OutOff = p.ScoreOff[:0], p.N[:0], p.Base[:0], p.K[:0], p.OutOff[:0]
+}
+
+// Add appends a row.
+func (p *TopKPlan) Add(scoreOff, n, base, k, outOff int) {
+	p.ScoreOff = append(p.ScoreOff, int32(scoreOff))
+	p.N = append(p.N, int32(n))
+	p.Base = append(p.Base, int32(base))
+	p.K = append(p.K, int32(k))
+	p.OutOff = append(p.OutOff, int32(outOff))
+}
+
+// Lists gives, per (sequence, row), the logical pages to attend. Rows follow
+// Mode: KV heads for GroupMax (the list serves every query head of the
+// group), query heads for PerHead. Row (b, r) is index b*rows+r; its pages
+// are Pages[Indptr[i]:Indptr[i+1]], each in [0, NumPages(b)), no duplicates,
+// in any order.
+type Lists struct {
+	Mode   GQAMode
+	Indptr []int32
+	Pages  []int32
+}
+
+// Backend runs the Quest kernels. Implementations are safe for concurrent
+// use; calls may serialize. Output slices are caller-owned; a backend keeps
+// no reference to them after a call returns.
+type Backend interface {
+	// Name is "cpu" or "cuda".
+	Name() string
+	// Score writes U for every page of every sequence of b for every row
+	// of mode: out[b.ScoreOffset(i, rows) + r*NumPages(i) + p]. q is
+	// [sequences][QHeads][HeadDim].
+	Score(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, mode GQAMode, out []float32) error
+	// TopK runs every row of plan over scores (see TopKPlan).
+	TopK(ctx context.Context, scores []float32, plan *TopKPlan, out []int32) error
+	// Attend computes attention of every query head over its row's pages,
+	// reading K/V in place, and writes partial states: o is
+	// [sequences][QHeads][HeadDim], lse is [sequences][QHeads].
+	Attend(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, lists *Lists, o, lse []float32) error
+	// Merge folds the partial states (o2, lse2) into (o, lse), element by
+	// state; both are [n][dim] and [n].
+	Merge(ctx context.Context, dim int, o, lse, o2, lse2 []float32) error
+	// Close releases the backend's workers and memory.
+	Close() error
+}
+
+// ErrClosed is returned by calls on a closed backend.
+var ErrClosed = errors.New("kernels: backend closed")

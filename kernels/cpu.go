@@ -1,0 +1,586 @@
+package kernels
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"sync"
+)
+
+// CPUConfig configures the CPU backend.
+type CPUConfig struct {
+	// Workers is the number of goroutines besides the caller's. Default
+	// (0): runtime.GOMAXPROCS(0) - 1.
+	Workers int
+	// ScoreChunk is the number of pages one scoring work item covers.
+	// Default 512.
+	ScoreChunk int
+	// AttendChunk is the number of pages one attention work item covers
+	// (split-K); its partial states are merged afterwards. Default 64.
+	AttendChunk int
+}
+
+// DefaultCPUConfig returns the defaults documented on CPUConfig.
+func DefaultCPUConfig() CPUConfig {
+	return CPUConfig{Workers: max(runtime.GOMAXPROCS(0)-1, 0), ScoreChunk: 512, AttendChunk: 64}
+}
+
+// CPU is the pure-Go float32 backend. Calls serialize on a mutex and run in
+// parallel on a fixed worker pool; after warm-up a call allocates nothing.
+type CPU struct {
+	cfg    CPUConfig
+	mu     sync.Mutex
+	pool   *workerPool
+	closed bool
+
+	score  scoreTask
+	topk   topkTask
+	attend attendTask
+	reduce reduceTask
+	merge  mergeTask
+}
+
+var _ Backend = (*CPU)(nil)
+
+// NewCPU starts a CPU backend. Zero fields of cfg take their defaults.
+func NewCPU(cfg CPUConfig) *CPU {
+	def := DefaultCPUConfig()
+	if cfg.Workers <= 0 {
+		cfg.Workers = def.Workers
+	}
+	if cfg.ScoreChunk <= 0 {
+		cfg.ScoreChunk = def.ScoreChunk
+	}
+	if cfg.AttendChunk <= 0 {
+		cfg.AttendChunk = def.AttendChunk
+	}
+	c := &CPU{cfg: cfg, pool: newWorkerPool(cfg.Workers)}
+	slots := cfg.Workers + 1
+	c.score.w = make([][]float32, slots)
+	c.topk.idx = make([][]int32, slots)
+	c.attend.scratch = make([]attendScratch, slots)
+	return c
+}
+
+// Name returns "cpu".
+func (c *CPU) Name() string { return "cpu" }
+
+// Close stops the worker pool. Further calls return ErrClosed.
+func (c *CPU) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.closed = true
+		c.pool.close()
+	}
+	return nil
+}
+
+func (c *CPU) enter(ctx context.Context) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// ---- score ----
+
+type scoreItem struct{ seq, kvh, p0, p1 int32 }
+
+type scoreTask struct {
+	s     Shape
+	l     Layer
+	b     *Batch
+	q     []float32
+	mode  GQAMode
+	out   []float32
+	items []scoreItem
+	w     [][]float32 // per worker: G x 2D split queries
+}
+
+// Score implements Backend.
+func (c *CPU) Score(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, mode GQAMode, out []float32) error {
+	if err := c.enter(ctx); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
+	if err := b.Validate(s, l); err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
+	n := b.Len()
+	if len(q) != n*s.QHeads*s.HeadDim {
+		return fmt.Errorf("score: query has %d floats, want %d", len(q), n*s.QHeads*s.HeadDim)
+	}
+	rows := s.Rows(mode)
+	if len(out) < len(b.Pages)*rows {
+		return fmt.Errorf("score: output has %d floats, want %d", len(out), len(b.Pages)*rows)
+	}
+	t := &c.score
+	t.s, t.l, t.b, t.q, t.mode, t.out = s, l, b, q, mode, out
+	t.items = t.items[:0]
+	chunk := c.cfg.ScoreChunk
+	for i := range n {
+		np := b.NumPages(i)
+		for h := range s.KVHeads {
+			for p0 := 0; p0 < np; p0 += chunk {
+				t.items = append(t.items, scoreItem{int32(i), int32(h), int32(p0), int32(min(p0+chunk, np))})
+			}
+		}
+	}
+	c.pool.parallel(t, len(t.items))
+	t.l, t.b, t.q, t.out = Layer{}, nil, nil, nil
+	return nil
+}
+
+func (t *scoreTask) run(worker, i int) {
+	it := t.items[i]
+	s := t.s
+	d, g := s.HeadDim, s.Group()
+	rec := 2 * d
+	w := t.w[worker]
+	if cap(w) < g*rec {
+		w = make([]float32, g*rec)
+		t.w[worker] = w
+	}
+	w = w[:g*rec]
+	seq := int(it.seq)
+	kvh := int(it.kvh)
+	for h := range g {
+		qh := t.q[(seq*s.QHeads+kvh*g+h)*d:][:d]
+		wh := w[h*rec:][:rec]
+		for j, x := range qh {
+			wh[j] = min(x, 0)
+			wh[d+j] = max(x, 0)
+		}
+	}
+	np := t.b.NumPages(seq)
+	pages := t.b.Pages[t.b.Indptr[seq]:t.b.Indptr[seq+1]]
+	rows := s.Rows(t.mode)
+	out := t.out[t.b.ScoreOffset(seq, rows):]
+	for p := int(it.p0); p < int(it.p1); p++ {
+		r := t.l.Summary[(int(pages[p])*s.KVHeads+kvh)*rec:][:rec]
+		if t.mode == PerHead {
+			for h := range g {
+				out[(kvh*g+h)*np+p] = dot(w[h*rec:][:rec], r)
+			}
+			continue
+		}
+		best := float32(math.Inf(-1))
+		for h := range g {
+			best = max(best, dot(w[h*rec:][:rec], r))
+		}
+		out[kvh*np+p] = best
+	}
+}
+
+// ---- top-K ----
+
+type topkTask struct {
+	scores []float32
+	plan   *TopKPlan
+	out    []int32
+	idx    [][]int32 // per worker scratch
+}
+
+// TopK implements Backend.
+func (c *CPU) TopK(ctx context.Context, scores []float32, plan *TopKPlan, out []int32) error {
+	if err := c.enter(ctx); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	n := plan.Rows()
+	if len(plan.ScoreOff) != n || len(plan.Base) != n || len(plan.K) != n || len(plan.OutOff) != n {
+		return fmt.Errorf("topk: plan arrays have different lengths")
+	}
+	for r := range n {
+		so, cnt, k, oo := int(plan.ScoreOff[r]), int(plan.N[r]), int(plan.K[r]), int(plan.OutOff[r])
+		if so < 0 || cnt < 0 || so+cnt > len(scores) {
+			return fmt.Errorf("topk: row %d candidates [%d,%d) outside %d scores", r, so, so+cnt, len(scores))
+		}
+		if k < 0 || oo < 0 || oo+min(k, cnt) > len(out) {
+			return fmt.Errorf("topk: row %d output [%d,+%d) outside %d", r, oo, min(k, cnt), len(out))
+		}
+	}
+	t := &c.topk
+	t.scores, t.plan, t.out = scores, plan, out
+	c.pool.parallel(t, n)
+	t.scores, t.plan, t.out = nil, nil, nil
+	return nil
+}
+
+func (t *topkTask) run(worker, r int) {
+	p := t.plan
+	n, k, base := int(p.N[r]), int(p.K[r]), p.Base[r]
+	out := t.out[p.OutOff[r]:]
+	if k >= n {
+		for i := range n {
+			out[i] = base + int32(i)
+		}
+		return
+	}
+	if k <= 0 {
+		return
+	}
+	idx := t.idx[worker]
+	if cap(idx) < n {
+		idx = make([]int32, n)
+		t.idx[worker] = idx
+	}
+	idx = idx[:n]
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	SelectTopK(t.scores[p.ScoreOff[r]:][:n], idx, k)
+	sel := idx[:k]
+	slices.Sort(sel)
+	for i, v := range sel {
+		out[i] = base + v
+	}
+}
+
+// SelectTopK reorders idx (indices into scores) so that idx[:k] holds the k
+// best entries: higher score first, ties to the lower index. It runs in
+// expected O(len(idx)) time (quickselect with a median-of-three pivot) and
+// leaves idx[:k] in no particular order.
+func SelectTopK(scores []float32, idx []int32, k int) {
+	better := func(a, b int32) bool {
+		sa, sb := scores[a], scores[b]
+		return sa > sb || (sa == sb && a < b)
+	}
+	lo, hi := 0, len(idx)-1
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		// Median of three moved to hi as the pivot.
+		if better(idx[mid], idx[lo]) {
+			idx[mid], idx[lo] = idx[lo], idx[mid]
+		}
+		if better(idx[hi], idx[lo]) {
+			idx[hi], idx[lo] = idx[lo], idx[hi]
+		}
+		if better(idx[mid], idx[hi]) {
+			idx[mid], idx[hi] = idx[hi], idx[mid]
+		}
+		pivot := idx[hi]
+		store := lo
+		for i := lo; i < hi; i++ {
+			if better(idx[i], pivot) {
+				idx[i], idx[store] = idx[store], idx[i]
+				store++
+			}
+		}
+		idx[store], idx[hi] = idx[hi], idx[store]
+		switch {
+		case store == k-1 || store == k:
+			return
+		case store < k-1:
+			lo = store + 1
+		default:
+			hi = store - 1
+		}
+	}
+}
+
+// ---- attention ----
+
+type attendItem struct {
+	seq, row int32
+	lo, hi   int32 // range in lists.Pages
+	part     int32 // index of this item's partial state block
+}
+
+type attendScratch struct {
+	logits []float32 // G x S
+	acc    []float32 // G x D
+	m, l   []float64 // G
+	stamp  []uint32
+	epoch  uint32
+}
+
+type attendTask struct {
+	s       Shape
+	l       Layer
+	b       *Batch
+	q       []float32
+	lists   *Lists
+	items   []attendItem
+	rowItem []int32 // first item of each row, len rows+1
+	partO   []float32
+	partL   []float32
+	scratch []attendScratch
+}
+
+type reduceTask struct {
+	a   *attendTask
+	o   []float32
+	lse []float32
+}
+
+// Attend implements Backend.
+func (c *CPU) Attend(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, lists *Lists, o, lse []float32) error {
+	if err := c.enter(ctx); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("attend: %w", err)
+	}
+	if err := b.Validate(s, l); err != nil {
+		return fmt.Errorf("attend: %w", err)
+	}
+	n := b.Len()
+	hq, d := s.QHeads, s.HeadDim
+	if len(q) != n*hq*d {
+		return fmt.Errorf("attend: query has %d floats, want %d", len(q), n*hq*d)
+	}
+	if len(o) != n*hq*d || len(lse) != n*hq {
+		return fmt.Errorf("attend: output sizes o=%d lse=%d, want %d and %d", len(o), len(lse), n*hq*d, n*hq)
+	}
+	rows := s.Rows(lists.Mode)
+	if len(lists.Indptr) != n*rows+1 || lists.Indptr[0] != 0 || int(lists.Indptr[n*rows]) != len(lists.Pages) {
+		return fmt.Errorf("attend: lists indptr has %d entries for %d rows and %d pages", len(lists.Indptr), n*rows, len(lists.Pages))
+	}
+	t := &c.attend
+	if err := t.checkLists(b, lists, rows); err != nil {
+		return fmt.Errorf("attend: %w", err)
+	}
+	t.s, t.l, t.b, t.q, t.lists = s, l, b, q, lists
+	t.items = t.items[:0]
+	t.rowItem = t.rowItem[:0]
+	chunk := int32(c.cfg.AttendChunk)
+	for row := range n * rows {
+		t.rowItem = append(t.rowItem, int32(len(t.items)))
+		lo, hi := lists.Indptr[row], lists.Indptr[row+1]
+		for p := lo; p < hi; p += chunk {
+			t.items = append(t.items, attendItem{seq: int32(row / rows), row: int32(row % rows), lo: p, hi: min(p+chunk, hi), part: int32(len(t.items))})
+		}
+	}
+	t.rowItem = append(t.rowItem, int32(len(t.items)))
+	heads := s.Group()
+	if lists.Mode == PerHead {
+		heads = 1
+	}
+	t.partO = grow(t.partO, len(t.items)*heads*d)
+	t.partL = grow(t.partL, len(t.items)*heads)
+	c.pool.parallel(t, len(t.items))
+	c.reduce = reduceTask{a: t, o: o, lse: lse}
+	c.pool.parallel(&c.reduce, n*rows)
+	c.reduce = reduceTask{}
+	t.l, t.b, t.q, t.lists = Layer{}, nil, nil, nil
+	return nil
+}
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// checkLists rejects out-of-range and duplicate pages in any row.
+func (t *attendTask) checkLists(b *Batch, lists *Lists, rows int) error {
+	sc := &t.scratch[0]
+	for row := range len(lists.Indptr) - 1 {
+		seq := row / rows
+		np := b.NumPages(seq)
+		if len(sc.stamp) < np {
+			sc.stamp = make([]uint32, np)
+			sc.epoch = 0
+		}
+		sc.epoch++
+		if sc.epoch == 0 {
+			clear(sc.stamp)
+			sc.epoch = 1
+		}
+		for _, p := range lists.Pages[lists.Indptr[row]:lists.Indptr[row+1]] {
+			if p < 0 || int(p) >= np {
+				return fmt.Errorf("sequence %d row %d: page %d outside 0..%d", seq, row%rows, p, np-1)
+			}
+			if sc.stamp[p] == sc.epoch {
+				return fmt.Errorf("sequence %d row %d: page %d listed twice", seq, row%rows, p)
+			}
+			sc.stamp[p] = sc.epoch
+		}
+	}
+	return nil
+}
+
+func (t *attendTask) run(worker, i int) {
+	it := t.items[i]
+	s := t.s
+	d, sz := s.HeadDim, s.PageSize
+	g := s.Group()
+	seq := int(it.seq)
+	var kvh, h0, heads int
+	if t.lists.Mode == PerHead {
+		kvh, h0, heads = int(it.row)/g, int(it.row), 1
+	} else {
+		kvh, h0, heads = int(it.row), int(it.row)*g, g
+	}
+	sc := &t.scratch[worker]
+	if cap(sc.logits) < heads*sz {
+		sc.logits = make([]float32, heads*sz)
+	}
+	if cap(sc.acc) < heads*d {
+		sc.acc = make([]float32, heads*d)
+	}
+	if cap(sc.m) < heads {
+		sc.m = make([]float64, heads)
+		sc.l = make([]float64, heads)
+	}
+	logits, acc := sc.logits[:heads*sz], sc.acc[:heads*d]
+	m, l := sc.m[:heads], sc.l[:heads]
+	clear(acc)
+	for h := range heads {
+		m[h], l[h] = math.Inf(-1), 0
+	}
+	q := t.q[(seq*s.QHeads+h0)*d:][:heads*d]
+	scale := float32(1 / math.Sqrt(float64(d)))
+	np := t.b.NumPages(seq)
+	pages := t.b.Pages[t.b.Indptr[seq]:t.b.Indptr[seq+1]]
+	for _, lp := range t.lists.Pages[it.lo:it.hi] {
+		n := sz
+		if int(lp) == np-1 {
+			n = int(t.b.LastLen[seq])
+		}
+		base := (int(pages[lp])*s.KVHeads + kvh) * sz * d
+		kp := t.l.K[base:][:n*d]
+		vp := t.l.V[base:][:n*d]
+		for tok := range n {
+			krow := kp[tok*d:][:d]
+			for h := range heads {
+				logits[h*sz+tok] = dot(q[h*d:][:d], krow) * scale
+			}
+		}
+		for h := range heads {
+			lg := logits[h*sz:][:n]
+			pm := float64(lg[0])
+			for _, x := range lg[1:] {
+				pm = max(pm, float64(x))
+			}
+			if pm > m[h] {
+				if l[h] != 0 {
+					alpha := math.Exp(m[h] - pm)
+					l[h] *= alpha
+					scaleVec(float32(alpha), acc[h*d:][:d])
+				}
+				m[h] = pm
+			}
+			var sum float64
+			for j, x := range lg {
+				p := math.Exp(float64(x) - m[h])
+				sum += p
+				lg[j] = float32(p)
+			}
+			l[h] += sum
+		}
+		for tok := range n {
+			vrow := vp[tok*d:][:d]
+			for h := range heads {
+				axpy(logits[h*sz+tok], vrow, acc[h*d:][:d])
+			}
+		}
+	}
+	po := t.partO[int(it.part)*heads*d:][:heads*d]
+	pl := t.partL[int(it.part)*heads:][:heads]
+	for h := range heads {
+		if l[h] == 0 {
+			clear(po[h*d:][:d])
+			pl[h] = float32(math.Inf(-1))
+			continue
+		}
+		inv := float32(1 / l[h])
+		for j, x := range acc[h*d:][:d] {
+			po[h*d+j] = x * inv
+		}
+		pl[h] = float32(m[h] + math.Log(l[h]))
+	}
+}
+
+func (r *reduceTask) run(_, row int) {
+	a := r.a
+	s := a.s
+	d, g := s.HeadDim, s.Group()
+	rows := s.Rows(a.lists.Mode)
+	seq, rr := row/rows, row%rows
+	heads, h0 := g, rr*g
+	if a.lists.Mode == PerHead {
+		heads, h0 = 1, rr
+	}
+	o := r.o[(seq*s.QHeads+h0)*d:][:heads*d]
+	lse := r.lse[seq*s.QHeads+h0:][:heads]
+	clear(o)
+	for h := range lse {
+		lse[h] = float32(math.Inf(-1))
+	}
+	for it := a.rowItem[row]; it < a.rowItem[row+1]; it++ {
+		mergeStates(d, o, lse, a.partO[int(it)*heads*d:][:heads*d], a.partL[int(it)*heads:][:heads])
+	}
+}
+
+// ---- merge ----
+
+type mergeTask struct {
+	dim              int
+	o, lse, o2, lse2 []float32
+}
+
+// Merge implements Backend.
+func (c *CPU) Merge(ctx context.Context, dim int, o, lse, o2, lse2 []float32) error {
+	if err := c.enter(ctx); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if dim <= 0 || len(lse) != len(lse2) || len(o) != len(lse)*dim || len(o2) != len(o) {
+		return fmt.Errorf("merge: sizes o=%d lse=%d o2=%d lse2=%d dim=%d do not match", len(o), len(lse), len(o2), len(lse2), dim)
+	}
+	const block = 256
+	c.merge = mergeTask{dim, o, lse, o2, lse2}
+	c.pool.parallel(&c.merge, (len(lse)+block-1)/block)
+	c.merge = mergeTask{}
+	return nil
+}
+
+func (t *mergeTask) run(_, i int) {
+	const block = 256
+	lo, hi := i*block, min((i+1)*block, len(t.lse))
+	d := t.dim
+	mergeStates(d, t.o[lo*d:hi*d], t.lse[lo:hi], t.o2[lo*d:hi*d], t.lse2[lo:hi])
+}
+
+// mergeStates folds (o2, lse2) into (o, lse) for each state:
+// lse = logaddexp(lse, lse2), o = o*exp(lse_old-lse) + o2*exp(lse2-lse).
+// The empty state (0, -Inf) is the identity on either side; no NaN arises.
+func mergeStates(d int, o, lse, o2, lse2 []float32) {
+	for h := range lse {
+		b := float64(lse2[h])
+		if math.IsInf(b, -1) {
+			continue
+		}
+		a := float64(lse[h])
+		oh, o2h := o[h*d:][:d], o2[h*d:][:d]
+		if math.IsInf(a, -1) {
+			copy(oh, o2h)
+			lse[h] = lse2[h]
+			continue
+		}
+		m := max(a, b)
+		wa, wb := math.Exp(a-m), math.Exp(b-m)
+		sum := wa + wb
+		fa, fb := float32(wa/sum), float32(wb/sum)
+		for j := range oh {
+			oh[j] = oh[j]*fa + o2h[j]*fb
+		}
+		lse[h] = float32(m + math.Log(sum))
+	}
+}

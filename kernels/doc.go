@@ -1,0 +1,27 @@
+// Package kernels owns the compute of a Quest decode step: page scoring from
+// min/max summaries, per-row top-K selection, sparse paged attention that
+// produces partial states (o, lse), and the merge of partial states.
+//
+// Kernels never allocate K/V buffers of their own and never gather pages:
+// they read the page pools of one layer in place through a page table, the
+// way FlashInfer's paged decode does. Inputs are described in CSR form
+// (Batch: indptr, physical page ids, last-page lengths) so a ragged batch of
+// sequences is one call, with no padding to the longest sequence.
+//
+// Two backends implement Backend: the pure-Go CPU backend in this package
+// (the default, used by CI and every test) and the CUDA backend (build tag
+// cuda). Both follow the same conventions:
+//
+//   - Query head h belongs to KV head h/G, G = QHeads/KVHeads (Llama GQA).
+//   - A page's summary record for one KV head is 2*D floats, D mins then D
+//     maxes; the score U_p(q) = sum_j max(q_j*min_j, q_j*max_j) is computed
+//     as the dot product of [min(q,0); max(q,0)] with that record.
+//   - Scores are float32 and unscaled (no 1/sqrt(D)).
+//   - Top-K orders by score descending, ties to the lower logical page index,
+//     and returns the chosen logical page indices in ascending order.
+//   - Attention scales logits by 1/sqrt(D) and returns, per query head, the
+//     normalized output o and lse = log(sum exp(scaled logits)) (natural log).
+//     An empty page list yields the empty state (0, -Inf).
+//
+// The package knows nothing about sequences' ownership, shards or networks.
+package kernels

@@ -1,0 +1,41 @@
+package kernels
+
+// dotGeneric returns sum a[i]*b[i] over len(a) (b must be at least as long).
+// Four independent accumulators let the CPU overlap the multiply-adds.
+func dotGeneric(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// axpyGeneric does y += alpha*x over len(x) (y must be at least as long).
+func axpyGeneric(alpha float32, x, y []float32) {
+	y = y[:len(x)]
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		y[i] += alpha * x[i]
+		y[i+1] += alpha * x[i+1]
+		y[i+2] += alpha * x[i+2]
+		y[i+3] += alpha * x[i+3]
+	}
+	for ; i < len(x); i++ {
+		y[i] += alpha * x[i]
+	}
+}
+
+// scaleGeneric does y *= alpha.
+func scaleGeneric(alpha float32, y []float32) {
+	for i := range y {
+		y[i] *= alpha
+	}
+}
