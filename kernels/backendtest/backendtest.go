@@ -236,10 +236,10 @@ func Run(t *testing.T, nb NewBackend) {
 }
 
 var shapes = []kernels.Shape{
-	{QHeads: 4, KVHeads: 4, HeadDim: 16, PageSize: 16},  // MHA
-	{QHeads: 8, KVHeads: 2, HeadDim: 32, PageSize: 16},  // GQA 4
-	{QHeads: 6, KVHeads: 1, HeadDim: 8, PageSize: 4},    // MQA, small pages
-	{QHeads: 4, KVHeads: 2, HeadDim: 64, PageSize: 1},   // one-token pages
+	{QHeads: 4, KVHeads: 4, HeadDim: 16, PageSize: 16},   // MHA
+	{QHeads: 8, KVHeads: 2, HeadDim: 32, PageSize: 16},   // GQA 4
+	{QHeads: 6, KVHeads: 1, HeadDim: 8, PageSize: 4},     // MQA, small pages
+	{QHeads: 4, KVHeads: 2, HeadDim: 64, PageSize: 1},    // one-token pages
 	{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}, // Llama-3-8B heads
 }
 
@@ -322,7 +322,7 @@ func testTopK(t *testing.T, nb NewBackend) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	type row struct {
 		n, k, base int
-		levels    int // distinct values (small: many ties)
+		levels     int // distinct values (small: many ties)
 	}
 	rows := []row{{1, 1, 0, 10}, {10, 3, 0, 2}, {100, 7, 5, 3}, {1000, 64, 1, 1}, {5000, 100, 0, 1 << 30}, {17, 17, 0, 4}, {9, 20, 2, 4}, {50, 0, 0, 5}, {65536, 255, 0, 1000}}
 	var plan kernels.TopKPlan
