@@ -1,0 +1,151 @@
+package pagestore
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+)
+
+// DType is the element type of stored K/V.
+type DType uint8
+
+const (
+	// Float32 is the only element type of this CPU store (the zero value).
+	Float32 DType = iota
+	// Float16 is reserved for the GPU backend.
+	Float16
+	// BFloat16 is reserved for the GPU backend.
+	BFloat16
+)
+
+// String returns the usual name of the type.
+func (d DType) String() string {
+	switch d {
+	case Float32:
+		return "float32"
+	case Float16:
+		return "float16"
+	case BFloat16:
+		return "bfloat16"
+	}
+	return fmt.Sprintf("DType(%d)", uint8(d))
+}
+
+// Size returns the size of one element in bytes, or 0 for an unknown type.
+func (d DType) Size() int {
+	switch d {
+	case Float32:
+		return 4
+	case Float16, BFloat16:
+		return 2
+	}
+	return 0
+}
+
+// Config describes one store. Every pool array is allocated by [New].
+type Config struct {
+	// Layers is the number of transformer layers (default 32).
+	Layers int
+	// KVHeads is the number of KV heads held by this partition (default 8).
+	KVHeads int
+	// HeadDim is the head dimension D (default 128).
+	HeadDim int
+	// PageSize is S, the number of token slots of a page (default 16, the
+	// Quest default). Any value >= 1 is accepted; a power of two is not
+	// required.
+	PageSize int
+	// DType is the element type; only Float32 is supported by this CPU store.
+	DType DType
+	// Capacity is the pool size in physical pages (default 256). A page holds
+	// PageSize tokens of every layer; see [Config.PoolBytes].
+	Capacity int
+}
+
+// DefaultConfig returns a Llama-3.1-8B shaped store (32 layers, 8 KV heads,
+// D = 128) with S = 16 and 256 pages (4096 tokens): 1 GiB of K/V plus
+// 64 MiB of summaries (1/S of K+V).
+func DefaultConfig() Config {
+	return Config{
+		Layers:   32,
+		KVHeads:  8,
+		HeadDim:  128,
+		PageSize: 16,
+		DType:    Float32,
+		Capacity: 256,
+	}
+}
+
+// Validate reports the first problem with c, or nil.
+func (c Config) Validate() error {
+	_, err := c.sizes()
+	return err
+}
+
+// PoolBytes returns the bytes of K+V and of summaries that [New] allocates
+// (both over all layers), or an error when c is invalid.
+func (c Config) PoolBytes() (kv, summary int, err error) {
+	sz, err := c.sizes()
+	if err != nil {
+		return 0, 0, err
+	}
+	return sz.kvBytes, sz.sumBytes, nil
+}
+
+type sizes struct {
+	layerKV  int // floats of K (or V) per layer
+	layerSum int // floats of summaries per layer
+	kvBytes  int // K+V bytes over all layers
+	sumBytes int // summary bytes over all layers
+}
+
+func (c Config) sizes() (sizes, error) {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"Layers", c.Layers}, {"KVHeads", c.KVHeads}, {"HeadDim", c.HeadDim},
+		{"PageSize", c.PageSize}, {"Capacity", c.Capacity},
+	} {
+		if f.v < 1 {
+			return sizes{}, fmt.Errorf("%w: %s = %d, must be >= 1", ErrInvalidConfig, f.name, f.v)
+		}
+	}
+	switch c.DType {
+	case Float32:
+	case Float16, BFloat16:
+		return sizes{}, fmt.Errorf("%w: dtype %v is reserved for the GPU backend; the CPU page store holds float32 only", ErrInvalidConfig, c.DType)
+	default:
+		return sizes{}, fmt.Errorf("%w: unknown dtype %v", ErrInvalidConfig, c.DType)
+	}
+	if c.Capacity > math.MaxInt32 {
+		return sizes{}, fmt.Errorf("%w: Capacity = %d exceeds the int32 page id range", ErrInvalidConfig, c.Capacity)
+	}
+	var sz sizes
+	var ok bool
+	if sz.layerKV, ok = mulInt(c.Capacity, c.KVHeads, c.PageSize, c.HeadDim); !ok {
+		return sizes{}, fmt.Errorf("%w: K/V pool of %d pages x %d heads x %d slots x %d dims overflows int", ErrInvalidConfig, c.Capacity, c.KVHeads, c.PageSize, c.HeadDim)
+	}
+	if sz.layerSum, ok = mulInt(c.Capacity, c.KVHeads, 2, c.HeadDim); !ok {
+		return sizes{}, fmt.Errorf("%w: summary pool of %d pages x %d heads x 2 x %d dims overflows int", ErrInvalidConfig, c.Capacity, c.KVHeads, c.HeadDim)
+	}
+	if sz.kvBytes, ok = mulInt(sz.layerKV, c.Layers, 2, 4); !ok {
+		return sizes{}, fmt.Errorf("%w: K/V pool bytes over %d layers overflow int", ErrInvalidConfig, c.Layers)
+	}
+	if sz.sumBytes, ok = mulInt(sz.layerSum, c.Layers, 4); !ok {
+		return sizes{}, fmt.Errorf("%w: summary pool bytes over %d layers overflow int", ErrInvalidConfig, c.Layers)
+	}
+	return sz, nil
+}
+
+// mulInt multiplies positive ints and reports whether the product fits in int.
+func mulInt(xs ...int) (int, bool) {
+	p := uint64(1)
+	for _, x := range xs {
+		hi, lo := bits.Mul64(p, uint64(x))
+		if hi != 0 || lo > math.MaxInt {
+			return 0, false
+		}
+		p = lo
+	}
+	return int(p), true
+}

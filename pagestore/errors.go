@@ -1,0 +1,28 @@
+package pagestore
+
+import "errors"
+
+// Sentinel errors. Every error returned by the store wraps one of them with
+// context (sequence, layer, sizes); test with errors.Is.
+var (
+	// ErrInvalidConfig: a Config field is out of range or unsupported.
+	ErrInvalidConfig = errors.New("pagestore: invalid config")
+	// ErrPoolExhausted: not enough free pages for an append or a
+	// copy-on-write; the sequence is unchanged.
+	ErrPoolExhausted = errors.New("pagestore: page pool exhausted")
+	// ErrUnknownSequence: no live sequence has this id.
+	ErrUnknownSequence = errors.New("pagestore: unknown sequence")
+	// ErrUnevenLayers: Fork or Rollback on a sequence whose layers have
+	// different lengths (a step is half-appended).
+	ErrUnevenLayers = errors.New("pagestore: layers have different lengths")
+	// ErrLayerOutOfRange: a layer index outside [0, Layers).
+	ErrLayerOutOfRange = errors.New("pagestore: layer out of range")
+	// ErrBadShape: a K/V slice whose length is not a positive multiple of
+	// KVHeads*HeadDim, or k and v of different lengths.
+	ErrBadShape = errors.New("pagestore: bad K/V shape")
+	// ErrNonFinite: a NaN or an infinity in an appended key or value.
+	ErrNonFinite = errors.New("pagestore: non-finite K/V element")
+	// ErrOutOfRange: a count outside its valid range (rollback of n <= 0
+	// tokens or past the start of the sequence).
+	ErrOutOfRange = errors.New("pagestore: out of range")
+)

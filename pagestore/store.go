@@ -1,0 +1,631 @@
+package pagestore
+
+import (
+	"fmt"
+	"math"
+	"sync"
+)
+
+// SeqID names a sequence of one store. Ids are assigned by [Store.Create],
+// starting at 1; 0 is never a valid id.
+type SeqID uint64
+
+// LayerData holds the whole pool arrays of one layer; kernels index them with
+// physical page ids (see the package doc for the layout). They alias the
+// store's memory: no copy is made.
+type LayerData struct {
+	// K and V are [Capacity][KVHeads][PageSize][HeadDim].
+	K, V []float32
+	// Summary is [Capacity][KVHeads][2][HeadDim]: mins then maxes.
+	Summary []float32
+}
+
+// SeqView is what a kernel needs about one sequence in one layer besides
+// its page table. It holds no slices, so getting one does not allocate.
+type SeqView struct {
+	// Len is the number of tokens of the layer.
+	Len int
+	// Pages is the number of pages holding at least one valid token of the
+	// layer: the first Pages entries of the page table.
+	Pages int
+	// LastPageLen is the number of valid tokens in page Pages-1 (1..S), or 0
+	// when Len is 0.
+	LastPageLen int
+}
+
+// Stats is a snapshot of the pool.
+type Stats struct {
+	Capacity     int // pages in the pool
+	FreePages    int // pages on the free list
+	UsedPages    int // pages with refcount >= 1
+	SharedPages  int // pages with refcount >= 2 (fork sharing)
+	Sequences    int // live sequences
+	KVBytes      int // bytes of the K and V pools, all layers
+	SummaryBytes int // bytes of the summary pools, all layers
+}
+
+// Store is the paged KV store of one device partition. See the package doc
+// for the layout and the concurrency contract.
+type Store struct {
+	cfg    Config
+	sz     sizes
+	layers []LayerData
+
+	// derived strides, in floats
+	tok     int // KVHeads*HeadDim: one token of k or v passed to Append
+	headBlk int // PageSize*HeadDim: one (page, head) K/V block
+	pageBlk int // KVHeads*PageSize*HeadDim: one page of K or V
+	sumRec  int // 2*HeadDim: one (page, head) summary record
+	sumPage int // KVHeads*2*HeadDim: one page of summaries
+
+	poolMu sync.Mutex
+	free   []int32 // stack of free physical pages
+	ref    []int32 // refcount per physical page
+
+	seqMu  sync.RWMutex
+	seqs   map[SeqID]*seq
+	nextID SeqID
+}
+
+type seq struct {
+	mu       sync.Mutex
+	released bool
+	pages    []int32 // logical page -> physical page
+	lens     []int   // tokens per layer
+	cow      []cowPage
+}
+
+type cowPage struct {
+	idx      int // logical page
+	old, new int32
+}
+
+// New allocates a store with every pool array of cfg.
+func New(cfg Config) (*Store, error) {
+	sz, err := cfg.sizes()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		cfg:     cfg,
+		sz:      sz,
+		layers:  make([]LayerData, cfg.Layers),
+		tok:     cfg.KVHeads * cfg.HeadDim,
+		headBlk: cfg.PageSize * cfg.HeadDim,
+		pageBlk: cfg.KVHeads * cfg.PageSize * cfg.HeadDim,
+		sumRec:  2 * cfg.HeadDim,
+		sumPage: cfg.KVHeads * 2 * cfg.HeadDim,
+		free:    make([]int32, cfg.Capacity),
+		ref:     make([]int32, cfg.Capacity),
+		seqs:    make(map[SeqID]*seq),
+		nextID:  1,
+	}
+	for l := range s.layers {
+		s.layers[l] = LayerData{
+			K:       make([]float32, sz.layerKV),
+			V:       make([]float32, sz.layerKV),
+			Summary: make([]float32, sz.layerSum),
+		}
+	}
+	// Pop from the end: page 0 is handed out first.
+	for i := range s.free {
+		s.free[i] = int32(cfg.Capacity - 1 - i)
+	}
+	for p := 0; p < cfg.Capacity; p++ {
+		s.resetSummary(int32(p))
+	}
+	return s, nil
+}
+
+// Config returns the store's configuration.
+func (s *Store) Config() Config { return s.cfg }
+
+// Layer returns the whole pool arrays of layer l (no copy). It panics when l
+// is out of range.
+func (s *Store) Layer(l int) LayerData { return s.layers[l] }
+
+// PageKV returns the [PageSize][HeadDim] K and V blocks of one physical page
+// and KV head in one layer, aliasing the pool (no copy). Slots beyond the
+// layer's valid length hold unspecified data. It panics on an index out of
+// range.
+func (s *Store) PageKV(layer, phys, head int) (k, v []float32) {
+	s.checkPhys(phys, head)
+	ld := s.layers[layer]
+	o := phys*s.pageBlk + head*s.headBlk
+	e := o + s.headBlk
+	return ld.K[o:e:e], ld.V[o:e:e]
+}
+
+// PageSummary returns the HeadDim minima and maxima of one physical page and
+// KV head in one layer, aliasing the pool (no copy). It panics on an index out
+// of range.
+func (s *Store) PageSummary(layer, phys, head int) (min, max []float32) {
+	s.checkPhys(phys, head)
+	ld := s.layers[layer]
+	o := phys*s.sumPage + head*s.sumRec
+	d := s.cfg.HeadDim
+	return ld.Summary[o : o+d : o+d], ld.Summary[o+d : o+2*d : o+2*d]
+}
+
+func (s *Store) checkPhys(phys, head int) {
+	if phys < 0 || phys >= s.cfg.Capacity || head < 0 || head >= s.cfg.KVHeads {
+		panic(fmt.Sprintf("pagestore: page %d head %d out of range [0,%d) x [0,%d)", phys, head, s.cfg.Capacity, s.cfg.KVHeads))
+	}
+}
+
+// Stats returns a snapshot of the pool.
+func (s *Store) Stats() Stats {
+	s.seqMu.RLock()
+	n := len(s.seqs)
+	s.seqMu.RUnlock()
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	st := Stats{
+		Capacity:     s.cfg.Capacity,
+		FreePages:    len(s.free),
+		UsedPages:    s.cfg.Capacity - len(s.free),
+		Sequences:    n,
+		KVBytes:      s.sz.kvBytes,
+		SummaryBytes: s.sz.sumBytes,
+	}
+	for _, r := range s.ref {
+		if r > 1 {
+			st.SharedPages++
+		}
+	}
+	return st
+}
+
+// Create starts an empty sequence and returns its id.
+func (s *Store) Create() SeqID {
+	sq := &seq{lens: make([]int, s.cfg.Layers)}
+	s.seqMu.Lock()
+	defer s.seqMu.Unlock()
+	id := s.nextID
+	s.nextID++
+	s.seqs[id] = sq
+	return id
+}
+
+// Release ends a sequence and drops its references to its pages; pages whose
+// refcount reaches zero return to the free list.
+func (s *Store) Release(id SeqID) error {
+	s.seqMu.Lock()
+	sq, ok := s.seqs[id]
+	delete(s.seqs, id)
+	s.seqMu.Unlock()
+	if !ok {
+		return fmt.Errorf("release seq %d: %w", id, ErrUnknownSequence)
+	}
+	sq.mu.Lock()
+	defer sq.mu.Unlock()
+	sq.released = true
+	s.poolMu.Lock()
+	for _, p := range sq.pages {
+		s.unrefLocked(p)
+	}
+	s.poolMu.Unlock()
+	sq.pages = nil
+	return nil
+}
+
+// lock returns the live sequence id with its mutex held.
+func (s *Store) lock(id SeqID) (*seq, error) {
+	s.seqMu.RLock()
+	sq, ok := s.seqs[id]
+	s.seqMu.RUnlock()
+	if !ok {
+		return nil, ErrUnknownSequence
+	}
+	sq.mu.Lock()
+	if sq.released { // released between the lookup and the lock
+		sq.mu.Unlock()
+		return nil, ErrUnknownSequence
+	}
+	return sq, nil
+}
+
+// Len returns the number of tokens present in every layer of the sequence
+// (the minimum of the layer lengths; between decode steps all layers agree).
+func (s *Store) Len(id SeqID) (int, error) {
+	sq, err := s.lock(id)
+	if err != nil {
+		return 0, fmt.Errorf("len seq %d: %w", id, err)
+	}
+	defer sq.mu.Unlock()
+	n := sq.lens[0]
+	for _, l := range sq.lens[1:] {
+		n = min(n, l)
+	}
+	return n, nil
+}
+
+// LayerLen returns the number of tokens of one layer of the sequence.
+func (s *Store) LayerLen(id SeqID, layer int) (int, error) {
+	if err := s.checkLayer(layer); err != nil {
+		return 0, fmt.Errorf("len seq %d layer %d: %w", id, layer, err)
+	}
+	sq, err := s.lock(id)
+	if err != nil {
+		return 0, fmt.Errorf("len seq %d layer %d: %w", id, layer, err)
+	}
+	defer sq.mu.Unlock()
+	return sq.lens[layer], nil
+}
+
+// AppendPageTable appends the sequence's physical page ids, in logical order,
+// to dst and returns the extended slice. Every page allocated to the sequence
+// is listed (a layer that is behind may use only a prefix: see [Store.View]).
+// It does not allocate when dst has room.
+func (s *Store) AppendPageTable(dst []int32, id SeqID) ([]int32, error) {
+	sq, err := s.lock(id)
+	if err != nil {
+		return dst, fmt.Errorf("page table seq %d: %w", id, err)
+	}
+	defer sq.mu.Unlock()
+	return append(dst, sq.pages...), nil
+}
+
+// View returns the length, page count and last_page_len of one layer of the
+// sequence.
+func (s *Store) View(id SeqID, layer int) (SeqView, error) {
+	if err := s.checkLayer(layer); err != nil {
+		return SeqView{}, fmt.Errorf("view seq %d layer %d: %w", id, layer, err)
+	}
+	sq, err := s.lock(id)
+	if err != nil {
+		return SeqView{}, fmt.Errorf("view seq %d layer %d: %w", id, layer, err)
+	}
+	defer sq.mu.Unlock()
+	return s.view(sq.lens[layer]), nil
+}
+
+func (s *Store) view(n int) SeqView {
+	if n == 0 {
+		return SeqView{}
+	}
+	S := s.cfg.PageSize
+	p := (n + S - 1) / S
+	return SeqView{Len: n, Pages: p, LastPageLen: n - (p-1)*S}
+}
+
+func (s *Store) checkLayer(layer int) error {
+	if layer < 0 || layer >= s.cfg.Layers {
+		return fmt.Errorf("%w: %d not in [0,%d)", ErrLayerOutOfRange, layer, s.cfg.Layers)
+	}
+	return nil
+}
+
+// checkKV validates the shape and values of an append and returns the
+// number of tokens.
+func (s *Store) checkKV(k, v []float32) (int, error) {
+	if len(k) != len(v) {
+		return 0, fmt.Errorf("%w: len(k) = %d, len(v) = %d, must be equal", ErrBadShape, len(k), len(v))
+	}
+	if len(k) == 0 || len(k)%s.tok != 0 {
+		return 0, fmt.Errorf("%w: len = %d, want a positive multiple of KVHeads*HeadDim = %d", ErrBadShape, len(k), s.tok)
+	}
+	if !allFinite(k) || !allFinite(v) {
+		for _, x := range [2]struct {
+			name string
+			a    []float32
+		}{{"k", k}, {"v", v}} {
+			for i, f := range x.a {
+				if f != f || f > math.MaxFloat32 || f < -math.MaxFloat32 {
+					d := s.cfg.HeadDim
+					return 0, fmt.Errorf("%w: %s[token %d][head %d][dim %d] = %v", ErrNonFinite, x.name, i/s.tok, i%s.tok/d, i%d, f)
+				}
+			}
+		}
+	}
+	return len(k) / s.tok, nil
+}
+
+// allFinite reports whether a holds no NaN or infinity: x*0 is ±0 for a
+// finite x and NaN otherwise, so the sums stay 0 exactly when all are
+// finite. Four accumulators, no data-dependent branch.
+func allFinite(a []float32) bool {
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * 0
+		s1 += a[i+1] * 0
+		s2 += a[i+2] * 0
+		s3 += a[i+3] * 0
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * 0
+	}
+	return s0+s1+s2+s3 == 0
+}
+
+// Append writes n >= 1 tokens of one layer to the end of that layer of the
+// sequence. k and v are token-major [n][KVHeads][HeadDim]. Pages are
+// allocated (with a fresh summary) when the layer runs past the allocated
+// pages, a shared page about to be written is copied first, and every key
+// widens its page's summary (eq. 8). Nothing changes when an error is
+// returned: inputs and capacity are checked before any write.
+func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
+	if err := s.checkLayer(layer); err != nil {
+		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
+	}
+	n, err := s.checkKV(k, v)
+	if err != nil {
+		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
+	}
+	sq, err := s.lock(id)
+	if err != nil {
+		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
+	}
+	defer sq.mu.Unlock()
+
+	S := s.cfg.PageSize
+	pos := sq.lens[layer]
+	end := pos + n
+	first, last := pos/S, (end-1)/S
+	if last >= s.cfg.Capacity {
+		return fmt.Errorf("append seq %d layer %d: %d tokens at position %d need %d pages, pool holds %d: %w",
+			id, layer, n, pos, last+1, s.cfg.Capacity, ErrPoolExhausted)
+	}
+	needNew := max(0, last+1-len(sq.pages))
+	lastOld := min(last, len(sq.pages)-1)
+
+	// Phase 1 (pool lock): find shared pages to copy, check capacity, take
+	// pages. Nothing is mutated before the capacity check passes.
+	sq.cow = sq.cow[:0]
+	s.poolMu.Lock()
+	for i := first; i <= lastOld; i++ {
+		if s.ref[sq.pages[i]] > 1 {
+			sq.cow = append(sq.cow, cowPage{idx: i, old: sq.pages[i]})
+		}
+	}
+	if need := needNew + len(sq.cow); need > len(s.free) {
+		free := len(s.free)
+		s.poolMu.Unlock()
+		return fmt.Errorf("append seq %d layer %d: %d tokens need %d new pages (%d copy-on-write), %d free: %w",
+			id, layer, n, need, len(sq.cow), free, ErrPoolExhausted)
+	}
+	for i := range sq.cow {
+		sq.cow[i].new = s.popLocked()
+	}
+	for range needNew {
+		sq.pages = append(sq.pages, s.popLocked())
+	}
+	s.poolMu.Unlock()
+
+	// Phase 2: fresh summaries for new pages, copies of shared pages (the
+	// old page is still referenced by us, so no sibling writes it in place).
+	for _, p := range sq.pages[len(sq.pages)-needNew:] {
+		s.resetSummary(p)
+	}
+	if len(sq.cow) > 0 {
+		for _, c := range sq.cow {
+			s.copyPage(c.new, c.old, c.idx, sq.lens)
+			sq.pages[c.idx] = c.new
+		}
+		s.poolMu.Lock()
+		for _, c := range sq.cow {
+			s.unrefLocked(c.old)
+		}
+		s.poolMu.Unlock()
+	}
+
+	// Phase 3: write K/V and widen summaries.
+	s.write(sq, layer, pos, n, k, v)
+	sq.lens[layer] = end
+	return nil
+}
+
+func (s *Store) write(sq *seq, layer, pos, n int, k, v []float32) {
+	ld := s.layers[layer]
+	S, H, D := s.cfg.PageSize, s.cfg.KVHeads, s.cfg.HeadDim
+	for t := 0; t < n; {
+		slot := pos % S
+		cnt := min(S-slot, n-t)
+		phys := int(sq.pages[pos/S])
+		for h := 0; h < H; h++ {
+			base := phys*s.pageBlk + h*s.headBlk + slot*D
+			so := phys*s.sumPage + h*s.sumRec
+			mn := ld.Summary[so : so+D : so+D]
+			mx := ld.Summary[so+D : so+2*D : so+2*D]
+			for r := 0; r < cnt; r++ {
+				src := (t+r)*s.tok + h*D
+				kr := k[src : src+D : src+D]
+				dst := base + r*D
+				copy(ld.K[dst:dst+D], kr)
+				copy(ld.V[dst:dst+D], v[src:src+D])
+				widen(mn, mx, kr)
+			}
+		}
+		t += cnt
+		pos += cnt
+	}
+}
+
+// widen applies eq. 8: mn = min(mn, k), mx = max(mx, k) element-wise.
+func widen(mn, mx, k []float32) {
+	mn = mn[:len(k)]
+	mx = mx[:len(k)]
+	// The builtins compile to branch-free MINSS/MAXSS sequences: about twice
+	// as fast as compare-and-branch on fresh pages, where which key wins is
+	// unpredictable. Keys are finite (checked by Append).
+	for j, x := range k {
+		mn[j] = min(mn[j], x)
+		mx[j] = max(mx[j], x)
+	}
+}
+
+// resetSummary sets every layer's and head's record of page p to the empty
+// box (+Inf min, -Inf max).
+func (s *Store) resetSummary(p int32) {
+	D := s.cfg.HeadDim
+	inf := float32(math.Inf(1))
+	o := int(p) * s.sumPage
+	for _, ld := range s.layers {
+		rec := ld.Summary[o : o+s.sumPage]
+		for h := 0; h < s.cfg.KVHeads; h++ {
+			r := rec[h*s.sumRec : (h+1)*s.sumRec]
+			for j := 0; j < D; j++ {
+				r[j] = inf
+				r[D+j] = -inf
+			}
+		}
+	}
+}
+
+// copyPage copies the valid K/V slots of every layer of logical page idx
+// (physical src) and the summaries to physical page dst.
+func (s *Store) copyPage(dst, src int32, idx int, lens []int) {
+	S, D := s.cfg.PageSize, s.cfg.HeadDim
+	so, do := int(src)*s.pageBlk, int(dst)*s.pageBlk
+	ss, ds := int(src)*s.sumPage, int(dst)*s.sumPage
+	for l, ld := range s.layers {
+		valid := min(max(lens[l]-idx*S, 0), S)
+		for h := 0; h < s.cfg.KVHeads; h++ {
+			a, b := so+h*s.headBlk, do+h*s.headBlk
+			copy(ld.K[b:b+valid*D], ld.K[a:a+valid*D])
+			copy(ld.V[b:b+valid*D], ld.V[a:a+valid*D])
+		}
+		copy(ld.Summary[ds:ds+s.sumPage], ld.Summary[ss:ss+s.sumPage])
+	}
+}
+
+// rescan recomputes the summaries of every layer and head of physical page p
+// from its first valid slots (eq. 14).
+func (s *Store) rescan(p int32, valid int) {
+	s.resetSummary(p)
+	D := s.cfg.HeadDim
+	for _, ld := range s.layers {
+		for h := 0; h < s.cfg.KVHeads; h++ {
+			so := int(p)*s.sumPage + h*s.sumRec
+			mn := ld.Summary[so : so+D : so+D]
+			mx := ld.Summary[so+D : so+2*D : so+2*D]
+			ko := int(p)*s.pageBlk + h*s.headBlk
+			for r := 0; r < valid; r++ {
+				widen(mn, mx, ld.K[ko+r*D:ko+(r+1)*D])
+			}
+		}
+	}
+}
+
+func (s *Store) popLocked() int32 {
+	p := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	s.ref[p] = 1
+	return p
+}
+
+func (s *Store) unrefLocked(p int32) {
+	s.ref[p]--
+	if s.ref[p] == 0 {
+		s.free = append(s.free, p)
+	}
+}
+
+// Fork creates a child sequence that shares every page of parent (the
+// partially filled tail page included) and returns its id. Later writes in
+// either branch copy a shared page first. All layers of parent must have the
+// same length.
+func (s *Store) Fork(parent SeqID) (SeqID, error) {
+	sq, err := s.lock(parent)
+	if err != nil {
+		return 0, fmt.Errorf("fork seq %d: %w", parent, err)
+	}
+	defer sq.mu.Unlock()
+	if err := s.checkEven(sq); err != nil {
+		return 0, fmt.Errorf("fork seq %d: %w", parent, err)
+	}
+	child := &seq{
+		pages: append([]int32(nil), sq.pages...),
+		lens:  append([]int(nil), sq.lens...),
+	}
+	s.poolMu.Lock()
+	for _, p := range sq.pages {
+		s.ref[p]++
+	}
+	s.poolMu.Unlock()
+	s.seqMu.Lock()
+	id := s.nextID
+	s.nextID++
+	s.seqs[id] = child
+	s.seqMu.Unlock()
+	return id, nil
+}
+
+func (s *Store) checkEven(sq *seq) error {
+	for l, n := range sq.lens {
+		if n != sq.lens[0] {
+			return fmt.Errorf("%w: layer 0 has %d tokens, layer %d has %d", ErrUnevenLayers, sq.lens[0], l, n)
+		}
+	}
+	return nil
+}
+
+// Rollback drops the last n tokens of every layer. Whole pages past the new
+// end are released; when the new end falls inside a page, that page's
+// summaries are recomputed for every layer and head from the remaining keys
+// (copying the page first if it is shared). n must be in [1, Len] and all
+// layers must have the same length; nothing changes when an error is
+// returned.
+func (s *Store) Rollback(id SeqID, n int) error {
+	if n <= 0 {
+		return fmt.Errorf("rollback seq %d by %d tokens: %w: n must be >= 1", id, n, ErrOutOfRange)
+	}
+	sq, err := s.lock(id)
+	if err != nil {
+		return fmt.Errorf("rollback seq %d: %w", id, err)
+	}
+	defer sq.mu.Unlock()
+	if err := s.checkEven(sq); err != nil {
+		return fmt.Errorf("rollback seq %d: %w", id, err)
+	}
+	L := sq.lens[0]
+	if n > L {
+		return fmt.Errorf("rollback seq %d by %d tokens: %w: sequence has %d", id, n, ErrOutOfRange, L)
+	}
+	S := s.cfg.PageSize
+	newLen := L - n
+	keep := (newLen + S - 1) / S
+	tail := newLen % S // valid slots of a reopened page, 0 if none
+	dropped := sq.pages[keep:]
+
+	s.poolMu.Lock()
+	var old, cp int32 = -1, -1
+	if tail != 0 && s.ref[sq.pages[keep-1]] > 1 {
+		avail := len(s.free)
+		for _, p := range dropped {
+			if s.ref[p] == 1 {
+				avail++
+			}
+		}
+		if avail == 0 {
+			s.poolMu.Unlock()
+			return fmt.Errorf("rollback seq %d by %d tokens: copy-on-write of shared tail page needs 1 page, 0 free: %w", id, n, ErrPoolExhausted)
+		}
+		old = sq.pages[keep-1]
+	}
+	for _, p := range dropped {
+		s.unrefLocked(p)
+	}
+	if old >= 0 {
+		cp = s.popLocked()
+	}
+	s.poolMu.Unlock()
+
+	sq.pages = sq.pages[:keep]
+	for l := range sq.lens {
+		sq.lens[l] = newLen
+	}
+	if tail == 0 {
+		return nil
+	}
+	if old >= 0 {
+		s.copyPage(cp, old, keep-1, sq.lens)
+		sq.pages[keep-1] = cp
+		s.poolMu.Lock()
+		s.unrefLocked(old)
+		s.poolMu.Unlock()
+	}
+	s.rescan(sq.pages[keep-1], tail)
+	return nil
+}
