@@ -1,0 +1,78 @@
+package shard
+
+import "testing"
+
+func TestPolicyPlan(t *testing.T) {
+	base := DefaultPolicy() // S=16, B=2048 (K=128), local 1, dense layers 2
+	withSink := base
+	withSink.SinkPages = 2
+	withLayer := base
+	withLayer.LayerBudget = map[int]int{5: 64}
+	recent := base
+	recent.Selector = Dense
+	cases := []struct {
+		name         string
+		pol          Policy
+		layer, pages int
+		budget       int
+		want         Plan
+	}{
+		{"dense layer", base, 1, 1000, 0, Plan{Pages: 1000, Dense: true, K: 128}},
+		{"sparse", base, 2, 1000, 0, Plan{Pages: 1000, K: 128, Local: 1, Rank: 127}},
+		{"budget covers sequence", base, 2, 128, 0, Plan{Pages: 128, Dense: true, K: 128}},
+		{"one page short of dense", base, 2, 129, 0, Plan{Pages: 129, K: 128, Local: 1, Rank: 127}},
+		{"request budget", base, 3, 1000, 160, Plan{Pages: 1000, K: 10, Local: 1, Rank: 9}},
+		{"budget rounds down", base, 3, 1000, 47, Plan{Pages: 1000, K: 2, Local: 1, Rank: 1}},
+		{"sink and local", withSink, 2, 1000, 160, Plan{Pages: 1000, K: 10, Sink: 2, Local: 1, Rank: 7}},
+		{"forced exceed budget", withSink, 2, 1000, 32, Plan{Pages: 1000, K: 2, Sink: 2, Local: 1, Rank: 0}},
+		{"layer budget", withLayer, 5, 1000, 0, Plan{Pages: 1000, K: 4, Local: 1, Rank: 3}},
+		{"request beats layer budget", withLayer, 5, 1000, 320, Plan{Pages: 1000, K: 20, Local: 1, Rank: 19}},
+		{"dense selector", recent, 7, 1000, 0, Plan{Pages: 1000, Dense: true, K: 128}},
+	}
+	for _, c := range cases {
+		got, err := c.pol.Plan(c.layer, c.pages, c.budget)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got != c.want {
+			t.Errorf("%s: plan %+v, want %+v", c.name, got, c.want)
+		}
+		if got.Reads() > got.Pages {
+			t.Errorf("%s: reads %d of %d pages", c.name, got.Reads(), got.Pages)
+		}
+	}
+	if _, err := base.Plan(2, 100, 15); err == nil {
+		t.Error("budget below one page: no error")
+	}
+}
+
+func TestPolicyValidate(t *testing.T) {
+	bad := map[string]func(*Policy){
+		"page size 0":       func(p *Policy) { p.PageSize = 0 },
+		"budget below page": func(p *Policy) { p.BudgetTokens = 8 },
+		"negative sink":     func(p *Policy) { p.SinkPages = -1 },
+		"negative local":    func(p *Policy) { p.LocalPages = -1 },
+		"bad gqa":           func(p *Policy) { p.GQA = 7 },
+		"bad selector":      func(p *Policy) { p.Selector = 9 },
+		"bad layer budget":  func(p *Policy) { p.LayerBudget = map[int]int{3: 4} },
+	}
+	for name, mut := range bad {
+		p := DefaultPolicy()
+		mut(&p)
+		if p.Validate() == nil {
+			t.Errorf("%s: Validate accepted %+v", name, p)
+		}
+	}
+	if err := DefaultPolicy().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"quest", "oracle", "recent", "dense"} {
+		s, err := ParseSelector(name)
+		if err != nil || s.String() != name {
+			t.Errorf("ParseSelector(%q) = %v, %v", name, s, err)
+		}
+	}
+	if _, err := ParseSelector("h2o"); err == nil {
+		t.Error("ParseSelector accepted h2o")
+	}
+}

@@ -1,0 +1,391 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/pagestore"
+)
+
+// Config describes one shard.
+type Config struct {
+	// Store is the shard's page pool (its KV heads, all layers).
+	Store pagestore.Config
+	// QHeads is the number of query heads this shard serves; a multiple of
+	// Store.KVHeads. Default 32.
+	QHeads int
+	// Policy is the page-selection policy. Default DefaultPolicy(); its
+	// PageSize must equal Store.PageSize.
+	Policy Policy
+}
+
+// DefaultConfig returns a Llama-3.1-8B shaped shard (32 query heads, 8 KV
+// heads, D = 128, S = 16) with the default store and policy.
+func DefaultConfig() Config {
+	return Config{Store: pagestore.DefaultConfig(), QHeads: 32, Policy: DefaultPolicy()}
+}
+
+// Validate reports whether the config is usable.
+func (c Config) Validate() error {
+	if err := c.Store.Validate(); err != nil {
+		return fmt.Errorf("shard config: %w", err)
+	}
+	if err := c.Policy.Validate(); err != nil {
+		return fmt.Errorf("shard config: %w", err)
+	}
+	if c.Policy.PageSize != c.Store.PageSize {
+		return fmt.Errorf("shard config: policy page size %d differs from the store's %d", c.Policy.PageSize, c.Store.PageSize)
+	}
+	if err := c.shape().Validate(); err != nil {
+		return fmt.Errorf("shard config: %w", err)
+	}
+	return nil
+}
+
+func (c Config) shape() kernels.Shape {
+	return kernels.Shape{QHeads: c.QHeads, KVHeads: c.Store.KVHeads, HeadDim: c.Store.HeadDim, PageSize: c.Store.PageSize}
+}
+
+// Shard is one device's slice of the KV: its page store and the local part
+// of a decode step. Steps and appends on one shard serialize on a mutex;
+// the kernels parallelize inside a step.
+type Shard struct {
+	cfg   Config
+	shape kernels.Shape
+	store *pagestore.Store
+	be    kernels.Backend
+
+	mu sync.Mutex
+	ws workspace
+}
+
+// New builds a shard over backend be (which the caller keeps and closes).
+func New(cfg Config, be kernels.Backend) (*Shard, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	st, err := pagestore.New(cfg.Store)
+	if err != nil {
+		return nil, fmt.Errorf("shard: %w", err)
+	}
+	return &Shard{cfg: cfg, shape: cfg.shape(), store: st, be: be}, nil
+}
+
+// Config returns the shard's config.
+func (s *Shard) Config() Config { return s.cfg }
+
+// Shape returns the head geometry of the shard.
+func (s *Shard) Shape() kernels.Shape { return s.shape }
+
+// Store exposes the shard's page store for statistics and sequence
+// management (create, fork, rollback, release).
+func (s *Shard) Store() *pagestore.Store { return s.store }
+
+// Append appends tokens to one layer of a sequence (k, v: [n][KVHeads][D]),
+// serialized with steps.
+func (s *Shard) Append(id pagestore.SeqID, layer int, k, v []float32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.store.Append(id, layer, k, v)
+}
+
+// SeqStep is one sequence's part of a step.
+type SeqStep struct {
+	Seq pagestore.SeqID
+	// Q is [QHeads][HeadDim].
+	Q []float32
+	// K and V, when set, are the new token's [KVHeads][HeadDim], appended to
+	// the layer before attention (so the token attends to itself).
+	K, V []float32
+	// BudgetTokens overrides the policy's budget for this sequence (0: the
+	// policy's).
+	BudgetTokens int
+}
+
+// StepResult holds a step's outputs. Reuse one across steps to avoid
+// allocation.
+type StepResult struct {
+	// O is [sequences][QHeads][HeadDim]; LSE is [sequences][QHeads].
+	O, LSE []float32
+	// Plans is the page plan of each sequence.
+	Plans []Plan
+	// Diag holds one entry per sequence when the step asked for
+	// diagnostics.
+	Diag []Diagnostics
+	// Time is the wall time of the step's phases (whole batch).
+	Time PhaseTimes
+}
+
+// PhaseTimes is the wall time of each phase of a step.
+type PhaseTimes struct {
+	Score, TopK, Attend time.Duration
+}
+
+// Diagnostics describe one sequence's selection in one step, measured
+// against dense attention on the same data.
+type Diagnostics struct {
+	// Selected lists, per query head, the logical pages attended
+	// (selected and forced), ascending.
+	Selected [][]int32
+	// Scores lists, per query head, every page's score under the step's
+	// selector (group max for group_max; nil for recent and dense).
+	Scores [][]float32
+	// Recall is the fraction of the dense top-R tokens (per query head,
+	// averaged) whose pages were attended.
+	Recall float64
+	// MassRecall is 1 - eps: the dense softmax mass inside the attended
+	// pages (per query head, averaged); MinMassRecall is the worst head.
+	MassRecall, MinMassRecall float64
+	// RelL2 is ||o - o_dense|| / ||o_dense|| over all query heads.
+	RelL2 float64
+	// PagesRead and PagesTotal count (KV head, page) pairs read by the
+	// step's attention vs by dense attention.
+	PagesRead, PagesTotal int
+}
+
+// StepOptions tune one step.
+type StepOptions struct {
+	// Diagnostics computes Diagnostics (costs a dense pass).
+	Diagnostics bool
+	// TopR is R for Recall. Default 10.
+	TopR int
+	// ForceDense attends every page regardless of the policy (a dense
+	// reference step on the same data).
+	ForceDense bool
+}
+
+// ErrBadInput marks a request rejected before any state changed.
+var ErrBadInput = errors.New("shard: bad input")
+
+type workspace struct {
+	batch  kernels.Batch
+	table  []int32
+	views  []pagestore.SeqView
+	q      []float32
+	scores []float32
+	plan   kernels.TopKPlan
+	sel    []int32
+	lists  kernels.Lists
+	scored bool // scores holds this step's page scores
+}
+
+// Step runs one decode step of one layer for a batch of sequences on this
+// shard: append the new tokens (if given), plan pages per sequence, score,
+// select top-K, and attend. Sequences may have different lengths and
+// budgets; nothing is padded.
+func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOptions, res *StepResult) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkStep(layer, reqs); err != nil {
+		return err
+	}
+	for i, r := range reqs {
+		if r.K == nil && r.V == nil {
+			continue
+		}
+		if err := s.store.Append(r.Seq, layer, r.K, r.V); err != nil {
+			// Earlier sequences of this batch keep their appended token;
+			// the error names the failing one.
+			return fmt.Errorf("step layer %d: sequence %d (batch index %d): %w", layer, r.Seq, i, err)
+		}
+	}
+	ws := &s.ws
+	sh := s.shape
+	d := sh.HeadDim
+	// Plan: the batch CSR, one page table per sequence.
+	ws.batch.Indptr = append(ws.batch.Indptr[:0], 0)
+	ws.batch.Pages = ws.batch.Pages[:0]
+	ws.batch.LastLen = ws.batch.LastLen[:0]
+	ws.q = ws.q[:0]
+	res.Plans = res.Plans[:0]
+	for _, r := range reqs {
+		v, err := s.store.View(r.Seq, layer)
+		if err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
+		ws.table, err = s.store.AppendPageTable(ws.table[:0], r.Seq)
+		if err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
+		ws.batch.Pages = append(ws.batch.Pages, ws.table[:v.Pages]...)
+		ws.batch.Indptr = append(ws.batch.Indptr, int32(len(ws.batch.Pages)))
+		ws.batch.LastLen = append(ws.batch.LastLen, int32(v.LastPageLen))
+		pl, err := s.cfg.Policy.Plan(layer, v.Pages, r.BudgetTokens)
+		if err != nil {
+			return fmt.Errorf("step layer %d sequence %d: %w: %w", layer, r.Seq, ErrBadInput, err)
+		}
+		if opt.ForceDense {
+			pl = Plan{Pages: pl.Pages, K: pl.K, Dense: true}
+		}
+		res.Plans = append(res.Plans, pl)
+		ws.q = append(ws.q, r.Q...)
+	}
+	l := s.store.Layer(layer)
+	kl := kernels.Layer{K: l.K, V: l.V, Summary: l.Summary}
+	mode := s.cfg.Policy.GQA
+	rows := sh.Rows(mode)
+	res.Time = PhaseTimes{}
+	if err := s.selectPages(ctx, kl, mode, res.Plans, opt.Diagnostics, &res.Time); err != nil {
+		return fmt.Errorf("step layer %d: %w", layer, err)
+	}
+	n := len(reqs)
+	res.O = resize(res.O, n*sh.QHeads*d)
+	res.LSE = resize(res.LSE, n*sh.QHeads)
+	t0 := time.Now()
+	if err := s.be.Attend(ctx, sh, kl, &ws.batch, ws.q, &ws.lists, res.O, res.LSE); err != nil {
+		return fmt.Errorf("step layer %d: %w", layer, err)
+	}
+	res.Time.Attend = time.Since(t0)
+	res.Diag = res.Diag[:0]
+	if opt.Diagnostics {
+		for i := range reqs {
+			dg, err := s.diagnose(ctx, kl, i, rows, mode, res, opt)
+			if err != nil {
+				return fmt.Errorf("step layer %d diagnostics: %w", layer, err)
+			}
+			res.Diag = append(res.Diag, dg)
+		}
+	}
+	return nil
+}
+
+func finite(xs []float32) bool {
+	for _, x := range xs {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			return false
+		}
+	}
+	return true
+}
+
+func resize(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// checkStep validates a request before anything changes.
+func (s *Shard) checkStep(layer int, reqs []SeqStep) error {
+	sh := s.shape
+	if layer < 0 || layer >= s.cfg.Store.Layers {
+		return fmt.Errorf("step: %w: layer %d outside 0..%d", ErrBadInput, layer, s.cfg.Store.Layers-1)
+	}
+	if len(reqs) == 0 {
+		return fmt.Errorf("step: %w: empty batch", ErrBadInput)
+	}
+	seen := make(map[pagestore.SeqID]bool, len(reqs))
+	for i, r := range reqs {
+		if seen[r.Seq] {
+			return fmt.Errorf("step: %w: sequence %d appears twice in the batch", ErrBadInput, r.Seq)
+		}
+		seen[r.Seq] = true
+		if len(r.Q) != sh.QHeads*sh.HeadDim {
+			return fmt.Errorf("step: %w: batch index %d: query has %d floats, want %d", ErrBadInput, i, len(r.Q), sh.QHeads*sh.HeadDim)
+		}
+		if !finite(r.Q) {
+			return fmt.Errorf("step: %w: batch index %d: non-finite query", ErrBadInput, i)
+		}
+		if (r.K == nil) != (r.V == nil) || (r.K != nil && len(r.K) != sh.KVHeads*sh.HeadDim) {
+			return fmt.Errorf("step: %w: batch index %d: new token k/v must both be [%d][%d]", ErrBadInput, i, sh.KVHeads, sh.HeadDim)
+		}
+		if !finite(r.K) || !finite(r.V) {
+			return fmt.Errorf("step: %w: batch index %d: non-finite new key or value", ErrBadInput, i)
+		}
+		if r.BudgetTokens < 0 || (r.BudgetTokens > 0 && r.BudgetTokens < s.cfg.Policy.PageSize) {
+			return fmt.Errorf("step: %w: batch index %d: budget %d tokens is below one page", ErrBadInput, i, r.BudgetTokens)
+		}
+		n, err := s.store.LayerLen(r.Seq, layer)
+		if err != nil {
+			return fmt.Errorf("step: %w", err)
+		}
+		if n == 0 && r.K == nil {
+			return fmt.Errorf("step: %w: sequence %d has no tokens in layer %d", ErrBadInput, r.Seq, layer)
+		}
+	}
+	return nil
+}
+
+// selectPages fills ws.lists with each (sequence, row)'s pages: forced
+// pages plus the selector's choice.
+func (s *Shard) selectPages(ctx context.Context, kl kernels.Layer, mode kernels.GQAMode, plans []Plan, wantScores bool, tm *PhaseTimes) error {
+	ws := &s.ws
+	sh := s.shape
+	rows := sh.Rows(mode)
+	b := &ws.batch
+	ranked := wantScores
+	for _, pl := range plans {
+		ranked = ranked || (!pl.Dense && pl.Rank > 0)
+	}
+	sel := s.cfg.Policy.Selector
+	ws.scored = ranked && (sel == Quest || sel == Oracle)
+	if ws.scored {
+		ws.scores = resize(ws.scores, len(b.Pages)*rows)
+		t0 := time.Now()
+		var err error
+		if sel == Quest {
+			err = s.be.Score(ctx, sh, kl, b, ws.q, mode, ws.scores)
+		} else {
+			err = kernels.PageMax(sh, kl, b, ws.q, mode, ws.scores)
+		}
+		if err != nil {
+			return err
+		}
+		tm.Score = time.Since(t0)
+		ws.plan.Reset()
+		total := 0
+		for i, pl := range plans {
+			if pl.Dense || pl.Rank == 0 {
+				continue
+			}
+			for r := range rows {
+				ws.plan.Add(b.ScoreOffset(i, rows)+r*pl.Pages+pl.Lo(), pl.Hi()-pl.Lo(), pl.Lo(), pl.Rank, total)
+				total += pl.Rank
+			}
+		}
+		ws.sel = slices.Grow(ws.sel[:0], total)[:total]
+		t0 = time.Now()
+		if err := s.be.TopK(ctx, ws.scores, &ws.plan, ws.sel); err != nil {
+			return err
+		}
+		tm.TopK = time.Since(t0)
+	}
+	ws.lists.Mode = mode
+	ws.lists.Indptr = append(ws.lists.Indptr[:0], 0)
+	ws.lists.Pages = ws.lists.Pages[:0]
+	off := 0
+	for _, pl := range plans {
+		for range rows {
+			if pl.Dense {
+				for p := range pl.Pages {
+					ws.lists.Pages = append(ws.lists.Pages, int32(p))
+				}
+			} else {
+				for p := range pl.Sink {
+					ws.lists.Pages = append(ws.lists.Pages, int32(p))
+				}
+				switch {
+				case pl.Rank == 0:
+				case sel == Recent:
+					for p := pl.Hi() - pl.Rank; p < pl.Hi(); p++ {
+						ws.lists.Pages = append(ws.lists.Pages, int32(p))
+					}
+				default:
+					ws.lists.Pages = append(ws.lists.Pages, ws.sel[off:off+pl.Rank]...)
+					off += pl.Rank
+				}
+				for p := pl.Hi(); p < pl.Pages; p++ {
+					ws.lists.Pages = append(ws.lists.Pages, int32(p))
+				}
+			}
+			ws.lists.Indptr = append(ws.lists.Indptr, int32(len(ws.lists.Pages)))
+		}
+	}
+	return nil
+}
