@@ -1,0 +1,254 @@
+// Package replay defines the saved-request format that tools and tests use
+// to run one decode step of one layer outside a model: a JSON case with the
+// keys, values and query of one sequence, and a JSON result with the
+// selected pages, the output, the scores and quality measured against dense
+// attention. `questctl replay` is its command-line front end.
+package replay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/shard"
+)
+
+// Case is one saved request: one sequence, one layer, one query.
+type Case struct {
+	PageSize     int    `json:"page_size"`
+	BudgetTokens int    `json:"budget_tokens"`
+	GQA          string `json:"gqa"`         // "group_max" (default) or "per_head"
+	SinkPages    int    `json:"sink_pages"`  // default 0 in this format
+	LocalPages   int    `json:"local_pages"` // default 0 in this format
+	QHeads       int    `json:"q_heads"`
+	KVHeads      int    `json:"kv_heads"`
+	HeadDim      int    `json:"head_dim"`
+	// Keys and Values are [kv_heads][tokens][head_dim].
+	Keys   [][][]float32 `json:"keys"`
+	Values [][][]float32 `json:"values"`
+	// Query is [q_heads][head_dim].
+	Query [][]float32 `json:"query"`
+}
+
+// Result is the outcome of running a Case.
+type Result struct {
+	Selector string `json:"selector"`
+	// SelectedPages lists, per query head, the attended logical pages in
+	// ascending order.
+	SelectedPages [][]int32 `json:"selected_pages"`
+	// Output is [q_heads][head_dim]; LSE is [q_heads] (natural log of the
+	// softmax denominator over scaled logits).
+	Output [][]float32 `json:"output"`
+	LSE    []float32   `json:"lse"`
+	// Scores is [q_heads][pages]: the selector's page scores (for
+	// group_max, the group's max). Absent for recent and dense.
+	Scores [][]float32 `json:"scores,omitempty"`
+	// Recall, MassRecall and RelL2 compare with dense attention on the
+	// same data (see shard.Diagnostics).
+	Recall     float64 `json:"recall"`
+	MassRecall float64 `json:"mass_recall"`
+	RelL2      float64 `json:"rel_l2"`
+	Pages      int     `json:"pages"`
+	PagesRead  int     `json:"pages_read"`
+}
+
+// Options choose how a case runs.
+type Options struct {
+	Selector shard.Selector
+	// Backend runs the kernels; nil means a CPU backend made for the run.
+	Backend kernels.Backend
+}
+
+// Decode reads a case from JSON, rejecting unknown fields and trailing
+// data, and validates it.
+func Decode(r io.Reader) (*Case, error) {
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	var c Case
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("replay case: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("replay case: trailing data after the JSON object")
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Tokens is the number of tokens in the case.
+func (c *Case) Tokens() int {
+	if len(c.Keys) == 0 {
+		return 0
+	}
+	return len(c.Keys[0])
+}
+
+// Validate checks every size and value of the case.
+func (c *Case) Validate() error {
+	switch {
+	case c.PageSize < 1:
+		return fmt.Errorf("replay case: page_size %d < 1", c.PageSize)
+	case c.BudgetTokens < c.PageSize:
+		return fmt.Errorf("replay case: budget_tokens %d is below one page (%d tokens)", c.BudgetTokens, c.PageSize)
+	case c.SinkPages < 0 || c.LocalPages < 0:
+		return fmt.Errorf("replay case: sink_pages %d and local_pages %d must not be negative", c.SinkPages, c.LocalPages)
+	case c.QHeads < 1 || c.KVHeads < 1 || c.HeadDim < 1:
+		return fmt.Errorf("replay case: q_heads %d, kv_heads %d and head_dim %d must be positive", c.QHeads, c.KVHeads, c.HeadDim)
+	case c.QHeads%c.KVHeads != 0:
+		return fmt.Errorf("replay case: q_heads %d is not a multiple of kv_heads %d", c.QHeads, c.KVHeads)
+	}
+	if _, err := kernels.ParseGQAMode(c.GQA); err != nil {
+		return fmt.Errorf("replay case: %w", err)
+	}
+	n := c.Tokens()
+	if n < 1 {
+		return errors.New("replay case: keys hold no tokens")
+	}
+	for name, a := range map[string][][][]float32{"keys": c.Keys, "values": c.Values} {
+		if len(a) != c.KVHeads {
+			return fmt.Errorf("replay case: %s has %d heads, want kv_heads %d", name, len(a), c.KVHeads)
+		}
+		for h, toks := range a {
+			if len(toks) != n {
+				return fmt.Errorf("replay case: %s head %d has %d tokens, head 0 has %d", name, h, len(toks), n)
+			}
+			for t, row := range toks {
+				if err := checkRow(row, c.HeadDim); err != nil {
+					return fmt.Errorf("replay case: %s[%d][%d]: %w", name, h, t, err)
+				}
+			}
+		}
+	}
+	if len(c.Query) != c.QHeads {
+		return fmt.Errorf("replay case: query has %d heads, want q_heads %d", len(c.Query), c.QHeads)
+	}
+	for h, row := range c.Query {
+		if err := checkRow(row, c.HeadDim); err != nil {
+			return fmt.Errorf("replay case: query[%d]: %w", h, err)
+		}
+	}
+	return nil
+}
+
+func checkRow(row []float32, d int) error {
+	if len(row) != d {
+		return fmt.Errorf("%d values, want head_dim %d", len(row), d)
+	}
+	for _, x := range row {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			return errors.New("non-finite value")
+		}
+	}
+	return nil
+}
+
+// Policy is the selection policy the case asks for (one layer, dense-layer
+// rule off).
+func (c *Case) Policy(sel shard.Selector) shard.Policy {
+	mode, _ := kernels.ParseGQAMode(c.GQA)
+	return shard.Policy{
+		PageSize:     c.PageSize,
+		BudgetTokens: c.BudgetTokens,
+		SinkPages:    c.SinkPages,
+		LocalPages:   c.LocalPages,
+		DenseLayers:  0,
+		GQA:          mode,
+		Selector:     sel,
+	}
+}
+
+// TokenMajor returns a [kv_heads][tokens][D] array as [tokens][kv_heads][D].
+func TokenMajor(a [][][]float32, d int) []float32 {
+	if len(a) == 0 {
+		return nil
+	}
+	n := len(a[0])
+	out := make([]float32, 0, n*len(a)*d)
+	for t := range n {
+		for h := range a {
+			out = append(out, a[h][t]...)
+		}
+	}
+	return out
+}
+
+// Run runs a validated case on a single shard.
+func Run(ctx context.Context, c *Case, opt Options) (*Result, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	be := opt.Backend
+	if be == nil {
+		cpu := kernels.NewCPU(kernels.CPUConfig{})
+		defer cpu.Close()
+		be = cpu
+	}
+	n := c.Tokens()
+	pages := (n + c.PageSize - 1) / c.PageSize
+	sh, err := shard.New(shard.Config{
+		Store: pagestore.Config{
+			Layers: 1, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize,
+			DType: pagestore.Float32, Capacity: pages,
+		},
+		QHeads: c.QHeads,
+		Policy: c.Policy(opt.Selector),
+	}, be)
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	id := sh.Store().Create()
+	if err := sh.Append(id, 0, TokenMajor(c.Keys, c.HeadDim), TokenMajor(c.Values, c.HeadDim)); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	q := make([]float32, 0, c.QHeads*c.HeadDim)
+	for _, row := range c.Query {
+		q = append(q, row...)
+	}
+	var res shard.StepResult
+	if err := sh.Step(ctx, 0, []shard.SeqStep{{Seq: id, Q: q}}, shard.StepOptions{Diagnostics: true}, &res); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	return NewResult(opt.Selector, c.QHeads, c.HeadDim, pages, res.O, res.LSE, res.Diag[0]), nil
+}
+
+// NewResult assembles a Result from one sequence's step outputs.
+func NewResult(sel shard.Selector, qHeads, d, pages int, o, lse []float32, dg shard.Diagnostics) *Result {
+	r := &Result{
+		Selector:      sel.String(),
+		SelectedPages: dg.Selected,
+		Output:        make([][]float32, qHeads),
+		LSE:           append([]float32(nil), lse[:qHeads]...),
+		Scores:        dg.Scores,
+		Recall:        dg.Recall,
+		MassRecall:    dg.MassRecall,
+		RelL2:         dg.RelL2,
+		Pages:         pages,
+		PagesRead:     dg.PagesRead,
+	}
+	for h := range qHeads {
+		r.Output[h] = append([]float32(nil), o[h*d:(h+1)*d]...)
+	}
+	return r
+}
+
+// Encode writes r as indented JSON. A -Inf lse (a head with nothing to
+// attend cannot happen in a replay: every case has tokens) would not be
+// valid JSON, so Encode reports it as an error.
+func (r *Result) Encode(w io.Writer) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return fmt.Errorf("replay result: %w", err)
+	}
+	_, err := w.Write(buf.Bytes())
+	return err
+}
