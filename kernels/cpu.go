@@ -524,7 +524,7 @@ func (r *reduceTask) run(_, row int) {
 		lse[h] = float32(math.Inf(-1))
 	}
 	for it := a.rowItem[row]; it < a.rowItem[row+1]; it++ {
-		mergeStates(d, o, lse, a.partO[int(it)*heads*d:][:heads*d], a.partL[int(it)*heads:][:heads])
+		MergeStates(d, o, lse, a.partO[int(it)*heads*d:][:heads*d], a.partL[int(it)*heads:][:heads])
 	}
 }
 
@@ -555,13 +555,15 @@ func (t *mergeTask) run(_, i int) {
 	const block = 256
 	lo, hi := i*block, min((i+1)*block, len(t.lse))
 	d := t.dim
-	mergeStates(d, t.o[lo*d:hi*d], t.lse[lo:hi], t.o2[lo*d:hi*d], t.lse2[lo:hi])
+	MergeStates(d, t.o[lo*d:hi*d], t.lse[lo:hi], t.o2[lo*d:hi*d], t.lse2[lo:hi])
 }
 
-// mergeStates folds (o2, lse2) into (o, lse) for each state:
-// lse = logaddexp(lse, lse2), o = o*exp(lse_old-lse) + o2*exp(lse2-lse).
-// The empty state (0, -Inf) is the identity on either side; no NaN arises.
-func mergeStates(d int, o, lse, o2, lse2 []float32) {
+// MergeStates folds the partial states (o2, lse2) into (o, lse), state by
+// state (o is [n][d], lse is [n]): lse = logaddexp(lse, lse2),
+// o = o*exp(lse_old-lse) + o2*exp(lse2-lse). The empty state (0, -Inf) is
+// the identity on either side; no NaN arises. It is the CPU reference of
+// Backend.Merge and the merge used by collectives on host memory.
+func MergeStates(d int, o, lse, o2, lse2 []float32) {
 	for h := range lse {
 		b := float64(lse2[h])
 		if math.IsInf(b, -1) {
