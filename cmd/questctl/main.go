@@ -1,0 +1,271 @@
+// Command questctl is the questrt command-line tool: it runs the demo,
+// replays saved requests and runs benchmarks. It holds no business logic:
+// each subcommand parses flags and calls a package.
+//
+//	questctl demo     [flags]   synthetic long-context decode, Quest vs dense
+//	questctl replay   --in case.json [--selector ...] [--out result.json]
+//	questctl bench    attention [flags]
+//
+// Run `questctl <command> --help` for a command's flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/questrt/questrt/bench"
+	"github.com/questrt/questrt/internal/demo"
+	"github.com/questrt/questrt/replay"
+	"github.com/questrt/questrt/shard"
+)
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitFailure = 1 // the command ran and failed
+	exitUsage   = 2 // bad flags or bad input files
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `questctl: the questrt command-line tool (Quest query-aware KV-page sparsity)
+
+Usage:
+  questctl demo   [flags]               synthetic long context decoded with Quest and dense side by side (CPU)
+  questctl replay --in case.json [...]  run one saved request (one sequence, one layer) and print the result JSON
+  questctl bench  attention [flags]     one-layer Quest vs dense attention benchmark, JSON lines
+
+Run 'questctl <command> --help' for the flags of a command.
+`
+
+// usageError marks errors that exit with status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	var err error
+	switch args[0] {
+	case "demo":
+		err = runDemo(ctx, args[1:], stdout, stderr)
+	case "replay":
+		err = runReplay(ctx, args[1:], stdout, stderr)
+	case "bench":
+		err = runBench(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help", "-help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "questctl: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, new(usageError)):
+		fmt.Fprintf(stderr, "questctl %s: %v\n", args[0], err)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "questctl %s: %v\n", args[0], err)
+		return exitFailure
+	}
+}
+
+func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "%s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	return nil
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := demo.DefaultConfig()
+	fs := newFlags("demo", `Usage: questctl demo [flags]
+
+Builds a synthetic long context on the CPU in which many keys mention
+entity A and a few early "needle" keys mention entity B, then decodes:
+the first half of the steps ask about A, the second half turn to B (the
+relevance reversal that eviction policies fail). Every sparse layer runs a
+Quest step and a dense step on the same data and prints pages read vs
+total, bytes read vs rho = 1/S + K/P, recall of the dense top-10 tokens,
+attention-mass recall, output relative L2 error, phase times and the
+Quest-vs-dense speedup.`, stderr)
+	fs.IntVar(&c.Context, "context", c.Context, "tokens of prefilled context")
+	fs.IntVar(&c.Steps, "steps", c.Steps, "decode steps (the query turns from A to B halfway)")
+	fs.IntVar(&c.Layers, "layers", c.Layers, "layers")
+	fs.IntVar(&c.DenseLayers, "dense-layers", c.DenseLayers, "leading layers that always attend densely")
+	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads")
+	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads")
+	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
+	fs.IntVar(&c.PageSize, "page-size", c.PageSize, "tokens per page S")
+	fs.IntVar(&c.Budget, "budget", c.Budget, "token budget B per head (page budget K = B/S)")
+	fs.IntVar(&c.Needles, "needles", c.Needles, "needle keys of entity B")
+	fs.IntVar(&c.Mentions, "mentions", c.Mentions, "keys of entity A")
+	fs.StringVar(&c.GQA, "gqa", c.GQA, "GQA page sharing: group_max or per_head")
+	fs.StringVar(&c.Selector, "selector", c.Selector, "page selector: quest, oracle, recent or dense")
+	fs.Uint64Var(&c.Seed, "seed", c.Seed, "data seed")
+	fs.IntVar(&c.Workers, "workers", c.Workers, "CPU kernel worker goroutines besides the caller (0: GOMAXPROCS-1)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return usageError{err}
+	}
+	_, err := demo.Run(ctx, c, stdout)
+	return err
+}
+
+func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("replay", `Usage: questctl replay --in case.json [--selector quest|oracle|recent|dense] [--out result.json]
+
+Runs one saved request (one sequence, one layer; format in README.md) on a
+single CPU shard and writes the result JSON: selected pages per query head,
+output, lse, page scores, and recall / mass recall / relative L2 error
+against dense attention on the same data. Bad input files give a one-line
+error and exit status 2.`, stderr)
+	in := fs.String("in", "", "case file (JSON); - reads stdin")
+	out := fs.String("out", "", "result file (default stdout)")
+	selName := fs.String("selector", "quest", "page selector: quest, oracle, recent or dense")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *in == "" {
+		return usageError{errors.New("--in is required")}
+	}
+	sel, err := shard.ParseSelector(*selName)
+	if err != nil {
+		return usageError{err}
+	}
+	var r io.Reader = os.Stdin
+	if *in != "-" {
+		f, err := os.Open(*in)
+		if err != nil {
+			return usageError{err}
+		}
+		defer f.Close()
+		r = f
+	}
+	c, err := replay.Decode(r)
+	if err != nil {
+		return usageError{err}
+	}
+	res, err := replay.Run(ctx, c, replay.Options{Selector: sel})
+	if err != nil {
+		return err
+	}
+	if *out == "" {
+		return res.Encode(stdout)
+	}
+	f, err := os.Create(*out)
+	if err != nil {
+		return err
+	}
+	if err := res.Encode(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "attention" {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+			fmt.Fprint(stdout, "Usage: questctl bench attention [flags]\n\nRun 'questctl bench attention --help' for its flags.\n")
+			return nil
+		}
+		return usageError{errors.New("want a benchmark name: attention")}
+	}
+	c := bench.DefaultAttentionConfig()
+	fs := newFlags("bench attention", `Usage: questctl bench attention [flags]
+
+One layer, one or more sequences of the full context: a Quest step (score +
+top-K + sparse attention) and a dense step on the same data, alternated,
+median of --iters. Prints one JSON line per (context, budget) with
+dense_us, quest_us, score_us, topk_us, attend_us, bytes_read, bytes_dense,
+rho_formula (1/S + K/P) and the machine's copy bandwidth measured in the
+same run.`, stderr)
+	backend := fs.String("backend", "cpu", "kernel backend: cpu (cuda needs a -tags cuda build)")
+	contexts := fs.String("context", "32768,131072", "comma-separated context lengths in tokens")
+	budgets := fs.String("budget", "2048", "comma-separated token budgets")
+	fs.IntVar(&c.PageSize, "page-size", c.PageSize, "tokens per page S")
+	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads")
+	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads")
+	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
+	fs.IntVar(&c.Batch, "batch", c.Batch, "sequences per step")
+	fs.IntVar(&c.Iters, "iters", c.Iters, "timed steps per configuration")
+	asJSON := fs.Bool("json", false, "print JSON lines only (default also prints a table to stderr)")
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	if *backend != "cpu" {
+		return usageError{fmt.Errorf("backend %q is not available in this build (cpu)", *backend)}
+	}
+	var err error
+	if c.Contexts, err = intList(*contexts); err != nil {
+		return usageError{fmt.Errorf("--context: %w", err)}
+	}
+	if c.Budgets, err = intList(*budgets); err != nil {
+		return usageError{fmt.Errorf("--budget: %w", err)}
+	}
+	c.Progress = stderr
+	start := time.Now()
+	err = bench.Attention(ctx, c, func(r bench.AttentionResult) error {
+		if !*asJSON {
+			fmt.Fprintf(stderr, "context %d budget %d: dense %.0f us, quest %.0f us (score %.0f, top-K %.0f, attend %.0f), %.1fx; rho %.4f (formula %.4f); dense %.1f GB/s, copy %.1f GB/s\n",
+				r.Context, r.Budget, r.DenseUS, r.QuestUS, r.ScoreUS, r.TopKUS, r.AttendUS, r.Speedup, r.RhoBytes, r.RhoFormula, r.DenseGBps, r.CopyGBps)
+		}
+		return bench.WriteJSONLine(stdout, r)
+	})
+	if err == nil && !*asJSON {
+		fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
+	}
+	return err
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
