@@ -93,7 +93,7 @@ func (c *CPU) enter(ctx context.Context) error {
 
 // ---- score ----
 
-type scoreItem struct{ seq, kvh, p0, p1 int32 }
+type scoreItem struct{ seq, p0, p1 int32 }
 
 type scoreTask struct {
 	s     Shape
@@ -103,10 +103,12 @@ type scoreTask struct {
 	mode  GQAMode
 	out   []float32
 	items []scoreItem
-	w     [][]float32 // per worker: G x 2D split queries
+	w     [][]float32 // per worker: QHeads x 2D split queries
 }
 
-// Score implements Backend.
+// Score implements Backend. A work item is a run of pages of one sequence
+// with all KV heads, so it streams through the summary pool in layout order
+// ([pages][KVHeads][2][D]).
 func (c *CPU) Score(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, mode GQAMode, out []float32) error {
 	if err := c.enter(ctx); err != nil {
 		return err
@@ -129,13 +131,11 @@ func (c *CPU) Score(ctx context.Context, s Shape, l Layer, b *Batch, q []float32
 	t := &c.score
 	t.s, t.l, t.b, t.q, t.mode, t.out = s, l, b, q, mode, out
 	t.items = t.items[:0]
-	chunk := c.cfg.ScoreChunk
+	chunk := max(c.cfg.ScoreChunk/s.KVHeads, 1)
 	for i := range n {
 		np := b.NumPages(i)
-		for h := range s.KVHeads {
-			for p0 := 0; p0 < np; p0 += chunk {
-				t.items = append(t.items, scoreItem{int32(i), int32(h), int32(p0), int32(min(p0+chunk, np))})
-			}
+		for p0 := 0; p0 < np; p0 += chunk {
+			t.items = append(t.items, scoreItem{int32(i), int32(p0), int32(min(p0+chunk, np))})
 		}
 	}
 	c.pool.parallel(t, len(t.items))
@@ -149,15 +149,14 @@ func (t *scoreTask) run(worker, i int) {
 	d, g := s.HeadDim, s.Group()
 	rec := 2 * d
 	w := t.w[worker]
-	if cap(w) < g*rec {
-		w = make([]float32, g*rec)
+	if cap(w) < s.QHeads*rec {
+		w = make([]float32, s.QHeads*rec)
 		t.w[worker] = w
 	}
-	w = w[:g*rec]
+	w = w[:s.QHeads*rec]
 	seq := int(it.seq)
-	kvh := int(it.kvh)
-	for h := range g {
-		qh := t.q[(seq*s.QHeads+kvh*g+h)*d:][:d]
+	for h := range s.QHeads {
+		qh := t.q[(seq*s.QHeads+h)*d:][:d]
 		wh := w[h*rec:][:rec]
 		for j, x := range qh {
 			wh[j] = min(x, 0)
@@ -166,21 +165,36 @@ func (t *scoreTask) run(worker, i int) {
 	}
 	np := t.b.NumPages(seq)
 	pages := t.b.Pages[t.b.Indptr[seq]:t.b.Indptr[seq+1]]
-	rows := s.Rows(t.mode)
-	out := t.out[t.b.ScoreOffset(seq, rows):]
+	out := t.out[t.b.ScoreOffset(seq, t.s.Rows(t.mode)):]
+	var u [4]float32
 	for p := int(it.p0); p < int(it.p1); p++ {
-		r := t.l.Summary[(int(pages[p])*s.KVHeads+kvh)*rec:][:rec]
-		if t.mode == PerHead {
-			for h := range g {
-				out[(kvh*g+h)*np+p] = dot(w[h*rec:][:rec], r)
+		recs := t.l.Summary[int(pages[p])*s.KVHeads*rec:][:s.KVHeads*rec]
+		for kvh := range s.KVHeads {
+			r := recs[kvh*rec:][:rec]
+			best := float32(math.Inf(-1))
+			h := 0
+			for ; h+4 <= g; h += 4 {
+				dot4(w[(kvh*g+h)*rec:][:4*rec], r, &u)
+				if t.mode == PerHead {
+					for i, x := range u {
+						out[(kvh*g+h+i)*np+p] = x
+					}
+				} else {
+					best = max(best, u[0], u[1], u[2], u[3])
+				}
 			}
-			continue
+			for ; h < g; h++ {
+				x := dot(w[(kvh*g+h)*rec:][:rec], r)
+				if t.mode == PerHead {
+					out[(kvh*g+h)*np+p] = x
+				} else {
+					best = max(best, x)
+				}
+			}
+			if t.mode == GroupMax {
+				out[kvh*np+p] = best
+			}
 		}
-		best := float32(math.Inf(-1))
-		for h := range g {
-			best = max(best, dot(w[h*rec:][:rec], r))
-		}
-		out[kvh*np+p] = best
 	}
 }
 
@@ -456,9 +470,17 @@ func (t *attendTask) run(worker, i int) {
 		base := (int(pages[lp])*s.KVHeads + kvh) * sz * d
 		kp := t.l.K[base:][:n*d]
 		vp := t.l.V[base:][:n*d]
+		var four [4]float32
 		for tok := range n {
 			krow := kp[tok*d:][:d]
-			for h := range heads {
+			h := 0
+			for ; h+4 <= heads; h += 4 {
+				dot4(q[h*d:][:4*d], krow, &four)
+				for i, x := range four {
+					logits[(h+i)*sz+tok] = x * scale
+				}
+			}
+			for ; h < heads; h++ {
 				logits[h*sz+tok] = dot(q[h*d:][:d], krow) * scale
 			}
 		}
@@ -484,11 +506,8 @@ func (t *attendTask) run(worker, i int) {
 			}
 			l[h] += sum
 		}
-		for tok := range n {
-			vrow := vp[tok*d:][:d]
-			for h := range heads {
-				axpy(logits[h*sz+tok], vrow, acc[h*d:][:d])
-			}
+		for h := range heads {
+			gemvT(logits[h*sz:][:n], vp, acc[h*d:][:d])
 		}
 	}
 	po := t.partO[int(it.part)*heads*d:][:heads*d]

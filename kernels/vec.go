@@ -39,3 +39,19 @@ func scaleGeneric(alpha float32, y []float32) {
 		y[i] *= alpha
 	}
 }
+
+// dot4Generic sets out[i] = q[i*d:(i+1)*d] . k for i < 4, d = len(k).
+func dot4Generic(q, k []float32, out *[4]float32) {
+	d := len(k)
+	for i := range 4 {
+		out[i] = dotGeneric(q[i*d:(i+1)*d], k)
+	}
+}
+
+// gemvTGeneric does acc[j] += sum_t p[t]*v[t*d+j], d = len(acc).
+func gemvTGeneric(p, v, acc []float32) {
+	d := len(acc)
+	for t, w := range p {
+		axpyGeneric(w, v[t*d:(t+1)*d], acc)
+	}
+}

@@ -30,4 +30,32 @@ func axpy(alpha float32, x, y []float32) {
 	axpyAVX2(alpha, &x[0], &y[0], len(x))
 }
 
+//go:noescape
+func dot4AVX2(q, k *float32, d int, out *float32)
+
+//go:noescape
+func gemvTAVX2(p *float32, n int, v *float32, d int, acc *float32)
+
 func scaleVec(alpha float32, y []float32) { scaleGeneric(alpha, y) }
+
+// dot4 sets out[i] = q[i*d:(i+1)*d] . k for i < 4, d = len(k).
+func dot4(q, k []float32, out *[4]float32) {
+	d := len(k)
+	if !useAVX2 || d%8 != 0 || d == 0 {
+		dot4Generic(q, k, out)
+		return
+	}
+	_ = q[4*d-1]
+	dot4AVX2(&q[0], &k[0], d, &out[0])
+}
+
+// gemvT does acc[j] += sum_t p[t]*v[t*d+j], d = len(acc), t < len(p).
+func gemvT(p, v, acc []float32) {
+	d := len(acc)
+	if !useAVX2 || d%8 != 0 || d == 0 || len(p) == 0 {
+		gemvTGeneric(p, v, acc)
+		return
+	}
+	_ = v[len(p)*d-1]
+	gemvTAVX2(&p[0], len(p), &v[0], d, &acc[0])
+}

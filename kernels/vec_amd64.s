@@ -114,3 +114,149 @@ axpytail:
 axpydone:
 	VZEROUPPER
 	RET
+
+// func dot4AVX2(q *float32, k *float32, d int, out *float32)
+// out[i] = dot(q[i*d:(i+1)*d], k[:d]) for i < 4; d % 8 == 0.
+TEXT ·dot4AVX2(SB), NOSPLIT, $0-32
+	MOVQ q+0(FP), SI
+	MOVQ k+8(FP), DI
+	MOVQ d+16(FP), CX
+	MOVQ out+24(FP), DX
+	MOVQ CX, BX
+	SHLQ $2, BX
+	LEAQ (SI)(BX*1), R8
+	LEAQ (R8)(BX*1), R9
+	LEAQ (R9)(BX*1), R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+d4loop16:
+	CMPQ CX, $16
+	JL   d4loop8
+	VMOVUPS (DI), Y8
+	VMOVUPS 32(DI), Y9
+	VFMADD231PS (SI), Y8, Y0
+	VFMADD231PS 32(SI), Y9, Y4
+	VFMADD231PS (R8), Y8, Y1
+	VFMADD231PS 32(R8), Y9, Y5
+	VFMADD231PS (R9), Y8, Y2
+	VFMADD231PS 32(R9), Y9, Y6
+	VFMADD231PS (R10), Y8, Y3
+	VFMADD231PS 32(R10), Y9, Y7
+	ADDQ $64, DI
+	ADDQ $64, SI
+	ADDQ $64, R8
+	ADDQ $64, R9
+	ADDQ $64, R10
+	SUBQ $16, CX
+	JMP  d4loop16
+
+d4loop8:
+	CMPQ CX, $8
+	JL   d4reduce
+	VMOVUPS (DI), Y8
+	VFMADD231PS (SI), Y8, Y0
+	VFMADD231PS (R8), Y8, Y1
+	VFMADD231PS (R9), Y8, Y2
+	VFMADD231PS (R10), Y8, Y3
+	ADDQ $32, DI
+	ADDQ $32, SI
+	ADDQ $32, R8
+	ADDQ $32, R9
+	ADDQ $32, R10
+	SUBQ $8, CX
+	JMP  d4loop8
+
+d4reduce:
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VMOVUPS X0, (DX)
+	VZEROUPPER
+	RET
+
+// func gemvTAVX2(p *float32, n int, v *float32, d int, acc *float32)
+// acc[j] += sum_{t<n} p[t]*v[t*d+j] for j < d; d % 8 == 0.
+TEXT ·gemvTAVX2(SB), NOSPLIT, $0-40
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), R11
+	MOVQ v+16(FP), DI
+	MOVQ d+24(FP), CX
+	MOVQ acc+32(FP), DX
+	MOVQ CX, BX
+	SHLQ $2, BX
+
+gblk32:
+	CMPQ CX, $32
+	JL   gblk8
+	VMOVUPS (DX), Y0
+	VMOVUPS 32(DX), Y1
+	VMOVUPS 64(DX), Y2
+	VMOVUPS 96(DX), Y3
+	MOVQ SI, R8
+	MOVQ DI, R9
+	MOVQ R11, R10
+
+gt32:
+	TESTQ R10, R10
+	JE    gt32done
+	VBROADCASTSS (R8), Y4
+	VFMADD231PS (R9), Y4, Y0
+	VFMADD231PS 32(R9), Y4, Y1
+	VFMADD231PS 64(R9), Y4, Y2
+	VFMADD231PS 96(R9), Y4, Y3
+	ADDQ $4, R8
+	ADDQ BX, R9
+	DECQ R10
+	JMP  gt32
+
+gt32done:
+	VMOVUPS Y0, (DX)
+	VMOVUPS Y1, 32(DX)
+	VMOVUPS Y2, 64(DX)
+	VMOVUPS Y3, 96(DX)
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $32, CX
+	JMP  gblk32
+
+gblk8:
+	CMPQ CX, $8
+	JL   gdone
+	VMOVUPS (DX), Y0
+	MOVQ SI, R8
+	MOVQ DI, R9
+	MOVQ R11, R10
+
+gt8:
+	TESTQ R10, R10
+	JE    gt8done
+	VBROADCASTSS (R8), Y4
+	VFMADD231PS (R9), Y4, Y0
+	ADDQ $4, R8
+	ADDQ BX, R9
+	DECQ R10
+	JMP  gt8
+
+gt8done:
+	VMOVUPS Y0, (DX)
+	ADDQ $32, DX
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  gblk8
+
+gdone:
+	VZEROUPPER
+	RET

@@ -42,3 +42,58 @@ func TestVecMatchesFloat64(t *testing.T) {
 		}
 	}
 }
+
+// TestDot4AndGemvT checks the fused kernels against float64 for head sizes
+// that take the assembly path (multiples of 8) and the fallback.
+func TestDot4AndGemvT(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, d := range []int{1, 3, 8, 16, 24, 32, 40, 64, 72, 128, 256} {
+		q := make([]float32, 4*d)
+		k := make([]float32, d)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		for i := range k {
+			k[i] = float32(rng.NormFloat64())
+		}
+		var out [4]float32
+		dot4(q, k, &out)
+		for i := range 4 {
+			var want, mag float64
+			for j := range d {
+				x := float64(q[i*d+j]) * float64(k[j])
+				want += x
+				mag += math.Abs(x)
+			}
+			if math.Abs(float64(out[i])-want) > 1e-6*(mag+1) {
+				t.Fatalf("dot4 d=%d row %d: %v, want %v", d, i, out[i], want)
+			}
+		}
+		for _, n := range []int{0, 1, 5, 16, 17} {
+			p := make([]float32, n)
+			v := make([]float32, n*d)
+			acc := make([]float32, d+2) // the extra slots must stay untouched
+			for i := range p {
+				p[i] = float32(rng.Float64())
+			}
+			for i := range v {
+				v[i] = float32(rng.NormFloat64())
+			}
+			for i := range acc {
+				acc[i] = float32(i)
+			}
+			gemvT(p, v, acc[:d])
+			for j := range d + 2 {
+				want := float64(j)
+				if j < d {
+					for tt := range n {
+						want += float64(p[tt]) * float64(v[tt*d+j])
+					}
+				}
+				if math.Abs(float64(acc[j])-want) > 1e-5*(math.Abs(want)+1) {
+					t.Fatalf("gemvT d=%d n=%d j=%d: %v, want %v", d, n, j, acc[j], want)
+				}
+			}
+		}
+	}
+}
