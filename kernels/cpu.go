@@ -27,7 +27,7 @@ func DefaultCPUConfig() CPUConfig {
 	return CPUConfig{Workers: max(runtime.GOMAXPROCS(0)-1, 0), ScoreChunk: 512, AttendChunk: 64}
 }
 
-// CPU is the pure-Go float32 backend. Calls serialize on a mutex and run in
+// CPU is the float32 CPU backend. Calls serialize on a mutex and run in
 // parallel on a fixed worker pool; after warm-up a call allocates nothing.
 type CPU struct {
 	cfg    CPUConfig

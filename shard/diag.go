@@ -12,8 +12,8 @@ import (
 // diagnose measures sequence i's selection against dense attention on the
 // same data: page recall of the dense top-R tokens, attention-mass recall
 // 1 - eps (notes eq. 6-7) and the output's relative L2 error.
-func (s *Shard) diagnose(ctx context.Context, kl kernels.Layer, i, rows int, mode kernels.GQAMode, res *StepResult, opt StepOptions) (Diagnostics, error) {
-	ws := &s.ws
+func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepResult, opt StepOptions) (Diagnostics, error) {
+	kl, rows, mode := ws.kl, ws.rows, ws.mode
 	sh := s.shape
 	d, g := sh.HeadDim, sh.Group()
 	topR := opt.TopR

@@ -127,6 +127,9 @@ func (p Plan) Reads() int {
 	return p.Sink + p.Local + p.Rank
 }
 
+// AsDense returns the plan turned into a dense read of every page.
+func (p Plan) AsDense() Plan { return Plan{Pages: p.Pages, K: p.K, Dense: true} }
+
 // Plan computes the plan for a sequence of pages pages at layer; budget is
 // the request's token budget (0: the layer's or the default budget).
 func (p Policy) Plan(layer, pages, budget int) (Plan, error) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
@@ -164,15 +163,9 @@ type StepOptions struct {
 var ErrBadInput = errors.New("shard: bad input")
 
 type workspace struct {
-	batch  kernels.Batch
-	table  []int32
-	views  []pagestore.SeqView
-	q      []float32
-	scores []float32
-	plan   kernels.TopKPlan
-	sel    []int32
-	lists  kernels.Lists
-	scored bool // scores holds this step's page scores
+	parts []SeqPart
+	ls    LocalStep
+	sel   Selection
 }
 
 // Step runs one decode step of one layer for a batch of sequences on this
@@ -196,56 +189,45 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 		}
 	}
 	ws := &s.ws
-	sh := s.shape
-	d := sh.HeadDim
-	// Plan: the batch CSR, one page table per sequence.
-	ws.batch.Indptr = append(ws.batch.Indptr[:0], 0)
-	ws.batch.Pages = ws.batch.Pages[:0]
-	ws.batch.LastLen = ws.batch.LastLen[:0]
-	ws.q = ws.q[:0]
+	ws.parts = ws.parts[:0]
 	res.Plans = res.Plans[:0]
 	for _, r := range reqs {
-		v, err := s.store.View(r.Seq, layer)
+		n, err := s.store.LayerLen(r.Seq, layer)
 		if err != nil {
 			return fmt.Errorf("step layer %d: %w", layer, err)
 		}
-		ws.table, err = s.store.AppendPageTable(ws.table[:0], r.Seq)
-		if err != nil {
-			return fmt.Errorf("step layer %d: %w", layer, err)
-		}
-		ws.batch.Pages = append(ws.batch.Pages, ws.table[:v.Pages]...)
-		ws.batch.Indptr = append(ws.batch.Indptr, int32(len(ws.batch.Pages)))
-		ws.batch.LastLen = append(ws.batch.LastLen, int32(v.LastPageLen))
-		pl, err := s.cfg.Policy.Plan(layer, v.Pages, r.BudgetTokens)
+		pages := (n + s.cfg.Policy.PageSize - 1) / s.cfg.Policy.PageSize
+		pl, err := s.cfg.Policy.Plan(layer, pages, r.BudgetTokens)
 		if err != nil {
 			return fmt.Errorf("step layer %d sequence %d: %w: %w", layer, r.Seq, ErrBadInput, err)
 		}
 		if opt.ForceDense {
-			pl = Plan{Pages: pl.Pages, K: pl.K, Dense: true}
+			pl = pl.AsDense()
 		}
 		res.Plans = append(res.Plans, pl)
-		ws.q = append(ws.q, r.Q...)
+		ws.parts = append(ws.parts, SeqPart{Seq: r.Seq, Plan: pl, Q: r.Q})
 	}
-	l := s.store.Layer(layer)
-	kl := kernels.Layer{K: l.K, V: l.V, Summary: l.Summary}
-	mode := s.cfg.Policy.GQA
-	rows := sh.Rows(mode)
-	res.Time = PhaseTimes{}
-	if err := s.selectPages(ctx, kl, mode, res.Plans, opt.Diagnostics, &res.Time); err != nil {
+	ls := &ws.ls
+	if err := s.begin(ls, layer, ws.parts); err != nil {
+		return err
+	}
+	if err := s.score(ctx, ls, opt.Diagnostics); err != nil {
 		return fmt.Errorf("step layer %d: %w", layer, err)
 	}
-	n := len(reqs)
-	res.O = resize(res.O, n*sh.QHeads*d)
-	res.LSE = resize(res.LSE, n*sh.QHeads)
-	t0 := time.Now()
-	if err := s.be.Attend(ctx, sh, kl, &ws.batch, ws.q, &ws.lists, res.O, res.LSE); err != nil {
+	if err := s.candidates(ctx, ls, rankQuota); err != nil {
 		return fmt.Errorf("step layer %d: %w", layer, err)
 	}
-	res.Time.Attend = time.Since(t0)
+	ls.LocalSelection(&ws.sel)
+	if err := s.attend(ctx, ls, &ws.sel); err != nil {
+		return fmt.Errorf("step layer %d: %w", layer, err)
+	}
+	res.O = append(res.O[:0], ls.O...)
+	res.LSE = append(res.LSE[:0], ls.LSE...)
+	res.Time = ls.Time
 	res.Diag = res.Diag[:0]
 	if opt.Diagnostics {
 		for i := range reqs {
-			dg, err := s.diagnose(ctx, kl, i, rows, mode, res, opt)
+			dg, err := s.diagnose(ctx, ls, i, res, opt)
 			if err != nil {
 				return fmt.Errorf("step layer %d diagnostics: %w", layer, err)
 			}
@@ -254,6 +236,10 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 	}
 	return nil
 }
+
+// rankQuota is the candidate quota of a shard holding every page: the
+// plan's whole ranked budget.
+func rankQuota(pl Plan) int { return pl.Rank }
 
 func finite(xs []float32) bool {
 	for _, x := range xs {
@@ -307,84 +293,6 @@ func (s *Shard) checkStep(layer int, reqs []SeqStep) error {
 		}
 		if n == 0 && r.K == nil {
 			return fmt.Errorf("step: %w: sequence %d has no tokens in layer %d", ErrBadInput, r.Seq, layer)
-		}
-	}
-	return nil
-}
-
-// selectPages fills ws.lists with each (sequence, row)'s pages: forced
-// pages plus the selector's choice.
-func (s *Shard) selectPages(ctx context.Context, kl kernels.Layer, mode kernels.GQAMode, plans []Plan, wantScores bool, tm *PhaseTimes) error {
-	ws := &s.ws
-	sh := s.shape
-	rows := sh.Rows(mode)
-	b := &ws.batch
-	ranked := wantScores
-	for _, pl := range plans {
-		ranked = ranked || (!pl.Dense && pl.Rank > 0)
-	}
-	sel := s.cfg.Policy.Selector
-	ws.scored = ranked && (sel == Quest || sel == Oracle)
-	if ws.scored {
-		ws.scores = resize(ws.scores, len(b.Pages)*rows)
-		t0 := time.Now()
-		var err error
-		if sel == Quest {
-			err = s.be.Score(ctx, sh, kl, b, ws.q, mode, ws.scores)
-		} else {
-			err = kernels.PageMax(sh, kl, b, ws.q, mode, ws.scores)
-		}
-		if err != nil {
-			return err
-		}
-		tm.Score = time.Since(t0)
-		ws.plan.Reset()
-		total := 0
-		for i, pl := range plans {
-			if pl.Dense || pl.Rank == 0 {
-				continue
-			}
-			for r := range rows {
-				ws.plan.Add(b.ScoreOffset(i, rows)+r*pl.Pages+pl.Lo(), pl.Hi()-pl.Lo(), pl.Lo(), pl.Rank, total)
-				total += pl.Rank
-			}
-		}
-		ws.sel = slices.Grow(ws.sel[:0], total)[:total]
-		t0 = time.Now()
-		if err := s.be.TopK(ctx, ws.scores, &ws.plan, ws.sel); err != nil {
-			return err
-		}
-		tm.TopK = time.Since(t0)
-	}
-	ws.lists.Mode = mode
-	ws.lists.Indptr = append(ws.lists.Indptr[:0], 0)
-	ws.lists.Pages = ws.lists.Pages[:0]
-	off := 0
-	for _, pl := range plans {
-		for range rows {
-			if pl.Dense {
-				for p := range pl.Pages {
-					ws.lists.Pages = append(ws.lists.Pages, int32(p))
-				}
-			} else {
-				for p := range pl.Sink {
-					ws.lists.Pages = append(ws.lists.Pages, int32(p))
-				}
-				switch {
-				case pl.Rank == 0:
-				case sel == Recent:
-					for p := pl.Hi() - pl.Rank; p < pl.Hi(); p++ {
-						ws.lists.Pages = append(ws.lists.Pages, int32(p))
-					}
-				default:
-					ws.lists.Pages = append(ws.lists.Pages, ws.sel[off:off+pl.Rank]...)
-					off += pl.Rank
-				}
-				for p := pl.Hi(); p < pl.Pages; p++ {
-					ws.lists.Pages = append(ws.lists.Pages, int32(p))
-				}
-			}
-			ws.lists.Indptr = append(ws.lists.Indptr, int32(len(ws.lists.Pages)))
 		}
 	}
 	return nil

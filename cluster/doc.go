@@ -1,0 +1,18 @@
+// Package cluster will own the membership of a questrt cluster and the
+// placement of sequences onto shards. It is planned; nothing is built yet.
+//
+// The planned design:
+//
+//   - Membership and failure detection by gossip with hashicorp/memberlist.
+//     Each node's metadata carries its gRPC address, its devices (GPUs
+//     discovered with go-nvml, or the CPU where there is none) and its free
+//     page capacity.
+//   - Placement: a sequence gets one coordinator and a fixed shard layout
+//     (CP x TP) when it is created, derived deterministically from the
+//     membership view.
+//   - Failure handling: steps that need a lost node fail with UNAVAILABLE
+//     within the step deadline; nothing hangs and no other sequence is
+//     affected.
+//
+// The package does no compute: it imports shard, never the reverse.
+package cluster

@@ -1,0 +1,342 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/pagestore"
+)
+
+// SeqPart is one sequence's part of a step on this shard: the pages this
+// shard holds (a CP rank's subset) and the sequence's global page plan.
+type SeqPart struct {
+	// Seq is the shard-local sequence.
+	Seq pagestore.SeqID
+	// Global maps this shard's local pages to the sequence's global
+	// logical pages, ascending. Nil means the identity: the shard holds
+	// every page of the sequence.
+	Global []int32
+	// Plan is the sequence's page plan over all its pages (every CP rank
+	// gets the same plan).
+	Plan Plan
+	// Q is [QHeads][HeadDim] for this shard's query heads.
+	Q []float32
+}
+
+// Candidate is a page proposed for the global top-K: its score and its
+// global logical page index.
+type Candidate struct {
+	Score float32
+	Page  int32
+}
+
+// LocalStep is the state of one step of one layer on one shard, driven
+// phase by phase by a single-shard Step or by a sharded engine: Begin,
+// Score, Candidates, then Attend with the selected pages. The caller owns
+// it and reuses it across steps; its buffers are kept.
+type LocalStep struct {
+	layer int
+	mode  kernels.GQAMode
+	rows  int
+	parts []SeqPart
+	kl    kernels.Layer
+
+	batch  kernels.Batch
+	table  []int32
+	q      []float32
+	lastG  []int32 // per sequence: the global index of the last local page
+	scored bool
+	scores []float32
+
+	topk  kernels.TopKPlan
+	sel   []int32
+	cands []Candidate
+	cPtr  []int32 // CSR over (sequence, row) into cands
+
+	lists kernels.Lists
+	// O and LSE are the partial states after Attend: [seqs][QHeads][D]
+	// and [seqs][QHeads].
+	O, LSE []float32
+	// Time holds the phases' wall times.
+	Time PhaseTimes
+}
+
+// Rows is the number of selection rows per sequence (KV heads for
+// group_max, query heads for per_head).
+func (ls *LocalStep) Rows() int { return ls.rows }
+
+// Candidates returns the candidates of (sequence i, row r) after
+// Candidates ran, best first is not guaranteed: ascending page order.
+func (ls *LocalStep) RowCandidates(i, r int) []Candidate {
+	k := i*ls.rows + r
+	return ls.cands[ls.cPtr[k]:ls.cPtr[k+1]]
+}
+
+// global returns the global page of local page p of sequence i.
+func (ls *LocalStep) global(i, p int) int32 {
+	if g := ls.parts[i].Global; g != nil {
+		return g[p]
+	}
+	return int32(p)
+}
+
+// local returns the local page of global page g in sequence i, or -1.
+func (ls *LocalStep) local(i int, g int32) int32 {
+	glob := ls.parts[i].Global
+	if glob == nil {
+		if int(g) < ls.batch.NumPages(i) {
+			return g
+		}
+		return -1
+	}
+	if p, ok := slices.BinarySearch(glob[:ls.batch.NumPages(i)], g); ok {
+		return int32(p)
+	}
+	return -1
+}
+
+// localRange returns the local pages whose global index lies in [lo, hi).
+func (ls *LocalStep) localRange(i, lo, hi int) (int, int) {
+	n := ls.batch.NumPages(i)
+	glob := ls.parts[i].Global
+	if glob == nil {
+		return min(lo, n), min(hi, n)
+	}
+	a, _ := slices.BinarySearch(glob[:n], int32(lo))
+	b, _ := slices.BinarySearch(glob[:n], int32(hi))
+	return a, b
+}
+
+// Begin loads a step's parts: the local page tables of layer as one CSR
+// batch. It validates the parts and changes nothing.
+func (s *Shard) Begin(ls *LocalStep, layer int, parts []SeqPart) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.begin(ls, layer, parts)
+}
+
+func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart) error {
+	sh := s.shape
+	if layer < 0 || layer >= s.cfg.Store.Layers {
+		return fmt.Errorf("step: %w: layer %d outside 0..%d", ErrBadInput, layer, s.cfg.Store.Layers-1)
+	}
+	ls.layer, ls.parts = layer, parts
+	ls.mode = s.cfg.Policy.GQA
+	ls.rows = sh.Rows(ls.mode)
+	ls.batch.Indptr = append(ls.batch.Indptr[:0], 0)
+	ls.batch.Pages = ls.batch.Pages[:0]
+	ls.batch.LastLen = ls.batch.LastLen[:0]
+	ls.q = ls.q[:0]
+	ls.Time = PhaseTimes{}
+	ls.scored = false
+	for i, p := range parts {
+		if len(p.Q) != sh.QHeads*sh.HeadDim {
+			return fmt.Errorf("step: %w: part %d: query has %d floats, want %d", ErrBadInput, i, len(p.Q), sh.QHeads*sh.HeadDim)
+		}
+		v, err := s.store.View(p.Seq, layer)
+		if err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
+		ls.table, err = s.store.AppendPageTable(ls.table[:0], p.Seq)
+		if err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
+		if p.Global != nil && len(p.Global) < v.Pages {
+			return fmt.Errorf("step: %w: part %d maps %d pages, the shard holds %d", ErrBadInput, i, len(p.Global), v.Pages)
+		}
+		ls.batch.Pages = append(ls.batch.Pages, ls.table[:v.Pages]...)
+		ls.batch.Indptr = append(ls.batch.Indptr, int32(len(ls.batch.Pages)))
+		ls.batch.LastLen = append(ls.batch.LastLen, int32(v.LastPageLen))
+		ls.q = append(ls.q, p.Q...)
+	}
+	l := s.store.Layer(layer)
+	ls.kl = kernels.Layer{K: l.K, V: l.V, Summary: l.Summary}
+	return nil
+}
+
+// Score computes the selector's score of every local page for every row,
+// if any plan ranks pages or force is set (diagnostics). Recent and dense
+// selectors score nothing.
+func (s *Shard) Score(ctx context.Context, ls *LocalStep, force bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.score(ctx, ls, force)
+}
+
+func (s *Shard) score(ctx context.Context, ls *LocalStep, force bool) error {
+	ranked := force
+	for _, p := range ls.parts {
+		ranked = ranked || (!p.Plan.Dense && p.Plan.Rank > 0)
+	}
+	sel := s.cfg.Policy.Selector
+	ls.scored = ranked && (sel == Quest || sel == Oracle) && len(ls.batch.Pages) > 0
+	if !ls.scored {
+		return nil
+	}
+	ls.scores = resize(ls.scores, len(ls.batch.Pages)*ls.rows)
+	t0 := time.Now()
+	var err error
+	if sel == Quest {
+		err = s.be.Score(ctx, s.shape, ls.kl, &ls.batch, ls.q, ls.mode, ls.scores)
+	} else {
+		err = kernels.PageMax(s.shape, ls.kl, &ls.batch, ls.q, ls.mode, ls.scores)
+	}
+	ls.Time.Score = time.Since(t0)
+	return err
+}
+
+// Candidates proposes, per (sequence, row), this shard's best quota(plan)
+// candidate pages among its pages inside the plan's candidate range
+// (scores descending, ties to the lower page). For the recent selector the
+// candidates are the most recent pages (score = page index).
+func (s *Shard) Candidates(ctx context.Context, ls *LocalStep, quota func(Plan) int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.candidates(ctx, ls, quota)
+}
+
+func (s *Shard) candidates(ctx context.Context, ls *LocalStep, quota func(Plan) int) error {
+	ls.cands = ls.cands[:0]
+	ls.cPtr = append(ls.cPtr[:0], 0)
+	sel := s.cfg.Policy.Selector
+	if sel == Recent || !ls.scored {
+		for i, p := range ls.parts {
+			pl := p.Plan
+			for range ls.rows {
+				if !pl.Dense && pl.Rank > 0 && sel == Recent {
+					lo, hi := ls.localRange(i, pl.Lo(), pl.Hi())
+					for lp := max(lo, hi-quota(pl)); lp < hi; lp++ {
+						g := ls.global(i, lp)
+						ls.cands = append(ls.cands, Candidate{Score: float32(g), Page: g})
+					}
+				}
+				ls.cPtr = append(ls.cPtr, int32(len(ls.cands)))
+			}
+		}
+		return nil
+	}
+	ls.topk.Reset()
+	total := 0
+	for i, p := range ls.parts {
+		pl := p.Plan
+		if pl.Dense || pl.Rank == 0 {
+			continue
+		}
+		lo, hi := ls.localRange(i, pl.Lo(), pl.Hi())
+		k := min(quota(pl), hi-lo)
+		for r := range ls.rows {
+			ls.topk.Add(ls.batch.ScoreOffset(i, ls.rows)+r*ls.batch.NumPages(i)+lo, hi-lo, lo, k, total)
+			total += k
+		}
+	}
+	ls.sel = slices.Grow(ls.sel[:0], total)[:total]
+	t0 := time.Now()
+	if err := s.be.TopK(ctx, ls.scores, &ls.topk, ls.sel); err != nil {
+		return err
+	}
+	ls.Time.TopK = time.Since(t0)
+	row := 0
+	for i, p := range ls.parts {
+		pl := p.Plan
+		np := ls.batch.NumPages(i)
+		for r := range ls.rows {
+			if !pl.Dense && pl.Rank > 0 {
+				off, k := int(ls.topk.OutOff[row]), int(ls.topk.K[row])
+				base := ls.batch.ScoreOffset(i, ls.rows) + r*np
+				for _, lp := range ls.sel[off : off+k] {
+					ls.cands = append(ls.cands, Candidate{Score: ls.scores[base+int(lp)], Page: ls.global(i, int(lp))})
+				}
+				row++
+			}
+			ls.cPtr = append(ls.cPtr, int32(len(ls.cands)))
+		}
+	}
+	return nil
+}
+
+// Selection lists, per (sequence, row) in CSR form, the global pages chosen
+// by ranking (forced pages excluded; they are added by Attend).
+type Selection struct {
+	Indptr []int32
+	Pages  []int32
+}
+
+// Reset empties the selection, keeping its storage.
+func (sel *Selection) Reset() {
+	sel.Indptr = append(sel.Indptr[:0], 0)
+	sel.Pages = sel.Pages[:0]
+}
+
+// LocalSelection turns this shard's own candidates into the selection: the
+// global top-K when the shard holds every page.
+func (ls *LocalStep) LocalSelection(sel *Selection) {
+	sel.Reset()
+	for k := range len(ls.cPtr) - 1 {
+		for _, c := range ls.cands[ls.cPtr[k]:ls.cPtr[k+1]] {
+			sel.Pages = append(sel.Pages, c.Page)
+		}
+		sel.Indptr = append(sel.Indptr, int32(len(sel.Pages)))
+	}
+}
+
+// Attend attends each (sequence, row) over the forced pages and the
+// selected pages that this shard holds (every local page for dense plans)
+// and leaves the partial states in ls.O and ls.LSE. Selected pages the
+// shard does not hold are skipped: another CP rank attends them.
+func (s *Shard) Attend(ctx context.Context, ls *LocalStep, sel *Selection) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.attend(ctx, ls, sel)
+}
+
+func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Selection) error {
+	sh := s.shape
+	if len(sel.Indptr) != len(ls.parts)*ls.rows+1 {
+		return fmt.Errorf("attend: selection has %d rows, want %d", len(sel.Indptr)-1, len(ls.parts)*ls.rows)
+	}
+	ls.lists.Mode = ls.mode
+	ls.lists.Indptr = append(ls.lists.Indptr[:0], 0)
+	ls.lists.Pages = ls.lists.Pages[:0]
+	for i, p := range ls.parts {
+		pl := p.Plan
+		np := ls.batch.NumPages(i)
+		for r := range ls.rows {
+			if pl.Dense {
+				for lp := range np {
+					ls.lists.Pages = append(ls.lists.Pages, int32(lp))
+				}
+			} else {
+				lo, hi := ls.localRange(i, 0, pl.Sink)
+				for lp := lo; lp < hi; lp++ {
+					ls.lists.Pages = append(ls.lists.Pages, int32(lp))
+				}
+				k := i*ls.rows + r
+				for _, g := range sel.Pages[sel.Indptr[k]:sel.Indptr[k+1]] {
+					if g < int32(pl.Lo()) || g >= int32(pl.Hi()) {
+						return fmt.Errorf("attend: sequence %d row %d: selected page %d outside the candidates [%d,%d)", i, r, g, pl.Lo(), pl.Hi())
+					}
+					if lp := ls.local(i, g); lp >= 0 {
+						ls.lists.Pages = append(ls.lists.Pages, lp)
+					}
+				}
+				lo, hi = ls.localRange(i, pl.Hi(), pl.Pages)
+				for lp := lo; lp < hi; lp++ {
+					ls.lists.Pages = append(ls.lists.Pages, int32(lp))
+				}
+			}
+			ls.lists.Indptr = append(ls.lists.Indptr, int32(len(ls.lists.Pages)))
+		}
+	}
+	n := len(ls.parts)
+	ls.O = resize(ls.O, n*sh.QHeads*sh.HeadDim)
+	ls.LSE = resize(ls.LSE, n*sh.QHeads)
+	t0 := time.Now()
+	if err := s.be.Attend(ctx, sh, ls.kl, &ls.batch, ls.q, &ls.lists, ls.O, ls.LSE); err != nil {
+		return fmt.Errorf("attend layer %d: %w", ls.layer, err)
+	}
+	ls.Time.Attend = time.Since(t0)
+	return nil
+}
