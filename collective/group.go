@@ -1,0 +1,614 @@
+package collective
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/questrt/questrt/kernels"
+)
+
+// ErrDuplicatePage: the same page index reached a global top-K twice (two
+// ranks proposed it, or one rank proposed it twice). Every rank sees the
+// same candidates, so every rank reports it.
+var ErrDuplicatePage = errors.New("collective: duplicate page in selection")
+
+// abortTimeout bounds the best-effort aborts a failing member sends to its
+// peers; they use a context detached from the caller's, which may already
+// be done.
+const abortTimeout = 50 * time.Millisecond
+
+// Candidate is one page proposed for a row's top-K: its score and its
+// global logical page index in the sequence.
+type Candidate struct {
+	Score float32
+	Page  int32
+}
+
+// Compare orders candidates by selection priority: score descending, then
+// page ascending (ties go to the lower page index). It returns a negative
+// number when a is chosen before b. Scores must not be NaN.
+func Compare(a, b Candidate) int {
+	if a.Score != b.Score {
+		if a.Score > b.Score {
+			return -1
+		}
+		return 1
+	}
+	return cmp.Compare(a.Page, b.Page)
+}
+
+// UnionQuota returns ceil(k/n), the per-rank quota of the union selection
+// mode: each of n ranks keeps its local top ceil(k/n) pages of a row with
+// no exchange. Union is an approximation of exact selection: it reads up to
+// n*ceil(k/n) >= k pages and misses a page of the global top-k whenever one
+// rank holds more than its quota of them. k <= 0 gives 0; n < 1 is taken
+// as 1.
+func UnionQuota(k, n int) int {
+	if k <= 0 {
+		return 0
+	}
+	n = max(n, 1)
+	return (k + n - 1) / n
+}
+
+// Group runs the group operations of one member over a Transport. It keeps
+// scratch buffers between calls, so after warm-up an operation allocates
+// only the messages the transport hands it (and Select's result rows when
+// dst is too small). A Group is not safe for concurrent use: goroutines
+// that run operations concurrently over one transport (pipelined layers,
+// say) use a Group each, with distinct tags.
+//
+// Every operation is collective: all members call it with the same tag
+// (and root, shapes, budgets). Failure semantics: an operation returns an
+// error and no partial result (outputs are written only on success). A
+// member whose call fails sends an abort under the tag to every peer that
+// may still be waiting for a message from it, so those peers fail promptly
+// with ErrAborted instead of waiting for their deadline; a member that
+// blocks (a hung peer) is detected only by the others' ctx deadlines. There
+// is no commit round: a member that already has everything it needs from a
+// failed peer may still succeed. After a failure, the tag must not be
+// reused (messages can remain buffered under it).
+type Group struct {
+	tr         Transport
+	rank, size int
+
+	buf   []byte   // outgoing frame
+	recv  [][]byte // per rank: received frame (own: buf)
+	sent  []bool   // per rank: data sent this operation
+	keys  []uint64 // this member's row being sorted
+	all   []uint64 // every rank's candidates as sort keys, each row ended by noKey
+	rowAt []int    // [row*size+rank]: where that rank's row starts in all
+	pos   []int    // per rank cursor into all while merging a row
+	heads []uint64 // per rank: all[pos[rank]]
+	acc   []float32
+	tmp   []float32
+}
+
+// NewGroup returns the member of the group reachable through tr.
+func NewGroup(tr Transport) *Group {
+	n := tr.Size()
+	return &Group{
+		tr: tr, rank: tr.Rank(), size: n,
+		recv:  make([][]byte, n),
+		sent:  make([]bool, n),
+		pos:   make([]int, n),
+		heads: make([]uint64, n),
+	}
+}
+
+// Transport returns the group's transport.
+func (g *Group) Transport() Transport { return g.tr }
+
+// Rank returns this member's rank.
+func (g *Group) Rank() int { return g.rank }
+
+// Size returns the number of members.
+func (g *Group) Size() int { return g.size }
+
+// Abort tells every peer of tr that this member gives up the operation
+// under tag, so their pending or future call under it fails with
+// ErrAborted (wrapped in a RankError naming this rank). An engine calls it
+// when it fails between operations, e.g. a rank whose attention failed
+// aborts the merge its peers are about to wait in. It is best-effort and
+// returns the first send error.
+func Abort(ctx context.Context, tr Transport, tag uint64, cause error) error {
+	var first error
+	msg := abortFrame(0, cause)
+	for r := range tr.Size() {
+		if r == tr.Rank() {
+			continue
+		}
+		if err := tr.Send(ctx, r, tag, msg); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func abortFrame(op Op, cause error) []byte {
+	reason := "unknown"
+	if cause != nil {
+		reason = cause.Error()
+	}
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+	}
+	b := make([]byte, headerLen+len(reason))
+	putHeader(b, kindAbort, op)
+	copy(b[headerLen:], reason)
+	return b
+}
+
+// abortPeers sends an abort to each peer r != rank with want(r).
+func (g *Group) abortPeers(ctx context.Context, tag uint64, op Op, cause error, want func(r int) bool) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer cancel()
+	msg := abortFrame(op, cause)
+	for r := range g.size {
+		if r != g.rank && want(r) {
+			_ = g.tr.Send(actx, r, tag, msg) // best effort
+		}
+	}
+}
+
+func (g *Group) abortAll(ctx context.Context, tag uint64, op Op, cause error) {
+	g.abortPeers(ctx, tag, op, cause, func(int) bool { return true })
+}
+
+func (g *Group) abortUnsent(ctx context.Context, tag uint64, op Op, cause error) {
+	g.abortPeers(ctx, tag, op, cause, func(r int) bool { return !g.sent[r] })
+}
+
+// sendTo sends g.buf to rank r.
+func (g *Group) sendTo(ctx context.Context, r int, tag uint64) error {
+	if err := g.tr.Send(ctx, r, tag, g.buf); err != nil {
+		return &RankError{Rank: r, Err: err}
+	}
+	g.sent[r] = true
+	return nil
+}
+
+// recvFrom receives rank r's frame of op under tag and checks its header.
+func (g *Group) recvFrom(ctx context.Context, r int, tag uint64, op Op) ([]byte, error) {
+	msg, err := g.tr.Recv(ctx, r, tag)
+	if err != nil {
+		return nil, &RankError{Rank: r, Err: err}
+	}
+	if len(msg) < headerLen {
+		return nil, &RankError{Rank: r, Err: fmt.Errorf("%w: %d-byte frame", ErrBadMessage, len(msg))}
+	}
+	if msg[0] == kindAbort {
+		return nil, &RankError{Rank: r, Err: fmt.Errorf("%w: %s", ErrAborted, msg[headerLen:])}
+	}
+	if msg[0] != kindData || msg[2] != version || Op(msg[1]) != op {
+		return nil, &RankError{Rank: r, Err: fmt.Errorf("%w: header kind %d op %v version %d, want data %v version %d", ErrBadMessage, msg[0], Op(msg[1]), msg[2], op, version)}
+	}
+	return msg, nil
+}
+
+// exchange sends g.buf to every peer, then receives every peer's frame into
+// g.recv (g.recv[rank] = g.buf). Peers are sent to in rotated order (rank+1
+// first) so no rank is everyone's first destination.
+func (g *Group) exchange(ctx context.Context, tag uint64, op Op) error {
+	clear(g.sent)
+	for i := 1; i < g.size; i++ {
+		r := (g.rank + i) % g.size
+		if err := g.sendTo(ctx, r, tag); err != nil {
+			g.abortUnsent(ctx, tag, op, err)
+			return err
+		}
+	}
+	for r := range g.size {
+		if r == g.rank {
+			g.recv[r] = g.buf
+			continue
+		}
+		msg, err := g.recvFrom(ctx, r, tag, op)
+		if err != nil {
+			return err
+		}
+		g.recv[r] = msg
+	}
+	return nil
+}
+
+// AllGather sends msg to every member and returns every member's message,
+// indexed by rank; out[Rank()] is msg itself. The other messages are fresh
+// buffers the caller owns.
+func (g *Group) AllGather(ctx context.Context, tag uint64, msg []byte) ([][]byte, error) {
+	g.buf = growBytes(g.buf, headerLen+len(msg))
+	putHeader(g.buf, kindData, OpGather)
+	copy(g.buf[headerLen:], msg)
+	if err := g.exchange(ctx, tag, OpGather); err != nil {
+		return nil, fmt.Errorf("allgather tag %#x: %w", tag, err)
+	}
+	out := make([][]byte, g.size)
+	for r := range g.size {
+		if r == g.rank {
+			out[r] = msg
+		} else {
+			out[r] = g.recv[r][headerLen:]
+		}
+		g.recv[r] = nil
+	}
+	return out, nil
+}
+
+// SelectExact derives the global top-k[row] of every row from the members'
+// local candidates. local[row] are this member's candidates of the row (at
+// most k[row] of them, in any order; the caller has already cut them to its
+// local top-k[row]); pages are global logical page indices, unique across
+// the group; scores must not be NaN. Every member passes the same rows and
+// budgets k.
+//
+// The result has one ascending page list per row: the first k[row]
+// candidates of the union of all members' candidates ordered by Compare
+// (score descending, ties to the lower page), fewer when the union is
+// smaller. It is identical on every member. Rows are appended into dst's
+// storage when its capacity suffices (dst may be nil; its contents are
+// unspecified after an error).
+//
+// Each member sends its candidates to every other member as raw
+// little-endian bytes (per row: a count, then score f32 and page i32 per
+// candidate, sorted by Compare): (N-1) * (16 + rows*4 + 8*candidates)
+// bytes per member.
+func (g *Group) SelectExact(ctx context.Context, tag uint64, local [][]Candidate, k []int, dst [][]int32) ([][]int32, error) {
+	out, err := g.selectExact(ctx, tag, local, k, dst)
+	if err != nil {
+		return nil, fmt.Errorf("select tag %#x: %w", tag, err)
+	}
+	return out, nil
+}
+
+func (g *Group) selectExact(ctx context.Context, tag uint64, local [][]Candidate, k []int, dst [][]int32) ([][]int32, error) {
+	rows := len(local)
+	if err := g.encodeSelect(local, k); err != nil {
+		g.abortAll(ctx, tag, OpSelect, err)
+		return nil, err
+	}
+	if err := g.exchange(ctx, tag, OpSelect); err != nil {
+		return nil, err
+	}
+	defer clear(g.recv)
+	if err := g.parseSelect(rows, k); err != nil {
+		return nil, err
+	}
+	if cap(dst) < rows {
+		dst = append(dst[:cap(dst)], make([][]int32, rows-cap(dst))...)
+	}
+	dst = dst[:rows]
+	for row := range rows {
+		out, err := g.mergeRow(row, k[row], dst[row][:0])
+		if err != nil {
+			return nil, err
+		}
+		dst[row] = out
+	}
+	return dst, nil
+}
+
+// encodeSelect validates this member's input and writes its frame to g.buf.
+func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
+	rows := len(local)
+	if len(k) != rows {
+		return fmt.Errorf("%d candidate rows but %d budgets", rows, len(k))
+	}
+	size := selectHeaderLen + 4*rows
+	for row, c := range local {
+		if k[row] < 0 {
+			return fmt.Errorf("row %d: budget %d < 0", row, k[row])
+		}
+		if len(c) > k[row] {
+			return fmt.Errorf("row %d: %d local candidates exceed the budget %d", row, len(c), k[row])
+		}
+		for _, x := range c {
+			if x.Score != x.Score {
+				return fmt.Errorf("row %d: page %d has a NaN score", row, x.Page)
+			}
+			if x.Page < 0 {
+				return fmt.Errorf("row %d: negative page %d", row, x.Page)
+			}
+		}
+		size += candidateLen * len(c)
+	}
+	b := growBytes(g.buf, size)
+	g.buf = b
+	putHeader(b, kindData, OpSelect)
+	binary.LittleEndian.PutUint32(b[headerLen:], uint32(rows))
+	binary.LittleEndian.PutUint64(b[headerLen+4:], hashBudgets(k))
+	off := selectHeaderLen
+	for _, c := range local {
+		binary.LittleEndian.PutUint32(b[off:], uint32(len(c)))
+		off += 4
+		g.keys = g.keys[:0]
+		for _, x := range c {
+			g.keys = append(g.keys, sortKey(x))
+		}
+		slices.Sort(g.keys)
+		for _, key := range g.keys {
+			putCandidate(b[off:], fromKey(key))
+			off += candidateLen
+		}
+	}
+	return nil
+}
+
+// parseSelect checks every rank's frame and decodes its candidates into
+// g.all as sort keys, recording where each (row, rank) starts in g.rowAt.
+func (g *Group) parseSelect(rows int, k []int) error {
+	if cap(g.rowAt) < g.size*rows {
+		g.rowAt = make([]int, g.size*rows)
+	}
+	g.rowAt = g.rowAt[:g.size*rows]
+	kh := hashBudgets(k)
+	g.all = g.all[:0]
+	for r := range g.size {
+		var err error
+		g.all, err = parseSelectFrame(g.recv[r], rows, k, kh, g.rowAt[r:], g.size, g.all)
+		if err != nil {
+			return &RankError{Rank: r, Err: err}
+		}
+	}
+	return nil
+}
+
+// parseSelectFrame checks one select frame against the expected rows and
+// budgets (counts, lengths, candidates in strict selection order, no NaN,
+// no negative page) and appends each row's candidates' sort keys to keys,
+// followed by noKey; rowAt[row*stride] gets where the row starts in keys.
+func parseSelectFrame(b []byte, rows int, k []int, kh uint64, rowAt []int, stride int, keys []uint64) ([]uint64, error) {
+	if len(b) < selectHeaderLen {
+		return keys, fmt.Errorf("%w: select frame of %d bytes", ErrBadMessage, len(b))
+	}
+	if n := binary.LittleEndian.Uint32(b[headerLen:]); int64(n) != int64(rows) {
+		return keys, fmt.Errorf("%w: %d rows, want %d", ErrBadMessage, n, rows)
+	}
+	if h := binary.LittleEndian.Uint64(b[headerLen+4:]); h != kh {
+		return keys, fmt.Errorf("%w: budgets differ from this member's", ErrBadMessage)
+	}
+	off := selectHeaderLen
+	for row := range rows {
+		if len(b)-off < 4 {
+			return keys, fmt.Errorf("%w: truncated at row %d", ErrBadMessage, row)
+		}
+		n := binary.LittleEndian.Uint32(b[off:])
+		off += 4
+		if int64(n) > int64(k[row]) {
+			return keys, fmt.Errorf("%w: row %d has %d candidates, budget %d", ErrBadMessage, row, n, k[row])
+		}
+		if int64(len(b)-off) < int64(n)*candidateLen {
+			return keys, fmt.Errorf("%w: truncated in row %d", ErrBadMessage, row)
+		}
+		rowAt[row*stride] = len(keys)
+		for i := range int(n) {
+			x := getCandidate(b[off:], i)
+			if x.Score != x.Score || x.Page < 0 {
+				return keys, fmt.Errorf("%w: row %d: bad candidate (%v, %d)", ErrBadMessage, row, x.Score, x.Page)
+			}
+			key := sortKey(x)
+			if i > 0 && keys[len(keys)-1] >= key {
+				return keys, fmt.Errorf("%w: row %d: candidates not in selection order", ErrBadMessage, row)
+			}
+			keys = append(keys, key)
+		}
+		keys = append(keys, noKey)
+		off += int(n) * candidateLen
+	}
+	if off != len(b) {
+		return keys, fmt.Errorf("%w: %d trailing bytes", ErrBadMessage, len(b)-off)
+	}
+	return keys, nil
+}
+
+// mergeRow takes the best k of the ranks' sorted candidate lists of row
+// and appends their pages, ascending, to out.
+func (g *Group) mergeRow(row, k int, out []int32) ([]int32, error) {
+	pos, heads := g.pos, g.heads
+	for r, at := range g.rowAt[row*g.size:][:g.size] {
+		pos[r], heads[r] = at, g.all[at]
+	}
+	for len(out) < k {
+		best, bk := 0, heads[0]
+		for r := 1; r < len(heads); r++ {
+			if heads[r] < bk {
+				best, bk = r, heads[r]
+			}
+		}
+		if bk == noKey {
+			break // every list is exhausted
+		}
+		pos[best]++
+		heads[best] = g.all[pos[best]]
+		out = append(out, int32(uint32(bk)))
+	}
+	slices.Sort(out)
+	for i := 1; i < len(out); i++ {
+		if out[i] == out[i-1] {
+			return nil, fmt.Errorf("%w: row %d: page %d", ErrDuplicatePage, row, out[i])
+		}
+	}
+	return out, nil
+}
+
+// checkState validates a partial state's shape and its lse values (finite
+// or -Inf; NaN and +Inf would poison the merge).
+func checkState(d int, o, lse []float32) error {
+	if d <= 0 {
+		return fmt.Errorf("head dim %d <= 0", d)
+	}
+	if len(o) != len(lse)*d {
+		return fmt.Errorf("o has %d floats, want %d heads x %d", len(o), len(lse), d)
+	}
+	return checkLSE(lse)
+}
+
+func checkLSE(lse []float32) error {
+	for h, x := range lse {
+		if x != x || math.IsInf(float64(x), 1) {
+			return fmt.Errorf("lse[%d] = %v", h, x)
+		}
+	}
+	return nil
+}
+
+func (g *Group) encodeState(op Op, d int, o, lse []float32) {
+	n := len(lse)
+	b := growBytes(g.buf, stateHeaderLen+4*(len(o)+n))
+	g.buf = b
+	putHeader(b, kindData, op)
+	binary.LittleEndian.PutUint32(b[headerLen:], uint32(n))
+	binary.LittleEndian.PutUint32(b[headerLen+4:], uint32(d))
+	putF32s(b[stateHeaderLen:], o)
+	putF32s(b[stateHeaderLen+4*len(o):], lse)
+}
+
+// checkStateFrame checks a received state frame against (n, d) and returns
+// its o and lse bytes.
+func checkStateFrame(b []byte, n, d int) (ob, lb []byte, err error) {
+	if len(b) < stateHeaderLen {
+		return nil, nil, fmt.Errorf("%w: state frame of %d bytes", ErrBadMessage, len(b))
+	}
+	gn, gd := binary.LittleEndian.Uint32(b[headerLen:]), binary.LittleEndian.Uint32(b[headerLen+4:])
+	if int64(gn) != int64(n) || int64(gd) != int64(d) {
+		return nil, nil, fmt.Errorf("%w: state of %d heads x %d, want %d x %d", ErrBadMessage, gn, gd, n, d)
+	}
+	if want := stateHeaderLen + 4*(n*d+n); len(b) != want {
+		return nil, nil, fmt.Errorf("%w: state frame of %d bytes, want %d", ErrBadMessage, len(b), want)
+	}
+	ob = b[stateHeaderLen:][:4*n*d]
+	lb = b[stateHeaderLen+4*n*d:]
+	return ob, lb, nil
+}
+
+// Reduce merges the members' partial states into root's o and lse. o is
+// [heads][d] and lse [heads] (natural log; the empty state is (0, -Inf));
+// every member passes the same d and number of heads. Non-root members send
+// their state to root as raw little-endian float32s and return; their o
+// and lse are not changed. The root merges the states with
+// kernels.MergeStates in rank order (rank 0 first, whatever the root), so
+// the result does not depend on arrival order, and writes it to its o and
+// lse only on success. Heads empty on every member come out as (0, -Inf);
+// lse values must be finite or -Inf.
+func (g *Group) Reduce(ctx context.Context, tag uint64, root, d int, o, lse []float32) error {
+	if err := g.reduce(ctx, tag, OpReduce, root, d, o, lse); err != nil {
+		return fmt.Errorf("reduce tag %#x: %w", tag, err)
+	}
+	return nil
+}
+
+// AllReduce merges the members' partial states like Reduce with root 0 and
+// sends the merged state back to every member: all members end with the
+// same bits in o and lse. It moves 2*(N-1) states per call.
+func (g *Group) AllReduce(ctx context.Context, tag uint64, d int, o, lse []float32) error {
+	if err := g.reduce(ctx, tag, OpAllReduce, 0, d, o, lse); err != nil {
+		return fmt.Errorf("allreduce tag %#x: %w", tag, err)
+	}
+	return nil
+}
+
+func (g *Group) reduce(ctx context.Context, tag uint64, op Op, root, d int, o, lse []float32) error {
+	if err := checkRank(root, g.size); err != nil {
+		return err // every member gets the same bad root
+	}
+	clear(g.sent)
+	defer clear(g.recv)
+	all := op == OpAllReduce
+	if g.rank != root {
+		if err := checkState(d, o, lse); err != nil {
+			g.abortPeers(ctx, tag, op, err, func(r int) bool { return r == root })
+			return err
+		}
+		g.encodeState(op, d, o, lse)
+		if err := g.sendTo(ctx, root, tag); err != nil {
+			g.abortPeers(ctx, tag, op, err, func(r int) bool { return r == root })
+			return err
+		}
+		if !all {
+			return nil
+		}
+		msg, err := g.recvFrom(ctx, root, tag, op)
+		if err != nil {
+			return err
+		}
+		ob, lb, err := checkStateFrame(msg, len(lse), d)
+		if err == nil {
+			err = checkLSE(bytesF32(lb, &g.tmp))
+		}
+		if err != nil {
+			return &RankError{Rank: root, Err: err}
+		}
+		getF32s(o, ob)
+		copy(lse, g.tmp)
+		return nil
+	}
+
+	// Root.
+	fail := func(err error) error {
+		if all {
+			g.abortUnsent(ctx, tag, op, err)
+		}
+		return err
+	}
+	if err := checkState(d, o, lse); err != nil {
+		return fail(err)
+	}
+	n := len(lse)
+	for r := range g.size {
+		if r == root {
+			continue
+		}
+		msg, err := g.recvFrom(ctx, r, tag, op)
+		if err != nil {
+			return fail(err)
+		}
+		_, lb, err := checkStateFrame(msg, n, d)
+		if err == nil {
+			err = checkLSE(bytesF32(lb, &g.tmp))
+		}
+		if err != nil {
+			return fail(&RankError{Rank: r, Err: err})
+		}
+		g.recv[r] = msg
+	}
+	g.acc = growF32(g.acc, n*d+n)
+	acco, accl := g.acc[:n*d], g.acc[n*d:]
+	clear(acco)
+	for h := range accl {
+		accl[h] = float32(math.Inf(-1))
+	}
+	g.tmp = growF32(g.tmp, n*d+n)
+	for r := range g.size {
+		if r == root {
+			kernels.MergeStates(d, acco, accl, o, lse)
+			continue
+		}
+		getF32s(g.tmp, g.recv[r][stateHeaderLen:])
+		kernels.MergeStates(d, acco, accl, g.tmp[:n*d], g.tmp[n*d:])
+	}
+	if all {
+		g.encodeState(op, d, acco, accl)
+		for i := 1; i < g.size; i++ {
+			r := (g.rank + i) % g.size
+			if err := g.sendTo(ctx, r, tag); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	copy(o, acco)
+	copy(lse, accl)
+	return nil
+}
+
+// bytesF32 decodes little-endian float32s from b into *scratch (grown as
+// needed) and returns them.
+func bytesF32(b []byte, scratch *[]float32) []float32 {
+	*scratch = growF32(*scratch, len(b)/4)
+	getF32s(*scratch, b)
+	return *scratch
+}
