@@ -94,8 +94,19 @@ func (b *Batch) Len() int { return len(b.Indptr) - 1 }
 // NumPages is the page count of sequence i.
 func (b *Batch) NumPages(i int) int { return int(b.Indptr[i+1] - b.Indptr[i]) }
 
-// Validate checks the CSR arrays against the shape and the layer's pool size.
+// Validate checks the CSR arrays against the shape and the layer's pool
+// size (K, V and summaries).
 func (b *Batch) Validate(s Shape, l Layer) error {
+	pool := len(l.Summary) / (s.KVHeads * 2 * s.HeadDim)
+	if len(l.K) != pool*s.KVHeads*s.PageSize*s.HeadDim || len(l.V) != len(l.K) {
+		return fmt.Errorf("batch: layer arrays K=%d V=%d summary=%d floats do not match one pool", len(l.K), len(l.V), len(l.Summary))
+	}
+	return b.ValidateSummaries(s, l)
+}
+
+// ValidateSummaries is Validate for kernels that read only the summaries
+// (Score): K and V may be absent.
+func (b *Batch) ValidateSummaries(s Shape, l Layer) error {
 	if len(b.Indptr) < 1 || b.Indptr[0] != 0 {
 		return errors.New("batch: indptr must start at 0")
 	}
@@ -115,9 +126,6 @@ func (b *Batch) Validate(s Shape, l Layer) error {
 		return fmt.Errorf("batch: indptr ends at %d but %d pages given", b.Indptr[n], len(b.Pages))
 	}
 	pool := len(l.Summary) / (s.KVHeads * 2 * s.HeadDim)
-	if len(l.K) != pool*s.KVHeads*s.PageSize*s.HeadDim || len(l.V) != len(l.K) {
-		return fmt.Errorf("batch: layer arrays K=%d V=%d summary=%d floats do not match one pool", len(l.K), len(l.V), len(l.Summary))
-	}
 	for i, p := range b.Pages {
 		if p < 0 || int(p) >= pool {
 			return fmt.Errorf("batch: physical page %d at %d outside pool of %d", p, i, pool)
@@ -178,7 +186,8 @@ type Backend interface {
 	Name() string
 	// Score writes U for every page of every sequence of b for every row
 	// of mode: out[b.ScoreOffset(i, rows) + r*NumPages(i) + p]. q is
-	// [sequences][QHeads][HeadDim].
+	// [sequences][QHeads][HeadDim]. It reads only l.Summary (K and V may
+	// be nil).
 	Score(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, mode GQAMode, out []float32) error
 	// TopK runs every row of plan over scores (see TopKPlan).
 	TopK(ctx context.Context, scores []float32, plan *TopKPlan, out []int32) error

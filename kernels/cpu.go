@@ -117,7 +117,7 @@ func (c *CPU) Score(ctx context.Context, s Shape, l Layer, b *Batch, q []float32
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("score: %w", err)
 	}
-	if err := b.Validate(s, l); err != nil {
+	if err := b.ValidateSummaries(s, l); err != nil {
 		return fmt.Errorf("score: %w", err)
 	}
 	n := b.Len()

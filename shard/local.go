@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 )
@@ -27,11 +28,8 @@ type SeqPart struct {
 }
 
 // Candidate is a page proposed for the global top-K: its score and its
-// global logical page index.
-type Candidate struct {
-	Score float32
-	Page  int32
-}
+// global logical page index (the collective's wire type).
+type Candidate = collective.Candidate
 
 // LocalStep is the state of one step of one layer on one shard, driven
 // phase by phase by a single-shard Step or by a sharded engine: Begin,
@@ -68,8 +66,8 @@ type LocalStep struct {
 // group_max, query heads for per_head).
 func (ls *LocalStep) Rows() int { return ls.rows }
 
-// Candidates returns the candidates of (sequence i, row r) after
-// Candidates ran, best first is not guaranteed: ascending page order.
+// RowCandidates returns the candidates of (sequence i, row r) after
+// Candidates ran, in ascending page order.
 func (ls *LocalStep) RowCandidates(i, r int) []Candidate {
 	k := i*ls.rows + r
 	return ls.cands[ls.cPtr[k]:ls.cPtr[k+1]]
@@ -339,4 +337,16 @@ func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Selection) error
 	}
 	ls.Time.Attend = time.Since(t0)
 	return nil
+}
+
+// Scored reports whether Score computed page scores in this step.
+func (ls *LocalStep) Scored() bool { return ls.scored }
+
+// LocalPages is the number of this shard's pages of sequence i.
+func (ls *LocalStep) LocalPages(i int) int { return ls.batch.NumPages(i) }
+
+// PageScore is the score of local page p of sequence i for row r (valid
+// when Scored).
+func (ls *LocalStep) PageScore(i, r, p int) float32 {
+	return ls.scores[ls.batch.ScoreOffset(i, ls.rows)+r*ls.batch.NumPages(i)+p]
 }
