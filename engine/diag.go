@@ -1,0 +1,192 @@
+package engine
+
+import (
+	"context"
+	"math"
+	"slices"
+
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/shard"
+)
+
+// diagnose fills res.Diag after a sparse run: the attended pages and scores
+// per query head gathered from every shard, then a dense run on the same
+// data for the output error, and the attention mass and top-R recall from
+// the keys of every shard's pages (read in place).
+func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs []*seqState, opt StepOptions, res *Result) error {
+	c := e.cfg
+	d, g := c.HeadDim, c.QHeads/c.KVHeads
+	topR := opt.TopR
+	if topR <= 0 {
+		topR = 10
+	}
+	rowOf := func(hl int) int {
+		if c.Policy.GQA == kernels.PerHead {
+			return hl
+		}
+		return hl / g
+	}
+	scored := e.work[0][0].ls.Scored()
+	res.Diag = res.Diag[:0]
+	for i, sq := range seqs {
+		pl := res.Plans[i]
+		np := pl.Pages
+		dg := shard.Diagnostics{Selected: make([][]int32, c.QHeads), MinMassRecall: 1}
+		if scored {
+			dg.Scores = make([][]float32, c.QHeads)
+		}
+		attended := make([]bool, np)
+		union := make([]bool, np)
+		for h := range c.QHeads {
+			tp, hl := h/e.qT, h%e.qT
+			r := rowOf(hl)
+			rows := e.work[tp][0].ls.Rows()
+			clear(attended)
+			if pl.Dense {
+				for p := range attended {
+					attended[p] = true
+				}
+			} else {
+				for p := range pl.Sink {
+					attended[p] = true
+				}
+				for p := pl.Hi(); p < np; p++ {
+					attended[p] = true
+				}
+				for cp := range c.CP {
+					sel := &e.work[tp][cp].sel
+					row := i*rows + r
+					for _, gp := range sel.Pages[sel.Indptr[row]:sel.Indptr[row+1]] {
+						if e.owner(sq, int(gp)) == cp {
+							attended[gp] = true
+						}
+					}
+				}
+			}
+			var list []int32
+			for p, a := range attended {
+				if a {
+					list = append(list, int32(p))
+				}
+			}
+			dg.Selected[h] = list
+			if h%g == 0 {
+				clear(union)
+			}
+			for _, p := range list {
+				union[p] = true
+			}
+			if h%g == g-1 {
+				dg.PagesTotal += np
+				for _, u := range union {
+					if u {
+						dg.PagesRead++
+					}
+				}
+			}
+			if scored {
+				sc := make([]float32, np)
+				for cp := range c.CP {
+					ls := &e.work[tp][cp].ls
+					for lp := range ls.LocalPages(i) {
+						sc[sq.global[cp][lp]] = ls.PageScore(i, r, lp)
+					}
+				}
+				dg.Scores[h] = sc
+			}
+		}
+		res.Diag = append(res.Diag, dg)
+	}
+	// Dense reference on the same data.
+	dense := &Result{}
+	densePlans := make([]shard.Plan, len(res.Plans))
+	for i, pl := range res.Plans {
+		densePlans[i] = pl.AsDense()
+	}
+	if err := e.run(ctx, layer, reqs, seqs, densePlans, false, dense); err != nil {
+		return err
+	}
+	scale := 1 / math.Sqrt(float64(d))
+	for i, sq := range seqs {
+		dg := &res.Diag[i]
+		n := sq.lens[layer]
+		tables := make([][][]int32, c.TP)
+		for tp := range c.TP {
+			tables[tp] = make([][]int32, c.CP)
+			for cp := range c.CP {
+				t, err := e.shards[tp][cp].Store().AppendPageTable(nil, sq.local[tp][cp])
+				if err != nil {
+					return err
+				}
+				tables[tp][cp] = t
+			}
+		}
+		for h := range c.QHeads {
+			tp, hl := h/e.qT, h%e.qT
+			kvl := hl / g
+			q := reqs[i].Q[h*d : (h+1)*d]
+			lseD := float64(dense.LSE[i*c.QHeads+h])
+			var mass float64
+			var top []tokenLogit
+			sel := dg.Selected[h]
+			for p := range res.Plans[i].Pages {
+				cp := e.owner(sq, p)
+				lp, _ := slices.BinarySearch(sq.global[cp], int32(p))
+				phys := int(tables[tp][cp][lp])
+				keys, _ := e.shards[tp][cp].Store().PageKV(layer, phys, kvl)
+				_, in := slices.BinarySearch(sel, int32(p))
+				for t := range min(c.PageSize, n-p*c.PageSize) {
+					logit := float64(kernels.Dot(q, keys[t*d:(t+1)*d])) * scale
+					if in {
+						mass += math.Exp(logit - lseD)
+					}
+					top = pushTop(top, topR, tokenLogit{logit, in})
+				}
+			}
+			hit := 0
+			for _, t := range top {
+				if t.in {
+					hit++
+				}
+			}
+			dg.Recall += float64(hit) / float64(len(top))
+			mass = min(mass, 1)
+			dg.MassRecall += mass
+			dg.MinMassRecall = min(dg.MinMassRecall, mass)
+		}
+		dg.Recall /= float64(c.QHeads)
+		dg.MassRecall /= float64(c.QHeads)
+		var num, den float64
+		for j := i * c.QHeads * d; j < (i+1)*c.QHeads*d; j++ {
+			diff := float64(res.O[j]) - float64(dense.O[j])
+			num += diff * diff
+			den += float64(dense.O[j]) * float64(dense.O[j])
+		}
+		if den > 0 {
+			dg.RelL2 = math.Sqrt(num / den)
+		}
+	}
+	return nil
+}
+
+type tokenLogit struct {
+	logit float64
+	in    bool // its page was attended
+}
+
+// pushTop keeps the r largest logits (ties keep the earlier token).
+func pushTop(top []tokenLogit, r int, t tokenLogit) []tokenLogit {
+	if len(top) < r {
+		return append(top, t)
+	}
+	worst := 0
+	for j := range top {
+		if top[j].logit < top[worst].logit {
+			worst = j
+		}
+	}
+	if t.logit > top[worst].logit {
+		top[worst] = t
+	}
+	return top
+}

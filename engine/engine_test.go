@@ -1,0 +1,462 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/shard"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pair is an engine and a single-shard reference fed the same data.
+type pair struct {
+	t   *testing.T
+	e   *Engine
+	ref *shard.Shard
+	be  kernels.Backend
+	ids map[SeqID]pagestore.SeqID
+}
+
+func newPair(t *testing.T, cfg Config) *pair {
+	t.Helper()
+	be := kernels.NewCPU(kernels.CPUConfig{Workers: 2, AttendChunk: 4, ScoreChunk: 8})
+	t.Cleanup(func() { be.Close() })
+	if cfg.Backend == nil && cfg.Backends == nil {
+		cfg.Backend = be
+	}
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	ref, err := shard.New(shard.Config{
+		Store: pagestore.Config{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, PageSize: cfg.PageSize,
+			DType: pagestore.Float32, Capacity: cfg.CapacityPages * cfg.CP},
+		QHeads: cfg.QHeads,
+		Policy: cfg.Policy,
+	}, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &pair{t: t, e: e, ref: ref, be: be, ids: map[SeqID]pagestore.SeqID{}}
+}
+
+func (p *pair) create(pl Placement) SeqID {
+	id, err := p.e.Create(pl)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.ids[id] = p.ref.Store().Create()
+	return id
+}
+
+func (p *pair) append(rng *rand.Rand, id SeqID, n int) {
+	c := p.e.Config()
+	for l := range c.Layers {
+		k := randVec(rng, n*c.KVHeads*c.HeadDim)
+		v := randVec(rng, n*c.KVHeads*c.HeadDim)
+		if err := p.e.Append(id, l, k, v); err != nil {
+			p.t.Fatal(err)
+		}
+		if err := p.ref.Append(p.ids[id], l, k, v); err != nil {
+			p.t.Fatal(err)
+		}
+	}
+}
+
+func randVec(rng *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+	}
+	return v
+}
+
+// compare runs one step on both with diagnostics and checks invariant 8:
+// the same selected pages per head and outputs within fp32 tolerance.
+func (p *pair) compare(rng *rand.Rand, layer int, seqs []SeqID, budgets []int, exactSel bool) {
+	p.t.Helper()
+	c := p.e.Config()
+	var reqs []Request
+	var refReqs []shard.SeqStep
+	for i, id := range seqs {
+		q := randVec(rng, c.QHeads*c.HeadDim)
+		for j := range q {
+			q[j] *= 2
+		}
+		reqs = append(reqs, Request{Seq: id, Q: q, BudgetTokens: budgets[i]})
+		refReqs = append(refReqs, shard.SeqStep{Seq: p.ids[id], Q: q, BudgetTokens: budgets[i]})
+	}
+	var got Result
+	if err := p.e.Step(context.Background(), layer, reqs, StepOptions{Diagnostics: true}, &got); err != nil {
+		p.t.Fatal(err)
+	}
+	var want shard.StepResult
+	if err := p.ref.Step(context.Background(), layer, refReqs, shard.StepOptions{Diagnostics: true}, &want); err != nil {
+		p.t.Fatal(err)
+	}
+	for i := range seqs {
+		if got.Plans[i] != want.Plans[i] {
+			p.t.Fatalf("seq %d: plan %+v, single shard %+v", i, got.Plans[i], want.Plans[i])
+		}
+		for h := range c.QHeads {
+			gs, ws := got.Diag[i].Selected[h], want.Diag[i].Selected[h]
+			if exactSel && !slices.Equal(gs, ws) {
+				p.t.Fatalf("seq %d head %d: selected %v, single shard %v", i, h, gs, ws)
+			}
+			if got.Diag[i].Scores != nil && want.Diag[i].Scores != nil && !slices.Equal(got.Diag[i].Scores[h], want.Diag[i].Scores[h]) {
+				p.t.Fatalf("seq %d head %d: scores differ from the single shard", i, h)
+			}
+		}
+	}
+	if !exactSel {
+		return
+	}
+	for j := range want.O {
+		if math.Abs(float64(got.O[j]-want.O[j])) > 2e-5*max(1, math.Abs(float64(want.O[j]))) {
+			p.t.Fatalf("output %d: %v, single shard %v", j, got.O[j], want.O[j])
+		}
+	}
+	for j := range want.LSE {
+		if math.Abs(float64(got.LSE[j]-want.LSE[j])) > 2e-5*max(1, math.Abs(float64(want.LSE[j]))) {
+			p.t.Fatalf("lse %d: %v, single shard %v", j, got.LSE[j], want.LSE[j])
+		}
+	}
+	for i := range seqs {
+		if math.Abs(got.Diag[i].MassRecall-want.Diag[i].MassRecall) > 1e-4 || math.Abs(got.Diag[i].RelL2-want.Diag[i].RelL2) > 1e-4 {
+			p.t.Fatalf("seq %d diagnostics: mass %v / %v, rel L2 %v / %v", i, got.Diag[i].MassRecall, want.Diag[i].MassRecall, got.Diag[i].RelL2, want.Diag[i].RelL2)
+		}
+	}
+}
+
+// TestDistributedEqualsSingleShard is invariant 8 as a property over random
+// layouts: cp in 1..8, tp dividing the KV heads, both placements, both GQA
+// modes, exact and replicated selection, tail lengths 1/15/16/17 and random
+// lengths and budgets (some covering the whole sequence).
+func TestDistributedEqualsSingleShard(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	trials := 24
+	if testing.Short() {
+		trials = 8
+	}
+	for trial := range trials {
+		cfg := DefaultConfig()
+		cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 2, 8, 4, 16, 16
+		cfg.CP = 1 + rng.IntN(8)
+		cfg.TP = []int{1, 2, 4}[rng.IntN(3)]
+		cfg.CapacityPages = 200
+		cfg.BlockPages = 1 + rng.IntN(4)
+		cfg.Selection = []Selection{Exact, Replicated}[rng.IntN(2)]
+		cfg.Policy.PageSize = 16
+		cfg.Policy.DenseLayers = 1
+		cfg.Policy.SinkPages = rng.IntN(2)
+		cfg.Policy.GQA = []kernels.GQAMode{kernels.GroupMax, kernels.PerHead}[rng.IntN(2)]
+		name := fmt.Sprintf("trial%d_cp%d_tp%d_%v_%v_block%d_sink%d", trial, cfg.CP, cfg.TP, cfg.Selection, cfg.Policy.GQA, cfg.BlockPages, cfg.Policy.SinkPages)
+		t.Run(name, func(t *testing.T) {
+			p := newPair(t, cfg)
+			lens := []int{1, 15, 16, 17, 1 + rng.IntN(700), 200 + rng.IntN(500)}
+			var seqs []SeqID
+			var budgets []int
+			for _, n := range lens {
+				id := p.create([]Placement{Striped, Contiguous}[rng.IntN(2)])
+				p.append(rng, id, n)
+				seqs = append(seqs, id)
+				budgets = append(budgets, []int{16, 32, 64, 160, 4096}[rng.IntN(5)])
+			}
+			for layer := range cfg.Layers {
+				p.compare(rng, layer, seqs, budgets, true)
+			}
+		})
+	}
+}
+
+// TestUnionSelection: union keeps each rank's local top ceil(K'/N), reads
+// at most N*ceil(K'/N) ranked pages, and equals exact with one rank.
+func TestUnionSelection(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, cp := range []int{1, 3} {
+		cfg := DefaultConfig()
+		cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 1, 4, 2, 16
+		cfg.CP, cfg.CapacityPages, cfg.Selection = cp, 100, Union
+		cfg.Policy.DenseLayers = 0
+		p := newPair(t, cfg)
+		id := p.create(Striped)
+		p.append(rng, id, 900)
+		p.compare(rng, 0, []SeqID{id}, []int{160}, cp == 1)
+		var res Result
+		q := randVec(rng, 4*16)
+		if err := p.e.Step(context.Background(), 0, []Request{{Seq: id, Q: q, BudgetTokens: 160}}, StepOptions{Diagnostics: true}, &res); err != nil {
+			t.Fatal(err)
+		}
+		pl := res.Plans[0]
+		limit := pl.Sink + pl.Local + cp*collective.UnionQuota(pl.Rank, cp)
+		for h, sel := range res.Diag[0].Selected {
+			if len(sel) > limit || len(sel) < pl.Local+pl.Rank {
+				t.Fatalf("cp %d head %d: %d pages read, want between %d and %d", cp, h, len(sel), pl.Local+pl.Rank, limit)
+			}
+		}
+	}
+}
+
+// TestEdgeLayouts: a rank with no pages at all (sequence shorter than the
+// CP degree), ranks with no selected pages (tiny budget), and a budget
+// larger than the sequence (dense equivalence across shards).
+func TestEdgeLayouts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	cfg := DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 1, 4, 2, 16
+	cfg.CP, cfg.TP, cfg.CapacityPages = 6, 2, 64
+	cfg.Policy.DenseLayers = 0
+	p := newPair(t, cfg)
+	short := p.create(Striped) // 2 pages over 6 ranks
+	p.append(rng, short, 20)
+	long := p.create(Contiguous) // 64 block: everything on rank 0
+	p.append(rng, long, 300)
+	mid := p.create(Striped)
+	p.append(rng, mid, 500)
+	p.compare(rng, 0, []SeqID{short, long, mid}, []int{16, 32, 1 << 16}, true)
+	var res Result
+	q := randVec(rng, 4*16)
+	if err := p.e.Step(context.Background(), 0, []Request{{Seq: mid, Q: q, BudgetTokens: 1 << 16}}, StepOptions{Diagnostics: true}, &res); err != nil {
+		t.Fatal(err)
+	}
+	if dg := res.Diag[0]; !res.Plans[0].Dense || dg.RelL2 > 1e-5 || math.Abs(dg.MassRecall-1) > 1e-5 {
+		t.Fatalf("full budget: plan %+v, rel L2 %v, mass %v", res.Plans[0], dg.RelL2, dg.MassRecall)
+	}
+}
+
+// TestForkRollbackSharded: fork, diverge, roll back inside and across pages;
+// every shard stays consistent with a single-shard reference doing the
+// same operations.
+func TestForkRollbackSharded(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, sel := range []Selection{Exact, Replicated} {
+		cfg := DefaultConfig()
+		cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 2, 4, 2, 16
+		cfg.CP, cfg.TP, cfg.CapacityPages, cfg.Selection = 3, 2, 100, sel
+		cfg.Policy.DenseLayers = 0
+		p := newPair(t, cfg)
+		parent := p.create(Striped)
+		p.append(rng, parent, 333)
+		child, err := p.e.Fork(parent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := p.ref.Store().Fork(p.ids[parent])
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.ids[child] = rc
+		p.append(rng, child, 40)
+		p.append(rng, parent, 7)
+		for _, n := range []int{5, 30, 16} {
+			if err := p.e.Rollback(child, n); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.ref.Store().Rollback(p.ids[child], n); err != nil {
+				t.Fatal(err)
+			}
+			p.compare(rng, 1, []SeqID{parent, child}, []int{64, 48}, true)
+		}
+		p.append(rng, child, 21)
+		p.compare(rng, 0, []SeqID{parent, child}, []int{64, 48}, true)
+		if err := p.e.Rollback(child, 10000); !errors.Is(err, ErrBadInput) {
+			t.Fatalf("rollback past the start: %v", err)
+		}
+		for _, id := range []SeqID{parent, child} {
+			if err := p.e.Release(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for tp := range cfg.TP {
+			for cp := range cfg.CP {
+				if st := p.e.Shard(tp, cp).Store().Stats(); st.UsedPages != 0 {
+					t.Fatalf("shard (%d,%d) keeps %d pages after release", tp, cp, st.UsedPages)
+				}
+			}
+		}
+	}
+}
+
+// faultyBackend fails or blocks Attend while armed.
+type faultyBackend struct {
+	kernels.Backend
+	mode atomic.Int32 // 0 ok, 1 fail, 2 block until ctx ends
+}
+
+var errInjected = errors.New("injected attention failure")
+
+func (f *faultyBackend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, lists *kernels.Lists, o, lse []float32) error {
+	switch f.mode.Load() {
+	case 1:
+		return errInjected
+	case 2:
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return f.Backend.Attend(ctx, s, l, b, q, lists, o, lse)
+}
+
+// TestShardFailure: a shard that errors or blocks mid-step fails the step
+// before the deadline, and the engine keeps serving afterwards; no
+// goroutine outlives the test (goleak in TestMain).
+func TestShardFailure(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
+	defer cpu.Close()
+	bad := &faultyBackend{Backend: cpu}
+	cfg := DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 1, 4, 2, 16
+	cfg.CP, cfg.TP, cfg.CapacityPages = 4, 2, 64
+	cfg.Policy.DenseLayers = 0
+	cfg.StepTimeout = 300 * time.Millisecond
+	cfg.Backends = func(tp, cp int) kernels.Backend {
+		if tp == 1 && cp == 2 {
+			return bad
+		}
+		return cpu
+	}
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	var ids []SeqID
+	for range 2 {
+		id, _ := e.Create(Striped)
+		for l := range cfg.Layers {
+			if err := e.Append(id, l, randVec(rng, 400*2*16), randVec(rng, 400*2*16)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids = append(ids, id)
+	}
+	step := func(id SeqID) error {
+		var res Result
+		return e.Step(context.Background(), 0, []Request{{Seq: id, Q: randVec(rng, 4*16), BudgetTokens: 64}}, StepOptions{}, &res)
+	}
+	if err := step(ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	bad.mode.Store(1)
+	t0 := time.Now()
+	if err := step(ids[0]); !errors.Is(err, errInjected) {
+		t.Fatalf("failing shard: step error %v", err)
+	}
+	if el := time.Since(t0); el > 250*time.Millisecond {
+		t.Fatalf("failing shard: the step took %v, peers should abort early", el)
+	}
+	bad.mode.Store(2)
+	t0 = time.Now()
+	if err := step(ids[1]); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("blocked shard: step error %v", err)
+	}
+	if el := time.Since(t0); el > cfg.StepTimeout+200*time.Millisecond {
+		t.Fatalf("blocked shard: the step took %v, deadline %v", el, cfg.StepTimeout)
+	}
+	bad.mode.Store(0)
+	for _, id := range ids {
+		if err := step(id); err != nil {
+			t.Fatalf("after the failures: %v", err)
+		}
+	}
+}
+
+// TestTransportFailure: a CP member whose transport fails its sends fails
+// the step cleanly.
+func TestTransportFailure(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	cfg := DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 1, 4, 2, 16
+	cfg.CP, cfg.CapacityPages = 3, 64
+	cfg.Policy.DenseLayers = 0
+	cfg.StepTimeout = 300 * time.Millisecond
+	var faulty *collective.Faulty
+	cfg.Transports = func(tp, n int) []collective.Transport {
+		trs := collective.NewInprocGroup(n)
+		faulty = &collective.Faulty{Transport: trs[1], FailSend: 2}
+		trs[1] = faulty
+		return trs
+	}
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	id, _ := e.Create(Striped)
+	if err := e.Append(id, 0, randVec(rng, 300*2*16), randVec(rng, 300*2*16)); err != nil {
+		t.Fatal(err)
+	}
+	var res Result
+	t0 := time.Now()
+	err = e.Step(context.Background(), 0, []Request{{Seq: id, Q: randVec(rng, 4*16), BudgetTokens: 64}}, StepOptions{}, &res)
+	if !errors.Is(err, collective.ErrInjected) {
+		t.Fatalf("step error %v, want the injected fault", err)
+	}
+	if time.Since(t0) > 250*time.Millisecond {
+		t.Fatalf("step took %v", time.Since(t0))
+	}
+	// The fault was one send: the next step works.
+	if err := e.Step(context.Background(), 0, []Request{{Seq: id, Q: randVec(rng, 4*16), BudgetTokens: 64}}, StepOptions{}, &res); err != nil {
+		t.Fatalf("next step: %v", err)
+	}
+}
+
+// TestEngineBadInput: each bad call fails and changes nothing.
+func TestEngineBadInput(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	cfg := DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 2, 4, 2, 8
+	cfg.CP, cfg.TP, cfg.CapacityPages = 2, 2, 8
+	p := newPair(t, cfg)
+	id := p.create(Striped)
+	p.append(rng, id, 50)
+	q := randVec(rng, 4*8)
+	kv := randVec(rng, 2*8)
+	nan := slices.Clone(kv)
+	nan[0] = float32(math.NaN())
+	type call struct {
+		name string
+		do   func() error
+	}
+	var res Result
+	calls := []call{
+		{"unknown seq", func() error { return p.e.Append(99, 0, kv, kv) }},
+		{"bad layer", func() error { return p.e.Append(id, 2, kv, kv) }},
+		{"short k", func() error { return p.e.Append(id, 0, kv[:3], kv[:3]) }},
+		{"NaN v", func() error { return p.e.Append(id, 0, kv, nan) }},
+		{"pool exhausted", func() error { return p.e.Append(id, 0, randVec(rng, 400*16), randVec(rng, 400*16)) }},
+		{"step NaN key", func() error {
+			return p.e.Step(context.Background(), 0, []Request{{Seq: id, Q: q, K: nan, V: kv}}, StepOptions{}, &res)
+		}},
+		{"step budget", func() error {
+			return p.e.Step(context.Background(), 0, []Request{{Seq: id, Q: q, BudgetTokens: 3}}, StepOptions{}, &res)
+		}},
+		{"step dup", func() error {
+			return p.e.Step(context.Background(), 0, []Request{{Seq: id, Q: q}, {Seq: id, Q: q}}, StepOptions{}, &res)
+		}},
+		{"rollback 0", func() error { return p.e.Rollback(id, 0) }},
+	}
+	for _, c := range calls {
+		if err := c.do(); err == nil {
+			t.Errorf("%s: no error", c.name)
+		}
+		if n, err := p.e.Len(id); err != nil || n != 50 {
+			t.Fatalf("%s: length %d (%v), want 50", c.name, n, err)
+		}
+	}
+	p.compare(rng, 1, []SeqID{id}, []int{16}, true)
+}
