@@ -14,6 +14,7 @@ import (
 	"io"
 	"math"
 
+	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/shard"
@@ -63,6 +64,11 @@ type Options struct {
 	Selector shard.Selector
 	// Backend runs the kernels; nil means a CPU backend made for the run.
 	Backend kernels.Backend
+	// CP and TP lay the case out over CP x TP in-process shards (0 or 1:
+	// one shard). Selection and Placement apply when CP > 1 or TP > 1.
+	CP, TP    int
+	Selection engine.Selection
+	Placement engine.Placement
 }
 
 // Decode reads a case from JSON, rejecting unknown fields and trailing
@@ -191,6 +197,9 @@ func Run(ctx context.Context, c *Case, opt Options) (*Result, error) {
 		defer cpu.Close()
 		be = cpu
 	}
+	if opt.CP > 1 || opt.TP > 1 {
+		return runSharded(ctx, c, opt, be)
+	}
 	n := c.Tokens()
 	pages := (n + c.PageSize - 1) / c.PageSize
 	sh, err := shard.New(shard.Config{
@@ -208,15 +217,49 @@ func Run(ctx context.Context, c *Case, opt Options) (*Result, error) {
 	if err := sh.Append(id, 0, TokenMajor(c.Keys, c.HeadDim), TokenMajor(c.Values, c.HeadDim)); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
-	q := make([]float32, 0, c.QHeads*c.HeadDim)
-	for _, row := range c.Query {
-		q = append(q, row...)
-	}
 	var res shard.StepResult
-	if err := sh.Step(ctx, 0, []shard.SeqStep{{Seq: id, Q: q}}, shard.StepOptions{Diagnostics: true}, &res); err != nil {
+	if err := sh.Step(ctx, 0, []shard.SeqStep{{Seq: id, Q: flatten(c.Query)}}, shard.StepOptions{Diagnostics: true}, &res); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
 	return NewResult(opt.Selector, c.QHeads, c.HeadDim, pages, res.O, res.LSE, res.Diag[0]), nil
+}
+
+// runSharded runs the case on an in-process CP x TP engine.
+func runSharded(ctx context.Context, c *Case, opt Options, be kernels.Backend) (*Result, error) {
+	n := c.Tokens()
+	pages := (n + c.PageSize - 1) / c.PageSize
+	cfg := engine.DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, c.QHeads, c.KVHeads, c.HeadDim, c.PageSize
+	cfg.CP, cfg.TP = max(opt.CP, 1), max(opt.TP, 1)
+	cfg.CapacityPages = pages + 1
+	cfg.Policy = c.Policy(opt.Selector)
+	cfg.Selection = opt.Selection
+	cfg.Backend = be
+	e, err := engine.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	defer e.Close()
+	id, err := e.Create(opt.Placement)
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	if err := e.Append(id, 0, TokenMajor(c.Keys, c.HeadDim), TokenMajor(c.Values, c.HeadDim)); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	var res engine.Result
+	if err := e.Step(ctx, 0, []engine.Request{{Seq: id, Q: flatten(c.Query)}}, engine.StepOptions{Diagnostics: true}, &res); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	return NewResult(opt.Selector, c.QHeads, c.HeadDim, pages, res.O, res.LSE, res.Diag[0]), nil
+}
+
+func flatten(rows [][]float32) []float32 {
+	var out []float32
+	for _, r := range rows {
+		out = append(out, r...)
+	}
+	return out
 }
 
 // NewResult assembles a Result from one sequence's step outputs.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -219,6 +220,51 @@ func TestBadFiles(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), "\n") || !strings.HasPrefix(err.Error(), "replay case") {
 			t.Errorf("%s: error %q is not one 'replay case' line", f, err)
+		}
+	}
+}
+
+// TestShardedReplayMatchesSingle: exact and replicated selection over CP x
+// TP shards reproduce the single-shard result (same pages, outputs within
+// fp32 tolerance); union runs and reads its quota.
+func TestShardedReplayMatchesSingle(t *testing.T) {
+	c := Generate(GenConfig{Tokens: 1000, PageSize: 16, BudgetTokens: 160, QHeads: 8, KVHeads: 4, HeadDim: 16, LocalPages: 1, Seed: 5})
+	single, err := Run(context.Background(), c, Options{Selector: shard.Quest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []Options{
+		{CP: 2, TP: 1, Selection: engine.Exact},
+		{CP: 3, TP: 2, Selection: engine.Exact, Placement: engine.Contiguous},
+		{CP: 4, TP: 4, Selection: engine.Replicated},
+		{CP: 1, TP: 2, Selection: engine.Exact},
+	} {
+		got, err := Run(context.Background(), c, o)
+		if err != nil {
+			t.Fatalf("%+v: %v", o, err)
+		}
+		for h := range c.QHeads {
+			if !slices.Equal(got.SelectedPages[h], single.SelectedPages[h]) {
+				t.Fatalf("%+v head %d: pages %v, single %v", o, h, got.SelectedPages[h], single.SelectedPages[h])
+			}
+			if !slices.Equal(got.Scores[h], single.Scores[h]) {
+				t.Fatalf("%+v head %d: scores differ", o, h)
+			}
+			for j := range got.Output[h] {
+				if math.Abs(float64(got.Output[h][j]-single.Output[h][j])) > 1e-5 {
+					t.Fatalf("%+v head %d: output %v vs %v", o, h, got.Output[h][j], single.Output[h][j])
+				}
+			}
+		}
+	}
+	u, err := Run(context.Background(), c, Options{CP: 4, Selection: engine.Union})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for h, sel := range u.SelectedPages {
+		// K = 10 pages: tail + 9 ranked; union reads up to 4*ceil(9/4) = 12 ranked.
+		if len(sel) < 10 || len(sel) > 13 {
+			t.Fatalf("union head %d reads %d pages", h, len(sel))
 		}
 	}
 }

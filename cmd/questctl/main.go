@@ -4,7 +4,7 @@
 //
 //	questctl demo     [flags]   synthetic long-context decode, Quest vs dense
 //	questctl replay   --in case.json [--selector ...] [--out result.json]
-//	questctl bench    attention [flags]
+//	questctl bench    attention|collective [flags]
 //
 // Run `questctl <command> --help` for a command's flags.
 package main
@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/bench"
+	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/demo"
 	"github.com/questrt/questrt/replay"
 	"github.com/questrt/questrt/shard"
@@ -47,6 +49,7 @@ Usage:
   questctl demo   [flags]               synthetic long context decoded with Quest and dense side by side (CPU)
   questctl replay --in case.json [...]  run one saved request (one sequence, one layer) and print the result JSON
   questctl bench  attention [flags]     one-layer Quest vs dense attention benchmark, JSON lines
+  questctl bench  collective [flags]    latency of the CP selection exchange and merge, JSON lines
 
 Run 'questctl <command> --help' for the flags of a command.
 `
@@ -124,8 +127,9 @@ the first half of the steps ask about A, the second half turn to B (the
 relevance reversal that eviction policies fail). Every sparse layer runs a
 Quest step and a dense step on the same data and prints pages read vs
 total, bytes read vs rho = 1/S + K/P, recall of the dense top-10 tokens,
-attention-mass recall, output relative L2 error, phase times and the
-Quest-vs-dense speedup.`, stderr)
+attention-mass recall, output relative L2 error, phase times, the
+collectives' share of the step and the Quest-vs-dense speedup. --cp and
+--tp lay the KV out over in-process shards.`, stderr)
 	fs.IntVar(&c.Context, "context", c.Context, "tokens of prefilled context")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "decode steps (the query turns from A to B halfway)")
 	fs.IntVar(&c.Layers, "layers", c.Layers, "layers")
@@ -141,6 +145,9 @@ Quest-vs-dense speedup.`, stderr)
 	fs.StringVar(&c.Selector, "selector", c.Selector, "page selector: quest, oracle, recent or dense")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "data seed")
 	fs.IntVar(&c.Workers, "workers", c.Workers, "CPU kernel worker goroutines besides the caller (0: GOMAXPROCS-1)")
+	fs.IntVar(&c.CP, "cp", c.CP, "context-parallel shards (pages striped over them)")
+	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel shards (KV heads split over them)")
+	fs.StringVar(&c.Selection, "selection", c.Selection, "CP selection: exact, union or replicated")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -153,24 +160,41 @@ Quest-vs-dense speedup.`, stderr)
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("replay", `Usage: questctl replay --in case.json [--selector quest|oracle|recent|dense] [--out result.json]
+                      [--cp N --tp M --selection exact|union|replicated --placement striped|contiguous]
 
 Runs one saved request (one sequence, one layer; format in README.md) on a
-single CPU shard and writes the result JSON: selected pages per query head,
+single CPU shard, or on CP x TP in-process shards, and writes the result
+JSON: selected pages per query head,
 output, lse, page scores, and recall / mass recall / relative L2 error
 against dense attention on the same data. Bad input files give a one-line
 error and exit status 2.`, stderr)
 	in := fs.String("in", "", "case file (JSON); - reads stdin")
 	out := fs.String("out", "", "result file (default stdout)")
 	selName := fs.String("selector", "quest", "page selector: quest, oracle, recent or dense")
+	cp := fs.Int("cp", 1, "context-parallel shards")
+	tp := fs.Int("tp", 1, "tensor-parallel shards (must divide kv_heads)")
+	selection := fs.String("selection", "exact", "CP selection: exact, union or replicated")
+	placement := fs.String("placement", "striped", "page placement over CP ranks: striped or contiguous")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *in == "" {
-		return usageError{errors.New("--in is required")}
+	if *cp < 1 || *tp < 1 {
+		return usageError{fmt.Errorf("--cp %d and --tp %d must be positive", *cp, *tp)}
 	}
 	sel, err := shard.ParseSelector(*selName)
 	if err != nil {
 		return usageError{err}
+	}
+	selMode, err := engine.ParseSelection(*selection)
+	if err != nil {
+		return usageError{err}
+	}
+	place, err := engine.ParsePlacement(*placement)
+	if err != nil {
+		return usageError{err}
+	}
+	if *in == "" {
+		return usageError{errors.New("--in is required")}
 	}
 	var r io.Reader = os.Stdin
 	if *in != "-" {
@@ -185,7 +209,10 @@ error and exit status 2.`, stderr)
 	if err != nil {
 		return usageError{err}
 	}
-	res, err := replay.Run(ctx, c, replay.Options{Selector: sel})
+	if c.KVHeads%*tp != 0 {
+		return usageError{fmt.Errorf("--tp %d does not divide kv_heads %d", *tp, c.KVHeads)}
+	}
+	res, err := replay.Run(ctx, c, replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place})
 	if err != nil {
 		return err
 	}
@@ -204,13 +231,66 @@ error and exit status 2.`, stderr)
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "attention" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			fmt.Fprint(stdout, "Usage: questctl bench attention [flags]\n\nRun 'questctl bench attention --help' for its flags.\n")
-			return nil
-		}
-		return usageError{errors.New("want a benchmark name: attention")}
+	if len(args) == 0 {
+		return usageError{errors.New("want a benchmark name: attention or collective")}
 	}
+	switch args[0] {
+	case "attention":
+		return runBenchAttention(ctx, args[1:], stdout, stderr)
+	case "collective":
+		return runBenchCollective(ctx, args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, "Usage: questctl bench attention|collective [flags]\n\nRun 'questctl bench <name> --help' for its flags.\n")
+		return nil
+	}
+	return usageError{fmt.Errorf("unknown benchmark %q (want attention or collective)", args[0])}
+}
+
+func runBenchCollective(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := collective.DefaultBenchConfig()
+	fs := newFlags("bench collective", `Usage: questctl bench collective [flags]
+
+Per layer-step latency of the collectives of a CP group: the exact
+selection exchange (all-gather of each rank's local top-K candidates, every
+rank derives the same global top-K) and the merge of partial states to
+rank 0, on N goroutines over the chosen transport. Prints one JSON line per
+(shards, batch) with p50/p95/p99 latencies in microseconds and bytes sent.`, stderr)
+	shards := fs.String("shards", "2,4,8,16", "comma-separated CP group sizes")
+	batches := fs.String("batch", "1,16", "comma-separated batch sizes")
+	fs.StringVar(&c.Transport, "transport", c.Transport, "transport: inproc")
+	fs.IntVar(&c.Steps, "steps", c.Steps, "measured layer-steps per configuration")
+	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads (selection rows per sequence)")
+	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads (merged states per sequence)")
+	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
+	fs.IntVar(&c.PageBudget, "k", c.PageBudget, "pages selected per row (K)")
+	asJSON := fs.Bool("json", false, "print JSON lines only (default also prints a table to stderr)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	var err error
+	if c.Shards, err = intList(*shards); err != nil {
+		return usageError{fmt.Errorf("--shards: %w", err)}
+	}
+	if c.Batches, err = intList(*batches); err != nil {
+		return usageError{fmt.Errorf("--batch: %w", err)}
+	}
+	if err := c.Validate(); err != nil {
+		return usageError{err}
+	}
+	res, err := collective.BenchCollective(ctx, c)
+	for _, r := range res {
+		if !*asJSON {
+			fmt.Fprintf(stderr, "shards %2d batch %2d: select p50 %.1f p99 %.1f us, merge p50 %.1f p99 %.1f us, %d + %d bytes/step\n",
+				r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.MergeP50, r.MergeP99, r.SelectBytes, r.MergeBytes)
+		}
+		if werr := bench.WriteJSONLine(stdout, r); werr != nil {
+			return werr
+		}
+	}
+	return err
+}
+
+func runBenchAttention(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := bench.DefaultAttentionConfig()
 	fs := newFlags("bench attention", `Usage: questctl bench attention [flags]
 
@@ -230,7 +310,7 @@ same run.`, stderr)
 	fs.IntVar(&c.Batch, "batch", c.Batch, "sequences per step")
 	fs.IntVar(&c.Iters, "iters", c.Iters, "timed steps per configuration")
 	asJSON := fs.Bool("json", false, "print JSON lines only (default also prints a table to stderr)")
-	if err := parse(fs, args[1:]); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *backend != "cpu" {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -137,5 +138,77 @@ func TestBenchAttentionSmall(t *testing.T) {
 		if want := 1.0/16 + k/256; r["rho_formula"].(float64) != want {
 			t.Errorf("rho_formula %v, want %v", r["rho_formula"], want)
 		}
+	}
+}
+
+func TestReplayShardedCommand(t *testing.T) {
+	dir := t.TempDir()
+	c := replay.Generate(replay.GenConfig{Tokens: 500, PageSize: 16, BudgetTokens: 64, QHeads: 8, KVHeads: 4, HeadDim: 8, Seed: 4})
+	raw, _ := json.Marshal(c)
+	in := filepath.Join(dir, "case.json")
+	if err := os.WriteFile(in, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, single, stderr := runCLI(t, "replay", "--in", in)
+	if code != 0 {
+		t.Fatal(stderr)
+	}
+	var want replay.Result
+	json.Unmarshal([]byte(single), &want)
+	for _, args := range [][]string{
+		{"--cp", "3", "--tp", "2", "--selection", "exact"},
+		{"--cp", "2", "--tp", "4", "--selection", "replicated", "--placement", "contiguous"},
+	} {
+		code, out, stderr := runCLI(t, append([]string{"replay", "--in", in}, args...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+		var got replay.Result
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatal(err)
+		}
+		for h := range want.SelectedPages {
+			if fmt.Sprint(got.SelectedPages[h]) != fmt.Sprint(want.SelectedPages[h]) {
+				t.Fatalf("%v head %d: %v, single shard %v", args, h, got.SelectedPages[h], want.SelectedPages[h])
+			}
+		}
+	}
+	for _, args := range [][]string{{"--tp", "3"}, {"--cp", "0"}, {"--selection", "all"}, {"--placement", "random"}} {
+		if code, _, _ := runCLI(t, append([]string{"replay", "--in", in}, args...)...); code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+	}
+}
+
+func TestBenchCollectiveSmall(t *testing.T) {
+	code, out, stderr := runCLI(t, "bench", "collective", "--shards", "2,3", "--batch", "1", "--steps", "20", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want 2 lines: %q", out)
+	}
+	for _, l := range lines {
+		var r map[string]any
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"shards", "batch", "select_p50_us", "select_p95_us", "select_p99_us", "merge_p50_us", "merge_p99_us"} {
+			if _, ok := r[k]; !ok {
+				t.Errorf("line lacks %q: %s", k, l)
+			}
+		}
+	}
+}
+
+func TestDemoSharded(t *testing.T) {
+	code, out, stderr := runCLI(t, "demo", "--context", "2048", "--steps", "2", "--layers", "2", "--dense-layers", "1",
+		"--q-heads", "8", "--kv-heads", "4", "--head-dim", "16", "--budget", "256", "--mentions", "8", "--needles", "2", "--cp", "3", "--tp", "2")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(out, "cp 3 x tp 2") || !strings.Contains(out, "of the Quest step time") {
+		t.Fatalf("demo output:\n%s", out)
 	}
 }

@@ -15,8 +15,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
-	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -37,12 +37,16 @@ type Config struct {
 	Selector    string // quest, oracle, recent or dense
 	Seed        uint64 // data seed (1)
 	Workers     int    // CPU kernel workers besides the caller (0: GOMAXPROCS-1)
+	CP          int    // context-parallel shards (1)
+	TP          int    // tensor-parallel shards (1); divides KVHeads
+	Selection   string // CP selection: exact, union or replicated
 }
 
 // DefaultConfig returns the defaults listed on Config.
 func DefaultConfig() Config {
 	return Config{Context: 65536, Steps: 24, Layers: 4, DenseLayers: 2, QHeads: 32, KVHeads: 8, HeadDim: 128,
-		PageSize: 16, Budget: 2048, Needles: 4, Mentions: 64, GQA: "group_max", Selector: "quest", Seed: 1}
+		PageSize: 16, Budget: 2048, Needles: 4, Mentions: 64, GQA: "group_max", Selector: "quest", Seed: 1,
+		CP: 1, TP: 1, Selection: "exact"}
 }
 
 // Validate reports whether the demo can run.
@@ -54,6 +58,8 @@ func (c Config) Validate() error {
 		return errors.New("demo: dense layers, needles and mentions must not be negative")
 	case c.Needles+c.Mentions > c.Context/2:
 		return fmt.Errorf("demo: %d needles + %d mentions do not fit in a %d-token context", c.Needles, c.Mentions, c.Context)
+	case c.CP < 1 || c.TP < 1 || c.KVHeads%c.TP != 0:
+		return fmt.Errorf("demo: cp %d and tp %d must be positive and tp must divide %d KV heads", c.CP, c.TP, c.KVHeads)
 	case c.QHeads%c.KVHeads != 0:
 		return fmt.Errorf("demo: %d query heads are not a multiple of %d KV heads", c.QHeads, c.KVHeads)
 	case c.Budget < c.PageSize:
@@ -63,6 +69,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("demo: %w", err)
 	}
 	if _, err := shard.ParseSelector(c.Selector); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	if _, err := engine.ParseSelection(c.Selection); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	return nil
@@ -77,6 +86,7 @@ type Summary struct {
 	NeedleHitRate    float64 // fraction of B-phase (step, sparse layer, KV head) with every needle page read
 	RhoMeasured      float64 // bytes read / dense bytes
 	RhoFormula       float64 // 1/S + K/P
+	CollectiveShare  float64 // selection exchange + merge time / Quest step time
 }
 
 // Run builds the context, decodes, prints a table to w and returns the
@@ -93,49 +103,58 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 	if err != nil {
 		return Summary{}, fmt.Errorf("demo: %w", err)
 	}
-	be := kernels.NewCPU(kernels.CPUConfig{Workers: cfg.Workers})
-	defer be.Close()
-	pages := (cfg.Context+cfg.Steps+cfg.PageSize-1)/cfg.PageSize + 1
-	pol := shard.DefaultPolicy()
-	pol.PageSize, pol.BudgetTokens, pol.DenseLayers, pol.GQA, pol.Selector = cfg.PageSize, cfg.Budget, cfg.DenseLayers, mode, sel
-	sh, err := shard.New(shard.Config{
-		Store: pagestore.Config{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim,
-			PageSize: cfg.PageSize, DType: pagestore.Float32, Capacity: pages},
-		QHeads: cfg.QHeads,
-		Policy: pol,
-	}, be)
+	selection, err := engine.ParseSelection(cfg.Selection)
 	if err != nil {
 		return Summary{}, fmt.Errorf("demo: %w", err)
 	}
-	kvBytes, sumBytes, _ := sh.Config().Store.PoolBytes()
+	be := kernels.NewCPU(kernels.CPUConfig{Workers: cfg.Workers})
+	defer be.Close()
+	pages := (cfg.Context+cfg.Steps+cfg.PageSize-1)/cfg.PageSize + 1
+	ec := engine.DefaultConfig()
+	ec.Layers, ec.QHeads, ec.KVHeads, ec.HeadDim, ec.PageSize = cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize
+	ec.CP, ec.TP, ec.Selection, ec.Backend = cfg.CP, cfg.TP, selection, be
+	ec.CapacityPages = (pages+cfg.CP-1)/cfg.CP + 2
+	ec.Policy.PageSize, ec.Policy.BudgetTokens, ec.Policy.DenseLayers, ec.Policy.GQA, ec.Policy.Selector = cfg.PageSize, cfg.Budget, cfg.DenseLayers, mode, sel
+	ec.StepTimeout = time.Minute
+	eng, err := engine.New(ec)
+	if err != nil {
+		return Summary{}, fmt.Errorf("demo: %w", err)
+	}
+	defer eng.Close()
+	kvBytes, sumBytes, _ := eng.Shard(0, 0).Store().Config().PoolBytes()
+	shards := cfg.CP * cfg.TP
 	fmt.Fprintf(w, "questrt demo: %d-token context, %d layers (%d dense), %d query / %d KV heads, D=%d, S=%d, budget %d tokens (K=%d pages), selector %s, %s\n",
 		cfg.Context, cfg.Layers, cfg.DenseLayers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize, cfg.Budget, cfg.Budget/cfg.PageSize, sel, mode)
-	fmt.Fprintf(w, "pool: %d pages, %.1f MiB K/V, %.1f MiB summaries (1/S of K+V)\n", pages, float64(kvBytes)/(1<<20), float64(sumBytes)/(1<<20))
+	fmt.Fprintf(w, "layout: cp %d x tp %d in-process shards, %s selection; pools: %d x %.1f MiB K/V, %.1f MiB summaries (1/S of K+V)\n",
+		cfg.CP, cfg.TP, selection, shards, float64(kvBytes)/(1<<20), float64(sumBytes)/(1<<20))
 
 	g := newGenerator(cfg)
-	id := sh.Store().Create()
+	id, err := eng.Create(engine.Striped)
+	if err != nil {
+		return Summary{}, fmt.Errorf("demo: %w", err)
+	}
 	t0 := time.Now()
-	if err := g.prefill(ctx, sh, id, w); err != nil {
+	if err := g.prefill(ctx, eng, id, w); err != nil {
 		return Summary{}, err
 	}
-	st := sh.Store().Stats()
-	fmt.Fprintf(w, "prefill: %d tokens x %d layers in %.1fs; %d pages used; needles of B at tokens %v (page offsets %v)\n",
-		cfg.Context, cfg.Layers, time.Since(t0).Seconds(), st.UsedPages, g.needles, g.needleOffsets())
+	fmt.Fprintf(w, "prefill: %d tokens x %d layers in %.1fs; needles of B at tokens %v (page offsets %v)\n",
+		cfg.Context, cfg.Layers, time.Since(t0).Seconds(), g.needles, g.needleOffsets())
 
-	fmt.Fprintf(w, "\n%4s %3s %13s %8s %8s %7s %7s %7s %8s %8s %8s %9s %8s\n",
-		"step", "ask", "pages read", "rho", "formula", "recall", "mass", "relL2", "score_ms", "topk_ms", "attn_ms", "dense_ms", "speedup")
+	fmt.Fprintf(w, "\n%4s %3s %13s %7s %7s %6s %7s %7s %8s %7s %7s %7s %8s %9s %8s\n",
+		"step", "ask", "pages read", "rho", "formula", "recall", "mass", "relL2", "score_ms", "topk_ms", "attn_ms", "coll_ms", "quest_ms", "dense_ms", "speedup")
 	var sum Summary
 	var nA, nB, hits, trials int
 	var rhoNum, rhoDen float64
 	var speedups []float64
-	var res, dres shard.StepResult
+	var res, dres engine.Result
+	var collT, totalT time.Duration
 	for step := range cfg.Steps {
 		askB := step >= cfg.Steps/2
 		var read, total int
 		var stepNum float64
 		var recall, mass, rel float64
 		var questT, denseT time.Duration
-		var score, topk, attn time.Duration
+		var score, topk, attn, coll time.Duration
 		sparse := 0
 		for layer := range cfg.Layers {
 			if err := ctx.Err(); err != nil {
@@ -143,16 +162,16 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 			}
 			q := g.query(layer, askB)
 			k, v := g.token()
-			req := []shard.SeqStep{{Seq: id, Q: q, K: k, V: v}}
+			req := []engine.Request{{Seq: id, Q: q, K: k, V: v}}
 			isSparse := layer >= cfg.DenseLayers
-			if err := sh.Step(ctx, layer, req, shard.StepOptions{Diagnostics: isSparse}, &res); err != nil {
+			if err := eng.Step(ctx, layer, req, engine.StepOptions{Diagnostics: isSparse}, &res); err != nil {
 				return sum, fmt.Errorf("demo step %d layer %d: %w", step, layer, err)
 			}
 			if !isSparse {
 				continue
 			}
 			req[0].K, req[0].V = nil, nil
-			if err := sh.Step(ctx, layer, req, shard.StepOptions{ForceDense: true}, &dres); err != nil {
+			if err := eng.Step(ctx, layer, req, engine.StepOptions{ForceDense: true}, &dres); err != nil {
 				return sum, fmt.Errorf("demo dense step %d layer %d: %w", step, layer, err)
 			}
 			sparse++
@@ -166,8 +185,11 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 			score += res.Time.Score
 			topk += res.Time.TopK
 			attn += res.Time.Attend
-			questT += res.Time.Score + res.Time.TopK + res.Time.Attend
-			denseT += dres.Time.Attend
+			coll += res.Time.Collective()
+			questT += res.Time.Total
+			denseT += dres.Time.Total
+			collT += res.Time.Collective()
+			totalT += res.Time.Total
 			summaryRead := 0
 			if !pl.Dense {
 				summaryRead = pl.Pages * cfg.KVHeads
@@ -196,9 +218,9 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 		formula := 1/float64(cfg.PageSize) + float64(cfg.Budget/cfg.PageSize)/float64(res.Plans[0].Pages)
 		sp := float64(denseT) / float64(questT)
 		speedups = append(speedups, sp)
-		fmt.Fprintf(w, "%4d %3s %6d/%-6d %8.4f %8.4f %7.3f %7.4f %7.4f %8.2f %8.2f %8.2f %9.2f %7.1fx\n",
+		fmt.Fprintf(w, "%4d %3s %6d/%-6d %7.4f %7.4f %6.3f %7.4f %7.4f %8.2f %7.2f %7.2f %7.2f %8.2f %9.2f %7.1fx\n",
 			step, ask(askB), read, total, rho, formula, recall/f, mass/f, rel/f,
-			ms(score), ms(topk), ms(attn), ms(denseT), sp)
+			ms(score), ms(topk), ms(attn), ms(coll), ms(questT), ms(denseT), sp)
 		if askB {
 			sum.RecallB += recall / f
 			sum.MassB += mass / f
@@ -228,8 +250,11 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 	for _, s := range speedups {
 		sum.SpeedupMean += s / float64(len(speedups))
 	}
-	fmt.Fprintf(w, "\nsummary over sparse layers: speedup %.1fx (dense attention time / Quest score+top-K+attention), bytes rho %.4f (formula 1/S + K/P = %.4f)\n",
-		sum.SpeedupMean, sum.RhoMeasured, sum.RhoFormula)
+	if totalT > 0 {
+		sum.CollectiveShare = float64(collT) / float64(totalT)
+	}
+	fmt.Fprintf(w, "\nsummary over sparse layers: speedup %.1fx (dense step time / Quest step time, same data), bytes rho %.4f (formula 1/S + K/P = %.4f); collectives %.1f%% of the Quest step time\n",
+		sum.SpeedupMean, sum.RhoMeasured, sum.RhoFormula, 100*sum.CollectiveShare)
 	fmt.Fprintf(w, "asking A: recall %.3f, mass recall %.4f; asking B: recall %.3f, mass recall %.4f; every needle page read in %.0f%% of B-phase (layer, KV head) selections\n",
 		sum.RecallA, sum.MassA, sum.RecallB, sum.MassB, 100*sum.NeedleHitRate)
 	fmt.Fprintf(w, "(rho counts K/V pages read plus summaries at 1/S of a page; pages read are (KV head, page) pairs; the tail page is always read)\n")
@@ -331,7 +356,7 @@ func (g *generator) needlesRead(sel []int32) bool {
 	return true
 }
 
-func (g *generator) prefill(ctx context.Context, sh *shard.Shard, id pagestore.SeqID, w io.Writer) error {
+func (g *generator) prefill(ctx context.Context, eng *engine.Engine, id engine.SeqID, w io.Writer) error {
 	cfg := g.cfg
 	tok := cfg.KVHeads * cfg.HeadDim
 	const chunk = 4096
@@ -361,7 +386,7 @@ func (g *generator) prefill(ctx context.Context, sh *shard.Shard, id pagestore.S
 					k[i*tok+j] += g.entAmp * dir[j]
 				}
 			}
-			if err := sh.Append(id, layer, k[:n*tok], v[:n*tok]); err != nil {
+			if err := eng.Append(id, layer, k[:n*tok], v[:n*tok]); err != nil {
 				return fmt.Errorf("demo prefill layer %d: %w", layer, err)
 			}
 			if time.Now().After(next) {
