@@ -76,6 +76,11 @@ func (s Shape) Rows(m GQAMode) int {
 // (mins then maxes), indexed by physical page id.
 type Layer struct {
 	K, V, Summary []float32
+	// Device, when set, is the same pool resident in a backend's device
+	// memory (for the CUDA backend a *cuda.DeviceLayer); the host arrays
+	// may then be nil. A backend that gets no Device uploads the host
+	// arrays for the call.
+	Device any
 }
 
 // Batch describes the sequences of one step in CSR form. Sequence b owns the
@@ -107,6 +112,12 @@ func (b *Batch) Validate(s Shape, l Layer) error {
 // ValidateSummaries is Validate for kernels that read only the summaries
 // (Score): K and V may be absent.
 func (b *Batch) ValidateSummaries(s Shape, l Layer) error {
+	return b.ValidatePool(s, len(l.Summary)/(s.KVHeads*2*s.HeadDim))
+}
+
+// ValidatePool checks the CSR arrays against the shape and a pool of pool
+// physical pages (a device layer's size, say).
+func (b *Batch) ValidatePool(s Shape, pool int) error {
 	if len(b.Indptr) < 1 || b.Indptr[0] != 0 {
 		return errors.New("batch: indptr must start at 0")
 	}
@@ -125,7 +136,6 @@ func (b *Batch) ValidateSummaries(s Shape, l Layer) error {
 	if int(b.Indptr[n]) != len(b.Pages) {
 		return fmt.Errorf("batch: indptr ends at %d but %d pages given", b.Indptr[n], len(b.Pages))
 	}
-	pool := len(l.Summary) / (s.KVHeads * 2 * s.HeadDim)
 	for i, p := range b.Pages {
 		if p < 0 || int(p) >= pool {
 			return fmt.Errorf("batch: physical page %d at %d outside pool of %d", p, i, pool)

@@ -30,6 +30,13 @@ type Fixture struct {
 // NewFixture builds a fixture with the given sequence lengths (tokens).
 // Values are uniform in [-1, 1); keys get a per-page offset so pages differ.
 func NewFixture(rng *rand.Rand, s kernels.Shape, lens []int) *Fixture {
+	return NewFixtureQ(rng, s, lens, nil)
+}
+
+// NewFixtureQ is NewFixture with keys and values rounded by quant (the
+// storage type of a backend: bf16, fp16) before the summaries and every
+// reference are computed, so the references see exactly the stored data.
+func NewFixtureQ(rng *rand.Rand, s kernels.Shape, lens []int, quant func(float32) float32) *Fixture {
 	total := 0
 	for _, n := range lens {
 		total += (n + s.PageSize - 1) / s.PageSize
@@ -75,6 +82,9 @@ func NewFixture(rng *rand.Rand, s kernels.Shape, lens []int) *Fixture {
 							continue
 						}
 						f.Layer.K[i] += float32(off)
+						if quant != nil {
+							f.Layer.K[i], f.Layer.V[i] = quant(f.Layer.K[i]), quant(f.Layer.V[i])
+						}
 					}
 				}
 				f.fillSummary(phys, h, valid)
@@ -222,17 +232,56 @@ func RefTopK(scores []float32, k int) []int32 {
 // NewBackend makes a backend for one test; the suite closes it.
 type NewBackend func(t *testing.T) kernels.Backend
 
-// Run runs the whole conformance suite.
-func Run(t *testing.T, nb NewBackend) {
-	t.Run("Score", func(t *testing.T) { testScore(t, nb) })
-	t.Run("UpperBound", func(t *testing.T) { testUpperBound(t, nb) })
+// Options adapt the suite to a backend.
+type Options struct {
+	// Quantize rounds keys and values to the backend's storage type
+	// (nil: float32 storage).
+	Quantize func(float32) float32
+	// Tol scales the relative tolerances of outputs (1: the CPU's fp32
+	// tolerances; a backend with fast-math exp may need 10).
+	Tol float64
+}
+
+// Run runs the whole conformance suite with float32 storage.
+func Run(t *testing.T, nb NewBackend) { RunWith(t, nb, Options{}) }
+
+// RunWith runs the whole conformance suite with options.
+func RunWith(t *testing.T, nb NewBackend, o Options) {
+	if o.Tol == 0 {
+		o.Tol = 1
+	}
+	t.Run("Score", func(t *testing.T) { testScore(t, nb, o) })
+	t.Run("UpperBound", func(t *testing.T) { testUpperBound(t, nb, o) })
 	t.Run("TopK", func(t *testing.T) { testTopK(t, nb) })
-	t.Run("AttendSparse", func(t *testing.T) { testAttendSparse(t, nb) })
-	t.Run("DenseEquivalence", func(t *testing.T) { testDense(t, nb) })
-	t.Run("ShuffleInvariance", func(t *testing.T) { testShuffle(t, nb) })
+	t.Run("AttendSparse", func(t *testing.T) { testAttendSparse(t, nb, o) })
+	t.Run("DenseEquivalence", func(t *testing.T) { testDense(t, nb, o) })
+	t.Run("ShuffleInvariance", func(t *testing.T) { testShuffle(t, nb, o) })
 	t.Run("BadLists", func(t *testing.T) { testBadLists(t, nb) })
 	t.Run("Merge", func(t *testing.T) { testMerge(t, nb) })
-	t.Run("SplitMerge", func(t *testing.T) { testSplitMerge(t, nb) })
+	t.Run("SplitMerge", func(t *testing.T) { testSplitMerge(t, nb, o) })
+}
+
+// RoundBF16 rounds x to the nearest bfloat16 (ties to even), as CUDA's
+// __float2bfloat16_rn does for finite values.
+func RoundBF16(x float32) float32 {
+	b := math.Float32bits(x)
+	b += 0x7fff + (b>>16)&1
+	return math.Float32frombits(b & 0xffff0000)
+}
+
+// RoundF16 rounds x to the nearest IEEE half (ties to even), subnormals
+// included, as CUDA's __float2half_rn does for values in half's range.
+func RoundF16(x float32) float32 {
+	a := math.Abs(float64(x))
+	if a == 0 || math.IsInf(a, 0) || math.IsNaN(a) {
+		return x
+	}
+	_, e := math.Frexp(a) // a = f * 2^e, f in [0.5, 1)
+	e--                   // a in [2^e, 2^(e+1))
+	e = max(e, -14)       // subnormal spacing below 2^-14
+	ulp := math.Ldexp(1, e-10)
+	r := math.RoundToEven(a/ulp) * ulp
+	return float32(math.Copysign(r, float64(x)))
 }
 
 var shapes = []kernels.Shape{
@@ -253,12 +302,12 @@ func relClose(got float32, want, tol float64) bool {
 	return math.Abs(float64(got)-want) <= tol*max(1, math.Abs(want))
 }
 
-func testScore(t *testing.T, nb NewBackend) {
+func testScore(t *testing.T, nb NewBackend, o Options) {
 	be := nb(t)
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, s := range shapes {
-		f := NewFixture(rng, s, tailLens(s.PageSize))
+		f := NewFixtureQ(rng, s, tailLens(s.PageSize), o.Quantize)
 		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 			rows := s.Rows(mode)
 			out := make([]float32, len(f.Batch.Pages)*rows)
@@ -279,7 +328,7 @@ func testScore(t *testing.T, nb NewBackend) {
 								want = max(want, f.RefScore(seq, p, h))
 							}
 						}
-						if got := out[off+r*np+p]; !relClose(got, want, 1e-5) {
+						if got := out[off+r*np+p]; !relClose(got, want, 1e-5*o.Tol) {
 							t.Fatalf("%+v %v seq %d row %d page %d: score %v, want %v", s, mode, seq, r, p, got, want)
 						}
 					}
@@ -289,13 +338,13 @@ func testScore(t *testing.T, nb NewBackend) {
 	}
 }
 
-func testUpperBound(t *testing.T, nb NewBackend) {
+func testUpperBound(t *testing.T, nb NewBackend, o Options) {
 	be := nb(t)
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(3, 4))
 	s := kernels.Shape{QHeads: 4, KVHeads: 2, HeadDim: 32, PageSize: 16}
 	for trial := range 20 {
-		f := NewFixture(rng, s, []int{rng.IntN(2000) + 1, rng.IntN(300) + 1})
+		f := NewFixtureQ(rng, s, []int{rng.IntN(2000) + 1, rng.IntN(300) + 1}, o.Quantize)
 		out := make([]float32, len(f.Batch.Pages)*s.QHeads)
 		if err := be.Score(context.Background(), s, f.Layer, &f.Batch, f.Q, kernels.PerHead, out); err != nil {
 			t.Fatal(err)
@@ -409,17 +458,17 @@ func attend(t *testing.T, be kernels.Backend, f *Fixture, l *kernels.Lists) ([]f
 	return o, lse
 }
 
-func testAttendSparse(t *testing.T, nb NewBackend) {
+func testAttendSparse(t *testing.T, nb NewBackend, opt Options) {
 	be := nb(t)
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, s := range shapes {
-		f := NewFixture(rng, s, tailLens(s.PageSize))
+		f := NewFixtureQ(rng, s, tailLens(s.PageSize), opt.Quantize)
 		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 			for _, frac := range []float64{0, 0.3, 1} {
 				l := randomLists(rng, f, mode, frac)
 				o, lse := attend(t, be, f, l)
-				checkAttend(t, f, l, o, lse, 2e-5)
+				checkAttend(t, f, l, o, lse, 2e-5*opt.Tol)
 			}
 		}
 	}
@@ -442,28 +491,28 @@ func DenseLists(f *Fixture, mode kernels.GQAMode) *kernels.Lists {
 
 // testDense checks attention over every page against dense float64
 // attention over all valid tokens (invariant 2).
-func testDense(t *testing.T, nb NewBackend) {
+func testDense(t *testing.T, nb NewBackend, opt Options) {
 	be := nb(t)
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(9, 10))
 	for _, s := range shapes {
-		f := NewFixture(rng, s, []int{4096 + 7, 1, s.PageSize})
+		f := NewFixtureQ(rng, s, []int{4096 + 7, 1, s.PageSize}, opt.Quantize)
 		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 			l := DenseLists(f, mode)
 			o, lse := attend(t, be, f, l)
-			checkAttend(t, f, l, o, lse, 1e-5)
+			checkAttend(t, f, l, o, lse, 1e-5*opt.Tol)
 		}
 	}
 }
 
 // testShuffle permutes the physical placement of pages and the order of the
 // lists: outputs must not change beyond fp32 rounding (invariant 3).
-func testShuffle(t *testing.T, nb NewBackend) {
+func testShuffle(t *testing.T, nb NewBackend, opt Options) {
 	be := nb(t)
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(11, 12))
 	s := kernels.Shape{QHeads: 8, KVHeads: 2, HeadDim: 32, PageSize: 16}
-	f := NewFixture(rng, s, []int{1000, 333})
+	f := NewFixtureQ(rng, s, []int{1000, 333}, opt.Quantize)
 	l := randomLists(rng, f, kernels.GroupMax, 0.5)
 	o1, lse1 := attend(t, be, f, l)
 	// Move every page to a new physical slot.
@@ -489,12 +538,12 @@ func testShuffle(t *testing.T, nb NewBackend) {
 	}
 	o2, lse2 := attend(t, be, &g, l2)
 	for i := range o1 {
-		if math.Abs(float64(o1[i]-o2[i])) > 1e-6*max(1, math.Abs(float64(o1[i]))) {
+		if math.Abs(float64(o1[i]-o2[i])) > 1e-6*opt.Tol*max(1, math.Abs(float64(o1[i]))) {
 			t.Fatalf("output %d changed under shuffle: %v vs %v", i, o1[i], o2[i])
 		}
 	}
 	for i := range lse1 {
-		if math.Abs(float64(lse1[i]-lse2[i])) > 1e-5 {
+		if math.Abs(float64(lse1[i]-lse2[i])) > 1e-5*opt.Tol {
 			t.Fatalf("lse %d changed under shuffle: %v vs %v", i, lse1[i], lse2[i])
 		}
 	}
@@ -559,12 +608,12 @@ func testMerge(t *testing.T, nb NewBackend) {
 
 // testSplitMerge splits each row's pages into two halves, attends each and
 // merges: the result must equal attention over the whole list.
-func testSplitMerge(t *testing.T, nb NewBackend) {
+func testSplitMerge(t *testing.T, nb NewBackend, opt Options) {
 	be := nb(t)
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(15, 16))
 	s := kernels.Shape{QHeads: 8, KVHeads: 2, HeadDim: 32, PageSize: 16}
-	f := NewFixture(rng, s, []int{777, 40, 1})
+	f := NewFixtureQ(rng, s, []int{777, 40, 1}, opt.Quantize)
 	full := randomLists(rng, f, kernels.GroupMax, 0.6)
 	a := &kernels.Lists{Mode: full.Mode, Indptr: []int32{0}}
 	b := &kernels.Lists{Mode: full.Mode, Indptr: []int32{0}}
@@ -581,5 +630,5 @@ func testSplitMerge(t *testing.T, nb NewBackend) {
 	if err := be.Merge(context.Background(), s.HeadDim, oa, la, ob, lb); err != nil {
 		t.Fatal(err)
 	}
-	checkAttend(t, f, full, oa, la, 2e-5)
+	checkAttend(t, f, full, oa, la, 2e-5*opt.Tol)
 }

@@ -1,0 +1,752 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"unsafe"
+
+	"gorgonia.org/cu"
+
+	"github.com/questrt/questrt/kernels"
+)
+
+// DType is the storage type of K, V and summaries on the device. Scores,
+// softmax and accumulation are always float32.
+type DType int
+
+const (
+	// F32 stores float32 (exactly the CPU backend's data).
+	F32 DType = iota
+	// F16 stores IEEE half precision.
+	F16
+	// BF16 stores bfloat16.
+	BF16
+)
+
+// String returns "f32", "f16" or "bf16" (the kernels' suffixes).
+func (d DType) String() string {
+	switch d {
+	case F16:
+		return "f16"
+	case BF16:
+		return "bf16"
+	}
+	return "f32"
+}
+
+// Size is the element size in bytes.
+func (d DType) Size() int {
+	if d == F32 {
+		return 4
+	}
+	return 2
+}
+
+// ParseDType parses f32|f16|bf16.
+func ParseDType(s string) (DType, error) {
+	switch s {
+	case "f32", "float32":
+		return F32, nil
+	case "f16", "fp16", "float16":
+		return F16, nil
+	case "bf16", "bfloat16":
+		return BF16, nil
+	}
+	return 0, fmt.Errorf("unknown dtype %q (want f32, f16 or bf16)", s)
+}
+
+// Config configures a CUDA backend.
+type Config struct {
+	// Device is the CUDA device ordinal (0).
+	Device int
+	// DType is the storage type of layers uploaded from host arrays (F32).
+	DType DType
+	// AttendChunk is the number of pages per attention work item (split-K)
+	// (32).
+	AttendChunk int
+	// ScoreChunk is the number of pages per scoring block (64).
+	ScoreChunk int
+}
+
+// Backend runs the Quest kernels on one GPU. One goroutine, locked to its
+// OS thread, owns the CUDA context, the module and every device buffer;
+// methods hand it work and wait, so a Backend is safe for concurrent use
+// (calls serialize). Several Backends may share a GPU (one context each).
+type Backend struct {
+	cfg  Config
+	work chan func()
+	quit chan struct{}
+	done chan struct{}
+
+	// Owned by the device goroutine.
+	fn   map[string]cu.Function
+	bufs map[string]devBuf
+	host *DeviceLayer // scratch layer for host-array inputs
+}
+
+type devBuf struct {
+	ptr  cu.DevicePtr
+	size int64
+}
+
+var _ kernels.Backend = (*Backend)(nil)
+
+// DeviceLayer is one layer's page pool in device memory, laid out like the
+// CPU pool ([pages][KVHeads][S][D] for K and V, [pages][KVHeads][2][D] for
+// summaries) in DType. Pass it as kernels.Layer.Device.
+type DeviceLayer struct {
+	K, V, Summary                     cu.DevicePtr
+	Pages, KVHeads, HeadDim, PageSize int
+	DType                             DType
+}
+
+// New starts a backend on cfg.Device: creates a context on a locked OS
+// thread and loads the embedded PTX.
+func New(cfg Config) (*Backend, error) {
+	if cfg.AttendChunk <= 0 {
+		cfg.AttendChunk = 32
+	}
+	if cfg.ScoreChunk <= 0 {
+		cfg.ScoreChunk = 64
+	}
+	b := &Backend{cfg: cfg, work: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
+		fn: map[string]cu.Function{}, bufs: map[string]devBuf{}}
+	ready := make(chan error, 1)
+	go b.loop(ready)
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *Backend) loop(ready chan<- error) {
+	defer close(b.done)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	dev, err := cu.GetDevice(b.cfg.Device)
+	if err != nil {
+		ready <- fmt.Errorf("cuda: device %d: %w", b.cfg.Device, err)
+		return
+	}
+	ctx, err := dev.MakeContext(cu.SchedAuto)
+	if err != nil {
+		ready <- fmt.Errorf("cuda: context on device %d: %w", b.cfg.Device, err)
+		return
+	}
+	defer ctx.Destroy()
+	mod, err := cu.LoadData(PTX)
+	if err != nil {
+		ready <- fmt.Errorf("cuda: load PTX: %w", err)
+		return
+	}
+	defer mod.Unload()
+	names := []string{"quest_topk", "quest_reduce", "quest_merge"}
+	for _, dt := range []DType{F32, F16, BF16} {
+		for _, k := range []string{"convert", "append", "score", "attend"} {
+			names = append(names, "quest_"+k+"_"+dt.String())
+		}
+	}
+	for _, n := range names {
+		f, err := mod.Function(n)
+		if err != nil {
+			ready <- fmt.Errorf("cuda: kernel %s: %w", n, err)
+			return
+		}
+		b.fn[n] = f
+	}
+	ready <- nil
+	for {
+		select {
+		case f := <-b.work:
+			f()
+		case <-b.quit:
+			for _, bf := range b.bufs {
+				cu.MemFree(bf.ptr)
+			}
+			return
+		}
+	}
+}
+
+// do runs f on the device goroutine and waits for it.
+func (b *Backend) do(ctx context.Context, f func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	select {
+	case b.work <- func() { errc <- f() }:
+	case <-b.done:
+		return kernels.ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return <-errc
+}
+
+// Name returns "cuda".
+func (b *Backend) Name() string { return "cuda" }
+
+// Close frees the device buffers and the context.
+func (b *Backend) Close() error {
+	select {
+	case <-b.done:
+		return nil
+	default:
+	}
+	select {
+	case b.quit <- struct{}{}:
+	case <-b.done:
+	}
+	<-b.done
+	return nil
+}
+
+// ---- device helpers (device goroutine only) ----
+
+// buf returns a scratch buffer named name of at least n bytes.
+func (b *Backend) buf(name string, n int64) (cu.DevicePtr, error) {
+	n = max(n, 256)
+	if bf, ok := b.bufs[name]; ok && bf.size >= n {
+		return bf.ptr, nil
+	} else if ok {
+		cu.MemFree(bf.ptr)
+		delete(b.bufs, name)
+	}
+	size := int64(1)
+	for size < n {
+		size <<= 1
+	}
+	p, err := cu.MemAlloc(size)
+	if err != nil {
+		return 0, fmt.Errorf("cuda: alloc %d bytes for %s: %w", size, name, err)
+	}
+	b.bufs[name] = devBuf{p, size}
+	return p, nil
+}
+
+func upload[T int32 | float32](b *Backend, name string, s []T) (cu.DevicePtr, error) {
+	n := int64(len(s)) * 4
+	p, err := b.buf(name, n)
+	if err != nil || len(s) == 0 {
+		return p, err
+	}
+	if err := cu.MemcpyHtoD(p, unsafe.Pointer(&s[0]), n); err != nil {
+		return 0, fmt.Errorf("cuda: upload %s: %w", name, err)
+	}
+	return p, nil
+}
+
+func download[T int32 | float32](dst []T, src cu.DevicePtr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	if err := cu.MemcpyDtoH(unsafe.Pointer(&dst[0]), src, int64(len(dst))*4); err != nil {
+		return fmt.Errorf("cuda: download: %w", err)
+	}
+	return nil
+}
+
+// params packs kernel parameters: every value is 8 bytes.
+func params(vals ...uint64) []unsafe.Pointer {
+	buf := make([]uint64, len(vals))
+	copy(buf, vals)
+	ps := make([]unsafe.Pointer, len(vals))
+	for i := range buf {
+		ps[i] = unsafe.Pointer(&buf[i])
+	}
+	return ps
+}
+
+func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...uint64) error {
+	f, ok := b.fn[name]
+	if !ok {
+		return fmt.Errorf("cuda: no kernel %s", name)
+	}
+	if grid[0] == 0 || grid[1] == 0 || grid[2] == 0 {
+		return nil
+	}
+	if err := f.Launch(grid[0], grid[1], grid[2], block, 1, 1, shared, cu.Stream{}, params(args...)); err != nil {
+		return fmt.Errorf("cuda: launch %s: %w", name, err)
+	}
+	return nil
+}
+
+func u(p cu.DevicePtr) uint64 { return uint64(p) }
+
+// convert uploads a float32 host array into dst as dt.
+func (b *Backend) convert(dst cu.DevicePtr, dt DType, src []float32) error {
+	const chunk = 1 << 24
+	for off := 0; off < len(src); off += chunk {
+		part := src[off:min(off+chunk, len(src))]
+		p, err := upload(b, "stage", part)
+		if err != nil {
+			return err
+		}
+		d := dst + cu.DevicePtr(off*dt.Size())
+		if err := b.launch("quest_convert_"+dt.String(), [3]int{min((len(part)+255)/256, 4096), 1, 1}, 256, 0, u(p), u(d), uint64(len(part))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---- layers ----
+
+// NewLayer allocates a device pool of pages pages.
+func (b *Backend) NewLayer(ctx context.Context, pages, kvHeads, headDim, pageSize int, dt DType) (*DeviceLayer, error) {
+	l := &DeviceLayer{Pages: pages, KVHeads: kvHeads, HeadDim: headDim, PageSize: pageSize, DType: dt}
+	err := b.do(ctx, func() error { return b.allocLayer(l) })
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (b *Backend) allocLayer(l *DeviceLayer) error {
+	kv := int64(l.Pages) * int64(l.KVHeads*l.PageSize*l.HeadDim*l.DType.Size())
+	sum := int64(l.Pages) * int64(l.KVHeads*2*l.HeadDim*l.DType.Size())
+	var err error
+	if l.K, err = cu.MemAlloc(kv); err != nil {
+		return fmt.Errorf("cuda: alloc K (%d bytes): %w", kv, err)
+	}
+	if l.V, err = cu.MemAlloc(kv); err != nil {
+		cu.MemFree(l.K)
+		return fmt.Errorf("cuda: alloc V (%d bytes): %w", kv, err)
+	}
+	if l.Summary, err = cu.MemAlloc(sum); err != nil {
+		cu.MemFree(l.K)
+		cu.MemFree(l.V)
+		return fmt.Errorf("cuda: alloc summaries (%d bytes): %w", sum, err)
+	}
+	return nil
+}
+
+// FreeLayer releases a layer's device memory.
+func (b *Backend) FreeLayer(ctx context.Context, l *DeviceLayer) error {
+	return b.do(ctx, func() error {
+		for _, p := range []cu.DevicePtr{l.K, l.V, l.Summary} {
+			if p != 0 {
+				cu.MemFree(p)
+			}
+		}
+		l.K, l.V, l.Summary = 0, 0, 0
+		return nil
+	})
+}
+
+// Upload copies a host pool (float32, the CPU layout) into l, converting
+// to l.DType. Nil host arrays are skipped.
+func (b *Backend) Upload(ctx context.Context, l *DeviceLayer, h kernels.Layer) error {
+	return b.do(ctx, func() error { return b.upload(l, h) })
+}
+
+func (b *Backend) upload(l *DeviceLayer, h kernels.Layer) error {
+	for _, x := range []struct {
+		dst cu.DevicePtr
+		src []float32
+	}{{l.K, h.K}, {l.V, h.V}, {l.Summary, h.Summary}} {
+		if x.src != nil {
+			if err := b.convert(x.dst, l.DType, x.src); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Append writes n tokens (k, v: float32 [n][KVHeads][D]) of one sequence at
+// positions pos0.. into l through pageTable (logical -> physical) and
+// widens the touched pages' summaries on the device (the first token of a
+// page resets its summary).
+func (b *Backend) Append(ctx context.Context, l *DeviceLayer, pageTable []int32, pos0 int, k, v []float32) error {
+	tok := l.KVHeads * l.HeadDim
+	if len(k) == 0 || len(k)%tok != 0 || len(v) != len(k) {
+		return fmt.Errorf("cuda append: k %d and v %d floats are not whole tokens of %d", len(k), len(v), tok)
+	}
+	n := len(k) / tok
+	if (pos0+n+l.PageSize-1)/l.PageSize > len(pageTable) {
+		return fmt.Errorf("cuda append: %d pages needed, page table has %d", (pos0+n+l.PageSize-1)/l.PageSize, len(pageTable))
+	}
+	for _, p := range pageTable {
+		if p < 0 || int(p) >= l.Pages {
+			return fmt.Errorf("cuda append: physical page %d outside pool of %d", p, l.Pages)
+		}
+	}
+	return b.do(ctx, func() error {
+		pt, err := upload(b, "append.pt", pageTable)
+		if err != nil {
+			return err
+		}
+		kp, err := upload(b, "append.k", k)
+		if err != nil {
+			return err
+		}
+		vp, err := upload(b, "append.v", v)
+		if err != nil {
+			return err
+		}
+		touched := (pos0+n-1)/l.PageSize - pos0/l.PageSize + 1
+		if err := b.launch("quest_append_"+l.DType.String(), [3]int{touched, l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+			u(l.K), u(l.V), u(l.Summary), u(pt), u(kp), u(vp), uint64(pos0), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize)); err != nil {
+			return err
+		}
+		return cu.Synchronize()
+	})
+}
+
+// Read copies a device layer back to float32 host arrays (tests).
+func (b *Backend) Read(ctx context.Context, l *DeviceLayer) (kernels.Layer, error) {
+	var h kernels.Layer
+	err := b.do(ctx, func() error {
+		var err error
+		if h.K, err = readAs(l.K, l.Pages*l.KVHeads*l.PageSize*l.HeadDim, l.DType); err != nil {
+			return err
+		}
+		if h.V, err = readAs(l.V, l.Pages*l.KVHeads*l.PageSize*l.HeadDim, l.DType); err != nil {
+			return err
+		}
+		h.Summary, err = readAs(l.Summary, l.Pages*l.KVHeads*2*l.HeadDim, l.DType)
+		return err
+	})
+	return h, err
+}
+
+func readAs(p cu.DevicePtr, n int, dt DType) ([]float32, error) {
+	out := make([]float32, n)
+	if n == 0 {
+		return out, nil
+	}
+	if dt == F32 {
+		return out, download(out, p)
+	}
+	raw := make([]uint16, n)
+	if err := cu.MemcpyDtoH(unsafe.Pointer(&raw[0]), p, int64(n)*2); err != nil {
+		return nil, err
+	}
+	for i, x := range raw {
+		if dt == BF16 {
+			out[i] = math.Float32frombits(uint32(x) << 16)
+		} else {
+			out[i] = halfToFloat(x)
+		}
+	}
+	return out, nil
+}
+
+func halfToFloat(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := int(h>>10) & 31
+	man := uint32(h) & 1023
+	switch {
+	case exp == 0 && man == 0:
+		return math.Float32frombits(sign)
+	case exp == 0:
+		return float32(math.Copysign(float64(man)*math.Pow(2, -24), float64(int32(sign)>>31|1)))
+	case exp == 31:
+		return math.Float32frombits(sign | 0x7f800000 | man<<13)
+	}
+	return math.Float32frombits(sign | uint32(exp-15+127)<<23 | man<<13)
+}
+
+// layer resolves the kernels.Layer of a call: its DeviceLayer, or the host
+// arrays uploaded into the scratch layer (summaries only when withKV is
+// false).
+func (b *Backend) layer(s kernels.Shape, l kernels.Layer, withKV bool) (*DeviceLayer, error) {
+	if dl, ok := l.Device.(*DeviceLayer); ok {
+		if dl.KVHeads != s.KVHeads || dl.HeadDim != s.HeadDim || dl.PageSize != s.PageSize {
+			return nil, fmt.Errorf("cuda: device layer %dx%dx%d does not match shape %+v", dl.KVHeads, dl.PageSize, dl.HeadDim, s)
+		}
+		return dl, nil
+	}
+	pages := len(l.Summary) / (s.KVHeads * 2 * s.HeadDim)
+	if b.host == nil || b.host.Pages < pages || b.host.KVHeads != s.KVHeads || b.host.HeadDim != s.HeadDim || b.host.PageSize != s.PageSize {
+		if b.host != nil {
+			for _, p := range []cu.DevicePtr{b.host.K, b.host.V, b.host.Summary} {
+				cu.MemFree(p)
+			}
+			b.host = nil
+		}
+		h := &DeviceLayer{Pages: max(pages, 1), KVHeads: s.KVHeads, HeadDim: s.HeadDim, PageSize: s.PageSize, DType: b.cfg.DType}
+		if err := b.allocLayer(h); err != nil {
+			return nil, err
+		}
+		b.host = h
+	}
+	up := kernels.Layer{Summary: l.Summary}
+	if withKV {
+		up.K, up.V = l.K, l.V
+	}
+	return b.host, b.upload(b.host, up)
+}
+
+// validate checks the batch against the call's pool: the device layer's or
+// the host arrays'.
+func validate(s kernels.Shape, l kernels.Layer, bt *kernels.Batch, withKV bool) error {
+	if dl, ok := l.Device.(*DeviceLayer); ok {
+		return bt.ValidatePool(s, dl.Pages)
+	}
+	if withKV {
+		return bt.Validate(s, l)
+	}
+	return bt.ValidateSummaries(s, l)
+}
+
+func checkShape(s kernels.Shape) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case s.HeadDim%8 != 0 || s.HeadDim > 256:
+		return fmt.Errorf("cuda: head dim %d must be a multiple of 8 up to 256", s.HeadDim)
+	case s.Group() > 32:
+		return fmt.Errorf("cuda: %d query heads per KV head (max 32)", s.Group())
+	case s.PageSize > 64 || s.PageSize*s.HeadDim > 4096:
+		return fmt.Errorf("cuda: page of %d x %d elements exceeds the attention tile (S <= 64, S*D <= 4096)", s.PageSize, s.HeadDim)
+	case s.QHeads*2*s.HeadDim*4 > 48<<10:
+		return fmt.Errorf("cuda: %d query heads x D %d exceed the scoring kernel's shared memory", s.QHeads, s.HeadDim)
+	}
+	return nil
+}
+
+// ---- Backend ----
+
+// Score implements kernels.Backend.
+func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, mode kernels.GQAMode, out []float32) error {
+	if err := checkShape(s); err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
+	if err := validate(s, l, bt, false); err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
+	n := bt.Len()
+	rows := s.Rows(mode)
+	if len(q) != n*s.QHeads*s.HeadDim || len(out) < len(bt.Pages)*rows {
+		return fmt.Errorf("score: query %d or output %d floats do not fit the batch", len(q), len(out))
+	}
+	return b.do(ctx, func() error {
+		dl, err := b.layer(s, l, false)
+		if err != nil {
+			return err
+		}
+		maxPages := 0
+		for i := range n {
+			maxPages = max(maxPages, bt.NumPages(i))
+		}
+		ind, err := upload(b, "indptr", bt.Indptr)
+		if err != nil {
+			return err
+		}
+		pg, err := upload(b, "pages", bt.Pages)
+		if err != nil {
+			return err
+		}
+		qp, err := upload(b, "q", q)
+		if err != nil {
+			return err
+		}
+		op, err := b.buf("scores", int64(len(bt.Pages)*rows)*4)
+		if err != nil {
+			return err
+		}
+		chunk := b.cfg.ScoreChunk
+		perHead := uint64(0)
+		if mode == kernels.PerHead {
+			perHead = 1
+		}
+		if err := b.launch("quest_score_"+dl.DType.String(), [3]int{(maxPages + chunk - 1) / chunk, n, 1}, 256, s.QHeads*2*s.HeadDim*4,
+			u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.HeadDim), perHead, uint64(chunk)); err != nil {
+			return err
+		}
+		return download(out[:len(bt.Pages)*rows], op)
+	})
+}
+
+// TopK implements kernels.Backend.
+func (b *Backend) TopK(ctx context.Context, scores []float32, plan *kernels.TopKPlan, out []int32) error {
+	n := plan.Rows()
+	if len(plan.ScoreOff) != n || len(plan.Base) != n || len(plan.K) != n || len(plan.OutOff) != n {
+		return errors.New("topk: plan arrays have different lengths")
+	}
+	outLen := 0
+	for r := range n {
+		so, cnt, k, oo := int(plan.ScoreOff[r]), int(plan.N[r]), int(plan.K[r]), int(plan.OutOff[r])
+		if so < 0 || cnt < 0 || so+cnt > len(scores) {
+			return fmt.Errorf("topk: row %d candidates [%d,%d) outside %d scores", r, so, so+cnt, len(scores))
+		}
+		if k < 0 || oo < 0 || oo+min(k, cnt) > len(out) {
+			return fmt.Errorf("topk: row %d output [%d,+%d) outside %d", r, oo, min(k, cnt), len(out))
+		}
+		outLen = max(outLen, oo+min(k, cnt))
+	}
+	if n == 0 {
+		return nil
+	}
+	return b.do(ctx, func() error {
+		sp, err := upload(b, "topk.scores", scores)
+		if err != nil {
+			return err
+		}
+		var ptrs [5]cu.DevicePtr
+		for i, a := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
+			if ptrs[i], err = upload(b, fmt.Sprintf("topk.plan%d", i), a); err != nil {
+				return err
+			}
+		}
+		op, err := b.buf("topk.out", int64(outLen)*4)
+		if err != nil {
+			return err
+		}
+		if err := b.launch("quest_topk", [3]int{n, 1, 1}, 1024, 0, u(sp), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(op)); err != nil {
+			return err
+		}
+		// Rows write disjoint ranges; copy back only what they wrote.
+		tmp := make([]int32, outLen)
+		copy(tmp, out)
+		if err := download(tmp, op); err != nil {
+			return err
+		}
+		for r := range n {
+			oo, m := int(plan.OutOff[r]), min(int(plan.K[r]), int(plan.N[r]))
+			copy(out[oo:oo+max(m, 0)], tmp[oo:])
+		}
+		return nil
+	})
+}
+
+// Attend implements kernels.Backend.
+func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, lists *kernels.Lists, o, lse []float32) error {
+	if err := checkShape(s); err != nil {
+		return fmt.Errorf("attend: %w", err)
+	}
+	if err := validate(s, l, bt, true); err != nil {
+		return fmt.Errorf("attend: %w", err)
+	}
+	n := bt.Len()
+	hq, d := s.QHeads, s.HeadDim
+	if len(q) != n*hq*d || len(o) != n*hq*d || len(lse) != n*hq {
+		return fmt.Errorf("attend: query %d, o %d or lse %d floats do not fit the batch", len(q), len(o), len(lse))
+	}
+	rows := s.Rows(lists.Mode)
+	if len(lists.Indptr) != n*rows+1 || lists.Indptr[0] != 0 || int(lists.Indptr[n*rows]) != len(lists.Pages) {
+		return fmt.Errorf("attend: lists indptr has %d entries for %d rows and %d pages", len(lists.Indptr), n*rows, len(lists.Pages))
+	}
+	if err := checkLists(bt, lists, rows); err != nil {
+		return fmt.Errorf("attend: %w", err)
+	}
+	heads := s.Group()
+	perHead := uint64(0)
+	if lists.Mode == kernels.PerHead {
+		heads, perHead = 1, 1
+	}
+	var itSeq, itRow, itLo, itHi, rowItem []int32
+	chunk := int32(b.cfg.AttendChunk)
+	for row := range n * rows {
+		rowItem = append(rowItem, int32(len(itSeq)))
+		for p := lists.Indptr[row]; p < lists.Indptr[row+1]; p += chunk {
+			itSeq = append(itSeq, int32(row/rows))
+			itRow = append(itRow, int32(row%rows))
+			itLo = append(itLo, p)
+			itHi = append(itHi, min(p+chunk, lists.Indptr[row+1]))
+		}
+	}
+	rowItem = append(rowItem, int32(len(itSeq)))
+	items := len(itSeq)
+	return b.do(ctx, func() error {
+		dl, err := b.layer(s, l, true)
+		if err != nil {
+			return err
+		}
+		var p [9]cu.DevicePtr
+		for i, a := range [][]int32{bt.Indptr, bt.Pages, bt.LastLen, itSeq, itRow, itLo, itHi, lists.Pages, rowItem} {
+			if p[i], err = upload(b, fmt.Sprintf("attend.%d", i), a); err != nil {
+				return err
+			}
+		}
+		qp, err := upload(b, "q", q)
+		if err != nil {
+			return err
+		}
+		po, err := b.buf("attend.po", int64(items*heads*d)*4)
+		if err != nil {
+			return err
+		}
+		pl, err := b.buf("attend.pl", int64(items*heads)*4)
+		if err != nil {
+			return err
+		}
+		if err := b.launch("quest_attend_"+dl.DType.String(), [3]int{items, 1, 1}, 32*heads, 0,
+			u(dl.K), u(dl.V), u(p[0]), u(p[1]), u(p[2]), u(qp), u(p[3]), u(p[4]), u(p[5]), u(p[6]), u(p[7]), u(po), u(pl),
+			uint64(hq), uint64(s.KVHeads), uint64(d), uint64(s.PageSize), perHead); err != nil {
+			return err
+		}
+		op, err := b.buf("attend.o", int64(len(o))*4)
+		if err != nil {
+			return err
+		}
+		lp, err := b.buf("attend.lse", int64(len(lse))*4)
+		if err != nil {
+			return err
+		}
+		warps := n * rows * heads
+		if err := b.launch("quest_reduce", [3]int{(warps + 7) / 8, 1, 1}, 256, 0,
+			u(po), u(pl), u(p[8]), u(op), u(lp), uint64(n*rows), uint64(rows), uint64(hq), uint64(s.KVHeads), uint64(d), perHead); err != nil {
+			return err
+		}
+		if err := download(o, op); err != nil {
+			return err
+		}
+		return download(lse, lp)
+	})
+}
+
+// checkLists rejects out-of-range and duplicate pages in any row.
+func checkLists(bt *kernels.Batch, lists *kernels.Lists, rows int) error {
+	var seen map[int32]bool
+	for row := range len(lists.Indptr) - 1 {
+		np := bt.NumPages(row / rows)
+		clear(seen)
+		if seen == nil {
+			seen = map[int32]bool{}
+		}
+		for _, p := range lists.Pages[lists.Indptr[row]:lists.Indptr[row+1]] {
+			if p < 0 || int(p) >= np {
+				return fmt.Errorf("row %d: page %d outside 0..%d", row, p, np-1)
+			}
+			if seen[p] {
+				return fmt.Errorf("row %d: page %d listed twice", row, p)
+			}
+			seen[p] = true
+		}
+	}
+	return nil
+}
+
+// Merge implements kernels.Backend.
+func (b *Backend) Merge(ctx context.Context, dim int, o, lse, o2, lse2 []float32) error {
+	if dim <= 0 || len(lse) != len(lse2) || len(o) != len(lse)*dim || len(o2) != len(o) {
+		return fmt.Errorf("merge: sizes o=%d lse=%d o2=%d lse2=%d dim=%d do not match", len(o), len(lse), len(o2), len(lse2), dim)
+	}
+	return b.do(ctx, func() error {
+		var p [4]cu.DevicePtr
+		var err error
+		for i, a := range [][]float32{o, lse, o2, lse2} {
+			if p[i], err = upload(b, fmt.Sprintf("merge.%d", i), a); err != nil {
+				return err
+			}
+		}
+		n := len(lse)
+		if err := b.launch("quest_merge", [3]int{(n + 7) / 8, 1, 1}, 256, 0, u(p[0]), u(p[1]), u(p[2]), u(p[3]), uint64(n), uint64(dim)); err != nil {
+			return err
+		}
+		if err := download(o, p[0]); err != nil {
+			return err
+		}
+		return download(lse, p[1])
+	})
+}

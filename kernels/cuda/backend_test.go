@@ -1,0 +1,201 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/kernels/backendtest"
+	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/replay"
+	"github.com/questrt/questrt/shard"
+)
+
+func newBackend(t *testing.T, dt DType) *Backend {
+	t.Helper()
+	b, err := New(Config{DType: dt, AttendChunk: 8, ScoreChunk: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestConformance runs the backend suite against float64 references of
+// the stored (rounded) data, for every storage type. __expf and a
+// different summation order allow 10x the CPU's fp32 tolerances.
+func TestConformance(t *testing.T) {
+	for _, c := range []struct {
+		dt DType
+		q  func(float32) float32
+	}{{F32, nil}, {BF16, backendtest.RoundBF16}, {F16, backendtest.RoundF16}} {
+		t.Run(c.dt.String(), func(t *testing.T) {
+			backendtest.RunWith(t, func(t *testing.T) kernels.Backend { return newBackend(t, c.dt) },
+				backendtest.Options{Quantize: c.q, Tol: 10})
+		})
+	}
+}
+
+// TestAppendMatchesStore appends the same tokens to the CPU page store and
+// to a device layer through the same page table (prefill, then one-token
+// decode steps, tail lengths 1, 15, 16, 17): K, V and summaries read back
+// equal the store's, rounded to the storage type.
+func TestAppendMatchesStore(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		dt DType
+		q  func(float32) float32
+	}{{F32, func(x float32) float32 { return x }}, {BF16, backendtest.RoundBF16}, {F16, backendtest.RoundF16}} {
+		b := newBackend(t, c.dt)
+		const kvh, d, s = 2, 64, 16
+		rng := rand.New(rand.NewPCG(1, uint64(c.dt)))
+		for _, n := range []int{1, 15, 16, 17, 100} {
+			st, err := pagestore.New(pagestore.Config{Layers: 1, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			noise := st.Create() // shifts the physical ids
+			st.Append(noise, 0, make([]float32, 20*kvh*d), make([]float32, 20*kvh*d))
+			id := st.Create()
+			dl, err := b.NewLayer(ctx, 16, kvh, d, s, c.dt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pre := n - min(n, 3)
+			var steps []int
+			if pre > 0 {
+				steps = append(steps, pre)
+			}
+			for range n - pre {
+				steps = append(steps, 1)
+			}
+			pos := 0
+			for _, m := range steps {
+				k := make([]float32, m*kvh*d)
+				v := make([]float32, m*kvh*d)
+				for i := range k {
+					k[i], v[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+				}
+				if err := st.Append(id, 0, k, v); err != nil {
+					t.Fatal(err)
+				}
+				pt, _ := st.AppendPageTable(nil, id)
+				if err := b.Append(ctx, dl, pt, pos, k, v); err != nil {
+					t.Fatal(err)
+				}
+				pos += m
+			}
+			got, err := b.Read(ctx, dl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pt, _ := st.AppendPageTable(nil, id)
+			want := st.Layer(0)
+			for lp, phys := range pt {
+				valid := min(s, n-lp*s)
+				for h := range kvh {
+					blk := ((int(phys)*kvh + h) * s) * d
+					for i := 0; i < valid*d; i++ {
+						if got.K[blk+i] != c.q(want.K[blk+i]) || got.V[blk+i] != c.q(want.V[blk+i]) {
+							t.Fatalf("%v n=%d page %d head %d elem %d: K/V differ", c.dt, n, lp, h, i)
+						}
+					}
+					rec := (int(phys)*kvh + h) * 2 * d
+					for j := range 2 * d {
+						if got.Summary[rec+j] != c.q(want.Summary[rec+j]) {
+							t.Fatalf("%v n=%d page %d head %d summary %d: %v, store %v", c.dt, n, lp, h, j, got.Summary[rec+j], want.Summary[rec+j])
+						}
+					}
+				}
+			}
+			b.FreeLayer(ctx, dl)
+		}
+		b.Close()
+	}
+}
+
+// TestReplayMatchesCPU: replay cases on the CUDA backend (f32 storage) give
+// the CPU's selections and outputs.
+func TestReplayMatchesCPU(t *testing.T) {
+	b := newBackend(t, F32)
+	defer b.Close()
+	for i, g := range []replay.GenConfig{
+		{Tokens: 1, PageSize: 16, BudgetTokens: 32, QHeads: 4, KVHeads: 2, HeadDim: 8},
+		{Tokens: 17, PageSize: 16, BudgetTokens: 16, QHeads: 2, KVHeads: 1, HeadDim: 16, LocalPages: 1},
+		{Tokens: 3000, PageSize: 16, BudgetTokens: 256, QHeads: 32, KVHeads: 8, HeadDim: 128, LocalPages: 1},
+		{Tokens: 3000, PageSize: 16, BudgetTokens: 256, QHeads: 32, KVHeads: 4, HeadDim: 64, GQA: "per_head", SinkPages: 1, LocalPages: 1},
+	} {
+		g.Seed = uint64(i + 1)
+		c := replay.Generate(g)
+		cpu, err := replay.Run(context.Background(), c, replay.Options{Selector: shard.Quest})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpu, err := replay.Run(context.Background(), c, replay.Options{Selector: shard.Quest, Backend: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		compareResults(t, i, cpu, gpu)
+	}
+}
+
+func compareResults(t *testing.T, i int, a, b *replay.Result) {
+	t.Helper()
+	for h := range a.SelectedPages {
+		if !slices.Equal(a.SelectedPages[h], b.SelectedPages[h]) {
+			t.Fatalf("case %d head %d: pages %v vs %v", i, h, a.SelectedPages[h], b.SelectedPages[h])
+		}
+		for j := range a.Output[h] {
+			if math.Abs(float64(a.Output[h][j]-b.Output[h][j])) > 1e-4*max(1, math.Abs(float64(a.Output[h][j]))) {
+				t.Fatalf("case %d head %d: output %v vs %v", i, h, a.Output[h][j], b.Output[h][j])
+			}
+		}
+	}
+}
+
+// TestShardsShareOneGPU: a CP x TP engine whose shards use two backends (two
+// contexts) on one GPU gives the single-CPU-shard result.
+func TestShardsShareOneGPU(t *testing.T) {
+	b0, b1 := newBackend(t, F32), newBackend(t, F32)
+	defer b0.Close()
+	defer b1.Close()
+	c := replay.Generate(replay.GenConfig{Tokens: 5000, PageSize: 16, BudgetTokens: 320, QHeads: 16, KVHeads: 4, HeadDim: 64, LocalPages: 1, Seed: 7})
+	cpu, err := replay.Run(context.Background(), c, replay.Options{Selector: shard.Quest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := engine.DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, 16, 4, 64, 16
+	cfg.CP, cfg.TP, cfg.CapacityPages = 2, 2, 400
+	cfg.Policy = c.Policy(shard.Quest)
+	cfg.Backends = func(tp, cp int) kernels.Backend {
+		if (tp+cp)%2 == 0 {
+			return b0
+		}
+		return b1
+	}
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	id, _ := e.Create(engine.Striped)
+	if err := e.Append(id, 0, replay.TokenMajor(c.Keys, 64), replay.TokenMajor(c.Values, 64)); err != nil {
+		t.Fatal(err)
+	}
+	var q []float32
+	for _, r := range c.Query {
+		q = append(q, r...)
+	}
+	var res engine.Result
+	if err := e.Step(context.Background(), 0, []engine.Request{{Seq: id, Q: q}}, engine.StepOptions{Diagnostics: true}, &res); err != nil {
+		t.Fatal(err)
+	}
+	gpu := replay.NewResult(shard.Quest, 16, 64, cpu.Pages, res.O, res.LSE, res.Diag[0])
+	compareResults(t, 0, cpu, gpu)
+}

@@ -1,0 +1,31 @@
+// Package cuda is the CUDA backend of questrt's kernels: CUDA C sources
+// (quest.cu) compiled to PTX for sm_90 by gen.sh and embedded here, and, in
+// files built with the cuda tag, a kernels.Backend driving them through
+// gorgonia.org/cu. The embedded PTX and its source check are part of every
+// build so that CPU-only CI notices a .cu edited without regenerating the
+// PTX.
+package cuda
+
+import (
+	_ "embed"
+	"strings"
+)
+
+// PTX is the module with every Quest kernel, compiled from quest.cu.
+//
+//go:embed quest.ptx
+var PTX string
+
+//go:embed quest.cu
+var source string
+
+// PTXSourceHash returns the SHA-256 (hex) of the .cu source recorded in the
+// PTX's first line by gen.sh, or "" when the line is missing.
+func PTXSourceHash() string {
+	first, _, _ := strings.Cut(PTX, "\n")
+	const tag = "// questrt-source-sha256: "
+	if !strings.HasPrefix(first, tag) {
+		return ""
+	}
+	return strings.TrimSpace(strings.TrimPrefix(first, tag))
+}

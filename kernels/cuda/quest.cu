@@ -1,0 +1,451 @@
+// Quest decode kernels for questrt's CUDA backend (compiled to PTX for sm_90
+// by kernels/cuda/gen.sh and embedded in the Go package).
+//
+// Layout (same as the CPU backend), per layer and physical page p:
+//   K, V     [pages][kv_heads][S][D]   storage type T (float, __half, __nv_bfloat16)
+//   summary  [pages][kv_heads][2][D]   T: D mins then D maxes
+// Scores, softmax and accumulation are fp32. Every integer parameter is a
+// 64-bit `long long` (gorgonia.org/cu passes each parameter as 8 bytes).
+//
+// Query head h belongs to KV head h / G. Score rows are KV heads
+// (group_max: the max over the group) or query heads (per_head).
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+typedef long long i64;
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+	return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+	return x;
+}
+
+// Loads 8 consecutive elements of type T at p (16-byte aligned for 2-byte
+// types, 32 bytes for float) as floats.
+template <typename T> __device__ __forceinline__ void load8(const T* p, float* out);
+template <> __device__ __forceinline__ void load8<float>(const float* p, float* out) {
+	float4 a = *reinterpret_cast<const float4*>(p);
+	float4 b = *reinterpret_cast<const float4*>(p + 4);
+	out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+	out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+template <> __device__ __forceinline__ void load8<__half>(const __half* p, float* out) {
+	uint4 u = *reinterpret_cast<const uint4*>(p);
+	const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		float2 f = __half22float2(h[i]);
+		out[2 * i] = f.x; out[2 * i + 1] = f.y;
+	}
+}
+template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, float* out) {
+	uint4 u = *reinterpret_cast<const uint4*>(p);
+	const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		float2 f = __bfloat1622float2(h[i]);
+		out[2 * i] = f.x; out[2 * i + 1] = f.y;
+	}
+}
+
+// ---------------------------------------------------------------------------
+// convert: dst[i] = T(src[i]) (uploading float32 pools into T storage).
+template <typename T>
+__device__ void convert(const float* src, T* dst, i64 n) {
+	for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+		dst[i] = from_f<T>(src[i]);
+}
+
+// ---------------------------------------------------------------------------
+// append: writes n new tokens (k, v float32 [n][kvh][D]) of one sequence at
+// positions pos0.. into the pages named by page_table (logical -> physical)
+// and widens each touched page's summary (eq. 8). A page whose first slot is
+// written here starts from +inf/-inf (a recycled page gets a fresh summary).
+// Grid: (pages touched, kvh); block: threads over D. Each thread owns one
+// dimension of one (page, head) record, so no atomics are needed.
+template <typename T>
+__device__ void append(T* K, T* V, T* sum, const int* page_table, const float* k, const float* v,
+		       i64 pos0, i64 n, i64 kvh, i64 D, i64 S) {
+	const i64 first_page = pos0 / S;
+	const i64 page = first_page + blockIdx.x;
+	const i64 h = blockIdx.y;
+	const i64 t_lo = max(pos0, page * S), t_hi = min(pos0 + n, (page + 1) * S);
+	if (t_lo >= t_hi) return;
+	const i64 phys = page_table[page];
+	T* rec = sum + (phys * kvh + h) * 2 * D;
+	for (i64 j = threadIdx.x; j < D; j += blockDim.x) {
+		float lo, hi;
+		if (t_lo % S == 0) {
+			lo = __int_as_float(0x7f800000);  // +inf
+			hi = __int_as_float(0xff800000);  // -inf
+		} else {
+			lo = to_f(rec[j]);
+			hi = to_f(rec[D + j]);
+		}
+		for (i64 t = t_lo; t < t_hi; t++) {
+			const i64 src = ((t - pos0) * kvh + h) * D + j;
+			const i64 dst = ((phys * kvh + h) * S + (t % S)) * D + j;
+			T kq = from_f<T>(k[src]);
+			K[dst] = kq;
+			V[dst] = from_f<T>(v[src]);
+			const float kf = to_f(kq);  // the summary covers the stored key
+			lo = fminf(lo, kf);
+			hi = fmaxf(hi, kf);
+		}
+		rec[j] = from_f<T>(lo);  // exact: lo, hi are stored values
+		rec[D + j] = from_f<T>(hi);
+	}
+}
+
+// ---------------------------------------------------------------------------
+// score: U[row][p] for every page of every sequence. Block (chunk, seq):
+// the split queries w = [min(q,0); max(q,0)] of all query heads sit in
+// shared memory; each warp takes (page, kv head) records in layout order and
+// computes the G dot products of the record with its group's w vectors.
+// Requires D % 8 == 0 and G <= 32.
+#define SCORE_WARPS 8
+template <typename T>
+__device__ void score(const T* sum, const int* indptr, const int* pages, const float* q, float* out,
+		      i64 qh, i64 kvh, i64 D, i64 per_head, i64 chunk) {
+	extern __shared__ float w[];  // [qh][2D]
+	const i64 seq = blockIdx.y;
+	const i64 p0 = indptr[seq], np = indptr[seq + 1] - p0;
+	const i64 lo = blockIdx.x * chunk;
+	if (lo >= np) return;
+	const i64 hi = min(lo + chunk, np);
+	const i64 rec = 2 * D;
+	const float* qs = q + seq * qh * D;
+	for (i64 i = threadIdx.x; i < qh * D; i += blockDim.x) {
+		const i64 h = i / D, j = i % D;
+		const float x = qs[i];
+		w[h * rec + j] = fminf(x, 0.f);
+		w[h * rec + D + j] = fmaxf(x, 0.f);
+	}
+	__syncthreads();
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const i64 G = qh / kvh;
+	const i64 rows = per_head ? qh : kvh;
+	float* o = out + p0 * rows;
+	for (i64 r = lo * kvh + warp; r < hi * kvh; r += SCORE_WARPS) {
+		const i64 p = r / kvh, h = r % kvh;
+		const T* rp = sum + ((i64)pages[p0 + p] * kvh + h) * rec;
+		float acc[32];
+#pragma unroll
+		for (int g = 0; g < 32; g++) acc[g] = 0.f;
+		for (i64 c = lane * 8; c < rec; c += 256) {
+			float x[8];
+			load8<T>(rp + c, x);
+#pragma unroll
+			for (int g = 0; g < 32; g++) {
+				if (g < G) {
+					const float* wg = w + (h * G + g) * rec + c;
+#pragma unroll
+					for (int e = 0; e < 8; e++) acc[g] = fmaf(wg[e], x[e], acc[g]);
+				}
+			}
+		}
+		float best = __int_as_float(0xff800000);
+#pragma unroll
+		for (int g = 0; g < 32; g++) {
+			if (g < G) {
+				const float u = warp_sum(acc[g]);
+				if (per_head) {
+					if (lane == 0) o[(h * G + g) * np + p] = u;
+				} else {
+					best = fmaxf(best, u);
+				}
+			}
+		}
+		if (!per_head && lane == 0) o[h * np + p] = best;
+	}
+}
+
+// ---------------------------------------------------------------------------
+// topk: one block per row. Row r selects k of n scores starting at
+// scores[soff]; candidate i is logical page base+i; the chosen pages are
+// written ascending at out[ooff..]. Order: score descending, ties to the
+// lower index. Radix select on an order-preserving 32-bit key finds the k-th
+// key in four 8-bit passes; a fifth pass writes the chosen indices in index
+// order with a block-wide scan, so the output needs no sort.
+#define TOPK_THREADS 1024
+
+__device__ __forceinline__ uint32_t desc_key(float f) {
+	uint32_t u = __float_as_uint(f);
+	if (f == 0.f) u = 0;  // -0 and +0 tie
+	const uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+	return ~asc;  // ascending key = descending score
+}
+
+// Block-wide exclusive scan of one int per thread; returns the prefix and
+// sets *total. Uses 32 ints of shared scratch.
+__device__ int block_scan(int x, int* scratch, int* total) {
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	int inc = x;
+#pragma unroll
+	for (int o = 1; o < 32; o <<= 1) {
+		const int y = __shfl_up_sync(0xffffffffu, inc, o);
+		if (lane >= o) inc += y;
+	}
+	if (lane == 31) scratch[warp] = inc;
+	__syncthreads();
+	if (warp == 0) {
+		int v = lane < nw ? scratch[lane] : 0;
+		int vi = v;
+#pragma unroll
+		for (int o = 1; o < 32; o <<= 1) {
+			const int y = __shfl_up_sync(0xffffffffu, vi, o);
+			if (lane >= o) vi += y;
+		}
+		if (lane < nw) scratch[lane] = vi - v;  // exclusive warp offsets
+		if (lane == nw - 1) scratch[32] = vi;
+	}
+	__syncthreads();
+	const int res = scratch[warp] + inc - x;
+	*total = scratch[32];
+	__syncthreads();
+	return res;
+}
+
+extern "C" __global__ void quest_topk(const float* scores, const int* soff, const int* nn, const int* base,
+				      const int* kk, const int* ooff, int* out) {
+	__shared__ int hist[256];
+	__shared__ int scratch[33];
+	__shared__ uint32_t s_prefix, s_mask;
+	__shared__ int s_k;
+	const int r = blockIdx.x;
+	const int n = nn[r], k = kk[r], b = base[r];
+	const float* s = scores + soff[r];
+	int* o = out + ooff[r];
+	if (k <= 0) return;
+	if (k >= n) {
+		for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = b + i;
+		return;
+	}
+	if (threadIdx.x == 0) { s_prefix = 0; s_mask = 0; s_k = k; }
+	for (int shift = 24; shift >= 0; shift -= 8) {
+		for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+		__syncthreads();
+		const uint32_t prefix = s_prefix, mask = s_mask;
+		for (int i = threadIdx.x; i < n; i += blockDim.x) {
+			const uint32_t key = desc_key(s[i]);
+			if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			int need = s_k, d = 0;
+			while (d < 255 && hist[d] < need) { need -= hist[d]; d++; }
+			s_prefix = prefix | ((uint32_t)d << shift);
+			s_mask = mask | (255u << shift);
+			s_k = need;  // keys equal to the prefix still needed
+		}
+		__syncthreads();
+	}
+	const uint32_t T = s_prefix;
+	const int ties_needed = s_k;
+	int written = 0, ties_seen = 0;
+	for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+		const int i = i0 + threadIdx.x;
+		uint32_t key = 0xffffffffu;
+		bool valid = i < n;
+		if (valid) key = desc_key(s[i]);
+		const int is_tie = valid && key == T;
+		int ties_total;
+		const int tie_rank = ties_seen + block_scan(is_tie, scratch, &ties_total);
+		const int take = valid && (key < T || (is_tie && tie_rank < ties_needed));
+		int take_total;
+		const int pos = written + block_scan(take, scratch, &take_total);
+		if (take) o[pos] = b + i;
+		written += take_total;
+		ties_seen += ties_total;
+		if (written >= k) break;
+	}
+}
+
+// ---------------------------------------------------------------------------
+// attend: split-K sparse paged attention. One block per work item (sequence,
+// row, chunk of the row's page list); one warp per query head of the row
+// (G warps for group_max, 1 for per_head). Each page's K and V tile is loaded
+// once into shared memory for all the heads of the block, then each warp
+// runs online softmax over the page's valid tokens. Output: a partial state
+// per (item, head): o normalized, lse natural log (empty: 0, -inf).
+// Requires D % 8 == 0, D <= 256, S <= 64 and S * D <= 4096 elements.
+#define ATT_MAX_TILE 4096
+template <typename T>
+__device__ void attend(const T* K, const T* V, const int* indptr, const int* pages, const int* last_len,
+		       const float* q, const int* item_seq, const int* item_row, const int* item_lo,
+		       const int* item_hi, const int* lists, float* part_o, float* part_lse,
+		       i64 qh, i64 kvh, i64 D, i64 S, i64 per_head) {
+	__shared__ __align__(16) T ks[ATT_MAX_TILE];
+	__shared__ __align__(16) T vs[ATT_MAX_TILE];
+	__shared__ float logits[32][64];
+	const i64 it = blockIdx.x;
+	const i64 seq = item_seq[it], row = item_row[it];
+	const i64 G = qh / kvh;
+	const i64 heads = per_head ? 1 : G;
+	const i64 kv = per_head ? row / G : row;
+	const i64 h0 = per_head ? row : row * G;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const bool active = warp < heads;
+	const i64 p0 = indptr[seq], np = indptr[seq + 1] - p0;
+	const float scale = rsqrtf((float)D);
+	// Each lane owns dims lane, lane+32, ... (at most 8 for D <= 256).
+	float qv[8], acc[8];
+#pragma unroll
+	for (int e = 0; e < 8; e++) {
+		const i64 j = lane + 32 * e;
+		qv[e] = (active && j < D) ? q[(seq * qh + h0 + warp) * D + j] * scale : 0.f;
+		acc[e] = 0.f;
+	}
+	float m = __int_as_float(0xff800000), l = 0.f;
+	const i64 tile = S * D;
+	for (i64 li = item_lo[it]; li < item_hi[it]; li++) {
+		const i64 lp = lists[li];
+		const i64 valid = (lp == np - 1) ? last_len[seq] : S;
+		const i64 base = ((i64)pages[p0 + lp] * kvh + kv) * tile;
+		__syncthreads();
+		for (i64 c = threadIdx.x * 8; c < valid * D; c += blockDim.x * 8) {
+			*reinterpret_cast<uint4*>(&ks[c]) = *reinterpret_cast<const uint4*>(&K[base + c]);
+			if (sizeof(T) == 4) *reinterpret_cast<uint4*>(&ks[c + 4]) = *reinterpret_cast<const uint4*>(&K[base + c + 4]);
+			*reinterpret_cast<uint4*>(&vs[c]) = *reinterpret_cast<const uint4*>(&V[base + c]);
+			if (sizeof(T) == 4) *reinterpret_cast<uint4*>(&vs[c + 4]) = *reinterpret_cast<const uint4*>(&V[base + c + 4]);
+		}
+		__syncthreads();
+		if (!active) continue;
+		float pm = __int_as_float(0xff800000);
+		for (i64 t = 0; t < valid; t++) {
+			float x = 0.f;
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				const i64 j = lane + 32 * e;
+				if (j < D) x = fmaf(qv[e], to_f(ks[t * D + j]), x);
+			}
+			x = warp_sum(x);
+			if (lane == 0) logits[warp][t] = x;
+			pm = fmaxf(pm, x);
+		}
+		__syncwarp();
+		const float mn = fmaxf(m, pm);
+		const float alpha = __expf(m - mn);  // m = -inf: alpha = 0
+		l *= alpha;
+#pragma unroll
+		for (int e = 0; e < 8; e++) acc[e] *= alpha;
+		for (i64 t = 0; t < valid; t++) {
+			const float p = __expf(logits[warp][t] - mn);
+			l += p;
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				const i64 j = lane + 32 * e;
+				if (j < D) acc[e] = fmaf(p, to_f(vs[t * D + j]), acc[e]);
+			}
+		}
+		m = mn;
+		__syncwarp();
+	}
+	if (!active) return;
+	float* po = part_o + (it * heads + warp) * D;
+	const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+	for (int e = 0; e < 8; e++) {
+		const i64 j = lane + 32 * e;
+		if (j < D) po[j] = acc[e] * inv;
+	}
+	if (lane == 0) part_lse[it * heads + warp] = l > 0.f ? m + __logf(l) : __int_as_float(0xff800000);
+}
+
+// reduce: merges the partial states of each row's items (in item order) into
+// o [seqs][qh][D] and lse [seqs][qh]. One warp per (row, head of the row).
+extern "C" __global__ void quest_reduce(const float* part_o, const float* part_lse, const int* row_item,
+					float* o, float* lse, i64 nrows, i64 rows, i64 qh, i64 kvh, i64 D, i64 per_head) {
+	const i64 gw = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+	const int lane = threadIdx.x & 31;
+	const i64 G = qh / kvh;
+	const i64 heads = per_head ? 1 : G;
+	if (gw >= nrows * heads) return;
+	const i64 rr = gw / heads, hh = gw % heads;
+	const i64 seq = rr / rows, row = rr % rows;
+	const i64 h = per_head ? row : row * G + hh;
+	float M = __int_as_float(0xff800000);
+	for (i64 it = row_item[rr]; it < row_item[rr + 1]; it++) M = fmaxf(M, part_lse[it * heads + hh]);
+	float* oo = o + (seq * qh + h) * D;
+	if (M == __int_as_float(0xff800000)) {
+		for (i64 j = lane; j < D; j += 32) oo[j] = 0.f;
+		if (lane == 0) lse[seq * qh + h] = M;
+		return;
+	}
+	float z = 0.f;
+	for (i64 it = row_item[rr]; it < row_item[rr + 1]; it++) z += __expf(part_lse[it * heads + hh] - M);
+	for (i64 j = lane; j < D; j += 32) {
+		float x = 0.f;
+		for (i64 it = row_item[rr]; it < row_item[rr + 1]; it++) {
+			const float w = __expf(part_lse[it * heads + hh] - M);
+			if (w > 0.f) x = fmaf(w, part_o[(it * heads + hh) * D + j], x);
+		}
+		oo[j] = x / z;
+	}
+	if (lane == 0) lse[seq * qh + h] = M + __logf(z);
+}
+
+// merge: folds (o2, lse2) into (o, lse) for n states of D floats.
+extern "C" __global__ void quest_merge(float* o, float* lse, const float* o2, const float* lse2, i64 n, i64 D) {
+	const i64 s = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+	const int lane = threadIdx.x & 31;
+	if (s >= n) return;
+	const float a = lse[s], b = lse2[s];
+	const float ninf = __int_as_float(0xff800000);
+	if (b == ninf) return;
+	float* os = o + s * D;
+	const float* o2s = o2 + s * D;
+	if (a == ninf) {
+		for (i64 j = lane; j < D; j += 32) os[j] = o2s[j];
+		__syncwarp();
+		if (lane == 0) lse[s] = b;
+		return;
+	}
+	const float m = fmaxf(a, b);
+	const float wa = __expf(a - m), wb = __expf(b - m), sum = wa + wb;
+	for (i64 j = lane; j < D; j += 32) os[j] = (os[j] * wa + o2s[j] * wb) / sum;
+	__syncwarp();
+	if (lane == 0) lse[s] = m + __logf(sum);
+}
+
+// ---------------------------------------------------------------------------
+// Typed entry points.
+#define INSTANTIATE(SUF, T)                                                                                      \
+	extern "C" __global__ void quest_convert_##SUF(const float* src, T* dst, i64 n) { convert<T>(src, dst, n); } \
+	extern "C" __global__ void quest_append_##SUF(T* K, T* V, T* sum, const int* pt, const float* k,              \
+						      const float* v, i64 pos0, i64 n, i64 kvh, i64 D, i64 S) {      \
+		append<T>(K, V, sum, pt, k, v, pos0, n, kvh, D, S);                                              \
+	}                                                                                                        \
+	extern "C" __global__ void quest_score_##SUF(const T* sum, const int* indptr, const int* pages,             \
+						     const float* q, float* out, i64 qh, i64 kvh, i64 D,              \
+						     i64 per_head, i64 chunk) {                                       \
+		score<T>(sum, indptr, pages, q, out, qh, kvh, D, per_head, chunk);                               \
+	}                                                                                                        \
+	extern "C" __global__ void quest_attend_##SUF(                                                             \
+	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
+	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
+	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 D, i64 S, i64 per_head) {                         \
+		attend<T>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists, part_o,  \
+			  part_lse, qh, kvh, D, S, per_head);                                                     \
+	}
+
+INSTANTIATE(f32, float)
+INSTANTIATE(f16, __half)
+INSTANTIATE(bf16, __nv_bfloat16)
