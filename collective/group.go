@@ -131,6 +131,19 @@ func Abort(ctx context.Context, tr Transport, tag uint64, cause error) error {
 	return first
 }
 
+// AbortRank is Abort for one peer: it tells rank to that this member gives
+// up the operation under tag (for operations where only that peer waits on
+// this member, such as a Reduce's root).
+func AbortRank(ctx context.Context, tr Transport, tag uint64, to int, cause error) error {
+	if err := checkRank(to, tr.Size()); err != nil {
+		return err
+	}
+	if to == tr.Rank() {
+		return nil
+	}
+	return tr.Send(ctx, to, tag, abortFrame(0, cause))
+}
+
 func abortFrame(op Op, cause error) []byte {
 	reason := "unknown"
 	if cause != nil {

@@ -48,9 +48,10 @@ type inproc struct {
 	rank int
 	done chan struct{} // closed by Close
 
-	mu     sync.Mutex
-	closed bool
-	slots  map[slotKey]*slot
+	mu        sync.Mutex
+	closed    bool
+	slots     map[slotKey]*slot
+	forgotten map[uint64]bool
 }
 
 var _ Transport = (*inproc)(nil)
@@ -68,6 +69,37 @@ func (m *inproc) Close() error {
 	m.slots = nil
 	close(m.done)
 	return nil
+}
+
+// Forget implements Transport. Tags stay forgotten for the life of the
+// member (one map entry per forgotten tag).
+func (m *inproc) Forget(tag uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	if m.forgotten == nil {
+		m.forgotten = map[uint64]bool{}
+	}
+	m.forgotten[tag] = true
+	for k, s := range m.slots {
+		if k.tag == tag && s.waiters == 0 {
+			delete(m.slots, k)
+		}
+	}
+}
+
+// Pending returns the number of messages buffered for this member and not
+// yet received (diagnostics and tests).
+func (m *inproc) Pending() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, s := range m.slots {
+		n += len(s.msgs) - s.head
+	}
+	return n
 }
 
 func isDone(ch chan struct{}) bool {
@@ -99,6 +131,9 @@ func (m *inproc) Send(ctx context.Context, to int, tag uint64, msg []byte) error
 			return fmt.Errorf("send to %d tag %#x: %w", to, tag, ErrClosed)
 		}
 		return fmt.Errorf("send to %d tag %#x: %w", to, tag, ErrPeerClosed)
+	}
+	if p.forgotten[tag] {
+		return nil
 	}
 	k := slotKey{m.rank, tag}
 	s := p.slots[k]

@@ -57,6 +57,12 @@ type Transport interface {
 	Recv(ctx context.Context, from int, tag uint64) ([]byte, error)
 	// Close releases this member; peers see ErrPeerClosed.
 	Close() error
+	// Forget drops every message buffered for this member under tag and
+	// any that arrive for it later. Callers forget the tags of an
+	// operation that failed, once every local call under it returned, so
+	// that messages nobody will receive (a peer's data sent before it
+	// learned of the failure, an abort) do not pile up.
+	Forget(tag uint64)
 }
 
 // Errors a Transport or an operation wraps; test with errors.Is.

@@ -168,8 +168,9 @@ var (
 	ErrBadInput        = errors.New("engine: bad input")
 	ErrPoolExhausted   = pagestore.ErrPoolExhausted
 	// ErrBroken: a sequence whose shards may disagree after a failure in
-	// the middle of an append; it can only be released.
-	ErrBroken = errors.New("engine: sequence broken by a failed append")
+	// the middle of an append or rollback that passed its checks; it can
+	// only be released.
+	ErrBroken = errors.New("engine: sequence broken by a failed append or rollback")
 	ErrClosed = errors.New("engine: closed")
 )
 
@@ -394,28 +395,21 @@ func (e *Engine) append(id SeqID, sq *seqState, layer int, k, v []float32) error
 	tok := c.KVHeads * c.HeadDim
 	n := len(k) / tok
 	start := sq.lens[layer]
-	// Capacity first: new pages per CP rank (plus one for a copy-on-write
-	// tail after a fork), on every TP rank.
-	need := make([]int, c.CP)
-	for g := (start + c.PageSize - 1) / c.PageSize; g*c.PageSize < start+n; g++ {
-		if g >= sq.pages {
-			need[e.owner(sq, g)]++
-		}
+	// Capacity first, exactly, on every shard the append touches (new
+	// pages and copy-on-write copies): a pool too small changes nothing.
+	count := make([]int, c.CP)
+	for t := start; t < start+n; t++ {
+		count[e.owner(sq, t/c.PageSize)]++
 	}
 	for tp := range c.TP {
 		for cp := range c.CP {
-			st := e.shards[tp][cp].Store().Stats()
-			if need[cp] > 0 && st.FreePages < need[cp]+1 {
-				return fmt.Errorf("append seq %d layer %d: %d pages needed on shard (tp %d, cp %d), %d free: %w",
-					id, layer, need[cp], tp, cp, st.FreePages, ErrPoolExhausted)
+			if count[cp] == 0 {
+				continue
+			}
+			if _, err := e.shards[tp][cp].Store().CheckAppend(sq.local[tp][cp], layer, count[cp]); err != nil {
+				return fmt.Errorf("append seq %d layer %d on shard (tp %d, cp %d): %w", id, layer, tp, cp, err)
 			}
 		}
-	}
-	// Register new pages in placement order.
-	for g := sq.pages; g*c.PageSize < start+n; g++ {
-		r := e.owner(sq, g)
-		sq.global[r] = append(sq.global[r], int32(g))
-		sq.pages = g + 1
 	}
 	// Route runs of tokens that share an owner.
 	kt := make([]float32, 0, n*e.kvT*c.HeadDim)
@@ -451,6 +445,13 @@ func (e *Engine) append(id SeqID, sq *seqState, layer int, k, v []float32) error
 		}
 		sq.lens[layer] += t1 - t0
 		t0 = t1
+	}
+	// Register the new pages (in placement order) once every shard took
+	// its tokens.
+	for g := sq.pages; g*c.PageSize < start+n; g++ {
+		r := e.owner(sq, g)
+		sq.global[r] = append(sq.global[r], int32(g))
+		sq.pages = g + 1
 	}
 	return nil
 }
@@ -529,17 +530,29 @@ func (e *Engine) Rollback(id SeqID, n int) error {
 	for t := newLen; t < l; t++ {
 		drop[e.owner(sq, t/c.PageSize)]++
 	}
+	// Check every shard first (range, copy-on-write capacity) so that a
+	// rollback that cannot complete changes nothing.
+	for tp := range c.TP {
+		for cp := range c.CP {
+			if drop[cp] == 0 {
+				continue
+			}
+			if err := e.shards[tp][cp].Store().CheckRollback(sq.local[tp][cp], drop[cp]); err != nil {
+				return fmt.Errorf("rollback seq %d on shard (tp %d, cp %d): %w", id, tp, cp, err)
+			}
+		}
+	}
+	changed := false
 	for tp := range c.TP {
 		for cp := range c.CP {
 			if drop[cp] == 0 {
 				continue
 			}
 			if err := e.shards[tp][cp].Store().Rollback(sq.local[tp][cp], drop[cp]); err != nil {
-				if tp > 0 || cp > 0 {
-					sq.broken = true
-				}
+				sq.broken = changed
 				return fmt.Errorf("rollback seq %d on shard (tp %d, cp %d): %w", id, tp, cp, err)
 			}
+			changed = true
 		}
 	}
 	for cp := range c.CP {

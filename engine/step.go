@@ -92,7 +92,7 @@ func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOp
 			}
 		}
 	}
-	res.Plans = res.Plans[:0]
+	plans := make([]shard.Plan, 0, len(reqs))
 	for _, r := range reqs {
 		sq := e.seqs[r.Seq]
 		pages := (sq.lens[layer] + e.cfg.PageSize - 1) / e.cfg.PageSize
@@ -103,11 +103,12 @@ func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOp
 		if opt.ForceDense {
 			pl = pl.AsDense()
 		}
-		res.Plans = append(res.Plans, pl)
+		plans = append(plans, pl)
 	}
-	if err := e.run(ctx, layer, reqs, seqs, res.Plans, opt.Diagnostics, res); err != nil {
+	if err := e.run(ctx, layer, reqs, seqs, plans, opt.Diagnostics, res); err != nil {
 		return err
 	}
+	res.Plans = append(res.Plans[:0], plans...)
 	res.Time.Total = time.Since(start)
 	res.Diag = res.Diag[:0]
 	if opt.Diagnostics {
@@ -161,15 +162,14 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 	return seqs, nil
 }
 
-// run executes the step on every shard in parallel and assembles the
-// merged states from CP rank 0 of every TP group.
+// run executes the step on every shard in parallel and, only when every
+// shard succeeded, assembles the merged states from CP rank 0 of every TP
+// group into res (res is untouched on error).
 func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seqState, plans []shard.Plan, diag bool, res *Result) error {
 	c := e.cfg
 	e.step++
 	step := e.step
 	n := len(reqs)
-	res.O = resize(res.O, n*c.QHeads*c.HeadDim)
-	res.LSE = resize(res.LSE, n*c.QHeads)
 	errs := make([]error, c.TP*c.CP)
 	var wg sync.WaitGroup
 	for tp := range c.TP {
@@ -177,15 +177,13 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := e.rankStep(ctx, tp, cp, layer, step, reqs, seqs, plans, diag, res); err != nil {
+				if err := e.rankStep(ctx, tp, cp, layer, step, reqs, seqs, plans, diag); err != nil {
 					errs[tp*c.CP+cp] = fmt.Errorf("shard (tp %d, cp %d): %w", tp, cp, err)
 				}
 			}()
 		}
 	}
 	wg.Wait()
-	res.Time = e.work[0][0].t
-	res.Time.Total = 0
 	// Report the root cause first: a rank that failed on its own, then
 	// one that ran into the deadline, then one that saw a peer abort.
 	rank := func(err error) int {
@@ -204,8 +202,28 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 		}
 	}
 	if first != nil {
+		// Every rank returned: drop what the failed operations left
+		// buffered (data sent before a peer failed, aborts).
+		for tp := range c.TP {
+			for _, tr := range e.trs[tp] {
+				tr.Forget(collective.MakeTag(step, layer, collective.OpSelect))
+				tr.Forget(collective.MakeTag(step, layer, collective.OpReduce))
+			}
+		}
 		return fmt.Errorf("step layer %d: %w", layer, first)
 	}
+	d := c.HeadDim
+	res.O = resize(res.O, n*c.QHeads*d)
+	res.LSE = resize(res.LSE, n*c.QHeads)
+	for tp := range c.TP {
+		ls := &e.work[tp][0].ls
+		for i := range n {
+			copy(res.O[(i*c.QHeads+tp*e.qT)*d:][:e.qT*d], ls.O[i*e.qT*d:][:e.qT*d])
+			copy(res.LSE[i*c.QHeads+tp*e.qT:][:e.qT], ls.LSE[i*e.qT:][:e.qT])
+		}
+	}
+	res.Time = e.work[0][0].t
+	res.Time.Total = 0
 	return nil
 }
 
@@ -217,7 +235,7 @@ func resize(s []float32, n int) []float32 {
 }
 
 // rankStep is one shard's part of a step.
-func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, reqs []Request, seqs []*seqState, plans []shard.Plan, diag bool, res *Result) error {
+func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, reqs []Request, seqs []*seqState, plans []shard.Plan, diag bool) error {
 	c := e.cfg
 	d := c.HeadDim
 	w := e.work[tp][cp]
@@ -226,15 +244,19 @@ func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, r
 	g := e.groups[tp][cp]
 	selTag := collective.MakeTag(step, layer, collective.OpSelect)
 	redTag := collective.MakeTag(step, layer, collective.OpReduce)
+	// fail tells the peers that wait on this rank's messages: the
+	// selection exchange if this rank has not sent its candidates yet, and
+	// the merge at the root if this rank is not the root.
+	selSent := c.Selection != Exact
 	fail := func(err error) error {
-		// Peers waiting on this rank's messages fail fast instead of
-		// running into the deadline.
 		actx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
-		if c.Selection == Exact {
+		if !selSent {
 			collective.Abort(actx, g.Transport(), selTag, err)
 		}
-		collective.Abort(actx, g.Transport(), redTag, err)
+		if cp != 0 {
+			collective.AbortRank(actx, g.Transport(), redTag, 0, err)
+		}
 		return err
 	}
 	w.parts = w.parts[:0]
@@ -283,6 +305,7 @@ func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, r
 		t0 := time.Now()
 		lists, err := g.SelectExact(ctx, selTag, w.local, w.k, w.lists)
 		w.t.Select = time.Since(t0)
+		selSent = true // the group aborted its own peers if it failed
 		if err != nil {
 			return fail(err)
 		}
@@ -312,12 +335,6 @@ func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, r
 	w.t.Merge = time.Since(t0)
 	if err != nil {
 		return err
-	}
-	if cp == 0 {
-		for i := range seqs {
-			copy(res.O[(i*c.QHeads+tp*e.qT)*d:][:e.qT*d], w.ls.O[i*e.qT*d:][:e.qT*d])
-			copy(res.LSE[i*c.QHeads+tp*e.qT:][:e.qT], w.ls.LSE[i*e.qT:][:e.qT])
-		}
 	}
 	return nil
 }

@@ -561,6 +561,86 @@ func (s *Store) checkEven(sq *seq) error {
 	return nil
 }
 
+// CheckAppend reports, changing nothing, whether appending n tokens to
+// layer of sequence id would fit: it returns the free pages the append would
+// take (new pages plus copy-on-write copies of shared pages it writes), or
+// an error wrapping ErrPoolExhausted, ErrUnknownSequence,
+// ErrLayerOutOfRange or ErrOutOfRange. Callers that append to several
+// stores at once (a sharded engine) check them all first.
+func (s *Store) CheckAppend(id SeqID, layer, n int) (int, error) {
+	if err := s.checkLayer(layer); err != nil {
+		return 0, fmt.Errorf("check append seq %d layer %d: %w", id, layer, err)
+	}
+	if n < 1 {
+		return 0, fmt.Errorf("check append seq %d layer %d: %w: %d tokens", id, layer, ErrOutOfRange, n)
+	}
+	sq, err := s.lock(id)
+	if err != nil {
+		return 0, fmt.Errorf("check append seq %d layer %d: %w", id, layer, err)
+	}
+	defer sq.mu.Unlock()
+	S := s.cfg.PageSize
+	pos := sq.lens[layer]
+	first, last := pos/S, (pos+n-1)/S
+	if last >= s.cfg.Capacity {
+		return 0, fmt.Errorf("check append seq %d layer %d: %d pages needed, pool holds %d: %w", id, layer, last+1, s.cfg.Capacity, ErrPoolExhausted)
+	}
+	need := max(0, last+1-len(sq.pages))
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	for i := first; i <= min(last, len(sq.pages)-1); i++ {
+		if s.ref[sq.pages[i]] > 1 {
+			need++
+		}
+	}
+	if need > len(s.free) {
+		return need, fmt.Errorf("check append seq %d layer %d: %d pages needed, %d free: %w", id, layer, need, len(s.free), ErrPoolExhausted)
+	}
+	return need, nil
+}
+
+// CheckRollback reports, changing nothing, whether Rollback(id, n) would
+// succeed: the range, even layers, and a free page for the copy-on-write of
+// a shared page the rollback cuts in the middle.
+func (s *Store) CheckRollback(id SeqID, n int) error {
+	if n <= 0 {
+		return fmt.Errorf("check rollback seq %d by %d tokens: %w: n must be >= 1", id, n, ErrOutOfRange)
+	}
+	sq, err := s.lock(id)
+	if err != nil {
+		return fmt.Errorf("check rollback seq %d: %w", id, err)
+	}
+	defer sq.mu.Unlock()
+	if err := s.checkEven(sq); err != nil {
+		return fmt.Errorf("check rollback seq %d: %w", id, err)
+	}
+	L := sq.lens[0]
+	if n > L {
+		return fmt.Errorf("check rollback seq %d by %d tokens: %w: sequence has %d", id, n, ErrOutOfRange, L)
+	}
+	S := s.cfg.PageSize
+	newLen := L - n
+	keep := (newLen + S - 1) / S
+	if newLen%S == 0 {
+		return nil
+	}
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	if s.ref[sq.pages[keep-1]] <= 1 {
+		return nil
+	}
+	avail := len(s.free)
+	for _, p := range sq.pages[keep:] {
+		if s.ref[p] == 1 {
+			avail++
+		}
+	}
+	if avail == 0 {
+		return fmt.Errorf("check rollback seq %d by %d tokens: copy-on-write of shared tail page needs 1 page, 0 free: %w", id, n, ErrPoolExhausted)
+	}
+	return nil
+}
+
 // Rollback drops the last n tokens of every layer. Whole pages past the new
 // end are released; when the new end falls inside a page, that page's
 // summaries are recomputed for every layer and head from the remaining keys

@@ -634,3 +634,55 @@ func TestSummaryLayout(t *testing.T) {
 		t.Fatalf("summary record %v, want [3 4 7 8]", got)
 	}
 }
+
+// TestCheckAppendRollback: the dry runs agree with the real operations on
+// a full pool, with and without copy-on-write, and change nothing.
+func TestCheckAppendRollback(t *testing.T) {
+	st, err := New(Config{Layers: 1, KVHeads: 1, HeadDim: 2, PageSize: 4, Capacity: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := st.Create()
+	tok := func(n int) []float32 { return make([]float32, n*2) }
+	if need, err := st.CheckAppend(id, 0, 12); err != nil || need != 3 {
+		t.Fatalf("12 tokens into an empty pool of 3: need %d, %v", need, err)
+	}
+	if _, err := st.CheckAppend(id, 0, 13); !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("13 tokens: %v", err)
+	}
+	if err := st.Append(id, 0, tok(6), tok(6)); err != nil {
+		t.Fatal(err)
+	}
+	child, err := st.Fork(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The shared tail needs a copy: 1 page free, so one token fits, and
+	// the pool holds exactly the copy.
+	if need, err := st.CheckAppend(child, 0, 1); err != nil || need != 1 {
+		t.Fatalf("append to shared tail: need %d, %v", need, err)
+	}
+	if _, err := st.CheckAppend(child, 0, 3); !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("copy plus a new page: %v", err)
+	}
+	before := st.Stats()
+	if err := st.CheckRollback(child, 1); err != nil {
+		t.Fatalf("rollback inside the shared tail with one free page: %v", err)
+	}
+	if err := st.CheckRollback(child, 7); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("rollback past the start: %v", err)
+	}
+	if st.Stats() != before {
+		t.Fatal("dry runs changed the pool")
+	}
+	other := st.Create() // takes the last free page
+	if err := st.Append(other, 0, tok(1), tok(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CheckRollback(child, 1); !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("no page left for the copy: %v", err)
+	}
+	if err := st.Rollback(child, 1); !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("real rollback disagrees with the check: %v", err)
+	}
+}
