@@ -300,21 +300,19 @@ median of --iters. Prints one JSON line per (context, budget) with
 dense_us, quest_us, score_us, topk_us, attend_us, bytes_read, bytes_dense,
 rho_formula (1/S + K/P) and the machine's copy bandwidth measured in the
 same run.`, stderr)
-	backend := fs.String("backend", "cpu", "kernel backend: cpu (cuda needs a -tags cuda build)")
+	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
 	contexts := fs.String("context", "32768,131072", "comma-separated context lengths in tokens")
 	budgets := fs.String("budget", "2048", "comma-separated token budgets")
+	batches := fs.String("batch", "1", "comma-separated batch sizes (sequences per step)")
+	dtype := fs.String("dtype", "bf16", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
 	fs.IntVar(&c.PageSize, "page-size", c.PageSize, "tokens per page S")
 	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads")
 	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads")
 	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
-	fs.IntVar(&c.Batch, "batch", c.Batch, "sequences per step")
 	fs.IntVar(&c.Iters, "iters", c.Iters, "timed steps per configuration")
 	asJSON := fs.Bool("json", false, "print JSON lines only (default also prints a table to stderr)")
 	if err := parse(fs, args); err != nil {
 		return err
-	}
-	if *backend != "cpu" {
-		return usageError{fmt.Errorf("backend %q is not available in this build (cpu)", *backend)}
 	}
 	var err error
 	if c.Contexts, err = intList(*contexts); err != nil {
@@ -323,19 +321,36 @@ same run.`, stderr)
 	if c.Budgets, err = intList(*budgets); err != nil {
 		return usageError{fmt.Errorf("--budget: %w", err)}
 	}
+	batchList, err := intList(*batches)
+	if err != nil {
+		return usageError{fmt.Errorf("--batch: %w", err)}
+	}
+	switch *backend {
+	case "cpu":
+	case "cuda":
+		return benchCUDA(ctx, c, batchList, *dtype, *asJSON, stdout, stderr)
+	default:
+		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
+	}
 	c.Progress = stderr
 	start := time.Now()
-	err = bench.Attention(ctx, c, func(r bench.AttentionResult) error {
-		if !*asJSON {
-			fmt.Fprintf(stderr, "context %d budget %d: dense %.0f us, quest %.0f us (score %.0f, top-K %.0f, attend %.0f), %.1fx; rho %.4f (formula %.4f); dense %.1f GB/s, copy %.1f GB/s\n",
-				r.Context, r.Budget, r.DenseUS, r.QuestUS, r.ScoreUS, r.TopKUS, r.AttendUS, r.Speedup, r.RhoBytes, r.RhoFormula, r.DenseGBps, r.CopyGBps)
+	for _, b := range batchList {
+		c.Batch = b
+		err = bench.Attention(ctx, c, func(r bench.AttentionResult) error {
+			if !*asJSON {
+				fmt.Fprintf(stderr, "context %d batch %d budget %d: dense %.0f us, quest %.0f us (score %.0f, top-K %.0f, attend %.0f), %.1fx; rho %.4f (formula %.4f); dense %.1f GB/s, copy %.1f GB/s\n",
+					r.Context, r.Batch, r.Budget, r.DenseUS, r.QuestUS, r.ScoreUS, r.TopKUS, r.AttendUS, r.Speedup, r.RhoBytes, r.RhoFormula, r.DenseGBps, r.CopyGBps)
+			}
+			return bench.WriteJSONLine(stdout, r)
+		})
+		if err != nil {
+			return err
 		}
-		return bench.WriteJSONLine(stdout, r)
-	})
-	if err == nil && !*asJSON {
+	}
+	if !*asJSON {
 		fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
 	}
-	return err
+	return nil
 }
 
 func intList(s string) ([]int, error) {

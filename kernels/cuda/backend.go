@@ -147,7 +147,7 @@ func (b *Backend) loop(ready chan<- error) {
 	defer mod.Unload()
 	names := []string{"quest_topk", "quest_reduce", "quest_merge"}
 	for _, dt := range []DType{F32, F16, BF16} {
-		for _, k := range []string{"convert", "append", "score", "attend"} {
+		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize"} {
 			names = append(names, "quest_"+k+"_"+dt.String())
 		}
 	}

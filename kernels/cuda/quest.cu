@@ -426,9 +426,46 @@ extern "C" __global__ void quest_merge(float* o, float* lse, const float* o2, co
 }
 
 // ---------------------------------------------------------------------------
+// fill_random: dst[i] = T(uniform[-1, 1)) from a splitmix64 hash of
+// (seed, i): benchmark data generated on the device.
+template <typename T>
+__device__ void fill_random(T* dst, i64 n, i64 seed) {
+	for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+		unsigned long long z = (unsigned long long)seed * 0x9e3779b97f4a7c15ull + (unsigned long long)i;
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+		z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+		z ^= z >> 31;
+		dst[i] = from_f<T>((float)(z >> 40) * (1.0f / 8388608.0f) - 1.0f);
+	}
+}
+
+// summarize: rebuilds the summaries of pages [0, pages) from their first
+// `valid` tokens (full pages: valid = S). Grid: (pages, kvh); threads over D.
+template <typename T>
+__device__ void summarize(const T* K, T* sum, i64 kvh, i64 D, i64 S, i64 valid) {
+	const i64 p = blockIdx.x, h = blockIdx.y;
+	const T* blk = K + (p * kvh + h) * S * D;
+	T* rec = sum + (p * kvh + h) * 2 * D;
+	for (i64 j = threadIdx.x; j < D; j += blockDim.x) {
+		float lo = __int_as_float(0x7f800000), hi = __int_as_float(0xff800000);
+		for (i64 t = 0; t < valid; t++) {
+			const float x = to_f(blk[t * D + j]);
+			lo = fminf(lo, x);
+			hi = fmaxf(hi, x);
+		}
+		rec[j] = from_f<T>(lo);
+		rec[D + j] = from_f<T>(hi);
+	}
+}
+
+// ---------------------------------------------------------------------------
 // Typed entry points.
 #define INSTANTIATE(SUF, T)                                                                                      \
 	extern "C" __global__ void quest_convert_##SUF(const float* src, T* dst, i64 n) { convert<T>(src, dst, n); } \
+	extern "C" __global__ void quest_fill_##SUF(T* dst, i64 n, i64 seed) { fill_random<T>(dst, n, seed); }        \
+	extern "C" __global__ void quest_summarize_##SUF(const T* K, T* sum, i64 kvh, i64 D, i64 S, i64 valid) {      \
+		summarize<T>(K, sum, kvh, D, S, valid);                                                          \
+	}                                                                                                        \
 	extern "C" __global__ void quest_append_##SUF(T* K, T* V, T* sum, const int* pt, const float* k,              \
 						      const float* v, i64 pos0, i64 n, i64 kvh, i64 D, i64 S) {      \
 		append<T>(K, V, sum, pt, k, v, pos0, n, kvh, D, S);                                              \

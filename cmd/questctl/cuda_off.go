@@ -1,0 +1,16 @@
+//go:build !cuda
+
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"github.com/questrt/questrt/bench"
+)
+
+// benchCUDA is unavailable in the default (CPU) build.
+func benchCUDA(context.Context, bench.AttentionConfig, []int, string, bool, io.Writer, io.Writer) error {
+	return usageError{errors.New("backend cuda needs a build with -tags cuda (see README: building for a GPU host)")}
+}
