@@ -66,10 +66,11 @@ type Config struct {
 	Device int
 	// DType is the storage type of layers uploaded from host arrays (F32).
 	DType DType
-	// AttendChunk is the number of pages per attention work item (split-K)
-	// (32).
+	// AttendChunk is the number of pages per attention work item
+	// (split-K); 0 sizes items to fill the GPU (2 to 64 pages).
 	AttendChunk int
-	// ScoreChunk is the number of pages per scoring block (64).
+	// ScoreChunk is the number of pages per scoring block; 0 sizes blocks
+	// to fill the GPU.
 	ScoreChunk int
 }
 
@@ -108,12 +109,6 @@ type DeviceLayer struct {
 // New starts a backend on cfg.Device: creates a context on a locked OS
 // thread and loads the embedded PTX.
 func New(cfg Config) (*Backend, error) {
-	if cfg.AttendChunk <= 0 {
-		cfg.AttendChunk = 32
-	}
-	if cfg.ScoreChunk <= 0 {
-		cfg.ScoreChunk = 64
-	}
 	b := &Backend{cfg: cfg, work: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
 		fn: map[string]cu.Function{}, bufs: map[string]devBuf{}}
 	ready := make(chan error, 1)
@@ -149,6 +144,12 @@ func (b *Backend) loop(ready chan<- error) {
 	for _, dt := range []DType{F32, F16, BF16} {
 		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize"} {
 			names = append(names, "quest_"+k+"_"+dt.String())
+		}
+		for _, g := range []int{1, 2, 4, 8} {
+			names = append(names, fmt.Sprintf("quest_score128_%s_g%d", dt, g))
+		}
+		for _, d := range []int{64, 128} {
+			names = append(names, fmt.Sprintf("quest_attendp_%s_d%d", dt, d))
 		}
 	}
 	for _, n := range names {
@@ -485,6 +486,54 @@ func (b *Backend) layer(s kernels.Shape, l kernels.Layer, withKV bool) (*DeviceL
 	return b.host, b.upload(b.host, up)
 }
 
+// Number of multiprocessors the work-size heuristics aim to fill (H200:
+// 132); a guess is fine, it only sizes work items.
+const targetSMs = 132
+
+// attendChunk picks the pages per attention work item: cfg when set, else
+// enough items to fill the GPU several times over, 2 to 64 pages each.
+func attendChunk(cfg, listed int) int {
+	if cfg > 0 {
+		return cfg
+	}
+	return min(64, max(2, (listed+8*targetSMs-1)/(8*targetSMs)))
+}
+
+// launchScore runs the score kernel: the D=128 fast path (G in 1, 2, 4, 8)
+// or the generic one.
+func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int, ind, pg, qp, op cu.DevicePtr, perHead uint64) error {
+	g := s.Group()
+	if s.HeadDim == 128 && (g == 1 || g == 2 || g == 4 || g == 8) {
+		chunk := b.cfg.ScoreChunk
+		if chunk <= 0 {
+			chunk = min(1024, max(16, (n*s.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
+		}
+		return b.launch(fmt.Sprintf("quest_score128_%s_g%d", dl.DType, g), [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
+			u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), perHead, uint64(chunk))
+	}
+	chunk := b.cfg.ScoreChunk
+	if chunk <= 0 {
+		chunk = 64
+	}
+	return b.launch("quest_score_"+dl.DType.String(), [3]int{(maxPages + chunk - 1) / chunk, n, 1}, 256, s.QHeads*2*s.HeadDim*4,
+		u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.HeadDim), perHead, uint64(chunk))
+}
+
+// launchAttend runs the attention kernel: the pipelined one (D 64 or 128,
+// S <= 32) or the generic one.
+func (b *Backend) launchAttend(dl *DeviceLayer, s kernels.Shape, items, heads int, perHead uint64, ind, pg, last, qp, iSeq, iRow, iLo, iHi, lists, po, pl cu.DevicePtr) error {
+	d := s.HeadDim
+	if (d == 64 || d == 128) && s.PageSize <= 32 {
+		smem := 4 * s.PageSize * d * dl.DType.Size()
+		return b.launch(fmt.Sprintf("quest_attendp_%s_d%d", dl.DType, d), [3]int{items, 1, 1}, 32*heads, smem,
+			u(dl.K), u(dl.V), u(ind), u(pg), u(last), u(qp), u(iSeq), u(iRow), u(iLo), u(iHi), u(lists), u(po), u(pl),
+			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead)
+	}
+	return b.launch("quest_attend_"+dl.DType.String(), [3]int{items, 1, 1}, 32*heads, 0,
+		u(dl.K), u(dl.V), u(ind), u(pg), u(last), u(qp), u(iSeq), u(iRow), u(iLo), u(iHi), u(lists), u(po), u(pl),
+		uint64(s.QHeads), uint64(s.KVHeads), uint64(d), uint64(s.PageSize), perHead)
+}
+
 // validate checks the batch against the call's pool: the device layer's or
 // the host arrays'.
 func validate(s kernels.Shape, l kernels.Layer, bt *kernels.Batch, withKV bool) error {
@@ -554,13 +603,11 @@ func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b
 		if err != nil {
 			return err
 		}
-		chunk := b.cfg.ScoreChunk
 		perHead := uint64(0)
 		if mode == kernels.PerHead {
 			perHead = 1
 		}
-		if err := b.launch("quest_score_"+dl.DType.String(), [3]int{(maxPages + chunk - 1) / chunk, n, 1}, 256, s.QHeads*2*s.HeadDim*4,
-			u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.HeadDim), perHead, uint64(chunk)); err != nil {
+		if err := b.launchScore(dl, s, n, maxPages, ind, pg, qp, op, perHead); err != nil {
 			return err
 		}
 		return download(out[:len(bt.Pages)*rows], op)
@@ -645,7 +692,7 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		heads, perHead = 1, 1
 	}
 	var itSeq, itRow, itLo, itHi, rowItem []int32
-	chunk := int32(b.cfg.AttendChunk)
+	chunk := int32(attendChunk(b.cfg.AttendChunk, len(lists.Pages)))
 	for row := range n * rows {
 		rowItem = append(rowItem, int32(len(itSeq)))
 		for p := lists.Indptr[row]; p < lists.Indptr[row+1]; p += chunk {
@@ -680,9 +727,7 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		if err != nil {
 			return err
 		}
-		if err := b.launch("quest_attend_"+dl.DType.String(), [3]int{items, 1, 1}, 32*heads, 0,
-			u(dl.K), u(dl.V), u(p[0]), u(p[1]), u(p[2]), u(qp), u(p[3]), u(p[4]), u(p[5]), u(p[6]), u(p[7]), u(po), u(pl),
-			uint64(hq), uint64(s.KVHeads), uint64(d), uint64(s.PageSize), perHead); err != nil {
+		if err := b.launchAttend(dl, s, items, heads, perHead, p[0], p[1], p[2], qp, p[3], p[4], p[5], p[6], p[7], po, pl); err != nil {
 			return err
 		}
 		op, err := b.buf("attend.o", int64(len(o))*4)
@@ -693,8 +738,7 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		if err != nil {
 			return err
 		}
-		warps := n * rows * heads
-		if err := b.launch("quest_reduce", [3]int{(warps + 7) / 8, 1, 1}, 256, 0,
+		if err := b.launch("quest_reduce", [3]int{n * rows * heads, 1, 1}, min(128, d), 0,
 			u(po), u(pl), u(p[8]), u(op), u(lp), uint64(n*rows), uint64(rows), uint64(hq), uint64(s.KVHeads), uint64(d), perHead); err != nil {
 			return err
 		}

@@ -19,11 +19,23 @@ import (
 
 func newBackend(t *testing.T, dt DType) *Backend {
 	t.Helper()
-	b, err := New(Config{DType: dt, AttendChunk: 8, ScoreChunk: 16})
+	b, err := New(Config{DType: dt})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestConformanceSmallChunks runs the suite with small work items (many
+// items per row: the split-K merge and the score chunking get exercised).
+func TestConformanceSmallChunks(t *testing.T) {
+	backendtest.RunWith(t, func(t *testing.T) kernels.Backend {
+		b, err := New(Config{DType: BF16, AttendChunk: 3, ScoreChunk: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}, backendtest.Options{Quantize: backendtest.RoundBF16, Tol: 10})
 }
 
 // TestConformance runs the backend suite against float64 references of

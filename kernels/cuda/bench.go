@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"gorgonia.org/cu"
+
+	"github.com/questrt/questrt/kernels"
 )
 
 // BenchConfig sizes BenchAttention. Zero fields take the defaults noted.
@@ -256,7 +258,7 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		return nil, err
 	}
 	defer t.destroy()
-	chunkA := int32(b.cfg.AttendChunk)
+	shape := kernels.Shape{QHeads: hq, KVHeads: kvh, HeadDim: d, PageSize: s}
 	// attendPlan uploads items for lists of k pages per row at row*k.
 	type plan struct {
 		items                          int
@@ -264,6 +266,7 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 	}
 	mkPlan := func(name string, k int, lists []int32) (plan, error) {
 		var iSeq, iRow, iLo, iHi, rowItem []int32
+		chunkA := int32(attendChunk(b.cfg.AttendChunk, rows*k))
 		for r := range rows {
 			rowItem = append(rowItem, int32(len(iSeq)))
 			for p := int32(r * k); p < int32((r+1)*k); p += chunkA {
@@ -309,13 +312,10 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		if err != nil {
 			return err
 		}
-		if err := b.launch("quest_attend_"+dt.String(), [3]int{pl.items, 1, 1}, 32*heads, 0,
-			u(l.K), u(l.V), u(pInd), u(pTab), u(pLast), u(pQ), u(pl.seq), u(pl.row), u(pl.lo), u(pl.hi), u(lists), u(po), u(pp),
-			uint64(hq), uint64(kvh), uint64(d), uint64(s), 0); err != nil {
+		if err := b.launchAttend(l, shape, pl.items, heads, 0, pInd, pTab, pLast, pQ, pl.seq, pl.row, pl.lo, pl.hi, lists, po, pp); err != nil {
 			return err
 		}
-		warps := rows * heads
-		return b.launch("quest_reduce", [3]int{(warps + 7) / 8, 1, 1}, 256, 0,
+		return b.launch("quest_reduce", [3]int{rows * heads, 1, 1}, min(128, d), 0,
 			u(po), u(pp), u(pl.rowItem), u(pO), u(pL), uint64(rows), uint64(kvh), uint64(hq), uint64(kvh), uint64(d), 0)
 	}
 	// Dense: every page of every row.
@@ -334,11 +334,7 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		return nil, err
 	}
 	bytesDense := int64(batch) * int64(P) * int64(kvh*s*d*dt.Size()) * 2
-	scoreChunk := b.cfg.ScoreChunk
-	score := func() error {
-		return b.launch("quest_score_"+dt.String(), [3]int{(P + scoreChunk - 1) / scoreChunk, batch, 1}, 256, hq*2*d*4,
-			u(l.Summary), u(pInd), u(pTab), u(pQ), u(pScores), uint64(hq), uint64(kvh), uint64(d), 0, uint64(scoreChunk))
-	}
+	score := func() error { return b.launchScore(l, shape, batch, P, pInd, pTab, pQ, pScores, 0) }
 	scoreUS, err := t.median(cfg.Iters, score)
 	if err != nil {
 		return nil, err

@@ -243,9 +243,17 @@ extern "C" __global__ void quest_topk(const float* scores, const int* soff, cons
 		for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
 		__syncthreads();
 		const uint32_t prefix = s_prefix, mask = s_mask;
-		for (int i = threadIdx.x; i < n; i += blockDim.x) {
-			const uint32_t key = desc_key(s[i]);
-			if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+		// Warp-aggregated: lanes with the same digit add once (scores
+		// of one row share few exponents, so plain atomics serialize).
+		for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+			const int i = i0 + threadIdx.x;
+			unsigned digit = 256;
+			if (i < n) {
+				const uint32_t key = desc_key(s[i]);
+				if ((key & mask) == prefix) digit = (key >> shift) & 255;
+			}
+			const unsigned peers = __match_any_sync(0xffffffffu, digit);
+			if (digit != 256 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
 		}
 		__syncthreads();
 		if (threadIdx.x == 0) {
@@ -370,36 +378,38 @@ __device__ void attend(const T* K, const T* V, const int* indptr, const int* pag
 }
 
 // reduce: merges the partial states of each row's items (in item order) into
-// o [seqs][qh][D] and lse [seqs][qh]. One warp per (row, head of the row).
+// o [seqs][qh][D] and lse [seqs][qh]. One block per (row, head of the row);
+// thread j owns dims j, j+blockDim, ...; every thread computes the item
+// weights itself (no shared state).
 extern "C" __global__ void quest_reduce(const float* part_o, const float* part_lse, const int* row_item,
 					float* o, float* lse, i64 nrows, i64 rows, i64 qh, i64 kvh, i64 D, i64 per_head) {
-	const i64 gw = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
-	const int lane = threadIdx.x & 31;
 	const i64 G = qh / kvh;
 	const i64 heads = per_head ? 1 : G;
-	if (gw >= nrows * heads) return;
-	const i64 rr = gw / heads, hh = gw % heads;
+	const i64 b = blockIdx.x;
+	if (b >= nrows * heads) return;
+	const i64 rr = b / heads, hh = b % heads;
 	const i64 seq = rr / rows, row = rr % rows;
 	const i64 h = per_head ? row : row * G + hh;
+	const i64 i0 = row_item[rr], i1 = row_item[rr + 1];
 	float M = __int_as_float(0xff800000);
-	for (i64 it = row_item[rr]; it < row_item[rr + 1]; it++) M = fmaxf(M, part_lse[it * heads + hh]);
+	for (i64 it = i0; it < i1; it++) M = fmaxf(M, part_lse[it * heads + hh]);
 	float* oo = o + (seq * qh + h) * D;
 	if (M == __int_as_float(0xff800000)) {
-		for (i64 j = lane; j < D; j += 32) oo[j] = 0.f;
-		if (lane == 0) lse[seq * qh + h] = M;
+		for (i64 j = threadIdx.x; j < D; j += blockDim.x) oo[j] = 0.f;
+		if (threadIdx.x == 0) lse[seq * qh + h] = M;
 		return;
 	}
 	float z = 0.f;
-	for (i64 it = row_item[rr]; it < row_item[rr + 1]; it++) z += __expf(part_lse[it * heads + hh] - M);
-	for (i64 j = lane; j < D; j += 32) {
+	for (i64 it = i0; it < i1; it++) z += __expf(part_lse[it * heads + hh] - M);
+	for (i64 j = threadIdx.x; j < D; j += blockDim.x) {
 		float x = 0.f;
-		for (i64 it = row_item[rr]; it < row_item[rr + 1]; it++) {
+		for (i64 it = i0; it < i1; it++) {
 			const float w = __expf(part_lse[it * heads + hh] - M);
 			if (w > 0.f) x = fmaf(w, part_o[(it * heads + hh) * D + j], x);
 		}
 		oo[j] = x / z;
 	}
-	if (lane == 0) lse[seq * qh + h] = M + __logf(z);
+	if (threadIdx.x == 0) lse[seq * qh + h] = M + __logf(z);
 }
 
 // merge: folds (o2, lse2) into (o, lse) for n states of D floats.
@@ -486,3 +496,223 @@ __device__ void summarize(const T* K, T* sum, i64 kvh, i64 D, i64 S, i64 valid) 
 INSTANTIATE(f32, float)
 INSTANTIATE(f16, __half)
 INSTANTIATE(bf16, __nv_bfloat16)
+
+// ---------------------------------------------------------------------------
+// Fast paths for the common shapes. score_d128: D = 128 (a summary record of
+// 256 elements is exactly 32 lanes x 8), G query heads per KV head known at
+// compile time. Block (page chunk, KV head, sequence), 4 warps; each lane
+// keeps its 8 elements of the G split queries in registers, and each warp
+// loads 4 records before computing them (memory-level parallelism).
+template <typename T, int G>
+__device__ void score_d128(const T* sum, const int* indptr, const int* pages, const float* q, float* out,
+			   i64 qh, i64 kvh, i64 per_head, i64 chunk) {
+	const i64 D = 128;
+	const i64 seq = blockIdx.z, h = blockIdx.y;
+	const i64 p0 = indptr[seq], np = indptr[seq + 1] - p0;
+	const i64 lo = blockIdx.x * chunk;
+	if (lo >= np) return;
+	const i64 hi = min(lo + chunk, np);
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	const int dim0 = (lane & 15) * 8;
+	const bool upper = lane >= 16;  // lanes 16..31 read the maxes
+	float w[G][8];
+	const float* qs = q + (seq * qh + h * G) * D;
+#pragma unroll
+	for (int g = 0; g < G; g++) {
+#pragma unroll
+		for (int e = 0; e < 8; e++) {
+			const float x = qs[g * D + dim0 + e];
+			w[g][e] = upper ? fmaxf(x, 0.f) : fminf(x, 0.f);
+		}
+	}
+	const i64 rows = per_head ? qh : kvh;
+	float* o = out + p0 * rows;
+	const int* pt = pages + p0;
+	for (i64 p = lo + warp; p < hi; p += 4 * nw) {
+		float x[4][8];
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const i64 pp = p + u * nw;
+			if (pp < hi) load8<T>(sum + ((i64)pt[pp] * kvh + h) * 256 + lane * 8, x[u]);
+		}
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const i64 pp = p + u * nw;
+			if (pp >= hi) break;  // uniform across the warp
+			float best = __int_as_float(0xff800000);
+#pragma unroll
+			for (int g = 0; g < G; g++) {
+				float a = 0.f;
+#pragma unroll
+				for (int e = 0; e < 8; e++) a = fmaf(w[g][e], x[u][e], a);
+				a = warp_sum(a);
+				if (per_head) {
+					if (lane == 0) o[(h * G + g) * np + pp] = a;
+				} else {
+					best = fmaxf(best, a);
+				}
+			}
+			if (!per_head && lane == 0) o[h * np + pp] = best;
+		}
+	}
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+	const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+// Loads N consecutive elements of T at p as floats (N*sizeof(T) bytes,
+// aligned to that size).
+template <typename T, int N> __device__ __forceinline__ void loadn(const T* p, float* out) {
+#pragma unroll
+	for (int i = 0; i < N; i++) out[i] = to_f(p[i]);
+}
+template <> __device__ __forceinline__ void loadn<__nv_bfloat16, 4>(const __nv_bfloat16* p, float* out) {
+	uint2 u = *reinterpret_cast<const uint2*>(p);
+	const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+	float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+	out[0] = a.x; out[1] = a.y; out[2] = b.x; out[3] = b.y;
+}
+template <> __device__ __forceinline__ void loadn<__half, 4>(const __half* p, float* out) {
+	uint2 u = *reinterpret_cast<const uint2*>(p);
+	const __half2* h = reinterpret_cast<const __half2*>(&u);
+	float2 a = __half22float2(h[0]), b = __half22float2(h[1]);
+	out[0] = a.x; out[1] = a.y; out[2] = b.x; out[3] = b.y;
+}
+template <> __device__ __forceinline__ void loadn<float, 4>(const float* p, float* out) {
+	float4 a = *reinterpret_cast<const float4*>(p);
+	out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+}
+
+// attend_pipe: attend for D = 32*DPL and S <= 32. Page tiles are copied
+// into shared memory with cp.async, two stages deep, so the next page's K/V
+// is in flight while this one is computed. Lane l owns the DPL contiguous
+// dims [l*DPL, (l+1)*DPL) and, for the softmax, token l of the page.
+// Dynamic shared memory: 4 tiles of S*D elements of T.
+template <typename T, int DPL>
+__device__ void attend_pipe(const T* K, const T* V, const int* indptr, const int* pages, const int* last_len,
+			    const float* q, const int* item_seq, const int* item_row, const int* item_lo,
+			    const int* item_hi, const int* lists, float* part_o, float* part_lse,
+			    i64 qh, i64 kvh, i64 S, i64 per_head) {
+	constexpr int D = 32 * DPL;
+	extern __shared__ __align__(16) unsigned char smem[];
+	const i64 tile = S * D;
+	T* kb = reinterpret_cast<T*>(smem);
+	T* vb = kb + 2 * tile;
+	const i64 it = blockIdx.x;
+	const i64 seq = item_seq[it], row = item_row[it];
+	const i64 G = qh / kvh;
+	const i64 heads = per_head ? 1 : G;
+	const i64 kv = per_head ? row / G : row;
+	const i64 h0 = per_head ? row : row * G;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const bool active = warp < heads;
+	const i64 p0 = indptr[seq], np = indptr[seq + 1] - p0;
+	const float scale = rsqrtf((float)D);
+	float qv[DPL], acc[DPL];
+#pragma unroll
+	for (int e = 0; e < DPL; e++) {
+		qv[e] = active ? q[(seq * qh + h0 + warp) * D + lane * DPL + e] * scale : 0.f;
+		acc[e] = 0.f;
+	}
+	float m = __int_as_float(0xff800000), l = 0.f;
+	const i64 lo = item_lo[it], hi = item_hi[it];
+	auto valid_of = [&](i64 li) -> i64 { return lists[li] == np - 1 ? (i64)last_len[seq] : S; };
+	auto issue = [&](int stage, i64 li) {
+		const i64 base = ((i64)pages[p0 + lists[li]] * kvh + kv) * tile;
+		const i64 bytes = valid_of(li) * D * (i64)sizeof(T);
+		const char* ks = reinterpret_cast<const char*>(K + base);
+		const char* vs = reinterpret_cast<const char*>(V + base);
+		char* kd = reinterpret_cast<char*>(kb + stage * tile);
+		char* vd = reinterpret_cast<char*>(vb + stage * tile);
+		for (i64 off = threadIdx.x * 16; off < bytes; off += blockDim.x * 16) {
+			cp_async16(kd + off, ks + off);
+			cp_async16(vd + off, vs + off);
+		}
+	};
+	if (lo < hi) issue(0, lo);
+	cp_async_commit();
+	for (i64 li = lo; li < hi; li++) {
+		const int stage = (int)((li - lo) & 1);
+		if (li + 1 < hi) issue(stage ^ 1, li + 1);
+		cp_async_commit();
+		cp_async_wait1();
+		__syncthreads();
+		if (active) {
+			const i64 valid = valid_of(li);
+			const T* kt = kb + stage * tile + lane * DPL;
+			const T* vt = vb + stage * tile + lane * DPL;
+			float my = __int_as_float(0xff800000), pm = __int_as_float(0xff800000);
+			for (i64 t = 0; t < valid; t++) {
+				float kx[DPL];
+				loadn<T, DPL>(kt + t * D, kx);
+				float x = 0.f;
+#pragma unroll
+				for (int e = 0; e < DPL; e++) x = fmaf(qv[e], kx[e], x);
+				x = warp_sum(x);
+				if (lane == t) my = x;
+				pm = fmaxf(pm, x);
+			}
+			const float mn = fmaxf(m, pm);
+			const float alpha = __expf(m - mn);
+			const float myp = lane < valid ? __expf(my - mn) : 0.f;
+			l = l * alpha + warp_sum(myp);
+#pragma unroll
+			for (int e = 0; e < DPL; e++) acc[e] *= alpha;
+			for (i64 t = 0; t < valid; t++) {
+				const float p = __shfl_sync(0xffffffffu, myp, (int)t);
+				float vx[DPL];
+				loadn<T, DPL>(vt + t * D, vx);
+#pragma unroll
+				for (int e = 0; e < DPL; e++) acc[e] = fmaf(p, vx[e], acc[e]);
+			}
+			m = mn;
+		}
+		__syncthreads();
+	}
+	if (!active) return;
+	float* po = part_o + (it * heads + warp) * D + lane * DPL;
+	const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+	for (int e = 0; e < DPL; e++) po[e] = acc[e] * inv;
+	if (lane == 0) part_lse[it * heads + warp] = l > 0.f ? m + __logf(l) : __int_as_float(0xff800000);
+}
+
+#define FAST(SUF, T)                                                                                               \
+	extern "C" __global__ void quest_score128_##SUF##_g1(const T* s, const int* a, const int* b, const float* q, \
+							    float* o, i64 qh, i64 kvh, i64 ph, i64 c) {        \
+		score_d128<T, 1>(s, a, b, q, o, qh, kvh, ph, c);                                                   \
+	}                                                                                                          \
+	extern "C" __global__ void quest_score128_##SUF##_g2(const T* s, const int* a, const int* b, const float* q, \
+							    float* o, i64 qh, i64 kvh, i64 ph, i64 c) {        \
+		score_d128<T, 2>(s, a, b, q, o, qh, kvh, ph, c);                                                   \
+	}                                                                                                          \
+	extern "C" __global__ void quest_score128_##SUF##_g4(const T* s, const int* a, const int* b, const float* q, \
+							    float* o, i64 qh, i64 kvh, i64 ph, i64 c) {        \
+		score_d128<T, 4>(s, a, b, q, o, qh, kvh, ph, c);                                                   \
+	}                                                                                                          \
+	extern "C" __global__ void quest_score128_##SUF##_g8(const T* s, const int* a, const int* b, const float* q, \
+							    float* o, i64 qh, i64 kvh, i64 ph, i64 c) {        \
+		score_d128<T, 8>(s, a, b, q, o, qh, kvh, ph, c);                                                   \
+	}                                                                                                          \
+	extern "C" __global__ void quest_attendp_##SUF##_d64(                                                      \
+	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
+	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
+	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 S, i64 per_head) {                                \
+		attend_pipe<T, 2>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists,  \
+				  part_o, part_lse, qh, kvh, S, per_head);                                         \
+	}                                                                                                          \
+	extern "C" __global__ void quest_attendp_##SUF##_d128(                                                     \
+	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
+	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
+	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 S, i64 per_head) {                                \
+		attend_pipe<T, 4>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists,  \
+				  part_o, part_lse, qh, kvh, S, per_head);                                         \
+	}
+
+FAST(f32, float)
+FAST(f16, __half)
+FAST(bf16, __nv_bfloat16)
