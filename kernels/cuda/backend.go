@@ -494,10 +494,14 @@ const targetSMs = 132
 // enough items to fill the GPU several times over, 2 to 64 pages each.
 func attendChunk(cfg, listed int) int {
 	if cfg > 0 {
-		return cfg
+		return min(cfg, 64) // the pipelined kernel stages at most 64 page ids
 	}
 	return min(64, max(2, (listed+8*targetSMs-1)/(8*targetSMs)))
 }
+
+// reduceThreads is the block size of quest_reduce: whole warps, at least
+// D/2 threads (each thread owns two dims at most).
+func reduceThreads(d int) int { return max(32, min(128, (d+31)/32*32)) }
 
 // launchScore runs the score kernel: the D=128 fast path (G in 1, 2, 4, 8)
 // or the generic one.
@@ -524,7 +528,11 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 func (b *Backend) launchAttend(dl *DeviceLayer, s kernels.Shape, items, heads int, perHead uint64, ind, pg, last, qp, iSeq, iRow, iLo, iHi, lists, po, pl cu.DevicePtr) error {
 	d := s.HeadDim
 	if (d == 64 || d == 128) && s.PageSize <= 32 {
-		smem := 4 * s.PageSize * d * dl.DType.Size()
+		stages := 3
+		if dl.DType == F32 {
+			stages = 2 // fits 48 KiB of shared memory at S*D = 4096
+		}
+		smem := 2 * stages * s.PageSize * d * dl.DType.Size()
 		return b.launch(fmt.Sprintf("quest_attendp_%s_d%d", dl.DType, d), [3]int{items, 1, 1}, 32*heads, smem,
 			u(dl.K), u(dl.V), u(ind), u(pg), u(last), u(qp), u(iSeq), u(iRow), u(iLo), u(iHi), u(lists), u(po), u(pl),
 			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead)
@@ -738,7 +746,7 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		if err != nil {
 			return err
 		}
-		if err := b.launch("quest_reduce", [3]int{n * rows * heads, 1, 1}, min(128, d), 0,
+		if err := b.launch("quest_reduce", [3]int{n * rows * heads, 1, 1}, reduceThreads(d), 0,
 			u(po), u(pl), u(p[8]), u(op), u(lp), uint64(n*rows), uint64(rows), uint64(hq), uint64(s.KVHeads), uint64(d), perHead); err != nil {
 			return err
 		}

@@ -315,7 +315,7 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		if err := b.launchAttend(l, shape, pl.items, heads, 0, pInd, pTab, pLast, pQ, pl.seq, pl.row, pl.lo, pl.hi, lists, po, pp); err != nil {
 			return err
 		}
-		return b.launch("quest_reduce", [3]int{rows * heads, 1, 1}, min(128, d), 0,
+		return b.launch("quest_reduce", [3]int{rows * heads, 1, 1}, reduceThreads(d), 0,
 			u(po), u(pp), u(pl.rowItem), u(pO), u(pL), uint64(rows), uint64(kvh), uint64(hq), uint64(kvh), uint64(d), 0)
 	}
 	// Dense: every page of every row.

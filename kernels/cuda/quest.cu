@@ -245,15 +245,24 @@ extern "C" __global__ void quest_topk(const float* scores, const int* soff, cons
 		const uint32_t prefix = s_prefix, mask = s_mask;
 		// Warp-aggregated: lanes with the same digit add once (scores
 		// of one row share few exponents, so plain atomics serialize).
-		for (int i0 = 0; i0 < n; i0 += blockDim.x) {
-			const int i = i0 + threadIdx.x;
-			unsigned digit = 256;
-			if (i < n) {
-				const uint32_t key = desc_key(s[i]);
-				if ((key & mask) == prefix) digit = (key >> shift) & 255;
+		for (int i0 = 0; i0 < n; i0 += blockDim.x * 4) {
+			float x[4];
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int i = i0 + u * blockDim.x + threadIdx.x;
+				x[u] = i < n ? s[i] : 0.f;
 			}
-			const unsigned peers = __match_any_sync(0xffffffffu, digit);
-			if (digit != 256 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int i = i0 + u * blockDim.x + threadIdx.x;
+				unsigned digit = 256;
+				if (i < n) {
+					const uint32_t key = desc_key(x[u]);
+					if ((key & mask) == prefix) digit = (key >> shift) & 255;
+				}
+				const unsigned peers = __match_any_sync(0xffffffffu, digit);
+				if (digit != 256 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
+			}
 		}
 		__syncthreads();
 		if (threadIdx.x == 0) {
@@ -267,19 +276,35 @@ extern "C" __global__ void quest_topk(const float* scores, const int* soff, cons
 	}
 	const uint32_t T = s_prefix;
 	const int ties_needed = s_k;
+	// Each thread owns 4 consecutive indices, so thread order is index
+	// order and two block scans per 4*blockDim elements place the output.
 	int written = 0, ties_seen = 0;
-	for (int i0 = 0; i0 < n; i0 += blockDim.x) {
-		const int i = i0 + threadIdx.x;
-		uint32_t key = 0xffffffffu;
-		bool valid = i < n;
-		if (valid) key = desc_key(s[i]);
-		const int is_tie = valid && key == T;
+	for (int i0 = 0; i0 < n; i0 += blockDim.x * 4) {
+		uint32_t key[4];
+		int nt = 0;
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const int i = i0 + threadIdx.x * 4 + u;
+			key[u] = i < n ? desc_key(s[i]) : 0xffffffffu;
+			nt += (i < n && key[u] == T);
+		}
 		int ties_total;
-		const int tie_rank = ties_seen + block_scan(is_tie, scratch, &ties_total);
-		const int take = valid && (key < T || (is_tie && tie_rank < ties_needed));
+		int tie_rank = ties_seen + block_scan(nt, scratch, &ties_total);
+		int take[4], nk = 0;
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const int i = i0 + threadIdx.x * 4 + u;
+			const bool tie = i < n && key[u] == T;
+			take[u] = i < n && (key[u] < T || (tie && tie_rank < ties_needed));
+			tie_rank += tie;
+			nk += take[u];
+		}
 		int take_total;
-		const int pos = written + block_scan(take, scratch, &take_total);
-		if (take) o[pos] = b + i;
+		int pos = written + block_scan(nk, scratch, &take_total);
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			if (take[u]) o[pos++] = b + i0 + threadIdx.x * 4 + u;
+		}
 		written += take_total;
 		ties_seen += ties_total;
 		if (written >= k) break;
@@ -381,8 +406,11 @@ __device__ void attend(const T* K, const T* V, const int* indptr, const int* pag
 // o [seqs][qh][D] and lse [seqs][qh]. One block per (row, head of the row);
 // thread j owns dims j, j+blockDim, ...; every thread computes the item
 // weights itself (no shared state).
+#define REDUCE_CAP 2048
 extern "C" __global__ void quest_reduce(const float* part_o, const float* part_lse, const int* row_item,
 					float* o, float* lse, i64 nrows, i64 rows, i64 qh, i64 kvh, i64 D, i64 per_head) {
+	__shared__ float wsm[REDUCE_CAP];
+	__shared__ float red[32];
 	const i64 G = qh / kvh;
 	const i64 heads = per_head ? 1 : G;
 	const i64 b = blockIdx.x;
@@ -391,8 +419,16 @@ extern "C" __global__ void quest_reduce(const float* part_o, const float* part_l
 	const i64 seq = rr / rows, row = rr % rows;
 	const i64 h = per_head ? row : row * G + hh;
 	const i64 i0 = row_item[rr], i1 = row_item[rr + 1];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	// M = max lse over the row's items (block reduction).
 	float M = __int_as_float(0xff800000);
-	for (i64 it = i0; it < i1; it++) M = fmaxf(M, part_lse[it * heads + hh]);
+	for (i64 it = i0 + threadIdx.x; it < i1; it += blockDim.x) M = fmaxf(M, part_lse[it * heads + hh]);
+	M = warp_max(M);
+	if (lane == 0) red[warp] = M;
+	__syncthreads();
+	M = red[0];
+	for (int w = 1; w < nw; w++) M = fmaxf(M, red[w]);
+	__syncthreads();
 	float* oo = o + (seq * qh + h) * D;
 	if (M == __int_as_float(0xff800000)) {
 		for (i64 j = threadIdx.x; j < D; j += blockDim.x) oo[j] = 0.f;
@@ -400,14 +436,28 @@ extern "C" __global__ void quest_reduce(const float* part_o, const float* part_l
 		return;
 	}
 	float z = 0.f;
-	for (i64 it = i0; it < i1; it++) z += __expf(part_lse[it * heads + hh] - M);
-	for (i64 j = threadIdx.x; j < D; j += blockDim.x) {
-		float x = 0.f;
-		for (i64 it = i0; it < i1; it++) {
-			const float w = __expf(part_lse[it * heads + hh] - M);
-			if (w > 0.f) x = fmaf(w, part_o[(it * heads + hh) * D + j], x);
+	float x[2] = {0.f, 0.f};  // dims threadIdx.x and threadIdx.x + blockDim.x (D <= 2*blockDim)
+	for (i64 base = i0; base < i1; base += REDUCE_CAP) {
+		const int cnt = (int)min((i64)REDUCE_CAP, i1 - base);
+		for (int k = threadIdx.x; k < cnt; k += blockDim.x) wsm[k] = __expf(part_lse[(base + k) * heads + hh] - M);
+		__syncthreads();
+		for (int k = 0; k < cnt; k++) z += wsm[k];
+#pragma unroll
+		for (int c = 0; c < 2; c++) {
+			const i64 j = threadIdx.x + c * blockDim.x;
+			if (j < D) {
+				float a = 0.f;
+#pragma unroll 8
+				for (int k = 0; k < cnt; k++) a = fmaf(wsm[k], part_o[((base + k) * heads + hh) * D + j], a);
+				x[c] += a;
+			}
 		}
-		oo[j] = x / z;
+		__syncthreads();
+	}
+#pragma unroll
+	for (int c = 0; c < 2; c++) {
+		const i64 j = threadIdx.x + c * blockDim.x;
+		if (j < D) oo[j] = x[c] / z;
 	}
 	if (threadIdx.x == 0) lse[seq * qh + h] = M + __logf(z);
 }
@@ -591,17 +641,19 @@ template <> __device__ __forceinline__ void loadn<float, 4>(const float* p, floa
 // into shared memory with cp.async, two stages deep, so the next page's K/V
 // is in flight while this one is computed. Lane l owns the DPL contiguous
 // dims [l*DPL, (l+1)*DPL) and, for the softmax, token l of the page.
-// Dynamic shared memory: 4 tiles of S*D elements of T.
-template <typename T, int DPL>
+// Dynamic shared memory: 2*STAGES tiles of S*D elements of T (K and V).
+template <typename T, int DPL, int STAGES>
 __device__ void attend_pipe(const T* K, const T* V, const int* indptr, const int* pages, const int* last_len,
 			    const float* q, const int* item_seq, const int* item_row, const int* item_lo,
 			    const int* item_hi, const int* lists, float* part_o, float* part_lse,
 			    i64 qh, i64 kvh, i64 S, i64 per_head) {
 	constexpr int D = 32 * DPL;
 	extern __shared__ __align__(16) unsigned char smem[];
+	__shared__ i64 s_base[64];
+	__shared__ int s_valid[64];
 	const i64 tile = S * D;
 	T* kb = reinterpret_cast<T*>(smem);
-	T* vb = kb + 2 * tile;
+	T* vb = kb + STAGES * tile;
 	const i64 it = blockIdx.x;
 	const i64 seq = item_seq[it], row = item_row[it];
 	const i64 G = qh / kvh;
@@ -619,10 +671,18 @@ __device__ void attend_pipe(const T* K, const T* V, const int* indptr, const int
 		acc[e] = 0.f;
 	}
 	float m = __int_as_float(0xff800000), l = 0.f;
-	const i64 lo = item_lo[it], hi = item_hi[it];
-	auto valid_of = [&](i64 li) -> i64 { return lists[li] == np - 1 ? (i64)last_len[seq] : S; };
+	const i64 lo = item_lo[it], hi = item_hi[it];  // hi - lo <= 64
+	// Page addresses and valid lengths once, up front: the pipeline below
+	// issues copies without dependent global loads.
+	for (i64 k = threadIdx.x; k < hi - lo; k += blockDim.x) {
+		const i64 lp = lists[lo + k];
+		s_base[k] = ((i64)pages[p0 + lp] * kvh + kv) * tile;
+		s_valid[k] = lp == np - 1 ? last_len[seq] : (int)S;
+	}
+	__syncthreads();
+	auto valid_of = [&](i64 li) -> i64 { return s_valid[li - lo]; };
 	auto issue = [&](int stage, i64 li) {
-		const i64 base = ((i64)pages[p0 + lists[li]] * kvh + kv) * tile;
+		const i64 base = s_base[li - lo];
 		const i64 bytes = valid_of(li) * D * (i64)sizeof(T);
 		const char* ks = reinterpret_cast<const char*>(K + base);
 		const char* vs = reinterpret_cast<const char*>(V + base);
@@ -633,13 +693,14 @@ __device__ void attend_pipe(const T* K, const T* V, const int* indptr, const int
 			cp_async16(vd + off, vs + off);
 		}
 	};
-	if (lo < hi) issue(0, lo);
-	cp_async_commit();
-	for (i64 li = lo; li < hi; li++) {
-		const int stage = (int)((li - lo) & 1);
-		if (li + 1 < hi) issue(stage ^ 1, li + 1);
+#pragma unroll
+	for (int st = 0; st < STAGES - 1; st++) {
+		if (lo + st < hi) issue(st, lo + st);
 		cp_async_commit();
-		cp_async_wait1();
+	}
+	for (i64 li = lo; li < hi; li++) {
+		const int stage = (int)((li - lo) % STAGES);
+		asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
 		__syncthreads();
 		if (active) {
 			const i64 valid = valid_of(li);
@@ -672,6 +733,10 @@ __device__ void attend_pipe(const T* K, const T* V, const int* indptr, const int
 			m = mn;
 		}
 		__syncthreads();
+		// Refill the stage computed one iteration ago with the page
+		// STAGES-1 ahead.
+		if (li + STAGES - 1 < hi) issue((int)((li - lo + STAGES - 1) % STAGES), li + STAGES - 1);
+		cp_async_commit();
 	}
 	if (!active) return;
 	float* po = part_o + (it * heads + warp) * D + lane * DPL;
@@ -702,14 +767,14 @@ __device__ void attend_pipe(const T* K, const T* V, const int* indptr, const int
 	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
 	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
 	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 S, i64 per_head) {                                \
-		attend_pipe<T, 2>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists,  \
+		attend_pipe<T, 2, (sizeof(T) == 4 ? 2 : 3)>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists,  \
 				  part_o, part_lse, qh, kvh, S, per_head);                                         \
 	}                                                                                                          \
 	extern "C" __global__ void quest_attendp_##SUF##_d128(                                                     \
 	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
 	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
 	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 S, i64 per_head) {                                \
-		attend_pipe<T, 4>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists,  \
+		attend_pipe<T, 4, (sizeof(T) == 4 ? 2 : 3)>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists,  \
 				  part_o, part_lse, qh, kvh, S, per_head);                                         \
 	}
 
