@@ -150,6 +150,12 @@ func (b *Backend) loop(ready chan<- error) {
 		}
 		for _, d := range []int{64, 128} {
 			names = append(names, fmt.Sprintf("quest_attendp_%s_d%d", dt, d))
+			if dt != F32 {
+				names = append(names, fmt.Sprintf("quest_attends16_%s_d%d", dt, d))
+			}
+		}
+		if dt != F32 {
+			names = append(names, "quest_score128g4_"+dt.String())
 		}
 	}
 	for _, n := range names {
@@ -512,7 +518,11 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 		if chunk <= 0 {
 			chunk = min(1024, max(16, (n*s.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
 		}
-		return b.launch(fmt.Sprintf("quest_score128_%s_g%d", dl.DType, g), [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
+		name := fmt.Sprintf("quest_score128_%s_g%d", dl.DType, g)
+		if g == 4 && dl.DType != F32 {
+			name = "quest_score128g4_" + dl.DType.String()
+		}
+		return b.launch(name, [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
 			u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), perHead, uint64(chunk))
 	}
 	chunk := b.cfg.ScoreChunk
@@ -527,6 +537,12 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 // S <= 32) or the generic one.
 func (b *Backend) launchAttend(dl *DeviceLayer, s kernels.Shape, items, heads int, perHead uint64, ind, pg, last, qp, iSeq, iRow, iLo, iHi, lists, po, pl cu.DevicePtr) error {
 	d := s.HeadDim
+	if (d == 64 || d == 128) && s.PageSize <= 16 && dl.DType != F32 {
+		smem := 2*3*s.PageSize*d*dl.DType.Size() + heads*d*4
+		return b.launch(fmt.Sprintf("quest_attends16_%s_d%d", dl.DType, d), [3]int{items, 1, 1}, 32*heads, smem,
+			u(dl.K), u(dl.V), u(ind), u(pg), u(last), u(qp), u(iSeq), u(iRow), u(iLo), u(iHi), u(lists), u(po), u(pl),
+			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead)
+	}
 	if (d == 64 || d == 128) && s.PageSize <= 32 {
 		stages := 3
 		if dl.DType == F32 {

@@ -781,3 +781,226 @@ __device__ void attend_pipe(const T* K, const T* V, const int* indptr, const int
 FAST(f32, float)
 FAST(f16, __half)
 FAST(bf16, __nv_bfloat16)
+
+// ---------------------------------------------------------------------------
+// score_d128_g4: D = 128, G = 4 (Llama-3-8B's 32/8 heads). Half a warp per
+// record: lane l reads 16 elements (sub = l & 15) of record l >> 4, so one
+// loop iteration of a warp covers 8 records (4 pairs, 8 loads in flight per
+// lane), and the four heads' partial sums are reduced over the 16 lanes
+// with a transposed butterfly (4 shuffles instead of 16).
+template <typename T>
+__device__ void score_d128_g4(const T* sum, const int* indptr, const int* pages, const float* q, float* out,
+			      i64 qh, i64 kvh, i64 per_head, i64 chunk) {
+	const int D = 128;
+	const i64 seq = blockIdx.z, h = blockIdx.y;
+	const i64 p0 = indptr[seq], np = indptr[seq + 1] - p0;
+	const i64 lo = blockIdx.x * chunk;
+	if (lo >= np) return;
+	const i64 hi = min(lo + chunk, np);
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	const int sub = lane & 15, half = lane >> 4;
+	const bool upper = sub >= 8;
+	const int dim0 = (sub & 7) * 16;
+	float w[4][16];
+	const float* qs = q + (seq * qh + h * 4) * D;
+#pragma unroll
+	for (int g = 0; g < 4; g++) {
+#pragma unroll
+		for (int e = 0; e < 16; e++) {
+			const float x = qs[g * D + dim0 + e];
+			w[g][e] = upper ? fmaxf(x, 0.f) : fminf(x, 0.f);
+		}
+	}
+	const i64 rows = per_head ? qh : kvh;
+	float* o = out + p0 * rows;
+	const int* pt = pages + p0;
+	const bool b3 = sub & 8, b2 = sub & 4;
+	for (i64 p = lo + 2 * warp + half; p < hi; p += 8 * nw) {
+		float x[4][16];
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const i64 pp = p + u * 2 * nw;
+			if (pp < hi) {
+				const T* r = sum + ((i64)pt[pp] * kvh + h) * 256 + sub * 16;
+				load8<T>(r, x[u]);
+				load8<T>(r + 8, x[u] + 8);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const i64 pp = p + u * 2 * nw;
+			float a[4];
+#pragma unroll
+			for (int g = 0; g < 4; g++) {
+				a[g] = 0.f;
+#pragma unroll
+				for (int e = 0; e < 16; e++) a[g] = fmaf(w[g][e], x[u][e], a[g]);
+			}
+			// Transposed butterfly over the 16 lanes of this record.
+			const float kx = b3 ? a[2] : a[0], ky = b3 ? a[3] : a[1];
+			const float sx = b3 ? a[0] : a[2], sy = b3 ? a[1] : a[3];
+			const float vx = kx + __shfl_xor_sync(0xffffffffu, sx, 8);
+			const float vy = ky + __shfl_xor_sync(0xffffffffu, sy, 8);
+			float v = (b2 ? vy : vx) + __shfl_xor_sync(0xffffffffu, b2 ? vx : vy, 4);
+			v += __shfl_xor_sync(0xffffffffu, v, 2);
+			v += __shfl_xor_sync(0xffffffffu, v, 1);
+			// Lane sub = 4*g' holds head g' = 2*b3 + b2.
+			if (per_head) {
+				if (pp < hi && (sub & 3) == 0) o[(h * 4 + (sub >> 2)) * np + pp] = v;
+			} else {
+				float m = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+				m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+				if (pp < hi && sub == 0) o[h * np + pp] = m;
+			}
+		}
+	}
+}
+
+// attend_s16: attention for D = 32*DPL, S <= 16, the page tile staged by
+// cp.async (STAGES deep) with its 16-byte chunks XOR-swizzled by row so
+// that QK's per-token reads are free of bank conflicts. QK: lane l takes
+// token l & 15 and half l >> 4 of the dims; AV: lane l owns DPL
+// contiguous dims.
+template <typename T, int DPL, int STAGES>
+__device__ void attend_s16(const T* K, const T* V, const int* indptr, const int* pages, const int* last_len,
+			   const float* q, const int* item_seq, const int* item_row, const int* item_lo,
+			   const int* item_hi, const int* lists, float* part_o, float* part_lse,
+			   i64 qh, i64 kvh, i64 S, i64 per_head) {
+	static_assert(sizeof(T) == 2, "16-bit storage only");
+	constexpr int D = 32 * DPL;
+	constexpr int ROWB = D * (int)sizeof(T);  // bytes per token row
+	constexpr int HALF = D / 2;
+	constexpr int CH = HALF * (int)sizeof(T) / 16;  // 16-byte chunks per half row
+	// Dynamic shared memory: K stages, V stages, then the block's
+	// pre-scaled queries (heads x D floats).
+	extern __shared__ __align__(16) unsigned char smem[];
+	__shared__ i64 s_base[64];
+	__shared__ int s_valid[64];
+	const int tile = (int)S * ROWB;  // bytes
+	unsigned char* kb = smem;
+	unsigned char* vb = smem + STAGES * tile;
+	float* qsm = reinterpret_cast<float*>(smem + 2 * STAGES * tile);
+	const i64 it = blockIdx.x;
+	const i64 seq = item_seq[it], row = item_row[it];
+	const i64 G = qh / kvh;
+	const int heads = per_head ? 1 : (int)G;
+	const i64 kv = per_head ? row / G : row;
+	const i64 h0 = per_head ? row : row * G;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const bool active = warp < heads;
+	const i64 p0 = indptr[seq], np = indptr[seq + 1] - p0;
+	const float scale = rsqrtf((float)D);
+	const i64 lo = item_lo[it], hi = item_hi[it];
+	for (int k = threadIdx.x; k < hi - lo; k += blockDim.x) {
+		const i64 lp = lists[lo + k];
+		s_base[k] = ((i64)pages[p0 + lp] * kvh + kv) * (i64)tile;
+		s_valid[k] = lp == np - 1 ? last_len[seq] : (int)S;
+	}
+	for (int k = threadIdx.x; k < heads * D; k += blockDim.x) qsm[k] = q[(seq * qh + h0) * D + k] * scale;
+	__syncthreads();
+	auto issue = [&](int stage, i64 li) {
+		const unsigned char* ks = reinterpret_cast<const unsigned char*>(K) + s_base[li - lo];
+		const unsigned char* vs = reinterpret_cast<const unsigned char*>(V) + s_base[li - lo];
+		unsigned char* kd = kb + stage * tile;
+		unsigned char* vd = vb + stage * tile;
+		const int bytes = s_valid[li - lo] * ROWB;
+		for (int off = threadIdx.x * 16; off < bytes; off += blockDim.x * 16) {
+			const int t = off / ROWB, c = (off % ROWB) / 16;
+			const int dst = t * ROWB + ((c ^ (t & 7)) * 16);
+			cp_async16(kd + dst, ks + off);
+			cp_async16(vd + dst, vs + off);
+		}
+	};
+	const int tok = lane & 15, hf = lane >> 4;
+	float acc[DPL];
+#pragma unroll
+	for (int e = 0; e < DPL; e++) acc[e] = 0.f;
+	float m = __int_as_float(0xff800000), l = 0.f;
+#pragma unroll
+	for (int st = 0; st < STAGES - 1; st++) {
+		if (lo + st < hi) issue(st, lo + st);
+		cp_async_commit();
+	}
+	for (i64 li = lo; li < hi; li++) {
+		const int stage = (int)((li - lo) % STAGES);
+		asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+		__syncthreads();
+		if (active) {
+			const int valid = s_valid[li - lo];
+			// Lanes past the page's valid tokens read row 0 (in bounds of
+			// the tile whatever S is) and are masked below.
+			const int trow = tok < valid ? tok : 0;
+			const unsigned char* kt = kb + stage * tile + trow * ROWB;
+			// QK: partial dot over this lane's half of the dims.
+			float x = 0.f;
+			const float* qh_ = qsm + warp * D + hf * HALF;
+#pragma unroll
+			for (int c = 0; c < CH; c++) {
+				const int lc = hf * CH + c;  // logical chunk of the row
+				float kx[8];
+				load8<T>(reinterpret_cast<const T*>(kt + ((lc ^ (trow & 7)) * 16)), kx);
+				const float4 qa = *reinterpret_cast<const float4*>(qh_ + c * 8);
+				const float4 qb = *reinterpret_cast<const float4*>(qh_ + c * 8 + 4);
+				x = fmaf(qa.x, kx[0], x); x = fmaf(qa.y, kx[1], x); x = fmaf(qa.z, kx[2], x); x = fmaf(qa.w, kx[3], x);
+				x = fmaf(qb.x, kx[4], x); x = fmaf(qb.y, kx[5], x); x = fmaf(qb.z, kx[6], x); x = fmaf(qb.w, kx[7], x);
+			}
+			x += __shfl_xor_sync(0xffffffffu, x, 16);
+			if (tok >= valid) x = __int_as_float(0xff800000);
+			float pm = x;
+#pragma unroll
+			for (int o = 8; o > 0; o >>= 1) pm = fmaxf(pm, __shfl_xor_sync(0xffffffffu, pm, o));
+			const float mn = fmaxf(m, pm);
+			const float alpha = __expf(m - mn);
+			const float p = tok < valid ? __expf(x - mn) : 0.f;
+			float ps = p;
+#pragma unroll
+			for (int o = 8; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+			l = l * alpha + ps;
+#pragma unroll
+			for (int e = 0; e < DPL; e++) acc[e] *= alpha;
+			const unsigned char* vt = vb + stage * tile;
+			const int lb = lane * DPL * (int)sizeof(T);  // this lane's byte offset in a row
+			for (int t = 0; t < valid; t++) {
+				const float pt_ = __shfl_sync(0xffffffffu, p, t);
+				const int off = t * ROWB + (((lb / 16) ^ (t & 7)) * 16) + lb % 16;
+				float vx[DPL];
+				loadn<T, DPL>(reinterpret_cast<const T*>(vt + off), vx);
+#pragma unroll
+				for (int e = 0; e < DPL; e++) acc[e] = fmaf(pt_, vx[e], acc[e]);
+			}
+			m = mn;
+		}
+		__syncthreads();
+		if (li + STAGES - 1 < hi) issue((int)((li - lo + STAGES - 1) % STAGES), li + STAGES - 1);
+		cp_async_commit();
+	}
+	if (!active) return;
+	float* po = part_o + (it * heads + warp) * D + lane * DPL;
+	const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+	for (int e = 0; e < DPL; e++) po[e] = acc[e] * inv;
+	if (lane == 0) part_lse[it * heads + warp] = l > 0.f ? m + __logf(l) : __int_as_float(0xff800000);
+}
+
+#define FAST2(SUF, T)                                                                                              \
+	extern "C" __global__ void quest_score128g4_##SUF(const T* s, const int* a, const int* b, const float* q,     \
+							 float* o, i64 qh, i64 kvh, i64 ph, i64 c) {           \
+		score_d128_g4<T>(s, a, b, q, o, qh, kvh, ph, c);                                                   \
+	}                                                                                                          \
+	extern "C" __global__ void quest_attends16_##SUF##_d64(                                                    \
+	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
+	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
+	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 S, i64 per_head) {                                \
+		attend_s16<T, 2, 3>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists, \
+				    part_o, part_lse, qh, kvh, S, per_head);                                       \
+	}                                                                                                          \
+	extern "C" __global__ void quest_attends16_##SUF##_d128(                                                   \
+	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
+	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
+	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 S, i64 per_head) {                                \
+		attend_s16<T, 4, 3>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists, \
+				    part_o, part_lse, qh, kvh, S, per_head);                                       \
+	}
+
+FAST2(f16, __half)
+FAST2(bf16, __nv_bfloat16)
