@@ -788,7 +788,7 @@ FAST(bf16, __nv_bfloat16)
 // loop iteration of a warp covers 8 records (4 pairs, 8 loads in flight per
 // lane), and the four heads' partial sums are reduced over the 16 lanes
 // with a transposed butterfly (4 shuffles instead of 16).
-template <typename T>
+template <typename T, int U>
 __device__ void score_d128_g4(const T* sum, const int* indptr, const int* pages, const float* q, float* out,
 			      i64 qh, i64 kvh, i64 per_head, i64 chunk) {
 	const int D = 128;
@@ -815,10 +815,10 @@ __device__ void score_d128_g4(const T* sum, const int* indptr, const int* pages,
 	float* o = out + p0 * rows;
 	const int* pt = pages + p0;
 	const bool b3 = sub & 8, b2 = sub & 4;
-	for (i64 p = lo + 2 * warp + half; p < hi; p += 8 * nw) {
-		float x[4][16];
+	for (i64 p = lo + 2 * warp + half; p < hi; p += 2 * U * nw) {
+		float x[U][16];
 #pragma unroll
-		for (int u = 0; u < 4; u++) {
+		for (int u = 0; u < U; u++) {
 			const i64 pp = p + u * 2 * nw;
 			if (pp < hi) {
 				const T* r = sum + ((i64)pt[pp] * kvh + h) * 256 + sub * 16;
@@ -827,7 +827,7 @@ __device__ void score_d128_g4(const T* sum, const int* indptr, const int* pages,
 			}
 		}
 #pragma unroll
-		for (int u = 0; u < 4; u++) {
+		for (int u = 0; u < U; u++) {
 			const i64 pp = p + u * 2 * nw;
 			float a[4];
 #pragma unroll
@@ -985,7 +985,7 @@ __device__ void attend_s16(const T* K, const T* V, const int* indptr, const int*
 #define FAST2(SUF, T)                                                                                              \
 	extern "C" __global__ void quest_score128g4_##SUF(const T* s, const int* a, const int* b, const float* q,     \
 							 float* o, i64 qh, i64 kvh, i64 ph, i64 c) {           \
-		score_d128_g4<T>(s, a, b, q, o, qh, kvh, ph, c);                                                   \
+		score_d128_g4<T, 2>(s, a, b, q, o, qh, kvh, ph, c);                                                \
 	}                                                                                                          \
 	extern "C" __global__ void quest_attends16_##SUF##_d64(                                                    \
 	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
