@@ -140,7 +140,7 @@ func (b *Backend) loop(ready chan<- error) {
 		return
 	}
 	defer mod.Unload()
-	names := []string{"quest_topk", "quest_reduce", "quest_merge"}
+	names := []string{"quest_topk", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge"}
 	for _, dt := range []DType{F32, F16, BF16} {
 		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize"} {
 			names = append(names, "quest_"+k+"_"+dt.String())
@@ -505,6 +505,66 @@ func attendChunk(cfg, listed int) int {
 	return min(64, max(2, (listed+8*targetSMs-1)/(8*targetSMs)))
 }
 
+// Two-stage top-K limits (quest.cu): a slice of a row and the candidates of
+// a row must fit shared memory.
+const (
+	topkSliceMax = 8192
+	topkCandMax  = 4096
+)
+
+// topkSlices picks the slice length for the two-stage top-K of rows of up
+// to maxN candidates keeping up to maxK, or 0 when the single-block kernel
+// must run (short rows, large k, rows with k >= n or k <= 0).
+func topkSlices(plan *kernels.TopKPlan) (slice, slices, kmax int) {
+	maxN := 0
+	for r := range plan.Rows() {
+		n, k := int(plan.N[r]), int(plan.K[r])
+		if k <= 0 || k >= n {
+			return 0, 0, 0
+		}
+		maxN, kmax = max(maxN, n), max(kmax, k)
+	}
+	if maxN < 4*topkSliceMax/2 || 2*kmax > topkCandMax {
+		return 0, 0, 0 // one block per row is as fast for short rows
+	}
+	slices = min(topkCandMax/kmax, (maxN+topkSliceMax/4-1)/(topkSliceMax/4))
+	slice = (maxN + slices - 1) / slices
+	if slice > topkSliceMax || slice <= kmax {
+		return 0, 0, 0
+	}
+	slices = (maxN + slice - 1) / slice
+	if plan.Rows()*slices > 2*targetSMs {
+		// Enough rows to fill the GPU one block each (measured on an
+		// H200: 64 rows of 65536 run faster in one stage).
+		return 0, 0, 0
+	}
+	return slice, slices, kmax
+}
+
+// launchTopK runs the two-stage top-K when the rows suit it, else one block
+// per row. ptrs are the plan's ScoreOff, N, Base, K, OutOff on the device.
+func (b *Backend) launchTopK(plan *kernels.TopKPlan, scores cu.DevicePtr, ptrs [5]cu.DevicePtr, out cu.DevicePtr) error {
+	rows := plan.Rows()
+	slice, slices, kmax := topkSlices(plan)
+	if slices == 0 {
+		return b.launch("quest_topk", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
+	}
+	ck, err := b.buf("topk.ckey", int64(rows*slices*kmax)*4)
+	if err != nil {
+		return err
+	}
+	ci, err := b.buf("topk.cidx", int64(rows*slices*kmax)*4)
+	if err != nil {
+		return err
+	}
+	if err := b.launch("quest_topk_local", [3]int{slices, rows, 1}, 1024, 0, u(scores), u(ptrs[0]), u(ptrs[1]), u(ptrs[3]), u(ck), u(ci),
+		uint64(slice), uint64(slices), uint64(kmax)); err != nil {
+		return err
+	}
+	return b.launch("quest_topk_merge", [3]int{rows, 1, 1}, 1024, 0, u(ck), u(ci), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out),
+		uint64(slices), uint64(kmax))
+}
+
 // reduceThreads is the block size of quest_reduce: whole warps, at least
 // D/2 threads (each thread owns two dims at most).
 func reduceThreads(d int) int { return max(32, min(128, (d+31)/32*32)) }
@@ -673,7 +733,7 @@ func (b *Backend) TopK(ctx context.Context, scores []float32, plan *kernels.TopK
 		if err != nil {
 			return err
 		}
-		if err := b.launch("quest_topk", [3]int{n, 1, 1}, 1024, 0, u(sp), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(op)); err != nil {
+		if err := b.launchTopK(plan, sp, ptrs, op); err != nil {
 			return err
 		}
 		// Rows write disjoint ranges; copy back only what they wrote.

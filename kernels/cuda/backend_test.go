@@ -211,3 +211,47 @@ func TestShardsShareOneGPU(t *testing.T) {
 	gpu := replay.NewResult(shard.Quest, 16, 64, cpu.Pages, res.O, res.LSE, res.Diag[0])
 	compareResults(t, 0, cpu, gpu)
 }
+
+// TestTopKTwoStage checks the sliced top-K (long rows) against a full sort,
+// with many ties, rows of different lengths and budgets, and slices shorter
+// than k.
+func TestTopKTwoStage(t *testing.T) {
+	b := newBackend(t, BF16)
+	defer b.Close()
+	rng := rand.New(rand.NewPCG(3, 3))
+	type row struct{ n, k, levels int }
+	check := func(name string, rows []row, twoStage bool) {
+		t.Helper()
+		var plan kernels.TopKPlan
+		var scores []float32
+		off := 0
+		for _, r := range rows {
+			plan.Add(len(scores), r.n, 3, r.k, off)
+			for range r.n {
+				scores = append(scores, float32(rng.IntN(r.levels))*0.5-100)
+			}
+			off += r.k
+		}
+		if slices, _, _ := topkSlices(&plan); (slices > 0) != twoStage {
+			t.Fatalf("%s: two-stage path %v, want %v", name, slices > 0, twoStage)
+		}
+		out := make([]int32, off)
+		if err := b.TopK(context.Background(), scores, &plan, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range rows {
+			want := backendtest.RefTopK(scores[plan.ScoreOff[i]:][:r.n], r.k)
+			got := out[plan.OutOff[i]:][:r.k]
+			for j := range want {
+				if got[j] != want[j]+3 {
+					t.Fatalf("%s row %d (n=%d k=%d): entry %d is %d, want %d", name, i, r.n, r.k, j, got[j], want[j]+3)
+				}
+			}
+		}
+	}
+	check("one long row", []row{{65536, 255, 1 << 20}}, true)
+	check("mixed budgets and ties", []row{{65536, 255, 1 << 20}, {65536, 127, 7}, {60000, 2, 1}, {50001, 200, 1000}}, true)
+	check("k = 1", []row{{40000, 1, 3}}, true)
+	check("too long for two stages", []row{{100000, 511, 1000}}, false)
+	check("short rows", []row{{3000, 100, 5}}, false)
+}

@@ -371,9 +371,8 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 				return nil, err
 			}
 		}
-		topk := func() error {
-			return b.launch("quest_topk", [3]int{rows, 1, 1}, 1024, 0, u(pScores), u(tp[0]), u(tp[1]), u(tp[2]), u(tp[3]), u(tp[4]), u(qplan.lst))
-		}
+		tplan := &kernels.TopKPlan{ScoreOff: soff, N: nn, Base: base, K: kk, OutOff: ooff}
+		topk := func() error { return b.launchTopK(tplan, pScores, tp, qplan.lst) }
 		topkUS, err := t.median(cfg.Iters, topk)
 		if err != nil {
 			return nil, err
