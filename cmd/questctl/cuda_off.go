@@ -8,9 +8,15 @@ import (
 	"io"
 
 	"github.com/questrt/questrt/bench"
+	"github.com/questrt/questrt/kernels"
 )
 
 // benchCUDA is unavailable in the default (CPU) build.
 func benchCUDA(context.Context, bench.AttentionConfig, []int, string, bool, io.Writer, io.Writer) error {
 	return usageError{errors.New("backend cuda needs a build with -tags cuda (see README: building for a GPU host)")}
+}
+
+// newCUDABackend is unavailable in the default (CPU) build.
+func newCUDABackend(string) (kernels.Backend, error) {
+	return nil, usageError{errors.New("backend cuda needs a build with -tags cuda (see README: building for a GPU host)")}
 }

@@ -8,8 +8,18 @@ import (
 	"io"
 
 	"github.com/questrt/questrt/bench"
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/cuda"
 )
+
+// newCUDABackend starts a CUDA backend on GPU 0 storing dtype.
+func newCUDABackend(dtype string) (kernels.Backend, error) {
+	dt, err := cuda.ParseDType(dtype)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return cuda.New(cuda.Config{DType: dt})
+}
 
 // benchCUDA runs the device-resident attention benchmark on GPU 0.
 func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtype string, asJSON bool, stdout, stderr io.Writer) error {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/bench"
+	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/demo"
@@ -50,6 +51,7 @@ Usage:
   questctl replay --in case.json [...]  run one saved request (one sequence, one layer) and print the result JSON
   questctl bench  attention [flags]     one-layer Quest vs dense attention benchmark, JSON lines
   questctl bench  collective [flags]    latency of the CP selection exchange and merge, JSON lines
+  questctl devices [--json]             the node's NVIDIA GPUs (NVML): name, UUID, memory, PCI, NVLink, topology
 
 Run 'questctl <command> --help' for the flags of a command.
 `
@@ -73,6 +75,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runReplay(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = runBench(ctx, args[1:], stdout, stderr)
+	case "devices":
+		err = runDevices(args[1:], stdout, stderr)
 	case "help", "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -175,6 +179,8 @@ error and exit status 2.`, stderr)
 	tp := fs.Int("tp", 1, "tensor-parallel shards (must divide kv_heads)")
 	selection := fs.String("selection", "exact", "CP selection: exact, union or replicated")
 	placement := fs.String("placement", "striped", "page placement over CP ranks: striped or contiguous")
+	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
+	dtype := fs.String("dtype", "f32", "cuda storage type: f32, f16 or bf16")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -212,7 +218,20 @@ error and exit status 2.`, stderr)
 	if c.KVHeads%*tp != 0 {
 		return usageError{fmt.Errorf("--tp %d does not divide kv_heads %d", *tp, c.KVHeads)}
 	}
-	res, err := replay.Run(ctx, c, replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place})
+	opts := replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place}
+	switch *backend {
+	case "cpu":
+	case "cuda":
+		be, err := newCUDABackend(*dtype)
+		if err != nil {
+			return err
+		}
+		defer be.Close()
+		opts.Backend = be
+	default:
+		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
+	}
+	res, err := replay.Run(ctx, c, opts)
 	if err != nil {
 		return err
 	}
@@ -349,6 +368,38 @@ same run.`, stderr)
 	}
 	if !*asJSON {
 		fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
+	}
+	return nil
+}
+
+func runDevices(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("devices", `Usage: questctl devices [--json]
+
+Lists this node's NVIDIA GPUs through NVML (go-nvml): index, name, UUID,
+memory, PCI bus id, active NVLink links and the pairwise topology. Without
+NVML or a GPU it says so once; questrt then runs on the CPU backend.`, stderr)
+	asJSON := fs.Bool("json", false, "print the inventory as JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	inv, err := cluster.Discover()
+	if errors.Is(err, cluster.ErrNoNVML) {
+		fmt.Fprintf(stdout, "no NVIDIA GPU available (%v): questrt runs on the CPU backend\n", err)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return bench.WriteJSONLine(stdout, inv)
+	}
+	fmt.Fprintf(stdout, "driver %s, %d GPU(s)\n", inv.Driver, len(inv.GPUs))
+	for _, g := range inv.GPUs {
+		fmt.Fprintf(stdout, "  %d  %-24s %s  %s  %.1f GiB (%.1f free)  nvlinks %d\n",
+			g.Index, g.Name, g.UUID, g.PCIBusID, float64(g.MemoryTotal)/(1<<30), float64(g.MemoryFree)/(1<<30), g.NVLinks)
+	}
+	for i, row := range inv.Topology {
+		fmt.Fprintf(stdout, "  topology %d: %v\n", i, row)
 	}
 	return nil
 }

@@ -93,6 +93,9 @@ func TestUsage(t *testing.T) {
 		{[]string{"bench", "attention", "--context", "12,abc"}, 2},
 		{[]string{"bench", "attention", "--backend", "tpu"}, 2},
 		{[]string{"bench", "attention", "--help"}, 0},
+		{[]string{"devices"}, 0},
+		{[]string{"devices", "--help"}, 0},
+		{[]string{"replay", "--in", "x", "--backend", "tpu"}, 2},
 	}
 	for _, c := range cases {
 		if code, _, stderr := runCLI(t, c.args...); code != c.code {
