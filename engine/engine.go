@@ -128,6 +128,9 @@ type Config struct {
 	// Transports returns the CP group transports of TP group tp; nil:
 	// in-process transports. Tests wrap them with collective.Faulty.
 	Transports func(tp, n int) []collective.Transport
+	// DeviceResident keeps every shard's pools in its backend's device
+	// memory (see shard.Config.DeviceResident).
+	DeviceResident bool
 }
 
 // DefaultConfig returns a single-shard engine with the documented defaults.
@@ -220,8 +223,9 @@ func New(cfg Config) (*Engine, error) {
 	sc := shard.Config{
 		Store: pagestore.Config{Layers: cfg.Layers, KVHeads: e.kvT, HeadDim: cfg.HeadDim, PageSize: cfg.PageSize,
 			DType: pagestore.Float32, Capacity: cfg.CapacityPages},
-		QHeads: e.qT,
-		Policy: cfg.Policy,
+		QHeads:         e.qT,
+		Policy:         cfg.Policy,
+		DeviceResident: cfg.DeviceResident,
 	}
 	for tp := range cfg.TP {
 		var row []*shard.Shard
@@ -283,6 +287,11 @@ func (e *Engine) Close() error {
 	for _, trs := range e.trs {
 		for _, tr := range trs {
 			tr.Close()
+		}
+	}
+	for _, row := range e.shards {
+		for _, sh := range row {
+			sh.Close()
 		}
 	}
 	if e.ownBe != nil {
@@ -476,15 +485,15 @@ func (e *Engine) Fork(id SeqID) (SeqID, error) {
 	for tp := range e.cfg.TP {
 		var ids []pagestore.SeqID
 		for cp := range e.cfg.CP {
-			lid, err := e.shards[tp][cp].Store().Fork(sq.local[tp][cp])
+			lid, err := e.shards[tp][cp].Fork(sq.local[tp][cp])
 			if err != nil {
 				// Undo the forks made so far.
 				for c2, done := range ids {
-					e.shards[tp][c2].Store().Release(done)
+					e.shards[tp][c2].Release(done)
 				}
 				for t := range tp {
 					for c2, l := range child.local[t] {
-						e.shards[t][c2].Store().Release(l)
+						e.shards[t][c2].Release(l)
 					}
 				}
 				return 0, fmt.Errorf("fork seq %d on shard (tp %d, cp %d): %w", id, tp, cp, err)
@@ -548,7 +557,7 @@ func (e *Engine) Rollback(id SeqID, n int) error {
 			if drop[cp] == 0 {
 				continue
 			}
-			if err := e.shards[tp][cp].Store().Rollback(sq.local[tp][cp], drop[cp]); err != nil {
+			if err := e.shards[tp][cp].Rollback(sq.local[tp][cp], drop[cp]); err != nil {
 				sq.broken = changed
 				return fmt.Errorf("rollback seq %d on shard (tp %d, cp %d): %w", id, tp, cp, err)
 			}
@@ -626,7 +635,7 @@ func (e *Engine) Release(id SeqID) error {
 	var first error
 	for tp := range e.cfg.TP {
 		for cp := range e.cfg.CP {
-			if err := e.shards[tp][cp].Store().Release(sq.local[tp][cp]); err != nil && first == nil {
+			if err := e.shards[tp][cp].Release(sq.local[tp][cp]); err != nil && first == nil {
 				first = err
 			}
 			if e.cfg.Selection == Replicated {

@@ -212,5 +212,20 @@ type Backend interface {
 	Close() error
 }
 
+// DeviceStore is implemented by backends whose kernels read page pools from
+// their own device memory (the CUDA backend). A shard that keeps a device
+// copy of its pools allocates one pool per layer and writes the pages it
+// changed after every store operation; it then passes the pool as
+// Layer.Device. Methods are safe for concurrent use.
+type DeviceStore interface {
+	// NewPool allocates a device pool of pages pages for one layer.
+	NewPool(ctx context.Context, pages, kvHeads, headDim, pageSize int) (any, error)
+	// WritePages copies whole pages (K, V and summaries of every KV head)
+	// with the given physical ids from a host pool into a device pool.
+	WritePages(ctx context.Context, pool any, host Layer, phys []int32) error
+	// FreePool releases a pool.
+	FreePool(ctx context.Context, pool any) error
+}
+
 // ErrClosed is returned by calls on a closed backend.
 var ErrClosed = errors.New("kernels: backend closed")

@@ -150,8 +150,7 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart) error {
 		ls.batch.LastLen = append(ls.batch.LastLen, int32(v.LastPageLen))
 		ls.q = append(ls.q, p.Q...)
 	}
-	l := s.store.Layer(layer)
-	ls.kl = kernels.Layer{K: l.K, V: l.V, Summary: l.Summary}
+	ls.kl = s.layer(layer)
 	return nil
 }
 

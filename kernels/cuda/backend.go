@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -95,7 +96,10 @@ type devBuf struct {
 	size int64
 }
 
-var _ kernels.Backend = (*Backend)(nil)
+var (
+	_ kernels.Backend     = (*Backend)(nil)
+	_ kernels.DeviceStore = (*Backend)(nil)
+)
 
 // DeviceLayer is one layer's page pool in device memory, laid out like the
 // CPU pool ([pages][KVHeads][S][D] for K and V, [pages][KVHeads][2][D] for
@@ -332,6 +336,65 @@ func (b *Backend) allocLayer(l *DeviceLayer) error {
 		return fmt.Errorf("cuda: alloc summaries (%d bytes): %w", sum, err)
 	}
 	return nil
+}
+
+// NewPool implements kernels.DeviceStore: a DeviceLayer in the backend's
+// storage type.
+func (b *Backend) NewPool(ctx context.Context, pages, kvHeads, headDim, pageSize int) (any, error) {
+	return b.NewLayer(ctx, pages, kvHeads, headDim, pageSize, b.cfg.DType)
+}
+
+// FreePool implements kernels.DeviceStore.
+func (b *Backend) FreePool(ctx context.Context, pool any) error {
+	l, ok := pool.(*DeviceLayer)
+	if !ok {
+		return fmt.Errorf("cuda: pool %T is not a *DeviceLayer", pool)
+	}
+	return b.FreeLayer(ctx, l)
+}
+
+// WritePages implements kernels.DeviceStore: runs of consecutive physical
+// ids are copied (and converted to the storage type) in one transfer per
+// array.
+func (b *Backend) WritePages(ctx context.Context, pool any, h kernels.Layer, phys []int32) error {
+	l, ok := pool.(*DeviceLayer)
+	if !ok {
+		return fmt.Errorf("cuda: pool %T is not a *DeviceLayer", pool)
+	}
+	kvPage := l.KVHeads * l.PageSize * l.HeadDim
+	sumPage := l.KVHeads * 2 * l.HeadDim
+	if len(h.K) != l.Pages*kvPage || len(h.V) != len(h.K) || len(h.Summary) != l.Pages*sumPage {
+		return fmt.Errorf("cuda: host pool K=%d V=%d summary=%d floats do not match a device pool of %d pages", len(h.K), len(h.V), len(h.Summary), l.Pages)
+	}
+	ids := slices.Clone(phys)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	for _, p := range ids {
+		if p < 0 || int(p) >= l.Pages {
+			return fmt.Errorf("cuda: physical page %d outside pool of %d", p, l.Pages)
+		}
+	}
+	return b.do(ctx, func() error {
+		for i := 0; i < len(ids); {
+			j := i + 1
+			for j < len(ids) && ids[j] == ids[j-1]+1 {
+				j++
+			}
+			first, n := int(ids[i]), j-i
+			es := l.DType.Size()
+			if err := b.convert(l.K+cu.DevicePtr(first*kvPage*es), l.DType, h.K[first*kvPage:(first+n)*kvPage]); err != nil {
+				return err
+			}
+			if err := b.convert(l.V+cu.DevicePtr(first*kvPage*es), l.DType, h.V[first*kvPage:(first+n)*kvPage]); err != nil {
+				return err
+			}
+			if err := b.convert(l.Summary+cu.DevicePtr(first*sumPage*es), l.DType, h.Summary[first*sumPage:(first+n)*sumPage]); err != nil {
+				return err
+			}
+			i = j
+		}
+		return cu.Synchronize()
+	})
 }
 
 // FreeLayer releases a layer's device memory.
