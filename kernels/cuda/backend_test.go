@@ -255,3 +255,98 @@ func TestTopKTwoStage(t *testing.T) {
 	check("too long for two stages", []row{{100000, 511, 1000}}, false)
 	check("short rows", []row{{3000, 100, 5}}, false)
 }
+
+// TestDeviceResidentEngine runs the same workload (prefill, decode steps
+// with new tokens, fork, rollback inside a page) on a CPU engine and on a
+// CP 2 x TP 2 engine whose shards keep their pools in GPU memory (f32):
+// selections must match and outputs agree to fp32 tolerance.
+func TestDeviceResidentEngine(t *testing.T) {
+	b := newBackend(t, F32)
+	defer b.Close()
+	rng := rand.New(rand.NewPCG(9, 9))
+	mk := func(gpu bool) *engine.Engine {
+		cfg := engine.DefaultConfig()
+		cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 2, 16, 4, 64, 16
+		cfg.CP, cfg.TP, cfg.CapacityPages = 2, 2, 200
+		cfg.Policy.DenseLayers = 1
+		cfg.Policy.BudgetTokens = 128
+		if gpu {
+			cfg.Backend, cfg.DeviceResident = b, true
+		}
+		e, err := engine.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	cpu, gpu := mk(false), mk(true)
+	defer cpu.Close()
+	defer gpu.Close()
+	vec := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	for _, e := range []*engine.Engine{cpu, gpu} {
+		if id, err := e.Create(engine.Striped); err != nil || id != 1 {
+			t.Fatalf("create: %v %v", id, err)
+		}
+	}
+	for l := range 2 {
+		k, v := vec(1000*4*64), vec(1000*4*64)
+		for _, e := range []*engine.Engine{cpu, gpu} {
+			if err := e.Append(1, l, k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	step := func(seqs []engine.SeqID, token bool) {
+		t.Helper()
+		for l := range 2 {
+			var reqs []engine.Request
+			for _, id := range seqs {
+				r := engine.Request{Seq: id, Q: vec(16 * 64)}
+				if token {
+					r.K, r.V = vec(4*64), vec(4*64)
+				}
+				reqs = append(reqs, r)
+			}
+			var rc, rg engine.Result
+			if err := cpu.Step(context.Background(), l, reqs, engine.StepOptions{Diagnostics: true}, &rc); err != nil {
+				t.Fatal(err)
+			}
+			if err := gpu.Step(context.Background(), l, reqs, engine.StepOptions{Diagnostics: true}, &rg); err != nil {
+				t.Fatal(err)
+			}
+			for i := range seqs {
+				for h := range 16 {
+					if !slices.Equal(rc.Diag[i].Selected[h], rg.Diag[i].Selected[h]) {
+						t.Fatalf("layer %d seq %d head %d: pages %v vs %v", l, i, h, rc.Diag[i].Selected[h], rg.Diag[i].Selected[h])
+					}
+				}
+			}
+			for j := range rc.O {
+				if math.Abs(float64(rc.O[j]-rg.O[j])) > 1e-4*max(1, math.Abs(float64(rc.O[j]))) {
+					t.Fatalf("layer %d: output %d %v vs %v", l, j, rc.O[j], rg.O[j])
+				}
+			}
+		}
+	}
+	step([]engine.SeqID{1}, true)
+	for _, e := range []*engine.Engine{cpu, gpu} {
+		if c, err := e.Fork(1); err != nil || c != 2 {
+			t.Fatalf("fork: %v %v", c, err)
+		}
+	}
+	step([]engine.SeqID{1, 2}, true)
+	step([]engine.SeqID{1, 2}, true)
+	for _, e := range []*engine.Engine{cpu, gpu} {
+		if err := e.Rollback(2, 7); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step([]engine.SeqID{1, 2}, false)
+	step([]engine.SeqID{2}, true)
+}
