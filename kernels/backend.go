@@ -112,7 +112,11 @@ func (b *Batch) Validate(s Shape, l Layer) error {
 // ValidateSummaries is Validate for kernels that read only the summaries
 // (Score): K and V may be absent.
 func (b *Batch) ValidateSummaries(s Shape, l Layer) error {
-	return b.ValidatePool(s, len(l.Summary)/(s.KVHeads*2*s.HeadDim))
+	rec := s.KVHeads * 2 * s.HeadDim
+	if len(l.Summary)%rec != 0 {
+		return fmt.Errorf("batch: summary pool of %d floats is not a whole number of %d-float pages", len(l.Summary), rec)
+	}
+	return b.ValidatePool(s, len(l.Summary)/rec)
 }
 
 // ValidatePool checks the CSR arrays against the shape and a pool of pool

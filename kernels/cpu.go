@@ -405,6 +405,9 @@ func grow(s []float32, n int) []float32 {
 func (t *attendTask) checkLists(b *Batch, lists *Lists, rows int) error {
 	sc := &t.scratch[0]
 	for row := range len(lists.Indptr) - 1 {
+		if lists.Indptr[row+1] < lists.Indptr[row] || int(lists.Indptr[row+1]) > len(lists.Pages) {
+			return fmt.Errorf("lists indptr decreases or overruns at row %d", row)
+		}
 		seq := row / rows
 		np := b.NumPages(seq)
 		if len(sc.stamp) < np {

@@ -405,7 +405,7 @@ func (b *Backend) FreeLayer(ctx context.Context, l *DeviceLayer) error {
 				cu.MemFree(p)
 			}
 		}
-		l.K, l.V, l.Summary = 0, 0, 0
+		l.K, l.V, l.Summary, l.Pages = 0, 0, 0, 0
 		return nil
 	})
 }
@@ -413,7 +413,16 @@ func (b *Backend) FreeLayer(ctx context.Context, l *DeviceLayer) error {
 // Upload copies a host pool (float32, the CPU layout) into l, converting
 // to l.DType. Nil host arrays are skipped.
 func (b *Backend) Upload(ctx context.Context, l *DeviceLayer, h kernels.Layer) error {
-	return b.do(ctx, func() error { return b.upload(l, h) })
+	kv, sum := l.Pages*l.KVHeads*l.PageSize*l.HeadDim, l.Pages*l.KVHeads*2*l.HeadDim
+	if (h.K != nil && len(h.K) != kv) || (h.V != nil && len(h.V) != kv) || (h.Summary != nil && len(h.Summary) != sum) {
+		return fmt.Errorf("cuda upload: host arrays K=%d V=%d summary=%d floats, the layer holds %d and %d", len(h.K), len(h.V), len(h.Summary), kv, sum)
+	}
+	return b.do(ctx, func() error {
+		if err := b.upload(l, h); err != nil {
+			return err
+		}
+		return cu.Synchronize()
+	})
 }
 
 func (b *Backend) upload(l *DeviceLayer, h kernels.Layer) error {
@@ -440,6 +449,9 @@ func (b *Backend) Append(ctx context.Context, l *DeviceLayer, pageTable []int32,
 		return fmt.Errorf("cuda append: k %d and v %d floats are not whole tokens of %d", len(k), len(v), tok)
 	}
 	n := len(k) / tok
+	if pos0 < 0 {
+		return fmt.Errorf("cuda append: position %d < 0", pos0)
+	}
 	if (pos0+n+l.PageSize-1)/l.PageSize > len(pageTable) {
 		return fmt.Errorf("cuda append: %d pages needed, page table has %d", (pos0+n+l.PageSize-1)/l.PageSize, len(pageTable))
 	}
@@ -529,12 +541,19 @@ func halfToFloat(h uint16) float32 {
 // false).
 func (b *Backend) layer(s kernels.Shape, l kernels.Layer, withKV bool) (*DeviceLayer, error) {
 	if dl, ok := l.Device.(*DeviceLayer); ok {
+		if dl.K == 0 || dl.V == 0 || dl.Summary == 0 {
+			return nil, errors.New("cuda: device layer is freed or was never allocated")
+		}
 		if dl.KVHeads != s.KVHeads || dl.HeadDim != s.HeadDim || dl.PageSize != s.PageSize {
 			return nil, fmt.Errorf("cuda: device layer %dx%dx%d does not match shape %+v", dl.KVHeads, dl.PageSize, dl.HeadDim, s)
 		}
 		return dl, nil
 	}
-	pages := len(l.Summary) / (s.KVHeads * 2 * s.HeadDim)
+	rec := s.KVHeads * 2 * s.HeadDim
+	pages := len(l.Summary) / rec
+	if len(l.Summary) != pages*rec || (withKV && (len(l.K) != pages*s.KVHeads*s.PageSize*s.HeadDim || len(l.V) != len(l.K))) {
+		return nil, fmt.Errorf("cuda: host pool K=%d V=%d summary=%d floats is not a whole number of pages", len(l.K), len(l.V), len(l.Summary))
+	}
 	if b.host == nil || b.host.Pages < pages || b.host.KVHeads != s.KVHeads || b.host.HeadDim != s.HeadDim || b.host.PageSize != s.PageSize {
 		if b.host != nil {
 			for _, p := range []cu.DevicePtr{b.host.K, b.host.V, b.host.Summary} {
@@ -628,6 +647,14 @@ func (b *Backend) launchTopK(plan *kernels.TopKPlan, scores cu.DevicePtr, ptrs [
 		uint64(slices), uint64(kmax))
 }
 
+// Shared memory: a launch gets at most 48 KiB without an opt-in attribute,
+// which gorgonia.org/cu cannot set; the staged kernels also use 768 bytes of
+// static shared memory.
+const (
+	maxSmem          = 48 << 10
+	attendStaticSmem = 768
+)
+
 // reduceThreads is the block size of quest_reduce: whole warps, at least
 // D/2 threads (each thread owns two dims at most).
 func reduceThreads(d int) int { return max(32, min(128, (d+31)/32*32)) }
@@ -648,6 +675,9 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 		return b.launch(name, [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
 			u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), perHead, uint64(chunk))
 	}
+	if s.QHeads*2*s.HeadDim*4 > maxSmem {
+		return fmt.Errorf("cuda: %d query heads x D %d exceed the generic scoring kernel's shared memory (the D = 128 kernels take G in 1, 2, 4, 8)", s.QHeads, s.HeadDim)
+	}
 	chunk := b.cfg.ScoreChunk
 	if chunk <= 0 {
 		chunk = 64
@@ -666,12 +696,11 @@ func (b *Backend) launchAttend(dl *DeviceLayer, s kernels.Shape, items, heads in
 			u(dl.K), u(dl.V), u(ind), u(pg), u(last), u(qp), u(iSeq), u(iRow), u(iLo), u(iHi), u(lists), u(po), u(pl),
 			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead)
 	}
-	if (d == 64 || d == 128) && s.PageSize <= 32 {
-		stages := 3
-		if dl.DType == F32 {
-			stages = 2 // fits 48 KiB of shared memory at S*D = 4096
-		}
-		smem := 2 * stages * s.PageSize * d * dl.DType.Size()
+	stages := 3
+	if dl.DType == F32 {
+		stages = 2
+	}
+	if smem := 2 * stages * s.PageSize * d * dl.DType.Size(); (d == 64 || d == 128) && s.PageSize <= 32 && smem+attendStaticSmem <= maxSmem {
 		return b.launch(fmt.Sprintf("quest_attendp_%s_d%d", dl.DType, d), [3]int{items, 1, 1}, 32*heads, smem,
 			u(dl.K), u(dl.V), u(ind), u(pg), u(last), u(qp), u(iSeq), u(iRow), u(iLo), u(iHi), u(lists), u(po), u(pl),
 			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead)
@@ -704,8 +733,6 @@ func checkShape(s kernels.Shape) error {
 		return fmt.Errorf("cuda: %d query heads per KV head (max 32)", s.Group())
 	case s.PageSize > 64 || s.PageSize*s.HeadDim > 4096:
 		return fmt.Errorf("cuda: page of %d x %d elements exceeds the attention tile (S <= 64, S*D <= 4096)", s.PageSize, s.HeadDim)
-	case s.QHeads*2*s.HeadDim*4 > 48<<10:
-		return fmt.Errorf("cuda: %d query heads x D %d exceed the scoring kernel's shared memory", s.QHeads, s.HeadDim)
 	}
 	return nil
 }
@@ -900,6 +927,9 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 func checkLists(bt *kernels.Batch, lists *kernels.Lists, rows int) error {
 	var seen map[int32]bool
 	for row := range len(lists.Indptr) - 1 {
+		if lists.Indptr[row+1] < lists.Indptr[row] || int(lists.Indptr[row+1]) > len(lists.Pages) {
+			return fmt.Errorf("lists indptr decreases or overruns at row %d", row)
+		}
 		np := bt.NumPages(row / rows)
 		clear(seen)
 		if seen == nil {

@@ -21,7 +21,7 @@ type BenchConfig struct {
 	KVHeads  int   // 8
 	HeadDim  int   // 128
 	PageSize int   // 16
-	DType    DType // storage (BF16 when zero is F32? no: set explicitly)
+	DType    DType // storage type (the zero value is F32)
 	Iters    int   // timed repetitions per phase, median reported (20)
 	// MaxBytes skips configurations whose K+V exceed it (64 GiB).
 	MaxBytes int64
@@ -123,7 +123,11 @@ func newTimer() (timer, error) {
 		return timer{}, err
 	}
 	e, err := cu.MakeEvent(cu.DefaultEvent)
-	return timer{s, e}, err
+	if err != nil {
+		cu.DestroyEvent(&s)
+		return timer{}, err
+	}
+	return timer{s, e}, nil
 }
 
 func (t timer) destroy() { cu.DestroyEvent(&t.start); cu.DestroyEvent(&t.end) }
@@ -221,9 +225,6 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 	for i := range batch {
 		indptr[i+1] = int32((i + 1) * P)
 		last[i] = int32(n - (P-1)*s)
-	}
-	for i := range table {
-		table[i] = int32(i % P)
 	}
 	for i := range pages {
 		table[i] = int32(i)

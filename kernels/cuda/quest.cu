@@ -256,7 +256,7 @@ __device__ int block_scan(int x, int* scratch, int* total) {
 	return res;
 }
 
-extern "C" __global__ void quest_topk(const float* scores, const int* soff, const int* nn, const int* base,
+extern "C" __global__ void __launch_bounds__(1024) quest_topk(const float* scores, const int* soff, const int* nn, const int* base,
 				      const int* kk, const int* ooff, int* out) {
 	__shared__ int hist[256];
 	__shared__ int scratch[33];
@@ -427,7 +427,7 @@ __device__ void smem_emit(const uint32_t* keys, int m, int k, uint32_t T, int ti
 // [j*slice, (j+1)*slice) of the row; it writes k candidates (key, index in
 // the row) at cand[(r*slices + j)*k ...], padding with the worst key when
 // the slice is shorter than k.
-extern "C" __global__ void quest_topk_local(const float* scores, const int* soff, const int* nn, const int* kk,
+extern "C" __global__ void __launch_bounds__(1024) quest_topk_local(const float* scores, const int* soff, const int* nn, const int* kk,
 					    uint32_t* cand_key, int* cand_idx, i64 slice, i64 slices, i64 kstride) {
 	__shared__ uint32_t keys[TOPK_SLICE_MAX];
 	__shared__ int hist[256];
@@ -458,7 +458,7 @@ extern "C" __global__ void quest_topk_local(const float* scores, const int* soff
 // quest_topk_merge: one block per row; selects the row's best k among its
 // slices*k candidates (position order = index order) and writes base+index
 // ascending at out[ooff[r]..].
-extern "C" __global__ void quest_topk_merge(const uint32_t* cand_key, const int* cand_idx, const int* base,
+extern "C" __global__ void __launch_bounds__(1024) quest_topk_merge(const uint32_t* cand_key, const int* cand_idx, const int* base,
 					    const int* kk, const int* ooff, int* out, i64 slices, i64 kstride) {
 	__shared__ uint32_t keys[TOPK_CAND_MAX];
 	__shared__ int hist[256];
@@ -704,7 +704,7 @@ __device__ void summarize(const T* K, T* sum, i64 kvh, i64 D, i64 S, i64 valid) 
 						     i64 per_head, i64 chunk) {                                       \
 		score<T>(sum, indptr, pages, q, out, qh, kvh, D, per_head, chunk);                               \
 	}                                                                                                        \
-	extern "C" __global__ void quest_attend_##SUF(                                                             \
+	extern "C" __global__ void __launch_bounds__(1024) quest_attend_##SUF(                                      \
 	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
 	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
 	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 D, i64 S, i64 per_head) {                         \
@@ -932,14 +932,14 @@ __device__ void attend_pipe(const T* K, const T* V, const int* indptr, const int
 							    float* o, i64 qh, i64 kvh, i64 ph, i64 c) {        \
 		score_d128<T, 8>(s, a, b, q, o, qh, kvh, ph, c);                                                   \
 	}                                                                                                          \
-	extern "C" __global__ void quest_attendp_##SUF##_d64(                                                      \
+	extern "C" __global__ void __launch_bounds__(1024) quest_attendp_##SUF##_d64(                               \
 	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
 	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
 	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 S, i64 per_head) {                                \
 		attend_pipe<T, 2, (sizeof(T) == 4 ? 2 : 3)>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists,  \
 				  part_o, part_lse, qh, kvh, S, per_head);                                         \
 	}                                                                                                          \
-	extern "C" __global__ void quest_attendp_##SUF##_d128(                                                     \
+	extern "C" __global__ void __launch_bounds__(1024) quest_attendp_##SUF##_d128(                              \
 	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
 	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
 	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 S, i64 per_head) {                                \
@@ -984,7 +984,11 @@ __device__ void score_d128_g4(const T* sum, const int* indptr, const int* pages,
 	float* o = out + p0 * rows;
 	const int* pt = pages + p0;
 	const bool b3 = sub & 8, b2 = sub & 4;
-	for (i64 p = lo + 2 * warp + half; p < hi; p += 2 * U * nw) {
+	// The loop variable is warp-uniform (both half-warps run every
+	// iteration, so the full-mask shuffles below always have all lanes);
+	// each half guards its own record.
+	for (i64 p0 = lo + 2 * warp; p0 < hi; p0 += 2 * U * nw) {
+		const i64 p = p0 + half;
 		float x[U][16];
 #pragma unroll
 		for (int u = 0; u < U; u++) {
@@ -993,6 +997,9 @@ __device__ void score_d128_g4(const T* sum, const int* indptr, const int* pages,
 				const T* r = sum + ((i64)pt[pp] * kvh + h) * 256 + sub * 16;
 				load8<T>(r, x[u]);
 				load8<T>(r + 8, x[u] + 8);
+			} else {
+#pragma unroll
+				for (int e = 0; e < 16; e++) x[u][e] = 0.f;
 			}
 		}
 #pragma unroll
@@ -1156,14 +1163,14 @@ __device__ void attend_s16(const T* K, const T* V, const int* indptr, const int*
 							 float* o, i64 qh, i64 kvh, i64 ph, i64 c) {           \
 		score_d128_g4<T, 2>(s, a, b, q, o, qh, kvh, ph, c);                                                \
 	}                                                                                                          \
-	extern "C" __global__ void quest_attends16_##SUF##_d64(                                                    \
+	extern "C" __global__ void __launch_bounds__(1024) quest_attends16_##SUF##_d64(                             \
 	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
 	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
 	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 S, i64 per_head) {                                \
 		attend_s16<T, 2, 3>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists, \
 				    part_o, part_lse, qh, kvh, S, per_head);                                       \
 	}                                                                                                          \
-	extern "C" __global__ void quest_attends16_##SUF##_d128(                                                   \
+	extern "C" __global__ void __launch_bounds__(1024) quest_attends16_##SUF##_d128(                            \
 	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
 	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
 	    float* part_o, float* part_lse, i64 qh, i64 kvh, i64 S, i64 per_head) {                                \
