@@ -43,7 +43,8 @@ func copyPages(dst *kernels.Layer, src kernels.Layer, phys []int32) error {
 	return nil
 }
 
-// pagesOf is the number of pages of a pool; tests use 1 KV head, D = 8.
+// pagesOf is the number of pages of a pool of the test geometry (2 KV
+// heads, D = 8: a page holds 2*2*8 summary floats).
 func pagesOf(l kernels.Layer) int { return len(l.Summary) / (2 * 8 * 2) }
 
 func (m mirrorBackend) dev(l kernels.Layer) kernels.Layer {
