@@ -1,7 +1,8 @@
-// Package bench holds the benchmarks behind `questctl bench`: one-layer
-// Quest vs dense decode attention on the same data, with phase times and
-// bytes moved next to the formula rho = 1/S + K/P. Results files live in
-// bench/results/.
+// Package bench holds the benchmark behind `questctl bench attention`
+// (the CPU backend; the CUDA one lives in kernels/cuda, and `questctl bench
+// collective` in package collective): one-layer Quest vs dense decode
+// attention on the same data, with phase times and bytes moved next to the
+// formula rho = 1/S + K/P. Results files live in bench/results/.
 package bench
 
 import (

@@ -1,5 +1,6 @@
 // Package cluster will own the membership of a questrt cluster and the
-// placement of sequences onto shards. It is planned; nothing is built yet.
+// placement of sequences onto shards. Only GPU discovery is built
+// ([Discover], go-nvml, behind `questctl devices`); the rest is planned.
 //
 // The planned design:
 //
@@ -14,5 +15,6 @@
 //     within the step deadline; nothing hangs and no other sequence is
 //     affected.
 //
-// The package does no compute: it imports shard, never the reverse.
+// The package does no compute; shard and the packages below it never
+// import it.
 package cluster

@@ -11,14 +11,15 @@
 // messages between the ranks of a group, matched by (sender, tag) and
 // buffered at the receiver until asked for. NewInprocGroup is the
 // in-process implementation (every test, single-process deployments); a
-// gRPC implementation with one long-lived bidirectional stream per peer
-// fits the same interface. Faulty wraps any transport to inject failures,
+// planned gRPC implementation with one long-lived bidirectional stream per
+// peer would fit the same interface. Faulty wraps any transport to inject failures,
 // delays and hangs in tests. Payloads are raw little-endian bytes (see
 // wire.go), never JSON or gob.
 //
 // # Selection modes
 //
-// Selection across CP ranks has three modes (DESIGN.md section 2):
+// Selection across CP ranks has three modes (docs/architecture.md
+// section 6):
 //
 //   - exact (default): each rank proposes its local top-K candidates per
 //     row; Group.SelectExact all-gathers them and every rank derives the

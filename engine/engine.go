@@ -10,7 +10,8 @@
 // Selection across CP ranks has three modes: Exact (default; an all-gather
 // of each rank's local top candidates gives every rank the same global
 // top-K, equal to a single shard's), Union (no exchange: each rank keeps
-// its local top ceil(K/N); an approximation) and Replicated (every rank
+// its local top ceil(K'/N), K' the page budget minus the forced pages; an
+// approximation) and Replicated (every rank
 // mirrors all summaries and selects alone; equal to a single shard's).
 package engine
 
@@ -68,9 +69,10 @@ const (
 	// Exact all-gathers each rank's local top candidates; every rank
 	// derives the same global top-K. Default.
 	Exact Selection = iota
-	// Union exchanges nothing: each rank keeps its local top ceil(K/N).
-	// An approximation: it misses global top-K pages when one rank holds
-	// more than its quota of them, and reads up to N*ceil(K/N) pages.
+	// Union exchanges nothing: each rank keeps its local top ceil(K'/N),
+	// K' the page budget minus the forced pages. An approximation: it
+	// misses global top-K pages when one rank holds more than its quota of
+	// them, and reads up to N*ceil(K'/N) ranked pages.
 	Union
 	// Replicated keeps a copy of every summary on every CP rank; each rank
 	// computes the global top-K alone (N times the scoring work, no

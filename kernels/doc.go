@@ -10,10 +10,10 @@
 //
 // The CPU backend in this package implements Backend (the default, used by
 // CI and every test): Go with small AVX2/FMA assembly kernels for dot
-// products, chosen at start-up from CPUID, and portable Go loops under the
-// purego build tag or on other CPUs. A CUDA backend (build tag cuda) is
-// planned behind the same interface. Every backend follows these
-// conventions:
+// products and axpy, chosen at start-up from CPUID, and portable Go loops
+// under the purego build tag or on other CPUs. The CUDA backend (package
+// kernels/cuda, build tag cuda) implements the same interface. Every
+// backend follows these conventions:
 //
 //   - Query head h belongs to KV head h/G, G = QHeads/KVHeads (Llama GQA).
 //   - A page's summary record for one KV head is 2*D floats, D mins then D

@@ -186,7 +186,8 @@ func TokenMajor(a [][][]float32, d int) []float32 {
 	return out
 }
 
-// Run runs a validated case on a single shard.
+// Run runs a validated case on a single shard, or on an in-process CP x TP
+// engine when opt.CP or opt.TP is above 1.
 func Run(ctx context.Context, c *Case, opt Options) (*Result, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err

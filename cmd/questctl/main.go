@@ -5,6 +5,7 @@
 //	questctl demo     [flags]   synthetic long-context decode, Quest vs dense
 //	questctl replay   --in case.json [--selector ...] [--out result.json]
 //	questctl bench    attention|collective [flags]
+//	questctl devices  [--json]
 //
 // Run `questctl <command> --help` for a command's flags.
 package main
