@@ -215,3 +215,35 @@ func TestDemoSharded(t *testing.T) {
 		t.Fatalf("demo output:\n%s", out)
 	}
 }
+
+func TestBenchSelectionSmall(t *testing.T) {
+	code, out, stderr := runCLI(t, "bench", "selection", "--cp", "2", "--context", "4096", "--budget", "256",
+		"--q-heads", "8", "--kv-heads", "2", "--head-dim", "32", "--steps", "3", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("want 3 lines (exact, union, replicated): %q", out)
+	}
+	for _, l := range lines {
+		var r struct {
+			Selection  string  `json:"selection"`
+			SamePages  float64 `json:"same_pages_as_exact"`
+			MassRecall float64 `json:"mass_recall"`
+		}
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		// Exact and replicated select the same pages by construction.
+		if (r.Selection == "exact" || r.Selection == "replicated") && r.SamePages != 1 {
+			t.Errorf("%s: same pages as exact %v, want 1", r.Selection, r.SamePages)
+		}
+		if r.MassRecall <= 0 || r.MassRecall > 1 {
+			t.Errorf("%s: mass recall %v", r.Selection, r.MassRecall)
+		}
+	}
+	if code, _, _ := runCLI(t, "bench", "selection", "--selection", "all"); code != 2 {
+		t.Error("bad mode accepted")
+	}
+}
