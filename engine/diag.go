@@ -125,9 +125,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 			tp, hl := h/e.qT, h%e.qT
 			kvl := hl / g
 			q := reqs[i].Q[h*d : (h+1)*d]
-			lseD := float64(dense.LSE[i*c.QHeads+h])
-			var mass float64
-			var top []tokenLogit
+			ts := shard.NewTokenStats(float64(dense.LSE[i*c.QHeads+h]), topR)
 			sel := dg.Selected[h]
 			for p := range res.Plans[i].Pages {
 				cp := e.owner(sq, p)
@@ -136,57 +134,14 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 				keys, _ := e.shards[tp][cp].Store().PageKV(layer, phys, kvl)
 				_, in := slices.BinarySearch(sel, int32(p))
 				for t := range min(c.PageSize, n-p*c.PageSize) {
-					logit := float64(kernels.Dot(q, keys[t*d:(t+1)*d])) * scale
-					if in {
-						mass += math.Exp(logit - lseD)
-					}
-					top = pushTop(top, topR, tokenLogit{logit, in})
+					ts.Add(float64(kernels.Dot(q, keys[t*d:(t+1)*d]))*scale, in)
 				}
 			}
-			hit := 0
-			for _, t := range top {
-				if t.in {
-					hit++
-				}
-			}
-			dg.Recall += float64(hit) / float64(len(top))
-			mass = min(mass, 1)
-			dg.MassRecall += mass
-			dg.MinMassRecall = min(dg.MinMassRecall, mass)
+			ts.AddTo(dg)
 		}
 		dg.Recall /= float64(c.QHeads)
 		dg.MassRecall /= float64(c.QHeads)
-		var num, den float64
-		for j := i * c.QHeads * d; j < (i+1)*c.QHeads*d; j++ {
-			diff := float64(res.O[j]) - float64(dense.O[j])
-			num += diff * diff
-			den += float64(dense.O[j]) * float64(dense.O[j])
-		}
-		if den > 0 {
-			dg.RelL2 = math.Sqrt(num / den)
-		}
+		dg.RelL2 = shard.RelL2(res.O[i*c.QHeads*d:(i+1)*c.QHeads*d], dense.O[i*c.QHeads*d:(i+1)*c.QHeads*d])
 	}
 	return nil
-}
-
-type tokenLogit struct {
-	logit float64
-	in    bool // its page was attended
-}
-
-// pushTop keeps the r largest logits (ties keep the earlier token).
-func pushTop(top []tokenLogit, r int, t tokenLogit) []tokenLogit {
-	if len(top) < r {
-		return append(top, t)
-	}
-	worst := 0
-	for j := range top {
-		if top[j].logit < top[worst].logit {
-			worst = j
-		}
-	}
-	if t.logit > top[worst].logit {
-		top[worst] = t
-	}
-	return top
 }

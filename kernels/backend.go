@@ -192,6 +192,44 @@ type Lists struct {
 	Pages  []int32
 }
 
+// Check reports, for a batch b with rows rows per sequence, a malformed
+// indptr and any row that lists a page twice or a page outside its
+// sequence. seen is scratch, grown as needed and returned all false, so a
+// caller that keeps it allocates nothing.
+func (l *Lists) Check(b *Batch, rows int, seen []bool) ([]bool, error) {
+	for row := range len(l.Indptr) - 1 {
+		lo, hi := l.Indptr[row], l.Indptr[row+1]
+		if hi < lo || int(hi) > len(l.Pages) {
+			return seen, fmt.Errorf("lists indptr decreases or overruns at row %d", row)
+		}
+		np := b.NumPages(row / rows)
+		if len(seen) < np {
+			seen = make([]bool, np)
+		}
+		var err error
+		k := lo
+		for ; k < hi; k++ {
+			p := l.Pages[k]
+			if p < 0 || int(p) >= np {
+				err = fmt.Errorf("sequence %d row %d: page %d outside 0..%d", row/rows, row%rows, p, np-1)
+				break
+			}
+			if seen[p] {
+				err = fmt.Errorf("sequence %d row %d: page %d listed twice", row/rows, row%rows, p)
+				break
+			}
+			seen[p] = true
+		}
+		for _, p := range l.Pages[lo:k] {
+			seen[p] = false
+		}
+		if err != nil {
+			return seen, err
+		}
+	}
+	return seen, nil
+}
+
 // Backend runs the Quest kernels. Implementations are safe for concurrent
 // use; calls may serialize. Output slices are caller-owned; a backend keeps
 // no reference to them after a call returns.

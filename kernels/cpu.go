@@ -317,8 +317,6 @@ type attendScratch struct {
 	logits []float32 // G x S
 	acc    []float32 // G x D
 	m, l   []float64 // G
-	stamp  []uint32
-	epoch  uint32
 }
 
 type attendTask struct {
@@ -332,6 +330,7 @@ type attendTask struct {
 	partO   []float32
 	partL   []float32
 	scratch []attendScratch
+	seen    []bool // Lists.Check scratch
 }
 
 type reduceTask struct {
@@ -365,7 +364,8 @@ func (c *CPU) Attend(ctx context.Context, s Shape, l Layer, b *Batch, q []float3
 		return fmt.Errorf("attend: lists indptr has %d entries for %d rows and %d pages", len(lists.Indptr), n*rows, len(lists.Pages))
 	}
 	t := &c.attend
-	if err := t.checkLists(b, lists, rows); err != nil {
+	var err error
+	if t.seen, err = lists.Check(b, rows, t.seen); err != nil {
 		return fmt.Errorf("attend: %w", err)
 	}
 	t.s, t.l, t.b, t.q, t.lists = s, l, b, q, lists
@@ -399,37 +399,6 @@ func grow(s []float32, n int) []float32 {
 		return make([]float32, n)
 	}
 	return s[:n]
-}
-
-// checkLists rejects out-of-range and duplicate pages in any row.
-func (t *attendTask) checkLists(b *Batch, lists *Lists, rows int) error {
-	sc := &t.scratch[0]
-	for row := range len(lists.Indptr) - 1 {
-		if lists.Indptr[row+1] < lists.Indptr[row] || int(lists.Indptr[row+1]) > len(lists.Pages) {
-			return fmt.Errorf("lists indptr decreases or overruns at row %d", row)
-		}
-		seq := row / rows
-		np := b.NumPages(seq)
-		if len(sc.stamp) < np {
-			sc.stamp = make([]uint32, np)
-			sc.epoch = 0
-		}
-		sc.epoch++
-		if sc.epoch == 0 {
-			clear(sc.stamp)
-			sc.epoch = 1
-		}
-		for _, p := range lists.Pages[lists.Indptr[row]:lists.Indptr[row+1]] {
-			if p < 0 || int(p) >= np {
-				return fmt.Errorf("sequence %d row %d: page %d outside 0..%d", seq, row%rows, p, np-1)
-			}
-			if sc.stamp[p] == sc.epoch {
-				return fmt.Errorf("sequence %d row %d: page %d listed twice", seq, row%rows, p)
-			}
-			sc.stamp[p] = sc.epoch
-		}
-	}
-	return nil
 }
 
 func (t *attendTask) run(worker, i int) {

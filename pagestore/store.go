@@ -611,23 +611,31 @@ func (s *Store) CheckRollback(id SeqID, n int) error {
 		return fmt.Errorf("check rollback seq %d: %w", id, err)
 	}
 	defer sq.mu.Unlock()
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	if _, _, _, err := s.rollbackPlan(sq, n); err != nil {
+		return fmt.Errorf("check rollback seq %d by %d tokens: %w", id, n, err)
+	}
+	return nil
+}
+
+// rollbackPlan validates a rollback of n >= 1 tokens of sq (sq locked,
+// poolMu held) and returns the new length, the number of pages kept, and
+// whether the kept tail page is shared and must be copied before its
+// summaries are rescanned (a page the rollback frees can serve as the copy).
+func (s *Store) rollbackPlan(sq *seq, n int) (newLen, keep int, copyTail bool, err error) {
 	if err := s.checkEven(sq); err != nil {
-		return fmt.Errorf("check rollback seq %d: %w", id, err)
+		return 0, 0, false, err
 	}
 	L := sq.lens[0]
 	if n > L {
-		return fmt.Errorf("check rollback seq %d by %d tokens: %w: sequence has %d", id, n, ErrOutOfRange, L)
+		return 0, 0, false, fmt.Errorf("%w: sequence has %d", ErrOutOfRange, L)
 	}
 	S := s.cfg.PageSize
-	newLen := L - n
-	keep := (newLen + S - 1) / S
-	if newLen%S == 0 {
-		return nil
-	}
-	s.poolMu.Lock()
-	defer s.poolMu.Unlock()
-	if s.ref[sq.pages[keep-1]] <= 1 {
-		return nil
+	newLen = L - n
+	keep = (newLen + S - 1) / S
+	if newLen%S == 0 || s.ref[sq.pages[keep-1]] <= 1 {
+		return newLen, keep, false, nil
 	}
 	avail := len(s.free)
 	for _, p := range sq.pages[keep:] {
@@ -636,9 +644,9 @@ func (s *Store) CheckRollback(id SeqID, n int) error {
 		}
 	}
 	if avail == 0 {
-		return fmt.Errorf("check rollback seq %d by %d tokens: copy-on-write of shared tail page needs 1 page, 0 free: %w", id, n, ErrPoolExhausted)
+		return 0, 0, false, fmt.Errorf("copy-on-write of shared tail page needs 1 page, 0 free: %w", ErrPoolExhausted)
 	}
-	return nil
+	return newLen, keep, true, nil
 }
 
 // Rollback drops the last n tokens of every layer. Whole pages past the new
@@ -656,32 +664,17 @@ func (s *Store) Rollback(id SeqID, n int) error {
 		return fmt.Errorf("rollback seq %d: %w", id, err)
 	}
 	defer sq.mu.Unlock()
-	if err := s.checkEven(sq); err != nil {
-		return fmt.Errorf("rollback seq %d: %w", id, err)
-	}
-	L := sq.lens[0]
-	if n > L {
-		return fmt.Errorf("rollback seq %d by %d tokens: %w: sequence has %d", id, n, ErrOutOfRange, L)
-	}
 	S := s.cfg.PageSize
-	newLen := L - n
-	keep := (newLen + S - 1) / S
+	s.poolMu.Lock()
+	newLen, keep, copyTail, err := s.rollbackPlan(sq, n)
+	if err != nil {
+		s.poolMu.Unlock()
+		return fmt.Errorf("rollback seq %d by %d tokens: %w", id, n, err)
+	}
 	tail := newLen % S // valid slots of a reopened page, 0 if none
 	dropped := sq.pages[keep:]
-
-	s.poolMu.Lock()
 	var old, cp int32 = -1, -1
-	if tail != 0 && s.ref[sq.pages[keep-1]] > 1 {
-		avail := len(s.free)
-		for _, p := range dropped {
-			if s.ref[p] == 1 {
-				avail++
-			}
-		}
-		if avail == 0 {
-			s.poolMu.Unlock()
-			return fmt.Errorf("rollback seq %d by %d tokens: copy-on-write of shared tail page needs 1 page, 0 free: %w", id, n, ErrPoolExhausted)
-		}
+	if copyTail {
 		old = sq.pages[keep-1]
 	}
 	for _, p := range dropped {

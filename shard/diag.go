@@ -76,8 +76,7 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 		}
 		qh := q[h*d:][:d]
 		kvh := h / g
-		var mass float64
-		top := &tokenHeap{}
+		ts := NewTokenStats(float64(lsed[h]), topR)
 		for p := range np {
 			n := sh.PageSize
 			if p == np-1 {
@@ -85,47 +84,82 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 			}
 			base := (int(one.Pages[p])*sh.KVHeads + kvh) * sh.PageSize * d
 			for t := range n {
-				logit := float64(kernels.Dot(qh, kl.K[base+t*d:][:d])) * scale
-				if attended[p] {
-					mass += math.Exp(logit - float64(lsed[h]))
-				}
-				if top.Len() < topR {
-					heap.Push(top, tokenScore{logit, int32(p)})
-				} else if logit > (*top)[0].logit {
-					(*top)[0] = tokenScore{logit, int32(p)}
-					heap.Fix(top, 0)
-				}
+				ts.Add(float64(kernels.Dot(qh, kl.K[base+t*d:][:d]))*scale, attended[p])
 			}
 		}
-		hit := 0
-		for _, ts := range *top {
-			if attended[ts.page] {
-				hit++
-			}
-		}
-		dg.Recall += float64(hit) / float64(top.Len())
-		mass = min(mass, 1)
-		dg.MassRecall += mass
-		dg.MinMassRecall = min(dg.MinMassRecall, mass)
+		ts.AddTo(&dg)
 	}
 	dg.Recall /= float64(sh.QHeads)
 	dg.MassRecall /= float64(sh.QHeads)
-	var num, den float64
-	o := res.O[i*sh.QHeads*d:][:sh.QHeads*d]
-	for j := range od {
-		e := float64(o[j]) - float64(od[j])
-		num += e * e
-		den += float64(od[j]) * float64(od[j])
-	}
-	if den > 0 {
-		dg.RelL2 = math.Sqrt(num / den)
-	}
+	dg.RelL2 = RelL2(res.O[i*sh.QHeads*d:][:sh.QHeads*d], od)
 	return dg, nil
 }
 
+// RelL2 is ||o - ref|| / ||ref|| (0 when ref is zero).
+func RelL2(o, ref []float32) float64 {
+	var num, den float64
+	for j := range ref {
+		e := float64(o[j]) - float64(ref[j])
+		num += e * e
+		den += float64(ref[j]) * float64(ref[j])
+	}
+	if den == 0 {
+		return 0
+	}
+	return math.Sqrt(num / den)
+}
+
+// TokenStats accumulates, for one query head, the diagnostics measured
+// against dense attention: the dense softmax mass of the attended tokens
+// (1 - eps, notes eq. 6-7) and which of the dense top-R tokens were
+// attended. Feed it every valid token's scaled logit once.
+type TokenStats struct {
+	lse  float64
+	r    int
+	mass float64
+	top  tokenHeap
+}
+
+// NewTokenStats starts a head whose dense lse is lseDense, tracking the
+// top r tokens.
+func NewTokenStats(lseDense float64, r int) *TokenStats {
+	return &TokenStats{lse: lseDense, r: r}
+}
+
+// Add takes one token: its scaled logit and whether its page was attended.
+// Among equal logits the earlier token stays in the top R.
+func (ts *TokenStats) Add(logit float64, attended bool) {
+	if attended {
+		ts.mass += math.Exp(logit - ts.lse)
+	}
+	if ts.top.Len() < ts.r {
+		heap.Push(&ts.top, tokenScore{logit, attended})
+	} else if logit > ts.top[0].logit {
+		ts.top[0] = tokenScore{logit, attended}
+		heap.Fix(&ts.top, 0)
+	}
+}
+
+// AddTo adds this head's recall and mass recall to dg's sums (Recall and
+// MassRecall are averaged by the caller) and lowers MinMassRecall.
+func (ts *TokenStats) AddTo(dg *Diagnostics) {
+	hit := 0
+	for _, t := range ts.top {
+		if t.attended {
+			hit++
+		}
+	}
+	if ts.top.Len() > 0 {
+		dg.Recall += float64(hit) / float64(ts.top.Len())
+	}
+	mass := min(ts.mass, 1)
+	dg.MassRecall += mass
+	dg.MinMassRecall = min(dg.MinMassRecall, mass)
+}
+
 type tokenScore struct {
-	logit float64
-	page  int32
+	logit    float64
+	attended bool
 }
 
 // tokenHeap is a min-heap on logit keeping the R best tokens.

@@ -857,7 +857,7 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 	if len(lists.Indptr) != n*rows+1 || lists.Indptr[0] != 0 || int(lists.Indptr[n*rows]) != len(lists.Pages) {
 		return fmt.Errorf("attend: lists indptr has %d entries for %d rows and %d pages", len(lists.Indptr), n*rows, len(lists.Pages))
 	}
-	if err := checkLists(bt, lists, rows); err != nil {
+	if _, err := lists.Check(bt, rows, nil); err != nil {
 		return fmt.Errorf("attend: %w", err)
 	}
 	heads := s.Group()
@@ -921,31 +921,6 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		}
 		return download(lse, lp)
 	})
-}
-
-// checkLists rejects out-of-range and duplicate pages in any row.
-func checkLists(bt *kernels.Batch, lists *kernels.Lists, rows int) error {
-	var seen map[int32]bool
-	for row := range len(lists.Indptr) - 1 {
-		if lists.Indptr[row+1] < lists.Indptr[row] || int(lists.Indptr[row+1]) > len(lists.Pages) {
-			return fmt.Errorf("lists indptr decreases or overruns at row %d", row)
-		}
-		np := bt.NumPages(row / rows)
-		clear(seen)
-		if seen == nil {
-			seen = map[int32]bool{}
-		}
-		for _, p := range lists.Pages[lists.Indptr[row]:lists.Indptr[row+1]] {
-			if p < 0 || int(p) >= np {
-				return fmt.Errorf("row %d: page %d outside 0..%d", row, p, np-1)
-			}
-			if seen[p] {
-				return fmt.Errorf("row %d: page %d listed twice", row, p)
-			}
-			seen[p] = true
-		}
-	}
-	return nil
 }
 
 // Merge implements kernels.Backend.
