@@ -12,7 +12,7 @@ import (
 )
 
 // benchCUDA is unavailable in the default (CPU) build.
-func benchCUDA(context.Context, bench.AttentionConfig, []int, string, bool, io.Writer, io.Writer) error {
+func benchCUDA(context.Context, bench.AttentionConfig, []int, string, string, bool, io.Writer, io.Writer) error {
 	return usageError{errors.New("backend cuda needs a build with -tags cuda (see README: building for a GPU host)")}
 }
 

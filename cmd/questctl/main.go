@@ -386,6 +386,7 @@ same run.`, stderr)
 	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
 	fs.IntVar(&c.Iters, "iters", c.Iters, "timed steps per configuration")
 	asJSON := fs.Bool("json", false, "print JSON lines only (default also prints a table to stderr)")
+	cudaKernels := fs.String("cuda-kernels", "", "cuda: tensor-core kernel variants to use instead of the defaults, as attend=NAME,score=NAME (kernels/cuda/mma.cu; for tuning)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -403,7 +404,7 @@ same run.`, stderr)
 	switch *backend {
 	case "cpu":
 	case "cuda":
-		return benchCUDA(ctx, c, batchList, *dtype, *asJSON, stdout, stderr)
+		return benchCUDA(ctx, c, batchList, *dtype, *cudaKernels, *asJSON, stdout, stderr)
 	default:
 		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 	}

@@ -73,6 +73,10 @@ type Config struct {
 	// ScoreChunk is the number of pages per scoring block; 0 sizes blocks
 	// to fill the GPU.
 	ScoreChunk int
+	// AttendKernel and ScoreKernel name a tensor-core kernel variant of
+	// mma.cu to use instead of the default (for tuning and benchmarks,
+	// e.g. "quest_attendmma_bf16_d128_w4s3"); "" picks the default.
+	AttendKernel, ScoreKernel string
 }
 
 // Backend runs the Quest kernels on one GPU. One goroutine, locked to its
@@ -87,6 +91,7 @@ type Backend struct {
 
 	// Owned by the device goroutine.
 	fn   map[string]cu.Function
+	smem map[string]int // dynamic shared memory of the tensor-core attention kernels
 	bufs map[string]devBuf
 	host *DeviceLayer // scratch layer for host-array inputs
 }
@@ -114,7 +119,7 @@ type DeviceLayer struct {
 // thread and loads the embedded PTX.
 func New(cfg Config) (*Backend, error) {
 	b := &Backend{cfg: cfg, work: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
-		fn: map[string]cu.Function{}, bufs: map[string]devBuf{}}
+		fn: map[string]cu.Function{}, smem: map[string]int{}, bufs: map[string]devBuf{}}
 	ready := make(chan error, 1)
 	go b.loop(ready)
 	if err := <-ready; err != nil {
@@ -144,6 +149,29 @@ func (b *Backend) loop(ready chan<- error) {
 		return
 	}
 	defer mod.Unload()
+	mmaMod, err := cu.LoadData(PTXMMA)
+	if err != nil {
+		ready <- fmt.Errorf("cuda: load tensor-core PTX: %w", err)
+		return
+	}
+	defer mmaMod.Unload()
+	for _, k := range mmaKernels() {
+		f, err := mmaMod.Function(k.name)
+		if err != nil {
+			ready <- fmt.Errorf("cuda: kernel %s: %w", k.name, err)
+			return
+		}
+		if k.attend {
+			// Always opt in: with the kernel's static shared memory even
+			// exactly 48 KiB of dynamic shared memory needs it.
+			if err := setMaxDynamicSmem(f, k.smem); err != nil {
+				ready <- fmt.Errorf("cuda: kernel %s: %w", k.name, err)
+				return
+			}
+		}
+		b.fn[k.name] = f
+		b.smem[k.name] = k.smem
+	}
 	names := []string{"quest_topk", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge"}
 	for _, dt := range []DType{F32, F16, BF16} {
 		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize"} {
@@ -283,7 +311,7 @@ func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...ui
 		return nil
 	}
 	if err := f.Launch(grid[0], grid[1], grid[2], block, 1, 1, shared, cu.Stream{}, params(args...)); err != nil {
-		return fmt.Errorf("cuda: launch %s: %w", name, err)
+		return fmt.Errorf("cuda: launch %s (grid %v, block %d, %d bytes of shared memory): %w", name, grid, block, shared, err)
 	}
 	return nil
 }
@@ -579,12 +607,34 @@ func (b *Backend) layer(s kernels.Shape, l kernels.Layer, withKV bool) (*DeviceL
 const targetSMs = 132
 
 // attendChunk picks the pages per attention work item: cfg when set, else
-// enough items to fill the GPU several times over, 2 to 64 pages each.
+// about two items per multiprocessor (the tensor-core kernel fits two
+// blocks per SM, so all items run in one wave with their pages in flight
+// together), 4 to 64 pages each (at least one page per warp).
 func attendChunk(cfg, listed int) int {
 	if cfg > 0 {
 		return min(cfg, 64) // the pipelined kernel stages at most 64 page ids
 	}
-	return min(64, max(2, (listed+8*targetSMs-1)/(8*targetSMs)))
+	return min(64, max(4, (listed+2*targetSMs-1)/(2*targetSMs)))
+}
+
+// attendChunkMMA is attendChunk for the tensor-core kernel, which has no
+// limit on the pages of an item: about two items per SM, 4 to 2048 pages
+// each, so that long rows keep few items (and their merge fused, see
+// fuseMaxItems).
+func attendChunkMMA(cfg, listed int) int {
+	if cfg > 0 {
+		return cfg
+	}
+	return min(2048, max(4, (listed+2*targetSMs-1)/(2*targetSMs)))
+}
+
+// chunkFor picks attendChunk or attendChunkMMA for the kernel that will
+// run.
+func (b *Backend) chunkFor(s kernels.Shape, dt DType, listed int) int {
+	if useMMA(s, dt) {
+		return attendChunkMMA(b.cfg.AttendChunk, listed)
+	}
+	return attendChunk(b.cfg.AttendChunk, listed)
 }
 
 // Two-stage top-K limits (quest.cu): a slice of a row and the candidates of
@@ -663,6 +713,17 @@ func reduceThreads(d int) int { return max(32, min(128, (d+31)/32*32)) }
 // or the generic one.
 func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int, ind, pg, qp, op cu.DevicePtr, perHead uint64) error {
 	g := s.Group()
+	if useMMA(s, dl.DType) {
+		chunk := b.cfg.ScoreChunk
+		if chunk <= 0 {
+			// About 8 blocks per SM, 32 to 1024 pages each (measured on
+			// an H200: better balanced than one wave of 4 per SM).
+			chunk = min(1024, max(32, (n*s.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
+			chunk = (chunk + 7) / 8 * 8
+		}
+		return b.launch(b.mmaScoreName(s, dl.DType), [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
+			u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), perHead, uint64(chunk))
+	}
 	if s.HeadDim == 128 && (g == 1 || g == 2 || g == 4 || g == 8) {
 		chunk := b.cfg.ScoreChunk
 		if chunk <= 0 {
@@ -686,28 +747,119 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 		u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.HeadDim), perHead, uint64(chunk))
 }
 
-// launchAttend runs the attention kernel: the pipelined one (D 64 or 128,
-// S <= 32) or the generic one.
-func (b *Backend) launchAttend(dl *DeviceLayer, s kernels.Shape, items, heads int, perHead uint64, ind, pg, last, qp, iSeq, iRow, iLo, iHi, lists, po, pl cu.DevicePtr) error {
+// attendArgs are the device arrays of one attention call: the batch's CSR
+// (indptr, pages, last lengths), the queries, the work items (sequence, row,
+// list range), the lists, each row's item range, and the outputs.
+type attendArgs struct {
+	ind, pg, last, q               cu.DevicePtr
+	iSeq, iRow, iLo, iHi, lists    cu.DevicePtr
+	rowItem, o, lse                cu.DevicePtr
+	items, nrows                   int
+	minItemsPerRow, maxItemsPerRow int
+}
+
+// fuseMaxItems is the most items per row for which the tensor-core
+// attention kernel merges the row itself (its last block reads every
+// partial state of the row; longer rows go to quest_reduce, one block per
+// row and head). A row without items (an empty list) also needs
+// quest_reduce, which writes its empty state.
+const fuseMaxItems = 64
+
+// launchAttendReduce runs the attention kernel and merges the partial
+// states into a.o / a.lse: the tensor-core kernel (with the merge fused
+// when rows are short), else the pipelined or generic kernel followed by
+// quest_reduce.
+func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int, perHead uint64, a attendArgs) error {
 	d := s.HeadDim
+	rows := a.nrows // rows of the whole batch
+	po, err := b.buf("attend.po", int64(a.items*heads*d)*4)
+	if err != nil {
+		return err
+	}
+	pl, err := b.buf("attend.pl", int64(a.items*heads)*4)
+	if err != nil {
+		return err
+	}
+	reduce := func() error {
+		rowsPerSeq := s.KVHeads
+		if perHead == 1 {
+			rowsPerSeq = s.QHeads
+		}
+		return b.launch("quest_reduce", [3]int{rows * heads, 1, 1}, reduceThreads(d), 0,
+			u(po), u(pl), u(a.rowItem), u(a.o), u(a.lse), uint64(rows), uint64(rowsPerSeq), uint64(s.QHeads), uint64(s.KVHeads), uint64(d), perHead)
+	}
+	if useMMA(s, dl.DType) {
+		name := b.mmaAttendName(s, dl.DType, heads)
+		smem, ok := b.smem[name]
+		if !ok {
+			return fmt.Errorf("cuda: no tensor-core attention kernel %s", name)
+		}
+		fuse := a.minItemsPerRow >= 1 && a.maxItemsPerRow <= fuseMaxItems
+		ctr, err := b.counters(rows)
+		if err != nil {
+			return err
+		}
+		if err := b.launch(name, [3]int{a.items, 1, 1}, 32*mmaWarps(name), smem,
+			u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
+			u(a.rowItem), u(ctr), u(a.o), u(a.lse), uint64(s.QHeads), uint64(s.KVHeads), perHead, b2u(fuse)); err != nil {
+			return err
+		}
+		if fuse {
+			return nil
+		}
+		return reduce()
+	}
 	if (d == 64 || d == 128) && s.PageSize <= 16 && dl.DType != F32 {
 		smem := 2*3*s.PageSize*d*dl.DType.Size() + heads*d*4
-		return b.launch(fmt.Sprintf("quest_attends16_%s_d%d", dl.DType, d), [3]int{items, 1, 1}, 32*heads, smem,
-			u(dl.K), u(dl.V), u(ind), u(pg), u(last), u(qp), u(iSeq), u(iRow), u(iLo), u(iHi), u(lists), u(po), u(pl),
-			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead)
+		if err := b.launch(fmt.Sprintf("quest_attends16_%s_d%d", dl.DType, d), [3]int{a.items, 1, 1}, 32*heads, smem,
+			u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
+			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead); err != nil {
+			return err
+		}
+		return reduce()
 	}
 	stages := 3
 	if dl.DType == F32 {
 		stages = 2
 	}
 	if smem := 2 * stages * s.PageSize * d * dl.DType.Size(); (d == 64 || d == 128) && s.PageSize <= 32 && smem+attendStaticSmem <= maxSmem {
-		return b.launch(fmt.Sprintf("quest_attendp_%s_d%d", dl.DType, d), [3]int{items, 1, 1}, 32*heads, smem,
-			u(dl.K), u(dl.V), u(ind), u(pg), u(last), u(qp), u(iSeq), u(iRow), u(iLo), u(iHi), u(lists), u(po), u(pl),
-			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead)
+		if err := b.launch(fmt.Sprintf("quest_attendp_%s_d%d", dl.DType, d), [3]int{a.items, 1, 1}, 32*heads, smem,
+			u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
+			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead); err != nil {
+			return err
+		}
+		return reduce()
 	}
-	return b.launch("quest_attend_"+dl.DType.String(), [3]int{items, 1, 1}, 32*heads, 0,
-		u(dl.K), u(dl.V), u(ind), u(pg), u(last), u(qp), u(iSeq), u(iRow), u(iLo), u(iHi), u(lists), u(po), u(pl),
-		uint64(s.QHeads), uint64(s.KVHeads), uint64(d), uint64(s.PageSize), perHead)
+	if err := b.launch("quest_attend_"+dl.DType.String(), [3]int{a.items, 1, 1}, 32*heads, 0,
+		u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
+		uint64(s.QHeads), uint64(s.KVHeads), uint64(d), uint64(s.PageSize), perHead); err != nil {
+		return err
+	}
+	return reduce()
+}
+
+func b2u(x bool) uint64 {
+	if x {
+		return 1
+	}
+	return 0
+}
+
+// counters returns a buffer of at least n int32 row counters that are zero
+// between launches (the fused attention kernel leaves them at zero).
+func (b *Backend) counters(n int) (cu.DevicePtr, error) {
+	n = max(n, 64)
+	if bf, ok := b.bufs["attend.counters"]; ok && bf.size >= int64(n)*4 {
+		return bf.ptr, nil
+	}
+	p, err := b.buf("attend.counters", int64(n)*4)
+	if err != nil {
+		return 0, err
+	}
+	if err := cu.MemsetD32(p, 0, b.bufs["attend.counters"].size/4); err != nil {
+		return 0, fmt.Errorf("cuda: zero attention counters: %w", err)
+	}
+	return p, nil
 }
 
 // validate checks the batch against the call's pool: the device layer's or
@@ -866,8 +1018,15 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		heads, perHead = 1, 1
 	}
 	var itSeq, itRow, itLo, itHi, rowItem []int32
-	chunk := int32(attendChunk(b.cfg.AttendChunk, len(lists.Pages)))
+	dt := b.cfg.DType
+	if dl, ok := l.Device.(*DeviceLayer); ok {
+		dt = dl.DType
+	}
+	chunk := int32(b.chunkFor(s, dt, len(lists.Pages)))
+	minItems, maxItems := math.MaxInt, 0
 	for row := range n * rows {
+		ni := int((lists.Indptr[row+1] - lists.Indptr[row] + chunk - 1) / chunk)
+		minItems, maxItems = min(minItems, ni), max(maxItems, ni)
 		rowItem = append(rowItem, int32(len(itSeq)))
 		for p := lists.Indptr[row]; p < lists.Indptr[row+1]; p += chunk {
 			itSeq = append(itSeq, int32(row/rows))
@@ -893,17 +1052,6 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		if err != nil {
 			return err
 		}
-		po, err := b.buf("attend.po", int64(items*heads*d)*4)
-		if err != nil {
-			return err
-		}
-		pl, err := b.buf("attend.pl", int64(items*heads)*4)
-		if err != nil {
-			return err
-		}
-		if err := b.launchAttend(dl, s, items, heads, perHead, p[0], p[1], p[2], qp, p[3], p[4], p[5], p[6], p[7], po, pl); err != nil {
-			return err
-		}
 		op, err := b.buf("attend.o", int64(len(o))*4)
 		if err != nil {
 			return err
@@ -912,8 +1060,10 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		if err != nil {
 			return err
 		}
-		if err := b.launch("quest_reduce", [3]int{n * rows * heads, 1, 1}, reduceThreads(d), 0,
-			u(po), u(pl), u(p[8]), u(op), u(lp), uint64(n*rows), uint64(rows), uint64(hq), uint64(s.KVHeads), uint64(d), perHead); err != nil {
+		if err := b.launchAttendReduce(dl, s, heads, perHead, attendArgs{
+			ind: p[0], pg: p[1], last: p[2], q: qp, iSeq: p[3], iRow: p[4], iLo: p[5], iHi: p[6], lists: p[7],
+			rowItem: p[8], o: op, lse: lp, items: items, nrows: n * rows, minItemsPerRow: minItems, maxItemsPerRow: maxItems,
+		}); err != nil {
 			return err
 		}
 		if err := download(o, op); err != nil {

@@ -212,15 +212,15 @@ func TestShardsShareOneGPU(t *testing.T) {
 	compareResults(t, 0, cpu, gpu)
 }
 
-// TestTopKTwoStage checks the sliced top-K (long rows) against a full sort,
-// with many ties, rows of different lengths and budgets, and slices shorter
-// than k.
-func TestTopKTwoStage(t *testing.T) {
+// TestTopKPaths checks the sliced two-stage top-K and the one-block radix
+// select against a full sort, with many ties, rows of different lengths and
+// budgets, k >= n, and slices shorter than k.
+func TestTopKPaths(t *testing.T) {
 	b := newBackend(t, BF16)
 	defer b.Close()
 	rng := rand.New(rand.NewPCG(3, 3))
 	type row struct{ n, k, levels int }
-	check := func(name string, rows []row, twoStage bool) {
+	check := func(name string, rows []row, path string) {
 		t.Helper()
 		var plan kernels.TopKPlan
 		var scores []float32
@@ -232,8 +232,12 @@ func TestTopKTwoStage(t *testing.T) {
 			}
 			off += r.k
 		}
-		if slices, _, _ := topkSlices(&plan); (slices > 0) != twoStage {
-			t.Fatalf("%s: two-stage path %v, want %v", name, slices > 0, twoStage)
+		got := "one-block"
+		if slices, _, _ := topkSlices(&plan); slices > 0 {
+			got = "two-stage"
+		}
+		if got != path {
+			t.Fatalf("%s: path %s, want %s", name, got, path)
 		}
 		out := make([]int32, off)
 		if err := b.TopK(context.Background(), scores, &plan, out); err != nil {
@@ -241,7 +245,7 @@ func TestTopKTwoStage(t *testing.T) {
 		}
 		for i, r := range rows {
 			want := backendtest.RefTopK(scores[plan.ScoreOff[i]:][:r.n], r.k)
-			got := out[plan.OutOff[i]:][:r.k]
+			got := out[plan.OutOff[i]:][:min(r.k, r.n)]
 			for j := range want {
 				if got[j] != want[j]+3 {
 					t.Fatalf("%s row %d (n=%d k=%d): entry %d is %d, want %d", name, i, r.n, r.k, j, got[j], want[j]+3)
@@ -249,11 +253,12 @@ func TestTopKTwoStage(t *testing.T) {
 			}
 		}
 	}
-	check("one long row", []row{{65536, 255, 1 << 20}}, true)
-	check("mixed budgets and ties", []row{{65536, 255, 1 << 20}, {65536, 127, 7}, {60000, 2, 1}, {50001, 200, 1000}}, true)
-	check("k = 1", []row{{40000, 1, 3}}, true)
-	check("too long for two stages", []row{{100000, 511, 1000}}, false)
-	check("short rows", []row{{3000, 100, 5}}, false)
+	check("one long row", []row{{65536, 255, 1 << 20}}, "two-stage")
+	check("mixed budgets and ties", []row{{65536, 255, 1 << 20}, {65536, 127, 7}, {60000, 2, 1}, {50001, 200, 1000}}, "two-stage")
+	check("k = 1", []row{{40000, 1, 3}}, "two-stage")
+	check("short rows, k >= n", []row{{3000, 100, 5}, {1000, 200, 1 << 20}, {30, 40, 3}, {17, 16, 1 << 20}}, "one-block")
+	check("two stages", []row{{100000, 255, 1 << 20}, {70000, 127, 7}, {65536, 2, 1}}, "two-stage")
+	check("too long for two stages", []row{{100000, 511, 1000}}, "one-block")
 }
 
 // TestDeviceResidentEngine runs the same workload (prefill, decode steps

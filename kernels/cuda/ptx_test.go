@@ -7,19 +7,27 @@ import (
 	"testing"
 )
 
-// TestPTXMatchesSource fails when quest.cu changed without running gen.sh.
+// TestPTXMatchesSource fails when a .cu changed without running gen.sh.
 func TestPTXMatchesSource(t *testing.T) {
-	sum := sha256.Sum256([]byte(source))
-	want := hex.EncodeToString(sum[:])
-	if got := PTXSourceHash(); got != want {
-		t.Fatalf("quest.ptx was built from source %q, quest.cu is %q: run kernels/cuda/gen.sh", got, want)
-	}
-	for _, fn := range []string{"quest_topk", "quest_reduce", "quest_merge", "quest_score_bf16", "quest_attend_f16", "quest_append_f32", "quest_convert_bf16"} {
-		if !strings.Contains(PTX, ".entry "+fn+"(") {
-			t.Errorf("PTX lacks kernel %s", fn)
+	for _, c := range []struct {
+		name, src, ptx string
+		kernels        []string
+	}{
+		{"quest", source, PTX, []string{"quest_topk", "quest_reduce", "quest_merge", "quest_score_bf16", "quest_attend_f16", "quest_append_f32", "quest_convert_bf16"}},
+		{"mma", sourceMMA, PTXMMA, []string{"quest_scoremma_bf16_d128", "quest_scoremma_f16_d64_h16", "quest_attendmma_bf16_d128", "quest_attendmma_f16_d64_h16"}},
+	} {
+		sum := sha256.Sum256([]byte(c.src))
+		want := hex.EncodeToString(sum[:])
+		if got := PTXSourceHash(c.ptx); got != want {
+			t.Errorf("%s.ptx was built from source %q, %s.cu is %q: run kernels/cuda/gen.sh", c.name, got, c.name, want)
 		}
-	}
-	if !strings.Contains(PTX, ".target sm_90") {
-		t.Error("PTX is not for sm_90")
+		for _, fn := range c.kernels {
+			if !strings.Contains(c.ptx, ".entry "+fn+"(") {
+				t.Errorf("%s.ptx lacks kernel %s", c.name, fn)
+			}
+		}
+		if !strings.Contains(c.ptx, ".target sm_90") {
+			t.Errorf("%s.ptx is not for sm_90", c.name)
+		}
 	}
 }

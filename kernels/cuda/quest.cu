@@ -256,21 +256,14 @@ __device__ int block_scan(int x, int* scratch, int* total) {
 	return res;
 }
 
-extern "C" __global__ void __launch_bounds__(1024) quest_topk(const float* scores, const int* soff, const int* nn, const int* base,
-				      const int* kk, const int* ooff, int* out) {
+// topk_row: the k best of s[0..n) (0 < k < n) by a radix select over the
+// row in global memory, written as b + index ascending at o. The whole
+// block calls it.
+__device__ void topk_row(const float* s, int n, int k, int b, int* o) {
 	__shared__ int hist[256];
 	__shared__ int scratch[33];
 	__shared__ uint32_t s_prefix, s_mask;
 	__shared__ int s_k;
-	const int r = blockIdx.x;
-	const int n = nn[r], k = kk[r], b = base[r];
-	const float* s = scores + soff[r];
-	int* o = out + ooff[r];
-	if (k <= 0) return;
-	if (k >= n) {
-		for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = b + i;
-		return;
-	}
 	if (threadIdx.x == 0) { s_prefix = 0; s_mask = 0; s_k = k; }
 	for (int shift = 24; shift >= 0; shift -= 8) {
 		for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
@@ -345,6 +338,19 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk(const float* score
 	}
 }
 
+
+extern "C" __global__ void __launch_bounds__(1024) quest_topk(const float* scores, const int* soff, const int* nn, const int* base,
+				      const int* kk, const int* ooff, int* out) {
+	const int r = blockIdx.x;
+	const int n = nn[r], k = kk[r], b = base[r];
+	int* o = out + ooff[r];
+	if (k <= 0) return;
+	if (k >= n) {
+		for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = b + i;
+		return;
+	}
+	topk_row(scores + soff[r], n, k, b, o);
+}
 
 // ---------------------------------------------------------------------------
 // Two-stage top-K for long rows: quest_topk_local splits each row into

@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -17,7 +18,6 @@ import (
 // S*D = 3072..4096, attends16 d64 with S > 1, generic attend with G = 32
 // (1024-thread blocks) and D = 256, and the reduce's REDUCE_CAP loop.
 func TestKernelVariants(t *testing.T) {
-	ctx := context.Background()
 	shapes := []kernels.Shape{
 		{QHeads: 8, KVHeads: 8, HeadDim: 128, PageSize: 16},  // score128 g1
 		{QHeads: 16, KVHeads: 8, HeadDim: 128, PageSize: 16}, // score128 g2
@@ -44,58 +44,118 @@ func TestKernelVariants(t *testing.T) {
 				lens = append(lens, 2100*s.PageSize+3) // > REDUCE_CAP items in one row
 			}
 			f := backendtest.NewFixtureQ(rng, s, lens, c.q)
-			for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
-				rows := s.Rows(mode)
-				sc := make([]float32, len(f.Batch.Pages)*rows)
-				if err := b.Score(ctx, s, f.Layer, &f.Batch, f.Q, mode, sc); err != nil {
-					t.Fatalf("%v %+v %v score: %v", c.dt, s, mode, err)
-				}
-				for seq := range f.Lens {
-					np := f.Batch.NumPages(seq)
-					for r := range rows {
-						for p := range np {
-							want := math.Inf(-1)
-							if mode == kernels.PerHead {
-								want = f.RefScore(seq, p, r)
-							} else {
-								for h := r * s.Group(); h < (r+1)*s.Group(); h++ {
-									want = max(want, f.RefScore(seq, p, h))
-								}
-							}
-							got := sc[f.Batch.ScoreOffset(seq, rows)+r*np+p]
-							if math.Abs(float64(got)-want) > 1e-4*max(1, math.Abs(want)) {
-								t.Fatalf("%v %+v %v seq %d row %d page %d: score %v want %v", c.dt, s, mode, seq, r, p, got, want)
-							}
+			checkAgainstRef(t, b, fmt.Sprint(c.dt), s, f)
+		}
+		b.Close()
+	}
+}
+
+// checkAgainstRef checks Score (both GQA modes) and dense Attend of b on f
+// against the float64 references of the fixture's stored data: scores to
+// 1e-4, outputs and lse to 2e-4 relative.
+func checkAgainstRef(t *testing.T, b *Backend, name string, s kernels.Shape, f *backendtest.Fixture) {
+	t.Helper()
+	ctx := context.Background()
+	for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
+		rows := s.Rows(mode)
+		sc := make([]float32, len(f.Batch.Pages)*rows)
+		if err := b.Score(ctx, s, f.Layer, &f.Batch, f.Q, mode, sc); err != nil {
+			t.Fatalf("%s %+v %v score: %v", name, s, mode, err)
+		}
+		for seq := range f.Lens {
+			np := f.Batch.NumPages(seq)
+			for r := range rows {
+				for p := range np {
+					want := math.Inf(-1)
+					if mode == kernels.PerHead {
+						want = f.RefScore(seq, p, r)
+					} else {
+						for h := r * s.Group(); h < (r+1)*s.Group(); h++ {
+							want = max(want, f.RefScore(seq, p, h))
 						}
 					}
-				}
-				l := backendtest.DenseLists(f, mode)
-				o := make([]float32, len(f.Q))
-				lse := make([]float32, len(f.Lens)*s.QHeads)
-				if err := b.Attend(ctx, s, f.Layer, &f.Batch, f.Q, l, o, lse); err != nil {
-					t.Fatalf("%v %+v %v attend: %v", c.dt, s, mode, err)
-				}
-				for seq := range f.Lens {
-					for h := range s.QHeads {
-						r := h / s.Group()
-						if mode == kernels.PerHead {
-							r = h
-						}
-						i := seq*rows + r
-						wo, wl := f.RefAttend(seq, h, l.Pages[l.Indptr[i]:l.Indptr[i+1]])
-						gl := float64(lse[seq*s.QHeads+h])
-						if math.IsInf(wl, -1) != math.IsInf(gl, -1) || (!math.IsInf(wl, -1) && math.Abs(gl-wl) > 2e-4*max(1, math.Abs(wl))) {
-							t.Fatalf("%v %+v %v seq %d head %d: lse %v want %v", c.dt, s, mode, seq, h, gl, wl)
-						}
-						for j := range s.HeadDim {
-							got := float64(o[(seq*s.QHeads+h)*s.HeadDim+j])
-							if math.IsNaN(got) || math.Abs(got-wo[j]) > 2e-4*max(1, math.Abs(wo[j])) {
-								t.Fatalf("%v %+v %v seq %d head %d dim %d: o %v want %v", c.dt, s, mode, seq, h, j, got, wo[j])
-							}
-						}
+					got := sc[f.Batch.ScoreOffset(seq, rows)+r*np+p]
+					if math.Abs(float64(got)-want) > 1e-4*max(1, math.Abs(want)) {
+						t.Fatalf("%s %+v %v seq %d row %d page %d: score %v want %v", name, s, mode, seq, r, p, got, want)
 					}
 				}
 			}
+		}
+		l := backendtest.DenseLists(f, mode)
+		o := make([]float32, len(f.Q))
+		lse := make([]float32, len(f.Lens)*s.QHeads)
+		if err := b.Attend(ctx, s, f.Layer, &f.Batch, f.Q, l, o, lse); err != nil {
+			t.Fatalf("%s %+v %v attend: %v", name, s, mode, err)
+		}
+		for seq := range f.Lens {
+			for h := range s.QHeads {
+				r := h / s.Group()
+				if mode == kernels.PerHead {
+					r = h
+				}
+				i := seq*rows + r
+				wo, wl := f.RefAttend(seq, h, l.Pages[l.Indptr[i]:l.Indptr[i+1]])
+				gl := float64(lse[seq*s.QHeads+h])
+				if math.IsInf(wl, -1) != math.IsInf(gl, -1) || (!math.IsInf(wl, -1) && math.Abs(gl-wl) > 2e-4*max(1, math.Abs(wl))) {
+					t.Fatalf("%s %+v %v seq %d head %d: lse %v want %v", name, s, mode, seq, h, gl, wl)
+				}
+				for j := range s.HeadDim {
+					got := float64(o[(seq*s.QHeads+h)*s.HeadDim+j])
+					if math.IsNaN(got) || math.Abs(got-wo[j]) > 2e-4*max(1, math.Abs(wo[j])) {
+						t.Fatalf("%s %+v %v seq %d head %d dim %d: o %v want %v", name, s, mode, seq, h, j, got, wo[j])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestMMAKernels checks the tensor-core kernels of mma.cu (16-bit storage,
+// S = 16) against the float64 references at the strict tolerances of
+// checkAgainstRef: the hi + lo split of the query-side operands and of the
+// probabilities must keep them at fp32 accuracy. Shapes cover G = 1, 4, 8
+// (rows g only) and 16 (rows g and g + 8), D = 64 and 128; lengths cover
+// the tail lengths 1, 15, 16, 17 and a long row; AttendChunk 1 leaves three
+// of four warps without a page, 64 gives each warp a 16-page pipeline; and
+// every tuning variant runs once.
+func TestMMAKernels(t *testing.T) {
+	shapes := []kernels.Shape{
+		{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16},
+		{QHeads: 32, KVHeads: 4, HeadDim: 128, PageSize: 16},
+		{QHeads: 32, KVHeads: 2, HeadDim: 128, PageSize: 16},
+		{QHeads: 8, KVHeads: 8, HeadDim: 128, PageSize: 16},
+		{QHeads: 32, KVHeads: 8, HeadDim: 64, PageSize: 16},
+		{QHeads: 16, KVHeads: 1, HeadDim: 64, PageSize: 16},
+	}
+	lens := []int{1, 15, 16, 17, 70*16 + 5, 0, 33}
+	type run struct {
+		dt     DType
+		q      func(float32) float32
+		chunk  int
+		attend string
+	}
+	runs := []run{
+		{BF16, backendtest.RoundBF16, 1, ""}, {BF16, backendtest.RoundBF16, 64, ""}, {BF16, backendtest.RoundBF16, 0, ""},
+		{F16, backendtest.RoundF16, 1, ""}, {F16, backendtest.RoundF16, 64, ""},
+	}
+	for _, v := range []string{"w4s2", "w8s2", "w2s3", "w4s4"} {
+		runs = append(runs, run{BF16, backendtest.RoundBF16, 64, "quest_attendmma_bf16_d128_" + v}, run{BF16, backendtest.RoundBF16, 3, "quest_attendmma_bf16_d128_" + v})
+	}
+	for i, r := range runs {
+		b, err := New(Config{DType: r.dt, AttendChunk: r.chunk, AttendKernel: r.attend})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(99, uint64(i)))
+		for _, s := range shapes {
+			if r.attend != "" && (s.HeadDim != 128 || s.Group() > 8) {
+				continue
+			}
+			if !useMMA(s, r.dt) {
+				t.Fatalf("%+v %v does not take the tensor-core path", s, r.dt)
+			}
+			f := backendtest.NewFixtureQ(rng, s, lens, r.q)
+			checkAgainstRef(t, b, fmt.Sprintf("%v chunk %d %s", r.dt, r.chunk, r.attend), s, f)
 		}
 		b.Close()
 	}

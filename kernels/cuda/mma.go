@@ -1,0 +1,88 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/questrt/questrt/kernels"
+)
+
+// mmaKernel is one entry point of mma.cu (tensor-core kernels for 16-bit
+// storage and S = 16).
+type mmaKernel struct {
+	name   string
+	attend bool
+	warps  int // attention: warps per block, one pipeline each
+	smem   int // attention: dynamic shared memory bytes
+}
+
+// attendSmem is the dynamic shared memory of attend_mma: the warps' page
+// stages (K and V tiles of 16 rows of D 16-bit elements), reused at the end
+// for the warps' states (heads x D accumulators, a max and a sum per head).
+func attendSmem(d, warps, stages, heads int) int {
+	return max(warps*stages*2*16*d*2, warps*heads*d*4+2*warps*heads*4)
+}
+
+// mmaKernels lists mma.cu's kernels as instantiated there.
+func mmaKernels() []mmaKernel {
+	var ks []mmaKernel
+	for _, dt := range []DType{F16, BF16} {
+		for _, d := range []int{64, 128} {
+			for _, v := range []string{"", "_h16", "_u4"} {
+				ks = append(ks, mmaKernel{name: fmt.Sprintf("quest_scoremma_%s_d%d%s", dt, d, v)})
+			}
+			for _, h16 := range []bool{false, true} {
+				name, heads := fmt.Sprintf("quest_attendmma_%s_d%d", dt, d), 8
+				if h16 {
+					name, heads = name+"_h16", 16
+				}
+				ks = append(ks, mmaKernel{name: name, attend: true, warps: 4, smem: attendSmem(d, 4, 3, heads)})
+			}
+		}
+	}
+	for _, v := range []struct{ w, s int }{{4, 2}, {8, 2}, {2, 3}, {4, 4}} {
+		ks = append(ks, mmaKernel{name: fmt.Sprintf("quest_attendmma_bf16_d128_w%ds%d", v.w, v.s), attend: true, warps: v.w, smem: attendSmem(128, v.w, v.s, 8)})
+	}
+	return ks
+}
+
+// useMMA reports whether the tensor-core kernels take this shape: 16-bit
+// storage, S = 16, D 64 or 128, at most 16 query heads per KV head.
+func useMMA(s kernels.Shape, dt DType) bool {
+	return dt != F32 && s.PageSize == 16 && (s.HeadDim == 64 || s.HeadDim == 128) && s.Group() <= 16
+}
+
+// mmaAttendName picks the attention kernel for heads rows per item.
+func (b *Backend) mmaAttendName(s kernels.Shape, dt DType, heads int) string {
+	if b.cfg.AttendKernel != "" {
+		return b.cfg.AttendKernel
+	}
+	name := fmt.Sprintf("quest_attendmma_%s_d%d", dt, s.HeadDim)
+	if heads > 8 {
+		name += "_h16"
+	}
+	return name
+}
+
+// mmaScoreName picks the score kernel.
+func (b *Backend) mmaScoreName(s kernels.Shape, dt DType) string {
+	if b.cfg.ScoreKernel != "" {
+		return b.cfg.ScoreKernel
+	}
+	name := fmt.Sprintf("quest_scoremma_%s_d%d", dt, s.HeadDim)
+	if s.Group() > 8 {
+		name += "_h16"
+	}
+	return name
+}
+
+// mmaWarps is the block size in warps of an attention kernel.
+func mmaWarps(name string) int {
+	for _, k := range mmaKernels() {
+		if k.name == name {
+			return k.warps
+		}
+	}
+	return 4
+}
