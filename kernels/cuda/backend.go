@@ -172,7 +172,7 @@ func (b *Backend) loop(ready chan<- error) {
 		b.fn[k.name] = f
 		b.smem[k.name] = k.smem
 	}
-	names := []string{"quest_topk", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge"}
+	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge"}
 	for _, dt := range []DType{F32, F16, BF16} {
 		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize"} {
 			names = append(names, "quest_"+k+"_"+dt.String())
@@ -673,10 +673,35 @@ func topkSlices(plan *kernels.TopKPlan) (slice, slices, kmax int) {
 	return slice, slices, kmax
 }
 
-// launchTopK runs the two-stage top-K when the rows suit it, else one block
-// per row. ptrs are the plan's ScoreOff, N, Base, K, OutOff on the device.
-func (b *Backend) launchTopK(plan *kernels.TopKPlan, scores cu.DevicePtr, ptrs [5]cu.DevicePtr, out cu.DevicePtr) error {
+// Threshold top-K limits (quest.cu, quest_topk_thr): rows of at most
+// topkThrMaxN scores keeping at most topkThrMaxK.
+const (
+	topkThrMaxN = 8192 * 8
+	topkThrMaxK = 4096 / 8
+)
+
+// topkThr reports whether every row suits quest_topk_thr.
+func topkThr(plan *kernels.TopKPlan) bool {
+	for r := range plan.Rows() {
+		if plan.N[r] > topkThrMaxN || plan.K[r] > topkThrMaxK {
+			return false
+		}
+	}
+	return true
+}
+
+// launchTopK runs the threshold top-K (one block per row) when every row
+// suits it, else the two-stage top-K when the rows suit that, else the
+// radix select with one block per row. ptrs are the plan's ScoreOff, N,
+// Base, K, OutOff on the device.
+//
+// tmax, when not 0, holds tile maxima from the score kernel and every row
+// of the plan starts at a score row's start.
+func (b *Backend) launchTopK(plan *kernels.TopKPlan, scores, tmax cu.DevicePtr, ptrs [5]cu.DevicePtr, out cu.DevicePtr) error {
 	rows := plan.Rows()
+	if topkThr(plan) {
+		return b.launch("quest_topk_thr", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(tmax), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
+	}
 	slice, slices, kmax := topkSlices(plan)
 	if slices == 0 {
 		return b.launch("quest_topk", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
@@ -711,7 +736,11 @@ func reduceThreads(d int) int { return max(32, min(128, (d+31)/32*32)) }
 
 // launchScore runs the score kernel: the D=128 fast path (G in 1, 2, 4, 8)
 // or the generic one.
-func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int, ind, pg, qp, op cu.DevicePtr, perHead uint64) error {
+//
+// tmax, when not 0, asks for the maximum of every tile of 8 pages of each
+// output row as well (laid out like the scores, see quest_topk_thr); only
+// the tensor-core kernel writes them, and wrote reports whether it did.
+func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int, ind, pg, qp, op, tmax cu.DevicePtr, perHead uint64) (wrote bool, err error) {
 	g := s.Group()
 	if useMMA(s, dl.DType) {
 		chunk := b.cfg.ScoreChunk
@@ -719,10 +748,10 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 			// About 8 blocks per SM, 32 to 1024 pages each (measured on
 			// an H200: better balanced than one wave of 4 per SM).
 			chunk = min(1024, max(32, (n*s.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
-			chunk = (chunk + 7) / 8 * 8
 		}
-		return b.launch(b.mmaScoreName(s, dl.DType), [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
-			u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), perHead, uint64(chunk))
+		chunk = (chunk + 7) / 8 * 8 // blocks start on tile boundaries
+		return tmax != 0, b.launch(b.mmaScoreName(s, dl.DType), [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
+			u(dl.Summary), u(ind), u(pg), u(qp), u(op), u(tmax), uint64(s.QHeads), uint64(s.KVHeads), perHead, uint64(chunk))
 	}
 	if s.HeadDim == 128 && (g == 1 || g == 2 || g == 4 || g == 8) {
 		chunk := b.cfg.ScoreChunk
@@ -733,17 +762,17 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 		if g == 4 && dl.DType != F32 {
 			name = "quest_score128g4_" + dl.DType.String()
 		}
-		return b.launch(name, [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
+		return false, b.launch(name, [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
 			u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), perHead, uint64(chunk))
 	}
 	if s.QHeads*2*s.HeadDim*4 > maxSmem {
-		return fmt.Errorf("cuda: %d query heads x D %d exceed the generic scoring kernel's shared memory (the D = 128 kernels take G in 1, 2, 4, 8)", s.QHeads, s.HeadDim)
+		return false, fmt.Errorf("cuda: %d query heads x D %d exceed the generic scoring kernel's shared memory (the D = 128 kernels take G in 1, 2, 4, 8)", s.QHeads, s.HeadDim)
 	}
 	chunk := b.cfg.ScoreChunk
 	if chunk <= 0 {
 		chunk = 64
 	}
-	return b.launch("quest_score_"+dl.DType.String(), [3]int{(maxPages + chunk - 1) / chunk, n, 1}, 256, s.QHeads*2*s.HeadDim*4,
+	return false, b.launch("quest_score_"+dl.DType.String(), [3]int{(maxPages + chunk - 1) / chunk, n, 1}, 256, s.QHeads*2*s.HeadDim*4,
 		u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.HeadDim), perHead, uint64(chunk))
 }
 
@@ -933,7 +962,7 @@ func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b
 		if mode == kernels.PerHead {
 			perHead = 1
 		}
-		if err := b.launchScore(dl, s, n, maxPages, ind, pg, qp, op, perHead); err != nil {
+		if _, err := b.launchScore(dl, s, n, maxPages, ind, pg, qp, op, 0, perHead); err != nil {
 			return err
 		}
 		return download(out[:len(bt.Pages)*rows], op)
@@ -975,7 +1004,7 @@ func (b *Backend) TopK(ctx context.Context, scores []float32, plan *kernels.TopK
 		if err != nil {
 			return err
 		}
-		if err := b.launchTopK(plan, sp, ptrs, op); err != nil {
+		if err := b.launchTopK(plan, sp, 0, ptrs, op); err != nil {
 			return err
 		}
 		// Rows write disjoint ranges; copy back only what they wrote.

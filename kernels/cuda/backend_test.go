@@ -212,9 +212,11 @@ func TestShardsShareOneGPU(t *testing.T) {
 	compareResults(t, 0, cpu, gpu)
 }
 
-// TestTopKPaths checks the sliced two-stage top-K and the one-block radix
-// select against a full sort, with many ties, rows of different lengths and
-// budgets, k >= n, and slices shorter than k.
+// TestTopKPaths checks the threshold top-K, the sliced two-stage top-K and
+// the one-block radix select against a full sort, with many ties (rows of
+// one level make every score a candidate, which sends the threshold kernel
+// to its radix fallback), rows of different lengths and budgets, partial
+// last tiles, k >= n, k >= the number of tiles, and slices shorter than k.
 func TestTopKPaths(t *testing.T) {
 	b := newBackend(t, BF16)
 	defer b.Close()
@@ -233,7 +235,9 @@ func TestTopKPaths(t *testing.T) {
 			off += r.k
 		}
 		got := "one-block"
-		if slices, _, _ := topkSlices(&plan); slices > 0 {
+		if topkThr(&plan) {
+			got = "thr"
+		} else if slices, _, _ := topkSlices(&plan); slices > 0 {
 			got = "two-stage"
 		}
 		if got != path {
@@ -253,12 +257,14 @@ func TestTopKPaths(t *testing.T) {
 			}
 		}
 	}
-	check("one long row", []row{{65536, 255, 1 << 20}}, "two-stage")
-	check("mixed budgets and ties", []row{{65536, 255, 1 << 20}, {65536, 127, 7}, {60000, 2, 1}, {50001, 200, 1000}}, "two-stage")
-	check("k = 1", []row{{40000, 1, 3}}, "two-stage")
-	check("short rows, k >= n", []row{{3000, 100, 5}, {1000, 200, 1 << 20}, {30, 40, 3}, {17, 16, 1 << 20}}, "one-block")
+	check("thr: one long row", []row{{65536, 255, 1 << 20}}, "thr")
+	check("thr: mixed budgets, ties, partial tiles", []row{{65536, 255, 1 << 20}, {65535, 127, 7}, {60001, 2, 1}, {50003, 200, 1000}, {9, 3, 2}, {17, 16, 1 << 20}, {1000, 511, 50}, {4099, 300, 1 << 20}}, "thr")
+	check("thr: k >= tiles, k >= n", []row{{1000, 200, 1 << 20}, {30, 40, 3}, {8191, 512, 1 << 20}, {3000, 100, 5}}, "thr")
+	check("thr: k = 1", []row{{40000, 1, 3}, {40000, 1, 1 << 20}}, "thr")
+	check("thr: a few large scores", []row{{65536, 255, 3}, {65536, 64, 2}}, "thr")
 	check("two stages", []row{{100000, 255, 1 << 20}, {70000, 127, 7}, {65536, 2, 1}}, "two-stage")
 	check("too long for two stages", []row{{100000, 511, 1000}}, "one-block")
+	check("k too large for thr", []row{{3000, 600, 5}, {1000, 200, 1 << 20}, {30, 40, 3}, {17, 16, 1 << 20}}, "one-block")
 }
 
 // TestDeviceResidentEngine runs the same workload (prefill, decode steps

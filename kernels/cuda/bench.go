@@ -391,7 +391,16 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		return nil, err
 	}
 	bytesDense := int64(batch) * int64(P) * int64(kvh*s*d*dt.Size()) * 2
-	score := func() error { return b.launchScore(l, shape, batch, P, pInd, pTab, pQ, pScores, 0) }
+	pTmax, err := b.buf("bench.tmax", int64(pages*kvh)*4)
+	if err != nil {
+		return nil, err
+	}
+	var haveTmax bool
+	score := func() error {
+		var err error
+		haveTmax, err = b.launchScore(l, shape, batch, P, pInd, pTab, pQ, pScores, pTmax, 0)
+		return err
+	}
 	scoreUS, err := b.cold(cfg.Iters, score)
 	if err != nil {
 		return nil, err
@@ -429,7 +438,11 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 			}
 		}
 		tplan := &kernels.TopKPlan{ScoreOff: soff, N: nn, Base: base, K: kk, OutOff: ooff}
-		topk := func() error { return b.launchTopK(tplan, pScores, tp, qplan.lst) }
+		tm := cu.DevicePtr(0)
+		if haveTmax {
+			tm = pTmax // rows start at score row starts: seq*P*kvh + h*P
+		}
+		topk := func() error { return b.launchTopK(tplan, pScores, tm, tp, qplan.lst) }
 		topkUS, err := b.cold(cfg.Iters, topk)
 		if err != nil {
 			return nil, err

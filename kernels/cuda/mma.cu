@@ -90,10 +90,13 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 // inside a record is permuted so that each load fills the B fragments of
 // two k-steps directly, and W is laid out with the same permutation).
 // Element e of load i sits at k = 32i + 8t + e; k-step 2i+j holds elements
-// 4j..4j+3 in the fragment slots (2t, 2t+1, 2t+8, 2t+9).
+// 4j..4j+3 in the fragment slots (2t, 2t+1, 2t+8, 2t+9). When tmax is set
+// the kernel also writes, for each output row, the maximum of every tile of
+// 8 pages (tile j of a row at the row's offset + j, laid out like the
+// scores), which quest_topk_thr reads instead of the scores.
 template <typename T, int D, bool TWO, int U>
 __device__ void score_mma(const T* sum, const int* indptr, const int* pages, const float* q, float* out,
-			  i64 qh, i64 kvh, i64 per_head, i64 chunk) {
+			  float* tmax, i64 qh, i64 kvh, i64 per_head, i64 chunk) {
 	constexpr int NS = D / 8;   // k-steps over the 2D record
 	constexpr int NL = D / 16;  // 16-byte loads per thread per record
 	constexpr int R = TWO ? 2 : 1;
@@ -161,16 +164,22 @@ __device__ void score_mma(const T* sum, const int* indptr, const int* pages, con
 			}
 			// c[0], c[1]: row g, pages col 2t, 2t+1; c[2], c[3]: row g+8.
 			const i64 pc = t0 + u * 8 * nw + 2 * t;
+			const i64 tile = (t0 + u * 8 * nw) / 8;  // chunk and lo are multiples of 8
 			if (per_head) {
-				if (g < G) {
-					float* d = o + (h * G + g) * np;
-					if (pc < hi) d[pc] = c[0];
-					if (pc + 1 < hi) d[pc + 1] = c[1];
-				}
-				if (TWO && g + 8 < G) {
-					float* d = o + (h * G + g + 8) * np;
-					if (pc < hi) d[pc] = c[2];
-					if (pc + 1 < hi) d[pc + 1] = c[3];
+#pragma unroll
+				for (int r = 0; r < (TWO ? 2 : 1); r++) {
+					const int row = g + 8 * r;
+					float* d = o + (h * G + row) * np;
+					if (row < G) {
+						if (pc < hi) d[pc] = c[2 * r];
+						if (pc + 1 < hi) d[pc + 1] = c[2 * r + 1];
+					}
+					if (tmax) {
+						float x = fmaxf(pc < hi ? c[2 * r] : NEG_INF, pc + 1 < hi ? c[2 * r + 1] : NEG_INF);
+						x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+						x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+						if (row < G && t == 0 && tile * 8 < hi) tmax[p0 * rows + (h * G + row) * np + tile] = x;
+					}
 				}
 			} else {
 				float m0 = g < G ? c[0] : NEG_INF, m1 = g < G ? c[1] : NEG_INF;
@@ -186,6 +195,12 @@ __device__ void score_mma(const T* sum, const int* indptr, const int* pages, con
 				if (g == 0) {
 					if (pc < hi) o[h * np + pc] = m0;
 					if (pc + 1 < hi) o[h * np + pc + 1] = m1;
+				}
+				if (tmax) {
+					float x = fmaxf(pc < hi ? m0 : NEG_INF, pc + 1 < hi ? m1 : NEG_INF);
+					x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+					x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+					if (lane == 0 && tile * 8 < hi) tmax[p0 * rows + h * np + tile] = x;
 				}
 			}
 		}
@@ -497,16 +512,19 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 
 #define SCORE(SUF, T, D)                                                                                           \
 	extern "C" __global__ void __launch_bounds__(128) quest_scoremma_##SUF##_d##D(                                \
-	    const T* s, const int* a, const int* b, const float* q, float* o, i64 qh, i64 kvh, i64 ph, i64 c) {     \
-		score_mma<T, D, false, 2>(s, a, b, q, o, qh, kvh, ph, c);                                          \
+	    const T* s, const int* a, const int* b, const float* q, float* o, float* tm, i64 qh, i64 kvh, i64 ph,   \
+	    i64 c) {                                                                                               \
+		score_mma<T, D, false, 2>(s, a, b, q, o, tm, qh, kvh, ph, c);                                      \
 	}                                                                                                          \
 	extern "C" __global__ void __launch_bounds__(128) quest_scoremma_##SUF##_d##D##_h16(                          \
-	    const T* s, const int* a, const int* b, const float* q, float* o, i64 qh, i64 kvh, i64 ph, i64 c) {     \
-		score_mma<T, D, true, 2>(s, a, b, q, o, qh, kvh, ph, c);                                           \
+	    const T* s, const int* a, const int* b, const float* q, float* o, float* tm, i64 qh, i64 kvh, i64 ph,   \
+	    i64 c) {                                                                                               \
+		score_mma<T, D, true, 2>(s, a, b, q, o, tm, qh, kvh, ph, c);                                       \
 	}                                                                                                          \
 	extern "C" __global__ void __launch_bounds__(128) quest_scoremma_##SUF##_d##D##_u4(                           \
-	    const T* s, const int* a, const int* b, const float* q, float* o, i64 qh, i64 kvh, i64 ph, i64 c) {     \
-		score_mma<T, D, false, 4>(s, a, b, q, o, qh, kvh, ph, c);                                          \
+	    const T* s, const int* a, const int* b, const float* q, float* o, float* tm, i64 qh, i64 kvh, i64 ph,   \
+	    i64 c) {                                                                                               \
+		score_mma<T, D, false, 4>(s, a, b, q, o, tm, qh, kvh, ph, c);                                      \
 	}
 
 #define ATTEND(NAME, T, D, W, ST, TWO)                                                                             \

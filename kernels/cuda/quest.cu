@@ -487,6 +487,180 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_merge(const uint32
 }
 
 // ---------------------------------------------------------------------------
+// quest_topk_thr: one block per row for rows of up to THR_TILES*8 scores and
+// k <= THR_CAND/8. The row is cut into tiles of 8 consecutive scores. A
+// threshold tau with at least k tile maxima >= tau bounds the row's k-th
+// best score from below (those tiles each hold a score >= tau), so every
+// score the row keeps is >= tau and lies in a tile whose maximum is >= tau.
+// tau is found with one histogram of the tile maxima (THR_BINS linear bins
+// between their min and max; tau = the least tile maximum in the bins from
+// the top down to the first bin where k tiles are reached); the scores >=
+// tau of the qualifying tiles (usually a little over k) are gathered in
+// index order and the k best among them selected exactly (radix select in
+// shared memory, ties to the lower index, indices written ascending). The
+// tile maxima come from the score kernel (tmax, laid out like the scores,
+// when every row starts at a score row's start) or from the scores. If
+// more than THR_CAND scores qualify (heavy ties), the row falls back to
+// topk_row. Loads are issued 16 at a time per thread: a block's 64 serial
+// round trips to L2 would otherwise dominate.
+#define THR_TILES 8192
+#define THR_BINS 2048
+#define THR_CAND 4096
+extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* scores, const float* tmax, const int* soff, const int* nn,
+					  const int* base, const int* kk, const int* ooff, int* out) {
+	__shared__ float tm[THR_TILES];  // tile maxima, then candidate keys and indices
+	__shared__ int hist[THR_BINS];
+	__shared__ int scratch[33];
+	__shared__ float red[64];
+	__shared__ int s_bin;
+	__shared__ uint32_t s_prefix;
+	__shared__ int s_k;
+	const int r = blockIdx.x;
+	const int n = nn[r], k = kk[r], b = base[r];
+	const float* s = scores + soff[r];
+	int* o = out + ooff[r];
+	if (k <= 0) return;
+	if (k >= n) {
+		for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = b + i;
+		return;
+	}
+	if (n > THR_TILES * 8 || k > THR_CAND / 8) {
+		topk_row(s, n, k, b, o);
+		return;
+	}
+	const float NINF = __int_as_float(0xff800000);
+	const int nt = (n + 7) / 8;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	// 1. Tile maxima: from tmax when the score kernel wrote them (every
+	// whole tile of the row; the partial last tile, which may also cover
+	// scores past n, is recomputed), else lane-contiguous loads of the
+	// scores, 8 lanes per tile.
+	if (tmax) {
+		const float* tr = tmax + soff[r];
+		const int full = n / 8;
+		for (int t = threadIdx.x; t < full; t += blockDim.x) tm[t] = tr[t];
+		if (full < nt && threadIdx.x == 0) {
+			float x = NINF;
+			for (int i = full * 8; i < n; i++) x = fmaxf(x, s[i]);
+			tm[full] = x;
+		}
+	} else
+	for (int i0 = warp * 32; i0 < nt * 8; i0 += nw * 32 * 16) {
+		float v[16];
+#pragma unroll
+		for (int u = 0; u < 16; u++) {
+			const int i = i0 + u * nw * 32 + lane;
+			v[u] = i < n ? s[i] : NINF;
+		}
+#pragma unroll
+		for (int u = 0; u < 16; u++) {
+			float x = v[u];
+			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+			const int i = i0 + u * nw * 32 + lane;
+			if ((lane & 7) == 0 && i < nt * 8) tm[i / 8] = x;
+		}
+	}
+	__syncthreads();
+	float tau = NINF;  // every score qualifies when k >= nt (n <= 8k)
+	if (k < nt) {
+		// 2. Range of the tile maxima.
+		float mn = __int_as_float(0x7f800000), mx = NINF;
+		for (int t = threadIdx.x; t < nt; t += blockDim.x) {
+			mn = fminf(mn, tm[t]);
+			mx = fmaxf(mx, tm[t]);
+		}
+#pragma unroll
+		for (int x = 16; x > 0; x >>= 1) {
+			mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, x));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+		}
+		if (lane == 0) { red[warp] = mn; red[32 + warp] = mx; }
+		for (int i = threadIdx.x; i < THR_BINS; i += blockDim.x) hist[i] = 0;
+		__syncthreads();
+		mn = red[0];
+		mx = red[32];
+		for (int w = 1; w < nw; w++) { mn = fminf(mn, red[w]); mx = fmaxf(mx, red[32 + w]); }
+		// 3. Histogram (bin is non-decreasing in the value).
+		const float scale = mx > mn ? (float)THR_BINS / (mx - mn) : 0.f;
+		for (int t = threadIdx.x; t < nt; t += blockDim.x)
+			atomicAdd(&hist[min(THR_BINS - 1, (int)((tm[t] - mn) * scale))], 1);
+		__syncthreads();
+		// 4. From the top bin down, the first bin where k tiles are reached:
+		// thread t owns bins THR_BINS-1-2t and THR_BINS-2-2t.
+		const int bh = THR_BINS - 1 - 2 * (int)threadIdx.x, bl = bh - 1;
+		const int ch = bh >= 0 ? hist[bh] : 0, cl = bl >= 0 ? hist[bl] : 0;
+		int total;
+		const int above = block_scan(ch + cl, scratch, &total);
+		if (bh >= 0 && above < k && above + ch >= k) s_bin = bh;
+		else if (bl >= 0 && above + ch < k && above + ch + cl >= k) s_bin = bl;
+		__syncthreads();
+		const int bstar = s_bin;
+		// 5. tau = the least tile maximum in bins >= bstar.
+		float lo = __int_as_float(0x7f800000);
+		for (int t = threadIdx.x; t < nt; t += blockDim.x)
+			if (min(THR_BINS - 1, (int)((tm[t] - mn) * scale)) >= bstar) lo = fminf(lo, tm[t]);
+#pragma unroll
+		for (int x = 16; x > 0; x >>= 1) lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, x));
+		if (lane == 0) red[warp] = lo;
+		__syncthreads();
+		tau = red[0];
+		for (int w = 1; w < nw; w++) tau = fminf(tau, red[w]);
+	}
+	// 6. Count the scores >= tau in the qualifying tiles; thread t owns
+	// tiles [t*TPT, (t+1)*TPT), so thread order is index order.
+	const int TPT = (nt + blockDim.x - 1) / blockDim.x;  // <= 8
+	uint32_t flags = 0;
+	int c = 0;
+	for (int e = 0; e < TPT; e++) {
+		const int tl = threadIdx.x * TPT + e;
+		if (tl < nt && tm[tl] >= tau) {
+			float v[8];
+#pragma unroll
+			for (int j = 0; j < 8; j++) v[j] = tl * 8 + j < n ? s[tl * 8 + j] : NINF;
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				if (v[j] >= tau && tl * 8 + j < n) {
+					flags |= 1u << (e * 4);  // tile qualifies (bit 4e)
+					c++;
+				}
+		}
+	}
+	int m;
+	const int first = block_scan(c, scratch, &m);  // syncs: tm is free after this
+	if (m > THR_CAND) {
+		topk_row(s, n, k, b, o);
+		return;
+	}
+	// 7. Gather the candidates in index order.
+	uint32_t* ckey = reinterpret_cast<uint32_t*>(tm);
+	int* cidx = reinterpret_cast<int*>(tm + THR_CAND);
+	int slot = first;
+	for (int e = 0; e < TPT; e++) {
+		if (!(flags & (1u << (e * 4)))) continue;
+		const int tl = threadIdx.x * TPT + e;
+		float v[8];
+#pragma unroll
+		for (int j = 0; j < 8; j++) v[j] = tl * 8 + j < n ? s[tl * 8 + j] : NINF;
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			if (v[j] >= tau && tl * 8 + j < n) {
+				ckey[slot] = desc_key(v[j]);
+				cidx[slot] = tl * 8 + j;
+				slot++;
+			}
+		}
+	}
+	__syncthreads();
+	// 8. The k best candidates, emitted in index order.
+	smem_select(ckey, m, k, hist, &s_prefix, &s_k);
+	const uint32_t T = s_prefix;
+	const int ties = s_k;
+	smem_emit(ckey, m, k, T, ties, scratch, [&](int p, int i, uint32_t) { o[p] = b + cidx[i]; });
+}
+
+// ---------------------------------------------------------------------------
 // attend: split-K sparse paged attention. One block per work item (sequence,
 // row, chunk of the row's page list); one warp per query head of the row
 // (G warps for group_max, 1 for per_head). Each page's K and V tile is loaded

@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"gorgonia.org/cu"
+
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
 )
@@ -158,5 +160,130 @@ func TestMMAKernels(t *testing.T) {
 			checkAgainstRef(t, b, fmt.Sprintf("%v chunk %d %s", r.dt, r.chunk, r.attend), s, f)
 		}
 		b.Close()
+	}
+}
+
+// TestScoreTileMaxima runs the tensor-core score kernel with tile maxima
+// and the threshold top-K that reads them, as the fused Quest step does:
+// every tile maximum equals the max of its (up to) 8 scores, and the top-K
+// rows (each the whole row or the row without its tail page, so the last
+// tile is partial or covers an excluded score) equal a full sort of the
+// scores, in both GQA modes and on a ragged batch.
+func TestScoreTileMaxima(t *testing.T) {
+	b := newBackend(t, BF16)
+	defer b.Close()
+	rng := rand.New(rand.NewPCG(5, 5))
+	for _, s := range []kernels.Shape{{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}, {QHeads: 32, KVHeads: 2, HeadDim: 64, PageSize: 16}} {
+		f := backendtest.NewFixtureQ(rng, s, []int{16*3000 + 5, 16 * 64, 17, 16*1001 + 16, 1}, backendtest.RoundBF16)
+		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
+			rows := s.Rows(mode)
+			nsc := len(f.Batch.Pages) * rows
+			scores := make([]float32, nsc)
+			tmax := make([]float32, nsc)
+			var plan kernels.TopKPlan
+			off := 0
+			for seq := range f.Lens {
+				np := f.Batch.NumPages(seq)
+				for r := range rows {
+					n := np - (r % 2) // odd rows leave the tail page out
+					k := []int{1, 7, 64, 255, 512}[(seq+r)%5]
+					plan.Add(f.Batch.ScoreOffset(seq, rows)+r*np, n, 0, k, off)
+					off += min(k, n)
+				}
+			}
+			if !topkThr(&plan) {
+				t.Fatal("plan does not take the threshold top-K")
+			}
+			out := make([]int32, off)
+			perHead := uint64(0)
+			if mode == kernels.PerHead {
+				perHead = 1
+			}
+			err := b.do(context.Background(), func() error {
+				dl, err := b.layer(s, f.Layer, false)
+				if err != nil {
+					return err
+				}
+				ind, err := upload(b, "t.ind", f.Batch.Indptr)
+				if err != nil {
+					return err
+				}
+				pg, err := upload(b, "t.pages", f.Batch.Pages)
+				if err != nil {
+					return err
+				}
+				qp, err := upload(b, "t.q", f.Q)
+				if err != nil {
+					return err
+				}
+				sp, err := b.buf("t.scores", int64(nsc)*4)
+				if err != nil {
+					return err
+				}
+				tp, err := b.buf("t.tmax", int64(nsc)*4)
+				if err != nil {
+					return err
+				}
+				maxPages := 0
+				for i := range f.Lens {
+					maxPages = max(maxPages, f.Batch.NumPages(i))
+				}
+				wrote, err := b.launchScore(dl, s, len(f.Lens), maxPages, ind, pg, qp, sp, tp, perHead)
+				if err != nil {
+					return err
+				}
+				if !wrote {
+					return fmt.Errorf("score kernel did not write tile maxima")
+				}
+				var ptrs [5]cu.DevicePtr
+				for i, a := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
+					if ptrs[i], err = upload(b, fmt.Sprintf("t.plan%d", i), a); err != nil {
+						return err
+					}
+				}
+				op, err := b.buf("t.out", int64(off)*4)
+				if err != nil {
+					return err
+				}
+				if err := b.launchTopK(&plan, sp, tp, ptrs, op); err != nil {
+					return err
+				}
+				if err := download(scores, sp); err != nil {
+					return err
+				}
+				if err := download(tmax, tp); err != nil {
+					return err
+				}
+				return download(out, op)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for seq := range f.Lens {
+				np := f.Batch.NumPages(seq)
+				for r := range rows {
+					row := f.Batch.ScoreOffset(seq, rows) + r*np
+					for tl := 0; tl*8 < np; tl++ {
+						want := float32(math.Inf(-1))
+						for p := tl * 8; p < min(np, tl*8+8); p++ {
+							want = max(want, scores[row+p])
+						}
+						if got := tmax[row+tl]; got != want {
+							t.Fatalf("%+v %v seq %d row %d tile %d: max %v, want %v", s, mode, seq, r, tl, got, want)
+						}
+					}
+				}
+			}
+			for i := range plan.Rows() {
+				n, k := int(plan.N[i]), int(plan.K[i])
+				want := backendtest.RefTopK(scores[plan.ScoreOff[i]:][:n], k)
+				got := out[plan.OutOff[i]:][:min(k, n)]
+				for j := range want {
+					if got[j] != want[j] {
+						t.Fatalf("%+v %v top-K row %d (n=%d k=%d): entry %d is %d, want %d", s, mode, i, n, k, j, got[j], want[j])
+					}
+				}
+			}
+		}
 	}
 }
