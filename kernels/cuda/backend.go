@@ -90,10 +90,17 @@ type Backend struct {
 	done chan struct{}
 
 	// Owned by the device goroutine.
-	fn   map[string]cu.Function
-	smem map[string]int // dynamic shared memory of the tensor-core attention kernels
-	bufs map[string]devBuf
-	host *DeviceLayer // scratch layer for host-array inputs
+	fn    map[string]cu.Function
+	smem  map[string]int // dynamic shared memory of the tensor-core attention kernels
+	bufs  map[string]devBuf
+	argv  [maxParams]uint64 // kernel parameters of the launch in progress
+	items [5][]int32        // attention work items: sequence, row, list lo, list hi; row -> first item
+	// Pinned staging buffer for uploads: bytes [0, stageOff) are handed
+	// out; staged is set while an asynchronous copy from it may be queued.
+	pin      pinned
+	stageOff int64
+	staged   bool
+	host     *DeviceLayer // scratch layer for host-array inputs
 }
 
 type devBuf struct {
@@ -207,6 +214,7 @@ func (b *Backend) loop(ready chan<- error) {
 			for _, bf := range b.bufs {
 				cu.MemFree(bf.ptr)
 			}
+			b.pin.free()
 			return
 		}
 	}
@@ -269,37 +277,64 @@ func (b *Backend) buf(name string, n int64) (cu.DevicePtr, error) {
 	return p, nil
 }
 
+// upload copies s into the scratch device buffer named name through the
+// pinned staging buffer, asynchronously on the default stream (the copy is
+// ordered before later launches; the staging space is reused only after a
+// synchronizing download or cu.Synchronize).
 func upload[T int32 | float32](b *Backend, name string, s []T) (cu.DevicePtr, error) {
 	n := int64(len(s)) * 4
 	p, err := b.buf(name, n)
 	if err != nil || len(s) == 0 {
 		return p, err
 	}
-	if err := cu.MemcpyHtoD(p, unsafe.Pointer(&s[0]), n); err != nil {
+	src, err := b.stage(n)
+	if err != nil {
+		return 0, err
+	}
+	copy(unsafe.Slice((*T)(src), len(s)), s)
+	if err := cu.MemcpyHtoDAsync(p, src, n, cu.Stream{}); err != nil {
 		return 0, fmt.Errorf("cuda: upload %s: %w", name, err)
 	}
+	b.staged = true
 	return p, nil
 }
 
-func download[T int32 | float32](dst []T, src cu.DevicePtr) error {
+// stage returns n bytes of the pinned staging buffer after the ones handed
+// out since the last synchronization, growing the buffer (or synchronizing
+// and starting over) when they do not fit.
+func (b *Backend) stage(n int64) (unsafe.Pointer, error) {
+	off := (b.stageOff + 255) &^ 255
+	if off+n > b.pin.size {
+		if b.staged {
+			if err := cu.Synchronize(); err != nil {
+				return nil, fmt.Errorf("cuda: synchronize before reusing the staging buffer: %w", err)
+			}
+			b.staged = false
+		}
+		off = 0
+		if n > b.pin.size {
+			b.pin.free()
+			var err error
+			if b.pin, err = allocPinned(max(n, 2*b.pin.size, 1<<20)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	b.stageOff = off + n
+	return unsafe.Add(b.pin.p, off), nil
+}
+
+// download copies src into dst synchronously; every copy and kernel queued
+// before it is then done, so the staging buffer starts over.
+func download[T int32 | float32](b *Backend, dst []T, src cu.DevicePtr) error {
 	if len(dst) == 0 {
 		return nil
 	}
 	if err := cu.MemcpyDtoH(unsafe.Pointer(&dst[0]), src, int64(len(dst))*4); err != nil {
 		return fmt.Errorf("cuda: download: %w", err)
 	}
+	b.staged, b.stageOff = false, 0
 	return nil
-}
-
-// params packs kernel parameters: every value is 8 bytes.
-func params(vals ...uint64) []unsafe.Pointer {
-	buf := make([]uint64, len(vals))
-	copy(buf, vals)
-	ps := make([]unsafe.Pointer, len(vals))
-	for i := range buf {
-		ps[i] = unsafe.Pointer(&buf[i])
-	}
-	return ps
 }
 
 func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...uint64) error {
@@ -310,7 +345,11 @@ func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...ui
 	if grid[0] == 0 || grid[1] == 0 || grid[2] == 0 {
 		return nil
 	}
-	if err := f.Launch(grid[0], grid[1], grid[2], block, 1, 1, shared, cu.Stream{}, params(args...)); err != nil {
+	if len(args) > maxParams {
+		return fmt.Errorf("cuda: launch %s: %d parameters, at most %d", name, len(args), maxParams)
+	}
+	n := copy(b.argv[:], args)
+	if err := launchArgs(f, grid, block, shared, &b.argv, n); err != nil {
 		return fmt.Errorf("cuda: launch %s (grid %v, block %d, %d bytes of shared memory): %w", name, grid, block, shared, err)
 	}
 	return nil
@@ -328,7 +367,7 @@ func (b *Backend) convert(dst cu.DevicePtr, dt DType, src []float32) error {
 			return err
 		}
 		d := dst + cu.DevicePtr(off*dt.Size())
-		if err := b.launch("quest_convert_"+dt.String(), [3]int{min((len(part)+255)/256, 4096), 1, 1}, 256, 0, u(p), u(d), uint64(len(part))); err != nil {
+		if err := b.launch(convertKernel[dt], [3]int{min((len(part)+255)/256, 4096), 1, 1}, 256, 0, u(p), u(d), uint64(len(part))); err != nil {
 			return err
 		}
 	}
@@ -515,25 +554,25 @@ func (b *Backend) Read(ctx context.Context, l *DeviceLayer) (kernels.Layer, erro
 	var h kernels.Layer
 	err := b.do(ctx, func() error {
 		var err error
-		if h.K, err = readAs(l.K, l.Pages*l.KVHeads*l.PageSize*l.HeadDim, l.DType); err != nil {
+		if h.K, err = readAs(b, l.K, l.Pages*l.KVHeads*l.PageSize*l.HeadDim, l.DType); err != nil {
 			return err
 		}
-		if h.V, err = readAs(l.V, l.Pages*l.KVHeads*l.PageSize*l.HeadDim, l.DType); err != nil {
+		if h.V, err = readAs(b, l.V, l.Pages*l.KVHeads*l.PageSize*l.HeadDim, l.DType); err != nil {
 			return err
 		}
-		h.Summary, err = readAs(l.Summary, l.Pages*l.KVHeads*2*l.HeadDim, l.DType)
+		h.Summary, err = readAs(b, l.Summary, l.Pages*l.KVHeads*2*l.HeadDim, l.DType)
 		return err
 	})
 	return h, err
 }
 
-func readAs(p cu.DevicePtr, n int, dt DType) ([]float32, error) {
+func readAs(b *Backend, p cu.DevicePtr, n int, dt DType) ([]float32, error) {
 	out := make([]float32, n)
 	if n == 0 {
 		return out, nil
 	}
 	if dt == F32 {
-		return out, download(out, p)
+		return out, download(b, out, p)
 	}
 	raw := make([]uint16, n)
 	if err := cu.MemcpyDtoH(unsafe.Pointer(&raw[0]), p, int64(n)*2); err != nil {
@@ -918,6 +957,13 @@ func checkShape(s kernels.Shape) error {
 	return nil
 }
 
+// convertKernel names the float32-to-storage conversion kernel of each
+// DType (no string building per launch).
+var convertKernel = [...]string{F32: "quest_convert_f32", F16: "quest_convert_f16", BF16: "quest_convert_bf16"}
+
+// attendBufs names Attend's uploaded arrays.
+var attendBufs = [9]string{"attend.indptr", "attend.pages", "attend.last", "attend.seq", "attend.row", "attend.lo", "attend.hi", "attend.lists", "attend.rowitem"}
+
 // ---- Backend ----
 
 // Score implements kernels.Backend.
@@ -965,7 +1011,7 @@ func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b
 		if _, err := b.launchScore(dl, s, n, maxPages, ind, pg, qp, op, 0, perHead); err != nil {
 			return err
 		}
-		return download(out[:len(bt.Pages)*rows], op)
+		return download(b, out[:len(bt.Pages)*rows], op)
 	})
 }
 
@@ -1010,7 +1056,7 @@ func (b *Backend) TopK(ctx context.Context, scores []float32, plan *kernels.TopK
 		// Rows write disjoint ranges; copy back only what they wrote.
 		tmp := make([]int32, outLen)
 		copy(tmp, out)
-		if err := download(tmp, op); err != nil {
+		if err := download(b, tmp, op); err != nil {
 			return err
 		}
 		for r := range n {
@@ -1046,34 +1092,38 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 	if lists.Mode == kernels.PerHead {
 		heads, perHead = 1, 1
 	}
-	var itSeq, itRow, itLo, itHi, rowItem []int32
 	dt := b.cfg.DType
 	if dl, ok := l.Device.(*DeviceLayer); ok {
 		dt = dl.DType
 	}
 	chunk := int32(b.chunkFor(s, dt, len(lists.Pages)))
-	minItems, maxItems := math.MaxInt, 0
-	for row := range n * rows {
-		ni := int((lists.Indptr[row+1] - lists.Indptr[row] + chunk - 1) / chunk)
-		minItems, maxItems = min(minItems, ni), max(maxItems, ni)
-		rowItem = append(rowItem, int32(len(itSeq)))
-		for p := lists.Indptr[row]; p < lists.Indptr[row+1]; p += chunk {
-			itSeq = append(itSeq, int32(row/rows))
-			itRow = append(itRow, int32(row%rows))
-			itLo = append(itLo, p)
-			itHi = append(itHi, min(p+chunk, lists.Indptr[row+1]))
-		}
-	}
-	rowItem = append(rowItem, int32(len(itSeq)))
-	items := len(itSeq)
 	return b.do(ctx, func() error {
+		// Work items, built in the device goroutine's reused slices.
+		it := &b.items
+		for i := range it {
+			it[i] = it[i][:0]
+		}
+		minItems, maxItems := math.MaxInt, 0
+		for row := range n * rows {
+			ni := int((lists.Indptr[row+1] - lists.Indptr[row] + chunk - 1) / chunk)
+			minItems, maxItems = min(minItems, ni), max(maxItems, ni)
+			it[4] = append(it[4], int32(len(it[0])))
+			for p := lists.Indptr[row]; p < lists.Indptr[row+1]; p += chunk {
+				it[0] = append(it[0], int32(row/rows))
+				it[1] = append(it[1], int32(row%rows))
+				it[2] = append(it[2], p)
+				it[3] = append(it[3], min(p+chunk, lists.Indptr[row+1]))
+			}
+		}
+		it[4] = append(it[4], int32(len(it[0])))
+		items := len(it[0])
 		dl, err := b.layer(s, l, true)
 		if err != nil {
 			return err
 		}
 		var p [9]cu.DevicePtr
-		for i, a := range [][]int32{bt.Indptr, bt.Pages, bt.LastLen, itSeq, itRow, itLo, itHi, lists.Pages, rowItem} {
-			if p[i], err = upload(b, fmt.Sprintf("attend.%d", i), a); err != nil {
+		for i, a := range [9][]int32{bt.Indptr, bt.Pages, bt.LastLen, it[0], it[1], it[2], it[3], lists.Pages, it[4]} {
+			if p[i], err = upload(b, attendBufs[i], a); err != nil {
 				return err
 			}
 		}
@@ -1095,10 +1145,10 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		}); err != nil {
 			return err
 		}
-		if err := download(o, op); err != nil {
+		if err := download(b, o, op); err != nil {
 			return err
 		}
-		return download(lse, lp)
+		return download(b, lse, lp)
 	})
 }
 
@@ -1119,9 +1169,9 @@ func (b *Backend) Merge(ctx context.Context, dim int, o, lse, o2, lse2 []float32
 		if err := b.launch("quest_merge", [3]int{(n + 7) / 8, 1, 1}, 256, 0, u(p[0]), u(p[1]), u(p[2]), u(p[3]), uint64(n), uint64(dim)); err != nil {
 			return err
 		}
-		if err := download(o, p[0]); err != nil {
+		if err := download(b, o, p[0]); err != nil {
 			return err
 		}
-		return download(lse, p[1])
+		return download(b, lse, p[1])
 	})
 }

@@ -5,10 +5,24 @@ package cuda
 /*
 #cgo LDFLAGS: -lcuda
 #include <cuda.h>
+#include <stdint.h>
 
 static CUresult questSetMaxDynamicSmem(CUfunction f, int bytes) {
 	return cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
 }
+
+// questLaunch launches f on the default stream with n 8-byte parameters
+// taken from args (the pointer array lives on this C stack frame, so a
+// launch allocates nothing).
+static CUresult questLaunch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem,
+			    uint64_t* args, int n) {
+	void* p[32];
+	for (int i = 0; i < n && i < 32; i++) p[i] = &args[i];
+	return cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, (CUstream)0, p, 0);
+}
+
+static CUresult questHostAlloc(void** p, size_t n) { return cuMemHostAlloc(p, n, 0); }
+static CUresult questHostFree(void* p) { return cuMemFreeHost(p); }
 */
 import "C"
 
@@ -19,15 +33,55 @@ import (
 	"gorgonia.org/cu"
 )
 
-// The driver calls gorgonia.org/cu v0.9.6 does not wrap. cu.Function holds
-// the CUfunction handle as its only field.
+// The driver calls gorgonia.org/cu v0.9.6 does not wrap, or wraps with an
+// allocation per call. cu.Function holds the CUfunction handle as its only
+// field.
+
+func cfunc(f cu.Function) C.CUfunction { return *(*C.CUfunction)(unsafe.Pointer(&f)) }
 
 // setMaxDynamicSmem lets launches of f use up to bytes of dynamic shared
 // memory (above the default 48 KiB). Device goroutine only.
 func setMaxDynamicSmem(f cu.Function, bytes int) error {
-	h := *(*C.CUfunction)(unsafe.Pointer(&f))
-	if r := C.questSetMaxDynamicSmem(h, C.int(bytes)); r != C.CUDA_SUCCESS {
+	if r := C.questSetMaxDynamicSmem(cfunc(f), C.int(bytes)); r != C.CUDA_SUCCESS {
 		return fmt.Errorf("cuda: cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, %d): CUresult %d", bytes, int(r))
 	}
 	return nil
 }
+
+// maxParams is the most kernel parameters launchArgs passes.
+const maxParams = 32
+
+// launchArgs launches f with the 8-byte parameters args (at most
+// maxParams) on the default stream, without allocating.
+func launchArgs(f cu.Function, grid [3]int, block, shared int, args *[maxParams]uint64, n int) error {
+	if r := C.questLaunch(cfunc(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]), C.uint(block), C.uint(shared),
+		(*C.uint64_t)(unsafe.Pointer(&args[0])), C.int(n)); r != C.CUDA_SUCCESS {
+		return fmt.Errorf("CUresult %d", int(r))
+	}
+	return nil
+}
+
+// pinned is page-locked host memory (cuMemHostAlloc), which host-device
+// copies read or write directly and asynchronously.
+type pinned struct {
+	p    unsafe.Pointer
+	size int64
+}
+
+func allocPinned(size int64) (pinned, error) {
+	var p unsafe.Pointer
+	if r := C.questHostAlloc(&p, C.size_t(size)); r != C.CUDA_SUCCESS {
+		return pinned{}, fmt.Errorf("cuda: cuMemHostAlloc(%d): CUresult %d", size, int(r))
+	}
+	return pinned{p, size}, nil
+}
+
+func (h *pinned) free() {
+	if h.p != nil {
+		C.questHostFree(h.p)
+		h.p, h.size = nil, 0
+	}
+}
+
+// bytes views the first n bytes of h.
+func (h *pinned) bytes(n int64) []byte { return unsafe.Slice((*byte)(h.p), n) }

@@ -608,56 +608,151 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 		tau = red[0];
 		for (int w = 1; w < nw; w++) tau = fminf(tau, red[w]);
 	}
-	// 6. Count the scores >= tau in the qualifying tiles; thread t owns
-	// tiles [t*TPT, (t+1)*TPT), so thread order is index order.
+	// 6. The qualifying tiles (maximum >= tau), listed in index order in
+	// qt (hist's space): thread t owns tiles [t*TPT, (t+1)*TPT).
 	const int TPT = (nt + blockDim.x - 1) / blockDim.x;  // <= 8
-	uint32_t flags = 0;
-	int c = 0;
+	int q = 0;
 	for (int e = 0; e < TPT; e++) {
 		const int tl = threadIdx.x * TPT + e;
-		if (tl < nt && tm[tl] >= tau) {
-			float v[8];
-#pragma unroll
-			for (int j = 0; j < 8; j++) v[j] = tl * 8 + j < n ? s[tl * 8 + j] : NINF;
-#pragma unroll
-			for (int j = 0; j < 8; j++)
-				if (v[j] >= tau && tl * 8 + j < n) {
-					flags |= 1u << (e * 4);  // tile qualifies (bit 4e)
-					c++;
-				}
-		}
+		q += tl < nt && tm[tl] >= tau;
 	}
-	int m;
-	const int first = block_scan(c, scratch, &m);  // syncs: tm is free after this
-	if (m > THR_CAND) {
+	int nq;
+	int qpos = block_scan(q, scratch, &nq);
+	if (nq > THR_BINS) {
 		topk_row(s, n, k, b, o);
 		return;
 	}
-	// 7. Gather the candidates in index order.
-	uint32_t* ckey = reinterpret_cast<uint32_t*>(tm);
-	int* cidx = reinterpret_cast<int*>(tm + THR_CAND);
-	int slot = first;
+	int* qt = hist;
 	for (int e = 0; e < TPT; e++) {
-		if (!(flags & (1u << (e * 4)))) continue;
 		const int tl = threadIdx.x * TPT + e;
-		float v[8];
-#pragma unroll
-		for (int j = 0; j < 8; j++) v[j] = tl * 8 + j < n ? s[tl * 8 + j] : NINF;
-#pragma unroll
-		for (int j = 0; j < 8; j++) {
-			if (v[j] >= tau && tl * 8 + j < n) {
-				ckey[slot] = desc_key(v[j]);
-				cidx[slot] = tl * 8 + j;
-				slot++;
-			}
-		}
+		if (tl < nt && tm[tl] >= tau) qt[qpos++] = tl;
 	}
 	__syncthreads();
-	// 8. The k best candidates, emitted in index order.
-	smem_select(ckey, m, k, hist, &s_prefix, &s_k);
-	const uint32_t T = s_prefix;
-	const int ties = s_k;
-	smem_emit(ckey, m, k, T, ties, scratch, [&](int p, int i, uint32_t) { o[p] = b + cidx[i]; });
+	// 7. Gather the scores >= tau of the listed tiles in index order: thread
+	// t reads tile qt[t] (8 independent loads, one round trip per 1024
+	// tiles).
+	uint32_t* ckey = reinterpret_cast<uint32_t*>(tm);
+	int* cidx = reinterpret_cast<int*>(tm + THR_CAND);
+	int m = 0;
+	for (int r0 = 0; r0 < nq; r0 += blockDim.x) {
+		const int j = r0 + threadIdx.x;
+		const int tl = j < nq ? qt[j] : 0;
+		float v[8];
+#pragma unroll
+		for (int e = 0; e < 8; e++) v[e] = j < nq && tl * 8 + e < n ? s[tl * 8 + e] : NINF;
+		int c = 0;
+#pragma unroll
+		for (int e = 0; e < 8; e++) c += j < nq && tl * 8 + e < n && v[e] >= tau;
+		int tot;
+		int pos = m + block_scan(c, scratch, &tot);  // syncs: tm is free after the first
+		if (m + tot > THR_CAND) {
+			topk_row(s, n, k, b, o);
+			return;
+		}
+#pragma unroll
+		for (int e = 0; e < 8; e++) {
+			if (j < nq && tl * 8 + e < n && v[e] >= tau) {
+				ckey[pos] = desc_key(v[e]);
+				cidx[pos] = tl * 8 + e;
+				pos++;
+			}
+		}
+		m += tot;
+	}
+	__syncthreads();
+	// 8. The k best candidates, emitted in index order: a histogram of the
+	// candidates' keys (linear bins between their min and max) finds the
+	// bin b2 where the k-th best falls; the candidates of b2 (usually one or
+	// two) are ranked by (key, index) to find the last one taken; more than
+	// 1024 in b2 (ties) fall back to the radix select.
+	uint32_t kmin = 0xffffffffu, kmax = 0;
+	for (int p = threadIdx.x; p < m; p += blockDim.x) {
+		kmin = min(kmin, ckey[p]);
+		kmax = max(kmax, ckey[p]);
+	}
+#pragma unroll
+	for (int x = 16; x > 0; x >>= 1) {
+		kmin = min(kmin, __shfl_xor_sync(0xffffffffu, kmin, x));
+		kmax = max(kmax, __shfl_xor_sync(0xffffffffu, kmax, x));
+	}
+	uint32_t* ured = reinterpret_cast<uint32_t*>(red);
+	__syncthreads();  // red's last readers (step 5) are done
+	if (lane == 0) { ured[warp] = kmin; ured[32 + warp] = kmax; }
+	for (int i = threadIdx.x; i < THR_BINS; i += blockDim.x) hist[i] = 0;
+	__syncthreads();
+	kmin = ured[0];
+	kmax = ured[32];
+	for (int w = 1; w < nw; w++) { kmin = min(kmin, ured[w]); kmax = max(kmax, ured[32 + w]); }
+	const unsigned long long span = (unsigned long long)(kmax - kmin) + 1;
+	auto kbin = [&](uint32_t key) { return (int)(((unsigned long long)(key - kmin) * THR_BINS) / span); };
+	for (int p = threadIdx.x; p < m; p += blockDim.x) atomicAdd(&hist[kbin(ckey[p])], 1);
+	__syncthreads();
+	__shared__ int s_need, s_cnt;
+	__shared__ uint32_t s_tkey;
+	__shared__ int s_tidx;
+	{
+		const int c0 = hist[2 * threadIdx.x], c1 = hist[2 * threadIdx.x + 1];
+		int tot;
+		const int below = block_scan(c0 + c1, scratch, &tot);
+		if (below < k && below + c0 >= k) { s_bin = 2 * threadIdx.x; s_need = k - below; s_cnt = c0; }
+		else if (below + c0 < k && below + c0 + c1 >= k) { s_bin = 2 * threadIdx.x + 1; s_need = k - below - c0; s_cnt = c1; }
+	}
+	__syncthreads();
+	const int b2 = s_bin, need2 = s_need, cnt2 = s_cnt;
+	if (cnt2 > 1024) {
+		smem_select(ckey, m, k, hist, &s_prefix, &s_k);
+		const uint32_t T = s_prefix;
+		const int ties = s_k;
+		smem_emit(ckey, m, k, T, ties, scratch, [&](int p, int i, uint32_t) { o[p] = b + cidx[i]; });
+		return;
+	}
+	// Every candidate of b2 is taken when need2 == cnt2; else the need2-th
+	// best of b2 by (key, index) is the last one taken.
+	uint32_t tkey = 0xffffffffu;
+	int tidx = 0x7fffffff;
+	if (need2 < cnt2) {
+		uint32_t* mk = reinterpret_cast<uint32_t*>(hist);  // [cnt2] keys, then [cnt2] indices
+		int* mi = hist + 1024;
+		if (threadIdx.x == 0) s_k = 0;
+		__syncthreads();
+		for (int p = threadIdx.x; p < m; p += blockDim.x) {
+			if (kbin(ckey[p]) == b2) {
+				const int j = atomicAdd(&s_k, 1);
+				mk[j] = ckey[p];
+				mi[j] = cidx[p];
+			}
+		}
+		__syncthreads();
+		if ((int)threadIdx.x < cnt2) {
+			const uint32_t key = mk[threadIdx.x];
+			const int idx = mi[threadIdx.x];
+			int rank = 0;
+			for (int j = 0; j < cnt2; j++) rank += mk[j] < key || (mk[j] == key && mi[j] < idx);
+			if (rank == need2 - 1) { s_tkey = key; s_tidx = idx; }
+		}
+		__syncthreads();
+		tkey = s_tkey;
+		tidx = s_tidx;
+	}
+	// Emit: thread t owns candidates [t*CPT, (t+1)*CPT) (index order).
+	const int CPT = (m + blockDim.x - 1) / blockDim.x;  // <= 4
+	int nsel = 0;
+	for (int e = 0; e < CPT; e++) {
+		const int p = threadIdx.x * CPT + e;
+		if (p < m) {
+			const int bn = kbin(ckey[p]);
+			nsel += bn < b2 || (bn == b2 && (ckey[p] < tkey || (ckey[p] == tkey && cidx[p] <= tidx)));
+		}
+	}
+	int tot;
+	int pos = block_scan(nsel, scratch, &tot);
+	for (int e = 0; e < CPT; e++) {
+		const int p = threadIdx.x * CPT + e;
+		if (p < m) {
+			const int bn = kbin(ckey[p]);
+			if (bn < b2 || (bn == b2 && (ckey[p] < tkey || (ckey[p] == tkey && cidx[p] <= tidx)))) o[pos++] = b + cidx[p];
+		}
+	}
 }
 
 // ---------------------------------------------------------------------------

@@ -248,13 +248,13 @@ func TestScoreTileMaxima(t *testing.T) {
 				if err := b.launchTopK(&plan, sp, tp, ptrs, op); err != nil {
 					return err
 				}
-				if err := download(scores, sp); err != nil {
+				if err := download(b, scores, sp); err != nil {
 					return err
 				}
-				if err := download(tmax, tp); err != nil {
+				if err := download(b, tmax, tp); err != nil {
 					return err
 				}
-				return download(out, op)
+				return download(b, out, op)
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -285,5 +285,52 @@ func TestScoreTileMaxima(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestAllocsPerCall checks that the Go allocations of a Score, TopK or
+// Attend call do not grow with the batch (work items, launches and uploads
+// reuse the device goroutine's buffers; kernel parameters and uploads go
+// through C and pinned memory) and logs them.
+func TestAllocsPerCall(t *testing.T) {
+	b := newBackend(t, BF16)
+	defer b.Close()
+	ctx := context.Background()
+	s := kernels.Shape{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}
+	rng := rand.New(rand.NewPCG(8, 8))
+	count := func(lens []int) (score, topk, attend float64) {
+		f := backendtest.NewFixtureQ(rng, s, lens, backendtest.RoundBF16)
+		rows := s.Rows(kernels.GroupMax)
+		sc := make([]float32, len(f.Batch.Pages)*rows)
+		l := backendtest.DenseLists(f, kernels.GroupMax)
+		o := make([]float32, len(f.Q))
+		lse := make([]float32, len(f.Lens)*s.QHeads)
+		var plan kernels.TopKPlan
+		off := 0
+		for seq := range f.Lens {
+			np := f.Batch.NumPages(seq)
+			for r := range rows {
+				plan.Add(f.Batch.ScoreOffset(seq, rows)+r*np, np, 0, 4, off)
+				off += min(4, np)
+			}
+		}
+		out := make([]int32, off)
+		run := func(fn func() error) float64 {
+			return testing.AllocsPerRun(10, func() {
+				if err := fn(); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+		score = run(func() error { return b.Score(ctx, s, f.Layer, &f.Batch, f.Q, kernels.GroupMax, sc) })
+		topk = run(func() error { return b.TopK(ctx, sc, &plan, out) })
+		attend = run(func() error { return b.Attend(ctx, s, f.Layer, &f.Batch, f.Q, l, o, lse) })
+		return
+	}
+	s1, k1, a1 := count([]int{100, 2000})
+	s2, k2, a2 := count([]int{100, 2000, 17, 4000, 1, 300, 5000, 16, 900, 3000, 64, 2500})
+	t.Logf("allocations per call, 2 / 12 sequences: score %v / %v, top-K %v / %v, attend %v / %v", s1, s2, k1, k2, a1, a2)
+	if s2 > s1 || k2 > k1 || a2 > a1 {
+		t.Errorf("allocations grow with the batch: score %v -> %v, top-K %v -> %v, attend %v -> %v", s1, s2, k1, k2, a1, a2)
 	}
 }
