@@ -94,6 +94,7 @@ type Backend struct {
 	smem  map[string]int // dynamic shared memory of the tensor-core attention kernels
 	bufs  map[string]devBuf
 	argv  [maxParams]uint64 // kernel parameters of the launch in progress
+	pdl   bool              // the driver has cuLaunchKernelEx
 	items [5][]int32        // attention work items: sequence, row, list lo, list hi; row -> first item
 	// Pinned staging buffer for uploads: bytes [0, stageOff) are handed
 	// out; staged is set while an asynchronous copy from it may be queued.
@@ -205,6 +206,7 @@ func (b *Backend) loop(ready chan<- error) {
 		}
 		b.fn[n] = f
 	}
+	b.pdl = havePDL()
 	ready <- nil
 	for {
 		select {
@@ -338,6 +340,13 @@ func download[T int32 | float32](b *Backend, dst []T, src cu.DevicePtr) error {
 }
 
 func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...uint64) error {
+	return b.launchMode(false, name, grid, block, shared, args...)
+}
+
+// launchMode launches name, as a programmatic dependent of the previous
+// kernel when pdl is set and the driver supports it (the kernel must then
+// wait with griddepcontrol.wait before reading that kernel's output).
+func (b *Backend) launchMode(pdl bool, name string, grid [3]int, block, shared int, args ...uint64) error {
 	f, ok := b.fn[name]
 	if !ok {
 		return fmt.Errorf("cuda: no kernel %s", name)
@@ -349,7 +358,11 @@ func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...ui
 		return fmt.Errorf("cuda: launch %s: %d parameters, at most %d", name, len(args), maxParams)
 	}
 	n := copy(b.argv[:], args)
-	if err := launchArgs(f, grid, block, shared, &b.argv, n); err != nil {
+	launch := launchArgs
+	if pdl && b.pdl {
+		launch = launchArgsPDL
+	}
+	if err := launch(f, grid, block, shared, &b.argv, n); err != nil {
 		return fmt.Errorf("cuda: launch %s (grid %v, block %d, %d bytes of shared memory): %w", name, grid, block, shared, err)
 	}
 	return nil
@@ -735,11 +748,12 @@ func topkThr(plan *kernels.TopKPlan) bool {
 // Base, K, OutOff on the device.
 //
 // tmax, when not 0, holds tile maxima from the score kernel and every row
-// of the plan starts at a score row's start.
-func (b *Backend) launchTopK(plan *kernels.TopKPlan, scores, tmax cu.DevicePtr, ptrs [5]cu.DevicePtr, out cu.DevicePtr) error {
+// of the plan starts at a score row's start. pdl launches the threshold
+// kernel as a programmatic dependent of the score kernel.
+func (b *Backend) launchTopK(plan *kernels.TopKPlan, scores, tmax cu.DevicePtr, ptrs [5]cu.DevicePtr, out cu.DevicePtr, pdl bool) error {
 	rows := plan.Rows()
 	if topkThr(plan) {
-		return b.launch("quest_topk_thr", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(tmax), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
+		return b.launchMode(pdl, "quest_topk_thr", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(tmax), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
 	}
 	slice, slices, kmax := topkSlices(plan)
 	if slices == 0 {
@@ -789,7 +803,9 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 			chunk = min(1024, max(32, (n*s.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
 		}
 		chunk = (chunk + 7) / 8 * 8 // blocks start on tile boundaries
-		return tmax != 0, b.launch(b.mmaScoreName(s, dl.DType), [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
+		name := b.mmaScoreName(s, dl.DType)
+		grid := [3]int{s.KVHeads, (maxPages + chunk - 1) / chunk, n} // heads first (mma.cu)
+		return tmax != 0, b.launch(name, grid, 128, 0,
 			u(dl.Summary), u(ind), u(pg), u(qp), u(op), u(tmax), uint64(s.QHeads), uint64(s.KVHeads), perHead, uint64(chunk))
 	}
 	if s.HeadDim == 128 && (g == 1 || g == 2 || g == 4 || g == 8) {
@@ -837,7 +853,10 @@ const fuseMaxItems = 64
 // states into a.o / a.lse: the tensor-core kernel (with the merge fused
 // when rows are short), else the pipelined or generic kernel followed by
 // quest_reduce.
-func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int, perHead uint64, a attendArgs) error {
+//
+// pdl launches the tensor-core kernel as a programmatic dependent of the
+// previous kernel (the top-K that writes the lists).
+func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int, perHead uint64, a attendArgs, pdl bool) error {
 	d := s.HeadDim
 	rows := a.nrows // rows of the whole batch
 	po, err := b.buf("attend.po", int64(a.items*heads*d)*4)
@@ -867,9 +886,9 @@ func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int
 		if err != nil {
 			return err
 		}
-		if err := b.launch(name, [3]int{a.items, 1, 1}, 32*mmaWarps(name), smem,
+		if err := b.launchMode(pdl, name, [3]int{a.items, 1, 1}, 32*mmaWarps(name), smem,
 			u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
-			u(a.rowItem), u(ctr), u(a.o), u(a.lse), uint64(s.QHeads), uint64(s.KVHeads), perHead, b2u(fuse)); err != nil {
+			u(a.rowItem), u(ctr), u(a.o), u(a.lse), uint64(s.QHeads), uint64(s.KVHeads), perHead, b2u(fuse), b2u(pdl && b.pdl)); err != nil {
 			return err
 		}
 		if fuse {
@@ -1050,7 +1069,7 @@ func (b *Backend) TopK(ctx context.Context, scores []float32, plan *kernels.TopK
 		if err != nil {
 			return err
 		}
-		if err := b.launchTopK(plan, sp, 0, ptrs, op); err != nil {
+		if err := b.launchTopK(plan, sp, 0, ptrs, op, false); err != nil {
 			return err
 		}
 		// Rows write disjoint ranges; copy back only what they wrote.
@@ -1142,7 +1161,7 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		if err := b.launchAttendReduce(dl, s, heads, perHead, attendArgs{
 			ind: p[0], pg: p[1], last: p[2], q: qp, iSeq: p[3], iRow: p[4], iLo: p[5], iHi: p[6], lists: p[7],
 			rowItem: p[8], o: op, lse: lp, items: items, nrows: n * rows, minItemsPerRow: minItems, maxItemsPerRow: maxItems,
-		}); err != nil {
+		}, false); err != nil {
 			return err
 		}
 		if err := download(b, o, op); err != nil {

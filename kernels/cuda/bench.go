@@ -369,12 +369,13 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 	if err != nil {
 		return nil, err
 	}
-	attend := func(pl plan, lists cu.DevicePtr) error {
+	attendMode := func(pl plan, lists cu.DevicePtr, pdl bool) error {
 		return b.launchAttendReduce(l, shape, heads, 0, attendArgs{
 			ind: pInd, pg: pTab, last: pLast, q: pQ, iSeq: pl.seq, iRow: pl.row, iLo: pl.lo, iHi: pl.hi, lists: lists,
 			rowItem: pl.rowItem, o: pO, lse: pL, items: pl.items, nrows: rows, minItemsPerRow: pl.maxItems, maxItemsPerRow: pl.maxItems,
-		})
+		}, pdl)
 	}
+	attend := func(pl plan, lists cu.DevicePtr) error { return attendMode(pl, lists, false) }
 	// Dense: every page of every row.
 	dense := make([]int32, 0, rows*P)
 	for range rows {
@@ -442,7 +443,8 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		if haveTmax {
 			tm = pTmax // rows start at score row starts: seq*P*kvh + h*P
 		}
-		topk := func() error { return b.launchTopK(tplan, pScores, tm, tp, qplan.lst) }
+		topkMode := func(pdl bool) error { return b.launchTopK(tplan, pScores, tm, tp, qplan.lst, pdl) }
+		topk := func() error { return topkMode(false) }
 		topkUS, err := b.cold(cfg.Iters, topk)
 		if err != nil {
 			return nil, err
@@ -451,14 +453,16 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		if err != nil {
 			return nil, err
 		}
+		// The step launches top-K and attention as programmatic dependents
+		// (each overlaps the previous kernel's drain; see launchMode).
 		step := func() error {
 			if err := score(); err != nil {
 				return err
 			}
-			if err := topk(); err != nil {
+			if err := topkMode(true); err != nil {
 				return err
 			}
-			return attend(qplan, qplan.lst)
+			return attendMode(qplan, qplan.lst, true)
 		}
 		questUS, err := b.cold(cfg.Iters, step)
 		if err != nil {

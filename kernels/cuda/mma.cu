@@ -103,10 +103,13 @@ __device__ void score_mma(const T* sum, const int* indptr, const int* pages, con
 	// A fragments of W for every k-step and lane: {hi a0, hi a2, lo a0,
 	// lo a2} per row half (a0: slots 2t, 2t+1; a2: slots 2t+8, 2t+9).
 	__shared__ uint4 wsm[R][NS][32];
-	const i64 seq = blockIdx.z, h = blockIdx.y;
+	// Grid (KV heads, chunks, sequences): the blocks of all heads of a chunk
+	// run together and read its pages' records, adjacent in memory, at the
+	// same time (measured on an H200: 2-5% faster than chunks first).
+	const i64 seq = blockIdx.z, h = blockIdx.x;
 	const i64 G = qh / kvh;
 	const i64 p0 = indptr[seq], np = indptr[seq + 1] - p0;
-	const i64 lo = blockIdx.x * chunk;
+	const i64 lo = blockIdx.y * chunk;
 	if (lo >= np) return;
 	const i64 hi = min(lo + chunk, np);
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -248,7 +251,7 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 			   const float* q, const int* item_seq, const int* item_row, const int* item_lo,
 			   const int* item_hi, const int* lists, float* part_o, float* part_lse,
 			   const int* row_item, int* counter, float* out_o, float* out_lse,
-			   i64 qh, i64 kvh, i64 per_head, i64 fuse) {
+			   i64 qh, i64 kvh, i64 per_head, i64 fuse, i64 pdl) {
 	constexpr int S = 16;
 	constexpr int ROWB = D * 2;           // bytes per token row
 	constexpr int TILE = S * ROWB;        // bytes per K (or V) page tile
@@ -300,14 +303,20 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 	for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 	float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
+	auto prologue = [&]() {
 #pragma unroll
-	for (int st = 0; st < STAGES - 1; st++) {
-		if (st < cnt) issue(st, st);
-		cp_async_commit();
-	}
-	// The first pages are in flight while the query fragments are built.
-	// Q fragments (A operand, rows = heads, k = d), split hi + lo.
+		for (int st = 0; st < STAGES - 1; st++) {
+			if (st < cnt) issue(st, st);
+			cp_async_commit();
+		}
+	};
+	// Q fragments (A operand, rows = heads, k = d), split hi + lo. Without
+	// pdl the first pages are put in flight first; with pdl (launched as a
+	// programmatic dependent of the top-K kernel) the fragments are built
+	// while the top-K drains, and the lists it writes are read after
+	// griddepcontrol.wait.
 	uint32_t qh_[NS][4], ql_[NS][4];
+	if (!pdl) prologue();
 	{
 		const float* qs = q + (seq * qh + h0) * D;
 #pragma unroll
@@ -327,6 +336,10 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 				split<T>(x2, x3, qh_[s][2 + r], ql_[s][2 + r]);
 			}
 		}
+	}
+	if (pdl) {
+		asm volatile("griddepcontrol.wait;\n" ::: "memory");
+		prologue();
 	}
 
 	for (int j = 0; j < cnt; j++) {
@@ -532,10 +545,10 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 	    const T* K, const T* V, const int* indptr, const int* pages, const int* last_len, const float* q,      \
 	    const int* item_seq, const int* item_row, const int* item_lo, const int* item_hi, const int* lists,    \
 	    float* part_o, float* part_lse, const int* row_item, int* counter, float* out_o, float* out_lse,       \
-	    i64 qh, i64 kvh, i64 per_head, i64 fuse) {                                                             \
+	    i64 qh, i64 kvh, i64 per_head, i64 fuse, i64 pdl) {                                                    \
 		attend_mma<T, D, W, ST, TWO>(K, V, indptr, pages, last_len, q, item_seq, item_row, item_lo, item_hi, \
 					     lists, part_o, part_lse, row_item, counter, out_o, out_lse, qh, kvh,  \
-					     per_head, fuse);                                                      \
+					     per_head, fuse, pdl);                                                 \
 	}
 
 SCORE(f16, __half, 64)

@@ -519,6 +519,9 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 	const int n = nn[r], k = kk[r], b = base[r];
 	const float* s = scores + soff[r];
 	int* o = out + ooff[r];
+	// Launched as a programmatic dependent of the score kernel: the plan
+	// (uploaded before the pipeline) is read above, the scores below.
+	asm volatile("griddepcontrol.wait;\n" ::: "memory");
 	if (k <= 0) return;
 	if (k >= n) {
 		for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = b + i;

@@ -131,44 +131,47 @@ func TestMMAKernels(t *testing.T) {
 	}
 	lens := []int{1, 15, 16, 17, 70*16 + 5, 0, 33}
 	type run struct {
-		dt     DType
-		q      func(float32) float32
-		chunk  int
-		attend string
+		dt            DType
+		q             func(float32) float32
+		chunk         int
+		attend, score string
 	}
 	runs := []run{
-		{BF16, backendtest.RoundBF16, 1, ""}, {BF16, backendtest.RoundBF16, 64, ""}, {BF16, backendtest.RoundBF16, 0, ""},
-		{F16, backendtest.RoundF16, 1, ""}, {F16, backendtest.RoundF16, 64, ""},
+		{BF16, backendtest.RoundBF16, 1, "", ""}, {BF16, backendtest.RoundBF16, 64, "", ""}, {BF16, backendtest.RoundBF16, 0, "", ""},
+		{F16, backendtest.RoundF16, 1, "", ""}, {F16, backendtest.RoundF16, 64, "", ""},
+		{BF16, backendtest.RoundBF16, 0, "", "quest_scoremma_bf16_d128_u4"},
 	}
 	for _, v := range []string{"w4s2", "w8s2", "w2s3", "w4s4"} {
-		runs = append(runs, run{BF16, backendtest.RoundBF16, 64, "quest_attendmma_bf16_d128_" + v}, run{BF16, backendtest.RoundBF16, 3, "quest_attendmma_bf16_d128_" + v})
+		runs = append(runs, run{BF16, backendtest.RoundBF16, 64, "quest_attendmma_bf16_d128_" + v, ""}, run{BF16, backendtest.RoundBF16, 3, "quest_attendmma_bf16_d128_" + v, ""})
 	}
 	for i, r := range runs {
-		b, err := New(Config{DType: r.dt, AttendChunk: r.chunk, AttendKernel: r.attend})
+		b, err := New(Config{DType: r.dt, AttendChunk: r.chunk, AttendKernel: r.attend, ScoreKernel: r.score})
 		if err != nil {
 			t.Fatal(err)
 		}
 		rng := rand.New(rand.NewPCG(99, uint64(i)))
 		for _, s := range shapes {
-			if r.attend != "" && (s.HeadDim != 128 || s.Group() > 8) {
+			if (r.attend != "" || r.score != "") && (s.HeadDim != 128 || s.Group() > 8) {
 				continue
 			}
 			if !useMMA(s, r.dt) {
 				t.Fatalf("%+v %v does not take the tensor-core path", s, r.dt)
 			}
 			f := backendtest.NewFixtureQ(rng, s, lens, r.q)
-			checkAgainstRef(t, b, fmt.Sprintf("%v chunk %d %s", r.dt, r.chunk, r.attend), s, f)
+			checkAgainstRef(t, b, fmt.Sprintf("%v chunk %d %s %s", r.dt, r.chunk, r.attend, r.score), s, f)
 		}
 		b.Close()
 	}
 }
 
-// TestScoreTileMaxima runs the tensor-core score kernel with tile maxima
-// and the threshold top-K that reads them, as the fused Quest step does:
-// every tile maximum equals the max of its (up to) 8 scores, and the top-K
-// rows (each the whole row or the row without its tail page, so the last
-// tile is partial or covers an excluded score) equal a full sort of the
-// scores, in both GQA modes and on a ragged batch.
+// TestScoreTileMaxima runs a Quest step on the device as the benchmark
+// does: the tensor-core score kernel with tile maxima, the threshold top-K
+// that reads them and the attention over its lists, both launched as
+// programmatic dependents: every tile maximum equals the max of its (up
+// to) 8 scores, the top-K rows (each the whole row or the row without its
+// tail page, so the last tile is partial or covers an excluded score)
+// equal a full sort of the scores, and the attention over each list equals
+// the float64 reference, in both GQA modes and on a ragged batch.
 func TestScoreTileMaxima(t *testing.T) {
 	b := newBackend(t, BF16)
 	defer b.Close()
@@ -185,7 +188,10 @@ func TestScoreTileMaxima(t *testing.T) {
 			for seq := range f.Lens {
 				np := f.Batch.NumPages(seq)
 				for r := range rows {
-					n := np - (r % 2) // odd rows leave the tail page out
+					n := np // odd rows leave the tail page out (of rows that have another)
+					if np > 1 {
+						n -= r % 2
+					}
 					k := []int{1, 7, 64, 255, 512}[(seq+r)%5]
 					plan.Add(f.Batch.ScoreOffset(seq, rows)+r*np, n, 0, k, off)
 					off += min(k, n)
@@ -195,12 +201,32 @@ func TestScoreTileMaxima(t *testing.T) {
 				t.Fatal("plan does not take the threshold top-K")
 			}
 			out := make([]int32, off)
-			perHead := uint64(0)
+			perHead, heads := uint64(0), s.Group()
 			if mode == kernels.PerHead {
-				perHead = 1
+				perHead, heads = 1, 1
 			}
+			// Attention work items over the top-K lists (16 pages each,
+			// so that rows have at most 32 items and the merge is
+			// fused), built before the pipeline runs.
+			var items [5][]int32
+			minItems, maxItems := math.MaxInt, 0
+			for i := range plan.Rows() {
+				ni := (min(int(plan.K[i]), int(plan.N[i])) + 15) / 16
+				minItems, maxItems = min(minItems, ni), max(maxItems, ni)
+				items[4] = append(items[4], int32(len(items[0])))
+				m := min(int(plan.K[i]), int(plan.N[i]))
+				for p := 0; p < m; p += 16 {
+					items[0] = append(items[0], int32(i/rows))
+					items[1] = append(items[1], int32(i%rows))
+					items[2] = append(items[2], plan.OutOff[i]+int32(p))
+					items[3] = append(items[3], plan.OutOff[i]+int32(min(p+16, m)))
+				}
+			}
+			items[4] = append(items[4], int32(len(items[0])))
+			o := make([]float32, len(f.Q))
+			lse := make([]float32, len(f.Lens)*s.QHeads)
 			err := b.do(context.Background(), func() error {
-				dl, err := b.layer(s, f.Layer, false)
+				dl, err := b.layer(s, f.Layer, true)
 				if err != nil {
 					return err
 				}
@@ -241,11 +267,46 @@ func TestScoreTileMaxima(t *testing.T) {
 						return err
 					}
 				}
+				var ip [5]cu.DevicePtr
+				for i, a := range items {
+					if ip[i], err = upload(b, fmt.Sprintf("t.items%d", i), a); err != nil {
+						return err
+					}
+				}
+				last, err := upload(b, "t.last", f.Batch.LastLen)
+				if err != nil {
+					return err
+				}
+				oo, err := b.buf("t.o", int64(len(o))*4)
+				if err != nil {
+					return err
+				}
+				ol, err := b.buf("t.lse", int64(len(lse))*4)
+				if err != nil {
+					return err
+				}
 				op, err := b.buf("t.out", int64(off)*4)
 				if err != nil {
 					return err
 				}
-				if err := b.launchTopK(&plan, sp, tp, ptrs, op); err != nil {
+				if err := cu.Synchronize(); err != nil { // the uploads are done before the pipeline
+					return err
+				}
+				// As in the Quest step: top-K as a programmatic
+				// dependent of the score kernel.
+				if err := b.launchTopK(&plan, sp, tp, ptrs, op, true); err != nil {
+					return err
+				}
+				if err := b.launchAttendReduce(dl, s, heads, perHead, attendArgs{
+					ind: ind, pg: pg, last: last, q: qp, iSeq: ip[0], iRow: ip[1], iLo: ip[2], iHi: ip[3], lists: op,
+					rowItem: ip[4], o: oo, lse: ol, items: len(items[0]), nrows: plan.Rows(), minItemsPerRow: minItems, maxItemsPerRow: maxItems,
+				}, true); err != nil {
+					return err
+				}
+				if err := download(b, o, oo); err != nil {
+					return err
+				}
+				if err := download(b, lse, ol); err != nil {
 					return err
 				}
 				if err := download(b, scores, sp); err != nil {
@@ -281,6 +342,26 @@ func TestScoreTileMaxima(t *testing.T) {
 				for j := range want {
 					if got[j] != want[j] {
 						t.Fatalf("%+v %v top-K row %d (n=%d k=%d): entry %d is %d, want %d", s, mode, i, n, k, j, got[j], want[j])
+					}
+				}
+				// Attention over the row's list, launched after the
+				// top-K as a programmatic dependent.
+				seq, r := i/rows, i%rows
+				h0, h1 := r*s.Group(), (r+1)*s.Group()
+				if mode == kernels.PerHead {
+					h0, h1 = r, r+1
+				}
+				for h := h0; h < h1; h++ {
+					wo, wl := f.RefAttend(seq, h, got)
+					gl := float64(lse[seq*s.QHeads+h])
+					if math.Abs(gl-wl) > 2e-4*max(1, math.Abs(wl)) {
+						t.Fatalf("%+v %v seq %d head %d: lse %v, want %v", s, mode, seq, h, gl, wl)
+					}
+					for j := range s.HeadDim {
+						g := float64(o[(seq*s.QHeads+h)*s.HeadDim+j])
+						if math.IsNaN(g) || math.Abs(g-wo[j]) > 2e-4*max(1, math.Abs(wo[j])) {
+							t.Fatalf("%+v %v seq %d head %d dim %d: o %v, want %v", s, mode, seq, h, j, g, wo[j])
+						}
 					}
 				}
 			}
