@@ -42,7 +42,11 @@ type BenchResult struct {
 	QuestUS  float64 `json:"quest_us"`
 	ScoreUS  float64 `json:"score_us"`
 	TopKUS   float64 `json:"topk_us"`
-	AttendUS float64 `json:"attend_us"` // sparse attention + reduce
+	// TopKStepUS is the top-K timed right after the score kernel (its
+	// input fresh in L2, as inside a Quest step); TopKUS starts from a cold
+	// L2 like the other phases.
+	TopKStepUS float64 `json:"topk_step_us"`
+	AttendUS   float64 `json:"attend_us"` // sparse attention + reduce
 	// QuestLatencyUS is one Quest step launched alone on an idle GPU
 	// (median of Iters, host launch gaps included); the other times are GPU
 	// time per call from a cold L2 with the launches queued ahead (see
@@ -181,6 +185,13 @@ const l2Flush = 256 << 20
 // behind the previous layer's work in a decode loop) instead of showing up
 // as idle GPU time.
 func (b *Backend) cold(iters int, f func() error) (float64, error) {
+	return b.coldAfter(iters, nil, f)
+}
+
+// coldAfter is cold with pre (untimed) run between the flush and the start
+// event: f is timed with pre's output fresh in L2, as it is inside a Quest
+// step.
+func (b *Backend) coldAfter(iters int, pre, f func() error) (float64, error) {
 	flush, err := b.buf("bench.flush", l2Flush)
 	if err != nil {
 		return 0, err
@@ -204,6 +215,11 @@ func (b *Backend) cold(iters int, f func() error) (float64, error) {
 	for i := range iters {
 		if err := cu.MemsetD32Async(flush, uint(i), l2Flush/4, cu.Stream{}); err != nil {
 			return 0, err
+		}
+		if pre != nil {
+			if err := pre(); err != nil {
+				return 0, err
+			}
 		}
 		if err := evs[2*i].Record(cu.Stream{}); err != nil {
 			return 0, err
@@ -449,6 +465,10 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		if err != nil {
 			return nil, err
 		}
+		topkStepUS, err := b.coldAfter(cfg.Iters, score, topk)
+		if err != nil {
+			return nil, err
+		}
 		attUS, err := b.cold(cfg.Iters, func() error { return attend(qplan, qplan.lst) })
 		if err != nil {
 			return nil, err
@@ -476,7 +496,7 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		r := BenchResult{
 			Backend: "cuda", DType: dt.String(), Context: n, Batch: batch, Budget: budget, PageSize: s,
 			QHeads: hq, KVHeads: kvh, HeadDim: d,
-			DenseUS: denseUS, QuestUS: questUS, QuestLatencyUS: latUS, ScoreUS: scoreUS, TopKUS: topkUS, AttendUS: attUS,
+			DenseUS: denseUS, QuestUS: questUS, QuestLatencyUS: latUS, ScoreUS: scoreUS, TopKUS: topkUS, TopKStepUS: topkStepUS, AttendUS: attUS,
 			Speedup:   denseUS / questUS,
 			BytesRead: sumBytes + selBytes, BytesDense: bytesDense,
 			RhoFormula: 1/float64(s) + float64(k)/float64(P),
