@@ -92,9 +92,9 @@ type Backend struct {
 	// Owned by the device goroutine.
 	fn    map[string]cu.Function
 	smem  map[string]int // dynamic shared memory of the tensor-core attention kernels
+	warps map[string]int // warps per block of the tensor-core attention kernels
 	bufs  map[string]devBuf
 	argv  [maxParams]uint64 // kernel parameters of the launch in progress
-	pdl   bool              // the driver has cuLaunchKernelEx
 	items [5][]int32        // attention work items: sequence, row, list lo, list hi; row -> first item
 	// Pinned staging buffer for uploads: bytes [0, stageOff) are handed
 	// out; staged is set while an asynchronous copy from it may be queued.
@@ -127,7 +127,7 @@ type DeviceLayer struct {
 // thread and loads the embedded PTX.
 func New(cfg Config) (*Backend, error) {
 	b := &Backend{cfg: cfg, work: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
-		fn: map[string]cu.Function{}, smem: map[string]int{}, bufs: map[string]devBuf{}}
+		fn: map[string]cu.Function{}, smem: map[string]int{}, warps: map[string]int{}, bufs: map[string]devBuf{}}
 	ready := make(chan error, 1)
 	go b.loop(ready)
 	if err := <-ready; err != nil {
@@ -179,6 +179,7 @@ func (b *Backend) loop(ready chan<- error) {
 		}
 		b.fn[k.name] = f
 		b.smem[k.name] = k.smem
+		b.warps[k.name] = k.warps
 	}
 	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge"}
 	for _, dt := range []DType{F32, F16, BF16} {
@@ -206,7 +207,6 @@ func (b *Backend) loop(ready chan<- error) {
 		}
 		b.fn[n] = f
 	}
-	b.pdl = havePDL()
 	ready <- nil
 	for {
 		select {
@@ -315,9 +315,10 @@ func (b *Backend) stage(n int64) (unsafe.Pointer, error) {
 		}
 		off = 0
 		if n > b.pin.size {
+			size := max(n, 2*b.pin.size, 1<<20)
 			b.pin.free()
 			var err error
-			if b.pin, err = allocPinned(max(n, 2*b.pin.size, 1<<20)); err != nil {
+			if b.pin, err = allocPinned(size); err != nil {
 				return nil, err
 			}
 		}
@@ -344,8 +345,8 @@ func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...ui
 }
 
 // launchMode launches name, as a programmatic dependent of the previous
-// kernel when pdl is set and the driver supports it (the kernel must then
-// wait with griddepcontrol.wait before reading that kernel's output).
+// kernel when pdl is set (the kernel must then wait with
+// griddepcontrol.wait before reading that kernel's output).
 func (b *Backend) launchMode(pdl bool, name string, grid [3]int, block, shared int, args ...uint64) error {
 	f, ok := b.fn[name]
 	if !ok {
@@ -359,7 +360,7 @@ func (b *Backend) launchMode(pdl bool, name string, grid [3]int, block, shared i
 	}
 	n := copy(b.argv[:], args)
 	launch := launchArgs
-	if pdl && b.pdl {
+	if pdl {
 		launch = launchArgsPDL
 	}
 	if err := launch(f, grid, block, shared, &b.argv, n); err != nil {
@@ -658,21 +659,21 @@ func (b *Backend) layer(s kernels.Shape, l kernels.Layer, withKV bool) (*DeviceL
 // 132); a guess is fine, it only sizes work items.
 const targetSMs = 132
 
-// attendChunk picks the pages per attention work item: cfg when set, else
-// about two items per multiprocessor (the tensor-core kernel fits two
-// blocks per SM, so all items run in one wave with their pages in flight
-// together), 4 to 64 pages each (at least one page per warp).
+// attendChunk picks the pages per item of the CUDA-core attention kernels:
+// cfg when set, else enough items to fill the GPU several times over, 2 to
+// 64 pages each.
 func attendChunk(cfg, listed int) int {
 	if cfg > 0 {
 		return min(cfg, 64) // the pipelined kernel stages at most 64 page ids
 	}
-	return min(64, max(4, (listed+2*targetSMs-1)/(2*targetSMs)))
+	return min(64, max(2, (listed+8*targetSMs-1)/(8*targetSMs)))
 }
 
 // attendChunkMMA is attendChunk for the tensor-core kernel, which has no
-// limit on the pages of an item: about two items per SM, 4 to 2048 pages
-// each, so that long rows keep few items (and their merge fused, see
-// fuseMaxItems).
+// limit on the pages of an item: about two items per SM (it fits two
+// blocks per SM, so all items run in one wave with their pages in flight
+// together), 4 to 2048 pages each (at least one page per warp), so that
+// long rows keep few items (and their merge fused, see fuseMaxItems).
 func attendChunkMMA(cfg, listed int) int {
 	if cfg > 0 {
 		return cfg
@@ -802,8 +803,12 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 			// an H200: better balanced than one wave of 4 per SM).
 			chunk = min(1024, max(32, (n*s.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
 		}
-		chunk = (chunk + 7) / 8 * 8 // blocks start on tile boundaries
-		name := b.mmaScoreName(s, dl.DType)
+		chunk = max(chunk, (maxPages+65534)/65535) // chunks go in gridDim.y (at most 65535)
+		chunk = (chunk + 7) / 8 * 8                // blocks start on tile boundaries
+		name, err := b.mmaScoreName(s, dl.DType)
+		if err != nil {
+			return false, err
+		}
 		grid := [3]int{s.KVHeads, (maxPages + chunk - 1) / chunk, n} // heads first (mma.cu)
 		return tmax != 0, b.launch(name, grid, 128, 0,
 			u(dl.Summary), u(ind), u(pg), u(qp), u(op), u(tmax), uint64(s.QHeads), uint64(s.KVHeads), perHead, uint64(chunk))
@@ -876,7 +881,10 @@ func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int
 			u(po), u(pl), u(a.rowItem), u(a.o), u(a.lse), uint64(rows), uint64(rowsPerSeq), uint64(s.QHeads), uint64(s.KVHeads), uint64(d), perHead)
 	}
 	if useMMA(s, dl.DType) {
-		name := b.mmaAttendName(s, dl.DType, heads)
+		name, err := b.mmaAttendName(s, dl.DType, heads)
+		if err != nil {
+			return err
+		}
 		smem, ok := b.smem[name]
 		if !ok {
 			return fmt.Errorf("cuda: no tensor-core attention kernel %s", name)
@@ -886,9 +894,9 @@ func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int
 		if err != nil {
 			return err
 		}
-		if err := b.launchMode(pdl, name, [3]int{a.items, 1, 1}, 32*mmaWarps(name), smem,
+		if err := b.launchMode(pdl, name, [3]int{a.items, 1, 1}, 32*b.warps[name], smem,
 			u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
-			u(a.rowItem), u(ctr), u(a.o), u(a.lse), uint64(s.QHeads), uint64(s.KVHeads), perHead, b2u(fuse), b2u(pdl && b.pdl)); err != nil {
+			u(a.rowItem), u(ctr), u(a.o), u(a.lse), uint64(s.QHeads), uint64(s.KVHeads), perHead, b2u(fuse), b2u(pdl)); err != nil {
 			return err
 		}
 		if fuse {

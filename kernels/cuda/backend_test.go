@@ -4,10 +4,13 @@ package cuda
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"gorgonia.org/cu"
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
@@ -360,4 +363,69 @@ func TestDeviceResidentEngine(t *testing.T) {
 	}
 	step([]engine.SeqID{1, 2}, false)
 	step([]engine.SeqID{2}, true)
+}
+
+// TestTopKNaN: NaN scores (from non-finite data in 16-bit storage, say)
+// are ranked the same way by the threshold kernel as by the radix select,
+// which orders them by their key; the threshold kernel must not leave
+// output slots unwritten when NaNs hide among the tile maxima.
+func TestTopKNaN(t *testing.T) {
+	b := newBackend(t, BF16)
+	defer b.Close()
+	rng := rand.New(rand.NewPCG(4, 4))
+	nan := float32(math.NaN())
+	var plan kernels.TopKPlan
+	var scores []float32
+	off := 0
+	for i, r := range []struct{ n, k, nans int }{{20000, 255, 20000}, {20000, 255, 19000}, {4000, 50, 3}, {65536, 511, 100}, {800, 100, 795}} {
+		row := make([]float32, r.n)
+		for j := range row {
+			row[j] = rng.Float32()
+		}
+		for _, j := range rng.Perm(r.n)[:r.nans] {
+			row[j] = nan
+		}
+		plan.Add(len(scores), r.n, i, r.k, off)
+		scores = append(scores, row...)
+		off += r.k
+	}
+	if !topkThr(&plan) {
+		t.Fatal("plan does not take the threshold top-K")
+	}
+	thr := make([]int32, off)
+	radix := make([]int32, off)
+	for i := range thr {
+		thr[i], radix[i] = -7, -7
+	}
+	if err := b.TopK(context.Background(), scores, &plan, thr); err != nil {
+		t.Fatal(err)
+	}
+	err := b.do(context.Background(), func() error {
+		sp, err := upload(b, "nan.scores", scores)
+		if err != nil {
+			return err
+		}
+		var ptrs [5]cu.DevicePtr
+		for i, a := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
+			if ptrs[i], err = upload(b, fmt.Sprintf("nan.plan%d", i), a); err != nil {
+				return err
+			}
+		}
+		op, err := upload(b, "nan.out", radix)
+		if err != nil {
+			return err
+		}
+		if err := b.launch("quest_topk", [3]int{plan.Rows(), 1, 1}, 1024, 0, u(sp), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(op)); err != nil {
+			return err
+		}
+		return download(b, radix, op)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range thr {
+		if thr[i] != radix[i] || thr[i] < 0 {
+			t.Fatalf("entry %d: threshold kernel %d, radix select %d", i, thr[i], radix[i])
+		}
+	}
 }

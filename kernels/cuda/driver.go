@@ -3,9 +3,10 @@
 package cuda
 
 /*
-#cgo LDFLAGS: -lcuda -ldl
+#cgo LDFLAGS: -lcuda
 #include <cuda.h>
 #include <stdint.h>
+#include <string.h>
 
 static CUresult questSetMaxDynamicSmem(CUfunction f, int bytes) {
 	return cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
@@ -21,38 +22,26 @@ static CUresult questLaunch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
 	return cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, (CUstream)0, p, 0);
 }
 
-// Programmatic dependent launch (CUDA 12+ driver API, sm_90): the launch
-// may overlap the previous kernel in the stream until the kernel executes
-// griddepcontrol.wait. The types below are the driver's (cuda.h of CUDA
-// 12); the build's CUDA 11.8 headers and stub lack them, so the entry point
-// is looked up in the driver at run time.
-#include <dlfcn.h>
-typedef struct {
-	int id;
-	char pad[4];
-	union { char raw[64]; int programmaticStreamSerializationAllowed; } value;
-} questLaunchAttribute;
-typedef struct {
-	unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-	CUstream hStream;
-	questLaunchAttribute* attrs;
-	unsigned numAttrs;
-} questLaunchConfig;
-typedef CUresult (*questLaunchExFn)(const questLaunchConfig*, CUfunction, void**, void**);
-static questLaunchExFn questLaunchEx = 0;
-static int questHavePDL(void) {
-	if (!questLaunchEx) questLaunchEx = (questLaunchExFn)dlsym(RTLD_DEFAULT, "cuLaunchKernelEx");
-	return questLaunchEx != 0;
-}
+// Programmatic dependent launch (sm_90): the launch may overlap the
+// previous kernel in the stream until the kernel executes
+// griddepcontrol.wait.
 static CUresult questLaunchPDL(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned smem,
 			       uint64_t* args, int n) {
 	void* p[32];
 	for (int i = 0; i < n && i < 32; i++) p[i] = &args[i];
-	questLaunchAttribute a = {0};
-	a.id = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+	CUlaunchAttribute a;
+	memset(&a, 0, sizeof a);
+	a.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
 	a.value.programmaticStreamSerializationAllowed = 1;
-	questLaunchConfig c = {gx, gy, gz, bx, 1, 1, smem, (CUstream)0, &a, 1};
-	return questLaunchEx(&c, f, p, 0);
+	CUlaunchConfig c;
+	memset(&c, 0, sizeof c);
+	c.gridDimX = gx; c.gridDimY = gy; c.gridDimZ = gz;
+	c.blockDimX = bx; c.blockDimY = 1; c.blockDimZ = 1;
+	c.sharedMemBytes = smem;
+	c.hStream = (CUstream)0;
+	c.attrs = &a;
+	c.numAttrs = 1;
+	return cuLaunchKernelEx(&c, f, p, 0);
 }
 
 static CUresult questHostAlloc(void** p, size_t n) { return cuMemHostAlloc(p, n, 0); }
@@ -68,7 +57,7 @@ import (
 )
 
 // The driver calls gorgonia.org/cu v0.9.6 does not wrap, or wraps with an
-// allocation per call. cu.Function holds the CUfunction handle as its only
+// allocation per call (two C mallocs per kernel launch). cu.Function holds the CUfunction handle as its only
 // field.
 
 func cfunc(f cu.Function) C.CUfunction { return *(*C.CUfunction)(unsafe.Pointer(&f)) }
@@ -95,13 +84,10 @@ func launchArgs(f cu.Function, grid [3]int, block, shared int, args *[maxParams]
 	return nil
 }
 
-// havePDL reports whether the driver has cuLaunchKernelEx (programmatic
-// dependent launch).
-func havePDL() bool { return C.questHavePDL() != 0 }
-
-// launchArgsPDL is launchArgs with programmatic stream serialization: the
-// kernel may start while the previous kernel in the stream drains, and
-// must execute griddepcontrol.wait before it reads that kernel's output.
+// launchArgsPDL is launchArgs with programmatic stream serialization
+// (cuLaunchKernelEx, CUDA 11.8+ drivers): the kernel may start while the
+// previous kernel in the stream drains, and must execute
+// griddepcontrol.wait before it reads that kernel's output.
 func launchArgsPDL(f cu.Function, grid [3]int, block, shared int, args *[maxParams]uint64, n int) error {
 	if r := C.questLaunchPDL(cfunc(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]), C.uint(block), C.uint(shared),
 		(*C.uint64_t)(unsafe.Pointer(&args[0])), C.int(n)); r != C.CUDA_SUCCESS {

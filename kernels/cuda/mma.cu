@@ -76,6 +76,10 @@ __device__ __forceinline__ float ex2(float x) {
 	return y;
 }
 
+// nanmax is max that propagates NaN (fmaxf drops it): a tile maximum is
+// NaN when a score of the tile is, which sends the row to the radix top-K.
+__device__ __forceinline__ float nanmax(float a, float b) { return (a != a || a > b) ? a : b; }
+
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 	return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -178,9 +182,9 @@ __device__ void score_mma(const T* sum, const int* indptr, const int* pages, con
 						if (pc + 1 < hi) d[pc + 1] = c[2 * r + 1];
 					}
 					if (tmax) {
-						float x = fmaxf(pc < hi ? c[2 * r] : NEG_INF, pc + 1 < hi ? c[2 * r + 1] : NEG_INF);
-						x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-						x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+						float x = nanmax(pc < hi ? c[2 * r] : NEG_INF, pc + 1 < hi ? c[2 * r + 1] : NEG_INF);
+						x = nanmax(x, __shfl_xor_sync(0xffffffffu, x, 1));
+						x = nanmax(x, __shfl_xor_sync(0xffffffffu, x, 2));
 						if (row < G && t == 0 && tile * 8 < hi) tmax[p0 * rows + (h * G + row) * np + tile] = x;
 					}
 				}
@@ -200,9 +204,9 @@ __device__ void score_mma(const T* sum, const int* indptr, const int* pages, con
 					if (pc + 1 < hi) o[h * np + pc + 1] = m1;
 				}
 				if (tmax) {
-					float x = fmaxf(pc < hi ? m0 : NEG_INF, pc + 1 < hi ? m1 : NEG_INF);
-					x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-					x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+					float x = nanmax(pc < hi ? m0 : NEG_INF, pc + 1 < hi ? m1 : NEG_INF);
+					x = nanmax(x, __shfl_xor_sync(0xffffffffu, x, 1));
+					x = nanmax(x, __shfl_xor_sync(0xffffffffu, x, 2));
 					if (lane == 0 && tile * 8 < hi) tmax[p0 * rows + h * np + tile] = x;
 				}
 			}

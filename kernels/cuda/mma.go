@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/questrt/questrt/kernels"
 )
@@ -53,36 +54,38 @@ func useMMA(s kernels.Shape, dt DType) bool {
 	return dt != F32 && s.PageSize == 16 && (s.HeadDim == 64 || s.HeadDim == 128) && s.Group() <= 16
 }
 
-// mmaAttendName picks the attention kernel for heads rows per item.
-func (b *Backend) mmaAttendName(s kernels.Shape, dt DType, heads int) string {
-	if b.cfg.AttendKernel != "" {
-		return b.cfg.AttendKernel
-	}
+// mmaAttendName picks the attention kernel for heads rows per item: the
+// default, or Config.AttendKernel when it is a variant of the default
+// (same storage type and D; more than 8 heads need an _h16 kernel).
+func (b *Backend) mmaAttendName(s kernels.Shape, dt DType, heads int) (string, error) {
 	name := fmt.Sprintf("quest_attendmma_%s_d%d", dt, s.HeadDim)
 	if heads > 8 {
 		name += "_h16"
 	}
-	return name
+	return b.override(b.cfg.AttendKernel, name, heads > 8)
 }
 
-// mmaScoreName picks the score kernel.
-func (b *Backend) mmaScoreName(s kernels.Shape, dt DType) string {
-	if b.cfg.ScoreKernel != "" {
-		return b.cfg.ScoreKernel
-	}
+// mmaScoreName picks the score kernel, as mmaAttendName does.
+func (b *Backend) mmaScoreName(s kernels.Shape, dt DType) (string, error) {
 	name := fmt.Sprintf("quest_scoremma_%s_d%d", dt, s.HeadDim)
 	if s.Group() > 8 {
 		name += "_h16"
 	}
-	return name
+	return b.override(b.cfg.ScoreKernel, name, s.Group() > 8)
 }
 
-// mmaWarps is the block size in warps of an attention kernel.
-func mmaWarps(name string) int {
-	for _, k := range mmaKernels() {
-		if k.name == name {
-			return k.warps
-		}
+// override returns want when set and a variant of def (def's name plus a
+// suffix; an _h16 kernel when h16), else def.
+func (b *Backend) override(want, def string, h16 bool) (string, error) {
+	if want == "" {
+		return def, nil
 	}
-	return 4
+	if _, ok := b.fn[want]; !ok {
+		return "", fmt.Errorf("cuda: no kernel %s", want)
+	}
+	base := strings.TrimSuffix(def, "_h16")
+	if !strings.HasPrefix(want, base) || h16 != strings.HasSuffix(want, "_h16") {
+		return "", fmt.Errorf("cuda: kernel %s does not fit this shape (the default is %s)", want, def)
+	}
+	return want, nil
 }

@@ -503,6 +503,26 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_merge(const uint32
 // more than THR_CAND scores qualify (heavy ties), the row falls back to
 // topk_row. Loads are issued 16 at a time per thread: a block's 64 serial
 // round trips to L2 would otherwise dominate.
+// block_minmax reduces (mn, mx) over the block; every thread gets the
+// result. red holds 64 values of T; it may be reused after the next
+// barrier.
+template <typename T> __device__ void block_minmax(T& mn, T& mx, T* red) {
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+	for (int x = 16; x > 0; x >>= 1) {
+		mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, x));
+		mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+	}
+	if (lane == 0) { red[warp] = mn; red[32 + warp] = mx; }
+	__syncthreads();
+	mn = red[0];
+	mx = red[32];
+	for (int w = 1; w < nw; w++) { mn = min(mn, red[w]); mx = max(mx, red[32 + w]); }
+}
+
+// nanmax is max that propagates NaN (fmaxf drops it).
+__device__ __forceinline__ float nanmax(float a, float b) { return (a != a || a > b) ? a : b; }
+
 #define THR_TILES 8192
 #define THR_BINS 2048
 #define THR_CAND 4096
@@ -544,7 +564,7 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 		for (int t = threadIdx.x; t < full; t += blockDim.x) tm[t] = tr[t];
 		if (full < nt && threadIdx.x == 0) {
 			float x = NINF;
-			for (int i = full * 8; i < n; i++) x = fmaxf(x, s[i]);
+			for (int i = full * 8; i < n; i++) x = nanmax(x, s[i]);
 			tm[full] = x;
 		}
 	} else
@@ -558,14 +578,21 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 #pragma unroll
 		for (int u = 0; u < 16; u++) {
 			float x = v[u];
-			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-			x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+			x = nanmax(x, __shfl_xor_sync(0xffffffffu, x, 1));
+			x = nanmax(x, __shfl_xor_sync(0xffffffffu, x, 2));
+			x = nanmax(x, __shfl_xor_sync(0xffffffffu, x, 4));
 			const int i = i0 + u * nw * 32 + lane;
 			if ((lane & 7) == 0 && i < nt * 8) tm[i / 8] = x;
 		}
 	}
-	__syncthreads();
+	// A NaN score (from non-finite stored data) makes its tile maximum NaN;
+	// such rows take the radix select, which ranks NaN like any key.
+	int nan = 0;
+	for (int t = threadIdx.x; t < nt; t += blockDim.x) nan |= tm[t] != tm[t];
+	if (__syncthreads_or(nan)) {
+		topk_row(s, n, k, b, o);
+		return;
+	}
 	float tau = NINF;  // every score qualifies when k >= nt (n <= 8k)
 	if (k < nt) {
 		// 2. Range of the tile maxima.
@@ -574,17 +601,9 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 			mn = fminf(mn, tm[t]);
 			mx = fmaxf(mx, tm[t]);
 		}
-#pragma unroll
-		for (int x = 16; x > 0; x >>= 1) {
-			mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, x));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
-		}
-		if (lane == 0) { red[warp] = mn; red[32 + warp] = mx; }
+		block_minmax(mn, mx, red);
 		for (int i = threadIdx.x; i < THR_BINS; i += blockDim.x) hist[i] = 0;
 		__syncthreads();
-		mn = red[0];
-		mx = red[32];
-		for (int w = 1; w < nw; w++) { mn = fminf(mn, red[w]); mx = fmaxf(mx, red[32 + w]); }
 		// 3. Histogram (bin is non-decreasing in the value).
 		const float scale = mx > mn ? (float)THR_BINS / (mx - mn) : 0.f;
 		for (int t = threadIdx.x; t < nt; t += blockDim.x)
@@ -662,6 +681,10 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 		}
 		m += tot;
 	}
+	if (m < k) {  // cannot happen without NaN scores, which took the radix path above
+		topk_row(s, n, k, b, o);
+		return;
+	}
 	__syncthreads();
 	// 8. The k best candidates, emitted in index order: a histogram of the
 	// candidates' keys (linear bins between their min and max) finds the
@@ -673,19 +696,10 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 		kmin = min(kmin, ckey[p]);
 		kmax = max(kmax, ckey[p]);
 	}
-#pragma unroll
-	for (int x = 16; x > 0; x >>= 1) {
-		kmin = min(kmin, __shfl_xor_sync(0xffffffffu, kmin, x));
-		kmax = max(kmax, __shfl_xor_sync(0xffffffffu, kmax, x));
-	}
-	uint32_t* ured = reinterpret_cast<uint32_t*>(red);
-	__syncthreads();  // red's last readers (step 5) are done
-	if (lane == 0) { ured[warp] = kmin; ured[32 + warp] = kmax; }
+	// (red's last readers, in step 5, are past the barriers of steps 6-7.)
+	block_minmax(kmin, kmax, reinterpret_cast<uint32_t*>(red));
 	for (int i = threadIdx.x; i < THR_BINS; i += blockDim.x) hist[i] = 0;
 	__syncthreads();
-	kmin = ured[0];
-	kmax = ured[32];
-	for (int w = 1; w < nw; w++) { kmin = min(kmin, ured[w]); kmax = max(kmax, ured[32 + w]); }
 	const unsigned long long span = (unsigned long long)(kmax - kmin) + 1;
 	auto kbin = [&](uint32_t key) { return (int)(((unsigned long long)(key - kmin) * THR_BINS) / span); };
 	for (int p = threadIdx.x; p < m; p += blockDim.x) atomicAdd(&hist[kbin(ckey[p])], 1);

@@ -254,13 +254,6 @@ func TestScoreTileMaxima(t *testing.T) {
 				for i := range f.Lens {
 					maxPages = max(maxPages, f.Batch.NumPages(i))
 				}
-				wrote, err := b.launchScore(dl, s, len(f.Lens), maxPages, ind, pg, qp, sp, tp, perHead)
-				if err != nil {
-					return err
-				}
-				if !wrote {
-					return fmt.Errorf("score kernel did not write tile maxima")
-				}
 				var ptrs [5]cu.DevicePtr
 				for i, a := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
 					if ptrs[i], err = upload(b, fmt.Sprintf("t.plan%d", i), a); err != nil {
@@ -291,6 +284,13 @@ func TestScoreTileMaxima(t *testing.T) {
 				}
 				if err := cu.Synchronize(); err != nil { // the uploads are done before the pipeline
 					return err
+				}
+				wrote, err := b.launchScore(dl, s, len(f.Lens), maxPages, ind, pg, qp, sp, tp, perHead)
+				if err != nil {
+					return err
+				}
+				if !wrote {
+					return fmt.Errorf("score kernel did not write tile maxima")
 				}
 				// As in the Quest step: top-K as a programmatic
 				// dependent of the score kernel.
