@@ -374,7 +374,14 @@ top-K + sparse attention) and a dense step on the same data, alternated,
 median of --iters. Prints one JSON line per (context, budget) with
 dense_us, quest_us, score_us, topk_us, attend_us, bytes_read, bytes_dense,
 rho_formula (1/S + K/P) and the machine's copy bandwidth measured in the
-same run.`, stderr)
+same run.
+
+With --backend cuda the data live on the GPU, each phase is timed with CUDA
+events from a cold L2 (a 256 MiB write before every call, launches queued
+ahead), and the lines add per-phase GB/s, roofline times (bytes over the
+copy bandwidth), quest_latency_us (one step launched alone on an idle GPU)
+and topk_step_us (the top-K right after the score kernel, as inside a
+step).`, stderr)
 	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
 	contexts := fs.String("context", "32768,131072", "comma-separated context lengths in tokens")
 	budgets := fs.String("budget", "2048", "comma-separated token budgets")
