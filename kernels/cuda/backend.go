@@ -75,7 +75,8 @@ type Config struct {
 	ScoreChunk int
 	// AttendKernel and ScoreKernel name a tensor-core kernel variant of
 	// mma.cu to use instead of the default (for tuning and benchmarks,
-	// e.g. "quest_attendmma_bf16_d128_w4s3"); "" picks the default.
+	// e.g. "quest_attendmma_bf16_d128_w4s2"); "" picks the default. A name
+	// that does not fit the call's shape is an error.
 	AttendKernel, ScoreKernel string
 }
 
@@ -340,6 +341,9 @@ func download[T int32 | float32](b *Backend, dst []T, src cu.DevicePtr) error {
 	return nil
 }
 
+// launch launches kernel name on the default stream with the 8-byte
+// parameters args (device goroutine only; a grid with a zero dimension
+// launches nothing).
 func (b *Backend) launch(name string, grid [3]int, block, shared int, args ...uint64) error {
 	return b.launchMode(false, name, grid, block, shared, args...)
 }
