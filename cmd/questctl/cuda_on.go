@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/questrt/questrt/bench"
@@ -37,8 +38,18 @@ func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtyp
 				cfg.AttendKernel = v
 			case ok && k == "score":
 				cfg.ScoreKernel = v
+			case ok && (k == "score-chunk" || k == "attend-chunk"):
+				n, err := strconv.Atoi(v)
+				if err != nil || n <= 0 {
+					return usageError{fmt.Errorf("--cuda-kernels: %s wants a positive number of pages, not %q", k, v)}
+				}
+				if k == "score-chunk" {
+					cfg.ScoreChunk = n
+				} else {
+					cfg.AttendChunk = n
+				}
 			default:
-				return usageError{fmt.Errorf("--cuda-kernels: %q is not attend=NAME or score=NAME", kv)}
+				return usageError{fmt.Errorf("--cuda-kernels: %q is not attend=NAME, score=NAME, score-chunk=N or attend-chunk=N", kv)}
 			}
 		}
 	}

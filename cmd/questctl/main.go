@@ -393,7 +393,7 @@ step).`, stderr)
 	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
 	fs.IntVar(&c.Iters, "iters", c.Iters, "timed steps per configuration")
 	asJSON := fs.Bool("json", false, "print JSON lines only (default also prints a table to stderr)")
-	cudaKernels := fs.String("cuda-kernels", "", "cuda: tensor-core kernel variants to use instead of the defaults, as attend=NAME,score=NAME (kernels/cuda/mma.cu; for tuning)")
+	cudaKernels := fs.String("cuda-kernels", "", "cuda: tuning overrides, comma-separated: attend=NAME and score=NAME (tensor-core kernel variants of kernels/cuda/mma.cu), score-chunk=N and attend-chunk=N (pages per block / work item)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
