@@ -21,11 +21,7 @@ func TestRegressCapacityUsable(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	cfg := reviewCfg()
 	cfg.CapacityPages = 2
-	e, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newEngine(t, cfg)
 	id, _ := e.Create(Striped)
 	tok := cfg.KVHeads * cfg.HeadDim
 	if err := e.Append(id, 0, randVec(rng, 32*tok), randVec(rng, 32*tok)); err != nil {
@@ -41,11 +37,7 @@ func TestRegressRollbackSpuriousBroken(t *testing.T) {
 	rng := rand.New(rand.NewPCG(2, 2))
 	cfg := reviewCfg()
 	cfg.CP, cfg.CapacityPages = 2, 3
-	e, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newEngine(t, cfg)
 	tok := cfg.KVHeads * cfg.HeadDim
 	add := func(id SeqID, n int) error { return e.Append(id, 0, randVec(rng, n*tok), randVec(rng, n*tok)) }
 	a, _ := e.Create(Striped)

@@ -36,7 +36,6 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 			dg.Scores = make([][]float32, c.QHeads)
 		}
 		attended := make([]bool, np)
-		union := make([]bool, np)
 		for h := range c.QHeads {
 			tp, hl := h/e.qT, h%e.qT
 			r := rowOf(hl)
@@ -70,20 +69,6 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 				}
 			}
 			dg.Selected[h] = list
-			if h%g == 0 {
-				clear(union)
-			}
-			for _, p := range list {
-				union[p] = true
-			}
-			if h%g == g-1 {
-				dg.PagesTotal += np
-				for _, u := range union {
-					if u {
-						dg.PagesRead++
-					}
-				}
-			}
 			if scored {
 				sc := make([]float32, np)
 				for cp := range c.CP {
@@ -95,6 +80,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 				dg.Scores[h] = sc
 			}
 		}
+		dg.CountPages(g, np)
 		res.Diag = append(res.Diag, dg)
 	}
 	// Dense reference on the same data.

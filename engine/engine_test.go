@@ -77,6 +77,17 @@ func (p *pair) append(rng *rand.Rand, id SeqID, n int) {
 	}
 }
 
+// newEngine builds an engine for a test and closes it when the test ends.
+func newEngine(t *testing.T, cfg Config) *Engine {
+	t.Helper()
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
 func randVec(rng *rand.Rand, n int) []float32 {
 	v := make([]float32, n)
 	for i := range v {
@@ -329,11 +340,7 @@ func TestShardFailure(t *testing.T) {
 		}
 		return cpu
 	}
-	e, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newEngine(t, cfg)
 	var ids []SeqID
 	for range 2 {
 		id, _ := e.Create(Striped)
@@ -395,18 +402,14 @@ func TestTransportFailure(t *testing.T) {
 		trs[1] = faulty
 		return trs
 	}
-	e, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newEngine(t, cfg)
 	id, _ := e.Create(Striped)
 	if err := e.Append(id, 0, randVec(rng, 300*2*16), randVec(rng, 300*2*16)); err != nil {
 		t.Fatal(err)
 	}
 	var res Result
 	t0 := time.Now()
-	err = e.Step(context.Background(), 0, []Request{{Seq: id, Q: randVec(rng, 4*16), BudgetTokens: 64}}, StepOptions{}, &res)
+	err := e.Step(context.Background(), 0, []Request{{Seq: id, Q: randVec(rng, 4*16), BudgetTokens: 64}}, StepOptions{}, &res)
 	if !errors.Is(err, collective.ErrInjected) {
 		t.Fatalf("step error %v, want the injected fault", err)
 	}

@@ -62,11 +62,7 @@ func TestRegressFailedStepLeavesNoMail(t *testing.T) {
 		}
 		return trs
 	}
-	e, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newEngine(t, cfg)
 	id, _ := e.Create(Striped)
 	tok := cfg.KVHeads * cfg.HeadDim
 	if err := e.Append(id, 0, randVec(rng, 300*tok), randVec(rng, 300*tok)); err != nil {

@@ -15,11 +15,7 @@ func TestRegressFailedAppendRegistersPages(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
 	cfg := reviewCfg()
 	cfg.CP, cfg.CapacityPages = 2, 4
-	e, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newEngine(t, cfg)
 	tok := cfg.KVHeads * cfg.HeadDim
 	add := func(id SeqID, n int) error { return e.Append(id, 0, randVec(rng, n*tok), randVec(rng, n*tok)) }
 	must := func(err error) {

@@ -28,11 +28,7 @@ func TestRegressFailedStepKeepsResult(t *testing.T) {
 		}
 		return cpu
 	}
-	e, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := newEngine(t, cfg)
 	id, _ := e.Create(Striped)
 	tok := cfg.KVHeads * cfg.HeadDim
 	if err := e.Append(id, 0, randVec(rng, 200*tok), randVec(rng, 200*tok)); err != nil {

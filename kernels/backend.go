@@ -181,6 +181,29 @@ func (p *TopKPlan) Add(scoreOff, n, base, k, outOff int) {
 	p.OutOff = append(p.OutOff, int32(outOff))
 }
 
+// Check reports plan arrays of different lengths and any row whose
+// candidates fall outside nScores scores or whose output falls outside an
+// output of nOut entries; it returns the output length the plan writes
+// (the largest OutOff[r]+min(K[r], N[r])).
+func (p *TopKPlan) Check(nScores, nOut int) (int, error) {
+	n := p.Rows()
+	if len(p.ScoreOff) != n || len(p.Base) != n || len(p.K) != n || len(p.OutOff) != n {
+		return 0, fmt.Errorf("topk: plan arrays have different lengths")
+	}
+	outLen := 0
+	for r := range n {
+		so, cnt, k, oo := int(p.ScoreOff[r]), int(p.N[r]), int(p.K[r]), int(p.OutOff[r])
+		if so < 0 || cnt < 0 || so+cnt > nScores {
+			return 0, fmt.Errorf("topk: row %d candidates [%d,%d) outside %d scores", r, so, so+cnt, nScores)
+		}
+		if k < 0 || oo < 0 || oo+min(k, cnt) > nOut {
+			return 0, fmt.Errorf("topk: row %d output [%d,+%d) outside %d", r, oo, min(k, cnt), nOut)
+		}
+		outLen = max(outLen, oo+min(k, cnt))
+	}
+	return outLen, nil
+}
+
 // Lists gives, per (sequence, row), the logical pages to attend. Rows follow
 // Mode: KV heads for GroupMax (the list serves every query head of the
 // group), query heads for PerHead. Row (b, r) is index b*rows+r; its pages

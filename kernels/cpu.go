@@ -214,17 +214,8 @@ func (c *CPU) TopK(ctx context.Context, scores []float32, plan *TopKPlan, out []
 	}
 	defer c.mu.Unlock()
 	n := plan.Rows()
-	if len(plan.ScoreOff) != n || len(plan.Base) != n || len(plan.K) != n || len(plan.OutOff) != n {
-		return fmt.Errorf("topk: plan arrays have different lengths")
-	}
-	for r := range n {
-		so, cnt, k, oo := int(plan.ScoreOff[r]), int(plan.N[r]), int(plan.K[r]), int(plan.OutOff[r])
-		if so < 0 || cnt < 0 || so+cnt > len(scores) {
-			return fmt.Errorf("topk: row %d candidates [%d,%d) outside %d scores", r, so, so+cnt, len(scores))
-		}
-		if k < 0 || oo < 0 || oo+min(k, cnt) > len(out) {
-			return fmt.Errorf("topk: row %d output [%d,+%d) outside %d", r, oo, min(k, cnt), len(out))
-		}
+	if _, err := plan.Check(len(scores), len(out)); err != nil {
+		return err
 	}
 	t := &c.topk
 	t.scores, t.plan, t.out = scores, plan, out

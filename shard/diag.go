@@ -43,7 +43,6 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	}
 	scale := 1 / math.Sqrt(float64(d))
 	attended := make([]bool, np)
-	union := make([]bool, np)
 	for h := range sh.QHeads {
 		r := h / g
 		if mode == kernels.PerHead {
@@ -57,22 +56,9 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 			off := ws.batch.ScoreOffset(i, rows) + r*np
 			dg.Scores[h] = slices.Clone(ws.scores[off : off+np])
 		}
-		if h%g == 0 {
-			clear(union)
-		}
 		clear(attended)
 		for _, p := range sel {
 			attended[p] = true
-			union[p] = true
-		}
-		if h%g == g-1 {
-			// The KV head reads the union of its query heads' pages.
-			dg.PagesTotal += np
-			for _, u := range union {
-				if u {
-					dg.PagesRead++
-				}
-			}
 		}
 		qh := q[h*d:][:d]
 		kvh := h / g
@@ -89,10 +75,33 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 		}
 		ts.AddTo(&dg)
 	}
+	dg.CountPages(g, np)
 	dg.Recall /= float64(sh.QHeads)
 	dg.MassRecall /= float64(sh.QHeads)
 	dg.RelL2 = RelL2(res.O[i*sh.QHeads*d:][:sh.QHeads*d], od)
 	return dg, nil
+}
+
+// CountPages sets PagesRead and PagesTotal from Selected: each KV head
+// (every group of g consecutive query heads) reads the union of its query
+// heads' pages, out of pages.
+func (dg *Diagnostics) CountPages(g, pages int) {
+	dg.PagesRead, dg.PagesTotal = 0, 0
+	union := make([]bool, pages)
+	for h0 := 0; h0 < len(dg.Selected); h0 += g {
+		clear(union)
+		for _, sel := range dg.Selected[h0:min(h0+g, len(dg.Selected))] {
+			for _, p := range sel {
+				union[p] = true
+			}
+		}
+		dg.PagesTotal += pages
+		for _, u := range union {
+			if u {
+				dg.PagesRead++
+			}
+		}
+	}
 }
 
 // RelL2 is ||o - ref|| / ||ref|| (0 when ref is zero).

@@ -908,33 +908,30 @@ func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int
 		}
 		return reduce()
 	}
-	if (d == 64 || d == 128) && s.PageSize <= 16 && dl.DType != F32 {
-		smem := 2*3*s.PageSize*d*dl.DType.Size() + heads*d*4
-		if err := b.launch(fmt.Sprintf("quest_attends16_%s_d%d", dl.DType, d), [3]int{a.items, 1, 1}, 32*heads, smem,
-			u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
-			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead); err != nil {
+	// CUDA-core kernels: the common parameters, then the kernel's own; then
+	// quest_reduce.
+	core := func(name string, smem int, own ...uint64) error {
+		var args [maxParams]uint64
+		n := copy(args[:], []uint64{u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl)})
+		n += copy(args[n:], own)
+		if err := b.launch(name, [3]int{a.items, 1, 1}, 32*heads, smem, args[:n]...); err != nil {
 			return err
 		}
 		return reduce()
+	}
+	qh, kvh, pS := uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize)
+	if (d == 64 || d == 128) && s.PageSize <= 16 && dl.DType != F32 {
+		smem := 2*3*s.PageSize*d*dl.DType.Size() + heads*d*4
+		return core(fmt.Sprintf("quest_attends16_%s_d%d", dl.DType, d), smem, qh, kvh, pS, perHead)
 	}
 	stages := 3
 	if dl.DType == F32 {
 		stages = 2
 	}
 	if smem := 2 * stages * s.PageSize * d * dl.DType.Size(); (d == 64 || d == 128) && s.PageSize <= 32 && smem+attendStaticSmem <= maxSmem {
-		if err := b.launch(fmt.Sprintf("quest_attendp_%s_d%d", dl.DType, d), [3]int{a.items, 1, 1}, 32*heads, smem,
-			u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
-			uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), perHead); err != nil {
-			return err
-		}
-		return reduce()
+		return core(fmt.Sprintf("quest_attendp_%s_d%d", dl.DType, d), smem, qh, kvh, pS, perHead)
 	}
-	if err := b.launch("quest_attend_"+dl.DType.String(), [3]int{a.items, 1, 1}, 32*heads, 0,
-		u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
-		uint64(s.QHeads), uint64(s.KVHeads), uint64(d), uint64(s.PageSize), perHead); err != nil {
-		return err
-	}
-	return reduce()
+	return core("quest_attend_"+dl.DType.String(), 0, qh, kvh, uint64(d), pS, perHead)
 }
 
 func b2u(x bool) uint64 {
@@ -1049,19 +1046,9 @@ func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b
 // TopK implements kernels.Backend.
 func (b *Backend) TopK(ctx context.Context, scores []float32, plan *kernels.TopKPlan, out []int32) error {
 	n := plan.Rows()
-	if len(plan.ScoreOff) != n || len(plan.Base) != n || len(plan.K) != n || len(plan.OutOff) != n {
-		return errors.New("topk: plan arrays have different lengths")
-	}
-	outLen := 0
-	for r := range n {
-		so, cnt, k, oo := int(plan.ScoreOff[r]), int(plan.N[r]), int(plan.K[r]), int(plan.OutOff[r])
-		if so < 0 || cnt < 0 || so+cnt > len(scores) {
-			return fmt.Errorf("topk: row %d candidates [%d,%d) outside %d scores", r, so, so+cnt, len(scores))
-		}
-		if k < 0 || oo < 0 || oo+min(k, cnt) > len(out) {
-			return fmt.Errorf("topk: row %d output [%d,+%d) outside %d", r, oo, min(k, cnt), len(out))
-		}
-		outLen = max(outLen, oo+min(k, cnt))
+	outLen, err := plan.Check(len(scores), len(out))
+	if err != nil {
+		return err
 	}
 	if n == 0 {
 		return nil
