@@ -56,3 +56,44 @@ func TestCPUNoAllocs(t *testing.T) {
 		t.Fatalf("a warm step allocates %v times", n)
 	}
 }
+
+// TestTopKBadPlan: malformed top-K plans are refused with an error and the
+// output is left untouched (invariant 10); a good plan reports the output
+// length it writes.
+func TestTopKBadPlan(t *testing.T) {
+	c := kernels.NewCPU(kernels.CPUConfig{})
+	defer c.Close()
+	scores := make([]float32, 10)
+	good := func() *kernels.TopKPlan {
+		var p kernels.TopKPlan
+		p.Add(0, 6, 0, 3, 0)
+		p.Add(6, 4, 0, 9, 3) // k > n writes n
+		return &p
+	}
+	if n, err := good().Check(len(scores), 7); err != nil || n != 7 {
+		t.Fatalf("good plan: output length %d, err %v; want 7, nil", n, err)
+	}
+	cases := []struct {
+		name string
+		edit func(*kernels.TopKPlan)
+	}{
+		{"ragged arrays", func(p *kernels.TopKPlan) { p.K = p.K[:1] }},
+		{"candidates past the scores", func(p *kernels.TopKPlan) { p.N[1] = 5 }},
+		{"negative offset", func(p *kernels.TopKPlan) { p.ScoreOff[0] = -1 }},
+		{"negative k", func(p *kernels.TopKPlan) { p.K[0] = -1 }},
+		{"output past the end", func(p *kernels.TopKPlan) { p.OutOff[1] = 4 }},
+	}
+	for _, tc := range cases {
+		p := good()
+		tc.edit(p)
+		out := []int32{-7, -7, -7, -7, -7, -7, -7}
+		if err := c.TopK(context.Background(), scores, p, out); err == nil {
+			t.Errorf("%s: no error", tc.name)
+		}
+		for i, x := range out {
+			if x != -7 {
+				t.Errorf("%s: output %d changed to %d", tc.name, i, x)
+			}
+		}
+	}
+}
