@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 
@@ -96,17 +97,24 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 	for i, sq := range seqs {
 		dg := &res.Diag[i]
 		n := sq.lens[layer]
-		tables := make([][][]int32, c.TP)
+		// The keys of every shard's pages of the sequence, copied (from
+		// the device when the pages live there); page lp of pages[tp][cp]
+		// is the shard's local page lp.
+		pages := make([][]kernels.Layer, c.TP)
 		for tp := range c.TP {
-			tables[tp] = make([][]int32, c.CP)
+			pages[tp] = make([]kernels.Layer, c.CP)
 			for cp := range c.CP {
-				t, err := e.shards[tp][cp].Store().AppendPageTable(nil, sq.local[tp][cp])
+				sh := e.shards[tp][cp]
+				t, err := sh.Store().AppendPageTable(nil, sq.local[tp][cp])
 				if err != nil {
 					return err
 				}
-				tables[tp][cp] = t
+				if pages[tp][cp], err = sh.ReadPages(ctx, layer, t); err != nil {
+					return fmt.Errorf("diagnostics: %w", err)
+				}
 			}
 		}
+		blk := c.PageSize * d
 		for h := range c.QHeads {
 			tp, hl := h/e.qT, h%e.qT
 			kvl := hl / g
@@ -116,8 +124,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 			for p := range res.Plans[i].Pages {
 				cp := e.owner(sq, p)
 				lp, _ := slices.BinarySearch(sq.global[cp], int32(p))
-				phys := int(tables[tp][cp][lp])
-				keys, _ := e.shards[tp][cp].Store().PageKV(layer, phys, kvl)
+				keys := pages[tp][cp].K[(lp*e.kvT+kvl)*blk:][:blk]
 				_, in := slices.BinarySearch(sel, int32(p))
 				for t := range min(c.PageSize, n-p*c.PageSize) {
 					ts.Add(float64(kernels.Dot(q, keys[t*d:(t+1)*d]))*scale, in)

@@ -16,6 +16,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -592,20 +593,18 @@ func (e *Engine) refreshMirrors(id SeqID, sq *seqState, newLen int) error {
 		var recs [][]float32
 		if tail >= 0 {
 			r := e.owner(sq, tail)
-			st := e.shards[tp][r].Store()
+			sh := e.shards[tp][r]
 			lp, _ := slices.BinarySearch(sq.global[r], int32(tail))
-			table, err := st.AppendPageTable(nil, sq.local[tp][r])
+			table, err := sh.Store().AppendPageTable(nil, sq.local[tp][r])
 			if err != nil {
 				return err
 			}
 			for layer := range c.Layers {
-				var rec []float32
-				for h := range e.kvT {
-					mn, mx := st.PageSummary(layer, int(table[lp]), h)
-					rec = append(rec, mn...)
-					rec = append(rec, mx...)
+				pg, err := sh.ReadPages(context.Background(), layer, table[lp:lp+1])
+				if err != nil {
+					return fmt.Errorf("refresh mirrors: %w", err)
 				}
-				recs = append(recs, rec)
+				recs = append(recs, pg.Summary)
 			}
 		}
 		for cp := range c.CP {

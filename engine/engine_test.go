@@ -15,6 +15,7 @@ import (
 
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/shard"
 )
@@ -251,14 +252,23 @@ func TestEdgeLayouts(t *testing.T) {
 
 // TestForkRollbackSharded: fork, diverge, roll back inside and across pages;
 // every shard stays consistent with a single-shard reference doing the
-// same operations.
+// same operations, also when the shards keep their pages in (pretend)
+// device memory only.
 func TestForkRollbackSharded(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
-	for _, sel := range []Selection{Exact, Replicated} {
+	for _, tc := range []struct {
+		sel    Selection
+		device bool
+	}{{Exact, false}, {Replicated, false}, {Exact, true}, {Replicated, true}} {
 		cfg := DefaultConfig()
 		cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 2, 4, 2, 16
-		cfg.CP, cfg.TP, cfg.CapacityPages, cfg.Selection = 3, 2, 100, sel
+		cfg.CP, cfg.TP, cfg.CapacityPages, cfg.Selection = 3, 2, 100, tc.sel
 		cfg.Policy.DenseLayers = 0
+		if tc.device {
+			cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
+			t.Cleanup(func() { cpu.Close() })
+			cfg.Backend, cfg.DeviceResident = backendtest.FakeDevice{CPU: cpu}, true
+		}
 		p := newPair(t, cfg)
 		parent := p.create(Striped)
 		p.append(rng, parent, 333)

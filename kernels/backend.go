@@ -278,18 +278,33 @@ type Backend interface {
 }
 
 // DeviceStore is implemented by backends whose kernels read page pools from
-// their own device memory (the CUDA backend). A shard that keeps a device
-// copy of its pools allocates one pool per layer and writes the pages it
-// changed after every store operation; it then passes the pool as
-// Layer.Device. Methods are safe for concurrent use.
+// their own device memory (the CUDA backend). A shard whose pages live on
+// the device allocates one pool per layer and makes every change of page
+// contents through these methods (the host keeps only the metadata); it
+// passes the pool to the kernels as Layer.Device. Page ids are physical
+// ids of the pool. Writes may be queued: a failure can surface at a later
+// call. Methods are safe for concurrent use.
 type DeviceStore interface {
 	// NewPool allocates a device pool of pages pages for one layer.
 	NewPool(ctx context.Context, pages, kvHeads, headDim, pageSize int) (any, error)
-	// WritePages copies whole pages (K, V and summaries of every KV head)
-	// with the given physical ids from a host pool into a device pool.
-	WritePages(ctx context.Context, pool any, host Layer, phys []int32) error
 	// FreePool releases a pool.
 	FreePool(ctx context.Context, pool any) error
+	// WriteTokens stores the tokens k, v ([n][KVHeads][HeadDim], float32)
+	// into slots slot, slot+1, ... of pages[0], continuing in pages[1],
+	// ..., and widens those pages' summaries with the stored keys; the
+	// token written to slot 0 of a page starts its summary afresh.
+	WriteTokens(ctx context.Context, pool any, pages []int32, slot int, k, v []float32) error
+	// Rescan recomputes the summaries of pages from their first valid
+	// stored keys (valid = 0 gives the empty box: +Inf minima, -Inf
+	// maxima).
+	Rescan(ctx context.Context, pool any, pages []int32, valid int) error
+	// CopyPage copies page src (K, V and summaries) to page dst.
+	CopyPage(ctx context.Context, pool any, dst, src int32) error
+	// ReadPages returns float32 copies of pages: page i of the result
+	// (in the Layer layout, K and V [len(pages)][KVHeads][PageSize]
+	// [HeadDim], summaries [len(pages)][KVHeads][2][HeadDim]) is
+	// pages[i]. For diagnostics and tests, not the hot path.
+	ReadPages(ctx context.Context, pool any, pages []int32) (Layer, error)
 }
 
 // ErrClosed is returned by calls on a closed backend.

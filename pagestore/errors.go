@@ -25,4 +25,7 @@ var (
 	// ErrOutOfRange: a count outside its valid range (rollback of n <= 0
 	// tokens or past the start of the sequence).
 	ErrOutOfRange = errors.New("pagestore: out of range")
+	// ErrData: the store's [PageData] failed (a device fault, say); see
+	// [Store.Append] and [Store.Rollback] for what then changed.
+	ErrData = errors.New("pagestore: page data")
 )

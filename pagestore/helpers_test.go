@@ -228,7 +228,7 @@ func takeSnapshot(t testing.TB, s *Store, ids ...SeqID) snapshot {
 		}
 		sn.tables[id] = pageTable(t, s, id)
 	}
-	for _, ld := range s.layers {
+	for _, ld := range s.host.layers {
 		sn.k = append(sn.k, slices.Clone(ld.K))
 		sn.v = append(sn.v, slices.Clone(ld.V))
 		sn.sum = append(sn.sum, slices.Clone(ld.Summary))

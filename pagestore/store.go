@@ -47,16 +47,11 @@ type Stats struct {
 // Store is the paged KV store of one device partition. See the package doc
 // for the layout and the concurrency contract.
 type Store struct {
-	cfg    Config
-	sz     sizes
-	layers []LayerData
-
-	// derived strides, in floats
-	tok     int // KVHeads*HeadDim: one token of k or v passed to Append
-	headBlk int // PageSize*HeadDim: one (page, head) K/V block
-	pageBlk int // KVHeads*PageSize*HeadDim: one page of K or V
-	sumRec  int // 2*HeadDim: one (page, head) summary record
-	sumPage int // KVHeads*2*HeadDim: one page of summaries
+	cfg  Config
+	sz   sizes
+	tok  int       // KVHeads*HeadDim: one token of k or v passed to Append
+	data PageData  // the page contents
+	host *hostData // data, when it is the store's own host arrays
 
 	poolMu sync.Mutex
 	free   []int32 // stack of free physical pages
@@ -70,9 +65,11 @@ type Store struct {
 type seq struct {
 	mu       sync.Mutex
 	released bool
-	pages    []int32 // logical page -> physical page
-	lens     []int   // tokens per layer
-	cow      []cowPage
+	pages    []int32   // logical page -> physical page
+	lens     []int     // tokens per layer
+	cow      []cowPage // Append scratch: shared pages to copy
+	fresh    []int32   // Append scratch: pages taken for new slots
+	valid    []int     // copyPage scratch: valid slots per layer
 }
 
 type cowPage struct {
@@ -80,69 +77,97 @@ type cowPage struct {
 	old, new int32
 }
 
-// New allocates a store with every pool array of cfg.
+// New allocates a store with every pool array of cfg in host memory.
 func New(cfg Config) (*Store, error) {
 	sz, err := cfg.sizes()
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{
-		cfg:     cfg,
-		sz:      sz,
-		layers:  make([]LayerData, cfg.Layers),
-		tok:     cfg.KVHeads * cfg.HeadDim,
-		headBlk: cfg.PageSize * cfg.HeadDim,
-		pageBlk: cfg.KVHeads * cfg.PageSize * cfg.HeadDim,
-		sumRec:  2 * cfg.HeadDim,
-		sumPage: cfg.KVHeads * 2 * cfg.HeadDim,
-		free:    make([]int32, cfg.Capacity),
-		ref:     make([]int32, cfg.Capacity),
-		seqs:    make(map[SeqID]*seq),
-		nextID:  1,
+	h := newHostData(cfg, sz)
+	s := newStore(cfg, sz, h)
+	s.host = h
+	all := make([]int32, cfg.Capacity)
+	for p := range all {
+		all[p] = int32(p)
 	}
-	for l := range s.layers {
-		s.layers[l] = LayerData{
-			K:       make([]float32, sz.layerKV),
-			V:       make([]float32, sz.layerKV),
-			Summary: make([]float32, sz.layerSum),
-		}
+	h.Reset(all)
+	return s, nil
+}
+
+// NewWithData makes a store whose page contents live in data (a device's
+// memory, say): the store keeps only the metadata on the host. data must
+// hold cfg.Capacity pages of cfg's geometry; the store resets a page's
+// summaries when it hands the page out. [Store.Layer], [Store.PageKV] and
+// [Store.PageSummary] are then unavailable (see [Store.HostPages]).
+func NewWithData(cfg Config, data PageData) (*Store, error) {
+	sz, err := cfg.sizes()
+	if err != nil {
+		return nil, err
+	}
+	if data == nil {
+		return nil, fmt.Errorf("%w: nil page data", ErrInvalidConfig)
+	}
+	return newStore(cfg, sz, data), nil
+}
+
+func newStore(cfg Config, sz sizes, data PageData) *Store {
+	s := &Store{
+		cfg:    cfg,
+		sz:     sz,
+		tok:    cfg.KVHeads * cfg.HeadDim,
+		data:   data,
+		free:   make([]int32, cfg.Capacity),
+		ref:    make([]int32, cfg.Capacity),
+		seqs:   make(map[SeqID]*seq),
+		nextID: 1,
 	}
 	// Pop from the end: page 0 is handed out first.
 	for i := range s.free {
 		s.free[i] = int32(cfg.Capacity - 1 - i)
 	}
-	for p := 0; p < cfg.Capacity; p++ {
-		s.resetSummary(int32(p))
-	}
-	return s, nil
+	return s
 }
 
 // Config returns the store's configuration.
 func (s *Store) Config() Config { return s.cfg }
 
+// HostPages reports whether the page contents are the store's own host
+// arrays ([New]), which [Store.Layer], [Store.PageKV] and
+// [Store.PageSummary] expose.
+func (s *Store) HostPages() bool { return s.host != nil }
+
 // Layer returns the whole pool arrays of layer l (no copy). It panics when l
-// is out of range.
-func (s *Store) Layer(l int) LayerData { return s.layers[l] }
+// is out of range or the pages do not live in host memory.
+func (s *Store) Layer(l int) LayerData { return s.hostData().layers[l] }
+
+func (s *Store) hostData() *hostData {
+	if s.host == nil {
+		panic("pagestore: the page contents live outside host memory (NewWithData)")
+	}
+	return s.host
+}
 
 // PageKV returns the [PageSize][HeadDim] K and V blocks of one physical page
 // and KV head in one layer, aliasing the pool (no copy). Slots beyond the
 // layer's valid length hold unspecified data. It panics on an index out of
-// range.
+// range or when the pages do not live in host memory.
 func (s *Store) PageKV(layer, phys, head int) (k, v []float32) {
 	s.checkPhys(phys, head)
-	ld := s.layers[layer]
-	o := phys*s.pageBlk + head*s.headBlk
-	e := o + s.headBlk
+	h := s.hostData()
+	ld := h.layers[layer]
+	o := phys*h.pageBlk + head*h.headBlk
+	e := o + h.headBlk
 	return ld.K[o:e:e], ld.V[o:e:e]
 }
 
 // PageSummary returns the HeadDim minima and maxima of one physical page and
 // KV head in one layer, aliasing the pool (no copy). It panics on an index out
-// of range.
+// of range or when the pages do not live in host memory.
 func (s *Store) PageSummary(layer, phys, head int) (min, max []float32) {
 	s.checkPhys(phys, head)
-	ld := s.layers[layer]
-	o := phys*s.sumPage + head*s.sumRec
+	h := s.hostData()
+	ld := h.layers[layer]
+	o := phys*h.sumPage + head*h.sumRec
 	d := s.cfg.HeadDim
 	return ld.Summary[o : o+d : o+d], ld.Summary[o+d : o+2*d : o+2*d]
 }
@@ -344,7 +369,10 @@ func allFinite(a []float32) bool {
 // allocated (with a fresh summary) when the layer runs past the allocated
 // pages, a shared page about to be written is copied first, and every key
 // widens its page's summary (eq. 8). Nothing changes when an error is
-// returned: inputs and capacity are checked before any write.
+// returned: inputs and capacity are checked before any write. (The one
+// exception is an error of the [PageData] while writing, wrapped in
+// [ErrData]: the length and the page table are then unchanged, but the tail
+// page's summary may have been widened by keys that were not appended.)
 func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 	if err := s.checkLayer(layer); err != nil {
 		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
@@ -388,124 +416,78 @@ func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 	for i := range sq.cow {
 		sq.cow[i].new = s.popLocked()
 	}
+	sq.fresh = sq.fresh[:0]
 	for range needNew {
-		sq.pages = append(sq.pages, s.popLocked())
+		sq.fresh = append(sq.fresh, s.popLocked())
 	}
 	s.poolMu.Unlock()
 
 	// Phase 2: fresh summaries for new pages, copies of shared pages (the
 	// old page is still referenced by us, so no sibling writes it in place).
-	for _, p := range sq.pages[len(sq.pages)-needNew:] {
-		s.resetSummary(p)
-	}
-	if len(sq.cow) > 0 {
-		for _, c := range sq.cow {
-			s.copyPage(c.new, c.old, c.idx, sq.lens)
-			sq.pages[c.idx] = c.new
-		}
+	// A failure gives the taken pages back: nothing has changed.
+	if err := s.prepare(sq); err != nil {
 		s.poolMu.Lock()
 		for _, c := range sq.cow {
+			s.unrefLocked(c.new)
+		}
+		for _, p := range sq.fresh {
+			s.unrefLocked(p)
+		}
+		s.poolMu.Unlock()
+		return fmt.Errorf("append seq %d layer %d: %w: %w", id, layer, ErrData, err)
+	}
+	sq.pages = append(sq.pages, sq.fresh...)
+	if len(sq.cow) > 0 {
+		s.poolMu.Lock()
+		for _, c := range sq.cow {
+			sq.pages[c.idx] = c.new
 			s.unrefLocked(c.old)
 		}
 		s.poolMu.Unlock()
 	}
 
-	// Phase 3: write K/V and widen summaries.
-	s.write(sq, layer, pos, n, k, v)
+	// Phase 3: write K/V and widen summaries. A failure gives the new pages
+	// back; the copies made above keep the same contents as the pages they
+	// replaced, but the tail page's summary may have been widened.
+	if err := s.data.Write(layer, sq.pages[first:last+1], pos%S, k, v); err != nil {
+		keep := len(sq.pages) - needNew
+		s.poolMu.Lock()
+		for _, p := range sq.pages[keep:] {
+			s.unrefLocked(p)
+		}
+		s.poolMu.Unlock()
+		sq.pages = sq.pages[:keep]
+		return fmt.Errorf("append seq %d layer %d: %w: %w", id, layer, ErrData, err)
+	}
 	sq.lens[layer] = end
 	return nil
 }
 
-func (s *Store) write(sq *seq, layer, pos, n int, k, v []float32) {
-	ld := s.layers[layer]
-	S, H, D := s.cfg.PageSize, s.cfg.KVHeads, s.cfg.HeadDim
-	for t := 0; t < n; {
-		slot := pos % S
-		cnt := min(S-slot, n-t)
-		phys := int(sq.pages[pos/S])
-		for h := 0; h < H; h++ {
-			base := phys*s.pageBlk + h*s.headBlk + slot*D
-			so := phys*s.sumPage + h*s.sumRec
-			mn := ld.Summary[so : so+D : so+D]
-			mx := ld.Summary[so+D : so+2*D : so+2*D]
-			for r := 0; r < cnt; r++ {
-				src := (t+r)*s.tok + h*D
-				kr := k[src : src+D : src+D]
-				dst := base + r*D
-				copy(ld.K[dst:dst+D], kr)
-				copy(ld.V[dst:dst+D], v[src:src+D])
-				widen(mn, mx, kr)
-			}
-		}
-		t += cnt
-		pos += cnt
-	}
-}
-
-// widen applies eq. 8: mn = min(mn, k), mx = max(mx, k) element-wise.
-func widen(mn, mx, k []float32) {
-	mn = mn[:len(k)]
-	mx = mx[:len(k)]
-	// The builtins compile to branch-free MINSS/MAXSS sequences: about twice
-	// as fast as compare-and-branch on fresh pages, where which key wins is
-	// unpredictable. Keys are finite (checked by Append).
-	for j, x := range k {
-		mn[j] = min(mn[j], x)
-		mx[j] = max(mx[j], x)
-	}
-}
-
-// resetSummary sets every layer's and head's record of page p to the empty
-// box (+Inf min, -Inf max).
-func (s *Store) resetSummary(p int32) {
-	D := s.cfg.HeadDim
-	inf := float32(math.Inf(1))
-	o := int(p) * s.sumPage
-	for _, ld := range s.layers {
-		rec := ld.Summary[o : o+s.sumPage]
-		for h := 0; h < s.cfg.KVHeads; h++ {
-			r := rec[h*s.sumRec : (h+1)*s.sumRec]
-			for j := 0; j < D; j++ {
-				r[j] = inf
-				r[D+j] = -inf
-			}
+// prepare resets the summaries of the pages an append takes and copies the
+// shared pages it writes (sq locked).
+func (s *Store) prepare(sq *seq) error {
+	if len(sq.fresh) > 0 {
+		if err := s.data.Reset(sq.fresh); err != nil {
+			return err
 		}
 	}
-}
-
-// copyPage copies the valid K/V slots of every layer of logical page idx
-// (physical src) and the summaries to physical page dst.
-func (s *Store) copyPage(dst, src int32, idx int, lens []int) {
-	S, D := s.cfg.PageSize, s.cfg.HeadDim
-	so, do := int(src)*s.pageBlk, int(dst)*s.pageBlk
-	ss, ds := int(src)*s.sumPage, int(dst)*s.sumPage
-	for l, ld := range s.layers {
-		valid := min(max(lens[l]-idx*S, 0), S)
-		for h := 0; h < s.cfg.KVHeads; h++ {
-			a, b := so+h*s.headBlk, do+h*s.headBlk
-			copy(ld.K[b:b+valid*D], ld.K[a:a+valid*D])
-			copy(ld.V[b:b+valid*D], ld.V[a:a+valid*D])
-		}
-		copy(ld.Summary[ds:ds+s.sumPage], ld.Summary[ss:ss+s.sumPage])
-	}
-}
-
-// rescan recomputes the summaries of every layer and head of physical page p
-// from its first valid slots (eq. 14).
-func (s *Store) rescan(p int32, valid int) {
-	s.resetSummary(p)
-	D := s.cfg.HeadDim
-	for _, ld := range s.layers {
-		for h := 0; h < s.cfg.KVHeads; h++ {
-			so := int(p)*s.sumPage + h*s.sumRec
-			mn := ld.Summary[so : so+D : so+D]
-			mx := ld.Summary[so+D : so+2*D : so+2*D]
-			ko := int(p)*s.pageBlk + h*s.headBlk
-			for r := 0; r < valid; r++ {
-				widen(mn, mx, ld.K[ko+r*D:ko+(r+1)*D])
-			}
+	for _, c := range sq.cow {
+		if err := s.copyPage(sq, c.new, c.old, c.idx); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// copyPage copies logical page idx of sq (physical src) to physical page
+// dst: the valid slots of every layer and the summaries.
+func (s *Store) copyPage(sq *seq, dst, src int32, idx int) error {
+	S := s.cfg.PageSize
+	sq.valid = sq.valid[:0]
+	for _, n := range sq.lens {
+		sq.valid = append(sq.valid, min(max(n-idx*S, 0), S))
+	}
+	return s.data.Copy(dst, src, sq.valid)
 }
 
 func (s *Store) popLocked() int32 {
@@ -654,7 +636,9 @@ func (s *Store) rollbackPlan(sq *seq, n int) (newLen, keep int, copyTail bool, e
 // summaries are recomputed for every layer and head from the remaining keys
 // (copying the page first if it is shared). n must be in [1, Len] and all
 // layers must have the same length; nothing changes when an error is
-// returned.
+// returned, except for an error of the [PageData] (wrapped in [ErrData]):
+// the sequence is then rolled back but its tail page's contents are
+// unspecified.
 func (s *Store) Rollback(id SeqID, n int) error {
 	if n <= 0 {
 		return fmt.Errorf("rollback seq %d by %d tokens: %w: n must be >= 1", id, n, ErrOutOfRange)
@@ -693,12 +677,17 @@ func (s *Store) Rollback(id SeqID, n int) error {
 		return nil
 	}
 	if old >= 0 {
-		s.copyPage(cp, old, keep-1, sq.lens)
+		err := s.copyPage(sq, cp, old, keep-1)
 		sq.pages[keep-1] = cp
 		s.poolMu.Lock()
 		s.unrefLocked(old)
 		s.poolMu.Unlock()
+		if err != nil {
+			return fmt.Errorf("rollback seq %d by %d tokens: %w: %w", id, n, ErrData, err)
+		}
 	}
-	s.rescan(sq.pages[keep-1], tail)
+	if err := s.data.Rescan(sq.pages[keep-1], tail); err != nil {
+		return fmt.Errorf("rollback seq %d by %d tokens: %w: %w", id, n, ErrData, err)
+	}
 	return nil
 }

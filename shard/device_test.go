@@ -2,80 +2,36 @@ package shard
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"slices"
 	"testing"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
 )
-
-// mirrorBackend is a CPU backend with a pretend device: its pools are
-// separate host arrays, and kernels given a Layer.Device read only those.
-// A page the shard forgets to write shows up as a wrong result.
-type mirrorBackend struct {
-	*kernels.CPU
-}
-
-func (m mirrorBackend) NewPool(_ context.Context, pages, kvh, d, s int) (any, error) {
-	return &kernels.Layer{K: make([]float32, pages*kvh*s*d), V: make([]float32, pages*kvh*s*d), Summary: make([]float32, pages*kvh*2*d)}, nil
-}
-
-func (m mirrorBackend) WritePages(_ context.Context, pool any, h kernels.Layer, phys []int32) error {
-	return copyPages(pool.(*kernels.Layer), h, phys)
-}
-
-func (m mirrorBackend) FreePool(context.Context, any) error { return nil }
-
-// copyPages copies whole pages; the pools' page counts are equal.
-func copyPages(dst *kernels.Layer, src kernels.Layer, phys []int32) error {
-	n := pagesOf(src)
-	kvPage, sumPage := len(src.K)/n, len(src.Summary)/n
-	for _, p := range phys {
-		if int(p) >= n {
-			return errors.New("page out of range")
-		}
-		copy(dst.K[int(p)*kvPage:][:kvPage], src.K[int(p)*kvPage:])
-		copy(dst.V[int(p)*kvPage:][:kvPage], src.V[int(p)*kvPage:])
-		copy(dst.Summary[int(p)*sumPage:][:sumPage], src.Summary[int(p)*sumPage:])
-	}
-	return nil
-}
-
-// pagesOf is the number of pages of a pool of the test geometry (2 KV
-// heads, D = 8: a page holds 2*2*8 summary floats).
-func pagesOf(l kernels.Layer) int { return len(l.Summary) / (2 * 8 * 2) }
-
-func (m mirrorBackend) dev(l kernels.Layer) kernels.Layer {
-	if p, ok := l.Device.(*kernels.Layer); ok {
-		return *p
-	}
-	return l
-}
-
-func (m mirrorBackend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, mode kernels.GQAMode, out []float32) error {
-	return m.CPU.Score(ctx, s, m.dev(l), b, q, mode, out)
-}
-
-func (m mirrorBackend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, lists *kernels.Lists, o, lse []float32) error {
-	return m.CPU.Attend(ctx, s, m.dev(l), b, q, lists, o, lse)
-}
 
 // TestDeviceResidentFollowsStore runs the same operations (prefill, decode
 // steps, fork with copy-on-write tails, rollbacks inside and across pages)
 // on a plain shard and on one that keeps a device copy read by the
 // kernels: every step's output must be identical.
 func TestDeviceResidentFollowsStore(t *testing.T) {
+	for _, sel := range []Selector{Quest, Oracle} {
+		t.Run(sel.String(), func(t *testing.T) { testDeviceResident(t, sel) })
+	}
+}
+
+func testDeviceResident(t *testing.T, sel Selector) {
 	const layers, qh, kvh, d, s = 2, 4, 2, 8, 4
 	pol := DefaultPolicy()
+	pol.Selector = sel
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = s, 3*s, 1
 	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
 	defer cpu.Close()
 	mk := func(dev bool) *Shard {
 		var be kernels.Backend = cpu
 		if dev {
-			be = mirrorBackend{cpu}
+			be = backendtest.FakeDevice{CPU: cpu}
 		}
 		sh, err := New(Config{Store: pagestore.Config{Layers: layers, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 64},
 			QHeads: qh, Policy: pol, DeviceResident: dev}, be)
@@ -122,14 +78,26 @@ func TestDeviceResidentFollowsStore(t *testing.T) {
 				rb = append(rb, SeqStep{Seq: p.b, Q: q, K: k, V: v})
 			}
 			var oa, ob StepResult
-			if err := plain.Step(context.Background(), l, ra, StepOptions{}, &oa); err != nil {
+			opt := StepOptions{Diagnostics: true}
+			if err := plain.Step(context.Background(), l, ra, opt, &oa); err != nil {
 				t.Fatal(err)
 			}
-			if err := dev.Step(context.Background(), l, rb, StepOptions{}, &ob); err != nil {
+			if err := dev.Step(context.Background(), l, rb, opt, &ob); err != nil {
 				t.Fatal(err)
 			}
 			if !slices.Equal(oa.O, ob.O) || !slices.Equal(oa.LSE, ob.LSE) {
-				t.Fatalf("layer %d: the device copy diverged from the store", l)
+				t.Fatalf("layer %d: the device pages diverged from the host store", l)
+			}
+			for i := range oa.Diag {
+				da, db := oa.Diag[i], ob.Diag[i]
+				if da.Recall != db.Recall || da.MassRecall != db.MassRecall || da.RelL2 != db.RelL2 || da.PagesRead != db.PagesRead {
+					t.Fatalf("layer %d sequence %d: diagnostics %+v vs %+v", l, i, da, db)
+				}
+				for h := range da.Scores {
+					if !slices.Equal(da.Scores[h], db.Scores[h]) || !slices.Equal(da.Selected[h], db.Selected[h]) {
+						t.Fatalf("layer %d sequence %d head %d: scores or pages differ", l, i, h)
+					}
+				}
 			}
 		}
 	}

@@ -13,7 +13,7 @@ import (
 // same data: page recall of the dense top-R tokens, attention-mass recall
 // 1 - eps (notes eq. 6-7) and the output's relative L2 error.
 func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepResult, opt StepOptions) (Diagnostics, error) {
-	kl, rows, mode := ws.kl, ws.rows, ws.mode
+	rows, mode := ws.rows, ws.mode
 	sh := s.shape
 	d, g := sh.HeadDim, sh.Group()
 	topR := opt.TopR
@@ -25,6 +25,10 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	lo, hi := ws.batch.Indptr[i], ws.batch.Indptr[i+1]
 	one := kernels.Batch{Indptr: []int32{0, hi - lo}, Pages: ws.batch.Pages[lo:hi], LastLen: ws.batch.LastLen[i : i+1]}
 	q := ws.q[i*sh.QHeads*d:][:sh.QHeads*d]
+	kl, keys, err := s.hostView(ctx, ws.kl, ws.layer, &one)
+	if err != nil {
+		return Diagnostics{}, err
+	}
 	dense := &kernels.Lists{Mode: kernels.GroupMax, Indptr: make([]int32, sh.KVHeads+1)}
 	for h := range sh.KVHeads {
 		for p := range np {
@@ -34,7 +38,7 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	}
 	od := make([]float32, sh.QHeads*d)
 	lsed := make([]float32, sh.QHeads)
-	if err := s.be.Attend(ctx, sh, kl, &one, q, dense, od, lsed); err != nil {
+	if err := s.be.Attend(ctx, sh, ws.kl, &one, q, dense, od, lsed); err != nil {
 		return Diagnostics{}, err
 	}
 	dg := Diagnostics{Selected: make([][]int32, sh.QHeads), MinMassRecall: 1}
@@ -68,7 +72,7 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 			if p == np-1 {
 				n = int(one.LastLen[0])
 			}
-			base := (int(one.Pages[p])*sh.KVHeads + kvh) * sh.PageSize * d
+			base := (int(keys.Pages[p])*sh.KVHeads + kvh) * sh.PageSize * d
 			for t := range n {
 				ts.Add(float64(kernels.Dot(qh, kl.K[base+t*d:][:d]))*scale, attended[p])
 			}

@@ -179,7 +179,11 @@ func (s *Shard) score(ctx context.Context, ls *LocalStep, force bool) error {
 	if sel == Quest {
 		err = s.be.Score(ctx, s.shape, ls.kl, &ls.batch, ls.q, ls.mode, ls.scores)
 	} else {
-		err = kernels.PageMax(s.shape, ls.kl, &ls.batch, ls.q, ls.mode, ls.scores)
+		var kl kernels.Layer
+		var b *kernels.Batch
+		if kl, b, err = s.hostView(ctx, ls.kl, ls.layer, &ls.batch); err == nil {
+			err = kernels.PageMax(s.shape, kl, b, ls.q, ls.mode, ls.scores)
+		}
 	}
 	ls.Time.Score = time.Since(t0)
 	return err

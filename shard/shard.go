@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
@@ -23,12 +22,13 @@ type Config struct {
 	// Policy is the page-selection policy. Default DefaultPolicy(); its
 	// PageSize must equal Store.PageSize.
 	Policy Policy
-	// DeviceResident keeps a copy of the page pools in the backend's device
-	// memory (the backend must implement kernels.DeviceStore): every store
-	// operation through the shard writes the pages it changed, and steps
-	// hand the kernels the device pools, so nothing is uploaded per step.
-	// The host pools stay the source of truth (rollback rescans, the oracle
-	// selector and diagnostics read them). Default false.
+	// DeviceResident keeps the pages (K, V and summaries of every layer)
+	// only in the backend's device memory, which must implement
+	// kernels.DeviceStore: appends, copy-on-write copies, rollback rescans
+	// and recycling run on the device, steps hand the kernels the device
+	// pools, and the host keeps only the metadata (page tables, lengths,
+	// refcounts). The oracle selector and diagnostics, which read keys on
+	// the host, copy the pages they need back. Default false: host pools.
 	DeviceResident bool
 }
 
@@ -72,7 +72,7 @@ type Shard struct {
 	ws workspace
 
 	ds  kernels.DeviceStore // nil unless DeviceResident
-	dev []any               // device pool per layer
+	dev []any               // device pool per layer (DeviceResident)
 }
 
 // New builds a shard over backend be (which the caller keeps and closes).
@@ -80,27 +80,35 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	st, err := pagestore.New(cfg.Store)
+	s := &Shard{cfg: cfg, shape: cfg.shape(), be: be}
+	if !cfg.DeviceResident {
+		st, err := pagestore.New(cfg.Store)
+		if err != nil {
+			return nil, fmt.Errorf("shard: %w", err)
+		}
+		s.store = st
+		return s, nil
+	}
+	ds, ok := be.(kernels.DeviceStore)
+	if !ok {
+		return nil, fmt.Errorf("shard: backend %s keeps no device memory (DeviceResident needs a kernels.DeviceStore)", be.Name())
+	}
+	s.ds = ds
+	c := cfg.Store
+	for l := range c.Layers {
+		pool, err := ds.NewPool(context.Background(), c.Capacity, c.KVHeads, c.HeadDim, c.PageSize)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("shard: device pool for layer %d: %w", l, err)
+		}
+		s.dev = append(s.dev, pool)
+	}
+	st, err := pagestore.NewWithData(c, &deviceData{ds: ds, pools: s.dev})
 	if err != nil {
+		s.Close()
 		return nil, fmt.Errorf("shard: %w", err)
 	}
-	s := &Shard{cfg: cfg, shape: cfg.shape(), store: st, be: be}
-	if cfg.DeviceResident {
-		ds, ok := be.(kernels.DeviceStore)
-		if !ok {
-			return nil, fmt.Errorf("shard: backend %s keeps no device memory (DeviceResident needs a kernels.DeviceStore)", be.Name())
-		}
-		s.ds = ds
-		c := cfg.Store
-		for l := range c.Layers {
-			pool, err := ds.NewPool(context.Background(), c.Capacity, c.KVHeads, c.HeadDim, c.PageSize)
-			if err != nil {
-				s.Close()
-				return nil, fmt.Errorf("shard: device pool for layer %d: %w", l, err)
-			}
-			s.dev = append(s.dev, pool)
-		}
-	}
+	s.store = st
 	return s, nil
 }
 
@@ -119,75 +127,14 @@ func (s *Shard) Close() error {
 	return first
 }
 
-// layer returns the kernels' view of one layer: the host pools, and the
-// device pool when the shard keeps one.
+// layer returns the kernels' view of one layer: the host pools, or the
+// device pool of a DeviceResident shard.
 func (s *Shard) layer(l int) kernels.Layer {
+	if s.dev != nil {
+		return kernels.Layer{Device: s.dev[l]}
+	}
 	h := s.store.Layer(l)
-	kl := kernels.Layer{K: h.K, V: h.V, Summary: h.Summary}
-	if s.dev != nil {
-		kl.Device = s.dev[l]
-	}
-	return kl
-}
-
-// syncDevice writes to the device pools the pages of sequence id that an
-// operation changed: the logical pages [fromPage, toPage) in the given
-// layers, and, in every layer, any logical page whose physical page changed
-// (a copy-on-write) between before and the current page table.
-func (s *Shard) syncDevice(id pagestore.SeqID, before []int32, fromPage, toPage int, layers []int) error {
-	if s.dev == nil {
-		return nil
-	}
-	after, err := s.store.AppendPageTable(nil, id)
-	if err != nil {
-		return err
-	}
-	var moved, touched []int32
-	for lp, p := range after {
-		if lp < len(before) && before[lp] != p {
-			moved = append(moved, p)
-		}
-		if lp >= fromPage && lp < toPage {
-			touched = append(touched, p)
-		}
-	}
-	for l := range s.cfg.Store.Layers {
-		pages := moved
-		if slices.Contains(layers, l) {
-			pages = append(slices.Clone(moved), touched...)
-		}
-		if len(pages) == 0 {
-			continue
-		}
-		if err := s.ds.WritePages(context.Background(), s.dev[l], s.layer(l), pages); err != nil {
-			return fmt.Errorf("shard: device copy of layer %d: %w", l, err)
-		}
-	}
-	return nil
-}
-
-// appendLocked appends to the store and mirrors the change on the device.
-func (s *Shard) appendLocked(id pagestore.SeqID, layer int, k, v []float32) error {
-	var before []int32
-	var pos int
-	if s.dev != nil {
-		var err error
-		if before, err = s.store.AppendPageTable(nil, id); err != nil {
-			return err
-		}
-		if pos, err = s.store.LayerLen(id, layer); err != nil {
-			return err
-		}
-	}
-	if err := s.store.Append(id, layer, k, v); err != nil {
-		return err
-	}
-	if s.dev == nil {
-		return nil
-	}
-	S := s.cfg.Store.PageSize
-	n := len(k) / (s.cfg.Store.KVHeads * s.cfg.Store.HeadDim)
-	return s.syncDevice(id, before, pos/S, (pos+n+S-1)/S, []int{layer})
+	return kernels.Layer{K: h.K, V: h.V, Summary: h.Summary}
 }
 
 // Fork forks a sequence of the shard's store (no page changes).
@@ -197,37 +144,12 @@ func (s *Shard) Fork(id pagestore.SeqID) (pagestore.SeqID, error) {
 	return s.store.Fork(id)
 }
 
-// Rollback rolls a sequence back by n tokens and mirrors the rescanned (or
-// copied) tail page on the device.
+// Rollback rolls a sequence back by n tokens (the tail page is rescanned
+// where its pages live).
 func (s *Shard) Rollback(id pagestore.SeqID, n int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var before []int32
-	if s.dev != nil {
-		var err error
-		if before, err = s.store.AppendPageTable(nil, id); err != nil {
-			return err
-		}
-	}
-	if err := s.store.Rollback(id, n); err != nil {
-		return err
-	}
-	if s.dev == nil {
-		return nil
-	}
-	l, err := s.store.Len(id)
-	if err != nil {
-		return err
-	}
-	S := s.cfg.Store.PageSize
-	if l%S == 0 {
-		return s.syncDevice(id, before, 0, 0, nil)
-	}
-	all := make([]int, s.cfg.Store.Layers)
-	for i := range all {
-		all[i] = i
-	}
-	return s.syncDevice(id, before, l/S, l/S+1, all)
+	return s.store.Rollback(id, n)
 }
 
 // Release releases a sequence of the shard's store.
@@ -245,7 +167,9 @@ func (s *Shard) Shape() kernels.Shape { return s.shape }
 
 // Store exposes the shard's page store for statistics, creation and
 // read-only queries. Changes go through the shard (Append, Fork, Rollback,
-// Release) so that a device copy follows them.
+// Release), which serializes them with steps. The store's host arrays
+// (Layer, PageKV, PageSummary) exist only when the shard is not
+// DeviceResident; ReadPages works either way.
 func (s *Shard) Store() *pagestore.Store { return s.store }
 
 // Append appends tokens to one layer of a sequence (k, v: [n][KVHeads][D]),
@@ -253,7 +177,7 @@ func (s *Shard) Store() *pagestore.Store { return s.store }
 func (s *Shard) Append(id pagestore.SeqID, layer int, k, v []float32) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.appendLocked(id, layer, k, v)
+	return s.store.Append(id, layer, k, v)
 }
 
 // SeqStep is one sequence's part of a step.
@@ -344,7 +268,7 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 		if r.K == nil && r.V == nil {
 			continue
 		}
-		if err := s.appendLocked(r.Seq, layer, r.K, r.V); err != nil {
+		if err := s.store.Append(r.Seq, layer, r.K, r.V); err != nil {
 			// Earlier sequences of this batch keep their appended token;
 			// the error names the failing one.
 			return fmt.Errorf("step layer %d: sequence %d (batch index %d): %w", layer, r.Seq, i, err)

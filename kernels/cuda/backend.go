@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"slices"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -184,7 +183,7 @@ func (b *Backend) loop(ready chan<- error) {
 	}
 	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge"}
 	for _, dt := range []DType{F32, F16, BF16} {
-		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize"} {
+		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize", "rescan"} {
 			names = append(names, "quest_"+k+"_"+dt.String())
 		}
 		for _, g := range []int{1, 2, 4, 8} {
@@ -438,48 +437,164 @@ func (b *Backend) FreePool(ctx context.Context, pool any) error {
 	return b.FreeLayer(ctx, l)
 }
 
-// WritePages implements kernels.DeviceStore: runs of consecutive physical
-// ids are copied (and converted to the storage type) in one transfer per
-// array.
-func (b *Backend) WritePages(ctx context.Context, pool any, h kernels.Layer, phys []int32) error {
+func devicePool(pool any) (*DeviceLayer, error) {
 	l, ok := pool.(*DeviceLayer)
 	if !ok {
-		return fmt.Errorf("cuda: pool %T is not a *DeviceLayer", pool)
+		return nil, fmt.Errorf("cuda: pool %T is not a *DeviceLayer", pool)
 	}
-	kvPage := l.KVHeads * l.PageSize * l.HeadDim
-	sumPage := l.KVHeads * 2 * l.HeadDim
-	if len(h.K) != l.Pages*kvPage || len(h.V) != len(h.K) || len(h.Summary) != l.Pages*sumPage {
-		return fmt.Errorf("cuda: host pool K=%d V=%d summary=%d floats do not match a device pool of %d pages", len(h.K), len(h.V), len(h.Summary), l.Pages)
+	if l.K == 0 || l.V == 0 || l.Summary == 0 {
+		return nil, errors.New("cuda: device pool is freed or was never allocated")
 	}
-	ids := slices.Clone(phys)
-	slices.Sort(ids)
-	ids = slices.Compact(ids)
-	for _, p := range ids {
+	return l, nil
+}
+
+func (l *DeviceLayer) checkPages(pages ...int32) error {
+	for _, p := range pages {
 		if p < 0 || int(p) >= l.Pages {
 			return fmt.Errorf("cuda: physical page %d outside pool of %d", p, l.Pages)
 		}
 	}
+	return nil
+}
+
+// Byte sizes of one page of K (or V) and of summaries.
+func (l *DeviceLayer) kvPageBytes() int64 {
+	return int64(l.KVHeads*l.PageSize*l.HeadDim) * int64(l.DType.Size())
+}
+func (l *DeviceLayer) sumPageBytes() int64 { return int64(l.KVHeads*2*l.HeadDim) * int64(l.DType.Size()) }
+
+// WriteTokens implements kernels.DeviceStore with one append kernel
+// (stores the tokens converted to the pool's type and widens the pages'
+// summaries with the stored keys). It is queued, not waited for.
+func (b *Backend) WriteTokens(ctx context.Context, pool any, pages []int32, slot int, k, v []float32) error {
+	l, err := devicePool(pool)
+	if err != nil {
+		return err
+	}
+	tok := l.KVHeads * l.HeadDim
+	if len(k) == 0 || len(k)%tok != 0 || len(v) != len(k) {
+		return fmt.Errorf("cuda write tokens: k %d and v %d floats are not whole tokens of %d", len(k), len(v), tok)
+	}
+	n := len(k) / tok
+	if slot < 0 || slot >= l.PageSize || (slot+n+l.PageSize-1)/l.PageSize != len(pages) {
+		return fmt.Errorf("cuda write tokens: %d tokens from slot %d do not fill exactly %d pages of %d slots", n, slot, len(pages), l.PageSize)
+	}
+	if err := l.checkPages(pages...); err != nil {
+		return err
+	}
+	return b.do(ctx, func() error { return b.appendTokens(l, pages, slot, k, v) })
+}
+
+// appendTokens queues the append kernel: tokens at positions pos0.. of a
+// sequence whose logical pages are pageTable (device goroutine only).
+func (b *Backend) appendTokens(l *DeviceLayer, pageTable []int32, pos0 int, k, v []float32) error {
+	n := len(k) / (l.KVHeads * l.HeadDim)
+	pt, err := upload(b, "append.pt", pageTable)
+	if err != nil {
+		return err
+	}
+	kp, err := upload(b, "append.k", k)
+	if err != nil {
+		return err
+	}
+	vp, err := upload(b, "append.v", v)
+	if err != nil {
+		return err
+	}
+	touched := (pos0+n-1)/l.PageSize - pos0/l.PageSize + 1
+	return b.launch("quest_append_"+l.DType.String(), [3]int{touched, l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+		u(l.K), u(l.V), u(l.Summary), u(pt), u(kp), u(vp), uint64(pos0), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize))
+}
+
+// Rescan implements kernels.DeviceStore with one kernel over the pages. It
+// is queued, not waited for.
+func (b *Backend) Rescan(ctx context.Context, pool any, pages []int32, valid int) error {
+	l, err := devicePool(pool)
+	if err != nil {
+		return err
+	}
+	if valid < 0 || valid > l.PageSize {
+		return fmt.Errorf("cuda rescan: %d valid slots outside 0..%d", valid, l.PageSize)
+	}
+	if err := l.checkPages(pages...); err != nil {
+		return err
+	}
+	if len(pages) == 0 {
+		return nil
+	}
 	return b.do(ctx, func() error {
-		for i := 0; i < len(ids); {
+		list, err := upload(b, "rescan.pages", pages)
+		if err != nil {
+			return err
+		}
+		return b.launch("quest_rescan_"+l.DType.String(), [3]int{len(pages), l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+			u(l.K), u(l.Summary), u(list), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize), uint64(valid))
+	})
+}
+
+// CopyPage implements kernels.DeviceStore: three device-to-device copies,
+// queued, not waited for.
+func (b *Backend) CopyPage(ctx context.Context, pool any, dst, src int32) error {
+	l, err := devicePool(pool)
+	if err != nil {
+		return err
+	}
+	if err := l.checkPages(dst, src); err != nil {
+		return err
+	}
+	return b.do(ctx, func() error {
+		kv, sum := l.kvPageBytes(), l.sumPageBytes()
+		for _, c := range []struct {
+			base cu.DevicePtr
+			size int64
+		}{{l.K, kv}, {l.V, kv}, {l.Summary, sum}} {
+			d, s := c.base+cu.DevicePtr(int64(dst)*c.size), c.base+cu.DevicePtr(int64(src)*c.size)
+			if err := cu.MemcpyDtoDAsync(d, s, c.size, cu.Stream{}); err != nil {
+				return fmt.Errorf("cuda: copy page %d to %d: %w", src, dst, err)
+			}
+		}
+		return nil
+	})
+}
+
+// ReadPages implements kernels.DeviceStore: it waits for the queued work,
+// copies each run of consecutive pages back and converts it to float32.
+func (b *Backend) ReadPages(ctx context.Context, pool any, pages []int32) (kernels.Layer, error) {
+	l, err := devicePool(pool)
+	if err != nil {
+		return kernels.Layer{}, err
+	}
+	if err := l.checkPages(pages...); err != nil {
+		return kernels.Layer{}, err
+	}
+	kvN, sumN := l.KVHeads*l.PageSize*l.HeadDim, l.KVHeads*2*l.HeadDim
+	out := kernels.Layer{K: make([]float32, 0, len(pages)*kvN), V: make([]float32, 0, len(pages)*kvN), Summary: make([]float32, 0, len(pages)*sumN)}
+	err = b.do(ctx, func() error {
+		for i := 0; i < len(pages); {
 			j := i + 1
-			for j < len(ids) && ids[j] == ids[j-1]+1 {
+			for j < len(pages) && pages[j] == pages[j-1]+1 {
 				j++
 			}
-			first, n := int(ids[i]), j-i
-			es := l.DType.Size()
-			if err := b.convert(l.K+cu.DevicePtr(first*kvPage*es), l.DType, h.K[first*kvPage:(first+n)*kvPage]); err != nil {
-				return err
-			}
-			if err := b.convert(l.V+cu.DevicePtr(first*kvPage*es), l.DType, h.V[first*kvPage:(first+n)*kvPage]); err != nil {
-				return err
-			}
-			if err := b.convert(l.Summary+cu.DevicePtr(first*sumPage*es), l.DType, h.Summary[first*sumPage:(first+n)*sumPage]); err != nil {
-				return err
+			first, n := int64(pages[i]), j-i
+			for _, c := range []struct {
+				dst  *[]float32
+				base cu.DevicePtr
+				per  int
+			}{{&out.K, l.K, kvN}, {&out.V, l.V, kvN}, {&out.Summary, l.Summary, sumN}} {
+				x, err := readAs(b, c.base+cu.DevicePtr(first*int64(c.per*l.DType.Size())), n*c.per, l.DType)
+				if err != nil {
+					return fmt.Errorf("cuda: read pages: %w", err)
+				}
+				*c.dst = append(*c.dst, x...)
 			}
 			i = j
 		}
-		return cu.Synchronize()
+		return nil
 	})
+	if err != nil {
+		return kernels.Layer{}, err
+	}
+	return out, nil
 }
 
 // FreeLayer releases a layer's device memory.
@@ -546,21 +661,7 @@ func (b *Backend) Append(ctx context.Context, l *DeviceLayer, pageTable []int32,
 		}
 	}
 	return b.do(ctx, func() error {
-		pt, err := upload(b, "append.pt", pageTable)
-		if err != nil {
-			return err
-		}
-		kp, err := upload(b, "append.k", k)
-		if err != nil {
-			return err
-		}
-		vp, err := upload(b, "append.v", v)
-		if err != nil {
-			return err
-		}
-		touched := (pos0+n-1)/l.PageSize - pos0/l.PageSize + 1
-		if err := b.launch("quest_append_"+l.DType.String(), [3]int{touched, l.KVHeads, 1}, min(l.HeadDim, 256), 0,
-			u(l.K), u(l.V), u(l.Summary), u(pt), u(kp), u(vp), uint64(pos0), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize)); err != nil {
+		if err := b.appendTokens(l, pageTable, pos0, k, v); err != nil {
 			return err
 		}
 		return cu.Synchronize()

@@ -271,17 +271,24 @@ func TestTopKPaths(t *testing.T) {
 }
 
 // TestDeviceResidentEngine runs the same workload (prefill, decode steps
-// with new tokens, fork, rollback inside a page) on a CPU engine and on a
-// CP 2 x TP 2 engine whose shards keep their pools in GPU memory (f32):
+// with new tokens, fork, rollback inside a page, release and recycling)
+// on a CPU engine and on a CP 2 x TP 2 engine whose shards keep their
+// pages only in GPU memory (f32), with exact and replicated selection:
 // selections must match and outputs agree to fp32 tolerance.
 func TestDeviceResidentEngine(t *testing.T) {
+	for _, sel := range []engine.Selection{engine.Exact, engine.Replicated} {
+		t.Run(sel.String(), func(t *testing.T) { testDeviceResidentEngine(t, sel) })
+	}
+}
+
+func testDeviceResidentEngine(t *testing.T, sel engine.Selection) {
 	b := newBackend(t, F32)
 	defer b.Close()
 	rng := rand.New(rand.NewPCG(9, 9))
 	mk := func(gpu bool) *engine.Engine {
 		cfg := engine.DefaultConfig()
 		cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 2, 16, 4, 64, 16
-		cfg.CP, cfg.TP, cfg.CapacityPages = 2, 2, 200
+		cfg.CP, cfg.TP, cfg.CapacityPages, cfg.Selection = 2, 2, 200, sel
 		cfg.Policy.DenseLayers = 1
 		cfg.Policy.BudgetTokens = 128
 		if gpu {
@@ -362,6 +369,20 @@ func TestDeviceResidentEngine(t *testing.T) {
 		}
 	}
 	step([]engine.SeqID{1, 2}, false)
+	step([]engine.SeqID{2}, true)
+	for _, e := range []*engine.Engine{cpu, gpu} {
+		if err := e.Release(1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for l := range 2 { // recycles the released pages
+		k, v := vec(300*4*64), vec(300*4*64)
+		for _, e := range []*engine.Engine{cpu, gpu} {
+			if err := e.Append(2, l, k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	step([]engine.SeqID{2}, true)
 }
 

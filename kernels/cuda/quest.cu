@@ -960,11 +960,13 @@ __device__ void fill_random(T* dst, i64 n, i64 seed) {
 	}
 }
 
-// summarize: rebuilds the summaries of pages [0, pages) from their first
-// `valid` tokens (full pages: valid = S). Grid: (pages, kvh); threads over D.
+// summarize: rebuilds the summaries of pages from their first `valid`
+// tokens (full pages: valid = S; valid = 0 gives the empty box): the
+// physical pages list[0..gridDim.x), or pages [0, gridDim.x) when list is
+// null. Grid: (pages, kvh); threads over D.
 template <typename T>
-__device__ void summarize(const T* K, T* sum, i64 kvh, i64 D, i64 S, i64 valid) {
-	const i64 p = blockIdx.x, h = blockIdx.y;
+__device__ void summarize(const T* K, T* sum, const int* list, i64 kvh, i64 D, i64 S, i64 valid) {
+	const i64 p = list ? (i64)list[blockIdx.x] : (i64)blockIdx.x, h = blockIdx.y;
 	const T* blk = K + (p * kvh + h) * S * D;
 	T* rec = sum + (p * kvh + h) * 2 * D;
 	for (i64 j = threadIdx.x; j < D; j += blockDim.x) {
@@ -985,7 +987,11 @@ __device__ void summarize(const T* K, T* sum, i64 kvh, i64 D, i64 S, i64 valid) 
 	extern "C" __global__ void quest_convert_##SUF(const float* src, T* dst, i64 n) { convert<T>(src, dst, n); } \
 	extern "C" __global__ void quest_fill_##SUF(T* dst, i64 n, i64 seed) { fill_random<T>(dst, n, seed); }        \
 	extern "C" __global__ void quest_summarize_##SUF(const T* K, T* sum, i64 kvh, i64 D, i64 S, i64 valid) {      \
-		summarize<T>(K, sum, kvh, D, S, valid);                                                          \
+		summarize<T>(K, sum, nullptr, kvh, D, S, valid);                                                 \
+	}                                                                                                        \
+	extern "C" __global__ void quest_rescan_##SUF(const T* K, T* sum, const int* list, i64 kvh, i64 D, i64 S,  \
+						      i64 valid) {                                                   \
+		summarize<T>(K, sum, list, kvh, D, S, valid);                                                    \
 	}                                                                                                        \
 	extern "C" __global__ void quest_append_##SUF(T* K, T* V, T* sum, const int* pt, const float* k,              \
 						      const float* v, i64 pos0, i64 n, i64 kvh, i64 D, i64 S) {      \

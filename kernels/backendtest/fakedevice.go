@@ -1,0 +1,170 @@
+package backendtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/questrt/questrt/kernels"
+)
+
+// FakeDevice is a CPU backend with a pretend device, for testing the code
+// that keeps pages in device memory without a GPU: its pools are separate
+// host arrays changed only through the kernels.DeviceStore methods, and
+// its kernels, given a Layer.Device, read only those. A page operation
+// routed to the wrong place shows up as a wrong result. The page
+// operations are written here, independently of the page store's.
+type FakeDevice struct {
+	*kernels.CPU
+}
+
+var (
+	_ kernels.Backend     = FakeDevice{}
+	_ kernels.DeviceStore = FakeDevice{}
+)
+
+// FakePool is one pretend device pool (a FakeDevice's Layer.Device).
+type FakePool struct {
+	kernels.Layer
+	kvh, d, s int
+}
+
+func fakePool(pool any) (*FakePool, error) {
+	p, ok := pool.(*FakePool)
+	if !ok || p.K == nil {
+		return nil, fmt.Errorf("fake device: pool %T is not a live *FakePool", pool)
+	}
+	return p, nil
+}
+
+// NewPool implements kernels.DeviceStore.
+func (FakeDevice) NewPool(_ context.Context, pages, kvh, d, s int) (any, error) {
+	n := pages * kvh * s * d
+	return &FakePool{kernels.Layer{K: make([]float32, n), V: make([]float32, n), Summary: make([]float32, pages*kvh*2*d)}, kvh, d, s}, nil
+}
+
+// FreePool implements kernels.DeviceStore.
+func (FakeDevice) FreePool(_ context.Context, pool any) error {
+	p, err := fakePool(pool)
+	if err != nil {
+		return err
+	}
+	p.Layer = kernels.Layer{}
+	return nil
+}
+
+func (p *FakePool) page(pg int32) error {
+	if pg < 0 || int(pg)*p.kvh*2*p.d >= len(p.Summary) {
+		return fmt.Errorf("fake device: page %d outside the pool", pg)
+	}
+	return nil
+}
+
+// WriteTokens implements kernels.DeviceStore.
+func (FakeDevice) WriteTokens(_ context.Context, pool any, pages []int32, slot int, k, v []float32) error {
+	p, err := fakePool(pool)
+	if err != nil {
+		return err
+	}
+	tok := p.kvh * p.d
+	if len(k) != len(v) || len(k)%tok != 0 || (slot+len(k)/tok+p.s-1)/p.s != len(pages) {
+		return errors.New("fake device: tokens do not fit the pages")
+	}
+	for t := range len(k) / tok {
+		pg, sl := pages[(slot+t)/p.s], (slot+t)%p.s
+		if err := p.page(pg); err != nil {
+			return err
+		}
+		for h := range p.kvh {
+			rec := p.Summary[(int(pg)*p.kvh+h)*2*p.d:][:2*p.d]
+			for j := range p.d {
+				x := k[t*tok+h*p.d+j]
+				dst := ((int(pg)*p.kvh+h)*p.s+sl)*p.d + j
+				p.K[dst], p.V[dst] = x, v[t*tok+h*p.d+j]
+				if sl == 0 {
+					rec[j], rec[p.d+j] = x, x
+				}
+				rec[j], rec[p.d+j] = min(rec[j], x), max(rec[p.d+j], x)
+			}
+		}
+	}
+	return nil
+}
+
+// Rescan implements kernels.DeviceStore.
+func (FakeDevice) Rescan(_ context.Context, pool any, pages []int32, valid int) error {
+	p, err := fakePool(pool)
+	if err != nil {
+		return err
+	}
+	for _, pg := range pages {
+		if err := p.page(pg); err != nil {
+			return err
+		}
+		for h := range p.kvh {
+			rec := p.Summary[(int(pg)*p.kvh+h)*2*p.d:][:2*p.d]
+			for j := range p.d {
+				rec[j], rec[p.d+j] = float32(math.Inf(1)), float32(math.Inf(-1))
+				for r := range valid {
+					x := p.K[((int(pg)*p.kvh+h)*p.s+r)*p.d+j]
+					rec[j], rec[p.d+j] = min(rec[j], x), max(rec[p.d+j], x)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// CopyPage implements kernels.DeviceStore.
+func (FakeDevice) CopyPage(_ context.Context, pool any, dst, src int32) error {
+	p, err := fakePool(pool)
+	if err != nil {
+		return err
+	}
+	if err := errors.Join(p.page(dst), p.page(src)); err != nil {
+		return err
+	}
+	kv, sum := p.kvh*p.s*p.d, p.kvh*2*p.d
+	copy(p.K[int(dst)*kv:][:kv], p.K[int(src)*kv:])
+	copy(p.V[int(dst)*kv:][:kv], p.V[int(src)*kv:])
+	copy(p.Summary[int(dst)*sum:][:sum], p.Summary[int(src)*sum:])
+	return nil
+}
+
+// ReadPages implements kernels.DeviceStore.
+func (FakeDevice) ReadPages(_ context.Context, pool any, pages []int32) (kernels.Layer, error) {
+	p, err := fakePool(pool)
+	if err != nil {
+		return kernels.Layer{}, err
+	}
+	kv, sum := p.kvh*p.s*p.d, p.kvh*2*p.d
+	var out kernels.Layer
+	for _, pg := range pages {
+		if err := p.page(pg); err != nil {
+			return kernels.Layer{}, err
+		}
+		out.K = append(out.K, p.K[int(pg)*kv:][:kv]...)
+		out.V = append(out.V, p.V[int(pg)*kv:][:kv]...)
+		out.Summary = append(out.Summary, p.Summary[int(pg)*sum:][:sum]...)
+	}
+	return out, nil
+}
+
+// dev resolves a call's layer: the pretend device pool when one is given.
+func (f FakeDevice) dev(l kernels.Layer) kernels.Layer {
+	if p, ok := l.Device.(*FakePool); ok {
+		return p.Layer
+	}
+	return l
+}
+
+// Score runs the CPU kernel on the pretend device pool.
+func (f FakeDevice) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, mode kernels.GQAMode, out []float32) error {
+	return f.CPU.Score(ctx, s, f.dev(l), b, q, mode, out)
+}
+
+// Attend runs the CPU kernel on the pretend device pool.
+func (f FakeDevice) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, lists *kernels.Lists, o, lse []float32) error {
+	return f.CPU.Attend(ctx, s, f.dev(l), b, q, lists, o, lse)
+}

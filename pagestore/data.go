@@ -1,0 +1,168 @@
+package pagestore
+
+import "math"
+
+// PageData holds the contents of a store's pages: K, V and summaries of
+// every layer, indexed by physical page id. The [Store] owns everything
+// else (page tables, lengths, refcounts, the free list) and calls PageData
+// for every change of contents, so the contents can live where the kernels
+// read them: in host arrays ([New]) or in a device's memory ([NewWithData];
+// the shard package wires a CUDA backend's pools in).
+//
+// The store calls the methods with the sequence's lock held; calls for
+// different sequences may run concurrently but never touch the same
+// physical page. Inputs are already checked (finite values, whole tokens,
+// page ids inside the pool), so an error means the storage failed (a
+// device fault); the store returns it wrapped in [ErrData].
+type PageData interface {
+	// Write stores the tokens k, v ([n][KVHeads][HeadDim]) of one layer
+	// into slots slot, slot+1, ... of pages[0], continuing in pages[1],
+	// ... (slot < PageSize; pages holds exactly the pages the tokens
+	// reach), and widens those pages' summaries of that layer with the
+	// keys (eq. 8). The token written to slot 0 of a page starts that
+	// page's summary afresh.
+	Write(layer int, pages []int32, slot int, k, v []float32) error
+	// Reset sets the summaries of pages to the empty box (+Inf minima,
+	// -Inf maxima) in every layer and KV head.
+	Reset(pages []int32) error
+	// Copy copies page src to page dst: in every layer l the first
+	// valid[l] slots of K and V (the rest of dst's slots become
+	// unspecified) and the summaries.
+	Copy(dst, src int32, valid []int) error
+	// Rescan recomputes the summaries of page p in every layer and KV head
+	// from its first valid keys (eq. 14; 1 <= valid <= PageSize).
+	Rescan(p int32, valid int) error
+}
+
+// hostData is the PageData of [New]: float32 arrays in host memory, laid
+// out as the package doc describes.
+type hostData struct {
+	cfg    Config
+	layers []LayerData
+
+	// strides, in floats
+	tok     int // KVHeads*HeadDim: one token of k or v
+	headBlk int // PageSize*HeadDim: one (page, head) K/V block
+	pageBlk int // KVHeads*PageSize*HeadDim: one page of K or V
+	sumRec  int // 2*HeadDim: one (page, head) summary record
+	sumPage int // KVHeads*2*HeadDim: one page of summaries
+}
+
+func newHostData(cfg Config, sz sizes) *hostData {
+	h := &hostData{
+		cfg:     cfg,
+		layers:  make([]LayerData, cfg.Layers),
+		tok:     cfg.KVHeads * cfg.HeadDim,
+		headBlk: cfg.PageSize * cfg.HeadDim,
+		pageBlk: cfg.KVHeads * cfg.PageSize * cfg.HeadDim,
+		sumRec:  2 * cfg.HeadDim,
+		sumPage: cfg.KVHeads * 2 * cfg.HeadDim,
+	}
+	for l := range h.layers {
+		h.layers[l] = LayerData{
+			K:       make([]float32, sz.layerKV),
+			V:       make([]float32, sz.layerKV),
+			Summary: make([]float32, sz.layerSum),
+		}
+	}
+	return h
+}
+
+func (h *hostData) Write(layer int, pages []int32, slot int, k, v []float32) error {
+	ld := h.layers[layer]
+	S, H, D := h.cfg.PageSize, h.cfg.KVHeads, h.cfg.HeadDim
+	n := len(k) / h.tok
+	for t, i := 0, 0; t < n; i++ {
+		cnt := min(S-slot, n-t)
+		phys := int(pages[i])
+		for hd := 0; hd < H; hd++ {
+			base := phys*h.pageBlk + hd*h.headBlk + slot*D
+			so := phys*h.sumPage + hd*h.sumRec
+			mn := ld.Summary[so : so+D : so+D]
+			mx := ld.Summary[so+D : so+2*D : so+2*D]
+			if slot == 0 {
+				empty(mn, mx)
+			}
+			for r := 0; r < cnt; r++ {
+				src := (t+r)*h.tok + hd*D
+				kr := k[src : src+D : src+D]
+				dst := base + r*D
+				copy(ld.K[dst:dst+D], kr)
+				copy(ld.V[dst:dst+D], v[src:src+D])
+				widen(mn, mx, kr)
+			}
+		}
+		t += cnt
+		slot = 0
+	}
+	return nil
+}
+
+// widen applies eq. 8: mn = min(mn, k), mx = max(mx, k) element-wise.
+func widen(mn, mx, k []float32) {
+	mn = mn[:len(k)]
+	mx = mx[:len(k)]
+	// The builtins compile to branch-free MINSS/MAXSS sequences: about twice
+	// as fast as compare-and-branch on fresh pages, where which key wins is
+	// unpredictable. Keys are finite (checked by Append).
+	for j, x := range k {
+		mn[j] = min(mn[j], x)
+		mx[j] = max(mx[j], x)
+	}
+}
+
+// empty sets a record to the empty box.
+func empty(mn, mx []float32) {
+	inf := float32(math.Inf(1))
+	for j := range mn {
+		mn[j], mx[j] = inf, -inf
+	}
+}
+
+func (h *hostData) Reset(pages []int32) error {
+	D := h.cfg.HeadDim
+	for _, p := range pages {
+		o := int(p) * h.sumPage
+		for _, ld := range h.layers {
+			rec := ld.Summary[o : o+h.sumPage]
+			for hd := 0; hd < h.cfg.KVHeads; hd++ {
+				r := rec[hd*h.sumRec : (hd+1)*h.sumRec]
+				empty(r[:D], r[D:])
+			}
+		}
+	}
+	return nil
+}
+
+func (h *hostData) Copy(dst, src int32, valid []int) error {
+	D := h.cfg.HeadDim
+	so, do := int(src)*h.pageBlk, int(dst)*h.pageBlk
+	ss, ds := int(src)*h.sumPage, int(dst)*h.sumPage
+	for l, ld := range h.layers {
+		n := valid[l] * D
+		for hd := 0; hd < h.cfg.KVHeads; hd++ {
+			a, b := so+hd*h.headBlk, do+hd*h.headBlk
+			copy(ld.K[b:b+n], ld.K[a:a+n])
+			copy(ld.V[b:b+n], ld.V[a:a+n])
+		}
+		copy(ld.Summary[ds:ds+h.sumPage], ld.Summary[ss:ss+h.sumPage])
+	}
+	return nil
+}
+
+func (h *hostData) Rescan(p int32, valid int) error {
+	D := h.cfg.HeadDim
+	for _, ld := range h.layers {
+		for hd := 0; hd < h.cfg.KVHeads; hd++ {
+			so := int(p)*h.sumPage + hd*h.sumRec
+			mn := ld.Summary[so : so+D : so+D]
+			mx := ld.Summary[so+D : so+2*D : so+2*D]
+			empty(mn, mx)
+			ko := int(p)*h.pageBlk + hd*h.headBlk
+			for r := 0; r < valid; r++ {
+				widen(mn, mx, ld.K[ko+r*D:ko+(r+1)*D])
+			}
+		}
+	}
+	return nil
+}

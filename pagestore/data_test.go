@@ -1,0 +1,191 @@
+package pagestore
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// faultyData is host page data that fails the next call of one method.
+type faultyData struct {
+	h    *hostData
+	fail string // "write", "reset", "copy" or "rescan"; "" fails nothing
+}
+
+var errFault = errors.New("injected device fault")
+
+func (f *faultyData) hit(m string) error {
+	if f.fail == m {
+		f.fail = ""
+		return errFault
+	}
+	return nil
+}
+
+func (f *faultyData) Write(layer int, pages []int32, slot int, k, v []float32) error {
+	if err := f.hit("write"); err != nil {
+		// A device may have written part of the tokens before failing.
+		_ = f.h.Write(layer, pages[:1], slot, k[:f.h.tok], v[:f.h.tok])
+		return err
+	}
+	return f.h.Write(layer, pages, slot, k, v)
+}
+
+func (f *faultyData) Reset(pages []int32) error {
+	if err := f.hit("reset"); err != nil {
+		return err
+	}
+	return f.h.Reset(pages)
+}
+
+func (f *faultyData) Copy(dst, src int32, valid []int) error {
+	if err := f.hit("copy"); err != nil {
+		return err
+	}
+	return f.h.Copy(dst, src, valid)
+}
+
+func (f *faultyData) Rescan(p int32, valid int) error {
+	if err := f.hit("rescan"); err != nil {
+		return err
+	}
+	return f.h.Rescan(p, valid)
+}
+
+// meta is the metadata of a store that a failed operation must keep.
+type meta struct {
+	free, used, shared int
+	lens               map[SeqID][]int
+	tables             map[SeqID][]int32
+}
+
+func takeMeta(t *testing.T, s *Store, ids ...SeqID) meta {
+	t.Helper()
+	st := s.Stats()
+	m := meta{free: st.FreePages, used: st.UsedPages, shared: st.SharedPages, lens: map[SeqID][]int{}, tables: map[SeqID][]int32{}}
+	for _, id := range ids {
+		for l := range s.cfg.Layers {
+			n, err := s.LayerLen(id, l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.lens[id] = append(m.lens[id], n)
+		}
+		m.tables[id] = pageTable(t, s, id)
+	}
+	return m
+}
+
+func (m meta) equal(t *testing.T, o meta) {
+	t.Helper()
+	if m.free != o.free || m.used != o.used || m.shared != o.shared {
+		t.Fatalf("pool changed: free/used/shared %d/%d/%d -> %d/%d/%d", m.free, m.used, m.shared, o.free, o.used, o.shared)
+	}
+	for id, l := range m.lens {
+		if !slices.Equal(l, o.lens[id]) || !slices.Equal(m.tables[id], o.tables[id]) {
+			t.Fatalf("seq %d changed: lens %v -> %v, table %v -> %v", id, l, o.lens[id], m.tables[id], o.tables[id])
+		}
+	}
+}
+
+// TestPageDataFaults: a store over external page data (NewWithData)
+// behaves like a host store, and a failing page data surfaces as ErrData
+// leaving the metadata as the Append and Rollback docs promise; the store
+// keeps working after the fault.
+func TestPageDataFaults(t *testing.T) {
+	const L, S, H, D = 2, 4, 2, 3
+	cfg := Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 16}
+	sz, err := cfg.sizes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := &faultyData{h: newHostData(cfg, sz)}
+	s, err := NewWithData(cfg, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.HostPages() {
+		t.Fatal("a store over external data claims host pages")
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("Layer on a store over external data did not panic")
+			}
+		}()
+		s.Layer(0)
+	}()
+	if _, err := NewWithData(cfg, nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("nil page data: %v", err)
+	}
+	// The checks below read the contents through the host arrays.
+	s.host = fd.h
+	rng := rand.New(rand.NewPCG(3, 4))
+	id := s.Create()
+	sh := newShadow(L)
+	for l := range L {
+		k, v := randKV(rng, 6, H*D)
+		appendBoth(t, s, id, sh, l, k, v)
+	}
+	child, err := s.Fork(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shC := sh.clone()
+
+	for _, tc := range []struct {
+		name, fail string
+		tokens     int // appended to the child's layer 0
+	}{
+		{"reset of a new page", "reset", 3}, // 6+3 tokens reach page 2
+		{"copy of the shared tail", "copy", 1},
+		{"write", "write", 5},
+	} {
+		before := takeMeta(t, s, id, child)
+		fd.fail = tc.fail
+		k, v := randKV(rng, tc.tokens, H*D)
+		if err := s.Append(child, 0, k, v); !errors.Is(err, ErrData) || !errors.Is(err, errFault) {
+			t.Fatalf("%s: append returned %v, want ErrData wrapping the fault", tc.name, err)
+		}
+		after := takeMeta(t, s, id, child)
+		if tc.fail == "write" {
+			// The copy-on-write of the shared tail page stays: one page
+			// taken, one page no longer shared, the child's table names
+			// the copy.
+			if after.tables[child][1] == before.tables[child][1] {
+				t.Fatalf("write: the shared tail page was not copied")
+			}
+			after.tables[child][1] = before.tables[child][1]
+			after.free, after.used, after.shared = after.free+1, after.used-1, after.shared+1
+		}
+		before.equal(t, after)
+		checkPool(t, s)
+		checkSeq(t, s, id, sh) // the sibling never sees the fault
+	}
+	// A write fault widens at most the tail's summary: rescan it by a
+	// rollback of one token, then the child works again.
+	if err := s.Rollback(child, 1); err != nil {
+		t.Fatal(err)
+	}
+	shC.truncate(H*D, 5)
+	checkSeq(t, s, child, shC)
+	fd.fail = "rescan"
+	if err := s.Rollback(child, 2); !errors.Is(err, ErrData) {
+		t.Fatalf("rescan fault: rollback returned %v", err)
+	}
+	if n, _ := s.Len(child); n != 3 {
+		t.Fatalf("after a failed rescan the child has %d tokens, want 3 (rolled back)", n)
+	}
+	if err := s.Rollback(child, 1); err != nil { // rescans the tail again
+		t.Fatal(err)
+	}
+	shC.truncate(H*D, 2)
+	for l := range L {
+		k, v := randKV(rng, 7, H*D)
+		appendBoth(t, s, child, shC, l, k, v)
+	}
+	checkSeq(t, s, child, shC)
+	checkSeq(t, s, id, sh)
+	checkPool(t, s)
+}
