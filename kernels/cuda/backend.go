@@ -461,7 +461,9 @@ func (l *DeviceLayer) checkPages(pages ...int32) error {
 func (l *DeviceLayer) kvPageBytes() int64 {
 	return int64(l.KVHeads*l.PageSize*l.HeadDim) * int64(l.DType.Size())
 }
-func (l *DeviceLayer) sumPageBytes() int64 { return int64(l.KVHeads*2*l.HeadDim) * int64(l.DType.Size()) }
+func (l *DeviceLayer) sumPageBytes() int64 {
+	return int64(l.KVHeads*2*l.HeadDim) * int64(l.DType.Size())
+}
 
 // WriteTokens implements kernels.DeviceStore with one append kernel
 // (stores the tokens converted to the pool's type and widens the pages'
