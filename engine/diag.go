@@ -90,7 +90,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 	for i, pl := range res.Plans {
 		densePlans[i] = pl.AsDense()
 	}
-	if err := e.run(ctx, layer, reqs, seqs, densePlans, false, dense); err != nil {
+	if err := e.run(ctx, layer, reqs, seqs, densePlans, false, false, dense); err != nil {
 		return err
 	}
 	scale := 1 / math.Sqrt(float64(d))

@@ -477,3 +477,61 @@ func TestEngineBadInput(t *testing.T) {
 	}
 	p.compare(rng, 1, []SeqID{id}, []int{16}, true)
 }
+
+// TestFusedCP1: with one CP rank every shard fuses its local step into one
+// backend call; the outputs are bit-identical to the phased step (host
+// pools, and pages on a pretend device), in both GQA modes and for every
+// selection mode.
+func TestFusedCP1(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 32))
+	for _, tc := range []struct {
+		sel    Selection
+		gqa    kernels.GQAMode
+		device bool
+	}{{Exact, kernels.GroupMax, false}, {Union, kernels.PerHead, false}, {Replicated, kernels.GroupMax, true}, {Exact, kernels.PerHead, true}} {
+		t.Run(fmt.Sprintf("%v_%v_device%v", tc.sel, tc.gqa, tc.device), func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 2, 8, 4, 16
+			cfg.CP, cfg.TP, cfg.CapacityPages, cfg.Selection = 1, 2, 300, tc.sel
+			cfg.Policy.DenseLayers, cfg.Policy.GQA, cfg.Policy.BudgetTokens = 1, tc.gqa, 64
+			if tc.device {
+				cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
+				t.Cleanup(func() { cpu.Close() })
+				cfg.Backend, cfg.DeviceResident = backendtest.FakeDevice{CPU: cpu}, true
+			}
+			e := newEngine(t, cfg)
+			var ids []SeqID
+			for _, n := range []int{17, 300, 1000} {
+				id, err := e.Create(Striped)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for l := range cfg.Layers {
+					if err := e.Append(id, l, randVec(rng, n*4*16), randVec(rng, n*4*16)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				ids = append(ids, id)
+			}
+			for layer := range cfg.Layers {
+				var reqs []Request
+				for _, id := range ids {
+					reqs = append(reqs, Request{Seq: id, Q: randVec(rng, 8*16)})
+				}
+				var fused, phased Result
+				if err := e.Step(context.Background(), layer, reqs, StepOptions{Phased: true}, &phased); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Step(context.Background(), layer, reqs, StepOptions{}, &fused); err != nil {
+					t.Fatal(err)
+				}
+				if fused.Time.Fused == 0 || phased.Time.Fused != 0 {
+					t.Fatalf("layer %d: fused %v, phased %v", layer, fused.Time.Fused, phased.Time.Fused)
+				}
+				if !slices.Equal(fused.O, phased.O) || !slices.Equal(fused.LSE, phased.LSE) {
+					t.Fatalf("layer %d: fused and phased outputs differ", layer)
+				}
+			}
+		})
+	}
+}

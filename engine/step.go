@@ -32,12 +32,20 @@ type StepOptions struct {
 	TopR int
 	// ForceDense attends every page (a dense reference step).
 	ForceDense bool
+	// Phased keeps score, top-K and attention separate backend calls when
+	// a shard could fuse them (CP = 1 with a fusing backend; see
+	// shard.FusedStep): per-phase times, and a reference for the fused
+	// path. Diagnostics imply it.
+	Phased bool
 }
 
 // Times are the wall times of a step's phases on CP rank 0 of TP group 0,
 // and of the whole step (appends included, diagnostics excluded).
 type Times struct {
 	Score, TopK, Select, Attend, Merge, Total time.Duration
+	// Fused is the time of a local step fused into one backend call
+	// (Score, TopK and Attend are then zero).
+	Fused time.Duration
 }
 
 // Collective is the time spent in collectives (selection exchange and
@@ -105,7 +113,7 @@ func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOp
 		}
 		plans = append(plans, pl)
 	}
-	if err := e.run(ctx, layer, reqs, seqs, plans, opt.Diagnostics, res); err != nil {
+	if err := e.run(ctx, layer, reqs, seqs, plans, opt.Diagnostics, opt.Diagnostics || opt.Phased, res); err != nil {
 		return err
 	}
 	res.Plans = append(res.Plans[:0], plans...)
@@ -165,7 +173,7 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 // run executes the step on every shard in parallel and, only when every
 // shard succeeded, assembles the merged states from CP rank 0 of every TP
 // group into res (res is untouched on error).
-func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seqState, plans []shard.Plan, diag bool, res *Result) error {
+func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seqState, plans []shard.Plan, diag, phased bool, res *Result) error {
 	c := e.cfg
 	e.step++
 	step := e.step
@@ -177,7 +185,7 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := e.rankStep(ctx, tp, cp, layer, step, reqs, seqs, plans, diag); err != nil {
+				if err := e.rankStep(ctx, tp, cp, layer, step, reqs, seqs, plans, diag, phased); err != nil {
 					errs[tp*c.CP+cp] = fmt.Errorf("shard (tp %d, cp %d): %w", tp, cp, err)
 				}
 			}()
@@ -235,7 +243,7 @@ func resize(s []float32, n int) []float32 {
 }
 
 // rankStep is one shard's part of a step.
-func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, reqs []Request, seqs []*seqState, plans []shard.Plan, diag bool) error {
+func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, reqs []Request, seqs []*seqState, plans []shard.Plan, diag, phased bool) error {
 	c := e.cfg
 	d := c.HeadDim
 	w := e.work[tp][cp]
@@ -270,6 +278,21 @@ func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, r
 	}
 	if err := sh.Begin(&w.ls, layer, w.parts); err != nil {
 		return fail(err)
+	}
+	if c.CP == 1 && !phased {
+		// One rank holds every page: its local top-K is the global one,
+		// and a fusing backend runs the whole local step in one call.
+		done, err := sh.FusedStep(ctx, &w.ls)
+		if err != nil {
+			return fail(err)
+		}
+		if done {
+			w.t.Fused = w.ls.Time.Fused
+			t0 := time.Now()
+			err := g.Reduce(ctx, redTag, 0, d, w.ls.O, w.ls.LSE)
+			w.t.Merge = time.Since(t0)
+			return err
+		}
 	}
 	scoreLocal := c.Selection != Replicated || diag
 	if scoreLocal {

@@ -40,9 +40,28 @@ type CPU struct {
 	attend attendTask
 	reduce reduceTask
 	merge  mergeTask
+
+	stepMu     sync.Mutex // guards the Step scratch
+	stepCheck  StepCheck
+	stepScores []float32
 }
 
-var _ Backend = (*CPU)(nil)
+var (
+	_ Backend = (*CPU)(nil)
+	_ Stepper = (*CPU)(nil)
+)
+
+// Step implements Stepper as Score, TopK and Attend in turn (Compose).
+func (c *CPU) Step(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, plan *TopKPlan, lists *Lists, o, lse []float32) error {
+	c.stepMu.Lock()
+	defer c.stepMu.Unlock()
+	if err := c.stepCheck.Check(b, s.Rows(lists.Mode), plan, lists); err != nil {
+		return err
+	}
+	var err error
+	c.stepScores, err = Compose(ctx, c, c.stepScores, s, l, b, q, plan, lists, o, lse)
+	return err
+}
 
 // NewCPU starts a CPU backend. Zero fields of cfg take their defaults.
 func NewCPU(cfg CPUConfig) *CPU {

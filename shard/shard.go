@@ -207,9 +207,10 @@ type StepResult struct {
 	Time PhaseTimes
 }
 
-// PhaseTimes is the wall time of each phase of a step.
+// PhaseTimes is the wall time of each phase of a step. A fused step
+// (see FusedStep) reports its whole time as Fused and zero phases.
 type PhaseTimes struct {
-	Score, TopK, Attend time.Duration
+	Score, TopK, Attend, Fused time.Duration
 }
 
 // Diagnostics describe one sequence's selection in one step, measured
@@ -243,6 +244,10 @@ type StepOptions struct {
 	// ForceDense attends every page regardless of the policy (a dense
 	// reference step on the same data).
 	ForceDense bool
+	// Phased runs score, top-K and attention as separate backend calls
+	// even when the backend can fuse them (see FusedStep): per-phase
+	// times, and a reference for the fused path. Diagnostics imply it.
+	Phased bool
 }
 
 // ErrBadInput marks a request rejected before any state changed.
@@ -296,6 +301,18 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 	ls := &ws.ls
 	if err := s.begin(ls, layer, ws.parts); err != nil {
 		return err
+	}
+	if !opt.Phased && !opt.Diagnostics {
+		if done, err := s.fused(ctx, ls); done {
+			if err != nil {
+				return fmt.Errorf("step layer %d: %w", layer, err)
+			}
+			res.O = append(res.O[:0], ls.O...)
+			res.LSE = append(res.LSE[:0], ls.LSE...)
+			res.Time = ls.Time
+			res.Diag = res.Diag[:0]
+			return nil
+		}
 	}
 	if err := s.score(ctx, ls, opt.Diagnostics); err != nil {
 		return fmt.Errorf("step layer %d: %w", layer, err)

@@ -22,6 +22,7 @@ type FakeDevice struct {
 var (
 	_ kernels.Backend     = FakeDevice{}
 	_ kernels.DeviceStore = FakeDevice{}
+	_ kernels.Stepper     = FakeDevice{}
 )
 
 // FakePool is one pretend device pool (a FakeDevice's Layer.Device).
@@ -167,4 +168,15 @@ func (f FakeDevice) Score(ctx context.Context, s kernels.Shape, l kernels.Layer,
 // Attend runs the CPU kernel on the pretend device pool.
 func (f FakeDevice) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, lists *kernels.Lists, o, lse []float32) error {
 	return f.CPU.Attend(ctx, s, f.dev(l), b, q, lists, o, lse)
+}
+
+// Step implements kernels.Stepper as Score, TopK and Attend on the pretend
+// device (the embedded CPU's Step would read the host arrays).
+func (f FakeDevice) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
+	var c kernels.StepCheck
+	if err := c.Check(b, s.Rows(lists.Mode), plan, lists); err != nil {
+		return err
+	}
+	_, err := kernels.Compose(ctx, f, nil, s, l, b, q, plan, lists, o, lse)
+	return err
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"sync"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -102,6 +103,9 @@ type Backend struct {
 	stageOff int64
 	staged   bool
 	host     *DeviceLayer // scratch layer for host-array inputs
+
+	stepMu    sync.Mutex // guards stepCheck (used outside the device goroutine)
+	stepCheck kernels.StepCheck
 }
 
 type devBuf struct {
@@ -112,6 +116,7 @@ type devBuf struct {
 var (
 	_ kernels.Backend     = (*Backend)(nil)
 	_ kernels.DeviceStore = (*Backend)(nil)
+	_ kernels.Stepper     = (*Backend)(nil)
 )
 
 // DeviceLayer is one layer's page pool in device memory, laid out like the
@@ -1190,86 +1195,185 @@ func (b *Backend) TopK(ctx context.Context, scores []float32, plan *kernels.TopK
 
 // Attend implements kernels.Backend.
 func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, lists *kernels.Lists, o, lse []float32) error {
-	if err := checkShape(s); err != nil {
+	if err := b.checkAttend(s, l, bt, q, lists, o, lse); err != nil {
 		return fmt.Errorf("attend: %w", err)
 	}
-	if err := validate(s, l, bt, true); err != nil {
+	if _, err := lists.Check(bt, s.Rows(lists.Mode), nil); err != nil {
 		return fmt.Errorf("attend: %w", err)
+	}
+	return b.do(ctx, func() error {
+		dl, a, err := b.prepareAttend(s, l, bt, q, lists, len(o), len(lse))
+		if err != nil {
+			return err
+		}
+		heads, perHead := headsOf(s, lists.Mode)
+		if err := b.launchAttendReduce(dl, s, heads, perHead, a, false); err != nil {
+			return err
+		}
+		if err := download(b, o, a.o); err != nil {
+			return err
+		}
+		return download(b, lse, a.lse)
+	})
+}
+
+// checkAttend validates the arguments of an attention call (the lists'
+// entries are checked by the caller).
+func (b *Backend) checkAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, lists *kernels.Lists, o, lse []float32) error {
+	if err := checkShape(s); err != nil {
+		return err
+	}
+	if err := validate(s, l, bt, true); err != nil {
+		return err
 	}
 	n := bt.Len()
 	hq, d := s.QHeads, s.HeadDim
 	if len(q) != n*hq*d || len(o) != n*hq*d || len(lse) != n*hq {
-		return fmt.Errorf("attend: query %d, o %d or lse %d floats do not fit the batch", len(q), len(o), len(lse))
+		return fmt.Errorf("query %d, o %d or lse %d floats do not fit the batch", len(q), len(o), len(lse))
 	}
 	rows := s.Rows(lists.Mode)
 	if len(lists.Indptr) != n*rows+1 || lists.Indptr[0] != 0 || int(lists.Indptr[n*rows]) != len(lists.Pages) {
-		return fmt.Errorf("attend: lists indptr has %d entries for %d rows and %d pages", len(lists.Indptr), n*rows, len(lists.Pages))
+		return fmt.Errorf("lists indptr has %d entries for %d rows and %d pages", len(lists.Indptr), n*rows, len(lists.Pages))
 	}
-	if _, err := lists.Check(bt, rows, nil); err != nil {
-		return fmt.Errorf("attend: %w", err)
+	return nil
+}
+
+// headsOf returns the query heads an attention row serves and the kernels'
+// per_head flag.
+func headsOf(s kernels.Shape, mode kernels.GQAMode) (int, uint64) {
+	if mode == kernels.PerHead {
+		return 1, 1
 	}
-	heads := s.Group()
-	perHead := uint64(0)
-	if lists.Mode == kernels.PerHead {
-		heads, perHead = 1, 1
-	}
+	return s.Group(), 0
+}
+
+// prepareAttend builds the work items of an attention call over lists and
+// uploads the batch, the queries, the lists and the items; the outputs
+// get buffers of nO and nLSE floats (device goroutine only).
+func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, lists *kernels.Lists, nO, nLSE int) (*DeviceLayer, attendArgs, error) {
+	n := bt.Len()
+	rows := s.Rows(lists.Mode)
 	dt := b.cfg.DType
 	if dl, ok := l.Device.(*DeviceLayer); ok {
 		dt = dl.DType
 	}
 	chunk := int32(b.chunkFor(s, dt, len(lists.Pages)))
-	return b.do(ctx, func() error {
-		// Work items, built in the device goroutine's reused slices.
-		it := &b.items
-		for i := range it {
-			it[i] = it[i][:0]
-		}
-		minItems, maxItems := math.MaxInt, 0
-		for row := range n * rows {
-			ni := int((lists.Indptr[row+1] - lists.Indptr[row] + chunk - 1) / chunk)
-			minItems, maxItems = min(minItems, ni), max(maxItems, ni)
-			it[4] = append(it[4], int32(len(it[0])))
-			for p := lists.Indptr[row]; p < lists.Indptr[row+1]; p += chunk {
-				it[0] = append(it[0], int32(row/rows))
-				it[1] = append(it[1], int32(row%rows))
-				it[2] = append(it[2], p)
-				it[3] = append(it[3], min(p+chunk, lists.Indptr[row+1]))
-			}
-		}
+	// Work items, built in the device goroutine's reused slices.
+	it := &b.items
+	for i := range it {
+		it[i] = it[i][:0]
+	}
+	minItems, maxItems := math.MaxInt, 0
+	for row := range n * rows {
+		ni := int((lists.Indptr[row+1] - lists.Indptr[row] + chunk - 1) / chunk)
+		minItems, maxItems = min(minItems, ni), max(maxItems, ni)
 		it[4] = append(it[4], int32(len(it[0])))
-		items := len(it[0])
-		dl, err := b.layer(s, l, true)
+		for p := lists.Indptr[row]; p < lists.Indptr[row+1]; p += chunk {
+			it[0] = append(it[0], int32(row/rows))
+			it[1] = append(it[1], int32(row%rows))
+			it[2] = append(it[2], p)
+			it[3] = append(it[3], min(p+chunk, lists.Indptr[row+1]))
+		}
+	}
+	it[4] = append(it[4], int32(len(it[0])))
+	dl, err := b.layer(s, l, true)
+	if err != nil {
+		return nil, attendArgs{}, err
+	}
+	var p [9]cu.DevicePtr
+	for i, a := range [9][]int32{bt.Indptr, bt.Pages, bt.LastLen, it[0], it[1], it[2], it[3], lists.Pages, it[4]} {
+		if p[i], err = upload(b, attendBufs[i], a); err != nil {
+			return nil, attendArgs{}, err
+		}
+	}
+	qp, err := upload(b, "q", q)
+	if err != nil {
+		return nil, attendArgs{}, err
+	}
+	op, err := b.buf("attend.o", int64(nO)*4)
+	if err != nil {
+		return nil, attendArgs{}, err
+	}
+	lp, err := b.buf("attend.lse", int64(nLSE)*4)
+	if err != nil {
+		return nil, attendArgs{}, err
+	}
+	return dl, attendArgs{
+		ind: p[0], pg: p[1], last: p[2], q: qp, iSeq: p[3], iRow: p[4], iLo: p[5], iHi: p[6], lists: p[7],
+		rowItem: p[8], o: op, lse: lp, items: len(it[0]), nrows: n * rows, minItemsPerRow: minItems, maxItemsPerRow: maxItems,
+	}, nil
+}
+
+// Step implements kernels.Stepper: the batch, queries, lists and plan go
+// up once; score, top-K (writing straight into the device lists) and
+// attention run back to back on the device (top-K and attention as
+// programmatic dependents where the kernels allow); o, lse and the lists
+// come back.
+func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
+	if err := b.checkAttend(s, l, bt, q, lists, o, lse); err != nil {
+		return fmt.Errorf("step: %w", err)
+	}
+	b.stepMu.Lock()
+	defer b.stepMu.Unlock()
+	if err := b.stepCheck.Check(bt, s.Rows(lists.Mode), plan, lists); err != nil {
+		return err
+	}
+	// Tile maxima serve the threshold top-K when every plan row starts at
+	// its score row's start.
+	tiles := true
+	for r := range plan.Rows() {
+		tiles = tiles && plan.Base[r] == 0
+	}
+	return b.do(ctx, func() error {
+		dl, a, err := b.prepareAttend(s, l, bt, q, lists, len(o), len(lse))
 		if err != nil {
 			return err
 		}
-		var p [9]cu.DevicePtr
-		for i, a := range [9][]int32{bt.Indptr, bt.Pages, bt.LastLen, it[0], it[1], it[2], it[3], lists.Pages, it[4]} {
-			if p[i], err = upload(b, attendBufs[i], a); err != nil {
+		var ptrs [5]cu.DevicePtr
+		for i, x := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
+			if ptrs[i], err = upload(b, fmt.Sprintf("topk.plan%d", i), x); err != nil {
 				return err
 			}
 		}
-		qp, err := upload(b, "q", q)
+		rows := s.Rows(lists.Mode)
+		nScores := int64(len(bt.Pages) * rows)
+		sp, err := b.buf("scores", nScores*4)
 		if err != nil {
 			return err
 		}
-		op, err := b.buf("attend.o", int64(len(o))*4)
-		if err != nil {
+		tmax := cu.DevicePtr(0)
+		if tiles && useMMA(s, dl.DType) {
+			if tmax, err = b.buf("step.tmax", nScores*4); err != nil {
+				return err
+			}
+		}
+		maxPages := 0
+		for i := range bt.Len() {
+			maxPages = max(maxPages, bt.NumPages(i))
+		}
+		heads, perHead := headsOf(s, lists.Mode)
+		if plan.Rows() > 0 {
+			wrote, err := b.launchScore(dl, s, bt.Len(), maxPages, a.ind, a.pg, a.q, sp, tmax, perHead)
+			if err != nil {
+				return err
+			}
+			if !wrote {
+				tmax = 0
+			}
+			if err := b.launchTopK(plan, sp, tmax, ptrs, a.lists, true); err != nil {
+				return err
+			}
+		}
+		if err := b.launchAttendReduce(dl, s, heads, perHead, a, plan.Rows() > 0); err != nil {
 			return err
 		}
-		lp, err := b.buf("attend.lse", int64(len(lse))*4)
-		if err != nil {
+		if err := download(b, o, a.o); err != nil {
 			return err
 		}
-		if err := b.launchAttendReduce(dl, s, heads, perHead, attendArgs{
-			ind: p[0], pg: p[1], last: p[2], q: qp, iSeq: p[3], iRow: p[4], iLo: p[5], iHi: p[6], lists: p[7],
-			rowItem: p[8], o: op, lse: lp, items: items, nrows: n * rows, minItemsPerRow: minItems, maxItemsPerRow: maxItems,
-		}, false); err != nil {
+		if err := download(b, lse, a.lse); err != nil {
 			return err
 		}
-		if err := download(b, o, op); err != nil {
-			return err
-		}
-		return download(b, lse, lp)
+		return download(b, lists.Pages, a.lists)
 	})
 }
 

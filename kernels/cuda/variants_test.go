@@ -369,8 +369,8 @@ func TestScoreTileMaxima(t *testing.T) {
 	}
 }
 
-// TestAllocsPerCall checks that the Go allocations of a Score, TopK or
-// Attend call do not grow with the batch (work items, launches and uploads
+// TestAllocsPerCall checks that the Go allocations of a Score, TopK,
+// Attend or fused Step call do not grow with the batch (work items, launches and uploads
 // reuse the device goroutine's buffers; kernel parameters and uploads go
 // through C and pinned memory) and logs them.
 func TestAllocsPerCall(t *testing.T) {
@@ -379,7 +379,7 @@ func TestAllocsPerCall(t *testing.T) {
 	ctx := context.Background()
 	s := kernels.Shape{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}
 	rng := rand.New(rand.NewPCG(8, 8))
-	count := func(lens []int) (score, topk, attend float64) {
+	count := func(lens []int) (score, topk, attend, step float64) {
 		f := backendtest.NewFixtureQ(rng, s, lens, backendtest.RoundBF16)
 		rows := s.Rows(kernels.GroupMax)
 		sc := make([]float32, len(f.Batch.Pages)*rows)
@@ -406,14 +406,20 @@ func TestAllocsPerCall(t *testing.T) {
 		score = run(func() error { return b.Score(ctx, s, f.Layer, &f.Batch, f.Q, kernels.GroupMax, sc) })
 		topk = run(func() error { return b.TopK(ctx, sc, &plan, out) })
 		attend = run(func() error { return b.Attend(ctx, s, f.Layer, &f.Batch, f.Q, l, o, lse) })
+		ks := make([]int, len(lens))
+		for i := range ks {
+			ks[i] = 8
+		}
+		splan, sl := backendtest.StepLists(f, kernels.GroupMax, 0, ks)
+		step = run(func() error { return b.Step(ctx, s, f.Layer, &f.Batch, f.Q, splan, sl, o, lse) })
 		return
 	}
-	s1, k1, a1 := count([]int{100, 2000})
+	s1, k1, a1, st1 := count([]int{100, 2000})
 	// (Host-array pools go up in 2^24-float chunks, one launch each; both
 	// batches fit one chunk.)
-	s2, k2, a2 := count([]int{100, 2000, 17, 400, 1, 300, 500, 16, 900, 300, 64, 250})
-	t.Logf("allocations per call, 2 / 12 sequences: score %v / %v, top-K %v / %v, attend %v / %v", s1, s2, k1, k2, a1, a2)
-	if s2 > s1 || k2 > k1 || a2 > a1 {
-		t.Errorf("allocations grow with the batch: score %v -> %v, top-K %v -> %v, attend %v -> %v", s1, s2, k1, k2, a1, a2)
+	s2, k2, a2, st2 := count([]int{100, 2000, 17, 400, 1, 300, 500, 16, 900, 300, 64, 250})
+	t.Logf("allocations per call, 2 / 12 sequences: score %v / %v, top-K %v / %v, attend %v / %v, step %v / %v", s1, s2, k1, k2, a1, a2, st1, st2)
+	if s2 > s1 || k2 > k1 || a2 > a1 || st2 > st1 {
+		t.Errorf("allocations grow with the batch: score %v -> %v, top-K %v -> %v, attend %v -> %v, step %v -> %v", s1, s2, k1, k2, a1, a2, st1, st2)
 	}
 }

@@ -1,0 +1,89 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/shard"
+)
+
+// BenchmarkShardStep times one decode step of one layer on a shard whose
+// pages live only on the GPU (Llama-3.1-8B shape: 32 query heads, 8 KV
+// heads, D = 128, S = 16, bf16, B = 2048 tokens), end to end as a caller
+// sees it (uploads of the batch and queries, kernels, downloads): fused
+// into one backend call (score, top-K and attention on the device) against
+// phased (three backend calls, scores and selections through the host).
+//
+//	go test -tags cuda -run '^$' -bench ShardStep ./kernels/cuda/
+func BenchmarkShardStep(b *testing.B) {
+	for _, c := range []struct{ tokens, batch int }{{32 << 10, 1}, {32 << 10, 8}, {128 << 10, 1}, {128 << 10, 8}, {1 << 20, 1}} {
+		b.Run(fmt.Sprintf("ctx%dK_b%d", c.tokens>>10, c.batch), func(b *testing.B) { benchShardStep(b, c.tokens, c.batch) })
+	}
+}
+
+func benchShardStep(b *testing.B, tokens, batch int) {
+	const qh, kvh, d, s = 32, 8, 128, 16
+	be, err := New(Config{DType: BF16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	pol := shard.DefaultPolicy()
+	pol.DenseLayers = 0
+	pages := batch * (tokens/s + 1)
+	sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: pages},
+		QHeads: qh, Policy: pol, DeviceResident: true}, be)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sh.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	// Random tokens, appended in chunks read at random offsets of a pool
+	// twice the chunk (pages differ without drawing every key afresh).
+	const chunk = 8192
+	tok := kvh * d
+	k, v := make([]float32, 2*chunk*tok), make([]float32, 2*chunk*tok)
+	for i := range k {
+		k[i], v[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+	}
+	var reqs []shard.SeqStep
+	for range batch {
+		id := sh.Store().Create()
+		for done := 0; done < tokens; done += chunk {
+			off := rng.IntN(chunk) * tok
+			if err := sh.Append(id, 0, k[off:off+chunk*tok], v[off:off+chunk*tok]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		q := make([]float32, qh*d)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		reqs = append(reqs, shard.SeqStep{Seq: id, Q: q})
+	}
+	for _, mode := range []struct {
+		name string
+		opt  shard.StepOptions
+	}{{"phased", shard.StepOptions{Phased: true}}, {"fused", shard.StepOptions{}}} {
+		b.Run(mode.name, func(b *testing.B) {
+			var res shard.StepResult
+			for range 3 { // warm-up: buffers grow to size
+				if err := sh.Step(context.Background(), 0, reqs, mode.opt, &res); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for range b.N {
+				if err := sh.Step(context.Background(), 0, reqs, mode.opt, &res); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "us/step")
+		})
+	}
+}

@@ -1,0 +1,83 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/questrt/questrt/kernels"
+)
+
+// FusedStep runs the Score, Candidates and Attend phases of ls in one
+// backend call when it can: the backend is a kernels.Stepper (the CUDA
+// backend keeps scores, the top-K output and the lists on the device), the
+// selector is quest, and the shard holds every page of every part (one CP
+// rank), so its local top-K is the global one. It reports whether it ran;
+// when it did not, nothing happened and the caller runs the phases. After
+// a fused step ls.O and ls.LSE hold the partial states, Time.Fused the
+// step's time; Scored is false and RowCandidates empty (the scores never
+// reached the host).
+func (s *Shard) FusedStep(ctx context.Context, ls *LocalStep) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fused(ctx, ls)
+}
+
+func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
+	st, ok := s.be.(kernels.Stepper)
+	if !ok || s.cfg.Policy.Selector != Quest {
+		return false, nil
+	}
+	for i, p := range ls.parts {
+		if np := ls.batch.NumPages(i); p.Global != nil && np > 0 && (len(p.Global) < np || p.Global[np-1] != int32(np-1)) {
+			return false, nil // another CP rank holds some pages
+		}
+	}
+	ls.scored = false
+	ls.cands = ls.cands[:0]
+	ls.cPtr = append(ls.cPtr[:0], 0)
+	ls.topk.Reset()
+	ls.lists.Mode = ls.mode
+	ls.lists.Indptr = append(ls.lists.Indptr[:0], 0)
+	ls.lists.Pages = ls.lists.Pages[:0]
+	for i, p := range ls.parts {
+		pl := p.Plan
+		np := ls.batch.NumPages(i)
+		for r := range ls.rows {
+			ls.cPtr = append(ls.cPtr, 0)
+			if pl.Dense {
+				for lp := range np {
+					ls.lists.Pages = append(ls.lists.Pages, int32(lp))
+				}
+				ls.lists.Indptr = append(ls.lists.Indptr, int32(len(ls.lists.Pages)))
+				continue
+			}
+			if pl.Pages != np {
+				return true, fmt.Errorf("fused step: sequence %d: plan of %d pages, the shard holds %d", i, pl.Pages, np)
+			}
+			for lp := range pl.Sink {
+				ls.lists.Pages = append(ls.lists.Pages, int32(lp))
+			}
+			lo, hi := pl.Lo(), pl.Hi()
+			if k := min(pl.Rank, hi-lo); k > 0 {
+				ls.topk.Add(ls.batch.ScoreOffset(i, ls.rows)+r*np+lo, hi-lo, lo, k, len(ls.lists.Pages))
+				for range k {
+					ls.lists.Pages = append(ls.lists.Pages, -1) // filled by the top-K
+				}
+			}
+			for lp := hi; lp < np; lp++ {
+				ls.lists.Pages = append(ls.lists.Pages, int32(lp))
+			}
+			ls.lists.Indptr = append(ls.lists.Indptr, int32(len(ls.lists.Pages)))
+		}
+	}
+	n := len(ls.parts)
+	ls.O = resize(ls.O, n*s.shape.QHeads*s.shape.HeadDim)
+	ls.LSE = resize(ls.LSE, n*s.shape.QHeads)
+	t0 := time.Now()
+	if err := st.Step(ctx, s.shape, ls.kl, &ls.batch, ls.q, &ls.topk, &ls.lists, ls.O, ls.LSE); err != nil {
+		return true, fmt.Errorf("fused step layer %d: %w", ls.layer, err)
+	}
+	ls.Time.Fused = time.Since(t0)
+	return true, nil
+}
