@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -387,19 +386,10 @@ func (e *Engine) checkKV(layer int, k, v []float32) error {
 		return fmt.Errorf("%w: layer %d outside 0..%d", ErrBadInput, layer, e.cfg.Layers-1)
 	case len(k) == 0 || len(k)%tok != 0 || len(v) != len(k):
 		return fmt.Errorf("%w: k %d and v %d floats are not the same whole number of tokens of %d", ErrBadInput, len(k), len(v), tok)
-	case !finite(k) || !finite(v):
+	case !kernels.Finite(k) || !kernels.Finite(v):
 		return fmt.Errorf("%w: non-finite key or value", ErrBadInput)
 	}
 	return nil
-}
-
-func finite(xs []float32) bool {
-	for _, x := range xs {
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-			return false
-		}
-	}
-	return true
 }
 
 func (e *Engine) append(id SeqID, sq *seqState, layer int, k, v []float32) error {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -146,7 +147,7 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 			return nil, fmt.Errorf("step: %w: sequence %d appears twice", ErrBadInput, r.Seq)
 		}
 		seen[r.Seq] = true
-		if len(r.Q) != c.QHeads*c.HeadDim || !finite(r.Q) {
+		if len(r.Q) != c.QHeads*c.HeadDim || !kernels.Finite(r.Q) {
 			return nil, fmt.Errorf("step: %w: batch index %d: query must be %d finite floats", ErrBadInput, i, c.QHeads*c.HeadDim)
 		}
 		if (r.K == nil) != (r.V == nil) {

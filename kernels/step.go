@@ -81,28 +81,44 @@ func (c *StepCheck) Check(b *Batch, rows int, plan *TopKPlan, lists *Lists) erro
 			c.slot[j] = true
 		}
 	}
+	// seen marks the forced pages of the row being checked; the marks are
+	// cleared after each row, so only the listed entries are touched.
 	for row := range n * rows {
 		np := b.NumPages(row / rows)
-		c.seen = slices.Grow(c.seen[:0], np)[:np]
-		clear(c.seen)
+		if len(c.seen) < np {
+			c.seen = make([]bool, np)
+		}
 		lo, hi := int32(0), int32(0)
 		if pr := c.cand[row]; pr >= 0 {
 			lo, hi = plan.Base[pr], plan.Base[pr]+plan.N[pr]
 		}
-		for j := lists.Indptr[row]; j < lists.Indptr[row+1]; j++ {
+		var err error
+		j := lists.Indptr[row]
+		for ; j < lists.Indptr[row+1]; j++ {
 			if c.slot[j] {
 				continue
 			}
 			p := lists.Pages[j]
 			switch {
 			case p < 0 || int(p) >= np:
-				return fmt.Errorf("step: list row %d: page %d outside 0..%d", row, p, np-1)
+				err = fmt.Errorf("step: list row %d: page %d outside 0..%d", row, p, np-1)
 			case p >= lo && p < hi:
-				return fmt.Errorf("step: list row %d: forced page %d is also a top-K candidate", row, p)
+				err = fmt.Errorf("step: list row %d: forced page %d is also a top-K candidate", row, p)
 			case c.seen[p]:
-				return fmt.Errorf("step: list row %d: page %d listed twice", row, p)
+				err = fmt.Errorf("step: list row %d: page %d listed twice", row, p)
+			}
+			if err != nil {
+				break
 			}
 			c.seen[p] = true
+		}
+		for _, p := range lists.Pages[lists.Indptr[row]:j] {
+			if p >= 0 && int(p) < len(c.seen) {
+				c.seen[p] = false
+			}
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil

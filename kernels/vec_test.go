@@ -97,3 +97,39 @@ func TestDot4AndGemvT(t *testing.T) {
 		}
 	}
 }
+
+// TestFinite: Finite agrees with testing each element, for NaN and
+// infinities at every position of short slices and for the largest finite
+// values (whose product with 0 is still 0).
+func TestFinite(t *testing.T) {
+	naive := func(xs []float32) bool {
+		for _, x := range xs {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				return false
+			}
+		}
+		return true
+	}
+	for n := range 11 {
+		xs := make([]float32, n)
+		for i := range xs {
+			xs[i] = float32(i) - 3.5
+		}
+		if n > 0 {
+			xs[n-1] = math.MaxFloat32
+			xs[0] = -math.MaxFloat32
+		}
+		if !Finite(xs) || !naive(xs) {
+			t.Fatalf("n=%d: finite values reported non-finite", n)
+		}
+		for i := range n {
+			for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+				ys := append([]float32(nil), xs...)
+				ys[i] = bad
+				if Finite(ys) || naive(ys) {
+					t.Fatalf("n=%d: %v at %d not caught", n, bad, i)
+				}
+			}
+		}
+	}
+}

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/questrt/questrt/kernels"
@@ -61,8 +62,10 @@ func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 			lo, hi := pl.Lo(), pl.Hi()
 			if k := min(pl.Rank, hi-lo); k > 0 {
 				ls.topk.Add(ls.batch.ScoreOffset(i, ls.rows)+r*np+lo, hi-lo, lo, k, len(ls.lists.Pages))
-				for range k {
-					ls.lists.Pages = append(ls.lists.Pages, -1) // filled by the top-K
+				n := len(ls.lists.Pages)
+				ls.lists.Pages = slices.Grow(ls.lists.Pages, k)[:n+k]
+				for j := range ls.lists.Pages[n:] {
+					ls.lists.Pages[n+j] = -1 // filled by the top-K
 				}
 			}
 			for lp := hi; lp < np; lp++ {

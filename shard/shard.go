@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -344,15 +343,6 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 // plan's whole ranked budget.
 func rankQuota(pl Plan) int { return pl.Rank }
 
-func finite(xs []float32) bool {
-	for _, x := range xs {
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-			return false
-		}
-	}
-	return true
-}
-
 func resize(s []float32, n int) []float32 {
 	if cap(s) < n {
 		return make([]float32, n)
@@ -378,13 +368,13 @@ func (s *Shard) checkStep(layer int, reqs []SeqStep) error {
 		if len(r.Q) != sh.QHeads*sh.HeadDim {
 			return fmt.Errorf("step: %w: batch index %d: query has %d floats, want %d", ErrBadInput, i, len(r.Q), sh.QHeads*sh.HeadDim)
 		}
-		if !finite(r.Q) {
+		if !kernels.Finite(r.Q) {
 			return fmt.Errorf("step: %w: batch index %d: non-finite query", ErrBadInput, i)
 		}
 		if (r.K == nil) != (r.V == nil) || (r.K != nil && len(r.K) != sh.KVHeads*sh.HeadDim) {
 			return fmt.Errorf("step: %w: batch index %d: new token k/v must both be [%d][%d]", ErrBadInput, i, sh.KVHeads, sh.HeadDim)
 		}
-		if !finite(r.K) || !finite(r.V) {
+		if !kernels.Finite(r.K) || !kernels.Finite(r.V) {
 			return fmt.Errorf("step: %w: batch index %d: non-finite new key or value", ErrBadInput, i)
 		}
 		if r.BudgetTokens < 0 || (r.BudgetTokens > 0 && r.BudgetTokens < s.cfg.Policy.PageSize) {

@@ -104,6 +104,12 @@ type Backend struct {
 	staged   bool
 	host     *DeviceLayer // scratch layer for host-array inputs
 
+	// One upload and one download per attention or step call: b.in packs
+	// the inputs, b.out lays out o, lse and the lists (indices outO,
+	// outLSE, outLists).
+	in, out                packed
+	outO, outLSE, outLists int
+
 	stepMu    sync.Mutex // guards stepCheck (used outside the device goroutine)
 	stepCheck kernels.StepCheck
 }
@@ -342,6 +348,104 @@ func download[T int32 | float32](b *Backend, dst []T, src cu.DevicePtr) error {
 		return fmt.Errorf("cuda: download: %w", err)
 	}
 	b.staged, b.stageOff = false, 0
+	return nil
+}
+
+// packed collects the host arrays of one call so that they travel in one
+// copy: each array gets a 256-byte aligned place in one pinned staging
+// block and in one device buffer (small copies cost a few microseconds
+// each on the stream, whatever their size).
+type packed struct {
+	srcs  [maxPacked]unsafe.Pointer
+	offs  [maxPacked]int64
+	sizes [maxPacked]int64
+	n     int
+	total int64
+	base  cu.DevicePtr // after send
+}
+
+const maxPacked = 20
+
+func (p *packed) reset() { p.n, p.total, p.base = 0, 0, 0 }
+
+// region appends a place of size bytes with no host array yet and returns
+// its index.
+func (p *packed) region(size int64) int {
+	i := p.n
+	p.srcs[i], p.sizes[i], p.offs[i] = nil, size, p.total
+	p.total += (size + 255) &^ 255
+	p.n++
+	return i
+}
+
+// pack appends s and returns its index (device goroutine only).
+func pack[T int32 | float32](p *packed, s []T) int {
+	i := p.region(int64(len(s)) * 4)
+	if len(s) > 0 {
+		p.srcs[i] = unsafe.Pointer(&s[0])
+	}
+	return i
+}
+
+// setHost points region i at the host array s (for receive).
+func setHost[T int32 | float32](p *packed, i int, s []T) {
+	p.srcs[i], p.sizes[i] = nil, 0
+	if len(s) > 0 {
+		p.srcs[i], p.sizes[i] = unsafe.Pointer(&s[0]), int64(len(s))*4
+	}
+}
+
+// ptr is the device address of array i after send.
+func (p *packed) ptr(i int) cu.DevicePtr { return p.base + cu.DevicePtr(p.offs[i]) }
+
+// send copies the packed arrays into the scratch device buffer name in one
+// asynchronous copy through the staging buffer.
+func (b *Backend) send(p *packed, name string) error {
+	dev, err := b.buf(name, p.total)
+	if err != nil {
+		return err
+	}
+	p.base = dev
+	if p.total == 0 {
+		return nil
+	}
+	host, err := b.stage(p.total)
+	if err != nil {
+		return err
+	}
+	for i := range p.n {
+		if p.sizes[i] > 0 {
+			copy(unsafe.Slice((*byte)(unsafe.Add(host, p.offs[i])), p.sizes[i]), unsafe.Slice((*byte)(p.srcs[i]), p.sizes[i]))
+		}
+	}
+	if err := cu.MemcpyHtoDAsync(dev, host, p.total, cu.Stream{}); err != nil {
+		return fmt.Errorf("cuda: upload %s: %w", name, err)
+	}
+	b.staged = true
+	return nil
+}
+
+// receive copies the packed regions of the device buffer at p.base back
+// into the host arrays in one synchronous copy (p describes the layout of
+// both; the host arrays are the destinations). Every queued copy and
+// kernel is then done, so the staging buffer starts over.
+func (b *Backend) receive(p *packed) error {
+	if p.total == 0 {
+		return nil
+	}
+	host, err := b.stage(p.total)
+	if err != nil {
+		return err
+	}
+	if err := cu.MemcpyDtoH(host, p.base, p.total); err != nil {
+		return fmt.Errorf("cuda: download: %w", err)
+	}
+	b.staged, b.stageOff = false, 0
+	for i := range p.n {
+		if p.sizes[i] > 0 {
+			copy(unsafe.Slice((*byte)(p.srcs[i]), p.sizes[i]), unsafe.Slice((*byte)(unsafe.Add(host, p.offs[i])), p.sizes[i]))
+		}
+	}
 	return nil
 }
 
@@ -1097,9 +1201,6 @@ func checkShape(s kernels.Shape) error {
 // DType (no string building per launch).
 var convertKernel = [...]string{F32: "quest_convert_f32", F16: "quest_convert_f16", BF16: "quest_convert_bf16"}
 
-// attendBufs names Attend's uploaded arrays.
-var attendBufs = [9]string{"attend.indptr", "attend.pages", "attend.last", "attend.seq", "attend.row", "attend.lo", "attend.hi", "attend.lists", "attend.rowitem"}
-
 // ---- Backend ----
 
 // Score implements kernels.Backend.
@@ -1202,7 +1303,7 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		return fmt.Errorf("attend: %w", err)
 	}
 	return b.do(ctx, func() error {
-		dl, a, err := b.prepareAttend(s, l, bt, q, lists, len(o), len(lse))
+		dl, a, err := b.prepareAttend(s, l, bt, q, lists, nil)
 		if err != nil {
 			return err
 		}
@@ -1210,10 +1311,7 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		if err := b.launchAttendReduce(dl, s, heads, perHead, a, false); err != nil {
 			return err
 		}
-		if err := download(b, o, a.o); err != nil {
-			return err
-		}
-		return download(b, lse, a.lse)
+		return b.receiveOut(o, lse, nil, a)
 	})
 }
 
@@ -1247,10 +1345,13 @@ func headsOf(s kernels.Shape, mode kernels.GQAMode) (int, uint64) {
 	return s.Group(), 0
 }
 
-// prepareAttend builds the work items of an attention call over lists and
-// uploads the batch, the queries, the lists and the items; the outputs
-// get buffers of nO and nLSE floats (device goroutine only).
-func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, lists *kernels.Lists, nO, nLSE int) (*DeviceLayer, attendArgs, error) {
+// prepareAttend builds the work items of an attention call over lists,
+// packs the batch, the queries, the lists, the items and whatever extra
+// adds (it gets the packing to add to and is called before the copy) into
+// one upload, and lays out the outputs o, lse (and a copy of the lists)
+// in one output buffer (device goroutine only). It returns the pointers in
+// attendArgs; b.out describes the output buffer for receiveOut.
+func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, lists *kernels.Lists, extra func(*packed)) (*DeviceLayer, attendArgs, error) {
 	n := bt.Len()
 	rows := s.Rows(lists.Mode)
 	dt := b.cfg.DType
@@ -1280,28 +1381,48 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 	if err != nil {
 		return nil, attendArgs{}, err
 	}
-	var p [9]cu.DevicePtr
+	in := &b.in
+	in.reset()
+	var idx [9]int
 	for i, a := range [9][]int32{bt.Indptr, bt.Pages, bt.LastLen, it[0], it[1], it[2], it[3], lists.Pages, it[4]} {
-		if p[i], err = upload(b, attendBufs[i], a); err != nil {
-			return nil, attendArgs{}, err
-		}
+		idx[i] = pack(in, a)
 	}
-	qp, err := upload(b, "q", q)
-	if err != nil {
+	iq := pack(in, q)
+	if extra != nil {
+		extra(in)
+	}
+	if err := b.send(in, "call.in"); err != nil {
 		return nil, attendArgs{}, err
 	}
-	op, err := b.buf("attend.o", int64(nO)*4)
-	if err != nil {
-		return nil, attendArgs{}, err
-	}
-	lp, err := b.buf("attend.lse", int64(nLSE)*4)
-	if err != nil {
+	out := &b.out
+	out.reset()
+	b.outO = out.region(int64(n*s.QHeads*s.HeadDim) * 4)
+	b.outLSE = out.region(int64(n*s.QHeads) * 4)
+	b.outLists = out.region(int64(len(lists.Pages)) * 4)
+	if out.base, err = b.buf("call.out", out.total); err != nil {
 		return nil, attendArgs{}, err
 	}
 	return dl, attendArgs{
-		ind: p[0], pg: p[1], last: p[2], q: qp, iSeq: p[3], iRow: p[4], iLo: p[5], iHi: p[6], lists: p[7],
-		rowItem: p[8], o: op, lse: lp, items: len(it[0]), nrows: n * rows, minItemsPerRow: minItems, maxItemsPerRow: maxItems,
+		ind: in.ptr(idx[0]), pg: in.ptr(idx[1]), last: in.ptr(idx[2]), q: in.ptr(iq), iSeq: in.ptr(idx[3]), iRow: in.ptr(idx[4]),
+		iLo: in.ptr(idx[5]), iHi: in.ptr(idx[6]), lists: in.ptr(idx[7]), rowItem: in.ptr(idx[8]),
+		o: out.ptr(b.outO), lse: out.ptr(b.outLSE), items: len(it[0]), nrows: n * rows, minItemsPerRow: minItems, maxItemsPerRow: maxItems,
 	}, nil
+}
+
+// receiveOut brings back the outputs laid out by prepareAttend in one
+// copy: o, lse and, when lists is not nil, the device lists (copied into
+// the output buffer first).
+func (b *Backend) receiveOut(o, lse []float32, lists []int32, a attendArgs) error {
+	out := &b.out
+	setHost(out, b.outO, o)
+	setHost(out, b.outLSE, lse)
+	setHost(out, b.outLists, lists)
+	if len(lists) > 0 {
+		if err := cu.MemcpyDtoDAsync(out.ptr(b.outLists), a.lists, out.sizes[b.outLists], cu.Stream{}); err != nil {
+			return fmt.Errorf("cuda: copy lists: %w", err)
+		}
+	}
+	return b.receive(out)
 }
 
 // Step implements kernels.Stepper: the batch, queries, lists and plan go
@@ -1325,15 +1446,18 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 		tiles = tiles && plan.Base[r] == 0
 	}
 	return b.do(ctx, func() error {
-		dl, a, err := b.prepareAttend(s, l, bt, q, lists, len(o), len(lse))
+		var pi [5]int
+		dl, a, err := b.prepareAttend(s, l, bt, q, lists, func(in *packed) {
+			for i, x := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
+				pi[i] = pack(in, x)
+			}
+		})
 		if err != nil {
 			return err
 		}
 		var ptrs [5]cu.DevicePtr
-		for i, x := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
-			if ptrs[i], err = upload(b, fmt.Sprintf("topk.plan%d", i), x); err != nil {
-				return err
-			}
+		for i := range ptrs {
+			ptrs[i] = b.in.ptr(pi[i])
 		}
 		rows := s.Rows(lists.Mode)
 		nScores := int64(len(bt.Pages) * rows)
@@ -1367,13 +1491,7 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 		if err := b.launchAttendReduce(dl, s, heads, perHead, a, plan.Rows() > 0); err != nil {
 			return err
 		}
-		if err := download(b, o, a.o); err != nil {
-			return err
-		}
-		if err := download(b, lse, a.lse); err != nil {
-			return err
-		}
-		return download(b, lists.Pages, a.lists)
+		return b.receiveOut(o, lse, lists.Pages, a)
 	})
 }
 
