@@ -87,21 +87,45 @@ type Layer struct {
 // physical pages Pages[Indptr[b]:Indptr[b+1]] in logical order; its last page
 // holds LastLen[b] valid tokens (1..PageSize). A sequence with no pages is
 // allowed (its LastLen is ignored) and contributes empty states.
+//
+// Tables, when set, says that the sequences' page tables live in the
+// backend's device memory (see DeviceStore.WriteTable): Pages is then nil
+// and the kernels read the first NumPages(b) entries of each sequence's
+// device table instead.
 type Batch struct {
 	Indptr  []int32
 	Pages   []int32
 	LastLen []int32
+	Tables  *DeviceTables
+}
+
+// DeviceTables names page tables kept in a backend's device memory: Set is
+// a table set of the backend's (DeviceStore.NewTables) and Seqs the batch's
+// sequences in order, as keys of the set.
+type DeviceTables struct {
+	Set  any
+	Seqs []uint64
 }
 
 // Len is the number of sequences in the batch.
 func (b *Batch) Len() int { return len(b.Indptr) - 1 }
 
+// Total is the number of pages of all sequences (Indptr's last entry).
+func (b *Batch) Total() int { return int(b.Indptr[len(b.Indptr)-1]) }
+
 // NumPages is the page count of sequence i.
 func (b *Batch) NumPages(i int) int { return int(b.Indptr[i+1] - b.Indptr[i]) }
 
+// ErrDeviceTables is returned by kernels that read page tables on the host
+// when a batch's tables live on a device (Batch.Tables).
+var ErrDeviceTables = errors.New("batch: the page tables live in device memory; this kernel reads them on the host")
+
 // Validate checks the CSR arrays against the shape and the layer's pool
-// size (K, V and summaries).
+// size (K, V and summaries); the batch must carry host page tables.
 func (b *Batch) Validate(s Shape, l Layer) error {
+	if b.Tables != nil {
+		return ErrDeviceTables
+	}
 	pool := len(l.Summary) / (s.KVHeads * 2 * s.HeadDim)
 	if len(l.K) != pool*s.KVHeads*s.PageSize*s.HeadDim || len(l.V) != len(l.K) {
 		return fmt.Errorf("batch: layer arrays K=%d V=%d summary=%d floats do not match one pool", len(l.K), len(l.V), len(l.Summary))
@@ -112,6 +136,9 @@ func (b *Batch) Validate(s Shape, l Layer) error {
 // ValidateSummaries is Validate for kernels that read only the summaries
 // (Score): K and V may be absent.
 func (b *Batch) ValidateSummaries(s Shape, l Layer) error {
+	if b.Tables != nil {
+		return ErrDeviceTables
+	}
 	rec := s.KVHeads * 2 * s.HeadDim
 	if len(l.Summary)%rec != 0 {
 		return fmt.Errorf("batch: summary pool of %d floats is not a whole number of %d-float pages", len(l.Summary), rec)
@@ -136,6 +163,14 @@ func (b *Batch) ValidatePool(s Shape, pool int) error {
 		if b.NumPages(i) > 0 && (b.LastLen[i] < 1 || int(b.LastLen[i]) > s.PageSize) {
 			return fmt.Errorf("batch: sequence %d last page length %d outside 1..%d", i, b.LastLen[i], s.PageSize)
 		}
+	}
+	if b.Tables != nil {
+		// The tables are the store's own, written through WriteTable:
+		// their entries were checked when they were written.
+		if b.Pages != nil || len(b.Tables.Seqs) != n {
+			return fmt.Errorf("batch: device tables for %d sequences (and %d host pages) in a batch of %d", len(b.Tables.Seqs), len(b.Pages), n)
+		}
+		return nil
 	}
 	if int(b.Indptr[n]) != len(b.Pages) {
 		return fmt.Errorf("batch: indptr ends at %d but %d pages given", b.Indptr[n], len(b.Pages))
@@ -300,6 +335,17 @@ type DeviceStore interface {
 	Rescan(ctx context.Context, pool any, pages []int32, valid int) error
 	// CopyPage copies page src (K, V and summaries) to page dst.
 	CopyPage(ctx context.Context, pool any, dst, src int32) error
+	// NewTables makes an empty set of device page tables (one per
+	// sequence, keyed by the caller's ids); FreeTables releases a set.
+	NewTables(ctx context.Context) (any, error)
+	FreeTables(ctx context.Context, set any) error
+	// WriteTable sets entries [at, at+len(pages)) of sequence seq's table
+	// in set to pages and its length to n >= at+len(pages) (a sequence
+	// not in the set starts empty). Entries are physical ids below
+	// maxPage.
+	WriteTable(ctx context.Context, set any, seq uint64, at int, pages []int32, n, maxPage int) error
+	// DropTable forgets sequence seq's table.
+	DropTable(ctx context.Context, set any, seq uint64) error
 	// ReadPages returns float32 copies of pages: page i of the result
 	// (in the Layer layout, K and V [len(pages)][KVHeads][PageSize]
 	// [HeadDim], summaries [len(pages)][KVHeads][2][HeadDim]) is

@@ -48,7 +48,7 @@ func (c *StepCheck) Check(b *Batch, rows int, plan *TopKPlan, lists *Lists) erro
 			return fmt.Errorf("step: lists indptr decreases at row %d", row)
 		}
 	}
-	if _, err := plan.Check(len(b.Pages)*rows, len(lists.Pages)); err != nil {
+	if _, err := plan.Check(b.Total()*rows, len(lists.Pages)); err != nil {
 		return fmt.Errorf("step: %w", err)
 	}
 	c.slot = slices.Grow(c.slot[:0], len(lists.Pages))[:len(lists.Pages)]
@@ -128,7 +128,7 @@ func (c *StepCheck) Check(b *Batch, rows int, plan *TopKPlan, lists *Lists) erro
 // be, with scores in the caller's buffer (grown as needed and returned):
 // the reference for Stepper implementations, and the CPU backend's Step.
 func Compose(ctx context.Context, be Backend, scores []float32, s Shape, l Layer, b *Batch, q []float32, plan *TopKPlan, lists *Lists, o, lse []float32) ([]float32, error) {
-	n := len(b.Pages) * s.Rows(lists.Mode)
+	n := b.Total() * s.Rows(lists.Mode)
 	scores = slices.Grow(scores[:0], n)[:n]
 	if err := be.Score(ctx, s, l, b, q, lists.Mode, scores); err != nil {
 		return scores, err

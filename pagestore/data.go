@@ -32,6 +32,13 @@ type PageData interface {
 	// Rescan recomputes the summaries of page p in every layer and KV head
 	// from its first valid keys (eq. 14; 1 <= valid <= PageSize).
 	Rescan(p int32, valid int) error
+	// Table follows the page tables (for data that keeps a copy next to
+	// the pages, as a device does): sequence id's table now holds pages
+	// at entries [at, at+len(pages)) and has n entries; the other entries
+	// below n are unchanged. A sequence starts with an empty table.
+	Table(id SeqID, at int, pages []int32, n int) error
+	// Drop forgets the page table of a released sequence.
+	Drop(id SeqID) error
 }
 
 // hostData is the PageData of [New]: float32 arrays in host memory, laid
@@ -149,6 +156,12 @@ func (h *hostData) Copy(dst, src int32, valid []int) error {
 	}
 	return nil
 }
+
+// Table is a no-op: the store's own page tables are the host's.
+func (h *hostData) Table(SeqID, int, []int32, int) error { return nil }
+
+// Drop is a no-op (see Table).
+func (h *hostData) Drop(SeqID) error { return nil }
 
 func (h *hostData) Rescan(p int32, valid int) error {
 	D := h.cfg.HeadDim

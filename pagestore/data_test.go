@@ -7,10 +7,48 @@ import (
 	"testing"
 )
 
-// faultyData is host page data that fails the next call of one method.
+// faultyData is host page data that fails the next call of one method and
+// keeps its own copy of the page tables from the Table calls.
 type faultyData struct {
-	h    *hostData
-	fail string // "write", "reset", "copy" or "rescan"; "" fails nothing
+	h      *hostData
+	fail   string // "write", "reset", "copy", "rescan" or "table"; "" fails nothing
+	tables map[SeqID][]int32
+}
+
+func (f *faultyData) Table(id SeqID, at int, pages []int32, n int) error {
+	if err := f.hit("table"); err != nil {
+		return err
+	}
+	if f.tables == nil {
+		f.tables = map[SeqID][]int32{}
+	}
+	t := f.tables[id]
+	for len(t) < n {
+		t = append(t, -1)
+	}
+	t = t[:n]
+	copy(t[at:], pages)
+	f.tables[id] = t
+	return nil
+}
+
+func (f *faultyData) Drop(id SeqID) error {
+	delete(f.tables, id)
+	return nil
+}
+
+// checkTables asserts that the Table calls left the data's copy of every
+// live sequence's page table equal to the store's, and nothing else.
+func (f *faultyData) checkTables(t *testing.T, s *Store, ids ...SeqID) {
+	t.Helper()
+	for _, id := range ids {
+		if want := pageTable(t, s, id); !slices.Equal(f.tables[id], want) {
+			t.Fatalf("seq %d: the data's page table %v, the store's %v", id, f.tables[id], want)
+		}
+	}
+	if len(f.tables) != len(ids) {
+		t.Fatalf("the data keeps %d page tables for %d live sequences", len(f.tables), len(ids))
+	}
 }
 
 var errFault = errors.New("injected device fault")
@@ -162,7 +200,14 @@ func TestPageDataFaults(t *testing.T) {
 		before.equal(t, after)
 		checkPool(t, s)
 		checkSeq(t, s, id, sh) // the sibling never sees the fault
+		fd.checkTables(t, s, id, child)
 	}
+	fd.fail = "table" // a fork whose table cannot be written does not happen
+	if _, err := s.Fork(child); !errors.Is(err, ErrData) {
+		t.Fatalf("table fault: fork returned %v", err)
+	}
+	fd.checkTables(t, s, id, child)
+	checkPool(t, s)
 	// A write fault widens at most the tail's summary: rescan it by a
 	// rollback of one token, then the child works again.
 	if err := s.Rollback(child, 1); err != nil {
@@ -188,4 +233,13 @@ func TestPageDataFaults(t *testing.T) {
 	checkSeq(t, s, child, shC)
 	checkSeq(t, s, id, sh)
 	checkPool(t, s)
+	fd.checkTables(t, s, id, child)
+	if err := s.Rollback(child, 9); err != nil { // to a page boundary
+		t.Fatal(err)
+	}
+	fd.checkTables(t, s, id, child)
+	if err := s.Release(id); err != nil {
+		t.Fatal(err)
+	}
+	fd.checkTables(t, s, child)
 }

@@ -231,6 +231,9 @@ func (s *Store) Release(id SeqID) error {
 	}
 	s.poolMu.Unlock()
 	sq.pages = nil
+	if err := s.data.Drop(id); err != nil {
+		return fmt.Errorf("release seq %d: %w: %w", id, ErrData, err)
+	}
 	return nil
 }
 
@@ -446,10 +449,18 @@ func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 		s.poolMu.Unlock()
 	}
 
-	// Phase 3: write K/V and widen summaries. A failure gives the new pages
-	// back; the copies made above keep the same contents as the pages they
-	// replaced, but the tail page's summary may have been widened.
-	if err := s.data.Write(layer, sq.pages[first:last+1], pos%S, k, v); err != nil {
+	// Phase 3: tell the data about the new table entries, write K/V and
+	// widen summaries. A failure gives the new pages back; the copies made
+	// above keep the same contents as the pages they replaced, but the
+	// tail page's summary may have been widened.
+	err = nil
+	if needNew > 0 || len(sq.cow) > 0 {
+		err = s.data.Table(id, first, sq.pages[first:], len(sq.pages))
+	}
+	if err == nil {
+		err = s.data.Write(layer, sq.pages[first:last+1], pos%S, k, v)
+	}
+	if err != nil {
 		keep := len(sq.pages) - needNew
 		s.poolMu.Lock()
 		for _, p := range sq.pages[keep:] {
@@ -457,6 +468,9 @@ func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 		}
 		s.poolMu.Unlock()
 		sq.pages = sq.pages[:keep]
+		if needNew > 0 {
+			_ = s.data.Table(id, keep, nil, keep) // best effort: the data failed already
+		}
 		return fmt.Errorf("append seq %d layer %d: %w: %w", id, layer, ErrData, err)
 	}
 	sq.lens[layer] = end
@@ -521,14 +535,20 @@ func (s *Store) Fork(parent SeqID) (SeqID, error) {
 		pages: append([]int32(nil), sq.pages...),
 		lens:  append([]int(nil), sq.lens...),
 	}
+	s.seqMu.Lock()
+	id := s.nextID
+	s.nextID++
+	s.seqMu.Unlock()
+	if err := s.data.Table(id, 0, child.pages, len(child.pages)); err != nil {
+		_ = s.data.Drop(id)
+		return 0, fmt.Errorf("fork seq %d: %w: %w", parent, ErrData, err)
+	}
 	s.poolMu.Lock()
 	for _, p := range sq.pages {
 		s.ref[p]++
 	}
 	s.poolMu.Unlock()
 	s.seqMu.Lock()
-	id := s.nextID
-	s.nextID++
 	s.seqs[id] = child
 	s.seqMu.Unlock()
 	return id, nil
@@ -673,18 +693,23 @@ func (s *Store) Rollback(id SeqID, n int) error {
 	for l := range sq.lens {
 		sq.lens[l] = newLen
 	}
-	if tail == 0 {
-		return nil
-	}
+	var err2 error
 	if old >= 0 {
-		err := s.copyPage(sq, cp, old, keep-1)
+		err2 = s.copyPage(sq, cp, old, keep-1)
 		sq.pages[keep-1] = cp
 		s.poolMu.Lock()
 		s.unrefLocked(old)
 		s.poolMu.Unlock()
-		if err != nil {
-			return fmt.Errorf("rollback seq %d by %d tokens: %w: %w", id, n, ErrData, err)
-		}
+	}
+	if err2 == nil {
+		at := max(keep-1, 0)
+		err2 = s.data.Table(id, at, sq.pages[at:], keep)
+	}
+	if err2 != nil {
+		return fmt.Errorf("rollback seq %d by %d tokens: %w: %w", id, n, ErrData, err2)
+	}
+	if tail == 0 {
+		return nil
 	}
 	if err := s.data.Rescan(sq.pages[keep-1], tail); err != nil {
 		return fmt.Errorf("rollback seq %d by %d tokens: %w: %w", id, n, ErrData, err)

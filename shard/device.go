@@ -5,14 +5,25 @@ import (
 	"fmt"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/pagestore"
 )
 
 // deviceData is the pagestore.PageData of a DeviceResident shard: one
 // device pool per layer in a backend's memory, changed only by the
 // backend's device operations.
 type deviceData struct {
-	ds    kernels.DeviceStore
-	pools []any // per layer
+	ds     kernels.DeviceStore
+	pools  []any // per layer
+	tables any   // the device copy of the page tables (kernels.Batch.Tables)
+	pages  int   // pool size
+}
+
+func (d *deviceData) Table(id pagestore.SeqID, at int, pages []int32, n int) error {
+	return d.ds.WriteTable(context.Background(), d.tables, uint64(id), at, pages, n, d.pages)
+}
+
+func (d *deviceData) Drop(id pagestore.SeqID) error {
+	return d.ds.DropTable(context.Background(), d.tables, uint64(id))
 }
 
 func (d *deviceData) Write(layer int, pages []int32, slot int, k, v []float32) error {
@@ -91,11 +102,22 @@ func (s *Shard) hostView(ctx context.Context, kl kernels.Layer, layer int, b *ke
 	if s.dev == nil {
 		return kl, b, nil
 	}
-	h, err := s.readPages(ctx, layer, b.Pages)
+	phys := b.Pages
+	if b.Tables != nil { // the host's copy of the tables is the store's
+		phys = make([]int32, 0, b.Total())
+		for i, id := range b.Tables.Seqs {
+			t, err := s.store.AppendPageTable(nil, pagestore.SeqID(id))
+			if err != nil {
+				return kernels.Layer{}, nil, err
+			}
+			phys = append(phys, t[:b.NumPages(i)]...)
+		}
+	}
+	h, err := s.readPages(ctx, layer, phys)
 	if err != nil {
 		return kernels.Layer{}, nil, err
 	}
-	c := &kernels.Batch{Indptr: b.Indptr, LastLen: b.LastLen, Pages: make([]int32, len(b.Pages))}
+	c := &kernels.Batch{Indptr: b.Indptr, LastLen: b.LastLen, Pages: make([]int32, len(phys))}
 	for i := range c.Pages {
 		c.Pages[i] = int32(i)
 	}

@@ -23,7 +23,12 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	pl := res.Plans[i]
 	np := pl.Pages
 	lo, hi := ws.batch.Indptr[i], ws.batch.Indptr[i+1]
-	one := kernels.Batch{Indptr: []int32{0, hi - lo}, Pages: ws.batch.Pages[lo:hi], LastLen: ws.batch.LastLen[i : i+1]}
+	one := kernels.Batch{Indptr: []int32{0, hi - lo}, LastLen: ws.batch.LastLen[i : i+1]}
+	if t := ws.batch.Tables; t != nil {
+		one.Tables = &kernels.DeviceTables{Set: t.Set, Seqs: t.Seqs[i : i+1]}
+	} else {
+		one.Pages = ws.batch.Pages[lo:hi]
+	}
 	q := ws.q[i*sh.QHeads*d:][:sh.QHeads*d]
 	kl, keys, err := s.hostView(ctx, ws.kl, ws.layer, &one)
 	if err != nil {

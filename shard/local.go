@@ -43,6 +43,7 @@ type LocalStep struct {
 	kl    kernels.Layer
 
 	batch  kernels.Batch
+	tables kernels.DeviceTables // batch.Tables of a DeviceResident shard
 	table  []int32
 	q      []float32
 	lastG  []int32 // per sequence: the global index of the last local page
@@ -127,6 +128,9 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart) error {
 	ls.batch.Indptr = append(ls.batch.Indptr[:0], 0)
 	ls.batch.Pages = ls.batch.Pages[:0]
 	ls.batch.LastLen = ls.batch.LastLen[:0]
+	ls.batch.Tables = nil
+	ls.tables.Seqs = ls.tables.Seqs[:0]
+	total := int32(0)
 	ls.q = ls.q[:0]
 	ls.Time = PhaseTimes{}
 	ls.scored = false
@@ -138,17 +142,29 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart) error {
 		if err != nil {
 			return fmt.Errorf("step layer %d: %w", layer, err)
 		}
-		ls.table, err = s.store.AppendPageTable(ls.table[:0], p.Seq)
-		if err != nil {
-			return fmt.Errorf("step layer %d: %w", layer, err)
-		}
 		if p.Global != nil && len(p.Global) < v.Pages {
 			return fmt.Errorf("step: %w: part %d maps %d pages, the shard holds %d", ErrBadInput, i, len(p.Global), v.Pages)
 		}
-		ls.batch.Pages = append(ls.batch.Pages, ls.table[:v.Pages]...)
-		ls.batch.Indptr = append(ls.batch.Indptr, int32(len(ls.batch.Pages)))
+		if s.dev != nil {
+			// The device follows the page tables: the kernels read them
+			// there, nothing is built or uploaded per step.
+			ls.tables.Seqs = append(ls.tables.Seqs, uint64(p.Seq))
+		} else {
+			ls.table, err = s.store.AppendPageTable(ls.table[:0], p.Seq)
+			if err != nil {
+				return fmt.Errorf("step layer %d: %w", layer, err)
+			}
+			ls.batch.Pages = append(ls.batch.Pages, ls.table[:v.Pages]...)
+		}
+		total += int32(v.Pages)
+		ls.batch.Indptr = append(ls.batch.Indptr, total)
 		ls.batch.LastLen = append(ls.batch.LastLen, int32(v.LastPageLen))
 		ls.q = append(ls.q, p.Q...)
+	}
+	if s.dev != nil {
+		ls.tables.Set = s.tables
+		ls.batch.Pages = nil
+		ls.batch.Tables = &ls.tables
 	}
 	ls.kl = s.layer(layer)
 	return nil
@@ -169,11 +185,11 @@ func (s *Shard) score(ctx context.Context, ls *LocalStep, force bool) error {
 		ranked = ranked || (!p.Plan.Dense && p.Plan.Rank > 0)
 	}
 	sel := s.cfg.Policy.Selector
-	ls.scored = ranked && (sel == Quest || sel == Oracle) && len(ls.batch.Pages) > 0
+	ls.scored = ranked && (sel == Quest || sel == Oracle) && ls.batch.Total() > 0
 	if !ls.scored {
 		return nil
 	}
-	ls.scores = resize(ls.scores, len(ls.batch.Pages)*ls.rows)
+	ls.scores = resize(ls.scores, ls.batch.Total()*ls.rows)
 	t0 := time.Now()
 	var err error
 	if sel == Quest {

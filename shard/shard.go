@@ -24,9 +24,9 @@ type Config struct {
 	// DeviceResident keeps the pages (K, V and summaries of every layer)
 	// only in the backend's device memory, which must implement
 	// kernels.DeviceStore: appends, copy-on-write copies, rollback rescans
-	// and recycling run on the device, steps hand the kernels the device
-	// pools, and the host keeps only the metadata (page tables, lengths,
-	// refcounts). The oracle selector and diagnostics, which read keys on
+	// and recycling run on the device, the page tables are followed by a
+	// device copy, steps hand the kernels the device pools and tables, and
+	// the host keeps only the metadata (page tables, lengths, refcounts). The oracle selector and diagnostics, which read keys on
 	// the host, copy the pages they need back. Default false: host pools.
 	DeviceResident bool
 }
@@ -70,8 +70,9 @@ type Shard struct {
 	mu sync.Mutex
 	ws workspace
 
-	ds  kernels.DeviceStore // nil unless DeviceResident
-	dev []any               // device pool per layer (DeviceResident)
+	ds     kernels.DeviceStore // nil unless DeviceResident
+	dev    []any               // device pool per layer (DeviceResident)
+	tables any                 // device page tables (DeviceResident)
 }
 
 // New builds a shard over backend be (which the caller keeps and closes).
@@ -102,7 +103,13 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 		}
 		s.dev = append(s.dev, pool)
 	}
-	st, err := pagestore.NewWithData(c, &deviceData{ds: ds, pools: s.dev})
+	tables, err := ds.NewTables(context.Background())
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("shard: device page tables: %w", err)
+	}
+	s.tables = tables
+	st, err := pagestore.NewWithData(c, &deviceData{ds: ds, pools: s.dev, tables: tables, pages: c.Capacity})
 	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("shard: %w", err)
@@ -122,7 +129,12 @@ func (s *Shard) Close() error {
 			first = err
 		}
 	}
-	s.dev = nil
+	if s.tables != nil {
+		if err := s.ds.FreeTables(context.Background(), s.tables); err != nil && first == nil {
+			first = err
+		}
+	}
+	s.dev, s.tables = nil, nil
 	return first
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/questrt/questrt/kernels"
 )
@@ -152,6 +153,89 @@ func (FakeDevice) ReadPages(_ context.Context, pool any, pages []int32) (kernels
 	return out, nil
 }
 
+// fakeTables is a pretend device table set.
+type fakeTables struct {
+	mu sync.Mutex
+	m  map[uint64][]int32
+}
+
+// NewTables implements kernels.DeviceStore.
+func (FakeDevice) NewTables(context.Context) (any, error) {
+	return &fakeTables{m: map[uint64][]int32{}}, nil
+}
+
+// FreeTables implements kernels.DeviceStore.
+func (FakeDevice) FreeTables(_ context.Context, set any) error {
+	ts, ok := set.(*fakeTables)
+	if !ok {
+		return fmt.Errorf("fake device: table set %T", set)
+	}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ts.m = nil
+	return nil
+}
+
+// WriteTable implements kernels.DeviceStore.
+func (FakeDevice) WriteTable(_ context.Context, set any, seq uint64, at int, pages []int32, n, maxPage int) error {
+	ts, ok := set.(*fakeTables)
+	if !ok {
+		return fmt.Errorf("fake device: table set %T", set)
+	}
+	if at < 0 || n < at+len(pages) {
+		return fmt.Errorf("fake device: table write [%d,+%d) beyond length %d", at, len(pages), n)
+	}
+	for _, p := range pages {
+		if p < 0 || int(p) >= maxPage {
+			return fmt.Errorf("fake device: page %d outside 0..%d", p, maxPage-1)
+		}
+	}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	t := ts.m[seq]
+	for len(t) < n {
+		t = append(t, -1) // never read: a kernel reading it fails the test
+	}
+	t = t[:n]
+	copy(t[at:], pages)
+	ts.m[seq] = t
+	return nil
+}
+
+// DropTable implements kernels.DeviceStore.
+func (FakeDevice) DropTable(_ context.Context, set any, seq uint64) error {
+	ts, ok := set.(*fakeTables)
+	if !ok {
+		return fmt.Errorf("fake device: table set %T", set)
+	}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	delete(ts.m, seq)
+	return nil
+}
+
+// batch resolves device tables into host page lists for the CPU kernels.
+func (f FakeDevice) batch(b *kernels.Batch) (*kernels.Batch, error) {
+	if b.Tables == nil {
+		return b, nil
+	}
+	ts, ok := b.Tables.Set.(*fakeTables)
+	if !ok || len(b.Tables.Seqs) != b.Len() {
+		return nil, errors.New("fake device: bad device tables")
+	}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	c := &kernels.Batch{Indptr: b.Indptr, LastLen: b.LastLen, Pages: make([]int32, 0, b.Total())}
+	for i, id := range b.Tables.Seqs {
+		t := ts.m[id]
+		if len(t) < b.NumPages(i) {
+			return nil, fmt.Errorf("fake device: sequence %d has %d table entries, the batch reads %d", id, len(t), b.NumPages(i))
+		}
+		c.Pages = append(c.Pages, t[:b.NumPages(i)]...)
+	}
+	return c, nil
+}
+
 // dev resolves a call's layer: the pretend device pool when one is given.
 func (f FakeDevice) dev(l kernels.Layer) kernels.Layer {
 	if p, ok := l.Device.(*FakePool); ok {
@@ -160,13 +244,21 @@ func (f FakeDevice) dev(l kernels.Layer) kernels.Layer {
 	return l
 }
 
-// Score runs the CPU kernel on the pretend device pool.
+// Score runs the CPU kernel on the pretend device pool and tables.
 func (f FakeDevice) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, mode kernels.GQAMode, out []float32) error {
+	b, err := f.batch(b)
+	if err != nil {
+		return err
+	}
 	return f.CPU.Score(ctx, s, f.dev(l), b, q, mode, out)
 }
 
-// Attend runs the CPU kernel on the pretend device pool.
+// Attend runs the CPU kernel on the pretend device pool and tables.
 func (f FakeDevice) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, lists *kernels.Lists, o, lse []float32) error {
+	b, err := f.batch(b)
+	if err != nil {
+		return err
+	}
 	return f.CPU.Attend(ctx, s, f.dev(l), b, q, lists, o, lse)
 }
 

@@ -109,6 +109,7 @@ type Backend struct {
 	// outLSE, outLists).
 	in, out                packed
 	outO, outLSE, outLists int
+	tabs                   []int32 // device table addresses of a batch, as int32 pairs
 
 	stepMu    sync.Mutex // guards stepCheck (used outside the device goroutine)
 	stepCheck kernels.StepCheck
@@ -192,7 +193,7 @@ func (b *Backend) loop(ready chan<- error) {
 		b.smem[k.name] = k.smem
 		b.warps[k.name] = k.warps
 	}
-	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge"}
+	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge", "quest_gather_tables"}
 	for _, dt := range []DType{F32, F16, BF16} {
 		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize", "rescan"} {
 			names = append(names, "quest_"+k+"_"+dt.String())
@@ -666,6 +667,164 @@ func (b *Backend) CopyPage(ctx context.Context, pool any, dst, src int32) error 
 		}
 		return nil
 	})
+}
+
+// deviceTables is a set of device page tables (kernels.DeviceStore), owned
+// by the device goroutine.
+type deviceTables struct {
+	m     map[uint64]*devTable
+	freed bool
+}
+
+// devTable is one sequence's page table: n entries of int32 in a device
+// allocation of cap entries (grown by doubling).
+type devTable struct {
+	ptr    cu.DevicePtr
+	n, cap int
+}
+
+func tableSet(set any) (*deviceTables, error) {
+	ts, ok := set.(*deviceTables)
+	if !ok {
+		return nil, fmt.Errorf("cuda: table set %T is not a *deviceTables", set)
+	}
+	return ts, nil
+}
+
+// NewTables implements kernels.DeviceStore.
+func (b *Backend) NewTables(ctx context.Context) (any, error) {
+	return &deviceTables{m: map[uint64]*devTable{}}, nil
+}
+
+// FreeTables implements kernels.DeviceStore.
+func (b *Backend) FreeTables(ctx context.Context, set any) error {
+	ts, err := tableSet(set)
+	if err != nil {
+		return err
+	}
+	return b.do(ctx, func() error {
+		for _, t := range ts.m {
+			cu.MemFree(t.ptr)
+		}
+		ts.m, ts.freed = nil, true
+		return nil
+	})
+}
+
+// WriteTable implements kernels.DeviceStore: the entries go up through the
+// staging buffer, queued; a table that outgrows its allocation moves to
+// one twice as large.
+func (b *Backend) WriteTable(ctx context.Context, set any, seq uint64, at int, pages []int32, n, maxPage int) error {
+	ts, err := tableSet(set)
+	if err != nil {
+		return err
+	}
+	if at < 0 || n < at+len(pages) {
+		return fmt.Errorf("cuda write table: entries [%d,%d) beyond the length %d", at, at+len(pages), n)
+	}
+	for _, p := range pages {
+		if p < 0 || int(p) >= maxPage {
+			return fmt.Errorf("cuda write table: physical page %d outside pool of %d", p, maxPage)
+		}
+	}
+	return b.do(ctx, func() error {
+		if ts.freed {
+			return errors.New("cuda write table: the table set is freed")
+		}
+		t := ts.m[seq]
+		if t == nil {
+			t = &devTable{}
+			ts.m[seq] = t
+		}
+		if n > t.cap {
+			size := max(n, 2*t.cap, 64)
+			p, err := cu.MemAlloc(int64(size) * 4)
+			if err != nil {
+				return fmt.Errorf("cuda: page table of %d entries: %w", size, err)
+			}
+			if keep := min(t.n, n); keep > 0 {
+				if err := cu.MemcpyDtoDAsync(p, t.ptr, int64(keep)*4, cu.Stream{}); err != nil {
+					cu.MemFree(p)
+					return fmt.Errorf("cuda: move page table: %w", err)
+				}
+			}
+			if t.ptr != 0 {
+				cu.MemFree(t.ptr) // waits for the kernels that read it
+			}
+			t.ptr, t.cap = p, size
+		}
+		t.n = n
+		if len(pages) == 0 {
+			return nil
+		}
+		src, err := b.stage(int64(len(pages)) * 4)
+		if err != nil {
+			return err
+		}
+		copy(unsafe.Slice((*int32)(src), len(pages)), pages)
+		if err := cu.MemcpyHtoDAsync(t.ptr+cu.DevicePtr(at*4), src, int64(len(pages))*4, cu.Stream{}); err != nil {
+			return fmt.Errorf("cuda: write page table: %w", err)
+		}
+		b.staged = true
+		return nil
+	})
+}
+
+// DropTable implements kernels.DeviceStore.
+func (b *Backend) DropTable(ctx context.Context, set any, seq uint64) error {
+	ts, err := tableSet(set)
+	if err != nil {
+		return err
+	}
+	return b.do(ctx, func() error {
+		if t := ts.m[seq]; t != nil {
+			cu.MemFree(t.ptr)
+			delete(ts.m, seq)
+		}
+		return nil
+	})
+}
+
+// tablePtrs fills b.tabs with the device addresses of the batch's page
+// tables, checking that each holds the pages the batch reads (device
+// goroutine only).
+func (b *Backend) tablePtrs(bt *kernels.Batch) error {
+	ts, err := tableSet(bt.Tables.Set)
+	if err != nil {
+		return err
+	}
+	if ts.freed {
+		return errors.New("cuda: the batch's table set is freed")
+	}
+	b.tabs = b.tabs[:0]
+	for i, id := range bt.Tables.Seqs {
+		t := ts.m[id]
+		if np := bt.NumPages(i); np > 0 && (t == nil || t.n < np) {
+			return fmt.Errorf("cuda: sequence %d: device page table too short for %d pages", id, np)
+		}
+		var p cu.DevicePtr
+		if t != nil {
+			p = t.ptr
+		}
+		b.tabs = append(b.tabs, int32(uint64(p)), int32(uint64(p)>>32))
+	}
+	return nil
+}
+
+// gatherPages launches the kernel that builds the batch's page list on
+// the device from its tables (addresses at tabs, indptr at ind) and
+// returns the list.
+func (b *Backend) gatherPages(bt *kernels.Batch, tabs, ind cu.DevicePtr) (cu.DevicePtr, error) {
+	out, err := b.buf("batch.pages", int64(bt.Total())*4)
+	if err != nil {
+		return 0, err
+	}
+	maxPages := 0
+	for i := range bt.Len() {
+		maxPages = max(maxPages, bt.NumPages(i))
+	}
+	blocks := min((maxPages+255)/256, 64)
+	return out, b.launch("quest_gather_tables", [3]int{blocks, bt.Len(), 1}, 256, 0, u(tabs), u(ind), u(out))
 }
 
 // ReadPages implements kernels.DeviceStore: it waits for the queued work,
@@ -1213,7 +1372,7 @@ func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b
 	}
 	n := bt.Len()
 	rows := s.Rows(mode)
-	if len(q) != n*s.QHeads*s.HeadDim || len(out) < len(bt.Pages)*rows {
+	if len(q) != n*s.QHeads*s.HeadDim || len(out) < bt.Total()*rows {
 		return fmt.Errorf("score: query %d or output %d floats do not fit the batch", len(q), len(out))
 	}
 	return b.do(ctx, func() error {
@@ -1229,15 +1388,26 @@ func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b
 		if err != nil {
 			return err
 		}
-		pg, err := upload(b, "pages", bt.Pages)
-		if err != nil {
+		var pg cu.DevicePtr
+		if bt.Tables != nil {
+			if err := b.tablePtrs(bt); err != nil {
+				return err
+			}
+			tp, err := upload(b, "tables", b.tabs)
+			if err != nil {
+				return err
+			}
+			if pg, err = b.gatherPages(bt, tp, ind); err != nil {
+				return err
+			}
+		} else if pg, err = upload(b, "pages", bt.Pages); err != nil {
 			return err
 		}
 		qp, err := upload(b, "q", q)
 		if err != nil {
 			return err
 		}
-		op, err := b.buf("scores", int64(len(bt.Pages)*rows)*4)
+		op, err := b.buf("scores", int64(bt.Total()*rows)*4)
 		if err != nil {
 			return err
 		}
@@ -1248,7 +1418,7 @@ func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b
 		if _, err := b.launchScore(dl, s, n, maxPages, ind, pg, qp, op, 0, perHead); err != nil {
 			return err
 		}
-		return download(b, out[:len(bt.Pages)*rows], op)
+		return download(b, out[:bt.Total()*rows], op)
 	})
 }
 
@@ -1383,8 +1553,15 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 	}
 	in := &b.in
 	in.reset()
+	pages := bt.Pages
+	if bt.Tables != nil {
+		if err := b.tablePtrs(bt); err != nil {
+			return nil, attendArgs{}, err
+		}
+		pages = b.tabs // the tables' addresses; the list is gathered below
+	}
 	var idx [9]int
-	for i, a := range [9][]int32{bt.Indptr, bt.Pages, bt.LastLen, it[0], it[1], it[2], it[3], lists.Pages, it[4]} {
+	for i, a := range [9][]int32{bt.Indptr, pages, bt.LastLen, it[0], it[1], it[2], it[3], lists.Pages, it[4]} {
 		idx[i] = pack(in, a)
 	}
 	iq := pack(in, q)
@@ -1393,6 +1570,12 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 	}
 	if err := b.send(in, "call.in"); err != nil {
 		return nil, attendArgs{}, err
+	}
+	pg := in.ptr(idx[1])
+	if bt.Tables != nil {
+		if pg, err = b.gatherPages(bt, pg, in.ptr(idx[0])); err != nil {
+			return nil, attendArgs{}, err
+		}
 	}
 	out := &b.out
 	out.reset()
@@ -1403,7 +1586,7 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 		return nil, attendArgs{}, err
 	}
 	return dl, attendArgs{
-		ind: in.ptr(idx[0]), pg: in.ptr(idx[1]), last: in.ptr(idx[2]), q: in.ptr(iq), iSeq: in.ptr(idx[3]), iRow: in.ptr(idx[4]),
+		ind: in.ptr(idx[0]), pg: pg, last: in.ptr(idx[2]), q: in.ptr(iq), iSeq: in.ptr(idx[3]), iRow: in.ptr(idx[4]),
 		iLo: in.ptr(idx[5]), iHi: in.ptr(idx[6]), lists: in.ptr(idx[7]), rowItem: in.ptr(idx[8]),
 		o: out.ptr(b.outO), lse: out.ptr(b.outLSE), items: len(it[0]), nrows: n * rows, minItemsPerRow: minItems, maxItemsPerRow: maxItems,
 	}, nil
@@ -1460,7 +1643,7 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 			ptrs[i] = b.in.ptr(pi[i])
 		}
 		rows := s.Rows(lists.Mode)
-		nScores := int64(len(bt.Pages) * rows)
+		nScores := int64(bt.Total() * rows)
 		sp, err := b.buf("scores", nScores*4)
 		if err != nil {
 			return err

@@ -981,6 +981,17 @@ __device__ void summarize(const T* K, T* sum, const int* list, i64 kvh, i64 D, i
 	}
 }
 
+// gather_tables copies the first indptr[s+1]-indptr[s] entries of each
+// sequence s's device page table (tabs[s], a device address) to
+// out[indptr[s]...]: the batch's page list, built on the device. Grid
+// (blocks per sequence, sequences).
+extern "C" __global__ void quest_gather_tables(const long long* tabs, const int* indptr, int* out) {
+	const i64 seq = blockIdx.y;
+	const i64 p0 = indptr[seq], np = indptr[seq + 1] - p0;
+	const int* t = reinterpret_cast<const int*>(tabs[seq]);
+	for (i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x; p < np; p += (i64)gridDim.x * blockDim.x) out[p0 + p] = t[p];
+}
+
 // ---------------------------------------------------------------------------
 // Typed entry points.
 #define INSTANTIATE(SUF, T)                                                                                      \
