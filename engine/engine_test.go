@@ -478,21 +478,26 @@ func TestEngineBadInput(t *testing.T) {
 	p.compare(rng, 1, []SeqID{id}, []int{16}, true)
 }
 
-// TestFusedCP1: with one CP rank every shard fuses its local step into one
-// backend call; the outputs are bit-identical to the phased step (host
-// pools, and pages on a pretend device), in both GQA modes and for every
-// selection mode.
-func TestFusedCP1(t *testing.T) {
+// TestFusedAndRankedSteps: with one CP rank every shard fuses its local
+// step into one backend call; with several, exact and union selection
+// score and pick each rank's candidates in one call (kernels.Ranker). The
+// outputs are bit-identical to the phased step (host pools, and pages on
+// a pretend device), in both GQA modes and for every selection mode.
+func TestFusedAndRankedSteps(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 32))
 	for _, tc := range []struct {
 		sel    Selection
 		gqa    kernels.GQAMode
 		device bool
-	}{{Exact, kernels.GroupMax, false}, {Union, kernels.PerHead, false}, {Replicated, kernels.GroupMax, true}, {Exact, kernels.PerHead, true}} {
-		t.Run(fmt.Sprintf("%v_%v_device%v", tc.sel, tc.gqa, tc.device), func(t *testing.T) {
+		cp     int
+	}{
+		{Exact, kernels.GroupMax, false, 1}, {Union, kernels.PerHead, false, 1}, {Replicated, kernels.GroupMax, true, 1}, {Exact, kernels.PerHead, true, 1},
+		{Exact, kernels.GroupMax, false, 3}, {Union, kernels.PerHead, true, 2}, {Exact, kernels.PerHead, true, 3},
+	} {
+		t.Run(fmt.Sprintf("cp%d_%v_%v_device%v", tc.cp, tc.sel, tc.gqa, tc.device), func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 2, 8, 4, 16
-			cfg.CP, cfg.TP, cfg.CapacityPages, cfg.Selection = 1, 2, 300, tc.sel
+			cfg.CP, cfg.TP, cfg.CapacityPages, cfg.Selection = tc.cp, 2, 300, tc.sel
 			cfg.Policy.DenseLayers, cfg.Policy.GQA, cfg.Policy.BudgetTokens = 1, tc.gqa, 64
 			if tc.device {
 				cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
@@ -525,8 +530,13 @@ func TestFusedCP1(t *testing.T) {
 				if err := e.Step(context.Background(), layer, reqs, StepOptions{}, &fused); err != nil {
 					t.Fatal(err)
 				}
-				if fused.Time.Fused == 0 || phased.Time.Fused != 0 {
-					t.Fatalf("layer %d: fused %v, phased %v", layer, fused.Time.Fused, phased.Time.Fused)
+				switch {
+				case phased.Time.Fused != 0:
+					t.Fatalf("layer %d: the phased step fused", layer)
+				case tc.cp == 1 && fused.Time.Fused == 0:
+					t.Fatalf("layer %d: one CP rank did not fuse", layer)
+				case tc.cp > 1 && layer > 0 && (fused.Time.TopK != 0 || phased.Time.TopK == 0):
+					t.Fatalf("layer %d: top-K times %v (ranked) and %v (phased): the ranked step ran a separate top-K", layer, fused.Time.TopK, phased.Time.TopK)
 				}
 				if !slices.Equal(fused.O, phased.O) || !slices.Equal(fused.LSE, phased.LSE) {
 					t.Fatalf("layer %d: fused and phased outputs differ", layer)

@@ -295,20 +295,31 @@ func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, r
 			return err
 		}
 	}
+	quota := func(pl shard.Plan) int { return pl.Rank }
+	if c.Selection == Union {
+		quota = func(pl shard.Plan) int { return collective.UnionQuota(pl.Rank, c.CP) }
+	}
+	// A ranking backend scores and picks the candidates in one call: only
+	// the candidates come back from the device.
+	ranked := false
+	if c.Selection != Replicated && !phased {
+		var err error
+		if ranked, err = sh.RankCandidates(ctx, &w.ls, quota); err != nil {
+			return fail(err)
+		}
+	}
 	scoreLocal := c.Selection != Replicated || diag
-	if scoreLocal {
+	if scoreLocal && !ranked {
 		if err := sh.Score(ctx, &w.ls, diag); err != nil {
 			return fail(err)
 		}
 	}
 	switch c.Selection {
 	case Exact, Union:
-		quota := func(pl shard.Plan) int { return pl.Rank }
-		if c.Selection == Union {
-			quota = func(pl shard.Plan) int { return collective.UnionQuota(pl.Rank, c.CP) }
-		}
-		if err := sh.Candidates(ctx, &w.ls, quota); err != nil {
-			return fail(err)
+		if !ranked {
+			if err := sh.Candidates(ctx, &w.ls, quota); err != nil {
+				return fail(err)
+			}
 		}
 		if c.Selection == Union {
 			w.ls.LocalSelection(&w.sel)

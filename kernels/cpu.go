@@ -41,7 +41,7 @@ type CPU struct {
 	reduce reduceTask
 	merge  mergeTask
 
-	stepMu     sync.Mutex // guards the Step scratch
+	stepMu     sync.Mutex // guards the Step and Rank scratch
 	stepCheck  StepCheck
 	stepScores []float32
 }
@@ -49,7 +49,17 @@ type CPU struct {
 var (
 	_ Backend = (*CPU)(nil)
 	_ Stepper = (*CPU)(nil)
+	_ Ranker  = (*CPU)(nil)
 )
+
+// Rank implements Ranker as Score and TopK in turn (ComposeRank).
+func (c *CPU) Rank(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, mode GQAMode, plan *TopKPlan, out []int32, outScores []float32) error {
+	c.stepMu.Lock()
+	defer c.stepMu.Unlock()
+	var err error
+	c.stepScores, err = ComposeRank(ctx, c, c.stepScores, s, l, b, q, mode, plan, out, outScores)
+	return err
+}
 
 // Step implements Stepper as Score, TopK and Attend in turn (Compose).
 func (c *CPU) Step(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, plan *TopKPlan, lists *Lists, o, lse []float32) error {

@@ -50,10 +50,11 @@ type LocalStep struct {
 	scored bool
 	scores []float32
 
-	topk  kernels.TopKPlan
-	sel   []int32
-	cands []Candidate
-	cPtr  []int32 // CSR over (sequence, row) into cands
+	topk      kernels.TopKPlan
+	sel       []int32
+	selScores []float32 // RankCandidates: the scores of sel
+	cands     []Candidate
+	cPtr      []int32 // CSR over (sequence, row) into cands
 
 	lists kernels.Lists
 	// O and LSE are the partial states after Attend: [seqs][QHeads][D]
@@ -235,6 +236,21 @@ func (s *Shard) candidates(ctx context.Context, ls *LocalStep, quota func(Plan) 
 		}
 		return nil
 	}
+	total := ls.planTopK(quota)
+	ls.sel = slices.Grow(ls.sel[:0], total)[:total]
+	t0 := time.Now()
+	if err := s.be.TopK(ctx, ls.scores, &ls.topk, ls.sel); err != nil {
+		return err
+	}
+	ls.Time.TopK = time.Since(t0)
+	ls.fillCandidates(func(base, _ int, lp int32) float32 { return ls.scores[base+int(lp)] })
+	return nil
+}
+
+// planTopK lays out the top-K rows of the candidates in ls.topk: per
+// ranked (sequence, row), the best quota(plan) of the local pages inside
+// the plan's candidate range. It returns the output length.
+func (ls *LocalStep) planTopK(quota func(Plan) int) int {
 	ls.topk.Reset()
 	total := 0
 	for i, p := range ls.parts {
@@ -249,12 +265,13 @@ func (s *Shard) candidates(ctx context.Context, ls *LocalStep, quota func(Plan) 
 			total += k
 		}
 	}
-	ls.sel = slices.Grow(ls.sel[:0], total)[:total]
-	t0 := time.Now()
-	if err := s.be.TopK(ctx, ls.scores, &ls.topk, ls.sel); err != nil {
-		return err
-	}
-	ls.Time.TopK = time.Since(t0)
+	return total
+}
+
+// fillCandidates turns the top-K output in ls.sel into the candidates;
+// score(base, j, lp) is the score of local page lp, output entry j, of the
+// score row starting at base.
+func (ls *LocalStep) fillCandidates(score func(base, j int, lp int32) float32) {
 	row := 0
 	for i, p := range ls.parts {
 		pl := p.Plan
@@ -263,15 +280,45 @@ func (s *Shard) candidates(ctx context.Context, ls *LocalStep, quota func(Plan) 
 			if !pl.Dense && pl.Rank > 0 {
 				off, k := int(ls.topk.OutOff[row]), int(ls.topk.K[row])
 				base := ls.batch.ScoreOffset(i, ls.rows) + r*np
-				for _, lp := range ls.sel[off : off+k] {
-					ls.cands = append(ls.cands, Candidate{Score: ls.scores[base+int(lp)], Page: ls.global(i, int(lp))})
+				for j, lp := range ls.sel[off : off+k] {
+					ls.cands = append(ls.cands, Candidate{Score: score(base, off+j, lp), Page: ls.global(i, int(lp))})
 				}
 				row++
 			}
 			ls.cPtr = append(ls.cPtr, int32(len(ls.cands)))
 		}
 	}
-	return nil
+}
+
+// RankCandidates runs Score and Candidates in one backend call when the
+// backend is a kernels.Ranker and the selector is quest: the scores stay
+// where they are computed (on the device for the CUDA backend) and only
+// the candidates come back. It reports whether it ran; when it did not,
+// nothing happened and the caller runs Score and Candidates. Afterwards
+// Scored is false (PageScore is unavailable) and Time.Score holds the
+// call's time.
+func (s *Shard) RankCandidates(ctx context.Context, ls *LocalStep, quota func(Plan) int) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rk, ok := s.be.(kernels.Ranker)
+	if !ok || s.cfg.Policy.Selector != Quest {
+		return false, nil
+	}
+	ls.scored = false
+	ls.cands = ls.cands[:0]
+	ls.cPtr = append(ls.cPtr[:0], 0)
+	total := ls.planTopK(quota)
+	ls.sel = slices.Grow(ls.sel[:0], total)[:total]
+	ls.selScores = slices.Grow(ls.selScores[:0], total)[:total]
+	t0 := time.Now()
+	if total > 0 {
+		if err := rk.Rank(ctx, s.shape, ls.kl, &ls.batch, ls.q, ls.mode, &ls.topk, ls.sel, ls.selScores); err != nil {
+			return true, fmt.Errorf("rank layer %d: %w", ls.layer, err)
+		}
+	}
+	ls.Time.Score = time.Since(t0)
+	ls.fillCandidates(func(_, j int, _ int32) float32 { return ls.selScores[j] })
+	return true, nil
 }
 
 // Selection lists, per (sequence, row) in CSR form, the global pages chosen

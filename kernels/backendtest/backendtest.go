@@ -260,6 +260,7 @@ func RunWith(t *testing.T, nb NewBackend, o Options) {
 	t.Run("Merge", func(t *testing.T) { testMerge(t, nb) })
 	t.Run("SplitMerge", func(t *testing.T) { testSplitMerge(t, nb, o) })
 	t.Run("Step", func(t *testing.T) { testStep(t, nb, o) })
+	t.Run("Rank", func(t *testing.T) { testRank(t, nb, o) })
 }
 
 // RoundBF16 rounds x to the nearest bfloat16 (ties to even), as CUDA's

@@ -24,6 +24,7 @@ var (
 	_ kernels.Backend     = FakeDevice{}
 	_ kernels.DeviceStore = FakeDevice{}
 	_ kernels.Stepper     = FakeDevice{}
+	_ kernels.Ranker      = FakeDevice{}
 )
 
 // FakePool is one pretend device pool (a FakeDevice's Layer.Device).
@@ -270,5 +271,11 @@ func (f FakeDevice) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		return err
 	}
 	_, err := kernels.Compose(ctx, f, nil, s, l, b, q, plan, lists, o, lse)
+	return err
+}
+
+// Rank implements kernels.Ranker as Score and TopK on the pretend device.
+func (f FakeDevice) Rank(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, mode kernels.GQAMode, plan *kernels.TopKPlan, out []int32, outScores []float32) error {
+	_, err := kernels.ComposeRank(ctx, f, nil, s, l, b, q, mode, plan, out, outScores)
 	return err
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
+	"sort"
 	"sync"
 	"unsafe"
 
@@ -110,6 +112,8 @@ type Backend struct {
 	in, out                packed
 	outO, outLSE, outLists int
 	tabs                   []int32 // device table addresses of a batch, as int32 pairs
+	rankOut                []int32 // Rank's download of the chosen pages
+	rankScores             []float32
 
 	stepMu    sync.Mutex // guards stepCheck (used outside the device goroutine)
 	stepCheck kernels.StepCheck
@@ -124,6 +128,7 @@ var (
 	_ kernels.Backend     = (*Backend)(nil)
 	_ kernels.DeviceStore = (*Backend)(nil)
 	_ kernels.Stepper     = (*Backend)(nil)
+	_ kernels.Ranker      = (*Backend)(nil)
 )
 
 // DeviceLayer is one layer's page pool in device memory, laid out like the
@@ -193,7 +198,7 @@ func (b *Backend) loop(ready chan<- error) {
 		b.smem[k.name] = k.smem
 		b.warps[k.name] = k.warps
 	}
-	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge", "quest_gather_tables"}
+	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge", "quest_gather_tables", "quest_pick_scores"}
 	for _, dt := range []DType{F32, F16, BF16} {
 		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize", "rescan"} {
 			names = append(names, "quest_"+k+"_"+dt.String())
@@ -1675,6 +1680,137 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 			return err
 		}
 		return b.receiveOut(o, lse, lists.Pages, a)
+	})
+}
+
+// rowStarts reports whether every plan row's candidates start at the
+// start of a score row of the batch (what the tile maxima of the score
+// kernel cover).
+func rowStarts(bt *kernels.Batch, rows int, plan *kernels.TopKPlan) bool {
+	for r := range plan.Rows() {
+		off := int(plan.ScoreOff[r])
+		// The sequence whose scores hold off: the last i with
+		// Indptr[i]*rows <= off.
+		i := sort.Search(bt.Len(), func(i int) bool { return int(bt.Indptr[i+1])*rows > off })
+		if i >= bt.Len() {
+			return false
+		}
+		np := bt.NumPages(i)
+		if np == 0 || (off-bt.ScoreOffset(i, rows))%np != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Rank implements kernels.Ranker: the batch, queries and plan go up in one
+// copy; score, top-K (a programmatic dependent of the score) and a kernel
+// that picks the chosen pages' scores run back to back; the chosen pages
+// and their scores come back in one copy. The scores stay on the device.
+func (b *Backend) Rank(ctx context.Context, s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, mode kernels.GQAMode, plan *kernels.TopKPlan, out []int32, outScores []float32) error {
+	if err := checkShape(s); err != nil {
+		return fmt.Errorf("rank: %w", err)
+	}
+	if err := validate(s, l, bt, false); err != nil {
+		return fmt.Errorf("rank: %w", err)
+	}
+	if err := kernels.CheckRank(s, bt, mode, plan, out, outScores); err != nil {
+		return err
+	}
+	n := bt.Len()
+	if len(q) != n*s.QHeads*s.HeadDim {
+		return fmt.Errorf("rank: query has %d floats, want %d", len(q), n*s.QHeads*s.HeadDim)
+	}
+	outLen, _ := plan.Check(bt.Total()*s.Rows(mode), len(out))
+	if plan.Rows() == 0 || outLen == 0 {
+		return nil
+	}
+	rows := s.Rows(mode)
+	tiles := rowStarts(bt, rows, plan)
+	return b.do(ctx, func() error {
+		dl, err := b.layer(s, l, false)
+		if err != nil {
+			return err
+		}
+		in := &b.in
+		in.reset()
+		pages := bt.Pages
+		if bt.Tables != nil {
+			if err := b.tablePtrs(bt); err != nil {
+				return err
+			}
+			pages = b.tabs
+		}
+		iInd, iPg, iQ := pack(in, bt.Indptr), pack(in, pages), pack(in, q)
+		var pi [5]int
+		for i, x := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
+			pi[i] = pack(in, x)
+		}
+		if err := b.send(in, "rank.in"); err != nil {
+			return err
+		}
+		ind, pg := in.ptr(iInd), in.ptr(iPg)
+		if bt.Tables != nil {
+			if pg, err = b.gatherPages(bt, pg, ind); err != nil {
+				return err
+			}
+		}
+		var ptrs [5]cu.DevicePtr
+		for i := range ptrs {
+			ptrs[i] = in.ptr(pi[i])
+		}
+		nScores := int64(bt.Total() * rows)
+		sp, err := b.buf("scores", nScores*4)
+		if err != nil {
+			return err
+		}
+		tmax := cu.DevicePtr(0)
+		if tiles && useMMA(s, dl.DType) {
+			if tmax, err = b.buf("step.tmax", nScores*4); err != nil {
+				return err
+			}
+		}
+		maxPages := 0
+		for i := range n {
+			maxPages = max(maxPages, bt.NumPages(i))
+		}
+		perHead := uint64(0)
+		if mode == kernels.PerHead {
+			perHead = 1
+		}
+		wrote, err := b.launchScore(dl, s, n, maxPages, ind, pg, in.ptr(iQ), sp, tmax, perHead)
+		if err != nil {
+			return err
+		}
+		if !wrote {
+			tmax = 0
+		}
+		o := &b.out
+		o.reset()
+		iOut, iSc := o.region(int64(outLen)*4), o.region(int64(outLen)*4)
+		if o.base, err = b.buf("rank.out", o.total); err != nil {
+			return err
+		}
+		if err := b.launchTopK(plan, sp, tmax, ptrs, o.ptr(iOut), true); err != nil {
+			return err
+		}
+		if err := b.launch("quest_pick_scores", [3]int{plan.Rows(), 1, 1}, 128, 0, u(sp), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(o.ptr(iOut)), u(o.ptr(iSc))); err != nil {
+			return err
+		}
+		b.rankOut = slices.Grow(b.rankOut[:0], outLen)[:outLen]
+		b.rankScores = slices.Grow(b.rankScores[:0], outLen)[:outLen]
+		setHost(o, iOut, b.rankOut)
+		setHost(o, iSc, b.rankScores)
+		if err := b.receive(o); err != nil {
+			return err
+		}
+		// Rows write disjoint ranges; copy back only what they wrote.
+		for r := range plan.Rows() {
+			oo, m := int(plan.OutOff[r]), max(min(int(plan.K[r]), int(plan.N[r])), 0)
+			copy(out[oo:oo+m], b.rankOut[oo:])
+			copy(outScores[oo:oo+m], b.rankScores[oo:])
+		}
+		return nil
 	})
 }
 

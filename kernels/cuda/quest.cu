@@ -981,6 +981,16 @@ __device__ void summarize(const T* K, T* sum, const int* list, i64 kvh, i64 D, i
 	}
 }
 
+// pick_scores writes, for each top-K row r, the score of every page the
+// row chose: out_scores[j] = scores[soff[r] + out[j] - base[r]] for j in
+// [ooff[r], ooff[r] + min(k[r], n[r])). Grid: rows; threads over j.
+extern "C" __global__ void quest_pick_scores(const float* scores, const int* soff, const int* nn, const int* base,
+					     const int* kk, const int* ooff, const int* out, float* out_scores) {
+	const int r = blockIdx.x;
+	const int m = min(kk[r], nn[r]), oo = ooff[r];
+	for (int j = threadIdx.x; j < m; j += blockDim.x) out_scores[oo + j] = scores[(i64)soff[r] + out[oo + j] - base[r]];
+}
+
 // gather_tables copies the first indptr[s+1]-indptr[s] entries of each
 // sequence s's device page table (tabs[s], a device address) to
 // out[indptr[s]...]: the batch's page list, built on the device. Grid

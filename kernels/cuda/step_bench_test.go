@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/shard"
 )
@@ -80,6 +82,88 @@ func benchShardStep(b *testing.B, tokens, batch int) {
 			b.ResetTimer()
 			for range b.N {
 				if err := sh.Step(context.Background(), 0, reqs, mode.opt, &res); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "us/step")
+		})
+	}
+}
+
+// BenchmarkEngineStepCP2 times one decode step of one layer of an engine
+// with two CP ranks sharing the GPU (one backend each, pages and tables on
+// the device), same shape as BenchmarkShardStep: ranked (each rank scores
+// and picks its candidates in one call; only candidates leave the device)
+// against phased (scores down to the host, back up for the top-K).
+//
+//	go test -tags cuda -run '^$' -bench EngineStepCP2 ./kernels/cuda/
+func BenchmarkEngineStepCP2(b *testing.B) {
+	for _, c := range []struct{ tokens, batch int }{{128 << 10, 1}, {128 << 10, 8}, {1 << 20, 1}} {
+		b.Run(fmt.Sprintf("ctx%dK_b%d", c.tokens>>10, c.batch), func(b *testing.B) { benchEngineStep(b, c.tokens, c.batch) })
+	}
+}
+
+func benchEngineStep(b *testing.B, tokens, batch int) {
+	const qh, kvh, d, s = 32, 8, 128, 16
+	var bes [2]*Backend
+	for i := range bes {
+		be, err := New(Config{DType: BF16})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer be.Close()
+		bes[i] = be
+	}
+	cfg := engine.DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, qh, kvh, d, s
+	cfg.CP, cfg.TP, cfg.CapacityPages = 2, 1, batch*(tokens/s/2+2)
+	cfg.Policy.DenseLayers = 0
+	cfg.DeviceResident = true
+	cfg.Backends = func(_, cp int) kernels.Backend { return bes[cp] }
+	e, err := engine.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	rng := rand.New(rand.NewPCG(3, 4))
+	const chunk = 8192
+	tok := kvh * d
+	k, v := make([]float32, 2*chunk*tok), make([]float32, 2*chunk*tok)
+	for i := range k {
+		k[i], v[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+	}
+	var reqs []engine.Request
+	for range batch {
+		id, err := e.Create(engine.Striped)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for done := 0; done < tokens; done += chunk {
+			off := rng.IntN(chunk) * tok
+			if err := e.Append(id, 0, k[off:off+chunk*tok], v[off:off+chunk*tok]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		q := make([]float32, qh*d)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		reqs = append(reqs, engine.Request{Seq: id, Q: q})
+	}
+	for _, mode := range []struct {
+		name string
+		opt  engine.StepOptions
+	}{{"phased", engine.StepOptions{Phased: true}}, {"ranked", engine.StepOptions{}}} {
+		b.Run(mode.name, func(b *testing.B) {
+			var res engine.Result
+			for range 3 {
+				if err := e.Step(context.Background(), 0, reqs, mode.opt, &res); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for range b.N {
+				if err := e.Step(context.Background(), 0, reqs, mode.opt, &res); err != nil {
 					b.Fatal(err)
 				}
 			}
