@@ -113,6 +113,19 @@ func (b *Batch) Len() int { return len(b.Indptr) - 1 }
 // Total is the number of pages of all sequences (Indptr's last entry).
 func (b *Batch) Total() int { return int(b.Indptr[len(b.Indptr)-1]) }
 
+// checkIndptr reports an indptr that does not start at 0 or decreases.
+func (b *Batch) checkIndptr() error {
+	if len(b.Indptr) < 1 || b.Indptr[0] != 0 {
+		return errors.New("batch: indptr must start at 0")
+	}
+	for i := range b.Len() {
+		if b.Indptr[i+1] < b.Indptr[i] {
+			return fmt.Errorf("batch: indptr decreases at %d", i)
+		}
+	}
+	return nil
+}
+
 // NumPages is the page count of sequence i.
 func (b *Batch) NumPages(i int) int { return int(b.Indptr[i+1] - b.Indptr[i]) }
 
@@ -341,8 +354,9 @@ type DeviceStore interface {
 	FreeTables(ctx context.Context, set any) error
 	// WriteTable sets entries [at, at+len(pages)) of sequence seq's table
 	// in set to pages and its length to n >= at+len(pages) (a sequence
-	// not in the set starts empty). Entries are physical ids below
-	// maxPage.
+	// not in the set starts empty; at may not exceed the current length,
+	// so no entry is left unwritten). Entries are physical ids below
+	// maxPage, the size of the pools the set's tables index.
 	WriteTable(ctx context.Context, set any, seq uint64, at int, pages []int32, n, maxPage int) error
 	// DropTable forgets sequence seq's table.
 	DropTable(ctx context.Context, set any, seq uint64) error

@@ -23,8 +23,8 @@ type Ranker interface {
 // CheckRank validates the arguments of a Ranker call that do not depend on
 // the backend: the plan against the batch's scores and the outputs.
 func CheckRank(s Shape, b *Batch, mode GQAMode, plan *TopKPlan, out []int32, outScores []float32) error {
-	if len(b.Indptr) < 1 {
-		return fmt.Errorf("rank: empty indptr")
+	if err := b.checkIndptr(); err != nil {
+		return fmt.Errorf("rank: %w", err)
 	}
 	if len(outScores) != len(out) {
 		return fmt.Errorf("rank: %d output pages but %d output scores", len(out), len(outScores))

@@ -39,6 +39,12 @@ type StepCheck struct {
 // lists after the top-K hold no duplicate and no page outside its
 // sequence, whatever the scores.
 func (c *StepCheck) Check(b *Batch, rows int, plan *TopKPlan, lists *Lists) error {
+	if err := b.checkIndptr(); err != nil {
+		return fmt.Errorf("step: %w", err)
+	}
+	if rows < 1 {
+		return fmt.Errorf("step: %d rows per sequence", rows)
+	}
 	n := b.Len()
 	if len(lists.Indptr) != n*rows+1 || lists.Indptr[0] != 0 || int(lists.Indptr[n*rows]) != len(lists.Pages) {
 		return fmt.Errorf("step: lists indptr has %d entries for %d rows and %d pages", len(lists.Indptr), n*rows, len(lists.Pages))

@@ -37,6 +37,13 @@ func TestStepCheck(t *testing.T) {
 		}, "listed twice"},
 		{"short indptr", func(p *kernels.TopKPlan, l *kernels.Lists) { l.Indptr = l.Indptr[:len(l.Indptr)-1] }, "indptr"},
 	}
+	for _, bad := range [][]int32{nil, {1, 15}, {0, 15, 3, 4}} { // malformed batches: an error, no panic
+		plan, l := backendtest.StepLists(f, kernels.GroupMax, 1, []int{3, 3, 3})
+		b := kernels.Batch{Indptr: bad}
+		if err := new(kernels.StepCheck).Check(&b, rows, plan, l); err == nil || !strings.Contains(err.Error(), "indptr") {
+			t.Fatalf("batch indptr %v: got %v, want an indptr error", bad, err)
+		}
+	}
 	var c kernels.StepCheck
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -243,3 +243,60 @@ func TestPageDataFaults(t *testing.T) {
 	}
 	fd.checkTables(t, s, child)
 }
+
+// TestPageDataTableFaults: when the data fails after a copy-on-write
+// changed the page table (an append whose table report fails, a rollback
+// whose tail copy fails), the data's copy of the page tables still ends up
+// equal to the store's, and the sibling that shares the pages keeps its
+// contents.
+func TestPageDataTableFaults(t *testing.T) {
+	const L, S, H, D = 2, 4, 2, 3
+	cfg := Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 16}
+	sz, err := cfg.sizes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, fail string }{
+		{"append: table report of a copy-on-write", "table"},
+		{"append: write after a copy-on-write", "write"},
+		{"rollback: copy of the shared tail", "copy"},
+		{"rollback: table report", "table-rollback"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fd := &faultyData{h: newHostData(cfg, sz)}
+			s, err := NewWithData(cfg, fd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.host = fd.h // the checks read the contents through the host arrays
+			rng := rand.New(rand.NewPCG(5, 6))
+			id := s.Create()
+			sh := newShadow(L)
+			for l := range L {
+				k, v := randKV(rng, 6, H*D)
+				appendBoth(t, s, id, sh, l, k, v)
+			}
+			child, err := s.Fork(id) // shares the partial tail page
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.fail == "table-rollback" {
+				fd.fail = "table"
+			} else {
+				fd.fail = tc.fail
+			}
+			if tc.fail == "table" || tc.fail == "write" {
+				k, v := randKV(rng, 1, H*D)
+				err = s.Append(child, 0, k, v)
+			} else {
+				err = s.Rollback(child, 1)
+			}
+			if !errors.Is(err, ErrData) {
+				t.Fatalf("got %v, want ErrData", err)
+			}
+			fd.checkTables(t, s, id, child)
+			checkSeq(t, s, id, sh)
+			checkPool(t, s)
+		})
+	}
+}

@@ -373,9 +373,13 @@ func allFinite(a []float32) bool {
 // pages, a shared page about to be written is copied first, and every key
 // widens its page's summary (eq. 8). Nothing changes when an error is
 // returned: inputs and capacity are checked before any write. (The one
-// exception is an error of the [PageData] while writing, wrapped in
-// [ErrData]: the length and the page table are then unchanged, but the tail
-// page's summary may have been widened by keys that were not appended.)
+// exception is an error of the [PageData], wrapped in [ErrData]: the length
+// is then unchanged and the pages the append took are given back, but a
+// copy-on-write copy it made stays in the page table, with the same
+// contents, and the tail page's summary may have been widened by keys that
+// were not appended. A PageData that queues its work, as a device does,
+// may report a failure at a later call instead: treat ErrData as fatal for
+// the store's contents.)
 func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 	if err := s.checkLayer(layer); err != nil {
 		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
@@ -468,8 +472,12 @@ func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 		}
 		s.poolMu.Unlock()
 		sq.pages = sq.pages[:keep]
-		if needNew > 0 {
-			_ = s.data.Table(id, keep, nil, keep) // best effort: the data failed already
+		if needNew > 0 || len(sq.cow) > 0 {
+			// Best effort (the data failed already, perhaps reporting
+			// this very table): the data's table must name the copies
+			// and drop the pages given back.
+			at := min(first, keep)
+			_ = s.data.Table(id, at, sq.pages[at:], keep)
 		}
 		return fmt.Errorf("append seq %d layer %d: %w: %w", id, layer, ErrData, err)
 	}
@@ -657,8 +665,9 @@ func (s *Store) rollbackPlan(sq *seq, n int) (newLen, keep int, copyTail bool, e
 // (copying the page first if it is shared). n must be in [1, Len] and all
 // layers must have the same length; nothing changes when an error is
 // returned, except for an error of the [PageData] (wrapped in [ErrData]):
-// the sequence is then rolled back but its tail page's contents are
-// unspecified.
+// the sequence is then rolled back but its tail page's summary may still
+// cover dropped keys (a looser bound). See [Store.Append] on data that
+// reports failures late.
 func (s *Store) Rollback(id SeqID, n int) error {
 	if n <= 0 {
 		return fmt.Errorf("rollback seq %d by %d tokens: %w: n must be >= 1", id, n, ErrOutOfRange)
@@ -693,20 +702,26 @@ func (s *Store) Rollback(id SeqID, n int) error {
 	for l := range sq.lens {
 		sq.lens[l] = newLen
 	}
-	var err2 error
+	at := max(keep-1, 0)
 	if old >= 0 {
-		err2 = s.copyPage(sq, cp, old, keep-1)
+		if err := s.copyPage(sq, cp, old, keep-1); err != nil {
+			// Keep the shared page (its summary still covers the
+			// dropped keys: a looser bound, never a wrong one) and give
+			// the copy back.
+			s.poolMu.Lock()
+			s.unrefLocked(cp)
+			s.poolMu.Unlock()
+			_ = s.data.Table(id, at, sq.pages[at:], keep) // best effort
+			return fmt.Errorf("rollback seq %d by %d tokens: %w: %w", id, n, ErrData, err)
+		}
 		sq.pages[keep-1] = cp
 		s.poolMu.Lock()
 		s.unrefLocked(old)
 		s.poolMu.Unlock()
 	}
-	if err2 == nil {
-		at := max(keep-1, 0)
-		err2 = s.data.Table(id, at, sq.pages[at:], keep)
-	}
-	if err2 != nil {
-		return fmt.Errorf("rollback seq %d by %d tokens: %w: %w", id, n, ErrData, err2)
+	if err := s.data.Table(id, at, sq.pages[at:], keep); err != nil {
+		_ = s.data.Table(id, at, sq.pages[at:], keep) // best effort, as in Append
+		return fmt.Errorf("rollback seq %d by %d tokens: %w: %w", id, n, ErrData, err)
 	}
 	if tail == 0 {
 		return nil

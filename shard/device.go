@@ -110,6 +110,9 @@ func (s *Shard) hostView(ctx context.Context, kl kernels.Layer, layer int, b *ke
 			if err != nil {
 				return kernels.Layer{}, nil, err
 			}
+			if len(t) < b.NumPages(i) {
+				return kernels.Layer{}, nil, fmt.Errorf("sequence %d holds %d pages, the step read %d (changed since Begin)", id, len(t), b.NumPages(i))
+			}
 			phys = append(phys, t[:b.NumPages(i)]...)
 		}
 	}

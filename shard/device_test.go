@@ -13,8 +13,8 @@ import (
 
 // TestDeviceResidentFollowsStore runs the same operations (prefill, decode
 // steps, fork with copy-on-write tails, rollbacks inside and across pages)
-// on a plain shard and on one that keeps a device copy read by the
-// kernels: every step's output must be identical.
+// on a plain shard and on one whose pages and page tables live only on a
+// pretend device: every step's output and diagnostics must be identical.
 func TestDeviceResidentFollowsStore(t *testing.T) {
 	for _, sel := range []Selector{Quest, Oracle} {
 		t.Run(sel.String(), func(t *testing.T) { testDeviceResident(t, sel) })
@@ -98,6 +98,20 @@ func testDeviceResident(t *testing.T, sel Selector) {
 						t.Fatalf("layer %d sequence %d head %d: scores or pages differ", l, i, h)
 					}
 				}
+			}
+			// The same step again without a token or diagnostics: fused
+			// into one backend call (device page tables for dev).
+			for i := range ra {
+				ra[i].K, ra[i].V, rb[i].K, rb[i].V = nil, nil, nil, nil
+			}
+			if err := plain.Step(context.Background(), l, ra, StepOptions{}, &oa); err != nil {
+				t.Fatal(err)
+			}
+			if err := dev.Step(context.Background(), l, rb, StepOptions{}, &ob); err != nil {
+				t.Fatal(err)
+			}
+			if (sel == Quest) != (ob.Time.Fused != 0) || !slices.Equal(oa.O, ob.O) || !slices.Equal(oa.LSE, ob.LSE) {
+				t.Fatalf("layer %d: steps without diagnostics differ (device fused: %v)", l, ob.Time.Fused != 0)
 			}
 		}
 	}

@@ -30,8 +30,12 @@ func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 		return false, nil
 	}
 	for i, p := range ls.parts {
-		if np := ls.batch.NumPages(i); p.Global != nil && np > 0 && (len(p.Global) < np || p.Global[np-1] != int32(np-1)) {
+		np := ls.batch.NumPages(i)
+		if p.Global != nil && np > 0 && (len(p.Global) < np || p.Global[np-1] != int32(np-1)) {
 			return false, nil // another CP rank holds some pages
+		}
+		if !p.Plan.Dense && p.Plan.Pages != np {
+			return false, nil // the plan counts pages held elsewhere
 		}
 	}
 	ls.scored = false
@@ -52,9 +56,6 @@ func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 				}
 				ls.lists.Indptr = append(ls.lists.Indptr, int32(len(ls.lists.Pages)))
 				continue
-			}
-			if pl.Pages != np {
-				return true, fmt.Errorf("fused step: sequence %d: plan of %d pages, the shard holds %d", i, pl.Pages, np)
 			}
 			for lp := range pl.Sink {
 				ls.lists.Pages = append(ls.lists.Pages, int32(lp))

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -120,6 +121,9 @@ func (s *Shard) Begin(ls *LocalStep, layer int, parts []SeqPart) error {
 
 func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart) error {
 	sh := s.shape
+	if s.ds != nil && s.dev == nil {
+		return errors.New("step: the shard is closed (its device pools are freed)")
+	}
 	if layer < 0 || layer >= s.cfg.Store.Layers {
 		return fmt.Errorf("step: %w: layer %d outside 0..%d", ErrBadInput, layer, s.cfg.Store.Layers-1)
 	}

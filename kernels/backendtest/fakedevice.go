@@ -194,8 +194,11 @@ func (FakeDevice) WriteTable(_ context.Context, set any, seq uint64, at int, pag
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	t := ts.m[seq]
+	if at > len(t) {
+		return fmt.Errorf("fake device: table write from %d leaves [%d,%d) unwritten", at, len(t), at)
+	}
 	for len(t) < n {
-		t = append(t, -1) // never read: a kernel reading it fails the test
+		t = append(t, -1)
 	}
 	t = t[:n]
 	copy(t[at:], pages)

@@ -424,6 +424,7 @@ func (b *Backend) send(p *packed, name string) error {
 			copy(unsafe.Slice((*byte)(unsafe.Add(host, p.offs[i])), p.sizes[i]), unsafe.Slice((*byte)(p.srcs[i]), p.sizes[i]))
 		}
 	}
+	clear(p.srcs[:p.n]) // keep no reference to the caller's arrays
 	if err := cu.MemcpyHtoDAsync(dev, host, p.total, cu.Stream{}); err != nil {
 		return fmt.Errorf("cuda: upload %s: %w", name, err)
 	}
@@ -452,6 +453,7 @@ func (b *Backend) receive(p *packed) error {
 			copy(unsafe.Slice((*byte)(p.srcs[i]), p.sizes[i]), unsafe.Slice((*byte)(unsafe.Add(host, p.offs[i])), p.sizes[i]))
 		}
 	}
+	clear(p.srcs[:p.n]) // keep no reference to the caller's arrays
 	return nil
 }
 
@@ -677,8 +679,9 @@ func (b *Backend) CopyPage(ctx context.Context, pool any, dst, src int32) error 
 // deviceTables is a set of device page tables (kernels.DeviceStore), owned
 // by the device goroutine.
 type deviceTables struct {
-	m     map[uint64]*devTable
-	freed bool
+	m       map[uint64]*devTable
+	maxPage int // largest pool size the entries were checked against
+	freed   bool
 }
 
 // devTable is one sequence's page table: n entries of int32 in a device
@@ -741,6 +744,10 @@ func (b *Backend) WriteTable(ctx context.Context, set any, seq uint64, at int, p
 			t = &devTable{}
 			ts.m[seq] = t
 		}
+		if at > t.n {
+			return fmt.Errorf("cuda write table: sequence %d: entries from %d would leave [%d,%d) unwritten", seq, at, t.n, at)
+		}
+		ts.maxPage = max(ts.maxPage, maxPage)
 		if n > t.cap {
 			size := max(n, 2*t.cap, 64)
 			p, err := cu.MemAlloc(int64(size) * 4)
@@ -758,19 +765,18 @@ func (b *Backend) WriteTable(ctx context.Context, set any, seq uint64, at int, p
 			}
 			t.ptr, t.cap = p, size
 		}
-		t.n = n
-		if len(pages) == 0 {
-			return nil
+		if len(pages) > 0 {
+			src, err := b.stage(int64(len(pages)) * 4)
+			if err != nil {
+				return err
+			}
+			copy(unsafe.Slice((*int32)(src), len(pages)), pages)
+			if err := cu.MemcpyHtoDAsync(t.ptr+cu.DevicePtr(at*4), src, int64(len(pages))*4, cu.Stream{}); err != nil {
+				return fmt.Errorf("cuda: write page table: %w", err)
+			}
+			b.staged = true
 		}
-		src, err := b.stage(int64(len(pages)) * 4)
-		if err != nil {
-			return err
-		}
-		copy(unsafe.Slice((*int32)(src), len(pages)), pages)
-		if err := cu.MemcpyHtoDAsync(t.ptr+cu.DevicePtr(at*4), src, int64(len(pages))*4, cu.Stream{}); err != nil {
-			return fmt.Errorf("cuda: write page table: %w", err)
-		}
-		b.staged = true
+		t.n = n // only once the entries are on their way
 		return nil
 	})
 }
@@ -791,9 +797,9 @@ func (b *Backend) DropTable(ctx context.Context, set any, seq uint64) error {
 }
 
 // tablePtrs fills b.tabs with the device addresses of the batch's page
-// tables, checking that each holds the pages the batch reads (device
-// goroutine only).
-func (b *Backend) tablePtrs(bt *kernels.Batch) error {
+// tables, checking that each holds the pages the batch reads and that the
+// set's entries fit a pool of pool pages (device goroutine only).
+func (b *Backend) tablePtrs(bt *kernels.Batch, pool int) error {
 	ts, err := tableSet(bt.Tables.Set)
 	if err != nil {
 		return err
@@ -801,11 +807,16 @@ func (b *Backend) tablePtrs(bt *kernels.Batch) error {
 	if ts.freed {
 		return errors.New("cuda: the batch's table set is freed")
 	}
+	if ts.maxPage > pool {
+		return fmt.Errorf("cuda: the batch's page tables index pools of %d pages, this pool has %d", ts.maxPage, pool)
+	}
 	b.tabs = b.tabs[:0]
 	for i, id := range bt.Tables.Seqs {
 		t := ts.m[id]
-		if np := bt.NumPages(i); np > 0 && (t == nil || t.n < np) {
-			return fmt.Errorf("cuda: sequence %d: device page table too short for %d pages", id, np)
+		if np := bt.NumPages(i); np > 0 && t == nil {
+			return fmt.Errorf("cuda: sequence %d has no device page table", id)
+		} else if np > 0 && t.n < np {
+			return fmt.Errorf("cuda: sequence %d: device page table of %d entries, the batch reads %d pages", id, t.n, np)
 		}
 		var p cu.DevicePtr
 		if t != nil {
@@ -1395,7 +1406,7 @@ func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b
 		}
 		var pg cu.DevicePtr
 		if bt.Tables != nil {
-			if err := b.tablePtrs(bt); err != nil {
+			if err := b.tablePtrs(bt, dl.Pages); err != nil {
 				return err
 			}
 			tp, err := upload(b, "tables", b.tabs)
@@ -1560,7 +1571,7 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 	in.reset()
 	pages := bt.Pages
 	if bt.Tables != nil {
-		if err := b.tablePtrs(bt); err != nil {
+		if err := b.tablePtrs(bt, dl.Pages); err != nil {
 			return nil, attendArgs{}, err
 		}
 		pages = b.tabs // the tables' addresses; the list is gathered below
@@ -1736,7 +1747,7 @@ func (b *Backend) Rank(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 		in.reset()
 		pages := bt.Pages
 		if bt.Tables != nil {
-			if err := b.tablePtrs(bt); err != nil {
+			if err := b.tablePtrs(bt, dl.Pages); err != nil {
 				return err
 			}
 			pages = b.tabs

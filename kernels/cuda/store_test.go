@@ -4,9 +4,12 @@ package cuda
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
+	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
@@ -152,4 +155,102 @@ func TestDeviceStoreFollowsHost(t *testing.T) {
 			check("recycle")
 		})
 	}
+}
+
+// TestFusedStepOnDevice: on a DeviceResident shard (pages and page tables
+// on the GPU, bf16) a step fused into one call (score -> threshold top-K
+// with tile maxima when the candidates start at page 0 -> attention, the
+// page list gathered from the device tables) gives the outputs of the same
+// step run as three calls, over a ragged batch with tail lengths 1/15/16/17
+// and long rows, both GQA modes, with and without a sink page; and the
+// engine's ranked candidates (kernels.Ranker) at CP 2 give the phased
+// engine's outputs.
+func TestFusedStepOnDevice(t *testing.T) {
+	ctx := context.Background()
+	b := newBackend(t, BF16)
+	defer b.Close()
+	const qh, kvh, d, s = 32, 8, 128, 16
+	rng := rand.New(rand.NewPCG(12, 13))
+	vec := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	closeTo := func(what string, a, b []float32) {
+		t.Helper()
+		for i := range a {
+			if math.Abs(float64(a[i]-b[i])) > 1e-5*max(1, math.Abs(float64(a[i]))) {
+				t.Fatalf("%s: element %d: fused %v, phased %v", what, i, a[i], b[i])
+			}
+		}
+	}
+	for _, gqa := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
+		for _, sink := range []int{0, 1} {
+			pol := shard.DefaultPolicy()
+			pol.DenseLayers, pol.GQA, pol.SinkPages, pol.BudgetTokens = 0, gqa, sink, 512
+			sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 4000},
+				QHeads: qh, Policy: pol, DeviceResident: true}, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var reqs []shard.SeqStep
+			for _, n := range []int{1, 15, 16, 17, 3000, 20000 + 5} {
+				id := sh.Store().Create()
+				if err := sh.Append(id, 0, vec(n*kvh*d), vec(n*kvh*d)); err != nil {
+					t.Fatal(err)
+				}
+				reqs = append(reqs, shard.SeqStep{Seq: id, Q: vec(qh * d)})
+			}
+			var fused, phased shard.StepResult
+			if err := sh.Step(ctx, 0, reqs, shard.StepOptions{Phased: true}, &phased); err != nil {
+				t.Fatal(err)
+			}
+			if err := sh.Step(ctx, 0, reqs, shard.StepOptions{}, &fused); err != nil {
+				t.Fatal(err)
+			}
+			if fused.Time.Fused == 0 {
+				t.Fatal("the step did not fuse")
+			}
+			name := fmt.Sprintf("%v sink %d", gqa, sink)
+			closeTo(name+" o", fused.O, phased.O)
+			closeTo(name+" lse", fused.LSE, phased.LSE)
+			sh.Close()
+		}
+	}
+	// Two CP ranks: each ranks its candidates in one call.
+	cfg := engine.DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, qh, kvh, d, s
+	cfg.CP, cfg.TP, cfg.CapacityPages = 2, 1, 2000
+	cfg.Policy.DenseLayers, cfg.Policy.BudgetTokens = 0, 512
+	cfg.Backend, cfg.DeviceResident = b, true
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	var reqs []engine.Request
+	for _, n := range []int{17, 9000, 30001} {
+		id, err := e.Create(engine.Striped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Append(id, 0, vec(n*kvh*d), vec(n*kvh*d)); err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, engine.Request{Seq: id, Q: vec(qh * d)})
+	}
+	var ranked, phased engine.Result
+	if err := e.Step(ctx, 0, reqs, engine.StepOptions{Phased: true}, &phased); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Step(ctx, 0, reqs, engine.StepOptions{}, &ranked); err != nil {
+		t.Fatal(err)
+	}
+	if ranked.Time.TopK != 0 || phased.Time.TopK == 0 {
+		t.Fatalf("top-K times %v (ranked) and %v (phased): the ranked step ran a separate top-K", ranked.Time.TopK, phased.Time.TopK)
+	}
+	closeTo("cp 2 o", ranked.O, phased.O)
+	closeTo("cp 2 lse", ranked.LSE, phased.LSE)
 }
