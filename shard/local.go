@@ -35,7 +35,10 @@ type Candidate = collective.Candidate
 // LocalStep is the state of one step of one layer on one shard, driven
 // phase by phase by a single-shard Step or by a sharded engine: Begin,
 // Score, Candidates, then Attend with the selected pages. The caller owns
-// it and reuses it across steps; its buffers are kept.
+// it and reuses it across steps; its buffers are kept. The kernels read
+// the pages (and, on a DeviceResident shard, the page tables) when they
+// run, so the step's sequences must not change (Append, Rollback,
+// Release) between Begin and Attend; the engine holds its lock across.
 type LocalStep struct {
 	layer int
 	mode  kernels.GQAMode
