@@ -69,6 +69,10 @@ type Options struct {
 	CP, TP    int
 	Selection engine.Selection
 	Placement engine.Placement
+	// DeviceResident keeps the pages and page tables in the backend's
+	// device memory (shard.Config.DeviceResident; the backend must be a
+	// kernels.DeviceStore, e.g. CUDA).
+	DeviceResident bool
 }
 
 // Decode reads a case from JSON, rejecting unknown fields and trailing
@@ -208,12 +212,14 @@ func Run(ctx context.Context, c *Case, opt Options) (*Result, error) {
 			Layers: 1, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize,
 			DType: pagestore.Float32, Capacity: pages,
 		},
-		QHeads: c.QHeads,
-		Policy: c.Policy(opt.Selector),
+		QHeads:         c.QHeads,
+		Policy:         c.Policy(opt.Selector),
+		DeviceResident: opt.DeviceResident,
 	}, be)
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
+	defer sh.Close()
 	id := sh.Store().Create()
 	if err := sh.Append(id, 0, TokenMajor(c.Keys, c.HeadDim), TokenMajor(c.Values, c.HeadDim)); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
@@ -236,6 +242,7 @@ func runSharded(ctx context.Context, c *Case, opt Options, be kernels.Backend) (
 	cfg.Policy = c.Policy(opt.Selector)
 	cfg.Selection = opt.Selection
 	cfg.Backend = be
+	cfg.DeviceResident = opt.DeviceResident
 	e, err := engine.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)

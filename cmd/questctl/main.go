@@ -167,6 +167,7 @@ collectives' share of the step and the Quest-vs-dense speedup. --cp and
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("replay", `Usage: questctl replay --in case.json [--selector quest|oracle|recent|dense] [--out result.json]
                       [--cp N --tp M --selection exact|union|replicated --placement striped|contiguous]
+                      [--backend cuda [--dtype f32|f16|bf16] [--device-resident]]
 
 Runs one saved request (one sequence, one layer; format in README.md) on a
 single CPU shard, or on CP x TP in-process shards, and writes the result
@@ -183,11 +184,15 @@ error and exit status 2.`, stderr)
 	placement := fs.String("placement", "striped", "page placement over CP ranks: striped or contiguous")
 	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
 	dtype := fs.String("dtype", "f32", "cuda storage type: f32, f16 or bf16")
+	deviceResident := fs.Bool("device-resident", false, "cuda: keep the pages and page tables only in GPU memory (appends, copies and rescans run on the device)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *cp < 1 || *tp < 1 {
 		return usageError{fmt.Errorf("--cp %d and --tp %d must be positive", *cp, *tp)}
+	}
+	if *deviceResident && *backend != "cuda" {
+		return usageError{errors.New("--device-resident needs --backend cuda (the CPU backend has no device memory)")}
 	}
 	sel, err := shard.ParseSelector(*selName)
 	if err != nil {
@@ -220,7 +225,7 @@ error and exit status 2.`, stderr)
 	if c.KVHeads%*tp != 0 {
 		return usageError{fmt.Errorf("--tp %d does not divide kv_heads %d", *tp, c.KVHeads)}
 	}
-	opts := replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place}
+	opts := replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place, DeviceResident: *deviceResident}
 	switch *backend {
 	case "cpu":
 	case "cuda":

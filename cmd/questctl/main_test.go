@@ -75,6 +75,15 @@ func TestReplayBadInputExitsTwo(t *testing.T) {
 	}
 }
 
+// TestReplayDeviceResidentNeedsCUDA: --device-resident on the CPU backend
+// is a usage error (exit 2, one line) before any file is read.
+func TestReplayDeviceResidentNeedsCUDA(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "replay", "--in", "does-not-exist.json", "--device-resident")
+	if code != 2 || stdout != "" || !strings.Contains(stderr, "--device-resident needs --backend cuda") || strings.Count(stderr, "\n") != 1 {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
 func TestUsage(t *testing.T) {
 	cases := []struct {
 		args []string

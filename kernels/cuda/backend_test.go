@@ -135,7 +135,8 @@ func TestAppendMatchesStore(t *testing.T) {
 }
 
 // TestReplayMatchesCPU: replay cases on the CUDA backend (f32 storage) give
-// the CPU's selections and outputs.
+// the CPU's selections and outputs, also with the pages and page tables
+// only on the device (one shard and CP 2).
 func TestReplayMatchesCPU(t *testing.T) {
 	b := newBackend(t, F32)
 	defer b.Close()
@@ -156,6 +157,14 @@ func TestReplayMatchesCPU(t *testing.T) {
 			t.Fatal(err)
 		}
 		compareResults(t, i, cpu, gpu)
+		// Pages and page tables only on the GPU: one shard, and CP 2.
+		for _, cp := range []int{1, 2} {
+			dev, err := replay.Run(context.Background(), c, replay.Options{Selector: shard.Quest, Backend: b, DeviceResident: true, CP: cp, Selection: engine.Exact})
+			if err != nil {
+				t.Fatal(err)
+			}
+			compareResults(t, i, cpu, dev)
+		}
 	}
 }
 
