@@ -354,8 +354,9 @@ type DeviceStore interface {
 	FreeTables(ctx context.Context, set any) error
 	// WriteTable sets entries [at, at+len(pages)) of sequence seq's table
 	// in set to pages and its length to n >= at+len(pages) (a sequence
-	// not in the set starts empty; at may not exceed the current length,
-	// so no entry is left unwritten). Entries are physical ids below
+	// not in the set starts empty; at may not exceed the current length
+	// and n may exceed neither it nor at+len(pages), so no entry is left
+	// unwritten). Entries are physical ids below
 	// maxPage, the size of the pools the set's tables index.
 	WriteTable(ctx context.Context, set any, seq uint64, at int, pages []int32, n, maxPage int) error
 	// DropTable forgets sequence seq's table.

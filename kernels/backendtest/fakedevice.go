@@ -194,8 +194,8 @@ func (FakeDevice) WriteTable(_ context.Context, set any, seq uint64, at int, pag
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	t := ts.m[seq]
-	if at > len(t) {
-		return fmt.Errorf("fake device: table write from %d leaves [%d,%d) unwritten", at, len(t), at)
+	if at > len(t) || n > max(len(t), at+len(pages)) {
+		return fmt.Errorf("fake device: table write of %d entries from %d, length %d, leaves entries unwritten (table of %d)", len(pages), at, n, len(t))
 	}
 	for len(t) < n {
 		t = append(t, -1)

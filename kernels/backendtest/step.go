@@ -124,48 +124,56 @@ func testRank(t *testing.T, nb NewBackend, opt Options) {
 	for _, s := range shapes {
 		f := NewFixtureQ(rng, s, tailLens(s.PageSize), opt.Quantize)
 		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
-			rows := s.Rows(mode)
-			var plan kernels.TopKPlan
-			off := 0
-			for i := range f.Lens {
-				np := f.Batch.NumPages(i)
-				for r := range rows {
-					lo := min(rng.IntN(2), np)
-					n := max(np-1-lo, 0)
-					k := 1 + rng.IntN(9)
-					plan.Add(f.Batch.ScoreOffset(i, rows)+r*np+lo, n, lo, k, off)
-					off += min(k, n) + 1 // one untouched entry between rows
-				}
-			}
-			out := make([]int32, off)
-			outScores := make([]float32, off)
-			for j := range out {
-				out[j], outScores[j] = -7, -7
-			}
-			if err := rk.Rank(ctx, s, f.Layer, &f.Batch, f.Q, mode, &plan, out, outScores); err != nil {
-				t.Fatalf("%+v %v: %v", s, mode, err)
-			}
-			scores := make([]float32, len(f.Batch.Pages)*rows)
-			if err := be.Score(ctx, s, f.Layer, &f.Batch, f.Q, mode, scores); err != nil {
-				t.Fatal(err)
-			}
-			written := make([]bool, off)
-			for pr := range plan.Rows() {
-				n, k, base, oo := int(plan.N[pr]), int(plan.K[pr]), plan.Base[pr], int(plan.OutOff[pr])
-				want := RefTopK(scores[plan.ScoreOff[pr]:][:n], k)
-				for j, w := range want {
-					if out[oo+j] != w+base {
-						t.Fatalf("%+v %v: row %d picked %v, want %v (+%d)", s, mode, pr, out[oo:oo+len(want)], want, base)
+			for _, prefix := range []bool{false, true} {
+				// prefix: every row ranks a prefix of its score row (from page
+				// 0; whole rows and rows without the tail), which lets a
+				// backend use per-tile maxima of the scores.
+				rows := s.Rows(mode)
+				var plan kernels.TopKPlan
+				off := 0
+				for i := range f.Lens {
+					np := f.Batch.NumPages(i)
+					for r := range rows {
+						lo := min(rng.IntN(2), np)
+						n := max(np-1-lo, 0)
+						if prefix {
+							lo, n = 0, max(np-rng.IntN(2), 0)
+						}
+						k := 1 + rng.IntN(9)
+						plan.Add(f.Batch.ScoreOffset(i, rows)+r*np+lo, n, lo, k, off)
+						off += min(k, n) + 1 // one untouched entry between rows
 					}
-					if got := outScores[oo+j]; got != scores[int(plan.ScoreOff[pr])+int(w)] {
-						t.Fatalf("%+v %v: row %d page %d: score %v, Score gave %v", s, mode, pr, w+base, got, scores[int(plan.ScoreOff[pr])+int(w)])
-					}
-					written[oo+j] = true
 				}
-			}
-			for j, w := range written {
-				if !w && (out[j] != -7 || outScores[j] != -7) {
-					t.Fatalf("%+v %v: entry %d outside every output range changed to %d / %v", s, mode, j, out[j], outScores[j])
+				out := make([]int32, off)
+				outScores := make([]float32, off)
+				for j := range out {
+					out[j], outScores[j] = -7, -7
+				}
+				if err := rk.Rank(ctx, s, f.Layer, &f.Batch, f.Q, mode, &plan, out, outScores); err != nil {
+					t.Fatalf("%+v %v: %v", s, mode, err)
+				}
+				scores := make([]float32, len(f.Batch.Pages)*rows)
+				if err := be.Score(ctx, s, f.Layer, &f.Batch, f.Q, mode, scores); err != nil {
+					t.Fatal(err)
+				}
+				written := make([]bool, off)
+				for pr := range plan.Rows() {
+					n, k, base, oo := int(plan.N[pr]), int(plan.K[pr]), plan.Base[pr], int(plan.OutOff[pr])
+					want := RefTopK(scores[plan.ScoreOff[pr]:][:n], k)
+					for j, w := range want {
+						if out[oo+j] != w+base {
+							t.Fatalf("%+v %v: row %d picked %v, want %v (+%d)", s, mode, pr, out[oo:oo+len(want)], want, base)
+						}
+						if got := outScores[oo+j]; got != scores[int(plan.ScoreOff[pr])+int(w)] {
+							t.Fatalf("%+v %v: row %d page %d: score %v, Score gave %v", s, mode, pr, w+base, got, scores[int(plan.ScoreOff[pr])+int(w)])
+						}
+						written[oo+j] = true
+					}
+				}
+				for j, w := range written {
+					if !w && (out[j] != -7 || outScores[j] != -7) {
+						t.Fatalf("%+v %v: entry %d outside every output range changed to %d / %v", s, mode, j, out[j], outScores[j])
+					}
 				}
 			}
 		}

@@ -372,7 +372,10 @@ type packed struct {
 
 const maxPacked = 20
 
-func (p *packed) reset() { p.n, p.total, p.base = 0, 0, 0 }
+func (p *packed) reset() {
+	clear(p.srcs[:p.n]) // no reference to a caller's arrays survives a failed call
+	p.n, p.total, p.base = 0, 0, 0
+}
 
 // region appends a place of size bytes with no host array yet and returns
 // its index.
@@ -744,8 +747,8 @@ func (b *Backend) WriteTable(ctx context.Context, set any, seq uint64, at int, p
 			t = &devTable{}
 			ts.m[seq] = t
 		}
-		if at > t.n {
-			return fmt.Errorf("cuda write table: sequence %d: entries from %d would leave [%d,%d) unwritten", seq, at, t.n, at)
+		if at > t.n || n > max(t.n, at+len(pages)) {
+			return fmt.Errorf("cuda write table: sequence %d: %d entries from %d, length %d, would leave entries unwritten (table of %d)", seq, len(pages), at, n, t.n)
 		}
 		ts.maxPage = max(ts.maxPage, maxPage)
 		if n > t.cap {
@@ -1694,11 +1697,15 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 	})
 }
 
-// rowStarts reports whether every plan row's candidates start at the
-// start of a score row of the batch (what the tile maxima of the score
-// kernel cover).
+// rowStarts reports whether every plan row that reads tile maxima (0 < K
+// < N) ranks a prefix of one score row of the batch: candidates from the
+// row's start, at most the row's length (the tiles the score kernel writes
+// for that row).
 func rowStarts(bt *kernels.Batch, rows int, plan *kernels.TopKPlan) bool {
 	for r := range plan.Rows() {
+		if plan.K[r] <= 0 || plan.K[r] >= plan.N[r] {
+			continue // no tile maximum is read
+		}
 		off := int(plan.ScoreOff[r])
 		// The sequence whose scores hold off: the last i with
 		// Indptr[i]*rows <= off.
@@ -1707,7 +1714,7 @@ func rowStarts(bt *kernels.Batch, rows int, plan *kernels.TopKPlan) bool {
 			return false
 		}
 		np := bt.NumPages(i)
-		if np == 0 || (off-bt.ScoreOffset(i, rows))%np != 0 {
+		if np == 0 || (off-bt.ScoreOffset(i, rows))%np != 0 || int(plan.N[r]) > np {
 			return false
 		}
 	}
