@@ -261,6 +261,18 @@ type Lists struct {
 	Mode   GQAMode
 	Indptr []int32
 	Pages  []int32
+	// All says that every row lists every page of its sequence in
+	// logical order (dense attention): Indptr and Pages are then unused
+	// and may be nil, so nobody builds, checks or moves them.
+	All bool
+}
+
+// Len is the number of entries of row i of a batch b (rows per sequence).
+func (l *Lists) Len(b *Batch, rows, i int) int {
+	if l.All {
+		return b.NumPages(i / rows)
+	}
+	return int(l.Indptr[i+1] - l.Indptr[i])
 }
 
 // Check reports, for a batch b with rows rows per sequence, a malformed
@@ -268,6 +280,9 @@ type Lists struct {
 // sequence. seen is scratch, grown as needed and returned all false, so a
 // caller that keeps it allocates nothing.
 func (l *Lists) Check(b *Batch, rows int, seen []bool) ([]bool, error) {
+	if l.All {
+		return seen, nil // every page once, by construction
+	}
 	for row := range len(l.Indptr) - 1 {
 		lo, hi := l.Indptr[row], l.Indptr[row+1]
 		if hi < lo || int(hi) > len(l.Pages) {

@@ -380,7 +380,7 @@ func (c *CPU) Attend(ctx context.Context, s Shape, l Layer, b *Batch, q []float3
 		return fmt.Errorf("attend: output sizes o=%d lse=%d, want %d and %d", len(o), len(lse), n*hq*d, n*hq)
 	}
 	rows := s.Rows(lists.Mode)
-	if len(lists.Indptr) != n*rows+1 || lists.Indptr[0] != 0 || int(lists.Indptr[n*rows]) != len(lists.Pages) {
+	if !lists.All && (len(lists.Indptr) != n*rows+1 || lists.Indptr[0] != 0 || int(lists.Indptr[n*rows]) != len(lists.Pages)) {
 		return fmt.Errorf("attend: lists indptr has %d entries for %d rows and %d pages", len(lists.Indptr), n*rows, len(lists.Pages))
 	}
 	t := &c.attend
@@ -394,7 +394,12 @@ func (c *CPU) Attend(ctx context.Context, s Shape, l Layer, b *Batch, q []float3
 	chunk := int32(c.cfg.AttendChunk)
 	for row := range n * rows {
 		t.rowItem = append(t.rowItem, int32(len(t.items)))
-		lo, hi := lists.Indptr[row], lists.Indptr[row+1]
+		// Items cover list positions, or pages when the list is all of
+		// them (the same boundaries relative to the row).
+		lo, hi := int32(0), int32(b.NumPages(row/rows))
+		if !lists.All {
+			lo, hi = lists.Indptr[row], lists.Indptr[row+1]
+		}
 		for p := lo; p < hi; p += chunk {
 			t.items = append(t.items, attendItem{seq: int32(row / rows), row: int32(row % rows), lo: p, hi: min(p+chunk, hi), part: int32(len(t.items))})
 		}
@@ -454,7 +459,11 @@ func (t *attendTask) run(worker, i int) {
 	scale := float32(1 / math.Sqrt(float64(d)))
 	np := t.b.NumPages(seq)
 	pages := t.b.Pages[t.b.Indptr[seq]:t.b.Indptr[seq+1]]
-	for _, lp := range t.lists.Pages[it.lo:it.hi] {
+	for i := it.lo; i < it.hi; i++ {
+		lp := i
+		if !t.lists.All {
+			lp = t.lists.Pages[i]
+		}
 		n := sz
 		if int(lp) == np-1 {
 			n = int(t.b.LastLen[seq])

@@ -45,6 +45,12 @@ func (c *StepCheck) Check(b *Batch, rows int, plan *TopKPlan, lists *Lists) erro
 	if rows < 1 {
 		return fmt.Errorf("step: %d rows per sequence", rows)
 	}
+	if lists.All {
+		if plan.Rows() > 0 {
+			return fmt.Errorf("step: %d top-K rows but lists of every page", plan.Rows())
+		}
+		return nil
+	}
 	n := b.Len()
 	if len(lists.Indptr) != n*rows+1 || lists.Indptr[0] != 0 || int(lists.Indptr[n*rows]) != len(lists.Pages) {
 		return fmt.Errorf("step: lists indptr has %d entries for %d rows and %d pages", len(lists.Indptr), n*rows, len(lists.Pages))
@@ -134,6 +140,9 @@ func (c *StepCheck) Check(b *Batch, rows int, plan *TopKPlan, lists *Lists) erro
 // be, with scores in the caller's buffer (grown as needed and returned):
 // the reference for Stepper implementations, and the CPU backend's Step.
 func Compose(ctx context.Context, be Backend, scores []float32, s Shape, l Layer, b *Batch, q []float32, plan *TopKPlan, lists *Lists, o, lse []float32) ([]float32, error) {
+	if plan.Rows() == 0 { // nothing ranked: attention alone
+		return scores, be.Attend(ctx, s, l, b, q, lists, o, lse)
+	}
 	n := b.Total() * s.Rows(lists.Mode)
 	scores = slices.Grow(scores[:0], n)[:n]
 	if err := be.Score(ctx, s, l, b, q, lists.Mode, scores); err != nil {

@@ -34,13 +34,7 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	if err != nil {
 		return Diagnostics{}, err
 	}
-	dense := &kernels.Lists{Mode: kernels.GroupMax, Indptr: make([]int32, sh.KVHeads+1)}
-	for h := range sh.KVHeads {
-		for p := range np {
-			dense.Pages = append(dense.Pages, int32(p))
-		}
-		dense.Indptr[h+1] = int32(len(dense.Pages))
-	}
+	dense := &kernels.Lists{Mode: kernels.GroupMax, All: true}
 	od := make([]float32, sh.QHeads*d)
 	lsed := make([]float32, sh.QHeads)
 	if err := s.be.Attend(ctx, sh, ws.kl, &one, q, dense, od, lsed); err != nil {
@@ -58,8 +52,15 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 			r = h
 		}
 		row := i*rows + r
-		sel := slices.Clone(ws.lists.Pages[ws.lists.Indptr[row]:ws.lists.Indptr[row+1]])
-		slices.Sort(sel)
+		var sel []int32
+		if ws.lists.All {
+			for p := range np {
+				sel = append(sel, int32(p))
+			}
+		} else {
+			sel = slices.Clone(ws.lists.Pages[ws.lists.Indptr[row]:ws.lists.Indptr[row+1]])
+			slices.Sort(sel)
+		}
 		dg.Selected[h] = sel
 		if ws.scored {
 			off := ws.batch.ScoreOffset(i, rows) + r*np

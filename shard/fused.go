@@ -45,7 +45,14 @@ func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 	ls.lists.Mode = ls.mode
 	ls.lists.Indptr = append(ls.lists.Indptr[:0], 0)
 	ls.lists.Pages = ls.lists.Pages[:0]
+	ls.lists.All = ls.allDense()
 	for i, p := range ls.parts {
+		if ls.lists.All {
+			for range ls.rows {
+				ls.cPtr = append(ls.cPtr, 0)
+			}
+			continue // every row reads every page: nothing to list
+		}
 		pl := p.Plan
 		np := ls.batch.NumPages(i)
 		for r := range ls.rows {

@@ -371,7 +371,11 @@ func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Selection) error
 	ls.lists.Mode = ls.mode
 	ls.lists.Indptr = append(ls.lists.Indptr[:0], 0)
 	ls.lists.Pages = ls.lists.Pages[:0]
+	ls.lists.All = ls.allDense()
 	for i, p := range ls.parts {
+		if ls.lists.All {
+			break // every row reads every page: nothing to list
+		}
 		pl := p.Plan
 		np := ls.batch.NumPages(i)
 		for r := range ls.rows {
@@ -410,6 +414,17 @@ func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Selection) error
 	}
 	ls.Time.Attend = time.Since(t0)
 	return nil
+}
+
+// allDense reports whether every part of the step attends every page (a
+// dense layer or step): the lists are then Lists.All.
+func (ls *LocalStep) allDense() bool {
+	for _, p := range ls.parts {
+		if !p.Plan.Dense {
+			return false
+		}
+	}
+	return true
 }
 
 // Scored reports whether Score computed page scores in this step.

@@ -135,7 +135,9 @@ Quest step and a dense step on the same data and prints pages read vs
 total, bytes read vs rho = 1/S + K/P, recall of the dense top-10 tokens,
 attention-mass recall, output relative L2 error, phase times, the
 collectives' share of the step and the Quest-vs-dense speedup. --cp and
---tp lay the KV out over in-process shards.`, stderr)
+--tp lay the KV out over in-process shards; --backend cuda (a -tags cuda
+build on a GPU host) runs the kernels on GPU 0, with --device-resident
+keeping the pages and page tables only in GPU memory.`, stderr)
 	fs.IntVar(&c.Context, "context", c.Context, "tokens of prefilled context")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "decode steps (the query turns from A to B halfway)")
 	fs.IntVar(&c.Layers, "layers", c.Layers, "layers")
@@ -154,11 +156,29 @@ collectives' share of the step and the Quest-vs-dense speedup. --cp and
 	fs.IntVar(&c.CP, "cp", c.CP, "context-parallel shards (pages striped over them)")
 	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel shards (KV heads split over them)")
 	fs.StringVar(&c.Selection, "selection", c.Selection, "CP selection: exact, union or replicated")
+	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
+	dtype := fs.String("dtype", "bf16", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
+	fs.BoolVar(&c.DeviceResident, "device-resident", false, "cuda: keep the pages and page tables only in GPU memory")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if err := c.Validate(); err != nil {
 		return usageError{err}
+	}
+	switch *backend {
+	case "cpu":
+		if c.DeviceResident {
+			return usageError{errors.New("--device-resident needs --backend cuda (the CPU backend has no device memory)")}
+		}
+	case "cuda":
+		be, err := newCUDABackend(*dtype)
+		if err != nil {
+			return err
+		}
+		defer be.Close()
+		c.Backend = be
+	default:
+		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 	}
 	_, err := demo.Run(ctx, c, stdout)
 	return err

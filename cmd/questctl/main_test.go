@@ -75,6 +75,22 @@ func TestReplayBadInputExitsTwo(t *testing.T) {
 	}
 }
 
+// TestDemoBackendErrors: the demo's backend flags fail fast with a usage
+// error (exit 2, one line): --device-resident without cuda, cuda in a CPU
+// build, an unknown backend.
+func TestDemoBackendErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"demo", "--device-resident"},
+		{"demo", "--backend", "cuda"},
+		{"demo", "--backend", "tpu"},
+	} {
+		code, stdout, stderr := runCLI(t, args...)
+		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, stdout, stderr)
+		}
+	}
+}
+
 // TestReplayDeviceResidentNeedsCUDA: --device-resident on the CPU backend
 // is a usage error (exit 2, one line) before any file is read.
 func TestReplayDeviceResidentNeedsCUDA(t *testing.T) {

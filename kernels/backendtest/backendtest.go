@@ -503,6 +503,12 @@ func testDense(t *testing.T, nb NewBackend, opt Options) {
 			l := DenseLists(f, mode)
 			o, lse := attend(t, be, f, l)
 			checkAttend(t, f, l, o, lse, 1e-5*opt.Tol)
+			// Lists of every page given as All (nothing listed) are the
+			// same attention, to the bit.
+			oa, lsea := attend(t, be, f, &kernels.Lists{Mode: mode, All: true})
+			if !slices.Equal(o, oa) || !slices.Equal(lse, lsea) {
+				t.Fatalf("%+v %v: lists of every page by All differ from the listed pages", s, mode)
+			}
 		}
 	}
 }

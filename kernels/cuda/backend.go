@@ -1519,10 +1519,31 @@ func (b *Backend) checkAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Batc
 		return fmt.Errorf("query %d, o %d or lse %d floats do not fit the batch", len(q), len(o), len(lse))
 	}
 	rows := s.Rows(lists.Mode)
-	if len(lists.Indptr) != n*rows+1 || lists.Indptr[0] != 0 || int(lists.Indptr[n*rows]) != len(lists.Pages) {
+	if !lists.All && (len(lists.Indptr) != n*rows+1 || lists.Indptr[0] != 0 || int(lists.Indptr[n*rows]) != len(lists.Pages)) {
 		return fmt.Errorf("lists indptr has %d entries for %d rows and %d pages", len(lists.Indptr), n*rows, len(lists.Pages))
 	}
 	return nil
+}
+
+// iota returns a device array holding 0, 1, ..., n-1 at least: the list
+// of every page read by position, which serves lists of every page
+// (kernels.Lists.All) without building or moving them.
+func (b *Backend) iota(n int) (cu.DevicePtr, error) {
+	if bf, ok := b.bufs["iota"]; ok && bf.size >= int64(n)*4 {
+		return bf.ptr, nil
+	}
+	p, err := b.buf("iota", int64(n)*4)
+	if err != nil {
+		return 0, err
+	}
+	all := make([]int32, b.bufs["iota"].size/4)
+	for i := range all {
+		all[i] = int32(i)
+	}
+	if err := cu.MemcpyHtoD(p, unsafe.Pointer(&all[0]), int64(len(all))*4); err != nil {
+		return 0, fmt.Errorf("cuda: fill the page iota: %w", err)
+	}
+	return p, nil
 }
 
 // headsOf returns the query heads an attention row serves and the kernels'
@@ -1547,22 +1568,35 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 	if dl, ok := l.Device.(*DeviceLayer); ok {
 		dt = dl.DType
 	}
-	chunk := int32(b.chunkFor(s, dt, len(lists.Pages)))
-	// Work items, built in the device goroutine's reused slices.
+	listed, maxPages := len(lists.Pages), 0
+	if lists.All {
+		listed = bt.Total() * rows
+		for i := range n {
+			maxPages = max(maxPages, bt.NumPages(i))
+		}
+	}
+	chunk := int32(b.chunkFor(s, dt, listed))
+	// Work items, built in the device goroutine's reused slices. They
+	// cover list positions, or pages when the lists are every page (read
+	// through the iota array: position = page).
 	it := &b.items
 	for i := range it {
 		it[i] = it[i][:0]
 	}
 	minItems, maxItems := math.MaxInt, 0
 	for row := range n * rows {
-		ni := int((lists.Indptr[row+1] - lists.Indptr[row] + chunk - 1) / chunk)
+		lo, hi := int32(0), int32(bt.NumPages(row/rows))
+		if !lists.All {
+			lo, hi = lists.Indptr[row], lists.Indptr[row+1]
+		}
+		ni := int((hi - lo + chunk - 1) / chunk)
 		minItems, maxItems = min(minItems, ni), max(maxItems, ni)
 		it[4] = append(it[4], int32(len(it[0])))
-		for p := lists.Indptr[row]; p < lists.Indptr[row+1]; p += chunk {
+		for p := lo; p < hi; p += chunk {
 			it[0] = append(it[0], int32(row/rows))
 			it[1] = append(it[1], int32(row%rows))
 			it[2] = append(it[2], p)
-			it[3] = append(it[3], min(p+chunk, lists.Indptr[row+1]))
+			it[3] = append(it[3], min(p+chunk, hi))
 		}
 	}
 	it[4] = append(it[4], int32(len(it[0])))
@@ -1596,6 +1630,12 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 			return nil, attendArgs{}, err
 		}
 	}
+	lp := in.ptr(idx[7])
+	if lists.All {
+		if lp, err = b.iota(max(maxPages, 1)); err != nil {
+			return nil, attendArgs{}, err
+		}
+	}
 	out := &b.out
 	out.reset()
 	b.outO = out.region(int64(n*s.QHeads*s.HeadDim) * 4)
@@ -1606,7 +1646,7 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 	}
 	return dl, attendArgs{
 		ind: in.ptr(idx[0]), pg: pg, last: in.ptr(idx[2]), q: in.ptr(iq), iSeq: in.ptr(idx[3]), iRow: in.ptr(idx[4]),
-		iLo: in.ptr(idx[5]), iHi: in.ptr(idx[6]), lists: in.ptr(idx[7]), rowItem: in.ptr(idx[8]),
+		iLo: in.ptr(idx[5]), iHi: in.ptr(idx[6]), lists: lp, rowItem: in.ptr(idx[8]),
 		o: out.ptr(b.outO), lse: out.ptr(b.outLSE), items: len(it[0]), nrows: n * rows, minItemsPerRow: minItems, maxItemsPerRow: maxItems,
 	}, nil
 }

@@ -92,20 +92,32 @@ func benchShardStep(b *testing.B, tokens, batch int) {
 
 // BenchmarkEngineStepCP2 times one decode step of one layer of an engine
 // with two CP ranks sharing the GPU (one backend each, pages and tables on
-// the device), same shape as BenchmarkShardStep: ranked (each rank scores
+// the device), same shape as BenchmarkShardStep: served (each rank scores
 // and picks its candidates in one call; only candidates leave the device)
-// against phased (scores down to the host, back up for the top-K).
+// against phased (scores down to the host, back up for the top-K); and a
+// dense step (every page) on the same data.
 //
 //	go test -tags cuda -run '^$' -bench EngineStepCP2 ./kernels/cuda/
 func BenchmarkEngineStepCP2(b *testing.B) {
 	for _, c := range []struct{ tokens, batch int }{{128 << 10, 1}, {128 << 10, 8}, {1 << 20, 1}} {
-		b.Run(fmt.Sprintf("ctx%dK_b%d", c.tokens>>10, c.batch), func(b *testing.B) { benchEngineStep(b, c.tokens, c.batch) })
+		b.Run(fmt.Sprintf("ctx%dK_b%d", c.tokens>>10, c.batch), func(b *testing.B) { benchEngineStep(b, 2, c.tokens, c.batch) })
 	}
 }
 
-func benchEngineStep(b *testing.B, tokens, batch int) {
+// BenchmarkEngineStepCP1 is BenchmarkEngineStepCP2 with one CP rank (the
+// step fuses), plus a dense step (every page) on the same data: what an
+// engine step costs over the shard step.
+//
+//	go test -tags cuda -run '^$' -bench EngineStepCP1 ./kernels/cuda/
+func BenchmarkEngineStepCP1(b *testing.B) {
+	for _, c := range []struct{ tokens, batch int }{{64 << 10, 1}, {128 << 10, 8}} {
+		b.Run(fmt.Sprintf("ctx%dK_b%d", c.tokens>>10, c.batch), func(b *testing.B) { benchEngineStep(b, 1, c.tokens, c.batch) })
+	}
+}
+
+func benchEngineStep(b *testing.B, cp, tokens, batch int) {
 	const qh, kvh, d, s = 32, 8, 128, 16
-	var bes [2]*Backend
+	bes := make([]*Backend, cp)
 	for i := range bes {
 		be, err := New(Config{DType: BF16})
 		if err != nil {
@@ -116,10 +128,10 @@ func benchEngineStep(b *testing.B, tokens, batch int) {
 	}
 	cfg := engine.DefaultConfig()
 	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, qh, kvh, d, s
-	cfg.CP, cfg.TP, cfg.CapacityPages = 2, 1, batch*(tokens/s/2+2)
+	cfg.CP, cfg.TP, cfg.CapacityPages = cp, 1, batch*(tokens/s/cp+2)
 	cfg.Policy.DenseLayers = 0
 	cfg.DeviceResident = true
-	cfg.Backends = func(_, cp int) kernels.Backend { return bes[cp] }
+	cfg.Backends = func(_, r int) kernels.Backend { return bes[r] }
 	e, err := engine.New(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -153,7 +165,7 @@ func benchEngineStep(b *testing.B, tokens, batch int) {
 	for _, mode := range []struct {
 		name string
 		opt  engine.StepOptions
-	}{{"phased", engine.StepOptions{Phased: true}}, {"ranked", engine.StepOptions{}}} {
+	}{{"phased", engine.StepOptions{Phased: true}}, {"served", engine.StepOptions{}}, {"dense", engine.StepOptions{ForceDense: true}}} {
 		b.Run(mode.name, func(b *testing.B) {
 			var res engine.Result
 			for range 3 {
