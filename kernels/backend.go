@@ -267,13 +267,6 @@ type Lists struct {
 	All bool
 }
 
-// Len is the number of entries of row i of a batch b (rows per sequence).
-func (l *Lists) Len(b *Batch, rows, i int) int {
-	if l.All {
-		return b.NumPages(i / rows)
-	}
-	return int(l.Indptr[i+1] - l.Indptr[i])
-}
 
 // Check reports, for a batch b with rows rows per sequence, a malformed
 // indptr and any row that lists a page twice or a page outside its
