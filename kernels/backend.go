@@ -267,7 +267,6 @@ type Lists struct {
 	All bool
 }
 
-
 // Check reports, for a batch b with rows rows per sequence, a malformed
 // indptr and any row that lists a page twice or a page outside its
 // sequence. seen is scratch, grown as needed and returned all false, so a
