@@ -37,6 +37,13 @@ func TestStepCheck(t *testing.T) {
 		}, "listed twice"},
 		{"short indptr", func(p *kernels.TopKPlan, l *kernels.Lists) { l.Indptr = l.Indptr[:len(l.Indptr)-1] }, "indptr"},
 	}
+	plan, _ := backendtest.StepLists(f, kernels.GroupMax, 1, []int{3, 3, 3})
+	if err := new(kernels.StepCheck).Check(&f.Batch, rows, plan, &kernels.Lists{All: true}); err == nil || !strings.Contains(err.Error(), "every page") {
+		t.Fatalf("top-K rows with lists of every page: got %v", err)
+	}
+	if err := new(kernels.StepCheck).Check(&f.Batch, rows, &kernels.TopKPlan{}, &kernels.Lists{All: true}); err != nil {
+		t.Fatalf("lists of every page without top-K rows refused: %v", err)
+	}
 	for _, bad := range [][]int32{nil, {1, 15}, {0, 15, 3, 4}} { // malformed batches: an error, no panic
 		plan, l := backendtest.StepLists(f, kernels.GroupMax, 1, []int{3, 3, 3})
 		b := kernels.Batch{Indptr: bad}

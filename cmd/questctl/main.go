@@ -131,10 +131,12 @@ Builds a synthetic long context on the CPU in which many keys mention
 entity A and a few early "needle" keys mention entity B, then decodes:
 the first half of the steps ask about A, the second half turn to B (the
 relevance reversal that eviction policies fail). Every sparse layer runs a
-Quest step and a dense step on the same data and prints pages read vs
-total, bytes read vs rho = 1/S + K/P, recall of the dense top-10 tokens,
-attention-mass recall, output relative L2 error, phase times, the
-collectives' share of the step and the Quest-vs-dense speedup. --cp and
+Quest step with diagnostics (appending the new token), a dense step and
+the Quest step again as a server runs it (timed) on the same data, and
+prints pages read vs total, bytes read vs rho = 1/S + K/P, recall of the
+dense top-10 tokens, attention-mass recall, output relative L2 error,
+phase times, the collectives' share of the step and the Quest-vs-dense
+speedup. --cp and
 --tp lay the KV out over in-process shards; --backend cuda (a -tags cuda
 build on a GPU host) runs the kernels on GPU 0, with --device-resident
 keeping the pages and page tables only in GPU memory.`, stderr)
@@ -169,6 +171,11 @@ keeping the pages and page tables only in GPU memory.`, stderr)
 	case "cpu":
 		if c.DeviceResident {
 			return usageError{errors.New("--device-resident needs --backend cuda (the CPU backend has no device memory)")}
+		}
+		dtypeSet := false
+		fs.Visit(func(f *flag.Flag) { dtypeSet = dtypeSet || f.Name == "dtype" })
+		if dtypeSet {
+			return usageError{errors.New("--dtype needs --backend cuda (the CPU backend stores float32)")}
 		}
 	case "cuda":
 		be, err := newCUDABackend(*dtype)

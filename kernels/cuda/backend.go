@@ -1613,8 +1613,12 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 		}
 		pages = b.tabs // the tables' addresses; the list is gathered below
 	}
+	listPages := lists.Pages
+	if lists.All {
+		listPages = nil // unused: pages are read by position through the iota
+	}
 	var idx [9]int
-	for i, a := range [9][]int32{bt.Indptr, pages, bt.LastLen, it[0], it[1], it[2], it[3], lists.Pages, it[4]} {
+	for i, a := range [9][]int32{bt.Indptr, pages, bt.LastLen, it[0], it[1], it[2], it[3], listPages, it[4]} {
 		idx[i] = pack(in, a)
 	}
 	iq := pack(in, q)
@@ -1640,7 +1644,7 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 	out.reset()
 	b.outO = out.region(int64(n*s.QHeads*s.HeadDim) * 4)
 	b.outLSE = out.region(int64(n*s.QHeads) * 4)
-	b.outLists = out.region(int64(len(lists.Pages)) * 4)
+	b.outLists = out.region(int64(len(listPages)) * 4)
 	if out.base, err = b.buf("call.out", out.total); err != nil {
 		return nil, attendArgs{}, err
 	}
@@ -1701,24 +1705,24 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 		for i := range ptrs {
 			ptrs[i] = b.in.ptr(pi[i])
 		}
-		rows := s.Rows(lists.Mode)
-		nScores := int64(bt.Total() * rows)
-		sp, err := b.buf("scores", nScores*4)
-		if err != nil {
-			return err
-		}
-		tmax := cu.DevicePtr(0)
-		if tiles && useMMA(s, dl.DType) {
-			if tmax, err = b.buf("step.tmax", nScores*4); err != nil {
-				return err
-			}
-		}
-		maxPages := 0
-		for i := range bt.Len() {
-			maxPages = max(maxPages, bt.NumPages(i))
-		}
 		heads, perHead := headsOf(s, lists.Mode)
 		if plan.Rows() > 0 {
+			rows := s.Rows(lists.Mode)
+			nScores := int64(bt.Total() * rows)
+			sp, err := b.buf("scores", nScores*4)
+			if err != nil {
+				return err
+			}
+			tmax := cu.DevicePtr(0)
+			if tiles && useMMA(s, dl.DType) {
+				if tmax, err = b.buf("step.tmax", nScores*4); err != nil {
+					return err
+				}
+			}
+			maxPages := 0
+			for i := range bt.Len() {
+				maxPages = max(maxPages, bt.NumPages(i))
+			}
 			wrote, err := b.launchScore(dl, s, bt.Len(), maxPages, a.ind, a.pg, a.q, sp, tmax, perHead)
 			if err != nil {
 				return err
@@ -1733,7 +1737,11 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 		if err := b.launchAttendReduce(dl, s, heads, perHead, a, plan.Rows() > 0); err != nil {
 			return err
 		}
-		return b.receiveOut(o, lse, lists.Pages, a)
+		var back []int32 // the lists with the top-K's picks
+		if !lists.All {
+			back = lists.Pages
+		}
+		return b.receiveOut(o, lse, back, a)
 	})
 }
 
