@@ -113,6 +113,15 @@ func (b *Batch) Len() int { return len(b.Indptr) - 1 }
 // Total is the number of pages of all sequences (Indptr's last entry).
 func (b *Batch) Total() int { return int(b.Indptr[len(b.Indptr)-1]) }
 
+// MaxPages is the page count of the longest sequence.
+func (b *Batch) MaxPages() int {
+	m := 0
+	for i := range b.Len() {
+		m = max(m, b.NumPages(i))
+	}
+	return m
+}
+
 // checkIndptr reports an indptr that does not start at 0 or decreases.
 func (b *Batch) checkIndptr() error {
 	if len(b.Indptr) < 1 || b.Indptr[0] != 0 {

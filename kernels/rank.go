@@ -21,25 +21,27 @@ type Ranker interface {
 }
 
 // CheckRank validates the arguments of a Ranker call that do not depend on
-// the backend: the plan against the batch's scores and the outputs.
-func CheckRank(s Shape, b *Batch, mode GQAMode, plan *TopKPlan, out []int32, outScores []float32) error {
+// the backend: the plan against the batch's scores and the outputs. It
+// returns the output length the plan writes (see TopKPlan.Check).
+func CheckRank(s Shape, b *Batch, mode GQAMode, plan *TopKPlan, out []int32, outScores []float32) (int, error) {
 	if err := b.checkIndptr(); err != nil {
-		return fmt.Errorf("rank: %w", err)
+		return 0, fmt.Errorf("rank: %w", err)
 	}
 	if len(outScores) != len(out) {
-		return fmt.Errorf("rank: %d output pages but %d output scores", len(out), len(outScores))
+		return 0, fmt.Errorf("rank: %d output pages but %d output scores", len(out), len(outScores))
 	}
-	if _, err := plan.Check(b.Total()*s.Rows(mode), len(out)); err != nil {
-		return fmt.Errorf("rank: %w", err)
+	outLen, err := plan.Check(b.Total()*s.Rows(mode), len(out))
+	if err != nil {
+		return 0, fmt.Errorf("rank: %w", err)
 	}
-	return nil
+	return outLen, nil
 }
 
 // ComposeRank runs a Ranker call as Score and TopK calls of be, with the
 // scores in the caller's buffer (grown as needed and returned): the
 // reference for Ranker implementations, and the CPU backend's Rank.
 func ComposeRank(ctx context.Context, be Backend, scores []float32, s Shape, l Layer, b *Batch, q []float32, mode GQAMode, plan *TopKPlan, out []int32, outScores []float32) ([]float32, error) {
-	if err := CheckRank(s, b, mode, plan, out, outScores); err != nil {
+	if _, err := CheckRank(s, b, mode, plan, out, outScores); err != nil {
 		return scores, err
 	}
 	n := b.Total() * s.Rows(mode)

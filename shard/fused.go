@@ -58,15 +58,11 @@ func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 		for r := range ls.rows {
 			ls.cPtr = append(ls.cPtr, 0)
 			if pl.Dense {
-				for lp := range np {
-					ls.lists.Pages = append(ls.lists.Pages, int32(lp))
-				}
+				ls.appendLocal(i, 0, np)
 				ls.lists.Indptr = append(ls.lists.Indptr, int32(len(ls.lists.Pages)))
 				continue
 			}
-			for lp := range pl.Sink {
-				ls.lists.Pages = append(ls.lists.Pages, int32(lp))
-			}
+			ls.appendLocal(i, 0, pl.Sink)
 			lo, hi := pl.Lo(), pl.Hi()
 			if k := min(pl.Rank, hi-lo); k > 0 {
 				ls.topk.Add(ls.batch.ScoreOffset(i, ls.rows)+r*np+lo, hi-lo, lo, k, len(ls.lists.Pages))
@@ -76,9 +72,7 @@ func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 					ls.lists.Pages[n+j] = -1 // filled by the top-K
 				}
 			}
-			for lp := hi; lp < np; lp++ {
-				ls.lists.Pages = append(ls.lists.Pages, int32(lp))
-			}
+			ls.appendLocal(i, hi, np)
 			ls.lists.Indptr = append(ls.lists.Indptr, int32(len(ls.lists.Pages)))
 		}
 	}

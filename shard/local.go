@@ -377,17 +377,11 @@ func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Selection) error
 			break // every row reads every page: nothing to list
 		}
 		pl := p.Plan
-		np := ls.batch.NumPages(i)
 		for r := range ls.rows {
 			if pl.Dense {
-				for lp := range np {
-					ls.lists.Pages = append(ls.lists.Pages, int32(lp))
-				}
+				ls.appendLocal(i, 0, pl.Pages)
 			} else {
-				lo, hi := ls.localRange(i, 0, pl.Sink)
-				for lp := lo; lp < hi; lp++ {
-					ls.lists.Pages = append(ls.lists.Pages, int32(lp))
-				}
+				ls.appendLocal(i, 0, pl.Sink)
 				k := i*ls.rows + r
 				for _, g := range sel.Pages[sel.Indptr[k]:sel.Indptr[k+1]] {
 					if g < int32(pl.Lo()) || g >= int32(pl.Hi()) {
@@ -397,10 +391,7 @@ func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Selection) error
 						ls.lists.Pages = append(ls.lists.Pages, lp)
 					}
 				}
-				lo, hi = ls.localRange(i, pl.Hi(), pl.Pages)
-				for lp := lo; lp < hi; lp++ {
-					ls.lists.Pages = append(ls.lists.Pages, int32(lp))
-				}
+				ls.appendLocal(i, pl.Hi(), pl.Pages)
 			}
 			ls.lists.Indptr = append(ls.lists.Indptr, int32(len(ls.lists.Pages)))
 		}
@@ -414,6 +405,15 @@ func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Selection) error
 	}
 	ls.Time.Attend = time.Since(t0)
 	return nil
+}
+
+// appendLocal appends to the lists this shard's pages of sequence i whose
+// global index lies in [lo, hi) (forced pages, or every page).
+func (ls *LocalStep) appendLocal(i, lo, hi int) {
+	a, b := ls.localRange(i, lo, hi)
+	for lp := a; lp < b; lp++ {
+		ls.lists.Pages = append(ls.lists.Pages, int32(lp))
+	}
 }
 
 // allDense reports whether every part of the step attends every page (a

@@ -107,13 +107,12 @@ type Backend struct {
 	host     *DeviceLayer // scratch layer for host-array inputs
 
 	// One upload and one download per attention or step call: b.in packs
-	// the inputs, b.out lays out o, lse and the lists (indices outO,
+	// the inputs, b.out lays out o, lse and the lists (regions outO,
 	// outLSE, outLists).
-	in, out                packed
-	outO, outLSE, outLists int
-	tabs                   []int32 // device table addresses of a batch, as int32 pairs
-	rankOut                []int32 // Rank's download of the chosen pages
-	rankScores             []float32
+	in, out    packed
+	tabs       []int32 // device table addresses of a batch, as int32 pairs
+	rankOut    []int32 // Rank's download of the chosen pages
+	rankScores []float32
 
 	stepMu    sync.Mutex // guards stepCheck (used outside the device goroutine)
 	stepCheck kernels.StepCheck
@@ -838,11 +837,7 @@ func (b *Backend) gatherPages(bt *kernels.Batch, tabs, ind cu.DevicePtr) (cu.Dev
 	if err != nil {
 		return 0, err
 	}
-	maxPages := 0
-	for i := range bt.Len() {
-		maxPages = max(maxPages, bt.NumPages(i))
-	}
-	blocks := min((maxPages+255)/256, 64)
+	blocks := min((bt.MaxPages()+255)/256, 64)
 	return out, b.launch("quest_gather_tables", [3]int{blocks, bt.Len(), 1}, 256, 0, u(tabs), u(ind), u(out))
 }
 
@@ -1399,10 +1394,6 @@ func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b
 		if err != nil {
 			return err
 		}
-		maxPages := 0
-		for i := range n {
-			maxPages = max(maxPages, bt.NumPages(i))
-		}
 		ind, err := upload(b, "indptr", bt.Indptr)
 		if err != nil {
 			return err
@@ -1434,7 +1425,7 @@ func (b *Backend) Score(ctx context.Context, s kernels.Shape, l kernels.Layer, b
 		if mode == kernels.PerHead {
 			perHead = 1
 		}
-		if _, err := b.launchScore(dl, s, n, maxPages, ind, pg, qp, op, 0, perHead); err != nil {
+		if _, err := b.launchScore(dl, s, n, bt.MaxPages(), ind, pg, qp, op, 0, perHead); err != nil {
 			return err
 		}
 		return download(b, out[:bt.Total()*rows], op)
@@ -1568,12 +1559,9 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 	if dl, ok := l.Device.(*DeviceLayer); ok {
 		dt = dl.DType
 	}
-	listed, maxPages := len(lists.Pages), 0
+	listed := len(lists.Pages)
 	if lists.All {
 		listed = bt.Total() * rows
-		for i := range n {
-			maxPages = max(maxPages, bt.NumPages(i))
-		}
 	}
 	chunk := int32(b.chunkFor(s, dt, listed))
 	// Work items, built in the device goroutine's reused slices. They
@@ -1636,35 +1624,42 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 	}
 	lp := in.ptr(idx[7])
 	if lists.All {
-		if lp, err = b.iota(max(maxPages, 1)); err != nil {
+		if lp, err = b.iota(max(bt.MaxPages(), 1)); err != nil {
 			return nil, attendArgs{}, err
 		}
 	}
 	out := &b.out
 	out.reset()
-	b.outO = out.region(int64(n*s.QHeads*s.HeadDim) * 4)
-	b.outLSE = out.region(int64(n*s.QHeads) * 4)
-	b.outLists = out.region(int64(len(listPages)) * 4)
+	out.region(int64(n*s.QHeads*s.HeadDim) * 4) // outO
+	out.region(int64(n*s.QHeads) * 4)           // outLSE
+	out.region(int64(len(listPages)) * 4)       // outLists
 	if out.base, err = b.buf("call.out", out.total); err != nil {
 		return nil, attendArgs{}, err
 	}
 	return dl, attendArgs{
 		ind: in.ptr(idx[0]), pg: pg, last: in.ptr(idx[2]), q: in.ptr(iq), iSeq: in.ptr(idx[3]), iRow: in.ptr(idx[4]),
 		iLo: in.ptr(idx[5]), iHi: in.ptr(idx[6]), lists: lp, rowItem: in.ptr(idx[8]),
-		o: out.ptr(b.outO), lse: out.ptr(b.outLSE), items: len(it[0]), nrows: n * rows, minItemsPerRow: minItems, maxItemsPerRow: maxItems,
+		o: out.ptr(outO), lse: out.ptr(outLSE), items: len(it[0]), nrows: n * rows, minItemsPerRow: minItems, maxItemsPerRow: maxItems,
 	}, nil
 }
+
+// The regions of b.out that prepareAttend lays out, in order.
+const (
+	outO = iota
+	outLSE
+	outLists
+)
 
 // receiveOut brings back the outputs laid out by prepareAttend in one
 // copy: o, lse and, when lists is not nil, the device lists (copied into
 // the output buffer first).
 func (b *Backend) receiveOut(o, lse []float32, lists []int32, a attendArgs) error {
 	out := &b.out
-	setHost(out, b.outO, o)
-	setHost(out, b.outLSE, lse)
-	setHost(out, b.outLists, lists)
+	setHost(out, outO, o)
+	setHost(out, outLSE, lse)
+	setHost(out, outLists, lists)
 	if len(lists) > 0 {
-		if err := cu.MemcpyDtoDAsync(out.ptr(b.outLists), a.lists, out.sizes[b.outLists], cu.Stream{}); err != nil {
+		if err := cu.MemcpyDtoDAsync(out.ptr(outLists), a.lists, out.sizes[outLists], cu.Stream{}); err != nil {
 			return fmt.Errorf("cuda: copy lists: %w", err)
 		}
 	}
@@ -1707,30 +1702,7 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 		}
 		heads, perHead := headsOf(s, lists.Mode)
 		if plan.Rows() > 0 {
-			rows := s.Rows(lists.Mode)
-			nScores := int64(bt.Total() * rows)
-			sp, err := b.buf("scores", nScores*4)
-			if err != nil {
-				return err
-			}
-			tmax := cu.DevicePtr(0)
-			if tiles && useMMA(s, dl.DType) {
-				if tmax, err = b.buf("step.tmax", nScores*4); err != nil {
-					return err
-				}
-			}
-			maxPages := 0
-			for i := range bt.Len() {
-				maxPages = max(maxPages, bt.NumPages(i))
-			}
-			wrote, err := b.launchScore(dl, s, bt.Len(), maxPages, a.ind, a.pg, a.q, sp, tmax, perHead)
-			if err != nil {
-				return err
-			}
-			if !wrote {
-				tmax = 0
-			}
-			if err := b.launchTopK(plan, sp, tmax, ptrs, a.lists, true); err != nil {
+			if _, err := b.scoreTopK(dl, s, bt, lists.Mode, plan, a.ind, a.pg, a.q, ptrs, a.lists, tiles); err != nil {
 				return err
 			}
 		}
@@ -1769,6 +1741,34 @@ func rowStarts(bt *kernels.Batch, rows int, plan *kernels.TopKPlan) bool {
 	return true
 }
 
+// scoreTopK scores the batch (device arrays ind, pg, qp) into the scratch
+// buffer "scores", with tile maxima when tiles is set and the tensor-core
+// kernel writes them, and launches plan's top-K over them into out as a
+// programmatic dependent of the score kernel. It returns the scores
+// (device goroutine only).
+func (b *Backend) scoreTopK(dl *DeviceLayer, s kernels.Shape, bt *kernels.Batch, mode kernels.GQAMode, plan *kernels.TopKPlan, ind, pg, qp cu.DevicePtr, ptrs [5]cu.DevicePtr, out cu.DevicePtr, tiles bool) (cu.DevicePtr, error) {
+	nScores := int64(bt.Total() * s.Rows(mode))
+	sp, err := b.buf("scores", nScores*4)
+	if err != nil {
+		return 0, err
+	}
+	tmax := cu.DevicePtr(0)
+	if tiles && useMMA(s, dl.DType) {
+		if tmax, err = b.buf("step.tmax", nScores*4); err != nil {
+			return 0, err
+		}
+	}
+	_, perHead := headsOf(s, mode)
+	wrote, err := b.launchScore(dl, s, bt.Len(), bt.MaxPages(), ind, pg, qp, sp, tmax, perHead)
+	if err != nil {
+		return 0, err
+	}
+	if !wrote {
+		tmax = 0
+	}
+	return sp, b.launchTopK(plan, sp, tmax, ptrs, out, true)
+}
+
 // Rank implements kernels.Ranker: the batch, queries and plan go up in one
 // copy; score, top-K (a programmatic dependent of the score) and a kernel
 // that picks the chosen pages' scores run back to back; the chosen pages
@@ -1780,14 +1780,14 @@ func (b *Backend) Rank(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 	if err := validate(s, l, bt, false); err != nil {
 		return fmt.Errorf("rank: %w", err)
 	}
-	if err := kernels.CheckRank(s, bt, mode, plan, out, outScores); err != nil {
+	outLen, err := kernels.CheckRank(s, bt, mode, plan, out, outScores)
+	if err != nil {
 		return err
 	}
 	n := bt.Len()
 	if len(q) != n*s.QHeads*s.HeadDim {
 		return fmt.Errorf("rank: query has %d floats, want %d", len(q), n*s.QHeads*s.HeadDim)
 	}
-	outLen, _ := plan.Check(bt.Total()*s.Rows(mode), len(out))
 	if plan.Rows() == 0 || outLen == 0 {
 		return nil
 	}
@@ -1825,39 +1825,14 @@ func (b *Backend) Rank(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 		for i := range ptrs {
 			ptrs[i] = in.ptr(pi[i])
 		}
-		nScores := int64(bt.Total() * rows)
-		sp, err := b.buf("scores", nScores*4)
-		if err != nil {
-			return err
-		}
-		tmax := cu.DevicePtr(0)
-		if tiles && useMMA(s, dl.DType) {
-			if tmax, err = b.buf("step.tmax", nScores*4); err != nil {
-				return err
-			}
-		}
-		maxPages := 0
-		for i := range n {
-			maxPages = max(maxPages, bt.NumPages(i))
-		}
-		perHead := uint64(0)
-		if mode == kernels.PerHead {
-			perHead = 1
-		}
-		wrote, err := b.launchScore(dl, s, n, maxPages, ind, pg, in.ptr(iQ), sp, tmax, perHead)
-		if err != nil {
-			return err
-		}
-		if !wrote {
-			tmax = 0
-		}
 		o := &b.out
 		o.reset()
 		iOut, iSc := o.region(int64(outLen)*4), o.region(int64(outLen)*4)
 		if o.base, err = b.buf("rank.out", o.total); err != nil {
 			return err
 		}
-		if err := b.launchTopK(plan, sp, tmax, ptrs, o.ptr(iOut), true); err != nil {
+		sp, err := b.scoreTopK(dl, s, bt, mode, plan, ind, pg, in.ptr(iQ), ptrs, o.ptr(iOut), tiles)
+		if err != nil {
 			return err
 		}
 		if err := b.launch("quest_pick_scores", [3]int{plan.Rows(), 1, 1}, 128, 0, u(sp), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(o.ptr(iOut)), u(o.ptr(iSc))); err != nil {

@@ -45,22 +45,12 @@ func benchShardStep(b *testing.B, tokens, batch int) {
 	}
 	defer sh.Close()
 	rng := rand.New(rand.NewPCG(1, 2))
-	// Random tokens, appended in chunks read at random offsets of a pool
-	// twice the chunk (pages differ without drawing every key afresh).
-	const chunk = 8192
-	tok := kvh * d
-	k, v := make([]float32, 2*chunk*tok), make([]float32, 2*chunk*tok)
-	for i := range k {
-		k[i], v[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
-	}
+	pd := newPrefill(rng, kvh*d)
 	var reqs []shard.SeqStep
 	for range batch {
 		id := sh.Store().Create()
-		for done := 0; done < tokens; done += chunk {
-			off := rng.IntN(chunk) * tok
-			if err := sh.Append(id, 0, k[off:off+chunk*tok], v[off:off+chunk*tok]); err != nil {
-				b.Fatal(err)
-			}
+		if err := pd.fill(tokens, func(k, v []float32) error { return sh.Append(id, 0, k, v) }); err != nil {
+			b.Fatal(err)
 		}
 		q := make([]float32, qh*d)
 		for i := range q {
@@ -138,23 +128,15 @@ func benchEngineStep(b *testing.B, cp, tokens, batch int) {
 	}
 	defer e.Close()
 	rng := rand.New(rand.NewPCG(3, 4))
-	const chunk = 8192
-	tok := kvh * d
-	k, v := make([]float32, 2*chunk*tok), make([]float32, 2*chunk*tok)
-	for i := range k {
-		k[i], v[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
-	}
+	pd := newPrefill(rng, kvh*d)
 	var reqs []engine.Request
 	for range batch {
 		id, err := e.Create(engine.Striped)
 		if err != nil {
 			b.Fatal(err)
 		}
-		for done := 0; done < tokens; done += chunk {
-			off := rng.IntN(chunk) * tok
-			if err := e.Append(id, 0, k[off:off+chunk*tok], v[off:off+chunk*tok]); err != nil {
-				b.Fatal(err)
-			}
+		if err := pd.fill(tokens, func(k, v []float32) error { return e.Append(id, 0, k, v) }); err != nil {
+			b.Fatal(err)
 		}
 		q := make([]float32, qh*d)
 		for i := range q {
@@ -182,4 +164,35 @@ func benchEngineStep(b *testing.B, cp, tokens, batch int) {
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "us/step")
 		})
 	}
+}
+
+// prefill is a pool of random tokens twice the append chunk, appended in
+// chunks read at random offsets (pages differ without drawing every key
+// afresh).
+type prefill struct {
+	rng  *rand.Rand
+	tok  int // floats per token
+	k, v []float32
+}
+
+const prefillChunk = 8192
+
+func newPrefill(rng *rand.Rand, tok int) *prefill {
+	p := &prefill{rng: rng, tok: tok, k: make([]float32, 2*prefillChunk*tok), v: make([]float32, 2*prefillChunk*tok)}
+	for i := range p.k {
+		p.k[i], p.v[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+	}
+	return p
+}
+
+// fill hands add at least tokens tokens, a chunk at a time.
+func (p *prefill) fill(tokens int, add func(k, v []float32) error) error {
+	n := prefillChunk * p.tok
+	for done := 0; done < tokens; done += prefillChunk {
+		off := p.rng.IntN(prefillChunk) * p.tok
+		if err := add(p.k[off:off+n], p.v[off:off+n]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
