@@ -134,7 +134,8 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		}
 		dg.Recall /= float64(c.QHeads)
 		dg.MassRecall /= float64(c.QHeads)
-		dg.RelL2 = shard.RelL2(res.O[i*c.QHeads*d:(i+1)*c.QHeads*d], dense.O[i*c.QHeads*d:(i+1)*c.QHeads*d])
+		o, od := res.O[i*c.QHeads*d:(i+1)*c.QHeads*d], dense.O[i*c.QHeads*d:(i+1)*c.QHeads*d]
+		dg.RelL2, dg.AbsL2 = shard.RelL2(o, od), shard.AbsL2(o, od)
 	}
 	return nil
 }

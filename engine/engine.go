@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/shard"
@@ -133,6 +134,32 @@ type Config struct {
 	// DeviceResident keeps every shard's pools in its backend's device
 	// memory (see shard.Config.DeviceResident).
 	DeviceResident bool
+	// MemoryLimit bounds the host bytes of all shards' page pools (and the
+	// summary mirrors of replicated selection) together: a byte count, 0
+	// (the default: the memory available when New runs) or -1 (no check).
+	// New refuses a configuration over it before allocating anything.
+	MemoryLimit int64
+}
+
+// preflight refuses a configuration whose host pools, over all CP x TP
+// shards, do not fit cfg.MemoryLimit. Device-resident pools live in device
+// memory: only their host metadata counts.
+func preflight(cfg Config, st pagestore.Config) error {
+	per, err := st.HostBytes()
+	if err != nil {
+		return fmt.Errorf("engine config: %w", err)
+	}
+	if cfg.DeviceResident {
+		per = memlimit.Mul(int64(st.Capacity), 8)
+	}
+	need := memlimit.Mul(per, int64(cfg.CP), int64(cfg.TP))
+	if cfg.Selection == Replicated {
+		// Each rank mirrors the summaries of its whole TP group's sequences.
+		mirror := memlimit.Mul(int64(cfg.Layers), int64(st.KVHeads), 2, int64(cfg.HeadDim), 4, int64(st.Capacity), int64(cfg.CP))
+		need = memlimit.Add(need, memlimit.Mul(mirror, int64(cfg.CP), int64(cfg.TP)))
+	}
+	what := fmt.Sprintf("engine: %d x %d shards of %d pages each", cfg.TP, cfg.CP, st.Capacity)
+	return memlimit.Check(what, need, cfg.MemoryLimit)
 }
 
 // DefaultConfig returns a single-shard engine with the documented defaults.
@@ -160,6 +187,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("engine config: unknown selection %d", c.Selection)
 	case c.Selection == Replicated && c.Policy.Selector != shard.Quest && c.Policy.Selector != shard.Dense:
 		return fmt.Errorf("engine config: replicated selection needs the quest selector, not %v", c.Policy.Selector)
+	case c.MemoryLimit < memlimit.NoLimit:
+		return fmt.Errorf("engine config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
 	}
 	return c.Policy.Validate()
 }
@@ -216,6 +245,11 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.StepTimeout <= 0 {
 		cfg.StepTimeout = 30 * time.Second
 	}
+	st := pagestore.Config{Layers: cfg.Layers, KVHeads: cfg.KVHeads / cfg.TP, HeadDim: cfg.HeadDim, PageSize: cfg.PageSize,
+		DType: pagestore.Float32, Capacity: cfg.CapacityPages}
+	if err := preflight(cfg, st); err != nil {
+		return nil, err
+	}
 	e := &Engine{cfg: cfg, kvT: cfg.KVHeads / cfg.TP, qT: cfg.QHeads / cfg.TP, seqs: map[SeqID]*seqState{}, nextID: 1}
 	be := cfg.Backend
 	if be == nil && cfg.Backends == nil {
@@ -223,12 +257,12 @@ func New(cfg Config) (*Engine, error) {
 		be = e.ownBe
 	}
 	sc := shard.Config{
-		Store: pagestore.Config{Layers: cfg.Layers, KVHeads: e.kvT, HeadDim: cfg.HeadDim, PageSize: cfg.PageSize,
-			DType: pagestore.Float32, Capacity: cfg.CapacityPages},
+		Store:          st,
 		QHeads:         e.qT,
 		Policy:         cfg.Policy,
 		DeviceResident: cfg.DeviceResident,
 	}
+	sc.Store.MemoryLimit = memlimit.NoLimit // checked above for all shards together
 	for tp := range cfg.TP {
 		var row []*shard.Shard
 		var mir []*shard.Mirror

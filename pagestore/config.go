@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+
+	"github.com/questrt/questrt/internal/memlimit"
 )
 
 // DType is the element type of stored K/V.
@@ -59,6 +61,11 @@ type Config struct {
 	// Capacity is the pool size in physical pages (default 256). A page holds
 	// PageSize tokens of every layer; see [Config.PoolBytes].
 	Capacity int
+	// MemoryLimit bounds the bytes [New] may allocate for the pools: a
+	// byte count, 0 (the default: the memory available on the machine when
+	// New runs) or -1 (no check). A configuration over it fails with an
+	// error wrapping [memlimit.ErrTooLarge] before anything is allocated.
+	MemoryLimit int64
 }
 
 // DefaultConfig returns a Llama-3.1-8B shaped store (32 layers, 8 KV heads,
@@ -73,6 +80,16 @@ func DefaultConfig() Config {
 		DType:    Float32,
 		Capacity: 256,
 	}
+}
+
+// HostBytes returns the bytes [New] allocates in host memory for c: the K/V
+// and summary pools plus 8 bytes of metadata per page.
+func (c Config) HostBytes() (int64, error) {
+	sz, err := c.sizes()
+	if err != nil {
+		return 0, err
+	}
+	return memlimit.Add(int64(sz.kvBytes), int64(sz.sumBytes), memlimit.Mul(int64(c.Capacity), 8)), nil
 }
 
 // Validate reports the first problem with c, or nil.
@@ -109,6 +126,9 @@ func (c Config) sizes() (sizes, error) {
 		if f.v < 1 {
 			return sizes{}, fmt.Errorf("%w: %s = %d, must be >= 1", ErrInvalidConfig, f.name, f.v)
 		}
+	}
+	if c.MemoryLimit < memlimit.NoLimit {
+		return sizes{}, fmt.Errorf("%w: MemoryLimit = %d, want a byte count, 0 (available memory) or -1 (no check)", ErrInvalidConfig, c.MemoryLimit)
 	}
 	switch c.DType {
 	case Float32:

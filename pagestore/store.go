@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"sync"
+
+	"github.com/questrt/questrt/internal/memlimit"
 )
 
 // SeqID names a sequence of one store. Ids are assigned by [Store.Create],
@@ -82,6 +84,11 @@ func New(cfg Config) (*Store, error) {
 	sz, err := cfg.sizes()
 	if err != nil {
 		return nil, err
+	}
+	need, _ := cfg.HostBytes()
+	what := fmt.Sprintf("page pools of %d pages x %d layers x %d KV heads x %d slots x D %d", cfg.Capacity, cfg.Layers, cfg.KVHeads, cfg.PageSize, cfg.HeadDim)
+	if err := memlimit.Check(what, need, cfg.MemoryLimit); err != nil {
+		return nil, fmt.Errorf("pagestore: %w", err)
 	}
 	h := newHostData(cfg, sz)
 	s := newStore(cfg, sz, h)

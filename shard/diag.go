@@ -89,6 +89,7 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	dg.Recall /= float64(sh.QHeads)
 	dg.MassRecall /= float64(sh.QHeads)
 	dg.RelL2 = RelL2(res.O[i*sh.QHeads*d:][:sh.QHeads*d], od)
+	dg.AbsL2 = AbsL2(res.O[i*sh.QHeads*d:][:sh.QHeads*d], od)
 	return dg, nil
 }
 
@@ -114,18 +115,34 @@ func (dg *Diagnostics) CountPages(g, pages int) {
 	}
 }
 
-// RelL2 is ||o - ref|| / ||ref|| (0 when ref is zero).
+// RelL2 is ||o - ref|| / ||ref||, computed in float64. When ref is zero
+// the relative error is undefined: RelL2 is NaN then, unless o is zero
+// too (0). [AbsL2] is always defined.
 func RelL2(o, ref []float32) float64 {
-	var num, den float64
+	num, den := l2(o, ref)
+	if den == 0 {
+		if num == 0 {
+			return 0
+		}
+		return math.NaN()
+	}
+	return math.Sqrt(num / den)
+}
+
+// AbsL2 is ||o - ref||, computed in float64.
+func AbsL2(o, ref []float32) float64 {
+	num, _ := l2(o, ref)
+	return math.Sqrt(num)
+}
+
+// l2 returns ||o - ref||^2 and ||ref||^2.
+func l2(o, ref []float32) (num, den float64) {
 	for j := range ref {
 		e := float64(o[j]) - float64(ref[j])
 		num += e * e
 		den += float64(ref[j]) * float64(ref[j])
 	}
-	if den == 0 {
-		return 0
-	}
-	return math.Sqrt(num / den)
+	return num, den
 }
 
 // TokenStats accumulates, for one query head, the diagnostics measured

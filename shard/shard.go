@@ -239,8 +239,10 @@ type Diagnostics struct {
 	// MassRecall is 1 - eps: the dense softmax mass inside the attended
 	// pages (per query head, averaged); MinMassRecall is the worst head.
 	MassRecall, MinMassRecall float64
-	// RelL2 is ||o - o_dense|| / ||o_dense|| over all query heads.
-	RelL2 float64
+	// RelL2 is ||o - o_dense|| / ||o_dense|| over all query heads; NaN
+	// when o_dense is zero and o is not (see [RelL2]). AbsL2 is
+	// ||o - o_dense||.
+	RelL2, AbsL2 float64
 	// PagesRead and PagesTotal count (KV head, page) pairs read by the
 	// step's attention vs by dense attention.
 	PagesRead, PagesTotal int

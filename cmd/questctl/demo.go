@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/questrt/questrt/internal/demo"
+)
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := demo.DefaultConfig()
+	fs := newFlags("demo", `Usage: questctl demo [flags]
+
+Builds a synthetic long context on the CPU in which many keys mention
+entity A and a few early "needle" keys mention entity B, then decodes:
+the first half of the steps ask about A, the second half turn to B (the
+relevance reversal that eviction policies fail). Every sparse layer runs a
+Quest step with diagnostics (appending the new token), a dense step and
+the Quest step again as a server runs it (timed) on the same data, and
+prints pages read vs total, bytes read vs rho = 1/S + K/P, recall of the
+dense top-10 tokens, attention-mass recall, output relative L2 error,
+phase times, the collectives' share of the step and the Quest-vs-dense
+speedup. --cp and
+--tp lay the KV out over in-process shards; --backend cuda (a -tags cuda
+build on a GPU host) runs the kernels on GPU 0, with --device-resident
+keeping the pages and page tables only in GPU memory.`)
+	fs.IntVar(&c.Context, "context", c.Context, "tokens of prefilled context")
+	fs.IntVar(&c.Steps, "steps", c.Steps, "decode steps (the query turns from A to B halfway)")
+	fs.IntVar(&c.Layers, "layers", c.Layers, "layers")
+	fs.IntVar(&c.DenseLayers, "dense-layers", c.DenseLayers, "leading layers that always attend densely")
+	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads")
+	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads")
+	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
+	fs.IntVar(&c.PageSize, "page-size", c.PageSize, "tokens per page S")
+	fs.IntVar(&c.Budget, "budget", c.Budget, "token budget B per head (page budget K = B/S)")
+	fs.IntVar(&c.Needles, "needles", c.Needles, "needle keys of entity B")
+	fs.IntVar(&c.Mentions, "mentions", c.Mentions, "keys of entity A")
+	fs.StringVar(&c.GQA, "gqa", c.GQA, "GQA page sharing: group_max or per_head")
+	fs.StringVar(&c.Selector, "selector", c.Selector, "page selector: quest, oracle, recent or dense")
+	fs.Uint64Var(&c.Seed, "seed", c.Seed, "data seed")
+	fs.IntVar(&c.Workers, "workers", c.Workers, "CPU kernel worker goroutines besides the caller (0: GOMAXPROCS-1)")
+	fs.IntVar(&c.CP, "cp", c.CP, "context-parallel shards (pages striped over them)")
+	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel shards (KV heads split over them)")
+	fs.StringVar(&c.Selection, "selection", c.Selection, "CP selection: exact, union or replicated")
+	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
+	dtype := fs.String("dtype", "bf16", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
+	fs.BoolVar(&c.DeviceResident, "device-resident", false, "cuda: keep the pages and page tables only in GPU memory")
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return usageError{err}
+	}
+	switch *backend {
+	case "cpu":
+		if c.DeviceResident {
+			return usageError{errors.New("--device-resident needs --backend cuda (the CPU backend has no device memory)")}
+		}
+		if flagSet(fs, "dtype") {
+			return usageError{errors.New("--dtype needs --backend cuda (the CPU backend stores float32)")}
+		}
+	case "cuda":
+		be, err := newCUDABackend(*dtype)
+		if err != nil {
+			return err
+		}
+		defer be.Close()
+		c.Backend = be
+	default:
+		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
+	}
+	_, err := demo.Run(ctx, c, stdout)
+	return err
+}

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/questrt/questrt/bench"
+	"github.com/questrt/questrt/cluster"
+)
+
+func runDevices(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("devices", `Usage: questctl devices [--json]
+
+Lists this node's NVIDIA GPUs through NVML (go-nvml): index, name, UUID,
+memory, PCI bus id, active NVLink links and the pairwise topology. Without
+NVML or a GPU it says so once; questrt then runs on the CPU backend.`)
+	asJSON := fs.Bool("json", false, "print the inventory as JSON")
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	inv, err := cluster.Discover()
+	if errors.Is(err, cluster.ErrNoNVML) {
+		fmt.Fprintf(stdout, "no NVIDIA GPU available (%v): questrt runs on the CPU backend\n", err)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return bench.WriteJSONLine(stdout, inv)
+	}
+	fmt.Fprintf(stdout, "driver %s, %d GPU(s)\n", inv.Driver, len(inv.GPUs))
+	for _, g := range inv.GPUs {
+		fmt.Fprintf(stdout, "  %d  %-24s %s  %s  %.1f GiB (%.1f free)  nvlinks %d\n",
+			g.Index, g.Name, g.UUID, g.PCIBusID, float64(g.MemoryTotal)/(1<<30), float64(g.MemoryFree)/(1<<30), g.NVLinks)
+	}
+	for i, row := range inv.Topology {
+		fmt.Fprintf(stdout, "  topology %d: %v\n", i, row)
+	}
+	return nil
+}
