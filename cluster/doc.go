@@ -1,6 +1,8 @@
 // Package cluster will own the membership of a questrt cluster and the
 // placement of sequences onto shards. Only GPU discovery is built
-// ([Discover], go-nvml, behind `questctl devices`); the rest is planned.
+// ([Discover], go-nvml, behind `questctl devices`; only in builds with the
+// nvml or cuda tag, since go-nvml needs cgo and the default build is pure
+// Go); the rest is planned.
 //
 // The planned design:
 //

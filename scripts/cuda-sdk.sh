@@ -11,6 +11,10 @@
 # A binary built this way links against the driver's libcuda.so.1 at run
 # time, so it runs only on a GPU host (gorgonia.org/cu calls cuInit at
 # start-up and exits when it fails).
+#
+# It touches apt only on Debian bookworm. Elsewhere it uses cuda.h and the
+# stub where they are already installed, and otherwise exits with status 3
+# (nothing changed) so that callers such as .ci/run can skip the CUDA stage.
 set -euo pipefail
 
 flags() {
@@ -31,6 +35,28 @@ fi
 sudo=""
 if [[ $(id -u) -ne 0 ]]; then
 	sudo=sudo
+fi
+
+have_sdk() {
+	test -f /usr/include/cuda.h &&
+		{ test -f /usr/lib/x86_64-linux-gnu/stubs/libcuda.so || test -f /usr/lib/x86_64-linux-gnu/libcuda.so; } &&
+		{ [[ "${1:-}" != "--nvcc" ]] || command -v nvcc >/dev/null; }
+}
+
+bookworm() {
+	[[ -r /etc/os-release ]] && (
+		. /etc/os-release
+		[[ "${ID:-}" == debian && "${VERSION_CODENAME:-}" == bookworm ]]
+	)
+}
+
+if have_sdk "${1:-}"; then
+	flags
+	exit 0
+fi
+if ! bookworm; then
+	echo "cuda-sdk: no cuda.h / libcuda.so stub here and this is not Debian bookworm (see /etc/os-release); not touching apt. Install the CUDA driver API headers and stub yourself." >&2
+	exit 3
 fi
 
 if ! dpkg -s "${want[@]}" >/dev/null 2>&1; then

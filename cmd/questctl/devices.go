@@ -14,13 +14,24 @@ func runDevices(args []string, stdout, stderr io.Writer) error {
 
 Lists this node's NVIDIA GPUs through NVML (go-nvml): index, name, UUID,
 memory, PCI bus id, active NVLink links and the pairwise topology. Without
-NVML or a GPU it says so once; questrt then runs on the CPU backend.`)
-	asJSON := fs.Bool("json", false, "print the inventory as JSON")
+NVML or a GPU it says so once; questrt then runs on the CPU backend.
+Discovery is in builds with -tags nvml or -tags cuda (go-nvml needs cgo);
+the default build is pure Go and reports that it has none.
+
+With --json it prints one JSON object, always: {"driver", "gpus",
+"topology"} and, when no GPU is available, "gpus": [] and "reason".`)
+	asJSON := fs.Bool("json", false, "print the inventory as one JSON object")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	inv, err := cluster.Discover()
 	if errors.Is(err, cluster.ErrNoNVML) {
+		if *asJSON {
+			return bench.WriteJSONLine(stdout, struct {
+				cluster.Inventory
+				Reason string `json:"reason"`
+			}{cluster.Inventory{GPUs: []cluster.GPU{}, Topology: [][]string{}}, err.Error()})
+		}
 		fmt.Fprintf(stdout, "no NVIDIA GPU available (%v): questrt runs on the CPU backend\n", err)
 		return nil
 	}
