@@ -4,48 +4,84 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/questrt/questrt/internal/memlimit"
 )
 
-// BenchConfig configures BenchCollective (questctl bench collective).
+// Limits of the BenchConfig fields that size the benchmark, checked by
+// Validate before anything is allocated. They keep every size the
+// benchmark derives far from integer overflow and from the wire format's
+// 32-bit counts; what fits in memory is checked separately (MaxMemory).
+const (
+	// MaxBenchShards is the largest CP group: N goroutines and N*(N-1)
+	// messages per selection step.
+	MaxBenchShards = 1024
+	// MaxBenchBatch is the largest batch (sequences per step).
+	MaxBenchBatch = 4096
+	// MaxBenchHeads is the most KV heads, and the most query heads.
+	MaxBenchHeads = 1024
+	// MaxBenchHeadDim is the largest head dimension D.
+	MaxBenchHeadDim = 16384
+	// MaxBenchPages is the most pages per sequence (256M tokens at S=16).
+	MaxBenchPages = 1 << 24
+	// MaxBenchSteps is the most measured steps, and the most warm-up steps.
+	MaxBenchSteps = 1 << 24
+)
+
+// BenchConfig configures BenchCollective (questctl bench collective). Start
+// from DefaultBenchConfig: no field takes a default when it is zero, and
+// Validate refuses zero or negative sizes (Warmup may be 0; Seed is any
+// value; MaxMemory 0 means the memory available now).
 type BenchConfig struct {
-	// Shards are the CP group sizes N to run. Default 2, 4, 8, 16.
+	// Shards are the CP group sizes N to run, each in [1, MaxBenchShards].
+	// Default 2, 4, 8, 16.
 	Shards []int
-	// Batches are the batch sizes (sequences per step) to run. Default 1, 16.
+	// Batches are the batch sizes (sequences per step) to run, each in [1,
+	// MaxBenchBatch]. Default 1, 16.
 	Batches []int
-	// Steps is the number of measured layer-steps per configuration.
-	// Default 1000.
+	// Steps is the number of measured layer-steps per configuration, in
+	// [1, MaxBenchSteps]. Default 1000.
 	Steps int
-	// Warmup is the number of unmeasured layer-steps run first. Default 50.
+	// Warmup is the number of unmeasured layer-steps run first, in [0,
+	// MaxBenchSteps]. Default 50.
 	Warmup int
 	// Transport names the transport: "inproc" (default) is the only one
 	// built in; others need NewTransports.
 	Transport string
 	// NewTransports, when set, builds the n members of a group for the
 	// named Transport (a gRPC loopback group, say); the benchmark closes
-	// them.
+	// them. It is called as each configuration starts.
 	NewTransports func(n int) ([]Transport, error)
 	// KVHeads is the number of KV heads per sequence: selection rows =
-	// batch x KVHeads (group_max GQA). Default 8.
+	// batch x KVHeads (group_max GQA). In [1, MaxBenchHeads]; default 8.
 	KVHeads int
 	// QHeads is the number of query heads per sequence: merged states =
-	// batch x QHeads. Default 32.
+	// batch x QHeads. In [1, MaxBenchHeads]; default 32.
 	QHeads int
-	// HeadDim is D. Default 128.
+	// HeadDim is D, in [1, MaxBenchHeadDim]. Default 128.
 	HeadDim int
-	// PageBudget is K, pages selected per row; each rank proposes up to K
-	// candidates per row. Default 128.
+	// PageBudget is K, pages selected per row, in [1, Pages]; each rank
+	// proposes up to K candidates per row. Default 128.
 	PageBudget int
 	// Pages is the number of pages of each sequence, striped over the
-	// ranks (page p on rank p mod N). Default 8192 (128K tokens at S=16).
+	// ranks (page p on rank p mod N), in [1, MaxBenchPages]. Default 8192
+	// (128K tokens at S=16).
 	Pages int
 	// Seed seeds the random scores and states. Default 1.
 	Seed uint64
+	// MaxMemory bounds the heap the benchmark may need (MemoryBytes), in
+	// memlimit's terms: a byte count, memlimit.Auto (0, the default: the
+	// memory available now) or memlimit.NoLimit (-1).
+	MaxMemory int64
+	// Progress, when set, receives one line as each configuration starts.
+	Progress io.Writer
 }
 
 // DefaultBenchConfig returns the defaults documented on BenchConfig.
@@ -54,73 +90,147 @@ func DefaultBenchConfig() BenchConfig {
 		Shards: []int{2, 4, 8, 16}, Batches: []int{1, 16},
 		Steps: 1000, Warmup: 50, Transport: "inproc",
 		KVHeads: 8, QHeads: 32, HeadDim: 128, PageBudget: 128, Pages: 8192, Seed: 1,
+		MaxMemory: memlimit.Auto,
 	}
 }
 
-// withDefaults fills zero fields from DefaultBenchConfig.
-func (c BenchConfig) withDefaults() BenchConfig {
-	d := DefaultBenchConfig()
-	if len(c.Shards) == 0 {
-		c.Shards = d.Shards
-	}
-	if len(c.Batches) == 0 {
-		c.Batches = d.Batches
-	}
-	if c.Steps == 0 {
-		c.Steps = d.Steps
-	}
-	if c.Transport == "" {
-		c.Transport = d.Transport
-	}
-	if c.KVHeads == 0 {
-		c.KVHeads = d.KVHeads
-	}
-	if c.QHeads == 0 {
-		c.QHeads = d.QHeads
-	}
-	if c.HeadDim == 0 {
-		c.HeadDim = d.HeadDim
-	}
-	if c.PageBudget == 0 {
-		c.PageBudget = d.PageBudget
-	}
-	if c.Pages == 0 {
-		c.Pages = d.Pages
-	}
-	if c.Seed == 0 {
-		c.Seed = d.Seed
-	}
-	return c
+// BenchRangeError reports a BenchConfig field outside its allowed range; a
+// command line maps Field to its flag.
+type BenchRangeError struct {
+	Field    string // the BenchConfig field: "Steps", "PageBudget", ...
+	Value    int
+	Min, Max int
+	// Limit names what sets Max when it is not a fixed limit ("Pages").
+	Limit string
 }
 
-// Validate reports whether the config is usable (after zero fields take
-// their defaults; Warmup may be 0).
-func (c BenchConfig) Validate() error {
-	c = c.withDefaults()
-	for _, n := range c.Shards {
-		if n < 1 || n > 1024 {
-			return fmt.Errorf("bench collective: shard count %d not in [1, 1024]", n)
-		}
+func (e *BenchRangeError) Error() string {
+	return fmt.Sprintf("bench collective: %s %d: %s", e.Field, e.Value, e.Want())
+}
+
+// Want says the allowed range: "want 1 to 1024", "want 1 to 8192 (Pages)".
+func (e *BenchRangeError) Want() string {
+	w := fmt.Sprintf("want %d to %d", e.Min, e.Max)
+	if e.Limit != "" {
+		w += " (" + e.Limit + ")"
 	}
-	for _, b := range c.Batches {
-		if b < 1 {
-			return fmt.Errorf("bench collective: batch %d < 1", b)
-		}
-	}
-	switch {
-	case c.Steps < 1:
-		return fmt.Errorf("bench collective: steps %d < 1", c.Steps)
-	case c.Warmup < 0:
-		return fmt.Errorf("bench collective: warmup %d < 0", c.Warmup)
-	case c.KVHeads < 1 || c.QHeads < 1 || c.HeadDim < 1 || c.PageBudget < 1 || c.Pages < 1:
-		return fmt.Errorf("bench collective: heads, head dim, budget and pages must be positive")
-	case c.Transport != "inproc" && c.NewTransports == nil:
-		return fmt.Errorf("bench collective: unknown transport %q (only inproc is built in)", c.Transport)
+	return w
+}
+
+func checkRange(field string, v, lo, hi int, limit string) error {
+	if v < lo || v > hi {
+		return &BenchRangeError{Field: field, Value: v, Min: lo, Max: hi, Limit: limit}
 	}
 	return nil
 }
 
-// Result is one configuration of BenchCollective. Latencies are per
+// Validate reports whether the config is usable: every size in its range
+// (a *BenchRangeError names the first one that is not), a known transport,
+// and the heap the benchmark needs (MemoryBytes) within MaxMemory (an
+// error wrapping memlimit.ErrTooLarge). It allocates nothing.
+func (c BenchConfig) Validate() error {
+	if len(c.Shards) == 0 || len(c.Batches) == 0 {
+		return errors.New("bench collective: want at least one shard count and one batch size")
+	}
+	for _, n := range c.Shards {
+		if err := checkRange("Shards", n, 1, MaxBenchShards, ""); err != nil {
+			return err
+		}
+	}
+	for _, b := range c.Batches {
+		if err := checkRange("Batches", b, 1, MaxBenchBatch, ""); err != nil {
+			return err
+		}
+	}
+	for _, f := range []struct {
+		name      string
+		v, lo, hi int
+		limit     string
+	}{
+		{"Steps", c.Steps, 1, MaxBenchSteps, ""},
+		{"Warmup", c.Warmup, 0, MaxBenchSteps, ""},
+		{"KVHeads", c.KVHeads, 1, MaxBenchHeads, ""},
+		{"QHeads", c.QHeads, 1, MaxBenchHeads, ""},
+		{"HeadDim", c.HeadDim, 1, MaxBenchHeadDim, ""},
+		{"Pages", c.Pages, 1, MaxBenchPages, ""},
+		{"PageBudget", c.PageBudget, 1, max(c.Pages, 1), "Pages"},
+	} {
+		if err := checkRange(f.name, f.v, f.lo, f.hi, f.limit); err != nil {
+			return err
+		}
+	}
+	switch {
+	case c.Transport == "":
+		return errors.New("bench collective: no transport named (want inproc)")
+	case c.Transport != "inproc" && c.NewTransports == nil:
+		return fmt.Errorf("bench collective: unknown transport %q (only inproc is built in)", c.Transport)
+	}
+	return memlimit.Check("bench collective data", c.MemoryBytes(), c.MaxMemory)
+}
+
+// MemoryBytes returns the heap the benchmark needs, in bytes, for its
+// largest (shards, batch) configuration (configurations run one after
+// another). Its data are the candidates, every rank's received select
+// frames and their decoded sort keys, the selections, the partial states,
+// the root's merge buffers and received state frames, the per-step
+// timestamps and the ranks' goroutine stacks; the heap is twice that,
+// because every step's messages are fresh allocations and the collector
+// lets the heap grow to about twice the live data before collecting
+// (GOGC=100). It is -1 when a size is out of range or the total overflows
+// int64, which memlimit.Check refuses.
+func (c BenchConfig) MemoryBytes() int64 {
+	var need int64
+	for _, n := range c.Shards {
+		for _, b := range c.Batches {
+			nb := benchBytes(c, n, b)
+			if nb < 0 {
+				return -1
+			}
+			need = max(need, nb)
+		}
+	}
+	return need
+}
+
+// benchBytes is MemoryBytes of one configuration.
+func benchBytes(c BenchConfig, shards, batch int) int64 {
+	if shards < 1 || c.Pages < 1 {
+		return -1
+	}
+	mul, add := memlimit.Mul, memlimit.Add
+	n, k, pages := int64(shards), int64(c.PageBudget), int64(c.Pages)
+	rows := mul(int64(batch), int64(c.KVHeads))
+	states := mul(int64(batch), int64(c.QHeads))
+	stripe := (pages + n - 1) / n // pages of one rank
+	cands := min(k, stripe)       // candidates per rank and row
+	selected := min(k, pages)     // pages selected per row
+	// A select frame: header, a count per row, 8 bytes per candidate.
+	selFrame := add(selectHeaderLen, mul(rows, 4), mul(rows, cands, candidateLen))
+	// A state frame, and one state's o and lse: (D+1) floats per head.
+	state := mul(states, add(int64(c.HeadDim), 1), 4)
+	stateFrame := add(stateHeaderLen, state)
+	steps := add(int64(c.Warmup), int64(c.Steps))
+	// The sort keys are appended into one slice: up to 1/4 more capacity.
+	keys := mul(n, n, rows, add(cands, 1), 8)
+	keys = add(keys, keys/4)
+	data := add(
+		mul(n, rows, add(mul(cands, 8), 24)),    // candidates, and the row slices
+		mul(n, stripe, 4),                       // each rank's stripe of page indices
+		mul(rows, 8),                            // the budgets
+		mul(n, n, selFrame),                     // each rank's own frame and the N-1 it receives
+		keys,                                    // each rank's sort keys of all ranks' candidates
+		mul(n, n, rows, 8),                      // where each (row, rank) starts among them
+		mul(n, rows, add(mul(selected, 4), 24)), // the selections, and the row slices
+		mul(n, state),                           // every rank's o and lse
+		mul(4, state),                           // the root's input copy, accumulator and scratch
+		mul(n, stateFrame),                      // the state frames the root receives (and each sender's)
+		mul(n, steps, 4*8),                      // four timestamps per rank and step
+		mul(n, 8<<10),                           // goroutine stacks
+	)
+	return mul(data, 2)
+}
+
+// BenchResult is one configuration of BenchCollective. Latencies are per
 // layer-step in microseconds, measured as the group's latency: the ranks
 // start each operation together (after an in-process barrier that is not
 // timed), and a step's latency is the time from the first rank entering
@@ -128,7 +238,7 @@ func (c BenchConfig) Validate() error {
 // ranks (for the merge, the root returns last). Bytes are the payload bytes
 // all ranks together hand to Transport.Send in one step (headers
 // included), averaged over the measured steps.
-type Result struct {
+type BenchResult struct {
 	Shards      int     `json:"shards"`
 	Batch       int     `json:"batch"`
 	Transport   string  `json:"transport"`
@@ -151,29 +261,49 @@ type Result struct {
 	MergeMsgs   int64   `json:"merge_msgs"`
 }
 
-// BenchCollective runs, for every shard count N and batch size of cfg, Warmup
-// + Steps layer-steps on N goroutines over N transports: (a) SelectExact
-// with batch x KVHeads rows, each rank proposing up to PageBudget
-// candidates per row from its own stripe of the pages, and (b) Reduce to
-// rank 0 of batch x QHeads partial states of HeadDim floats. It reports
-// latency percentiles of each operation separately and the bytes sent per
-// step (see Result).
-func BenchCollective(ctx context.Context, cfg BenchConfig) ([]Result, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+// BenchCollective runs, for every shard count N and batch size of cfg (in
+// that order, batches inner), Warmup + Steps layer-steps on N goroutines
+// over N transports: (a) SelectExact with batch x KVHeads rows, each rank
+// proposing up to PageBudget candidates per row from its own stripe of the
+// pages, and (b) Reduce to rank 0 of batch x QHeads partial states of
+// HeadDim floats. It reports latency percentiles of each operation
+// separately and the bytes sent per step (see BenchResult).
+//
+// emit receives each configuration's result as soon as it is measured, on
+// the calling goroutine and before the next configuration starts; an
+// error from emit stops the benchmark and is returned as is. When ctx ends
+// (between configurations or inside one), BenchCollective stops within a
+// layer-step and returns an error wrapping ctx's.
+func BenchCollective(ctx context.Context, cfg BenchConfig, emit func(BenchResult) error) error {
+	if emit == nil {
+		return errors.New("bench collective: nil emit")
 	}
-	cfg = cfg.withDefaults()
-	var out []Result
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
 	for _, n := range cfg.Shards {
 		for _, b := range cfg.Batches {
-			r, err := benchOne(ctx, cfg, n, b)
-			if err != nil {
-				return out, fmt.Errorf("bench collective shards=%d batch=%d: %w", n, b, err)
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("bench collective: %w", err)
 			}
-			out = append(out, r)
+			if cfg.Progress != nil {
+				fmt.Fprintf(cfg.Progress, "bench collective: shards %d batch %d: %d + %d layer-steps over %s\n",
+					n, b, cfg.Warmup, cfg.Steps, cfg.Transport)
+			}
+			r, err := benchOne(ctx, cfg, n, b)
+			if cerr := ctx.Err(); err != nil && cerr != nil {
+				// The ranks' errors (aborts from peers, say) only name it.
+				err = cerr
+			}
+			if err != nil {
+				return fmt.Errorf("bench collective shards=%d batch=%d: %w", n, b, err)
+			}
+			if err := emit(r); err != nil {
+				return err
+			}
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // countingTransport counts what its member sends.
@@ -239,15 +369,15 @@ type benchRank struct {
 	selBytes, mrgBytes, selMsgs, mrgMsgs int64
 }
 
-func benchOne(ctx context.Context, cfg BenchConfig, n, batch int) (Result, error) {
+func benchOne(ctx context.Context, cfg BenchConfig, n, batch int) (BenchResult, error) {
 	var trs []Transport
 	if cfg.NewTransports != nil {
 		var err error
 		if trs, err = cfg.NewTransports(n); err != nil {
-			return Result{}, err
+			return BenchResult{}, err
 		}
 		if len(trs) != n {
-			return Result{}, fmt.Errorf("transport factory returned %d members, want %d", len(trs), n)
+			return BenchResult{}, fmt.Errorf("transport factory returned %d members, want %d", len(trs), n)
 		}
 	} else {
 		trs = NewInprocGroup(n)
@@ -360,15 +490,15 @@ func benchOne(ctx context.Context, cfg BenchConfig, n, batch int) (Result, error
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return Result{}, firstErr
+		return BenchResult{}, firstErr
 	}
 	if err := ctx.Err(); err != nil {
-		return Result{}, err
+		return BenchResult{}, err
 	}
 
 	sel := make([]float64, 0, cfg.Steps)
 	mrg := make([]float64, 0, cfg.Steps)
-	res := Result{
+	res := BenchResult{
 		Shards: n, Batch: batch, Transport: cfg.Transport, Steps: cfg.Steps,
 		Rows: rows, K: k, States: states, HeadDim: d,
 	}

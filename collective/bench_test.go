@@ -3,27 +3,43 @@ package collective_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/internal/memlimit"
 )
 
+// smallBench is a quick configuration of the benchmark.
+func smallBench() collective.BenchConfig {
+	c := collective.DefaultBenchConfig()
+	c.Shards, c.Batches, c.Steps, c.Warmup = []int{1, 3}, []int{1, 2}, 30, 2
+	c.KVHeads, c.QHeads, c.HeadDim, c.PageBudget, c.Pages = 2, 4, 8, 16, 512
+	return c
+}
+
 func TestBenchCollective(t *testing.T) {
-	cfg := collective.BenchConfig{
-		Shards: []int{1, 3}, Batches: []int{1, 2}, Steps: 30, Warmup: 2,
-		KVHeads: 2, QHeads: 4, HeadDim: 8, PageBudget: 16, Pages: 512,
-	}
-	res, err := collective.BenchCollective(context.Background(), cfg)
+	var res []collective.BenchResult
+	err := collective.BenchCollective(context.Background(), smallBench(), func(r collective.BenchResult) error {
+		res = append(res, r)
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(res) != 4 {
 		t.Fatalf("%d results, want 4", len(res))
 	}
-	for _, r := range res {
+	for i, r := range res {
+		if want := [][2]int{{1, 1}, {1, 2}, {3, 1}, {3, 2}}[i]; r.Shards != want[0] || r.Batch != want[1] {
+			t.Errorf("result %d is shards %d batch %d, want %v (shards outer, batches inner)", i, r.Shards, r.Batch, want)
+		}
 		n, rows, states := int64(r.Shards), int64(r.Batch*2), int64(r.Batch*4)
 		// Every rank proposes K candidates per row to every other rank.
 		if want := n * (n - 1) * (16 + rows*4 + rows*16*8); r.SelectBytes != want {
@@ -55,33 +71,223 @@ func TestBenchCollective(t *testing.T) {
 	}
 }
 
+// TestBenchCollectiveIncremental: each configuration's result reaches the
+// caller before the next configuration starts (NewTransports is called as
+// each one starts).
+func TestBenchCollectiveIncremental(t *testing.T) {
+	c := smallBench()
+	c.Shards, c.Batches = []int{2, 3, 4}, []int{1}
+	var events []string
+	c.NewTransports = func(n int) ([]collective.Transport, error) {
+		events = append(events, fmt.Sprint("start ", n))
+		return collective.NewInprocGroup(n), nil
+	}
+	var progress strings.Builder
+	c.Progress = &progress
+	err := collective.BenchCollective(context.Background(), c, func(r collective.BenchResult) error {
+		events = append(events, fmt.Sprint("result ", r.Shards))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"start 2", "result 2", "start 3", "result 3", "start 4", "result 4"}
+	if !slices.Equal(events, want) {
+		t.Errorf("events %q, want %q", events, want)
+	}
+	if got := strings.Count(progress.String(), "\n"); got != 3 {
+		t.Errorf("%d progress lines, want one per configuration:\n%s", got, progress.String())
+	}
+}
+
+// TestBenchCollectiveEmitError: an error from emit stops the benchmark
+// before the next configuration and is returned.
+func TestBenchCollectiveEmitError(t *testing.T) {
+	c := smallBench()
+	starts := 0
+	c.NewTransports = func(n int) ([]collective.Transport, error) {
+		starts++
+		return collective.NewInprocGroup(n), nil
+	}
+	stop := errors.New("stop")
+	calls := 0
+	err := collective.BenchCollective(context.Background(), c, func(collective.BenchResult) error {
+		calls++
+		return stop
+	})
+	if !errors.Is(err, stop) || calls != 1 || starts != 1 {
+		t.Errorf("error %v after %d results and %d configurations, want %v after 1 and 1", err, calls, starts, stop)
+	}
+}
+
 func TestBenchConfigValidate(t *testing.T) {
 	if err := collective.DefaultBenchConfig().Validate(); err != nil {
 		t.Errorf("default config: %v", err)
 	}
-	for _, c := range []collective.BenchConfig{
-		{Shards: []int{0}},
-		{Batches: []int{-1}},
-		{Steps: -5},
-		{Transport: "grpc"},
-		{Warmup: -1},
+	type field struct {
+		name     string
+		set      func(c *collective.BenchConfig, v int)
+		min, max int
+	}
+	fields := []field{
+		{"Shards", func(c *collective.BenchConfig, v int) { c.Shards = []int{2, v} }, 1, collective.MaxBenchShards},
+		{"Batches", func(c *collective.BenchConfig, v int) { c.Batches = []int{v} }, 1, collective.MaxBenchBatch},
+		{"Steps", func(c *collective.BenchConfig, v int) { c.Steps = v }, 1, collective.MaxBenchSteps},
+		{"Warmup", func(c *collective.BenchConfig, v int) { c.Warmup = v }, 0, collective.MaxBenchSteps},
+		{"KVHeads", func(c *collective.BenchConfig, v int) { c.KVHeads = v }, 1, collective.MaxBenchHeads},
+		{"QHeads", func(c *collective.BenchConfig, v int) { c.QHeads = v }, 1, collective.MaxBenchHeads},
+		{"HeadDim", func(c *collective.BenchConfig, v int) { c.HeadDim = v }, 1, collective.MaxBenchHeadDim},
+		{"Pages", func(c *collective.BenchConfig, v int) { c.Pages = v }, 1, collective.MaxBenchPages},
+		{"PageBudget", func(c *collective.BenchConfig, v int) { c.PageBudget = v }, 1, 8192}, // the default Pages
+	}
+	for _, f := range fields {
+		for _, v := range []int{f.min - 1, f.min - 2, f.max + 1, math.MaxInt, math.MinInt} {
+			c := collective.DefaultBenchConfig()
+			f.set(&c, v)
+			err := c.Validate()
+			var re *collective.BenchRangeError
+			if !errors.As(err, &re) || re.Field != f.name || re.Value != v || re.Min != f.min || re.Max != f.max {
+				t.Errorf("%s = %d: %v, want a BenchRangeError for %s [%d, %d]", f.name, v, err, f.name, f.min, f.max)
+			}
+			checkRefused(t, c)
+		}
+		if f.min == 0 { // the smallest value in range runs (Warmup 0)
+			c := smallBench()
+			f.set(&c, f.min)
+			if err := c.Validate(); err != nil {
+				t.Errorf("%s = %d: %v", f.name, f.min, err)
+			}
+		}
+	}
+	for name, c := range map[string]collective.BenchConfig{
+		"no shards":         func() collective.BenchConfig { c := smallBench(); c.Shards = nil; return c }(),
+		"no batches":        func() collective.BenchConfig { c := smallBench(); c.Batches = []int{}; return c }(),
+		"no transport":      func() collective.BenchConfig { c := smallBench(); c.Transport = ""; return c }(),
+		"unknown transport": func() collective.BenchConfig { c := smallBench(); c.Transport = "grpc"; return c }(),
+		"the zero config":   {},
 	} {
-		if err := c.Validate(); err == nil {
-			t.Errorf("%+v: no error", c)
+		if c.Validate() == nil {
+			t.Errorf("%s: no error", name)
 		}
-		if _, err := collective.BenchCollective(context.Background(), c); err == nil {
-			t.Errorf("%+v: BenchCollective ran", c)
+		checkRefused(t, c)
+	}
+}
+
+// TestBenchConfigMemory: configurations whose data do not fit MaxMemory,
+// or the machine, are refused before anything is allocated.
+func TestBenchConfigMemory(t *testing.T) {
+	c := collective.DefaultBenchConfig()
+	need := c.MemoryBytes()
+	// 16 ranks x 16 x 8 rows x 128 candidates, all-gathered, 8 bytes
+	// each, and their sort keys: >= 64 MiB of data.
+	if need < 128<<20 || need > 1<<30 {
+		t.Errorf("default config needs %d bytes, want 128 MiB to 1 GiB", need)
+	}
+	bigger := c
+	bigger.Shards = []int{32}
+	if bigger.MemoryBytes() <= need {
+		t.Errorf("32 shards need %d bytes, no more than 16 shards' %d", bigger.MemoryBytes(), need)
+	}
+	c.MaxMemory = need
+	if err := c.Validate(); err != nil {
+		t.Errorf("MaxMemory = need: %v", err)
+	}
+	c.MaxMemory = need - 1
+	if err := c.Validate(); !errors.Is(err, memlimit.ErrTooLarge) {
+		t.Errorf("MaxMemory = need - 1: %v, want ErrTooLarge", err)
+	}
+	checkRefused(t, c)
+	c.MaxMemory = -2
+	if err := c.Validate(); err == nil {
+		t.Error("MaxMemory -2 accepted")
+	}
+	// Every size at its limit: petabytes (or an overflow), refused
+	// whatever the machine, and no panic on the way.
+	huge := collective.DefaultBenchConfig()
+	huge.Shards, huge.Batches = []int{collective.MaxBenchShards}, []int{collective.MaxBenchBatch}
+	huge.KVHeads, huge.QHeads, huge.HeadDim = collective.MaxBenchHeads, collective.MaxBenchHeads, collective.MaxBenchHeadDim
+	huge.Pages, huge.PageBudget, huge.Steps, huge.Warmup = collective.MaxBenchPages, collective.MaxBenchPages, collective.MaxBenchSteps, collective.MaxBenchSteps
+	limits := []int64{1 << 40}
+	if _, err := memlimit.Available(); err == nil {
+		limits = append(limits, memlimit.Auto) // where unknown, Auto refuses only overflows
+	}
+	for _, limit := range limits {
+		huge.MaxMemory = limit
+		if err := huge.Validate(); !errors.Is(err, memlimit.ErrTooLarge) {
+			t.Errorf("every size at its limit, MaxMemory %d: %v, want ErrTooLarge", limit, err)
 		}
+		checkRefused(t, huge)
+	}
+	// One size alone can be too much: D = 16384 for 16 x 1024 query heads.
+	wide := collective.DefaultBenchConfig()
+	wide.QHeads, wide.HeadDim, wide.MaxMemory = collective.MaxBenchHeads, collective.MaxBenchHeadDim, 1<<30
+	if err := wide.Validate(); !errors.Is(err, memlimit.ErrTooLarge) {
+		t.Errorf("wide states: %v, want ErrTooLarge", err)
+	}
+}
+
+// checkRefused: BenchCollective refuses c without starting a
+// configuration (Progress gets a line as each one starts) or emitting
+// anything.
+func checkRefused(t *testing.T, c collective.BenchConfig) {
+	t.Helper()
+	var progress strings.Builder
+	c.Progress = &progress
+	err := collective.BenchCollective(context.Background(), c, func(collective.BenchResult) error {
+		t.Error("emitted a result")
+		return nil
+	})
+	if err == nil || progress.Len() > 0 {
+		t.Errorf("BenchCollective = %v, progress %q; want refused before starting", err, progress.String())
 	}
 }
 
 func TestBenchCollectiveCancelled(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	cfg := collective.BenchConfig{Shards: []int{4}, Batches: []int{1}, Steps: 1000}
-	if _, err := collective.BenchCollective(ctx, cfg); err == nil {
-		t.Error("cancelled bench returned no error")
+	none := func(collective.BenchResult) error {
+		t.Error("emitted a result")
+		return nil
 	}
+	t.Run("before", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		c := smallBench()
+		if err := collective.BenchCollective(ctx, c, none); !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled bench: %v, want Canceled", err)
+		}
+	})
+	t.Run("between configurations", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		c := smallBench()
+		starts, results := 0, 0
+		c.NewTransports = func(n int) ([]collective.Transport, error) {
+			starts++
+			return collective.NewInprocGroup(n), nil
+		}
+		err := collective.BenchCollective(ctx, c, func(collective.BenchResult) error {
+			results++
+			cancel()
+			return nil
+		})
+		if !errors.Is(err, context.Canceled) || starts != 1 || results != 1 {
+			t.Errorf("%v after %d configurations and %d results, want Canceled after 1 and 1", err, starts, results)
+		}
+	})
+	t.Run("inside a configuration", func(t *testing.T) {
+		// Far more steps than run before the cancel: a benchmark that
+		// did not stop would emit its result after seconds.
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		c := smallBench()
+		c.Shards, c.Batches, c.Steps = []int{4}, []int{1}, 1<<18
+		c.NewTransports = func(n int) ([]collective.Transport, error) {
+			time.AfterFunc(20*time.Millisecond, cancel)
+			return collective.NewInprocGroup(n), nil
+		}
+		if err := collective.BenchCollective(ctx, c, none); !errors.Is(err, context.Canceled) {
+			t.Errorf("bench cancelled while running: %v, want Canceled", err)
+		}
+	})
 }
 
 // benchOp runs op on n ranks per iteration: ranks 1..n-1 on long-lived

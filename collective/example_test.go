@@ -22,7 +22,7 @@ func ExampleGroup_SelectExact() {
 		{{{Score: 0.9, Page: 0}, {Score: 0.5, Page: 2}, {Score: 0.1, Page: 4}}}, // rank 0: even pages
 		{{{Score: 0.7, Page: 1}, {Score: 0.5, Page: 3}}},                        // rank 1: odd pages
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	tag := collective.MakeTag(1, 0, collective.OpSelect)
 	out := make([][][]int32, 2)

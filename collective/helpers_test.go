@@ -8,6 +8,16 @@ import (
 	"github.com/questrt/questrt/collective"
 )
 
+// Calls that must fail promptly (a peer's bad input, an abort, a closed
+// peer) run under promptDeadline, far beyond any scheduling delay of a
+// loaded machine, and must return in under promptBound, half of it: a
+// call that waited for its deadline instead of the failure cannot pass,
+// and one that did not wait cannot miss.
+const (
+	promptDeadline = 10 * time.Second
+	promptBound    = promptDeadline / 2
+)
+
 // outcome is one rank's result of a collective call.
 type outcome[T any] struct {
 	val     T

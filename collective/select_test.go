@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sort"
 	"testing"
-	"time"
 
 	"github.com/questrt/questrt/collective"
 )
@@ -223,7 +222,7 @@ func TestSelectExactErrors(t *testing.T) {
 			const n = 3
 			gs, done := newGroups(n, nil)
 			defer done()
-			ctx, cancel := context.WithTimeout(bg(), 200*time.Millisecond)
+			ctx, cancel := context.WithTimeout(bg(), promptDeadline)
 			defer cancel()
 			res := runRanks(n, func(r int) ([][]int32, error) {
 				return gs[r].SelectExact(ctx, 9, tc.local(r), tc.k(r), nil)
@@ -240,8 +239,8 @@ func TestSelectExactErrors(t *testing.T) {
 				if want != nil && !errors.Is(o.err, want) {
 					t.Errorf("rank %d: %v, want %v", r, o.err, want)
 				}
-				if o.elapsed > 100*time.Millisecond {
-					t.Errorf("rank %d took %v: a bad input must fail the others promptly", r, o.elapsed)
+				if o.elapsed >= promptBound {
+					t.Errorf("rank %d took %v, want < %v: a bad input must fail the others before the %v deadline", r, o.elapsed, promptBound, promptDeadline)
 				}
 			}
 		})

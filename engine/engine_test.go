@@ -331,6 +331,12 @@ func (f *faultyBackend) Attend(ctx context.Context, s kernels.Shape, l kernels.L
 	return f.Backend.Attend(ctx, s, l, b, q, lists, o, lse)
 }
 
+// failStepTimeout is the step deadline of the failure tests. A failure must
+// end a step in under half of it; it is long enough that a healthy step's
+// work on a loaded machine never comes near that, so the bound proves the
+// step did not wait for its deadline and cannot be missed by a slow run.
+const failStepTimeout = 20 * time.Second
+
 // TestShardFailure: a shard that errors or blocks mid-step fails the step
 // before the deadline, and the engine keeps serving afterwards; no
 // goroutine outlives the test (goleak in TestMain).
@@ -343,7 +349,7 @@ func TestShardFailure(t *testing.T) {
 	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 1, 4, 2, 16
 	cfg.CP, cfg.TP, cfg.CapacityPages = 4, 2, 64
 	cfg.Policy.DenseLayers = 0
-	cfg.StepTimeout = 5 * time.Second
+	cfg.StepTimeout = failStepTimeout
 	cfg.Backends = func(tp, cp int) kernels.Backend {
 		if tp == 1 && cp == 2 {
 			return bad
@@ -374,19 +380,23 @@ func TestShardFailure(t *testing.T) {
 	if err := step(ids[0]); !errors.Is(err, errInjected) {
 		t.Fatalf("failing shard: step error %v", err)
 	}
-	// Peers abort at once instead of waiting for the 5 s step deadline.
-	if el := time.Since(t0); el > cfg.StepTimeout/2 {
-		t.Fatalf("failing shard: the step took %v, peers should abort early", el)
+	// Peers abort at once instead of waiting for the step deadline.
+	if el := time.Since(t0); el >= cfg.StepTimeout/2 {
+		t.Fatalf("failing shard: the step took %v, want < %v: peers should abort long before the %v step deadline", el, cfg.StepTimeout/2, cfg.StepTimeout)
 	}
+	// A blocked shard is seen at the caller's deadline, which is far
+	// earlier than StepTimeout: ending in under half of StepTimeout proves
+	// the caller's deadline, not the engine's, ended the step.
 	bad.mode.Store(2)
+	const callerDeadline = 300 * time.Millisecond
 	t0 = time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), callerDeadline)
 	defer cancel()
 	if err := stepCtx(ctx, ids[1]); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("blocked shard: step error %v", err)
 	}
-	if el := time.Since(t0); el > 300*time.Millisecond+time.Second {
-		t.Fatalf("blocked shard: the step took %v, deadline 300ms", el)
+	if el := time.Since(t0); el < callerDeadline || el >= cfg.StepTimeout/2 {
+		t.Fatalf("blocked shard: the step took %v, want the caller's %v deadline (and < %v)", el, callerDeadline, cfg.StepTimeout/2)
 	}
 	bad.mode.Store(0)
 	for _, id := range ids {
@@ -404,7 +414,7 @@ func TestTransportFailure(t *testing.T) {
 	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 1, 4, 2, 16
 	cfg.CP, cfg.CapacityPages = 3, 64
 	cfg.Policy.DenseLayers = 0
-	cfg.StepTimeout = 5 * time.Second
+	cfg.StepTimeout = failStepTimeout
 	var faulty *collective.Faulty
 	cfg.Transports = func(tp, n int) []collective.Transport {
 		trs := collective.NewInprocGroup(n)
@@ -423,8 +433,8 @@ func TestTransportFailure(t *testing.T) {
 	if !errors.Is(err, collective.ErrInjected) {
 		t.Fatalf("step error %v, want the injected fault", err)
 	}
-	if time.Since(t0) > cfg.StepTimeout/2 {
-		t.Fatalf("step took %v, the failure should end it at once", time.Since(t0))
+	if el := time.Since(t0); el >= cfg.StepTimeout/2 {
+		t.Fatalf("step took %v, want < %v: the failure should end it long before the %v step deadline", el, cfg.StepTimeout/2, cfg.StepTimeout)
 	}
 	// The fault was one send: the next step works.
 	if err := e.Step(context.Background(), 0, []Request{{Seq: id, Q: randVec(rng, 4*16), BudgetTokens: 64}}, StepOptions{}, &res); err != nil {

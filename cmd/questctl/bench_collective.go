@@ -2,53 +2,110 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/questrt/questrt/bench"
 	"github.com/questrt/questrt/collective"
 )
 
+// collectiveFlags maps the BenchConfig fields that BenchRangeError names to
+// their flags.
+var collectiveFlags = map[string]string{
+	"Shards": "shards", "Batches": "batch", "Steps": "steps", "Warmup": "warmup",
+	"KVHeads": "kv-heads", "QHeads": "q-heads", "HeadDim": "head-dim",
+	"PageBudget": "k", "Pages": "pages",
+}
+
 func runBenchCollective(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := collective.DefaultBenchConfig()
-	fs := newFlags("bench collective", `Usage: questctl bench collective [flags]
+	fs := newFlags("bench collective", fmt.Sprintf(`Usage: questctl bench collective [flags]
 
 Per layer-step latency of the collectives of a CP group: the exact
 selection exchange (all-gather of each rank's local top-K candidates, every
 rank derives the same global top-K) and the merge of partial states to
 rank 0, on N goroutines over the chosen transport. Prints one JSON line per
-(shards, batch) with p50/p95/p99 latencies in microseconds and bytes sent.`)
+(shards, batch) on stdout as soon as that configuration finishes, with
+p50/p95/p99 latencies in microseconds and bytes sent; progress and a table
+go to stderr (not with --json).
+
+Sizes must be at least 1 (--warmup 0 is allowed); at most %d shards, a
+batch of %d, %d KV or query heads, a head dimension of %d, %d pages
+(--k at most --pages) and %d steps. A configuration whose data do not fit
+--max-memory is refused before it runs.`,
+		collective.MaxBenchShards, collective.MaxBenchBatch, collective.MaxBenchHeads,
+		collective.MaxBenchHeadDim, collective.MaxBenchPages, collective.MaxBenchSteps))
 	shards := fs.String("shards", "2,4,8,16", "comma-separated CP group sizes")
 	batches := fs.String("batch", "1,16", "comma-separated batch sizes")
 	fs.StringVar(&c.Transport, "transport", c.Transport, "transport: inproc")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "measured layer-steps per configuration")
+	fs.IntVar(&c.Warmup, "warmup", c.Warmup, "unmeasured layer-steps run first")
 	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads (selection rows per sequence)")
 	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads (merged states per sequence)")
 	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
 	fs.IntVar(&c.PageBudget, "k", c.PageBudget, "pages selected per row (K)")
-	asJSON := fs.Bool("json", false, "print JSON lines only (default also prints a table to stderr)")
+	fs.IntVar(&c.Pages, "pages", c.Pages, "pages per sequence, striped over the shards")
+	maxMem := maxMemoryFlag(fs)
+	asJSON := fs.Bool("json", false, "print JSON lines only (default also prints progress and a table to stderr)")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	var err error
-	if c.Shards, err = intList(*shards); err != nil {
-		return usageError{fmt.Errorf("--shards: %w", err)}
-	}
-	if c.Batches, err = intList(*batches); err != nil {
-		return usageError{fmt.Errorf("--batch: %w", err)}
-	}
-	if err := c.Validate(); err != nil {
+	if c.Shards, err = sizeList("shards", *shards); err != nil {
 		return usageError{err}
 	}
-	res, err := collective.BenchCollective(ctx, c)
-	for _, r := range res {
+	if c.Batches, err = sizeList("batch", *batches); err != nil {
+		return usageError{err}
+	}
+	c.MaxMemory = *maxMem
+	if err := c.Validate(); err != nil {
+		var re *collective.BenchRangeError
+		if errors.As(err, &re) {
+			limit := ""
+			if re.Limit != "" {
+				limit = fmt.Sprintf(" (--%s)", collectiveFlags[re.Limit])
+			}
+			return usageError{fmt.Errorf("--%s %d: want %d to %d%s", collectiveFlags[re.Field], re.Value, re.Min, re.Max, limit)}
+		}
+		return usageError{err}
+	}
+	if !*asJSON {
+		c.Progress = stderr
+	}
+	start := time.Now()
+	err = collective.BenchCollective(ctx, c, func(r collective.BenchResult) error {
+		if err := bench.WriteJSONLine(stdout, r); err != nil {
+			return err
+		}
 		if !*asJSON {
 			fmt.Fprintf(stderr, "shards %2d batch %2d: select p50 %.1f p99 %.1f us, merge p50 %.1f p99 %.1f us, %d + %d bytes/step\n",
 				r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.MergeP50, r.MergeP99, r.SelectBytes, r.MergeBytes)
 		}
-		if werr := bench.WriteJSONLine(stdout, r); werr != nil {
-			return werr
-		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	return err
+	if !*asJSON {
+		fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
+	}
+	return nil
+}
+
+// sizeList parses a comma-separated list of integers for --name. Ranges
+// are BenchConfig.Validate's to check.
+func sizeList(name, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, fmt.Errorf("--%s %q: %q is not an integer (want a comma-separated list)", name, s, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }

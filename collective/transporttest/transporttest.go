@@ -21,9 +21,15 @@ import (
 // The suite closes every member it is given.
 type NewGroup func(t *testing.T, n int) []collective.Transport
 
+// CallDeadline is the deadline of the suite's calls that must succeed or
+// fail promptly; no scheduling delay of a loaded machine comes near it.
+const CallDeadline = 10 * time.Second
+
 // Prompt is how long a call that must not wait (a pending Recv whose peer
-// closed, a cancelled call) may take before the suite reports it.
-const Prompt = 2 * time.Second
+// closed, a cancelled call) may take before the suite reports it: half of
+// CallDeadline, so a call that waited for its deadline instead fails, and
+// a prompt one on a loaded machine cannot.
+const Prompt = CallDeadline / 2
 
 // Run runs the suite against newGroup.
 func Run(t *testing.T, newGroup NewGroup) {
@@ -71,7 +77,7 @@ func group(t *testing.T, newGroup NewGroup, n int) []collective.Transport {
 }
 
 func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), CallDeadline)
 	t.Cleanup(cancel)
 	return ctx
 }
