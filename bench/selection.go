@@ -2,33 +2,122 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"slices"
 
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/shard"
 )
 
 // SelectionConfig sizes the comparison of the CP selection modes.
 type SelectionConfig struct {
-	CP       []int              // CP degrees (2, 4, 8)
+	CP       []int              // CP degrees, 1..MaxCP (2, 4, 8)
 	Modes    []engine.Selection // modes (exact, union, replicated)
-	Context  int                // tokens of the sequence (32768)
-	Budget   int                // token budget (2048)
-	PageSize int                // S (16)
-	QHeads   int                // 32
-	KVHeads  int                // 8
-	HeadDim  int                // 128
-	Steps    int                // timed steps per configuration, median reported (20)
-	Progress io.Writer          // setup progress lines, optional
+	Context  int                // tokens of the sequence, 1..MaxContext (32768)
+	Budget   int                // token budget, PageSize..MaxContext (2048)
+	PageSize int                // S, 1..MaxPageSize (16)
+	QHeads   int                // 1..MaxHeads, a multiple of KVHeads (32)
+	KVHeads  int                // 1..MaxHeads (8)
+	HeadDim  int                // 1..MaxHeadDim (128)
+	Steps    int                // timed steps per configuration, median reported, 1..MaxIters (20)
+	// MemoryLimit bounds the host memory of the run (the shared K/V and
+	// queries, one engine's pools, diagnostics): a byte count,
+	// memlimit.Auto (0, the default: the memory available now) or
+	// memlimit.NoLimit (-1). A run over it is refused before anything is
+	// allocated.
+	MemoryLimit int64
+	Progress    io.Writer // setup progress lines, optional
 }
 
 // DefaultSelectionConfig returns the defaults noted on the fields.
 func DefaultSelectionConfig() SelectionConfig {
 	return SelectionConfig{CP: []int{2, 4, 8}, Modes: []engine.Selection{engine.Exact, engine.Union, engine.Replicated},
 		Context: 32768, Budget: 2048, PageSize: 16, QHeads: 32, KVHeads: 8, HeadDim: 128, Steps: 20}
+}
+
+// Validate reports the first setting outside its range, in one line that
+// names the questctl flag and the allowed range.
+func (c SelectionConfig) Validate() error {
+	if len(c.CP) == 0 {
+		return errors.New("--cp: no CP degrees given")
+	}
+	if len(c.Modes) == 0 {
+		return errors.New("--selection: no modes given")
+	}
+	for _, cp := range c.CP {
+		if err := inRange("--cp", cp, 1, MaxCP, ""); err != nil {
+			return err
+		}
+	}
+	for _, m := range c.Modes {
+		if m < engine.Exact || m > engine.Replicated {
+			return fmt.Errorf("--selection: unknown mode %v (want exact, union or replicated)", m)
+		}
+	}
+	if err := inRange("--context", c.Context, 1, MaxContext, " tokens"); err != nil {
+		return err
+	}
+	if err := checkShape(c.PageSize, c.QHeads, c.KVHeads, c.HeadDim); err != nil {
+		return err
+	}
+	if err := checkBudget(c.Budget, c.PageSize); err != nil {
+		return err
+	}
+	if err := inRange("--steps", c.Steps, 1, MaxIters, ""); err != nil {
+		return err
+	}
+	return checkLimit(c.MemoryLimit)
+}
+
+// MemoryBytes returns the host bytes of a run at CP degree cp: the K/V
+// given to every engine and the queries, the exact selections kept for
+// comparison, one engine's page pools (with the summary mirrors of
+// replicated selection when that mode runs) and the diagnostics' copy of
+// the sequence's pages. It is -1 when the size overflows. c must be valid.
+func (c SelectionConfig) MemoryBytes(cp int) int64 {
+	pages := int64(pagesOf(c.Context, c.PageSize))
+	kvh, qh, d := int64(c.KVHeads), int64(c.QHeads), int64(c.HeadDim)
+	capacity := (pages+int64(cp)-1)/int64(cp) + 2
+	st := pagestore.Config{Layers: 1, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, Capacity: int(capacity)}
+	shardBytes, err := st.HostBytes()
+	if err != nil {
+		return -1
+	}
+	pools := memlimit.Mul(shardBytes, int64(cp))
+	if slices.Contains(c.Modes, engine.Replicated) {
+		pools = memlimit.Add(pools, memlimit.Mul(kvh, 2, d, 4, capacity, int64(cp), int64(cp)))
+	}
+	k := min(int64(c.Budget/c.PageSize), pages)
+	return memlimit.Add(
+		memlimit.Mul(2, int64(c.Context), kvh, d, 4), // the shared K and V
+		memlimit.Mul(int64(c.Steps), qh, d, 4),       // queries
+		memlimit.Mul(int64(c.Steps), qh, k+6, 4),     // exact selection's pages per step and head
+		pools,
+		// Diagnostics copy every page (K, V, summaries) and list scores
+		// and pages per query head; steps keep scores, candidates and
+		// lists per (KV head, page).
+		memlimit.Mul(pages, kvh, int64(c.PageSize)*2+2, d, 4),
+		memlimit.Mul(pages, qh, 4, 4),
+		memlimit.Mul(pages, kvh, 4, 8),
+	)
+}
+
+// Preflight checks, before anything is allocated, that the run at every
+// CP degree fits c.MemoryLimit. The errors wrap memlimit.ErrTooLarge.
+func (c SelectionConfig) Preflight() error {
+	for _, cp := range c.CP {
+		what := fmt.Sprintf("bench selection: --context %d at --cp %d (K/V of %d KV heads, D %d, the engine's pools and diagnostics)", c.Context, cp, c.KVHeads, c.HeadDim)
+		if err := memlimit.Check(what, c.MemoryBytes(cp), c.MemoryLimit); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // SelectionResult is one JSON line of `questctl bench selection`.
@@ -59,8 +148,15 @@ type SelectionResult struct {
 // step latency with its collective phases, the pages read, and how far each
 // mode's selection is from exact selection.
 func Selection(ctx context.Context, cfg SelectionConfig, emit func(SelectionResult) error) error {
-	if cfg.Context < 1 || cfg.Steps < 1 || len(cfg.CP) == 0 || len(cfg.Modes) == 0 {
-		return fmt.Errorf("bench selection: context, steps, cp and modes must be set: %+v", cfg)
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("bench selection: %w", err)
+	}
+	debug.FreeOSMemory() // what an earlier run left is garbage: let Auto see it
+	if err := cfg.Preflight(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("bench selection: %w", err)
 	}
 	be := kernels.NewCPU(kernels.CPUConfig{})
 	defer be.Close()
@@ -75,7 +171,7 @@ func Selection(ctx context.Context, cfg SelectionConfig, emit func(SelectionResu
 		queries[i] = make([]float32, cfg.QHeads*cfg.HeadDim)
 		fillUniform(queries[i], uint32(100+i))
 	}
-	pages := (cfg.Context + cfg.PageSize - 1) / cfg.PageSize
+	pages := pagesOf(cfg.Context, cfg.PageSize)
 	for _, cp := range cfg.CP {
 		var exactSel [][][]int32 // [step][head] pages, from the exact mode
 		for _, mode := range cfg.Modes {
@@ -84,6 +180,13 @@ func Selection(ctx context.Context, cfg SelectionConfig, emit func(SelectionResu
 			ec.CP, ec.CapacityPages, ec.Selection, ec.Backend = cp, (pages+cp-1)/cp+2, mode, be
 			ec.Policy = shard.DefaultPolicy()
 			ec.Policy.PageSize, ec.Policy.BudgetTokens, ec.Policy.DenseLayers = cfg.PageSize, cfg.Budget, 0
+			// The previous engine's pools are garbage now: give them
+			// back, so the engine's own check sees what it can have.
+			debug.FreeOSMemory()
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("bench selection: %w", err)
+			}
+			ec.MemoryLimit = cfg.MemoryLimit
 			e, err := engine.New(ec)
 			if err != nil {
 				return fmt.Errorf("bench selection: %w", err)
@@ -98,6 +201,9 @@ func Selection(ctx context.Context, cfg SelectionConfig, emit func(SelectionResu
 			if err != nil {
 				e.Close()
 				return fmt.Errorf("bench selection: %w", err)
+			}
+			if cfg.Progress != nil {
+				fmt.Fprintf(cfg.Progress, "bench selection: cp %d %v: timing %d steps\n", cp, mode, cfg.Steps)
 			}
 			var steps, scores, sels, merges, read, same, mass, recalled []float64
 			var res engine.Result

@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/questrt/questrt/bench"
+	"github.com/questrt/questrt/internal/memlimit"
 )
 
 func runBenchAttention(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -14,11 +18,19 @@ func runBenchAttention(ctx context.Context, args []string, stdout, stderr io.Wri
 	fs := newFlags("bench attention", `Usage: questctl bench attention [flags]
 
 One layer, one or more sequences of the full context: a Quest step (score +
-top-K + sparse attention) and a dense step on the same data, alternated,
-median of --iters. Prints one JSON line per (context, budget) with
-dense_us, quest_us, score_us, topk_us, attend_us, bytes_read, bytes_dense,
-rho_formula (1/S + K/P) and the machine's copy bandwidth measured in the
-same run.
+top-K + sparse attention) as a server runs it (on the CPU one fused backend
+call), a dense step, and the Quest step again as three separate backend
+calls, on the same data, alternated, median of --iters. Prints one JSON
+line per (batch, context, budget) as soon as it is measured, with dense_us,
+quest_us (the served step), phased_us (the three-call step) and its phases
+score_us, topk_us and attend_us, bytes_read, bytes_dense, pages (P),
+k_pages (K = budget/S), rho_formula (1/S + K/P) and the machine's copy
+bandwidth measured in the same run. A budget of at least the whole context
+runs with K capped at P (budget_capped: every step reads every page, and
+rho_formula is 1 + 1/S). Progress goes to stderr.
+
+Every size is checked before anything is allocated: each configuration's
+memory (K/V pool, buffers, scratch) must fit --max-memory.
 
 With --backend cuda the data live on the GPU, each phase is timed with CUDA
 events from a cold L2 (a 256 MiB write before every call, launches queued
@@ -27,37 +39,61 @@ copy bandwidth), quest_latency_us (one step launched alone on an idle GPU)
 and topk_step_us (the top-K right after the score kernel, as inside a
 step).`)
 	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
-	contexts := fs.String("context", "32768,131072", "comma-separated context lengths in tokens")
-	budgets := fs.String("budget", "2048", "comma-separated token budgets")
-	batches := fs.String("batch", "1", "comma-separated batch sizes (sequences per step)")
-	dtype := fs.String("dtype", "bf16", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
-	fs.IntVar(&c.PageSize, "page-size", c.PageSize, "tokens per page S")
-	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads")
-	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads")
-	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
-	fs.IntVar(&c.Iters, "iters", c.Iters, "timed steps per configuration")
-	asJSON := fs.Bool("json", false, "print JSON lines only (default also prints a table to stderr)")
+	contexts := fs.String("context", "32768,131072", fmt.Sprintf("comma-separated context lengths in tokens (1..%d)", bench.MaxContext))
+	budgets := fs.String("budget", "2048", fmt.Sprintf("comma-separated token budgets (--page-size..%d; K is capped at the context's pages)", bench.MaxContext))
+	batches := fs.String("batch", "1", fmt.Sprintf("comma-separated batch sizes, sequences per step (1..%d)", bench.MaxBatch))
+	dtype := fs.String("dtype", "bf16", "cuda storage type: f32, f16 or bf16 (needs --backend cuda; the CPU backend stores float32)")
+	fs.IntVar(&c.PageSize, "page-size", c.PageSize, fmt.Sprintf("tokens per page S (1..%d)", bench.MaxPageSize))
+	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, fmt.Sprintf("query heads (1..%d, a multiple of --kv-heads)", bench.MaxHeads))
+	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, fmt.Sprintf("KV heads (1..%d)", bench.MaxHeads))
+	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, fmt.Sprintf("head dimension D (1..%d)", bench.MaxHeadDim))
+	fs.IntVar(&c.Iters, "iters", c.Iters, fmt.Sprintf("timed steps per configuration (1..%d)", bench.MaxIters))
+	maxMem := maxMemoryFlag(fs)
+	asJSON := fs.Bool("json", false, "no table on stderr: JSON lines on stdout, progress lines on stderr (default also prints a table to stderr)")
 	cudaKernels := fs.String("cuda-kernels", "", "cuda: tuning overrides, comma-separated: attend=NAME and score=NAME (tensor-core kernel variants of kernels/cuda/mma.cu), score-chunk=N and attend-chunk=N (pages per block / work item)")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	var err error
-	if c.Contexts, err = intList(*contexts); err != nil {
-		return usageError{fmt.Errorf("--context: %w", err)}
+	if c.Contexts, err = parseInts("--context", *contexts); err != nil {
+		return err
 	}
-	if c.Budgets, err = intList(*budgets); err != nil {
-		return usageError{fmt.Errorf("--budget: %w", err)}
+	if c.Budgets, err = parseInts("--budget", *budgets); err != nil {
+		return err
 	}
-	batchList, err := intList(*batches)
+	batchList, err := parseInts("--batch", *batches)
 	if err != nil {
-		return usageError{fmt.Errorf("--batch: %w", err)}
+		return err
+	}
+	c.MemoryLimit = *maxMem
+	// Every configuration is checked before the first one runs.
+	for _, b := range batchList {
+		c.Batch = b
+		if err := c.Validate(); err != nil {
+			return usageError{err}
+		}
 	}
 	switch *backend {
 	case "cpu":
+		if flagSet(fs, "dtype") {
+			return usageError{errors.New("--dtype needs --backend cuda (the CPU backend stores float32)")}
+		}
+		if flagSet(fs, "cuda-kernels") {
+			return usageError{errors.New("--cuda-kernels needs --backend cuda")}
+		}
 	case "cuda":
+		if flagSet(fs, "max-memory") {
+			return usageError{errors.New("--max-memory needs --backend cpu (the CUDA benchmark's data live in GPU memory; it skips configurations over 64 GiB of K/V)")}
+		}
 		return benchCUDA(ctx, c, batchList, *dtype, *cudaKernels, *asJSON, stdout, stderr)
 	default:
 		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
+	}
+	for _, b := range batchList {
+		c.Batch = b
+		if err := c.Preflight(); err != nil {
+			return memoryError(err)
+		}
 	}
 	c.Progress = stderr
 	start := time.Now()
@@ -65,17 +101,45 @@ step).`)
 		c.Batch = b
 		err = bench.Attention(ctx, c, func(r bench.AttentionResult) error {
 			if !*asJSON {
-				fmt.Fprintf(stderr, "context %d batch %d budget %d: dense %.0f us, quest %.0f us (score %.0f, top-K %.0f, attend %.0f), %.1fx; rho %.4f (formula %.4f); dense %.1f GB/s, copy %.1f GB/s\n",
-					r.Context, r.Batch, r.Budget, r.DenseUS, r.QuestUS, r.ScoreUS, r.TopKUS, r.AttendUS, r.Speedup, r.RhoBytes, r.RhoFormula, r.DenseGBps, r.CopyGBps)
+				capped := ""
+				if r.BudgetCapped {
+					capped = fmt.Sprintf("; the budget covers the context: K capped at P = %d pages, every step reads every page", r.Pages)
+				}
+				fmt.Fprintf(stderr, "context %d batch %d budget %d: dense %.0f us, quest %.0f us (phased %.0f us: score %.0f, top-K %.0f, attend %.0f), %.1fx; rho %.4f (formula %.4f, K %d of P %d); dense %.1f GB/s, copy %.1f GB/s%s\n",
+					r.Context, r.Batch, r.Budget, r.DenseUS, r.QuestUS, r.PhasedUS, r.ScoreUS, r.TopKUS, r.AttendUS, r.Speedup,
+					r.RhoBytes, r.RhoFormula, r.KPages, r.Pages, r.DenseGBps, r.CopyGBps, capped)
 			}
 			return bench.WriteJSONLine(stdout, r)
 		})
 		if err != nil {
-			return err
+			return memoryError(err)
 		}
 	}
 	if !*asJSON {
 		fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
 	}
 	return nil
+}
+
+// parseInts reads a comma-separated list of integers for flag. Ranges are
+// the configs' Validate's business, so that its errors name them.
+func parseInts(flag, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, usageError{fmt.Errorf("%s: %q is not an integer", flag, f)}
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// memoryError turns a configuration refused by the memory preflight into
+// a usage error (exit 2): the command asked for more than it may have.
+func memoryError(err error) error {
+	if errors.Is(err, memlimit.ErrTooLarge) {
+		return usageError{err}
+	}
+	return err
 }
