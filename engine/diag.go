@@ -12,8 +12,11 @@ import (
 
 // diagnose fills res.Diag after a sparse run: the attended pages and scores
 // per query head gathered from every shard, then a dense run on the same
-// data for the output error, and the attention mass and top-R recall from
-// the keys of every shard's pages (read in place).
+// data for the output error (on the backends, in place), and the attention
+// mass and top-R recall from the keys of every shard's pages: read in
+// place on host-resident shards, a bounded chunk at a time from
+// device-resident ones (shard.PageKeys). No values or summaries are read
+// back.
 func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs []*seqState, opt StepOptions, res *Result) error {
 	c := e.cfg
 	d, g := c.HeadDim, c.QHeads/c.KVHeads
@@ -94,42 +97,64 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		return err
 	}
 	scale := 1 / math.Sqrt(float64(d))
+	stats := make([]*shard.TokenStats, c.QHeads)
+	next := make([]int, c.QHeads)
+	keys := make([][]*shard.PageKeys, c.TP)
+	var table []int32
 	for i, sq := range seqs {
 		dg := &res.Diag[i]
 		n := sq.lens[layer]
-		// The keys of every shard's pages of the sequence, copied (from
-		// the device when the pages live there); page lp of pages[tp][cp]
-		// is the shard's local page lp.
-		pages := make([][]kernels.Layer, c.TP)
+		np := res.Plans[i].Pages
+		// A key reader over each shard's pages of the sequence (in place
+		// on host-resident shards; page lp of keys[tp][cp] is the shard's
+		// local page lp). Values and summaries are not needed: the dense
+		// reference above ran on the backends.
 		for tp := range c.TP {
-			pages[tp] = make([]kernels.Layer, c.CP)
+			keys[tp] = keys[tp][:0]
 			for cp := range c.CP {
 				sh := e.shards[tp][cp]
-				t, err := sh.Store().AppendPageTable(nil, sq.local[tp][cp])
-				if err != nil {
+				var err error
+				if table, err = sh.Store().AppendPageTable(table[:0], sq.local[tp][cp]); err != nil {
 					return err
 				}
-				if pages[tp][cp], err = sh.ReadPages(ctx, layer, t); err != nil {
+				kr, err := sh.PageKeys(layer, slices.Clone(table))
+				if err != nil {
 					return fmt.Errorf("diagnostics: %w", err)
+				}
+				keys[tp] = append(keys[tp], kr)
+			}
+		}
+		for h := range c.QHeads {
+			stats[h] = shard.NewTokenStats(float64(dense.LSE[i*c.QHeads+h]), topR)
+			next[h] = 0
+		}
+		// Page by page in global order (each page's keys read once per TP
+		// rank), every head's tokens in ascending order.
+		blk := c.PageSize * d
+		for p := range np {
+			cp := e.owner(sq, p)
+			lp, _ := slices.BinarySearch(sq.global[cp], int32(p))
+			for tp := range c.TP {
+				kp, err := keys[tp][cp].Keys(ctx, lp)
+				if err != nil {
+					return fmt.Errorf("diagnostics: %w", err)
+				}
+				for hl := range e.qT {
+					h := tp*e.qT + hl
+					sel := dg.Selected[h]
+					for next[h] < len(sel) && sel[next[h]] < int32(p) {
+						next[h]++
+					}
+					in := next[h] < len(sel) && sel[next[h]] == int32(p)
+					q := reqs[i].Q[h*d : (h+1)*d]
+					page := kp[(hl/g)*blk:][:blk]
+					for t := range min(c.PageSize, n-p*c.PageSize) {
+						stats[h].Add(float64(kernels.Dot(q, page[t*d:(t+1)*d]))*scale, in)
+					}
 				}
 			}
 		}
-		blk := c.PageSize * d
-		for h := range c.QHeads {
-			tp, hl := h/e.qT, h%e.qT
-			kvl := hl / g
-			q := reqs[i].Q[h*d : (h+1)*d]
-			ts := shard.NewTokenStats(float64(dense.LSE[i*c.QHeads+h]), topR)
-			sel := dg.Selected[h]
-			for p := range res.Plans[i].Pages {
-				cp := e.owner(sq, p)
-				lp, _ := slices.BinarySearch(sq.global[cp], int32(p))
-				keys := pages[tp][cp].K[(lp*e.kvT+kvl)*blk:][:blk]
-				_, in := slices.BinarySearch(sel, int32(p))
-				for t := range min(c.PageSize, n-p*c.PageSize) {
-					ts.Add(float64(kernels.Dot(q, keys[t*d:(t+1)*d]))*scale, in)
-				}
-			}
+		for _, ts := range stats {
 			ts.AddTo(dg)
 		}
 		dg.Recall /= float64(c.QHeads)

@@ -82,6 +82,7 @@ func (s *Shard) readPages(ctx context.Context, layer int, phys []int32) (kernels
 		if err != nil {
 			return kernels.Layer{}, fmt.Errorf("read pages of layer %d: %w", layer, err)
 		}
+		s.readBack.Add(int64(len(l.K)+len(l.V)+len(l.Summary)) * 4)
 		return l, nil
 	}
 	h := s.store.Layer(layer)
@@ -92,7 +93,98 @@ func (s *Shard) readPages(ctx context.Context, layer int, phys []int32) (kernels
 		out.V = append(out.V, h.V[int(p)*kv:][:kv]...)
 		out.Summary = append(out.Summary, h.Summary[int(p)*sum:][:sum]...)
 	}
+	s.readBack.Add(int64(len(phys)) * int64(2*kv+sum) * 4)
 	return out, nil
+}
+
+// ReadBackBytes returns the bytes of page data (K, V and summaries, as
+// float32) the shard has copied out of its page storage for host-side
+// readers since it was made: [Shard.ReadPages], and the oracle selector
+// and diagnostics on a DeviceResident shard. A host-resident shard's
+// diagnostics read the pool in place and add nothing.
+func (s *Shard) ReadBackBytes() int64 { return s.readBack.Load() }
+
+// KeyChunkBytes bounds the keys a [PageKeys] reader of a DeviceResident
+// shard holds at once; each chunk read also brings the chunk's values and
+// summaries back (kernels.DeviceStore reads whole pages), so a chunk costs
+// about twice this.
+const KeyChunkBytes = 8 << 20
+
+// PageKeys reads the keys of a list of physical pages of one layer for
+// host-side reference code (diagnostics), page by page. On a host-resident
+// shard [PageKeys.Keys] returns slices of the store's pool: no copy, no
+// allocation. On a DeviceResident shard it copies the pages back a chunk
+// of at most [KeyChunkBytes] of keys at a time, so memory stays bounded
+// whatever the sequence's length; pages read in ascending order of their
+// index in the list are read back once.
+//
+// The caller keeps the pages from changing while it reads (no append,
+// rollback or release of their sequences): the engine holds its lock
+// across its diagnostics, the shard its own across a step's.
+type PageKeys struct {
+	s      *Shard
+	layer  int
+	phys   []int32
+	blk    int       // floats of one page's keys: KVHeads x PageSize x HeadDim
+	pool   []float32 // host-resident: the layer's K pool
+	locked bool      // the caller holds s.mu (a step's diagnostics)
+	lo, n  int       // DeviceResident: buf holds the keys of phys[lo:lo+n]
+	buf    []float32
+}
+
+// PageKeys returns a reader of the keys of physical pages phys of layer
+// (see [PageKeys]). It checks the layer and the page ids.
+func (s *Shard) PageKeys(layer int, phys []int32) (*PageKeys, error) {
+	return s.pageKeys(layer, phys, false)
+}
+
+func (s *Shard) pageKeys(layer int, phys []int32, locked bool) (*PageKeys, error) {
+	c := s.cfg.Store
+	if layer < 0 || layer >= c.Layers {
+		return nil, fmt.Errorf("page keys: %w: layer %d outside 0..%d", ErrBadInput, layer, c.Layers-1)
+	}
+	for _, p := range phys {
+		if p < 0 || int(p) >= c.Capacity {
+			return nil, fmt.Errorf("page keys: %w: page %d outside the pool of %d", ErrBadInput, p, c.Capacity)
+		}
+	}
+	k := &PageKeys{s: s, layer: layer, phys: phys, blk: c.KVHeads * c.PageSize * c.HeadDim, locked: locked}
+	if s.dev == nil {
+		k.pool = s.store.Layer(layer).K
+	}
+	return k, nil
+}
+
+// Len returns the number of pages in the list.
+func (k *PageKeys) Len() int { return len(k.phys) }
+
+// Keys returns the keys of page phys[i], [KVHeads][PageSize][HeadDim]
+// (slots past the page's valid length hold unspecified data). On a
+// DeviceResident shard the slice is valid until the next call.
+func (k *PageKeys) Keys(ctx context.Context, i int) ([]float32, error) {
+	if i < 0 || i >= len(k.phys) {
+		return nil, fmt.Errorf("page keys: %w: page %d of a list of %d", ErrBadInput, i, len(k.phys))
+	}
+	if k.pool != nil {
+		o := int(k.phys[i]) * k.blk
+		return k.pool[o : o+k.blk : o+k.blk], nil
+	}
+	if i < k.lo || i >= k.lo+k.n {
+		n := min(max(KeyChunkBytes/(4*k.blk), 1), len(k.phys)-i)
+		if !k.locked {
+			k.s.mu.Lock()
+		}
+		l, err := k.s.readPages(ctx, k.layer, k.phys[i:i+n])
+		if !k.locked {
+			k.s.mu.Unlock()
+		}
+		if err != nil {
+			return nil, err
+		}
+		k.buf, k.lo, k.n = l.K, i, n
+	}
+	o := (i - k.lo) * k.blk
+	return k.buf[o : o+k.blk : o+k.blk], nil
 }
 
 // hostView returns a layer and batch the CPU reference code can read: the
@@ -102,19 +194,9 @@ func (s *Shard) hostView(ctx context.Context, kl kernels.Layer, layer int, b *ke
 	if s.dev == nil {
 		return kl, b, nil
 	}
-	phys := b.Pages
-	if b.Tables != nil { // the host's copy of the tables is the store's
-		phys = make([]int32, 0, b.Total())
-		for i, id := range b.Tables.Seqs {
-			t, err := s.store.AppendPageTable(nil, pagestore.SeqID(id))
-			if err != nil {
-				return kernels.Layer{}, nil, err
-			}
-			if len(t) < b.NumPages(i) {
-				return kernels.Layer{}, nil, fmt.Errorf("sequence %d holds %d pages, the step read %d (changed since Begin)", id, len(t), b.NumPages(i))
-			}
-			phys = append(phys, t[:b.NumPages(i)]...)
-		}
+	phys, err := s.batchPhys(b)
+	if err != nil {
+		return kernels.Layer{}, nil, err
 	}
 	h, err := s.readPages(ctx, layer, phys)
 	if err != nil {
@@ -125,4 +207,25 @@ func (s *Shard) hostView(ctx context.Context, kl kernels.Layer, layer int, b *ke
 		c.Pages[i] = int32(i)
 	}
 	return h, c, nil
+}
+
+// batchPhys returns the physical pages b reads, in b's order: b.Pages, or
+// the store's page tables when b follows device tables (the host's copy of
+// the tables is the store's).
+func (s *Shard) batchPhys(b *kernels.Batch) ([]int32, error) {
+	if b.Tables == nil {
+		return b.Pages, nil
+	}
+	phys := make([]int32, 0, b.Total())
+	for i, id := range b.Tables.Seqs {
+		t, err := s.store.AppendPageTable(phys, pagestore.SeqID(id))
+		if err != nil {
+			return nil, err
+		}
+		if got := len(t) - len(phys); got < b.NumPages(i) {
+			return nil, fmt.Errorf("sequence %d holds %d pages, the step read %d (changed since Begin)", id, got, b.NumPages(i))
+		}
+		phys = t[:len(phys)+b.NumPages(i)]
+	}
+	return phys, nil
 }

@@ -3,6 +3,7 @@ package shard
 import (
 	"container/heap"
 	"context"
+	"fmt"
 	"math"
 	"slices"
 
@@ -11,7 +12,11 @@ import (
 
 // diagnose measures sequence i's selection against dense attention on the
 // same data: page recall of the dense top-R tokens, attention-mass recall
-// 1 - eps (notes eq. 6-7) and the output's relative L2 error.
+// 1 - eps (notes eq. 6-7) and the output's relative L2 error. The dense
+// reference runs on the backend in place; the per-token logits need only
+// the keys, read in place on a host-resident shard and a bounded chunk at
+// a time from a DeviceResident one (see [PageKeys]). Values and summaries
+// are never read back.
 func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepResult, opt StepOptions) (Diagnostics, error) {
 	rows, mode := ws.rows, ws.mode
 	sh := s.shape
@@ -30,7 +35,14 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 		one.Pages = ws.batch.Pages[lo:hi]
 	}
 	q := ws.q[i*sh.QHeads*d:][:sh.QHeads*d]
-	kl, keys, err := s.hostView(ctx, ws.kl, ws.layer, &one)
+	phys, err := s.batchPhys(&one)
+	if err != nil {
+		return Diagnostics{}, err
+	}
+	if len(phys) != np {
+		return Diagnostics{}, fmt.Errorf("diagnostics: the step read %d pages, the plan has %d", len(phys), np)
+	}
+	keys, err := s.pageKeys(ws.layer, phys, true)
 	if err != nil {
 		return Diagnostics{}, err
 	}
@@ -44,8 +56,7 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	if ws.scored {
 		dg.Scores = make([][]float32, sh.QHeads)
 	}
-	scale := 1 / math.Sqrt(float64(d))
-	attended := make([]bool, np)
+	stats := make([]*TokenStats, sh.QHeads)
 	for h := range sh.QHeads {
 		r := h / g
 		if mode == kernels.PerHead {
@@ -54,8 +65,9 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 		row := i*rows + r
 		var sel []int32
 		if ws.lists.All {
-			for p := range np {
-				sel = append(sel, int32(p))
+			sel = make([]int32, np)
+			for p := range sel {
+				sel[p] = int32(p)
 			}
 		} else {
 			sel = slices.Clone(ws.lists.Pages[ws.lists.Indptr[row]:ws.lists.Indptr[row+1]])
@@ -66,23 +78,35 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 			off := ws.batch.ScoreOffset(i, rows) + r*np
 			dg.Scores[h] = slices.Clone(ws.scores[off : off+np])
 		}
-		clear(attended)
-		for _, p := range sel {
-			attended[p] = true
+		stats[h] = NewTokenStats(float64(lsed[h]), topR)
+	}
+	// Page by page (each page's keys read once), every head's tokens in
+	// ascending order: the order TokenStats sees is the dense order.
+	scale := 1 / math.Sqrt(float64(d))
+	next := make([]int, sh.QHeads) // per head: the first entry of Selected not below p
+	for p := range np {
+		kp, err := keys.Keys(ctx, p)
+		if err != nil {
+			return Diagnostics{}, fmt.Errorf("diagnostics: %w", err)
 		}
-		qh := q[h*d:][:d]
-		kvh := h / g
-		ts := NewTokenStats(float64(lsed[h]), topR)
-		for p := range np {
-			n := sh.PageSize
-			if p == np-1 {
-				n = int(one.LastLen[0])
+		n := sh.PageSize
+		if p == np-1 {
+			n = int(one.LastLen[0])
+		}
+		for h := range sh.QHeads {
+			sel := dg.Selected[h]
+			for next[h] < len(sel) && sel[next[h]] < int32(p) {
+				next[h]++
 			}
-			base := (int(keys.Pages[p])*sh.KVHeads + kvh) * sh.PageSize * d
+			in := next[h] < len(sel) && sel[next[h]] == int32(p)
+			qh := q[h*d:][:d]
+			base := (h / g) * sh.PageSize * d
 			for t := range n {
-				ts.Add(float64(kernels.Dot(qh, kl.K[base+t*d:][:d]))*scale, attended[p])
+				stats[h].Add(float64(kernels.Dot(qh, kp[base+t*d:][:d]))*scale, in)
 			}
 		}
+	}
+	for _, ts := range stats {
 		ts.AddTo(&dg)
 	}
 	dg.CountPages(g, np)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/questrt/questrt/kernels"
@@ -26,8 +27,10 @@ type Config struct {
 	// kernels.DeviceStore: appends, copy-on-write copies, rollback rescans
 	// and recycling run on the device, the page tables are followed by a
 	// device copy, steps hand the kernels the device pools and tables, and
-	// the host keeps only the metadata (page tables, lengths, refcounts). The oracle selector and diagnostics, which read keys on
-	// the host, copy the pages they need back. Default false: host pools.
+	// the host keeps only the metadata (page tables, lengths, refcounts). The oracle selector, which reads keys on
+	// the host, copies the pages it scores back; diagnostics copy keys
+	// back a bounded chunk at a time (see [PageKeys]). Default false: host
+	// pools, which diagnostics read in place.
 	DeviceResident bool
 }
 
@@ -73,6 +76,8 @@ type Shard struct {
 	ds     kernels.DeviceStore // nil unless DeviceResident
 	dev    []any               // device pool per layer (DeviceResident)
 	tables any                 // device page tables (DeviceResident)
+
+	readBack atomic.Int64 // bytes of page data copied out for host readers (ReadBackBytes)
 }
 
 // New builds a shard over backend be (which the caller keeps and closes).

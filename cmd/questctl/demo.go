@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime/debug"
 
 	"github.com/questrt/questrt/internal/demo"
 )
@@ -25,31 +27,40 @@ phase times, the collectives' share of the step and the Quest-vs-dense
 speedup. --cp and
 --tp lay the KV out over in-process shards; --backend cuda (a -tags cuda
 build on a GPU host) runs the kernels on GPU 0, with --device-resident
-keeping the pages and page tables only in GPU memory.`)
-	fs.IntVar(&c.Context, "context", c.Context, "tokens of prefilled context")
-	fs.IntVar(&c.Steps, "steps", c.Steps, "decode steps (the query turns from A to B halfway)")
-	fs.IntVar(&c.Layers, "layers", c.Layers, "layers")
-	fs.IntVar(&c.DenseLayers, "dense-layers", c.DenseLayers, "leading layers that always attend densely")
-	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads")
-	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads")
-	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
+keeping the pages and page tables only in GPU memory.
+
+Before allocating, the demo computes the host memory it needs (page pools
+of every shard, synthetic data, step and diagnostics scratch) and refuses
+a configuration over --max-memory. It also refuses configurations that
+would measure nothing: no sparse layer left (--dense-layers >= --layers),
+a budget covering the context (every layer dense), or needles and
+mentions that do not fit the context.`)
+	fs.IntVar(&c.Context, "context", c.Context, "tokens of prefilled context (longer than --budget; up to 2^30, within --max-memory)")
+	fs.IntVar(&c.Steps, "steps", c.Steps, "decode steps, 1..100000 (the query turns from A to B halfway)")
+	fs.IntVar(&c.Layers, "layers", c.Layers, "layers, 1..1024")
+	fs.IntVar(&c.DenseLayers, "dense-layers", c.DenseLayers, "leading layers that always attend densely (0: none; below --layers)")
+	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads, 1..1024, a multiple of --kv-heads")
+	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads, dividing --q-heads")
+	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D, 1..4096")
 	fs.IntVar(&c.PageSize, "page-size", c.PageSize, "tokens per page S")
-	fs.IntVar(&c.Budget, "budget", c.Budget, "token budget B per head (page budget K = B/S)")
-	fs.IntVar(&c.Needles, "needles", c.Needles, "needle keys of entity B")
-	fs.IntVar(&c.Mentions, "mentions", c.Mentions, "keys of entity A")
+	fs.IntVar(&c.Budget, "budget", c.Budget, "token budget B per head (page budget K = B/S); at least one page and below --context")
+	fs.IntVar(&c.Needles, "needles", c.Needles, "needle keys of entity B, each on its own page in the context's first quarter")
+	fs.IntVar(&c.Mentions, "mentions", c.Mentions, "keys of entity A, at most one per page")
 	fs.StringVar(&c.GQA, "gqa", c.GQA, "GQA page sharing: group_max or per_head")
 	fs.StringVar(&c.Selector, "selector", c.Selector, "page selector: quest, oracle, recent or dense")
-	fs.Uint64Var(&c.Seed, "seed", c.Seed, "data seed")
-	fs.IntVar(&c.Workers, "workers", c.Workers, "CPU kernel worker goroutines besides the caller (0: GOMAXPROCS-1)")
-	fs.IntVar(&c.CP, "cp", c.CP, "context-parallel shards (pages striped over them)")
-	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel shards (KV heads split over them)")
+	fs.Uint64Var(&c.Seed, "seed", c.Seed, "data seed (any value, 0 included)")
+	fs.IntVar(&c.Workers, "workers", c.Workers, "CPU kernel worker goroutines besides the caller, 0..256 (0: GOMAXPROCS-1)")
+	fs.IntVar(&c.CP, "cp", c.CP, "context-parallel shards, 1..256 (pages striped over them; at most one shard per page)")
+	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel shards (KV heads split over them; divides --kv-heads)")
 	fs.StringVar(&c.Selection, "selection", c.Selection, "CP selection: exact, union or replicated")
 	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
 	dtype := fs.String("dtype", "bf16", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
 	fs.BoolVar(&c.DeviceResident, "device-resident", false, "cuda: keep the pages and page tables only in GPU memory")
+	maxMem := maxMemoryFlag(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
+	c.MemoryLimit = *maxMem
 	if err := c.Validate(); err != nil {
 		return usageError{err}
 	}
@@ -71,6 +82,19 @@ keeping the pages and page tables only in GPU memory.`)
 	default:
 		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 	}
+	if m, err := c.Memory(); err == nil && os.Getenv("GOMEMLIMIT") == "" {
+		defer debug.SetMemoryLimit(debug.SetMemoryLimit(gcSoftLimit(m.Total())))
+	}
 	_, err := demo.Run(ctx, c, stdout)
 	return err
+}
+
+// gcSoftLimit is the Go runtime's soft memory limit for a demo that
+// allocates need bytes: a little above them. The page pools are nearly all
+// of need and live for the whole run; without a limit the collector lets
+// garbage (the prefill's copies of the synthetic data, per-step results)
+// grow to another copy of the live heap before it runs (GOGC=100), which
+// doubles the demo's resident memory. GOMEMLIMIT, when set, wins.
+func gcSoftLimit(need int64) int64 {
+	return need + max(need/8, 256<<20)
 }
