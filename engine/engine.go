@@ -447,9 +447,14 @@ func (e *Engine) append(id SeqID, sq *seqState, layer int, k, v []float32) error
 			}
 		}
 	}
-	// Route runs of tokens that share an owner.
-	kt := make([]float32, 0, n*e.kvT*c.HeadDim)
-	vt := make([]float32, 0, n*e.kvT*c.HeadDim)
+	// Route runs of tokens that share an owner. With one TP rank a run is
+	// a contiguous slice of k and v, passed as is; with more, each rank's
+	// heads are gathered into scratch.
+	var kt, vt []float32
+	if c.TP > 1 {
+		kt = make([]float32, 0, n*e.kvT*c.HeadDim)
+		vt = make([]float32, 0, n*e.kvT*c.HeadDim)
+	}
 	for t0 := 0; t0 < n; {
 		g := (start + t0) / c.PageSize
 		r := e.owner(sq, g)
@@ -458,11 +463,15 @@ func (e *Engine) append(id SeqID, sq *seqState, layer int, k, v []float32) error
 			t1++
 		}
 		for tp := range c.TP {
-			kt, vt = kt[:0], vt[:0]
-			lo, hi := tp*e.kvT*c.HeadDim, (tp+1)*e.kvT*c.HeadDim
-			for t := t0; t < t1; t++ {
-				kt = append(kt, k[t*tok+lo:t*tok+hi]...)
-				vt = append(vt, v[t*tok+lo:t*tok+hi]...)
+			if c.TP == 1 {
+				kt, vt = k[t0*tok:t1*tok], v[t0*tok:t1*tok]
+			} else {
+				kt, vt = kt[:0], vt[:0]
+				lo, hi := tp*e.kvT*c.HeadDim, (tp+1)*e.kvT*c.HeadDim
+				for t := t0; t < t1; t++ {
+					kt = append(kt, k[t*tok+lo:t*tok+hi]...)
+					vt = append(vt, v[t*tok+lo:t*tok+hi]...)
+				}
 			}
 			if err := e.shards[tp][r].Append(sq.local[tp][r], layer, kt, vt); err != nil {
 				if t0 > 0 || tp > 0 {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"runtime/debug"
 
 	"github.com/questrt/questrt/internal/demo"
 )
@@ -82,19 +80,6 @@ mentions that do not fit the context.`)
 	default:
 		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 	}
-	if m, err := c.Memory(); err == nil && os.Getenv("GOMEMLIMIT") == "" {
-		defer debug.SetMemoryLimit(debug.SetMemoryLimit(gcSoftLimit(m.Total())))
-	}
 	_, err := demo.Run(ctx, c, stdout)
 	return err
-}
-
-// gcSoftLimit is the Go runtime's soft memory limit for a demo that
-// allocates need bytes: a little above them. The page pools are nearly all
-// of need and live for the whole run; without a limit the collector lets
-// garbage (the prefill's copies of the synthetic data, per-step results)
-// grow to another copy of the live heap before it runs (GOGC=100), which
-// doubles the demo's resident memory. GOMEMLIMIT, when set, wins.
-func gcSoftLimit(need int64) int64 {
-	return need + max(need/8, 256<<20)
 }
