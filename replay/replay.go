@@ -6,6 +6,7 @@
 package replay
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
@@ -50,13 +52,16 @@ type Result struct {
 	// Scores is [q_heads][pages]: the selector's page scores (for
 	// group_max, the group's max). Absent for recent and dense.
 	Scores [][]float32 `json:"scores,omitempty"`
-	// Recall, MassRecall and RelL2 compare with dense attention on the
-	// same data (see shard.Diagnostics).
-	Recall     float64 `json:"recall"`
-	MassRecall float64 `json:"mass_recall"`
-	RelL2      float64 `json:"rel_l2"`
-	Pages      int     `json:"pages"`
-	PagesRead  int     `json:"pages_read"`
+	// Recall, MassRecall, RelL2 and AbsL2 compare with dense attention on
+	// the same data (see shard.Diagnostics). RelL2 is nil (JSON null) when
+	// it is undefined: the dense output is zero and this one is not; AbsL2,
+	// ||o - o_dense||, is always defined.
+	Recall     float64  `json:"recall"`
+	MassRecall float64  `json:"mass_recall"`
+	RelL2      *float64 `json:"rel_l2"`
+	AbsL2      float64  `json:"abs_l2"`
+	Pages      int      `json:"pages"`
+	PagesRead  int      `json:"pages_read"`
 }
 
 // Options choose how a case runs.
@@ -73,6 +78,11 @@ type Options struct {
 	// device memory (shard.Config.DeviceResident; the backend must be a
 	// kernels.DeviceStore, e.g. CUDA).
 	DeviceResident bool
+	// MemoryLimit bounds the bytes the run may allocate (see
+	// [Case.Check]): a byte count, 0 (memlimit.Auto: the memory available
+	// when Run starts) or -1 (memlimit.NoLimit: no check). Device memory of
+	// a DeviceResident run is the backend's to refuse.
+	MemoryLimit int64
 }
 
 // Decode reads a case from JSON, rejecting unknown fields and trailing
@@ -93,6 +103,94 @@ func Decode(r io.Reader) (*Case, error) {
 	return &c, nil
 }
 
+// Pages is the number of pages the case's tokens fill (0 without tokens).
+func (c *Case) Pages() int {
+	n := c.Tokens()
+	if n == 0 || c.PageSize < 1 {
+		return 0
+	}
+	return (n-1)/c.PageSize + 1
+}
+
+// Encode writes c as JSON that [Decode] reads back exactly: the scalar
+// fields one per line, then keys and values one token row per line and the
+// query one head per line (numbers as encoding/json writes float32s). The
+// output is a pure function of c.
+func (c *Case) Encode(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	var buf []byte
+	// rows writes "[", one row per line indented by indent+2, and
+	// indent+"]" followed by end.
+	rows := func(rs [][]float32, indent, end string) {
+		bw.WriteString("[\n")
+		for i, r := range rs {
+			buf = append(append(buf[:0], indent...), "  ["...)
+			for j, x := range r {
+				if j > 0 {
+					buf = append(buf, ',')
+				}
+				buf = appendFloat32(buf, x)
+			}
+			buf = append(buf, ']')
+			if i < len(rs)-1 {
+				buf = append(buf, ',')
+			}
+			bw.Write(append(buf, '\n'))
+		}
+		bw.WriteString(indent + "]" + end)
+	}
+	bw.WriteString("{\n")
+	for _, f := range []struct {
+		name string
+		v    any
+	}{
+		{"page_size", c.PageSize}, {"budget_tokens", c.BudgetTokens}, {"gqa", c.GQA},
+		{"sink_pages", c.SinkPages}, {"local_pages", c.LocalPages},
+		{"q_heads", c.QHeads}, {"kv_heads", c.KVHeads}, {"head_dim", c.HeadDim},
+	} {
+		b, _ := json.Marshal(f.v) // an int or a string
+		fmt.Fprintf(bw, "  %q: %s,\n", f.name, b)
+	}
+	for _, f := range []struct {
+		name string
+		a    [][][]float32
+	}{{"keys", c.Keys}, {"values", c.Values}} {
+		fmt.Fprintf(bw, "  %q: [\n", f.name)
+		for h, toks := range f.a {
+			bw.WriteString("    ")
+			end := ",\n"
+			if h == len(f.a)-1 {
+				end = "\n"
+			}
+			rows(toks, "    ", end)
+		}
+		bw.WriteString("  ],\n")
+	}
+	bw.WriteString(`  "query": `)
+	rows(c.Query, "  ", "\n}\n")
+	return bw.Flush()
+}
+
+// appendFloat32 appends x as encoding/json writes a float32 (shortest
+// representation that reads back exactly; exponent form below 1e-6 and
+// from 1e21). x is finite.
+func appendFloat32(b []byte, x float32) []byte {
+	abs := math.Abs(float64(x))
+	format := byte('f')
+	if abs != 0 && (float32(abs) < 1e-6 || float32(abs) >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, float64(x), format, -1, 32)
+	if format == 'e' {
+		// e-09 becomes e-9, as encoding/json writes it.
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b
+}
+
 // Tokens is the number of tokens in the case.
 func (c *Case) Tokens() int {
 	if len(c.Keys) == 0 {
@@ -101,7 +199,9 @@ func (c *Case) Tokens() int {
 	return len(c.Keys[0])
 }
 
-// Validate checks every size and value of the case.
+// Validate checks every size and value of the case, and that its scores,
+// logits and value sums stay inside float32 (see [ValueLimit]). The memory
+// a run needs depends on its options: see [Case.Check].
 func (c *Case) Validate() error {
 	switch {
 	case c.PageSize < 1:
@@ -145,7 +245,7 @@ func (c *Case) Validate() error {
 			return fmt.Errorf("replay case: query[%d]: %w", h, err)
 		}
 	}
-	return nil
+	return c.checkRange()
 }
 
 func checkRow(row []float32, d int) error {
@@ -191,9 +291,14 @@ func TokenMajor(a [][][]float32, d int) []float32 {
 }
 
 // Run runs a validated case on a single shard, or on an in-process CP x TP
-// engine when opt.CP or opt.TP is above 1.
+// engine when opt.CP or opt.TP is above 1. It validates the case and checks
+// the options and the memory the run needs ([Case.Check]) before it
+// allocates anything.
 func Run(ctx context.Context, c *Case, opt Options) (*Result, error) {
 	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if err := c.Check(opt); err != nil {
 		return nil, err
 	}
 	be := opt.Backend
@@ -205,12 +310,11 @@ func Run(ctx context.Context, c *Case, opt Options) (*Result, error) {
 	if opt.CP > 1 || opt.TP > 1 {
 		return runSharded(ctx, c, opt, be)
 	}
-	n := c.Tokens()
-	pages := (n + c.PageSize - 1) / c.PageSize
+	pages := c.Pages()
 	sh, err := shard.New(shard.Config{
 		Store: pagestore.Config{
 			Layers: 1, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize,
-			DType: pagestore.Float32, Capacity: pages,
+			DType: pagestore.Float32, Capacity: pages, MemoryLimit: opt.MemoryLimit,
 		},
 		QHeads:         c.QHeads,
 		Policy:         c.Policy(opt.Selector),
@@ -231,14 +335,16 @@ func Run(ctx context.Context, c *Case, opt Options) (*Result, error) {
 	return NewResult(opt.Selector, c.QHeads, c.HeadDim, pages, res.O, res.LSE, res.Diag[0]), nil
 }
 
-// runSharded runs the case on an in-process CP x TP engine.
+// runSharded runs the case on an in-process CP x TP engine. Each CP rank's
+// pool holds its share of the pages (the case appends nothing after its
+// tokens).
 func runSharded(ctx context.Context, c *Case, opt Options, be kernels.Backend) (*Result, error) {
-	n := c.Tokens()
-	pages := (n + c.PageSize - 1) / c.PageSize
+	pages := c.Pages()
 	cfg := engine.DefaultConfig()
 	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, c.QHeads, c.KVHeads, c.HeadDim, c.PageSize
 	cfg.CP, cfg.TP = max(opt.CP, 1), max(opt.TP, 1)
-	cfg.CapacityPages = pages + 1
+	cfg.CapacityPages = rankCapacity(pages, cfg.CP, opt.Placement, cfg.BlockPages)
+	cfg.MemoryLimit = opt.MemoryLimit
 	cfg.Policy = c.Policy(opt.Selector)
 	cfg.Selection = opt.Selection
 	cfg.Backend = be
@@ -263,7 +369,11 @@ func runSharded(ctx context.Context, c *Case, opt Options, be kernels.Backend) (
 }
 
 func flatten(rows [][]float32) []float32 {
-	var out []float32
+	n := 0
+	for _, r := range rows {
+		n += len(r)
+	}
+	out := make([]float32, 0, n)
 	for _, r := range rows {
 		out = append(out, r...)
 	}
@@ -280,9 +390,13 @@ func NewResult(sel shard.Selector, qHeads, d, pages int, o, lse []float32, dg sh
 		Scores:        dg.Scores,
 		Recall:        dg.Recall,
 		MassRecall:    dg.MassRecall,
-		RelL2:         dg.RelL2,
+		AbsL2:         dg.AbsL2,
 		Pages:         pages,
 		PagesRead:     dg.PagesRead,
+	}
+	if !math.IsNaN(dg.RelL2) {
+		rel := dg.RelL2
+		r.RelL2 = &rel
 	}
 	for h := range qHeads {
 		r.Output[h] = append([]float32(nil), o[h*d:(h+1)*d]...)
@@ -290,9 +404,10 @@ func NewResult(sel shard.Selector, qHeads, d, pages int, o, lse []float32, dg sh
 	return r
 }
 
-// Encode writes r as indented JSON. A -Inf lse (a head with nothing to
-// attend cannot happen in a replay: every case has tokens) would not be
-// valid JSON, so Encode reports it as an error.
+// Encode writes r as indented JSON, or nothing and an error. A result of
+// a valid case is finite: every case has tokens (no -Inf lse), its values
+// keep every score and sum inside float32 ([ValueLimit]), and an undefined
+// rel_l2 is null.
 func (r *Result) Encode(w io.Writer) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

@@ -193,16 +193,17 @@ func TestDenseSelectorIsExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Recall != 1 || math.Abs(res.MassRecall-1) > 1e-5 || res.RelL2 > 1e-6 || res.PagesRead != 2*res.Pages {
-		t.Fatalf("dense: recall %v mass %v rel_l2 %v pages %d/%d", res.Recall, res.MassRecall, res.RelL2, res.PagesRead, res.Pages)
+	if res.Recall != 1 || math.Abs(res.MassRecall-1) > 1e-5 || res.RelL2 == nil || *res.RelL2 > 1e-6 || res.AbsL2 > 1e-6 || res.PagesRead != 2*res.Pages {
+		t.Fatalf("dense: recall %v mass %v rel_l2 %v abs_l2 %v pages %d/%d", res.Recall, res.MassRecall, res.RelL2, res.AbsL2, res.PagesRead, res.Pages)
 	}
 	if res.Scores != nil {
 		t.Fatalf("dense selector reported scores")
 	}
 }
 
-// TestBadFiles: every file in testdata is malformed; each must be rejected
-// with a one-line error.
+// TestBadFiles: every file in testdata is malformed, or too large to run
+// anywhere; each must be rejected by Decode or, with the default options,
+// by Check, with a one-line error. (Valid files live in testdata/valid.)
 func TestBadFiles(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.json")
 	if err != nil || len(files) == 0 {
@@ -213,7 +214,10 @@ func TestBadFiles(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = Decode(bytes.NewReader(raw))
+		c, err := Decode(bytes.NewReader(raw))
+		if err == nil {
+			err = c.Check(Options{})
+		}
 		if err == nil {
 			t.Errorf("%s: accepted", f)
 			continue

@@ -13,34 +13,50 @@ import (
 )
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "gen" {
+		return runReplayGen(args[1:], stdout)
+	}
 	fs := newFlags("replay", `Usage: questctl replay --in case.json [--selector quest|oracle|recent|dense] [--out result.json]
                       [--cp N --tp M --selection exact|union|replicated --placement striped|contiguous]
-                      [--backend cuda [--dtype f32|f16|bf16] [--device-resident]]
+                      [--backend cuda [--dtype f32|f16|bf16] [--device-resident]] [--max-memory BYTES]
+       questctl replay gen [flags]   (writes a generated case; see 'questctl replay gen --help')
 
 Runs one saved request (one sequence, one layer; format in README.md) on a
-single CPU shard, or on CP x TP in-process shards, and writes the result
-JSON: selected pages per query head,
-output, lse, page scores, and recall / mass recall / relative L2 error
-against dense attention on the same data. Bad input files give a one-line
-error and exit status 2.`)
+single CPU shard, or on CP x TP in-process shards (at most one CP rank per
+page), and writes the result JSON: selected pages per query head, output,
+lse, page scores, and recall / mass recall / relative and absolute L2 error
+against dense attention on the same data (rel_l2 is null when the dense
+output is zero and Quest's is not). Bad input files (values whose scores or
+sums could overflow float32 included), and runs that would not fit
+--max-memory, give a one-line error and exit status 2.`)
 	in := fs.String("in", "", "case file (JSON); - reads stdin")
 	out := fs.String("out", "", "result file (default stdout)")
 	selName := fs.String("selector", "quest", "page selector: quest, oracle, recent or dense")
-	cp := fs.Int("cp", 1, "context-parallel shards")
+	cp := fs.Int("cp", 1, "context-parallel shards (at most the case's pages)")
 	tp := fs.Int("tp", 1, "tensor-parallel shards (must divide kv_heads)")
 	selection := fs.String("selection", "exact", "CP selection: exact, union or replicated")
 	placement := fs.String("placement", "striped", "page placement over CP ranks: striped or contiguous")
 	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
-	dtype := fs.String("dtype", "f32", "cuda storage type: f32, f16 or bf16")
+	dtype := fs.String("dtype", "f32", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
 	deviceResident := fs.Bool("device-resident", false, "cuda: keep the pages and page tables only in GPU memory (appends, copies and rescans run on the device)")
+	maxMem := maxMemoryFlag(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	if *cp < 1 || *tp < 1 {
 		return usageError{fmt.Errorf("--cp %d and --tp %d must be positive", *cp, *tp)}
 	}
-	if *deviceResident && *backend != "cuda" {
-		return usageError{errors.New("--device-resident needs --backend cuda (the CPU backend has no device memory)")}
+	switch *backend {
+	case "cpu":
+		if *deviceResident {
+			return usageError{errors.New("--device-resident needs --backend cuda (the CPU backend has no device memory)")}
+		}
+		if flagSet(fs, "dtype") {
+			return usageError{errors.New("--dtype needs --backend cuda (the CPU backend stores float32)")}
+		}
+	case "cuda":
+	default:
+		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 	}
 	sel, err := shard.ParseSelector(*selName)
 	if err != nil {
@@ -73,18 +89,21 @@ error and exit status 2.`)
 	if c.KVHeads%*tp != 0 {
 		return usageError{fmt.Errorf("--tp %d does not divide kv_heads %d", *tp, c.KVHeads)}
 	}
-	opts := replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place, DeviceResident: *deviceResident}
-	switch *backend {
-	case "cpu":
-	case "cuda":
+	if p := c.Pages(); *cp > p {
+		return usageError{fmt.Errorf("--cp %d is more than the case's %d pages: at most --cp %d (every CP rank holds at least one page)", *cp, p, p)}
+	}
+	opts := replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place,
+		DeviceResident: *deviceResident, MemoryLimit: *maxMem}
+	if err := c.Check(opts); err != nil {
+		return usageError{err}
+	}
+	if *backend == "cuda" {
 		be, err := newCUDABackend(*dtype)
 		if err != nil {
 			return err
 		}
 		defer be.Close()
 		opts.Backend = be
-	default:
-		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 	}
 	res, err := replay.Run(ctx, c, opts)
 	if err != nil {
@@ -98,6 +117,53 @@ error and exit status 2.`)
 		return err
 	}
 	if err := res.Encode(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// runReplayGen writes a generated case (replay.Generate) to --out or
+// stdout.
+func runReplayGen(args []string, stdout io.Writer) error {
+	g := replay.GenConfig{Tokens: 256, PageSize: 16, BudgetTokens: 64, QHeads: 4, KVHeads: 2, HeadDim: 16, GQA: "group_max", Seed: 1}
+	fs := newFlags("replay gen", `Usage: questctl replay gen [--tokens N] [--q-heads H] [--kv-heads G] [--head-dim D]
+                          [--page-size S] [--budget B] [--gqa group_max|per_head]
+                          [--sink-pages N] [--local-pages N] [--seed N] [--out case.json]
+
+Writes a random replay case of the given geometry: keys Gaussian with a
+per-page offset per KV head, values Gaussian, the query Gaussian with scale
+2. The output is a pure function of the flags (the same flags and seed give
+the same bytes). The defaults make examples/replay/case.json. A geometry
+whose case, or whose single-shard replay, would not fit --max-memory is
+refused before anything is allocated.`)
+	fs.IntVar(&g.Tokens, "tokens", g.Tokens, "tokens of the sequence")
+	fs.IntVar(&g.QHeads, "q-heads", g.QHeads, "query heads (a multiple of --kv-heads)")
+	fs.IntVar(&g.KVHeads, "kv-heads", g.KVHeads, "KV heads")
+	fs.IntVar(&g.HeadDim, "head-dim", g.HeadDim, "head dimension D")
+	fs.IntVar(&g.PageSize, "page-size", g.PageSize, "tokens per page S")
+	fs.IntVar(&g.BudgetTokens, "budget", g.BudgetTokens, "token budget B (page budget K = B/S)")
+	fs.StringVar(&g.GQA, "gqa", g.GQA, "GQA page sharing: group_max or per_head")
+	fs.IntVar(&g.SinkPages, "sink-pages", g.SinkPages, "forced first pages")
+	fs.IntVar(&g.LocalPages, "local-pages", g.LocalPages, "forced last pages")
+	fs.Uint64Var(&g.Seed, "seed", g.Seed, "data seed")
+	out := fs.String("out", "", "case file to write (default stdout)")
+	maxMem := maxMemoryFlag(fs)
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if err := g.Check(*maxMem); err != nil {
+		return usageError{fmt.Errorf("gen: %w", err)}
+	}
+	c := replay.Generate(g)
+	if *out == "" {
+		return c.Encode(stdout)
+	}
+	f, err := os.Create(*out)
+	if err != nil {
+		return usageError{err}
+	}
+	if err := c.Encode(f); err != nil {
 		f.Close()
 		return err
 	}
