@@ -23,6 +23,7 @@ import (
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -221,7 +222,7 @@ func Attention(ctx context.Context, cfg AttentionConfig, emit func(AttentionResu
 		sc := shard.Config{
 			Store:  cfg.storeConfig(n),
 			QHeads: cfg.QHeads,
-			Policy: shard.Policy{PageSize: cfg.PageSize, BudgetTokens: cfg.PageSize, LocalPages: 1},
+			Policy: plan.Policy{PageSize: cfg.PageSize, BudgetTokens: cfg.PageSize, LocalPages: 1},
 		}
 		sh, err := shard.New(sc, be)
 		if err != nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
-	"github.com/questrt/questrt/shard"
+	"github.com/questrt/questrt/plan"
 )
 
 // SelectionConfig sizes the comparison of the CP selection modes.
@@ -178,7 +178,7 @@ func Selection(ctx context.Context, cfg SelectionConfig, emit func(SelectionResu
 			ec := engine.DefaultConfig()
 			ec.Layers, ec.QHeads, ec.KVHeads, ec.HeadDim, ec.PageSize = 1, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize
 			ec.CP, ec.CapacityPages, ec.Selection, ec.Backend = cp, (pages+cp-1)/cp+2, mode, be
-			ec.Policy = shard.DefaultPolicy()
+			ec.Policy = plan.DefaultPolicy()
 			ec.Policy.PageSize, ec.Policy.BudgetTokens, ec.Policy.DenseLayers = cfg.PageSize, cfg.Budget, 0
 			// The previous engine's pools are garbage now: give them
 			// back, so the engine's own check sees what it can have.

@@ -25,7 +25,7 @@
 //     row; Group.SelectExact all-gathers them and every rank derives the
 //     same global top-K (score descending, ties to the lower page index).
 //   - union (opt-in, approximate): each rank keeps its local top
-//     UnionQuota(K, N) = ceil(K/N) pages with no exchange at all; lower
+//     plan.UnionQuota(K, N) = ceil(K/N) pages with no exchange at all; lower
 //     latency, but a page of the true top-K is missed whenever one rank
 //     holds more than its quota of them.
 //   - replicated: every rank holds all summaries and computes the global

@@ -1,7 +1,6 @@
 package collective
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // ErrDuplicatePage: the same page index reached a global top-K twice (two
@@ -23,39 +23,10 @@ var ErrDuplicatePage = errors.New("collective: duplicate page in selection")
 // be done.
 const abortTimeout = 50 * time.Millisecond
 
-// Candidate is one page proposed for a row's top-K: its score and its
-// global logical page index in the sequence.
-type Candidate struct {
-	Score float32
-	Page  int32
-}
-
-// Compare orders candidates by selection priority: score descending, then
-// page ascending (ties go to the lower page index). It returns a negative
-// number when a is chosen before b. Scores must not be NaN.
-func Compare(a, b Candidate) int {
-	if a.Score != b.Score {
-		if a.Score > b.Score {
-			return -1
-		}
-		return 1
-	}
-	return cmp.Compare(a.Page, b.Page)
-}
-
-// UnionQuota returns ceil(k/n), the per-rank quota of the union selection
-// mode: each of n ranks keeps its local top ceil(k/n) pages of a row with
-// no exchange. Union is an approximation of exact selection: it reads up to
-// n*ceil(k/n) >= k pages and misses a page of the global top-k whenever one
-// rank holds more than its quota of them. k <= 0 gives 0; n < 1 is taken
-// as 1.
-func UnionQuota(k, n int) int {
-	if k <= 0 {
-		return 0
-	}
-	n = max(n, 1)
-	return (k + n - 1) / n
-}
+// Candidate is one page proposed for a row's top-K (its score and global
+// page index): the wire type of the selection exchange, defined with the
+// merge rule it follows (plan.Compare, plan.MergeTopK) in package plan.
+type Candidate = plan.Candidate
 
 // Group runs the group operations of one member over a Transport. It keeps
 // scratch buffers between calls, so after warm-up an operation allocates

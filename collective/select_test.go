@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/plan"
 )
 
 // selectCase is one random selection problem: per rank, per row, the
@@ -117,9 +118,9 @@ func TestSelectExactTieRule(t *testing.T) {
 	// Four ranks propose equal scores; the lower page indices win, and the
 	// one higher score wins over all of them.
 	local := [][][]collective.Candidate{
-		{{{1, 8}, {1, 4}, {1, 0}}},
-		{{{1, 9}, {1, 5}, {1, 1}}},
-		{{{1, 2}, {2, 10}}},
+		{{{Score: 1, Page: 8}, {Score: 1, Page: 4}, {Score: 1, Page: 0}}},
+		{{{Score: 1, Page: 9}, {Score: 1, Page: 5}, {Score: 1, Page: 1}}},
+		{{{Score: 1, Page: 2}, {Score: 2, Page: 10}}},
 		{{}},
 	}
 	gs, done := newGroups(4, nil)
@@ -138,8 +139,8 @@ func TestSelectExactReusesDst(t *testing.T) {
 	gs, done := newGroups(2, nil)
 	defer done()
 	local := [][][]collective.Candidate{
-		{{{3, 0}, {1, 2}}, {{5, 4}}},
-		{{{2, 1}}, {{6, 3}, {7, 5}}},
+		{{{Score: 3, Page: 0}, {Score: 1, Page: 2}}, {{Score: 5, Page: 4}}},
+		{{{Score: 2, Page: 1}}, {{Score: 6, Page: 3}, {Score: 7, Page: 5}}},
 	}
 	k := []int{2, 2}
 	dst := make([][][]int32, 2)
@@ -166,7 +167,7 @@ func TestSelectExactReusesDst(t *testing.T) {
 
 func TestSelectExactErrors(t *testing.T) {
 	nan := float32(math.NaN())
-	ok := [][]collective.Candidate{{{1, 0}}}
+	ok := [][]collective.Candidate{{{Score: 1, Page: 0}}}
 	tests := []struct {
 		name     string
 		local    func(r int) [][]collective.Candidate
@@ -177,19 +178,19 @@ func TestSelectExactErrors(t *testing.T) {
 	}{
 		{"nan score", func(r int) [][]collective.Candidate {
 			if r == 1 {
-				return [][]collective.Candidate{{{nan, 1}}}
+				return [][]collective.Candidate{{{Score: nan, Page: 1}}}
 			}
 			return ok
 		}, func(int) []int { return []int{2} }, 1, nil, collective.ErrAborted},
 		{"over budget", func(r int) [][]collective.Candidate {
 			if r == 2 {
-				return [][]collective.Candidate{{{1, 2}, {1, 5}, {1, 8}}}
+				return [][]collective.Candidate{{{Score: 1, Page: 2}, {Score: 1, Page: 5}, {Score: 1, Page: 8}}}
 			}
 			return ok
 		}, func(int) []int { return []int{2} }, 2, nil, collective.ErrAborted},
 		{"negative page", func(r int) [][]collective.Candidate {
 			if r == 0 {
-				return [][]collective.Candidate{{{1, -3}}}
+				return [][]collective.Candidate{{{Score: 1, Page: -3}}}
 			}
 			return ok
 		}, func(int) []int { return []int{2} }, 0, nil, collective.ErrAborted},
@@ -214,7 +215,7 @@ func TestSelectExactErrors(t *testing.T) {
 			return []int{2}
 		}, -1, collective.ErrBadMessage, collective.ErrBadMessage},
 		{"duplicate page", func(r int) [][]collective.Candidate {
-			return [][]collective.Candidate{{{float32(r), 7}}}
+			return [][]collective.Candidate{{{Score: float32(r), Page: 7}}}
 		}, func(int) []int { return []int{2} }, -1, collective.ErrDuplicatePage, collective.ErrDuplicatePage},
 	}
 	for _, tc := range tests {
@@ -249,10 +250,10 @@ func TestSelectExactErrors(t *testing.T) {
 
 func TestCompare(t *testing.T) {
 	inf := float32(math.Inf(1))
-	sorted := []collective.Candidate{{inf, 3}, {2, 0}, {2, 1}, {1, 0}, {0, 5}, {float32(math.Inf(-1)), 0}}
+	sorted := []collective.Candidate{{Score: inf, Page: 3}, {Score: 2, Page: 0}, {Score: 2, Page: 1}, {Score: 1, Page: 0}, {Score: 0, Page: 5}, {Score: float32(math.Inf(-1)), Page: 0}}
 	for i := range sorted {
 		for j := range sorted {
-			got := collective.Compare(sorted[i], sorted[j])
+			got := plan.Compare(sorted[i], sorted[j])
 			if (got < 0) != (i < j) || (got == 0) != (i == j) {
 				t.Errorf("Compare(%v, %v) = %d", sorted[i], sorted[j], got)
 			}
@@ -264,7 +265,7 @@ func TestUnionQuota(t *testing.T) {
 	for _, tc := range []struct{ k, n, want int }{
 		{128, 1, 128}, {128, 2, 64}, {128, 3, 43}, {127, 4, 32}, {1, 16, 1}, {0, 4, 0}, {-1, 4, 0}, {5, 0, 5},
 	} {
-		if got := collective.UnionQuota(tc.k, tc.n); got != tc.want {
+		if got := plan.UnionQuota(tc.k, tc.n); got != tc.want {
 			t.Errorf("UnionQuota(%d, %d) = %d, want %d", tc.k, tc.n, got, tc.want)
 		}
 	}

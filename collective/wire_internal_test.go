@@ -5,11 +5,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/questrt/questrt/plan"
 )
 
 func FuzzParseSelectFrame(f *testing.F) {
 	g := NewGroup(NewInprocGroup(1)[0])
-	if err := g.encodeSelect([][]Candidate{{{1, 2}, {3, 4}}, {}}, []int{2, 3}); err != nil {
+	if err := g.encodeSelect([][]Candidate{{{Score: 1, Page: 2}, {Score: 3, Page: 4}}, {}}, []int{2, 3}); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(append([]byte(nil), g.buf...), uint8(2), uint8(2), uint8(3))
@@ -31,7 +33,7 @@ func FuzzParseSelectFrame(f *testing.F) {
 			n := 0
 			for ; keys[at+n] != noKey; n++ {
 				c := fromKey(keys[at+n])
-				if c.Score != c.Score || c.Page < 0 || (n > 0 && Compare(fromKey(keys[at+n-1]), c) >= 0) {
+				if c.Score != c.Score || c.Page < 0 || (n > 0 && plan.Compare(fromKey(keys[at+n-1]), c) >= 0) {
 					t.Fatalf("row %d: accepted bad candidate %d %+v", row, n, c)
 				}
 			}
@@ -82,19 +84,19 @@ func TestSortKeyOrder(t *testing.T) {
 	var cs []Candidate
 	for _, s := range scores {
 		for _, p := range pages {
-			cs = append(cs, Candidate{s, p})
+			cs = append(cs, Candidate{Score: s, Page: p})
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 1000 {
-		cs = append(cs, Candidate{math.Float32frombits(rng.Uint32() &^ (0xff << 23)), int32(rng.Uint32() >> 1)})
+		cs = append(cs, Candidate{Score: math.Float32frombits(rng.Uint32() &^ (0xff << 23)), Page: int32(rng.Uint32() >> 1)})
 	}
 	for _, a := range cs {
 		if back := fromKey(sortKey(a)); back.Page != a.Page || back.Score != a.Score {
 			t.Fatalf("fromKey(sortKey(%v)) = %v", a, back)
 		}
 		for _, b := range cs[:60] {
-			want := Compare(a, b)
+			want := plan.Compare(a, b)
 			ka, kb := sortKey(a), sortKey(b)
 			got := cmp.Compare(ka, kb)
 			if (want < 0) != (got < 0) || (want == 0) != (got == 0) {

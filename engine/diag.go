@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -89,7 +90,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 	}
 	// Dense reference on the same data.
 	dense := &Result{}
-	densePlans := make([]shard.Plan, len(res.Plans))
+	densePlans := make([]plan.Plan, len(res.Plans))
 	for i, pl := range res.Plans {
 		densePlans[i] = pl.AsDense()
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -113,9 +114,9 @@ type Config struct {
 	TP       int // tensor-parallel ranks (1)
 	// CapacityPages is the page pool of every shard (1024).
 	CapacityPages int
-	// Policy is the selection policy (shard.DefaultPolicy()); its
+	// Policy is the selection policy (plan.DefaultPolicy()); its
 	// PageSize must equal PageSize.
-	Policy shard.Policy
+	Policy plan.Policy
 	// Selection is the CP selection mode (Exact).
 	Selection Selection
 	// BlockPages is the block of the Contiguous placement (64 pages).
@@ -165,7 +166,7 @@ func preflight(cfg Config, st pagestore.Config) error {
 // DefaultConfig returns a single-shard engine with the documented defaults.
 func DefaultConfig() Config {
 	return Config{Layers: 4, QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16, CP: 1, TP: 1,
-		CapacityPages: 1024, Policy: shard.DefaultPolicy(), BlockPages: 64, StepTimeout: 30 * time.Second}
+		CapacityPages: 1024, Policy: plan.DefaultPolicy(), BlockPages: 64, StepTimeout: 30 * time.Second}
 }
 
 // Validate reports whether the config is usable.
@@ -185,7 +186,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("engine config: policy page size %d differs from %d", c.Policy.PageSize, c.PageSize)
 	case c.Selection < Exact || c.Selection > Replicated:
 		return fmt.Errorf("engine config: unknown selection %d", c.Selection)
-	case c.Selection == Replicated && c.Policy.Selector != shard.Quest && c.Policy.Selector != shard.Dense:
+	case c.Selection == Replicated && c.Policy.Selector != plan.Quest && c.Policy.Selector != plan.Dense:
 		return fmt.Errorf("engine config: replicated selection needs the quest selector, not %v", c.Policy.Selector)
 	case c.MemoryLimit < memlimit.NoLimit:
 		return fmt.Errorf("engine config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)

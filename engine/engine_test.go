@@ -17,6 +17,7 @@ import (
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -214,7 +215,7 @@ func TestUnionSelection(t *testing.T) {
 			t.Fatal(err)
 		}
 		pl := res.Plans[0]
-		limit := pl.Sink + pl.Local + cp*collective.UnionQuota(pl.Rank, cp)
+		limit := pl.Sink + pl.Local + cp*plan.UnionQuota(pl.Rank, cp)
 		for h, sel := range res.Diag[0].Selected {
 			if len(sel) > limit || len(sel) < pl.Local+pl.Rank {
 				t.Fatalf("cp %d head %d: %d pages read, want between %d and %d", cp, h, len(sel), pl.Local+pl.Rank, limit)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -58,7 +59,7 @@ type Result struct {
 	// O is [sequences][QHeads][HeadDim]; LSE is [sequences][QHeads].
 	O, LSE []float32
 	// Plans is each sequence's global page plan.
-	Plans []shard.Plan
+	Plans []plan.Plan
 	// Diag has one entry per sequence when diagnostics were asked for.
 	Diag []shard.Diagnostics
 	Time Times
@@ -101,7 +102,7 @@ func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOp
 			}
 		}
 	}
-	plans := make([]shard.Plan, 0, len(reqs))
+	plans := make([]plan.Plan, 0, len(reqs))
 	for _, r := range reqs {
 		sq := e.seqs[r.Seq]
 		pages := (sq.lens[layer] + e.cfg.PageSize - 1) / e.cfg.PageSize
@@ -174,7 +175,7 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 // run executes the step on every shard in parallel and, only when every
 // shard succeeded, assembles the merged states from CP rank 0 of every TP
 // group into res (res is untouched on error).
-func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seqState, plans []shard.Plan, diag, phased bool, res *Result) error {
+func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seqState, plans []plan.Plan, diag, phased bool, res *Result) error {
 	c := e.cfg
 	e.step++
 	step := e.step
@@ -244,7 +245,7 @@ func resize(s []float32, n int) []float32 {
 }
 
 // rankStep is one shard's part of a step.
-func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, reqs []Request, seqs []*seqState, plans []shard.Plan, diag, phased bool) error {
+func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, reqs []Request, seqs []*seqState, plans []plan.Plan, diag, phased bool) error {
 	c := e.cfg
 	d := c.HeadDim
 	w := e.work[tp][cp]
@@ -295,9 +296,9 @@ func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, r
 			return err
 		}
 	}
-	quota := func(pl shard.Plan) int { return pl.Rank }
+	quota := func(pl plan.Plan) int { return pl.Rank }
 	if c.Selection == Union {
-		quota = func(pl shard.Plan) int { return collective.UnionQuota(pl.Rank, c.CP) }
+		quota = func(pl plan.Plan) int { return plan.UnionQuota(pl.Rank, c.CP) }
 	}
 	// A ranking backend scores and picks the candidates in one call: only
 	// the candidates come back from the device.

@@ -4,42 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/questrt/questrt/plan"
 )
 
 // GQAMode says how the query heads of one KV head group share page
-// selection.
-type GQAMode int
+// selection; it is defined with the policy in package plan.
+type GQAMode = plan.GQAMode
 
+// The GQA modes (see plan.GroupMax and plan.PerHead).
 const (
-	// GroupMax gives each KV head one page set; a page's score is the max
-	// over the group's query heads. Score rows are KV heads. Default.
-	GroupMax GQAMode = iota
-	// PerHead lets every query head select its own pages; the KV head reads
-	// the union. Score rows are query heads.
-	PerHead
+	GroupMax = plan.GroupMax
+	PerHead  = plan.PerHead
 )
-
-// String returns the mode's name as used in configs and the replay format.
-func (m GQAMode) String() string {
-	switch m {
-	case GroupMax:
-		return "group_max"
-	case PerHead:
-		return "per_head"
-	}
-	return fmt.Sprintf("GQAMode(%d)", int(m))
-}
-
-// ParseGQAMode parses "group_max" or "per_head" ("" means group_max).
-func ParseGQAMode(s string) (GQAMode, error) {
-	switch s {
-	case "", "group_max":
-		return GroupMax, nil
-	case "per_head":
-		return PerHead, nil
-	}
-	return 0, fmt.Errorf("unknown gqa mode %q (want group_max or per_head)", s)
-}
 
 // Shape is the head geometry of one shard's layer.
 type Shape struct {

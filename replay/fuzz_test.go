@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/engine"
-	"github.com/questrt/questrt/shard"
+	"github.com/questrt/questrt/plan"
 )
 
 // fuzzLimit is the memory limit FuzzDecode runs cases under.
@@ -86,7 +86,7 @@ func FuzzDecode(f *testing.F) {
 			sum += int(b)
 		}
 		opt := Options{
-			Selector:    shard.Selector(sum % 4),
+			Selector:    plan.Selector(sum % 4),
 			CP:          1 + sum/4%3,
 			TP:          1 + sum/12%2,
 			Selection:   engine.Selection(sum / 24 % 3),
@@ -97,7 +97,7 @@ func FuzzDecode(f *testing.F) {
 		if c.KVHeads%opt.TP != 0 {
 			opt.TP = 1
 		}
-		if opt.Selection == engine.Replicated && (opt.Selector == shard.Oracle || opt.Selector == shard.Recent) {
+		if opt.Selection == engine.Replicated && (opt.Selector == plan.Oracle || opt.Selector == plan.Recent) {
 			opt.Selection = engine.Exact
 		}
 		if err := c.Check(opt); err != nil {

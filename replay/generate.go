@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/questrt/questrt/internal/memlimit"
-	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // GenConfig sizes a generated case.
@@ -34,7 +34,7 @@ func (g GenConfig) Validate() error {
 	case g.SinkPages < 0 || g.LocalPages < 0:
 		return fmt.Errorf("sink-pages %d and local-pages %d must not be negative", g.SinkPages, g.LocalPages)
 	}
-	if _, err := kernels.ParseGQAMode(g.GQA); err != nil {
+	if _, err := plan.ParseGQAMode(g.GQA); err != nil {
 		return err
 	}
 	return nil

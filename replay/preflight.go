@@ -7,7 +7,7 @@ import (
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
-	"github.com/questrt/questrt/shard"
+	"github.com/questrt/questrt/plan"
 )
 
 // ValueLimit bounds the magnitudes a case may build from its data, so that
@@ -109,13 +109,13 @@ func (gm geometry) check(opt Options) error {
 		return fmt.Errorf("tp %d does not divide kv_heads %d", opt.TP, gm.kvHeads)
 	case opt.MemoryLimit < memlimit.NoLimit:
 		return fmt.Errorf("memory limit %d: want bytes, 0 (available memory) or -1 (no check)", opt.MemoryLimit)
-	case opt.Selector < shard.Quest || opt.Selector > shard.Dense:
+	case opt.Selector < plan.Quest || opt.Selector > plan.Dense:
 		return fmt.Errorf("unknown selector %d", opt.Selector)
 	case opt.Selection < engine.Exact || opt.Selection > engine.Replicated:
 		return fmt.Errorf("unknown selection %d", opt.Selection)
 	case opt.Placement != engine.Striped && opt.Placement != engine.Contiguous:
 		return fmt.Errorf("unknown placement %d", opt.Placement)
-	case (opt.CP > 1 || opt.TP > 1) && opt.Selection == engine.Replicated && opt.Selector != shard.Quest && opt.Selector != shard.Dense:
+	case (opt.CP > 1 || opt.TP > 1) && opt.Selection == engine.Replicated && opt.Selector != plan.Quest && opt.Selector != plan.Dense:
 		return fmt.Errorf("replicated selection needs the quest or dense selector, not %v", opt.Selector)
 	}
 	parts := gm.footprint(opt)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
-	"github.com/questrt/questrt/shard"
+	"github.com/questrt/questrt/plan"
 )
 
 // allocated returns the bytes f allocates on the heap (all of them, freed
@@ -39,14 +39,14 @@ func TestFootprintBoundsAllocations(t *testing.T) {
 		{Tokens: 4096, PageSize: 64, BudgetTokens: 512, QHeads: 4, KVHeads: 4, HeadDim: 128, SinkPages: 1, LocalPages: 1},
 	}
 	opts := []Options{
-		{Selector: shard.Quest},
-		{Selector: shard.Oracle},
-		{Selector: shard.Recent},
-		{Selector: shard.Dense},
-		{Selector: shard.Quest, CP: 2, Selection: engine.Exact},
-		{Selector: shard.Quest, CP: 3, TP: 2, Selection: engine.Union, Placement: engine.Contiguous},
-		{Selector: shard.Quest, CP: 4, Selection: engine.Replicated},
-		{Selector: shard.Oracle, CP: 2, TP: 2, Selection: engine.Exact},
+		{Selector: plan.Quest},
+		{Selector: plan.Oracle},
+		{Selector: plan.Recent},
+		{Selector: plan.Dense},
+		{Selector: plan.Quest, CP: 2, Selection: engine.Exact},
+		{Selector: plan.Quest, CP: 3, TP: 2, Selection: engine.Union, Placement: engine.Contiguous},
+		{Selector: plan.Quest, CP: 4, Selection: engine.Replicated},
+		{Selector: plan.Oracle, CP: 2, TP: 2, Selection: engine.Exact},
 	}
 	for i, g := range geoms {
 		g.Seed = uint64(i + 1)
@@ -224,7 +224,7 @@ func TestValueLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, o := range []Options{{Selector: shard.Quest}, {Selector: shard.Oracle}, {Selector: shard.Dense}, {CP: 3}, {CP: 2, Selection: engine.Replicated}} {
+	for _, o := range []Options{{Selector: plan.Quest}, {Selector: plan.Oracle}, {Selector: plan.Dense}, {CP: 3}, {CP: 2, Selection: engine.Replicated}} {
 		res, err := Run(context.Background(), c, o)
 		if err != nil {
 			t.Fatalf("%+v: %v", o, err)
@@ -255,7 +255,7 @@ func TestZeroReferenceRelL2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(context.Background(), c, Options{Selector: shard.Quest})
+	res, err := Run(context.Background(), c, Options{Selector: plan.Quest})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestZeroReferenceRelL2(t *testing.T) {
 	if m["abs_l2"] != 1.0 {
 		t.Fatalf("abs_l2 = %v, want 1 (output 1, dense 0)", m["abs_l2"])
 	}
-	dense, err := Run(context.Background(), c, Options{Selector: shard.Dense})
+	dense, err := Run(context.Background(), c, Options{Selector: plan.Dense})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -66,7 +67,7 @@ type Result struct {
 
 // Options choose how a case runs.
 type Options struct {
-	Selector shard.Selector
+	Selector plan.Selector
 	// Backend runs the kernels; nil means a CPU backend made for the run.
 	Backend kernels.Backend
 	// CP and TP lay the case out over CP x TP in-process shards (0 or 1:
@@ -215,7 +216,7 @@ func (c *Case) Validate() error {
 	case c.QHeads%c.KVHeads != 0:
 		return fmt.Errorf("replay case: q_heads %d is not a multiple of kv_heads %d", c.QHeads, c.KVHeads)
 	}
-	if _, err := kernels.ParseGQAMode(c.GQA); err != nil {
+	if _, err := plan.ParseGQAMode(c.GQA); err != nil {
 		return fmt.Errorf("replay case: %w", err)
 	}
 	n := c.Tokens()
@@ -262,9 +263,9 @@ func checkRow(row []float32, d int) error {
 
 // Policy is the selection policy the case asks for (one layer, dense-layer
 // rule off).
-func (c *Case) Policy(sel shard.Selector) shard.Policy {
-	mode, _ := kernels.ParseGQAMode(c.GQA)
-	return shard.Policy{
+func (c *Case) Policy(sel plan.Selector) plan.Policy {
+	mode, _ := plan.ParseGQAMode(c.GQA)
+	return plan.Policy{
 		PageSize:     c.PageSize,
 		BudgetTokens: c.BudgetTokens,
 		SinkPages:    c.SinkPages,
@@ -381,7 +382,7 @@ func flatten(rows [][]float32) []float32 {
 }
 
 // NewResult assembles a Result from one sequence's step outputs.
-func NewResult(sel shard.Selector, qHeads, d, pages int, o, lse []float32, dg shard.Diagnostics) *Result {
+func NewResult(sel plan.Selector, qHeads, d, pages int, o, lse []float32, dg shard.Diagnostics) *Result {
 	r := &Result{
 		Selector:      sel.String(),
 		SelectedPages: dg.Selected,

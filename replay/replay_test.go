@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/questrt/questrt/engine"
-	"github.com/questrt/questrt/shard"
+	"github.com/questrt/questrt/plan"
 )
 
 // refScores computes each query head's min/max bound per page in float64
@@ -136,7 +136,7 @@ func TestRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatalf("case %d: %v", i, err)
 		}
-		res, err := Run(context.Background(), c, Options{Selector: shard.Quest})
+		res, err := Run(context.Background(), c, Options{Selector: plan.Quest})
 		if err != nil {
 			t.Fatalf("case %d: %v", i, err)
 		}
@@ -189,7 +189,7 @@ func TestRoundTrip(t *testing.T) {
 // result equals dense attention.
 func TestDenseSelectorIsExact(t *testing.T) {
 	c := Generate(GenConfig{Tokens: 333, PageSize: 16, BudgetTokens: 32, QHeads: 4, KVHeads: 2, HeadDim: 16, Seed: 9})
-	res, err := Run(context.Background(), c, Options{Selector: shard.Dense})
+	res, err := Run(context.Background(), c, Options{Selector: plan.Dense})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestBadFiles(t *testing.T) {
 // fp32 tolerance); union runs and reads its quota.
 func TestShardedReplayMatchesSingle(t *testing.T) {
 	c := Generate(GenConfig{Tokens: 1000, PageSize: 16, BudgetTokens: 160, QHeads: 8, KVHeads: 4, HeadDim: 16, LocalPages: 1, Seed: 5})
-	single, err := Run(context.Background(), c, Options{Selector: shard.Quest})
+	single, err := Run(context.Background(), c, Options{Selector: plan.Quest})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 )
 
 // TestDeviceResidentFollowsStore runs the same operations (prefill, decode
@@ -16,14 +17,14 @@ import (
 // on a plain shard and on one whose pages and page tables live only on a
 // pretend device: every step's output and diagnostics must be identical.
 func TestDeviceResidentFollowsStore(t *testing.T) {
-	for _, sel := range []Selector{Quest, Oracle} {
+	for _, sel := range []plan.Selector{plan.Quest, plan.Oracle} {
 		t.Run(sel.String(), func(t *testing.T) { testDeviceResident(t, sel) })
 	}
 }
 
-func testDeviceResident(t *testing.T, sel Selector) {
+func testDeviceResident(t *testing.T, sel plan.Selector) {
 	const layers, qh, kvh, d, s = 2, 4, 2, 8, 4
-	pol := DefaultPolicy()
+	pol := plan.DefaultPolicy()
 	pol.Selector = sel
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = s, 3*s, 1
 	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
@@ -110,7 +111,7 @@ func testDeviceResident(t *testing.T, sel Selector) {
 			if err := dev.Step(context.Background(), l, rb, StepOptions{}, &ob); err != nil {
 				t.Fatal(err)
 			}
-			if (sel == Quest) != (ob.Time.Fused != 0) || !slices.Equal(oa.O, ob.O) || !slices.Equal(oa.LSE, ob.LSE) {
+			if (sel == plan.Quest) != (ob.Time.Fused != 0) || !slices.Equal(oa.O, ob.O) || !slices.Equal(oa.LSE, ob.LSE) {
 				t.Fatalf("layer %d: steps without diagnostics differ (device fused: %v)", l, ob.Time.Fused != 0)
 			}
 		}

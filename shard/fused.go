@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // FusedStep runs the Score, Candidates and Attend phases of ls in one
@@ -26,7 +27,7 @@ func (s *Shard) FusedStep(ctx context.Context, ls *LocalStep) (bool, error) {
 
 func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 	st, ok := s.be.(kernels.Stepper)
-	if !ok || s.cfg.Policy.Selector != Quest {
+	if !ok || s.cfg.Policy.Selector != plan.Quest {
 		return false, nil
 	}
 	for i, p := range ls.parts {

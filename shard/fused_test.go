@@ -9,6 +9,7 @@ import (
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 )
 
 // TestFusedStepEqualsPhased: a step fused into one backend call (the CPU
@@ -23,7 +24,7 @@ func TestFusedStepEqualsPhased(t *testing.T) {
 		sink, local int
 	}{{kernels.GroupMax, 0, 1}, {kernels.PerHead, 0, 1}, {kernels.GroupMax, 1, 2}, {kernels.PerHead, 2, 1}} {
 		t.Run(fmt.Sprintf("%v_sink%d_local%d", tc.gqa, tc.sink, tc.local), func(t *testing.T) {
-			pol := DefaultPolicy()
+			pol := plan.DefaultPolicy()
 			pol.BudgetTokens, pol.DenseLayers, pol.GQA, pol.SinkPages, pol.LocalPages = 6*s, 1, tc.gqa, tc.sink, tc.local
 			sh := newTestShard(t, layers, qh, kvh, d, s, 400, pol)
 			rng := rand.New(rand.NewPCG(11, uint64(tc.sink*10+tc.local)))

@@ -7,9 +7,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 )
 
 // SeqPart is one sequence's part of a step on this shard: the pages this
@@ -23,14 +23,14 @@ type SeqPart struct {
 	Global []int32
 	// Plan is the sequence's page plan over all its pages (every CP rank
 	// gets the same plan).
-	Plan Plan
+	Plan plan.Plan
 	// Q is [QHeads][HeadDim] for this shard's query heads.
 	Q []float32
 }
 
 // Candidate is a page proposed for the global top-K: its score and its
 // global logical page index (the collective's wire type).
-type Candidate = collective.Candidate
+type Candidate = plan.Candidate
 
 // LocalStep is the state of one step of one layer on one shard, driven
 // phase by phase by a single-shard Step or by a sharded engine: Begin,
@@ -193,14 +193,14 @@ func (s *Shard) score(ctx context.Context, ls *LocalStep, force bool) error {
 		ranked = ranked || (!p.Plan.Dense && p.Plan.Rank > 0)
 	}
 	sel := s.cfg.Policy.Selector
-	ls.scored = ranked && (sel == Quest || sel == Oracle) && ls.batch.Total() > 0
+	ls.scored = ranked && (sel == plan.Quest || sel == plan.Oracle) && ls.batch.Total() > 0
 	if !ls.scored {
 		return nil
 	}
 	ls.scores = resize(ls.scores, ls.batch.Total()*ls.rows)
 	t0 := time.Now()
 	var err error
-	if sel == Quest {
+	if sel == plan.Quest {
 		err = s.be.Score(ctx, s.shape, ls.kl, &ls.batch, ls.q, ls.mode, ls.scores)
 	} else {
 		var kl kernels.Layer
@@ -217,21 +217,21 @@ func (s *Shard) score(ctx context.Context, ls *LocalStep, force bool) error {
 // candidate pages among its pages inside the plan's candidate range
 // (scores descending, ties to the lower page). For the recent selector the
 // candidates are the most recent pages (score = page index).
-func (s *Shard) Candidates(ctx context.Context, ls *LocalStep, quota func(Plan) int) error {
+func (s *Shard) Candidates(ctx context.Context, ls *LocalStep, quota func(plan.Plan) int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.candidates(ctx, ls, quota)
 }
 
-func (s *Shard) candidates(ctx context.Context, ls *LocalStep, quota func(Plan) int) error {
+func (s *Shard) candidates(ctx context.Context, ls *LocalStep, quota func(plan.Plan) int) error {
 	ls.cands = ls.cands[:0]
 	ls.cPtr = append(ls.cPtr[:0], 0)
 	sel := s.cfg.Policy.Selector
-	if sel == Recent || !ls.scored {
+	if sel == plan.Recent || !ls.scored {
 		for i, p := range ls.parts {
 			pl := p.Plan
 			for range ls.rows {
-				if !pl.Dense && pl.Rank > 0 && sel == Recent {
+				if !pl.Dense && pl.Rank > 0 && sel == plan.Recent {
 					lo, hi := ls.localRange(i, pl.Lo(), pl.Hi())
 					for lp := max(lo, hi-quota(pl)); lp < hi; lp++ {
 						g := ls.global(i, lp)
@@ -257,7 +257,7 @@ func (s *Shard) candidates(ctx context.Context, ls *LocalStep, quota func(Plan) 
 // planTopK lays out the top-K rows of the candidates in ls.topk: per
 // ranked (sequence, row), the best quota(plan) of the local pages inside
 // the plan's candidate range. It returns the output length.
-func (ls *LocalStep) planTopK(quota func(Plan) int) int {
+func (ls *LocalStep) planTopK(quota func(plan.Plan) int) int {
 	ls.topk.Reset()
 	total := 0
 	for i, p := range ls.parts {
@@ -304,11 +304,11 @@ func (ls *LocalStep) fillCandidates(score func(base, j int, lp int32) float32) {
 // nothing happened and the caller runs Score and Candidates. Afterwards
 // Scored is false (PageScore is unavailable) and Time.Score holds the
 // call's time.
-func (s *Shard) RankCandidates(ctx context.Context, ls *LocalStep, quota func(Plan) int) (bool, error) {
+func (s *Shard) RankCandidates(ctx context.Context, ls *LocalStep, quota func(plan.Plan) int) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rk, ok := s.be.(kernels.Ranker)
-	if !ok || s.cfg.Policy.Selector != Quest {
+	if !ok || s.cfg.Policy.Selector != plan.Quest {
 		return false, nil
 	}
 	ls.scored = false

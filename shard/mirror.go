@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // Mirror holds replicas of the page summaries of whole sequences (all CP
@@ -158,14 +159,14 @@ func (m *Mirror) Summary(id uint64, layer int) ([]float32, int, error) {
 // every (sequence, row) for the given plans and queries (ids[i], plans[i],
 // q [seqs][QHeads][D]): the same top-K as a single shard holding every
 // page. It uses the shard's backend and policy.
-func (s *Shard) ReplicatedSelect(ctx context.Context, m *Mirror, layer int, ids []uint64, plans []Plan, q []float32, sel *Selection) error {
+func (s *Shard) ReplicatedSelect(ctx context.Context, m *Mirror, layer int, ids []uint64, plans []plan.Plan, q []float32, sel *Selection) error {
 	sh := s.shape
 	mode := s.cfg.Policy.GQA
 	rows := sh.Rows(mode)
 	sel.Reset()
 	var batch kernels.Batch
 	var scores []float32
-	var plan kernels.TopKPlan
+	var tk kernels.TopKPlan
 	var out []int32
 	for i, id := range ids {
 		pl := plans[i]
@@ -190,19 +191,19 @@ func (s *Shard) ReplicatedSelect(ctx context.Context, m *Mirror, layer int, ids 
 		}
 		batch.LastLen = append(batch.LastLen[:0], int32(n-(np-1)*sh.PageSize))
 		scores = slices.Grow(scores[:0], np*rows)[:np*rows]
-		if s.cfg.Policy.Selector != Quest {
+		if s.cfg.Policy.Selector != plan.Quest {
 			return fmt.Errorf("replicated select: selector %v needs the keys; only quest is supported", s.cfg.Policy.Selector)
 		}
 		qi := q[i*sh.QHeads*sh.HeadDim:][:sh.QHeads*sh.HeadDim]
 		if err := s.be.Score(ctx, sh, kernels.Layer{Summary: sum[:np*sh.KVHeads*2*sh.HeadDim]}, &batch, qi, mode, scores); err != nil {
 			return fmt.Errorf("replicated select: %w", err)
 		}
-		plan.Reset()
+		tk.Reset()
 		for r := range rows {
-			plan.Add(r*np+pl.Lo(), pl.Hi()-pl.Lo(), pl.Lo(), pl.Rank, r*pl.Rank)
+			tk.Add(r*np+pl.Lo(), pl.Hi()-pl.Lo(), pl.Lo(), pl.Rank, r*pl.Rank)
 		}
 		out = slices.Grow(out[:0], rows*pl.Rank)[:rows*pl.Rank]
-		if err := s.be.TopK(ctx, scores, &plan, out); err != nil {
+		if err := s.be.TopK(ctx, scores, &tk, out); err != nil {
 			return fmt.Errorf("replicated select: %w", err)
 		}
 		for r := range rows {

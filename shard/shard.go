@@ -10,6 +10,7 @@ import (
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 )
 
 // Config describes one shard.
@@ -21,7 +22,7 @@ type Config struct {
 	QHeads int
 	// Policy is the page-selection policy. Default DefaultPolicy(); its
 	// PageSize must equal Store.PageSize.
-	Policy Policy
+	Policy plan.Policy
 	// DeviceResident keeps the pages (K, V and summaries of every layer)
 	// only in the backend's device memory, which must implement
 	// kernels.DeviceStore: appends, copy-on-write copies, rollback rescans
@@ -37,7 +38,7 @@ type Config struct {
 // DefaultConfig returns a Llama-3.1-8B shaped shard (32 query heads, 8 KV
 // heads, D = 128, S = 16) with the default store and policy.
 func DefaultConfig() Config {
-	return Config{Store: pagestore.DefaultConfig(), QHeads: 32, Policy: DefaultPolicy()}
+	return Config{Store: pagestore.DefaultConfig(), QHeads: 32, Policy: plan.DefaultPolicy()}
 }
 
 // Validate reports whether the config is usable.
@@ -215,7 +216,7 @@ type StepResult struct {
 	// O is [sequences][QHeads][HeadDim]; LSE is [sequences][QHeads].
 	O, LSE []float32
 	// Plans is the page plan of each sequence.
-	Plans []Plan
+	Plans []plan.Plan
 	// Diag holds one entry per sequence when the step asked for
 	// diagnostics.
 	Diag []Diagnostics
@@ -360,7 +361,7 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 
 // rankQuota is the candidate quota of a shard holding every page: the
 // plan's whole ranked budget.
-func rankQuota(pl Plan) int { return pl.Rank }
+func rankQuota(pl plan.Plan) int { return pl.Rank }
 
 func resize(s []float32, n int) []float32 {
 	if cap(s) < n {

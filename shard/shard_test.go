@@ -10,9 +10,10 @@ import (
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 )
 
-func newTestShard(t *testing.T, layers, qh, kvh, d, s, capacity int, pol Policy) *Shard {
+func newTestShard(t *testing.T, layers, qh, kvh, d, s, capacity int, pol plan.Policy) *Shard {
 	t.Helper()
 	be := kernels.NewCPU(kernels.CPUConfig{Workers: 2, AttendChunk: 4, ScoreChunk: 8})
 	t.Cleanup(func() { be.Close() })
@@ -106,18 +107,18 @@ func TestFourPageExample(t *testing.T) {
 	}
 	q := []float32{1, 1}
 	cases := []struct {
-		sel  Selector
+		sel  plan.Selector
 		k    int
 		want []int32
 		hasA bool
 	}{
-		{Quest, 2, []int32{1, 2}, false},
-		{Quest, 3, []int32{0, 1, 2}, true},
-		{Oracle, 1, []int32{0}, true},
-		{Recent, 2, []int32{2, 3}, false},
+		{plan.Quest, 2, []int32{1, 2}, false},
+		{plan.Quest, 3, []int32{0, 1, 2}, true},
+		{plan.Oracle, 1, []int32{0}, true},
+		{plan.Recent, 2, []int32{2, 3}, false},
 	}
 	for _, c := range cases {
-		pol := Policy{BudgetTokens: 2, Selector: c.sel, LocalPages: 0, DenseLayers: 0}
+		pol := plan.Policy{BudgetTokens: 2, Selector: c.sel, LocalPages: 0, DenseLayers: 0}
 		sh := newTestShard(t, 1, 1, 1, 2, 2, 8, pol)
 		id := sh.Store().Create()
 		for _, p := range pages {
@@ -134,12 +135,12 @@ func TestFourPageExample(t *testing.T) {
 		if !slices.Equal(got, c.want) {
 			t.Errorf("%v K=%d: selected %v, want %v", c.sel, c.k, got, c.want)
 		}
-		if c.sel == Quest {
+		if c.sel == plan.Quest {
 			if want := []float32{10, 14, 12, 4}; !slices.Equal(res.Diag[0].Scores[0], want) {
 				t.Errorf("quest scores %v, want %v", res.Diag[0].Scores[0], want)
 			}
 		}
-		if c.sel == Oracle {
+		if c.sel == plan.Oracle {
 			if want := []float32{10, 3, 2, 1}; !slices.Equal(res.Diag[0].Scores[0], want) {
 				t.Errorf("oracle scores %v, want %v", res.Diag[0].Scores[0], want)
 			}
@@ -157,7 +158,7 @@ func TestFourPageExample(t *testing.T) {
 func TestStepMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
-		pol := DefaultPolicy()
+		pol := plan.DefaultPolicy()
 		pol.GQA = mode
 		pol.SinkPages = 1
 		pol.DenseLayers = 1
@@ -218,7 +219,7 @@ func TestStepMatchesReference(t *testing.T) {
 // one call per sequence.
 func TestRaggedBatchEqualsSingles(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	pol := DefaultPolicy()
+	pol := plan.DefaultPolicy()
 	pol.DenseLayers = 0
 	sh := newTestShard(t, 1, 8, 2, 32, 16, 512, pol)
 	lens := []int{2000, 17, 600}
@@ -250,7 +251,7 @@ func TestGQAModesAgreeOnMHA(t *testing.T) {
 	var outs [2]StepResult
 	for i, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 		rng := rand.New(rand.NewPCG(5, 6))
-		pol := DefaultPolicy()
+		pol := plan.DefaultPolicy()
 		pol.DenseLayers = 0
 		pol.GQA = mode
 		sh := newTestShard(t, 1, 4, 4, 32, 16, 256, pol)
@@ -280,7 +281,7 @@ func TestPhysicalPlacementInvariance(t *testing.T) {
 	k := randVec(rng, n*kvh*d, 1)
 	v := randVec(rng, n*kvh*d, 1)
 	q := randVec(rng, qh*d, 2)
-	pol := DefaultPolicy()
+	pol := plan.DefaultPolicy()
 	pol.DenseLayers = 0
 	run := func(interleave bool) StepResult {
 		sh := newTestShard(t, 1, qh, kvh, d, s, 256, pol)
@@ -321,7 +322,7 @@ func TestPhysicalPlacementInvariance(t *testing.T) {
 // store's error) and changes nothing.
 func TestStepBadInput(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 10))
-	pol := DefaultPolicy()
+	pol := plan.DefaultPolicy()
 	sh := newTestShard(t, 2, 4, 2, 8, 16, 64, pol)
 	id := sh.Store().Create()
 	fill(t, rng, sh, id, &refSeq{}, 40)
@@ -376,7 +377,7 @@ func TestStepBadInput(t *testing.T) {
 // attends to itself.
 func TestStepAppendsNewToken(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
-	pol := DefaultPolicy()
+	pol := plan.DefaultPolicy()
 	pol.DenseLayers = 0
 	sh := newTestShard(t, 1, 2, 1, 8, 4, 16, pol)
 	id := sh.Store().Create()

@@ -8,8 +8,8 @@ import (
 	"os"
 
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/replay"
-	"github.com/questrt/questrt/shard"
 )
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -58,7 +58,7 @@ sums could overflow float32 included), and runs that would not fit
 	default:
 		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 	}
-	sel, err := shard.ParseSelector(*selName)
+	sel, err := plan.ParseSelector(*selName)
 	if err != nil {
 		return usageError{err}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -100,10 +101,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("--%s %d: want %d..%d%s", f.name, f.v, f.lo, f.hi, f.note)
 		}
 	}
-	if _, err := kernels.ParseGQAMode(c.GQA); err != nil {
+	if _, err := plan.ParseGQAMode(c.GQA); err != nil {
 		return fmt.Errorf("--gqa: %w", err)
 	}
-	sel, err := shard.ParseSelector(c.Selector)
+	sel, err := plan.ParseSelector(c.Selector)
 	if err != nil {
 		return fmt.Errorf("--selector: %w", err)
 	}
@@ -111,7 +112,7 @@ func (c Config) Validate() error {
 	if err != nil {
 		return fmt.Errorf("--selection: %w", err)
 	}
-	if selection == engine.Replicated && sel != shard.Quest && sel != shard.Dense {
+	if selection == engine.Replicated && sel != plan.Quest && sel != plan.Dense {
 		return fmt.Errorf("--selection replicated needs --selector quest or dense, not %s", sel)
 	}
 	if c.QHeads%c.KVHeads != 0 {
@@ -272,8 +273,8 @@ func (c Config) Memory() (Memory, error) {
 
 // engineConfig is the engine Run builds for c (c valid).
 func (c Config) engineConfig(be kernels.Backend) engine.Config {
-	mode, _ := kernels.ParseGQAMode(c.GQA)
-	sel, _ := shard.ParseSelector(c.Selector)
+	mode, _ := plan.ParseGQAMode(c.GQA)
+	sel, _ := plan.ParseSelector(c.Selector)
 	selection, _ := engine.ParseSelection(c.Selection)
 	ec := engine.DefaultConfig()
 	ec.Layers, ec.QHeads, ec.KVHeads, ec.HeadDim, ec.PageSize = c.Layers, c.QHeads, c.KVHeads, c.HeadDim, c.PageSize

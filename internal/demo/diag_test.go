@@ -13,6 +13,7 @@ import (
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -253,7 +254,7 @@ func TestShardDiagnosticsNaive(t *testing.T) {
 	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
 	defer cpu.Close()
 	dd := newDiagData(5)
-	pol := shard.DefaultPolicy()
+	pol := plan.DefaultPolicy()
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = dgS, dgBudget, 0
 	var diags []shard.Diagnostics
 	var shards []*shard.Shard

@@ -16,8 +16,8 @@ import (
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/replay"
-	"github.com/questrt/questrt/shard"
 )
 
 func newBackend(t *testing.T, dt DType) *Backend {
@@ -148,18 +148,18 @@ func TestReplayMatchesCPU(t *testing.T) {
 	} {
 		g.Seed = uint64(i + 1)
 		c := replay.Generate(g)
-		cpu, err := replay.Run(context.Background(), c, replay.Options{Selector: shard.Quest})
+		cpu, err := replay.Run(context.Background(), c, replay.Options{Selector: plan.Quest})
 		if err != nil {
 			t.Fatal(err)
 		}
-		gpu, err := replay.Run(context.Background(), c, replay.Options{Selector: shard.Quest, Backend: b})
+		gpu, err := replay.Run(context.Background(), c, replay.Options{Selector: plan.Quest, Backend: b})
 		if err != nil {
 			t.Fatal(err)
 		}
 		compareResults(t, i, cpu, gpu)
 		// Pages and page tables only on the GPU: one shard, and CP 2.
 		for _, cp := range []int{1, 2} {
-			dev, err := replay.Run(context.Background(), c, replay.Options{Selector: shard.Quest, Backend: b, DeviceResident: true, CP: cp, Selection: engine.Exact})
+			dev, err := replay.Run(context.Background(), c, replay.Options{Selector: plan.Quest, Backend: b, DeviceResident: true, CP: cp, Selection: engine.Exact})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -189,14 +189,14 @@ func TestShardsShareOneGPU(t *testing.T) {
 	defer b0.Close()
 	defer b1.Close()
 	c := replay.Generate(replay.GenConfig{Tokens: 5000, PageSize: 16, BudgetTokens: 320, QHeads: 16, KVHeads: 4, HeadDim: 64, LocalPages: 1, Seed: 7})
-	cpu, err := replay.Run(context.Background(), c, replay.Options{Selector: shard.Quest})
+	cpu, err := replay.Run(context.Background(), c, replay.Options{Selector: plan.Quest})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := engine.DefaultConfig()
 	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, 16, 4, 64, 16
 	cfg.CP, cfg.TP, cfg.CapacityPages = 2, 2, 400
-	cfg.Policy = c.Policy(shard.Quest)
+	cfg.Policy = c.Policy(plan.Quest)
 	cfg.Backends = func(tp, cp int) kernels.Backend {
 		if (tp+cp)%2 == 0 {
 			return b0
@@ -220,7 +220,7 @@ func TestShardsShareOneGPU(t *testing.T) {
 	if err := e.Step(context.Background(), 0, []engine.Request{{Seq: id, Q: q}}, engine.StepOptions{Diagnostics: true}, &res); err != nil {
 		t.Fatal(err)
 	}
-	gpu := replay.NewResult(shard.Quest, 16, 64, cpu.Pages, res.O, res.LSE, res.Diag[0])
+	gpu := replay.NewResult(plan.Quest, 16, 64, cpu.Pages, res.O, res.LSE, res.Diag[0])
 	compareResults(t, 0, cpu, gpu)
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -35,7 +36,7 @@ func benchShardStep(b *testing.B, tokens, batch int) {
 		b.Fatal(err)
 	}
 	defer be.Close()
-	pol := shard.DefaultPolicy()
+	pol := plan.DefaultPolicy()
 	pol.DenseLayers = 0
 	pages := batch * (tokens/s + 1)
 	sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: pages},

@@ -13,6 +13,7 @@ import (
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
 
@@ -35,7 +36,7 @@ func TestDeviceStoreFollowsHost(t *testing.T) {
 			defer b.Close()
 			cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
 			defer cpu.Close()
-			cfg := shard.Config{Store: pagestore.Config{Layers: layers, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 24}, QHeads: qh, Policy: shard.DefaultPolicy()}
+			cfg := shard.Config{Store: pagestore.Config{Layers: layers, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 24}, QHeads: qh, Policy: plan.DefaultPolicy()}
 			host, err := shard.New(cfg, cpu)
 			if err != nil {
 				t.Fatal(err)
@@ -188,7 +189,7 @@ func TestFusedStepOnDevice(t *testing.T) {
 	}
 	for _, gqa := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 		for _, sink := range []int{0, 1} {
-			pol := shard.DefaultPolicy()
+			pol := plan.DefaultPolicy()
 			pol.DenseLayers, pol.GQA, pol.SinkPages, pol.BudgetTokens = 0, gqa, sink, 512
 			sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 4000},
 				QHeads: qh, Policy: pol, DeviceResident: true}, b)
