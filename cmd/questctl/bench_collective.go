@@ -11,6 +11,7 @@ import (
 
 	"github.com/questrt/questrt/bench"
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/collective/grpctransport"
 )
 
 // collectiveFlags maps the BenchConfig fields that BenchRangeError names to
@@ -28,10 +29,13 @@ func runBenchCollective(ctx context.Context, args []string, stdout, stderr io.Wr
 Per layer-step latency of the collectives of a CP group: the exact
 selection exchange (all-gather of each rank's local top-K candidates, every
 rank derives the same global top-K) and the merge of partial states to
-rank 0, on N goroutines over the chosen transport. Prints one JSON line per
-(shards, batch) on stdout as soon as that configuration finishes, with
-p50/p95/p99 latencies in microseconds and bytes sent; progress and a table
-go to stderr (not with --json).
+rank 0, on N goroutines over the chosen transports: inproc (channels in
+one process) and grpc (one long-lived gRPC stream per pair of ranks over
+127.0.0.1, plaintext: the cost of the network path without a network).
+Prints one JSON line per (transport, shards, batch) on stdout as soon as
+that configuration finishes, with p50/p95/p99 latencies in microseconds
+and bytes sent, so the transports compare line by line; progress and a
+table go to stderr (not with --json).
 
 Sizes must be at least 1 (--warmup 0 is allowed); at most %d shards, a
 batch of %d, %d KV or query heads, a head dimension of %d, %d pages
@@ -41,7 +45,7 @@ batch of %d, %d KV or query heads, a head dimension of %d, %d pages
 		collective.MaxBenchHeadDim, collective.MaxBenchPages, collective.MaxBenchSteps))
 	shards := fs.String("shards", "2,4,8,16", "comma-separated CP group sizes")
 	batches := fs.String("batch", "1,16", "comma-separated batch sizes")
-	fs.StringVar(&c.Transport, "transport", c.Transport, "transport: inproc")
+	transports := fs.String("transport", c.Transport, "comma-separated transports: inproc, grpc")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "measured layer-steps per configuration")
 	fs.IntVar(&c.Warmup, "warmup", c.Warmup, "unmeasured layer-steps run first")
 	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads (selection rows per sequence)")
@@ -62,6 +66,15 @@ batch of %d, %d KV or query heads, a head dimension of %d, %d pages
 		return usageError{err}
 	}
 	c.MaxMemory = *maxMem
+	var names []string
+	for _, name := range strings.Split(*transports, ",") {
+		name = strings.TrimSpace(name)
+		if name != "inproc" && name != "grpc" {
+			return usageError{fmt.Errorf("--transport %q: want inproc or grpc (comma-separated)", name)}
+		}
+		names = append(names, name)
+	}
+	c.Transport = names[0]
 	if err := c.Validate(); err != nil {
 		var re *collective.BenchRangeError
 		if errors.As(err, &re) {
@@ -77,18 +90,24 @@ batch of %d, %d KV or query heads, a head dimension of %d, %d pages
 		c.Progress = stderr
 	}
 	start := time.Now()
-	err = collective.BenchCollective(ctx, c, func(r collective.BenchResult) error {
-		if err := bench.WriteJSONLine(stdout, r); err != nil {
+	for _, name := range names {
+		c.Transport, c.NewTransports = name, nil
+		if name == "grpc" {
+			c.NewTransports = grpcGroup(ctx)
+		}
+		err = collective.BenchCollective(ctx, c, func(r collective.BenchResult) error {
+			if err := bench.WriteJSONLine(stdout, r); err != nil {
+				return err
+			}
+			if !*asJSON {
+				fmt.Fprintf(stderr, "%-6s shards %2d batch %2d: select p50 %.1f p99 %.1f us, merge p50 %.1f p99 %.1f us, %d + %d bytes/step\n",
+					r.Transport, r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.MergeP50, r.MergeP99, r.SelectBytes, r.MergeBytes)
+			}
+			return nil
+		})
+		if err != nil {
 			return err
 		}
-		if !*asJSON {
-			fmt.Fprintf(stderr, "shards %2d batch %2d: select p50 %.1f p99 %.1f us, merge p50 %.1f p99 %.1f us, %d + %d bytes/step\n",
-				r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.MergeP50, r.MergeP99, r.SelectBytes, r.MergeBytes)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
 	}
 	if !*asJSON {
 		fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
@@ -108,4 +127,22 @@ func sizeList(name, s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// grpcGroup returns a NewTransports that builds an n-rank gRPC group on
+// 127.0.0.1 (plaintext loopback streams, ephemeral ports).
+func grpcGroup(ctx context.Context) func(n int) ([]collective.Transport, error) {
+	return func(n int) ([]collective.Transport, error) {
+		cfg := grpctransport.DefaultConfig()
+		cfg.Plaintext = true
+		g, err := grpctransport.NewLocalGroup(ctx, n, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("grpc group of %d: %w", n, err)
+		}
+		trs := make([]collective.Transport, n)
+		for i, t := range g {
+			trs[i] = t
+		}
+		return trs, nil
+	}
 }
