@@ -194,7 +194,7 @@ func Selection(ctx context.Context, cfg SelectionConfig, emit func(SelectionResu
 			if cfg.Progress != nil {
 				fmt.Fprintf(cfg.Progress, "bench selection: cp %d %v: filling %d tokens\n", cp, mode, cfg.Context)
 			}
-			id, err := e.Create(engine.Striped)
+			id, err := e.Create(plan.Striped)
 			if err == nil {
 				err = e.Append(id, 0, k, v)
 			}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/questrt/questrt/plan"
 )
 
 func reviewCfg() Config {
@@ -22,7 +24,7 @@ func TestRegressCapacityUsable(t *testing.T) {
 	cfg := reviewCfg()
 	cfg.CapacityPages = 2
 	e := newEngine(t, cfg)
-	id, _ := e.Create(Striped)
+	id, _ := e.Create(plan.Striped)
 	tok := cfg.KVHeads * cfg.HeadDim
 	if err := e.Append(id, 0, randVec(rng, 32*tok), randVec(rng, 32*tok)); err != nil {
 		t.Fatalf("2 pages into a 2-page pool: %v", err)
@@ -40,11 +42,11 @@ func TestRegressRollbackSpuriousBroken(t *testing.T) {
 	e := newEngine(t, cfg)
 	tok := cfg.KVHeads * cfg.HeadDim
 	add := func(id SeqID, n int) error { return e.Append(id, 0, randVec(rng, n*tok), randVec(rng, n*tok)) }
-	a, _ := e.Create(Striped)
+	a, _ := e.Create(plan.Striped)
 	if err := add(a, 24); err != nil { // page 0 on rank 0, page 1 (8 tokens) on rank 1
 		t.Fatal(err)
 	}
-	b, _ := e.Create(Striped)
+	b, _ := e.Create(plan.Striped)
 	if err := add(b, 32); err != nil { // one more page on each rank
 		t.Fatal(err)
 	}

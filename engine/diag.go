@@ -79,7 +79,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 				for cp := range c.CP {
 					ls := &e.work[tp][cp].ls
 					for lp := range ls.LocalPages(i) {
-						sc[sq.global[cp][lp]] = ls.PageScore(i, r, lp)
+						sc[sq.layout.Place(cp).Global(lp)] = ls.PageScore(i, r, lp)
 					}
 				}
 				dg.Scores[h] = sc
@@ -134,7 +134,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		blk := c.PageSize * d
 		for p := range np {
 			cp := e.owner(sq, p)
-			lp, _ := slices.BinarySearch(sq.global[cp], int32(p))
+			lp := sq.layout.Place(cp).Local(p)
 			for tp := range c.TP {
 				kp, err := keys[tp][cp].Keys(ctx, lp)
 				if err != nil {

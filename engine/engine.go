@@ -31,39 +31,6 @@ import (
 	"github.com/questrt/questrt/shard"
 )
 
-// Placement maps a sequence's pages to CP ranks. It is chosen per sequence
-// at creation. Pages are placed whole: never striped by token, which would
-// break the page summaries.
-type Placement int
-
-const (
-	// Striped puts page p on rank p mod N (default): every rank gets an
-	// even share of any window of the context.
-	Striped Placement = iota
-	// Contiguous puts blocks of BlockPages consecutive pages on one rank,
-	// blocks going round-robin over the ranks.
-	Contiguous
-)
-
-// String returns the placement's name.
-func (p Placement) String() string {
-	if p == Contiguous {
-		return "contiguous"
-	}
-	return "striped"
-}
-
-// ParsePlacement parses striped|contiguous ("" means striped).
-func ParsePlacement(s string) (Placement, error) {
-	switch s {
-	case "", "striped":
-		return Striped, nil
-	case "contiguous":
-		return Contiguous, nil
-	}
-	return 0, fmt.Errorf("unknown placement %q (want striped or contiguous)", s)
-}
-
 // Selection is how CP ranks agree on the pages of a step.
 type Selection int
 
@@ -230,12 +197,12 @@ type Engine struct {
 }
 
 type seqState struct {
-	placement Placement
-	local     [][]pagestore.SeqID // [tp][cp]
-	global    [][]int32           // [cp]: local page -> global page
-	pages     int                 // pages registered
-	lens      []int               // tokens per layer
-	broken    bool
+	// layout places the sequence's pages over the CP ranks (a pure
+	// function: no page map is kept).
+	layout plan.Layout
+	local  [][]pagestore.SeqID // [tp][cp]
+	lens   []int               // tokens per layer
+	broken bool
 }
 
 // New builds the shards, groups and (for Replicated) mirrors.
@@ -338,26 +305,22 @@ func (e *Engine) Close() error {
 }
 
 // owner is the CP rank of global page g.
-func (e *Engine) owner(sq *seqState, g int) int {
-	if sq.placement == Contiguous {
-		return (g / e.cfg.BlockPages) % e.cfg.CP
-	}
-	return g % e.cfg.CP
-}
+func (e *Engine) owner(sq *seqState, g int) int { return sq.layout.Owner(g) }
 
 // Create starts an empty sequence with the given placement.
-func (e *Engine) Create(p Placement) (SeqID, error) {
+func (e *Engine) Create(p plan.Placement) (SeqID, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return 0, ErrClosed
 	}
-	if p != Striped && p != Contiguous {
+	if p != plan.Striped && p != plan.Contiguous {
 		return 0, fmt.Errorf("create: %w: placement %d", ErrBadInput, p)
 	}
 	id := e.nextID
 	e.nextID++
-	sq := &seqState{placement: p, global: make([][]int32, e.cfg.CP), lens: make([]int, e.cfg.Layers)}
+	sq := &seqState{layout: plan.Layout{CP: e.cfg.CP, TP: e.cfg.TP, Placement: p, BlockPages: e.cfg.BlockPages},
+		lens: make([]int, e.cfg.Layers)}
 	for tp := range e.cfg.TP {
 		var ids []pagestore.SeqID
 		for cp := range e.cfg.CP {
@@ -492,13 +455,6 @@ func (e *Engine) append(id SeqID, sq *seqState, layer int, k, v []float32) error
 		sq.lens[layer] += t1 - t0
 		t0 = t1
 	}
-	// Register the new pages (in placement order) once every shard took
-	// its tokens.
-	for g := sq.pages; g*c.PageSize < start+n; g++ {
-		r := e.owner(sq, g)
-		sq.global[r] = append(sq.global[r], int32(g))
-		sq.pages = g + 1
-	}
 	return nil
 }
 
@@ -514,10 +470,7 @@ func (e *Engine) Fork(id SeqID) (SeqID, error) {
 	if slices.Min(sq.lens) != slices.Max(sq.lens) {
 		return 0, fmt.Errorf("fork seq %d: %w", id, pagestore.ErrUnevenLayers)
 	}
-	child := &seqState{placement: sq.placement, pages: sq.pages, lens: slices.Clone(sq.lens), global: make([][]int32, e.cfg.CP)}
-	for cp := range sq.global {
-		child.global[cp] = slices.Clone(sq.global[cp])
-	}
+	child := &seqState{layout: sq.layout, lens: slices.Clone(sq.lens)}
 	cid := e.nextID
 	for tp := range e.cfg.TP {
 		var ids []pagestore.SeqID
@@ -570,7 +523,6 @@ func (e *Engine) Rollback(id SeqID, n int) error {
 	}
 	c := e.cfg
 	newLen := l - n
-	newPages := (newLen + c.PageSize - 1) / c.PageSize
 	// Tokens to drop per CP rank.
 	drop := make([]int, c.CP)
 	for t := newLen; t < l; t++ {
@@ -601,11 +553,6 @@ func (e *Engine) Rollback(id SeqID, n int) error {
 			changed = true
 		}
 	}
-	for cp := range c.CP {
-		keep, _ := slices.BinarySearch(sq.global[cp], int32(newPages))
-		sq.global[cp] = sq.global[cp][:keep]
-	}
-	sq.pages = newPages
 	for i := range sq.lens {
 		sq.lens[i] = newLen
 	}
@@ -628,7 +575,7 @@ func (e *Engine) refreshMirrors(id SeqID, sq *seqState, newLen int) error {
 		if tail >= 0 {
 			r := e.owner(sq, tail)
 			sh := e.shards[tp][r]
-			lp, _ := slices.BinarySearch(sq.global[r], int32(tail))
+			lp := sq.layout.Place(r).Local(tail)
 			table, err := sh.Store().AppendPageTable(nil, sq.local[tp][r])
 			if err != nil {
 				return err

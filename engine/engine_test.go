@@ -56,7 +56,7 @@ func newPair(t *testing.T, cfg Config) *pair {
 	return &pair{t: t, e: e, ref: ref, be: be, ids: map[SeqID]pagestore.SeqID{}}
 }
 
-func (p *pair) create(pl Placement) SeqID {
+func (p *pair) create(pl plan.Placement) SeqID {
 	id, err := p.e.Create(pl)
 	if err != nil {
 		p.t.Fatal(err)
@@ -184,7 +184,7 @@ func TestDistributedEqualsSingleShard(t *testing.T) {
 			var seqs []SeqID
 			var budgets []int
 			for _, n := range lens {
-				id := p.create([]Placement{Striped, Contiguous}[rng.IntN(2)])
+				id := p.create([]plan.Placement{plan.Striped, plan.Contiguous}[rng.IntN(2)])
 				p.append(rng, id, n)
 				seqs = append(seqs, id)
 				budgets = append(budgets, []int{16, 32, 64, 160, 4096}[rng.IntN(5)])
@@ -206,7 +206,7 @@ func TestUnionSelection(t *testing.T) {
 		cfg.CP, cfg.CapacityPages, cfg.Selection = cp, 100, Union
 		cfg.Policy.DenseLayers = 0
 		p := newPair(t, cfg)
-		id := p.create(Striped)
+		id := p.create(plan.Striped)
 		p.append(rng, id, 900)
 		p.compare(rng, 0, []SeqID{id}, []int{160}, cp == 1)
 		var res Result
@@ -234,11 +234,11 @@ func TestEdgeLayouts(t *testing.T) {
 	cfg.CP, cfg.TP, cfg.CapacityPages = 6, 2, 64
 	cfg.Policy.DenseLayers = 0
 	p := newPair(t, cfg)
-	short := p.create(Striped) // 2 pages over 6 ranks
+	short := p.create(plan.Striped) // 2 pages over 6 ranks
 	p.append(rng, short, 20)
-	long := p.create(Contiguous) // 64 block: everything on rank 0
+	long := p.create(plan.Contiguous) // 64 block: everything on rank 0
 	p.append(rng, long, 300)
-	mid := p.create(Striped)
+	mid := p.create(plan.Striped)
 	p.append(rng, mid, 500)
 	p.compare(rng, 0, []SeqID{short, long, mid}, []int{16, 32, 1 << 16}, true)
 	var res Result
@@ -271,7 +271,7 @@ func TestForkRollbackSharded(t *testing.T) {
 			cfg.Backend, cfg.DeviceResident = backendtest.FakeDevice{CPU: cpu}, true
 		}
 		p := newPair(t, cfg)
-		parent := p.create(Striped)
+		parent := p.create(plan.Striped)
 		p.append(rng, parent, 333)
 		child, err := p.e.Fork(parent)
 		if err != nil {
@@ -360,7 +360,7 @@ func TestShardFailure(t *testing.T) {
 	e := newEngine(t, cfg)
 	var ids []SeqID
 	for range 2 {
-		id, _ := e.Create(Striped)
+		id, _ := e.Create(plan.Striped)
 		for l := range cfg.Layers {
 			if err := e.Append(id, l, randVec(rng, 400*2*16), randVec(rng, 400*2*16)); err != nil {
 				t.Fatal(err)
@@ -424,7 +424,7 @@ func TestTransportFailure(t *testing.T) {
 		return trs
 	}
 	e := newEngine(t, cfg)
-	id, _ := e.Create(Striped)
+	id, _ := e.Create(plan.Striped)
 	if err := e.Append(id, 0, randVec(rng, 300*2*16), randVec(rng, 300*2*16)); err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +450,7 @@ func TestEngineBadInput(t *testing.T) {
 	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim = 2, 4, 2, 8
 	cfg.CP, cfg.TP, cfg.CapacityPages = 2, 2, 8
 	p := newPair(t, cfg)
-	id := p.create(Striped)
+	id := p.create(plan.Striped)
 	p.append(rng, id, 50)
 	q := randVec(rng, 4*8)
 	kv := randVec(rng, 2*8)
@@ -518,7 +518,7 @@ func TestFusedAndRankedSteps(t *testing.T) {
 			e := newEngine(t, cfg)
 			var ids []SeqID
 			for _, n := range []int{17, 300, 1000} {
-				id, err := e.Create(Striped)
+				id, err := e.Create(plan.Striped)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // countTr counts messages per (from, to, tag): +1 on Send, -1 on Recv.
@@ -63,7 +64,7 @@ func TestRegressFailedStepLeavesNoMail(t *testing.T) {
 		return trs
 	}
 	e := newEngine(t, cfg)
-	id, _ := e.Create(Striped)
+	id, _ := e.Create(plan.Striped)
 	tok := cfg.KVHeads * cfg.HeadDim
 	if err := e.Append(id, 0, randVec(rng, 300*tok), randVec(rng, 300*tok)); err != nil {
 		t.Fatal(err)

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/questrt/questrt/plan"
 )
 
 // TestRegressFailedAppendRegistersPages: an append that fails cleanly on its
 // first shard (copy-on-write of a shared tail, pool full) still registers
-// its new global pages (sq.pages, sq.global). A later append then skips the
+// its new global pages (when the engine kept page maps). A later append then skips the
 // capacity pre-check for those pages, fails half-way and breaks the
 // sequence, where a correct pre-check would have refused it cleanly.
 func TestRegressFailedAppendRegistersPages(t *testing.T) {
@@ -25,7 +27,7 @@ func TestRegressFailedAppendRegistersPages(t *testing.T) {
 		}
 	}
 	fork := func(id SeqID) SeqID { c, err := e.Fork(id); must(err); return c }
-	a, _ := e.Create(Striped)
+	a, _ := e.Create(plan.Striped)
 	must(add(a, 24)) // page 0 on rank 0, page 1 (8 tokens) on rank 1
 	var kids []SeqID
 	for range 4 {
@@ -39,7 +41,7 @@ func TestRegressFailedAppendRegistersPages(t *testing.T) {
 		t.Fatalf("append needing a copy on a full rank: %v", err)
 	}
 	// Fill rank 0 with copy-on-writes of a short sequence.
-	s, _ := e.Create(Striped)
+	s, _ := e.Create(plan.Striped)
 	must(add(s, 8))
 	for e.Shard(0, 0).Store().Stats().FreePages > 0 {
 		fork(s)

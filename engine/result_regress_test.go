@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // TestRegressFailedStepKeepsResult: a step that fails on one TP group must
@@ -29,7 +30,7 @@ func TestRegressFailedStepKeepsResult(t *testing.T) {
 		return cpu
 	}
 	e := newEngine(t, cfg)
-	id, _ := e.Create(Striped)
+	id, _ := e.Create(plan.Striped)
 	tok := cfg.KVHeads * cfg.HeadDim
 	if err := e.Append(id, 0, randVec(rng, 200*tok), randVec(rng, 200*tok)); err != nil {
 		t.Fatal(err)

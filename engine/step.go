@@ -274,7 +274,7 @@ func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, r
 	w.q = w.q[:0]
 	for i, sq := range seqs {
 		q := reqs[i].Q[tp*e.qT*d : (tp+1)*e.qT*d]
-		w.parts = append(w.parts, shard.SeqPart{Seq: sq.local[tp][cp], Global: sq.global[cp], Plan: plans[i], Q: q})
+		w.parts = append(w.parts, shard.SeqPart{Seq: sq.local[tp][cp], Place: sq.layout.Place(cp), Plan: plans[i], Q: q})
 		w.ids = append(w.ids, uint64(reqs[i].Seq))
 		w.q = append(w.q, q...)
 	}

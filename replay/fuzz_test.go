@@ -90,7 +90,7 @@ func FuzzDecode(f *testing.F) {
 			CP:          1 + sum/4%3,
 			TP:          1 + sum/12%2,
 			Selection:   engine.Selection(sum / 24 % 3),
-			Placement:   engine.Placement(sum / 72 % 2),
+			Placement:   plan.Placement(sum / 72 % 2),
 			MemoryLimit: fuzzLimit,
 		}
 		opt.CP = min(opt.CP, c.Pages())

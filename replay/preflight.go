@@ -113,7 +113,7 @@ func (gm geometry) check(opt Options) error {
 		return fmt.Errorf("unknown selector %d", opt.Selector)
 	case opt.Selection < engine.Exact || opt.Selection > engine.Replicated:
 		return fmt.Errorf("unknown selection %d", opt.Selection)
-	case opt.Placement != engine.Striped && opt.Placement != engine.Contiguous:
+	case opt.Placement != plan.Striped && opt.Placement != plan.Contiguous:
 		return fmt.Errorf("unknown placement %d", opt.Placement)
 	case (opt.CP > 1 || opt.TP > 1) && opt.Selection == engine.Replicated && opt.Selector != plan.Quest && opt.Selector != plan.Dense:
 		return fmt.Errorf("replicated selection needs the quest or dense selector, not %v", opt.Selector)
@@ -252,18 +252,8 @@ func (gm geometry) footprint(opt Options) []part {
 // for p pages under the placement: striped, ceil(p/cp); contiguous, the
 // largest share of blocks of block pages dealt round-robin. It is at least
 // one page.
-func rankCapacity(p, cp int, place engine.Placement, block int) int {
-	if cp <= 1 {
-		return max(p, 1)
-	}
-	if place != engine.Contiguous {
-		return max((p+cp-1)/cp, 1)
-	}
-	// Blocks go round-robin from rank 0, which gets the most of them;
-	// only the last block can be short.
-	pages := 0
-	for b := 0; b*block < p; b += cp {
-		pages += min(block, p-b*block)
-	}
-	return max(pages, 1)
+func rankCapacity(p, cp int, place plan.Placement, block int) int {
+	// Rank 0 holds the most pages under either placement.
+	lay := plan.Layout{CP: max(cp, 1), TP: 1, Placement: place, BlockPages: block}
+	return max(lay.Place(0).Count(p), 1)
 }

@@ -44,7 +44,7 @@ func TestFootprintBoundsAllocations(t *testing.T) {
 		{Selector: plan.Recent},
 		{Selector: plan.Dense},
 		{Selector: plan.Quest, CP: 2, Selection: engine.Exact},
-		{Selector: plan.Quest, CP: 3, TP: 2, Selection: engine.Union, Placement: engine.Contiguous},
+		{Selector: plan.Quest, CP: 3, TP: 2, Selection: engine.Union, Placement: plan.Contiguous},
 		{Selector: plan.Quest, CP: 4, Selection: engine.Replicated},
 		{Selector: plan.Oracle, CP: 2, TP: 2, Selection: engine.Exact},
 	}
@@ -122,13 +122,13 @@ func slicesOf(n int, row []float32) [][]float32 {
 // share of pages that the engine's placement gives a rank.
 func TestRankCapacity(t *testing.T) {
 	const block = 64
-	for _, place := range []engine.Placement{engine.Striped, engine.Contiguous} {
+	for _, place := range []plan.Placement{plan.Striped, plan.Contiguous} {
 		for p := 1; p <= 300; p += 7 {
 			for cp := 1; cp <= p; cp += 1 + cp/3 {
 				count := make([]int, cp)
 				for g := range p {
 					r := g % cp
-					if place == engine.Contiguous {
+					if place == plan.Contiguous {
 						r = (g / block) % cp
 					}
 					count[r]++
@@ -162,10 +162,10 @@ func TestCPRanksGetTheirShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, place := range []engine.Placement{engine.Striped, engine.Contiguous} {
+	for _, place := range []plan.Placement{plan.Striped, plan.Contiguous} {
 		o := Options{CP: c.Pages(), Placement: place}
 		o.MemoryLimit = c.Footprint(o)
-		if old := int64(c.Pages()) * int64(c.Pages()+1) * (2*16*128*4 + 2*128*4); place == engine.Striped && old < 4*o.MemoryLimit {
+		if old := int64(c.Pages()) * int64(c.Pages()+1) * (2*16*128*4 + 2*128*4); place == plan.Striped && old < 4*o.MemoryLimit {
 			t.Fatalf("test geometry too small: old pools %s vs footprint %s", memlimit.Bytes(old), memlimit.Bytes(o.MemoryLimit))
 		}
 		res, err := Run(context.Background(), c, o)

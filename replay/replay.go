@@ -74,7 +74,7 @@ type Options struct {
 	// one shard). Selection and Placement apply when CP > 1 or TP > 1.
 	CP, TP    int
 	Selection engine.Selection
-	Placement engine.Placement
+	Placement plan.Placement
 	// DeviceResident keeps the pages and page tables in the backend's
 	// device memory (shard.Config.DeviceResident; the backend must be a
 	// kernels.DeviceStore, e.g. CUDA).

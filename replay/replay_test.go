@@ -239,7 +239,7 @@ func TestShardedReplayMatchesSingle(t *testing.T) {
 	}
 	for _, o := range []Options{
 		{CP: 2, TP: 1, Selection: engine.Exact},
-		{CP: 3, TP: 2, Selection: engine.Exact, Placement: engine.Contiguous},
+		{CP: 3, TP: 2, Selection: engine.Exact, Placement: plan.Contiguous},
 		{CP: 4, TP: 4, Selection: engine.Replicated},
 		{CP: 1, TP: 2, Selection: engine.Exact},
 	} {

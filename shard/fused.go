@@ -32,7 +32,7 @@ func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 	}
 	for i, p := range ls.parts {
 		np := ls.batch.NumPages(i)
-		if p.Global != nil && np > 0 && (len(p.Global) < np || p.Global[np-1] != int32(np-1)) {
+		if p.Place.Ranks > 1 && np > 0 && p.Place.Global(np-1) != np-1 {
 			return false, nil // another CP rank holds some pages
 		}
 		if !p.Plan.Dense && p.Plan.Pages != np {

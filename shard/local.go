@@ -17,10 +17,10 @@ import (
 type SeqPart struct {
 	// Seq is the shard-local sequence.
 	Seq pagestore.SeqID
-	// Global maps this shard's local pages to the sequence's global
-	// logical pages, ascending. Nil means the identity: the shard holds
-	// every page of the sequence.
-	Global []int32
+	// Place maps this shard's local pages to the sequence's global pages
+	// (an O(1) function of the layout: no page map). The zero Place is
+	// the identity: the shard holds every page of the sequence.
+	Place plan.Place
 	// Plan is the sequence's page plan over all its pages (every CP rank
 	// gets the same plan).
 	Plan plan.Plan
@@ -81,23 +81,13 @@ func (ls *LocalStep) RowCandidates(i, r int) []Candidate {
 
 // global returns the global page of local page p of sequence i.
 func (ls *LocalStep) global(i, p int) int32 {
-	if g := ls.parts[i].Global; g != nil {
-		return g[p]
-	}
-	return int32(p)
+	return int32(ls.parts[i].Place.Global(p))
 }
 
 // local returns the local page of global page g in sequence i, or -1.
 func (ls *LocalStep) local(i int, g int32) int32 {
-	glob := ls.parts[i].Global
-	if glob == nil {
-		if int(g) < ls.batch.NumPages(i) {
-			return g
-		}
-		return -1
-	}
-	if p, ok := slices.BinarySearch(glob[:ls.batch.NumPages(i)], g); ok {
-		return int32(p)
+	if lp := ls.parts[i].Place.Local(int(g)); lp >= 0 && lp < ls.batch.NumPages(i) {
+		return int32(lp)
 	}
 	return -1
 }
@@ -105,13 +95,8 @@ func (ls *LocalStep) local(i int, g int32) int32 {
 // localRange returns the local pages whose global index lies in [lo, hi).
 func (ls *LocalStep) localRange(i, lo, hi int) (int, int) {
 	n := ls.batch.NumPages(i)
-	glob := ls.parts[i].Global
-	if glob == nil {
-		return min(lo, n), min(hi, n)
-	}
-	a, _ := slices.BinarySearch(glob[:n], int32(lo))
-	b, _ := slices.BinarySearch(glob[:n], int32(hi))
-	return a, b
+	a, b := ls.parts[i].Place.LocalRange(lo, hi)
+	return min(a, n), min(b, n)
 }
 
 // Begin loads a step's parts: the local page tables of layer as one CSR
@@ -150,8 +135,8 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart) error {
 		if err != nil {
 			return fmt.Errorf("step layer %d: %w", layer, err)
 		}
-		if p.Global != nil && len(p.Global) < v.Pages {
-			return fmt.Errorf("step: %w: part %d maps %d pages, the shard holds %d", ErrBadInput, i, len(p.Global), v.Pages)
+		if pl := p.Place; pl.Ranks > 1 && (pl.Rank < 0 || pl.Rank >= pl.Ranks) {
+			return fmt.Errorf("step: %w: part %d: rank %d of %d", ErrBadInput, i, pl.Rank, pl.Ranks)
 		}
 		if s.dev != nil {
 			// The device follows the page tables: the kernels read them

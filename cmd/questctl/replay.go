@@ -66,7 +66,7 @@ sums could overflow float32 included), and runs that would not fit
 	if err != nil {
 		return usageError{err}
 	}
-	place, err := engine.ParsePlacement(*placement)
+	place, err := plan.ParsePlacement(*placement)
 	if err != nil {
 		return usageError{err}
 	}

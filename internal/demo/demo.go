@@ -16,6 +16,7 @@ import (
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // Summary is what the demo measured over all steps (sparse layers only).
@@ -105,7 +106,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 	fmt.Fprintf(w, "host memory: %s (%s), %s\n", memlimit.Bytes(mem.Total()), mem, limitText(cfg.MemoryLimit))
 
 	g := newGenerator(cfg)
-	id, err := eng.Create(engine.Striped)
+	id, err := eng.Create(plan.Striped)
 	if err != nil {
 		return Summary{}, fmt.Errorf("demo: %w", err)
 	}

@@ -148,7 +148,7 @@ func newDiagEngine(t *testing.T, lay diagLayout, cpu *kernels.CPU, dd diagData) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	id, err := e.Create(engine.Striped)
+	id, err := e.Create(plan.Striped)
 	if err != nil {
 		t.Fatal(err)
 	}

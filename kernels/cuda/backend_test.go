@@ -208,7 +208,7 @@ func TestShardsShareOneGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	id, _ := e.Create(engine.Striped)
+	id, _ := e.Create(plan.Striped)
 	if err := e.Append(id, 0, replay.TokenMajor(c.Keys, 64), replay.TokenMajor(c.Values, 64)); err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +320,7 @@ func testDeviceResidentEngine(t *testing.T, sel engine.Selection) {
 		return v
 	}
 	for _, e := range []*engine.Engine{cpu, gpu} {
-		if id, err := e.Create(engine.Striped); err != nil || id != 1 {
+		if id, err := e.Create(plan.Striped); err != nil || id != 1 {
 			t.Fatalf("create: %v %v", id, err)
 		}
 	}

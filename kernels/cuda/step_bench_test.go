@@ -132,7 +132,7 @@ func benchEngineStep(b *testing.B, cp, tokens, batch int) {
 	pd := newPrefill(rng, kvh*d)
 	var reqs []engine.Request
 	for range batch {
-		id, err := e.Create(engine.Striped)
+		id, err := e.Create(plan.Striped)
 		if err != nil {
 			b.Fatal(err)
 		}

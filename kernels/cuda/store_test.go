@@ -233,7 +233,7 @@ func TestFusedStepOnDevice(t *testing.T) {
 	defer e.Close()
 	var reqs []engine.Request
 	for _, n := range []int{17, 9000, 30001} {
-		id, err := e.Create(engine.Striped)
+		id, err := e.Create(plan.Striped)
 		if err != nil {
 			t.Fatal(err)
 		}
