@@ -24,7 +24,7 @@ const (
 // inRange returns an error naming flag when v is outside [lo, hi].
 func inRange(flag string, v, lo, hi int, unit string) error {
 	if v < lo || v > hi {
-		return fmt.Errorf("%s %d out of range: want %d..%d%s", flag, v, lo, hi, unit)
+		return fmt.Errorf("%s %d: want %d..%d%s", flag, v, lo, hi, unit)
 	}
 	return nil
 }
@@ -32,7 +32,7 @@ func inRange(flag string, v, lo, hi int, unit string) error {
 // checkLimit validates a memory limit setting (--max-memory).
 func checkLimit(limit int64) error {
 	if limit < memlimit.NoLimit {
-		return fmt.Errorf("--max-memory %d out of range: want a byte count, 0 (the memory available now) or -1 (no check)", limit)
+		return fmt.Errorf("--max-memory %d: want a byte count, 0 (the memory available now) or -1 (no check)", limit)
 	}
 	return nil
 }
@@ -63,7 +63,7 @@ func checkShape(pageSize, qHeads, kvHeads, headDim int) error {
 // page, at most MaxContext (a budget above the context is allowed).
 func checkBudget(budget, pageSize int) error {
 	if budget < pageSize || budget > MaxContext {
-		return fmt.Errorf("--budget %d out of range: want --page-size (%d)..%d tokens", budget, pageSize, MaxContext)
+		return fmt.Errorf("--budget %d: want --page-size (%d)..%d tokens", budget, pageSize, MaxContext)
 	}
 	return nil
 }

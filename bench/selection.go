@@ -72,6 +72,12 @@ func (c SelectionConfig) Validate() error {
 	if err := inRange("--steps", c.Steps, 1, MaxIters, ""); err != nil {
 		return err
 	}
+	pages := (c.Context + c.PageSize - 1) / c.PageSize
+	for _, cp := range c.CP {
+		if cp > pages {
+			return fmt.Errorf("--cp %d: more CP ranks than the context's %d pages", cp, pages)
+		}
+	}
 	return checkLimit(c.MemoryLimit)
 }
 

@@ -159,6 +159,14 @@ func (c BenchConfig) Validate() error {
 			return err
 		}
 	}
+	if c.QHeads%c.KVHeads != 0 {
+		return fmt.Errorf("--q-heads %d is not a multiple of --kv-heads %d", c.QHeads, c.KVHeads)
+	}
+	for _, n := range c.Shards {
+		if n > c.Pages {
+			return fmt.Errorf("--shards %d: more ranks than the %d pages of a sequence (--pages)", n, c.Pages)
+		}
+	}
 	switch {
 	case c.Transport == "":
 		return errors.New("bench collective: no transport named (want inproc)")

@@ -154,7 +154,7 @@ func (c Config) Validate() error {
 	case c.Selection < Exact || c.Selection > Replicated:
 		return fmt.Errorf("engine config: unknown selection %d", c.Selection)
 	case c.Selection == Replicated && c.Policy.Selector != plan.Quest && c.Policy.Selector != plan.Dense:
-		return fmt.Errorf("engine config: replicated selection needs the quest selector, not %v", c.Policy.Selector)
+		return fmt.Errorf("engine config: replicated selection needs the quest or dense selector, not %v", c.Policy.Selector)
 	case c.MemoryLimit < memlimit.NoLimit:
 		return fmt.Errorf("engine config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
 	}

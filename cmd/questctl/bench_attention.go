@@ -30,7 +30,9 @@ runs with K capped at P (budget_capped: every step reads every page, and
 rho_formula is 1 + 1/S). Progress goes to stderr.
 
 Every size is checked before anything is allocated: each configuration's
-memory (K/V pool, buffers, scratch) must fit --max-memory.
+memory (K/V pool, buffers, scratch) must fit --max-memory, and so must
+the two 256 MiB buffers of the copy-bandwidth measurement (so the CPU
+benchmark needs --max-memory of at least 512 MiB).
 
 With --backend cuda the data live on the GPU, each phase is timed with CUDA
 events from a cold L2 (a 256 MiB write before every call, launches queued

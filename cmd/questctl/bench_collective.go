@@ -35,7 +35,7 @@ one process) and grpc (one long-lived gRPC stream per pair of ranks over
 Prints one JSON line per (transport, shards, batch) on stdout as soon as
 that configuration finishes, with p50/p95/p99 latencies in microseconds
 and bytes sent, so the transports compare line by line; progress and a
-table go to stderr (not with --json).
+table go to stderr (the table not with --json).
 
 Sizes must be at least 1 (--warmup 0 is allowed); at most %d shards, a
 batch of %d, %d KV or query heads, a head dimension of %d, %d pages
@@ -54,7 +54,7 @@ batch of %d, %d KV or query heads, a head dimension of %d, %d pages
 	fs.IntVar(&c.PageBudget, "k", c.PageBudget, "pages selected per row (K)")
 	fs.IntVar(&c.Pages, "pages", c.Pages, "pages per sequence, striped over the shards")
 	maxMem := maxMemoryFlag(fs)
-	asJSON := fs.Bool("json", false, "print JSON lines only (default also prints progress and a table to stderr)")
+	asJSON := fs.Bool("json", false, "print JSON lines only on stdout (default also prints a table to stderr; progress goes to stderr either way)")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -86,9 +86,7 @@ batch of %d, %d KV or query heads, a head dimension of %d, %d pages
 		}
 		return usageError{err}
 	}
-	if !*asJSON {
-		c.Progress = stderr
-	}
+	c.Progress = stderr
 	start := time.Now()
 	for _, name := range names {
 		c.Transport, c.NewTransports = name, nil

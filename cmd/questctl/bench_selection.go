@@ -46,6 +46,9 @@ K/V, one engine's pools, diagnostics) must fit --max-memory.`)
 	}
 	c.Modes = nil
 	for _, m := range strings.Split(*modes, ",") {
+		if strings.TrimSpace(m) == "" {
+			return usageError{fmt.Errorf("--selection %q: empty entry (want a comma-separated list of exact, union, replicated)", *modes)}
+		}
 		sel, err := engine.ParseSelection(strings.TrimSpace(m))
 		if err != nil {
 			return usageError{fmt.Errorf("--selection: %w", err)}

@@ -15,9 +15,9 @@ func TestBenchSelectionBadFlags(t *testing.T) {
 		"--kv-heads": "", "--head-dim": "", "--steps": "",
 	})
 	bad = append(bad,
-		benchBadFlag{[]string{"--kv-heads", "0"}, "--kv-heads 0 out of range"},
-		benchBadFlag{[]string{"--page-size", "0"}, "--page-size 0 out of range"},
-		benchBadFlag{[]string{"--head-dim", "-1"}, "--head-dim -1 out of range"},
+		benchBadFlag{[]string{"--kv-heads", "0"}, "--kv-heads 0:"},
+		benchBadFlag{[]string{"--page-size", "0"}, "--page-size 0:"},
+		benchBadFlag{[]string{"--head-dim", "-1"}, "--head-dim -1:"},
 		benchBadFlag{[]string{"--context", "100000000"}, "does not fit in memory"},
 		benchBadFlag{[]string{"--context", "100000000", "--max-memory", "100GiB"}, "--context 100000000"},
 		benchBadFlag{[]string{"--steps", "1000000", "--head-dim", "4096", "--q-heads", "1024", "--kv-heads", "1024"}, "does not fit in memory"},

@@ -59,6 +59,7 @@ mentions that do not fit the context.`)
 		return err
 	}
 	c.MemoryLimit = *maxMem
+	c.Progress = stderr
 	if err := c.Validate(); err != nil {
 		return usageError{err}
 	}

@@ -32,7 +32,11 @@ With --json it prints one JSON object, always: {"driver", "gpus",
 				Reason string `json:"reason"`
 			}{cluster.Inventory{GPUs: []cluster.GPU{}, Topology: [][]string{}}, err.Error()})
 		}
-		fmt.Fprintf(stdout, "no NVIDIA GPU available (%v): questrt runs on the CPU backend\n", err)
+		if errors.Is(err, cluster.ErrNoDiscovery) {
+			fmt.Fprintln(stdout, "this build has no GPU discovery (go-nvml needs cgo: build with -tags nvml or -tags cuda); questrt runs on the CPU backend")
+			return nil
+		}
+		fmt.Fprintf(stdout, "no NVIDIA GPU found (%v): questrt runs on the CPU backend\n", err)
 		return nil
 	}
 	if err != nil {

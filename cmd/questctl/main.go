@@ -4,7 +4,8 @@
 //
 //	questctl demo     [flags]   synthetic long-context decode, Quest vs dense
 //	questctl replay   --in case.json [--selector ...] [--out result.json]
-//	questctl bench    attention|collective [flags]
+//	questctl replay   gen [flags]   write a generated replay case
+//	questctl bench    attention|collective|selection [flags]
 //	questctl devices  [--json]
 //
 // Run `questctl <command> --help` for a command's flags.
@@ -18,6 +19,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
+	"strings"
 
 	"github.com/questrt/questrt/internal/memlimit"
 )
@@ -41,6 +44,7 @@ const usage = `questctl: the questrt command-line tool (Quest query-aware KV-pag
 Usage:
   questctl demo   [flags]               synthetic long context decoded with Quest and dense side by side (CPU)
   questctl replay --in case.json [...]  run one saved request (one sequence, one layer) and print the result JSON
+  questctl replay gen [flags]           write a generated replay case (geometry and seed)
   questctl bench  attention [flags]     one-layer Quest vs dense attention benchmark, JSON lines
   questctl bench  collective [flags]    latency of the CP selection exchange and merge, JSON lines
   questctl bench  selection [flags]     exact vs union vs replicated CP selection on the same data, JSON lines
@@ -74,21 +78,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "questctl: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench or devices; see 'questctl help')\n", args[0])
 		return exitUsage
 	}
-	switch {
-	case err == nil:
+	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return exitOK
-	case errors.Is(err, flag.ErrHelp):
-		return exitOK
-	case errors.As(err, new(usageError)):
-		fmt.Fprintf(stderr, "questctl %s: %v\n", args[0], err)
-		return exitUsage
-	default:
-		fmt.Fprintf(stderr, "questctl %s: %v\n", args[0], err)
-		return exitFailure
 	}
+	// One line: "questctl replay: ...", without repeating a command name
+	// the message already starts with ("questctl bench attention: ...").
+	msg, name := err.Error(), args[0]
+	if (name == "bench" || name == "replay") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+		name += " " + args[1] // "bench attention", "replay gen"
+	}
+	prefix := "questctl " + name + ": "
+	if strings.HasPrefix(msg, name+":") || strings.HasPrefix(msg, args[0]+" ") {
+		prefix = "questctl "
+	}
+	fmt.Fprintf(stderr, "%s%s\n", prefix, strings.ReplaceAll(msg, "\n", " "))
+	if errors.As(err, new(usageError)) || errors.Is(err, memlimit.ErrTooLarge) {
+		return exitUsage
+	}
+	return exitFailure
 }
 
 // newFlags makes a subcommand's flag set. Parse errors are returned, not
@@ -114,12 +124,56 @@ func parse(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 			fs.SetOutput(io.Discard)
 			return err
 		}
-		return usageError{fmt.Errorf("%v (see 'questctl %s --help')", err, fs.Name())}
+		return usageError{fmt.Errorf("%s (see 'questctl %s --help')", flagError(fs, err), fs.Name())}
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected arguments %q (see 'questctl %s --help')", fs.Args(), fs.Name())}
 	}
+	// An explicit empty value never means "the default": --selection ''
+	// is a mistake, not a choice.
+	var empty []string
+	fs.Visit(func(f *flag.Flag) {
+		if fmt.Sprintf("%T", f.Value) == "*flag.stringValue" && f.Value.String() == "" {
+			empty = append(empty, "--"+f.Name)
+		}
+	})
+	if len(empty) > 0 {
+		return usageError{fmt.Errorf("%s: empty value (leave the flag out for its default; see 'questctl %s --help')", strings.Join(empty, ", "), fs.Name())}
+	}
 	return nil
+}
+
+// flagErrorRE matches the flag package's "invalid value" errors.
+var flagErrorRE = regexp.MustCompile(`^invalid value "(.*)" for flag -([^:]+): (.*)$`)
+
+// flagError rewrites the flag package's parse errors in the CLI's form,
+// "--flag VALUE: what is wrong".
+func flagError(fs *flag.FlagSet, err error) string {
+	m := flagErrorRE.FindStringSubmatch(err.Error())
+	if m == nil {
+		return strings.Replace(err.Error(), "flag provided but not defined: -", "unknown flag --", 1)
+	}
+	why := m[3]
+	kind := "a number"
+	if f := fs.Lookup(m[2]); f != nil {
+		switch fmt.Sprintf("%T", f.Value) {
+		case "*flag.intValue", "*flag.int64Value":
+			kind = "an integer"
+		case "*flag.uintValue", "*flag.uint64Value":
+			kind = "a non-negative integer"
+		case "*flag.boolValue":
+			kind = "true or false"
+		case "*flag.durationValue":
+			kind = "a duration such as 2s"
+		}
+	}
+	switch {
+	case strings.HasSuffix(why, "parse error"), strings.HasSuffix(why, "invalid syntax"):
+		why = "not " + kind
+	case strings.HasSuffix(why, "value out of range"):
+		why = "too large for " + kind
+	}
+	return fmt.Sprintf("--%s %q: %s", m[2], m[1], why)
 }
 
 // maxMemoryFlag adds --max-memory to fs: the bytes a command may allocate
@@ -127,7 +181,7 @@ func parse(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 // is allocated.
 func maxMemoryFlag(fs *flag.FlagSet) *int64 {
 	limit := memlimit.Auto
-	fs.Func("max-memory", "most memory the command may allocate, e.g. 4GiB or 512MiB (0: the memory available now; -1: no check); larger configurations are refused before allocating", func(s string) error {
+	fs.Func("max-memory", "most memory the command may allocate, e.g. 4GiB or 512MiB (0: the memory available now, also the cap of a larger value; -1: no check at all); larger configurations are refused before allocating", func(s string) error {
 		v, err := memlimit.ParseBytes(s)
 		if err != nil {
 			return err

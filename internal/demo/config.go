@@ -3,6 +3,7 @@ package demo
 import (
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/questrt/questrt/engine"
@@ -40,6 +41,9 @@ type Config struct {
 	// [Config.Memory]): bytes, memlimit.Auto (0, the default: the memory
 	// available when Validate runs) or memlimit.NoLimit (-1: no check).
 	MemoryLimit int64
+	// Progress, when set, receives progress lines while the context is
+	// built (the CLI passes stderr); results go to Run's writer.
+	Progress io.Writer
 	// Backend runs the kernels (nil: a CPU backend with Workers workers;
 	// the caller keeps and closes a backend it gives).
 	Backend kernels.Backend

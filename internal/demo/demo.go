@@ -111,7 +111,11 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 		return Summary{}, fmt.Errorf("demo: %w", err)
 	}
 	t0 := time.Now()
-	if err := g.prefill(ctx, eng, id, w); err != nil {
+	progress := cfg.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	if err := g.prefill(ctx, eng, id, progress); err != nil {
 		return Summary{}, err
 	}
 	fmt.Fprintf(w, "prefill: %d tokens x %d layers in %.1fs; A at %d tokens; needles of B at tokens %v (page offsets %v)\n",

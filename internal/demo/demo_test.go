@@ -201,6 +201,7 @@ func TestValidateMessages(t *testing.T) {
 		{func(c *Config) { c.MemoryLimit = 1 }, "1 B memory limit"},
 	} {
 		c := DefaultConfig()
+		c.MemoryLimit = memlimit.NoLimit // the messages, not this machine's free memory
 		tc.mod(&c)
 		err := c.Validate()
 		if err == nil {
@@ -219,6 +220,7 @@ func TestValidateMessages(t *testing.T) {
 		func(c *Config) { c.MemoryLimit = memlimit.NoLimit },
 	} {
 		c := DefaultConfig()
+		c.MemoryLimit = memlimit.NoLimit
 		mod(&c)
 		if err := c.Validate(); err != nil {
 			t.Errorf("documented zero refused: %v", err)

@@ -100,34 +100,46 @@ func readInt(path string) (int64, bool) {
 // Check returns nil when need bytes fit limit, and otherwise an error
 // wrapping [ErrTooLarge] that names what needs them:
 //
-//	page pools need 6.2 GiB, more than the 3.1 GiB available (set a larger --max-memory, or a smaller configuration)
+//	page pools need 6.2 GiB, more than the 3.1 GiB of memory available now (...)
 //
-// limit is a byte count, [Auto] or [NoLimit]. Where [Auto] cannot learn
-// the available memory (no /proc), only sizes that overflow are refused.
-// A negative need (an overflowed computation) is refused too.
+// limit is a byte count, [Auto] or [NoLimit]. A positive limit can only
+// lower the bound: a need over the memory available now is refused even
+// when the limit is larger (a larger limit would only trade this error for
+// the Go runtime's out-of-memory crash). Where the available memory cannot
+// be read (no /proc), a positive limit is used as given and [Auto] refuses
+// only sizes that overflow. A negative need (an overflowed computation) is
+// always refused; [NoLimit] refuses nothing else.
 func Check(what string, need, limit int64) error {
 	if need < 0 {
-		return fmt.Errorf("%s: size overflows: %w", what, ErrTooLarge)
+		return fmt.Errorf("%s: size overflows int64: %w", what, ErrTooLarge)
 	}
 	switch {
 	case limit == NoLimit:
 		return nil
-	case limit == Auto:
-		avail, err := Available()
-		if err != nil {
-			return nil
-		}
-		if need > avail {
-			return fmt.Errorf("%s need %s, more than the %s of memory available now (free memory, or ask for less): %w",
-				what, Bytes(need), Bytes(avail), ErrTooLarge)
-		}
-		return nil
 	case limit < 0:
 		return fmt.Errorf("memory limit %d: want a byte count, 0 (available memory) or -1 (no limit)", limit)
-	case need > limit:
-		return fmt.Errorf("%s need %s, more than the %s memory limit: %w", what, Bytes(need), Bytes(limit), ErrTooLarge)
+	case limit > 0 && need > limit:
+		return fmt.Errorf("%s need %s, more than the %s memory limit: %w", what, bytesPair(need, limit)[0], bytesPair(need, limit)[1], ErrTooLarge)
+	}
+	avail, err := Available()
+	if err != nil {
+		return nil
+	}
+	if need > avail {
+		return fmt.Errorf("%s need %s, more than the %s of memory available now (free memory, or ask for less): %w",
+			what, bytesPair(need, avail)[0], bytesPair(need, avail)[1], ErrTooLarge)
 	}
 	return nil
+}
+
+// bytesPair formats two sizes, with exact byte counts when their rounded
+// forms would read the same ("2.2 GiB, more than the 2.2 GiB").
+func bytesPair(a, b int64) [2]string {
+	fa, fb := Bytes(a), Bytes(b)
+	if fa == fb {
+		fa, fb = fmt.Sprintf("%s (%d bytes)", fa, a), fmt.Sprintf("%s (%d bytes)", fb, b)
+	}
+	return [2]string{fa, fb}
 }
 
 // Mul multiplies non-negative factors and returns -1 when the product
@@ -193,7 +205,12 @@ func ParseBytes(s string) (int64, error) {
 	}
 	b := v * float64(uint64(1)<<sh)
 	if b >= math.MaxInt64 {
-		return 0, fmt.Errorf("%q is too large", s)
+		return 0, fmt.Errorf("%q is too large (want at most 8 EiB)", s)
+	}
+	if b < 1 && v != 0 {
+		// "0.5" or "1e-9" would truncate to 0, which means "available
+		// memory": refuse instead of guessing.
+		return 0, fmt.Errorf("%q is less than one byte (0 means the available memory)", s)
 	}
 	return int64(b), nil
 }

@@ -20,7 +20,7 @@ func TestParseBytes(t *testing.T) {
 			t.Errorf("ParseBytes(%q) = %d, %v; want %d", c.in, got, err, c.want)
 		}
 	}
-	for _, bad := range []string{"", "x", "-2", "4X", "GiB", "1e400", "NaN", "99999999P"} {
+	for _, bad := range []string{"", "x", "-2", "4X", "GiB", "1e400", "NaN", "99999999P", "0.9", "1e-9", "0.5B"} {
 		if _, err := ParseBytes(bad); err == nil {
 			t.Errorf("ParseBytes(%q) accepted", bad)
 		}
@@ -50,6 +50,14 @@ func TestCheck(t *testing.T) {
 	}
 	if err := Check("x", 1, Auto); err != nil {
 		t.Fatal(err)
+	}
+	// A limit above the machine's memory does not let a petabyte through.
+	if err := Check("x", 1<<50, 1<<60); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "available now") {
+		t.Fatalf("limit above the machine: %v", err)
+	}
+	// Sizes that round to the same text say their bytes.
+	if err := Check("x", 2300000000, 2299999999); err == nil || !strings.Contains(err.Error(), "(2300000000 bytes)") {
+		t.Fatalf("rounded sizes: %v", err)
 	}
 }
 
