@@ -19,7 +19,8 @@ import (
 const fuzzLimit = 64 << 20
 
 // FuzzDecode feeds arbitrary bytes to Decode. Rejections must be one
-// "replay case" line. An accepted case must encode and decode back to
+// "replay case" line. An accepted case must read the same through
+// encoding/json (the decoder only refuses more), encode and decode back to
 // itself and pass or fail Check with one line; a small one that passes
 // runs (the selector and layout picked from the input) without error,
 // within its footprint, and its result encodes. Nothing may panic.
@@ -62,6 +63,17 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			oneLine(t, err)
 			return
+		}
+		// The decoder is stricter than encoding/json, never looser: what
+		// it accepts, encoding/json reads to the same case.
+		var ref Case
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&ref); err != nil {
+			t.Fatalf("accepted, but encoding/json refuses it: %v", err)
+		}
+		if a, b := mustMarshal(t, c), mustMarshal(t, &ref); !bytes.Equal(a, b) {
+			t.Fatalf("decoded differently from encoding/json:\n%.2000s\n%.2000s", a, b)
 		}
 		// The round trip costs two more decodes: on small inputs only, so
 		// that mutants of the example case stay cheap to minimize.
@@ -133,4 +145,13 @@ func oneLine(t *testing.T, err error) {
 	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.HasPrefix(msg, "replay case") {
 		t.Fatalf("error %q is not one 'replay case' line", msg)
 	}
+}
+
+func mustMarshal(t *testing.T, c *Case) []byte {
+	t.Helper()
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -17,25 +17,57 @@ type GenConfig struct {
 	Seed                           uint64
 }
 
-// Validate reports the first field of g that cannot make a valid case.
-// Errors name the field as `questctl replay gen` spells its flag.
+// Ranges of the GenConfig fields that no other field bounds. The memory
+// check ([GenConfig.Check]) refuses most large geometries well before.
+const (
+	MaxGenTokens  = 1 << 24 // tokens, page size and budget
+	MaxGenHeads   = 1024    // query heads (KV heads divide them)
+	MaxGenHeadDim = 4096
+)
+
+// Validate reports the first field of g that cannot make a valid case,
+// in the CLI's form "--flag VALUE: want RANGE", naming the field as
+// `questctl replay gen` spells its flag.
 func (g GenConfig) Validate() error {
-	switch {
-	case g.Tokens < 1:
-		return fmt.Errorf("tokens %d must be positive", g.Tokens)
-	case g.PageSize < 1:
-		return fmt.Errorf("page-size %d must be positive", g.PageSize)
-	case g.BudgetTokens < g.PageSize:
-		return fmt.Errorf("budget %d is below one page (page-size %d)", g.BudgetTokens, g.PageSize)
-	case g.QHeads < 1 || g.KVHeads < 1 || g.HeadDim < 1:
-		return fmt.Errorf("q-heads %d, kv-heads %d and head-dim %d must be positive", g.QHeads, g.KVHeads, g.HeadDim)
-	case g.QHeads%g.KVHeads != 0:
-		return fmt.Errorf("q-heads %d is not a multiple of kv-heads %d", g.QHeads, g.KVHeads)
-	case g.SinkPages < 0 || g.LocalPages < 0:
-		return fmt.Errorf("sink-pages %d and local-pages %d must not be negative", g.SinkPages, g.LocalPages)
+	for _, f := range []struct {
+		name   string
+		v      int
+		lo, hi int
+		note   string
+	}{
+		{"tokens", g.Tokens, 1, MaxGenTokens, ""},
+		{"q-heads", g.QHeads, 1, MaxGenHeads, ", a multiple of --kv-heads"},
+		{"kv-heads", g.KVHeads, 1, MaxGenHeads, ", dividing --q-heads"},
+		{"head-dim", g.HeadDim, 1, MaxGenHeadDim, ""},
+		{"page-size", g.PageSize, 1, MaxGenTokens, " tokens"},
+	} {
+		if f.v < f.lo || f.v > f.hi {
+			return fmt.Errorf("--%s %d: want %d..%d%s", f.name, f.v, f.lo, f.hi, f.note)
+		}
+	}
+	if g.BudgetTokens < g.PageSize || g.BudgetTokens > MaxGenTokens {
+		return fmt.Errorf("--budget %d: want %d..%d tokens (at least one page of --page-size %d)", g.BudgetTokens, g.PageSize, MaxGenTokens, g.PageSize)
+	}
+	if g.QHeads%g.KVHeads != 0 {
+		return fmt.Errorf("--q-heads %d: want a multiple of --kv-heads %d, at most %d", g.QHeads, g.KVHeads, MaxGenHeads)
+	}
+	// The forced pages are part of the K = B/S pages read; the sum is
+	// compared without overflowing.
+	k := g.BudgetTokens / g.PageSize
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"sink-pages", g.SinkPages}, {"local-pages", g.LocalPages}} {
+		if f.v < 0 {
+			return fmt.Errorf("--%s %d: want 0..%d (--sink-pages + --local-pages at most K = --budget %d / --page-size %d pages)", f.name, f.v, k, g.BudgetTokens, g.PageSize)
+		}
+	}
+	if g.SinkPages > k || g.LocalPages > k-g.SinkPages {
+		return fmt.Errorf("--sink-pages %d + --local-pages %d: want at most K = %d forced pages (--budget %d / --page-size %d, forced pages included)",
+			g.SinkPages, g.LocalPages, k, g.BudgetTokens, g.PageSize)
 	}
 	if _, err := plan.ParseGQAMode(g.GQA); err != nil {
-		return err
+		return fmt.Errorf("--gqa %q: want group_max or per_head", g.GQA)
 	}
 	return nil
 }

@@ -115,7 +115,9 @@ func (gm geometry) check(opt Options) error {
 		return fmt.Errorf("unknown selection %d", opt.Selection)
 	case opt.Placement != plan.Striped && opt.Placement != plan.Contiguous:
 		return fmt.Errorf("unknown placement %d", opt.Placement)
-	case (opt.CP > 1 || opt.TP > 1) && opt.Selection == engine.Replicated && opt.Selector != plan.Quest && opt.Selector != plan.Dense:
+	case opt.Selection == engine.Replicated && opt.Selector != plan.Quest && opt.Selector != plan.Dense:
+		// At any CP, as demo and the engine refuse it (a single-shard run
+		// would otherwise accept what the same options refuse sharded).
 		return fmt.Errorf("replicated selection needs the quest or dense selector, not %v", opt.Selector)
 	}
 	parts := gm.footprint(opt)

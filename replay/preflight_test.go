@@ -313,7 +313,9 @@ func TestCaseEncodeRoundTrip(t *testing.T) {
 }
 
 // TestGenConfigCheck: bad and oversize geometries are refused with one
-// line, before anything is allocated.
+// line, before anything is allocated; a field out of its range names its
+// flag, the value and the range, upper bound included ("--tokens 0: want
+// 1..16777216"; before, "tokens 0 must be positive").
 func TestGenConfigCheck(t *testing.T) {
 	ok := GenConfig{Tokens: 256, PageSize: 16, BudgetTokens: 64, QHeads: 4, KVHeads: 2, HeadDim: 16, GQA: "group_max"}
 	if err := ok.Check(memlimit.Auto); err != nil {
@@ -326,13 +328,24 @@ func TestGenConfigCheck(t *testing.T) {
 		{"tokens", func(g *GenConfig) { g.Tokens = 0 }},
 		{"tokens", func(g *GenConfig) { g.Tokens = math.MaxInt }},
 		{"page-size", func(g *GenConfig) { g.PageSize = -1 }},
-		{"page_size", func(g *GenConfig) { g.PageSize, g.BudgetTokens = 1<<50, 1<<50 }},
+		{"--page-size 1125899906842624: want 1..16777216", func(g *GenConfig) { g.PageSize, g.BudgetTokens = 1<<50, 1<<50 }},
+		{"page_size", func(g *GenConfig) { g.PageSize, g.BudgetTokens = MaxGenTokens, MaxGenTokens }}, // the memory check
 		{"budget", func(g *GenConfig) { g.BudgetTokens = 15 }},
 		{"q-heads", func(g *GenConfig) { g.QHeads = 3 }},
 		{"kv-heads", func(g *GenConfig) { g.KVHeads, g.QHeads = math.MaxInt, math.MaxInt }},
 		{"head-dim", func(g *GenConfig) { g.HeadDim = math.MaxInt / 2 }},
-		{"sink-pages", func(g *GenConfig) { g.SinkPages = -1 }},
-		{"gqa", func(g *GenConfig) { g.GQA = "mean" }},
+		{"--sink-pages -1: want 0..4", func(g *GenConfig) { g.SinkPages = -1 }},
+		{"--local-pages -1: want 0..4", func(g *GenConfig) { g.LocalPages = -1 }},
+		{"--sink-pages 3 + --local-pages 2: want at most K = 4", func(g *GenConfig) { g.SinkPages, g.LocalPages = 3, 2 }},
+		{"--tokens 0: want 1..16777216", func(g *GenConfig) { g.Tokens = 0 }},
+		{"--tokens 16777217: want 1..16777216", func(g *GenConfig) { g.Tokens = MaxGenTokens + 1 }},
+		{"--q-heads 0: want 1..1024", func(g *GenConfig) { g.QHeads = 0 }},
+		{"--q-heads 2048: want 1..1024", func(g *GenConfig) { g.QHeads = 2048 }},
+		{"--kv-heads 0: want 1..1024", func(g *GenConfig) { g.KVHeads = 0 }},
+		{"--head-dim 4097: want 1..4096", func(g *GenConfig) { g.HeadDim = 4097 }},
+		{"--budget 15: want 16..16777216", func(g *GenConfig) { g.BudgetTokens = 15 }},
+		{"--budget 16777232: want 16..16777216", func(g *GenConfig) { g.BudgetTokens = MaxGenTokens + 16 }},
+		{"--gqa \"mean\": want group_max or per_head", func(g *GenConfig) { g.GQA = "mean" }},
 	} {
 		g := ok
 		tc.edit(&g)

@@ -86,24 +86,6 @@ type Options struct {
 	MemoryLimit int64
 }
 
-// Decode reads a case from JSON, rejecting unknown fields and trailing
-// data, and validates it.
-func Decode(r io.Reader) (*Case, error) {
-	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
-	var c Case
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("replay case: %w", err)
-	}
-	if dec.More() {
-		return nil, errors.New("replay case: trailing data after the JSON object")
-	}
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	return &c, nil
-}
-
 // Pages is the number of pages the case's tokens fill (0 without tokens).
 func (c *Case) Pages() int {
 	n := c.Tokens()
@@ -216,6 +198,12 @@ func (c *Case) Validate() error {
 	case c.QHeads%c.KVHeads != 0:
 		return fmt.Errorf("replay case: q_heads %d is not a multiple of kv_heads %d", c.QHeads, c.KVHeads)
 	}
+	// The forced pages are part of the K = B/S pages read (and their sum
+	// cannot overflow: each is at most K).
+	if k := c.BudgetTokens / c.PageSize; c.SinkPages > k || c.LocalPages > k-c.SinkPages {
+		return fmt.Errorf("replay case: sink_pages %d + local_pages %d forced pages exceed K = %d pages (budget_tokens %d / page_size %d, forced pages included)",
+			c.SinkPages, c.LocalPages, k, c.BudgetTokens, c.PageSize)
+	}
 	if _, err := plan.ParseGQAMode(c.GQA); err != nil {
 		return fmt.Errorf("replay case: %w", err)
 	}
@@ -223,17 +211,22 @@ func (c *Case) Validate() error {
 	if n < 1 {
 		return errors.New("replay case: keys hold no tokens")
 	}
-	for name, a := range map[string][][][]float32{"keys": c.Keys, "values": c.Values} {
-		if len(a) != c.KVHeads {
-			return fmt.Errorf("replay case: %s has %d heads, want kv_heads %d", name, len(a), c.KVHeads)
+	// Keys before values, so that the first error is always the same.
+	for _, f := range []struct {
+		name string
+		a    [][][]float32
+	}{{"keys", c.Keys}, {"values", c.Values}} {
+		if len(f.a) != c.KVHeads {
+			return fmt.Errorf("replay case: %s has %d heads, want kv_heads %d", f.name, len(f.a), c.KVHeads)
 		}
-		for h, toks := range a {
+		for h, toks := range f.a {
 			if len(toks) != n {
-				return fmt.Errorf("replay case: %s head %d has %d tokens, head 0 has %d", name, h, len(toks), n)
+				return fmt.Errorf("replay case: %s head %d has %d tokens, keys head 0 has %d (every head of keys and values holds the same tokens)",
+					f.name, h, len(toks), n)
 			}
 			for t, row := range toks {
 				if err := checkRow(row, c.HeadDim); err != nil {
-					return fmt.Errorf("replay case: %s[%d][%d]: %w", name, h, t, err)
+					return fmt.Errorf("replay case: %s[%d][%d]: %w", f.name, h, t, err)
 				}
 			}
 		}

@@ -39,12 +39,18 @@ func FuzzCLI(f *testing.F) {
 		"bench\x00attention --context 4096 --budget 256 --iters 1",
 		"bench\x00selection --context 4096 --budget 256 --steps 1",
 		"bench\x00collective --shards 2 --steps 3",
+		"demo --selection  --gqa ",
+		"bench\x00selection --selection exact,,union",
+		"replay -in=- --cp 2",
 	} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, line string) {
 		cmd, rest, _ := strings.Cut(line, " ")
-		args := strings.Fields(rest)
+		var args []string
+		if rest != "" {
+			args = strings.Split(rest, " ") // empty arguments too ("a  b")
+		}
 		if strings.Contains(cmd, "\x00") { // "bench\x00attention": a two-word command
 			a, b, _ := strings.Cut(cmd, "\x00")
 			cmd, args = a, append([]string{b}, args...)
@@ -55,8 +61,9 @@ func FuzzCLI(f *testing.F) {
 			return
 		}
 		for _, a := range args {
-			// No writes outside the test, and no reads of the test's stdin.
-			if strings.Contains(a, "out") || a == "-" || strings.HasPrefix(a, "--in=-") {
+			// No writes outside the test, and no reads of the test's stdin
+			// or of devices.
+			if strings.Contains(a, "out") || strings.Contains(a, "/dev") || strings.HasSuffix(a, "=-") || a == "-" {
 				return
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 
 	"github.com/questrt/questrt/engine"
@@ -27,14 +28,15 @@ page), and writes the result JSON: selected pages per query head, output,
 lse, page scores, and recall / mass recall / relative and absolute L2 error
 against dense attention on the same data (rel_l2 is null when the dense
 output is zero and Quest's is not). Bad input files (values whose scores or
-sums could overflow float32 included), and runs that would not fit
---max-memory, give a one-line error and exit status 2.`)
+sums could overflow float32 included; a case file is read up to 1/32 of
+--max-memory, at most 1 GiB), an --out that cannot be created, and runs
+that would not fit --max-memory, give a one-line error and exit status 2.`)
 	in := fs.String("in", "", "case file (JSON); - reads stdin")
 	out := fs.String("out", "", "result file (default stdout)")
 	selName := fs.String("selector", "quest", "page selector: quest, oracle, recent or dense")
-	cp := fs.Int("cp", 1, "context-parallel shards (at most the case's pages)")
-	tp := fs.Int("tp", 1, "tensor-parallel shards (must divide kv_heads)")
-	selection := fs.String("selection", "exact", "CP selection: exact, union or replicated")
+	cp := fs.Int("cp", 1, "context-parallel shards, 1..the case's pages")
+	tp := fs.Int("tp", 1, "tensor-parallel shards, 1..kv_heads, dividing the case's kv_heads")
+	selection := fs.String("selection", "exact", "CP selection: exact, union or replicated (replicated needs --selector quest or dense)")
 	placement := fs.String("placement", "striped", "page placement over CP ranks: striped or contiguous")
 	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
 	dtype := fs.String("dtype", "f32", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
@@ -42,9 +44,6 @@ sums could overflow float32 included), and runs that would not fit
 	maxMem := maxMemoryFlag(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
-	}
-	if *cp < 1 || *tp < 1 {
-		return usageError{fmt.Errorf("--cp %d and --tp %d must be positive", *cp, *tp)}
 	}
 	switch *backend {
 	case "cpu":
@@ -70,6 +69,11 @@ sums could overflow float32 included), and runs that would not fit
 	if err != nil {
 		return usageError{err}
 	}
+	if selMode == engine.Replicated && sel != plan.Quest && sel != plan.Dense {
+		// At any --cp, as demo refuses it (every rank selects alone from
+		// the quest bounds or reads all pages).
+		return usageError{fmt.Errorf("--selection replicated: want --selector quest or dense, not %s", sel)}
+	}
 	if *in == "" {
 		return usageError{errors.New("--in is required")}
 	}
@@ -82,45 +86,63 @@ sums could overflow float32 included), and runs that would not fit
 		defer f.Close()
 		r = f
 	}
-	c, err := replay.Decode(r)
+	// The case is read from at most 1/32 of --max-memory (see
+	// replay.InputLimit), so that --cp and --tp are checked against its
+	// pages and KV heads.
+	c, err := replay.DecodeLimit(r, *maxMem)
 	if err != nil {
 		return usageError{err}
 	}
-	if c.KVHeads%*tp != 0 {
-		return usageError{fmt.Errorf("--tp %d does not divide kv_heads %d", *tp, c.KVHeads)}
+	if p := c.Pages(); *cp < 1 || *cp > p {
+		return usageError{fmt.Errorf("--cp %d: want 1..%d (at most one CP rank per page: the case has %d pages)", *cp, p, p)}
 	}
-	if p := c.Pages(); *cp > p {
-		return usageError{fmt.Errorf("--cp %d is more than the case's %d pages: at most --cp %d (every CP rank holds at least one page)", *cp, p, p)}
+	if *tp < 1 || *tp > c.KVHeads || c.KVHeads%*tp != 0 {
+		return usageError{fmt.Errorf("--tp %d: want 1..%d, a divisor of the case's kv_heads %d", *tp, c.KVHeads, c.KVHeads)}
 	}
 	opts := replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place,
 		DeviceResident: *deviceResident, MemoryLimit: *maxMem}
 	if err := c.Check(opts); err != nil {
 		return usageError{err}
 	}
+	// An --out that cannot be created is bad input (exit 2, as for replay
+	// gen), found before the run.
+	w := stdout
+	var outFile *os.File
+	if *out != "" {
+		if outFile, err = os.Create(*out); err != nil {
+			return usageError{outError(*out, err)}
+		}
+		defer outFile.Close() // after a failure; the success path closes it below
+		w = outFile
+	}
+	fail := func(err error) error {
+		if outFile != nil {
+			outFile.Close()
+			os.Remove(*out) // no partial or empty result file
+		}
+		return err
+	}
 	if *backend == "cuda" {
 		be, err := newCUDABackend(*dtype)
 		if err != nil {
-			return err
+			return fail(err)
 		}
 		defer be.Close()
 		opts.Backend = be
 	}
 	res, err := replay.Run(ctx, c, opts)
 	if err != nil {
-		return err
+		return fail(err)
 	}
-	if *out == "" {
-		return res.Encode(stdout)
+	if err := res.Encode(w); err != nil {
+		return fail(err)
 	}
-	f, err := os.Create(*out)
-	if err != nil {
-		return err
+	if outFile != nil {
+		if err := outFile.Close(); err != nil {
+			return fail(err)
+		}
 	}
-	if err := res.Encode(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return nil
 }
 
 // runReplayGen writes a generated case (replay.Generate) to --out or
@@ -137,23 +159,23 @@ per-page offset per KV head, values Gaussian, the query Gaussian with scale
 the same bytes). The defaults make examples/replay/case.json. A geometry
 whose case, or whose single-shard replay, would not fit --max-memory is
 refused before anything is allocated.`)
-	fs.IntVar(&g.Tokens, "tokens", g.Tokens, "tokens of the sequence")
-	fs.IntVar(&g.QHeads, "q-heads", g.QHeads, "query heads (a multiple of --kv-heads)")
-	fs.IntVar(&g.KVHeads, "kv-heads", g.KVHeads, "KV heads")
-	fs.IntVar(&g.HeadDim, "head-dim", g.HeadDim, "head dimension D")
-	fs.IntVar(&g.PageSize, "page-size", g.PageSize, "tokens per page S")
-	fs.IntVar(&g.BudgetTokens, "budget", g.BudgetTokens, "token budget B (page budget K = B/S)")
+	fs.IntVar(&g.Tokens, "tokens", g.Tokens, fmt.Sprintf("tokens of the sequence, 1..%d", replay.MaxGenTokens))
+	fs.IntVar(&g.QHeads, "q-heads", g.QHeads, fmt.Sprintf("query heads, 1..%d, a multiple of --kv-heads", replay.MaxGenHeads))
+	fs.IntVar(&g.KVHeads, "kv-heads", g.KVHeads, fmt.Sprintf("KV heads, 1..%d, dividing --q-heads", replay.MaxGenHeads))
+	fs.IntVar(&g.HeadDim, "head-dim", g.HeadDim, fmt.Sprintf("head dimension D, 1..%d", replay.MaxGenHeadDim))
+	fs.IntVar(&g.PageSize, "page-size", g.PageSize, fmt.Sprintf("tokens per page S, 1..%d", replay.MaxGenTokens))
+	fs.IntVar(&g.BudgetTokens, "budget", g.BudgetTokens, fmt.Sprintf("token budget B, --page-size..%d (page budget K = B/S, forced pages included)", replay.MaxGenTokens))
 	fs.StringVar(&g.GQA, "gqa", g.GQA, "GQA page sharing: group_max or per_head")
-	fs.IntVar(&g.SinkPages, "sink-pages", g.SinkPages, "forced first pages")
-	fs.IntVar(&g.LocalPages, "local-pages", g.LocalPages, "forced last pages")
-	fs.Uint64Var(&g.Seed, "seed", g.Seed, "data seed")
+	fs.IntVar(&g.SinkPages, "sink-pages", g.SinkPages, "forced first pages, 0..K - --local-pages")
+	fs.IntVar(&g.LocalPages, "local-pages", g.LocalPages, "forced last pages, 0..K - --sink-pages")
+	fs.Uint64Var(&g.Seed, "seed", g.Seed, "data seed, 0..18446744073709551615")
 	out := fs.String("out", "", "case file to write (default stdout)")
 	maxMem := maxMemoryFlag(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	if err := g.Check(*maxMem); err != nil {
-		return usageError{fmt.Errorf("gen: %w", err)}
+		return usageError{err}
 	}
 	c := replay.Generate(g)
 	if *out == "" {
@@ -161,11 +183,21 @@ refused before anything is allocated.`)
 	}
 	f, err := os.Create(*out)
 	if err != nil {
-		return usageError{err}
+		return usageError{outError(*out, err)}
 	}
 	if err := c.Encode(f); err != nil {
 		f.Close()
 		return err
 	}
 	return f.Close()
+}
+
+// outError is the one-line usage error for an --out file that cannot be
+// created: "--out PATH: cannot create it: no such file or directory".
+func outError(path string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return fmt.Errorf("--out %s: cannot create it: %w", path, err)
 }
