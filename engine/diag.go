@@ -7,17 +7,19 @@ import (
 	"slices"
 
 	"github.com/questrt/questrt/kernels"
-	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
+	"github.com/questrt/questrt/worker"
 )
 
-// diagnose fills res.Diag after a sparse run: the attended pages and scores
-// per query head gathered from every shard, then a dense run on the same
-// data for the output error (on the backends, in place), and the attention
-// mass and top-R recall from the keys of every shard's pages: read in
-// place on host-resident shards, a bounded chunk at a time from
-// device-resident ones (shard.PageKeys). No values or summaries are read
-// back.
+// diagnose fills res.Diag after a sparse run from the plain data the
+// workers returned (every rank's selection and page scores), then runs a
+// dense reference step through the workers on the same data (ForceDense,
+// no new tokens) for the output error, and computes the attention mass
+// and top-R recall from the keys of every shard's pages. The keys are
+// read in process, through the workers' accessors (worker.Local.Shard and
+// StoreSeq): in place on host-resident shards, a bounded chunk at a time
+// from device-resident ones (shard.PageKeys). No values or summaries are
+// read back.
 func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs []*seqState, opt StepOptions, res *Result) error {
 	c := e.cfg
 	d, g := c.HeadDim, c.QHeads/c.KVHeads
@@ -31,7 +33,18 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		}
 		return hl / g
 	}
-	scored := e.work[0][0].ls.Scored()
+	outs := make([][]*worker.RankOutput, c.TP)
+	scored := false
+	for tp := range c.TP {
+		for cp := range c.CP {
+			out := e.output(e.reps, tp, cp)
+			if out == nil {
+				return fmt.Errorf("no reply from shard (tp %d, cp %d)", tp, cp)
+			}
+			outs[tp] = append(outs[tp], out)
+			scored = scored || out.Diag.Scores != nil
+		}
+	}
 	res.Diag = res.Diag[:0]
 	for i, sq := range seqs {
 		pl := res.Plans[i]
@@ -44,7 +57,6 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		for h := range c.QHeads {
 			tp, hl := h/e.qT, h%e.qT
 			r := rowOf(hl)
-			rows := e.work[tp][0].ls.Rows()
 			clear(attended)
 			if pl.Dense {
 				for p := range attended {
@@ -57,11 +69,11 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 				for p := pl.Hi(); p < np; p++ {
 					attended[p] = true
 				}
-				for cp := range c.CP {
-					sel := &e.work[tp][cp].sel
-					row := i*rows + r
-					for _, gp := range sel.Pages[sel.Indptr[row]:sel.Indptr[row+1]] {
-						if e.owner(sq, int(gp)) == cp {
+				for cp, out := range outs[tp] {
+					dd := &out.Diag
+					row := i*dd.Rows + r
+					for _, gp := range dd.Pages[dd.Indptr[row]:dd.Indptr[row+1]] {
+						if sq.layout.Owner(int(gp)) == cp {
 							attended[gp] = true
 						}
 					}
@@ -76,10 +88,16 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 			dg.Selected[h] = list
 			if scored {
 				sc := make([]float32, np)
-				for cp := range c.CP {
-					ls := &e.work[tp][cp].ls
-					for lp := range ls.LocalPages(i) {
-						sc[sq.layout.Place(cp).Global(lp)] = ls.PageScore(i, r, lp)
+				for cp, out := range outs[tp] {
+					if out.Diag.Scores == nil {
+						continue
+					}
+					rows := out.Diag.Rows
+					all := out.Diag.Scores[i]
+					n := len(all) / rows
+					place := sq.layout.Place(cp)
+					for lp, s := range all[r*n : (r+1)*n] {
+						sc[place.Global(lp)] = s
 					}
 				}
 				dg.Scores[h] = sc
@@ -88,15 +106,16 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		dg.CountPages(g, np)
 		res.Diag = append(res.Diag, dg)
 	}
-	// Dense reference on the same data.
-	dense := &Result{}
-	densePlans := make([]plan.Plan, len(res.Plans))
-	for i, pl := range res.Plans {
-		densePlans[i] = pl.AsDense()
+	// Dense reference on the same data, through the workers (the new
+	// tokens are in already).
+	if e.dreps == nil {
+		e.dreps = make([]worker.LayerReply, len(e.workers))
 	}
-	if err := e.run(ctx, layer, reqs, seqs, densePlans, false, false, dense); err != nil {
+	if err := e.run(ctx, layer, reqs, seqs, runOptions{dense: true}, e.dreps); err != nil {
 		return err
 	}
+	dense := &Result{}
+	e.gather(len(reqs), e.dreps, dense)
 	scale := 1 / math.Sqrt(float64(d))
 	stats := make([]*shard.TokenStats, c.QHeads)
 	next := make([]int, c.QHeads)
@@ -113,9 +132,14 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		for tp := range c.TP {
 			keys[tp] = keys[tp][:0]
 			for cp := range c.CP {
-				sh := e.shards[tp][cp]
-				var err error
-				if table, err = sh.Store().AppendPageTable(table[:0], sq.local[tp][cp]); err != nil {
+				r := worker.Rank{TP: tp, CP: cp}
+				loc := e.locals[e.at[tp][cp].w]
+				sid, err := loc.StoreSeq(uint64(reqs[i].Seq), r)
+				if err != nil {
+					return err
+				}
+				sh := loc.Shard(r)
+				if table, err = sh.Store().AppendPageTable(table[:0], sid); err != nil {
 					return err
 				}
 				kr, err := sh.PageKeys(layer, slices.Clone(table))
@@ -133,7 +157,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		// rank), every head's tokens in ascending order.
 		blk := c.PageSize * d
 		for p := range np {
-			cp := e.owner(sq, p)
+			cp := sq.layout.Owner(p)
 			lp := sq.layout.Place(cp).Local(p)
 			for tp := range c.TP {
 				kp, err := keys[tp][cp].Keys(ctx, lp)

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
-	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
+	"github.com/questrt/questrt/worker"
 )
 
 // Request is one sequence's part of a step.
@@ -65,23 +66,16 @@ type Result struct {
 	Time Times
 }
 
-// rankWork is one shard's reusable state for a step.
-type rankWork struct {
-	parts []shard.SeqPart
-	ls    shard.LocalStep
-	sel   shard.Selection
-	local [][]collective.Candidate
-	k     []int
-	lists [][]int32
-	ids   []uint64
-	q     []float32
-	t     Times
-}
-
 // Step runs one decode step of one layer for a batch of sequences on every
-// shard. Bad requests change nothing. A shard that fails or blocks fails
-// the step with an error before the deadline (StepTimeout or ctx's); the
-// other shards abandon it and the engine stays usable.
+// shard: one BeginStep to every worker carrying the step's plan, then one
+// Layer call per worker (all at once: their ranks exchange with each
+// other) carrying the query heads and the new tokens, then EndStep. Bad
+// requests change nothing. A shard that fails or blocks fails the step
+// with an error before the deadline (StepTimeout or ctx's); the other
+// shards abandon it, the workers forget its collective tags, and the
+// engine stays usable. A new token that reached every rank it was routed
+// to stays appended after a failed step; one that reached only some of
+// them breaks its sequence.
 func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOptions, res *Result) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -95,17 +89,13 @@ func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOp
 	if err != nil {
 		return err
 	}
-	for i, r := range reqs {
-		if r.K != nil {
-			if err := e.append(r.Seq, seqs[i], layer, r.K, r.V); err != nil {
-				return fmt.Errorf("step layer %d: %w", layer, err)
-			}
-		}
-	}
 	plans := make([]plan.Plan, 0, len(reqs))
-	for _, r := range reqs {
-		sq := e.seqs[r.Seq]
-		pages := (sq.lens[layer] + e.cfg.PageSize - 1) / e.cfg.PageSize
+	for i, r := range reqs {
+		n := seqs[i].lens[layer]
+		if r.K != nil {
+			n++
+		}
+		pages := (n + e.cfg.PageSize - 1) / e.cfg.PageSize
 		pl, err := e.cfg.Policy.Plan(layer, pages, r.BudgetTokens)
 		if err != nil {
 			return fmt.Errorf("step layer %d sequence %d: %w: %w", layer, r.Seq, ErrBadInput, err)
@@ -115,9 +105,11 @@ func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOp
 		}
 		plans = append(plans, pl)
 	}
-	if err := e.run(ctx, layer, reqs, seqs, plans, opt.Diagnostics, opt.Diagnostics || opt.Phased, res); err != nil {
+	run := runOptions{fresh: true, phased: opt.Phased, diag: opt.Diagnostics, dense: opt.ForceDense}
+	if err := e.run(ctx, layer, reqs, seqs, run, e.reps); err != nil {
 		return err
 	}
+	e.gather(len(reqs), e.reps, res)
 	res.Plans = append(res.Plans[:0], plans...)
 	res.Time.Total = time.Since(start)
 	res.Diag = res.Diag[:0]
@@ -137,7 +129,7 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 	if len(reqs) == 0 {
 		return nil, fmt.Errorf("step: %w: empty batch", ErrBadInput)
 	}
-	seen := map[SeqID]bool{}
+	seen := make(map[SeqID]bool, len(reqs))
 	var seqs []*seqState
 	for i, r := range reqs {
 		sq, err := e.lookup(r.Seq)
@@ -172,69 +164,187 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 	return seqs, nil
 }
 
-// run executes the step on every shard in parallel and, only when every
-// shard succeeded, assembles the merged states from CP rank 0 of every TP
-// group into res (res is untouched on error).
-func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seqState, plans []plan.Plan, diag, phased bool, res *Result) error {
-	c := e.cfg
+// runOptions say what one run of a layer over the workers does.
+type runOptions struct {
+	fresh  bool // the requests' K and V are new tokens to append
+	phased bool // separate backend calls per phase
+	diag   bool // the workers return the selection and page scores
+	dense  bool // attend every page
+}
+
+// run runs one layer of the batch on every worker as one step: BeginStep
+// everywhere, then every worker's Layer call at once, then EndStep (with
+// Failed after a failure, so the workers forget the step's tags). The
+// replies land in reps; only when every worker succeeded are they whole.
+// Host work is O(sequences x heads x HeadDim) for the tensors and
+// O(workers x sequences) for the bookkeeping: no page is listed.
+func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seqState, o runOptions, reps []worker.LayerReply) error {
 	e.step++
 	step := e.step
-	n := len(reqs)
-	errs := make([]error, c.TP*c.CP)
-	var wg sync.WaitGroup
-	for tp := range c.TP {
-		for cp := range c.CP {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := e.rankStep(ctx, tp, cp, layer, step, reqs, seqs, plans, diag, phased); err != nil {
-					errs[tp*c.CP+cp] = fmt.Errorf("shard (tp %d, cp %d): %w", tp, cp, err)
+	b := &e.begin
+	*b = worker.BeginRequest{Step: step, Layer: layer, Seqs: b.Seqs[:0], Phased: o.phased, Diagnostics: o.diag, ForceDense: o.dense}
+	for i, r := range reqs {
+		b.Seqs = append(b.Seqs, worker.StepSeq{Seq: uint64(r.Seq), Len: seqs[i].lens[layer], New: o.fresh && r.K != nil, Budget: r.BudgetTokens})
+	}
+	for w, wk := range e.workers {
+		if err := wk.BeginStep(ctx, *b); err != nil {
+			e.end(step, -1, true, w)
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
+	}
+	e.layerRequests(step, layer, reqs, seqs, o.fresh)
+	// Every worker's Layer at once; the first failure cancels the others
+	// (their ranks also hear of it through the transports' aborts).
+	e.errs = append(e.errs[:0], make([]error, len(e.workers))...)
+	errs := e.errs
+	if len(e.workers) == 1 {
+		errs[0] = e.workers[0].Layer(ctx, e.lreqs[0], &reps[0])
+	} else {
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var wg sync.WaitGroup
+		for w, wk := range e.workers {
+			wg.Go(func() {
+				if err := wk.Layer(lctx, e.lreqs[w], &reps[w]); err != nil {
+					errs[w] = err
+					cancel()
 				}
-			}()
+			})
 		}
+		wg.Wait()
 	}
-	wg.Wait()
-	// Report the root cause first: a rank that failed on its own, then
-	// one that ran into the deadline, then one that saw a peer abort.
-	rank := func(err error) int {
-		switch {
-		case errors.Is(err, collective.ErrAborted):
-			return 0
-		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-			return 1
+	err := worker.Cause(errs...)
+	if o.fresh {
+		e.account(layer, reqs, seqs, reps, errs)
+	}
+	e.end(step, layer, err != nil, len(e.workers))
+	if err != nil {
+		return fmt.Errorf("step layer %d: %w", layer, err)
+	}
+	return nil
+}
+
+// end closes step on the first n workers; layer is the layer the step
+// sent Layer calls for (-1: none).
+func (e *Engine) end(step uint64, layer int, failed bool, n int) {
+	// Not the step's context, which may be done: EndStep does not block
+	// (a worker across a network bounds it itself).
+	ctx := context.Background()
+	m := worker.EndRequest{Step: step, Failed: failed}
+	if failed && layer >= 0 {
+		m.Layers = []int{layer}
+	}
+	for _, wk := range e.workers[:n] {
+		// Cannot fail for a step the worker began; a worker that lost it
+		// has nothing to forget.
+		_ = wk.EndStep(ctx, m)
+	}
+}
+
+// layerRequests fills every worker's Layer request: per hosted rank, its
+// TP group's query heads of every sequence and the new tokens it takes
+// (the owner of each token's page stores it; under replicated selection
+// every rank's mirror takes its keys).
+func (e *Engine) layerRequests(step uint64, layer int, reqs []Request, seqs []*seqState, fresh bool) {
+	c := e.cfg
+	d := c.HeadDim
+	replicated := c.Selection == Replicated
+	for w, hosted := range e.hosts {
+		lr := &e.lreqs[w]
+		lr.Step, lr.Layer = step, layer
+		if cap(lr.Ranks) < len(hosted) {
+			lr.Ranks = make([]worker.RankInput, len(hosted))
 		}
-		return 2
-	}
-	var first error
-	for _, err := range errs {
-		if err != nil && (first == nil || rank(err) > rank(first)) {
-			first = err
-		}
-	}
-	if first != nil {
-		// Every rank returned: drop what the failed operations left
-		// buffered (data sent before a peer failed, aborts).
-		for tp := range c.TP {
-			for _, tr := range e.trs[tp] {
-				tr.Forget(collective.MakeTag(step, layer, collective.OpSelect))
-				tr.Forget(collective.MakeTag(step, layer, collective.OpReduce))
+		lr.Ranks = lr.Ranks[:len(hosted)]
+		for k, r := range hosted {
+			in := &lr.Ranks[k]
+			in.Rank = r
+			in.Q, in.K, in.V, in.MirrorK = in.Q[:0], in.K[:0], in.V[:0], in.MirrorK[:0]
+			for i := range reqs {
+				in.Q = append(in.Q, reqs[i].Q[r.TP*e.qT*d:(r.TP+1)*e.qT*d]...)
+				if !fresh || reqs[i].K == nil {
+					continue
+				}
+				lo, hi := r.TP*e.kvT*d, (r.TP+1)*e.kvT*d
+				if seqs[i].layout.Owner(seqs[i].lens[layer]/c.PageSize) == r.CP {
+					in.K = append(in.K, reqs[i].K[lo:hi]...)
+					in.V = append(in.V, reqs[i].V[lo:hi]...)
+				}
+				if replicated {
+					in.MirrorK = append(in.MirrorK, reqs[i].K[lo:hi]...)
+				}
+			}
+			if !replicated {
+				in.MirrorK = nil
 			}
 		}
-		return fmt.Errorf("step layer %d: %w", layer, first)
 	}
+}
+
+// account applies the outcome of a layer's new tokens to the sequence
+// table: a token every rank it was routed to took is appended; one no
+// rank took changed nothing; one only some took (or a rank that failed
+// after a change, worker.ErrChanged) breaks its sequence. errs are the
+// workers' errors.
+func (e *Engine) account(layer int, reqs []Request, seqs []*seqState, reps []worker.LayerReply, errs []error) {
+	c := e.cfg
+	n := len(reqs)
+	e.routed = slices.Grow(e.routed[:0], n)[:n]
+	e.took = slices.Grow(e.took[:0], n)[:n]
+	clear(e.routed)
+	clear(e.took)
+	changed := false
+	for _, err := range errs {
+		changed = changed || errors.Is(err, worker.ErrChanged)
+	}
+	for tp := range c.TP {
+		for cp := range c.CP {
+			out := e.output(reps, tp, cp)
+			j := 0 // position among the tokens routed to this rank
+			for i, r := range reqs {
+				if r.K == nil {
+					continue
+				}
+				if c.Selection != Replicated && seqs[i].layout.Owner(seqs[i].lens[layer]/c.PageSize) != cp {
+					continue
+				}
+				e.routed[i]++
+				if out != nil && j < out.Appended {
+					e.took[i]++
+				}
+				j++
+			}
+		}
+	}
+	for i, r := range reqs {
+		if r.K == nil {
+			continue
+		}
+		switch got, want := e.took[i], e.routed[i]; {
+		case got == want && !changed:
+			seqs[i].lens[layer]++
+		case got > 0 || changed:
+			seqs[i].broken = true
+		}
+	}
+}
+
+// gather assembles the merged states of CP rank 0 of every TP group into
+// res (called only after every worker succeeded).
+func (e *Engine) gather(n int, reps []worker.LayerReply, res *Result) {
+	c := e.cfg
 	d := c.HeadDim
 	res.O = resize(res.O, n*c.QHeads*d)
 	res.LSE = resize(res.LSE, n*c.QHeads)
 	for tp := range c.TP {
-		ls := &e.work[tp][0].ls
+		out := e.output(reps, tp, 0)
 		for i := range n {
-			copy(res.O[(i*c.QHeads+tp*e.qT)*d:][:e.qT*d], ls.O[i*e.qT*d:][:e.qT*d])
-			copy(res.LSE[i*c.QHeads+tp*e.qT:][:e.qT], ls.LSE[i*e.qT:][:e.qT])
+			copy(res.O[(i*c.QHeads+tp*e.qT)*d:][:e.qT*d], out.O[i*e.qT*d:][:e.qT*d])
+			copy(res.LSE[i*c.QHeads+tp*e.qT:][:e.qT], out.LSE[i*e.qT:][:e.qT])
 		}
 	}
-	res.Time = e.work[0][0].t
-	res.Time.Total = 0
-	return nil
+	t := e.output(reps, 0, 0).Time
+	res.Time = Times{Score: t.Score, TopK: t.TopK, Select: t.Select, Attend: t.Attend, Merge: t.Merge, Fused: t.Fused}
 }
 
 func resize(s []float32, n int) []float32 {
@@ -242,135 +352,4 @@ func resize(s []float32, n int) []float32 {
 		return make([]float32, n)
 	}
 	return s[:n]
-}
-
-// rankStep is one shard's part of a step.
-func (e *Engine) rankStep(ctx context.Context, tp, cp, layer int, step uint64, reqs []Request, seqs []*seqState, plans []plan.Plan, diag, phased bool) error {
-	c := e.cfg
-	d := c.HeadDim
-	w := e.work[tp][cp]
-	w.t = Times{}
-	sh := e.shards[tp][cp]
-	g := e.groups[tp][cp]
-	selTag := collective.MakeTag(step, layer, collective.OpSelect)
-	redTag := collective.MakeTag(step, layer, collective.OpReduce)
-	// fail tells the peers that wait on this rank's messages: the
-	// selection exchange if this rank has not sent its candidates yet, and
-	// the merge at the root if this rank is not the root.
-	selSent := c.Selection != Exact
-	fail := func(err error) error {
-		actx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		defer cancel()
-		if !selSent {
-			collective.Abort(actx, g.Transport(), selTag, err)
-		}
-		if cp != 0 {
-			collective.AbortRank(actx, g.Transport(), redTag, 0, err)
-		}
-		return err
-	}
-	w.parts = w.parts[:0]
-	w.ids = w.ids[:0]
-	w.q = w.q[:0]
-	for i, sq := range seqs {
-		q := reqs[i].Q[tp*e.qT*d : (tp+1)*e.qT*d]
-		w.parts = append(w.parts, shard.SeqPart{Seq: sq.local[tp][cp], Place: sq.layout.Place(cp), Plan: plans[i], Q: q})
-		w.ids = append(w.ids, uint64(reqs[i].Seq))
-		w.q = append(w.q, q...)
-	}
-	if err := sh.Begin(&w.ls, layer, w.parts); err != nil {
-		return fail(err)
-	}
-	if c.CP == 1 && !phased {
-		// One rank holds every page: its local top-K is the global one,
-		// and a fusing backend runs the whole local step in one call.
-		done, err := sh.FusedStep(ctx, &w.ls)
-		if err != nil {
-			return fail(err)
-		}
-		if done {
-			w.t.Fused = w.ls.Time.Fused
-			t0 := time.Now()
-			err := g.Reduce(ctx, redTag, 0, d, w.ls.O, w.ls.LSE)
-			w.t.Merge = time.Since(t0)
-			return err
-		}
-	}
-	quota := func(pl plan.Plan) int { return pl.Rank }
-	if c.Selection == Union {
-		quota = func(pl plan.Plan) int { return plan.UnionQuota(pl.Rank, c.CP) }
-	}
-	// A ranking backend scores and picks the candidates in one call: only
-	// the candidates come back from the device.
-	ranked := false
-	if c.Selection != Replicated && !phased {
-		var err error
-		if ranked, err = sh.RankCandidates(ctx, &w.ls, quota); err != nil {
-			return fail(err)
-		}
-	}
-	scoreLocal := c.Selection != Replicated || diag
-	if scoreLocal && !ranked {
-		if err := sh.Score(ctx, &w.ls, diag); err != nil {
-			return fail(err)
-		}
-	}
-	switch c.Selection {
-	case Exact, Union:
-		if !ranked {
-			if err := sh.Candidates(ctx, &w.ls, quota); err != nil {
-				return fail(err)
-			}
-		}
-		if c.Selection == Union {
-			w.ls.LocalSelection(&w.sel)
-			break
-		}
-		rows := w.ls.Rows()
-		w.local, w.k = w.local[:0], w.k[:0]
-		for i := range seqs {
-			for r := range rows {
-				w.local = append(w.local, w.ls.RowCandidates(i, r))
-				k := 0
-				if !plans[i].Dense {
-					k = plans[i].Rank
-				}
-				w.k = append(w.k, k)
-			}
-		}
-		t0 := time.Now()
-		lists, err := g.SelectExact(ctx, selTag, w.local, w.k, w.lists)
-		w.t.Select = time.Since(t0)
-		selSent = true // the group aborted its own peers if it failed
-		if err != nil {
-			return fail(err)
-		}
-		w.lists = lists
-		w.sel.Reset()
-		for _, l := range lists {
-			w.sel.Pages = append(w.sel.Pages, l...)
-			w.sel.Indptr = append(w.sel.Indptr, int32(len(w.sel.Pages)))
-		}
-	case Replicated:
-		t0 := time.Now()
-		if err := sh.ReplicatedSelect(ctx, e.mirrors[tp][cp], layer, w.ids, plans, w.q, &w.sel); err != nil {
-			return fail(err)
-		}
-		w.t.Score = time.Since(t0)
-	}
-	if err := sh.Attend(ctx, &w.ls, &w.sel); err != nil {
-		return fail(err)
-	}
-	lt := w.ls.Time
-	if scoreLocal {
-		w.t.Score = lt.Score
-	}
-	w.t.TopK, w.t.Attend = lt.TopK, lt.Attend
-	t0 := time.Now()
-	err := g.Reduce(ctx, redTag, 0, d, w.ls.O, w.ls.LSE)
-	w.t.Merge = time.Since(t0)
-	if err != nil {
-		return err
-	}
-	return nil
 }

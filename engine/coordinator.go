@@ -1,0 +1,192 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/shard"
+	"github.com/questrt/questrt/worker"
+)
+
+// endTimeout bounds the EndStep calls that close a step; they run on a
+// context detached from the step's, which may be done.
+const endTimeout = time.Second
+
+// Engine is the coordinator of an in-process CP x TP decode grid. Its
+// methods are safe for concurrent use; steps and sequence operations
+// serialize on one mutex while the workers' ranks of a step run in
+// parallel.
+type Engine struct {
+	cfg     Config
+	kvT, qT int // KV and query heads per TP rank
+	ownBe   kernels.Backend
+
+	mu     sync.Mutex
+	closed bool
+	// trs are the CP transports of every TP group ([tp][cp]), handed to
+	// the workers; the engine made them and closes them.
+	trs [][]collective.Transport
+	// locals are the in-process workers; workers is the same list as the
+	// coordinator drives it (through plain messages only). hosts lists
+	// each worker's ranks, at locates rank (tp, cp): worker and position.
+	locals  []*worker.Local
+	workers []worker.Worker
+	hosts   [][]worker.Rank
+	at      [][]slot
+	seqs    map[SeqID]*seqState
+	nextID  SeqID
+	step    uint64
+	// Per worker: the reusable Layer request, and replies of the step and
+	// of the dense reference of diagnostics.
+	lreqs        []worker.LayerRequest
+	reps, dreps  []worker.LayerReply
+	begin        worker.BeginRequest
+	routed, took []int // per request: ranks the new token went to, ranks that took it
+	errs         []error
+}
+
+// slot is where a rank lives: worker w, entry k of its ranks.
+type slot struct{ w, k int }
+
+// seqState is the coordinator's record of a sequence: no page map, no
+// shard ids (the workers keep those).
+type seqState struct {
+	// layout places the sequence's pages over the CP ranks (a pure
+	// function: no page map is kept).
+	layout plan.Layout
+	lens   []int // tokens per layer
+	broken bool
+}
+
+// New builds the workers (one in-process worker.Local per rank, each with
+// its shard and, for Replicated, its summary mirror) and the CP
+// transports between them.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.StepTimeout <= 0 {
+		cfg.StepTimeout = 30 * time.Second
+	}
+	if err := preflight(cfg); err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, kvT: cfg.KVHeads / cfg.TP, qT: cfg.QHeads / cfg.TP, seqs: map[SeqID]*seqState{}, nextID: 1}
+	be := cfg.Backend
+	if be == nil && cfg.Backends == nil {
+		e.ownBe = kernels.NewCPU(kernels.CPUConfig{})
+		be = e.ownBe
+	}
+	wc := cfg.workerConfig()
+	for tp := range cfg.TP {
+		var trs []collective.Transport
+		if cfg.Transports != nil {
+			trs = cfg.Transports(tp, cfg.CP)
+		} else {
+			trs = collective.NewInprocGroup(cfg.CP)
+		}
+		e.trs = append(e.trs, trs)
+		if len(trs) != cfg.CP {
+			e.Close()
+			return nil, fmt.Errorf("engine: %d transports for cp %d", len(trs), cfg.CP)
+		}
+		var row []slot
+		for cp := range cfg.CP {
+			b := be
+			if cfg.Backends != nil {
+				b = cfg.Backends(tp, cp)
+			}
+			r := worker.Rank{TP: tp, CP: cp}
+			l, err := worker.NewLocal(wc, []worker.RankSpec{{Rank: r, Backend: b, Transport: trs[cp]}})
+			if err != nil {
+				e.Close()
+				return nil, fmt.Errorf("engine: shard (tp %d, cp %d): %w", tp, cp, err)
+			}
+			row = append(row, slot{w: len(e.workers)})
+			e.locals = append(e.locals, l)
+			e.workers = append(e.workers, l)
+			e.hosts = append(e.hosts, []worker.Rank{r})
+		}
+		e.at = append(e.at, row)
+	}
+	e.lreqs = make([]worker.LayerRequest, len(e.workers))
+	e.reps = make([]worker.LayerReply, len(e.workers))
+	return e, nil
+}
+
+// Config returns the engine's config.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Shard returns the shard of (tp, cp), for statistics: an in-process
+// accessor through the worker that hosts it.
+func (e *Engine) Shard(tp, cp int) *shard.Shard {
+	s := e.at[tp][cp]
+	return e.locals[s.w].Shard(worker.Rank{TP: tp, CP: cp})
+}
+
+// Close releases the workers, the transports and the engine's own
+// backend.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	for _, trs := range e.trs {
+		for _, tr := range trs {
+			tr.Close()
+		}
+	}
+	for _, l := range e.locals {
+		l.Close()
+	}
+	if e.ownBe != nil {
+		e.ownBe.Close()
+	}
+	return nil
+}
+
+func (e *Engine) lookup(id SeqID) (*seqState, error) {
+	if e.closed {
+		return nil, ErrClosed
+	}
+	sq, ok := e.seqs[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %d", ErrUnknownSequence, id)
+	}
+	if sq.broken {
+		return nil, fmt.Errorf("sequence %d: %w", id, ErrBroken)
+	}
+	return sq, nil
+}
+
+// worker returns the worker hosting rank (tp, cp).
+func (e *Engine) worker(tp, cp int) worker.Worker { return e.workers[e.at[tp][cp].w] }
+
+// output returns rank (tp, cp)'s answer in reply set reps.
+func (e *Engine) output(reps []worker.LayerReply, tp, cp int) *worker.RankOutput {
+	s := e.at[tp][cp]
+	outs := reps[s.w].Ranks
+	r := worker.Rank{TP: tp, CP: cp}
+	if s.k < len(outs) && outs[s.k].Rank == r {
+		return &outs[s.k]
+	}
+	for i := range outs {
+		if outs[i].Rank == r {
+			return &outs[i]
+		}
+	}
+	return nil
+}
+
+// detached returns a short context for the calls that clean up after an
+// operation whatever happened to its own.
+func detached() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), endTimeout)
+}

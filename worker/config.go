@@ -1,0 +1,143 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/shard"
+)
+
+// Mode is how the CP ranks of a TP group agree on the pages of a step (the
+// values of engine.Selection).
+type Mode int
+
+const (
+	// Exact all-gathers each rank's local top candidates; every rank
+	// derives the same global top-K.
+	Exact Mode = iota
+	// Union exchanges nothing: each rank keeps its local top
+	// plan.UnionQuota(K', CP) pages (an approximation).
+	Union
+	// Replicated keeps a mirror of every summary of the TP group on every
+	// CP rank; each rank computes the global top-K alone.
+	Replicated
+)
+
+// String returns the mode's name.
+func (m Mode) String() string {
+	switch m {
+	case Exact:
+		return "exact"
+	case Union:
+		return "union"
+	case Replicated:
+		return "replicated"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// Config describes the ranks a worker hosts: the model geometry, the CP x
+// TP grid every sequence is laid out on, each rank's page pool, the
+// policy that turns lengths and budgets into page plans, and the
+// selection mode. Every worker of a cluster and its coordinator use the
+// same Config (the coordinator derives the same plans from it).
+// DefaultConfig documents the defaults.
+type Config struct {
+	Layers   int // transformer layers (4)
+	QHeads   int // query heads of the model (32)
+	KVHeads  int // KV heads of the model (8); divisible by TP
+	HeadDim  int // D (128)
+	PageSize int // S (16)
+	CP       int // context-parallel ranks per TP group (1)
+	TP       int // tensor-parallel ranks (1)
+	// Capacity is the page pool of every rank (1024 pages).
+	Capacity int
+	// Policy is the selection policy (plan.DefaultPolicy()); its PageSize
+	// must equal PageSize.
+	Policy plan.Policy
+	// Mode is the CP selection mode (Exact).
+	Mode Mode
+	// DeviceResident keeps every rank's pools in its backend's device
+	// memory (see shard.Config.DeviceResident).
+	DeviceResident bool
+	// MemoryLimit bounds the host bytes of the hosted ranks' page pools
+	// and summary mirrors together: a byte count, 0 (the default: the
+	// memory available when NewLocal runs) or -1 (no check; an engine
+	// that checked its whole grid passes -1).
+	MemoryLimit int64
+}
+
+// DefaultConfig returns a single-rank configuration with the documented
+// defaults.
+func DefaultConfig() Config {
+	return Config{Layers: 4, QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16, CP: 1, TP: 1,
+		Capacity: 1024, Policy: plan.DefaultPolicy()}
+}
+
+// Validate reports whether the config is usable.
+func (c Config) Validate() error {
+	switch {
+	case c.Layers < 1 || c.QHeads < 1 || c.KVHeads < 1 || c.HeadDim < 1 || c.PageSize < 1:
+		return errors.New("worker config: layers, heads, head dim and page size must be positive")
+	case c.CP < 1 || c.TP < 1:
+		return fmt.Errorf("worker config: cp %d and tp %d must be positive", c.CP, c.TP)
+	case c.KVHeads%c.TP != 0:
+		return fmt.Errorf("worker config: %d KV heads do not split over tp %d", c.KVHeads, c.TP)
+	case c.QHeads%c.KVHeads != 0:
+		return fmt.Errorf("worker config: %d query heads are not a multiple of %d KV heads", c.QHeads, c.KVHeads)
+	case c.Capacity < 1:
+		return fmt.Errorf("worker config: capacity %d pages must be positive", c.Capacity)
+	case c.Policy.PageSize != c.PageSize:
+		return fmt.Errorf("worker config: policy page size %d differs from %d", c.Policy.PageSize, c.PageSize)
+	case c.Mode < Exact || c.Mode > Replicated:
+		return fmt.Errorf("worker config: unknown mode %d", c.Mode)
+	case c.Mode == Replicated && c.Policy.Selector != plan.Quest && c.Policy.Selector != plan.Dense:
+		return fmt.Errorf("worker config: replicated selection needs the quest or dense selector, not %v", c.Policy.Selector)
+	case c.MemoryLimit < memlimit.NoLimit:
+		return fmt.Errorf("worker config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
+	}
+	return c.Policy.Validate()
+}
+
+// KVHeadsPerRank is the number of KV heads of one TP rank.
+func (c Config) KVHeadsPerRank() int { return c.KVHeads / c.TP }
+
+// QHeadsPerRank is the number of query heads of one TP rank.
+func (c Config) QHeadsPerRank() int { return c.QHeads / c.TP }
+
+// Store returns the page store config of one rank.
+func (c Config) Store() pagestore.Config {
+	return pagestore.Config{Layers: c.Layers, KVHeads: c.KVHeadsPerRank(), HeadDim: c.HeadDim, PageSize: c.PageSize,
+		DType: pagestore.Float32, Capacity: c.Capacity}
+}
+
+// shardConfig returns the shard config of one rank (the memory check is
+// the worker's, over all its ranks).
+func (c Config) shardConfig() shard.Config {
+	st := c.Store()
+	st.MemoryLimit = memlimit.NoLimit
+	return shard.Config{Store: st, QHeads: c.QHeadsPerRank(), Policy: c.Policy, DeviceResident: c.DeviceResident}
+}
+
+// HostBytes returns the host bytes of ranks ranks of this config: their
+// page pools (only the metadata when DeviceResident) and, for replicated
+// selection, their summary mirrors (each mirrors the whole TP group's
+// pages of every layer).
+func (c Config) HostBytes(ranks int) (int64, error) {
+	st := c.Store()
+	per, err := st.HostBytes()
+	if err != nil {
+		return 0, err
+	}
+	if c.DeviceResident {
+		per = memlimit.Mul(int64(st.Capacity), 8)
+	}
+	if c.Mode == Replicated {
+		mirror := memlimit.Mul(int64(c.Layers), int64(st.KVHeads), 2, int64(c.HeadDim), 4, int64(st.Capacity), int64(c.CP))
+		per = memlimit.Add(per, mirror)
+	}
+	return memlimit.Mul(per, int64(ranks)), nil
+}

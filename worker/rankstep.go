@@ -1,0 +1,243 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/shard"
+)
+
+// abortTimeout bounds the best-effort aborts a failing rank sends to its
+// peers (on a context detached from the step's, which may be done).
+const abortTimeout = 100 * time.Millisecond
+
+// rankWork is one rank's reusable state for a layer.
+type rankWork struct {
+	parts []shard.SeqPart
+	ls    shard.LocalStep
+	sel   shard.Selection
+	local [][]collective.Candidate
+	k     []int
+	lists [][]int32
+	t     Times
+}
+
+// abort tells the peers of rk that wait on its messages of (step, layer)
+// that it gives up: the selection exchange when sel is set (it has not
+// sent its candidates), and the merge at the root when rk is not the root.
+func (l *Local) abort(rk *rank, step uint64, layer int, err error, sel bool) {
+	actx, cancel := context.WithTimeout(context.Background(), abortTimeout)
+	defer cancel()
+	if sel {
+		collective.Abort(actx, rk.tr, collective.MakeTag(step, layer, collective.OpSelect), err)
+	}
+	if rk.id.CP != 0 {
+		collective.AbortRank(actx, rk.tr, collective.MakeTag(step, layer, collective.OpReduce), 0, err)
+	}
+}
+
+// runRank runs hosted rank i's part of a layer and fills out: its new
+// tokens first, then the step program.
+func (l *Local) runRank(ctx context.Context, st *stepState, i, layer int, in *RankInput, out *RankOutput) error {
+	rk := l.ranks[i]
+	out.Appended, out.Time = 0, Times{}
+	out.O, out.LSE = out.O[:0], out.LSE[:0]
+	out.Diag.Rows = 0
+	out.Diag.Indptr, out.Diag.Pages, out.Diag.Scores = out.Diag.Indptr[:0], out.Diag.Pages[:0], out.Diag.Scores[:0]
+	if err := l.takeNew(st, i, layer, in, out); err != nil {
+		l.abort(rk, st.id, layer, err, l.cfg.Mode == Exact)
+		return fmt.Errorf("rank %v: %w", rk.id, err)
+	}
+	if err := l.rankStep(ctx, st, i, layer, in.Q); err != nil {
+		return fmt.Errorf("rank %v: %w", rk.id, err)
+	}
+	w := &rk.w
+	out.Time = w.t
+	if rk.id.CP == 0 {
+		out.O = append(out.O, w.ls.O...)
+		out.LSE = append(out.LSE, w.ls.LSE...)
+	}
+	if st.diag {
+		l.diagOut(st, rk, out)
+	}
+	return nil
+}
+
+// takeNew appends the step's new tokens routed to hosted rank i, in batch
+// order: to its store the tokens it owns, to its mirror every one.
+func (l *Local) takeNew(st *stepState, i, layer int, in *RankInput, out *RankOutput) error {
+	rk := l.ranks[i]
+	tok := l.cfg.KVHeadsPerRank() * l.cfg.HeadDim
+	own := st.own[i]
+	k := 0
+	for j, si := range st.fresh {
+		stores := k < len(own) && own[k] == si
+		if !stores && rk.mirror == nil {
+			continue
+		}
+		if stores {
+			if err := rk.sh.Append(st.sq[si].local[i], layer, in.K[k*tok:(k+1)*tok], in.V[k*tok:(k+1)*tok]); err != nil {
+				return fmt.Errorf("new token of sequence %d: %w", st.ids[si], err)
+			}
+			k++
+		}
+		if rk.mirror != nil {
+			if err := rk.mirror.Append(st.ids[si], layer, in.MirrorK[j*tok:(j+1)*tok]); err != nil {
+				return fmt.Errorf("new token of sequence %d: %w: %w", st.ids[si], ErrChanged, err)
+			}
+		}
+		out.Appended++
+	}
+	return nil
+}
+
+// rankStep is one rank's step program for one layer: local scoring and
+// candidates, the selection exchange (exact), the mirror's global top-K
+// (replicated) or the local picks (union), sparse attention over the
+// selected and forced pages the rank holds, and the merge of the partial
+// states at CP rank 0 of the TP group. The merged states stay in the
+// rank's LocalStep (O, LSE).
+func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []float32) error {
+	c := l.cfg
+	rk := l.ranks[i]
+	d := c.HeadDim
+	qd := c.QHeadsPerRank() * d
+	w := &rk.w
+	w.t = Times{}
+	sh, g := rk.sh, rk.g
+	selTag := collective.MakeTag(st.id, layer, collective.OpSelect)
+	redTag := collective.MakeTag(st.id, layer, collective.OpReduce)
+	// fail tells the peers that wait on this rank's messages: the
+	// selection exchange if this rank has not sent its candidates yet, and
+	// the merge at the root if this rank is not the root.
+	selSent := c.Mode != Exact
+	fail := func(err error) error {
+		l.abort(rk, st.id, layer, err, !selSent)
+		return err
+	}
+	w.parts = w.parts[:0]
+	for si, sq := range st.sq {
+		w.parts = append(w.parts, shard.SeqPart{Seq: sq.local[i], Place: sq.layout.Place(rk.id.CP), Plan: st.plans[si], Q: q[si*qd : (si+1)*qd]})
+	}
+	if err := sh.Begin(&w.ls, layer, w.parts); err != nil {
+		return fail(err)
+	}
+	if c.CP == 1 && !st.phased {
+		// One rank holds every page: its local top-K is the global one,
+		// and a fusing backend runs the whole local step in one call.
+		done, err := sh.FusedStep(ctx, &w.ls)
+		if err != nil {
+			return fail(err)
+		}
+		if done {
+			w.t.Fused = w.ls.Time.Fused
+			t0 := time.Now()
+			err := g.Reduce(ctx, redTag, 0, d, w.ls.O, w.ls.LSE)
+			w.t.Merge = time.Since(t0)
+			return err
+		}
+	}
+	quota := func(pl plan.Plan) int { return pl.Rank }
+	if c.Mode == Union {
+		quota = func(pl plan.Plan) int { return plan.UnionQuota(pl.Rank, c.CP) }
+	}
+	// A ranking backend scores and picks the candidates in one call: only
+	// the candidates come back from the device.
+	ranked := false
+	if c.Mode != Replicated && !st.phased {
+		var err error
+		if ranked, err = sh.RankCandidates(ctx, &w.ls, quota); err != nil {
+			return fail(err)
+		}
+	}
+	scoreLocal := c.Mode != Replicated || st.diag
+	if scoreLocal && !ranked {
+		if err := sh.Score(ctx, &w.ls, st.diag); err != nil {
+			return fail(err)
+		}
+	}
+	switch c.Mode {
+	case Exact, Union:
+		if !ranked {
+			if err := sh.Candidates(ctx, &w.ls, quota); err != nil {
+				return fail(err)
+			}
+		}
+		if c.Mode == Union {
+			w.ls.LocalSelection(&w.sel)
+			break
+		}
+		rows := w.ls.Rows()
+		w.local, w.k = w.local[:0], w.k[:0]
+		for si, pl := range st.plans {
+			for r := range rows {
+				w.local = append(w.local, w.ls.RowCandidates(si, r))
+				k := 0
+				if !pl.Dense {
+					k = pl.Rank
+				}
+				w.k = append(w.k, k)
+			}
+		}
+		t0 := time.Now()
+		lists, err := g.SelectExact(ctx, selTag, w.local, w.k, w.lists)
+		w.t.Select = time.Since(t0)
+		selSent = true // the group aborted its own peers if it failed
+		if err != nil {
+			return fail(err)
+		}
+		w.lists = lists
+		w.sel.Reset()
+		for _, row := range lists {
+			w.sel.Pages = append(w.sel.Pages, row...)
+			w.sel.Indptr = append(w.sel.Indptr, int32(len(w.sel.Pages)))
+		}
+	case Replicated:
+		t0 := time.Now()
+		if err := sh.ReplicatedSelect(ctx, rk.mirror, layer, st.ids, st.plans, q, &w.sel); err != nil {
+			return fail(err)
+		}
+		w.t.Score = time.Since(t0)
+	}
+	if err := sh.Attend(ctx, &w.ls, &w.sel); err != nil {
+		return fail(err)
+	}
+	lt := w.ls.Time
+	if scoreLocal {
+		w.t.Score = lt.Score
+	}
+	w.t.TopK, w.t.Attend = lt.TopK, lt.Attend
+	t0 := time.Now()
+	err := g.Reduce(ctx, redTag, 0, d, w.ls.O, w.ls.LSE)
+	w.t.Merge = time.Since(t0)
+	return err
+}
+
+// diagOut copies the rank's selection and page scores into out.
+func (l *Local) diagOut(st *stepState, rk *rank, out *RankOutput) {
+	ls := &rk.w.ls
+	dg := &out.Diag
+	dg.Rows = ls.Rows()
+	dg.Indptr = append(dg.Indptr, rk.w.sel.Indptr...)
+	dg.Pages = append(dg.Pages, rk.w.sel.Pages...)
+	if !ls.Scored() {
+		dg.Scores = nil
+		return
+	}
+	for si := range st.seqs {
+		n := ls.LocalPages(si)
+		var sc []float32
+		if si < cap(dg.Scores) {
+			sc = dg.Scores[:si+1][si][:0]
+		}
+		for r := range dg.Rows {
+			for lp := range n {
+				sc = append(sc, ls.PageScore(si, r, lp))
+			}
+		}
+		dg.Scores = append(dg.Scores, sc)
+	}
+}
