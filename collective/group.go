@@ -49,16 +49,21 @@ type Group struct {
 	tr         Transport
 	rank, size int
 
-	buf   []byte   // outgoing frame
-	recv  [][]byte // per rank: received frame (own: buf)
-	sent  []bool   // per rank: data sent this operation
-	keys  []uint64 // this member's row being sorted
-	all   []uint64 // every rank's candidates as sort keys, each row ended by noKey
-	rowAt []int    // [row*size+rank]: where that rank's row starts in all
-	pos   []int    // per rank cursor into all while merging a row
-	heads []uint64 // per rank: all[pos[rank]]
-	acc   []float32
-	tmp   []float32
+	buf    []byte   // outgoing frame
+	recv   [][]byte // per rank: received frame (own: buf)
+	sent   []bool   // per rank: data sent this operation
+	all    []uint64 // every rank's candidates as sort keys, each row sorted and ended by noKey
+	rowAt  []int    // [row*size+rank]: where that rank's row starts in all
+	cnt    []int    // [row*size+rank]: that rank's number of candidates of the row
+	plo    []uint32 // [row*size+rank]: the smallest page among them
+	phi    []uint32 // [row*size+rank]: the largest
+	sorter keySorter
+	kh     uint64   // hashBudgets of this operation's budgets
+	ownDup bool     // this member's own input has a candidate twice
+	pos    []int    // per rank: its candidates taken into the row being merged
+	bits   []uint64 // page bitmap of the row being merged; all zero between rows
+	acc    []float32
+	tmp    []float32
 }
 
 // NewGroup returns the member of the group reachable through tr.
@@ -66,10 +71,9 @@ func NewGroup(tr Transport) *Group {
 	n := tr.Size()
 	return &Group{
 		tr: tr, rank: tr.Rank(), size: n,
-		recv:  make([][]byte, n),
-		sent:  make([]bool, n),
-		pos:   make([]int, n),
-		heads: make([]uint64, n),
+		recv: make([][]byte, n),
+		sent: make([]bool, n),
+		pos:  make([]int, n),
 	}
 }
 
@@ -241,7 +245,10 @@ func (g *Group) AllGather(ctx context.Context, tag uint64, msg []byte) ([][]byte
 // Each member sends its candidates to every other member as raw
 // little-endian bytes (per row: a count, then score f32 and page i32 per
 // candidate, sorted by Compare): (N-1) * (16 + rows*4 + 8*candidates)
-// bytes per member.
+// bytes per member. Each member sorts only its own candidates (no sort
+// when they come in Compare order); every row's global top-k is then cut
+// from the N sorted lists without sorting them again, and its pages are
+// put in ascending order through a bitmap over their range.
 func (g *Group) SelectExact(ctx context.Context, tag uint64, local [][]Candidate, k []int, dst [][]int32) ([][]int32, error) {
 	out, err := g.selectExact(ctx, tag, local, k, dst)
 	if err != nil {
@@ -268,7 +275,7 @@ func (g *Group) selectExact(ctx context.Context, tag uint64, local [][]Candidate
 	}
 	dst = dst[:rows]
 	for row := range rows {
-		out, err := g.mergeRow(row, k[row], dst[row][:0])
+		out, err := g.selectRow(row, k[row], dst[row][:0])
 		if err != nil {
 			return nil, err
 		}
@@ -277,13 +284,26 @@ func (g *Group) selectExact(ctx context.Context, tag uint64, local [][]Candidate
 	return dst, nil
 }
 
-// encodeSelect validates this member's input and writes its frame to g.buf.
+// encodeSelect validates this member's input, writes its frame to g.buf
+// and its candidates' sort keys, sorted, to the start of g.all (each row
+// ended by noKey; this rank's rowAt, cnt, plo and phi set), so parseSelect
+// need not decode this member's own frame. Rows already in Compare order
+// (a top-K that returns its candidates best first) are not sorted again.
 func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 	rows := len(local)
 	if len(k) != rows {
 		return fmt.Errorf("%d candidate rows but %d budgets", rows, len(k))
 	}
-	size := selectHeaderLen + 4*rows
+	total := 0
+	for _, c := range local {
+		total += len(c)
+	}
+	g.rowAt = growInts(g.rowAt, g.size*rows)
+	g.cnt = growInts(g.cnt, g.size*rows)
+	g.plo = growU32(g.plo, g.size*rows)
+	g.phi = growU32(g.phi, g.size*rows)
+	all := slices.Grow(g.all[:0], total+rows)[:total+rows]
+	at := 0
 	for row, c := range local {
 		if k[row] < 0 {
 			return fmt.Errorf("row %d: budget %d < 0", row, k[row])
@@ -291,52 +311,155 @@ func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 		if len(c) > k[row] {
 			return fmt.Errorf("row %d: %d local candidates exceed the budget %d", row, len(c), k[row])
 		}
-		for _, x := range c {
-			if x.Score != x.Score {
+		keys := all[at : at+len(c)]
+		i, slo, shi, plo, phi := putKeys(keys, c)
+		if i >= 0 {
+			if x := c[i]; x.Score != x.Score {
 				return fmt.Errorf("row %d: page %d has a NaN score", row, x.Page)
 			}
-			if x.Page < 0 {
-				return fmt.Errorf("row %d: negative page %d", row, x.Page)
-			}
+			return fmt.Errorf("row %d: negative page %d", row, c[i].Page)
 		}
-		size += candidateLen * len(c)
+		if !strictlyAscending(keys) {
+			g.sorter.sortKeys(keys, slo, shi)
+		}
+		all[at+len(c)] = noKey
+		j := row*g.size + g.rank
+		g.rowAt[j], g.cnt[j], g.plo[j], g.phi[j] = at, len(c), plo, phi
+		at += len(c) + 1
 	}
-	b := growBytes(g.buf, size)
+	g.all = all
+
+	g.kh = hashBudgets(k)
+	b := growBytes(g.buf, selectHeaderLen+4*rows+candidateLen*total)
 	g.buf = b
 	putHeader(b, kindData, OpSelect)
 	binary.LittleEndian.PutUint32(b[headerLen:], uint32(rows))
-	binary.LittleEndian.PutUint64(b[headerLen+4:], hashBudgets(k))
+	binary.LittleEndian.PutUint64(b[headerLen+4:], g.kh)
 	off := selectHeaderLen
+	at = 0
+	g.ownDup = false
 	for _, c := range local {
 		binary.LittleEndian.PutUint32(b[off:], uint32(len(c)))
 		off += 4
-		g.keys = g.keys[:0]
-		for _, x := range c {
-			g.keys = append(g.keys, sortKey(x))
+		if !encodeKeys(b[off:off+candidateLen*len(c)], all[at:at+len(c)]) {
+			// A candidate given twice: the frame fails every member's
+			// check, this one's too (parseSelect then decodes it).
+			g.ownDup = true
 		}
-		slices.Sort(g.keys)
-		for _, key := range g.keys {
-			putCandidate(b[off:], fromKey(key))
-			off += candidateLen
-		}
+		off += candidateLen * len(c)
+		at += len(c) + 1
 	}
 	return nil
 }
 
-// parseSelect checks every rank's frame and decodes its candidates into
-// g.all as sort keys, recording where each (row, rank) starts in g.rowAt.
-func (g *Group) parseSelect(rows int, k []int) error {
-	if cap(g.rowAt) < g.size*rows {
-		g.rowAt = make([]int, g.size*rows)
+// putKeys sets keys[i] to sortKey(c[i]) and returns the smallest and
+// largest score part (key>>32) and page. It returns as i the index of the
+// first candidate with a NaN score or a negative page (its key and those
+// after it are not set), or -1.
+func putKeys(keys []uint64, c []Candidate) (i int, slo, shi, plo, phi uint32) {
+	keys = keys[:len(c)]
+	slo, plo = math.MaxUint32, math.MaxUint32
+	for i, x := range c {
+		score, page := math.Float32bits(x.Score), uint32(x.Page)
+		if score&^(1<<31) > 0x7f800000 || int32(page) < 0 {
+			return i, slo, shi, plo, phi
+		}
+		key := keyOf(score, page)
+		keys[i] = key
+		sp := uint32(key >> 32)
+		slo, shi = min(slo, sp), max(shi, sp)
+		plo, phi = min(plo, page), max(phi, page)
 	}
-	g.rowAt = g.rowAt[:g.size*rows]
-	kh := hashBudgets(k)
-	g.all = g.all[:0]
+	return -1, slo, shi, plo, phi
+}
+
+// encodeKeys writes the candidates of keys (ascending) to b, 8 bytes each,
+// and reports whether the keys ascend strictly (no candidate twice).
+func encodeKeys(b []byte, keys []uint64) bool {
+	b = b[:candidateLen*len(keys)]
+	prev, dup := uint64(0), false // prev below every valid key (minKey > 0)
+	for i := 0; i < len(keys); i++ {
+		key := keys[i]
+		putKey(b[candidateLen*i:candidateLen*i+candidateLen], key)
+		if key <= prev {
+			dup = true
+		}
+		prev = key
+	}
+	return !dup
+}
+
+// decodeKeys sets keys[i] to the sort key of the i-th candidate of b
+// (8*len(keys) bytes) and returns the smallest and largest page. It
+// returns as i -1 when every candidate is valid (no NaN score, no
+// negative page) and the keys ascend strictly; otherwise the index of the
+// first candidate that is invalid (bad true) or not above the one before
+// it (bad false), with keys[i:] unset.
+func decodeKeys(keys []uint64, b []byte) (i int, bad bool, plo, phi uint32) {
+	b = b[:candidateLen*len(keys)]
+	prev := uint64(0) // below every valid key (minKey > 0)
+	plo = math.MaxUint32
+	for i := range keys {
+		v := binary.LittleEndian.Uint64(b[candidateLen*i : candidateLen*i+candidateLen])
+		score, page := uint32(v), uint32(v>>32)
+		if score&^(1<<31) > 0x7f800000 || int32(page) < 0 {
+			return i, true, plo, phi
+		}
+		key := keyOf(score, page)
+		if key <= prev {
+			return i, false, plo, phi
+		}
+		keys[i], prev = key, key
+		plo, phi = min(plo, page), max(phi, page)
+	}
+	return -1, false, plo, phi
+}
+
+// strictlyAscending reports whether keys ascend strictly. It stops at the
+// first step down, so it costs little on unsorted rows.
+func strictlyAscending(keys []uint64) bool {
+	for i := 1; i < len(keys); i++ {
+		if keys[i] <= keys[i-1] {
+			return false
+		}
+	}
+	return true
+}
+
+func growInts(b []int, n int) []int {
+	if cap(b) < n {
+		return make([]int, n)
+	}
+	return b[:n]
+}
+
+func growU32(b []uint32, n int) []uint32 {
+	if cap(b) < n {
+		return make([]uint32, n)
+	}
+	return b[:n]
+}
+
+// parseSelect checks every peer's frame (and this member's own when its
+// input had a duplicate candidate) and appends its candidates to g.all as
+// sort keys after encodeSelect's, recording where each (row, rank) starts
+// in g.rowAt, its count in g.cnt and its page range in g.plo and g.phi.
+func (g *Group) parseSelect(rows int, k []int) error {
 	for r := range g.size {
+		if r == g.rank && !g.ownDup {
+			continue
+		}
 		var err error
-		g.all, err = parseSelectFrame(g.recv[r], rows, k, kh, g.rowAt[r:], g.size, g.all)
+		g.all, err = parseSelectPages(g.recv[r], rows, k, g.kh, g.rowAt[r:], g.plo[r:], g.phi[r:], g.size, g.all)
 		if err != nil {
 			return &RankError{Rank: r, Err: err}
+		}
+		for row := range rows {
+			end := len(g.all)
+			if row+1 < rows {
+				end = g.rowAt[(row+1)*g.size+r]
+			}
+			g.cnt[row*g.size+r] = end - g.rowAt[row*g.size+r] - 1
 		}
 	}
 	return nil
@@ -347,6 +470,13 @@ func (g *Group) parseSelect(rows int, k []int) error {
 // no negative page) and appends each row's candidates' sort keys to keys,
 // followed by noKey; rowAt[row*stride] gets where the row starts in keys.
 func parseSelectFrame(b []byte, rows int, k []int, kh uint64, rowAt []int, stride int, keys []uint64) ([]uint64, error) {
+	return parseSelectPages(b, rows, k, kh, rowAt, nil, nil, stride, keys)
+}
+
+// parseSelectPages is parseSelectFrame that also sets plo[row*stride] and
+// phi[row*stride] to the smallest and largest page of each row (when plo
+// and phi are not nil).
+func parseSelectPages(b []byte, rows int, k []int, kh uint64, rowAt []int, plo, phi []uint32, stride int, keys []uint64) ([]uint64, error) {
 	if len(b) < selectHeaderLen {
 		return keys, fmt.Errorf("%w: select frame of %d bytes", ErrBadMessage, len(b))
 	}
@@ -369,55 +499,27 @@ func parseSelectFrame(b []byte, rows int, k []int, kh uint64, rowAt []int, strid
 		if int64(len(b)-off) < int64(n)*candidateLen {
 			return keys, fmt.Errorf("%w: truncated in row %d", ErrBadMessage, row)
 		}
-		rowAt[row*stride] = len(keys)
-		for i := range int(n) {
-			x := getCandidate(b[off:], i)
-			if x.Score != x.Score || x.Page < 0 {
-				return keys, fmt.Errorf("%w: row %d: bad candidate (%v, %d)", ErrBadMessage, row, x.Score, x.Page)
+		at := len(keys)
+		rowAt[row*stride] = at
+		keys = slices.Grow(keys, int(n)+1)[:at+int(n)+1]
+		i, bad, lo, hi := decodeKeys(keys[at:at+int(n)], b[off:])
+		if i >= 0 {
+			if bad {
+				x := getCandidate(b[off:], i)
+				return keys[:at+i], fmt.Errorf("%w: row %d: bad candidate (%v, %d)", ErrBadMessage, row, x.Score, x.Page)
 			}
-			key := sortKey(x)
-			if i > 0 && keys[len(keys)-1] >= key {
-				return keys, fmt.Errorf("%w: row %d: candidates not in selection order", ErrBadMessage, row)
-			}
-			keys = append(keys, key)
+			return keys[:at+i], fmt.Errorf("%w: row %d: candidates not in selection order", ErrBadMessage, row)
 		}
-		keys = append(keys, noKey)
+		if plo != nil {
+			plo[row*stride], phi[row*stride] = lo, hi
+		}
+		keys[at+int(n)] = noKey
 		off += int(n) * candidateLen
 	}
 	if off != len(b) {
 		return keys, fmt.Errorf("%w: %d trailing bytes", ErrBadMessage, len(b)-off)
 	}
 	return keys, nil
-}
-
-// mergeRow takes the best k of the ranks' sorted candidate lists of row
-// and appends their pages, ascending, to out.
-func (g *Group) mergeRow(row, k int, out []int32) ([]int32, error) {
-	pos, heads := g.pos, g.heads
-	for r, at := range g.rowAt[row*g.size:][:g.size] {
-		pos[r], heads[r] = at, g.all[at]
-	}
-	for len(out) < k {
-		best, bk := 0, heads[0]
-		for r := 1; r < len(heads); r++ {
-			if heads[r] < bk {
-				best, bk = r, heads[r]
-			}
-		}
-		if bk == noKey {
-			break // every list is exhausted
-		}
-		pos[best]++
-		heads[best] = g.all[pos[best]]
-		out = append(out, int32(uint32(bk)))
-	}
-	slices.Sort(out)
-	for i := 1; i < len(out); i++ {
-		if out[i] == out[i-1] {
-			return nil, fmt.Errorf("%w: row %d: page %d", ErrDuplicatePage, row, out[i])
-		}
-	}
-	return out, nil
 }
 
 // checkState validates a partial state's shape and its lse values (finite

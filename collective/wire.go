@@ -18,10 +18,15 @@ import (
 //	select:            rows u32 | khash u64 | rows x (count u32 | count x (score f32 | page i32))
 //	reduce, allreduce: n u32 | d u32 | n*d x o f32 | n x lse f32
 //	abort:             reason (UTF-8 text, at most maxReason bytes)
+//
+// A select row's candidates are in strict Compare order (the receivers
+// merge them without sorting); khash is hashBudgets of the budgets.
+// Version 2 changed hashBudgets (FNV-1a over 64-bit words instead of
+// bytes): members of one group must run the same version.
 const (
 	kindData  = 0
 	kindAbort = 1
-	version   = 1
+	version   = 2
 
 	headerLen       = 4
 	selectHeaderLen = headerLen + 4 + 8
@@ -92,49 +97,56 @@ func getCandidate(b []byte, i int) Candidate {
 // order-preserving and inverted (score descending; -0 folds into +0, as
 // the two compare equal), the low 32 bits the page (ascending).
 func sortKey(c Candidate) uint64 {
-	s := c.Score
-	if s == 0 {
-		s = 0 // -0 -> +0
+	return keyOf(math.Float32bits(c.Score), uint32(c.Page))
+}
+
+// keyOf is sortKey of a candidate given as its score's bits and its page.
+// It has no data-dependent branch: the sign of random scores is a coin
+// flip that a branch would mispredict half the time.
+func keyOf(score, page uint32) uint64 {
+	// Flip every bit of a negative score and the sign bit of a positive
+	// one: the bits then order as the floats do, -0 just below +0.
+	t := score ^ (uint32(int32(score)>>31) | 1<<31)
+	if t == 1<<31-1 {
+		t = 1 << 31 // -0 -> +0 (rare, so predictable)
 	}
-	b := math.Float32bits(s)
-	if b&(1<<31) != 0 {
-		b = ^b
-	} else {
-		b |= 1 << 31
-	}
-	return uint64(^b)<<32 | uint64(uint32(c.Page))
+	return uint64(^t)<<32 | uint64(page)
 }
 
 // noKey ends a row's keys: it sorts after every valid key (its score part
 // would be a NaN, which is never accepted).
 const noKey = ^uint64(0)
 
+// minKey is a lower bound of every valid key: the key of (+Inf, 0), whose
+// score part 0x007fffff is the smallest a non-NaN score maps to.
+const minKey = uint64(0x007fffff) << 32
+
+// keyScore returns the score bits a key was made from (+0 for a zero).
+func keyScore(k uint64) uint32 {
+	t := ^uint32(k >> 32)
+	return t ^ (uint32(int32(^t)>>31) | 1<<31)
+}
+
 // fromKey inverts sortKey (up to the sign of a zero score).
 func fromKey(k uint64) Candidate {
-	b := ^uint32(k >> 32)
-	if b&(1<<31) != 0 {
-		b &^= 1 << 31
-	} else {
-		b = ^b
-	}
-	return Candidate{Score: math.Float32frombits(b), Page: int32(uint32(k))}
+	return Candidate{Score: math.Float32frombits(keyScore(k)), Page: int32(uint32(k))}
 }
 
-func putCandidate(b []byte, c Candidate) {
-	binary.LittleEndian.PutUint32(b, math.Float32bits(c.Score))
-	binary.LittleEndian.PutUint32(b[4:], uint32(c.Page))
+// putKey writes the candidate of key k at the start of b as score f32 |
+// page i32.
+func putKey(b []byte, k uint64) {
+	binary.LittleEndian.PutUint64(b, uint64(keyScore(k))|k<<32)
 }
 
-// hashBudgets is FNV-1a over the budgets, so ranks detect disagreeing k.
+// hashBudgets is FNV-1a over the budgets taken as 64-bit words (one
+// multiply per row), so ranks detect disagreeing k: each step is a
+// bijection of the running hash, so budgets that differ in one row always
+// hash differently.
 func hashBudgets(k []int) uint64 {
 	h := uint64(14695981039346656037)
-	var b [8]byte
 	for _, x := range k {
-		binary.LittleEndian.PutUint64(b[:], uint64(x))
-		for _, c := range b {
-			h ^= uint64(c)
-			h *= 1099511628211
-		}
+		h ^= uint64(x)
+		h *= 1099511628211
 	}
 	return h
 }

@@ -1,0 +1,53 @@
+package collective
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// TestSortKeys: sortKeys sorts like slices.Sort whatever the scores
+// (clustered, tied, spread over every magnitude, infinite, zeros of both
+// signs) and the row length, including rows that reuse a larger row's
+// scratch.
+func TestSortKeys(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	dists := []func() float32{
+		func() float32 { return float32(rng.NormFloat64()) },
+		func() float32 { return rng.Float32() },
+		func() float32 { return float32(rng.IntN(3)) },
+		func() float32 { return 1 + float32(rng.IntN(64))*0x1p-23 },
+		func() float32 { return float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(70)-35))) },
+		func() float32 { return math.Float32frombits(rng.Uint32() &^ (0xff << 23)) },
+		func() float32 { return []float32{float32(math.Inf(1)), float32(math.Inf(-1)), 0, 1}[rng.IntN(4)] },
+		func() float32 {
+			if rng.IntN(50) == 0 {
+				return 3e38
+			}
+			return float32(rng.NormFloat64())
+		},
+	}
+	var s keySorter
+	for trial := range 3000 {
+		n := rng.IntN(300)
+		if trial%10 == 0 {
+			n = rng.IntN(5000)
+		}
+		dist := dists[trial%len(dists)]
+		keys := make([]uint64, n)
+		for i := range keys {
+			keys[i] = sortKey(Candidate{Score: dist(), Page: int32(rng.IntN(1 << 20))})
+		}
+		want := slices.Clone(keys)
+		slices.Sort(want)
+		lo, hi := uint32(math.MaxUint32), uint32(0)
+		for _, k := range keys {
+			lo, hi = min(lo, uint32(k>>32)), max(hi, uint32(k>>32))
+		}
+		s.sortKeys(keys, lo, hi)
+		if !slices.Equal(keys, want) {
+			t.Fatalf("trial %d: %d keys not sorted", trial, n)
+		}
+	}
+}
