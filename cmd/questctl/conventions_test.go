@@ -11,7 +11,7 @@ import (
 func TestHelpAndErrorStreams(t *testing.T) {
 	for _, cmd := range [][]string{
 		{"demo"}, {"replay"}, {"replay", "gen"}, {"bench", "attention"}, {"bench", "collective"},
-		{"bench", "selection"}, {"devices"},
+		{"bench", "selection"}, {"devices"}, {"generate"}, {"eval", "passkey"},
 	} {
 		code, stdout, stderr := runCLI(t, append(cmd, "--help")...)
 		if code != 0 || stderr != "" || !strings.HasPrefix(stdout, "Usage: questctl "+strings.Join(cmd, " ")) || !strings.Contains(stdout, "Flags:") {

@@ -7,6 +7,8 @@
 //	questctl replay   gen [flags]   write a generated replay case
 //	questctl bench    attention|collective|selection [flags]
 //	questctl devices  [--json]
+//	questctl generate --model DIR --prompt TEXT [flags]
+//	questctl eval     passkey --model DIR [flags]
 //
 // Run `questctl <command> --help` for a command's flags.
 package main
@@ -49,6 +51,8 @@ Usage:
   questctl bench  collective [flags]    latency of the CP selection exchange and merge, JSON lines
   questctl bench  selection [flags]     exact vs union vs replicated CP selection on the same data, JSON lines
   questctl devices [--json]             the node's NVIDIA GPUs (NVML): name, UUID, memory, PCI, NVLink, topology
+  questctl generate --model DIR --prompt TEXT [...]  decode a Llama checkpoint through the engine (Quest or dense): text, pages read vs total, tokens/s
+  questctl eval passkey --model DIR [...]            passkey accuracy, recall and attention-mass recall per layer vs dense, JSON lines
 
 Run 'questctl <command> --help' for the flags of a command.
 `
@@ -74,11 +78,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runBench(ctx, args[1:], stdout, stderr)
 	case "devices":
 		err = runDevices(args[1:], stdout, stderr)
+	case "generate":
+		err = runGenerate(ctx, args[1:], stdout, stderr)
+	case "eval":
+		err = runEval(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench or devices; see 'questctl help')\n", args[0])
+		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate or eval; see 'questctl help')\n", args[0])
 		return exitUsage
 	}
 	if err == nil || errors.Is(err, flag.ErrHelp) {
@@ -87,7 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// One line: "questctl replay: ...", without repeating a command name
 	// the message already starts with ("questctl bench attention: ...").
 	msg, name := err.Error(), args[0]
-	if (name == "bench" || name == "replay") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+	if (name == "bench" || name == "replay" || name == "eval") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
 		name += " " + args[1] // "bench attention", "replay gen"
 	}
 	prefix := "questctl " + name + ": "

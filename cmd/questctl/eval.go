@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/eval"
+	"github.com/questrt/questrt/plan"
+)
+
+func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h" || args[0] == "-help") {
+			fmt.Fprint(stdout, "Usage: questctl eval passkey [flags]\n\nRun 'questctl eval passkey --help' for its flags.\n")
+			return nil
+		}
+		return usageError{errors.New("want an evaluation name: passkey")}
+	}
+	if args[0] != "passkey" {
+		return usageError{fmt.Errorf("unknown evaluation %q (want passkey)", args[0])}
+	}
+	return runEvalPasskey(ctx, args[1:], stdout, stderr)
+}
+
+func runEvalPasskey(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("eval passkey", `Usage: questctl eval passkey --model DIR [flags]
+
+Passkey retrieval (notes 2.2, 3.3). For every length, --n prompts in the
+format the test models were trained on (intro, filler sentences, the
+fact at a random depth or at --depths, the question; --keys k for k named
+keys), or the prompts of --prompts FILE (JSON lines {"prompt", "answer",
+"length"}). Each prompt is prefilled densely once; its answer is decoded
+with dense attention (the baseline, budget 0) and with every selector
+and budget on forks of the prefilled sequence: free-running greedy
+(accuracy) and teacher-forced on the dense answer (token agreement,
+KL(dense || policy) of the next-token distributions). With diagnostics
+(default) every sparse decode step is also measured against dense
+attention on the same pages: per layer, recall of the dense top-10
+tokens and attention-mass recall 1 - eps; per layer and head, output
+cosine and relative L2 error; pages read vs dense next to the byte model
+rho = 1/S + K/P. --decode-question feeds the question through decode
+steps so that selection follows the query as it forms.
+
+Results go to stdout when a length is done: a table (pages, rho and
+1/S+K/P over the sparse layers, teacher-forced), or with --json one JSON
+line per (length, selector, budget) with at least length, selector,
+budget (0 for dense), n and accuracy. Progress goes to stderr.`)
+	rf := addRunFlags(fs)
+	lengths := fs.String("lengths", "2048,8192", "comma-separated prompt lengths in bytes (64..1048576)")
+	budgets := fs.String("budgets", "64,128,256,512", "comma-separated token budgets (each at least --page-size)")
+	selectors := fs.String("selectors", "quest", "comma-separated sparse selectors: quest, oracle, recent (dense always runs as the baseline)")
+	n := fs.Int("n", 40, "prompts per length (1..100000)")
+	seed := fs.Uint64("seed", 1, "prompt seed")
+	keys := fs.Int("keys", 1, "keys per prompt (1..10; k > 1: named keys, the question asks for one)")
+	depths := fs.String("depths", "", "comma-separated fact depths in [0, 1], one per key or one for all (default: random)")
+	prompts := fs.String("prompts", "", "JSON-lines prompt file instead of generated prompts")
+	decodeQ := fs.Bool("decode-question", false, "feed the question's tokens through decode steps with the policy's selection instead of prefilling them")
+	noDiag := fs.Bool("no-diagnostics", false, "skip the per-step comparison with dense attention (recall, mass recall, cosine)")
+	asJSON := fs.Bool("json", false, "JSON lines on stdout instead of a table")
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if err := rf.check(); err != nil {
+		return usageError{err}
+	}
+	cfg := eval.DefaultConfig()
+	var err error
+	if cfg.Budgets, err = evalInts("--budgets", *budgets, rf.pageSize, 1<<24); err != nil {
+		return err
+	}
+	cfg.Selectors = nil
+	for _, s := range strings.Split(*selectors, ",") {
+		sel, err := plan.ParseSelector(strings.TrimSpace(s))
+		if err != nil || sel == plan.Dense || strings.TrimSpace(s) == "" {
+			return usageError{fmt.Errorf("--selectors %q: want a comma-separated list of quest, oracle, recent", *selectors)}
+		}
+		if !slices.Contains(cfg.Selectors, sel) {
+			cfg.Selectors = append(cfg.Selectors, sel)
+		}
+	}
+	switch {
+	case *n < 1 || *n > 100000:
+		return usageError{fmt.Errorf("--n %d: want 1..100000", *n)}
+	case *keys < 1 || *keys > 10:
+		return usageError{fmt.Errorf("--keys %d: want 1..10", *keys)}
+	}
+	var depthList []float64
+	if *depths != "" {
+		for _, f := range strings.Split(*depths, ",") {
+			d, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil || !(d >= 0 && d <= 1) {
+				return usageError{fmt.Errorf("--depths: %q is not a depth in [0, 1]", f)}
+			}
+			depthList = append(depthList, d)
+		}
+		if len(depthList) != 1 && len(depthList) != *keys {
+			return usageError{fmt.Errorf("--depths: %d depths for --keys %d (want 1 or %d)", len(depthList), *keys, *keys)}
+		}
+	}
+	cfg.Policy, err = rf.policy("quest", 0)
+	if err != nil {
+		return usageError{err}
+	}
+	cfg.DecodeQuestion = *decodeQ
+	cfg.Diagnostics = !*noDiag
+	cfg.CP, cfg.TP = rf.cp, rf.tp
+	cfg.Selection, _ = engine.ParseSelection(rf.selection)
+	cfg.Workers = rf.workers
+	cfg.MemoryLimit = *rf.maxMem
+	if err := cfg.Validate(); err != nil {
+		return usageError{err}
+	}
+	// The prompts, grouped by length in the order given.
+	var groups [][]eval.Prompt
+	if *prompts != "" {
+		if flagSet(fs, "lengths") || flagSet(fs, "keys") || flagSet(fs, "depths") || flagSet(fs, "n") {
+			return usageError{errors.New("--prompts: the file gives the prompts; drop --lengths, --n, --keys and --depths")}
+		}
+		f, err := os.Open(*prompts)
+		if err != nil {
+			return usageError{fmt.Errorf("--prompts: %w", err)}
+		}
+		ps, err := eval.ReadPrompts(f)
+		f.Close()
+		if err != nil {
+			return usageError{fmt.Errorf("--prompts %s: %w", *prompts, err)}
+		}
+		for _, p := range ps {
+			i := slices.IndexFunc(groups, func(g []eval.Prompt) bool { return g[0].Length == p.Length })
+			if i < 0 {
+				groups = append(groups, nil)
+				i = len(groups) - 1
+			}
+			groups[i] = append(groups[i], p)
+		}
+	} else {
+		ls, err := evalInts("--lengths", *lengths, 64, 1<<20)
+		if err != nil {
+			return err
+		}
+		rng := rand.New(rand.NewPCG(*seed, 0x5eed))
+		for _, l := range ls {
+			var g []eval.Prompt
+			for range *n {
+				p, err := eval.Passkey(rng, l, eval.PasskeyOptions{Keys: *keys, Depths: depthList})
+				if err != nil {
+					return usageError{err}
+				}
+				g = append(g, p)
+			}
+			groups = append(groups, g)
+		}
+	}
+	longest := 0
+	for _, g := range groups {
+		for _, p := range g {
+			longest = max(longest, len(p.Context)+len(p.Question)+len(p.Answer)+1)
+		}
+	}
+	m, tok, err := rf.load()
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if mp := m.Config.MaxPositions; mp > 0 && longest > mp {
+		return usageError{fmt.Errorf("the longest prompt needs %d positions, more than the model's %d", longest, mp)}
+	}
+	h, err := eval.NewHarness(m, tok, cfg, longest)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	agg := eval.NewAggregate(cfg)
+	enc := json.NewEncoder(stdout)
+	for _, g := range groups {
+		start := time.Now()
+		for i, p := range g {
+			r, err := h.Evaluate(ctx, p)
+			if err != nil {
+				return err
+			}
+			agg.Add(r)
+			var b strings.Builder
+			fmt.Fprintf(&b, "length %d prompt %d/%d (%d tokens, depth %.2f): prefill %.1fs, decode %.1fs; answer %s, dense %s", p.Length, i+1, len(g), r.Tokens, p.Depth(), r.PrefillSeconds, r.DecodeSeconds, p.Answer, mark(r.Dense.Output, p.Answer))
+			for _, run := range r.Runs {
+				fmt.Fprintf(&b, ", %s/%d %s", run.Selector, run.Budget, mark(run.Output, p.Answer))
+			}
+			fmt.Fprintln(stderr, b.String())
+		}
+		recs := agg.Records(g[0].Length)
+		for i := range recs {
+			recs[i].Model = rf.model
+		}
+		if *asJSON {
+			for _, r := range recs {
+				if err := enc.Encode(r); err != nil {
+					return err
+				}
+			}
+		} else {
+			printEvalTable(stdout, recs)
+		}
+		fmt.Fprintf(stderr, "length %d: %d prompts in %.1fs\n", g[0].Length, len(g), time.Since(start).Seconds())
+	}
+	return nil
+}
+
+// mark shows a model's answer: the text, with a check for the expected one.
+func mark(got, want string) string {
+	if got == want {
+		return "ok"
+	}
+	return strconv.Quote(got)
+}
+
+func printEvalTable(w io.Writer, recs []eval.Record) {
+	fmt.Fprintf(w, "%-8s %-8s %6s %4s %8s %6s %8s %7s %7s  mass recall per layer (teacher-forced)\n", "length", "selector", "budget", "n", "accuracy", "agree", "pages", "rho", "1/S+K/P")
+	for _, r := range recs {
+		agree, pages, rho, formula := "-", "-", "-", "-"
+		var mass []string
+		if tf := r.TeacherForced; tf != nil {
+			agree = fmt.Sprintf("%.3f", *tf.TokenAgreement)
+			pages = fmt.Sprintf("%.3f", tf.SparsePagesFraction)
+			rho = fmt.Sprintf("%.3f", tf.SparseRho)
+			formula = fmt.Sprintf("%.3f", tf.SparseRhoFormula)
+			for _, l := range tf.Layers {
+				if l.MassRecall != nil {
+					mass = append(mass, fmt.Sprintf("%.3f", *l.MassRecall))
+				}
+			}
+		}
+		fmt.Fprintf(w, "%-8d %-8s %6d %4d %8.3f %6s %8s %7s %7s  %s\n", r.Length, r.Selector, r.Budget, r.N, r.Accuracy, agree, pages, rho, formula, strings.Join(mass, " "))
+	}
+}
+
+// evalInts parses a comma-separated list of integers in [lo, hi].
+func evalInts(flag, s string, lo, hi int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < lo || v > hi {
+			return nil, usageError{fmt.Errorf("%s: %q is not an integer in %d..%d", flag, f, lo, hi)}
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}

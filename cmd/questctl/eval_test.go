@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/questrt/questrt/eval"
+)
+
+func evalCmd(ctx context.Context, args []string, out, errb *bytes.Buffer) error {
+	return runEval(ctx, args, out, errb)
+}
+
+func TestEvalPasskey(t *testing.T) {
+	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
+	code, out, errs := call(evalCmd, "passkey", "--model", v1, "--lengths", "512,1024", "--n", "2", "--budgets", "32,4096", "--selectors", "quest,recent", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	// Per length: dense, then quest and recent at two budgets.
+	if len(lines) != 2*5 {
+		t.Fatalf("%d lines:\n%s", len(lines), out)
+	}
+	var recs []eval.Record
+	for _, l := range lines {
+		var r eval.Record
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+	if r := recs[0]; r.Length != 512 || r.Selector != "dense" || r.Budget != 0 || r.N != 2 || r.TeacherForced != nil {
+		t.Errorf("first line %+v", r)
+	}
+	if r := recs[2]; r.Selector != "quest" || r.Budget != 4096 || r.Accuracy != r.DenseAccuracy || *r.TeacherForced.TokenAgreement != 1 {
+		t.Errorf("quest at full budget %+v", r)
+	}
+	if r := recs[3]; r.Selector != "recent" || r.Budget != 32 || r.TeacherForced.PagesFraction >= 1 || len(r.TeacherForced.Layers) != 6 || r.TeacherForced.Layers[5].MassRecall == nil {
+		t.Errorf("recent at 32 %+v", r)
+	}
+	if !strings.Contains(errs, "length 1024 prompt 2/2") {
+		t.Errorf("progress on stderr:\n%s", errs)
+	}
+	// A prompts file, and the table.
+	pf := filepath.Join(t.TempDir(), "p.jsonl")
+	line, _ := json.Marshal(eval.PromptLine{Prompt: refPrompt, Answer: "48213", Length: 7})
+	if err := os.WriteFile(pf, append(line, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = call(evalCmd, "passkey", "--model", v1, "--prompts", pf, "--budgets", "64", "--decode-question")
+	if code != 0 || !strings.Contains(out, "length") || !strings.Contains(out, "quest") || !strings.Contains(out, "\n7 ") {
+		t.Fatalf("exit %d, stdout %q, stderr %s", code, out, errs)
+	}
+}
+
+func TestEvalFlags(t *testing.T) {
+	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
+	code, out, errs := call(evalCmd, "passkey", "--help")
+	if code != 0 || errs != "" || !strings.HasPrefix(out, "Usage: questctl eval passkey") || !strings.Contains(out, "Flags:") {
+		t.Errorf("--help: exit %d, stderr %q, stdout %.60q", code, errs, out)
+	}
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{nil, "passkey"},
+		{[]string{"ruler"}, "ruler"},
+		{[]string{"passkey"}, "--model"},
+		{[]string{"passkey", "--model", v1, "--lengths", "2048,x"}, "--lengths"},
+		{[]string{"passkey", "--model", v1, "--budgets", "8"}, "--budgets"},
+		{[]string{"passkey", "--model", v1, "--selectors", "dense"}, "--selectors"},
+		{[]string{"passkey", "--model", v1, "--n", "0"}, "--n"},
+		{[]string{"passkey", "--model", v1, "--keys", "11"}, "--keys"},
+		{[]string{"passkey", "--model", v1, "--depths", "1.5"}, "--depths"},
+		{[]string{"passkey", "--model", v1, "--keys", "2", "--depths", "0.1,0.2,0.3"}, "--depths"},
+		{[]string{"passkey", "--model", v1, "--prompts", "/nonexistent"}, "--prompts"},
+		{[]string{"passkey", "--model", v1, "--lengths", "40000"}, "positions"},
+		{[]string{"passkey", "--model", v1, "--bogus"}, "bogus"},
+	} {
+		code, out, errs := call(evalCmd, c.args...)
+		if code != 2 || out != "" || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, c.flag) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q (want exit 2 naming %s)", c.args, code, out, errs, c.flag)
+		}
+	}
+}

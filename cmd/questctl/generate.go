@@ -1,0 +1,399 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
+)
+
+// runFlags are the model and runtime flags that generate and eval share.
+type runFlags struct {
+	model       string
+	pageSize    int
+	sink, local int
+	denseLayers int
+	gqa         string
+	cp, tp      int
+	selection   string
+	workers     int
+	maxMem      *int64
+}
+
+func addRunFlags(fs *flag.FlagSet) *runFlags {
+	f := &runFlags{}
+	p := plan.DefaultPolicy()
+	fs.StringVar(&f.model, "model", "", "checkpoint directory: config.json and model.safetensors (or a sharded index); required")
+	fs.IntVar(&f.pageSize, "page-size", p.PageSize, "tokens per page S (1..4096)")
+	fs.IntVar(&f.sink, "sink", p.SinkPages, "first pages always read (0..)")
+	fs.IntVar(&f.local, "local", p.LocalPages, "last pages always read, the tail page included (0..)")
+	fs.IntVar(&f.denseLayers, "dense-layers", p.DenseLayers, "leading layers that always attend densely (0..)")
+	fs.StringVar(&f.gqa, "gqa", "group_max", "GQA page sharing: group_max or per_head")
+	fs.IntVar(&f.cp, "cp", 1, "context-parallel shards in process (1..64)")
+	fs.IntVar(&f.tp, "tp", 1, "tensor-parallel shards in process (divides the model's KV heads)")
+	fs.StringVar(&f.selection, "selection", "exact", "CP selection: exact, union or replicated")
+	fs.IntVar(&f.workers, "workers", 0, "goroutines of the model's matrix products and prefill attention (0: GOMAXPROCS)")
+	f.maxMem = maxMemoryFlag(fs)
+	return f
+}
+
+// check validates the shared flags; each error names its flag.
+func (f *runFlags) check() error {
+	switch {
+	case f.model == "":
+		return errors.New("--model is required (a checkpoint directory)")
+	case f.pageSize < 1 || f.pageSize > 4096:
+		return fmt.Errorf("--page-size %d: want 1..4096", f.pageSize)
+	case f.sink < 0:
+		return fmt.Errorf("--sink %d: want 0 or more pages", f.sink)
+	case f.local < 0:
+		return fmt.Errorf("--local %d: want 0 or more pages", f.local)
+	case f.denseLayers < 0:
+		return fmt.Errorf("--dense-layers %d: want 0 or more", f.denseLayers)
+	case f.cp < 1 || f.cp > 64:
+		return fmt.Errorf("--cp %d: want 1..64", f.cp)
+	case f.tp < 1 || f.tp > 64:
+		return fmt.Errorf("--tp %d: want 1..64", f.tp)
+	case f.workers < 0 || f.workers > 256:
+		return fmt.Errorf("--workers %d: want 0..256", f.workers)
+	}
+	if _, err := plan.ParseGQAMode(f.gqa); err != nil {
+		return fmt.Errorf("--gqa: %w", err)
+	}
+	if _, err := engine.ParseSelection(f.selection); err != nil {
+		return fmt.Errorf("--selection: %w", err)
+	}
+	return nil
+}
+
+// policy is the selection policy of the flags for one selector and budget
+// (budget 0: a budget of one page, overridden per request).
+func (f *runFlags) policy(selector string, budget int) (plan.Policy, error) {
+	p := plan.DefaultPolicy()
+	p.PageSize, p.SinkPages, p.LocalPages, p.DenseLayers = f.pageSize, f.sink, f.local, f.denseLayers
+	p.BudgetTokens = max(budget, f.pageSize)
+	p.GQA, _ = plan.ParseGQAMode(f.gqa)
+	sel, err := plan.ParseSelector(selector)
+	if err != nil {
+		return p, fmt.Errorf("--selector: %w", err)
+	}
+	p.Selector = sel
+	return p, p.Validate()
+}
+
+// load opens the checkpoint and its byte tokenizer.
+func (f *runFlags) load() (*model.Model, model.Tokenizer, error) {
+	m, err := model.Load(f.model, model.LoadOptions{MemoryLimit: *f.maxMem, Workers: f.workers})
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, model.ErrConfig) || errors.Is(err, model.ErrUnsupported) {
+			return nil, nil, usageError{fmt.Errorf("--model %s: %w", f.model, err)}
+		}
+		return nil, nil, err
+	}
+	m.MemoryLimit = *f.maxMem
+	tok, err := model.NewByteTokenizer(m.Config)
+	if err != nil {
+		m.Close()
+		return nil, nil, usageError{fmt.Errorf("--model %s: %w (only byte-level tokenizers are supported)", f.model, err)}
+	}
+	return m, tok, nil
+}
+
+// engine builds an in-process engine for m with policy p and room for
+// seqs sequences of tokens tokens each.
+func (f *runFlags) engine(m *model.Model, p plan.Policy, tokens, seqs int) (*engine.Engine, error) {
+	pages := (tokens + f.pageSize - 1) / f.pageSize
+	per := (pages+f.cp-1)/f.cp + 2
+	cfg := model.EngineConfig(m.Geometry(), p, per*seqs)
+	cfg.CP, cfg.TP = f.cp, f.tp
+	cfg.Selection, _ = engine.ParseSelection(f.selection)
+	cfg.MemoryLimit = *f.maxMem
+	if err := cfg.Validate(); err != nil {
+		return nil, usageError{err}
+	}
+	return engine.New(cfg)
+}
+
+// genStep is one generated token in generate's JSON summary.
+type genStep struct {
+	Step       int     `json:"step"`
+	Token      int     `json:"token"`
+	Text       string  `json:"text"`
+	PagesRead  int     `json:"pages_read"`
+	PagesTotal int     `json:"pages_total"`
+	Rho        float64 `json:"rho"`
+	RhoFormula float64 `json:"rho_formula"`
+	SparseRho  float64 `json:"sparse_rho,omitempty"`
+	StepUS     float64 `json:"step_us"`
+	AttnUS     float64 `json:"attention_us"`
+	ScoreUS    float64 `json:"score_us"`
+	TopKUS     float64 `json:"topk_us"`
+	SelectUS   float64 `json:"select_us"`
+	AttendUS   float64 `json:"attend_us"`
+	MergeUS    float64 `json:"merge_us"`
+	FusedUS    float64 `json:"fused_us"`
+	Recall     float64 `json:"recall,omitempty"`
+	MassRecall float64 `json:"mass_recall,omitempty"`
+}
+
+// genRun is one decode run (the selected policy, or the dense baseline).
+type genRun struct {
+	Selector       string    `json:"selector"`
+	Budget         int       `json:"budget"`
+	Text           string    `json:"text"`
+	Tokens         []int     `json:"tokens"`
+	DecodeSteps    int       `json:"decode_steps"`
+	DecodeSeconds  float64   `json:"decode_seconds"`
+	TokensPerS     float64   `json:"tokens_per_s"`
+	AttentionShare float64   `json:"attention_share"`
+	PagesRead      int       `json:"pages_read"`
+	PagesTotal     int       `json:"pages_total"`
+	Rho            float64   `json:"rho"`
+	RhoFormula     float64   `json:"rho_formula"`
+	Steps          []genStep `json:"steps"`
+}
+
+// genSummary is generate's --json output.
+type genSummary struct {
+	Model          string  `json:"model"`
+	PromptTokens   int     `json:"prompt_tokens"`
+	PageSize       int     `json:"page_size"`
+	DenseLayers    int     `json:"dense_layers"`
+	CP             int     `json:"cp"`
+	TP             int     `json:"tp"`
+	PrefillSeconds float64 `json:"prefill_seconds"`
+	PrefillTokensS float64 `json:"prefill_tokens_per_s"`
+	genRun
+	Dense   *genRun `json:"dense,omitempty"`
+	Speedup float64 `json:"speedup_vs_dense,omitempty"`
+}
+
+func runGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("generate", `Usage: questctl generate --model DIR --prompt TEXT|--prompt-file F [flags]
+
+Loads a Llama checkpoint (byte tokenizer), prefills the prompt (BOS first)
+with dense attention into the in-process engine's KV pages, then decodes
+up to --max-tokens tokens, each decode step running every layer through
+the engine's page selection (--selector, --budget; the first
+--dense-layers layers stay dense). The text streams to stdout as it is
+produced; per-step pages read vs total, bytes read vs dense (rho, next to
+the formula 1/S + K/P) and phase times go to stderr, then a summary:
+prefill and decode tokens/s and the share of decode time spent in
+attention. --compare-dense decodes a second time from the same prefill
+(a fork of the sequence) with dense attention and reports both speeds
+and the speedup. --json prints one JSON object on stdout instead of the
+text (progress stays on stderr).`)
+	rf := addRunFlags(fs)
+	prompt := fs.String("prompt", "", "prompt text")
+	promptFile := fs.String("prompt-file", "", "file holding the prompt text (instead of --prompt)")
+	maxTokens := fs.Int("max-tokens", 32, "most tokens to generate (1..1000000)")
+	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
+	topP := fs.Float64("top-p", 1, "nucleus sampling: keep the most likely tokens up to this probability (0..1; 1: all)")
+	seed := fs.Uint64("seed", 0, "sampling seed")
+	budget := fs.Int("budget", plan.DefaultPolicy().BudgetTokens, "token budget B per KV head and step (page budget K = B/S; at least --page-size)")
+	selector := fs.String("selector", "quest", "page selector of decode steps: quest, oracle, recent or dense")
+	noStop := fs.Bool("no-stop", false, "keep generating after EOS")
+	compare := fs.Bool("compare-dense", false, "also decode from the same prefill with dense attention and report the speedup")
+	diag := fs.Bool("diagnostics", false, "measure every sparse step against dense attention (recall of the dense top-10 tokens, attention-mass recall; costs a dense pass per layer)")
+	asJSON := fs.Bool("json", false, "print a JSON summary on stdout instead of the text")
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if err := rf.check(); err != nil {
+		return usageError{err}
+	}
+	switch {
+	case *maxTokens < 1 || *maxTokens > 1000000:
+		return usageError{fmt.Errorf("--max-tokens %d: want 1..1000000", *maxTokens)}
+	case *budget < rf.pageSize:
+		return usageError{fmt.Errorf("--budget %d: want at least one page (--page-size %d)", *budget, rf.pageSize)}
+	case flagSet(fs, "prompt") == flagSet(fs, "prompt-file"):
+		return usageError{errors.New("--prompt or --prompt-file: give exactly one")}
+	}
+	sampler, err := model.NewSampler(*temperature, *topP, *seed)
+	if err != nil {
+		return usageError{fmt.Errorf("--temperature/--top-p: %w", err)}
+	}
+	pol, err := rf.policy(*selector, *budget)
+	if err != nil {
+		return usageError{err}
+	}
+	text := *prompt
+	if *promptFile != "" {
+		b, err := os.ReadFile(*promptFile)
+		if err != nil {
+			return usageError{fmt.Errorf("--prompt-file: %w", err)}
+		}
+		text = string(b)
+	}
+	m, tok, err := rf.load()
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	ids := append([]int{tok.BOS()}, tok.Encode(text)...)
+	total := len(ids) + *maxTokens
+	if mp := m.Config.MaxPositions; mp > 0 && total > mp {
+		return usageError{fmt.Errorf("--max-tokens %d: the prompt's %d tokens plus %d exceed the model's %d positions", *maxTokens, len(ids), *maxTokens, mp)}
+	}
+	seqs := 1
+	if *compare {
+		seqs = 3
+	}
+	eng, err := rf.engine(m, pol, total, seqs)
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	attn, err := model.NewEngineAttention(eng, m.Geometry())
+	if err != nil {
+		return err
+	}
+	attn.Workers = rf.workers
+	fmt.Fprintf(stderr, "prefill: %d tokens (%s, %d layers, %d/%d heads of %d) ...\n", len(ids), rf.model, m.Config.Layers, m.Config.Heads, m.Config.KVHeads, m.Config.HeadDim)
+	var pre model.Timing
+	logits, err := m.Forward(ctx, attn, ids, model.ForwardOptions{Timing: &pre})
+	if err != nil {
+		return err
+	}
+	sum := genSummary{Model: rf.model, PromptTokens: len(ids), PageSize: rf.pageSize, DenseLayers: rf.denseLayers, CP: rf.cp, TP: rf.tp,
+		PrefillSeconds: pre.Total.Seconds(), PrefillTokensS: float64(len(ids)) / pre.Total.Seconds()}
+	fmt.Fprintf(stderr, "prefill: %d tokens in %.2fs (%.0f tokens/s, attention %.0f%%)\n", len(ids), pre.Total.Seconds(), sum.PrefillTokensS, 100*pre.Attention.Seconds()/pre.Total.Seconds())
+	var base *model.EngineAttention
+	if *compare {
+		if base, err = attn.Fork(); err != nil {
+			return err
+		}
+	}
+	if *diag {
+		attn.Options.Diagnostics = true
+	}
+	gopt := model.GenerateOptions{MaxTokens: *maxTokens, Sampler: sampler}
+	if !*noStop {
+		gopt.StopTokens = []int{tok.EOS()}
+	}
+	stream := stdout
+	if *asJSON {
+		stream = io.Discard
+	}
+	run, err := decode(ctx, m, tok, attn, logits, gopt, pol, *budget, stream, stderr)
+	if err != nil {
+		return err
+	}
+	if !*asJSON {
+		fmt.Fprintln(stdout)
+	}
+	sum.genRun = run
+	report(stderr, "decode", &run)
+	if *compare {
+		base.Options.ForceDense = true
+		s2, _ := model.NewSampler(*temperature, *topP, *seed)
+		gopt.Sampler = s2
+		fmt.Fprintln(stderr, "dense baseline: decoding again from the same prefill with every page read ...")
+		d, err := decode(ctx, m, tok, base, logits, gopt, pol, 0, io.Discard, stderr)
+		if err != nil {
+			return err
+		}
+		d.Selector = "dense"
+		report(stderr, "dense", &d)
+		sum.Dense = &d
+		if d.TokensPerS > 0 {
+			sum.Speedup = run.TokensPerS / d.TokensPerS
+			fmt.Fprintf(stderr, "speedup vs dense: %.2fx tokens/s (same %d-token prefill)\n", sum.Speedup, len(ids))
+		}
+		if d.Text != run.Text {
+			fmt.Fprintf(stderr, "note: dense attention generated %q\n", d.Text)
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		return enc.Encode(sum)
+	}
+	return nil
+}
+
+// decode continues a prefilled sequence, streaming the text to out and a
+// line per step to log.
+func decode(ctx context.Context, m *model.Model, tok model.Tokenizer, attn *model.EngineAttention, logits []float32, opt model.GenerateOptions, pol plan.Policy, budget int, out, log io.Writer) (genRun, error) {
+	run := genRun{Selector: pol.Selector.String(), Budget: budget}
+	var dec model.Timing
+	opt.Decode = &dec
+	last := time.Now()
+	var read, dense, rhoF float64
+	opt.OnToken = func(i, id int) error {
+		now := time.Now()
+		s := tok.Decode([]int{id})
+		fmt.Fprint(out, s)
+		st := genStep{Step: i, Token: id, Text: s}
+		if i > 0 {
+			sm := model.Summarize(attn.Steps(), pol.PageSize)
+			st.PagesRead, st.PagesTotal = sm.PagesRead, sm.PagesTotal
+			st.Rho, st.RhoFormula, st.SparseRho = sm.Rho, sm.RhoFormula, sm.SparseRho
+			st.StepUS = us(now.Sub(last))
+			st.ScoreUS, st.TopKUS, st.SelectUS, st.AttendUS, st.MergeUS, st.FusedUS, st.AttnUS =
+				us(sm.Score), us(sm.TopK), us(sm.Select), us(sm.Attend), us(sm.Merge), us(sm.Fused), us(sm.Total)
+			if attn.Options.Diagnostics {
+				var n int
+				for _, ls := range attn.Steps() {
+					if !ls.Plan.Dense {
+						st.Recall += ls.Recall
+						st.MassRecall += ls.MassRecall
+						n++
+					}
+				}
+				if n > 0 {
+					st.Recall /= float64(n)
+					st.MassRecall /= float64(n)
+				}
+			}
+			read += sm.Rho * float64(sm.PagesTotal)
+			dense += float64(sm.PagesTotal)
+			rhoF += sm.RhoFormula
+			run.PagesRead += sm.PagesRead
+			run.PagesTotal += sm.PagesTotal
+			fmt.Fprintf(log, "step %d %s: pages %d/%d (%.1f%%), rho %.3f (formula %.3f), step %.1f ms, attention %.1f ms\n",
+				i, strconv.Quote(s), st.PagesRead, st.PagesTotal, 100*float64(st.PagesRead)/float64(max(st.PagesTotal, 1)), st.Rho, st.RhoFormula, st.StepUS/1e3, st.AttnUS/1e3)
+		}
+		run.Steps = append(run.Steps, st)
+		run.Tokens = append(run.Tokens, id)
+		last = time.Now()
+		return nil
+	}
+	if _, err := m.Continue(ctx, attn, logits, opt); err != nil {
+		return run, err
+	}
+	run.Text = tok.Decode(run.Tokens)
+	run.DecodeSteps = len(run.Tokens) - 1
+	run.DecodeSeconds = dec.Total.Seconds()
+	if dec.Total > 0 {
+		run.TokensPerS = float64(run.DecodeSteps) / dec.Total.Seconds()
+		run.AttentionShare = dec.Attention.Seconds() / dec.Total.Seconds()
+	}
+	if dense > 0 {
+		run.Rho = read / dense
+		run.RhoFormula = rhoF / float64(run.DecodeSteps)
+	}
+	return run, nil
+}
+
+func report(w io.Writer, what string, r *genRun) {
+	if r.DecodeSteps == 0 {
+		fmt.Fprintf(w, "%s: one token from the prefill, no decode step\n", what)
+		return
+	}
+	fmt.Fprintf(w, "%s (%s): %d steps in %.2fs, %.2f tokens/s, attention %.0f%% of step time; pages read %d of %d (%.1f%%), rho %.3f (formula %.3f)\n",
+		what, r.Selector, r.DecodeSteps, r.DecodeSeconds, r.TokensPerS, 100*r.AttentionShare,
+		r.PagesRead, r.PagesTotal, 100*float64(r.PagesRead)/math.Max(float64(r.PagesTotal), 1), r.Rho, r.RhoFormula)
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

@@ -1,0 +1,254 @@
+package eval
+
+import (
+	"slices"
+
+	"github.com/questrt/questrt/plan"
+)
+
+// Record is one JSON line of `questctl eval passkey`: one (length,
+// selector, budget) over the prompts of that length. Budget 0 is the
+// dense baseline.
+type Record struct {
+	Model    string `json:"model,omitempty"`
+	Length   int    `json:"length"`
+	Selector string `json:"selector"`
+	Budget   int    `json:"budget"`
+	N        int    `json:"n"`
+	// Accuracy is the share of prompts whose free-running greedy answer
+	// equals the expected one; DenseAccuracy the same for the dense
+	// baseline on the same prompts.
+	Accuracy      float64 `json:"accuracy"`
+	Correct       int     `json:"correct"`
+	DenseAccuracy float64 `json:"dense_accuracy"`
+	// SparseOnlyFailures counts prompts the dense baseline answered and
+	// this policy did not (failures of the selection, not the model).
+	SparseOnlyFailures int     `json:"sparse_only_failures"`
+	MeanTokens         float64 `json:"mean_tokens"`
+	PageSize           int     `json:"page_size"`
+	DenseLayers        int     `json:"dense_layers"`
+	Sink               int     `json:"sink"`
+	Local              int     `json:"local"`
+	GQA                string  `json:"gqa"`
+	DecodeQuestion     bool    `json:"decode_question"`
+	// FreeRunning and TeacherForced summarize the decode steps.
+	FreeRunning   *Phase `json:"free_running,omitempty"`
+	TeacherForced *Phase `json:"teacher_forced,omitempty"`
+}
+
+// Phase summarizes the decode steps of one mode.
+type Phase struct {
+	Steps int `json:"steps"`
+	// TokenAgreement is the share of answer positions where the policy's
+	// argmax equals the dense answer's token (teacher-forced).
+	TokenAgreement *float64 `json:"token_agreement,omitempty"`
+	// KLMean is the mean KL(dense || policy) of the next-token
+	// distributions over aligned steps; MaxLogitErr the largest absolute
+	// logit difference (teacher-forced).
+	KLMean      *float64 `json:"kl_mean,omitempty"`
+	MaxLogitErr *float64 `json:"max_logit_err,omitempty"`
+	// PagesRead / PagesTotal are (layer, KV head, page) reads over the
+	// steps; Rho the bytes read (K/V plus scanned summaries) over dense
+	// bytes, next to RhoFormula, the mean of 1/S + K/P (1 on dense
+	// layers).
+	PagesRead     int     `json:"pages_read"`
+	PagesTotal    int     `json:"pages_total"`
+	PagesFraction float64 `json:"pages_fraction"`
+	Rho           float64 `json:"rho"`
+	RhoFormula    float64 `json:"rho_formula"`
+	// SparsePagesFraction, SparseRho and SparseRhoFormula are the same
+	// over the layers at or past the policy's dense layers (0 when there
+	// are none).
+	SparsePagesFraction float64       `json:"sparse_pages_fraction"`
+	SparseRho           float64       `json:"sparse_rho"`
+	SparseRhoFormula    float64       `json:"sparse_rho_formula"`
+	Layers              []LayerRecord `json:"layers"`
+}
+
+// LayerRecord is one layer's statistics averaged over decode steps.
+type LayerRecord struct {
+	Layer int `json:"layer"`
+	// DenseShare is the share of steps whose plan was dense (dense
+	// layers, budgets covering the context).
+	DenseShare float64 `json:"dense_share"`
+	PagesRead  int     `json:"pages_read"`
+	PagesTotal int     `json:"pages_total"`
+	RhoFormula float64 `json:"rho_formula"`
+	// Recall of the dense top-R tokens and attention-mass recall 1 - eps
+	// (mean over query heads, then steps; MinMassRecall: the worst head,
+	// averaged; WorstMassRecall: the worst head of any step).
+	Recall          *float64 `json:"recall,omitempty"`
+	MassRecall      *float64 `json:"mass_recall,omitempty"`
+	MinMassRecall   *float64 `json:"min_mass_recall,omitempty"`
+	WorstMassRecall *float64 `json:"worst_mass_recall,omitempty"`
+	// Cosine is the output's cosine with dense attention, mean over
+	// heads; HeadCosine and HeadRelL2 per query head.
+	Cosine     *float64  `json:"cosine,omitempty"`
+	HeadCosine []float64 `json:"head_cosine,omitempty"`
+	HeadRelL2  []float64 `json:"head_rel_l2,omitempty"`
+}
+
+// Key names one row of the results.
+type Key struct {
+	Length   int
+	Selector plan.Selector
+	Budget   int
+}
+
+type acc struct {
+	n, correct, denseCorrect, sparseOnly, tokens int
+	free, teacher                                Steps
+}
+
+// Aggregate gathers prompt results into records.
+type Aggregate struct {
+	cfg  Config
+	by   map[Key]*acc
+	keys []Key
+}
+
+// NewAggregate starts an empty aggregate for runs of cfg.
+func NewAggregate(cfg Config) *Aggregate { return &Aggregate{cfg: cfg, by: map[Key]*acc{}} }
+
+func (a *Aggregate) get(k Key) *acc {
+	x, ok := a.by[k]
+	if !ok {
+		x = &acc{}
+		a.by[k] = x
+		a.keys = append(a.keys, k)
+	}
+	return x
+}
+
+// Add takes one prompt's results.
+func (a *Aggregate) Add(r *PromptResult) {
+	l := r.Prompt.Length
+	add := func(k Key, run Run) {
+		x := a.get(k)
+		x.n++
+		x.tokens += r.Tokens
+		if run.Correct {
+			x.correct++
+		}
+		if r.Dense.Correct {
+			x.denseCorrect++
+			if !run.Correct {
+				x.sparseOnly++
+			}
+		}
+		x.free.merge(run.Free)
+		x.teacher.merge(run.Teacher)
+	}
+	add(Key{l, plan.Dense, 0}, r.Dense)
+	for _, run := range r.Runs {
+		add(Key{l, run.Selector, run.Budget}, run)
+	}
+}
+
+// Records returns the rows of one length (all lengths when length < 0)
+// in the order they were first seen: the dense baseline, then each
+// selector's budgets.
+func (a *Aggregate) Records(length int) []Record {
+	var out []Record
+	for _, k := range a.keys {
+		if length >= 0 && k.Length != length {
+			continue
+		}
+		x := a.by[k]
+		p := a.cfg.Policy
+		rec := Record{Length: k.Length, Selector: k.Selector.String(), Budget: k.Budget, N: x.n, Correct: x.correct,
+			Accuracy: frac(x.correct, x.n), DenseAccuracy: frac(x.denseCorrect, x.n), SparseOnlyFailures: x.sparseOnly,
+			MeanTokens: float64(x.tokens) / float64(max(x.n, 1)), PageSize: p.PageSize, DenseLayers: p.DenseLayers,
+			Sink: p.SinkPages, Local: p.LocalPages, GQA: p.GQA.String(), DecodeQuestion: a.cfg.DecodeQuestion}
+		if k.Selector == plan.Dense {
+			rec.DenseLayers = 0
+		}
+		rec.FreeRunning = phase(x.free, p.PageSize, p.DenseLayers, false)
+		if k.Selector != plan.Dense {
+			rec.TeacherForced = phase(x.teacher, p.PageSize, p.DenseLayers, true)
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+// Lengths returns the lengths seen, in order.
+func (a *Aggregate) Lengths() []int {
+	var ls []int
+	for _, k := range a.keys {
+		if !slices.Contains(ls, k.Length) {
+			ls = append(ls, k.Length)
+		}
+	}
+	return ls
+}
+
+func frac(a, b int) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func ptr(x float64) *float64 { return &x }
+
+func phase(s Steps, pageSize, denseLayers int, teacher bool) *Phase {
+	if s.Steps == 0 {
+		return nil
+	}
+	ph := &Phase{Steps: s.Steps}
+	if teacher {
+		ph.TokenAgreement = ptr(frac(s.Agree, s.Answer))
+		ph.KLMean = ptr(s.KL / float64(max(s.KLSteps, 1)))
+		ph.MaxLogitErr = ptr(s.MaxLogitErr)
+	}
+	var read, dense, rhoF float64
+	var sRead, sDense, sRhoF float64
+	var sPages, sTotal, nSparse int
+	for i, l := range s.Layers {
+		lr := LayerRecord{Layer: i, DenseShare: frac(l.Dense, l.Steps), PagesRead: l.PagesRead, PagesTotal: l.PagesTotal,
+			RhoFormula: l.RhoFormula / float64(max(l.Steps, 1))}
+		if l.DiagSteps > 0 {
+			n := float64(l.DiagSteps)
+			lr.Recall, lr.MassRecall, lr.MinMassRecall, lr.WorstMassRecall = ptr(l.Recall/n), ptr(l.Mass/n), ptr(l.MinMass/n), ptr(l.WorstMass)
+		}
+		if l.Cosine != nil {
+			n := float64(l.Steps)
+			var c float64
+			for h := range l.Cosine {
+				lr.HeadCosine = append(lr.HeadCosine, l.Cosine[h]/n)
+				lr.HeadRelL2 = append(lr.HeadRelL2, l.RelL2[h]/n)
+				c += l.Cosine[h] / n
+			}
+			lr.Cosine = ptr(c / float64(len(l.Cosine)))
+		}
+		ph.Layers = append(ph.Layers, lr)
+		ph.PagesRead += l.PagesRead
+		ph.PagesTotal += l.PagesTotal
+		b := float64(l.PagesRead) + float64(l.SparseTotal)/float64(pageSize)
+		read += b
+		dense += float64(l.PagesTotal)
+		rhoF += lr.RhoFormula
+		if i >= denseLayers {
+			sRead += b
+			sDense += float64(l.PagesTotal)
+			sRhoF += lr.RhoFormula
+			sPages += l.PagesRead
+			sTotal += l.PagesTotal
+			nSparse++
+		}
+	}
+	if nSparse > 0 && sDense > 0 {
+		ph.SparsePagesFraction = frac(sPages, sTotal)
+		ph.SparseRho = sRead / sDense
+		ph.SparseRhoFormula = sRhoF / float64(nSparse)
+	}
+	ph.PagesFraction = frac(ph.PagesRead, ph.PagesTotal)
+	if dense > 0 {
+		ph.Rho = read / dense
+	}
+	if len(s.Layers) > 0 {
+		ph.RhoFormula = rhoF / float64(len(s.Layers))
+	}
+	return ph
+}

@@ -1,0 +1,269 @@
+package model
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Attention is the KV cache and the attention of one sequence. The model
+// hands it post-RoPE queries, keys and values layer by layer: a forward
+// pass over n tokens calls layers 0..L-1 in order, each with the same n
+// tokens, so between passes every layer holds Len tokens. Implementations
+// are not safe for concurrent use.
+type Attention interface {
+	// Len is the number of tokens every layer holds.
+	Len() int
+	// Prefill appends n tokens' keys and values to layer (k, v:
+	// [n][KVHeads][HeadDim]) and writes the causal dense attention of their
+	// queries (q: [n][Heads][HeadDim]) into out ([n][Heads][HeadDim]):
+	// each token attends to every earlier token of the sequence and to
+	// itself.
+	Prefill(ctx context.Context, layer int, q, k, v, out []float32) error
+	// Decode appends one token's k and v to layer and writes its query's
+	// attention over the sequence into out, reading the pages the
+	// implementation selects (all of them for a dense one).
+	Decode(ctx context.Context, layer int, q, k, v, out []float32) error
+}
+
+// Geometry is the attention shape of a model.
+type Geometry struct {
+	Layers, Heads, KVHeads, HeadDim int
+}
+
+// Geometry returns the model's attention shape.
+func (c Config) Geometry() Geometry {
+	return Geometry{Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
+}
+
+// check validates one call's buffers for n tokens.
+func (g Geometry) check(layer, n int, q, k, v, out []float32) error {
+	qn, kvn := n*g.Heads*g.HeadDim, n*g.KVHeads*g.HeadDim
+	switch {
+	case layer < 0 || layer >= g.Layers:
+		return fmt.Errorf("attention: layer %d outside 0..%d", layer, g.Layers-1)
+	case n < 1 || len(q) != qn || len(out) != qn || len(k) != kvn || len(v) != kvn:
+		return fmt.Errorf("attention: q %d, k %d, v %d, out %d floats for %d tokens of %d query and %d KV heads of %d", len(q), len(k), len(v), len(out), n, g.Heads, g.KVHeads, g.HeadDim)
+	}
+	return nil
+}
+
+// tokens returns how many tokens q holds.
+func (g Geometry) tokens(q []float32) int { return len(q) / (g.Heads * g.HeadDim) }
+
+// Reference is a dense attention over a KV cache held in float32, with
+// every dot product and softmax accumulated in float64: the naive
+// reference that the engine adapter and the fast kernels are tested
+// against. It is slow (no tiling, one goroutine).
+type Reference struct {
+	g    Geometry
+	k, v [][]float32 // per layer: [tokens][KVHeads][HeadDim]
+}
+
+// NewReference returns an empty reference cache for geometry g.
+func NewReference(g Geometry) *Reference {
+	return &Reference{g: g, k: make([][]float32, g.Layers), v: make([][]float32, g.Layers)}
+}
+
+// Len returns the tokens of the last layer.
+func (r *Reference) Len() int { return len(r.k[r.g.Layers-1]) / (r.g.KVHeads * r.g.HeadDim) }
+
+// Prefill appends and attends causally in float64.
+func (r *Reference) Prefill(ctx context.Context, layer int, q, k, v, out []float32) error {
+	n := r.g.tokens(q)
+	if err := r.g.check(layer, n, q, k, v, out); err != nil {
+		return err
+	}
+	r.k[layer] = append(r.k[layer], k...)
+	r.v[layer] = append(r.v[layer], v...)
+	total := len(r.k[layer]) / (r.g.KVHeads * r.g.HeadDim)
+	base := total - n
+	d, grp := r.g.HeadDim, r.g.Heads/r.g.KVHeads
+	scale := 1 / math.Sqrt(float64(d))
+	w := make([]float64, total)
+	acc := make([]float64, d)
+	for i := range n {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		pos := base + i
+		for h := range r.g.Heads {
+			kvh := h / grp
+			qh := q[(i*r.g.Heads+h)*d:][:d]
+			m := math.Inf(-1)
+			for t := 0; t <= pos; t++ {
+				kt := r.k[layer][(t*r.g.KVHeads+kvh)*d:][:d]
+				var s float64
+				for j := range d {
+					s += float64(qh[j]) * float64(kt[j])
+				}
+				w[t] = s * scale
+				m = max(m, w[t])
+			}
+			var sum float64
+			clear(acc)
+			for t := 0; t <= pos; t++ {
+				e := math.Exp(w[t] - m)
+				sum += e
+				vt := r.v[layer][(t*r.g.KVHeads+kvh)*d:][:d]
+				for j := range d {
+					acc[j] += e * float64(vt[j])
+				}
+			}
+			o := out[(i*r.g.Heads+h)*d:][:d]
+			for j := range d {
+				o[j] = float32(acc[j] / sum)
+			}
+		}
+	}
+	return nil
+}
+
+// Decode is Prefill of one token.
+func (r *Reference) Decode(ctx context.Context, layer int, q, k, v, out []float32) error {
+	if r.g.tokens(q) != 1 {
+		return errors.New("attention: decode takes one token")
+	}
+	return r.Prefill(ctx, layer, q, k, v, out)
+}
+
+// KV returns layer's cached keys and values ([tokens][KVHeads][HeadDim]),
+// in place.
+func (r *Reference) KV(layer int) (k, v []float32) { return r.k[layer], r.v[layer] }
+
+// Dense is a dense attention over a KV cache held in float32, computed with
+// the tiled float32 kernel of the prefill path on workers goroutines: the
+// fast full-attention baseline, and a recorder of the keys and values to
+// load into another Attention (see EngineAttention.Load).
+type Dense struct {
+	g       Geometry
+	workers int
+	k, v    [][]float32
+}
+
+// NewDense returns an empty dense cache (workers 0: GOMAXPROCS).
+func NewDense(g Geometry, workers int) *Dense {
+	return &Dense{g: g, workers: workers, k: make([][]float32, g.Layers), v: make([][]float32, g.Layers)}
+}
+
+// Len returns the tokens of the last layer.
+func (a *Dense) Len() int { return len(a.k[a.g.Layers-1]) / (a.g.KVHeads * a.g.HeadDim) }
+
+// Prefill appends and attends causally.
+func (a *Dense) Prefill(ctx context.Context, layer int, q, k, v, out []float32) error {
+	n := a.g.tokens(q)
+	if err := a.g.check(layer, n, q, k, v, out); err != nil {
+		return err
+	}
+	a.k[layer] = append(a.k[layer], k...)
+	a.v[layer] = append(a.v[layer], v...)
+	base := len(a.k[layer])/(a.g.KVHeads*a.g.HeadDim) - n
+	return causalAttention(ctx, a.workers, a.g, q, n, a.k[layer], a.v[layer], base, out)
+}
+
+// Decode is Prefill of one token.
+func (a *Dense) Decode(ctx context.Context, layer int, q, k, v, out []float32) error {
+	if a.g.tokens(q) != 1 {
+		return errors.New("attention: decode takes one token")
+	}
+	return a.Prefill(ctx, layer, q, k, v, out)
+}
+
+// KV returns layer's cached keys and values ([tokens][KVHeads][HeadDim]),
+// in place.
+func (a *Dense) KV(layer int) (k, v []float32) { return a.k[layer], a.v[layer] }
+
+// Tiles of the causal kernel: a block of qBlock positions (times the
+// query heads of one KV head) passes over the keys keyTile at a time, so
+// each key and value tile is read from memory once per block.
+const (
+	qBlock  = 16
+	keyTile = 32
+)
+
+// causalAttention writes into out the attention of n queries (q:
+// [n][Heads][D]) at positions base..base+n-1 over the keys and values k, v
+// ([base+n][KVHeads][D]), each query seeing positions up to its own. It
+// is a tiled online-softmax (flash-attention style) float32 kernel over
+// the AVX2 loops of vec_amd64.s.
+func causalAttention(ctx context.Context, workers int, g Geometry, q []float32, n int, k, v []float32, base int, out []float32) error {
+	d, grp := g.HeadDim, g.Heads/g.KVHeads
+	blocks := (n + qBlock - 1) / qBlock
+	units := g.KVHeads * blocks
+	scale := float32(1 / math.Sqrt(float64(d)))
+	type scratch struct {
+		s    []float32 // [keyTile]
+		acc  []float32 // [rows][D]
+		m, l []float32 // [rows]
+		stop bool
+	}
+	nw := workers
+	if nw <= 0 {
+		nw = defaultWorkers()
+	}
+	scr := make([]scratch, nw)
+	for i := range scr {
+		scr[i] = scratch{s: make([]float32, keyTile),
+			acc: make([]float32, qBlock*grp*d), m: make([]float32, qBlock*grp), l: make([]float32, qBlock*grp)}
+	}
+	stride := g.KVHeads * d
+	parallel(nw, units, func(w, u int) {
+		sc := &scr[w]
+		if sc.stop {
+			return
+		}
+		if ctx.Err() != nil {
+			sc.stop = true
+			return
+		}
+		// Heaviest blocks (latest positions) first.
+		b := blocks - 1 - u/g.KVHeads
+		kvh := u % g.KVHeads
+		i0, i1 := b*qBlock, min((b+1)*qBlock, n)
+		rows := (i1 - i0) * grp
+		for r := range rows {
+			sc.m[r] = float32(math.Inf(-1))
+			sc.l[r] = 0
+		}
+		clear(sc.acc[:rows*d])
+		end := base + i1 // keys [0, end) are seen by some row of the block
+		for t0 := 0; t0 < end; t0 += keyTile {
+			t1 := min(t0+keyTile, end)
+			kt, vt := k[t0*stride+kvh*d:], v[t0*stride+kvh*d:]
+			for r := range rows {
+				i, h := i0+r/grp, kvh*grp+r%grp
+				lim := min(t1, base+i+1) - t0 // keys of this tile the row sees
+				if lim <= 0 {
+					continue
+				}
+				s := sc.s[:lim]
+				mt := scores(q[(i*g.Heads+h)*d:][:d], kt, stride, scale, s)
+				acc := sc.acc[r*d : (r+1)*d]
+				m := sc.m[r]
+				if mt > m {
+					if sc.l[r] != 0 {
+						c := expNeg(m - mt)
+						sc.l[r] *= c
+						for j := range acc {
+							acc[j] *= c
+						}
+					}
+					m = mt
+					sc.m[r] = m
+				}
+				sc.l[r] += expSum(s, m)
+				accum(s, vt, stride, acc)
+			}
+		}
+		for r := range rows {
+			i, h := i0+r/grp, kvh*grp+r%grp
+			o := out[(i*g.Heads+h)*d:][:d]
+			inv := 1 / sc.l[r]
+			for j, x := range sc.acc[r*d : (r+1)*d] {
+				o[j] = x * inv
+			}
+		}
+	})
+	return ctx.Err()
+}

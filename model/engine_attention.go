@@ -1,0 +1,226 @@
+package model
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/plan"
+)
+
+// EngineConfig returns an engine configuration for a model's geometry:
+// policy p (its page size becomes the engine's), a pool of capacityPages
+// pages per shard, one shard (set CP and TP on the result for more).
+func EngineConfig(g Geometry, p plan.Policy, capacityPages int) engine.Config {
+	c := engine.DefaultConfig()
+	c.Layers, c.QHeads, c.KVHeads, c.HeadDim = g.Layers, g.Heads, g.KVHeads, g.HeadDim
+	c.PageSize = p.PageSize
+	c.Policy = p
+	c.CapacityPages = capacityPages
+	return c
+}
+
+// EngineAttention is one sequence of an in-process engine driven as an
+// [Attention]. Prefill of an empty sequence computes causal dense
+// attention on the host (the tiled float32 kernel of [Dense]) and appends
+// the post-RoPE keys and values to the engine's pages, which builds their
+// summaries; every decode step is an engine step (append, then Quest
+// selection and sparse paged attention under the engine's policy, or
+// dense attention where the plan is dense). Tokens added to a sequence
+// that is not empty with Prefill are run as dense engine steps, one
+// token at a time.
+type EngineAttention struct {
+	e    *engine.Engine
+	seq  engine.SeqID
+	g    Geometry
+	lens []int
+
+	// Budget is the token budget of decode steps (0: the policy's).
+	Budget int
+	// Options are passed to every decode step (Diagnostics for recall
+	// and mass recall, ForceDense for a dense baseline on the same pages).
+	Options engine.StepOptions
+	// Compare runs, after each decode step of a layer, a dense step over
+	// the same pages and records the output's per-head cosine and relative
+	// L2 error against it (StepInfo.Cosine, RelL2).
+	Compare bool
+	// Workers is the goroutines of the prefill kernel (0: GOMAXPROCS).
+	Workers int
+
+	res, dense engine.Result
+	steps      []StepInfo
+}
+
+// StepInfo is what one layer of the last decode step did.
+type StepInfo struct {
+	Layer int
+	// Plan is the engine's page plan for the step.
+	Plan plan.Plan
+	// PagesRead and PagesTotal count (KV head, page) pairs read vs those
+	// dense attention reads. Without diagnostics, a per_head policy is
+	// counted as if every KV head read Plan.Reads() pages.
+	PagesRead, PagesTotal int
+	// Time is the engine's phase times.
+	Time engine.Times
+	// Diag reports the engine's diagnostics (Options.Diagnostics).
+	Diag bool
+	// Recall of the dense top-R tokens, attention-mass recall 1 - eps
+	// (mean and worst query head): valid when Diag.
+	Recall, MassRecall, MinMassRecall float64
+	// Cosine and RelL2 per query head of the output against dense
+	// attention on the same pages: set when Compare.
+	Cosine, RelL2 []float64
+}
+
+// NewEngineAttention creates an empty sequence in e (striped placement)
+// for a model of geometry g, which must match the engine's.
+func NewEngineAttention(e *engine.Engine, g Geometry) (*EngineAttention, error) {
+	c := e.Config()
+	if c.Layers != g.Layers || c.QHeads != g.Heads || c.KVHeads != g.KVHeads || c.HeadDim != g.HeadDim {
+		return nil, fmt.Errorf("engine attention: engine of %d layers, %d/%d heads of %d for a model of %d layers, %d/%d heads of %d",
+			c.Layers, c.QHeads, c.KVHeads, c.HeadDim, g.Layers, g.Heads, g.KVHeads, g.HeadDim)
+	}
+	id, err := e.Create(plan.Striped)
+	if err != nil {
+		return nil, fmt.Errorf("engine attention: %w", err)
+	}
+	return &EngineAttention{e: e, seq: id, g: g, lens: make([]int, g.Layers), steps: make([]StepInfo, g.Layers)}, nil
+}
+
+// Seq returns the engine sequence.
+func (a *EngineAttention) Seq() engine.SeqID { return a.seq }
+
+// Len returns the tokens of the last layer.
+func (a *EngineAttention) Len() int { return a.lens[len(a.lens)-1] }
+
+// Fork returns a new sequence sharing every page with this one
+// (copy-on-write tail), with the same settings.
+func (a *EngineAttention) Fork() (*EngineAttention, error) {
+	id, err := a.e.Fork(a.seq)
+	if err != nil {
+		return nil, fmt.Errorf("engine attention: %w", err)
+	}
+	b := &EngineAttention{e: a.e, seq: id, g: a.g, lens: append([]int(nil), a.lens...), steps: make([]StepInfo, a.g.Layers),
+		Budget: a.Budget, Options: a.Options, Compare: a.Compare, Workers: a.Workers}
+	return b, nil
+}
+
+// Release frees the sequence in the engine.
+func (a *EngineAttention) Release() error { return a.e.Release(a.seq) }
+
+// Steps returns, per layer, what the last decode step did (valid until
+// the next step; zero before the first).
+func (a *EngineAttention) Steps() []StepInfo { return a.steps }
+
+// KVSource is a cache whose keys and values can be read back, such as
+// [Dense] and [Reference].
+type KVSource interface {
+	Len() int
+	KV(layer int) (k, v []float32)
+}
+
+// Load appends every token of src to the empty sequence: the keys and
+// values a dense prefill recorded, so one prefill serves several engines.
+func (a *EngineAttention) Load(src KVSource) error {
+	if a.Len() != 0 {
+		return errors.New("engine attention: load into a sequence that is not empty")
+	}
+	for l := range a.g.Layers {
+		k, v := src.KV(l)
+		if len(k) == 0 {
+			continue
+		}
+		if err := a.e.Append(a.seq, l, k, v); err != nil {
+			return fmt.Errorf("engine attention: load layer %d: %w", l, err)
+		}
+		a.lens[l] = len(k) / (a.g.KVHeads * a.g.HeadDim)
+	}
+	return nil
+}
+
+// Prefill attends densely and appends the tokens to the engine.
+func (a *EngineAttention) Prefill(ctx context.Context, layer int, q, k, v, out []float32) error {
+	n := a.g.tokens(q)
+	if err := a.g.check(layer, n, q, k, v, out); err != nil {
+		return err
+	}
+	if a.lens[layer] > 0 {
+		// Later tokens of a sequence: dense engine steps.
+		qd, kvd := a.g.Heads*a.g.HeadDim, a.g.KVHeads*a.g.HeadDim
+		for t := range n {
+			req := engine.Request{Seq: a.seq, Q: q[t*qd : (t+1)*qd], K: k[t*kvd : (t+1)*kvd], V: v[t*kvd : (t+1)*kvd]}
+			if err := a.e.Step(ctx, layer, []engine.Request{req}, engine.StepOptions{ForceDense: true}, &a.res); err != nil {
+				return err
+			}
+			a.lens[layer]++
+			copy(out[t*qd:(t+1)*qd], a.res.O)
+		}
+		return nil
+	}
+	if err := causalAttention(ctx, a.Workers, a.g, q, n, k, v, 0, out); err != nil {
+		return err
+	}
+	if err := a.e.Append(a.seq, layer, k, v); err != nil {
+		return err
+	}
+	a.lens[layer] = n
+	return nil
+}
+
+// Decode runs one engine step: append k, v, select pages, attend.
+func (a *EngineAttention) Decode(ctx context.Context, layer int, q, k, v, out []float32) error {
+	if err := a.g.check(layer, 1, q, k, v, out); err != nil {
+		return err
+	}
+	req := engine.Request{Seq: a.seq, Q: q, K: k, V: v, BudgetTokens: a.Budget}
+	if err := a.e.Step(ctx, layer, []engine.Request{req}, a.Options, &a.res); err != nil {
+		return err
+	}
+	a.lens[layer]++
+	copy(out, a.res.O)
+	pl := a.res.Plans[0]
+	st := StepInfo{Layer: layer, Plan: pl, Time: a.res.Time,
+		PagesRead: pl.Reads() * a.g.KVHeads, PagesTotal: pl.Pages * a.g.KVHeads}
+	if len(a.res.Diag) > 0 {
+		dg := a.res.Diag[0]
+		st.Diag = true
+		st.Recall, st.MassRecall, st.MinMassRecall = dg.Recall, dg.MassRecall, dg.MinMassRecall
+		st.PagesRead, st.PagesTotal = dg.PagesRead, dg.PagesTotal
+	}
+	if a.Compare {
+		dreq := engine.Request{Seq: a.seq, Q: q}
+		if err := a.e.Step(ctx, layer, []engine.Request{dreq}, engine.StepOptions{ForceDense: true}, &a.dense); err != nil {
+			return fmt.Errorf("dense comparison: %w", err)
+		}
+		d := a.g.HeadDim
+		st.Cosine = make([]float64, a.g.Heads)
+		st.RelL2 = make([]float64, a.g.Heads)
+		for h := range a.g.Heads {
+			st.Cosine[h], st.RelL2[h] = compare(out[h*d:(h+1)*d], a.dense.O[h*d:(h+1)*d])
+		}
+	}
+	a.steps[layer] = st
+	return nil
+}
+
+// compare returns the cosine of o and ref and ||o - ref|| / ||ref||, in
+// float64 (cosine 1 and error 0 when both are zero).
+func compare(o, ref []float32) (cos, rel float64) {
+	var oo, rr, or, dd float64
+	for i, r := range ref {
+		x, y := float64(o[i]), float64(r)
+		oo += x * x
+		rr += y * y
+		or += x * y
+		dd += (x - y) * (x - y)
+	}
+	switch {
+	case oo == 0 && rr == 0:
+		return 1, 0
+	case oo == 0 || rr == 0:
+		return 0, math.Inf(1)
+	}
+	return or / math.Sqrt(oo*rr), math.Sqrt(dd / rr)
+}

@@ -1,0 +1,186 @@
+package model
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/questrt/questrt/internal/memlimit"
+)
+
+// ErrBadInput marks a forward pass refused before it changed anything:
+// a token id outside the vocabulary, no tokens, too many positions.
+var ErrBadInput = errors.New("model: bad input")
+
+type layerWeights struct {
+	attnNorm, mlpNorm []float32 // [H]
+	wq                []float32 // [Heads*D][H]
+	wk, wv            []float32 // [KVHeads*D][H]
+	wo                []float32 // [H][Heads*D]
+	gate, up          []float32 // [I][H]
+	down              []float32 // [H][I]
+}
+
+// Model is a Llama-family decoder (LlamaForCausalLM) on the CPU in
+// float32: token embedding, RMSNorm, GQA attention with rotate-half RoPE
+// through an [Attention], SwiGLU MLP, final norm and LM head. The weights
+// are read-only: one Model serves any number of sequences, each with its
+// own Attention, from concurrent goroutines.
+type Model struct {
+	Config  Config
+	ck      *Checkpoint
+	embed   []float32 // [V][H]
+	normW   []float32 // final norm
+	lmHead  []float32 // [V][H]
+	layers  []layerWeights
+	rope    *rope
+	workers int
+	// MemoryLimit bounds the activations of one forward pass (bytes, 0:
+	// the memory available now, -1: no check).
+	MemoryLimit int64
+}
+
+// Close releases the mapped checkpoint.
+func (m *Model) Close() error {
+	if m.ck == nil {
+		return nil
+	}
+	return m.ck.Close()
+}
+
+// norm is rmsNorm over n rows, in parallel.
+func (m *Model) norm(y, x, w []float32, n int) {
+	h := len(w)
+	rows(m.workers, n, func(lo, hi int) { rmsNorm(y[lo*h:hi*h], x[lo*h:hi*h], w, hi-lo, m.Config.RMSNormEps) })
+}
+
+// Geometry returns the attention shape.
+func (m *Model) Geometry() Geometry { return m.Config.Geometry() }
+
+// ForwardOptions tune one forward pass.
+type ForwardOptions struct {
+	// AllLogits returns the logits of every token ([n][VocabSize]); by
+	// default only the last token's.
+	AllLogits bool
+	// Timing, when set, receives the pass's wall times.
+	Timing *Timing
+}
+
+// Timing splits a forward pass's wall time.
+type Timing struct {
+	// Attention is the time inside Attention calls; Total the whole pass.
+	Attention, Total time.Duration
+}
+
+// mlpChunk is the tokens whose MLP intermediates are live at once.
+const mlpChunk = 256
+
+// ActivationBytes is the memory a forward pass over n tokens allocates.
+func (c Config) ActivationBytes(n int) int64 {
+	h, q, kv := int64(c.HiddenSize), int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim)
+	nn := int64(n)
+	per := memlimit.Mul(nn, 2*h+2*q+2*kv)                                       // x, xn, q, o, k, v
+	mlp := memlimit.Mul(int64(min(n, mlpChunk)), 2*int64(c.IntermediateSize)+h) // gate, up, down out
+	logits := memlimit.Mul(nn, int64(c.VocabSize))
+	return memlimit.Mul(memlimit.Add(per, mlp, logits), 4)
+}
+
+// Forward runs tokens through the model after the attn.Len() tokens the
+// sequence already holds, appending their keys and values to attn: a
+// single token is a decode step (Attention.Decode), more tokens a
+// prefill (Attention.Prefill). It returns the logits of the last token,
+// or of every token with AllLogits. Bad input (ErrBadInput) and a pass
+// over the memory limit change nothing; an error from attn in the middle
+// of the layers leaves attn holding some layers' tokens and not others'
+// (release it).
+func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt ForwardOptions) ([]float32, error) {
+	start := time.Now()
+	c := m.Config
+	n := len(tokens)
+	pos0 := attn.Len()
+	if n == 0 {
+		return nil, fmt.Errorf("%w: no tokens", ErrBadInput)
+	}
+	for i, t := range tokens {
+		if t < 0 || t >= c.VocabSize {
+			return nil, fmt.Errorf("%w: token %d at index %d outside the vocabulary of %d", ErrBadInput, t, i, c.VocabSize)
+		}
+	}
+	if c.MaxPositions > 0 && pos0+n > c.MaxPositions {
+		return nil, fmt.Errorf("%w: positions up to %d exceed max_position_embeddings %d", ErrBadInput, pos0+n, c.MaxPositions)
+	}
+	if err := memlimit.Check(fmt.Sprintf("model: activations of %d tokens", n), c.ActivationBytes(n), m.MemoryLimit); err != nil {
+		return nil, err
+	}
+	h, d := c.HiddenSize, c.HeadDim
+	qd, kvd, inter := c.Heads*d, c.KVHeads*d, c.IntermediateSize
+	x := make([]float32, n*h)
+	for i, t := range tokens {
+		copy(x[i*h:(i+1)*h], m.embed[t*h:(t+1)*h])
+	}
+	xn := make([]float32, n*h)
+	q := make([]float32, n*qd)
+	o := make([]float32, n*qd)
+	k := make([]float32, n*kvd)
+	v := make([]float32, n*kvd)
+	cn := min(n, mlpChunk)
+	gate := make([]float32, cn*inter)
+	up := make([]float32, cn*inter)
+	tmp := make([]float32, cn*h)
+	var attnTime time.Duration
+	for li := range m.layers {
+		lw := &m.layers[li]
+		m.norm(xn, x, lw.attnNorm, n)
+		matmulT(m.workers, q, xn, lw.wq, n, h, qd)
+		matmulT(m.workers, k, xn, lw.wk, n, h, kvd)
+		matmulT(m.workers, v, xn, lw.wv, n, h, kvd)
+		rows(m.workers, n, func(lo, hi int) {
+			m.rope.apply(q[lo*qd:hi*qd], hi-lo, c.Heads, pos0+lo)
+			m.rope.apply(k[lo*kvd:hi*kvd], hi-lo, c.KVHeads, pos0+lo)
+		})
+		t0 := time.Now()
+		var err error
+		if n == 1 {
+			err = attn.Decode(ctx, li, q, k, v, o)
+		} else {
+			err = attn.Prefill(ctx, li, q, k, v, o)
+		}
+		attnTime += time.Since(t0)
+		if err != nil {
+			return nil, fmt.Errorf("layer %d attention: %w", li, err)
+		}
+		// x += o @ wo^T, chunked through tmp.
+		for c0 := 0; c0 < n; c0 += cn {
+			c1 := min(c0+cn, n)
+			matmulT(m.workers, tmp, o[c0*qd:c1*qd], lw.wo, c1-c0, qd, h)
+			addTo(x[c0*h:c1*h], tmp[:(c1-c0)*h])
+		}
+		m.norm(xn, x, lw.mlpNorm, n)
+		for c0 := 0; c0 < n; c0 += cn {
+			c1 := min(c0+cn, n)
+			cnt := c1 - c0
+			matmulT(m.workers, gate, xn[c0*h:c1*h], lw.gate, cnt, h, inter)
+			matmulT(m.workers, up, xn[c0*h:c1*h], lw.up, cnt, h, inter)
+			rows(m.workers, cnt, func(lo, hi int) { siluMul(gate[lo*inter:hi*inter], up[lo*inter:hi*inter]) })
+			matmulT(m.workers, tmp, gate[:cnt*inter], lw.down, cnt, inter, h)
+			addTo(x[c0*h:c1*h], tmp[:cnt*h])
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+	first := 0
+	if !opt.AllLogits {
+		first = n - 1
+	}
+	nl := n - first
+	m.norm(xn[:nl*h], x[first*h:], m.normW, nl)
+	logits := make([]float32, nl*c.VocabSize)
+	matmulT(m.workers, logits, xn[:nl*h], m.lmHead, nl, h, c.VocabSize)
+	if opt.Timing != nil {
+		opt.Timing.Attention += attnTime
+		opt.Timing.Total += time.Since(start)
+	}
+	return logits, nil
+}
