@@ -24,7 +24,6 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/questrt/questrt/collective"
@@ -35,44 +34,19 @@ import (
 	"github.com/questrt/questrt/worker"
 )
 
-// Selection is how CP ranks agree on the pages of a step.
-type Selection int
+// Selection is how CP ranks agree on the pages of a step: the CP
+// selection mode of package plan (exact, union, replicated).
+type Selection = plan.SelectMode
 
+// The selection modes (see plan.Exact, plan.Union, plan.Replicated).
 const (
-	// Exact all-gathers each rank's local top candidates; every rank
-	// derives the same global top-K. Default.
-	Exact Selection = iota
-	// Union exchanges nothing: each rank keeps its local top ceil(K'/N),
-	// K' the page budget minus the forced pages. An approximation: it
-	// misses global top-K pages when one rank holds more than its quota of
-	// them, and reads up to N*ceil(K'/N) ranked pages.
-	Union
-	// Replicated keeps a copy of every summary on every CP rank; each rank
-	// computes the global top-K alone (N times the scoring work, no
-	// selection exchange). Quest selector only.
-	Replicated
+	Exact      = plan.Exact
+	Union      = plan.Union
+	Replicated = plan.Replicated
 )
 
-var selectionNames = []string{"exact", "union", "replicated"}
-
-// String returns the mode's name.
-func (s Selection) String() string {
-	if s >= 0 && int(s) < len(selectionNames) {
-		return selectionNames[s]
-	}
-	return fmt.Sprintf("Selection(%d)", int(s))
-}
-
 // ParseSelection parses exact|union|replicated ("" means exact).
-func ParseSelection(s string) (Selection, error) {
-	if s == "" {
-		return Exact, nil
-	}
-	if i := slices.Index(selectionNames, s); i >= 0 {
-		return Selection(i), nil
-	}
-	return 0, fmt.Errorf("unknown selection %q (want exact, union or replicated)", s)
-}
+func ParseSelection(s string) (Selection, error) { return plan.ParseSelectMode(s) }
 
 // Config describes an engine. DefaultConfig documents the defaults.
 type Config struct {
@@ -117,19 +91,8 @@ type Config struct {
 // check is the engine's, over the whole grid).
 func (c Config) workerConfig() worker.Config {
 	return worker.Config{Layers: c.Layers, QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize,
-		CP: c.CP, TP: c.TP, Capacity: c.CapacityPages, Policy: c.Policy, Mode: c.Selection.mode(),
+		CP: c.CP, TP: c.TP, Capacity: c.CapacityPages, Policy: c.Policy, Mode: c.Selection,
 		DeviceResident: c.DeviceResident, MemoryLimit: memlimit.NoLimit}
-}
-
-// mode is the worker's name of the selection mode.
-func (s Selection) mode() worker.Mode {
-	switch s {
-	case Union:
-		return worker.Union
-	case Replicated:
-		return worker.Replicated
-	}
-	return worker.Exact
 }
 
 // preflight refuses a configuration whose host pools, over all CP x TP

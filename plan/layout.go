@@ -149,3 +149,46 @@ func (p Place) LocalRange(lo, hi int) (int, int) {
 // MaxPages is the largest page count whose global indices fit int32 (the
 // page-table element type).
 const MaxPages = math.MaxInt32
+
+// SelectMode is how the CP ranks of a TP group agree on the pages of a
+// step.
+type SelectMode int
+
+const (
+	// Exact all-gathers each rank's local top candidates; every rank
+	// derives the same global top-K ([MergeTopK]). Default.
+	Exact SelectMode = iota
+	// Union exchanges nothing: each rank keeps its local top
+	// [UnionQuota](K', N) pages, K' the page budget minus the forced
+	// pages. An approximation: it misses global top-K pages when one rank
+	// holds more than its quota of them, and reads up to N*ceil(K'/N)
+	// ranked pages.
+	Union
+	// Replicated keeps a copy of every summary on every CP rank; each rank
+	// computes the global top-K alone (N times the scoring work, no
+	// selection exchange). Quest and dense selectors only.
+	Replicated
+)
+
+var selectModeNames = []string{"exact", "union", "replicated"}
+
+// String returns the mode's name.
+func (m SelectMode) String() string {
+	if m >= 0 && int(m) < len(selectModeNames) {
+		return selectModeNames[m]
+	}
+	return fmt.Sprintf("SelectMode(%d)", int(m))
+}
+
+// ParseSelectMode parses exact|union|replicated ("" means exact).
+func ParseSelectMode(s string) (SelectMode, error) {
+	for i, n := range selectModeNames {
+		if s == n {
+			return SelectMode(i), nil
+		}
+	}
+	if s == "" {
+		return Exact, nil
+	}
+	return 0, fmt.Errorf("unknown selection %q (want exact, union or replicated)", s)
+}

@@ -10,34 +10,16 @@ import (
 	"github.com/questrt/questrt/shard"
 )
 
-// Mode is how the CP ranks of a TP group agree on the pages of a step (the
-// values of engine.Selection).
-type Mode int
+// Mode is the CP selection mode (plan.SelectMode: exact, union or
+// replicated).
+type Mode = plan.SelectMode
 
+// The selection modes (see plan.Exact, plan.Union, plan.Replicated).
 const (
-	// Exact all-gathers each rank's local top candidates; every rank
-	// derives the same global top-K.
-	Exact Mode = iota
-	// Union exchanges nothing: each rank keeps its local top
-	// plan.UnionQuota(K', CP) pages (an approximation).
-	Union
-	// Replicated keeps a mirror of every summary of the TP group on every
-	// CP rank; each rank computes the global top-K alone.
-	Replicated
+	Exact      = plan.Exact
+	Union      = plan.Union
+	Replicated = plan.Replicated
 )
-
-// String returns the mode's name.
-func (m Mode) String() string {
-	switch m {
-	case Exact:
-		return "exact"
-	case Union:
-		return "union"
-	case Replicated:
-		return "replicated"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}
 
 // Config describes the ranks a worker hosts: the model geometry, the CP x
 // TP grid every sequence is laid out on, each rank's page pool, the
