@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
+	github.com/cockroachdb/datadriven v1.0.3
 	github.com/hashicorp/memberlist v0.7.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.50.0
@@ -13,7 +14,6 @@ require (
 )
 
 require (
-	github.com/cockroachdb/datadriven v1.0.3 // indirect
 	github.com/google/btree v1.1.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/hashicorp/errwrap v1.1.0 // indirect
