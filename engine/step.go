@@ -227,9 +227,10 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 // end closes step on the first n workers; layer is the layer the step
 // sent Layer calls for (-1: none).
 func (e *Engine) end(step uint64, layer int, failed bool, n int) {
-	// Not the step's context, which may be done: EndStep does not block
-	// (a worker across a network bounds it itself).
-	ctx := context.Background()
+	// Not the step's context, which may be done: a detached one bounded
+	// by endTimeout.
+	ctx, cancel := detached()
+	defer cancel()
 	m := worker.EndRequest{Step: step, Failed: failed}
 	if failed && layer >= 0 {
 		m.Layers = []int{layer}

@@ -52,6 +52,7 @@ func decodeRun(t testing.TB, m *Model, attn Attention, ids []int, steps int) ([]
 // prefill and of every decode step match the float64 reference within
 // 1e-4, on one shard and on CP 2 x TP 2.
 func TestEngineFullBudgetMatchesDense(t *testing.T) {
+	modelsDir(t) // skip the whole test, not only its subtests, without checkpoints
 	for _, name := range []string{"passkey-llama-v1", "passkey-llama-v2"} {
 		t.Run(name, func(t *testing.T) {
 			m, ref := testModel(t, name)

@@ -83,6 +83,7 @@ func logitErr(got, want []float32) (abs, rel float64) {
 // measured 3e-5), with the float64
 // reference attention and with the tiled float32 kernel.
 func TestReferenceLogits(t *testing.T) {
+	modelsDir(t) // skip the whole test, not only its subtests, without checkpoints
 	for _, name := range []string{"passkey-llama-v1", "passkey-llama-v2"} {
 		t.Run(name, func(t *testing.T) {
 			m, ref := testModel(t, name)

@@ -42,7 +42,7 @@ func (l *Local) Create(ctx context.Context, m CreateRequest) error {
 func (l *Local) Fork(ctx context.Context, m ForkRequest) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	sq, err := l.lookup(m.Parent)
+	sq, err := l.mutable(m.Parent)
 	if err != nil {
 		return fmt.Errorf("fork: %w", err)
 	}
@@ -65,9 +65,18 @@ func (l *Local) Fork(ctx context.Context, m ForkRequest) error {
 	}
 	for _, rk := range l.ranks {
 		if rk.mirror != nil {
-			// Cannot fail: the parent is known to every mirror.
+			// The parent is known to every mirror, so this does not fail;
+			// if it did, the forks made above are given back.
 			if err := rk.mirror.Clone(m.Parent, m.Child); err != nil {
-				return fmt.Errorf("fork sequence %d on rank %v: %w: %w", m.Parent, rk.id, ErrChanged, err)
+				for j, done := range child.local {
+					l.ranks[j].sh.Release(done)
+				}
+				for _, r2 := range l.ranks {
+					if r2.mirror != nil {
+						r2.mirror.Drop(m.Child)
+					}
+				}
+				return fmt.Errorf("fork sequence %d on rank %v: %w", m.Parent, rk.id, err)
 			}
 		}
 	}
@@ -271,8 +280,11 @@ func (l *Local) Rollback(ctx context.Context, m RollbackRequest) (RollbackReply,
 			return RollbackReply{}, fmt.Errorf("rollback sequence %d on rank %v: %w: %w", m.Seq, rk.id, ErrChanged, err)
 		}
 		lp := p.Local(cut)
+		// Past the commit point: the caller's deadline must not stop the
+		// mirror from following the pages it has already cut.
+		rctx := context.WithoutCancel(ctx)
 		for layer := range c.Layers {
-			pg, err := rk.sh.ReadPages(ctx, layer, table[lp:lp+1])
+			pg, err := rk.sh.ReadPages(rctx, layer, table[lp:lp+1])
 			if err != nil {
 				return RollbackReply{}, fmt.Errorf("rollback sequence %d on rank %v: %w: %w", m.Seq, rk.id, ErrChanged, err)
 			}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -79,6 +80,9 @@ func (l *Local) BeginStep(ctx context.Context, m BeginRequest) error {
 	S := c.PageSize
 	st := &l.state
 	st.reset(m, len(l.ranks))
+	// Free pages the step's new tokens take on each rank, summed over the
+	// batch: each sequence fitting alone is not enough.
+	need := make([]int, len(l.ranks))
 	for i, s := range m.Seqs {
 		sq, err := l.lookup(s.Seq)
 		if err != nil {
@@ -110,11 +114,19 @@ func (l *Local) BeginStep(ctx context.Context, m BeginRequest) error {
 				// The token's page exists (and is private) for the later
 				// layers once the first layer wrote it: pages are shared
 				// by all layers of a sequence.
-				if _, err := rk.sh.Store().CheckAppend(sq.local[r], m.Layer, 1); err != nil {
+				n, err := rk.sh.Store().CheckAppend(sq.local[r], m.Layer, 1)
+				if err != nil {
 					return fmt.Errorf("begin step %d: new token of sequence %d on rank %v: %w", m.Step, s.Seq, rk.id, err)
 				}
+				need[r] += n
 				st.own[r] = append(st.own[r], i)
 			}
+		}
+	}
+	for r, rk := range l.ranks {
+		if free := rk.sh.Store().Stats().FreePages; need[r] > free {
+			return fmt.Errorf("begin step %d: the new tokens need %d free pages on rank %v, %d are free: %w",
+				m.Step, need[r], rk.id, free, pagestore.ErrPoolExhausted)
 		}
 	}
 	l.step, l.last, l.began = st, m.Step, true

@@ -187,7 +187,11 @@ up to --max-tokens tokens, each decode step running every layer through
 the engine's page selection (--selector, --budget; the first
 --dense-layers layers stay dense). The text streams to stdout as it is
 produced; per-step pages read vs total, bytes read vs dense (rho, next to
-the formula 1/S + K/P) and phase times go to stderr, then a summary:
+the formula 1/S + K/P) and phase times go to stderr, then a summary.
+Without --diagnostics the pages read are the step plans' (K pages per KV
+head, which group_max selection reads exactly), so rho equals the formula
+by construction; --diagnostics counts the (KV head, page) pairs attention
+actually read (per_head reads the union of its heads' pages). Then:
 prefill and decode tokens/s and the share of decode time spent in
 attention. --compare-dense decodes a second time from the same prefill
 (a fork of the sequence) with dense attention and reports both speeds
