@@ -32,7 +32,7 @@ type link struct {
 	stream  frameStream
 	maxSend int          // the largest payload Send passes: min(ours, the peer's)
 	endSend func() error // after the Bye: the client's CloseSend; nil on the server side
-	boxes   *mailboxes
+	boxes   *collective.Mailboxes
 
 	queue chan *pb.Frame // Send -> sender
 
@@ -46,7 +46,7 @@ type link struct {
 	readDone chan struct{} // closed when the reader has seen the end of the stream
 }
 
-func newLink(peer int, stream frameStream, maxSend, queue int, endSend func() error, boxes *mailboxes) *link {
+func newLink(peer int, stream frameStream, maxSend, queue int, endSend func() error, boxes *collective.Mailboxes) *link {
 	return &link{
 		peer: peer, stream: stream, maxSend: maxSend, endSend: endSend, boxes: boxes,
 		queue:    make(chan *pb.Frame, queue),
@@ -154,7 +154,7 @@ func (l *link) read() {
 			if p == nil {
 				p = []byte{}
 			}
-			l.boxes.put(l.peer, k.Message.GetTag(), p)
+			_ = l.boxes.Put(l.peer, k.Message.GetTag(), p) // closed: the member is gone, drop
 		case *pb.Frame_Bye:
 			l.markGone(fmt.Errorf("%w: rank %d closed its transport", collective.ErrPeerClosed, l.peer))
 			l.stop()
@@ -162,5 +162,14 @@ func (l *link) read() {
 			l.markGone(fmt.Errorf("%w: rank %d: unexpected %T frame", collective.ErrPeerClosed, l.peer, k))
 			return
 		}
+	}
+}
+
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }

@@ -35,7 +35,7 @@ type Transport struct {
 	cfg        Config
 	rank, size int
 	log        *slog.Logger
-	boxes      *mailboxes
+	boxes      *collective.Mailboxes
 	lis        net.Listener
 	server     *grpc.Server
 
@@ -98,7 +98,7 @@ func newTransport(ctx context.Context, cfg Config) (*Transport, error) {
 	t := &Transport{
 		cfg: cfg, rank: cfg.Rank, size: n,
 		log:   cfg.logger().With("group", cfg.Group, "rank", cfg.Rank),
-		boxes: newMailboxes(),
+		boxes: collective.NewMailboxes(),
 		lis:   lis,
 		done:  make(chan struct{}),
 		links: make([]*link, n),
@@ -190,7 +190,7 @@ func (t *Transport) Addr() net.Addr { return t.lis.Addr() }
 
 // Pending returns the number of messages received by this member and not
 // yet taken by Recv (diagnostics and tests).
-func (t *Transport) Pending() int { return t.boxes.pending() }
+func (t *Transport) Pending() int { return t.boxes.Pending() }
 
 // Send queues a copy of msg for rank to's sender goroutine (a message to
 // this member itself goes straight to its mailbox) and returns; it blocks
@@ -217,7 +217,7 @@ func (t *Transport) send(ctx context.Context, to int, tag uint64, msg []byte) er
 		if len(msg) > t.cfg.MaxMessageBytes {
 			return fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(msg), t.cfg.MaxMessageBytes)
 		}
-		t.boxes.put(to, tag, append([]byte{}, msg...))
+		_ = t.boxes.Put(to, tag, append([]byte{}, msg...)) // closed: dropped, as the peer would
 		return nil
 	}
 	l := t.links[to]
@@ -259,9 +259,9 @@ func (t *Transport) Recv(ctx context.Context, from int, tag uint64) ([]byte, err
 		l = t.links[from]
 		gone = l.gone
 	}
-	msg, err := t.boxes.take(ctx, from, tag, gone, t.done)
-	if err == errGone {
-		err = l.err()
+	msg, err := t.boxes.Take(ctx, from, tag, gone, t.done)
+	if l != nil && errors.Is(err, collective.ErrPeerClosed) {
+		err = l.err() // the link's own cause (it wraps ErrPeerClosed)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("recv from %d tag %#x: %w", from, tag, err)
@@ -271,7 +271,7 @@ func (t *Transport) Recv(ctx context.Context, from int, tag uint64) ([]byte, err
 
 // Forget implements collective.Transport. Tags stay forgotten for the
 // life of the member (one map entry per forgotten tag).
-func (t *Transport) Forget(tag uint64) { t.boxes.forget(tag) }
+func (t *Transport) Forget(tag uint64) { t.boxes.Forget(tag) }
 
 // Close fails every pending and later call with collective.ErrClosed,
 // sends each peer the messages already queued for it and a Bye, waits up
@@ -288,7 +288,7 @@ func (t *Transport) shutdown() {
 	t.closed = true
 	links := slices.Clone(t.links)
 	t.mu.Unlock()
-	t.boxes.close()
+	t.boxes.Close()
 	close(t.done)
 	for _, l := range links {
 		if l != nil {

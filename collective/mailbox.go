@@ -1,16 +1,9 @@
-package grpctransport
+package collective
 
 import (
 	"context"
-	"errors"
 	"sync"
-
-	"github.com/questrt/questrt/collective"
 )
-
-// errGone is what take returns when the sender's link is gone and its
-// mailbox empty; the caller replaces it by the link's error.
-var errGone = errors.New("grpctransport: peer gone")
 
 type slotKey struct {
 	from int
@@ -26,30 +19,35 @@ type slot struct {
 	waiters int
 }
 
-// mailboxes are a member's per-(sender, tag) mailboxes. The readers put
-// into them, Recv takes from them; every method is safe for concurrent
-// use.
-type mailboxes struct {
+// Mailboxes are one member's per-(sender, tag) mailboxes, the buffering
+// that the Transport contract asks of every transport: senders (or a
+// network transport's stream readers) Put, Recv Takes, in order per
+// (sender, tag), never dropping a message whose tag was not forgotten.
+// Every method is safe for concurrent use. The zero value is not usable:
+// see NewMailboxes.
+type Mailboxes struct {
 	mu        sync.Mutex
 	closed    bool
 	slots     map[slotKey]*slot
 	forgotten map[uint64]struct{}
 }
 
-func newMailboxes() *mailboxes {
-	return &mailboxes{slots: map[slotKey]*slot{}}
+// NewMailboxes returns empty, open mailboxes.
+func NewMailboxes() *Mailboxes {
+	return &Mailboxes{slots: map[slotKey]*slot{}}
 }
 
-// put files msg from sender from under tag, unless the mailboxes are
-// closed or tag is forgotten. It never blocks beyond the mutex.
-func (b *mailboxes) put(from int, tag uint64, msg []byte) {
+// Put files msg (kept, not copied) from sender from under tag. A
+// forgotten tag's message is dropped silently; after Close, Put drops it
+// and returns ErrClosed. It never blocks beyond the mutex.
+func (b *Mailboxes) Put(from int, tag uint64, msg []byte) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return
+		return ErrClosed
 	}
 	if _, ok := b.forgotten[tag]; ok {
-		return
+		return nil
 	}
 	k := slotKey{from, tag}
 	s := b.slots[k]
@@ -62,22 +60,23 @@ func (b *mailboxes) put(from int, tag uint64, msg []byte) {
 		close(s.wake)
 		s.wake = nil
 	}
+	return nil
 }
 
-// take returns the oldest message from sender from under tag, waiting for
-// one. It returns collective.ErrClosed once the mailboxes are closed
-// (closed is closed at the same time), errGone when gone is closed and the
-// mailbox is empty, and ctx's error when ctx ends first. Every put of the
-// sender's link happens before its gone is closed, so errGone comes only
-// after everything the link received was taken. gone may be nil (a member
-// receiving from itself).
-func (b *mailboxes) take(ctx context.Context, from int, tag uint64, gone, closed <-chan struct{}) ([]byte, error) {
+// Take returns the oldest message from sender from under tag, waiting for
+// one. It returns ErrClosed once the mailboxes are closed (closed must be
+// closed at the same time, to wake waiters), ErrPeerClosed when gone is
+// closed and the mailbox is empty, and ctx's error when ctx ends first.
+// Every Put of the sender happens before its gone is closed, so
+// ErrPeerClosed comes only after everything it sent was taken. gone may
+// be nil (a member receiving from itself).
+func (b *Mailboxes) Take(ctx context.Context, from int, tag uint64, gone, closed <-chan struct{}) ([]byte, error) {
 	k := slotKey{from, tag}
 	b.mu.Lock()
 	for {
 		if b.closed {
 			b.mu.Unlock()
-			return nil, collective.ErrClosed
+			return nil, ErrClosed
 		}
 		s := b.slots[k]
 		if s != nil && s.head < len(s.msgs) {
@@ -95,7 +94,7 @@ func (b *mailboxes) take(ctx context.Context, from int, tag uint64, gone, closed
 		}
 		err := ctx.Err()
 		if isDone(gone) {
-			err = errGone
+			err = ErrPeerClosed
 		}
 		if err != nil {
 			if s != nil && s.waiters == 0 {
@@ -127,10 +126,10 @@ func (b *mailboxes) take(ctx context.Context, from int, tag uint64, gone, closed
 	}
 }
 
-// forget drops what is buffered under tag (in slots nobody waits on) and
+// Forget drops what is buffered under tag (in slots nobody waits on) and
 // everything that arrives under it later. Tags stay forgotten for the life
-// of the member.
-func (b *mailboxes) forget(tag uint64) {
+// of the mailboxes (one map entry per tag).
+func (b *Mailboxes) Forget(tag uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -147,8 +146,8 @@ func (b *mailboxes) forget(tag uint64) {
 	}
 }
 
-// close drops every mailbox; later puts are dropped and takes fail.
-func (b *mailboxes) close() {
+// Close drops every mailbox; later Puts and Takes fail with ErrClosed.
+func (b *Mailboxes) Close() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.closed = true
@@ -156,8 +155,8 @@ func (b *mailboxes) close() {
 	b.forgotten = nil
 }
 
-// pending returns the number of messages buffered and not yet taken.
-func (b *mailboxes) pending() int {
+// Pending returns the number of messages buffered and not yet taken.
+func (b *Mailboxes) Pending() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := 0
