@@ -117,26 +117,16 @@ func DefaultConfig() Config {
 // Validate reports whether the config is usable.
 func (c Config) Validate() error {
 	switch {
-	case c.Layers < 1 || c.QHeads < 1 || c.KVHeads < 1 || c.HeadDim < 1 || c.PageSize < 1:
-		return errors.New("engine config: layers, heads, head dim and page size must be positive")
-	case c.CP < 1 || c.TP < 1:
-		return fmt.Errorf("engine config: cp %d and tp %d must be positive", c.CP, c.TP)
-	case c.KVHeads%c.TP != 0:
-		return fmt.Errorf("engine config: %d KV heads do not split over tp %d", c.KVHeads, c.TP)
-	case c.QHeads%c.KVHeads != 0:
-		return fmt.Errorf("engine config: %d query heads are not a multiple of %d KV heads", c.QHeads, c.KVHeads)
-	case c.CapacityPages < 1 || c.BlockPages < 1:
-		return fmt.Errorf("engine config: capacity %d and block %d pages must be positive", c.CapacityPages, c.BlockPages)
-	case c.Policy.PageSize != c.PageSize:
-		return fmt.Errorf("engine config: policy page size %d differs from %d", c.Policy.PageSize, c.PageSize)
-	case c.Selection < Exact || c.Selection > Replicated:
-		return fmt.Errorf("engine config: unknown selection %d", c.Selection)
-	case c.Selection == Replicated && c.Policy.Selector != plan.Quest && c.Policy.Selector != plan.Dense:
-		return fmt.Errorf("engine config: replicated selection needs the quest or dense selector, not %v", c.Policy.Selector)
+	case c.BlockPages < 1:
+		return fmt.Errorf("engine config: block %d pages must be positive", c.BlockPages)
 	case c.MemoryLimit < memlimit.NoLimit:
 		return fmt.Errorf("engine config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
 	}
-	return c.Policy.Validate()
+	// The rest is every rank's worker config (geometry, grid, policy, mode).
+	if err := c.workerConfig().Validate(); err != nil {
+		return fmt.Errorf("engine config: %w", err)
+	}
+	return nil
 }
 
 // SeqID names an engine sequence.
