@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -119,12 +120,76 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
+// Host is one worker an engine opened with Open drives, and the grid
+// ranks it hosts.
+type Host struct {
+	Worker worker.Worker
+	Ranks  []worker.Rank
+}
+
+// Open returns an engine that coordinates the given workers (remote ones,
+// say) instead of building its own: every rank of the CP x TP grid must be
+// hosted by exactly one of them, and each must run cfg's worker config
+// with its ranks' transports already connected. The caller keeps the
+// workers: Close does not close them. cfg's Backend, Backends, Transports,
+// DeviceResident and MemoryLimit are the workers' business and are
+// ignored; each worker checks its own memory. Diagnostics over such an
+// engine fill everything the workers return as plain data (the pages
+// read, their scores, the dense reference's error and LSE); recall and
+// attention mass need the keys, which stay on the workers, and are NaN.
+func Open(cfg Config, hosts []Host) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.StepTimeout <= 0 {
+		cfg.StepTimeout = 30 * time.Second
+	}
+	e := &Engine{cfg: cfg, kvT: cfg.KVHeads / cfg.TP, qT: cfg.QHeads / cfg.TP, seqs: map[SeqID]*seqState{}, nextID: 1}
+	e.at = make([][]slot, cfg.TP)
+	for tp := range e.at {
+		e.at[tp] = make([]slot, cfg.CP)
+		for cp := range e.at[tp] {
+			e.at[tp][cp] = slot{w: -1}
+		}
+	}
+	for w, h := range hosts {
+		if h.Worker == nil || len(h.Ranks) == 0 {
+			return nil, fmt.Errorf("engine: host %d: %w: no worker or no ranks", w, ErrBadInput)
+		}
+		for k, r := range h.Ranks {
+			if r.TP < 0 || r.TP >= cfg.TP || r.CP < 0 || r.CP >= cfg.CP {
+				return nil, fmt.Errorf("engine: host %d: %w: rank %v outside the %d x %d grid", w, ErrBadInput, r, cfg.TP, cfg.CP)
+			}
+			if e.at[r.TP][r.CP].w >= 0 {
+				return nil, fmt.Errorf("engine: host %d: %w: rank %v hosted twice", w, ErrBadInput, r)
+			}
+			e.at[r.TP][r.CP] = slot{w: w, k: k}
+		}
+		e.workers = append(e.workers, h.Worker)
+		e.hosts = append(e.hosts, slices.Clone(h.Ranks))
+	}
+	for tp := range e.at {
+		for cp, s := range e.at[tp] {
+			if s.w < 0 {
+				return nil, fmt.Errorf("engine: %w: rank (tp %d, cp %d) has no host", ErrBadInput, tp, cp)
+			}
+		}
+	}
+	e.lreqs = make([]worker.LayerRequest, len(e.workers))
+	e.reps = make([]worker.LayerReply, len(e.workers))
+	return e, nil
+}
+
 // Config returns the engine's config.
 func (e *Engine) Config() Config { return e.cfg }
 
 // Shard returns the shard of (tp, cp), for statistics: an in-process
-// accessor through the worker that hosts it.
+// accessor through the worker that hosts it; nil for an engine made by
+// Open.
 func (e *Engine) Shard(tp, cp int) *shard.Shard {
+	if e.locals == nil {
+		return nil
+	}
 	s := e.at[tp][cp]
 	return e.locals[s.w].Shard(worker.Rank{TP: tp, CP: cp})
 }

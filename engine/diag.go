@@ -116,6 +116,17 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 	}
 	dense := &Result{}
 	e.gather(len(reqs), e.dreps, dense)
+	res.DenseLSE = append(res.DenseLSE[:0], dense.LSE...)
+	if e.locals == nil {
+		// The keys stay on the workers: only the output error.
+		for i := range seqs {
+			dg := &res.Diag[i]
+			dg.Recall, dg.MassRecall, dg.MinMassRecall = math.NaN(), math.NaN(), math.NaN()
+			o, od := res.O[i*c.QHeads*d:(i+1)*c.QHeads*d], dense.O[i*c.QHeads*d:(i+1)*c.QHeads*d]
+			dg.RelL2, dg.AbsL2 = shard.RelL2(o, od), shard.AbsL2(o, od)
+		}
+		return nil
+	}
 	scale := 1 / math.Sqrt(float64(d))
 	stats := make([]*shard.TokenStats, c.QHeads)
 	next := make([]int, c.QHeads)

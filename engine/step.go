@@ -63,6 +63,9 @@ type Result struct {
 	Plans []plan.Plan
 	// Diag has one entry per sequence when diagnostics were asked for.
 	Diag []shard.Diagnostics
+	// DenseLSE is the dense reference's LSE, [sequences][QHeads], when
+	// diagnostics were asked for.
+	DenseLSE []float32
 	Time Times
 }
 
