@@ -66,7 +66,7 @@ type Result struct {
 	// DenseLSE is the dense reference's LSE, [sequences][QHeads], when
 	// diagnostics were asked for.
 	DenseLSE []float32
-	Time Times
+	Time     Times
 }
 
 // Step runs one decode step of one layer for a batch of sequences on every
