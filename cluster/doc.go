@@ -43,13 +43,16 @@
 // devices`; only in builds with the nvml or cuda tag, since go-nvml needs
 // cgo and the default build is pure Go.
 //
-// # Planned
+// # Placement
 //
-//   - Placement: a sequence gets one coordinator and a fixed shard layout
-//     (CP x TP) when it is created, derived deterministically from the
-//     membership view, capacity-aware from each node's free pages; the
-//     view travels with every step.
-//   - Failure handling: steps that need a lost node fail with UNAVAILABLE
-//     within the step deadline; nothing hangs and no other sequence is
-//     affected.
+// [PlaceGrid] places the CP x TP ranks of a grid on nodes, a pure
+// function of the nodes that are up ([NodesOf] a [View]: alive or
+// suspect, with decodable meta and a gRPC address) and their free pages:
+// rank (0, 0) on the coordinator when it has room (the merged outputs
+// end there), the others dealt round-robin over the other nodes in a
+// rendezvous-hash order of (coordinator, node), skipping nodes without
+// room for one more rank ([ErrNoCapacity] when the grid does not fit).
+// Two nodes whose views agree place alike. The coordinator side (grids,
+// sequences, the client API) is package cluster/coord; a whole node is
+// package cluster/node.
 package cluster

@@ -53,6 +53,8 @@ Usage:
   questctl devices [--json]             the node's NVIDIA GPUs (NVML): name, UUID, memory, PCI, NVLink, topology
   questctl generate --model DIR --prompt TEXT [...]  decode a Llama checkpoint through the engine (Quest or dense): text, pages read vs total, tokens/s
   questctl eval passkey --model DIR [...]            passkey accuracy, recall and attention-mass recall per layer vs dense, JSON lines
+  questctl up --nodes N [--cp C --tp T] [-- questd flags]  start a local questd cluster on loopback and keep it up until Ctrl-C
+  questctl status --addr HOST:PORT [--json]          one questd's view: members and their state, devices, grid config
 
 Run 'questctl <command> --help' for the flags of a command.
 `
@@ -82,11 +84,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runGenerate(ctx, args[1:], stdout, stderr)
 	case "eval":
 		err = runEval(ctx, args[1:], stdout, stderr)
+	case "up":
+		err = runUp(ctx, args[1:], stdout, stderr)
+	case "status":
+		err = runStatus(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate or eval; see 'questctl help')\n", args[0])
+		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate, eval, up or status; see 'questctl help')\n", args[0])
 		return exitUsage
 	}
 	if err == nil || errors.Is(err, flag.ErrHelp) {

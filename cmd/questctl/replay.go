@@ -3,10 +3,14 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"time"
+
+	"github.com/questrt/questrt/cluster/client"
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
@@ -20,6 +24,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("replay", `Usage: questctl replay --in case.json [--selector quest|oracle|recent|dense] [--out result.json]
                       [--cp N --tp M --selection exact|union|replicated --placement striped|contiguous]
                       [--backend cuda [--dtype f32|f16|bf16] [--device-resident]] [--max-memory BYTES]
+       questctl replay --addr HOST:PORT --in case.json [--selector ...] [--cp N --tp M --selection ...]
        questctl replay gen [flags]   (writes a generated case; see 'questctl replay gen --help')
 
 Runs one saved request (one sequence, one layer; format in README.md) on a
@@ -30,7 +35,15 @@ against dense attention on the same data (rel_l2 is null when the dense
 output is zero and Quest's is not). Bad input files (values whose scores or
 sums could overflow float32 included; a case file is read up to 1/32 of
 --max-memory, at most 1 GiB), an --out that cannot be created, and runs
-that would not fit --max-memory, give a one-line error and exit status 2.`)
+that would not fit --max-memory, give a one-line error and exit status 2.
+
+With --addr the case runs through a questd cluster (questctl up): one
+sequence created through that node, the same result JSON. The cluster's
+geometry and policy must be the case's (questd --layers 1 --dense-layers 0
+--q-heads ... --page-size ... --local-pages ...); --cp, --tp and
+--selection, when given, must equal the cluster's grid, and a mismatch is
+named field by field (exit 2). Recall and mass recall are computed here
+from the case's keys against the cluster's dense reference.`)
 	in := fs.String("in", "", "case file (JSON); - reads stdin")
 	out := fs.String("out", "", "result file (default stdout)")
 	selName := fs.String("selector", "quest", "page selector: quest, oracle, recent or dense")
@@ -42,6 +55,8 @@ that would not fit --max-memory, give a one-line error and exit status 2.`)
 	dtype := fs.String("dtype", "f32", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
 	deviceResident := fs.Bool("device-resident", false, "cuda: keep the pages and page tables only in GPU memory (appends, copies and rescans run on the device)")
 	maxMem := maxMemoryFlag(fs)
+	addr := fs.String("addr", "", "run through the questd node at host:port (plaintext; see above)")
+	timeout := fs.Duration("timeout", 30*time.Second, "with --addr: deadline of the whole run")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -98,6 +113,12 @@ that would not fit --max-memory, give a one-line error and exit status 2.`)
 	}
 	if *tp < 1 || *tp > c.KVHeads || c.KVHeads%*tp != 0 {
 		return usageError{fmt.Errorf("--tp %d: want 1..%d, a divisor of the case's kv_heads %d", *tp, c.KVHeads, c.KVHeads)}
+	}
+	if *addr != "" {
+		if *backend != "cpu" || *deviceResident {
+			return usageError{errors.New("--addr: the cluster's nodes choose their backend; drop --backend and --device-resident")}
+		}
+		return replayCluster(ctx, c, *addr, *timeout, sel, place, fs, *cp, *tp, selMode, *out, stdout)
 	}
 	opts := replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place,
 		DeviceResident: *deviceResident, MemoryLimit: *maxMem}
@@ -200,4 +221,42 @@ func outError(path string, err error) error {
 		err = pe.Err
 	}
 	return fmt.Errorf("--out %s: cannot create it: %w", path, err)
+}
+
+// replayCluster runs case c through the node at addr.
+func replayCluster(ctx context.Context, c *replay.Case, addr string, timeout time.Duration, sel plan.Selector,
+	place plan.Placement, fs *flag.FlagSet, cp, tp int, mode engine.Selection, out string, stdout io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cl, err := client.Dial(ctx, addr, client.Options{})
+	if err != nil {
+		return fmt.Errorf("--addr %q: %w", addr, err)
+	}
+	defer cl.Close()
+	g := cl.Geometry()
+	switch {
+	case flagSet(fs, "cp") && cp != g.CP:
+		return usageError{fmt.Errorf("--cp %d: the cluster at %s runs cp %d", cp, addr, g.CP)}
+	case flagSet(fs, "tp") && tp != g.TP:
+		return usageError{fmt.Errorf("--tp %d: the cluster at %s runs tp %d", tp, addr, g.TP)}
+	case flagSet(fs, "selection") && mode != g.Selection:
+		return usageError{fmt.Errorf("--selection %v: the cluster at %s runs %v", mode, addr, g.Selection)}
+	}
+	res, err := replay.RunCluster(ctx, c, sel, place, cl)
+	if errors.Is(err, replay.ErrMismatch) {
+		return usageError{err}
+	}
+	if err != nil {
+		return err
+	}
+	w := stdout
+	if out != "" {
+		f, err := os.Create(out)
+		if err != nil {
+			return usageError{outError(out, err)}
+		}
+		defer f.Close()
+		w = f
+	}
+	return res.Encode(w)
 }

@@ -1,30 +1,54 @@
-// Command questd is the questrt node daemon. It is not built yet: this
-// placeholder prints a message and exits with status 2.
+// Command questd is the questrt node daemon. It hosts the shards of the
+// sequences placed on this node (package worker, served over gRPC by
+// worker/remote), coordinates the sequences created through it (package
+// cluster/coord: placement on grids of nodes, the client Decode API,
+// forwarding of calls for sequences coordinated elsewhere), joins the
+// cluster by memberlist gossip (package cluster) and serves the standard
+// gRPC health service. Run `questd --help` for the flags, the config file
+// and the environment.
 //
-// The planned daemon discovers the node's devices, joins the cluster
-// (memberlist gossip), hosts the node's shards and serves the gRPC API,
-// shard-to-shard collectives and Prometheus /metrics. See the roadmap in
-// README.md.
+// Once serving, questd prints one JSON line on stdout:
+//
+//	{"event":"ready","name":"node-0","grpc":"127.0.0.1:40123","gossip":"127.0.0.1:40124"}
+//
+// SIGTERM or SIGINT drains the in-flight calls (up to --drain-timeout),
+// leaves the cluster and exits 0. Logs go to stderr (log/slog; memberlist's
+// and grpc's logs are bridged into it).
 package main
 
 import (
-	"flag"
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"syscall"
 )
 
 func main() {
-	flag.Usage = func() {
-		fmt.Fprint(flag.CommandLine.Output(), `usage: questd
+	os.Exit(run(context.Background(), os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
+}
 
-questd is the questrt node daemon (planned, not built yet). Once built it
-will discover the node's GPUs, join the cluster by memberlist gossip, host
-this node's KV shards, and serve the gRPC API, shard-to-shard collectives
-and /metrics. Today it only prints this notice; use questctl for the
-in-process demo, replay and benchmarks.
-`)
+// run is questd with its arguments, environment and output: it returns
+// the exit status (0 after a signal's drain, 2 for bad flags or config, 1
+// for a failure to start or serve).
+func run(ctx context.Context, args []string, getenv func(string) (string, bool), stdout, stderr io.Writer) int {
+	cfg, err := loadConfig(args, getenv, stdout)
+	if errors.Is(err, errHelp) {
+		return 0
 	}
-	flag.Parse()
-	fmt.Fprintln(os.Stderr, "questd: the node daemon is not built yet; see README roadmap")
-	os.Exit(2)
+	if err != nil {
+		fmt.Fprintln(stderr, "questd:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log := newLogger(cfg, stderr)
+	if err := serve(ctx, cfg, log, stdout); err != nil {
+		log.Error("questd failed", "err", err)
+		fmt.Fprintln(stderr, "questd:", err)
+		return 1
+	}
+	return 0
 }

@@ -404,13 +404,17 @@ func (x *StepRequest) GetDiagnostics() bool {
 	return false
 }
 
+// Plan is plan.Plan: the pages of the sequence, the page budget k, the
+// forced sink and local pages, the pages ranked among the candidates, and
+// whether every page is read.
 type Plan struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pages         uint32                 `protobuf:"varint,1,opt,name=pages,proto3" json:"pages,omitempty"`
-	Budget        uint32                 `protobuf:"varint,2,opt,name=budget,proto3" json:"budget,omitempty"`
+	K             uint32                 `protobuf:"varint,2,opt,name=k,proto3" json:"k,omitempty"`
 	Sink          uint32                 `protobuf:"varint,3,opt,name=sink,proto3" json:"sink,omitempty"`
 	Local         uint32                 `protobuf:"varint,4,opt,name=local,proto3" json:"local,omitempty"`
 	Dense         bool                   `protobuf:"varint,5,opt,name=dense,proto3" json:"dense,omitempty"`
+	Rank          uint32                 `protobuf:"varint,6,opt,name=rank,proto3" json:"rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -452,9 +456,9 @@ func (x *Plan) GetPages() uint32 {
 	return 0
 }
 
-func (x *Plan) GetBudget() uint32 {
+func (x *Plan) GetK() uint32 {
 	if x != nil {
-		return x.Budget
+		return x.K
 	}
 	return 0
 }
@@ -478,6 +482,13 @@ func (x *Plan) GetDense() bool {
 		return x.Dense
 	}
 	return false
+}
+
+func (x *Plan) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
 }
 
 type Diagnostics struct {
@@ -1316,13 +1327,14 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\vforce_dense\x18\x03 \x01(\bR\n" +
 	"forceDense\x12\x16\n" +
 	"\x06phased\x18\x04 \x01(\bR\x06phased\x12 \n" +
-	"\vdiagnostics\x18\x05 \x01(\bR\vdiagnostics\"t\n" +
+	"\vdiagnostics\x18\x05 \x01(\bR\vdiagnostics\"~\n" +
 	"\x04Plan\x12\x14\n" +
-	"\x05pages\x18\x01 \x01(\rR\x05pages\x12\x16\n" +
-	"\x06budget\x18\x02 \x01(\rR\x06budget\x12\x12\n" +
+	"\x05pages\x18\x01 \x01(\rR\x05pages\x12\f\n" +
+	"\x01k\x18\x02 \x01(\rR\x01k\x12\x12\n" +
 	"\x04sink\x18\x03 \x01(\rR\x04sink\x12\x14\n" +
 	"\x05local\x18\x04 \x01(\rR\x05local\x12\x14\n" +
-	"\x05dense\x18\x05 \x01(\bR\x05dense\"\xb0\x02\n" +
+	"\x05dense\x18\x05 \x01(\bR\x05dense\x12\x12\n" +
+	"\x04rank\x18\x06 \x01(\rR\x04rank\"\xb0\x02\n" +
 	"\vDiagnostics\x121\n" +
 	"\x06indptr\x18\x01 \x01(\v2\x19.questrt.worker.v1.TensorR\x06indptr\x12/\n" +
 	"\x05pages\x18\x02 \x01(\v2\x19.questrt.worker.v1.TensorR\x05pages\x121\n" +

@@ -1,0 +1,250 @@
+// Package client is the Go client of questrt's Decode API (api/decode/v1):
+// sequences, prefill appends and decode steps of the attention layers on a
+// questd cluster, with the engine's shapes (float32, row-major), so that
+// code written against the in-process engine (replay, the model executor)
+// runs against a cluster the same way. Errors are gRPC status errors; use
+// status.Code to act on them (UNAVAILABLE: a node the call needed is
+// gone; see api/decode/v1/decode.proto).
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/worker/remote"
+)
+
+// Options configure Dial.
+type Options struct {
+	// Creds secure the connection; nil means plaintext (a local cluster).
+	Creds credentials.TransportCredentials
+	// MaxMessageBytes bounds one message each way (256 MiB).
+	MaxMessageBytes int
+}
+
+// Client talks to one questd node; calls for sequences that another node
+// coordinates are forwarded by the node.
+type Client struct {
+	cc  *grpc.ClientConn
+	api decodev1.DecodeClient
+	geo Geometry
+}
+
+// Geometry is the cluster's model geometry as Status reports it.
+type Geometry struct {
+	Layers, QHeads, KVHeads, HeadDim, PageSize, CP, TP int
+	Policy                                             plan.Policy
+	Selection                                          plan.SelectMode
+}
+
+// Dial connects to the node at addr and reads its geometry (Status),
+// within ctx.
+func Dial(ctx context.Context, addr string, opt Options) (*Client, error) {
+	creds := opt.Creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	max := opt.MaxMessageBytes
+	if max <= 0 {
+		max = 256 << 20
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max)))
+	if err != nil {
+		return nil, fmt.Errorf("client: %s: %w", addr, err)
+	}
+	c := &Client{cc: cc, api: decodev1.NewDecodeClient(cc)}
+	st, err := c.api.Status(ctx, &decodev1.StatusRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		cc.Close()
+		return nil, fmt.Errorf("client: status of %s: %w", addr, err)
+	}
+	wc, err := remote.GridConfigFromProto(st.GetConfig())
+	if err != nil {
+		cc.Close()
+		return nil, fmt.Errorf("client: %s: config: %w", addr, err)
+	}
+	c.geo = Geometry{Layers: wc.Layers, QHeads: wc.QHeads, KVHeads: wc.KVHeads, HeadDim: wc.HeadDim,
+		PageSize: wc.PageSize, CP: wc.CP, TP: wc.TP, Policy: wc.Policy, Selection: wc.Mode}
+	return c, nil
+}
+
+// Geometry returns the cluster's geometry.
+func (c *Client) Geometry() Geometry { return c.geo }
+
+// API returns the raw Decode client.
+func (c *Client) API() decodev1.DecodeClient { return c.api }
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.cc.Close() }
+
+// Status returns the node's status.
+func (c *Client) Status(ctx context.Context) (*decodev1.StatusReply, error) {
+	return c.api.Status(ctx, &decodev1.StatusRequest{})
+}
+
+// Create starts an empty sequence; it returns its id and the nodes of its
+// ranks.
+func (c *Client) Create(ctx context.Context, p plan.Placement) (string, []string, error) {
+	r, err := c.api.Create(ctx, &decodev1.CreateRequest{Placement: p.String()})
+	if err != nil {
+		return "", nil, err
+	}
+	return r.GetSequence(), r.GetNodes(), nil
+}
+
+// Append appends tokens to one layer: k and v are [n][KVHeads][HeadDim].
+func (c *Client) Append(ctx context.Context, seq string, layer int, k, v []float32) error {
+	g := c.geo
+	row := g.KVHeads * g.HeadDim
+	if row == 0 || len(k)%row != 0 {
+		return fmt.Errorf("client: append: %d keys are not rows of %d", len(k), row)
+	}
+	n := len(k) / row
+	_, err := c.api.Append(ctx, &decodev1.AppendRequest{Sequence: seq, Layer: uint32(layer),
+		K: remote.Float32Tensor(k, n, g.KVHeads, g.HeadDim), V: remote.Float32Tensor(v, len(v)/row, g.KVHeads, g.HeadDim)})
+	return err
+}
+
+// Item is one sequence's part of a step: Q is [QHeads][HeadDim]; K and V,
+// when set, the new token's [KVHeads][HeadDim].
+type Item struct {
+	Seq          string
+	Q, K, V      []float32
+	BudgetTokens int
+}
+
+// StepOptions are the step's options (see engine.StepOptions).
+type StepOptions struct {
+	ForceDense, Phased, Diagnostics bool
+}
+
+// Diag is one item's diagnostics: the pages each head read, their
+// scores ([QHeads][pages]; nil when nothing was scored), the dense
+// reference's LSE and the output error (RelL2 NaN when undefined).
+type Diag struct {
+	Selected     [][]int32
+	Scores       [][]float32
+	DenseLSE     []float32
+	RelL2, AbsL2 float64
+}
+
+// StepResult is a step's answer: O [items][QHeads][HeadDim], LSE
+// [items][QHeads], a plan per item, Diag per item with diagnostics, and
+// the coordinator's wall time of the step.
+type StepResult struct {
+	O, LSE []float32
+	Plans  []plan.Plan
+	Diag   []Diag
+	Total  time.Duration
+}
+
+// Step runs one decode step of one layer for items (all coordinated by
+// one node).
+func (c *Client) Step(ctx context.Context, layer int, items []Item, opt StepOptions) (*StepResult, error) {
+	g := c.geo
+	req := &decodev1.StepRequest{Layer: uint32(layer), ForceDense: opt.ForceDense, Phased: opt.Phased, Diagnostics: opt.Diagnostics}
+	for _, it := range items {
+		pi := &decodev1.StepItem{Sequence: it.Seq, Q: remote.Float32Tensor(it.Q, g.QHeads, g.HeadDim), BudgetTokens: uint32(it.BudgetTokens)}
+		if it.K != nil || it.V != nil {
+			pi.K = remote.Float32Tensor(it.K, g.KVHeads, g.HeadDim)
+			pi.V = remote.Float32Tensor(it.V, g.KVHeads, g.HeadDim)
+		}
+		req.Items = append(req.Items, pi)
+	}
+	rep, err := c.api.Step(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	n := len(items)
+	res := &StepResult{Total: time.Duration(rep.GetTotalNs())}
+	if res.O, err = remote.Float32s(rep.GetO(), "o", n, g.QHeads, g.HeadDim); err != nil {
+		return nil, fmt.Errorf("client: step reply: %w", err)
+	}
+	if res.LSE, err = remote.Float32s(rep.GetLse(), "lse", n, g.QHeads); err != nil {
+		return nil, fmt.Errorf("client: step reply: %w", err)
+	}
+	for _, p := range rep.GetPlans() {
+		res.Plans = append(res.Plans, plan.Plan{Pages: int(p.GetPages()), K: int(p.GetK()), Rank: int(p.GetRank()),
+			Sink: int(p.GetSink()), Local: int(p.GetLocal()), Dense: p.GetDense()})
+	}
+	if len(res.Plans) != n {
+		return nil, fmt.Errorf("client: step reply: %d plans for %d items", len(res.Plans), n)
+	}
+	for i, d := range rep.GetDiag() {
+		dg, err := diag(d, g, res.Plans[i].Pages)
+		if err != nil {
+			return nil, fmt.Errorf("client: step reply: diag[%d]: %w", i, err)
+		}
+		res.Diag = append(res.Diag, dg)
+	}
+	return res, nil
+}
+
+func diag(d *decodev1.Diagnostics, g Geometry, pages int) (Diag, error) {
+	indptr, err := remote.Int32s(d.GetIndptr(), "indptr", g.QHeads+1)
+	if err != nil {
+		return Diag{}, err
+	}
+	flat, err := remote.Int32s(d.GetPages(), "pages", -1)
+	if err != nil {
+		return Diag{}, err
+	}
+	out := Diag{RelL2: math.NaN(), AbsL2: d.GetAbsL2()}
+	if d.GetRelL2Defined() {
+		out.RelL2 = d.GetRelL2()
+	}
+	for h := range g.QHeads {
+		lo, hi := indptr[h], indptr[h+1]
+		if lo < 0 || hi < lo || int(hi) > len(flat) {
+			return Diag{}, errors.New("indptr out of range")
+		}
+		out.Selected = append(out.Selected, flat[lo:hi])
+	}
+	if out.DenseLSE, err = remote.Float32s(d.GetDenseLse(), "dense_lse", g.QHeads); err != nil {
+		return Diag{}, err
+	}
+	if d.GetScores() != nil {
+		sc, err := remote.Float32s(d.GetScores(), "scores", g.QHeads, pages)
+		if err != nil {
+			return Diag{}, err
+		}
+		for h := range g.QHeads {
+			out.Scores = append(out.Scores, sc[h*pages:(h+1)*pages])
+		}
+	}
+	return out, nil
+}
+
+// Fork makes a child sequence sharing the parent's pages.
+func (c *Client) Fork(ctx context.Context, seq string) (string, error) {
+	r, err := c.api.Fork(ctx, &decodev1.ForkRequest{Sequence: seq})
+	return r.GetSequence(), err
+}
+
+// Rollback drops the last n tokens of every layer.
+func (c *Client) Rollback(ctx context.Context, seq string, n int) error {
+	_, err := c.api.Rollback(ctx, &decodev1.RollbackRequest{Sequence: seq, Tokens: uint64(max(n, 0))})
+	return err
+}
+
+// Release frees a sequence.
+func (c *Client) Release(ctx context.Context, seq string) error {
+	_, err := c.api.Release(ctx, &decodev1.ReleaseRequest{Sequence: seq})
+	return err
+}
+
+// Len returns a sequence's length.
+func (c *Client) Len(ctx context.Context, seq string) (int, error) {
+	r, err := c.api.Length(ctx, &decodev1.LengthRequest{Sequence: seq})
+	return int(r.GetLength()), err
+}

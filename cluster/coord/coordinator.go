@@ -1,0 +1,541 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/shard"
+	"github.com/questrt/questrt/worker"
+	"github.com/questrt/questrt/worker/remote"
+)
+
+// Config configures a node's coordinator. Name, Engine, View and Conn are
+// required.
+type Config struct {
+	// Name is this node's name in the cluster; sequence ids start with it.
+	Name string
+	// Engine is the geometry, the CP x TP grid, each rank's pool, the
+	// policy, the selection mode and the step deadline of every sequence
+	// this node coordinates (the same on every node of a cluster). Its
+	// Backend, Transports, DeviceResident and MemoryLimit are the
+	// workers' business and are ignored.
+	Engine engine.Config
+	// View returns the current membership view (Membership.View).
+	View func() cluster.View
+	// Conn returns a connection to the node serving gRPC at addr; the
+	// caller owns and caches the connections.
+	Conn func(addr string) (grpc.ClientConnInterface, error)
+	// OpenTimeout bounds the opening of a grid on its nodes (10s).
+	OpenTimeout time.Duration
+	// Logger receives the coordinator's logs (default: discard).
+	Logger *slog.Logger
+}
+
+// Errors callers act on (the Decode service maps them to gRPC codes).
+var (
+	// ErrUnknownSequence: a sequence id this node does not coordinate.
+	ErrUnknownSequence = errors.New("unknown sequence")
+	// ErrBadSequenceID: a sequence id that is not "node/number".
+	ErrBadSequenceID = errors.New("malformed sequence id")
+	// ErrGridLost: the sequence's grid lost a node (a broken stream, or
+	// membership declared it gone); the sequence's pages on it are gone.
+	ErrGridLost = errors.New("grid lost a node")
+	// ErrClosed: the coordinator is closed.
+	ErrClosed = errors.New("coordinator closed")
+)
+
+// Coordinator coordinates the sequences created on this node: it places
+// each one on a grid of nodes chosen from the membership view
+// (cluster.PlaceGrid: rank (0, 0) here when it has capacity, the other
+// ranks on distinct nodes by rendezvous hashing, capacity-aware), opens
+// the grid on its nodes once (worker/remote.OpenGrid; later sequences
+// with the same placement share it) and drives the grid's workers with an
+// engine opened over remote clients (engine.Open). A grid that loses a
+// node fails its sequences with ErrGridLost; sequences on other grids are
+// not affected. Methods are safe for concurrent use: operations of one
+// grid serialize on its engine, grids run in parallel.
+type Coordinator struct {
+	cfg Config
+	log *slog.Logger
+
+	mu     sync.Mutex
+	closed bool
+	grids  map[string]*grid // by placement key
+	seqs   map[string]*seq  // by sequence id
+	next   uint64           // next sequence number
+	ngrid  uint64           // grids opened
+	wg     sync.WaitGroup   // grid closers
+}
+
+// grid is one placement's engine and remote workers.
+type grid struct {
+	ref     remote.GridRef
+	key     string
+	nodes   []string // per rank tp*CP+cp
+	members map[string]uint64
+	eng     *engine.Engine
+	ranks   []remote.NodeRanks
+	clients []*remote.Client
+	lost    error // set once the grid lost a node
+	seqs    int
+}
+
+// seq is a sequence this node coordinates.
+type seq struct {
+	g  *grid
+	id engine.SeqID
+}
+
+// New returns a coordinator; it opens grids on demand.
+func New(cfg Config) (*Coordinator, error) {
+	switch {
+	case cfg.Name == "":
+		return nil, errors.New("coordinator: no node name")
+	case cfg.View == nil || cfg.Conn == nil:
+		return nil, errors.New("coordinator: View and Conn are required")
+	}
+	if err := cfg.Engine.Validate(); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	if cfg.OpenTimeout <= 0 {
+		cfg.OpenTimeout = 10 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Coordinator{cfg: cfg, log: log, grids: map[string]*grid{}, seqs: map[string]*seq{}, next: 1}, nil
+}
+
+// Sequences is the number of sequences this node coordinates; Grids the
+// number of grids it drives.
+func (c *Coordinator) Sequences() int { c.mu.Lock(); defer c.mu.Unlock(); return len(c.seqs) }
+
+// Grids is the number of grids this node drives.
+func (c *Coordinator) Grids() int { c.mu.Lock(); defer c.mu.Unlock(); return len(c.grids) }
+
+// Owner returns the name of the node that coordinates sequence id.
+func Owner(id string) (string, error) {
+	i := strings.LastIndexByte(id, '/')
+	if i <= 0 {
+		return "", fmt.Errorf("sequence %q: %w", id, ErrBadSequenceID)
+	}
+	if _, err := strconv.ParseUint(id[i+1:], 10, 64); err != nil {
+		return "", fmt.Errorf("sequence %q: %w", id, ErrBadSequenceID)
+	}
+	return id[:i], nil
+}
+
+// Created is what Create answers.
+type Created struct {
+	ID    string
+	Nodes []string // per rank tp*CP+cp
+	View  uint64
+}
+
+// Create places a new empty sequence and returns its id.
+func (c *Coordinator) Create(ctx context.Context, p plan.Placement) (Created, error) {
+	if p != plan.Striped && p != plan.Contiguous {
+		return Created{}, fmt.Errorf("placement %d: %w", p, engine.ErrBadInput)
+	}
+	g, err := c.gridFor(ctx)
+	if err != nil {
+		return Created{}, err
+	}
+	id, err := g.eng.Create(p)
+	if err != nil {
+		c.check(g, err)
+		return Created{}, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return Created{}, ErrClosed
+	}
+	name := c.cfg.Name + "/" + strconv.FormatUint(c.next, 10)
+	c.next++
+	c.seqs[name] = &seq{g: g, id: id}
+	g.seqs++
+	return Created{ID: name, Nodes: append([]string(nil), g.nodes...), View: g.ref.View}, nil
+}
+
+// gridFor returns the grid the current view places a new sequence on,
+// opening it when no live grid has that placement. The opening runs
+// outside the coordinator's lock (it waits on other nodes, up to
+// OpenTimeout), so other sequences' operations go on meanwhile.
+func (c *Coordinator) gridFor(ctx context.Context) (*grid, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	v := c.cfg.View()
+	ec := c.cfg.Engine
+	nodes, err := cluster.PlaceGrid(cluster.NodesOf(v), ec.CP, ec.TP, c.cfg.Name, ec.CapacityPages)
+	if err != nil {
+		c.mu.Unlock()
+		return nil, err
+	}
+	members := map[string]uint64{}
+	var key strings.Builder
+	for _, n := range nodes {
+		m, _ := v.Member(n)
+		members[n] = m.Instance
+		fmt.Fprintf(&key, "%s#%d,", n, m.Instance)
+	}
+	if g, ok := c.grids[key.String()]; ok && g.lost == nil {
+		c.mu.Unlock()
+		return g, nil
+	}
+	c.ngrid++
+	g := &grid{
+		ref:     remote.GridRef{Grid: fmt.Sprintf("%s-%d", c.cfg.Name, c.ngrid), View: v.Version},
+		key:     key.String(),
+		nodes:   nodes,
+		members: members,
+	}
+	c.mu.Unlock()
+
+	// The ranks of each node, in first-appearance order.
+	at := map[string]int{}
+	for r, n := range nodes {
+		rk := worker.Rank{TP: r / ec.CP, CP: r % ec.CP}
+		i, ok := at[n]
+		if !ok {
+			m, _ := v.Member(n)
+			conn, err := c.cfg.Conn(m.Meta.GRPCAddr)
+			if err != nil {
+				return nil, fmt.Errorf("node %s at %q: %w: %w", n, m.Meta.GRPCAddr, remote.ErrUnavailable, err)
+			}
+			i = len(g.ranks)
+			at[n] = i
+			g.ranks = append(g.ranks, remote.NodeRanks{Conn: conn})
+		}
+		g.ranks[i].Ranks = append(g.ranks[i].Ranks, rk)
+	}
+	octx, cancel := context.WithTimeout(ctx, c.cfg.OpenTimeout)
+	defer cancel()
+	clients, err := remote.OpenGrid(octx, g.ranks, g.ref, workerConfig(ec))
+	if err != nil {
+		return nil, fmt.Errorf("open grid %s on %v: %w", g.ref.Grid, nodes, err)
+	}
+	g.clients = clients
+	hosts := make([]engine.Host, len(clients))
+	for i, cl := range clients {
+		hosts[i] = engine.Host{Worker: cl, Ranks: g.ranks[i].Ranks}
+	}
+	if g.eng, err = engine.Open(ec, hosts); err != nil {
+		c.mu.Lock()
+		c.closeGrid(g)
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		c.closeGrid(g)
+		return nil, ErrClosed
+	}
+	if old, ok := c.grids[g.key]; ok {
+		if old.lost == nil {
+			// Another create opened the same placement meanwhile.
+			c.closeGrid(g)
+			return old, nil
+		}
+		if old.seqs == 0 {
+			c.dropLocked(old)
+		}
+	}
+	c.grids[g.key] = g
+	c.log.Info("grid opened", "grid", g.ref.Grid, "view", g.ref.View, "nodes", nodes)
+	return g, nil
+}
+
+// workerConfig is the config the workers of a grid run with.
+func workerConfig(ec engine.Config) worker.Config {
+	return worker.Config{Layers: ec.Layers, QHeads: ec.QHeads, KVHeads: ec.KVHeads, HeadDim: ec.HeadDim,
+		PageSize: ec.PageSize, CP: ec.CP, TP: ec.TP, Capacity: ec.CapacityPages, Policy: ec.Policy, Mode: ec.Selection}
+}
+
+// lookup returns the sequence called id, refusing those of a lost grid.
+func (c *Coordinator) lookup(id string) (*seq, error) {
+	if _, err := Owner(id); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	s, ok := c.seqs[id]
+	if !ok {
+		return nil, fmt.Errorf("sequence %q: %w", id, ErrUnknownSequence)
+	}
+	if err := c.aliveLocked(s.g); err != nil {
+		return nil, fmt.Errorf("sequence %q: %w", id, err)
+	}
+	return s, nil
+}
+
+// aliveLocked returns the grid's loss, noticing one the membership view
+// shows: a node of the grid dead, departed, or restarted.
+func (c *Coordinator) aliveLocked(g *grid) error {
+	if g.lost != nil {
+		return g.lost
+	}
+	v := c.cfg.View()
+	for n, inst := range g.members {
+		m, ok := v.Member(n)
+		if !ok || !m.State.Up() || m.Instance != inst {
+			c.loseLocked(g, fmt.Errorf("%w: node %s is gone from the view", ErrGridLost, n))
+			return g.lost
+		}
+	}
+	return nil
+}
+
+// check marks g lost when err says that a node of it is unreachable.
+func (c *Coordinator) check(g *grid, err error) {
+	if !errors.Is(err, remote.ErrUnavailable) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g.lost == nil {
+		c.loseLocked(g, fmt.Errorf("%w: %w", ErrGridLost, err))
+	}
+}
+
+// loseLocked records g's loss and closes it on the nodes still reachable;
+// its sequences stay known (answering ErrGridLost) until released.
+func (c *Coordinator) loseLocked(g *grid, why error) {
+	g.lost = why
+	c.log.Warn("grid lost", "grid", g.ref.Grid, "nodes", g.nodes, "err", why)
+	c.closeGrid(g)
+}
+
+// dropLocked forgets g (no sequences left) and closes it.
+func (c *Coordinator) dropLocked(g *grid) {
+	if c.grids[g.key] == g {
+		delete(c.grids, g.key)
+	}
+	if g.lost == nil {
+		c.closeGrid(g)
+	}
+}
+
+// closeGrid closes g's engine and, in the background (owned by c.wg),
+// the grid on its nodes.
+func (c *Coordinator) closeGrid(g *grid) {
+	if g.eng != nil {
+		g.eng.Close()
+	}
+	clients := g.clients
+	if len(clients) == 0 {
+		return
+	}
+	c.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = remote.CloseGrid(ctx, clients...) // best effort: a lost node closed its own
+	})
+}
+
+// Append appends tokens' keys and values to one layer of a sequence.
+func (c *Coordinator) Append(ctx context.Context, id string, layer int, k, v []float32) error {
+	s, err := c.lookup(id)
+	if err != nil {
+		return err
+	}
+	err = s.g.eng.Append(s.id, layer, k, v)
+	c.check(s.g, err)
+	return err
+}
+
+// Len returns a sequence's length.
+func (c *Coordinator) Len(id string) (int, error) {
+	s, err := c.lookup(id)
+	if err != nil {
+		return 0, err
+	}
+	return s.g.eng.Len(s.id)
+}
+
+// Fork makes a child sequence sharing the parent's pages.
+func (c *Coordinator) Fork(ctx context.Context, id string) (string, error) {
+	s, err := c.lookup(id)
+	if err != nil {
+		return "", err
+	}
+	child, err := s.g.eng.Fork(s.id)
+	if err != nil {
+		c.check(s.g, err)
+		return "", err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	name := c.cfg.Name + "/" + strconv.FormatUint(c.next, 10)
+	c.next++
+	c.seqs[name] = &seq{g: s.g, id: child}
+	s.g.seqs++
+	return name, nil
+}
+
+// Rollback drops the last n tokens of every layer of a sequence.
+func (c *Coordinator) Rollback(ctx context.Context, id string, n int) error {
+	s, err := c.lookup(id)
+	if err != nil {
+		return err
+	}
+	err = s.g.eng.Rollback(s.id, n)
+	c.check(s.g, err)
+	return err
+}
+
+// Release frees a sequence; a sequence of a lost grid is forgotten.
+func (c *Coordinator) Release(ctx context.Context, id string) error {
+	if _, err := Owner(id); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	s, ok := c.seqs[id]
+	if !ok {
+		c.mu.Unlock()
+		return fmt.Errorf("sequence %q: %w", id, ErrUnknownSequence)
+	}
+	delete(c.seqs, id)
+	s.g.seqs--
+	lost := s.g.lost != nil
+	if s.g.seqs == 0 && lost {
+		c.dropLocked(s.g)
+	}
+	c.mu.Unlock()
+	if lost {
+		return nil
+	}
+	err := s.g.eng.Release(s.id)
+	c.check(s.g, err)
+	return err
+}
+
+// StepItem is one sequence's part of a step.
+type StepItem struct {
+	Seq string
+	engine.Request
+}
+
+// Step runs one decode step of one layer for a batch of sequences: the
+// items of each grid as one engine step, the grids concurrently; res
+// gets the outputs in item order (Plans, O, LSE, DenseLSE and Diag as
+// engine.Result), Time of the first grid.
+func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt engine.StepOptions, res *engine.Result) error {
+	if len(items) == 0 {
+		return fmt.Errorf("step: %w: no items", engine.ErrBadInput)
+	}
+	type part struct {
+		g     *grid
+		idx   []int
+		reqs  []engine.Request
+		res   engine.Result
+		err   error
+		start time.Time
+	}
+	var parts []*part
+	by := map[*grid]*part{}
+	seen := map[string]bool{}
+	for i, it := range items {
+		if seen[it.Seq] {
+			return fmt.Errorf("step: items[%d]: %w: sequence %q appears twice", i, engine.ErrBadInput, it.Seq)
+		}
+		seen[it.Seq] = true
+		s, err := c.lookup(it.Seq)
+		if err != nil {
+			return fmt.Errorf("step: items[%d]: %w", i, err)
+		}
+		p := by[s.g]
+		if p == nil {
+			p = &part{g: s.g}
+			by[s.g] = p
+			parts = append(parts, p)
+		}
+		r := it.Request
+		r.Seq = s.id
+		p.idx = append(p.idx, i)
+		p.reqs = append(p.reqs, r)
+	}
+	var wg sync.WaitGroup
+	for _, p := range parts {
+		wg.Go(func() { p.err = p.g.eng.Step(ctx, layer, p.reqs, opt, &p.res) })
+	}
+	wg.Wait()
+	for _, p := range parts {
+		if p.err != nil {
+			c.check(p.g, p.err)
+			return p.err
+		}
+	}
+	cfg := c.cfg.Engine
+	qd, qh := cfg.QHeads*cfg.HeadDim, cfg.QHeads
+	n := len(items)
+	res.O = resize(res.O, n*qd)
+	res.LSE = resize(res.LSE, n*qh)
+	res.Plans = append(res.Plans[:0], make([]plan.Plan, n)...)
+	res.Diag = res.Diag[:0]
+	res.DenseLSE = res.DenseLSE[:0]
+	if opt.Diagnostics {
+		res.Diag = append(res.Diag, make([]shard.Diagnostics, n)...)
+		res.DenseLSE = resize(res.DenseLSE, n*qh)
+	}
+	for pi, p := range parts {
+		for j, i := range p.idx {
+			copy(res.O[i*qd:(i+1)*qd], p.res.O[j*qd:])
+			copy(res.LSE[i*qh:(i+1)*qh], p.res.LSE[j*qh:])
+			res.Plans[i] = p.res.Plans[j]
+			if opt.Diagnostics {
+				res.Diag[i] = p.res.Diag[j]
+				copy(res.DenseLSE[i*qh:(i+1)*qh], p.res.DenseLSE[j*qh:])
+			}
+		}
+		if pi == 0 {
+			res.Time = p.res.Time
+		}
+	}
+	return nil
+}
+
+func resize(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// Close closes every grid and waits for the nodes' answers (bounded).
+func (c *Coordinator) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	for _, g := range c.grids {
+		if g.lost == nil {
+			c.closeGrid(g)
+		}
+	}
+	c.grids = map[string]*grid{}
+	c.mu.Unlock()
+	c.wg.Wait()
+	return nil
+}

@@ -1,0 +1,348 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	workerv1 "github.com/questrt/questrt/api/worker/v1"
+	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/worker"
+	"github.com/questrt/questrt/worker/remote"
+)
+
+// ServerConfig configures the Decode service of a node.
+type ServerConfig struct {
+	// Coordinator runs the sequences this node coordinates. Required.
+	Coordinator *Coordinator
+	// Status fills the parts of a StatusReply the coordinator does not
+	// know (members, devices, hosted grids, version); nil leaves them
+	// empty.
+	Status func(*decodev1.StatusReply)
+}
+
+// Server is the Decode gRPC service of a node: calls for sequences this
+// node coordinates run on its Coordinator, the others are forwarded to
+// their coordinator's node (looked up in the membership view).
+type Server struct {
+	decodev1.UnimplementedDecodeServer
+	cfg ServerConfig
+	c   *Coordinator
+}
+
+var _ decodev1.DecodeServer = (*Server)(nil)
+
+// NewServer returns the service; register it with Register.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if cfg.Coordinator == nil {
+		return nil, errors.New("decode server: no coordinator")
+	}
+	return &Server{cfg: cfg, c: cfg.Coordinator}, nil
+}
+
+// Register adds the service to a gRPC server.
+func (s *Server) Register(r grpc.ServiceRegistrar) { decodev1.RegisterDecodeServer(r, s) }
+
+// forward returns a client of the node that coordinates sequence id, or
+// nil when it is this node.
+func (s *Server) forward(id string) (decodev1.DecodeClient, error) {
+	owner, err := Owner(id)
+	if err != nil {
+		return nil, Status(err)
+	}
+	if owner == s.c.cfg.Name {
+		return nil, nil
+	}
+	m, ok := s.c.cfg.View().Member(owner)
+	if !ok || !m.State.Up() {
+		return nil, status.Errorf(codes.Unavailable, "sequence %q: its coordinator %s is not in this node's view", id, owner)
+	}
+	conn, err := s.c.cfg.Conn(m.Meta.GRPCAddr)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "sequence %q: coordinator %s at %s: %v", id, owner, m.Meta.GRPCAddr, err)
+	}
+	return decodev1.NewDecodeClient(conn), nil
+}
+
+// Create implements decodev1.DecodeServer.
+func (s *Server) Create(ctx context.Context, req *decodev1.CreateRequest) (*decodev1.CreateReply, error) {
+	p := plan.Striped
+	if req.GetPlacement() != "" {
+		var err error
+		if p, err = plan.ParsePlacement(req.GetPlacement()); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "placement %q: %v", req.GetPlacement(), err)
+		}
+	}
+	cr, err := s.c.Create(ctx, p)
+	if err != nil {
+		return nil, statusCtx(ctx, fmt.Errorf("create: %w", err))
+	}
+	return &decodev1.CreateReply{Sequence: cr.ID, Nodes: cr.Nodes, View: cr.View}, nil
+}
+
+// Append implements decodev1.DecodeServer.
+func (s *Server) Append(ctx context.Context, req *decodev1.AppendRequest) (*decodev1.AppendReply, error) {
+	if fw, err := s.forward(req.GetSequence()); fw != nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return fw.Append(ctx, req)
+	}
+	ec := s.c.cfg.Engine
+	if err := s.checkLayer(req.GetLayer()); err != nil {
+		return nil, err
+	}
+	k, err := remote.Float32s(req.GetK(), "k", -1, ec.KVHeads, ec.HeadDim)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, "append: "+err.Error())
+	}
+	v, err := remote.Float32s(req.GetV(), "v", len(k)/max(1, ec.KVHeads*ec.HeadDim), ec.KVHeads, ec.HeadDim)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, "append: "+err.Error())
+	}
+	if err := s.c.Append(ctx, req.GetSequence(), int(req.GetLayer()), k, v); err != nil {
+		return nil, statusCtx(ctx, fmt.Errorf("append %s layer %d: %w", req.GetSequence(), req.GetLayer(), err))
+	}
+	return &decodev1.AppendReply{}, nil
+}
+
+func (s *Server) checkLayer(layer uint32) error {
+	if n := s.c.cfg.Engine.Layers; int64(layer) >= int64(n) {
+		return status.Errorf(codes.InvalidArgument, "layer %d: the model has %d layers", layer, n)
+	}
+	return nil
+}
+
+// Step implements decodev1.DecodeServer.
+func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1.StepReply, error) {
+	items := req.GetItems()
+	if len(items) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "step: items: empty")
+	}
+	// All items must share a coordinator; forward when it is another node.
+	owner, err := Owner(items[0].GetSequence())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "step: items[0].sequence: %v", err)
+	}
+	for i, it := range items[1:] {
+		o, err := Owner(it.GetSequence())
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "step: items[%d].sequence: %v", i+1, err)
+		}
+		if o != owner {
+			return nil, status.Errorf(codes.InvalidArgument, "step: items[%d].sequence %q: coordinated by %s, items[0] by %s; one step's items share a coordinator", i+1, it.GetSequence(), o, owner)
+		}
+	}
+	if fw, err := s.forward(items[0].GetSequence()); fw != nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return fw.Step(ctx, req)
+	}
+	if err := s.checkLayer(req.GetLayer()); err != nil {
+		return nil, err
+	}
+	ec := s.c.cfg.Engine
+	its := make([]StepItem, len(items))
+	for i, it := range items {
+		q, err := remote.Float32s(it.GetQ(), fmt.Sprintf("items[%d].q", i), ec.QHeads, ec.HeadDim)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, "step: "+err.Error())
+		}
+		its[i] = StepItem{Seq: it.GetSequence(), Request: engine.Request{Q: q, BudgetTokens: int(it.GetBudgetTokens())}}
+		if it.GetK() != nil || it.GetV() != nil {
+			k, err := remote.Float32s(it.GetK(), fmt.Sprintf("items[%d].k", i), ec.KVHeads, ec.HeadDim)
+			if err != nil {
+				return nil, status.Error(codes.InvalidArgument, "step: "+err.Error())
+			}
+			v, err := remote.Float32s(it.GetV(), fmt.Sprintf("items[%d].v", i), ec.KVHeads, ec.HeadDim)
+			if err != nil {
+				return nil, status.Error(codes.InvalidArgument, "step: "+err.Error())
+			}
+			its[i].K, its[i].V = k, v
+		}
+		if b := it.GetBudgetTokens(); b > 0 && int(b) < ec.PageSize {
+			return nil, status.Errorf(codes.InvalidArgument, "step: items[%d].budget_tokens %d: below one page (%d tokens)", i, b, ec.PageSize)
+		}
+	}
+	opt := engine.StepOptions{ForceDense: req.GetForceDense(), Phased: req.GetPhased(), Diagnostics: req.GetDiagnostics()}
+	var res engine.Result
+	if err := s.c.Step(ctx, int(req.GetLayer()), its, opt, &res); err != nil {
+		return nil, statusCtx(ctx, fmt.Errorf("step layer %d: %w", req.GetLayer(), err))
+	}
+	n := len(items)
+	rep := &decodev1.StepReply{
+		O:       remote.Float32Tensor(res.O, n, ec.QHeads, ec.HeadDim),
+		Lse:     remote.Float32Tensor(res.LSE, n, ec.QHeads),
+		TotalNs: res.Time.Total.Nanoseconds(),
+		Time: &workerv1.Times{ScoreNs: res.Time.Score.Nanoseconds(), TopkNs: res.Time.TopK.Nanoseconds(),
+			SelectNs: res.Time.Select.Nanoseconds(), AttendNs: res.Time.Attend.Nanoseconds(),
+			MergeNs: res.Time.Merge.Nanoseconds(), FusedNs: res.Time.Fused.Nanoseconds()},
+	}
+	for _, p := range res.Plans {
+		rep.Plans = append(rep.Plans, &decodev1.Plan{Pages: uint32(p.Pages), K: uint32(p.K), Rank: uint32(p.Rank),
+			Sink: uint32(p.Sink), Local: uint32(p.Local), Dense: p.Dense})
+	}
+	for i, dg := range res.Diag {
+		indptr := []int32{0}
+		var pages []int32
+		for _, sel := range dg.Selected {
+			pages = append(pages, sel...)
+			indptr = append(indptr, int32(len(pages)))
+		}
+		d := &decodev1.Diagnostics{
+			Indptr:   remote.Int32Tensor(indptr, len(indptr)),
+			Pages:    remote.Int32Tensor(pages, len(pages)),
+			DenseLse: remote.Float32Tensor(res.DenseLSE[i*ec.QHeads:(i+1)*ec.QHeads], ec.QHeads),
+			AbsL2:    dg.AbsL2,
+		}
+		if !math.IsNaN(dg.RelL2) {
+			d.RelL2, d.RelL2Defined = dg.RelL2, true
+		}
+		if dg.Scores != nil {
+			np := res.Plans[i].Pages
+			flat := make([]float32, 0, ec.QHeads*np)
+			for _, sc := range dg.Scores {
+				flat = append(flat, sc...)
+			}
+			d.Scores = remote.Float32Tensor(flat, ec.QHeads, np)
+		}
+		rep.Diag = append(rep.Diag, d)
+	}
+	return rep, nil
+}
+
+// Fork implements decodev1.DecodeServer.
+func (s *Server) Fork(ctx context.Context, req *decodev1.ForkRequest) (*decodev1.ForkReply, error) {
+	if fw, err := s.forward(req.GetSequence()); fw != nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return fw.Fork(ctx, req)
+	}
+	child, err := s.c.Fork(ctx, req.GetSequence())
+	if err != nil {
+		return nil, statusCtx(ctx, fmt.Errorf("fork %s: %w", req.GetSequence(), err))
+	}
+	return &decodev1.ForkReply{Sequence: child}, nil
+}
+
+// Rollback implements decodev1.DecodeServer.
+func (s *Server) Rollback(ctx context.Context, req *decodev1.RollbackRequest) (*decodev1.RollbackReply, error) {
+	if fw, err := s.forward(req.GetSequence()); fw != nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return fw.Rollback(ctx, req)
+	}
+	if req.GetTokens() == 0 || req.GetTokens() > math.MaxInt32 {
+		return nil, status.Errorf(codes.InvalidArgument, "rollback %s: tokens %d: want 1 up to the length", req.GetSequence(), req.GetTokens())
+	}
+	if err := s.c.Rollback(ctx, req.GetSequence(), int(req.GetTokens())); err != nil {
+		return nil, statusCtx(ctx, fmt.Errorf("rollback %s: %w", req.GetSequence(), err))
+	}
+	return &decodev1.RollbackReply{}, nil
+}
+
+// Release implements decodev1.DecodeServer.
+func (s *Server) Release(ctx context.Context, req *decodev1.ReleaseRequest) (*decodev1.ReleaseReply, error) {
+	if fw, err := s.forward(req.GetSequence()); fw != nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return fw.Release(ctx, req)
+	}
+	if err := s.c.Release(ctx, req.GetSequence()); err != nil {
+		return nil, statusCtx(ctx, fmt.Errorf("release %s: %w", req.GetSequence(), err))
+	}
+	return &decodev1.ReleaseReply{}, nil
+}
+
+// Length implements decodev1.DecodeServer.
+func (s *Server) Length(ctx context.Context, req *decodev1.LengthRequest) (*decodev1.LengthReply, error) {
+	if fw, err := s.forward(req.GetSequence()); fw != nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return fw.Length(ctx, req)
+	}
+	n, err := s.c.Len(req.GetSequence())
+	if err != nil {
+		return nil, statusCtx(ctx, fmt.Errorf("length %s: %w", req.GetSequence(), err))
+	}
+	return &decodev1.LengthReply{Length: uint64(n)}, nil
+}
+
+// Status implements decodev1.DecodeServer.
+func (s *Server) Status(ctx context.Context, _ *decodev1.StatusRequest) (*decodev1.StatusReply, error) {
+	c := s.c
+	v := c.cfg.View()
+	rep := &decodev1.StatusReply{
+		Node:      c.cfg.Name,
+		View:      v.Version,
+		Config:    remote.GridConfigProto(workerConfig(c.cfg.Engine)),
+		Sequences: uint32(c.Sequences()),
+	}
+	for _, m := range v.Members {
+		rep.Members = append(rep.Members, &decodev1.Member{Name: m.Name, State: m.State.String(),
+			GrpcAddr: m.Meta.GRPCAddr, Version: m.Meta.Version,
+			FreePages: uint32(min(m.Meta.FreePages, math.MaxUint32)), TotalPages: uint32(min(m.Meta.TotalPages, math.MaxUint32))})
+	}
+	if s.cfg.Status != nil {
+		s.cfg.Status(rep)
+	}
+	return rep, nil
+}
+
+// Status maps a coordinator, engine or worker error to a gRPC status
+// error with the same message: bad input INVALID_ARGUMENT, unknown
+// sequences NOT_FOUND, no pages or no node with capacity
+// RESOURCE_EXHAUSTED, broken sequences FAILED_PRECONDITION, a lost grid
+// or an unreachable node UNAVAILABLE, a closed coordinator UNAVAILABLE.
+func Status(err error) error {
+	if err == nil {
+		return nil
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, engine.ErrBadInput), errors.Is(err, worker.ErrBadMessage), errors.Is(err, ErrBadSequenceID):
+		code = codes.InvalidArgument
+	case errors.Is(err, engine.ErrUnknownSequence), errors.Is(err, ErrUnknownSequence), errors.Is(err, worker.ErrUnknownSequence):
+		code = codes.NotFound
+	case errors.Is(err, pagestore.ErrPoolExhausted), errors.Is(err, cluster.ErrNoCapacity):
+		code = codes.ResourceExhausted
+	case errors.Is(err, engine.ErrBroken):
+		code = codes.FailedPrecondition
+	case errors.Is(err, ErrGridLost), errors.Is(err, remote.ErrUnavailable), errors.Is(err, ErrClosed), errors.Is(err, engine.ErrClosed):
+		code = codes.Unavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.Unavailable
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	default:
+		// A status from another node (a forwarded call) keeps its code.
+		if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+			code = st.Code()
+		}
+	}
+	return status.Error(code, err.Error())
+}
+
+// statusCtx is Status, except that an error of the caller's own deadline
+// or cancellation keeps its code (a step deadline the node set and missed
+// is UNAVAILABLE: a node it needed did not answer in time).
+func statusCtx(ctx context.Context, err error) error {
+	if ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return Status(err)
+}

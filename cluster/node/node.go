@@ -1,0 +1,305 @@
+// Package node assembles one questrt cluster node: the gRPC server with
+// the worker API (worker/remote: the shards of the sequences placed on
+// this node), the client API (cluster/coord: the sequences coordinated
+// here, forwarding for the others) and the standard health service; the
+// membership (cluster: memberlist gossip, the node's meta with its gRPC
+// address and free pages); and a connection pool to the other nodes.
+// questd is this package plus flags; tests start several nodes in one
+// process with it.
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	workerv1 "github.com/questrt/questrt/api/worker/v1"
+	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/cluster/coord"
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/worker/remote"
+)
+
+// Config configures a node. Name (through Member), GRPCAddr, Engine and
+// one of TLS and Plaintext are required.
+type Config struct {
+	// GRPCAddr is the listen address of the gRPC server ("127.0.0.1:0"
+	// picks a free port).
+	GRPCAddr string
+	// Advertise is the host other nodes reach this node's gRPC server
+	// and collective listeners at; default: the host of GRPCAddr.
+	Advertise string
+	// Member configures the membership; its Name is the node's name, its
+	// Meta is filled by Start.
+	Member cluster.MemberConfig
+	// Engine is the geometry, grid, policy, selection mode and step
+	// deadline of the cluster (the same on every node).
+	Engine engine.Config
+	// MaxPages is the number of pages this node hosts over all grids
+	// (default 8 x Engine.CapacityPages).
+	MaxPages int
+	// MemoryLimit bounds the host bytes of the hosted pools
+	// (internal/memlimit: bytes, 0 available memory, -1 no check).
+	MemoryLimit int64
+	// TLS secures every gRPC connection (mutual TLS: Certificates,
+	// RootCAs, ClientCAs, RequireAndVerifyClientCert); Plaintext runs
+	// them unencrypted (only when asked for).
+	TLS       *tls.Config
+	Plaintext bool
+	// DrainTimeout bounds how long Stop waits for in-flight calls (10s).
+	DrainTimeout time.Duration
+	// MetaInterval is how often the node checks its free pages and
+	// updates its gossip meta when they changed (1s).
+	MetaInterval time.Duration
+	// Version is the version the node advertises.
+	Version string
+	// Logger receives every component's logs (default: discard).
+	Logger *slog.Logger
+}
+
+// MaxMessageBytes bounds one gRPC message of the client and worker APIs.
+const MaxMessageBytes = 256 << 20
+
+// Node is a running node.
+type Node struct {
+	cfg    Config
+	log    *slog.Logger
+	lis    net.Listener
+	addr   string
+	ws     *remote.Server
+	m      *cluster.Membership
+	pool   *pool
+	co     *coord.Coordinator
+	srv    *grpc.Server
+	hs     *health.Server
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	served chan error
+	once   sync.Once
+}
+
+// Start starts a node: it listens, starts the worker service, joins the
+// cluster (ctx bounds the join) and serves. Stop it with Stop.
+func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+	if (cfg.TLS == nil) == !cfg.Plaintext {
+		return nil, errors.New("node: set exactly one of TLS and Plaintext")
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.MetaInterval <= 0 {
+		cfg.MetaInterval = time.Second
+	}
+	if cfg.MaxPages <= 0 {
+		cfg.MaxPages = 8 * cfg.Engine.CapacityPages
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("node", cfg.Member.Name)
+	creds := insecure.NewCredentials()
+	if cfg.TLS != nil {
+		creds = credentials.NewTLS(cfg.TLS)
+	}
+	n = &Node{cfg: cfg, log: log, served: make(chan error, 1)}
+	defer func() {
+		if err != nil {
+			n.close()
+		}
+	}()
+	if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("node: listen on %q: %w", cfg.GRPCAddr, err)
+	}
+	host := cfg.Advertise
+	if host == "" {
+		host, _, _ = net.SplitHostPort(n.lis.Addr().String())
+	}
+	n.addr = net.JoinHostPort(host, strconv.Itoa(n.lis.Addr().(*net.TCPAddr).Port))
+	if n.ws, err = remote.NewServer(remote.ServerConfig{Host: host, MaxPages: cfg.MaxPages, MemoryLimit: cfg.MemoryLimit,
+		TLS: cfg.TLS, Plaintext: cfg.Plaintext, Logger: log.With("component", "worker")}); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	mc := cfg.Member
+	mc.Logger = log.With("component", "cluster")
+	total := uint64(cfg.MaxPages)
+	mc.Meta = cluster.NodeMeta{GRPCAddr: n.addr, Version: cfg.Version, Backend: "cpu", Devices: 1, FreePages: total, TotalPages: total}
+	if n.m, err = cluster.NewMembership(ctx, mc); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	n.pool = &pool{creds: creds, m: map[string]*grpc.ClientConn{}}
+	if n.co, err = coord.New(coord.Config{Name: mc.Name, Engine: cfg.Engine, View: n.m.View, Conn: n.pool.get,
+		Logger: log.With("component", "coordinator")}); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	ds, err := coord.NewServer(coord.ServerConfig{Coordinator: n.co, Status: func(r *decodev1.StatusReply) {
+		r.Version = cfg.Version
+		r.Grids = uint32(n.ws.Grids())
+		r.Devices = []*decodev1.Device{{Kind: "cpu", Name: "host"}}
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	n.srv = grpc.NewServer(grpc.Creds(creds), grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
+	workerv1.RegisterWorkerServer(n.srv, n.ws)
+	ds.Register(n.srv)
+	n.hs = health.NewServer()
+	healthpb.RegisterHealthServer(n.srv, n.hs)
+	n.wg.Go(func() { n.served <- n.srv.Serve(n.lis) })
+	mctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.wg.Go(func() { n.advertise(mctx, mc.Meta) })
+	log.Info("serving", "grpc", n.addr, "gossip", n.m.Addr().String())
+	return n, nil
+}
+
+// Name is the node's name.
+func (n *Node) Name() string { return n.cfg.Member.Name }
+
+// Addr is the node's advertised gRPC address.
+func (n *Node) Addr() string { return n.addr }
+
+// GossipAddr is the node's gossip address.
+func (n *Node) GossipAddr() string { return n.m.Addr().String() }
+
+// Membership is the node's membership.
+func (n *Node) Membership() *cluster.Membership { return n.m }
+
+// Served receives the gRPC server's error if it stops
+// serving before Stop.
+func (n *Node) Served() <-chan error { return n.served }
+
+// Stop drains the node: health NOT_SERVING, the in-flight calls end (up
+// to DrainTimeout, then they are cut), the grids close, the node leaves
+// the cluster (ctx bounds the leave) and everything stops.
+func (n *Node) Stop(ctx context.Context) error {
+	var err error
+	n.once.Do(func() {
+		n.log.Info("draining", "timeout", n.cfg.DrainTimeout)
+		n.hs.Shutdown()
+		stopped := make(chan struct{})
+		go func() { n.srv.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(n.cfg.DrainTimeout):
+			n.log.Warn("drain timed out; cutting the remaining calls")
+			n.srv.Stop()
+			<-stopped
+		}
+		if lerr := n.m.Leave(ctx); lerr != nil {
+			n.log.Warn("leave", "err", lerr)
+		}
+		err = n.close()
+		n.log.Info("stopped")
+	})
+	return err
+}
+
+// Kill stops the node at once without leaving the cluster or closing
+// its grids politely: to the others it looks like a crash (tests).
+func (n *Node) Kill() {
+	n.once.Do(func() {
+		n.srv.Stop()
+		n.close()
+	})
+}
+
+// close releases everything Start made, in reverse order.
+func (n *Node) close() error {
+	if n.cancel != nil {
+		n.cancel()
+	}
+	if n.srv != nil {
+		n.srv.Stop()
+	}
+	if n.co != nil {
+		n.co.Close()
+	}
+	if n.ws != nil {
+		n.ws.Close()
+	}
+	if n.m != nil {
+		n.m.Shutdown()
+	}
+	if n.pool != nil {
+		n.pool.close()
+	}
+	if n.lis != nil {
+		n.lis.Close()
+	}
+	n.wg.Wait()
+	return nil
+}
+
+// advertise updates the gossip meta when the free pages change.
+func (n *Node) advertise(ctx context.Context, meta cluster.NodeMeta) {
+	t := time.NewTicker(n.cfg.MetaInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		free := uint64(max(n.ws.Stats().PagesFree, 0))
+		if free == meta.FreePages {
+			continue
+		}
+		meta.FreePages = free
+		uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := n.m.UpdateMeta(uctx, meta); err != nil && ctx.Err() == nil {
+			n.log.Warn("update meta", "err", err)
+		}
+		cancel()
+	}
+}
+
+// pool caches one client connection per node address.
+type pool struct {
+	creds credentials.TransportCredentials
+	mu    sync.Mutex
+	m     map[string]*grpc.ClientConn
+}
+
+func (p *pool) get(addr string) (grpc.ClientConnInterface, error) {
+	if addr == "" {
+		return nil, errors.New("the node advertises no gRPC address")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		return nil, errors.New("node stopped")
+	}
+	if cc, ok := p.m[addr]; ok {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)))
+	if err != nil {
+		return nil, err
+	}
+	p.m[addr] = cc
+	return cc, nil
+}
+
+func (p *pool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, cc := range p.m {
+		cc.Close()
+	}
+	p.m = nil
+}

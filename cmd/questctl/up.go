@@ -1,0 +1,599 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/questrt/questrt/bench"
+
+	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	grpcstatus "google.golang.org/grpc/status"
+)
+
+// upPollEvery is how often up asks every node for its Status while the
+// cluster forms.
+const upPollEvery = 100 * time.Millisecond
+
+// upManaged are the questd flags that up sets for every node, with what
+// to use instead after "--".
+var upManaged = map[string]string{
+	"name":        "--base-name",
+	"grpc-addr":   "", // 127.0.0.1:0, reported in the ready line
+	"gossip-addr": "",
+	"join":        "",
+	"plaintext":   "questctl up --plaintext",
+	"cp":          "questctl up --cp",
+	"tp":          "questctl up --tp",
+}
+
+var baseNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	own, extra := splitDashDash(args)
+	fs := newFlags("up", `Usage: questctl up --nodes N [--cp C --tp T] [--questd PATH] [--timeout 30s] [flags] [-- questd flags...]
+
+Starts a local questd cluster on the loopback interface and keeps it
+running until interrupted (SIGINT or SIGTERM). Node 0 is started first
+with --name BASE-0 --grpc-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0
+--plaintext --cp C --tp T and the flags after "--"; nodes 1..N-1 get the
+same flags plus --join with node 0's gossip address. Each node's ready
+line ({"event":"ready",...} on its stdout) gives its addresses; its
+stderr is passed through prefixed with its name, or written to
+DIR/NAME.log with --log-dir.
+
+Once every node's Status lists all N nodes alive, up prints one line per
+node, "NAME grpc=ADDR gossip=ADDR pid=PID", and "cluster up: N nodes"
+(with --json, one JSON object per node instead). Everything up to there
+must happen within --timeout, or up stops the nodes it started and exits 1.
+
+A node that exits by itself is reported with its exit status; up then
+stops the others and exits 1. On SIGINT or SIGTERM up sends SIGTERM to
+every node, waits --stop-timeout for them to drain and leave, kills the
+rest and exits 0. On Linux the nodes also get SIGTERM if questctl dies.
+
+questd is --questd, else a questd next to the questctl executable, else
+questd on $PATH.`)
+	nodes := fs.Int("nodes", 0, "number of questd nodes to start (required, at least 1)")
+	cp := fs.Int("cp", 1, "context-parallel degree of the cluster's grid, passed to every node as --cp")
+	tp := fs.Int("tp", 1, "tensor-parallel degree of the cluster's grid, passed to every node as --tp")
+	questd := fs.String("questd", "", "path of the questd binary (default: questd next to questctl, else on $PATH)")
+	timeout := fs.Duration("timeout", 30*time.Second, "the whole cluster must be ready, with every node seeing all N alive, within this time")
+	stopTimeout := fs.Duration("stop-timeout", 10*time.Second, "after SIGTERM, how long the nodes have to drain before they are killed")
+	baseName := fs.String("base-name", "node", "node names are BASE-0 .. BASE-(N-1)")
+	plaintext := fs.Bool("plaintext", true, "run the nodes' gRPC without TLS (a loopback cluster); with --plaintext=false pass questd's TLS flags after \"--\" and --ca")
+	ca := fs.String("ca", "", "PEM file of the CA of the nodes' certificates, to check their Status (with --plaintext=false; default: the system roots)")
+	logDir := fs.String("log-dir", "", "write each node's stderr to DIR/NAME.log (overwritten) instead of questctl's stderr")
+	asJSON := fs.Bool("json", false, `print one JSON object per node, {"name","grpc","gossip","pid"}, instead of the text lines`)
+	if err := parse(fs, own, stdout); err != nil {
+		return err
+	}
+	switch {
+	case !flagSet(fs, "nodes"):
+		return usageError{errors.New("--nodes is required: how many questd nodes to start (see 'questctl up --help')")}
+	case *nodes < 1:
+		return usageError{fmt.Errorf("--nodes %q: want at least 1", fmt.Sprint(*nodes))}
+	case *cp < 1:
+		return usageError{fmt.Errorf("--cp %q: want at least 1", fmt.Sprint(*cp))}
+	case *tp < 1:
+		return usageError{fmt.Errorf("--tp %q: want at least 1", fmt.Sprint(*tp))}
+	case *timeout <= 0:
+		return usageError{fmt.Errorf("--timeout %q: must be positive", timeout.String())}
+	case *stopTimeout <= 0:
+		return usageError{fmt.Errorf("--stop-timeout %q: must be positive", stopTimeout.String())}
+	case !baseNameRE.MatchString(*baseName):
+		return usageError{fmt.Errorf("--base-name %q: want letters, digits, '.', '_' or '-', starting with a letter or digit", *baseName)}
+	case *plaintext && *ca != "":
+		return usageError{fmt.Errorf("--ca %q: only with --plaintext=false", *ca)}
+	}
+	if err := checkExtraFlags(extra); err != nil {
+		return err
+	}
+	bin, err := findQuestd(*questd)
+	if err != nil {
+		return err
+	}
+	if *logDir != "" {
+		if err := os.MkdirAll(*logDir, 0o755); err != nil {
+			return fmt.Errorf("--log-dir %q: %v", *logDir, err)
+		}
+	}
+
+	sigCtx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+	errw := &syncWriter{w: stderr}
+	c := &upCluster{
+		bin: bin, plaintext: *plaintext, ca: *ca, logDir: *logDir, stderr: errw,
+		exited: make(chan *upNode, *nodes),
+	}
+	var common []string
+	if *plaintext {
+		common = append(common, "--plaintext") // else questd's TLS flags come after "--"
+	}
+	common = append(append(common, "--cp", fmt.Sprint(*cp), "--tp", fmt.Sprint(*tp)), extra...)
+
+	startCtx, cancel := context.WithTimeout(sigCtx, *timeout)
+	err = c.start(startCtx, *baseName, *nodes, common)
+	cancel()
+	if err != nil {
+		started := len(c.nodes)
+		c.stop(*stopTimeout)
+		var late startTimeout
+		if sigCtx.Err() != nil {
+			err = errors.New("interrupted while the cluster was starting")
+		} else if errors.As(err, &late) {
+			err = fmt.Errorf("cluster not up within --timeout %v: %s", *timeout, late.what)
+		}
+		if started > 0 {
+			return fmt.Errorf("%w; stopped the %d node(s) started", err, started)
+		}
+		return err
+	}
+
+	for _, n := range c.nodes {
+		if *asJSON {
+			err = bench.WriteJSONLine(stdout, struct {
+				Name   string `json:"name"`
+				GRPC   string `json:"grpc"`
+				Gossip string `json:"gossip"`
+				PID    int    `json:"pid"`
+			}{n.name, n.grpc, n.gossip, n.pid})
+		} else {
+			_, err = fmt.Fprintf(stdout, "%s grpc=%s gossip=%s pid=%d\n", n.name, n.grpc, n.gossip, n.pid)
+		}
+		if err != nil {
+			c.stop(*stopTimeout)
+			return err
+		}
+	}
+	if !*asJSON {
+		fmt.Fprintf(stdout, "cluster up: %d nodes\n", len(c.nodes))
+	}
+
+	select {
+	case <-sigCtx.Done():
+	case n := <-c.exited:
+		// A Ctrl-C reaches the nodes too (they share questctl's process
+		// group): an exit just before questctl sees the signal is the
+		// signal's doing, not the node's.
+		select {
+		case <-sigCtx.Done():
+		case <-time.After(200 * time.Millisecond):
+			c.stop(*stopTimeout)
+			return fmt.Errorf("%s (pid %d) exited by itself (%s); stopped the other %d node(s)", n.name, n.pid, n.exitStatus(), len(c.nodes)-1)
+		}
+	}
+	fmt.Fprintf(errw, "questctl up: stopping %d node(s)\n", len(c.nodes))
+	c.stop(*stopTimeout)
+	return nil
+}
+
+// splitDashDash splits args at the first "--": questctl's flags before
+// it, questd's after it.
+func splitDashDash(args []string) (own, extra []string) {
+	for i, a := range args {
+		if a == "--" {
+			return args[:i], args[i+1:]
+		}
+	}
+	return args, nil
+}
+
+// checkExtraFlags refuses questd flags that up sets itself.
+func checkExtraFlags(extra []string) error {
+	for _, a := range extra {
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name := strings.TrimLeft(a, "-")
+		name, _, _ = strings.Cut(name, "=")
+		instead, ok := upManaged[name]
+		if !ok {
+			continue
+		}
+		why := "questctl up sets it for every node"
+		if instead != "" {
+			why += "; use " + instead
+		}
+		return usageError{fmt.Errorf("questd flag %q after \"--\": %s (see 'questctl up --help')", a, why)}
+	}
+	return nil
+}
+
+// findQuestd returns the questd binary to run: flagValue, else questd next
+// to this executable, else questd on $PATH.
+func findQuestd(flagValue string) (string, error) {
+	if flagValue != "" {
+		if err := checkExecutable(flagValue); err != nil {
+			return "", usageError{fmt.Errorf("--questd %q: %v", flagValue, err)}
+		}
+		abs, err := filepath.Abs(flagValue) // exec would look a bare name up in $PATH
+		if err != nil {
+			return "", usageError{fmt.Errorf("--questd %q: %v", flagValue, err)}
+		}
+		return abs, nil
+	}
+	next := "questd next to questctl"
+	if exe, err := os.Executable(); err == nil {
+		next = filepath.Join(filepath.Dir(exe), "questd")
+		if checkExecutable(next) == nil {
+			return next, nil
+		}
+	}
+	if p, err := exec.LookPath("questd"); err == nil {
+		return p, nil
+	}
+	return "", usageError{fmt.Errorf("no questd binary: not at %s nor on $PATH; build it (go build -o DIR ./cmd/questd) or pass --questd PATH", next)}
+}
+
+// checkExecutable reports why path is not an executable file, if it is not.
+func checkExecutable(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return errors.New("no such file")
+	case err != nil:
+		return err
+	case fi.IsDir():
+		return errors.New("is a directory")
+	case fi.Mode()&0o111 == 0:
+		return errors.New("not executable")
+	}
+	return nil
+}
+
+// upCluster is the set of questd processes one up started.
+type upCluster struct {
+	bin       string
+	plaintext bool
+	ca        string
+	logDir    string
+	stderr    *syncWriter
+	nodes     []*upNode
+	exited    chan *upNode // each node once, when its Wait returns
+}
+
+// start starts count nodes one after the other, each ready before the
+// next, then waits until every node sees all of them alive.
+func (c *upCluster) start(ctx context.Context, base string, count int, common []string) error {
+	for i := range count {
+		name := fmt.Sprintf("%s-%d", base, i)
+		args := []string{"--name", name, "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"}
+		if i > 0 {
+			args = append(args, "--join", c.nodes[0].gossip)
+		}
+		n, err := c.startNode(name, append(args, common...))
+		if err != nil {
+			return err
+		}
+		if err := n.awaitReady(ctx); err != nil {
+			return err
+		}
+	}
+	return c.awaitAlive(ctx)
+}
+
+// startNode starts one questd. The node is in c.nodes once it has
+// started, so that stop stops it whatever happens next.
+func (c *upCluster) startNode(name string, args []string) (*upNode, error) {
+	n := &upNode{
+		name:    name,
+		ready:   make(chan readyLine, 1),
+		done:    make(chan struct{}),
+		outDone: make(chan struct{}),
+	}
+	var errSink, outSink io.Writer
+	if c.logDir != "" {
+		f, err := os.Create(filepath.Join(c.logDir, name+".log"))
+		if err != nil {
+			return nil, fmt.Errorf("--log-dir: %v", err)
+		}
+		n.closers = append(n.closers, f.Close)
+		errSink, outSink = f, f
+	} else {
+		ep := &prefixWriter{out: c.stderr, prefix: name + ": "}
+		op := &prefixWriter{out: c.stderr, prefix: name + ": "}
+		n.closers = append(n.closers, ep.flush, op.flush)
+		errSink, outSink = ep, op
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		n.close()
+		return nil, fmt.Errorf("start %s: %v", name, err)
+	}
+	n.stdout = pr
+	cmd := exec.Command(c.bin, args...)
+	cmd.Stdout = pw
+	cmd.Stderr = errSink
+	cmd.SysProcAttr = childSysProcAttr()
+	cmd.WaitDelay = 2 * time.Second // a grandchild holding stderr open cannot hang Wait
+	if err := cmd.Start(); err != nil {
+		pr.Close()
+		pw.Close()
+		n.close()
+		return nil, fmt.Errorf("start %s (%s): %v", name, c.bin, err)
+	}
+	pw.Close()
+	n.cmd, n.pid = cmd, cmd.Process.Pid
+	c.nodes = append(c.nodes, n)
+	go n.readStdout(outSink)
+	go func() {
+		n.err = cmd.Wait()
+		close(n.done)
+		c.exited <- n
+	}()
+	return n, nil
+}
+
+// awaitAlive polls every node's Status until each lists exactly the
+// cluster's nodes as alive.
+func (c *upCluster) awaitAlive(ctx context.Context) error {
+	want := make([]string, len(c.nodes))
+	clients := make([]decodev1.DecodeClient, len(c.nodes))
+	for i, n := range c.nodes {
+		want[i] = n.name
+		conn, err := dialDecode(n.grpc, c.plaintext, c.ca)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		clients[i] = decodev1.NewDecodeClient(conn)
+	}
+	sort.Strings(want)
+	tick := time.NewTicker(upPollEvery)
+	defer tick.Stop()
+	for {
+		var behind string // the first node not there yet, and why
+		for i, n := range c.nodes {
+			if n.exited() {
+				return fmt.Errorf("%s (pid %d) exited while the cluster was forming (%s)", n.name, n.pid, n.exitStatus())
+			}
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			r, err := clients[i].Status(cctx, &decodev1.StatusRequest{})
+			cancel()
+			if err != nil {
+				if behind == "" {
+					behind = fmt.Sprintf("%s: Status: %s", n.name, grpcstatus.Convert(err).Message())
+				}
+				continue
+			}
+			var alive []string
+			for _, m := range r.GetMembers() {
+				if m.GetState() == "alive" {
+					alive = append(alive, m.GetName())
+				}
+			}
+			sort.Strings(alive)
+			if strings.Join(alive, ",") != strings.Join(want, ",") && behind == "" {
+				behind = fmt.Sprintf("%s sees %d of %d alive [%s]", n.name, len(alive), len(want), strings.Join(alive, " "))
+			}
+		}
+		if behind == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return startError(ctx, behind)
+		case <-tick.C:
+		}
+	}
+}
+
+// stop sends SIGTERM to every running node, waits up to grace for them,
+// kills the rest and reaps them all. It reports the nodes it had to kill
+// and those that stopped with a failure status; a node that had exited
+// before is the caller's to report.
+func (c *upCluster) stop(grace time.Duration) {
+	signalled := map[*upNode]bool{}
+	for _, n := range c.nodes {
+		if !n.exited() {
+			n.cmd.Process.Signal(syscall.SIGTERM)
+			signalled[n] = true
+		}
+	}
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	expired := false
+	for _, n := range c.nodes {
+		if !expired {
+			select {
+			case <-n.done:
+			case <-timer.C:
+				expired = true
+			}
+		}
+		if !n.exited() {
+			n.cmd.Process.Kill()
+			<-n.done
+			fmt.Fprintf(c.stderr, "questctl up: %s (pid %d) did not stop within %v of SIGTERM: killed\n", n.name, n.pid, grace)
+		} else if signalled[n] && !n.cmd.ProcessState.Success() {
+			fmt.Fprintf(c.stderr, "questctl up: %s (pid %d) stopped with %s\n", n.name, n.pid, n.exitStatus())
+		}
+	}
+	for _, n := range c.nodes {
+		n.close()
+	}
+}
+
+// upNode is one questd process.
+type upNode struct {
+	name   string
+	cmd    *exec.Cmd
+	pid    int
+	stdout *os.File       // the read end of the node's stdout
+	ready  chan readyLine // the node's first ready line
+	done   chan struct{}  // closed when cmd.Wait has returned
+	err    error          // cmd.Wait's error, once done is closed
+
+	outDone chan struct{} // closed when readStdout has returned
+	closers []func() error
+
+	grpc, gossip string // from the ready line
+}
+
+// readyLine is the line questd prints on its stdout once it serves.
+type readyLine struct {
+	Event  string `json:"event"`
+	Name   string `json:"name"`
+	GRPC   string `json:"grpc"`
+	Gossip string `json:"gossip"`
+}
+
+// readStdout passes the node's first ready line to n.ready and every
+// other line of its stdout to sink.
+func (n *upNode) readStdout(sink io.Writer) {
+	defer close(n.outDone)
+	defer n.stdout.Close()
+	sent := false
+	br := bufio.NewReader(n.stdout)
+	for {
+		line, err := br.ReadString('\n')
+		if line != "" {
+			var r readyLine
+			if !sent && json.Unmarshal([]byte(line), &r) == nil && r.Event == "ready" {
+				n.ready <- r
+				sent = true
+			} else {
+				io.WriteString(sink, line)
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// awaitReady waits for the node's ready line and takes its addresses.
+func (n *upNode) awaitReady(ctx context.Context) error {
+	select {
+	case r := <-n.ready:
+		if r.Name != n.name {
+			return fmt.Errorf("%s (pid %d): its ready line names %q", n.name, n.pid, r.Name)
+		}
+		if err := checkHostPort(r.GRPC); err != nil {
+			return fmt.Errorf("%s (pid %d): ready line: grpc %q: %v", n.name, n.pid, r.GRPC, err)
+		}
+		if err := checkHostPort(r.Gossip); err != nil {
+			return fmt.Errorf("%s (pid %d): ready line: gossip %q: %v", n.name, n.pid, r.Gossip, err)
+		}
+		n.grpc, n.gossip = r.GRPC, r.Gossip
+		return nil
+	case <-n.done:
+		return fmt.Errorf("%s (pid %d) exited before it was ready (%s)", n.name, n.pid, n.exitStatus())
+	case <-ctx.Done():
+		return startError(ctx, fmt.Sprintf("%s (pid %d) printed no ready line", n.name, n.pid))
+	}
+}
+
+// startTimeout is the start-up deadline passing; what says what was
+// still missing.
+type startTimeout struct{ what string }
+
+func (e startTimeout) Error() string { return e.what + ": start-up deadline passed" }
+
+// startError is the error of a start-up step cut short by ctx.
+func startError(ctx context.Context, what string) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return startTimeout{what}
+	}
+	return fmt.Errorf("%s: %w", what, ctx.Err())
+}
+
+// exited reports whether the node's process has exited and been reaped.
+func (n *upNode) exited() bool {
+	select {
+	case <-n.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// exitStatus describes how the node exited ("exit status 3", "signal:
+// killed"); call it once done is closed.
+func (n *upNode) exitStatus() string {
+	if n.cmd.ProcessState != nil {
+		return n.cmd.ProcessState.String()
+	}
+	return n.err.Error()
+}
+
+// close releases what the node's output used, once the process is
+// reaped: it waits briefly for the rest of its stdout (a grandchild may
+// hold it open), then closes the log file or flushes the prefixed lines.
+func (n *upNode) close() {
+	if n.cmd != nil {
+		select {
+		case <-n.outDone:
+		case <-time.After(2 * time.Second):
+			n.stdout.Close()
+			<-n.outDone
+		}
+	}
+	for _, f := range n.closers {
+		f()
+	}
+	n.closers = nil
+}
+
+// syncWriter serializes writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// prefixWriter writes whole lines to out, each starting with prefix.
+type prefixWriter struct {
+	out    io.Writer
+	prefix string
+	mu     sync.Mutex
+	buf    []byte
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.buf = append(p.buf, b...)
+	for {
+		i := bytes.IndexByte(p.buf, '\n')
+		if i < 0 {
+			return len(b), nil
+		}
+		// A failing stderr must not stop the node's output being read.
+		io.WriteString(p.out, p.prefix+string(p.buf[:i+1]))
+		p.buf = p.buf[i+1:]
+	}
+}
+
+// flush writes a last unterminated line.
+func (p *prefixWriter) flush() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.buf) == 0 {
+		return nil
+	}
+	_, err := io.WriteString(p.out, p.prefix+string(p.buf)+"\n")
+	p.buf = nil
+	return err
+}

@@ -1,0 +1,587 @@
+//go:build unix
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	workerv1 "github.com/questrt/questrt/api/worker/v1"
+)
+
+// The fake questd: with QUESTCTL_FAKE_QUESTD=1 the test binary runs as a
+// questd that keeps questd's command-line contract (flags, ready line,
+// SIGTERM) and serves a Decode/Status whose members are the fake nodes
+// that have started, each recorded as NAME.json in $QUESTCTL_FAKE_DIR.
+//
+// Faults, by node name: QUESTCTL_FAKE_EXIT=NAME:CODE exits with CODE
+// before it is ready; QUESTCTL_FAKE_MUTE=NAME never prints its ready
+// line; QUESTCTL_FAKE_STAY=NAME ignores SIGTERM and SIGINT. A file
+// quit-NAME in the directory makes NAME exit with the status it holds.
+const (
+	fakeEnv     = "QUESTCTL_FAKE_QUESTD"
+	fakeDirEnv  = "QUESTCTL_FAKE_DIR"
+	fakeExitEnv = "QUESTCTL_FAKE_EXIT"
+	fakeMuteEnv = "QUESTCTL_FAKE_MUTE"
+	fakeStayEnv = "QUESTCTL_FAKE_STAY"
+
+	// questctlMainArg as the first argument makes the test binary run
+	// as questctl: questctlMainArg up --nodes 2 ...
+	questctlMainArg = "questctl-main"
+)
+
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == questctlMainArg {
+		os.Exit(run(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if os.Getenv(fakeEnv) == "1" {
+		os.Exit(fakeQuestd(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// fakeRecord is what a fake node tells the test about itself.
+type fakeRecord struct {
+	Name   string   `json:"name"`
+	PID    int      `json:"pid"`
+	GRPC   string   `json:"grpc"`
+	Gossip string   `json:"gossip"`
+	Join   string   `json:"join"`
+	CP     int      `json:"cp"`
+	TP     int      `json:"tp"`
+	Layers int      `json:"layers"`
+	Args   []string `json:"args"`
+}
+
+func fakeQuestd(args []string) int {
+	fs := flag.NewFlagSet("questd", flag.ContinueOnError)
+	name := fs.String("name", "", "")
+	grpcAddr := fs.String("grpc-addr", "", "")
+	gossipAddr := fs.String("gossip-addr", "", "")
+	join := fs.String("join", "", "")
+	plaintext := fs.Bool("plaintext", false, "")
+	cp := fs.Int("cp", 1, "")
+	tp := fs.Int("tp", 1, "")
+	layers := fs.Int("layers", 1, "")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *name == "" || *grpcAddr == "" || *gossipAddr == "" || !*plaintext || fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "fake questd: bad command line %q\n", args)
+		return 2
+	}
+	dir := os.Getenv(fakeDirEnv)
+	is := func(env string) (string, bool) {
+		v, rest, _ := strings.Cut(os.Getenv(env), ":")
+		return rest, v == *name
+	}
+	fmt.Fprintf(os.Stderr, "fake questd %s starting\n", *name)
+	rec := fakeRecord{Name: *name, PID: os.Getpid(), Join: *join, CP: *cp, TP: *tp, Layers: *layers, Args: args}
+	if code, ok := is(fakeExitEnv); ok {
+		writeRecord(dir, rec)
+		n, _ := strconv.Atoi(code)
+		return n
+	}
+	lis, err := net.Listen("tcp", *grpcAddr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	gossip, err := net.Listen("tcp", *gossipAddr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer gossip.Close()
+	rec.GRPC, rec.Gossip = lis.Addr().String(), gossip.Addr().String()
+	srv := grpc.NewServer()
+	decodev1.RegisterDecodeServer(srv, &fakeDecode{reply: func() *decodev1.StatusReply { return fakeMembers(dir, rec) }})
+	go srv.Serve(lis)
+	defer srv.Stop()
+	writeRecord(dir, rec)
+
+	ctx := context.Background()
+	if _, ok := is(fakeStayEnv); ok {
+		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
+	} else {
+		var stop context.CancelFunc
+		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+	}
+	if _, ok := is(fakeMuteEnv); !ok {
+		line, _ := json.Marshal(readyLine{Event: "ready", Name: *name, GRPC: rec.GRPC, Gossip: rec.Gossip})
+		fmt.Printf("%s\n", line)
+	}
+	fmt.Println("a stray stdout line")
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintf(os.Stderr, "fake questd %s: leaving", *name) // no newline: flushed by questctl
+			return 0
+		case <-tick.C:
+			if b, err := os.ReadFile(filepath.Join(dir, "quit-"+*name)); err == nil {
+				n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+				return n
+			}
+		}
+	}
+}
+
+// writeRecord writes rec as NAME.json in dir, atomically.
+func writeRecord(dir string, rec fakeRecord) {
+	b, _ := json.Marshal(rec)
+	tmp := filepath.Join(dir, rec.Name+".tmp")
+	if err := os.WriteFile(tmp, b, 0o644); err == nil {
+		os.Rename(tmp, filepath.Join(dir, rec.Name+".json"))
+	}
+}
+
+// readRecords reads the fake nodes' records in dir, by name.
+func readRecords(dir string) map[string]fakeRecord {
+	recs := map[string]fakeRecord{}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+	for _, f := range files {
+		var r fakeRecord
+		if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &r) == nil {
+			recs[r.Name] = r
+		}
+	}
+	return recs
+}
+
+// fakeMembers is the fake node self's Status: every node in dir, alive.
+func fakeMembers(dir string, self fakeRecord) *decodev1.StatusReply {
+	r := &decodev1.StatusReply{
+		Node: self.Name, Version: "fake",
+		Config:  &workerv1.GridConfig{Layers: uint32(self.Layers), Cp: uint32(self.CP), Tp: uint32(self.TP), Mode: "exact"},
+		Devices: []*decodev1.Device{{Kind: "cpu", Name: "fake"}},
+	}
+	recs := readRecords(dir)
+	names := make([]string, 0, len(recs))
+	for n := range recs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		r.Members = append(r.Members, &decodev1.Member{Name: n, State: "alive", GrpcAddr: recs[n].GRPC, Version: "fake", TotalPages: 64, FreePages: 64})
+	}
+	r.View = uint64(len(r.Members))
+	return r
+}
+
+// upRun is a questctl up running in the background.
+type upRun struct {
+	cancel         context.CancelFunc
+	stdout, stderr *syncBuffer
+	done           chan int
+}
+
+// fakeCluster makes the fake questd the one up runs (through --questd)
+// and returns the nodes' shared directory.
+func fakeCluster(t *testing.T) (dir, questd string) {
+	t.Helper()
+	dir = t.TempDir()
+	t.Setenv(fakeEnv, "1")
+	t.Setenv(fakeDirEnv, dir)
+	// A -race binary sleeps a second on exit by default; the fake nodes
+	// need not.
+	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, exe
+}
+
+func startUp(t *testing.T, args ...string) *upRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	u := &upRun{cancel: cancel, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan int, 1)}
+	go func() { u.done <- run(ctx, append([]string{"up"}, args...), u.stdout, u.stderr) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-u.done:
+		case <-time.After(30 * time.Second):
+			t.Error("questctl up did not return 30s after its context was cancelled")
+		}
+	})
+	return u
+}
+
+// waitUp waits until up has printed "cluster up" and returns its stdout.
+func (u *upRun) waitUp(t *testing.T) string {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for !strings.Contains(u.stdout.String(), "cluster up: ") {
+		select {
+		case code := <-u.done:
+			u.done <- code
+			t.Fatalf("up exited %d before the cluster was up; stdout %q, stderr:\n%s", code, u.stdout, u.stderr)
+		case <-deadline:
+			t.Fatalf("no cluster after 30s; stdout %q, stderr:\n%s", u.stdout, u.stderr)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return u.stdout.String()
+}
+
+// wait waits for up to return and gives its exit status.
+func (u *upRun) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case code := <-u.done:
+		u.done <- code // for the cleanup
+		return code
+	case <-time.After(30 * time.Second):
+		t.Fatalf("questctl up did not return; stderr:\n%s", u.stderr)
+		return -1
+	}
+}
+
+var nodeLineRE = regexp.MustCompile(`^(\S+) grpc=(\S+) gossip=(\S+) pid=(\d+)$`)
+
+type upLine struct {
+	name, grpc, gossip string
+	pid                int
+}
+
+func parseUpLines(t *testing.T, out string) []upLine {
+	t.Helper()
+	var nodes []upLine
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if m := nodeLineRE.FindStringSubmatch(l); m != nil {
+			pid, _ := strconv.Atoi(m[4])
+			nodes = append(nodes, upLine{m[1], m[2], m[3], pid})
+		} else if !strings.HasPrefix(l, "cluster up: ") {
+			t.Errorf("unexpected stdout line %q", l)
+		}
+	}
+	return nodes
+}
+
+// assertGone fails unless no process has pid.
+func assertGone(t *testing.T, name string, pid int) {
+	t.Helper()
+	if pid <= 0 {
+		t.Errorf("%s: no pid", name)
+		return
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("%s (pid %d) still exists after up returned: kill 0: %v", name, pid, err)
+	}
+}
+
+// TestUpThreeNodes: up starts three nodes, node 0 first and the others
+// joining it, prints them once each sees all three alive, status against
+// one lists three alive members, and cancelling stops and reaps them all.
+func TestUpThreeNodes(t *testing.T) {
+	dir, questd := fakeCluster(t)
+	u := startUp(t, "--nodes", "3", "--cp", "3", "--tp", "1", "--questd", questd, "--timeout", "20s", "--", "--layers", "2")
+	out := u.waitUp(t)
+	nodes := parseUpLines(t, out)
+	if len(nodes) != 3 || !strings.HasSuffix(out, "cluster up: 3 nodes\n") {
+		t.Fatalf("stdout:\n%s", out)
+	}
+	recs := readRecords(dir)
+	for i, n := range nodes {
+		r := recs[n.name]
+		if n.name != fmt.Sprintf("node-%d", i) || n.pid != r.PID || n.grpc != r.GRPC || n.gossip != r.Gossip {
+			t.Errorf("line %+v, the node says %+v", n, r)
+		}
+		wantJoin := nodes[0].gossip
+		if i == 0 {
+			wantJoin = ""
+		}
+		if r.Join != wantJoin || r.CP != 3 || r.TP != 1 || r.Layers != 2 || !slices.Contains(r.Args, "--plaintext") {
+			t.Errorf("%s was started with %q", n.name, r.Args)
+		}
+	}
+	if s := u.stderr.String(); !strings.Contains(s, "node-2: fake questd node-2 starting\n") || !strings.Contains(s, "node-1: a stray stdout line\n") {
+		t.Errorf("stderr lacks the nodes' prefixed output:\n%s", s)
+	}
+
+	code, st, stderr := runCLI(t, "status", "--addr", nodes[1].grpc)
+	if code != 0 || !strings.Contains(st, "members: 3 (3 alive)") || !strings.Contains(st, "node node-1 ") || !strings.Contains(st, "cp 3 x tp 1, layers 2") {
+		t.Errorf("status: exit %d, stderr %q, stdout:\n%s", code, stderr, st)
+	}
+	code, st, stderr = runCLI(t, "status", "--addr", nodes[2].grpc, "--json")
+	var reply decodev1.StatusReply
+	if code != 0 || protojson.Unmarshal([]byte(st), &reply) != nil {
+		t.Fatalf("status --json: exit %d, stderr %q, stdout %q", code, stderr, st)
+	}
+	alive := 0
+	for _, m := range reply.GetMembers() {
+		if m.GetState() == "alive" {
+			alive++
+		}
+	}
+	if alive != 3 {
+		t.Errorf("status --json: %d alive: %v", alive, &reply)
+	}
+
+	u.cancel()
+	if code := u.wait(t); code != 0 {
+		t.Errorf("up exited %d after the cancel; stderr:\n%s", code, u.stderr)
+	}
+	for _, n := range nodes {
+		assertGone(t, n.name, n.pid)
+	}
+	if s := u.stderr.String(); !strings.Contains(s, "stopping 3 node(s)") || !strings.Contains(s, "node-0: fake questd node-0: leaving\n") || strings.Contains(s, "killed") {
+		t.Errorf("stderr:\n%s", s)
+	}
+}
+
+// TestUpJSON: --json prints one object per node and nothing else.
+func TestUpJSON(t *testing.T) {
+	_, questd := fakeCluster(t)
+	u := startUp(t, "--nodes", "2", "--questd", questd, "--json", "--base-name", "q")
+	deadline := time.Now().Add(30 * time.Second)
+	for strings.Count(u.stdout.String(), "\n") < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	lines := strings.Split(strings.TrimSpace(u.stdout.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("stdout %q, stderr:\n%s", u.stdout, u.stderr)
+	}
+	var pids []int
+	for i, l := range lines {
+		var n struct {
+			Name, GRPC, Gossip string
+			PID                int
+		}
+		if err := json.Unmarshal([]byte(l), &n); err != nil || n.Name != fmt.Sprintf("q-%d", i) || n.GRPC == "" || n.Gossip == "" || n.PID <= 0 {
+			t.Errorf("line %q: %+v %v", l, n, err)
+		}
+		pids = append(pids, n.PID)
+	}
+	u.cancel()
+	if code := u.wait(t); code != 0 {
+		t.Errorf("exit %d", code)
+	}
+	for i, pid := range pids {
+		assertGone(t, lines[i], pid)
+	}
+}
+
+// TestUpNodeFailsDuringStartup: a node that exits during start-up fails
+// up (exit 1, naming it and its status) and the nodes already started are
+// stopped.
+func TestUpNodeFailsDuringStartup(t *testing.T) {
+	dir, questd := fakeCluster(t)
+	t.Setenv(fakeExitEnv, "node-1:3")
+	code, stdout, stderr := runCLI(t, "up", "--nodes", "3", "--questd", questd)
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	last := lines[len(lines)-1]
+	if code != 1 || stdout != "" || !regexp.MustCompile(`^questctl up: node-1 \(pid \d+\) exited before it was ready \(exit status 3\); stopped the 2 node\(s\) started$`).MatchString(last) {
+		t.Errorf("exit %d, stdout %q, stderr:\n%s", code, stdout, stderr)
+	}
+	recs := readRecords(dir)
+	if _, ok := recs["node-2"]; ok || len(recs) != 2 {
+		t.Errorf("nodes started: %v", recs)
+	}
+	for _, r := range recs {
+		assertGone(t, r.Name, r.PID)
+	}
+}
+
+// TestUpNoReadyLine: a node that never prints its ready line fails up
+// within --timeout, and is stopped.
+func TestUpNoReadyLine(t *testing.T) {
+	dir, questd := fakeCluster(t)
+	t.Setenv(fakeMuteEnv, "node-0")
+	start := time.Now()
+	code, stdout, stderr := runCLI(t, "up", "--nodes", "2", "--questd", questd, "--timeout", "500ms")
+	if time.Since(start) > 10*time.Second {
+		t.Errorf("took %v", time.Since(start))
+	}
+	if code != 1 || stdout != "" || !strings.Contains(stderr, "questctl up: cluster not up within --timeout 500ms: node-0 (pid ") || !strings.Contains(stderr, "printed no ready line") {
+		t.Errorf("exit %d, stdout %q, stderr:\n%s", code, stdout, stderr)
+	}
+	recs := readRecords(dir)
+	if len(recs) != 1 {
+		t.Errorf("nodes started: %v", recs)
+	}
+	for _, r := range recs {
+		assertGone(t, r.Name, r.PID)
+	}
+}
+
+// TestUpNodeExitsByItself: once the cluster is up, a node exiting by
+// itself is reported with its status; up stops the rest and exits 1.
+func TestUpNodeExitsByItself(t *testing.T) {
+	dir, questd := fakeCluster(t)
+	u := startUp(t, "--nodes", "3", "--questd", questd)
+	nodes := parseUpLines(t, u.waitUp(t))
+	if err := os.WriteFile(filepath.Join(dir, "quit-node-1"), []byte("4"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := u.wait(t); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	if want := fmt.Sprintf("questctl up: node-1 (pid %d) exited by itself (exit status 4); stopped the other 2 node(s)\n", nodes[1].pid); !strings.HasSuffix(u.stderr.String(), want) || strings.Count(u.stderr.String(), "status 4") != 1 {
+		t.Errorf("stderr does not end with %q (once):\n%s", want, u.stderr)
+	}
+	for _, n := range nodes {
+		assertGone(t, n.name, n.pid)
+	}
+}
+
+// TestUpKillsNodesThatDoNotStop: a node that ignores SIGTERM is killed
+// after --stop-timeout; --log-dir takes the nodes' stderr.
+func TestUpKillsNodesThatDoNotStop(t *testing.T) {
+	dir, questd := fakeCluster(t)
+	t.Setenv(fakeStayEnv, "node-0")
+	logs := filepath.Join(dir, "logs")
+	u := startUp(t, "--nodes", "2", "--questd", questd, "--stop-timeout", "300ms", "--log-dir", logs)
+	nodes := parseUpLines(t, u.waitUp(t))
+	u.cancel()
+	if code := u.wait(t); code != 0 {
+		t.Errorf("exit %d", code)
+	}
+	if want := fmt.Sprintf("questctl up: node-0 (pid %d) did not stop within 300ms of SIGTERM: killed\n", nodes[0].pid); !strings.Contains(u.stderr.String(), want) {
+		t.Errorf("stderr lacks %q:\n%s", want, u.stderr)
+	}
+	if strings.Contains(u.stderr.String(), "fake questd") {
+		t.Errorf("node output on stderr despite --log-dir:\n%s", u.stderr)
+	}
+	for _, n := range nodes {
+		assertGone(t, n.name, n.pid)
+		b, err := os.ReadFile(filepath.Join(logs, n.name+".log"))
+		if err != nil || !strings.Contains(string(b), "fake questd "+n.name+" starting\n") || !strings.Contains(string(b), "a stray stdout line\n") {
+			t.Errorf("%s.log: %q, %v", n.name, b, err)
+		}
+	}
+}
+
+// TestUpMissingQuestd: no questd binary is a one-line usage error.
+func TestUpMissingQuestd(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "up", "--nodes", "1", "--questd", filepath.Join(t.TempDir(), "questd"))
+	if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, `--questd "`) || !strings.Contains(stderr, "no such file") {
+		t.Errorf("--questd missing: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	t.Setenv("PATH", t.TempDir())
+	code, stdout, stderr = runCLI(t, "up", "--nodes", "1")
+	if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "no questd binary") || !strings.Contains(stderr, "--questd PATH") {
+		t.Errorf("no questd anywhere: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+func TestUpUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"up"},
+		{"up", "--nodes", "0"},
+		{"up", "--nodes", "2", "--cp", "0"},
+		{"up", "--nodes", "2", "--timeout", "0s"},
+		{"up", "--nodes", "2", "--base-name", "a b"},
+		{"up", "--nodes", "2", "stray"},
+		{"up", "--nodes", "2", "--", "--name", "x"},
+		{"up", "--nodes", "2", "--", "-cp=4"},
+		{"up", "--nodes", "2", "--", "--join", "127.0.0.1:1"},
+	} {
+		code, stdout, stderr := runCLI(t, args...)
+		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "questctl up: ") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q", args, code, stdout, stderr)
+		}
+	}
+}
+
+// TestUpKilledLeavesNoNodes: a questctl up killed with SIGKILL, which it
+// cannot catch, leaves no node running (Linux: Pdeathsig).
+func TestUpKilledLeavesNoNodes(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the parent-death signal is Linux only")
+	}
+	_, questd := fakeCluster(t)
+	cmd := exec.Command(questd, questctlMainArg, "up", "--nodes", "2", "--questd", questd)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errb syncBuffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	var nodes []upLine
+	timeout := time.After(30 * time.Second)
+wait:
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				break wait
+			}
+			if strings.HasPrefix(l, "cluster up: ") {
+				break wait
+			}
+			nodes = append(nodes, parseUpLines(t, l)...)
+		case <-timeout:
+			break wait
+		}
+	}
+	cmd.Process.Kill()
+	go func() {
+		for range lines {
+		}
+	}()
+	cmd.Wait()
+	if len(nodes) != 2 {
+		t.Fatalf("nodes %v; stderr:\n%s", nodes, &errb)
+	}
+	for _, n := range nodes {
+		deadline := time.Now().Add(10 * time.Second)
+		for running(n.pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if running(n.pid) {
+			t.Errorf("%s (pid %d) still runs after questctl was killed", n.name, n.pid)
+			syscall.Kill(n.pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// running reports whether pid is a process that has not exited (a zombie
+// that init has not reaped yet has exited).
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}

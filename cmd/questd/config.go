@@ -1,0 +1,1021 @@
+package main
+
+import (
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
+)
+
+// Config is the configuration of one questd node. [loadConfig] fills it
+// from the command line, QUESTRT_* environment variables, a YAML file and
+// the defaults, in that order of precedence, and validates it. The flag
+// definitions in [newFlagSet] are the single source of truth: each field
+// below is one flag (named in brackets), and its default is the flag's.
+type Config struct {
+	// Name is the node's name, unique in the cluster: 1 to 128 bytes of
+	// letters, digits, '.', '-' and '_' [--name]. Default: the machine's
+	// host name (os.Hostname).
+	Name string
+
+	// GRPCAddr is the listen address of the gRPC API (client, worker and
+	// health services), host:port with an IP host, or an empty host for
+	// every interface; port 0 picks a free port [--grpc-addr]. Default
+	// "127.0.0.1:7070".
+	GRPCAddr string
+	// Advertise is the IP address other nodes reach this node's gRPC and
+	// collective listeners (and its gossip) at [--advertise]. Default "":
+	// the host of GRPCAddr, which must then not be unspecified (0.0.0.0,
+	// :: or empty).
+	Advertise string
+
+	// GossipAddr is the memberlist bind address, UDP and TCP, host:port
+	// with an IP host (empty: 0.0.0.0); port 0 picks a free port
+	// [--gossip-addr]. Default "127.0.0.1:7946".
+	GossipAddr string
+	// Join lists the gossip addresses (host:port) of existing members to
+	// join through; empty starts a new cluster [--join, repeatable or a
+	// comma-separated list; a YAML sequence in the file]. Default none.
+	Join []string
+	// ClusterLabel is the memberlist label: nodes with another label are
+	// ignored; "" means no label [--cluster-label]. Default "questrt".
+	ClusterLabel string
+	// GossipKeyFile names a file holding the memberlist encryption key,
+	// base64 of 16, 24 or 32 bytes; further lines hold older keys that
+	// still decrypt (for rotation) [--gossip-key-file]. Default "": gossip
+	// is not encrypted.
+	GossipKeyFile string
+	// GossipKeys are the keys read from GossipKeyFile by loadConfig, the
+	// first one encrypting. Not a flag.
+	GossipKeys [][]byte
+
+	// Plaintext runs gRPC without TLS; only when asked for, and not
+	// together with the TLS files [--plaintext]. Default false.
+	Plaintext bool
+	// TLSCert, TLSKey and TLSCA are the PEM files of mutual TLS: this
+	// node's certificate and key, and the CA that signs every node's and
+	// client's certificate. Required, all three, unless Plaintext
+	// [--tls-cert, --tls-key, --tls-ca]. Default "".
+	TLSCert, TLSKey, TLSCA string
+
+	// The model geometry and the CP x TP grid every sequence of the
+	// cluster is laid out on; they must be the same on every node.
+
+	// Layers is the number of transformer layers [--layers]. Default 4.
+	Layers int
+	// QHeads is the number of query heads, a multiple of KVHeads
+	// [--q-heads]. Default 32.
+	QHeads int
+	// KVHeads is the number of KV heads, divisible by TP [--kv-heads].
+	// Default 8.
+	KVHeads int
+	// HeadDim is the head dimension D [--head-dim]. Default 128.
+	HeadDim int
+	// PageSize is S, tokens per KV page [--page-size]. Default 16.
+	PageSize int
+	// CP is the number of context-parallel ranks per TP group [--cp].
+	// Default 1.
+	CP int
+	// TP is the number of tensor-parallel ranks [--tp]. Default 1.
+	TP int
+	// CapacityPages is the page pool of one rank [--capacity-pages].
+	// Default 1024.
+	CapacityPages int
+	// BlockPages is the block of the contiguous page placement
+	// [--block-pages]. Default 64.
+	BlockPages int
+
+	// The selection policy (plan.Policy) and the CP selection mode.
+
+	// BudgetTokens is the token budget per head per step
+	// [--budget-tokens]. Default 2048.
+	BudgetTokens int
+	// SinkPages are the first pages, always read [--sink-pages]. Default 0.
+	SinkPages int
+	// LocalPages are the last pages, always read [--local-pages].
+	// Default 1.
+	LocalPages int
+	// DenseLayers: layers below this index read every page
+	// [--dense-layers]. Default 2.
+	DenseLayers int
+	// GQA is how a KV head's query heads share pages, group_max or
+	// per_head [--gqa]. Default group_max.
+	GQA plan.GQAMode
+	// Selector ranks pages: quest, oracle, recent or dense [--selector].
+	// Default quest.
+	Selector plan.Selector
+	// Selection is how CP ranks agree on pages: exact, union or
+	// replicated [--selection]. Default exact.
+	Selection plan.SelectMode
+
+	// MaxPages is the number of pages this node hosts over all the grids
+	// placed on it, at least CapacityPages; 0 means 8 x CapacityPages
+	// [--max-pages]. Default 0. See [Config.hostPages].
+	MaxPages int
+	// MaxMemory bounds the host bytes of the node's page pools: a byte
+	// count, memlimit.Auto (0, the memory available at start) or
+	// memlimit.NoLimit (-1) [--max-memory: bytes like 8GiB, auto or none].
+	// Default auto.
+	MaxMemory int64
+
+	// StepTimeout is the deadline of one decode step when the client's is
+	// later [--step-timeout]. Default 2s.
+	StepTimeout time.Duration
+
+	// Failure detection (cluster.MemberConfig's fields of the same name).
+	// With the defaults, cluster.MemberConfig.DetectionBound puts the time
+	// to declare a killed node dead at 9.8s in a cluster of 3 (about 6s
+	// measured).
+
+	// ProbeInterval is the time between two probes of a random member
+	// [--probe-interval]. Default 1s.
+	ProbeInterval time.Duration
+	// ProbeTimeout is how long a direct probe waits for its ack, below
+	// ProbeInterval [--probe-timeout]. Default 500ms.
+	ProbeTimeout time.Duration
+	// SuspicionMult scales the time a suspect member has to refute before
+	// it is declared dead: SuspicionMult x max(1, log10(N)) x
+	// ProbeInterval [--suspicion-mult]. Default 4.
+	SuspicionMult int
+	// GossipInterval is the time between two gossip rounds
+	// [--gossip-interval]. Default 200ms.
+	GossipInterval time.Duration
+
+	// DrainTimeout is how long SIGTERM or SIGINT waits for in-flight steps
+	// before the node leaves the cluster; 0 leaves at once
+	// [--drain-timeout]. Default 10s.
+	DrainTimeout time.Duration
+
+	// LogLevel is the lowest level logged: debug, info, warn or error
+	// [--log-level]. Default info.
+	LogLevel slog.Level
+	// LogFormat is text or json [--log-format]. Default text.
+	LogFormat string
+	// ReadyFile, when set, receives the ready JSON line too (it is always
+	// printed on stdout) [--ready-file]. Default "".
+	ReadyFile string
+	// ConfigFile is the YAML file read under the environment
+	// [--config, or QUESTRT_CONFIG]. Default "": none.
+	ConfigFile string
+}
+
+// errHelp is returned by loadConfig after --help printed the usage: main
+// exits 0.
+var errHelp = errors.New("questd: help printed")
+
+// envPrefix starts the environment name of every flag.
+const envPrefix = "QUESTRT_"
+
+// envName returns the environment variable of flag name: QUESTRT_ and the
+// name in upper case with '-' replaced by '_' (grpc-addr: QUESTRT_GRPC_ADDR).
+func envName(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+const usageHead = `Usage: questd [flags]
+
+questd is the questrt node daemon. It joins the cluster by memberlist
+gossip (--join), hosts the shards of the sequences placed on this node,
+and serves the client and worker gRPC APIs and the gRPC health service on
+--grpc-addr. Once serving it prints one line on stdout (and to
+--ready-file when set):
+
+  {"event":"ready","name":"NAME","grpc":"HOST:PORT","gossip":"HOST:PORT"}
+
+SIGTERM or SIGINT drains: in-flight steps get --drain-timeout to finish,
+then the node leaves the cluster and exits 0.
+
+Every flag can also be set in the environment, as QUESTRT_ and the flag's
+name in upper case with '-' as '_' (QUESTRT_GRPC_ADDR; empty variables are
+ignored), or in the YAML file of --config (or QUESTRT_CONFIG), whose keys
+are the flag names (grpc-addr: 127.0.0.1:7070; lists as YAML sequences).
+Precedence: flags, then the environment, then the file, then the defaults.
+`
+
+// flagGroup is a titled section of the usage text.
+type flagGroup struct {
+	title string
+	names []string
+}
+
+// flagDefs registers flags in order, in sections for the usage text.
+type flagDefs struct {
+	fs     *flag.FlagSet
+	groups []flagGroup
+}
+
+func (d *flagDefs) group(title string) { d.groups = append(d.groups, flagGroup{title: title}) }
+
+func (d *flagDefs) added(name string) {
+	g := &d.groups[len(d.groups)-1]
+	g.names = append(g.names, name)
+}
+
+func (d *flagDefs) str(p *string, name, def, usage string) {
+	d.fs.StringVar(p, name, def, usage)
+	d.added(name)
+}
+
+func (d *flagDefs) int(p *int, name string, def int, usage string) {
+	d.fs.IntVar(p, name, def, usage)
+	d.added(name)
+}
+
+func (d *flagDefs) bool(p *bool, name string, def bool, usage string) {
+	d.fs.BoolVar(p, name, def, usage)
+	d.added(name)
+}
+
+func (d *flagDefs) dur(p *time.Duration, name string, def time.Duration, usage string) {
+	d.fs.DurationVar(p, name, def, usage)
+	d.added(name)
+}
+
+// text adds a flag parsed by set; def goes through set too, so the
+// default and a given value take the same path.
+func (d *flagDefs) text(name, def, usage string, set func(string) error) {
+	if err := set(def); err != nil {
+		panic(fmt.Sprintf("questd: default of --%s: %v", name, err))
+	}
+	d.fs.Var(&textValue{s: def, set: set}, name, usage)
+	d.added(name)
+}
+
+func (d *flagDefs) list(p *[]string, name, usage string) {
+	d.fs.Var(&listValue{p: p}, name, usage)
+	d.added(name)
+}
+
+// textValue is a flag parsed by a function, which keeps the text given.
+type textValue struct {
+	s   string
+	set func(string) error
+}
+
+func (v *textValue) String() string {
+	if v == nil {
+		return ""
+	}
+	return v.s
+}
+
+func (v *textValue) Set(s string) error {
+	if err := v.set(s); err != nil {
+		return err
+	}
+	v.s = s
+	return nil
+}
+
+// listValue is a list flag: every Set appends its comma-separated items.
+type listValue struct{ p *[]string }
+
+func (v *listValue) String() string {
+	if v == nil || v.p == nil {
+		return ""
+	}
+	return strings.Join(*v.p, ",")
+}
+
+func (v *listValue) Set(s string) error {
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			*v.p = append(*v.p, item)
+		}
+	}
+	return nil
+}
+
+// reset empties the list, so that a later source replaces it.
+func (v *listValue) reset() { *v.p = nil }
+
+// newFlagSet defines every flag of questd with c's fields as their
+// targets, set to the defaults, and returns the usage sections. hostname
+// is the default of --name.
+func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
+	fs := flag.NewFlagSet("questd", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	d := &flagDefs{fs: fs}
+
+	d.group("Node and network")
+	d.str(&c.Name, "name", hostname, "unique node name in the cluster: letters, digits, '.', '-' and '_' (default: the host name)")
+	d.str(&c.GRPCAddr, "grpc-addr", "127.0.0.1:7070", "listen `host:port` of the gRPC API (client, worker, health); an IP or empty host; port 0 picks a free port")
+	d.str(&c.Advertise, "advertise", "", "IP address other nodes reach this node's gRPC, collective and gossip listeners at (default: the host of --grpc-addr, which must then not be 0.0.0.0 or ::)")
+	d.str(&c.GossipAddr, "gossip-addr", "127.0.0.1:7946", "memberlist bind `host:port`, UDP and TCP; an IP or empty host; port 0 picks a free port")
+	d.list(&c.Join, "join", "gossip `host:port` of an existing member to join through; repeatable or a comma-separated list (default: none, start a new cluster)")
+	d.str(&c.ClusterLabel, "cluster-label", "questrt", "memberlist label: nodes with another label are ignored (\"\": none)")
+	d.str(&c.GossipKeyFile, "gossip-key-file", "", "`file` holding the base64 memberlist encryption key of 16, 24 or 32 bytes; further lines: older keys that still decrypt (default: no encryption)")
+
+	d.group("Security")
+	d.bool(&c.Plaintext, "plaintext", false, "run gRPC without TLS (only when asked for; not with the --tls-* files)")
+	d.str(&c.TLSCert, "tls-cert", "", "PEM `file` of this node's certificate for mutual TLS (required with --tls-key and --tls-ca unless --plaintext)")
+	d.str(&c.TLSKey, "tls-key", "", "PEM `file` of this node's private key for mutual TLS")
+	d.str(&c.TLSCA, "tls-ca", "", "PEM `file` of the CA that signs every node's and client's certificate")
+
+	d.group("Model geometry and grid (the same on every node)")
+	d.int(&c.Layers, "layers", 4, "transformer layers")
+	d.int(&c.QHeads, "q-heads", 32, "query heads, a multiple of --kv-heads")
+	d.int(&c.KVHeads, "kv-heads", 8, "KV heads, divisible by --tp")
+	d.int(&c.HeadDim, "head-dim", 128, "head dimension D")
+	d.int(&c.PageSize, "page-size", 16, "tokens per KV page")
+	d.int(&c.CP, "cp", 1, "context-parallel ranks per TP group (pages are spread over them)")
+	d.int(&c.TP, "tp", 1, "tensor-parallel ranks (KV heads are split over them)")
+	d.int(&c.CapacityPages, "capacity-pages", 1024, "page pool of one rank, in pages")
+	d.int(&c.BlockPages, "block-pages", 64, "block of the contiguous page placement, in pages")
+
+	d.group("Selection policy (the same on every node)")
+	d.int(&c.BudgetTokens, "budget-tokens", 2048, "token budget per head per step, at least --page-size")
+	d.int(&c.SinkPages, "sink-pages", 0, "first pages of a sequence, always read")
+	d.int(&c.LocalPages, "local-pages", 1, "last pages of a sequence, always read")
+	d.int(&c.DenseLayers, "dense-layers", 2, "layers below this index read every page")
+	d.text("gqa", "group_max", "how a KV head's query heads share pages: group_max or per_head", func(s string) (err error) {
+		c.GQA, err = plan.ParseGQAMode(s)
+		return err
+	})
+	d.text("selector", "quest", "page ranking: quest, oracle, recent or dense", func(s string) (err error) {
+		c.Selector, err = plan.ParseSelector(s)
+		return err
+	})
+	d.text("selection", "exact", "how CP ranks agree on pages: exact, union or replicated (replicated: quest or dense selector only)", func(s string) (err error) {
+		c.Selection, err = plan.ParseSelectMode(s)
+		return err
+	})
+
+	d.group("Capacity")
+	d.int(&c.MaxPages, "max-pages", 0, "pages this node hosts over all grids, at least --capacity-pages (0: 8 x --capacity-pages)")
+	d.text("max-memory", "auto", "most host memory for the node's page pools: bytes like 8GiB or 512MiB, auto (the memory available at start, also the cap of a larger value) or none (no check)", func(s string) (err error) {
+		c.MaxMemory, err = parseMaxMemory(s)
+		return err
+	})
+
+	d.group("Timing and failure detection")
+	d.dur(&c.StepTimeout, "step-timeout", 2*time.Second, "deadline of one decode step when the client's is later")
+	d.dur(&c.ProbeInterval, "probe-interval", time.Second, "time between two failure-detection probes of a random member")
+	d.dur(&c.ProbeTimeout, "probe-timeout", 500*time.Millisecond, "how long a probe waits for its ack before indirect probes, below --probe-interval")
+	d.int(&c.SuspicionMult, "suspicion-mult", 4, "a suspect member has suspicion-mult x max(1, log10(nodes)) x --probe-interval to refute before it is declared dead; with the defaults a killed node is declared dead within about 10s in a 3-node cluster")
+	d.dur(&c.GossipInterval, "gossip-interval", 200*time.Millisecond, "time between two gossip rounds (joins, failures and meta updates spread by them)")
+	d.dur(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long SIGTERM or SIGINT waits for in-flight steps before leaving the cluster (0: leave at once)")
+
+	d.group("Logging and process")
+	d.text("log-level", "info", "lowest level logged: debug, info, warn or error", func(s string) (err error) {
+		c.LogLevel, err = parseLogLevel(s)
+		return err
+	})
+	d.text("log-format", "text", "log format on stderr: text or json", func(s string) error {
+		if s != "text" && s != "json" {
+			return fmt.Errorf("want text or json")
+		}
+		c.LogFormat = s
+		return nil
+	})
+	d.str(&c.ReadyFile, "ready-file", "", "`file` that also receives the ready JSON line (it is always printed on stdout)")
+	d.str(&c.ConfigFile, "config", "", "YAML `file` of flag values, under the environment and the command line")
+	return fs, d.groups
+}
+
+// parseMaxMemory reads --max-memory: auto, none or a size for
+// memlimit.ParseBytes.
+func parseMaxMemory(s string) (int64, error) {
+	switch strings.TrimSpace(s) {
+	case "auto":
+		return memlimit.Auto, nil
+	case "none":
+		return memlimit.NoLimit, nil
+	}
+	v, err := memlimit.ParseBytes(s)
+	if err != nil {
+		return 0, errors.New("not a size (want bytes like 8GiB or 512MiB, auto or none)")
+	}
+	return v, nil
+}
+
+// parseLogLevel reads debug, info, warn or error.
+func parseLogLevel(s string) (slog.Level, error) {
+	switch s {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, errors.New("want debug, info, warn or error")
+}
+
+// printUsage writes the usage text: what questd does, the precedence
+// rule and every flag with its default, by section.
+func printUsage(w io.Writer, fs *flag.FlagSet, groups []flagGroup) {
+	var b strings.Builder
+	b.WriteString(usageHead)
+	for _, g := range groups {
+		fmt.Fprintf(&b, "\n%s:\n", g.title)
+		for _, name := range g.names {
+			f := fs.Lookup(name)
+			arg, usage := flag.UnquoteUsage(f)
+			switch f.Value.(type) {
+			case *textValue, *listValue:
+				arg = "value"
+			}
+			if _, ok := f.Value.(interface{ IsBoolFlag() bool }); ok {
+				arg = ""
+			}
+			fmt.Fprintf(&b, "  --%s", name)
+			if arg != "" {
+				b.WriteString(" " + arg)
+			}
+			fmt.Fprintf(&b, "\n      %s", usage)
+			if f.DefValue != "" && f.DefValue != "[]" && !strings.Contains(usage, "(default") {
+				fmt.Fprintf(&b, " (default %s)", f.DefValue)
+			}
+			fmt.Fprintf(&b, "\n      env %s\n", envName(name))
+		}
+	}
+	io.WriteString(w, b.String())
+}
+
+// loadConfig builds the configuration from args (without the program
+// name), the environment read through getenv, the YAML file of --config
+// (or QUESTRT_CONFIG) and the defaults, in that order of precedence, and
+// validates it. Every flag not given in args takes the environment's
+// value if there is one, else the file's; both go through the flag's own
+// parser (fs.Set). --help prints the usage to stdout and returns
+// [errHelp]. Every other error is a one-line configuration error, in the
+// form `--flag "value": why` (a usage error: exit 2).
+func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Writer) (Config, error) {
+	host, _ := os.Hostname()
+	var c Config
+	fs, groups := newFlagSet(&c, host)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout, fs, groups)
+			return Config{}, errHelp
+		}
+		return Config{}, fmt.Errorf("%s (see 'questd --help')", parseError(fs, err))
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments %q (see 'questd --help')", fs.Args())
+	}
+	onCLI := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCLI[f.Name] = true })
+	origin := map[string]string{} // flag -> where a value not on the command line came from
+
+	env := map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if v, ok := getenv(envName(f.Name)); ok && v != "" && !onCLI[f.Name] {
+			env[f.Name] = v
+		}
+	})
+	if v, ok := env["config"]; ok {
+		if err := fs.Set("config", v); err != nil {
+			return Config{}, err
+		}
+		origin["config"] = envName("config")
+	}
+	if c.ConfigFile != "" {
+		if err := applyFile(fs, c.ConfigFile, onCLI, origin); err != nil {
+			return Config{}, err
+		}
+	}
+	for _, name := range sortedKeys(env) {
+		if name == "config" {
+			continue
+		}
+		f := fs.Lookup(name)
+		if l, ok := f.Value.(*listValue); ok {
+			l.reset()
+		}
+		if err := fs.Set(name, env[name]); err != nil {
+			return Config{}, fmt.Errorf("%s %q: %s", envName(name), env[name], setWhy(f, err))
+		}
+		origin[name] = envName(name)
+	}
+	if c.GossipKeyFile != "" {
+		keys, err := readGossipKeys(c.GossipKeyFile)
+		if err != nil {
+			return Config{}, withOrigin(fmt.Errorf("--gossip-key-file %q: %w", c.GossipKeyFile, err), origin["gossip-key-file"])
+		}
+		c.GossipKeys = keys
+	}
+	if err := c.Validate(); err != nil {
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			return Config{}, withOrigin(err, origin[fe.flag])
+		}
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// withOrigin appends where the value came from, when not the command line.
+func withOrigin(err error, origin string) error {
+	if origin == "" {
+		return err
+	}
+	return fmt.Errorf("%w (set by %s)", err, origin)
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// yamlKind is the kind of YAML value a flag takes in the file.
+type yamlKind int
+
+const (
+	kindString   yamlKind = iota // a string
+	kindInt                      // an integer
+	kindBool                     // true or false
+	kindDuration                 // a duration string such as 2s
+	kindText                     // a string or an integer (sizes, names of modes)
+	kindList                     // a sequence of strings
+)
+
+func kindOf(f *flag.Flag) yamlKind {
+	switch v := f.Value.(type) {
+	case *listValue:
+		return kindList
+	case *textValue:
+		return kindText
+	case flag.Getter:
+		switch v.Get().(type) {
+		case bool:
+			return kindBool
+		case int:
+			return kindInt
+		case time.Duration:
+			return kindDuration
+		}
+	}
+	return kindString
+}
+
+var kindWant = map[yamlKind]string{
+	kindString:   "a string",
+	kindInt:      "an integer",
+	kindBool:     "true or false",
+	kindDuration: "a duration string such as 2s",
+	kindText:     "a string",
+	kindList:     "a sequence of strings",
+}
+
+// applyFile reads the YAML file at path, a mapping from flag names to
+// values, and sets every flag not given on the command line from it.
+// Unknown keys, repeated keys and values of the wrong kind are refused.
+func applyFile(fs *flag.FlagSet, path string, onCLI map[string]bool, origin map[string]string) error {
+	bad := func(line int, format string, args ...any) error {
+		where := ""
+		if line > 0 {
+			where = fmt.Sprintf("line %d: ", line)
+		}
+		return withOrigin(fmt.Errorf("--config %q: %s%s", path, where, fmt.Sprintf(format, args...)), origin["config"])
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return bad(0, "%v", errors.Unwrap(err))
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return bad(0, "%s", strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return nil // an empty file
+	}
+	top := doc.Content[0]
+	if top.Kind == yaml.ScalarNode && top.ShortTag() == "!!null" {
+		return nil
+	}
+	if top.Kind != yaml.MappingNode {
+		return bad(top.Line, "want a mapping of flag names to values")
+	}
+	seen := map[string]int{}
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		k, v := top.Content[i], top.Content[i+1]
+		if k.Kind != yaml.ScalarNode || k.ShortTag() != "!!str" {
+			return bad(k.Line, "key %q is not a flag name", k.Value)
+		}
+		name := k.Value
+		if prev, ok := seen[name]; ok {
+			return bad(k.Line, "key %q repeated (first on line %d)", name, prev)
+		}
+		seen[name] = k.Line
+		f := fs.Lookup(name)
+		if f == nil {
+			hint := ""
+			if alt := strings.ToLower(strings.ReplaceAll(name, "_", "-")); fs.Lookup(alt) != nil {
+				hint = fmt.Sprintf(" (did you mean %s?)", alt)
+			}
+			return bad(k.Line, "unknown key %q%s", name, hint)
+		}
+		if name == "config" {
+			return bad(k.Line, "key %q: a config file cannot name another", name)
+		}
+		vals, err := yamlValues(v, kindOf(f))
+		if err != nil {
+			return bad(v.Line, "key %q: %v", name, err)
+		}
+		if onCLI[name] {
+			continue // still checked above
+		}
+		if l, ok := f.Value.(*listValue); ok {
+			l.reset()
+		}
+		for _, s := range vals {
+			if err := fs.Set(name, s); err != nil {
+				return bad(v.Line, "%s %q: %s", name, s, setWhy(f, err))
+			}
+		}
+		origin[name] = fmt.Sprintf("%s line %d", path, k.Line)
+	}
+	return nil
+}
+
+// yamlValues returns the text of node for fs.Set (one per item of a
+// list), checking that it is of kind k.
+func yamlValues(n *yaml.Node, k yamlKind) ([]string, error) {
+	tag := n.ShortTag()
+	wrong := func() error {
+		got := map[string]string{"!!str": "a string", "!!int": "an integer", "!!bool": "a boolean",
+			"!!float": "a number", "!!null": "empty", "!!timestamp": "a date"}[tag]
+		switch {
+		case n.Kind == yaml.SequenceNode:
+			got = "a sequence"
+		case n.Kind == yaml.MappingNode:
+			got = "a mapping"
+		case got == "":
+			got = tag
+		}
+		hint := ""
+		if n.Kind == yaml.ScalarNode && (k == kindString || k == kindText || k == kindDuration) {
+			hint = " (quote it)"
+		}
+		return fmt.Errorf("want %s, not %s%s", kindWant[k], got, hint)
+	}
+	if k == kindList {
+		if n.Kind != yaml.SequenceNode {
+			return nil, wrong()
+		}
+		out := make([]string, 0, len(n.Content))
+		for _, item := range n.Content {
+			if item.Kind != yaml.ScalarNode || item.ShortTag() != "!!str" {
+				return nil, fmt.Errorf("item on line %d: want a string", item.Line)
+			}
+			if strings.Contains(item.Value, ",") {
+				return nil, fmt.Errorf("item %q: one address per item, no commas", item.Value)
+			}
+			out = append(out, item.Value)
+		}
+		return out, nil
+	}
+	if n.Kind != yaml.ScalarNode {
+		return nil, wrong()
+	}
+	switch {
+	case k == kindInt && tag == "!!int":
+		var v int
+		if err := n.Decode(&v); err != nil {
+			return nil, fmt.Errorf("%q: too large for an integer", n.Value)
+		}
+		return []string{strconv.Itoa(v)}, nil
+	case k == kindBool && tag == "!!bool":
+		var v bool
+		if err := n.Decode(&v); err != nil {
+			return nil, wrong()
+		}
+		return []string{strconv.FormatBool(v)}, nil
+	case (k == kindString || k == kindDuration) && tag == "!!str",
+		k == kindText && (tag == "!!str" || tag == "!!int"):
+		return []string{n.Value}, nil
+	}
+	return nil, wrong()
+}
+
+// parseErrorRE matches the flag package's "invalid value" errors.
+var parseErrorRE = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-([^:]+): (.*)$`)
+
+// parseError rewrites fs.Parse's errors as `--flag "value": why`.
+func parseError(fs *flag.FlagSet, err error) string {
+	m := parseErrorRE.FindStringSubmatch(err.Error())
+	if m == nil {
+		s := strings.Replace(err.Error(), "flag provided but not defined: -", "unknown flag --", 1)
+		return strings.Replace(s, "flag needs an argument: -", "flag needs an argument: --", 1)
+	}
+	return fmt.Sprintf("--%s %q: %s", m[2], m[1], setWhy(fs.Lookup(m[2]), errors.New(m[3])))
+}
+
+// setWhy says in words why a value did not parse for f.
+func setWhy(f *flag.Flag, err error) string {
+	why := err.Error()
+	kind := "a value"
+	if f != nil {
+		switch kindOf(f) {
+		case kindInt:
+			kind = "an integer"
+		case kindBool:
+			kind = "true or false"
+		case kindDuration:
+			kind = "a duration such as 2s"
+		}
+	}
+	switch {
+	case strings.HasSuffix(why, "parse error"), strings.HasSuffix(why, "invalid syntax"):
+		return "not " + kind
+	case strings.HasSuffix(why, "value out of range"):
+		return "too large for " + kind
+	}
+	return why
+}
+
+// readGossipKeys reads the base64 keys of a gossip key file, one per
+// line (blank lines and lines starting with '#' are skipped).
+func readGossipKeys(path string) ([][]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, errors.Unwrap(err)
+	}
+	var keys [][]byte
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, err := base64.StdEncoding.DecodeString(line)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: not base64", i+1)
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("no key in the file")
+	}
+	return keys, nil
+}
+
+// fieldError is a validation error about one flag's value.
+type fieldError struct {
+	flag, value, why string
+}
+
+func (e *fieldError) Error() string { return fmt.Sprintf("--%s %q: %s", e.flag, e.value, e.why) }
+
+func bad(name, value, format string, args ...any) error {
+	return &fieldError{flag: name, value: value, why: fmt.Sprintf(format, args...)}
+}
+
+// splitAddr splits a listen address whose host is an IP or empty.
+func splitAddr(name, s string) (host string, port int, err error) {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, bad(name, s, "want host:port")
+	}
+	if h != "" {
+		if _, err := netip.ParseAddr(h); err != nil {
+			return "", 0, bad(name, s, "host %q is not an IP address", h)
+		}
+	}
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil {
+		return "", 0, bad(name, s, "port %q: want 0-65535", p)
+	}
+	return h, int(n), nil
+}
+
+// unspecified reports whether host listens on every interface.
+func unspecified(host string) bool {
+	if host == "" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsUnspecified()
+}
+
+// checkMember applies set to a valid member config and reports whether
+// cluster accepts the result: the rules of cluster.MemberConfig, kept in
+// one place.
+func checkMember(set func(*cluster.MemberConfig)) error {
+	m := cluster.DefaultMemberConfig()
+	m.Name = "questd"
+	set(&m)
+	return m.Validate()
+}
+
+// Validate reports the first setting that breaks its rule, as
+// `--flag "value": why`. It checks every flag, the cross checks of
+// engine.Config.Validate and cluster.MemberConfig.Validate, and that
+// mutual TLS is all or nothing. It does no I/O (the files are read by
+// loadConfig and main).
+func (c Config) Validate() error {
+	itoa := strconv.Itoa
+	if err := checkMember(func(m *cluster.MemberConfig) { m.Name = c.Name }); err != nil {
+		if c.Name == "" {
+			return bad("name", c.Name, "empty (the host name is unknown: set --name)")
+		}
+		return bad("name", c.Name, "want 1 to 128 bytes of letters, digits, '.', '-' and '_'")
+	}
+	grpcHost, _, err := splitAddr("grpc-addr", c.GRPCAddr)
+	if err != nil {
+		return err
+	}
+	if c.Advertise != "" {
+		a, err := netip.ParseAddr(c.Advertise)
+		switch {
+		case err != nil:
+			return bad("advertise", c.Advertise, "not an IP address")
+		case a.IsUnspecified():
+			return bad("advertise", c.Advertise, "unspecified: want the address other nodes reach this node at")
+		}
+	} else if unspecified(grpcHost) {
+		return bad("grpc-addr", c.GRPCAddr, "listens on every interface: set --advertise to the address other nodes reach this node at")
+	}
+	gossipHost, _, err := splitAddr("gossip-addr", c.GossipAddr)
+	if err != nil {
+		return err
+	}
+	if c.Advertise == "" && !unspecified(gossipHost) && gossipHost != grpcHost {
+		return bad("gossip-addr", c.GossipAddr, "binds %s but the node advertises %s, the host of --grpc-addr (bind both to one address, or set --advertise)", gossipHost, grpcHost)
+	}
+	if adv, err := netip.ParseAddr(c.advertiseHost()); err == nil && !adv.IsLoopback() {
+		for _, l := range []struct{ flag, addr, host string }{{"grpc-addr", c.GRPCAddr, grpcHost}, {"gossip-addr", c.GossipAddr, gossipHost}} {
+			if h, err := netip.ParseAddr(l.host); err == nil && h.IsLoopback() {
+				return bad(l.flag, l.addr, "binds a loopback address, which other nodes cannot reach at --advertise %s", adv)
+			}
+		}
+	}
+	for _, j := range c.Join {
+		h, p, err := net.SplitHostPort(j)
+		if err != nil || h == "" {
+			return bad("join", j, "want host:port")
+		}
+		if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+			return bad("join", j, "port %q: want 1-65535", p)
+		}
+	}
+	if err := checkMember(func(m *cluster.MemberConfig) { m.Label = c.ClusterLabel }); err != nil {
+		return bad("cluster-label", c.ClusterLabel, "%d bytes, limit 255", len(c.ClusterLabel))
+	}
+	for i, k := range c.GossipKeys {
+		if err := checkMember(func(m *cluster.MemberConfig) { m.SecretKeys = [][]byte{k} }); err != nil {
+			return bad("gossip-key-file", c.GossipKeyFile, "key %d is %d bytes: want 16, 24 or 32", i+1, len(k))
+		}
+	}
+
+	tls := []struct{ flag, v string }{{"tls-cert", c.TLSCert}, {"tls-key", c.TLSKey}, {"tls-ca", c.TLSCA}}
+	for _, t := range tls {
+		switch {
+		case c.Plaintext && t.v != "":
+			return bad("plaintext", "true", "conflicts with --%s %q: choose TLS or plaintext", t.flag, t.v)
+		case !c.Plaintext && t.v == "":
+			return bad(t.flag, t.v, "mutual TLS needs --tls-cert, --tls-key and --tls-ca (or --plaintext to run without TLS)")
+		}
+	}
+
+	for _, g := range []struct {
+		flag string
+		v    int
+	}{
+		{"layers", c.Layers}, {"q-heads", c.QHeads}, {"kv-heads", c.KVHeads}, {"head-dim", c.HeadDim},
+		{"page-size", c.PageSize}, {"cp", c.CP}, {"tp", c.TP}, {"capacity-pages", c.CapacityPages},
+		{"block-pages", c.BlockPages}, {"suspicion-mult", c.SuspicionMult},
+	} {
+		if g.v < 1 {
+			return bad(g.flag, itoa(g.v), "must be at least 1")
+		}
+	}
+	switch {
+	case c.KVHeads%c.TP != 0:
+		return bad("kv-heads", itoa(c.KVHeads), "not divisible by --tp %d", c.TP)
+	case c.QHeads%c.KVHeads != 0:
+		return bad("q-heads", itoa(c.QHeads), "not a multiple of --kv-heads %d", c.KVHeads)
+	case c.CapacityPages > plan.MaxPages:
+		return bad("capacity-pages", itoa(c.CapacityPages), "more than %d", plan.MaxPages)
+	case c.BudgetTokens < c.PageSize:
+		return bad("budget-tokens", itoa(c.BudgetTokens), "below one page (--page-size %d)", c.PageSize)
+	case c.SinkPages < 0:
+		return bad("sink-pages", itoa(c.SinkPages), "must not be negative")
+	case c.LocalPages < 0:
+		return bad("local-pages", itoa(c.LocalPages), "must not be negative")
+	case c.DenseLayers < 0:
+		return bad("dense-layers", itoa(c.DenseLayers), "must not be negative")
+	case c.Selection == plan.Replicated && c.Selector != plan.Quest && c.Selector != plan.Dense:
+		return bad("selection", c.Selection.String(), "needs --selector quest or dense, not %v", c.Selector)
+	case c.MaxPages < 0:
+		return bad("max-pages", itoa(c.MaxPages), "must not be negative (0: 8 x --capacity-pages)")
+	case c.MaxPages > 0 && c.MaxPages < c.CapacityPages:
+		return bad("max-pages", itoa(c.MaxPages), "below --capacity-pages %d: a node hosts whole ranks", c.CapacityPages)
+	case c.MaxMemory < memlimit.NoLimit:
+		return bad("max-memory", strconv.FormatInt(c.MaxMemory, 10), "want bytes, auto or none")
+	}
+	if err := c.engineConfig().Validate(); err != nil {
+		// Not reached for configs that passed the checks above, unless
+		// engine gains a rule: report it as it comes.
+		return fmt.Errorf("questd: %w", err)
+	}
+
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"step-timeout", c.StepTimeout}, {"probe-interval", c.ProbeInterval},
+		{"probe-timeout", c.ProbeTimeout}, {"gossip-interval", c.GossipInterval},
+	} {
+		if d.v <= 0 {
+			return bad(d.flag, d.v.String(), "must be positive")
+		}
+	}
+	switch {
+	case c.ProbeTimeout >= c.ProbeInterval:
+		return bad("probe-timeout", c.ProbeTimeout.String(), "must be below --probe-interval %v", c.ProbeInterval)
+	case c.DrainTimeout < 0:
+		return bad("drain-timeout", c.DrainTimeout.String(), "must not be negative")
+	case c.LogFormat != "text" && c.LogFormat != "json":
+		return bad("log-format", c.LogFormat, "want text or json")
+	}
+	if _, err := parseLogLevel(strings.ToLower(c.LogLevel.String())); err != nil {
+		return bad("log-level", c.LogLevel.String(), "want debug, info, warn or error")
+	}
+	if err := c.memberConfig().Validate(); err != nil {
+		return fmt.Errorf("questd: %w", err)
+	}
+	return nil
+}
+
+// advertiseHost is the IP address other nodes reach this node at:
+// Advertise, or the host of GRPCAddr.
+func (c Config) advertiseHost() string {
+	if c.Advertise != "" {
+		return c.Advertise
+	}
+	h, _, _ := net.SplitHostPort(c.GRPCAddr)
+	return h
+}
+
+// hostPages is the number of pages this node hosts over all grids:
+// MaxPages, or 8 x CapacityPages when it is 0.
+func (c Config) hostPages() int {
+	if c.MaxPages == 0 {
+		return 8 * c.CapacityPages
+	}
+	return c.MaxPages
+}
+
+// engineConfig is the engine configuration of the cluster's grid: the
+// geometry, the CP x TP grid, the policy and the selection mode that every
+// node and coordinator share.
+func (c Config) engineConfig() engine.Config {
+	e := engine.DefaultConfig()
+	e.Layers, e.QHeads, e.KVHeads, e.HeadDim, e.PageSize = c.Layers, c.QHeads, c.KVHeads, c.HeadDim, c.PageSize
+	e.CP, e.TP, e.CapacityPages, e.BlockPages = c.CP, c.TP, c.CapacityPages, c.BlockPages
+	e.Policy = plan.Policy{PageSize: c.PageSize, BudgetTokens: c.BudgetTokens, SinkPages: c.SinkPages,
+		LocalPages: c.LocalPages, DenseLayers: c.DenseLayers, GQA: c.GQA, Selector: c.Selector}
+	e.Selection = c.Selection
+	e.StepTimeout = c.StepTimeout
+	e.MemoryLimit = c.MaxMemory
+	return e
+}
+
+// memberConfig is the membership configuration of this node: name, gossip
+// bind and advertise addresses, join addresses, label, keys and failure
+// detection; the rest are cluster.DefaultMemberConfig's. Meta and Logger
+// are left for main to set.
+func (c Config) memberConfig() cluster.MemberConfig {
+	m := cluster.DefaultMemberConfig()
+	m.Name = c.Name
+	host, port, _ := splitAddr("gossip-addr", c.GossipAddr)
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	m.BindAddr, m.BindPort = host, port
+	m.AdvertiseAddr = c.advertiseHost()
+	m.Join = slices.Clone(c.Join)
+	m.Label = c.ClusterLabel
+	m.SecretKeys = slices.Clone(c.GossipKeys)
+	m.ProbeInterval = c.ProbeInterval
+	m.ProbeTimeout = c.ProbeTimeout
+	m.SuspicionMult = c.SuspicionMult
+	m.GossipInterval = c.GossipInterval
+	return m
+}

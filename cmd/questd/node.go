@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"google.golang.org/grpc/grpclog"
+
+	"github.com/questrt/questrt/cluster/node"
+)
+
+// version is the questrt version questd advertises.
+const version = "v0.4.0-dev"
+
+// newLogger returns the slog logger of --log-level and --log-format on w,
+// and bridges grpc's logs into it (grpclog is process-wide: main owns it).
+func newLogger(cfg Config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
+	if cfg.LogFormat == "json" {
+		h = slog.NewJSONHandler(w, opts)
+	}
+	log := slog.New(h)
+	g := log.With("component", "grpc")
+	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, lineLogger{g, slog.LevelWarn}, lineLogger{g, slog.LevelError}))
+	return log
+}
+
+// lineLogger writes each line it is given as one log record.
+type lineLogger struct {
+	log *slog.Logger
+	lv  slog.Level
+}
+
+func (l lineLogger) Write(p []byte) (int, error) {
+	l.log.Log(context.Background(), l.lv, strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// tlsConfig loads the mutual-TLS configuration of --tls-cert, --tls-key
+// and --tls-ca: the node's certificate, and the CA that signs every
+// node's and client's (as server and as client). nil with --plaintext.
+func tlsConfig(cfg Config) (*tls.Config, error) {
+	if cfg.Plaintext {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert %q, --tls-key %q: %w", cfg.TLSCert, cfg.TLSKey, err)
+	}
+	pem, err := os.ReadFile(cfg.TLSCA)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-ca %q: %w", cfg.TLSCA, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--tls-ca %q: no PEM certificate in it", cfg.TLSCA)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ClientCAs: pool,
+		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}, nil
+}
+
+// serve runs the node until ctx ends (a signal), then drains and leaves.
+func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) error {
+	tc, err := tlsConfig(cfg)
+	if err != nil {
+		return err
+	}
+	n, err := node.Start(ctx, node.Config{
+		GRPCAddr: cfg.GRPCAddr, Advertise: cfg.Advertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
+		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext,
+		DrainTimeout: cfg.DrainTimeout, Version: version, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	ready, _ := json.Marshal(map[string]string{"event": "ready", "name": n.Name(), "grpc": n.Addr(), "gossip": n.GossipAddr()})
+	fmt.Fprintf(stdout, "%s\n", ready)
+	if cfg.ReadyFile != "" {
+		if err := os.WriteFile(cfg.ReadyFile, append(ready, '\n'), 0o644); err != nil {
+			log.Warn("ready file", "path", cfg.ReadyFile, "err", err)
+		}
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-n.Served():
+	}
+	lctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout+5e9)
+	defer cancel()
+	stopErr := n.Stop(lctx)
+	if serveErr != nil {
+		return fmt.Errorf("serve: %w", serveErr)
+	}
+	return stopErr
+}

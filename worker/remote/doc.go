@@ -1,0 +1,56 @@
+// Package remote is the gRPC side of the worker API (api/worker/v1): a
+// node's [Server], which hosts the ranks of any number of grids, and the
+// coordinator's [Client], a worker.Worker for the ranks one node hosts of
+// one grid, so that an engine opened with engine.Open drives remote nodes
+// exactly as it drives in-process workers.
+//
+// # Grids
+//
+// A grid is one CP x TP layout of ranks under one membership view, spread
+// over nodes. [OpenGrid] opens it in two phases: OpenGrid on every node
+// (the node checks the config against its page and memory bounds and
+// listens on one ephemeral port of ServerConfig.Host per hosted rank),
+// then ConnectGrid on every node at once with every rank's address (each
+// node connects its ranks' grpctransport members to the other ranks of
+// their TP group, all its ranks concurrently, then builds a worker.Local
+// over them). Every later call names the grid and its view: an unknown
+// grid answers NOT_FOUND, another view FAILED_PRECONDITION. A grid that
+// got no ConnectGrid within ServerConfig.ConnectTimeout is freed by the
+// next call that notices; [CloseGrid] frees a grid (closing a grid a node
+// does not hold is OK).
+//
+// # Messages
+//
+// Package worker's messages map field by field onto workerv1's. Tensors
+// travel as little-endian bytes with dtype and shape: token tensors as
+// [tokens][heads][HeadDim], query heads as [seqs][heads][HeadDim]. The
+// node decodes every request against the grid's geometry before its
+// worker sees it, and refuses with INVALID_ARGUMENT, naming the field,
+// a wrong dtype, a shape that does not hold its data or does not fit
+// the geometry ("layer request: ranks[1].q: shape [2 4 32], want [2 4
+// 64]"); the worker then checks the rest (counts, lengths, finite
+// values) as in process. A nil slice stays nil across the wire and an
+// empty one empty, where the worker tells them apart (the mirror keys);
+// a RollbackRequest's Tail, nil or empty, arrives nil.
+//
+// # Errors
+//
+// [ToStatus] maps a worker error to a gRPC status (INVALID_ARGUMENT,
+// NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED, UNAVAILABLE,
+// DEADLINE_EXCEEDED, CANCELED, INTERNAL) with one errdetails.ErrorInfo
+// per sentinel the error wraps (domain "questrt.worker"); [FromStatus]
+// rebuilds an error that errors.Is the same sentinels (worker.ErrChanged
+// above all: the engine treats a sequence as broken on it), plus
+// [ErrUnavailable] for UNAVAILABLE and connection failures. A Layer call
+// that fails after the node's worker accepted it answers OK with the
+// ranks' outputs (their Appended counts) and error_code and error_message
+// set; the status with its details travels in the trailer
+// "questrt-layer-status-bin", from which the client rebuilds the error.
+//
+// # Sizes
+//
+// A Layer request carries a step's query heads and new tokens for every
+// rank a node hosts: set grpc.MaxRecvMsgSize on the node's grpc.Server
+// and grpc.MaxCallRecvMsgSize/MaxCallSendMsgSize on the coordinator's
+// connections when a batch exceeds gRPC's 4 MiB default.
+package remote

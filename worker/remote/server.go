@@ -1,0 +1,713 @@
+package remote
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+
+	workerv1 "github.com/questrt/questrt/api/worker/v1"
+	"github.com/questrt/questrt/collective/grpctransport"
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/worker"
+)
+
+// ServerConfig configures a node's worker server. DefaultServerConfig
+// gives the defaults; set one of TLS and Plaintext.
+type ServerConfig struct {
+	// Host is the IP or host name the grids' collective listeners bind
+	// to and advertise to their peers (one ephemeral port per hosted
+	// rank). Default "127.0.0.1".
+	Host string
+	// MaxPages bounds the pages this node hosts over all its grids (a
+	// grid takes its Capacity pages per hosted rank); an OpenGrid beyond
+	// it fails with ErrNodeFull (RESOURCE_EXHAUSTED). 0: no bound but
+	// MemoryLimit.
+	MaxPages int
+	// MemoryLimit bounds the host bytes of all grids' page pools and
+	// summary mirrors together, as internal/memlimit counts them: a byte
+	// count, 0 (the memory available when a grid opens) or -1 (no check).
+	// It is every grid's worker.Config.MemoryLimit too.
+	MemoryLimit int64
+	// DeviceResident keeps the grids' pools in the backend's device
+	// memory (worker.Config.DeviceResident).
+	DeviceResident bool
+	// TLS secures the collective transports between the grids' ranks
+	// (grpctransport.Config.TLS); Plaintext runs them unencrypted, only
+	// when asked for. Exactly one must be set. The worker API's own gRPC
+	// server is the caller's (grpc.NewServer with its credentials).
+	TLS       *tls.Config
+	Plaintext bool
+	// Backend runs every hosted rank's kernels; it must be safe for
+	// concurrent use by several ranks. Nil: a CPU backend the server owns
+	// and closes.
+	Backend kernels.Backend
+	// Logger receives the server's and the transports' logs. Default:
+	// discard.
+	Logger *slog.Logger
+	// ConnectTimeout bounds ConnectGrid's wait for a grid's peers, and
+	// the time from OpenGrid to ConnectGrid: a grid not connected by then
+	// is freed by the next call that notices. Default 10 s.
+	ConnectTimeout time.Duration
+}
+
+// DefaultConnectTimeout is ServerConfig.ConnectTimeout's default.
+const DefaultConnectTimeout = 10 * time.Second
+
+// DefaultServerConfig returns the defaults; set TLS or Plaintext.
+func DefaultServerConfig() ServerConfig {
+	return ServerConfig{Host: "127.0.0.1", ConnectTimeout: DefaultConnectTimeout}
+}
+
+// Validate reports the first invalid field.
+func (c ServerConfig) Validate() error {
+	switch {
+	case c.Host == "":
+		return errors.New("worker server config: empty Host")
+	case c.MaxPages < 0:
+		return fmt.Errorf("worker server config: MaxPages %d is negative", c.MaxPages)
+	case c.MemoryLimit < memlimit.NoLimit:
+		return fmt.Errorf("worker server config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
+	case (c.TLS != nil) == c.Plaintext:
+		return errors.New("worker server config: set exactly one of TLS and Plaintext")
+	case c.ConnectTimeout <= 0:
+		return fmt.Errorf("worker server config: ConnectTimeout %v must be positive", c.ConnectTimeout)
+	}
+	return nil
+}
+
+// Server is a node's side of the worker API: it hosts the ranks of any
+// number of grids (each a worker.Local over its ranks, with gRPC
+// collective transports to the grid's other ranks) and answers the
+// coordinators' calls. Register it on a grpc.Server with
+// workerv1.RegisterWorkerServer. Its methods are safe for concurrent use;
+// the calls of one grid serialize in its worker.Local.
+type Server struct {
+	workerv1.UnimplementedWorkerServer
+
+	cfg   ServerConfig
+	be    kernels.Backend
+	ownBe kernels.Backend
+	log   *slog.Logger
+
+	mu     sync.Mutex
+	closed bool
+	grids  map[string]*grid
+	pages  int   // reserved by the grids
+	bytes  int64 // host bytes of the grids
+	// connects counts the ConnectGrid calls in progress: they own what
+	// they build until they hand it to their grid; Close waits for them.
+	connects sync.WaitGroup
+}
+
+var _ workerv1.WorkerServer = (*Server)(nil)
+
+type gridState int
+
+const (
+	opened     gridState = iota // listeners made, waiting for ConnectGrid
+	connecting                  // ConnectGrid in progress (it owns the listeners)
+	connected                   // hosting: local and transports set
+)
+
+// grid is one grid's ranks on this node.
+type grid struct {
+	id       string
+	view     uint64
+	cfg      worker.Config
+	geo      geometry
+	ranks    []worker.Rank
+	pages    int
+	bytes    int64
+	deadline time.Time // of ConnectGrid
+	// ctx ends when the grid closes: the calls in progress end with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// Under Server.mu.
+	state gridState
+	lis   []net.Listener // opened
+	trs   []*grpctransport.Transport
+	local *worker.Local
+
+	// The open step's batch, for the shapes of its layer requests.
+	mu          sync.Mutex
+	step        uint64
+	open        bool
+	seqs, fresh int
+}
+
+// NewServer makes a server with no grids.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	def := DefaultServerConfig()
+	if cfg.Host == "" {
+		cfg.Host = def.Host
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = def.ConnectTimeout
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, be: cfg.Backend, log: cfg.Logger, grids: map[string]*grid{}}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.be == nil {
+		s.ownBe = kernels.NewCPU(kernels.CPUConfig{})
+		s.be = s.ownBe
+	}
+	return s, nil
+}
+
+// Stats is a snapshot of a server's grids.
+type Stats struct {
+	// Grids and Ranks count the grids held (connected or not) and their
+	// hosted ranks.
+	Grids, Ranks int
+	// PagesUsed is the pages the grids reserve; PagesFree what MaxPages
+	// leaves (-1 without MaxPages).
+	PagesUsed, PagesFree int
+	// HostBytes is the host memory of the grids' pools and mirrors.
+	HostBytes int64
+}
+
+// Stats returns a snapshot (freeing grids whose ConnectGrid is overdue).
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweep()
+	st := Stats{Grids: len(s.grids), PagesUsed: s.pages, PagesFree: -1, HostBytes: s.bytes}
+	for _, g := range s.grids {
+		st.Ranks += len(g.ranks)
+	}
+	if s.cfg.MaxPages > 0 {
+		st.PagesFree = s.cfg.MaxPages - s.pages
+	}
+	return st
+}
+
+// Grids returns the number of grids held.
+func (s *Server) Grids() int { return s.Stats().Grids }
+
+// Close closes every grid (ending the calls in progress) and the
+// server's own backend; later calls fail with UNAVAILABLE. It waits for
+// the ConnectGrid calls in progress to give up.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	var gs []*grid
+	for _, g := range s.grids {
+		gs = append(gs, s.forget(g))
+	}
+	s.mu.Unlock()
+	var first error
+	for _, g := range gs {
+		if err := g.shut(); err != nil && first == nil {
+			first = err
+		}
+	}
+	s.connects.Wait()
+	if s.ownBe != nil {
+		s.ownBe.Close()
+	}
+	return first
+}
+
+// sweep frees the grids whose ConnectGrid is overdue (s.mu held).
+func (s *Server) sweep() {
+	now := time.Now()
+	for _, g := range s.grids {
+		if g.state == opened && now.After(g.deadline) {
+			s.log.Warn("worker server: freeing a grid that was not connected in time", "grid", g.id, "timeout", s.cfg.ConnectTimeout)
+			s.forget(g).shut() // only listeners to close
+		}
+	}
+}
+
+// forget removes g from the server and gives back its reservation
+// (s.mu held); the caller shuts it.
+func (s *Server) forget(g *grid) *grid {
+	if s.grids[g.id] == g {
+		delete(s.grids, g.id)
+		s.pages -= g.pages
+		s.bytes -= g.bytes
+	}
+	g.cancel()
+	return g
+}
+
+// shut frees what a forgotten grid holds: a connected grid's worker, then
+// its transports; an opened one's listeners. A connecting grid's
+// ConnectGrid frees its own (the cancelled ctx ends its wait).
+func (g *grid) shut() error {
+	var err error
+	if g.local != nil {
+		err = g.local.Close()
+	}
+	closeTransports(g.trs)
+	for _, l := range g.lis {
+		l.Close()
+	}
+	return err
+}
+
+// closeTransports closes trs concurrently (each may wait for its peers'
+// acknowledgements).
+func closeTransports(trs []*grpctransport.Transport) {
+	var wg sync.WaitGroup
+	for _, t := range trs {
+		if t != nil {
+			wg.Go(func() { t.Close() })
+		}
+	}
+	wg.Wait()
+}
+
+// lookup returns the grid ref names, checking its view (s.mu held).
+func (s *Server) lookup(ref *workerv1.GridRef) (*grid, error) {
+	if s.closed {
+		return nil, fmt.Errorf("worker server: %w", worker.ErrClosed)
+	}
+	s.sweep()
+	g, ok := s.grids[ref.GetGrid()]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownGrid, ref.GetGrid())
+	}
+	if g.view != ref.GetView() {
+		return nil, fmt.Errorf("%w: grid %s was opened under view %d, call carries %d", ErrWrongView, g.id, g.view, ref.GetView())
+	}
+	return g, nil
+}
+
+// with runs f on the connected grid ref names, on a ctx that also ends
+// when the grid closes, and answers f's error as a status.
+func (s *Server) with(ctx context.Context, ref *workerv1.GridRef, f func(ctx context.Context, g *grid) error) error {
+	s.mu.Lock()
+	g, err := s.lookup(ref)
+	if err == nil && g.state != connected {
+		err = fmt.Errorf("%w: grid %s is not connected yet", ErrGridState, g.id)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return statusErr(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(g.ctx, cancel)()
+	return statusErr(f(ctx, g))
+}
+
+// OpenGrid implements workerv1.WorkerServer: it validates the config and
+// the ranks, reserves their pages and memory, and listens for each
+// rank's collective streams.
+func (s *Server) OpenGrid(ctx context.Context, r *workerv1.OpenGridRequest) (*workerv1.OpenGridReply, error) {
+	g, err := s.newGrid(r)
+	if err != nil {
+		return nil, statusErr(fmt.Errorf("open grid %q: %w", r.GetRef().GetGrid(), err))
+	}
+	port := func(l net.Listener) string {
+		if a, ok := l.Addr().(*net.TCPAddr); ok {
+			return strconv.Itoa(a.Port)
+		}
+		_, p, _ := net.SplitHostPort(l.Addr().String())
+		return p
+	}
+	rep := &workerv1.OpenGridReply{}
+	for range g.ranks {
+		l, err := net.Listen("tcp", net.JoinHostPort(s.cfg.Host, "0"))
+		if err != nil {
+			for _, l := range g.lis {
+				l.Close()
+			}
+			return nil, statusErr(fmt.Errorf("open grid %q: listen: %w", g.id, err))
+		}
+		g.lis = append(g.lis, l)
+		rep.Addrs = append(rep.Addrs, net.JoinHostPort(s.cfg.Host, port(l)))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.reserve(g); err != nil {
+		for _, l := range g.lis {
+			l.Close()
+		}
+		return nil, statusErr(fmt.Errorf("open grid %q: %w", g.id, err))
+	}
+	return rep, nil
+}
+
+// newGrid decodes and checks an OpenGrid request.
+func (s *Server) newGrid(r *workerv1.OpenGridRequest) (*grid, error) {
+	ref := r.GetRef()
+	if ref.GetGrid() == "" {
+		return nil, fmt.Errorf("%w: no grid id", worker.ErrBadMessage)
+	}
+	cfg, err := decodeConfig(r.GetConfig())
+	if err != nil {
+		return nil, err
+	}
+	cfg.MemoryLimit, cfg.DeviceResident = s.cfg.MemoryLimit, s.cfg.DeviceResident
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", worker.ErrBadMessage, err)
+	}
+	if len(r.GetRanks()) == 0 {
+		return nil, fmt.Errorf("%w: no ranks to host", worker.ErrBadMessage)
+	}
+	d := &dec{what: "open grid request", sentinel: worker.ErrBadMessage}
+	seen := map[worker.Rank]bool{}
+	var ranks []worker.Rank
+	for i, pr := range r.GetRanks() {
+		rk := d.rank(fmt.Sprintf("ranks[%d]", i), pr)
+		if d.err != nil {
+			return nil, d.err
+		}
+		switch {
+		case rk.TP >= cfg.TP || rk.CP >= cfg.CP:
+			return nil, fmt.Errorf("%w: ranks[%d] %v outside the %d x %d grid", worker.ErrBadMessage, i, rk, cfg.TP, cfg.CP)
+		case seen[rk]:
+			return nil, fmt.Errorf("%w: ranks[%d] %v listed twice", worker.ErrBadMessage, i, rk)
+		}
+		seen[rk] = true
+		ranks = append(ranks, rk)
+	}
+	need, err := cfg.HostBytes(len(ranks))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", worker.ErrBadMessage, err)
+	}
+	g := &grid{id: ref.GetGrid(), view: ref.GetView(), cfg: cfg, geo: geometryOf(cfg), ranks: ranks,
+		pages: cfg.Capacity * len(ranks), bytes: need, deadline: time.Now().Add(s.cfg.ConnectTimeout)}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	return g, nil
+}
+
+// reserve checks g against the node's bounds and adds it (s.mu held).
+func (s *Server) reserve(g *grid) error {
+	if s.closed {
+		return fmt.Errorf("worker server: %w", worker.ErrClosed)
+	}
+	s.sweep()
+	if _, ok := s.grids[g.id]; ok {
+		return fmt.Errorf("%w: grid %s exists", ErrGridState, g.id)
+	}
+	if s.cfg.MaxPages > 0 && s.pages+g.pages > s.cfg.MaxPages {
+		return fmt.Errorf("%w: %d ranks of %d pages on top of %d reserved exceed %d pages", ErrNodeFull, len(g.ranks), g.cfg.Capacity, s.pages, s.cfg.MaxPages)
+	}
+	what := fmt.Sprintf("grid %s: %d shards of %d pages each", g.id, len(g.ranks), g.cfg.Capacity)
+	if lim := s.cfg.MemoryLimit; lim > 0 && memlimit.Add(s.bytes, g.bytes) > lim {
+		return fmt.Errorf("%s need %s on top of the %s of the node's other grids, more than the %s memory limit: %w",
+			what, memlimit.Bytes(g.bytes), memlimit.Bytes(s.bytes), memlimit.Bytes(lim), memlimit.ErrTooLarge)
+	}
+	if err := memlimit.Check(what, g.bytes, s.cfg.MemoryLimit); err != nil {
+		return err
+	}
+	s.grids[g.id] = g
+	s.pages += g.pages
+	s.bytes += g.bytes
+	return nil
+}
+
+// ConnectGrid implements workerv1.WorkerServer: it connects every hosted
+// rank's transport to the ranks of its TP group (all at once: each waits
+// for its peers, bounded by ConnectTimeout), then builds the grid's
+// worker. On failure the grid is freed.
+func (s *Server) ConnectGrid(ctx context.Context, r *workerv1.ConnectGridRequest) (*workerv1.ConnectGridReply, error) {
+	s.mu.Lock()
+	g, err := s.lookup(r.GetRef())
+	if err == nil && g.state != opened {
+		err = fmt.Errorf("%w: grid %s is already connecting or connected", ErrGridState, g.id)
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return nil, statusErr(fmt.Errorf("connect grid: %w", err))
+	}
+	g.state = connecting
+	lis := g.lis
+	g.lis = nil
+	s.connects.Add(1)
+	s.mu.Unlock()
+	defer s.connects.Done()
+
+	local, trs, err := s.connect(ctx, g, lis, r.GetPeers())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && s.grids[g.id] != g {
+		err = fmt.Errorf("%w: grid %s closed while connecting", ErrGridState, g.id)
+	}
+	if err != nil {
+		s.forget(g)
+		if local != nil {
+			local.Close()
+		}
+		closeTransports(trs)
+		return nil, statusErr(fmt.Errorf("connect grid %s: %w", g.id, err))
+	}
+	g.state, g.local, g.trs = connected, local, trs
+	return &workerv1.ConnectGridReply{}, nil
+}
+
+// connect builds g's transports on lis (which it takes over) and its
+// worker; on failure it returns what it built for the caller to close.
+func (s *Server) connect(ctx context.Context, g *grid, lis []net.Listener, peers []string) (*worker.Local, []*grpctransport.Transport, error) {
+	c := g.cfg
+	if len(peers) != c.TP*c.CP {
+		for _, l := range lis {
+			l.Close()
+		}
+		return nil, nil, fmt.Errorf("%w: %d peer addresses for a %d x %d grid", worker.ErrBadMessage, len(peers), c.TP, c.CP)
+	}
+	for i, p := range peers {
+		if p == "" {
+			for _, l := range lis {
+				l.Close()
+			}
+			return nil, nil, fmt.Errorf("%w: peers[%d] is empty", worker.ErrBadMessage, i)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
+	defer cancel()
+	defer context.AfterFunc(g.ctx, cancel)()
+	trs := make([]*grpctransport.Transport, len(g.ranks))
+	errs := make([]error, len(g.ranks))
+	var wg sync.WaitGroup
+	for i, rk := range g.ranks {
+		tc := grpctransport.DefaultConfig()
+		tc.Group = g.id + "/tp" + strconv.Itoa(rk.TP)
+		tc.Rank = rk.CP
+		tc.Peers = peers[rk.TP*c.CP : (rk.TP+1)*c.CP]
+		tc.Listener = lis[i]
+		tc.TLS, tc.Plaintext, tc.Logger = s.cfg.TLS, s.cfg.Plaintext, s.log
+		wg.Go(func() {
+			var err error
+			if trs[i], err = grpctransport.New(ctx, tc); err != nil {
+				errs[i] = fmt.Errorf("rank %v: %w", rk, err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, trs, err
+	}
+	specs := make([]worker.RankSpec, len(g.ranks))
+	for i, rk := range g.ranks {
+		specs[i] = worker.RankSpec{Rank: rk, Backend: s.be, Transport: trs[i]}
+	}
+	local, err := worker.NewLocal(c, specs)
+	if err != nil {
+		return nil, trs, err
+	}
+	return local, trs, nil
+}
+
+// CloseGrid implements workerv1.WorkerServer: it closes the grid's worker
+// (after the calls in progress end) and its transports. Closing a grid
+// the node does not hold is OK.
+func (s *Server) CloseGrid(ctx context.Context, r *workerv1.CloseGridRequest) (*workerv1.CloseGridReply, error) {
+	s.mu.Lock()
+	g, err := s.lookup(r.GetRef())
+	if errors.Is(err, ErrUnknownGrid) {
+		s.mu.Unlock()
+		return &workerv1.CloseGridReply{}, nil
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return nil, statusErr(fmt.Errorf("close grid: %w", err))
+	}
+	s.forget(g)
+	s.mu.Unlock()
+	if err := g.shut(); err != nil {
+		return nil, statusErr(fmt.Errorf("close grid %s: %w", g.id, err))
+	}
+	return &workerv1.CloseGridReply{}, nil
+}
+
+// Create implements workerv1.WorkerServer.
+func (s *Server) Create(ctx context.Context, r *workerv1.CreateRequest) (*workerv1.Ack, error) {
+	return ack(s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		d := &dec{what: "create request", sentinel: worker.ErrBadMessage}
+		m := worker.CreateRequest{Seq: r.Seq, Layout: decodeLayout(d, r.Layout)}
+		if d.err != nil {
+			return d.err
+		}
+		return g.local.Create(ctx, m)
+	}))
+}
+
+// Fork implements workerv1.WorkerServer.
+func (s *Server) Fork(ctx context.Context, r *workerv1.ForkRequest) (*workerv1.Ack, error) {
+	return ack(s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		return g.local.Fork(ctx, worker.ForkRequest{Parent: r.Parent, Child: r.Child})
+	}))
+}
+
+// Release implements workerv1.WorkerServer.
+func (s *Server) Release(ctx context.Context, r *workerv1.ReleaseRequest) (*workerv1.Ack, error) {
+	return ack(s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		return g.local.Release(ctx, worker.ReleaseRequest{Seq: r.Seq})
+	}))
+}
+
+// Check implements workerv1.WorkerServer.
+func (s *Server) Check(ctx context.Context, r *workerv1.CheckRequest) (*workerv1.Ack, error) {
+	return ack(s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		m, err := decodeCheck(r)
+		if err != nil {
+			return err
+		}
+		return g.local.Check(ctx, m)
+	}))
+}
+
+// Append implements workerv1.WorkerServer.
+func (s *Server) Append(ctx context.Context, r *workerv1.AppendRequest) (*workerv1.Ack, error) {
+	return ack(s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		m, err := decodeAppend(g.geo, r)
+		if err != nil {
+			return err
+		}
+		return g.local.Append(ctx, m)
+	}))
+}
+
+// Rollback implements workerv1.WorkerServer.
+func (s *Server) Rollback(ctx context.Context, r *workerv1.RollbackRequest) (*workerv1.RollbackReply, error) {
+	var rep *workerv1.RollbackReply
+	err := s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		m, err := decodeRollback(g.geo, r)
+		if err != nil {
+			return err
+		}
+		out, err := g.local.Rollback(ctx, m)
+		if err != nil {
+			return err
+		}
+		rep, err = encodeRollbackReply(g.geo, out)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// BeginStep implements workerv1.WorkerServer.
+func (s *Server) BeginStep(ctx context.Context, r *workerv1.BeginRequest) (*workerv1.Ack, error) {
+	return ack(s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		m, err := decodeBegin(r)
+		if err != nil {
+			return err
+		}
+		if err := g.local.BeginStep(ctx, m); err != nil {
+			return err
+		}
+		fresh := 0
+		for _, sq := range m.Seqs {
+			if sq.New {
+				fresh++
+			}
+		}
+		g.mu.Lock()
+		g.step, g.open, g.seqs, g.fresh = m.Step, true, len(m.Seqs), fresh
+		g.mu.Unlock()
+		return nil
+	}))
+}
+
+// layerTrailer is the trailer key of a Layer call that failed after the
+// worker accepted it: the binary google.rpc.Status of the error (its
+// ErrorInfo details), beside the reply's error_code and error_message.
+const layerTrailer = "questrt-layer-status-bin"
+
+// Layer implements workerv1.WorkerServer. A request the worker refused
+// (nothing appended, a refusal sentinel) answers an error status; an error
+// after the worker accepted it answers OK with the ranks' outputs (their
+// Appended counts) and error_code and error_message set, the error's
+// details in the trailer layerTrailer.
+func (s *Server) Layer(ctx context.Context, r *workerv1.LayerRequest) (*workerv1.LayerReply, error) {
+	var rep *workerv1.LayerReply
+	err := s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		seqs, fresh := anyDim, anyDim
+		g.mu.Lock()
+		if g.open && g.step == r.Step {
+			seqs, fresh = g.seqs, g.fresh
+		}
+		g.mu.Unlock()
+		m, err := decodeLayer(g.geo, r, seqs, fresh)
+		if err != nil {
+			return fmt.Errorf("layer %d of step %d: %w", r.Layer, r.Step, err)
+		}
+		var out worker.LayerReply
+		lerr := g.local.Layer(ctx, m, &out)
+		if lerr != nil && refused(lerr, &out) {
+			return lerr
+		}
+		if rep, err = encodeLayerReply(g.geo, &out); err != nil {
+			return errors.Join(lerr, err)
+		}
+		if lerr != nil {
+			st := ToStatus(lerr)
+			rep.ErrorCode, rep.ErrorMessage = uint32(st.Code()), st.Message()
+			if b, err := proto.Marshal(st.Proto()); err == nil {
+				// No stream when called directly (tests): nothing to set.
+				_ = grpc.SetTrailer(ctx, metadata.Pairs(layerTrailer, string(b)))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// refused reports whether a Layer error is a refusal that changed
+// nothing: a refusal sentinel, no ErrChanged, no token taken.
+func refused(err error, rep *worker.LayerReply) bool {
+	for _, o := range rep.Ranks {
+		if o.Appended > 0 {
+			return false
+		}
+	}
+	if errors.Is(err, worker.ErrChanged) {
+		return false
+	}
+	for _, s := range []error{worker.ErrBadMessage, worker.ErrUnknownSequence, worker.ErrNotHosted, worker.ErrStep, worker.ErrStepOpen, worker.ErrClosed} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// EndStep implements workerv1.WorkerServer.
+func (s *Server) EndStep(ctx context.Context, r *workerv1.EndRequest) (*workerv1.Ack, error) {
+	return ack(s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		m := decodeEnd(r, g.cfg.Layers)
+		g.mu.Lock()
+		if g.step == m.Step {
+			g.open = false
+		}
+		g.mu.Unlock()
+		return g.local.EndStep(ctx, m)
+	}))
+}
+
+func ack(err error) (*workerv1.Ack, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &workerv1.Ack{}, nil
+}
