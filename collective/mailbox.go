@@ -19,6 +19,26 @@ type slot struct {
 	waiters int
 }
 
+// ForgetHistory is how many forgotten tags Mailboxes remember: the last
+// ForgetHistory tags passed to Forget (and at most twice as many) stay
+// forgotten, older ones are forgotten no more, so the memory of forgotten
+// tags is bounded (about 24 bytes a tag, under 1 MiB per member) however
+// many operations fail over a member's life.
+//
+// A tag is forgotten once every local call under it returned, after its
+// operation failed; what still arrives under it is a peer's data or abort
+// sent before that peer learned of the failure, in flight for about one
+// network delay. The runtime forgets two tags per layer of a failed step
+// (MakeTag's select and reduce), and a worker runs one step at a time, so
+// 16384 tags cover the last 8192 failed layers: more than a hundred failed
+// steps of a deep model (80 layers), each of which takes at least one
+// round trip of its own, far longer than a message stays in flight. A
+// message that arrives under a tag evicted from the history is buffered as
+// one of a tag never forgotten (until the mailboxes close): the price of
+// the bound, paid only by a message later than ForgetHistory forgotten
+// tags.
+const ForgetHistory = 1 << 13
+
 // Mailboxes are one member's per-(sender, tag) mailboxes, the buffering
 // that the Transport contract asks of every transport: senders (or a
 // network transport's stream readers) Put, Recv Takes, in order per
@@ -26,10 +46,16 @@ type slot struct {
 // Every method is safe for concurrent use. The zero value is not usable:
 // see NewMailboxes.
 type Mailboxes struct {
-	mu        sync.Mutex
-	closed    bool
-	slots     map[slotKey]*slot
-	forgotten map[uint64]struct{}
+	mu     sync.Mutex
+	closed bool
+	slots  map[slotKey]*slot
+	// The forgotten tags, in two generations: Forget adds to cur; when
+	// cur holds ForgetHistory tags it becomes prev (the older prev is
+	// dropped whole) and cur starts empty. A tag in either is forgotten,
+	// so the last ForgetHistory forgotten tags always are, and at most
+	// 2*ForgetHistory are remembered. Maps are only added to and dropped
+	// whole, never deleted from: no tombstones, no growth under churn.
+	cur, prev map[uint64]struct{}
 }
 
 // NewMailboxes returns empty, open mailboxes.
@@ -46,7 +72,7 @@ func (b *Mailboxes) Put(from int, tag uint64, msg []byte) error {
 	if b.closed {
 		return ErrClosed
 	}
-	if _, ok := b.forgotten[tag]; ok {
+	if b.isForgotten(tag) {
 		return nil
 	}
 	k := slotKey{from, tag}
@@ -127,18 +153,28 @@ func (b *Mailboxes) Take(ctx context.Context, from int, tag uint64, gone, closed
 }
 
 // Forget drops what is buffered under tag (in slots nobody waits on) and
-// everything that arrives under it later. Tags stay forgotten for the life
-// of the mailboxes (one map entry per tag).
+// everything that arrives under it later, while tag is among the last
+// ForgetHistory forgotten tags (see ForgetHistory; forgetting a tag again
+// makes it the latest). Memory stays bounded: at most 2*ForgetHistory tags
+// are remembered.
 func (b *Mailboxes) Forget(tag uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return
 	}
-	if b.forgotten == nil {
-		b.forgotten = map[uint64]struct{}{}
+	if _, ok := b.cur[tag]; !ok {
+		if len(b.cur) >= ForgetHistory {
+			// The oldest generation goes; its map (cleared, keeping its
+			// storage) takes the new tags.
+			clear(b.prev)
+			b.prev, b.cur = b.cur, b.prev
+		}
+		if b.cur == nil {
+			b.cur = map[uint64]struct{}{}
+		}
+		b.cur[tag] = struct{}{}
 	}
-	b.forgotten[tag] = struct{}{}
 	for k, s := range b.slots {
 		if k.tag == tag && s.waiters == 0 {
 			delete(b.slots, k)
@@ -152,7 +188,25 @@ func (b *Mailboxes) Close() {
 	defer b.mu.Unlock()
 	b.closed = true
 	b.slots = nil
-	b.forgotten = nil
+	b.cur, b.prev = nil, nil
+}
+
+// isForgotten reports whether tag is among the remembered forgotten tags
+// (b.mu held).
+func (b *Mailboxes) isForgotten(tag uint64) bool {
+	if _, ok := b.cur[tag]; ok {
+		return true
+	}
+	_, ok := b.prev[tag]
+	return ok
+}
+
+// Forgotten returns the number of forgotten tags remembered, at most
+// 2*ForgetHistory (diagnostics and tests).
+func (b *Mailboxes) Forgotten() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.cur) + len(b.prev)
 }
 
 // Pending returns the number of messages buffered and not yet taken.

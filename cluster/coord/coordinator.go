@@ -25,6 +25,10 @@ import (
 type Config struct {
 	// Name is this node's name in the cluster; sequence ids start with it.
 	Name string
+	// Instance is this node process's membership instance
+	// (Membership.Instance): sequence and grid ids carry it, so that a
+	// node restarted under the same name never reuses an id.
+	Instance uint64
 	// Engine is the geometry, the CP x TP grid, each rank's pool, the
 	// policy, the selection mode and the step deadline of every sequence
 	// this node coordinates (the same on every node of a cluster). Its
@@ -46,7 +50,7 @@ type Config struct {
 var (
 	// ErrUnknownSequence: a sequence id this node does not coordinate.
 	ErrUnknownSequence = errors.New("unknown sequence")
-	// ErrBadSequenceID: a sequence id that is not "node/number".
+	// ErrBadSequenceID: a sequence id that is not "node/instance.number".
 	ErrBadSequenceID = errors.New("malformed sequence id")
 	// ErrGridLost: the sequence's grid lost a node (a broken stream, or
 	// membership declared it gone); the sequence's pages on it are gone.
@@ -125,16 +129,53 @@ func (c *Coordinator) Sequences() int { c.mu.Lock(); defer c.mu.Unlock(); return
 // Grids is the number of grids this node drives.
 func (c *Coordinator) Grids() int { c.mu.Lock(); defer c.mu.Unlock(); return len(c.grids) }
 
-// Owner returns the name of the node that coordinates sequence id.
+// Owner returns the name of the node that coordinates sequence id
+// ("node/instance.number": the node's name, its process's membership
+// instance in hex and a number).
 func Owner(id string) (string, error) {
 	i := strings.LastIndexByte(id, '/')
 	if i <= 0 {
 		return "", fmt.Errorf("sequence %q: %w", id, ErrBadSequenceID)
 	}
-	if _, err := strconv.ParseUint(id[i+1:], 10, 64); err != nil {
+	inst, num, ok := strings.Cut(id[i+1:], ".")
+	if !ok {
+		return "", fmt.Errorf("sequence %q: %w", id, ErrBadSequenceID)
+	}
+	if _, err := strconv.ParseUint(inst, 16, 64); err != nil {
+		return "", fmt.Errorf("sequence %q: %w", id, ErrBadSequenceID)
+	}
+	if _, err := strconv.ParseUint(num, 10, 64); err != nil {
 		return "", fmt.Errorf("sequence %q: %w", id, ErrBadSequenceID)
 	}
 	return id[:i], nil
+}
+
+// seqName is the id of this node's sequence number n.
+func (c *Coordinator) seqName(n uint64) string {
+	return c.cfg.Name + "/" + strconv.FormatUint(c.cfg.Instance, 16) + "." + strconv.FormatUint(n, 10)
+}
+
+// GridOwner returns the coordinator of grid id: its node name and
+// process instance (ok false for an id no coordinator made).
+func GridOwner(id string) (name string, instance uint64, ok bool) {
+	rest, _, ok := cutLast(id, '/')
+	if !ok {
+		return "", 0, false
+	}
+	name, inst, ok := cutLast(rest, '/')
+	if !ok {
+		return "", 0, false
+	}
+	instance, err := strconv.ParseUint(inst, 16, 64)
+	return name, instance, err == nil && name != ""
+}
+
+func cutLast(s string, sep byte) (before, after string, ok bool) {
+	i := strings.LastIndexByte(s, sep)
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+1:], true
 }
 
 // Created is what Create answers.
@@ -163,7 +204,7 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement) (Created, er
 	if c.closed {
 		return Created{}, ErrClosed
 	}
-	name := c.cfg.Name + "/" + strconv.FormatUint(c.next, 10)
+	name := c.seqName(c.next)
 	c.next++
 	c.seqs[name] = &seq{g: g, id: id}
 	g.seqs++
@@ -200,7 +241,7 @@ func (c *Coordinator) gridFor(ctx context.Context) (*grid, error) {
 	}
 	c.ngrid++
 	g := &grid{
-		ref:     remote.GridRef{Grid: fmt.Sprintf("%s-%d", c.cfg.Name, c.ngrid), View: v.Version},
+		ref:     remote.GridRef{Grid: fmt.Sprintf("%s/%x/%d", c.cfg.Name, c.cfg.Instance, c.ngrid), View: v.Version},
 		key:     key.String(),
 		nodes:   nodes,
 		members: members,
@@ -385,7 +426,7 @@ func (c *Coordinator) Fork(ctx context.Context, id string) (string, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	name := c.cfg.Name + "/" + strconv.FormatUint(c.next, 10)
+	name := c.seqName(c.next)
 	c.next++
 	c.seqs[name] = &seq{g: s.g, id: child}
 	s.g.seqs++

@@ -141,7 +141,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	n.pool = &pool{creds: creds, m: map[string]*grpc.ClientConn{}}
-	if n.co, err = coord.New(coord.Config{Name: mc.Name, Engine: cfg.Engine, View: n.m.View, Conn: n.pool.get,
+	if n.co, err = coord.New(coord.Config{Name: mc.Name, Instance: n.m.Instance(), Engine: cfg.Engine, View: n.m.View, Conn: n.pool.get,
 		Logger: log.With("component", "coordinator")}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -254,6 +254,7 @@ func (n *Node) advertise(ctx context.Context, meta cluster.NodeMeta) {
 			return
 		case <-t.C:
 		}
+		n.sweep()
 		free := uint64(max(n.ws.Stats().PagesFree, 0))
 		if free == meta.FreePages {
 			continue
@@ -264,6 +265,24 @@ func (n *Node) advertise(ctx context.Context, meta cluster.NodeMeta) {
 			n.log.Warn("update meta", "err", err)
 		}
 		cancel()
+	}
+}
+
+// sweep closes the hosted grids whose coordinator is gone from the view
+// (dead, departed, or restarted as another instance): nobody will send
+// them another call, and their pages are needed.
+func (n *Node) sweep() {
+	v := n.m.View()
+	closed := n.ws.CloseGrids(func(id string) bool {
+		name, inst, ok := coord.GridOwner(id)
+		if !ok {
+			return false
+		}
+		m, found := v.Member(name)
+		return !found || !m.State.Up() || m.Instance != inst
+	})
+	if closed > 0 {
+		n.log.Info("closed the grids of coordinators that are gone", "grids", closed)
 	}
 }
 

@@ -165,17 +165,30 @@ questd on $PATH.`)
 		fmt.Fprintf(stdout, "cluster up: %d nodes\n", len(c.nodes))
 	}
 
-	select {
-	case <-sigCtx.Done():
-	case n := <-c.exited:
-		// A Ctrl-C reaches the nodes too (they share questctl's process
-		// group): an exit just before questctl sees the signal is the
-		// signal's doing, not the node's.
+	// A node that exits by itself (a crash, kill -9) is reported and the
+	// others keep running, as a cluster does without it; up ends on a
+	// signal, or with an error once every node has exited.
+	for left := len(c.nodes); left > 0; {
 		select {
 		case <-sigCtx.Done():
-		case <-time.After(200 * time.Millisecond):
-			c.stop(*stopTimeout)
-			return fmt.Errorf("%s (pid %d) exited by itself (%s); stopped the other %d node(s)", n.name, n.pid, n.exitStatus(), len(c.nodes)-1)
+			left = -1
+			continue
+		case n := <-c.exited:
+			// A Ctrl-C reaches the nodes too (they share questctl's
+			// process group): an exit just before questctl sees the
+			// signal is the signal's doing, not the node's.
+			select {
+			case <-sigCtx.Done():
+				left = -1
+				continue
+			case <-time.After(200 * time.Millisecond):
+			}
+			left--
+			fmt.Fprintf(errw, "questctl up: %s (pid %d) exited by itself (%s); %d node(s) still running\n", n.name, n.pid, n.exitStatus(), left)
+			if left == 0 {
+				c.stop(*stopTimeout)
+				return fmt.Errorf("every node exited; the last was %s (%s)", n.name, n.exitStatus())
+			}
 		}
 	}
 	fmt.Fprintf(errw, "questctl up: stopping %d node(s)\n", len(c.nodes))

@@ -157,6 +157,10 @@ type Config struct {
 	// GossipInterval is the time between two gossip rounds
 	// [--gossip-interval]. Default 200ms.
 	GossipInterval time.Duration
+	// DeadNodeReclaim is how long after a member is declared dead a node
+	// may take over its name from another address (a restarted node on
+	// new ports) [--dead-node-reclaim]. Default 5s.
+	DeadNodeReclaim time.Duration
 
 	// DrainTimeout is how long SIGTERM or SIGINT waits for in-flight steps
 	// before the node leaves the cluster; 0 leaves at once
@@ -372,6 +376,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.dur(&c.ProbeTimeout, "probe-timeout", 500*time.Millisecond, "how long a probe waits for its ack before indirect probes, below --probe-interval")
 	d.int(&c.SuspicionMult, "suspicion-mult", 4, "a suspect member has suspicion-mult x max(1, log10(nodes)) x --probe-interval to refute before it is declared dead; with the defaults a killed node is declared dead within about 10s in a 3-node cluster")
 	d.dur(&c.GossipInterval, "gossip-interval", 200*time.Millisecond, "time between two gossip rounds (joins, failures and meta updates spread by them)")
+	d.dur(&c.DeadNodeReclaim, "dead-node-reclaim", 5*time.Second, "how long after a member is declared dead a restarted node may take over its name from another address")
 	d.dur(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long SIGTERM or SIGINT waits for in-flight steps before leaving the cluster (0: leave at once)")
 
 	d.group("Logging and process")
@@ -941,6 +946,7 @@ func (c Config) Validate() error {
 	}{
 		{"step-timeout", c.StepTimeout}, {"probe-interval", c.ProbeInterval},
 		{"probe-timeout", c.ProbeTimeout}, {"gossip-interval", c.GossipInterval},
+		{"dead-node-reclaim", c.DeadNodeReclaim},
 	} {
 		if d.v <= 0 {
 			return bad(d.flag, d.v.String(), "must be positive")
@@ -1017,5 +1023,6 @@ func (c Config) memberConfig() cluster.MemberConfig {
 	m.ProbeTimeout = c.ProbeTimeout
 	m.SuspicionMult = c.SuspicionMult
 	m.GossipInterval = c.GossipInterval
+	m.DeadNodeReclaimTime = c.DeadNodeReclaim
 	return m
 }
