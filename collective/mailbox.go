@@ -20,24 +20,25 @@ type slot struct {
 }
 
 // ForgetHistory is how many forgotten tags Mailboxes remember: the last
-// ForgetHistory tags passed to Forget (and at most twice as many) stay
-// forgotten, older ones are forgotten no more, so the memory of forgotten
-// tags is bounded (about 24 bytes a tag, under 1 MiB per member) however
-// many operations fail over a member's life.
+// ForgetHistory tags passed to Forget stay forgotten (at most twice as
+// many are remembered), older ones are forgotten no more. The memory of
+// forgotten tags is thus bounded, about 250 KiB per member at most
+// (measured on amd64), however many operations fail over a member's life.
 //
 // A tag is forgotten once every local call under it returned, after its
 // operation failed; what still arrives under it is a peer's data or abort
-// sent before that peer learned of the failure, in flight for about one
-// network delay. The runtime forgets two tags per layer of a failed step
-// (MakeTag's select and reduce), and a worker runs one step at a time, so
-// 16384 tags cover the last 8192 failed layers: more than a hundred failed
-// steps of a deep model (80 layers), each of which takes at least one
-// round trip of its own, far longer than a message stays in flight. A
-// message that arrives under a tag evicted from the history is buffered as
-// one of a tag never forgotten (until the mailboxes close): the price of
-// the bound, paid only by a message later than ForgetHistory forgotten
-// tags.
-const ForgetHistory = 1 << 13
+// sent before the peer learned of the failure, queued or in flight for
+// about one network delay. The runtime forgets two tags per layer of a
+// failed step (MakeTag's select and reduce), and a worker runs one step at
+// a time, each failed one taking at least a round trip of its own (its
+// Layer and EndStep calls), so 4096 tags cover the last 2048 failed
+// layers: thousands of round trips of the coordinator, several failed
+// steps of even a deep model run as one step, far longer than a message
+// stays in flight. A message that arrives under a tag evicted from the
+// history is buffered as one of a tag never forgotten (until the mailboxes
+// close): the price of the bound, paid only by a message later than
+// ForgetHistory forgotten tags.
+const ForgetHistory = 1 << 12
 
 // Mailboxes are one member's per-(sender, tag) mailboxes, the buffering
 // that the Transport contract asks of every transport: senders (or a

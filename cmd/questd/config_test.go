@@ -63,7 +63,7 @@ func TestDefaults(t *testing.T) {
 		GQA: plan.GroupMax, Selector: plan.Quest, Selection: plan.Exact,
 		MaxPages: 0, MaxMemory: 0, StepTimeout: 2 * time.Second,
 		ProbeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, SuspicionMult: 4,
-		GossipInterval: 200 * time.Millisecond, DrainTimeout: 10 * time.Second,
+		GossipInterval: 200 * time.Millisecond, DeadNodeReclaim: 5 * time.Second, DrainTimeout: 10 * time.Second,
 		LogLevel: slog.LevelInfo, LogFormat: "text", ReadyFile: "", ConfigFile: "",
 	}
 	if !reflect.DeepEqual(c, want) {
