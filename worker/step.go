@@ -267,7 +267,12 @@ func (l *Local) checkLayerRequest(st *stepState, m LayerRequest) ([]int, error) 
 	return order, nil
 }
 
-// EndStep implements Worker.
+// EndStep implements Worker. After a failure it forgets the tags of each
+// layer once, however often the layer appears in the layers the step ran
+// and m.Layers. Entries of m.Layers outside [0, Layers) are ignored, not
+// refused: no Layer call can have run (or sent messages under) such a
+// layer, and a bad list must not stop the step from ending and the
+// valid layers' tags from being forgotten.
 func (l *Local) EndStep(_ context.Context, m EndRequest) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -276,9 +281,15 @@ func (l *Local) EndStep(_ context.Context, m EndRequest) error {
 		return fmt.Errorf("end step %d: %w: not the open step", m.Step, ErrStep)
 	}
 	if (m.Failed || st.failed) && !l.closed {
-		for _, rk := range l.ranks {
-			for _, layers := range [][]int{st.ran, m.Layers} {
-				for _, layer := range layers {
+		// Failure path only: a small scratch, one flag per layer.
+		done := make([]bool, l.cfg.Layers)
+		for _, layers := range [][]int{st.ran, m.Layers} {
+			for _, layer := range layers {
+				if layer < 0 || layer >= len(done) || done[layer] {
+					continue
+				}
+				done[layer] = true
+				for _, rk := range l.ranks {
 					rk.tr.Forget(collective.MakeTag(st.id, layer, collective.OpSelect))
 					rk.tr.Forget(collective.MakeTag(st.id, layer, collective.OpReduce))
 				}

@@ -146,6 +146,13 @@ type StepResult struct {
 	Plans  []plan.Plan
 	Diag   []Diag
 	Total  time.Duration
+	// Time is the phase times of CP rank 0 of TP group 0.
+	Time Times
+}
+
+// Times are the wall times of a step's phases on one rank.
+type Times struct {
+	Score, TopK, Select, Attend, Merge, Fused time.Duration
 }
 
 // Step runs one decode step of one layer for items (all coordinated by
@@ -166,7 +173,10 @@ func (c *Client) Step(ctx context.Context, layer int, items []Item, opt StepOpti
 		return nil, err
 	}
 	n := len(items)
-	res := &StepResult{Total: time.Duration(rep.GetTotalNs())}
+	pt := rep.GetTime()
+	res := &StepResult{Total: time.Duration(rep.GetTotalNs()), Time: Times{Score: time.Duration(pt.GetScoreNs()),
+		TopK: time.Duration(pt.GetTopkNs()), Select: time.Duration(pt.GetSelectNs()), Attend: time.Duration(pt.GetAttendNs()),
+		Merge: time.Duration(pt.GetMergeNs()), Fused: time.Duration(pt.GetFusedNs())}}
 	if res.O, err = remote.Float32s(rep.GetO(), "o", n, g.QHeads, g.HeadDim); err != nil {
 		return nil, fmt.Errorf("client: step reply: %w", err)
 	}

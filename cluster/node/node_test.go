@@ -50,12 +50,7 @@ func startCluster(t *testing.T, n int, ec engine.Config) []*Node {
 		}
 	})
 	for i := range n {
-		mc := cluster.DefaultMemberConfig()
-		mc.Name = fmt.Sprintf("n%d", i)
-		mc.BindAddr, mc.BindPort = "127.0.0.1", 0
-		mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = 100*time.Millisecond, 50*time.Millisecond, 2
-		mc.GossipInterval, mc.PushPullInterval, mc.TCPTimeout = 50*time.Millisecond, 2*time.Second, 2*time.Second
-		mc.JoinRetryInterval, mc.DeadNodeReclaimTime = 100*time.Millisecond, time.Millisecond
+		mc := fastMember(fmt.Sprintf("n%d", i))
 		if i > 0 {
 			mc.Join = []string{nodes[0].GossipAddr()}
 		}
@@ -70,6 +65,18 @@ func startCluster(t *testing.T, n int, ec engine.Config) []*Node {
 	}
 	waitAlive(t, nodes, n)
 	return nodes
+}
+
+// fastMember is a member on 127.0.0.1, port 0, with fast failure
+// detection.
+func fastMember(name string) cluster.MemberConfig {
+	mc := cluster.DefaultMemberConfig()
+	mc.Name = name
+	mc.BindAddr, mc.BindPort = "127.0.0.1", 0
+	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = 100*time.Millisecond, 50*time.Millisecond, 2
+	mc.GossipInterval, mc.PushPullInterval, mc.TCPTimeout = 50*time.Millisecond, 2*time.Second, 2*time.Second
+	mc.JoinRetryInterval, mc.DeadNodeReclaimTime = 100*time.Millisecond, time.Millisecond
+	return mc
 }
 
 // waitAlive waits until every node's view has want members up.

@@ -1,0 +1,148 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
+)
+
+// BenchmarkLayerStep128K: one decode layer-step (batch 1, a new token)
+// over a 128K-token sequence, CP 3, exact selection: the in-process
+// engine and a 3-node loopback cluster on the same data, side by side.
+// Reported per step: the coordinator's phase times on CP rank 0 (score,
+// top-K, selection exchange, attention, merge) and, for the cluster, the
+// client's round trip (RPC = client time - coordinator total).
+//
+//	go test -run '^$' -bench LayerStep128K -benchtime 200x ./cluster/node/
+func BenchmarkLayerStep128K(b *testing.B) {
+	const tokens = 128 << 10
+	ec := engine.DefaultConfig()
+	ec.Layers, ec.QHeads, ec.KVHeads, ec.HeadDim, ec.PageSize = 1, 8, 2, 128, 16
+	ec.CP, ec.TP, ec.Selection = 3, 1, plan.Exact
+	ec.CapacityPages = tokens/ec.PageSize/ec.CP + 64
+	ec.Policy.PageSize, ec.Policy.DenseLayers = 16, 0
+	ec.StepTimeout, ec.MemoryLimit = 10*time.Second, memlimit.NoLimit
+	rng := rand.New(rand.NewPCG(1, 1))
+	kv := ec.KVHeads * ec.HeadDim
+	const chunk = 8 << 10
+	keys, vals := randVec(rng, tokens*kv), randVec(rng, tokens*kv)
+	q, nk, nv := randVec(rng, ec.QHeads*ec.HeadDim), randVec(rng, kv), randVec(rng, kv)
+	report := func(b *testing.B, t engine.Times, n int) {
+		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
+		b.ReportMetric(per(t.Score+t.Fused), "score-us")
+		b.ReportMetric(per(t.TopK), "topk-us")
+		b.ReportMetric(per(t.Select), "exchange-us")
+		b.ReportMetric(per(t.Attend), "attend-us")
+		b.ReportMetric(per(t.Merge), "merge-us")
+		b.ReportMetric(per(t.Total), "coord-total-us")
+	}
+	add := func(sum *engine.Times, t engine.Times) {
+		sum.Score += t.Score + t.Fused
+		sum.TopK += t.TopK
+		sum.Select += t.Select
+		sum.Attend += t.Attend
+		sum.Merge += t.Merge
+		sum.Total += t.Total
+	}
+	b.Run("inproc", func(b *testing.B) {
+		e, err := engine.New(ec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer e.Close()
+		id, _ := e.Create(plan.Striped)
+		for s := 0; s < tokens; s += chunk {
+			if err := e.Append(id, 0, keys[s*kv:(s+chunk)*kv], vals[s*kv:(s+chunk)*kv]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var res engine.Result
+		var sum engine.Times
+		b.ResetTimer()
+		for range b.N {
+			if err := e.Step(context.Background(), 0, []engine.Request{{Seq: id, Q: q, K: nk, V: nv}}, engine.StepOptions{Phased: true}, &res); err != nil {
+				b.Fatal(err)
+			}
+			add(&sum, res.Time)
+		}
+		report(b, sum, b.N)
+	})
+	b.Run("cluster3", func(b *testing.B) {
+		nodes := startBenchCluster(b, 3, ec)
+		ctx := context.Background()
+		c, err := client.Dial(ctx, nodes[0].Addr(), client.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		id, on, err := c.Create(ctx, plan.Striped)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("placed on %v", on)
+		for s := 0; s < tokens; s += chunk {
+			if err := c.Append(ctx, id, 0, keys[s*kv:(s+chunk)*kv], vals[s*kv:(s+chunk)*kv]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var sum engine.Times
+		var rtt time.Duration
+		b.ResetTimer()
+		for range b.N {
+			start := time.Now()
+			res, err := c.Step(ctx, 0, []client.Item{{Seq: id, Q: q, K: nk, V: nv}}, client.StepOptions{Phased: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			rtt += time.Since(start) - res.Total
+			add(&sum, engine.Times{Total: res.Total, Score: res.Time.Score, TopK: res.Time.TopK, Select: res.Time.Select,
+				Attend: res.Time.Attend, Merge: res.Time.Merge, Fused: res.Time.Fused})
+		}
+		report(b, sum, b.N)
+		b.ReportMetric(float64(rtt.Microseconds())/float64(b.N), "client-rpc-us")
+	})
+}
+
+// startBenchCluster is startCluster for a benchmark.
+func startBenchCluster(b *testing.B, n int, ec engine.Config) []*Node {
+	b.Helper()
+	var nodes []*Node
+	b.Cleanup(func() {
+		for _, nd := range nodes {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			nd.Stop(ctx)
+			cancel()
+		}
+	})
+	for i := range n {
+		mc := fastMember(fmt.Sprintf("b%d", i))
+		if i > 0 {
+			mc.Join = []string{nodes[0].GossipAddr()}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		nd, err := Start(ctx, Config{GRPCAddr: "127.0.0.1:0", Member: mc, Engine: ec, Plaintext: true,
+			MemoryLimit: memlimit.NoLimit, DrainTimeout: time.Second, Version: "bench"})
+		cancel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		nodes = append(nodes, nd)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, nd := range nodes {
+		for len(nd.Membership().View().Up()) != n {
+			if time.Now().After(deadline) {
+				b.Fatal("cluster did not form")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nodes
+}
