@@ -51,11 +51,12 @@ type Mailboxes struct {
 	closed bool
 	slots  map[slotKey]*slot
 	// The forgotten tags, in two generations: Forget adds to cur; when
-	// cur holds ForgetHistory tags it becomes prev (the older prev is
-	// dropped whole) and cur starts empty. A tag in either is forgotten,
-	// so the last ForgetHistory forgotten tags always are, and at most
-	// 2*ForgetHistory are remembered. Maps are only added to and dropped
-	// whole, never deleted from: no tombstones, no growth under churn.
+	// cur holds ForgetHistory tags it becomes prev, and the older prev,
+	// cleared whole, becomes the new, empty cur. A tag in either is
+	// forgotten, so the last ForgetHistory forgotten tags always are, and
+	// at most 2*ForgetHistory are remembered. The maps are only added to
+	// and cleared, never deleted from one by one: no tombstones, so no
+	// growth under churn, and no allocation once both are grown.
 	cur, prev map[uint64]struct{}
 }
 

@@ -58,7 +58,9 @@ type Transport interface {
 	// Close releases this member; peers see ErrPeerClosed.
 	Close() error
 	// Forget drops every message buffered for this member under tag and
-	// any that arrive for it later. Callers forget the tags of an
+	// any that arrive for it later, as long as the tag is among the last
+	// ForgetHistory forgotten (the memory of forgotten tags is bounded;
+	// a message that arrives later than that is buffered). Callers forget the tags of an
 	// operation that failed, once every local call under it returned, so
 	// that messages nobody will receive (a peer's data sent before it
 	// learned of the failure, an abort) do not pile up.

@@ -87,6 +87,10 @@ type Config struct {
 	MemoryLimit int64
 }
 
+// WorkerConfig is the config every rank's worker runs with (the memory
+// check is the engine's, over the whole grid: its MemoryLimit is -1).
+func (c Config) WorkerConfig() worker.Config { return c.workerConfig() }
+
 // workerConfig is the config every rank's worker runs with (the memory
 // check is the engine's, over the whole grid).
 func (c Config) workerConfig() worker.Config {

@@ -93,6 +93,10 @@ type grid struct {
 	clients []*remote.Client
 	lost    error // set once the grid lost a node
 	seqs    int
+	// ctx ends when the grid is lost (its cause the loss): the steps in
+	// flight on it end at once instead of at their deadline.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 }
 
 // seq is a sequence this node coordinates.
@@ -246,6 +250,7 @@ func (c *Coordinator) gridFor(ctx context.Context) (*grid, error) {
 		nodes:   nodes,
 		members: members,
 	}
+	g.ctx, g.cancel = context.WithCancelCause(context.Background())
 	c.mu.Unlock()
 
 	// The ranks of each node, in first-appearance order.
@@ -362,8 +367,31 @@ func (c *Coordinator) check(g *grid, err error) {
 // its sequences stay known (answering ErrGridLost) until released.
 func (c *Coordinator) loseLocked(g *grid, why error) {
 	g.lost = why
+	g.cancel(why)
 	c.log.Warn("grid lost", "grid", g.ref.Grid, "nodes", g.nodes, "err", why)
 	c.closeGrid(g)
+}
+
+// CheckGrids marks lost every grid with a node the membership view no
+// longer shows up (dead, departed or restarted), failing the steps in
+// flight on it at once. A node calls it at every change of its view.
+func (c *Coordinator) CheckGrids() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	seen := map[*grid]bool{}
+	for _, g := range c.grids {
+		seen[g] = true
+		_ = c.aliveLocked(g)
+	}
+	for _, s := range c.seqs {
+		if !seen[s.g] {
+			seen[s.g] = true
+			_ = c.aliveLocked(s.g)
+		}
+	}
 }
 
 // dropLocked forgets g (no sequences left) and closes it.
@@ -376,17 +404,20 @@ func (c *Coordinator) dropLocked(g *grid) {
 	}
 }
 
-// closeGrid closes g's engine and, in the background (owned by c.wg),
-// the grid on its nodes.
+// closeGrid closes, in the background (owned by c.wg), g's engine (after
+// the step in flight, which g.cancel ends) and the grid on its nodes.
 func (c *Coordinator) closeGrid(g *grid) {
-	if g.eng != nil {
-		g.eng.Close()
+	if g.cancel != nil {
+		g.cancel(ErrClosed)
 	}
-	clients := g.clients
-	if len(clients) == 0 {
-		return
-	}
+	eng, clients := g.eng, g.clients
 	c.wg.Go(func() {
+		if eng != nil {
+			eng.Close()
+		}
+		if len(clients) == 0 {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = remote.CloseGrid(ctx, clients...) // best effort: a lost node closed its own
@@ -517,12 +548,25 @@ func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt
 	}
 	var wg sync.WaitGroup
 	for _, p := range parts {
-		wg.Go(func() { p.err = p.g.eng.Step(ctx, layer, p.reqs, opt, &p.res) })
+		wg.Go(func() {
+			// The step ends when the caller's ctx or the grid does.
+			sctx, cancel := context.WithCancelCause(ctx)
+			stop := context.AfterFunc(p.g.ctx, func() { cancel(context.Cause(p.g.ctx)) })
+			p.err = p.g.eng.Step(sctx, layer, p.reqs, opt, &p.res)
+			stop()
+			cancel(nil)
+		})
 	}
 	wg.Wait()
 	for _, p := range parts {
 		if p.err != nil {
 			c.check(p.g, p.err)
+			c.mu.Lock()
+			lost := p.g.lost
+			c.mu.Unlock()
+			if lost != nil && !errors.Is(p.err, ErrGridLost) {
+				return fmt.Errorf("%w (%w)", lost, p.err)
+			}
 			return p.err
 		}
 	}

@@ -162,6 +162,8 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	mctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	n.wg.Go(func() { n.advertise(mctx, mc.Meta) })
+	_, sub := n.m.Subscribe(64)
+	n.wg.Go(func() { n.watch(mctx, sub) })
 	log.Info("serving", "grpc", n.addr, "gossip", n.m.Addr().String())
 	return n, nil
 }
@@ -183,8 +185,10 @@ func (n *Node) Membership() *cluster.Membership { return n.m }
 func (n *Node) Served() <-chan error { return n.served }
 
 // Stop drains the node: health NOT_SERVING, the in-flight calls end (up
-// to DrainTimeout, then they are cut), the grids close, the node leaves
-// the cluster (ctx bounds the leave) and everything stops.
+// to DrainTimeout, then they are cut), the grids this node coordinates
+// close on their nodes, the node leaves the cluster (ctx bounds the
+// leave: when every node leaves at once nobody acknowledges, and the
+// leave waits for ctx) and everything stops.
 func (n *Node) Stop(ctx context.Context) error {
 	var err error
 	n.once.Do(func() {
@@ -199,6 +203,7 @@ func (n *Node) Stop(ctx context.Context) error {
 			n.srv.Stop()
 			<-stopped
 		}
+		n.co.Close()
 		if lerr := n.m.Leave(ctx); lerr != nil {
 			n.log.Warn("leave", "err", lerr)
 		}
@@ -242,6 +247,25 @@ func (n *Node) close() error {
 	}
 	n.wg.Wait()
 	return nil
+}
+
+// watch reacts to every change of the membership view until ctx ends: the
+// coordinator fails the steps in flight on grids that lost a node, and
+// the grids of coordinators that are gone are closed here.
+func (n *Node) watch(ctx context.Context, sub *cluster.Subscription) {
+	defer sub.Close()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-sub.Events():
+			if !ok {
+				return
+			}
+			n.co.CheckGrids()
+			n.sweep()
+		}
+	}
 }
 
 // advertise updates the gossip meta when the free pages change.

@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"time"
+
+	"github.com/questrt/questrt/cluster/client"
 
 	"github.com/questrt/questrt/internal/demo"
 )
@@ -32,7 +36,14 @@ of every shard, synthetic data, step and diagnostics scratch) and refuses
 a configuration over --max-memory. It also refuses configurations that
 would measure nothing: no sparse layer left (--dense-layers >= --layers),
 a budget covering the context (every layer dense), or needles and
-mentions that do not fit the context.`)
+mentions that do not fit the context.
+
+With --nodes N the demo starts a local cluster of N questd processes (as
+questctl up does: --questd, else questd next to questctl, else on $PATH;
+their logs go to a temporary folder, named on failure), runs the same
+decode through the client API of the first node (the sequence's CP x TP
+ranks placed on the nodes), and stops the nodes at the end. Recall and
+mass recall need the keys, which stay on the nodes: they print n/a.`)
 	fs.IntVar(&c.Context, "context", c.Context, "tokens of prefilled context (longer than --budget; up to 2^30, within --max-memory)")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "decode steps, 1..100000 (the query turns from A to B halfway)")
 	fs.IntVar(&c.Layers, "layers", c.Layers, "layers, 1..1024")
@@ -55,6 +66,8 @@ mentions that do not fit the context.`)
 	dtype := fs.String("dtype", "bf16", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
 	fs.BoolVar(&c.DeviceResident, "device-resident", false, "cuda: keep the pages and page tables only in GPU memory")
 	maxMem := maxMemoryFlag(fs)
+	nodes := fs.Int("nodes", 0, "run through a local cluster of this many questd processes (0: in process)")
+	questd := fs.String("questd", "", "with --nodes: the questd binary (default: questd next to questctl, else on $PATH)")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -81,6 +94,57 @@ mentions that do not fit the context.`)
 	default:
 		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 	}
+	if *nodes < 0 || (*nodes > 0 && *backend != "cpu") {
+		return usageError{fmt.Errorf("--nodes %d: want 0 (in process) or a cluster size with the cpu backend", *nodes)}
+	}
+	if *nodes > 0 {
+		return demoCluster(ctx, c, *nodes, *questd, stdout, stderr)
+	}
 	_, err := demo.Run(ctx, c, stdout)
 	return err
+}
+
+// demoCluster runs the demo through a local cluster of n questd nodes.
+func demoCluster(ctx context.Context, c demo.Config, n int, questd string, stdout, stderr io.Writer) error {
+	bin, err := findQuestd(questd)
+	if err != nil {
+		return err
+	}
+	logs, err := os.MkdirTemp("", "questrt-demo-logs-")
+	if err != nil {
+		return err
+	}
+	ec := c.Engine()
+	p := ec.Policy
+	common := []string{"--plaintext", "--cp", fmt.Sprint(ec.CP), "--tp", fmt.Sprint(ec.TP),
+		"--layers", fmt.Sprint(ec.Layers), "--q-heads", fmt.Sprint(ec.QHeads), "--kv-heads", fmt.Sprint(ec.KVHeads),
+		"--head-dim", fmt.Sprint(ec.HeadDim), "--page-size", fmt.Sprint(ec.PageSize),
+		"--capacity-pages", fmt.Sprint(ec.CapacityPages), "--max-pages", fmt.Sprint(ec.CapacityPages * ec.CP * ec.TP),
+		"--budget-tokens", fmt.Sprint(p.BudgetTokens), "--sink-pages", fmt.Sprint(p.SinkPages),
+		"--local-pages", fmt.Sprint(p.LocalPages), "--dense-layers", fmt.Sprint(p.DenseLayers),
+		"--gqa", p.GQA.String(), "--selector", p.Selector.String(), "--selection", ec.Selection.String(),
+		"--step-timeout", "60s", "--max-memory", "none"}
+	errw := &syncWriter{w: stderr}
+	cl := &upCluster{bin: bin, plaintext: true, logDir: logs, stderr: errw, exited: make(chan *upNode, n)}
+	defer cl.stop(10 * time.Second)
+	fmt.Fprintf(stderr, "demo: starting %d questd nodes (logs in %s)\n", n, logs)
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = cl.start(sctx, "demo", n, common)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("--nodes %d: %w (logs in %s)", n, err, logs)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cc, err := client.Dial(dctx, cl.nodes[0].grpc, client.Options{})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("--nodes %d: %w (logs in %s)", n, err, logs)
+	}
+	defer cc.Close()
+	c.Cluster = cc
+	if _, err := demo.Run(ctx, c, stdout); err != nil {
+		return fmt.Errorf("%w (node logs in %s)", err, logs)
+	}
+	os.RemoveAll(logs)
+	return nil
 }

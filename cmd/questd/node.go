@@ -10,11 +10,15 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/grpclog"
 
 	"github.com/questrt/questrt/cluster/node"
 )
+
+// leaveTimeout bounds the leave after the drain.
+const leaveTimeout = 2 * time.Second
 
 // version is the questrt version questd advertises.
 const version = "v0.4.0-dev"
@@ -93,7 +97,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	case <-ctx.Done():
 	case serveErr = <-n.Served():
 	}
-	lctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout+5e9)
+	// The leave is bounded apart from the drain: when every node stops at
+	// once nobody acknowledges it.
+	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
 	stopErr := n.Stop(lctx)
 	if serveErr != nil {

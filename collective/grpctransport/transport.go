@@ -269,8 +269,8 @@ func (t *Transport) Recv(ctx context.Context, from int, tag uint64) ([]byte, err
 	return msg, nil
 }
 
-// Forget implements collective.Transport. Tags stay forgotten for the
-// life of the member (one map entry per forgotten tag).
+// Forget implements collective.Transport: the last
+// collective.ForgetHistory forgotten tags (at least) stay forgotten.
 func (t *Transport) Forget(tag uint64) { t.boxes.Forget(tag) }
 
 // Close fails every pending and later call with collective.ErrClosed,

@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/questrt/questrt/cluster/client"
+
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
@@ -50,6 +52,11 @@ type Config struct {
 	// DeviceResident keeps the pages and page tables in the backend's
 	// device memory (engine.Config.DeviceResident).
 	DeviceResident bool
+	// Cluster, when set, runs the demo through a questd cluster (its
+	// geometry and policy must be the demo's; Backend is then unused).
+	// Recall and mass recall need the keys, which stay on the nodes: they
+	// are n/a.
+	Cluster *client.Client
 }
 
 // Ranges of the flags that no other flag bounds. Beyond them the demo
@@ -276,6 +283,10 @@ func (c Config) Memory() (Memory, error) {
 }
 
 // engineConfig is the engine Run builds for c (c valid).
+// Engine is the engine configuration the demo runs (no backend: the
+// caller's or a CPU one), for a cluster's nodes to match.
+func (c Config) Engine() engine.Config { return c.engineConfig(nil) }
+
 func (c Config) engineConfig(be kernels.Backend) engine.Config {
 	mode, _ := plan.ParseGQAMode(c.GQA)
 	sel, _ := plan.ParseSelector(c.Selector)

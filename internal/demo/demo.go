@@ -11,12 +11,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
-	"github.com/questrt/questrt/plan"
 )
 
 // Summary is what the demo measured over all steps (sparse layers only).
@@ -81,41 +81,51 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 		return Summary{}, err
 	}
 	be := cfg.Backend
-	if be == nil {
+	if be == nil && cfg.Cluster == nil {
 		cpu := kernels.NewCPU(kernels.CPUConfig{Workers: cfg.Workers})
 		defer cpu.Close()
 		be = cpu
 	}
 	ec := cfg.engineConfig(be)
 	ec.StepTimeout = time.Minute
-	eng, err := engine.New(ec)
-	if err != nil {
-		return Summary{}, fmt.Errorf("demo: %w", err)
+	var dec decoder
+	where, layout, beName := "host memory", "in-process shards", "cpu"
+	if be != nil {
+		beName = be.Name()
 	}
-	defer eng.Close()
-	kvBytes, sumBytes, _ := eng.Shard(0, 0).Store().Config().PoolBytes()
+	if cfg.Cluster != nil {
+		cd, err := newClusterDecoder(ctx, cfg.Cluster, cfg)
+		if err != nil {
+			return Summary{}, err
+		}
+		dec = cd
+		layout = fmt.Sprintf("shards on questd nodes %v", cd.nodes)
+	} else {
+		ed, err := newEngineDecoder(ec)
+		if err != nil {
+			return Summary{}, err
+		}
+		dec = ed
+	}
+	defer dec.close()
+	kvBytes, sumBytes, _ := ec.WorkerConfig().Store().PoolBytes()
 	shards := cfg.CP * cfg.TP
 	fmt.Fprintf(w, "questrt demo: %d-token context, %d layers (%d dense), %d query / %d KV heads, D=%d, S=%d, budget %d tokens (K=%d pages), selector %s, %s\n",
 		cfg.Context, cfg.Layers, cfg.DenseLayers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize, cfg.Budget, cfg.Budget/cfg.PageSize, ec.Policy.Selector, ec.Policy.GQA)
-	where := "host memory"
 	if cfg.DeviceResident {
 		where = "device memory only"
 	}
-	fmt.Fprintf(w, "layout: cp %d x tp %d in-process shards, %s selection, %s backend, pages in %s; pools: %d x %.1f MiB K/V, %.1f MiB summaries (1/S of K+V, float32 sizes)\n",
-		cfg.CP, cfg.TP, ec.Selection, be.Name(), where, shards, float64(kvBytes)/(1<<20), float64(sumBytes)/(1<<20))
+	fmt.Fprintf(w, "layout: cp %d x tp %d %s, %s selection, %s backend, pages in %s; pools: %d x %.1f MiB K/V, %.1f MiB summaries (1/S of K+V, float32 sizes)\n",
+		cfg.CP, cfg.TP, layout, ec.Selection, beName, where, shards, float64(kvBytes)/(1<<20), float64(sumBytes)/(1<<20))
 	fmt.Fprintf(w, "host memory: %s (%s), %s\n", memlimit.Bytes(mem.Total()), mem, limitText(cfg.MemoryLimit))
 
 	g := newGenerator(cfg)
-	id, err := eng.Create(plan.Striped)
-	if err != nil {
-		return Summary{}, fmt.Errorf("demo: %w", err)
-	}
 	t0 := time.Now()
 	progress := cfg.Progress
 	if progress == nil {
 		progress = io.Discard
 	}
-	if err := g.prefill(ctx, eng, id, progress); err != nil {
+	if err := g.prefill(ctx, dec, progress); err != nil {
 		return Summary{}, err
 	}
 	fmt.Fprintf(w, "prefill: %d tokens x %d layers in %.1fs; A at %d tokens; needles of B at tokens %v (page offsets %v)\n",
@@ -134,6 +144,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 		var read, total int
 		var stepNum float64
 		var recall, mass, rel mean
+		sparse := 0
 		var questT, denseT time.Duration
 		var score, topk, attn, coll time.Duration
 		formula := math.NaN()
@@ -143,23 +154,22 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 			}
 			q := g.query(layer, askB)
 			k, v := g.token()
-			req := []engine.Request{{Seq: id, Q: q, K: k, V: v}}
 			isSparse := layer >= cfg.DenseLayers
-			if err := eng.Step(ctx, layer, req, engine.StepOptions{Diagnostics: isSparse}, &res); err != nil {
+			if err := dec.step(ctx, layer, q, k, v, engine.StepOptions{Diagnostics: isSparse}, &res); err != nil {
 				return sum, fmt.Errorf("demo step %d layer %d: %w", step, layer, err)
 			}
 			if !isSparse {
 				continue
 			}
-			req[0].K, req[0].V = nil, nil
-			if err := eng.Step(ctx, layer, req, engine.StepOptions{ForceDense: true}, &dres); err != nil {
+			if err := dec.step(ctx, layer, q, nil, nil, engine.StepOptions{ForceDense: true}, &dres); err != nil {
 				return sum, fmt.Errorf("demo dense step %d layer %d: %w", step, layer, err)
 			}
 			// The timed Quest step: the same query without diagnostics,
 			// as a server runs it (fused at CP 1, ranked at CP > 1).
-			if err := eng.Step(ctx, layer, req, engine.StepOptions{}, &qres); err != nil {
+			if err := dec.step(ctx, layer, q, nil, nil, engine.StepOptions{}, &qres); err != nil {
 				return sum, fmt.Errorf("demo quest step %d layer %d: %w", step, layer, err)
 			}
+			sparse++
 			dg := res.Diag[0]
 			pl := res.Plans[0]
 			read += dg.PagesRead
@@ -196,7 +206,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 				}
 			}
 		}
-		if recall.n == 0 { // Validate keeps a sparse layer; defensive
+		if sparse == 0 { // Validate keeps a sparse layer; defensive
 			fmt.Fprintf(w, "%4d %3s (every layer is dense: nothing to measure)\n", step, ask(askB))
 			continue
 		}
@@ -213,8 +223,8 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 		if v := rel.value(); !math.IsNaN(v) {
 			relText = fmt.Sprintf("%.4f", v)
 		}
-		fmt.Fprintf(w, "%4d %3s %6d/%-6d %7.4f %7.4f %6.3f %7.4f %7s %8.2f %7.2f %7.2f %7.2f %8.2f %9.2f %7.1fx\n",
-			step, ask(askB), read, total, rho, formula, recall.value(), mass.value(), relText,
+		fmt.Fprintf(w, "%4d %3s %6d/%-6d %7.4f %7.4f %6s %7s %7s %8.2f %7.2f %7.2f %7.2f %8.2f %9.2f %7.1fx\n",
+			step, ask(askB), read, total, rho, formula, num(recall.value(), 3), num(mass.value(), 4), relText,
 			ms(score), ms(topk), ms(attn), ms(coll), ms(questT), ms(denseT), sp)
 		if askB {
 			recallB.add(recall.value())
@@ -289,7 +299,18 @@ func phase(n int, recall, mass float64, steps int) string {
 	if n == 0 {
 		return fmt.Sprintf("no steps (--steps %d: the query turns to B at step %d)", steps, steps/2)
 	}
+	if math.IsNaN(recall) {
+		return fmt.Sprintf("recall and mass recall n/a over %d steps (the keys stay on the cluster's nodes)", n)
+	}
 	return fmt.Sprintf("recall %.3f, mass recall %.4f over %d steps", recall, mass, n)
+}
+
+// num formats x with prec decimals, "n/a" for NaN.
+func num(x float64, prec int) string {
+	if math.IsNaN(x) {
+		return "n/a"
+	}
+	return strconv.FormatFloat(x, 'f', prec, 64)
 }
 
 func ratio(x float64) string {

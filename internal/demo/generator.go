@@ -7,8 +7,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
-
-	"github.com/questrt/questrt/engine"
 )
 
 // generator makes the synthetic data: Gaussian noise keys, entity A keys at
@@ -99,7 +97,7 @@ func (g *generator) needlesRead(sel []int32) bool {
 	return true
 }
 
-func (g *generator) prefill(ctx context.Context, eng *engine.Engine, id engine.SeqID, w io.Writer) error {
+func (g *generator) prefill(ctx context.Context, dec decoder, w io.Writer) error {
 	cfg := g.cfg
 	tok := cfg.KVHeads * cfg.HeadDim
 	const chunk = prefillChunk
@@ -129,7 +127,7 @@ func (g *generator) prefill(ctx context.Context, eng *engine.Engine, id engine.S
 					k[i*tok+j] += g.entAmp * dir[j]
 				}
 			}
-			if err := eng.Append(id, layer, k[:n*tok], v[:n*tok]); err != nil {
+			if err := dec.append(ctx, layer, k[:n*tok], v[:n*tok]); err != nil {
 				return fmt.Errorf("demo prefill layer %d: %w", layer, err)
 			}
 			if time.Now().After(next) {
