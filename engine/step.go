@@ -196,8 +196,12 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 		}
 	}
 	e.layerRequests(step, layer, reqs, seqs, o.fresh)
-	// Every worker's Layer at once; the first failure cancels the others
-	// (their ranks also hear of it through the transports' aborts).
+	// Every worker's Layer at once. A failing rank tells its peers
+	// through the transports' aborts, so the other calls return by
+	// themselves with their Appended counts (a remote call cancelled
+	// before its reply cannot say whether its token went in, which breaks
+	// the sequence); the first failure cancels the calls still running
+	// abortGrace later (a peer that never heard of the failure).
 	e.errs = append(e.errs[:0], make([]error, len(e.workers))...)
 	errs := e.errs
 	if len(e.workers) == 1 {
@@ -205,16 +209,21 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 	} else {
 		lctx, cancel := context.WithCancel(ctx)
 		defer cancel()
+		var once sync.Once
+		var timer *time.Timer
 		var wg sync.WaitGroup
 		for w, wk := range e.workers {
 			wg.Go(func() {
 				if err := wk.Layer(lctx, e.lreqs[w], &reps[w]); err != nil {
 					errs[w] = err
-					cancel()
+					once.Do(func() { timer = time.AfterFunc(abortGrace, cancel) })
 				}
 			})
 		}
 		wg.Wait()
+		if timer != nil {
+			timer.Stop()
+		}
 	}
 	err := worker.Cause(errs...)
 	if o.fresh {
@@ -226,6 +235,10 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 	}
 	return nil
 }
+
+// abortGrace is how long after a step's first failed Layer call the
+// calls still running are cancelled.
+const abortGrace = 100 * time.Millisecond
 
 // end closes step on the first n workers; layer is the layer the step
 // sent Layer calls for (-1: none).
