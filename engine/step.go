@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/questrt/questrt/kernels"
@@ -202,29 +201,7 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 	// before its reply cannot say whether its token went in, which breaks
 	// the sequence); the first failure cancels the calls still running
 	// abortGrace later (a peer that never heard of the failure).
-	e.errs = append(e.errs[:0], make([]error, len(e.workers))...)
-	errs := e.errs
-	if len(e.workers) == 1 {
-		errs[0] = e.workers[0].Layer(ctx, e.lreqs[0], &reps[0])
-	} else {
-		lctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		var once sync.Once
-		var timer *time.Timer
-		var wg sync.WaitGroup
-		for w, wk := range e.workers {
-			wg.Go(func() {
-				if err := wk.Layer(lctx, e.lreqs[w], &reps[w]); err != nil {
-					errs[w] = err
-					once.Do(func() { timer = time.AfterFunc(abortGrace, cancel) })
-				}
-			})
-		}
-		wg.Wait()
-		if timer != nil {
-			timer.Stop()
-		}
-	}
+	errs := e.layerCalls(ctx, reps)
 	err := worker.Cause(errs...)
 	if o.fresh {
 		e.account(layer, reqs, seqs, reps, errs)
