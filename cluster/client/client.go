@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"time"
 
@@ -198,6 +199,84 @@ func (c *Client) Step(ctx context.Context, layer int, items []Item, opt StepOpti
 		res.Diag = append(res.Diag, dg)
 	}
 	return res, nil
+}
+
+// NextItems fills the next layer's items (Q, and K and V when the step
+// has a new token) from the previous layer's result, in place.
+type NextItems func(layer int, items []Item, res *StepResult) error
+
+// Decode runs one decode step over layers [first, last) for items of one
+// grid through the Steps stream: the workers get the step's plan once,
+// and each layer costs one message each way. next fills each later
+// layer's items from the previous layer's result; the last layer's
+// result is returned (Total: the coordinator's time of the whole step).
+func (c *Client) Decode(ctx context.Context, first, last int, items []Item, opt StepOptions, next NextItems) (*StepResult, error) {
+	g := c.geo
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.api.Steps(ctx)
+	if err != nil {
+		return nil, err
+	}
+	encode := func() []*decodev1.StepItem {
+		out := make([]*decodev1.StepItem, 0, len(items))
+		for _, it := range items {
+			pi := &decodev1.StepItem{Sequence: it.Seq, Q: remote.Float32Tensor(it.Q, g.QHeads, g.HeadDim), BudgetTokens: uint32(it.BudgetTokens)}
+			if it.K != nil || it.V != nil {
+				pi.K = remote.Float32Tensor(it.K, g.KVHeads, g.HeadDim)
+				pi.V = remote.Float32Tensor(it.V, g.KVHeads, g.HeadDim)
+			}
+			out = append(out, pi)
+		}
+		return out
+	}
+	if err := st.Send(&decodev1.StepsRequest{FirstLayer: uint32(first), LastLayer: uint32(last), Items: encode(),
+		ForceDense: opt.ForceDense, Phased: opt.Phased}); err != nil {
+		return nil, stepsErr(st, err)
+	}
+	n := len(items)
+	for l := first; l < last; l++ {
+		rep, err := st.Recv()
+		if err != nil {
+			return nil, err
+		}
+		res := &StepResult{Total: time.Duration(rep.GetTotalNs())}
+		if res.O, err = remote.Float32s(rep.GetO(), "o", n, g.QHeads, g.HeadDim); err != nil {
+			return nil, fmt.Errorf("client: steps reply: %w", err)
+		}
+		if res.LSE, err = remote.Float32s(rep.GetLse(), "lse", n, g.QHeads); err != nil {
+			return nil, fmt.Errorf("client: steps reply: %w", err)
+		}
+		for _, p := range rep.GetPlans() {
+			res.Plans = append(res.Plans, plan.Plan{Pages: int(p.GetPages()), K: int(p.GetK()), Rank: int(p.GetRank()),
+				Sink: int(p.GetSink()), Local: int(p.GetLocal()), Dense: p.GetDense()})
+		}
+		pt := rep.GetTime()
+		res.Time = Times{Score: time.Duration(pt.GetScoreNs()), TopK: time.Duration(pt.GetTopkNs()),
+			Select: time.Duration(pt.GetSelectNs()), Attend: time.Duration(pt.GetAttendNs()),
+			Merge: time.Duration(pt.GetMergeNs()), Fused: time.Duration(pt.GetFusedNs())}
+		if l == last-1 {
+			return res, nil
+		}
+		if err := next(l, items, res); err != nil {
+			return nil, err
+		}
+		if err := st.Send(&decodev1.StepsRequest{Items: encode()}); err != nil {
+			return nil, stepsErr(st, err)
+		}
+	}
+	return nil, errors.New("client: steps: no layers")
+}
+
+// stepsErr returns the stream's status after a failed Send (io.EOF: the
+// server ended the stream, and Recv has its reason).
+func stepsErr(st grpc.BidiStreamingClient[decodev1.StepsRequest, decodev1.StepsReply], err error) error {
+	if errors.Is(err, io.EOF) {
+		if _, rerr := st.Recv(); rerr != nil {
+			return rerr
+		}
+	}
+	return err
 }
 
 func diag(d *decodev1.Diagnostics, g Geometry, pages int) (Diag, error) {

@@ -599,6 +599,61 @@ func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt
 	return nil
 }
 
+// Decode runs one decode step over layers [first, last) for items of
+// one grid (engine.Decode: the plan goes to the workers once); next fills
+// each later layer's requests from the previous layer's result, in item
+// order.
+func (c *Coordinator) Decode(ctx context.Context, first, last int, items []StepItem, opt engine.StepOptions, res *engine.Result, next engine.NextLayer) error {
+	if len(items) == 0 {
+		return fmt.Errorf("decode: %w: no items", engine.ErrBadInput)
+	}
+	var g *grid
+	reqs := make([]engine.Request, len(items))
+	seen := map[string]bool{}
+	for i, it := range items {
+		if seen[it.Seq] {
+			return fmt.Errorf("decode: items[%d]: %w: sequence %q appears twice", i, engine.ErrBadInput, it.Seq)
+		}
+		seen[it.Seq] = true
+		s, err := c.lookup(it.Seq)
+		if err != nil {
+			return fmt.Errorf("decode: items[%d]: %w", i, err)
+		}
+		if g == nil {
+			g = s.g
+		} else if s.g != g {
+			return fmt.Errorf("decode: items[%d]: %w: sequence %q is on another grid than items[0] (one Decode runs on one grid; use Step)", i, engine.ErrBadInput, it.Seq)
+		}
+		reqs[i] = it.Request
+		reqs[i].Seq = s.id
+	}
+	sctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(g.ctx, func() { cancel(context.Cause(g.ctx)) })
+	ids := make([]engine.SeqID, len(reqs))
+	for i := range reqs {
+		ids[i] = reqs[i].Seq
+	}
+	err := g.eng.Decode(sctx, first, last, reqs, opt, res, func(layer int, rq []engine.Request, r *engine.Result) error {
+		err := next(layer, rq, r)
+		for i := range rq {
+			rq[i].Seq = ids[i] // the caller writes tensors only
+		}
+		return err
+	})
+	stop()
+	cancel(nil)
+	if err != nil {
+		c.check(g, err)
+		c.mu.Lock()
+		lost := g.lost
+		c.mu.Unlock()
+		if lost != nil && !errors.Is(err, ErrGridLost) {
+			return fmt.Errorf("%w (%w)", lost, err)
+		}
+	}
+	return err
+}
+
 func resize(s []float32, n int) []float32 {
 	if cap(s) < n {
 		return make([]float32, n)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 
 	"google.golang.org/grpc"
@@ -129,18 +130,8 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 		return nil, status.Error(codes.InvalidArgument, "step: items: empty")
 	}
 	// All items must share a coordinator; forward when it is another node.
-	owner, err := Owner(items[0].GetSequence())
-	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "step: items[0].sequence: %v", err)
-	}
-	for i, it := range items[1:] {
-		o, err := Owner(it.GetSequence())
-		if err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "step: items[%d].sequence: %v", i+1, err)
-		}
-		if o != owner {
-			return nil, status.Errorf(codes.InvalidArgument, "step: items[%d].sequence %q: coordinated by %s, items[0] by %s; one step's items share a coordinator", i+1, it.GetSequence(), o, owner)
-		}
+	if _, err := owner("step", items); err != nil {
+		return nil, err
 	}
 	if fw, err := s.forward(items[0].GetSequence()); fw != nil || err != nil {
 		if err != nil {
@@ -152,27 +143,9 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 		return nil, err
 	}
 	ec := s.c.cfg.Engine
-	its := make([]StepItem, len(items))
-	for i, it := range items {
-		q, err := remote.Float32s(it.GetQ(), fmt.Sprintf("items[%d].q", i), ec.QHeads, ec.HeadDim)
-		if err != nil {
-			return nil, status.Error(codes.InvalidArgument, "step: "+err.Error())
-		}
-		its[i] = StepItem{Seq: it.GetSequence(), Request: engine.Request{Q: q, BudgetTokens: int(it.GetBudgetTokens())}}
-		if it.GetK() != nil || it.GetV() != nil {
-			k, err := remote.Float32s(it.GetK(), fmt.Sprintf("items[%d].k", i), ec.KVHeads, ec.HeadDim)
-			if err != nil {
-				return nil, status.Error(codes.InvalidArgument, "step: "+err.Error())
-			}
-			v, err := remote.Float32s(it.GetV(), fmt.Sprintf("items[%d].v", i), ec.KVHeads, ec.HeadDim)
-			if err != nil {
-				return nil, status.Error(codes.InvalidArgument, "step: "+err.Error())
-			}
-			its[i].K, its[i].V = k, v
-		}
-		if b := it.GetBudgetTokens(); b > 0 && int(b) < ec.PageSize {
-			return nil, status.Errorf(codes.InvalidArgument, "step: items[%d].budget_tokens %d: below one page (%d tokens)", i, b, ec.PageSize)
-		}
+	its, err := s.decodeItems("step", items)
+	if err != nil {
+		return nil, err
 	}
 	opt := engine.StepOptions{ForceDense: req.GetForceDense(), Phased: req.GetPhased(), Diagnostics: req.GetDiagnostics()}
 	var res engine.Result
@@ -184,14 +157,9 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 		O:       remote.Float32Tensor(res.O, n, ec.QHeads, ec.HeadDim),
 		Lse:     remote.Float32Tensor(res.LSE, n, ec.QHeads),
 		TotalNs: res.Time.Total.Nanoseconds(),
-		Time: &workerv1.Times{ScoreNs: res.Time.Score.Nanoseconds(), TopkNs: res.Time.TopK.Nanoseconds(),
-			SelectNs: res.Time.Select.Nanoseconds(), AttendNs: res.Time.Attend.Nanoseconds(),
-			MergeNs: res.Time.Merge.Nanoseconds(), FusedNs: res.Time.Fused.Nanoseconds()},
+		Time:    timesProto(res.Time),
 	}
-	for _, p := range res.Plans {
-		rep.Plans = append(rep.Plans, &decodev1.Plan{Pages: uint32(p.Pages), K: uint32(p.K), Rank: uint32(p.Rank),
-			Sink: uint32(p.Sink), Local: uint32(p.Local), Dense: p.Dense})
-	}
+	rep.Plans = plansProto(res.Plans)
 	for i, dg := range res.Diag {
 		indptr := []int32{0}
 		var pages []int32
@@ -219,6 +187,180 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 		rep.Diag = append(rep.Diag, d)
 	}
 	return rep, nil
+}
+
+// decodeItems decodes and checks a step's items (what does not need the
+// sequence table).
+func (s *Server) decodeItems(what string, items []*decodev1.StepItem) ([]StepItem, error) {
+	ec := s.c.cfg.Engine
+	its := make([]StepItem, len(items))
+	for i, it := range items {
+		q, err := remote.Float32s(it.GetQ(), fmt.Sprintf("items[%d].q", i), ec.QHeads, ec.HeadDim)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, what+": "+err.Error())
+		}
+		its[i] = StepItem{Seq: it.GetSequence(), Request: engine.Request{Q: q, BudgetTokens: int(it.GetBudgetTokens())}}
+		if it.GetK() != nil || it.GetV() != nil {
+			k, err := remote.Float32s(it.GetK(), fmt.Sprintf("items[%d].k", i), ec.KVHeads, ec.HeadDim)
+			if err != nil {
+				return nil, status.Error(codes.InvalidArgument, what+": "+err.Error())
+			}
+			v, err := remote.Float32s(it.GetV(), fmt.Sprintf("items[%d].v", i), ec.KVHeads, ec.HeadDim)
+			if err != nil {
+				return nil, status.Error(codes.InvalidArgument, what+": "+err.Error())
+			}
+			its[i].K, its[i].V = k, v
+		}
+		if b := it.GetBudgetTokens(); b > 0 && int(b) < ec.PageSize {
+			return nil, status.Errorf(codes.InvalidArgument, "%s: items[%d].budget_tokens %d: below one page (%d tokens)", what, i, b, ec.PageSize)
+		}
+	}
+	return its, nil
+}
+
+// owner returns the one coordinator of a step's items.
+func owner(what string, items []*decodev1.StepItem) (string, error) {
+	if len(items) == 0 {
+		return "", status.Errorf(codes.InvalidArgument, "%s: items: empty", what)
+	}
+	first, err := Owner(items[0].GetSequence())
+	if err != nil {
+		return "", status.Errorf(codes.InvalidArgument, "%s: items[0].sequence: %v", what, err)
+	}
+	for i, it := range items[1:] {
+		o, err := Owner(it.GetSequence())
+		if err != nil {
+			return "", status.Errorf(codes.InvalidArgument, "%s: items[%d].sequence: %v", what, i+1, err)
+		}
+		if o != first {
+			return "", status.Errorf(codes.InvalidArgument, "%s: items[%d].sequence %q: coordinated by %s, items[0] by %s; one step's items share a coordinator", what, i+1, it.GetSequence(), o, first)
+		}
+	}
+	return first, nil
+}
+
+// plansProto encodes plans.
+func plansProto(plans []plan.Plan) []*decodev1.Plan {
+	out := make([]*decodev1.Plan, 0, len(plans))
+	for _, p := range plans {
+		out = append(out, &decodev1.Plan{Pages: uint32(p.Pages), K: uint32(p.K), Rank: uint32(p.Rank),
+			Sink: uint32(p.Sink), Local: uint32(p.Local), Dense: p.Dense})
+	}
+	return out
+}
+
+// timesProto encodes a result's phase times.
+func timesProto(t engine.Times) *workerv1.Times {
+	return &workerv1.Times{ScoreNs: t.Score.Nanoseconds(), TopkNs: t.TopK.Nanoseconds(),
+		SelectNs: t.Select.Nanoseconds(), AttendNs: t.Attend.Nanoseconds(),
+		MergeNs: t.Merge.Nanoseconds(), FusedNs: t.Fused.Nanoseconds()}
+}
+
+// Steps implements decodev1.DecodeServer: one decode step over a range
+// of layers (Coordinator.Decode), a message each way per layer.
+func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply]) error {
+	ctx := stream.Context()
+	req, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	o, err := owner("steps", req.GetItems())
+	if err != nil {
+		return err
+	}
+	if o != s.c.cfg.Name {
+		return s.proxySteps(ctx, req.GetItems()[0].GetSequence(), req, stream)
+	}
+	ec := s.c.cfg.Engine
+	first, last := int(req.GetFirstLayer()), int(req.GetLastLayer())
+	if first >= last || last > ec.Layers {
+		return status.Errorf(codes.InvalidArgument, "steps: layers [%d, %d): want first < last <= %d", first, last, ec.Layers)
+	}
+	its, err := s.decodeItems("steps", req.GetItems())
+	if err != nil {
+		return err
+	}
+	n := len(its)
+	reply := func(layer int, res *engine.Result) error {
+		return stream.Send(&decodev1.StepsReply{Layer: uint32(layer),
+			O:   remote.Float32Tensor(res.O, n, ec.QHeads, ec.HeadDim),
+			Lse: remote.Float32Tensor(res.LSE, n, ec.QHeads), Plans: plansProto(res.Plans), Time: timesProto(res.Time),
+			TotalNs: res.Time.Total.Nanoseconds()})
+	}
+	opt := engine.StepOptions{ForceDense: req.GetForceDense(), Phased: req.GetPhased()}
+	var res engine.Result
+	err = s.c.Decode(ctx, first, last, its, opt, &res, func(layer int, reqs []engine.Request, res *engine.Result) error {
+		if err := reply(layer, res); err != nil {
+			return fmt.Errorf("%w: send layer %d: %w", context.Canceled, layer, err)
+		}
+		m, err := stream.Recv()
+		if err != nil {
+			return fmt.Errorf("%w: receive layer %d: %w", context.Canceled, layer+1, err)
+		}
+		if len(m.GetItems()) != n {
+			return fmt.Errorf("%w: layer %d: %d items, the step has %d", engine.ErrBadInput, layer+1, len(m.GetItems()), n)
+		}
+		next, err := s.decodeItems(fmt.Sprintf("steps layer %d", layer+1), m.GetItems())
+		if err != nil {
+			return fmt.Errorf("%w: %w", engine.ErrBadInput, err)
+		}
+		for i := range next {
+			if next[i].Seq != its[i].Seq {
+				return fmt.Errorf("%w: layer %d: items[%d].sequence %q, the step's is %q", engine.ErrBadInput, layer+1, i, next[i].Seq, its[i].Seq)
+			}
+			reqs[i].Q, reqs[i].K, reqs[i].V = next[i].Q, next[i].K, next[i].V
+		}
+		return nil
+	})
+	if err != nil {
+		return statusCtx(ctx, fmt.Errorf("steps: %w", err))
+	}
+	return reply(last-1, &res)
+}
+
+// proxySteps relays a Steps stream to the coordinator of sequence id.
+func (s *Server) proxySteps(ctx context.Context, id string, first *decodev1.StepsRequest, down grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply]) error {
+	fw, err := s.forward(id)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up, err := fw.Steps(ctx)
+	if err != nil {
+		return err
+	}
+	if err := up.Send(first); err != nil {
+		return err
+	}
+	// Client to coordinator on a goroutine this call owns and waits for.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := down.Recv()
+			if err != nil {
+				up.CloseSend()
+				return
+			}
+			if up.Send(m) != nil {
+				return
+			}
+		}
+	}()
+	defer func() { cancel(); <-done }()
+	for {
+		m, err := up.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := down.Send(m); err != nil {
+			return err
+		}
+	}
 }
 
 // Fork implements decodev1.DecodeServer.

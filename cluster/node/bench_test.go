@@ -146,3 +146,96 @@ func startBenchCluster(b *testing.B, n int, ec engine.Config) []*Node {
 	}
 	return nodes
 }
+
+// BenchmarkTokenStep: one decode step of one token over 4 layers at 32K
+// tokens, CP 3, batch 1: layer by layer (Step: BeginStep, Layer and
+// EndStep per layer) against the plan sent once (Decode; over the
+// cluster the Steps stream), in process and over a 3-node loopback
+// cluster, side by side.
+//
+//	go test -run '^$' -bench TokenStep -benchtime 100x ./cluster/node/
+func BenchmarkTokenStep(b *testing.B) {
+	const tokens, layers = 32 << 10, 4
+	ec := engine.DefaultConfig()
+	ec.Layers, ec.QHeads, ec.KVHeads, ec.HeadDim, ec.PageSize = layers, 8, 2, 128, 16
+	ec.CP, ec.TP, ec.Selection = 3, 1, plan.Exact
+	ec.CapacityPages = tokens/ec.PageSize/ec.CP + 64
+	ec.Policy.PageSize, ec.Policy.DenseLayers = 16, 0
+	ec.StepTimeout, ec.MemoryLimit = 10*time.Second, memlimit.NoLimit
+	rng := rand.New(rand.NewPCG(2, 2))
+	kv, qd := ec.KVHeads*ec.HeadDim, ec.QHeads*ec.HeadDim
+	keys, vals := randVec(rng, tokens*kv), randVec(rng, tokens*kv)
+	q, nk, nv := randVec(rng, qd), randVec(rng, kv), randVec(rng, kv)
+	const chunk = 8 << 10
+	b.Run("inproc", func(b *testing.B) {
+		e, err := engine.New(ec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer e.Close()
+		id, _ := e.Create(plan.Striped)
+		for l := range layers {
+			for s := 0; s < tokens; s += chunk {
+				if err := e.Append(id, l, keys[s*kv:(s+chunk)*kv], vals[s*kv:(s+chunk)*kv]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		var res engine.Result
+		b.Run("per-layer", func(b *testing.B) {
+			for range b.N {
+				for l := range layers {
+					if err := e.Step(context.Background(), l, []engine.Request{{Seq: id, Q: q, K: nk, V: nv}}, engine.StepOptions{}, &res); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		b.Run("plan-once", func(b *testing.B) {
+			next := func(int, []engine.Request, *engine.Result) error { return nil }
+			for range b.N {
+				if err := e.Decode(context.Background(), 0, layers, []engine.Request{{Seq: id, Q: q, K: nk, V: nv}}, engine.StepOptions{}, &res, next); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	})
+	b.Run("cluster3", func(b *testing.B) {
+		nodes := startBenchCluster(b, 3, ec)
+		ctx := context.Background()
+		c, err := client.Dial(ctx, nodes[0].Addr(), client.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		id, _, err := c.Create(ctx, plan.Striped)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for l := range layers {
+			for s := 0; s < tokens; s += chunk {
+				if err := c.Append(ctx, id, l, keys[s*kv:(s+chunk)*kv], vals[s*kv:(s+chunk)*kv]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		item := []client.Item{{Seq: id, Q: q, K: nk, V: nv}}
+		b.Run("per-layer", func(b *testing.B) {
+			for range b.N {
+				for l := range layers {
+					if _, err := c.Step(ctx, l, item, client.StepOptions{}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		b.Run("plan-once", func(b *testing.B) {
+			next := func(int, []client.Item, *client.StepResult) error { return nil }
+			for range b.N {
+				if _, err := c.Decode(ctx, 0, layers, item, client.StepOptions{}, next); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	})
+}

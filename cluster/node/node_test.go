@@ -339,3 +339,81 @@ func TestClusterNodeLoss(t *testing.T) {
 		}
 	}
 }
+
+// A decode step over every layer through the Steps stream (the plan sent
+// to the workers once) equals the in-process engine.Decode, with each
+// layer's queries derived from the previous output, through the
+// coordinator and through another node (the stream relayed).
+func TestClusterDecodeEqualsInProcess(t *testing.T) {
+	ec := geometry(2, 2, plan.Exact)
+	ec.Layers = 3
+	nodes := startCluster(t, 3, ec)
+	ref, err := engine.New(ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	ctx := t.Context()
+	rng := rand.New(rand.NewPCG(5, 6))
+	kv, qd := ec.KVHeads*ec.HeadDim, ec.QHeads*ec.HeadDim
+	owner := dial(t, nodes[1])
+	id, _, err := owner.Create(ctx, plan.Striped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rid, _ := ref.Create(plan.Striped)
+	for l := range ec.Layers {
+		k, v := randVec(rng, 50*kv), randVec(rng, 50*kv)
+		if err := owner.Append(ctx, id, l, k, v); err != nil {
+			t.Fatal(err)
+		}
+		if err := ref.Append(rid, l, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	derive := func(o []float32, l int) (q, k, v []float32) {
+		q, k, v = make([]float32, qd), make([]float32, kv), make([]float32, kv)
+		for j := range q {
+			q[j] = 2*o[j] + float32(l)
+		}
+		for j := range k {
+			k[j], v[j] = o[j]-float32(l), o[(j+3)%qd]
+		}
+		return
+	}
+	for step, via := range []*client.Client{owner, dial(t, nodes[2]), owner} {
+		q, k, v := randVec(rng, qd), randVec(rng, kv), randVec(rng, kv)
+		var want [][]float32
+		var rres engine.Result
+		reqs := []engine.Request{{Seq: rid, Q: q, K: k, V: v}}
+		err := ref.Decode(ctx, 0, ec.Layers, reqs, engine.StepOptions{}, &rres, func(l int, rq []engine.Request, r *engine.Result) error {
+			want = append(want, append([]float32(nil), r.O...))
+			rq[0].Q, rq[0].K, rq[0].V = derive(r.O, l)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, rres.O)
+		var got [][]float32
+		res, err := via.Decode(ctx, 0, ec.Layers, []client.Item{{Seq: id, Q: q, K: k, V: v}}, client.StepOptions{}, func(l int, items []client.Item, r *client.StepResult) error {
+			got = append(got, r.O)
+			items[0].Q, items[0].K, items[0].V = derive(r.O, l)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		got = append(got, res.O)
+		for l := range want {
+			for j := range want[l] {
+				if d := math.Abs(float64(got[l][j] - want[l][j])); d > 1e-5*(1+math.Abs(float64(want[l][j]))) {
+					t.Fatalf("step %d layer %d: o[%d] = %g, in process %g", step, l, j, got[l][j], want[l][j])
+				}
+			}
+		}
+	}
+	if n, err := owner.Len(ctx, id); err != nil || n != 53 {
+		t.Fatalf("length %d (%v), want 53", n, err)
+	}
+}

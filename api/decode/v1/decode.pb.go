@@ -672,6 +672,171 @@ func (x *StepReply) GetTotalNs() int64 {
 	return 0
 }
 
+type StepsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// first_layer and last_layer (exclusive) bound the step's layers; read
+	// from the first message only, as are the options.
+	FirstLayer    uint32      `protobuf:"varint,1,opt,name=first_layer,json=firstLayer,proto3" json:"first_layer,omitempty"`
+	LastLayer     uint32      `protobuf:"varint,2,opt,name=last_layer,json=lastLayer,proto3" json:"last_layer,omitempty"`
+	Items         []*StepItem `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
+	ForceDense    bool        `protobuf:"varint,4,opt,name=force_dense,json=forceDense,proto3" json:"force_dense,omitempty"`
+	Phased        bool        `protobuf:"varint,5,opt,name=phased,proto3" json:"phased,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepsRequest) Reset() {
+	*x = StepsRequest{}
+	mi := &file_decode_v1_decode_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepsRequest) ProtoMessage() {}
+
+func (x *StepsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_decode_v1_decode_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepsRequest.ProtoReflect.Descriptor instead.
+func (*StepsRequest) Descriptor() ([]byte, []int) {
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *StepsRequest) GetFirstLayer() uint32 {
+	if x != nil {
+		return x.FirstLayer
+	}
+	return 0
+}
+
+func (x *StepsRequest) GetLastLayer() uint32 {
+	if x != nil {
+		return x.LastLayer
+	}
+	return 0
+}
+
+func (x *StepsRequest) GetItems() []*StepItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *StepsRequest) GetForceDense() bool {
+	if x != nil {
+		return x.ForceDense
+	}
+	return false
+}
+
+func (x *StepsRequest) GetPhased() bool {
+	if x != nil {
+		return x.Phased
+	}
+	return false
+}
+
+type StepsReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Layer uint32                 `protobuf:"varint,1,opt,name=layer,proto3" json:"layer,omitempty"`
+	// o: [items][q_heads][head_dim]; lse: [items][q_heads]. float32.
+	O     *v1.Tensor `protobuf:"bytes,2,opt,name=o,proto3" json:"o,omitempty"`
+	Lse   *v1.Tensor `protobuf:"bytes,3,opt,name=lse,proto3" json:"lse,omitempty"`
+	Plans []*Plan    `protobuf:"bytes,4,rep,name=plans,proto3" json:"plans,omitempty"`
+	Time  *v1.Times  `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
+	// total_ns: in the last layer's reply, the coordinator's wall time of
+	// the whole step.
+	TotalNs       int64 `protobuf:"varint,6,opt,name=total_ns,json=totalNs,proto3" json:"total_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StepsReply) Reset() {
+	*x = StepsReply{}
+	mi := &file_decode_v1_decode_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepsReply) ProtoMessage() {}
+
+func (x *StepsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_decode_v1_decode_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepsReply.ProtoReflect.Descriptor instead.
+func (*StepsReply) Descriptor() ([]byte, []int) {
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *StepsReply) GetLayer() uint32 {
+	if x != nil {
+		return x.Layer
+	}
+	return 0
+}
+
+func (x *StepsReply) GetO() *v1.Tensor {
+	if x != nil {
+		return x.O
+	}
+	return nil
+}
+
+func (x *StepsReply) GetLse() *v1.Tensor {
+	if x != nil {
+		return x.Lse
+	}
+	return nil
+}
+
+func (x *StepsReply) GetPlans() []*Plan {
+	if x != nil {
+		return x.Plans
+	}
+	return nil
+}
+
+func (x *StepsReply) GetTime() *v1.Times {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *StepsReply) GetTotalNs() int64 {
+	if x != nil {
+		return x.TotalNs
+	}
+	return 0
+}
+
 type ForkRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sequence      string                 `protobuf:"bytes,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
@@ -681,7 +846,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_decode_v1_decode_proto_msgTypes[9]
+	mi := &file_decode_v1_decode_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +858,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[9]
+	mi := &file_decode_v1_decode_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +871,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{9}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ForkRequest) GetSequence() string {
@@ -725,7 +890,7 @@ type ForkReply struct {
 
 func (x *ForkReply) Reset() {
 	*x = ForkReply{}
-	mi := &file_decode_v1_decode_proto_msgTypes[10]
+	mi := &file_decode_v1_decode_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +902,7 @@ func (x *ForkReply) String() string {
 func (*ForkReply) ProtoMessage() {}
 
 func (x *ForkReply) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[10]
+	mi := &file_decode_v1_decode_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +915,7 @@ func (x *ForkReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkReply.ProtoReflect.Descriptor instead.
 func (*ForkReply) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{10}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ForkReply) GetSequence() string {
@@ -770,7 +935,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_decode_v1_decode_proto_msgTypes[11]
+	mi := &file_decode_v1_decode_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +947,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[11]
+	mi := &file_decode_v1_decode_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +960,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{11}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RollbackRequest) GetSequence() string {
@@ -820,7 +985,7 @@ type RollbackReply struct {
 
 func (x *RollbackReply) Reset() {
 	*x = RollbackReply{}
-	mi := &file_decode_v1_decode_proto_msgTypes[12]
+	mi := &file_decode_v1_decode_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -832,7 +997,7 @@ func (x *RollbackReply) String() string {
 func (*RollbackReply) ProtoMessage() {}
 
 func (x *RollbackReply) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[12]
+	mi := &file_decode_v1_decode_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -845,7 +1010,7 @@ func (x *RollbackReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackReply.ProtoReflect.Descriptor instead.
 func (*RollbackReply) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{12}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{14}
 }
 
 type ReleaseRequest struct {
@@ -857,7 +1022,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_decode_v1_decode_proto_msgTypes[13]
+	mi := &file_decode_v1_decode_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +1034,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[13]
+	mi := &file_decode_v1_decode_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +1047,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{13}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReleaseRequest) GetSequence() string {
@@ -900,7 +1065,7 @@ type ReleaseReply struct {
 
 func (x *ReleaseReply) Reset() {
 	*x = ReleaseReply{}
-	mi := &file_decode_v1_decode_proto_msgTypes[14]
+	mi := &file_decode_v1_decode_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +1077,7 @@ func (x *ReleaseReply) String() string {
 func (*ReleaseReply) ProtoMessage() {}
 
 func (x *ReleaseReply) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[14]
+	mi := &file_decode_v1_decode_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +1090,7 @@ func (x *ReleaseReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseReply.ProtoReflect.Descriptor instead.
 func (*ReleaseReply) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{14}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{16}
 }
 
 type LengthRequest struct {
@@ -937,7 +1102,7 @@ type LengthRequest struct {
 
 func (x *LengthRequest) Reset() {
 	*x = LengthRequest{}
-	mi := &file_decode_v1_decode_proto_msgTypes[15]
+	mi := &file_decode_v1_decode_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1114,7 @@ func (x *LengthRequest) String() string {
 func (*LengthRequest) ProtoMessage() {}
 
 func (x *LengthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[15]
+	mi := &file_decode_v1_decode_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1127,7 @@ func (x *LengthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LengthRequest.ProtoReflect.Descriptor instead.
 func (*LengthRequest) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{15}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LengthRequest) GetSequence() string {
@@ -981,7 +1146,7 @@ type LengthReply struct {
 
 func (x *LengthReply) Reset() {
 	*x = LengthReply{}
-	mi := &file_decode_v1_decode_proto_msgTypes[16]
+	mi := &file_decode_v1_decode_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1158,7 @@ func (x *LengthReply) String() string {
 func (*LengthReply) ProtoMessage() {}
 
 func (x *LengthReply) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[16]
+	mi := &file_decode_v1_decode_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1171,7 @@ func (x *LengthReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LengthReply.ProtoReflect.Descriptor instead.
 func (*LengthReply) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{16}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LengthReply) GetLength() uint64 {
@@ -1024,7 +1189,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_decode_v1_decode_proto_msgTypes[17]
+	mi := &file_decode_v1_decode_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1201,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[17]
+	mi := &file_decode_v1_decode_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1214,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{17}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{19}
 }
 
 type Member struct {
@@ -1067,7 +1232,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_decode_v1_decode_proto_msgTypes[18]
+	mi := &file_decode_v1_decode_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1244,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[18]
+	mi := &file_decode_v1_decode_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1257,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{18}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Member) GetName() string {
@@ -1148,7 +1313,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_decode_v1_decode_proto_msgTypes[19]
+	mi := &file_decode_v1_decode_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1325,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[19]
+	mi := &file_decode_v1_decode_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1338,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{19}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Device) GetKind() string {
@@ -1214,7 +1379,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_decode_v1_decode_proto_msgTypes[20]
+	mi := &file_decode_v1_decode_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1226,7 +1391,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_decode_v1_decode_proto_msgTypes[20]
+	mi := &file_decode_v1_decode_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1239,7 +1404,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_decode_v1_decode_proto_rawDescGZIP(), []int{20}
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatusReply) GetNode() string {
@@ -1349,6 +1514,23 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x05plans\x18\x03 \x03(\v2\x17.questrt.decode.v1.PlanR\x05plans\x122\n" +
 	"\x04diag\x18\x04 \x03(\v2\x1e.questrt.decode.v1.DiagnosticsR\x04diag\x12,\n" +
 	"\x04time\x18\x05 \x01(\v2\x18.questrt.worker.v1.TimesR\x04time\x12\x19\n" +
+	"\btotal_ns\x18\x06 \x01(\x03R\atotalNs\"\xba\x01\n" +
+	"\fStepsRequest\x12\x1f\n" +
+	"\vfirst_layer\x18\x01 \x01(\rR\n" +
+	"firstLayer\x12\x1d\n" +
+	"\n" +
+	"last_layer\x18\x02 \x01(\rR\tlastLayer\x121\n" +
+	"\x05items\x18\x03 \x03(\v2\x1b.questrt.decode.v1.StepItemR\x05items\x12\x1f\n" +
+	"\vforce_dense\x18\x04 \x01(\bR\n" +
+	"forceDense\x12\x16\n" +
+	"\x06phased\x18\x05 \x01(\bR\x06phased\"\xf0\x01\n" +
+	"\n" +
+	"StepsReply\x12\x14\n" +
+	"\x05layer\x18\x01 \x01(\rR\x05layer\x12'\n" +
+	"\x01o\x18\x02 \x01(\v2\x19.questrt.worker.v1.TensorR\x01o\x12+\n" +
+	"\x03lse\x18\x03 \x01(\v2\x19.questrt.worker.v1.TensorR\x03lse\x12-\n" +
+	"\x05plans\x18\x04 \x03(\v2\x17.questrt.decode.v1.PlanR\x05plans\x12,\n" +
+	"\x04time\x18\x05 \x01(\v2\x18.questrt.worker.v1.TimesR\x04time\x12\x19\n" +
 	"\btotal_ns\x18\x06 \x01(\x03R\atotalNs\")\n" +
 	"\vForkRequest\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\tR\bsequence\"'\n" +
@@ -1387,11 +1569,12 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x06config\x18\x05 \x01(\v2\x1d.questrt.worker.v1.GridConfigR\x06config\x12\x1c\n" +
 	"\tsequences\x18\x06 \x01(\rR\tsequences\x12\x14\n" +
 	"\x05grids\x18\a \x01(\rR\x05grids\x12\x18\n" +
-	"\aversion\x18\b \x01(\tR\aversion2\xe5\x04\n" +
+	"\aversion\x18\b \x01(\tR\aversion2\xb2\x05\n" +
 	"\x06Decode\x12J\n" +
 	"\x06Create\x12 .questrt.decode.v1.CreateRequest\x1a\x1e.questrt.decode.v1.CreateReply\x12J\n" +
 	"\x06Append\x12 .questrt.decode.v1.AppendRequest\x1a\x1e.questrt.decode.v1.AppendReply\x12D\n" +
-	"\x04Step\x12\x1e.questrt.decode.v1.StepRequest\x1a\x1c.questrt.decode.v1.StepReply\x12D\n" +
+	"\x04Step\x12\x1e.questrt.decode.v1.StepRequest\x1a\x1c.questrt.decode.v1.StepReply\x12K\n" +
+	"\x05Steps\x12\x1f.questrt.decode.v1.StepsRequest\x1a\x1d.questrt.decode.v1.StepsReply(\x010\x01\x12D\n" +
 	"\x04Fork\x12\x1e.questrt.decode.v1.ForkRequest\x1a\x1c.questrt.decode.v1.ForkReply\x12P\n" +
 	"\bRollback\x12\".questrt.decode.v1.RollbackRequest\x1a .questrt.decode.v1.RollbackReply\x12M\n" +
 	"\aRelease\x12!.questrt.decode.v1.ReleaseRequest\x1a\x1f.questrt.decode.v1.ReleaseReply\x12J\n" +
@@ -1410,7 +1593,7 @@ func file_decode_v1_decode_proto_rawDescGZIP() []byte {
 	return file_decode_v1_decode_proto_rawDescData
 }
 
-var file_decode_v1_decode_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_decode_v1_decode_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_decode_v1_decode_proto_goTypes = []any{
 	(*CreateRequest)(nil),   // 0: questrt.decode.v1.CreateRequest
 	(*CreateReply)(nil),     // 1: questrt.decode.v1.CreateReply
@@ -1421,62 +1604,71 @@ var file_decode_v1_decode_proto_goTypes = []any{
 	(*Plan)(nil),            // 6: questrt.decode.v1.Plan
 	(*Diagnostics)(nil),     // 7: questrt.decode.v1.Diagnostics
 	(*StepReply)(nil),       // 8: questrt.decode.v1.StepReply
-	(*ForkRequest)(nil),     // 9: questrt.decode.v1.ForkRequest
-	(*ForkReply)(nil),       // 10: questrt.decode.v1.ForkReply
-	(*RollbackRequest)(nil), // 11: questrt.decode.v1.RollbackRequest
-	(*RollbackReply)(nil),   // 12: questrt.decode.v1.RollbackReply
-	(*ReleaseRequest)(nil),  // 13: questrt.decode.v1.ReleaseRequest
-	(*ReleaseReply)(nil),    // 14: questrt.decode.v1.ReleaseReply
-	(*LengthRequest)(nil),   // 15: questrt.decode.v1.LengthRequest
-	(*LengthReply)(nil),     // 16: questrt.decode.v1.LengthReply
-	(*StatusRequest)(nil),   // 17: questrt.decode.v1.StatusRequest
-	(*Member)(nil),          // 18: questrt.decode.v1.Member
-	(*Device)(nil),          // 19: questrt.decode.v1.Device
-	(*StatusReply)(nil),     // 20: questrt.decode.v1.StatusReply
-	(*v1.Tensor)(nil),       // 21: questrt.worker.v1.Tensor
-	(*v1.Times)(nil),        // 22: questrt.worker.v1.Times
-	(*v1.GridConfig)(nil),   // 23: questrt.worker.v1.GridConfig
+	(*StepsRequest)(nil),    // 9: questrt.decode.v1.StepsRequest
+	(*StepsReply)(nil),      // 10: questrt.decode.v1.StepsReply
+	(*ForkRequest)(nil),     // 11: questrt.decode.v1.ForkRequest
+	(*ForkReply)(nil),       // 12: questrt.decode.v1.ForkReply
+	(*RollbackRequest)(nil), // 13: questrt.decode.v1.RollbackRequest
+	(*RollbackReply)(nil),   // 14: questrt.decode.v1.RollbackReply
+	(*ReleaseRequest)(nil),  // 15: questrt.decode.v1.ReleaseRequest
+	(*ReleaseReply)(nil),    // 16: questrt.decode.v1.ReleaseReply
+	(*LengthRequest)(nil),   // 17: questrt.decode.v1.LengthRequest
+	(*LengthReply)(nil),     // 18: questrt.decode.v1.LengthReply
+	(*StatusRequest)(nil),   // 19: questrt.decode.v1.StatusRequest
+	(*Member)(nil),          // 20: questrt.decode.v1.Member
+	(*Device)(nil),          // 21: questrt.decode.v1.Device
+	(*StatusReply)(nil),     // 22: questrt.decode.v1.StatusReply
+	(*v1.Tensor)(nil),       // 23: questrt.worker.v1.Tensor
+	(*v1.Times)(nil),        // 24: questrt.worker.v1.Times
+	(*v1.GridConfig)(nil),   // 25: questrt.worker.v1.GridConfig
 }
 var file_decode_v1_decode_proto_depIdxs = []int32{
-	21, // 0: questrt.decode.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
-	21, // 1: questrt.decode.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
-	21, // 2: questrt.decode.v1.StepItem.q:type_name -> questrt.worker.v1.Tensor
-	21, // 3: questrt.decode.v1.StepItem.k:type_name -> questrt.worker.v1.Tensor
-	21, // 4: questrt.decode.v1.StepItem.v:type_name -> questrt.worker.v1.Tensor
+	23, // 0: questrt.decode.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
+	23, // 1: questrt.decode.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
+	23, // 2: questrt.decode.v1.StepItem.q:type_name -> questrt.worker.v1.Tensor
+	23, // 3: questrt.decode.v1.StepItem.k:type_name -> questrt.worker.v1.Tensor
+	23, // 4: questrt.decode.v1.StepItem.v:type_name -> questrt.worker.v1.Tensor
 	4,  // 5: questrt.decode.v1.StepRequest.items:type_name -> questrt.decode.v1.StepItem
-	21, // 6: questrt.decode.v1.Diagnostics.indptr:type_name -> questrt.worker.v1.Tensor
-	21, // 7: questrt.decode.v1.Diagnostics.pages:type_name -> questrt.worker.v1.Tensor
-	21, // 8: questrt.decode.v1.Diagnostics.scores:type_name -> questrt.worker.v1.Tensor
-	21, // 9: questrt.decode.v1.Diagnostics.dense_lse:type_name -> questrt.worker.v1.Tensor
-	21, // 10: questrt.decode.v1.StepReply.o:type_name -> questrt.worker.v1.Tensor
-	21, // 11: questrt.decode.v1.StepReply.lse:type_name -> questrt.worker.v1.Tensor
+	23, // 6: questrt.decode.v1.Diagnostics.indptr:type_name -> questrt.worker.v1.Tensor
+	23, // 7: questrt.decode.v1.Diagnostics.pages:type_name -> questrt.worker.v1.Tensor
+	23, // 8: questrt.decode.v1.Diagnostics.scores:type_name -> questrt.worker.v1.Tensor
+	23, // 9: questrt.decode.v1.Diagnostics.dense_lse:type_name -> questrt.worker.v1.Tensor
+	23, // 10: questrt.decode.v1.StepReply.o:type_name -> questrt.worker.v1.Tensor
+	23, // 11: questrt.decode.v1.StepReply.lse:type_name -> questrt.worker.v1.Tensor
 	6,  // 12: questrt.decode.v1.StepReply.plans:type_name -> questrt.decode.v1.Plan
 	7,  // 13: questrt.decode.v1.StepReply.diag:type_name -> questrt.decode.v1.Diagnostics
-	22, // 14: questrt.decode.v1.StepReply.time:type_name -> questrt.worker.v1.Times
-	18, // 15: questrt.decode.v1.StatusReply.members:type_name -> questrt.decode.v1.Member
-	19, // 16: questrt.decode.v1.StatusReply.devices:type_name -> questrt.decode.v1.Device
-	23, // 17: questrt.decode.v1.StatusReply.config:type_name -> questrt.worker.v1.GridConfig
-	0,  // 18: questrt.decode.v1.Decode.Create:input_type -> questrt.decode.v1.CreateRequest
-	2,  // 19: questrt.decode.v1.Decode.Append:input_type -> questrt.decode.v1.AppendRequest
-	5,  // 20: questrt.decode.v1.Decode.Step:input_type -> questrt.decode.v1.StepRequest
-	9,  // 21: questrt.decode.v1.Decode.Fork:input_type -> questrt.decode.v1.ForkRequest
-	11, // 22: questrt.decode.v1.Decode.Rollback:input_type -> questrt.decode.v1.RollbackRequest
-	13, // 23: questrt.decode.v1.Decode.Release:input_type -> questrt.decode.v1.ReleaseRequest
-	15, // 24: questrt.decode.v1.Decode.Length:input_type -> questrt.decode.v1.LengthRequest
-	17, // 25: questrt.decode.v1.Decode.Status:input_type -> questrt.decode.v1.StatusRequest
-	1,  // 26: questrt.decode.v1.Decode.Create:output_type -> questrt.decode.v1.CreateReply
-	3,  // 27: questrt.decode.v1.Decode.Append:output_type -> questrt.decode.v1.AppendReply
-	8,  // 28: questrt.decode.v1.Decode.Step:output_type -> questrt.decode.v1.StepReply
-	10, // 29: questrt.decode.v1.Decode.Fork:output_type -> questrt.decode.v1.ForkReply
-	12, // 30: questrt.decode.v1.Decode.Rollback:output_type -> questrt.decode.v1.RollbackReply
-	14, // 31: questrt.decode.v1.Decode.Release:output_type -> questrt.decode.v1.ReleaseReply
-	16, // 32: questrt.decode.v1.Decode.Length:output_type -> questrt.decode.v1.LengthReply
-	20, // 33: questrt.decode.v1.Decode.Status:output_type -> questrt.decode.v1.StatusReply
-	26, // [26:34] is the sub-list for method output_type
-	18, // [18:26] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	24, // 14: questrt.decode.v1.StepReply.time:type_name -> questrt.worker.v1.Times
+	4,  // 15: questrt.decode.v1.StepsRequest.items:type_name -> questrt.decode.v1.StepItem
+	23, // 16: questrt.decode.v1.StepsReply.o:type_name -> questrt.worker.v1.Tensor
+	23, // 17: questrt.decode.v1.StepsReply.lse:type_name -> questrt.worker.v1.Tensor
+	6,  // 18: questrt.decode.v1.StepsReply.plans:type_name -> questrt.decode.v1.Plan
+	24, // 19: questrt.decode.v1.StepsReply.time:type_name -> questrt.worker.v1.Times
+	20, // 20: questrt.decode.v1.StatusReply.members:type_name -> questrt.decode.v1.Member
+	21, // 21: questrt.decode.v1.StatusReply.devices:type_name -> questrt.decode.v1.Device
+	25, // 22: questrt.decode.v1.StatusReply.config:type_name -> questrt.worker.v1.GridConfig
+	0,  // 23: questrt.decode.v1.Decode.Create:input_type -> questrt.decode.v1.CreateRequest
+	2,  // 24: questrt.decode.v1.Decode.Append:input_type -> questrt.decode.v1.AppendRequest
+	5,  // 25: questrt.decode.v1.Decode.Step:input_type -> questrt.decode.v1.StepRequest
+	9,  // 26: questrt.decode.v1.Decode.Steps:input_type -> questrt.decode.v1.StepsRequest
+	11, // 27: questrt.decode.v1.Decode.Fork:input_type -> questrt.decode.v1.ForkRequest
+	13, // 28: questrt.decode.v1.Decode.Rollback:input_type -> questrt.decode.v1.RollbackRequest
+	15, // 29: questrt.decode.v1.Decode.Release:input_type -> questrt.decode.v1.ReleaseRequest
+	17, // 30: questrt.decode.v1.Decode.Length:input_type -> questrt.decode.v1.LengthRequest
+	19, // 31: questrt.decode.v1.Decode.Status:input_type -> questrt.decode.v1.StatusRequest
+	1,  // 32: questrt.decode.v1.Decode.Create:output_type -> questrt.decode.v1.CreateReply
+	3,  // 33: questrt.decode.v1.Decode.Append:output_type -> questrt.decode.v1.AppendReply
+	8,  // 34: questrt.decode.v1.Decode.Step:output_type -> questrt.decode.v1.StepReply
+	10, // 35: questrt.decode.v1.Decode.Steps:output_type -> questrt.decode.v1.StepsReply
+	12, // 36: questrt.decode.v1.Decode.Fork:output_type -> questrt.decode.v1.ForkReply
+	14, // 37: questrt.decode.v1.Decode.Rollback:output_type -> questrt.decode.v1.RollbackReply
+	16, // 38: questrt.decode.v1.Decode.Release:output_type -> questrt.decode.v1.ReleaseReply
+	18, // 39: questrt.decode.v1.Decode.Length:output_type -> questrt.decode.v1.LengthReply
+	22, // 40: questrt.decode.v1.Decode.Status:output_type -> questrt.decode.v1.StatusReply
+	32, // [32:41] is the sub-list for method output_type
+	23, // [23:32] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_decode_v1_decode_proto_init() }
@@ -1490,7 +1682,7 @@ func file_decode_v1_decode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decode_v1_decode_proto_rawDesc), len(file_decode_v1_decode_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

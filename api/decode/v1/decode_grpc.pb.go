@@ -35,6 +35,7 @@ const (
 	Decode_Create_FullMethodName   = "/questrt.decode.v1.Decode/Create"
 	Decode_Append_FullMethodName   = "/questrt.decode.v1.Decode/Append"
 	Decode_Step_FullMethodName     = "/questrt.decode.v1.Decode/Step"
+	Decode_Steps_FullMethodName    = "/questrt.decode.v1.Decode/Steps"
 	Decode_Fork_FullMethodName     = "/questrt.decode.v1.Decode/Fork"
 	Decode_Rollback_FullMethodName = "/questrt.decode.v1.Decode/Rollback"
 	Decode_Release_FullMethodName  = "/questrt.decode.v1.Decode/Release"
@@ -53,6 +54,13 @@ type DecodeClient interface {
 	Append(ctx context.Context, in *AppendRequest, opts ...grpc.CallOption) (*AppendReply, error)
 	// Step runs one decode step of one layer for a batch of sequences.
 	Step(ctx context.Context, in *StepRequest, opts ...grpc.CallOption) (*StepReply, error)
+	// Steps runs one decode step over a range of layers with the plan sent
+	// to the workers once: the client sends the first layer's items in the
+	// first message (with the range and options), receives that layer's
+	// outputs, sends the next layer's items (the same sequences in the same
+	// order), and so on; the server answers one StepsReply per layer and
+	// ends the stream after the last. The items must share one grid.
+	Steps(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StepsRequest, StepsReply], error)
 	Fork(ctx context.Context, in *ForkRequest, opts ...grpc.CallOption) (*ForkReply, error)
 	Rollback(ctx context.Context, in *RollbackRequest, opts ...grpc.CallOption) (*RollbackReply, error)
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseReply, error)
@@ -98,6 +106,19 @@ func (c *decodeClient) Step(ctx context.Context, in *StepRequest, opts ...grpc.C
 	}
 	return out, nil
 }
+
+func (c *decodeClient) Steps(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StepsRequest, StepsReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Decode_ServiceDesc.Streams[0], Decode_Steps_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StepsRequest, StepsReply]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Decode_StepsClient = grpc.BidiStreamingClient[StepsRequest, StepsReply]
 
 func (c *decodeClient) Fork(ctx context.Context, in *ForkRequest, opts ...grpc.CallOption) (*ForkReply, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -160,6 +181,13 @@ type DecodeServer interface {
 	Append(context.Context, *AppendRequest) (*AppendReply, error)
 	// Step runs one decode step of one layer for a batch of sequences.
 	Step(context.Context, *StepRequest) (*StepReply, error)
+	// Steps runs one decode step over a range of layers with the plan sent
+	// to the workers once: the client sends the first layer's items in the
+	// first message (with the range and options), receives that layer's
+	// outputs, sends the next layer's items (the same sequences in the same
+	// order), and so on; the server answers one StepsReply per layer and
+	// ends the stream after the last. The items must share one grid.
+	Steps(grpc.BidiStreamingServer[StepsRequest, StepsReply]) error
 	Fork(context.Context, *ForkRequest) (*ForkReply, error)
 	Rollback(context.Context, *RollbackRequest) (*RollbackReply, error)
 	Release(context.Context, *ReleaseRequest) (*ReleaseReply, error)
@@ -184,6 +212,9 @@ func (UnimplementedDecodeServer) Append(context.Context, *AppendRequest) (*Appen
 }
 func (UnimplementedDecodeServer) Step(context.Context, *StepRequest) (*StepReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Step not implemented")
+}
+func (UnimplementedDecodeServer) Steps(grpc.BidiStreamingServer[StepsRequest, StepsReply]) error {
+	return status.Error(codes.Unimplemented, "method Steps not implemented")
 }
 func (UnimplementedDecodeServer) Fork(context.Context, *ForkRequest) (*ForkReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fork not implemented")
@@ -274,6 +305,13 @@ func _Decode_Step_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Decode_Steps_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DecodeServer).Steps(&grpc.GenericServerStream[StepsRequest, StepsReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Decode_StepsServer = grpc.BidiStreamingServer[StepsRequest, StepsReply]
 
 func _Decode_Fork_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ForkRequest)
@@ -405,6 +443,13 @@ var Decode_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Decode_Status_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Steps",
+			Handler:       _Decode_Steps_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "decode/v1/decode.proto",
 }
