@@ -313,22 +313,22 @@ func (s *Shard) RankCandidates(ctx context.Context, ls *LocalStep, quota func(pl
 	return true, nil
 }
 
-// Selection lists, per (sequence, row) in CSR form, the global pages chosen
+// Chosen lists, per (sequence, row) in CSR form, the global pages chosen
 // by ranking (forced pages excluded; they are added by Attend).
-type Selection struct {
+type Chosen struct {
 	Indptr []int32
 	Pages  []int32
 }
 
 // Reset empties the selection, keeping its storage.
-func (sel *Selection) Reset() {
+func (sel *Chosen) Reset() {
 	sel.Indptr = append(sel.Indptr[:0], 0)
 	sel.Pages = sel.Pages[:0]
 }
 
 // LocalSelection turns this shard's own candidates into the selection: the
 // global top-K when the shard holds every page.
-func (ls *LocalStep) LocalSelection(sel *Selection) {
+func (ls *LocalStep) LocalSelection(sel *Chosen) {
 	sel.Reset()
 	for k := range len(ls.cPtr) - 1 {
 		for _, c := range ls.cands[ls.cPtr[k]:ls.cPtr[k+1]] {
@@ -342,13 +342,13 @@ func (ls *LocalStep) LocalSelection(sel *Selection) {
 // selected pages that this shard holds (every local page for dense plans)
 // and leaves the partial states in ls.O and ls.LSE. Selected pages the
 // shard does not hold are skipped: another CP rank attends them.
-func (s *Shard) Attend(ctx context.Context, ls *LocalStep, sel *Selection) error {
+func (s *Shard) Attend(ctx context.Context, ls *LocalStep, sel *Chosen) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.attend(ctx, ls, sel)
 }
 
-func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Selection) error {
+func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Chosen) error {
 	sh := s.shape
 	if len(sel.Indptr) != len(ls.parts)*ls.rows+1 {
 		return fmt.Errorf("attend: selection has %d rows, want %d", len(sel.Indptr)-1, len(ls.parts)*ls.rows)

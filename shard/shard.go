@@ -275,7 +275,7 @@ var ErrBadInput = errors.New("shard: bad input")
 type workspace struct {
 	parts []SeqPart
 	ls    LocalStep
-	sel   Selection
+	sel   Chosen
 }
 
 // Step runs one decode step of one layer for a batch of sequences on this

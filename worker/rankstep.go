@@ -18,7 +18,7 @@ const abortTimeout = 100 * time.Millisecond
 type rankWork struct {
 	parts []shard.SeqPart
 	ls    shard.LocalStep
-	sel   shard.Selection
+	sel   shard.Chosen
 	local [][]collective.Candidate
 	k     []int
 	lists [][]int32
