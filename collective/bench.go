@@ -129,6 +129,20 @@ func checkRange(field string, v, lo, hi int, limit string) error {
 // and the heap the benchmark needs (MemoryBytes) within MaxMemory (an
 // error wrapping memlimit.ErrTooLarge). It allocates nothing.
 func (c BenchConfig) Validate() error {
+	if err := c.validateSizes(); err != nil {
+		return err
+	}
+	switch {
+	case c.Transport == "":
+		return errors.New("bench collective: no transport named (want inproc)")
+	case c.Transport != "inproc" && c.NewTransports == nil:
+		return fmt.Errorf("bench collective: unknown transport %q (only inproc is built in)", c.Transport)
+	}
+	return memlimit.Check("bench collective data", c.MemoryBytes(), c.MaxMemory)
+}
+
+// validateSizes is Validate without the transport and memory checks.
+func (c BenchConfig) validateSizes() error {
 	if len(c.Shards) == 0 || len(c.Batches) == 0 {
 		return errors.New("bench collective: want at least one shard count and one batch size")
 	}
@@ -167,13 +181,7 @@ func (c BenchConfig) Validate() error {
 			return fmt.Errorf("--shards %d: more ranks than the %d pages of a sequence (--pages)", n, c.Pages)
 		}
 	}
-	switch {
-	case c.Transport == "":
-		return errors.New("bench collective: no transport named (want inproc)")
-	case c.Transport != "inproc" && c.NewTransports == nil:
-		return fmt.Errorf("bench collective: unknown transport %q (only inproc is built in)", c.Transport)
-	}
-	return memlimit.Check("bench collective data", c.MemoryBytes(), c.MaxMemory)
+	return nil
 }
 
 // MemoryBytes returns the heap the benchmark needs, in bytes, for its
@@ -267,6 +275,14 @@ type BenchResult struct {
 	MergeBytes  int64   `json:"merge_bytes"`
 	SelectMsgs  int64   `json:"select_msgs"` // messages per step, all ranks
 	MergeMsgs   int64   `json:"merge_msgs"`
+	// StartSkewP50 is the median over the measured steps of the spread of
+	// the ranks' selection start times (last start minus first): how far
+	// apart the barrier released them, included in the select latencies.
+	StartSkewP50 float64 `json:"start_skew_p50_us"`
+	// Processes is the number of OS processes the ranks ran in: 1 for
+	// BenchCollective (goroutines of one process), Shards when every rank
+	// had its own (BenchRank; questctl bench collective --nodes).
+	Processes int `json:"processes"`
 }
 
 // BenchCollective runs, for every shard count N and batch size of cfg (in
@@ -368,14 +384,155 @@ func (b *barrier) breakAll() {
 	}
 }
 
+// benchRank is one rank's data and measurements in one configuration.
 type benchRank struct {
-	local  [][]Candidate
-	o, lse []float32
-	o0, l0 []float32 // the root's input, restored before every merge
-	// per step, nanoseconds since the run's base time
+	rank    int
+	local   [][]Candidate
+	budgets []int // K for every row; shared by the ranks of a process, read only
+	o, lse  []float32
+	o0, l0  []float32 // the root's input, restored before every merge; nil on the other ranks
+	// per step (warm-up included), nanoseconds on the loop's clock
 	selStart, selEnd, mrgStart, mrgEnd   []int64
-	selBytes, mrgBytes, selMsgs, mrgMsgs int64
+	selBytes, mrgBytes, selMsgs, mrgMsgs int64 // over the measured steps
 }
+
+// newBenchRanks makes the data of the configuration (n ranks, batch) for
+// the ranks keep accepts, nil for the others. Every rank's data are drawn
+// from one generator in rank order, the draws of the ranks not kept made
+// and dropped, so that a rank's data are the same whether it is made alone
+// (BenchRank, one process per rank) or with all the others
+// (BenchCollective).
+func newBenchRanks(cfg BenchConfig, n, batch int, keep func(r int) bool) []*benchRank {
+	rows, states, d, k := batch*cfg.KVHeads, batch*cfg.QHeads, cfg.HeadDim, cfg.PageBudget
+	total := cfg.Warmup + cfg.Steps
+	budgets := make([]int, rows)
+	for i := range budgets {
+		budgets[i] = k
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(n)<<32|uint64(batch)))
+	ranks := make([]*benchRank, n)
+	for r := range n {
+		kept := keep(r)
+		var br *benchRank
+		if kept {
+			br = &benchRank{
+				rank: r, budgets: budgets,
+				local: make([][]Candidate, rows),
+				o:     make([]float32, states*d), lse: make([]float32, states),
+				selStart: make([]int64, total), selEnd: make([]int64, total),
+				mrgStart: make([]int64, total), mrgEnd: make([]int64, total),
+			}
+		}
+		var mine []int32
+		for p := r; p < cfg.Pages; p += n {
+			mine = append(mine, int32(p))
+		}
+		for row := range rows {
+			rng.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
+			m := min(k, len(mine))
+			var c []Candidate
+			if kept {
+				c = make([]Candidate, m)
+			}
+			for i := range m {
+				score := float32(rng.NormFloat64())
+				if kept {
+					c[i] = Candidate{Score: score, Page: mine[i]}
+				}
+			}
+			if kept {
+				br.local[row] = c
+			}
+		}
+		if !kept {
+			for range states*d + states { // the o and lse draws below
+				rng.Float64()
+			}
+			continue
+		}
+		for i := range br.o {
+			br.o[i] = float32(rng.Float64()*2 - 1)
+		}
+		for i := range br.lse {
+			br.lse[i] = float32(rng.Float64() * 10)
+		}
+		if r == 0 {
+			br.o0, br.l0 = slices.Clone(br.o), slices.Clone(br.lse)
+		}
+		ranks[r] = br
+	}
+	return ranks
+}
+
+// benchLoop is the measured loop of one rank, the same whether the ranks
+// are goroutines of one process (BenchCollective) or processes
+// (BenchRank): Warmup + Steps layer-steps, each a SelectExact and a Reduce
+// to rank 0 over ct. Before each operation it waits at meet (not timed);
+// it reads the operation's start and end on now's clock and counts what ct
+// sent during the measured steps.
+func benchLoop(ctx context.Context, cfg BenchConfig, ct *countingTransport, br *benchRank, meet func(step int, op Op) error, now func() int64) error {
+	g := NewGroup(ct)
+	var dst [][]int32
+	for s := range cfg.Warmup + cfg.Steps {
+		if err := meet(s, OpSelect); err != nil {
+			return err
+		}
+		b0, m0 := ct.bytes.Load(), ct.msgs.Load()
+		br.selStart[s] = now()
+		var err error
+		dst, err = g.SelectExact(ctx, MakeTag(uint64(s), 0, OpSelect), br.local, br.budgets, dst)
+		br.selEnd[s] = now()
+		if err != nil {
+			return err
+		}
+		b1, m1 := ct.bytes.Load(), ct.msgs.Load()
+		if br.o0 != nil {
+			copy(br.o, br.o0)
+			copy(br.lse, br.l0)
+		}
+		if err := meet(s, OpReduce); err != nil {
+			return err
+		}
+		br.mrgStart[s] = now()
+		err = g.Reduce(ctx, MakeTag(uint64(s), 0, OpReduce), 0, cfg.HeadDim, br.o, br.lse)
+		br.mrgEnd[s] = now()
+		if err != nil {
+			return err
+		}
+		if s >= cfg.Warmup {
+			b2, m2 := ct.bytes.Load(), ct.msgs.Load()
+			br.selBytes += b1 - b0
+			br.selMsgs += m1 - m0
+			br.mrgBytes += b2 - b1
+			br.mrgMsgs += m2 - m1
+		}
+	}
+	return nil
+}
+
+// samples returns what br measured in the measured steps.
+func (br *benchRank) samples(cfg BenchConfig) BenchSamples {
+	w := cfg.Warmup
+	base := br.selStart[w]
+	rel := func(xs []int64) []int64 {
+		out := make([]int64, len(xs)-w)
+		for i, x := range xs[w:] {
+			out[i] = x - base
+		}
+		return out
+	}
+	return BenchSamples{
+		Rank: br.rank, BaseNS: base,
+		SelectStart: rel(br.selStart), SelectEnd: rel(br.selEnd),
+		MergeStart: rel(br.mrgStart), MergeEnd: rel(br.mrgEnd),
+		SelectBytes: br.selBytes, SelectMsgs: br.selMsgs,
+		MergeBytes: br.mrgBytes, MergeMsgs: br.mrgMsgs,
+	}
+}
+
+// errBarrierBroken is what an in-process rank's barrier returns once
+// another rank failed (and recorded the error that counts).
+var errBarrierBroken = errors.New("bench collective: barrier broken")
 
 func benchOne(ctx context.Context, cfg BenchConfig, n, batch int) (BenchResult, error) {
 	var trs []Transport
@@ -399,100 +556,30 @@ func benchOne(ctx context.Context, cfg BenchConfig, n, batch int) (BenchResult, 
 			t.Close()
 		}
 	}()
-
-	rows, states, d, k := batch*cfg.KVHeads, batch*cfg.QHeads, cfg.HeadDim, cfg.PageBudget
-	total := cfg.Warmup + cfg.Steps
-	budgets := make([]int, rows)
-	for i := range budgets {
-		budgets[i] = k
-	}
-	rng := rand.New(rand.NewPCG(cfg.Seed, uint64(n)<<32|uint64(batch)))
-	ranks := make([]*benchRank, n)
-	for r := range n {
-		br := &benchRank{
-			local: make([][]Candidate, rows),
-			o:     make([]float32, states*d), lse: make([]float32, states),
-			selStart: make([]int64, total), selEnd: make([]int64, total),
-			mrgStart: make([]int64, total), mrgEnd: make([]int64, total),
-		}
-		var mine []int32
-		for p := r; p < cfg.Pages; p += n {
-			mine = append(mine, int32(p))
-		}
-		for row := range rows {
-			rng.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
-			c := make([]Candidate, min(k, len(mine)))
-			for i := range c {
-				c[i] = Candidate{Score: float32(rng.NormFloat64()), Page: mine[i]}
-			}
-			br.local[row] = c
-		}
-		for i := range br.o {
-			br.o[i] = float32(rng.Float64()*2 - 1)
-		}
-		for i := range br.lse {
-			br.lse[i] = float32(rng.Float64() * 10)
-		}
-		if r == 0 {
-			br.o0, br.l0 = slices.Clone(br.o), slices.Clone(br.lse)
-		}
-		ranks[r] = br
-	}
+	ranks := newBenchRanks(cfg, n, batch, func(int) bool { return true })
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	bar := newBarrier(n)
 	base := time.Now()
+	now := func() int64 { return int64(time.Since(base)) }
+	meet := func(int, Op) error {
+		if !bar.wait() {
+			return errBarrierBroken
+		}
+		return nil
+	}
 	var (
 		wg       sync.WaitGroup
 		errOnce  sync.Once
 		firstErr error
 	)
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err })
-		cancel()
-		bar.breakAll()
-	}
 	for r := range n {
 		wg.Go(func() {
-			br, ct := ranks[r], cts[r]
-			g := NewGroup(ct)
-			var dst [][]int32
-			for s := range total {
-				if !bar.wait() {
-					return
-				}
-				b0, m0 := ct.bytes.Load(), ct.msgs.Load()
-				br.selStart[s] = int64(time.Since(base))
-				var err error
-				dst, err = g.SelectExact(ctx, MakeTag(uint64(s), 0, OpSelect), br.local, budgets, dst)
-				br.selEnd[s] = int64(time.Since(base))
-				if err != nil {
-					fail(err)
-					return
-				}
-				b1, m1 := ct.bytes.Load(), ct.msgs.Load()
-				if r == 0 {
-					copy(br.o, br.o0)
-					copy(br.lse, br.l0)
-				}
-				if !bar.wait() {
-					return
-				}
-				br.mrgStart[s] = int64(time.Since(base))
-				err = g.Reduce(ctx, MakeTag(uint64(s), 0, OpReduce), 0, d, br.o, br.lse)
-				br.mrgEnd[s] = int64(time.Since(base))
-				if err != nil {
-					fail(err)
-					return
-				}
-				if s >= cfg.Warmup {
-					b2, m2 := ct.bytes.Load(), ct.msgs.Load()
-					br.selBytes += b1 - b0
-					br.selMsgs += m1 - m0
-					br.mrgBytes += b2 - b1
-					br.mrgMsgs += m2 - m1
-				}
+			if err := benchLoop(ctx, cfg, cts[r], ranks[r], meet, now); err != nil {
+				errOnce.Do(func() { firstErr = err })
+				cancel()
+				bar.breakAll()
 			}
 		})
 	}
@@ -503,30 +590,173 @@ func benchOne(ctx context.Context, cfg BenchConfig, n, batch int) (BenchResult, 
 	if err := ctx.Err(); err != nil {
 		return BenchResult{}, err
 	}
+	samples := make([]BenchSamples, n)
+	for r, br := range ranks {
+		samples[r] = br.samples(cfg)
+	}
+	res, err := BenchCombine(cfg, batch, samples)
+	res.Processes = 1
+	return res, err
+}
 
-	sel := make([]float64, 0, cfg.Steps)
-	mrg := make([]float64, 0, cfg.Steps)
+// BenchSamples is what one rank measured in one configuration of the
+// benchmark: the start and end of each measured step's selection and
+// merge, in nanoseconds after BaseNS on the rank's clock, and what it sent.
+// BenchRank returns it (a process per rank sends it to the one that
+// combines them); BenchCombine turns all ranks' into a BenchResult.
+type BenchSamples struct {
+	Rank int `json:"rank"`
+	// BaseNS is the clock reading the times count from: the start of the
+	// first measured selection. BenchRank's clock is the wall clock
+	// (Unix nanoseconds), which the processes of one host share.
+	BaseNS      int64   `json:"base_ns"`
+	SelectStart []int64 `json:"select_start_ns"` // one per measured step
+	SelectEnd   []int64 `json:"select_end_ns"`
+	MergeStart  []int64 `json:"merge_start_ns"`
+	MergeEnd    []int64 `json:"merge_end_ns"`
+	// Bytes and messages the rank sent over all measured steps.
+	SelectBytes int64 `json:"select_bytes"`
+	SelectMsgs  int64 `json:"select_msgs"`
+	MergeBytes  int64 `json:"merge_bytes"`
+	MergeMsgs   int64 `json:"merge_msgs"`
+}
+
+// barrierLayer is the layer of the tags of BenchRank's barriers; the
+// measured operations use layer 0.
+const barrierLayer = 1
+
+// BenchRank runs one rank's part of one configuration of BenchCollective
+// (t.Size() ranks, batch) over t, whose other members run BenchRank in
+// other processes: the same data and the same measured loop as the
+// goroutines of BenchCollective. cfg's Shards, Batches, Transport and
+// NewTransports are ignored; its sizes must be valid, and MaxMemory bounds
+// the group's data as in BenchCollective (for one rank that is
+// conservative).
+//
+// Before each operation the ranks meet at a barrier over t (every rank
+// reports to rank 0, which answers them all; one-byte messages under tags
+// of a layer the operations do not use, not counted, not timed). Its exit
+// is not simultaneous: rank 0 leaves it about one message latency before
+// the others, and that spread is part of the measured latency, as the
+// wake-up spread of BenchCollective's in-process barrier is. Step times
+// are read from the wall clock, which all processes of one host share;
+// BenchCombine compares the ranks' times directly, so ranks on different
+// hosts compare only as well as their clocks agree.
+//
+// When ctx ends, BenchRank returns within a layer-step with an error
+// wrapping ctx's.
+func BenchRank(ctx context.Context, cfg BenchConfig, batch int, t Transport) (BenchSamples, error) {
+	n, rank := t.Size(), t.Rank()
+	c := cfg
+	c.Shards, c.Batches = []int{n}, []int{batch}
+	if err := c.validateSizes(); err != nil {
+		return BenchSamples{}, err
+	}
+	if err := checkRank(rank, n); err != nil {
+		return BenchSamples{}, fmt.Errorf("bench collective: %w", err)
+	}
+	if err := memlimit.Check("bench collective data", c.MemoryBytes(), c.MaxMemory); err != nil {
+		return BenchSamples{}, err
+	}
+	br := newBenchRanks(c, n, batch, func(r int) bool { return r == rank })[rank]
+	ct := &countingTransport{Transport: t}
+	meet := func(s int, op Op) error {
+		if err := transportBarrier(ctx, t, MakeTag(uint64(s), barrierLayer, op)); err != nil {
+			return fmt.Errorf("step %d: barrier before %v: %w", s, op, err)
+		}
+		return nil
+	}
+	now := func() int64 { return time.Now().UnixNano() }
+	if err := benchLoop(ctx, c, ct, br, meet, now); err != nil {
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			err = fmt.Errorf("%w (%v)", cerr, err)
+		}
+		return BenchSamples{}, fmt.Errorf("bench collective rank %d of %d batch=%d: %w", rank, n, batch, err)
+	}
+	return br.samples(c), nil
+}
+
+// transportBarrier returns once every rank of t has called it with tag:
+// the ranks report to rank 0, which then answers each of them.
+func transportBarrier(ctx context.Context, t Transport, tag uint64) error {
+	n := t.Size()
+	msg := []byte{1}
+	if t.Rank() != 0 {
+		if err := t.Send(ctx, 0, tag, msg); err != nil {
+			return &RankError{Rank: 0, Err: err}
+		}
+		if _, err := t.Recv(ctx, 0, tag); err != nil {
+			return &RankError{Rank: 0, Err: err}
+		}
+		return nil
+	}
+	for r := 1; r < n; r++ {
+		if _, err := t.Recv(ctx, r, tag); err != nil {
+			return &RankError{Rank: r, Err: err}
+		}
+	}
+	for r := 1; r < n; r++ {
+		if err := t.Send(ctx, r, tag, msg); err != nil {
+			return &RankError{Rank: r, Err: err}
+		}
+	}
+	return nil
+}
+
+// BenchCombine returns the BenchResult of one configuration of cfg
+// (len(samples) ranks, batch) from every rank's samples, in any order,
+// exactly as BenchCollective computes it for its goroutines (see
+// BenchResult). Every rank 0..len(samples)-1 must be there once, with
+// cfg.Steps samples of each kind. Processes is left 0 for the caller.
+func BenchCombine(cfg BenchConfig, batch int, samples []BenchSamples) (BenchResult, error) {
+	n := len(samples)
+	if n == 0 {
+		return BenchResult{}, errors.New("bench collective: no samples")
+	}
+	if cfg.Steps < 1 {
+		return BenchResult{}, checkRange("Steps", cfg.Steps, 1, MaxBenchSteps, "")
+	}
+	byRank := make([]*BenchSamples, n)
+	for i := range samples {
+		s := &samples[i]
+		if s.Rank < 0 || s.Rank >= n || byRank[s.Rank] != nil {
+			return BenchResult{}, fmt.Errorf("bench collective: samples of rank %d: want each of ranks 0 to %d once", s.Rank, n-1)
+		}
+		for _, xs := range [][]int64{s.SelectStart, s.SelectEnd, s.MergeStart, s.MergeEnd} {
+			if len(xs) != cfg.Steps {
+				return BenchResult{}, fmt.Errorf("bench collective: rank %d has %d samples, want %d (steps)", s.Rank, len(xs), cfg.Steps)
+			}
+		}
+		byRank[s.Rank] = s
+	}
+	rows, states := batch*cfg.KVHeads, batch*cfg.QHeads
 	res := BenchResult{
 		Shards: n, Batch: batch, Transport: cfg.Transport, Steps: cfg.Steps,
-		Rows: rows, K: k, States: states, HeadDim: d,
+		Rows: rows, K: cfg.PageBudget, States: states, HeadDim: cfg.HeadDim,
 	}
-	for s := cfg.Warmup; s < total; s++ {
-		sel = append(sel, groupLatencyUS(ranks, s, func(b *benchRank) ([]int64, []int64) { return b.selStart, b.selEnd }))
-		mrg = append(mrg, groupLatencyUS(ranks, s, func(b *benchRank) ([]int64, []int64) { return b.mrgStart, b.mrgEnd }))
+	sel := make([]float64, 0, cfg.Steps)
+	mrg := make([]float64, 0, cfg.Steps)
+	skew := make([]float64, 0, cfg.Steps)
+	for s := range cfg.Steps {
+		sel = append(sel, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.SelectStart, b.SelectEnd }))
+		mrg = append(mrg, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.MergeStart, b.MergeEnd }))
+		skew = append(skew, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.SelectStart, b.SelectStart }))
 	}
-	for _, br := range ranks {
-		res.SelectBytes += br.selBytes
-		res.SelectMsgs += br.selMsgs
-		res.MergeBytes += br.mrgBytes
-		res.MergeMsgs += br.mrgMsgs
+	for _, b := range byRank {
+		res.SelectBytes += b.SelectBytes
+		res.SelectMsgs += b.SelectMsgs
+		res.MergeBytes += b.MergeBytes
+		res.MergeMsgs += b.MergeMsgs
 	}
 	steps := int64(cfg.Steps)
 	res.SelectBytes, res.SelectMsgs = res.SelectBytes/steps, res.SelectMsgs/steps
 	res.MergeBytes, res.MergeMsgs = res.MergeBytes/steps, res.MergeMsgs/steps
 	slices.Sort(sel)
 	slices.Sort(mrg)
+	slices.Sort(skew)
 	res.SelectP50, res.SelectP95, res.SelectP99, res.SelectMax = quantile(sel, 0.50), quantile(sel, 0.95), quantile(sel, 0.99), sel[len(sel)-1]
 	res.MergeP50, res.MergeP95, res.MergeP99, res.MergeMax = quantile(mrg, 0.50), quantile(mrg, 0.95), quantile(mrg, 0.99), mrg[len(mrg)-1]
+	res.StartSkewP50 = quantile(skew, 0.50)
 	if res.SelectP50 < 0 || res.MergeP50 < 0 {
 		return res, errors.New("negative latency (clock)")
 	}
@@ -534,12 +764,12 @@ func benchOne(ctx context.Context, cfg BenchConfig, n, batch int) (BenchResult, 
 }
 
 // groupLatencyUS is max over ranks of the end minus min over ranks of the
-// start of step s, in microseconds.
-func groupLatencyUS(ranks []*benchRank, s int, f func(*benchRank) ([]int64, []int64)) float64 {
+// start of measured step s, in microseconds.
+func groupLatencyUS(ranks []*BenchSamples, s int, f func(*BenchSamples) ([]int64, []int64)) float64 {
 	lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
 	for _, b := range ranks {
 		st, en := f(b)
-		lo, hi = min(lo, st[s]), max(hi, en[s])
+		lo, hi = min(lo, b.BaseNS+st[s]), max(hi, b.BaseNS+en[s])
 	}
 	return float64(hi-lo) / 1e3
 }

@@ -367,3 +367,117 @@ func BenchmarkReduce(b *testing.B) {
 		})
 	}
 }
+
+// benchRanks runs BenchRank on every member of an in-process group, one
+// goroutine each, as one process per rank would.
+func benchRanks(ctx context.Context, c collective.BenchConfig, n, batch int) ([]collective.BenchSamples, error) {
+	trs := collective.NewInprocGroup(n)
+	defer func() {
+		for _, t := range trs {
+			t.Close()
+		}
+	}()
+	out := make([]collective.BenchSamples, n)
+	errs := make([]error, n)
+	done := make(chan struct{})
+	for r := range n {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			out[r], errs[r] = collective.BenchRank(ctx, c, batch, trs[r])
+		}()
+	}
+	for range n {
+		<-done
+	}
+	return out, errors.Join(errs...)
+}
+
+// TestBenchRank: BenchRank on every member of a group, combined with
+// BenchCombine, reports what BenchCollective reports for the same
+// configuration: the same shape, bytes and messages, and ordered positive
+// latencies; samples in any order combine the same.
+func TestBenchRank(t *testing.T) {
+	c := smallBench()
+	for _, n := range []int{2, 3} {
+		for _, batch := range []int{1, 2} {
+			c.Shards, c.Batches = []int{n}, []int{batch}
+			var want collective.BenchResult
+			if err := collective.BenchCollective(context.Background(), c, func(r collective.BenchResult) error {
+				want = r
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			samples, err := benchRanks(context.Background(), c, n, batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for r, s := range samples {
+				if s.Rank != r || len(s.SelectStart) != c.Steps || len(s.MergeEnd) != c.Steps || s.BaseNS <= 0 {
+					t.Fatalf("rank %d samples: rank %d, %d and %d times, base %d", r, s.Rank, len(s.SelectStart), len(s.MergeEnd), s.BaseNS)
+				}
+			}
+			slices.Reverse(samples)
+			got, err := collective.BenchCombine(c, batch, samples)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want.Processes != 1 || got.Processes != 0 {
+				t.Errorf("processes: BenchCollective %d, want 1; BenchCombine %d, want 0 (the caller's)", want.Processes, got.Processes)
+			}
+			if got.Shards != n || got.Batch != batch || got.Rows != want.Rows || got.States != want.States || got.K != want.K ||
+				got.SelectBytes != want.SelectBytes || got.MergeBytes != want.MergeBytes ||
+				got.SelectMsgs != want.SelectMsgs || got.MergeMsgs != want.MergeMsgs {
+				t.Errorf("n=%d batch=%d: per rank %+v, in process %+v: want the same shape and traffic", n, batch, got, want)
+			}
+			if !(got.SelectP50 > 0 && got.SelectP50 <= got.SelectP99 && got.SelectP99 <= got.SelectMax && got.MergeP50 > 0 && got.StartSkewP50 >= 0) {
+				t.Errorf("n=%d batch=%d: latencies %+v", n, batch, got)
+			}
+		}
+	}
+}
+
+// TestBenchCombineRefuses: samples that do not cover every rank once
+// with one sample per step are refused.
+func TestBenchCombineRefuses(t *testing.T) {
+	c := smallBench()
+	samples, err := benchRanks(context.Background(), c, 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := slices.Clone(samples)
+	short[1].MergeEnd = short[1].MergeEnd[1:]
+	dup := slices.Clone(samples)
+	dup[2].Rank = 0
+	for name, s := range map[string][]collective.BenchSamples{
+		"none": nil, "rank out of range": samples[1:], "duplicate": dup, "short": short,
+	} {
+		if _, err := collective.BenchCombine(c, 1, s); err == nil {
+			t.Errorf("%s: combined", name)
+		}
+	}
+}
+
+// TestBenchRankCancelled: BenchRank stops within a step when ctx ends,
+// with an error wrapping ctx's, and refuses invalid sizes.
+func TestBenchRankCancelled(t *testing.T) {
+	c := smallBench()
+	c.Steps = 1 << 18
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := benchRanks(ctx, c, 3, 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("BenchRank past its deadline: %v, want DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v to stop", d)
+	}
+	c = smallBench()
+	c.Steps = 0
+	tr := collective.NewInprocGroup(1)[0]
+	defer tr.Close()
+	var re *collective.BenchRangeError
+	if _, err := collective.BenchRank(context.Background(), c, 1, tr); !errors.As(err, &re) || re.Field != "Steps" {
+		t.Errorf("BenchRank with 0 steps: %v, want a range error on Steps", err)
+	}
+}

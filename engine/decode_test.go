@@ -137,9 +137,11 @@ func TestDecodeRefuses(t *testing.T) {
 	ok := func(int, []Request, *Result) error { return nil }
 	for name, run := range map[string]func() error{
 		"uneven layers": func() error { return e.Decode(context.Background(), 0, 3, req, StepOptions{}, &res, ok) },
-		"diagnostics":   func() error { return e.Decode(context.Background(), 0, 1, req, StepOptions{Diagnostics: true}, &res, ok) },
-		"empty range":   func() error { return e.Decode(context.Background(), 1, 1, req, StepOptions{}, &res, ok) },
-		"no next":       func() error { return e.Decode(context.Background(), 0, 2, req, StepOptions{}, &res, nil) },
+		"diagnostics": func() error {
+			return e.Decode(context.Background(), 0, 1, req, StepOptions{Diagnostics: true}, &res, ok)
+		},
+		"empty range": func() error { return e.Decode(context.Background(), 1, 1, req, StepOptions{}, &res, ok) },
+		"no next":     func() error { return e.Decode(context.Background(), 0, 2, req, StepOptions{}, &res, nil) },
 	} {
 		if err := run(); !errors.Is(err, ErrBadInput) {
 			t.Errorf("%s: %v, want ErrBadInput", name, err)
@@ -163,5 +165,59 @@ func TestDecodeRefuses(t *testing.T) {
 	// The engine goes on: a Step works.
 	if err := e.Step(context.Background(), 1, []Request{{Seq: id, Q: randVec(rng, qd)}}, StepOptions{}, &res); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Finite inputs whose scores would overflow float32 are refused before
+// anything changes: a key over MagnitudeLimit at append, a query over it
+// at step (with a new token: not appended). At the limit, the largest
+// possible score stays finite.
+func TestMagnitudeLimit(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, 2, 1, 16, 4
+	cfg.Policy.PageSize, cfg.Policy.DenseLayers, cfg.CapacityPages, cfg.MemoryLimit = 4, 0, 16, memlimit.NoLimit
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	lim := MagnitudeLimit(cfg.HeadDim)
+	if s := float64(lim) * float64(lim) * float64(cfg.HeadDim); s > math.MaxFloat32/2*1.0001 {
+		t.Fatalf("limit %g: d * lim^2 = %g exceeds MaxFloat32/2", lim, s)
+	}
+	id, _ := e.Create(plan.Striped)
+	d := cfg.HeadDim
+	full := func(x float32, n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = x
+		}
+		return v
+	}
+	if err := e.Append(id, 0, full(lim*1.01, 4*d), full(1, 4*d)); !errors.Is(err, ErrBadInput) {
+		t.Fatalf("key over the limit: %v", err)
+	}
+	if n, _ := e.Len(id); n != 0 {
+		t.Fatalf("length %d after a refused append", n)
+	}
+	if err := e.Append(id, 0, full(lim, 4*d), full(1, 4*d)); err != nil {
+		t.Fatal(err)
+	}
+	var res Result
+	err = e.Step(context.Background(), 0, []Request{{Seq: id, Q: full(-lim*1.01, 2*d), K: full(0, d), V: full(0, d)}}, StepOptions{}, &res)
+	if !errors.Is(err, ErrBadInput) {
+		t.Fatalf("query over the limit: %v", err)
+	}
+	if n, _ := e.Len(id); n != 4 {
+		t.Fatalf("length %d after a refused step, want 4", n)
+	}
+	// Every element at the limit: scores d*lim^2, finite outputs.
+	if err := e.Step(context.Background(), 0, []Request{{Seq: id, Q: full(lim, 2*d)}}, StepOptions{}, &res); err != nil {
+		t.Fatalf("at the limit: %v", err)
+	}
+	for _, x := range append(res.O, res.LSE...) {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			t.Fatalf("non-finite output at the limit: %v %v", res.O, res.LSE)
+		}
 	}
 }

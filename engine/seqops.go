@@ -90,10 +90,12 @@ func (e *Engine) checkKV(layer int, k, v []float32) error {
 		return fmt.Errorf("%w: layer %d outside 0..%d", ErrBadInput, layer, e.cfg.Layers-1)
 	case len(k) == 0 || len(k)%tok != 0 || len(v) != len(k):
 		return fmt.Errorf("%w: k %d and v %d floats are not the same whole number of tokens of %d", ErrBadInput, len(k), len(v), tok)
-	case !kernels.Finite(k) || !kernels.Finite(v):
-		return fmt.Errorf("%w: non-finite key or value", ErrBadInput)
+	case !kernels.Finite(k):
+		return fmt.Errorf("%w: non-finite key (k)", ErrBadInput)
+	case !kernels.Finite(v):
+		return fmt.Errorf("%w: non-finite value (v)", ErrBadInput)
 	}
-	return nil
+	return checkMagnitude("k", k, e.cfg.HeadDim)
 }
 
 // append checks the append on every worker, then sends the tokens run by

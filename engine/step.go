@@ -145,6 +145,9 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 		if len(r.Q) != c.QHeads*c.HeadDim || !kernels.Finite(r.Q) {
 			return nil, fmt.Errorf("step: %w: batch index %d: query must be %d finite floats", ErrBadInput, i, c.QHeads*c.HeadDim)
 		}
+		if err := checkMagnitude("q", r.Q, c.HeadDim); err != nil {
+			return nil, fmt.Errorf("step: batch index %d: %w", i, err)
+		}
 		if (r.K == nil) != (r.V == nil) {
 			return nil, fmt.Errorf("step: %w: batch index %d: k and v must come together", ErrBadInput, i)
 		}

@@ -462,7 +462,7 @@ func Status(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, pagestore.ErrPoolExhausted), errors.Is(err, cluster.ErrNoCapacity):
 		code = codes.ResourceExhausted
-	case errors.Is(err, engine.ErrBroken):
+	case errors.Is(err, engine.ErrBroken), errors.Is(err, pagestore.ErrUnevenLayers):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrGridLost), errors.Is(err, remote.ErrUnavailable), errors.Is(err, ErrClosed), errors.Is(err, engine.ErrClosed):
 		code = codes.Unavailable

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +25,9 @@ var collectiveFlags = map[string]string{
 }
 
 func runBenchCollective(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == rankCommand {
+		return runBenchRank(ctx, args[1:], os.Stdin, stdout, stderr)
+	}
 	c := collective.DefaultBenchConfig()
 	fs := newFlags("bench collective", fmt.Sprintf(`Usage: questctl bench collective [flags]
 
@@ -37,13 +42,27 @@ that configuration finishes, with p50/p95/p99 latencies in microseconds
 and bytes sent, so the transports compare line by line; progress and a
 table go to stderr (the table not with --json).
 
-Sizes must be at least 1 (--warmup 0 is allowed); at most %d shards, a
-batch of %d, %d KV or query heads, a head dimension of %d, %d pages
-(--k at most --pages) and %d steps. A configuration whose data do not fit
---max-memory is refused before it runs.`,
-		collective.MaxBenchShards, collective.MaxBenchBatch, collective.MaxBenchHeads,
+--nodes N,... instead of --shards runs the grpc ranks in processes: for
+each N, N child questctl processes on this host, one rank each, that
+listen on 127.0.0.1, learn each other's addresses from this process, run
+the same measured loop and hand back their step times, combined here as
+for goroutines; the lines are the same but for "processes": N (1 for
+goroutines). Ranks meet at a barrier over gRPC before each operation
+instead of an in-process one. With --nodes, --transport must include grpc;
+inproc, if listed too, still runs the same sizes on goroutines. A rank
+that has not reported within --timeout of its configuration's start fails
+the run; the children are killed and reaped, and die with this process.
+
+Sizes must be at least 1 (--warmup 0 is allowed); at most %d shards,
+%d to %d nodes, a batch of %d, %d KV or query heads, a head dimension of
+%d, %d pages (--k at most --pages) and %d steps. A configuration whose
+data do not fit --max-memory (all ranks together) is refused before it
+runs.`,
+		collective.MaxBenchShards, 2, maxBenchNodes, collective.MaxBenchBatch, collective.MaxBenchHeads,
 		collective.MaxBenchHeadDim, collective.MaxBenchPages, collective.MaxBenchSteps))
-	shards := fs.String("shards", "2,4,8,16", "comma-separated CP group sizes")
+	shards := fs.String("shards", "2,4,8,16", "comma-separated CP group sizes, all ranks goroutines of this process")
+	nodes := fs.String("nodes", "", fmt.Sprintf("comma-separated CP group sizes, every grpc rank in its own process (2 to %d; instead of --shards)", maxBenchNodes))
+	timeout := fs.Duration("timeout", defaultNodesTimeout, "with --nodes: the longest one configuration may take, from starting its processes to their reports")
 	batches := fs.String("batch", "1,16", "comma-separated batch sizes")
 	transports := fs.String("transport", c.Transport, "comma-separated transports: inproc, grpc")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "measured layer-steps per configuration")
@@ -59,8 +78,31 @@ batch of %d, %d KV or query heads, a head dimension of %d, %d pages
 		return err
 	}
 	var err error
-	if c.Shards, err = sizeList("shards", *shards); err != nil {
+	byNodes := flagSet(fs, "nodes")
+	switch {
+	case byNodes && flagSet(fs, "shards"):
+		return usageError{errors.New("--nodes and --shards: give one (--nodes runs every grpc rank in its own process)")}
+	case flagSet(fs, "timeout") && !byNodes:
+		return usageError{errors.New("--timeout: only with --nodes")}
+	case byNodes && *timeout <= 0:
+		return usageError{fmt.Errorf("--timeout %v: want a positive duration", *timeout)}
+	}
+	sizes, sizesFlag := *shards, "shards"
+	if byNodes {
+		sizes, sizesFlag = *nodes, "nodes"
+	}
+	if c.Shards, err = sizeList(sizesFlag, sizes); err != nil {
 		return usageError{err}
+	}
+	if byNodes {
+		for _, n := range c.Shards {
+			if n < 2 || n > maxBenchNodes {
+				return usageError{fmt.Errorf("--nodes %d: want 2 to %d (one process per rank; --shards runs 1)", n, maxBenchNodes)}
+			}
+			if c.Pages >= 1 && n > c.Pages {
+				return usageError{fmt.Errorf("--nodes %d: more ranks than the %d pages of a sequence (--pages)", n, c.Pages)}
+			}
+		}
 	}
 	if c.Batches, err = sizeList("batch", *batches); err != nil {
 		return usageError{err}
@@ -74,7 +116,13 @@ batch of %d, %d KV or query heads, a head dimension of %d, %d pages
 		}
 		names = append(names, name)
 	}
-	c.Transport = names[0]
+	if byNodes && !slices.Contains(names, "grpc") {
+		return usageError{fmt.Errorf("--nodes with --transport %s: the processes talk grpc; add it (--transport grpc, or inproc,grpc for goroutine lines too)", *transports)}
+	}
+	c.Transport, c.NewTransports = names[0], nil
+	if c.Transport == "grpc" {
+		c.NewTransports = grpcGroup(ctx)
+	}
 	if err := c.Validate(); err != nil {
 		var re *collective.BenchRangeError
 		if errors.As(err, &re) {
@@ -82,27 +130,40 @@ batch of %d, %d KV or query heads, a head dimension of %d, %d pages
 			if re.Limit != "" {
 				limit = fmt.Sprintf(" (--%s)", collectiveFlags[re.Limit])
 			}
-			return usageError{fmt.Errorf("--%s %d: want %d to %d%s", collectiveFlags[re.Field], re.Value, re.Min, re.Max, limit)}
+			field := collectiveFlags[re.Field]
+			if re.Field == "Shards" {
+				field = sizesFlag
+			}
+			return usageError{fmt.Errorf("--%s %d: want %d to %d%s", field, re.Value, re.Min, re.Max, limit)}
 		}
 		return usageError{err}
 	}
 	c.Progress = stderr
+	emit := func(r collective.BenchResult) error {
+		if err := bench.WriteJSONLine(stdout, r); err != nil {
+			return err
+		}
+		if !*asJSON {
+			how := ""
+			if r.Processes > 1 {
+				how = fmt.Sprintf(" (%d processes)", r.Processes)
+			}
+			fmt.Fprintf(stderr, "%-6s shards %2d batch %2d: select p50 %.1f p99 %.1f us, merge p50 %.1f p99 %.1f us, %d + %d bytes/step%s\n",
+				r.Transport, r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.MergeP50, r.MergeP99, r.SelectBytes, r.MergeBytes, how)
+		}
+		return nil
+	}
 	start := time.Now()
 	for _, name := range names {
 		c.Transport, c.NewTransports = name, nil
-		if name == "grpc" {
-			c.NewTransports = grpcGroup(ctx)
+		if name == "grpc" && byNodes {
+			err = benchNodes(ctx, c, *timeout, emit)
+		} else {
+			if name == "grpc" {
+				c.NewTransports = grpcGroup(ctx)
+			}
+			err = collective.BenchCollective(ctx, c, emit)
 		}
-		err = collective.BenchCollective(ctx, c, func(r collective.BenchResult) error {
-			if err := bench.WriteJSONLine(stdout, r); err != nil {
-				return err
-			}
-			if !*asJSON {
-				fmt.Fprintf(stderr, "%-6s shards %2d batch %2d: select p50 %.1f p99 %.1f us, merge p50 %.1f p99 %.1f us, %d + %d bytes/step\n",
-					r.Transport, r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.MergeP50, r.MergeP99, r.SelectBytes, r.MergeBytes)
-			}
-			return nil
-		})
 		if err != nil {
 			return err
 		}

@@ -59,7 +59,6 @@ func TestBenchCollectiveBadFlags(t *testing.T) {
 		tc{[]string{"--shards", "2,,3"}, "--shards"},
 		tc{[]string{"--batch", ""}, "--batch"},
 		tc{[]string{"--pages", "64", "--k", "65"}, "--k 65: want 1 to 64 (--pages)"},
-		tc{[]string{"--transport", "grpc"}, "unknown transport"},
 		tc{[]string{"--max-memory", "-2"}, "max-memory"},
 		tc{[]string{"--max-memory", "1e30"}, "max-memory"},
 		// Every size in range, but more than the limit.

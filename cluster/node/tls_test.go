@@ -1,0 +1,280 @@
+package node
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	mrand "math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
+)
+
+// testCA is a certificate authority made in the test.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+var serial int64
+
+func nextSerial() *big.Int { serial++; return big.NewInt(serial) }
+
+func newCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          nextSerial(),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &testCA{cert: cert, key: key, pool: pool}
+}
+
+// issue signs a leaf certificate for name (IP SAN 127.0.0.1, server and
+// client auth).
+func (ca *testCA) issue(t *testing.T, name string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: nextSerial(),
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+}
+
+// nodeTLS is a node's mutual-TLS config, as cmd/questd's tlsConfig makes
+// it.
+func nodeTLS(ca *testCA, cert tls.Certificate) *tls.Config {
+	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.pool, ClientCAs: ca.pool,
+		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
+}
+
+// startTLSCluster starts n nodes with mutual TLS, each with its own
+// certificate of ca.
+func startTLSCluster(t *testing.T, n int, ca *testCA) []*Node {
+	t.Helper()
+	ec := geometry(3, 1, plan.Exact)
+	var nodes []*Node
+	t.Cleanup(func() {
+		for _, nd := range nodes {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			nd.Stop(ctx)
+			cancel()
+		}
+	})
+	for i := range n {
+		name := fmt.Sprintf("n%d", i)
+		mc := fastMember(name)
+		if i > 0 {
+			mc.Join = []string{nodes[0].GossipAddr()}
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		nd, err := Start(ctx, Config{GRPCAddr: "127.0.0.1:0", Member: mc, Engine: ec, TLS: nodeTLS(ca, ca.issue(t, name)),
+			MemoryLimit: memlimit.NoLimit, DrainTimeout: time.Second, MetaInterval: 100 * time.Millisecond, Version: "test"})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, nd)
+	}
+	waitAlive(t, nodes, n)
+	return nodes
+}
+
+// rawStatus calls Status once (fail fast, no wait for ready) over a
+// connection with creds and returns the error.
+func rawStatus(t *testing.T, addr string, creds credentials.TransportCredentials) error {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	_, err = decodev1.NewDecodeClient(cc).Status(ctx, &decodev1.StatusRequest{})
+	return err
+}
+
+// A 3-node cluster with mutual TLS (every node its own certificate of one
+// CA): a client with a certificate of that CA creates a CP 3 sequence
+// (ranks on all three nodes: the worker API and the collective
+// transports between the nodes run over TLS too), appends, steps, forks
+// and rolls back, also through another node (forwarding over TLS); a
+// client without a certificate, one with a certificate of another CA,
+// one that does not trust the nodes' CA, and a plaintext client are
+// refused.
+func TestTLSCluster(t *testing.T) {
+	ca := newCA(t, "questrt test CA")
+	nodes := startTLSCluster(t, 3, ca)
+	addr := nodes[0].Addr()
+	clientCert := ca.issue(t, "client")
+
+	t.Run("mutual", func(t *testing.T) {
+		creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{clientCert}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13})
+		dialTLS := func(nd *Node) *client.Client {
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			c, err := client.Dial(ctx, nd.Addr(), client.Options{Creds: creds})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+		c, other := dialTLS(nodes[0]), dialTLS(nodes[1])
+		g := c.Geometry()
+		kv, qd := g.KVHeads*g.HeadDim, g.QHeads*g.HeadDim
+		rng := mrand.New(mrand.NewPCG(7, 8))
+		call := func() (context.Context, context.CancelFunc) { return context.WithTimeout(t.Context(), 5*time.Second) }
+
+		ctx, cancel := call()
+		id, on, err := c.Create(ctx, plan.Striped)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, n := range on {
+			seen[n] = true
+		}
+		if len(on) != 3 || len(seen) != 3 {
+			t.Fatalf("create: ranks on %v, want the 3 nodes", on)
+		}
+		const tokens = 30
+		for l := range g.Layers {
+			ctx, cancel := call()
+			err := c.Append(ctx, id, l, randVec(rng, tokens*kv), randVec(rng, tokens*kv))
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for step := range 2 {
+			for l := range g.Layers {
+				via := c
+				if step == 1 {
+					via = other // forwarded to n0 over TLS
+				}
+				ctx, cancel := call()
+				res, err := via.Step(ctx, l, []client.Item{{Seq: id, Q: randVec(rng, qd), K: randVec(rng, kv), V: randVec(rng, kv)}}, client.StepOptions{})
+				cancel()
+				if err != nil {
+					t.Fatalf("step %d layer %d: %v", step, l, err)
+				}
+				if len(res.O) != qd || res.Plans[0].Pages == 0 {
+					t.Fatalf("step %d layer %d: %d outputs, plan %+v", step, l, len(res.O), res.Plans[0])
+				}
+			}
+		}
+		ctx, cancel = call()
+		defer cancel()
+		if n, err := other.Len(ctx, id); err != nil || n != tokens+2 {
+			t.Fatalf("length %d (%v), want %d", n, err, tokens+2)
+		}
+		child, err := other.Fork(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Rollback(ctx, child, 5); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := c.Len(ctx, child); err != nil || n != tokens+2-5 {
+			t.Fatalf("child length %d (%v), want %d", n, err, tokens+2-5)
+		}
+		for _, s := range []string{child, id} {
+			if err := c.Release(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
+	refused := []struct {
+		name  string
+		creds credentials.TransportCredentials
+	}{
+		{"no client certificate", credentials.NewTLS(&tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS13})},
+		{"certificate of another CA", credentials.NewTLS(&tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS13,
+			Certificates: []tls.Certificate{newCA(t, "rogue CA").issue(t, "rogue")}})},
+		{"client does not trust the nodes' CA", credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13,
+			Certificates: []tls.Certificate{clientCert}, RootCAs: newCA(t, "other CA").pool})},
+		{"plaintext", insecure.NewCredentials()},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			// A fail-fast call: the handshake (or, under TLS 1.3, the
+			// first write after it) fails, and grpc answers UNAVAILABLE.
+			err := rawStatus(t, addr, tc.creds)
+			if code := status.Code(err); code != codes.Unavailable {
+				t.Fatalf("call: %v, want UNAVAILABLE", err)
+			}
+			t.Logf("refused: %v", err)
+			// client.Dial waits for the connection to be ready: it fails
+			// at its deadline.
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			c, err := client.Dial(ctx, addr, client.Options{Creds: tc.creds})
+			if err == nil {
+				c.Close()
+				t.Fatal("dial succeeded")
+			}
+			if code := status.Code(errors.Unwrap(err)); code != codes.DeadlineExceeded {
+				t.Fatalf("dial: %v, want DEADLINE_EXCEEDED", err)
+			}
+			t.Logf("dial: %v", err)
+		})
+	}
+}
