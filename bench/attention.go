@@ -139,10 +139,14 @@ func (c AttentionConfig) checkMemory(n int) error {
 	return memlimit.Check(what, c.MemoryBytes(n), c.MemoryLimit)
 }
 
+// geometry is the shard geometry of the benchmark (float32 pages).
+func (c AttentionConfig) geometry() plan.Geometry {
+	return plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: plan.Float32}
+}
+
 func (c AttentionConfig) storeConfig(n int) pagestore.Config {
 	return pagestore.Config{
-		Layers: 1, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize,
-		DType: pagestore.Float32, Capacity: pagesOf(n, c.PageSize) * c.Batch,
+		Layers: 1, Geometry: c.geometry(), Capacity: pagesOf(n, c.PageSize) * c.Batch,
 		MemoryLimit: memlimit.NoLimit, // checked with the rest by checkMemory
 	}
 }
@@ -221,7 +225,6 @@ func Attention(ctx context.Context, cfg AttentionConfig, emit func(AttentionResu
 		pages := pagesOf(n, cfg.PageSize)
 		sc := shard.Config{
 			Store:  cfg.storeConfig(n),
-			QHeads: cfg.QHeads,
 			Policy: plan.Policy{PageSize: cfg.PageSize, BudgetTokens: cfg.PageSize, LocalPages: 1},
 		}
 		sh, err := shard.New(sc, be)

@@ -81,6 +81,12 @@ func (c SelectionConfig) Validate() error {
 	return checkLimit(c.MemoryLimit)
 }
 
+// geometry is the attention geometry of every engine of the run
+// (float32 pages).
+func (c SelectionConfig) geometry() plan.Geometry {
+	return plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: plan.Float32}
+}
+
 // MemoryBytes returns the host bytes of a run at CP degree cp: the K/V
 // given to every engine and the queries, the exact selections kept for
 // comparison, one engine's page pools (with the summary mirrors of
@@ -90,7 +96,7 @@ func (c SelectionConfig) MemoryBytes(cp int) int64 {
 	pages := int64(pagesOf(c.Context, c.PageSize))
 	kvh, qh, d := int64(c.KVHeads), int64(c.QHeads), int64(c.HeadDim)
 	capacity := (pages+int64(cp)-1)/int64(cp) + 2
-	st := pagestore.Config{Layers: 1, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, Capacity: int(capacity)}
+	st := pagestore.Config{Layers: 1, Geometry: c.geometry(), Capacity: int(capacity)}
 	shardBytes, err := st.HostBytes()
 	if err != nil {
 		return -1
@@ -187,7 +193,7 @@ func Selection(ctx context.Context, cfg SelectionConfig, emit func(SelectionResu
 		var exactSel [][][]int32 // [step][head] pages, from the exact mode
 		for _, mode := range cfg.Modes {
 			ec := engine.DefaultConfig()
-			ec.Layers, ec.QHeads, ec.KVHeads, ec.HeadDim, ec.PageSize = 1, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize
+			ec.Layers, ec.Geometry = 1, cfg.geometry()
 			ec.CP, ec.CapacityPages, ec.Selection, ec.Backend = cp, (pages+cp-1)/cp+2, mode, be
 			ec.Policy = plan.DefaultPolicy()
 			ec.Policy.PageSize, ec.Policy.BudgetTokens, ec.Policy.DenseLayers = cfg.PageSize, cfg.Budget, 0

@@ -74,6 +74,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.StepTimeout <= 0 {
 		cfg.StepTimeout = 30 * time.Second
 	}
+	cfg.Policy = cfg.Policy.WithGeometry(cfg.Geometry)
 	if err := preflight(cfg); err != nil {
 		return nil, err
 	}
@@ -144,6 +145,7 @@ func Open(cfg Config, hosts []Host) (*Engine, error) {
 	if cfg.StepTimeout <= 0 {
 		cfg.StepTimeout = 30 * time.Second
 	}
+	cfg.Policy = cfg.Policy.WithGeometry(cfg.Geometry)
 	e := &Engine{cfg: cfg, kvT: cfg.KVHeads / cfg.TP, qT: cfg.QHeads / cfg.TP, seqs: map[SeqID]*seqState{}, nextID: 1}
 	e.at = make([][]slot, cfg.TP)
 	for tp := range e.at {

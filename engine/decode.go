@@ -101,7 +101,7 @@ func (e *Engine) Decode(ctx context.Context, first, last int, reqs []Request, op
 			if r.K != nil {
 				n++
 			}
-			pl, err := c.Policy.Plan(l, (n+c.PageSize-1)/c.PageSize, r.BudgetTokens)
+			pl, err := c.Policy.Plan(l, c.Pages(n), r.BudgetTokens)
 			if err != nil {
 				return fail(l, fmt.Errorf("sequence %d: %w: %w", r.Seq, ErrBadInput, err))
 			}

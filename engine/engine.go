@@ -50,17 +50,19 @@ func ParseSelection(s string) (Selection, error) { return plan.ParseSelectMode(s
 
 // Config describes an engine. DefaultConfig documents the defaults.
 type Config struct {
-	Layers   int // transformer layers (4)
-	QHeads   int // query heads of the model (32)
-	KVHeads  int // KV heads of the model (8); divisible by TP
-	HeadDim  int // D (128)
-	PageSize int // S (16)
-	CP       int // context-parallel ranks per TP group (1)
-	TP       int // tensor-parallel ranks (1)
+	Layers int // transformer layers (4)
+	// Geometry is the model's attention geometry: query heads (32), KV
+	// heads (8; divisible by TP), head dim D (128), page size S (16) and
+	// the page stores' storage type (plan.Float32, the zero value and the
+	// only type of the CPU page store). Each shard holds its TP share.
+	plan.Geometry
+	CP int // context-parallel ranks per TP group (1)
+	TP int // tensor-parallel ranks (1)
 	// CapacityPages is the page pool of every shard (1024).
 	CapacityPages int
-	// Policy is the selection policy (plan.DefaultPolicy()); its
-	// PageSize must equal PageSize.
+	// Policy is the selection policy (plan.DefaultPolicy()). Its PageSize
+	// is ignored: the geometry's page size replaces it (see
+	// plan.Policy.WithGeometry; New and Open keep the replaced policy).
 	Policy plan.Policy
 	// Selection is the CP selection mode (Exact).
 	Selection Selection
@@ -94,8 +96,8 @@ func (c Config) WorkerConfig() worker.Config { return c.workerConfig() }
 // workerConfig is the config every rank's worker runs with (the memory
 // check is the engine's, over the whole grid).
 func (c Config) workerConfig() worker.Config {
-	return worker.Config{Layers: c.Layers, QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize,
-		CP: c.CP, TP: c.TP, Capacity: c.CapacityPages, Policy: c.Policy, Mode: c.Selection,
+	return worker.Config{Layers: c.Layers, Geometry: c.Geometry,
+		CP: c.CP, TP: c.TP, Capacity: c.CapacityPages, Policy: c.Policy.WithGeometry(c.Geometry), Mode: c.Selection,
 		DeviceResident: c.DeviceResident, MemoryLimit: memlimit.NoLimit}
 }
 
@@ -114,7 +116,7 @@ func preflight(cfg Config) error {
 
 // DefaultConfig returns a single-shard engine with the documented defaults.
 func DefaultConfig() Config {
-	return Config{Layers: 4, QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16, CP: 1, TP: 1,
+	return Config{Layers: 4, Geometry: plan.Geometry{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}, CP: 1, TP: 1,
 		CapacityPages: 1024, Policy: plan.DefaultPolicy(), BlockPages: 64, StepTimeout: 30 * time.Second}
 }
 

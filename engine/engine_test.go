@@ -45,9 +45,12 @@ func newPair(t *testing.T, cfg Config) *pair {
 	}
 	t.Cleanup(func() { e.Close() })
 	ref, err := shard.New(shard.Config{
-		Store: pagestore.Config{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, PageSize: cfg.PageSize,
-			DType: pagestore.Float32, Capacity: cfg.CapacityPages * cfg.CP},
-		QHeads: cfg.QHeads,
+		Store: pagestore.Config{
+			Geometry: plan.Geometry{QHeads: cfg.QHeads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, PageSize: cfg.PageSize, DType: plan.Float32},
+			Layers:   cfg.Layers,
+			Capacity: cfg.CapacityPages * cfg.CP,
+		},
+
 		Policy: cfg.Policy,
 	}, be)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 )
 
 // TestNewPreflight: the engine sums the host pools of all CP x TP shards
@@ -15,7 +16,7 @@ func TestNewPreflight(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.CapacityPages = 2, 4, 2, 8, 16
 	cfg.CP, cfg.TP = 2, 2
-	per, err := pagestore.Config{Layers: 2, KVHeads: 1, HeadDim: 8, PageSize: 16, Capacity: 16}.HostBytes()
+	per, err := pagestore.Config{Layers: 2, Geometry: plan.Geometry{KVHeads: 1, HeadDim: 8, PageSize: 16}, Capacity: 16}.HostBytes()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func (e *Engine) Append(id SeqID, layer int, k, v []float32) error {
 }
 
 func (e *Engine) checkKV(layer int, k, v []float32) error {
-	tok := e.cfg.KVHeads * e.cfg.HeadDim
+	tok := e.cfg.KVRow()
 	switch {
 	case layer < 0 || layer >= e.cfg.Layers:
 		return fmt.Errorf("%w: layer %d outside 0..%d", ErrBadInput, layer, e.cfg.Layers-1)
@@ -109,7 +109,7 @@ func (e *Engine) checkKV(layer int, k, v []float32) error {
 // network would send each rank its runs in one message instead.
 func (e *Engine) append(ctx context.Context, id SeqID, sq *seqState, layer int, k, v []float32) error {
 	c := e.cfg
-	tok := c.KVHeads * c.HeadDim
+	tok := c.KVRow()
 	n := len(k) / tok
 	start := sq.lens[layer]
 	// Capacity first, exactly, on every rank the append touches (new

@@ -97,7 +97,7 @@ func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOp
 		if r.K != nil {
 			n++
 		}
-		pages := (n + e.cfg.PageSize - 1) / e.cfg.PageSize
+		pages := e.cfg.Pages(n)
 		pl, err := e.cfg.Policy.Plan(layer, pages, r.BudgetTokens)
 		if err != nil {
 			return fmt.Errorf("step layer %d sequence %d: %w: %w", layer, r.Seq, ErrBadInput, err)
@@ -142,8 +142,8 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 			return nil, fmt.Errorf("step: %w: sequence %d appears twice", ErrBadInput, r.Seq)
 		}
 		seen[r.Seq] = true
-		if len(r.Q) != c.QHeads*c.HeadDim || !kernels.Finite(r.Q) {
-			return nil, fmt.Errorf("step: %w: batch index %d: query must be %d finite floats", ErrBadInput, i, c.QHeads*c.HeadDim)
+		if len(r.Q) != c.QRow() || !kernels.Finite(r.Q) {
+			return nil, fmt.Errorf("step: %w: batch index %d: query must be %d finite floats", ErrBadInput, i, c.QRow())
 		}
 		if err := checkMagnitude("q", r.Q, c.HeadDim); err != nil {
 			return nil, fmt.Errorf("step: batch index %d: %w", i, err)
@@ -152,7 +152,7 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 			return nil, fmt.Errorf("step: %w: batch index %d: k and v must come together", ErrBadInput, i)
 		}
 		if r.K != nil {
-			if len(r.K) != c.KVHeads*c.HeadDim {
+			if len(r.K) != c.KVRow() {
 				return nil, fmt.Errorf("step: %w: batch index %d: new token k/v must be [%d][%d]", ErrBadInput, i, c.KVHeads, c.HeadDim)
 			}
 			if err := e.checkKV(layer, r.K, r.V); err != nil {

@@ -15,8 +15,8 @@ import (
 // pages per shard, one shard (set CP and TP on the result for more).
 func EngineConfig(g Geometry, p plan.Policy, capacityPages int) engine.Config {
 	c := engine.DefaultConfig()
-	c.Layers, c.QHeads, c.KVHeads, c.HeadDim = g.Layers, g.Heads, g.KVHeads, g.HeadDim
-	c.PageSize = p.PageSize
+	c.Layers = g.Layers
+	c.Geometry = plan.Geometry{QHeads: g.Heads, KVHeads: g.KVHeads, HeadDim: g.HeadDim, PageSize: p.PageSize, DType: plan.Float32}
 	c.Policy = p
 	c.CapacityPages = capacityPages
 	return c

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/questrt/questrt/plan"
 )
 
 // BenchmarkPrefillAppend appends 4096-token prefill chunks (D = 128, 8 KV
@@ -14,7 +16,7 @@ func BenchmarkPrefillAppend(b *testing.B) {
 		b.Run(fmt.Sprintf("chunk=%d", chunk), func(b *testing.B) {
 			const H, D, S = 8, 128, 16
 			const total = 4096 // tokens per sequence before it is recycled
-			cfg := Config{Layers: 1, KVHeads: H, HeadDim: D, PageSize: S, Capacity: total / S}
+			cfg := Config{Layers: 1, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: total / S}
 			s := mustStore(b, cfg)
 			k, v := randKV(rand.New(rand.NewPCG(1, 1)), chunk, H*D)
 			bytes := int64(2 * chunk * H * D * 4)

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/questrt/questrt/plan"
 )
 
 // dot32 is q.k in float32 with every product rounded (no FMA) and summed in
@@ -32,7 +34,7 @@ func upper32(q, mn, mx []float32) float32 {
 func checkBound(t *testing.T, S, D int, keys []float32, queries [][]float32) {
 	t.Helper()
 	n := len(keys) / D
-	s := mustStore(t, Config{Layers: 1, KVHeads: 1, HeadDim: D, PageSize: S, Capacity: (n+S-1)/S + 1})
+	s := mustStore(t, Config{Layers: 1, Geometry: plan.Geometry{KVHeads: 1, HeadDim: D, PageSize: S}, Capacity: (n+S-1)/S + 1})
 	id := s.Create()
 	if err := s.Append(id, 0, keys, make([]float32, len(keys))); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+
+	"github.com/questrt/questrt/plan"
 )
 
 // TestConcurrentSequences appends to 8 sequences from 8 goroutines (random
@@ -11,7 +13,7 @@ import (
 // each against its shadow. Run with -race.
 func TestConcurrentSequences(t *testing.T) {
 	const G, L, S, H, D = 8, 2, 4, 2, 4
-	s := mustStore(t, Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: S, Capacity: G * 64})
+	s := mustStore(t, Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: G * 64})
 	ids := make([]SeqID, G)
 	shadows := make([]*shadowSeq, G)
 	forks := make([]SeqID, G)
@@ -73,7 +75,7 @@ func TestConcurrentSequences(t *testing.T) {
 // writer's tokens appear in its own order.
 func TestConcurrentSameSequence(t *testing.T) {
 	const N, S, D = 300, 4, 2
-	s := mustStore(t, Config{Layers: 1, KVHeads: 1, HeadDim: D, PageSize: S, Capacity: 2 * N / S})
+	s := mustStore(t, Config{Layers: 1, Geometry: plan.Geometry{KVHeads: 1, HeadDim: D, PageSize: S}, Capacity: 2 * N / S})
 	id := s.Create()
 	var wg sync.WaitGroup
 	for w := range 2 {
@@ -113,7 +115,7 @@ func TestConcurrentSameSequence(t *testing.T) {
 // tail): the race detector flags any write to a page the reader uses.
 func TestReadSiblingWhileAppending(t *testing.T) {
 	const L, S, H, D = 2, 4, 2, 4
-	s := mustStore(t, Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 256})
+	s := mustStore(t, Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 256})
 	rng := rand.New(rand.NewPCG(21, 21))
 	par := s.Create()
 	sh := newShadow(L)

@@ -6,58 +6,22 @@ import (
 	"math/bits"
 
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
 )
-
-// DType is the element type of stored K/V.
-type DType uint8
-
-const (
-	// Float32 is the only element type of this CPU store (the zero value).
-	Float32 DType = iota
-	// Float16 is reserved for the GPU backend.
-	Float16
-	// BFloat16 is reserved for the GPU backend.
-	BFloat16
-)
-
-// String returns the usual name of the type.
-func (d DType) String() string {
-	switch d {
-	case Float32:
-		return "float32"
-	case Float16:
-		return "float16"
-	case BFloat16:
-		return "bfloat16"
-	}
-	return fmt.Sprintf("DType(%d)", uint8(d))
-}
-
-// Size returns the size of one element in bytes, or 0 for an unknown type.
-func (d DType) Size() int {
-	switch d {
-	case Float32:
-		return 4
-	case Float16, BFloat16:
-		return 2
-	}
-	return 0
-}
 
 // Config describes one store. Every pool array is allocated by [New].
 type Config struct {
 	// Layers is the number of transformer layers (default 32).
 	Layers int
-	// KVHeads is the number of KV heads held by this partition (default 8).
-	KVHeads int
-	// HeadDim is the head dimension D (default 128).
-	HeadDim int
-	// PageSize is S, the number of token slots of a page (default 16, the
-	// Quest default). Any value >= 1 is accepted; a power of two is not
-	// required.
-	PageSize int
-	// DType is the element type; only Float32 is supported by this CPU store.
-	DType DType
+	// Geometry is the geometry of the shard this store partitions: its
+	// share of the heads (KVHeads is the KV heads held by this partition,
+	// the model's KVHeads / TP; default 8, and QHeads the query heads the
+	// shard serves, default 32, which the store itself does not use and
+	// may be 0), HeadDim D (default 128), PageSize S, the number of token
+	// slots of a page (default 16, the Quest default; any value >= 1 is
+	// accepted, a power of two is not required), and DType, of which this
+	// CPU store supports only plan.Float32 (the zero value).
+	plan.Geometry
 	// Capacity is the pool size in physical pages (default 256). A page holds
 	// PageSize tokens of every layer; see [Config.PoolBytes].
 	Capacity int
@@ -74,10 +38,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Layers:   32,
-		KVHeads:  8,
-		HeadDim:  128,
-		PageSize: 16,
-		DType:    Float32,
+		Geometry: plan.Geometry{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16, DType: plan.Float32},
 		Capacity: 256,
 	}
 }
@@ -131,8 +92,8 @@ func (c Config) sizes() (sizes, error) {
 		return sizes{}, fmt.Errorf("%w: MemoryLimit = %d, want a byte count, 0 (available memory) or -1 (no check)", ErrInvalidConfig, c.MemoryLimit)
 	}
 	switch c.DType {
-	case Float32:
-	case Float16, BFloat16:
+	case plan.Float32:
+	case plan.Float16, plan.BFloat16:
 		return sizes{}, fmt.Errorf("%w: dtype %v is reserved for the GPU backend; the CPU page store holds float32 only", ErrInvalidConfig, c.DType)
 	default:
 		return sizes{}, fmt.Errorf("%w: unknown dtype %v", ErrInvalidConfig, c.DType)

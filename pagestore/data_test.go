@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/questrt/questrt/plan"
 )
 
 // faultyData is host page data that fails the next call of one method and
@@ -133,7 +135,7 @@ func (m meta) equal(t *testing.T, o meta) {
 // keeps working after the fault.
 func TestPageDataFaults(t *testing.T) {
 	const L, S, H, D = 2, 4, 2, 3
-	cfg := Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 16}
+	cfg := Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 16}
 	sz, err := cfg.sizes()
 	if err != nil {
 		t.Fatal(err)
@@ -251,7 +253,7 @@ func TestPageDataFaults(t *testing.T) {
 // contents.
 func TestPageDataTableFaults(t *testing.T) {
 	const L, S, H, D = 2, 4, 2, 3
-	cfg := Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 16}
+	cfg := Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 16}
 	sz, err := cfg.sizes()
 	if err != nil {
 		t.Fatal(err)

@@ -7,8 +7,8 @@
 // It knows nothing about shards, networks or the kernels' internals: kernels
 // receive the whole pool arrays (see [Store.Layer]) plus a page table
 // ([Store.AppendPageTable]) and a [SeqView], and read K, V and summaries in
-// place. This CPU store holds float32 data; [Float16] and [BFloat16] are
-// reserved for the GPU backend.
+// place. This CPU store holds float32 data; plan.Float16 and plan.BFloat16
+// are reserved for the GPU backend.
 //
 // # Pages span all layers
 //

@@ -5,12 +5,13 @@ import (
 	"fmt"
 
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
 )
 
 // Example walks one sequence through prefill, a decode step read as a
 // kernel would (page table once, then per layer), a fork and a rollback.
 func Example() {
-	s, err := pagestore.New(pagestore.Config{Layers: 2, KVHeads: 1, HeadDim: 2, PageSize: 3, Capacity: 4})
+	s, err := pagestore.New(pagestore.Config{Layers: 2, Geometry: plan.Geometry{KVHeads: 1, HeadDim: 2, PageSize: 3}, Capacity: 4})
 	if err != nil {
 		panic(err)
 	}

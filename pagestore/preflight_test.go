@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
 )
 
 // TestNewRefusesOversizedPools: New computes the pools' bytes from the
@@ -12,7 +13,7 @@ import (
 // machine's available memory) before allocating, with an error that says
 // how much it needs; one that fits is created.
 func TestNewRefusesOversizedPools(t *testing.T) {
-	cfg := Config{Layers: 2, KVHeads: 2, HeadDim: 8, PageSize: 16, Capacity: 4}
+	cfg := Config{Layers: 2, Geometry: plan.Geometry{KVHeads: 2, HeadDim: 8, PageSize: 16}, Capacity: 4}
 	need, err := cfg.HostBytes()
 	if err != nil {
 		t.Fatal(err)
@@ -32,7 +33,7 @@ func TestNewRefusesOversizedPools(t *testing.T) {
 	}
 	// A 155-byte replay case once asked for a page of 2^31 slots; the Go
 	// runtime crashed allocating it. Now the available-memory check refuses.
-	huge := Config{Layers: 1, KVHeads: 1, HeadDim: 64, PageSize: 1 << 31, Capacity: 1}
+	huge := Config{Layers: 1, Geometry: plan.Geometry{KVHeads: 1, HeadDim: 64, PageSize: 1 << 31}, Capacity: 1}
 	if _, err := New(huge); !errors.Is(err, memlimit.ErrTooLarge) {
 		t.Fatalf("huge page: %v", err)
 	}

@@ -8,10 +8,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/questrt/questrt/plan"
 )
 
 func TestConfigValidate(t *testing.T) {
-	ok := Config{Layers: 2, KVHeads: 2, HeadDim: 4, PageSize: 3, Capacity: 5}
+	ok := Config{Layers: 2, Geometry: plan.Geometry{KVHeads: 2, HeadDim: 4, PageSize: 3}, Capacity: 5}
 	with := func(f func(*Config)) Config { c := ok; f(&c); return c }
 	tests := []struct {
 		name    string
@@ -27,8 +29,8 @@ func TestConfigValidate(t *testing.T) {
 		{"zero head dim", with(func(c *Config) { c.HeadDim = 0 }), "HeadDim = 0"},
 		{"zero page size", with(func(c *Config) { c.PageSize = 0 }), "PageSize = 0"},
 		{"zero capacity", with(func(c *Config) { c.Capacity = 0 }), "Capacity = 0"},
-		{"float16", with(func(c *Config) { c.DType = Float16 }), "reserved for the GPU backend"},
-		{"bfloat16", with(func(c *Config) { c.DType = BFloat16 }), "reserved for the GPU backend"},
+		{"float16", with(func(c *Config) { c.DType = plan.Float16 }), "reserved for the GPU backend"},
+		{"bfloat16", with(func(c *Config) { c.DType = plan.BFloat16 }), "reserved for the GPU backend"},
 		{"unknown dtype", with(func(c *Config) { c.DType = 9 }), "unknown dtype"},
 		{"capacity beyond int32", with(func(c *Config) { c.Capacity = math.MaxInt32 + 1 }), "int32"},
 		{"pool overflows int", with(func(c *Config) { c.Capacity = 1 << 30; c.HeadDim = 1 << 30; c.PageSize = 1 << 10 }), "overflows int"},
@@ -66,7 +68,7 @@ func TestConfigValidate(t *testing.T) {
 // TestFigure2 replays the notes' two-page example (Figure 2): S = 3, D = 2,
 // page A full, page B with two keys, then (-2,5) appended to B.
 func TestFigure2(t *testing.T) {
-	s := mustStore(t, Config{Layers: 1, KVHeads: 1, HeadDim: 2, PageSize: 3, Capacity: 2})
+	s := mustStore(t, Config{Layers: 1, Geometry: plan.Geometry{KVHeads: 1, HeadDim: 2, PageSize: 3}, Capacity: 2})
 	id := s.Create()
 	// Page A: m_A = (-1,-2), M_A = (3,1); page B: m_B = (0,2), M_B = (1,4).
 	keys := []float32{3, 1, 1, -2, -1, 0 /* A */, 1, 2, 0, 4 /* B */}
@@ -146,7 +148,7 @@ func TestTailLengths(t *testing.T) {
 	for _, c := range cases {
 		for _, m := range modes {
 			t.Run(fmt.Sprintf("S=%d/n=%d/%s", c.S, c.n, m.name), func(t *testing.T) {
-				cfg := Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: c.S, Capacity: (c.n+c.S-1)/c.S + 3}
+				cfg := Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: c.S}, Capacity: (c.n+c.S-1)/c.S + 3}
 				s := mustStore(t, cfg)
 				rng := rand.New(rand.NewPCG(uint64(c.S), uint64(c.n)))
 				id := s.Create()
@@ -186,7 +188,7 @@ func TestTailLengths(t *testing.T) {
 
 func TestRecycle(t *testing.T) {
 	const S, H, D = 4, 2, 3
-	s := mustStore(t, Config{Layers: 2, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 2})
+	s := mustStore(t, Config{Layers: 2, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 2})
 	rng := rand.New(rand.NewPCG(1, 2))
 	a := s.Create()
 	shA := newShadow(2)
@@ -240,7 +242,7 @@ func TestForkIsolation(t *testing.T) {
 	const L, S, H, D = 2, 4, 2, 3
 	for _, forkLen := range []int{10, 8, 3, 0} {
 		t.Run(fmt.Sprintf("len=%d", forkLen), func(t *testing.T) {
-			s := mustStore(t, Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 32})
+			s := mustStore(t, Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 32})
 			rng := rand.New(rand.NewPCG(3, uint64(forkLen)))
 			par := s.Create()
 			shP := newShadow(L)
@@ -316,7 +318,7 @@ func TestForkIsolation(t *testing.T) {
 // writers copy it, the last one writes in place.
 func TestForkThreeWays(t *testing.T) {
 	const S, H, D = 4, 1, 2
-	s := mustStore(t, Config{Layers: 1, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 8})
+	s := mustStore(t, Config{Layers: 1, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 8})
 	rng := rand.New(rand.NewPCG(5, 5))
 	a := s.Create()
 	sh := map[SeqID]*shadowSeq{a: newShadow(1)}
@@ -361,7 +363,7 @@ func TestRollback(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := mustStore(t, Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 16})
+			s := mustStore(t, Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 16})
 			rng := rand.New(rand.NewPCG(7, uint64(tc.n*100+tc.back)))
 			id := s.Create()
 			sh := newShadow(L)
@@ -422,7 +424,7 @@ func TestRollback(t *testing.T) {
 
 func TestPoolExhaustion(t *testing.T) {
 	const S, H, D = 4, 2, 2
-	s := mustStore(t, Config{Layers: 2, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 4})
+	s := mustStore(t, Config{Layers: 2, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 4})
 	rng := rand.New(rand.NewPCG(9, 9))
 	id := s.Create()
 	sh := newShadow(2)
@@ -482,7 +484,7 @@ func TestPoolExhaustion(t *testing.T) {
 // private page and reopens a shared one copies into the page it frees.
 func TestRollbackCOWUsesDroppedPage(t *testing.T) {
 	const S, H, D = 4, 1, 2
-	s := mustStore(t, Config{Layers: 1, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 3})
+	s := mustStore(t, Config{Layers: 1, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 3})
 	rng := rand.New(rand.NewPCG(11, 11))
 	par := s.Create()
 	sh := newShadow(1)
@@ -506,7 +508,7 @@ func TestRollbackCOWUsesDroppedPage(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	const L, S, H, D = 2, 4, 2, 3
-	s := mustStore(t, Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 16})
+	s := mustStore(t, Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 16})
 	rng := rand.New(rand.NewPCG(13, 13))
 	even := s.Create()
 	k, v := randKV(rng, 6, H*D)
@@ -580,7 +582,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestReadAPINoAlloc(t *testing.T) {
-	s := mustStore(t, Config{Layers: 2, KVHeads: 2, HeadDim: 4, PageSize: 4, Capacity: 8})
+	s := mustStore(t, Config{Layers: 2, Geometry: plan.Geometry{KVHeads: 2, HeadDim: 4, PageSize: 4}, Capacity: 8})
 	id := s.Create()
 	k, v := randKV(rand.New(rand.NewPCG(1, 1)), 9, 8)
 	if err := s.Append(id, 0, k, v); err != nil {
@@ -615,7 +617,7 @@ func TestReadAPINoAlloc(t *testing.T) {
 func TestSummaryLayout(t *testing.T) {
 	// The accessors and the documented flat layout agree.
 	const L, S, H, D = 2, 3, 2, 2
-	s := mustStore(t, Config{Layers: L, KVHeads: H, HeadDim: D, PageSize: S, Capacity: 4})
+	s := mustStore(t, Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: 4})
 	id := s.Create()
 	k := []float32{1, 2, 3, 4, 5, 6, 7, 8} // 2 tokens x 2 heads x 2 dims
 	v := []float32{-1, -2, -3, -4, -5, -6, -7, -8}
@@ -638,7 +640,7 @@ func TestSummaryLayout(t *testing.T) {
 // TestCheckAppendRollback: the dry runs agree with the real operations on
 // a full pool, with and without copy-on-write, and change nothing.
 func TestCheckAppendRollback(t *testing.T) {
-	st, err := New(Config{Layers: 1, KVHeads: 1, HeadDim: 2, PageSize: 4, Capacity: 3})
+	st, err := New(Config{Layers: 1, Geometry: plan.Geometry{KVHeads: 1, HeadDim: 2, PageSize: 4}, Capacity: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -254,6 +254,12 @@ func checkRow(row []float32, d int) error {
 	return nil
 }
 
+// PlanGeometry is the case's attention geometry (float32 storage), from
+// which every config of a run is built.
+func (c *Case) PlanGeometry() plan.Geometry {
+	return plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: plan.Float32}
+}
+
 // Policy is the selection policy the case asks for (one layer, dense-layer
 // rule off).
 func (c *Case) Policy(sel plan.Selector) plan.Policy {
@@ -307,10 +313,11 @@ func Run(ctx context.Context, c *Case, opt Options) (*Result, error) {
 	pages := c.Pages()
 	sh, err := shard.New(shard.Config{
 		Store: pagestore.Config{
-			Layers: 1, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize,
-			DType: pagestore.Float32, Capacity: pages, MemoryLimit: opt.MemoryLimit,
+			Layers:      1,
+			Geometry:    c.PlanGeometry(),
+			Capacity:    pages,
+			MemoryLimit: opt.MemoryLimit,
 		},
-		QHeads:         c.QHeads,
 		Policy:         c.Policy(opt.Selector),
 		DeviceResident: opt.DeviceResident,
 	}, be)
@@ -335,7 +342,7 @@ func Run(ctx context.Context, c *Case, opt Options) (*Result, error) {
 func runSharded(ctx context.Context, c *Case, opt Options, be kernels.Backend) (*Result, error) {
 	pages := c.Pages()
 	cfg := engine.DefaultConfig()
-	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, c.QHeads, c.KVHeads, c.HeadDim, c.PageSize
+	cfg.Layers, cfg.Geometry = 1, c.PlanGeometry()
 	cfg.CP, cfg.TP = max(opt.CP, 1), max(opt.TP, 1)
 	cfg.CapacityPages = rankCapacity(pages, cfg.CP, opt.Placement, cfg.BlockPages)
 	cfg.MemoryLimit = opt.MemoryLimit

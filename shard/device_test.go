@@ -34,8 +34,8 @@ func testDeviceResident(t *testing.T, sel plan.Selector) {
 		if dev {
 			be = backendtest.FakeDevice{CPU: cpu}
 		}
-		sh, err := New(Config{Store: pagestore.Config{Layers: layers, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 64},
-			QHeads: qh, Policy: pol, DeviceResident: dev}, be)
+		sh, err := New(Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: 64},
+			Policy: pol, DeviceResident: dev}, be)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +43,7 @@ func testDeviceResident(t *testing.T, sel plan.Selector) {
 	}
 	plain, dev := mk(false), mk(true)
 	defer dev.Close()
-	if _, err := New(Config{Store: pagestore.Config{Layers: 1, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 4}, QHeads: qh, Policy: pol, DeviceResident: true}, cpu); err == nil {
+	if _, err := New(Config{Store: pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: 4}, Policy: pol, DeviceResident: true}, cpu); err == nil {
 		t.Fatal("DeviceResident accepted a backend without device memory")
 	}
 	rng := rand.New(rand.NewPCG(1, 2))

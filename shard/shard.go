@@ -15,13 +15,14 @@ import (
 
 // Config describes one shard.
 type Config struct {
-	// Store is the shard's page pool (its KV heads, all layers).
+	// Store is the shard's page pool (its KV heads, all layers). Its
+	// Geometry is the shard's: the query heads this shard serves
+	// (Store.QHeads, a multiple of Store.KVHeads; default 32), its KV
+	// heads, head dim and page size.
 	Store pagestore.Config
-	// QHeads is the number of query heads this shard serves; a multiple of
-	// Store.KVHeads. Default 32.
-	QHeads int
-	// Policy is the page-selection policy. Default DefaultPolicy(); its
-	// PageSize must equal Store.PageSize.
+	// Policy is the page-selection policy. Default DefaultPolicy(). Its
+	// PageSize is ignored: Store.PageSize replaces it (see
+	// plan.Policy.WithGeometry; New keeps the replaced policy).
 	Policy plan.Policy
 	// DeviceResident keeps the pages (K, V and summaries of every layer)
 	// only in the backend's device memory, which must implement
@@ -38,7 +39,7 @@ type Config struct {
 // DefaultConfig returns a Llama-3.1-8B shaped shard (32 query heads, 8 KV
 // heads, D = 128, S = 16) with the default store and policy.
 func DefaultConfig() Config {
-	return Config{Store: pagestore.DefaultConfig(), QHeads: 32, Policy: plan.DefaultPolicy()}
+	return Config{Store: pagestore.DefaultConfig(), Policy: plan.DefaultPolicy()}
 }
 
 // Validate reports whether the config is usable.
@@ -46,11 +47,8 @@ func (c Config) Validate() error {
 	if err := c.Store.Validate(); err != nil {
 		return fmt.Errorf("shard config: %w", err)
 	}
-	if err := c.Policy.Validate(); err != nil {
+	if err := c.policy().Validate(); err != nil {
 		return fmt.Errorf("shard config: %w", err)
-	}
-	if c.Policy.PageSize != c.Store.PageSize {
-		return fmt.Errorf("shard config: policy page size %d differs from the store's %d", c.Policy.PageSize, c.Store.PageSize)
 	}
 	if err := c.shape().Validate(); err != nil {
 		return fmt.Errorf("shard config: %w", err)
@@ -58,8 +56,12 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// policy is c.Policy with the store's page size.
+func (c Config) policy() plan.Policy { return c.Policy.WithGeometry(c.Store.Geometry) }
+
 func (c Config) shape() kernels.Shape {
-	return kernels.Shape{QHeads: c.QHeads, KVHeads: c.Store.KVHeads, HeadDim: c.Store.HeadDim, PageSize: c.Store.PageSize}
+	g := c.Store.Geometry
+	return kernels.Shape{QHeads: g.QHeads, KVHeads: g.KVHeads, HeadDim: g.HeadDim, PageSize: g.PageSize}
 }
 
 // Shard is one device's slice of the KV: its page store and the local part
@@ -86,6 +88,7 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.Policy = cfg.policy()
 	s := &Shard{cfg: cfg, shape: cfg.shape(), be: be}
 	if !cfg.DeviceResident {
 		st, err := pagestore.New(cfg.Store)
@@ -306,7 +309,7 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 		if err != nil {
 			return fmt.Errorf("step layer %d: %w", layer, err)
 		}
-		pages := (n + s.cfg.Policy.PageSize - 1) / s.cfg.Policy.PageSize
+		pages := s.cfg.Store.Pages(n)
 		pl, err := s.cfg.Policy.Plan(layer, pages, r.BudgetTokens)
 		if err != nil {
 			return fmt.Errorf("step layer %d sequence %d: %w: %w", layer, r.Seq, ErrBadInput, err)

@@ -19,8 +19,8 @@ func newTestShard(t *testing.T, layers, qh, kvh, d, s, capacity int, pol plan.Po
 	t.Cleanup(func() { be.Close() })
 	pol.PageSize = s
 	sh, err := New(Config{
-		Store:  pagestore.Config{Layers: layers, KVHeads: kvh, HeadDim: d, PageSize: s, DType: pagestore.Float32, Capacity: capacity},
-		QHeads: qh,
+		Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s, DType: plan.Float32}, Capacity: capacity},
+
 		Policy: pol,
 	}, be)
 	if err != nil {

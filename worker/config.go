@@ -28,17 +28,20 @@ const (
 // same Config (the coordinator derives the same plans from it).
 // DefaultConfig documents the defaults.
 type Config struct {
-	Layers   int // transformer layers (4)
-	QHeads   int // query heads of the model (32)
-	KVHeads  int // KV heads of the model (8); divisible by TP
-	HeadDim  int // D (128)
-	PageSize int // S (16)
-	CP       int // context-parallel ranks per TP group (1)
-	TP       int // tensor-parallel ranks (1)
+	Layers int // transformer layers (4)
+	// Geometry is the model's attention geometry: query heads (32), KV
+	// heads (8; divisible by TP), head dim D (128), page size S (16) and
+	// the page stores' storage type (plan.Float32, the zero value and the
+	// only type of the CPU page store). Each TP rank holds its share (see
+	// [Config.RankGeometry]).
+	plan.Geometry
+	CP int // context-parallel ranks per TP group (1)
+	TP int // tensor-parallel ranks (1)
 	// Capacity is the page pool of every rank (1024 pages).
 	Capacity int
-	// Policy is the selection policy (plan.DefaultPolicy()); its PageSize
-	// must equal PageSize.
+	// Policy is the selection policy (plan.DefaultPolicy()). Its PageSize
+	// is ignored: the geometry's page size replaces it (see
+	// plan.Policy.WithGeometry; NewLocal keeps the replaced policy).
 	Policy plan.Policy
 	// Mode is the CP selection mode (Exact).
 	Mode Mode
@@ -55,7 +58,7 @@ type Config struct {
 // DefaultConfig returns a single-rank configuration with the documented
 // defaults.
 func DefaultConfig() Config {
-	return Config{Layers: 4, QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16, CP: 1, TP: 1,
+	return Config{Layers: 4, Geometry: plan.Geometry{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}, CP: 1, TP: 1,
 		Capacity: 1024, Policy: plan.DefaultPolicy()}
 }
 
@@ -70,10 +73,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("worker config: %d KV heads do not split over tp %d", c.KVHeads, c.TP)
 	case c.QHeads%c.KVHeads != 0:
 		return fmt.Errorf("worker config: %d query heads are not a multiple of %d KV heads", c.QHeads, c.KVHeads)
+	case !c.DType.Known():
+		return fmt.Errorf("worker config: unknown dtype %v", c.DType)
 	case c.Capacity < 1:
 		return fmt.Errorf("worker config: capacity %d pages must be positive", c.Capacity)
-	case c.Policy.PageSize != c.PageSize:
-		return fmt.Errorf("worker config: policy page size %d differs from %d", c.Policy.PageSize, c.PageSize)
 	case c.Mode < Exact || c.Mode > Replicated:
 		return fmt.Errorf("worker config: unknown mode %d", c.Mode)
 	case c.Mode == Replicated && c.Policy.Selector != plan.Quest && c.Policy.Selector != plan.Dense:
@@ -81,19 +84,26 @@ func (c Config) Validate() error {
 	case c.MemoryLimit < memlimit.NoLimit:
 		return fmt.Errorf("worker config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
 	}
-	return c.Policy.Validate()
+	return c.policy().Validate()
 }
 
+// policy is c.Policy with the geometry's page size.
+func (c Config) policy() plan.Policy { return c.Policy.WithGeometry(c.Geometry) }
+
+// RankGeometry is the geometry of one TP rank: its share of the query
+// and KV heads. Every per-rank config (page store, shard) takes its
+// geometry from here.
+func (c Config) RankGeometry() plan.Geometry { return c.Geometry.Split(c.TP) }
+
 // KVHeadsPerRank is the number of KV heads of one TP rank.
-func (c Config) KVHeadsPerRank() int { return c.KVHeads / c.TP }
+func (c Config) KVHeadsPerRank() int { return c.RankGeometry().KVHeads }
 
 // QHeadsPerRank is the number of query heads of one TP rank.
-func (c Config) QHeadsPerRank() int { return c.QHeads / c.TP }
+func (c Config) QHeadsPerRank() int { return c.RankGeometry().QHeads }
 
 // Store returns the page store config of one rank.
 func (c Config) Store() pagestore.Config {
-	return pagestore.Config{Layers: c.Layers, KVHeads: c.KVHeadsPerRank(), HeadDim: c.HeadDim, PageSize: c.PageSize,
-		DType: pagestore.Float32, Capacity: c.Capacity}
+	return pagestore.Config{Layers: c.Layers, Geometry: c.RankGeometry(), Capacity: c.Capacity}
 }
 
 // shardConfig returns the shard config of one rank (the memory check is
@@ -101,7 +111,7 @@ func (c Config) Store() pagestore.Config {
 func (c Config) shardConfig() shard.Config {
 	st := c.Store()
 	st.MemoryLimit = memlimit.NoLimit
-	return shard.Config{Store: st, QHeads: c.QHeadsPerRank(), Policy: c.Policy, DeviceResident: c.DeviceResident}
+	return shard.Config{Store: st, Policy: c.policy(), DeviceResident: c.DeviceResident}
 }
 
 // HostBytes returns the host bytes of ranks ranks of this config: their

@@ -69,9 +69,12 @@ func newGrid(t *testing.T, cfg Config, split bool) *grid {
 		g.workers = append(g.workers, l)
 	}
 	ref, err := shard.New(shard.Config{
-		Store: pagestore.Config{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, PageSize: cfg.PageSize,
-			DType: pagestore.Float32, Capacity: cfg.Capacity * cfg.CP},
-		QHeads: cfg.QHeads, Policy: cfg.Policy,
+		Store: pagestore.Config{
+			Geometry: plan.Geometry{QHeads: cfg.QHeads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, PageSize: cfg.PageSize, DType: plan.Float32},
+			Layers:   cfg.Layers,
+			Capacity: cfg.Capacity * cfg.CP,
+		},
+		Policy: cfg.Policy,
 	}, be)
 	if err != nil {
 		t.Fatal(err)

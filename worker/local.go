@@ -77,6 +77,7 @@ func NewLocal(cfg Config, ranks []RankSpec) (*Local, error) {
 	if err := memlimit.Check(what, need, cfg.MemoryLimit); err != nil {
 		return nil, err
 	}
+	cfg.Policy = cfg.policy()
 	l := &Local{cfg: cfg, byRank: map[Rank]int{}, seqs: map[uint64]*seqState{}}
 	for i, sp := range ranks {
 		r := sp.Rank

@@ -139,7 +139,7 @@ func (l *Local) plan(layer int, s StepSeq, dense bool) (plan.Plan, error) {
 	if s.New {
 		n++
 	}
-	pages := (n + l.cfg.PageSize - 1) / l.cfg.PageSize
+	pages := l.cfg.Pages(n)
 	pl, err := l.cfg.Policy.Plan(layer, pages, s.Budget)
 	if err != nil {
 		return plan.Plan{}, fmt.Errorf("%w: sequence %d layer %d: %w", ErrBadMessage, s.Seq, layer, err)

@@ -310,8 +310,15 @@ func (c *Coordinator) gridFor(ctx context.Context) (*grid, error) {
 
 // workerConfig is the config the workers of a grid run with.
 func workerConfig(ec engine.Config) worker.Config {
-	return worker.Config{Layers: ec.Layers, QHeads: ec.QHeads, KVHeads: ec.KVHeads, HeadDim: ec.HeadDim,
-		PageSize: ec.PageSize, CP: ec.CP, TP: ec.TP, Capacity: ec.CapacityPages, Policy: ec.Policy, Mode: ec.Selection}
+	return worker.Config{
+		Layers:   ec.Layers,
+		Geometry: ec.Geometry,
+		CP:       ec.CP,
+		TP:       ec.TP,
+		Capacity: ec.CapacityPages,
+		Policy:   ec.Policy,
+		Mode:     ec.Selection,
+	}
 }
 
 // lookup returns the sequence called id, refusing those of a lost grid.

@@ -12,11 +12,12 @@ import (
 	"github.com/questrt/questrt/bench"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/cuda"
+	"github.com/questrt/questrt/plan"
 )
 
 // newCUDABackend starts a CUDA backend on GPU 0 storing dtype.
 func newCUDABackend(dtype string) (kernels.Backend, error) {
-	dt, err := cuda.ParseDType(dtype)
+	dt, err := plan.ParseDType(dtype)
 	if err != nil {
 		return nil, usageError{err}
 	}
@@ -25,7 +26,7 @@ func newCUDABackend(dtype string) (kernels.Backend, error) {
 
 // benchCUDA runs the device-resident attention benchmark on GPU 0.
 func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtype, kernelSpec string, asJSON bool, stdout, stderr io.Writer) error {
-	dt, err := cuda.ParseDType(dtype)
+	dt, err := plan.ParseDType(dtype)
 	if err != nil {
 		return usageError{err}
 	}

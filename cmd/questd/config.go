@@ -993,7 +993,8 @@ func (c Config) hostPages() int {
 // node and coordinator share.
 func (c Config) engineConfig() engine.Config {
 	e := engine.DefaultConfig()
-	e.Layers, e.QHeads, e.KVHeads, e.HeadDim, e.PageSize = c.Layers, c.QHeads, c.KVHeads, c.HeadDim, c.PageSize
+	e.Layers = c.Layers
+	e.Geometry = plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: plan.Float32}
 	e.CP, e.TP, e.CapacityPages, e.BlockPages = c.CP, c.TP, c.CapacityPages, c.BlockPages
 	e.Policy = plan.Policy{PageSize: c.PageSize, BudgetTokens: c.BudgetTokens, SinkPages: c.SinkPages,
 		LocalPages: c.LocalPages, DenseLayers: c.DenseLayers, GQA: c.GQA, Selector: c.Selector}

@@ -238,9 +238,9 @@ func (c Config) Memory() (Memory, error) {
 		return m, err
 	}
 	capPages := int64(c.capacityPages())
-	kvT := int64(c.KVHeads / max(c.TP, 1))
-	st := pagestore.Config{Layers: c.Layers, KVHeads: int(kvT), HeadDim: c.HeadDim, PageSize: c.PageSize,
-		DType: pagestore.Float32, Capacity: int(capPages)}
+	rank := c.geometry().Split(max(c.TP, 1))
+	kvT := int64(rank.KVHeads)
+	st := pagestore.Config{Layers: c.Layers, Geometry: rank, Capacity: int(capPages)}
 	per, err := st.HostBytes()
 	if err != nil {
 		return m, fmt.Errorf("demo: %w", err)
@@ -282,6 +282,11 @@ func (c Config) Memory() (Memory, error) {
 	return m, nil
 }
 
+// geometry is the demo's attention geometry (float32 storage).
+func (c Config) geometry() plan.Geometry {
+	return plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: plan.Float32}
+}
+
 // engineConfig is the engine Run builds for c (c valid).
 // Engine is the engine configuration the demo runs (no backend: the
 // caller's or a CPU one), for a cluster's nodes to match.
@@ -292,7 +297,7 @@ func (c Config) engineConfig(be kernels.Backend) engine.Config {
 	sel, _ := plan.ParseSelector(c.Selector)
 	selection, _ := engine.ParseSelection(c.Selection)
 	ec := engine.DefaultConfig()
-	ec.Layers, ec.QHeads, ec.KVHeads, ec.HeadDim, ec.PageSize = c.Layers, c.QHeads, c.KVHeads, c.HeadDim, c.PageSize
+	ec.Layers, ec.Geometry = c.Layers, c.geometry()
 	ec.CP, ec.TP, ec.Selection, ec.Backend = c.CP, c.TP, selection, be
 	ec.CapacityPages = c.capacityPages()
 	ec.Policy.PageSize, ec.Policy.BudgetTokens, ec.Policy.DenseLayers, ec.Policy.GQA, ec.Policy.Selector = c.PageSize, c.Budget, c.DenseLayers, mode, sel

@@ -264,8 +264,8 @@ func TestShardDiagnosticsNaive(t *testing.T) {
 		if dev {
 			be = backendtest.FakeDevice{CPU: cpu}
 		}
-		sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, KVHeads: dgKV, HeadDim: dgD, PageSize: dgS, Capacity: dgTokens/dgS + 2},
-			QHeads: dgQ, Policy: pol, DeviceResident: dev}, be)
+		sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: dgQ, KVHeads: dgKV, HeadDim: dgD, PageSize: dgS}, Capacity: dgTokens/dgS + 2},
+			Policy: pol, DeviceResident: dev}, be)
 		if err != nil {
 			t.Fatal(err)
 		}

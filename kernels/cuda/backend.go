@@ -16,59 +16,15 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
-
-// DType is the storage type of K, V and summaries on the device. Scores,
-// softmax and accumulation are always float32.
-type DType int
-
-const (
-	// F32 stores float32 (exactly the CPU backend's data).
-	F32 DType = iota
-	// F16 stores IEEE half precision.
-	F16
-	// BF16 stores bfloat16.
-	BF16
-)
-
-// String returns "f32", "f16" or "bf16" (the kernels' suffixes).
-func (d DType) String() string {
-	switch d {
-	case F16:
-		return "f16"
-	case BF16:
-		return "bf16"
-	}
-	return "f32"
-}
-
-// Size is the element size in bytes.
-func (d DType) Size() int {
-	if d == F32 {
-		return 4
-	}
-	return 2
-}
-
-// ParseDType parses f32|f16|bf16.
-func ParseDType(s string) (DType, error) {
-	switch s {
-	case "f32", "float32":
-		return F32, nil
-	case "f16", "fp16", "float16":
-		return F16, nil
-	case "bf16", "bfloat16":
-		return BF16, nil
-	}
-	return 0, fmt.Errorf("unknown dtype %q (want f32, f16 or bf16)", s)
-}
 
 // Config configures a CUDA backend.
 type Config struct {
 	// Device is the CUDA device ordinal (0).
 	Device int
-	// DType is the storage type of layers uploaded from host arrays (F32).
-	DType DType
+	// DType is the storage type of layers uploaded from host arrays (plan.Float32).
+	DType plan.DType
 	// AttendChunk is the number of pages per attention work item
 	// (split-K); 0 sizes items to fill the GPU (2 to 64 pages).
 	AttendChunk int
@@ -136,7 +92,7 @@ var (
 type DeviceLayer struct {
 	K, V, Summary                     cu.DevicePtr
 	Pages, KVHeads, HeadDim, PageSize int
-	DType                             DType
+	DType                             plan.DType
 }
 
 // New starts a backend on cfg.Device: creates a context on a locked OS
@@ -198,7 +154,7 @@ func (b *Backend) loop(ready chan<- error) {
 		b.warps[k.name] = k.warps
 	}
 	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge", "quest_gather_tables", "quest_pick_scores"}
-	for _, dt := range []DType{F32, F16, BF16} {
+	for _, dt := range []plan.DType{plan.Float32, plan.Float16, plan.BFloat16} {
 		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize", "rescan"} {
 			names = append(names, "quest_"+k+"_"+dt.String())
 		}
@@ -207,11 +163,11 @@ func (b *Backend) loop(ready chan<- error) {
 		}
 		for _, d := range []int{64, 128} {
 			names = append(names, fmt.Sprintf("quest_attendp_%s_d%d", dt, d))
-			if dt != F32 {
+			if dt != plan.Float32 {
 				names = append(names, fmt.Sprintf("quest_attends16_%s_d%d", dt, d))
 			}
 		}
-		if dt != F32 {
+		if dt != plan.Float32 {
 			names = append(names, "quest_score128g4_"+dt.String())
 		}
 	}
@@ -494,7 +450,7 @@ func (b *Backend) launchMode(pdl bool, name string, grid [3]int, block, shared i
 func u(p cu.DevicePtr) uint64 { return uint64(p) }
 
 // convert uploads a float32 host array into dst as dt.
-func (b *Backend) convert(dst cu.DevicePtr, dt DType, src []float32) error {
+func (b *Backend) convert(dst cu.DevicePtr, dt plan.DType, src []float32) error {
 	const chunk = 1 << 24
 	for off := 0; off < len(src); off += chunk {
 		part := src[off:min(off+chunk, len(src))]
@@ -502,7 +458,7 @@ func (b *Backend) convert(dst cu.DevicePtr, dt DType, src []float32) error {
 		if err != nil {
 			return err
 		}
-		d := dst + cu.DevicePtr(off*dt.Size())
+		d := dst + cu.DevicePtr(off*dt.Bytes())
 		if err := b.launch(convertKernel[dt], [3]int{min((len(part)+255)/256, 4096), 1, 1}, 256, 0, u(p), u(d), uint64(len(part))); err != nil {
 			return err
 		}
@@ -513,7 +469,7 @@ func (b *Backend) convert(dst cu.DevicePtr, dt DType, src []float32) error {
 // ---- layers ----
 
 // NewLayer allocates a device pool of pages pages.
-func (b *Backend) NewLayer(ctx context.Context, pages, kvHeads, headDim, pageSize int, dt DType) (*DeviceLayer, error) {
+func (b *Backend) NewLayer(ctx context.Context, pages, kvHeads, headDim, pageSize int, dt plan.DType) (*DeviceLayer, error) {
 	l := &DeviceLayer{Pages: pages, KVHeads: kvHeads, HeadDim: headDim, PageSize: pageSize, DType: dt}
 	err := b.do(ctx, func() error { return b.allocLayer(l) })
 	if err != nil {
@@ -523,8 +479,8 @@ func (b *Backend) NewLayer(ctx context.Context, pages, kvHeads, headDim, pageSiz
 }
 
 func (b *Backend) allocLayer(l *DeviceLayer) error {
-	kv := int64(l.Pages) * int64(l.KVHeads*l.PageSize*l.HeadDim*l.DType.Size())
-	sum := int64(l.Pages) * int64(l.KVHeads*2*l.HeadDim*l.DType.Size())
+	kv := int64(l.Pages) * int64(l.KVHeads*l.PageSize*l.HeadDim*l.DType.Bytes())
+	sum := int64(l.Pages) * int64(l.KVHeads*2*l.HeadDim*l.DType.Bytes())
 	var err error
 	if l.K, err = cu.MemAlloc(kv); err != nil {
 		return fmt.Errorf("cuda: alloc K (%d bytes): %w", kv, err)
@@ -578,10 +534,10 @@ func (l *DeviceLayer) checkPages(pages ...int32) error {
 
 // Byte sizes of one page of K (or V) and of summaries.
 func (l *DeviceLayer) kvPageBytes() int64 {
-	return int64(l.KVHeads*l.PageSize*l.HeadDim) * int64(l.DType.Size())
+	return int64(l.KVHeads*l.PageSize*l.HeadDim) * int64(l.DType.Bytes())
 }
 func (l *DeviceLayer) sumPageBytes() int64 {
-	return int64(l.KVHeads*2*l.HeadDim) * int64(l.DType.Size())
+	return int64(l.KVHeads*2*l.HeadDim) * int64(l.DType.Bytes())
 }
 
 // WriteTokens implements kernels.DeviceStore with one append kernel
@@ -865,7 +821,7 @@ func (b *Backend) ReadPages(ctx context.Context, pool any, pages []int32) (kerne
 				base cu.DevicePtr
 				per  int
 			}{{&out.K, l.K, kvN}, {&out.V, l.V, kvN}, {&out.Summary, l.Summary, sumN}} {
-				x, err := readAs(b, c.base+cu.DevicePtr(first*int64(c.per*l.DType.Size())), n*c.per, l.DType)
+				x, err := readAs(b, c.base+cu.DevicePtr(first*int64(c.per*l.DType.Bytes())), n*c.per, l.DType)
 				if err != nil {
 					return fmt.Errorf("cuda: read pages: %w", err)
 				}
@@ -969,12 +925,12 @@ func (b *Backend) Read(ctx context.Context, l *DeviceLayer) (kernels.Layer, erro
 	return h, err
 }
 
-func readAs(b *Backend, p cu.DevicePtr, n int, dt DType) ([]float32, error) {
+func readAs(b *Backend, p cu.DevicePtr, n int, dt plan.DType) ([]float32, error) {
 	out := make([]float32, n)
 	if n == 0 {
 		return out, nil
 	}
-	if dt == F32 {
+	if dt == plan.Float32 {
 		return out, download(b, out, p)
 	}
 	raw := make([]uint16, n)
@@ -982,7 +938,7 @@ func readAs(b *Backend, p cu.DevicePtr, n int, dt DType) ([]float32, error) {
 		return nil, err
 	}
 	for i, x := range raw {
-		if dt == BF16 {
+		if dt == plan.BFloat16 {
 			out[i] = math.Float32frombits(uint32(x) << 16)
 		} else {
 			out[i] = halfToFloat(x)
@@ -1072,7 +1028,7 @@ func attendChunkMMA(cfg, listed int) int {
 
 // chunkFor picks attendChunk or attendChunkMMA for the kernel that will
 // run.
-func (b *Backend) chunkFor(s kernels.Shape, dt DType, listed int) int {
+func (b *Backend) chunkFor(s kernels.Shape, dt plan.DType, listed int) int {
 	if useMMA(s, dt) {
 		return attendChunkMMA(b.cfg.AttendChunk, listed)
 	}
@@ -1208,7 +1164,7 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 			chunk = min(1024, max(16, (n*s.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
 		}
 		name := fmt.Sprintf("quest_score128_%s_g%d", dl.DType, g)
-		if g == 4 && dl.DType != F32 {
+		if g == 4 && dl.DType != plan.Float32 {
 			name = "quest_score128g4_" + dl.DType.String()
 		}
 		return false, b.launch(name, [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
@@ -1305,15 +1261,15 @@ func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int
 		return reduce()
 	}
 	qh, kvh, pS := uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize)
-	if (d == 64 || d == 128) && s.PageSize <= 16 && dl.DType != F32 {
-		smem := 2*3*s.PageSize*d*dl.DType.Size() + heads*d*4
+	if (d == 64 || d == 128) && s.PageSize <= 16 && dl.DType != plan.Float32 {
+		smem := 2*3*s.PageSize*d*dl.DType.Bytes() + heads*d*4
 		return core(fmt.Sprintf("quest_attends16_%s_d%d", dl.DType, d), smem, qh, kvh, pS, perHead)
 	}
 	stages := 3
-	if dl.DType == F32 {
+	if dl.DType == plan.Float32 {
 		stages = 2
 	}
-	if smem := 2 * stages * s.PageSize * d * dl.DType.Size(); (d == 64 || d == 128) && s.PageSize <= 32 && smem+attendStaticSmem <= maxSmem {
+	if smem := 2 * stages * s.PageSize * d * dl.DType.Bytes(); (d == 64 || d == 128) && s.PageSize <= 32 && smem+attendStaticSmem <= maxSmem {
 		return core(fmt.Sprintf("quest_attendp_%s_d%d", dl.DType, d), smem, qh, kvh, pS, perHead)
 	}
 	return core("quest_attend_"+dl.DType.String(), 0, qh, kvh, uint64(d), pS, perHead)
@@ -1372,7 +1328,7 @@ func checkShape(s kernels.Shape) error {
 
 // convertKernel names the float32-to-storage conversion kernel of each
 // DType (no string building per launch).
-var convertKernel = [...]string{F32: "quest_convert_f32", F16: "quest_convert_f16", BF16: "quest_convert_bf16"}
+var convertKernel = [...]string{plan.Float32: "quest_convert_f32", plan.Float16: "quest_convert_f16", plan.BFloat16: "quest_convert_bf16"}
 
 // ---- Backend ----
 

@@ -20,7 +20,7 @@ import (
 	"github.com/questrt/questrt/replay"
 )
 
-func newBackend(t *testing.T, dt DType) *Backend {
+func newBackend(t *testing.T, dt plan.DType) *Backend {
 	t.Helper()
 	b, err := New(Config{DType: dt})
 	if err != nil {
@@ -33,7 +33,7 @@ func newBackend(t *testing.T, dt DType) *Backend {
 // items per row: the split-K merge and the score chunking get exercised).
 func TestConformanceSmallChunks(t *testing.T) {
 	backendtest.RunWith(t, func(t *testing.T) kernels.Backend {
-		b, err := New(Config{DType: BF16, AttendChunk: 3, ScoreChunk: 5})
+		b, err := New(Config{DType: plan.BFloat16, AttendChunk: 3, ScoreChunk: 5})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,9 +46,9 @@ func TestConformanceSmallChunks(t *testing.T) {
 // different summation order allow 10x the CPU's fp32 tolerances.
 func TestConformance(t *testing.T) {
 	for _, c := range []struct {
-		dt DType
+		dt plan.DType
 		q  func(float32) float32
-	}{{F32, nil}, {BF16, backendtest.RoundBF16}, {F16, backendtest.RoundF16}} {
+	}{{plan.Float32, nil}, {plan.BFloat16, backendtest.RoundBF16}, {plan.Float16, backendtest.RoundF16}} {
 		t.Run(c.dt.String(), func(t *testing.T) {
 			backendtest.RunWith(t, func(t *testing.T) kernels.Backend { return newBackend(t, c.dt) },
 				backendtest.Options{Quantize: c.q, Tol: 10})
@@ -63,14 +63,14 @@ func TestConformance(t *testing.T) {
 func TestAppendMatchesStore(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range []struct {
-		dt DType
+		dt plan.DType
 		q  func(float32) float32
-	}{{F32, func(x float32) float32 { return x }}, {BF16, backendtest.RoundBF16}, {F16, backendtest.RoundF16}} {
+	}{{plan.Float32, func(x float32) float32 { return x }}, {plan.BFloat16, backendtest.RoundBF16}, {plan.Float16, backendtest.RoundF16}} {
 		b := newBackend(t, c.dt)
 		const kvh, d, s = 2, 64, 16
 		rng := rand.New(rand.NewPCG(1, uint64(c.dt)))
 		for _, n := range []int{1, 15, 16, 17, 100} {
-			st, err := pagestore.New(pagestore.Config{Layers: 1, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 16})
+			st, err := pagestore.New(pagestore.Config{Layers: 1, Geometry: plan.Geometry{KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: 16})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -138,7 +138,7 @@ func TestAppendMatchesStore(t *testing.T) {
 // the CPU's selections and outputs, also with the pages and page tables
 // only on the device (one shard and CP 2).
 func TestReplayMatchesCPU(t *testing.T) {
-	b := newBackend(t, F32)
+	b := newBackend(t, plan.Float32)
 	defer b.Close()
 	for i, g := range []replay.GenConfig{
 		{Tokens: 1, PageSize: 16, BudgetTokens: 32, QHeads: 4, KVHeads: 2, HeadDim: 8},
@@ -189,7 +189,7 @@ func compareResults(t *testing.T, i int, a, b *replay.Result) {
 // TestShardsShareOneGPU: a CP x TP engine whose shards use two backends (two
 // contexts) on one GPU gives the single-CPU-shard result.
 func TestShardsShareOneGPU(t *testing.T) {
-	b0, b1 := newBackend(t, F32), newBackend(t, F32)
+	b0, b1 := newBackend(t, plan.Float32), newBackend(t, plan.Float32)
 	defer b0.Close()
 	defer b1.Close()
 	c := replay.Generate(replay.GenConfig{Tokens: 5000, PageSize: 16, BudgetTokens: 320, QHeads: 16, KVHeads: 4, HeadDim: 64, LocalPages: 1, Seed: 7})
@@ -234,7 +234,7 @@ func TestShardsShareOneGPU(t *testing.T) {
 // to its radix fallback), rows of different lengths and budgets, partial
 // last tiles, k >= n, k >= the number of tiles, and slices shorter than k.
 func TestTopKPaths(t *testing.T) {
-	b := newBackend(t, BF16)
+	b := newBackend(t, plan.BFloat16)
 	defer b.Close()
 	rng := rand.New(rand.NewPCG(3, 3))
 	type row struct{ n, k, levels int }
@@ -295,7 +295,7 @@ func TestDeviceResidentEngine(t *testing.T) {
 }
 
 func testDeviceResidentEngine(t *testing.T, sel engine.Selection) {
-	b := newBackend(t, F32)
+	b := newBackend(t, plan.Float32)
 	defer b.Close()
 	rng := rand.New(rand.NewPCG(9, 9))
 	mk := func(gpu bool) *engine.Engine {
@@ -404,7 +404,7 @@ func testDeviceResidentEngine(t *testing.T, sel engine.Selection) {
 // which orders them by their key; the threshold kernel must not leave
 // output slots unwritten when NaNs hide among the tile maxima.
 func TestTopKNaN(t *testing.T) {
-	b := newBackend(t, BF16)
+	b := newBackend(t, plan.BFloat16)
 	defer b.Close()
 	rng := rand.New(rand.NewPCG(4, 4))
 	nan := float32(math.NaN())

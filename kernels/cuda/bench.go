@@ -10,19 +10,20 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // BenchConfig sizes BenchAttention. Zero fields take the defaults noted.
 type BenchConfig struct {
-	Contexts []int // tokens per sequence (4K, 16K, 32K, 128K, 512K, 1M)
-	Batches  []int // sequences per step (1, 8)
-	Budgets  []int // token budgets (1024, 2048, 4096)
-	QHeads   int   // 32
-	KVHeads  int   // 8
-	HeadDim  int   // 128
-	PageSize int   // 16
-	DType    DType // storage type (the zero value is F32)
-	Iters    int   // timed repetitions per phase, median reported (20)
+	Contexts []int      // tokens per sequence (4K, 16K, 32K, 128K, 512K, 1M)
+	Batches  []int      // sequences per step (1, 8)
+	Budgets  []int      // token budgets (1024, 2048, 4096)
+	QHeads   int        // 32
+	KVHeads  int        // 8
+	HeadDim  int        // 128
+	PageSize int        // 16
+	DType    plan.DType // storage type (the zero value is plan.Float32)
+	Iters    int        // timed repetitions per phase, median reported (20)
 	// MaxBytes skips configurations whose K+V exceed it (64 GiB).
 	MaxBytes int64
 }
@@ -279,7 +280,7 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 	dt := cfg.DType
 	P := (n + s - 1) / s
 	pages := P * batch
-	kvBytes := int64(pages) * int64(kvh*s*d*dt.Size())
+	kvBytes := int64(pages) * int64(kvh*s*d*dt.Bytes())
 	if 2*kvBytes > cfg.MaxBytes {
 		return nil, nil
 	}
@@ -407,7 +408,7 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 	if err != nil {
 		return nil, err
 	}
-	bytesDense := int64(batch) * int64(P) * int64(kvh*s*d*dt.Size()) * 2
+	bytesDense := int64(batch) * int64(P) * int64(kvh*s*d*dt.Bytes()) * 2
 	pTmax, err := b.buf("bench.tmax", int64(pages*kvh)*4)
 	if err != nil {
 		return nil, err
@@ -422,7 +423,7 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 	if err != nil {
 		return nil, err
 	}
-	sumBytes := int64(batch) * int64(P) * int64(kvh*2*d*dt.Size())
+	sumBytes := int64(batch) * int64(P) * int64(kvh*2*d*dt.Bytes())
 	var out []BenchResult
 	for _, budget := range cfg.Budgets {
 		k := budget / s
@@ -492,7 +493,7 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		if err != nil {
 			return nil, err
 		}
-		selBytes := int64(rows) * int64(k) * int64(s*d*dt.Size()) * 2
+		selBytes := int64(rows) * int64(k) * int64(s*d*dt.Bytes()) * 2
 		r := BenchResult{
 			Backend: "cuda", DType: dt.String(), Context: n, Batch: batch, Budget: budget, PageSize: s,
 			QHeads: hq, KVHeads: kvh, HeadDim: d,

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // mmaKernel is one entry point of mma.cu (tensor-core kernels for 16-bit
@@ -28,7 +29,7 @@ func attendSmem(d, warps, stages, heads int) int {
 // mmaKernels lists mma.cu's kernels as instantiated there.
 func mmaKernels() []mmaKernel {
 	var ks []mmaKernel
-	for _, dt := range []DType{F16, BF16} {
+	for _, dt := range []plan.DType{plan.Float16, plan.BFloat16} {
 		for _, d := range []int{64, 128} {
 			for _, v := range []string{"", "_h16", "_u4"} {
 				ks = append(ks, mmaKernel{name: fmt.Sprintf("quest_scoremma_%s_d%d%s", dt, d, v)})
@@ -50,14 +51,14 @@ func mmaKernels() []mmaKernel {
 
 // useMMA reports whether the tensor-core kernels take this shape: 16-bit
 // storage, S = 16, D 64 or 128, at most 16 query heads per KV head.
-func useMMA(s kernels.Shape, dt DType) bool {
-	return dt != F32 && s.PageSize == 16 && (s.HeadDim == 64 || s.HeadDim == 128) && s.Group() <= 16
+func useMMA(s kernels.Shape, dt plan.DType) bool {
+	return dt != plan.Float32 && s.PageSize == 16 && (s.HeadDim == 64 || s.HeadDim == 128) && s.Group() <= 16
 }
 
 // mmaAttendName picks the attention kernel for heads rows per item: the
 // default, or Config.AttendKernel when it is a variant of the default
 // (same storage type and D; more than 8 heads need an _h16 kernel).
-func (b *Backend) mmaAttendName(s kernels.Shape, dt DType, heads int) (string, error) {
+func (b *Backend) mmaAttendName(s kernels.Shape, dt plan.DType, heads int) (string, error) {
 	name := fmt.Sprintf("quest_attendmma_%s_d%d", dt, s.HeadDim)
 	if heads > 8 {
 		name += "_h16"
@@ -66,7 +67,7 @@ func (b *Backend) mmaAttendName(s kernels.Shape, dt DType, heads int) (string, e
 }
 
 // mmaScoreName picks the score kernel, as mmaAttendName does.
-func (b *Backend) mmaScoreName(s kernels.Shape, dt DType) (string, error) {
+func (b *Backend) mmaScoreName(s kernels.Shape, dt plan.DType) (string, error) {
 	name := fmt.Sprintf("quest_scoremma_%s_d%d", dt, s.HeadDim)
 	if s.Group() > 8 {
 		name += "_h16"

@@ -31,7 +31,7 @@ func BenchmarkShardStep(b *testing.B) {
 
 func benchShardStep(b *testing.B, tokens, batch int) {
 	const qh, kvh, d, s = 32, 8, 128, 16
-	be, err := New(Config{DType: BF16})
+	be, err := New(Config{DType: plan.BFloat16})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -39,8 +39,8 @@ func benchShardStep(b *testing.B, tokens, batch int) {
 	pol := plan.DefaultPolicy()
 	pol.DenseLayers = 0
 	pages := batch * (tokens/s + 1)
-	sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: pages},
-		QHeads: qh, Policy: pol, DeviceResident: true}, be)
+	sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: pages},
+		Policy: pol, DeviceResident: true}, be)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func benchEngineStep(b *testing.B, cp, tokens, batch int) {
 	const qh, kvh, d, s = 32, 8, 128, 16
 	bes := make([]*Backend, cp)
 	for i := range bes {
-		be, err := New(Config{DType: BF16})
+		be, err := New(Config{DType: plan.BFloat16})
 		if err != nil {
 			b.Fatal(err)
 		}

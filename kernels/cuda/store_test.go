@@ -28,15 +28,15 @@ func TestDeviceStoreFollowsHost(t *testing.T) {
 	ctx := context.Background()
 	const layers, qh, kvh, d, s = 2, 8, 2, 64, 16
 	for _, c := range []struct {
-		dt DType
+		dt plan.DType
 		q  func(float32) float32
-	}{{F32, func(x float32) float32 { return x }}, {BF16, backendtest.RoundBF16}, {F16, backendtest.RoundF16}} {
+	}{{plan.Float32, func(x float32) float32 { return x }}, {plan.BFloat16, backendtest.RoundBF16}, {plan.Float16, backendtest.RoundF16}} {
 		t.Run(c.dt.String(), func(t *testing.T) {
 			b := newBackend(t, c.dt)
 			defer b.Close()
 			cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
 			defer cpu.Close()
-			cfg := shard.Config{Store: pagestore.Config{Layers: layers, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 24}, QHeads: qh, Policy: plan.DefaultPolicy()}
+			cfg := shard.Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: 24}, Policy: plan.DefaultPolicy()}
 			host, err := shard.New(cfg, cpu)
 			if err != nil {
 				t.Fatal(err)
@@ -168,7 +168,7 @@ func TestDeviceStoreFollowsHost(t *testing.T) {
 // engine's outputs.
 func TestFusedStepOnDevice(t *testing.T) {
 	ctx := context.Background()
-	b := newBackend(t, BF16)
+	b := newBackend(t, plan.BFloat16)
 	defer b.Close()
 	const qh, kvh, d, s = 32, 8, 128, 16
 	rng := rand.New(rand.NewPCG(12, 13))
@@ -191,8 +191,8 @@ func TestFusedStepOnDevice(t *testing.T) {
 		for _, sink := range []int{0, 1} {
 			pol := plan.DefaultPolicy()
 			pol.DenseLayers, pol.GQA, pol.SinkPages, pol.BudgetTokens = 0, gqa, sink, 512
-			sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, KVHeads: kvh, HeadDim: d, PageSize: s, Capacity: 4000},
-				QHeads: qh, Policy: pol, DeviceResident: true}, b)
+			sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: 4000},
+				Policy: pol, DeviceResident: true}, b)
 			if err != nil {
 				t.Fatal(err)
 			}

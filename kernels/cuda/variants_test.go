@@ -13,6 +13,7 @@ import (
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
+	"github.com/questrt/questrt/plan"
 )
 
 // TestKernelVariants reaches the kernel variants the conformance shapes miss:
@@ -32,9 +33,9 @@ func TestKernelVariants(t *testing.T) {
 		{QHeads: 4, KVHeads: 2, HeadDim: 256, PageSize: 16},  // D = 256
 	}
 	for _, c := range []struct {
-		dt DType
+		dt plan.DType
 		q  func(float32) float32
-	}{{F32, nil}, {BF16, backendtest.RoundBF16}, {F16, backendtest.RoundF16}} {
+	}{{plan.Float32, nil}, {plan.BFloat16, backendtest.RoundBF16}, {plan.Float16, backendtest.RoundF16}} {
 		b, err := New(Config{DType: c.dt, AttendChunk: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -131,18 +132,18 @@ func TestMMAKernels(t *testing.T) {
 	}
 	lens := []int{1, 15, 16, 17, 70*16 + 5, 0, 33}
 	type run struct {
-		dt            DType
+		dt            plan.DType
 		q             func(float32) float32
 		chunk         int
 		attend, score string
 	}
 	runs := []run{
-		{BF16, backendtest.RoundBF16, 1, "", ""}, {BF16, backendtest.RoundBF16, 64, "", ""}, {BF16, backendtest.RoundBF16, 0, "", ""},
-		{F16, backendtest.RoundF16, 1, "", ""}, {F16, backendtest.RoundF16, 64, "", ""},
-		{BF16, backendtest.RoundBF16, 0, "", "quest_scoremma_bf16_d128_u4"},
+		{plan.BFloat16, backendtest.RoundBF16, 1, "", ""}, {plan.BFloat16, backendtest.RoundBF16, 64, "", ""}, {plan.BFloat16, backendtest.RoundBF16, 0, "", ""},
+		{plan.Float16, backendtest.RoundF16, 1, "", ""}, {plan.Float16, backendtest.RoundF16, 64, "", ""},
+		{plan.BFloat16, backendtest.RoundBF16, 0, "", "quest_scoremma_bf16_d128_u4"},
 	}
 	for _, v := range []string{"w4s2", "w8s2", "w2s3", "w4s4"} {
-		runs = append(runs, run{BF16, backendtest.RoundBF16, 64, "quest_attendmma_bf16_d128_" + v, ""}, run{BF16, backendtest.RoundBF16, 3, "quest_attendmma_bf16_d128_" + v, ""})
+		runs = append(runs, run{plan.BFloat16, backendtest.RoundBF16, 64, "quest_attendmma_bf16_d128_" + v, ""}, run{plan.BFloat16, backendtest.RoundBF16, 3, "quest_attendmma_bf16_d128_" + v, ""})
 	}
 	for i, r := range runs {
 		b, err := New(Config{DType: r.dt, AttendChunk: r.chunk, AttendKernel: r.attend, ScoreKernel: r.score})
@@ -173,7 +174,7 @@ func TestMMAKernels(t *testing.T) {
 // equal a full sort of the scores, and the attention over each list equals
 // the float64 reference, in both GQA modes and on a ragged batch.
 func TestScoreTileMaxima(t *testing.T) {
-	b := newBackend(t, BF16)
+	b := newBackend(t, plan.BFloat16)
 	defer b.Close()
 	rng := rand.New(rand.NewPCG(5, 5))
 	for _, s := range []kernels.Shape{{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}, {QHeads: 32, KVHeads: 2, HeadDim: 64, PageSize: 16}} {
@@ -374,7 +375,7 @@ func TestScoreTileMaxima(t *testing.T) {
 // reuse the device goroutine's buffers; kernel parameters and uploads go
 // through C and pinned memory) and logs them.
 func TestAllocsPerCall(t *testing.T) {
-	b := newBackend(t, BF16)
+	b := newBackend(t, plan.BFloat16)
 	defer b.Close()
 	ctx := context.Background()
 	s := kernels.Shape{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}

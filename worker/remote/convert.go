@@ -253,10 +253,17 @@ type GridRef struct {
 func (r GridRef) proto() *workerv1.GridRef { return &workerv1.GridRef{Grid: r.Grid, View: r.View} }
 
 // encodeConfig is worker.Config as a GridConfig (MemoryLimit and
-// DeviceResident are each node's own business and do not travel).
+// DeviceResident are each node's own business and do not travel; nor
+// does DType: a worker's page stores hold plan.Float32, the zero value,
+// which is what decodeConfig gives, and another type is refused). The
+// policy's page size is the geometry's (plan.Policy.WithGeometry), as the
+// workers use it.
 func encodeConfig(c worker.Config) (*workerv1.GridConfig, error) {
 	e := &enc{what: "grid config"}
-	p := c.Policy
+	if c.DType != plan.Float32 {
+		e.fail(worker.ErrBadMessage, "dtype %v does not travel (workers store f32)", c.DType)
+	}
+	p := c.Policy.WithGeometry(c.Geometry)
 	lb := make(map[uint32]uint32, len(p.LayerBudget))
 	for l, b := range p.LayerBudget {
 		lb[e.u32("layer budget layer", l)] = e.u32("layer budget", b)
@@ -284,9 +291,12 @@ func decodeConfig(g *workerv1.GridConfig) (worker.Config, error) {
 	}
 	p := g.Policy
 	c := worker.Config{
-		Layers: toInt(d, "layers", g.Layers), QHeads: toInt(d, "q heads", g.QHeads), KVHeads: toInt(d, "kv heads", g.KvHeads),
-		HeadDim: toInt(d, "head dim", g.HeadDim), PageSize: toInt(d, "page size", g.PageSize),
-		CP: toInt(d, "cp", g.Cp), TP: toInt(d, "tp", g.Tp), Capacity: toInt(d, "capacity", g.CapacityPages),
+		Layers: toInt(d, "layers", g.Layers),
+		Geometry: plan.Geometry{QHeads: toInt(d, "q heads", g.QHeads), KVHeads: toInt(d, "kv heads", g.KvHeads),
+			HeadDim: toInt(d, "head dim", g.HeadDim), PageSize: toInt(d, "page size", g.PageSize)},
+		CP:       toInt(d, "cp", g.Cp),
+		TP:       toInt(d, "tp", g.Tp),
+		Capacity: toInt(d, "capacity", g.CapacityPages),
 		Policy: plan.Policy{
 			PageSize: toInt(d, "policy page size", p.PageSize), BudgetTokens: toInt(d, "budget tokens", p.BudgetTokens),
 			SinkPages: toInt(d, "sink pages", p.SinkPages), LocalPages: toInt(d, "local pages", p.LocalPages),

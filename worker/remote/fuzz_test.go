@@ -24,8 +24,15 @@ func fuzzGrid(f *testing.F, n int) (*Server, *workerv1.GridRef, worker.Config) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { s.Close() })
-	c := worker.Config{Layers: 2, QHeads: 2, KVHeads: 1, HeadDim: 4, PageSize: 2, CP: 1, TP: 1, Capacity: 64,
-		Policy: plan.Policy{PageSize: 2, BudgetTokens: 4, LocalPages: 1}, MemoryLimit: -1}
+	c := worker.Config{
+		Layers:      2,
+		Geometry:    plan.Geometry{QHeads: 2, KVHeads: 1, HeadDim: 4, PageSize: 2},
+		CP:          1,
+		TP:          1,
+		Capacity:    64,
+		Policy:      plan.Policy{PageSize: 2, BudgetTokens: 4, LocalPages: 1},
+		MemoryLimit: -1,
+	}
 	gc, err := encodeConfig(c)
 	if err != nil {
 		f.Fatal(err)

@@ -79,8 +79,16 @@ func engineConfig(cp, tp int, mode plan.SelectMode) engine.Config {
 
 // workerConfig is the worker config of an engine config.
 func workerConfig(c engine.Config) worker.Config {
-	return worker.Config{Layers: c.Layers, QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize,
-		CP: c.CP, TP: c.TP, Capacity: c.CapacityPages, Policy: c.Policy, Mode: c.Selection, MemoryLimit: memlimit.NoLimit}
+	return worker.Config{
+		Layers:      c.Layers,
+		Geometry:    plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize},
+		CP:          c.CP,
+		TP:          c.TP,
+		Capacity:    c.CapacityPages,
+		Policy:      c.Policy,
+		Mode:        c.Selection,
+		MemoryLimit: memlimit.NoLimit,
+	}
 }
 
 // spread puts rank (tp, cp) on node (tp*CP+cp+offset) mod len(conns);
