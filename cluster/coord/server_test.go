@@ -15,9 +15,9 @@ import (
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
-	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
@@ -36,52 +36,10 @@ func geometry(cp, tp int) engine.Config {
 	return ec
 }
 
-func fastMember(name string) cluster.MemberConfig {
-	mc := cluster.DefaultMemberConfig()
-	mc.Name = name
-	mc.BindAddr, mc.BindPort = "127.0.0.1", 0
-	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = 100*time.Millisecond, 50*time.Millisecond, 2
-	mc.GossipInterval, mc.PushPullInterval, mc.TCPTimeout = 50*time.Millisecond, 2*time.Second, 2*time.Second
-	mc.JoinRetryInterval, mc.DeadNodeReclaimTime = 100*time.Millisecond, time.Millisecond
-	return mc
-}
-
-// startCluster starts n plaintext nodes n0.. on 127.0.0.1 and waits until
-// each sees them all.
+// startCluster starts n plaintext nodes n0.. (nodetest.Start).
 func startCluster(tb testing.TB, n int, ec engine.Config) []*node.Node {
 	tb.Helper()
-	var nodes []*node.Node
-	tb.Cleanup(func() {
-		for _, nd := range nodes {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			nd.Stop(ctx)
-			cancel()
-		}
-	})
-	for i := range n {
-		mc := fastMember(fmt.Sprintf("n%d", i))
-		if i > 0 {
-			mc.Join = []string{nodes[0].GossipAddr()}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		nd, err := node.Start(ctx, node.Config{GRPCAddr: "127.0.0.1:0", Member: mc, Engine: ec, Plaintext: true,
-			MemoryLimit: memlimit.NoLimit, DrainTimeout: time.Second, MetaInterval: 100 * time.Millisecond, Version: "test"})
-		cancel()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		nodes = append(nodes, nd)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for _, nd := range nodes {
-		for len(nd.Membership().View().Up()) != n {
-			if time.Now().After(deadline) {
-				tb.Fatalf("%s sees %d members up, want %d", nd.Name(), len(nd.Membership().View().Up()), n)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	return nodes
+	return nodetest.Start(tb, "n", n, ec, nil)
 }
 
 func dial(tb testing.TB, nd *node.Node) *client.Client {

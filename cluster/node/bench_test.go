@@ -1,13 +1,13 @@
-package node
+package node_test
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
@@ -75,7 +75,7 @@ func BenchmarkLayerStep128K(b *testing.B) {
 		report(b, sum, b.N)
 	})
 	b.Run("cluster3", func(b *testing.B) {
-		nodes := startBenchCluster(b, 3, ec)
+		nodes := nodetest.Start(b, "b", 3, ec, nil)
 		ctx := context.Background()
 		c, err := client.Dial(ctx, nodes[0].Addr(), client.Options{})
 		if err != nil {
@@ -108,43 +108,6 @@ func BenchmarkLayerStep128K(b *testing.B) {
 		report(b, sum, b.N)
 		b.ReportMetric(float64(rtt.Microseconds())/float64(b.N), "client-rpc-us")
 	})
-}
-
-// startBenchCluster is startCluster for a benchmark.
-func startBenchCluster(b *testing.B, n int, ec engine.Config) []*Node {
-	b.Helper()
-	var nodes []*Node
-	b.Cleanup(func() {
-		for _, nd := range nodes {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			nd.Stop(ctx)
-			cancel()
-		}
-	})
-	for i := range n {
-		mc := fastMember(fmt.Sprintf("b%d", i))
-		if i > 0 {
-			mc.Join = []string{nodes[0].GossipAddr()}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		nd, err := Start(ctx, Config{GRPCAddr: "127.0.0.1:0", Member: mc, Engine: ec, Plaintext: true,
-			MemoryLimit: memlimit.NoLimit, DrainTimeout: time.Second, Version: "bench"})
-		cancel()
-		if err != nil {
-			b.Fatal(err)
-		}
-		nodes = append(nodes, nd)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for _, nd := range nodes {
-		for len(nd.Membership().View().Up()) != n {
-			if time.Now().After(deadline) {
-				b.Fatal("cluster did not form")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	return nodes
 }
 
 // BenchmarkTokenStep: one decode step of one token over 4 layers at 32K
@@ -201,7 +164,7 @@ func BenchmarkTokenStep(b *testing.B) {
 		})
 	})
 	b.Run("cluster3", func(b *testing.B) {
-		nodes := startBenchCluster(b, 3, ec)
+		nodes := nodetest.Start(b, "b", 3, ec, nil)
 		ctx := context.Background()
 		c, err := client.Dial(ctx, nodes[0].Addr(), client.Options{})
 		if err != nil {

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -12,8 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
@@ -36,64 +37,13 @@ func geometry(cp, tp int, mode plan.SelectMode) engine.Config {
 	return ec
 }
 
-// startCluster starts n nodes on 127.0.0.1 (real memberlist over UDP and
-// TCP, port 0) with fast failure detection, and waits until each sees n
-// alive members.
-func startCluster(t *testing.T, n int, ec engine.Config) []*Node {
+// startCluster starts n nodes n0.. (nodetest.Start).
+func startCluster(t *testing.T, n int, ec engine.Config) []*node.Node {
 	t.Helper()
-	var nodes []*Node
-	t.Cleanup(func() {
-		for _, nd := range nodes {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			nd.Stop(ctx)
-			cancel()
-		}
-	})
-	for i := range n {
-		mc := fastMember(fmt.Sprintf("n%d", i))
-		if i > 0 {
-			mc.Join = []string{nodes[0].GossipAddr()}
-		}
-		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-		nd, err := Start(ctx, Config{GRPCAddr: "127.0.0.1:0", Member: mc, Engine: ec, Plaintext: true,
-			MemoryLimit: memlimit.NoLimit, DrainTimeout: time.Second, MetaInterval: 100 * time.Millisecond, Version: "test"})
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		nodes = append(nodes, nd)
-	}
-	waitAlive(t, nodes, n)
-	return nodes
+	return nodetest.Start(t, "n", n, ec, nil)
 }
 
-// fastMember is a member on 127.0.0.1, port 0, with fast failure
-// detection.
-func fastMember(name string) cluster.MemberConfig {
-	mc := cluster.DefaultMemberConfig()
-	mc.Name = name
-	mc.BindAddr, mc.BindPort = "127.0.0.1", 0
-	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = 100*time.Millisecond, 50*time.Millisecond, 2
-	mc.GossipInterval, mc.PushPullInterval, mc.TCPTimeout = 50*time.Millisecond, 2*time.Second, 2*time.Second
-	mc.JoinRetryInterval, mc.DeadNodeReclaimTime = 100*time.Millisecond, time.Millisecond
-	return mc
-}
-
-// waitAlive waits until every node's view has want members up.
-func waitAlive(t *testing.T, nodes []*Node, want int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, nd := range nodes {
-		for len(nd.Membership().View().Up()) != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s sees %d members up, want %d", nd.Name(), len(nd.Membership().View().Up()), want)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-}
-
-func dial(t *testing.T, nd *Node) *client.Client {
+func dial(t *testing.T, nd *node.Node) *client.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
@@ -273,7 +223,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	// The victim: a node that hosts a rank of a sequence it does not
 	// coordinate, while another sequence does not use it (placement is
 	// deterministic: the choice is the same at every run).
-	var victim *Node
+	var victim *node.Node
 	for _, nd := range nodes {
 		hit, miss := false, false
 		for _, s := range seqs {
@@ -288,7 +238,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	if victim == nil {
 		t.Fatalf("no node is used by one sequence and not by another: %v", seqs)
 	}
-	var alive []*Node
+	var alive []*node.Node
 	for _, nd := range nodes {
 		if nd != victim {
 			alive = append(alive, nd)
@@ -316,7 +266,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			t.Fatalf("%s on %v does not use %s but failed: %v", s.id, s.nodes, victim.Name(), err)
 		}
 	}
-	waitAlive(t, alive, 2)
+	nodetest.WaitUp(t, alive, 2)
 	for _, nd := range alive {
 		c := dial(t, nd)
 		id, on, err := c.Create(ctx, plan.Striped)

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -24,7 +24,8 @@ import (
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 	"github.com/questrt/questrt/cluster/client"
-	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -104,34 +105,11 @@ func nodeTLS(ca *testCA, cert tls.Certificate) *tls.Config {
 
 // startTLSCluster starts n nodes with mutual TLS, each with its own
 // certificate of ca.
-func startTLSCluster(t *testing.T, n int, ca *testCA) []*Node {
+func startTLSCluster(t *testing.T, n int, ca *testCA) []*node.Node {
 	t.Helper()
-	ec := geometry(3, 1, plan.Exact)
-	var nodes []*Node
-	t.Cleanup(func() {
-		for _, nd := range nodes {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			nd.Stop(ctx)
-			cancel()
-		}
+	return nodetest.Start(t, "n", n, geometry(3, 1, plan.Exact), func(i int, c *node.Config) {
+		c.Plaintext, c.TLS = false, nodeTLS(ca, ca.issue(t, fmt.Sprintf("n%d", i)))
 	})
-	for i := range n {
-		name := fmt.Sprintf("n%d", i)
-		mc := fastMember(name)
-		if i > 0 {
-			mc.Join = []string{nodes[0].GossipAddr()}
-		}
-		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-		nd, err := Start(ctx, Config{GRPCAddr: "127.0.0.1:0", Member: mc, Engine: ec, TLS: nodeTLS(ca, ca.issue(t, name)),
-			MemoryLimit: memlimit.NoLimit, DrainTimeout: time.Second, MetaInterval: 100 * time.Millisecond, Version: "test"})
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		nodes = append(nodes, nd)
-	}
-	waitAlive(t, nodes, n)
-	return nodes
 }
 
 // rawStatus calls Status once (fail fast, no wait for ready) over a
@@ -165,7 +143,7 @@ func TestTLSCluster(t *testing.T) {
 
 	t.Run("mutual", func(t *testing.T) {
 		creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{clientCert}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13})
-		dialTLS := func(nd *Node) *client.Client {
+		dialTLS := func(nd *node.Node) *client.Client {
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
 			c, err := client.Dial(ctx, nd.Addr(), client.Options{Creds: creds})
