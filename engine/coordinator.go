@@ -134,10 +134,8 @@ type Host struct {
 // with its ranks' transports already connected. The caller keeps the
 // workers: Close does not close them. cfg's Backend, Backends, Transports,
 // DeviceResident and MemoryLimit are the workers' business and are
-// ignored; each worker checks its own memory. Diagnostics over such an
-// engine fill everything the workers return as plain data (the pages
-// read, their scores, the dense reference's error and LSE); recall and
-// attention mass need the keys, which stay on the workers, and are NaN.
+// ignored; each worker checks its own memory. Diagnostics work as on an
+// engine New built: the keys they need come back through Worker.Keys.
 func Open(cfg Config, hosts []Host) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/shard"
@@ -15,11 +14,10 @@ import (
 // workers returned (every rank's selection and page scores), then runs a
 // dense reference step through the workers on the same data (ForceDense,
 // no new tokens) for the output error, and computes the attention mass
-// and top-R recall from the keys of every shard's pages. The keys are
-// read in process, through the workers' accessors (worker.Local.Shard and
-// StoreSeq): in place on host-resident shards, a bounded chunk at a time
-// from device-resident ones (shard.PageKeys). No values or summaries are
-// read back.
+// and top-R recall from the keys of every rank's pages, read back through
+// the workers (Worker.Keys, keyChunkBytes at a time: remote workers send
+// them over the network, so diagnostics cost O(context) bytes per step).
+// No values or summaries are read back.
 func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs []*seqState, opt StepOptions, res *Result) error {
 	c := e.cfg
 	d, g := c.HeadDim, c.QHeads/c.KVHeads
@@ -117,47 +115,23 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 	dense := &Result{}
 	e.gather(len(reqs), e.dreps, dense)
 	res.DenseLSE = append(res.DenseLSE[:0], dense.LSE...)
-	if e.locals == nil {
-		// The keys stay on the workers: only the output error.
-		for i := range seqs {
-			dg := &res.Diag[i]
-			dg.Recall, dg.MassRecall, dg.MinMassRecall = math.NaN(), math.NaN(), math.NaN()
-			o, od := res.O[i*c.QHeads*d:(i+1)*c.QHeads*d], dense.O[i*c.QHeads*d:(i+1)*c.QHeads*d]
-			dg.RelL2, dg.AbsL2 = shard.RelL2(o, od), shard.AbsL2(o, od)
-		}
-		return nil
-	}
 	scale := 1 / math.Sqrt(float64(d))
 	stats := make([]*shard.TokenStats, c.QHeads)
 	next := make([]int, c.QHeads)
-	keys := make([][]*shard.PageKeys, c.TP)
-	var table []int32
+	keys := make([][]*keyReader, c.TP)
 	for i, sq := range seqs {
 		dg := &res.Diag[i]
 		n := sq.lens[layer]
 		np := res.Plans[i].Pages
-		// A key reader over each shard's pages of the sequence (in place
-		// on host-resident shards; page lp of keys[tp][cp] is the shard's
-		// local page lp). Values and summaries are not needed: the dense
-		// reference above ran on the backends.
+		// A key reader over each rank's pages of the sequence, through its
+		// worker (Keys, a chunk at a time). Values and summaries are not
+		// needed: the dense reference above ran on the backends.
 		for tp := range c.TP {
 			keys[tp] = keys[tp][:0]
 			for cp := range c.CP {
-				r := worker.Rank{TP: tp, CP: cp}
-				loc := e.locals[e.at[tp][cp].w]
-				sid, err := loc.StoreSeq(uint64(reqs[i].Seq), r)
-				if err != nil {
-					return err
-				}
-				sh := loc.Shard(r)
-				if table, err = sh.Store().AppendPageTable(table[:0], sid); err != nil {
-					return err
-				}
-				kr, err := sh.PageKeys(layer, slices.Clone(table))
-				if err != nil {
-					return fmt.Errorf("diagnostics: %w", err)
-				}
-				keys[tp] = append(keys[tp], kr)
+				keys[tp] = append(keys[tp], &keyReader{w: e.worker(tp, cp), seq: uint64(reqs[i].Seq),
+					rank: worker.Rank{TP: tp, CP: cp}, layer: layer, pages: sq.layout.Place(cp).Count(np),
+					chunk: max(1, keyChunkBytes/(4*e.kvT*c.PageSize*d))})
 			}
 		}
 		for h := range c.QHeads {
@@ -199,4 +173,41 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		dg.RelL2, dg.AbsL2 = shard.RelL2(o, od), shard.AbsL2(o, od)
 	}
 	return nil
+}
+
+// keyChunkBytes bounds the keys one Worker.Keys call of the diagnostics
+// reads.
+const keyChunkBytes = 4 << 20
+
+// keyReader reads one rank's keys of a sequence through its worker, a
+// chunk of local pages at a time (the diagnostics read them in increasing
+// local order).
+type keyReader struct {
+	w          worker.Worker
+	seq        uint64
+	rank       worker.Rank
+	layer      int
+	pages      int // the rank's local pages of the sequence
+	chunk      int // pages per call
+	lo, n, blk int
+	rep        worker.KeysReply
+}
+
+// Keys returns the keys of local page lp, [KVHeads/TP][PageSize][HeadDim].
+func (k *keyReader) Keys(ctx context.Context, lp int) ([]float32, error) {
+	if lp < k.lo || lp >= k.lo+k.n {
+		n := min(k.chunk, k.pages-lp)
+		if n <= 0 {
+			return nil, fmt.Errorf("diagnostics: page %d of rank %v's %d", lp, k.rank, k.pages)
+		}
+		if err := k.w.Keys(ctx, worker.KeysRequest{Seq: k.seq, Rank: k.rank, Layer: k.layer, From: lp, Count: n}, &k.rep); err != nil {
+			return nil, err
+		}
+		if len(k.rep.K)%n != 0 || len(k.rep.K) == 0 {
+			return nil, fmt.Errorf("diagnostics: rank %v sent %d key floats for %d pages", k.rank, len(k.rep.K), n)
+		}
+		k.lo, k.n, k.blk = lp, n, len(k.rep.K)/n
+	}
+	o := (lp - k.lo) * k.blk
+	return k.rep.K[o : o+k.blk], nil
 }

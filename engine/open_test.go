@@ -57,8 +57,7 @@ func openOver(t *testing.T, cfg Config, be kernels.Backend) *Engine {
 }
 
 // An engine opened over workers that host several ranks each gives the
-// outputs of an engine that built one worker per rank, and its
-// diagnostics fill what plain data carries (recall needs keys: NaN).
+// outputs and diagnostics of an engine that built one worker per rank.
 func TestOpenEqualsNew(t *testing.T) {
 	be := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
 	defer be.Close()
@@ -109,8 +108,8 @@ func TestOpenEqualsNew(t *testing.T) {
 				}
 				if opt.Diagnostics {
 					da, db := ra.Diag[0], rb.Diag[0]
-					if !math.IsNaN(db.Recall) || math.IsNaN(da.Recall) {
-						t.Fatalf("recall: new %g, open %g (want a number and NaN)", da.Recall, db.Recall)
+					if da.Recall != db.Recall || da.MassRecall != db.MassRecall || math.IsNaN(da.Recall) {
+						t.Fatalf("recall %g / %g, mass %g / %g: new and open differ", da.Recall, db.Recall, da.MassRecall, db.MassRecall)
 					}
 					if math.Abs(da.RelL2-db.RelL2) > 1e-6 || len(rb.DenseLSE) != cfg.QHeads {
 						t.Fatalf("rel_l2 %g vs %g, dense lse %d", da.RelL2, db.RelL2, len(rb.DenseLSE))

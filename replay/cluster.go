@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 
 	"github.com/questrt/questrt/cluster/client"
-	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
@@ -21,9 +19,8 @@ var ErrMismatch = errors.New("the cluster does not run this case")
 // diagnostics. The cluster's geometry and policy must be the case's (its
 // layer 0 sparse: --dense-layers 0), and its selector sel; a mismatch is
 // refused naming each field. The result is the in-process one's: the
-// pages read, scores and output error come from the cluster, recall and
-// attention mass are computed here from the case's keys against the
-// cluster's dense reference (the keys stay on the nodes).
+// pages read, scores, recall, attention mass and output error all come
+// from the cluster's diagnostics.
 func RunCluster(ctx context.Context, c *Case, sel plan.Selector, placement plan.Placement, cl *client.Client) (*Result, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -67,28 +64,8 @@ func RunCluster(ctx context.Context, c *Case, sel plan.Selector, placement plan.
 	}
 	cd := res.Diag[0]
 	pages := c.Pages()
-	dg := shard.Diagnostics{Selected: cd.Selected, Scores: cd.Scores, RelL2: cd.RelL2, AbsL2: cd.AbsL2, MinMassRecall: 1}
+	dg := shard.Diagnostics{Selected: cd.Selected, Scores: cd.Scores, RelL2: cd.RelL2, AbsL2: cd.AbsL2,
+		Recall: cd.Recall, MassRecall: cd.MassRecall, MinMassRecall: cd.MinMassRecall}
 	dg.CountPages(c.QHeads/c.KVHeads, pages)
-	// Recall and mass from the case's keys: every head's tokens against
-	// the dense LSE, attended when their page was read.
-	d := c.HeadDim
-	scale := 1 / math.Sqrt(float64(d))
-	grp := c.QHeads / c.KVHeads
-	for h := range c.QHeads {
-		ts := shard.NewTokenStats(float64(cd.DenseLSE[h]), 10)
-		sel := cd.Selected[h]
-		next := 0
-		keys := c.Keys[h/grp]
-		for t := range keys {
-			p := int32(t / c.PageSize)
-			for next < len(sel) && sel[next] < p {
-				next++
-			}
-			ts.Add(float64(kernels.Dot(c.Query[h], keys[t]))*scale, next < len(sel) && sel[next] == p)
-		}
-		ts.AddTo(&dg)
-	}
-	dg.Recall /= float64(c.QHeads)
-	dg.MassRecall /= float64(c.QHeads)
-	return NewResult(sel, c.QHeads, d, pages, res.O, res.LSE, dg), nil
+	return NewResult(sel, c.QHeads, c.HeadDim, pages, res.O, res.LSE, dg), nil
 }

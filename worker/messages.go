@@ -232,3 +232,23 @@ type EndRequest struct {
 	// early, may still hold its peers' messages of those layers.
 	Layers []int
 }
+
+// KeysRequest reads back the keys of local pages [From, From+Count) of a
+// sequence on one rank, for diagnostics (recall and attention mass need
+// every token's score): never on the decode path.
+type KeysRequest struct {
+	Seq  uint64
+	Rank Rank
+	// Layer is the layer read.
+	Layer int
+	// From and Count are the rank's local pages of the sequence (local
+	// page l is global page Layout.Place(cp).Global(l)).
+	From, Count int
+}
+
+// KeysReply holds the pages' keys, [Count][KVHeads/TP][PageSize][HeadDim]
+// (slots past a page's valid length hold unspecified data). Keys fills
+// the reply it is given, reusing its slice.
+type KeysReply struct {
+	K []float32
+}

@@ -66,4 +66,7 @@ type Worker interface {
 	Layer(ctx context.Context, m LayerRequest, rep *LayerReply) error
 	// EndStep closes the open step (see EndRequest).
 	EndStep(ctx context.Context, m EndRequest) error
+	// Keys reads back keys of a sequence's pages on one rank (see
+	// KeysRequest); refused while a step is open.
+	Keys(ctx context.Context, m KeysRequest, rep *KeysReply) error
 }

@@ -137,6 +137,9 @@ type Diag struct {
 	Scores       [][]float32
 	DenseLSE     []float32
 	RelL2, AbsL2 float64
+	// Recall, MassRecall and MinMassRecall are shard.Diagnostics' (top-10
+	// recall and attention-mass recall against the dense reference).
+	Recall, MassRecall, MinMassRecall float64
 }
 
 // StepResult is a step's answer: O [items][QHeads][HeadDim], LSE
@@ -288,7 +291,7 @@ func diag(d *decodev1.Diagnostics, g Geometry, pages int) (Diag, error) {
 	if err != nil {
 		return Diag{}, err
 	}
-	out := Diag{RelL2: math.NaN(), AbsL2: d.GetAbsL2()}
+	out := Diag{RelL2: math.NaN(), AbsL2: d.GetAbsL2(), Recall: d.GetRecall(), MassRecall: d.GetMassRecall(), MinMassRecall: d.GetMinMassRecall()}
 	if d.GetRelL2Defined() {
 		out.RelL2 = d.GetRelL2()
 	}

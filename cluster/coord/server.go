@@ -172,6 +172,7 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 			Pages:    remote.Int32Tensor(pages, len(pages)),
 			DenseLse: remote.Float32Tensor(res.DenseLSE[i*ec.QHeads:(i+1)*ec.QHeads], ec.QHeads),
 			AbsL2:    dg.AbsL2,
+			Recall:   dg.Recall, MassRecall: dg.MassRecall, MinMassRecall: dg.MinMassRecall,
 		}
 		if !math.IsNaN(dg.RelL2) {
 			d.RelL2, d.RelL2Defined = dg.RelL2, true

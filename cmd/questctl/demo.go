@@ -43,7 +43,7 @@ questctl up does: --questd, else questd next to questctl, else on $PATH;
 their logs go to a temporary folder, named on failure), runs the same
 decode through the client API of the first node (the sequence's CP x TP
 ranks placed on the nodes), and stops the nodes at the end. Recall and
-mass recall need the keys, which stay on the nodes: they print n/a.`)
+mass recall there read the keys back from the nodes (diagnostics only).`)
 	fs.IntVar(&c.Context, "context", c.Context, "tokens of prefilled context (longer than --budget; up to 2^30, within --max-memory)")
 	fs.IntVar(&c.Steps, "steps", c.Steps, "decode steps, 1..100000 (the query turns from A to B halfway)")
 	fs.IntVar(&c.Layers, "layers", c.Layers, "layers, 1..1024")

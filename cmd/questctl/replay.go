@@ -42,8 +42,7 @@ sequence created through that node, the same result JSON. The cluster's
 geometry and policy must be the case's (questd --layers 1 --dense-layers 0
 --q-heads ... --page-size ... --local-pages ...); --cp, --tp and
 --selection, when given, must equal the cluster's grid, and a mismatch is
-named field by field (exit 2). Recall and mass recall are computed here
-from the case's keys against the cluster's dense reference.`)
+named field by field (exit 2).`)
 	in := fs.String("in", "", "case file (JSON); - reads stdin")
 	out := fs.String("out", "", "result file (default stdout)")
 	selName := fs.String("selector", "quest", "page selector: quest, oracle, recent or dense")

@@ -54,8 +54,7 @@ type Config struct {
 	DeviceResident bool
 	// Cluster, when set, runs the demo through a questd cluster (its
 	// geometry and policy must be the demo's; Backend is then unused).
-	// Recall and mass recall need the keys, which stay on the nodes: they
-	// are n/a.
+	// The coordinator's diagnostics read the keys back from the nodes.
 	Cluster *client.Client
 }
 

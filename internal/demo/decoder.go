@@ -3,7 +3,6 @@ package demo
 import (
 	"context"
 	"fmt"
-	"math"
 
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/engine"
@@ -48,8 +47,9 @@ func (d *engineDecoder) step(ctx context.Context, layer int, q, k, v []float32, 
 
 func (d *engineDecoder) close() { d.e.Close() }
 
-// clusterDecoder runs through a questd cluster's client API. The keys
-// stay on the nodes: its diagnostics have no recall or mass recall (NaN).
+// clusterDecoder runs through a questd cluster's client API (its
+// diagnostics computed by the coordinator, the keys read back from the
+// nodes).
 type clusterDecoder struct {
 	c     *client.Client
 	seq   string
@@ -89,7 +89,7 @@ func (d *clusterDecoder) step(ctx context.Context, layer int, q, k, v []float32,
 	res.Diag = res.Diag[:0]
 	for i, cd := range r.Diag {
 		dg := shard.Diagnostics{Selected: cd.Selected, Scores: cd.Scores, RelL2: cd.RelL2, AbsL2: cd.AbsL2,
-			Recall: math.NaN(), MassRecall: math.NaN(), MinMassRecall: math.NaN()}
+			Recall: cd.Recall, MassRecall: cd.MassRecall, MinMassRecall: cd.MinMassRecall}
 		dg.CountPages(d.group, r.Plans[i].Pages)
 		res.Diag = append(res.Diag, dg)
 	}

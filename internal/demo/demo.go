@@ -299,9 +299,6 @@ func phase(n int, recall, mass float64, steps int) string {
 	if n == 0 {
 		return fmt.Sprintf("no steps (--steps %d: the query turns to B at step %d)", steps, steps/2)
 	}
-	if math.IsNaN(recall) {
-		return fmt.Sprintf("recall and mass recall n/a over %d steps (the keys stay on the cluster's nodes)", n)
-	}
 	return fmt.Sprintf("recall %.3f, mass recall %.4f over %d steps", recall, mass, n)
 }
 

@@ -301,3 +301,16 @@ func CloseGrid(ctx context.Context, clients ...*Client) error {
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// Keys implements worker.Worker.
+func (c *Client) Keys(ctx context.Context, m worker.KeysRequest, rep *worker.KeysReply) error {
+	r, err := encodeKeys(c.ref, m)
+	if err != nil {
+		return err
+	}
+	out, err := c.api.Keys(ctx, r)
+	if err != nil {
+		return FromStatus(err)
+	}
+	return decodeKeysReply(c.geo, out, m.Count, rep)
+}

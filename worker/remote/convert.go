@@ -340,13 +340,13 @@ func decodeLayout(d *dec, l *workerv1.Layout) plan.Layout {
 }
 
 // geometry is what a grid's config fixes of its tensors' shapes.
-type geometry struct{ q, kv, d int } // heads per TP rank, head dim
+type geometry struct{ q, kv, d, s int } // heads per TP rank, head dim, page size
 
 func geometryOf(c worker.Config) geometry {
 	if c.TP < 1 {
 		return geometry{}
 	}
-	return geometry{q: c.QHeads / c.TP, kv: c.KVHeads / c.TP, d: c.HeadDim}
+	return geometry{q: c.QHeads / c.TP, kv: c.KVHeads / c.TP, d: c.HeadDim, s: c.PageSize}
 }
 
 // encodeAppend and the encoders below are the client's; the decoders are
@@ -573,4 +573,29 @@ func resizeOutputs(s []worker.RankOutput, n int) []worker.RankOutput {
 		s = append(s[:cap(s)], make([]worker.RankOutput, n-cap(s))...)
 	}
 	return s[:n]
+}
+
+func encodeKeys(ref *workerv1.GridRef, m worker.KeysRequest) (*workerv1.KeysRequest, error) {
+	e := &enc{what: "keys request"}
+	r := &workerv1.KeysRequest{Ref: ref, Seq: m.Seq, Rank: e.rank("rank", m.Rank), Layer: e.u32("layer", m.Layer),
+		From: e.u64("from", m.From), Count: e.u64("count", m.Count)}
+	return r, e.err
+}
+
+func decodeKeys(r *workerv1.KeysRequest) (worker.KeysRequest, error) {
+	d := &dec{what: "keys request", sentinel: worker.ErrBadMessage}
+	m := worker.KeysRequest{Seq: r.GetSeq(), Rank: d.rank("rank", r.GetRank()), Layer: toInt(d, "layer", r.GetLayer()),
+		From: toInt(d, "from", r.GetFrom()), Count: toInt(d, "count", r.GetCount())}
+	return m, d.err
+}
+
+func encodeKeysReply(g geometry, m *worker.KeysReply) (*workerv1.KeysReply, error) {
+	e := &enc{what: "keys reply"}
+	return &workerv1.KeysReply{K: e.f32("k", m.K, g.kv, g.s, g.d)}, e.err
+}
+
+func decodeKeysReply(g geometry, r *workerv1.KeysReply, count int, rep *worker.KeysReply) error {
+	d := &dec{what: "keys reply", sentinel: errBadReply}
+	rep.K = d.f32(rep.K, r.GetK(), "k", count, g.kv, g.s, g.d)
+	return d.err
 }

@@ -711,3 +711,24 @@ func ack(err error) (*workerv1.Ack, error) {
 	}
 	return &workerv1.Ack{}, nil
 }
+
+// Keys implements workerv1.WorkerServer.
+func (s *Server) Keys(ctx context.Context, r *workerv1.KeysRequest) (*workerv1.KeysReply, error) {
+	var rep *workerv1.KeysReply
+	err := s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		m, err := decodeKeys(r)
+		if err != nil {
+			return err
+		}
+		var out worker.KeysReply
+		if err := g.local.Keys(ctx, m, &out); err != nil {
+			return err
+		}
+		rep, err = encodeKeysReply(g.geo, &out)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rep, nil
+}

@@ -499,10 +499,16 @@ type Diagnostics struct {
 	// scores: [q_heads][pages] float32, absent when nothing was scored.
 	Scores *v1.Tensor `protobuf:"bytes,3,opt,name=scores,proto3" json:"scores,omitempty"`
 	// dense_lse: the dense reference's [q_heads] log-sum-exp.
-	DenseLse      *v1.Tensor `protobuf:"bytes,4,opt,name=dense_lse,json=denseLse,proto3" json:"dense_lse,omitempty"`
-	RelL2         float64    `protobuf:"fixed64,5,opt,name=rel_l2,json=relL2,proto3" json:"rel_l2,omitempty"`
-	AbsL2         float64    `protobuf:"fixed64,6,opt,name=abs_l2,json=absL2,proto3" json:"abs_l2,omitempty"`
-	RelL2Defined  bool       `protobuf:"varint,7,opt,name=rel_l2_defined,json=relL2Defined,proto3" json:"rel_l2_defined,omitempty"`
+	DenseLse     *v1.Tensor `protobuf:"bytes,4,opt,name=dense_lse,json=denseLse,proto3" json:"dense_lse,omitempty"`
+	RelL2        float64    `protobuf:"fixed64,5,opt,name=rel_l2,json=relL2,proto3" json:"rel_l2,omitempty"`
+	AbsL2        float64    `protobuf:"fixed64,6,opt,name=abs_l2,json=absL2,proto3" json:"abs_l2,omitempty"`
+	RelL2Defined bool       `protobuf:"varint,7,opt,name=rel_l2_defined,json=relL2Defined,proto3" json:"rel_l2_defined,omitempty"`
+	// recall: mean over heads of the share of the dense top-10 tokens whose
+	// page was read; mass_recall: mean share of the dense attention mass on
+	// the pages read; min_mass_recall: the lowest head's.
+	Recall        float64 `protobuf:"fixed64,8,opt,name=recall,proto3" json:"recall,omitempty"`
+	MassRecall    float64 `protobuf:"fixed64,9,opt,name=mass_recall,json=massRecall,proto3" json:"mass_recall,omitempty"`
+	MinMassRecall float64 `protobuf:"fixed64,10,opt,name=min_mass_recall,json=minMassRecall,proto3" json:"min_mass_recall,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -584,6 +590,27 @@ func (x *Diagnostics) GetRelL2Defined() bool {
 		return x.RelL2Defined
 	}
 	return false
+}
+
+func (x *Diagnostics) GetRecall() float64 {
+	if x != nil {
+		return x.Recall
+	}
+	return 0
+}
+
+func (x *Diagnostics) GetMassRecall() float64 {
+	if x != nil {
+		return x.MassRecall
+	}
+	return 0
+}
+
+func (x *Diagnostics) GetMinMassRecall() float64 {
+	if x != nil {
+		return x.MinMassRecall
+	}
+	return 0
 }
 
 type StepReply struct {
@@ -1499,7 +1526,7 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x04sink\x18\x03 \x01(\rR\x04sink\x12\x14\n" +
 	"\x05local\x18\x04 \x01(\rR\x05local\x12\x14\n" +
 	"\x05dense\x18\x05 \x01(\bR\x05dense\x12\x12\n" +
-	"\x04rank\x18\x06 \x01(\rR\x04rank\"\xb0\x02\n" +
+	"\x04rank\x18\x06 \x01(\rR\x04rank\"\x91\x03\n" +
 	"\vDiagnostics\x121\n" +
 	"\x06indptr\x18\x01 \x01(\v2\x19.questrt.worker.v1.TensorR\x06indptr\x12/\n" +
 	"\x05pages\x18\x02 \x01(\v2\x19.questrt.worker.v1.TensorR\x05pages\x121\n" +
@@ -1507,7 +1534,12 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\tdense_lse\x18\x04 \x01(\v2\x19.questrt.worker.v1.TensorR\bdenseLse\x12\x15\n" +
 	"\x06rel_l2\x18\x05 \x01(\x01R\x05relL2\x12\x15\n" +
 	"\x06abs_l2\x18\x06 \x01(\x01R\x05absL2\x12$\n" +
-	"\x0erel_l2_defined\x18\a \x01(\bR\frelL2Defined\"\x8d\x02\n" +
+	"\x0erel_l2_defined\x18\a \x01(\bR\frelL2Defined\x12\x16\n" +
+	"\x06recall\x18\b \x01(\x01R\x06recall\x12\x1f\n" +
+	"\vmass_recall\x18\t \x01(\x01R\n" +
+	"massRecall\x12&\n" +
+	"\x0fmin_mass_recall\x18\n" +
+	" \x01(\x01R\rminMassRecall\"\x8d\x02\n" +
 	"\tStepReply\x12'\n" +
 	"\x01o\x18\x01 \x01(\v2\x19.questrt.worker.v1.TensorR\x01o\x12+\n" +
 	"\x03lse\x18\x02 \x01(\v2\x19.questrt.worker.v1.TensorR\x03lse\x12-\n" +

@@ -2038,6 +2038,136 @@ func (x *EndRequest) GetLayers() []uint32 {
 	return nil
 }
 
+type KeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ref   *GridRef               `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Seq   uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Rank  *Rank                  `protobuf:"bytes,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Layer uint32                 `protobuf:"varint,4,opt,name=layer,proto3" json:"layer,omitempty"`
+	// from, count: the rank's local pages of the sequence.
+	From          uint64 `protobuf:"varint,5,opt,name=from,proto3" json:"from,omitempty"`
+	Count         uint64 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeysRequest) Reset() {
+	*x = KeysRequest{}
+	mi := &file_worker_v1_worker_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeysRequest) ProtoMessage() {}
+
+func (x *KeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeysRequest.ProtoReflect.Descriptor instead.
+func (*KeysRequest) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *KeysRequest) GetRef() *GridRef {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
+func (x *KeysRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *KeysRequest) GetRank() *Rank {
+	if x != nil {
+		return x.Rank
+	}
+	return nil
+}
+
+func (x *KeysRequest) GetLayer() uint32 {
+	if x != nil {
+		return x.Layer
+	}
+	return 0
+}
+
+func (x *KeysRequest) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *KeysRequest) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type KeysReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// k: [count][kv_heads/tp][page_size][head_dim] float32.
+	K             *Tensor `protobuf:"bytes,1,opt,name=k,proto3" json:"k,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeysReply) Reset() {
+	*x = KeysReply{}
+	mi := &file_worker_v1_worker_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeysReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeysReply) ProtoMessage() {}
+
+func (x *KeysReply) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeysReply.ProtoReflect.Descriptor instead.
+func (*KeysReply) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *KeysReply) GetK() *Tensor {
+	if x != nil {
+		return x.K
+	}
+	return nil
+}
+
 var File_worker_v1_worker_proto protoreflect.FileDescriptor
 
 const file_worker_v1_worker_proto_rawDesc = "" +
@@ -2194,11 +2324,20 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\x12\x16\n" +
 	"\x06failed\x18\x03 \x01(\bR\x06failed\x12\x16\n" +
-	"\x06layers\x18\x04 \x03(\rR\x06layers*B\n" +
+	"\x06layers\x18\x04 \x03(\rR\x06layers\"\xba\x01\n" +
+	"\vKeysRequest\x12,\n" +
+	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12+\n" +
+	"\x04rank\x18\x03 \x01(\v2\x17.questrt.worker.v1.RankR\x04rank\x12\x14\n" +
+	"\x05layer\x18\x04 \x01(\rR\x05layer\x12\x12\n" +
+	"\x04from\x18\x05 \x01(\x04R\x04from\x12\x14\n" +
+	"\x05count\x18\x06 \x01(\x04R\x05count\"4\n" +
+	"\tKeysReply\x12'\n" +
+	"\x01k\x18\x01 \x01(\v2\x19.questrt.worker.v1.TensorR\x01k*B\n" +
 	"\x05DType\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDTYPE_FLOAT32\x10\x01\x12\x0f\n" +
-	"\vDTYPE_INT32\x10\x022\xfd\x06\n" +
+	"\vDTYPE_INT32\x10\x022\xc3\a\n" +
 	"\x06Worker\x12P\n" +
 	"\bOpenGrid\x12\".questrt.worker.v1.OpenGridRequest\x1a .questrt.worker.v1.OpenGridReply\x12Y\n" +
 	"\vConnectGrid\x12%.questrt.worker.v1.ConnectGridRequest\x1a#.questrt.worker.v1.ConnectGridReply\x12S\n" +
@@ -2211,7 +2350,8 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\bRollback\x12\".questrt.worker.v1.RollbackRequest\x1a .questrt.worker.v1.RollbackReply\x12D\n" +
 	"\tBeginStep\x12\x1f.questrt.worker.v1.BeginRequest\x1a\x16.questrt.worker.v1.Ack\x12G\n" +
 	"\x05Layer\x12\x1f.questrt.worker.v1.LayerRequest\x1a\x1d.questrt.worker.v1.LayerReply\x12@\n" +
-	"\aEndStep\x12\x1d.questrt.worker.v1.EndRequest\x1a\x16.questrt.worker.v1.AckB3Z1github.com/questrt/questrt/api/worker/v1;workerv1b\x06proto3"
+	"\aEndStep\x12\x1d.questrt.worker.v1.EndRequest\x1a\x16.questrt.worker.v1.Ack\x12D\n" +
+	"\x04Keys\x12\x1e.questrt.worker.v1.KeysRequest\x1a\x1c.questrt.worker.v1.KeysReplyB3Z1github.com/questrt/questrt/api/worker/v1;workerv1b\x06proto3"
 
 var (
 	file_worker_v1_worker_proto_rawDescOnce sync.Once
@@ -2226,7 +2366,7 @@ func file_worker_v1_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_v1_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_worker_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_worker_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_worker_v1_worker_proto_goTypes = []any{
 	(DType)(0),                 // 0: questrt.worker.v1.DType
 	(*Tensor)(nil),             // 1: questrt.worker.v1.Tensor
@@ -2258,11 +2398,13 @@ var file_worker_v1_worker_proto_goTypes = []any{
 	(*RankOutput)(nil),         // 27: questrt.worker.v1.RankOutput
 	(*LayerReply)(nil),         // 28: questrt.worker.v1.LayerReply
 	(*EndRequest)(nil),         // 29: questrt.worker.v1.EndRequest
-	nil,                        // 30: questrt.worker.v1.Policy.LayerBudgetEntry
+	(*KeysRequest)(nil),        // 30: questrt.worker.v1.KeysRequest
+	(*KeysReply)(nil),          // 31: questrt.worker.v1.KeysReply
+	nil,                        // 32: questrt.worker.v1.Policy.LayerBudgetEntry
 }
 var file_worker_v1_worker_proto_depIdxs = []int32{
 	0,  // 0: questrt.worker.v1.Tensor.dtype:type_name -> questrt.worker.v1.DType
-	30, // 1: questrt.worker.v1.Policy.layer_budget:type_name -> questrt.worker.v1.Policy.LayerBudgetEntry
+	32, // 1: questrt.worker.v1.Policy.layer_budget:type_name -> questrt.worker.v1.Policy.LayerBudgetEntry
 	4,  // 2: questrt.worker.v1.GridConfig.policy:type_name -> questrt.worker.v1.Policy
 	2,  // 3: questrt.worker.v1.OpenGridRequest.ref:type_name -> questrt.worker.v1.GridRef
 	5,  // 4: questrt.worker.v1.OpenGridRequest.config:type_name -> questrt.worker.v1.GridConfig
@@ -2302,35 +2444,40 @@ var file_worker_v1_worker_proto_depIdxs = []int32{
 	26, // 38: questrt.worker.v1.RankOutput.diag:type_name -> questrt.worker.v1.RankDiag
 	27, // 39: questrt.worker.v1.LayerReply.ranks:type_name -> questrt.worker.v1.RankOutput
 	2,  // 40: questrt.worker.v1.EndRequest.ref:type_name -> questrt.worker.v1.GridRef
-	6,  // 41: questrt.worker.v1.Worker.OpenGrid:input_type -> questrt.worker.v1.OpenGridRequest
-	8,  // 42: questrt.worker.v1.Worker.ConnectGrid:input_type -> questrt.worker.v1.ConnectGridRequest
-	10, // 43: questrt.worker.v1.Worker.CloseGrid:input_type -> questrt.worker.v1.CloseGridRequest
-	14, // 44: questrt.worker.v1.Worker.Create:input_type -> questrt.worker.v1.CreateRequest
-	15, // 45: questrt.worker.v1.Worker.Fork:input_type -> questrt.worker.v1.ForkRequest
-	16, // 46: questrt.worker.v1.Worker.Release:input_type -> questrt.worker.v1.ReleaseRequest
-	17, // 47: questrt.worker.v1.Worker.Check:input_type -> questrt.worker.v1.CheckRequest
-	18, // 48: questrt.worker.v1.Worker.Append:input_type -> questrt.worker.v1.AppendRequest
-	19, // 49: questrt.worker.v1.Worker.Rollback:input_type -> questrt.worker.v1.RollbackRequest
-	22, // 50: questrt.worker.v1.Worker.BeginStep:input_type -> questrt.worker.v1.BeginRequest
-	24, // 51: questrt.worker.v1.Worker.Layer:input_type -> questrt.worker.v1.LayerRequest
-	29, // 52: questrt.worker.v1.Worker.EndStep:input_type -> questrt.worker.v1.EndRequest
-	7,  // 53: questrt.worker.v1.Worker.OpenGrid:output_type -> questrt.worker.v1.OpenGridReply
-	9,  // 54: questrt.worker.v1.Worker.ConnectGrid:output_type -> questrt.worker.v1.ConnectGridReply
-	11, // 55: questrt.worker.v1.Worker.CloseGrid:output_type -> questrt.worker.v1.CloseGridReply
-	12, // 56: questrt.worker.v1.Worker.Create:output_type -> questrt.worker.v1.Ack
-	12, // 57: questrt.worker.v1.Worker.Fork:output_type -> questrt.worker.v1.Ack
-	12, // 58: questrt.worker.v1.Worker.Release:output_type -> questrt.worker.v1.Ack
-	12, // 59: questrt.worker.v1.Worker.Check:output_type -> questrt.worker.v1.Ack
-	12, // 60: questrt.worker.v1.Worker.Append:output_type -> questrt.worker.v1.Ack
-	20, // 61: questrt.worker.v1.Worker.Rollback:output_type -> questrt.worker.v1.RollbackReply
-	12, // 62: questrt.worker.v1.Worker.BeginStep:output_type -> questrt.worker.v1.Ack
-	28, // 63: questrt.worker.v1.Worker.Layer:output_type -> questrt.worker.v1.LayerReply
-	12, // 64: questrt.worker.v1.Worker.EndStep:output_type -> questrt.worker.v1.Ack
-	53, // [53:65] is the sub-list for method output_type
-	41, // [41:53] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	2,  // 41: questrt.worker.v1.KeysRequest.ref:type_name -> questrt.worker.v1.GridRef
+	3,  // 42: questrt.worker.v1.KeysRequest.rank:type_name -> questrt.worker.v1.Rank
+	1,  // 43: questrt.worker.v1.KeysReply.k:type_name -> questrt.worker.v1.Tensor
+	6,  // 44: questrt.worker.v1.Worker.OpenGrid:input_type -> questrt.worker.v1.OpenGridRequest
+	8,  // 45: questrt.worker.v1.Worker.ConnectGrid:input_type -> questrt.worker.v1.ConnectGridRequest
+	10, // 46: questrt.worker.v1.Worker.CloseGrid:input_type -> questrt.worker.v1.CloseGridRequest
+	14, // 47: questrt.worker.v1.Worker.Create:input_type -> questrt.worker.v1.CreateRequest
+	15, // 48: questrt.worker.v1.Worker.Fork:input_type -> questrt.worker.v1.ForkRequest
+	16, // 49: questrt.worker.v1.Worker.Release:input_type -> questrt.worker.v1.ReleaseRequest
+	17, // 50: questrt.worker.v1.Worker.Check:input_type -> questrt.worker.v1.CheckRequest
+	18, // 51: questrt.worker.v1.Worker.Append:input_type -> questrt.worker.v1.AppendRequest
+	19, // 52: questrt.worker.v1.Worker.Rollback:input_type -> questrt.worker.v1.RollbackRequest
+	22, // 53: questrt.worker.v1.Worker.BeginStep:input_type -> questrt.worker.v1.BeginRequest
+	24, // 54: questrt.worker.v1.Worker.Layer:input_type -> questrt.worker.v1.LayerRequest
+	29, // 55: questrt.worker.v1.Worker.EndStep:input_type -> questrt.worker.v1.EndRequest
+	30, // 56: questrt.worker.v1.Worker.Keys:input_type -> questrt.worker.v1.KeysRequest
+	7,  // 57: questrt.worker.v1.Worker.OpenGrid:output_type -> questrt.worker.v1.OpenGridReply
+	9,  // 58: questrt.worker.v1.Worker.ConnectGrid:output_type -> questrt.worker.v1.ConnectGridReply
+	11, // 59: questrt.worker.v1.Worker.CloseGrid:output_type -> questrt.worker.v1.CloseGridReply
+	12, // 60: questrt.worker.v1.Worker.Create:output_type -> questrt.worker.v1.Ack
+	12, // 61: questrt.worker.v1.Worker.Fork:output_type -> questrt.worker.v1.Ack
+	12, // 62: questrt.worker.v1.Worker.Release:output_type -> questrt.worker.v1.Ack
+	12, // 63: questrt.worker.v1.Worker.Check:output_type -> questrt.worker.v1.Ack
+	12, // 64: questrt.worker.v1.Worker.Append:output_type -> questrt.worker.v1.Ack
+	20, // 65: questrt.worker.v1.Worker.Rollback:output_type -> questrt.worker.v1.RollbackReply
+	12, // 66: questrt.worker.v1.Worker.BeginStep:output_type -> questrt.worker.v1.Ack
+	28, // 67: questrt.worker.v1.Worker.Layer:output_type -> questrt.worker.v1.LayerReply
+	12, // 68: questrt.worker.v1.Worker.EndStep:output_type -> questrt.worker.v1.Ack
+	31, // 69: questrt.worker.v1.Worker.Keys:output_type -> questrt.worker.v1.KeysReply
+	57, // [57:70] is the sub-list for method output_type
+	44, // [44:57] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_worker_v1_worker_proto_init() }
@@ -2344,7 +2491,7 @@ func file_worker_v1_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_v1_worker_proto_rawDesc), len(file_worker_v1_worker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -46,6 +46,7 @@ const (
 	Worker_BeginStep_FullMethodName   = "/questrt.worker.v1.Worker/BeginStep"
 	Worker_Layer_FullMethodName       = "/questrt.worker.v1.Worker/Layer"
 	Worker_EndStep_FullMethodName     = "/questrt.worker.v1.Worker/EndStep"
+	Worker_Keys_FullMethodName        = "/questrt.worker.v1.Worker/Keys"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -70,6 +71,9 @@ type WorkerClient interface {
 	BeginStep(ctx context.Context, in *BeginRequest, opts ...grpc.CallOption) (*Ack, error)
 	Layer(ctx context.Context, in *LayerRequest, opts ...grpc.CallOption) (*LayerReply, error)
 	EndStep(ctx context.Context, in *EndRequest, opts ...grpc.CallOption) (*Ack, error)
+	// Keys reads back keys of a sequence's pages on one rank, for
+	// diagnostics (recall and attention mass); never on the decode path.
+	Keys(ctx context.Context, in *KeysRequest, opts ...grpc.CallOption) (*KeysReply, error)
 }
 
 type workerClient struct {
@@ -200,6 +204,16 @@ func (c *workerClient) EndStep(ctx context.Context, in *EndRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *workerClient) Keys(ctx context.Context, in *KeysRequest, opts ...grpc.CallOption) (*KeysReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeysReply)
+	err := c.cc.Invoke(ctx, Worker_Keys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -222,6 +236,9 @@ type WorkerServer interface {
 	BeginStep(context.Context, *BeginRequest) (*Ack, error)
 	Layer(context.Context, *LayerRequest) (*LayerReply, error)
 	EndStep(context.Context, *EndRequest) (*Ack, error)
+	// Keys reads back keys of a sequence's pages on one rank, for
+	// diagnostics (recall and attention mass); never on the decode path.
+	Keys(context.Context, *KeysRequest) (*KeysReply, error)
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -267,6 +284,9 @@ func (UnimplementedWorkerServer) Layer(context.Context, *LayerRequest) (*LayerRe
 }
 func (UnimplementedWorkerServer) EndStep(context.Context, *EndRequest) (*Ack, error) {
 	return nil, status.Error(codes.Unimplemented, "method EndStep not implemented")
+}
+func (UnimplementedWorkerServer) Keys(context.Context, *KeysRequest) (*KeysReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Keys not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -505,6 +525,24 @@ func _Worker_EndStep_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Worker_Keys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServer).Keys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Worker_Keys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServer).Keys(ctx, req.(*KeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -559,6 +597,10 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EndStep",
 			Handler:    _Worker_EndStep_Handler,
+		},
+		{
+			MethodName: "Keys",
+			Handler:    _Worker_Keys_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
