@@ -46,6 +46,7 @@ type Engine struct {
 	// of the dense reference of diagnostics.
 	lreqs        []worker.LayerRequest
 	reps, dreps  []worker.LayerReply
+	keys         [][]keyReader // the diagnostics' key readers, [tp][cp]
 	begin        worker.BeginRequest
 	routed, took []int // per request: ranks the new token went to, ranks that took it
 	errs         []error

@@ -118,7 +118,14 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 	scale := 1 / math.Sqrt(float64(d))
 	stats := make([]*shard.TokenStats, c.QHeads)
 	next := make([]int, c.QHeads)
-	keys := make([][]*keyReader, c.TP)
+	// One key reader per rank, kept across steps with its buffer.
+	if e.keys == nil {
+		e.keys = make([][]keyReader, c.TP)
+		for tp := range e.keys {
+			e.keys[tp] = make([]keyReader, c.CP)
+		}
+	}
+	keys := e.keys
 	for i, sq := range seqs {
 		dg := &res.Diag[i]
 		n := sq.lens[layer]
@@ -127,11 +134,9 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		// worker (Keys, a chunk at a time). Values and summaries are not
 		// needed: the dense reference above ran on the backends.
 		for tp := range c.TP {
-			keys[tp] = keys[tp][:0]
 			for cp := range c.CP {
-				keys[tp] = append(keys[tp], &keyReader{w: e.worker(tp, cp), seq: uint64(reqs[i].Seq),
-					rank: worker.Rank{TP: tp, CP: cp}, layer: layer, pages: sq.layout.Place(cp).Count(np),
-					chunk: max(1, keyChunkBytes/(4*e.kvT*c.PageSize*d))})
+				keys[tp][cp].reset(e.worker(tp, cp), uint64(reqs[i].Seq), worker.Rank{TP: tp, CP: cp}, layer,
+					sq.layout.Place(cp).Count(np), max(1, keyChunkBytes/(4*e.kvT*c.PageSize*d)))
 			}
 		}
 		for h := range c.QHeads {
@@ -177,7 +182,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 
 // keyChunkBytes bounds the keys one Worker.Keys call of the diagnostics
 // reads.
-const keyChunkBytes = 4 << 20
+const keyChunkBytes = 1 << 20
 
 // keyReader reads one rank's keys of a sequence through its worker, a
 // chunk of local pages at a time (the diagnostics read them in increasing
@@ -191,6 +196,12 @@ type keyReader struct {
 	chunk      int // pages per call
 	lo, n, blk int
 	rep        worker.KeysReply
+}
+
+// reset points k at another sequence's pages, keeping its buffer.
+func (k *keyReader) reset(w worker.Worker, seq uint64, r worker.Rank, layer, pages, chunk int) {
+	k.w, k.seq, k.rank, k.layer, k.pages, k.chunk = w, seq, r, layer, pages, chunk
+	k.lo, k.n = 0, 0
 }
 
 // Keys returns the keys of local page lp, [KVHeads/TP][PageSize][HeadDim].
