@@ -2,50 +2,34 @@ package replay
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/questrt/questrt/cluster/client"
-	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/shard"
+	"github.com/questrt/questrt/worker"
 )
 
-// ErrMismatch: the cluster's geometry or policy is not the case's.
-var ErrMismatch = errors.New("the cluster does not run this case")
-
 // RunCluster runs the case through a questd cluster: one sequence created
-// through cl's node, the case's tokens appended to layer 0, one step with
-// diagnostics. The cluster's geometry and policy must be the case's (its
-// layer 0 sparse: --dense-layers 0), and its selector sel; a mismatch is
-// refused naming each field. The result is the in-process one's: the
-// pages read, scores, recall, attention mass and output error all come
-// from the cluster's diagnostics.
-func RunCluster(ctx context.Context, c *Case, sel plan.Selector, placement plan.Placement, cl *client.Client) (*Result, error) {
+// through cl's node with the case's own config (its geometry, one sparse
+// layer, the case's policy with opt.Selector, opt's CP x TP grid and
+// selection mode, each rank's share of the pages), the case's tokens
+// appended, one step with diagnostics. The cluster's own defaults do not
+// matter. The result is the in-process one's: the pages read, scores,
+// recall, attention mass and output error all come from the cluster's
+// diagnostics.
+func RunCluster(ctx context.Context, c *Case, opt Options, cl *client.Client) (*Result, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	g := cl.Geometry()
-	want := c.Policy(sel)
-	var bad []string
-	check := func(name string, have, want any) {
-		if have != want {
-			bad = append(bad, fmt.Sprintf("%s %v (the case needs %v)", name, have, want))
-		}
+	cp, tp := max(opt.CP, 1), max(opt.TP, 1)
+	cfg := worker.Config{Layers: 1, Geometry: c.PlanGeometry(), CP: cp, TP: tp,
+		Capacity: rankCapacity(c.Pages(), cp, opt.Placement, engine.DefaultConfig().BlockPages),
+		Policy:   c.Policy(opt.Selector), Mode: opt.Selection}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
 	}
-	check("q-heads", g.QHeads, c.QHeads)
-	check("kv-heads", g.KVHeads, c.KVHeads)
-	check("head-dim", g.HeadDim, c.HeadDim)
-	check("page-size", g.PageSize, c.PageSize)
-	check("dense-layers", g.Policy.DenseLayers, 0)
-	check("sink-pages", g.Policy.SinkPages, want.SinkPages)
-	check("local-pages", g.Policy.LocalPages, want.LocalPages)
-	check("gqa", g.Policy.GQA, want.GQA)
-	check("selector", g.Policy.Selector, want.Selector)
-	if len(bad) > 0 {
-		return nil, fmt.Errorf("replay: %w: %s", ErrMismatch, strings.Join(bad, ", "))
-	}
-	seq, _, err := cl.Create(ctx, placement)
+	seq, _, err := cl.CreateWith(ctx, opt.Placement, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("replay: create: %w", err)
 	}
@@ -58,7 +42,7 @@ func RunCluster(ctx context.Context, c *Case, sel plan.Selector, placement plan.
 		return nil, fmt.Errorf("replay: append: %w", err)
 	}
 	q := flatten(c.Query)
-	res, err := cl.Step(ctx, 0, []client.Item{{Seq: seq, Q: q, BudgetTokens: c.BudgetTokens}}, client.StepOptions{Diagnostics: true})
+	res, err := cl.Step(ctx, 0, []client.Item{{Seq: seq, Q: q}}, client.StepOptions{Diagnostics: true})
 	if err != nil {
 		return nil, fmt.Errorf("replay: step: %w", err)
 	}
@@ -67,5 +51,5 @@ func RunCluster(ctx context.Context, c *Case, sel plan.Selector, placement plan.
 	dg := shard.Diagnostics{Selected: cd.Selected, Scores: cd.Scores, RelL2: cd.RelL2, AbsL2: cd.AbsL2,
 		Recall: cd.Recall, MassRecall: cd.MassRecall, MinMassRecall: cd.MinMassRecall}
 	dg.CountPages(c.QHeads/c.KVHeads, pages)
-	return NewResult(sel, c.QHeads, c.HeadDim, pages, res.O, res.LSE, dg), nil
+	return NewResult(opt.Selector, c.QHeads, c.HeadDim, pages, res.O, res.LSE, dg), nil
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -21,6 +22,7 @@ import (
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/worker"
 	"github.com/questrt/questrt/worker/remote"
 )
 
@@ -37,7 +39,11 @@ type Options struct {
 type Client struct {
 	cc  *grpc.ClientConn
 	api decodev1.DecodeClient
-	geo Geometry
+	geo Geometry // the node's default
+	max int      // message limit
+
+	mu   sync.Mutex
+	seqs map[string]Geometry // sequences created with their own config
 }
 
 // Geometry is the cluster's model geometry as Status reports it.
@@ -63,7 +69,7 @@ func Dial(ctx context.Context, addr string, opt Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %s: %w", addr, err)
 	}
-	c := &Client{cc: cc, api: decodev1.NewDecodeClient(cc)}
+	c := &Client{cc: cc, api: decodev1.NewDecodeClient(cc), max: max, seqs: map[string]Geometry{}}
 	st, err := c.api.Status(ctx, &decodev1.StatusRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		cc.Close()
@@ -81,6 +87,36 @@ func Dial(ctx context.Context, addr string, opt Options) (*Client, error) {
 
 // Geometry returns the cluster's geometry.
 func (c *Client) Geometry() Geometry { return c.geo }
+
+// geoOf is the geometry of sequence seq: its own config's when this
+// client created it with one (or forked it from one), else the node's.
+func (c *Client) geoOf(seq string) Geometry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g, ok := c.seqs[seq]; ok {
+		return g
+	}
+	return c.geo
+}
+
+// CreateWith starts an empty sequence with its own config (geometry,
+// layers, CP x TP grid, pages per rank, budget policy, selection mode);
+// the client then shapes that sequence's tensors by it.
+func (c *Client) CreateWith(ctx context.Context, p plan.Placement, cfg worker.Config) (string, []string, error) {
+	pc := remote.GridConfigProto(cfg)
+	if pc == nil {
+		return "", nil, fmt.Errorf("client: create: config %+v does not encode", cfg)
+	}
+	r, err := c.api.Create(ctx, &decodev1.CreateRequest{Placement: p.String(), Config: pc})
+	if err != nil {
+		return "", nil, err
+	}
+	c.mu.Lock()
+	c.seqs[r.GetSequence()] = Geometry{Layers: cfg.Layers, QHeads: cfg.QHeads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim,
+		PageSize: cfg.PageSize, CP: cfg.CP, TP: cfg.TP, Policy: cfg.Policy, Selection: cfg.Mode}
+	c.mu.Unlock()
+	return r.GetSequence(), r.GetNodes(), nil
+}
 
 // API returns the raw Decode client.
 func (c *Client) API() decodev1.DecodeClient { return c.api }
@@ -104,16 +140,30 @@ func (c *Client) Create(ctx context.Context, p plan.Placement) (string, []string
 }
 
 // Append appends tokens to one layer: k and v are [n][KVHeads][HeadDim].
+// A long append goes in chunks of whole tokens under the message limit;
+// a chunk that fails leaves the earlier chunks appended (Len tells).
 func (c *Client) Append(ctx context.Context, seq string, layer int, k, v []float32) error {
-	g := c.geo
+	g := c.geoOf(seq)
 	row := g.KVHeads * g.HeadDim
-	if row == 0 || len(k)%row != 0 {
-		return fmt.Errorf("client: append: %d keys are not rows of %d", len(k), row)
+	if row == 0 || len(k)%row != 0 || len(v) != len(k) {
+		return fmt.Errorf("client: append: %d keys and %d values are not the same rows of %d", len(k), len(v), row)
 	}
 	n := len(k) / row
-	_, err := c.api.Append(ctx, &decodev1.AppendRequest{Sequence: seq, Layer: uint32(layer),
-		K: remote.Float32Tensor(k, n, g.KVHeads, g.HeadDim), V: remote.Float32Tensor(v, len(v)/row, g.KVHeads, g.HeadDim)})
-	return err
+	// Two tensors of 4-byte floats per token, with room for framing.
+	per := max(1, (c.max/2-4096)/(8*row))
+	for lo := 0; lo < n; lo += per {
+		hi := min(n, lo+per)
+		_, err := c.api.Append(ctx, &decodev1.AppendRequest{Sequence: seq, Layer: uint32(layer),
+			K: remote.Float32Tensor(k[lo*row:hi*row], hi-lo, g.KVHeads, g.HeadDim),
+			V: remote.Float32Tensor(v[lo*row:hi*row], hi-lo, g.KVHeads, g.HeadDim)})
+		if err != nil {
+			if lo > 0 {
+				return fmt.Errorf("client: append tokens %d..%d of %d (the first %d are in): %w", lo, hi, n, lo, err)
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // Item is one sequence's part of a step: Q is [QHeads][HeadDim]; K and V,
@@ -162,7 +212,10 @@ type Times struct {
 // Step runs one decode step of one layer for items (all coordinated by
 // one node).
 func (c *Client) Step(ctx context.Context, layer int, items []Item, opt StepOptions) (*StepResult, error) {
-	g := c.geo
+	if len(items) == 0 {
+		return nil, errors.New("client: step: no items")
+	}
+	g := c.geoOf(items[0].Seq)
 	req := &decodev1.StepRequest{Layer: uint32(layer), ForceDense: opt.ForceDense, Phased: opt.Phased, Diagnostics: opt.Diagnostics}
 	for _, it := range items {
 		pi := &decodev1.StepItem{Sequence: it.Seq, Q: remote.Float32Tensor(it.Q, g.QHeads, g.HeadDim), BudgetTokens: uint32(it.BudgetTokens)}
@@ -214,7 +267,10 @@ type NextItems func(layer int, items []Item, res *StepResult) error
 // layer's items from the previous layer's result; the last layer's
 // result is returned (Total: the coordinator's time of the whole step).
 func (c *Client) Decode(ctx context.Context, first, last int, items []Item, opt StepOptions, next NextItems) (*StepResult, error) {
-	g := c.geo
+	if len(items) == 0 {
+		return nil, errors.New("client: decode: no items")
+	}
+	g := c.geoOf(items[0].Seq)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := c.api.Steps(ctx)
@@ -320,7 +376,15 @@ func diag(d *decodev1.Diagnostics, g Geometry, pages int) (Diag, error) {
 // Fork makes a child sequence sharing the parent's pages.
 func (c *Client) Fork(ctx context.Context, seq string) (string, error) {
 	r, err := c.api.Fork(ctx, &decodev1.ForkRequest{Sequence: seq})
-	return r.GetSequence(), err
+	if err != nil {
+		return "", err
+	}
+	c.mu.Lock()
+	if g, ok := c.seqs[seq]; ok {
+		c.seqs[r.GetSequence()] = g
+	}
+	c.mu.Unlock()
+	return r.GetSequence(), nil
 }
 
 // Rollback drops the last n tokens of every layer.
@@ -332,6 +396,11 @@ func (c *Client) Rollback(ctx context.Context, seq string, n int) error {
 // Release frees a sequence.
 func (c *Client) Release(ctx context.Context, seq string) error {
 	_, err := c.api.Release(ctx, &decodev1.ReleaseRequest{Sequence: seq})
+	if err == nil {
+		c.mu.Lock()
+		delete(c.seqs, seq)
+		c.mu.Unlock()
+	}
 	return err
 }
 

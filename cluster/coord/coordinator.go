@@ -84,6 +84,7 @@ type Coordinator struct {
 
 // grid is one placement's engine and remote workers.
 type grid struct {
+	ec      engine.Config // the grid's geometry, grid, policy and mode
 	ref     remote.GridRef
 	key     string
 	nodes   []string // per rank tp*CP+cp
@@ -189,12 +190,23 @@ type Created struct {
 	View  uint64
 }
 
-// Create places a new empty sequence and returns its id.
-func (c *Coordinator) Create(ctx context.Context, p plan.Placement) (Created, error) {
+// Create places a new empty sequence and returns its id. ec, when not
+// nil, is the sequence's config (geometry, layers, grid, pages per rank,
+// policy, mode; its step timeout and memory fields are the node's);
+// nil: the node's.
+func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.Config) (Created, error) {
 	if p != plan.Striped && p != plan.Contiguous {
 		return Created{}, fmt.Errorf("placement %d: %w", p, engine.ErrBadInput)
 	}
-	g, err := c.gridFor(ctx)
+	cfg := c.cfg.Engine
+	if ec != nil {
+		cfg.Layers, cfg.Geometry, cfg.CP, cfg.TP = ec.Layers, ec.Geometry, ec.CP, ec.TP
+		cfg.CapacityPages, cfg.Policy, cfg.Selection = ec.CapacityPages, ec.Policy.WithGeometry(ec.Geometry), ec.Selection
+		if err := cfg.Validate(); err != nil {
+			return Created{}, fmt.Errorf("config: %w: %w", engine.ErrBadInput, err)
+		}
+	}
+	g, err := c.gridFor(ctx, cfg)
 	if err != nil {
 		return Created{}, err
 	}
@@ -219,14 +231,13 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement) (Created, er
 // opening it when no live grid has that placement. The opening runs
 // outside the coordinator's lock (it waits on other nodes, up to
 // OpenTimeout), so other sequences' operations go on meanwhile.
-func (c *Coordinator) gridFor(ctx context.Context) (*grid, error) {
+func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
 	v := c.cfg.View()
-	ec := c.cfg.Engine
 	nodes, err := cluster.PlaceGrid(cluster.NodesOf(v), ec.CP, ec.TP, c.cfg.Name, ec.CapacityPages)
 	if err != nil {
 		c.mu.Unlock()
@@ -234,6 +245,8 @@ func (c *Coordinator) gridFor(ctx context.Context) (*grid, error) {
 	}
 	members := map[string]uint64{}
 	var key strings.Builder
+	// Grids are shared by the sequences of one config and one placement.
+	fmt.Fprintf(&key, "%+v|", workerConfig(ec))
 	for _, n := range nodes {
 		m, _ := v.Member(n)
 		members[n] = m.Instance
@@ -245,6 +258,7 @@ func (c *Coordinator) gridFor(ctx context.Context) (*grid, error) {
 	}
 	c.ngrid++
 	g := &grid{
+		ec:  ec,
 		ref:     remote.GridRef{Grid: fmt.Sprintf("%s/%x/%d", c.cfg.Name, c.cfg.Instance, c.ngrid), View: v.Version},
 		key:     key.String(),
 		nodes:   nodes,
@@ -442,6 +456,15 @@ func (c *Coordinator) Append(ctx context.Context, id string, layer int, k, v []f
 	return err
 }
 
+// SeqConfig returns the config of the grid sequence id lives on.
+func (c *Coordinator) SeqConfig(id string) (engine.Config, error) {
+	s, err := c.lookup(id)
+	if err != nil {
+		return engine.Config{}, err
+	}
+	return s.g.ec, nil
+}
+
 // Len returns a sequence's length.
 func (c *Coordinator) Len(id string) (int, error) {
 	s, err := c.lookup(id)
@@ -542,6 +565,9 @@ func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt
 		if err != nil {
 			return fmt.Errorf("step: items[%d]: %w", i, err)
 		}
+		if len(parts) > 0 && (s.g.ec.QHeads != parts[0].g.ec.QHeads || s.g.ec.HeadDim != parts[0].g.ec.HeadDim) {
+			return fmt.Errorf("step: items[%d]: %w: sequence %q has another geometry than items[0]'s", i, engine.ErrBadInput, it.Seq)
+		}
 		p := by[s.g]
 		if p == nil {
 			p = &part{g: s.g}
@@ -577,7 +603,7 @@ func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt
 			return p.err
 		}
 	}
-	cfg := c.cfg.Engine
+	cfg := parts[0].g.ec
 	qd, qh := cfg.QHeads*cfg.HeadDim, cfg.QHeads
 	n := len(items)
 	res.O = resize(res.O, n*qd)

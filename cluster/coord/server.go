@@ -83,7 +83,17 @@ func (s *Server) Create(ctx context.Context, req *decodev1.CreateRequest) (*deco
 			return nil, status.Errorf(codes.InvalidArgument, "placement %q: %v", req.GetPlacement(), err)
 		}
 	}
-	cr, err := s.c.Create(ctx, p)
+	var ec *engine.Config
+	if req.GetConfig() != nil {
+		wc, err := remote.GridConfigFromProto(req.GetConfig())
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "create: config: %v", err)
+		}
+		e := engine.Config{Layers: wc.Layers, Geometry: wc.Geometry, CP: wc.CP, TP: wc.TP, CapacityPages: wc.Capacity,
+			Policy: wc.Policy, Selection: wc.Mode}
+		ec = &e
+	}
+	cr, err := s.c.Create(ctx, p, ec)
 	if err != nil {
 		return nil, statusCtx(ctx, fmt.Errorf("create: %w", err))
 	}
@@ -98,8 +108,11 @@ func (s *Server) Append(ctx context.Context, req *decodev1.AppendRequest) (*deco
 		}
 		return fw.Append(ctx, req)
 	}
-	ec := s.c.cfg.Engine
-	if err := s.checkLayer(req.GetLayer()); err != nil {
+	ec, err := s.c.SeqConfig(req.GetSequence())
+	if err != nil {
+		return nil, statusCtx(ctx, fmt.Errorf("append: %w", err))
+	}
+	if err := checkLayer(ec, req.GetLayer()); err != nil {
 		return nil, err
 	}
 	k, err := remote.Float32s(req.GetK(), "k", -1, ec.KVHeads, ec.HeadDim)
@@ -116,8 +129,8 @@ func (s *Server) Append(ctx context.Context, req *decodev1.AppendRequest) (*deco
 	return &decodev1.AppendReply{}, nil
 }
 
-func (s *Server) checkLayer(layer uint32) error {
-	if n := s.c.cfg.Engine.Layers; int64(layer) >= int64(n) {
+func checkLayer(ec engine.Config, layer uint32) error {
+	if n := ec.Layers; int64(layer) >= int64(n) {
 		return status.Errorf(codes.InvalidArgument, "layer %d: the model has %d layers", layer, n)
 	}
 	return nil
@@ -139,11 +152,14 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 		}
 		return fw.Step(ctx, req)
 	}
-	if err := s.checkLayer(req.GetLayer()); err != nil {
+	ec, err := s.c.SeqConfig(items[0].GetSequence())
+	if err != nil {
+		return nil, statusCtx(ctx, fmt.Errorf("step: items[0]: %w", err))
+	}
+	if err := checkLayer(ec, req.GetLayer()); err != nil {
 		return nil, err
 	}
-	ec := s.c.cfg.Engine
-	its, err := s.decodeItems("step", items)
+	its, err := s.decodeItems("step", ec, items)
 	if err != nil {
 		return nil, err
 	}
@@ -192,8 +208,7 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 
 // decodeItems decodes and checks a step's items (what does not need the
 // sequence table).
-func (s *Server) decodeItems(what string, items []*decodev1.StepItem) ([]StepItem, error) {
-	ec := s.c.cfg.Engine
+func (s *Server) decodeItems(what string, ec engine.Config, items []*decodev1.StepItem) ([]StepItem, error) {
 	its := make([]StepItem, len(items))
 	for i, it := range items {
 		q, err := remote.Float32s(it.GetQ(), fmt.Sprintf("items[%d].q", i), ec.QHeads, ec.HeadDim)
@@ -272,12 +287,15 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 	if o != s.c.cfg.Name {
 		return s.proxySteps(ctx, req.GetItems()[0].GetSequence(), req, stream)
 	}
-	ec := s.c.cfg.Engine
+	ec, err := s.c.SeqConfig(req.GetItems()[0].GetSequence())
+	if err != nil {
+		return statusCtx(ctx, fmt.Errorf("steps: items[0]: %w", err))
+	}
 	first, last := int(req.GetFirstLayer()), int(req.GetLastLayer())
 	if first >= last || last > ec.Layers {
 		return status.Errorf(codes.InvalidArgument, "steps: layers [%d, %d): want first < last <= %d", first, last, ec.Layers)
 	}
-	its, err := s.decodeItems("steps", req.GetItems())
+	its, err := s.decodeItems("steps", ec, req.GetItems())
 	if err != nil {
 		return err
 	}
@@ -301,7 +319,7 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 		if len(m.GetItems()) != n {
 			return fmt.Errorf("%w: layer %d: %d items, the step has %d", engine.ErrBadInput, layer+1, len(m.GetItems()), n)
 		}
-		next, err := s.decodeItems(fmt.Sprintf("steps layer %d", layer+1), m.GetItems())
+		next, err := s.decodeItems(fmt.Sprintf("steps layer %d", layer+1), ec, m.GetItems())
 		if err != nil {
 			return fmt.Errorf("%w: %w", engine.ErrBadInput, err)
 		}

@@ -4,19 +4,27 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
+	decodev1 "github.com/questrt/questrt/api/decode/v1"
+
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/cluster/node/nodetest"
-	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/replay"
+	"github.com/questrt/questrt/worker"
+	"github.com/questrt/questrt/worker/remote"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
-// A replay case through a 3-node cluster gives the in-process result
-// JSON byte for byte (selection, output, scores, recall and mass recall
+// A replay case through a 3-node cluster whose defaults are another
+// geometry (the sequence created with the case's own config) gives the
+// in-process result JSON byte for byte (selection, output, scores, recall and mass recall
 // computed by the coordinator from keys read back from the nodes), for
 // every selection mode and GQA mode, CP 2 and CP 3 x TP 2.
 func TestReplayThroughCluster(t *testing.T) {
@@ -28,12 +36,9 @@ func TestReplayThroughCluster(t *testing.T) {
 		t.Run(fmt.Sprintf("cp%d_tp%d_%v_%s", tc.cp, tc.tp, tc.mode, tc.gqa), func(t *testing.T) {
 			c := replay.Generate(replay.GenConfig{Tokens: 300, PageSize: 8, BudgetTokens: 48, QHeads: 8, KVHeads: 4,
 				HeadDim: 16, GQA: tc.gqa, SinkPages: 1, LocalPages: 1, Seed: uint64(tc.cp*10 + tc.tp)})
-			ec := engine.DefaultConfig()
-			ec.Layers, ec.Geometry = 1, c.PlanGeometry()
-			ec.CP, ec.TP, ec.Selection, ec.CapacityPages = tc.cp, tc.tp, tc.mode, 64
-			ec.Policy = c.Policy(plan.Quest)
-			ec.StepTimeout, ec.MemoryLimit = 5*time.Second, memlimit.NoLimit
-			nodes := nodetest.Start(t, "r", 3, ec, nil)
+			// The cluster's own defaults are another geometry, grid and
+			// policy: the sequence brings the case's.
+			nodes := nodetest.Start(t, "r", 3, geometry(1, 1, plan.Exact), nil)
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
 			cl, err := client.Dial(ctx, nodes[1].Addr(), client.Options{})
@@ -41,12 +46,13 @@ func TestReplayThroughCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cl.Close()
-			got, err := replay.RunCluster(ctx, c, plan.Quest, plan.Striped, cl)
+			opt := replay.Options{Selector: plan.Quest, CP: tc.cp, TP: tc.tp, Selection: tc.mode, Placement: plan.Striped}
+			got, err := replay.RunCluster(ctx, c, opt, cl)
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, err := replay.Run(ctx, c, replay.Options{Selector: plan.Quest, CP: tc.cp, TP: tc.tp, Selection: tc.mode,
-				Placement: plan.Striped, MemoryLimit: memlimit.NoLimit})
+			opt.MemoryLimit = memlimit.NoLimit
+			want, err := replay.Run(ctx, c, opt)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -64,5 +70,65 @@ func TestReplayThroughCluster(t *testing.T) {
 				t.Fatalf("recall %g, mass recall %g", got.Recall, got.MassRecall)
 			}
 		})
+	}
+}
+
+// A sequence's own config is validated at create (INVALID_ARGUMENT naming
+// what is wrong, nothing created), and sequences of two configs decode
+// side by side on one cluster, each with its own tensor shapes.
+func TestCreateWithConfig(t *testing.T) {
+	nodes := nodetest.Start(t, "c", 2, geometry(2, 1, plan.Exact), nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	cl, err := client.Dial(ctx, nodes[0].Addr(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	own := worker.Config{Layers: 1, Geometry: plan.Geometry{QHeads: 6, KVHeads: 3, HeadDim: 8, PageSize: 4}, CP: 2, TP: 1,
+		Capacity: 32, Policy: plan.Policy{BudgetTokens: 8, LocalPages: 1}}
+	bad := own
+	bad.TP = 2 // 3 KV heads do not split over 2
+	if _, _, err := cl.CreateWith(ctx, plan.Striped, bad); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tp 2") {
+		t.Fatalf("bad config: %v", err)
+	}
+	st, _ := cl.Status(ctx)
+	if st.GetSequences() != 0 {
+		t.Fatalf("%d sequences after a refused create", st.GetSequences())
+	}
+	a, _, err := cl.CreateWith(ctx, plan.Striped, own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := cl.Create(ctx, plan.Striped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 9))
+	def := geometry(2, 1, plan.Exact)
+	for _, s := range []struct {
+		id     string
+		kv, q  int
+		layers int
+	}{{a, 3 * 8, 6 * 8, 1}, {b, def.KVHeads * def.HeadDim, def.QHeads * def.HeadDim, def.Layers}} {
+		for l := range s.layers {
+			if err := cl.Append(ctx, s.id, l, randVec(rng, 20*s.kv), randVec(rng, 20*s.kv)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, err := cl.Step(ctx, 0, []client.Item{{Seq: s.id, Q: randVec(rng, s.q)}}, client.StepOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.O) != s.q {
+			t.Fatalf("%s: output of %d floats, want %d", s.id, len(res.O), s.q)
+		}
+	}
+	// A step mixing the two geometries is refused.
+	_, err = cl.API().Step(ctx, &decodev1.StepRequest{Items: []*decodev1.StepItem{
+		{Sequence: a, Q: remote.Float32Tensor(randVec(rng, 48), 6, 8)},
+		{Sequence: b, Q: remote.Float32Tensor(randVec(rng, def.QHeads*def.HeadDim), def.QHeads, def.HeadDim)}}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("mixed geometries: %v", err)
 	}
 }

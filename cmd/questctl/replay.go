@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -38,11 +37,10 @@ sums could overflow float32 included; a case file is read up to 1/32 of
 that would not fit --max-memory, give a one-line error and exit status 2.
 
 With --addr the case runs through a questd cluster (questctl up): one
-sequence created through that node, the same result JSON. The cluster's
-geometry and policy must be the case's (questd --layers 1 --dense-layers 0
---q-heads ... --page-size ... --local-pages ...); --cp, --tp and
---selection, when given, must equal the cluster's grid, and a mismatch is
-named field by field (exit 2).`)
+sequence created through that node with the case's own geometry and
+policy and the --cp x --tp grid and --selection mode (whatever the
+cluster's defaults), placed on the cluster's nodes; the same result JSON
+as in process.`)
 	in := fs.String("in", "", "case file (JSON); - reads stdin")
 	out := fs.String("out", "", "result file (default stdout)")
 	selName := fs.String("selector", "quest", "page selector: quest, oracle, recent or dense")
@@ -117,7 +115,7 @@ named field by field (exit 2).`)
 		if *backend != "cpu" || *deviceResident {
 			return usageError{errors.New("--addr: the cluster's nodes choose their backend; drop --backend and --device-resident")}
 		}
-		return replayCluster(ctx, c, *addr, *timeout, sel, place, fs, *cp, *tp, selMode, *out, stdout)
+		return replayCluster(ctx, c, *addr, *timeout, sel, place, *cp, *tp, selMode, *out, stdout)
 	}
 	opts := replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place,
 		DeviceResident: *deviceResident, MemoryLimit: *maxMem}
@@ -224,32 +222,10 @@ func outError(path string, err error) error {
 
 // replayCluster runs case c through the node at addr.
 func replayCluster(ctx context.Context, c *replay.Case, addr string, timeout time.Duration, sel plan.Selector,
-	place plan.Placement, fs *flag.FlagSet, cp, tp int, mode engine.Selection, out string, stdout io.Writer) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cl, err := client.Dial(ctx, addr, client.Options{})
-	if err != nil {
-		return fmt.Errorf("--addr %q: %w", addr, err)
-	}
-	defer cl.Close()
-	g := cl.Geometry()
-	switch {
-	case flagSet(fs, "cp") && cp != g.CP:
-		return usageError{fmt.Errorf("--cp %d: the cluster at %s runs cp %d", cp, addr, g.CP)}
-	case flagSet(fs, "tp") && tp != g.TP:
-		return usageError{fmt.Errorf("--tp %d: the cluster at %s runs tp %d", tp, addr, g.TP)}
-	case flagSet(fs, "selection") && mode != g.Selection:
-		return usageError{fmt.Errorf("--selection %v: the cluster at %s runs %v", mode, addr, g.Selection)}
-	}
-	res, err := replay.RunCluster(ctx, c, sel, place, cl)
-	if errors.Is(err, replay.ErrMismatch) {
-		return usageError{err}
-	}
-	if err != nil {
-		return err
-	}
+	place plan.Placement, cp, tp int, mode engine.Selection, out string, stdout io.Writer) error {
 	w := stdout
 	if out != "" {
+		// An --out that cannot be created is bad input, found before the run.
 		f, err := os.Create(out)
 		if err != nil {
 			return usageError{outError(out, err)}
@@ -257,5 +233,25 @@ func replayCluster(ctx context.Context, c *replay.Case, addr string, timeout tim
 		defer f.Close()
 		w = f
 	}
-	return res.Encode(w)
+	fail := func(err error) error {
+		if out != "" {
+			os.Remove(out) // no partial or empty result file
+		}
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cl, err := client.Dial(ctx, addr, client.Options{})
+	if err != nil {
+		return fail(fmt.Errorf("--addr %q: %w", addr, err))
+	}
+	defer cl.Close()
+	res, err := replay.RunCluster(ctx, c, replay.Options{Selector: sel, CP: cp, TP: tp, Selection: mode, Placement: place}, cl)
+	if err != nil {
+		return fail(err)
+	}
+	if err := res.Encode(w); err != nil {
+		return fail(err)
+	}
+	return nil
 }

@@ -38,7 +38,11 @@ const (
 type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// placement: striped (default) | contiguous.
-	Placement     string `protobuf:"bytes,1,opt,name=placement,proto3" json:"placement,omitempty"`
+	Placement string `protobuf:"bytes,1,opt,name=placement,proto3" json:"placement,omitempty"`
+	// config, when set, is this sequence's geometry, layers, CP x TP grid,
+	// pages per rank, budget policy and selection mode; unset: the node's
+	// (Status.config). Sequences of one config share grids.
+	Config        *v1.GridConfig `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -78,6 +82,13 @@ func (x *CreateRequest) GetPlacement() string {
 		return x.Placement
 	}
 	return ""
+}
+
+func (x *CreateRequest) GetConfig() *v1.GridConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
 }
 
 type CreateReply struct {
@@ -1494,9 +1505,10 @@ var File_decode_v1_decode_proto protoreflect.FileDescriptor
 
 const file_decode_v1_decode_proto_rawDesc = "" +
 	"\n" +
-	"\x16decode/v1/decode.proto\x12\x11questrt.decode.v1\x1a\x16worker/v1/worker.proto\"-\n" +
+	"\x16decode/v1/decode.proto\x12\x11questrt.decode.v1\x1a\x16worker/v1/worker.proto\"d\n" +
 	"\rCreateRequest\x12\x1c\n" +
-	"\tplacement\x18\x01 \x01(\tR\tplacement\"S\n" +
+	"\tplacement\x18\x01 \x01(\tR\tplacement\x125\n" +
+	"\x06config\x18\x02 \x01(\v2\x1d.questrt.worker.v1.GridConfigR\x06config\"S\n" +
 	"\vCreateReply\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\tR\bsequence\x12\x14\n" +
 	"\x05nodes\x18\x02 \x03(\tR\x05nodes\x12\x12\n" +
@@ -1650,57 +1662,58 @@ var file_decode_v1_decode_proto_goTypes = []any{
 	(*Member)(nil),          // 20: questrt.decode.v1.Member
 	(*Device)(nil),          // 21: questrt.decode.v1.Device
 	(*StatusReply)(nil),     // 22: questrt.decode.v1.StatusReply
-	(*v1.Tensor)(nil),       // 23: questrt.worker.v1.Tensor
-	(*v1.Times)(nil),        // 24: questrt.worker.v1.Times
-	(*v1.GridConfig)(nil),   // 25: questrt.worker.v1.GridConfig
+	(*v1.GridConfig)(nil),   // 23: questrt.worker.v1.GridConfig
+	(*v1.Tensor)(nil),       // 24: questrt.worker.v1.Tensor
+	(*v1.Times)(nil),        // 25: questrt.worker.v1.Times
 }
 var file_decode_v1_decode_proto_depIdxs = []int32{
-	23, // 0: questrt.decode.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
-	23, // 1: questrt.decode.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
-	23, // 2: questrt.decode.v1.StepItem.q:type_name -> questrt.worker.v1.Tensor
-	23, // 3: questrt.decode.v1.StepItem.k:type_name -> questrt.worker.v1.Tensor
-	23, // 4: questrt.decode.v1.StepItem.v:type_name -> questrt.worker.v1.Tensor
-	4,  // 5: questrt.decode.v1.StepRequest.items:type_name -> questrt.decode.v1.StepItem
-	23, // 6: questrt.decode.v1.Diagnostics.indptr:type_name -> questrt.worker.v1.Tensor
-	23, // 7: questrt.decode.v1.Diagnostics.pages:type_name -> questrt.worker.v1.Tensor
-	23, // 8: questrt.decode.v1.Diagnostics.scores:type_name -> questrt.worker.v1.Tensor
-	23, // 9: questrt.decode.v1.Diagnostics.dense_lse:type_name -> questrt.worker.v1.Tensor
-	23, // 10: questrt.decode.v1.StepReply.o:type_name -> questrt.worker.v1.Tensor
-	23, // 11: questrt.decode.v1.StepReply.lse:type_name -> questrt.worker.v1.Tensor
-	6,  // 12: questrt.decode.v1.StepReply.plans:type_name -> questrt.decode.v1.Plan
-	7,  // 13: questrt.decode.v1.StepReply.diag:type_name -> questrt.decode.v1.Diagnostics
-	24, // 14: questrt.decode.v1.StepReply.time:type_name -> questrt.worker.v1.Times
-	4,  // 15: questrt.decode.v1.StepsRequest.items:type_name -> questrt.decode.v1.StepItem
-	23, // 16: questrt.decode.v1.StepsReply.o:type_name -> questrt.worker.v1.Tensor
-	23, // 17: questrt.decode.v1.StepsReply.lse:type_name -> questrt.worker.v1.Tensor
-	6,  // 18: questrt.decode.v1.StepsReply.plans:type_name -> questrt.decode.v1.Plan
-	24, // 19: questrt.decode.v1.StepsReply.time:type_name -> questrt.worker.v1.Times
-	20, // 20: questrt.decode.v1.StatusReply.members:type_name -> questrt.decode.v1.Member
-	21, // 21: questrt.decode.v1.StatusReply.devices:type_name -> questrt.decode.v1.Device
-	25, // 22: questrt.decode.v1.StatusReply.config:type_name -> questrt.worker.v1.GridConfig
-	0,  // 23: questrt.decode.v1.Decode.Create:input_type -> questrt.decode.v1.CreateRequest
-	2,  // 24: questrt.decode.v1.Decode.Append:input_type -> questrt.decode.v1.AppendRequest
-	5,  // 25: questrt.decode.v1.Decode.Step:input_type -> questrt.decode.v1.StepRequest
-	9,  // 26: questrt.decode.v1.Decode.Steps:input_type -> questrt.decode.v1.StepsRequest
-	11, // 27: questrt.decode.v1.Decode.Fork:input_type -> questrt.decode.v1.ForkRequest
-	13, // 28: questrt.decode.v1.Decode.Rollback:input_type -> questrt.decode.v1.RollbackRequest
-	15, // 29: questrt.decode.v1.Decode.Release:input_type -> questrt.decode.v1.ReleaseRequest
-	17, // 30: questrt.decode.v1.Decode.Length:input_type -> questrt.decode.v1.LengthRequest
-	19, // 31: questrt.decode.v1.Decode.Status:input_type -> questrt.decode.v1.StatusRequest
-	1,  // 32: questrt.decode.v1.Decode.Create:output_type -> questrt.decode.v1.CreateReply
-	3,  // 33: questrt.decode.v1.Decode.Append:output_type -> questrt.decode.v1.AppendReply
-	8,  // 34: questrt.decode.v1.Decode.Step:output_type -> questrt.decode.v1.StepReply
-	10, // 35: questrt.decode.v1.Decode.Steps:output_type -> questrt.decode.v1.StepsReply
-	12, // 36: questrt.decode.v1.Decode.Fork:output_type -> questrt.decode.v1.ForkReply
-	14, // 37: questrt.decode.v1.Decode.Rollback:output_type -> questrt.decode.v1.RollbackReply
-	16, // 38: questrt.decode.v1.Decode.Release:output_type -> questrt.decode.v1.ReleaseReply
-	18, // 39: questrt.decode.v1.Decode.Length:output_type -> questrt.decode.v1.LengthReply
-	22, // 40: questrt.decode.v1.Decode.Status:output_type -> questrt.decode.v1.StatusReply
-	32, // [32:41] is the sub-list for method output_type
-	23, // [23:32] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	23, // 0: questrt.decode.v1.CreateRequest.config:type_name -> questrt.worker.v1.GridConfig
+	24, // 1: questrt.decode.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
+	24, // 2: questrt.decode.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
+	24, // 3: questrt.decode.v1.StepItem.q:type_name -> questrt.worker.v1.Tensor
+	24, // 4: questrt.decode.v1.StepItem.k:type_name -> questrt.worker.v1.Tensor
+	24, // 5: questrt.decode.v1.StepItem.v:type_name -> questrt.worker.v1.Tensor
+	4,  // 6: questrt.decode.v1.StepRequest.items:type_name -> questrt.decode.v1.StepItem
+	24, // 7: questrt.decode.v1.Diagnostics.indptr:type_name -> questrt.worker.v1.Tensor
+	24, // 8: questrt.decode.v1.Diagnostics.pages:type_name -> questrt.worker.v1.Tensor
+	24, // 9: questrt.decode.v1.Diagnostics.scores:type_name -> questrt.worker.v1.Tensor
+	24, // 10: questrt.decode.v1.Diagnostics.dense_lse:type_name -> questrt.worker.v1.Tensor
+	24, // 11: questrt.decode.v1.StepReply.o:type_name -> questrt.worker.v1.Tensor
+	24, // 12: questrt.decode.v1.StepReply.lse:type_name -> questrt.worker.v1.Tensor
+	6,  // 13: questrt.decode.v1.StepReply.plans:type_name -> questrt.decode.v1.Plan
+	7,  // 14: questrt.decode.v1.StepReply.diag:type_name -> questrt.decode.v1.Diagnostics
+	25, // 15: questrt.decode.v1.StepReply.time:type_name -> questrt.worker.v1.Times
+	4,  // 16: questrt.decode.v1.StepsRequest.items:type_name -> questrt.decode.v1.StepItem
+	24, // 17: questrt.decode.v1.StepsReply.o:type_name -> questrt.worker.v1.Tensor
+	24, // 18: questrt.decode.v1.StepsReply.lse:type_name -> questrt.worker.v1.Tensor
+	6,  // 19: questrt.decode.v1.StepsReply.plans:type_name -> questrt.decode.v1.Plan
+	25, // 20: questrt.decode.v1.StepsReply.time:type_name -> questrt.worker.v1.Times
+	20, // 21: questrt.decode.v1.StatusReply.members:type_name -> questrt.decode.v1.Member
+	21, // 22: questrt.decode.v1.StatusReply.devices:type_name -> questrt.decode.v1.Device
+	23, // 23: questrt.decode.v1.StatusReply.config:type_name -> questrt.worker.v1.GridConfig
+	0,  // 24: questrt.decode.v1.Decode.Create:input_type -> questrt.decode.v1.CreateRequest
+	2,  // 25: questrt.decode.v1.Decode.Append:input_type -> questrt.decode.v1.AppendRequest
+	5,  // 26: questrt.decode.v1.Decode.Step:input_type -> questrt.decode.v1.StepRequest
+	9,  // 27: questrt.decode.v1.Decode.Steps:input_type -> questrt.decode.v1.StepsRequest
+	11, // 28: questrt.decode.v1.Decode.Fork:input_type -> questrt.decode.v1.ForkRequest
+	13, // 29: questrt.decode.v1.Decode.Rollback:input_type -> questrt.decode.v1.RollbackRequest
+	15, // 30: questrt.decode.v1.Decode.Release:input_type -> questrt.decode.v1.ReleaseRequest
+	17, // 31: questrt.decode.v1.Decode.Length:input_type -> questrt.decode.v1.LengthRequest
+	19, // 32: questrt.decode.v1.Decode.Status:input_type -> questrt.decode.v1.StatusRequest
+	1,  // 33: questrt.decode.v1.Decode.Create:output_type -> questrt.decode.v1.CreateReply
+	3,  // 34: questrt.decode.v1.Decode.Append:output_type -> questrt.decode.v1.AppendReply
+	8,  // 35: questrt.decode.v1.Decode.Step:output_type -> questrt.decode.v1.StepReply
+	10, // 36: questrt.decode.v1.Decode.Steps:output_type -> questrt.decode.v1.StepsReply
+	12, // 37: questrt.decode.v1.Decode.Fork:output_type -> questrt.decode.v1.ForkReply
+	14, // 38: questrt.decode.v1.Decode.Rollback:output_type -> questrt.decode.v1.RollbackReply
+	16, // 39: questrt.decode.v1.Decode.Release:output_type -> questrt.decode.v1.ReleaseReply
+	18, // 40: questrt.decode.v1.Decode.Length:output_type -> questrt.decode.v1.LengthReply
+	22, // 41: questrt.decode.v1.Decode.Status:output_type -> questrt.decode.v1.StatusReply
+	33, // [33:42] is the sub-list for method output_type
+	24, // [24:33] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_decode_v1_decode_proto_init() }
