@@ -258,7 +258,7 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 	}
 	c.ngrid++
 	g := &grid{
-		ec:  ec,
+		ec:      ec,
 		ref:     remote.GridRef{Grid: fmt.Sprintf("%s/%x/%d", c.cfg.Name, c.cfg.Instance, c.ngrid), View: v.Version},
 		key:     key.String(),
 		nodes:   nodes,
