@@ -32,8 +32,7 @@ func EngineConfig(g Geometry, p plan.Policy, capacityPages int) engine.Config {
 // that is not empty with Prefill are run as dense engine steps, one
 // token at a time.
 type EngineAttention struct {
-	e    *engine.Engine
-	seq  engine.SeqID
+	s    Sequence
 	g    Geometry
 	lens []int
 
@@ -74,6 +73,45 @@ type StepInfo struct {
 	Cosine, RelL2 []float64
 }
 
+// Sequence is one sequence of an engine as EngineAttention drives it: the
+// in-process engine's (NewEngineAttention), or a cluster's through its
+// client (cluster/client.Sequence). Step runs one layer for this sequence
+// alone; r.Seq is ignored.
+type Sequence interface {
+	Append(ctx context.Context, layer int, k, v []float32) error
+	Step(ctx context.Context, layer int, r engine.Request, opt engine.StepOptions, res *engine.Result) error
+	ForkSequence(ctx context.Context) (Sequence, error)
+	Release(ctx context.Context) error
+}
+
+// engineSeq is a sequence of an in-process engine.
+type engineSeq struct {
+	e  *engine.Engine
+	id engine.SeqID
+}
+
+func (s engineSeq) Append(_ context.Context, layer int, k, v []float32) error {
+	return s.e.Append(s.id, layer, k, v)
+}
+
+func (s engineSeq) Step(ctx context.Context, layer int, r engine.Request, opt engine.StepOptions, res *engine.Result) error {
+	r.Seq = s.id
+	return s.e.Step(ctx, layer, []engine.Request{r}, opt, res)
+}
+
+func (s engineSeq) ForkSequence(context.Context) (Sequence, error) {
+	id, err := s.e.Fork(s.id)
+	return engineSeq{s.e, id}, err
+}
+
+func (s engineSeq) Release(context.Context) error { return s.e.Release(s.id) }
+
+// NewSequenceAttention drives sequence s, which must be empty and of
+// geometry g (the caller checks), as an [Attention].
+func NewSequenceAttention(s Sequence, g Geometry) *EngineAttention {
+	return &EngineAttention{s: s, g: g, lens: make([]int, g.Layers), steps: make([]StepInfo, g.Layers)}
+}
+
 // NewEngineAttention creates an empty sequence in e (striped placement)
 // for a model of geometry g, which must match the engine's.
 func NewEngineAttention(e *engine.Engine, g Geometry) (*EngineAttention, error) {
@@ -86,11 +124,8 @@ func NewEngineAttention(e *engine.Engine, g Geometry) (*EngineAttention, error) 
 	if err != nil {
 		return nil, fmt.Errorf("engine attention: %w", err)
 	}
-	return &EngineAttention{e: e, seq: id, g: g, lens: make([]int, g.Layers), steps: make([]StepInfo, g.Layers)}, nil
+	return NewSequenceAttention(engineSeq{e, id}, g), nil
 }
-
-// Seq returns the engine sequence.
-func (a *EngineAttention) Seq() engine.SeqID { return a.seq }
 
 // Len returns the tokens of the last layer.
 func (a *EngineAttention) Len() int { return a.lens[len(a.lens)-1] }
@@ -98,17 +133,17 @@ func (a *EngineAttention) Len() int { return a.lens[len(a.lens)-1] }
 // Fork returns a new sequence sharing every page with this one
 // (copy-on-write tail), with the same settings.
 func (a *EngineAttention) Fork() (*EngineAttention, error) {
-	id, err := a.e.Fork(a.seq)
+	s, err := a.s.ForkSequence(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("engine attention: %w", err)
 	}
-	b := &EngineAttention{e: a.e, seq: id, g: a.g, lens: append([]int(nil), a.lens...), steps: make([]StepInfo, a.g.Layers),
+	b := &EngineAttention{s: s, g: a.g, lens: append([]int(nil), a.lens...), steps: make([]StepInfo, a.g.Layers),
 		Budget: a.Budget, Options: a.Options, Compare: a.Compare, Workers: a.Workers}
 	return b, nil
 }
 
 // Release frees the sequence in the engine.
-func (a *EngineAttention) Release() error { return a.e.Release(a.seq) }
+func (a *EngineAttention) Release() error { return a.s.Release(context.Background()) }
 
 // Steps returns, per layer, what the last decode step did (valid until
 // the next step; zero before the first).
@@ -132,7 +167,7 @@ func (a *EngineAttention) Load(src KVSource) error {
 		if len(k) == 0 {
 			continue
 		}
-		if err := a.e.Append(a.seq, l, k, v); err != nil {
+		if err := a.s.Append(context.Background(), l, k, v); err != nil {
 			return fmt.Errorf("engine attention: load layer %d: %w", l, err)
 		}
 		a.lens[l] = len(k) / (a.g.KVHeads * a.g.HeadDim)
@@ -150,8 +185,8 @@ func (a *EngineAttention) Prefill(ctx context.Context, layer int, q, k, v, out [
 		// Later tokens of a sequence: dense engine steps.
 		qd, kvd := a.g.Heads*a.g.HeadDim, a.g.KVHeads*a.g.HeadDim
 		for t := range n {
-			req := engine.Request{Seq: a.seq, Q: q[t*qd : (t+1)*qd], K: k[t*kvd : (t+1)*kvd], V: v[t*kvd : (t+1)*kvd]}
-			if err := a.e.Step(ctx, layer, []engine.Request{req}, engine.StepOptions{ForceDense: true}, &a.res); err != nil {
+			req := engine.Request{Q: q[t*qd : (t+1)*qd], K: k[t*kvd : (t+1)*kvd], V: v[t*kvd : (t+1)*kvd]}
+			if err := a.s.Step(ctx, layer, req, engine.StepOptions{ForceDense: true}, &a.res); err != nil {
 				return err
 			}
 			a.lens[layer]++
@@ -162,7 +197,7 @@ func (a *EngineAttention) Prefill(ctx context.Context, layer int, q, k, v, out [
 	if err := causalAttention(ctx, a.Workers, a.g, q, n, k, v, 0, out); err != nil {
 		return err
 	}
-	if err := a.e.Append(a.seq, layer, k, v); err != nil {
+	if err := a.s.Append(ctx, layer, k, v); err != nil {
 		return err
 	}
 	a.lens[layer] = n
@@ -174,8 +209,8 @@ func (a *EngineAttention) Decode(ctx context.Context, layer int, q, k, v, out []
 	if err := a.g.check(layer, 1, q, k, v, out); err != nil {
 		return err
 	}
-	req := engine.Request{Seq: a.seq, Q: q, K: k, V: v, BudgetTokens: a.Budget}
-	if err := a.e.Step(ctx, layer, []engine.Request{req}, a.Options, &a.res); err != nil {
+	req := engine.Request{Q: q, K: k, V: v, BudgetTokens: a.Budget}
+	if err := a.s.Step(ctx, layer, req, a.Options, &a.res); err != nil {
 		return err
 	}
 	a.lens[layer]++
@@ -190,8 +225,8 @@ func (a *EngineAttention) Decode(ctx context.Context, layer int, q, k, v, out []
 		st.PagesRead, st.PagesTotal = dg.PagesRead, dg.PagesTotal
 	}
 	if a.Compare {
-		dreq := engine.Request{Seq: a.seq, Q: q}
-		if err := a.e.Step(ctx, layer, []engine.Request{dreq}, engine.StepOptions{ForceDense: true}, &a.dense); err != nil {
+		dreq := engine.Request{Q: q}
+		if err := a.s.Step(ctx, layer, dreq, engine.StepOptions{ForceDense: true}, &a.dense); err != nil {
 			return fmt.Errorf("dense comparison: %w", err)
 		}
 		d := a.g.HeadDim

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
@@ -109,19 +110,34 @@ func (f *runFlags) load() (*model.Model, model.Tokenizer, error) {
 	return m, tok, nil
 }
 
-// engine builds an in-process engine for m with policy p and room for
-// seqs sequences of tokens tokens each.
-func (f *runFlags) engine(m *model.Model, p plan.Policy, tokens, seqs int) (*engine.Engine, error) {
+// engineConfig is the engine configuration for m with policy p and room
+// for seqs sequences of tokens tokens each.
+func (f *runFlags) engineConfig(m *model.Model, p plan.Policy, tokens, seqs int) engine.Config {
 	pages := (tokens + f.pageSize - 1) / f.pageSize
 	per := (pages+f.cp-1)/f.cp + 2
 	cfg := model.EngineConfig(m.Geometry(), p, per*seqs)
 	cfg.CP, cfg.TP = f.cp, f.tp
 	cfg.Selection, _ = engine.ParseSelection(f.selection)
 	cfg.MemoryLimit = *f.maxMem
+	return cfg
+}
+
+// engine builds an in-process engine for m with policy p and room for
+// seqs sequences of tokens tokens each.
+func (f *runFlags) engine(m *model.Model, p plan.Policy, tokens, seqs int) (*engine.Engine, error) {
+	cfg := f.engineConfig(m, p, tokens, seqs)
 	if err := cfg.Validate(); err != nil {
 		return nil, usageError{err}
 	}
 	return engine.New(cfg)
+}
+
+// clusterSeq is a cluster sequence as model.EngineAttention drives it.
+type clusterSeq struct{ client.Sequence }
+
+func (s clusterSeq) ForkSequence(ctx context.Context) (model.Sequence, error) {
+	c, err := s.Fork(ctx)
+	return clusterSeq{c}, err
 }
 
 // genStep is one generated token in generate's JSON summary.
@@ -185,7 +201,9 @@ Loads a Llama checkpoint (byte tokenizer), prefills the prompt (BOS first)
 with dense attention into the in-process engine's KV pages, then decodes
 up to --max-tokens tokens, each decode step running every layer through
 the engine's page selection (--selector, --budget; the first
---dense-layers layers stay dense). The text streams to stdout as it is
+--dense-layers layers stay dense). With --addr the KV pages live on a
+questd cluster instead (the sequence created with the model's geometry,
+this policy and --cp x --tp; the model itself runs here). The text streams to stdout as it is
 produced; per-step pages read vs total, bytes read vs dense (rho, next to
 the formula 1/S + K/P) and phase times go to stderr, then a summary.
 Without --diagnostics the pages read are the step plans' (K pages per KV
@@ -208,6 +226,7 @@ text (progress stays on stderr).`)
 	selector := fs.String("selector", "quest", "page selector of decode steps: quest, oracle, recent or dense")
 	noStop := fs.Bool("no-stop", false, "keep generating after EOS")
 	compare := fs.Bool("compare-dense", false, "also decode from the same prefill with dense attention and report the speedup")
+	addr := fs.String("addr", "", "decode through the questd node at host:port (plaintext): the sequence is created there with the model's geometry and these flags' policy and --cp x --tp grid")
 	diag := fs.Bool("diagnostics", false, "measure every sparse step against dense attention (recall of the dense top-10 tokens, attention-mass recall; costs a dense pass per layer)")
 	asJSON := fs.Bool("json", false, "print a JSON summary on stdout instead of the text")
 	if err := parse(fs, args, stdout); err != nil {
@@ -254,14 +273,36 @@ text (progress stays on stderr).`)
 	if *compare {
 		seqs = 3
 	}
-	eng, err := rf.engine(m, pol, total, seqs)
-	if err != nil {
-		return err
-	}
-	defer eng.Close()
-	attn, err := model.NewEngineAttention(eng, m.Geometry())
-	if err != nil {
-		return err
+	var attn *model.EngineAttention
+	if *addr != "" {
+		ec := rf.engineConfig(m, pol, total, seqs)
+		if err := ec.Validate(); err != nil {
+			return usageError{err}
+		}
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		cl, err := client.Dial(dctx, *addr, client.Options{})
+		if err != nil {
+			cancel()
+			return fmt.Errorf("--addr %q: %w", *addr, err)
+		}
+		defer cl.Close()
+		id, nodes, err := cl.CreateWith(dctx, plan.Striped, ec.WorkerConfig())
+		cancel()
+		if err != nil {
+			return fmt.Errorf("--addr %q: create: %w", *addr, err)
+		}
+		fmt.Fprintf(stderr, "sequence %s on nodes %v\n", id, nodes)
+		attn = model.NewSequenceAttention(clusterSeq{client.Sequence{C: cl, ID: id}}, m.Geometry())
+		defer attn.Release()
+	} else {
+		eng, err := rf.engine(m, pol, total, seqs)
+		if err != nil {
+			return err
+		}
+		defer eng.Close()
+		if attn, err = model.NewEngineAttention(eng, m.Geometry()); err != nil {
+			return err
+		}
 	}
 	attn.Workers = rf.workers
 	fmt.Fprintf(stderr, "prefill: %d tokens (%s, %d layers, %d/%d heads of %d) ...\n", len(ids), rf.model, m.Config.Layers, m.Config.Heads, m.Config.KVHeads, m.Config.HeadDim)

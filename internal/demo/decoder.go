@@ -7,7 +7,6 @@ import (
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
-	"github.com/questrt/questrt/shard"
 )
 
 // decoder is what the demo drives: one sequence's appends and steps, on
@@ -51,10 +50,8 @@ func (d *engineDecoder) close() { d.e.Close() }
 // diagnostics computed by the coordinator, the keys read back from the
 // nodes).
 type clusterDecoder struct {
-	c     *client.Client
-	seq   string
+	s     client.Sequence
 	nodes []string
-	group int // query heads per KV head
 }
 
 func newClusterDecoder(ctx context.Context, c *client.Client, cfg Config) (*clusterDecoder, error) {
@@ -70,34 +67,19 @@ func newClusterDecoder(ctx context.Context, c *client.Client, cfg Config) (*clus
 	if err != nil {
 		return nil, fmt.Errorf("demo: create: %w", err)
 	}
-	return &clusterDecoder{c: c, seq: seq, nodes: nodes, group: g.QHeads / g.KVHeads}, nil
+	return &clusterDecoder{s: client.Sequence{C: c, ID: seq}, nodes: nodes}, nil
 }
 
 func (d *clusterDecoder) append(ctx context.Context, layer int, k, v []float32) error {
-	return d.c.Append(ctx, d.seq, layer, k, v)
+	return d.s.Append(ctx, layer, k, v)
 }
 
 func (d *clusterDecoder) step(ctx context.Context, layer int, q, k, v []float32, opt engine.StepOptions, res *engine.Result) error {
-	r, err := d.c.Step(ctx, layer, []client.Item{{Seq: d.seq, Q: q, K: k, V: v}},
-		client.StepOptions{ForceDense: opt.ForceDense, Phased: opt.Phased, Diagnostics: opt.Diagnostics})
-	if err != nil {
-		return err
-	}
-	res.O, res.LSE, res.Plans = r.O, r.LSE, r.Plans
-	res.Time = engine.Times{Score: r.Time.Score, TopK: r.Time.TopK, Select: r.Time.Select, Attend: r.Time.Attend,
-		Merge: r.Time.Merge, Fused: r.Time.Fused, Total: r.Total}
-	res.Diag = res.Diag[:0]
-	for i, cd := range r.Diag {
-		dg := shard.Diagnostics{Selected: cd.Selected, Scores: cd.Scores, RelL2: cd.RelL2, AbsL2: cd.AbsL2,
-			Recall: cd.Recall, MassRecall: cd.MassRecall, MinMassRecall: cd.MinMassRecall}
-		dg.CountPages(d.group, r.Plans[i].Pages)
-		res.Diag = append(res.Diag, dg)
-	}
-	return nil
+	return d.s.Step(ctx, layer, engine.Request{Q: q, K: k, V: v}, opt, res)
 }
 
 func (d *clusterDecoder) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5e9)
 	defer cancel()
-	_ = d.c.Release(ctx, d.seq)
+	_ = d.s.Release(ctx)
 }

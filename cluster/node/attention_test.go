@@ -1,0 +1,101 @@
+package node_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/cluster/node/nodetest"
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
+)
+
+// clusterSeq adapts a client sequence to model.Sequence (as questctl
+// generate --addr does).
+type clusterSeq struct{ client.Sequence }
+
+func (s clusterSeq) ForkSequence(ctx context.Context) (model.Sequence, error) {
+	c, err := s.Fork(ctx)
+	return clusterSeq{c}, err
+}
+
+// The model's attention over a cluster sequence (client.Sequence) gives
+// the outputs of the same attention over an in-process engine: a dense
+// prefill, decode steps with diagnostics, a fork.
+func TestModelAttentionThroughCluster(t *testing.T) {
+	g := model.Geometry{Layers: 2, Heads: 8, KVHeads: 4, HeadDim: 16}
+	pol := plan.DefaultPolicy()
+	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 4, 16, 1
+	ec := model.EngineConfig(g, pol, 64)
+	ec.CP, ec.StepTimeout = 2, 5*time.Second
+	e, err := engine.New(ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	local, err := model.NewEngineAttention(e, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := nodetest.Start(t, "m", 2, geometry(1, 1, plan.Exact), nil)
+	ctx := t.Context()
+	cl := dial(t, nodes[0])
+	id, _, err := cl.CreateWith(ctx, plan.Striped, ec.WorkerConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := model.NewSequenceAttention(clusterSeq{client.Sequence{C: cl, ID: id}}, g)
+	rng := rand.New(rand.NewPCG(4, 4))
+	qd, kvd := g.Heads*g.HeadDim, g.KVHeads*g.HeadDim
+	run := func(n int, decode bool, attns ...*model.EngineAttention) {
+		t.Helper()
+		for l := range g.Layers {
+			q, k, v := randVec(rng, n*qd), randVec(rng, n*kvd), randVec(rng, n*kvd)
+			var outs [][]float32
+			for _, a := range attns {
+				out := make([]float32, n*qd)
+				var err error
+				if decode {
+					err = a.Decode(ctx, l, q, k, v, out)
+				} else {
+					err = a.Prefill(ctx, l, q, k, v, out)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				outs = append(outs, out)
+			}
+			for i := range outs[0] {
+				if outs[0][i] != outs[1][i] {
+					t.Fatalf("layer %d: out[%d] %g in process, %g through the cluster", l, i, outs[0][i], outs[1][i])
+				}
+			}
+		}
+	}
+	run(40, false, local, remote)
+	local.Options.Diagnostics, remote.Options.Diagnostics = true, true
+	for range 3 {
+		run(1, true, local, remote)
+		for l, st := range local.Steps() {
+			rt := remote.Steps()[l]
+			if st.PagesRead != rt.PagesRead || st.Recall != rt.Recall || st.MassRecall != rt.MassRecall {
+				t.Fatalf("layer %d: step %+v in process, %+v through the cluster", l, st, rt)
+			}
+		}
+	}
+	lf, err := local.Fork()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rf, err := remote.Fork()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(1, true, lf, rf)
+	if local.Len() != 43 || remote.Len() != 43 || rf.Len() != 44 {
+		t.Fatalf("lengths %d, %d, fork %d", local.Len(), remote.Len(), rf.Len())
+	}
+}
