@@ -234,7 +234,7 @@ func TestUpKillRestart(t *testing.T) {
 	waitMembers(t, survivor.GRPC, 2, v.Name)
 	// Restart the victim under its name, on new ports.
 	restarted = exec.Command(filepath.Join(bin, "questd"), append([]string{"--name", v.Name, "--grpc-addr", "127.0.0.1:0",
-		"--gossip-addr", "127.0.0.1:0", "--plaintext", "--cp", "2", "--tp", "1", "--join", survivor.Gossip}, geometryFlags...)...)
+		"--gossip-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--plaintext", "--cp", "2", "--tp", "1", "--join", survivor.Gossip}, geometryFlags...)...)
 	rout, err := restarted.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

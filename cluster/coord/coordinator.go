@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/engine"
@@ -44,6 +46,61 @@ type Config struct {
 	OpenTimeout time.Duration
 	// Logger receives the coordinator's logs (default: discard).
 	Logger *slog.Logger
+	// Observe, when set, is called once after every Step and Decode this
+	// coordinator runs, failed ones included (forwarded calls are
+	// observed by the node that coordinates them). It is called on the
+	// caller's goroutine, concurrently for concurrent steps: it must be
+	// safe for concurrent use and quick (update counters, no I/O).
+	Observe func(StepStats)
+}
+
+// StepStats describes one Step or Decode a coordinator ran, for
+// Config.Observe: the phase times, the batch and the pages it read next
+// to a dense read's.
+type StepStats struct {
+	// Kind is "step" (Step: one layer) or "steps" (Decode: a range of
+	// layers, the Steps stream of the Decode API).
+	Kind string
+	// Time is the step's phase times: for Step those of its first grid
+	// (engine.Result.Time); for Decode each phase summed over the layers
+	// that came back, and Total the whole step's. A step that failed
+	// after it started has its Total only (the time until it failed); one
+	// refused before it ran (a bad item, an unknown sequence) none.
+	Time engine.Times
+	// Items is the number of sequences in the batch.
+	Items int
+	// Layers is the number of layers whose outputs came back (1 for a
+	// Step that succeeded, last-first for a Decode that did; fewer, or 0,
+	// for a failed one).
+	Layers int
+	// PagesRead and PagesTotal count (KV head, page) pairs over the items
+	// and the layers that came back: plan.Reads() x KVHeads pages read,
+	// and plan.Pages x KVHeads, what a dense read of every page would
+	// read. Their ratio is the bytes of K and V read vs dense.
+	PagesRead, PagesTotal int64
+	// Err is the step's error (nil on success); Code its gRPC code as
+	// the Decode API answers it (codes.OK on success).
+	Err  error
+	Code codes.Code
+}
+
+// addPlans adds the pages of plans (one layer of a grid with kvHeads KV
+// heads) to st.
+func (st *StepStats) addPlans(plans []plan.Plan, kvHeads int) {
+	for _, p := range plans {
+		st.PagesRead += int64(p.Reads()) * int64(kvHeads)
+		st.PagesTotal += int64(p.Pages) * int64(kvHeads)
+	}
+}
+
+// observe finishes st with err's code and hands it to Config.Observe.
+func (c *Coordinator) observe(ctx context.Context, st StepStats, err error) {
+	if c.cfg.Observe == nil {
+		return
+	}
+	st.Err = err
+	st.Code = status.Code(statusCtx(ctx, err))
+	c.cfg.Observe(st)
 }
 
 // Errors callers act on (the Decode service maps them to gRPC codes).
@@ -541,7 +598,14 @@ type StepItem struct {
 // items of each grid as one engine step, the grids concurrently; res
 // gets the outputs in item order (Plans, O, LSE, DenseLSE and Diag as
 // engine.Result), Time of the first grid.
-func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt engine.StepOptions, res *engine.Result) error {
+func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt engine.StepOptions, res *engine.Result) (err error) {
+	st := StepStats{Kind: "step", Items: len(items)}
+	defer func() { c.observe(ctx, st, err) }()
+	return c.step(ctx, layer, items, opt, res, &st)
+}
+
+// step is Step; it fills st once the step ran.
+func (c *Coordinator) step(ctx context.Context, layer int, items []StepItem, opt engine.StepOptions, res *engine.Result, st *StepStats) error {
 	if len(items) == 0 {
 		return fmt.Errorf("step: %w: no items", engine.ErrBadInput)
 	}
@@ -579,6 +643,12 @@ func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt
 		p.idx = append(p.idx, i)
 		p.reqs = append(p.reqs, r)
 	}
+	start := time.Now()
+	defer func() {
+		if st.Layers == 0 {
+			st.Time.Total = time.Since(start) // failed: how long until it did
+		}
+	}()
 	var wg sync.WaitGroup
 	for _, p := range parts {
 		wg.Go(func() {
@@ -628,7 +698,9 @@ func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt
 		if pi == 0 {
 			res.Time = p.res.Time
 		}
+		st.addPlans(p.res.Plans, p.g.ec.KVHeads)
 	}
+	st.Time, st.Layers = res.Time, 1
 	return nil
 }
 
@@ -636,7 +708,14 @@ func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt
 // one grid (engine.Decode: the plan goes to the workers once); next fills
 // each later layer's requests from the previous layer's result, in item
 // order.
-func (c *Coordinator) Decode(ctx context.Context, first, last int, items []StepItem, opt engine.StepOptions, res *engine.Result, next engine.NextLayer) error {
+func (c *Coordinator) Decode(ctx context.Context, first, last int, items []StepItem, opt engine.StepOptions, res *engine.Result, next engine.NextLayer) (err error) {
+	st := StepStats{Kind: "steps", Items: len(items)}
+	defer func() { c.observe(ctx, st, err) }()
+	return c.decode(ctx, first, last, items, opt, res, next, &st)
+}
+
+// decode is Decode; it fills st with the layers that came back.
+func (c *Coordinator) decode(ctx context.Context, first, last int, items []StepItem, opt engine.StepOptions, res *engine.Result, next engine.NextLayer, st *StepStats) error {
 	if len(items) == 0 {
 		return fmt.Errorf("decode: %w: no items", engine.ErrBadInput)
 	}
@@ -666,7 +745,20 @@ func (c *Coordinator) Decode(ctx context.Context, first, last int, items []StepI
 	for i := range reqs {
 		ids[i] = reqs[i].Seq
 	}
+	kv := g.ec.KVHeads
+	start := time.Now()
+	layerDone := func(r *engine.Result) {
+		st.Layers++
+		st.addPlans(r.Plans, kv)
+		st.Time.Score += r.Time.Score
+		st.Time.TopK += r.Time.TopK
+		st.Time.Select += r.Time.Select
+		st.Time.Attend += r.Time.Attend
+		st.Time.Merge += r.Time.Merge
+		st.Time.Fused += r.Time.Fused
+	}
 	err := g.eng.Decode(sctx, first, last, reqs, opt, res, func(layer int, rq []engine.Request, r *engine.Result) error {
+		layerDone(r)
 		err := next(layer, rq, r)
 		for i := range rq {
 			rq[i].Seq = ids[i] // the caller writes tensors only
@@ -675,6 +767,11 @@ func (c *Coordinator) Decode(ctx context.Context, first, last int, items []StepI
 	})
 	stop()
 	cancel(nil)
+	st.Time.Total = time.Since(start)
+	if err == nil {
+		layerDone(res)
+		st.Time.Total = res.Time.Total
+	}
 	if err != nil {
 		c.check(g, err)
 		c.mu.Lock()

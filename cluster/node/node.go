@@ -17,6 +17,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -68,6 +69,28 @@ type Config struct {
 	Version string
 	// Logger receives every component's logs (default: discard).
 	Logger *slog.Logger
+	// Observe, when set, is called after every step this node
+	// coordinates (coord.Config.Observe: concurrently, keep it quick).
+	Observe func(coord.StepStats)
+}
+
+// Stats is a snapshot of a node's state (Node.Stats).
+type Stats struct {
+	// Sequences is the number of sequences this node coordinates.
+	Sequences int
+	// GridsCoordinated is the number of grids this node's coordinator
+	// drives; GridsHosted the number of grids (of any coordinator) with
+	// ranks on this node.
+	GridsCoordinated, GridsHosted int
+	// PagesUsed and PagesFree are the pages of the grids hosted here and
+	// the pages left of MaxPages.
+	PagesUsed, PagesFree int
+	// MembersUp is the number of members this node's view shows up
+	// (alive or suspect), itself included.
+	MembersUp int
+	// Serving reports whether the node serves: it has joined the
+	// cluster, its gRPC server runs and Stop has not begun.
+	Serving bool
 }
 
 // MaxMessageBytes bounds one gRPC message of the client and worker APIs.
@@ -89,6 +112,9 @@ type Node struct {
 	wg     sync.WaitGroup
 	served chan error
 	once   sync.Once
+	// serving is set once Start is done, cleared when Stop or Kill
+	// begins.
+	serving atomic.Bool
 }
 
 // Start starts a node: it listens, starts the worker service, joins the
@@ -142,7 +168,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	}
 	n.pool = &pool{creds: creds, m: map[string]*grpc.ClientConn{}}
 	if n.co, err = coord.New(coord.Config{Name: mc.Name, Instance: n.m.Instance(), Engine: cfg.Engine, View: n.m.View, Conn: n.pool.get,
-		Logger: log.With("component", "coordinator")}); err != nil {
+		Logger: log.With("component", "coordinator"), Observe: cfg.Observe}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	ds, err := coord.NewServer(coord.ServerConfig{Coordinator: n.co, Status: func(r *decodev1.StatusReply) {
@@ -156,7 +182,12 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	n.srv = grpc.NewServer(grpc.Creds(creds), grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
 	workerv1.RegisterWorkerServer(n.srv, n.ws)
 	ds.Register(n.srv)
+	// Health says NOT_SERVING until the membership exists and every
+	// server and loop runs, and again from the start of Stop.
 	n.hs = health.NewServer()
+	for _, svc := range healthServices() {
+		n.hs.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
 	healthpb.RegisterHealthServer(n.srv, n.hs)
 	n.wg.Go(func() { n.served <- n.srv.Serve(n.lis) })
 	mctx, cancel := context.WithCancel(context.Background())
@@ -164,9 +195,39 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	n.wg.Go(func() { n.advertise(mctx, mc.Meta) })
 	_, sub := n.m.Subscribe(64)
 	n.wg.Go(func() { n.watch(mctx, sub) })
+	for _, svc := range healthServices() {
+		n.hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+	}
+	n.serving.Store(true)
 	log.Info("serving", "grpc", n.addr, "gossip", n.m.Addr().String())
 	return n, nil
 }
+
+// healthServices are the service names the health service reports on:
+// the whole server ("") and each API.
+func healthServices() []string {
+	return []string{"", decodev1.Decode_ServiceDesc.ServiceName, workerv1.Worker_ServiceDesc.ServiceName}
+}
+
+// Stats returns a snapshot of the node's state. It is safe to call at
+// any time, during and after Stop included.
+func (n *Node) Stats() Stats {
+	ws := n.ws.Stats()
+	return Stats{
+		Sequences:        n.co.Sequences(),
+		GridsCoordinated: n.co.Grids(),
+		GridsHosted:      ws.Grids,
+		PagesUsed:        ws.PagesUsed,
+		PagesFree:        max(ws.PagesFree, 0),
+		MembersUp:        len(n.m.View().Up()),
+		Serving:          n.serving.Load(),
+	}
+}
+
+// Serving reports whether the node serves: Start is done (the node has
+// joined the cluster and its servers run) and Stop or Kill has not
+// begun.
+func (n *Node) Serving() bool { return n.serving.Load() }
 
 // Name is the node's name.
 func (n *Node) Name() string { return n.cfg.Member.Name }
@@ -192,6 +253,7 @@ func (n *Node) Served() <-chan error { return n.served }
 func (n *Node) Stop(ctx context.Context) error {
 	var err error
 	n.once.Do(func() {
+		n.serving.Store(false)
 		n.log.Info("draining", "timeout", n.cfg.DrainTimeout)
 		n.hs.Shutdown()
 		stopped := make(chan struct{})
@@ -217,6 +279,7 @@ func (n *Node) Stop(ctx context.Context) error {
 // its grids politely: to the others it looks like a crash (tests).
 func (n *Node) Kill() {
 	n.once.Do(func() {
+		n.serving.Store(false)
 		n.srv.Stop()
 		n.close()
 	})

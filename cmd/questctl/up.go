@@ -33,13 +33,14 @@ const upPollEvery = 100 * time.Millisecond
 // upManaged are the questd flags that up sets for every node, with what
 // to use instead after "--".
 var upManaged = map[string]string{
-	"name":        "--base-name",
-	"grpc-addr":   "", // 127.0.0.1:0, reported in the ready line
-	"gossip-addr": "",
-	"join":        "",
-	"plaintext":   "questctl up --plaintext",
-	"cp":          "questctl up --cp",
-	"tp":          "questctl up --tp",
+	"name":         "--base-name",
+	"grpc-addr":    "", // 127.0.0.1:0, reported in the ready line
+	"gossip-addr":  "",
+	"metrics-addr": "", // 127.0.0.1:0: every node its own free port
+	"join":         "",
+	"plaintext":    "questctl up --plaintext",
+	"cp":           "questctl up --cp",
+	"tp":           "questctl up --tp",
 }
 
 var baseNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
@@ -50,7 +51,7 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 Starts a local questd cluster on the loopback interface and keeps it
 running until interrupted (SIGINT or SIGTERM). Node 0 is started first
-with --name BASE-0 --grpc-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0
+with --name BASE-0 --grpc-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0
 --plaintext --cp C --tp T and the flags after "--"; nodes 1..N-1 get the
 same flags plus --join with node 0's gossip address. Each node's ready
 line ({"event":"ready",...} on its stdout) gives its addresses; its
@@ -286,7 +287,7 @@ type upCluster struct {
 func (c *upCluster) start(ctx context.Context, base string, count int, common []string) error {
 	for i := range count {
 		name := fmt.Sprintf("%s-%d", base, i)
-		args := []string{"--name", name, "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"}
+		args := []string{"--name", name, "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"}
 		if i > 0 {
 			args = append(args, "--join", c.nodes[0].gossip)
 		}

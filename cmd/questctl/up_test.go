@@ -80,6 +80,7 @@ func fakeQuestd(args []string) int {
 	name := fs.String("name", "", "")
 	grpcAddr := fs.String("grpc-addr", "", "")
 	gossipAddr := fs.String("gossip-addr", "", "")
+	_ = fs.String("metrics-addr", "", "")
 	join := fs.String("join", "", "")
 	plaintext := fs.Bool("plaintext", false, "")
 	cp := fs.Int("cp", 1, "")

@@ -167,6 +167,12 @@ type Config struct {
 	// [--drain-timeout]. Default 10s.
 	DrainTimeout time.Duration
 
+	// MetricsAddr is the listen address of the HTTP server of /metrics
+	// (Prometheus), /healthz and /readyz, host:port with an IP or empty
+	// host; port 0 picks a free port; "" disables the server
+	// [--metrics-addr]. Default "127.0.0.1:9464".
+	MetricsAddr string
+
 	// LogLevel is the lowest level logged: debug, info, warn or error
 	// [--log-level]. Default info.
 	LogLevel slog.Level
@@ -184,6 +190,14 @@ type Config struct {
 // exits 0.
 var errHelp = errors.New("questd: help printed")
 
+// errVersion is returned by loadConfig for --version: main prints the
+// version line and exits 0.
+var errVersion = errors.New("questd: version asked for")
+
+// versionFlag is --version: a flag of the command line only (no
+// environment variable, no key in the file), and no Config field.
+const versionFlag = "version"
+
 // envPrefix starts the environment name of every flag.
 const envPrefix = "QUESTRT_"
 
@@ -198,13 +212,16 @@ const usageHead = `Usage: questd [flags]
 questd is the questrt node daemon. It joins the cluster by memberlist
 gossip (--join), hosts the shards of the sequences placed on this node,
 and serves the client and worker gRPC APIs and the gRPC health service on
---grpc-addr. Once serving it prints one line on stdout (and to
---ready-file when set):
+--grpc-addr, and Prometheus metrics (/metrics), liveness (/healthz) and
+readiness (/readyz: 200 once joined and serving, 503 while draining) over
+HTTP on --metrics-addr. Once serving it prints one line on stdout (and to
+--ready-file when set; "metrics" only with a --metrics-addr):
 
-  {"event":"ready","name":"NAME","grpc":"HOST:PORT","gossip":"HOST:PORT"}
+  {"event":"ready","name":"NAME","grpc":"HOST:PORT","gossip":"HOST:PORT","metrics":"HOST:PORT"}
 
 SIGTERM or SIGINT drains: in-flight steps get --drain-timeout to finish,
-then the node leaves the cluster and exits 0.
+then the node leaves the cluster and exits 0. questd --version prints the
+version line and exits 0.
 
 Every flag can also be set in the environment, as QUESTRT_ and the flag's
 name in upper case with '-' as '_' (QUESTRT_GRPC_ADDR; empty variables are
@@ -379,6 +396,9 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.dur(&c.DeadNodeReclaim, "dead-node-reclaim", 5*time.Second, "how long after a member is declared dead a restarted node may take over its name from another address")
 	d.dur(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long SIGTERM or SIGINT waits for in-flight steps before leaving the cluster (0: leave at once)")
 
+	d.group("Metrics and probes")
+	d.str(&c.MetricsAddr, "metrics-addr", "127.0.0.1:9464", "listen `host:port` of the HTTP server of /metrics (Prometheus), /healthz and /readyz; an IP or empty host; port 0 picks a free port; \"\" disables it")
+
 	d.group("Logging and process")
 	d.text("log-level", "info", "lowest level logged: debug, info, warn or error", func(s string) (err error) {
 		c.LogLevel, err = parseLogLevel(s)
@@ -393,6 +413,8 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	})
 	d.str(&c.ReadyFile, "ready-file", "", "`file` that also receives the ready JSON line (it is always printed on stdout)")
 	d.str(&c.ConfigFile, "config", "", "YAML `file` of flag values, under the environment and the command line")
+	fs.Bool(versionFlag, false, "print the version line and exit (command line only)")
+	d.added(versionFlag)
 	return fs, d.groups
 }
 
@@ -449,8 +471,12 @@ func printUsage(w io.Writer, fs *flag.FlagSet, groups []flagGroup) {
 				b.WriteString(" " + arg)
 			}
 			fmt.Fprintf(&b, "\n      %s", usage)
-			if f.DefValue != "" && f.DefValue != "[]" && !strings.Contains(usage, "(default") {
+			if f.DefValue != "" && f.DefValue != "[]" && name != versionFlag && !strings.Contains(usage, "(default") {
 				fmt.Fprintf(&b, " (default %s)", f.DefValue)
+			}
+			if name == versionFlag {
+				b.WriteString("\n")
+				continue
 			}
 			fmt.Fprintf(&b, "\n      env %s\n", envName(name))
 		}
@@ -482,10 +508,16 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 	}
 	onCLI := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { onCLI[f.Name] = true })
+	if onCLI[versionFlag] && fs.Lookup(versionFlag).Value.String() == "true" {
+		return Config{}, errVersion
+	}
 	origin := map[string]string{} // flag -> where a value not on the command line came from
 
 	env := map[string]string{}
 	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == versionFlag {
+			return
+		}
 		if v, ok := getenv(envName(f.Name)); ok && v != "" && !onCLI[f.Name] {
 			env[f.Name] = v
 		}
@@ -638,6 +670,9 @@ func applyFile(fs *flag.FlagSet, path string, onCLI map[string]bool, origin map[
 		}
 		if name == "config" {
 			return bad(k.Line, "key %q: a config file cannot name another", name)
+		}
+		if name == versionFlag {
+			return bad(k.Line, "key %q: --version is for the command line only", name)
 		}
 		vals, err := yamlValues(v, kindOf(f))
 		if err != nil {
@@ -859,6 +894,11 @@ func (c Config) Validate() error {
 	gossipHost, _, err := splitAddr("gossip-addr", c.GossipAddr)
 	if err != nil {
 		return err
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := splitAddr("metrics-addr", c.MetricsAddr); err != nil {
+			return err
+		}
 	}
 	if c.Advertise == "" && !unspecified(gossipHost) && gossipHost != grpcHost {
 		return bad("gossip-addr", c.GossipAddr, "binds %s but the node advertises %s, the host of --grpc-addr (bind both to one address, or set --advertise)", gossipHost, grpcHost)

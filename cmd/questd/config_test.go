@@ -64,7 +64,7 @@ func TestDefaults(t *testing.T) {
 		MaxPages: 0, MaxMemory: 0, StepTimeout: 2 * time.Second,
 		ProbeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, SuspicionMult: 4,
 		GossipInterval: 200 * time.Millisecond, DeadNodeReclaim: 5 * time.Second, DrainTimeout: 10 * time.Second,
-		LogLevel: slog.LevelInfo, LogFormat: "text", ReadyFile: "", ConfigFile: "",
+		MetricsAddr: "127.0.0.1:9464", LogLevel: slog.LevelInfo, LogFormat: "text", ReadyFile: "", ConfigFile: "",
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
@@ -272,7 +272,11 @@ func TestEnvNames(t *testing.T) {
 	var c0 Config
 	fs, _ := newFlagSet(&c0, "h")
 	var want []string
-	fs.VisitAll(func(f *flag.Flag) { want = append(want, envName(f.Name)) })
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != versionFlag { // the command line only
+			want = append(want, envName(f.Name))
+		}
+	})
 	slices.Sort(asked)
 	if !slices.Equal(asked, want) {
 		t.Errorf("getenv asked for %q, want exactly %q", asked, want)
@@ -344,6 +348,9 @@ func TestValidateNamesFlag(t *testing.T) {
 		{[]string{"--suspicion-mult", "0"}, `--suspicion-mult "0": `},
 		{[]string{"--gossip-interval", "0s"}, `--gossip-interval "0s": `},
 		{[]string{"--drain-timeout", "-1s"}, `--drain-timeout "-1s": must not be negative`},
+		{[]string{"--metrics-addr", "9464"}, `--metrics-addr "9464": want host:port`},
+		{[]string{"--metrics-addr", "localhost:9464"}, `--metrics-addr "localhost:9464": host "localhost" is not an IP address`},
+		{[]string{"--metrics-addr", "127.0.0.1:99999"}, `--metrics-addr "127.0.0.1:99999": port`},
 		{[]string{"--log-level", "trace"}, `--log-level "trace": want debug, info, warn or error`},
 		{[]string{"--log-format", "xml"}, `--log-format "xml": want text or json`},
 		{[]string{"--layers", "x"}, `--layers "x": not an integer`},
@@ -439,7 +446,11 @@ func TestHelp(t *testing.T) {
 			if !strings.Contains(help, "\n  --"+f.Name+" ") && !strings.Contains(help, "\n  --"+f.Name+"\n") {
 				t.Errorf("%s: usage lacks --%s", arg, f.Name)
 			}
-			if !strings.Contains(help, "env "+envName(f.Name)+"\n") {
+			if f.Name == versionFlag {
+				if strings.Contains(help, "env "+envName(f.Name)) {
+					t.Errorf("%s: usage names %s, which is not read", arg, envName(f.Name))
+				}
+			} else if !strings.Contains(help, "env "+envName(f.Name)+"\n") {
 				t.Errorf("%s: usage lacks %s", arg, envName(f.Name))
 			}
 			if !slices.Contains(grouped, f.Name) {
@@ -504,5 +515,38 @@ func TestEngineConfig(t *testing.T) {
 		e.CapacityPages != 256 || e.BlockPages != 16 || !reflect.DeepEqual(e.Policy, want) || e.Selection != plan.Replicated ||
 		e.MemoryLimit != 8<<30 || e.StepTimeout != 3*time.Second {
 		t.Errorf("engine config %+v", e)
+	}
+}
+
+// TestMetricsAddr: --metrics-addr defaults to 127.0.0.1:9464, takes any
+// IP or empty host and port 0, and "" on the command line or in the file
+// disables the server (an empty environment variable is ignored, as for
+// every flag).
+func TestMetricsAddr(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{nil, nil, "127.0.0.1:9464"},
+		{nil, []string{"--metrics-addr", "0.0.0.0:9100"}, "0.0.0.0:9100"},
+		{nil, []string{"--metrics-addr", ":0"}, ":0"},
+		{nil, []string{"--metrics-addr", "[::1]:9464"}, "[::1]:9464"},
+		{nil, []string{"--metrics-addr", ""}, ""},
+		{nil, []string{"--metrics-addr="}, ""},
+		{map[string]string{"QUESTRT_METRICS_ADDR": "127.0.0.2:1"}, nil, "127.0.0.2:1"},
+		{map[string]string{"QUESTRT_METRICS_ADDR": ""}, nil, "127.0.0.1:9464"},
+		{map[string]string{"QUESTRT_METRICS_ADDR": "127.0.0.2:1"}, []string{"--metrics-addr", ""}, ""},
+		{nil, []string{"--config", writeFile(t, "m.yaml", "metrics-addr: \"\"\n")}, ""},
+		{nil, []string{"--config", writeFile(t, "m.yaml", "metrics-addr: 127.0.0.3:9\n")}, "127.0.0.3:9"},
+	} {
+		c, err := load(t, tc.env, append([]string{"--plaintext"}, tc.args...)...)
+		if err != nil || c.MetricsAddr != tc.want {
+			t.Errorf("env %v, args %q: metrics-addr %q, %v; want %q", tc.env, tc.args, c.MetricsAddr, err, tc.want)
+		}
+	}
+	_, err := load(t, map[string]string{"QUESTRT_METRICS_ADDR": "nowhere"}, "--plaintext")
+	if err == nil || err.Error() != `--metrics-addr "nowhere": want host:port (set by QUESTRT_METRICS_ADDR)` {
+		t.Errorf("bad QUESTRT_METRICS_ADDR: %v", err)
 	}
 }

@@ -4,12 +4,18 @@
 // cluster/coord: placement on grids of nodes, the client Decode API,
 // forwarding of calls for sequences coordinated elsewhere), joins the
 // cluster by memberlist gossip (package cluster) and serves the standard
-// gRPC health service. Run `questd --help` for the flags, the config file
-// and the environment.
+// gRPC health service (NOT_SERVING until the node has joined and serves,
+// and from the start of a drain). On --metrics-addr an HTTP server serves
+// Prometheus metrics (/metrics: step phase times, steps by kind and code,
+// pages read vs dense, the node's sequences, grids, pages and members,
+// build info, Go and process metrics), /healthz and /readyz. Run `questd
+// --help` for the flags, the config file and the environment; `questd
+// --version` prints the version line.
 //
-// Once serving, questd prints one JSON line on stdout:
+// Once serving, questd prints one JSON line on stdout ("metrics" only
+// when the metrics server is on):
 //
-//	{"event":"ready","name":"node-0","grpc":"127.0.0.1:40123","gossip":"127.0.0.1:40124"}
+//	{"event":"ready","name":"node-0","grpc":"127.0.0.1:40123","gossip":"127.0.0.1:40124","metrics":"127.0.0.1:9464"}
 //
 // SIGTERM or SIGINT drains the in-flight calls (up to --drain-timeout),
 // leaves the cluster and exits 0. Logs go to stderr (log/slog; memberlist's
@@ -24,6 +30,10 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/questrt/questrt/internal/buildinfo"
 )
 
 func main() {
@@ -38,6 +48,10 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 	if errors.Is(err, errHelp) {
 		return 0
 	}
+	if errors.Is(err, errVersion) {
+		fmt.Fprintln(stdout, buildinfo.Read())
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "questd:", err)
 		return 2
@@ -45,7 +59,9 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := newLogger(cfg, stderr)
-	if err := serve(ctx, cfg, log, stdout); err != nil {
+	// The one registry of the process: no default (global) registry.
+	reg := prometheus.NewRegistry()
+	if err := serve(ctx, cfg, log, stdout, reg); err != nil {
 		log.Error("questd failed", "err", err)
 		fmt.Fprintln(stderr, "questd:", err)
 		return 1

@@ -14,14 +14,18 @@ import (
 
 	"google.golang.org/grpc/grpclog"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/internal/buildinfo"
 )
 
 // leaveTimeout bounds the leave after the drain.
 const leaveTimeout = 2 * time.Second
 
-// version is the questrt version questd advertises.
-const version = "v0.4.0-dev"
+// version is the questrt version questd advertises: the main module's
+// (internal/buildinfo; "(devel)" for a build without one).
+var version = buildinfo.Read().Version
 
 // newLogger returns the slog logger of --log-level and --log-format on w,
 // and bridges grpc's logs into it (grpclog is process-wide: main owns it).
@@ -71,21 +75,49 @@ func tlsConfig(cfg Config) (*tls.Config, error) {
 		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}, nil
 }
 
+// metricsShutdown bounds the end of the metrics server's requests in
+// progress after the node stopped.
+const metricsShutdown = 2 * time.Second
+
 // serve runs the node until ctx ends (a signal), then drains and leaves.
-func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) error {
+// Its metrics go to reg; the HTTP server of --metrics-addr starts before
+// the node (/healthz answers during the join, /readyz says 503 until the
+// node serves) and stops after it.
+func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, reg *prometheus.Registry) error {
 	tc, err := tlsConfig(cfg)
 	if err != nil {
 		return err
 	}
+	var st readiness
+	m, err := newMetrics(reg, &st)
+	if err != nil {
+		return err
+	}
+	var ms *metricsServer
+	if cfg.MetricsAddr != "" {
+		if ms, err = startMetricsServer(cfg.MetricsAddr, httpHandler(reg, st.ready, log), log.With("component", "metrics")); err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), metricsShutdown)
+			defer cancel()
+			ms.shutdown(sctx)
+		}()
+	}
 	n, err := node.Start(ctx, node.Config{
 		GRPCAddr: cfg.GRPCAddr, Advertise: cfg.Advertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
 		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext,
-		DrainTimeout: cfg.DrainTimeout, Version: version, Logger: log,
+		DrainTimeout: cfg.DrainTimeout, Version: version, Logger: log, Observe: m.observe,
 	})
 	if err != nil {
 		return err
 	}
-	ready, _ := json.Marshal(map[string]string{"event": "ready", "name": n.Name(), "grpc": n.Addr(), "gossip": n.GossipAddr()})
+	st.set(n)
+	line := map[string]string{"event": "ready", "name": n.Name(), "grpc": n.Addr(), "gossip": n.GossipAddr()}
+	if ms != nil {
+		line["metrics"] = ms.addr
+	}
+	ready, _ := json.Marshal(line)
 	fmt.Fprintf(stdout, "%s\n", ready)
 	if cfg.ReadyFile != "" {
 		if err := os.WriteFile(cfg.ReadyFile, append(ready, '\n'), 0o644); err != nil {
@@ -97,6 +129,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer) 
 	case <-ctx.Done():
 	case serveErr = <-n.Served():
 	}
+	st.drain()
 	// The leave is bounded apart from the drain: when every node stops at
 	// once nobody acknowledges it.
 	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/questrt/questrt/cluster/coord"
+	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/internal/buildinfo"
+)
+
+// metrics are questd's Prometheus metrics, registered on the registry
+// main made: the steps the node coordinates (fed by coord.StepStats
+// through node.Config.Observe), the node's state (read from node.Stats at
+// every scrape), the build, and the Go runtime and process.
+type metrics struct {
+	phase *prometheus.HistogramVec // questrt_step_phase_seconds{phase}
+	steps *prometheus.CounterVec   // questrt_steps_total{kind,code}
+	read  prometheus.Counter       // questrt_pages_read_total
+	total prometheus.Counter       // questrt_pages_total
+}
+
+// newMetrics registers questd's metrics on reg; st is the readiness whose
+// node the state gauges read.
+func newMetrics(reg prometheus.Registerer, st *readiness) (*metrics, error) {
+	m := &metrics{
+		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "questrt_step_phase_seconds",
+			Help: "Time of the phases of the decode steps this node coordinated, successful ones: score, topk, exchange (the CP selection exchange), attend and merge on CP rank 0 of TP group 0 (summed over the layers of a multi-layer step), total the coordinator's wall time of the step.",
+			// 10us to about 5s.
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 20),
+		}, []string{"phase"}),
+		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "questrt_steps_total",
+			Help: "Decode steps this node coordinated, by kind (step: one layer, steps: a range of layers on the Steps stream) and gRPC code of the answer (OK on success).",
+		}, []string{"kind", "code"}),
+		read: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "questrt_pages_read_total",
+			Help: "KV pages read by the decode steps this node coordinated, per KV head (plan reads x KV heads, over items and layers); over questrt_pages_total: the bytes read vs a dense read.",
+		}),
+		total: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "questrt_pages_total",
+			Help: "KV pages a dense read of the same decode steps would have read, per KV head (plan pages x KV heads, over items and layers).",
+		}),
+	}
+	bi := buildinfo.Read()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "questrt_build_info",
+		Help:        "Always 1: the questrt version, VCS revision and Go version of this binary.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Rev(), "goversion": bi.GoVersion},
+	})
+	build.Set(1)
+	for _, c := range []prometheus.Collector{
+		m.phase, m.steps, m.read, m.total, build, newStateCollector(st),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// observe records one step (node.Config.Observe).
+func (m *metrics) observe(s coord.StepStats) {
+	m.steps.WithLabelValues(s.Kind, s.Code.String()).Inc()
+	m.read.Add(float64(s.PagesRead))
+	m.total.Add(float64(s.PagesTotal))
+	if s.Err != nil {
+		return // partial phase times would skew the histograms
+	}
+	for _, p := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"score", s.Time.Score}, {"topk", s.Time.TopK}, {"exchange", s.Time.Select},
+		{"attend", s.Time.Attend}, {"merge", s.Time.Merge}, {"total", s.Time.Total},
+	} {
+		m.phase.WithLabelValues(p.name).Observe(p.d.Seconds())
+	}
+}
+
+// stateCollector reports the node's state from node.Stats at each scrape
+// (nothing before the node started).
+type stateCollector struct {
+	st                            *readiness
+	seqs, grids, pages, membersUp *prometheus.Desc
+}
+
+func newStateCollector(st *readiness) *stateCollector {
+	return &stateCollector{
+		st:        st,
+		seqs:      prometheus.NewDesc("questrt_sequences", "Sequences this node coordinates.", nil, nil),
+		grids:     prometheus.NewDesc("questrt_grids", "Grids this node's coordinator drives (coordinated) and grids with ranks on this node (hosted).", []string{"role"}, nil),
+		pages:     prometheus.NewDesc("questrt_pages", "KV pages of the grids hosted on this node (used) and left of --max-pages (free).", []string{"state"}, nil),
+		membersUp: prometheus.NewDesc("questrt_members_up", "Members this node's view shows up (alive or suspect), itself included.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.seqs
+	ch <- c.grids
+	ch <- c.pages
+	ch <- c.membersUp
+}
+
+// Collect implements prometheus.Collector.
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.st.node()
+	if n == nil {
+		return
+	}
+	s := n.Stats()
+	gauge := func(d *prometheus.Desc, v int, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+	}
+	gauge(c.seqs, s.Sequences)
+	gauge(c.grids, s.GridsCoordinated, "coordinated")
+	gauge(c.grids, s.GridsHosted, "hosted")
+	gauge(c.pages, s.PagesUsed, "used")
+	gauge(c.pages, s.PagesFree, "free")
+	gauge(c.membersUp, s.MembersUp)
+}
+
+// readiness is what /readyz answers: ready once the node started (it
+// has joined and serves) until the drain begins.
+type readiness struct {
+	n        atomic.Pointer[node.Node]
+	draining atomic.Bool
+}
+
+// set records the started node.
+func (r *readiness) set(n *node.Node) { r.n.Store(n) }
+
+// drain records that the drain began.
+func (r *readiness) drain() { r.draining.Store(true) }
+
+// node is the started node, nil before.
+func (r *readiness) node() *node.Node { return r.n.Load() }
+
+// ready reports whether the node serves, has joined and is not draining.
+func (r *readiness) ready() bool {
+	n := r.node()
+	return n != nil && n.Serving() && !r.draining.Load()
+}
+
+// httpHandler serves /metrics (reg's metrics), /healthz (200 while the
+// process runs) and /readyz (200 while ready reports true, 503 otherwise).
+func httpHandler(reg *prometheus.Registry, ready func() bool, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError), Registry: reg,
+	}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+// metricsServer is questd's HTTP server of /metrics, /healthz and /readyz.
+type metricsServer struct {
+	srv  *http.Server
+	lis  net.Listener
+	log  *slog.Logger
+	wg   sync.WaitGroup
+	addr string
+}
+
+// startMetricsServer listens on addr and serves h until shutdown.
+func startMetricsServer(addr string, h http.Handler, log *slog.Logger) (*metricsServer, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr %q: %w", addr, err)
+	}
+	s := &metricsServer{
+		srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)},
+		lis: lis, log: log, addr: lis.Addr().String(),
+	}
+	s.wg.Go(func() {
+		if err := s.srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "err", err)
+		}
+	})
+	return s, nil
+}
+
+// shutdown stops the server, letting the requests in progress end
+// within ctx, and waits for it.
+func (s *metricsServer) shutdown(ctx context.Context) {
+	if err := s.srv.Shutdown(ctx); err != nil {
+		s.srv.Close()
+	}
+	s.wg.Wait()
+}
