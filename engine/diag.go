@@ -143,6 +143,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 			stats[h] = shard.NewTokenStats(float64(dense.LSE[i*c.QHeads+h]), topR)
 			next[h] = 0
 		}
+		var slack shard.SlackStats
 		// Page by page in global order (each page's keys read once per TP
 		// rank), every head's tokens in ascending order.
 		blk := c.PageSize * d
@@ -163,15 +164,18 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 					in := next[h] < len(sel) && sel[next[h]] == int32(p)
 					q := reqs[i].Q[h*d : (h+1)*d]
 					page := kp[(hl/g)*blk:][:blk]
-					for t := range min(c.PageSize, n-p*c.PageSize) {
+					valid := min(c.PageSize, n-p*c.PageSize)
+					for t := range valid {
 						stats[h].Add(float64(kernels.Dot(q, page[t*d:(t+1)*d]))*scale, in)
 					}
+					slack.Add(shard.PageSlack(q, page, valid, d))
 				}
 			}
 		}
 		for _, ts := range stats {
 			ts.AddTo(dg)
 		}
+		slack.AddTo(dg)
 		dg.Recall /= float64(c.QHeads)
 		dg.MassRecall /= float64(c.QHeads)
 		o, od := res.O[i*c.QHeads*d:(i+1)*c.QHeads*d], dense.O[i*c.QHeads*d:(i+1)*c.QHeads*d]

@@ -111,6 +111,9 @@ func TestOpenEqualsNew(t *testing.T) {
 					if da.Recall != db.Recall || da.MassRecall != db.MassRecall || math.IsNaN(da.Recall) {
 						t.Fatalf("recall %g / %g, mass %g / %g: new and open differ", da.Recall, db.Recall, da.MassRecall, db.MassRecall)
 					}
+					if da.SlackP90 != db.SlackP90 || math.IsNaN(da.SlackP90) || da.SlackP50 < 0 || da.SlackMax < da.SlackP90 {
+						t.Fatalf("slack p50 %g p90 %g max %g, open p90 %g", da.SlackP50, da.SlackP90, da.SlackMax, db.SlackP90)
+					}
 					if math.Abs(da.RelL2-db.RelL2) > 1e-6 || len(rb.DenseLSE) != cfg.QHeads {
 						t.Fatalf("rel_l2 %g vs %g, dense lse %d", da.RelL2, db.RelL2, len(rb.DenseLSE))
 					}

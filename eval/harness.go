@@ -167,6 +167,11 @@ type LayerSums struct {
 	Recall, Mass, MinMass float64
 	// WorstMass is the lowest per-step MinMassRecall.
 	WorstMass float64
+	// SlackSteps counts the steps with a page-slack summary; SlackP50 and
+	// SlackP90 sum its quantiles, SlackMax is the largest.
+	SlackSteps         int
+	SlackP50, SlackP90 float64
+	SlackMax           float64
 	// Cosine and RelL2 sum, per query head, the output's cosine and
 	// relative L2 error against dense attention.
 	Cosine, RelL2 []float64
@@ -199,6 +204,12 @@ func (s *Steps) add(steps []model.StepInfo, pageSize int) {
 			l.Mass += st.MassRecall
 			l.MinMass += st.MinMassRecall
 			l.WorstMass = min(l.WorstMass, st.MinMassRecall)
+			if !math.IsNaN(st.SlackP50) && !st.Plan.Dense {
+				l.SlackSteps++
+				l.SlackP50 += st.SlackP50
+				l.SlackP90 += st.SlackP90
+				l.SlackMax = max(l.SlackMax, st.SlackMax)
+			}
 		}
 		if st.Cosine != nil {
 			if l.Cosine == nil {
@@ -243,6 +254,10 @@ func (s *Steps) merge(o Steps) {
 		a.Mass += b.Mass
 		a.MinMass += b.MinMass
 		a.WorstMass = min(a.WorstMass, b.WorstMass)
+		a.SlackSteps += b.SlackSteps
+		a.SlackP50 += b.SlackP50
+		a.SlackP90 += b.SlackP90
+		a.SlackMax = max(a.SlackMax, b.SlackMax)
 		if b.Cosine != nil {
 			if a.Cosine == nil {
 				a.Cosine = make([]float64, len(b.Cosine))

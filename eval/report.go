@@ -81,6 +81,13 @@ type LayerRecord struct {
 	MassRecall      *float64 `json:"mass_recall,omitempty"`
 	MinMassRecall   *float64 `json:"min_mass_recall,omitempty"`
 	WorstMassRecall *float64 `json:"worst_mass_recall,omitempty"`
+	// SlackP50 and SlackP90 are the median and 90th percentile of the page
+	// slack g_p(q) = U_p(q) - max_r q.k_r over (query head, page) pairs
+	// (logit units; mean over the sparse steps with diagnostics),
+	// SlackMax the largest seen: how loose the Quest bound is.
+	SlackP50 *float64 `json:"slack_p50,omitempty"`
+	SlackP90 *float64 `json:"slack_p90,omitempty"`
+	SlackMax *float64 `json:"slack_max,omitempty"`
 	// Cosine is the output's cosine with dense attention, mean over
 	// heads; HeadCosine and HeadRelL2 per query head.
 	Cosine     *float64  `json:"cosine,omitempty"`
@@ -211,6 +218,10 @@ func phase(s Steps, pageSize, denseLayers int, teacher bool) *Phase {
 		if l.DiagSteps > 0 {
 			n := float64(l.DiagSteps)
 			lr.Recall, lr.MassRecall, lr.MinMassRecall, lr.WorstMassRecall = ptr(l.Recall/n), ptr(l.Mass/n), ptr(l.MinMass/n), ptr(l.WorstMass)
+		}
+		if l.SlackSteps > 0 {
+			n := float64(l.SlackSteps)
+			lr.SlackP50, lr.SlackP90, lr.SlackMax = ptr(l.SlackP50/n), ptr(l.SlackP90/n), ptr(l.SlackMax)
 		}
 		if l.Cosine != nil {
 			n := float64(l.Steps)

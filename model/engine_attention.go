@@ -68,6 +68,11 @@ type StepInfo struct {
 	// Recall of the dense top-R tokens, attention-mass recall 1 - eps
 	// (mean and worst query head): valid when Diag.
 	Recall, MassRecall, MinMassRecall float64
+	// SlackP50, SlackP90 and SlackMax summarize the page slack g_p(q) =
+	// U_p(q) - max_r q.k_r over the step's (query head, page) pairs, in
+	// logit units (shard.PageSlack): valid when Diag (NaN when the
+	// attention cannot compute it).
+	SlackP50, SlackP90, SlackMax float64
 	// Cosine and RelL2 per query head of the output against dense
 	// attention on the same pages: set when Compare.
 	Cosine, RelL2 []float64
@@ -222,6 +227,7 @@ func (a *EngineAttention) Decode(ctx context.Context, layer int, q, k, v, out []
 		dg := a.res.Diag[0]
 		st.Diag = true
 		st.Recall, st.MassRecall, st.MinMassRecall = dg.Recall, dg.MassRecall, dg.MinMassRecall
+		st.SlackP50, st.SlackP90, st.SlackMax = dg.SlackP50, dg.SlackP90, dg.SlackMax
 		st.PagesRead, st.PagesTotal = dg.PagesRead, dg.PagesTotal
 	}
 	if a.Compare {

@@ -84,6 +84,7 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	// ascending order: the order TokenStats sees is the dense order.
 	scale := 1 / math.Sqrt(float64(d))
 	next := make([]int, sh.QHeads) // per head: the first entry of Selected not below p
+	var slack SlackStats
 	for p := range np {
 		kp, err := keys.Keys(ctx, p)
 		if err != nil {
@@ -104,11 +105,13 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 			for t := range n {
 				stats[h].Add(float64(kernels.Dot(qh, kp[base+t*d:][:d]))*scale, in)
 			}
+			slack.Add(PageSlack(qh, kp[base:], n, d))
 		}
 	}
 	for _, ts := range stats {
 		ts.AddTo(&dg)
 	}
+	slack.AddTo(&dg)
 	dg.CountPages(g, np)
 	dg.Recall /= float64(sh.QHeads)
 	dg.MassRecall /= float64(sh.QHeads)

@@ -255,6 +255,10 @@ type Diagnostics struct {
 	// PagesRead and PagesTotal count (KV head, page) pairs read by the
 	// step's attention vs by dense attention.
 	PagesRead, PagesTotal int
+	// SlackP50, SlackP90 and SlackMax summarize the page slack g_p(q) =
+	// U_p(q) - max_r q.k_r (see [PageSlack]; logit units) over every
+	// (query head, page) pair of the step: how loose the Quest bound is.
+	SlackP50, SlackP90, SlackMax float64
 }
 
 // StepOptions tune one step.

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"math"
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/shard"
@@ -36,7 +37,9 @@ func (s Sequence) Step(ctx context.Context, layer int, r engine.Request, opt eng
 	g := s.C.geoOf(s.ID)
 	for i, d := range out.Diag {
 		dg := shard.Diagnostics{Selected: d.Selected, Scores: d.Scores, RelL2: d.RelL2, AbsL2: d.AbsL2,
-			Recall: d.Recall, MassRecall: d.MassRecall, MinMassRecall: d.MinMassRecall}
+			Recall: d.Recall, MassRecall: d.MassRecall, MinMassRecall: d.MinMassRecall,
+			// The client API does not carry the page slack yet.
+			SlackP50: math.NaN(), SlackP90: math.NaN(), SlackMax: math.NaN()}
 		dg.CountPages(g.QHeads/max(g.KVHeads, 1), out.Plans[i].Pages)
 		res.Diag = append(res.Diag, dg)
 		res.DenseLSE = append(res.DenseLSE, d.DenseLSE...)
