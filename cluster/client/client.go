@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -32,6 +34,53 @@ type Options struct {
 	Creds credentials.TransportCredentials
 	// MaxMessageBytes bounds one message each way (256 MiB).
 	MaxMessageBytes int
+	// Token, when set, is sent with every call as the metadata
+	// "authorization: Bearer <Token>" (questd --token-file). A bearer
+	// token travels in the clear without TLS, so with plaintext (Creds
+	// nil or insecure) Dial accepts it only for a loopback address (127.0.0.0/8, ::1,
+	// localhost: a local cluster, the tests) and refuses it otherwise.
+	Token string
+}
+
+// TokenCredentials returns the per-call credentials that send token as
+// "authorization: Bearer <token>" on a connection to addr secured by
+// creds (nil: plaintext). Over plaintext, where the token travels in the
+// clear, only a loopback addr is accepted (a local cluster, tests);
+// otherwise it returns an error.
+func TokenCredentials(addr, token string, creds credentials.TransportCredentials) (credentials.PerRPCCredentials, error) {
+	plain := creds == nil || creds.Info().SecurityProtocol == "insecure"
+	if plain && !loopback(addr) {
+		return nil, fmt.Errorf("%s: a bearer token goes over plaintext only to a loopback address: use TLS", addr)
+	}
+	return tokenCreds{token: token, secure: !plain}, nil
+}
+
+// tokenCreds sends the bearer token with every call.
+type tokenCreds struct {
+	token  string
+	secure bool // the connection has transport security
+}
+
+func (t tokenCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + t.token}, nil
+}
+
+// RequireTransportSecurity is false only for the plaintext loopback
+// connections Dial allows a token on.
+func (t tokenCreds) RequireTransportSecurity() bool { return t.secure }
+
+// loopback reports whether the host of addr is a loopback address or
+// localhost.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 // Client talks to one questd node; calls for sequences that another node
@@ -64,8 +113,16 @@ func Dial(ctx context.Context, addr string, opt Options) (*Client, error) {
 	if max <= 0 {
 		max = 256 << 20
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max)))
+	dopts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max))}
+	if opt.Token != "" {
+		tc, err := TokenCredentials(addr, opt.Token, creds)
+		if err != nil {
+			return nil, fmt.Errorf("client: %w", err)
+		}
+		dopts = append(dopts, grpc.WithPerRPCCredentials(tc))
+	}
+	cc, err := grpc.NewClient(addr, dopts...)
 	if err != nil {
 		return nil, fmt.Errorf("client: %s: %w", addr, err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
@@ -71,7 +72,39 @@ func (s *Server) forward(id string) (decodev1.DecodeClient, error) {
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "sequence %q: coordinator %s at %s: %v", id, owner, m.Meta.GRPCAddr, err)
 	}
-	return decodev1.NewDecodeClient(conn), nil
+	return decodev1.NewDecodeClient(passAuth{conn}), nil
+}
+
+// passAuth is a connection that passes the caller's authorization
+// metadata (the bearer token of the client API) on to the coordinator a
+// call is forwarded to: gRPC does not copy incoming metadata into
+// outgoing calls.
+type passAuth struct{ grpc.ClientConnInterface }
+
+func (p passAuth) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return p.ClientConnInterface.Invoke(withAuth(ctx), method, args, reply, opts...)
+}
+
+func (p passAuth) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return p.ClientConnInterface.NewStream(withAuth(ctx), desc, method, opts...)
+}
+
+// withAuth adds the incoming authorization metadata of ctx to its
+// outgoing metadata.
+func withAuth(ctx context.Context) context.Context {
+	in, _ := metadata.FromIncomingContext(ctx)
+	auth := in.Get("authorization")
+	if len(auth) == 0 {
+		return ctx
+	}
+	if out, _ := metadata.FromOutgoingContext(ctx); len(out.Get("authorization")) > 0 {
+		return ctx
+	}
+	kv := make([]string, 0, 2*len(auth))
+	for _, v := range auth {
+		kv = append(kv, "authorization", v)
+	}
+	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
 
 // Create implements decodev1.DecodeServer.
@@ -352,10 +385,12 @@ func (s *Server) proxySteps(ctx context.Context, id string, first *decodev1.Step
 	if err := up.Send(first); err != nil {
 		return err
 	}
-	// Client to coordinator on a goroutine this call owns and waits for.
-	done := make(chan struct{})
+	// Client to coordinator on a goroutine owned by the stream: it ends
+	// when the client closes its side or when this handler returns (gRPC
+	// then cancels the stream, and its Recv fails). Waiting for it here
+	// would hang with a client that reads to the end of the stream before
+	// it closes its own side.
 	go func() {
-		defer close(done)
 		for {
 			m, err := down.Recv()
 			if err != nil {
@@ -367,7 +402,6 @@ func (s *Server) proxySteps(ctx context.Context, id string, first *decodev1.Step
 			}
 		}
 	}()
-	defer func() { cancel(); <-done }()
 	for {
 		m, err := up.Recv()
 		if err == io.EOF {

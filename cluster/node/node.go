@@ -60,6 +60,11 @@ type Config struct {
 	// them unencrypted (only when asked for).
 	TLS       *tls.Config
 	Plaintext bool
+	// Token, when set, is the bearer token of the client API: every call
+	// of questrt.decode.v1.Decode must carry the metadata
+	// "authorization: Bearer <Token>" or fails UNAUTHENTICATED. The worker
+	// API and the health service are not checked. Default "": none.
+	Token string
 	// DrainTimeout bounds how long Stop waits for in-flight calls (10s).
 	DrainTimeout time.Duration
 	// MetaInterval is how often the node checks its free pages and
@@ -179,7 +184,12 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	n.srv = grpc.NewServer(grpc.Creds(creds), grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))
+	opts := []grpc.ServerOption{grpc.Creds(creds), grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)}
+	if cfg.Token != "" {
+		a := newTokenAuth(cfg.Token)
+		opts = append(opts, grpc.ChainUnaryInterceptor(a.unary), grpc.ChainStreamInterceptor(a.stream))
+	}
+	n.srv = grpc.NewServer(opts...)
 	workerv1.RegisterWorkerServer(n.srv, n.ws)
 	ds.Register(n.srv)
 	// Health says NOT_SERVING until the membership exists and every

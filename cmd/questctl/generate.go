@@ -229,6 +229,7 @@ text (progress stays on stderr).`)
 	addr := fs.String("addr", "", "decode through the questd node at host:port (plaintext): the sequence is created there with the model's geometry and these flags' policy and --cp x --tp grid")
 	diag := fs.Bool("diagnostics", false, "measure every sparse step against dense attention (recall of the dense top-10 tokens, attention-mass recall; costs a dense pass per layer)")
 	asJSON := fs.Bool("json", false, "print a JSON summary on stdout instead of the text")
+	tokenFile := tokenFileFlag(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -279,8 +280,12 @@ text (progress stays on stderr).`)
 		if err := ec.Validate(); err != nil {
 			return usageError{err}
 		}
+		token, err := readTokenFile(*tokenFile)
+		if err != nil {
+			return err
+		}
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		cl, err := client.Dial(dctx, *addr, client.Options{})
+		cl, err := client.Dial(dctx, *addr, client.Options{Token: token})
 		if err != nil {
 			cancel()
 			return fmt.Errorf("--addr %q: %w", *addr, err)

@@ -54,6 +54,7 @@ as in process.`)
 	maxMem := maxMemoryFlag(fs)
 	addr := fs.String("addr", "", "run through the questd node at host:port (plaintext; see above)")
 	timeout := fs.Duration("timeout", 30*time.Second, "with --addr: deadline of the whole run")
+	tokenFile := tokenFileFlag(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -115,7 +116,11 @@ as in process.`)
 		if *backend != "cpu" || *deviceResident {
 			return usageError{errors.New("--addr: the cluster's nodes choose their backend; drop --backend and --device-resident")}
 		}
-		return replayCluster(ctx, c, *addr, *timeout, sel, place, *cp, *tp, selMode, *out, stdout)
+		token, err := readTokenFile(*tokenFile)
+		if err != nil {
+			return err
+		}
+		return replayCluster(ctx, c, *addr, token, *timeout, sel, place, *cp, *tp, selMode, *out, stdout)
 	}
 	opts := replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place,
 		DeviceResident: *deviceResident, MemoryLimit: *maxMem}
@@ -221,7 +226,7 @@ func outError(path string, err error) error {
 }
 
 // replayCluster runs case c through the node at addr.
-func replayCluster(ctx context.Context, c *replay.Case, addr string, timeout time.Duration, sel plan.Selector,
+func replayCluster(ctx context.Context, c *replay.Case, addr, token string, timeout time.Duration, sel plan.Selector,
 	place plan.Placement, cp, tp int, mode engine.Selection, out string, stdout io.Writer) error {
 	w := stdout
 	if out != "" {
@@ -241,7 +246,7 @@ func replayCluster(ctx context.Context, c *replay.Case, addr string, timeout tim
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cl, err := client.Dial(ctx, addr, client.Options{})
+	cl, err := client.Dial(ctx, addr, client.Options{Token: token})
 	if err != nil {
 		return fail(fmt.Errorf("--addr %q: %w", addr, err))
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -21,10 +23,11 @@ import (
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
+	"github.com/questrt/questrt/cluster/client"
 )
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("status", `Usage: questctl status --addr HOST:PORT [--json] [--timeout 5s] [--plaintext=true]
+	fs := newFlags("status", `Usage: questctl status --addr HOST:PORT [--json] [--timeout 5s] [--plaintext=true] [--token-file FILE]
 
 Asks one questd (Decode/Status) for its view of the cluster and prints it:
 the node, its version and membership view, a table of the members (name,
@@ -34,12 +37,15 @@ selection mode, policy) and how many sequences and grids it holds.
 
 With --json it prints the StatusReply as one line of protojson (proto
 field names, unset fields included). A node that does not answer within
---timeout is a one-line error (exit 1).`)
+--timeout is a one-line error (exit 1). A questd started with
+--token-file wants its token: pass the same file with --token-file
+(over plaintext only to a loopback address).`)
 	addr := fs.String("addr", "", "gRPC address of the questd to ask, HOST:PORT (required)")
 	asJSON := fs.Bool("json", false, "print the StatusReply as one line of protojson")
 	timeout := fs.Duration("timeout", 5*time.Second, "give up when the node has not answered within this time")
 	plaintext := fs.Bool("plaintext", true, "talk to questd without TLS (--plaintext=false: TLS, verified against --ca or the system roots)")
 	ca := fs.String("ca", "", "PEM file of the CA that signed questd's certificate (with --plaintext=false; default: the system roots)")
+	tokenFile := tokenFileFlag(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -54,7 +60,11 @@ field names, unset fields included). A node that does not answer within
 	if err := checkHostPort(*addr); err != nil {
 		return usageError{fmt.Errorf("--addr %q: %v", *addr, err)}
 	}
-	conn, err := dialDecode(*addr, *plaintext, *ca)
+	token, err := readTokenFile(*tokenFile)
+	if err != nil {
+		return err
+	}
+	conn, err := dialDecodeToken(*addr, *plaintext, *ca, token)
 	if err != nil {
 		return err
 	}
@@ -88,10 +98,38 @@ func checkHostPort(addr string) error {
 	return nil
 }
 
+// tokenFileFlag defines --token-file on fs.
+func tokenFileFlag(fs *flag.FlagSet) *string {
+	return fs.String("token-file", "", "file holding the bearer token of questd's --token-file, sent with every call (over plaintext only to a loopback address)")
+}
+
+// readTokenFile reads the token of --token-file path (whitespace
+// trimmed); "" for no path. An empty or unreadable file is a usage error.
+func readTokenFile(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", usageError{fmt.Errorf("--token-file %q: %v", path, errors.Unwrap(err))}
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", usageError{fmt.Errorf("--token-file %q: empty", path)}
+	}
+	return tok, nil
+}
+
 // dialDecode makes a client connection to a questd's gRPC server: over
 // plaintext, or TLS verified against the PEM file ca (empty: the system
 // roots). The connection is lazy: nothing is dialled until the first call.
 func dialDecode(addr string, plaintext bool, ca string) (*grpc.ClientConn, error) {
+	return dialDecodeToken(addr, plaintext, ca, "")
+}
+
+// dialDecodeToken is dialDecode with a bearer token on every call (none
+// when "").
+func dialDecodeToken(addr string, plaintext bool, ca, token string) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	if !plaintext {
 		creds = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})
@@ -103,7 +141,15 @@ func dialDecode(addr string, plaintext bool, ca string) (*grpc.ClientConn, error
 			creds = c
 		}
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if token != "" {
+		tc, err := client.TokenCredentials(addr, token, creds)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--token-file: %v", err)}
+		}
+		opts = append(opts, grpc.WithPerRPCCredentials(tc))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--addr %q: %v", addr, err)}
 	}

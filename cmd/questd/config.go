@@ -67,13 +67,23 @@ type Config struct {
 	GossipKeys [][]byte
 
 	// Plaintext runs gRPC without TLS; only when asked for, and not
-	// together with the TLS files [--plaintext]. Default false.
+	// together with the TLS files; questd logs a warning at start
+	// [--insecure, or its alias --plaintext]. Default false.
 	Plaintext bool
 	// TLSCert, TLSKey and TLSCA are the PEM files of mutual TLS: this
 	// node's certificate and key, and the CA that signs every node's and
-	// client's certificate. Required, all three, unless Plaintext
+	// client's certificate. Required, all three, unless Plaintext; SIGHUP
+	// reads them again (see [newCertReloader])
 	// [--tls-cert, --tls-key, --tls-ca]. Default "".
 	TLSCert, TLSKey, TLSCA string
+	// TokenFile names a file holding the bearer token of the client API
+	// (node.Config.Token): every call of questrt.decode.v1.Decode must
+	// carry "authorization: Bearer <token>" [--token-file]. Default "":
+	// no token.
+	TokenFile string
+	// Token is the token read from TokenFile by loadConfig, whitespace
+	// trimmed. Not a flag, and never printed.
+	Token string
 
 	// The model geometry and the CP x TP grid every sequence of the
 	// cluster is laid out on; they must be the same on every node.
@@ -194,9 +204,25 @@ var errHelp = errors.New("questd: help printed")
 // version line and exits 0.
 var errVersion = errors.New("questd: version asked for")
 
+// errPrinted is returned by loadConfig after --print-config printed the
+// configuration: main exits 0.
+var errPrinted = errors.New("questd: configuration printed")
+
 // versionFlag is --version: a flag of the command line only (no
 // environment variable, no key in the file), and no Config field.
 const versionFlag = "version"
+
+// printConfigFlag is --print-config: of the command line only, like
+// --version.
+const printConfigFlag = "print-config"
+
+// plaintextAlias is --plaintext, the older name of --insecure: both set
+// Config.Plaintext.
+const plaintextAlias = "plaintext"
+
+// cliOnly reports whether flag name is of the command line only: no
+// environment variable, no key in the file.
+func cliOnly(name string) bool { return name == versionFlag || name == printConfigFlag }
 
 // envPrefix starts the environment name of every flag.
 const envPrefix = "QUESTRT_"
@@ -220,8 +246,17 @@ HTTP on --metrics-addr. Once serving it prints one line on stdout (and to
   {"event":"ready","name":"NAME","grpc":"HOST:PORT","gossip":"HOST:PORT","metrics":"HOST:PORT"}
 
 SIGTERM or SIGINT drains: in-flight steps get --drain-timeout to finish,
-then the node leaves the cluster and exits 0. questd --version prints the
-version line and exits 0.
+then the node leaves the cluster and exits 0. SIGHUP reads --tls-cert,
+--tls-key and --tls-ca again: new connections use the new certificates,
+open ones go on; a file that does not load keeps the old ones (logged).
+questd --version prints the version line and exits 0; questd
+--print-config prints the effective configuration as YAML in the format
+--config reads (no secrets: the token file's name, not its token) and
+exits 0.
+
+With --token-file every call of the client API (questrt.decode.v1.Decode)
+must carry the metadata "authorization: Bearer <token>"; the worker API
+(between nodes, under mutual TLS) and the health service do not.
 
 Every flag can also be set in the environment, as QUESTRT_ and the flag's
 name in upper case with '-' as '_' (QUESTRT_GRPC_ADDR; empty variables are
@@ -346,10 +381,12 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.str(&c.GossipKeyFile, "gossip-key-file", "", "`file` holding the base64 memberlist encryption key of 16, 24 or 32 bytes; further lines: older keys that still decrypt (default: no encryption)")
 
 	d.group("Security")
-	d.bool(&c.Plaintext, "plaintext", false, "run gRPC without TLS (only when asked for; not with the --tls-* files)")
-	d.str(&c.TLSCert, "tls-cert", "", "PEM `file` of this node's certificate for mutual TLS (required with --tls-key and --tls-ca unless --plaintext)")
+	d.bool(&c.Plaintext, "insecure", false, "run gRPC without TLS: anyone who reaches --grpc-addr can call both APIs (only on a trusted network; not with the --tls-* files; a warning is logged)")
+	d.bool(&c.Plaintext, plaintextAlias, false, "the older name of --insecure, the same")
+	d.str(&c.TLSCert, "tls-cert", "", "PEM `file` of this node's certificate for mutual TLS (required with --tls-key and --tls-ca unless --insecure; SIGHUP reloads the three)")
 	d.str(&c.TLSKey, "tls-key", "", "PEM `file` of this node's private key for mutual TLS")
 	d.str(&c.TLSCA, "tls-ca", "", "PEM `file` of the CA that signs every node's and client's certificate")
+	d.str(&c.TokenFile, "token-file", "", "`file` holding the bearer token every client API call must carry as \"authorization: Bearer <token>\" (default: no token)")
 
 	d.group("Model geometry and grid (the same on every node)")
 	d.int(&c.Layers, "layers", 4, "transformer layers")
@@ -415,6 +452,8 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.str(&c.ConfigFile, "config", "", "YAML `file` of flag values, under the environment and the command line")
 	fs.Bool(versionFlag, false, "print the version line and exit (command line only)")
 	d.added(versionFlag)
+	fs.Bool(printConfigFlag, false, "print the effective configuration (flags, environment, file, defaults) as YAML for --config, without secrets, and exit (command line only)")
+	d.added(printConfigFlag)
 	return fs, d.groups
 }
 
@@ -471,10 +510,10 @@ func printUsage(w io.Writer, fs *flag.FlagSet, groups []flagGroup) {
 				b.WriteString(" " + arg)
 			}
 			fmt.Fprintf(&b, "\n      %s", usage)
-			if f.DefValue != "" && f.DefValue != "[]" && name != versionFlag && !strings.Contains(usage, "(default") {
+			if f.DefValue != "" && f.DefValue != "[]" && !cliOnly(name) && !strings.Contains(usage, "(default") {
 				fmt.Fprintf(&b, " (default %s)", f.DefValue)
 			}
-			if name == versionFlag {
+			if cliOnly(name) {
 				b.WriteString("\n")
 				continue
 			}
@@ -515,7 +554,7 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 
 	env := map[string]string{}
 	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name == versionFlag {
+		if cliOnly(f.Name) {
 			return
 		}
 		if v, ok := getenv(envName(f.Name)); ok && v != "" && !onCLI[f.Name] {
@@ -553,12 +592,29 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 		}
 		c.GossipKeys = keys
 	}
+	if c.TokenFile != "" {
+		tok, err := readToken(c.TokenFile)
+		if err != nil {
+			return Config{}, withOrigin(fmt.Errorf("--token-file %q: %w", c.TokenFile, err), origin["token-file"])
+		}
+		c.Token = tok
+	}
 	if err := c.Validate(); err != nil {
 		var fe *fieldError
 		if errors.As(err, &fe) {
-			return Config{}, withOrigin(err, origin[fe.flag])
+			o := origin[fe.flag]
+			if fe.flag == "insecure" && o == "" {
+				o = origin[plaintextAlias]
+			}
+			return Config{}, withOrigin(err, o)
 		}
 		return Config{}, err
+	}
+	if onCLI[printConfigFlag] && fs.Lookup(printConfigFlag).Value.String() == "true" {
+		if err := printConfig(stdout, fs, groups); err != nil {
+			return Config{}, err
+		}
+		return Config{}, errPrinted
 	}
 	return c, nil
 }
@@ -671,8 +727,8 @@ func applyFile(fs *flag.FlagSet, path string, onCLI map[string]bool, origin map[
 		if name == "config" {
 			return bad(k.Line, "key %q: a config file cannot name another", name)
 		}
-		if name == versionFlag {
-			return bad(k.Line, "key %q: --version is for the command line only", name)
+		if cliOnly(name) {
+			return bad(k.Line, "key %q: --%s is for the command line only", name, name)
 		}
 		vals, err := yamlValues(v, kindOf(f))
 		if err != nil {
@@ -815,6 +871,26 @@ func readGossipKeys(path string) ([][]byte, error) {
 	return keys, nil
 }
 
+// readToken reads the bearer token of a token file: its text with the
+// surrounding whitespace trimmed, one token of printable ASCII without
+// spaces (an HTTP/2 header value).
+func readToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", errors.Unwrap(err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", errors.New("empty: want one token")
+	}
+	for _, r := range tok {
+		if r <= ' ' || r > '~' {
+			return "", errors.New("want one token of printable ASCII, no spaces or line breaks inside")
+		}
+	}
+	return tok, nil
+}
+
 // fieldError is a validation error about one flag's value.
 type fieldError struct {
 	flag, value, why string
@@ -932,9 +1008,9 @@ func (c Config) Validate() error {
 	for _, t := range tls {
 		switch {
 		case c.Plaintext && t.v != "":
-			return bad("plaintext", "true", "conflicts with --%s %q: choose TLS or plaintext", t.flag, t.v)
+			return bad("insecure", "true", "conflicts with --%s %q: choose TLS or --insecure (--plaintext)", t.flag, t.v)
 		case !c.Plaintext && t.v == "":
-			return bad(t.flag, t.v, "mutual TLS needs --tls-cert, --tls-key and --tls-ca (or --plaintext to run without TLS)")
+			return bad(t.flag, t.v, "mutual TLS needs --tls-cert, --tls-key and --tls-ca (or --insecure to run without TLS)")
 		}
 	}
 

@@ -273,7 +273,7 @@ func TestEnvNames(t *testing.T) {
 	fs, _ := newFlagSet(&c0, "h")
 	var want []string
 	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name != versionFlag { // the command line only
+		if !cliOnly(f.Name) { // the command line only
 			want = append(want, envName(f.Name))
 		}
 	})
@@ -316,7 +316,7 @@ func TestValidateNamesFlag(t *testing.T) {
 		{[]string{"--cluster-label", strings.Repeat("l", 256)}, `--cluster-label "` + strings.Repeat("l", 256) + `": 256 bytes, limit 255`},
 		{[]string{"--gossip-key-file", keyFile(20)}, `--gossip-key-file "`},
 		{[]string{"--gossip-key-file", writeFile(t, "bad.key", "not base64!\n")}, `--gossip-key-file "`},
-		{[]string{"--tls-cert", "c.pem"}, `--plaintext "true": conflicts with --tls-cert "c.pem"`},
+		{[]string{"--tls-cert", "c.pem"}, `--insecure "true": conflicts with --tls-cert "c.pem"`},
 		{[]string{"--layers", "0"}, `--layers "0": must be at least 1`},
 		{[]string{"--q-heads", "0"}, `--q-heads "0": must be at least 1`},
 		{[]string{"--kv-heads", "-1"}, `--kv-heads "-1": must be at least 1`},
@@ -446,7 +446,7 @@ func TestHelp(t *testing.T) {
 			if !strings.Contains(help, "\n  --"+f.Name+" ") && !strings.Contains(help, "\n  --"+f.Name+"\n") {
 				t.Errorf("%s: usage lacks --%s", arg, f.Name)
 			}
-			if f.Name == versionFlag {
+			if cliOnly(f.Name) {
 				if strings.Contains(help, "env "+envName(f.Name)) {
 					t.Errorf("%s: usage names %s, which is not read", arg, envName(f.Name))
 				}

@@ -18,7 +18,11 @@
 //	{"event":"ready","name":"node-0","grpc":"127.0.0.1:40123","gossip":"127.0.0.1:40124","metrics":"127.0.0.1:9464"}
 //
 // SIGTERM or SIGINT drains the in-flight calls (up to --drain-timeout),
-// leaves the cluster and exits 0. Logs go to stderr (log/slog; memberlist's
+// leaves the cluster and exits 0. SIGHUP reloads the TLS certificates
+// (new connections use them; a file that does not load keeps the old
+// ones). --token-file guards the client API with a bearer token;
+// --print-config prints the effective configuration as YAML for
+// --config. Logs go to stderr (log/slog; memberlist's
 // and grpc's logs are bridged into it).
 package main
 
@@ -45,7 +49,7 @@ func main() {
 // for a failure to start or serve).
 func run(ctx context.Context, args []string, getenv func(string) (string, bool), stdout, stderr io.Writer) int {
 	cfg, err := loadConfig(args, getenv, stdout)
-	if errors.Is(err, errHelp) {
+	if errors.Is(err, errHelp) || errors.Is(err, errPrinted) {
 		return 0
 	}
 	if errors.Is(err, errVersion) {
@@ -56,12 +60,17 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 		fmt.Fprintln(stderr, "questd:", err)
 		return 2
 	}
+	// SIGHUP reloads the TLS files; caught here, it no longer ends the
+	// process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := newLogger(cfg, stderr)
 	// The one registry of the process: no default (global) registry.
 	reg := prometheus.NewRegistry()
-	if err := serve(ctx, cfg, log, stdout, reg); err != nil {
+	if err := serve(ctx, cfg, log, stdout, reg, hup); err != nil {
 		log.Error("questd failed", "err", err)
 		fmt.Fprintln(stderr, "questd:", err)
 		return 1

@@ -114,7 +114,7 @@ func TestServeMetrics(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry())
+		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry(), nil)
 		pw.Close()
 		done <- err
 	}()
@@ -299,7 +299,7 @@ func TestServeNoMetrics(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry())
+		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry(), nil)
 		pw.Close()
 		done <- err
 	}()
@@ -325,7 +325,7 @@ func TestServeMetricsAddrInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	err = serve(t.Context(), cfg, slog.New(slog.DiscardHandler), &out, prometheus.NewRegistry())
+	err = serve(t.Context(), cfg, slog.New(slog.DiscardHandler), &out, prometheus.NewRegistry(), nil)
 	if err == nil || !strings.HasPrefix(err.Error(), `--metrics-addr "`) || out.Len() != 0 {
 		t.Errorf("serve on a taken metrics address: %v, stdout %q", err, out.String())
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -52,27 +51,34 @@ func (l lineLogger) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// tlsConfig loads the mutual-TLS configuration of --tls-cert, --tls-key
-// and --tls-ca: the node's certificate, and the CA that signs every
-// node's and client's (as server and as client). nil with --plaintext.
-func tlsConfig(cfg Config) (*tls.Config, error) {
-	if cfg.Plaintext {
-		return nil, nil
+// warnInsecure logs, with --insecure, that gRPC runs without TLS.
+func warnInsecure(cfg Config, log *slog.Logger) {
+	if !cfg.Plaintext {
+		return
 	}
-	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-	if err != nil {
-		return nil, fmt.Errorf("--tls-cert %q, --tls-key %q: %w", cfg.TLSCert, cfg.TLSKey, err)
+	msg := "gRPC without TLS: anyone who reaches --grpc-addr can call the client and worker APIs, read and change every sequence's KV pages and join grids; use --tls-cert, --tls-key and --tls-ca outside a trusted network"
+	if cfg.Token != "" {
+		msg += "; the bearer token of --token-file travels in the clear"
 	}
-	pem, err := os.ReadFile(cfg.TLSCA)
-	if err != nil {
-		return nil, fmt.Errorf("--tls-ca %q: %w", cfg.TLSCA, err)
+	log.Warn(msg, "grpc", cfg.GRPCAddr)
+}
+
+// reloadTLS reads the TLS files again (SIGHUP) and logs the outcome; nil
+// rl (--insecure) has nothing to reload.
+func reloadTLS(rl *certReloader, log *slog.Logger) {
+	if rl == nil {
+		log.Info("SIGHUP: no TLS certificates to reload (--insecure)")
+		return
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--tls-ca %q: no PEM certificate in it", cfg.TLSCA)
+	if err := rl.reload(); err != nil {
+		log.Error("reload TLS certificates: keeping the old ones", "err", err)
+		return
 	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ClientCAs: pool,
-		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}, nil
+	attrs := []any{"cert", rl.certFile, "ca", rl.caFile}
+	if l := rl.leaf(); l != nil {
+		attrs = append(attrs, "subject", l.Subject.String(), "not_after", l.NotAfter.UTC().Format(time.RFC3339))
+	}
+	log.Info("reloaded TLS certificates", attrs...)
 }
 
 // metricsShutdown bounds the end of the metrics server's requests in
@@ -83,11 +89,22 @@ const metricsShutdown = 2 * time.Second
 // Its metrics go to reg; the HTTP server of --metrics-addr starts before
 // the node (/healthz answers during the join, /readyz says 503 until the
 // node serves) and stops after it.
-func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, reg *prometheus.Registry) error {
-	tc, err := tlsConfig(cfg)
-	if err != nil {
-		return err
+//
+// Every signal received on hup (SIGHUP) reloads the TLS files; hup may
+// be nil.
+func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, reg *prometheus.Registry, hup <-chan os.Signal) error {
+	var (
+		rl *certReloader
+		tc *tls.Config
+	)
+	if !cfg.Plaintext {
+		var err error
+		if rl, err = newCertReloader(cfg.TLSCert, cfg.TLSKey, cfg.TLSCA); err != nil {
+			return err
+		}
+		tc = rl.config()
 	}
+	warnInsecure(cfg, log)
 	var st readiness
 	m, err := newMetrics(reg, &st)
 	if err != nil {
@@ -106,7 +123,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	}
 	n, err := node.Start(ctx, node.Config{
 		GRPCAddr: cfg.GRPCAddr, Advertise: cfg.Advertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
-		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext,
+		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext, Token: cfg.Token,
 		DrainTimeout: cfg.DrainTimeout, Version: version, Logger: log, Observe: m.observe,
 	})
 	if err != nil {
@@ -125,9 +142,16 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 		}
 	}
 	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-n.Served():
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case serveErr = <-n.Served():
+			break wait
+		case <-hup:
+			reloadTLS(rl, log)
+		}
 	}
 	st.drain()
 	// The leave is bounded apart from the drain: when every node stops at

@@ -1,0 +1,359 @@
+//go:build unix
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+
+	"github.com/questrt/questrt/cluster/client"
+)
+
+// testCA is a certificate authority made in the test.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+var (
+	serialMu sync.Mutex
+	serial   int64
+)
+
+func nextSerial() *big.Int {
+	serialMu.Lock()
+	defer serialMu.Unlock()
+	serial++
+	return big.NewInt(serial)
+}
+
+func newTestCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: nextSerial(), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue returns the PEM certificate and key of a leaf called name (IP SAN
+// 127.0.0.1, server and client auth).
+func (ca *testCA) issue(t *testing.T, name string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: nextSerial(), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// tlsFiles are the paths of --tls-cert, --tls-key and --tls-ca.
+type tlsFiles struct{ cert, key, ca string }
+
+func newTLSFiles(t *testing.T) tlsFiles {
+	d := t.TempDir()
+	return tlsFiles{cert: filepath.Join(d, "node.pem"), key: filepath.Join(d, "node.key"), ca: filepath.Join(d, "ca.pem")}
+}
+
+// write puts a certificate called name of ca, and the CA bundle cas, in
+// the files.
+func (f tlsFiles) write(t *testing.T, ca *testCA, name string, cas ...*testCA) {
+	t.Helper()
+	c, k := ca.issue(t, name)
+	var bundle []byte
+	for _, a := range cas {
+		bundle = append(bundle, a.pem...)
+	}
+	for path, b := range map[string][]byte{f.cert: c, f.key: k, f.ca: bundle} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// handshake runs one TLS handshake between server and client configs
+// over a loopback connection, and returns the common names each side saw
+// of the other (and the first error).
+func handshake(t *testing.T, server, client *tls.Config) (serverCN, clientCN string, err error) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	type side struct {
+		cn  string
+		err error
+	}
+	srv := make(chan side, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			srv <- side{err: err}
+			return
+		}
+		defer c.Close()
+		tc := tls.Server(c, server)
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := tc.Handshake(); err != nil {
+			srv <- side{err: err}
+			return
+		}
+		// Under TLS 1.3 the client learns of a refused client
+		// certificate on its first read: answer one byte.
+		tc.Write([]byte{1})
+		cs := tc.ConnectionState()
+		srv <- side{cn: cs.PeerCertificates[0].Subject.CommonName}
+	}()
+	cc := client.Clone()
+	cc.ServerName = "127.0.0.1"
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", lis.Addr().String(), cc)
+	if err == nil {
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err = conn.Read(make([]byte, 1))
+		if err == nil {
+			serverCN = conn.ConnectionState().PeerCertificates[0].Subject.CommonName
+		}
+	}
+	s := <-srv
+	if err == nil {
+		err = s.err
+	}
+	return serverCN, s.cn, err
+}
+
+// TestCertReloader: the reloading tls.Config presents, as server and as
+// client, the certificate of the last successful reload, and verifies
+// clients against its CA; a reload from bad files fails and keeps the
+// old material; new handshakes see each change.
+func TestCertReloader(t *testing.T) {
+	ca := newTestCA(t, "ca-1")
+	files := newTLSFiles(t)
+	files.write(t, ca, "v1", ca)
+	rl, err := newCertReloader(files.cert, files.key, files.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := rl.config()
+	// A peer with a fixed certificate of ca, trusting ca.
+	pc, pk := ca.issue(t, "peer")
+	peerCert, err := tls.X509KeyPair(pc, pk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	peer := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{peerCert}, RootCAs: pool,
+		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
+
+	check := func(step, want string) {
+		t.Helper()
+		// The node as server.
+		srvCN, cliCN, err := handshake(t, node, peer)
+		if err != nil || srvCN != want || cliCN != "peer" {
+			t.Errorf("%s: node as server presents %q (peer %q, %v), want %q", step, srvCN, cliCN, err, want)
+		}
+		// The node as client.
+		srvCN, cliCN, err = handshake(t, peer, node)
+		if err != nil || cliCN != want || srvCN != "peer" {
+			t.Errorf("%s: node as client presents %q (peer %q, %v), want %q", step, cliCN, srvCN, err, want)
+		}
+	}
+	check("start", "v1")
+
+	files.write(t, ca, "v2", ca)
+	check("files changed, no reload", "v1")
+	if err := rl.reload(); err != nil {
+		t.Fatal(err)
+	}
+	check("reloaded", "v2")
+
+	// Bad files: the reload fails, naming the flag, and the node keeps v2.
+	for _, bad := range []struct {
+		name, path, text, want string
+	}{
+		{"garbage certificate", files.cert, "not PEM\n", "--tls-cert"},
+		{"missing key", files.key, "", "--tls-key"},
+		{"empty CA", files.ca, "", "--tls-ca"},
+	} {
+		files.write(t, ca, "v3", ca)
+		if bad.text == "" && bad.path == files.key {
+			os.Remove(bad.path)
+		} else if err := os.WriteFile(bad.path, []byte(bad.text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		err := rl.reload()
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: reload: %v, want an error naming %s", bad.name, err, bad.want)
+		}
+		check(bad.name+": old material kept", "v2")
+	}
+
+	// A new CA: after the reload the node as server accepts a client
+	// certificate of it, and refuses it before.
+	ca2 := newTestCA(t, "ca-2")
+	c2, k2 := ca2.issue(t, "peer2")
+	peer2Cert, err := tls.X509KeyPair(c2, k2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer2 := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{peer2Cert}, RootCAs: pool}
+	if _, _, err := handshake(t, node, peer2); err == nil {
+		t.Error("a client of ca-2 accepted before the reload")
+	}
+	files.write(t, ca, "v4", ca, ca2)
+	if err := rl.reload(); err != nil {
+		t.Fatal(err)
+	}
+	if srvCN, cliCN, err := handshake(t, node, peer2); err != nil || srvCN != "v4" || cliCN != "peer2" {
+		t.Errorf("a client of ca-2 after the reload: %q %q %v", srvCN, cliCN, err)
+	}
+	check("new CA bundle", "v4")
+}
+
+// TestSIGHUPReloads runs questd (run) with mutual TLS: SIGHUP reloads the
+// certificates and logs it, a SIGHUP with a bad file logs the error, and
+// neither stops the daemon; the end of ctx then drains and run returns 0.
+func TestSIGHUPReloads(t *testing.T) {
+	ca := newTestCA(t, "ca")
+	files := newTLSFiles(t)
+	files.write(t, ca, "v1", ca)
+	args := append([]string{"--tls-cert", files.cert, "--tls-key", files.key, "--tls-ca", files.ca, "--metrics-addr", ""}, smallNode[1:]...)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	pr, pw := io.Pipe()
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, args, envOf(nil), pw, &stderr)
+		pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	go io.Copy(io.Discard, pr)
+	if err != nil || !strings.Contains(line, `"event":"ready"`) {
+		cancel()
+		t.Fatalf("ready line %q, %v (exit %d); stderr:\n%s", line, err, <-done, stderr.String())
+	}
+	waitLog := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !strings.Contains(stderr.String(), what) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the log:\n%s", what, stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	files.write(t, ca, "v2", ca)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitLog("reloaded TLS certificates")
+	waitLog("CN=v2")
+	// A new gRPC connection gets the new certificate.
+	var ready struct{ GRPC string }
+	if err := json.Unmarshal([]byte(line), &ready); err != nil {
+		t.Fatal(err)
+	}
+	cc, ck := ca.issue(t, "client")
+	cert, err := tls.X509KeyPair(cc, ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	var seen *x509.Certificate
+	creds := credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, RootCAs: pool,
+		VerifyConnection: func(cs tls.ConnectionState) error { seen = cs.PeerCertificates[0]; return nil }})
+	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+	c, err := client.Dial(dctx, ready.GRPC, client.Options{Creds: creds})
+	dcancel()
+	if err != nil {
+		t.Fatalf("dial after the reload: %v", err)
+	}
+	c.Close()
+	if seen == nil || seen.Subject.CommonName != "v2" {
+		t.Errorf("after the reload the node presents %v, want v2", seen)
+	}
+	if err := os.WriteFile(files.cert, []byte("bad"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitLog("keeping the old ones")
+	select {
+	case code := <-done:
+		t.Fatalf("questd exited %d after SIGHUP", code)
+	case <-time.After(100 * time.Millisecond):
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, stderr.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
