@@ -1,0 +1,295 @@
+package validate
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// The compose file's fields that deploy/compose uses (the Compose
+// Specification's names); anything else in the file fails the strict
+// decode, so a typo such as ipv4_adress cannot pass unnoticed.
+type composeFile struct {
+	Name     string                    `json:"name"`
+	Services map[string]composeService `json:"services"`
+	Networks map[string]composeNetwork `json:"networks"`
+}
+
+type composeService struct {
+	Build           *composeBuild                   `json:"build"`
+	Image           string                          `json:"image"`
+	Hostname        string                          `json:"hostname"`
+	Command         []string                        `json:"command"`
+	Environment     map[string]string               `json:"environment"`
+	Ports           []string                        `json:"ports"`
+	Volumes         []string                        `json:"volumes"`
+	Restart         string                          `json:"restart"`
+	StopGracePeriod string                          `json:"stop_grace_period"`
+	Healthcheck     *composeHealthcheck             `json:"healthcheck"`
+	DependsOn       json.RawMessage                 `json:"depends_on"` // a list, or a map of conditions
+	Networks        json.RawMessage                 `json:"networks"`   // a list, or a map of attachments
+	networks        map[string]*composeAttachment   // Networks, decoded
+	dependsOn       map[string]composeDependsOnWhen // DependsOn, decoded
+}
+
+type composeBuild struct {
+	Context    string `json:"context"`
+	Dockerfile string `json:"dockerfile"`
+}
+
+type composeHealthcheck struct {
+	Test          []string `json:"test"`
+	Interval      string   `json:"interval"`
+	Timeout       string   `json:"timeout"`
+	Retries       int      `json:"retries"`
+	StartPeriod   string   `json:"start_period"`
+	StartInterval string   `json:"start_interval"`
+}
+
+type composeAttachment struct {
+	IPv4Address string `json:"ipv4_address"`
+}
+
+type composeDependsOnWhen struct {
+	Condition string `json:"condition"`
+}
+
+type composeNetwork struct {
+	IPAM struct {
+		Config []struct {
+			Subnet  string `json:"subnet"`
+			IPRange string `json:"ip_range"`
+		} `json:"config"`
+	} `json:"ipam"`
+}
+
+func strictJSON(t *testing.T, what string, js []byte, v any) {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		t.Fatalf("%s: strict decode: %v", what, err)
+	}
+}
+
+const composeDir = "../compose"
+
+// readCompose strict-decodes the compose file. Top-level x- keys
+// (extension fields, the source of YAML anchors) are dropped first; merge
+// keys (<<) are resolved by the YAML decoder.
+func readCompose(t *testing.T) composeFile {
+	t.Helper()
+	b := mustRead(t, filepath.Join(composeDir, "docker-compose.yml"))
+	js, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(js, &top); err != nil {
+		t.Fatal(err)
+	}
+	for k := range top {
+		if strings.HasPrefix(k, "x-") {
+			delete(top, k)
+		}
+	}
+	js, _ = json.Marshal(top)
+	var f composeFile
+	strictJSON(t, "docker-compose.yml", js, &f)
+	for name, s := range f.Services {
+		if len(s.Networks) > 0 {
+			var list []string
+			if json.Unmarshal(s.Networks, &list) == nil {
+				s.networks = map[string]*composeAttachment{}
+				for _, n := range list {
+					s.networks[n] = nil
+				}
+			} else {
+				strictJSON(t, "services."+name+".networks", s.Networks, &s.networks)
+			}
+		}
+		if len(s.DependsOn) > 0 {
+			var list []string
+			if json.Unmarshal(s.DependsOn, &list) == nil {
+				s.dependsOn = map[string]composeDependsOnWhen{}
+				for _, n := range list {
+					s.dependsOn[n] = composeDependsOnWhen{Condition: "service_started"}
+				}
+			} else {
+				strictJSON(t, "services."+name+".depends_on", s.DependsOn, &s.dependsOn)
+			}
+		}
+		f.Services[name] = s
+	}
+	return f
+}
+
+// flagValue returns the value of --name=V in args ("" if absent).
+func flagValue(args []string, name string) string {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func TestCompose(t *testing.T) {
+	f := readCompose(t)
+	var questds []string
+	for name, s := range f.Services {
+		if strings.HasPrefix(name, "questd-") {
+			questds = append(questds, name)
+		}
+		for dep := range s.dependsOn {
+			if _, ok := f.Services[dep]; !ok {
+				t.Errorf("%s depends_on %s: no such service", name, dep)
+			}
+		}
+		for n := range s.networks {
+			if _, ok := f.Networks[n]; !ok {
+				t.Errorf("%s: network %s not defined", name, n)
+			}
+		}
+		if s.Build != nil {
+			ctx := filepath.Join(composeDir, s.Build.Context)
+			if _, err := os.Stat(filepath.Join(ctx, s.Build.Dockerfile)); err != nil {
+				t.Errorf("%s: build dockerfile: %v", name, err)
+			}
+			if _, err := os.Stat(filepath.Join(ctx, "go.mod")); err != nil {
+				t.Errorf("%s: build context %s is not the repository root: %v", name, s.Build.Context, err)
+			}
+		}
+		for _, v := range s.Volumes {
+			src, _, _ := strings.Cut(v, ":")
+			if strings.HasPrefix(src, ".") {
+				if _, err := os.Stat(filepath.Join(composeDir, src)); err != nil {
+					t.Errorf("%s: volume %s: %v", name, v, err)
+				}
+			}
+		}
+	}
+	slices.Sort(questds)
+	if !slices.Equal(questds, []string{"questd-0", "questd-1", "questd-2"}) {
+		t.Fatalf("questd services %v: want questd-0..2", questds)
+	}
+
+	// Static addresses: in the subnet, outside the dynamic ip_range,
+	// distinct, and each node's --advertise.
+	var subnet, dynamic netip.Prefix
+	for _, n := range f.Networks {
+		for _, c := range n.IPAM.Config {
+			subnet, _ = netip.ParsePrefix(c.Subnet)
+			dynamic, _ = netip.ParsePrefix(c.IPRange)
+		}
+	}
+	if !subnet.IsValid() {
+		t.Fatal("no network with an ipam subnet: questd's --advertise needs a static IP per node")
+	}
+	seen := map[netip.Addr]string{}
+	for _, name := range questds {
+		s := f.Services[name]
+		if s.Build == nil || s.Healthcheck == nil || s.Image == "" {
+			t.Errorf("%s: want build, image and healthcheck (from the x-questd anchor)", name)
+		}
+		if s.Hostname != name || flagValue(s.Command, "name") != name {
+			t.Errorf("%s: hostname %q, --name %q: want both %q", name, s.Hostname, flagValue(s.Command, "name"), name)
+		}
+		var ip netip.Addr
+		for _, a := range s.networks {
+			if a != nil {
+				ip, _ = netip.ParseAddr(a.IPv4Address)
+			}
+		}
+		switch {
+		case !ip.IsValid():
+			t.Errorf("%s: no ipv4_address", name)
+		case !subnet.Contains(ip):
+			t.Errorf("%s: %v outside the subnet %v", name, ip, subnet)
+		case dynamic.IsValid() && dynamic.Contains(ip):
+			t.Errorf("%s: %v inside ip_range %v, where other containers get addresses", name, ip, dynamic)
+		case seen[ip] != "":
+			t.Errorf("%s: %v also %s's", name, ip, seen[ip])
+		}
+		seen[ip] = name
+		if adv := flagValue(s.Command, "advertise"); adv != ip.String() {
+			t.Errorf("%s: --advertise %q, ipv4_address %v", name, adv, ip)
+		}
+		if !slices.Contains(s.Command, "--plaintext") {
+			t.Errorf("%s: the local compose runs --plaintext (no certificates in it)", name)
+		}
+		if m := flagValue(s.Command, "metrics-addr"); m != "0.0.0.0:9464" {
+			t.Errorf("%s: --metrics-addr %q: want 0.0.0.0:9464 (Prometheus scrapes it)", name, m)
+		}
+		join := strings.Split(flagValue(s.Command, "join"), ",")
+		if !slices.Contains(join, "questd-0:7946") {
+			t.Errorf("%s: --join %v: want questd-0:7946 (the seed)", name, join)
+		}
+		for _, j := range join {
+			host, _, _ := strings.Cut(j, ":")
+			if _, ok := f.Services[host]; !ok {
+				t.Errorf("%s: --join %s: no such service", name, j)
+			}
+			if host == name && name != "questd-0" {
+				t.Errorf("%s: --join lists itself: only the seed may (a node that reaches only itself starts a cluster of its own)", name)
+			}
+		}
+	}
+
+	// Prometheus scrapes every node's metrics port.
+	var prom struct {
+		Global        map[string]string `json:"global"`
+		ScrapeConfigs []struct {
+			JobName       string `json:"job_name"`
+			MetricsPath   string `json:"metrics_path"`
+			StaticConfigs []struct {
+				Targets []string `json:"targets"`
+			} `json:"static_configs"`
+		} `json:"scrape_configs"`
+	}
+	pjs, err := yaml.YAMLToJSON(mustRead(t, filepath.Join(composeDir, "prometheus.yml")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	strictJSON(t, "prometheus.yml", pjs, &prom)
+	var targets []string
+	for _, sc := range prom.ScrapeConfigs {
+		for _, st := range sc.StaticConfigs {
+			targets = append(targets, st.Targets...)
+		}
+	}
+	for _, name := range questds {
+		if !slices.Contains(targets, name+":9464") {
+			t.Errorf("prometheus.yml: no target %s:9464", name)
+		}
+	}
+
+	// Every node's command line parses, and runs: alone (without --join,
+	// whose names resolve only on the compose network), on free ports of
+	// the same hosts, with its real --advertise.
+	for _, name := range questds {
+		t.Run(name, func(t *testing.T) {
+			args := f.Services[name].Command
+			checkFlags(t, args)
+			var run []string
+			for _, a := range args {
+				if !strings.HasPrefix(a, "--join=") {
+					run = append(run, a)
+				}
+			}
+			for _, flag := range []string{"grpc-addr", "gossip-addr", "metrics-addr"} {
+				if v := flagValue(args, flag); v != "" {
+					run = append(run, "--"+flag+"="+localPort(t, flag, v))
+				}
+			}
+			runQuestd(t, run, nil)
+		})
+	}
+}

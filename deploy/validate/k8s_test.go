@@ -1,0 +1,368 @@
+package validate
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+)
+
+// manifests are the objects of one kustomize build, decoded.
+type manifests struct {
+	statefulSets []*appsv1.StatefulSet
+	services     []*corev1.Service
+	configMaps   []*corev1.ConfigMap
+	pdbs         []*policyv1.PodDisruptionBudget
+	monitors     []map[string]any
+}
+
+// kustomize runs kubectl kustomize on dir and strict-decodes every object.
+func kustomize(t *testing.T, dir string) manifests {
+	t.Helper()
+	kubectl := lookTool(t, "kubectl")
+	var stderr bytes.Buffer
+	cmd := exec.Command(kubectl, "kustomize", dir)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, stderr.String())
+	}
+	var m manifests
+	for i, doc := range splitDocs(out) {
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		var tm struct{ APIVersion, Kind string }
+		if err := json.Unmarshal(js, &tm); err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		var obj any
+		switch tm.APIVersion + " " + tm.Kind {
+		case "apps/v1 StatefulSet":
+			o := new(appsv1.StatefulSet)
+			m.statefulSets, obj = append(m.statefulSets, o), o
+		case "v1 Service":
+			o := new(corev1.Service)
+			m.services, obj = append(m.services, o), o
+		case "v1 ConfigMap":
+			o := new(corev1.ConfigMap)
+			m.configMaps, obj = append(m.configMaps, o), o
+		case "policy/v1 PodDisruptionBudget":
+			o := new(policyv1.PodDisruptionBudget)
+			m.pdbs, obj = append(m.pdbs, o), o
+		case "monitoring.coreos.com/v1 ServiceMonitor":
+			// A CRD: no Go type in k8s.io/api; checked by checkMonitor.
+			var o map[string]any
+			if err := json.Unmarshal(js, &o); err != nil {
+				t.Fatal(err)
+			}
+			m.monitors = append(m.monitors, o)
+			continue
+		default:
+			t.Errorf("document %d: %s %s: no type to check it against (add one to the test)", i, tm.APIVersion, tm.Kind)
+			continue
+		}
+		dec := json.NewDecoder(bytes.NewReader(js))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(obj); err != nil {
+			t.Errorf("document %d (%s): strict decode: %v", i, tm.Kind, err)
+		}
+	}
+	return m
+}
+
+// splitDocs splits a multi-document YAML stream on its --- lines.
+func splitDocs(b []byte) [][]byte {
+	var docs [][]byte
+	for _, d := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
+		if strings.TrimSpace(d) != "" {
+			docs = append(docs, []byte(d))
+		}
+	}
+	return docs
+}
+
+func TestKustomizeBase(t *testing.T) {
+	m := kustomize(t, "../k8s")
+	checkCluster(t, m, false)
+}
+
+// TestKustomizeGPU builds an overlay of the base with the gpu component,
+// as deploy/README.md tells users to (in a temporary directory: kustomize
+// refuses an overlay inside its base).
+func TestKustomizeGPU(t *testing.T) {
+	dir := t.TempDir()
+	abs := func(p string) string {
+		a, err := filepath.Abs(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := filepath.Rel(dir, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	k := fmt.Sprintf("resources:\n  - %s\ncomponents:\n  - %s\n", abs("../k8s"), abs("../k8s/gpu"))
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := kustomize(t, dir)
+	checkCluster(t, m, true)
+}
+
+// checkCluster checks the objects against each other and runs the pod's
+// questd command line with the ConfigMap's config.
+func checkCluster(t *testing.T, m manifests, gpu bool) {
+	t.Helper()
+	if len(m.statefulSets) != 1 || len(m.configMaps) != 1 || len(m.pdbs) != 1 || len(m.monitors) != 1 || len(m.services) != 2 {
+		t.Fatalf("want 1 StatefulSet, 1 ConfigMap, 1 PDB, 1 ServiceMonitor, 2 Services; got %d, %d, %d, %d, %d",
+			len(m.statefulSets), len(m.configMaps), len(m.pdbs), len(m.monitors), len(m.services))
+	}
+	ss, cm := m.statefulSets[0], m.configMaps[0]
+	spec := ss.Spec.Template.Spec
+	podLabels := labels.Set(ss.Spec.Template.Labels)
+	if sel := labels.SelectorFromSet(ss.Spec.Selector.MatchLabels); !sel.Matches(podLabels) {
+		t.Errorf("StatefulSet selector %v does not match its pod labels %v", sel, podLabels)
+	}
+	if ss.Spec.Replicas == nil || *ss.Spec.Replicas != 3 {
+		t.Errorf("StatefulSet replicas %v: want 3", ss.Spec.Replicas)
+	}
+	if ss.Spec.PodManagementPolicy != appsv1.OrderedReadyPodManagement {
+		t.Errorf("podManagementPolicy %q: the join list relies on OrderedReady", ss.Spec.PodManagementPolicy)
+	}
+
+	// The headless Service names the pods for --join.
+	var headless, metricsSvc *corev1.Service
+	for _, s := range m.services {
+		if s.Spec.ClusterIP == corev1.ClusterIPNone {
+			headless = s
+		} else {
+			metricsSvc = s
+		}
+	}
+	if headless == nil || metricsSvc == nil {
+		t.Fatal("want a headless Service and a metrics Service")
+	}
+	if ss.Spec.ServiceName != headless.Name {
+		t.Errorf("StatefulSet serviceName %q: want the headless Service %q", ss.Spec.ServiceName, headless.Name)
+	}
+	if !headless.Spec.PublishNotReadyAddresses {
+		t.Errorf("headless Service %s: publishNotReadyAddresses must be true (a pod joins before it is ready)", headless.Name)
+	}
+	for _, s := range m.services {
+		if !labels.SelectorFromSet(s.Spec.Selector).Matches(podLabels) {
+			t.Errorf("Service %s: selector %v does not select the pods", s.Name, s.Spec.Selector)
+		}
+	}
+	if sel := labels.SelectorFromSet(m.pdbs[0].Spec.Selector.MatchLabels); !sel.Matches(podLabels) {
+		t.Errorf("PodDisruptionBudget selector %v does not select the pods", sel)
+	}
+
+	if len(spec.Containers) != 1 {
+		t.Fatalf("want 1 container, got %d", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	for _, s := range m.services {
+		for _, p := range s.Spec.Ports {
+			if _, ok := ports[p.TargetPort.String()]; !ok {
+				t.Errorf("Service %s port %s: targetPort %s is no container port", s.Name, p.Name, p.TargetPort.String())
+			}
+		}
+	}
+	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		switch {
+		case p == nil:
+			t.Errorf("no %s probe", name)
+		case p.HTTPGet != nil:
+			if ports[p.HTTPGet.Port.String()] != 9464 {
+				t.Errorf("%s probe on port %s: want the metrics port 9464", name, p.HTTPGet.Port.String())
+			}
+		case p.GRPC != nil:
+		default:
+			t.Errorf("%s probe: want httpGet (/healthz, /readyz) or grpc", name)
+		}
+	}
+	if c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet != nil && c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("readiness probe path %q: want /readyz", c.ReadinessProbe.HTTPGet.Path)
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+		t.Error("container: want cpu and memory requests")
+	}
+	gpus := c.Resources.Limits["nvidia.com/gpu"]
+	if gpu != !gpus.IsZero() {
+		t.Errorf("nvidia.com/gpu limit %v in the gpu=%v build", gpus.String(), gpu)
+	}
+	if gpu != strings.Contains(c.Image, "cuda") {
+		t.Errorf("image %q in the gpu=%v build", c.Image, gpu)
+	}
+
+	// Env: the pod's IP as --advertise, its name as --name.
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, "QUESTRT_") {
+			if e.ValueFrom == nil || e.ValueFrom.FieldRef == nil {
+				t.Errorf("env %s: want a downward-API fieldRef", e.Name)
+				continue
+			}
+			env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	if env["QUESTRT_ADVERTISE"] != "status.podIP" || env["QUESTRT_NAME"] != "metadata.name" {
+		t.Errorf("env: want QUESTRT_ADVERTISE from status.podIP and QUESTRT_NAME from metadata.name, got %v", env)
+	}
+
+	// The config volume: the generated ConfigMap, mounted where --config
+	// points; the TLS Secret with cert-manager's keys where the config
+	// points.
+	var configPath string
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--config="); ok {
+			configPath = v
+		}
+	}
+	if configPath == "" {
+		t.Fatalf("container args %q: no --config=FILE", c.Args)
+	}
+	mounts := map[string]corev1.VolumeMount{}
+	for _, vm := range c.VolumeMounts {
+		mounts[vm.Name] = vm
+	}
+	var configKey, secretDir string
+	for _, v := range spec.Volumes {
+		switch {
+		case v.ConfigMap != nil:
+			if v.ConfigMap.Name != cm.Name {
+				t.Errorf("volume %s: ConfigMap %q, want the generated %q", v.Name, v.ConfigMap.Name, cm.Name)
+			}
+			vm := mounts[v.Name]
+			if vm.MountPath != configPath {
+				t.Errorf("volume %s mounted at %q, --config is %q", v.Name, vm.MountPath, configPath)
+			}
+			configKey = vm.SubPath
+		case v.Secret != nil:
+			secretDir = mounts[v.Name].MountPath
+		}
+	}
+	text, ok := cm.Data[configKey]
+	if !ok {
+		t.Fatalf("ConfigMap %s: no key %q", cm.Name, configKey)
+	}
+	cfg := readConfig(t, []byte(text))
+	for flag, file := range map[string]string{"tls-cert": "tls.crt", "tls-key": "tls.key", "tls-ca": "ca.crt"} {
+		if cfg[flag] != secretDir+"/"+file {
+			t.Errorf("config %s %v: want %s/%s from the Secret", flag, cfg[flag], secretDir, file)
+		}
+	}
+	join, _ := cfg["join"].([]any)
+	var wantJoin []any
+	for i := range int(*ss.Spec.Replicas) {
+		wantJoin = append(wantJoin, fmt.Sprintf("%s-%d.%s:7946", ss.Name, i, headless.Name))
+	}
+	if !slices.Equal(join, wantJoin) {
+		t.Errorf("config join %v: want every pod, %v", join, wantJoin)
+	}
+
+	// The pod's command line, run: the ConfigMap's file as --config, the
+	// env as the downward API would set it (10.0.0.5 standing for the pod
+	// IP), on free ports of the same hosts.
+	path := filepath.Join(t.TempDir(), "questd.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{}
+	for _, a := range c.Args {
+		if strings.HasPrefix(a, "--config=") {
+			a = "--config=" + path
+		}
+		args = append(args, a)
+	}
+	checkFlags(t, args)
+	runQuestd(t, append(args, localOverrides(t, cfg)...),
+		map[string]string{"QUESTRT_ADVERTISE": "10.0.0.5", "QUESTRT_NAME": ss.Name + "-0"})
+
+	checkMonitor(t, m.monitors[0], metricsSvc)
+}
+
+// checkMonitor is the structural check of the ServiceMonitor: the fields
+// the Prometheus Operator needs, and that it selects the metrics Service
+// and names one of its ports.
+func checkMonitor(t *testing.T, sm map[string]any, svc *corev1.Service) {
+	t.Helper()
+	get := func(path ...string) any {
+		var v any = sm
+		for _, p := range path {
+			m, ok := v.(map[string]any)
+			if !ok {
+				return nil
+			}
+			v = m[p]
+		}
+		return v
+	}
+	if name, _ := get("metadata", "name").(string); name == "" {
+		t.Error("ServiceMonitor: no metadata.name")
+	}
+	for _, k := range []string{"apiVersion", "kind", "metadata", "spec"} {
+		if sm[k] == nil {
+			t.Errorf("ServiceMonitor: no %s", k)
+		}
+	}
+	for k := range sm {
+		if !slices.Contains([]string{"apiVersion", "kind", "metadata", "spec"}, k) {
+			t.Errorf("ServiceMonitor: unknown top-level field %q", k)
+		}
+	}
+	ml, _ := get("spec", "selector", "matchLabels").(map[string]any)
+	if len(ml) == 0 {
+		t.Fatal("ServiceMonitor: no spec.selector.matchLabels")
+	}
+	set := labels.Set{}
+	for k, v := range ml {
+		s, ok := v.(string)
+		if !ok {
+			t.Errorf("ServiceMonitor matchLabels %s: not a string", k)
+		}
+		set[k] = s
+	}
+	if !labels.SelectorFromSet(set).Matches(labels.Set(svc.Labels)) {
+		t.Errorf("ServiceMonitor selector %v does not select Service %s (labels %v)", set, svc.Name, svc.Labels)
+	}
+	eps, _ := get("spec", "endpoints").([]any)
+	if len(eps) == 0 {
+		t.Fatal("ServiceMonitor: no spec.endpoints")
+	}
+	known := []string{"port", "path", "interval", "scrapeTimeout", "scheme", "honorLabels", "relabelings", "metricRelabelings"}
+	for i, e := range eps {
+		ep, _ := e.(map[string]any)
+		for k := range ep {
+			if !slices.Contains(known, k) {
+				t.Errorf("ServiceMonitor endpoint %d: field %q not among the ones checked %v", i, k, known)
+			}
+		}
+		port, _ := ep["port"].(string)
+		if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == port }) {
+			t.Errorf("ServiceMonitor endpoint %d: port %q is not a port name of Service %s", i, port, svc.Name)
+		}
+		if p, ok := ep["path"].(string); ok && p != "/metrics" {
+			t.Errorf("ServiceMonitor endpoint %d: path %q, questd serves /metrics", i, p)
+		}
+	}
+}

@@ -1,0 +1,265 @@
+package validate
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// repoRoot is the main module's root, relative to this package.
+const repoRoot = "../.."
+
+// readyTimeout bounds the wait for questd's ready line.
+const readyTimeout = 10 * time.Second
+
+var (
+	buildOnce sync.Once
+	questdBin string
+	buildErr  error
+)
+
+// questd returns the path of a questd built once from this checkout.
+func questd(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "questd-validate-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		questdBin = filepath.Join(dir, "questd")
+		cmd := exec.Command("go", "build", "-o", questdBin, "./cmd/questd")
+		cmd.Dir = repoRoot
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/questd: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return questdBin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if questdBin != "" {
+		os.RemoveAll(filepath.Dir(questdBin))
+	}
+	os.Exit(code)
+}
+
+// runQuestd starts questd with args and env (on top of a clean
+// environment: no QUESTRT_* from the caller), waits for its ready line,
+// then sends SIGTERM to its PID and waits for exit status 0. A config
+// questd refuses exits 2 before the ready line, with the key or flag
+// named on stderr: that is the failure reported.
+func runQuestd(t *testing.T, args []string, env map[string]string) {
+	t.Helper()
+	cmd := exec.Command(questd(t), args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "QUESTRT_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), `"event":"ready"`) {
+				ready <- sc.Text()
+			}
+		}
+		close(ready)
+	}()
+	select {
+	case line, ok := <-ready:
+		if !ok {
+			err := cmd.Wait()
+			t.Fatalf("questd %s: exited before its ready line (%v):\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		var ev map[string]string
+		if err := json.Unmarshal([]byte(line), &ev); err != nil || ev["grpc"] == "" || ev["gossip"] == "" {
+			t.Errorf("questd: ready line %q: want grpc and gossip addresses", line)
+		}
+		t.Logf("questd ready: %s", line)
+	case <-time.After(readyTimeout):
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("questd %s: no ready line within %v:\n%s", strings.Join(args, " "), readyTimeout, stderr.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("questd after SIGTERM: %v:\n%s", err, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Errorf("questd: still running 20s after SIGTERM:\n%s", stderr.String())
+	}
+}
+
+// checkFlags runs `questd ARGS --help`: the flag package parses every
+// flag before --help, so an unknown flag or a value that does not parse
+// exits 2. It does not run questd's cross checks (runQuestd does).
+func checkFlags(t *testing.T, args []string) {
+	t.Helper()
+	cmd := exec.Command(questd(t), append(append([]string{}, args...), "--help")...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("questd %s --help: %v:\n%s", strings.Join(args, " "), err, lastLines(string(out), 5))
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// testFiles are a CA, a node certificate and key for 127.0.0.1 signed by
+// it, and a gossip key file, written to a test's directory.
+type testFiles struct {
+	cert, key, ca, gossipKey string
+}
+
+func newTestFiles(t *testing.T) testFiles {
+	t.Helper()
+	dir := t.TempDir()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "questrt-validate-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "questd"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	nodeDER, err := x509.CreateCertificate(rand.Reader, nodeTmpl, caTmpl, &nodeKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(nodeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := testFiles{
+		cert: filepath.Join(dir, "tls.crt"), key: filepath.Join(dir, "tls.key"),
+		ca: filepath.Join(dir, "ca.crt"), gossipKey: filepath.Join(dir, "gossip.key"),
+	}
+	gk := make([]byte, 32)
+	rand.Read(gk)
+	for path, b := range map[string][]byte{
+		f.cert:      pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: nodeDER}),
+		f.key:       pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+		f.ca:        pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		f.gossipKey: []byte(base64.StdEncoding.EncodeToString(gk) + "\n"),
+	} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// localPort returns addr (host:port) with port 0, keeping the host: the
+// file's listen host is what is tested, on a free port.
+func localPort(t *testing.T, flag, addr string) string {
+	t.Helper()
+	h, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("--%s %q: %v", flag, addr, err)
+	}
+	return net.JoinHostPort(h, "0")
+}
+
+// localOverrides are the command-line flags that make a questd config
+// meant for a cluster run alone on this machine: the listen addresses on
+// free ports (same hosts), no join, and the files (TLS, gossip key, ready
+// file) replaced by test ones. cfg is the config's keys and values; keys
+// not named here keep the file's values.
+func localOverrides(t *testing.T, cfg map[string]any) []string {
+	t.Helper()
+	files := newTestFiles(t)
+	var args []string
+	for _, flag := range []string{"grpc-addr", "gossip-addr", "metrics-addr"} {
+		if v, ok := cfg[flag].(string); ok && v != "" {
+			args = append(args, "--"+flag+"="+localPort(t, flag, v))
+		}
+	}
+	// An empty --join on the command line replaces the file's list.
+	args = append(args, "--join=")
+	if p, _ := cfg["plaintext"].(bool); !p {
+		args = append(args, "--tls-cert="+files.cert, "--tls-key="+files.key, "--tls-ca="+files.ca)
+	}
+	if _, ok := cfg["gossip-key-file"]; ok {
+		args = append(args, "--gossip-key-file="+files.gossipKey)
+	}
+	if _, ok := cfg["ready-file"]; ok {
+		args = append(args, "--ready-file="+filepath.Join(t.TempDir(), "ready"))
+	}
+	return args
+}
+
+// errSkip marks a missing tool.
+var errSkip = errors.New("tool missing")
+
+func lookTool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Skipf("%s not installed: %v (%v)", name, errSkip, err)
+	}
+	return p
+}
