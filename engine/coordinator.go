@@ -49,6 +49,7 @@ type Engine struct {
 	keys         [][]keyReader // the diagnostics' key readers, [tp][cp]
 	begin        worker.BeginRequest
 	routed, took []int // per request: ranks the new token went to, ranks that took it
+	ran          []int // the layer a step ran, for end
 	errs         []error
 }
 

@@ -72,13 +72,13 @@ func (e *Engine) Decode(ctx context.Context, first, last int, reqs []Request, op
 	}
 	for w, wk := range e.workers {
 		if err := wk.BeginStep(ctx, *b); err != nil {
-			e.end(step, -1, true, w)
+			e.end(step, true, nil, w)
 			return fmt.Errorf("decode layer %d: %w", first, err)
 		}
 	}
 	var ran []int
 	fail := func(layer int, err error) error {
-		e.endLayers(step, ran, len(e.workers))
+		e.end(step, true, ran, len(e.workers))
 		return fmt.Errorf("decode layer %d: %w", layer, err)
 	}
 	for l := first; l < last; l++ {
@@ -95,25 +95,14 @@ func (e *Engine) Decode(ctx context.Context, first, last int, reqs []Request, op
 				}
 			}
 		}
-		plans := res.Plans[:0]
-		for i, r := range reqs {
-			n := seqs[i].lens[l]
-			if r.K != nil {
-				n++
-			}
-			pl, err := c.Policy.Plan(l, c.Pages(n), r.BudgetTokens)
-			if err != nil {
-				return fail(l, fmt.Errorf("sequence %d: %w: %w", r.Seq, ErrBadInput, err))
-			}
-			if opt.ForceDense {
-				pl = pl.AsDense()
-			}
-			plans = append(plans, pl)
+		plans, err := e.plans(l, reqs, seqs, opt.ForceDense, res.Plans[:0])
+		if err != nil {
+			return fail(l, err)
 		}
 		e.layerRequests(step, l, reqs, seqs, true)
 		ran = append(ran, l)
 		errs := e.layerCalls(ctx, e.reps)
-		err := worker.Cause(errs...)
+		err = worker.Cause(errs...)
 		e.account(l, reqs, seqs, e.reps, errs)
 		if err != nil {
 			return fail(l, err)
@@ -122,7 +111,7 @@ func (e *Engine) Decode(ctx context.Context, first, last int, reqs []Request, op
 		res.Plans = plans
 		res.Diag = res.Diag[:0]
 	}
-	e.endLayers(step, nil, len(e.workers))
+	e.end(step, false, nil, len(e.workers))
 	res.Time.Total = time.Since(start)
 	return nil
 }
@@ -154,15 +143,4 @@ func (e *Engine) layerCalls(ctx context.Context, reps []worker.LayerReply) []err
 		timer.Stop()
 	}
 	return errs
-}
-
-// endLayers ends step on the first n workers: failed when ran is not nil
-// (the layers the step sent Layer calls for).
-func (e *Engine) endLayers(step uint64, ran []int, n int) {
-	ctx, cancel := detached()
-	defer cancel()
-	m := worker.EndRequest{Step: step, Failed: ran != nil, Layers: ran}
-	for _, wk := range e.workers[:n] {
-		_ = wk.EndStep(ctx, m)
-	}
 }

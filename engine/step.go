@@ -91,21 +91,9 @@ func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOp
 	if err != nil {
 		return err
 	}
-	plans := make([]plan.Plan, 0, len(reqs))
-	for i, r := range reqs {
-		n := seqs[i].lens[layer]
-		if r.K != nil {
-			n++
-		}
-		pages := e.cfg.Pages(n)
-		pl, err := e.cfg.Policy.Plan(layer, pages, r.BudgetTokens)
-		if err != nil {
-			return fmt.Errorf("step layer %d sequence %d: %w: %w", layer, r.Seq, ErrBadInput, err)
-		}
-		if opt.ForceDense {
-			pl = pl.AsDense()
-		}
-		plans = append(plans, pl)
+	plans, err := e.plans(layer, reqs, seqs, opt.ForceDense, make([]plan.Plan, 0, len(reqs)))
+	if err != nil {
+		return err
 	}
 	run := runOptions{fresh: true, phased: opt.Phased, diag: opt.Diagnostics, dense: opt.ForceDense}
 	if err := e.run(ctx, layer, reqs, seqs, run, e.reps); err != nil {
@@ -169,6 +157,27 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 	return seqs, nil
 }
 
+// plans appends to dst the page plan of each request at layer: its
+// sequence's pages there, with the new token when the request has one,
+// and its budget (dense: every page).
+func (e *Engine) plans(layer int, reqs []Request, seqs []*seqState, dense bool, dst []plan.Plan) ([]plan.Plan, error) {
+	for i, r := range reqs {
+		n := seqs[i].lens[layer]
+		if r.K != nil {
+			n++
+		}
+		pl, err := e.cfg.Policy.Plan(layer, e.cfg.Pages(n), r.BudgetTokens)
+		if err != nil {
+			return nil, fmt.Errorf("step layer %d sequence %d: %w: %w", layer, r.Seq, ErrBadInput, err)
+		}
+		if dense {
+			pl = pl.AsDense()
+		}
+		dst = append(dst, pl)
+	}
+	return dst, nil
+}
+
 // runOptions say what one run of a layer over the workers does.
 type runOptions struct {
 	fresh  bool // the requests' K and V are new tokens to append
@@ -193,7 +202,7 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 	}
 	for w, wk := range e.workers {
 		if err := wk.BeginStep(ctx, *b); err != nil {
-			e.end(step, -1, true, w)
+			e.end(step, true, nil, w)
 			return fmt.Errorf("step layer %d: %w", layer, err)
 		}
 	}
@@ -209,7 +218,8 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 	if o.fresh {
 		e.account(layer, reqs, seqs, reps, errs)
 	}
-	e.end(step, layer, err != nil, len(e.workers))
+	e.ran = append(e.ran[:0], layer)
+	e.end(step, err != nil, e.ran, len(e.workers))
 	if err != nil {
 		return fmt.Errorf("step layer %d: %w", layer, err)
 	}
@@ -220,16 +230,17 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 // calls still running are cancelled.
 const abortGrace = 100 * time.Millisecond
 
-// end closes step on the first n workers; layer is the layer the step
-// sent Layer calls for (-1: none).
-func (e *Engine) end(step uint64, layer int, failed bool, n int) {
+// end closes step on the first n workers. A failed step's workers
+// forget the tags of the layers in ran (the layers the step sent Layer
+// calls for, to any worker) besides those they ran themselves.
+func (e *Engine) end(step uint64, failed bool, ran []int, n int) {
 	// Not the step's context, which may be done: a detached one bounded
 	// by endTimeout.
 	ctx, cancel := detached()
 	defer cancel()
 	m := worker.EndRequest{Step: step, Failed: failed}
-	if failed && layer >= 0 {
-		m.Layers = []int{layer}
+	if failed {
+		m.Layers = ran
 	}
 	for _, wk := range e.workers[:n] {
 		// Cannot fail for a step the worker began; a worker that lost it

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker"
 	"github.com/questrt/questrt/worker/remote"
@@ -273,36 +274,15 @@ func (c *Client) Step(ctx context.Context, layer int, items []Item, opt StepOpti
 		return nil, errors.New("client: step: no items")
 	}
 	g := c.geoOf(items[0].Seq)
-	req := &decodev1.StepRequest{Layer: uint32(layer), ForceDense: opt.ForceDense, Phased: opt.Phased, Diagnostics: opt.Diagnostics}
-	for _, it := range items {
-		pi := &decodev1.StepItem{Sequence: it.Seq, Q: remote.Float32Tensor(it.Q, g.QHeads, g.HeadDim), BudgetTokens: uint32(it.BudgetTokens)}
-		if it.K != nil || it.V != nil {
-			pi.K = remote.Float32Tensor(it.K, g.KVHeads, g.HeadDim)
-			pi.V = remote.Float32Tensor(it.V, g.KVHeads, g.HeadDim)
-		}
-		req.Items = append(req.Items, pi)
-	}
+	req := &decodev1.StepRequest{Layer: uint32(layer), ForceDense: opt.ForceDense, Phased: opt.Phased, Diagnostics: opt.Diagnostics,
+		Items: encodeItems(g, items)}
 	rep, err := c.api.Step(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	n := len(items)
-	pt := rep.GetTime()
-	res := &StepResult{Total: time.Duration(rep.GetTotalNs()), Time: Times{Score: time.Duration(pt.GetScoreNs()),
-		TopK: time.Duration(pt.GetTopkNs()), Select: time.Duration(pt.GetSelectNs()), Attend: time.Duration(pt.GetAttendNs()),
-		Merge: time.Duration(pt.GetMergeNs()), Fused: time.Duration(pt.GetFusedNs())}}
-	if res.O, err = remote.Float32s(rep.GetO(), "o", n, g.QHeads, g.HeadDim); err != nil {
+	res, err := decodeOutputs(g, len(items), rep.GetO(), rep.GetLse(), rep.GetPlans(), rep.GetTime(), rep.GetTotalNs())
+	if err != nil {
 		return nil, fmt.Errorf("client: step reply: %w", err)
-	}
-	if res.LSE, err = remote.Float32s(rep.GetLse(), "lse", n, g.QHeads); err != nil {
-		return nil, fmt.Errorf("client: step reply: %w", err)
-	}
-	for _, p := range rep.GetPlans() {
-		res.Plans = append(res.Plans, plan.Plan{Pages: int(p.GetPages()), K: int(p.GetK()), Rank: int(p.GetRank()),
-			Sink: int(p.GetSink()), Local: int(p.GetLocal()), Dense: p.GetDense()})
-	}
-	if len(res.Plans) != n {
-		return nil, fmt.Errorf("client: step reply: %d plans for %d items", len(res.Plans), n)
 	}
 	for i, d := range rep.GetDiag() {
 		dg, err := diag(d, g, res.Plans[i].Pages)
@@ -334,19 +314,7 @@ func (c *Client) Decode(ctx context.Context, first, last int, items []Item, opt 
 	if err != nil {
 		return nil, err
 	}
-	encode := func() []*decodev1.StepItem {
-		out := make([]*decodev1.StepItem, 0, len(items))
-		for _, it := range items {
-			pi := &decodev1.StepItem{Sequence: it.Seq, Q: remote.Float32Tensor(it.Q, g.QHeads, g.HeadDim), BudgetTokens: uint32(it.BudgetTokens)}
-			if it.K != nil || it.V != nil {
-				pi.K = remote.Float32Tensor(it.K, g.KVHeads, g.HeadDim)
-				pi.V = remote.Float32Tensor(it.V, g.KVHeads, g.HeadDim)
-			}
-			out = append(out, pi)
-		}
-		return out
-	}
-	if err := st.Send(&decodev1.StepsRequest{FirstLayer: uint32(first), LastLayer: uint32(last), Items: encode(),
+	if err := st.Send(&decodev1.StepsRequest{FirstLayer: uint32(first), LastLayer: uint32(last), Items: encodeItems(g, items),
 		ForceDense: opt.ForceDense, Phased: opt.Phased}); err != nil {
 		return nil, stepsErr(st, err)
 	}
@@ -356,28 +324,17 @@ func (c *Client) Decode(ctx context.Context, first, last int, items []Item, opt 
 		if err != nil {
 			return nil, err
 		}
-		res := &StepResult{Total: time.Duration(rep.GetTotalNs())}
-		if res.O, err = remote.Float32s(rep.GetO(), "o", n, g.QHeads, g.HeadDim); err != nil {
+		res, err := decodeOutputs(g, n, rep.GetO(), rep.GetLse(), rep.GetPlans(), rep.GetTime(), rep.GetTotalNs())
+		if err != nil {
 			return nil, fmt.Errorf("client: steps reply: %w", err)
 		}
-		if res.LSE, err = remote.Float32s(rep.GetLse(), "lse", n, g.QHeads); err != nil {
-			return nil, fmt.Errorf("client: steps reply: %w", err)
-		}
-		for _, p := range rep.GetPlans() {
-			res.Plans = append(res.Plans, plan.Plan{Pages: int(p.GetPages()), K: int(p.GetK()), Rank: int(p.GetRank()),
-				Sink: int(p.GetSink()), Local: int(p.GetLocal()), Dense: p.GetDense()})
-		}
-		pt := rep.GetTime()
-		res.Time = Times{Score: time.Duration(pt.GetScoreNs()), TopK: time.Duration(pt.GetTopkNs()),
-			Select: time.Duration(pt.GetSelectNs()), Attend: time.Duration(pt.GetAttendNs()),
-			Merge: time.Duration(pt.GetMergeNs()), Fused: time.Duration(pt.GetFusedNs())}
 		if l == last-1 {
 			return res, nil
 		}
 		if err := next(l, items, res); err != nil {
 			return nil, err
 		}
-		if err := st.Send(&decodev1.StepsRequest{Items: encode()}); err != nil {
+		if err := st.Send(&decodev1.StepsRequest{Items: encodeItems(g, items)}); err != nil {
 			return nil, stepsErr(st, err)
 		}
 	}
@@ -393,6 +350,43 @@ func stepsErr(st grpc.BidiStreamingClient[decodev1.StepsRequest, decodev1.StepsR
 		}
 	}
 	return err
+}
+
+// encodeItems encodes a step's items in geometry g.
+func encodeItems(g Geometry, items []Item) []*decodev1.StepItem {
+	out := make([]*decodev1.StepItem, 0, len(items))
+	for _, it := range items {
+		pi := &decodev1.StepItem{Sequence: it.Seq, Q: remote.Float32Tensor(it.Q, g.QHeads, g.HeadDim), BudgetTokens: uint32(it.BudgetTokens)}
+		if it.K != nil || it.V != nil {
+			pi.K = remote.Float32Tensor(it.K, g.KVHeads, g.HeadDim)
+			pi.V = remote.Float32Tensor(it.V, g.KVHeads, g.HeadDim)
+		}
+		out = append(out, pi)
+	}
+	return out
+}
+
+// decodeOutputs decodes the outputs of a step of n items (a StepReply's
+// or a StepsReply's).
+func decodeOutputs(g Geometry, n int, o, lse *workerv1.Tensor, plans []*decodev1.Plan, t *workerv1.Times, totalNs int64) (*StepResult, error) {
+	res := &StepResult{Total: time.Duration(totalNs), Time: Times{Score: time.Duration(t.GetScoreNs()),
+		TopK: time.Duration(t.GetTopkNs()), Select: time.Duration(t.GetSelectNs()), Attend: time.Duration(t.GetAttendNs()),
+		Merge: time.Duration(t.GetMergeNs()), Fused: time.Duration(t.GetFusedNs())}}
+	var err error
+	if res.O, err = remote.Float32s(o, "o", n, g.QHeads, g.HeadDim); err != nil {
+		return nil, err
+	}
+	if res.LSE, err = remote.Float32s(lse, "lse", n, g.QHeads); err != nil {
+		return nil, err
+	}
+	for _, p := range plans {
+		res.Plans = append(res.Plans, plan.Plan{Pages: int(p.GetPages()), K: int(p.GetK()), Rank: int(p.GetRank()),
+			Sink: int(p.GetSink()), Local: int(p.GetLocal()), Dense: p.GetDense()})
+	}
+	if len(res.Plans) != n {
+		return nil, fmt.Errorf("%d plans for %d items", len(res.Plans), n)
+	}
+	return res, nil
 }
 
 func diag(d *decodev1.Diagnostics, g Geometry, pages int) (Diag, error) {

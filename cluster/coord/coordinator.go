@@ -303,7 +303,7 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 	members := map[string]uint64{}
 	var key strings.Builder
 	// Grids are shared by the sequences of one config and one placement.
-	fmt.Fprintf(&key, "%+v|", workerConfig(ec))
+	fmt.Fprintf(&key, "%+v|", ec.WorkerConfig())
 	for _, n := range nodes {
 		m, _ := v.Member(n)
 		members[n] = m.Instance
@@ -343,7 +343,7 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 	}
 	octx, cancel := context.WithTimeout(ctx, c.cfg.OpenTimeout)
 	defer cancel()
-	clients, err := remote.OpenGrid(octx, g.ranks, g.ref, workerConfig(ec))
+	clients, err := remote.OpenGrid(octx, g.ranks, g.ref, ec.WorkerConfig())
 	if err != nil {
 		return nil, fmt.Errorf("open grid %s on %v: %w", g.ref.Grid, nodes, err)
 	}
@@ -377,19 +377,6 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 	c.grids[g.key] = g
 	c.log.Info("grid opened", "grid", g.ref.Grid, "view", g.ref.View, "nodes", nodes)
 	return g, nil
-}
-
-// workerConfig is the config the workers of a grid run with.
-func workerConfig(ec engine.Config) worker.Config {
-	return worker.Config{
-		Layers:   ec.Layers,
-		Geometry: ec.Geometry,
-		CP:       ec.CP,
-		TP:       ec.TP,
-		Capacity: ec.CapacityPages,
-		Policy:   ec.Policy,
-		Mode:     ec.Selection,
-	}
 }
 
 // lookup returns the sequence called id, refusing those of a lost grid.
@@ -652,24 +639,12 @@ func (c *Coordinator) step(ctx context.Context, layer int, items []StepItem, opt
 	var wg sync.WaitGroup
 	for _, p := range parts {
 		wg.Go(func() {
-			// The step ends when the caller's ctx or the grid does.
-			sctx, cancel := context.WithCancelCause(ctx)
-			stop := context.AfterFunc(p.g.ctx, func() { cancel(context.Cause(p.g.ctx)) })
-			p.err = p.g.eng.Step(sctx, layer, p.reqs, opt, &p.res)
-			stop()
-			cancel(nil)
+			p.err = c.onGrid(ctx, p.g, func(ctx context.Context) error { return p.g.eng.Step(ctx, layer, p.reqs, opt, &p.res) })
 		})
 	}
 	wg.Wait()
 	for _, p := range parts {
 		if p.err != nil {
-			c.check(p.g, p.err)
-			c.mu.Lock()
-			lost := p.g.lost
-			c.mu.Unlock()
-			if lost != nil && !errors.Is(p.err, ErrGridLost) {
-				return fmt.Errorf("%w (%w)", lost, p.err)
-			}
 			return p.err
 		}
 	}
@@ -739,8 +714,6 @@ func (c *Coordinator) decode(ctx context.Context, first, last int, items []StepI
 		reqs[i] = it.Request
 		reqs[i].Seq = s.id
 	}
-	sctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(g.ctx, func() { cancel(context.Cause(g.ctx)) })
 	ids := make([]engine.SeqID, len(reqs))
 	for i := range reqs {
 		ids[i] = reqs[i].Seq
@@ -757,29 +730,42 @@ func (c *Coordinator) decode(ctx context.Context, first, last int, items []StepI
 		st.Time.Merge += r.Time.Merge
 		st.Time.Fused += r.Time.Fused
 	}
-	err := g.eng.Decode(sctx, first, last, reqs, opt, res, func(layer int, rq []engine.Request, r *engine.Result) error {
-		layerDone(r)
-		err := next(layer, rq, r)
-		for i := range rq {
-			rq[i].Seq = ids[i] // the caller writes tensors only
-		}
-		return err
+	err := c.onGrid(ctx, g, func(ctx context.Context) error {
+		return g.eng.Decode(ctx, first, last, reqs, opt, res, func(layer int, rq []engine.Request, r *engine.Result) error {
+			layerDone(r)
+			err := next(layer, rq, r)
+			for i := range rq {
+				rq[i].Seq = ids[i] // the caller writes tensors only
+			}
+			return err
+		})
 	})
-	stop()
-	cancel(nil)
 	st.Time.Total = time.Since(start)
 	if err == nil {
 		layerDone(res)
 		st.Time.Total = res.Time.Total
 	}
-	if err != nil {
-		c.check(g, err)
-		c.mu.Lock()
-		lost := g.lost
-		c.mu.Unlock()
-		if lost != nil && !errors.Is(err, ErrGridLost) {
-			return fmt.Errorf("%w (%w)", lost, err)
-		}
+	return err
+}
+
+// onGrid runs f on grid g with a context that ends with ctx or when g is
+// lost (the steps in flight end at once), and returns f's error naming
+// the loss of the grid when there was one.
+func (c *Coordinator) onGrid(ctx context.Context, g *grid, f func(ctx context.Context) error) error {
+	gctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(g.ctx, func() { cancel(context.Cause(g.ctx)) })
+	err := f(gctx)
+	stop()
+	cancel(nil)
+	if err == nil {
+		return nil
+	}
+	c.check(g, err)
+	c.mu.Lock()
+	lost := g.lost
+	c.mu.Unlock()
+	if lost != nil && !errors.Is(err, ErrGridLost) {
+		return fmt.Errorf("%w (%w)", lost, err)
 	}
 	return err
 }

@@ -484,7 +484,7 @@ func (s *Server) Status(ctx context.Context, _ *decodev1.StatusRequest) (*decode
 	rep := &decodev1.StatusReply{
 		Node:      c.cfg.Name,
 		View:      v.Version,
-		Config:    remote.GridConfigProto(workerConfig(c.cfg.Engine)),
+		Config:    remote.GridConfigProto(c.cfg.Engine.WorkerConfig()),
 		Sequences: uint32(c.Sequences()),
 	}
 	for _, m := range v.Members {

@@ -19,22 +19,13 @@ import (
 	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
-	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker/remote"
 )
 
 // geometry is a small model: 2 layers, 8 query heads, 4 KV heads of 16,
 // pages of 4 tokens, a budget of 24 tokens.
-func geometry(cp, tp int) engine.Config {
-	ec := engine.DefaultConfig()
-	ec.Layers, ec.QHeads, ec.KVHeads, ec.HeadDim, ec.PageSize = 2, 8, 4, 16, 4
-	ec.CP, ec.TP, ec.CapacityPages, ec.Selection = cp, tp, 128, plan.Exact
-	ec.Policy.PageSize, ec.Policy.BudgetTokens, ec.Policy.DenseLayers = 4, 24, 1
-	ec.StepTimeout = 2 * time.Second
-	ec.MemoryLimit = memlimit.NoLimit
-	return ec
-}
+func geometry(cp, tp int) engine.Config { return nodetest.Geometry(cp, tp, plan.Exact) }
 
 // startCluster starts n plaintext nodes n0.. (nodetest.Start).
 func startCluster(tb testing.TB, n int, ec engine.Config) []*node.Node {

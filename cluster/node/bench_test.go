@@ -75,23 +75,8 @@ func BenchmarkLayerStep128K(b *testing.B) {
 		report(b, sum, b.N)
 	})
 	b.Run("cluster3", func(b *testing.B) {
-		nodes := nodetest.Start(b, "b", 3, ec, nil)
 		ctx := context.Background()
-		c, err := client.Dial(ctx, nodes[0].Addr(), client.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		id, on, err := c.Create(ctx, plan.Striped)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Logf("placed on %v", on)
-		for s := 0; s < tokens; s += chunk {
-			if err := c.Append(ctx, id, 0, keys[s*kv:(s+chunk)*kv], vals[s*kv:(s+chunk)*kv]); err != nil {
-				b.Fatal(err)
-			}
-		}
+		c, id := benchSequence(b, ec, keys, vals)
 		var sum engine.Times
 		var rtt time.Duration
 		b.ResetTimer()
@@ -164,24 +149,8 @@ func BenchmarkTokenStep(b *testing.B) {
 		})
 	})
 	b.Run("cluster3", func(b *testing.B) {
-		nodes := nodetest.Start(b, "b", 3, ec, nil)
 		ctx := context.Background()
-		c, err := client.Dial(ctx, nodes[0].Addr(), client.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		id, _, err := c.Create(ctx, plan.Striped)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for l := range layers {
-			for s := 0; s < tokens; s += chunk {
-				if err := c.Append(ctx, id, l, keys[s*kv:(s+chunk)*kv], vals[s*kv:(s+chunk)*kv]); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
+		c, id := benchSequence(b, ec, keys, vals)
 		item := []client.Item{{Seq: id, Q: q, K: nk, V: nv}}
 		b.Run("per-layer", func(b *testing.B) {
 			for range b.N {
@@ -201,4 +170,28 @@ func BenchmarkTokenStep(b *testing.B) {
 			}
 		})
 	})
+}
+
+// benchSequence starts a 3-node cluster of ec and creates through node 0
+// a sequence holding keys and vals (token-major) in every layer.
+func benchSequence(b *testing.B, ec engine.Config, keys, vals []float32) (*client.Client, string) {
+	b.Helper()
+	nodes := nodetest.Start(b, "b", 3, ec, nil)
+	ctx := context.Background()
+	c, err := client.Dial(ctx, nodes[0].Addr(), client.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	id, on, err := c.Create(ctx, plan.Striped)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("placed on %v", on)
+	for l := range ec.Layers {
+		if err := c.Append(ctx, id, l, keys, vals); err != nil { // in chunks under the message limit
+			b.Fatal(err)
+		}
+	}
+	return c, id
 }

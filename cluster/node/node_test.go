@@ -16,7 +16,6 @@ import (
 	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
-	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -27,15 +26,7 @@ func TestMain(m *testing.M) {
 }
 
 // geometry is a small model for the cluster tests.
-func geometry(cp, tp int, mode plan.SelectMode) engine.Config {
-	ec := engine.DefaultConfig()
-	ec.Layers, ec.QHeads, ec.KVHeads, ec.HeadDim, ec.PageSize = 2, 8, 4, 16, 4
-	ec.CP, ec.TP, ec.CapacityPages, ec.Selection = cp, tp, 128, mode
-	ec.Policy.PageSize, ec.Policy.BudgetTokens, ec.Policy.DenseLayers = 4, 24, 1
-	ec.StepTimeout = 2 * time.Second
-	ec.MemoryLimit = memlimit.NoLimit
-	return ec
-}
+func geometry(cp, tp int, mode plan.SelectMode) engine.Config { return nodetest.Geometry(cp, tp, mode) }
 
 // startCluster starts n nodes n0.. (nodetest.Start).
 func startCluster(t *testing.T, n int, ec engine.Config) []*node.Node {

@@ -2,17 +2,10 @@ package node_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
-	"math/big"
 	mrand "math/rand/v2"
-	"net"
 	"testing"
 	"time"
 
@@ -26,89 +19,16 @@ import (
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/cluster/node/nodetest"
+	"github.com/questrt/questrt/internal/testcert"
 	"github.com/questrt/questrt/plan"
 )
 
-// testCA is a certificate authority made in the test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
-
-var serial int64
-
-func nextSerial() *big.Int { serial++; return big.NewInt(serial) }
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          nextSerial(),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
-}
-
-// issue signs a leaf certificate for name (IP SAN 127.0.0.1, server and
-// client auth).
-func (ca *testCA) issue(t *testing.T, name string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: nextSerial(),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
-}
-
-// nodeTLS is a node's mutual-TLS config, as cmd/questd's tlsConfig makes
-// it.
-func nodeTLS(ca *testCA, cert tls.Certificate) *tls.Config {
-	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.pool, ClientCAs: ca.pool,
-		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
-}
-
 // startTLSCluster starts n nodes with mutual TLS, each with its own
 // certificate of ca.
-func startTLSCluster(t *testing.T, n int, ca *testCA) []*node.Node {
+func startTLSCluster(t *testing.T, n int, ca *testcert.CA) []*node.Node {
 	t.Helper()
 	return nodetest.Start(t, "n", n, geometry(3, 1, plan.Exact), func(i int, c *node.Config) {
-		c.Plaintext, c.TLS = false, nodeTLS(ca, ca.issue(t, fmt.Sprintf("n%d", i)))
+		c.Plaintext, c.TLS = false, ca.MutualTLS(ca.Issue(t, fmt.Sprintf("n%d", i)))
 	})
 }
 
@@ -136,13 +56,13 @@ func rawStatus(t *testing.T, addr string, creds credentials.TransportCredentials
 // one that does not trust the nodes' CA, and a plaintext client are
 // refused.
 func TestTLSCluster(t *testing.T) {
-	ca := newCA(t, "questrt test CA")
+	ca := testcert.NewCA(t, "questrt test CA")
 	nodes := startTLSCluster(t, 3, ca)
 	addr := nodes[0].Addr()
-	clientCert := ca.issue(t, "client")
+	clientCert := ca.Issue(t, "client")
 
 	t.Run("mutual", func(t *testing.T) {
-		creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{clientCert}, RootCAs: ca.pool, MinVersion: tls.VersionTLS13})
+		creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{clientCert}, RootCAs: ca.Pool, MinVersion: tls.VersionTLS13})
 		dialTLS := func(nd *node.Node) *client.Client {
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
@@ -224,11 +144,11 @@ func TestTLSCluster(t *testing.T) {
 		name  string
 		creds credentials.TransportCredentials
 	}{
-		{"no client certificate", credentials.NewTLS(&tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS13})},
-		{"certificate of another CA", credentials.NewTLS(&tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS13,
-			Certificates: []tls.Certificate{newCA(t, "rogue CA").issue(t, "rogue")}})},
+		{"no client certificate", credentials.NewTLS(&tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS13})},
+		{"certificate of another CA", credentials.NewTLS(&tls.Config{RootCAs: ca.Pool, MinVersion: tls.VersionTLS13,
+			Certificates: []tls.Certificate{testcert.NewCA(t, "rogue CA").Issue(t, "rogue")}})},
 		{"client does not trust the nodes' CA", credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13,
-			Certificates: []tls.Certificate{clientCert}, RootCAs: newCA(t, "other CA").pool})},
+			Certificates: []tls.Certificate{clientCert}, RootCAs: testcert.NewCA(t, "other CA").Pool})},
 		{"plaintext", insecure.NewCredentials()},
 	}
 	for _, tc := range refused {

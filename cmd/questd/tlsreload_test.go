@@ -6,16 +6,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -28,70 +22,8 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/internal/testcert"
 )
-
-// testCA is a certificate authority made in the test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-var (
-	serialMu sync.Mutex
-	serial   int64
-)
-
-func nextSerial() *big.Int {
-	serialMu.Lock()
-	defer serialMu.Unlock()
-	serial++
-	return big.NewInt(serial)
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: nextSerial(), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true, IsCA: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns the PEM certificate and key of a leaf called name (IP SAN
-// 127.0.0.1, server and client auth).
-func (ca *testCA) issue(t *testing.T, name string) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: nextSerial(), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
 
 // tlsFiles are the paths of --tls-cert, --tls-key and --tls-ca.
 type tlsFiles struct{ cert, key, ca string }
@@ -103,12 +35,12 @@ func newTLSFiles(t *testing.T) tlsFiles {
 
 // write puts a certificate called name of ca, and the CA bundle cas, in
 // the files.
-func (f tlsFiles) write(t *testing.T, ca *testCA, name string, cas ...*testCA) {
+func (f tlsFiles) write(t *testing.T, ca *testcert.CA, name string, cas ...*testcert.CA) {
 	t.Helper()
-	c, k := ca.issue(t, name)
+	c, k := ca.IssuePEM(t, name)
 	var bundle []byte
 	for _, a := range cas {
-		bundle = append(bundle, a.pem...)
+		bundle = append(bundle, a.PEM...)
 	}
 	for path, b := range map[string][]byte{f.cert: c, f.key: k, f.ca: bundle} {
 		if err := os.WriteFile(path, b, 0o600); err != nil {
@@ -174,7 +106,7 @@ func handshake(t *testing.T, server, client *tls.Config) (serverCN, clientCN str
 // clients against its CA; a reload from bad files fails and keeps the
 // old material; new handshakes see each change.
 func TestCertReloader(t *testing.T) {
-	ca := newTestCA(t, "ca-1")
+	ca := testcert.NewCA(t, "ca-1")
 	files := newTLSFiles(t)
 	files.write(t, ca, "v1", ca)
 	rl, err := newCertReloader(files.cert, files.key, files.ca)
@@ -183,13 +115,13 @@ func TestCertReloader(t *testing.T) {
 	}
 	node := rl.config()
 	// A peer with a fixed certificate of ca, trusting ca.
-	pc, pk := ca.issue(t, "peer")
+	pc, pk := ca.IssuePEM(t, "peer")
 	peerCert, err := tls.X509KeyPair(pc, pk)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool.AddCert(ca.Cert)
 	peer := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{peerCert}, RootCAs: pool,
 		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
 
@@ -238,8 +170,8 @@ func TestCertReloader(t *testing.T) {
 
 	// A new CA: after the reload the node as server accepts a client
 	// certificate of it, and refuses it before.
-	ca2 := newTestCA(t, "ca-2")
-	c2, k2 := ca2.issue(t, "peer2")
+	ca2 := testcert.NewCA(t, "ca-2")
+	c2, k2 := ca2.IssuePEM(t, "peer2")
 	peer2Cert, err := tls.X509KeyPair(c2, k2)
 	if err != nil {
 		t.Fatal(err)
@@ -262,7 +194,7 @@ func TestCertReloader(t *testing.T) {
 // certificates and logs it, a SIGHUP with a bad file logs the error, and
 // neither stops the daemon; the end of ctx then drains and run returns 0.
 func TestSIGHUPReloads(t *testing.T) {
-	ca := newTestCA(t, "ca")
+	ca := testcert.NewCA(t, "ca")
 	files := newTLSFiles(t)
 	files.write(t, ca, "v1", ca)
 	args := append([]string{"--tls-cert", files.cert, "--tls-key", files.key, "--tls-ca", files.ca, "--metrics-addr", ""}, smallNode[1:]...)
@@ -302,13 +234,13 @@ func TestSIGHUPReloads(t *testing.T) {
 	if err := json.Unmarshal([]byte(line), &ready); err != nil {
 		t.Fatal(err)
 	}
-	cc, ck := ca.issue(t, "client")
+	cc, ck := ca.IssuePEM(t, "client")
 	cert, err := tls.X509KeyPair(cc, ck)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool.AddCert(ca.Cert)
 	var seen *x509.Certificate
 	creds := credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, RootCAs: pool,
 		VerifyConnection: func(cs tls.ConnectionState) error { seen = cs.PeerCertificates[0]; return nil }})

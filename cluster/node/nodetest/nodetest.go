@@ -13,7 +13,22 @@ import (
 	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
 )
+
+// Geometry is the small model of the cluster tests: 2 layers, 8 query
+// and 4 KV heads of 16, pages of 4 tokens, 128 pages per rank, a budget
+// of 24 tokens with layer 0 dense, a 2 s step deadline, no memory check;
+// the cp x tp grid and the selection mode as given.
+func Geometry(cp, tp int, mode plan.SelectMode) engine.Config {
+	ec := engine.DefaultConfig()
+	ec.Layers, ec.QHeads, ec.KVHeads, ec.HeadDim, ec.PageSize = 2, 8, 4, 16, 4
+	ec.CP, ec.TP, ec.CapacityPages, ec.Selection = cp, tp, 128, mode
+	ec.Policy.PageSize, ec.Policy.BudgetTokens, ec.Policy.DenseLayers = 4, 24, 1
+	ec.StepTimeout = 2 * time.Second
+	ec.MemoryLimit = memlimit.NoLimit
+	return ec
+}
 
 // Member is a member config called name on 127.0.0.1, port 0, with fast
 // failure detection (a killed node declared dead in well under a second)
