@@ -155,6 +155,20 @@ func (p *pair) compare(rng *rand.Rand, layer int, seqs []SeqID, budgets []int, e
 		if math.Abs(got.Diag[i].MassRecall-want.Diag[i].MassRecall) > 1e-4 || math.Abs(got.Diag[i].RelL2-want.Diag[i].RelL2) > 1e-4 {
 			p.t.Fatalf("seq %d diagnostics: mass %v / %v, rel L2 %v / %v", i, got.Diag[i].MassRecall, want.Diag[i].MassRecall, got.Diag[i].RelL2, want.Diag[i].RelL2)
 		}
+		gh, wh := got.Diag[i].HeadMassRecall, want.Diag[i].HeadMassRecall
+		if len(gh) != len(wh) || len(wh) != len(got.Diag[i].Selected) {
+			p.t.Fatalf("seq %d: %d / %d per-head mass recalls for %d heads", i, len(gh), len(wh), len(got.Diag[i].Selected))
+		}
+		var mean float64
+		for h := range wh {
+			mean += gh[h] / float64(len(gh))
+			if math.Abs(gh[h]-wh[h]) > 1e-4 || got.Diag[i].HeadRecall[h] != want.Diag[i].HeadRecall[h] {
+				p.t.Fatalf("seq %d head %d: mass %v / %v, recall %v / %v", i, h, gh[h], wh[h], got.Diag[i].HeadRecall[h], want.Diag[i].HeadRecall[h])
+			}
+		}
+		if math.Abs(mean-got.Diag[i].MassRecall) > 1e-9 {
+			p.t.Fatalf("seq %d: per-head mass recalls average %v, MassRecall %v", i, mean, got.Diag[i].MassRecall)
+		}
 	}
 }
 

@@ -68,6 +68,9 @@ type StepInfo struct {
 	// Recall of the dense top-R tokens, attention-mass recall 1 - eps
 	// (mean and worst query head): valid when Diag.
 	Recall, MassRecall, MinMassRecall float64
+	// HeadRecall and HeadMassRecall are Recall and MassRecall per query
+	// head: valid when Diag.
+	HeadRecall, HeadMassRecall []float64
 	// SlackP50, SlackP90 and SlackMax summarize the page slack g_p(q) =
 	// U_p(q) - max_r q.k_r over the step's (query head, page) pairs, in
 	// logit units (shard.PageSlack): valid when Diag (NaN when the
@@ -227,6 +230,7 @@ func (a *EngineAttention) Decode(ctx context.Context, layer int, q, k, v, out []
 		dg := a.res.Diag[0]
 		st.Diag = true
 		st.Recall, st.MassRecall, st.MinMassRecall = dg.Recall, dg.MassRecall, dg.MinMassRecall
+		st.HeadRecall, st.HeadMassRecall = dg.HeadRecall, dg.HeadMassRecall
 		st.SlackP50, st.SlackP90, st.SlackMax = dg.SlackP50, dg.SlackP90, dg.SlackMax
 		st.PagesRead, st.PagesTotal = dg.PagesRead, dg.PagesTotal
 	}

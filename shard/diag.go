@@ -204,7 +204,9 @@ func (ts *TokenStats) Add(logit float64, attended bool) {
 }
 
 // AddTo adds this head's recall and mass recall to dg's sums (Recall and
-// MassRecall are averaged by the caller) and lowers MinMassRecall.
+// MassRecall are averaged by the caller), lowers MinMassRecall and
+// appends them to HeadRecall and HeadMassRecall: call it once per query
+// head, in head order.
 func (ts *TokenStats) AddTo(dg *Diagnostics) {
 	hit := 0
 	for _, t := range ts.top {
@@ -212,12 +214,16 @@ func (ts *TokenStats) AddTo(dg *Diagnostics) {
 			hit++
 		}
 	}
+	recall := 0.0
 	if ts.top.Len() > 0 {
-		dg.Recall += float64(hit) / float64(ts.top.Len())
+		recall = float64(hit) / float64(ts.top.Len())
 	}
+	dg.Recall += recall
 	mass := min(ts.mass, 1)
 	dg.MassRecall += mass
 	dg.MinMassRecall = min(dg.MinMassRecall, mass)
+	dg.HeadRecall = append(dg.HeadRecall, recall)
+	dg.HeadMassRecall = append(dg.HeadMassRecall, mass)
 }
 
 type tokenScore struct {

@@ -248,6 +248,9 @@ type Diagnostics struct {
 	// MassRecall is 1 - eps: the dense softmax mass inside the attended
 	// pages (per query head, averaged); MinMassRecall is the worst head.
 	MassRecall, MinMassRecall float64
+	// HeadRecall and HeadMassRecall are Recall and MassRecall per query
+	// head (index = query head).
+	HeadRecall, HeadMassRecall []float64
 	// RelL2 is ||o - o_dense|| / ||o_dense|| over all query heads; NaN
 	// when o_dense is zero and o is not (see [RelL2]). AbsL2 is
 	// ||o - o_dense||.

@@ -134,6 +134,14 @@ type Config struct {
 	// Selection is how CP ranks agree on pages: exact, union or
 	// replicated [--selection]. Default exact.
 	Selection plan.SelectMode
+	// PolicyFile is a policy file (plan.ReadPolicyFile, as questctl
+	// calibrate writes it) [--policy]: its values fill the policy flags
+	// not given on the command line, in the environment or in --config,
+	// and it adds per-layer budgets and dense layers. Default "".
+	PolicyFile string
+	// LayerBudget is the per-layer token budgets read from PolicyFile by
+	// loadConfig (plan.Policy.LayerBudget). Not a flag.
+	LayerBudget map[int]int
 
 	// MaxPages is the number of pages this node hosts over all the grids
 	// placed on it, at least CapacityPages; 0 means 8 x CapacityPages
@@ -416,6 +424,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		c.Selection, err = plan.ParseSelectMode(s)
 		return err
 	})
+	d.str(&c.PolicyFile, "policy", "", "policy `file` (YAML, as questctl calibrate --out writes it): per-layer budgets and dense layers; its page_size must equal --page-size, its other values fill the policy flags not given")
 
 	d.group("Capacity")
 	d.int(&c.MaxPages, "max-pages", 0, "pages this node hosts over all grids, at least --capacity-pages (0: 8 x --capacity-pages)")
@@ -598,6 +607,12 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 			return Config{}, withOrigin(fmt.Errorf("--token-file %q: %w", c.TokenFile, err), origin["token-file"])
 		}
 		c.Token = tok
+	}
+	if c.PolicyFile != "" {
+		given := func(name string) bool { return onCLI[name] || origin[name] != "" }
+		if err := c.readPolicy(given); err != nil {
+			return Config{}, withOrigin(fmt.Errorf("--policy %q: %w", c.PolicyFile, err), origin["policy"])
+		}
 	}
 	if err := c.Validate(); err != nil {
 		var fe *fieldError
@@ -1104,6 +1119,47 @@ func (c Config) hostPages() int {
 	return c.MaxPages
 }
 
+// readPolicy reads PolicyFile into c: its page size must equal PageSize
+// where the page size was given, and its budget, sink, local, dense
+// layers, GQA mode and selector replace the flags that were not given.
+func (c *Config) readPolicy(given func(flag string) bool) error {
+	f, err := os.Open(c.PolicyFile)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	p, err := plan.ReadPolicyFile(f)
+	if err != nil {
+		return err
+	}
+	if p.PageSize != c.PageSize {
+		if given("page-size") {
+			return fmt.Errorf("its page_size %d differs from --page-size %d", p.PageSize, c.PageSize)
+		}
+		c.PageSize = p.PageSize
+	}
+	for _, v := range []struct {
+		flag string
+		dst  *int
+		val  int
+	}{
+		{"budget-tokens", &c.BudgetTokens, p.BudgetTokens}, {"sink-pages", &c.SinkPages, p.SinkPages},
+		{"local-pages", &c.LocalPages, p.LocalPages}, {"dense-layers", &c.DenseLayers, p.DenseLayers},
+	} {
+		if !given(v.flag) {
+			*v.dst = v.val
+		}
+	}
+	if !given("gqa") {
+		c.GQA = p.GQA
+	}
+	if !given("selector") {
+		c.Selector = p.Selector
+	}
+	c.LayerBudget = p.LayerBudget
+	return nil
+}
+
 // engineConfig is the engine configuration of the cluster's grid: the
 // geometry, the CP x TP grid, the policy and the selection mode that every
 // node and coordinator share.
@@ -1113,7 +1169,7 @@ func (c Config) engineConfig() engine.Config {
 	e.Geometry = plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: plan.Float32}
 	e.CP, e.TP, e.CapacityPages, e.BlockPages = c.CP, c.TP, c.CapacityPages, c.BlockPages
 	e.Policy = plan.Policy{PageSize: c.PageSize, BudgetTokens: c.BudgetTokens, SinkPages: c.SinkPages,
-		LocalPages: c.LocalPages, DenseLayers: c.DenseLayers, GQA: c.GQA, Selector: c.Selector}
+		LocalPages: c.LocalPages, DenseLayers: c.DenseLayers, GQA: c.GQA, Selector: c.Selector, LayerBudget: c.LayerBudget}
 	e.Selection = c.Selection
 	e.StepTimeout = c.StepTimeout
 	e.MemoryLimit = c.MaxMemory
