@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas32"
 )
 
 // BenchmarkMatmul measures the Linear products of passkey-llama-v2's
@@ -22,6 +25,52 @@ func BenchmarkMatmul(b *testing.B) {
 			}
 			b.ReportMetric(2*float64(c.n*c.in*c.out)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
+	}
+}
+
+// BenchmarkMatmulGonum runs BenchmarkMatmul's shapes through gonum's
+// BLAS (blas32.Gemv for one token, blas32.Gemm otherwise; y = x W^T as
+// the model's Linear layers compute it), the library the model executor
+// would use instead of its own tiled kernel: run both in one `go test
+// -bench 'Matmul'` to compare.
+func BenchmarkMatmulGonum(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	for _, c := range []struct{ n, in, out int }{{1, 384, 1024}, {1, 1024, 384}, {256, 384, 1024}, {256, 1024, 384}} {
+		x := randVecs(rng, c.n*c.in, 1)
+		w := randVecs(rng, c.out*c.in, 1)
+		y := make([]float32, c.n*c.out)
+		W := blas32.General{Rows: c.out, Cols: c.in, Stride: c.in, Data: w}
+		b.Run(fmt.Sprintf("n%d_%dx%d", c.n, c.in, c.out), func(b *testing.B) {
+			for b.Loop() {
+				if c.n == 1 {
+					blas32.Gemv(blas.NoTrans, 1, W, blas32.Vector{N: c.in, Inc: 1, Data: x}, 0, blas32.Vector{N: c.out, Inc: 1, Data: y})
+				} else {
+					X := blas32.General{Rows: c.n, Cols: c.in, Stride: c.in, Data: x}
+					Y := blas32.General{Rows: c.n, Cols: c.out, Stride: c.out, Data: y}
+					blas32.Gemm(blas.NoTrans, blas.Trans, 1, X, W, 0, Y)
+				}
+			}
+			b.ReportMetric(2*float64(c.n*c.in*c.out)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
+
+// TestMatmulMatchesGonum: the model's product equals gonum's BLAS on the
+// benchmark's shapes (float32 rounding).
+func TestMatmulMatchesGonum(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2, 2))
+	for _, c := range []struct{ n, in, out int }{{1, 384, 1024}, {3, 100, 37}, {256, 1024, 384}} {
+		x := randVecs(rng, c.n*c.in, 1)
+		w := randVecs(rng, c.out*c.in, 1)
+		y, ref := make([]float32, c.n*c.out), make([]float32, c.n*c.out)
+		matmulT(0, y, x, w, c.n, c.in, c.out)
+		blas32.Gemm(blas.NoTrans, blas.Trans, 1, blas32.General{Rows: c.n, Cols: c.in, Stride: c.in, Data: x},
+			blas32.General{Rows: c.out, Cols: c.in, Stride: c.in, Data: w}, 0, blas32.General{Rows: c.n, Cols: c.out, Stride: c.out, Data: ref})
+		for i := range y {
+			if d := y[i] - ref[i]; d > 1e-3 || d < -1e-3 {
+				t.Fatalf("%+v: y[%d] = %v, gonum %v", c, i, y[i], ref[i])
+			}
+		}
 	}
 }
 

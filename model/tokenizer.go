@@ -72,3 +72,25 @@ func (t *ByteTokenizer) EOS() int { return ByteEOS }
 
 // VocabSize returns the model's vocabulary size.
 func (t *ByteTokenizer) VocabSize() int { return t.Vocab }
+
+// PromptIDs returns the ids a prompt is prefilled with: tok's BOS (where
+// it has one) followed by the ids of text.
+func PromptIDs(tok Tokenizer, text string) []int {
+	ids := tok.Encode(text)
+	if tok.BOS() < 0 {
+		return ids
+	}
+	return append([]int{tok.BOS()}, ids...)
+}
+
+// StopIDs returns the ids that end generation: cfg's EOS list where the
+// config gives one, else tok's EOS (none when it has none).
+func StopIDs(tok Tokenizer, cfg Config) []int {
+	if len(cfg.EOSList) > 0 {
+		return append([]int(nil), cfg.EOSList...)
+	}
+	if tok.EOS() < 0 {
+		return nil
+	}
+	return []int{tok.EOS()}
+}
