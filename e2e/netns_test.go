@@ -76,12 +76,13 @@ func netnsIP(name string, args ...string) (string, error) {
 
 // netnsNet is the namespaces and links the test made.
 type netnsNet struct {
-	sw    string   // the switch namespace
-	nodes []string // the node namespaces
-	dev   []string // the node's veth in each node namespace
-	host  string   // the root namespace's veth
-	ip    []string // the nodes' addresses
-	made  []func() // undo steps, in creation order
+	sw     string   // the switch namespace
+	nodes  []string // the node namespaces
+	dev    []string // the node's veth in each node namespace
+	host   string   // the root namespace's veth
+	hostIP string   // its address, on the nodes' subnet
+	ip     []string // the nodes' addresses
+	made   []func() // undo steps, in creation order
 }
 
 // netnsSubnet picks the third byte of a 10.231.K.0/24 that the root
@@ -169,7 +170,8 @@ func netnsSetup(t *testing.T, n int) *netnsNet {
 	})
 	must("-n", nw.sw, "link", "set", "host", "master", "br0")
 	must("-n", nw.sw, "link", "set", "host", "up")
-	must("addr", "add", fmt.Sprintf("10.231.%d.254/24", k), "dev", nw.host)
+	nw.hostIP = fmt.Sprintf("10.231.%d.254", k)
+	must("addr", "add", nw.hostIP+"/24", "dev", nw.host)
 	must("link", "set", nw.host, "up")
 	return nw
 }

@@ -80,7 +80,8 @@ func waitMembers(t *testing.T, addr string, want int, dead string) {
 	}
 }
 
-// The real binaries: questctl up starts 3 questd processes; sequences
+// The real binaries: questctl up --insecure starts 3 questd processes
+// (plaintext: the test dials them without TLS); sequences
 // decode through the client API; kill -9 of one node fails the steps of
 // the sequences placed on it with UNAVAILABLE within the step deadline,
 // while the others keep decoding; the node restarts under its name and
@@ -90,7 +91,7 @@ func TestUpKillRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	up := exec.Command(filepath.Join(bin, "questctl"), append([]string{"up", "--nodes", "3", "--cp", "2", "--json",
+	up := exec.Command(filepath.Join(bin, "questctl"), append([]string{"up", "--nodes", "3", "--cp", "2", "--json", "--insecure",
 		"--questd", filepath.Join(bin, "questd"), "--timeout", "30s", "--"}, geometryFlags...)...)
 	stdout, err := up.StdoutPipe()
 	if err != nil {

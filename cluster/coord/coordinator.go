@@ -268,6 +268,16 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 		return Created{}, err
 	}
 	id, err := g.eng.Create(p)
+	if err != nil && errors.Is(err, remote.ErrUnknownGrid) {
+		// A node forgot the grid (swept it while its view still showed
+		// this coordinator gone, or restarted): lose it and create on a
+		// fresh grid once.
+		c.check(g, err)
+		if g, err = c.gridFor(ctx, cfg); err != nil {
+			return Created{}, err
+		}
+		id, err = g.eng.Create(p)
+	}
 	if err != nil {
 		c.check(g, err)
 		return Created{}, err
@@ -416,9 +426,12 @@ func (c *Coordinator) aliveLocked(g *grid) error {
 	return nil
 }
 
-// check marks g lost when err says that a node of it is unreachable.
+// check marks g lost when err says that a node of it is unreachable, no
+// longer holds the grid (it swept or restarted it), or holds a step this
+// coordinator ended (an EndStep that never arrived): the grid cannot
+// serve another step.
 func (c *Coordinator) check(g *grid, err error) {
-	if !errors.Is(err, remote.ErrUnavailable) {
+	if !errors.Is(err, remote.ErrUnavailable) && !errors.Is(err, remote.ErrUnknownGrid) && !errors.Is(err, worker.ErrStepOpen) {
 		return
 	}
 	c.mu.Lock()

@@ -43,6 +43,13 @@ type Config struct {
 	// Advertise is the host other nodes reach this node's gRPC server
 	// and collective listeners at; default: the host of GRPCAddr.
 	Advertise string
+	// GRPCAdvertise, when set, is the host:port put in the node's meta
+	// as its gRPC address, the one other nodes dial for its worker and
+	// client APIs (and Addr): for a proxy or port mapping in front of
+	// GRPCAddr. It changes nothing else (the collective listeners still
+	// use Advertise). Default: Advertise (or the host of GRPCAddr) and
+	// the port the server listens on.
+	GRPCAdvertise string
 	// Member configures the membership; its Name is the node's name, its
 	// Meta is filled by Start.
 	Member cluster.MemberConfig
@@ -57,7 +64,11 @@ type Config struct {
 	MemoryLimit int64
 	// TLS secures every gRPC connection (mutual TLS: Certificates,
 	// RootCAs, ClientCAs, RequireAndVerifyClientCert); Plaintext runs
-	// them unencrypted (only when asked for).
+	// them unencrypted (only when asked for). Every connection, incoming
+	// and outgoing (worker API clients, collective streams), handshakes
+	// with a clone of TLS, so callbacks that read current material
+	// (GetConfigForClient, GetClientCertificate, VerifyConnection: how
+	// questd reloads on SIGHUP) change every new connection.
 	TLS       *tls.Config
 	Plaintext bool
 	// Token, when set, is the bearer token of the client API: every call
@@ -160,6 +171,9 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		host, _, _ = net.SplitHostPort(n.lis.Addr().String())
 	}
 	n.addr = net.JoinHostPort(host, strconv.Itoa(n.lis.Addr().(*net.TCPAddr).Port))
+	if cfg.GRPCAdvertise != "" {
+		n.addr = cfg.GRPCAdvertise
+	}
 	if n.ws, err = remote.NewServer(remote.ServerConfig{Host: host, MaxPages: cfg.MaxPages, MemoryLimit: cfg.MemoryLimit,
 		TLS: cfg.TLS, Plaintext: cfg.Plaintext, Logger: log.With("component", "worker")}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)

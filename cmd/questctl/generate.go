@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"strconv"
@@ -29,11 +30,16 @@ type runFlags struct {
 	selection   string
 	workers     int
 	maxMem      *int64
+	// policyFile is --policy; file is its policy once check has read it.
+	policyFile string
+	file       *plan.Policy
+	fs         *flag.FlagSet
 }
 
 func addRunFlags(fs *flag.FlagSet) *runFlags {
-	f := &runFlags{}
+	f := &runFlags{fs: fs}
 	p := plan.DefaultPolicy()
+	fs.StringVar(&f.policyFile, "policy", "", "policy file (YAML, as questctl calibrate --out writes it): page size, sink, local, GQA, dense layers, default and per-layer budgets; flags given explicitly override its values")
 	fs.StringVar(&f.model, "model", "", "checkpoint directory: config.json and model.safetensors (or a sharded index); required")
 	fs.IntVar(&f.pageSize, "page-size", p.PageSize, "tokens per page S (1..4096)")
 	fs.IntVar(&f.sink, "sink", p.SinkPages, "first pages always read (0..)")
@@ -48,8 +54,30 @@ func addRunFlags(fs *flag.FlagSet) *runFlags {
 	return f
 }
 
-// check validates the shared flags; each error names its flag.
+// check reads --policy (its values fill the flags not given) and
+// validates the shared flags; each error names its flag.
 func (f *runFlags) check() error {
+	if f.policyFile != "" {
+		fh, err := os.Open(f.policyFile)
+		if err != nil {
+			return fmt.Errorf("--policy: %w", err)
+		}
+		p, err := plan.ReadPolicyFile(fh)
+		fh.Close()
+		if err != nil {
+			return fmt.Errorf("--policy %s: %w", f.policyFile, err)
+		}
+		f.file = &p
+		for name, set := range map[string]func(){
+			"page-size": func() { f.pageSize = p.PageSize }, "sink": func() { f.sink = p.SinkPages },
+			"local": func() { f.local = p.LocalPages }, "dense-layers": func() { f.denseLayers = p.DenseLayers },
+			"gqa": func() { f.gqa = p.GQA.String() },
+		} {
+			if !flagSet(f.fs, name) {
+				set()
+			}
+		}
+	}
 	switch {
 	case f.model == "":
 		return errors.New("--model is required (a checkpoint directory)")
@@ -89,10 +117,14 @@ func (f *runFlags) policy(selector string, budget int) (plan.Policy, error) {
 		return p, fmt.Errorf("--selector: %w", err)
 	}
 	p.Selector = sel
+	if f.file != nil && len(f.file.LayerBudget) > 0 {
+		p.LayerBudget = maps.Clone(f.file.LayerBudget)
+	}
 	return p, p.Validate()
 }
 
-// load opens the checkpoint and its byte tokenizer.
+// load opens the checkpoint and its tokenizer (tokenizer.json byte-level
+// BPE, or the byte tokenizer of the test models).
 func (f *runFlags) load() (*model.Model, model.Tokenizer, error) {
 	m, err := model.Load(f.model, model.LoadOptions{MemoryLimit: *f.maxMem, Workers: f.workers})
 	if err != nil {
@@ -102,10 +134,13 @@ func (f *runFlags) load() (*model.Model, model.Tokenizer, error) {
 		return nil, nil, err
 	}
 	m.MemoryLimit = *f.maxMem
-	tok, err := model.NewByteTokenizer(m.Config)
+	tok, err := model.LoadTokenizer(f.model, m.Config)
 	if err != nil {
 		m.Close()
-		return nil, nil, usageError{fmt.Errorf("--model %s: %w (only byte-level tokenizers are supported)", f.model, err)}
+		if errors.Is(err, model.ErrUnsupported) || errors.Is(err, model.ErrTokenizer) {
+			return nil, nil, usageError{fmt.Errorf("--model %s: %w", f.model, err)}
+		}
+		return nil, nil, err
 	}
 	return m, tok, nil
 }
@@ -197,7 +232,8 @@ type genSummary struct {
 func runGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("generate", `Usage: questctl generate --model DIR --prompt TEXT|--prompt-file F [flags]
 
-Loads a Llama checkpoint (byte tokenizer), prefills the prompt (BOS first)
+Loads a Llama checkpoint (its tokenizer.json byte-level BPE, or the byte
+tokenizer of the test models), prefills the prompt (BOS first)
 with dense attention into the in-process engine's KV pages, then decodes
 up to --max-tokens tokens, each decode step running every layer through
 the engine's page selection (--selector, --budget; the first
@@ -226,15 +262,24 @@ text (progress stays on stderr).`)
 	selector := fs.String("selector", "quest", "page selector of decode steps: quest, oracle, recent or dense")
 	noStop := fs.Bool("no-stop", false, "keep generating after EOS")
 	compare := fs.Bool("compare-dense", false, "also decode from the same prefill with dense attention and report the speedup")
-	addr := fs.String("addr", "", "decode through the questd node at host:port (plaintext): the sequence is created there with the model's geometry and these flags' policy and --cp x --tp grid")
+	addr := fs.String("addr", "", "decode through the questd node at host:port (plaintext, or TLS with --tls-dir or --ca, --tls-cert and --tls-key): the sequence is created there with the model's geometry and these flags' policy and --cp x --tp grid")
 	diag := fs.Bool("diagnostics", false, "measure every sparse step against dense attention (recall of the dense top-10 tokens, attention-mass recall; costs a dense pass per layer)")
 	asJSON := fs.Bool("json", false, "print a JSON summary on stdout instead of the text")
+	conn := addConnFlags(fs)
 	tokenFile := tokenFileFlag(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	if err := rf.check(); err != nil {
 		return usageError{err}
+	}
+	if rf.file != nil {
+		if !flagSet(fs, "budget") {
+			*budget = rf.file.BudgetTokens
+		}
+		if !flagSet(fs, "selector") {
+			*selector = rf.file.Selector.String()
+		}
 	}
 	switch {
 	case *maxTokens < 1 || *maxTokens > 1000000:
@@ -265,7 +310,7 @@ text (progress stays on stderr).`)
 		return err
 	}
 	defer m.Close()
-	ids := append([]int{tok.BOS()}, tok.Encode(text)...)
+	ids := model.PromptIDs(tok, text)
 	total := len(ids) + *maxTokens
 	if mp := m.Config.MaxPositions; mp > 0 && total > mp {
 		return usageError{fmt.Errorf("--max-tokens %d: the prompt's %d tokens plus %d exceed the model's %d positions", *maxTokens, len(ids), *maxTokens, mp)}
@@ -285,7 +330,7 @@ text (progress stays on stderr).`)
 			return err
 		}
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		cl, err := client.Dial(dctx, *addr, client.Options{Token: token})
+		cl, err := conn.dial(dctx, *addr, token)
 		if err != nil {
 			cancel()
 			return fmt.Errorf("--addr %q: %w", *addr, err)
@@ -330,7 +375,7 @@ text (progress stays on stderr).`)
 	}
 	gopt := model.GenerateOptions{MaxTokens: *maxTokens, Sampler: sampler}
 	if !*noStop {
-		gopt.StopTokens = []int{tok.EOS()}
+		gopt.StopTokens = model.StopIDs(tok, m.Config)
 	}
 	stream := stdout
 	if *asJSON {

@@ -9,8 +9,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/questrt/questrt/cluster/client"
-
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/replay"
@@ -52,8 +50,9 @@ as in process.`)
 	dtype := fs.String("dtype", "f32", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
 	deviceResident := fs.Bool("device-resident", false, "cuda: keep the pages and page tables only in GPU memory (appends, copies and rescans run on the device)")
 	maxMem := maxMemoryFlag(fs)
-	addr := fs.String("addr", "", "run through the questd node at host:port (plaintext; see above)")
+	addr := fs.String("addr", "", "run through the questd node at host:port (plaintext, or TLS with --tls-dir or --ca, --tls-cert and --tls-key; see above)")
 	timeout := fs.Duration("timeout", 30*time.Second, "with --addr: deadline of the whole run")
+	conn := addConnFlags(fs)
 	tokenFile := tokenFileFlag(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
@@ -120,7 +119,7 @@ as in process.`)
 		if err != nil {
 			return err
 		}
-		return replayCluster(ctx, c, *addr, token, *timeout, sel, place, *cp, *tp, selMode, *out, stdout)
+		return replayCluster(ctx, c, *addr, conn, token, *timeout, sel, place, *cp, *tp, selMode, *out, stdout)
 	}
 	opts := replay.Options{Selector: sel, CP: *cp, TP: *tp, Selection: selMode, Placement: place,
 		DeviceResident: *deviceResident, MemoryLimit: *maxMem}
@@ -225,8 +224,9 @@ func outError(path string, err error) error {
 	return fmt.Errorf("--out %s: cannot create it: %w", path, err)
 }
 
-// replayCluster runs case c through the node at addr.
-func replayCluster(ctx context.Context, c *replay.Case, addr, token string, timeout time.Duration, sel plan.Selector,
+// replayCluster runs case c through the node at addr, connected as conn
+// says.
+func replayCluster(ctx context.Context, c *replay.Case, addr string, conn *connFlags, token string, timeout time.Duration, sel plan.Selector,
 	place plan.Placement, cp, tp int, mode engine.Selection, out string, stdout io.Writer) error {
 	w := stdout
 	if out != "" {
@@ -246,7 +246,7 @@ func replayCluster(ctx context.Context, c *replay.Case, addr, token string, time
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cl, err := client.Dial(ctx, addr, client.Options{Token: token})
+	cl, err := conn.dial(ctx, addr, token)
 	if err != nil {
 		return fail(fmt.Errorf("--addr %q: %w", addr, err))
 	}

@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -24,10 +26,11 @@ import (
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/internal/certgen"
 )
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("status", `Usage: questctl status --addr HOST:PORT [--json] [--timeout 5s] [--plaintext=true] [--token-file FILE]
+	fs := newFlags("status", `Usage: questctl status --addr HOST:PORT [--json] [--timeout 5s] [--tls-dir DIR | --ca FILE --tls-cert FILE --tls-key FILE] [--token-file FILE]
 
 Asks one questd (Decode/Status) for its view of the cluster and prints it:
 the node, its version and membership view, a table of the members (name,
@@ -37,14 +40,20 @@ selection mode, policy) and how many sequences and grids it holds.
 
 With --json it prints the StatusReply as one line of protojson (proto
 field names, unset fields included). A node that does not answer within
---timeout is a one-line error (exit 1). A questd started with
---token-file wants its token: pass the same file with --token-file
-(over plaintext only to a loopback address).`)
+--timeout is a one-line error (exit 1).
+
+Plaintext unless a TLS flag is given: --tls-dir DIR takes the CA and the
+client certificate that 'questctl up' wrote in DIR (it prints the
+command); --ca, --tls-cert and --tls-key name the files one by one (a
+questd with mutual TLS wants a client certificate of its CA);
+--plaintext=false alone is TLS verified against the system roots. A
+questd started with --token-file wants its token: pass the same file
+with --token-file (over plaintext only to a loopback address; over TLS
+to any).`)
 	addr := fs.String("addr", "", "gRPC address of the questd to ask, HOST:PORT (required)")
 	asJSON := fs.Bool("json", false, "print the StatusReply as one line of protojson")
 	timeout := fs.Duration("timeout", 5*time.Second, "give up when the node has not answered within this time")
-	plaintext := fs.Bool("plaintext", true, "talk to questd without TLS (--plaintext=false: TLS, verified against --ca or the system roots)")
-	ca := fs.String("ca", "", "PEM file of the CA that signed questd's certificate (with --plaintext=false; default: the system roots)")
+	conn := addConnFlags(fs)
 	tokenFile := tokenFileFlag(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
@@ -54,26 +63,28 @@ field names, unset fields included). A node that does not answer within
 		return usageError{errors.New("--addr is required: the HOST:PORT of a questd's gRPC server (see 'questctl status --help')")}
 	case *timeout <= 0:
 		return usageError{fmt.Errorf("--timeout %q: must be positive", timeout.String())}
-	case *plaintext && *ca != "":
-		return usageError{fmt.Errorf("--ca %q: only with --plaintext=false", *ca)}
 	}
 	if err := checkHostPort(*addr); err != nil {
 		return usageError{fmt.Errorf("--addr %q: %v", *addr, err)}
+	}
+	sec, err := conn.settings()
+	if err != nil {
+		return err
 	}
 	token, err := readTokenFile(*tokenFile)
 	if err != nil {
 		return err
 	}
-	conn, err := dialDecodeToken(*addr, *plaintext, *ca, token)
+	cc, err := dialDecode(*addr, sec, token)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer cc.Close()
 	cctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	reply, err := decodev1.NewDecodeClient(conn).Status(cctx, &decodev1.StatusRequest{})
+	reply, err := decodev1.NewDecodeClient(cc).Status(cctx, &decodev1.StatusRequest{})
 	if err != nil {
-		return statusCallError(*addr, *timeout, err)
+		return statusCallError(*addr, *timeout, sec, err)
 	}
 	if *asJSON {
 		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(reply)
@@ -100,7 +111,7 @@ func checkHostPort(addr string) error {
 
 // tokenFileFlag defines --token-file on fs.
 func tokenFileFlag(fs *flag.FlagSet) *string {
-	return fs.String("token-file", "", "file holding the bearer token of questd's --token-file, sent with every call (over plaintext only to a loopback address)")
+	return fs.String("token-file", "", "file holding the bearer token of questd's --token-file, sent with every call (over plaintext only to a loopback address; over TLS to any)")
 }
 
 // readTokenFile reads the token of --token-file path (whitespace
@@ -120,33 +131,132 @@ func readTokenFile(path string) (string, error) {
 	return tok, nil
 }
 
-// dialDecode makes a client connection to a questd's gRPC server: over
-// plaintext, or TLS verified against the PEM file ca (empty: the system
-// roots). The connection is lazy: nothing is dialled until the first call.
-func dialDecode(addr string, plaintext bool, ca string) (*grpc.ClientConn, error) {
-	return dialDecodeToken(addr, plaintext, ca, "")
+// connFlags are the flags that say how questctl reaches a questd's gRPC
+// server (status, replay --addr, generate --addr, through [dialDecode]
+// and [connFlags.dial]): plaintext, or TLS with a CA and a client
+// certificate for mutual TLS, one by one or as the files that
+// 'questctl up' wrote in a directory.
+type connFlags struct {
+	fs                 *flag.FlagSet
+	plaintext          *bool
+	ca, cert, key, dir *string
 }
 
-// dialDecodeToken is dialDecode with a bearer token on every call (none
-// when "").
-func dialDecodeToken(addr string, plaintext bool, ca, token string) (*grpc.ClientConn, error) {
-	creds := insecure.NewCredentials()
-	if !plaintext {
-		creds = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})
-		if ca != "" {
-			c, err := credentials.NewClientTLSFromFile(ca, "")
-			if err != nil {
-				return nil, usageError{fmt.Errorf("--ca %q: %v", ca, err)}
+// addConnFlags defines --plaintext, --ca, --tls-cert, --tls-key and
+// --tls-dir on fs.
+func addConnFlags(fs *flag.FlagSet) *connFlags {
+	return &connFlags{
+		fs:        fs,
+		plaintext: fs.Bool("plaintext", true, "talk to questd without TLS, unless --tls-dir, --ca or --tls-cert is given (--plaintext=false alone: TLS verified against the system roots, no client certificate)"),
+		ca:        fs.String("ca", "", "PEM file of the CA that signed questd's certificate (TLS; default with TLS: the system roots)"),
+		cert:      fs.String("tls-cert", "", "PEM file of the client certificate, with --tls-key, for a questd with mutual TLS (TLS)"),
+		key:       fs.String("tls-key", "", "PEM file of the key of --tls-cert"),
+		dir:       fs.String("tls-dir", "", "TLS with the files 'questctl up' wrote in DIR: --ca DIR/"+certgen.CAFile+" --tls-cert DIR/"+certgen.CertFile(upClientName)+" --tls-key DIR/"+certgen.KeyFile(upClientName)),
+	}
+}
+
+// connSecurity is how a connection to a questd is secured: plaintext, or
+// TLS verified against the PEM file ca (empty: the system roots), with
+// the client certificate cert and key (empty: none).
+type connSecurity struct {
+	plaintext     bool
+	ca, cert, key string
+	dir           string // the --tls-dir that named the files, if one did
+}
+
+// settings checks the flags (after parse) and returns the security they
+// ask for; bad combinations are usage errors. The files are read by
+// dialDecode and dial.
+func (f *connFlags) settings() (connSecurity, error) {
+	s := connSecurity{ca: *f.ca, cert: *f.cert, key: *f.key}
+	if *f.dir != "" {
+		for _, name := range []string{"ca", "tls-cert", "tls-key"} {
+			if flagSet(f.fs, name) {
+				return s, usageError{fmt.Errorf("--tls-dir %q: not with --%s (it names DIR/%s, DIR/%s and DIR/%s)",
+					*f.dir, name, certgen.CAFile, certgen.CertFile(upClientName), certgen.KeyFile(upClientName))}
 			}
-			creds = c
+		}
+		s.dir = *f.dir
+		s.ca = filepath.Join(s.dir, certgen.CAFile)
+		s.cert = filepath.Join(s.dir, certgen.CertFile(upClientName))
+		s.key = filepath.Join(s.dir, certgen.KeyFile(upClientName))
+	}
+	if (s.cert == "") != (s.key == "") {
+		return s, usageError{errors.New("--tls-cert and --tls-key: give both (the client certificate and its key) or neither")}
+	}
+	var tlsFlag string
+	for _, name := range []string{"tls-dir", "ca", "tls-cert"} {
+		if flagSet(f.fs, name) && tlsFlag == "" {
+			tlsFlag = name
 		}
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
-	if token != "" {
-		tc, err := client.TokenCredentials(addr, token, creds)
-		if err != nil {
-			return nil, usageError{fmt.Errorf("--token-file: %v", err)}
+	if tlsFlag != "" && flagSet(f.fs, "plaintext") && *f.plaintext {
+		return s, usageError{fmt.Errorf("--plaintext: conflicts with --%s, which asks for TLS", tlsFlag)}
+	}
+	s.plaintext = *f.plaintext && tlsFlag == ""
+	return s, nil
+}
+
+// file names a file of s for an error message: the flag that named it.
+func (s connSecurity) file(flag, path string) string {
+	if s.dir != "" {
+		return fmt.Sprintf("--tls-dir %q: %s", s.dir, path)
+	}
+	return fmt.Sprintf("--%s %q", flag, path)
+}
+
+// credentials reads the files of s and returns the transport credentials
+// and, when token is set, the per-call credentials that send it (over
+// plaintext only to a loopback addr). Unreadable files and a token that
+// would travel in the clear are usage errors. Every command's connection
+// to a questd is made from these.
+func (s connSecurity) credentials(addr, token string) (credentials.TransportCredentials, credentials.PerRPCCredentials, error) {
+	creds := insecure.NewCredentials()
+	if !s.plaintext {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if s.ca != "" {
+			b, err := os.ReadFile(s.ca)
+			if err != nil {
+				return nil, nil, usageError{fmt.Errorf("%s: %v", s.file("ca", s.ca), errors.Unwrap(err))}
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(b) {
+				return nil, nil, usageError{fmt.Errorf("%s: no PEM certificate in it", s.file("ca", s.ca))}
+			}
 		}
+		if s.cert != "" {
+			c, err := tls.LoadX509KeyPair(s.cert, s.key)
+			if err != nil {
+				what := fmt.Sprintf("--tls-cert %q, --tls-key %q", s.cert, s.key)
+				if s.dir != "" {
+					what = fmt.Sprintf("--tls-dir %q", s.dir)
+				}
+				return nil, nil, usageError{fmt.Errorf("%s: %v", what, err)}
+			}
+			cfg.Certificates = []tls.Certificate{c}
+		}
+		creds = credentials.NewTLS(cfg)
+	}
+	if token == "" {
+		return creds, nil, nil
+	}
+	tc, err := client.TokenCredentials(addr, token, creds)
+	if err != nil {
+		return nil, nil, usageError{fmt.Errorf("--token-file: %v", err)}
+	}
+	return creds, tc, nil
+}
+
+// dialDecode makes a client connection to a questd's gRPC server, secured
+// as s says, with a bearer token on every call (none when ""). The
+// connection is lazy: nothing is dialled until the first call.
+func dialDecode(addr string, s connSecurity, token string) (*grpc.ClientConn, error) {
+	creds, tc, err := s.credentials(addr, token)
+	if err != nil {
+		return nil, err
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if tc != nil {
 		opts = append(opts, grpc.WithPerRPCCredentials(tc))
 	}
 	conn, err := grpc.NewClient(addr, opts...)
@@ -156,8 +266,49 @@ func dialDecodeToken(addr string, plaintext bool, ca, token string) (*grpc.Clien
 	return conn, nil
 }
 
-// statusCallError turns a failed Status call into one line naming the node.
-func statusCallError(addr string, timeout time.Duration, err error) error {
+// dial connects a cluster client (client.Dial, within ctx) to the questd
+// at addr as the flags say, with the bearer token (none when "").
+func (f *connFlags) dial(ctx context.Context, addr, token string) (*client.Client, error) {
+	s, err := f.settings()
+	if err != nil {
+		return nil, err
+	}
+	creds, _, err := s.credentials(addr, token) // client.Dial makes the token's credentials itself
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.Dial(ctx, addr, client.Options{Creds: creds, Token: token})
+	if err != nil && (errors.Is(err, context.DeadlineExceeded) || grpcstatus.Code(err) == codes.DeadlineExceeded) {
+		// client.Dial waits for the connection; a quick call says why
+		// it never became ready (a TLS mismatch, refused).
+		if why := probe(addr, s, token); why != nil {
+			return nil, why
+		}
+	}
+	return c, err
+}
+
+// probe makes one fail-fast Status call to addr and returns its error as
+// statusCallError words it, or nil when the call succeeds.
+func probe(addr string, s connSecurity, token string) error {
+	cc, err := dialDecode(addr, s, token)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	const wait = 3 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if _, err := decodev1.NewDecodeClient(cc).Status(ctx, &decodev1.StatusRequest{}); err != nil {
+		return statusCallError(addr, wait, s, err)
+	}
+	return nil
+}
+
+// statusCallError turns a failed Status call over a connection secured
+// as s into one line naming the node, and what to try when the failure
+// looks like the client's and the node's TLS disagreeing.
+func statusCallError(addr string, timeout time.Duration, s connSecurity, err error) error {
 	st := grpcstatus.Convert(err)
 	switch st.Code() {
 	case codes.DeadlineExceeded:
@@ -168,11 +319,30 @@ func statusCallError(addr string, timeout time.Duration, err error) error {
 		msg := st.Message()
 		// "connection error: desc = \"transport: Error while dialing: dial tcp ...: connection refused\""
 		if _, dial, ok := strings.Cut(msg, "Error while dialing: "); ok {
-			msg = strings.TrimSuffix(dial, `"`)
+			return fmt.Errorf("cannot reach questd at %s: %s", addr, strings.TrimSuffix(dial, `"`))
 		}
-		return fmt.Errorf("cannot reach questd at %s: %s", addr, msg)
+		return fmt.Errorf("cannot reach questd at %s: %s%s", addr, msg, tlsHint(s, msg))
 	}
 	return fmt.Errorf("questd at %s: %s: %s", addr, st.Code(), st.Message())
+}
+
+// tlsHint is what to try when a connection, secured as s, failed with
+// msg after the dial (the handshake, the first frames).
+func tlsHint(s connSecurity, msg string) string {
+	switch {
+	case s.plaintext:
+		return "; plaintext was refused: if the node uses TLS (questctl up does unless --insecure), pass --tls-dir DIR as 'questctl up' printed it, or --ca, --tls-cert and --tls-key"
+	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return "; the node does not speak TLS: drop the TLS flags (a node started with --insecure)"
+	case strings.Contains(msg, "unknown authority") || strings.Contains(msg, "unknown certificate authority"):
+		return "; the node and this client trust different CAs: check --ca and --tls-cert (or --tls-dir)"
+	case s.cert == "":
+		// Under TLS 1.3 a refused client shows as a failed write or
+		// read after the handshake ("broken pipe", "certificate
+		// required").
+		return "; no client certificate was sent: a questd with mutual TLS wants one, pass --tls-cert and --tls-key, or --tls-dir"
+	}
+	return ""
 }
 
 // writeStatus prints a StatusReply for people.

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/bench"
+	"github.com/questrt/questrt/internal/certgen"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 	grpcstatus "google.golang.org/grpc/status"
@@ -38,35 +39,61 @@ var upManaged = map[string]string{
 	"gossip-addr":  "",
 	"metrics-addr": "", // 127.0.0.1:0: every node its own free port
 	"join":         "",
-	"plaintext":    "questctl up --plaintext",
+	"insecure":     "questctl up --insecure",
+	"plaintext":    "questctl up --insecure",
+	"tls-cert":     "questctl up --tls-dir DIR to keep the certificates up makes, or --insecure",
+	"tls-key":      "questctl up --tls-dir DIR to keep the certificates up makes, or --insecure",
+	"tls-ca":       "questctl up --tls-dir DIR to keep the certificates up makes, or --insecure",
 	"cp":           "questctl up --cp",
 	"tp":           "questctl up --tp",
 }
+
+// upClientName is the name of the client certificate that up writes in
+// its TLS directory (DIR/client.pem, DIR/client.key), the one the
+// clients' --tls-dir takes.
+const upClientName = "client"
 
 var baseNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	own, extra := splitDashDash(args)
-	fs := newFlags("up", `Usage: questctl up --nodes N [--cp C --tp T] [--questd PATH] [--timeout 30s] [flags] [-- questd flags...]
+	fs := newFlags("up", `Usage: questctl up --nodes N [--cp C --tp T] [--questd PATH] [--timeout 30s] [--insecure | --tls-dir DIR] [flags] [-- questd flags...]
 
 Starts a local questd cluster on the loopback interface and keeps it
 running until interrupted (SIGINT or SIGTERM). Node 0 is started first
 with --name BASE-0 --grpc-addr 127.0.0.1:0 --gossip-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0
---plaintext --cp C --tp T and the flags after "--"; nodes 1..N-1 get the
-same flags plus --join with node 0's gossip address. Each node's ready
-line ({"event":"ready",...} on its stdout) gives its addresses; its
+--tls-cert DIR/BASE-0.pem --tls-key DIR/BASE-0.key --tls-ca DIR/ca.pem (with --insecure:
+--insecure) --cp C --tp T and the flags after "--"; nodes 1..N-1 get the
+same flags (each its own certificate) plus --join with node 0's gossip
+address. Each node's
+ready line ({"event":"ready",...} on its stdout) gives its addresses; its
 stderr is passed through prefixed with its name, or written to
 DIR/NAME.log with --log-dir.
 
+Mutual TLS by default: up makes a throwaway CA (ECDSA P-256, valid 7
+days; its key is never written), a certificate for every node and one
+for the client (SANs 127.0.0.1, ::1, localhost), and writes them in
+--tls-dir: ca.pem, NAME.pem and NAME.key (mode 0600), client.pem and
+client.key. Without --tls-dir that is a new temporary directory, named
+on stderr and removed when up exits (unless --keep-tls-dir). Clients
+reach the cluster with --tls-dir DIR ('questctl status --addr ADDR
+--tls-dir DIR'; replay --addr and generate --addr take it too).
+--insecure (alias --plaintext) runs the nodes without TLS, with
+questd --insecure, and makes no certificates.
+
 Once every node's Status lists all N nodes alive, up prints one line per
-node, "NAME grpc=ADDR gossip=ADDR pid=PID", and "cluster up: N nodes"
-(with --json, one JSON object per node instead). Everything up to there
-must happen within --timeout, or up stops the nodes it started and exits 1.
+node, "NAME grpc=ADDR gossip=ADDR pid=PID", then with TLS the command
+that reaches the cluster, "connect: questctl status --addr ADDR --tls-dir
+DIR" (with --token-file when the nodes have one), then "cluster up: N
+nodes" (with --json, one JSON object per node instead, with "tls_dir"
+under TLS). Everything up to there must happen within --timeout, or up
+stops the nodes it started and exits 1.
 
 A node that exits by itself is reported with its exit status; up then
 stops the others and exits 1. On SIGINT or SIGTERM up sends SIGTERM to
 every node, waits --stop-timeout for them to drain and leave, kills the
-rest and exits 0. On Linux the nodes also get SIGTERM if questctl dies.
+rest and exits 0. On Linux the nodes also get SIGTERM if questctl dies
+(a killed questctl leaves its temporary TLS directory behind).
 
 questd is --questd, else a questd next to the questctl executable, else
 questd on $PATH.`)
@@ -77,10 +104,13 @@ questd on $PATH.`)
 	timeout := fs.Duration("timeout", 30*time.Second, "the whole cluster must be ready, with every node seeing all N alive, within this time")
 	stopTimeout := fs.Duration("stop-timeout", 10*time.Second, "after SIGTERM, how long the nodes have to drain before they are killed")
 	baseName := fs.String("base-name", "node", "node names are BASE-0 .. BASE-(N-1)")
-	plaintext := fs.Bool("plaintext", true, "run the nodes' gRPC without TLS (a loopback cluster); with --plaintext=false pass questd's TLS flags after \"--\" and --ca")
-	ca := fs.String("ca", "", "PEM file of the CA of the nodes' certificates, to check their Status (with --plaintext=false; default: the system roots)")
+	var insecure bool
+	fs.BoolVar(&insecure, "insecure", false, "run the nodes' gRPC without TLS (questd --insecure; a loopback cluster): no certificates")
+	fs.BoolVar(&insecure, "plaintext", false, "the older name of --insecure, the same")
+	tlsDir := fs.String("tls-dir", "", "write the CA and the certificates in DIR (created 0700 if missing; files up writes there are replaced) and keep them (default: a new temporary directory, removed on exit)")
+	keepTLS := fs.Bool("keep-tls-dir", false, "keep the temporary TLS directory when up exits (its path is printed on stderr)")
 	logDir := fs.String("log-dir", "", "write each node's stderr to DIR/NAME.log (overwritten) instead of questctl's stderr")
-	asJSON := fs.Bool("json", false, `print one JSON object per node, {"name","grpc","gossip","pid"}, instead of the text lines`)
+	asJSON := fs.Bool("json", false, `print one JSON object per node, {"name","grpc","gossip","pid"} and "tls_dir" with TLS, instead of the text lines`)
 	if err := parse(fs, own, stdout); err != nil {
 		return err
 	}
@@ -99,10 +129,18 @@ questd on $PATH.`)
 		return usageError{fmt.Errorf("--stop-timeout %q: must be positive", stopTimeout.String())}
 	case !baseNameRE.MatchString(*baseName):
 		return usageError{fmt.Errorf("--base-name %q: want letters, digits, '.', '_' or '-', starting with a letter or digit", *baseName)}
-	case *plaintext && *ca != "":
-		return usageError{fmt.Errorf("--ca %q: only with --plaintext=false", *ca)}
+	case insecure && *tlsDir != "":
+		return usageError{fmt.Errorf("--tls-dir %q: not with --insecure (no certificates without TLS)", *tlsDir)}
+	case insecure && *keepTLS:
+		return usageError{errors.New("--keep-tls-dir: not with --insecure (no certificates without TLS)")}
 	}
 	if err := checkExtraFlags(extra); err != nil {
+		return err
+	}
+	// The nodes' token, for up's own Status calls and the connect line.
+	tokenFile := extraFlagValue(extra, "token-file")
+	token, err := readTokenFile(tokenFile)
+	if err != nil {
 		return err
 	}
 	bin, err := findQuestd(*questd)
@@ -119,12 +157,41 @@ questd on $PATH.`)
 	defer stopSignals()
 	errw := &syncWriter{w: stderr}
 	c := &upCluster{
-		bin: bin, plaintext: *plaintext, ca: *ca, logDir: *logDir, stderr: errw,
+		bin: bin, plaintext: insecure, token: token, logDir: *logDir, stderr: errw,
 		exited: make(chan *upNode, *nodes),
 	}
 	var common []string
-	if *plaintext {
-		common = append(common, "--plaintext") // else questd's TLS flags come after "--"
+	if insecure {
+		common = append(common, "--insecure")
+	} else {
+		dir, temp := *tlsDir, *tlsDir == ""
+		if temp {
+			if dir, err = os.MkdirTemp("", "questctl-up-tls-"); err != nil {
+				return fmt.Errorf("TLS directory: %v", err)
+			}
+			if !*keepTLS {
+				defer os.RemoveAll(dir) // after c.stop: every return below stops the nodes first
+			}
+		}
+		if err := writeUpCerts(dir, *baseName, *nodes); err != nil {
+			if temp && *keepTLS {
+				os.RemoveAll(dir)
+			}
+			if !temp {
+				err = fmt.Errorf("--tls-dir %q: %w", dir, err)
+			}
+			return err
+		}
+		fate := ""
+		switch {
+		case temp && *keepTLS:
+			fate = " (kept: --keep-tls-dir)"
+		case temp:
+			fate = " (removed when up exits; --keep-tls-dir keeps it)"
+		}
+		fmt.Fprintf(errw, "questctl up: mutual TLS: CA, node and client certificates (valid %d days) in %s%s\n",
+			int(certgen.Validity.Hours()/24), dir, fate)
+		c.tlsDir = dir
 	}
 	common = append(append(common, "--cp", fmt.Sprint(*cp), "--tp", fmt.Sprint(*tp)), extra...)
 
@@ -153,7 +220,8 @@ questd on $PATH.`)
 				GRPC   string `json:"grpc"`
 				Gossip string `json:"gossip"`
 				PID    int    `json:"pid"`
-			}{n.name, n.grpc, n.gossip, n.pid})
+				TLSDir string `json:"tls_dir,omitempty"`
+			}{n.name, n.grpc, n.gossip, n.pid, c.tlsDir})
 		} else {
 			_, err = fmt.Fprintf(stdout, "%s grpc=%s gossip=%s pid=%d\n", n.name, n.grpc, n.gossip, n.pid)
 		}
@@ -163,6 +231,13 @@ questd on $PATH.`)
 		}
 	}
 	if !*asJSON {
+		if c.tlsDir != "" {
+			connect := "questctl status --addr " + c.nodes[0].grpc + " --tls-dir " + shellQuote(c.tlsDir)
+			if tokenFile != "" {
+				connect += " --token-file " + shellQuote(tokenFile)
+			}
+			fmt.Fprintf(stdout, "connect: %s\n", connect)
+		}
 		fmt.Fprintf(stdout, "cluster up: %d nodes\n", len(c.nodes))
 	}
 
@@ -229,6 +304,66 @@ func checkExtraFlags(extra []string) error {
 	return nil
 }
 
+// extraFlagValue is the value of questd flag name in extra (--name V,
+// --name=V, one dash or two; the last one wins), or "".
+func extraFlagValue(extra []string, name string) string {
+	v := ""
+	for i := 0; i < len(extra); i++ {
+		a := extra[i]
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		n, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if n != name {
+			continue
+		}
+		if hasVal {
+			v = val
+		} else if i+1 < len(extra) {
+			v = extra[i+1]
+			i++
+		}
+	}
+	return v
+}
+
+// upNodeName is the name of node i of a cluster called base.
+func upNodeName(base string, i int) string { return fmt.Sprintf("%s-%d", base, i) }
+
+// writeUpCerts makes a throwaway CA, a certificate for each of the
+// count nodes called base-0.. and one for the client (upClientName), and
+// writes them in dir (internal/certgen).
+func writeUpCerts(dir, base string, count int) error {
+	ca, err := certgen.NewCA("questctl up " + base + " CA")
+	if err != nil {
+		return err
+	}
+	leaves := map[string]*certgen.Leaf{}
+	for _, name := range append([]string{upClientName}, nodeNames(base, count)...) {
+		if leaves[name], err = ca.Issue(name); err != nil {
+			return err
+		}
+	}
+	return certgen.WriteFiles(dir, ca, leaves)
+}
+
+// nodeNames are the names of a cluster's count nodes.
+func nodeNames(base string, count int) []string {
+	names := make([]string, count)
+	for i := range names {
+		names[i] = upNodeName(base, i)
+	}
+	return names
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:@%+=,-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
 // findQuestd returns the questd binary to run: flagValue, else questd next
 // to this executable, else questd on $PATH.
 func findQuestd(flagValue string) (string, error) {
@@ -274,20 +409,35 @@ func checkExecutable(path string) error {
 // upCluster is the set of questd processes one up started.
 type upCluster struct {
 	bin       string
-	plaintext bool
-	ca        string
+	plaintext bool   // the nodes run with --insecure (common holds it)
+	tlsDir    string // else: the certificates writeUpCerts wrote, one per node
+	token     string // the nodes' bearer token, for up's Status calls
 	logDir    string
 	stderr    *syncWriter
 	nodes     []*upNode
 	exited    chan *upNode // each node once, when its Wait returns
 }
 
+// security is how up's own calls reach the nodes.
+func (c *upCluster) security() connSecurity {
+	if c.plaintext {
+		return connSecurity{plaintext: true}
+	}
+	return connSecurity{ca: filepath.Join(c.tlsDir, certgen.CAFile), cert: filepath.Join(c.tlsDir, certgen.CertFile(upClientName)),
+		key: filepath.Join(c.tlsDir, certgen.KeyFile(upClientName)), dir: c.tlsDir}
+}
+
 // start starts count nodes one after the other, each ready before the
-// next, then waits until every node sees all of them alive.
+// next, then waits until every node sees all of them alive. Without
+// plaintext each node gets its certificate in tlsDir.
 func (c *upCluster) start(ctx context.Context, base string, count int, common []string) error {
 	for i := range count {
-		name := fmt.Sprintf("%s-%d", base, i)
+		name := upNodeName(base, i)
 		args := []string{"--name", name, "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"}
+		if !c.plaintext {
+			args = append(args, "--tls-cert", filepath.Join(c.tlsDir, certgen.CertFile(name)),
+				"--tls-key", filepath.Join(c.tlsDir, certgen.KeyFile(name)), "--tls-ca", filepath.Join(c.tlsDir, certgen.CAFile))
+		}
 		if i > 0 {
 			args = append(args, "--join", c.nodes[0].gossip)
 		}
@@ -361,7 +511,7 @@ func (c *upCluster) awaitAlive(ctx context.Context) error {
 	clients := make([]decodev1.DecodeClient, len(c.nodes))
 	for i, n := range c.nodes {
 		want[i] = n.name
-		conn, err := dialDecode(n.grpc, c.plaintext, c.ca)
+		conn, err := dialDecode(n.grpc, c.security(), c.token)
 		if err != nil {
 			return err
 		}

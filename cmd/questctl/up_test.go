@@ -5,10 +5,13 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -25,6 +28,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
@@ -82,16 +89,55 @@ func fakeQuestd(args []string) int {
 	gossipAddr := fs.String("gossip-addr", "", "")
 	_ = fs.String("metrics-addr", "", "")
 	join := fs.String("join", "", "")
-	plaintext := fs.Bool("plaintext", false, "")
+	var insecure bool
+	fs.BoolVar(&insecure, "insecure", false, "")
+	fs.BoolVar(&insecure, "plaintext", false, "")
+	tlsCert := fs.String("tls-cert", "", "")
+	tlsKey := fs.String("tls-key", "", "")
+	tlsCA := fs.String("tls-ca", "", "")
+	tokenFile := fs.String("token-file", "", "")
 	cp := fs.Int("cp", 1, "")
 	tp := fs.Int("tp", 1, "")
 	layers := fs.Int("layers", 1, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *name == "" || *grpcAddr == "" || *gossipAddr == "" || !*plaintext || fs.NArg() > 0 {
+	// As questd: --insecure, or all three TLS files, not both.
+	tlsFiles := *tlsCert != "" && *tlsKey != "" && *tlsCA != ""
+	someTLS := *tlsCert != "" || *tlsKey != "" || *tlsCA != ""
+	if *name == "" || *grpcAddr == "" || *gossipAddr == "" || insecure == someTLS || someTLS != tlsFiles || fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "fake questd: bad command line %q\n", args)
 		return 2
+	}
+	var srvOpts []grpc.ServerOption
+	if tlsFiles {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		b, err := os.ReadFile(*tlsCA)
+		pool := x509.NewCertPool()
+		if err != nil || !pool.AppendCertsFromPEM(b) {
+			fmt.Fprintf(os.Stderr, "fake questd: --tls-ca %q: %v\n", *tlsCA, err)
+			return 1
+		}
+		srvOpts = append(srvOpts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13,
+			Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool})))
+	}
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		want := "Bearer " + strings.TrimSpace(string(b))
+		srvOpts = append(srvOpts, grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if md, _ := metadata.FromIncomingContext(ctx); !slices.Contains(md.Get("authorization"), want) {
+				return nil, grpcstatus.Error(codes.Unauthenticated, "fake questd: no bearer token")
+			}
+			return h(ctx, req)
+		}))
 	}
 	dir := os.Getenv(fakeDirEnv)
 	is := func(env string) (string, bool) {
@@ -117,7 +163,7 @@ func fakeQuestd(args []string) int {
 	}
 	defer gossip.Close()
 	rec.GRPC, rec.Gossip = lis.Addr().String(), gossip.Addr().String()
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(srvOpts...)
 	decodev1.RegisterDecodeServer(srv, &fakeDecode{reply: func() *decodev1.StatusReply { return fakeMembers(dir, rec) }})
 	go srv.Serve(lis)
 	defer srv.Stop()
@@ -271,6 +317,8 @@ type upLine struct {
 	pid                int
 }
 
+var connectLineRE = regexp.MustCompile(`^connect: questctl status --addr (\S+) --tls-dir (\S+)( --token-file \S+)?$`)
+
 func parseUpLines(t *testing.T, out string) []upLine {
 	t.Helper()
 	var nodes []upLine
@@ -278,11 +326,24 @@ func parseUpLines(t *testing.T, out string) []upLine {
 		if m := nodeLineRE.FindStringSubmatch(l); m != nil {
 			pid, _ := strconv.Atoi(m[4])
 			nodes = append(nodes, upLine{m[1], m[2], m[3], pid})
-		} else if !strings.HasPrefix(l, "cluster up: ") {
+		} else if !strings.HasPrefix(l, "cluster up: ") && !connectLineRE.MatchString(l) {
 			t.Errorf("unexpected stdout line %q", l)
 		}
 	}
 	return nodes
+}
+
+// connectLine returns the address and TLS directory of up's connect
+// line (and fails the test without one).
+func connectLine(t *testing.T, out string) (addr, dir string) {
+	t.Helper()
+	for _, l := range strings.Split(out, "\n") {
+		if m := connectLineRE.FindStringSubmatch(l); m != nil {
+			return m[1], m[2]
+		}
+	}
+	t.Fatalf("no connect line in stdout:\n%s", out)
+	return "", ""
 }
 
 // assertGone fails unless no process has pid.
@@ -297,9 +358,12 @@ func assertGone(t *testing.T, name string, pid int) {
 	}
 }
 
-// TestUpThreeNodes: up starts three nodes, node 0 first and the others
-// joining it, prints them once each sees all three alive, status against
-// one lists three alive members, and cancelling stops and reaps them all.
+// TestUpThreeNodes: up starts three nodes with mutual TLS (its own CA,
+// each node its own certificate), node 0 first and the others joining
+// it, prints them once each sees all three alive with the command that
+// reaches them; status --tls-dir against one lists three alive members
+// and a plaintext status is refused with a hint; cancelling stops and
+// reaps them all and removes the temporary TLS directory.
 func TestUpThreeNodes(t *testing.T) {
 	dir, questd := fakeCluster(t)
 	u := startUp(t, "--nodes", "3", "--cp", "3", "--tp", "1", "--questd", questd, "--timeout", "20s", "--", "--layers", "2")
@@ -307,6 +371,10 @@ func TestUpThreeNodes(t *testing.T) {
 	nodes := parseUpLines(t, out)
 	if len(nodes) != 3 || !strings.HasSuffix(out, "cluster up: 3 nodes\n") {
 		t.Fatalf("stdout:\n%s", out)
+	}
+	addr, tlsDir := connectLine(t, out)
+	if addr != nodes[0].grpc || !strings.Contains(u.stderr.String(), "questctl up: mutual TLS: CA, node and client certificates (valid 7 days) in "+tlsDir+" (removed when up exits; --keep-tls-dir keeps it)\n") {
+		t.Errorf("connect line: addr %s (node-0 %s), dir %s; stderr:\n%s", addr, nodes[0].grpc, tlsDir, u.stderr)
 	}
 	recs := readRecords(dir)
 	for i, n := range nodes {
@@ -318,19 +386,30 @@ func TestUpThreeNodes(t *testing.T) {
 		if i == 0 {
 			wantJoin = ""
 		}
-		if r.Join != wantJoin || r.CP != 3 || r.TP != 1 || r.Layers != 2 || !slices.Contains(r.Args, "--plaintext") {
+		tlsArgs := []string{"--tls-cert", filepath.Join(tlsDir, n.name+".pem"), "--tls-key", filepath.Join(tlsDir, n.name+".key"),
+			"--tls-ca", filepath.Join(tlsDir, "ca.pem")}
+		if r.Join != wantJoin || r.CP != 3 || r.TP != 1 || r.Layers != 2 || slices.Contains(r.Args, "--insecure") ||
+			!strings.Contains(strings.Join(r.Args, " "), strings.Join(tlsArgs, " ")) {
 			t.Errorf("%s was started with %q", n.name, r.Args)
+		}
+		if fi, err := os.Stat(filepath.Join(tlsDir, n.name+".key")); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s.key: %v, %v", n.name, fi.Mode(), err)
 		}
 	}
 	if s := u.stderr.String(); !strings.Contains(s, "node-2: fake questd node-2 starting\n") || !strings.Contains(s, "node-1: a stray stdout line\n") {
 		t.Errorf("stderr lacks the nodes' prefixed output:\n%s", s)
 	}
 
-	code, st, stderr := runCLI(t, "status", "--addr", nodes[1].grpc)
+	code, st, stderr := runCLI(t, "status", "--addr", nodes[1].grpc, "--tls-dir", tlsDir)
 	if code != 0 || !strings.Contains(st, "members: 3 (3 alive)") || !strings.Contains(st, "node node-1 ") || !strings.Contains(st, "cp 3 x tp 1, layers 2") {
 		t.Errorf("status: exit %d, stderr %q, stdout:\n%s", code, stderr, st)
 	}
-	code, st, stderr = runCLI(t, "status", "--addr", nodes[2].grpc, "--json")
+	code, st, stderr = runCLI(t, "status", "--addr", nodes[1].grpc, "--timeout", "3s")
+	if code != 1 || st != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "cannot reach questd at "+nodes[1].grpc) ||
+		!strings.Contains(stderr, "plaintext was refused") || !strings.Contains(stderr, "--tls-dir DIR") {
+		t.Errorf("plaintext status against the TLS cluster: exit %d, stdout %q, stderr %q", code, st, stderr)
+	}
+	code, st, stderr = runCLI(t, "status", "--addr", nodes[2].grpc, "--json", "--tls-dir", tlsDir)
 	var reply decodev1.StatusReply
 	if code != 0 || protojson.Unmarshal([]byte(st), &reply) != nil {
 		t.Fatalf("status --json: exit %d, stderr %q, stdout %q", code, stderr, st)
@@ -355,6 +434,125 @@ func TestUpThreeNodes(t *testing.T) {
 	if s := u.stderr.String(); !strings.Contains(s, "stopping 3 node(s)") || !strings.Contains(s, "node-0: fake questd node-0: leaving\n") || strings.Contains(s, "killed") {
 		t.Errorf("stderr:\n%s", s)
 	}
+	if _, err := os.Stat(tlsDir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the temporary TLS directory %s outlived up: %v", tlsDir, err)
+	}
+}
+
+// TestUpInsecure: --insecure, and its alias --plaintext, run the nodes
+// with questd --insecure and make no certificates: no connect line, and
+// a plaintext status works; --plaintext=false is TLS.
+func TestUpInsecure(t *testing.T) {
+	for _, flag := range []string{"--insecure", "--plaintext", "--plaintext=true", "--insecure=false", "--plaintext=false"} {
+		t.Run(flag, func(t *testing.T) {
+			dir, questd := fakeCluster(t)
+			u := startUp(t, "--nodes", "2", "--questd", questd, flag)
+			out := u.waitUp(t)
+			nodes := parseUpLines(t, out)
+			tlsMode := strings.HasSuffix(flag, "=false")
+			if len(nodes) != 2 || strings.Contains(out, "connect: ") != tlsMode || strings.Contains(u.stderr.String(), "mutual TLS") != tlsMode {
+				t.Fatalf("%s: stdout:\n%s\nstderr:\n%s", flag, out, u.stderr)
+			}
+			for _, r := range readRecords(dir) {
+				if slices.Contains(r.Args, "--insecure") == tlsMode || slices.Contains(r.Args, "--tls-cert") != tlsMode {
+					t.Errorf("%s: %s was started with %q", flag, r.Name, r.Args)
+				}
+			}
+			args := []string{"status", "--addr", nodes[0].grpc}
+			if tlsMode {
+				_, tlsDir := connectLine(t, out)
+				args = append(args, "--tls-dir", tlsDir)
+			}
+			if code, st, stderr := runCLI(t, args...); code != 0 || !strings.Contains(st, "members: 2 (2 alive)") {
+				t.Errorf("%s: %q: exit %d, stderr %q, stdout:\n%s", flag, args, code, stderr, st)
+			}
+			u.cancel()
+			if code := u.wait(t); code != 0 {
+				t.Errorf("exit %d", code)
+			}
+		})
+	}
+}
+
+// TestUpTLSDir: --tls-dir writes the certificates there (node keys and
+// the client key 0600) and keeps them after up exits, as --keep-tls-dir
+// keeps the temporary one; --json names the directory in every object;
+// the nodes' --token-file reaches up's own calls and the connect line.
+func TestUpTLSDir(t *testing.T) {
+	_, questd := fakeCluster(t)
+	tlsDir := filepath.Join(t.TempDir(), "tls")
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := runCLI(t, "up", "--nodes", "1", "--questd", questd, "--", "--token-file", filepath.Join(t.TempDir(), "none")); code != 2 || !strings.Contains(stderr, "--token-file") {
+		t.Errorf("a missing --token-file after --: exit %d, stderr %q", code, stderr)
+	}
+	// The fake nodes want the token on every call: up's own Status
+	// calls carry it, or the cluster would never be up.
+	u := startUp(t, "--nodes", "2", "--questd", questd, "--tls-dir", tlsDir, "--", "--token-file="+tok)
+	out := u.waitUp(t)
+	addr, d := connectLine(t, out)
+	if d != tlsDir || strings.Contains(u.stderr.String(), "removed when up exits") || !strings.Contains(out, " --token-file "+tok+"\n") {
+		t.Errorf("connect line dir %q, want %q, and --token-file %s; stdout:\n%s\nstderr:\n%s", d, tlsDir, tok, out, u.stderr)
+	}
+	if code, st, stderr := runCLI(t, "status", "--addr", addr, "--tls-dir", tlsDir, "--token-file", tok); code != 0 || !strings.Contains(st, "members: 2 (2 alive)") {
+		t.Errorf("status with the connect line's flags: exit %d, stderr %q, stdout:\n%s", code, stderr, st)
+	}
+	if code, _, stderr := runCLI(t, "status", "--addr", addr, "--tls-dir", tlsDir); code != 1 || !strings.Contains(stderr, "Unauthenticated") {
+		t.Errorf("status without the token: exit %d, stderr %q", code, stderr)
+	}
+	u.cancel()
+	if code := u.wait(t); code != 0 {
+		t.Errorf("exit %d", code)
+	}
+	for _, f := range []string{"ca.pem", "node-0.pem", "node-0.key", "node-1.pem", "node-1.key", "client.pem", "client.key"} {
+		fi, err := os.Stat(filepath.Join(tlsDir, f))
+		if err != nil {
+			t.Errorf("%s after up exited: %v", f, err)
+		} else if strings.HasSuffix(f, ".key") && fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", f, fi.Mode().Perm())
+		}
+	}
+
+	dir2, _ := fakeCluster(t) // a new cluster: the fake nodes see every record of their directory
+	u = startUp(t, "--nodes", "1", "--questd", questd, "--keep-tls-dir", "--json")
+	lines := strings.Split(strings.TrimSpace(u.waitJSON(t, 1)), "\n")
+	var n struct {
+		Name   string `json:"name"`
+		TLSDir string `json:"tls_dir"`
+	}
+	if err := json.Unmarshal([]byte(lines[0]), &n); err != nil || n.TLSDir == "" || !strings.Contains(u.stderr.String(), n.TLSDir+" (kept: --keep-tls-dir)") {
+		t.Fatalf("--json line %q (%v); stderr:\n%s", lines[0], err, u.stderr)
+	}
+	t.Cleanup(func() { os.RemoveAll(n.TLSDir) })
+	if code, st, stderr := runCLI(t, "status", "--addr", readRecords(dir2)["node-0"].GRPC, "--tls-dir", n.TLSDir); code != 0 || !strings.Contains(st, "node node-0") {
+		t.Errorf("status --tls-dir of --json: exit %d, stderr %q", code, stderr)
+	}
+	u.cancel()
+	if code := u.wait(t); code != 0 {
+		t.Errorf("exit %d", code)
+	}
+	if _, err := os.Stat(filepath.Join(n.TLSDir, "client.key")); err != nil {
+		t.Errorf("--keep-tls-dir: %v", err)
+	}
+}
+
+// waitJSON waits until up has printed lines lines and returns its stdout.
+func (u *upRun) waitJSON(t *testing.T, lines int) string {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for strings.Count(u.stdout.String(), "\n") < lines {
+		select {
+		case code := <-u.done:
+			u.done <- code
+			t.Fatalf("up exited %d; stdout %q, stderr:\n%s", code, u.stdout, u.stderr)
+		case <-deadline:
+			t.Fatalf("%d lines after 30s; stdout %q, stderr:\n%s", lines, u.stdout, u.stderr)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return u.stdout.String()
 }
 
 // TestUpJSON: --json prints one object per node and nothing else.
@@ -516,6 +714,13 @@ func TestUpUsageErrors(t *testing.T) {
 		{"up", "--nodes", "2", "--", "--name", "x"},
 		{"up", "--nodes", "2", "--", "-cp=4"},
 		{"up", "--nodes", "2", "--", "--join", "127.0.0.1:1"},
+		{"up", "--nodes", "2", "--", "--insecure"},
+		{"up", "--nodes", "2", "--", "--plaintext=false"},
+		{"up", "--nodes", "2", "--", "--tls-cert", "x.pem"},
+		{"up", "--nodes", "2", "--", "--tls-ca=ca.pem"},
+		{"up", "--nodes", "2", "--insecure", "--tls-dir", "d"},
+		{"up", "--nodes", "2", "--plaintext", "--keep-tls-dir"},
+		{"up", "--nodes", "2", "--ca", "ca.pem"},
 	} {
 		code, stdout, stderr := runCLI(t, args...)
 		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "questctl up: ") {
@@ -598,4 +803,74 @@ func running(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// TestUpRealQuestd: with the real questd (built here), questctl up
+// --nodes 2 runs mutual TLS by default: status with the connect line's
+// flags lists both nodes alive, a plaintext status is refused with a
+// hint; up --insecure runs a plaintext cluster that a plaintext status
+// reaches. The temporary TLS directory is gone once up has returned.
+func TestUpRealQuestd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts questd")
+	}
+	bin := filepath.Join(t.TempDir(), "questd")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/questd")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/questd: %v\n%s", err, out)
+	}
+	small := []string{"--layers", "2", "--q-heads", "8", "--kv-heads", "4", "--head-dim", "16", "--page-size", "4",
+		"--capacity-pages", "128", "--budget-tokens", "24", "--dense-layers", "1", "--max-memory", "none", "--drain-timeout", "1s",
+		"--probe-interval", "100ms", "--probe-timeout", "50ms", "--suspicion-mult", "2", "--gossip-interval", "50ms"}
+	for _, insecure := range []bool{false, true} {
+		name := "tls"
+		args := []string{"--nodes", "2", "--questd", bin, "--timeout", "25s", "--stop-timeout", "5s"}
+		if insecure {
+			name, args = "insecure", append(args, "--insecure")
+		}
+		t.Run(name, func(t *testing.T) {
+			u := startUp(t, append(append(args, "--"), small...)...)
+			out := u.waitUp(t)
+			nodes := parseUpLines(t, out)
+			if len(nodes) != 2 {
+				t.Fatalf("stdout:\n%s", out)
+			}
+			var tlsDir string
+			plain := []string{"status", "--addr", nodes[1].grpc, "--timeout", "5s"}
+			if insecure {
+				if strings.Contains(out, "connect: ") {
+					t.Errorf("--insecure printed a connect line:\n%s", out)
+				}
+				if code, st, stderr := runCLI(t, plain...); code != 0 || !strings.Contains(st, "members: 2 (2 alive)") {
+					t.Errorf("plaintext status: exit %d, stderr %q, stdout:\n%s", code, stderr, st)
+				}
+			} else {
+				var addr string
+				addr, tlsDir = connectLine(t, out)
+				// The connect line's command, as printed.
+				if code, st, stderr := runCLI(t, "status", "--addr", addr, "--tls-dir", tlsDir); code != 0 || !strings.Contains(st, "members: 2 (2 alive)") || !strings.Contains(st, "node node-0 ") {
+					t.Errorf("status --tls-dir: exit %d, stderr %q, stdout:\n%s", code, stderr, st)
+				}
+				code, st, stderr := runCLI(t, plain...)
+				if code != 1 || st != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "plaintext was refused") || !strings.Contains(stderr, "--tls-dir DIR") {
+					t.Errorf("plaintext status against the TLS cluster: exit %d, stdout %q, stderr %q", code, st, stderr)
+				} else {
+					t.Logf("plaintext status: %s", strings.TrimSpace(stderr))
+				}
+			}
+			u.cancel()
+			if code := u.wait(t); code != 0 {
+				t.Errorf("up exited %d; stderr:\n%s", code, u.stderr)
+			}
+			for _, n := range nodes {
+				assertGone(t, n.name, n.pid)
+			}
+			if tlsDir != "" {
+				if _, err := os.Stat(tlsDir); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("the temporary TLS directory %s outlived up: %v", tlsDir, err)
+				}
+			}
+		})
+	}
 }

@@ -45,6 +45,16 @@ type Config struct {
 	// the host of GRPCAddr, which must then not be unspecified (0.0.0.0,
 	// :: or empty).
 	Advertise string
+	// GRPCAdvertise is the gRPC address, host:port with an IP host, put
+	// in the node's gossip meta: the one other nodes (and forwarded
+	// client calls) dial for this node's worker and client APIs, and the
+	// "grpc" of the ready line; for a proxy or port mapping in front of
+	// --grpc-addr (under TLS the node's certificate must be valid for its
+	// host) [--grpc-advertise]. It changes nothing else: the collective
+	// listeners and gossip advertise Advertise. Default "": the advertise
+	// host (Advertise, or the host of GRPCAddr) and the port GRPCAddr
+	// listens on.
+	GRPCAdvertise string
 
 	// GossipAddr is the memberlist bind address, UDP and TCP, host:port
 	// with an IP host (empty: 0.0.0.0); port 0 picks a free port
@@ -255,8 +265,9 @@ HTTP on --metrics-addr. Once serving it prints one line on stdout (and to
 
 SIGTERM or SIGINT drains: in-flight steps get --drain-timeout to finish,
 then the node leaves the cluster and exits 0. SIGHUP reads --tls-cert,
---tls-key and --tls-ca again: new connections use the new certificates,
-open ones go on; a file that does not load keeps the old ones (logged).
+--tls-key and --tls-ca again: new connections, incoming and outgoing,
+use the new certificate and CAs, open ones go on; a file that does not
+load keeps the old ones (logged).
 questd --version prints the version line and exits 0; questd
 --print-config prints the effective configuration as YAML in the format
 --config reads (no secrets: the token file's name, not its token) and
@@ -383,6 +394,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.str(&c.Name, "name", hostname, "unique node name in the cluster: letters, digits, '.', '-' and '_' (default: the host name)")
 	d.str(&c.GRPCAddr, "grpc-addr", "127.0.0.1:7070", "listen `host:port` of the gRPC API (client, worker, health); an IP or empty host; port 0 picks a free port")
 	d.str(&c.Advertise, "advertise", "", "IP address other nodes reach this node's gRPC, collective and gossip listeners at (default: the host of --grpc-addr, which must then not be 0.0.0.0 or ::)")
+	d.str(&c.GRPCAdvertise, "grpc-advertise", "", "gRPC `host:port` other nodes dial this node's APIs at, put in its gossip meta: for a proxy or port mapping in front of --grpc-addr (default: the --advertise host and the --grpc-addr port)")
 	d.str(&c.GossipAddr, "gossip-addr", "127.0.0.1:7946", "memberlist bind `host:port`, UDP and TCP; an IP or empty host; port 0 picks a free port")
 	d.list(&c.Join, "join", "gossip `host:port` of an existing member to join through; repeatable or a comma-separated list (default: none, start a new cluster)")
 	d.str(&c.ClusterLabel, "cluster-label", "questrt", "memberlist label: nodes with another label are ignored (\"\": none)")
@@ -981,6 +993,16 @@ func (c Config) Validate() error {
 		}
 	} else if unspecified(grpcHost) {
 		return bad("grpc-addr", c.GRPCAddr, "listens on every interface: set --advertise to the address other nodes reach this node at")
+	}
+	if c.GRPCAdvertise != "" {
+		switch h, p, err := splitAddr("grpc-advertise", c.GRPCAdvertise); {
+		case err != nil:
+			return err
+		case unspecified(h):
+			return bad("grpc-advertise", c.GRPCAdvertise, "unspecified host: want the address other nodes reach this node's gRPC API at")
+		case p == 0:
+			return bad("grpc-advertise", c.GRPCAdvertise, "port 0: want the port other nodes dial")
+		}
 	}
 	gossipHost, _, err := splitAddr("gossip-addr", c.GossipAddr)
 	if err != nil {

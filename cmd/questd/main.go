@@ -18,9 +18,9 @@
 //	{"event":"ready","name":"node-0","grpc":"127.0.0.1:40123","gossip":"127.0.0.1:40124","metrics":"127.0.0.1:9464"}
 //
 // SIGTERM or SIGINT drains the in-flight calls (up to --drain-timeout),
-// leaves the cluster and exits 0. SIGHUP reloads the TLS certificates
-// (new connections use them; a file that does not load keeps the old
-// ones). --token-file guards the client API with a bearer token;
+// leaves the cluster and exits 0. SIGHUP reloads the TLS certificate,
+// key and CA (new connections, incoming and outgoing, use them; a file
+// that does not load keeps the old ones). --token-file guards the client API with a bearer token;
 // --print-config prints the effective configuration as YAML for
 // --config. Logs go to stderr (log/slog; memberlist's
 // and grpc's logs are bridged into it).

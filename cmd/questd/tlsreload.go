@@ -12,20 +12,30 @@ import (
 // certReloader holds the mutual-TLS material of --tls-cert, --tls-key and
 // --tls-ca and reads the files again on reload (SIGHUP). The tls.Config
 // of config reads the current material on every handshake, so new
-// connections use what the last successful reload read, and open ones go
-// on with what they were made with. A reload that fails keeps the old
-// material. Safe for concurrent use.
+// connections, incoming and outgoing, use what the last successful
+// reload read, and open ones go on with what they were made with. A
+// reload that fails keeps the old material. Safe for concurrent use.
 //
 // What a reload changes: as server, the certificate presented and the
 // CAs that client certificates are verified against (GetConfigForClient);
-// as client (this node dialling another), the certificate presented
-// (GetClientCertificate). The roots this node verifies other nodes'
-// server certificates against are those read at start: crypto/tls has no
-// per-handshake hook for them that keeps the check of the peer's address
-// (VerifyConnection does not see the IP dialled), so a new CA is trusted
-// as client after a restart. Rotate a CA with a bundle holding the old
-// and the new CA in --tls-ca before any node gets a certificate of the
-// new one.
+// as client (this node dialling another: the worker API, the collective
+// streams), the certificate presented (GetClientCertificate) and the CAs
+// that the server's certificate is verified against (VerifyConnection,
+// see verifyServer). So a CA can be rotated without a restart: give every
+// node a bundle of the old and the new CA in --tls-ca and SIGHUP them,
+// then certificates of the new CA and SIGHUP, then the new CA alone and
+// SIGHUP.
+//
+// The one check the client side gives up for that: crypto/tls verifies
+// a server's chain against a fixed RootCAs, so the chain is verified
+// here instead, and a verification callback does not see an IP address
+// dialled (only a DNS name, which is checked). Nodes dial each other at
+// IP addresses (--advertise), so a server's certificate is not checked
+// against the address dialled: any certificate of the current CA for
+// server authentication is accepted. Mutual TLS here already trusts every
+// holder of a certificate of the CA as a member (incoming connections are
+// checked against the CA only, and any member may call the worker API),
+// so this binds no one that the CA did not already trust.
 type certReloader struct {
 	certFile, keyFile, caFile string
 	cur                       atomic.Pointer[tlsMaterial]
@@ -75,9 +85,11 @@ func (r *certReloader) config() *tls.Config {
 	start := r.cur.Load()
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
-		// As client: the roots read at start (see certReloader), the
-		// current certificate.
-		RootCAs: start.pool,
+		// As client: the current certificate, and the server's chain
+		// verified against the current CAs by verifyServer, in place of
+		// crypto/tls's check against fixed roots (see certReloader).
+		InsecureSkipVerify: true,
+		VerifyConnection:   r.verifyServer,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return &r.cur.Load().cert, nil
 		},
@@ -90,4 +102,28 @@ func (r *certReloader) config() *tls.Config {
 				ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: m.pool}, nil
 		},
 	}
+}
+
+// verifyServer verifies, for this node as client, the server's
+// certificate chain against the current CAs, for server authentication,
+// and its name when one was dialled (an IP address is not seen here; see
+// certReloader). Server handshakes never call it: GetConfigForClient's
+// config has no VerifyConnection.
+func (r *certReloader) verifyServer(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("tls: the server presented no certificate")
+	}
+	opts := x509.VerifyOptions{
+		Roots:         r.cur.Load().pool,
+		Intermediates: x509.NewCertPool(),
+		DNSName:       cs.ServerName,
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, c := range cs.PeerCertificates[1:] {
+		opts.Intermediates.AddCert(c)
+	}
+	if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+		return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
+	}
+	return nil
 }

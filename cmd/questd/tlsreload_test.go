@@ -6,10 +6,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
 	"io"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,7 +27,10 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/internal/testcert"
+	"github.com/questrt/questrt/plan"
 )
 
 // tlsFiles are the paths of --tls-cert, --tls-key and --tls-ca.
@@ -54,6 +62,13 @@ func (f tlsFiles) write(t *testing.T, ca *testcert.CA, name string, cas ...*test
 // of the other (and the first error).
 func handshake(t *testing.T, server, client *tls.Config) (serverCN, clientCN string, err error) {
 	t.Helper()
+	return handshakeName(t, server, client, "127.0.0.1")
+}
+
+// handshakeName is handshake with the client dialling serverName (as
+// gRPC sets it: the host of the address dialled).
+func handshakeName(t *testing.T, server, client *tls.Config, serverName string) (serverCN, clientCN string, err error) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +99,7 @@ func handshake(t *testing.T, server, client *tls.Config) (serverCN, clientCN str
 		srv <- side{cn: cs.PeerCertificates[0].Subject.CommonName}
 	}()
 	cc := client.Clone()
-	cc.ServerName = "127.0.0.1"
+	cc.ServerName = serverName
 	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", lis.Addr().String(), cc)
 	if err == nil {
 		defer conn.Close()
@@ -288,4 +303,149 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestCertReloaderOutgoingCA: as client, the node verifies servers
+// against the CA of the last reload, not the one it started with: a peer
+// with a certificate of a new CA is refused before the reload that
+// brings the new CA (and the node's certificate of it) and accepted
+// after, while a peer of the old CA, no longer in --tls-ca, is refused;
+// a DNS name dialled is still checked against the peer's certificate.
+func TestCertReloaderOutgoingCA(t *testing.T) {
+	ca1, ca2 := testcert.NewCA(t, "ca-1"), testcert.NewCA(t, "ca-2")
+	files := newTLSFiles(t)
+	files.write(t, ca1, "v1", ca1)
+	rl, err := newCertReloader(files.cert, files.key, files.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := rl.config()
+	// Servers that check their clients against their own CA (the old
+	// peer against both).
+	both := x509.NewCertPool()
+	both.AddCert(ca1.Cert)
+	both.AddCert(ca2.Cert)
+	newPeer := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{ca2.Issue(t, "peer-2")},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca2.Pool}
+	oldPeer := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{ca1.Issue(t, "peer-1")},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: both}
+
+	if _, _, err := handshake(t, newPeer, node); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Errorf("before the reload: dialling a peer of ca-2: %v, want unknown authority", err)
+	}
+	if srvCN, cliCN, err := handshake(t, oldPeer, node); err != nil || srvCN != "peer-1" || cliCN != "v1" {
+		t.Errorf("before the reload: dialling a peer of ca-1: %q %q %v", srvCN, cliCN, err)
+	}
+
+	files.write(t, ca2, "v2", ca2)
+	if err := rl.reload(); err != nil {
+		t.Fatal(err)
+	}
+	if srvCN, cliCN, err := handshake(t, newPeer, node); err != nil || srvCN != "peer-2" || cliCN != "v2" {
+		t.Errorf("after the reload: dialling a peer of ca-2: server %q, node presents %q, %v; want peer-2, v2", srvCN, cliCN, err)
+	}
+	if _, _, err := handshake(t, oldPeer, node); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Errorf("after the reload: dialling a peer of ca-1 (no longer trusted): %v, want unknown authority", err)
+	}
+	// The peer's certificate names 127.0.0.1 only.
+	if _, _, err := handshakeName(t, newPeer, node, "localhost"); err == nil || !strings.Contains(err.Error(), "localhost") {
+		t.Errorf("dialling localhost, a name the peer's certificate lacks: %v, want a name mismatch", err)
+	}
+	// A client certificate is not a server's: a peer presenting a leaf
+	// without server authentication is refused.
+	clientOnly := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{issueClientOnly(t, ca2, "client-only")}}
+	if _, _, err := handshake(t, clientOnly, node); err == nil || !strings.Contains(err.Error(), "key usage") {
+		t.Errorf("a server certificate without server authentication: %v, want a key usage error", err)
+	}
+}
+
+// issueClientOnly signs a leaf of ca for client authentication only.
+func issueClientOnly(t *testing.T, ca *testcert.CA, name string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// TestReloadedCAOutgoingCluster: a node started with a certificate and
+// CA of ca-1, then reloaded with a certificate and CA of ca-2, works with
+// a node of ca-2 alone: CP 2 sequences created through either node (so
+// each dials the other's worker API, and each hosts a rank that dials
+// the other's collective listener) append and step.
+func TestReloadedCAOutgoingCluster(t *testing.T) {
+	ca1, ca2 := testcert.NewCA(t, "ca-1"), testcert.NewCA(t, "ca-2")
+	files := newTLSFiles(t)
+	files.write(t, ca1, "a-1", ca1)
+	rl, err := newCertReloader(files.cert, files.key, files.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := nodetest.Start(t, "rot", 2, nodetest.Geometry(2, 1, plan.Exact), func(i int, c *node.Config) {
+		c.Plaintext, c.TLS = false, rl.config()
+		if i == 1 {
+			c.TLS = ca2.MutualTLS(ca2.Issue(t, "b"))
+		}
+	})
+	files.write(t, ca2, "a-2", ca2)
+	if err := rl.reload(); err != nil {
+		t.Fatal(err)
+	}
+
+	creds := credentials.NewTLS(ca2.MutualTLS(ca2.Issue(t, "client")))
+	for _, via := range nodes {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		c, err := client.Dial(ctx, via.Addr(), client.Options{Creds: creds})
+		if err != nil {
+			cancel()
+			t.Fatalf("dial %s: %v", via.Name(), err)
+		}
+		id, on, err := c.Create(ctx, plan.Striped)
+		if err != nil {
+			c.Close()
+			cancel()
+			t.Fatalf("create through %s: %v", via.Name(), err)
+		}
+		if len(on) != 2 || on[0] == on[1] {
+			t.Errorf("create through %s: ranks on %v, want both nodes", via.Name(), on)
+		}
+		g := c.Geometry()
+		kv, qd := g.KVHeads*g.HeadDim, g.QHeads*g.HeadDim
+		const tokens = 20
+		for l := range g.Layers {
+			if err := c.Append(ctx, id, l, make([]float32, tokens*kv), make([]float32, tokens*kv)); err != nil {
+				t.Fatalf("append through %s: %v", via.Name(), err)
+			}
+		}
+		for l := range g.Layers {
+			res, err := c.Step(ctx, l, []client.Item{{Seq: id, Q: ones(qd), K: ones(kv), V: ones(kv)}}, client.StepOptions{})
+			if err != nil {
+				t.Fatalf("step through %s, layer %d: %v", via.Name(), l, err)
+			}
+			if len(res.O) != qd {
+				t.Fatalf("step through %s, layer %d: %d outputs, want %d", via.Name(), l, len(res.O), qd)
+			}
+		}
+		if err := c.Release(ctx, id); err != nil {
+			t.Errorf("release through %s: %v", via.Name(), err)
+		}
+		c.Close()
+		cancel()
+	}
+}
+
+func ones(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = 1
+	}
+	return v
 }
