@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"runtime"
 	"slices"
 	"sort"
@@ -153,7 +154,7 @@ func (b *Backend) loop(ready chan<- error) {
 		b.smem[k.name] = k.smem
 		b.warps[k.name] = k.warps
 	}
-	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge", "quest_gather_tables", "quest_pick_scores"}
+	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_radix", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge", "quest_gather_tables", "quest_pick_scores"}
 	for _, dt := range []plan.DType{plan.Float32, plan.Float16, plan.BFloat16} {
 		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize", "rescan"} {
 			names = append(names, "quest_"+k+"_"+dt.String())
@@ -1088,10 +1089,98 @@ func topkThr(plan *kernels.TopKPlan) bool {
 	return true
 }
 
+// Multi-block radix top-K limits (quest.cu, quest_topk_radix).
+const (
+	topkRadixThreads = 1024 // RADIX_THREADS
+	topkRadixMaxK    = 4096 // RADIX_KMAX: the largest k of a row with k < n
+	topkRadixSCap    = 3072 // RADIX_SCAP
+	topkRadixCtrl    = 32   // RADIX_CTRL: control ints per row
+	topkRadixBins    = 4096 // RADIX_BINS
+	// topkRadixTile is the fewest scores per block and pass worth a
+	// block of their own.
+	topkRadixTile = 16384
+	// topkRadixMinN: a plan that neither the threshold nor the two-stage
+	// top-K takes runs the multi-block radix select when its longest row
+	// (with 0 < k < n) has at least this many scores, else one block per
+	// row (quest_topk). A guess, not a measurement: tune it with
+	// BenchmarkTopKLong (the radix select costs a fixed few microseconds
+	// of launch, memset and pass hand-overs; one block per row scales
+	// with the row).
+	topkRadixMinN = 32768
+	// topkRadixBufBytes bounds the candidate buffers of all rows.
+	topkRadixBufBytes = 64 << 20
+)
+
+// topkRadix reports whether plan suits the multi-block radix select: a row
+// with 0 < k < n of at least topkRadixMinN scores, and every such row
+// keeping at most topkRadixMaxK.
+func topkRadix(plan *kernels.TopKPlan) bool {
+	maxN := 0
+	for r := range plan.Rows() {
+		n, k := int(plan.N[r]), int(plan.K[r])
+		if k <= 0 || k >= n {
+			continue
+		}
+		if k > topkRadixMaxK {
+			return false
+		}
+		maxN = max(maxN, n)
+	}
+	return maxN >= topkRadixMinN
+}
+
+// launchTopKRadix runs quest_topk_radix over every row of plan (any n and
+// k; rows with 0 < k < n must keep at most topkRadixMaxK): a memset of the
+// control words and one launch, no host synchronization.
+func (b *Backend) launchTopKRadix(plan *kernels.TopKPlan, scores cu.DevicePtr, ptrs [5]cu.DevicePtr, out cu.DevicePtr) error {
+	rows := plan.Rows()
+	maxN := 1
+	for r := range rows {
+		maxN = max(maxN, int(plan.N[r]))
+	}
+	ib := max(1, bits.Len(uint(maxN-1)))
+	npass := (32+ib+11)/12 + 1 // 12-bit digits of the (key, index) composite, then a gathering pass
+	g := max(1, min(targetSMs/rows, (maxN+topkRadixTile-1)/topkRadixTile))
+	bufcap := min(1<<16, maxN, topkRadixBufBytes/(16*rows))
+	bufcap = max(bufcap, topkRadixSCap)
+	ctrlWords := int64(64 + rows*topkRadixCtrl)
+	ctrl, err := b.buf("topk.radix.ctrl", ctrlWords*4)
+	if err != nil {
+		return err
+	}
+	if err := cu.MemsetD32Async(ctrl, 0, ctrlWords, cu.Stream{}); err != nil {
+		return fmt.Errorf("cuda: zero top-K control words: %w", err)
+	}
+	// The histograms are zero between launches (each pass clears what it
+	// used); a new buffer starts zeroed.
+	old := b.bufs["topk.radix.hist"]
+	hist, err := b.buf("topk.radix.hist", int64(rows*topkRadixBins)*4)
+	if err != nil {
+		return err
+	}
+	if nb := b.bufs["topk.radix.hist"]; nb != old {
+		if err := cu.MemsetD32Async(hist, 0, nb.size/4, cu.Stream{}); err != nil {
+			return fmt.Errorf("cuda: zero top-K histograms: %w", err)
+		}
+	}
+	kept, err := b.buf("topk.radix.kept", int64(rows*topkRadixMaxK)*4)
+	if err != nil {
+		return err
+	}
+	cand, err := b.buf("topk.radix.cand", int64(rows)*2*int64(bufcap)*8)
+	if err != nil {
+		return err
+	}
+	grid := npass*rows*g + rows
+	return b.launch("quest_topk_radix", [3]int{grid, 1, 1}, topkRadixThreads, 0, u(scores), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out),
+		u(ctrl), u(hist), u(kept), u(cand), uint64(rows), uint64(g), uint64(ib), uint64(npass), uint64(bufcap))
+}
+
 // launchTopK runs the threshold top-K (one block per row) when every row
 // suits it, else the two-stage top-K when the rows suit that, else the
-// radix select with one block per row. ptrs are the plan's ScoreOff, N,
-// Base, K, OutOff on the device.
+// multi-block radix select for long rows (topkRadix), else the radix
+// select with one block per row. ptrs are the plan's ScoreOff, N, Base, K,
+// OutOff on the device.
 //
 // tmax, when not 0, holds tile maxima from the score kernel and every row
 // of the plan starts at a score row's start. pdl launches the threshold
@@ -1102,6 +1191,9 @@ func (b *Backend) launchTopK(plan *kernels.TopKPlan, scores, tmax cu.DevicePtr, 
 		return b.launchMode(pdl, "quest_topk_thr", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(tmax), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
 	}
 	slice, slices, kmax := topkSlices(plan)
+	if slices == 0 && topkRadix(plan) {
+		return b.launchTopKRadix(plan, scores, ptrs, out)
+	}
 	if slices == 0 {
 		return b.launch("quest_topk", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
 	}

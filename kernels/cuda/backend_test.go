@@ -228,10 +228,10 @@ func TestShardsShareOneGPU(t *testing.T) {
 	compareResults(t, 0, cpu, gpu)
 }
 
-// TestTopKPaths checks the threshold top-K, the sliced two-stage top-K and
-// the one-block radix select against a full sort, with many ties (rows of
-// one level make every score a candidate, which sends the threshold kernel
-// to its radix fallback), rows of different lengths and budgets, partial
+// TestTopKPaths checks the threshold top-K, the sliced two-stage top-K, the
+// multi-block radix select and the one-block radix select against a full
+// sort, with many ties (rows of one level make every score a candidate,
+// which sends the threshold kernel to its radix fallback), rows of different lengths and budgets, partial
 // last tiles, k >= n, k >= the number of tiles, and slices shorter than k.
 func TestTopKPaths(t *testing.T) {
 	b := newBackend(t, plan.BFloat16)
@@ -250,14 +250,8 @@ func TestTopKPaths(t *testing.T) {
 			}
 			off += r.k
 		}
-		got := "one-block"
-		if topkThr(&plan) {
-			got = "thr"
-		} else if slices, _, _ := topkSlices(&plan); slices > 0 {
-			got = "two-stage"
-		}
-		if got != path {
-			t.Fatalf("%s: path %s, want %s", name, got, path)
+		if got := topkPath(&plan); got != path {
+			t.Fatalf("%s: path %s, want %s", name, topkPath(&plan), path)
 		}
 		out := make([]int32, off)
 		if err := b.TopK(context.Background(), scores, &plan, out); err != nil {
@@ -279,7 +273,8 @@ func TestTopKPaths(t *testing.T) {
 	check("thr: k = 1", []row{{40000, 1, 3}, {40000, 1, 1 << 20}}, "thr")
 	check("thr: a few large scores", []row{{65536, 255, 3}, {65536, 64, 2}}, "thr")
 	check("two stages", []row{{100000, 255, 1 << 20}, {70000, 127, 7}, {65536, 2, 1}}, "two-stage")
-	check("too long for two stages", []row{{100000, 511, 1000}}, "one-block")
+	check("too long for two stages", []row{{100000, 511, 1000}}, "radix")
+	check("radix: long rows, mixed budgets, ties", []row{{200000, 255, 1 << 20}, {100000, 4096, 7}, {70000, 1, 1}, {9, 3, 2}, {17, 40, 3}}, "radix")
 	check("k too large for thr", []row{{3000, 600, 5}, {1000, 200, 1 << 20}, {30, 40, 3}, {17, 16, 1 << 20}}, "one-block")
 }
 
