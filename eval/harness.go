@@ -45,7 +45,15 @@ type Config struct {
 	// and the dense cache of a prompt's prefill: bytes, 0 (the memory
 	// available now) or -1 (no check).
 	MemoryLimit int64
+	// PolicyName names the policy in the records of PolicyBudget runs
+	// (e.g. the policy file's name).
+	PolicyName string
 }
+
+// PolicyBudget in Config.Budgets runs each selector under the policy's
+// own budgets (BudgetTokens and the per-layer LayerBudget, as a policy
+// file gives them) instead of one budget for every layer.
+const PolicyBudget = -1
 
 // DefaultConfig returns Quest at budgets 64..512 with the default policy
 // and diagnostics on.
@@ -65,6 +73,9 @@ func (c Config) Validate() error {
 		}
 	}
 	for _, b := range c.Budgets {
+		if b == PolicyBudget {
+			continue
+		}
 		if b < c.Policy.PageSize {
 			return fmt.Errorf("eval: budget %d is below one page (%d tokens)", b, c.Policy.PageSize)
 		}
@@ -175,6 +186,9 @@ type LayerSums struct {
 	// Cosine and RelL2 sum, per query head, the output's cosine and
 	// relative L2 error against dense attention.
 	Cosine, RelL2 []float64
+	// HeadRecall and HeadMass sum, per query head, the recall and the
+	// attention-mass recall over the DiagSteps steps that report them.
+	HeadRecall, HeadMass []float64
 }
 
 func (s *Steps) add(steps []model.StepInfo, pageSize int) {
@@ -204,6 +218,8 @@ func (s *Steps) add(steps []model.StepInfo, pageSize int) {
 			l.Mass += st.MassRecall
 			l.MinMass += st.MinMassRecall
 			l.WorstMass = min(l.WorstMass, st.MinMassRecall)
+			l.HeadRecall = addHeads(l.HeadRecall, st.HeadRecall)
+			l.HeadMass = addHeads(l.HeadMass, st.HeadMassRecall)
 			if !math.IsNaN(st.SlackP50) && !st.Plan.Dense {
 				l.SlackSteps++
 				l.SlackP50 += st.SlackP50
@@ -258,6 +274,8 @@ func (s *Steps) merge(o Steps) {
 		a.SlackP50 += b.SlackP50
 		a.SlackP90 += b.SlackP90
 		a.SlackMax = max(a.SlackMax, b.SlackMax)
+		a.HeadRecall = addHeads(a.HeadRecall, b.HeadRecall)
+		a.HeadMass = addHeads(a.HeadMass, b.HeadMass)
 		if b.Cosine != nil {
 			if a.Cosine == nil {
 				a.Cosine = make([]float64, len(b.Cosine))
@@ -269,6 +287,21 @@ func (s *Steps) merge(o Steps) {
 			}
 		}
 	}
+}
+
+// addHeads adds x into sum element by element (allocating sum on the
+// first call; nil x adds nothing).
+func addHeads(sum, x []float64) []float64 {
+	if len(x) == 0 {
+		return sum
+	}
+	if sum == nil {
+		sum = make([]float64, len(x))
+	}
+	for h, v := range x {
+		sum[h] += v
+	}
+	return sum
 }
 
 // PromptResult is everything one prompt produced.
@@ -287,7 +320,7 @@ type PromptResult struct {
 // budget) on forks of the prefilled sequence.
 func (h *Harness) Evaluate(ctx context.Context, p Prompt) (*PromptResult, error) {
 	c := h.cfg
-	prefill := append([]int{h.tok.BOS()}, h.tok.Encode(p.Context)...)
+	prefill := model.PromptIDs(h.tok, p.Context)
 	question := h.tok.Encode(p.Question)
 	if !c.DecodeQuestion {
 		prefill, question = append(prefill, question...), nil
@@ -350,7 +383,7 @@ func (h *Harness) Evaluate(ctx context.Context, p Prompt) (*PromptResult, error)
 				if err != nil {
 					return nil, err
 				}
-				a.Budget = b
+				a.Budget = max(b, 0) // PolicyBudget: the policy's
 				a.Options = engine.StepOptions{Diagnostics: c.Diagnostics, TopR: c.TopR}
 				a.Compare = c.Diagnostics
 				a.Workers = c.Workers

@@ -33,6 +33,20 @@ type Prompt struct {
 	Length int
 	// Depths of the facts in the context, 0 (start) .. 1 (end).
 	Depths []float64
+	// Task names the generator ("" for Passkey, "reversal" for
+	// Reversal); results are grouped by it.
+	Task string
+	// Offset names where the answer's first digit was placed in its KV
+	// page ("start", "middle", "end", a token offset, or "any"; "" when
+	// not placed) and AnswerToken is that digit's token position (BOS
+	// at 0; 0 when not recorded), so its in-page offset is AnswerToken
+	// mod the page size.
+	Offset      string
+	AnswerToken int
+	// Distractor is the code of a similar fact that is not the answer
+	// (Reversal: A's), "" when none; results count the answers that
+	// gave it.
+	Distractor string
 }
 
 // Depth is the first fact's depth (NaN when unknown).
@@ -79,13 +93,13 @@ func Passkey(rng *rand.Rand, length int, opt PasskeyOptions) (Prompt, error) {
 		if keys == 1 {
 			facts[i] = fmt.Sprintf("The pass key is %s. Remember it. %s is the pass key. ", codes[i], codes[i])
 		} else {
-			facts[i] = fmt.Sprintf("The pass key of %s is %s. Remember it. ", passkeyNames[i], codes[i])
+			facts[i] = namedFact(passkeyNames[i], codes[i])
 		}
 	}
 	ask := rng.IntN(keys)
 	question := PasskeyQuestion
 	if keys > 1 {
-		question = fmt.Sprintf("What is the pass key of %s? The pass key of %s is ", passkeyNames[ask], passkeyNames[ask])
+		question = namedQuestion(passkeyNames[ask])
 	}
 	fixed := len(PasskeyIntro) + len(question)
 	for _, f := range facts {
@@ -118,6 +132,17 @@ func Passkey(rng *rand.Rand, length int, opt PasskeyOptions) (Prompt, error) {
 		}
 	}
 	return Prompt{Context: b.String(), Question: question, Answer: codes[ask], Length: length, Depths: depths}, nil
+}
+
+// namedFact is one fact of the multi-key format; its code starts
+// len(namedFactPrefix(name)) bytes in.
+func namedFact(name, code string) string { return namedFactPrefix(name) + code + ". Remember it. " }
+
+func namedFactPrefix(name string) string { return "The pass key of " + name + " is " }
+
+// namedQuestion asks for one name's code in the multi-key format.
+func namedQuestion(name string) string {
+	return "What is the pass key of " + name + "? The pass key of " + name + " is "
 }
 
 // PromptLine is one line of a --prompts file.

@@ -1,20 +1,30 @@
 package eval
 
 import (
+	"cmp"
 	"slices"
 
 	"github.com/questrt/questrt/plan"
 )
 
 // Record is one JSON line of `questctl eval passkey`: one (length,
-// selector, budget) over the prompts of that length. Budget 0 is the
-// dense baseline.
+// selector, budget) over the prompts of that length (and task and
+// in-page offset, for tasks other than the plain passkey). Budget 0 is
+// the dense baseline.
 type Record struct {
-	Model    string `json:"model,omitempty"`
-	Length   int    `json:"length"`
+	Model  string `json:"model,omitempty"`
+	Length int    `json:"length"`
+	// Task and Offset are the prompts' Task and Offset (omitted for the
+	// plain passkey task).
+	Task     string `json:"task,omitempty"`
+	Offset   string `json:"offset,omitempty"`
 	Selector string `json:"selector"`
 	Budget   int    `json:"budget"`
-	N        int    `json:"n"`
+	// Policy is set on runs under the policy's own per-layer budgets
+	// (Config.Budgets' PolicyBudget): Config.PolicyName, and Budget is
+	// then the mean token budget of its sparse layers.
+	Policy string `json:"policy,omitempty"`
+	N      int    `json:"n"`
 	// Accuracy is the share of prompts whose free-running greedy answer
 	// equals the expected one; DenseAccuracy the same for the dense
 	// baseline on the same prompts.
@@ -23,14 +33,17 @@ type Record struct {
 	DenseAccuracy float64 `json:"dense_accuracy"`
 	// SparseOnlyFailures counts prompts the dense baseline answered and
 	// this policy did not (failures of the selection, not the model).
-	SparseOnlyFailures int     `json:"sparse_only_failures"`
-	MeanTokens         float64 `json:"mean_tokens"`
-	PageSize           int     `json:"page_size"`
-	DenseLayers        int     `json:"dense_layers"`
-	Sink               int     `json:"sink"`
-	Local              int     `json:"local"`
-	GQA                string  `json:"gqa"`
-	DecodeQuestion     bool    `json:"decode_question"`
+	SparseOnlyFailures int `json:"sparse_only_failures"`
+	// DistractorAnswers counts answers that were the prompts'
+	// Distractor code (Reversal: A's instead of B's); omitted when none.
+	DistractorAnswers int     `json:"distractor_answers,omitempty"`
+	MeanTokens        float64 `json:"mean_tokens"`
+	PageSize          int     `json:"page_size"`
+	DenseLayers       int     `json:"dense_layers"`
+	Sink              int     `json:"sink"`
+	Local             int     `json:"local"`
+	GQA               string  `json:"gqa"`
+	DecodeQuestion    bool    `json:"decode_question"`
 	// FreeRunning and TeacherForced summarize the decode steps.
 	FreeRunning   *Phase `json:"free_running,omitempty"`
 	TeacherForced *Phase `json:"teacher_forced,omitempty"`
@@ -93,17 +106,23 @@ type LayerRecord struct {
 	Cosine     *float64  `json:"cosine,omitempty"`
 	HeadCosine []float64 `json:"head_cosine,omitempty"`
 	HeadRelL2  []float64 `json:"head_rel_l2,omitempty"`
+	// HeadRecall and HeadMassRecall are Recall and MassRecall per query
+	// head (mean over steps).
+	HeadRecall     []float64 `json:"head_recall,omitempty"`
+	HeadMassRecall []float64 `json:"head_mass_recall,omitempty"`
 }
 
 // Key names one row of the results.
 type Key struct {
-	Length   int
-	Selector plan.Selector
-	Budget   int
+	Length       int
+	Task, Offset string
+	Selector     plan.Selector
+	Budget       int
 }
 
 type acc struct {
 	n, correct, denseCorrect, sparseOnly, tokens int
+	distractor                                   int
 	free, teacher                                Steps
 }
 
@@ -143,18 +162,22 @@ func (a *Aggregate) Add(r *PromptResult) {
 				x.sparseOnly++
 			}
 		}
+		if r.Prompt.Distractor != "" && run.Output == r.Prompt.Distractor {
+			x.distractor++
+		}
 		x.free.merge(run.Free)
 		x.teacher.merge(run.Teacher)
 	}
-	add(Key{l, plan.Dense, 0}, r.Dense)
+	add(Key{Length: l, Task: r.Prompt.Task, Offset: r.Prompt.Offset, Selector: plan.Dense}, r.Dense)
 	for _, run := range r.Runs {
-		add(Key{l, run.Selector, run.Budget}, run)
+		add(Key{Length: l, Task: r.Prompt.Task, Offset: r.Prompt.Offset, Selector: run.Selector, Budget: run.Budget}, run)
 	}
 }
 
 // Records returns the rows of one length (all lengths when length < 0)
 // in the order they were first seen: the dense baseline, then each
-// selector's budgets.
+// selector's budgets (per task and offset: prompts of another offset
+// are other rows).
 func (a *Aggregate) Records(length int) []Record {
 	var out []Record
 	for _, k := range a.keys {
@@ -163,12 +186,16 @@ func (a *Aggregate) Records(length int) []Record {
 		}
 		x := a.by[k]
 		p := a.cfg.Policy
-		rec := Record{Length: k.Length, Selector: k.Selector.String(), Budget: k.Budget, N: x.n, Correct: x.correct,
-			Accuracy: frac(x.correct, x.n), DenseAccuracy: frac(x.denseCorrect, x.n), SparseOnlyFailures: x.sparseOnly,
+		rec := Record{Length: k.Length, Task: k.Task, Offset: k.Offset, Selector: k.Selector.String(), Budget: k.Budget, N: x.n, Correct: x.correct,
+			Accuracy: frac(x.correct, x.n), DenseAccuracy: frac(x.denseCorrect, x.n), SparseOnlyFailures: x.sparseOnly, DistractorAnswers: x.distractor,
 			MeanTokens: float64(x.tokens) / float64(max(x.n, 1)), PageSize: p.PageSize, DenseLayers: p.DenseLayers,
 			Sink: p.SinkPages, Local: p.LocalPages, GQA: p.GQA.String(), DecodeQuestion: a.cfg.DecodeQuestion}
 		if k.Selector == plan.Dense {
 			rec.DenseLayers = 0
+		}
+		if k.Budget == PolicyBudget {
+			rec.Policy = cmp.Or(a.cfg.PolicyName, "policy")
+			rec.Budget = meanBudget(p, len(x.free.Layers))
 		}
 		rec.FreeRunning = phase(x.free, p.PageSize, p.DenseLayers, false)
 		if k.Selector != plan.Dense {
@@ -177,6 +204,27 @@ func (a *Aggregate) Records(length int) []Record {
 		out = append(out, rec)
 	}
 	return out
+}
+
+// meanBudget is the mean token budget of p's sparse layers among the
+// first layers (BudgetTokens when every layer is dense).
+func meanBudget(p plan.Policy, layers int) int {
+	sum, n := 0, 0
+	for l := range layers {
+		if p.IsDenseLayer(l) {
+			continue
+		}
+		b := p.BudgetTokens
+		if lb, ok := p.LayerBudget[l]; ok {
+			b = lb
+		}
+		sum += b
+		n++
+	}
+	if n == 0 {
+		return p.BudgetTokens
+	}
+	return (sum + n/2) / n
 }
 
 // Lengths returns the lengths seen, in order.
@@ -218,6 +266,10 @@ func phase(s Steps, pageSize, denseLayers int, teacher bool) *Phase {
 		if l.DiagSteps > 0 {
 			n := float64(l.DiagSteps)
 			lr.Recall, lr.MassRecall, lr.MinMassRecall, lr.WorstMassRecall = ptr(l.Recall/n), ptr(l.Mass/n), ptr(l.MinMass/n), ptr(l.WorstMass)
+			for h := range l.HeadMass {
+				lr.HeadRecall = append(lr.HeadRecall, l.HeadRecall[h]/n)
+				lr.HeadMassRecall = append(lr.HeadMassRecall, l.HeadMass[h]/n)
+			}
 		}
 		if l.SlackSteps > 0 {
 			n := float64(l.SlackSteps)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -53,6 +54,7 @@ step).`)
 	maxMem := maxMemoryFlag(fs)
 	asJSON := fs.Bool("json", false, "no table on stderr: JSON lines on stdout, progress lines on stderr (default also prints a table to stderr)")
 	cudaKernels := fs.String("cuda-kernels", "", "cuda: tuning overrides, comma-separated: attend=NAME and score=NAME (tensor-core kernel variants of kernels/cuda/mma.cu), score-chunk=N and attend-chunk=N (pages per block / work item)")
+	plotOut := fs.String("plot", "", "after the run, draw time per step vs context (log-log) from its JSON lines to this PNG file (as 'questctl plot')")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -68,6 +70,14 @@ step).`)
 		return err
 	}
 	c.MemoryLimit = *maxMem
+	// --plot keeps a copy of the JSON lines for the figure.
+	var plotLines bytes.Buffer
+	if *plotOut != "" {
+		if err := checkPlotOut("--plot", *plotOut); err != nil {
+			return err
+		}
+		stdout = io.MultiWriter(stdout, &plotLines)
+	}
 	// Every configuration is checked before the first one runs.
 	for _, b := range batchList {
 		c.Batch = b
@@ -87,7 +97,7 @@ step).`)
 		if flagSet(fs, "max-memory") {
 			return usageError{errors.New("--max-memory needs --backend cpu (the CUDA benchmark's data live in GPU memory; it skips configurations over 64 GiB of K/V)")}
 		}
-		return benchCUDA(ctx, c, batchList, *dtype, *cudaKernels, *asJSON, stdout, stderr)
+		return plotAttention(*plotOut, &plotLines, benchCUDA(ctx, c, batchList, *dtype, *cudaKernels, *asJSON, stdout, stderr))
 	default:
 		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 	}
@@ -120,7 +130,7 @@ step).`)
 	if !*asJSON {
 		fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
 	}
-	return nil
+	return plotAttention(*plotOut, &plotLines, nil)
 }
 
 // parseInts reads a comma-separated list of integers for flag. Ranges are

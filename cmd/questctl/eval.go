@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,13 +52,27 @@ cosine and relative L2 error; pages read vs dense next to the byte model
 rho = 1/S + K/P. --decode-question feeds the question through decode
 steps so that selection follows the query as it forms.
 
+--task reversal builds relevance-reversal prompts instead (notes 3.3):
+two named keys, B's stated once early (near --depths, one depth,
+default random in [0.05, 0.35)), A's stated --reversal-repeats times
+over the rest of the filler, the last right before the question, which
+asks for B. B's fact is placed so that its code's first digit falls at
+each of --offsets in its KV page (start = token 0 of the page, middle =
+S/2, end = S-1, or a token offset; any = no alignment), counting the
+BOS token: --reversal-align block (default) keeps facts at filler-block
+boundaries, B's alone or right after A's first statement, the nearest
+such point to the depth; sentence allows any sentence start and pad
+adds spaces (both outside the trained format). --n prompts per offset;
+results are per (length, offset, selector, budget), the JSON lines
+carrying "task" and "offset".
+
 Results go to stdout when a length is done: a table (pages, rho and
 1/S+K/P over the sparse layers, teacher-forced), or with --json one JSON
 line per (length, selector, budget) with at least length, selector,
 budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 	rf := addRunFlags(fs)
 	lengths := fs.String("lengths", "2048,8192", "comma-separated prompt lengths in bytes (64..1048576)")
-	budgets := fs.String("budgets", "64,128,256,512", "comma-separated token budgets (each at least --page-size)")
+	budgets := fs.String("budgets", "64,128,256,512", "comma-separated token budgets (each at least --page-size); \"policy\" (with --policy): the policy file's own per-layer budgets")
 	selectors := fs.String("selectors", "quest", "comma-separated sparse selectors: quest, oracle, recent (dense always runs as the baseline)")
 	n := fs.Int("n", 40, "prompts per length (1..100000)")
 	seed := fs.Uint64("seed", 1, "prompt seed")
@@ -67,16 +82,45 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 	decodeQ := fs.Bool("decode-question", false, "feed the question's tokens through decode steps with the policy's selection instead of prefilling them")
 	noDiag := fs.Bool("no-diagnostics", false, "skip the per-step comparison with dense attention (recall, mass recall, cosine)")
 	asJSON := fs.Bool("json", false, "JSON lines on stdout instead of a table")
+	plotOut := fs.String("plot", "", "after the run, draw accuracy vs budget and mass recall per layer to this PNG file (as 'questctl plot')")
+	task := fs.String("task", "passkey", "prompts: passkey, or reversal (B asked after A was repeated; see above)")
+	revRepeats := fs.Int("reversal-repeats", eval.DefaultReversalRepeats, "--task reversal: how often A's fact is stated (1..100)")
+	offsets := fs.String("offsets", "start,middle,end", "--task reversal: comma-separated in-page offsets of B's first digit: start, middle, end, any or a token offset")
+	revAlign := fs.String("reversal-align", eval.AlignBlock, "--task reversal: how B is moved to its offset: block (filler-block boundaries), sentence (any sentence start) or pad (spaces)")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	if err := rf.check(); err != nil {
 		return usageError{err}
 	}
+	if *plotOut != "" {
+		if err := checkPlotOut("--plot", *plotOut); err != nil {
+			return err
+		}
+	}
 	cfg := eval.DefaultConfig()
 	var err error
-	if cfg.Budgets, err = evalInts("--budgets", *budgets, rf.pageSize, 1<<24); err != nil {
-		return err
+	var nums []string
+	cfg.Budgets = nil
+	for _, b := range strings.Split(*budgets, ",") {
+		if strings.TrimSpace(b) != "policy" {
+			nums = append(nums, b)
+			continue
+		}
+		if rf.file == nil {
+			return usageError{fmt.Errorf("--budgets %q: \"policy\" needs --policy FILE", *budgets)}
+		}
+		if !slices.Contains(cfg.Budgets, eval.PolicyBudget) {
+			cfg.Budgets = append(cfg.Budgets, eval.PolicyBudget)
+		}
+		cfg.PolicyName = filepath.Base(rf.policyFile)
+	}
+	if len(nums) > 0 {
+		bs, err := evalInts("--budgets", strings.Join(nums, ","), rf.pageSize, 1<<24)
+		if err != nil {
+			return err
+		}
+		cfg.Budgets = append(bs, cfg.Budgets...)
 	}
 	cfg.Selectors = nil
 	for _, s := range strings.Split(*selectors, ",") {
@@ -106,6 +150,37 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 		if len(depthList) != 1 && len(depthList) != *keys {
 			return usageError{fmt.Errorf("--depths: %d depths for --keys %d (want 1 or %d)", len(depthList), *keys, *keys)}
 		}
+	}
+	var offsetList []string
+	switch *task {
+	case "passkey":
+		for _, f := range []string{"reversal-repeats", "offsets", "reversal-align"} {
+			if flagSet(fs, f) {
+				return usageError{fmt.Errorf("--%s: only with --task reversal", f)}
+			}
+		}
+	case eval.TaskReversal:
+		switch {
+		case flagSet(fs, "keys"):
+			return usageError{errors.New("--keys: --task reversal has its own two keys")}
+		case flagSet(fs, "prompts"):
+			return usageError{errors.New("--prompts: the file gives the prompts; drop --task reversal")}
+		case *revRepeats < 1 || *revRepeats > 100:
+			return usageError{fmt.Errorf("--reversal-repeats %d: want 1..100", *revRepeats)}
+		case *revAlign != eval.AlignBlock && *revAlign != eval.AlignSentence && *revAlign != eval.AlignPad:
+			return usageError{fmt.Errorf("--reversal-align %q: want block, sentence or pad", *revAlign)}
+		}
+		for _, f := range strings.Split(*offsets, ",") {
+			o := strings.TrimSpace(f)
+			if _, err := eval.ResolveOffset(o, rf.pageSize); err != nil || o == "" {
+				return usageError{fmt.Errorf("--offsets: %q is not start, middle, end, any or a token offset in 0..%d", f, rf.pageSize-1)}
+			}
+			if !slices.Contains(offsetList, o) {
+				offsetList = append(offsetList, o)
+			}
+		}
+	default:
+		return usageError{fmt.Errorf("--task %q: want passkey or reversal", *task)}
 	}
 	cfg.Policy, err = rf.policy("quest", 0)
 	if err != nil {
@@ -152,6 +227,22 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 		for _, l := range ls {
 			var g []eval.Prompt
 			for range *n {
+				if *task == eval.TaskReversal {
+					// --n per offset, the offsets interleaved.
+					ro := eval.ReversalOptions{PageSize: rf.pageSize, Align: *revAlign, Repeats: *revRepeats, Depth: -1}
+					if len(depthList) > 0 {
+						ro.Depth = depthList[0]
+					}
+					for _, o := range offsetList {
+						ro.Offset = o
+						p, err := eval.Reversal(rng, l, ro)
+						if err != nil {
+							return usageError{fmt.Errorf("--task reversal: %w", err)}
+						}
+						g = append(g, p)
+					}
+					continue
+				}
 				p, err := eval.Passkey(rng, l, eval.PasskeyOptions{Keys: *keys, Depths: depthList})
 				if err != nil {
 					return usageError{err}
@@ -191,7 +282,7 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 			}
 			agg.Add(r)
 			var b strings.Builder
-			fmt.Fprintf(&b, "length %d prompt %d/%d (%d tokens, depth %.2f): prefill %.1fs, decode %.1fs; answer %s, dense %s", p.Length, i+1, len(g), r.Tokens, p.Depth(), r.PrefillSeconds, r.DecodeSeconds, p.Answer, mark(r.Dense.Output, p.Answer))
+			fmt.Fprintf(&b, "length %d prompt %d/%d (%d tokens, depth %.2f%s): prefill %.1fs, decode %.1fs; answer %s, dense %s", p.Length, i+1, len(g), r.Tokens, p.Depth(), placed(p, rf.pageSize), r.PrefillSeconds, r.DecodeSeconds, p.Answer, mark(r.Dense.Output, p.Answer))
 			for _, run := range r.Runs {
 				fmt.Fprintf(&b, ", %s/%d %s", run.Selector, run.Budget, mark(run.Output, p.Answer))
 			}
@@ -212,7 +303,19 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 		}
 		fmt.Fprintf(stderr, "length %d: %d prompts in %.1fs\n", g[0].Length, len(g), time.Since(start).Seconds())
 	}
+	if *plotOut != "" {
+		return plotPasskey(*plotOut, rf.model, agg.Records(-1))
+	}
 	return nil
+}
+
+// placed describes where a reversal prompt put its answer ("" for the
+// plain task).
+func placed(p eval.Prompt, pageSize int) string {
+	if p.Task == "" {
+		return ""
+	}
+	return fmt.Sprintf(", %s, offset %s: token %d = page %d + %d, distractor %s", p.Task, p.Offset, p.AnswerToken, p.AnswerToken/pageSize, p.AnswerToken%pageSize, p.Distractor)
 }
 
 // mark shows a model's answer: the text, with a check for the expected one.
@@ -224,6 +327,11 @@ func mark(got, want string) string {
 }
 
 func printEvalTable(w io.Writer, recs []eval.Record) {
+	// Tasks other than the plain passkey add the in-page offset.
+	offsetCol := slices.ContainsFunc(recs, func(r eval.Record) bool { return r.Task != "" })
+	if offsetCol {
+		fmt.Fprintf(w, "%-8s ", "offset")
+	}
 	fmt.Fprintf(w, "%-8s %-8s %6s %4s %8s %6s %8s %7s %7s  mass recall per layer (teacher-forced)\n", "length", "selector", "budget", "n", "accuracy", "agree", "pages", "rho", "1/S+K/P")
 	for _, r := range recs {
 		agree, pages, rho, formula := "-", "-", "-", "-"
@@ -238,6 +346,9 @@ func printEvalTable(w io.Writer, recs []eval.Record) {
 					mass = append(mass, fmt.Sprintf("%.3f", *l.MassRecall))
 				}
 			}
+		}
+		if offsetCol {
+			fmt.Fprintf(w, "%-8s ", r.Offset)
 		}
 		fmt.Fprintf(w, "%-8d %-8s %6d %4d %8.3f %6s %8s %7s %7s  %s\n", r.Length, r.Selector, r.Budget, r.N, r.Accuracy, agree, pages, rho, formula, strings.Join(mass, " "))
 	}

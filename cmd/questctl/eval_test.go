@@ -82,10 +82,64 @@ func TestEvalFlags(t *testing.T) {
 		{[]string{"passkey", "--model", v1, "--prompts", "/nonexistent"}, "--prompts"},
 		{[]string{"passkey", "--model", v1, "--lengths", "40000"}, "positions"},
 		{[]string{"passkey", "--model", v1, "--bogus"}, "bogus"},
+		{[]string{"passkey", "--model", v1, "--task", "ruler"}, "--task"},
+		{[]string{"passkey", "--model", v1, "--offsets", "start"}, "--offsets"},
+		{[]string{"passkey", "--model", v1, "--reversal-repeats", "3"}, "--reversal-repeats"},
+		{[]string{"passkey", "--model", v1, "--reversal-align", "pad"}, "--reversal-align"},
+		{[]string{"passkey", "--model", v1, "--task", "reversal", "--offsets", "start,top"}, "--offsets"},
+		{[]string{"passkey", "--model", v1, "--task", "reversal", "--offsets", "16"}, "--offsets"},
+		{[]string{"passkey", "--model", v1, "--task", "reversal", "--offsets", ""}, "--offsets"},
+		{[]string{"passkey", "--model", v1, "--task", "reversal", "--reversal-repeats", "0"}, "--reversal-repeats"},
+		{[]string{"passkey", "--model", v1, "--task", "reversal", "--reversal-align", "stretch"}, "--reversal-align"},
+		{[]string{"passkey", "--model", v1, "--task", "reversal", "--keys", "2"}, "--keys"},
+		{[]string{"passkey", "--model", v1, "--task", "reversal", "--depths", "0.1,0.2"}, "--depths"},
+		{[]string{"passkey", "--model", v1, "--task", "reversal", "--depths", "1"}, "reversal"},
+		{[]string{"passkey", "--model", v1, "--task", "reversal", "--prompts", "/nonexistent"}, "--prompts"},
+		{[]string{"passkey", "--model", v1, "--task", "reversal", "--lengths", "300", "--page-size", "64"}, "reversal"},
 	} {
 		code, out, errs := call(evalCmd, c.args...)
 		if code != 2 || out != "" || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, c.flag) {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q (want exit 2 naming %s)", c.args, code, out, errs, c.flag)
 		}
+	}
+}
+
+// TestEvalReversal: --task reversal gives one row per (offset, selector,
+// budget), the JSON lines naming task and offset, the progress lines the
+// answer's token; the table has an offset column.
+func TestEvalReversal(t *testing.T) {
+	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
+	code, out, errs := call(evalCmd, "passkey", "--model", v1, "--task", "reversal", "--reversal-repeats", "3", "--lengths", "1024", "--n", "2", "--offsets", "start,end", "--budgets", "32", "--selectors", "quest,recent", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2*3 {
+		t.Fatalf("%d lines:\n%s", len(lines), out)
+	}
+	for i, l := range lines {
+		var r eval.Record
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		offset := []string{"start", "end"}[i/3]
+		sel := []string{"dense", "quest", "recent"}[i%3]
+		if r.Task != "reversal" || r.Offset != offset || r.Selector != sel || r.N != 2 || r.Length != 1024 {
+			t.Errorf("line %d: %+v (want offset %s, selector %s)", i, r, offset, sel)
+		}
+	}
+	for _, want := range []string{"prompt 4/4", "offset start: token ", "offset end: token ", " + 0, distractor ", " + 15, distractor "} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("progress lacks %q:\n%s", want, errs)
+		}
+	}
+	code, out, errs = call(evalCmd, "passkey", "--model", v1, "--task", "reversal", "--reversal-align", "pad", "--lengths", "1024", "--n", "1", "--offsets", "5", "--budgets", "64")
+	if code != 0 || !strings.HasPrefix(out, "offset   length") || !strings.Contains(out, "\n5        1024     quest") || !strings.Contains(errs, " + 5, distractor ") {
+		t.Fatalf("exit %d, stdout %q, stderr %s", code, out, errs)
+	}
+	// The plain task's lines keep their shape.
+	code, out, errs = call(evalCmd, "passkey", "--model", v1, "--lengths", "512", "--n", "1", "--budgets", "64", "--json")
+	if code != 0 || strings.Contains(out, `"task"`) || strings.Contains(out, `"offset"`) || strings.Contains(out, `"distractor_answers"`) {
+		t.Fatalf("exit %d, stdout %q, stderr %s", code, out, errs)
 	}
 }

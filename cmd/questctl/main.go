@@ -9,6 +9,8 @@
 //	questctl devices  [--json]
 //	questctl generate --model DIR --prompt TEXT [flags]
 //	questctl eval     passkey --model DIR [flags]
+//	questctl calibrate --model DIR --prompts FILE [--out policy.yaml]
+//	questctl plot     --in FILE.jsonl[,...] --out FILE.png [--kind passkey|attention|auto]
 //
 // Run `questctl <command> --help` for a command's flags.
 package main
@@ -53,6 +55,8 @@ Usage:
   questctl devices [--json]             the node's NVIDIA GPUs (NVML): name, UUID, memory, PCI, NVLink, topology
   questctl generate --model DIR --prompt TEXT [...]  decode a Llama checkpoint through the engine (Quest or dense): text, pages read vs total, tokens/s
   questctl eval passkey --model DIR [...]            passkey accuracy, recall and attention-mass recall per layer vs dense, JSON lines
+  questctl calibrate --model DIR --prompts F [...]   per-layer budgets reaching a target attention-mass recall; writes a --policy file
+  questctl plot --in FILE.jsonl --out FILE.png       PNG figure of eval passkey or bench attention JSON lines
   questctl up --nodes N [--cp C --tp T] [-- questd flags]  start a local questd cluster on loopback and keep it up until Ctrl-C
   questctl status --addr HOST:PORT [--json]          one questd's view: members and their state, devices, grid config
   questctl version                                   the version and VCS revision of this build
@@ -85,6 +89,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runGenerate(ctx, args[1:], stdout, stderr)
 	case "eval":
 		err = runEval(ctx, args[1:], stdout, stderr)
+	case "calibrate":
+		err = runCalibrate(ctx, args[1:], stdout, stderr)
+	case "plot":
+		err = runPlot(args[1:], stdout, stderr)
 	case "up":
 		err = runUp(ctx, args[1:], stdout, stderr)
 	case "status":
@@ -95,7 +103,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate, eval, up, status or version; see 'questctl help')\n", args[0])
+		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate, eval, calibrate, plot, up, status or version; see 'questctl help')\n", args[0])
 		return exitUsage
 	}
 	if err == nil || errors.Is(err, flag.ErrHelp) {
