@@ -87,6 +87,11 @@ type Config struct {
 	// (the default: the memory available when New runs) or -1 (no check).
 	// New refuses a configuration over it before allocating anything.
 	MemoryLimit int64
+	// DeviceBudgetPages turns offload on in every shard (see
+	// worker.Config.DeviceBudgetPages); 0, the default, is off.
+	DeviceBudgetPages int
+	// Eviction is the offload eviction policy (pagestore.EvictLRU).
+	Eviction pagestore.Eviction
 }
 
 // WorkerConfig is the config every rank's worker runs with (the memory
@@ -98,7 +103,8 @@ func (c Config) WorkerConfig() worker.Config { return c.workerConfig() }
 func (c Config) workerConfig() worker.Config {
 	return worker.Config{Layers: c.Layers, Geometry: c.Geometry,
 		CP: c.CP, TP: c.TP, Capacity: c.CapacityPages, Policy: c.Policy.WithGeometry(c.Geometry), Mode: c.Selection,
-		DeviceResident: c.DeviceResident, MemoryLimit: memlimit.NoLimit}
+		DeviceResident: c.DeviceResident, MemoryLimit: memlimit.NoLimit,
+		DeviceBudgetPages: c.DeviceBudgetPages, Eviction: c.Eviction}
 }
 
 // preflight refuses a configuration whose host pools, over all CP x TP

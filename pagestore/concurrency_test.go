@@ -1,6 +1,8 @@
 package pagestore
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -11,9 +13,18 @@ import (
 // TestConcurrentSequences appends to 8 sequences from 8 goroutines (random
 // chunk sizes, two layers), with forks and rollbacks mixed in, and checks
 // each against its shadow. Run with -race.
+// With offload on (a device budget of 48 pages for 16 sequences), the
+// goroutines also recall pages of their sequences, as steps do.
 func TestConcurrentSequences(t *testing.T) {
+	for _, budget := range []int{0, 48} {
+		t.Run(fmt.Sprintf("budget%d", budget), func(t *testing.T) { testConcurrentSequences(t, budget) })
+	}
+}
+
+func testConcurrentSequences(t *testing.T, budget int) {
 	const G, L, S, H, D = 8, 2, 4, 2, 4
-	s := mustStore(t, Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: G * 64})
+	s := mustStore(t, Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: G * 64, DeviceBudget: budget})
+	defer s.Close()
 	ids := make([]SeqID, G)
 	shadows := make([]*shadowSeq, G)
 	forks := make([]SeqID, G)
@@ -36,6 +47,15 @@ func TestConcurrentSequences(t *testing.T) {
 					sh.v[l] = append(sh.v[l], v...)
 				}
 				switch {
+				case budget > 0 && step%5 == 4:
+					pt, err := s.AppendPageTable(nil, id)
+					if err == nil {
+						err = s.Recall(context.Background(), pt[:min(len(pt), 3)])
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
 				case step == 20:
 					f, err := s.Fork(id)
 					if err != nil {
@@ -65,6 +85,7 @@ func TestConcurrentSequences(t *testing.T) {
 		checkSeq(t, s, forks[g], forkShadows[g])
 	}
 	checkPool(t, s)
+	checkRes(t, s)
 	if st := s.Stats(); st.Sequences != 2*G {
 		t.Fatalf("stats %+v, want %d sequences", st, 2*G)
 	}

@@ -6,6 +6,7 @@ import (
 	"math/bits"
 
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -30,7 +31,63 @@ type Config struct {
 	// New runs) or -1 (no check). A configuration over it fails with an
 	// error wrapping [memlimit.ErrTooLarge] before anything is allocated.
 	MemoryLimit int64
+
+	// DeviceBudget is the number of pages whose K and V the pool arrays
+	// hold (the device pool), in [0, Capacity]. 0 (the default) turns
+	// offload off: the pool arrays hold every page's K/V, indexed by
+	// physical page id, as without this field. Above 0 the K/V pool
+	// arrays have DeviceBudget slots and the K/V of the other pages live
+	// in Tier; summaries always stay in the pool for every page (see the
+	// package doc, "Offload").
+	DeviceBudget int
+	// Tier holds the K/V payloads of pages outside the device pool when
+	// DeviceBudget > 0: page p in slot p, so it needs at least Capacity
+	// slots of tier.PagePayloadBytes(Layers, Geometry) bytes. nil (the
+	// default): a tier.Memory made by [New] and closed by [Store.Close].
+	// The store never closes a Tier it is given.
+	Tier tier.Tier
+	// Eviction is the eviction policy of the device pool (default
+	// EvictLRU).
+	Eviction Eviction
+	// ScoreDecay is the decay per step recall of EvictScore's use counts,
+	// in (0, 1) (0: the default 0.9, a half-life of about 6.6 recalls).
+	ScoreDecay float64
+	// PinFirst and PinLast are the pages of every sequence that eviction
+	// never takes: its first PinFirst and last PinLast pages (PinLast 0
+	// means 1: the tail page, which appends write, is always pinned). A
+	// shard sets them to its policy's sink and local pages.
+	PinFirst, PinLast int
 }
+
+// DefaultScoreDecay is the default [Config.ScoreDecay].
+const DefaultScoreDecay = 0.9
+
+// Offload reports whether c keeps some pages' K/V outside the pool
+// arrays (DeviceBudget > 0).
+func (c Config) Offload() bool { return c.DeviceBudget > 0 }
+
+// slots is the number of K/V slots of the pool arrays.
+func (c Config) slots() int {
+	if c.Offload() {
+		return c.DeviceBudget
+	}
+	return c.Capacity
+}
+
+// PayloadBytes returns the bytes of one page's K/V over all layers: what
+// an offloaded page takes in its tier.
+func (c Config) PayloadBytes() int {
+	return tier.PagePayloadBytes(c.Layers, c.Geometry)
+}
+
+func (c Config) scoreDecay() float64 {
+	if c.ScoreDecay == 0 {
+		return DefaultScoreDecay
+	}
+	return c.ScoreDecay
+}
+
+func (c Config) pinLast() int { return max(c.PinLast, 1) }
 
 // DefaultConfig returns a Llama-3.1-8B shaped store (32 layers, 8 KV heads,
 // D = 128) with S = 16 and 256 pages (4096 tokens): 1 GiB of K/V plus
@@ -44,13 +101,23 @@ func DefaultConfig() Config {
 }
 
 // HostBytes returns the bytes [New] allocates in host memory for c: the K/V
-// and summary pools plus 8 bytes of metadata per page.
+// and summary pools plus 8 bytes of metadata per page. With offload on it
+// adds the residency metadata (32 bytes per page) and, when Tier is nil,
+// the largest the store's own memory tier can grow to (a payload for every
+// page).
 func (c Config) HostBytes() (int64, error) {
 	sz, err := c.sizes()
 	if err != nil {
 		return 0, err
 	}
-	return memlimit.Add(int64(sz.kvBytes), int64(sz.sumBytes), memlimit.Mul(int64(c.Capacity), 8)), nil
+	n := memlimit.Add(int64(sz.kvBytes), int64(sz.sumBytes), memlimit.Mul(int64(c.Capacity), 8))
+	if c.Offload() {
+		n = memlimit.Add(n, memlimit.Mul(int64(c.Capacity), 32))
+		if c.Tier == nil {
+			n = memlimit.Add(n, memlimit.Mul(int64(c.Capacity), int64(c.PayloadBytes())))
+		}
+	}
+	return n, nil
 }
 
 // Validate reports the first problem with c, or nil.
@@ -60,7 +127,8 @@ func (c Config) Validate() error {
 }
 
 // PoolBytes returns the bytes of K+V and of summaries that [New] allocates
-// (both over all layers), or an error when c is invalid.
+// (both over all layers), or an error when c is invalid. With offload on
+// the K+V bytes are those of the DeviceBudget slots.
 func (c Config) PoolBytes() (kv, summary int, err error) {
 	sz, err := c.sizes()
 	if err != nil {
@@ -101,9 +169,12 @@ func (c Config) sizes() (sizes, error) {
 	if c.Capacity > math.MaxInt32 {
 		return sizes{}, fmt.Errorf("%w: Capacity = %d exceeds the int32 page id range", ErrInvalidConfig, c.Capacity)
 	}
+	if err := c.checkOffload(); err != nil {
+		return sizes{}, err
+	}
 	var sz sizes
 	var ok bool
-	if sz.layerKV, ok = mulInt(c.Capacity, c.KVHeads, c.PageSize, c.HeadDim); !ok {
+	if sz.layerKV, ok = mulInt(c.slots(), c.KVHeads, c.PageSize, c.HeadDim); !ok {
 		return sizes{}, fmt.Errorf("%w: K/V pool of %d pages x %d heads x %d slots x %d dims overflows int", ErrInvalidConfig, c.Capacity, c.KVHeads, c.PageSize, c.HeadDim)
 	}
 	if sz.layerSum, ok = mulInt(c.Capacity, c.KVHeads, 2, c.HeadDim); !ok {
@@ -116,6 +187,38 @@ func (c Config) sizes() (sizes, error) {
 		return sizes{}, fmt.Errorf("%w: summary pool bytes over %d layers overflow int", ErrInvalidConfig, c.Layers)
 	}
 	return sz, nil
+}
+
+// checkOffload validates the offload fields.
+func (c Config) checkOffload() error {
+	switch {
+	case c.DeviceBudget < 0 || c.DeviceBudget > c.Capacity:
+		return fmt.Errorf("%w: DeviceBudget = %d, want 0 (offload off) .. Capacity = %d", ErrInvalidConfig, c.DeviceBudget, c.Capacity)
+	case c.PinFirst < 0 || c.PinLast < 0:
+		return fmt.Errorf("%w: PinFirst = %d, PinLast = %d must not be negative", ErrInvalidConfig, c.PinFirst, c.PinLast)
+	case c.Eviction < EvictLRU || c.Eviction > EvictScore:
+		return fmt.Errorf("%w: unknown Eviction %d", ErrInvalidConfig, int(c.Eviction))
+	case c.ScoreDecay != 0 && !(c.ScoreDecay > 0 && c.ScoreDecay < 1):
+		return fmt.Errorf("%w: ScoreDecay = %v, want 0 (default %v) or a value in (0, 1)", ErrInvalidConfig, c.ScoreDecay, DefaultScoreDecay)
+	}
+	if !c.Offload() {
+		if c.Tier != nil {
+			return fmt.Errorf("%w: a Tier without a DeviceBudget (offload is off)", ErrInvalidConfig)
+		}
+		return nil
+	}
+	if _, ok := mulInt(c.Layers, 2, c.KVHeads, c.PageSize, c.HeadDim, 4); !ok || c.PayloadBytes() <= 0 {
+		return fmt.Errorf("%w: the page payload of %d layers overflows", ErrInvalidConfig, c.Layers)
+	}
+	if c.Tier != nil {
+		if c.Tier.Slots() < c.Capacity {
+			return fmt.Errorf("%w: Tier has %d slots, the pool %d pages (page p lives in slot p)", ErrInvalidConfig, c.Tier.Slots(), c.Capacity)
+		}
+		if c.Tier.PayloadBytes() != c.PayloadBytes() {
+			return fmt.Errorf("%w: Tier payloads are %d bytes, a page of %d layers is %d", ErrInvalidConfig, c.Tier.PayloadBytes(), c.Layers, c.PayloadBytes())
+		}
+	}
+	return nil
 }
 
 // mulInt multiplies positive ints and reports whether the product fits in int.

@@ -1,6 +1,9 @@
 package pagestore
 
-import "math"
+import (
+	"context"
+	"math"
+)
 
 // PageData holds the contents of a store's pages: K, V and summaries of
 // every layer, indexed by physical page id. The [Store] owns everything
@@ -42,10 +45,14 @@ type PageData interface {
 }
 
 // hostData is the PageData of [New]: float32 arrays in host memory, laid
-// out as the package doc describes.
+// out as the package doc describes. With offload on (res set) the K/V
+// arrays have DeviceBudget slots: Write, Copy and Rescan bring the pages
+// they touch into the device pool first (res.ensure) and address K/V by
+// device slot, summaries by physical page.
 type hostData struct {
 	cfg    Config
 	layers []LayerData
+	res    *residency // nil: offload off, K/V indexed by physical page
 
 	// strides, in floats
 	tok     int // KVHeads*HeadDim: one token of k or v
@@ -76,14 +83,29 @@ func newHostData(cfg Config, sz sizes) *hostData {
 }
 
 func (h *hostData) Write(layer int, pages []int32, slot int, k, v []float32) error {
+	if h.res != nil {
+		h.res.mu.Lock()
+		defer h.res.mu.Unlock()
+	}
 	ld := h.layers[layer]
 	S, H, D := h.cfg.PageSize, h.cfg.KVHeads, h.cfg.HeadDim
 	n := len(k) / h.tok
 	for t, i := 0, 0; t < n; i++ {
 		cnt := min(S-slot, n-t)
 		phys := int(pages[i])
+		kvp := phys // where the page's K/V are
+		if h.res != nil {
+			// One page at a time: a write may span more pages than
+			// the device holds; the pages written before this one may
+			// be evicted for it.
+			if _, err := h.res.ensure(context.Background(), pages[i:i+1]); err != nil {
+				return err
+			}
+			kvp = int(h.res.slot[phys])
+			h.res.clean[phys] = false
+		}
 		for hd := 0; hd < H; hd++ {
-			base := phys*h.pageBlk + hd*h.headBlk + slot*D
+			base := kvp*h.pageBlk + hd*h.headBlk + slot*D
 			so := phys*h.sumPage + hd*h.sumRec
 			mn := ld.Summary[so : so+D : so+D]
 			mx := ld.Summary[so+D : so+2*D : so+2*D]
@@ -143,7 +165,19 @@ func (h *hostData) Reset(pages []int32) error {
 
 func (h *hostData) Copy(dst, src int32, valid []int) error {
 	D := h.cfg.HeadDim
-	so, do := int(src)*h.pageBlk, int(dst)*h.pageBlk
+	kvs, kvd := src, dst
+	if h.res != nil {
+		r := h.res
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.two = [2]int32{dst, src}
+		if _, err := r.ensure(context.Background(), r.two[:]); err != nil {
+			return err
+		}
+		kvs, kvd = r.slot[src], r.slot[dst]
+		r.clean[dst] = false
+	}
+	so, do := int(kvs)*h.pageBlk, int(kvd)*h.pageBlk
 	ss, ds := int(src)*h.sumPage, int(dst)*h.sumPage
 	for l, ld := range h.layers {
 		n := valid[l] * D
@@ -165,13 +199,24 @@ func (h *hostData) Drop(SeqID) error { return nil }
 
 func (h *hostData) Rescan(p int32, valid int) error {
 	D := h.cfg.HeadDim
+	kvp := p
+	if h.res != nil {
+		r := h.res
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.two[0] = p
+		if _, err := r.ensure(context.Background(), r.two[:1]); err != nil {
+			return err
+		}
+		kvp = r.slot[p]
+	}
 	for _, ld := range h.layers {
 		for hd := 0; hd < h.cfg.KVHeads; hd++ {
 			so := int(p)*h.sumPage + hd*h.sumRec
 			mn := ld.Summary[so : so+D : so+D]
 			mx := ld.Summary[so+D : so+2*D : so+2*D]
 			empty(mn, mx)
-			ko := int(p)*h.pageBlk + hd*h.headBlk
+			ko := int(kvp)*h.pageBlk + hd*h.headBlk
 			for r := 0; r < valid; r++ {
 				widen(mn, mx, ld.K[ko+r*D:ko+(r+1)*D])
 			}

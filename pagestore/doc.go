@@ -63,13 +63,65 @@
 // one reference to the old page and updates that branch's page table. A
 // write in one branch therefore never changes the other's keys or summaries.
 //
+// # Offload
+//
+// With [Config.DeviceBudget] > 0 the pool arrays hold the K/V of at most
+// DeviceBudget pages (the device pool; host memory for this CPU store)
+// and the others live in a [tier.Tier] ([Config.Tier]; a host
+// tier.Memory by default, or a pagestore/disktier.Tier). Three index
+// spaces, kept apart:
+//
+//   - physical page ids [0, Capacity): page tables, refcounts, summaries
+//     (every page's summaries always stay in the pool, so scoring never
+//     waits for a tier) and the tier (page p's payload in tier slot p);
+//   - device slots [0, DeviceBudget): the K/V pool arrays
+//     ([Store.Layer]'s K and V), reached through the page -> slot map
+//     ([Store.DeviceSlot], [Store.AppendSlots]; -1 when not resident) and
+//     its reverse;
+//   - logical pages of a sequence: what the kernels' lists name, read
+//     through the page table, unchanged by offload.
+//
+// A page is resident (it holds a slot), offloaded (only the tier holds
+// its K/V) or empty (allocated, nothing written yet). A resident page
+// whose tier copy is current is clean: evicting it writes nothing, so a
+// sealed page pays one write to the tier in its life, however often it
+// comes and goes. Every write of K/V (append, copy-on-write copy) makes
+// the page dirty.
+//
+// Pins: each sequence pins its first PinFirst and last PinLast (at least
+// one: the tail page appends write) pages; eviction never takes a pinned
+// page. Appends, copies and rescans bring the pages they touch in first
+// (a write spanning more pages than the device holds goes page by page),
+// and [Store.Recall] brings in the pages a step is about to attend,
+// evicting unpinned pages that the step does not need, chosen by the
+// [Eviction] policy: least recently used, or lowest decayed selection
+// count. Recycling a page drops its slot and its tier copy from the maps,
+// so a page handed out again starts empty with a fresh summary and can
+// never read a previous owner's payload.
+//
+// An operation that needs a slot when every slot is pinned (or needed by
+// the same operation) fails with [ErrDeviceFull] before changing
+// anything; the caller sizes the budget for the pinned pages of all live
+// sequences plus what one step attends. A tier failure fails the
+// operation that needed the page with the tier's error wrapped (Recall,
+// Rollback: before any change; Append: as any [ErrData]); the residency
+// maps stay consistent ([Store.CheckResidency]). [Store.ResidencyStats]
+// counts residents, hits, misses, bytes moved each way, evictions and the
+// time spent in recalls.
+//
+// With DeviceBudget 0 none of this exists: the arrays are indexed by
+// physical page id and no operation does any residency work.
+//
 // # Concurrency
 //
 //   - Operations on different sequences may run in parallel.
 //   - Each sequence has one writer at a time: every operation on a sequence
 //     takes its mutex, so operations on the same sequence serialize.
 //   - The free list and refcounts are guarded by their own mutex, the
-//     sequence map by an RWMutex; the lock order is sequence, map, pool.
+//     sequence map by an RWMutex, the residency maps of an offloading
+//     store by a fourth mutex, held across tier I/O (so residency
+//     changes, and the K/V writes of an offloading store, serialize);
+//     the lock order is sequence, map, pool, residency.
 //   - Readers of page contents (kernels reading the arrays returned by
 //     [Store.Layer]) are not synchronized by the store. They must not run
 //     concurrently with writers (Append, Rollback, Release) of the same
@@ -78,5 +130,10 @@
 //     be read while the other branch appends (the writer copies the shared
 //     tail before touching it).
 //   - The read API ([Store.AppendPageTable], [Store.View], [Store.Layer],
-//     [Store.PageKV], [Store.PageSummary]) does not allocate.
+//     [Store.PageKV], [Store.PageSummary], [Store.AppendSlots]) does not
+//     allocate.
+//   - On an offloading store, kernels reading the K/V pool must also not
+//     run concurrently with a [Store.Recall] or a write of another
+//     sequence (either may evict what they read); the shard holds its
+//     lock from a step's Recall to the end of its attention.
 package pagestore

@@ -28,4 +28,9 @@ var (
 	// ErrData: the store's [PageData] failed (a device fault, say); see
 	// [Store.Append] and [Store.Rollback] for what then changed.
 	ErrData = errors.New("pagestore: page data")
+	// ErrDeviceFull: an offloading store (see [Config.DeviceBudget])
+	// cannot bring the pages an operation needs into the device pool:
+	// every other slot is held by pinned pages or by pages the same
+	// operation needs.
+	ErrDeviceFull = errors.New("pagestore: device budget exhausted")
 )

@@ -1,6 +1,7 @@
 package pagestore
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -88,6 +89,23 @@ func naiveMinMax(keys []float32, tok, head, D, from, to int) (mn, mx []float64) 
 	return mn, mx
 }
 
+// pageKVAny returns the K and V blocks of one page and head wherever they
+// live: aliases of the pool (PageKV) without offload, copies (ReadKV)
+// with it.
+func pageKVAny(t testing.TB, s *Store, layer int, phys int32, head int) (k, v []float32) {
+	t.Helper()
+	if s.res == nil {
+		return s.PageKV(layer, int(phys), head)
+	}
+	h := s.host
+	k, v = make([]float32, h.pageBlk), make([]float32, h.pageBlk)
+	if err := s.ReadKV(context.Background(), layer, phys, k, v); err != nil {
+		t.Fatal(err)
+	}
+	o := head * h.headBlk
+	return k[o : o+h.headBlk], v[o : o+h.headBlk]
+}
+
 // checkSeq asserts that the store's view of a sequence equals the shadow:
 // lengths, page-table size, K/V of every valid slot, and every summary
 // record equal to a naive recomputation over the valid keys only (fresh
@@ -121,7 +139,7 @@ func checkSeq(t testing.TB, s *Store, id SeqID, sh *shadowSeq) {
 		for p, phys := range pt {
 			valid := min(max(n-p*S, 0), S)
 			for h := range H {
-				kk, vv := s.PageKV(l, int(phys), h)
+				kk, vv := pageKVAny(t, s, l, phys, h)
 				for r := range valid {
 					tk := p*S + r
 					for j := range D {

@@ -51,9 +51,10 @@ type Stats struct {
 type Store struct {
 	cfg  Config
 	sz   sizes
-	tok  int       // KVHeads*HeadDim: one token of k or v passed to Append
-	data PageData  // the page contents
-	host *hostData // data, when it is the store's own host arrays
+	tok  int        // KVHeads*HeadDim: one token of k or v passed to Append
+	data PageData   // the page contents
+	host *hostData  // data, when it is the store's own host arrays
+	res  *residency // the device pool of an offloading store, or nil
 
 	poolMu sync.Mutex
 	free   []int32 // stack of free physical pages
@@ -72,6 +73,8 @@ type seq struct {
 	cow      []cowPage // Append scratch: shared pages to copy
 	fresh    []int32   // Append scratch: pages taken for new slots
 	valid    []int     // copyPage scratch: valid slots per layer
+	pinned   []int32   // offload: the pages this sequence pins
+	pinBuf   []int32   // setPins scratch
 }
 
 type cowPage struct {
@@ -93,6 +96,13 @@ func New(cfg Config) (*Store, error) {
 	h := newHostData(cfg, sz)
 	s := newStore(cfg, sz, h)
 	s.host = h
+	if cfg.Offload() {
+		r, err := newResidency(cfg, h)
+		if err != nil {
+			return nil, err
+		}
+		h.res, s.res = r, r
+	}
 	all := make([]int32, cfg.Capacity)
 	for p := range all {
 		all[p] = int32(p)
@@ -106,10 +116,14 @@ func New(cfg Config) (*Store, error) {
 // hold cfg.Capacity pages of cfg's geometry; the store resets a page's
 // summaries when it hands the page out. [Store.Layer], [Store.PageKV] and
 // [Store.PageSummary] are then unavailable (see [Store.HostPages]).
+// Offload ([Config.DeviceBudget]) is not available with outside data.
 func NewWithData(cfg Config, data PageData) (*Store, error) {
 	sz, err := cfg.sizes()
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Offload() {
+		return nil, fmt.Errorf("%w: DeviceBudget %d: offload needs the store's own pools (New), not outside page data", ErrInvalidConfig, cfg.DeviceBudget)
 	}
 	if data == nil {
 		return nil, fmt.Errorf("%w: nil page data", ErrInvalidConfig)
@@ -144,7 +158,9 @@ func (s *Store) Config() Config { return s.cfg }
 func (s *Store) HostPages() bool { return s.host != nil }
 
 // Layer returns the whole pool arrays of layer l (no copy). It panics when l
-// is out of range or the pages do not live in host memory.
+// is out of range or the pages do not live in host memory. With offload on
+// ([Config.DeviceBudget]) K and V hold DeviceBudget slots, indexed by
+// [Store.DeviceSlot], and Summary every page, indexed by physical page id.
 func (s *Store) Layer(l int) LayerData { return s.hostData().layers[l] }
 
 func (s *Store) hostData() *hostData {
@@ -157,12 +173,20 @@ func (s *Store) hostData() *hostData {
 // PageKV returns the [PageSize][HeadDim] K and V blocks of one physical page
 // and KV head in one layer, aliasing the pool (no copy). Slots beyond the
 // layer's valid length hold unspecified data. It panics on an index out of
-// range or when the pages do not live in host memory.
+// range, when the pages do not live in host memory, and, with offload on,
+// when the page is not resident (see [Store.ReadKV]); a resident page's
+// blocks are valid until the page is evicted.
 func (s *Store) PageKV(layer, phys, head int) (k, v []float32) {
 	s.checkPhys(phys, head)
 	h := s.hostData()
 	ld := h.layers[layer]
-	o := phys*h.pageBlk + head*h.headBlk
+	kvp := phys
+	if s.res != nil {
+		if kvp = int(s.DeviceSlot(int32(phys))); kvp < 0 {
+			panic(fmt.Sprintf("pagestore: page %d is not resident (offloaded to the tier)", phys))
+		}
+	}
+	o := kvp*h.pageBlk + head*h.headBlk
 	e := o + h.headBlk
 	return ld.K[o:e:e], ld.V[o:e:e]
 }
@@ -232,6 +256,7 @@ func (s *Store) Release(id SeqID) error {
 	sq.mu.Lock()
 	defer sq.mu.Unlock()
 	sq.released = true
+	s.setPins(sq, nil)
 	s.poolMu.Lock()
 	for _, p := range sq.pages {
 		s.unrefLocked(p)
@@ -411,6 +436,11 @@ func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 	}
 	needNew := max(0, last+1-len(sq.pages))
 	lastOld := min(last, len(sq.pages)-1)
+	if s.res != nil {
+		if err := s.res.checkRoom(sq.pages[first:lastOld+1], needNew); err != nil {
+			return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
+		}
+	}
 
 	// Phase 1 (pool lock): find shared pages to copy, check capacity, take
 	// pages. Nothing is mutated before the capacity check passes.
@@ -486,9 +516,13 @@ func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 			at := min(first, keep)
 			_ = s.data.Table(id, at, sq.pages[at:], keep)
 		}
+		s.setPins(sq, sq.pages)
 		return fmt.Errorf("append seq %d layer %d: %w: %w", id, layer, ErrData, err)
 	}
 	sq.lens[layer] = end
+	if needNew > 0 || len(sq.cow) > 0 {
+		s.setPins(sq, sq.pages)
+	}
 	return nil
 }
 
@@ -530,7 +564,33 @@ func (s *Store) unrefLocked(p int32) {
 	s.ref[p]--
 	if s.ref[p] == 0 {
 		s.free = append(s.free, p)
+		if s.res != nil {
+			s.res.drop(p)
+		}
 	}
+}
+
+// setPins makes sq pin the pages of table that its windows cover (the
+// first PinFirst and last PinLast entries) and nothing else (sq locked;
+// a no-op without offload). Call it before pages sq pins are freed.
+func (s *Store) setPins(sq *seq, table []int32) {
+	if s.res == nil {
+		return
+	}
+	n := len(table)
+	first := min(s.cfg.PinFirst, n)
+	from := max(n-s.cfg.pinLast(), first)
+	sq.pinBuf = append(append(sq.pinBuf[:0], table[:first]...), table[from:]...)
+	r := s.res
+	r.mu.Lock()
+	for _, p := range sq.pinBuf {
+		r.pin(p)
+	}
+	for _, p := range sq.pinned {
+		r.unpin(p)
+	}
+	r.mu.Unlock()
+	sq.pinned, sq.pinBuf = sq.pinBuf, sq.pinned
 }
 
 // Fork creates a child sequence that shares every page of parent (the
@@ -563,6 +623,7 @@ func (s *Store) Fork(parent SeqID) (SeqID, error) {
 		s.ref[p]++
 	}
 	s.poolMu.Unlock()
+	s.setPins(child, child.pages)
 	s.seqMu.Lock()
 	s.seqs[id] = child
 	s.seqMu.Unlock()
@@ -603,6 +664,11 @@ func (s *Store) CheckAppend(id SeqID, layer, n int) (int, error) {
 		return 0, fmt.Errorf("check append seq %d layer %d: %d pages needed, pool holds %d: %w", id, layer, last+1, s.cfg.Capacity, ErrPoolExhausted)
 	}
 	need := max(0, last+1-len(sq.pages))
+	if s.res != nil {
+		if err := s.res.checkRoom(sq.pages[first:min(last, len(sq.pages)-1)+1], need); err != nil {
+			return 0, fmt.Errorf("check append seq %d layer %d: %w", id, layer, err)
+		}
+	}
 	s.poolMu.Lock()
 	defer s.poolMu.Unlock()
 	for i := first; i <= min(last, len(sq.pages)-1); i++ {
@@ -685,6 +751,18 @@ func (s *Store) Rollback(id SeqID, n int) error {
 	}
 	defer sq.mu.Unlock()
 	S := s.cfg.PageSize
+	if s.res != nil {
+		// Bring the page to be rescanned (or copied) in before anything
+		// changes: a tier failure then fails the rollback cleanly.
+		s.poolMu.Lock()
+		newLen, keep, _, err := s.rollbackPlan(sq, n)
+		s.poolMu.Unlock()
+		if err == nil && newLen%S != 0 {
+			if err := s.res.ensureOne(sq.pages[keep-1]); err != nil {
+				return fmt.Errorf("rollback seq %d by %d tokens: %w", id, n, err)
+			}
+		}
+	}
 	s.poolMu.Lock()
 	newLen, keep, copyTail, err := s.rollbackPlan(sq, n)
 	if err != nil {
@@ -697,6 +775,7 @@ func (s *Store) Rollback(id SeqID, n int) error {
 	if copyTail {
 		old = sq.pages[keep-1]
 	}
+	s.setPins(sq, sq.pages[:keep]) // unpin the dropped pages before they are freed
 	for _, p := range dropped {
 		s.unrefLocked(p)
 	}
@@ -722,6 +801,7 @@ func (s *Store) Rollback(id SeqID, n int) error {
 			return fmt.Errorf("rollback seq %d by %d tokens: %w: %w", id, n, ErrData, err)
 		}
 		sq.pages[keep-1] = cp
+		s.setPins(sq, sq.pages)
 		s.poolMu.Lock()
 		s.unrefLocked(old)
 		s.poolMu.Unlock()

@@ -87,6 +87,18 @@ func (s *Shard) readPages(ctx context.Context, layer int, phys []int32) (kernels
 	}
 	h := s.store.Layer(layer)
 	kv, sum := c.KVHeads*c.PageSize*c.HeadDim, c.KVHeads*2*c.HeadDim
+	if s.off != nil {
+		// K/V live in a device slot or the tier: copy them page by page.
+		out := kernels.Layer{K: make([]float32, len(phys)*kv), V: make([]float32, len(phys)*kv), Summary: make([]float32, 0, len(phys)*sum)}
+		for i, p := range phys {
+			if err := s.store.ReadKV(ctx, layer, p, out.K[i*kv:(i+1)*kv], out.V[i*kv:(i+1)*kv]); err != nil {
+				return kernels.Layer{}, fmt.Errorf("read pages of layer %d: %w", layer, err)
+			}
+			out.Summary = append(out.Summary, h.Summary[int(p)*sum:][:sum]...)
+		}
+		s.readBack.Add(int64(len(phys)) * int64(2*kv+sum) * 4)
+		return out, nil
+	}
 	out := kernels.Layer{K: make([]float32, 0, len(phys)*kv), V: make([]float32, 0, len(phys)*kv), Summary: make([]float32, 0, len(phys)*sum)}
 	for _, p := range phys {
 		out.K = append(out.K, h.K[int(p)*kv:][:kv]...)
@@ -100,12 +112,13 @@ func (s *Shard) readPages(ctx context.Context, layer int, phys []int32) (kernels
 // ReadBackBytes returns the bytes of page data (K, V and summaries, as
 // float32) the shard has copied out of its page storage for host-side
 // readers since it was made: [Shard.ReadPages], and the oracle selector
-// and diagnostics on a DeviceResident shard. A host-resident shard's
-// diagnostics read the pool in place and add nothing.
+// and diagnostics on a DeviceResident or offloading shard. A
+// host-resident shard's diagnostics read the pool in place and add
+// nothing.
 func (s *Shard) ReadBackBytes() int64 { return s.readBack.Load() }
 
 // KeyChunkBytes bounds the keys a [PageKeys] reader of a DeviceResident
-// shard holds at once; each chunk read also brings the chunk's values and
+// (or offloading) shard holds at once; each chunk read also brings the chunk's values and
 // summaries back (kernels.DeviceStore reads whole pages), so a chunk costs
 // about twice this.
 const KeyChunkBytes = 8 << 20
@@ -116,7 +129,9 @@ const KeyChunkBytes = 8 << 20
 // allocation. On a DeviceResident shard it copies the pages back a chunk
 // of at most [KeyChunkBytes] of keys at a time, so memory stays bounded
 // whatever the sequence's length; pages read in ascending order of their
-// index in the list are read back once.
+// index in the list are read back once. An offloading shard's reader
+// copies the same way, from the device pool or the tier (without bringing
+// pages in).
 //
 // The caller keeps the pages from changing while it reads (no append,
 // rollback or release of their sequences): the engine holds its lock
@@ -149,7 +164,7 @@ func (s *Shard) pageKeys(layer int, phys []int32, locked bool) (*PageKeys, error
 		}
 	}
 	k := &PageKeys{s: s, layer: layer, phys: phys, blk: c.KVHeads * c.PageSize * c.HeadDim, locked: locked}
-	if s.dev == nil {
+	if s.dev == nil && s.off == nil {
 		k.pool = s.store.Layer(layer).K
 	}
 	return k, nil
@@ -189,9 +204,10 @@ func (k *PageKeys) Keys(ctx context.Context, i int) ([]float32, error) {
 
 // hostView returns a layer and batch the CPU reference code can read: the
 // shard's own host pools and b itself, or, when the pages live on the
-// device, a copy of b's pages with b renumbered to address it.
+// device or (offload) partly in a tier, a copy of b's pages with b
+// renumbered to address it.
 func (s *Shard) hostView(ctx context.Context, kl kernels.Layer, layer int, b *kernels.Batch) (kernels.Layer, *kernels.Batch, error) {
-	if s.dev == nil {
+	if s.dev == nil && s.off == nil {
 		return kl, b, nil
 	}
 	phys, err := s.batchPhys(b)

@@ -49,7 +49,15 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	dense := &kernels.Lists{Mode: kernels.GroupMax, All: true}
 	od := make([]float32, sh.QHeads*d)
 	lsed := make([]float32, sh.QHeads)
-	if err := s.be.Attend(ctx, sh, ws.kl, &one, q, dense, od, lsed); err != nil {
+	dl, db := ws.kl, &one
+	if s.off != nil {
+		// The dense reference reads every page: copies, not the
+		// device pool (which may not hold them all).
+		if dl, db, err = s.hostView(ctx, ws.kl, ws.layer, &one); err != nil {
+			return Diagnostics{}, err
+		}
+	}
+	if err := s.be.Attend(ctx, sh, dl, db, q, dense, od, lsed); err != nil {
 		return Diagnostics{}, err
 	}
 	dg := Diagnostics{Selected: make([][]int32, sh.QHeads), MinMassRecall: 1}

@@ -10,6 +10,16 @@
 // overrides, the GQA mode and the selector (quest, oracle, recent, dense).
 // When K >= P a step is exactly dense.
 //
+// Offload (Config.Store.DeviceBudget > 0, CPU pools only): the shard's
+// store keeps at most that many pages' K/V in its pool arrays and the rest
+// in a tier, with every summary resident. A step scores and selects as
+// always, then its attention brings the selected and forced pages in
+// (hits stay; misses evict unpinned pages the step does not need),
+// readdresses the batch by device slot and attends over the unchanged
+// lists: the outputs are bit-identical to a shard holding every page. A
+// step whose pages do not fit attends in passes merged by their partial
+// states. See [OffloadStats].
+//
 // A shard never talks to other shards; exchanges between CP ranks belong to
 // package collective.
 package shard

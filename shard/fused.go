@@ -14,7 +14,8 @@ import (
 // backend call when it can: the backend is a kernels.Stepper (the CUDA
 // backend keeps scores, the top-K output and the lists on the device), the
 // selector is quest, and the shard holds every page of every part (one CP
-// rank), so its local top-K is the global one. It reports whether it ran;
+// rank), so its local top-K is the global one, and the shard does not
+// offload (Store.DeviceBudget 0). It reports whether it ran;
 // when it did not, nothing happened and the caller runs the phases. After
 // a fused step ls.O and ls.LSE hold the partial states, Time.Fused the
 // step's time; Scored is false and RowCandidates empty (the scores never
@@ -27,7 +28,9 @@ func (s *Shard) FusedStep(ctx context.Context, ls *LocalStep) (bool, error) {
 
 func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 	st, ok := s.be.(kernels.Stepper)
-	if !ok || s.cfg.Policy.Selector != plan.Quest {
+	if !ok || s.cfg.Policy.Selector != plan.Quest || s.off != nil {
+		// An offloading shard runs phased: its pages are brought in
+		// between selection and attention (see attendOffload).
 		return false, nil
 	}
 	for i, p := range ls.parts {

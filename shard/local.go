@@ -341,7 +341,11 @@ func (ls *LocalStep) LocalSelection(sel *Chosen) {
 // Attend attends each (sequence, row) over the forced pages and the
 // selected pages that this shard holds (every local page for dense plans)
 // and leaves the partial states in ls.O and ls.LSE. Selected pages the
-// shard does not hold are skipped: another CP rank attends them.
+// shard does not hold are skipped: another CP rank attends them. An
+// offloading shard first brings the pages to attend into its device pool
+// (Time.Recall); a tier failure fails the step with the tier's error, and
+// pages that do not fit at once are attended in passes (see
+// [OffloadStats]).
 func (s *Shard) Attend(ctx context.Context, ls *LocalStep, sel *Chosen) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -385,7 +389,13 @@ func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Chosen) error {
 	ls.O = resize(ls.O, n*sh.QHeads*sh.HeadDim)
 	ls.LSE = resize(ls.LSE, n*sh.QHeads)
 	t0 := time.Now()
-	if err := s.be.Attend(ctx, sh, ls.kl, &ls.batch, ls.q, &ls.lists, ls.O, ls.LSE); err != nil {
+	var err error
+	if s.off != nil {
+		err = s.attendOffload(ctx, ls)
+	} else {
+		err = s.be.Attend(ctx, sh, ls.kl, &ls.batch, ls.q, &ls.lists, ls.O, ls.LSE)
+	}
+	if err != nil {
 		return fmt.Errorf("attend layer %d: %w", ls.layer, err)
 	}
 	ls.Time.Attend = time.Since(t0)

@@ -19,6 +19,14 @@ type Config struct {
 	// Geometry is the shard's: the query heads this shard serves
 	// (Store.QHeads, a multiple of Store.KVHeads; default 32), its KV
 	// heads, head dim and page size.
+	//
+	// Store.DeviceBudget > 0 turns offload on (see pagestore.Config): at
+	// most that many pages' K/V stay in the pool arrays, the others in
+	// Store.Tier, and every step brings the pages it attends in before
+	// attention (see [Shard.Attend]). New pins each sequence's sink and
+	// local pages (Store.PinFirst and PinLast raised to the policy's
+	// SinkPages and LocalPages). Steps then run phased, never fused.
+	// Offload is not available with DeviceResident. Default 0: off.
 	Store pagestore.Config
 	// Policy is the page-selection policy. Default DefaultPolicy(). Its
 	// PageSize is ignored: Store.PageSize replaces it (see
@@ -53,6 +61,10 @@ func (c Config) Validate() error {
 	if err := c.shape().Validate(); err != nil {
 		return fmt.Errorf("shard config: %w", err)
 	}
+	if c.DeviceResident && c.Store.Offload() {
+		return fmt.Errorf("shard config: %w: device budget %d pages (offload) with DeviceResident: the device-resident store has no offload yet; use host pools (DeviceResident false) with offload",
+			pagestore.ErrInvalidConfig, c.Store.DeviceBudget)
+	}
 	return nil
 }
 
@@ -81,6 +93,8 @@ type Shard struct {
 	tables any                 // device page tables (DeviceResident)
 
 	readBack atomic.Int64 // bytes of page data copied out for host readers (ReadBackBytes)
+
+	off *offload // nil unless Store.DeviceBudget > 0
 }
 
 // New builds a shard over backend be (which the caller keeps and closes).
@@ -89,6 +103,10 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 		return nil, err
 	}
 	cfg.Policy = cfg.policy()
+	if cfg.Store.Offload() {
+		cfg.Store.PinFirst = max(cfg.Store.PinFirst, cfg.Policy.SinkPages)
+		cfg.Store.PinLast = max(cfg.Store.PinLast, cfg.Policy.LocalPages)
+	}
 	s := &Shard{cfg: cfg, shape: cfg.shape(), be: be}
 	if !cfg.DeviceResident {
 		st, err := pagestore.New(cfg.Store)
@@ -96,6 +114,9 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 			return nil, fmt.Errorf("shard: %w", err)
 		}
 		s.store = st
+		if cfg.Store.Offload() {
+			s.off = newOffload(cfg.Store)
+		}
 		return s, nil
 	}
 	ds, ok := be.(kernels.DeviceStore)
@@ -128,11 +149,15 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 }
 
 // Close releases the shard's device pools (the backend stays the
-// caller's). The host store is garbage collected.
+// caller's) and the store's own memory tier of an offloading shard. The
+// host store is garbage collected.
 func (s *Shard) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var first error
+	if s.off != nil && s.store != nil {
+		first = s.store.Close()
+	}
 	for _, p := range s.dev {
 		if err := s.ds.FreePool(context.Background(), p); err != nil && first == nil {
 			first = err
@@ -228,9 +253,12 @@ type StepResult struct {
 }
 
 // PhaseTimes is the wall time of each phase of a step. A fused step
-// (see FusedStep) reports its whole time as Fused and zero phases.
+// (see FusedStep) reports its whole time as Fused and zero phases. Recall
+// is the part of Attend an offloading shard spent bringing pages into the
+// device pool (zero without offload).
 type PhaseTimes struct {
 	Score, TopK, Attend, Fused time.Duration
+	Recall                     time.Duration
 }
 
 // Diagnostics describe one sequence's selection in one step, measured

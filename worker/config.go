@@ -53,6 +53,14 @@ type Config struct {
 	// memory available when NewLocal runs) or -1 (no check; an engine
 	// that checked its whole grid passes -1).
 	MemoryLimit int64
+	// DeviceBudgetPages turns offload on for every rank: at most that
+	// many pages' K/V per rank stay in its pool arrays, the others in a
+	// host memory tier of the rank's own (see
+	// pagestore.Config.DeviceBudget), in [0, Capacity]. 0 (the default):
+	// off. Not available with DeviceResident.
+	DeviceBudgetPages int
+	// Eviction is the offload eviction policy (pagestore.EvictLRU).
+	Eviction pagestore.Eviction
 }
 
 // DefaultConfig returns a single-rank configuration with the documented
@@ -83,6 +91,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("worker config: replicated selection needs the quest or dense selector, not %v", c.Policy.Selector)
 	case c.MemoryLimit < memlimit.NoLimit:
 		return fmt.Errorf("worker config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
+	case c.DeviceBudgetPages < 0 || c.DeviceBudgetPages > c.Capacity:
+		return fmt.Errorf("worker config: device budget %d pages: want 0 (offload off) .. capacity %d", c.DeviceBudgetPages, c.Capacity)
+	case c.DeviceBudgetPages > 0 && c.DeviceResident:
+		return fmt.Errorf("worker config: device budget %d pages (offload) with device-resident pools: the device-resident store has no offload yet", c.DeviceBudgetPages)
+	case c.Eviction < pagestore.EvictLRU || c.Eviction > pagestore.EvictScore:
+		return fmt.Errorf("worker config: unknown eviction policy %d", c.Eviction)
 	}
 	return c.policy().Validate()
 }
@@ -103,7 +117,8 @@ func (c Config) QHeadsPerRank() int { return c.RankGeometry().QHeads }
 
 // Store returns the page store config of one rank.
 func (c Config) Store() pagestore.Config {
-	return pagestore.Config{Layers: c.Layers, Geometry: c.RankGeometry(), Capacity: c.Capacity}
+	return pagestore.Config{Layers: c.Layers, Geometry: c.RankGeometry(), Capacity: c.Capacity,
+		DeviceBudget: c.DeviceBudgetPages, Eviction: c.Eviction}
 }
 
 // shardConfig returns the shard config of one rank (the memory check is

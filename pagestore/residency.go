@@ -1,0 +1,432 @@
+package pagestore
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/questrt/questrt/pagestore/tier"
+)
+
+// ResidencyStats is a snapshot of an offloading store's device pool and
+// of its traffic with the tier (see [Config.DeviceBudget]). The counters
+// are cumulative since [New]. A store without offload reports zeros.
+type ResidencyStats struct {
+	// DeviceBudget is the number of device slots.
+	DeviceBudget int
+	// Resident is the number of pages whose K/V are in a device slot.
+	Resident int
+	// TierOnly is the number of pages whose K/V are only in the tier (the
+	// host pages, with the default memory tier).
+	TierOnly int
+	// CleanResident is the number of resident pages whose tier copy is
+	// current: evicting one writes nothing.
+	CleanResident int
+	// Pinned is the number of pages pinned by some sequence's window;
+	// PinnedResident those of them that are resident.
+	Pinned, PinnedResident int
+	// Recalls counts step recalls ([Store.Recall]); Hits and Misses the
+	// pages they wanted that were already resident or had to be brought
+	// in.
+	Recalls, Hits, Misses int64
+	// BytesIn and BytesOut are the payload bytes read from the tier into
+	// device slots and written from device slots to the tier (by steps and
+	// appends alike).
+	BytesIn, BytesOut int64
+	// Evictions counts pages that left the device; WriteBacks those of
+	// them that had to be written to the tier first (no current copy).
+	Evictions, WriteBacks int64
+	// Stall is the time spent inside step recalls: tier reads,
+	// write-backs and bookkeeping.
+	Stall time.Duration
+}
+
+// HitRate returns Hits / (Hits + Misses), or 1 when no page was wanted.
+func (r ResidencyStats) HitRate() float64 {
+	if r.Hits+r.Misses == 0 {
+		return 1
+	}
+	return float64(r.Hits) / float64(r.Hits+r.Misses)
+}
+
+// residency is the device pool of an offloading store: which physical
+// page holds which device slot, what the tier holds, the pins and the
+// evictor. Every field is guarded by mu; tier I/O runs with mu held, so
+// residency changes (and the K/V writes of an offloading store's PageData)
+// serialize. Lock order: a sequence, the sequence map, the pool, then mu.
+type residency struct {
+	mu       sync.Mutex
+	budget   int
+	layers   []LayerData // the pool arrays: K/V of budget slots
+	blk      int         // floats of one slot's K (or V) in one layer
+	tier     tier.Tier
+	ownTier  bool
+	ev       Evictor
+	nativeLE bool
+
+	slot      []int32  // page -> device slot, -1 when not resident
+	owner     []int32  // slot -> page, -1 when free
+	free      []int32  // free slots, a stack
+	clean     []bool   // page: tier slot p holds the page's current K/V
+	pins      []int32  // page: pins by sequence windows
+	pinnedRes int      // resident pages with pins > 0
+	mark      []uint32 // page: == epoch while the operation in progress needs it
+	epoch     uint32
+	tick      uint64
+	buf       []byte // one payload
+	two       [2]int32
+
+	st ResidencyStats // the counters (Recalls ... Stall)
+}
+
+func newResidency(cfg Config, h *hostData) (*residency, error) {
+	r := &residency{
+		budget:   cfg.DeviceBudget,
+		layers:   h.layers,
+		blk:      h.pageBlk,
+		tier:     cfg.Tier,
+		nativeLE: binary.NativeEndian.Uint16([]byte{1, 0}) == 1,
+		slot:     make([]int32, cfg.Capacity),
+		owner:    make([]int32, cfg.DeviceBudget),
+		free:     make([]int32, cfg.DeviceBudget),
+		clean:    make([]bool, cfg.Capacity),
+		pins:     make([]int32, cfg.Capacity),
+		mark:     make([]uint32, cfg.Capacity),
+		buf:      make([]byte, cfg.PayloadBytes()),
+	}
+	ev, err := NewEvictor(cfg.Eviction, cfg.Capacity, cfg.scoreDecay())
+	if err != nil {
+		return nil, err
+	}
+	r.ev = ev
+	for p := range r.slot {
+		r.slot[p] = -1
+	}
+	for s := range r.owner {
+		r.owner[s] = -1
+		r.free[s] = int32(cfg.DeviceBudget - 1 - s) // slot 0 first
+	}
+	if r.tier == nil {
+		m, err := tier.NewMemory(cfg.Capacity, cfg.PayloadBytes())
+		if err != nil {
+			return nil, fmt.Errorf("pagestore: host tier: %w", err)
+		}
+		r.tier, r.ownTier = m, true
+	}
+	return r, nil
+}
+
+// Evictable implements Eligible: unpinned pages that the operation in
+// progress does not need.
+func (r *residency) Evictable(p int32) bool { return r.pins[p] == 0 && r.mark[p] != r.epoch }
+
+// begin starts an operation: no page is marked needed.
+func (r *residency) begin() {
+	r.epoch++
+	if r.epoch == 0 { // wrapped: old marks could collide
+		clear(r.mark)
+		r.epoch = 1
+	}
+}
+
+// room is the number of slots not held by pinned pages.
+func (r *residency) room() int { return r.budget - r.pinnedRes }
+
+// ensure makes pages resident (mu held), marking them needed so that none
+// of them is evicted for another. It checks first that they fit: it fails
+// with ErrDeviceFull, changing nothing, when the missing pages outnumber
+// the free slots and the resident pages that may be evicted. It returns
+// the number of pages that were missing. A tier failure leaves the pages
+// brought in so far resident and the others where they were.
+func (r *residency) ensure(ctx context.Context, pages []int32) (int, error) {
+	r.begin()
+	missing := 0
+	for _, p := range pages {
+		if r.mark[p] == r.epoch {
+			continue // listed twice
+		}
+		r.mark[p] = r.epoch
+		if r.slot[p] < 0 {
+			missing++
+		}
+	}
+	if missing == 0 {
+		return 0, nil
+	}
+	if missing > len(r.free) {
+		evictable := 0
+		for _, p := range r.owner {
+			if p >= 0 && r.Evictable(p) {
+				evictable++
+			}
+		}
+		if missing > len(r.free)+evictable {
+			return 0, fmt.Errorf("%d pages to bring in, %d device slots free and %d evictable (budget %d, %d held by pinned pages): %w",
+				missing, len(r.free), evictable, r.budget, r.pinnedRes, ErrDeviceFull)
+		}
+	}
+	for _, p := range pages {
+		if r.slot[p] < 0 {
+			if err := r.load(ctx, p); err != nil {
+				return missing, err
+			}
+		}
+	}
+	return missing, nil
+}
+
+// load gives non-resident page p a slot and reads its payload from the
+// tier when the tier holds it (a page never written has none).
+func (r *residency) load(ctx context.Context, p int32) error {
+	s, err := r.takeSlot(ctx)
+	if err != nil {
+		return fmt.Errorf("bring in page %d: %w", p, err)
+	}
+	if r.clean[p] {
+		if err := r.tier.Read(ctx, int(p), r.buf); err != nil {
+			r.free = append(r.free, s)
+			return fmt.Errorf("bring in page %d: %w", p, err)
+		}
+		r.unpack(s)
+		r.st.BytesIn += int64(len(r.buf))
+	}
+	r.slot[p], r.owner[s] = s, p
+	if r.pins[p] > 0 {
+		r.pinnedRes++
+	}
+	r.ev.Admit(p, r.tick)
+	return nil
+}
+
+// takeSlot pops a free slot, evicting a page when none is free.
+func (r *residency) takeSlot(ctx context.Context) (int32, error) {
+	if len(r.free) == 0 {
+		v := r.ev.Victim(r)
+		if v < 0 {
+			return 0, fmt.Errorf("no device slot free or evictable (budget %d, %d held by pinned pages): %w", r.budget, r.pinnedRes, ErrDeviceFull)
+		}
+		if err := r.evict(ctx, v); err != nil {
+			return 0, err
+		}
+	}
+	s := r.free[len(r.free)-1]
+	r.free = r.free[:len(r.free)-1]
+	return s, nil
+}
+
+// evict moves resident page v out of the device, writing its payload to
+// the tier first unless the tier's copy is current. A failed write leaves
+// v resident.
+func (r *residency) evict(ctx context.Context, v int32) error {
+	s := r.slot[v]
+	if !r.clean[v] {
+		r.pack(s)
+		if err := r.tier.Write(ctx, int(v), r.buf); err != nil {
+			return fmt.Errorf("evict page %d: %w", v, err)
+		}
+		r.clean[v] = true
+		r.st.BytesOut += int64(len(r.buf))
+		r.st.WriteBacks++
+	}
+	r.slot[v], r.owner[s] = -1, -1
+	r.free = append(r.free, s)
+	r.ev.Remove(v, false)
+	r.st.Evictions++
+	return nil
+}
+
+// drop forgets a page that returned to the free list: its slot is freed
+// and its tier copy no longer counts (the tier slot is overwritten when
+// the recycled page is next evicted; it is never read before).
+func (r *residency) drop(p int32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.slot[p]; s >= 0 {
+		r.slot[p], r.owner[s] = -1, -1
+		r.free = append(r.free, s)
+		if r.pins[p] > 0 {
+			r.pinnedRes--
+		}
+	}
+	r.clean[p] = false
+	r.ev.Remove(p, true)
+}
+
+func (r *residency) pin(p int32) {
+	if r.pins[p] == 0 && r.slot[p] >= 0 {
+		r.pinnedRes++
+	}
+	r.pins[p]++
+}
+
+func (r *residency) unpin(p int32) {
+	r.pins[p]--
+	if r.pins[p] == 0 && r.slot[p] >= 0 {
+		r.pinnedRes--
+	}
+}
+
+// f32bytes views f as its bytes (little-endian hosts only).
+func f32bytes(f []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
+}
+
+// pack copies slot s's K/V of every layer into r.buf in the tier layout:
+// layer-major, K then V, each the slot's [KVHeads][PageSize][HeadDim]
+// block, little-endian float32.
+func (r *residency) pack(s int32) {
+	o, n := int(s)*r.blk, r.blk
+	b := r.buf
+	for _, ld := range r.layers {
+		for _, a := range [2][]float32{ld.K[o : o+n], ld.V[o : o+n]} {
+			if r.nativeLE {
+				copy(b, f32bytes(a))
+			} else {
+				for i, x := range a {
+					binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+				}
+			}
+			b = b[4*n:]
+		}
+	}
+}
+
+// unpack copies r.buf into slot s (the inverse of pack).
+func (r *residency) unpack(s int32) {
+	o, n := int(s)*r.blk, r.blk
+	b := r.buf
+	for _, ld := range r.layers {
+		for _, a := range [2][]float32{ld.K[o : o+n], ld.V[o : o+n]} {
+			r.unpackInto(a, b[:4*n])
+			b = b[4*n:]
+		}
+	}
+}
+
+func (r *residency) unpackInto(a []float32, b []byte) {
+	if r.nativeLE {
+		copy(f32bytes(a), b)
+		return
+	}
+	for i := range a {
+		a[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+}
+
+// readKV copies page p's K and V of one layer into k and v (blk floats
+// each) from wherever they live: its slot, the tier, or nowhere (a page
+// never written reads zeros).
+func (r *residency) readKV(ctx context.Context, layer int, p int32, k, v []float32) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ld := r.layers[layer]
+	if s := r.slot[p]; s >= 0 {
+		o := int(s) * r.blk
+		copy(k, ld.K[o:o+r.blk])
+		copy(v, ld.V[o:o+r.blk])
+		return nil
+	}
+	if !r.clean[p] {
+		clear(k)
+		clear(v)
+		return nil
+	}
+	if err := r.tier.Read(ctx, int(p), r.buf); err != nil {
+		return fmt.Errorf("read page %d: %w", p, err)
+	}
+	off := layer * 2 * 4 * r.blk
+	r.unpackInto(k, r.buf[off:off+4*r.blk])
+	r.unpackInto(v, r.buf[off+4*r.blk:off+8*r.blk])
+	return nil
+}
+
+func (r *residency) stats() ResidencyStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.st
+	st.DeviceBudget = r.budget
+	st.Resident = r.budget - len(r.free)
+	st.PinnedResident = r.pinnedRes
+	for p, s := range r.slot {
+		switch {
+		case s >= 0 && r.clean[p]:
+			st.CleanResident++
+		case s < 0 && r.clean[p]:
+			st.TierOnly++
+		}
+		if r.pins[p] > 0 {
+			st.Pinned++
+		}
+	}
+	return st
+}
+
+// check verifies the maps against each other and against the pool's
+// refcounts (ref, read by the caller under the pool lock).
+func (r *residency) check(ref []int32) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	used := 0
+	pinnedRes := 0
+	for p, s := range r.slot {
+		if s >= 0 {
+			used++
+			if int(s) >= r.budget || r.owner[s] != int32(p) {
+				return fmt.Errorf("page %d holds slot %d, whose owner is %d", p, s, r.owner[min(int(s), r.budget-1)])
+			}
+			if ref[p] == 0 {
+				return fmt.Errorf("free page %d holds slot %d", p, s)
+			}
+			if r.pins[p] > 0 {
+				pinnedRes++
+			}
+		}
+		if ref[p] == 0 && (r.clean[p] || r.pins[p] != 0) {
+			return fmt.Errorf("free page %d: clean %v pins %d", p, r.clean[p], r.pins[p])
+		}
+		if r.pins[p] < 0 {
+			return fmt.Errorf("page %d has %d pins", p, r.pins[p])
+		}
+	}
+	for s, p := range r.owner {
+		if p >= 0 && r.slot[p] != int32(s) {
+			return fmt.Errorf("slot %d owned by page %d, which holds slot %d", s, p, r.slot[p])
+		}
+	}
+	if used+len(r.free) != r.budget {
+		return fmt.Errorf("%d slots used and %d free, budget %d", used, len(r.free), r.budget)
+	}
+	if pinnedRes != r.pinnedRes {
+		return fmt.Errorf("%d pinned resident pages, counter says %d", pinnedRes, r.pinnedRes)
+	}
+	return nil
+}
+
+// ensureOne makes page p resident (ensure, taking mu).
+func (r *residency) ensureOne(p int32) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.two[0] = p
+	_, err := r.ensure(context.Background(), r.two[:1])
+	return err
+}
+
+// checkRoom reports, changing nothing, ErrDeviceFull when a write to the
+// existing pages touched and to fresh new pages would need a device slot
+// and every slot is held by a pinned page.
+func (r *residency) checkRoom(touched []int32, fresh int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	need := fresh > 0
+	for _, p := range touched {
+		need = need || r.slot[p] < 0
+	}
+	if need && r.room() < 1 {
+		return fmt.Errorf("every one of the %d device slots is held by a pinned page: %w", r.budget, ErrDeviceFull)
+	}
+	return nil
+}
