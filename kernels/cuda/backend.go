@@ -154,7 +154,7 @@ func (b *Backend) loop(ready chan<- error) {
 		b.smem[k.name] = k.smem
 		b.warps[k.name] = k.warps
 	}
-	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_radix", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge", "quest_gather_tables", "quest_pick_scores"}
+	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_radix", "quest_topk_sample_t1024", "quest_topk_sample_t512", "quest_topk_sample_t256", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge", "quest_gather_tables", "quest_pick_scores"}
 	for _, dt := range []plan.DType{plan.Float32, plan.Float16, plan.BFloat16} {
 		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize", "rescan"} {
 			names = append(names, "quest_"+k+"_"+dt.String())
@@ -1176,6 +1176,105 @@ func (b *Backend) launchTopKRadix(plan *kernels.TopKPlan, scores cu.DevicePtr, p
 		u(ctrl), u(hist), u(kept), u(cand), uint64(rows), uint64(g), uint64(ib), uint64(npass), uint64(bufcap))
 }
 
+// Sample-then-one-pass top-K limits (quest.cu, quest_topk_sample_t*).
+const (
+	topkSampleSCap  = 3072  // SAMP_SCAP
+	topkSampleSMax  = 10240 // SAMP_SMAX: the most sampled scores per row
+	topkSampleStats = 8     // SAMP_STATS: statistics ints before the rows'
+	topkSampleRow   = 2     // SAMP_ROW: control ints per row
+	// Flags (SAMP_F_*), for tests.
+	topkSampleFallback = 1 // every row takes the one-block fallback
+	topkSampleNoSmem   = 2 // narrow the candidates in global memory
+	topkSampleDirect   = 4 // append candidates to global memory as found (no staging)
+)
+
+// topkVariant is one configuration of the multi-block top-K for long
+// rows: v0 is quest_topk_radix (kernel == ""); the others run kernel,
+// quest_topk_sample_t<threads>, with about perSM blocks per multiprocessor
+// (rows x G blocks, G = perSM*targetSMs/rows, at least tile scores per
+// block), a sample of at most mmax scores per row and flags.
+type topkVariant struct {
+	name    string
+	kernel  string
+	threads int
+	perSM   int
+	tile    int
+	mmax    int
+	flags   int
+}
+
+// topkRadixVariants are timed side by side by BenchmarkTopKLong and
+// checked by TestTopKLongVariants; launchTopK runs
+// topkRadixVariants[topkRadixDefault].
+var topkRadixVariants = []topkVariant{
+	{name: "v0"},
+	{name: "v1", kernel: "quest_topk_sample_t1024", threads: 1024, perSM: 1, tile: 16384, mmax: topkSampleSMax},
+	{name: "v2", kernel: "quest_topk_sample_t512", threads: 512, perSM: 2, tile: 16384, mmax: topkSampleSMax},
+	{name: "v3", kernel: "quest_topk_sample_t512", threads: 512, perSM: 4, tile: 8192, mmax: topkSampleSMax},
+	{name: "v4", kernel: "quest_topk_sample_t256", threads: 256, perSM: 4, tile: 8192, mmax: topkSampleSMax},
+	{name: "v5", kernel: "quest_topk_sample_t512", threads: 512, perSM: 2, tile: 16384, mmax: topkSampleSMax / 2},
+	{name: "v6", kernel: "quest_topk_sample_t512", threads: 512, perSM: 2, tile: 16384, mmax: topkSampleSMax, flags: topkSampleDirect},
+}
+
+// topkRadixDefault indexes the variant launchTopK runs for long rows: v1,
+// the fastest on the H200 (BenchmarkTopKLong, 8 rows, k 256: 59 us at
+// 655,360 pages and 101 us at 4,194,304, against v0's 69 and 228;
+// bench/results/2026-12-01-topk-long-h200.md).
+const topkRadixDefault = 1
+
+func topkVariantByName(name string) (topkVariant, bool) {
+	for _, v := range topkRadixVariants {
+		if v.name == name {
+			return v, true
+		}
+	}
+	return topkVariant{}, false
+}
+
+// launchTopKVariant runs plan (as launchTopKRadix takes it) through
+// variant v: v0 is launchTopKRadix; the others are one launch of
+// v.kernel, no memset (the kernel leaves its control words zero) and no
+// host synchronization.
+func (b *Backend) launchTopKVariant(plan *kernels.TopKPlan, scores cu.DevicePtr, ptrs [5]cu.DevicePtr, out cu.DevicePtr, v topkVariant) error {
+	if v.kernel == "" {
+		return b.launchTopKRadix(plan, scores, ptrs, out)
+	}
+	rows := plan.Rows()
+	maxN := 1
+	for r := range rows {
+		maxN = max(maxN, int(plan.N[r]))
+	}
+	g := max(1, min(v.perSM*targetSMs/rows, (maxN+v.tile-1)/v.tile))
+	bufcap := max(topkSampleSCap, min(maxN, topkRadixBufBytes/(8*rows)))
+	ctrl, err := b.topkSampleCtrl(rows)
+	if err != nil {
+		return err
+	}
+	cand, err := b.buf("topk.sample.cand", int64(rows)*int64(bufcap)*8)
+	if err != nil {
+		return err
+	}
+	return b.launch(v.kernel, [3]int{rows * g, 1, 1}, v.threads, 0,
+		u(scores), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out),
+		u(ctrl), u(cand), uint64(g), uint64(bufcap), uint64(v.mmax), uint64(v.flags))
+}
+
+// topkSampleCtrl returns the sample top-K's control words for rows rows:
+// zero when new (every launch leaves the rows' words zero).
+func (b *Backend) topkSampleCtrl(rows int) (cu.DevicePtr, error) {
+	old := b.bufs["topk.sample.ctrl"]
+	ctrl, err := b.buf("topk.sample.ctrl", int64(topkSampleStats+rows*topkSampleRow)*4)
+	if err != nil {
+		return 0, err
+	}
+	if nb := b.bufs["topk.sample.ctrl"]; nb != old {
+		if err := cu.MemsetD32Async(ctrl, 0, nb.size/4, cu.Stream{}); err != nil {
+			return 0, fmt.Errorf("cuda: zero top-K control words: %w", err)
+		}
+	}
+	return ctrl, nil
+}
+
 // launchTopK runs the threshold top-K (one block per row) when every row
 // suits it, else the two-stage top-K when the rows suit that, else the
 // multi-block radix select for long rows (topkRadix), else the radix
@@ -1192,7 +1291,7 @@ func (b *Backend) launchTopK(plan *kernels.TopKPlan, scores, tmax cu.DevicePtr, 
 	}
 	slice, slices, kmax := topkSlices(plan)
 	if slices == 0 && topkRadix(plan) {
-		return b.launchTopKRadix(plan, scores, ptrs, out)
+		return b.launchTopKVariant(plan, scores, ptrs, out, topkRadixVariants[topkRadixDefault])
 	}
 	if slices == 0 {
 		return b.launch("quest_topk", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))

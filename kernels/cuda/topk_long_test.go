@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"gorgonia.org/cu"
@@ -125,8 +126,10 @@ func refTopK(t *testing.T, scores []float32, p *kernels.TopKPlan, outLen int) []
 }
 
 // runTopKPath uploads scores and plan and runs one top-K path: "auto"
-// (launchTopK's choice), "radix" (quest_topk_radix) or "onestage"
-// (quest_topk); output slots no row writes stay -7.
+// (launchTopK's choice), "radix" (quest_topk_radix), "radix/<variant>"
+// (topkRadixVariants; "radix/<variant>+fallback", "+nosmem" and "+direct"
+// set a sample variant's flags) or "onestage" (quest_topk); output slots no
+// row writes stay -7.
 func runTopKPath(b *Backend, scores []float32, p *kernels.TopKPlan, path string) ([]int32, error) {
 	outLen, err := p.Check(len(scores), math.MaxInt32)
 	if err != nil {
@@ -168,7 +171,85 @@ func launchTopKPath(b *Backend, p *kernels.TopKPlan, path string, sp cu.DevicePt
 	case "onestage":
 		return b.launch("quest_topk", [3]int{p.Rows(), 1, 1}, 1024, 0, u(sp), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(op))
 	}
+	if v, ok := variantOfPath(path); ok {
+		return b.launchTopKVariant(p, sp, ptrs, op, v)
+	}
 	return fmt.Errorf("no top-K path %q", path)
+}
+
+// variantOfPath parses "radix/<variant>[+fallback|+nosmem|+direct]".
+func variantOfPath(path string) (topkVariant, bool) {
+	name, ok := strings.CutPrefix(path, "radix/")
+	if !ok {
+		return topkVariant{}, false
+	}
+	name, flag, _ := strings.Cut(name, "+")
+	v, ok := topkVariantByName(name)
+	if !ok || (flag != "" && v.kernel == "") {
+		return topkVariant{}, false
+	}
+	switch flag {
+	case "":
+	case "fallback":
+		v.flags |= topkSampleFallback
+	case "nosmem":
+		v.flags |= topkSampleNoSmem
+	case "direct":
+		v.flags |= topkSampleDirect
+	default:
+		return topkVariant{}, false
+	}
+	return v, true
+}
+
+// variantPaths names every variant's path, and with flags also the sample
+// variants' test-flag paths.
+func variantPaths(flags bool) []string {
+	var paths []string
+	for _, v := range topkRadixVariants {
+		paths = append(paths, "radix/"+v.name)
+	}
+	if flags {
+		for _, v := range topkRadixVariants {
+			if v.kernel != "" {
+				paths = append(paths, "radix/"+v.name+"+nosmem", "radix/"+v.name+"+fallback")
+			}
+		}
+	}
+	return paths
+}
+
+// sampleStats is the statistics block of the sample variants' control
+// words (SAMP_STATS): rows finished, of them through the one-block
+// fallback and through the global-memory narrowing, and the candidates
+// (C) per row, mean and largest. reset zeroes it.
+type sampleStats struct {
+	finishes, fallbacks, global int
+	meanC                       float64
+	maxC                        int
+}
+
+// readSampleStats reads (device goroutine) the statistics since the last
+// reset, and resets them when reset is set.
+func readSampleStats(b *Backend, reset bool) (sampleStats, error) {
+	bf, ok := b.bufs["topk.sample.ctrl"]
+	if !ok {
+		return sampleStats{}, nil
+	}
+	w := make([]int32, topkSampleStats)
+	if err := download(b, w, bf.ptr); err != nil {
+		return sampleStats{}, err
+	}
+	st := sampleStats{finishes: int(w[4]), fallbacks: int(w[0]), global: int(w[1]), maxC: int(w[6])}
+	if st.finishes > 0 {
+		st.meanC = float64(uint64(uint32(w[2]))|uint64(uint32(w[3]))<<32) / float64(st.finishes)
+	}
+	if reset {
+		if err := cu.MemsetD32Async(bf.ptr, 0, topkSampleStats, cu.Stream{}); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
 }
 
 // topkPath names the path launchTopK takes for p.
@@ -429,18 +510,134 @@ func TestTopKRadixShort(t *testing.T) {
 	}
 }
 
+// variantRow is one row of a variant test plan: n scores from generator
+// gen, keeping k.
+type variantRow struct {
+	n, k int
+	gen  string
+}
+
+// variantPlan lays rows out at unaligned score offsets.
+func variantPlan(rng *rand.Rand, rows []variantRow) ([]float32, kernels.TopKPlan) {
+	var scores []float32
+	var p kernels.TopKPlan
+	off := 0
+	for j, r := range rows {
+		scores = append(scores, make([]float32, 3)...)
+		s := make([]float32, r.n)
+		genByName(r.gen).fill(rng, s)
+		p.Add(len(scores), r.n, 100*j, r.k, off)
+		scores = append(scores, s...)
+		off += min(r.k, r.n)
+	}
+	return scores, p
+}
+
+// TestTopKLongVariants runs every variant of topkRadixVariants (and the
+// sample variants with their test flags: every row through the one-block
+// fallback, or through the global-memory narrowing) on the same plans
+// against the CPU backend: short and mid-size rows with every
+// distribution, the benchmark's shape (8 rows of 655,360) with mixed
+// distributions and budgets, rows of 4M and 16M.
+func TestTopKLongVariants(t *testing.T) {
+	b := newBackend(t, plan.BFloat16)
+	defer b.Close()
+	rng := rand.New(rand.NewPCG(17, 18))
+	all, plain := variantPaths(true), variantPaths(false)
+	t.Logf("paths: %v", all)
+	short := []struct{ n, k int }{{1, 1}, {2, 1}, {10, 3}, {3072, 3071}, {3073, 3072}, {3073, 4096}, {4097, 4096},
+		{5000, 600}, {8191, 4095}, {20000, 512}, {65536, 4096}, {70000, 2048}, {100000, 513}, {100000, 1}, {9, 0}}
+	for _, g := range scoreGens {
+		var rows []variantRow
+		for _, r := range short {
+			rows = append(rows, variantRow{r.n, r.k, g.name})
+		}
+		scores, p := variantPlan(rng, rows)
+		checkTopK(t, b, "short "+g.name, scores, &p, all...)
+	}
+	const L = 655360
+	var bench, mixed []variantRow
+	for j := range 8 {
+		bench = append(bench, variantRow{L, 256, scoreGens[j%len(scoreGens)].name})
+		mixed = append(mixed, variantRow{L - j, longKs[j%4], scoreGens[(j+8)%len(scoreGens)].name})
+	}
+	scores, p := variantPlan(rng, bench)
+	checkTopK(t, b, "8 rows of 655360, k 256", scores, &p, all...)
+	mixed = append(mixed, variantRow{1000, 2000, "uniform"}, variantRow{0, 4, "uniform"}, variantRow{70001, 7, "normal"})
+	scores, p = variantPlan(rng, mixed)
+	checkTopK(t, b, "655360 mixed", scores, &p, all...)
+	scores, p = variantPlan(rng, []variantRow{{4194304, 256, "normal"}, {4194304, 4096, "equal"}, {4194303, 7, "nan"}, {9, 3, "levels3"}})
+	checkTopK(t, b, "4M", scores, &p, all...)
+	if !testing.Short() {
+		scores, p = variantPlan(rng, []variantRow{{16777216, 256, "normal"}, {16777215, 4096, "levels3"}})
+		checkTopK(t, b, "16M", scores, &p, plain...)
+	}
+}
+
+// TestTopKSampleAdversarial lays scores out with the sample's period
+// (a group of 8 every 512 scores, the sample of 655,360-score rows with
+// mmax 10,240; every 1,024 with 5,120), so that the sample misleads: the
+// sampled scores far below the others (nearly every entry becomes a
+// candidate: the global-memory narrowing) or far above them (fewer
+// candidates than k: the one-block fallback). Every variant must stay
+// exact, and the sample variants must have taken the fallback.
+func TestTopKSampleAdversarial(t *testing.T) {
+	b := newBackend(t, plan.BFloat16)
+	defer b.Close()
+	rng := rand.New(rand.NewPCG(19, 20))
+	const L = 655360
+	var scores []float32
+	var p kernels.TopKPlan
+	off := 0
+	for j, c := range []struct {
+		k     int
+		level float32
+	}{{256, -1000}, {256, 1000}, {4096, -1000}, {1000, 1000}} {
+		s := make([]float32, L)
+		for i := range s {
+			s[i] = float32(100 + 10*rng.NormFloat64())
+			if i%512 < 8 {
+				s[i] = c.level + float32(rng.NormFloat64())
+			}
+		}
+		p.Add(len(scores), L, j, c.k, off)
+		scores = append(scores, s...)
+		off += c.k
+	}
+	for _, path := range variantPaths(false) {
+		if err := b.do(context.Background(), func() error { _, err := readSampleStats(b, true); return err }); err != nil {
+			t.Fatal(err)
+		}
+		checkTopK(t, b, "adversarial", scores, &p, path)
+		var st sampleStats
+		if err := b.do(context.Background(), func() (err error) { st, err = readSampleStats(b, true); return }); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %+v", path, st)
+		if v, _ := variantOfPath(path); v.kernel != "" && (st.finishes != 4 || st.fallbacks != 2 || st.global != 2) {
+			t.Errorf("%s: %+v, want 4 finishes, 2 fallbacks (the rows of high samples) and 2 global narrowings", path, st)
+		}
+	}
+}
+
 // BenchmarkTopKLong times top-K of 8 rows x n scores (Quest-like normal
 // scores), k = 256, with CUDA events: the one-block radix select
-// (quest_topk, the old path), the multi-block radix select
-// (quest_topk_radix) and the dispatch's choice, in us per call with the
+// (quest_topk, the old path), every multi-block variant side by side
+// (radix/<variant> for each of topkRadixVariants; radix/v0 is
+// quest_topk_radix) and the dispatch's choice, in us per call with the
 // scores in L2 (us/call, as after the score kernel) and after an L2 flush
 // (cold-us/call). The 65536 and 131072 rows are for tuning topkRadixMinN
 // (the dispatch takes the threshold and two-stage kernels there).
 //
+// The sample variants also report their candidates per row (cand/row: mean C) and
+// the share of rows that took the global-memory narrowing (global/row) or
+// the one-block fallback (fallback/row).
+//
 //	cd kernels/cuda && ../../.gpubuild/cuda.test -test.run '^$' -test.bench TopKLong -test.benchtime 100x
 func BenchmarkTopKLong(b *testing.B) {
 	for _, n := range []int{65536, 131072, 655360, 4194304} {
-		for _, path := range []string{"onestage", "radix", "auto"} {
+		paths := append(append([]string{"onestage"}, variantPaths(false)...), "auto")
+		for _, path := range paths {
 			b.Run(fmt.Sprintf("n%d_rows8_k256/%s", n, path), func(b *testing.B) { benchTopKLong(b, n, 8, 256, path) })
 		}
 	}
@@ -465,6 +662,7 @@ func benchTopKLong(b *testing.B, n, rows, k int, path string) {
 		b.Logf("dispatch: %s", topkPath(&p))
 	}
 	var warm, cold float64
+	var st sampleStats
 	err = be.do(context.Background(), func() error {
 		sp, err := upload(be, "bench.tk.scores", scores)
 		if err != nil {
@@ -484,6 +682,12 @@ func benchTopKLong(b *testing.B, n, rows, k int, path string) {
 			return err
 		}
 		f := func() error { return launchTopKPath(be, &p, path, sp, ptrs, op) }
+		if err := f(); err != nil { // (allocates the buffers)
+			return err
+		}
+		if _, err := readSampleStats(be, true); err != nil {
+			return err
+		}
 		tm, err := newTimer()
 		if err != nil {
 			return err
@@ -494,7 +698,10 @@ func benchTopKLong(b *testing.B, n, rows, k int, path string) {
 			return err
 		}
 		b.StopTimer()
-		cold, err = be.cold(20, f)
+		if cold, err = be.cold(20, f); err != nil {
+			return err
+		}
+		st, err = readSampleStats(be, false)
 		return err
 	})
 	if err != nil {
@@ -502,4 +709,10 @@ func benchTopKLong(b *testing.B, n, rows, k int, path string) {
 	}
 	b.ReportMetric(warm, "us/call")
 	b.ReportMetric(cold, "cold-us/call")
+	if st.finishes > 0 {
+		b.ReportMetric(st.meanC, "cand/row")
+		b.ReportMetric(float64(st.global)/float64(st.finishes), "global/row")
+		b.ReportMetric(float64(st.fallbacks)/float64(st.finishes), "fallback/row")
+		b.Logf("%s: %+v", path, st)
+	}
 }
