@@ -14,8 +14,9 @@ import (
 // it rather than gonum's BLAS: `go test ./model -bench Matmul` runs
 // BenchmarkMatmul (this kernel) and BenchmarkMatmulGonum (gonum v0.17.0's
 // blas32.Gemm and Gemv) on v2's shapes side by side; for 256-token
-// chunks ours is about 3x faster (gonum's float32 kernels are SSE, not
-// FMA), for one token 1.2-1.6x (bench/results/2026-12-01-matmul-gonum.md).
+// chunks ours is 2.4-4.3x faster (gonum's float32 kernels are SSE, not
+// FMA, and do not tile), for one token the two are within noise
+// (bench/results/2026-12-01-matmul-gonum.md).
 func dot(a, b []float32) float32 { return kernels.Dot(a, b) }
 
 // defaultWorkers is the goroutines of a parallel loop when none are set.
