@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
@@ -82,7 +83,138 @@ type StepStats struct {
 	// the Decode API answers it (codes.OK on success).
 	Err  error
 	Code codes.Code
+	// PeerErrors are the nodes of the step's grids whose calls failed
+	// the step, at most one entry per node and kind (see [PeerError]);
+	// none for a step that succeeded, or failed before it reached a
+	// node (bad input, an unknown sequence, a grid lost before) or by
+	// the caller's cancellation.
+	PeerErrors []PeerError
 }
+
+// Kinds of [PeerError].
+const (
+	// PeerUnavailable: the node could not be reached, its worker or
+	// collective transport is gone, or the membership view declared it
+	// gone while the step ran.
+	PeerUnavailable = "unavailable"
+	// PeerTimeout: the node's call passed the step's deadline.
+	PeerTimeout = "timeout"
+	// PeerOther: any other failure the node answered (a full pool, a
+	// grid it no longer holds, a step out of order).
+	PeerOther = "other"
+)
+
+// PeerError is one node whose worker call (BeginStep, Layer or the
+// diagnostics' Keys) failed a step, and the kind of the failure. A node
+// that answers that a collective peer aborted or closed (the echo of a
+// failure elsewhere) is blamed only when no node failed by itself; calls
+// the coordinator cancelled after another node failed are not blamed.
+type PeerError struct {
+	Node string // the node's name
+	Kind string // PeerUnavailable, PeerTimeout or PeerOther
+}
+
+// peerWorker is a grid node's worker as the grid's engine drives it: the
+// failures of the calls of a step are logged, with the node's name, in
+// the step's peerLog, which onGrid puts in the step's context.
+type peerWorker struct {
+	worker.Worker
+	node string
+}
+
+func (w peerWorker) BeginStep(ctx context.Context, m worker.BeginRequest) error {
+	err := w.Worker.BeginStep(ctx, m)
+	logPeer(ctx, w.node, err)
+	return err
+}
+
+func (w peerWorker) Layer(ctx context.Context, m worker.LayerRequest, rep *worker.LayerReply) error {
+	err := w.Worker.Layer(ctx, m, rep)
+	logPeer(ctx, w.node, err)
+	return err
+}
+
+func (w peerWorker) Keys(ctx context.Context, m worker.KeysRequest, rep *worker.KeysReply) error {
+	err := w.Worker.Keys(ctx, m, rep)
+	logPeer(ctx, w.node, err)
+	return err
+}
+
+// peerLog collects the failed calls of one step on one grid.
+type peerLog struct {
+	mu    sync.Mutex
+	fails []peerFail
+}
+
+type peerFail struct {
+	node string
+	err  error
+}
+
+type peerLogKey struct{}
+
+// logPeer records node's failed call in ctx's peerLog, if it has one.
+func logPeer(ctx context.Context, node string, err error) {
+	if err == nil {
+		return
+	}
+	if l, _ := ctx.Value(peerLogKey{}).(*peerLog); l != nil {
+		l.mu.Lock()
+		l.fails = append(l.fails, peerFail{node, err})
+		l.mu.Unlock()
+	}
+}
+
+// blame returns the nodes to blame for a failed step on a grid: the node
+// the membership view declared gone while it ran (cause, the reason the
+// step's context ended), else the nodes whose calls failed by themselves,
+// else those that answered a collective abort or a closed peer. Calls
+// ended by a cancellation are nobody's fault.
+func blame(cause error, fails []peerFail) []PeerError {
+	var gone nodeGoneError
+	if errors.As(cause, &gone) {
+		return []PeerError{{Node: gone.node, Kind: PeerUnavailable}}
+	}
+	var own, echoes []PeerError
+	for _, f := range fails {
+		if errors.Is(f.err, context.Canceled) {
+			continue
+		}
+		kind := PeerOther
+		switch {
+		case errors.Is(f.err, context.DeadlineExceeded):
+			kind = PeerTimeout
+		case errors.Is(f.err, remote.ErrUnavailable):
+			kind = PeerUnavailable
+		}
+		pe := PeerError{Node: f.node, Kind: kind}
+		if errors.Is(f.err, collective.ErrAborted) || errors.Is(f.err, collective.ErrPeerClosed) {
+			echoes = appendPeer(echoes, pe)
+		} else {
+			own = appendPeer(own, pe)
+		}
+	}
+	if len(own) > 0 {
+		return own
+	}
+	return echoes
+}
+
+// appendPeer appends pe to ps unless it is there.
+func appendPeer(ps []PeerError, pe PeerError) []PeerError {
+	for _, p := range ps {
+		if p == pe {
+			return ps
+		}
+	}
+	return append(ps, pe)
+}
+
+// nodeGoneError says that the membership view no longer shows a node of
+// a grid up.
+type nodeGoneError struct{ node string }
+
+func (e nodeGoneError) Error() string { return "node " + e.node + " is gone from the view" }
 
 // addPlans adds the pages of plans (one layer of a grid with kvHeads KV
 // heads) to st.
@@ -336,6 +468,7 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 
 	// The ranks of each node, in first-appearance order.
 	at := map[string]int{}
+	var names []string // per entry of g.ranks
 	for r, n := range nodes {
 		rk := worker.Rank{TP: r / ec.CP, CP: r % ec.CP}
 		i, ok := at[n]
@@ -348,6 +481,7 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 			i = len(g.ranks)
 			at[n] = i
 			g.ranks = append(g.ranks, remote.NodeRanks{Conn: conn})
+			names = append(names, n)
 		}
 		g.ranks[i].Ranks = append(g.ranks[i].Ranks, rk)
 	}
@@ -360,7 +494,7 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 	g.clients = clients
 	hosts := make([]engine.Host, len(clients))
 	for i, cl := range clients {
-		hosts[i] = engine.Host{Worker: cl, Ranks: g.ranks[i].Ranks}
+		hosts[i] = engine.Host{Worker: peerWorker{Worker: cl, node: names[i]}, Ranks: g.ranks[i].Ranks}
 	}
 	if g.eng, err = engine.Open(ec, hosts); err != nil {
 		c.mu.Lock()
@@ -419,7 +553,7 @@ func (c *Coordinator) aliveLocked(g *grid) error {
 	for n, inst := range g.members {
 		m, ok := v.Member(n)
 		if !ok || !m.State.Up() || m.Instance != inst {
-			c.loseLocked(g, fmt.Errorf("%w: node %s is gone from the view", ErrGridLost, n))
+			c.loseLocked(g, fmt.Errorf("%w: %w", ErrGridLost, nodeGoneError{n}))
 			return g.lost
 		}
 	}
@@ -615,6 +749,7 @@ func (c *Coordinator) step(ctx context.Context, layer int, items []StepItem, opt
 		reqs  []engine.Request
 		res   engine.Result
 		err   error
+		peers []PeerError
 		start time.Time
 	}
 	var parts []*part
@@ -652,14 +787,21 @@ func (c *Coordinator) step(ctx context.Context, layer int, items []StepItem, opt
 	var wg sync.WaitGroup
 	for _, p := range parts {
 		wg.Go(func() {
-			p.err = c.onGrid(ctx, p.g, func(ctx context.Context) error { return p.g.eng.Step(ctx, layer, p.reqs, opt, &p.res) })
+			p.peers, p.err = c.onGrid(ctx, p.g, func(ctx context.Context) error { return p.g.eng.Step(ctx, layer, p.reqs, opt, &p.res) })
 		})
 	}
 	wg.Wait()
+	var failed error
 	for _, p := range parts {
-		if p.err != nil {
-			return p.err
+		if p.err != nil && failed == nil {
+			failed = p.err
 		}
+		for _, pe := range p.peers {
+			st.PeerErrors = appendPeer(st.PeerErrors, pe)
+		}
+	}
+	if failed != nil {
+		return failed
 	}
 	cfg := parts[0].g.ec
 	qd, qh := cfg.QHeads*cfg.HeadDim, cfg.QHeads
@@ -743,7 +885,7 @@ func (c *Coordinator) decode(ctx context.Context, first, last int, items []StepI
 		st.Time.Merge += r.Time.Merge
 		st.Time.Fused += r.Time.Fused
 	}
-	err := c.onGrid(ctx, g, func(ctx context.Context) error {
+	peers, err := c.onGrid(ctx, g, func(ctx context.Context) error {
 		return g.eng.Decode(ctx, first, last, reqs, opt, res, func(layer int, rq []engine.Request, r *engine.Result) error {
 			layerDone(r)
 			err := next(layer, rq, r)
@@ -754,6 +896,7 @@ func (c *Coordinator) decode(ctx context.Context, first, last int, items []StepI
 		})
 	})
 	st.Time.Total = time.Since(start)
+	st.PeerErrors = peers
 	if err == nil {
 		layerDone(res)
 		st.Time.Total = res.Time.Total
@@ -763,24 +906,30 @@ func (c *Coordinator) decode(ctx context.Context, first, last int, items []StepI
 
 // onGrid runs f on grid g with a context that ends with ctx or when g is
 // lost (the steps in flight end at once), and returns f's error naming
-// the loss of the grid when there was one.
-func (c *Coordinator) onGrid(ctx context.Context, g *grid, f func(ctx context.Context) error) error {
+// the loss of the grid when there was one, and the nodes to blame for it
+// (see [blame]).
+func (c *Coordinator) onGrid(ctx context.Context, g *grid, f func(ctx context.Context) error) ([]PeerError, error) {
 	gctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(g.ctx, func() { cancel(context.Cause(g.ctx)) })
-	err := f(gctx)
+	log := &peerLog{}
+	err := f(context.WithValue(gctx, peerLogKey{}, log))
 	stop()
+	cause := context.Cause(gctx) // before cancel(nil): nil unless ctx or g ended it
 	cancel(nil)
 	if err == nil {
-		return nil
+		return nil, nil
 	}
+	log.mu.Lock()
+	peers := blame(cause, log.fails)
+	log.mu.Unlock()
 	c.check(g, err)
 	c.mu.Lock()
 	lost := g.lost
 	c.mu.Unlock()
 	if lost != nil && !errors.Is(err, ErrGridLost) {
-		return fmt.Errorf("%w (%w)", lost, err)
+		return peers, fmt.Errorf("%w (%w)", lost, err)
 	}
-	return err
+	return peers, err
 }
 
 func resize(s []float32, n int) []float32 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/cluster/coord"
@@ -115,6 +117,9 @@ func TestObserveAndStats(t *testing.T) {
 		if read >= total {
 			t.Errorf("layer 1 read %d of %d pages: want a sparse layer", read, total)
 		}
+		if len(s.PeerErrors) != 0 {
+			t.Errorf("a step that succeeded blames %v", s.PeerErrors)
+		}
 		if n := len(recs[1].take()); n != 0 {
 			t.Errorf("the forwarding node observed %d stats", n)
 		}
@@ -145,7 +150,7 @@ func TestObserveAndStats(t *testing.T) {
 	}
 	got = recs[0].take()
 	if len(got) != 1 || got[0].Kind != "step" || got[0].Code != codes.NotFound || !errors.Is(got[0].Err, coord.ErrUnknownSequence) ||
-		got[0].Layers != 0 || got[0].PagesRead != 0 {
+		got[0].Layers != 0 || got[0].PagesRead != 0 || len(got[0].PeerErrors) != 0 {
 		t.Errorf("failed step stats %+v, want one NotFound", got)
 	}
 
@@ -156,6 +161,71 @@ func TestObserveAndStats(t *testing.T) {
 	}
 	if s := nodes[0].Stats(); s.Sequences != 0 {
 		t.Errorf("stats after release: %+v", s)
+	}
+}
+
+// TestObservePeerErrors: a decode whose grid lost a node (killed) is
+// observed with that node, and only it, in PeerErrors (unavailable); a
+// later step on the lost grid fails before it reaches a node and blames
+// nobody. (cmd/questd's TestServeMetricsPeerFailure does a Step.)
+func TestObservePeerErrors(t *testing.T) {
+	ec := geometry(3, 1, plan.Exact)
+	rec := &recorder{}
+	// Slow failure detection: the steps after the kill reach the dead
+	// node before the membership declares it dead.
+	nodes := nodetest.Start(t, "pe", 3, ec, func(i int, c *node.Config) {
+		c.Member.ProbeInterval, c.Member.ProbeTimeout, c.Member.SuspicionMult = time.Second, 500*time.Millisecond, 4
+		if i == 0 {
+			c.Observe = rec.observe
+		}
+	})
+	ctx := t.Context()
+	c := dial(t, nodes[0])
+	rng := rand.New(rand.NewPCG(5, 6))
+	kv, qd := ec.KVHeads*ec.HeadDim, ec.QHeads*ec.HeadDim
+	var seqs []string
+	for range 2 {
+		id, on, err := c.Create(ctx, plan.Striped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(on) != 3 || on[0] != "pe0" {
+			t.Fatalf("placed on %v, want the three nodes, pe0 first", on)
+		}
+		for l := range ec.Layers {
+			if err := c.Append(ctx, id, l, randVec(rng, 50*kv), randVec(rng, 50*kv)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		seqs = append(seqs, id)
+	}
+	if _, err := c.Step(ctx, 1, []client.Item{{Seq: seqs[0], Q: randVec(rng, qd)}}, client.StepOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rec.take()
+
+	nodes[2].Kill()
+	want := []coord.PeerError{{Node: "pe2", Kind: coord.PeerUnavailable}}
+	_, err := c.Decode(ctx, 0, 2, []client.Item{{Seq: seqs[0], Q: randVec(rng, qd)}}, client.StepOptions{},
+		func(_ int, items []client.Item, _ *client.StepResult) error {
+			items[0].Q = randVec(rng, qd)
+			return nil
+		})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("decode after pe2 died: %v, want UNAVAILABLE", err)
+	}
+	if got := rec.take(); len(got) != 1 || got[0].Kind != "steps" || !slices.Equal(got[0].PeerErrors, want) {
+		t.Errorf("decode after pe2 died observed %+v, want PeerErrors %v", got, want)
+	}
+	// The grid is lost: the other sequence's step fails before it
+	// reaches a node, and blames nobody.
+	if _, err := c.Step(ctx, 1, []client.Item{{Seq: seqs[1], Q: randVec(rng, qd)}}, client.StepOptions{}); err == nil {
+		t.Fatal("a step on the lost grid succeeded")
+	}
+	for _, s := range rec.take() { // the service may refuse it before the coordinator's Step
+		if len(s.PeerErrors) != 0 {
+			t.Errorf("step on the lost grid observed %+v, want no PeerErrors", s)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -15,6 +16,12 @@ import (
 )
 
 func runBenchAttention(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runCommand(ctx, benchAttentionCommand, args, stdout, stderr)
+}
+
+// benchAttentionCommand builds the flags and the action of
+// 'questctl bench attention' without running it (see [runCommand]).
+func benchAttentionCommand() (*flag.FlagSet, action) {
 	c := bench.DefaultAttentionConfig()
 	fs := newFlags("bench attention", `Usage: questctl bench attention [flags]
 
@@ -45,7 +52,7 @@ step).`)
 	contexts := fs.String("context", "32768,131072", fmt.Sprintf("comma-separated context lengths in tokens (1..%d)", bench.MaxContext))
 	budgets := fs.String("budget", "2048", fmt.Sprintf("comma-separated token budgets (--page-size..%d; K is capped at the context's pages)", bench.MaxContext))
 	batches := fs.String("batch", "1", fmt.Sprintf("comma-separated batch sizes, sequences per step (1..%d)", bench.MaxBatch))
-	dtype := fs.String("dtype", "bf16", "cuda storage type: f32, f16 or bf16 (needs --backend cuda; the CPU backend stores float32)")
+	dtype := kvCacheDTypeFlag(fs, "")
 	fs.IntVar(&c.PageSize, "page-size", c.PageSize, fmt.Sprintf("tokens per page S (1..%d)", bench.MaxPageSize))
 	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, fmt.Sprintf("query heads (1..%d, a multiple of --kv-heads)", bench.MaxHeads))
 	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, fmt.Sprintf("KV heads (1..%d)", bench.MaxHeads))
@@ -55,82 +62,81 @@ step).`)
 	asJSON := fs.Bool("json", false, "no table on stderr: JSON lines on stdout, progress lines on stderr (default also prints a table to stderr)")
 	cudaKernels := fs.String("cuda-kernels", "", "cuda: tuning overrides, comma-separated: attend=NAME and score=NAME (tensor-core kernel variants of kernels/cuda/mma.cu), score-chunk=N and attend-chunk=N (pages per block / work item)")
 	plotOut := fs.String("plot", "", "after the run, draw time per step vs context (log-log) from its JSON lines to this PNG file (as 'questctl plot')")
-	if err := parse(fs, args, stdout); err != nil {
-		return err
-	}
-	var err error
-	if c.Contexts, err = parseInts("--context", *contexts); err != nil {
-		return err
-	}
-	if c.Budgets, err = parseInts("--budget", *budgets); err != nil {
-		return err
-	}
-	batchList, err := parseInts("--batch", *batches)
-	if err != nil {
-		return err
-	}
-	c.MemoryLimit = *maxMem
-	// --plot keeps a copy of the JSON lines for the figure.
-	var plotLines bytes.Buffer
-	if *plotOut != "" {
-		if err := checkPlotOut("--plot", *plotOut); err != nil {
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
+		var err error
+		if c.Contexts, err = parseInts("--context", *contexts); err != nil {
 			return err
 		}
-		stdout = io.MultiWriter(stdout, &plotLines)
-	}
-	// Every configuration is checked before the first one runs.
-	for _, b := range batchList {
-		c.Batch = b
-		if err := c.Validate(); err != nil {
-			return usageError{err}
+		if c.Budgets, err = parseInts("--budget", *budgets); err != nil {
+			return err
 		}
-	}
-	switch *backend {
-	case "cpu":
-		if flagSet(fs, "dtype") {
-			return usageError{errors.New("--dtype needs --backend cuda (the CPU backend stores float32)")}
-		}
-		if flagSet(fs, "cuda-kernels") {
-			return usageError{errors.New("--cuda-kernels needs --backend cuda")}
-		}
-	case "cuda":
-		if flagSet(fs, "max-memory") {
-			return usageError{errors.New("--max-memory needs --backend cpu (the CUDA benchmark's data live in GPU memory; it skips configurations over 64 GiB of K/V)")}
-		}
-		return plotAttention(*plotOut, &plotLines, benchCUDA(ctx, c, batchList, *dtype, *cudaKernels, *asJSON, stdout, stderr))
-	default:
-		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
-	}
-	for _, b := range batchList {
-		c.Batch = b
-		if err := c.Preflight(); err != nil {
-			return memoryError(err)
-		}
-	}
-	c.Progress = stderr
-	start := time.Now()
-	for _, b := range batchList {
-		c.Batch = b
-		err = bench.Attention(ctx, c, func(r bench.AttentionResult) error {
-			if !*asJSON {
-				capped := ""
-				if r.BudgetCapped {
-					capped = fmt.Sprintf("; the budget covers the context: K capped at P = %d pages, every step reads every page", r.Pages)
-				}
-				fmt.Fprintf(stderr, "context %d batch %d budget %d: dense %.0f us, quest %.0f us (phased %.0f us: score %.0f, top-K %.0f, attend %.0f), %.1fx; rho %.4f (formula %.4f, K %d of P %d); dense %.1f GB/s, copy %.1f GB/s%s\n",
-					r.Context, r.Batch, r.Budget, r.DenseUS, r.QuestUS, r.PhasedUS, r.ScoreUS, r.TopKUS, r.AttendUS, r.Speedup,
-					r.RhoBytes, r.RhoFormula, r.KPages, r.Pages, r.DenseGBps, r.CopyGBps, capped)
-			}
-			return bench.WriteJSONLine(stdout, r)
-		})
+		batchList, err := parseInts("--batch", *batches)
 		if err != nil {
-			return memoryError(err)
+			return err
 		}
+		c.MemoryLimit = *maxMem
+		// --plot keeps a copy of the JSON lines for the figure.
+		var plotLines bytes.Buffer
+		if *plotOut != "" {
+			if err := checkPlotOut("--plot", *plotOut); err != nil {
+				return err
+			}
+			stdout = io.MultiWriter(stdout, &plotLines)
+		}
+		// Every configuration is checked before the first one runs.
+		for _, b := range batchList {
+			c.Batch = b
+			if err := c.Validate(); err != nil {
+				return usageError{err}
+			}
+		}
+		switch *backend {
+		case "cpu":
+			if name := givenAs(fs, "kv-cache-dtype"); name != "" {
+				return usageError{fmt.Errorf("%s needs --backend cuda (the CPU backend stores float32)", name)}
+			}
+			if flagSet(fs, "cuda-kernels") {
+				return usageError{errors.New("--cuda-kernels needs --backend cuda")}
+			}
+		case "cuda":
+			if flagSet(fs, "max-memory") {
+				return usageError{errors.New("--max-memory needs --backend cpu (the CUDA benchmark's data live in GPU memory; it skips configurations over 64 GiB of K/V)")}
+			}
+			return plotAttention(*plotOut, &plotLines, benchCUDA(ctx, c, batchList, *dtype, *cudaKernels, *asJSON, stdout, stderr))
+		default:
+			return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
+		}
+		for _, b := range batchList {
+			c.Batch = b
+			if err := c.Preflight(); err != nil {
+				return memoryError(err)
+			}
+		}
+		c.Progress = stderr
+		start := time.Now()
+		for _, b := range batchList {
+			c.Batch = b
+			err = bench.Attention(ctx, c, func(r bench.AttentionResult) error {
+				if !*asJSON {
+					capped := ""
+					if r.BudgetCapped {
+						capped = fmt.Sprintf("; the budget covers the context: K capped at P = %d pages, every step reads every page", r.Pages)
+					}
+					fmt.Fprintf(stderr, "context %d batch %d budget %d: dense %.0f us, quest %.0f us (phased %.0f us: score %.0f, top-K %.0f, attend %.0f), %.1fx; rho %.4f (formula %.4f, K %d of P %d); dense %.1f GB/s, copy %.1f GB/s%s\n",
+						r.Context, r.Batch, r.Budget, r.DenseUS, r.QuestUS, r.PhasedUS, r.ScoreUS, r.TopKUS, r.AttendUS, r.Speedup,
+						r.RhoBytes, r.RhoFormula, r.KPages, r.Pages, r.DenseGBps, r.CopyGBps, capped)
+				}
+				return bench.WriteJSONLine(stdout, r)
+			})
+			if err != nil {
+				return memoryError(err)
+			}
+		}
+		if !*asJSON {
+			fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
+		}
+		return plotAttention(*plotOut, &plotLines, nil)
 	}
-	if !*asJSON {
-		fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
-	}
-	return plotAttention(*plotOut, &plotLines, nil)
 }
 
 // parseInts reads a comma-separated list of integers for flag. Ranges are

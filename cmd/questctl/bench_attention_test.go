@@ -77,8 +77,9 @@ func TestBenchAttentionBadFlags(t *testing.T) {
 		benchBadFlag{[]string{"--max-memory", "1KiB"}, "memory limit"},
 		benchBadFlag{[]string{"--context", "abc"}, "--context"},
 		benchBadFlag{[]string{"--head-dim", "99999999999999999999"}, "head-dim"},
-		benchBadFlag{[]string{"--dtype", "f32"}, "--dtype needs --backend cuda (the CPU backend stores float32)"},
-		benchBadFlag{[]string{"--backend", "cpu", "--dtype", "bf16"}, "--dtype needs --backend cuda"},
+		benchBadFlag{[]string{"--kv-cache-dtype", "f32"}, "--kv-cache-dtype needs --backend cuda (the CPU backend stores float32)"},
+		benchBadFlag{[]string{"--backend", "cpu", "--kv-cache-dtype", "bf16"}, "--kv-cache-dtype needs --backend cuda"},
+		benchBadFlag{[]string{"--kv-cache-dtype", "fp8"}, `--kv-cache-dtype "fp8": want f32, f16 or bf16`},
 		benchBadFlag{[]string{"--cuda-kernels", "attend=x"}, "--cuda-kernels needs --backend cuda"},
 	)
 	checkBenchBadFlags(t, []string{"bench", "attention"}, bad)

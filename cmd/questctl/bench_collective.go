@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -28,6 +29,12 @@ func runBenchCollective(ctx context.Context, args []string, stdout, stderr io.Wr
 	if len(args) > 0 && args[0] == rankCommand {
 		return runBenchRank(ctx, args[1:], os.Stdin, stdout, stderr)
 	}
+	return runCommand(ctx, benchCollectiveCommand, args, stdout, stderr)
+}
+
+// benchCollectiveCommand builds the flags and the action of
+// 'questctl bench collective' without running it (see [runCommand]).
+func benchCollectiveCommand() (*flag.FlagSet, action) {
 	c := collective.DefaultBenchConfig()
 	fs := newFlags("bench collective", fmt.Sprintf(`Usage: questctl bench collective [flags]
 
@@ -74,104 +81,103 @@ runs.`,
 	fs.IntVar(&c.Pages, "pages", c.Pages, "pages per sequence, striped over the shards")
 	maxMem := maxMemoryFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON lines only on stdout (default also prints a table to stderr; progress goes to stderr either way)")
-	if err := parse(fs, args, stdout); err != nil {
-		return err
-	}
-	var err error
-	byNodes := flagSet(fs, "nodes")
-	switch {
-	case byNodes && flagSet(fs, "shards"):
-		return usageError{errors.New("--nodes and --shards: give one (--nodes runs every grpc rank in its own process)")}
-	case flagSet(fs, "timeout") && !byNodes:
-		return usageError{errors.New("--timeout: only with --nodes")}
-	case byNodes && *timeout <= 0:
-		return usageError{fmt.Errorf("--timeout %v: want a positive duration", *timeout)}
-	}
-	sizes, sizesFlag := *shards, "shards"
-	if byNodes {
-		sizes, sizesFlag = *nodes, "nodes"
-	}
-	if c.Shards, err = sizeList(sizesFlag, sizes); err != nil {
-		return usageError{err}
-	}
-	if byNodes {
-		for _, n := range c.Shards {
-			if n < 2 || n > maxBenchNodes {
-				return usageError{fmt.Errorf("--nodes %d: want 2 to %d (one process per rank; --shards runs 1)", n, maxBenchNodes)}
-			}
-			if c.Pages >= 1 && n > c.Pages {
-				return usageError{fmt.Errorf("--nodes %d: more ranks than the %d pages of a sequence (--pages)", n, c.Pages)}
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
+		var err error
+		byNodes := flagSet(fs, "nodes")
+		switch {
+		case byNodes && flagSet(fs, "shards"):
+			return usageError{errors.New("--nodes and --shards: give one (--nodes runs every grpc rank in its own process)")}
+		case flagSet(fs, "timeout") && !byNodes:
+			return usageError{errors.New("--timeout: only with --nodes")}
+		case byNodes && *timeout <= 0:
+			return usageError{fmt.Errorf("--timeout %v: want a positive duration", *timeout)}
+		}
+		sizes, sizesFlag := *shards, "shards"
+		if byNodes {
+			sizes, sizesFlag = *nodes, "nodes"
+		}
+		if c.Shards, err = sizeList(sizesFlag, sizes); err != nil {
+			return usageError{err}
+		}
+		if byNodes {
+			for _, n := range c.Shards {
+				if n < 2 || n > maxBenchNodes {
+					return usageError{fmt.Errorf("--nodes %d: want 2 to %d (one process per rank; --shards runs 1)", n, maxBenchNodes)}
+				}
+				if c.Pages >= 1 && n > c.Pages {
+					return usageError{fmt.Errorf("--nodes %d: more ranks than the %d pages of a sequence (--pages)", n, c.Pages)}
+				}
 			}
 		}
-	}
-	if c.Batches, err = sizeList("batch", *batches); err != nil {
-		return usageError{err}
-	}
-	c.MaxMemory = *maxMem
-	var names []string
-	for _, name := range strings.Split(*transports, ",") {
-		name = strings.TrimSpace(name)
-		if name != "inproc" && name != "grpc" {
-			return usageError{fmt.Errorf("--transport %q: want inproc or grpc (comma-separated)", name)}
+		if c.Batches, err = sizeList("batch", *batches); err != nil {
+			return usageError{err}
 		}
-		names = append(names, name)
-	}
-	if byNodes && !slices.Contains(names, "grpc") {
-		return usageError{fmt.Errorf("--nodes with --transport %s: the processes talk grpc; add it (--transport grpc, or inproc,grpc for goroutine lines too)", *transports)}
-	}
-	c.Transport, c.NewTransports = names[0], nil
-	if c.Transport == "grpc" {
-		c.NewTransports = grpcGroup(ctx)
-	}
-	if err := c.Validate(); err != nil {
-		var re *collective.BenchRangeError
-		if errors.As(err, &re) {
-			limit := ""
-			if re.Limit != "" {
-				limit = fmt.Sprintf(" (--%s)", collectiveFlags[re.Limit])
+		c.MaxMemory = *maxMem
+		var names []string
+		for _, name := range strings.Split(*transports, ",") {
+			name = strings.TrimSpace(name)
+			if name != "inproc" && name != "grpc" {
+				return usageError{fmt.Errorf("--transport %q: want inproc or grpc (comma-separated)", name)}
 			}
-			field := collectiveFlags[re.Field]
-			if re.Field == "Shards" {
-				field = sizesFlag
-			}
-			return usageError{fmt.Errorf("--%s %d: want %d to %d%s", field, re.Value, re.Min, re.Max, limit)}
+			names = append(names, name)
 		}
-		return usageError{err}
-	}
-	c.Progress = stderr
-	emit := func(r collective.BenchResult) error {
-		if err := bench.WriteJSONLine(stdout, r); err != nil {
-			return err
+		if byNodes && !slices.Contains(names, "grpc") {
+			return usageError{fmt.Errorf("--nodes with --transport %s: the processes talk grpc; add it (--transport grpc, or inproc,grpc for goroutine lines too)", *transports)}
+		}
+		c.Transport, c.NewTransports = names[0], nil
+		if c.Transport == "grpc" {
+			c.NewTransports = grpcGroup(ctx)
+		}
+		if err := c.Validate(); err != nil {
+			var re *collective.BenchRangeError
+			if errors.As(err, &re) {
+				limit := ""
+				if re.Limit != "" {
+					limit = fmt.Sprintf(" (--%s)", collectiveFlags[re.Limit])
+				}
+				field := collectiveFlags[re.Field]
+				if re.Field == "Shards" {
+					field = sizesFlag
+				}
+				return usageError{fmt.Errorf("--%s %d: want %d to %d%s", field, re.Value, re.Min, re.Max, limit)}
+			}
+			return usageError{err}
+		}
+		c.Progress = stderr
+		emit := func(r collective.BenchResult) error {
+			if err := bench.WriteJSONLine(stdout, r); err != nil {
+				return err
+			}
+			if !*asJSON {
+				how := ""
+				if r.Processes > 1 {
+					how = fmt.Sprintf(" (%d processes)", r.Processes)
+				}
+				fmt.Fprintf(stderr, "%-6s shards %2d batch %2d: select p50 %.1f p99 %.1f us, merge p50 %.1f p99 %.1f us, %d + %d bytes/step%s\n",
+					r.Transport, r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.MergeP50, r.MergeP99, r.SelectBytes, r.MergeBytes, how)
+			}
+			return nil
+		}
+		start := time.Now()
+		for _, name := range names {
+			c.Transport, c.NewTransports = name, nil
+			if name == "grpc" && byNodes {
+				err = benchNodes(ctx, c, *timeout, emit)
+			} else {
+				if name == "grpc" {
+					c.NewTransports = grpcGroup(ctx)
+				}
+				err = collective.BenchCollective(ctx, c, emit)
+			}
+			if err != nil {
+				return err
+			}
 		}
 		if !*asJSON {
-			how := ""
-			if r.Processes > 1 {
-				how = fmt.Sprintf(" (%d processes)", r.Processes)
-			}
-			fmt.Fprintf(stderr, "%-6s shards %2d batch %2d: select p50 %.1f p99 %.1f us, merge p50 %.1f p99 %.1f us, %d + %d bytes/step%s\n",
-				r.Transport, r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.MergeP50, r.MergeP99, r.SelectBytes, r.MergeBytes, how)
+			fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
 		}
 		return nil
 	}
-	start := time.Now()
-	for _, name := range names {
-		c.Transport, c.NewTransports = name, nil
-		if name == "grpc" && byNodes {
-			err = benchNodes(ctx, c, *timeout, emit)
-		} else {
-			if name == "grpc" {
-				c.NewTransports = grpcGroup(ctx)
-			}
-			err = collective.BenchCollective(ctx, c, emit)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if !*asJSON {
-		fmt.Fprintf(stderr, "done in %.1fs\n", time.Since(start).Seconds())
-	}
-	return nil
 }
 
 // sizeList parses a comma-separated list of integers for --name. Ranges

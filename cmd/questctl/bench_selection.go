@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -11,6 +12,12 @@ import (
 )
 
 func runBenchSelection(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runCommand(ctx, benchSelectionCommand, args, stdout, stderr)
+}
+
+// benchSelectionCommand builds the flags and the action of
+// 'questctl bench selection' without running it (see [runCommand]).
+func benchSelectionCommand() (*flag.FlagSet, action) {
 	c := bench.DefaultSelectionConfig()
 	fs := newFlags("bench selection", `Usage: questctl bench selection [flags]
 
@@ -37,38 +44,37 @@ K/V, one engine's pools, diagnostics) must fit --max-memory.`)
 	fs.IntVar(&c.Steps, "steps", c.Steps, fmt.Sprintf("timed steps per configuration (1..%d)", bench.MaxIters))
 	maxMem := maxMemoryFlag(fs)
 	asJSON := fs.Bool("json", false, "no table on stderr: JSON lines on stdout, progress lines on stderr (default also prints a table to stderr)")
-	if err := parse(fs, args, stdout); err != nil {
-		return err
-	}
-	var err error
-	if c.CP, err = parseInts("--cp", *cps); err != nil {
-		return err
-	}
-	c.Modes = nil
-	for _, m := range strings.Split(*modes, ",") {
-		if strings.TrimSpace(m) == "" {
-			return usageError{fmt.Errorf("--selection %q: empty entry (want a comma-separated list of exact, union, replicated)", *modes)}
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
+		var err error
+		if c.CP, err = parseInts("--cp", *cps); err != nil {
+			return err
 		}
-		sel, err := engine.ParseSelection(strings.TrimSpace(m))
-		if err != nil {
-			return usageError{fmt.Errorf("--selection: %w", err)}
+		c.Modes = nil
+		for _, m := range strings.Split(*modes, ",") {
+			if strings.TrimSpace(m) == "" {
+				return usageError{fmt.Errorf("--selection %q: empty entry (want a comma-separated list of exact, union, replicated)", *modes)}
+			}
+			sel, err := engine.ParseSelection(strings.TrimSpace(m))
+			if err != nil {
+				return usageError{fmt.Errorf("--selection: %w", err)}
+			}
+			c.Modes = append(c.Modes, sel)
 		}
-		c.Modes = append(c.Modes, sel)
-	}
-	c.MemoryLimit = *maxMem
-	if err := c.Validate(); err != nil {
-		return usageError{err}
-	}
-	if err := c.Preflight(); err != nil {
+		c.MemoryLimit = *maxMem
+		if err := c.Validate(); err != nil {
+			return usageError{err}
+		}
+		if err := c.Preflight(); err != nil {
+			return memoryError(err)
+		}
+		c.Progress = stderr
+		err = bench.Selection(ctx, c, func(r bench.SelectionResult) error {
+			if !*asJSON {
+				fmt.Fprintf(stderr, "cp %d %-10s: step %.0f us (score %.0f, select %.0f, merge %.0f), %.0f pages read, same pages as exact %.3f, exact's pages recalled %.3f, mass recall %.4f\n",
+					r.CP, r.Mode, r.StepUS, r.ScoreUS, r.SelectUS, r.MergeUS, r.PagesRead, r.SamePages, r.ExactRecall, r.MassRecall)
+			}
+			return bench.WriteJSONLine(stdout, r)
+		})
 		return memoryError(err)
 	}
-	c.Progress = stderr
-	err = bench.Selection(ctx, c, func(r bench.SelectionResult) error {
-		if !*asJSON {
-			fmt.Fprintf(stderr, "cp %d %-10s: step %.0f us (score %.0f, select %.0f, merge %.0f), %.0f pages read, same pages as exact %.3f, exact's pages recalled %.3f, mass recall %.4f\n",
-				r.CP, r.Mode, r.StepUS, r.ScoreUS, r.SelectUS, r.MergeUS, r.PagesRead, r.SamePages, r.ExactRecall, r.MassRecall)
-		}
-		return bench.WriteJSONLine(stdout, r)
-	})
-	return memoryError(err)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -17,6 +18,12 @@ import (
 )
 
 func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runCommand(ctx, calibrateCommand, args, stdout, stderr)
+}
+
+// calibrateCommand builds the flags and the action of
+// 'questctl calibrate' without running it (see [runCommand]).
+func calibrateCommand() (*flag.FlagSet, action) {
 	fs := newFlags("calibrate", `Usage: questctl calibrate --model DIR --prompts FILE|--lengths L [flags] [--out policy.yaml]
 
 Calibrates Quest's per-layer token budgets for a checkpoint (notes
@@ -49,126 +56,125 @@ Progress goes to stderr; a table (or --json: one JSON object) to stdout.`)
 	answerOnly := fs.Bool("answer-only", false, "measure only the answer's decode steps (prefill the question)")
 	out := fs.String("out", "", "write the calibrated policy file here (YAML; see --policy of generate and eval)")
 	asJSON := fs.Bool("json", false, "print the calibration as one JSON object instead of a table")
-	if err := parse(fs, args, stdout); err != nil {
-		return err
-	}
-	if err := rf.check(); err != nil {
-		return usageError{err}
-	}
-	for _, f := range []string{"cp", "tp", "selection"} {
-		if flagSet(fs, f) {
-			return usageError{fmt.Errorf("--%s: calibrate runs dense attention in process; the grid does not apply", f)}
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
+		if err := rf.check(); err != nil {
+			return usageError{err}
 		}
-	}
-	switch {
-	case (*prompts == "") == (*lengths == ""):
-		return usageError{errors.New("--prompts or --lengths: give exactly one")}
-	case *n < 1 || *n > 100000:
-		return usageError{fmt.Errorf("--n %d: want 1..100000", *n)}
-	case !(*target > 0 && *target <= 1):
-		return usageError{fmt.Errorf("--target-mass %v: want a fraction in (0, 1]", *target)}
-	case !(*maxRho > 0):
-		return usageError{fmt.Errorf("--max-rho %v: want a positive ratio", *maxRho)}
-	}
-	pol, err := rf.policy("quest", 0)
-	if err != nil {
-		return usageError{err}
-	}
-	cfg := eval.DefaultCalibrateConfig()
-	cfg.Policy, cfg.TargetMass, cfg.MaxRho = pol, *target, *maxRho
-	cfg.DecodeQuestion = !*answerOnly
-	cfg.Workers, cfg.MemoryLimit = rf.workers, *rf.maxMem
-	var ps []eval.Prompt
-	if *prompts != "" {
-		if flagSet(fs, "n") || flagSet(fs, "seed") {
-			return usageError{errors.New("--prompts: the file gives the prompts; drop --n and --seed")}
-		}
-		f, err := os.Open(*prompts)
-		if err != nil {
-			return usageError{fmt.Errorf("--prompts: %w", err)}
-		}
-		ps, err = eval.ReadPrompts(f)
-		f.Close()
-		if err != nil {
-			return usageError{fmt.Errorf("--prompts %s: %w", *prompts, err)}
-		}
-	} else {
-		ls, err := evalInts("--lengths", *lengths, 64, 1<<20)
-		if err != nil {
-			return err
-		}
-		rng := rand.New(rand.NewPCG(*seed, 0x5eed))
-		for _, l := range ls {
-			for range *n {
-				p, err := eval.Passkey(rng, l, eval.PasskeyOptions{})
-				if err != nil {
-					return usageError{err}
-				}
-				ps = append(ps, p)
+		for _, f := range []string{"cp", "tp", "selection"} {
+			if name := givenAs(fs, f); name != "" {
+				return usageError{fmt.Errorf("%s: calibrate runs dense attention in process; the grid does not apply", name)}
 			}
 		}
-	}
-	if *out != "" {
-		// Refuse an unwritable --out before the long run.
-		dir := filepath.Dir(*out)
-		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-			return usageError{fmt.Errorf("--out %s: directory %s does not exist", *out, dir)}
+		switch {
+		case (*prompts == "") == (*lengths == ""):
+			return usageError{errors.New("--prompts or --lengths: give exactly one")}
+		case *n < 1 || *n > 100000:
+			return usageError{fmt.Errorf("--n %d: want 1..100000", *n)}
+		case !(*target > 0 && *target <= 1):
+			return usageError{fmt.Errorf("--target-mass %v: want a fraction in (0, 1]", *target)}
+		case !(*maxRho > 0):
+			return usageError{fmt.Errorf("--max-rho %v: want a positive ratio", *maxRho)}
 		}
-	}
-	m, tok, err := rf.load()
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	cal, err := eval.NewCalibrator(m, tok, cfg)
-	if err != nil {
-		return usageError{err}
-	}
-	start := time.Now()
-	for i, p := range ps {
-		t0 := time.Now()
-		if err := cal.Add(ctx, p); err != nil {
-			return fmt.Errorf("prompt %d: %w", i+1, err)
+		pol, err := rf.policy("quest", 0)
+		if err != nil {
+			return usageError{err}
 		}
-		fmt.Fprintf(stderr, "prompt %d/%d (%d bytes): %.1fs\n", i+1, len(ps), len(p.Context)+len(p.Question), time.Since(t0).Seconds())
-	}
-	res, err := cal.Result()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stderr, "calibrated on %d prompts, %d decode steps in %.1fs\n", res.Prompts, res.Steps, time.Since(start).Seconds())
-	if *out != "" {
-		var b strings.Builder
-		header := fmt.Sprintf("questctl calibrate --model %s: target mass recall %g, %d prompts, %d decode steps, mean %.0f pages of %d tokens\n%s",
-			rf.model, res.TargetMass, res.Prompts, res.Steps, res.MeanPages, pol.PageSize, uniformLine(pol, res))
-		if err := plan.WritePolicyFile(&b, res.Policy, header); err != nil {
+		cfg := eval.DefaultCalibrateConfig()
+		cfg.Policy, cfg.TargetMass, cfg.MaxRho = pol, *target, *maxRho
+		cfg.DecodeQuestion = !*answerOnly
+		cfg.Workers, cfg.MemoryLimit = rf.workers, *rf.maxMem
+		var ps []eval.Prompt
+		if *prompts != "" {
+			if flagSet(fs, "n") || flagSet(fs, "seed") {
+				return usageError{errors.New("--prompts: the file gives the prompts; drop --n and --seed")}
+			}
+			f, err := os.Open(*prompts)
+			if err != nil {
+				return usageError{fmt.Errorf("--prompts: %w", err)}
+			}
+			ps, err = eval.ReadPrompts(f)
+			f.Close()
+			if err != nil {
+				return usageError{fmt.Errorf("--prompts %s: %w", *prompts, err)}
+			}
+		} else {
+			ls, err := evalInts("--lengths", *lengths, 64, 1<<20)
+			if err != nil {
+				return err
+			}
+			rng := rand.New(rand.NewPCG(*seed, 0x5eed))
+			for _, l := range ls {
+				for range *n {
+					p, err := eval.Passkey(rng, l, eval.PasskeyOptions{})
+					if err != nil {
+						return usageError{err}
+					}
+					ps = append(ps, p)
+				}
+			}
+		}
+		if *out != "" {
+			// Refuse an unwritable --out before the long run.
+			dir := filepath.Dir(*out)
+			if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+				return usageError{fmt.Errorf("--out %s: directory %s does not exist", *out, dir)}
+			}
+		}
+		m, tok, err := rf.load()
+		if err != nil {
 			return err
 		}
-		if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
-			return fmt.Errorf("--out: %w", err)
+		defer m.Close()
+		cal, err := eval.NewCalibrator(m, tok, cfg)
+		if err != nil {
+			return usageError{err}
 		}
-		fmt.Fprintf(stderr, "policy written to %s\n", *out)
-	}
-	if *asJSON {
-		return json.NewEncoder(stdout).Encode(calibrationJSON{Model: rf.model, PageSize: pol.PageSize, GQA: pol.GQA.String(),
-			Sink: pol.SinkPages, Local: pol.LocalPages, Prompts: res.Prompts, Steps: res.Steps, MeanPages: res.MeanPages,
-			TargetMass: res.TargetMass, Layers: res.Layers, Policy: plan.FilePolicy(res.Policy), UniformBudget: res.UniformBudget, UniformBudgetAll: res.UniformBudgetAll})
-	}
-	fmt.Fprintf(stdout, "%d prompts, %d decode steps, mean %.0f pages of %d tokens; target mass recall %g (%s)\n",
-		res.Prompts, res.Steps, res.MeanPages, pol.PageSize, res.TargetMass, pol.GQA)
-	fmt.Fprintf(stdout, "%-5s %-8s %-6s %-6s %-20s  mass recall at 1, 2, 4, ... pages\n", "layer", "budget", "rho", "dense", "per KV head")
-	for _, l := range res.Layers {
-		var heads, curve []string
-		for _, b := range l.HeadBudgets {
-			heads = append(heads, fmt.Sprint(b))
+		start := time.Now()
+		for i, p := range ps {
+			t0 := time.Now()
+			if err := cal.Add(ctx, p); err != nil {
+				return fmt.Errorf("prompt %d: %w", i+1, err)
+			}
+			fmt.Fprintf(stderr, "prompt %d/%d (%d bytes): %.1fs\n", i+1, len(ps), len(p.Context)+len(p.Question), time.Since(t0).Seconds())
 		}
-		for _, pt := range l.Curve {
-			curve = append(curve, fmt.Sprintf("%.3f", pt.Mass))
+		res, err := cal.Result()
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(stdout, "%-5d %-8d %-6.3f %-6v %-20s  %s\n", l.Layer, l.Budget, l.Rho, l.Dense, strings.Join(heads, ","), strings.Join(curve, " "))
+		fmt.Fprintf(stderr, "calibrated on %d prompts, %d decode steps in %.1fs\n", res.Prompts, res.Steps, time.Since(start).Seconds())
+		if *out != "" {
+			var b strings.Builder
+			header := fmt.Sprintf("questctl calibrate --model %s: target mass recall %g, %d prompts, %d decode steps, mean %.0f pages of %d tokens\n%s",
+				rf.model, res.TargetMass, res.Prompts, res.Steps, res.MeanPages, pol.PageSize, uniformLine(pol, res))
+			if err := plan.WritePolicyFile(&b, res.Policy, header); err != nil {
+				return err
+			}
+			if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
+				return fmt.Errorf("--out: %w", err)
+			}
+			fmt.Fprintf(stderr, "policy written to %s\n", *out)
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(calibrationJSON{Model: rf.model, PageSize: pol.PageSize, GQA: pol.GQA.String(),
+				Sink: pol.SinkPages, Local: pol.LocalPages, Prompts: res.Prompts, Steps: res.Steps, MeanPages: res.MeanPages,
+				TargetMass: res.TargetMass, Layers: res.Layers, Policy: plan.FilePolicy(res.Policy), UniformBudget: res.UniformBudget, UniformBudgetAll: res.UniformBudgetAll})
+		}
+		fmt.Fprintf(stdout, "%d prompts, %d decode steps, mean %.0f pages of %d tokens; target mass recall %g (%s)\n",
+			res.Prompts, res.Steps, res.MeanPages, pol.PageSize, res.TargetMass, pol.GQA)
+		fmt.Fprintf(stdout, "%-5s %-8s %-6s %-6s %-20s  mass recall at 1, 2, 4, ... pages\n", "layer", "budget", "rho", "dense", "per KV head")
+		for _, l := range res.Layers {
+			var heads, curve []string
+			for _, b := range l.HeadBudgets {
+				heads = append(heads, fmt.Sprint(b))
+			}
+			for _, pt := range l.Curve {
+				curve = append(curve, fmt.Sprintf("%.3f", pt.Mass))
+			}
+			fmt.Fprintf(stdout, "%-5d %-8d %-6.3f %-6v %-20s  %s\n", l.Layer, l.Budget, l.Rho, l.Dense, strings.Join(heads, ","), strings.Join(curve, " "))
+		}
+		fmt.Fprintln(stdout, uniformLine(pol, res))
+		return nil
 	}
-	fmt.Fprintln(stdout, uniformLine(pol, res))
-	return nil
 }
 
 // uniformLine names the uniform budgets that read the calibrated

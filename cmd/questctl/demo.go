@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,6 +15,12 @@ import (
 )
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runCommand(ctx, demoCommand, args, stdout, stderr)
+}
+
+// demoCommand builds the flags and the action of
+// 'questctl demo' without running it (see [runCommand]).
+func demoCommand() (*flag.FlagSet, action) {
 	c := demo.DefaultConfig()
 	fs := newFlags("demo", `Usage: questctl demo [flags]
 
@@ -59,49 +66,48 @@ mass recall there read the keys back from the nodes (diagnostics only).`)
 	fs.StringVar(&c.Selector, "selector", c.Selector, "page selector: quest, oracle, recent or dense")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "data seed (any value, 0 included)")
 	fs.IntVar(&c.Workers, "workers", c.Workers, "CPU kernel worker goroutines besides the caller, 0..256 (0: GOMAXPROCS-1)")
-	fs.IntVar(&c.CP, "cp", c.CP, "context-parallel shards, 1..256 (pages striped over them; at most one shard per page)")
-	fs.IntVar(&c.TP, "tp", c.TP, "tensor-parallel shards (KV heads split over them; divides --kv-heads)")
+	gridFlags(fs, &c.CP, &c.TP, "context-parallel shards, 1..256 (pages striped over them; at most one shard per page)",
+		"tensor-parallel shards (KV heads split over them; divides --kv-heads)")
 	fs.StringVar(&c.Selection, "selection", c.Selection, "CP selection: exact, union or replicated")
 	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
-	dtype := fs.String("dtype", "bf16", "cuda storage type: f32, f16 or bf16 (the CPU backend is f32)")
+	dtype := kvCacheDTypeFlag(fs, "")
 	fs.BoolVar(&c.DeviceResident, "device-resident", false, "cuda: keep the pages and page tables only in GPU memory")
 	maxMem := maxMemoryFlag(fs)
 	nodes := fs.Int("nodes", 0, "run through a local cluster of this many questd processes (0: in process)")
 	questd := fs.String("questd", "", "with --nodes: the questd binary (default: questd next to questctl, else on $PATH)")
-	if err := parse(fs, args, stdout); err != nil {
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
+		c.MemoryLimit = *maxMem
+		c.Progress = stderr
+		if err := c.Validate(); err != nil {
+			return usageError{err}
+		}
+		switch *backend {
+		case "cpu":
+			if c.DeviceResident {
+				return usageError{errors.New("--device-resident needs --backend cuda (the CPU backend has no device memory)")}
+			}
+			if name := givenAs(fs, "kv-cache-dtype"); name != "" {
+				return usageError{fmt.Errorf("%s needs --backend cuda (the CPU backend stores float32)", name)}
+			}
+		case "cuda":
+			be, err := newCUDABackend(*dtype)
+			if err != nil {
+				return err
+			}
+			defer be.Close()
+			c.Backend = be
+		default:
+			return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
+		}
+		if *nodes < 0 || (*nodes > 0 && *backend != "cpu") {
+			return usageError{fmt.Errorf("--nodes %d: want 0 (in process) or a cluster size with the cpu backend", *nodes)}
+		}
+		if *nodes > 0 {
+			return demoCluster(ctx, c, *nodes, *questd, stdout, stderr)
+		}
+		_, err := demo.Run(ctx, c, stdout)
 		return err
 	}
-	c.MemoryLimit = *maxMem
-	c.Progress = stderr
-	if err := c.Validate(); err != nil {
-		return usageError{err}
-	}
-	switch *backend {
-	case "cpu":
-		if c.DeviceResident {
-			return usageError{errors.New("--device-resident needs --backend cuda (the CPU backend has no device memory)")}
-		}
-		if flagSet(fs, "dtype") {
-			return usageError{errors.New("--dtype needs --backend cuda (the CPU backend stores float32)")}
-		}
-	case "cuda":
-		be, err := newCUDABackend(*dtype)
-		if err != nil {
-			return err
-		}
-		defer be.Close()
-		c.Backend = be
-	default:
-		return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
-	}
-	if *nodes < 0 || (*nodes > 0 && *backend != "cpu") {
-		return usageError{fmt.Errorf("--nodes %d: want 0 (in process) or a cluster size with the cpu backend", *nodes)}
-	}
-	if *nodes > 0 {
-		return demoCluster(ctx, c, *nodes, *questd, stdout, stderr)
-	}
-	_, err := demo.Run(ctx, c, stdout)
-	return err
 }
 
 // demoCluster runs the demo through a local cluster of n questd nodes.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -34,6 +35,12 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 func runEvalPasskey(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runCommand(ctx, evalPasskeyCommand, args, stdout, stderr)
+}
+
+// evalPasskeyCommand builds the flags and the action of
+// 'questctl eval passkey' without running it (see [runCommand]).
+func evalPasskeyCommand() (*flag.FlagSet, action) {
 	fs := newFlags("eval passkey", `Usage: questctl eval passkey --model DIR [flags]
 
 Passkey retrieval (notes 2.2, 3.3). For every length, --n prompts in the
@@ -87,226 +94,225 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 	revRepeats := fs.Int("reversal-repeats", eval.DefaultReversalRepeats, "--task reversal: how often A's fact is stated (1..100)")
 	offsets := fs.String("offsets", "start,middle,end", "--task reversal: comma-separated in-page offsets of B's first digit: start, middle, end, any or a token offset")
 	revAlign := fs.String("reversal-align", eval.AlignBlock, "--task reversal: how B is moved to its offset: block (filler-block boundaries), sentence (any sentence start) or pad (spaces)")
-	if err := parse(fs, args, stdout); err != nil {
-		return err
-	}
-	if err := rf.check(); err != nil {
-		return usageError{err}
-	}
-	if *plotOut != "" {
-		if err := checkPlotOut("--plot", *plotOut); err != nil {
-			return err
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
+		if err := rf.check(); err != nil {
+			return usageError{err}
 		}
-	}
-	cfg := eval.DefaultConfig()
-	var err error
-	var nums []string
-	cfg.Budgets = nil
-	for _, b := range strings.Split(*budgets, ",") {
-		if strings.TrimSpace(b) != "policy" {
-			nums = append(nums, b)
-			continue
-		}
-		if rf.file == nil {
-			return usageError{fmt.Errorf("--budgets %q: \"policy\" needs --policy FILE", *budgets)}
-		}
-		if !slices.Contains(cfg.Budgets, eval.PolicyBudget) {
-			cfg.Budgets = append(cfg.Budgets, eval.PolicyBudget)
-		}
-		cfg.PolicyName = filepath.Base(rf.policyFile)
-	}
-	if len(nums) > 0 {
-		bs, err := evalInts("--budgets", strings.Join(nums, ","), rf.pageSize, 1<<24)
-		if err != nil {
-			return err
-		}
-		cfg.Budgets = append(bs, cfg.Budgets...)
-	}
-	cfg.Selectors = nil
-	for _, s := range strings.Split(*selectors, ",") {
-		sel, err := plan.ParseSelector(strings.TrimSpace(s))
-		if err != nil || sel == plan.Dense || strings.TrimSpace(s) == "" {
-			return usageError{fmt.Errorf("--selectors %q: want a comma-separated list of quest, oracle, recent", *selectors)}
-		}
-		if !slices.Contains(cfg.Selectors, sel) {
-			cfg.Selectors = append(cfg.Selectors, sel)
-		}
-	}
-	switch {
-	case *n < 1 || *n > 100000:
-		return usageError{fmt.Errorf("--n %d: want 1..100000", *n)}
-	case *keys < 1 || *keys > 10:
-		return usageError{fmt.Errorf("--keys %d: want 1..10", *keys)}
-	}
-	var depthList []float64
-	if *depths != "" {
-		for _, f := range strings.Split(*depths, ",") {
-			d, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
-			if err != nil || !(d >= 0 && d <= 1) {
-				return usageError{fmt.Errorf("--depths: %q is not a depth in [0, 1]", f)}
-			}
-			depthList = append(depthList, d)
-		}
-		if len(depthList) != 1 && len(depthList) != *keys {
-			return usageError{fmt.Errorf("--depths: %d depths for --keys %d (want 1 or %d)", len(depthList), *keys, *keys)}
-		}
-	}
-	var offsetList []string
-	switch *task {
-	case "passkey":
-		for _, f := range []string{"reversal-repeats", "offsets", "reversal-align"} {
-			if flagSet(fs, f) {
-				return usageError{fmt.Errorf("--%s: only with --task reversal", f)}
+		if *plotOut != "" {
+			if err := checkPlotOut("--plot", *plotOut); err != nil {
+				return err
 			}
 		}
-	case eval.TaskReversal:
-		switch {
-		case flagSet(fs, "keys"):
-			return usageError{errors.New("--keys: --task reversal has its own two keys")}
-		case flagSet(fs, "prompts"):
-			return usageError{errors.New("--prompts: the file gives the prompts; drop --task reversal")}
-		case *revRepeats < 1 || *revRepeats > 100:
-			return usageError{fmt.Errorf("--reversal-repeats %d: want 1..100", *revRepeats)}
-		case *revAlign != eval.AlignBlock && *revAlign != eval.AlignSentence && *revAlign != eval.AlignPad:
-			return usageError{fmt.Errorf("--reversal-align %q: want block, sentence or pad", *revAlign)}
-		}
-		for _, f := range strings.Split(*offsets, ",") {
-			o := strings.TrimSpace(f)
-			if _, err := eval.ResolveOffset(o, rf.pageSize); err != nil || o == "" {
-				return usageError{fmt.Errorf("--offsets: %q is not start, middle, end, any or a token offset in 0..%d", f, rf.pageSize-1)}
+		cfg := eval.DefaultConfig()
+		var err error
+		var nums []string
+		cfg.Budgets = nil
+		for _, b := range strings.Split(*budgets, ",") {
+			if strings.TrimSpace(b) != "policy" {
+				nums = append(nums, b)
+				continue
 			}
-			if !slices.Contains(offsetList, o) {
-				offsetList = append(offsetList, o)
+			if rf.file == nil {
+				return usageError{fmt.Errorf("--budgets %q: \"policy\" needs --policy FILE", *budgets)}
 			}
-		}
-	default:
-		return usageError{fmt.Errorf("--task %q: want passkey or reversal", *task)}
-	}
-	cfg.Policy, err = rf.policy("quest", 0)
-	if err != nil {
-		return usageError{err}
-	}
-	cfg.DecodeQuestion = *decodeQ
-	cfg.Diagnostics = !*noDiag
-	cfg.CP, cfg.TP = rf.cp, rf.tp
-	cfg.Selection, _ = engine.ParseSelection(rf.selection)
-	cfg.Workers = rf.workers
-	cfg.MemoryLimit = *rf.maxMem
-	if err := cfg.Validate(); err != nil {
-		return usageError{err}
-	}
-	// The prompts, grouped by length in the order given.
-	var groups [][]eval.Prompt
-	if *prompts != "" {
-		if flagSet(fs, "lengths") || flagSet(fs, "keys") || flagSet(fs, "depths") || flagSet(fs, "n") {
-			return usageError{errors.New("--prompts: the file gives the prompts; drop --lengths, --n, --keys and --depths")}
-		}
-		f, err := os.Open(*prompts)
-		if err != nil {
-			return usageError{fmt.Errorf("--prompts: %w", err)}
-		}
-		ps, err := eval.ReadPrompts(f)
-		f.Close()
-		if err != nil {
-			return usageError{fmt.Errorf("--prompts %s: %w", *prompts, err)}
-		}
-		for _, p := range ps {
-			i := slices.IndexFunc(groups, func(g []eval.Prompt) bool { return g[0].Length == p.Length })
-			if i < 0 {
-				groups = append(groups, nil)
-				i = len(groups) - 1
+			if !slices.Contains(cfg.Budgets, eval.PolicyBudget) {
+				cfg.Budgets = append(cfg.Budgets, eval.PolicyBudget)
 			}
-			groups[i] = append(groups[i], p)
+			cfg.PolicyName = filepath.Base(rf.policyFile)
 		}
-	} else {
-		ls, err := evalInts("--lengths", *lengths, 64, 1<<20)
-		if err != nil {
-			return err
-		}
-		rng := rand.New(rand.NewPCG(*seed, 0x5eed))
-		for _, l := range ls {
-			var g []eval.Prompt
-			for range *n {
-				if *task == eval.TaskReversal {
-					// --n per offset, the offsets interleaved.
-					ro := eval.ReversalOptions{PageSize: rf.pageSize, Align: *revAlign, Repeats: *revRepeats, Depth: -1}
-					if len(depthList) > 0 {
-						ro.Depth = depthList[0]
-					}
-					for _, o := range offsetList {
-						ro.Offset = o
-						p, err := eval.Reversal(rng, l, ro)
-						if err != nil {
-							return usageError{fmt.Errorf("--task reversal: %w", err)}
-						}
-						g = append(g, p)
-					}
-					continue
-				}
-				p, err := eval.Passkey(rng, l, eval.PasskeyOptions{Keys: *keys, Depths: depthList})
-				if err != nil {
-					return usageError{err}
-				}
-				g = append(g, p)
-			}
-			groups = append(groups, g)
-		}
-	}
-	longest := 0
-	for _, g := range groups {
-		for _, p := range g {
-			longest = max(longest, len(p.Context)+len(p.Question)+len(p.Answer)+1)
-		}
-	}
-	m, tok, err := rf.load()
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	if mp := m.Config.MaxPositions; mp > 0 && longest > mp {
-		return usageError{fmt.Errorf("the longest prompt needs %d positions, more than the model's %d", longest, mp)}
-	}
-	h, err := eval.NewHarness(m, tok, cfg, longest)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	agg := eval.NewAggregate(cfg)
-	enc := json.NewEncoder(stdout)
-	for _, g := range groups {
-		start := time.Now()
-		for i, p := range g {
-			r, err := h.Evaluate(ctx, p)
+		if len(nums) > 0 {
+			bs, err := evalInts("--budgets", strings.Join(nums, ","), rf.pageSize, 1<<24)
 			if err != nil {
 				return err
 			}
-			agg.Add(r)
-			var b strings.Builder
-			fmt.Fprintf(&b, "length %d prompt %d/%d (%d tokens, depth %.2f%s): prefill %.1fs, decode %.1fs; answer %s, dense %s", p.Length, i+1, len(g), r.Tokens, p.Depth(), placed(p, rf.pageSize), r.PrefillSeconds, r.DecodeSeconds, p.Answer, mark(r.Dense.Output, p.Answer))
-			for _, run := range r.Runs {
-				fmt.Fprintf(&b, ", %s/%d %s", run.Selector, run.Budget, mark(run.Output, p.Answer))
+			cfg.Budgets = append(bs, cfg.Budgets...)
+		}
+		cfg.Selectors = nil
+		for _, s := range strings.Split(*selectors, ",") {
+			sel, err := plan.ParseSelector(strings.TrimSpace(s))
+			if err != nil || sel == plan.Dense || strings.TrimSpace(s) == "" {
+				return usageError{fmt.Errorf("--selectors %q: want a comma-separated list of quest, oracle, recent", *selectors)}
 			}
-			fmt.Fprintln(stderr, b.String())
+			if !slices.Contains(cfg.Selectors, sel) {
+				cfg.Selectors = append(cfg.Selectors, sel)
+			}
 		}
-		recs := agg.Records(g[0].Length)
-		for i := range recs {
-			recs[i].Model = rf.model
+		switch {
+		case *n < 1 || *n > 100000:
+			return usageError{fmt.Errorf("--n %d: want 1..100000", *n)}
+		case *keys < 1 || *keys > 10:
+			return usageError{fmt.Errorf("--keys %d: want 1..10", *keys)}
 		}
-		if *asJSON {
-			for _, r := range recs {
-				if err := enc.Encode(r); err != nil {
-					return err
+		var depthList []float64
+		if *depths != "" {
+			for _, f := range strings.Split(*depths, ",") {
+				d, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+				if err != nil || !(d >= 0 && d <= 1) {
+					return usageError{fmt.Errorf("--depths: %q is not a depth in [0, 1]", f)}
+				}
+				depthList = append(depthList, d)
+			}
+			if len(depthList) != 1 && len(depthList) != *keys {
+				return usageError{fmt.Errorf("--depths: %d depths for --keys %d (want 1 or %d)", len(depthList), *keys, *keys)}
+			}
+		}
+		var offsetList []string
+		switch *task {
+		case "passkey":
+			for _, f := range []string{"reversal-repeats", "offsets", "reversal-align"} {
+				if flagSet(fs, f) {
+					return usageError{fmt.Errorf("--%s: only with --task reversal", f)}
 				}
 			}
-		} else {
-			printEvalTable(stdout, recs)
+		case eval.TaskReversal:
+			switch {
+			case flagSet(fs, "keys"):
+				return usageError{errors.New("--keys: --task reversal has its own two keys")}
+			case flagSet(fs, "prompts"):
+				return usageError{errors.New("--prompts: the file gives the prompts; drop --task reversal")}
+			case *revRepeats < 1 || *revRepeats > 100:
+				return usageError{fmt.Errorf("--reversal-repeats %d: want 1..100", *revRepeats)}
+			case *revAlign != eval.AlignBlock && *revAlign != eval.AlignSentence && *revAlign != eval.AlignPad:
+				return usageError{fmt.Errorf("--reversal-align %q: want block, sentence or pad", *revAlign)}
+			}
+			for _, f := range strings.Split(*offsets, ",") {
+				o := strings.TrimSpace(f)
+				if _, err := eval.ResolveOffset(o, rf.pageSize); err != nil || o == "" {
+					return usageError{fmt.Errorf("--offsets: %q is not start, middle, end, any or a token offset in 0..%d", f, rf.pageSize-1)}
+				}
+				if !slices.Contains(offsetList, o) {
+					offsetList = append(offsetList, o)
+				}
+			}
+		default:
+			return usageError{fmt.Errorf("--task %q: want passkey or reversal", *task)}
 		}
-		fmt.Fprintf(stderr, "length %d: %d prompts in %.1fs\n", g[0].Length, len(g), time.Since(start).Seconds())
+		cfg.Policy, err = rf.policy("quest", 0)
+		if err != nil {
+			return usageError{err}
+		}
+		cfg.DecodeQuestion = *decodeQ
+		cfg.Diagnostics = !*noDiag
+		cfg.CP, cfg.TP = rf.cp, rf.tp
+		cfg.Selection, _ = engine.ParseSelection(rf.selection)
+		cfg.Workers = rf.workers
+		cfg.MemoryLimit = *rf.maxMem
+		if err := cfg.Validate(); err != nil {
+			return usageError{err}
+		}
+		// The prompts, grouped by length in the order given.
+		var groups [][]eval.Prompt
+		if *prompts != "" {
+			if flagSet(fs, "lengths") || flagSet(fs, "keys") || flagSet(fs, "depths") || flagSet(fs, "n") {
+				return usageError{errors.New("--prompts: the file gives the prompts; drop --lengths, --n, --keys and --depths")}
+			}
+			f, err := os.Open(*prompts)
+			if err != nil {
+				return usageError{fmt.Errorf("--prompts: %w", err)}
+			}
+			ps, err := eval.ReadPrompts(f)
+			f.Close()
+			if err != nil {
+				return usageError{fmt.Errorf("--prompts %s: %w", *prompts, err)}
+			}
+			for _, p := range ps {
+				i := slices.IndexFunc(groups, func(g []eval.Prompt) bool { return g[0].Length == p.Length })
+				if i < 0 {
+					groups = append(groups, nil)
+					i = len(groups) - 1
+				}
+				groups[i] = append(groups[i], p)
+			}
+		} else {
+			ls, err := evalInts("--lengths", *lengths, 64, 1<<20)
+			if err != nil {
+				return err
+			}
+			rng := rand.New(rand.NewPCG(*seed, 0x5eed))
+			for _, l := range ls {
+				var g []eval.Prompt
+				for range *n {
+					if *task == eval.TaskReversal {
+						// --n per offset, the offsets interleaved.
+						ro := eval.ReversalOptions{PageSize: rf.pageSize, Align: *revAlign, Repeats: *revRepeats, Depth: -1}
+						if len(depthList) > 0 {
+							ro.Depth = depthList[0]
+						}
+						for _, o := range offsetList {
+							ro.Offset = o
+							p, err := eval.Reversal(rng, l, ro)
+							if err != nil {
+								return usageError{fmt.Errorf("--task reversal: %w", err)}
+							}
+							g = append(g, p)
+						}
+						continue
+					}
+					p, err := eval.Passkey(rng, l, eval.PasskeyOptions{Keys: *keys, Depths: depthList})
+					if err != nil {
+						return usageError{err}
+					}
+					g = append(g, p)
+				}
+				groups = append(groups, g)
+			}
+		}
+		longest := 0
+		for _, g := range groups {
+			for _, p := range g {
+				longest = max(longest, len(p.Context)+len(p.Question)+len(p.Answer)+1)
+			}
+		}
+		m, tok, err := rf.load()
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		if mp := m.Config.MaxPositions; mp > 0 && longest > mp {
+			return usageError{fmt.Errorf("the longest prompt needs %d positions, more than the model's %d", longest, mp)}
+		}
+		h, err := eval.NewHarness(m, tok, cfg, longest)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		agg := eval.NewAggregate(cfg)
+		enc := json.NewEncoder(stdout)
+		for _, g := range groups {
+			start := time.Now()
+			for i, p := range g {
+				r, err := h.Evaluate(ctx, p)
+				if err != nil {
+					return err
+				}
+				agg.Add(r)
+				var b strings.Builder
+				fmt.Fprintf(&b, "length %d prompt %d/%d (%d tokens, depth %.2f%s): prefill %.1fs, decode %.1fs; answer %s, dense %s", p.Length, i+1, len(g), r.Tokens, p.Depth(), placed(p, rf.pageSize), r.PrefillSeconds, r.DecodeSeconds, p.Answer, mark(r.Dense.Output, p.Answer))
+				for _, run := range r.Runs {
+					fmt.Fprintf(&b, ", %s/%d %s", run.Selector, run.Budget, mark(run.Output, p.Answer))
+				}
+				fmt.Fprintln(stderr, b.String())
+			}
+			recs := agg.Records(g[0].Length)
+			for i := range recs {
+				recs[i].Model = rf.model
+			}
+			if *asJSON {
+				for _, r := range recs {
+					if err := enc.Encode(r); err != nil {
+						return err
+					}
+				}
+			} else {
+				printEvalTable(stdout, recs)
+			}
+			fmt.Fprintf(stderr, "length %d: %d prompts in %.1fs\n", g[0].Length, len(g), time.Since(start).Seconds())
+		}
+		if *plotOut != "" {
+			return plotPasskey(*plotOut, rf.model, agg.Records(-1))
+		}
+		return nil
 	}
-	if *plotOut != "" {
-		return plotPasskey(*plotOut, rf.model, agg.Records(-1))
-	}
-	return nil
 }
 
 // placed describes where a reversal prompt put its answer ("" for the

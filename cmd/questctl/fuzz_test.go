@@ -42,6 +42,12 @@ func FuzzCLI(f *testing.F) {
 		"demo --selection  --gqa ",
 		"bench\x00selection --selection exact,,union",
 		"replay -in=- --cp 2",
+		"demo --kv-cache-dtype f16 --dtype fp8",
+		"bench\x00attention --dtype bf16 --backend cuda",
+		"replay --in ../../examples/replay/case.json --tensor-parallel-size 2 --decode-context-parallel-size 3",
+		"replay --in ../../examples/replay/case.json --backend cuda",
+		"completion zsh",
+		"completion\x00fish --help",
 	} {
 		f.Add(seed)
 	}
@@ -56,7 +62,7 @@ func FuzzCLI(f *testing.F) {
 			cmd, args = a, append([]string{b}, args...)
 		}
 		switch cmd {
-		case "demo", "replay", "bench", "devices":
+		case "demo", "replay", "bench", "devices", "completion":
 		default:
 			return
 		}
@@ -67,7 +73,7 @@ func FuzzCLI(f *testing.F) {
 				return
 			}
 		}
-		if cmd != "devices" && !(cmd == "bench" && len(args) == 0) {
+		if cmd != "devices" && cmd != "completion" && !(cmd == "bench" && len(args) == 0) {
 			args = append(args, "--max-memory", "64MiB")
 		}
 		ctx, cancel := context.WithCancel(context.Background())

@@ -46,8 +46,8 @@ func addRunFlags(fs *flag.FlagSet) *runFlags {
 	fs.IntVar(&f.local, "local", p.LocalPages, "last pages always read, the tail page included (0..)")
 	fs.IntVar(&f.denseLayers, "dense-layers", p.DenseLayers, "leading layers that always attend densely (0..)")
 	fs.StringVar(&f.gqa, "gqa", "group_max", "GQA page sharing: group_max or per_head")
-	fs.IntVar(&f.cp, "cp", 1, "context-parallel shards in process (1..64)")
-	fs.IntVar(&f.tp, "tp", 1, "tensor-parallel shards in process (divides the model's KV heads)")
+	f.cp, f.tp = 1, 1
+	gridFlags(fs, &f.cp, &f.tp, "context-parallel shards in process (1..64)", "tensor-parallel shards in process (divides the model's KV heads)")
 	fs.StringVar(&f.selection, "selection", "exact", "CP selection: exact, union or replicated")
 	fs.IntVar(&f.workers, "workers", 0, "goroutines of the model's matrix products and prefill attention (0: GOMAXPROCS)")
 	f.maxMem = maxMemoryFlag(fs)
@@ -230,6 +230,12 @@ type genSummary struct {
 }
 
 func runGenerate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runCommand(ctx, generateCommand, args, stdout, stderr)
+}
+
+// generateCommand builds the flags and the action of
+// 'questctl generate' without running it (see [runCommand]).
+func generateCommand() (*flag.FlagSet, action) {
 	fs := newFlags("generate", `Usage: questctl generate --model DIR --prompt TEXT|--prompt-file F [flags]
 
 Loads a Llama checkpoint (its tokenizer.json byte-level BPE, or the byte
@@ -267,154 +273,153 @@ text (progress stays on stderr).`)
 	asJSON := fs.Bool("json", false, "print a JSON summary on stdout instead of the text")
 	conn := addConnFlags(fs)
 	tokenFile := tokenFileFlag(fs)
-	if err := parse(fs, args, stdout); err != nil {
-		return err
-	}
-	if err := rf.check(); err != nil {
-		return usageError{err}
-	}
-	if rf.file != nil {
-		if !flagSet(fs, "budget") {
-			*budget = rf.file.BudgetTokens
-		}
-		if !flagSet(fs, "selector") {
-			*selector = rf.file.Selector.String()
-		}
-	}
-	switch {
-	case *maxTokens < 1 || *maxTokens > 1000000:
-		return usageError{fmt.Errorf("--max-tokens %d: want 1..1000000", *maxTokens)}
-	case *budget < rf.pageSize:
-		return usageError{fmt.Errorf("--budget %d: want at least one page (--page-size %d)", *budget, rf.pageSize)}
-	case flagSet(fs, "prompt") == flagSet(fs, "prompt-file"):
-		return usageError{errors.New("--prompt or --prompt-file: give exactly one")}
-	}
-	sampler, err := model.NewSampler(*temperature, *topP, *seed)
-	if err != nil {
-		return usageError{fmt.Errorf("--temperature/--top-p: %w", err)}
-	}
-	pol, err := rf.policy(*selector, *budget)
-	if err != nil {
-		return usageError{err}
-	}
-	text := *prompt
-	if *promptFile != "" {
-		b, err := os.ReadFile(*promptFile)
-		if err != nil {
-			return usageError{fmt.Errorf("--prompt-file: %w", err)}
-		}
-		text = string(b)
-	}
-	m, tok, err := rf.load()
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	ids := model.PromptIDs(tok, text)
-	total := len(ids) + *maxTokens
-	if mp := m.Config.MaxPositions; mp > 0 && total > mp {
-		return usageError{fmt.Errorf("--max-tokens %d: the prompt's %d tokens plus %d exceed the model's %d positions", *maxTokens, len(ids), *maxTokens, mp)}
-	}
-	seqs := 1
-	if *compare {
-		seqs = 3
-	}
-	var attn *model.EngineAttention
-	if *addr != "" {
-		ec := rf.engineConfig(m, pol, total, seqs)
-		if err := ec.Validate(); err != nil {
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
+		if err := rf.check(); err != nil {
 			return usageError{err}
 		}
-		token, err := readTokenFile(*tokenFile)
+		if rf.file != nil {
+			if !flagSet(fs, "budget") {
+				*budget = rf.file.BudgetTokens
+			}
+			if !flagSet(fs, "selector") {
+				*selector = rf.file.Selector.String()
+			}
+		}
+		switch {
+		case *maxTokens < 1 || *maxTokens > 1000000:
+			return usageError{fmt.Errorf("--max-tokens %d: want 1..1000000", *maxTokens)}
+		case *budget < rf.pageSize:
+			return usageError{fmt.Errorf("--budget %d: want at least one page (--page-size %d)", *budget, rf.pageSize)}
+		case flagSet(fs, "prompt") == flagSet(fs, "prompt-file"):
+			return usageError{errors.New("--prompt or --prompt-file: give exactly one")}
+		}
+		sampler, err := model.NewSampler(*temperature, *topP, *seed)
+		if err != nil {
+			return usageError{fmt.Errorf("--temperature/--top-p: %w", err)}
+		}
+		pol, err := rf.policy(*selector, *budget)
+		if err != nil {
+			return usageError{err}
+		}
+		text := *prompt
+		if *promptFile != "" {
+			b, err := os.ReadFile(*promptFile)
+			if err != nil {
+				return usageError{fmt.Errorf("--prompt-file: %w", err)}
+			}
+			text = string(b)
+		}
+		m, tok, err := rf.load()
 		if err != nil {
 			return err
 		}
-		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		cl, err := conn.dial(dctx, *addr, token)
-		if err != nil {
+		defer m.Close()
+		ids := model.PromptIDs(tok, text)
+		total := len(ids) + *maxTokens
+		if mp := m.Config.MaxPositions; mp > 0 && total > mp {
+			return usageError{fmt.Errorf("--max-tokens %d: the prompt's %d tokens plus %d exceed the model's %d positions", *maxTokens, len(ids), *maxTokens, mp)}
+		}
+		seqs := 1
+		if *compare {
+			seqs = 3
+		}
+		var attn *model.EngineAttention
+		if *addr != "" {
+			ec := rf.engineConfig(m, pol, total, seqs)
+			if err := ec.Validate(); err != nil {
+				return usageError{err}
+			}
+			token, err := readTokenFile(*tokenFile)
+			if err != nil {
+				return err
+			}
+			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			cl, err := conn.dial(dctx, *addr, token)
+			if err != nil {
+				cancel()
+				return fmt.Errorf("--addr %q: %w", *addr, err)
+			}
+			defer cl.Close()
+			id, nodes, err := cl.CreateWith(dctx, plan.Striped, ec.WorkerConfig())
 			cancel()
-			return fmt.Errorf("--addr %q: %w", *addr, err)
+			if err != nil {
+				return fmt.Errorf("--addr %q: create: %w", *addr, err)
+			}
+			fmt.Fprintf(stderr, "sequence %s on nodes %v\n", id, nodes)
+			attn = model.NewSequenceAttention(clusterSeq{client.Sequence{C: cl, ID: id}}, m.Geometry())
+			defer attn.Release()
+		} else {
+			eng, err := rf.engine(m, pol, total, seqs)
+			if err != nil {
+				return err
+			}
+			defer eng.Close()
+			if attn, err = model.NewEngineAttention(eng, m.Geometry()); err != nil {
+				return err
+			}
 		}
-		defer cl.Close()
-		id, nodes, err := cl.CreateWith(dctx, plan.Striped, ec.WorkerConfig())
-		cancel()
-		if err != nil {
-			return fmt.Errorf("--addr %q: create: %w", *addr, err)
-		}
-		fmt.Fprintf(stderr, "sequence %s on nodes %v\n", id, nodes)
-		attn = model.NewSequenceAttention(clusterSeq{client.Sequence{C: cl, ID: id}}, m.Geometry())
-		defer attn.Release()
-	} else {
-		eng, err := rf.engine(m, pol, total, seqs)
-		if err != nil {
-			return err
-		}
-		defer eng.Close()
-		if attn, err = model.NewEngineAttention(eng, m.Geometry()); err != nil {
-			return err
-		}
-	}
-	attn.Workers = rf.workers
-	fmt.Fprintf(stderr, "prefill: %d tokens (%s, %d layers, %d/%d heads of %d) ...\n", len(ids), rf.model, m.Config.Layers, m.Config.Heads, m.Config.KVHeads, m.Config.HeadDim)
-	var pre model.Timing
-	logits, err := m.Forward(ctx, attn, ids, model.ForwardOptions{Timing: &pre})
-	if err != nil {
-		return err
-	}
-	sum := genSummary{Model: rf.model, PromptTokens: len(ids), PageSize: rf.pageSize, DenseLayers: rf.denseLayers, CP: rf.cp, TP: rf.tp,
-		PrefillSeconds: pre.Total.Seconds(), PrefillTokensS: float64(len(ids)) / pre.Total.Seconds()}
-	fmt.Fprintf(stderr, "prefill: %d tokens in %.2fs (%.0f tokens/s, attention %.0f%%)\n", len(ids), pre.Total.Seconds(), sum.PrefillTokensS, 100*pre.Attention.Seconds()/pre.Total.Seconds())
-	var base *model.EngineAttention
-	if *compare {
-		if base, err = attn.Fork(); err != nil {
-			return err
-		}
-	}
-	if *diag {
-		attn.Options.Diagnostics = true
-	}
-	gopt := model.GenerateOptions{MaxTokens: *maxTokens, Sampler: sampler}
-	if !*noStop {
-		gopt.StopTokens = model.StopIDs(tok, m.Config)
-	}
-	stream := stdout
-	if *asJSON {
-		stream = io.Discard
-	}
-	run, err := decode(ctx, m, tok, attn, logits, gopt, pol, *budget, stream, stderr)
-	if err != nil {
-		return err
-	}
-	if !*asJSON {
-		fmt.Fprintln(stdout)
-	}
-	sum.genRun = run
-	report(stderr, "decode", &run)
-	if *compare {
-		base.Options.ForceDense = true
-		s2, _ := model.NewSampler(*temperature, *topP, *seed)
-		gopt.Sampler = s2
-		fmt.Fprintln(stderr, "dense baseline: decoding again from the same prefill with every page read ...")
-		d, err := decode(ctx, m, tok, base, logits, gopt, pol, 0, io.Discard, stderr)
+		attn.Workers = rf.workers
+		fmt.Fprintf(stderr, "prefill: %d tokens (%s, %d layers, %d/%d heads of %d) ...\n", len(ids), rf.model, m.Config.Layers, m.Config.Heads, m.Config.KVHeads, m.Config.HeadDim)
+		var pre model.Timing
+		logits, err := m.Forward(ctx, attn, ids, model.ForwardOptions{Timing: &pre})
 		if err != nil {
 			return err
 		}
-		d.Selector = "dense"
-		report(stderr, "dense", &d)
-		sum.Dense = &d
-		if d.TokensPerS > 0 {
-			sum.Speedup = run.TokensPerS / d.TokensPerS
-			fmt.Fprintf(stderr, "speedup vs dense: %.2fx tokens/s (same %d-token prefill)\n", sum.Speedup, len(ids))
+		sum := genSummary{Model: rf.model, PromptTokens: len(ids), PageSize: rf.pageSize, DenseLayers: rf.denseLayers, CP: rf.cp, TP: rf.tp,
+			PrefillSeconds: pre.Total.Seconds(), PrefillTokensS: float64(len(ids)) / pre.Total.Seconds()}
+		fmt.Fprintf(stderr, "prefill: %d tokens in %.2fs (%.0f tokens/s, attention %.0f%%)\n", len(ids), pre.Total.Seconds(), sum.PrefillTokensS, 100*pre.Attention.Seconds()/pre.Total.Seconds())
+		var base *model.EngineAttention
+		if *compare {
+			if base, err = attn.Fork(); err != nil {
+				return err
+			}
 		}
-		if d.Text != run.Text {
-			fmt.Fprintf(stderr, "note: dense attention generated %q\n", d.Text)
+		if *diag {
+			attn.Options.Diagnostics = true
 		}
+		gopt := model.GenerateOptions{MaxTokens: *maxTokens, Sampler: sampler}
+		if !*noStop {
+			gopt.StopTokens = model.StopIDs(tok, m.Config)
+		}
+		stream := stdout
+		if *asJSON {
+			stream = io.Discard
+		}
+		run, err := decode(ctx, m, tok, attn, logits, gopt, pol, *budget, stream, stderr)
+		if err != nil {
+			return err
+		}
+		if !*asJSON {
+			fmt.Fprintln(stdout)
+		}
+		sum.genRun = run
+		report(stderr, "decode", &run)
+		if *compare {
+			base.Options.ForceDense = true
+			s2, _ := model.NewSampler(*temperature, *topP, *seed)
+			gopt.Sampler = s2
+			fmt.Fprintln(stderr, "dense baseline: decoding again from the same prefill with every page read ...")
+			d, err := decode(ctx, m, tok, base, logits, gopt, pol, 0, io.Discard, stderr)
+			if err != nil {
+				return err
+			}
+			d.Selector = "dense"
+			report(stderr, "dense", &d)
+			sum.Dense = &d
+			if d.TokensPerS > 0 {
+				sum.Speedup = run.TokensPerS / d.TokensPerS
+				fmt.Fprintf(stderr, "speedup vs dense: %.2fx tokens/s (same %d-token prefill)\n", sum.Speedup, len(ids))
+			}
+			if d.Text != run.Text {
+				fmt.Fprintf(stderr, "note: dense attention generated %q\n", d.Text)
+			}
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			return enc.Encode(sum)
+		}
+		return nil
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		return enc.Encode(sum)
-	}
-	return nil
 }
 
 // decode continues a prefilled sequence, streaming the text to out and a

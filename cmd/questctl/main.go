@@ -11,6 +11,10 @@
 //	questctl eval     passkey --model DIR [flags]
 //	questctl calibrate --model DIR --prompts FILE [--out policy.yaml]
 //	questctl plot     --in FILE.jsonl[,...] --out FILE.png [--kind passkey|attention|auto]
+//	questctl up       --nodes N [--cp C --tp T] [-- questd flags]
+//	questctl status   --addr HOST:PORT [--json]
+//	questctl version
+//	questctl completion bash|zsh|fish
 //
 // Run `questctl <command> --help` for a command's flags.
 package main
@@ -27,6 +31,7 @@ import (
 	"strings"
 
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
 )
 
 // Exit statuses.
@@ -60,8 +65,12 @@ Usage:
   questctl up --nodes N [--cp C --tp T] [-- questd flags]  start a local questd cluster on loopback and keep it up until Ctrl-C
   questctl status --addr HOST:PORT [--json]          one questd's view: members and their state, devices, grid config
   questctl version                                   the version and VCS revision of this build
+  questctl completion bash|zsh|fish                  shell completion script: commands, subcommands and their flags
 
-Run 'questctl <command> --help' for the flags of a command.
+Run 'questctl <command> --help' for the flags of a command. Commands that
+store a KV cache on the GPU take --kv-cache-dtype (default bf16; --dtype is
+its deprecated older name); --tp and --cp are also --tensor-parallel-size
+and --decode-context-parallel-size, as in vLLM.
 `
 
 // usageError marks errors that exit with status 2.
@@ -99,11 +108,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runStatus(ctx, args[1:], stdout, stderr)
 	case "version":
 		err = runVersion(args[1:], stdout, stderr)
+	case "completion":
+		err = runCompletion(args[1:], stdout, stderr)
 	case "help", "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate, eval, calibrate, plot, up, status or version; see 'questctl help')\n", args[0])
+		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate, eval, calibrate, plot, up, status, version or completion; see 'questctl help')\n", args[0])
 		return exitUsage
 	}
 	if err == nil || errors.Is(err, flag.ErrHelp) {
@@ -112,8 +123,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// One line: "questctl replay: ...", without repeating a command name
 	// the message already starts with ("questctl bench attention: ...").
 	msg, name := err.Error(), args[0]
-	if (name == "bench" || name == "replay" || name == "eval") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
-		name += " " + args[1] // "bench attention", "replay gen"
+	if (name == "bench" || name == "replay" || name == "eval" || name == "completion") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+		name += " " + args[1] // "bench attention", "replay gen", "completion zsh"
 	}
 	prefix := "questctl " + name + ": "
 	if strings.HasPrefix(msg, name+":") || strings.HasPrefix(msg, args[0]+" ") {
@@ -138,6 +149,25 @@ func newFlags(name, synopsis string) *flag.FlagSet {
 	return fs
 }
 
+// action runs a command once its flags are parsed.
+type action func(ctx context.Context, stdout, stderr io.Writer) error
+
+// runCommand builds a command's flag set and action (build), parses args
+// into the flags (see [parse]), warns on stderr about each deprecated
+// flag name given (see [aliasFlag]) and runs the action.
+func runCommand(ctx context.Context, build func() (*flag.FlagSet, action), args []string, stdout, stderr io.Writer) error {
+	fs, act := build()
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if a, ok := f.Value.(*aliasValue); ok && a.deprecated {
+			fmt.Fprintf(stderr, "questctl %s: --%s is deprecated: use --%s (the same values)\n", fs.Name(), f.Name, a.canonical)
+		}
+	})
+	return act(ctx, stdout, stderr)
+}
+
 // parse parses args into fs. --help prints the command's usage to stdout
 // and returns flag.ErrHelp (exit 0); a bad flag or a stray argument is a
 // one-line usage error (exit 2).
@@ -158,7 +188,7 @@ func parse(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	// is a mistake, not a choice.
 	var empty []string
 	fs.Visit(func(f *flag.Flag) {
-		if fmt.Sprintf("%T", f.Value) == "*flag.stringValue" && f.Value.String() == "" {
+		if fmt.Sprintf("%T", valueOf(f)) == "*flag.stringValue" && f.Value.String() == "" {
 			empty = append(empty, "--"+f.Name)
 		}
 	})
@@ -181,7 +211,7 @@ func flagError(fs *flag.FlagSet, err error) string {
 	why := m[3]
 	kind := "a number"
 	if f := fs.Lookup(m[2]); f != nil {
-		switch fmt.Sprintf("%T", f.Value) {
+		switch fmt.Sprintf("%T", valueOf(f)) {
 		case "*flag.intValue", "*flag.int64Value":
 			kind = "an integer"
 		case "*flag.uintValue", "*flag.uint64Value":
@@ -217,9 +247,116 @@ func maxMemoryFlag(fs *flag.FlagSet) *int64 {
 	return &limit
 }
 
-// flagSet reports whether the flag name was given on the command line.
+// flagSet reports whether the flag name, or one of its aliases (see
+// [aliasFlag]), was given on the command line.
 func flagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
+	return givenAs(fs, name) != ""
+}
+
+// givenAs returns the name under which the flag name was last given on
+// the command line, with its dashes ("--dtype" for --kv-cache-dtype given
+// by its older name), or "" when it was not given.
+func givenAs(fs *flag.FlagSet, name string) string {
+	given := ""
+	fs.Visit(func(f *flag.Flag) {
+		if a, ok := f.Value.(*aliasValue); f.Name == name || ok && a.canonical == name {
+			given = "--" + f.Name
+		}
+	})
+	return given
+}
+
+// aliasValue is the Value of a flag registered under a second name: the
+// Value of the flag it is an alias of, so both names set the same
+// variable and the last one given wins, as for a flag given twice.
+type aliasValue struct {
+	flag.Value
+	canonical  string // the flag's own name
+	deprecated bool   // runCommand warns when this name is used
+}
+
+func (a *aliasValue) String() string {
+	if a == nil || a.Value == nil {
+		return ""
+	}
+	return a.Value.String()
+}
+
+func (a *aliasValue) IsBoolFlag() bool {
+	b, ok := a.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// aliasFlag registers name as another name of fs's flag canonical, which
+// must be defined. A deprecated alias works the same and makes the
+// command print a one-line warning on stderr.
+func aliasFlag(fs *flag.FlagSet, name, canonical string, deprecated bool) {
+	f := fs.Lookup(canonical)
+	if f == nil {
+		panic("questctl: alias --" + name + " of an undefined flag --" + canonical)
+	}
+	usage := "the same as --" + canonical
+	switch {
+	case deprecated:
+		usage = "deprecated: the older name of --" + canonical + ", the same values (warns on stderr)"
+	case name == "tensor-parallel-size" || name == "decode-context-parallel-size":
+		usage += " (vLLM's name)"
+	}
+	fs.Var(&aliasValue{Value: f.Value, canonical: canonical, deprecated: deprecated}, name, usage)
+	fs.Lookup(name).DefValue = "" // help gives the default once, at canonical
+}
+
+// valueOf is f's Value, that of the flag it is an alias of for an alias.
+func valueOf(f *flag.Flag) flag.Value {
+	if a, ok := f.Value.(*aliasValue); ok {
+		return a.Value
+	}
+	return f.Value
+}
+
+// gridFlags adds --cp and --tp to fs with *cp and *tp as their targets
+// and defaults, and their vLLM names as aliases:
+// --decode-context-parallel-size and --tensor-parallel-size.
+func gridFlags(fs *flag.FlagSet, cp, tp *int, cpUsage, tpUsage string) {
+	fs.IntVar(cp, "cp", *cp, cpUsage)
+	fs.IntVar(tp, "tp", *tp, tpUsage)
+	aliasFlag(fs, "decode-context-parallel-size", "cp", false)
+	aliasFlag(fs, "tensor-parallel-size", "tp", false)
+}
+
+// defaultKVCacheDType is the one default of --kv-cache-dtype, in every
+// command that has it: bf16, the type the CUDA kernels are measured at.
+const defaultKVCacheDType = "bf16"
+
+// dtypeValue is a storage type flag: f32, f16 or bf16 (or the long names
+// plan.ParseDType reads), checked when parsed.
+type dtypeValue struct{ s string }
+
+func (v *dtypeValue) String() string {
+	if v == nil {
+		return ""
+	}
+	return v.s
+}
+
+func (v *dtypeValue) Set(s string) error {
+	if _, err := plan.ParseDType(s); err != nil {
+		return errors.New("want f32, f16 or bf16")
+	}
+	v.s = s
+	return nil
+}
+
+// Choices are the values shell completion offers.
+func (v *dtypeValue) Choices() []string { return []string{"f32", "f16", "bf16"} }
+
+// kvCacheDTypeFlag adds --kv-cache-dtype to fs, the storage type of the
+// KV cache (K, V and page summaries) on the CUDA backend, default
+// [defaultKVCacheDType], and --dtype, its deprecated older name. more is
+// appended to the usage: what the command does with it.
+func kvCacheDTypeFlag(fs *flag.FlagSet, more string) *string {
+	v := &dtypeValue{s: defaultKVCacheDType}
+	fs.Var(v, "kv-cache-dtype", "`type` of the KV cache on --backend cuda: f32, f16 or bf16 (K, V and page summaries; scores and accumulation are fp32; the CPU backend stores f32)"+more)
+	aliasFlag(fs, "dtype", "kv-cache-dtype", true)
+	return &v.s
 }

@@ -76,12 +76,12 @@ func TestReplayBadInputExitsTwo(t *testing.T) {
 }
 
 // TestDemoBackendErrors: the demo's backend flags fail fast with a usage
-// error (exit 2, one line): --device-resident or --dtype without cuda, an
-// unknown backend. (cmd_nocuda_test.go adds cuda in a CPU build.)
+// error (exit 2, one line): --device-resident or --kv-cache-dtype without
+// cuda, an unknown backend. (cmd_nocuda_test.go adds cuda in a CPU build.)
 func TestDemoBackendErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"demo", "--device-resident"},
-		{"demo", "--dtype", "f16"},
+		{"demo", "--kv-cache-dtype", "f16"},
 		{"demo", "--backend", "tpu"},
 	} {
 		code, stdout, stderr := runCLI(t, args...)

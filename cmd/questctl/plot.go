@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -15,6 +17,12 @@ import (
 )
 
 func runPlot(args []string, stdout, stderr io.Writer) error {
+	return runCommand(context.Background(), plotCommand, args, stdout, stderr)
+}
+
+// plotCommand builds the flags and the action of
+// 'questctl plot' without running it (see [runCommand]).
+func plotCommand() (*flag.FlagSet, action) {
 	fs := newFlags("plot", `Usage: questctl plot --in FILE.jsonl[,FILE2.jsonl...] --out FILE.png [--kind passkey|attention|auto]
 
 Draws a PNG figure from the JSON lines that 'questctl eval passkey --json'
@@ -37,48 +45,47 @@ usage errors (exit 2), and no file is written.`)
 	in := fs.String("in", "", "comma-separated JSON-lines files, all of one kind (required)")
 	out := fs.String("out", "", "PNG file to write, replaced if it exists (required)")
 	kindFlag := fs.String("kind", string(plots.KindAuto), "input kind: passkey (eval passkey --json), attention (bench attention --json) or auto (from the first line)")
-	if err := parse(fs, args, stdout); err != nil {
-		return err
-	}
-	switch {
-	case *in == "":
-		return usageError{errors.New("--in is required: the JSON-lines files to draw (see 'questctl plot --help')")}
-	case *out == "":
-		return usageError{errors.New("--out is required: the PNG file to write (see 'questctl plot --help')")}
-	}
-	kind, err := plots.ParseKind(*kindFlag)
-	if err != nil {
-		return usageError{fmt.Errorf("--kind %s: want passkey, attention or auto", *kindFlag)}
-	}
-	if err := checkPlotOut("--out", *out); err != nil {
-		return err
-	}
-	d := &plots.Data{Kind: kind}
-	for _, name := range strings.Split(*in, ",") {
-		name = strings.TrimSpace(name)
-		if name == "" {
-			return usageError{fmt.Errorf("--in %s: an empty file name", *in)}
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
+		switch {
+		case *in == "":
+			return usageError{errors.New("--in is required: the JSON-lines files to draw (see 'questctl plot --help')")}
+		case *out == "":
+			return usageError{errors.New("--out is required: the PNG file to write (see 'questctl plot --help')")}
 		}
-		f, err := os.Open(name)
+		kind, err := plots.ParseKind(*kindFlag)
 		if err != nil {
-			return usageError{fmt.Errorf("--in %s: %w", name, pathErr(err))}
+			return usageError{fmt.Errorf("--kind %s: want passkey, attention or auto", *kindFlag)}
 		}
-		err = d.Read(f)
-		f.Close()
+		if err := checkPlotOut("--out", *out); err != nil {
+			return err
+		}
+		d := &plots.Data{Kind: kind}
+		for _, name := range strings.Split(*in, ",") {
+			name = strings.TrimSpace(name)
+			if name == "" {
+				return usageError{fmt.Errorf("--in %s: an empty file name", *in)}
+			}
+			f, err := os.Open(name)
+			if err != nil {
+				return usageError{fmt.Errorf("--in %s: %w", name, pathErr(err))}
+			}
+			err = d.Read(f)
+			f.Close()
+			if err != nil {
+				return usageError{fmt.Errorf("--in %s: %w", name, err)}
+			}
+		}
+		fig, err := d.Figure()
 		if err != nil {
-			return usageError{fmt.Errorf("--in %s: %w", name, err)}
+			return usageError{fmt.Errorf("--in %s: %w", *in, err)}
 		}
+		if err := writePlot("--out", *out, fig); err != nil {
+			return err
+		}
+		n := len(d.Passkey) + len(d.Attention)
+		fmt.Fprintf(stderr, "wrote %s: %dx%d pixels from %d %s lines\n", *out, fig.Width, fig.Height, n, d.Kind)
+		return nil
 	}
-	fig, err := d.Figure()
-	if err != nil {
-		return usageError{fmt.Errorf("--in %s: %w", *in, err)}
-	}
-	if err := writePlot("--out", *out, fig); err != nil {
-		return err
-	}
-	n := len(d.Passkey) + len(d.Attention)
-	fmt.Fprintf(stderr, "wrote %s: %dx%d pixels from %d %s lines\n", *out, fig.Width, fig.Height, n, d.Kind)
-	return nil
 }
 
 // pathErr drops the path from a *fs.PathError (the message names it).

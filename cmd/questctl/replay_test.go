@@ -217,15 +217,15 @@ func TestReplayZeroReference(t *testing.T) {
 	}
 }
 
-// TestReplayDtypeNeedsCUDA: --dtype on the CPU backend is a usage error,
-// as in demo (before, it was ignored).
+// TestReplayDtypeNeedsCUDA: --kv-cache-dtype on the CPU backend is a usage
+// error, as in demo (before, it was ignored).
 func TestReplayDtypeNeedsCUDA(t *testing.T) {
 	for _, args := range [][]string{
-		{"replay", "--in", exampleCase, "--dtype", "f16"},
-		{"replay", "--in", exampleCase, "--dtype", "f32", "--backend", "cpu"},
+		{"replay", "--in", exampleCase, "--kv-cache-dtype", "f16"},
+		{"replay", "--in", exampleCase, "--kv-cache-dtype", "f32", "--backend", "cpu"},
 	} {
 		code, stdout, stderr := runCLI(t, args...)
-		if code != 2 || stdout != "" || !strings.Contains(stderr, "--dtype needs --backend cuda") || strings.Count(stderr, "\n") != 1 {
+		if code != 2 || stdout != "" || !strings.Contains(stderr, "--kv-cache-dtype needs --backend cuda") || strings.Count(stderr, "\n") != 1 {
 			t.Errorf("%q: exit %d, stdout %.200q, stderr %q", args, code, stdout, stderr)
 		}
 	}

@@ -30,6 +30,12 @@ import (
 )
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runCommand(ctx, statusCommand, args, stdout, stderr)
+}
+
+// statusCommand builds the flags and the action of
+// 'questctl status' without running it (see [runCommand]).
+func statusCommand() (*flag.FlagSet, action) {
 	fs := newFlags("status", `Usage: questctl status --addr HOST:PORT [--json] [--timeout 5s] [--tls-dir DIR | --ca FILE --tls-cert FILE --tls-key FILE] [--token-file FILE]
 
 Asks one questd (Decode/Status) for its view of the cluster and prints it:
@@ -55,46 +61,45 @@ to any).`)
 	timeout := fs.Duration("timeout", 5*time.Second, "give up when the node has not answered within this time")
 	conn := addConnFlags(fs)
 	tokenFile := tokenFileFlag(fs)
-	if err := parse(fs, args, stdout); err != nil {
-		return err
-	}
-	switch {
-	case !flagSet(fs, "addr"):
-		return usageError{errors.New("--addr is required: the HOST:PORT of a questd's gRPC server (see 'questctl status --help')")}
-	case *timeout <= 0:
-		return usageError{fmt.Errorf("--timeout %q: must be positive", timeout.String())}
-	}
-	if err := checkHostPort(*addr); err != nil {
-		return usageError{fmt.Errorf("--addr %q: %v", *addr, err)}
-	}
-	sec, err := conn.settings()
-	if err != nil {
-		return err
-	}
-	token, err := readTokenFile(*tokenFile)
-	if err != nil {
-		return err
-	}
-	cc, err := dialDecode(*addr, sec, token)
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	cctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	reply, err := decodev1.NewDecodeClient(cc).Status(cctx, &decodev1.StatusRequest{})
-	if err != nil {
-		return statusCallError(*addr, *timeout, sec, err)
-	}
-	if *asJSON {
-		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(reply)
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
+		switch {
+		case !flagSet(fs, "addr"):
+			return usageError{errors.New("--addr is required: the HOST:PORT of a questd's gRPC server (see 'questctl status --help')")}
+		case *timeout <= 0:
+			return usageError{fmt.Errorf("--timeout %q: must be positive", timeout.String())}
+		}
+		if err := checkHostPort(*addr); err != nil {
+			return usageError{fmt.Errorf("--addr %q: %v", *addr, err)}
+		}
+		sec, err := conn.settings()
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(stdout, "%s\n", b)
-		return err
+		token, err := readTokenFile(*tokenFile)
+		if err != nil {
+			return err
+		}
+		cc, err := dialDecode(*addr, sec, token)
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		cctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		reply, err := decodev1.NewDecodeClient(cc).Status(cctx, &decodev1.StatusRequest{})
+		if err != nil {
+			return statusCallError(*addr, *timeout, sec, err)
+		}
+		if *asJSON {
+			b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(reply)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(stdout, "%s\n", b)
+			return err
+		}
+		return writeStatus(stdout, reply)
 	}
-	return writeStatus(stdout, reply)
 }
 
 // checkHostPort reports whether addr is HOST:PORT with a numeric port.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -34,18 +35,20 @@ const upPollEvery = 100 * time.Millisecond
 // upManaged are the questd flags that up sets for every node, with what
 // to use instead after "--".
 var upManaged = map[string]string{
-	"name":         "--base-name",
-	"grpc-addr":    "", // 127.0.0.1:0, reported in the ready line
-	"gossip-addr":  "",
-	"metrics-addr": "", // 127.0.0.1:0: every node its own free port
-	"join":         "",
-	"insecure":     "questctl up --insecure",
-	"plaintext":    "questctl up --insecure",
-	"tls-cert":     "questctl up --tls-dir DIR to keep the certificates up makes, or --insecure",
-	"tls-key":      "questctl up --tls-dir DIR to keep the certificates up makes, or --insecure",
-	"tls-ca":       "questctl up --tls-dir DIR to keep the certificates up makes, or --insecure",
-	"cp":           "questctl up --cp",
-	"tp":           "questctl up --tp",
+	"name":                         "--base-name",
+	"grpc-addr":                    "", // 127.0.0.1:0, reported in the ready line
+	"gossip-addr":                  "",
+	"metrics-addr":                 "", // 127.0.0.1:0: every node its own free port
+	"join":                         "",
+	"insecure":                     "questctl up --insecure",
+	"plaintext":                    "questctl up --insecure",
+	"tls-cert":                     "questctl up --tls-dir DIR to keep the certificates up makes, or --insecure",
+	"tls-key":                      "questctl up --tls-dir DIR to keep the certificates up makes, or --insecure",
+	"tls-ca":                       "questctl up --tls-dir DIR to keep the certificates up makes, or --insecure",
+	"cp":                           "questctl up --cp",
+	"tp":                           "questctl up --tp",
+	"decode-context-parallel-size": "questctl up --cp",
+	"tensor-parallel-size":         "questctl up --tp",
 }
 
 // upClientName is the name of the client certificate that up writes in
@@ -57,6 +60,12 @@ var baseNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	own, extra := splitDashDash(args)
+	return runCommand(ctx, func() (*flag.FlagSet, action) { return upCommand(extra) }, own, stdout, stderr)
+}
+
+// upCommand builds the flags and the action of
+// 'questctl up' without running it (see [runCommand]).
+func upCommand(extra []string) (*flag.FlagSet, action) {
 	fs := newFlags("up", `Usage: questctl up --nodes N [--cp C --tp T] [--questd PATH] [--timeout 30s] [--insecure | --tls-dir DIR] [flags] [-- questd flags...]
 
 Starts a local questd cluster on the loopback interface and keeps it
@@ -98,8 +107,10 @@ rest and exits 0. On Linux the nodes also get SIGTERM if questctl dies
 questd is --questd, else a questd next to the questctl executable, else
 questd on $PATH.`)
 	nodes := fs.Int("nodes", 0, "number of questd nodes to start (required, at least 1)")
-	cp := fs.Int("cp", 1, "context-parallel degree of the cluster's grid, passed to every node as --cp")
-	tp := fs.Int("tp", 1, "tensor-parallel degree of the cluster's grid, passed to every node as --tp")
+	cp, tp := new(int), new(int)
+	*cp, *tp = 1, 1
+	gridFlags(fs, cp, tp, "context-parallel degree of the cluster's grid, passed to every node as --cp",
+		"tensor-parallel degree of the cluster's grid, passed to every node as --tp")
 	questd := fs.String("questd", "", "path of the questd binary (default: questd next to questctl, else on $PATH)")
 	timeout := fs.Duration("timeout", 30*time.Second, "the whole cluster must be ready, with every node seeing all N alive, within this time")
 	stopTimeout := fs.Duration("stop-timeout", 10*time.Second, "after SIGTERM, how long the nodes have to drain before they are killed")
@@ -111,165 +122,164 @@ questd on $PATH.`)
 	keepTLS := fs.Bool("keep-tls-dir", false, "keep the temporary TLS directory when up exits (its path is printed on stderr)")
 	logDir := fs.String("log-dir", "", "write each node's stderr to DIR/NAME.log (overwritten) instead of questctl's stderr")
 	asJSON := fs.Bool("json", false, `print one JSON object per node, {"name","grpc","gossip","pid"} and "tls_dir" with TLS, instead of the text lines`)
-	if err := parse(fs, own, stdout); err != nil {
-		return err
-	}
-	switch {
-	case !flagSet(fs, "nodes"):
-		return usageError{errors.New("--nodes is required: how many questd nodes to start (see 'questctl up --help')")}
-	case *nodes < 1:
-		return usageError{fmt.Errorf("--nodes %q: want at least 1", fmt.Sprint(*nodes))}
-	case *cp < 1:
-		return usageError{fmt.Errorf("--cp %q: want at least 1", fmt.Sprint(*cp))}
-	case *tp < 1:
-		return usageError{fmt.Errorf("--tp %q: want at least 1", fmt.Sprint(*tp))}
-	case *timeout <= 0:
-		return usageError{fmt.Errorf("--timeout %q: must be positive", timeout.String())}
-	case *stopTimeout <= 0:
-		return usageError{fmt.Errorf("--stop-timeout %q: must be positive", stopTimeout.String())}
-	case !baseNameRE.MatchString(*baseName):
-		return usageError{fmt.Errorf("--base-name %q: want letters, digits, '.', '_' or '-', starting with a letter or digit", *baseName)}
-	case insecure && *tlsDir != "":
-		return usageError{fmt.Errorf("--tls-dir %q: not with --insecure (no certificates without TLS)", *tlsDir)}
-	case insecure && *keepTLS:
-		return usageError{errors.New("--keep-tls-dir: not with --insecure (no certificates without TLS)")}
-	}
-	if err := checkExtraFlags(extra); err != nil {
-		return err
-	}
-	// The nodes' token, for up's own Status calls and the connect line.
-	tokenFile := extraFlagValue(extra, "token-file")
-	token, err := readTokenFile(tokenFile)
-	if err != nil {
-		return err
-	}
-	bin, err := findQuestd(*questd)
-	if err != nil {
-		return err
-	}
-	if *logDir != "" {
-		if err := os.MkdirAll(*logDir, 0o755); err != nil {
-			return fmt.Errorf("--log-dir %q: %v", *logDir, err)
-		}
-	}
-
-	sigCtx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stopSignals()
-	errw := &syncWriter{w: stderr}
-	c := &upCluster{
-		bin: bin, plaintext: insecure, token: token, logDir: *logDir, stderr: errw,
-		exited: make(chan *upNode, *nodes),
-	}
-	var common []string
-	if insecure {
-		common = append(common, "--insecure")
-	} else {
-		dir, temp := *tlsDir, *tlsDir == ""
-		if temp {
-			if dir, err = os.MkdirTemp("", "questctl-up-tls-"); err != nil {
-				return fmt.Errorf("TLS directory: %v", err)
-			}
-			if !*keepTLS {
-				defer os.RemoveAll(dir) // after c.stop: every return below stops the nodes first
-			}
-		}
-		if err := writeUpCerts(dir, *baseName, *nodes); err != nil {
-			if temp && *keepTLS {
-				os.RemoveAll(dir)
-			}
-			if !temp {
-				err = fmt.Errorf("--tls-dir %q: %w", dir, err)
-			}
-			return err
-		}
-		fate := ""
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		switch {
-		case temp && *keepTLS:
-			fate = " (kept: --keep-tls-dir)"
-		case temp:
-			fate = " (removed when up exits; --keep-tls-dir keeps it)"
+		case !flagSet(fs, "nodes"):
+			return usageError{errors.New("--nodes is required: how many questd nodes to start (see 'questctl up --help')")}
+		case *nodes < 1:
+			return usageError{fmt.Errorf("--nodes %q: want at least 1", fmt.Sprint(*nodes))}
+		case *cp < 1:
+			return usageError{fmt.Errorf("--cp %q: want at least 1", fmt.Sprint(*cp))}
+		case *tp < 1:
+			return usageError{fmt.Errorf("--tp %q: want at least 1", fmt.Sprint(*tp))}
+		case *timeout <= 0:
+			return usageError{fmt.Errorf("--timeout %q: must be positive", timeout.String())}
+		case *stopTimeout <= 0:
+			return usageError{fmt.Errorf("--stop-timeout %q: must be positive", stopTimeout.String())}
+		case !baseNameRE.MatchString(*baseName):
+			return usageError{fmt.Errorf("--base-name %q: want letters, digits, '.', '_' or '-', starting with a letter or digit", *baseName)}
+		case insecure && *tlsDir != "":
+			return usageError{fmt.Errorf("--tls-dir %q: not with --insecure (no certificates without TLS)", *tlsDir)}
+		case insecure && *keepTLS:
+			return usageError{errors.New("--keep-tls-dir: not with --insecure (no certificates without TLS)")}
 		}
-		fmt.Fprintf(errw, "questctl up: mutual TLS: CA, node and client certificates (valid %d days) in %s%s\n",
-			int(certgen.Validity.Hours()/24), dir, fate)
-		c.tlsDir = dir
-	}
-	common = append(append(common, "--cp", fmt.Sprint(*cp), "--tp", fmt.Sprint(*tp)), extra...)
-
-	startCtx, cancel := context.WithTimeout(sigCtx, *timeout)
-	err = c.start(startCtx, *baseName, *nodes, common)
-	cancel()
-	if err != nil {
-		started := len(c.nodes)
-		c.stop(*stopTimeout)
-		var late startTimeout
-		if sigCtx.Err() != nil {
-			err = errors.New("interrupted while the cluster was starting")
-		} else if errors.As(err, &late) {
-			err = fmt.Errorf("cluster not up within --timeout %v: %s", *timeout, late.what)
-		}
-		if started > 0 {
-			return fmt.Errorf("%w; stopped the %d node(s) started", err, started)
-		}
-		return err
-	}
-
-	for _, n := range c.nodes {
-		if *asJSON {
-			err = bench.WriteJSONLine(stdout, struct {
-				Name   string `json:"name"`
-				GRPC   string `json:"grpc"`
-				Gossip string `json:"gossip"`
-				PID    int    `json:"pid"`
-				TLSDir string `json:"tls_dir,omitempty"`
-			}{n.name, n.grpc, n.gossip, n.pid, c.tlsDir})
-		} else {
-			_, err = fmt.Fprintf(stdout, "%s grpc=%s gossip=%s pid=%d\n", n.name, n.grpc, n.gossip, n.pid)
-		}
-		if err != nil {
-			c.stop(*stopTimeout)
+		if err := checkExtraFlags(extra); err != nil {
 			return err
 		}
-	}
-	if !*asJSON {
-		if c.tlsDir != "" {
-			connect := "questctl status --addr " + c.nodes[0].grpc + " --tls-dir " + shellQuote(c.tlsDir)
-			if tokenFile != "" {
-				connect += " --token-file " + shellQuote(tokenFile)
-			}
-			fmt.Fprintf(stdout, "connect: %s\n", connect)
+		// The nodes' token, for up's own Status calls and the connect line.
+		tokenFile := extraFlagValue(extra, "token-file")
+		token, err := readTokenFile(tokenFile)
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(stdout, "cluster up: %d nodes\n", len(c.nodes))
-	}
+		bin, err := findQuestd(*questd)
+		if err != nil {
+			return err
+		}
+		if *logDir != "" {
+			if err := os.MkdirAll(*logDir, 0o755); err != nil {
+				return fmt.Errorf("--log-dir %q: %v", *logDir, err)
+			}
+		}
 
-	// A node that exits by itself (a crash, kill -9) is reported and the
-	// others keep running, as a cluster does without it; up ends on a
-	// signal, or with an error once every node has exited.
-	for left := len(c.nodes); left > 0; {
-		select {
-		case <-sigCtx.Done():
-			left = -1
-			continue
-		case n := <-c.exited:
-			// A Ctrl-C reaches the nodes too (they share questctl's
-			// process group): an exit just before questctl sees the
-			// signal is the signal's doing, not the node's.
+		sigCtx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stopSignals()
+		errw := &syncWriter{w: stderr}
+		c := &upCluster{
+			bin: bin, plaintext: insecure, token: token, logDir: *logDir, stderr: errw,
+			exited: make(chan *upNode, *nodes),
+		}
+		var common []string
+		if insecure {
+			common = append(common, "--insecure")
+		} else {
+			dir, temp := *tlsDir, *tlsDir == ""
+			if temp {
+				if dir, err = os.MkdirTemp("", "questctl-up-tls-"); err != nil {
+					return fmt.Errorf("TLS directory: %v", err)
+				}
+				if !*keepTLS {
+					defer os.RemoveAll(dir) // after c.stop: every return below stops the nodes first
+				}
+			}
+			if err := writeUpCerts(dir, *baseName, *nodes); err != nil {
+				if temp && *keepTLS {
+					os.RemoveAll(dir)
+				}
+				if !temp {
+					err = fmt.Errorf("--tls-dir %q: %w", dir, err)
+				}
+				return err
+			}
+			fate := ""
+			switch {
+			case temp && *keepTLS:
+				fate = " (kept: --keep-tls-dir)"
+			case temp:
+				fate = " (removed when up exits; --keep-tls-dir keeps it)"
+			}
+			fmt.Fprintf(errw, "questctl up: mutual TLS: CA, node and client certificates (valid %d days) in %s%s\n",
+				int(certgen.Validity.Hours()/24), dir, fate)
+			c.tlsDir = dir
+		}
+		common = append(append(common, "--cp", fmt.Sprint(*cp), "--tp", fmt.Sprint(*tp)), extra...)
+
+		startCtx, cancel := context.WithTimeout(sigCtx, *timeout)
+		err = c.start(startCtx, *baseName, *nodes, common)
+		cancel()
+		if err != nil {
+			started := len(c.nodes)
+			c.stop(*stopTimeout)
+			var late startTimeout
+			if sigCtx.Err() != nil {
+				err = errors.New("interrupted while the cluster was starting")
+			} else if errors.As(err, &late) {
+				err = fmt.Errorf("cluster not up within --timeout %v: %s", *timeout, late.what)
+			}
+			if started > 0 {
+				return fmt.Errorf("%w; stopped the %d node(s) started", err, started)
+			}
+			return err
+		}
+
+		for _, n := range c.nodes {
+			if *asJSON {
+				err = bench.WriteJSONLine(stdout, struct {
+					Name   string `json:"name"`
+					GRPC   string `json:"grpc"`
+					Gossip string `json:"gossip"`
+					PID    int    `json:"pid"`
+					TLSDir string `json:"tls_dir,omitempty"`
+				}{n.name, n.grpc, n.gossip, n.pid, c.tlsDir})
+			} else {
+				_, err = fmt.Fprintf(stdout, "%s grpc=%s gossip=%s pid=%d\n", n.name, n.grpc, n.gossip, n.pid)
+			}
+			if err != nil {
+				c.stop(*stopTimeout)
+				return err
+			}
+		}
+		if !*asJSON {
+			if c.tlsDir != "" {
+				connect := "questctl status --addr " + c.nodes[0].grpc + " --tls-dir " + shellQuote(c.tlsDir)
+				if tokenFile != "" {
+					connect += " --token-file " + shellQuote(tokenFile)
+				}
+				fmt.Fprintf(stdout, "connect: %s\n", connect)
+			}
+			fmt.Fprintf(stdout, "cluster up: %d nodes\n", len(c.nodes))
+		}
+
+		// A node that exits by itself (a crash, kill -9) is reported and the
+		// others keep running, as a cluster does without it; up ends on a
+		// signal, or with an error once every node has exited.
+		for left := len(c.nodes); left > 0; {
 			select {
 			case <-sigCtx.Done():
 				left = -1
 				continue
-			case <-time.After(200 * time.Millisecond):
-			}
-			left--
-			fmt.Fprintf(errw, "questctl up: %s (pid %d) exited by itself (%s); %d node(s) still running\n", n.name, n.pid, n.exitStatus(), left)
-			if left == 0 {
-				c.stop(*stopTimeout)
-				return fmt.Errorf("every node exited; the last was %s (%s)", n.name, n.exitStatus())
+			case n := <-c.exited:
+				// A Ctrl-C reaches the nodes too (they share questctl's
+				// process group): an exit just before questctl sees the
+				// signal is the signal's doing, not the node's.
+				select {
+				case <-sigCtx.Done():
+					left = -1
+					continue
+				case <-time.After(200 * time.Millisecond):
+				}
+				left--
+				fmt.Fprintf(errw, "questctl up: %s (pid %d) exited by itself (%s); %d node(s) still running\n", n.name, n.pid, n.exitStatus(), left)
+				if left == 0 {
+					c.stop(*stopTimeout)
+					return fmt.Errorf("every node exited; the last was %s (%s)", n.name, n.exitStatus())
+				}
 			}
 		}
+		fmt.Fprintf(errw, "questctl up: stopping %d node(s)\n", len(c.nodes))
+		c.stop(*stopTimeout)
+		return nil
 	}
-	fmt.Fprintf(errw, "questctl up: stopping %d node(s)\n", len(c.nodes))
-	c.stop(*stopTimeout)
-	return nil
 }
 
 // splitDashDash splits args at the first "--": questctl's flags before

@@ -238,6 +238,29 @@ const printConfigFlag = "print-config"
 // Config.Plaintext.
 const plaintextAlias = "plaintext"
 
+// flagAliases maps every other name of a flag to the flag's own name.
+// An alias is the flag's Value registered under a second name, so both
+// set the same field; it has its own environment variable and file key
+// (QUESTRT_TENSOR_PARALLEL_SIZE, tensor-parallel-size:) at the same
+// precedence as the flag's: the command line over the environment over
+// the file, whichever name each uses. On the command line the last one
+// given wins, as for a flag given twice; the environment or the file
+// giving both names with different values is an error. --print-config
+// prints the flag's own name only.
+var flagAliases = map[string]string{
+	plaintextAlias:                 "insecure",
+	"tensor-parallel-size":         "tp", // vLLM's name
+	"decode-context-parallel-size": "cp", // vLLM's name
+}
+
+// canonicalFlag is the flag's own name for name, itself or an alias.
+func canonicalFlag(name string) string {
+	if c, ok := flagAliases[name]; ok {
+		return c
+	}
+	return name
+}
+
 // cliOnly reports whether flag name is of the command line only: no
 // environment variable, no key in the file.
 func cliOnly(name string) bool { return name == versionFlag || name == printConfigFlag }
@@ -282,6 +305,10 @@ name in upper case with '-' as '_' (QUESTRT_GRPC_ADDR; empty variables are
 ignored), or in the YAML file of --config (or QUESTRT_CONFIG), whose keys
 are the flag names (grpc-addr: 127.0.0.1:7070; lists as YAML sequences).
 Precedence: flags, then the environment, then the file, then the defaults.
+Another name of a flag (--plaintext for --insecure; vLLM's
+--tensor-parallel-size for --tp and --decode-context-parallel-size for
+--cp) sets the same value, with its own variable and key at the same
+precedence; --print-config prints the flag's own name.
 `
 
 // flagGroup is a titled section of the usage text.
@@ -315,6 +342,17 @@ func (d *flagDefs) int(p *int, name string, def int, usage string) {
 
 func (d *flagDefs) bool(p *bool, name string, def bool, usage string) {
 	d.fs.BoolVar(p, name, def, usage)
+	d.added(name)
+}
+
+// alias adds name as another name of the flag canonical, defined
+// already (see [flagAliases]).
+func (d *flagDefs) alias(name, canonical, usage string) {
+	if flagAliases[name] != canonical {
+		panic(fmt.Sprintf("questd: --%s is not in flagAliases as an alias of --%s", name, canonical))
+	}
+	d.fs.Var(d.fs.Lookup(canonical).Value, name, usage)
+	d.fs.Lookup(name).DefValue = "" // the usage gives the default once, at the flag
 	d.added(name)
 }
 
@@ -402,7 +440,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 
 	d.group("Security")
 	d.bool(&c.Plaintext, "insecure", false, "run gRPC without TLS: anyone who reaches --grpc-addr can call both APIs (only on a trusted network; not with the --tls-* files; a warning is logged)")
-	d.bool(&c.Plaintext, plaintextAlias, false, "the older name of --insecure, the same")
+	d.alias(plaintextAlias, "insecure", "the older name of --insecure, the same")
 	d.str(&c.TLSCert, "tls-cert", "", "PEM `file` of this node's certificate for mutual TLS (required with --tls-key and --tls-ca unless --insecure; SIGHUP reloads the three)")
 	d.str(&c.TLSKey, "tls-key", "", "PEM `file` of this node's private key for mutual TLS")
 	d.str(&c.TLSCA, "tls-ca", "", "PEM `file` of the CA that signs every node's and client's certificate")
@@ -415,7 +453,9 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.int(&c.HeadDim, "head-dim", 128, "head dimension D")
 	d.int(&c.PageSize, "page-size", 16, "tokens per KV page")
 	d.int(&c.CP, "cp", 1, "context-parallel ranks per TP group (pages are spread over them)")
+	d.alias("decode-context-parallel-size", "cp", "the same as --cp (vLLM's name)")
 	d.int(&c.TP, "tp", 1, "tensor-parallel ranks (KV heads are split over them)")
+	d.alias("tensor-parallel-size", "tp", "the same as --tp (vLLM's name)")
 	d.int(&c.CapacityPages, "capacity-pages", 1024, "page pool of one rank, in pages")
 	d.int(&c.BlockPages, "block-pages", 64, "block of the contiguous page placement, in pages")
 
@@ -566,27 +606,38 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("unexpected arguments %q (see 'questd --help')", fs.Args())
 	}
-	onCLI := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { onCLI[f.Name] = true })
+	onCLI := map[string]bool{} // by the flag's own name, given by it or an alias
+	fs.Visit(func(f *flag.Flag) { onCLI[canonicalFlag(f.Name)] = true })
 	if onCLI[versionFlag] && fs.Lookup(versionFlag).Value.String() == "true" {
 		return Config{}, errVersion
 	}
 	origin := map[string]string{} // flag -> where a value not on the command line came from
 
-	env := map[string]string{}
+	env := map[string]string{}    // flag's own name -> value
+	envVar := map[string]string{} // flag's own name -> the variable that gave it
+	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
 		if cliOnly(f.Name) {
 			return
 		}
-		if v, ok := getenv(envName(f.Name)); ok && v != "" && !onCLI[f.Name] {
-			env[f.Name] = v
+		name := canonicalFlag(f.Name)
+		v, ok := getenv(envName(f.Name))
+		if !ok || v == "" || onCLI[name] {
+			return
 		}
+		if prev, dup := envVar[name]; dup && !sameValue(f, env[name], v) && envErr == nil {
+			envErr = fmt.Errorf("%s %q and %s %q: the same setting (--%s); set one", prev, env[name], envName(f.Name), v, name)
+		}
+		env[name], envVar[name] = v, envName(f.Name)
 	})
+	if envErr != nil {
+		return Config{}, envErr
+	}
 	if v, ok := env["config"]; ok {
 		if err := fs.Set("config", v); err != nil {
 			return Config{}, err
 		}
-		origin["config"] = envName("config")
+		origin["config"] = envVar["config"]
 	}
 	if c.ConfigFile != "" {
 		if err := applyFile(fs, c.ConfigFile, onCLI, origin); err != nil {
@@ -602,9 +653,9 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 			l.reset()
 		}
 		if err := fs.Set(name, env[name]); err != nil {
-			return Config{}, fmt.Errorf("%s %q: %s", envName(name), env[name], setWhy(f, err))
+			return Config{}, fmt.Errorf("%s %q: %s", envVar[name], env[name], setWhy(f, err))
 		}
-		origin[name] = envName(name)
+		origin[name] = envVar[name]
 	}
 	if c.GossipKeyFile != "" {
 		keys, err := readGossipKeys(c.GossipKeyFile)
@@ -629,11 +680,7 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 	if err := c.Validate(); err != nil {
 		var fe *fieldError
 		if errors.As(err, &fe) {
-			o := origin[fe.flag]
-			if fe.flag == "insecure" && o == "" {
-				o = origin[plaintextAlias]
-			}
-			return Config{}, withOrigin(err, o)
+			return Config{}, withOrigin(err, origin[fe.flag])
 		}
 		return Config{}, err
 	}
@@ -644,6 +691,22 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 		return Config{}, errPrinted
 	}
 	return c, nil
+}
+
+// sameValue reports whether a and b are the same value for flag f (1 and
+// true for a bool, 08 and 8 for an integer).
+func sameValue(f *flag.Flag, a, b string) bool {
+	switch kindOf(f) {
+	case kindBool:
+		x, errX := strconv.ParseBool(a)
+		y, errY := strconv.ParseBool(b)
+		return errX == nil && errY == nil && x == y
+	case kindInt:
+		x, errX := strconv.Atoi(a)
+		y, errY := strconv.Atoi(b)
+		return errX == nil && errY == nil && x == y
+	}
+	return a == b
 }
 
 // withOrigin appends where the value came from, when not the command line.
@@ -732,17 +795,22 @@ func applyFile(fs *flag.FlagSet, path string, onCLI map[string]bool, origin map[
 	if top.Kind != yaml.MappingNode {
 		return bad(top.Line, "want a mapping of flag names to values")
 	}
-	seen := map[string]int{}
+	type keyed struct {
+		key  *yaml.Node
+		vals []string
+	}
+	seen := map[string]keyed{} // by the flag's own name: the key that set it and its values
 	for i := 0; i+1 < len(top.Content); i += 2 {
 		k, v := top.Content[i], top.Content[i+1]
 		if k.Kind != yaml.ScalarNode || k.ShortTag() != "!!str" {
 			return bad(k.Line, "key %q is not a flag name", k.Value)
 		}
 		name := k.Value
-		if prev, ok := seen[name]; ok {
-			return bad(k.Line, "key %q repeated (first on line %d)", name, prev)
+		canon := canonicalFlag(name)
+		prev, again := seen[canon]
+		if again && prev.key.Value == name {
+			return bad(k.Line, "key %q repeated (first on line %d)", name, prev.key.Line)
 		}
-		seen[name] = k.Line
 		f := fs.Lookup(name)
 		if f == nil {
 			hint := ""
@@ -761,7 +829,19 @@ func applyFile(fs *flag.FlagSet, path string, onCLI map[string]bool, origin map[
 		if err != nil {
 			return bad(v.Line, "key %q: %v", name, err)
 		}
-		if onCLI[name] {
+		if again {
+			// A flag and its alias: fine with the same value, set once.
+			same := len(vals) == len(prev.vals)
+			for j := 0; same && j < len(vals); j++ {
+				same = sameValue(f, vals[j], prev.vals[j])
+			}
+			if !same {
+				return bad(k.Line, "key %q: the same setting as %q on line %d (--%s), with another value; give one", name, prev.key.Value, prev.key.Line, canon)
+			}
+			continue
+		}
+		seen[canon] = keyed{k, vals}
+		if onCLI[canon] {
 			continue // still checked above
 		}
 		if l, ok := f.Value.(*listValue); ok {
@@ -772,7 +852,7 @@ func applyFile(fs *flag.FlagSet, path string, onCLI map[string]bool, origin map[
 				return bad(v.Line, "%s %q: %s", name, s, setWhy(f, err))
 			}
 		}
-		origin[name] = fmt.Sprintf("%s line %d", path, k.Line)
+		origin[canon] = fmt.Sprintf("%s line %d", path, k.Line)
 	}
 	return nil
 }

@@ -550,3 +550,98 @@ func TestMetricsAddr(t *testing.T) {
 		t.Errorf("bad QUESTRT_METRICS_ADDR: %v", err)
 	}
 }
+
+// TestFlagAliases: --tensor-parallel-size and --decode-context-parallel-size
+// (vLLM's names) set --tp and --cp, and --plaintext sets --insecure, from
+// every source at the flag's precedence whichever name each source uses;
+// two names with different values in one environment or file conflict;
+// --print-config prints the flags' own names only.
+func TestFlagAliases(t *testing.T) {
+	grid := func(t *testing.T, env map[string]string, args ...string) (int, int) {
+		t.Helper()
+		c, err := load(t, env, append([]string{"--plaintext"}, args...)...)
+		if err != nil {
+			t.Fatalf("env %v args %q: %v", env, args, err)
+		}
+		return c.CP, c.TP
+	}
+	for _, tc := range []struct {
+		name           string
+		env            map[string]string
+		file           string
+		args           []string
+		wantCP, wantTP int
+	}{
+		{"flags", nil, "", []string{"--tensor-parallel-size", "2", "--decode-context-parallel-size", "3"}, 3, 2},
+		{"the last name given wins", nil, "", []string{"--tp", "4", "--tensor-parallel-size=2", "--decode-context-parallel-size", "3", "--cp", "5"}, 5, 2},
+		{"alias flag over env", map[string]string{"QUESTRT_TP": "4", "QUESTRT_CP": "5"}, "", []string{"--tensor-parallel-size", "2", "--decode-context-parallel-size", "3"}, 3, 2},
+		{"flag over alias env", map[string]string{"QUESTRT_TENSOR_PARALLEL_SIZE": "4"}, "", []string{"--tp", "2"}, 1, 2},
+		{"alias env", map[string]string{"QUESTRT_TENSOR_PARALLEL_SIZE": "2", "QUESTRT_DECODE_CONTEXT_PARALLEL_SIZE": "3"}, "", nil, 3, 2},
+		{"alias env over file", map[string]string{"QUESTRT_TENSOR_PARALLEL_SIZE": "2"}, "tp: 4\ncp: 3\n", nil, 3, 2},
+		{"env over alias file", map[string]string{"QUESTRT_TP": "2"}, "tensor-parallel-size: 4\ndecode-context-parallel-size: 3\n", nil, 3, 2},
+		{"alias flag over file", nil, "tp: 4\n", []string{"--tensor-parallel-size", "2"}, 1, 2},
+		{"both env names, one value", map[string]string{"QUESTRT_TP": "2", "QUESTRT_TENSOR_PARALLEL_SIZE": "02"}, "", nil, 1, 2},
+		{"both keys, one value", nil, "tp: 2\ntensor-parallel-size: 2\n", nil, 1, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if tc.file != "" {
+				args = append([]string{"--config", writeFile(t, "q.yaml", tc.file)}, args...)
+			}
+			if cp, tp := grid(t, tc.env, args...); cp != tc.wantCP || tp != tc.wantTP {
+				t.Errorf("cp %d tp %d, want %d and %d", cp, tp, tc.wantCP, tc.wantTP)
+			}
+		})
+	}
+
+	// --plaintext on the command line wins over QUESTRT_INSECURE, as
+	// --insecure would.
+	if c, err := load(t, map[string]string{"QUESTRT_INSECURE": "false"}, "--plaintext"); err != nil || !c.Plaintext {
+		t.Errorf("--plaintext over QUESTRT_INSECURE=false: plaintext %v, %v", c.Plaintext, err)
+	}
+	if c, err := load(t, map[string]string{"QUESTRT_PLAINTEXT": "true"}, "--insecure=false", "--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a"); err != nil || c.Plaintext {
+		t.Errorf("--insecure=false over QUESTRT_PLAINTEXT=true: plaintext %v, %v", c.Plaintext, err)
+	}
+
+	// Conflicts and errors name both sources, or the one that set it.
+	for _, tc := range []struct {
+		name, file string
+		env        map[string]string
+		want       string
+	}{
+		{"two env names", "", map[string]string{"QUESTRT_TP": "2", "QUESTRT_TENSOR_PARALLEL_SIZE": "4"},
+			`QUESTRT_TENSOR_PARALLEL_SIZE "4" and QUESTRT_TP "2": the same setting (--tp); set one`},
+		{"two keys", "tp: 2\ntensor-parallel-size: 4\n", nil, `line 2: key "tensor-parallel-size": the same setting as "tp" on line 1 (--tp), with another value; give one`},
+		{"a bad alias value", "", map[string]string{"QUESTRT_DECODE_CONTEXT_PARALLEL_SIZE": "x"}, `QUESTRT_DECODE_CONTEXT_PARALLEL_SIZE "x": not an integer`},
+		{"an invalid value by alias", "", map[string]string{"QUESTRT_TENSOR_PARALLEL_SIZE": "0"}, "(set by QUESTRT_TENSOR_PARALLEL_SIZE)"},
+		{"an invalid value by alias key", "decode-context-parallel-size: 0\n", nil, "line 1)"},
+	} {
+		args := []string{"--plaintext"}
+		if tc.file != "" {
+			args = append(args, "--config", writeFile(t, "c.yaml", tc.file))
+		}
+		if _, err := load(t, tc.env, args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+
+	// --print-config: the flags' own names, which read back the same.
+	var out bytes.Buffer
+	if _, err := loadConfig([]string{"--plaintext", "--tensor-parallel-size", "2", "--decode-context-parallel-size", "3", "--print-config"}, envOf(nil), &out); err != errPrinted {
+		t.Fatal(err)
+	}
+	printed := out.String()
+	for _, w := range []string{"\ncp: 3\n", "\ntp: 2\n", "\ninsecure: true\n"} {
+		if !strings.Contains(printed, w) {
+			t.Errorf("--print-config lacks %q:\n%s", w, printed)
+		}
+	}
+	for alias := range flagAliases {
+		if strings.Contains(printed, "\n"+alias+":") {
+			t.Errorf("--print-config prints the alias %s:\n%s", alias, printed)
+		}
+	}
+	if c, err := load(t, nil, "--config", writeFile(t, "p.yaml", printed)); err != nil || c.CP != 3 || c.TP != 2 {
+		t.Errorf("printed config read back: cp %d tp %d, %v", c.CP, c.TP, err)
+	}
+}

@@ -7,8 +7,9 @@
 // gRPC health service (NOT_SERVING until the node has joined and serves,
 // and from the start of a drain). On --metrics-addr an HTTP server serves
 // Prometheus metrics (/metrics: step phase times, steps by kind and code,
-// pages read vs dense, the node's sequences, grids, pages and members,
-// build info, Go and process metrics), /healthz and /readyz. Run `questd
+// pages read vs dense, steps failed by peer and kind, the node's
+// sequences, grids, pages and members, memberlist's health score, build
+// info, Go and process metrics), /healthz and /readyz. Run `questd
 // --help` for the flags, the config file and the environment; `questd
 // --version` prints the version line.
 //

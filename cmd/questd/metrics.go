@@ -21,14 +21,16 @@ import (
 )
 
 // metrics are questd's Prometheus metrics, registered on the registry
-// main made: the steps the node coordinates (fed by coord.StepStats
-// through node.Config.Observe), the node's state (read from node.Stats at
-// every scrape), the build, and the Go runtime and process.
+// main made: the steps the node coordinates and the peers that failed
+// them (fed by coord.StepStats through node.Config.Observe), the node's
+// state (read from node.Stats at every scrape), memberlist's health
+// score, the build, and the Go runtime and process.
 type metrics struct {
-	phase *prometheus.HistogramVec // questrt_step_phase_seconds{phase}
-	steps *prometheus.CounterVec   // questrt_steps_total{kind,code}
-	read  prometheus.Counter       // questrt_pages_read_total
-	total prometheus.Counter       // questrt_pages_total
+	phase   *prometheus.HistogramVec // questrt_step_phase_seconds{phase}
+	steps   *prometheus.CounterVec   // questrt_steps_total{kind,code}
+	read    prometheus.Counter       // questrt_pages_read_total
+	total   prometheus.Counter       // questrt_pages_total
+	peerErr *prometheus.CounterVec   // questrt_collective_errors_total{peer,kind}
 }
 
 // newMetrics registers questd's metrics on reg; st is the readiness whose
@@ -53,6 +55,10 @@ func newMetrics(reg prometheus.Registerer, st *readiness) (*metrics, error) {
 			Name: "questrt_pages_total",
 			Help: "KV pages a dense read of the same decode steps would have read, per KV head (plan pages x KV heads, over items and layers).",
 		}),
+		peerErr: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "questrt_collective_errors_total",
+			Help: "Decode steps this node coordinated that failed because of a peer, by the peer's node name and kind: unavailable (unreachable, its worker or collective transport gone, or declared gone by the membership while the step ran), timeout (its call passed the step's deadline; a stalled node makes its grid's other nodes time out too) or other (another error it answered). A step counts once per peer and kind; nodes that only relayed another's failure (a collective abort or closed peer) are counted only when no node failed by itself.",
+		}, []string{"peer", "kind"}),
 	}
 	bi := buildinfo.Read()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -62,7 +68,7 @@ func newMetrics(reg prometheus.Registerer, st *readiness) (*metrics, error) {
 	})
 	build.Set(1)
 	for _, c := range []prometheus.Collector{
-		m.phase, m.steps, m.read, m.total, build, newStateCollector(st),
+		m.phase, m.steps, m.read, m.total, m.peerErr, build, newStateCollector(st), newHealthScore(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
 		if err := reg.Register(c); err != nil {
@@ -77,6 +83,9 @@ func (m *metrics) observe(s coord.StepStats) {
 	m.steps.WithLabelValues(s.Kind, s.Code.String()).Inc()
 	m.read.Add(float64(s.PagesRead))
 	m.total.Add(float64(s.PagesTotal))
+	for _, pe := range s.PeerErrors {
+		m.peerErr.WithLabelValues(pe.Node, pe.Kind).Inc()
+	}
 	if s.Err != nil {
 		return // partial phase times would skew the histograms
 	}

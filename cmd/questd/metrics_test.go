@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,10 +21,13 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/buildinfo"
@@ -402,5 +406,143 @@ func TestVersionFlag(t *testing.T) {
 	}
 	if version != buildinfo.Read().Version {
 		t.Errorf("advertised version %q, build info's %q", version, buildinfo.Read().Version)
+	}
+}
+
+// TestServeMetricsPeerFailure: a step that fails because a peer of its
+// grid died counts in questrt_collective_errors_total under that peer's
+// name (kind unavailable), not under the coordinator's own; the
+// memberlist health score is a gauge in 0..7 that rises on the probes of
+// the dead peer this node cannot complete.
+func TestServeMetricsPeerFailure(t *testing.T) {
+	// A CP 2 grid: rank 0 on m0 (serve, with metrics), rank 1 on m1 (a
+	// node in this process, killed below). Failure detection is slow
+	// enough (500ms probes, 4 x suspicion) for the step after the kill
+	// to reach m1 before the membership declares it dead.
+	args := append(append([]string(nil), smallNode...), "--cp", "2", "--probe-interval", "500ms", "--probe-timeout", "200ms", "--suspicion-mult", "4")
+	cfg, err := load(t, nil, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry(), nil)
+		pw.Close()
+		done <- err
+	}()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Error("serve did not return")
+		}
+	}()
+	br := bufio.NewReader(pr)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatalf("ready line: %v", err)
+	}
+	go io.Copy(io.Discard, br)
+	var ready map[string]string
+	if err := json.Unmarshal([]byte(line), &ready); err != nil {
+		t.Fatalf("ready line %q: %v", line, err)
+	}
+
+	peerArgs := append(append([]string(nil), args...), "--name", "m1", "--metrics-addr", "", "--join", ready["gossip"])
+	pcfg, err := load(t, nil, peerArgs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	peer, err := node.Start(sctx, node.Config{GRPCAddr: pcfg.GRPCAddr, Member: pcfg.memberConfig(), Engine: pcfg.engineConfig(),
+		MaxPages: pcfg.hostPages(), MemoryLimit: pcfg.MaxMemory, Plaintext: true, DrainTimeout: time.Second, Version: "test"})
+	scancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Kill()
+	maddr := ready["metrics"]
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if metric(t, scrape(t, maddr), "questrt_members_up").GetGauge().GetValue() == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("m0 does not see m1 up")
+		}
+	}
+	score := func() float64 {
+		v := metric(t, scrape(t, maddr), "questrt_memberlist_health_score").GetGauge().GetValue()
+		if v < 0 || v > 7 {
+			t.Fatalf("questrt_memberlist_health_score = %v, want 0..7", v)
+		}
+		return v
+	}
+	score()
+
+	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer dcancel()
+	c, err := client.Dial(dctx, ready["grpc"], client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	g := c.Geometry()
+	rng := rand.New(rand.NewPCG(3, 4))
+	vec := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	kv, qd := g.KVHeads*g.HeadDim, g.QHeads*g.HeadDim
+	id, on, err := c.Create(ctx, plan.Striped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(on, []string{"m0", "m1"}) {
+		t.Fatalf("sequence placed on %v, want [m0 m1]", on)
+	}
+	for l := range g.Layers {
+		if err := c.Append(ctx, id, l, vec(60*kv), vec(60*kv)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Step(ctx, 1, []client.Item{{Seq: id, Q: vec(qd)}}, client.StepOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := scrape(t, maddr)["questrt_collective_errors_total"]; ok && len(f.GetMetric()) > 0 {
+		t.Fatalf("peer errors before any failure: %v", f.GetMetric())
+	}
+
+	peer.Kill()
+	_, err = c.Step(ctx, 1, []client.Item{{Seq: id, Q: vec(qd)}}, client.StepOptions{})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("step after m1 died: %v, want UNAVAILABLE", err)
+	}
+	mf := scrape(t, maddr)
+	if got := metric(t, mf, "questrt_collective_errors_total", "peer", "m1", "kind", "unavailable").GetCounter().GetValue(); got != 1 {
+		t.Errorf(`questrt_collective_errors_total{peer="m1",kind="unavailable"} = %v, want 1`, got)
+	}
+	for _, m := range mf["questrt_collective_errors_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "peer" && l.GetValue() != "m1" {
+				t.Errorf("a peer error blames %s: %v", l.GetValue(), m)
+			}
+		}
+	}
+	if got := metric(t, mf, "questrt_steps_total", "kind", "step", "code", "Unavailable").GetCounter().GetValue(); got != 1 {
+		t.Errorf(`questrt_steps_total{kind="step",code="Unavailable"} = %v, want 1`, got)
+	}
+	// m0's probes of m1 fail now, with no third member to vouch for m1:
+	// each one raises m0's health score.
+	for deadline := time.Now().Add(10 * time.Second); score() == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("questrt_memberlist_health_score still 0 after m0's probes of the dead m1")
+		}
 	}
 }

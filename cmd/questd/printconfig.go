@@ -13,15 +13,16 @@ import (
 // YAML mapping from flag names to values, in the usage's order: the
 // format applyFile reads, so that the output fed back through --config
 // gives the same configuration. Left out: the flags of the command line
-// only, --config itself (a file cannot name another) and --plaintext
-// (the alias of --insecure). Secrets are not flags (the token and the
+// only, --config itself (a file cannot name another) and the aliases
+// (--plaintext, --tensor-parallel-size, ...: the flag's own name is
+// printed; see flagAliases). Secrets are not flags (the token and the
 // gossip keys are read from their files), so none is printed.
 func printConfig(w io.Writer, fs *flag.FlagSet, groups []flagGroup) error {
 	top := &yaml.Node{Kind: yaml.MappingNode,
 		HeadComment: "questd --print-config: the effective configuration, for --config"}
 	for _, g := range groups {
 		for _, name := range g.names {
-			if cliOnly(name) || name == "config" || name == plaintextAlias {
+			if _, alias := flagAliases[name]; alias || cliOnly(name) || name == "config" {
 				continue
 			}
 			f := fs.Lookup(name)
