@@ -1,0 +1,187 @@
+package model
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+
+	"github.com/questrt/questrt/internal/memlimit"
+)
+
+// BatchError reports the sequences of a [Model.DecodeBatch] whose
+// attention failed; the other sequences decoded.
+type BatchError struct {
+	// Errs has one entry per sequence of the batch: nil for those that
+	// decoded, the attention's error (with its layer) for those that
+	// did not.
+	Errs []error
+}
+
+// Error names how many sequences failed and the first failure.
+func (e *BatchError) Error() string {
+	var first error
+	n := 0
+	for _, err := range e.Errs {
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			n++
+		}
+	}
+	return fmt.Sprintf("decode batch: %d of %d sequences failed: %v", n, len(e.Errs), first)
+}
+
+// Unwrap returns the failures, for errors.Is and errors.As.
+func (e *BatchError) Unwrap() []error {
+	var errs []error
+	for _, err := range e.Errs {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// DecodeBatch runs one decode step for several sequences at once:
+// tokens[i] goes through the model after the attns[i].Len() tokens that
+// sequence i holds (its position), and its key and value are appended
+// to attns[i]. The embeddings, norms, RoPE, Linear layers, MLP and LM
+// head run over the batch as one [n] token matrix; attention runs per
+// sequence, in batch order, through its own Attention.Decode. It returns
+// every sequence's logits ([VocabSize] each).
+//
+// Each sequence's logits are bit for bit those of Forward of its one
+// token on its own: every row of the batch goes through the same
+// float32 operations in the same order as a one-token pass (the matrix
+// products compute each output element as one dot product of a token's
+// row and a weight row, whatever the number of tokens).
+//
+// Bad input (ErrBadInput: no sequences, a token outside the vocabulary,
+// a position beyond max_position_embeddings, one Attention twice) and a
+// batch over the memory limit change nothing. When the attention of
+// sequence i fails, that sequence leaves the rest of the pass (its
+// logits are nil; it holds the step's token in some layers and not in
+// others: release it) while the others complete, and the error is a
+// *BatchError. A context done between layers fails the whole batch
+// (every sequence then holds some layers' tokens; release them).
+func (m *Model) DecodeBatch(ctx context.Context, attns []Attention, tokens []int) ([][]float32, error) {
+	c := m.Config
+	n := len(attns)
+	switch {
+	case n == 0:
+		return nil, fmt.Errorf("%w: decode batch of no sequences", ErrBadInput)
+	case len(tokens) != n:
+		return nil, fmt.Errorf("%w: decode batch of %d sequences and %d tokens", ErrBadInput, n, len(tokens))
+	}
+	pos := make([]int, n)
+	seen := make(map[Attention]int, n)
+	for i, a := range attns {
+		if a == nil {
+			return nil, fmt.Errorf("%w: decode batch: no attention at index %d", ErrBadInput, i)
+		}
+		if t := tokens[i]; t < 0 || t >= c.VocabSize {
+			return nil, fmt.Errorf("%w: decode batch: token %d at index %d outside the vocabulary of %d", ErrBadInput, t, i, c.VocabSize)
+		}
+		pos[i] = a.Len()
+		if c.MaxPositions > 0 && pos[i]+1 > c.MaxPositions {
+			return nil, fmt.Errorf("%w: decode batch: index %d: position %d exceeds max_position_embeddings %d", ErrBadInput, i, pos[i], c.MaxPositions)
+		}
+		if reflect.TypeOf(a).Comparable() {
+			if j, dup := seen[a]; dup {
+				return nil, fmt.Errorf("%w: decode batch: indices %d and %d are the same sequence", ErrBadInput, j, i)
+			}
+			seen[a] = i
+		}
+	}
+	if err := memlimit.Check(fmt.Sprintf("model: activations of a decode batch of %d", n), c.ActivationBytes(n), m.MemoryLimit); err != nil {
+		return nil, err
+	}
+	h, d := c.HiddenSize, c.HeadDim
+	qd, kvd, inter := c.Heads*d, c.KVHeads*d, c.IntermediateSize
+	x := make([]float32, n*h)
+	for i, t := range tokens {
+		copy(x[i*h:(i+1)*h], m.embed[t*h:(t+1)*h])
+	}
+	xn := make([]float32, n*h)
+	q := make([]float32, n*qd)
+	o := make([]float32, n*qd)
+	k := make([]float32, n*kvd)
+	v := make([]float32, n*kvd)
+	cn := min(n, mlpChunk)
+	gate := make([]float32, cn*inter)
+	up := make([]float32, cn*inter)
+	tmp := make([]float32, cn*h)
+	errs := make([]error, n)
+	failed := 0
+	for li := range m.layers {
+		lw := &m.layers[li]
+		m.norm(xn, x, lw.attnNorm, n)
+		matmulT(m.workers, q, xn, lw.wq, n, h, qd)
+		matmulT(m.workers, k, xn, lw.wk, n, h, kvd)
+		matmulT(m.workers, v, xn, lw.wv, n, h, kvd)
+		rows(m.workers, n, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				m.rope.apply(q[i*qd:(i+1)*qd], 1, c.Heads, pos[i])
+				m.rope.apply(k[i*kvd:(i+1)*kvd], 1, c.KVHeads, pos[i])
+			}
+		})
+		for i, a := range attns {
+			if errs[i] != nil {
+				continue
+			}
+			qi, oi := q[i*qd:(i+1)*qd], o[i*qd:(i+1)*qd]
+			if err := a.Decode(ctx, li, qi, k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd], oi); err != nil {
+				errs[i] = fmt.Errorf("sequence %d layer %d attention: %w", i, li, err)
+				failed++
+				clear(oi) // the row runs on harmlessly; its logits are dropped
+			}
+		}
+		if failed == n {
+			return nil, &BatchError{Errs: errs}
+		}
+		for c0 := 0; c0 < n; c0 += cn {
+			c1 := min(c0+cn, n)
+			matmulT(m.workers, tmp, o[c0*qd:c1*qd], lw.wo, c1-c0, qd, h)
+			addTo(x[c0*h:c1*h], tmp[:(c1-c0)*h])
+		}
+		m.norm(xn, x, lw.mlpNorm, n)
+		for c0 := 0; c0 < n; c0 += cn {
+			c1 := min(c0+cn, n)
+			cnt := c1 - c0
+			matmulT(m.workers, gate, xn[c0*h:c1*h], lw.gate, cnt, h, inter)
+			matmulT(m.workers, up, xn[c0*h:c1*h], lw.up, cnt, h, inter)
+			rows(m.workers, cnt, func(lo, hi int) { siluMul(gate[lo*inter:hi*inter], up[lo*inter:hi*inter]) })
+			matmulT(m.workers, tmp, gate[:cnt*inter], lw.down, cnt, inter, h)
+			addTo(x[c0*h:c1*h], tmp[:cnt*h])
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+	m.norm(xn, x, m.normW, n)
+	vs := c.VocabSize
+	logits := make([]float32, n*vs)
+	matmulT(m.workers, logits, xn, m.lmHead, n, h, vs)
+	out := make([][]float32, n)
+	for i := range out {
+		if errs[i] == nil {
+			out[i] = logits[i*vs : (i+1)*vs : (i+1)*vs]
+		}
+	}
+	if failed > 0 {
+		return out, &BatchError{Errs: errs}
+	}
+	return out, nil
+}
+
+// FailedIndices returns the batch indices whose attention failed.
+func (e *BatchError) FailedIndices() []int {
+	var idx []int
+	for i, err := range e.Errs {
+		if err != nil {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}

@@ -1,0 +1,184 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// defaultOpenAIVersion is the openai npm package the client test runs
+// ($QUESTRT_OPENAI_VERSION overrides it): the newest release whose
+// package.json supports the Node 20 of the development machines (7.x
+// asks for Node 22).
+const defaultOpenAIVersion = "6.49.0"
+
+// openaiVersion is the version to run.
+func openaiVersion() string {
+	if v := os.Getenv("QUESTRT_OPENAI_VERSION"); v != "" {
+		return v
+	}
+	return defaultOpenAIVersion
+}
+
+// openaiDir returns a directory whose node_modules holds openai at
+// openaiVersion(): $QUESTRT_OPENAI_NODE, or a scratch directory under the
+// system's temporary directory, installed there with npm when
+// QUESTRT_NPM=1 (and reused by later runs). It skips the test, saying
+// why, when node or the package is missing.
+func openaiDir(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not installed")
+	}
+	version := openaiVersion()
+	dir := os.Getenv("QUESTRT_OPENAI_NODE")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "questrt-openai-node-"+version)
+	}
+	have := func() bool {
+		b, err := os.ReadFile(filepath.Join(dir, "node_modules", "openai", "package.json"))
+		var pkg struct{ Version string }
+		return err == nil && json.Unmarshal(b, &pkg) == nil && pkg.Version == version
+	}
+	if have() {
+		return dir
+	}
+	if os.Getenv("QUESTRT_NPM") != "1" {
+		t.Skipf("openai@%s is not installed in %s (set QUESTRT_NPM=1 to install it with npm, or QUESTRT_OPENAI_NODE to a directory holding it)", version, dir)
+	}
+	if _, err := exec.LookPath("npm"); err != nil {
+		t.Skip("QUESTRT_NPM=1 but npm is not installed")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "npm", "install", "--prefix", dir, "--no-audit", "--no-fund", "--no-save", "openai@"+version)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm install openai@%s: %v\n%s", version, err, out)
+	}
+	if !have() {
+		t.Fatalf("npm installed no openai@%s in %s", version, dir)
+	}
+	return dir
+}
+
+// passkeyPrompt is passkey-llama-v1's reference prompt and its greedy
+// continuation (the pass key).
+func passkeyPrompt(t *testing.T, dir string) (prompt, key string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Prompt string `json:"prompt"`
+		Greedy string `json:"greedy_continuation_text"`
+	}
+	if err := json.Unmarshal(b, &ref); err != nil {
+		t.Fatal(err)
+	}
+	return ref.Prompt, ref.Greedy
+}
+
+// TestOpenAINodeClient: the official openai npm client completes the
+// passkey prompt against the handler and streams it, gets the pass key
+// both ways, lists the model, and sees the server's errors as its
+// APIError subclasses with status, type, param and code.
+func TestOpenAINodeClient(t *testing.T) {
+	m, tok, mdir := passkeyModel(t)
+	dir := openaiDir(t)
+	script, err := os.ReadFile(filepath.Join("testdata", "openai_client.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Next to node_modules, so that the import finds the package.
+	run := filepath.Join(dir, "openai_client_"+strings.ReplaceAll(t.Name(), "/", "_")+".mjs")
+	if err := os.WriteFile(run, script, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(run)
+	name := filepath.Base(mdir)
+	s, ts := startServer(t, m, tok, testConfig(name))
+	prompt, key := passkeyPrompt(t, mdir)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", run)
+	cmd.Env = append(os.Environ(), "QUESTRT_BASE_URL="+ts.URL+"/v1", "QUESTRT_MODEL="+name, "QUESTRT_PROMPT="+prompt)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, stderr.String())
+	}
+	var got struct {
+		Version, Object, Text, Finish, Streamed, StreamFinish string
+		Chunks                                                int
+		Usage, StreamUsage                                    Usage
+		Models                                                []string
+		UnknownModel, BadMaxTokens                            *struct {
+			Status                  int
+			Type, Param, Code, Name string
+		}
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("node printed %s: %v", out, err)
+	}
+	t.Logf("openai@%s: text %q, streamed %q in %d chunks, usage %+v", got.Version, got.Text, got.Streamed, got.Chunks, got.Usage)
+	if got.Version != openaiVersion() {
+		t.Errorf("ran openai@%s, want %s", got.Version, openaiVersion())
+	}
+	if got.Object != "text_completion" || got.Text != key || got.Finish != "length" {
+		t.Errorf("completion %q (%s, %s), want the pass key %q", got.Text, got.Object, got.Finish, key)
+	}
+	if got.Streamed != key || got.StreamFinish != "length" || got.Chunks < 3 {
+		t.Errorf("stream %q (%s) in %d chunks, want the pass key %q", got.Streamed, got.StreamFinish, got.Chunks, key)
+	}
+	if got.Usage != got.StreamUsage || got.Usage.CompletionTokens != 5 || got.Usage.PagesTotal == 0 {
+		t.Errorf("usage %+v, stream usage %+v", got.Usage, got.StreamUsage)
+	}
+	if len(got.Models) != 1 || got.Models[0] != name {
+		t.Errorf("models %v, want [%s]", got.Models, name)
+	}
+	if e := got.UnknownModel; e == nil || e.Status != 404 || e.Code != "model_not_found" || e.Param != "model" || e.Name != "NotFoundError" {
+		t.Errorf("unknown model: %+v", e)
+	}
+	if e := got.BadMaxTokens; e == nil || e.Status != 400 || e.Param != "max_tokens" || e.Type != typeInvalid || e.Name != "BadRequestError" {
+		t.Errorf("bad max_tokens: %+v", e)
+	}
+	waitStats(t, s, "the client's requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
+	unchanged(t, s, 2)
+}
+
+// TestCurlStream: curl -N streams the passkey completion as server-sent
+// events ending with [DONE].
+func TestCurlStream(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("curl is not installed")
+	}
+	m, tok, mdir := passkeyModel(t)
+	name := filepath.Base(mdir)
+	s, ts := startServer(t, m, tok, testConfig(name))
+	prompt, key := passkeyPrompt(t, mdir)
+	body, _ := json.Marshal(map[string]any{"model": name, "prompt": prompt, "max_tokens": 5, "temperature": 0, "stream": true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "curl", "-sS", "-N", "--fail-with-body", "-H", "Content-Type: application/json", "--data-binary", "@-", ts.URL+"/v1/completions")
+	cmd.Stdin = bytes.NewReader(body)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("curl: %v\n%s", err, out)
+	}
+	text, finish, _ := streamText(t, sseEvents(t, bytes.NewReader(out)))
+	if text != key || finish != "length" {
+		t.Errorf("curl stream: %q (%s), want %q", text, finish, key)
+	}
+	unchanged(t, s, 1)
+}

@@ -1,0 +1,191 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+)
+
+// Completion is OpenAI's text_completion object: the answer of a
+// request, and (with Usage nil except in the last) each chunk of a
+// stream.
+type Completion struct {
+	ID      string   `json:"id"`
+	Object  string   `json:"object"`
+	Created int64    `json:"created"`
+	Model   string   `json:"model"`
+	Choices []Choice `json:"choices"`
+	Usage   *Usage   `json:"usage,omitempty"`
+}
+
+// Choice is one completion. FinishReason is "stop" (a stop token or a
+// stop string) or "length" (max_tokens); null in the chunks of a stream
+// before the last. Logprobs is always null.
+type Choice struct {
+	Text         string    `json:"text"`
+	Index        int       `json:"index"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+// Usage is OpenAI's token counts, extended with the KV pages decode
+// steps read: PagesRead and PagesTotal are (KV head, page) pairs over
+// all layers and decode steps, read and the number dense attention
+// reads; BytesReadVsDense is the K/V and summary bytes read over dense
+// attention's (rho, weighted by each step's pages as questctl generate
+// totals it; 0 without decode steps).
+type Usage struct {
+	PromptTokens     int     `json:"prompt_tokens"`
+	CompletionTokens int     `json:"completion_tokens"`
+	TotalTokens      int     `json:"total_tokens"`
+	PagesRead        int     `json:"pages_read"`
+	PagesTotal       int     `json:"pages_total"`
+	BytesReadVsDense float64 `json:"bytes_read_vs_dense"`
+}
+
+// completions serves POST /v1/completions.
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		s.invalid()
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			(&apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalid, code: "request_too_large",
+				message: "The request body is larger than the server's limit of " + strconv.FormatInt(mbe.Limit, 10) + " bytes."}).write(w)
+			return
+		}
+		badParam("", "invalid_body", "reading the request body: %v", err).write(w)
+		return
+	}
+	req, aerr := decodeRequest(body)
+	if aerr == nil {
+		var p params
+		if p, aerr = s.resolve(req); aerr == nil {
+			s.run(w, r, p)
+			return
+		}
+	}
+	s.invalid()
+	aerr.write(w)
+}
+
+// run admits a valid request and answers it.
+func (s *Server) run(w http.ResponseWriter, r *http.Request, p params) {
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if s.cfg.RequestTimeout > 0 {
+		ctx, cancel = context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+	} else {
+		ctx, cancel = context.WithCancel(r.Context())
+	}
+	j := &job{ctx: ctx, cancel: cancel, p: p, pages: s.pagesFor(len(p.ids) + p.maxTokens), notify: make(chan struct{}, 1)}
+	if err := s.admit(j); err != nil {
+		cancel()
+		err.write(w)
+		return
+	}
+	if p.stream {
+		s.stream(w, j)
+		return
+	}
+	var text []byte
+	for {
+		t, done, res := s.wait(j)
+		text = append(text, t...)
+		if !done {
+			continue
+		}
+		if res.err != nil {
+			if res.err.status != statusClientGone {
+				res.err.write(w)
+			}
+			return
+		}
+		c := s.chunk(j, string(text), &res.finish)
+		c.Usage = &res.usage
+		writeJSON(w, http.StatusOK, c)
+		return
+	}
+}
+
+// wait blocks until j has news, or its context ends (the scheduler then
+// ends it at its next iteration boundary; the answer does not wait for
+// that).
+func (s *Server) wait(j *job) ([]byte, bool, result) {
+	select {
+	case <-j.notify:
+	case <-j.ctx.Done():
+	}
+	text, done, res := j.take()
+	if !done && j.ctx.Err() != nil {
+		done, res = true, result{err: ctxError(j.ctx)}
+	}
+	return text, done, res
+}
+
+// chunk is a completion object of j holding text.
+func (s *Server) chunk(j *job, text string, finish *string) Completion {
+	return Completion{ID: j.id, Object: "text_completion", Created: j.created, Model: s.name,
+		Choices: []Choice{{Text: text, FinishReason: finish}}}
+}
+
+// stream answers j with server-sent events: a chunk per piece of text,
+// a last chunk with the finish reason, a usage chunk when asked, then
+// [DONE]. A failure after the first byte is an error event (OpenAI's
+// error object) and no [DONE].
+func (s *Server) stream(w http.ResponseWriter, j *job) {
+	rc := http.NewResponseController(w)
+	send := func(v any) bool {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		if _, err := w.Write(append(append([]byte("data: "), b...), '\n', '\n')); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	// Headers go out at once: a client sees the stream open while the
+	// prompt is prefilled.
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if rc.Flush() != nil {
+		return
+	}
+	for {
+		text, done, res := s.wait(j)
+		if len(text) > 0 && !send(s.chunk(j, string(text), nil)) {
+			return // the client is gone; the scheduler ends j
+		}
+		if !done {
+			continue
+		}
+		if res.err != nil {
+			if res.err.status != statusClientGone {
+				send(res.err.body())
+			}
+			return
+		}
+		if !send(s.chunk(j, "", &res.finish)) {
+			return
+		}
+		if j.p.includeUsage {
+			c := s.chunk(j, "", nil)
+			c.Choices = []Choice{}
+			c.Usage = &res.usage
+			if !send(c) {
+				return
+			}
+		}
+		if _, err := io.WriteString(w, "data: [DONE]\n\n"); err == nil {
+			rc.Flush()
+		}
+		return
+	}
+}

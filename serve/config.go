@@ -1,0 +1,137 @@
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
+)
+
+// Config describes a Server. DefaultConfig documents the defaults.
+type Config struct {
+	// ModelName is the model's id in /v1/models and the name requests
+	// must give. "": Load takes the checkpoint directory's base name; New
+	// requires one.
+	ModelName string
+	// Policy is the serving policy (plan.DefaultPolicy()): page size,
+	// default budget, per-layer budgets, sink, local, GQA mode, selector
+	// and dense layers. A request's quest object may change the budget,
+	// the dense layers and ask for the dense selector; the sink, local,
+	// GQA mode and other selectors are the engine's and a request may
+	// only restate them.
+	Policy plan.Policy
+	// CP and TP are the in-process engine's grid (1 x 1); Selection is
+	// its CP selection mode (engine.Exact).
+	CP, TP    int
+	Selection engine.Selection
+	// CapacityPages is the engine's page pool per shard (4096). Every
+	// admitted request reserves the pages of its prompt plus max_tokens
+	// in it (over CP shards: its share per shard).
+	CapacityPages int
+	// MemoryLimit bounds the engine's host pools: bytes, 0 (the memory
+	// available when New runs) or -1 (no check).
+	MemoryLimit int64
+	// MaxRunning caps the requests prefilling or decoding at once, the
+	// decode batch (16).
+	MaxRunning int
+	// MaxQueued caps the admitted requests waiting for a running slot
+	// (64); past it requests are refused with 429.
+	MaxQueued int
+	// ChunkTokens is the prompt tokens one scheduler iteration prefills
+	// (512): longer prompts are prefilled in chunks between decode steps.
+	ChunkTokens int
+	// MaxContext bounds a request's prompt plus max_tokens (0: the
+	// model's max_position_embeddings; no bound when both are 0 besides
+	// the pool).
+	MaxContext int
+	// MaxBodyBytes bounds a request body (1 MiB); larger bodies get 413.
+	MaxBodyBytes int64
+	// RequestTimeout bounds a request from its arrival to its last token
+	// (5 minutes; 0: no deadline besides the client's). Past it the
+	// request gets 504 (or an error event when streaming) and leaves at
+	// the next iteration boundary.
+	RequestTimeout time.Duration
+	// DefaultMaxTokens is max_tokens when a request gives none (16, as
+	// OpenAI).
+	DefaultMaxTokens int
+	// RetryAfter is the Retry-After of 429 and 503 answers (1s; sent in
+	// whole seconds, at least 1).
+	RetryAfter time.Duration
+	// Workers is the goroutines of the prefill attention kernel (0:
+	// GOMAXPROCS); the model's matrix products use the model's own.
+	Workers int
+	// Seed seeds the sampling of requests that give no seed (0): request
+	// i of the server gets a seed derived from Seed and i.
+	Seed uint64
+	// Logger receives the server's logs (nil: none).
+	Logger *slog.Logger
+	// Now is the clock of the responses' created times (nil: time.Now).
+	Now func() time.Time
+}
+
+// DefaultConfig returns the documented defaults (ModelName empty).
+func DefaultConfig() Config {
+	return Config{
+		Policy:           plan.DefaultPolicy(),
+		CP:               1,
+		TP:               1,
+		Selection:        engine.Exact,
+		CapacityPages:    4096,
+		MaxRunning:       16,
+		MaxQueued:        64,
+		ChunkTokens:      512,
+		MaxBodyBytes:     1 << 20,
+		RequestTimeout:   5 * time.Minute,
+		DefaultMaxTokens: 16,
+		RetryAfter:       time.Second,
+	}
+}
+
+// Validate reports the first unusable value. The engine's own checks
+// (geometry against the grid) run when New builds it.
+func (c Config) Validate() error {
+	if err := c.Policy.Validate(); err != nil {
+		return fmt.Errorf("serve config: %w", err)
+	}
+	switch {
+	case c.Policy.PageSize > 4096:
+		return fmt.Errorf("serve config: page size %d: want 1..4096", c.Policy.PageSize)
+	case c.CP < 1 || c.CP > 64:
+		return fmt.Errorf("serve config: cp %d: want 1..64", c.CP)
+	case c.TP < 1 || c.TP > 64:
+		return fmt.Errorf("serve config: tp %d: want 1..64", c.TP)
+	case c.CapacityPages < 1:
+		return fmt.Errorf("serve config: capacity %d pages: want at least 1", c.CapacityPages)
+	case c.MemoryLimit < memlimit.NoLimit:
+		return fmt.Errorf("serve config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
+	case c.MaxRunning < 1:
+		return fmt.Errorf("serve config: max running %d: want at least 1", c.MaxRunning)
+	case c.MaxQueued < 0:
+		return fmt.Errorf("serve config: max queued %d: want 0 or more", c.MaxQueued)
+	case c.ChunkTokens < 1:
+		return fmt.Errorf("serve config: chunk %d tokens: want at least 1", c.ChunkTokens)
+	case c.MaxContext < 0:
+		return fmt.Errorf("serve config: max context %d: want 0 (the model's) or more", c.MaxContext)
+	case c.MaxBodyBytes < 1:
+		return fmt.Errorf("serve config: max body %d bytes: want at least 1", c.MaxBodyBytes)
+	case c.RequestTimeout < 0:
+		return fmt.Errorf("serve config: request timeout %v: want 0 (none) or more", c.RequestTimeout)
+	case c.DefaultMaxTokens < 1:
+		return fmt.Errorf("serve config: default max tokens %d: want at least 1", c.DefaultMaxTokens)
+	case c.RetryAfter < 0:
+		return fmt.Errorf("serve config: retry after %v: want 0 or more", c.RetryAfter)
+	case c.Workers < 0 || c.Workers > 256:
+		return fmt.Errorf("serve config: workers %d: want 0..256", c.Workers)
+	}
+	if _, err := engine.ParseSelection(c.Selection.String()); err != nil {
+		return fmt.Errorf("serve config: %w", err)
+	}
+	return nil
+}
+
+// errNoName is New's refusal of a config without a model name.
+var errNoName = errors.New("serve config: no model name (set ModelName)")

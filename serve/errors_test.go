@@ -1,0 +1,405 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// checkError decodes an OpenAI error answer strictly and checks its
+// status, type, param and code ("" for null).
+func checkError(t testing.TB, what string, status int, body []byte, wantStatus int, wantType, wantParam, wantCode string) {
+	t.Helper()
+	var e ErrorBody
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil {
+		t.Errorf("%s: body %s is not an error object: %v", what, body, err)
+		return
+	}
+	var top map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil || len(top) != 1 || len(top["error"]) != 4 {
+		t.Errorf("%s: body %s: want exactly error{message, type, param, code}", what, body)
+	}
+	str := func(p *string) string {
+		if p == nil {
+			return ""
+		}
+		return *p
+	}
+	if status != wantStatus || e.Error.Type != wantType || str(e.Error.Param) != wantParam || (wantCode != "" && str(e.Error.Code) != wantCode) || e.Error.Message == "" {
+		t.Errorf("%s: %d %s param %q code %q (%q), want %d %s param %q code %q",
+			what, status, e.Error.Type, str(e.Error.Param), str(e.Error.Code), e.Error.Message, wantStatus, wantType, wantParam, wantCode)
+	}
+}
+
+// unchanged checks that refused requests left no trace in the server.
+func unchanged(t testing.TB, s *Server, admitted uint64) {
+	t.Helper()
+	st := s.Stats()
+	if st.Admitted != admitted || st.Running != 0 || st.Queued != 0 || st.ReservedPages != 0 || st.EngineSequences != 0 || st.UsedPages != 0 {
+		t.Fatalf("after refused requests: %+v (want %d admitted and nothing held)", st, admitted)
+	}
+}
+
+// TestBadRequests: every bad parameter is a 400 (404 for the model)
+// in OpenAI's error shape naming the field, and changes nothing.
+func TestBadRequests(t *testing.T) {
+	m, tok := tinyModel(t)
+	s, ts := startServer(t, m, tok, testConfig("tiny"))
+	long := strings.Repeat("a", 4100)
+	cases := []struct {
+		name, body string
+		status     int
+		param      string
+		code       string
+	}{
+		{"invalid JSON", `{"model": "tiny",`, 400, "", "invalid_json"},
+		{"empty body", ``, 400, "", "invalid_json"},
+		{"not an object", `["tiny"]`, 400, "", "invalid_type"},
+		{"null body", `null`, 400, "", "invalid_type"},
+		{"trailing data", `{"model": "tiny", "prompt": "x"} {}`, 400, "", "invalid_json"},
+		{"unknown field", `{"model": "tiny", "prompt": "x", "temprature": 0}`, 400, "temprature", "unknown_parameter"},
+		{"repeated field", `{"model": "tiny", "prompt": "x", "model": "tiny"}`, 400, "model", "duplicate_parameter"},
+		{"missing model", `{"prompt": "x"}`, 400, "model", "missing_required_parameter"},
+		{"missing prompt", `{"model": "tiny"}`, 400, "prompt", "missing_required_parameter"},
+		{"null prompt", `{"model": "tiny", "prompt": null}`, 400, "prompt", "missing_required_parameter"},
+		{"unknown model", `{"model": "gpt-4", "prompt": "x"}`, 404, "model", "model_not_found"},
+		{"model type", `{"model": 5, "prompt": "x"}`, 400, "model", "invalid_type"},
+		{"prompt type", `{"model": "tiny", "prompt": 5}`, 400, "prompt", "invalid_type"},
+		{"prompt object", `{"model": "tiny", "prompt": {"text": "x"}}`, 400, "prompt", "invalid_type"},
+		{"prompt batch of strings", `{"model": "tiny", "prompt": ["a", "b"]}`, 400, "prompt", "invalid_type"},
+		{"prompt fractional id", `{"model": "tiny", "prompt": [1, 2.5]}`, 400, "prompt", "invalid_type"},
+		{"prompt id outside vocabulary", `{"model": "tiny", "prompt": [1, 260]}`, 400, "prompt", "invalid_value"},
+		{"prompt negative id", `{"model": "tiny", "prompt": [-1]}`, 400, "prompt", "invalid_value"},
+		{"prompt huge id", `{"model": "tiny", "prompt": [99999999999999999999]}`, 400, "prompt", "invalid_value"},
+		{"prompt no ids", `{"model": "tiny", "prompt": []}`, 400, "prompt", "invalid_value"},
+		{"prompt invalid UTF-8", "{\"model\": \"tiny\", \"prompt\": \"ab\xffcd\"}", 400, "prompt", "invalid_string"},
+		{"prompt lone high surrogate", `{"model": "tiny", "prompt": "a\ud800b"}`, 400, "prompt", "invalid_string"},
+		{"prompt lone low surrogate", `{"model": "tiny", "prompt": "a\udc00"}`, 400, "prompt", "invalid_string"},
+		{"prompt over the context", `{"model": "tiny", "prompt": "` + long + `"}`, 400, "prompt", "context_length_exceeded"},
+		{"prompt plus max_tokens over the context", `{"model": "tiny", "prompt": "` + long[:4000] + `", "max_tokens": 200}`, 400, "max_tokens", "context_length_exceeded"},
+		{"max_tokens string", `{"model": "tiny", "prompt": "x", "max_tokens": "16"}`, 400, "max_tokens", "invalid_type"},
+		{"max_tokens fraction", `{"model": "tiny", "prompt": "x", "max_tokens": 1.5}`, 400, "max_tokens", "invalid_type"},
+		{"max_tokens negative", `{"model": "tiny", "prompt": "x", "max_tokens": -1}`, 400, "max_tokens", "invalid_value"},
+		{"max_tokens zero", `{"model": "tiny", "prompt": "x", "max_tokens": 0}`, 400, "max_tokens", "invalid_value"},
+		{"max_tokens huge", `{"model": "tiny", "prompt": "x", "max_tokens": 9999999999}`, 400, "max_tokens", "invalid_value"},
+		{"temperature string", `{"model": "tiny", "prompt": "x", "temperature": "hot"}`, 400, "temperature", "invalid_type"},
+		{"temperature range", `{"model": "tiny", "prompt": "x", "temperature": 2.5}`, 400, "temperature", "invalid_value"},
+		{"temperature negative", `{"model": "tiny", "prompt": "x", "temperature": -0.1}`, 400, "temperature", "invalid_value"},
+		{"top_p boolean", `{"model": "tiny", "prompt": "x", "top_p": true}`, 400, "top_p", "invalid_type"},
+		{"top_p range", `{"model": "tiny", "prompt": "x", "top_p": 1.01}`, 400, "top_p", "invalid_value"},
+		{"seed fraction", `{"model": "tiny", "prompt": "x", "seed": 1.5}`, 400, "seed", "invalid_type"},
+		{"seed string", `{"model": "tiny", "prompt": "x", "seed": "1"}`, 400, "seed", "invalid_type"},
+		{"stop number", `{"model": "tiny", "prompt": "x", "stop": 5}`, 400, "stop", "invalid_type"},
+		{"stop array of numbers", `{"model": "tiny", "prompt": "x", "stop": ["a", 5]}`, 400, "stop", "invalid_type"},
+		{"stop too many", `{"model": "tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}`, 400, "stop", "invalid_value"},
+		{"stop empty string", `{"model": "tiny", "prompt": "x", "stop": [""]}`, 400, "stop", "invalid_value"},
+		{"stop invalid UTF-8", "{\"model\": \"tiny\", \"prompt\": \"x\", \"stop\": \"\xc3\"}", 400, "stop", "invalid_string"},
+		{"stream string", `{"model": "tiny", "prompt": "x", "stream": "yes"}`, 400, "stream", "invalid_type"},
+		{"stream_options without stream", `{"model": "tiny", "prompt": "x", "stream_options": {"include_usage": true}}`, 400, "stream_options", "invalid_value"},
+		{"stream_options unknown", `{"model": "tiny", "prompt": "x", "stream": true, "stream_options": {"usage": true}}`, 400, "stream_options.usage", "unknown_parameter"},
+		{"stream_options type", `{"model": "tiny", "prompt": "x", "stream": true, "stream_options": true}`, 400, "stream_options", "invalid_type"},
+		{"n two", `{"model": "tiny", "prompt": "x", "n": 2}`, 400, "n", "invalid_value"},
+		{"n zero", `{"model": "tiny", "prompt": "x", "n": 0}`, 400, "n", "invalid_value"},
+		{"n string", `{"model": "tiny", "prompt": "x", "n": "1"}`, 400, "n", "invalid_type"},
+		{"echo", `{"model": "tiny", "prompt": "x", "echo": true}`, 400, "echo", "unsupported_parameter"},
+		{"logprobs", `{"model": "tiny", "prompt": "x", "logprobs": 3}`, 400, "logprobs", "unsupported_parameter"},
+		{"best_of", `{"model": "tiny", "prompt": "x", "best_of": 2}`, 400, "best_of", "unsupported_parameter"},
+		{"frequency_penalty", `{"model": "tiny", "prompt": "x", "frequency_penalty": 0.5}`, 400, "frequency_penalty", "unsupported_parameter"},
+		{"logit_bias", `{"model": "tiny", "prompt": "x", "logit_bias": {"50": 10}}`, 400, "logit_bias", "unsupported_parameter"},
+		{"suffix", `{"model": "tiny", "prompt": "x", "suffix": "end"}`, 400, "suffix", "unsupported_parameter"},
+		{"quest type", `{"model": "tiny", "prompt": "x", "quest": 5}`, 400, "quest", "invalid_type"},
+		{"quest unknown", `{"model": "tiny", "prompt": "x", "quest": {"budgett": 64}}`, 400, "quest.budgett", "unknown_parameter"},
+		{"quest repeated", `{"model": "tiny", "prompt": "x", "quest": {"sink": 0, "sink": 0}}`, 400, "quest.sink", "duplicate_parameter"},
+		{"quest budget type", `{"model": "tiny", "prompt": "x", "quest": {"budget": "64"}}`, 400, "quest.budget", "invalid_type"},
+		{"quest budget below a page", `{"model": "tiny", "prompt": "x", "quest": {"budget": 8}}`, 400, "quest.budget", "invalid_value"},
+		{"quest selector unknown", `{"model": "tiny", "prompt": "x", "quest": {"selector": "best"}}`, 400, "quest.selector", "invalid_value"},
+		{"quest selector not the engine's", `{"model": "tiny", "prompt": "x", "quest": {"selector": "oracle"}}`, 400, "quest.selector", "unsupported_value"},
+		{"quest gqa unknown", `{"model": "tiny", "prompt": "x", "quest": {"gqa": "mean"}}`, 400, "quest.gqa", "invalid_value"},
+		{"quest gqa not the engine's", `{"model": "tiny", "prompt": "x", "quest": {"gqa": "per_head"}}`, 400, "quest.gqa", "unsupported_value"},
+		{"quest sink not the engine's", `{"model": "tiny", "prompt": "x", "quest": {"sink": 2}}`, 400, "quest.sink", "unsupported_value"},
+		{"quest local negative", `{"model": "tiny", "prompt": "x", "quest": {"local": -1}}`, 400, "quest.local", "invalid_value"},
+		{"quest dense_layers over the layers", `{"model": "tiny", "prompt": "x", "quest": {"dense_layers": 3}}`, 400, "quest.dense_layers", "invalid_value"},
+		{"quest dense_layers negative", `{"model": "tiny", "prompt": "x", "quest": {"dense_layers": -1}}`, 400, "quest.dense_layers", "invalid_value"},
+	}
+	for _, c := range cases {
+		status, _, body := post(t, ts.URL+"/v1/completions", c.body)
+		typ := typeInvalid
+		checkError(t, c.name, status, body, c.status, typ, c.param, c.code)
+	}
+	unchanged(t, s, 0)
+	if st := s.Stats(); st.Invalid != uint64(len(cases)) {
+		t.Errorf("%d invalid requests counted, want %d", st.Invalid, len(cases))
+	}
+	// The neutral values of the unimplemented fields, and the quest
+	// object restating the engine's policy, are accepted.
+	c := complete(t, ts.URL, map[string]any{"model": "tiny", "prompt": "x", "max_tokens": 2, "echo": false, "logprobs": nil,
+		"best_of": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": map[string]any{}, "suffix": "", "user": "u", "n": 1,
+		"stop": nil, "seed": -5, "top_p": 0.5, "stream": false,
+		"quest": map[string]any{"budget": 16, "selector": "quest", "gqa": "group_max", "sink": 0, "local": 1, "dense_layers": 0}})
+	if c.Usage.CompletionTokens != 2 {
+		t.Errorf("neutral values: %+v", c)
+	}
+}
+
+// TestRoutes: wrong methods are 405 with Allow, unknown paths and
+// models 404, all in the error shape; /v1/models lists the model.
+func TestRoutes(t *testing.T) {
+	m, tok := tinyModel(t)
+	s, ts := startServer(t, m, tok, testConfig("tiny"))
+	for _, c := range []struct {
+		method, path string
+		status       int
+		allow, code  string
+		param        string
+	}{
+		{"GET", "/v1/completions", 405, "POST", "method_not_allowed", ""},
+		{"PUT", "/v1/completions", 405, "POST", "method_not_allowed", ""},
+		{"POST", "/v1/models", 405, "GET, HEAD", "method_not_allowed", ""},
+		{"DELETE", "/v1/models/tiny", 405, "GET, HEAD", "method_not_allowed", ""},
+		{"POST", "/v1/chat/completions", 404, "", "unknown_url", ""},
+		{"GET", "/", 404, "", "unknown_url", ""},
+		{"GET", "/v1/models/other", 404, "", "model_not_found", "model"},
+	} {
+		req, _ := http.NewRequest(c.method, ts.URL+c.path, strings.NewReader(`{}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		buf.ReadFrom(resp.Body)
+		resp.Body.Close()
+		what := c.method + " " + c.path
+		checkError(t, what, resp.StatusCode, buf.Bytes(), c.status, typeInvalid, c.param, c.code)
+		if got := resp.Header.Get("Allow"); got != c.allow {
+			t.Errorf("%s: Allow %q, want %q", what, got, c.allow)
+		}
+	}
+	for _, path := range []string{"/v1/models", "/v1/models/tiny"} {
+		resp, err := http.Get(ts.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		buf.ReadFrom(resp.Body)
+		resp.Body.Close()
+		want := fmt.Sprintf(`{"id":"tiny","object":"model","created":%d,"owned_by":"questrt"}`, s.created)
+		if path == "/v1/models" {
+			want = `{"object":"list","data":[` + want + `]}`
+		}
+		if resp.StatusCode != 200 || strings.TrimSpace(buf.String()) != want {
+			t.Errorf("GET %s: %d %s, want %s", path, resp.StatusCode, buf.String(), want)
+		}
+	}
+	unchanged(t, s, 0)
+}
+
+// TestBodyLimit: a body over MaxBodyBytes is 413 in the error shape.
+func TestBodyLimit(t *testing.T) {
+	m, tok := tinyModel(t)
+	cfg := testConfig("tiny")
+	cfg.MaxBodyBytes = 100
+	s, ts := startServer(t, m, tok, cfg)
+	status, _, body := post(t, ts.URL+"/v1/completions", `{"model": "tiny", "prompt": "`+strings.Repeat("x", 200)+`"}`)
+	checkError(t, "large body", status, body, 413, typeInvalid, "", "request_too_large")
+	unchanged(t, s, 0)
+}
+
+// TestPoolLimit: a request whose pages exceed the whole pool is a 400
+// on max_tokens (it could never be admitted).
+func TestPoolLimit(t *testing.T) {
+	m, tok := tinyModel(t)
+	cfg := testConfig("tiny")
+	cfg.CapacityPages = 8 // 128 tokens
+	s, ts := startServer(t, m, tok, cfg)
+	status, _, body := post(t, ts.URL+"/v1/completions", `{"model": "tiny", "prompt": "`+strings.Repeat("x", 100)+`", "max_tokens": 100}`)
+	checkError(t, "over the pool", status, body, 400, typeInvalid, "max_tokens", "context_length_exceeded")
+	unchanged(t, s, 0)
+}
+
+// held starts a server whose scheduler waits for release before its
+// first iteration (and every one until then).
+func held(t testing.TB, cfg Config) (s *Server, ts *httptest.Server, release func()) {
+	t.Helper()
+	m, tok := tinyModel(t)
+	gate := make(chan struct{})
+	s, err := newServer(m, tok, cfg, hooks{iteration: func(ctx context.Context) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts = httptest.NewServer(s)
+	t.Cleanup(func() {
+		ts.Close()
+		s.Close()
+	})
+	var once sync.Once
+	return s, ts, func() { once.Do(func() { close(gate) }) }
+}
+
+// answer is one HTTP answer.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// postAsync posts body in a goroutine; the answer comes on the channel.
+func postAsync(t testing.TB, url, body string) <-chan answer {
+	ch := make(chan answer, 1)
+	go func() {
+		resp, err := http.Post(url, "application/json", strings.NewReader(body))
+		if err != nil {
+			ch <- answer{status: -1, body: []byte(err.Error())}
+			return
+		}
+		defer resp.Body.Close()
+		var buf bytes.Buffer
+		buf.ReadFrom(resp.Body)
+		ch <- answer{resp.StatusCode, resp.Header, buf.Bytes()}
+	}()
+	return ch
+}
+
+// waitStats polls until ok holds for the server's stats.
+func waitStats(t testing.TB, s *Server, what string, ok func(Stats) bool) Stats {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st := s.Stats()
+		if ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: %+v", what, st)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestAdmission: with the scheduler held, a request whose pages do not
+// fit beside the reserved ones, and one past the running and queued
+// caps, get 429 with Retry-After and change nothing; the admitted ones
+// then complete.
+func TestAdmission(t *testing.T) {
+	cfg := testConfig("tiny")
+	cfg.CapacityPages = 20
+	cfg.MaxRunning, cfg.MaxQueued = 1, 1
+	s, ts, release := held(t, cfg)
+	url := ts.URL + "/v1/completions"
+	// 100 + 100 tokens: 13 pages of 16.
+	big := `{"model": "tiny", "prompt": "` + strings.Repeat("x", 99) + `", "max_tokens": 100, "temperature": 0}`
+	small := `{"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0}`
+	first := postAsync(t, url, big)
+	waitStats(t, s, "the first request queued", func(st Stats) bool { return st.Queued == 1 })
+	status, h, body := post(t, url, big)
+	checkError(t, "pages", status, body, 429, typeRateLimit, "", "rate_limit_exceeded")
+	if h.Get("Retry-After") != "2" {
+		t.Errorf("Retry-After %q, want 2", h.Get("Retry-After"))
+	}
+	second := postAsync(t, url, small) // 1 page: fits, queued second
+	waitStats(t, s, "the second request queued", func(st Stats) bool { return st.Queued == 2 })
+	status, h, body = post(t, url, small)
+	checkError(t, "caps", status, body, 429, typeRateLimit, "", "rate_limit_exceeded")
+	if h.Get("Retry-After") != "2" {
+		t.Errorf("Retry-After %q, want 2", h.Get("Retry-After"))
+	}
+	st := s.Stats()
+	if st.Admitted != 2 || st.Refused != 2 || st.ReservedPages != 14 || st.EngineSequences != 0 {
+		t.Fatalf("stats after refusals: %+v", st)
+	}
+	release()
+	for _, ch := range []<-chan answer{first, second} {
+		if a := <-ch; a.status != 200 {
+			t.Fatalf("admitted request: %d %s", a.status, a.body)
+		}
+	}
+	unchanged(t, s, 2)
+}
+
+// TestDrain: a draining server refuses new requests with 503 and
+// Retry-After, Drain waits for the admitted ones (bounded by its
+// context), and they complete.
+func TestDrain(t *testing.T) {
+	s, ts, release := held(t, testConfig("tiny"))
+	url := ts.URL + "/v1/completions"
+	req := `{"model": "tiny", "prompt": "hello", "max_tokens": 5, "temperature": 0}`
+	first := postAsync(t, url, req)
+	waitStats(t, s, "the request queued", func(st Stats) bool { return st.Queued == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := s.Drain(ctx); err == nil {
+		t.Fatal("Drain returned with a request left")
+	}
+	status, h, body := post(t, url, req)
+	checkError(t, "draining", status, body, 503, typeServer, "", "server_draining")
+	if h.Get("Retry-After") == "" {
+		t.Error("no Retry-After while draining")
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Drain(context.Background()) }()
+	release()
+	if a := <-first; a.status != 200 {
+		t.Fatalf("admitted request: %d %s", a.status, a.body)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	unchanged(t, s, 1)
+}
+
+// TestCloseFailsRequests: Close answers the requests it still has with
+// 503 and releases everything.
+func TestCloseFailsRequests(t *testing.T) {
+	s, ts, _ := held(t, testConfig("tiny"))
+	url := ts.URL + "/v1/completions"
+	a := postAsync(t, url, `{"model": "tiny", "prompt": "hello", "max_tokens": 5}`)
+	b := postAsync(t, url, `{"model": "tiny", "prompt": "hello", "max_tokens": 5, "stream": true}`)
+	waitStats(t, s, "two requests queued", func(st Stats) bool { return st.Queued == 2 })
+	s.Close()
+	got := <-a
+	checkError(t, "closed", got.status, got.body, 503, typeServer, "", "server_shutting_down")
+	sb := <-b
+	if sb.status != 200 || !strings.Contains(string(sb.body), "server_shutting_down") || strings.Contains(string(sb.body), "[DONE]") {
+		t.Errorf("stream of a closed server: %d %s", sb.status, sb.body)
+	}
+	status, _, body := post(t, url, `{"model": "tiny", "prompt": "hello"}`)
+	checkError(t, "after close", status, body, 503, typeServer, "", "server_shutting_down")
+	if st := s.Stats(); st.Failed != 2 || st.ReservedPages != 0 || st.Running+st.Queued != 0 {
+		t.Errorf("stats after close: %+v", st)
+	}
+}
+
+// TestRequestTimeout: a request past RequestTimeout gets 504 (an error
+// event when streaming) and leaves at the next iteration boundary.
+func TestRequestTimeout(t *testing.T) {
+	cfg := testConfig("tiny")
+	cfg.RequestTimeout = 50 * time.Millisecond
+	s, ts, release := held(t, cfg)
+	url := ts.URL + "/v1/completions"
+	a := postAsync(t, url, `{"model": "tiny", "prompt": "hello", "max_tokens": 5}`)
+	b := postAsync(t, url, `{"model": "tiny", "prompt": "hello", "max_tokens": 5, "stream": true}`)
+	got := <-a
+	checkError(t, "timeout", got.status, got.body, 504, typeTimeout, "", "request_timeout")
+	sb := <-b
+	if sb.status != 200 || !strings.Contains(string(sb.body), `"request_timeout"`) || strings.Contains(string(sb.body), "[DONE]") {
+		t.Errorf("stream past its deadline: %d %s", sb.status, sb.body)
+	}
+	release()
+	st := waitStats(t, s, "the timed-out requests gone", func(st Stats) bool { return st.Queued+st.Running == 0 })
+	if st.Cancelled != 2 || st.ReservedPages != 0 || st.EngineSequences != 0 {
+		t.Errorf("stats: %+v", st)
+	}
+}

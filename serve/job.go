@@ -1,0 +1,86 @@
+package serve
+
+import (
+	"context"
+	"sync"
+
+	"github.com/questrt/questrt/model"
+)
+
+// job is one admitted request. The fields above mu are set before
+// admission and read-only after; the scheduler's fields are touched by
+// the scheduler goroutine only; the hand-off to the handler is guarded
+// by mu.
+type job struct {
+	id      string
+	ctx     context.Context
+	cancel  context.CancelFunc
+	p       params
+	pages   int   // pages reserved per shard
+	created int64 // the completion's created time (Unix seconds)
+
+	// The scheduler's.
+	sampler *model.Sampler
+	dense   *model.Dense // the prefill's recorder; nil once loaded
+	filled  int          // prompt tokens prefilled
+	attn    *jobAttention
+	next    int // the token the next decode step feeds
+	tokens  int // tokens generated
+	text    *stopText
+	ended   bool
+	// Decode statistics, as questctl generate totals them.
+	pagesRead, pagesTotal int
+	readW, denseW         float64
+
+	mu      sync.Mutex
+	notify  chan struct{} // cap 1: something new under mu
+	pending []byte        // text not yet taken by the handler
+	done    bool
+	result  result
+}
+
+// result is how a job ended.
+type result struct {
+	finish string    // "stop" or "length" when err is nil
+	err    *apiError // the failure, or nil
+	usage  Usage
+}
+
+// post appends text for the handler and, when fin is set, ends the job.
+func (j *job) post(text []byte, fin *result) {
+	j.mu.Lock()
+	j.pending = append(j.pending, text...)
+	if fin != nil && !j.done {
+		j.done, j.result = true, *fin
+	}
+	j.mu.Unlock()
+	select {
+	case j.notify <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the text posted since the last take, and the result once
+// the job is done.
+func (j *job) take() (text []byte, done bool, res result) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	text, j.pending = j.pending, nil
+	return text, j.done, j.result
+}
+
+// jobAttention is a request's engine sequence as the model drives it:
+// the layers below denseLayers (every layer with allDense) attend
+// densely, the others through the engine's page selection at the
+// request's budget.
+type jobAttention struct {
+	*model.EngineAttention
+	denseLayers int
+	allDense    bool
+}
+
+// Decode runs one engine step of layer, dense where the request asks.
+func (a *jobAttention) Decode(ctx context.Context, layer int, q, k, v, out []float32) error {
+	a.Options.ForceDense = a.allDense || layer < a.denseLayers
+	return a.EngineAttention.Decode(ctx, layer, q, k, v, out)
+}

@@ -1,0 +1,186 @@
+package serve
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
+)
+
+// params are a validated request's settings.
+type params struct {
+	ids          []int
+	maxTokens    int
+	temperature  float64
+	topP         float64
+	seed         uint64
+	seeded       bool
+	stops        []string
+	stream       bool
+	includeUsage bool
+	// budget is the token budget of decode steps (0: the policy's);
+	// denseLayers the leading dense layers; allDense reads every page.
+	budget      int
+	denseLayers int
+	allDense    bool
+}
+
+// resolve checks a decoded request against the model and the engine's
+// policy. It changes nothing.
+func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
+	var p params
+	switch {
+	case req.Model == "":
+		return p, badParam("model", "missing_required_parameter", "you must provide a model parameter")
+	case req.Model != s.name:
+		return p, &apiError{status: http.StatusNotFound, typ: typeInvalid, param: "model", code: "model_not_found",
+			message: fmt.Sprintf("The model `%s` does not exist; this server serves `%s`.", req.Model, s.name)}
+	}
+	if req.N != nil && *req.N != 1 {
+		return p, badParam("n", "invalid_value", "n %d: this server returns one choice per request (n must be 1)", *req.N)
+	}
+	p.maxTokens = s.cfg.DefaultMaxTokens
+	if req.MaxTokens != nil {
+		if *req.MaxTokens < 1 {
+			return p, badParam("max_tokens", "invalid_value", "max_tokens %d: want at least 1", *req.MaxTokens)
+		}
+		p.maxTokens = *req.MaxTokens
+	}
+	p.temperature, p.topP = 1, 1
+	if t := req.Temperature; t != nil {
+		if !(*t >= 0 && *t <= 2) {
+			return p, badParam("temperature", "invalid_value", "temperature %v: want 0..2", *t)
+		}
+		p.temperature = *t
+	}
+	if t := req.TopP; t != nil {
+		if !(*t >= 0 && *t <= 1) {
+			return p, badParam("top_p", "invalid_value", "top_p %v: want 0..1", *t)
+		}
+		p.topP = *t
+		if *t == 0 {
+			p.temperature = 0 // the smallest nucleus: the most likely token
+		}
+	}
+	if req.Seed != nil {
+		p.seed, p.seeded = uint64(*req.Seed), true
+	}
+	for _, st := range req.Stop {
+		if st == "" {
+			return p, badParam("stop", "invalid_value", "stop strings must not be empty")
+		}
+	}
+	p.stops = req.Stop
+	p.stream = req.Stream
+	if o := req.StreamOptions; o != nil {
+		if !req.Stream {
+			return p, badParam("stream_options", "invalid_value", "stream_options is only allowed when stream is true")
+		}
+		p.includeUsage = o.IncludeUsage
+	}
+	if err := s.questParams(req.Quest, &p); err != nil {
+		return p, err
+	}
+	// The prompt, then its length against the context and the pool.
+	vocab := s.m.Config.VocabSize
+	switch {
+	case req.Prompt == nil:
+		return p, badParam("prompt", "missing_required_parameter", "you must provide a prompt parameter")
+	case req.Prompt.IDs != nil:
+		if len(req.Prompt.IDs) == 0 {
+			return p, badParam("prompt", "invalid_value", "prompt has no tokens")
+		}
+		for i, id := range req.Prompt.IDs {
+			if id < 0 || id >= vocab {
+				return p, badParam("prompt", "invalid_value", "prompt token %d at index %d is outside the vocabulary of %d", id, i, vocab)
+			}
+		}
+		p.ids = req.Prompt.IDs
+	default:
+		p.ids = model.PromptIDs(s.tok, req.Prompt.Text)
+		if len(p.ids) == 0 {
+			return p, badParam("prompt", "invalid_value", "prompt has no tokens")
+		}
+	}
+	n := len(p.ids)
+	if c := s.maxContext; c > 0 && n+p.maxTokens > c {
+		param := "max_tokens"
+		if n >= c {
+			param = "prompt"
+		}
+		return p, badParam(param, "context_length_exceeded",
+			"This model's maximum context length is %d tokens, however you requested %d tokens (%d in your prompt; %d for the completion). Please reduce your prompt or completion length.",
+			c, n+p.maxTokens, n, p.maxTokens)
+	}
+	if need := s.pagesFor(n + p.maxTokens); need > s.cfg.CapacityPages {
+		return p, badParam("max_tokens", "context_length_exceeded",
+			"the prompt's %d tokens plus max_tokens %d need %d pages per shard; the engine's pool holds %d. Please reduce your prompt or completion length.",
+			n, p.maxTokens, need, s.cfg.CapacityPages)
+	}
+	return p, nil
+}
+
+// questParams checks the quest object against the engine's policy.
+func (s *Server) questParams(q *QuestOptions, p *params) *apiError {
+	pol := s.cfg.Policy
+	p.denseLayers = pol.DenseLayers
+	p.allDense = pol.Selector == plan.Dense
+	if q == nil {
+		return nil
+	}
+	if q.Budget != nil {
+		if *q.Budget < pol.PageSize {
+			return badParam("quest.budget", "invalid_value", "quest.budget %d: want at least one page (%d tokens)", *q.Budget, pol.PageSize)
+		}
+		p.budget = *q.Budget
+	}
+	if q.Selector != "" {
+		sel, err := plan.ParseSelector(q.Selector)
+		if err != nil {
+			return badParam("quest.selector", "invalid_value", "quest.selector: %v", err)
+		}
+		switch {
+		case sel == plan.Dense:
+			p.allDense = true
+		case sel != pol.Selector:
+			return badParam("quest.selector", "unsupported_value", "quest.selector %s: the engine selects pages with %s; a request may ask for %s or dense", sel, pol.Selector, pol.Selector)
+		}
+	}
+	if q.GQA != "" {
+		m, err := plan.ParseGQAMode(q.GQA)
+		if err != nil {
+			return badParam("quest.gqa", "invalid_value", "quest.gqa: %v", err)
+		}
+		if m != pol.GQA {
+			return badParam("quest.gqa", "unsupported_value", "quest.gqa %s: the engine's GQA mode is %s", m, pol.GQA)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    *int
+		have int
+	}{{"sink", q.Sink, pol.SinkPages}, {"local", q.Local, pol.LocalPages}} {
+		switch {
+		case f.v == nil:
+		case *f.v < 0:
+			return badParam("quest."+f.name, "invalid_value", "quest.%s %d: want 0 or more pages", f.name, *f.v)
+		case *f.v != f.have:
+			return badParam("quest."+f.name, "unsupported_value", "quest.%s %d: the engine reads %d %s pages on every sequence", f.name, *f.v, f.have, f.name)
+		}
+	}
+	if d := q.DenseLayers; d != nil {
+		if *d < 0 || *d > s.m.Config.Layers {
+			return badParam("quest.dense_layers", "invalid_value", "quest.dense_layers %d: want 0..%d (the model's layers)", *d, s.m.Config.Layers)
+		}
+		p.denseLayers = *d
+	}
+	return nil
+}
+
+// pagesFor is the pages per shard a sequence of n tokens fills at most
+// (striped placement: page g on CP rank g mod CP).
+func (s *Server) pagesFor(n int) int {
+	pages := (n + s.cfg.Policy.PageSize - 1) / s.cfg.Policy.PageSize
+	return (pages + s.cfg.CP - 1) / s.cfg.CP
+}

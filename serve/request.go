@@ -1,0 +1,533 @@
+package serve
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// CompletionRequest is the body of POST /v1/completions: OpenAI's
+// legacy completions request as this server reads it, and the "quest"
+// extension. Decoding is strict (see the package doc); fields of
+// OpenAI's API that the server does not implement (echo, logprobs,
+// best_of, frequency_penalty, presence_penalty, logit_bias, suffix) are
+// accepted only at their neutral values (false, null, 1, 0, {}, "").
+type CompletionRequest struct {
+	// Model must be the server's model name.
+	Model string `json:"model"`
+	// Prompt is the prompt (required): a string (tokenized, BOS first
+	// where the tokenizer has one) or an array of token ids (used as
+	// given).
+	Prompt *Prompt `json:"prompt"`
+	// MaxTokens is the most tokens generated (Config.DefaultMaxTokens
+	// when nil; at least 1).
+	MaxTokens *int `json:"max_tokens,omitempty"`
+	// Temperature is the sampling temperature, 0..2 (nil: 1, as OpenAI;
+	// 0: greedy).
+	Temperature *float64 `json:"temperature,omitempty"`
+	// TopP is nucleus sampling's probability mass, 0..1 (nil: 1; 0:
+	// greedy).
+	TopP *float64 `json:"top_p,omitempty"`
+	// Seed makes sampling repeatable (nil: a seed of the server's).
+	Seed *int64 `json:"seed,omitempty"`
+	// Stop lists up to 4 strings that end the completion where they
+	// appear in the decoded text (a string or an array in the JSON): the
+	// first to complete, byte by byte, ends it, and the text returned
+	// stops where that string starts.
+	Stop []string `json:"stop,omitempty"`
+	// Stream asks for server-sent events.
+	Stream bool `json:"stream,omitempty"`
+	// StreamOptions tune the stream (only with Stream).
+	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
+	// N is the number of completions: only 1.
+	N *int `json:"n,omitempty"`
+	// User is OpenAI's end-user id (ignored).
+	User string `json:"user,omitempty"`
+	// Quest chooses the request's page selection.
+	Quest *QuestOptions `json:"quest,omitempty"`
+}
+
+// StreamOptions are OpenAI's stream options.
+type StreamOptions struct {
+	// IncludeUsage adds a last chunk with no choices and the usage.
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// Prompt is a prompt string or, when IDs is not nil, token ids.
+type Prompt struct {
+	Text string
+	IDs  []int
+}
+
+// MarshalJSON writes the string or the array of ids.
+func (p Prompt) MarshalJSON() ([]byte, error) {
+	if p.IDs != nil {
+		return json.Marshal(p.IDs)
+	}
+	return json.Marshal(p.Text)
+}
+
+// QuestOptions are a request's page-selection settings; nil fields take
+// the serving policy's values. The engine fixes the page size, the sink
+// and local pages, the GQA mode and the selector for every sequence: a
+// request may restate them, and may ask for the dense selector (every
+// page of every layer read), but any other value is refused.
+type QuestOptions struct {
+	// Budget is the token budget per KV head and decode step (at least
+	// one page; the page budget is Budget / page size). It overrides the
+	// policy's default and per-layer budgets.
+	Budget *int `json:"budget,omitempty"`
+	// Selector is quest, oracle, recent or dense.
+	Selector string `json:"selector,omitempty"`
+	// GQA is group_max or per_head.
+	GQA string `json:"gqa,omitempty"`
+	// Sink and Local are the first and last pages always read.
+	Sink  *int `json:"sink,omitempty"`
+	Local *int `json:"local,omitempty"`
+	// DenseLayers is the leading layers that attend densely (0..layers).
+	DenseLayers *int `json:"dense_layers,omitempty"`
+}
+
+// decodeRequest reads a request body strictly: one JSON object, no
+// trailing data, no unknown or repeated fields, the JSON type of every
+// field checked, strings valid UTF-8 (no lone surrogate escapes). The
+// error names the field.
+func decodeRequest(body []byte) (*CompletionRequest, *apiError) {
+	fields, aerr := object(body, "")
+	if aerr != nil {
+		return nil, aerr
+	}
+	req := &CompletionRequest{}
+	for _, f := range fields {
+		raw, key := f.raw, f.key
+		var err *apiError
+		switch key {
+		case "model":
+			var s *string
+			if s, err = str(key, raw); s != nil {
+				req.Model = *s
+			}
+		case "prompt":
+			req.Prompt, err = prompt(raw)
+		case "max_tokens":
+			req.MaxTokens, err = integer(key, raw)
+		case "temperature":
+			req.Temperature, err = number(key, raw)
+		case "top_p":
+			req.TopP, err = number(key, raw)
+		case "seed":
+			var v *int64
+			if v, err = integer64(key, raw); v != nil {
+				req.Seed = v
+			}
+		case "stop":
+			req.Stop, err = stops(raw)
+		case "stream":
+			var b *bool
+			if b, err = boolean(key, raw); b != nil {
+				req.Stream = *b
+			}
+		case "stream_options":
+			req.StreamOptions, err = streamOptions(raw)
+		case "n":
+			req.N, err = integer(key, raw)
+		case "user":
+			var s *string
+			if s, err = str(key, raw); s != nil {
+				req.User = *s
+			}
+		case "quest":
+			req.Quest, err = questOptions(raw)
+		case "echo", "logprobs", "best_of", "frequency_penalty", "presence_penalty", "logit_bias", "suffix":
+			err = neutral(key, raw)
+		default:
+			err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return req, nil
+}
+
+// field is one member of a JSON object, in order.
+type field struct {
+	key string
+	raw json.RawMessage
+}
+
+// object splits one JSON object into its members, refusing repeated
+// keys; prefix names the object in errors ("" for the body, "quest."
+// inside it).
+func object(b []byte, prefix string) ([]field, *apiError) {
+	what := "the request body"
+	param := ""
+	if prefix != "" {
+		param = strings.TrimSuffix(prefix, ".")
+		what = param
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, badParam(param, "invalid_json", "%s is not valid JSON: %v", what, err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, badParam(param, "invalid_type", "%s must be a JSON object", what)
+	}
+	var fields []field
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, badParam(param, "invalid_json", "%s is not valid JSON: %v", what, err)
+		}
+		key, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, badParam(prefix+key, "invalid_json", "%s is not valid JSON: %v", what, err)
+		}
+		if seen[key] {
+			return nil, badParam(prefix+key, "duplicate_parameter", "%s%s appears twice", prefix, key)
+		}
+		seen[key] = true
+		fields = append(fields, field{key, raw})
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, badParam(param, "invalid_json", "%s is not valid JSON: %v", what, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, badParam(param, "invalid_json", "%s has data after its JSON object", what)
+	}
+	return fields, nil
+}
+
+// kind names the JSON type of raw for messages.
+func kind(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '"':
+		return "a string"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+func wrongType(param, want string, raw json.RawMessage) *apiError {
+	return badParam(param, "invalid_type", "%s must be %s, not %s", param, want, kind(raw))
+}
+
+// str reads a string or null.
+func str(param string, raw json.RawMessage) (*string, *apiError) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	raw = bytes.TrimSpace(raw)
+	if kind(raw) != "a string" {
+		return nil, wrongType(param, "a string", raw)
+	}
+	if err := checkJSONString(raw); err != nil {
+		return nil, badParam(param, "invalid_string", "%s: %v", param, err)
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, wrongType(param, "a string", raw)
+	}
+	return &s, nil
+}
+
+// checkJSONString refuses a JSON string literal holding invalid UTF-8
+// or an escaped lone surrogate (which decoding would silently turn into
+// U+FFFD).
+func checkJSONString(raw []byte) error {
+	if !utf8.Valid(raw) {
+		return errors.New("the string is not valid UTF-8")
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' || i+1 >= len(raw) {
+			continue
+		}
+		if raw[i+1] != 'u' {
+			i++ // \" \\ \n ...: skip the escaped byte
+			continue
+		}
+		r, ok := hex4(raw, i+2)
+		if !ok {
+			return errors.New("bad \\u escape")
+		}
+		i += 5
+		switch {
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return fmt.Errorf("escape \\u%04X is a lone low surrogate, not a character", r)
+		case r >= 0xD800 && r <= 0xDBFF:
+			lo, ok := rune(0), false
+			if i+6 < len(raw) && raw[i+1] == '\\' && raw[i+2] == 'u' {
+				lo, ok = hex4(raw, i+3)
+			}
+			if !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return fmt.Errorf("escape \\u%04X is a lone high surrogate, not a character", r)
+			}
+			i += 6
+		}
+	}
+	return nil
+}
+
+// hex4 parses the 4 hex digits at b[i:].
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(b[i:i+4]), 16, 32)
+	return rune(v), err == nil
+}
+
+// integer64 reads an integer (no fraction, no exponent) or null.
+func integer64(param string, raw json.RawMessage) (*int64, *apiError) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	raw = bytes.TrimSpace(raw)
+	if kind(raw) != "a number" {
+		return nil, wrongType(param, "an integer", raw)
+	}
+	v, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		if bytes.ContainsAny(raw, ".eE") {
+			return nil, badParam(param, "invalid_type", "%s must be an integer, not %s", param, raw)
+		}
+		return nil, badParam(param, "invalid_value", "%s %s is out of range", param, raw)
+	}
+	return &v, nil
+}
+
+// integer reads an integer that fits 32 bits, or null.
+func integer(param string, raw json.RawMessage) (*int, *apiError) {
+	v, err := integer64(param, raw)
+	if err != nil || v == nil {
+		return nil, err
+	}
+	if *v < math.MinInt32 || *v > math.MaxInt32 {
+		return nil, badParam(param, "invalid_value", "%s %d is out of range", param, *v)
+	}
+	n := int(*v)
+	return &n, nil
+}
+
+// number reads a number or null.
+func number(param string, raw json.RawMessage) (*float64, *apiError) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	raw = bytes.TrimSpace(raw)
+	if kind(raw) != "a number" {
+		return nil, wrongType(param, "a number", raw)
+	}
+	v, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil {
+		return nil, badParam(param, "invalid_value", "%s %s is out of range", param, raw)
+	}
+	return &v, nil
+}
+
+// boolean reads true, false or null.
+func boolean(param string, raw json.RawMessage) (*bool, *apiError) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var b bool
+	if kind(raw) != "a boolean" || json.Unmarshal(raw, &b) != nil {
+		return nil, wrongType(param, "a boolean", raw)
+	}
+	return &b, nil
+}
+
+// prompt reads a string, an array of token ids or null.
+func prompt(raw json.RawMessage) (*Prompt, *apiError) {
+	p := &Prompt{}
+	switch kind(raw) {
+	case "null":
+		return nil, nil
+	case "a string":
+		s, err := str("prompt", raw)
+		if err != nil {
+			return nil, err
+		}
+		p.Text = *s
+		return p, nil
+	case "an array":
+		var elems []json.RawMessage
+		if err := json.Unmarshal(raw, &elems); err != nil {
+			return nil, wrongType("prompt", "a string or an array of token ids", raw)
+		}
+		p.IDs = make([]int, 0, len(elems))
+		for i, e := range elems {
+			if kind(e) != "a number" {
+				return nil, badParam("prompt", "invalid_type", "prompt must be a string or an array of token ids: element %d is %s (batches of prompts are not supported)", i, kind(e))
+			}
+			v, err := integer(fmt.Sprintf("prompt[%d]", i), e)
+			if err != nil {
+				err.param = "prompt"
+				return nil, err
+			}
+			p.IDs = append(p.IDs, *v)
+		}
+		return p, nil
+	}
+	return nil, wrongType("prompt", "a string or an array of token ids", raw)
+}
+
+// maxStops is OpenAI's limit on stop sequences.
+const maxStops = 4
+
+// stops reads a string, an array of strings or null.
+func stops(raw json.RawMessage) ([]string, *apiError) {
+	switch kind(raw) {
+	case "null":
+		return nil, nil
+	case "a string":
+		s, err := str("stop", raw)
+		if err != nil {
+			return nil, err
+		}
+		return []string{*s}, nil
+	case "an array":
+		var elems []json.RawMessage
+		if err := json.Unmarshal(raw, &elems); err != nil {
+			return nil, wrongType("stop", "a string or an array of strings", raw)
+		}
+		if len(elems) > maxStops {
+			return nil, badParam("stop", "invalid_value", "stop has %d sequences; at most %d are allowed", len(elems), maxStops)
+		}
+		out := make([]string, 0, len(elems))
+		for i, e := range elems {
+			if kind(e) != "a string" {
+				return nil, badParam("stop", "invalid_type", "stop must be a string or an array of strings: element %d is %s", i, kind(e))
+			}
+			s, err := str("stop", e)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, *s)
+		}
+		if len(out) == 0 {
+			return nil, nil
+		}
+		return out, nil
+	}
+	return nil, wrongType("stop", "a string or an array of strings", raw)
+}
+
+// streamOptions reads {"include_usage": bool} or null.
+func streamOptions(raw json.RawMessage) (*StreamOptions, *apiError) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	if kind(raw) != "an object" {
+		return nil, wrongType("stream_options", "an object", raw)
+	}
+	fields, err := object(raw, "stream_options.")
+	if err != nil {
+		return nil, err
+	}
+	o := &StreamOptions{}
+	for _, f := range fields {
+		if f.key != "include_usage" {
+			return nil, badParam("stream_options."+f.key, "unknown_parameter", "Unrecognized request argument supplied: stream_options.%s", f.key)
+		}
+		b, err := boolean("stream_options.include_usage", f.raw)
+		if err != nil {
+			return nil, err
+		}
+		if b != nil {
+			o.IncludeUsage = *b
+		}
+	}
+	return o, nil
+}
+
+// questOptions reads the quest object or null.
+func questOptions(raw json.RawMessage) (*QuestOptions, *apiError) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	if kind(raw) != "an object" {
+		return nil, wrongType("quest", "an object", raw)
+	}
+	fields, aerr := object(raw, "quest.")
+	if aerr != nil {
+		return nil, aerr
+	}
+	q := &QuestOptions{}
+	for _, f := range fields {
+		param := "quest." + f.key
+		var err *apiError
+		var s *string
+		switch f.key {
+		case "budget":
+			q.Budget, err = integer(param, f.raw)
+		case "selector":
+			if s, err = str(param, f.raw); s != nil {
+				q.Selector = *s
+			}
+		case "gqa":
+			if s, err = str(param, f.raw); s != nil {
+				q.GQA = *s
+			}
+		case "sink":
+			q.Sink, err = integer(param, f.raw)
+		case "local":
+			q.Local, err = integer(param, f.raw)
+		case "dense_layers":
+			q.DenseLayers, err = integer(param, f.raw)
+		default:
+			err = badParam(param, "unknown_parameter", "Unrecognized request argument supplied: %s", param)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return q, nil
+}
+
+// neutral accepts an OpenAI parameter the server does not implement
+// only at its neutral value.
+func neutral(key string, raw json.RawMessage) *apiError {
+	v := string(bytes.TrimSpace(raw))
+	ok := v == "null"
+	switch key {
+	case "echo":
+		ok = ok || v == "false"
+	case "best_of":
+		ok = ok || v == "1"
+	case "frequency_penalty", "presence_penalty":
+		f, err := number(key, raw)
+		ok = ok || (err == nil && f != nil && *f == 0)
+	case "logit_bias":
+		fields, err := object(raw, key+".")
+		ok = ok || (err == nil && len(fields) == 0)
+	case "suffix":
+		ok = ok || v == `""`
+	}
+	if !ok {
+		return badParam(key, "unsupported_parameter", "%s is not supported by this server (only its default value is accepted)", key)
+	}
+	return nil
+}

@@ -1,0 +1,295 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+
+	"github.com/questrt/questrt/model"
+)
+
+// loop is the scheduler goroutine: iterations while there is work,
+// asleep otherwise, until Close.
+func (s *Server) loop() {
+	defer close(s.exited)
+	defer s.shutdown()
+	for {
+		select {
+		case <-s.stop:
+			return
+		default:
+		}
+		if !s.iterate() {
+			select {
+			case <-s.stop:
+				return
+			case <-s.wake:
+			}
+		}
+	}
+}
+
+// iterate runs one scheduler iteration at a step boundary: jobs whose
+// context ended leave, queued jobs join up to MaxRunning, then up to
+// ChunkTokens prompt tokens are prefilled and every decoding job runs
+// one decode step, together. It reports whether there was work.
+func (s *Server) iterate() bool {
+	if s.hooks.iteration != nil {
+		s.hooks.iteration(s.ctx)
+		if s.ctx.Err() != nil {
+			return false // closing: the loop stops
+		}
+	}
+	s.mu.Lock()
+	var gone []*job
+	s.queue = slices.DeleteFunc(s.queue, func(j *job) bool {
+		if j.ctx.Err() != nil {
+			gone = append(gone, j)
+			return true
+		}
+		return false
+	})
+	for len(s.running) < s.cfg.MaxRunning && len(s.queue) > 0 {
+		s.running = append(s.running, s.queue[0])
+		s.queue = s.queue[1:]
+	}
+	running := slices.Clone(s.running)
+	s.mu.Unlock()
+	for _, j := range gone {
+		s.end(j, nil, ctxError(j.ctx), "")
+	}
+	if len(running) == 0 {
+		return len(gone) > 0
+	}
+	for _, j := range running {
+		if j.ctx.Err() != nil {
+			s.end(j, nil, ctxError(j.ctx), "")
+		}
+	}
+	s.prefill()
+	s.decode()
+	return true
+}
+
+// live returns the running jobs in admission order.
+func (s *Server) live() []*job {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.running)
+}
+
+// prefill runs up to ChunkTokens prompt tokens of the oldest jobs still
+// prefilling, a chunk per job; a job whose prompt is done moves its keys
+// and values into the engine and samples its first token.
+func (s *Server) prefill() {
+	budget := s.cfg.ChunkTokens
+	for _, j := range s.live() {
+		if budget == 0 {
+			return
+		}
+		if j.attn != nil {
+			continue
+		}
+		if j.dense == nil {
+			j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)
+			j.text = newStopText(j.p.stops)
+			sm, err := model.NewSampler(j.p.temperature, j.p.topP, j.p.seed)
+			if err != nil { // resolve checked the ranges
+				s.end(j, nil, internal(err), "")
+				continue
+			}
+			j.sampler = sm
+		}
+		n := min(budget, len(j.p.ids)-j.filled)
+		budget -= n
+		logits, err := s.m.Forward(j.ctx, j.dense, j.p.ids[j.filled:j.filled+n], model.ForwardOptions{})
+		s.count(func(st *Stats) { st.PrefillChunks++; st.PromptTokens += uint64(n) })
+		if err != nil {
+			s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
+			continue
+		}
+		j.filled += n
+		if j.filled < len(j.p.ids) {
+			continue
+		}
+		if err := s.load(j); err != nil {
+			s.end(j, nil, internal(fmt.Errorf("load the prompt into the engine: %w", err)), "")
+			continue
+		}
+		s.token(j, logits)
+	}
+}
+
+// load creates j's engine sequence and appends the prefill's keys and
+// values to it.
+func (s *Server) load(j *job) error {
+	ea, err := model.NewEngineAttention(s.eng, s.m.Geometry())
+	if err != nil {
+		return err
+	}
+	ea.Budget = j.p.budget
+	j.attn = &jobAttention{EngineAttention: ea, denseLayers: j.p.denseLayers, allDense: j.p.allDense}
+	err = ea.Load(j.dense)
+	j.dense = nil
+	return err
+}
+
+// decode runs one decode step for every job that has prefilled.
+func (s *Server) decode() {
+	var jobs []*job
+	var attns []model.Attention
+	var toks []int
+	for _, j := range s.live() {
+		if j.attn != nil {
+			jobs, attns, toks = append(jobs, j), append(attns, j.attn), append(toks, j.next)
+		}
+	}
+	if len(jobs) == 0 {
+		return
+	}
+	logits, err := s.m.DecodeBatch(s.ctx, attns, toks)
+	s.count(func(st *Stats) { st.Steps++; st.StepSequences += uint64(len(jobs)) })
+	var be *model.BatchError
+	if err != nil && !errors.As(err, &be) {
+		for _, j := range jobs {
+			s.end(j, nil, s.stepError(j, fmt.Errorf("decode step: %w", err)), "")
+		}
+		return
+	}
+	for i, j := range jobs {
+		if be != nil && be.Errs[i] != nil {
+			s.end(j, nil, s.stepError(j, fmt.Errorf("decode step: %w", be.Errs[i])), "")
+			continue
+		}
+		sm := model.Summarize(j.attn.Steps(), s.cfg.Policy.PageSize)
+		j.pagesRead += sm.PagesRead
+		j.pagesTotal += sm.PagesTotal
+		j.readW += sm.Rho * float64(sm.PagesTotal)
+		j.denseW += float64(sm.PagesTotal)
+		s.token(j, logits[i])
+	}
+}
+
+// token samples j's next token from logits and hands its text out; it
+// ends j on a stop token, a stop string or max_tokens.
+func (s *Server) token(j *job, logits []float32) {
+	id := j.sampler.Sample(logits)
+	j.tokens++
+	j.next = id
+	s.count(func(st *Stats) { st.CompletionTokens++ })
+	if slices.Contains(s.stopIDs, id) {
+		s.end(j, j.text.flush(), nil, "stop")
+		return
+	}
+	out, stopped := j.text.add(s.tok.Decode([]int{id}))
+	switch {
+	case stopped:
+		s.end(j, out, nil, "stop")
+	case j.tokens >= j.p.maxTokens:
+		s.end(j, append(out, j.text.flush()...), nil, "length")
+	default:
+		if len(out) > 0 {
+			j.post(out, nil)
+		}
+	}
+}
+
+// end takes j out of the server (queue or running), releases its
+// sequence and pages, and hands its last text and result to the
+// handler: a failure when err is set, else a completion with the
+// finish reason.
+func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
+	if j.ended {
+		return
+	}
+	j.ended = true
+	if j.attn != nil {
+		if rerr := j.attn.Release(); rerr != nil {
+			s.log.Warn("release sequence", "request", j.id, "err", rerr)
+		}
+		j.attn = nil
+	}
+	j.dense = nil
+	res := result{err: err, usage: j.usage()}
+	if err == nil {
+		res.finish = finish
+	}
+	s.mu.Lock()
+	s.running = slices.DeleteFunc(s.running, func(x *job) bool { return x == j })
+	s.queue = slices.DeleteFunc(s.queue, func(x *job) bool { return x == j })
+	s.reserved -= j.pages
+	switch {
+	case err == nil:
+		s.stats.Completed++
+	case err.status == http.StatusGatewayTimeout || err.status == statusClientGone:
+		s.stats.Cancelled++
+	default:
+		s.stats.Failed++
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+	// The result first: a handler woken by the context's end finds it.
+	j.post(text, &res)
+	j.cancel() // the job's context and its timer
+}
+
+// usage is j's token and page counts so far.
+func (j *job) usage() Usage {
+	u := Usage{PromptTokens: len(j.p.ids), CompletionTokens: j.tokens, TotalTokens: len(j.p.ids) + j.tokens,
+		PagesRead: j.pagesRead, PagesTotal: j.pagesTotal}
+	if j.denseW > 0 {
+		u.BytesReadVsDense = j.readW / j.denseW
+	}
+	return u
+}
+
+// shutdown fails every job left when the scheduler stops.
+func (s *Server) shutdown() {
+	s.mu.Lock()
+	jobs := append(slices.Clone(s.running), s.queue...)
+	s.mu.Unlock()
+	for _, j := range jobs {
+		s.end(j, nil, errClosed, "")
+	}
+}
+
+// count updates the statistics.
+func (s *Server) count(f func(*Stats)) {
+	s.mu.Lock()
+	f(&s.stats)
+	s.mu.Unlock()
+}
+
+// statusClientGone marks a job whose client went away (no answer is
+// written; the code is nginx's "client closed request").
+const statusClientGone = 499
+
+// ctxError is the failure of a job whose context ended.
+func ctxError(ctx context.Context) *apiError {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return &apiError{status: http.StatusGatewayTimeout, typ: typeTimeout, code: "request_timeout",
+			message: "The request ran past the server's request timeout."}
+	}
+	return &apiError{status: statusClientGone, typ: typeInvalid, code: "client_closed_request", message: "The client closed the request."}
+}
+
+// stepError is the failure of j's step: its context's end when that is
+// what stopped it, the server's when closing, else an internal error.
+func (s *Server) stepError(j *job, err error) *apiError {
+	switch {
+	case j.ctx.Err() != nil && isCtxErr(err):
+		return ctxError(j.ctx)
+	case s.ctx.Err() != nil:
+		return errClosed
+	}
+	s.log.Error("request failed", "request", j.id, "err", err)
+	return internal(err)
+}
+
+// internal is a 500 for a failure of the server's own.
+func internal(err error) *apiError {
+	return &apiError{status: http.StatusInternalServerError, typ: typeServer, code: "internal_error", message: "The server failed the request: " + err.Error()}
+}

@@ -1,0 +1,352 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/model"
+)
+
+// Server serves one model over the completions API. Its methods are
+// safe for concurrent use; ServeHTTP may run on any number of
+// goroutines. Everything that touches the model and the engine runs on
+// the Server's scheduler goroutine.
+type Server struct {
+	cfg        Config
+	hooks      hooks
+	name       string
+	m          *model.Model
+	tok        model.Tokenizer
+	stopIDs    []int
+	eng        *engine.Engine
+	maxContext int // prompt + max_tokens bound (0: none)
+	created    int64
+	log        *slog.Logger
+	now        func() time.Time
+	// ownModel is closed with the Server (Load's).
+	ownModel *model.Model
+	// instance tells this server's completion ids from another's.
+	instance string
+
+	stop   chan struct{} // closed by Close
+	exited chan struct{} // closed when the scheduler returns
+	wake   chan struct{} // cap 1: new work for the scheduler
+	ctx    context.Context
+	cancel context.CancelFunc // ends ctx: the scheduler's steps
+
+	mu        sync.Mutex
+	closed    bool
+	draining  bool
+	queue     []*job        // admitted, waiting for a running slot
+	running   []*job        // the scheduler's: prefilling or decoding
+	reserved  int           // pages per shard reserved by queued and running jobs
+	changed   chan struct{} // closed and replaced when a job ends
+	seq       uint64        // requests admitted so far
+	stats     Stats
+	closeOnce sync.Once
+}
+
+// Stats is a snapshot of a Server's counters.
+type Stats struct {
+	// Running is the requests prefilling or decoding; Queued those
+	// admitted and waiting for a running slot.
+	Running, Queued int
+	// Admitted counts the requests admitted; Refused those refused by
+	// admission (429) or while draining (503); Invalid those refused for
+	// their parameters (4xx).
+	Admitted, Refused, Invalid uint64
+	// Completed, Cancelled and Failed count the admitted requests that
+	// ended with a completion, with their client gone or their deadline
+	// past, and with an error.
+	Completed, Cancelled, Failed uint64
+	// PromptTokens and CompletionTokens count the tokens prefilled and
+	// generated.
+	PromptTokens, CompletionTokens uint64
+	// Steps counts decode steps (batches); StepSequences the sequences
+	// they decoded, so StepSequences / Steps is the mean batch.
+	Steps, StepSequences uint64
+	// PrefillChunks counts the prefill chunks run.
+	PrefillChunks uint64
+	// ReservedPages is the pages per shard reserved by admitted requests,
+	// CapacityPages the pool's.
+	ReservedPages, CapacityPages int
+	// EngineSequences and UsedPages are the engine's own view (shard 0;
+	// UsedPages the most of any shard): what no finished request may
+	// leave behind.
+	EngineSequences, UsedPages int
+}
+
+// New builds a server for m, whose tokenizer is tok, with an in-process
+// engine of m's geometry (model.EngineConfig) under cfg.Policy, and
+// starts its scheduler. The caller keeps m (Close does not close it).
+func New(m *model.Model, tok model.Tokenizer, cfg Config) (*Server, error) {
+	return newServer(m, tok, cfg, hooks{})
+}
+
+// hooks let tests hold the scheduler; production servers have none.
+type hooks struct {
+	// iteration, when set, runs on the scheduler goroutine before every
+	// iteration; ctx ends when the server closes.
+	iteration func(ctx context.Context)
+}
+
+func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ModelName == "" {
+		return nil, errNoName
+	}
+	if tok.VocabSize() > m.Config.VocabSize {
+		return nil, fmt.Errorf("serve: the tokenizer's %d ids exceed the model's vocabulary of %d", tok.VocabSize(), m.Config.VocabSize)
+	}
+	// The engine's policy attends densely on no layer of its own: dense
+	// layers are per request (the serving policy's by default), run as
+	// forced-dense steps, which read every page as a dense plan does.
+	pol := cfg.Policy
+	pol.DenseLayers = 0
+	ec := model.EngineConfig(m.Geometry(), pol, cfg.CapacityPages)
+	ec.CP, ec.TP, ec.Selection, ec.MemoryLimit = cfg.CP, cfg.TP, cfg.Selection, cfg.MemoryLimit
+	eng, err := engine.New(ec)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, hooks: hk, name: cfg.ModelName, m: m, tok: tok, stopIDs: model.StopIDs(tok, m.Config), eng: eng,
+		maxContext: m.Config.MaxPositions, log: log, now: now,
+		stop: make(chan struct{}), exited: make(chan struct{}), wake: make(chan struct{}, 1), changed: make(chan struct{})}
+	if cfg.MaxContext > 0 && (s.maxContext == 0 || cfg.MaxContext < s.maxContext) {
+		s.maxContext = cfg.MaxContext
+	}
+	t := now()
+	s.created = t.Unix()
+	s.instance = strconv.FormatInt(t.UnixNano(), 36)
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.stats.CapacityPages = cfg.CapacityPages
+	go s.loop()
+	return s, nil
+}
+
+// Load opens the checkpoint in dir and its tokenizer (model.Load,
+// model.LoadTokenizer) and serves it; the model is named after dir's
+// base name unless cfg.ModelName is set, its weights are checked against
+// cfg.MemoryLimit too, and Close closes it.
+func Load(dir string, cfg Config) (*Server, error) {
+	m, err := model.Load(dir, model.LoadOptions{MemoryLimit: cfg.MemoryLimit})
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	tok, err := model.LoadTokenizer(dir, m.Config)
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	if cfg.ModelName == "" {
+		cfg.ModelName = filepath.Base(filepath.Clean(dir))
+	}
+	s, err := New(m, tok, cfg)
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	s.ownModel = m
+	return s, nil
+}
+
+// Name returns the model's id.
+func (s *Server) Name() string { return s.name }
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	st := s.stats
+	st.Running, st.Queued, st.ReservedPages = len(s.running), len(s.queue), s.reserved
+	s.mu.Unlock()
+	if sh := s.eng.Shard(0, 0); sh != nil {
+		st.EngineSequences = sh.Store().Stats().Sequences
+	}
+	for tp := range s.cfg.TP {
+		for cp := range s.cfg.CP {
+			if sh := s.eng.Shard(tp, cp); sh != nil {
+				st.UsedPages = max(st.UsedPages, sh.Store().Stats().UsedPages)
+			}
+		}
+	}
+	return st
+}
+
+// errDraining and errClosed answer requests the server no longer takes.
+var (
+	errDraining = &apiError{status: http.StatusServiceUnavailable, typ: typeServer, code: "server_draining",
+		message: "The server is draining: it finishes the requests it has and admits no new ones."}
+	errClosed = &apiError{status: http.StatusServiceUnavailable, typ: typeServer, code: "server_shutting_down",
+		message: "The server is shutting down."}
+)
+
+// Drain stops admitting requests (new ones get 503) and waits until the
+// admitted ones have finished, or ctx is done (then it returns ctx's
+// error and the requests still running go on; Close ends them). A
+// draining server does not go back to admitting.
+func (s *Server) Drain(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	s.mu.Unlock()
+	for {
+		s.mu.Lock()
+		n, ch := len(s.queue)+len(s.running), s.changed
+		s.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("serve: drain with %d requests left: %w", n, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// Close stops the scheduler, fails the requests it still has (503),
+// releases their sequences and closes the engine (and the model, for a
+// server made by Load). It waits for the scheduler to return.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		close(s.stop)
+		s.cancel()
+		<-s.exited
+		s.eng.Close()
+		if s.ownModel != nil {
+			s.ownModel.Close()
+		}
+	})
+	return nil
+}
+
+// admit reserves j's pages and queues it, or refuses it (429, or 503
+// when draining or closed) and changes nothing.
+func (s *Server) admit(j *job) *apiError {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	refuse := func(e *apiError) *apiError {
+		s.stats.Refused++
+		return e
+	}
+	switch {
+	case s.closed:
+		return refuse(errClosed)
+	case s.draining:
+		return refuse(errDraining)
+	case len(s.running)+len(s.queue) >= s.cfg.MaxRunning+s.cfg.MaxQueued:
+		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
+			message: fmt.Sprintf("The server is at its limit of %d running and %d queued requests; retry later.", s.cfg.MaxRunning, s.cfg.MaxQueued)})
+	case s.reserved+j.pages > s.cfg.CapacityPages:
+		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
+			message: fmt.Sprintf("The request needs %d KV pages; %d of the pool's %d are free of other requests' reservations; retry later.", j.pages, s.cfg.CapacityPages-s.reserved, s.cfg.CapacityPages)})
+	}
+	s.reserved += j.pages
+	s.seq++
+	s.stats.Admitted++
+	j.id = fmt.Sprintf("cmpl-%s-%d", s.instance, s.seq)
+	j.created = s.now().Unix()
+	if !j.p.seeded {
+		j.p.seed = s.cfg.Seed ^ (s.seq * 0x9e3779b97f4a7c15)
+	}
+	s.queue = append(s.queue, j)
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// invalid counts a request refused for its parameters.
+func (s *Server) invalid() {
+	s.mu.Lock()
+	s.stats.Invalid++
+	s.mu.Unlock()
+}
+
+// ServeHTTP routes the API: POST /v1/completions, GET /v1/models and
+// GET /v1/models/{id}; any other path is 404, any other method 405.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	switch {
+	case path == "/v1/completions":
+		if r.Method != http.MethodPost {
+			s.notAllowed(w, r, "POST")
+			return
+		}
+		s.completions(w, r)
+	case path == "/v1/models":
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			s.notAllowed(w, r, "GET, HEAD")
+			return
+		}
+		writeJSON(w, http.StatusOK, ModelList{Object: "list", Data: []ModelInfo{s.modelInfo()}})
+	case strings.HasPrefix(path, "/v1/models/"):
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			s.notAllowed(w, r, "GET, HEAD")
+			return
+		}
+		if id := strings.TrimPrefix(path, "/v1/models/"); id != s.name {
+			s.invalid()
+			(&apiError{status: http.StatusNotFound, typ: typeInvalid, param: "model", code: "model_not_found",
+				message: fmt.Sprintf("The model `%s` does not exist; this server serves `%s`.", id, s.name)}).write(w)
+			return
+		}
+		writeJSON(w, http.StatusOK, s.modelInfo())
+	default:
+		s.invalid()
+		(&apiError{status: http.StatusNotFound, typ: typeInvalid, code: "unknown_url",
+			message: fmt.Sprintf("Invalid URL (%s %s)", r.Method, path)}).write(w)
+	}
+}
+
+func (s *Server) notAllowed(w http.ResponseWriter, r *http.Request, allow string) {
+	s.invalid()
+	w.Header().Set("Allow", allow)
+	(&apiError{status: http.StatusMethodNotAllowed, typ: typeInvalid, code: "method_not_allowed",
+		message: fmt.Sprintf("Method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)}).write(w)
+}
+
+// ModelList is the answer of GET /v1/models.
+type ModelList struct {
+	Object string      `json:"object"`
+	Data   []ModelInfo `json:"data"`
+}
+
+// ModelInfo is OpenAI's model object.
+type ModelInfo struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (s *Server) modelInfo() ModelInfo {
+	return ModelInfo{ID: s.name, Object: "model", Created: s.created, OwnedBy: "questrt"}
+}
+
+// isCtxErr reports a context's end.
+func isCtxErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}

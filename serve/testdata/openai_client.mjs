@@ -1,0 +1,52 @@
+// openai_client.mjs drives a questrt serve endpoint with the official
+// openai npm client: a completion, the same completion streamed (with
+// the usage chunk), the model list, and two errors. It prints one JSON
+// object on stdout. TestOpenAINodeClient copies it next to the
+// node_modules holding openai and runs it with:
+//
+//	QUESTRT_BASE_URL  the API's base URL (http://host:port/v1)
+//	QUESTRT_MODEL     the model id
+//	QUESTRT_PROMPT    the prompt
+import OpenAI from 'openai';
+import { readFileSync } from 'node:fs';
+
+const { QUESTRT_BASE_URL: baseURL, QUESTRT_MODEL: model, QUESTRT_PROMPT: prompt } = process.env;
+const client = new OpenAI({ baseURL, apiKey: 'questrt-test', maxRetries: 0, timeout: 120000 });
+const pkg = JSON.parse(readFileSync(new URL('./node_modules/openai/package.json', import.meta.url)));
+const out = { version: pkg.version };
+
+const c = await client.completions.create({ model, prompt, max_tokens: 5, temperature: 0 });
+out.object = c.object;
+out.text = c.choices[0].text;
+out.finish = c.choices[0].finish_reason;
+out.usage = c.usage;
+
+const stream = await client.completions.create({
+  model, prompt, max_tokens: 5, temperature: 0, stream: true, stream_options: { include_usage: true },
+});
+out.streamed = '';
+out.chunks = 0;
+for await (const chunk of stream) {
+  out.chunks++;
+  if (chunk.usage) out.streamUsage = chunk.usage;
+  for (const ch of chunk.choices) {
+    out.streamed += ch.text;
+    if (ch.finish_reason) out.streamFinish = ch.finish_reason;
+  }
+}
+
+const models = await client.models.list();
+out.models = models.data.map((m) => m.id);
+
+const failure = async (params) => {
+  try {
+    await client.completions.create(params);
+    return null;
+  } catch (e) {
+    return { status: e.status, type: e.type, param: e.param, code: e.code, name: e.constructor.name };
+  }
+};
+out.unknownModel = await failure({ model: 'no-such-model', prompt: 'x' });
+out.badMaxTokens = await failure({ model, prompt: 'x', max_tokens: -1 });
+
+console.log(JSON.stringify(out));
