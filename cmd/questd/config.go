@@ -209,6 +209,32 @@ type Config struct {
 	// ReadyFile, when set, receives the ready JSON line too (it is always
 	// printed on stdout) [--ready-file]. Default "".
 	ReadyFile string
+
+	// The OpenAI-compatible completions API (package serve): the model
+	// runs on this node, its KV pages in an in-process engine with this
+	// node's selection policy (not through the cluster's grids yet).
+
+	// Model is a Hugging Face Llama checkpoint directory to serve
+	// [--model]; needs HTTPAddr. Default "": no model.
+	Model string
+	// HTTPAddr is the listen address of the completions API [--http-addr];
+	// needs Model. Default "".
+	HTTPAddr string
+	// ModelName is the model's id in the API [--model-name]. Default "":
+	// the base name of Model.
+	ModelName string
+	// MaxRunning caps the requests decoding at once [--max-running].
+	// Default 16.
+	MaxRunning int
+	// MaxQueued caps the admitted requests waiting to run
+	// [--max-queued]. Default 64.
+	MaxQueued int
+	// PrefillChunk is the prompt tokens prefilled between two decode steps
+	// [--prefill-chunk-tokens]. Default 512.
+	PrefillChunk int
+	// ServePages is the page pool of the served model's engine
+	// [--serve-capacity-pages]. Default 4096.
+	ServePages int
 	// ConfigFile is the YAML file read under the environment
 	// [--config, or QUESTRT_CONFIG]. Default "": none.
 	ConfigFile string
@@ -496,6 +522,15 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 
 	d.group("Metrics and probes")
 	d.str(&c.MetricsAddr, "metrics-addr", "127.0.0.1:9464", "listen `host:port` of the HTTP server of /metrics (Prometheus), /healthz and /readyz; an IP or empty host; port 0 picks a free port; \"\" disables it")
+
+	d.group("Completions API (OpenAI-compatible, the model runs on this node)")
+	d.str(&c.Model, "model", "", "Hugging Face Llama checkpoint `dir` to serve at --http-addr (config.json, safetensors, tokenizer.json or the byte tokenizer)")
+	d.str(&c.HTTPAddr, "http-addr", "", "listen `host:port` of the completions API (POST /v1/completions, GET /v1/models); needs --model")
+	d.str(&c.ModelName, "model-name", "", "the model's id in the API (default: the base name of --model)")
+	d.int(&c.MaxRunning, "max-running", 16, "requests decoding at once; more wait in the queue")
+	d.int(&c.MaxQueued, "max-queued", 64, "admitted requests waiting to run; beyond it requests get 429")
+	d.int(&c.PrefillChunk, "prefill-chunk-tokens", 512, "prompt tokens prefilled between two decode steps (long prompts do not stall the others)")
+	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; requests whose pages would not fit get 429")
 
 	d.group("Logging and process")
 	d.text("log-level", "info", "lowest level logged: debug, info, warn or error", func(s string) (err error) {
@@ -1087,6 +1122,25 @@ func (c Config) Validate() error {
 	gossipHost, _, err := splitAddr("gossip-addr", c.GossipAddr)
 	if err != nil {
 		return err
+	}
+	switch {
+	case c.Model != "" && c.HTTPAddr == "":
+		return bad("model", c.Model, "needs --http-addr (where the completions API listens)")
+	case c.HTTPAddr != "" && c.Model == "":
+		return bad("http-addr", c.HTTPAddr, "needs --model (the checkpoint to serve)")
+	case c.MaxRunning < 1:
+		return bad("max-running", itoa(c.MaxRunning), "must be at least 1")
+	case c.MaxQueued < 0:
+		return bad("max-queued", itoa(c.MaxQueued), "must not be negative")
+	case c.PrefillChunk < 1:
+		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
+	case c.ServePages < 1 || c.ServePages > plan.MaxPages:
+		return bad("serve-capacity-pages", itoa(c.ServePages), "want 1..%d", plan.MaxPages)
+	}
+	if c.HTTPAddr != "" {
+		if _, _, err := splitAddr("http-addr", c.HTTPAddr); err != nil {
+			return err
+		}
 	}
 	if c.MetricsAddr != "" {
 		if _, _, err := splitAddr("metrics-addr", c.MetricsAddr); err != nil {

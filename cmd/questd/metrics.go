@@ -196,9 +196,15 @@ type metricsServer struct {
 
 // startMetricsServer listens on addr and serves h until shutdown.
 func startMetricsServer(addr string, h http.Handler, log *slog.Logger) (*metricsServer, error) {
+	return startHTTP("metrics-addr", addr, h, log)
+}
+
+// startHTTP listens on addr (the value of --flag) and serves h until
+// shutdown.
+func startHTTP(flag, addr string, h http.Handler, log *slog.Logger) (*metricsServer, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--metrics-addr %q: %w", addr, err)
+		return nil, fmt.Errorf("--%s %q: %w", flag, addr, err)
 	}
 	s := &metricsServer{
 		srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)},
@@ -206,7 +212,7 @@ func startMetricsServer(addr string, h http.Handler, log *slog.Logger) (*metrics
 	}
 	s.wg.Go(func() {
 		if err := s.srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server", "err", err)
+			log.Error("http server", "flag", flag, "err", err)
 		}
 	})
 	return s, nil

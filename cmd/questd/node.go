@@ -129,10 +129,22 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	if err != nil {
 		return err
 	}
+	var api *completions
+	if cfg.Model != "" {
+		if api, err = startCompletions(cfg, log.With("component", "serve")); err != nil {
+			lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+			defer cancel()
+			n.Stop(lctx)
+			return err
+		}
+	}
 	st.set(n)
 	line := map[string]string{"event": "ready", "name": n.Name(), "grpc": n.Addr(), "gossip": n.GossipAddr()}
 	if ms != nil {
 		line["metrics"] = ms.addr
+	}
+	if api != nil {
+		line["http"] = api.http.addr
 	}
 	ready, _ := json.Marshal(line)
 	fmt.Fprintf(stdout, "%s\n", ready)
@@ -154,6 +166,11 @@ wait:
 		}
 	}
 	st.drain()
+	if api != nil {
+		actx, cancel := context.WithTimeout(context.Background(), max(cfg.DrainTimeout, time.Second))
+		api.stop(actx, log)
+		cancel()
+	}
 	// The leave is bounded apart from the drain: when every node stops at
 	// once nobody acknowledges it.
 	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)

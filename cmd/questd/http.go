@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	completion "github.com/questrt/questrt/serve"
+)
+
+// completions is the OpenAI-compatible completions API of --model and
+// --http-addr: the serve.Server and its HTTP server.
+type completions struct {
+	srv  *completion.Server
+	http *metricsServer
+}
+
+// serveConfig is the serve package configuration of cfg: the node's selection
+// policy (per-layer budgets of --policy included), the served engine's
+// pool and the request caps.
+func (c Config) serveConfig(log *slog.Logger) completion.Config {
+	sc := completion.DefaultConfig()
+	sc.ModelName = c.ModelName
+	sc.Policy = c.engineConfig().Policy
+	sc.CapacityPages = c.ServePages
+	sc.MemoryLimit = c.MaxMemory
+	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.MaxRunning, c.MaxQueued, c.PrefillChunk
+	sc.Logger = log
+	return sc
+}
+
+// startCompletions loads --model and serves it on --http-addr.
+func startCompletions(cfg Config, log *slog.Logger) (*completions, error) {
+	srv, err := completion.Load(cfg.Model, cfg.serveConfig(log))
+	if err != nil {
+		return nil, fmt.Errorf("--model %q: %w", cfg.Model, err)
+	}
+	h, err := startHTTP("http-addr", cfg.HTTPAddr, srv, log)
+	if err != nil {
+		srv.Close()
+		return nil, err
+	}
+	log.Info("completions API", "addr", h.addr, "model", srv.Name())
+	return &completions{srv: srv, http: h}, nil
+}
+
+// stop drains the API (new requests get 503, admitted ones finish within
+// ctx), then closes the HTTP server and the model.
+func (c *completions) stop(ctx context.Context, log *slog.Logger) {
+	if err := c.srv.Drain(ctx); err != nil {
+		log.Warn("completions drain", "err", err)
+	}
+	c.http.shutdown(ctx)
+	if err := c.srv.Close(); err != nil {
+		log.Warn("completions close", "err", err)
+	}
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// passkeyModel finds passkey-llama-v1 ($QUESTRT_MODELS or ../shared/models
+// next to the repository), or skips.
+func passkeyModel(t *testing.T) string {
+	t.Helper()
+	for _, d := range []string{os.Getenv("QUESTRT_MODELS"), "../../../shared/models", "../../shared/models"} {
+		if d == "" {
+			continue
+		}
+		p := filepath.Join(d, "passkey-llama-v1")
+		if _, err := os.Stat(filepath.Join(p, "config.json")); err == nil {
+			return p
+		}
+	}
+	t.Skip("test checkpoints not found (set QUESTRT_MODELS)")
+	return ""
+}
+
+// TestServeCompletions: questd --model --http-addr serves the completions
+// API next to the node (the ready line names it); a greedy completion of
+// a passkey prompt returns the pass key; GET /v1/models lists the model
+// under its directory's name; a signal drains and serve returns nil.
+func TestServeCompletions(t *testing.T) {
+	v1 := passkeyModel(t)
+	cfg, err := load(t, nil, append(append([]string(nil), smallNode...), "--model", v1, "--http-addr", "127.0.0.1:0", "--max-running", "4", "--budget-tokens", "512")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry(), nil)
+		pw.Close()
+		done <- err
+	}()
+	br := bufio.NewReader(pr)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		cancel()
+		t.Fatalf("ready line: %v (serve: %v)", err, <-done)
+	}
+	go io.Copy(io.Discard, br)
+	var ready map[string]string
+	if err := json.Unmarshal([]byte(line), &ready); err != nil || ready["http"] == "" {
+		t.Fatalf("ready line %q: %v (want an http address)", line, err)
+	}
+	base := "http://" + ready["http"]
+	code, body := httpGet(t, base+"/v1/models")
+	if code != http.StatusOK || !strings.Contains(body, `"passkey-llama-v1"`) {
+		t.Errorf("/v1/models: %d %s", code, body)
+	}
+	prompt := "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. " +
+		"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
+		"The pass key is 48213. Remember it. 48213 is the pass key. " +
+		"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
+		"What is the pass key? The pass key is "
+	req, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": prompt, "max_tokens": 5, "temperature": 0})
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(string(req)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var out struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+			PagesTotal       int `json:"pages_total"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) != 1 || out.Choices[0].Text != "48213" {
+		t.Fatalf("completion: %d %s (%v)", resp.StatusCode, b, err)
+	}
+	if out.Usage.CompletionTokens != 5 || out.Usage.PagesTotal == 0 {
+		t.Errorf("usage %+v", out.Usage)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serve after the signal: %v", err)
+	}
+}
+
+// TestServeCompletionsFlags: --model and --http-addr need each other, and
+// the caps are checked with the flag named.
+func TestServeCompletionsFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--model", "/m"}, "--model"},
+		{[]string{"--http-addr", "127.0.0.1:0"}, "--http-addr"},
+		{[]string{"--model", "/m", "--http-addr", "nohost"}, "--http-addr"},
+		{[]string{"--max-running", "0"}, "--max-running"},
+		{[]string{"--max-queued", "-1"}, "--max-queued"},
+		{[]string{"--prefill-chunk-tokens", "0"}, "--prefill-chunk-tokens"},
+		{[]string{"--serve-capacity-pages", "0"}, "--serve-capacity-pages"},
+	} {
+		_, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error naming %s", c.args, err, c.want)
+		}
+	}
+}
