@@ -92,6 +92,11 @@ type Config struct {
 	DeviceBudgetPages int
 	// Eviction is the offload eviction policy (pagestore.EvictLRU).
 	Eviction pagestore.Eviction
+	// PrefetchPages and PrefetchCrossLayer turn prefetch on in every
+	// offloading shard (see shard.Config.PrefetchPages); 0 and false,
+	// the defaults, are off.
+	PrefetchPages      int
+	PrefetchCrossLayer bool
 }
 
 // WorkerConfig is the config every rank's worker runs with (the memory
@@ -104,7 +109,8 @@ func (c Config) workerConfig() worker.Config {
 	return worker.Config{Layers: c.Layers, Geometry: c.Geometry,
 		CP: c.CP, TP: c.TP, Capacity: c.CapacityPages, Policy: c.Policy.WithGeometry(c.Geometry), Mode: c.Selection,
 		DeviceResident: c.DeviceResident, MemoryLimit: memlimit.NoLimit,
-		DeviceBudgetPages: c.DeviceBudgetPages, Eviction: c.Eviction}
+		DeviceBudgetPages: c.DeviceBudgetPages, Eviction: c.Eviction,
+		PrefetchPages: c.PrefetchPages, PrefetchCrossLayer: c.PrefetchCrossLayer}
 }
 
 // preflight refuses a configuration whose host pools, over all CP x TP

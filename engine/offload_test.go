@@ -22,6 +22,12 @@ func TestOffloadDistributedEqualsSingleShard(t *testing.T) {
 	if testing.Short() {
 		trials = 3
 	}
+	var prefetchSteps int64 // over the trials that prefetch
+	defer func() {
+		if prefetchSteps == 0 && !t.Failed() {
+			t.Error("no step of any trial prefetched")
+		}
+	}()
 	for trial := range trials {
 		cfg := DefaultConfig()
 		cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 2, 8, 4, 16, 16
@@ -36,7 +42,10 @@ func TestOffloadDistributedEqualsSingleShard(t *testing.T) {
 		cfg.Policy.DenseLayers = 1
 		cfg.Policy.SinkPages = rng.IntN(2)
 		cfg.Policy.GQA = []kernels.GQAMode{kernels.GroupMax, kernels.PerHead}[rng.IntN(2)]
-		name := fmt.Sprintf("trial%d_cp%d_tp%d_%v_%v_%v_sink%d", trial, cfg.CP, cfg.TP, cfg.Selection, cfg.Policy.GQA, cfg.Eviction, cfg.Policy.SinkPages)
+		// Half the trials prefetch (within-layer or cross-layer).
+		cfg.PrefetchPages = []int{0, 4}[trial%2]
+		cfg.PrefetchCrossLayer = cfg.PrefetchPages > 0 && trial%4 == 3
+		name := fmt.Sprintf("trial%d_cp%d_tp%d_%v_%v_%v_sink%d_prefetch%d_cross%v", trial, cfg.CP, cfg.TP, cfg.Selection, cfg.Policy.GQA, cfg.Eviction, cfg.Policy.SinkPages, cfg.PrefetchPages, cfg.PrefetchCrossLayer)
 		t.Run(name, func(t *testing.T) {
 			p := newPair(t, cfg)
 			lens := []int{1, 17, 200 + rng.IntN(500), 300 + rng.IntN(500), 600}
@@ -53,7 +62,7 @@ func TestOffloadDistributedEqualsSingleShard(t *testing.T) {
 					p.compare(rng, layer, seqs, budgets, true)
 				}
 			}
-			var evictions, multi int64
+			var evictions, multi, issued int64
 			for tp := range cfg.TP {
 				for cp := range cfg.CP {
 					sh := p.e.Shard(tp, cp)
@@ -66,11 +75,13 @@ func TestOffloadDistributedEqualsSingleShard(t *testing.T) {
 					}
 					evictions += st.Evictions
 					multi += st.MultiPass
+					issued += st.PrefetchSteps
 				}
 			}
 			if evictions == 0 || multi == 0 {
 				t.Fatalf("offload not exercised: %d evictions, %d multi-pass steps", evictions, multi)
 			}
+			prefetchSteps += issued
 		})
 	}
 }
@@ -84,5 +95,13 @@ func TestOffloadConfigRefused(t *testing.T) {
 	cfg.DeviceBudgetPages, cfg.DeviceResident = 8, true
 	if err := cfg.Validate(); err == nil {
 		t.Error("offload with device-resident pools was accepted")
+	}
+	cfg.DeviceBudgetPages, cfg.DeviceResident, cfg.PrefetchPages = 0, false, 4
+	if err := cfg.Validate(); err == nil {
+		t.Error("prefetch without offload was accepted")
+	}
+	cfg.DeviceBudgetPages = 64
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("prefetch with offload: %v", err)
 	}
 }

@@ -13,18 +13,27 @@ import (
 // TestConcurrentSequences appends to 8 sequences from 8 goroutines (random
 // chunk sizes, two layers), with forks and rollbacks mixed in, and checks
 // each against its shadow. Run with -race.
-// With offload on (a device budget of 48 pages for 16 sequences), the
+// With offload on (a device budget of 48 pages, or 24, for 16 sequences), the
 // goroutines also recall pages of their sequences, as steps do.
+// With prefetch, they also reserve prefetches of other pages of their
+// sequences, read by a loader goroutine while they go on.
 func TestConcurrentSequences(t *testing.T) {
-	for _, budget := range []int{0, 48} {
-		t.Run(fmt.Sprintf("budget%d", budget), func(t *testing.T) { testConcurrentSequences(t, budget) })
+	for _, tc := range []struct {
+		budget   int
+		prefetch bool
+	}{{0, false}, {48, false}, {24, true}} {
+		t.Run(fmt.Sprintf("budget%d_prefetch%v", tc.budget, tc.prefetch), func(t *testing.T) { testConcurrentSequences(t, tc.budget, tc.prefetch) })
 	}
 }
 
-func testConcurrentSequences(t *testing.T, budget int) {
+func testConcurrentSequences(t *testing.T, budget int, prefetch bool) {
 	const G, L, S, H, D = 8, 2, 4, 2, 4
 	s := mustStore(t, Config{Layers: L, Geometry: plan.Geometry{KVHeads: H, HeadDim: D, PageSize: S}, Capacity: G * 64, DeviceBudget: budget})
 	defer s.Close()
+	var loader *asyncLoader
+	if prefetch {
+		loader = newAsyncLoader(s)
+	}
 	ids := make([]SeqID, G)
 	shadows := make([]*shadowSeq, G)
 	forks := make([]SeqID, G)
@@ -49,12 +58,24 @@ func testConcurrentSequences(t *testing.T, budget int) {
 				switch {
 				case budget > 0 && step%5 == 4:
 					pt, err := s.AppendPageTable(nil, id)
+					want := pt[:min(len(pt), 3)]
+					if prefetch {
+						// Pages anywhere: offloaded ones come back clean,
+						// victims for the prefetches.
+						rng.Shuffle(len(pt), func(a, b int) { pt[a], pt[b] = pt[b], pt[a] })
+						want = pt[:min(len(pt), 3)]
+					}
 					if err == nil {
-						err = s.Recall(context.Background(), pt[:min(len(pt), 3)])
+						err = s.Recall(context.Background(), want)
 					}
 					if err != nil {
 						t.Error(err)
 						return
+					}
+					if prefetch && len(pt) > 5 {
+						for _, f := range s.ReservePrefetch(pt[3:5], want, 0, nil) {
+							loader.ch <- f
+						}
 					}
 				case step == 20:
 					f, err := s.Fork(id)
@@ -77,6 +98,12 @@ func testConcurrentSequences(t *testing.T, budget int) {
 		})
 	}
 	wg.Wait()
+	if prefetch {
+		loader.stop()
+		if st := s.ResidencyStats(); st.PrefetchIssued == 0 || st.PrefetchPending != 0 {
+			t.Errorf("prefetch not exercised or reservations left: %+v", st)
+		}
+	}
 	if t.Failed() {
 		return
 	}

@@ -100,9 +100,14 @@ func DefaultConfig() Config {
 	}
 }
 
+// residencyBytesPerPage bounds the residency metadata of an offloading
+// store per page: page and slot maps, pins, marks, the evictor's lists
+// and counts, and the prefetch state.
+const residencyBytesPerPage = 56
+
 // HostBytes returns the bytes [New] allocates in host memory for c: the K/V
 // and summary pools plus 8 bytes of metadata per page. With offload on it
-// adds the residency metadata (32 bytes per page) and, when Tier is nil,
+// adds the residency metadata (56 bytes per page) and, when Tier is nil,
 // the largest the store's own memory tier can grow to (a payload for every
 // page).
 func (c Config) HostBytes() (int64, error) {
@@ -112,7 +117,7 @@ func (c Config) HostBytes() (int64, error) {
 	}
 	n := memlimit.Add(int64(sz.kvBytes), int64(sz.sumBytes), memlimit.Mul(int64(c.Capacity), 8))
 	if c.Offload() {
-		n = memlimit.Add(n, memlimit.Mul(int64(c.Capacity), 32))
+		n = memlimit.Add(n, memlimit.Mul(int64(c.Capacity), residencyBytesPerPage))
 		if c.Tier == nil {
 			n = memlimit.Add(n, memlimit.Mul(int64(c.Capacity), int64(c.PayloadBytes())))
 		}

@@ -98,7 +98,7 @@ func (h *hostData) Write(layer int, pages []int32, slot int, k, v []float32) err
 			// One page at a time: a write may span more pages than
 			// the device holds; the pages written before this one may
 			// be evicted for it.
-			if _, err := h.res.ensure(context.Background(), pages[i:i+1]); err != nil {
+			if _, err := h.res.ensure(context.Background(), pages[i:i+1], false); err != nil {
 				return err
 			}
 			kvp = int(h.res.slot[phys])
@@ -170,8 +170,8 @@ func (h *hostData) Copy(dst, src int32, valid []int) error {
 		r := h.res
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		r.two = [2]int32{dst, src}
-		if _, err := r.ensure(context.Background(), r.two[:]); err != nil {
+		two := [2]int32{dst, src}
+		if _, err := r.ensure(context.Background(), two[:], false); err != nil {
 			return err
 		}
 		kvs, kvd = r.slot[src], r.slot[dst]
@@ -204,8 +204,8 @@ func (h *hostData) Rescan(p int32, valid int) error {
 		r := h.res
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		r.two[0] = p
-		if _, err := r.ensure(context.Background(), r.two[:1]); err != nil {
+		one := [1]int32{p}
+		if _, err := r.ensure(context.Background(), one[:], false); err != nil {
 			return err
 		}
 		kvp = r.slot[p]

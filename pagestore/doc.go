@@ -109,6 +109,22 @@
 // counts residents, hits, misses, bytes moved each way, evictions and the
 // time spent in recalls.
 //
+// Prefetch: [Store.ReservePrefetch] reserves device slots for pages a
+// coming step is expected to attend (free slots, or slots of clean
+// unpinned pages that neither the caller's step nor the prediction
+// needs: a prefetch never writes to the tier), and [Store.LoadPrefetch]
+// reads a reservation from the tier into its slot without holding the
+// residency lock, then publishes it; until then the page is not
+// resident and nobody reads the slot. An operation that needs a
+// reserved page waits for a read in flight or, when the read has not
+// started, reads the page itself into the reserved slot; one that lacks
+// room gives back reservations whose read has not started and waits for
+// reads in flight. So a page is read into one slot, once, and a
+// reservation never makes an operation fail with ErrDeviceFull. A page
+// recycled while its prefetch is in flight is discarded when the read
+// ends. ResidencyStats counts reservations, reads, hits, waste and the
+// time operations waited.
+//
 // With DeviceBudget 0 none of this exists: the arrays are indexed by
 // physical page id and no operation does any residency work.
 //
@@ -120,8 +136,13 @@
 //   - The free list and refcounts are guarded by their own mutex, the
 //     sequence map by an RWMutex, the residency maps of an offloading
 //     store by a fourth mutex, held across tier I/O (so residency
-//     changes, and the K/V writes of an offloading store, serialize);
-//     the lock order is sequence, map, pool, residency.
+//     changes, and the K/V writes of an offloading store, serialize)
+//     except a prefetch read ([Store.LoadPrefetch]), which runs
+//     without any of the store's locks into its reserved slot; the lock
+//     order is sequence, map, pool, residency. An operation waiting for
+//     a prefetch read in flight releases the residency lock meanwhile
+//     (it keeps its sequence's lock): a prefetch read must not wait for
+//     the store.
 //   - Readers of page contents (kernels reading the arrays returned by
 //     [Store.Layer]) are not synchronized by the store. They must not run
 //     concurrently with writers (Append, Rollback, Release) of the same

@@ -11,7 +11,12 @@ import (
 // hit; a missing one takes a free slot or evicts a resident page that is
 // neither pinned nor in pages (writing it to the tier first unless the
 // tier's copy is current), then reads its payload from the tier. Every
-// page of pages counts as used by the step for the eviction policy.
+// page of pages counts as used by the step for the eviction policy. A
+// page whose prefetch read is in flight is waited for (a hit, and a
+// prefetch hit); a reserved one whose read has not started is read here
+// (a miss); reservations of other pages are given back, or their reads
+// waited for, when the pages do not fit otherwise (see
+// [Store.ReservePrefetch]).
 //
 // It fails with ErrDeviceFull, changing nothing, when pages do not fit
 // beside the pinned pages (see [Store.DeviceRoom]). A tier failure
@@ -38,13 +43,14 @@ func (s *Store) Recall(ctx context.Context, pages []int32) error {
 		return fmt.Errorf("recall: %w", err)
 	}
 	r.tick++
-	missing, err := r.ensure(ctx, pages)
+	missing, err := r.ensure(ctx, pages, true)
 	r.st.Recalls++
 	if err == nil {
 		r.st.Misses += int64(missing)
 		r.st.Hits += int64(len(pages) - missing)
 		for _, p := range pages {
 			r.ev.Touch(p, r.tick)
+			r.used[p] = r.tick
 		}
 	}
 	r.st.Stall += time.Since(t0)

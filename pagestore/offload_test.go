@@ -60,7 +60,7 @@ func TestOffloadConfig(t *testing.T) {
 	}
 	hb, _ := ok.HostBytes()
 	hbFull, _ := full.HostBytes()
-	if want := hbFull - int64(kvFull-kv) + 8*32 + 8*int64(ok.PayloadBytes()); hb != want {
+	if want := hbFull - int64(kvFull-kv) + 8*residencyBytesPerPage + 8*int64(ok.PayloadBytes()); hb != want {
 		t.Errorf("HostBytes with offload %d, want %d", hb, want)
 	}
 }
@@ -131,6 +131,94 @@ type opsModel struct {
 	shadow      []*shadowSeq
 	maxSeqs     int
 	recallLimit int
+
+	// prefetch: reservations are made by the model's "prefetch" op and
+	// read synchronously, by loader (a goroutine), or left queued for an
+	// operation to take over or for cancel.
+	prefetch bool
+	loader   *asyncLoader
+	queued   []Fetch
+}
+
+// asyncLoader reads prefetch reservations on a goroutine of its own, as
+// a shard's prefetcher does.
+type asyncLoader struct {
+	s    *Store
+	ch   chan Fetch
+	done chan struct{}
+}
+
+func newAsyncLoader(s *Store) *asyncLoader {
+	l := &asyncLoader{s: s, ch: make(chan Fetch, 64), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		buf := make([]byte, s.Config().PayloadBytes())
+		for f := range l.ch {
+			_ = l.s.LoadPrefetch(context.Background(), f, buf) // failures are counted
+		}
+	}()
+	return l
+}
+
+// stop waits for the reads queued so far.
+func (l *asyncLoader) stop() {
+	close(l.ch)
+	<-l.done
+}
+
+// prefetchOp reserves some pages of one sequence (keeping others) and
+// reads the reservations in one of three ways.
+func (m *opsModel) prefetchOp() {
+	i := m.rng.IntN(len(m.ids))
+	pt := pageTable(m.t, m.off, m.ids[i][1])
+	m.rng.Shuffle(len(pt), func(a, b int) { pt[a], pt[b] = pt[b], pt[a] })
+	keep := pt[:m.rng.IntN(len(pt)+1)/2]
+	want := pt[len(keep):]
+	var kept []int32 // kept pages resident now: a prefetch never evicts them
+	for _, p := range keep {
+		if m.off.DeviceSlot(p) >= 0 {
+			kept = append(kept, p)
+		}
+	}
+	fs := m.off.ReservePrefetch(want, keep, 0, nil)
+	for _, f := range fs {
+		if slices.Contains(keep, f.Page) || m.off.DeviceSlot(f.Page) >= 0 {
+			m.t.Fatalf("reserved page %d: kept or resident", f.Page)
+		}
+	}
+	for _, p := range kept {
+		if m.off.DeviceSlot(p) < 0 {
+			m.t.Fatalf("kept page %d evicted by a prefetch", p)
+		}
+	}
+	buf := make([]byte, m.off.Config().PayloadBytes())
+	for _, f := range fs {
+		switch m.rng.IntN(3) {
+		case 0:
+			if err := m.off.LoadPrefetch(context.Background(), f, buf); err != nil {
+				m.t.Fatal(err)
+			}
+		case 1:
+			m.loader.ch <- f
+		default:
+			m.queued = append(m.queued, f)
+		}
+	}
+	if len(m.queued) > 8 {
+		m.off.CancelPrefetch(m.queued[:4])
+		m.queued = slices.Delete(m.queued, 0, 4)
+	}
+	if len(fs) > 0 && m.rng.IntN(2) == 0 {
+		// The next step wants some of them: prefetch hits, waits for
+		// reads in flight, and takeovers of queued ones.
+		var next []int32
+		for _, f := range fs[:1+m.rng.IntN(len(fs))] {
+			next = append(next, f.Page)
+		}
+		if err := m.off.Recall(context.Background(), next); err != nil {
+			m.t.Fatalf("recall of %d prefetched pages: %v", len(next), err)
+		}
+	}
 }
 
 func (m *opsModel) check() {
@@ -149,12 +237,15 @@ func (m *opsModel) check() {
 	}
 }
 
-func (m *opsModel) both(what string, f func(s *Store, id SeqID) error, i int) {
+// both runs f on both stores and reports whether it succeeded (on both,
+// or on neither: a full pool fails both alike).
+func (m *opsModel) both(what string, f func(s *Store, id SeqID) error, i int) bool {
 	m.t.Helper()
 	e1, e2 := f(m.plain, m.ids[i][0]), f(m.off, m.ids[i][1])
 	if (e1 == nil) != (e2 == nil) {
 		m.t.Fatalf("%s: plain %v, offload %v", what, e1, e2)
 	}
+	return e1 == nil
 }
 
 func (m *opsModel) step() {
@@ -182,7 +273,9 @@ func (m *opsModel) step() {
 			}
 			for l := range c.Layers {
 				kk, vv := k[l][part[0]*tok:part[1]*tok], v[l][part[0]*tok:part[1]*tok]
-				m.both("append", func(s *Store, id SeqID) error { return s.Append(id, l, kk, vv) }, i)
+				if !m.both("append", func(s *Store, id SeqID) error { return s.Append(id, l, kk, vv) }, i) {
+					continue // the pool is full (in both)
+				}
 				m.shadow[i].k[l] = append(m.shadow[i].k[l], kk...)
 				m.shadow[i].v[l] = append(m.shadow[i].v[l], vv...)
 			}
@@ -191,8 +284,11 @@ func (m *opsModel) step() {
 		i := m.rng.IntN(len(m.ids))
 		a, e1 := m.plain.Fork(m.ids[i][0])
 		b, e2 := m.off.Fork(m.ids[i][1])
-		if e1 != nil || e2 != nil {
+		if (e1 == nil) != (e2 == nil) {
 			m.t.Fatalf("fork: %v / %v", e1, e2)
+		}
+		if e1 != nil {
+			return // uneven layers after an append the full pool refused, in both
 		}
 		m.ids = append(m.ids, [2]SeqID{a, b})
 		m.shadow = append(m.shadow, m.shadow[i].clone())
@@ -203,13 +299,16 @@ func (m *opsModel) step() {
 			return
 		}
 		cut := 1 + m.rng.IntN(n)
-		m.both("rollback", func(s *Store, id SeqID) error { return s.Rollback(id, cut) }, i)
-		m.shadow[i].truncate(tok, n-cut)
+		if m.both("rollback", func(s *Store, id SeqID) error { return s.Rollback(id, cut) }, i) {
+			m.shadow[i].truncate(tok, n-cut)
+		}
 	case r == 7:
 		i := m.rng.IntN(len(m.ids))
 		m.both("release", func(s *Store, id SeqID) error { return s.Release(id) }, i)
 		m.ids = slices.Delete(m.ids, i, i+1)
 		m.shadow = slices.Delete(m.shadow, i, i+1)
+	case m.prefetch && r == 8:
+		m.prefetchOp()
 	default: // a step's recall of some pages of one sequence
 		i := m.rng.IntN(len(m.ids))
 		pt := pageTable(m.t, m.off, m.ids[i][1])
@@ -244,8 +343,12 @@ func TestOffloadMatchesPlain(t *testing.T) {
 		ev          Eviction
 		disk        bool
 		first, last int
-	}{{EvictLRU, false, 0, 1}, {EvictScore, false, 1, 2}, {EvictLRU, true, 1, 1}} {
-		t.Run(fmt.Sprintf("%v_disk%v_pin%d_%d", tc.ev, tc.disk, tc.first, tc.last), func(t *testing.T) {
+		prefetch    bool
+	}{
+		{EvictLRU, false, 0, 1, false}, {EvictScore, false, 1, 2, false}, {EvictLRU, true, 1, 1, false},
+		{EvictLRU, false, 0, 1, true}, {EvictScore, false, 1, 2, true}, {EvictLRU, true, 1, 1, true},
+	} {
+		t.Run(fmt.Sprintf("%v_disk%v_pin%d_%d_prefetch%v", tc.ev, tc.disk, tc.first, tc.last, tc.prefetch), func(t *testing.T) {
 			c := offConfig(48, 0)
 			plain := mustStore(t, c)
 			c.DeviceBudget, c.Eviction, c.PinFirst, c.PinLast = 12, tc.ev, tc.first, tc.last
@@ -262,15 +365,26 @@ func TestOffloadMatchesPlain(t *testing.T) {
 			}
 			off := mustStore(t, c)
 			defer off.Close()
-			m := &opsModel{t: t, rng: rand.New(rand.NewPCG(7, uint64(tc.ev)+1)), plain: plain, off: off, maxSeqs: 3, recallLimit: 10}
+			m := &opsModel{t: t, rng: rand.New(rand.NewPCG(7, uint64(tc.ev)+1)), plain: plain, off: off, maxSeqs: 3, recallLimit: 10, prefetch: tc.prefetch}
+			if tc.prefetch {
+				m.loader = newAsyncLoader(off)
+			}
 			for range ops {
 				m.step()
+				m.check()
+			}
+			if tc.prefetch {
+				m.loader.stop()
+				off.CancelPrefetch(m.queued)
 				m.check()
 			}
 			st := off.ResidencyStats()
 			t.Logf("%+v", st)
 			if st.Evictions == 0 || st.BytesIn == 0 || st.BytesOut == 0 || st.Hits == 0 || st.Misses == 0 {
 				t.Errorf("the workload did not exercise the tier: %+v", st)
+			}
+			if tc.prefetch && (st.PrefetchIssued == 0 || st.PrefetchLoaded == 0 || st.PrefetchHits == 0 || st.PrefetchTaken == 0 || st.PrefetchPending != 0) {
+				t.Errorf("the workload did not exercise prefetch, or left reservations: %+v", st)
 			}
 		})
 	}

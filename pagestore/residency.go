@@ -41,8 +41,36 @@ type ResidencyStats struct {
 	// them that had to be written to the tier first (no current copy).
 	Evictions, WriteBacks int64
 	// Stall is the time spent inside step recalls: tier reads,
-	// write-backs and bookkeeping.
+	// write-backs, bookkeeping and waits for prefetch reads in flight.
 	Stall time.Duration
+
+	// Prefetch (see [Store.ReservePrefetch]). PrefetchPending is the
+	// number of reservations not yet published (queued or being read);
+	// their slots count neither as resident nor as free.
+	PrefetchPending int
+	// PrefetchIssued counts pages reserved for a prefetch; PrefetchLoaded
+	// those whose payload a prefetch read brought in (PrefetchBytes
+	// bytes, not in BytesIn, which counts the reads of the operations
+	// themselves); PrefetchFailed the prefetch reads that failed (a tier
+	// error or cancellation: the page stays in the tier, and a step
+	// that needs it reads it itself).
+	PrefetchIssued, PrefetchLoaded, PrefetchFailed int64
+	PrefetchBytes                                  int64
+	// PrefetchHits counts pages a step recall wanted that were resident
+	// only because a prefetch brought them in (counted in Hits too);
+	// PrefetchWasted the prefetched pages (or reservations) that left
+	// the device before any step used them: evicted, recycled, or given
+	// back under pressure or at shutdown.
+	PrefetchHits, PrefetchWasted int64
+	// PrefetchTaken counts reservations that an operation needed before
+	// their read had started: it read the page itself into the reserved
+	// slot (a miss, not a prefetch hit).
+	PrefetchTaken int64
+	// PrefetchWaits counts the times an operation waited for a prefetch
+	// read in flight (of a page it needed, or to free room), and
+	// PrefetchWait the time it waited (part of Stall for step recalls).
+	PrefetchWaits int64
+	PrefetchWait  time.Duration
 }
 
 // HitRate returns Hits / (Hits + Misses), or 1 when no page was wanted.
@@ -57,7 +85,9 @@ func (r ResidencyStats) HitRate() float64 {
 // page holds which device slot, what the tier holds, the pins and the
 // evictor. Every field is guarded by mu; tier I/O runs with mu held, so
 // residency changes (and the K/V writes of an offloading store's PageData)
-// serialize. Lock order: a sequence, the sequence map, the pool, then mu.
+// serialize, except a prefetch read (see prefetch.go), which runs
+// without mu into a slot reserved for it. Lock order: a sequence, the
+// sequence map, the pool, then mu.
 type residency struct {
 	mu       sync.Mutex
 	budget   int
@@ -78,9 +108,22 @@ type residency struct {
 	epoch     uint32
 	tick      uint64
 	buf       []byte // one payload
-	two       [2]int32
 
-	st ResidencyStats // the counters (Recalls ... Stall)
+	// Prefetch reservations (prefetch.go). A reserved page holds its slot
+	// in owner but not in slot (it is not resident: nobody reads the slot
+	// until the reservation is published).
+	pend    []int32       // page -> slot reserved by a prefetch, -1 when none
+	loading []bool        // page: its prefetch read is in flight (outside mu)
+	gen     []uint32      // page: bumped when the page is recycled
+	pf      []bool        // page: resident by a prefetch no operation has used yet
+	used    []uint64      // page: the tick of the last step recall that wanted it
+	npend   int           // pages with pend >= 0
+	age     uint64        // ReservePrefetch in progress: victims unused for more ticks
+	ntier   int           // pages whose K/V only the tier holds (clean, not resident)
+	nload   int           // pages loading
+	loaded  chan struct{} // closed when a prefetch read ends; nil: nobody waits
+
+	st ResidencyStats // the counters (Recalls ... PrefetchWait)
 }
 
 func newResidency(cfg Config, h *hostData) (*residency, error) {
@@ -97,6 +140,11 @@ func newResidency(cfg Config, h *hostData) (*residency, error) {
 		pins:     make([]int32, cfg.Capacity),
 		mark:     make([]uint32, cfg.Capacity),
 		buf:      make([]byte, cfg.PayloadBytes()),
+		pend:     make([]int32, cfg.Capacity),
+		loading:  make([]bool, cfg.Capacity),
+		gen:      make([]uint32, cfg.Capacity),
+		pf:       make([]bool, cfg.Capacity),
+		used:     make([]uint64, cfg.Capacity),
 	}
 	ev, err := NewEvictor(cfg.Eviction, cfg.Capacity, cfg.scoreDecay())
 	if err != nil {
@@ -104,7 +152,7 @@ func newResidency(cfg Config, h *hostData) (*residency, error) {
 	}
 	r.ev = ev
 	for p := range r.slot {
-		r.slot[p] = -1
+		r.slot[p], r.pend[p] = -1, -1
 	}
 	for s := range r.owner {
 		r.owner[s] = -1
@@ -141,39 +189,89 @@ func (r *residency) room() int { return r.budget - r.pinnedRes }
 // with ErrDeviceFull, changing nothing, when the missing pages outnumber
 // the free slots and the resident pages that may be evicted. It returns
 // the number of pages that were missing. A tier failure leaves the pages
-// brought in so far resident and the others where they were.
-func (r *residency) ensure(ctx context.Context, pages []int32) (int, error) {
-	r.begin()
+// brought in so far resident and the others where they were. step says
+// that a step recall asks (prefetch hits are counted).
+//
+// Prefetch reservations: a needed page whose prefetch read is in flight
+// is waited for (mu is released meanwhile, so the marks are set again
+// afterwards; the wait ends early, failing, when ctx does); one whose
+// read has not started is read here into its
+// reserved slot (the prefetcher then skips it). When the pages do not
+// fit, reservations of pages not needed are given back first, then reads
+// in flight waited for (their pages become evictable), before
+// ErrDeviceFull.
+func (r *residency) ensure(ctx context.Context, pages []int32, step bool) (int, error) {
 	missing := 0
-	for _, p := range pages {
-		if r.mark[p] == r.epoch {
-			continue // listed twice
-		}
-		r.mark[p] = r.epoch
-		if r.slot[p] < 0 {
-			missing++
-		}
-	}
-	if missing == 0 {
-		return 0, nil
-	}
-	if missing > len(r.free) {
-		evictable := 0
-		for _, p := range r.owner {
-			if p >= 0 && r.Evictable(p) {
-				evictable++
+	for {
+		r.begin()
+		missing = 0
+		queued := 0 // missing pages with a reserved slot
+		wait := false
+		for _, p := range pages {
+			if r.mark[p] == r.epoch {
+				continue // listed twice
+			}
+			r.mark[p] = r.epoch
+			switch {
+			case r.loading[p]:
+				wait = true
+			case r.slot[p] < 0:
+				missing++
+				if r.pend[p] >= 0 {
+					queued++
+				}
 			}
 		}
-		if missing > len(r.free)+evictable {
-			return 0, fmt.Errorf("%d pages to bring in, %d device slots free and %d evictable (budget %d, %d held by pinned pages): %w",
-				missing, len(r.free), evictable, r.budget, r.pinnedRes, ErrDeviceFull)
+		if wait {
+			if err := r.waitLoads(ctx); err != nil {
+				return 0, err
+			}
+			continue
 		}
+		if fresh := missing - queued; fresh > len(r.free) {
+			evictable := 0
+			for _, p := range r.owner {
+				if p >= 0 && r.slot[p] >= 0 && r.Evictable(p) {
+					evictable++
+				}
+			}
+			if fresh > len(r.free)+evictable {
+				if r.cancelQueued() > 0 {
+					continue
+				}
+				if r.nload > 0 {
+					if err := r.waitLoads(ctx); err != nil {
+						return 0, err
+					}
+					continue
+				}
+				return 0, fmt.Errorf("%d pages to bring in, %d device slots free and %d evictable (budget %d, %d held by pinned pages): %w",
+					missing, len(r.free), evictable, r.budget, r.pinnedRes, ErrDeviceFull)
+			}
+		}
+		break
 	}
 	for _, p := range pages {
-		if r.slot[p] < 0 {
-			if err := r.load(ctx, p); err != nil {
-				return missing, err
+		if r.slot[p] >= 0 {
+			if r.pf[p] {
+				r.pf[p] = false
+				if step {
+					r.st.PrefetchHits++
+				}
 			}
+			continue
+		}
+		var err error
+		if s := r.pend[p]; s >= 0 {
+			// Reserved, its read not started: read it here, once.
+			r.unpend(p)
+			r.st.PrefetchTaken++
+			err = r.loadInto(ctx, p, s)
+		} else {
+			err = r.load(ctx, p)
+		}
+		if err != nil {
+			return missing, err
 		}
 	}
 	return missing, nil
@@ -186,13 +284,21 @@ func (r *residency) load(ctx context.Context, p int32) error {
 	if err != nil {
 		return fmt.Errorf("bring in page %d: %w", p, err)
 	}
+	return r.loadInto(ctx, p, s)
+}
+
+// loadInto reads page p into slot s, which the caller took (a failed
+// read gives s back), and makes p resident.
+func (r *residency) loadInto(ctx context.Context, p, s int32) error {
 	if r.clean[p] {
 		if err := r.tier.Read(ctx, int(p), r.buf); err != nil {
+			r.owner[s] = -1
 			r.free = append(r.free, s)
 			return fmt.Errorf("bring in page %d: %w", p, err)
 		}
 		r.unpack(s)
 		r.st.BytesIn += int64(len(r.buf))
+		r.ntier--
 	}
 	r.slot[p], r.owner[s] = s, p
 	if r.pins[p] > 0 {
@@ -236,15 +342,27 @@ func (r *residency) evict(ctx context.Context, v int32) error {
 	r.free = append(r.free, s)
 	r.ev.Remove(v, false)
 	r.st.Evictions++
+	r.ntier++
+	if r.pf[v] {
+		r.pf[v] = false
+		r.st.PrefetchWasted++
+	}
 	return nil
 }
 
 // drop forgets a page that returned to the free list: its slot is freed
 // and its tier copy no longer counts (the tier slot is overwritten when
 // the recycled page is next evicted; it is never read before).
+//
+// A prefetch reservation of p is given back; one whose read is in flight
+// keeps its slot until the read ends, and the reader then discards the
+// payload (the page's generation changed).
 func (r *residency) drop(p int32) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.slot[p] < 0 && r.clean[p] {
+		r.ntier--
+	}
 	if s := r.slot[p]; s >= 0 {
 		r.slot[p], r.owner[s] = -1, -1
 		r.free = append(r.free, s)
@@ -252,6 +370,14 @@ func (r *residency) drop(p int32) {
 			r.pinnedRes--
 		}
 	}
+	if r.pend[p] >= 0 && !r.loading[p] {
+		r.giveBack(p)
+	}
+	if r.pf[p] {
+		r.pf[p] = false
+		r.st.PrefetchWasted++
+	}
+	r.gen[p]++
 	r.clean[p] = false
 	r.ev.Remove(p, true)
 }
@@ -296,9 +422,11 @@ func (r *residency) pack(s int32) {
 }
 
 // unpack copies r.buf into slot s (the inverse of pack).
-func (r *residency) unpack(s int32) {
+func (r *residency) unpack(s int32) { r.unpackFrom(s, r.buf) }
+
+// unpackFrom copies payload b into slot s.
+func (r *residency) unpackFrom(s int32, b []byte) {
 	o, n := int(s)*r.blk, r.blk
-	b := r.buf
 	for _, ld := range r.layers {
 		for _, a := range [2][]float32{ld.K[o : o+n], ld.V[o : o+n]} {
 			r.unpackInto(a, b[:4*n])
@@ -349,8 +477,9 @@ func (r *residency) stats() ResidencyStats {
 	defer r.mu.Unlock()
 	st := r.st
 	st.DeviceBudget = r.budget
-	st.Resident = r.budget - len(r.free)
+	st.Resident = r.budget - len(r.free) - r.npend
 	st.PinnedResident = r.pinnedRes
+	st.PrefetchPending = r.npend
 	for p, s := range r.slot {
 		switch {
 		case s >= 0 && r.clean[p]:
@@ -372,7 +501,25 @@ func (r *residency) check(ref []int32) error {
 	defer r.mu.Unlock()
 	used := 0
 	pinnedRes := 0
+	pend, load := 0, 0
 	for p, s := range r.slot {
+		if ps := r.pend[p]; ps >= 0 {
+			pend++
+			if r.loading[p] {
+				load++
+			}
+			if s >= 0 || int(ps) >= r.budget || r.owner[ps] != int32(p) {
+				return fmt.Errorf("page %d reserved slot %d (owner %d) for a prefetch, and holds slot %d", p, ps, r.owner[min(int(ps), r.budget-1)], s)
+			}
+			if !r.loading[p] && (ref[p] == 0 || !r.clean[p]) {
+				return fmt.Errorf("page %d: a queued prefetch of a page with ref %d, clean %v", p, ref[p], r.clean[p])
+			}
+		} else if r.loading[p] {
+			return fmt.Errorf("page %d loading without a reserved slot", p)
+		}
+		if r.pf[p] && s < 0 {
+			return fmt.Errorf("page %d marked prefetched but not resident", p)
+		}
 		if s >= 0 {
 			used++
 			if int(s) >= r.budget || r.owner[s] != int32(p) {
@@ -393,12 +540,24 @@ func (r *residency) check(ref []int32) error {
 		}
 	}
 	for s, p := range r.owner {
-		if p >= 0 && r.slot[p] != int32(s) {
+		if p >= 0 && r.slot[p] != int32(s) && r.pend[p] != int32(s) {
 			return fmt.Errorf("slot %d owned by page %d, which holds slot %d", s, p, r.slot[p])
 		}
 	}
-	if used+len(r.free) != r.budget {
-		return fmt.Errorf("%d slots used and %d free, budget %d", used, len(r.free), r.budget)
+	if used+pend+len(r.free) != r.budget {
+		return fmt.Errorf("%d slots used, %d reserved and %d free, budget %d", used, pend, len(r.free), r.budget)
+	}
+	if pend != r.npend || load != r.nload {
+		return fmt.Errorf("%d reservations (%d loading), counters say %d (%d)", pend, load, r.npend, r.nload)
+	}
+	tierOnly := 0
+	for p, s := range r.slot {
+		if s < 0 && r.clean[p] {
+			tierOnly++
+		}
+	}
+	if tierOnly != r.ntier {
+		return fmt.Errorf("%d pages only in the tier, counter says %d", tierOnly, r.ntier)
 	}
 	if pinnedRes != r.pinnedRes {
 		return fmt.Errorf("%d pinned resident pages, counter says %d", pinnedRes, r.pinnedRes)
@@ -410,8 +569,8 @@ func (r *residency) check(ref []int32) error {
 func (r *residency) ensureOne(p int32) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.two[0] = p
-	_, err := r.ensure(context.Background(), r.two[:1])
+	one := [1]int32{p}
+	_, err := r.ensure(context.Background(), one[:], false)
 	return err
 }
 

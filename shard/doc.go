@@ -20,6 +20,16 @@
 // step whose pages do not fit attends in passes merged by their partial
 // states. See [OffloadStats].
 //
+// Prefetch (Config.PrefetchPages > 0, with offload): after its recall a
+// single-pass step ranks the PrefetchPages pages below each row's
+// selection (or, with PrefetchCrossLayer, the pages layer l+1 would
+// select for this step's queries), reserves device slots for those not
+// resident (free slots, or clean unpinned pages that no step of this or
+// the previous token attended) and hands them to the shard's prefetcher
+// goroutine, which reads them from the tier while the step attends; the
+// next step finds them resident. Prefetch changes residency only, never
+// what a step selects or computes.
+//
 // A shard never talks to other shards; exchanges between CP ranks belong to
 // package collective.
 package shard

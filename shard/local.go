@@ -288,12 +288,14 @@ func (ls *LocalStep) fillCandidates(score func(base, j int, lp int32) float32) {
 // the candidates come back. It reports whether it ran; when it did not,
 // nothing happened and the caller runs Score and Candidates. Afterwards
 // Scored is false (PageScore is unavailable) and Time.Score holds the
-// call's time.
+// call's time. A prefetching shard (Config.PrefetchPages) declines: its
+// prefetch ranks the pages below the selection from the scores.
 func (s *Shard) RankCandidates(ctx context.Context, ls *LocalStep, quota func(plan.Plan) int) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rk, ok := s.be.(kernels.Ranker)
-	if !ok || s.cfg.Policy.Selector != plan.Quest {
+	if !ok || s.cfg.Policy.Selector != plan.Quest || s.pf != nil {
+		// A prefetching shard ranks its prefetch from the scores.
 		return false, nil
 	}
 	ls.scored = false

@@ -21,6 +21,23 @@ type OffloadStats struct {
 	// pages), whose partial states were merged, which equals one pass up
 	// to fp32 rounding but not bit for bit.
 	Steps, MultiPass, Passes int64
+	// PrefetchSteps counts steps that ranked pages for prefetch (see
+	// [Config.PrefetchPages]) and PrefetchRanked the candidates they
+	// ranked outside their own working set (resident ones included: the
+	// store reserves only for the others, PrefetchIssued). PrefetchPlan
+	// is the time those steps spent ranking and reserving, on the step's
+	// critical path (the reads are not).
+	PrefetchSteps, PrefetchRanked int64
+	PrefetchPlan                  time.Duration
+}
+
+// StallPerStep is the mean time a step spent in its recalls (Stall /
+// Steps; 0 before the first step).
+func (st OffloadStats) StallPerStep() time.Duration {
+	if st.Steps == 0 {
+		return 0
+	}
+	return st.Stall / time.Duration(st.Steps)
 }
 
 // OffloadStats returns a snapshot of the shard's offload counters.
@@ -31,6 +48,9 @@ func (s *Shard) OffloadStats() OffloadStats {
 	s.mu.Lock()
 	o := s.off
 	st := OffloadStats{Steps: o.steps, MultiPass: o.multi, Passes: o.passes}
+	if pp := s.pfPlan; pp != nil {
+		st.PrefetchSteps, st.PrefetchRanked, st.PrefetchPlan = pp.steps, pp.ranked, pp.time
+	}
 	s.mu.Unlock()
 	st.ResidencyStats = s.store.ResidencyStats()
 	return st
@@ -150,6 +170,12 @@ func (s *Shard) attendOffload(ctx context.Context, ls *LocalStep) error {
 		o.passes++
 		if err := s.recall(ctx, ls, o.want); err != nil {
 			return err
+		}
+		if s.pf != nil {
+			// Ranked and reserved now, read while this step attends.
+			if err := s.prefetchNext(ctx, ls); err != nil {
+				return fmt.Errorf("prefetch: %w", err)
+			}
 		}
 		if err := o.translate(s.store, &ls.batch); err != nil {
 			return err

@@ -20,69 +20,84 @@ import (
 // tier; the same data and queries in every case. Selection changes
 // slowly (each query a small rotation of the previous one) or completely
 // (independent queries). It reports the hit rate of the step recalls and
-// the payload bytes moved per step each way.
+// the payload bytes moved per step each way; "prefetch=16" runs prefetch
+// 16 pages per row below the selection (see Config.PrefetchPages).
 func BenchmarkOffloadStep(b *testing.B) {
-	const qh, kvh, d, s, tokens, budgetTok = 8, 2, 64, 16, 16384, 512
-	pages := tokens / s
 	for _, drift := range []string{"slow", "random"} {
 		for _, pct := range []int{0, 100, 50, 20, 10} {
-			name := fmt.Sprintf("%s/budget=%d%%", drift, pct)
-			if pct == 0 {
-				name = drift + "/resident"
-			}
-			b.Run(name, func(b *testing.B) {
-				be := kernels.NewCPU(kernels.CPUConfig{})
-				defer be.Close()
-				pol := plan.DefaultPolicy()
-				pol.PageSize, pol.BudgetTokens, pol.DenseLayers = s, budgetTok, 0
-				st := pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: pages + 8,
-					DeviceBudget: pct * pages / 100}
-				sh, err := New(Config{Store: st, Policy: pol}, be)
-				if err != nil {
-					b.Fatal(err)
+			for _, pf := range []int{0, 16} {
+				if pct == 0 && pf > 0 {
+					continue
 				}
-				defer sh.Close()
-				rng := rand.New(rand.NewPCG(1, 2))
-				id := sh.Store().Create()
-				for range tokens / 1024 {
-					if err := sh.Append(id, 0, randVec(rng, 1024*kvh*d, 1), randVec(rng, 1024*kvh*d, 1)); err != nil {
-						b.Fatal(err)
-					}
-				}
-				qs := benchQueries(rng, drift, 256, qh*d)
-				var res StepResult
-				reqs := []SeqStep{{Seq: id}}
-				step := func(i int) {
-					reqs[0].Q = qs[i%len(qs)]
-					if err := sh.Step(context.Background(), 0, reqs, StepOptions{}, &res); err != nil {
-						b.Fatal(err)
-					}
-				}
-				for i := range 64 { // warm the device pool
-					step(i)
-				}
-				before := sh.OffloadStats()
-				b.ReportAllocs()
-				b.ResetTimer()
-				for i := range b.N {
-					step(64 + i)
-				}
-				b.StopTimer()
-				after := sh.OffloadStats()
+				name := fmt.Sprintf("%s/budget=%d%%/prefetch=%d", drift, pct, pf)
 				if pct == 0 {
-					return
+					name = drift + "/resident"
 				}
-				n := float64(b.N)
-				hits, misses := after.Hits-before.Hits, after.Misses-before.Misses
-				b.ReportMetric(float64(hits)/float64(max(hits+misses, 1)), "hit-rate")
-				b.ReportMetric(float64(after.BytesIn-before.BytesIn)/n, "B-in/step")
-				b.ReportMetric(float64(after.BytesOut-before.BytesOut)/n, "B-out/step")
-				b.ReportMetric(float64(misses)/n, "misses/step")
-				b.ReportMetric(float64(after.Passes-before.Passes)/n, "passes/step")
-				b.ReportMetric(float64((after.Stall-before.Stall).Nanoseconds())/n, "recall-ns/step")
-			})
+				benchOffloadStep(b, name, drift, pct, pf)
+			}
 		}
 	}
+}
+
+func benchOffloadStep(b *testing.B, name, drift string, pct, pf int) {
+	const qh, kvh, d, s, tokens, budgetTok = 8, 2, 64, 16, 16384, 512
+	pages := tokens / s
+	b.Run(name, func(b *testing.B) {
+		be := kernels.NewCPU(kernels.CPUConfig{})
+		defer be.Close()
+		pol := plan.DefaultPolicy()
+		pol.PageSize, pol.BudgetTokens, pol.DenseLayers = s, budgetTok, 0
+		st := pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: pages + 8,
+			DeviceBudget: pct * pages / 100}
+		cfg := Config{Store: st, Policy: pol}
+		if pct > 0 {
+			cfg.PrefetchPages = pf
+		}
+		sh, err := New(cfg, be)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sh.Close()
+		rng := rand.New(rand.NewPCG(1, 2))
+		id := sh.Store().Create()
+		for range tokens / 1024 {
+			if err := sh.Append(id, 0, randVec(rng, 1024*kvh*d, 1), randVec(rng, 1024*kvh*d, 1)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		qs := benchQueries(rng, drift, 256, qh*d)
+		var res StepResult
+		reqs := []SeqStep{{Seq: id}}
+		step := func(i int) {
+			reqs[0].Q = qs[i%len(qs)]
+			if err := sh.Step(context.Background(), 0, reqs, StepOptions{}, &res); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for i := range 64 { // warm the device pool
+			step(i)
+		}
+		before := sh.OffloadStats()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			step(64 + i)
+		}
+		b.StopTimer()
+		after := sh.OffloadStats()
+		if pct == 0 {
+			return
+		}
+		n := float64(b.N)
+		hits, misses := after.Hits-before.Hits, after.Misses-before.Misses
+		b.ReportMetric(float64(hits)/float64(max(hits+misses, 1)), "hit-rate")
+		b.ReportMetric(float64(after.BytesIn-before.BytesIn)/n, "B-in/step")
+		b.ReportMetric(float64(after.BytesOut-before.BytesOut)/n, "B-out/step")
+		b.ReportMetric(float64(misses)/n, "misses/step")
+		b.ReportMetric(float64(after.Passes-before.Passes)/n, "passes/step")
+		b.ReportMetric(float64((after.Stall-before.Stall).Nanoseconds())/n, "recall-ns/step")
+		b.ReportMetric(float64(after.PrefetchHits-before.PrefetchHits)/n, "prefetch-hits/step")
+	})
 }
 
 // benchQueries returns n queries of dim floats: independent ("random"),

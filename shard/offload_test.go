@@ -23,7 +23,27 @@ type offPair struct {
 	ids      map[pagestore.SeqID]pagestore.SeqID // ref id -> off id
 }
 
-func newOffPair(t *testing.T, layers, qh, kvh, d, s, capacity, budget int, pol plan.Policy, ev pagestore.Eviction, tr tier.Tier) *offPair {
+// prefetchOpt is the prefetch of an offPair's offloading shard.
+type prefetchOpt struct {
+	pages int
+	cross bool
+}
+
+func (o prefetchOpt) String() string {
+	if o.pages == 0 {
+		return "noprefetch"
+	}
+	if o.cross {
+		return fmt.Sprintf("prefetch%d_cross", o.pages)
+	}
+	return fmt.Sprintf("prefetch%d", o.pages)
+}
+
+// prefetchOpts are the prefetch settings every offload test runs with:
+// off, within-layer and cross-layer.
+var prefetchOpts = []prefetchOpt{{}, {pages: 4}, {pages: 3, cross: true}}
+
+func newOffPair(t *testing.T, layers, qh, kvh, d, s, capacity, budget int, pol plan.Policy, ev pagestore.Eviction, tr tier.Tier, pf prefetchOpt) *offPair {
 	t.Helper()
 	be := kernels.NewCPU(kernels.CPUConfig{Workers: 2, AttendChunk: 4, ScoreChunk: 8})
 	t.Cleanup(func() { be.Close() })
@@ -34,7 +54,7 @@ func newOffPair(t *testing.T, layers, qh, kvh, d, s, capacity, budget int, pol p
 		t.Fatal(err)
 	}
 	st.DeviceBudget, st.Eviction, st.Tier = budget, ev, tr
-	off, err := New(Config{Store: st, Policy: pol}, be)
+	off, err := New(Config{Store: st, Policy: pol, PrefetchPages: pf.pages, PrefetchCrossLayer: pf.cross}, be)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +144,8 @@ func TestOffloadBitIdentical(t *testing.T) {
 	}
 	for _, gqa := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 		for _, frac := range []float64{0.1, 0.2, 1} {
-			for _, ev := range []pagestore.Eviction{pagestore.EvictLRU, pagestore.EvictScore} {
+			for i, ev := range []pagestore.Eviction{pagestore.EvictLRU, pagestore.EvictScore} {
+				pf := prefetchOpts[(i+int(frac*10))%len(prefetchOpts)]
 				pol := plan.DefaultPolicy()
 				pol.BudgetTokens, pol.DenseLayers, pol.GQA, pol.SinkPages, pol.LocalPages = 4*s, 0, gqa, 1, 1
 				rows := kvh
@@ -135,8 +156,8 @@ func TestOffloadBitIdentical(t *testing.T) {
 				// Each step adds a token: at most one page more per sequence.
 				need := len(lens) * (pol.SinkPages + pol.LocalPages + rows*(4-pol.SinkPages-pol.LocalPages))
 				budget := max(int(math.Ceil(frac*float64(pages+len(lens)))), need)
-				t.Run(fmt.Sprintf("%v_%.0f%%_%v_budget%d_of%d", gqa, frac*100, ev, budget, pages), func(t *testing.T) {
-					p := newOffPair(t, layers, qh, kvh, d, s, 520, budget, pol, ev, nil)
+				t.Run(fmt.Sprintf("%v_%.0f%%_%v_%v_budget%d_of%d", gqa, frac*100, ev, pf, budget, pages), func(t *testing.T) {
+					p := newOffPair(t, layers, qh, kvh, d, s, 520, budget, pol, ev, nil, pf)
 					rng := rand.New(rand.NewPCG(21, uint64(budget)))
 					var ids []pagestore.SeqID
 					for _, n := range lens {
@@ -166,6 +187,9 @@ func TestOffloadBitIdentical(t *testing.T) {
 					if (frac < 1 && (st.Misses == 0 || st.Evictions == 0)) || st.Resident > budget || st.MultiPass != 0 {
 						t.Fatalf("offload not exercised or over budget: %+v", st)
 					}
+					if pf.pages > 0 && frac < 1 && st.PrefetchSteps == 0 {
+						t.Fatalf("prefetch not exercised: %+v", st)
+					}
 				})
 			}
 		}
@@ -180,7 +204,14 @@ func TestOffloadMultiPass(t *testing.T) {
 	const layers, qh, kvh, d, s = 2, 4, 2, 16, 16
 	pol := plan.DefaultPolicy()
 	pol.BudgetTokens, pol.DenseLayers, pol.SinkPages = 4*s, 1, 1
-	p := newOffPair(t, layers, qh, kvh, d, s, 100, 20, pol, pagestore.EvictScore, nil)
+	for _, pf := range prefetchOpts {
+		t.Run(pf.String(), func(t *testing.T) { testOffloadMultiPass(t, pol, pf) })
+	}
+}
+
+func testOffloadMultiPass(t *testing.T, pol plan.Policy, pf prefetchOpt) {
+	const layers, qh, kvh, d, s = 2, 4, 2, 16, 16
+	p := newOffPair(t, layers, qh, kvh, d, s, 100, 20, pol, pagestore.EvictScore, nil, pf)
 	rng := rand.New(rand.NewPCG(3, 3))
 	var ids []pagestore.SeqID
 	for _, n := range []int{300, 450, 20} {
@@ -243,77 +274,91 @@ func TestOffloadProperty(t *testing.T) {
 		// sequence of a step, its forced pages and K per row.
 		budget := maxSeqs*2 + maxSeqs*(2+rows*3)
 		ev := []pagestore.Eviction{pagestore.EvictLRU, pagestore.EvictScore}[seed/2%2]
-		t.Run(fmt.Sprintf("seed%d_%v_sink%d_%v_budget%d", seed, pol.GQA, pol.SinkPages, ev, budget), func(t *testing.T) {
-			p := newOffPair(t, layers, qh, kvh, d, s, 400, budget, pol, ev, nil)
-			rng := rand.New(rand.NewPCG(uint64(seed), 77))
-			var live []pagestore.SeqID
-			for op := range 150 {
-				switch r := rng.IntN(10); {
-				case len(live) == 0 || (r == 0 && len(live) < maxSeqs):
-					id := p.create()
-					p.append(rng, id, 1+rng.IntN(200))
-					live = append(live, id)
-				case r <= 2:
-					p.append(rng, live[rng.IntN(len(live))], 1+rng.IntN(40))
-				case r == 3 && len(live) < maxSeqs:
-					par := live[rng.IntN(len(live))]
-					a, err := p.ref.Fork(par)
-					if err != nil {
-						t.Fatal(err)
-					}
-					b, err := p.off.Fork(p.ids[par])
-					if err != nil {
-						t.Fatal(err)
-					}
-					p.ids[a] = b
-					live = append(live, a)
-				case r == 4:
-					id := live[rng.IntN(len(live))]
-					n, _ := p.ref.Store().Len(id)
-					if n > 1 {
-						cut := 1 + rng.IntN(n-1)
-						if err := p.ref.Rollback(id, cut); err != nil {
-							t.Fatal(err)
-						}
-						if err := p.off.Rollback(p.ids[id], cut); err != nil {
-							t.Fatal(err)
-						}
-					}
-				case r == 5 && len(live) > 1:
-					i := rng.IntN(len(live))
-					if err := p.ref.Release(live[i]); err != nil {
-						t.Fatal(err)
-					}
-					if err := p.off.Release(p.ids[live[i]]); err != nil {
-						t.Fatal(err)
-					}
-					live = slices.Delete(live, i, i+1)
-				default: // a whole decode step over the live sequences, layer by layer
-					budgets := make([]int, len(live))
-					for i := range budgets {
-						budgets[i] = []int{0, 2 * s, 3 * s}[rng.IntN(3)]
-					}
-					for layer := range layers {
-						want, got, one := p.step(rng, layer, live, budgets, StepOptions{Diagnostics: rng.IntN(8) == 0}, true)
-						if !one {
-							t.Fatalf("op %d layer %d: several passes with budget %d", op, layer, budget)
-						}
-						if !slices.Equal(want.O, got.O) || !slices.Equal(want.LSE, got.LSE) {
-							t.Fatalf("op %d layer %d: outputs differ", op, layer)
-						}
-						sameDiag(t, want.Diag, got.Diag)
-					}
-				}
-				if err := p.off.Store().CheckResidency(); err != nil {
-					t.Fatalf("op %d: %v", op, err)
-				}
-			}
-			st := p.off.OffloadStats()
-			if st.Misses == 0 || st.Evictions == 0 {
-				t.Fatalf("offload not exercised: %+v", st)
-			}
-		})
+		for _, pf := range prefetchOpts {
+			t.Run(fmt.Sprintf("seed%d_%v_sink%d_%v_%v_budget%d", seed, pol.GQA, pol.SinkPages, ev, pf, budget), func(t *testing.T) {
+				offloadProperty(t, seed, pol, budget, ev, pf, nil)
+			})
+		}
 	}
+}
+
+// offloadProperty is one run of TestOffloadProperty (and of
+// TestPrefetchProperty, over a slow tier tr).
+func offloadProperty(t *testing.T, seed int, pol plan.Policy, budget int, ev pagestore.Eviction, pf prefetchOpt, tr tier.Tier) {
+	const layers, qh, kvh, d, s = 2, 4, 2, 8, 4
+	const maxSeqs = 4
+	p := newOffPair(t, layers, qh, kvh, d, s, 400, budget, pol, ev, tr, pf)
+	rng := rand.New(rand.NewPCG(uint64(seed), 77))
+	var live []pagestore.SeqID
+	for op := range 150 {
+		switch r := rng.IntN(10); {
+		case len(live) == 0 || (r == 0 && len(live) < maxSeqs):
+			id := p.create()
+			p.append(rng, id, 1+rng.IntN(200))
+			live = append(live, id)
+		case r <= 2:
+			p.append(rng, live[rng.IntN(len(live))], 1+rng.IntN(40))
+		case r == 3 && len(live) < maxSeqs:
+			par := live[rng.IntN(len(live))]
+			a, err := p.ref.Fork(par)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := p.off.Fork(p.ids[par])
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.ids[a] = b
+			live = append(live, a)
+		case r == 4:
+			id := live[rng.IntN(len(live))]
+			n, _ := p.ref.Store().Len(id)
+			if n > 1 {
+				cut := 1 + rng.IntN(n-1)
+				if err := p.ref.Rollback(id, cut); err != nil {
+					t.Fatal(err)
+				}
+				if err := p.off.Rollback(p.ids[id], cut); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case r == 5 && len(live) > 1:
+			i := rng.IntN(len(live))
+			if err := p.ref.Release(live[i]); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.off.Release(p.ids[live[i]]); err != nil {
+				t.Fatal(err)
+			}
+			live = slices.Delete(live, i, i+1)
+		default: // a whole decode step over the live sequences, layer by layer
+			budgets := make([]int, len(live))
+			for i := range budgets {
+				budgets[i] = []int{0, 2 * s, 3 * s}[rng.IntN(3)]
+			}
+			for layer := range layers {
+				want, got, one := p.step(rng, layer, live, budgets, StepOptions{Diagnostics: rng.IntN(8) == 0}, true)
+				if !one {
+					t.Fatalf("op %d layer %d: several passes with budget %d", op, layer, budget)
+				}
+				if !slices.Equal(want.O, got.O) || !slices.Equal(want.LSE, got.LSE) {
+					t.Fatalf("op %d layer %d: outputs differ", op, layer)
+				}
+				sameDiag(t, want.Diag, got.Diag)
+			}
+		}
+		if err := p.off.Store().CheckResidency(); err != nil {
+			t.Fatalf("op %d: %v", op, err)
+		}
+	}
+	st := p.off.OffloadStats()
+	if st.Misses == 0 || st.Evictions == 0 {
+		t.Fatalf("offload not exercised: %+v", st)
+	}
+	if pf.pages > 0 && st.PrefetchIssued == 0 {
+		t.Fatalf("prefetch not exercised: %+v", st)
+	}
+	t.Logf("%+v", st)
 }
 
 // TestOffloadTierFault: a tier that cannot read one page fails exactly
@@ -321,6 +366,12 @@ func TestOffloadProperty(t *testing.T) {
 // other sequences' steps go on, bit-identical to the reference, and the
 // residency stays consistent.
 func TestOffloadTierFault(t *testing.T) {
+	for _, pf := range prefetchOpts {
+		t.Run(pf.String(), func(t *testing.T) { testOffloadTierFault(t, pf) })
+	}
+}
+
+func testOffloadTierFault(t *testing.T, pf prefetchOpt) {
 	const layers, qh, kvh, d, s = 1, 4, 2, 8, 4
 	pol := plan.DefaultPolicy()
 	pol.BudgetTokens, pol.DenseLayers = 3*s, 0
@@ -330,7 +381,7 @@ func TestOffloadTierFault(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := &tier.Faulty{Tier: mem, FailReadSlots: []int{1}} // page 1: A's second page
-	p := newOffPair(t, layers, qh, kvh, d, s, c.Capacity, 8, pol, pagestore.EvictLRU, f)
+	p := newOffPair(t, layers, qh, kvh, d, s, c.Capacity, 8, pol, pagestore.EvictLRU, f, pf)
 	rng := rand.New(rand.NewPCG(4, 4))
 	a := p.create()
 	p.append(rng, a, 10*s) // pages 0..9: page 1 goes to the tier
@@ -366,10 +417,16 @@ func TestOffloadTierFault(t *testing.T) {
 // offloading shard it reads copies from the device pool or the tier, and
 // selects and attends exactly as a shard holding every page.
 func TestOffloadOracle(t *testing.T) {
+	for _, pf := range prefetchOpts {
+		t.Run(pf.String(), func(t *testing.T) { testOffloadOracle(t, pf) })
+	}
+}
+
+func testOffloadOracle(t *testing.T, pf prefetchOpt) {
 	const layers, qh, kvh, d, s = 1, 4, 2, 8, 4
 	pol := plan.DefaultPolicy()
 	pol.BudgetTokens, pol.DenseLayers, pol.Selector = 4*s, 0, plan.Oracle
-	p := newOffPair(t, layers, qh, kvh, d, s, 128, 16, pol, pagestore.EvictLRU, nil)
+	p := newOffPair(t, layers, qh, kvh, d, s, 128, 16, pol, pagestore.EvictLRU, nil, pf)
 	rng := rand.New(rand.NewPCG(8, 8))
 	ids := []pagestore.SeqID{p.create(), p.create()}
 	p.append(rng, ids[0], 150)

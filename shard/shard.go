@@ -42,6 +42,35 @@ type Config struct {
 	// back a bounded chunk at a time (see [PageKeys]). Default false: host
 	// pools, which diagnostics read in place.
 	DeviceResident bool
+
+	// PrefetchPages (K_prefetch) turns prefetch on for an offloading
+	// shard (Store.DeviceBudget > 0): after each step's selection the
+	// shard ranks, per selection row, the next PrefetchPages pages below
+	// the row's selected ones (the best n + PrefetchPages of the plan's
+	// candidates, n the row's selected pages on this shard), and starts
+	// reading those that are not resident from the tier into device
+	// slots for the next step, on a goroutine of the shard's own (started
+	// by New, stopped by Close), while the step attends. A prefetch takes
+	// free slots and evicts only clean unpinned pages that neither the
+	// step in progress nor any layer's step of the previous token
+	// attended (so it never displaces a page the model just used: with a
+	// device budget that the recent working sets fill, it fetches
+	// nothing), never writes to the tier, and never changes what a step
+	// selects or computes: outputs are bit-identical to prefetch off. A step that needs a page whose read is in flight
+	// waits for it; one whose read has not started it reads itself (see
+	// pagestore.Store.ReservePrefetch). Steps that attend in several
+	// passes, dense steps and selectors without scores (recent) do not
+	// prefetch. The counters are in [OffloadStats]. Prefetch needs the
+	// step's scores on the host, so RankCandidates declines on a
+	// prefetching shard. In [0, Store.Capacity]; 0 (the default): off.
+	PrefetchPages int
+	// PrefetchCrossLayer ranks the prefetch of a step of layer l < Layers-1
+	// by layer l+1's summaries scored with layer l's queries (one more
+	// score and top-K per step): a prediction of the pages the next
+	// layer's step will select, fetched while this layer attends. The
+	// last layer ranks its own scores. Needs PrefetchPages > 0. Default
+	// false: each layer's own scores predict its next step.
+	PrefetchCrossLayer bool
 }
 
 // DefaultConfig returns a Llama-3.1-8B shaped shard (32 query heads, 8 KV
@@ -64,6 +93,14 @@ func (c Config) Validate() error {
 	if c.DeviceResident && c.Store.Offload() {
 		return fmt.Errorf("shard config: %w: device budget %d pages (offload) with DeviceResident: the device-resident store has no offload yet; use host pools (DeviceResident false) with offload",
 			pagestore.ErrInvalidConfig, c.Store.DeviceBudget)
+	}
+	switch {
+	case c.PrefetchPages < 0 || c.PrefetchPages > c.Store.Capacity:
+		return fmt.Errorf("shard config: %w: PrefetchPages = %d, want 0 (off) .. Capacity = %d", pagestore.ErrInvalidConfig, c.PrefetchPages, c.Store.Capacity)
+	case c.PrefetchPages > 0 && !c.Store.Offload():
+		return fmt.Errorf("shard config: %w: PrefetchPages = %d without a device budget: prefetch needs offload (Store.DeviceBudget > 0)", pagestore.ErrInvalidConfig, c.PrefetchPages)
+	case c.PrefetchCrossLayer && c.PrefetchPages == 0:
+		return fmt.Errorf("shard config: %w: PrefetchCrossLayer without PrefetchPages (prefetch is off)", pagestore.ErrInvalidConfig)
 	}
 	return nil
 }
@@ -94,7 +131,9 @@ type Shard struct {
 
 	readBack atomic.Int64 // bytes of page data copied out for host readers (ReadBackBytes)
 
-	off *offload // nil unless Store.DeviceBudget > 0
+	off    *offload      // nil unless Store.DeviceBudget > 0
+	pf     *prefetcher   // nil unless PrefetchPages > 0
+	pfPlan *prefetchPlan // with pf
 }
 
 // New builds a shard over backend be (which the caller keeps and closes).
@@ -116,6 +155,10 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 		s.store = st
 		if cfg.Store.Offload() {
 			s.off = newOffload(cfg.Store)
+			if cfg.PrefetchPages > 0 {
+				s.pfPlan = newPrefetchPlan(cfg)
+				s.pf = newPrefetcher(st)
+			}
 		}
 		return s, nil
 	}
@@ -149,11 +192,16 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 }
 
 // Close releases the shard's device pools (the backend stays the
-// caller's) and the store's own memory tier of an offloading shard. The
-// host store is garbage collected.
+// caller's), stops the prefetcher of a prefetching shard (a read in
+// flight is cancelled; queued reservations are given back) and closes
+// the store's own memory tier of an offloading shard. The host store is
+// garbage collected. Close may be called more than once.
 func (s *Shard) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.pf != nil {
+		s.pf.stop()
+	}
 	var first error
 	if s.off != nil && s.store != nil {
 		first = s.store.Close()

@@ -61,6 +61,11 @@ type Config struct {
 	DeviceBudgetPages int
 	// Eviction is the offload eviction policy (pagestore.EvictLRU).
 	Eviction pagestore.Eviction
+	// PrefetchPages and PrefetchCrossLayer turn prefetch on for every
+	// offloading rank (see shard.Config.PrefetchPages); 0 and false, the
+	// defaults, are off. Prefetch needs DeviceBudgetPages > 0.
+	PrefetchPages      int
+	PrefetchCrossLayer bool
 }
 
 // DefaultConfig returns a single-rank configuration with the documented
@@ -97,6 +102,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("worker config: device budget %d pages (offload) with device-resident pools: the device-resident store has no offload yet", c.DeviceBudgetPages)
 	case c.Eviction < pagestore.EvictLRU || c.Eviction > pagestore.EvictScore:
 		return fmt.Errorf("worker config: unknown eviction policy %d", c.Eviction)
+	case c.PrefetchPages < 0 || c.PrefetchPages > c.Capacity:
+		return fmt.Errorf("worker config: prefetch %d pages: want 0 (off) .. capacity %d", c.PrefetchPages, c.Capacity)
+	case c.PrefetchPages > 0 && c.DeviceBudgetPages == 0:
+		return fmt.Errorf("worker config: prefetch %d pages without a device budget: prefetch needs offload", c.PrefetchPages)
+	case c.PrefetchCrossLayer && c.PrefetchPages == 0:
+		return errors.New("worker config: cross-layer prefetch without prefetch pages")
 	}
 	return c.policy().Validate()
 }
@@ -126,7 +137,8 @@ func (c Config) Store() pagestore.Config {
 func (c Config) shardConfig() shard.Config {
 	st := c.Store()
 	st.MemoryLimit = memlimit.NoLimit
-	return shard.Config{Store: st, Policy: c.policy(), DeviceResident: c.DeviceResident}
+	return shard.Config{Store: st, Policy: c.policy(), DeviceResident: c.DeviceResident,
+		PrefetchPages: c.PrefetchPages, PrefetchCrossLayer: c.PrefetchCrossLayer}
 }
 
 // HostBytes returns the host bytes of ranks ranks of this config: their

@@ -11,20 +11,22 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageError{errors.New("want a benchmark name: attention, collective or selection")}
+		return usageError{errors.New("want a benchmark name: attention, collective, offload or selection")}
 	}
 	switch args[0] {
 	case "attention":
 		return runBenchAttention(ctx, args[1:], stdout, stderr)
 	case "collective":
 		return runBenchCollective(ctx, args[1:], stdout, stderr)
+	case "offload":
+		return runBenchOffload(ctx, args[1:], stdout, stderr)
 	case "selection":
 		return runBenchSelection(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, "Usage: questctl bench attention|collective|selection [flags]\n\nRun 'questctl bench <name> --help' for its flags.\n")
+		fmt.Fprint(stdout, "Usage: questctl bench attention|collective|offload|selection [flags]\n\nRun 'questctl bench <name> --help' for its flags.\n")
 		return nil
 	}
-	return usageError{fmt.Errorf("unknown benchmark %q (want attention, collective or selection)", args[0])}
+	return usageError{fmt.Errorf("unknown benchmark %q (want attention, collective, offload or selection)", args[0])}
 }
 
 func intList(s string) ([]int, error) {

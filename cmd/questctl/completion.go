@@ -30,6 +30,7 @@ func commands() []command {
 		{"replay gen", "write a generated replay case", replayGenCommand},
 		{"bench attention", "one-layer Quest vs dense attention benchmark", benchAttentionCommand},
 		{"bench collective", "latency of the CP selection exchange and merge", benchCollectiveCommand},
+		{"bench offload", "offload: step time, hit rate and bytes moved vs the all-resident step", benchOffloadCommand},
 		{"bench selection", "exact vs union vs replicated CP selection", benchSelectionCommand},
 		{"devices", "the node's NVIDIA GPUs (NVML)", devicesCommand},
 		{"generate", "decode a Llama checkpoint through the engine", generateCommand},
@@ -48,7 +49,7 @@ func commands() []command {
 // groupSummaries describe the first words of two-word commands that are
 // no command of their own.
 var groupSummaries = map[string]string{
-	"bench":      "benchmarks: attention, collective or selection",
+	"bench":      "benchmarks: attention, collective, offload or selection",
 	"eval":       "quality evaluations: passkey",
 	"completion": "shell completion script: bash, zsh or fish",
 }
@@ -59,7 +60,7 @@ var shells = []string{"bash", "zsh", "fish"}
 const completionUsage = `Usage: questctl completion bash|zsh|fish
 
 Prints a completion script for the shell: it completes questctl's
-commands, their subcommands (bench attention|collective|selection, eval
+commands, their subcommands (bench attention|collective|offload|selection, eval
 passkey, replay gen) and each command's flags, with the values of flags
 that take one of a few (--kv-cache-dtype). Run 'questctl completion SHELL
 --help' for how to load it.

@@ -56,6 +56,7 @@ Usage:
   questctl replay gen [flags]           write a generated replay case (geometry and seed)
   questctl bench  attention [flags]     one-layer Quest vs dense attention benchmark, JSON lines
   questctl bench  collective [flags]    latency of the CP selection exchange and merge, JSON lines
+  questctl bench  offload [flags]       offload with a device page budget: step time vs all resident, hit rate, bytes moved, JSON lines
   questctl bench  selection [flags]     exact vs union vs replicated CP selection on the same data, JSON lines
   questctl devices [--json]             the node's NVIDIA GPUs (NVML): name, UUID, memory, PCI, NVLink, topology
   questctl generate --model DIR --prompt TEXT [...]  decode a Llama checkpoint through the engine (Quest or dense): text, pages read vs total, tokens/s
