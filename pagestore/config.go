@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"time"
 
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/pagestore/tier"
@@ -57,6 +58,28 @@ type Config struct {
 	// means 1: the tail page, which appends write, is always pinned). A
 	// shard sets them to its policy's sink and local pages.
 	PinFirst, PinLast int
+
+	// DataDir, when set, makes the store persistent: sealed pages' K/V
+	// are written to slab slots of a disk tier in this directory, and the
+	// sequence manifests, page -> slot map and checksums to a bbolt file
+	// next to it; [New] recovers the sequences found there (see
+	// [Store.Recovery] and the package doc, "Persistence"). One store per
+	// directory: a second open fails with [ErrInUse]. "" (the default):
+	// nothing is written to disk.
+	DataDir string
+	// Durability is when a persisting store's changes become durable
+	// (default SyncOnWrite); unused without DataDir.
+	Durability Durability
+	// SyncInterval is the flush period of SyncPeriodic (0: the default
+	// DefaultSyncInterval); unused otherwise.
+	SyncInterval time.Duration
+}
+
+func (c Config) syncInterval() time.Duration {
+	if c.SyncInterval == 0 {
+		return DefaultSyncInterval
+	}
+	return c.SyncInterval
 }
 
 // DefaultScoreDecay is the default [Config.ScoreDecay].
@@ -176,6 +199,14 @@ func (c Config) sizes() (sizes, error) {
 	}
 	if err := c.checkOffload(); err != nil {
 		return sizes{}, err
+	}
+	switch {
+	case c.Durability < SyncOnWrite || c.Durability > SyncPeriodic:
+		return sizes{}, fmt.Errorf("%w: unknown Durability %d", ErrInvalidConfig, int(c.Durability))
+	case c.SyncInterval < 0:
+		return sizes{}, fmt.Errorf("%w: SyncInterval = %v must not be negative", ErrInvalidConfig, c.SyncInterval)
+	case c.DataDir != "" && (c.PayloadBytes() <= 0 || 2*int64(c.Capacity) > math.MaxInt32):
+		return sizes{}, fmt.Errorf("%w: DataDir with a page payload of %d bytes and %d pages: out of the disk tier's range", ErrInvalidConfig, c.PayloadBytes(), c.Capacity)
 	}
 	var sz sizes
 	var ok bool

@@ -128,6 +128,75 @@
 // With DeviceBudget 0 none of this exists: the arrays are indexed by
 // physical page id and no operation does any residency work.
 //
+// # Persistence
+//
+// With [Config.DataDir] set the store persists its sequences and [New]
+// recovers them. Layout of the directory:
+//
+//	DIR/store.db       bbolt, the store's metadata (small values only):
+//	                   meta/format (Layers, KVHeads, HeadDim, PageSize),
+//	                   meta/next_id; seqs/<id> a manifest per sequence
+//	                   (per-layer lengths, page count, length record);
+//	                   tables/<id><chunk> its page -> slot list, 1024
+//	                   slots per value; slots/<slot> the CRC32C of the
+//	                   payload in that slot. Every value carries a CRC32C
+//	                   of its key and bytes.
+//	DIR/index.db       the disk tier's own bbolt index (its CRC32C per slot)
+//	DIR/slab-NNNNNN    the disk tier's slab files (pagestore/disktier),
+//	                   2 x Capacity slots of one page payload each
+//	DIR/lengths        16 bytes per live sequence: its id and longest
+//	                   layer's length, written (not synced) by every append
+//
+// A second bbolt file, rather than buckets in the disk tier's index,
+// keeps disktier unchanged; the disk tier's index must commit a slot
+// before a manifest names it, which the order of writes below ensures.
+// One store per directory: both bbolt files are locked, and a second open
+// fails with [ErrInUse].
+//
+// What is persisted is, per sequence, its pages sealed in every layer (a
+// page whose S slots are full): each one's K/V are written once, to a
+// fresh slab slot, when it seals; a sequence's manifest names the slots
+// of its sealed pages, so pages shared by a fork or [Store.ForkPrefix]
+// are named by every sharer and their refcount after recovery is the
+// number of recovered manifests naming them (refcounts are derived, not
+// stored: no second copy that can disagree). A slot is never
+// overwritten while a committed manifest names it: a rewritten page (a
+// rollback into a sealed page, a recovered tail that fills up) goes to a
+// new slot and the old one is freed after the commit that stops naming
+// it, so a crash at any point leaves a consistent state. Summaries are
+// not stored: recovery recomputes them from the recovered keys in slot
+// order, which gives what the appends computed bit for bit (min and max
+// are exact). The tail page (not sealed) is written only by a graceful
+// [Store.Close], which persists every sequence in full.
+//
+// Durability ([Config.Durability]): SyncOnWrite writes and fdatasyncs the
+// slabs and commits the manifest (bbolt fsyncs) inside every Create,
+// Fork, Append that seals a page, Rollback and Release; SyncPeriodic
+// marks the sequence dirty, and a flusher owned by the store (stopped by
+// Close) writes the newly sealed pages (write-behind), syncs the slabs
+// and commits every dirty manifest in one transaction every
+// [Config.SyncInterval], or at [Store.Sync] or Close. A crash loses the
+// changes since the last commit: the tokens past the sealed pages (or
+// past the tail a Close persisted), and in periodic mode whatever the
+// flusher had not committed. The lengths file is written at every append
+// without a sync: after a process crash (kill -9) it says exactly how
+// many tokens each sequence lost; after a power loss it may say fewer.
+// Without DataDir nothing of this runs.
+//
+// Recovery ([Store.Recovery], a [RecoveryReport]): every sequence whose
+// manifest, table chunks, slot records and slab payloads (the disk tier's
+// CRC32C and the record's) pass their checks comes back with its id, its
+// per-layer lengths, its page table (new physical page ids; sharing
+// kept), summaries and the number of tokens it lost (to re-append from
+// position Len). A sequence with a failed check is reported damaged with
+// its error (wrapping tier.ErrCorrupt) and its last known length, and
+// never used; the others are unaffected unless they share the bad page.
+// Recovery then rewrites the directory to what it recovered: damaged
+// manifests are deleted and slab slots no manifest names (written after
+// the last commit, or of freed pages) are freed, so recycled pages never
+// bring stale data back. With offload on, recovered pages start in the
+// tier (page p in tier slot p), not resident.
+//
 // # Concurrency
 //
 //   - Operations on different sequences may run in parallel.
@@ -139,7 +208,7 @@
 //     changes, and the K/V writes of an offloading store, serialize)
 //     except a prefetch read ([Store.LoadPrefetch]), which runs
 //     without any of the store's locks into its reserved slot; the lock
-//     order is sequence, map, pool, residency. An operation waiting for
+//     order is sequence, map, pool, residency, persistence. An operation waiting for
 //     a prefetch read in flight releases the residency lock meanwhile
 //     (it keeps its sequence's lock): a prefetch read must not wait for
 //     the store.

@@ -33,4 +33,12 @@ var (
 	// every other slot is held by pinned pages or by pages the same
 	// operation needs.
 	ErrDeviceFull = errors.New("pagestore: device budget exhausted")
+	// ErrPersist: a persisting store ([Config.DataDir]) could not write
+	// or read its data directory. An operation returning it took effect
+	// in memory; what is durable is what the last successful commit
+	// wrote (see the package doc, "Persistence").
+	ErrPersist = errors.New("pagestore: persistence")
+	// ErrInUse: the data directory is open in another store, in this
+	// process or another.
+	ErrInUse = errors.New("pagestore: data directory in use")
 )

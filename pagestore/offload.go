@@ -2,6 +2,7 @@ package pagestore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -197,10 +198,18 @@ func (s *Store) CheckResidency() error {
 
 // Close releases the store's own memory tier (offload with a nil
 // [Config.Tier]); a tier the config gave stays open, the caller's. Later
-// operations that need the tier fail with its ErrClosed.
+// operations that need the tier fail with its ErrClosed. A persisting
+// store ([Config.DataDir]) first persists every sequence in full, tail
+// pages included, stops its flusher and closes its data directory; the
+// store must be quiet, and later operations that persist fail with
+// ErrPersist. Calls after the first return nil.
 func (s *Store) Close() error {
-	if s.res == nil || !s.res.ownTier {
-		return nil
+	var err error
+	if s.pers != nil {
+		err = s.closePersist()
 	}
-	return s.res.tier.Close()
+	if s.res == nil || !s.res.ownTier {
+		return err
+	}
+	return errors.Join(err, s.res.tier.Close())
 }

@@ -1,6 +1,7 @@
 package pagestore
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -55,6 +56,7 @@ type Store struct {
 	data PageData   // the page contents
 	host *hostData  // data, when it is the store's own host arrays
 	res  *residency // the device pool of an offloading store, or nil
+	pers *persist   // the data directory of a persisting store, or nil
 
 	poolMu sync.Mutex
 	free   []int32 // stack of free physical pages
@@ -75,6 +77,11 @@ type seq struct {
 	valid    []int     // copyPage scratch: valid slots per layer
 	pinned   []int32   // offload: the pages this sequence pins
 	pinBuf   []int32   // setPins scratch
+
+	// Persistence (Config.DataDir).
+	sealedUpTo int   // leading pages whose payload holds a sealed slot
+	lenRec     int32 // index of the sequence's length record
+	dirty      bool  // periodic: queued for the flusher
 }
 
 type cowPage struct {
@@ -108,6 +115,14 @@ func New(cfg Config) (*Store, error) {
 		all[p] = int32(p)
 	}
 	h.Reset(all)
+	if cfg.DataDir != "" {
+		if err := s.openPersist(); err != nil {
+			if s.res != nil && s.res.ownTier {
+				s.res.tier.Close()
+			}
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -127,6 +142,9 @@ func NewWithData(cfg Config, data PageData) (*Store, error) {
 	}
 	if data == nil {
 		return nil, fmt.Errorf("%w: nil page data", ErrInvalidConfig)
+	}
+	if cfg.DataDir != "" {
+		return nil, fmt.Errorf("%w: DataDir %q: persistence needs the store's own pools (New), not outside page data", ErrInvalidConfig, cfg.DataDir)
 	}
 	return newStore(cfg, sz, data), nil
 }
@@ -232,14 +250,23 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-// Create starts an empty sequence and returns its id.
+// Create starts an empty sequence and returns its id. A persisting store
+// records it (its manifest commit is best effort: a failure is reported by
+// the next operation on the sequence that persists).
 func (s *Store) Create() SeqID {
 	sq := &seq{lens: make([]int, s.cfg.Layers)}
 	s.seqMu.Lock()
-	defer s.seqMu.Unlock()
 	id := s.nextID
 	s.nextID++
+	s.seqMu.Unlock()
+	if s.pers != nil {
+		s.newLenRec(sq)
+		s.noteLen(id, sq)
+		_ = s.persistSeq(id, sq)
+	}
+	s.seqMu.Lock()
 	s.seqs[id] = sq
+	s.seqMu.Unlock()
 	return id
 }
 
@@ -265,6 +292,11 @@ func (s *Store) Release(id SeqID) error {
 	sq.pages = nil
 	if err := s.data.Drop(id); err != nil {
 		return fmt.Errorf("release seq %d: %w: %w", id, ErrData, err)
+	}
+	if s.pers != nil {
+		if err := s.persistRelease(id, sq); err != nil {
+			return fmt.Errorf("release seq %d: %w", id, err)
+		}
 	}
 	return nil
 }
@@ -523,6 +555,14 @@ func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 	if needNew > 0 || len(sq.cow) > 0 {
 		s.setPins(sq, sq.pages)
 	}
+	if s.pers != nil {
+		s.noteLen(id, sq)
+		if minLen(sq.lens)/S > sq.sealedUpTo {
+			if err := s.persistSeq(id, sq); err != nil {
+				return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -567,6 +607,9 @@ func (s *Store) unrefLocked(p int32) {
 		if s.res != nil {
 			s.res.drop(p)
 		}
+		if s.pers != nil {
+			s.pers.dropPage(p)
+		}
 	}
 }
 
@@ -607,8 +650,9 @@ func (s *Store) Fork(parent SeqID) (SeqID, error) {
 		return 0, fmt.Errorf("fork seq %d: %w", parent, err)
 	}
 	child := &seq{
-		pages: append([]int32(nil), sq.pages...),
-		lens:  append([]int(nil), sq.lens...),
+		pages:      append([]int32(nil), sq.pages...),
+		lens:       append([]int(nil), sq.lens...),
+		sealedUpTo: sq.sealedUpTo,
 	}
 	s.seqMu.Lock()
 	id := s.nextID
@@ -624,9 +668,57 @@ func (s *Store) Fork(parent SeqID) (SeqID, error) {
 	}
 	s.poolMu.Unlock()
 	s.setPins(child, child.pages)
+	var perr error
+	if s.pers != nil {
+		s.newLenRec(child)
+		s.noteLen(id, child)
+		if err := s.persistSeq(id, child); err != nil {
+			perr = fmt.Errorf("fork seq %d: child %d: %w", parent, id, err)
+		}
+	}
 	s.seqMu.Lock()
 	s.seqs[id] = child
 	s.seqMu.Unlock()
+	return id, perr
+}
+
+// ForkPrefix creates a child sequence holding the first tokens tokens of
+// parent (0 <= tokens <= Len; all layers of parent at the same length):
+// the child shares parent's pages that the prefix covers in full (sealed
+// pages and their summaries: refcount+1, persisted by a persisting
+// store), and gets its own copy of a partially covered last page, whose
+// summaries are rescanned from the prefix's keys. It is Fork followed by
+// Rollback of the child: each branch keeps its own selection, and writes
+// in either branch never change the other. On a failure no child is left
+// behind, except for an error wrapping ErrPersist (the child exists in
+// memory; its id is returned).
+func (s *Store) ForkPrefix(parent SeqID, tokens int) (SeqID, error) {
+	n, err := s.Len(parent)
+	if err != nil {
+		return 0, fmt.Errorf("fork prefix of seq %d: %w", parent, err)
+	}
+	if tokens < 0 || tokens > n {
+		return 0, fmt.Errorf("fork prefix of seq %d: %w: %d tokens, sequence has %d", parent, ErrOutOfRange, tokens, n)
+	}
+	id, err := s.Fork(parent)
+	if err != nil {
+		if errors.Is(err, ErrPersist) && id != 0 && tokens == n {
+			return id, err
+		}
+		if id != 0 {
+			_ = s.Release(id)
+		}
+		return 0, fmt.Errorf("fork prefix of seq %d: %w", parent, err)
+	}
+	if tokens < n {
+		if err := s.Rollback(id, n-tokens); err != nil {
+			if errors.Is(err, ErrPersist) {
+				return id, fmt.Errorf("fork prefix of seq %d: %w", parent, err)
+			}
+			_ = s.Release(id)
+			return 0, fmt.Errorf("fork prefix of seq %d at %d tokens: %w", parent, tokens, err)
+		}
+	}
 	return id, nil
 }
 
@@ -750,6 +842,26 @@ func (s *Store) Rollback(id SeqID, n int) error {
 		return fmt.Errorf("rollback seq %d: %w", id, err)
 	}
 	defer sq.mu.Unlock()
+	if err := s.rollback(id, sq, n); err != nil || s.pers == nil {
+		return err
+	}
+	// A reopened sealed page gives up its slot (its payload changes),
+	// and the manifest shrinks to the pages still sealed.
+	S := s.cfg.PageSize
+	sealed := sq.lens[0] / S
+	if sq.sealedUpTo > sealed && sq.lens[0]%S != 0 {
+		s.pers.dropPage(sq.pages[sealed])
+	}
+	sq.sealedUpTo = min(sq.sealedUpTo, sealed)
+	s.noteLen(id, sq)
+	if err := s.persistSeq(id, sq); err != nil {
+		return fmt.Errorf("rollback seq %d by %d tokens: %w", id, n, err)
+	}
+	return nil
+}
+
+// rollback is Rollback with sq locked.
+func (s *Store) rollback(id SeqID, sq *seq, n int) error {
 	S := s.cfg.PageSize
 	if s.res != nil {
 		// Bring the page to be rescanned (or copied) in before anything

@@ -194,7 +194,9 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 // Close releases the shard's device pools (the backend stays the
 // caller's), stops the prefetcher of a prefetching shard (a read in
 // flight is cancelled; queued reservations are given back) and closes
-// the store's own memory tier of an offloading shard. The host store is
+// the store's own memory tier of an offloading shard, and closes a
+// persisting store (Store.DataDir), which first persists every sequence
+// in full, tail pages included. The host store is
 // garbage collected. Close may be called more than once.
 func (s *Shard) Close() error {
 	s.mu.Lock()
@@ -203,8 +205,8 @@ func (s *Shard) Close() error {
 		s.pf.stop()
 	}
 	var first error
-	if s.off != nil && s.store != nil {
-		first = s.store.Close()
+	if s.store != nil && (s.off != nil || s.cfg.Store.DataDir != "") {
+		first = s.store.Close() // a persisting store persists its tails
 	}
 	for _, p := range s.dev {
 		if err := s.ds.FreePool(context.Background(), p); err != nil && first == nil {

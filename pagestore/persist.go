@@ -1,0 +1,823 @@
+package pagestore
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/questrt/questrt/pagestore/disktier"
+	"github.com/questrt/questrt/pagestore/tier"
+)
+
+// Durability says when a persisting store's ([Config.DataDir]) changes
+// become durable; see the package doc, "Persistence".
+type Durability int
+
+const (
+	// SyncOnWrite (the default): every operation that changes what is
+	// persisted (Create, Fork, an Append that seals a page, Rollback,
+	// Release) writes the sealed pages' payloads to their slab slots
+	// (fdatasync) and commits the sequence's manifest (a bbolt
+	// transaction, fsync) before it returns.
+	SyncOnWrite Durability = iota
+	// SyncPeriodic: those operations only mark their sequence dirty; a
+	// flusher owned by the store writes the payloads of newly sealed
+	// pages (write-behind), syncs the slabs and commits every dirty
+	// manifest in one transaction every [Config.SyncInterval], and at
+	// [Store.Sync] and [Store.Close].
+	SyncPeriodic
+)
+
+// String returns "sync-on-write" or "periodic".
+func (d Durability) String() string {
+	switch d {
+	case SyncOnWrite:
+		return "sync-on-write"
+	case SyncPeriodic:
+		return "periodic"
+	}
+	return fmt.Sprintf("Durability(%d)", int(d))
+}
+
+// DefaultSyncInterval is the default [Config.SyncInterval].
+const DefaultSyncInterval = time.Second
+
+// File names in a data directory (see the package doc, "Persistence").
+const (
+	storeDBName = "store.db"
+	lengthsName = "lengths"
+)
+
+var (
+	bkMeta   = []byte("meta")
+	bkSeqs   = []byte("seqs")
+	bkTables = []byte("tables")
+	bkSlots  = []byte("slots")
+	kFormat  = []byte("format")
+	kNextID  = []byte("next_id")
+)
+
+const (
+	manifestVersion = 1
+	chunkSlots      = 1024 // slots per table chunk value (4 KiB)
+	lenRecBytes     = 16
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// RecoveryReport says what [New] found in a data directory.
+type RecoveryReport struct {
+	// Dir is the data directory; empty when the store does not persist.
+	Dir string
+	// Sequences are the recovered sequences, by increasing id: each has
+	// its old id, page table (shared pages shared again), lengths and
+	// summaries.
+	Sequences []RecoveredSeq
+	// Damaged are the sequences found but not recovered: a manifest, a
+	// table, a slot record or a page payload failed its checksum or its
+	// checks. Their pages are never used.
+	Damaged []DamagedSeq
+	// CorruptSlots are the slab slots whose payload or record failed its
+	// check.
+	CorruptSlots []int
+	// OrphanSlots counts slab slots that no manifest named (written
+	// after the last commit, or of pages freed since); they were freed.
+	OrphanSlots int
+	// Pages is the number of physical pages the recovered sequences hold.
+	Pages int
+}
+
+// RecoveredSeq is one recovered sequence.
+type RecoveredSeq struct {
+	ID SeqID
+	// Len is the recovered length (the same in every layer after a crash;
+	// the layers' lengths at a graceful Close otherwise).
+	Len int
+	// Pages is the page count; Shared of them are shared with another
+	// recovered sequence.
+	Pages, Shared int
+	// TailPersisted says that the tail page was recovered (written by a
+	// graceful Close); otherwise Len is a multiple of PageSize.
+	TailPersisted bool
+	// LostTokens is the number of tokens the sequence held past Len when
+	// the store stopped, as recorded by the last append (see the package
+	// doc: exact after a process crash, a lower bound after a power
+	// loss): re-append them from position Len.
+	LostTokens int
+}
+
+// DamagedSeq is a sequence that could not be recovered.
+type DamagedSeq struct {
+	ID SeqID
+	// Tokens is the last length known for it (0 when unknown).
+	Tokens int
+	// Err says why; it wraps tier.ErrCorrupt for a failed checksum.
+	Err error
+}
+
+// seqView is what a manifest records for one sequence.
+type seqView struct {
+	id     SeqID
+	lens   []int
+	slots  []int32
+	lenRec int32
+}
+
+// persist is the persistence state of a store with a DataDir. mu guards
+// every field but the files; lock order: a sequence, the map, the pool,
+// the residency, then mu.
+type persist struct {
+	dir  string
+	mode Durability
+	db   *bolt.DB
+	dt   *disktier.Tier
+	lenF *os.File
+
+	mu         sync.Mutex
+	alloc      *tier.Allocator
+	pslot      []int32 // page -> slot holding its payload, -1
+	psealed    []bool  // page: pslot holds it sealed (not a tail snapshot)
+	hold       []bool  // slot: held by a live page
+	cref       []int32 // slot: references by committed manifests
+	committed  map[SeqID][]int32
+	pendingRec map[int32]uint32 // written slots whose record is not committed
+	dirty      map[SeqID]bool
+	lenFree    []int32
+	lenNext    int32
+	nextID     SeqID // committed
+	closed     bool
+	report     RecoveryReport
+
+	bufs sync.Pool
+	stop chan struct{}
+	done chan struct{}
+}
+
+func (pr *persist) buf(n int) []byte {
+	if b, ok := pr.bufs.Get().(*[]byte); ok && len(*b) == n {
+		return *b
+	}
+	return make([]byte, n)
+}
+
+func (pr *persist) putBuf(b []byte) { pr.bufs.Put(&b) }
+
+// openPersist opens (or creates) the data directory of s and recovers
+// its sequences into s (which is empty).
+func (s *Store) openPersist() error {
+	c := s.cfg
+	dir := c.DataDir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("pagestore: data dir %s: %w", dir, err)
+	}
+	dbPath := filepath.Join(dir, storeDBName)
+	db, err := bolt.Open(dbPath, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond, FreelistType: bolt.FreelistMapType})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return fmt.Errorf("pagestore: data dir %s: %s is locked by another store, in this process or another: %w", dir, dbPath, ErrInUse)
+	}
+	if err != nil {
+		return fmt.Errorf("pagestore: data dir %s: %s: %w: %w", dir, dbPath, ErrPersist, err)
+	}
+	dc := disktier.DefaultConfig()
+	dc.Dir = dir
+	dc.Slots = 2 * c.Capacity
+	dc.PayloadBytes = c.PayloadBytes()
+	dc.SlotsPerFile = min(dc.SlotsPerFile, dc.Slots)
+	dc.Durability = disktier.SyncOnWrite
+	if c.Durability == SyncPeriodic {
+		dc.Durability = disktier.SyncNone
+	}
+	dt, err := disktier.Open(dc)
+	if err != nil {
+		db.Close()
+		if errors.Is(err, disktier.ErrInUse) {
+			return fmt.Errorf("pagestore: data dir %s: %w: %w", dir, ErrInUse, err)
+		}
+		if errors.Is(err, disktier.ErrMismatch) {
+			return fmt.Errorf("pagestore: data dir %s: %w: holds pages of another geometry: %w", dir, ErrInvalidConfig, err)
+		}
+		return fmt.Errorf("pagestore: data dir %s: %w: %w", dir, ErrPersist, err)
+	}
+	lf, err := os.OpenFile(filepath.Join(dir, lengthsName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		dt.Close()
+		db.Close()
+		return fmt.Errorf("pagestore: data dir %s: %w: %w", dir, ErrPersist, err)
+	}
+	pr := &persist{
+		dir: dir, mode: c.Durability, db: db, dt: dt, lenF: lf,
+		pslot:      make([]int32, c.Capacity),
+		psealed:    make([]bool, c.Capacity),
+		hold:       make([]bool, dc.Slots),
+		cref:       make([]int32, dc.Slots),
+		committed:  map[SeqID][]int32{},
+		pendingRec: map[int32]uint32{},
+		dirty:      map[SeqID]bool{},
+	}
+	for p := range pr.pslot {
+		pr.pslot[p] = -1
+	}
+	s.pers = pr
+	if err := s.recoverAll(); err != nil {
+		pr.closeFiles()
+		s.pers = nil
+		return err
+	}
+	if pr.mode == SyncPeriodic {
+		pr.stop, pr.done = make(chan struct{}), make(chan struct{})
+		go s.flusher(c.syncInterval())
+	}
+	return nil
+}
+
+func (pr *persist) closeFiles() error {
+	return errors.Join(pr.lenF.Close(), pr.dt.Close(), pr.db.Close())
+}
+
+// format is the fixed geometry of a data directory.
+func (c Config) persistFormat() []byte {
+	b := make([]byte, 20)
+	binary.LittleEndian.PutUint32(b[0:], manifestVersion)
+	binary.LittleEndian.PutUint32(b[4:], uint32(c.Layers))
+	binary.LittleEndian.PutUint32(b[8:], uint32(c.KVHeads))
+	binary.LittleEndian.PutUint32(b[12:], uint32(c.HeadDim))
+	binary.LittleEndian.PutUint32(b[16:], uint32(c.PageSize))
+	return b
+}
+
+func seqKey(id SeqID) []byte { return binary.BigEndian.AppendUint64(nil, uint64(id)) }
+
+func chunkKey(id SeqID, c int) []byte {
+	return binary.BigEndian.AppendUint32(seqKey(id), uint32(c))
+}
+
+func slotKey(sl int32) []byte { return binary.BigEndian.AppendUint32(nil, uint32(sl)) }
+
+// sealValue appends the CRC32C of key and v to v.
+func sealValue(key, v []byte) []byte {
+	crc := crc32.Update(crc32.Update(0, castagnoli, key), castagnoli, v)
+	return binary.LittleEndian.AppendUint32(v, crc)
+}
+
+// openValue checks and strips sealValue's checksum.
+func openValue(key, v []byte) ([]byte, error) {
+	if len(v) < 4 {
+		return nil, fmt.Errorf("value of %d bytes: %w", len(v), tier.ErrCorrupt)
+	}
+	body := v[:len(v)-4]
+	want := binary.LittleEndian.Uint32(v[len(v)-4:])
+	if got := crc32.Update(crc32.Update(0, castagnoli, key), castagnoli, body); got != want {
+		return nil, fmt.Errorf("value checksum %08x, stored %08x: %w", got, want, tier.ErrCorrupt)
+	}
+	return body, nil
+}
+
+// header: version u8, 3 zero bytes, lenRec u32, slots u32, layers u32,
+// lens u32 x layers, CRC32C.
+func encodeHeader(v seqView) []byte {
+	b := make([]byte, 16, 16+4*len(v.lens)+4)
+	b[0] = manifestVersion
+	binary.LittleEndian.PutUint32(b[4:], uint32(v.lenRec))
+	binary.LittleEndian.PutUint32(b[8:], uint32(len(v.slots)))
+	binary.LittleEndian.PutUint32(b[12:], uint32(len(v.lens)))
+	for _, n := range v.lens {
+		b = binary.LittleEndian.AppendUint32(b, uint32(n))
+	}
+	return sealValue(seqKey(v.id), b)
+}
+
+func decodeHeader(id SeqID, raw []byte, layers int) (seqView, int, error) {
+	b, err := openValue(seqKey(id), raw)
+	if err != nil {
+		return seqView{}, 0, fmt.Errorf("manifest: %w", err)
+	}
+	if len(b) < 16 || b[0] != manifestVersion || int(binary.LittleEndian.Uint32(b[12:])) != layers || len(b) != 16+4*layers {
+		return seqView{}, 0, fmt.Errorf("manifest of %d bytes, version %d: %w", len(b), b[0], tier.ErrCorrupt)
+	}
+	v := seqView{id: id, lenRec: int32(binary.LittleEndian.Uint32(b[4:])), lens: make([]int, layers)}
+	for l := range v.lens {
+		v.lens[l] = int(binary.LittleEndian.Uint32(b[16+4*l:]))
+	}
+	return v, int(binary.LittleEndian.Uint32(b[8:])), nil
+}
+
+func encodeChunk(id SeqID, c int, slots []int32) []byte {
+	b := make([]byte, 0, 4*len(slots)+4)
+	for _, sl := range slots {
+		b = binary.LittleEndian.AppendUint32(b, uint32(sl))
+	}
+	return sealValue(chunkKey(id, c), b)
+}
+
+// slot record: version u8, 3 zero bytes, payload CRC32C u32, CRC32C.
+func encodeSlotRec(sl int32, crc uint32) []byte {
+	b := make([]byte, 8)
+	b[0] = manifestVersion
+	binary.LittleEndian.PutUint32(b[4:], crc)
+	return sealValue(slotKey(sl), b)
+}
+
+func chunkOf(slots []int32, c int) []int32 {
+	return slots[c*chunkSlots : min((c+1)*chunkSlots, len(slots))]
+}
+
+func equal32(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// commitLocked makes views and deletions durable in one bbolt transaction
+// (pr.mu held), after syncing the slabs in periodic mode, then updates the
+// committed references and frees the slots nothing holds.
+func (pr *persist) commitLocked(views []seqView, dels []SeqID, nextID SeqID) error {
+	if pr.closed {
+		return fmt.Errorf("%w: store closed", ErrPersist)
+	}
+	if pr.mode == SyncPeriodic {
+		if err := pr.dt.Sync(context.Background()); err != nil {
+			return fmt.Errorf("%w: %w", ErrPersist, err)
+		}
+	}
+	err := pr.db.Update(func(tx *bolt.Tx) error {
+		sb, tb, slb := tx.Bucket(bkSeqs), tx.Bucket(bkTables), tx.Bucket(bkSlots)
+		for sl, crc := range pr.pendingRec {
+			if err := slb.Put(slotKey(sl), encodeSlotRec(sl, crc)); err != nil {
+				return err
+			}
+		}
+		for _, v := range views {
+			old := pr.committed[v.id]
+			if err := sb.Put(seqKey(v.id), encodeHeader(v)); err != nil {
+				return err
+			}
+			nc, oc := (len(v.slots)+chunkSlots-1)/chunkSlots, (len(old)+chunkSlots-1)/chunkSlots
+			for c := range nc {
+				if c < oc && equal32(chunkOf(old, c), chunkOf(v.slots, c)) {
+					continue
+				}
+				if err := tb.Put(chunkKey(v.id, c), encodeChunk(v.id, c, chunkOf(v.slots, c))); err != nil {
+					return err
+				}
+			}
+			for c := nc; c < oc; c++ {
+				if err := tb.Delete(chunkKey(v.id, c)); err != nil {
+					return err
+				}
+			}
+		}
+		for _, id := range dels {
+			old := pr.committed[id]
+			if err := sb.Delete(seqKey(id)); err != nil {
+				return err
+			}
+			for c := range (len(old) + chunkSlots - 1) / chunkSlots {
+				if err := tb.Delete(chunkKey(id, c)); err != nil {
+					return err
+				}
+			}
+		}
+		if nextID > pr.nextID {
+			return tx.Bucket(bkMeta).Put(kNextID, seqKey(nextID))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w: commit %s: %w", ErrPersist, filepath.Join(pr.dir, storeDBName), err)
+	}
+	clear(pr.pendingRec)
+	pr.nextID = max(pr.nextID, nextID)
+	var drop []int32
+	for _, v := range views {
+		drop = append(drop, pr.committed[v.id]...)
+		for _, sl := range v.slots {
+			pr.cref[sl]++
+		}
+		pr.committed[v.id] = v.slots
+	}
+	for _, id := range dels {
+		drop = append(drop, pr.committed[id]...)
+		delete(pr.committed, id)
+	}
+	for _, sl := range drop {
+		pr.cref[sl]--
+		if pr.cref[sl] == 0 && !pr.hold[sl] {
+			pr.freeSlotLocked(sl)
+		}
+	}
+	return nil
+}
+
+// freeSlotLocked returns a slot nobody names to the allocator. Its bytes
+// and disk tier entry stay until the slot is written again (no manifest
+// names it; recovery frees such orphans).
+func (pr *persist) freeSlotLocked(sl int32) {
+	delete(pr.pendingRec, sl)
+	_ = pr.alloc.Release(int(sl))
+}
+
+func (pr *persist) unholdLocked(sl int32) {
+	pr.hold[sl] = false
+	if pr.cref[sl] == 0 {
+		pr.freeSlotLocked(sl)
+	}
+}
+
+// dropPage forgets page p's slot: p was freed or is written again.
+func (pr *persist) dropPage(p int32) {
+	pr.mu.Lock()
+	if sl := pr.pslot[p]; sl >= 0 {
+		pr.unholdLocked(sl)
+		pr.pslot[p] = -1
+	}
+	pr.psealed[p] = false
+	pr.mu.Unlock()
+}
+
+// writeSlot writes page p's current payload to a fresh slot and makes p
+// hold it (sq locked, so the page's contents are stable).
+func (s *Store) writeSlot(p int32, sealed bool) error {
+	pr := s.pers
+	b := pr.buf(s.cfg.PayloadBytes())
+	defer pr.putBuf(b)
+	if err := s.payload(p, b); err != nil {
+		return err
+	}
+	pr.mu.Lock()
+	if pr.closed {
+		pr.mu.Unlock()
+		return fmt.Errorf("%w: store closed", ErrPersist)
+	}
+	sl, err := pr.alloc.Alloc()
+	pr.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%w: page %d: %w", ErrPersist, p, err)
+	}
+	if err := pr.dt.Write(context.Background(), sl, b); err != nil {
+		pr.mu.Lock()
+		_ = pr.alloc.Release(sl)
+		pr.mu.Unlock()
+		return fmt.Errorf("%w: page %d: %w", ErrPersist, p, err)
+	}
+	crc := crc32.Checksum(b, castagnoli)
+	pr.mu.Lock()
+	if old := pr.pslot[p]; old >= 0 {
+		pr.unholdLocked(old)
+	}
+	pr.pslot[p], pr.psealed[p] = int32(sl), sealed
+	pr.hold[sl] = true
+	pr.pendingRec[int32(sl)] = crc
+	pr.mu.Unlock()
+	return nil
+}
+
+// payload packs page p's K/V in the tier layout into b, from the pool,
+// its device slot or the offload tier.
+func (s *Store) payload(p int32, b []byte) error {
+	if s.res == nil {
+		h := s.host
+		packTo(h.layers, h.pageBlk, p, b)
+		return nil
+	}
+	return s.res.payload(context.Background(), p, b)
+}
+
+func (r *residency) payload(ctx context.Context, p int32, b []byte) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sl := r.slot[p]; sl >= 0 {
+		packTo(r.layers, r.blk, sl, b)
+		return nil
+	}
+	if r.clean[p] {
+		return r.tier.Read(ctx, int(p), b)
+	}
+	clear(b)
+	return nil
+}
+
+// packTo copies slot s's K/V of every layer into b: layer-major, K then
+// V, little-endian float32 (residency.pack's layout).
+func packTo(layers []LayerData, blk int, s int32, b []byte) {
+	o := int(s) * blk
+	for _, ld := range layers {
+		for _, a := range [2][]float32{ld.K[o : o+blk], ld.V[o : o+blk]} {
+			for i, x := range a {
+				binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+			}
+			b = b[4*blk:]
+		}
+	}
+}
+
+func minLen(lens []int) int {
+	n := lens[0]
+	for _, l := range lens[1:] {
+		n = min(n, l)
+	}
+	return n
+}
+
+func maxLen(lens []int) int {
+	n := lens[0]
+	for _, l := range lens[1:] {
+		n = max(n, l)
+	}
+	return n
+}
+
+// sealPages writes the payloads of sq's pages sealed in every layer that
+// hold no sealed slot yet (sq locked) and returns its manifest view.
+func (s *Store) sealPages(id SeqID, sq *seq) (seqView, error) {
+	pr := s.pers
+	sealed := minLen(sq.lens) / s.cfg.PageSize
+	for i := sq.sealedUpTo; i < sealed; i++ {
+		p := sq.pages[i]
+		pr.mu.Lock()
+		done := pr.psealed[p]
+		pr.mu.Unlock()
+		if !done {
+			if err := s.writeSlot(p, true); err != nil {
+				return seqView{}, err
+			}
+		}
+		sq.sealedUpTo = i + 1
+	}
+	v := seqView{id: id, lens: make([]int, len(sq.lens)), slots: make([]int32, sealed), lenRec: sq.lenRec}
+	for l := range v.lens {
+		v.lens[l] = sealed * s.cfg.PageSize
+	}
+	pr.mu.Lock()
+	for i := range sealed {
+		v.slots[i] = pr.pslot[sq.pages[i]]
+	}
+	pr.mu.Unlock()
+	return v, nil
+}
+
+// persistSeq records a change of sq's persisted state (sq locked): in
+// SyncOnWrite mode it writes and commits now, in periodic mode it marks
+// sq dirty for the flusher.
+func (s *Store) persistSeq(id SeqID, sq *seq) error {
+	pr := s.pers
+	if pr.mode == SyncPeriodic {
+		if !sq.dirty {
+			sq.dirty = true
+			pr.mu.Lock()
+			pr.dirty[id] = true
+			pr.mu.Unlock()
+		}
+		return nil
+	}
+	v, err := s.sealPages(id, sq)
+	if err != nil {
+		return err
+	}
+	next := s.peekNextID()
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.commitLocked([]seqView{v}, nil, next)
+}
+
+// persistRelease records that id was released.
+func (s *Store) persistRelease(id SeqID, sq *seq) error {
+	pr := s.pers
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if sq.lenRec >= 0 {
+		pr.lenFree = append(pr.lenFree, sq.lenRec)
+		var z [lenRecBytes]byte
+		_, _ = pr.lenF.WriteAt(z[:], int64(sq.lenRec)*lenRecBytes)
+		sq.lenRec = -1
+	}
+	if pr.mode == SyncPeriodic {
+		pr.dirty[id] = true
+		return nil
+	}
+	return pr.commitLocked(nil, []SeqID{id}, 0)
+}
+
+func (s *Store) peekNextID() SeqID {
+	s.seqMu.RLock()
+	defer s.seqMu.RUnlock()
+	return s.nextID
+}
+
+// newLenRec gives a new sequence its length record (see noteLen).
+func (s *Store) newLenRec(sq *seq) {
+	pr := s.pers
+	pr.mu.Lock()
+	if n := len(pr.lenFree); n > 0 {
+		sq.lenRec = pr.lenFree[n-1]
+		pr.lenFree = pr.lenFree[:n-1]
+	} else {
+		sq.lenRec = pr.lenNext
+		pr.lenNext++
+	}
+	pr.mu.Unlock()
+}
+
+// noteLen writes sq's longest layer length to its length record: 16
+// bytes written (not synced) at every append, so that after a process
+// crash recovery knows exactly how many tail tokens were lost.
+func (s *Store) noteLen(id SeqID, sq *seq) {
+	var b [lenRecBytes]byte
+	binary.LittleEndian.PutUint64(b[0:], uint64(id))
+	binary.LittleEndian.PutUint32(b[8:], uint32(maxLen(sq.lens)))
+	binary.LittleEndian.PutUint32(b[12:], crc32.Checksum(b[:12], castagnoli))
+	_, _ = s.pers.lenF.WriteAt(b[:], int64(sq.lenRec)*lenRecBytes)
+}
+
+// readLenRec returns the length recorded for id at rec, or -1.
+func (pr *persist) readLenRec(id SeqID, rec int32) int {
+	var b [lenRecBytes]byte
+	if rec < 0 {
+		return -1
+	}
+	if _, err := pr.lenF.ReadAt(b[:], int64(rec)*lenRecBytes); err != nil {
+		return -1
+	}
+	if binary.LittleEndian.Uint32(b[12:]) != crc32.Checksum(b[:12], castagnoli) || SeqID(binary.LittleEndian.Uint64(b[0:])) != id {
+		return -1
+	}
+	return int(binary.LittleEndian.Uint32(b[8:]))
+}
+
+// Sync makes every change of a persisting store durable now (the
+// periodic flush; SyncOnWrite has nothing pending). Without
+// [Config.DataDir] it does nothing.
+func (s *Store) Sync(ctx context.Context) error {
+	pr := s.pers
+	if pr == nil {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sync: %w", err)
+	}
+	pr.mu.Lock()
+	ids := make([]SeqID, 0, len(pr.dirty))
+	for id := range pr.dirty {
+		ids = append(ids, id)
+	}
+	clear(pr.dirty)
+	pr.mu.Unlock()
+	var views []seqView
+	var dels []SeqID
+	var errs []error
+	for _, id := range ids {
+		sq, err := s.lock(id)
+		if err != nil {
+			dels = append(dels, id)
+			continue
+		}
+		sq.dirty = false
+		v, err := s.sealPages(id, sq)
+		sq.mu.Unlock()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sync seq %d: %w", id, err))
+			continue
+		}
+		views = append(views, v)
+	}
+	next := s.peekNextID()
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	var known []SeqID
+	for _, id := range dels {
+		if _, ok := pr.committed[id]; ok {
+			known = append(known, id)
+		}
+	}
+	if len(views) > 0 || len(known) > 0 || len(pr.pendingRec) > 0 {
+		if err := pr.commitLocked(views, known, next); err != nil {
+			errs = append(errs, err)
+			for _, id := range ids {
+				pr.dirty[id] = true
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sync %s: %w", pr.dir, err)
+	}
+	return nil
+}
+
+// flusher runs Sync every interval until Close.
+func (s *Store) flusher(every time.Duration) {
+	pr := s.pers
+	defer close(pr.done)
+	tk := time.NewTicker(every)
+	defer tk.Stop()
+	for {
+		select {
+		case <-pr.stop:
+			return
+		case <-tk.C:
+			_ = s.Sync(context.Background()) // retried at the next tick
+		}
+	}
+}
+
+// closePersist persists every sequence in full (tail pages included) and
+// closes the data directory's files. The store must be quiet.
+func (s *Store) closePersist() error {
+	pr := s.pers
+	if pr.stop != nil {
+		close(pr.stop)
+		<-pr.done
+		pr.stop = nil
+	}
+	pr.mu.Lock()
+	closed := pr.closed
+	pr.mu.Unlock()
+	if closed {
+		return nil
+	}
+	var views []seqView
+	var errs []error
+	s.seqMu.RLock()
+	ids := make([]SeqID, 0, len(s.seqs))
+	for id := range s.seqs {
+		ids = append(ids, id)
+	}
+	s.seqMu.RUnlock()
+	snap := map[int32]bool{} // tail pages written by this Close
+	for _, id := range ids {
+		sq, err := s.lock(id)
+		if err != nil {
+			continue
+		}
+		v, err := s.sealPages(id, sq)
+		if err == nil {
+			for _, p := range sq.pages[len(v.slots):] {
+				if !snap[p] {
+					if err = s.writeSlot(p, false); err != nil {
+						break
+					}
+					snap[p] = true
+				}
+			}
+		}
+		if err == nil {
+			copy(v.lens, sq.lens)
+			pr.mu.Lock()
+			for _, p := range sq.pages[len(v.slots):] {
+				v.slots = append(v.slots, pr.pslot[p])
+			}
+			pr.mu.Unlock()
+			views = append(views, v)
+		} else {
+			errs = append(errs, fmt.Errorf("close seq %d: %w", id, err))
+		}
+		sq.mu.Unlock()
+	}
+	next := s.peekNextID()
+	live := map[SeqID]bool{}
+	for _, id := range ids {
+		live[id] = true
+	}
+	pr.mu.Lock()
+	var dels []SeqID
+	for id := range pr.committed {
+		if !live[id] {
+			dels = append(dels, id)
+		}
+	}
+	if err := pr.commitLocked(views, dels, next); err != nil {
+		errs = append(errs, err)
+	}
+	pr.closed = true
+	pr.mu.Unlock()
+	if err := pr.closeFiles(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("pagestore: close %s: %w", pr.dir, err)
+	}
+	return nil
+}
+
+// Recovery returns what [New] recovered from [Config.DataDir] (a zero
+// report without one).
+func (s *Store) Recovery() RecoveryReport {
+	if s.pers == nil {
+		return RecoveryReport{}
+	}
+	return s.pers.report
+}

@@ -1,0 +1,366 @@
+package pagestore
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"slices"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/questrt/questrt/pagestore/tier"
+)
+
+// recoverAll reads the data directory into the empty store s: every
+// sequence whose manifest, tables, slot records and payloads pass their
+// checks comes back with its id, lengths and pages (shared pages shared,
+// refcounts the number of recovered sequences naming them), summaries
+// recomputed from the recovered keys; the others are reported damaged.
+// Then it rewrites the directory to what was recovered: damaged
+// manifests are deleted and slots nothing names are freed.
+func (s *Store) recoverAll() error {
+	pr := s.pers
+	c := s.cfg
+	rep := RecoveryReport{Dir: pr.dir}
+	type found struct {
+		v      seqView
+		nslots int
+		err    error
+	}
+	var seqs []found
+	slotRec := map[int32]uint32{}
+	badRec := map[int32]error{}
+	var nextID SeqID
+	err := pr.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bkMeta, bkSeqs, bkTables, bkSlots} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		mb := tx.Bucket(bkMeta)
+		want := c.persistFormat()
+		if have := mb.Get(kFormat); have != nil && !bytes.Equal(have, want) {
+			return fmt.Errorf("%w: data directory holds pages of another geometry (format %x, config %x)", ErrInvalidConfig, have, want)
+		}
+		if err := mb.Put(kFormat, want); err != nil {
+			return err
+		}
+		if v := mb.Get(kNextID); len(v) == 8 {
+			nextID = SeqID(binary.BigEndian.Uint64(v))
+		}
+		tb := tx.Bucket(bkTables)
+		err := tx.Bucket(bkSeqs).ForEach(func(k, raw []byte) error {
+			if len(k) != 8 {
+				return nil
+			}
+			id := SeqID(binary.BigEndian.Uint64(k))
+			v, n, err := decodeHeader(id, raw, c.Layers)
+			f := found{v: v, nslots: n, err: err}
+			if err == nil {
+				for ch := 0; ch*chunkSlots < n; ch++ {
+					key := chunkKey(id, ch)
+					body, err := openValue(key, tb.Get(key))
+					want := min(chunkSlots, n-ch*chunkSlots)
+					if err == nil && len(body) != 4*want {
+						err = fmt.Errorf("%d bytes, want %d slots: %w", len(body), want, tier.ErrCorrupt)
+					}
+					if err != nil {
+						f.err = fmt.Errorf("table chunk %d: %w", ch, err)
+						break
+					}
+					for i := range want {
+						f.v.slots = append(f.v.slots, int32(binary.LittleEndian.Uint32(body[4*i:])))
+					}
+				}
+			} else {
+				f.v.id = id
+			}
+			seqs = append(seqs, f)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		return tx.Bucket(bkSlots).ForEach(func(k, raw []byte) error {
+			if len(k) != 4 {
+				return nil
+			}
+			sl := int32(binary.BigEndian.Uint32(k))
+			body, err := openValue(k, raw)
+			if err == nil && (len(body) != 8 || body[0] != manifestVersion) {
+				err = fmt.Errorf("slot record of %d bytes: %w", len(body), tier.ErrCorrupt)
+			}
+			if err != nil {
+				badRec[sl] = fmt.Errorf("slot %d record: %w", sl, err)
+				return nil
+			}
+			slotRec[sl] = binary.LittleEndian.Uint32(body[4:])
+			return nil
+		})
+	})
+	if err != nil {
+		if errors.Is(err, ErrInvalidConfig) {
+			return fmt.Errorf("pagestore: data dir %s: %w", pr.dir, err)
+		}
+		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
+	}
+
+	// Check every sequence's pages, reading each slot once.
+	S := c.PageSize
+	nslot := pr.dt.Slots()
+	type slotState struct {
+		page int32 // physical page, -1 not assigned
+		err  error
+	}
+	state := map[int32]*slotState{}
+	buf := make([]byte, c.PayloadBytes())
+	ctx := context.Background()
+	corrupt := map[int]bool{}
+	var good []found
+	slices.SortFunc(seqs, func(a, b found) int { return cmp.Compare(a.v.id, b.v.id) })
+	for _, f := range seqs {
+		if f.err == nil {
+			f.err = s.checkView(f.v, f.nslots)
+		}
+		for i := 0; f.err == nil && i < len(f.v.slots); i++ {
+			sl := f.v.slots[i]
+			if sl < 0 || int(sl) >= nslot {
+				f.err = fmt.Errorf("page %d in slot %d outside the %d slots: %w", i, sl, nslot, tier.ErrCorrupt)
+				break
+			}
+			st := state[sl]
+			if st == nil {
+				st = &slotState{page: -1}
+				state[sl] = st
+				st.err = badRec[sl]
+				crc, ok := slotRec[sl]
+				if st.err == nil && !ok {
+					st.err = fmt.Errorf("slot %d has no record: %w", sl, tier.ErrCorrupt)
+				}
+				if st.err == nil {
+					st.err = pr.dt.Read(ctx, int(sl), buf)
+				}
+				if st.err == nil {
+					if got := crc32.Checksum(buf, castagnoli); got != crc {
+						st.err = fmt.Errorf("slot %d payload checksum %08x, record has %08x: %w", sl, got, crc, tier.ErrCorrupt)
+					}
+				}
+				if st.err != nil {
+					corrupt[int(sl)] = true
+				} else if len(s.free) == 0 {
+					st.err = fmt.Errorf("slot %d: %w: the pool of %d pages is full", sl, ErrPoolExhausted, c.Capacity)
+				} else {
+					p := s.popLocked()
+					s.ref[p] = 0
+					if err := s.restorePage(p, buf, i, f.v.lens); err != nil {
+						return fmt.Errorf("pagestore: data dir %s: restore page: %w", pr.dir, err)
+					}
+					st.page = p
+				}
+			}
+			if st.err != nil {
+				f.err = fmt.Errorf("page %d: %w", i, st.err)
+			}
+		}
+		if f.err != nil {
+			tok := maxLen(append([]int{0}, f.v.lens...))
+			if n := pr.readLenRec(f.v.id, f.v.lenRec); n > tok {
+				tok = n
+			}
+			rep.Damaged = append(rep.Damaged, DamagedSeq{ID: f.v.id, Tokens: tok, Err: f.err})
+			continue
+		}
+		good = append(good, f)
+	}
+
+	// Install the good sequences.
+	used := map[int32]bool{}
+	var maxRec int32 = -1
+	for _, f := range good {
+		v := f.v
+		sq := &seq{lens: v.lens, lenRec: v.lenRec, pages: make([]int32, len(v.slots))}
+		for i, sl := range v.slots {
+			p := state[sl].page
+			sq.pages[i] = p
+			s.ref[p]++
+			used[sl] = true
+			pr.pslot[p] = sl
+			pr.hold[sl] = true
+			pr.cref[sl]++
+		}
+		sq.sealedUpTo = minLen(v.lens) / S
+		for _, p := range sq.pages[:sq.sealedUpTo] {
+			pr.psealed[p] = true
+		}
+		pr.committed[v.id] = v.slots
+		maxRec = max(maxRec, v.lenRec)
+		s.seqs[v.id] = sq
+		nextID = max(nextID, v.id+1)
+	}
+	// Pages named by damaged sequences only were popped: give them back.
+	for _, st := range state {
+		if st.page >= 0 && s.ref[st.page] == 0 {
+			s.ref[st.page] = 1
+			s.unrefLocked(st.page)
+		}
+	}
+	for _, f := range good {
+		sq := s.seqs[f.v.id]
+		s.setPins(sq, sq.pages)
+		r := RecoveredSeq{ID: f.v.id, Len: minLen(sq.lens), Pages: len(sq.pages), TailPersisted: maxLen(sq.lens)%S != 0 || len(sq.pages) > sq.sealedUpTo}
+		for _, p := range sq.pages {
+			if s.ref[p] > 1 {
+				r.Shared++
+			}
+		}
+		if n := pr.readLenRec(f.v.id, f.v.lenRec); n > maxLen(sq.lens) {
+			r.LostTokens = n - maxLen(sq.lens)
+		}
+		s.noteLen(f.v.id, sq) // the lost tokens are reported once
+		rep.Sequences = append(rep.Sequences, r)
+	}
+	rep.Pages = c.Capacity - len(s.free)
+	s.nextID = max(nextID, 1)
+
+	// Length records: those of recovered sequences stay in use.
+	pr.lenNext = maxRec + 1
+	inUse := map[int32]bool{}
+	for _, f := range good {
+		inUse[f.v.lenRec] = true
+	}
+	for r := int32(0); r < pr.lenNext; r++ {
+		if !inUse[r] {
+			pr.lenFree = append(pr.lenFree, r)
+		}
+	}
+	if err := pr.lenF.Truncate(int64(pr.lenNext) * lenRecBytes); err != nil {
+		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
+	}
+	for sl := range corrupt {
+		rep.CorruptSlots = append(rep.CorruptSlots, sl)
+	}
+	slices.Sort(rep.CorruptSlots)
+
+	// Rewrite the directory to what was recovered.
+	var keep []int
+	for _, sl := range pr.dt.Used() {
+		if used[int32(sl)] {
+			keep = append(keep, sl)
+			continue
+		}
+		if err := pr.dt.Free(ctx, sl); err != nil && !errors.Is(err, tier.ErrEmpty) {
+			return fmt.Errorf("pagestore: data dir %s: free orphan slot %d: %w: %w", pr.dir, sl, ErrPersist, err)
+		}
+		rep.OrphanSlots++
+	}
+	if err := pr.dt.Sync(ctx); err != nil {
+		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
+	}
+	alloc, err := tier.NewAllocator(nslot, keep...)
+	if err != nil {
+		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
+	}
+	pr.alloc = alloc
+	err = pr.db.Update(func(tx *bolt.Tx) error {
+		sb, tb, slb := tx.Bucket(bkSeqs), tx.Bucket(bkTables), tx.Bucket(bkSlots)
+		for _, d := range rep.Damaged {
+			if err := sb.Delete(seqKey(d.ID)); err != nil {
+				return err
+			}
+			c := tb.Cursor()
+			pre := seqKey(d.ID)
+			var ks [][]byte
+			for k, _ := c.Seek(pre); k != nil && bytes.HasPrefix(k, pre); k, _ = c.Next() {
+				ks = append(ks, bytes.Clone(k))
+			}
+			for _, k := range ks {
+				if err := tb.Delete(k); err != nil {
+					return err
+				}
+			}
+		}
+		var stale [][]byte
+		_ = slb.ForEach(func(k, _ []byte) error {
+			if len(k) != 4 || !used[int32(binary.BigEndian.Uint32(k))] {
+				stale = append(stale, bytes.Clone(k))
+			}
+			return nil
+		})
+		for _, k := range stale {
+			if err := slb.Delete(k); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bkMeta).Put(kNextID, seqKey(s.nextID))
+	})
+	if err != nil {
+		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
+	}
+	pr.nextID = s.nextID
+	pr.report = rep
+	return nil
+}
+
+// checkView checks a manifest's lengths against its page count.
+func (s *Store) checkView(v seqView, n int) error {
+	S := s.cfg.PageSize
+	if len(v.slots) != n {
+		return fmt.Errorf("manifest names %d pages, tables hold %d: %w", n, len(v.slots), tier.ErrCorrupt)
+	}
+	hi := maxLen(v.lens)
+	if (hi+S-1)/S != n || v.lenRec < 0 {
+		return fmt.Errorf("manifest: lengths %v with %d pages: %w", v.lens, n, tier.ErrCorrupt)
+	}
+	return nil
+}
+
+// restorePage puts a recovered payload into physical page p (logical
+// page idx of a sequence with lengths lens) and recomputes its summaries
+// from the valid keys of each layer, in slot order: what the appends
+// computed, bit for bit (min and max are exact).
+func (s *Store) restorePage(p int32, b []byte, idx int, lens []int) error {
+	h := s.host
+	S, D := s.cfg.PageSize, s.cfg.HeadDim
+	blk := h.pageBlk
+	k := make([]float32, blk)
+	for l, ld := range h.layers {
+		off := l * 2 * 4 * blk
+		for i := range k {
+			k[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[off+4*i:]))
+		}
+		if s.res == nil {
+			copy(ld.K[int(p)*blk:], k)
+			v := ld.V[int(p)*blk : int(p+1)*blk]
+			for i := range v {
+				v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[off+4*blk+4*i:]))
+			}
+		}
+		valid := min(max(lens[l]-idx*S, 0), S)
+		for hd := 0; hd < s.cfg.KVHeads; hd++ {
+			so := int(p)*h.sumPage + hd*h.sumRec
+			mn := ld.Summary[so : so+D : so+D]
+			mx := ld.Summary[so+D : so+2*D : so+2*D]
+			empty(mn, mx)
+			for r := range valid {
+				o := hd*h.headBlk + r*D
+				widen(mn, mx, k[o:o+D])
+			}
+		}
+	}
+	if s.res != nil {
+		r := s.res
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if err := r.tier.Write(context.Background(), int(p), b); err != nil {
+			return err
+		}
+		r.clean[p] = true
+		r.ntier++
+	}
+	return nil
+}
