@@ -101,6 +101,10 @@ type Stats struct {
 	// PagesUsed and PagesFree are the pages of the grids hosted here and
 	// the pages left of MaxPages.
 	PagesUsed, PagesFree int
+	// PagesDevice and PagesHost are the pages in use in the shards hosted
+	// here, by tier: in a device pool, or only in a host tier (offload;
+	// remote.Stats.PagesDevice).
+	PagesDevice, PagesHost int
 	// MembersUp is the number of members this node's view shows up
 	// (alive or suspect), itself included.
 	MembersUp int
@@ -243,6 +247,8 @@ func (n *Node) Stats() Stats {
 		GridsHosted:      ws.Grids,
 		PagesUsed:        ws.PagesUsed,
 		PagesFree:        max(ws.PagesFree, 0),
+		PagesDevice:      ws.PagesDevice,
+		PagesHost:        ws.PagesHost,
 		MembersUp:        len(n.m.View().Up()),
 		Serving:          n.serving.Load(),
 	}

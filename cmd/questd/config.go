@@ -21,6 +21,7 @@ import (
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -162,6 +163,24 @@ type Config struct {
 	// memlimit.NoLimit (-1) [--max-memory: bytes like 8GiB, auto or none].
 	// Default auto.
 	MaxMemory int64
+
+	// Offload of the grids this node coordinates (engine.Config's fields
+	// of the same name; they travel to the nodes hosting the grid).
+
+	// DeviceBudgetPages turns offload on: at most that many pages' K/V per
+	// rank stay in its device pool, the others in a host tier, at most
+	// CapacityPages; 0 is off [--device-budget-pages]. Default 0.
+	DeviceBudgetPages int
+	// Eviction is the offload eviction policy, lru or score
+	// [--eviction]. Default lru.
+	Eviction pagestore.Eviction
+	// PrefetchPages is the pages an offloading rank prefetches per step,
+	// at most CapacityPages; 0 is off; needs DeviceBudgetPages
+	// [--prefetch-pages]. Default 0.
+	PrefetchPages int
+	// PrefetchCrossLayer prefetches the next layer's pages too; needs
+	// PrefetchPages [--prefetch-cross-layer]. Default false.
+	PrefetchCrossLayer bool
 
 	// StepTimeout is the deadline of one decode step when the client's is
 	// later [--step-timeout]. Default 2s.
@@ -510,6 +529,15 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		c.MaxMemory, err = parseMaxMemory(s)
 		return err
 	})
+	d.int(&c.DeviceBudgetPages, "device-budget-pages", 0, "offload: pages per rank whose K/V stay in device memory, the others in host memory, at most --capacity-pages (0: offload off); for the grids this node coordinates")
+	d.text("eviction", "lru", "offload eviction policy: lru or score (lowest decayed selection count)", func(s string) (err error) {
+		if c.Eviction, err = pagestore.ParseEviction(s); err != nil || s == "" {
+			return errors.New("want lru or score")
+		}
+		return nil
+	})
+	d.int(&c.PrefetchPages, "prefetch-pages", 0, "offload: pages per rank and step prefetched from host memory ahead of use, at most --capacity-pages (0: off; needs --device-budget-pages)")
+	d.bool(&c.PrefetchCrossLayer, "prefetch-cross-layer", false, "offload: prefetch the next layer's pages too (needs --prefetch-pages)")
 
 	d.group("Timing and failure detection")
 	d.dur(&c.StepTimeout, "step-timeout", 2*time.Second, "deadline of one decode step when the client's is later")
@@ -1220,6 +1248,20 @@ func (c Config) Validate() error {
 		return bad("max-pages", itoa(c.MaxPages), "below --capacity-pages %d: a node hosts whole ranks", c.CapacityPages)
 	case c.MaxMemory < memlimit.NoLimit:
 		return bad("max-memory", strconv.FormatInt(c.MaxMemory, 10), "want bytes, auto or none")
+	case c.DeviceBudgetPages < 0:
+		return bad("device-budget-pages", itoa(c.DeviceBudgetPages), "must not be negative (0: offload off)")
+	case c.DeviceBudgetPages > c.CapacityPages:
+		return bad("device-budget-pages", itoa(c.DeviceBudgetPages), "above --capacity-pages %d", c.CapacityPages)
+	case c.Eviction != pagestore.EvictLRU && c.Eviction != pagestore.EvictScore:
+		return bad("eviction", c.Eviction.String(), "want lru or score")
+	case c.PrefetchPages < 0:
+		return bad("prefetch-pages", itoa(c.PrefetchPages), "must not be negative (0: off)")
+	case c.PrefetchPages > c.CapacityPages:
+		return bad("prefetch-pages", itoa(c.PrefetchPages), "above --capacity-pages %d", c.CapacityPages)
+	case c.PrefetchPages > 0 && c.DeviceBudgetPages == 0:
+		return bad("prefetch-pages", itoa(c.PrefetchPages), "needs --device-budget-pages (prefetch needs offload)")
+	case c.PrefetchCrossLayer && c.PrefetchPages == 0:
+		return bad("prefetch-cross-layer", "true", "needs --prefetch-pages")
 	}
 	if err := c.engineConfig().Validate(); err != nil {
 		// Not reached for configs that passed the checks above, unless
@@ -1318,7 +1360,8 @@ func (c *Config) readPolicy(given func(flag string) bool) error {
 
 // engineConfig is the engine configuration of the cluster's grid: the
 // geometry, the CP x TP grid, the policy and the selection mode that every
-// node and coordinator share.
+// node and coordinator share, and the offload settings of the grids this
+// node coordinates.
 func (c Config) engineConfig() engine.Config {
 	e := engine.DefaultConfig()
 	e.Layers = c.Layers
@@ -1329,6 +1372,8 @@ func (c Config) engineConfig() engine.Config {
 	e.Selection = c.Selection
 	e.StepTimeout = c.StepTimeout
 	e.MemoryLimit = c.MaxMemory
+	e.DeviceBudgetPages, e.Eviction = c.DeviceBudgetPages, c.Eviction
+	e.PrefetchPages, e.PrefetchCrossLayer = c.PrefetchPages, c.PrefetchCrossLayer
 	return e
 }
 

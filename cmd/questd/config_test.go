@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -61,8 +62,8 @@ func TestDefaults(t *testing.T) {
 		Layers: 4, QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16, CP: 1, TP: 1, CapacityPages: 1024, BlockPages: 64,
 		BudgetTokens: 2048, SinkPages: 0, LocalPages: 1, DenseLayers: 2,
 		GQA: plan.GroupMax, Selector: plan.Quest, Selection: plan.Exact,
-		MaxPages: 0, MaxMemory: 0, StepTimeout: 2 * time.Second,
-		ProbeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, SuspicionMult: 4,
+		MaxPages: 0, MaxMemory: 0, DeviceBudgetPages: 0, Eviction: pagestore.EvictLRU, PrefetchPages: 0, PrefetchCrossLayer: false,
+		StepTimeout: 2 * time.Second, ProbeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, SuspicionMult: 4,
 		GossipInterval: 200 * time.Millisecond, DeadNodeReclaim: 5 * time.Second, DrainTimeout: 10 * time.Second,
 		MetricsAddr: "127.0.0.1:9464", LogLevel: slog.LevelInfo, LogFormat: "text", ReadyFile: "", ConfigFile: "",
 		Model: "", HTTPAddr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, ServePages: 4096,
@@ -341,6 +342,16 @@ func TestValidateNamesFlag(t *testing.T) {
 		{[]string{"--max-pages", "-1"}, `--max-pages "-1": `},
 		{[]string{"--max-pages", "100"}, `--max-pages "100": below --capacity-pages 1024`},
 		{[]string{"--max-memory", "lots"}, `--max-memory "lots": not a size`},
+		{[]string{"--device-budget-pages", "-1"}, `--device-budget-pages "-1": must not be negative`},
+		{[]string{"--device-budget-pages", "1025"}, `--device-budget-pages "1025": above --capacity-pages 1024`},
+		{[]string{"--device-budget-pages", "x"}, `--device-budget-pages "x": not an integer`},
+		{[]string{"--eviction", "fifo"}, `--eviction "fifo": want lru or score`},
+		{[]string{"--eviction="}, `--eviction "": want lru or score`},
+		{[]string{"--device-budget-pages", "64", "--prefetch-pages", "-1"}, `--prefetch-pages "-1": must not be negative`},
+		{[]string{"--device-budget-pages", "64", "--prefetch-pages", "2000"}, `--prefetch-pages "2000": above --capacity-pages 1024`},
+		{[]string{"--prefetch-pages", "8"}, `--prefetch-pages "8": needs --device-budget-pages`},
+		{[]string{"--device-budget-pages", "64", "--prefetch-cross-layer"}, `--prefetch-cross-layer "true": needs --prefetch-pages`},
+		{[]string{"--prefetch-cross-layer=maybe"}, `--prefetch-cross-layer "maybe": not true or false`},
 		{[]string{"--step-timeout", "0s"}, `--step-timeout "0s": must be positive`},
 		{[]string{"--step-timeout", "soon"}, `--step-timeout "soon": not a duration such as 2s`},
 		{[]string{"--probe-interval", "-1s"}, `--probe-interval "-1s": must be positive`},
@@ -516,6 +527,51 @@ func TestEngineConfig(t *testing.T) {
 		e.CapacityPages != 256 || e.BlockPages != 16 || !reflect.DeepEqual(e.Policy, want) || e.Selection != plan.Replicated ||
 		e.MemoryLimit != 8<<30 || e.StepTimeout != 3*time.Second {
 		t.Errorf("engine config %+v", e)
+	}
+	if e.DeviceBudgetPages != 0 || e.Eviction != pagestore.EvictLRU || e.PrefetchPages != 0 || e.PrefetchCrossLayer {
+		t.Errorf("offload is on by default: %+v", e)
+	}
+}
+
+// TestEngineConfigOffload: the offload flags, from each source, reach the
+// engine config and its worker config (what travels to the grid's
+// nodes), which validate.
+func TestEngineConfigOffload(t *testing.T) {
+	check := func(c Config) {
+		t.Helper()
+		e := c.engineConfig()
+		if err := e.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if e.DeviceBudgetPages != 64 || e.Eviction != pagestore.EvictScore || e.PrefetchPages != 8 || !e.PrefetchCrossLayer {
+			t.Errorf("engine config offload: budget %d, eviction %v, prefetch %d, cross-layer %v", e.DeviceBudgetPages, e.Eviction, e.PrefetchPages, e.PrefetchCrossLayer)
+		}
+		w := e.WorkerConfig()
+		if w.DeviceBudgetPages != 64 || w.Eviction != pagestore.EvictScore || w.PrefetchPages != 8 || !w.PrefetchCrossLayer {
+			t.Errorf("worker config offload: %+v", w)
+		}
+	}
+	c, err := load(t, nil, "--plaintext", "--device-budget-pages", "64", "--eviction", "score", "--prefetch-pages", "8", "--prefetch-cross-layer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(c)
+	c, err = load(t, map[string]string{"QUESTRT_DEVICE_BUDGET_PAGES": "64", "QUESTRT_EVICTION": "score",
+		"QUESTRT_PREFETCH_PAGES": "8", "QUESTRT_PREFETCH_CROSS_LAYER": "true"}, "--plaintext")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(c)
+	p := writeFile(t, "offload.yaml", "plaintext: true\ndevice-budget-pages: 64\neviction: score\nprefetch-pages: 8\nprefetch-cross-layer: true\n")
+	c, err = load(t, nil, "--config", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(c)
+	// A value from the file names the file.
+	p = writeFile(t, "bad.yaml", "plaintext: true\nprefetch-pages: 8\n")
+	if _, err := load(t, nil, "--config", p); err == nil || err.Error() != `--prefetch-pages "8": needs --device-budget-pages (prefetch needs offload) (set by `+p+` line 2)` {
+		t.Errorf("prefetch without a budget from the file: %v", err)
 	}
 }
 

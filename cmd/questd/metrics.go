@@ -105,6 +105,7 @@ func (m *metrics) observe(s coord.StepStats) {
 type stateCollector struct {
 	st                            *readiness
 	seqs, grids, pages, membersUp *prometheus.Desc
+	tierPages                     *prometheus.Desc
 }
 
 func newStateCollector(st *readiness) *stateCollector {
@@ -114,6 +115,7 @@ func newStateCollector(st *readiness) *stateCollector {
 		grids:     prometheus.NewDesc("questrt_grids", "Grids this node's coordinator drives (coordinated) and grids with ranks on this node (hosted).", []string{"role"}, nil),
 		pages:     prometheus.NewDesc("questrt_pages", "KV pages of the grids hosted on this node (used) and left of --max-pages (free).", []string{"state"}, nil),
 		membersUp: prometheus.NewDesc("questrt_members_up", "Members this node's view shows up (alive or suspect), itself included.", nil, nil),
+		tierPages: prometheus.NewDesc("questrt_tier_pages", "KV pages in use in the shards hosted on this node, by tier: in a device pool (device) or offloaded to the host tier (host; --device-budget-pages). Without offload every used page is on the device.", []string{"tier"}, nil),
 	}
 }
 
@@ -123,6 +125,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.grids
 	ch <- c.pages
 	ch <- c.membersUp
+	ch <- c.tierPages
 }
 
 // Collect implements prometheus.Collector.
@@ -140,6 +143,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.grids, s.GridsHosted, "hosted")
 	gauge(c.pages, s.PagesUsed, "used")
 	gauge(c.pages, s.PagesFree, "free")
+	gauge(c.tierPages, s.PagesDevice, "device")
+	gauge(c.tierPages, s.PagesHost, "host")
 	gauge(c.membersUp, s.MembersUp)
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -261,6 +262,11 @@ func TestServeMetrics(t *testing.T) {
 	if u, f := gauge("questrt_pages", "state", "used"), gauge("questrt_pages", "state", "free"); u <= 0 || u+f != float64(cfg.hostPages()) {
 		t.Errorf("questrt_pages used %v, free %v: want used > 0 and used+free = %d", u, f, cfg.hostPages())
 	}
+	// Offload off: every used page of the hosted shard is on the device
+	// (2 sequences of 60 or 63 tokens: 15 and 16 pages of 4 tokens).
+	if d, h := gauge("questrt_tier_pages", "tier", "device"), gauge("questrt_tier_pages", "tier", "host"); d != 31 || h != 0 {
+		t.Errorf("questrt_tier_pages device %v, host %v: want 31 and 0 (offload off)", d, h)
+	}
 	if got := gauge("questrt_members_up"); got != 1 {
 		t.Errorf("questrt_members_up = %v, want 1", got)
 	}
@@ -288,6 +294,106 @@ func TestServeMetrics(t *testing.T) {
 	if r, err := hc.Get("http://" + maddr + "/healthz"); err == nil {
 		r.Body.Close()
 		t.Errorf("/healthz after serve returned: %d", r.StatusCode)
+	}
+}
+
+// TestServeMetricsOffload: with --device-budget-pages below the pages the
+// appends fill, questrt_tier_pages shows the hosted shard's pages split
+// between the device pool (at most the budget) and the host tier, before
+// and after steps that read them back.
+func TestServeMetricsOffload(t *testing.T) {
+	const budget = 8
+	args := append(append([]string(nil), smallNode...), "--device-budget-pages", strconv.Itoa(budget), "--eviction", "score")
+	cfg, err := load(t, nil, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry(), nil)
+		pw.Close()
+		done <- err
+	}()
+	br := bufio.NewReader(pr)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		cancel()
+		t.Fatalf("ready line: %v (serve: %v)", err, <-done)
+	}
+	go io.Copy(io.Discard, br)
+	var ready map[string]string
+	if err := json.Unmarshal([]byte(line), &ready); err != nil {
+		t.Fatalf("ready line %q: %v", line, err)
+	}
+	maddr := ready["metrics"]
+	tiers := func() (float64, float64) {
+		mf := scrape(t, maddr)
+		return metric(t, mf, "questrt_tier_pages", "tier", "device").GetGauge().GetValue(),
+			metric(t, mf, "questrt_tier_pages", "tier", "host").GetGauge().GetValue()
+	}
+	if d, h := tiers(); d != 0 || h != 0 {
+		t.Errorf("before any grid: device %v, host %v pages, want 0 and 0", d, h)
+	}
+
+	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer dcancel()
+	c, err := client.Dial(dctx, ready["grpc"], client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	g := c.Geometry()
+	rng := rand.New(rand.NewPCG(3, 4))
+	vec := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	kv, qd := g.KVHeads*g.HeadDim, g.QHeads*g.HeadDim
+	var seqs []string
+	for range 2 {
+		id, _, err := c.Create(ctx, plan.Striped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l := range g.Layers {
+			if err := c.Append(ctx, id, l, vec(60*kv), vec(60*kv)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		seqs = append(seqs, id)
+	}
+	// 2 sequences of 60 tokens: 30 pages of 4 tokens on the one rank.
+	const used = 30
+	check := func(when string) {
+		t.Helper()
+		d, h := tiers()
+		if d <= 0 || d > budget || h <= 0 || d+h != used {
+			t.Errorf("%s: questrt_tier_pages device %v, host %v: want device in (0, %d], host > 0, %d in all", when, d, h, budget, used)
+		}
+	}
+	check("after the appends")
+	for range 3 {
+		items := []client.Item{{Seq: seqs[0], Q: vec(qd)}, {Seq: seqs[1], Q: vec(qd)}}
+		if _, err := c.Step(ctx, 1, items, client.StepOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("after the steps")
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve after the signal: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not return after the signal")
 	}
 }
 

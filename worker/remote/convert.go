@@ -10,6 +10,7 @@ import (
 	"time"
 
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker"
 )
@@ -257,7 +258,9 @@ func (r GridRef) proto() *workerv1.GridRef { return &workerv1.GridRef{Grid: r.Gr
 // does DType: a worker's page stores hold plan.Float32, the zero value,
 // which is what decodeConfig gives, and another type is refused). The
 // policy's page size is the geometry's (plan.Policy.WithGeometry), as the
-// workers use it.
+// workers use it. The offload settings (DeviceBudgetPages, Eviction,
+// PrefetchPages, PrefetchCrossLayer) travel: every rank of a grid offloads
+// alike.
 func encodeConfig(c worker.Config) (*workerv1.GridConfig, error) {
 	e := &enc{what: "grid config"}
 	if c.DType != plan.Float32 {
@@ -278,7 +281,15 @@ func encodeConfig(c worker.Config) (*workerv1.GridConfig, error) {
 			DenseLayers: e.u32("dense layers", p.DenseLayers), LayerBudget: lb,
 			Gqa: p.GQA.String(), Selector: p.Selector.String(),
 		},
-		Mode: c.Mode.String(),
+		Mode:              c.Mode.String(),
+		DeviceBudgetPages: e.u32("device budget pages", c.DeviceBudgetPages),
+		PrefetchPages:     e.u32("prefetch pages", c.PrefetchPages), PrefetchCrossLayer: c.PrefetchCrossLayer,
+	}
+	switch c.Eviction {
+	case pagestore.EvictLRU, pagestore.EvictScore:
+		g.Eviction = c.Eviction.String()
+	default:
+		e.fail(worker.ErrBadMessage, "unknown eviction policy %d", c.Eviction)
 	}
 	return g, e.err
 }
@@ -294,9 +305,12 @@ func decodeConfig(g *workerv1.GridConfig) (worker.Config, error) {
 		Layers: toInt(d, "layers", g.Layers),
 		Geometry: plan.Geometry{QHeads: toInt(d, "q heads", g.QHeads), KVHeads: toInt(d, "kv heads", g.KvHeads),
 			HeadDim: toInt(d, "head dim", g.HeadDim), PageSize: toInt(d, "page size", g.PageSize)},
-		CP:       toInt(d, "cp", g.Cp),
-		TP:       toInt(d, "tp", g.Tp),
-		Capacity: toInt(d, "capacity", g.CapacityPages),
+		CP:                 toInt(d, "cp", g.Cp),
+		TP:                 toInt(d, "tp", g.Tp),
+		Capacity:           toInt(d, "capacity", g.CapacityPages),
+		DeviceBudgetPages:  toInt(d, "device budget pages", g.DeviceBudgetPages),
+		PrefetchPages:      toInt(d, "prefetch pages", g.PrefetchPages),
+		PrefetchCrossLayer: g.PrefetchCrossLayer,
 		Policy: plan.Policy{
 			PageSize: toInt(d, "policy page size", p.PageSize), BudgetTokens: toInt(d, "budget tokens", p.BudgetTokens),
 			SinkPages: toInt(d, "sink pages", p.SinkPages), LocalPages: toInt(d, "local pages", p.LocalPages),
@@ -318,6 +332,9 @@ func decodeConfig(g *workerv1.GridConfig) (worker.Config, error) {
 	}
 	if c.Mode, err = plan.ParseSelectMode(g.Mode); err != nil {
 		d.fail("mode: %v", err)
+	}
+	if c.Eviction, err = pagestore.ParseEviction(g.Eviction); err != nil {
+		d.fail("eviction: %v", err)
 	}
 	return c, d.err
 }

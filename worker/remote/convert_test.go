@@ -97,6 +97,67 @@ func TestConfigRoundTrip(t *testing.T) {
 	}
 }
 
+// TestConfigOffloadRoundTrip carries the offload settings both ways
+// (GridConfigProto and GridConfigFromProto, which validates) and refuses
+// an unknown eviction policy and out-of-range counts, naming the field.
+func TestConfigOffloadRoundTrip(t *testing.T) {
+	c := workerConfig(engineConfig(2, 1, plan.Exact))
+	c.MemoryLimit = 0
+	c.DeviceBudgetPages, c.Eviction, c.PrefetchPages, c.PrefetchCrossLayer = 64, pagestore.EvictScore, 8, true
+	g := GridConfigProto(c)
+	if g == nil {
+		t.Fatal("config does not encode")
+	}
+	if g.DeviceBudgetPages != 64 || g.Eviction != "score" || g.PrefetchPages != 8 || !g.PrefetchCrossLayer {
+		t.Fatalf("wire config: %+v", g)
+	}
+	back, err := GridConfigFromProto(g)
+	if err != nil || !reflect.DeepEqual(back, c) {
+		t.Fatalf("round trip: %+v, %v\nwant %+v", back, err, c)
+	}
+
+	// Off (the zero values) round-trips too, and "" is lru.
+	off := workerConfig(engineConfig(2, 1, plan.Exact))
+	off.MemoryLimit = 0
+	g = GridConfigProto(off)
+	if g.Eviction != "lru" {
+		t.Errorf("default eviction on the wire: %q, want lru", g.Eviction)
+	}
+	g.Eviction = ""
+	if back, err := GridConfigFromProto(g); err != nil || !reflect.DeepEqual(back, off) {
+		t.Errorf("offload off: %+v, %v\nwant %+v", back, err, off)
+	}
+
+	bad := func(name string, mut func(*workerv1.GridConfig), want string) {
+		t.Helper()
+		g := GridConfigProto(c)
+		mut(g)
+		if _, err := GridConfigFromProto(g); !errors.Is(err, worker.ErrBadMessage) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want ErrBadMessage naming %q", name, err, want)
+		}
+	}
+	bad("unknown eviction", func(g *workerv1.GridConfig) { g.Eviction = "fifo" }, `eviction: `)
+	bad("budget over capacity", func(g *workerv1.GridConfig) { g.DeviceBudgetPages = g.CapacityPages + 1 }, "device budget")
+	bad("prefetch without budget", func(g *workerv1.GridConfig) { g.DeviceBudgetPages = 0 }, "prefetch")
+	bad("cross-layer without prefetch", func(g *workerv1.GridConfig) { g.PrefetchPages = 0 }, "cross-layer")
+
+	neg := c
+	neg.DeviceBudgetPages = -1
+	if _, err := encodeConfig(neg); !errors.Is(err, worker.ErrBadMessage) || !strings.Contains(err.Error(), "device budget pages") {
+		t.Errorf("negative device budget: %v", err)
+	}
+	neg = c
+	neg.PrefetchPages = -1
+	if _, err := encodeConfig(neg); !errors.Is(err, worker.ErrBadMessage) || !strings.Contains(err.Error(), "prefetch pages") {
+		t.Errorf("negative prefetch: %v", err)
+	}
+	neg = c
+	neg.Eviction = pagestore.Eviction(7)
+	if _, err := encodeConfig(neg); !errors.Is(err, worker.ErrBadMessage) || !strings.Contains(err.Error(), "eviction") {
+		t.Errorf("unknown eviction: %v", err)
+	}
+}
+
 // TestNilStaysNil checks that nil slices arrive nil and empty ones empty
 // (the mirror keys), and that a layer reply round-trips.
 func TestNilStaysNil(t *testing.T) {

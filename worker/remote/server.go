@@ -180,6 +180,12 @@ type Stats struct {
 	PagesUsed, PagesFree int
 	// HostBytes is the host memory of the grids' pools and mirrors.
 	HostBytes int64
+	// PagesDevice and PagesHost are the pages in use in the connected
+	// grids' hosted shards, summed over them: those whose K/V are in the
+	// shard's device pool and those only in its host tier (offload, see
+	// worker.Config.DeviceBudgetPages). Without offload every used page
+	// is on the device.
+	PagesDevice, PagesHost int
 }
 
 // Stats returns a snapshot (freeing grids whose ConnectGrid is overdue).
@@ -190,6 +196,23 @@ func (s *Server) Stats() Stats {
 	st := Stats{Grids: len(s.grids), PagesUsed: s.pages, PagesFree: -1, HostBytes: s.bytes}
 	for _, g := range s.grids {
 		st.Ranks += len(g.ranks)
+		if g.local == nil {
+			continue // not connected: no shards yet
+		}
+		for _, r := range g.local.Ranks() {
+			sh := g.local.Shard(r)
+			if sh == nil {
+				continue
+			}
+			store := sh.Store()
+			if store.Config().Offload() {
+				rs := store.ResidencyStats()
+				st.PagesDevice += rs.Resident
+				st.PagesHost += rs.TierOnly
+			} else {
+				st.PagesDevice += store.Stats().UsedPages
+			}
+		}
 	}
 	if s.cfg.MaxPages > 0 {
 		st.PagesFree = s.cfg.MaxPages - s.pages

@@ -357,7 +357,7 @@ func (x *Policy) GetSelector() string {
 }
 
 // GridConfig is worker.Config: the geometry, the CP x TP grid, each
-// rank's pool, the policy and the selection mode.
+// rank's pool, the policy, the selection mode and the offload settings.
 type GridConfig struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Layers        uint32                 `protobuf:"varint,1,opt,name=layers,proto3" json:"layers,omitempty"`
@@ -370,9 +370,16 @@ type GridConfig struct {
 	CapacityPages uint32                 `protobuf:"varint,8,opt,name=capacity_pages,json=capacityPages,proto3" json:"capacity_pages,omitempty"`
 	Policy        *Policy                `protobuf:"bytes,9,opt,name=policy,proto3" json:"policy,omitempty"`
 	// mode: exact|union|replicated.
-	Mode          string `protobuf:"bytes,10,opt,name=mode,proto3" json:"mode,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Mode string `protobuf:"bytes,10,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Offload (worker.Config.DeviceBudgetPages, Eviction, PrefetchPages,
+	// PrefetchCrossLayer): device_budget_pages 0 is off; eviction is
+	// lru|score ("" means lru); prefetch_pages 0 is off.
+	DeviceBudgetPages  uint32 `protobuf:"varint,11,opt,name=device_budget_pages,json=deviceBudgetPages,proto3" json:"device_budget_pages,omitempty"`
+	Eviction           string `protobuf:"bytes,12,opt,name=eviction,proto3" json:"eviction,omitempty"`
+	PrefetchPages      uint32 `protobuf:"varint,13,opt,name=prefetch_pages,json=prefetchPages,proto3" json:"prefetch_pages,omitempty"`
+	PrefetchCrossLayer bool   `protobuf:"varint,14,opt,name=prefetch_cross_layer,json=prefetchCrossLayer,proto3" json:"prefetch_cross_layer,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *GridConfig) Reset() {
@@ -473,6 +480,34 @@ func (x *GridConfig) GetMode() string {
 		return x.Mode
 	}
 	return ""
+}
+
+func (x *GridConfig) GetDeviceBudgetPages() uint32 {
+	if x != nil {
+		return x.DeviceBudgetPages
+	}
+	return 0
+}
+
+func (x *GridConfig) GetEviction() string {
+	if x != nil {
+		return x.Eviction
+	}
+	return ""
+}
+
+func (x *GridConfig) GetPrefetchPages() uint32 {
+	if x != nil {
+		return x.PrefetchPages
+	}
+	return 0
+}
+
+func (x *GridConfig) GetPrefetchCrossLayer() bool {
+	if x != nil {
+		return x.PrefetchCrossLayer
+	}
+	return false
 }
 
 type OpenGridRequest struct {
@@ -2196,7 +2231,7 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\bselector\x18\b \x01(\tR\bselector\x1a>\n" +
 	"\x10LayerBudgetEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x9e\x02\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xc3\x03\n" +
 	"\n" +
 	"GridConfig\x12\x16\n" +
 	"\x06layers\x18\x01 \x01(\rR\x06layers\x12\x17\n" +
@@ -2209,7 +2244,11 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x0ecapacity_pages\x18\b \x01(\rR\rcapacityPages\x121\n" +
 	"\x06policy\x18\t \x01(\v2\x19.questrt.worker.v1.PolicyR\x06policy\x12\x12\n" +
 	"\x04mode\x18\n" +
-	" \x01(\tR\x04mode\"\xa5\x01\n" +
+	" \x01(\tR\x04mode\x12.\n" +
+	"\x13device_budget_pages\x18\v \x01(\rR\x11deviceBudgetPages\x12\x1a\n" +
+	"\beviction\x18\f \x01(\tR\beviction\x12%\n" +
+	"\x0eprefetch_pages\x18\r \x01(\rR\rprefetchPages\x120\n" +
+	"\x14prefetch_cross_layer\x18\x0e \x01(\bR\x12prefetchCrossLayer\"\xa5\x01\n" +
 	"\x0fOpenGridRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x125\n" +
 	"\x06config\x18\x02 \x01(\v2\x1d.questrt.worker.v1.GridConfigR\x06config\x12-\n" +
