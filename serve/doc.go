@@ -32,7 +32,8 @@
 // requests join (up to [Config.MaxRunning] at once) and finished,
 // cancelled or timed-out ones leave, releasing their sequence. Each
 // iteration then prefills up to [Config.ChunkTokens] prompt tokens
-// (chunks of the oldest prefilling requests, into a dense float32
+// (chunks of the prefilling requests, shortest remaining prompt first,
+// into a dense float32
 // recorder whose keys and values are loaded into the engine when the
 // prompt is done) and runs one decode step for every decoding request
 // together: [model.Model.DecodeBatch], the matrix products over the

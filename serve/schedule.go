@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -80,17 +81,28 @@ func (s *Server) live() []*job {
 	return slices.Clone(s.running)
 }
 
-// prefill runs up to ChunkTokens prompt tokens of the oldest jobs still
-// prefilling, a chunk per job; a job whose prompt is done moves its keys
+// prefill runs up to ChunkTokens prompt tokens of the jobs still
+// prefilling, shortest remaining prompt first, a chunk per job; a job whose prompt is done moves its keys
 // and values into the engine and samples its first token.
 func (s *Server) prefill() {
 	budget := s.cfg.ChunkTokens
+	// Shortest remaining prompt first (the older among equals): a short
+	// prompt that arrives while a long one is being prefilled gets the
+	// chunks until it is done, so its time to first token is about its
+	// own prefill, not the long one's. A long prompt waits while shorter
+	// ones keep arriving.
+	var pending []*job
 	for _, j := range s.live() {
+		if j.attn == nil {
+			pending = append(pending, j)
+		}
+	}
+	slices.SortStableFunc(pending, func(a, b *job) int {
+		return cmp.Compare(len(a.p.ids)-a.filled, len(b.p.ids)-b.filled)
+	})
+	for _, j := range pending {
 		if budget == 0 {
 			return
-		}
-		if j.attn != nil {
-			continue
 		}
 		if j.dense == nil {
 			j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)

@@ -11,7 +11,7 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageError{errors.New("want a benchmark name: attention, collective, offload or selection")}
+		return usageError{errors.New("want a benchmark name: attention, collective, offload, selection or serve")}
 	}
 	switch args[0] {
 	case "attention":
@@ -22,11 +22,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return runBenchOffload(ctx, args[1:], stdout, stderr)
 	case "selection":
 		return runBenchSelection(ctx, args[1:], stdout, stderr)
+	case "serve":
+		return runBenchServe(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, "Usage: questctl bench attention|collective|offload|selection [flags]\n\nRun 'questctl bench <name> --help' for its flags.\n")
+		fmt.Fprint(stdout, "Usage: questctl bench attention|collective|offload|selection|serve [flags]\n\nRun 'questctl bench <name> --help' for its flags.\n")
 		return nil
 	}
-	return usageError{fmt.Errorf("unknown benchmark %q (want attention, collective, offload or selection)", args[0])}
+	return usageError{fmt.Errorf("unknown benchmark %q (want attention, collective, offload, selection or serve)", args[0])}
 }
 
 func intList(s string) ([]int, error) {

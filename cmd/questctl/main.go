@@ -5,7 +5,7 @@
 //	questctl demo     [flags]   synthetic long-context decode, Quest vs dense
 //	questctl replay   --in case.json [--selector ...] [--out result.json]
 //	questctl replay   gen [flags]   write a generated replay case
-//	questctl bench    attention|collective|selection [flags]
+//	questctl bench    attention|collective|offload|selection|serve [flags]
 //	questctl devices  [--json]
 //	questctl generate --model DIR --prompt TEXT [flags]
 //	questctl eval     passkey --model DIR [flags]
@@ -58,6 +58,7 @@ Usage:
   questctl bench  collective [flags]    latency of the CP selection exchange and merge, JSON lines
   questctl bench  offload [flags]       offload with a device page budget: step time vs all resident, hit rate, bytes moved, JSON lines
   questctl bench  selection [flags]     exact vs union vs replicated CP selection on the same data, JSON lines
+  questctl bench serve --addr HOST:PORT [...]        load test of a completions API: TTFT, inter-token latency, tokens/s, passkey accuracy, JSON lines
   questctl devices [--json]             the node's NVIDIA GPUs (NVML): name, UUID, memory, PCI, NVLink, topology
   questctl generate --model DIR --prompt TEXT [...]  decode a Llama checkpoint through the engine (Quest or dense): text, pages read vs total, tokens/s
   questctl eval passkey --model DIR [...]            passkey accuracy, recall and attention-mass recall per layer vs dense, JSON lines
