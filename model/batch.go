@@ -97,41 +97,24 @@ func (m *Model) DecodeBatch(ctx context.Context, attns []Attention, tokens []int
 	if err := memlimit.Check(fmt.Sprintf("model: activations of a decode batch of %d", n), c.ActivationBytes(n), m.MemoryLimit); err != nil {
 		return nil, err
 	}
-	h, d := c.HiddenSize, c.HeadDim
-	qd, kvd, inter := c.Heads*d, c.KVHeads*d, c.IntermediateSize
-	x := make([]float32, n*h)
-	for i, t := range tokens {
-		copy(x[i*h:(i+1)*h], m.embed[t*h:(t+1)*h])
-	}
-	xn := make([]float32, n*h)
-	q := make([]float32, n*qd)
-	o := make([]float32, n*qd)
-	k := make([]float32, n*kvd)
-	v := make([]float32, n*kvd)
-	cn := min(n, mlpChunk)
-	gate := make([]float32, cn*inter)
-	up := make([]float32, cn*inter)
-	tmp := make([]float32, cn*h)
+	a := m.newPass(tokens)
+	qd, kvd := a.qd, a.kvd
 	errs := make([]error, n)
 	failed := 0
 	for li := range m.layers {
-		lw := &m.layers[li]
-		m.norm(xn, x, lw.attnNorm, n)
-		matmulT(m.workers, q, xn, lw.wq, n, h, qd)
-		matmulT(m.workers, k, xn, lw.wk, n, h, kvd)
-		matmulT(m.workers, v, xn, lw.wv, n, h, kvd)
+		q, k, v := m.attnIn(a, li)
 		rows(m.workers, n, func(lo, hi int) {
 			for i := lo; i < hi; i++ {
 				m.rope.apply(q[i*qd:(i+1)*qd], 1, c.Heads, pos[i])
 				m.rope.apply(k[i*kvd:(i+1)*kvd], 1, c.KVHeads, pos[i])
 			}
 		})
-		for i, a := range attns {
+		for i, at := range attns {
 			if errs[i] != nil {
 				continue
 			}
-			qi, oi := q[i*qd:(i+1)*qd], o[i*qd:(i+1)*qd]
-			if err := a.Decode(ctx, li, qi, k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd], oi); err != nil {
+			qi, oi := q[i*qd:(i+1)*qd], a.o[i*qd:(i+1)*qd]
+			if err := at.Decode(ctx, li, qi, k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd], oi); err != nil {
 				errs[i] = fmt.Errorf("sequence %d layer %d attention: %w", i, li, err)
 				failed++
 				clear(oi) // the row runs on harmlessly; its logits are dropped
@@ -140,29 +123,13 @@ func (m *Model) DecodeBatch(ctx context.Context, attns []Attention, tokens []int
 		if failed == n {
 			return nil, &BatchError{Errs: errs}
 		}
-		for c0 := 0; c0 < n; c0 += cn {
-			c1 := min(c0+cn, n)
-			matmulT(m.workers, tmp, o[c0*qd:c1*qd], lw.wo, c1-c0, qd, h)
-			addTo(x[c0*h:c1*h], tmp[:(c1-c0)*h])
-		}
-		m.norm(xn, x, lw.mlpNorm, n)
-		for c0 := 0; c0 < n; c0 += cn {
-			c1 := min(c0+cn, n)
-			cnt := c1 - c0
-			matmulT(m.workers, gate, xn[c0*h:c1*h], lw.gate, cnt, h, inter)
-			matmulT(m.workers, up, xn[c0*h:c1*h], lw.up, cnt, h, inter)
-			rows(m.workers, cnt, func(lo, hi int) { siluMul(gate[lo*inter:hi*inter], up[lo*inter:hi*inter]) })
-			matmulT(m.workers, tmp, gate[:cnt*inter], lw.down, cnt, inter, h)
-			addTo(x[c0*h:c1*h], tmp[:cnt*h])
-		}
+		m.attnOut(a, li)
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 	}
-	m.norm(xn, x, m.normW, n)
 	vs := c.VocabSize
-	logits := make([]float32, n*vs)
-	matmulT(m.workers, logits, xn, m.lmHead, n, h, vs)
+	logits := m.head(a, 0)
 	out := make([][]float32, n)
 	for i := range out {
 		if errs[i] == nil {

@@ -113,28 +113,11 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 	if err := memlimit.Check(fmt.Sprintf("model: activations of %d tokens", n), c.ActivationBytes(n), m.MemoryLimit); err != nil {
 		return nil, err
 	}
-	h, d := c.HiddenSize, c.HeadDim
-	qd, kvd, inter := c.Heads*d, c.KVHeads*d, c.IntermediateSize
-	x := make([]float32, n*h)
-	for i, t := range tokens {
-		copy(x[i*h:(i+1)*h], m.embed[t*h:(t+1)*h])
-	}
-	xn := make([]float32, n*h)
-	q := make([]float32, n*qd)
-	o := make([]float32, n*qd)
-	k := make([]float32, n*kvd)
-	v := make([]float32, n*kvd)
-	cn := min(n, mlpChunk)
-	gate := make([]float32, cn*inter)
-	up := make([]float32, cn*inter)
-	tmp := make([]float32, cn*h)
+	a := m.newPass(tokens)
+	qd, kvd := a.qd, a.kvd
 	var attnTime time.Duration
 	for li := range m.layers {
-		lw := &m.layers[li]
-		m.norm(xn, x, lw.attnNorm, n)
-		matmulT(m.workers, q, xn, lw.wq, n, h, qd)
-		matmulT(m.workers, k, xn, lw.wk, n, h, kvd)
-		matmulT(m.workers, v, xn, lw.wv, n, h, kvd)
+		q, k, v := m.attnIn(a, li)
 		rows(m.workers, n, func(lo, hi int) {
 			m.rope.apply(q[lo*qd:hi*qd], hi-lo, c.Heads, pos0+lo)
 			m.rope.apply(k[lo*kvd:hi*kvd], hi-lo, c.KVHeads, pos0+lo)
@@ -142,30 +125,15 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 		t0 := time.Now()
 		var err error
 		if n == 1 {
-			err = attn.Decode(ctx, li, q, k, v, o)
+			err = attn.Decode(ctx, li, q, k, v, a.o)
 		} else {
-			err = attn.Prefill(ctx, li, q, k, v, o)
+			err = attn.Prefill(ctx, li, q, k, v, a.o)
 		}
 		attnTime += time.Since(t0)
 		if err != nil {
 			return nil, fmt.Errorf("layer %d attention: %w", li, err)
 		}
-		// x += o @ wo^T, chunked through tmp.
-		for c0 := 0; c0 < n; c0 += cn {
-			c1 := min(c0+cn, n)
-			matmulT(m.workers, tmp, o[c0*qd:c1*qd], lw.wo, c1-c0, qd, h)
-			addTo(x[c0*h:c1*h], tmp[:(c1-c0)*h])
-		}
-		m.norm(xn, x, lw.mlpNorm, n)
-		for c0 := 0; c0 < n; c0 += cn {
-			c1 := min(c0+cn, n)
-			cnt := c1 - c0
-			matmulT(m.workers, gate, xn[c0*h:c1*h], lw.gate, cnt, h, inter)
-			matmulT(m.workers, up, xn[c0*h:c1*h], lw.up, cnt, h, inter)
-			rows(m.workers, cnt, func(lo, hi int) { siluMul(gate[lo*inter:hi*inter], up[lo*inter:hi*inter]) })
-			matmulT(m.workers, tmp, gate[:cnt*inter], lw.down, cnt, inter, h)
-			addTo(x[c0*h:c1*h], tmp[:cnt*h])
-		}
+		m.attnOut(a, li)
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -174,13 +142,83 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 	if !opt.AllLogits {
 		first = n - 1
 	}
-	nl := n - first
-	m.norm(xn[:nl*h], x[first*h:], m.normW, nl)
-	logits := make([]float32, nl*c.VocabSize)
-	matmulT(m.workers, logits, xn[:nl*h], m.lmHead, nl, h, c.VocabSize)
+	logits := m.head(a, first)
 	if opt.Timing != nil {
 		opt.Timing.Attention += attnTime
 		opt.Timing.Total += time.Since(start)
 	}
 	return logits, nil
+}
+
+// pass holds one forward pass's activations over n token rows: the
+// residual stream x, its normed copy xn, the projections q, k, v and the
+// attention output o, and the MLP's chunk buffers (mlpChunk rows).
+type pass struct {
+	n, h, qd, kvd, inter, cn int
+	x, xn, q, o, k, v        []float32
+	gate, up, tmp            []float32
+}
+
+// newPass allocates a pass over tokens, x holding their embeddings.
+func (m *Model) newPass(tokens []int) *pass {
+	c := m.Config
+	n, h := len(tokens), c.HiddenSize
+	a := &pass{n: n, h: h, qd: c.Heads * c.HeadDim, kvd: c.KVHeads * c.HeadDim, inter: c.IntermediateSize, cn: min(n, mlpChunk)}
+	a.x = make([]float32, n*h)
+	for i, t := range tokens {
+		copy(a.x[i*h:(i+1)*h], m.embed[t*h:(t+1)*h])
+	}
+	a.xn = make([]float32, n*h)
+	a.q = make([]float32, n*a.qd)
+	a.o = make([]float32, n*a.qd)
+	a.k = make([]float32, n*a.kvd)
+	a.v = make([]float32, n*a.kvd)
+	a.gate = make([]float32, a.cn*a.inter)
+	a.up = make([]float32, a.cn*a.inter)
+	a.tmp = make([]float32, a.cn*h)
+	return a
+}
+
+// attnIn normalizes layer li's input and projects it to q, k and v
+// (before RoPE, which the caller applies at its rows' positions).
+func (m *Model) attnIn(a *pass, li int) (q, k, v []float32) {
+	lw := &m.layers[li]
+	m.norm(a.xn, a.x, lw.attnNorm, a.n)
+	matmulT(m.workers, a.q, a.xn, lw.wq, a.n, a.h, a.qd)
+	matmulT(m.workers, a.k, a.xn, lw.wk, a.n, a.h, a.kvd)
+	matmulT(m.workers, a.v, a.xn, lw.wv, a.n, a.h, a.kvd)
+	return a.q, a.k, a.v
+}
+
+// attnOut adds layer li's output projection of a.o and its MLP to the
+// residual stream, mlpChunk rows at a time.
+func (m *Model) attnOut(a *pass, li int) {
+	lw := &m.layers[li]
+	n, h, qd, inter, cn := a.n, a.h, a.qd, a.inter, a.cn
+	// x += o @ wo^T, chunked through tmp.
+	for c0 := 0; c0 < n; c0 += cn {
+		c1 := min(c0+cn, n)
+		matmulT(m.workers, a.tmp, a.o[c0*qd:c1*qd], lw.wo, c1-c0, qd, h)
+		addTo(a.x[c0*h:c1*h], a.tmp[:(c1-c0)*h])
+	}
+	m.norm(a.xn, a.x, lw.mlpNorm, n)
+	for c0 := 0; c0 < n; c0 += cn {
+		c1 := min(c0+cn, n)
+		cnt := c1 - c0
+		matmulT(m.workers, a.gate, a.xn[c0*h:c1*h], lw.gate, cnt, h, inter)
+		matmulT(m.workers, a.up, a.xn[c0*h:c1*h], lw.up, cnt, h, inter)
+		rows(m.workers, cnt, func(lo, hi int) { siluMul(a.gate[lo*inter:hi*inter], a.up[lo*inter:hi*inter]) })
+		matmulT(m.workers, a.tmp, a.gate[:cnt*inter], lw.down, cnt, inter, h)
+		addTo(a.x[c0*h:c1*h], a.tmp[:cnt*h])
+	}
+}
+
+// head returns the logits of rows first..n-1: the final norm and the LM
+// head.
+func (m *Model) head(a *pass, first int) []float32 {
+	nl, h := a.n-first, a.h
+	m.norm(a.xn[:nl*h], a.x[first*h:], m.normW, nl)
+	logits := make([]float32, nl*m.Config.VocabSize)
+	matmulT(m.workers, logits, a.xn[:nl*h], m.lmHead, nl, h, m.Config.VocabSize)
+	return logits
 }

@@ -1,20 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/internal/faultproxy"
@@ -96,36 +90,12 @@ func TestServeGRPCAdvertise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry(), nil)
-		pw.Close()
-		done <- err
-	}()
+	ready, ctx, stop := runServe(t, cfg)
 	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("serve did not return within 10s of the cancel")
+		if err := stop(); err != nil {
+			t.Errorf("serve: %v", err)
 		}
 	}()
-	br := bufio.NewReader(pr)
-	line, err := br.ReadString('\n')
-	if err != nil {
-		t.Fatalf("ready line: %v", err)
-	}
-	go io.Copy(io.Discard, br)
-	var ready map[string]string
-	if err := json.Unmarshal([]byte(line), &ready); err != nil {
-		t.Fatalf("ready line %q: %v", line, err)
-	}
 	if ready["grpc"] != adv {
 		t.Errorf("ready line grpc %q, want the advertised %q", ready["grpc"], adv)
 	}

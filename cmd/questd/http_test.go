@@ -1,18 +1,13 @@
 package main
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // passkeyModel finds passkey-llama-v1 ($QUESTRT_MODELS or ../shared/models
@@ -42,25 +37,9 @@ func TestServeCompletions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry(), nil)
-		pw.Close()
-		done <- err
-	}()
-	br := bufio.NewReader(pr)
-	line, err := br.ReadString('\n')
-	if err != nil {
-		cancel()
-		t.Fatalf("ready line: %v (serve: %v)", err, <-done)
-	}
-	go io.Copy(io.Discard, br)
-	var ready map[string]string
-	if err := json.Unmarshal([]byte(line), &ready); err != nil || ready["http"] == "" {
-		t.Fatalf("ready line %q: %v (want an http address)", line, err)
+	ready, _, stop := runServe(t, cfg)
+	if ready["http"] == "" {
+		t.Fatalf("ready line %v: want an http address", ready)
 	}
 	base := "http://" + ready["http"]
 	code, body := httpGet(t, base+"/v1/models")
@@ -94,8 +73,7 @@ func TestServeCompletions(t *testing.T) {
 	if out.Usage.CompletionTokens != 5 || out.Usage.PagesTotal == 0 {
 		t.Errorf("usage %+v", out.Usage)
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("serve after the signal: %v", err)
 	}
 }

@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -114,29 +114,10 @@ func TestServeMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry(), nil)
-		pw.Close()
-		done <- err
-	}()
-	br := bufio.NewReader(pr)
-	line, err := br.ReadString('\n')
-	if err != nil {
-		cancel()
-		t.Fatalf("ready line: %v (serve: %v)", err, <-done)
-	}
-	go io.Copy(io.Discard, br)
-	var ready map[string]string
-	if err := json.Unmarshal([]byte(line), &ready); err != nil {
-		t.Fatalf("ready line %q: %v", line, err)
-	}
+	ready, ctx, stop := runServe(t, cfg)
 	for _, k := range []string{"event", "name", "grpc", "gossip", "metrics"} {
 		if ready[k] == "" {
-			t.Errorf("ready line %q lacks %q", line, k)
+			t.Errorf("ready line %v lacks %q", ready, k)
 		}
 	}
 	maddr := ready["metrics"]
@@ -280,14 +261,8 @@ func TestServeMetrics(t *testing.T) {
 		}
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve after the signal: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not return after the signal")
+	if err := stop(); err != nil {
+		t.Fatalf("serve after the signal: %v", err)
 	}
 	// The metrics server is gone with the node.
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
@@ -308,26 +283,7 @@ func TestServeMetricsOffload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry(), nil)
-		pw.Close()
-		done <- err
-	}()
-	br := bufio.NewReader(pr)
-	line, err := br.ReadString('\n')
-	if err != nil {
-		cancel()
-		t.Fatalf("ready line: %v (serve: %v)", err, <-done)
-	}
-	go io.Copy(io.Discard, br)
-	var ready map[string]string
-	if err := json.Unmarshal([]byte(line), &ready); err != nil {
-		t.Fatalf("ready line %q: %v", line, err)
-	}
+	ready, ctx, stop := runServe(t, cfg)
 	maddr := ready["metrics"]
 	tiers := func() (float64, float64) {
 		mf := scrape(t, maddr)
@@ -386,14 +342,8 @@ func TestServeMetricsOffload(t *testing.T) {
 	}
 	check("after the steps")
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve after the signal: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not return after the signal")
+	if err := stop(); err != nil {
+		t.Fatalf("serve after the signal: %v", err)
 	}
 }
 
@@ -530,33 +480,12 @@ func TestServeMetricsPeerFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		err := serve(ctx, cfg, slog.New(slog.DiscardHandler), pw, prometheus.NewRegistry(), nil)
-		pw.Close()
-		done <- err
-	}()
+	ready, ctx, stop := runServe(t, cfg)
 	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			t.Error("serve did not return")
+		if err := stop(); errors.Is(err, errServeStuck) {
+			t.Error(err)
 		}
 	}()
-	br := bufio.NewReader(pr)
-	line, err := br.ReadString('\n')
-	if err != nil {
-		t.Fatalf("ready line: %v", err)
-	}
-	go io.Copy(io.Discard, br)
-	var ready map[string]string
-	if err := json.Unmarshal([]byte(line), &ready); err != nil {
-		t.Fatalf("ready line %q: %v", line, err)
-	}
 
 	peerArgs := append(append([]string(nil), args...), "--name", "m1", "--metrics-addr", "", "--join", ready["gossip"])
 	pcfg, err := load(t, nil, peerArgs...)
