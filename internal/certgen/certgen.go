@@ -37,12 +37,14 @@ func KeyFile(name string) string  { return name + ".key" }
 // DefaultHosts are the subject alternative names of every leaf.
 var DefaultHosts = []string{"127.0.0.1", "::1", "localhost"}
 
-// CA is a certificate authority; its key never leaves memory.
+// CA is a certificate authority; its key never leaves memory
+// (WriteFiles does not write it).
 type CA struct {
 	// Cert is the CA's self-signed certificate; PEM is Cert PEM-encoded.
 	Cert *x509.Certificate
 	PEM  []byte
-	key  *ecdsa.PrivateKey
+	// Key signs the leaves.
+	Key *ecdsa.PrivateKey
 }
 
 // Leaf is a certificate that a CA issued, with its key.
@@ -88,7 +90,7 @@ func NewCA(name string) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certgen: CA certificate: %w", err)
 	}
-	return &CA{Cert: cert, PEM: pemBlock("CERTIFICATE", der), key: key}, nil
+	return &CA{Cert: cert, PEM: pemBlock("CERTIFICATE", der), Key: key}, nil
 }
 
 // Pool is a certificate pool holding the CA alone.
@@ -103,13 +105,19 @@ func (ca *CA) Pool() *x509.CertPool {
 // DefaultHosts and hosts (each an IP address or a DNS name). It is valid
 // for Validity, and not after the CA.
 func (ca *CA) Issue(name string, hosts ...string) (*Leaf, error) {
+	return ca.IssueFor(name, append(append([]string(nil), DefaultHosts...), hosts...)...)
+}
+
+// IssueFor is Issue with exactly the subject alternative names hosts
+// (DefaultHosts not added).
+func (ca *CA) IssueFor(name string, hosts ...string) (*Leaf, error) {
 	if name == "" {
 		return nil, errors.New("certgen: empty certificate name")
 	}
 	var ips []net.IP
 	var dns []string
 	seen := map[string]bool{}
-	for _, h := range append(append([]string(nil), DefaultHosts...), hosts...) {
+	for _, h := range hosts {
 		h = strings.TrimSpace(h)
 		if h == "" {
 			return nil, fmt.Errorf("certgen: %s: empty host name", name)
@@ -157,7 +165,7 @@ func (ca *CA) Issue(name string, hosts ...string) (*Leaf, error) {
 		IPAddresses:           ips,
 		DNSNames:              dns,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
 	if err != nil {
 		return nil, fmt.Errorf("certgen: %s: certificate: %w", name, err)
 	}

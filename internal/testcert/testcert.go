@@ -1,21 +1,16 @@
 // Package testcert makes certificate authorities and leaf certificates
-// in tests: ECDSA P-256, valid from an hour ago for two hours, leaves
-// with the IP SAN 127.0.0.1 for server and client authentication. For
-// tests only.
+// in tests, over internal/certgen (ECDSA P-256; leaves for server and
+// client authentication with the IP SAN 127.0.0.1 only), failing the
+// test instead of returning errors. For tests only.
 package testcert
 
 import (
 	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"testing"
-	"time"
+
+	"github.com/questrt/questrt/internal/certgen"
 )
 
 // CA is a certificate authority made in a test.
@@ -25,79 +20,40 @@ type CA struct {
 	// Pool holds Cert; PEM is Cert PEM-encoded.
 	Pool *x509.CertPool
 	PEM  []byte
-}
-
-// serial is a random 127-bit serial number.
-func serial(tb testing.TB) *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return n
+	ca   *certgen.CA
 }
 
 // NewCA returns a fresh CA whose subject is name.
 func NewCA(tb testing.TB, name string) *CA {
 	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := certgen.NewCA(name)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: serial(tb), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true, IsCA: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &CA{Cert: cert, Key: key, Pool: pool, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+	return &CA{Cert: ca.Cert, Key: ca.Key, Pool: ca.Pool(), PEM: ca.PEM, ca: ca}
 }
 
-// Issue signs a leaf certificate for name (IP SAN 127.0.0.1, server and
-// client auth) and returns it with its key and parsed leaf.
+// Issue signs a leaf certificate for name (server and client auth) and
+// returns it with its key and parsed leaf.
 func (ca *CA) Issue(tb testing.TB, name string) tls.Certificate {
 	tb.Helper()
-	der, key := ca.issue(tb, name)
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+	return ca.issue(tb, name).TLSCertificate()
 }
 
-// IssuePEM is Issue as PEM files' contents: the certificate and the EC
+// IssuePEM is Issue as PEM files' contents: the certificate and the
 // private key.
 func (ca *CA) IssuePEM(tb testing.TB, name string) (certPEM, keyPEM []byte) {
 	tb.Helper()
-	der, key := ca.issue(tb, name)
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	l := ca.issue(tb, name)
+	return l.CertPEM, l.KeyPEM
 }
 
-func (ca *CA) issue(tb testing.TB, name string) ([]byte, *ecdsa.PrivateKey) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+func (ca *CA) issue(tb testing.TB, name string) *certgen.Leaf {
+	l, err := ca.ca.IssueFor(name, "127.0.0.1")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: serial(tb), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return der, key
+	return l
 }
 
 // MutualTLS is the mutual-TLS config of a member holding cert, as questd
