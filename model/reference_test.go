@@ -9,22 +9,14 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+
+	"github.com/questrt/questrt/internal/testmodels"
 )
 
-// modelsDir finds the shared test checkpoints: $QUESTRT_MODELS, or
-// ../shared/models next to the repository.
+// modelsDir finds the shared test checkpoints (testmodels.Dir), or skips.
 func modelsDir(t testing.TB) string {
 	t.Helper()
-	for _, d := range []string{os.Getenv("QUESTRT_MODELS"), "../../shared/models", "../shared/models"} {
-		if d == "" {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(d, "passkey-llama-v1", "config.json")); err == nil {
-			return d
-		}
-	}
-	t.Skip("test checkpoints not found (set QUESTRT_MODELS to the directory holding passkey-llama-v1)")
-	return ""
+	return testmodels.Dir(t)
 }
 
 // refFile is a checkpoint's reference.json.

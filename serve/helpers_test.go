@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/questrt/questrt/internal/testmodels"
+
 	"github.com/questrt/questrt/model"
 )
 
@@ -132,20 +134,10 @@ func tinyModel(t testing.TB) (*model.Model, model.Tokenizer) {
 	return loadModel(t, writeTinyModel(t, "tiny", 4096))
 }
 
-// modelsDir finds the shared test checkpoints ($QUESTRT_MODELS, or
-// shared/models next to the repository), as package model's tests do.
+// modelsDir finds the shared test checkpoints (testmodels.Dir), or skips.
 func modelsDir(t testing.TB) string {
 	t.Helper()
-	for _, d := range []string{os.Getenv("QUESTRT_MODELS"), "../../shared/models", "../shared/models"} {
-		if d == "" {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(d, "passkey-llama-v1", "config.json")); err == nil {
-			return d
-		}
-	}
-	t.Skip("test checkpoints not found (set QUESTRT_MODELS to the directory holding passkey-llama-v1)")
-	return ""
+	return testmodels.Dir(t)
 }
 
 var (

@@ -6,26 +6,17 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/questrt/questrt/internal/testmodels"
 )
 
-// testModels finds the shared checkpoints ($QUESTRT_MODELS or
-// ../shared/models next to the repository).
+// testModels finds the shared checkpoints (testmodels.Dir), or skips.
 func testModels(t *testing.T) string {
 	t.Helper()
-	for _, d := range []string{os.Getenv("QUESTRT_MODELS"), "../../../shared/models", "../../shared/models"} {
-		if d == "" {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(d, "passkey-llama-v1", "config.json")); err == nil {
-			return d
-		}
-	}
-	t.Skip("test checkpoints not found (set QUESTRT_MODELS)")
-	return ""
+	return testmodels.Dir(t)
 }
 
 // call runs one command function the way run does: it returns the exit

@@ -4,27 +4,17 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/questrt/questrt/internal/testmodels"
 )
 
-// passkeyModel finds passkey-llama-v1 ($QUESTRT_MODELS or ../shared/models
-// next to the repository), or skips.
+// passkeyModel finds passkey-llama-v1 (testmodels.Dir), or skips.
 func passkeyModel(t *testing.T) string {
 	t.Helper()
-	for _, d := range []string{os.Getenv("QUESTRT_MODELS"), "../../../shared/models", "../../shared/models"} {
-		if d == "" {
-			continue
-		}
-		p := filepath.Join(d, "passkey-llama-v1")
-		if _, err := os.Stat(filepath.Join(p, "config.json")); err == nil {
-			return p
-		}
-	}
-	t.Skip("test checkpoints not found (set QUESTRT_MODELS)")
-	return ""
+	return filepath.Join(testmodels.Dir(t), "passkey-llama-v1")
 }
 
 // TestServeCompletions: questd --model --http-addr serves the completions
