@@ -88,14 +88,9 @@ Progress goes to stderr; a table (or --json: one JSON object) to stdout.`)
 			if flagSet(fs, "n") || flagSet(fs, "seed") {
 				return usageError{errors.New("--prompts: the file gives the prompts; drop --n and --seed")}
 			}
-			f, err := os.Open(*prompts)
-			if err != nil {
-				return usageError{fmt.Errorf("--prompts: %w", err)}
-			}
-			ps, err = eval.ReadPrompts(f)
-			f.Close()
-			if err != nil {
-				return usageError{fmt.Errorf("--prompts %s: %w", *prompts, err)}
+			var err error
+			if ps, err = readPromptFile(*prompts); err != nil {
+				return err
 			}
 		} else {
 			ls, err := evalInts("--lengths", *lengths, 64, 1<<20)

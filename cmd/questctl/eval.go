@@ -206,14 +206,9 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 			if flagSet(fs, "lengths") || flagSet(fs, "keys") || flagSet(fs, "depths") || flagSet(fs, "n") {
 				return usageError{errors.New("--prompts: the file gives the prompts; drop --lengths, --n, --keys and --depths")}
 			}
-			f, err := os.Open(*prompts)
+			ps, err := readPromptFile(*prompts)
 			if err != nil {
-				return usageError{fmt.Errorf("--prompts: %w", err)}
-			}
-			ps, err := eval.ReadPrompts(f)
-			f.Close()
-			if err != nil {
-				return usageError{fmt.Errorf("--prompts %s: %w", *prompts, err)}
+				return err
 			}
 			for _, p := range ps {
 				i := slices.IndexFunc(groups, func(g []eval.Prompt) bool { return g[0].Length == p.Length })
@@ -371,4 +366,19 @@ func evalInts(flag, s string, lo, hi int) ([]int, error) {
 		out = append(out, v)
 	}
 	return out, nil
+}
+
+// readPromptFile reads the JSON-lines prompt file of --prompts; its
+// errors are usage errors naming the flag.
+func readPromptFile(path string) ([]eval.Prompt, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--prompts: %w", err)}
+	}
+	defer f.Close()
+	ps, err := eval.ReadPrompts(f)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--prompts %s: %w", path, err)}
+	}
+	return ps, nil
 }
