@@ -363,3 +363,59 @@ type DeviceStore interface {
 
 // ErrClosed is returned by calls on a closed backend.
 var ErrClosed = errors.New("kernels: backend closed")
+
+// SlotMove names one page payload move of an offloading device store:
+// tier page Page to or from device slot Slot.
+type SlotMove struct{ Page, Slot int32 }
+
+// SlotStore is implemented by device stores that can keep a pool's K/V in
+// fewer device slots than the pool has pages (offload to a host tier):
+// summaries stay on the device for every physical page, K/V live in
+// device slots, and page payloads move between the slots and a host tier
+// the device reads and writes directly. A slot pool passed as
+// Layer.Device is scored by physical page and attended by slot (the
+// batch's Pages are then slots). Calls are queued in order with the
+// kernels; HostTier reads and writes on the host wait for the moves queued
+// before them.
+type SlotStore interface {
+	DeviceStore
+	// PoolDType is the storage type of the pools' K, V and summaries
+	// (the tier's payload element type).
+	PoolDType() plan.DType
+	// NewSlotPool allocates a pool with summaries for pages pages and K/V
+	// for slots slots.
+	NewSlotPool(ctx context.Context, pages, slots, kvHeads, headDim, pageSize int) (any, error)
+	// WriteSlotTokens is DeviceStore.WriteTokens for a slot pool: page
+	// pages[i] has its K/V in slot slots[i].
+	WriteSlotTokens(ctx context.Context, pool any, pages, slots []int32, slot int, k, v []float32) error
+	// RescanSlot recomputes page's summaries from the first valid keys
+	// stored in slot.
+	RescanSlot(ctx context.Context, pool any, page, slot int32, valid int) error
+	// CopySlot copies the K/V of slot srcSlot to slot dstSlot and the
+	// summaries of page src to page dst.
+	CopySlot(ctx context.Context, pool any, dst, src, dstSlot, srcSlot int32) error
+	// NewHostTier allocates a host tier of pages payloads of payload
+	// bytes (the pagestore/tier layout: layer-major, K then V, each one
+	// slot's block in the pools' storage type) in memory the device maps.
+	NewHostTier(ctx context.Context, pages, payload int) (HostTier, error)
+	// MoveSlots copies, for every save, slot Slot of every pool (the
+	// layers, in order) to the tier's page Page, then for every load the
+	// tier's page to the slot. Queued, not waited for.
+	MoveSlots(ctx context.Context, pools []any, t HostTier, saves, loads []SlotMove) error
+	// ReadSlotKV returns float32 copies of the K and V of slot (each
+	// [KVHeads][PageSize][HeadDim]). For diagnostics and tests.
+	ReadSlotKV(ctx context.Context, pool any, slot int32) (k, v []float32, err error)
+}
+
+// HostTier is a page tier in host memory that a SlotStore's device maps:
+// the method set of pagestore/tier.Tier, whose contract it keeps (Read of
+// a page never written fails with tier.ErrEmpty; moves to the tier count
+// as writes).
+type HostTier interface {
+	Slots() int
+	PayloadBytes() int
+	Write(ctx context.Context, slot int, payload []byte) error
+	Read(ctx context.Context, slot int, dst []byte) error
+	Free(ctx context.Context, slot int) error
+	Close() error
+}

@@ -188,9 +188,9 @@ func (c Config) sizes() (sizes, error) {
 		return sizes{}, fmt.Errorf("%w: MemoryLimit = %d, want a byte count, 0 (available memory) or -1 (no check)", ErrInvalidConfig, c.MemoryLimit)
 	}
 	switch c.DType {
-	case plan.Float32:
-	case plan.Float16, plan.BFloat16:
-		return sizes{}, fmt.Errorf("%w: dtype %v is reserved for the GPU backend; the CPU page store holds float32 only", ErrInvalidConfig, c.DType)
+	case plan.Float32, plan.Float16, plan.BFloat16:
+		// New holds float32 only; a device's pools (NewWithData,
+		// NewWithSlots) may hold the 16-bit types.
 	default:
 		return sizes{}, fmt.Errorf("%w: unknown dtype %v", ErrInvalidConfig, c.DType)
 	}

@@ -126,11 +126,12 @@ func (s *Store) ReadKV(ctx context.Context, layer int, p int32, k, v []float32) 
 	if p < 0 || int(p) >= s.cfg.Capacity {
 		return fmt.Errorf("read kv: %w: page %d outside the pool of %d", ErrOutOfRange, p, s.cfg.Capacity)
 	}
-	h := s.hostData()
-	if len(k) != h.pageBlk || len(v) != h.pageBlk {
-		return fmt.Errorf("read kv: %w: k %d and v %d floats, want %d", ErrBadShape, len(k), len(v), h.pageBlk)
+	blk := s.cfg.PageElems()
+	if len(k) != blk || len(v) != blk {
+		return fmt.Errorf("read kv: %w: k %d and v %d floats, want %d", ErrBadShape, len(k), len(v), blk)
 	}
 	if s.res == nil {
+		h := s.hostData()
 		ld := h.layers[layer]
 		o := int(p) * h.pageBlk
 		copy(k, ld.K[o:o+h.pageBlk])

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/questrt/questrt/kernels"
 )
 
 // Fetch is a prefetch reservation: the payload of physical page Page is
@@ -137,9 +139,12 @@ func (s *Store) LoadPrefetch(ctx context.Context, f Fetch, buf []byte) error {
 
 	// The slot is reserved: nobody else reads or writes it until it is
 	// published below.
-	err := r.tier.Read(ctx, int(p), buf)
-	if err == nil {
-		r.unpackFrom(sl, buf)
+	var err error
+	if r.dev == nil {
+		err = r.tier.Read(ctx, int(p), buf)
+		if err == nil {
+			r.unpackFrom(sl, buf)
+		}
 	}
 
 	r.mu.Lock()
@@ -148,6 +153,14 @@ func (s *Store) LoadPrefetch(ctx context.Context, f Fetch, buf []byte) error {
 	r.loading[p] = false
 	r.nload--
 	r.unpend(p)
+	if err == nil && r.dev != nil && r.gen[p] == f.gen {
+		// A device pool: one queued copy from the tier, ordered before
+		// every later kernel that reads the slot.
+		one := [1]kernels.SlotMove{{Page: p, Slot: sl}}
+		if merr := r.dev.MoveSlots(ctx, nil, one[:]); merr != nil {
+			err = fmt.Errorf("device copy from the tier: %w", merr)
+		}
+	}
 	if err != nil || r.gen[p] != f.gen {
 		r.owner[sl] = -1
 		r.free = append(r.free, sl)

@@ -9,7 +9,9 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore/tier"
+	"github.com/questrt/questrt/plan"
 )
 
 // ResidencyStats is a snapshot of an offloading store's device pool and
@@ -98,6 +100,14 @@ type residency struct {
 	ev       Evictor
 	nativeLE bool
 
+	// dev, when set, holds the pool on a device (NewWithSlots): K/V
+	// payloads move between its slots and the tier by queued device
+	// copies (saves, then loads, flushed at the end of each operation),
+	// not through layers and buf.
+	dev          SlotData
+	dt           plan.DType // the payload's element type
+	saves, loads []kernels.SlotMove
+
 	slot      []int32  // page -> device slot, -1 when not resident
 	owner     []int32  // slot -> page, -1 when free
 	free      []int32  // free slots, a stack
@@ -126,11 +136,13 @@ type residency struct {
 	st ResidencyStats // the counters (Recalls ... PrefetchWait)
 }
 
-func newResidency(cfg Config, h *hostData) (*residency, error) {
+func newResidency(cfg Config, layers []LayerData, dev SlotData) (*residency, error) {
 	r := &residency{
 		budget:   cfg.DeviceBudget,
-		layers:   h.layers,
-		blk:      h.pageBlk,
+		layers:   layers,
+		dev:      dev,
+		dt:       cfg.DType,
+		blk:      cfg.PageElems(),
 		tier:     cfg.Tier,
 		nativeLE: binary.NativeEndian.Uint16([]byte{1, 0}) == 1,
 		slot:     make([]int32, cfg.Capacity),
@@ -201,6 +213,31 @@ func (r *residency) room() int { return r.budget - r.pinnedRes }
 // in flight waited for (their pages become evictable), before
 // ErrDeviceFull.
 func (r *residency) ensure(ctx context.Context, pages []int32, step bool) (int, error) {
+	missing, err := r.ensurePages(ctx, pages, step)
+	if ferr := r.flush(ctx); ferr != nil && err == nil {
+		err = ferr
+	}
+	return missing, err
+}
+
+// flush issues the device copies queued by evictions and loads (device
+// pool only): every save, then every load, so a slot written back and
+// reloaded in one operation is saved before it is overwritten. A failure
+// is a device fault: the pages stay marked resident (the store reports
+// the error; the device's state is unknown).
+func (r *residency) flush(ctx context.Context) error {
+	if r.dev == nil || len(r.saves)+len(r.loads) == 0 {
+		return nil
+	}
+	err := r.dev.MoveSlots(ctx, r.saves, r.loads)
+	r.saves, r.loads = r.saves[:0], r.loads[:0]
+	if err != nil {
+		return fmt.Errorf("device copies to and from the tier: %w", err)
+	}
+	return nil
+}
+
+func (r *residency) ensurePages(ctx context.Context, pages []int32, step bool) (int, error) {
 	missing := 0
 	for {
 		r.begin()
@@ -290,7 +327,11 @@ func (r *residency) load(ctx context.Context, p int32) error {
 // loadInto reads page p into slot s, which the caller took (a failed
 // read gives s back), and makes p resident.
 func (r *residency) loadInto(ctx context.Context, p, s int32) error {
-	if r.clean[p] {
+	if r.clean[p] && r.dev != nil {
+		r.loads = append(r.loads, kernels.SlotMove{Page: p, Slot: s})
+		r.st.BytesIn += int64(len(r.buf))
+		r.ntier--
+	} else if r.clean[p] {
 		if err := r.tier.Read(ctx, int(p), r.buf); err != nil {
 			r.owner[s] = -1
 			r.free = append(r.free, s)
@@ -329,7 +370,12 @@ func (r *residency) takeSlot(ctx context.Context) (int32, error) {
 // v resident.
 func (r *residency) evict(ctx context.Context, v int32) error {
 	s := r.slot[v]
-	if !r.clean[v] {
+	if !r.clean[v] && r.dev != nil {
+		r.saves = append(r.saves, kernels.SlotMove{Page: v, Slot: s})
+		r.clean[v] = true
+		r.st.BytesOut += int64(len(r.buf))
+		r.st.WriteBacks++
+	} else if !r.clean[v] {
 		r.pack(s)
 		if err := r.tier.Write(ctx, int(v), r.buf); err != nil {
 			return fmt.Errorf("evict page %d: %w", v, err)
@@ -451,6 +497,9 @@ func (r *residency) unpackInto(a []float32, b []byte) {
 func (r *residency) readKV(ctx context.Context, layer int, p int32, k, v []float32) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.dev != nil {
+		return r.readKVDevice(ctx, layer, p, k, v)
+	}
 	ld := r.layers[layer]
 	if s := r.slot[p]; s >= 0 {
 		o := int(s) * r.blk

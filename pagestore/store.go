@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
 )
 
 // SeqID names a sequence of one store. Ids are assigned by [Store.Create],
@@ -95,6 +96,9 @@ func New(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.DType != plan.Float32 {
+		return nil, fmt.Errorf("%w: dtype %v is reserved for the GPU backend; the CPU page store holds float32 only", ErrInvalidConfig, cfg.DType)
+	}
 	need, _ := cfg.HostBytes()
 	what := fmt.Sprintf("page pools of %d pages x %d layers x %d KV heads x %d slots x D %d", cfg.Capacity, cfg.Layers, cfg.KVHeads, cfg.PageSize, cfg.HeadDim)
 	if err := memlimit.Check(what, need, cfg.MemoryLimit); err != nil {
@@ -104,7 +108,7 @@ func New(cfg Config) (*Store, error) {
 	s := newStore(cfg, sz, h)
 	s.host = h
 	if cfg.Offload() {
-		r, err := newResidency(cfg, h)
+		r, err := newResidency(cfg, h.layers, nil)
 		if err != nil {
 			return nil, err
 		}

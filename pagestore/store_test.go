@@ -29,8 +29,6 @@ func TestConfigValidate(t *testing.T) {
 		{"zero head dim", with(func(c *Config) { c.HeadDim = 0 }), "HeadDim = 0"},
 		{"zero page size", with(func(c *Config) { c.PageSize = 0 }), "PageSize = 0"},
 		{"zero capacity", with(func(c *Config) { c.Capacity = 0 }), "Capacity = 0"},
-		{"float16", with(func(c *Config) { c.DType = plan.Float16 }), "reserved for the GPU backend"},
-		{"bfloat16", with(func(c *Config) { c.DType = plan.BFloat16 }), "reserved for the GPU backend"},
 		{"unknown dtype", with(func(c *Config) { c.DType = 9 }), "unknown dtype"},
 		{"capacity beyond int32", with(func(c *Config) { c.Capacity = math.MaxInt32 + 1 }), "int32"},
 		{"pool overflows int", with(func(c *Config) { c.Capacity = 1 << 30; c.HeadDim = 1 << 30; c.PageSize = 1 << 10 }), "overflows int"},
@@ -58,6 +56,18 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatal("New accepted an invalid config")
 			}
 		})
+	}
+	// The 16-bit types are valid configs (a device's pools hold them) that
+	// New, whose host pools hold float32, refuses.
+	for _, dt := range []plan.DType{plan.Float16, plan.BFloat16} {
+		c := DefaultConfig()
+		c.DType = dt
+		if err := c.Validate(); err != nil {
+			t.Errorf("Validate(%v) = %v, want nil", dt, err)
+		}
+		if _, err := New(c); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "reserved for the GPU backend") {
+			t.Errorf("New(%v) = %v, want ErrInvalidConfig naming the GPU backend", dt, err)
+		}
 	}
 	kv, sum, err := DefaultConfig().PoolBytes()
 	if err != nil || kv != 1<<30 || sum != 64<<20 {

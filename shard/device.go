@@ -77,16 +77,26 @@ func (s *Shard) readPages(ctx context.Context, layer int, phys []int32) (kernels
 			return kernels.Layer{}, fmt.Errorf("read pages: %w: page %d outside the pool of %d", ErrBadInput, p, c.Capacity)
 		}
 	}
+	kv, sum := c.KVHeads*c.PageSize*c.HeadDim, c.KVHeads*2*c.HeadDim
 	if s.dev != nil {
 		l, err := s.ds.ReadPages(ctx, s.dev[layer], phys)
 		if err != nil {
 			return kernels.Layer{}, fmt.Errorf("read pages of layer %d: %w", layer, err)
 		}
+		if s.off != nil {
+			// A slot pool gives the summaries; K/V live in a slot or
+			// the tier.
+			l.K, l.V = make([]float32, len(phys)*kv), make([]float32, len(phys)*kv)
+			for i, p := range phys {
+				if err := s.store.ReadKV(ctx, layer, p, l.K[i*kv:(i+1)*kv], l.V[i*kv:(i+1)*kv]); err != nil {
+					return kernels.Layer{}, fmt.Errorf("read pages of layer %d: %w", layer, err)
+				}
+			}
+		}
 		s.readBack.Add(int64(len(l.K)+len(l.V)+len(l.Summary)) * 4)
 		return l, nil
 	}
 	h := s.store.Layer(layer)
-	kv, sum := c.KVHeads*c.PageSize*c.HeadDim, c.KVHeads*2*c.HeadDim
 	if s.off != nil {
 		// K/V live in a device slot or the tier: copy them page by page.
 		out := kernels.Layer{K: make([]float32, len(phys)*kv), V: make([]float32, len(phys)*kv), Summary: make([]float32, 0, len(phys)*sum)}

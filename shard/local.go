@@ -138,7 +138,7 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart) error {
 		if pl := p.Place; pl.Ranks > 1 && (pl.Rank < 0 || pl.Rank >= pl.Ranks) {
 			return fmt.Errorf("step: %w: part %d: rank %d of %d", ErrBadInput, i, pl.Rank, pl.Ranks)
 		}
-		if s.dev != nil {
+		if s.dev != nil && s.off == nil {
 			// The device follows the page tables: the kernels read them
 			// there, nothing is built or uploaded per step.
 			ls.tables.Seqs = append(ls.tables.Seqs, uint64(p.Seq))
@@ -154,7 +154,7 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart) error {
 		ls.batch.LastLen = append(ls.batch.LastLen, int32(v.LastPageLen))
 		ls.q = append(ls.q, p.Q...)
 	}
-	if s.dev != nil {
+	if s.dev != nil && s.off == nil {
 		ls.tables.Set = s.tables
 		ls.batch.Pages = nil
 		ls.batch.Tables = &ls.tables

@@ -102,7 +102,13 @@ func next(e *uint32, marks []uint32) uint32 {
 // offloading shard: the device pool's K/V slots, with the summary pool cut
 // to as many pages so that the layer is one pool of DeviceBudget pages
 // (attention reads no summaries; scoring gets the whole summary pool).
+//
+// On a DeviceResident shard it is the device slot pool itself, which the
+// backend attends by slot.
 func (s *Shard) attnLayer(l int) kernels.Layer {
+	if s.dev != nil {
+		return kernels.Layer{Device: s.dev[l]}
+	}
 	h := s.store.Layer(l)
 	return kernels.Layer{K: h.K, V: h.V, Summary: h.Summary[:s.off.budget*s.off.sumPage]}
 }

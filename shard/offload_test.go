@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/plan"
@@ -43,10 +44,22 @@ func (o prefetchOpt) String() string {
 // off, within-layer and cross-layer.
 var prefetchOpts = []prefetchOpt{{}, {pages: 4}, {pages: 3, cross: true}}
 
+// onDevice, passed as newOffPair's tier, makes the offloading shard a
+// DeviceResident one on a backendtest.FakeDevice: slot pools on the
+// pretend device and its host tier (kernels.SlotStore).
+type onDevice struct{ tier.Tier }
+
+var fakeDev tier.Tier = onDevice{}
+
 func newOffPair(t *testing.T, layers, qh, kvh, d, s, capacity, budget int, pol plan.Policy, ev pagestore.Eviction, tr tier.Tier, pf prefetchOpt) *offPair {
 	t.Helper()
-	be := kernels.NewCPU(kernels.CPUConfig{Workers: 2, AttendChunk: 4, ScoreChunk: 8})
-	t.Cleanup(func() { be.Close() })
+	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2, AttendChunk: 4, ScoreChunk: 8})
+	t.Cleanup(func() { cpu.Close() })
+	var be kernels.Backend = cpu
+	_, dev := tr.(onDevice)
+	if dev {
+		tr = nil
+	}
 	pol.PageSize = s
 	st := pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: capacity}
 	ref, err := New(Config{Store: st, Policy: pol}, be)
@@ -54,7 +67,11 @@ func newOffPair(t *testing.T, layers, qh, kvh, d, s, capacity, budget int, pol p
 		t.Fatal(err)
 	}
 	st.DeviceBudget, st.Eviction, st.Tier = budget, ev, tr
-	off, err := New(Config{Store: st, Policy: pol, PrefetchPages: pf.pages, PrefetchCrossLayer: pf.cross}, be)
+	offBe := be
+	if dev {
+		offBe = backendtest.FakeDevice{CPU: cpu}
+	}
+	off, err := New(Config{Store: st, Policy: pol, PrefetchPages: pf.pages, PrefetchCrossLayer: pf.cross, DeviceResident: dev}, offBe)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +161,16 @@ func TestOffloadBitIdentical(t *testing.T) {
 	}
 	for _, gqa := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 		for _, frac := range []float64{0.1, 0.2, 1} {
-			for i, ev := range []pagestore.Eviction{pagestore.EvictLRU, pagestore.EvictScore} {
+			const device = pagestore.Eviction(-1) // a marker: LRU on the pretend device
+			for i, ev := range []pagestore.Eviction{pagestore.EvictLRU, pagestore.EvictScore, device} {
+				var tr tier.Tier
+				if ev == device {
+					// The DeviceResident offload on the pretend device.
+					if frac == 1 {
+						continue
+					}
+					ev, tr = pagestore.EvictLRU, fakeDev
+				}
 				pf := prefetchOpts[(i+int(frac*10))%len(prefetchOpts)]
 				pol := plan.DefaultPolicy()
 				pol.BudgetTokens, pol.DenseLayers, pol.GQA, pol.SinkPages, pol.LocalPages = 4*s, 0, gqa, 1, 1
@@ -156,8 +182,8 @@ func TestOffloadBitIdentical(t *testing.T) {
 				// Each step adds a token: at most one page more per sequence.
 				need := len(lens) * (pol.SinkPages + pol.LocalPages + rows*(4-pol.SinkPages-pol.LocalPages))
 				budget := max(int(math.Ceil(frac*float64(pages+len(lens)))), need)
-				t.Run(fmt.Sprintf("%v_%.0f%%_%v_%v_budget%d_of%d", gqa, frac*100, ev, pf, budget, pages), func(t *testing.T) {
-					p := newOffPair(t, layers, qh, kvh, d, s, 520, budget, pol, ev, nil, pf)
+				t.Run(fmt.Sprintf("%v_%.0f%%_%v_%v_dev%v_budget%d_of%d", gqa, frac*100, ev, pf, tr != nil, budget, pages), func(t *testing.T) {
+					p := newOffPair(t, layers, qh, kvh, d, s, 520, budget, pol, ev, tr, pf)
 					rng := rand.New(rand.NewPCG(21, uint64(budget)))
 					var ids []pagestore.SeqID
 					for _, n := range lens {
@@ -205,13 +231,14 @@ func TestOffloadMultiPass(t *testing.T) {
 	pol := plan.DefaultPolicy()
 	pol.BudgetTokens, pol.DenseLayers, pol.SinkPages = 4*s, 1, 1
 	for _, pf := range prefetchOpts {
-		t.Run(pf.String(), func(t *testing.T) { testOffloadMultiPass(t, pol, pf) })
+		t.Run(pf.String(), func(t *testing.T) { testOffloadMultiPass(t, pol, pf, nil) })
 	}
+	t.Run("device", func(t *testing.T) { testOffloadMultiPass(t, pol, prefetchOpts[1], fakeDev) })
 }
 
-func testOffloadMultiPass(t *testing.T, pol plan.Policy, pf prefetchOpt) {
+func testOffloadMultiPass(t *testing.T, pol plan.Policy, pf prefetchOpt, tr tier.Tier) {
 	const layers, qh, kvh, d, s = 2, 4, 2, 16, 16
-	p := newOffPair(t, layers, qh, kvh, d, s, 100, 20, pol, pagestore.EvictScore, nil, pf)
+	p := newOffPair(t, layers, qh, kvh, d, s, 100, 20, pol, pagestore.EvictScore, tr, pf)
 	rng := rand.New(rand.NewPCG(3, 3))
 	var ids []pagestore.SeqID
 	for _, n := range []int{300, 450, 20} {
@@ -279,6 +306,9 @@ func TestOffloadProperty(t *testing.T) {
 				offloadProperty(t, seed, pol, budget, ev, pf, nil)
 			})
 		}
+		t.Run(fmt.Sprintf("seed%d_%v_sink%d_%v_device_budget%d", seed, pol.GQA, pol.SinkPages, ev, budget), func(t *testing.T) {
+			offloadProperty(t, seed, pol, budget, ev, prefetchOpts[seed%len(prefetchOpts)], fakeDev)
+		})
 	}
 }
 
@@ -447,11 +477,14 @@ func testOffloadOracle(t *testing.T, pf prefetchOpt) {
 // error, and budget 0 leaves the fused path on.
 func TestOffloadConfigShard(t *testing.T) {
 	st := pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: 2, KVHeads: 1, HeadDim: 4, PageSize: 4}, Capacity: 8, DeviceBudget: 4}
-	err := Config{Store: st, Policy: plan.DefaultPolicy(), DeviceResident: true}.Validate()
-	if !errors.Is(err, pagestore.ErrInvalidConfig) {
-		t.Fatalf("offload with DeviceResident: %v", err)
+	// Offload with DeviceResident needs a backend with slot pools.
+	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
+	defer cpu.Close()
+	if _, err := New(Config{Store: st, Policy: plan.DefaultPolicy(), DeviceResident: true}, cpu); !errors.Is(err, pagestore.ErrInvalidConfig) {
+		t.Fatalf("offload with DeviceResident on the CPU backend: %v", err)
+	} else {
+		t.Log(err)
 	}
-	t.Log(err)
 	sh := newTestShard(t, 1, 2, 1, 4, 4, 8, plan.DefaultPolicy())
 	id := sh.Store().Create()
 	fill(t, rand.New(rand.NewPCG(1, 1)), sh, id, &refSeq{}, 20)

@@ -90,10 +90,6 @@ func (c Config) Validate() error {
 	if err := c.shape().Validate(); err != nil {
 		return fmt.Errorf("shard config: %w", err)
 	}
-	if c.DeviceResident && c.Store.Offload() {
-		return fmt.Errorf("shard config: %w: device budget %d pages (offload) with DeviceResident: the device-resident store has no offload yet; use host pools (DeviceResident false) with offload",
-			pagestore.ErrInvalidConfig, c.Store.DeviceBudget)
-	}
 	switch {
 	case c.PrefetchPages < 0 || c.PrefetchPages > c.Store.Capacity:
 		return fmt.Errorf("shard config: %w: PrefetchPages = %d, want 0 (off) .. Capacity = %d", pagestore.ErrInvalidConfig, c.PrefetchPages, c.Store.Capacity)
@@ -125,9 +121,10 @@ type Shard struct {
 	mu sync.Mutex
 	ws workspace
 
-	ds     kernels.DeviceStore // nil unless DeviceResident
-	dev    []any               // device pool per layer (DeviceResident)
-	tables any                 // device page tables (DeviceResident)
+	ds       kernels.DeviceStore // nil unless DeviceResident
+	dev      []any               // device pool per layer (DeviceResident; slot pools with offload)
+	tables   any                 // device page tables (DeviceResident without offload)
+	hostTier kernels.HostTier    // the backend's host tier (DeviceResident with offload)
 
 	readBack atomic.Int64 // bytes of page data copied out for host readers (ReadBackBytes)
 
@@ -159,6 +156,13 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 				s.pfPlan = newPrefetchPlan(cfg)
 				s.pf = newPrefetcher(st)
 			}
+		}
+		return s, nil
+	}
+	if cfg.Store.Offload() {
+		if err := s.newDeviceOffload(cfg); err != nil {
+			s.Close()
+			return nil, err
 		}
 		return s, nil
 	}
@@ -218,7 +222,12 @@ func (s *Shard) Close() error {
 			first = err
 		}
 	}
-	s.dev, s.tables = nil, nil
+	if s.hostTier != nil {
+		if err := s.hostTier.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	s.dev, s.tables, s.hostTier = nil, nil, nil
 	return first
 }
 

@@ -25,12 +25,16 @@ var (
 	_ kernels.DeviceStore = FakeDevice{}
 	_ kernels.Stepper     = FakeDevice{}
 	_ kernels.Ranker      = FakeDevice{}
+	_ kernels.SlotStore   = FakeDevice{}
 )
 
 // FakePool is one pretend device pool (a FakeDevice's Layer.Device).
+// slots > 0 makes it a slot pool (kernels.SlotStore): K/V of slots slots,
+// summaries of every page.
 type FakePool struct {
 	kernels.Layer
 	kvh, d, s int
+	slots     int
 }
 
 func fakePool(pool any) (*FakePool, error) {
@@ -44,7 +48,7 @@ func fakePool(pool any) (*FakePool, error) {
 // NewPool implements kernels.DeviceStore.
 func (FakeDevice) NewPool(_ context.Context, pages, kvh, d, s int) (any, error) {
 	n := pages * kvh * s * d
-	return &FakePool{kernels.Layer{K: make([]float32, n), V: make([]float32, n), Summary: make([]float32, pages*kvh*2*d)}, kvh, d, s}, nil
+	return &FakePool{kernels.Layer{K: make([]float32, n), V: make([]float32, n), Summary: make([]float32, pages*kvh*2*d)}, kvh, d, s, 0}, nil
 }
 
 // FreePool implements kernels.DeviceStore.
@@ -69,6 +73,9 @@ func (FakeDevice) WriteTokens(_ context.Context, pool any, pages []int32, slot i
 	p, err := fakePool(pool)
 	if err != nil {
 		return err
+	}
+	if p.slots > 0 {
+		return errSlotPool
 	}
 	tok := p.kvh * p.d
 	if len(k) != len(v) || len(k)%tok != 0 || (slot+len(k)/tok+p.s-1)/p.s != len(pages) {
@@ -95,11 +102,15 @@ func (FakeDevice) WriteTokens(_ context.Context, pool any, pages []int32, slot i
 	return nil
 }
 
-// Rescan implements kernels.DeviceStore.
+// Rescan implements kernels.DeviceStore (on a slot pool with valid 0
+// only: it empties the pages' summaries).
 func (FakeDevice) Rescan(_ context.Context, pool any, pages []int32, valid int) error {
 	p, err := fakePool(pool)
 	if err != nil {
 		return err
+	}
+	if p.slots > 0 && valid > 0 {
+		return errSlotPool // valid 0 resets summaries, which a slot pool indexes by page
 	}
 	for _, pg := range pages {
 		if err := p.page(pg); err != nil {
@@ -125,6 +136,9 @@ func (FakeDevice) CopyPage(_ context.Context, pool any, dst, src int32) error {
 	if err != nil {
 		return err
 	}
+	if p.slots > 0 {
+		return errSlotPool
+	}
 	if err := errors.Join(p.page(dst), p.page(src)); err != nil {
 		return err
 	}
@@ -135,7 +149,9 @@ func (FakeDevice) CopyPage(_ context.Context, pool any, dst, src int32) error {
 	return nil
 }
 
-// ReadPages implements kernels.DeviceStore.
+// ReadPages implements kernels.DeviceStore. Of a slot pool it returns the
+// summaries only (K and V nil): its K/V are addressed by slot
+// (ReadSlotKV).
 func (FakeDevice) ReadPages(_ context.Context, pool any, pages []int32) (kernels.Layer, error) {
 	p, err := fakePool(pool)
 	if err != nil {
@@ -147,8 +163,10 @@ func (FakeDevice) ReadPages(_ context.Context, pool any, pages []int32) (kernels
 		if err := p.page(pg); err != nil {
 			return kernels.Layer{}, err
 		}
-		out.K = append(out.K, p.K[int(pg)*kv:][:kv]...)
-		out.V = append(out.V, p.V[int(pg)*kv:][:kv]...)
+		if p.slots == 0 {
+			out.K = append(out.K, p.K[int(pg)*kv:][:kv]...)
+			out.V = append(out.V, p.V[int(pg)*kv:][:kv]...)
+		}
 		out.Summary = append(out.Summary, p.Summary[int(pg)*sum:][:sum]...)
 	}
 	return out, nil
@@ -241,9 +259,18 @@ func (f FakeDevice) batch(b *kernels.Batch) (*kernels.Batch, error) {
 }
 
 // dev resolves a call's layer: the pretend device pool when one is given.
-func (f FakeDevice) dev(l kernels.Layer) kernels.Layer {
+// A slot pool reads as a pool of its slots for attention (summaries cut
+// to as many pages: attention reads none) and as summaries only for
+// scoring.
+func (f FakeDevice) dev(l kernels.Layer, withKV bool) kernels.Layer {
 	if p, ok := l.Device.(*FakePool); ok {
-		return p.Layer
+		if p.slots == 0 {
+			return p.Layer
+		}
+		if withKV {
+			return kernels.Layer{K: p.K, V: p.V, Summary: p.Summary[:p.slots*p.kvh*2*p.d]}
+		}
+		return kernels.Layer{Summary: p.Summary}
 	}
 	return l
 }
@@ -254,7 +281,7 @@ func (f FakeDevice) Score(ctx context.Context, s kernels.Shape, l kernels.Layer,
 	if err != nil {
 		return err
 	}
-	return f.CPU.Score(ctx, s, f.dev(l), b, q, mode, out)
+	return f.CPU.Score(ctx, s, f.dev(l, false), b, q, mode, out)
 }
 
 // Attend runs the CPU kernel on the pretend device pool and tables.
@@ -263,7 +290,7 @@ func (f FakeDevice) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer
 	if err != nil {
 		return err
 	}
-	return f.CPU.Attend(ctx, s, f.dev(l), b, q, lists, o, lse)
+	return f.CPU.Attend(ctx, s, f.dev(l, true), b, q, lists, o, lse)
 }
 
 // Step implements kernels.Stepper as Score, TopK and Attend on the pretend

@@ -1,0 +1,269 @@
+package backendtest
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/pagestore/tier"
+	"github.com/questrt/questrt/plan"
+)
+
+// errSlotPool is returned by the page-addressed K/V operations of
+// kernels.DeviceStore on a slot pool, whose K/V are addressed by slot.
+var errSlotPool = errors.New("fake device: a slot pool's K/V are addressed by slot (use the kernels.SlotStore methods)")
+
+// PoolDType implements kernels.SlotStore: the fake pools hold float32.
+func (FakeDevice) PoolDType() plan.DType { return plan.Float32 }
+
+// NewSlotPool implements kernels.SlotStore: summaries of pages pages, K/V
+// of slots slots.
+func (FakeDevice) NewSlotPool(_ context.Context, pages, slots, kvh, d, s int) (any, error) {
+	if pages < 1 || slots < 1 || slots > pages {
+		return nil, fmt.Errorf("fake device: slot pool of %d slots for %d pages", slots, pages)
+	}
+	n := slots * kvh * s * d
+	return &FakePool{kernels.Layer{K: make([]float32, n), V: make([]float32, n), Summary: make([]float32, pages*kvh*2*d)}, kvh, d, s, slots}, nil
+}
+
+func slotPool(pool any) (*FakePool, error) {
+	p, err := fakePool(pool)
+	if err != nil {
+		return nil, err
+	}
+	if p.slots == 0 {
+		return nil, errors.New("fake device: not a slot pool")
+	}
+	return p, nil
+}
+
+func (p *FakePool) slot(sl int32) error {
+	if sl < 0 || int(sl) >= p.slots {
+		return fmt.Errorf("fake device: slot %d outside the %d slots", sl, p.slots)
+	}
+	return nil
+}
+
+// WriteSlotTokens implements kernels.SlotStore.
+func (FakeDevice) WriteSlotTokens(_ context.Context, pool any, pages, slots []int32, slot int, k, v []float32) error {
+	p, err := slotPool(pool)
+	if err != nil {
+		return err
+	}
+	tok := p.kvh * p.d
+	if len(k) != len(v) || len(k)%tok != 0 || (slot+len(k)/tok+p.s-1)/p.s != len(pages) || len(slots) != len(pages) {
+		return errors.New("fake device: tokens do not fit the pages")
+	}
+	for t := range len(k) / tok {
+		i, sl := (slot+t)/p.s, (slot+t)%p.s
+		pg, ks := pages[i], slots[i]
+		if err := errors.Join(p.page(pg), p.slot(ks)); err != nil {
+			return err
+		}
+		for h := range p.kvh {
+			rec := p.Summary[(int(pg)*p.kvh+h)*2*p.d:][:2*p.d]
+			for j := range p.d {
+				x := k[t*tok+h*p.d+j]
+				dst := ((int(ks)*p.kvh+h)*p.s+sl)*p.d + j
+				p.K[dst], p.V[dst] = x, v[t*tok+h*p.d+j]
+				if sl == 0 {
+					rec[j], rec[p.d+j] = x, x
+				}
+				rec[j], rec[p.d+j] = min(rec[j], x), max(rec[p.d+j], x)
+			}
+		}
+	}
+	return nil
+}
+
+// RescanSlot implements kernels.SlotStore.
+func (FakeDevice) RescanSlot(_ context.Context, pool any, page, slot int32, valid int) error {
+	p, err := slotPool(pool)
+	if err != nil {
+		return err
+	}
+	if err := errors.Join(p.page(page), p.slot(slot)); err != nil {
+		return err
+	}
+	for h := range p.kvh {
+		rec := p.Summary[(int(page)*p.kvh+h)*2*p.d:][:2*p.d]
+		for j := range p.d {
+			rec[j], rec[p.d+j] = float32(math.Inf(1)), float32(math.Inf(-1))
+			for r := range valid {
+				x := p.K[((int(slot)*p.kvh+h)*p.s+r)*p.d+j]
+				rec[j], rec[p.d+j] = min(rec[j], x), max(rec[p.d+j], x)
+			}
+		}
+	}
+	return nil
+}
+
+// CopySlot implements kernels.SlotStore.
+func (FakeDevice) CopySlot(_ context.Context, pool any, dst, src, dstSlot, srcSlot int32) error {
+	p, err := slotPool(pool)
+	if err != nil {
+		return err
+	}
+	if err := errors.Join(p.page(dst), p.page(src), p.slot(dstSlot), p.slot(srcSlot)); err != nil {
+		return err
+	}
+	kv, sum := p.kvh*p.s*p.d, p.kvh*2*p.d
+	copy(p.K[int(dstSlot)*kv:][:kv], p.K[int(srcSlot)*kv:])
+	copy(p.V[int(dstSlot)*kv:][:kv], p.V[int(srcSlot)*kv:])
+	copy(p.Summary[int(dst)*sum:][:sum], p.Summary[int(src)*sum:])
+	return nil
+}
+
+// ReadSlotKV implements kernels.SlotStore.
+func (FakeDevice) ReadSlotKV(_ context.Context, pool any, slot int32) ([]float32, []float32, error) {
+	p, err := slotPool(pool)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := p.slot(slot); err != nil {
+		return nil, nil, err
+	}
+	kv := p.kvh * p.s * p.d
+	return append([]float32(nil), p.K[int(slot)*kv:][:kv]...), append([]float32(nil), p.V[int(slot)*kv:][:kv]...), nil
+}
+
+// FakeHostTier is the pretend host tier of a FakeDevice: payloads in a
+// byte array, float32 little-endian (the fake pools' type), written by
+// MoveSlots as the device would and by Write as the host would.
+type FakeHostTier struct {
+	mu      sync.Mutex
+	payload int
+	data    []byte
+	full    []bool
+	closed  bool
+}
+
+// NewHostTier implements kernels.SlotStore.
+func (FakeDevice) NewHostTier(_ context.Context, pages, payload int) (kernels.HostTier, error) {
+	if pages < 1 || payload < 1 {
+		return nil, fmt.Errorf("fake device: host tier of %d pages of %d bytes", pages, payload)
+	}
+	return &FakeHostTier{payload: payload, data: make([]byte, pages*payload), full: make([]bool, pages)}, nil
+}
+
+// Slots implements kernels.HostTier.
+func (t *FakeHostTier) Slots() int { return len(t.full) }
+
+// PayloadBytes implements kernels.HostTier.
+func (t *FakeHostTier) PayloadBytes() int { return t.payload }
+
+func (t *FakeHostTier) check(ctx context.Context, slot, n int) error {
+	switch {
+	case t.closed:
+		return tier.ErrClosed
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case slot < 0 || slot >= len(t.full):
+		return fmt.Errorf("fake host tier: slot %d outside %d: %w", slot, len(t.full), tier.ErrSlot)
+	case n >= 0 && n != t.payload:
+		return fmt.Errorf("fake host tier: %d bytes, payload %d: %w", n, t.payload, tier.ErrSize)
+	}
+	return nil
+}
+
+// Write implements kernels.HostTier.
+func (t *FakeHostTier) Write(ctx context.Context, slot int, b []byte) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.check(ctx, slot, len(b)); err != nil {
+		return err
+	}
+	copy(t.data[slot*t.payload:][:t.payload], b)
+	t.full[slot] = true
+	return nil
+}
+
+// Read implements kernels.HostTier.
+func (t *FakeHostTier) Read(ctx context.Context, slot int, dst []byte) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.check(ctx, slot, len(dst)); err != nil {
+		return err
+	}
+	if !t.full[slot] {
+		return fmt.Errorf("fake host tier: slot %d: %w", slot, tier.ErrEmpty)
+	}
+	copy(dst, t.data[slot*t.payload:][:t.payload])
+	return nil
+}
+
+// Free implements kernels.HostTier.
+func (t *FakeHostTier) Free(ctx context.Context, slot int) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.check(ctx, slot, -1); err != nil {
+		return err
+	}
+	if !t.full[slot] {
+		return fmt.Errorf("fake host tier: slot %d: %w", slot, tier.ErrEmpty)
+	}
+	t.full[slot] = false
+	return nil
+}
+
+// Close implements kernels.HostTier.
+func (t *FakeHostTier) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	return nil
+}
+
+// MoveSlots implements kernels.SlotStore: every save, then every load, of
+// every pool's slot, in the tier layout (layer-major, K then V).
+func (FakeDevice) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTier, saves, loads []kernels.SlotMove) error {
+	t, ok := ht.(*FakeHostTier)
+	if !ok {
+		return fmt.Errorf("fake device: host tier %T is not a *FakeHostTier", ht)
+	}
+	ps := make([]*FakePool, len(pools))
+	blk := 0
+	for i, pool := range pools {
+		p, err := slotPool(pool)
+		if err != nil {
+			return err
+		}
+		ps[i], blk = p, p.kvh*p.s*p.d
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(ps)*2*blk*4 != t.payload {
+		return fmt.Errorf("fake device: %d pools of %d-float blocks do not make a %d-byte payload", len(ps), blk, t.payload)
+	}
+	for pass, moves := range [2][]kernels.SlotMove{saves, loads} {
+		for _, m := range moves {
+			if err := t.check(ctx, int(m.Page), -1); err != nil {
+				return err
+			}
+			b := t.data[int(m.Page)*t.payload:][:t.payload]
+			for _, p := range ps {
+				if err := p.slot(m.Slot); err != nil {
+					return err
+				}
+				for _, a := range [2][]float32{p.K[int(m.Slot)*blk:][:blk], p.V[int(m.Slot)*blk:][:blk]} {
+					for i := range a {
+						if pass == 0 {
+							binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(a[i]))
+						} else {
+							a[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+						}
+					}
+					b = b[4*blk:]
+				}
+			}
+			if pass == 0 {
+				t.full[m.Page] = true
+			}
+		}
+	}
+	return nil
+}

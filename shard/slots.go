@@ -1,0 +1,115 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/pagestore"
+)
+
+// slotData is the pagestore.SlotData of a DeviceResident shard with
+// offload: one slot pool per layer in a backend's memory (summaries of
+// every page, K/V of DeviceBudget slots) and the backend's host tier,
+// which the device reads and writes directly.
+type slotData struct {
+	ss    kernels.SlotStore
+	pools []any // per layer
+	tier  kernels.HostTier
+}
+
+var _ pagestore.SlotData = (*slotData)(nil)
+
+func (d *slotData) WriteSlots(layer int, pages, slots []int32, slot int, k, v []float32) error {
+	return d.ss.WriteSlotTokens(context.Background(), d.pools[layer], pages, slots, slot, k, v)
+}
+
+func (d *slotData) ResetSummaries(pages []int32) error {
+	for l, p := range d.pools {
+		if err := d.ss.Rescan(context.Background(), p, pages, 0); err != nil {
+			return fmt.Errorf("layer %d: %w", l, err)
+		}
+	}
+	return nil
+}
+
+// CopySlot copies whole slots: the slots past valid hold unspecified data.
+func (d *slotData) CopySlot(dst, src, dstSlot, srcSlot int32, _ []int) error {
+	for l, p := range d.pools {
+		if err := d.ss.CopySlot(context.Background(), p, dst, src, dstSlot, srcSlot); err != nil {
+			return fmt.Errorf("layer %d: %w", l, err)
+		}
+	}
+	return nil
+}
+
+func (d *slotData) RescanSlot(page, slot int32, valid int) error {
+	for l, p := range d.pools {
+		if err := d.ss.RescanSlot(context.Background(), p, page, slot, valid); err != nil {
+			return fmt.Errorf("layer %d: %w", l, err)
+		}
+	}
+	return nil
+}
+
+// Table and Drop do nothing: an offloading shard's steps address K/V by
+// slot and build their batches from the store's host page tables.
+func (d *slotData) Table(pagestore.SeqID, int, []int32, int) error { return nil }
+func (d *slotData) Drop(pagestore.SeqID) error                     { return nil }
+
+func (d *slotData) MoveSlots(ctx context.Context, saves, loads []kernels.SlotMove) error {
+	return d.ss.MoveSlots(ctx, d.pools, d.tier, saves, loads)
+}
+
+func (d *slotData) ReadSlotKV(ctx context.Context, layer int, slot int32, k, v []float32) error {
+	kk, vv, err := d.ss.ReadSlotKV(ctx, d.pools[layer], slot)
+	if err != nil {
+		return err
+	}
+	if len(kk) != len(k) || len(vv) != len(v) {
+		return fmt.Errorf("read slot %d: %d and %d floats, want %d", slot, len(kk), len(vv), len(k))
+	}
+	copy(k, kk)
+	copy(v, vv)
+	return nil
+}
+
+// newDeviceOffload builds the store of a DeviceResident shard with
+// offload: the backend's slot pools and host tier (s.dev, s.hostTier).
+func (s *Shard) newDeviceOffload(cfg Config) error {
+	ss, ok := s.be.(kernels.SlotStore)
+	if !ok {
+		return fmt.Errorf("shard: %w: backend %s cannot offload device-resident pages (DeviceResident with a device budget needs a kernels.SlotStore)", pagestore.ErrInvalidConfig, s.be.Name())
+	}
+	c := cfg.Store
+	if c.Tier != nil {
+		return fmt.Errorf("shard: %w: a DeviceResident shard's tier is its backend's host tier; Store.Tier must be nil", pagestore.ErrInvalidConfig)
+	}
+	c.DType = ss.PoolDType()
+	ctx := context.Background()
+	t, err := ss.NewHostTier(ctx, c.Capacity, c.PayloadBytes())
+	if err != nil {
+		return fmt.Errorf("shard: host tier of %d pages: %w", c.Capacity, err)
+	}
+	s.hostTier = t
+	s.ds = ss
+	for l := range c.Layers {
+		pool, err := ss.NewSlotPool(ctx, c.Capacity, c.DeviceBudget, c.KVHeads, c.HeadDim, c.PageSize)
+		if err != nil {
+			return fmt.Errorf("shard: device slot pool for layer %d: %w", l, err)
+		}
+		s.dev = append(s.dev, pool)
+	}
+	c.Tier = t
+	st, err := pagestore.NewWithSlots(c, &slotData{ss: ss, pools: s.dev, tier: t})
+	if err != nil {
+		return fmt.Errorf("shard: %w", err)
+	}
+	s.store = st
+	s.off = newOffload(c)
+	if cfg.PrefetchPages > 0 {
+		s.pfPlan = newPrefetchPlan(cfg)
+		s.pf = newPrefetcher(st)
+	}
+	return nil
+}
