@@ -57,6 +57,14 @@ type LocalStep struct {
 	topk      kernels.TopKPlan
 	sel       []int32
 	selScores []float32 // RankCandidates: the scores of sel
+
+	// An offloading shard's device ranking (rankOffload): the prefetch
+	// candidates ranked below the selection, and scratch.
+	pfCand    []cand
+	pfRanked  bool // pfCand is this step's (prefetchNext uses it)
+	order     []int32
+	keepSel   []int32
+	keepScore []float32
 	cands     []Candidate
 	cPtr      []int32 // CSR over (sequence, row) into cands
 

@@ -73,8 +73,14 @@ type offload struct {
 	order  []int32 // multi-pass: want ordered pinned, resident, missing
 	slots  []int32 // AppendSlots scratch
 	batch  kernels.Batch
-	lists  kernels.Lists // a pass's lists
-	o, lse []float32     // a pass's partial states
+
+	// compact: the attended pages of a one-pass step by position.
+	pos                    []int32
+	posMark                []uint32 // physical page -> position, valid when posMark == posEp
+	posEp                  uint32
+	cPages, cIndptr, cLast []int32
+	lists                  kernels.Lists // a pass's lists
+	o, lse                 []float32     // a pass's partial states
 
 	steps, multi, passes int64
 }
@@ -85,6 +91,8 @@ func newOffload(c pagestore.Config) *offload {
 		sumPage: c.SummaryElems(),
 		mark:    make([]uint32, c.Capacity),
 		pass:    make([]uint32, c.Capacity),
+		pos:     make([]int32, c.Capacity),
+		posMark: make([]uint32, c.Capacity),
 	}
 }
 
@@ -183,10 +191,16 @@ func (s *Shard) attendOffload(ctx context.Context, ls *LocalStep) error {
 				return fmt.Errorf("prefetch: %w", err)
 			}
 		}
-		if err := o.translate(s.store, &ls.batch); err != nil {
+		if ls.lists.All {
+			if err := o.translate(s.store, &ls.batch); err != nil {
+				return err
+			}
+			return s.be.Attend(ctx, s.shape, kl, &o.batch, ls.q, &ls.lists, ls.O, ls.LSE)
+		}
+		if err := o.compact(s, ls); err != nil {
 			return err
 		}
-		return s.be.Attend(ctx, s.shape, kl, &o.batch, ls.q, &ls.lists, ls.O, ls.LSE)
+		return s.be.Attend(ctx, s.shape, kl, &o.batch, ls.q, &o.lists, ls.O, ls.LSE)
 	}
 	return s.attendPasses(ctx, ls, kl, room)
 }

@@ -165,6 +165,19 @@ func (s *Shard) prefetchNext(ctx context.Context, ls *LocalStep) error {
 	}
 	t0 := time.Now()
 	defer func() { pp.time += time.Since(t0) }()
+	if ls.pfRanked {
+		// rankOffload ranked the candidates on the device.
+		ep := next(&pp.epoch, pp.seen)
+		pp.cand = pp.cand[:0]
+		for _, c := range ls.pfCand {
+			if o.mark[c.page] == o.epoch || pp.seen[c.page] == ep {
+				continue // attended now, or a candidate already
+			}
+			pp.seen[c.page] = ep
+			pp.cand = append(pp.cand, c)
+		}
+		return s.reservePrefetch()
+	}
 	scores := ls.scores
 	if pp.cross && ls.layer+1 < s.cfg.Store.Layers && ls.scored {
 		n := ls.batch.Total() * ls.rows
@@ -223,6 +236,13 @@ func (s *Shard) prefetchNext(ctx context.Context, ls *LocalStep) error {
 			pp.cand = append(pp.cand, cand{score: scores[base+int(lp)], page: p})
 		}
 	}
+	return s.reservePrefetch()
+}
+
+// reservePrefetch reserves slots for the candidates of s.pfPlan.cand, best
+// first, and queues them for the prefetcher.
+func (s *Shard) reservePrefetch() error {
+	pp, o := s.pfPlan, s.off
 	pp.steps++
 	pp.ranked += int64(len(pp.cand))
 	if len(pp.cand) == 0 {

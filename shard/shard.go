@@ -430,11 +430,21 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 			return nil
 		}
 	}
-	if err := s.score(ctx, ls, opt.Diagnostics); err != nil {
-		return fmt.Errorf("step layer %d: %w", layer, err)
+	ranked := false
+	ls.pfRanked = false
+	if s.off != nil && !opt.Phased && !opt.Diagnostics {
+		var err error
+		if ranked, err = s.rankOffload(ctx, ls); err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
 	}
-	if err := s.candidates(ctx, ls, rankQuota); err != nil {
-		return fmt.Errorf("step layer %d: %w", layer, err)
+	if !ranked {
+		if err := s.score(ctx, ls, opt.Diagnostics); err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
+		if err := s.candidates(ctx, ls, rankQuota); err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
 	}
 	ls.LocalSelection(&ws.sel)
 	if err := s.attend(ctx, ls, &ws.sel); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/pagestore/disktier"
+	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
@@ -31,6 +32,7 @@ type offloadConfig struct {
 	steps, warmup                          int
 	eviction                               pagestore.Eviction
 	tier, tierDir                          string
+	backend, dtype                         string // cpu, or cuda storing dtype
 	memoryLimit                            int64
 	seed                                   uint64
 }
@@ -48,6 +50,7 @@ type offloadResult struct {
 	KVHeads  int    `json:"kv_heads"`
 	HeadDim  int    `json:"head_dim"`
 	Tier     string `json:"tier"`
+	Backend  string `json:"backend"`
 	Eviction string `json:"eviction"`
 	Workload string `json:"workload"`
 	// DeviceBudgetPct is the share of the sequence's pages whose K/V stay
@@ -104,7 +107,10 @@ func benchOffloadCommand() (*flag.FlagSet, action) {
 	c := offloadConfig{pageSize: a.PageSize, qHeads: a.QHeads, kvHeads: a.KVHeads, headDim: a.HeadDim, seed: 1}
 	fs := newFlags("bench offload", `Usage: questctl bench offload [flags]
 
-Offload on the CPU backend: one sequence of --context tokens, one layer,
+Offload on the CPU backend, or with --backend cuda on GPU 0 (device-
+resident pools: summaries of every page and the K/V of the device budget
+on the GPU, the other pages in pinned host memory the GPU maps, moved by
+one copy kernel per recall over PCIe): one sequence of --context tokens, one layer,
 one Quest step per query (batch 1, no appends), first on a shard holding
 every page (the all-resident step), then, for each device budget (the
 share of the sequence's pages whose K/V stay in the device pool, the
@@ -121,8 +127,9 @@ d2h_bytes_per_step, passes_per_step, the prefetch counters, and
 max_abs_diff against the all-resident outputs (0 when recall is exact:
 steps whose pages do not fit the budget attend in passes merged by
 their partial states). On the CPU "device" and "host" are the same RAM:
-bytes moved cost a memory copy, not a PCIe transfer. Progress goes to
-stderr.
+bytes moved cost a memory copy, not a PCIe transfer; on the GPU they
+cross PCIe, and the step is timed as a caller sees it (outputs on the
+host). Progress goes to stderr.
 
 Every size is checked before anything is allocated: the all-resident
 shard, the largest offloading one and, with --tier memory, its tier must
@@ -141,10 +148,25 @@ fit --max-memory together.`)
 	eviction := fs.String("eviction", "lru", "eviction policy: lru or score")
 	fs.StringVar(&c.tier, "tier", "memory", "where offloaded pages live: memory (a host memory tier) or disk (pagestore/disktier slab files in a temporary directory, removed afterwards)")
 	fs.StringVar(&c.tierDir, "tier-dir", "", "with --tier disk: the directory in which the temporary tier directory is made (default: the system's temporary directory)")
+	fs.StringVar(&c.backend, "backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host (device-resident pools; --tier memory only)")
+	dtype := kvCacheDTypeFlag(fs, "")
 	maxMem := maxMemoryFlag(fs)
 	asJSON := fs.Bool("json", false, "no table on stderr: JSON lines on stdout, progress lines on stderr (default also prints a table to stderr)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		var err error
+		switch c.backend {
+		case "cpu":
+			if name := givenAs(fs, "kv-cache-dtype"); name != "" {
+				return usageError{fmt.Errorf("%s needs --backend cuda (the CPU backend stores float32)", name)}
+			}
+		case "cuda":
+			if c.tier != "memory" {
+				return usageError{fmt.Errorf("--tier %s needs --backend cpu (the GPU's tier is pinned host memory it maps)", c.tier)}
+			}
+			c.dtype = *dtype
+		default:
+			return usageError{fmt.Errorf("--backend %q: want cpu or cuda", c.backend)}
+		}
 		if c.contexts, err = parseInts("--context", *contexts); err != nil {
 			return err
 		}
@@ -276,8 +298,23 @@ func (c offloadConfig) storeConfig(n, pct int) pagestore.Config {
 // preflight checks that the largest context's all-resident shard, its
 // largest offloading shard and (memory tier) that shard's tier fit the
 // memory limit together, before anything is allocated.
+//
+// With --backend cuda the pools live on the GPU: only the largest
+// offloading shard's host tier (pinned host memory) counts.
 func (c offloadConfig) preflight() error {
 	n := slices.Max(c.contexts)
+	if c.backend == "cuda" {
+		dt, err := plan.ParseDType(c.dtype)
+		if err != nil {
+			return usageError{err}
+		}
+		g := c.geometry()
+		g.DType = dt
+		sc := c.storeConfig(n, slices.Max(c.devicePct))
+		need := memlimit.Mul(int64(sc.Capacity), int64(tier.PagePayloadBytes(1, g)))
+		what := fmt.Sprintf("bench offload: the pinned host tier of %d tokens of %d KV heads x D %d (%v)", n, c.kvHeads, c.headDim, dt)
+		return memlimit.Check(what, need, c.memoryLimit)
+	}
 	res, err := c.storeConfig(n, 0).HostBytes()
 	if err != nil {
 		return usageError{fmt.Errorf("--context %d: %w", n, err)}
@@ -298,7 +335,13 @@ func (c offloadConfig) preflight() error {
 // benchOffload runs every configuration of c, calling emit with each
 // result as soon as it is measured.
 func benchOffload(ctx context.Context, c offloadConfig, progress io.Writer, emit func(offloadResult) error) error {
-	be := kernels.NewCPU(kernels.CPUConfig{})
+	var be kernels.Backend = kernels.NewCPU(kernels.CPUConfig{})
+	if c.backend == "cuda" {
+		var err error
+		if be, err = newCUDABackend(c.dtype); err != nil {
+			return err
+		}
+	}
 	defer be.Close()
 	for _, n := range c.contexts {
 		for _, budget := range c.budgets {
@@ -321,6 +364,7 @@ func benchOffload(ctx context.Context, c offloadConfig, progress io.Writer, emit
 						out.Context, out.Budget, out.Pages, out.KPages = n, budget, sc.Capacity, budget/c.pageSize
 						out.PageSize, out.QHeads, out.KVHeads, out.HeadDim = c.pageSize, c.qHeads, c.kvHeads, c.headDim
 						out.Tier, out.Eviction, out.Workload = c.tier, c.eviction.String(), w
+						out.Backend = c.backend
 						out.DeviceBudgetPct, out.DevicePages, out.Prefetch = pct, sc.DeviceBudget, pf
 						out.Steps, out.Warmup = c.steps, c.warmup
 						out.ResidentStepUS, out.ResidentP50US = ref.result.StepUS, ref.result.StepP50US
@@ -366,7 +410,7 @@ func offloadRun(ctx context.Context, c offloadConfig, be kernels.Backend, n, bud
 	}
 	pol := plan.DefaultPolicy()
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = c.pageSize, budget, 0
-	sh, err := shard.New(shard.Config{Store: sc, Policy: pol, PrefetchPages: pf}, be)
+	sh, err := shard.New(shard.Config{Store: sc, Policy: pol, PrefetchPages: pf, DeviceResident: c.backend == "cuda"}, be)
 	if err != nil {
 		return out, err
 	}
@@ -443,8 +487,9 @@ func offloadRun(ctx context.Context, c offloadConfig, be kernels.Backend, n, bud
 	return out, nil
 }
 
-// offloadFill appends n tokens of pseudo-random keys and values (the same
-// for every shard of a run: chunk i comes from seed and i) to layer 0.
+// offloadFill appends n tokens of pseudo-random keys and values in
+// [-1, 1) (the same for every shard of a run: chunk i comes from seed and
+// i) to layer 0.
 func offloadFill(ctx context.Context, c offloadConfig, sh *shard.Shard, id pagestore.SeqID, n int) error {
 	const chunk = 1024
 	tok := c.kvHeads * c.headDim
@@ -454,9 +499,16 @@ func offloadFill(ctx context.Context, c offloadConfig, sh *shard.Shard, id pages
 			return err
 		}
 		m := min(chunk, n-at)
-		rng := rand.New(rand.NewPCG(c.seed, uint64(i)))
+		// xorshift64, seeded from (seed, i): a million-token fill in a
+		// second or two (math/rand/v2 takes tens of seconds), the same
+		// data for every shard of a run.
+		x := (c.seed+1)*0x9e3779b97f4a7c15 ^ (uint64(i)+1)*0xbf58476d1ce4e5b9
 		for j := range k[:m*tok] {
-			k[j], v[j] = 2*rng.Float32()-1, 2*rng.Float32()-1
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			k[j] = float32(x>>40)/(1<<23) - 1
+			v[j] = float32(x&0xffffff)/(1<<23) - 1
 		}
 		if err := sh.Append(id, 0, k[:m*tok], v[:m*tok]); err != nil {
 			return fmt.Errorf("fill: %w", err)

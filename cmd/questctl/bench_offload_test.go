@@ -174,3 +174,21 @@ func FuzzBenchOffload(f *testing.F) {
 		}
 	})
 }
+
+// TestBenchOffloadBackendFlags: --kv-cache-dtype and --tier disk are
+// refused where they cannot apply, naming the flag, before anything runs.
+func TestBenchOffloadBackendFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--kv-cache-dtype", "f16"}, "--kv-cache-dtype needs --backend cuda"},
+		{[]string{"--backend", "cuda", "--tier", "disk"}, "--tier disk needs --backend cpu"},
+		{[]string{"--backend", "tpu"}, `--backend "tpu": want cpu or cuda`},
+	} {
+		code, _, stderr := runCLI(t, append([]string{"bench", "offload"}, c.args...)...)
+		if code != 2 || !strings.Contains(stderr, c.want) {
+			t.Errorf("bench offload %v: exit %d\n%s\nwant exit 2 and %q", c.args, code, stderr, c.want)
+		}
+	}
+}

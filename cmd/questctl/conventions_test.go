@@ -80,7 +80,7 @@ func TestKVCacheDTypeShared(t *testing.T) {
 			t.Errorf("%s --help does not document --kv-cache-dtype and --dtype:\n%s", c.name, help)
 		}
 	}
-	if want := []string{"demo", "replay", "bench attention"}; !slices.Equal(with, want) {
+	if want := []string{"demo", "replay", "bench attention", "bench offload"}; !slices.Equal(with, want) {
 		t.Errorf("commands with --kv-cache-dtype: %v, want %v", with, want)
 	}
 

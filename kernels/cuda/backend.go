@@ -90,10 +90,24 @@ var (
 // DeviceLayer is one layer's page pool in device memory, laid out like the
 // CPU pool ([pages][KVHeads][S][D] for K and V, [pages][KVHeads][2][D] for
 // summaries) in DType. Pass it as kernels.Layer.Device.
+//
+// Slots > 0 makes it a slot pool (kernels.SlotStore, slots.go): K and V
+// then hold Slots pages, indexed by device slot, and Summary holds Pages
+// pages, indexed by physical page.
 type DeviceLayer struct {
 	K, V, Summary                     cu.DevicePtr
 	Pages, KVHeads, HeadDim, PageSize int
 	DType                             plan.DType
+	Slots                             int
+}
+
+// kvPages is the number of pages K and V hold: Slots for a slot pool,
+// else Pages.
+func (l *DeviceLayer) kvPages() int {
+	if l.Slots > 0 {
+		return l.Slots
+	}
+	return l.Pages
 }
 
 // New starts a backend on cfg.Device: creates a context on a locked OS
@@ -180,6 +194,12 @@ func (b *Backend) loop(ready chan<- error) {
 		}
 		b.fn[n] = f
 	}
+	slotsMod, err := loadSlotKernels(b.fn)
+	if err != nil {
+		ready <- err
+		return
+	}
+	defer slotsMod.Unload()
 	ready <- nil
 	for {
 		select {
@@ -480,7 +500,7 @@ func (b *Backend) NewLayer(ctx context.Context, pages, kvHeads, headDim, pageSiz
 }
 
 func (b *Backend) allocLayer(l *DeviceLayer) error {
-	kv := int64(l.Pages) * int64(l.KVHeads*l.PageSize*l.HeadDim*l.DType.Bytes())
+	kv := int64(l.kvPages()) * int64(l.KVHeads*l.PageSize*l.HeadDim*l.DType.Bytes())
 	sum := int64(l.Pages) * int64(l.KVHeads*2*l.HeadDim*l.DType.Bytes())
 	var err error
 	if l.K, err = cu.MemAlloc(kv); err != nil {
@@ -557,6 +577,9 @@ func (b *Backend) WriteTokens(ctx context.Context, pool any, pages []int32, slot
 	if slot < 0 || slot >= l.PageSize || (slot+n+l.PageSize-1)/l.PageSize != len(pages) {
 		return fmt.Errorf("cuda write tokens: %d tokens from slot %d do not fill exactly %d pages of %d slots", n, slot, len(pages), l.PageSize)
 	}
+	if l.Slots > 0 {
+		return errSlotPool
+	}
 	if err := l.checkPages(pages...); err != nil {
 		return err
 	}
@@ -594,6 +617,9 @@ func (b *Backend) Rescan(ctx context.Context, pool any, pages []int32, valid int
 	if valid < 0 || valid > l.PageSize {
 		return fmt.Errorf("cuda rescan: %d valid slots outside 0..%d", valid, l.PageSize)
 	}
+	if l.Slots > 0 && valid > 0 {
+		return errSlotPool // valid 0 empties summaries, which a slot pool indexes by page
+	}
 	if err := l.checkPages(pages...); err != nil {
 		return err
 	}
@@ -619,6 +645,9 @@ func (b *Backend) CopyPage(ctx context.Context, pool any, dst, src int32) error 
 	}
 	if err := l.checkPages(dst, src); err != nil {
 		return err
+	}
+	if l.Slots > 0 {
+		return errSlotPool
 	}
 	return b.do(ctx, func() error {
 		kv, sum := l.kvPageBytes(), l.sumPageBytes()
@@ -822,6 +851,9 @@ func (b *Backend) ReadPages(ctx context.Context, pool any, pages []int32) (kerne
 				base cu.DevicePtr
 				per  int
 			}{{&out.K, l.K, kvN}, {&out.V, l.V, kvN}, {&out.Summary, l.Summary, sumN}} {
+				if l.Slots > 0 && c.dst != &out.Summary {
+					continue // a slot pool's K/V are addressed by slot (ReadSlotKV)
+				}
 				x, err := readAs(b, c.base+cu.DevicePtr(first*int64(c.per*l.DType.Bytes())), n*c.per, l.DType)
 				if err != nil {
 					return fmt.Errorf("cuda: read pages: %w", err)
@@ -1494,6 +1526,9 @@ func (b *Backend) counters(n int) (cu.DevicePtr, error) {
 // the host arrays'.
 func validate(s kernels.Shape, l kernels.Layer, bt *kernels.Batch, withKV bool) error {
 	if dl, ok := l.Device.(*DeviceLayer); ok {
+		if withKV {
+			return bt.ValidatePool(s, dl.kvPages()) // a slot pool is attended by slot
+		}
 		return bt.ValidatePool(s, dl.Pages)
 	}
 	if withKV {

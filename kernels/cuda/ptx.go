@@ -1,5 +1,5 @@
 // Package cuda is the CUDA backend of questrt's kernels: CUDA C sources
-// (quest.cu, mma.cu) compiled to PTX for sm_90 by gen.sh and embedded here, and, in
+// (quest.cu, mma.cu, slots.cu) compiled to PTX for sm_90 by gen.sh and embedded here, and, in
 // files built with the cuda tag, a kernels.Backend driving them through
 // gorgonia.org/cu. The embedded PTX and its source check are part of every
 // build so that CPU-only CI notices a .cu edited without regenerating the
@@ -21,8 +21,17 @@ var PTX string
 //go:embed mma.ptx
 var PTXMMA string
 
+// PTXSlots is the module with the offload kernels (slot pools and the
+// mapped host tier), compiled from slots.cu.
+//
+//go:embed slots.ptx
+var PTXSlots string
+
 //go:embed quest.cu
 var source string
+
+//go:embed slots.cu
+var sourceSlots string
 
 //go:embed mma.cu
 var sourceMMA string

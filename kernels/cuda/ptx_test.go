@@ -14,6 +14,7 @@ func TestPTXMatchesSource(t *testing.T) {
 		kernels        []string
 	}{
 		{"quest", source, PTX, []string{"quest_topk", "quest_reduce", "quest_merge", "quest_score_bf16", "quest_attend_f16", "quest_append_f32", "quest_convert_bf16"}},
+		{"slots", sourceSlots, PTXSlots, []string{"quest_slots_move", "quest_append_slots_bf16", "quest_rescan_slots_f32"}},
 		{"mma", sourceMMA, PTXMMA, []string{"quest_scoremma_bf16_d128", "quest_scoremma_f16_d64_h16", "quest_attendmma_bf16_d128", "quest_attendmma_f16_d64_h16"}},
 	} {
 		sum := sha256.Sum256([]byte(c.src))
