@@ -19,10 +19,10 @@ type Config struct {
 	ModelName string
 	// Policy is the serving policy (plan.DefaultPolicy()): page size,
 	// default budget, per-layer budgets, sink, local, GQA mode, selector
-	// and dense layers. A request's quest object may change the budget,
-	// the dense layers and ask for the dense selector; the sink, local,
-	// GQA mode and other selectors are the engine's and a request may
-	// only restate them.
+	// and dense layers. A request's quest object may change any of them
+	// but the page size: a request whose selector, GQA mode, sink or
+	// local pages differ from the policy's runs on an engine of its own
+	// (see QuestOptions).
 	Policy plan.Policy
 	// CP and TP are the in-process engine's grid (1 x 1); Selection is
 	// its CP selection mode (engine.Exact).
@@ -67,6 +67,13 @@ type Config struct {
 	// Seed seeds the sampling of requests that give no seed (0): request
 	// i of the server gets a seed derived from Seed and i.
 	Seed uint64
+	// Monitor is the online quality monitor (see MonitorConfig; off by
+	// default).
+	Monitor MonitorConfig
+	// History is how many finished requests the server keeps (prompt,
+	// output, settings) for GET /admin/requests/{id} and its dense
+	// replay (64; 0: none). The oldest is forgotten first.
+	History int
 	// Logger receives the server's logs (nil: none).
 	Logger *slog.Logger
 	// Now is the clock of the responses' created times (nil: time.Now).
@@ -88,6 +95,8 @@ func DefaultConfig() Config {
 		RequestTimeout:   5 * time.Minute,
 		DefaultMaxTokens: 16,
 		RetryAfter:       time.Second,
+		Monitor:          MonitorConfig{Queue: 64, TopR: 10},
+		History:          64,
 	}
 }
 
@@ -126,6 +135,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: retry after %v: want 0 or more", c.RetryAfter)
 	case c.Workers < 0 || c.Workers > 256:
 		return fmt.Errorf("serve config: workers %d: want 0..256", c.Workers)
+	}
+	if c.History < 0 {
+		return fmt.Errorf("serve config: history %d requests: want 0 (none) or more", c.History)
+	}
+	if err := c.Monitor.validate(); err != nil {
+		return err
 	}
 	if _, err := engine.ParseSelection(c.Selection.String()); err != nil {
 		return fmt.Errorf("serve config: %w", err)

@@ -15,6 +15,13 @@
 //     the pages dense attention would have read, and the bytes read over
 //     dense attention's (rho, computed as questctl generate does).
 //   - GET /v1/models and GET /v1/models/{id}: the one model.
+//   - GET /admin/requests, GET /admin/requests/{id} and POST
+//     /admin/requests/{id}/replay: the last [Config.History] finished
+//     requests by completion id (prompt and output tokens, settings;
+//     [RequestRecord]) and a request's dense replay, teacher-forced on
+//     its tokens, which says per token whether dense attention picks
+//     the same token and where the two first diverge ([ReplayReport];
+//     questctl replay-request).
 //
 // Every error is OpenAI's JSON error object ({"error": {"message",
 // "type", "param", "code"}}, see [ErrorBody]): 400 for bad parameters
@@ -40,6 +47,24 @@
 // batch, attention per sequence through the engine. A long prompt so
 // takes several iterations and never stalls the requests that decode
 // meanwhile.
+//
+// A request's quest object may choose any selector (quest, oracle,
+// recent, dense), GQA mode, sink and local pages, budget and dense
+// layers. Budget, dense layers and the dense selector are per step on
+// the server's engine; a selector, GQA mode, sink or local pages other
+// than the engine's put the request's sequence on an engine of its own
+// (its policy, a pool of the pages its admission reserved), still in
+// the same decode batch: DecodeBatch runs each sequence's attention on
+// its own engine sequence, so no grouping by options is needed.
+//
+// # Quality monitor
+//
+// With [MonitorConfig.Rate] > 0 a fraction of the decode steps'
+// (layer, KV head) pairs is replayed with the engine's dense
+// diagnostics on a fork of the sequence, off the requests' path, by one
+// monitor goroutine behind a bounded queue (full: dropped and counted);
+// each replay yields a [MonitorSample] (page recall, attention-mass
+// recall, output error) for the caller's metrics.
 //
 // Admission is all or nothing: a request is admitted only when the pages
 // its prompt and max_tokens can fill fit the engine's pool next to the

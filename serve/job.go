@@ -24,10 +24,16 @@ type job struct {
 	dense   *model.Dense // the prefill's recorder; nil once loaded
 	filled  int          // prompt tokens prefilled
 	attn    *jobAttention
-	next    int // the token the next decode step feeds
-	tokens  int // tokens generated
+	eng     *engineRef // the engine holding attn's sequence
+	next    int        // the token the next decode step feeds
+	tokens  int        // tokens generated
 	text    *stopText
 	ended   bool
+	// With a history (Config.History): the tokens generated, the
+	// logits' most likely token at each, and the text sent.
+	keep        bool
+	out, argmax []int
+	sent        []byte
 	// Decode statistics, as questctl generate totals them.
 	pagesRead, pagesTotal int
 	readW, denseW         float64
@@ -48,6 +54,9 @@ type result struct {
 
 // post appends text for the handler and, when fin is set, ends the job.
 func (j *job) post(text []byte, fin *result) {
+	if j.keep {
+		j.sent = append(j.sent, text...)
+	}
 	j.mu.Lock()
 	j.pending = append(j.pending, text...)
 	if fin != nil && !j.done {
@@ -77,10 +86,19 @@ type jobAttention struct {
 	*model.EngineAttention
 	denseLayers int
 	allDense    bool
+	// capture, during a step the quality monitor sampled, takes the
+	// sampled layers' inputs.
+	capture *replayTask
 }
 
 // Decode runs one engine step of layer, dense where the request asks.
 func (a *jobAttention) Decode(ctx context.Context, layer int, q, k, v, out []float32) error {
 	a.Options.ForceDense = a.allDense || layer < a.denseLayers
-	return a.EngineAttention.Decode(ctx, layer, q, k, v, out)
+	if err := a.EngineAttention.Decode(ctx, layer, q, k, v, out); err != nil {
+		return err
+	}
+	if a.capture != nil {
+		a.capture.record(layer, q, k, v)
+	}
+	return nil
 }

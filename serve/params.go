@@ -24,6 +24,12 @@ type params struct {
 	budget      int
 	denseLayers int
 	allDense    bool
+	// sel is the request's selection policy: the serving policy with the
+	// request's selector, GQA mode, sink and local pages. own says that
+	// one of those differs from the engine's, so the request's sequence
+	// lives on an engine of its own (see Server.load).
+	sel plan.Policy
+	own bool
 }
 
 // resolve checks a decoded request against the model and the engine's
@@ -121,62 +127,69 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	return p, nil
 }
 
-// questParams checks the quest object against the engine's policy.
+// questParams checks the quest object against the model and the
+// serving policy. A selector, GQA mode, sink or local pages other than
+// the engine's make the request's sequence run on an engine of its own
+// (params.own); the dense selector reads every page of the main engine.
 func (s *Server) questParams(q *QuestOptions, p *params) *apiError {
 	pol := s.cfg.Policy
 	p.denseLayers = pol.DenseLayers
-	p.allDense = pol.Selector == plan.Dense
-	if q == nil {
+	p.sel = pol
+	if q != nil {
+		if q.Budget != nil {
+			if *q.Budget < pol.PageSize {
+				return badParam("quest.budget", "invalid_value", "quest.budget %d: want at least one page (%d tokens)", *q.Budget, pol.PageSize)
+			}
+			p.budget = *q.Budget
+		}
+		if q.Selector != "" {
+			sel, err := plan.ParseSelector(q.Selector)
+			if err != nil {
+				return badParam("quest.selector", "invalid_value", "quest.selector: %v", err)
+			}
+			p.sel.Selector = sel
+		}
+		if q.GQA != "" {
+			m, err := plan.ParseGQAMode(q.GQA)
+			if err != nil {
+				return badParam("quest.gqa", "invalid_value", "quest.gqa: %v", err)
+			}
+			p.sel.GQA = m
+		}
+		for _, f := range []struct {
+			name string
+			v    *int
+			dst  *int
+		}{{"sink", q.Sink, &p.sel.SinkPages}, {"local", q.Local, &p.sel.LocalPages}} {
+			switch {
+			case f.v == nil:
+			case *f.v < 0 || *f.v > maxForcedPages:
+				return badParam("quest."+f.name, "invalid_value", "quest.%s %d: want 0..%d pages", f.name, *f.v, maxForcedPages)
+			default:
+				*f.dst = *f.v
+			}
+		}
+		if d := q.DenseLayers; d != nil {
+			if *d < 0 || *d > s.m.Config.Layers {
+				return badParam("quest.dense_layers", "invalid_value", "quest.dense_layers %d: want 0..%d (the model's layers)", *d, s.m.Config.Layers)
+			}
+			p.denseLayers = *d
+		}
+	}
+	p.allDense = p.sel.Selector == plan.Dense
+	if p.allDense {
+		// Every page of every layer: the main engine's forced-dense steps,
+		// whatever the other settings.
+		p.sel = pol
 		return nil
 	}
-	if q.Budget != nil {
-		if *q.Budget < pol.PageSize {
-			return badParam("quest.budget", "invalid_value", "quest.budget %d: want at least one page (%d tokens)", *q.Budget, pol.PageSize)
-		}
-		p.budget = *q.Budget
-	}
-	if q.Selector != "" {
-		sel, err := plan.ParseSelector(q.Selector)
-		if err != nil {
-			return badParam("quest.selector", "invalid_value", "quest.selector: %v", err)
-		}
-		switch {
-		case sel == plan.Dense:
-			p.allDense = true
-		case sel != pol.Selector:
-			return badParam("quest.selector", "unsupported_value", "quest.selector %s: the engine selects pages with %s; a request may ask for %s or dense", sel, pol.Selector, pol.Selector)
-		}
-	}
-	if q.GQA != "" {
-		m, err := plan.ParseGQAMode(q.GQA)
-		if err != nil {
-			return badParam("quest.gqa", "invalid_value", "quest.gqa: %v", err)
-		}
-		if m != pol.GQA {
-			return badParam("quest.gqa", "unsupported_value", "quest.gqa %s: the engine's GQA mode is %s", m, pol.GQA)
-		}
-	}
-	for _, f := range []struct {
-		name string
-		v    *int
-		have int
-	}{{"sink", q.Sink, pol.SinkPages}, {"local", q.Local, pol.LocalPages}} {
-		switch {
-		case f.v == nil:
-		case *f.v < 0:
-			return badParam("quest."+f.name, "invalid_value", "quest.%s %d: want 0 or more pages", f.name, *f.v)
-		case *f.v != f.have:
-			return badParam("quest."+f.name, "unsupported_value", "quest.%s %d: the engine reads %d %s pages on every sequence", f.name, *f.v, f.have, f.name)
-		}
-	}
-	if d := q.DenseLayers; d != nil {
-		if *d < 0 || *d > s.m.Config.Layers {
-			return badParam("quest.dense_layers", "invalid_value", "quest.dense_layers %d: want 0..%d (the model's layers)", *d, s.m.Config.Layers)
-		}
-		p.denseLayers = *d
-	}
+	p.own = p.sel.Selector != pol.Selector || p.sel.GQA != pol.GQA ||
+		p.sel.SinkPages != pol.SinkPages || p.sel.LocalPages != pol.LocalPages
 	return nil
 }
+
+// maxForcedPages bounds a request's sink and local pages.
+const maxForcedPages = 1 << 20
 
 // pagesFor is the pages per shard a sequence of n tokens fills at most
 // (striped placement: page g on CP rank g mod CP).

@@ -74,10 +74,14 @@ func (p Prompt) MarshalJSON() ([]byte, error) {
 }
 
 // QuestOptions are a request's page-selection settings; nil fields take
-// the serving policy's values. The engine fixes the page size, the sink
-// and local pages, the GQA mode and the selector for every sequence: a
-// request may restate them, and may ask for the dense selector (every
-// page of every layer read), but any other value is refused.
+// the serving policy's values. The page size is the server's. The budget
+// and dense layers apply per decode step on the main engine, and the
+// dense selector reads every page of every layer there; a selector
+// (quest, oracle, recent), GQA mode, sink or local pages other than the
+// policy's put the request's sequence on an engine of its own, built for
+// the request with the pages its admission reserved and released with
+// it. Either way the request decodes in the same batch as the others and
+// gets the tokens it would get alone on an engine of its settings.
 type QuestOptions struct {
 	// Budget is the token budget per KV head and decode step (at least
 	// one page; the page budget is Budget / page size). It overrides the
@@ -87,7 +91,7 @@ type QuestOptions struct {
 	Selector string `json:"selector,omitempty"`
 	// GQA is group_max or per_head.
 	GQA string `json:"gqa,omitempty"`
-	// Sink and Local are the first and last pages always read.
+	// Sink and Local are the first and last pages always read (0..2^20).
 	Sink  *int `json:"sink,omitempty"`
 	Local *int `json:"local,omitempty"`
 	// DenseLayers is the leading layers that attend densely (0..layers).

@@ -134,14 +134,25 @@ func (s *Server) prefill() {
 	}
 }
 
-// load creates j's engine sequence and appends the prefill's keys and
-// values to it.
+// load creates j's engine sequence, on the main engine or, when j's
+// selection options are not the main engine's, on an engine of its own,
+// and appends the prefill's keys and values to it.
 func (s *Server) load(j *job) error {
-	ea, err := model.NewEngineAttention(s.eng, s.m.Geometry())
+	ref := s.main
+	if j.p.own {
+		var err error
+		if ref, err = s.ownEngine(j); err != nil {
+			return err
+		}
+	}
+	ref.acquire()
+	ea, err := model.NewEngineAttention(ref.eng, s.m.Geometry())
 	if err != nil {
+		ref.release()
 		return err
 	}
 	ea.Budget = j.p.budget
+	j.eng = ref
 	j.attn = &jobAttention{EngineAttention: ea, denseLayers: j.p.denseLayers, allDense: j.p.allDense}
 	err = ea.Load(j.dense)
 	j.dense = nil
@@ -161,7 +172,22 @@ func (s *Server) decode() {
 	if len(jobs) == 0 {
 		return
 	}
+	if s.mon != nil {
+		for _, j := range jobs {
+			j.attn.capture = s.sample(j)
+		}
+	}
 	logits, err := s.m.DecodeBatch(s.ctx, attns, toks)
+	if s.mon != nil {
+		var be *model.BatchError
+		errors.As(err, &be)
+		for i, j := range jobs {
+			if t := j.attn.capture; t != nil {
+				j.attn.capture = nil
+				s.submit(t, err == nil || (be != nil && be.Errs[i] == nil))
+			}
+		}
+	}
 	s.count(func(st *Stats) { st.Steps++; st.StepSequences += uint64(len(jobs)) })
 	var be *model.BatchError
 	if err != nil && !errors.As(err, &be) {
@@ -188,6 +214,10 @@ func (s *Server) decode() {
 // ends j on a stop token, a stop string or max_tokens.
 func (s *Server) token(j *job, logits []float32) {
 	id := j.sampler.Sample(logits)
+	if j.keep {
+		j.out = append(j.out, id)
+		j.argmax = append(j.argmax, model.Argmax(logits))
+	}
 	j.tokens++
 	j.next = id
 	s.count(func(st *Stats) { st.CompletionTokens++ })
@@ -223,6 +253,10 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		}
 		j.attn = nil
 	}
+	if j.eng != nil {
+		j.eng.release()
+		j.eng = nil
+	}
 	j.dense = nil
 	res := result{err: err, usage: j.usage()}
 	if err == nil {
@@ -243,6 +277,10 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 	close(s.changed)
 	s.changed = make(chan struct{})
 	s.mu.Unlock()
+	if j.keep {
+		// Before the answer: a client that has it finds the record.
+		s.hist.add(s.record(j, res, text))
+	}
 	// The result first: a handler woken by the context's end finds it.
 	j.post(text, &res)
 	j.cancel() // the job's context and its timer

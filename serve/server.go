@@ -28,7 +28,8 @@ type Server struct {
 	tok        model.Tokenizer
 	stopIDs    []int
 	eng        *engine.Engine
-	maxContext int // prompt + max_tokens bound (0: none)
+	main       *engineRef // eng, for the jobs and replays that hold sequences on it
+	maxContext int        // prompt + max_tokens bound (0: none)
 	created    int64
 	log        *slog.Logger
 	now        func() time.Time
@@ -42,6 +43,15 @@ type Server struct {
 	wake   chan struct{} // cap 1: new work for the scheduler
 	ctx    context.Context
 	cancel context.CancelFunc // ends ctx: the scheduler's steps
+	// mon is the quality monitor (nil when off).
+	mon *monitor
+	// hist keeps the last Config.History finished requests.
+	hist history
+	// replaying admits one dense replay at a time (cap 1); replays
+	// counts those running (Close waits for them before closing the
+	// model).
+	replaying chan struct{}
+	replays   sync.WaitGroup
 
 	mu        sync.Mutex
 	closed    bool
@@ -79,10 +89,21 @@ type Stats struct {
 	// ReservedPages is the pages per shard reserved by admitted requests,
 	// CapacityPages the pool's.
 	ReservedPages, CapacityPages int
-	// EngineSequences and UsedPages are the engine's own view (shard 0;
-	// UsedPages the most of any shard): what no finished request may
-	// leave behind.
+	// EngineSequences and UsedPages are the main engine's own view
+	// (shard 0; UsedPages the most of any shard): what no finished
+	// request may leave behind (the quality monitor's forks count until
+	// their replay is done).
 	EngineSequences, UsedPages int
+	// OwnEngines counts the requests that ran on an engine of their own
+	// (a selector, GQA mode, sink or local pages not the main engine's).
+	OwnEngines uint64
+	// OwnEnginesOpen is the own engines not closed yet (their request or
+	// a monitor replay on them still running).
+	OwnEnginesOpen int
+	// The quality monitor's (layer, KV head) samples: taken, dropped
+	// because the replay queue was full, replayed, and failed (a fork or
+	// replay error, or the request's step failing).
+	MonitorSampled, MonitorDropped, MonitorReplayed, MonitorFailed uint64
 }
 
 // New builds a server for m, whose tokenizer is tok, with an in-process
@@ -112,11 +133,8 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	// The engine's policy attends densely on no layer of its own: dense
 	// layers are per request (the serving policy's by default), run as
 	// forced-dense steps, which read every page as a dense plan does.
-	pol := cfg.Policy
-	pol.DenseLayers = 0
-	ec := model.EngineConfig(m.Geometry(), pol, cfg.CapacityPages)
-	ec.CP, ec.TP, ec.Selection, ec.MemoryLimit = cfg.CP, cfg.TP, cfg.Selection, cfg.MemoryLimit
-	eng, err := engine.New(ec)
+	s := &Server{cfg: cfg, m: m}
+	eng, err := engine.New(s.engineConfig(cfg.Policy, cfg.CapacityPages+s.monitorSlack()))
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -128,8 +146,8 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, hooks: hk, name: cfg.ModelName, m: m, tok: tok, stopIDs: model.StopIDs(tok, m.Config), eng: eng,
-		maxContext: m.Config.MaxPositions, log: log, now: now,
+	*s = Server{cfg: cfg, hooks: hk, name: cfg.ModelName, m: m, tok: tok, stopIDs: model.StopIDs(tok, m.Config), eng: eng,
+		main: &engineRef{eng: eng}, maxContext: m.Config.MaxPositions, log: log, now: now,
 		stop: make(chan struct{}), exited: make(chan struct{}), wake: make(chan struct{}, 1), changed: make(chan struct{})}
 	if cfg.MaxContext > 0 && (s.maxContext == 0 || cfg.MaxContext < s.maxContext) {
 		s.maxContext = cfg.MaxContext
@@ -139,6 +157,11 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	s.instance = strconv.FormatInt(t.UnixNano(), 36)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.stats.CapacityPages = cfg.CapacityPages
+	s.hist.max = cfg.History
+	s.replaying = make(chan struct{}, 1)
+	if cfg.Monitor.Rate > 0 {
+		s.mon = newMonitor(cfg.Monitor, m.Geometry(), cfg.Seed, s.replay)
+	}
 	go s.loop()
 	return s, nil
 }
@@ -178,6 +201,10 @@ func (s *Server) Stats() Stats {
 	st := s.stats
 	st.Running, st.Queued, st.ReservedPages = len(s.running), len(s.queue), s.reserved
 	s.mu.Unlock()
+	if mo := s.mon; mo != nil {
+		st.MonitorSampled, st.MonitorDropped = mo.sampled.Load(), mo.dropped.Load()
+		st.MonitorReplayed, st.MonitorFailed = mo.replayed.Load(), mo.failed.Load()
+	}
 	if sh := s.eng.Shard(0, 0); sh != nil {
 		st.EngineSequences = sh.Store().Stats().Sequences
 	}
@@ -233,6 +260,10 @@ func (s *Server) Close() error {
 		close(s.stop)
 		s.cancel()
 		<-s.exited
+		s.replays.Wait() // s.ctx is done: they end
+		if s.mon != nil {
+			s.mon.stop()
+		}
 		s.eng.Close()
 		if s.ownModel != nil {
 			s.ownModel.Close()
@@ -263,6 +294,7 @@ func (s *Server) admit(j *job) *apiError {
 			message: fmt.Sprintf("The request needs %d KV pages; %d of the pool's %d are free of other requests' reservations; retry later.", j.pages, s.cfg.CapacityPages-s.reserved, s.cfg.CapacityPages)})
 	}
 	s.reserved += j.pages
+	j.keep = s.cfg.History > 0
 	s.seq++
 	s.stats.Admitted++
 	j.id = fmt.Sprintf("cmpl-%s-%d", s.instance, s.seq)
@@ -286,7 +318,11 @@ func (s *Server) invalid() {
 }
 
 // ServeHTTP routes the API: POST /v1/completions, GET /v1/models and
-// GET /v1/models/{id}; any other path is 404, any other method 405.
+// GET /v1/models/{id}, and the request history (Config.History): GET
+// /admin/requests, GET /admin/requests/{id} and POST
+// /admin/requests/{id}/replay (see ReplayReport); any other path is
+// 404, any other method 405. The admin paths show the kept requests'
+// prompts and outputs: expose the listener accordingly.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	switch {
@@ -314,6 +350,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		writeJSON(w, http.StatusOK, s.modelInfo())
+	case path == "/admin/requests" || strings.HasPrefix(path, "/admin/requests/"):
+		s.admin(w, r)
 	default:
 		s.invalid()
 		(&apiError{status: http.StatusNotFound, typ: typeInvalid, code: "unknown_url",

@@ -3,6 +3,7 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/pagestore"
@@ -66,6 +67,30 @@ type Config struct {
 	// defaults, are off. Prefetch needs DeviceBudgetPages > 0.
 	PrefetchPages      int
 	PrefetchCrossLayer bool
+	// DataDir, when set, makes the worker persistent: each hosted rank's
+	// page store persists under DataDir/rank-tp<T>-cp<C> (see
+	// pagestore.Config.DataDir) and the worker keeps its sequence table
+	// (each sequence's id, layout and store ids) in DataDir/worker.db,
+	// so that a NewLocal on the same directory recovers the sequences
+	// (see [Local.Recovery] and [Local.Claim]). One worker per
+	// directory: a second open fails with pagestore.ErrInUse. Not
+	// available with DeviceResident or Replicated selection (the summary
+	// mirrors are not persisted). "" (the default): nothing persists.
+	DataDir string
+	// Durability and SyncInterval are the page stores' durability mode
+	// (pagestore.SyncOnWrite, the default, or pagestore.SyncPeriodic)
+	// and flush period (0: pagestore.DefaultSyncInterval); unused
+	// without DataDir. The sequence table commits (fsync) at every
+	// Create, Fork, Release and Claim in either mode.
+	Durability   pagestore.Durability
+	SyncInterval time.Duration
+	// GridID names the grid the worker is part of (worker/remote sets
+	// the coordinator's grid id). A persisting worker records it with
+	// each sequence it creates, forks or claims ([RecoveredSeq.Grid]),
+	// so that a coordinator matching recovered sequences over several
+	// workers tells apart the sequences of different grids that had the
+	// same id. Default "".
+	GridID string
 }
 
 // DefaultConfig returns a single-rank configuration with the documented
@@ -108,6 +133,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("worker config: prefetch %d pages without a device budget: prefetch needs offload", c.PrefetchPages)
 	case c.PrefetchCrossLayer && c.PrefetchPages == 0:
 		return errors.New("worker config: cross-layer prefetch without prefetch pages")
+	case c.DataDir != "" && c.DeviceResident:
+		return fmt.Errorf("worker config: data dir %s with device-resident pools: the device-resident store does not persist", c.DataDir)
+	case c.DataDir != "" && c.Mode == Replicated:
+		return fmt.Errorf("worker config: data dir %s with replicated selection: the summary mirrors are not persisted", c.DataDir)
+	case c.Durability < pagestore.SyncOnWrite || c.Durability > pagestore.SyncPeriodic:
+		return fmt.Errorf("worker config: unknown durability %d", int(c.Durability))
+	case c.SyncInterval < 0:
+		return fmt.Errorf("worker config: sync interval %v must not be negative", c.SyncInterval)
 	}
 	return c.policy().Validate()
 }
@@ -132,11 +165,14 @@ func (c Config) Store() pagestore.Config {
 		DeviceBudget: c.DeviceBudgetPages, Eviction: c.Eviction}
 }
 
-// shardConfig returns the shard config of one rank (the memory check is
+// shardConfig returns the shard config of rank r (the memory check is
 // the worker's, over all its ranks).
-func (c Config) shardConfig() shard.Config {
+func (c Config) shardConfig(r Rank) shard.Config {
 	st := c.Store()
 	st.MemoryLimit = memlimit.NoLimit
+	if c.DataDir != "" {
+		st.DataDir, st.Durability, st.SyncInterval = RankDir(c.DataDir, r), c.Durability, c.SyncInterval
+	}
 	return shard.Config{Store: st, Policy: c.policy(), DeviceResident: c.DeviceResident,
 		PrefetchPages: c.PrefetchPages, PrefetchCrossLayer: c.PrefetchCrossLayer}
 }

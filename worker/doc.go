@@ -23,4 +23,22 @@
 // between ranks runs over whatever collective.Transport each rank is
 // given (in-process by default), so ranks hosted by different workers
 // talk to each other directly, never through the coordinator.
+//
+// # Persistence
+//
+// With Config.DataDir set, each hosted rank's page store persists in a
+// subdirectory of its own ([RankDir]; pagestore.Config.DataDir: sealed
+// pages when they seal, everything at a graceful Close) and the worker
+// keeps its sequence table (each sequence's id, layout and store ids)
+// in a bbolt file beside them. A NewLocal on the same directory
+// recovers the sequences: every one whose store sequences came back on
+// all hosted ranks is rolled back to the longest length those ranks
+// agree on (a crash leaves each rank with its own sealed pages) and
+// parked; [Local.Recovery] reports them (lengths per layer, tokens lost
+// since the last append, damaged entries, orphans), [Local.Claim] makes
+// one live again under a coordinator id, [Local.DropRecovered] frees
+// it. Parked sequences are not reachable by messages, so a coordinator
+// that does not know them yet can create sequences with the same ids.
+// A worker whose grid spans other workers knows only its own ranks: the
+// coordinator takes the smallest recovered lengths over them.
 package worker

@@ -240,8 +240,9 @@ func root(reps []LayerReply) *RankOutput {
 
 // stepAndCompare runs one step over the given layers (one new token per
 // layer per sequence when fresh) and compares each layer's output with
-// the single shard's.
-func (g *grid) stepAndCompare(rng *rand.Rand, ids []uint64, budgets []int, first, layers int, fresh bool) {
+// the single shard's. It returns the merged outputs, each layer's O then
+// LSE, one after the other.
+func (g *grid) stepAndCompare(rng *rand.Rand, ids []uint64, budgets []int, first, layers int, fresh bool) []float32 {
 	g.t.Helper()
 	c, ctx := g.cfg, context.Background()
 	g.step++
@@ -253,6 +254,7 @@ func (g *grid) stepAndCompare(rng *rand.Rand, ids []uint64, budgets []int, first
 		g.must(w.BeginStep(ctx, BeginRequest{Step: g.step, Layer: first, Seqs: seqs}))
 	}
 	tok, qd := c.KVHeads*c.HeadDim, c.QHeads*c.HeadDim
+	var out []float32
 	for layer := first; layer < first+layers; layer++ {
 		var q, k, v [][]float32
 		var refReqs []shard.SeqStep
@@ -275,6 +277,7 @@ func (g *grid) stepAndCompare(rng *rand.Rand, ids []uint64, budgets []int, first
 		g.must(g.ref.Step(ctx, layer, refReqs, shard.StepOptions{}, &want))
 		got := root(reps)
 		compareStates(g.t, layer, got.O, want.O, got.LSE, want.LSE)
+		out = append(append(out, got.O...), got.LSE...)
 		// Each new token is stored once; under replicated selection
 		// every rank's mirror takes it too.
 		took := 0
@@ -298,6 +301,7 @@ func (g *grid) stepAndCompare(rng *rand.Rand, ids []uint64, budgets []int, first
 			g.lens[id]++
 		}
 	}
+	return out
 }
 
 func compareStates(t *testing.T, layer int, o, wantO, lse, wantLSE []float32) {

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/internal/memlimit"
@@ -39,6 +42,15 @@ type Local struct {
 	state  stepState
 	last   uint64 // id of the last step begun
 	began  bool   // a step was ever begun (last is valid)
+
+	// Persistence (Config.DataDir; see persist.go): the sequence table,
+	// the next entry key, the recovered sequences not claimed yet (by
+	// key) and what NewLocal recovered.
+	db      *bolt.DB
+	nextKey uint64
+	parked  map[uint64]*seqState
+	nparked atomic.Int64 // len(parked), read without mu
+	report  RecoveryReport
 }
 
 var _ Worker = (*Local)(nil)
@@ -58,6 +70,7 @@ type rank struct {
 type seqState struct {
 	layout plan.Layout
 	local  []pagestore.SeqID
+	key    uint64 // its sequence table entry (Config.DataDir), 0 if none
 }
 
 // NewLocal builds the shards (and, for replicated selection, the summary
@@ -78,7 +91,16 @@ func NewLocal(cfg Config, ranks []RankSpec) (*Local, error) {
 		return nil, err
 	}
 	cfg.Policy = cfg.policy()
-	l := &Local{cfg: cfg, byRank: map[Rank]int{}, seqs: map[uint64]*seqState{}}
+	l := &Local{cfg: cfg, byRank: map[Rank]int{}, seqs: map[uint64]*seqState{}, parked: map[uint64]*seqState{}}
+	if cfg.DataDir != "" {
+		ids := make([]Rank, len(ranks))
+		for i, sp := range ranks {
+			ids[i] = sp.Rank
+		}
+		if err := l.openTable(ids); err != nil {
+			return nil, err
+		}
+	}
 	for i, sp := range ranks {
 		r := sp.Rank
 		switch {
@@ -96,7 +118,7 @@ func NewLocal(cfg Config, ranks []RankSpec) (*Local, error) {
 			l.Close()
 			return nil, fmt.Errorf("worker: rank %v listed twice", r)
 		}
-		sh, err := shard.New(cfg.shardConfig(), sp.Backend)
+		sh, err := shard.New(cfg.shardConfig(r), sp.Backend)
 		if err != nil {
 			l.Close()
 			return nil, fmt.Errorf("worker: shard %v: %w", r, err)
@@ -107,6 +129,12 @@ func NewLocal(cfg Config, ranks []RankSpec) (*Local, error) {
 		}
 		l.ranks = append(l.ranks, rk)
 		l.byRank[r] = i
+	}
+	if l.db != nil {
+		if err := l.recoverTable(); err != nil {
+			l.Close()
+			return nil, err
+		}
 	}
 	return l, nil
 }
@@ -151,8 +179,11 @@ func (l *Local) StoreSeq(seq uint64, r Rank) (pagestore.SeqID, error) {
 	return sq.local[i], nil
 }
 
-// Close frees the shards' device pools. The backends and transports stay
-// the caller's. Calls after Close fail with ErrClosed.
+// Close frees the shards' device pools. A persisting worker
+// (Config.DataDir) first persists every sequence in full, tail pages and
+// recovered sequences not claimed included, and closes its data
+// directory. The backends and transports stay the caller's. Calls after
+// Close fail with ErrClosed.
 func (l *Local) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -164,6 +195,11 @@ func (l *Local) Close() error {
 	for _, rk := range l.ranks {
 		if err := rk.sh.Close(); err != nil && first == nil {
 			first = err
+		}
+	}
+	if l.db != nil {
+		if err := l.db.Close(); err != nil && first == nil {
+			first = fmt.Errorf("worker: data dir %s: close sequence table: %w", l.cfg.DataDir, err)
 		}
 	}
 	return first

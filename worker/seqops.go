@@ -30,6 +30,14 @@ func (l *Local) Create(ctx context.Context, m CreateRequest) error {
 	sq := &seqState{layout: m.Layout}
 	for _, rk := range l.ranks {
 		sq.local = append(sq.local, rk.sh.Store().Create())
+	}
+	if err := l.putEntry(m.Seq, sq); err != nil {
+		for i, rk := range l.ranks {
+			_ = rk.sh.Release(sq.local[i]) // undo: the table does not name them
+		}
+		return fmt.Errorf("create sequence %d: %w", m.Seq, err)
+	}
+	for _, rk := range l.ranks {
 		if rk.mirror != nil {
 			rk.mirror.Create(m.Seq)
 		}
@@ -63,6 +71,12 @@ func (l *Local) Fork(ctx context.Context, m ForkRequest) error {
 		}
 		child.local = append(child.local, id)
 	}
+	if err := l.putEntry(m.Child, child); err != nil {
+		for j, done := range child.local {
+			l.ranks[j].sh.Release(done)
+		}
+		return fmt.Errorf("fork sequence %d: %w", m.Parent, err)
+	}
 	for _, rk := range l.ranks {
 		if rk.mirror != nil {
 			// The parent is known to every mirror, so this does not fail;
@@ -71,6 +85,7 @@ func (l *Local) Fork(ctx context.Context, m ForkRequest) error {
 				for j, done := range child.local {
 					l.ranks[j].sh.Release(done)
 				}
+				_ = l.deleteEntry(child) // an orphan left behind is released at recovery
 				for _, r2 := range l.ranks {
 					if r2.mirror != nil {
 						r2.mirror.Drop(m.Child)
@@ -92,7 +107,12 @@ func (l *Local) Release(ctx context.Context, m ReleaseRequest) error {
 	if err != nil {
 		return fmt.Errorf("release: %w", err)
 	}
-	var first error
+	// The entry goes first: a crash before the stores' releases leaves
+	// orphans, which recovery releases.
+	first := l.deleteEntry(sq)
+	if first != nil {
+		first = fmt.Errorf("release sequence %d: %w", m.Seq, first)
+	}
 	for i, rk := range l.ranks {
 		if err := rk.sh.Release(sq.local[i]); err != nil && first == nil {
 			first = fmt.Errorf("release sequence %d on rank %v: %w", m.Seq, rk.id, err)

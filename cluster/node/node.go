@@ -31,6 +31,7 @@ import (
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/cluster/coord"
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/worker/remote"
 )
 
@@ -88,6 +89,13 @@ type Config struct {
 	// Observe, when set, is called after every step this node
 	// coordinates (coord.Config.Observe: concurrently, keep it quick).
 	Observe func(coord.StepStats)
+	// DataDir, Durability and SyncInterval make the grids hosted here
+	// persistent (remote.ServerConfig's fields of the same name): Start
+	// fails with remote.ErrDataDirInUse when another process holds
+	// DataDir. Default "": nothing persists.
+	DataDir      string
+	Durability   pagestore.Durability
+	SyncInterval time.Duration
 }
 
 // Stats is a snapshot of a node's state (Node.Stats).
@@ -108,6 +116,8 @@ type Stats struct {
 	// MembersUp is the number of members this node's view shows up
 	// (alive or suspect), itself included.
 	MembersUp int
+	// Recovery is what the grids hosted here recovered from DataDir.
+	Recovery remote.RecoveryStats
 	// Serving reports whether the node serves: it has joined the
 	// cluster, its gRPC server runs and Stop has not begun.
 	Serving bool
@@ -162,9 +172,10 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		creds = credentials.NewTLS(cfg.TLS)
 	}
 	n = &Node{cfg: cfg, log: log, served: make(chan error, 1)}
+	made := n // the error returns below set n to nil
 	defer func() {
 		if err != nil {
-			n.close()
+			made.close()
 		}
 	}()
 	if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
@@ -179,7 +190,8 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		n.addr = cfg.GRPCAdvertise
 	}
 	if n.ws, err = remote.NewServer(remote.ServerConfig{Host: host, MaxPages: cfg.MaxPages, MemoryLimit: cfg.MemoryLimit,
-		TLS: cfg.TLS, Plaintext: cfg.Plaintext, Logger: log.With("component", "worker")}); err != nil {
+		TLS: cfg.TLS, Plaintext: cfg.Plaintext, Logger: log.With("component", "worker"),
+		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	mc := cfg.Member
@@ -250,6 +262,7 @@ func (n *Node) Stats() Stats {
 		PagesDevice:      ws.PagesDevice,
 		PagesHost:        ws.PagesHost,
 		MembersUp:        len(n.m.View().Up()),
+		Recovery:         ws.Recovery,
 		Serving:          n.serving.Load(),
 	}
 }

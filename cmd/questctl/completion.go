@@ -40,6 +40,7 @@ func commands() []command {
 		{"plot", "PNG figure of eval passkey or bench attention JSON lines", plotCommand},
 		{"up", "start a local questd cluster until Ctrl-C", func() (*flag.FlagSet, action) { return upCommand(nil) }},
 		{"status", "one questd's view of the cluster", statusCommand},
+		{"replay-request", "re-run a served request with dense attention: where Quest and dense diverge", func() (*flag.FlagSet, action) { return replayRequestCommand("") }},
 		{"version", "the version and VCS revision of this build", versionCommand},
 		{"completion bash", "bash completion script", completionCommand("bash")},
 		{"completion zsh", "zsh completion script", completionCommand("zsh")},

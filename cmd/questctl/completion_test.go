@@ -165,7 +165,7 @@ func TestCompletionWorks(t *testing.T) {
 	lines := []string{"questctl ''", "questctl be", "questctl bench ''", "questctl replay ''", "questctl completion ''",
 		"questctl demo --kv-cache-dtype ''", "questctl bench attention --dtype b", "questctl demo --tens"}
 	want := [][]string{
-		{"demo", "replay", "bench", "devices", "generate", "eval", "calibrate", "plot", "up", "status", "version", "completion", "help"},
+		{"demo", "replay", "bench", "devices", "generate", "eval", "calibrate", "plot", "up", "status", "replay-request", "version", "completion", "help"},
 		{"bench"}, {"attention", "collective", "offload", "selection", "serve"}, {"gen"}, {"bash", "zsh", "fish"},
 		{"f32", "f16", "bf16"}, {"bf16"}, {"--tensor-parallel-size"},
 	}

@@ -11,8 +11,9 @@
 //	questctl eval     passkey --model DIR [flags]
 //	questctl calibrate --model DIR --prompts FILE [--out policy.yaml]
 //	questctl plot     --in FILE.jsonl[,...] --out FILE.png [--kind passkey|attention|auto]
-//	questctl up       --nodes N [--cp C --tp T] [-- questd flags]
+//	questctl up       --nodes N [--cp C --tp T] [--model DIR] [-- questd flags]
 //	questctl status   --addr HOST:PORT [--json]
+//	questctl replay-request --addr HOST:PORT [--json] ID
 //	questctl version
 //	questctl completion bash|zsh|fish
 //
@@ -64,8 +65,9 @@ Usage:
   questctl eval passkey --model DIR [...]            passkey accuracy, recall and attention-mass recall per layer vs dense, JSON lines
   questctl calibrate --model DIR --prompts F [...]   per-layer budgets reaching a target attention-mass recall; writes a --policy file
   questctl plot --in FILE.jsonl --out FILE.png       PNG figure of eval passkey or bench attention JSON lines
-  questctl up --nodes N [--cp C --tp T] [-- questd flags]  start a local questd cluster on loopback and keep it up until Ctrl-C
+  questctl up --nodes N [--cp C --tp T] [--model DIR] [-- questd flags]  start a local questd cluster on loopback (--model: the completions API on node 0) until Ctrl-C
   questctl status --addr HOST:PORT [--json]          one questd's view: members and their state, devices, grid config
+  questctl replay-request --addr HOST:PORT ID        re-run a served request with dense attention: per token, does dense agree, where they first diverge
   questctl version                                   the version and VCS revision of this build
   questctl completion bash|zsh|fish                  shell completion script: commands, subcommands and their flags
 
@@ -108,6 +110,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runUp(ctx, args[1:], stdout, stderr)
 	case "status":
 		err = runStatus(ctx, args[1:], stdout, stderr)
+	case "replay-request":
+		err = runReplayRequest(ctx, args[1:], stdout, stderr)
 	case "version":
 		err = runVersion(args[1:], stdout, stderr)
 	case "completion":
@@ -116,7 +120,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate, eval, calibrate, plot, up, status, version or completion; see 'questctl help')\n", args[0])
+		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate, eval, calibrate, plot, up, status, replay-request, version or completion; see 'questctl help')\n", args[0])
 		return exitUsage
 	}
 	if err == nil || errors.Is(err, flag.ErrHelp) {

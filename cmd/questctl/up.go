@@ -49,6 +49,8 @@ var upManaged = map[string]string{
 	"tp":                           "questctl up --tp",
 	"decode-context-parallel-size": "questctl up --cp",
 	"tensor-parallel-size":         "questctl up --tp",
+	"model":                        "questctl up --model DIR (the API on the first node)",
+	"http-addr":                    "questctl up --model DIR --http-addr HOST:PORT",
 }
 
 // upClientName is the name of the client certificate that up writes in
@@ -66,7 +68,7 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // upCommand builds the flags and the action of
 // 'questctl up' without running it (see [runCommand]).
 func upCommand(extra []string) (*flag.FlagSet, action) {
-	fs := newFlags("up", `Usage: questctl up --nodes N [--cp C --tp T] [--questd PATH] [--timeout 30s] [--insecure | --tls-dir DIR] [flags] [-- questd flags...]
+	fs := newFlags("up", `Usage: questctl up --nodes N [--cp C --tp T] [--model DIR [--http-addr HOST:PORT]] [--questd PATH] [--timeout 30s] [--insecure | --tls-dir DIR] [flags] [-- questd flags...]
 
 Starts a local questd cluster on the loopback interface and keeps it
 running until interrupted (SIGINT or SIGTERM). Node 0 is started first
@@ -78,6 +80,15 @@ address. Each node's
 ready line ({"event":"ready",...} on its stdout) gives its addresses; its
 stderr is passed through prefixed with its name, or written to
 DIR/NAME.log with --log-dir.
+
+With --model DIR node 0 also serves the OpenAI-compatible completions
+API of that checkpoint (questd --model DIR --http-addr HOST:PORT,
+--http-addr 127.0.0.1:0 by default: a free port), and up prints its
+URL once the cluster is up, "completions: http://ADDR/v1 (model NAME on
+BASE-0)" (with --json, "http" and "url" in node 0's object). The API's
+own flags (--max-running, --monitor-rate, --request-history, ...) go
+after "--" (every node gets them; only node 0 serves a model). The API
+is plain HTTP whatever the gRPC security.
 
 Mutual TLS by default: up makes a throwaway CA (ECDSA P-256, valid 7
 days; its key is never written), a certificate for every node and one
@@ -121,7 +132,9 @@ questd on $PATH.`)
 	tlsDir := fs.String("tls-dir", "", "write the CA and the certificates in DIR (created 0700 if missing; files up writes there are replaced) and keep them (default: a new temporary directory, removed on exit)")
 	keepTLS := fs.Bool("keep-tls-dir", false, "keep the temporary TLS directory when up exits (its path is printed on stderr)")
 	logDir := fs.String("log-dir", "", "write each node's stderr to DIR/NAME.log (overwritten) instead of questctl's stderr")
-	asJSON := fs.Bool("json", false, `print one JSON object per node, {"name","grpc","gossip","pid"} and "tls_dir" with TLS, instead of the text lines`)
+	asJSON := fs.Bool("json", false, `print one JSON object per node, {"name","grpc","gossip","pid"} and "tls_dir" with TLS, "http" and "url" on the node serving --model, instead of the text lines`)
+	modelDir := fs.String("model", "", "Hugging Face Llama checkpoint `dir` that node 0 serves with the completions API (questd --model); up prints the API's URL")
+	httpAddr := fs.String("http-addr", "127.0.0.1:0", "with --model: listen `host:port` of node 0's completions API (port 0: a free one)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		switch {
 		case !flagSet(fs, "nodes"):
@@ -142,6 +155,26 @@ questd on $PATH.`)
 			return usageError{fmt.Errorf("--tls-dir %q: not with --insecure (no certificates without TLS)", *tlsDir)}
 		case insecure && *keepTLS:
 			return usageError{errors.New("--keep-tls-dir: not with --insecure (no certificates without TLS)")}
+		case flagSet(fs, "http-addr") && *modelDir == "":
+			return usageError{fmt.Errorf("--http-addr %q: only with --model (the completions API serves a model)", *httpAddr)}
+		}
+		var first []string // node 0's own flags
+		if *modelDir != "" {
+			if fi, err := os.Stat(*modelDir); err != nil || !fi.IsDir() {
+				why := "not a directory"
+				if err != nil {
+					why = err.Error()
+				}
+				return usageError{fmt.Errorf("--model %q: %s (want a checkpoint directory: config.json and safetensors)", *modelDir, why)}
+			}
+			if err := checkHostPort(*httpAddr); err != nil {
+				return usageError{fmt.Errorf("--http-addr %q: %v", *httpAddr, err)}
+			}
+			abs, err := filepath.Abs(*modelDir)
+			if err != nil {
+				return usageError{fmt.Errorf("--model %q: %v", *modelDir, err)}
+			}
+			first = []string{"--model", abs, "--http-addr", *httpAddr}
 		}
 		if err := checkExtraFlags(extra); err != nil {
 			return err
@@ -167,7 +200,7 @@ questd on $PATH.`)
 		errw := &syncWriter{w: stderr}
 		c := &upCluster{
 			bin: bin, plaintext: insecure, token: token, logDir: *logDir, stderr: errw,
-			exited: make(chan *upNode, *nodes),
+			exited: make(chan *upNode, *nodes), first: first,
 		}
 		var common []string
 		if insecure {
@@ -224,13 +257,19 @@ questd on $PATH.`)
 
 		for _, n := range c.nodes {
 			if *asJSON {
+				url := ""
+				if n.http != "" {
+					url = "http://" + n.http + "/v1"
+				}
 				err = bench.WriteJSONLine(stdout, struct {
 					Name   string `json:"name"`
 					GRPC   string `json:"grpc"`
 					Gossip string `json:"gossip"`
 					PID    int    `json:"pid"`
 					TLSDir string `json:"tls_dir,omitempty"`
-				}{n.name, n.grpc, n.gossip, n.pid, c.tlsDir})
+					HTTP   string `json:"http,omitempty"`
+					URL    string `json:"url,omitempty"`
+				}{n.name, n.grpc, n.gossip, n.pid, c.tlsDir, n.http, url})
 			} else {
 				_, err = fmt.Fprintf(stdout, "%s grpc=%s gossip=%s pid=%d\n", n.name, n.grpc, n.gossip, n.pid)
 			}
@@ -246,6 +285,9 @@ questd on $PATH.`)
 					connect += " --token-file " + shellQuote(tokenFile)
 				}
 				fmt.Fprintf(stdout, "connect: %s\n", connect)
+			}
+			if n0 := c.nodes[0]; n0.http != "" {
+				fmt.Fprintf(stdout, "completions: http://%s/v1 (model %s on %s)\n", n0.http, filepath.Base(first[1]), n0.name)
 			}
 			fmt.Fprintf(stdout, "cluster up: %d nodes\n", len(c.nodes))
 		}
@@ -426,6 +468,9 @@ type upCluster struct {
 	stderr    *syncWriter
 	nodes     []*upNode
 	exited    chan *upNode // each node once, when its Wait returns
+	// first are node 0's own flags (--model, --http-addr): its ready
+	// line must then name its HTTP address.
+	first []string
 }
 
 // security is how up's own calls reach the nodes.
@@ -450,12 +495,14 @@ func (c *upCluster) start(ctx context.Context, base string, count int, common []
 		}
 		if i > 0 {
 			args = append(args, "--join", c.nodes[0].gossip)
+		} else {
+			args = append(args, c.first...)
 		}
 		n, err := c.startNode(name, append(args, common...))
 		if err != nil {
 			return err
 		}
-		if err := n.awaitReady(ctx); err != nil {
+		if err := n.awaitReady(ctx, i == 0 && c.first != nil); err != nil {
 			return err
 		}
 	}
@@ -618,6 +665,7 @@ type upNode struct {
 	closers []func() error
 
 	grpc, gossip string // from the ready line
+	http         string // the completions API's, from the ready line of a node with --model
 }
 
 // readyLine is the line questd prints on its stdout once it serves.
@@ -626,6 +674,8 @@ type readyLine struct {
 	Name   string `json:"name"`
 	GRPC   string `json:"grpc"`
 	Gossip string `json:"gossip"`
+	// HTTP is the completions API's address (questd --model).
+	HTTP string `json:"http,omitempty"`
 }
 
 // readStdout passes the node's first ready line to n.ready and every
@@ -652,8 +702,9 @@ func (n *upNode) readStdout(sink io.Writer) {
 	}
 }
 
-// awaitReady waits for the node's ready line and takes its addresses.
-func (n *upNode) awaitReady(ctx context.Context) error {
+// awaitReady waits for the node's ready line and takes its addresses
+// (with api, the completions API's too).
+func (n *upNode) awaitReady(ctx context.Context, api bool) error {
 	select {
 	case r := <-n.ready:
 		if r.Name != n.name {
@@ -664,6 +715,12 @@ func (n *upNode) awaitReady(ctx context.Context) error {
 		}
 		if err := checkHostPort(r.Gossip); err != nil {
 			return fmt.Errorf("%s (pid %d): ready line: gossip %q: %v", n.name, n.pid, r.Gossip, err)
+		}
+		if api {
+			if err := checkHostPort(r.HTTP); err != nil {
+				return fmt.Errorf("%s (pid %d): ready line: http %q (the completions API of --model): %v", n.name, n.pid, r.HTTP, err)
+			}
+			n.http = r.HTTP
 		}
 		n.grpc, n.gossip = r.GRPC, r.Gossip
 		return nil

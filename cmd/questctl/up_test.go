@@ -11,8 +11,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -99,6 +101,8 @@ func fakeQuestd(args []string) int {
 	cp := fs.Int("cp", 1, "")
 	tp := fs.Int("tp", 1, "")
 	layers := fs.Int("layers", 1, "")
+	modelDir := fs.String("model", "", "")
+	httpAddr := fs.String("http-addr", "", "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -177,8 +181,27 @@ func fakeQuestd(args []string) int {
 		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 	}
+	var httpLis string
+	if *modelDir != "" {
+		// As questd --model: the API's /v1/models on --http-addr.
+		hl, err := net.Listen("tcp", *httpAddr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/v1/models" {
+				http.NotFound(w, r)
+				return
+			}
+			fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model"}]}`, filepath.Base(*modelDir))
+		})}
+		go hs.Serve(hl)
+		defer hs.Close()
+		httpLis = hl.Addr().String()
+	}
 	if _, ok := is(fakeMuteEnv); !ok {
-		line, _ := json.Marshal(readyLine{Event: "ready", Name: *name, GRPC: rec.GRPC, Gossip: rec.Gossip})
+		line, _ := json.Marshal(readyLine{Event: "ready", Name: *name, GRPC: rec.GRPC, Gossip: rec.Gossip, HTTP: httpLis})
 		fmt.Printf("%s\n", line)
 	}
 	fmt.Println("a stray stdout line")
@@ -317,6 +340,8 @@ type upLine struct {
 	pid                int
 }
 
+var completionsLineRE = regexp.MustCompile(`^completions: (http://\S+/v1) \(model (\S+) on (\S+)\)$`)
+
 var connectLineRE = regexp.MustCompile(`^connect: questctl status --addr (\S+) --tls-dir (\S+)( --token-file \S+)?$`)
 
 func parseUpLines(t *testing.T, out string) []upLine {
@@ -326,7 +351,7 @@ func parseUpLines(t *testing.T, out string) []upLine {
 		if m := nodeLineRE.FindStringSubmatch(l); m != nil {
 			pid, _ := strconv.Atoi(m[4])
 			nodes = append(nodes, upLine{m[1], m[2], m[3], pid})
-		} else if !strings.HasPrefix(l, "cluster up: ") && !connectLineRE.MatchString(l) {
+		} else if !strings.HasPrefix(l, "cluster up: ") && !connectLineRE.MatchString(l) && !completionsLineRE.MatchString(l) {
 			t.Errorf("unexpected stdout line %q", l)
 		}
 	}
@@ -721,6 +746,12 @@ func TestUpUsageErrors(t *testing.T) {
 		{"up", "--nodes", "2", "--insecure", "--tls-dir", "d"},
 		{"up", "--nodes", "2", "--plaintext", "--keep-tls-dir"},
 		{"up", "--nodes", "2", "--ca", "ca.pem"},
+		{"up", "--nodes", "2", "--http-addr", "127.0.0.1:0"},
+		{"up", "--nodes", "2", "--model", "/no/such/dir"},
+		{"up", "--nodes", "2", "--model", "up_test.go"},
+		{"up", "--nodes", "2", "--model", ".", "--http-addr", "nohost"},
+		{"up", "--nodes", "2", "--", "--model", "."},
+		{"up", "--nodes", "2", "--", "--http-addr=127.0.0.1:0"},
 	} {
 		code, stdout, stderr := runCLI(t, args...)
 		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "questctl up: ") {
@@ -872,5 +903,131 @@ func TestUpRealQuestd(t *testing.T) {
 				}
 			}
 		})
+	} // --model: the completions API of the passkey checkpoint on node 0,
+	// at the URL up prints; a greedy completion gets the pass key.
+	t.Run("model", func(t *testing.T) {
+		model := filepath.Join(testModels(t), "passkey-llama-v1")
+		args := append([]string{"--nodes", "2", "--questd", bin, "--timeout", "25s", "--stop-timeout", "5s", "--insecure", "--model", model, "--"}, small...)
+		// The serving policy's defaults (the small grid's 4-token pages
+		// and 24-token budget would lose the pass key).
+		u := startUp(t, append(args, "--page-size", "16", "--budget-tokens", "2048", "--dense-layers", "2")...)
+		out := u.waitUp(t)
+		nodes := parseUpLines(t, out)
+		var url string
+		for _, l := range strings.Split(out, "\n") {
+			if m := completionsLineRE.FindStringSubmatch(l); m != nil && m[2] == "passkey-llama-v1" && m[3] == "node-0" {
+				url = m[1]
+			}
+		}
+		if len(nodes) != 2 || url == "" {
+			t.Fatalf("stdout:\n%s", out)
+		}
+		prompt := "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. " +
+			"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
+			"The pass key is 48213. Remember it. 48213 is the pass key. " +
+			"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
+			"What is the pass key? The pass key is "
+		body, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": prompt, "max_tokens": 5, "temperature": 0})
+		resp, err := http.Post(url+"/completions", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"text":"48213"`) {
+			t.Errorf("POST %s/completions: %s %s", url, resp.Status, b)
+		}
+		u.cancel()
+		if code := u.wait(t); code != 0 {
+			t.Errorf("up exited %d; stderr:\n%s", code, u.stderr)
+		}
+		for _, n := range nodes {
+			assertGone(t, n.name, n.pid)
+		}
+	})
+}
+
+// TestUpModel: with --model node 0, and no other, is started with
+// questd --model DIR --http-addr 127.0.0.1:0 (the directory made
+// absolute); once the cluster is up, up prints the API's URL, which
+// answers /v1/models with the model; with --json node 0's object has
+// "http" and "url", the others none; --http-addr is passed on.
+func TestUpModel(t *testing.T) {
+	for _, asJSON := range []bool{false, true} {
+		t.Run(fmt.Sprint("json=", asJSON), func(t *testing.T) {
+			dir, questd := fakeCluster(t)
+			modelDir := filepath.Join(t.TempDir(), "tiny-llama")
+			if err := os.Mkdir(modelDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			args := []string{"--nodes", "2", "--insecure", "--questd", questd, "--model", modelDir}
+			port := freePort(t)
+			if asJSON {
+				args = append(args, "--json", "--http-addr", "127.0.0.1:"+port)
+			}
+			u := startUp(t, args...)
+			var url, out string
+			if asJSON {
+				out = u.waitJSON(t, 2)
+				var objs []map[string]any
+				for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+					var o map[string]any
+					if err := json.Unmarshal([]byte(l), &o); err != nil {
+						t.Fatalf("line %q: %v", l, err)
+					}
+					objs = append(objs, o)
+				}
+				url, _ = objs[0]["url"].(string)
+				if objs[0]["http"] != "127.0.0.1:"+port || url != "http://127.0.0.1:"+port+"/v1" || objs[1]["http"] != nil || objs[1]["url"] != nil {
+					t.Fatalf("--json lines:\n%s", out)
+				}
+			} else {
+				out = u.waitUp(t)
+				parseUpLines(t, out)
+				for _, l := range strings.Split(out, "\n") {
+					if m := completionsLineRE.FindStringSubmatch(l); m != nil {
+						url = m[1]
+						if m[2] != "tiny-llama" || m[3] != "node-0" {
+							t.Errorf("completions line %q", l)
+						}
+					}
+				}
+				if url == "" || !strings.HasSuffix(out, "cluster up: 2 nodes\n") {
+					t.Fatalf("stdout:\n%s", out)
+				}
+			}
+			resp, err := http.Get(url + "/models")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.Contains(string(b), `"tiny-llama"`) {
+				t.Errorf("GET %s/models: %s %s", url, resp.Status, b)
+			}
+			recs := readRecords(dir)
+			wantAddr := "127.0.0.1:0"
+			if asJSON {
+				wantAddr = "127.0.0.1:" + port
+			}
+			if a := strings.Join(recs["node-0"].Args, " "); !strings.Contains(a, "--model "+modelDir+" --http-addr "+wantAddr) {
+				t.Errorf("node-0 was started with %q", recs["node-0"].Args)
+			}
+			if slices.Contains(recs["node-1"].Args, "--model") || slices.Contains(recs["node-1"].Args, "--http-addr") {
+				t.Errorf("node-1 was started with %q", recs["node-1"].Args)
+			}
+			u.cancel()
+			if code := u.wait(t); code != 0 {
+				t.Errorf("exit %d; stderr:\n%s", code, u.stderr)
+			}
+		})
 	}
+}
+
+// freePort is a loopback port nothing listens on (as far as one can
+// tell).
+func freePort(t *testing.T) string {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(closedAddr(t))
+	return port
 }

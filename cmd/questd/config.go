@@ -182,6 +182,30 @@ type Config struct {
 	// PrefetchPages [--prefetch-cross-layer]. Default false.
 	PrefetchCrossLayer bool
 
+	// Persistence of the grids hosted on this node (node.Config's fields
+	// of the same name).
+
+	// DataDir is the directory the grids hosted here persist their
+	// sequences in (sealed pages when they seal, everything at a
+	// graceful shutdown), one subdirectory per grid derived from its
+	// coordinator's name and its shape, so that the same grid opened
+	// after a restart recovers them (the recovery is logged and counted
+	// in questrt_recovery_*); questd holds DIR/LOCK, and a second questd
+	// on DIR fails to start [--data-dir]. Recovered sequences stay
+	// parked on their grid (their pages count against its pool) until
+	// their coordinator claims them (worker/remote Client.Claim); the
+	// coordinator of cluster/coord does not adopt them yet, so the
+	// Decode API does not reach them. Default "": no persistence.
+	DataDir string
+	// Durability is when persisted changes become durable: sync (every
+	// page seal and sequence change is fsynced before it returns) or
+	// periodic (a flusher every SyncInterval) [--durability]. Default
+	// sync.
+	Durability pagestore.Durability
+	// SyncInterval is the flush period of --durability periodic
+	// [--sync-interval]. Default 1s.
+	SyncInterval time.Duration
+
 	// StepTimeout is the deadline of one decode step when the client's is
 	// later [--step-timeout]. Default 2s.
 	StepTimeout time.Duration
@@ -254,6 +278,18 @@ type Config struct {
 	// ServePages is the page pool of the served model's engine
 	// [--serve-capacity-pages]. Default 4096.
 	ServePages int
+	// MonitorRate is the fraction of decode steps' (layer, KV head) pairs
+	// the quality monitor replays with dense attention on the side
+	// [--monitor-rate], 0..1. Default 0: off.
+	MonitorRate float64
+	// MonitorQueue bounds the monitor's replays waiting or running
+	// [--monitor-queue]; samples past it are dropped and counted.
+	// Default 64.
+	MonitorQueue int
+	// RequestHistory is how many finished requests the API keeps for
+	// GET /admin/requests/{id} and questctl replay-request
+	// [--request-history]. Default 64; 0: none.
+	RequestHistory int
 	// ConfigFile is the YAML file read under the environment
 	// [--config, or QUESTRT_CONFIG]. Default "": none.
 	ConfigFile string
@@ -539,6 +575,21 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.int(&c.PrefetchPages, "prefetch-pages", 0, "offload: pages per rank and step prefetched from host memory ahead of use, at most --capacity-pages (0: off; needs --device-budget-pages)")
 	d.bool(&c.PrefetchCrossLayer, "prefetch-cross-layer", false, "offload: prefetch the next layer's pages too (needs --prefetch-pages)")
 
+	d.group("Persistence")
+	d.str(&c.DataDir, "data-dir", "", "`dir` the grids hosted here persist their sequences in, one subdirectory per grid (coordinator and shape): a restart on the same dir recovers them when the grid opens again; one questd per dir (default: no persistence)")
+	d.text("durability", "sync", "with --data-dir: sync (each sealed page and sequence change is fsynced before the call returns) or periodic (flushed every --sync-interval; a crash loses up to that much more)", func(s string) error {
+		switch s {
+		case "sync":
+			c.Durability = pagestore.SyncOnWrite
+		case "periodic":
+			c.Durability = pagestore.SyncPeriodic
+		default:
+			return errors.New("want sync or periodic")
+		}
+		return nil
+	})
+	d.dur(&c.SyncInterval, "sync-interval", time.Second, "with --durability periodic: time between two flushes")
+
 	d.group("Timing and failure detection")
 	d.dur(&c.StepTimeout, "step-timeout", 2*time.Second, "deadline of one decode step when the client's is later")
 	d.dur(&c.ProbeInterval, "probe-interval", time.Second, "time between two failure-detection probes of a random member")
@@ -559,6 +610,16 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.int(&c.MaxQueued, "max-queued", 64, "admitted requests waiting to run; beyond it requests get 429")
 	d.int(&c.PrefillChunk, "prefill-chunk-tokens", 512, "prompt tokens prefilled between two decode steps (long prompts do not stall the others)")
 	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; requests whose pages would not fit get 429")
+	d.text("monitor-rate", "0", "fraction `R` (0..1) of decode steps, per layer and KV head, replayed with dense attention off the requests' path: page recall, attention-mass recall and output error histograms by layer on /metrics; 0 is off", func(v string) error {
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(r >= 0 && r <= 1) {
+			return fmt.Errorf("want a fraction 0..1")
+		}
+		c.MonitorRate = r
+		return nil
+	})
+	d.int(&c.MonitorQueue, "monitor-queue", 64, "replays of --monitor-rate waiting or running at most; samples beyond it are dropped and counted")
+	d.int(&c.RequestHistory, "request-history", 64, "finished requests kept (prompt, output, settings) for GET /admin/requests/{id} and questctl replay-request; 0 keeps none")
 
 	d.group("Logging and process")
 	d.text("log-level", "info", "lowest level logged: debug, info, warn or error", func(s string) (err error) {
@@ -1164,6 +1225,10 @@ func (c Config) Validate() error {
 		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
 	case c.ServePages < 1 || c.ServePages > plan.MaxPages:
 		return bad("serve-capacity-pages", itoa(c.ServePages), "want 1..%d", plan.MaxPages)
+	case c.MonitorQueue < 1:
+		return bad("monitor-queue", itoa(c.MonitorQueue), "must be at least 1")
+	case c.RequestHistory < 0:
+		return bad("request-history", itoa(c.RequestHistory), "must not be negative")
 	}
 	if c.HTTPAddr != "" {
 		if _, _, err := splitAddr("http-addr", c.HTTPAddr); err != nil {
@@ -1262,6 +1327,10 @@ func (c Config) Validate() error {
 		return bad("prefetch-pages", itoa(c.PrefetchPages), "needs --device-budget-pages (prefetch needs offload)")
 	case c.PrefetchCrossLayer && c.PrefetchPages == 0:
 		return bad("prefetch-cross-layer", "true", "needs --prefetch-pages")
+	case c.SyncInterval <= 0:
+		return bad("sync-interval", c.SyncInterval.String(), "must be positive")
+	case c.DataDir != "" && c.Selection == plan.Replicated:
+		return bad("data-dir", c.DataDir, "not with --selection replicated (its summary mirrors are not persisted)")
 	}
 	if err := c.engineConfig().Validate(); err != nil {
 		// Not reached for configs that passed the checks above, unless

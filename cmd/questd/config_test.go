@@ -63,10 +63,11 @@ func TestDefaults(t *testing.T) {
 		BudgetTokens: 2048, SinkPages: 0, LocalPages: 1, DenseLayers: 2,
 		GQA: plan.GroupMax, Selector: plan.Quest, Selection: plan.Exact,
 		MaxPages: 0, MaxMemory: 0, DeviceBudgetPages: 0, Eviction: pagestore.EvictLRU, PrefetchPages: 0, PrefetchCrossLayer: false,
+		DataDir: "", Durability: pagestore.SyncOnWrite, SyncInterval: time.Second,
 		StepTimeout: 2 * time.Second, ProbeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, SuspicionMult: 4,
 		GossipInterval: 200 * time.Millisecond, DeadNodeReclaim: 5 * time.Second, DrainTimeout: 10 * time.Second,
 		MetricsAddr: "127.0.0.1:9464", LogLevel: slog.LevelInfo, LogFormat: "text", ReadyFile: "", ConfigFile: "",
-		Model: "", HTTPAddr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, ServePages: 4096,
+		Model: "", HTTPAddr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, ServePages: 4096, MonitorQueue: 64, RequestHistory: 64,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)

@@ -5,11 +5,17 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	completion "github.com/questrt/questrt/serve"
 )
 
 // completions is the OpenAI-compatible completions API of --model and
-// --http-addr: the serve.Server and its HTTP server.
+// --http-addr: the serve.Server and its HTTP server (POST
+// /v1/completions, GET /v1/models, and the last --request-history
+// requests under /admin/requests for questctl replay-request). With
+// --monitor-rate its quality monitor's histograms go to the process's
+// registry (monitor.go).
 type completions struct {
 	srv  *completion.Server
 	http *metricsServer
@@ -25,15 +31,32 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc.CapacityPages = c.ServePages
 	sc.MemoryLimit = c.MaxMemory
 	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.MaxRunning, c.MaxQueued, c.PrefillChunk
+	sc.Monitor.Rate, sc.Monitor.Queue = c.MonitorRate, c.MonitorQueue
+	sc.History = c.RequestHistory
 	sc.Logger = log
 	return sc
 }
 
-// startCompletions loads --model and serves it on --http-addr.
-func startCompletions(cfg Config, log *slog.Logger) (*completions, error) {
-	srv, err := completion.Load(cfg.Model, cfg.serveConfig(log))
+// startCompletions loads --model and serves it on --http-addr; with
+// --monitor-rate the quality monitor's metrics go to reg.
+func startCompletions(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*completions, error) {
+	sc := cfg.serveConfig(log)
+	if sc.Monitor.Rate > 0 {
+		mm, err := newMonitorMetrics(reg)
+		if err != nil {
+			return nil, err
+		}
+		sc.Monitor.Observe = mm.observe
+	}
+	srv, err := completion.Load(cfg.Model, sc)
 	if err != nil {
 		return nil, fmt.Errorf("--model %q: %w", cfg.Model, err)
+	}
+	if sc.Monitor.Rate > 0 {
+		if err := reg.Register(newMonitorCounts(srv)); err != nil {
+			srv.Close()
+			return nil, fmt.Errorf("monitor metrics: %w", err)
+		}
 	}
 	h, err := startHTTP("http-addr", cfg.HTTPAddr, srv, log)
 	if err != nil {

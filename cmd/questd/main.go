@@ -18,8 +18,16 @@
 //
 //	{"event":"ready","name":"node-0","grpc":"127.0.0.1:40123","gossip":"127.0.0.1:40124","metrics":"127.0.0.1:9464"}
 //
+// With --data-dir the grids hosted on this node persist their sequences
+// there (--durability sync or periodic); after a restart, or a kill -9,
+// the same coordinator's grid of the same shape recovers them when it
+// opens again (the recovery is logged, lost tail tokens exactly, and
+// counted in questrt_recovery_*). One questd per directory: a second one
+// exits 1 naming it.
+//
 // SIGTERM or SIGINT drains the in-flight calls (up to --drain-timeout),
-// leaves the cluster and exits 0. SIGHUP reloads the TLS certificate,
+// leaves the cluster and exits 0 (a --data-dir node persists every
+// sequence, tails included, first). SIGHUP reloads the TLS certificate,
 // key and CA (new connections, incoming and outgoing, use them; a file
 // that does not load keeps the old ones). --token-file guards the client API with a bearer token;
 // --print-config prints the effective configuration as YAML for

@@ -106,16 +106,20 @@ type stateCollector struct {
 	st                            *readiness
 	seqs, grids, pages, membersUp *prometheus.Desc
 	tierPages                     *prometheus.Desc
+	recSeqs, recLost, recCorrupt  *prometheus.Desc
 }
 
 func newStateCollector(st *readiness) *stateCollector {
 	return &stateCollector{
-		st:        st,
-		seqs:      prometheus.NewDesc("questrt_sequences", "Sequences this node coordinates.", nil, nil),
-		grids:     prometheus.NewDesc("questrt_grids", "Grids this node's coordinator drives (coordinated) and grids with ranks on this node (hosted).", []string{"role"}, nil),
-		pages:     prometheus.NewDesc("questrt_pages", "KV pages of the grids hosted on this node (used) and left of --max-pages (free).", []string{"state"}, nil),
-		membersUp: prometheus.NewDesc("questrt_members_up", "Members this node's view shows up (alive or suspect), itself included.", nil, nil),
-		tierPages: prometheus.NewDesc("questrt_tier_pages", "KV pages in use in the shards hosted on this node, by tier: in a device pool (device) or offloaded to the host tier (host; --device-budget-pages). Without offload every used page is on the device.", []string{"tier"}, nil),
+		st:         st,
+		seqs:       prometheus.NewDesc("questrt_sequences", "Sequences this node coordinates.", nil, nil),
+		grids:      prometheus.NewDesc("questrt_grids", "Grids this node's coordinator drives (coordinated) and grids with ranks on this node (hosted).", []string{"role"}, nil),
+		pages:      prometheus.NewDesc("questrt_pages", "KV pages of the grids hosted on this node (used) and left of --max-pages (free).", []string{"state"}, nil),
+		membersUp:  prometheus.NewDesc("questrt_members_up", "Members this node's view shows up (alive or suspect), itself included.", nil, nil),
+		tierPages:  prometheus.NewDesc("questrt_tier_pages", "KV pages in use in the shards hosted on this node, by tier: in a device pool (device) or offloaded to the host tier (host; --device-budget-pages). Without offload every used page is on the device.", []string{"tier"}, nil),
+		recSeqs:    prometheus.NewDesc("questrt_recovery_sequences", "Sequences the grids hosted on this node found in --data-dir since the process started, by state: recovered (their sealed pages, and the tails a graceful shutdown wrote, came back), damaged (a checksum or check failed: not used), and parked now (recovered, not claimed by a coordinator yet: their pages count against the grid's pool).", []string{"state"}, nil),
+		recLost:    prometheus.NewDesc("questrt_recovery_lost_tokens", "Tokens the recovered sequences had past their recovered lengths when the node stopped (the tail tokens a crash lost; 0 after a graceful shutdown), summed since the process started: re-append them.", nil, nil),
+		recCorrupt: prometheus.NewDesc("questrt_recovery_corrupt_slots", "Slab slots of --data-dir whose payload or record failed its checksum at recovery, since the process started.", nil, nil),
 	}
 }
 
@@ -126,6 +130,9 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.pages
 	ch <- c.membersUp
 	ch <- c.tierPages
+	ch <- c.recSeqs
+	ch <- c.recLost
+	ch <- c.recCorrupt
 }
 
 // Collect implements prometheus.Collector.
@@ -146,6 +153,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.tierPages, s.PagesDevice, "device")
 	gauge(c.tierPages, s.PagesHost, "host")
 	gauge(c.membersUp, s.MembersUp)
+	gauge(c.recSeqs, s.Recovery.Sequences, "recovered")
+	gauge(c.recSeqs, s.Recovery.Damaged, "damaged")
+	gauge(c.recSeqs, s.Recovery.Parked, "parked")
+	gauge(c.recLost, s.Recovery.LostTokens)
+	gauge(c.recCorrupt, s.Recovery.CorruptSlots)
 }
 
 // readiness is what /readyz answers: ready once the node started (it

@@ -125,13 +125,14 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 		GRPCAddr: cfg.GRPCAddr, Advertise: cfg.Advertise, GRPCAdvertise: cfg.GRPCAdvertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
 		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext, Token: cfg.Token,
 		DrainTimeout: cfg.DrainTimeout, Version: version, Logger: log, Observe: m.observe,
+		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval,
 	})
 	if err != nil {
 		return err
 	}
 	var api *completions
 	if cfg.Model != "" {
-		if api, err = startCompletions(cfg, log.With("component", "serve")); err != nil {
+		if api, err = startCompletions(cfg, reg, log.With("component", "serve")); err != nil {
 			lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 			defer cancel()
 			n.Stop(lctx)

@@ -29,9 +29,10 @@ const closeTimeout = 2 * time.Second
 // unreachable or answered UNAVAILABLE. It is safe for concurrent use (the
 // node serializes the grid's calls).
 type Client struct {
-	api workerv1.WorkerClient
-	ref *workerv1.GridRef
-	geo geometry
+	api       workerv1.WorkerClient
+	ref       *workerv1.GridRef
+	geo       geometry
+	recovered []worker.RecoveredSeq // by ConnectGrid (see Recovered)
 }
 
 var _ worker.Worker = (*Client)(nil)
@@ -265,10 +266,21 @@ func OpenGrid(ctx context.Context, nodes []NodeRanks, ref GridRef, cfg worker.Co
 	// failure cancels the others.
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	recovered := make([][]worker.RecoveredSeq, len(nodes))
 	for i := range nodes {
 		wg.Go(func() {
-			if _, err := apis[i].ConnectGrid(cctx, &workerv1.ConnectGridRequest{Ref: pref, Peers: peers}); err != nil {
+			rep, err := apis[i].ConnectGrid(cctx, &workerv1.ConnectGridRequest{Ref: pref, Peers: peers})
+			if err != nil {
 				errs[i] = fmt.Errorf("connect grid %s on node %d: %w", ref.Grid, i, FromStatus(err))
+				cancel()
+				return
+			}
+			d := &dec{what: "connect grid reply", sentinel: errBadReply}
+			for _, r := range rep.GetRecovered() {
+				recovered[i] = append(recovered[i], decodeRecovered(d, r, cfg.Layers))
+			}
+			if d.err != nil {
+				errs[i] = fmt.Errorf("connect grid %s on node %d: %w", ref.Grid, i, d.err)
 				cancel()
 			}
 		})
@@ -280,7 +292,7 @@ func OpenGrid(ctx context.Context, nodes []NodeRanks, ref GridRef, cfg worker.Co
 	}
 	out := make([]*Client, len(nodes))
 	for i := range nodes {
-		out[i] = &Client{api: apis[i], ref: pref, geo: geometryOf(cfg)}
+		out[i] = &Client{api: apis[i], ref: pref, geo: geometryOf(cfg), recovered: recovered[i]}
 	}
 	return out, nil
 }

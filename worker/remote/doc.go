@@ -19,6 +19,19 @@
 // next call that notices; [CloseGrid] frees a grid (closing a grid a node
 // does not hold is OK).
 //
+// # Persistence
+//
+// With ServerConfig.DataDir set, every grid's worker persists in a
+// directory derived from the grid's coordinator name and shape (not
+// from its id, which changes with every coordinator process), so the
+// grid the same coordinator opens after a restart, of this node or of
+// the coordinator, recovers the sequences: ConnectGrid logs the
+// recovery, answers the parked sequences (ConnectGridReply.recovered;
+// [Client.Recovered]) and counts them in [Stats]; the coordinator makes
+// each live again with Claim ([Client.Claim]) or frees it with
+// DropRecovered. A server holds its directory's lock (ErrDataDirInUse
+// for a second one, in any process).
+//
 // # Messages
 //
 // Package worker's messages map field by field onto workerv1's. Tensors

@@ -19,6 +19,7 @@ import (
 	"github.com/questrt/questrt/collective/grpctransport"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/worker"
 )
 
@@ -59,6 +60,24 @@ type ServerConfig struct {
 	// the time from OpenGrid to ConnectGrid: a grid not connected by then
 	// is freed by the next call that notices. Default 10 s.
 	ConnectTimeout time.Duration
+	// DataDir, when set, makes the grids persistent: each grid's worker
+	// persists under DataDir/grids/<coordinator>/<shape>.<n>
+	// (worker.Config.DataDir; see persist.go for the names), a directory
+	// derived from the grid's coordinator name, page geometry, CP x TP,
+	// pages per rank and hosted ranks, so that the same coordinator
+	// opening a grid of the same shape after a restart (of this node or
+	// its own) recovers the grid's sequences (parked, see
+	// worker.RecoveryReport; ConnectGrid logs the report and Stats
+	// counts it). Closing a grid persists it in full; nothing deletes
+	// a grid's directory. The server holds DataDir/LOCK for its life: a
+	// second server on the directory, in any process, fails with
+	// ErrDataDirInUse. Not with DeviceResident. "" (the default):
+	// nothing persists.
+	DataDir string
+	// Durability and SyncInterval are the grids' page store durability
+	// (worker.Config.Durability, SyncInterval); unused without DataDir.
+	Durability   pagestore.Durability
+	SyncInterval time.Duration
 }
 
 // DefaultConnectTimeout is ServerConfig.ConnectTimeout's default.
@@ -82,6 +101,12 @@ func (c ServerConfig) Validate() error {
 		return errors.New("worker server config: set exactly one of TLS and Plaintext")
 	case c.ConnectTimeout <= 0:
 		return fmt.Errorf("worker server config: ConnectTimeout %v must be positive", c.ConnectTimeout)
+	case c.DataDir != "" && c.DeviceResident:
+		return fmt.Errorf("worker server config: data dir %s with device-resident pools: the device-resident store does not persist", c.DataDir)
+	case c.Durability < pagestore.SyncOnWrite || c.Durability > pagestore.SyncPeriodic:
+		return fmt.Errorf("worker server config: unknown durability %d", int(c.Durability))
+	case c.SyncInterval < 0:
+		return fmt.Errorf("worker server config: sync interval %v must not be negative", c.SyncInterval)
 	}
 	return nil
 }
@@ -108,6 +133,11 @@ type Server struct {
 	// connects counts the ConnectGrid calls in progress: they own what
 	// they build until they hand it to their grid; Close waits for them.
 	connects sync.WaitGroup
+	// Persistence (DataDir): the directory's lock, the grid directories
+	// in use and what the grids recovered.
+	lock *dataLock
+	dirs map[string]bool
+	rec  RecoveryStats
 }
 
 var _ workerv1.WorkerServer = (*Server)(nil)
@@ -139,6 +169,10 @@ type grid struct {
 	lis   []net.Listener // opened
 	trs   []*grpctransport.Transport
 	local *worker.Local
+	// dir is a connected grid's data directory (ServerConfig.DataDir;
+	// "" for none); release gives it back once the worker is closed.
+	dir     string
+	release func()
 
 	// The open step's batch, for the shapes of its layer requests.
 	mu          sync.Mutex
@@ -159,9 +193,16 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, be: cfg.Backend, log: cfg.Logger, grids: map[string]*grid{}}
+	s := &Server{cfg: cfg, be: cfg.Backend, log: cfg.Logger, grids: map[string]*grid{}, dirs: map[string]bool{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DataDir != "" {
+		lk, err := lockDataDir(cfg.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		s.lock = lk
 	}
 	if s.be == nil {
 		s.ownBe = kernels.NewCPU(kernels.CPUConfig{})
@@ -186,6 +227,8 @@ type Stats struct {
 	// worker.Config.DeviceBudgetPages). Without offload every used page
 	// is on the device.
 	PagesDevice, PagesHost int
+	// Recovery counts what the grids recovered from ServerConfig.DataDir.
+	Recovery RecoveryStats
 }
 
 // Stats returns a snapshot (freeing grids whose ConnectGrid is overdue).
@@ -193,12 +236,13 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sweep()
-	st := Stats{Grids: len(s.grids), PagesUsed: s.pages, PagesFree: -1, HostBytes: s.bytes}
+	st := Stats{Grids: len(s.grids), PagesUsed: s.pages, PagesFree: -1, HostBytes: s.bytes, Recovery: s.rec}
 	for _, g := range s.grids {
 		st.Ranks += len(g.ranks)
 		if g.local == nil {
 			continue // not connected: no shards yet
 		}
+		st.Recovery.Parked += g.local.ParkedCount()
 		for _, r := range g.local.Ranks() {
 			sh := g.local.Shard(r)
 			if sh == nil {
@@ -248,6 +292,9 @@ func (s *Server) Close() error {
 	if s.ownBe != nil {
 		s.ownBe.Close()
 	}
+	if err := s.lock.unlock(); err != nil && first == nil {
+		first = err
+	}
 	return first
 }
 
@@ -285,6 +332,9 @@ func (g *grid) shut() error {
 	closeTransports(g.trs)
 	for _, l := range g.lis {
 		l.Close()
+	}
+	if g.release != nil {
+		g.release()
 	}
 	return err
 }
@@ -460,31 +510,85 @@ func (s *Server) ConnectGrid(ctx context.Context, r *workerv1.ConnectGridRequest
 	g.state = connecting
 	lis := g.lis
 	g.lis = nil
+	if s.cfg.DataDir != "" && g.cfg.Mode == worker.Replicated {
+		s.log.Warn("worker server: grid not persisted: replicated selection's summary mirrors are not persisted", "grid", g.id)
+	}
+	// The grid's data directory is this call's until the grid is
+	// connected, then the grid's (shut gives it back).
+	var dir string
+	release := func() {}
+	if s.cfg.DataDir != "" && g.cfg.Mode != worker.Replicated {
+		dir = s.claimDir(gridDirBase(s.cfg.DataDir, g.id, g.cfg, g.ranks))
+		release = func() {
+			s.mu.Lock()
+			delete(s.dirs, dir)
+			s.mu.Unlock()
+		}
+	}
 	s.connects.Add(1)
 	s.mu.Unlock()
 	defer s.connects.Done()
 
-	local, trs, err := s.connect(ctx, g, lis, r.GetPeers())
+	local, trs, err := s.connect(ctx, g, dir, lis, r.GetPeers())
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err == nil && s.grids[g.id] != g {
 		err = fmt.Errorf("%w: grid %s closed while connecting", ErrGridState, g.id)
 	}
 	if err != nil {
 		s.forget(g)
+		s.mu.Unlock()
 		if local != nil {
 			local.Close()
 		}
 		closeTransports(trs)
+		release() // no worker holds the directory now
 		return nil, statusErr(fmt.Errorf("connect grid %s: %w", g.id, err))
 	}
-	g.state, g.local, g.trs = connected, local, trs
-	return &workerv1.ConnectGridReply{}, nil
+	g.state, g.local, g.trs, g.dir, g.release = connected, local, trs, dir, release
+	rep := &workerv1.ConnectGridReply{}
+	if g.dir != "" {
+		rec := local.Recovery()
+		s.noteRecovery(g, rec)
+		e := &enc{what: "connect grid reply"}
+		for _, r := range rec.Sequences {
+			rep.Recovered = append(rep.Recovered, encodeRecovered(e, r))
+		}
+		if e.err != nil { // not reached: the lengths fit the pool
+			s.log.Warn("worker server: recovered sequences not reported", "grid", g.id, "err", e.err)
+			rep.Recovered = nil
+		}
+	}
+	s.mu.Unlock()
+	return rep, nil
+}
+
+// noteRecovery logs what grid g recovered from its data directory and
+// counts it (s.mu held).
+func (s *Server) noteRecovery(g *grid, rep worker.RecoveryReport) {
+	corrupt := rep.CorruptSlots()
+	if len(rep.Sequences) == 0 && len(rep.Damaged) == 0 && corrupt == 0 {
+		s.log.Info("worker server: grid persists", "grid", g.id, "dir", rep.Dir)
+		return
+	}
+	s.rec.Grids++
+	s.rec.Sequences += len(rep.Sequences)
+	s.rec.LostTokens += rep.LostTokens()
+	s.rec.Damaged += len(rep.Damaged)
+	s.rec.CorruptSlots += corrupt
+	s.log.Info("worker server: grid recovered", "grid", g.id, "dir", rep.Dir, "sequences", len(rep.Sequences),
+		"lost_tokens", rep.LostTokens(), "damaged", len(rep.Damaged), "corrupt_slots", corrupt, "orphans", rep.OrphanSeqs)
+	for _, r := range rep.Sequences {
+		s.log.Info("worker server: recovered sequence", "grid", g.id, "from_grid", r.Grid, "key", r.Key, "seq", r.Seq, "lens", r.Lens, "lost_tokens", r.LostTokens)
+	}
+	for _, d := range rep.Damaged {
+		s.log.Warn("worker server: sequence not recovered", "grid", g.id, "key", d.Key, "seq", d.Seq, "err", d.Err)
+	}
 }
 
 // connect builds g's transports on lis (which it takes over) and its
-// worker; on failure it returns what it built for the caller to close.
-func (s *Server) connect(ctx context.Context, g *grid, lis []net.Listener, peers []string) (*worker.Local, []*grpctransport.Transport, error) {
+// worker, persisting in dir ("" for none); on failure it returns what
+// it built for the caller to close.
+func (s *Server) connect(ctx context.Context, g *grid, dir string, lis []net.Listener, peers []string) (*worker.Local, []*grpctransport.Transport, error) {
 	c := g.cfg
 	if len(peers) != c.TP*c.CP {
 		for _, l := range lis {
@@ -523,6 +627,9 @@ func (s *Server) connect(ctx context.Context, g *grid, lis []net.Listener, peers
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return nil, trs, err
+	}
+	if dir != "" {
+		c.DataDir, c.Durability, c.SyncInterval, c.GridID = dir, s.cfg.Durability, s.cfg.SyncInterval, g.id
 	}
 	specs := make([]worker.RankSpec, len(g.ranks))
 	for i, rk := range g.ranks {

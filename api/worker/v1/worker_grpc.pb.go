@@ -34,19 +34,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Worker_OpenGrid_FullMethodName    = "/questrt.worker.v1.Worker/OpenGrid"
-	Worker_ConnectGrid_FullMethodName = "/questrt.worker.v1.Worker/ConnectGrid"
-	Worker_CloseGrid_FullMethodName   = "/questrt.worker.v1.Worker/CloseGrid"
-	Worker_Create_FullMethodName      = "/questrt.worker.v1.Worker/Create"
-	Worker_Fork_FullMethodName        = "/questrt.worker.v1.Worker/Fork"
-	Worker_Release_FullMethodName     = "/questrt.worker.v1.Worker/Release"
-	Worker_Check_FullMethodName       = "/questrt.worker.v1.Worker/Check"
-	Worker_Append_FullMethodName      = "/questrt.worker.v1.Worker/Append"
-	Worker_Rollback_FullMethodName    = "/questrt.worker.v1.Worker/Rollback"
-	Worker_BeginStep_FullMethodName   = "/questrt.worker.v1.Worker/BeginStep"
-	Worker_Layer_FullMethodName       = "/questrt.worker.v1.Worker/Layer"
-	Worker_EndStep_FullMethodName     = "/questrt.worker.v1.Worker/EndStep"
-	Worker_Keys_FullMethodName        = "/questrt.worker.v1.Worker/Keys"
+	Worker_OpenGrid_FullMethodName      = "/questrt.worker.v1.Worker/OpenGrid"
+	Worker_ConnectGrid_FullMethodName   = "/questrt.worker.v1.Worker/ConnectGrid"
+	Worker_CloseGrid_FullMethodName     = "/questrt.worker.v1.Worker/CloseGrid"
+	Worker_Create_FullMethodName        = "/questrt.worker.v1.Worker/Create"
+	Worker_Fork_FullMethodName          = "/questrt.worker.v1.Worker/Fork"
+	Worker_Release_FullMethodName       = "/questrt.worker.v1.Worker/Release"
+	Worker_Check_FullMethodName         = "/questrt.worker.v1.Worker/Check"
+	Worker_Append_FullMethodName        = "/questrt.worker.v1.Worker/Append"
+	Worker_Rollback_FullMethodName      = "/questrt.worker.v1.Worker/Rollback"
+	Worker_BeginStep_FullMethodName     = "/questrt.worker.v1.Worker/BeginStep"
+	Worker_Layer_FullMethodName         = "/questrt.worker.v1.Worker/Layer"
+	Worker_EndStep_FullMethodName       = "/questrt.worker.v1.Worker/EndStep"
+	Worker_Keys_FullMethodName          = "/questrt.worker.v1.Worker/Keys"
+	Worker_Claim_FullMethodName         = "/questrt.worker.v1.Worker/Claim"
+	Worker_DropRecovered_FullMethodName = "/questrt.worker.v1.Worker/DropRecovered"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -74,6 +76,12 @@ type WorkerClient interface {
 	// Keys reads back keys of a sequence's pages on one rank, for
 	// diagnostics (recall and attention mass); never on the decode path.
 	Keys(ctx context.Context, in *KeysRequest, opts ...grpc.CallOption) (*KeysReply, error)
+	// Claim makes a sequence the node's ranks recovered from their data
+	// directory (ConnectGridReply.recovered) live again under a sequence
+	// id of the coordinator; later calls reach it as any sequence.
+	Claim(ctx context.Context, in *ClaimRequest, opts ...grpc.CallOption) (*Ack, error)
+	// DropRecovered frees a recovered sequence nobody will claim.
+	DropRecovered(ctx context.Context, in *DropRecoveredRequest, opts ...grpc.CallOption) (*Ack, error)
 }
 
 type workerClient struct {
@@ -214,6 +222,26 @@ func (c *workerClient) Keys(ctx context.Context, in *KeysRequest, opts ...grpc.C
 	return out, nil
 }
 
+func (c *workerClient) Claim(ctx context.Context, in *ClaimRequest, opts ...grpc.CallOption) (*Ack, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Ack)
+	err := c.cc.Invoke(ctx, Worker_Claim_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workerClient) DropRecovered(ctx context.Context, in *DropRecoveredRequest, opts ...grpc.CallOption) (*Ack, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Ack)
+	err := c.cc.Invoke(ctx, Worker_DropRecovered_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -239,6 +267,12 @@ type WorkerServer interface {
 	// Keys reads back keys of a sequence's pages on one rank, for
 	// diagnostics (recall and attention mass); never on the decode path.
 	Keys(context.Context, *KeysRequest) (*KeysReply, error)
+	// Claim makes a sequence the node's ranks recovered from their data
+	// directory (ConnectGridReply.recovered) live again under a sequence
+	// id of the coordinator; later calls reach it as any sequence.
+	Claim(context.Context, *ClaimRequest) (*Ack, error)
+	// DropRecovered frees a recovered sequence nobody will claim.
+	DropRecovered(context.Context, *DropRecoveredRequest) (*Ack, error)
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -287,6 +321,12 @@ func (UnimplementedWorkerServer) EndStep(context.Context, *EndRequest) (*Ack, er
 }
 func (UnimplementedWorkerServer) Keys(context.Context, *KeysRequest) (*KeysReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Keys not implemented")
+}
+func (UnimplementedWorkerServer) Claim(context.Context, *ClaimRequest) (*Ack, error) {
+	return nil, status.Error(codes.Unimplemented, "method Claim not implemented")
+}
+func (UnimplementedWorkerServer) DropRecovered(context.Context, *DropRecoveredRequest) (*Ack, error) {
+	return nil, status.Error(codes.Unimplemented, "method DropRecovered not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -543,6 +583,42 @@ func _Worker_Keys_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Worker_Claim_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClaimRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServer).Claim(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Worker_Claim_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServer).Claim(ctx, req.(*ClaimRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Worker_DropRecovered_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DropRecoveredRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServer).DropRecovered(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Worker_DropRecovered_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServer).DropRecovered(ctx, req.(*DropRecoveredRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -601,6 +677,14 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Keys",
 			Handler:    _Worker_Keys_Handler,
+		},
+		{
+			MethodName: "Claim",
+			Handler:    _Worker_Claim_Handler,
+		},
+		{
+			MethodName: "DropRecovered",
+			Handler:    _Worker_DropRecovered_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,338 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
+)
+
+// lockedBuffer is a bytes.Buffer safe for a writer and readers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// questdProc is a questd process: this test binary run as questd.
+type questdProc struct {
+	cmd    *exec.Cmd
+	stdout *os.File // the read end of its stdout
+	ready  map[string]string
+	stderr *lockedBuffer
+	done   chan error // Wait's result
+}
+
+// startQuestd starts questd with args and waits for its ready line; the
+// test's cleanup kills it if it still runs.
+func startQuestd(t *testing.T, args ...string) *questdProc {
+	t.Helper()
+	p, err := spawnQuestd(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 1)
+	go func() { // ends at EOF, when the process ends
+		br := bufio.NewReader(p.stdout)
+		line, _ := br.ReadString('\n')
+		lines <- line
+		_, _ = br.WriteTo(io.Discard)
+	}()
+	select {
+	case line := <-lines:
+		if err := json.Unmarshal([]byte(line), &p.ready); err != nil || p.ready["grpc"] == "" {
+			t.Fatalf("questd ready line %q: %v\nstderr:\n%s", line, err, p.stderr.String())
+		}
+	case err := <-p.done:
+		t.Fatalf("questd exited before its ready line: %v\nstderr:\n%s", err, p.stderr.String())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("questd printed no ready line in 20 s\nstderr:\n%s", p.stderr.String())
+	}
+	return p
+}
+
+// spawnQuestd starts the process without waiting for anything.
+func spawnQuestd(t *testing.T, args ...string) (*questdProc, error) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), asQuestdEnv+"=1")
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	p := &questdProc{cmd: cmd, stdout: r, stderr: &lockedBuffer{}, done: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = w, p.stderr
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return nil, err
+	}
+	w.Close()
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case err := <-p.done:
+			p.done <- err
+		default:
+			cmd.Process.Kill()
+		}
+		r.Close()
+		if t.Failed() {
+			t.Logf("questd %v stderr:\n%s", args, p.stderr.String())
+		}
+	})
+	return p, nil
+}
+
+// wait waits up to d for the process to end and returns its exit code.
+func (p *questdProc) wait(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		p.done <- err // for the cleanup
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(d):
+		t.Fatalf("questd did not exit within %v", d)
+		return -1
+	}
+}
+
+// logRecords returns the JSON log records of the process with message msg.
+func (p *questdProc) logRecords(msg string) []map[string]any {
+	var out []map[string]any
+	for _, line := range strings.Split(p.stderr.String(), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == msg {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// recovered returns the recovered sequences the process logged: for each
+// its lengths per layer and lost tokens, by worker sequence id, in log
+// order.
+func (p *questdProc) recovered() []string {
+	var out []string
+	for _, r := range p.logRecords("worker server: recovered sequence") {
+		out = append(out, fmt.Sprintf("seq %v lens %v lost %v", r["seq"], r["lens"], r["lost_tokens"]))
+	}
+	return out
+}
+
+// TestQuestdKill9Recovery runs questd as a process with --data-dir:
+// sequences get appends that seal pages and leave tails, then kill -9.
+// The restarted questd (a second questd on the same directory meanwhile
+// refuses to start, naming it) recovers them when the same grid opens
+// again (the first create after the restart): their sealed pages come
+// back, the tail tokens are reported lost exactly (in the log and in
+// questrt_recovery_lost_tokens), and new sequences work next to the
+// parked ones. A SIGTERM then persists every sequence in full, tails and
+// uneven layer lengths included: the third questd recovers them all with
+// nothing lost.
+func TestQuestdKill9Recovery(t *testing.T) {
+	dir := t.TempDir()
+	args := func(name string) []string {
+		a := slices.Clone(smallNode)
+		for i := range a {
+			if a[i] == "m0" {
+				a[i] = name
+			}
+		}
+		return append(a, "--data-dir", dir, "--log-format", "json")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(4, 4))
+	vec := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	dial := func(p *questdProc) *client.Client {
+		c, err := client.Dial(ctx, p.ready["grpc"], client.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// create makes a sequence of n tokens in every layer.
+	create := func(c *client.Client, n int) string {
+		t.Helper()
+		g := c.Geometry()
+		id, _, err := c.Create(ctx, plan.Striped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv := g.KVHeads * g.HeadDim
+		for l := range g.Layers {
+			if n > 0 {
+				if err := c.Append(ctx, id, l, vec(n*kv), vec(n*kv)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return id
+	}
+	gauge := func(p *questdProc, name string, labels ...string) float64 {
+		return metric(t, scrape(t, p.ready["metrics"]), name, labels...).GetGauge().GetValue()
+	}
+
+	// Page size 4: 39 tokens are 9 sealed pages and 3 tail tokens, 42
+	// are 10 pages and 2.
+	p1 := startQuestd(t, args("m0")...)
+	c1 := dial(p1)
+	create(c1, 39)
+	create(c1, 42)
+	if err := p1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if code := p1.wait(t, 10*time.Second); code != -1 {
+		t.Fatalf("questd after kill -9: exit code %d, want -1 (signal)", code)
+	}
+
+	p2 := startQuestd(t, args("m0")...)
+	// A second questd on the same directory refuses to start.
+	p3, err := spawnQuestd(t, args("m1")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := p3.wait(t, 20*time.Second); code != 1 {
+		t.Fatalf("second questd on %s: exit code %d, want 1", dir, code)
+	}
+	if msg := p3.stderr.String(); !strings.Contains(msg, dir) || !strings.Contains(msg, "in use") {
+		t.Fatalf("second questd on %s: stderr does not name the directory in use:\n%s", dir, msg)
+	}
+	t.Logf("second questd: %s", strings.TrimSpace(p3.stderr.String()[strings.LastIndex(strings.TrimSpace(p3.stderr.String()), "\n")+1:]))
+	if got := gauge(p2, "questrt_recovery_sequences", "state", "recovered"); got != 0 {
+		t.Fatalf("recovered %v sequences before the grid opened again, want 0", got)
+	}
+	c2 := dial(p2)
+	c3 := create(c2, 10) // opens the grid again: recovery
+	for _, r := range p2.logRecords("worker server: grid recovered") {
+		t.Logf("after kill -9: %v", r)
+	}
+	want := []string{"seq 1 lens [36 36] lost 3", "seq 2 lens [40 40] lost 2"}
+	if got := p2.recovered(); !slices.Equal(got, want) {
+		t.Fatalf("after kill -9 recovered %q, want %q", got, want)
+	}
+	for _, w := range []struct {
+		labels []string
+		n      float64
+	}{{[]string{"state", "recovered"}, 2}, {[]string{"state", "parked"}, 2}, {[]string{"state", "damaged"}, 0}} {
+		if got := gauge(p2, "questrt_recovery_sequences", w.labels...); got != w.n {
+			t.Errorf("questrt_recovery_sequences%v = %v, want %v", w.labels, got, w.n)
+		}
+	}
+	if got := gauge(p2, "questrt_recovery_lost_tokens"); got != 5 {
+		t.Errorf("questrt_recovery_lost_tokens = %v, want 5 (3 + 2 tail tokens)", got)
+	}
+	if got := gauge(p2, "questrt_recovery_corrupt_slots"); got != 0 {
+		t.Errorf("questrt_recovery_corrupt_slots = %v, want 0", got)
+	}
+	// The new sequence decodes next to the parked ones: one layer-0
+	// step with a new token (layer 0 gets 11 tokens, layer 1 keeps 10).
+	g := c2.Geometry()
+	if _, err := c2.Step(ctx, 0, []client.Item{{Seq: c3, Q: vec(g.QHeads * g.HeadDim), K: vec(g.KVHeads * g.HeadDim), V: vec(g.KVHeads * g.HeadDim)}}, client.StepOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p2.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("questd after SIGTERM: exit code %d, want 0", code)
+	}
+
+	// After the graceful stop nothing is lost: the parked sequences
+	// with the lengths they came back with, the new one with its tail
+	// and its layers' uneven lengths.
+	p4 := startQuestd(t, args("m0")...)
+	create(dial(p4), 0)
+	want = []string{"seq 1 lens [36 36] lost 0", "seq 2 lens [40 40] lost 0", "seq 1 lens [11 10] lost 0"}
+	if got := p4.recovered(); !slices.Equal(got, want) {
+		t.Fatalf("after SIGTERM recovered %q, want %q", got, want)
+	}
+	if got := gauge(p4, "questrt_recovery_lost_tokens"); got != 0 {
+		t.Errorf("questrt_recovery_lost_tokens = %v after a graceful stop, want 0", got)
+	}
+	if got := gauge(p4, "questrt_recovery_sequences", "state", "recovered"); got != 3 {
+		t.Errorf("questrt_recovery_sequences{state=recovered} = %v, want 3", got)
+	}
+	if err := p4.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p4.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("questd after SIGTERM: exit code %d, want 0", code)
+	}
+}
+
+// TestPersistFlags: --data-dir, --durability and --sync-interval, from
+// the command line, the environment and the config file, and their
+// checks; the node gets them.
+func TestPersistFlags(t *testing.T) {
+	file := writeFile(t, "questd.yaml", "data-dir: /var/lib/questd\ndurability: periodic\nsync-interval: 250ms\n")
+	c, err := load(t, nil, "--plaintext", "--config", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DataDir != "/var/lib/questd" || c.Durability != pagestore.SyncPeriodic || c.SyncInterval != 250*time.Millisecond {
+		t.Fatalf("from the file: data dir %q, durability %v, sync interval %v", c.DataDir, c.Durability, c.SyncInterval)
+	}
+	c, err = load(t, map[string]string{"QUESTRT_DATA_DIR": "/env"}, "--plaintext", "--durability", "sync")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DataDir != "/env" || c.Durability != pagestore.SyncOnWrite {
+		t.Fatalf("from the environment and the command line: data dir %q, durability %v", c.DataDir, c.Durability)
+	}
+	for _, bad := range [][]string{
+		{"--durability", "always"},
+		{"--sync-interval", "0s"},
+		{"--data-dir", "/d", "--selection", "replicated"},
+	} {
+		if _, err := load(t, nil, append([]string{"--plaintext"}, bad...)...); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(bad[0], "--")) {
+			t.Errorf("%v: %v, want an error naming %s", bad, err, bad[0])
+		}
+	}
+}

@@ -1,0 +1,554 @@
+package worker
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
+)
+
+// Persistence of a worker (Config.DataDir). Layout of the directory:
+//
+//	DIR/worker.db              bbolt: meta/format (the grid, the hosted
+//	                           ranks and the geometry), meta/next (the
+//	                           next entry key), seqs/<key> one entry per
+//	                           sequence: its coordinator id, layout and
+//	                           store id on every hosted rank (JSON)
+//	DIR/rank-tp<T>-cp<C>/      each hosted rank's page store
+//	                           (pagestore.Config.DataDir)
+//
+// Order of writes, so that a crash at any point leaves a state recovery
+// understands: Create and Fork make the store sequences first (each
+// store commits its own manifest) and then commit the entry; Release
+// deletes the entry first and then releases the store sequences. Store
+// sequences that no entry names (a crash between the two) are released
+// at recovery; an entry whose store sequence did not come back (a
+// damaged page, or a periodic store that had not committed it) is
+// reported damaged and deleted.
+
+// tableName is the worker's sequence table in a data directory.
+const tableName = "worker.db"
+
+var (
+	bkWorkerMeta = []byte("meta")
+	bkWorkerSeqs = []byte("seqs")
+	kWorkerFmt   = []byte("format")
+	kWorkerNext  = []byte("next")
+)
+
+// RankDir is the page store directory of rank r in a worker's data
+// directory dir.
+func RankDir(dir string, r Rank) string {
+	return filepath.Join(dir, "rank-tp"+strconv.Itoa(r.TP)+"-cp"+strconv.Itoa(r.CP))
+}
+
+// RecoveryReport says what NewLocal found in Config.DataDir.
+type RecoveryReport struct {
+	// Dir is the data directory; empty when the worker does not persist.
+	Dir string
+	// Sequences are the recovered sequences, by increasing key. They are
+	// parked: no message reaches them until [Local.Claim] makes one live
+	// again (or [Local.DropRecovered] frees it). Their pages count
+	// against the ranks' pools meanwhile.
+	Sequences []RecoveredSeq
+	// Damaged are the sequences found in the table but not recovered;
+	// their entries were deleted.
+	Damaged []DamagedSeq
+	// OrphanSeqs counts store sequences no table entry named (created or
+	// released around a crash); they were released.
+	OrphanSeqs int
+	// Ranks are the hosted ranks' page store reports, in spec order.
+	Ranks []pagestore.RecoveryReport
+}
+
+// LostTokens is the sum of the recovered sequences' lost tokens.
+func (r RecoveryReport) LostTokens() int {
+	n := 0
+	for _, s := range r.Sequences {
+		n += s.LostTokens
+	}
+	return n
+}
+
+// CorruptSlots is the number of slab slots, over the hosted ranks, whose
+// payload or record failed its check.
+func (r RecoveryReport) CorruptSlots() int {
+	n := 0
+	for _, rr := range r.Ranks {
+		n += len(rr.CorruptSlots)
+	}
+	return n
+}
+
+// RecoveredSeq is one recovered (parked) sequence.
+type RecoveredSeq struct {
+	// Key is the worker's handle of the sequence (Claim, DropRecovered).
+	Key uint64
+	// Seq is the coordinator's id it had when the worker stopped, and
+	// Grid the Config.GridID of the worker that created, forked or
+	// claimed it last: (Grid, Seq) names it on every worker of its grid.
+	Seq    uint64
+	Grid   string
+	Layout plan.Layout
+	// Lens are its recovered lengths per layer, in global tokens (the
+	// same in every layer after a crash; the layers' lengths at a
+	// graceful Close otherwise). Every hosted rank holds exactly its
+	// share of them: a rank that had persisted more was rolled back to
+	// the longest length all the hosted ranks agree on. Ranks on other
+	// workers are not known here: their coordinator reconciles.
+	Lens []int
+	// Had is the sequence's length when the worker stopped, as far as
+	// the hosted ranks know (from the stores' length records: exact
+	// after a process crash, kill -9), and LostTokens = Had - max(Lens),
+	// the tokens to re-append from position max(Lens); 0 after a
+	// graceful Close. A coordinator whose grid spans several workers
+	// takes the smallest Lens and the largest Had over them.
+	Had, LostTokens int
+}
+
+// Len is the shortest layer's length.
+func (s RecoveredSeq) Len() int { return slices.Min(s.Lens) }
+
+// DamagedSeq is a sequence that could not be recovered.
+type DamagedSeq struct {
+	Key, Seq uint64
+	Err      error
+}
+
+// entry is one sequence table value.
+type entry struct {
+	Seq        uint64      `json:"seq"`
+	Grid       string      `json:"grid,omitempty"`
+	Placement  int         `json:"placement"`
+	BlockPages int         `json:"block_pages"`
+	Ranks      []entryRank `json:"ranks"`
+}
+
+type entryRank struct {
+	TP    int             `json:"tp"`
+	CP    int             `json:"cp"`
+	Store pagestore.SeqID `json:"store"`
+}
+
+// tableFormat is what a data directory was made for: a worker on it
+// must host the same ranks of the same grid and geometry.
+type tableFormat struct {
+	Version int `json:"version"`
+	Layers  int `json:"layers"`
+	plan.Geometry
+	CP    int    `json:"cp"`
+	TP    int    `json:"tp"`
+	Ranks []Rank `json:"ranks"`
+}
+
+func entryKey(k uint64) []byte { return binary.BigEndian.AppendUint64(nil, k) }
+
+// openTable opens (or creates) the sequence table of l's data directory
+// and checks its format.
+func (l *Local) openTable(ranks []Rank) error {
+	c := l.cfg
+	dir := c.DataDir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("worker: data dir %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, tableName)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return fmt.Errorf("worker: data dir %s: %s is locked by another worker, in this process or another: %w", dir, path, pagestore.ErrInUse)
+	}
+	if err != nil {
+		return fmt.Errorf("worker: data dir %s: %w: %w", dir, pagestore.ErrPersist, err)
+	}
+	f := tableFormat{Version: 1, Layers: c.Layers, Geometry: c.Geometry, CP: c.CP, TP: c.TP}
+	f.Ranks = ranks
+	want, _ := json.Marshal(f)
+	err = db.Update(func(tx *bolt.Tx) error {
+		mb, err := tx.CreateBucketIfNotExists(bkWorkerMeta)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucketIfNotExists(bkWorkerSeqs); err != nil {
+			return err
+		}
+		if have := mb.Get(kWorkerFmt); have != nil && string(have) != string(want) {
+			return fmt.Errorf("%w: the directory holds the ranks of another grid or geometry (%s; this worker: %s)", pagestore.ErrInvalidConfig, have, want)
+		}
+		if v := mb.Get(kWorkerNext); len(v) == 8 {
+			l.nextKey = binary.BigEndian.Uint64(v)
+		}
+		return mb.Put(kWorkerFmt, want)
+	})
+	if err != nil {
+		db.Close()
+		return fmt.Errorf("worker: data dir %s: %w", dir, err)
+	}
+	l.nextKey = max(l.nextKey, 1)
+	l.db = db
+	return nil
+}
+
+// putEntry commits sq's table entry, giving it a key when it has none.
+func (l *Local) putEntry(seq uint64, sq *seqState) error {
+	if l.db == nil {
+		return nil
+	}
+	e := entry{Seq: seq, Grid: l.cfg.GridID, Placement: int(sq.layout.Placement), BlockPages: sq.layout.BlockPages}
+	for i, rk := range l.ranks {
+		e.Ranks = append(e.Ranks, entryRank{TP: rk.id.TP, CP: rk.id.CP, Store: sq.local[i]})
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	key := sq.key
+	if key == 0 {
+		key = l.nextKey
+	}
+	err = l.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bkWorkerSeqs).Put(entryKey(key), b); err != nil {
+			return err
+		}
+		return tx.Bucket(bkWorkerMeta).Put(kWorkerNext, entryKey(max(l.nextKey, key+1)))
+	})
+	if err != nil {
+		return fmt.Errorf("data dir %s: sequence table: %w: %w", l.cfg.DataDir, pagestore.ErrPersist, err)
+	}
+	if sq.key == 0 {
+		sq.key = key
+		l.nextKey++
+	}
+	return nil
+}
+
+// deleteEntry removes sq's table entry.
+func (l *Local) deleteEntry(sq *seqState) error {
+	if l.db == nil || sq.key == 0 {
+		return nil
+	}
+	err := l.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bkWorkerSeqs).Delete(entryKey(sq.key)) })
+	if err != nil {
+		return fmt.Errorf("data dir %s: sequence table: %w: %w", l.cfg.DataDir, pagestore.ErrPersist, err)
+	}
+	return nil
+}
+
+// recoverTable parks the sequences of the table whose store sequences
+// came back on every hosted rank, rolls each back to the longest length
+// its hosted ranks agree on, deletes the entries of the others and
+// releases the store sequences nobody names.
+func (l *Local) recoverTable() error {
+	c := l.cfg
+	rep := RecoveryReport{Dir: c.DataDir}
+	type found struct {
+		rec     pagestore.RecoveredSeq
+		used    bool // named by an entry
+		damaged bool // named by a damaged entry: released, not an orphan
+	}
+	stores := make([]map[pagestore.SeqID]*found, len(l.ranks))
+	damagedStore := make([]map[pagestore.SeqID]error, len(l.ranks))
+	for i, rk := range l.ranks {
+		rr := rk.sh.Store().Recovery()
+		rep.Ranks = append(rep.Ranks, rr)
+		stores[i] = map[pagestore.SeqID]*found{}
+		damagedStore[i] = map[pagestore.SeqID]error{}
+		for _, s := range rr.Sequences {
+			stores[i][s.ID] = &found{rec: s}
+		}
+		for _, d := range rr.Damaged {
+			damagedStore[i][d.ID] = d.Err
+		}
+	}
+	type kv struct {
+		key uint64
+		e   entry
+		err error
+	}
+	var entries []kv
+	err := l.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bkWorkerSeqs).ForEach(func(k, v []byte) error {
+			it := kv{}
+			if len(k) != 8 {
+				return nil
+			}
+			it.key = binary.BigEndian.Uint64(k)
+			if err := json.Unmarshal(v, &it.e); err != nil {
+				it.err = fmt.Errorf("table entry %d: %w", it.key, err)
+			}
+			entries = append(entries, it)
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("worker: data dir %s: sequence table: %w: %w", c.DataDir, pagestore.ErrPersist, err)
+	}
+	var dead []uint64
+	for _, it := range entries {
+		e := it.e
+		lay := plan.Layout{CP: c.CP, TP: c.TP, Placement: plan.Placement(e.Placement), BlockPages: e.BlockPages}
+		sq := &seqState{layout: lay, key: it.key, local: make([]pagestore.SeqID, len(l.ranks))}
+		err := it.err
+		if err == nil {
+			err = lay.Validate(c.KVHeads)
+		}
+		if err == nil && len(e.Ranks) != len(l.ranks) {
+			err = fmt.Errorf("table entry names %d ranks, the worker hosts %d", len(e.Ranks), len(l.ranks))
+		}
+		var marked []*found // the store sequences this entry took
+		for i := 0; err == nil && i < len(l.ranks); i++ {
+			er, rk := e.Ranks[i], l.ranks[i]
+			if er.TP != rk.id.TP || er.CP != rk.id.CP {
+				err = fmt.Errorf("table entry rank %d is (tp %d, cp %d), the worker hosts %v there", i, er.TP, er.CP, rk.id)
+				break
+			}
+			sq.local[i] = er.Store
+			f := stores[i][er.Store]
+			switch {
+			case f != nil && f.used:
+				err = fmt.Errorf("rank %v: store sequence %d named twice", rk.id, er.Store)
+			case f != nil:
+				f.used = true
+				marked = append(marked, f)
+			case damagedStore[i][er.Store] != nil:
+				err = fmt.Errorf("rank %v: %w", rk.id, damagedStore[i][er.Store])
+			default:
+				err = fmt.Errorf("rank %v: store sequence %d was not persisted", rk.id, er.Store)
+			}
+		}
+		if err == nil {
+			var before []int
+			for i := range l.ranks {
+				before = append(before, stores[i][sq.local[i]].rec.LostTokens)
+			}
+			var r RecoveredSeq
+			r, err = l.reconcile(sq, e.Seq, before)
+			r.Grid = e.Grid
+			if err == nil {
+				l.parked[it.key] = sq
+				rep.Sequences = append(rep.Sequences, r)
+				continue
+			}
+		}
+		// Damaged: what its ranks recovered is given back below.
+		for _, f := range marked {
+			f.used, f.damaged = false, true
+		}
+		rep.Damaged = append(rep.Damaged, DamagedSeq{Key: it.key, Seq: e.Seq, Err: err})
+		dead = append(dead, it.key)
+	}
+	for i, rk := range l.ranks {
+		for id, f := range stores[i] {
+			if !f.used {
+				if err := rk.sh.Release(id); err == nil && !f.damaged {
+					rep.OrphanSeqs++
+				}
+			}
+		}
+	}
+	if len(dead) > 0 {
+		err := l.db.Update(func(tx *bolt.Tx) error {
+			b := tx.Bucket(bkWorkerSeqs)
+			for _, k := range dead {
+				if err := b.Delete(entryKey(k)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("worker: data dir %s: sequence table: %w: %w", c.DataDir, pagestore.ErrPersist, err)
+		}
+	}
+	slices.SortFunc(rep.Sequences, func(a, b RecoveredSeq) int { return compareU64(a.Key, b.Key) })
+	l.report = rep
+	l.nparked.Store(int64(len(l.parked)))
+	return nil
+}
+
+func compareU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// reconcile computes the global lengths sq's hosted ranks agree on, per
+// layer, and rolls back the ranks that hold more; lost are the ranks'
+// own lost tokens (their stores' reports). It returns the recovered
+// sequence.
+func (l *Local) reconcile(sq *seqState, seq uint64, lost []int) (RecoveredSeq, error) {
+	c := l.cfg
+	S := c.PageSize
+	r := RecoveredSeq{Key: sq.key, Seq: seq, Layout: sq.layout, Lens: make([]int, c.Layers)}
+	had := 0 // the global length before the stop: the furthest token a rank held
+	for i, rk := range l.ranks {
+		p := sq.layout.Place(rk.id.CP)
+		st := rk.sh.Store()
+		hi := 0
+		for layer := range c.Layers {
+			n, err := st.LayerLen(sq.local[i], layer)
+			if err != nil {
+				return r, fmt.Errorf("rank %v: %w", rk.id, err)
+			}
+			hi = max(hi, n)
+		}
+		had = max(had, globalEnd(p, S, hi+lost[i]))
+	}
+	for layer := range c.Layers {
+		n := -1
+		for i, rk := range l.ranks {
+			k, _ := rk.sh.Store().LayerLen(sq.local[i], layer)
+			m := globalMax(sq.layout.Place(rk.id.CP), S, k)
+			if n < 0 || m < n {
+				n = m
+			}
+		}
+		r.Lens[layer] = n
+	}
+	// Roll back the ranks that hold more than their share.
+	for i, rk := range l.ranks {
+		p := sq.layout.Place(rk.id.CP)
+		st := rk.sh.Store()
+		drop := -1
+		for layer := range c.Layers {
+			k, _ := st.LayerLen(sq.local[i], layer)
+			d := k - owned(p, S, r.Lens[layer])
+			if d == 0 {
+				continue
+			}
+			if drop >= 0 && d != drop {
+				return r, fmt.Errorf("rank %v: layers hold %d and %d tokens too many: cannot roll back unevenly", rk.id, drop, d)
+			}
+			drop = d
+		}
+		if drop > 0 {
+			for layer := range c.Layers {
+				if k, _ := st.LayerLen(sq.local[i], layer); k-owned(p, S, r.Lens[layer]) != drop {
+					return r, fmt.Errorf("rank %v: only some layers hold %d tokens too many: cannot roll back unevenly", rk.id, drop)
+				}
+			}
+			if err := rk.sh.Rollback(sq.local[i], drop); err != nil {
+				return r, fmt.Errorf("rank %v: roll back %d tokens to the hosted ranks' common length: %w", rk.id, drop, err)
+			}
+		}
+	}
+	r.Had = had
+	r.LostTokens = max(had-slices.Max(r.Lens), 0)
+	return r, nil
+}
+
+// globalEnd returns the global length that ends with the k-th token rank
+// place owns (0 for k = 0).
+func globalEnd(p plan.Place, S, k int) int {
+	if k <= 0 {
+		return 0
+	}
+	lp := (k - 1) / S
+	return p.Global(lp)*S + (k-1)%S + 1
+}
+
+// globalMax returns the longest global length of which rank place owns
+// at most k tokens: the position of its (k+1)-th token.
+func globalMax(p plan.Place, S, k int) int {
+	return p.Global(k/S)*S + k%S
+}
+
+// Recovery returns what NewLocal recovered from Config.DataDir (a zero
+// report without one). Sequences lists the recovered sequences at
+// NewLocal, claimed ones included.
+func (l *Local) Recovery() RecoveryReport {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.report
+}
+
+// Parked returns the keys of the recovered sequences not claimed or
+// dropped yet, in increasing order.
+func (l *Local) Parked() []uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keys := make([]uint64, 0, len(l.parked))
+	for k := range l.parked {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// ParkedCount is len(Parked()), without waiting for a call in progress.
+func (l *Local) ParkedCount() int { return int(l.nparked.Load()) }
+
+// Claim makes the recovered sequence key (see [RecoveryReport]) live
+// again as sequence seq (its old id or another one new to the worker):
+// later messages reach it as any sequence with its recovered lengths.
+// The table records the new id at once.
+func (l *Local) Claim(ctx context.Context, key, seq uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sq, ok := l.parked[key]
+	if !ok {
+		return fmt.Errorf("claim: %w: no recovered sequence %d", ErrUnknownSequence, key)
+	}
+	if _, ok := l.seqs[seq]; ok {
+		return fmt.Errorf("claim recovered %d: %w: sequence %d exists", key, ErrBadMessage, seq)
+	}
+	if err := l.putEntry(seq, sq); err != nil {
+		return fmt.Errorf("claim recovered %d as sequence %d: %w", key, seq, err)
+	}
+	delete(l.parked, key)
+	l.nparked.Store(int64(len(l.parked)))
+	l.seqs[seq] = sq
+	return nil
+}
+
+// DropRecovered frees the recovered sequence key that nobody will claim:
+// its table entry and its pages on every hosted rank.
+func (l *Local) DropRecovered(ctx context.Context, key uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sq, ok := l.parked[key]
+	if !ok {
+		return fmt.Errorf("drop recovered: %w: no recovered sequence %d", ErrUnknownSequence, key)
+	}
+	if err := l.deleteEntry(sq); err != nil {
+		return fmt.Errorf("drop recovered %d: %w", key, err)
+	}
+	delete(l.parked, key)
+	l.nparked.Store(int64(len(l.parked)))
+	var errs []error
+	for i, rk := range l.ranks {
+		if err := rk.sh.Release(sq.local[i]); err != nil {
+			errs = append(errs, fmt.Errorf("rank %v: %w", rk.id, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("drop recovered %d: %w", key, err)
+	}
+	return nil
+}
