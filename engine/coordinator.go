@@ -83,7 +83,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, kvT: cfg.KVHeads / cfg.TP, qT: cfg.QHeads / cfg.TP, seqs: map[SeqID]*seqState{}, nextID: 1}
 	be := cfg.Backend
 	if be == nil && cfg.Backends == nil {
-		e.ownBe = kernels.NewCPU(kernels.CPUConfig{})
+		e.ownBe = kernels.NewCPU(kernels.CPUConfig{SummaryDType: cfg.Policy.SummaryDType})
 		be = e.ownBe
 	}
 	wc := cfg.workerConfig()

@@ -25,6 +25,11 @@ type Config struct {
 	// Selectors and Budgets span the sparse runs.
 	Selectors []plan.Selector
 	Budgets   []int
+	// SummaryDTypes, when set, spans the sparse runs over summary
+	// storage types too (each (selector, type) on an engine of its own,
+	// the same prompts and prefill): runs and records carry the type.
+	// Empty: the Policy's SummaryDType only, and records name no type.
+	SummaryDTypes []plan.SummaryDType
 	// DecodeQuestion feeds the question's tokens through decode steps
 	// (with the policy's selection) instead of prefilling them, so that
 	// the selector follows the query as it forms (notes 2.2, LongBench
@@ -72,6 +77,11 @@ func (c Config) Validate() error {
 			return errors.New("eval: the dense baseline always runs; list only sparse selectors")
 		}
 	}
+	for _, d := range c.SummaryDTypes {
+		if !d.Known() {
+			return fmt.Errorf("eval: unknown summary dtype %v", d)
+		}
+	}
 	for _, b := range c.Budgets {
 		if b == PolicyBudget {
 			continue
@@ -91,7 +101,7 @@ type Harness struct {
 	m       *model.Model
 	tok     model.Tokenizer
 	cfg     Config
-	engines []*engine.Engine // per selector
+	engines []*engine.Engine // per selector and summary type
 	maxTok  int
 }
 
@@ -110,20 +120,31 @@ func NewHarness(m *model.Model, tok model.Tokenizer, cfg Config, maxTokens int) 
 	// The prefilled sequence and one fork at a time.
 	capacity := 2 * ((pages+cfg.CP-1)/cfg.CP + 2)
 	for _, sel := range cfg.Selectors {
-		p := cfg.Policy
-		p.Selector = sel
-		p.BudgetTokens = max(p.BudgetTokens, s)
-		ec := model.EngineConfig(m.Geometry(), p, capacity)
-		ec.CP, ec.TP, ec.Selection = max(cfg.CP, 1), max(cfg.TP, 1), cfg.Selection
-		ec.MemoryLimit = cfg.MemoryLimit
-		e, err := engine.New(ec)
-		if err != nil {
-			h.Close()
-			return nil, fmt.Errorf("eval: engine for %v: %w", sel, err)
+		for _, sd := range cfg.summaryDTypes() {
+			p := cfg.Policy
+			p.Selector = sel
+			p.SummaryDType = sd
+			p.BudgetTokens = max(p.BudgetTokens, s)
+			ec := model.EngineConfig(m.Geometry(), p, capacity)
+			ec.CP, ec.TP, ec.Selection = max(cfg.CP, 1), max(cfg.TP, 1), cfg.Selection
+			ec.MemoryLimit = cfg.MemoryLimit
+			e, err := engine.New(ec)
+			if err != nil {
+				h.Close()
+				return nil, fmt.Errorf("eval: engine for %v (%v summaries): %w", sel, sd, err)
+			}
+			h.engines = append(h.engines, e)
 		}
-		h.engines = append(h.engines, e)
 	}
 	return h, nil
+}
+
+// summaryDTypes is SummaryDTypes, or the policy's type alone.
+func (c Config) summaryDTypes() []plan.SummaryDType {
+	if len(c.SummaryDTypes) == 0 {
+		return []plan.SummaryDType{c.Policy.SummaryDType}
+	}
+	return c.SummaryDTypes
 }
 
 // Close releases the engines.
@@ -139,6 +160,8 @@ func (h *Harness) Close() error {
 type Run struct {
 	Selector plan.Selector
 	Budget   int // 0: dense
+	// SummaryDType is the summaries' storage type of the run.
+	SummaryDType plan.SummaryDType
 	// Output is the free-running answer; Correct compares it with the
 	// prompt's answer.
 	Output  string
@@ -375,11 +398,13 @@ func (h *Harness) Evaluate(ctx context.Context, p Prompt) (*PromptResult, error)
 	res.Dense.Selector, res.Dense.Budget = plan.Dense, 0
 	res.Dense.Correct = res.Dense.Output == p.Answer
 	denseAnswer := h.tok.Encode(res.Dense.Output)
-	for si, sel := range c.Selectors {
+	sds := c.summaryDTypes()
+	for ei := range h.engines {
+		sel, sd := c.Selectors[ei/len(sds)], sds[ei%len(sds)]
 		for _, b := range c.Budgets {
-			run := Run{Selector: sel, Budget: b}
+			run := Run{Selector: sel, Budget: b, SummaryDType: sd}
 			for _, teacher := range []bool{false, true} {
-				a, err := bases[si].Fork()
+				a, err := bases[ei].Fork()
 				if err != nil {
 					return nil, err
 				}
@@ -395,7 +420,7 @@ func (h *Harness) Evaluate(ctx context.Context, p Prompt) (*PromptResult, error)
 				r, err := h.decode(ctx, a, logits, question, len(answer), forced, ref, nil)
 				a.Release()
 				if err != nil {
-					return nil, fmt.Errorf("eval: %v budget %d: %w", sel, b, err)
+					return nil, fmt.Errorf("eval: %v budget %d (%v summaries): %w", sel, b, sd, err)
 				}
 				if teacher {
 					run.Teacher = r.Free

@@ -20,6 +20,10 @@ type Record struct {
 	Offset   string `json:"offset,omitempty"`
 	Selector string `json:"selector"`
 	Budget   int    `json:"budget"`
+	// SummaryDType is the summaries' storage type of the run (bf16 or
+	// fp8), set when the evaluation spans several (Config.SummaryDTypes)
+	// or runs a type other than the default; omitted for dense.
+	SummaryDType string `json:"summary_dtype,omitempty"`
 	// Policy is set on runs under the policy's own per-layer budgets
 	// (Config.Budgets' PolicyBudget): Config.PolicyName, and Budget is
 	// then the mean token budget of its sparse layers.
@@ -118,6 +122,7 @@ type Key struct {
 	Task, Offset string
 	Selector     plan.Selector
 	Budget       int
+	SummaryDType plan.SummaryDType
 }
 
 type acc struct {
@@ -170,7 +175,7 @@ func (a *Aggregate) Add(r *PromptResult) {
 	}
 	add(Key{Length: l, Task: r.Prompt.Task, Offset: r.Prompt.Offset, Selector: plan.Dense}, r.Dense)
 	for _, run := range r.Runs {
-		add(Key{Length: l, Task: r.Prompt.Task, Offset: r.Prompt.Offset, Selector: run.Selector, Budget: run.Budget}, run)
+		add(Key{Length: l, Task: r.Prompt.Task, Offset: r.Prompt.Offset, Selector: run.Selector, Budget: run.Budget, SummaryDType: run.SummaryDType}, run)
 	}
 }
 
@@ -192,6 +197,8 @@ func (a *Aggregate) Records(length int) []Record {
 			Sink: p.SinkPages, Local: p.LocalPages, GQA: p.GQA.String(), DecodeQuestion: a.cfg.DecodeQuestion}
 		if k.Selector == plan.Dense {
 			rec.DenseLayers = 0
+		} else if len(a.cfg.SummaryDTypes) > 0 || k.SummaryDType != plan.SummaryKV {
+			rec.SummaryDType = k.SummaryDType.String()
 		}
 		if k.Budget == PolicyBudget {
 			rec.Policy = cmp.Or(a.cfg.PolicyName, "policy")

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // benchLayer builds one layer holding a single sequence of ctxLen tokens in
@@ -118,5 +119,27 @@ func BenchmarkCopy(b *testing.B) {
 	b.SetBytes(int64(len(src) * 4))
 	for b.Loop() {
 		copy(dst, src)
+	}
+}
+
+// BenchmarkScore times Score over one sequence's summaries with float32
+// records and with emulated fp8 records (each record encoded per call:
+// the emulation's cost, not an fp8 store's). Bytes are the float32
+// records read.
+func BenchmarkScore(b *testing.B) {
+	s := kernels.Shape{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}
+	l, batch, q := benchLayer(s, 131072)
+	out := make([]float32, len(batch.Pages)*s.KVHeads)
+	for _, sd := range []plan.SummaryDType{plan.SummaryKV, plan.SummaryFP8} {
+		be := kernels.NewCPU(kernels.CPUConfig{SummaryDType: sd})
+		b.Run(fmt.Sprintf("summary=%v/ctx=131072", sd), func(b *testing.B) {
+			b.SetBytes(int64(len(l.Summary) * 4))
+			for b.Loop() {
+				if err := be.Score(context.Background(), s, l, &batch, q, kernels.GroupMax, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		be.Close()
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+
+	"github.com/questrt/questrt/plan"
 )
 
 // CPUConfig configures the CPU backend.
@@ -20,6 +22,13 @@ type CPUConfig struct {
 	// AttendChunk is the number of pages one attention work item covers
 	// (split-K); its partial states are merged afterwards. Default 64.
 	AttendChunk int
+	// SummaryDType is the storage type of the summaries Score reads.
+	// SummaryKV (the default) reads Layer.Summary's float32 records as
+	// they are; SummaryFP8 emulates fp8 records: Score encodes each
+	// record as package fp8 stores it (outward rounding, per-record
+	// scale) and scores the decoded values, exactly what an fp8 store
+	// would give (see fp8.go).
+	SummaryDType plan.SummaryDType
 }
 
 // DefaultCPUConfig returns the defaults documented on CPUConfig.
@@ -88,6 +97,8 @@ func NewCPU(cfg CPUConfig) *CPU {
 	c := &CPU{cfg: cfg, pool: newWorkerPool(cfg.Workers)}
 	slots := cfg.Workers + 1
 	c.score.w = make([][]float32, slots)
+	c.score.fp8 = cfg.SummaryDType == plan.SummaryFP8
+	c.score.r8 = make([]fp8Scratch, slots)
 	c.topk.idx = make([][]int32, slots)
 	c.attend.scratch = make([]attendScratch, slots)
 	return c
@@ -133,6 +144,8 @@ type scoreTask struct {
 	out   []float32
 	items []scoreItem
 	w     [][]float32 // per worker: QHeads x 2D split queries
+	fp8   bool        // emulate fp8 records (CPUConfig.SummaryDType)
+	r8    []fp8Scratch
 }
 
 // Score implements Backend. A work item is a run of pages of one sequence
@@ -200,10 +213,17 @@ func (t *scoreTask) run(worker, i int) {
 		recs := t.l.Summary[int(pages[p])*s.KVHeads*rec:][:s.KVHeads*rec]
 		for kvh := range s.KVHeads {
 			r := recs[kvh*rec:][:rec]
+			scale := float32(1)
+			if t.fp8 {
+				r, scale = t.r8[worker].record(r)
+			}
 			best := float32(math.Inf(-1))
 			h := 0
 			for ; h+4 <= g; h += 4 {
 				dot4(w[(kvh*g+h)*rec:][:4*rec], r, &u)
+				if t.fp8 {
+					u = [4]float32{u[0] * scale, u[1] * scale, u[2] * scale, u[3] * scale}
+				}
 				if t.mode == PerHead {
 					for i, x := range u {
 						out[(kvh*g+h+i)*np+p] = x
@@ -214,6 +234,9 @@ func (t *scoreTask) run(worker, i int) {
 			}
 			for ; h < g; h++ {
 				x := dot(w[(kvh*g+h)*rec:][:rec], r)
+				if t.fp8 {
+					x *= scale
+				}
 				if t.mode == PerHead {
 					out[(kvh*g+h)*np+p] = x
 				} else {

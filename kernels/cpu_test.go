@@ -7,6 +7,7 @@ import (
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
+	"github.com/questrt/questrt/plan"
 )
 
 func newCPU(t *testing.T) kernels.Backend {
@@ -95,5 +96,36 @@ func TestTopKBadPlan(t *testing.T) {
 				t.Errorf("%s: output %d changed to %d", tc.name, i, x)
 			}
 		}
+	}
+}
+
+// TestCPUConformanceFP8 runs the suite on emulated fp8 summaries: scores
+// against the fp8 reference, the upper bound on the fp8 records, and
+// every selection and attention test on top of them.
+func TestCPUConformanceFP8(t *testing.T) {
+	backendtest.RunWith(t, func(*testing.T) kernels.Backend {
+		return kernels.NewCPU(kernels.CPUConfig{Workers: 3, AttendChunk: 8, ScoreChunk: 16, SummaryDType: plan.SummaryFP8})
+	}, backendtest.Options{SummaryFP8: true})
+}
+
+// TestCPUNoAllocsFP8: scoring emulated fp8 records allocates nothing once
+// warm (the per-worker record scratch is kept).
+func TestCPUNoAllocsFP8(t *testing.T) {
+	be := kernels.NewCPU(kernels.CPUConfig{Workers: 2, SummaryDType: plan.SummaryFP8})
+	defer be.Close()
+	rng := rand.New(rand.NewPCG(2, 2))
+	s := kernels.Shape{QHeads: 8, KVHeads: 2, HeadDim: 32, PageSize: 16}
+	f := backendtest.NewFixture(rng, s, []int{3000, 100})
+	scores := make([]float32, len(f.Batch.Pages)*s.QHeads)
+	score := func() {
+		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
+			if err := be.Score(context.Background(), s, f.Layer, &f.Batch, f.Q, mode, scores); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	score()
+	if n := testing.AllocsPerRun(20, score); n != 0 {
+		t.Fatalf("a warm fp8 score allocates %v times", n)
 	}
 }

@@ -20,6 +20,12 @@
 //     maxes; the score U_p(q) = sum_j max(q_j*min_j, q_j*max_j) is computed
 //     as the dot product of [min(q,0); max(q,0)] with that record.
 //   - Scores are float32 and unscaled (no 1/sqrt(D)).
+//   - With fp8 summaries (plan.SummaryFP8: CPUConfig.SummaryDType, the
+//     CUDA backend's Config.SummaryDType) the score reads each record as
+//     package kernels/fp8 stores it: E4M3 codes rounded outward and a
+//     power-of-two scale per (page, KV head), score = scale times the dot
+//     product with the code values. It is still an upper bound of q.k
+//     over the page's keys, only looser.
 //   - Top-K orders by score descending, ties to the lower logical page index,
 //     and returns the chosen logical page indices in ascending order.
 //   - Attention scales logits by 1/sqrt(D) and returns, per query head, the

@@ -104,6 +104,12 @@ type Policy struct {
 	GQA GQAMode
 	// Selector ranks pages. Default Quest.
 	Selector Selector
+	// SummaryDType is the storage type of the page summaries the score
+	// reads (default SummaryKV: the K/V type). It is a property of the
+	// backend's pools: a component that makes its own backend (the
+	// engine's CPU backend) configures it from here; a backend given
+	// from outside must have been made with the same type.
+	SummaryDType SummaryDType
 }
 
 // DefaultPolicy returns the defaults documented on Policy (those of the
@@ -125,6 +131,8 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("policy: unknown GQA mode %d", p.GQA)
 	case p.Selector < Quest || p.Selector > Dense:
 		return fmt.Errorf("policy: unknown selector %d", p.Selector)
+	case !p.SummaryDType.Known():
+		return fmt.Errorf("policy: unknown summary dtype %d", p.SummaryDType)
 	}
 	for l, b := range p.LayerBudget {
 		if b < p.PageSize {

@@ -29,6 +29,7 @@ const maxPolicyFile = 1 << 20
 //	local: 1
 //	gqa: group_max
 //	selector: quest
+//	summary_dtype: fp8    # bf16 (default: the K/V type) or fp8
 //	dense: [0, 1]         # layers that read every page
 //	layer_budget:         # layer: tokens
 //	  2: 256
@@ -37,14 +38,16 @@ const maxPolicyFile = 1 << 20
 // Every key is optional (absent: DefaultPolicy's value); unknown keys are
 // errors.
 type PolicyFile struct {
-	PageSize    *int        `yaml:"page_size,omitempty" json:"page_size,omitempty"`
-	Budget      *int        `yaml:"budget,omitempty" json:"budget,omitempty"`
-	Sink        *int        `yaml:"sink,omitempty" json:"sink,omitempty"`
-	Local       *int        `yaml:"local,omitempty" json:"local,omitempty"`
-	GQA         string      `yaml:"gqa,omitempty" json:"gqa,omitempty"`
-	Selector    string      `yaml:"selector,omitempty" json:"selector,omitempty"`
-	Dense       []int       `yaml:"dense" json:"dense"`
-	LayerBudget map[int]int `yaml:"layer_budget,omitempty" json:"layer_budget,omitempty"`
+	PageSize *int   `yaml:"page_size,omitempty" json:"page_size,omitempty"`
+	Budget   *int   `yaml:"budget,omitempty" json:"budget,omitempty"`
+	Sink     *int   `yaml:"sink,omitempty" json:"sink,omitempty"`
+	Local    *int   `yaml:"local,omitempty" json:"local,omitempty"`
+	GQA      string `yaml:"gqa,omitempty" json:"gqa,omitempty"`
+	Selector string `yaml:"selector,omitempty" json:"selector,omitempty"`
+	// SummaryDType is Policy.SummaryDType's name ("" for the default).
+	SummaryDType string      `yaml:"summary_dtype,omitempty" json:"summary_dtype,omitempty"`
+	Dense        []int       `yaml:"dense" json:"dense"`
+	LayerBudget  map[int]int `yaml:"layer_budget,omitempty" json:"layer_budget,omitempty"`
 }
 
 // ErrPolicyFile marks a policy file that cannot be used.
@@ -105,6 +108,13 @@ func (f PolicyFile) Policy() (Policy, error) {
 		}
 		p.Selector = s
 	}
+	if f.SummaryDType != "" {
+		d, err := ParseSummaryDType(f.SummaryDType)
+		if err != nil {
+			return Policy{}, fmt.Errorf("summary_dtype: %w", err)
+		}
+		p.SummaryDType = d
+	}
 	dense := slices.Clone(f.Dense)
 	slices.Sort(dense)
 	if len(slices.Compact(slices.Clone(dense))) != len(dense) {
@@ -147,6 +157,9 @@ func (f PolicyFile) Policy() (Policy, error) {
 func FilePolicy(p Policy) PolicyFile {
 	f := PolicyFile{PageSize: &p.PageSize, Budget: &p.BudgetTokens, Sink: &p.SinkPages, Local: &p.LocalPages,
 		GQA: p.GQA.String(), Selector: p.Selector.String(), Dense: []int{}}
+	if p.SummaryDType != SummaryKV {
+		f.SummaryDType = p.SummaryDType.String()
+	}
 	for l := range p.DenseLayers {
 		f.Dense = append(f.Dense, l)
 	}

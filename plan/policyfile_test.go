@@ -140,5 +140,5 @@ func policySame(a, b Policy) bool {
 func policyEqual(a, b Policy) bool {
 	return a.PageSize == b.PageSize && a.BudgetTokens == b.BudgetTokens && a.SinkPages == b.SinkPages &&
 		a.LocalPages == b.LocalPages && a.DenseLayers == b.DenseLayers && a.GQA == b.GQA && a.Selector == b.Selector &&
-		maps.Equal(a.LayerBudget, b.LayerBudget)
+		a.SummaryDType == b.SummaryDType && maps.Equal(a.LayerBudget, b.LayerBudget)
 }

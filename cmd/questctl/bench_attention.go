@@ -13,6 +13,7 @@ import (
 
 	"github.com/questrt/questrt/bench"
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
 )
 
 func runBenchAttention(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -53,6 +54,7 @@ step).`)
 	budgets := fs.String("budget", "2048", fmt.Sprintf("comma-separated token budgets (--page-size..%d; K is capped at the context's pages)", bench.MaxContext))
 	batches := fs.String("batch", "1", fmt.Sprintf("comma-separated batch sizes, sequences per step (1..%d)", bench.MaxBatch))
 	dtype := kvCacheDTypeFlag(fs, "")
+	summary := summaryDTypeFlag(fs, "; fp8 needs --backend cuda here")
 	fs.IntVar(&c.PageSize, "page-size", c.PageSize, fmt.Sprintf("tokens per page S (1..%d)", bench.MaxPageSize))
 	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, fmt.Sprintf("query heads (1..%d, a multiple of --kv-heads)", bench.MaxHeads))
 	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, fmt.Sprintf("KV heads (1..%d)", bench.MaxHeads))
@@ -98,11 +100,14 @@ step).`)
 			if flagSet(fs, "cuda-kernels") {
 				return usageError{errors.New("--cuda-kernels needs --backend cuda")}
 			}
+			if summary.types[0] != plan.SummaryKV {
+				return usageError{errors.New("--summary-dtype fp8 needs --backend cuda (the CPU benchmark times float32 summaries)")}
+			}
 		case "cuda":
 			if flagSet(fs, "max-memory") {
 				return usageError{errors.New("--max-memory needs --backend cpu (the CUDA benchmark's data live in GPU memory; it skips configurations over 64 GiB of K/V)")}
 			}
-			return plotAttention(*plotOut, &plotLines, benchCUDA(ctx, c, batchList, *dtype, *cudaKernels, *asJSON, stdout, stderr))
+			return plotAttention(*plotOut, &plotLines, benchCUDA(ctx, c, batchList, *dtype, summary.types[0], *cudaKernels, *asJSON, stdout, stderr))
 		default:
 			return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 		}

@@ -17,20 +17,26 @@ import (
 
 // newCUDABackend starts a CUDA backend on GPU 0 storing dtype.
 func newCUDABackend(dtype string) (kernels.Backend, error) {
+	return newCUDABackendSummary(dtype, plan.SummaryKV)
+}
+
+// newCUDABackendSummary is newCUDABackend with the summaries stored as
+// summary (--summary-dtype).
+func newCUDABackendSummary(dtype string, summary plan.SummaryDType) (kernels.Backend, error) {
 	dt, err := plan.ParseDType(dtype)
 	if err != nil {
 		return nil, usageError{err}
 	}
-	return cuda.New(cuda.Config{DType: dt})
+	return cuda.New(cuda.Config{DType: dt, SummaryDType: summary})
 }
 
 // benchCUDA runs the device-resident attention benchmark on GPU 0.
-func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtype, kernelSpec string, asJSON bool, stdout, stderr io.Writer) error {
+func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtype string, summary plan.SummaryDType, kernelSpec string, asJSON bool, stdout, stderr io.Writer) error {
 	dt, err := plan.ParseDType(dtype)
 	if err != nil {
 		return usageError{err}
 	}
-	cfg := cuda.Config{DType: dt}
+	cfg := cuda.Config{DType: dt, SummaryDType: summary}
 	if kernelSpec != "" {
 		for _, kv := range strings.Split(kernelSpec, ",") {
 			k, v, ok := strings.Cut(kv, "=")

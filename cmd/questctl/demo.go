@@ -12,6 +12,8 @@ import (
 	"github.com/questrt/questrt/cluster/client"
 
 	"github.com/questrt/questrt/internal/demo"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -71,6 +73,7 @@ mass recall there read the keys back from the nodes (diagnostics only).`)
 	fs.StringVar(&c.Selection, "selection", c.Selection, "CP selection: exact, union or replicated")
 	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
 	dtype := kvCacheDTypeFlag(fs, "")
+	summary := summaryDTypeFlag(fs, "; in process only (not with --nodes)")
 	fs.BoolVar(&c.DeviceResident, "device-resident", false, "cuda: keep the pages and page tables only in GPU memory")
 	maxMem := maxMemoryFlag(fs)
 	nodes := fs.Int("nodes", 0, "run through a local cluster of this many questd processes (0: in process)")
@@ -89,8 +92,13 @@ mass recall there read the keys back from the nodes (diagnostics only).`)
 			if name := givenAs(fs, "kv-cache-dtype"); name != "" {
 				return usageError{fmt.Errorf("%s needs --backend cuda (the CPU backend stores float32)", name)}
 			}
+			if sd := summary.types[0]; sd != plan.SummaryKV && *nodes == 0 {
+				cpu := kernels.NewCPU(kernels.CPUConfig{Workers: c.Workers, SummaryDType: sd})
+				defer cpu.Close()
+				c.Backend = cpu
+			}
 		case "cuda":
-			be, err := newCUDABackend(*dtype)
+			be, err := newCUDABackendSummary(*dtype, summary.types[0])
 			if err != nil {
 				return err
 			}
@@ -101,6 +109,9 @@ mass recall there read the keys back from the nodes (diagnostics only).`)
 		}
 		if *nodes < 0 || (*nodes > 0 && *backend != "cpu") {
 			return usageError{fmt.Errorf("--nodes %d: want 0 (in process) or a cluster size with the cpu backend", *nodes)}
+		}
+		if *nodes > 0 && summary.types[0] != plan.SummaryKV {
+			return usageError{errors.New("--summary-dtype fp8 runs in process only: drop --nodes")}
 		}
 		if *nodes > 0 {
 			return demoCluster(ctx, c, *nodes, *questd, stdout, stderr)

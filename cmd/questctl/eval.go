@@ -58,6 +58,9 @@ tokens and attention-mass recall 1 - eps; per layer and head, output
 cosine and relative L2 error; pages read vs dense next to the byte model
 rho = 1/S + K/P. --decode-question feeds the question through decode
 steps so that selection follows the query as it forms.
+--summary-dtype takes a comma-separated list here (bf16,fp8): every
+sparse run is made with each summary type, on the same prompts and
+prefill, and the results carry summary_dtype.
 
 --task reversal builds relevance-reversal prompts instead (notes 3.3):
 two named keys, B's stated once early (near --depths, one depth,
@@ -78,6 +81,7 @@ Results go to stdout when a length is done: a table (pages, rho and
 line per (length, selector, budget) with at least length, selector,
 budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 	rf := addRunFlags(fs)
+	rf.summary.list = true // a list: every sparse run with each type
 	lengths := fs.String("lengths", "2048,8192", "comma-separated prompt lengths in bytes (64..1048576)")
 	budgets := fs.String("budgets", "64,128,256,512", "comma-separated token budgets (each at least --page-size); \"policy\" (with --policy): the policy file's own per-layer budgets")
 	selectors := fs.String("selectors", "quest", "comma-separated sparse selectors: quest, oracle, recent (dense always runs as the baseline)")
@@ -191,6 +195,9 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 		if err != nil {
 			return usageError{err}
 		}
+		if flagSet(fs, "summary-dtype") {
+			cfg.SummaryDTypes = rf.summary.types
+		}
 		cfg.DecodeQuestion = *decodeQ
 		cfg.Diagnostics = !*noDiag
 		cfg.CP, cfg.TP = rf.cp, rf.tp
@@ -284,6 +291,10 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 				var b strings.Builder
 				fmt.Fprintf(&b, "length %d prompt %d/%d (%d tokens, depth %.2f%s): prefill %.1fs, decode %.1fs; answer %s, dense %s", p.Length, i+1, len(g), r.Tokens, p.Depth(), placed(p, rf.pageSize), r.PrefillSeconds, r.DecodeSeconds, p.Answer, mark(r.Dense.Output, p.Answer))
 				for _, run := range r.Runs {
+					if len(cfg.SummaryDTypes) > 0 {
+						fmt.Fprintf(&b, ", %s/%s/%d %s", run.Selector, run.SummaryDType, run.Budget, mark(run.Output, p.Answer))
+						continue
+					}
 					fmt.Fprintf(&b, ", %s/%d %s", run.Selector, run.Budget, mark(run.Output, p.Answer))
 				}
 				fmt.Fprintln(stderr, b.String())
@@ -351,7 +362,11 @@ func printEvalTable(w io.Writer, recs []eval.Record) {
 		if offsetCol {
 			fmt.Fprintf(w, "%-8s ", r.Offset)
 		}
-		fmt.Fprintf(w, "%-8d %-8s %6d %4d %8.3f %6s %8s %7s %7s  %s\n", r.Length, r.Selector, r.Budget, r.N, r.Accuracy, agree, pages, rho, formula, strings.Join(mass, " "))
+		sel := r.Selector
+		if r.SummaryDType != "" {
+			sel += "/" + r.SummaryDType
+		}
+		fmt.Fprintf(w, "%-8d %-8s %6d %4d %8.3f %6s %8s %7s %7s  %s\n", r.Length, sel, r.Budget, r.N, r.Accuracy, agree, pages, rho, formula, strings.Join(mass, " "))
 	}
 }
 

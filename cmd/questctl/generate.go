@@ -30,6 +30,7 @@ type runFlags struct {
 	selection   string
 	workers     int
 	maxMem      *int64
+	summary     *summaryDTypeValue
 	// policyFile is --policy; file is its policy once check has read it.
 	policyFile string
 	file       *plan.Policy
@@ -51,6 +52,7 @@ func addRunFlags(fs *flag.FlagSet) *runFlags {
 	fs.StringVar(&f.selection, "selection", "exact", "CP selection: exact, union or replicated")
 	fs.IntVar(&f.workers, "workers", 0, "goroutines of the model's matrix products and prefill attention (0: GOMAXPROCS)")
 	f.maxMem = maxMemoryFlag(fs)
+	f.summary = summaryDTypeFlag(fs, "")
 	return f
 }
 
@@ -117,6 +119,7 @@ func (f *runFlags) policy(selector string, budget int) (plan.Policy, error) {
 		return p, fmt.Errorf("--selector: %w", err)
 	}
 	p.Selector = sel
+	p.SummaryDType = f.summary.types[0]
 	if f.file != nil && len(f.file.LayerBudget) > 0 {
 		p.LayerBudget = maps.Clone(f.file.LayerBudget)
 	}

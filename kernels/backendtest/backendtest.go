@@ -240,6 +240,10 @@ type Options struct {
 	// Tol scales the relative tolerances of outputs (1: the CPU's fp32
 	// tolerances; a backend with fast-math exp may need 10).
 	Tol float64
+	// SummaryFP8 says that the backend scores fp8 summaries (package
+	// kernels/fp8): the score reference is then RefScoreFP8, and the
+	// upper bound is checked on those scores as on any others.
+	SummaryFP8 bool
 }
 
 // Run runs the whole conformance suite with float32 storage.
@@ -321,13 +325,17 @@ func testScore(t *testing.T, nb NewBackend, o Options) {
 				off := f.Batch.ScoreOffset(seq, rows)
 				for r := range rows {
 					for p := range np {
+						ref := f.RefScore
+						if o.SummaryFP8 {
+							ref = f.RefScoreFP8
+						}
 						var want float64
 						if mode == kernels.PerHead {
-							want = f.RefScore(seq, p, r)
+							want = ref(seq, p, r)
 						} else {
 							want = math.Inf(-1)
 							for h := r * s.Group(); h < (r+1)*s.Group(); h++ {
-								want = max(want, f.RefScore(seq, p, h))
+								want = max(want, ref(seq, p, h))
 							}
 						}
 						if got := out[off+r*np+p]; !relClose(got, want, 1e-5*o.Tol) {

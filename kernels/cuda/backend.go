@@ -26,6 +26,10 @@ type Config struct {
 	Device int
 	// DType is the storage type of layers uploaded from host arrays (plan.Float32).
 	DType plan.DType
+	// SummaryDType is plan.SummaryFP8 to keep an fp8 copy of every
+	// pool's summaries and score from it (see FP8Summaries, fp8.go);
+	// plan.SummaryKV (the default) scores the DType records.
+	SummaryDType plan.SummaryDType
 	// AttendChunk is the number of pages per attention work item
 	// (split-K); 0 sizes items to fill the GPU (2 to 64 pages).
 	AttendChunk int
@@ -99,6 +103,7 @@ type DeviceLayer struct {
 	Pages, KVHeads, HeadDim, PageSize int
 	DType                             plan.DType
 	Slots                             int
+	FP8                               *FP8Summaries // fp8 copy of the summaries (fp8.go), or nil
 }
 
 // kvPages is the number of pages K and V hold: Slots for a slot pool,
@@ -186,6 +191,7 @@ func (b *Backend) loop(ready chan<- error) {
 			names = append(names, "quest_score128g4_"+dt.String())
 		}
 	}
+	names = append(names, fp8KernelNames()...)
 	for _, n := range names {
 		f, err := mod.Function(n)
 		if err != nil {
@@ -492,7 +498,12 @@ func (b *Backend) convert(dst cu.DevicePtr, dt plan.DType, src []float32) error 
 // NewLayer allocates a device pool of pages pages.
 func (b *Backend) NewLayer(ctx context.Context, pages, kvHeads, headDim, pageSize int, dt plan.DType) (*DeviceLayer, error) {
 	l := &DeviceLayer{Pages: pages, KVHeads: kvHeads, HeadDim: headDim, PageSize: pageSize, DType: dt}
-	err := b.do(ctx, func() error { return b.allocLayer(l) })
+	err := b.do(ctx, func() error {
+		if err := b.allocLayer(l); err != nil {
+			return err
+		}
+		return b.allocFP8(l)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -603,8 +614,11 @@ func (b *Backend) appendTokens(l *DeviceLayer, pageTable []int32, pos0 int, k, v
 		return err
 	}
 	touched := (pos0+n-1)/l.PageSize - pos0/l.PageSize + 1
-	return b.launch("quest_append_"+l.DType.String(), [3]int{touched, l.KVHeads, 1}, min(l.HeadDim, 256), 0,
-		u(l.K), u(l.V), u(l.Summary), u(pt), u(kp), u(vp), uint64(pos0), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize))
+	if err := b.launch("quest_append_"+l.DType.String(), [3]int{touched, l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+		u(l.K), u(l.V), u(l.Summary), u(pt), u(kp), u(vp), uint64(pos0), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize)); err != nil {
+		return err
+	}
+	return b.encodeFP8(l, pt, int64(pos0/l.PageSize), touched) // the touched pages' fp8 records, if kept
 }
 
 // Rescan implements kernels.DeviceStore with one kernel over the pages. It
@@ -631,8 +645,11 @@ func (b *Backend) Rescan(ctx context.Context, pool any, pages []int32, valid int
 		if err != nil {
 			return err
 		}
-		return b.launch("quest_rescan_"+l.DType.String(), [3]int{len(pages), l.KVHeads, 1}, min(l.HeadDim, 256), 0,
-			u(l.K), u(l.Summary), u(list), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize), uint64(valid))
+		if err := b.launch("quest_rescan_"+l.DType.String(), [3]int{len(pages), l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+			u(l.K), u(l.Summary), u(list), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize), uint64(valid)); err != nil {
+			return err
+		}
+		return b.encodeFP8(l, list, 0, len(pages))
 	})
 }
 
@@ -660,7 +677,7 @@ func (b *Backend) CopyPage(ctx context.Context, pool any, dst, src int32) error 
 				return fmt.Errorf("cuda: copy page %d to %d: %w", src, dst, err)
 			}
 		}
-		return nil
+		return b.copyFP8(l, dst, src)
 	})
 }
 
@@ -878,6 +895,7 @@ func (b *Backend) FreeLayer(ctx context.Context, l *DeviceLayer) error {
 				cu.MemFree(p)
 			}
 		}
+		freeFP8(l)
 		l.K, l.V, l.Summary, l.Pages = 0, 0, 0, 0
 		return nil
 	})
@@ -908,6 +926,9 @@ func (b *Backend) upload(l *DeviceLayer, h kernels.Layer) error {
 				return err
 			}
 		}
+	}
+	if h.Summary != nil {
+		return b.encodeFP8(l, 0, 0, len(h.Summary)/(l.KVHeads*2*l.HeadDim))
 	}
 	return nil
 }
@@ -1018,10 +1039,14 @@ func (b *Backend) layer(s kernels.Shape, l kernels.Layer, withKV bool) (*DeviceL
 			for _, p := range []cu.DevicePtr{b.host.K, b.host.V, b.host.Summary} {
 				cu.MemFree(p)
 			}
+			freeFP8(b.host)
 			b.host = nil
 		}
 		h := &DeviceLayer{Pages: max(pages, 1), KVHeads: s.KVHeads, HeadDim: s.HeadDim, PageSize: s.PageSize, DType: b.cfg.DType}
 		if err := b.allocLayer(h); err != nil {
+			return nil, err
+		}
+		if err := b.allocFP8(h); err != nil {
 			return nil, err
 		}
 		b.host = h
@@ -1363,6 +1388,9 @@ func reduceThreads(d int) int { return max(32, min(128, (d+31)/32*32)) }
 // output row as well (laid out like the scores, see quest_topk_thr); only
 // the tensor-core kernel writes them, and wrote reports whether it did.
 func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int, ind, pg, qp, op, tmax cu.DevicePtr, perHead uint64) (wrote bool, err error) {
+	if dl.FP8 != nil {
+		return false, b.launchScoreFP8(dl, s.QHeads, n, maxPages, ind, pg, qp, op, perHead)
+	}
 	g := s.Group()
 	if useMMA(s, dl.DType) {
 		chunk := b.cfg.ScoreChunk

@@ -30,19 +30,22 @@ type BenchConfig struct {
 
 // BenchResult is one JSON line of `questctl bench attention --backend cuda`.
 type BenchResult struct {
-	Backend  string  `json:"backend"`
-	DType    string  `json:"dtype"`
-	Context  int     `json:"context"`
-	Batch    int     `json:"batch"`
-	Budget   int     `json:"budget"`
-	PageSize int     `json:"page_size"`
-	QHeads   int     `json:"q_heads"`
-	KVHeads  int     `json:"kv_heads"`
-	HeadDim  int     `json:"head_dim"`
-	DenseUS  float64 `json:"dense_us"`
-	QuestUS  float64 `json:"quest_us"`
-	ScoreUS  float64 `json:"score_us"`
-	TopKUS   float64 `json:"topk_us"`
+	Backend string `json:"backend"`
+	DType   string `json:"dtype"`
+	// SummaryDType is "fp8" when the score read fp8 summaries (the
+	// backend's Config.SummaryDType), omitted otherwise.
+	SummaryDType string  `json:"summary_dtype,omitempty"`
+	Context      int     `json:"context"`
+	Batch        int     `json:"batch"`
+	Budget       int     `json:"budget"`
+	PageSize     int     `json:"page_size"`
+	QHeads       int     `json:"q_heads"`
+	KVHeads      int     `json:"kv_heads"`
+	HeadDim      int     `json:"head_dim"`
+	DenseUS      float64 `json:"dense_us"`
+	QuestUS      float64 `json:"quest_us"`
+	ScoreUS      float64 `json:"score_us"`
+	TopKUS       float64 `json:"topk_us"`
 	// TopKStepUS is the top-K timed right after the score kernel (its
 	// input fresh in L2, as inside a Quest step); TopKUS starts from a cold
 	// L2 like the other phases.
@@ -288,7 +291,10 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 	if err := b.allocLayer(l); err != nil {
 		return nil, err
 	}
-	defer func() { cu.MemFree(l.K); cu.MemFree(l.V); cu.MemFree(l.Summary) }()
+	defer func() { cu.MemFree(l.K); cu.MemFree(l.V); cu.MemFree(l.Summary); freeFP8(l) }()
+	if err := b.allocFP8(l); err != nil { // Config.SummaryDType fp8: score from an fp8 copy
+		return nil, err
+	}
 	elems := int64(pages) * int64(kvh*s*d)
 	fill := "quest_fill_" + dt.String()
 	if err := b.launch(fill, [3]int{8192, 1, 1}, 256, 0, u(l.K), uint64(elems), 1); err != nil {
@@ -298,6 +304,9 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		return nil, err
 	}
 	if err := b.launch("quest_summarize_"+dt.String(), [3]int{pages, kvh, 1}, min(d, 256), 0, u(l.K), u(l.Summary), uint64(kvh), uint64(d), uint64(s), uint64(s)); err != nil {
+		return nil, err
+	}
+	if err := b.encodeFP8(l, 0, 0, pages); err != nil {
 		return nil, err
 	}
 	// Batch CSR: identity page tables, full last pages.
@@ -424,6 +433,9 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		return nil, err
 	}
 	sumBytes := int64(batch) * int64(P) * int64(kvh*2*d*dt.Bytes())
+	if l.FP8 != nil {
+		sumBytes = int64(batch) * int64(P) * int64(kvh*(2*d+4)) // codes and a scale per record
+	}
 	var out []BenchResult
 	for _, budget := range cfg.Budgets {
 		k := budget / s
@@ -496,7 +508,7 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		selBytes := int64(rows) * int64(k) * int64(s*d*dt.Bytes()) * 2
 		r := BenchResult{
 			Backend: "cuda", DType: dt.String(), Context: n, Batch: batch, Budget: budget, PageSize: s,
-			QHeads: hq, KVHeads: kvh, HeadDim: d,
+			QHeads: hq, KVHeads: kvh, HeadDim: d, SummaryDType: fp8Name(l),
 			DenseUS: denseUS, QuestUS: questUS, QuestLatencyUS: latUS, ScoreUS: scoreUS, TopKUS: topkUS, TopKStepUS: topkStepUS, AttendUS: attUS,
 			Speedup:   denseUS / questUS,
 			BytesRead: sumBytes + selBytes, BytesDense: bytesDense,
