@@ -1,11 +1,13 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
@@ -45,7 +47,14 @@ func TestOffloadDistributedEqualsSingleShard(t *testing.T) {
 		// Half the trials prefetch (within-layer or cross-layer).
 		cfg.PrefetchPages = []int{0, 4}[trial%2]
 		cfg.PrefetchCrossLayer = cfg.PrefetchPages > 0 && trial%4 == 3
-		name := fmt.Sprintf("trial%d_cp%d_tp%d_%v_%v_%v_sink%d_prefetch%d_cross%v", trial, cfg.CP, cfg.TP, cfg.Selection, cfg.Policy.GQA, cfg.Eviction, cfg.Policy.SinkPages, cfg.PrefetchPages, cfg.PrefetchCrossLayer)
+		// Every third trial keeps the pools device-resident on the
+		// pretend device (slot pools and its host tier).
+		if trial%3 == 1 {
+			cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2, AttendChunk: 4, ScoreChunk: 8})
+			t.Cleanup(func() { cpu.Close() })
+			cfg.Backend, cfg.DeviceResident = backendtest.FakeDevice{CPU: cpu}, true
+		}
+		name := fmt.Sprintf("trial%d_cp%d_tp%d_%v_%v_%v_sink%d_prefetch%d_cross%v_dev%v", trial, cfg.CP, cfg.TP, cfg.Selection, cfg.Policy.GQA, cfg.Eviction, cfg.Policy.SinkPages, cfg.PrefetchPages, cfg.PrefetchCrossLayer, cfg.DeviceResident)
 		t.Run(name, func(t *testing.T) {
 			p := newPair(t, cfg)
 			lens := []int{1, 17, 200 + rng.IntN(500), 300 + rng.IntN(500), 600}
@@ -92,9 +101,21 @@ func TestOffloadConfigRefused(t *testing.T) {
 	if err := cfg.Validate(); err == nil {
 		t.Error("a device budget over the capacity was accepted")
 	}
+	// Offload with device-resident pools needs a backend with slot pools
+	// (kernels.SlotStore): valid, refused by New on the CPU backend.
 	cfg.DeviceBudgetPages, cfg.DeviceResident = 8, true
-	if err := cfg.Validate(); err == nil {
-		t.Error("offload with device-resident pools was accepted")
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("offload with device-resident pools: %v", err)
+	}
+	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
+	defer cpu.Close()
+	c := cfg
+	c.Backend = cpu
+	if e, err := New(c); !errors.Is(err, pagestore.ErrInvalidConfig) {
+		if e != nil {
+			e.Close()
+		}
+		t.Errorf("device-resident offload on the CPU backend: %v, want ErrInvalidConfig", err)
 	}
 	cfg.DeviceBudgetPages, cfg.DeviceResident, cfg.PrefetchPages = 0, false, 4
 	if err := cfg.Validate(); err == nil {

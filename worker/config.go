@@ -58,7 +58,9 @@ type Config struct {
 	// many pages' K/V per rank stay in its pool arrays, the others in a
 	// host memory tier of the rank's own (see
 	// pagestore.Config.DeviceBudget), in [0, Capacity]. 0 (the default):
-	// off. Not available with DeviceResident.
+	// off. With DeviceResident the backend must keep slot pools
+	// (kernels.SlotStore, the CUDA backend): the tier is then its pinned
+	// host memory.
 	DeviceBudgetPages int
 	// Eviction is the offload eviction policy (pagestore.EvictLRU).
 	Eviction pagestore.Eviction
@@ -123,8 +125,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("worker config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
 	case c.DeviceBudgetPages < 0 || c.DeviceBudgetPages > c.Capacity:
 		return fmt.Errorf("worker config: device budget %d pages: want 0 (offload off) .. capacity %d", c.DeviceBudgetPages, c.Capacity)
-	case c.DeviceBudgetPages > 0 && c.DeviceResident:
-		return fmt.Errorf("worker config: device budget %d pages (offload) with device-resident pools: the device-resident store has no offload yet", c.DeviceBudgetPages)
 	case c.Eviction < pagestore.EvictLRU || c.Eviction > pagestore.EvictScore:
 		return fmt.Errorf("worker config: unknown eviction policy %d", c.Eviction)
 	case c.PrefetchPages < 0 || c.PrefetchPages > c.Capacity:
