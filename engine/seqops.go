@@ -21,26 +21,56 @@ func (e *Engine) opContext() (context.Context, context.CancelFunc) {
 func (e *Engine) Create(p plan.Placement) (SeqID, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	id := e.nextID
+	if err := e.create(id, p); err != nil {
+		return 0, err
+	}
+	return id, nil
+}
+
+// CreateID is Create under an id the caller chooses (a coordinator that
+// names its sequences across grids): id must be positive and unused;
+// later ids of Create and Fork come after it.
+func (e *Engine) CreateID(id SeqID, p plan.Placement) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.create(id, p)
+}
+
+func (e *Engine) create(id SeqID, p plan.Placement) error {
 	if e.closed {
-		return 0, ErrClosed
+		return ErrClosed
 	}
 	if p != plan.Striped && p != plan.Contiguous {
-		return 0, fmt.Errorf("create: %w: placement %d", ErrBadInput, p)
+		return fmt.Errorf("create: %w: placement %d", ErrBadInput, p)
+	}
+	if err := e.freeID(id); err != nil {
+		return fmt.Errorf("create: %w", err)
 	}
 	ctx, cancel := e.opContext()
 	defer cancel()
-	id := e.nextID
 	sq := &seqState{layout: plan.Layout{CP: e.cfg.CP, TP: e.cfg.TP, Placement: p, BlockPages: e.cfg.BlockPages},
 		lens: make([]int, e.cfg.Layers)}
 	for w, wk := range e.workers {
 		if err := wk.Create(ctx, worker.CreateRequest{Seq: uint64(id), Layout: sq.layout}); err != nil {
 			e.releaseOn(id, w)
-			return 0, fmt.Errorf("create: %w", err)
+			return fmt.Errorf("create: %w", err)
 		}
 	}
-	e.nextID++
+	e.nextID = max(e.nextID, id+1)
 	e.seqs[id] = sq
-	return id, nil
+	return nil
+}
+
+// freeID refuses an id that is 0 or names a sequence.
+func (e *Engine) freeID(id SeqID) error {
+	if id == 0 {
+		return fmt.Errorf("%w: sequence id 0", ErrBadInput)
+	}
+	if _, ok := e.seqs[id]; ok {
+		return fmt.Errorf("%w: sequence %d exists", ErrBadInput, id)
+	}
+	return nil
 }
 
 // releaseOn releases sequence id on the first n workers (undoing a create
@@ -195,25 +225,43 @@ func (e *Engine) append(ctx context.Context, id SeqID, sq *seqState, layer int, 
 func (e *Engine) Fork(id SeqID) (SeqID, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	cid := e.nextID
+	if err := e.fork(id, cid); err != nil {
+		return 0, err
+	}
+	return cid, nil
+}
+
+// ForkID is Fork with the child's id chosen by the caller (see
+// CreateID).
+func (e *Engine) ForkID(id, child SeqID) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.fork(id, child)
+}
+
+func (e *Engine) fork(id, cid SeqID) error {
 	sq, err := e.lookup(id)
 	if err != nil {
-		return 0, fmt.Errorf("fork: %w", err)
+		return fmt.Errorf("fork: %w", err)
+	}
+	if err := e.freeID(cid); err != nil {
+		return fmt.Errorf("fork seq %d: %w", id, err)
 	}
 	if slices.Min(sq.lens) != slices.Max(sq.lens) {
-		return 0, fmt.Errorf("fork seq %d: %w", id, pagestore.ErrUnevenLayers)
+		return fmt.Errorf("fork seq %d: %w", id, pagestore.ErrUnevenLayers)
 	}
 	ctx, cancel := e.opContext()
 	defer cancel()
-	cid := e.nextID
 	for w, wk := range e.workers {
 		if err := wk.Fork(ctx, worker.ForkRequest{Parent: uint64(id), Child: uint64(cid)}); err != nil {
 			e.releaseOn(cid, w) // the failing worker undid its own forks
-			return 0, fmt.Errorf("fork seq %d: %w", id, err)
+			return fmt.Errorf("fork seq %d: %w", id, err)
 		}
 	}
-	e.nextID++
+	e.nextID = max(e.nextID, cid+1)
 	e.seqs[cid] = &seqState{layout: sq.layout, lens: slices.Clone(sq.lens)}
-	return cid, nil
+	return nil
 }
 
 // Rollback drops the last n tokens of every layer on every shard.

@@ -24,16 +24,31 @@ type Config struct {
 	// local pages differ from the policy's runs on an engine of its own
 	// (see QuestOptions).
 	Policy plan.Policy
-	// CP and TP are the in-process engine's grid (1 x 1); Selection is
-	// its CP selection mode (engine.Exact).
+	// CP and TP are the grid of every request's sequence (1 x 1): the
+	// in-process engine's shards, or with Cluster the ranks of the grid
+	// the cluster lays the sequence out on. Selection is its CP
+	// selection mode (engine.Exact).
 	CP, TP    int
 	Selection engine.Selection
-	// CapacityPages is the engine's page pool per shard (4096). Every
+	// Cluster, when set, holds the requests' sequences instead of an
+	// in-process engine (nil: the in-process engine, the default): the
+	// model runs in this process and every request's sequence is
+	// created through Cluster on a CP x TP grid of the cluster's
+	// workers (CoordinatorCluster: a node's coordinator), where its KV
+	// pages live. Batching, admission, cancellation and usage work as
+	// with the in-process engine; a request whose selection options
+	// differ from Policy's gets a grid of that policy (shared by the
+	// requests of the same options) instead of an engine of its own.
+	Cluster Cluster
+	// CapacityPages is the engine's page pool per shard (4096); with
+	// Cluster, the pool of every rank of the requests' grids. Every
 	// admitted request reserves the pages of its prompt plus max_tokens
 	// in it (over CP shards: its share per shard).
 	CapacityPages int
 	// MemoryLimit bounds the engine's host pools: bytes, 0 (the memory
-	// available when New runs) or -1 (no check).
+	// available when New runs) or -1 (no check). With Cluster the
+	// workers check their own pools and it bounds the model's weights
+	// only (Load).
 	MemoryLimit int64
 	// MaxRunning caps the requests prefilling or decoding at once, the
 	// decode batch (16).

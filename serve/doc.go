@@ -1,7 +1,25 @@
 // Package serve is questrt's OpenAI-compatible completions API: an
 // [http.Handler] over one model (package model, on the CPU) whose KV
 // pages live in an in-process engine (package engine) with Quest page
-// selection.
+// selection, or on a cluster's workers ([Config.Cluster]).
+//
+// # Layouts
+//
+// By default every request's sequence is laid out over the CP x TP
+// shards of an in-process engine ([Config.CP], [Config.TP]). With
+// [Config.Cluster] ([CoordinatorCluster]: a node's coordinator, as
+// questd --serve-layout cluster wires it) the model still runs in this
+// process, but each request's sequence is created through the
+// coordinator on a CP x TP grid of the cluster's nodes (rank (0, 0) on
+// the coordinator's node when it has room, the others spread over the
+// other nodes): the prompt's keys and values are appended to the
+// grid's workers, and every decode step of a layer is one coordinator
+// step (the plan and the query to the workers, the merged partial
+// states back). Scheduling, admission (the pages per shard of the
+// grid's ranks), cancellation, usage, the quality monitor (forks on the
+// grid) and the history work the same way; a request whose grid cannot
+// be placed or loses a node gets 503 with Retry-After. The layout is
+// the server's: a request cannot choose its own grid.
 //
 // # API
 //
@@ -53,8 +71,9 @@
 // layers. Budget, dense layers and the dense selector are per step on
 // the server's engine; a selector, GQA mode, sink or local pages other
 // than the engine's put the request's sequence on an engine of its own
-// (its policy, a pool of the pages its admission reserved), still in
-// the same decode batch: DecodeBatch runs each sequence's attention on
+// (its policy, a pool of the pages its admission reserved; on a
+// cluster, the grid of its policy, shared with the requests of the same
+// options), still in the same decode batch: DecodeBatch runs each sequence's attention on
 // its own engine sequence, so no grouping by options is needed.
 //
 // # Quality monitor

@@ -12,7 +12,8 @@ import (
 // engineRef is an engine and the holders of its sequences: the server's
 // main engine (never closed through it), or the engine of one request
 // whose selection options differ from the main engine's (closed when its
-// request and the quality monitor's replays on it are done).
+// request and the quality monitor's replays on it are done). A nil
+// engineRef (a sequence on Config.Cluster) holds nothing.
 type engineRef struct {
 	eng *engine.Engine
 	// own: the engine belongs to one request and closes with the last
@@ -27,6 +28,9 @@ type engineRef struct {
 
 // acquire adds a holder.
 func (r *engineRef) acquire() {
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	r.refs++
 	r.mu.Unlock()
@@ -34,6 +38,9 @@ func (r *engineRef) acquire() {
 
 // release drops a holder; the last one closes an own engine.
 func (r *engineRef) release() {
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	r.refs--
 	last := r.refs == 0
@@ -48,7 +55,8 @@ func (r *engineRef) release() {
 
 // engineConfig is the engine configuration of policy pol (its dense
 // layers are the request's, run as forced-dense steps, so the engine has
-// none) with a pool of capacity pages per shard, on the server's grid.
+// none) with a pool of capacity pages per shard, on the server's grid:
+// the in-process engines' and the cluster's sequences'.
 func (s *Server) engineConfig(pol plan.Policy, capacity int) engine.Config {
 	pol.DenseLayers = 0
 	ec := model.EngineConfig(s.m.Geometry(), pol, capacity)

@@ -24,11 +24,14 @@ type job struct {
 	dense   *model.Dense // the prefill's recorder; nil once loaded
 	filled  int          // prompt tokens prefilled
 	attn    *jobAttention
-	eng     *engineRef // the engine holding attn's sequence
-	next    int        // the token the next decode step feeds
-	tokens  int        // tokens generated
-	text    *stopText
-	ended   bool
+	eng     *engineRef // the engine holding attn's sequence (nil on a cluster)
+	// cseq, on Config.Cluster, is the sequence created when the prefill
+	// starts, until load hands it to attn.
+	cseq   model.Sequence
+	next   int // the token the next decode step feeds
+	tokens int // tokens generated
+	text   *stopText
+	ended  bool
 	// With a history (Config.History): the tokens generated, the
 	// logits' most likely token at each, and the text sent.
 	keep        bool

@@ -176,7 +176,7 @@ func (mo *monitor) stop() {
 
 // discard releases a replay's fork without running it.
 func (mo *monitor) discard(t *replayTask) {
-	if err := t.fork.Release(); err != nil && !errors.Is(err, engine.ErrClosed) {
+	if err := t.fork.Release(); err != nil && !errors.Is(err, engine.ErrClosed) && !errors.Is(err, ErrClusterUnavailable) {
 		mo.failed.Add(1)
 	}
 	t.ref.release()

@@ -97,7 +97,7 @@ func TestMonitorMatchesDiagnostics(t *testing.T) {
 	sparse := g.Layers - cfg.Policy.DenseLayers
 	steps := maxTokens - 1
 	st := waitStats(t, s, "the replays", func(st Stats) bool {
-		return st.MonitorReplayed+st.MonitorFailed+st.MonitorDropped == st.MonitorSampled && st.EngineSequences == 0
+		return st.MonitorReplayed+st.MonitorFailed == st.MonitorSampled && st.EngineSequences == 0
 	})
 	if st.MonitorSampled != uint64(steps*sparse*g.KVHeads) || st.MonitorReplayed != st.MonitorSampled {
 		t.Fatalf("%d steps x %d sparse layers x %d KV heads: %+v", steps, sparse, g.KVHeads, st)
@@ -311,7 +311,7 @@ func TestMonitorOwnEngine(t *testing.T) {
 		complete(t, ts.URL, map[string]any{"model": "tiny", "prompt": prompt, "max_tokens": 10, "temperature": 0, "quest": q})
 	}
 	st := waitStats(t, s, "the replays and the own engines", func(st Stats) bool {
-		return st.MonitorReplayed+st.MonitorFailed+st.MonitorDropped == st.MonitorSampled && st.OwnEnginesOpen == 0
+		return st.MonitorReplayed+st.MonitorFailed == st.MonitorSampled && st.OwnEnginesOpen == 0
 	})
 	if st.OwnEngines != 3 || st.MonitorFailed != 0 || st.MonitorReplayed == 0 || len(log.all()) != int(st.MonitorReplayed) {
 		t.Errorf("stats %+v, %d samples", st, len(log.all()))

@@ -105,6 +105,16 @@ func (s *Server) prefill() {
 			return
 		}
 		if j.dense == nil {
+			if s.cfg.Cluster != nil {
+				// The sequence first: a cluster without room for its
+				// grid fails the request before its prefill runs.
+				seq, err := s.createClusterSeq(j.ctx, j)
+				if err != nil {
+					s.end(j, nil, s.stepError(j, err), "")
+					continue
+				}
+				j.cseq = seq
+			}
 			j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)
 			j.text = newStopText(j.p.stops)
 			sm, err := model.NewSampler(j.p.temperature, j.p.topP, j.p.seed)
@@ -127,7 +137,7 @@ func (s *Server) prefill() {
 			continue
 		}
 		if err := s.load(j); err != nil {
-			s.end(j, nil, internal(fmt.Errorf("load the prompt into the engine: %w", err)), "")
+			s.end(j, nil, s.stepError(j, fmt.Errorf("load the prompt into the engine: %w", err)), "")
 			continue
 		}
 		s.token(j, logits)
@@ -136,8 +146,18 @@ func (s *Server) prefill() {
 
 // load creates j's engine sequence, on the main engine or, when j's
 // selection options are not the main engine's, on an engine of its own,
-// and appends the prefill's keys and values to it.
+// and appends the prefill's keys and values to it; on a cluster it
+// appends them to the sequence the prefill's start created.
 func (s *Server) load(j *job) error {
+	if j.cseq != nil {
+		ea := model.NewSequenceAttention(j.cseq, s.m.Geometry())
+		j.cseq = nil
+		ea.Budget = j.p.budget
+		j.attn = &jobAttention{EngineAttention: ea, denseLayers: j.p.denseLayers, allDense: j.p.allDense}
+		err := ea.Load(j.dense)
+		j.dense = nil
+		return err
+	}
 	ref := s.main
 	if j.p.own {
 		var err error
@@ -253,6 +273,12 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		}
 		j.attn = nil
 	}
+	if j.cseq != nil {
+		if rerr := j.cseq.Release(context.Background()); rerr != nil {
+			s.log.Warn("release sequence", "request", j.id, "err", rerr)
+		}
+		j.cseq = nil
+	}
 	if j.eng != nil {
 		j.eng.release()
 		j.eng = nil
@@ -334,6 +360,8 @@ func (s *Server) stepError(j *job, err error) *apiError {
 		return ctxError(j.ctx)
 	case s.ctx.Err() != nil:
 		return errClosed
+	case errors.Is(err, ErrClusterUnavailable):
+		return s.clusterUnavailable(err)
 	}
 	s.log.Error("request failed", "request", j.id, "err", err)
 	return internal(err)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/questrt/questrt/engine"
@@ -21,18 +22,21 @@ import (
 // goroutines. Everything that touches the model and the engine runs on
 // the Server's scheduler goroutine.
 type Server struct {
-	cfg        Config
-	hooks      hooks
-	name       string
-	m          *model.Model
-	tok        model.Tokenizer
-	stopIDs    []int
-	eng        *engine.Engine
-	main       *engineRef // eng, for the jobs and replays that hold sequences on it
-	maxContext int        // prompt + max_tokens bound (0: none)
-	created    int64
-	log        *slog.Logger
-	now        func() time.Time
+	cfg     Config
+	hooks   hooks
+	name    string
+	m       *model.Model
+	tok     model.Tokenizer
+	stopIDs []int
+	eng     *engine.Engine // nil with Config.Cluster
+	main    *engineRef     // eng, for the jobs and replays that hold sequences on it
+	// clusterSeqs counts the sequences held on Config.Cluster (the
+	// requests' and the monitor's forks).
+	clusterSeqs atomic.Int64
+	maxContext  int // prompt + max_tokens bound (0: none)
+	created     int64
+	log         *slog.Logger
+	now         func() time.Time
 	// ownModel is closed with the Server (Load's).
 	ownModel *model.Model
 	// instance tells this server's completion ids from another's.
@@ -92,13 +96,16 @@ type Stats struct {
 	// EngineSequences and UsedPages are the main engine's own view
 	// (shard 0; UsedPages the most of any shard): what no finished
 	// request may leave behind (the quality monitor's forks count until
-	// their replay is done).
+	// their replay is done). With Config.Cluster, EngineSequences is the
+	// sequences the server holds on the cluster and UsedPages is 0 (the
+	// pages are the workers': see the nodes' stats).
 	EngineSequences, UsedPages int
 	// OwnEngines counts the requests that ran on an engine of their own
-	// (a selector, GQA mode, sink or local pages not the main engine's).
+	// (a selector, GQA mode, sink or local pages not the main engine's;
+	// with Config.Cluster, on the grid of their policy).
 	OwnEngines uint64
 	// OwnEnginesOpen is the own engines not closed yet (their request or
-	// a monitor replay on them still running).
+	// a monitor replay on them still running); 0 with Config.Cluster.
 	OwnEnginesOpen int
 	// The quality monitor's (layer, KV head) samples: taken, dropped
 	// because the replay queue was full, replayed, and failed (a fork or
@@ -107,8 +114,11 @@ type Stats struct {
 }
 
 // New builds a server for m, whose tokenizer is tok, with an in-process
-// engine of m's geometry (model.EngineConfig) under cfg.Policy, and
-// starts its scheduler. The caller keeps m (Close does not close it).
+// engine of m's geometry (model.EngineConfig) under cfg.Policy, or with
+// cfg.Cluster the same engine config for the grids of the requests'
+// sequences on the cluster, and starts its scheduler. The caller keeps
+// m (Close does not close it), and cfg.Cluster: it must outlive the
+// server.
 func New(m *model.Model, tok model.Tokenizer, cfg Config) (*Server, error) {
 	return newServer(m, tok, cfg, hooks{})
 }
@@ -134,9 +144,22 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	// layers are per request (the serving policy's by default), run as
 	// forced-dense steps, which read every page as a dense plan does.
 	s := &Server{cfg: cfg, m: m}
-	eng, err := engine.New(s.engineConfig(cfg.Policy, cfg.CapacityPages+s.monitorSlack()))
-	if err != nil {
-		return nil, fmt.Errorf("serve: %w", err)
+	if kv := m.Config.KVHeads; kv%cfg.TP != 0 {
+		return nil, fmt.Errorf("serve config: tp %d does not divide the model's %d KV heads", cfg.TP, kv)
+	}
+	ec := s.engineConfig(cfg.Policy, cfg.CapacityPages+s.monitorSlack())
+	var eng *engine.Engine
+	var main *engineRef
+	if cfg.Cluster == nil {
+		var err error
+		if eng, err = engine.New(ec); err != nil {
+			return nil, fmt.Errorf("serve: %w", err)
+		}
+		main = &engineRef{eng: eng}
+	} else if err := ec.Validate(); err != nil {
+		// The cluster's grids get this config: refuse it here rather
+		// than on every request.
+		return nil, fmt.Errorf("serve: grid of the cluster's sequences: %w", err)
 	}
 	now := cfg.Now
 	if now == nil {
@@ -147,7 +170,7 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 		log = slog.New(slog.DiscardHandler)
 	}
 	*s = Server{cfg: cfg, hooks: hk, name: cfg.ModelName, m: m, tok: tok, stopIDs: model.StopIDs(tok, m.Config), eng: eng,
-		main: &engineRef{eng: eng}, maxContext: m.Config.MaxPositions, log: log, now: now,
+		main: main, maxContext: m.Config.MaxPositions, log: log, now: now,
 		stop: make(chan struct{}), exited: make(chan struct{}), wake: make(chan struct{}, 1), changed: make(chan struct{})}
 	if cfg.MaxContext > 0 && (s.maxContext == 0 || cfg.MaxContext < s.maxContext) {
 		s.maxContext = cfg.MaxContext
@@ -205,6 +228,10 @@ func (s *Server) Stats() Stats {
 		st.MonitorSampled, st.MonitorDropped = mo.sampled.Load(), mo.dropped.Load()
 		st.MonitorReplayed, st.MonitorFailed = mo.replayed.Load(), mo.failed.Load()
 	}
+	if s.eng == nil {
+		st.EngineSequences = int(s.clusterSeqs.Load())
+		return st
+	}
 	if sh := s.eng.Shard(0, 0); sh != nil {
 		st.EngineSequences = sh.Store().Stats().Sequences
 	}
@@ -251,7 +278,7 @@ func (s *Server) Drain(ctx context.Context) error {
 
 // Close stops the scheduler, fails the requests it still has (503),
 // releases their sequences and closes the engine (and the model, for a
-// server made by Load). It waits for the scheduler to return.
+// server made by Load; not Config.Cluster, which is the caller's). It waits for the scheduler to return.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
@@ -264,7 +291,9 @@ func (s *Server) Close() error {
 		if s.mon != nil {
 			s.mon.stop()
 		}
-		s.eng.Close()
+		if s.eng != nil {
+			s.eng.Close()
+		}
 		if s.ownModel != nil {
 			s.ownModel.Close()
 		}

@@ -88,7 +88,7 @@ type Config struct {
 	SyncInterval time.Duration
 	// GridID names the grid the worker is part of (worker/remote sets
 	// the coordinator's grid id). A persisting worker records it with
-	// each sequence it creates, forks or claims ([RecoveredSeq.Grid]),
+	// each sequence it creates or forks ([RecoveredSeq.Grid]; a claim keeps it),
 	// so that a coordinator matching recovered sequences over several
 	// workers tells apart the sequences of different grids that had the
 	// same id. Default "".

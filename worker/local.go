@@ -71,6 +71,10 @@ type seqState struct {
 	layout plan.Layout
 	local  []pagestore.SeqID
 	key    uint64 // its sequence table entry (Config.DataDir), 0 if none
+	// grid is the grid its table entry names (RecoveredSeq.Grid): the
+	// Config.GridID of the worker that created or forked it, kept by
+	// Claim; "" until the entry is written.
+	grid string
 }
 
 // NewLocal builds the shards (and, for replicated selection, the summary

@@ -97,8 +97,10 @@ type RecoveredSeq struct {
 	// Key is the worker's handle of the sequence (Claim, DropRecovered).
 	Key uint64
 	// Seq is the coordinator's id it had when the worker stopped, and
-	// Grid the Config.GridID of the worker that created, forked or
-	// claimed it last: (Grid, Seq) names it on every worker of its grid.
+	// Grid the Config.GridID of the worker that created or forked it (a
+	// Claim keeps both when it keeps the id: a sequence claimed after
+	// each of several restarts keeps the names it was created with):
+	// (Grid, Seq) names it on every worker of its grid.
 	Seq    uint64
 	Grid   string
 	Layout plan.Layout
@@ -204,7 +206,11 @@ func (l *Local) putEntry(seq uint64, sq *seqState) error {
 	if l.db == nil {
 		return nil
 	}
-	e := entry{Seq: seq, Grid: l.cfg.GridID, Placement: int(sq.layout.Placement), BlockPages: sq.layout.BlockPages}
+	grid := sq.grid
+	if grid == "" {
+		grid = l.cfg.GridID
+	}
+	e := entry{Seq: seq, Grid: grid, Placement: int(sq.layout.Placement), BlockPages: sq.layout.BlockPages}
 	for i, rk := range l.ranks {
 		e.Ranks = append(e.Ranks, entryRank{TP: rk.id.TP, CP: rk.id.CP, Store: sq.local[i]})
 	}
@@ -229,6 +235,7 @@ func (l *Local) putEntry(seq uint64, sq *seqState) error {
 		sq.key = key
 		l.nextKey++
 	}
+	sq.grid = grid
 	return nil
 }
 
@@ -297,7 +304,7 @@ func (l *Local) recoverTable() error {
 	for _, it := range entries {
 		e := it.e
 		lay := plan.Layout{CP: c.CP, TP: c.TP, Placement: plan.Placement(e.Placement), BlockPages: e.BlockPages}
-		sq := &seqState{layout: lay, key: it.key, local: make([]pagestore.SeqID, len(l.ranks))}
+		sq := &seqState{layout: lay, key: it.key, grid: e.Grid, local: make([]pagestore.SeqID, len(l.ranks))}
 		err := it.err
 		if err == nil {
 			err = lay.Validate(c.KVHeads)
@@ -495,7 +502,9 @@ func (l *Local) ParkedCount() int { return int(l.nparked.Load()) }
 // Claim makes the recovered sequence key (see [RecoveryReport]) live
 // again as sequence seq (its old id or another one new to the worker):
 // later messages reach it as any sequence with its recovered lengths.
-// The table records the new id at once.
+// The table records the new id at once, and keeps the entry's grid
+// ([RecoveredSeq.Grid]), so that a coordinator that claims it under its
+// old id finds it under the same (Grid, Seq) after the next restart.
 func (l *Local) Claim(ctx context.Context, key, seq uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -269,6 +269,10 @@ type Coordinator struct {
 	next   uint64           // next sequence number
 	ngrid  uint64           // grids opened
 	wg     sync.WaitGroup   // grid closers
+	// adopted are the sequences adopted after a restart and not released
+	// (by id), damaged those found and not adopted (see adopt.go).
+	adopted map[string]RecoveredSeq
+	damaged []DamagedSeq
 }
 
 // grid is one placement's engine and remote workers.
@@ -281,7 +285,8 @@ type grid struct {
 	eng     *engine.Engine
 	ranks   []remote.NodeRanks
 	clients []*remote.Client
-	lost    error // set once the grid lost a node
+	workers []string // the node of each entry of ranks and clients
+	lost    error    // set once the grid lost a node
 	seqs    int
 	// ctx ends when the grid is lost (its cause the loss): the steps in
 	// flight on it end at once instead of at their deadline.
@@ -313,7 +318,7 @@ func New(cfg Config) (*Coordinator, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Coordinator{cfg: cfg, log: log, grids: map[string]*grid{}, seqs: map[string]*seq{}, next: 1}, nil
+	return &Coordinator{cfg: cfg, log: log, grids: map[string]*grid{}, seqs: map[string]*seq{}, next: 1, adopted: map[string]RecoveredSeq{}}, nil
 }
 
 // Sequences is the number of sequences this node coordinates; Grids the
@@ -399,7 +404,14 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 	if err != nil {
 		return Created{}, err
 	}
-	id, err := g.eng.Create(p)
+	// The engine id is the sequence's number (the workers' tables keep
+	// it: an adopted sequence keeps its name, see adopt.go).
+	n, err := c.number()
+	if err != nil {
+		return Created{}, err
+	}
+	id := engine.SeqID(n)
+	err = g.eng.CreateID(id, p)
 	if err != nil && errors.Is(err, remote.ErrUnknownGrid) {
 		// A node forgot the grid (swept it while its view still showed
 		// this coordinator gone, or restarted): lose it and create on a
@@ -408,7 +420,7 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 		if g, err = c.gridFor(ctx, cfg); err != nil {
 			return Created{}, err
 		}
-		id, err = g.eng.Create(p)
+		err = g.eng.CreateID(id, p)
 	}
 	if err != nil {
 		c.check(g, err)
@@ -419,8 +431,7 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 	if c.closed {
 		return Created{}, ErrClosed
 	}
-	name := c.seqName(c.next)
-	c.next++
+	name := c.seqName(n)
 	c.seqs[name] = &seq{g: g, id: id}
 	g.seqs++
 	return Created{ID: name, Nodes: append([]string(nil), g.nodes...), View: g.ref.View}, nil
@@ -491,7 +502,7 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 	if err != nil {
 		return nil, fmt.Errorf("open grid %s on %v: %w", g.ref.Grid, nodes, err)
 	}
-	g.clients = clients
+	g.clients, g.workers = clients, names
 	hosts := make([]engine.Host, len(clients))
 	for i, cl := range clients {
 		hosts[i] = engine.Host{Worker: peerWorker{Worker: cl, node: names[i]}, Ranks: g.ranks[i].Ranks}
@@ -520,6 +531,15 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 	}
 	c.grids[g.key] = g
 	c.log.Info("grid opened", "grid", g.ref.Grid, "view", g.ref.View, "nodes", nodes)
+	// The sequences the grid's nodes recovered (none on nodes without a
+	// data directory): named and numbered under the lock, adopted outside
+	// it (the claims wait on the nodes; the deferred unlock takes it
+	// back). A grid that lost the race above left its own parked, on
+	// disk again once it closed.
+	recs := c.matchRecoveredLocked(g)
+	c.mu.Unlock()
+	c.adopt(ctx, g, recs)
+	c.mu.Lock()
 	return g, nil
 }
 
@@ -671,15 +691,18 @@ func (c *Coordinator) Fork(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	child, err := s.g.eng.Fork(s.id)
+	n, err := c.number()
 	if err != nil {
+		return "", err
+	}
+	child := engine.SeqID(n)
+	if err := s.g.eng.ForkID(s.id, child); err != nil {
 		c.check(s.g, err)
 		return "", err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	name := c.seqName(c.next)
-	c.next++
+	name := c.seqName(n)
 	c.seqs[name] = &seq{g: s.g, id: child}
 	s.g.seqs++
 	return name, nil
@@ -708,6 +731,7 @@ func (c *Coordinator) Release(ctx context.Context, id string) error {
 		return fmt.Errorf("sequence %q: %w", id, ErrUnknownSequence)
 	}
 	delete(c.seqs, id)
+	delete(c.adopted, id)
 	s.g.seqs--
 	lost := s.g.lost != nil
 	if s.g.seqs == 0 && lost {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -492,10 +493,46 @@ func (s *Server) Status(ctx context.Context, _ *decodev1.StatusRequest) (*decode
 			GrpcAddr: m.Meta.GRPCAddr, Version: m.Meta.Version,
 			FreePages: uint32(min(m.Meta.FreePages, math.MaxUint32)), TotalPages: uint32(min(m.Meta.TotalPages, math.MaxUint32))})
 	}
+	rep.Recovered, rep.Damaged = recoveryProto(c.Recovery())
 	if s.cfg.Status != nil {
 		s.cfg.Status(rep)
 	}
 	return rep, nil
+}
+
+// Recovered implements decodev1.DecodeServer: this node's coordinator
+// opens the grid of the node's config (Coordinator.Recover) and lists
+// what it adopted.
+func (s *Server) Recovered(ctx context.Context, _ *decodev1.RecoveredRequest) (*decodev1.RecoveredReply, error) {
+	r, err := s.c.Recover(ctx)
+	if err != nil {
+		return nil, statusCtx(ctx, err)
+	}
+	rep := &decodev1.RecoveredReply{}
+	rep.Sequences, rep.Damaged = recoveryProto(r)
+	return rep, nil
+}
+
+// recoveryProto is r as the Decode API reports it.
+func recoveryProto(r Recovery) ([]*decodev1.RecoveredSequence, []*decodev1.DamagedSequence) {
+	var seqs []*decodev1.RecoveredSequence
+	for _, q := range r.Sequences {
+		p := &decodev1.RecoveredSequence{Sequence: q.ID, Length: uint64(q.Len()), Had: uint64(q.Had),
+			LostTokens: uint64(q.LostTokens), Nodes: q.Nodes, RenamedFrom: q.RenamedFrom}
+		for _, n := range q.Lens {
+			p.Lens = append(p.Lens, uint64(n))
+		}
+		seqs = append(seqs, p)
+	}
+	var dmg []*decodev1.DamagedSequence
+	for _, d := range r.Damaged {
+		id := d.ID
+		if id == "" {
+			id = d.Grid + "#" + strconv.FormatUint(d.Seq, 10)
+		}
+		dmg = append(dmg, &decodev1.DamagedSequence{Sequence: id, Error: d.Err.Error()})
+	}
+	return seqs, dmg
 }
 
 // Status maps a coordinator, engine or worker error to a gRPC status

@@ -284,6 +284,12 @@ func (n *Node) GossipAddr() string { return n.m.Addr().String() }
 // Membership is the node's membership.
 func (n *Node) Membership() *cluster.Membership { return n.m }
 
+// Coordinator is the node's coordinator: the sequences created through
+// it are placed on grids of the cluster's workers, as those of the
+// client API (questd's completions API uses it in process). Stop closes
+// it.
+func (n *Node) Coordinator() *coord.Coordinator { return n.co }
+
 // Served receives the gRPC server's error if it stops
 // serving before Stop.
 func (n *Node) Served() <-chan error { return n.served }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -42,7 +43,9 @@ Asks one questd (Decode/Status) for its view of the cluster and prints it:
 the node, its version and membership view, a table of the members (name,
 state alive|suspect|dead|left, gRPC address, free/total pages, version),
 the node's devices, the grid configuration (geometry, cp x tp, capacity,
-selection mode, policy) and how many sequences and grids it holds.
+selection mode, policy), how many sequences and grids it holds, and the
+sequences its coordinator adopted after a restart on --data-dir (their
+length and the tail tokens lost, to append again) or found damaged.
 
 With --json it prints the StatusReply as one line of protojson (proto
 field names, unset fields included). A node that does not answer within
@@ -401,6 +404,16 @@ func writeStatus(w io.Writer, r *decodev1.StatusReply) error {
 
 	writeGrid(&b, r.GetConfig())
 	fmt.Fprintf(&b, "sequences %d, grids %d\n", r.GetSequences(), r.GetGrids())
+	for _, q := range r.GetRecovered() {
+		fmt.Fprintf(&b, "recovered %s: length %d, lost %d tokens (append them again from %d)", q.GetSequence(), q.GetLength(), q.GetLostTokens(), slices.Max(append([]uint64{q.GetLength()}, q.GetLens()...)))
+		if q.GetRenamedFrom() != "" {
+			fmt.Fprintf(&b, ", was %s", q.GetRenamedFrom())
+		}
+		b.WriteString("\n")
+	}
+	for _, d := range r.GetDamaged() {
+		fmt.Fprintf(&b, "damaged %s: %s\n", orDash(d.GetSequence()), d.GetError())
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -191,11 +191,14 @@ type Config struct {
 	// coordinator's name and its shape, so that the same grid opened
 	// after a restart recovers them (the recovery is logged and counted
 	// in questrt_recovery_*); questd holds DIR/LOCK, and a second questd
-	// on DIR fails to start [--data-dir]. Recovered sequences stay
-	// parked on their grid (their pages count against its pool) until
-	// their coordinator claims them (worker/remote Client.Claim); the
-	// coordinator of cluster/coord does not adopt them yet, so the
-	// Decode API does not reach them. Default "": no persistence.
+	// on DIR fails to start [--data-dir]. The coordinator of the grid
+	// (the same node name) adopts the recovered sequences when it opens
+	// the grid again (its first Create, or the Decode API's Recovered
+	// call, which opens the grid of the node's config): under their old
+	// ids, at the length every rank kept, the lost tail tokens reported
+	// (Recovered, Status) for the client to append again. Sequences some
+	// rank lost are freed and reported damaged. Default "": no
+	// persistence.
 	DataDir string
 	// Durability is when persisted changes become durable: sync (every
 	// page seal and sequence change is fsynced before it returns) or
@@ -254,8 +257,9 @@ type Config struct {
 	ReadyFile string
 
 	// The OpenAI-compatible completions API (package serve): the model
-	// runs on this node, its KV pages in an in-process engine with this
-	// node's selection policy (not through the cluster's grids yet).
+	// runs on this node under this node's selection policy, its KV pages
+	// in an in-process engine or on a grid of the cluster's nodes
+	// (ServeLayout).
 
 	// Model is a Hugging Face Llama checkpoint directory to serve
 	// [--model]; needs HTTPAddr. Default "": no model.
@@ -278,6 +282,17 @@ type Config struct {
 	// ServePages is the page pool of the served model's engine
 	// [--serve-capacity-pages]. Default 4096.
 	ServePages int
+	// ServeLayout is where the served requests' KV pages live
+	// [--serve-layout]: "local", an in-process engine on this node, or
+	// "cluster", a ServeCP x ServeTP grid of the cluster's nodes that
+	// this node coordinates (serve.CoordinatorCluster; ServePages per
+	// rank). Default local.
+	ServeLayout string
+	// ServeCP and ServeTP are the grid of every served request's
+	// sequence [--serve-cp, --serve-tp]: context-parallel ranks (its
+	// pages spread over them) and tensor-parallel ranks (the model's KV
+	// heads split over them). Default 1 x 1.
+	ServeCP, ServeTP int
 	// MonitorRate is the fraction of decode steps' (layer, KV head) pairs
 	// the quality monitor replays with dense attention on the side
 	// [--monitor-rate], 0..1. Default 0: off.
@@ -576,7 +591,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.bool(&c.PrefetchCrossLayer, "prefetch-cross-layer", false, "offload: prefetch the next layer's pages too (needs --prefetch-pages)")
 
 	d.group("Persistence")
-	d.str(&c.DataDir, "data-dir", "", "`dir` the grids hosted here persist their sequences in, one subdirectory per grid (coordinator and shape): a restart on the same dir recovers them when the grid opens again; one questd per dir (default: no persistence)")
+	d.str(&c.DataDir, "data-dir", "", "`dir` the grids hosted here persist their sequences in, one subdirectory per grid (coordinator and shape): a restart on the same dir (same --name) recovers them when the grid opens again (the first Create, or the Decode API's Recovered call, which lists them under their old ids with the tail tokens lost, to append again); one questd per dir (default: no persistence)")
 	d.text("durability", "sync", "with --data-dir: sync (each sealed page and sequence change is fsynced before the call returns) or periodic (flushed every --sync-interval; a crash loses up to that much more)", func(s string) error {
 		switch s {
 		case "sync":
@@ -609,7 +624,16 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.int(&c.MaxRunning, "max-running", 16, "requests decoding at once; more wait in the queue")
 	d.int(&c.MaxQueued, "max-queued", 64, "admitted requests waiting to run; beyond it requests get 429")
 	d.int(&c.PrefillChunk, "prefill-chunk-tokens", 512, "prompt tokens prefilled between two decode steps (long prompts do not stall the others)")
-	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; requests whose pages would not fit get 429")
+	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; requests whose pages would not fit get 429 (--serve-layout cluster: the pool of every rank of the served grid)")
+	d.text("serve-layout", "local", "where the served requests' KV pages live, `local|cluster`: local (an in-process engine on this node) or cluster (a --serve-cp x --serve-tp grid of the cluster's nodes coordinated by this node; the model runs here, attention steps go to the grid's workers)", func(v string) error {
+		if v != "local" && v != "cluster" {
+			return fmt.Errorf("want local or cluster")
+		}
+		c.ServeLayout = v
+		return nil
+	})
+	d.int(&c.ServeCP, "serve-cp", 1, "context-parallel ranks of every served request's sequence (its pages are spread over them): in-process shards, or ranks on the cluster's nodes with --serve-layout cluster")
+	d.int(&c.ServeTP, "serve-tp", 1, "tensor-parallel ranks of every served request's sequence (the model's KV heads are split over them; must divide them)")
 	d.text("monitor-rate", "0", "fraction `R` (0..1) of decode steps, per layer and KV head, replayed with dense attention off the requests' path: page recall, attention-mass recall and output error histograms by layer on /metrics; 0 is off", func(v string) error {
 		r, err := strconv.ParseFloat(v, 64)
 		if err != nil || !(r >= 0 && r <= 1) {
@@ -1225,6 +1249,16 @@ func (c Config) Validate() error {
 		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
 	case c.ServePages < 1 || c.ServePages > plan.MaxPages:
 		return bad("serve-capacity-pages", itoa(c.ServePages), "want 1..%d", plan.MaxPages)
+	case c.ServeCP < 1 || c.ServeCP > 64:
+		return bad("serve-cp", itoa(c.ServeCP), "want 1..64")
+	case c.ServeTP < 1 || c.ServeTP > 64:
+		return bad("serve-tp", itoa(c.ServeTP), "want 1..64")
+	case c.Model == "" && c.ServeLayout != "local":
+		return bad("serve-layout", c.ServeLayout, "needs --model and --http-addr (the completions API whose KV pages it places)")
+	case c.Model == "" && (c.ServeCP != 1 || c.ServeTP != 1):
+		return bad("serve-cp", itoa(c.ServeCP), "--serve-cp %d x --serve-tp %d needs --model and --http-addr (the completions API it lays out)", c.ServeCP, c.ServeTP)
+	case c.ServeLayout == "cluster" && c.servePagesPerRank() > c.hostPages():
+		return bad("serve-capacity-pages", itoa(c.ServePages), "with --serve-layout cluster every rank of the served grid reserves %d pages (plus --monitor-queue with --monitor-rate), more than this node's --max-pages %d", c.servePagesPerRank(), c.hostPages())
 	case c.MonitorQueue < 1:
 		return bad("monitor-queue", itoa(c.MonitorQueue), "must be at least 1")
 	case c.RequestHistory < 0:

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/questrt/questrt/cluster/node"
 	completion "github.com/questrt/questrt/serve"
 )
 
@@ -15,7 +16,9 @@ import (
 // /v1/completions, GET /v1/models, and the last --request-history
 // requests under /admin/requests for questctl replay-request). With
 // --monitor-rate its quality monitor's histograms go to the process's
-// registry (monitor.go).
+// registry (monitor.go). With --serve-layout cluster the requests' KV
+// pages live on --serve-cp x --serve-tp grids of the cluster's nodes,
+// which this node's coordinator drives; the model runs here.
 type completions struct {
 	srv  *completion.Server
 	http *metricsServer
@@ -23,11 +26,13 @@ type completions struct {
 
 // serveConfig is the serve package configuration of cfg: the node's selection
 // policy (per-layer budgets of --policy included), the served engine's
-// pool and the request caps.
+// grid and pool and the request caps (startCompletions adds where the
+// pages live: the node's coordinator with --serve-layout cluster).
 func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc := completion.DefaultConfig()
 	sc.ModelName = c.ModelName
 	sc.Policy = c.engineConfig().Policy
+	sc.CP, sc.TP = c.ServeCP, c.ServeTP
 	sc.CapacityPages = c.ServePages
 	sc.MemoryLimit = c.MaxMemory
 	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.MaxRunning, c.MaxQueued, c.PrefillChunk
@@ -37,10 +42,12 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	return sc
 }
 
-// startCompletions loads --model and serves it on --http-addr; with
+// startCompletions loads --model and serves it on --http-addr, its
+// requests' sequences on n's cluster with --serve-layout cluster; with
 // --monitor-rate the quality monitor's metrics go to reg.
-func startCompletions(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*completions, error) {
+func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *slog.Logger) (*completions, error) {
 	sc := cfg.serveConfig(log)
+	sc.Cluster = cfg.serveCluster(n)
 	if sc.Monitor.Rate > 0 {
 		mm, err := newMonitorMetrics(reg)
 		if err != nil {
@@ -50,7 +57,7 @@ func startCompletions(cfg Config, reg prometheus.Registerer, log *slog.Logger) (
 	}
 	srv, err := completion.Load(cfg.Model, sc)
 	if err != nil {
-		return nil, fmt.Errorf("--model %q: %w", cfg.Model, err)
+		return nil, fmt.Errorf("--model %q (--serve-layout %s, --serve-cp %d, --serve-tp %d): %w", cfg.Model, cfg.ServeLayout, cfg.ServeCP, cfg.ServeTP, err)
 	}
 	if sc.Monitor.Rate > 0 {
 		if err := reg.Register(newMonitorCounts(srv)); err != nil {
@@ -63,7 +70,7 @@ func startCompletions(cfg Config, reg prometheus.Registerer, log *slog.Logger) (
 		srv.Close()
 		return nil, err
 	}
-	log.Info("completions API", "addr", h.addr, "model", srv.Name())
+	log.Info("completions API", "addr", h.addr, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP)
 	return &completions{srv: srv, http: h}, nil
 }
 

@@ -132,7 +132,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	}
 	var api *completions
 	if cfg.Model != "" {
-		if api, err = startCompletions(cfg, reg, log.With("component", "serve")); err != nil {
+		if api, err = startCompletions(cfg, n, reg, log.With("component", "serve")); err != nil {
 			lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 			defer cancel()
 			n.Stop(lctx)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -164,8 +165,8 @@ func (p *questdProc) recovered() []string {
 // refuses to start, naming it) recovers them when the same grid opens
 // again (the first create after the restart): their sealed pages come
 // back, the tail tokens are reported lost exactly (in the log and in
-// questrt_recovery_lost_tokens), and new sequences work next to the
-// parked ones. A SIGTERM then persists every sequence in full, tails and
+// questrt_recovery_lost_tokens), the coordinator adopts them (none stay
+// parked), and new sequences work next to them. A SIGTERM then persists every sequence in full, tails and
 // uneven layer lengths included: the third questd recovers them all with
 // nothing lost.
 func TestQuestdKill9Recovery(t *testing.T) {
@@ -257,10 +258,11 @@ func TestQuestdKill9Recovery(t *testing.T) {
 	if got := p2.recovered(); !slices.Equal(got, want) {
 		t.Fatalf("after kill -9 recovered %q, want %q", got, want)
 	}
+	// The coordinator adopted both when the grid opened: none parked.
 	for _, w := range []struct {
 		labels []string
 		n      float64
-	}{{[]string{"state", "recovered"}, 2}, {[]string{"state", "parked"}, 2}, {[]string{"state", "damaged"}, 0}} {
+	}{{[]string{"state", "recovered"}, 2}, {[]string{"state", "parked"}, 0}, {[]string{"state", "damaged"}, 0}} {
 		if got := gauge(p2, "questrt_recovery_sequences", w.labels...); got != w.n {
 			t.Errorf("questrt_recovery_sequences%v = %v, want %v", w.labels, got, w.n)
 		}
@@ -271,7 +273,7 @@ func TestQuestdKill9Recovery(t *testing.T) {
 	if got := gauge(p2, "questrt_recovery_corrupt_slots"); got != 0 {
 		t.Errorf("questrt_recovery_corrupt_slots = %v, want 0", got)
 	}
-	// The new sequence decodes next to the parked ones: one layer-0
+	// The new sequence decodes next to the adopted ones: one layer-0
 	// step with a new token (layer 0 gets 11 tokens, layer 1 keeps 10).
 	g := c2.Geometry()
 	if _, err := c2.Step(ctx, 0, []client.Item{{Seq: c3, Q: vec(g.QHeads * g.HeadDim), K: vec(g.KVHeads * g.HeadDim), V: vec(g.KVHeads * g.HeadDim)}}, client.StepOptions{}); err != nil {
@@ -289,7 +291,8 @@ func TestQuestdKill9Recovery(t *testing.T) {
 	// and its layers' uneven lengths.
 	p4 := startQuestd(t, args("m0")...)
 	create(dial(p4), 0)
-	want = []string{"seq 1 lens [36 36] lost 0", "seq 2 lens [40 40] lost 0", "seq 1 lens [11 10] lost 0"}
+	// The new sequence's number comes after the adopted ones'.
+	want = []string{"seq 1 lens [36 36] lost 0", "seq 2 lens [40 40] lost 0", "seq 3 lens [11 10] lost 0"}
 	if got := p4.recovered(); !slices.Equal(got, want) {
 		t.Fatalf("after SIGTERM recovered %q, want %q", got, want)
 	}
@@ -335,4 +338,199 @@ func TestPersistFlags(t *testing.T) {
 			t.Errorf("%v: %v, want an error naming %s", bad, err, bad[0])
 		}
 	}
+}
+
+// TestQuestdKill9Adopt drives a recovered sequence through the client
+// API across two kill -9 restarts of a questd with --data-dir, next to
+// a questd without one that never stops (the reference). A sequence
+// gets appends over several pages and decode steps, then kill -9; the
+// restarted node's Recovered lists it under its old id with the length
+// and lost tokens the recovery predicts (the sealed pages; with
+// --durability sync the lost tail is exact), the client appends the lost
+// tokens again, and the next decode steps equal the reference's bit for
+// bit. The same after a second kill -9 (the id stays). After its release
+// no page is in use and none is parked, and a node restarted once more
+// recovers nothing.
+func TestQuestdKill9Adopt(t *testing.T) {
+	dir := t.TempDir()
+	args := func(name string, persist bool) []string {
+		a := slices.Clone(smallNode)
+		for i := range a {
+			if a[i] == "m0" {
+				a[i] = name
+			}
+		}
+		a = append(a, "--log-format", "json")
+		if persist {
+			a = append(a, "--data-dir", dir)
+		}
+		return a
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(5, 5))
+	vec := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	dial := func(p *questdProc) *client.Client {
+		c, err := client.Dial(ctx, p.ready["grpc"], client.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	gauge := func(p *questdProc, name string, labels ...string) float64 {
+		return metric(t, scrape(t, p.ready["metrics"]), name, labels...).GetGauge().GetValue()
+	}
+	kill := func(p *questdProc) {
+		t.Helper()
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if code := p.wait(t, 10*time.Second); code != -1 {
+			t.Fatalf("questd after kill -9: exit code %d, want -1 (signal)", code)
+		}
+	}
+
+	ref := dial(startQuestd(t, args("r0", false)...))
+	p := startQuestd(t, args("m0", true)...)
+	c := dial(p)
+	g := c.Geometry()
+	kv := g.KVHeads * g.HeadDim
+	// hist holds every token's key and value of each layer, for the
+	// re-appends.
+	hist := make([][2][]float32, g.Layers)
+	appendBoth := func(seq, rseq string, n int) {
+		t.Helper()
+		for l := range g.Layers {
+			k, v := vec(n*kv), vec(n*kv)
+			for _, x := range []struct {
+				c  *client.Client
+				id string
+			}{{c, seq}, {ref, rseq}} {
+				if err := x.c.Append(ctx, x.id, l, k, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+			hist[l][0], hist[l][1] = append(hist[l][0], k...), append(hist[l][1], v...)
+		}
+	}
+	// step runs one decode step (every layer, a new token each) on both
+	// nodes and compares the outputs bit for bit.
+	step := func(seq, rseq string) {
+		t.Helper()
+		for l := range g.Layers {
+			q, k, v := vec(g.QHeads*g.HeadDim), vec(kv), vec(kv)
+			got, err := c.Step(ctx, l, []client.Item{{Seq: seq, Q: q, K: k, V: v}}, client.StepOptions{})
+			if err != nil {
+				t.Fatalf("step layer %d of %s: %v", l, seq, err)
+			}
+			want, err := ref.Step(ctx, l, []client.Item{{Seq: rseq, Q: q, K: k, V: v}}, client.StepOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !equalBits(got.O, want.O) || !equalBits(got.LSE, want.LSE) {
+				t.Fatalf("layer %d: the output of %s differs from the reference that never stopped", l, seq)
+			}
+			hist[l][0], hist[l][1] = append(hist[l][0], k...), append(hist[l][1], v...)
+		}
+	}
+	seq, _, err := c.Create(ctx, plan.Striped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rseq, _, err := ref.Create(ctx, plan.Striped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Page size 4: 37 tokens and one step are 9 sealed pages and 2 tail
+	// tokens (the budget of 24 tokens reads 6 of the 10 pages).
+	appendBoth(seq, rseq, 37)
+	step(seq, rseq)
+	wantLens := []int{36, 40} // after each kill: the sealed pages
+	for round, n := range wantLens {
+		kill(p)
+		p = startQuestd(t, args("m0", true)...)
+		c = dial(p)
+		recs, dmg, err := c.Recovered(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		had := len(hist[0][0]) / kv
+		if len(recs) != 1 || len(dmg) != 0 {
+			t.Fatalf("restart %d: recovered %+v, damaged %+v; want one sequence", round+1, recs, dmg)
+		}
+		r := recs[0]
+		t.Logf("restart %d: recovered %+v", round+1, r)
+		if r.ID != seq || r.RenamedFrom != "" || r.Len != n || !slices.Equal(r.Lens, []int{n, n}) || r.Had != had || r.LostTokens != had-n {
+			t.Fatalf("restart %d: recovered %+v, want %s of length %d, had %d, lost %d", round+1, r, seq, n, had, had-n)
+		}
+		if got, err := c.Len(ctx, seq); err != nil || got != n {
+			t.Fatalf("restart %d: length of %s: %d, %v; want %d", round+1, seq, got, err, n)
+		}
+		if st, err := c.Status(ctx); err != nil || len(st.GetRecovered()) != 1 || st.GetRecovered()[0].GetSequence() != seq || st.GetSequences() != 1 {
+			t.Fatalf("restart %d: status %v (%v): want the recovered sequence", round+1, st, err)
+		}
+		if got := gauge(p, "questrt_recovery_sequences", "state", "parked"); got != 0 {
+			t.Fatalf("restart %d: %v sequences parked after the adoption, want 0", round+1, got)
+		}
+		// The lost tail again, from position n, then steps.
+		for l := range g.Layers {
+			if err := c.Append(ctx, seq, l, hist[l][0][n*kv:], hist[l][1][n*kv:]); err != nil {
+				t.Fatalf("restart %d: re-append layer %d: %v", round+1, l, err)
+			}
+		}
+		step(seq, rseq)
+		appendBoth(seq, rseq, 4) // 43 tokens before the second kill: 10 sealed pages
+		// A new sequence next to it gets a new id.
+		other, _, err := c.Create(ctx, plan.Striped)
+		if err != nil || other == seq {
+			t.Fatalf("restart %d: create: %q, %v", round+1, other, err)
+		}
+		if err := c.Release(ctx, other); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Release(ctx, seq); err != nil {
+		t.Fatal(err)
+	}
+	if got := gauge(p, "questrt_tier_pages", "tier", "device"); got != 0 {
+		t.Fatalf("%v pages in use after the release, want 0", got)
+	}
+	if st, err := c.Status(ctx); err != nil || len(st.GetRecovered()) != 0 || st.GetSequences() != 0 {
+		t.Fatalf("status after the release: %v (%v)", st, err)
+	}
+	// Nothing comes back after another restart: no pile-up.
+	kill(p)
+	p = startQuestd(t, args("m0", true)...)
+	c = dial(p)
+	if recs, dmg, err := c.Recovered(ctx); err != nil || len(recs) != 0 || len(dmg) != 0 {
+		t.Fatalf("after the release and a restart: recovered %+v, damaged %+v, %v; want none", recs, dmg, err)
+	}
+	for _, w := range []struct {
+		name   string
+		labels []string
+	}{{"questrt_tier_pages", []string{"tier", "device"}}, {"questrt_recovery_sequences", []string{"state", "parked"}}} {
+		if got := gauge(p, w.name, w.labels...); got != 0 {
+			t.Errorf("after the release and a restart: %s%v = %v, want 0", w.name, w.labels, got)
+		}
+	}
+}
+
+// equalBits reports whether a and b hold the same float32 bits.
+func equalBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
 }

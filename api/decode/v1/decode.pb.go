@@ -1408,9 +1408,14 @@ type StatusReply struct {
 	Devices []*Device              `protobuf:"bytes,4,rep,name=devices,proto3" json:"devices,omitempty"`
 	Config  *v1.GridConfig         `protobuf:"bytes,5,opt,name=config,proto3" json:"config,omitempty"`
 	// sequences this node coordinates; grids this node hosts ranks of.
-	Sequences     uint32 `protobuf:"varint,6,opt,name=sequences,proto3" json:"sequences,omitempty"`
-	Grids         uint32 `protobuf:"varint,7,opt,name=grids,proto3" json:"grids,omitempty"`
-	Version       string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
+	Sequences uint32 `protobuf:"varint,6,opt,name=sequences,proto3" json:"sequences,omitempty"`
+	Grids     uint32 `protobuf:"varint,7,opt,name=grids,proto3" json:"grids,omitempty"`
+	Version   string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
+	// recovered: the sequences adopted after a restart and not released
+	// yet; damaged: those found and not adopted (see Recovered). Status
+	// opens no grid: before the first Recovered or Create both are empty.
+	Recovered     []*RecoveredSequence `protobuf:"bytes,9,rep,name=recovered,proto3" json:"recovered,omitempty"`
+	Damaged       []*DamagedSequence   `protobuf:"bytes,10,rep,name=damaged,proto3" json:"damaged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1499,6 +1504,261 @@ func (x *StatusReply) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *StatusReply) GetRecovered() []*RecoveredSequence {
+	if x != nil {
+		return x.Recovered
+	}
+	return nil
+}
+
+func (x *StatusReply) GetDamaged() []*DamagedSequence {
+	if x != nil {
+		return x.Damaged
+	}
+	return nil
+}
+
+type RecoveredRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoveredRequest) Reset() {
+	*x = RecoveredRequest{}
+	mi := &file_decode_v1_decode_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoveredRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoveredRequest) ProtoMessage() {}
+
+func (x *RecoveredRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_decode_v1_decode_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoveredRequest.ProtoReflect.Descriptor instead.
+func (*RecoveredRequest) Descriptor() ([]byte, []int) {
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{23}
+}
+
+type RecoveredSequence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sequence is its id: the id it had before the restart (renamed_from
+	// set when that id was taken, and this is a new one).
+	Sequence string `protobuf:"bytes,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// length is its length now (the shortest layer); lens per layer.
+	Length uint64   `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
+	Lens   []uint64 `protobuf:"varint,3,rep,packed,name=lens,proto3" json:"lens,omitempty"`
+	// had is its length when the node stopped, as far as its ranks know
+	// (exact after a kill -9 with --durability sync), and lost_tokens =
+	// had - max(lens): the tokens of every layer to append again, from
+	// position max(lens). 0 after a graceful stop.
+	Had        uint64 `protobuf:"varint,4,opt,name=had,proto3" json:"had,omitempty"`
+	LostTokens uint64 `protobuf:"varint,5,opt,name=lost_tokens,json=lostTokens,proto3" json:"lost_tokens,omitempty"`
+	// nodes hosting its ranks, by rank (tp * cp_size + cp).
+	Nodes         []string `protobuf:"bytes,6,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	RenamedFrom   string   `protobuf:"bytes,7,opt,name=renamed_from,json=renamedFrom,proto3" json:"renamed_from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoveredSequence) Reset() {
+	*x = RecoveredSequence{}
+	mi := &file_decode_v1_decode_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoveredSequence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoveredSequence) ProtoMessage() {}
+
+func (x *RecoveredSequence) ProtoReflect() protoreflect.Message {
+	mi := &file_decode_v1_decode_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoveredSequence.ProtoReflect.Descriptor instead.
+func (*RecoveredSequence) Descriptor() ([]byte, []int) {
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RecoveredSequence) GetSequence() string {
+	if x != nil {
+		return x.Sequence
+	}
+	return ""
+}
+
+func (x *RecoveredSequence) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *RecoveredSequence) GetLens() []uint64 {
+	if x != nil {
+		return x.Lens
+	}
+	return nil
+}
+
+func (x *RecoveredSequence) GetHad() uint64 {
+	if x != nil {
+		return x.Had
+	}
+	return 0
+}
+
+func (x *RecoveredSequence) GetLostTokens() uint64 {
+	if x != nil {
+		return x.LostTokens
+	}
+	return 0
+}
+
+func (x *RecoveredSequence) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *RecoveredSequence) GetRenamedFrom() string {
+	if x != nil {
+		return x.RenamedFrom
+	}
+	return ""
+}
+
+type DamagedSequence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sequence is the id it had; error why it was not adopted.
+	Sequence      string `protobuf:"bytes,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	Error         string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DamagedSequence) Reset() {
+	*x = DamagedSequence{}
+	mi := &file_decode_v1_decode_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DamagedSequence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DamagedSequence) ProtoMessage() {}
+
+func (x *DamagedSequence) ProtoReflect() protoreflect.Message {
+	mi := &file_decode_v1_decode_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DamagedSequence.ProtoReflect.Descriptor instead.
+func (*DamagedSequence) Descriptor() ([]byte, []int) {
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *DamagedSequence) GetSequence() string {
+	if x != nil {
+		return x.Sequence
+	}
+	return ""
+}
+
+func (x *DamagedSequence) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type RecoveredReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sequences     []*RecoveredSequence   `protobuf:"bytes,1,rep,name=sequences,proto3" json:"sequences,omitempty"`
+	Damaged       []*DamagedSequence     `protobuf:"bytes,2,rep,name=damaged,proto3" json:"damaged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoveredReply) Reset() {
+	*x = RecoveredReply{}
+	mi := &file_decode_v1_decode_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoveredReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoveredReply) ProtoMessage() {}
+
+func (x *RecoveredReply) ProtoReflect() protoreflect.Message {
+	mi := &file_decode_v1_decode_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoveredReply.ProtoReflect.Descriptor instead.
+func (*RecoveredReply) Descriptor() ([]byte, []int) {
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *RecoveredReply) GetSequences() []*RecoveredSequence {
+	if x != nil {
+		return x.Sequences
+	}
+	return nil
+}
+
+func (x *RecoveredReply) GetDamaged() []*DamagedSequence {
+	if x != nil {
+		return x.Damaged
+	}
+	return nil
 }
 
 var File_decode_v1_decode_proto protoreflect.FileDescriptor
@@ -1604,7 +1864,7 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x06Device\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12!\n" +
-	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\"\xa4\x02\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\"\xa6\x03\n" +
 	"\vStatusReply\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04view\x18\x02 \x01(\x04R\x04view\x123\n" +
@@ -1613,7 +1873,26 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x06config\x18\x05 \x01(\v2\x1d.questrt.worker.v1.GridConfigR\x06config\x12\x1c\n" +
 	"\tsequences\x18\x06 \x01(\rR\tsequences\x12\x14\n" +
 	"\x05grids\x18\a \x01(\rR\x05grids\x12\x18\n" +
-	"\aversion\x18\b \x01(\tR\aversion2\xb2\x05\n" +
+	"\aversion\x18\b \x01(\tR\aversion\x12B\n" +
+	"\trecovered\x18\t \x03(\v2$.questrt.decode.v1.RecoveredSequenceR\trecovered\x12<\n" +
+	"\adamaged\x18\n" +
+	" \x03(\v2\".questrt.decode.v1.DamagedSequenceR\adamaged\"\x12\n" +
+	"\x10RecoveredRequest\"\xc7\x01\n" +
+	"\x11RecoveredSequence\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\tR\bsequence\x12\x16\n" +
+	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +
+	"\x04lens\x18\x03 \x03(\x04R\x04lens\x12\x10\n" +
+	"\x03had\x18\x04 \x01(\x04R\x03had\x12\x1f\n" +
+	"\vlost_tokens\x18\x05 \x01(\x04R\n" +
+	"lostTokens\x12\x14\n" +
+	"\x05nodes\x18\x06 \x03(\tR\x05nodes\x12!\n" +
+	"\frenamed_from\x18\a \x01(\tR\vrenamedFrom\"C\n" +
+	"\x0fDamagedSequence\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\tR\bsequence\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x92\x01\n" +
+	"\x0eRecoveredReply\x12B\n" +
+	"\tsequences\x18\x01 \x03(\v2$.questrt.decode.v1.RecoveredSequenceR\tsequences\x12<\n" +
+	"\adamaged\x18\x02 \x03(\v2\".questrt.decode.v1.DamagedSequenceR\adamaged2\x87\x06\n" +
 	"\x06Decode\x12J\n" +
 	"\x06Create\x12 .questrt.decode.v1.CreateRequest\x1a\x1e.questrt.decode.v1.CreateReply\x12J\n" +
 	"\x06Append\x12 .questrt.decode.v1.AppendRequest\x1a\x1e.questrt.decode.v1.AppendReply\x12D\n" +
@@ -1623,7 +1902,8 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\bRollback\x12\".questrt.decode.v1.RollbackRequest\x1a .questrt.decode.v1.RollbackReply\x12M\n" +
 	"\aRelease\x12!.questrt.decode.v1.ReleaseRequest\x1a\x1f.questrt.decode.v1.ReleaseReply\x12J\n" +
 	"\x06Length\x12 .questrt.decode.v1.LengthRequest\x1a\x1e.questrt.decode.v1.LengthReply\x12J\n" +
-	"\x06Status\x12 .questrt.decode.v1.StatusRequest\x1a\x1e.questrt.decode.v1.StatusReplyB3Z1github.com/questrt/questrt/api/decode/v1;decodev1b\x06proto3"
+	"\x06Status\x12 .questrt.decode.v1.StatusRequest\x1a\x1e.questrt.decode.v1.StatusReply\x12S\n" +
+	"\tRecovered\x12#.questrt.decode.v1.RecoveredRequest\x1a!.questrt.decode.v1.RecoveredReplyB3Z1github.com/questrt/questrt/api/decode/v1;decodev1b\x06proto3"
 
 var (
 	file_decode_v1_decode_proto_rawDescOnce sync.Once
@@ -1637,83 +1917,93 @@ func file_decode_v1_decode_proto_rawDescGZIP() []byte {
 	return file_decode_v1_decode_proto_rawDescData
 }
 
-var file_decode_v1_decode_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_decode_v1_decode_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_decode_v1_decode_proto_goTypes = []any{
-	(*CreateRequest)(nil),   // 0: questrt.decode.v1.CreateRequest
-	(*CreateReply)(nil),     // 1: questrt.decode.v1.CreateReply
-	(*AppendRequest)(nil),   // 2: questrt.decode.v1.AppendRequest
-	(*AppendReply)(nil),     // 3: questrt.decode.v1.AppendReply
-	(*StepItem)(nil),        // 4: questrt.decode.v1.StepItem
-	(*StepRequest)(nil),     // 5: questrt.decode.v1.StepRequest
-	(*Plan)(nil),            // 6: questrt.decode.v1.Plan
-	(*Diagnostics)(nil),     // 7: questrt.decode.v1.Diagnostics
-	(*StepReply)(nil),       // 8: questrt.decode.v1.StepReply
-	(*StepsRequest)(nil),    // 9: questrt.decode.v1.StepsRequest
-	(*StepsReply)(nil),      // 10: questrt.decode.v1.StepsReply
-	(*ForkRequest)(nil),     // 11: questrt.decode.v1.ForkRequest
-	(*ForkReply)(nil),       // 12: questrt.decode.v1.ForkReply
-	(*RollbackRequest)(nil), // 13: questrt.decode.v1.RollbackRequest
-	(*RollbackReply)(nil),   // 14: questrt.decode.v1.RollbackReply
-	(*ReleaseRequest)(nil),  // 15: questrt.decode.v1.ReleaseRequest
-	(*ReleaseReply)(nil),    // 16: questrt.decode.v1.ReleaseReply
-	(*LengthRequest)(nil),   // 17: questrt.decode.v1.LengthRequest
-	(*LengthReply)(nil),     // 18: questrt.decode.v1.LengthReply
-	(*StatusRequest)(nil),   // 19: questrt.decode.v1.StatusRequest
-	(*Member)(nil),          // 20: questrt.decode.v1.Member
-	(*Device)(nil),          // 21: questrt.decode.v1.Device
-	(*StatusReply)(nil),     // 22: questrt.decode.v1.StatusReply
-	(*v1.GridConfig)(nil),   // 23: questrt.worker.v1.GridConfig
-	(*v1.Tensor)(nil),       // 24: questrt.worker.v1.Tensor
-	(*v1.Times)(nil),        // 25: questrt.worker.v1.Times
+	(*CreateRequest)(nil),     // 0: questrt.decode.v1.CreateRequest
+	(*CreateReply)(nil),       // 1: questrt.decode.v1.CreateReply
+	(*AppendRequest)(nil),     // 2: questrt.decode.v1.AppendRequest
+	(*AppendReply)(nil),       // 3: questrt.decode.v1.AppendReply
+	(*StepItem)(nil),          // 4: questrt.decode.v1.StepItem
+	(*StepRequest)(nil),       // 5: questrt.decode.v1.StepRequest
+	(*Plan)(nil),              // 6: questrt.decode.v1.Plan
+	(*Diagnostics)(nil),       // 7: questrt.decode.v1.Diagnostics
+	(*StepReply)(nil),         // 8: questrt.decode.v1.StepReply
+	(*StepsRequest)(nil),      // 9: questrt.decode.v1.StepsRequest
+	(*StepsReply)(nil),        // 10: questrt.decode.v1.StepsReply
+	(*ForkRequest)(nil),       // 11: questrt.decode.v1.ForkRequest
+	(*ForkReply)(nil),         // 12: questrt.decode.v1.ForkReply
+	(*RollbackRequest)(nil),   // 13: questrt.decode.v1.RollbackRequest
+	(*RollbackReply)(nil),     // 14: questrt.decode.v1.RollbackReply
+	(*ReleaseRequest)(nil),    // 15: questrt.decode.v1.ReleaseRequest
+	(*ReleaseReply)(nil),      // 16: questrt.decode.v1.ReleaseReply
+	(*LengthRequest)(nil),     // 17: questrt.decode.v1.LengthRequest
+	(*LengthReply)(nil),       // 18: questrt.decode.v1.LengthReply
+	(*StatusRequest)(nil),     // 19: questrt.decode.v1.StatusRequest
+	(*Member)(nil),            // 20: questrt.decode.v1.Member
+	(*Device)(nil),            // 21: questrt.decode.v1.Device
+	(*StatusReply)(nil),       // 22: questrt.decode.v1.StatusReply
+	(*RecoveredRequest)(nil),  // 23: questrt.decode.v1.RecoveredRequest
+	(*RecoveredSequence)(nil), // 24: questrt.decode.v1.RecoveredSequence
+	(*DamagedSequence)(nil),   // 25: questrt.decode.v1.DamagedSequence
+	(*RecoveredReply)(nil),    // 26: questrt.decode.v1.RecoveredReply
+	(*v1.GridConfig)(nil),     // 27: questrt.worker.v1.GridConfig
+	(*v1.Tensor)(nil),         // 28: questrt.worker.v1.Tensor
+	(*v1.Times)(nil),          // 29: questrt.worker.v1.Times
 }
 var file_decode_v1_decode_proto_depIdxs = []int32{
-	23, // 0: questrt.decode.v1.CreateRequest.config:type_name -> questrt.worker.v1.GridConfig
-	24, // 1: questrt.decode.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
-	24, // 2: questrt.decode.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
-	24, // 3: questrt.decode.v1.StepItem.q:type_name -> questrt.worker.v1.Tensor
-	24, // 4: questrt.decode.v1.StepItem.k:type_name -> questrt.worker.v1.Tensor
-	24, // 5: questrt.decode.v1.StepItem.v:type_name -> questrt.worker.v1.Tensor
+	27, // 0: questrt.decode.v1.CreateRequest.config:type_name -> questrt.worker.v1.GridConfig
+	28, // 1: questrt.decode.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
+	28, // 2: questrt.decode.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
+	28, // 3: questrt.decode.v1.StepItem.q:type_name -> questrt.worker.v1.Tensor
+	28, // 4: questrt.decode.v1.StepItem.k:type_name -> questrt.worker.v1.Tensor
+	28, // 5: questrt.decode.v1.StepItem.v:type_name -> questrt.worker.v1.Tensor
 	4,  // 6: questrt.decode.v1.StepRequest.items:type_name -> questrt.decode.v1.StepItem
-	24, // 7: questrt.decode.v1.Diagnostics.indptr:type_name -> questrt.worker.v1.Tensor
-	24, // 8: questrt.decode.v1.Diagnostics.pages:type_name -> questrt.worker.v1.Tensor
-	24, // 9: questrt.decode.v1.Diagnostics.scores:type_name -> questrt.worker.v1.Tensor
-	24, // 10: questrt.decode.v1.Diagnostics.dense_lse:type_name -> questrt.worker.v1.Tensor
-	24, // 11: questrt.decode.v1.StepReply.o:type_name -> questrt.worker.v1.Tensor
-	24, // 12: questrt.decode.v1.StepReply.lse:type_name -> questrt.worker.v1.Tensor
+	28, // 7: questrt.decode.v1.Diagnostics.indptr:type_name -> questrt.worker.v1.Tensor
+	28, // 8: questrt.decode.v1.Diagnostics.pages:type_name -> questrt.worker.v1.Tensor
+	28, // 9: questrt.decode.v1.Diagnostics.scores:type_name -> questrt.worker.v1.Tensor
+	28, // 10: questrt.decode.v1.Diagnostics.dense_lse:type_name -> questrt.worker.v1.Tensor
+	28, // 11: questrt.decode.v1.StepReply.o:type_name -> questrt.worker.v1.Tensor
+	28, // 12: questrt.decode.v1.StepReply.lse:type_name -> questrt.worker.v1.Tensor
 	6,  // 13: questrt.decode.v1.StepReply.plans:type_name -> questrt.decode.v1.Plan
 	7,  // 14: questrt.decode.v1.StepReply.diag:type_name -> questrt.decode.v1.Diagnostics
-	25, // 15: questrt.decode.v1.StepReply.time:type_name -> questrt.worker.v1.Times
+	29, // 15: questrt.decode.v1.StepReply.time:type_name -> questrt.worker.v1.Times
 	4,  // 16: questrt.decode.v1.StepsRequest.items:type_name -> questrt.decode.v1.StepItem
-	24, // 17: questrt.decode.v1.StepsReply.o:type_name -> questrt.worker.v1.Tensor
-	24, // 18: questrt.decode.v1.StepsReply.lse:type_name -> questrt.worker.v1.Tensor
+	28, // 17: questrt.decode.v1.StepsReply.o:type_name -> questrt.worker.v1.Tensor
+	28, // 18: questrt.decode.v1.StepsReply.lse:type_name -> questrt.worker.v1.Tensor
 	6,  // 19: questrt.decode.v1.StepsReply.plans:type_name -> questrt.decode.v1.Plan
-	25, // 20: questrt.decode.v1.StepsReply.time:type_name -> questrt.worker.v1.Times
+	29, // 20: questrt.decode.v1.StepsReply.time:type_name -> questrt.worker.v1.Times
 	20, // 21: questrt.decode.v1.StatusReply.members:type_name -> questrt.decode.v1.Member
 	21, // 22: questrt.decode.v1.StatusReply.devices:type_name -> questrt.decode.v1.Device
-	23, // 23: questrt.decode.v1.StatusReply.config:type_name -> questrt.worker.v1.GridConfig
-	0,  // 24: questrt.decode.v1.Decode.Create:input_type -> questrt.decode.v1.CreateRequest
-	2,  // 25: questrt.decode.v1.Decode.Append:input_type -> questrt.decode.v1.AppendRequest
-	5,  // 26: questrt.decode.v1.Decode.Step:input_type -> questrt.decode.v1.StepRequest
-	9,  // 27: questrt.decode.v1.Decode.Steps:input_type -> questrt.decode.v1.StepsRequest
-	11, // 28: questrt.decode.v1.Decode.Fork:input_type -> questrt.decode.v1.ForkRequest
-	13, // 29: questrt.decode.v1.Decode.Rollback:input_type -> questrt.decode.v1.RollbackRequest
-	15, // 30: questrt.decode.v1.Decode.Release:input_type -> questrt.decode.v1.ReleaseRequest
-	17, // 31: questrt.decode.v1.Decode.Length:input_type -> questrt.decode.v1.LengthRequest
-	19, // 32: questrt.decode.v1.Decode.Status:input_type -> questrt.decode.v1.StatusRequest
-	1,  // 33: questrt.decode.v1.Decode.Create:output_type -> questrt.decode.v1.CreateReply
-	3,  // 34: questrt.decode.v1.Decode.Append:output_type -> questrt.decode.v1.AppendReply
-	8,  // 35: questrt.decode.v1.Decode.Step:output_type -> questrt.decode.v1.StepReply
-	10, // 36: questrt.decode.v1.Decode.Steps:output_type -> questrt.decode.v1.StepsReply
-	12, // 37: questrt.decode.v1.Decode.Fork:output_type -> questrt.decode.v1.ForkReply
-	14, // 38: questrt.decode.v1.Decode.Rollback:output_type -> questrt.decode.v1.RollbackReply
-	16, // 39: questrt.decode.v1.Decode.Release:output_type -> questrt.decode.v1.ReleaseReply
-	18, // 40: questrt.decode.v1.Decode.Length:output_type -> questrt.decode.v1.LengthReply
-	22, // 41: questrt.decode.v1.Decode.Status:output_type -> questrt.decode.v1.StatusReply
-	33, // [33:42] is the sub-list for method output_type
-	24, // [24:33] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	27, // 23: questrt.decode.v1.StatusReply.config:type_name -> questrt.worker.v1.GridConfig
+	24, // 24: questrt.decode.v1.StatusReply.recovered:type_name -> questrt.decode.v1.RecoveredSequence
+	25, // 25: questrt.decode.v1.StatusReply.damaged:type_name -> questrt.decode.v1.DamagedSequence
+	24, // 26: questrt.decode.v1.RecoveredReply.sequences:type_name -> questrt.decode.v1.RecoveredSequence
+	25, // 27: questrt.decode.v1.RecoveredReply.damaged:type_name -> questrt.decode.v1.DamagedSequence
+	0,  // 28: questrt.decode.v1.Decode.Create:input_type -> questrt.decode.v1.CreateRequest
+	2,  // 29: questrt.decode.v1.Decode.Append:input_type -> questrt.decode.v1.AppendRequest
+	5,  // 30: questrt.decode.v1.Decode.Step:input_type -> questrt.decode.v1.StepRequest
+	9,  // 31: questrt.decode.v1.Decode.Steps:input_type -> questrt.decode.v1.StepsRequest
+	11, // 32: questrt.decode.v1.Decode.Fork:input_type -> questrt.decode.v1.ForkRequest
+	13, // 33: questrt.decode.v1.Decode.Rollback:input_type -> questrt.decode.v1.RollbackRequest
+	15, // 34: questrt.decode.v1.Decode.Release:input_type -> questrt.decode.v1.ReleaseRequest
+	17, // 35: questrt.decode.v1.Decode.Length:input_type -> questrt.decode.v1.LengthRequest
+	19, // 36: questrt.decode.v1.Decode.Status:input_type -> questrt.decode.v1.StatusRequest
+	23, // 37: questrt.decode.v1.Decode.Recovered:input_type -> questrt.decode.v1.RecoveredRequest
+	1,  // 38: questrt.decode.v1.Decode.Create:output_type -> questrt.decode.v1.CreateReply
+	3,  // 39: questrt.decode.v1.Decode.Append:output_type -> questrt.decode.v1.AppendReply
+	8,  // 40: questrt.decode.v1.Decode.Step:output_type -> questrt.decode.v1.StepReply
+	10, // 41: questrt.decode.v1.Decode.Steps:output_type -> questrt.decode.v1.StepsReply
+	12, // 42: questrt.decode.v1.Decode.Fork:output_type -> questrt.decode.v1.ForkReply
+	14, // 43: questrt.decode.v1.Decode.Rollback:output_type -> questrt.decode.v1.RollbackReply
+	16, // 44: questrt.decode.v1.Decode.Release:output_type -> questrt.decode.v1.ReleaseReply
+	18, // 45: questrt.decode.v1.Decode.Length:output_type -> questrt.decode.v1.LengthReply
+	22, // 46: questrt.decode.v1.Decode.Status:output_type -> questrt.decode.v1.StatusReply
+	26, // 47: questrt.decode.v1.Decode.Recovered:output_type -> questrt.decode.v1.RecoveredReply
+	38, // [38:48] is the sub-list for method output_type
+	28, // [28:38] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_decode_v1_decode_proto_init() }
@@ -1727,7 +2017,7 @@ func file_decode_v1_decode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decode_v1_decode_proto_rawDesc), len(file_decode_v1_decode_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

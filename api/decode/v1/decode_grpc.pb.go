@@ -32,15 +32,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Decode_Create_FullMethodName   = "/questrt.decode.v1.Decode/Create"
-	Decode_Append_FullMethodName   = "/questrt.decode.v1.Decode/Append"
-	Decode_Step_FullMethodName     = "/questrt.decode.v1.Decode/Step"
-	Decode_Steps_FullMethodName    = "/questrt.decode.v1.Decode/Steps"
-	Decode_Fork_FullMethodName     = "/questrt.decode.v1.Decode/Fork"
-	Decode_Rollback_FullMethodName = "/questrt.decode.v1.Decode/Rollback"
-	Decode_Release_FullMethodName  = "/questrt.decode.v1.Decode/Release"
-	Decode_Length_FullMethodName   = "/questrt.decode.v1.Decode/Length"
-	Decode_Status_FullMethodName   = "/questrt.decode.v1.Decode/Status"
+	Decode_Create_FullMethodName    = "/questrt.decode.v1.Decode/Create"
+	Decode_Append_FullMethodName    = "/questrt.decode.v1.Decode/Append"
+	Decode_Step_FullMethodName      = "/questrt.decode.v1.Decode/Step"
+	Decode_Steps_FullMethodName     = "/questrt.decode.v1.Decode/Steps"
+	Decode_Fork_FullMethodName      = "/questrt.decode.v1.Decode/Fork"
+	Decode_Rollback_FullMethodName  = "/questrt.decode.v1.Decode/Rollback"
+	Decode_Release_FullMethodName   = "/questrt.decode.v1.Decode/Release"
+	Decode_Length_FullMethodName    = "/questrt.decode.v1.Decode/Length"
+	Decode_Status_FullMethodName    = "/questrt.decode.v1.Decode/Status"
+	Decode_Recovered_FullMethodName = "/questrt.decode.v1.Decode/Recovered"
 )
 
 // DecodeClient is the client API for Decode service.
@@ -67,6 +68,15 @@ type DecodeClient interface {
 	Length(ctx context.Context, in *LengthRequest, opts ...grpc.CallOption) (*LengthReply, error)
 	// Status describes the node, its view of the cluster and its sequences.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusReply, error)
+	// Recovered lists the sequences this node's coordinator adopted after
+	// a restart (questd --data-dir): each under the id it had before, with
+	// its length and the tokens lost since the last persisted page, to
+	// append again before decoding on. It opens the grid of the node's
+	// config first, which is where the workers recover (a grid of another
+	// config recovers when a Create with that config opens it). Sequences
+	// that not every rank recovered come back as damaged; their pages were
+	// freed.
+	Recovered(ctx context.Context, in *RecoveredRequest, opts ...grpc.CallOption) (*RecoveredReply, error)
 }
 
 type decodeClient struct {
@@ -170,6 +180,16 @@ func (c *decodeClient) Status(ctx context.Context, in *StatusRequest, opts ...gr
 	return out, nil
 }
 
+func (c *decodeClient) Recovered(ctx context.Context, in *RecoveredRequest, opts ...grpc.CallOption) (*RecoveredReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecoveredReply)
+	err := c.cc.Invoke(ctx, Decode_Recovered_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DecodeServer is the server API for Decode service.
 // All implementations must embed UnimplementedDecodeServer
 // for forward compatibility.
@@ -194,6 +214,15 @@ type DecodeServer interface {
 	Length(context.Context, *LengthRequest) (*LengthReply, error)
 	// Status describes the node, its view of the cluster and its sequences.
 	Status(context.Context, *StatusRequest) (*StatusReply, error)
+	// Recovered lists the sequences this node's coordinator adopted after
+	// a restart (questd --data-dir): each under the id it had before, with
+	// its length and the tokens lost since the last persisted page, to
+	// append again before decoding on. It opens the grid of the node's
+	// config first, which is where the workers recover (a grid of another
+	// config recovers when a Create with that config opens it). Sequences
+	// that not every rank recovered come back as damaged; their pages were
+	// freed.
+	Recovered(context.Context, *RecoveredRequest) (*RecoveredReply, error)
 	mustEmbedUnimplementedDecodeServer()
 }
 
@@ -230,6 +259,9 @@ func (UnimplementedDecodeServer) Length(context.Context, *LengthRequest) (*Lengt
 }
 func (UnimplementedDecodeServer) Status(context.Context, *StatusRequest) (*StatusReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedDecodeServer) Recovered(context.Context, *RecoveredRequest) (*RecoveredReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Recovered not implemented")
 }
 func (UnimplementedDecodeServer) mustEmbedUnimplementedDecodeServer() {}
 func (UnimplementedDecodeServer) testEmbeddedByValue()                {}
@@ -403,6 +435,24 @@ func _Decode_Status_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Decode_Recovered_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecoveredRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DecodeServer).Recovered(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Decode_Recovered_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DecodeServer).Recovered(ctx, req.(*RecoveredRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Decode_ServiceDesc is the grpc.ServiceDesc for Decode service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -441,6 +491,10 @@ var Decode_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Decode_Status_Handler,
+		},
+		{
+			MethodName: "Recovered",
+			Handler:    _Decode_Recovered_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,225 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/worker/remote"
+)
+
+// Adoption of recovered sequences. A node restarted on its data
+// directory (questd --data-dir) recovers each grid's sequences when the
+// grid connects again (the same coordinator name and grid shape) and
+// parks them; the grid's ConnectGrid replies list them
+// (remote.Client.Recovered). gridFor then adopts, on the new grid's
+// engine (engine.Adopt), every sequence that all the grid's nodes
+// recovered: the smallest length over them, the nodes that hold more
+// rolled back, the sequence claimed on every node under its old engine
+// id. Its name is the one it had: "node/<instance>.<n>" with the
+// instance of the coordinator process that created it (the workers'
+// tables keep its grid id, hence that instance, through every claim) and
+// n its engine id, which is its number (Create and Fork give engine ids
+// equal to the numbers). Numbers of new sequences come after every
+// adopted one. Sequences some node did not recover are freed on the
+// others and listed as damaged.
+
+// RecoveredSeq is a sequence adopted after a restart.
+type RecoveredSeq struct {
+	// ID is its id: the one it had before the restart, or a new one when
+	// that was taken or not this coordinator's (RenamedFrom is the old
+	// one then, or "<grid>#<engine id>" for another coordinator's).
+	ID, RenamedFrom string
+	// Lens are its lengths per layer when adopted; Had its length at the
+	// stop and LostTokens the tokens to append again from max(Lens)
+	// (engine.Adopted).
+	Lens            []int
+	Had, LostTokens int
+	// Nodes host its ranks, by rank tp*CP+cp.
+	Nodes []string
+}
+
+// Len is its length when adopted (the shortest layer).
+func (r RecoveredSeq) Len() int { return slices.Min(r.Lens) }
+
+// DamagedSeq is a recovered sequence that was not adopted: its pages
+// were freed.
+type DamagedSeq struct {
+	// ID is the id it had ("" when its grid was not this coordinator's:
+	// Grid and Seq then name it).
+	ID   string
+	Grid string
+	Seq  uint64
+	Err  error
+}
+
+// Recovery is what a coordinator adopted since it started.
+type Recovery struct {
+	// Sequences are the adopted sequences not released yet, by id.
+	Sequences []RecoveredSeq
+	// Damaged are the sequences found and not adopted.
+	Damaged []DamagedSeq
+}
+
+// Recovery returns what the coordinator adopted so far, opening no grid.
+func (c *Coordinator) Recovery() Recovery {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var r Recovery
+	for _, s := range c.adopted {
+		s.Lens, s.Nodes = slices.Clone(s.Lens), slices.Clone(s.Nodes)
+		r.Sequences = append(r.Sequences, s)
+	}
+	slices.SortFunc(r.Sequences, func(a, b RecoveredSeq) int { return strings.Compare(a.ID, b.ID) })
+	r.Damaged = slices.Clone(c.damaged)
+	return r
+}
+
+// Recover opens the grid of the node's config (Config.Engine) on the
+// current view, which makes its nodes recover and this coordinator
+// adopt the sequences they persisted, and returns Recovery. Grids of
+// other configs recover when a Create with their config opens them.
+func (c *Coordinator) Recover(ctx context.Context) (Recovery, error) {
+	if _, err := c.gridFor(ctx, c.cfg.Engine); err != nil {
+		return Recovery{}, fmt.Errorf("recover: %w", err)
+	}
+	return c.Recovery(), nil
+}
+
+// number reserves the next sequence number.
+func (c *Coordinator) number() (uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, ErrClosed
+	}
+	n := c.next
+	c.next++
+	return n, nil
+}
+
+// adoption is one recovered sequence of a grid, matched over its nodes.
+type adoption struct {
+	rec  engine.Recovered
+	name string // its id here
+	old  string // the id it had ("" when its grid is not this coordinator's)
+	grid string // the grid that created it (worker.RecoveredSeq.Grid)
+	seq  uint64 // its old engine id
+}
+
+// matchRecoveredLocked matches the sequences the nodes of g recovered
+// (by grid and id), names them and reserves their numbers (c.mu held).
+func (c *Coordinator) matchRecoveredLocked(g *grid) []adoption {
+	type key struct {
+		grid string
+		seq  uint64
+	}
+	by := map[key]int{}
+	var out []adoption
+	for w, cl := range g.clients {
+		for _, r := range cl.Recovered() {
+			k := key{r.Grid, r.Seq}
+			i, ok := by[k]
+			if !ok {
+				i = len(out)
+				by[k] = i
+				a := adoption{grid: r.Grid, seq: r.Seq, rec: engine.Recovered{Seq: engine.SeqID(r.Seq), Layout: r.Layout,
+					Parts: make([]engine.RecoveredPart, len(g.clients))}}
+				for p := range a.rec.Parts {
+					a.rec.Parts[p].Missing = true
+				}
+				out = append(out, a)
+			}
+			out[i].rec.Parts[w] = engine.RecoveredPart{Key: r.Key, Lens: r.Lens, Had: r.Had}
+		}
+	}
+	used := map[engine.SeqID]bool{}
+	for i := range out {
+		a := &out[i]
+		if name, inst, ok := GridOwner(a.grid); ok && name == c.cfg.Name && a.seq > 0 {
+			a.old = name + "/" + strconv.FormatUint(inst, 16) + "." + strconv.FormatUint(a.seq, 10)
+		}
+		a.name = a.old
+		if a.name == "" || c.seqs[a.name] != nil || used[a.rec.Seq] {
+			// Not a name of this coordinator's, or taken (sequences of an
+			// older layout of the tables): a new name and engine id.
+			a.name = c.seqName(c.next)
+			a.rec.Seq = engine.SeqID(c.next)
+		}
+		used[a.rec.Seq] = true
+		c.next = max(c.next, uint64(a.rec.Seq)+1)
+	}
+	return out
+}
+
+// adopt adopts recs on g's engine (bounded by OpenTimeout, apart from
+// the caller's context: a claim cut short would free the sequence) and
+// records the outcome.
+func (c *Coordinator) adopt(ctx context.Context, g *grid, recs []adoption) {
+	if len(recs) == 0 {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.OpenTimeout)
+	defer cancel()
+	for _, a := range recs {
+		ad, err := g.eng.Adopt(actx, a.rec)
+		if err != nil {
+			var ws []string
+			for w, n := range g.workers {
+				ws = append(ws, fmt.Sprintf("worker %d: %s", w, n))
+			}
+			err = fmt.Errorf("%w (grid %s; %s)", err, g.ref.Grid, strings.Join(ws, ", "))
+		}
+		c.mu.Lock()
+		if err == nil && c.closed {
+			err = ErrClosed
+		}
+		if err != nil {
+			c.damaged = append(c.damaged, DamagedSeq{ID: a.old, Grid: a.grid, Seq: a.seq, Err: err})
+			c.mu.Unlock()
+			c.check(g, err)
+			c.log.Warn("recovered sequence not adopted", "grid", g.ref.Grid, "from_grid", a.grid, "seq", a.seq, "id", a.old, "err", err)
+			continue
+		}
+		c.seqs[a.name] = &seq{g: g, id: a.rec.Seq}
+		g.seqs++
+		from := ""
+		if a.old != a.name {
+			from = a.old
+			if from == "" {
+				from = a.grid + "#" + strconv.FormatUint(a.seq, 10)
+			}
+		}
+		r := RecoveredSeq{ID: a.name, RenamedFrom: from, Lens: ad.Lens, Had: ad.Had, LostTokens: ad.LostTokens, Nodes: slices.Clone(g.nodes)}
+		c.adopted[a.name] = r
+		c.mu.Unlock()
+		c.log.Info("recovered sequence adopted", "grid", g.ref.Grid, "seq", a.name, "renamed_from", from,
+			"lens", ad.Lens, "had", ad.Had, "lost_tokens", ad.LostTokens)
+	}
+}
+
+// Claim implements engine.Claimer for the grid's remote workers.
+func (w peerWorker) Claim(ctx context.Context, key, seq uint64) error {
+	c, ok := w.Worker.(engine.Claimer)
+	if !ok {
+		return fmt.Errorf("node %s: %w", w.node, errNoClaim)
+	}
+	return c.Claim(ctx, key, seq)
+}
+
+// DropRecovered implements engine.Claimer for the grid's remote workers.
+func (w peerWorker) DropRecovered(ctx context.Context, key uint64) error {
+	c, ok := w.Worker.(engine.Claimer)
+	if !ok {
+		return fmt.Errorf("node %s: %w", w.node, errNoClaim)
+	}
+	return c.DropRecovered(ctx, key)
+}
+
+var errNoClaim = errors.New("worker cannot claim recovered sequences")
+
+var _ engine.Claimer = (*remote.Client)(nil)

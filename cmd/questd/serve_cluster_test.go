@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// passkeyText is the passkey prompt of TestServeCompletions; its greedy
+// completion is the pass key.
+const passkeyText = "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. " +
+	"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
+	"The pass key is 48213. Remember it. 48213 is the pass key. " +
+	"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
+	"What is the pass key? The pass key is "
+
+// gauge is the value of the gauge name{labels} on the metrics server at
+// addr.
+func gauge(t *testing.T, addr, name string, labels ...string) float64 {
+	t.Helper()
+	return metric(t, scrape(t, addr), name, labels...).GetGauge().GetValue()
+}
+
+// waitGauges waits (10 s at most) until ok holds.
+func waitGauges(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s", what)
+		}
+	}
+}
+
+// TestServeClusterLayout: questd --serve-layout cluster --serve-cp 2 on
+// a 2-node cluster of real questd serve paths serves the completions API
+// with attention through the node's coordinator: the greedy passkey
+// completion is the in-process engine's (the pass key, as in
+// TestServeCompletions), the grid's ranks are hosted on both nodes and
+// the steps count in the coordinator's metrics; a stream cancelled
+// mid-stream, whose pages are on both nodes, frees them on both.
+func TestServeClusterLayout(t *testing.T) {
+	v1 := passkeyModel(t)
+	peer, err := load(t, nil, append(append([]string(nil), smallNode...), "--name", "m1")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pready, _, pstop := runServe(t, peer)
+	cfg, err := load(t, nil, append(append([]string(nil), smallNode...), "--join", pready["gossip"],
+		"--model", v1, "--http-addr", "127.0.0.1:0", "--max-running", "4", "--budget-tokens", "512",
+		"--serve-layout", "cluster", "--serve-cp", "2", "--serve-capacity-pages", "256")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, _, stop := runServe(t, cfg)
+	m0, m1 := ready["metrics"], pready["metrics"]
+	waitGauges(t, "two members up", func() bool { return gauge(t, m0, "questrt_members_up") == 2 })
+
+	base := "http://" + ready["http"]
+	req, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": passkeyText, "max_tokens": 5, "temperature": 0})
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(string(req)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var out struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+			PagesTotal       int `json:"pages_total"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) != 1 || out.Choices[0].Text != "48213" {
+		t.Fatalf("completion: %d %s (%v)", resp.StatusCode, b, err)
+	}
+	if out.Usage.CompletionTokens != 5 || out.Usage.PagesTotal == 0 {
+		t.Errorf("usage %+v", out.Usage)
+	}
+	if g := gauge(t, m0, "questrt_grids", "role", "coordinated"); g != 1 {
+		t.Errorf("m0 coordinates %v grids, want 1", g)
+	}
+	for _, addr := range []string{m0, m1} {
+		if g := gauge(t, addr, "questrt_grids", "role", "hosted"); g != 1 {
+			t.Errorf("node at %s hosts %v grids, want the served grid's rank", addr, g)
+		}
+	}
+	// 4 decode steps x 6 layers, one coordinator step each.
+	if n := metric(t, scrape(t, m0), "questrt_steps_total", "kind", "step", "code", "OK").GetCounter().GetValue(); n < 24 {
+		t.Errorf("m0 coordinated %v steps, want at least 24", n)
+	}
+
+	// A stream cancelled mid-stream.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	req, _ = json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": passkeyText, "max_tokens": 400, "temperature": 0, "stream": true})
+	hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(string(req)))
+	hr.Header.Set("Content-Type", "application/json")
+	sresp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sresp.Body.Close()
+	if sresp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(sresp.Body)
+		t.Fatalf("stream: %d %s", sresp.StatusCode, b)
+	}
+	sc := bufio.NewScanner(sresp.Body)
+	for chunks := 0; chunks < 3; {
+		if !sc.Scan() {
+			t.Fatalf("the stream ended after %d chunks: %v", chunks, sc.Err())
+		}
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			chunks++
+		}
+	}
+	for _, addr := range []string{m0, m1} {
+		if p := gauge(t, addr, "questrt_tier_pages", "tier", "device"); p == 0 {
+			t.Errorf("node at %s: no pages in use mid-stream", addr)
+		}
+	}
+	cancel()
+	waitGauges(t, "the cancelled stream's pages freed on both nodes", func() bool {
+		return gauge(t, m0, "questrt_tier_pages", "tier", "device") == 0 && gauge(t, m1, "questrt_tier_pages", "tier", "device") == 0 &&
+			gauge(t, m0, "questrt_sequences") == 0
+	})
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	if err := stop(); err != nil {
+		t.Errorf("serve m0 after the signal: %v", err)
+	}
+	if err := pstop(); err != nil {
+		t.Errorf("serve m1 after the signal: %v", err)
+	}
+}
+
+// TestServeLayoutFlags: the layout flags are checked with the flag
+// named, and a grid the model cannot take fails at start naming it.
+func TestServeLayoutFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--serve-layout", "remote"}, "--serve-layout"},
+		{[]string{"--serve-layout", "cluster"}, "--serve-layout"},
+		{[]string{"--serve-cp", "2"}, "--serve-cp"},
+		{[]string{"--serve-tp", "2"}, "--serve-cp 1 x --serve-tp 2"},
+		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-cp", "0"}, "--serve-cp"},
+		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-tp", "65"}, "--serve-tp"},
+		// 9000 pages per rank on a node of 8 x 1024.
+		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-capacity-pages", "9000"}, "--serve-capacity-pages"},
+		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--max-pages", "4100", "--monitor-rate", "0.1"}, "--max-pages 4100"},
+	} {
+		_, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error naming %s", c.args, err, c.want)
+		}
+	}
+	for _, layout := range []string{"local", "cluster"} {
+		cfg, err := load(t, nil, append(append([]string(nil), smallNode...), "--model", passkeyModel(t), "--http-addr", "127.0.0.1:0",
+			"--serve-layout", layout, "--serve-tp", "3", "--serve-capacity-pages", "256")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = serve(t.Context(), cfg, slog.New(slog.DiscardHandler), io.Discard, prometheus.NewRegistry(), nil)
+		if err == nil || !strings.Contains(err.Error(), "--serve-tp 3") || !strings.Contains(err.Error(), "tp 3 does not divide the model's 2 KV heads") {
+			t.Errorf("--serve-layout %s --serve-tp 3: %v", layout, err)
+		}
+	}
+}

@@ -1,0 +1,229 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/worker"
+)
+
+// Claimer is the part of a worker that hands over the sequences it
+// recovered from its data directory (worker.Local and
+// worker/remote.Client implement it; see worker.RecoveryReport). Its
+// methods are safe for concurrent use, as the rest of a worker's.
+type Claimer interface {
+	// Claim makes recovered sequence key live again as sequence seq.
+	Claim(ctx context.Context, key, seq uint64) error
+	// DropRecovered frees recovered sequence key.
+	DropRecovered(ctx context.Context, key uint64) error
+}
+
+// Recovered is one sequence that the engine's workers recovered after a
+// restart, as Adopt takes it: what each worker reported for it
+// (worker.RecoveredSeq, matched over the workers by its grid and id).
+type Recovered struct {
+	// Seq is the id the engine adopts it under: the id it had before the
+	// restart (worker.RecoveredSeq.Seq), so that the workers' tables keep
+	// naming it the same way.
+	Seq SeqID
+	// Layout is its layout; its CP x TP must be the engine's.
+	Layout plan.Layout
+	// Parts has one entry per worker of the engine, in the order of the
+	// hosts Open was given (New: one worker per rank, TP-major).
+	Parts []RecoveredPart
+}
+
+// RecoveredPart is what one worker recovered of a sequence.
+type RecoveredPart struct {
+	// Missing: the worker did not recover the sequence (its ranks lost
+	// it, or it came back damaged). Adopt then frees it on the others.
+	Missing bool
+	// Key is the worker's handle of it (worker.RecoveredSeq.Key).
+	Key uint64
+	// Lens are the global lengths per layer the worker's ranks hold, and
+	// Had the length before the stop as far as they know
+	// (worker.RecoveredSeq.Lens and Had).
+	Lens []int
+	Had  int
+}
+
+// Adopted is what Adopt made of a recovered sequence.
+type Adopted struct {
+	// Lens are its lengths per layer now: the smallest over the workers.
+	Lens []int
+	// Had is its length before the stop (the largest the workers know)
+	// and LostTokens = Had - max(Lens): the tokens of every layer to
+	// append again, from position max(Lens), before it decodes as it
+	// would have (0 after a graceful stop of every worker).
+	Had, LostTokens int
+}
+
+// ErrIncomplete: a recovered sequence that not every worker of its grid
+// recovered, or that the workers cannot agree on; Adopt freed what the
+// others held of it.
+var ErrIncomplete = errors.New("engine: recovered sequence incomplete")
+
+// Adopt makes a sequence the workers recovered after a restart one of
+// the engine's, under id r.Seq: it takes the smallest length over the
+// workers in every layer, claims the sequence on every worker
+// (Claimer.Claim) and rolls back (worker.RollbackRequest) the ranks of
+// the workers that hold more than that, so that every rank holds its
+// share of the same lengths; Step, Decode, Append, Fork, Rollback and
+// Release then work on it as on any sequence. A sequence some worker is
+// missing (RecoveredPart.Missing), or whose workers cannot agree (a
+// layout that is not the engine's, uneven layers to roll back), is
+// freed on the workers that hold it and Adopt returns an error wrapping
+// ErrIncomplete. Any other failure frees it too (released where it was
+// claimed, dropped elsewhere); the error says what failed. Every worker
+// must implement Claimer.
+func (e *Engine) Adopt(ctx context.Context, r Recovered) (Adopted, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return Adopted{}, ErrClosed
+	}
+	if len(r.Parts) != len(e.workers) {
+		return Adopted{}, fmt.Errorf("adopt seq %d: %w: %d parts for %d workers", r.Seq, ErrBadInput, len(r.Parts), len(e.workers))
+	}
+	claimers := make([]Claimer, len(e.workers))
+	for w, wk := range e.workers {
+		c, ok := wk.(Claimer)
+		if !ok {
+			return Adopted{}, fmt.Errorf("adopt seq %d: %w: worker %d (%T) cannot claim recovered sequences", r.Seq, ErrBadInput, w, wk)
+		}
+		claimers[w] = c
+	}
+	if err := e.freeID(r.Seq); err != nil {
+		// Not the parts' fault: leave them parked for a caller who
+		// picks another id.
+		return Adopted{}, fmt.Errorf("adopt seq %d: %w", r.Seq, err)
+	}
+	a, err := e.agree(r)
+	if err != nil {
+		e.dropParts(r, 0)
+		return Adopted{}, fmt.Errorf("adopt seq %d: %w", r.Seq, err)
+	}
+	for w, c := range claimers {
+		if err := c.Claim(ctx, r.Parts[w].Key, uint64(r.Seq)); err != nil {
+			e.releaseOn(r.Seq, w)
+			e.dropParts(r, w)
+			return Adopted{}, fmt.Errorf("adopt seq %d: claim on worker %d: %w", r.Seq, w, err)
+		}
+	}
+	sq := &seqState{layout: r.Layout, lens: a.Lens}
+	if err := e.trim(ctx, r, sq); err != nil {
+		e.releaseOn(r.Seq, len(e.workers))
+		return Adopted{}, fmt.Errorf("adopt seq %d: %w", r.Seq, err)
+	}
+	e.nextID = max(e.nextID, r.Seq+1)
+	e.seqs[r.Seq] = sq
+	return a, nil
+}
+
+// agree checks r's layout and parts and returns the lengths the
+// workers agree on.
+func (e *Engine) agree(r Recovered) (Adopted, error) {
+	c := e.cfg
+	lay := r.Layout
+	if lay.CP != c.CP || lay.TP != c.TP {
+		return Adopted{}, fmt.Errorf("%w: layout %d x %d (cp x tp), the engine's grid is %d x %d", ErrIncomplete, lay.CP, lay.TP, c.CP, c.TP)
+	}
+	if err := lay.Validate(c.KVHeads); err != nil {
+		return Adopted{}, fmt.Errorf("%w: layout: %w", ErrIncomplete, err)
+	}
+	a := Adopted{Lens: nil}
+	for w, p := range r.Parts {
+		if p.Missing {
+			return Adopted{}, fmt.Errorf("%w: worker %d (ranks %v) did not recover it", ErrIncomplete, w, e.hosts[w])
+		}
+		if len(p.Lens) != c.Layers {
+			return Adopted{}, fmt.Errorf("%w: worker %d: %d lengths for %d layers", ErrIncomplete, w, len(p.Lens), c.Layers)
+		}
+		if slices.Min(p.Lens) < 0 || p.Had < 0 {
+			return Adopted{}, fmt.Errorf("%w: worker %d: negative length", ErrIncomplete, w)
+		}
+		if a.Lens == nil {
+			a.Lens = slices.Clone(p.Lens)
+		}
+		for l, n := range p.Lens {
+			a.Lens[l] = min(a.Lens[l], n)
+		}
+		a.Had = max(a.Had, p.Had)
+	}
+	a.LostTokens = max(a.Had-slices.Max(a.Lens), 0)
+	// A worker that holds more is rolled back by the same number of
+	// tokens in every layer, from one length (the Rollback message's).
+	for w, p := range r.Parts {
+		if slices.Equal(p.Lens, a.Lens) {
+			continue
+		}
+		d := p.Lens[0] - a.Lens[0]
+		for l := range p.Lens {
+			if p.Lens[l] != p.Lens[0] || p.Lens[l]-a.Lens[l] != d {
+				return Adopted{}, fmt.Errorf("%w: worker %d holds lengths %v, the others %v: cannot roll back uneven layers", ErrIncomplete, w, p.Lens, a.Lens)
+			}
+		}
+	}
+	return a, nil
+}
+
+// trim rolls back, on every claimed worker that holds more than sq's
+// lengths, its ranks' surplus (checked first on the worker).
+func (e *Engine) trim(ctx context.Context, r Recovered, sq *seqState) error {
+	for w, p := range r.Parts {
+		d := p.Lens[0] - sq.lens[0]
+		if d == 0 {
+			continue
+		}
+		wk := e.workers[w]
+		if err := wk.Check(ctx, worker.CheckRequest{Seq: uint64(r.Seq), Len: p.Lens[0], Drop: d}); err != nil {
+			return fmt.Errorf("roll back worker %d from %d to %d tokens: %w", w, p.Lens[0], sq.lens[0], err)
+		}
+		for _, rk := range e.hosts[w] {
+			if _, err := wk.Rollback(ctx, worker.RollbackRequest{Seq: uint64(r.Seq), Rank: rk, Len: p.Lens[0], Drop: d}); err != nil {
+				return fmt.Errorf("roll back rank %v from %d to %d tokens: %w", rk, p.Lens[0], sq.lens[0], err)
+			}
+		}
+	}
+	return nil
+}
+
+// dropParts frees r on the workers from the first-th on that recovered
+// it (best effort: a worker that fails keeps it parked, and frees it at
+// its next restart or when its grid closes).
+func (e *Engine) dropParts(r Recovered, first int) {
+	ctx, cancel := detached()
+	defer cancel()
+	for w := first; w < len(e.workers); w++ {
+		if r.Parts[w].Missing {
+			continue
+		}
+		if c, ok := e.workers[w].(Claimer); ok {
+			_ = c.DropRecovered(ctx, r.Parts[w].Key)
+		}
+	}
+}
+
+// DropRecovered frees, on worker w (the hosts' order of Open), the
+// recovered sequence key that the engine will not adopt.
+func (e *Engine) DropRecovered(ctx context.Context, w int, key uint64) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrClosed
+	}
+	if w < 0 || w >= len(e.workers) {
+		return fmt.Errorf("drop recovered %d: %w: worker %d of %d", key, ErrBadInput, w, len(e.workers))
+	}
+	c, ok := e.workers[w].(Claimer)
+	if !ok {
+		return fmt.Errorf("drop recovered %d: %w: worker %d (%T) cannot drop recovered sequences", key, ErrBadInput, w, e.workers[w])
+	}
+	if err := c.DropRecovered(ctx, key); err != nil {
+		return fmt.Errorf("drop recovered %d on worker %d: %w", key, w, err)
+	}
+	return nil
+}
