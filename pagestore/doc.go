@@ -99,6 +99,13 @@
 // so a page handed out again starts empty with a fresh summary and can
 // never read a previous owner's payload.
 //
+// On a device ([NewWithSlots]) the same bookkeeping drives a [SlotData]:
+// the device holds the summaries of every page and the K/V of the
+// DeviceBudget slots, the tier is host memory the device maps, and the
+// payload moves are queued device copies (every save, then every load,
+// issued at the end of each operation, in stream order with the kernels
+// that read the slots), not copies through the host arrays.
+//
 // An operation that needs a slot when every slot is pinned (or needed by
 // the same operation) fails with [ErrDeviceFull] before changing
 // anything; the caller sizes the budget for the pinned pages of all live

@@ -135,7 +135,7 @@ func New(cfg Config) (*Store, error) {
 // hold cfg.Capacity pages of cfg's geometry; the store resets a page's
 // summaries when it hands the page out. [Store.Layer], [Store.PageKV] and
 // [Store.PageSummary] are then unavailable (see [Store.HostPages]).
-// Offload ([Config.DeviceBudget]) is not available with outside data.
+// Offload ([Config.DeviceBudget]) needs [NewWithSlots] instead.
 func NewWithData(cfg Config, data PageData) (*Store, error) {
 	sz, err := cfg.sizes()
 	if err != nil {

@@ -26,7 +26,10 @@ type Config struct {
 	// attention (see [Shard.Attend]). New pins each sequence's sink and
 	// local pages (Store.PinFirst and PinLast raised to the policy's
 	// SinkPages and LocalPages). Steps then run phased, never fused.
-	// Offload is not available with DeviceResident. Default 0: off.
+	// With DeviceResident the backend must be a kernels.SlotStore (the
+	// CUDA backend): the device keeps every page's summaries and the
+	// K/V of the budget, the tier is the backend's pinned host memory
+	// (Store.Tier must be nil; DataDir is not available). Default 0: off.
 	Store pagestore.Config
 	// Policy is the page-selection policy. Default DefaultPolicy(). Its
 	// PageSize is ignored: Store.PageSize replaces it (see
