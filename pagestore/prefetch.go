@@ -129,7 +129,7 @@ func (s *Store) LoadPrefetch(ctx context.Context, f Fetch, buf []byte) error {
 		return fmt.Errorf("prefetch: %w: page %d outside the pool of %d", ErrOutOfRange, p, len(r.slot))
 	}
 	r.mu.Lock()
-	if r.pend[p] != sl || r.loading[p] || r.gen[p] != f.gen {
+	if r.pend[p] != sl || r.loading[p] || r.gen[p] != f.gen || r.fault != nil {
 		r.mu.Unlock()
 		return nil
 	}
@@ -145,6 +145,15 @@ func (s *Store) LoadPrefetch(ctx context.Context, f Fetch, buf []byte) error {
 		if err == nil {
 			r.unpackFrom(sl, buf)
 		}
+	} else {
+		// A device pool: one queued copy from the tier into the
+		// reserved slot, ordered before every later kernel that reads
+		// it. A copy of a page recycled meanwhile lands in a slot that
+		// is given back below and overwritten by its next user.
+		one := [1]kernels.SlotMove{{Page: p, Slot: sl}}
+		if merr := r.dev.MoveSlots(ctx, nil, one[:]); merr != nil {
+			err = fmt.Errorf("device copy from the tier: %w", merr)
+		}
 	}
 
 	r.mu.Lock()
@@ -153,14 +162,6 @@ func (s *Store) LoadPrefetch(ctx context.Context, f Fetch, buf []byte) error {
 	r.loading[p] = false
 	r.nload--
 	r.unpend(p)
-	if err == nil && r.dev != nil && r.gen[p] == f.gen {
-		// A device pool: one queued copy from the tier, ordered before
-		// every later kernel that reads the slot.
-		one := [1]kernels.SlotMove{{Page: p, Slot: sl}}
-		if merr := r.dev.MoveSlots(ctx, nil, one[:]); merr != nil {
-			err = fmt.Errorf("device copy from the tier: %w", merr)
-		}
-	}
 	if err != nil || r.gen[p] != f.gen {
 		r.owner[sl] = -1
 		r.free = append(r.free, sl)

@@ -107,6 +107,7 @@ type residency struct {
 	dev          SlotData
 	dt           plan.DType // the payload's element type
 	saves, loads []kernels.SlotMove
+	fault        error // set when a flush failed: the store is unusable
 
 	slot      []int32  // page -> device slot, -1 when not resident
 	owner     []int32  // slot -> page, -1 when free
@@ -213,8 +214,13 @@ func (r *residency) room() int { return r.budget - r.pinnedRes }
 // in flight waited for (their pages become evictable), before
 // ErrDeviceFull.
 func (r *residency) ensure(ctx context.Context, pages []int32, step bool) (int, error) {
+	if r.fault != nil {
+		return 0, r.fault
+	}
 	missing, err := r.ensurePages(ctx, pages, step)
-	if ferr := r.flush(ctx); ferr != nil && err == nil {
+	// The bookkeeping of the queued copies is committed: issue them even
+	// when ctx ended meanwhile.
+	if ferr := r.flush(context.WithoutCancel(ctx)); ferr != nil && err == nil {
 		err = ferr
 	}
 	return missing, err
@@ -222,9 +228,11 @@ func (r *residency) ensure(ctx context.Context, pages []int32, step bool) (int, 
 
 // flush issues the device copies queued by evictions and loads (device
 // pool only): every save, then every load, so a slot written back and
-// reloaded in one operation is saved before it is overwritten. A failure
-// is a device fault: the pages stay marked resident (the store reports
-// the error; the device's state is unknown).
+// reloaded in one operation is saved before it is overwritten. The
+// residency maps already say where the pages are after the copies, so a
+// failure is a device fault the maps cannot be trusted after: the store
+// fails from then on (r.fault, wrapping ErrData), every later operation
+// that needs the device pool returning it.
 func (r *residency) flush(ctx context.Context) error {
 	if r.dev == nil || len(r.saves)+len(r.loads) == 0 {
 		return nil
@@ -232,7 +240,8 @@ func (r *residency) flush(ctx context.Context) error {
 	err := r.dev.MoveSlots(ctx, r.saves, r.loads)
 	r.saves, r.loads = r.saves[:0], r.loads[:0]
 	if err != nil {
-		return fmt.Errorf("device copies to and from the tier: %w", err)
+		r.fault = fmt.Errorf("%w: device copies to and from the tier failed, the device pool's contents are unknown: %w", ErrData, err)
+		return r.fault
 	}
 	return nil
 }
@@ -287,6 +296,13 @@ func (r *residency) ensurePages(ctx context.Context, pages []int32, step bool) (
 			}
 		}
 		break
+	}
+	if r.dev != nil {
+		// Past here the maps change ahead of the device copies, which
+		// run whatever happens to ctx: give up now or never.
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
 	}
 	for _, p := range pages {
 		if r.slot[p] >= 0 {
@@ -498,6 +514,9 @@ func (r *residency) readKV(ctx context.Context, layer int, p int32, k, v []float
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.dev != nil {
+		if r.fault != nil {
+			return r.fault
+		}
 		return r.readKVDevice(ctx, layer, p, k, v)
 	}
 	ld := r.layers[layer]

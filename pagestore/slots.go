@@ -15,10 +15,16 @@ import (
 // and the K/V of [Config.DeviceBudget] device slots, in every layer, and
 // the moves of page payloads between those slots and the store's tier
 // ([Config.Tier], which the device reads and writes directly). The store
-// decides which page holds which slot; SlotData only stores. The store
-// calls the methods with its residency lock held, so they never run
-// concurrently with each other; inputs are checked. Calls may be queued
-// (a device stream): their order is the order of the calls.
+// decides which page holds which slot; SlotData only stores. Calls may
+// run concurrently, but never two on the same page or slot at once: the
+// residency lock serializes those that move or write K/V, except a
+// prefetch's MoveSlots, which runs outside it into a slot reserved for
+// it, and ResetSummaries, Table and Drop run under the sequence's lock
+// only (their pages belong to that sequence). Inputs are checked. Calls
+// may be queued (a device stream): their order is the order of the
+// calls. A failed MoveSlots of an operation's copies makes the store
+// fail from then on (the residency maps already moved; errors wrap
+// ErrData).
 type SlotData interface {
 	// WriteSlots is [PageData.Write] with K/V addressed by slot: page
 	// pages[i] has its K/V in slot slots[i].

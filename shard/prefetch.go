@@ -166,6 +166,9 @@ func (s *Shard) prefetchNext(ctx context.Context, ls *LocalStep) error {
 	t0 := time.Now()
 	defer func() { pp.time += time.Since(t0) }()
 	if ls.pfRanked {
+		if ls.topk.Rows() == 0 {
+			return nil // nothing ranked (dense or unranked plans), as below
+		}
 		// rankOffload ranked the candidates on the device.
 		ep := next(&pp.epoch, pp.seen)
 		pp.cand = pp.cand[:0]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 )
@@ -86,6 +87,12 @@ func (s *Shard) newDeviceOffload(cfg Config) error {
 		return fmt.Errorf("shard: %w: a DeviceResident shard's tier is its backend's host tier; Store.Tier must be nil", pagestore.ErrInvalidConfig)
 	}
 	c.DType = ss.PoolDType()
+	// The host tier is pinned memory for every page: check it like the
+	// host pools of pagestore.New.
+	what := fmt.Sprintf("pinned host tier of %d pages x %d bytes", c.Capacity, c.PayloadBytes())
+	if err := memlimit.Check(what, memlimit.Mul(int64(c.Capacity), int64(c.PayloadBytes())), c.MemoryLimit); err != nil {
+		return fmt.Errorf("shard: %w", err)
+	}
 	ctx := context.Background()
 	t, err := ss.NewHostTier(ctx, c.Capacity, c.PayloadBytes())
 	if err != nil {

@@ -239,16 +239,28 @@ func (FakeDevice) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTie
 	if len(ps)*2*blk*4 != t.payload {
 		return fmt.Errorf("fake device: %d pools of %d-float blocks do not make a %d-byte payload", len(ps), blk, t.payload)
 	}
+	// Everything is checked before anything moves: a load of a page
+	// nobody saved (nor wrote) fails with tier.ErrEmpty.
+	saved := map[int32]bool{}
 	for pass, moves := range [2][]kernels.SlotMove{saves, loads} {
 		for _, m := range moves {
 			if err := t.check(ctx, int(m.Page), -1); err != nil {
 				return err
 			}
+			if err := ps[0].slot(m.Slot); err != nil {
+				return err
+			}
+			if pass == 0 {
+				saved[m.Page] = true
+			} else if !t.full[m.Page] && !saved[m.Page] {
+				return fmt.Errorf("fake device: load of tier page %d, which holds no payload: %w", m.Page, tier.ErrEmpty)
+			}
+		}
+	}
+	for pass, moves := range [2][]kernels.SlotMove{saves, loads} {
+		for _, m := range moves {
 			b := t.data[int(m.Page)*t.payload:][:t.payload]
 			for _, p := range ps {
-				if err := p.slot(m.Slot); err != nil {
-					return err
-				}
 				for _, a := range [2][]float32{p.K[int(m.Slot)*blk:][:blk], p.V[int(m.Slot)*blk:][:blk]} {
 					for i := range a {
 						if pass == 0 {

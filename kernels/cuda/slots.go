@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -70,6 +71,10 @@ func (b *Backend) PoolDType() plan.DType { return b.cfg.DType }
 func (b *Backend) NewSlotPool(ctx context.Context, pages, slots, kvHeads, headDim, pageSize int) (any, error) {
 	if slots < 1 || slots > pages {
 		return nil, fmt.Errorf("cuda: slot pool of %d slots for %d pages (want 1..pages)", slots, pages)
+	}
+	if b.cfg.SummaryDType == plan.SummaryFP8 {
+		// The slot-pool writes keep no fp8 copy of the summaries.
+		return nil, errors.New("cuda: slot pools (offload) keep bf16 summaries only; fp8 summaries (SummaryDType) are not available with offload")
 	}
 	l := &DeviceLayer{Pages: pages, Slots: slots, KVHeads: kvHeads, HeadDim: headDim, PageSize: pageSize, DType: b.cfg.DType}
 	if err := b.do(ctx, func() error { return b.allocLayer(l) }); err != nil {
@@ -379,13 +384,16 @@ func (b *Backend) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTie
 	if t.closed {
 		return tier.ErrClosed
 	}
-	for _, ms := range [2][]kernels.SlotMove{saves, loads} {
+	for i, ms := range [2][]kernels.SlotMove{saves, loads} {
 		for _, m := range ms {
 			if m.Page < 0 || int(m.Page) >= t.pages {
 				return fmt.Errorf("cuda: move of tier page %d outside %d: %w", m.Page, t.pages, tier.ErrSlot)
 			}
 			if err := ls[0].checkSlots(m.Slot); err != nil {
 				return err
+			}
+			if i == 1 && !t.full[m.Page] && !slices.ContainsFunc(saves, func(s kernels.SlotMove) bool { return s.Page == m.Page }) {
+				return fmt.Errorf("cuda: load of tier page %d, which holds no payload: %w", m.Page, tier.ErrEmpty)
 			}
 		}
 	}
