@@ -643,7 +643,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		return nil
 	})
 	d.int(&c.MonitorQueue, "monitor-queue", 64, "replays of --monitor-rate waiting or running at most; samples beyond it are dropped and counted")
-	d.int(&c.RequestHistory, "request-history", 64, "finished requests kept (prompt, output, settings) for GET /admin/requests/{id} and questctl replay-request; 0 keeps none")
+	d.int(&c.RequestHistory, "request-history", 64, "finished requests kept (prompt, output, settings) for GET /admin/requests/{id} and questctl replay-request; 0 keeps none. The /admin endpoints have no authentication: whoever reaches --http-addr can read these prompts and outputs")
 
 	d.group("Logging and process")
 	d.text("log-level", "info", "lowest level logged: debug, info, warn or error", func(s string) (err error) {
