@@ -32,6 +32,8 @@ type offloadConfig struct {
 	steps, warmup                          int
 	eviction                               pagestore.Eviction
 	tier, tierDir                          string
+	hostBudget                             int // --tier host+disk: percent of the pages in host memory
+	hostBudgetGiven                        bool
 	backend, dtype                         string // cpu, or cuda storing dtype
 	memoryLimit                            int64
 	seed                                   uint64
@@ -94,6 +96,33 @@ type offloadResult struct {
 	// outputs: 0 when every step attended in one pass (recall is exact).
 	MaxAbsDiff   float64 `json:"max_abs_diff"`
 	BitIdentical bool    `json:"bit_identical"`
+	// The fields of offloadSpillResult, with --tier host+disk only.
+	*offloadSpillResult
+}
+
+// offloadSpillResult is what --tier host+disk adds to a JSON line: the
+// host budget of the tier.Spill and its counters.
+type offloadSpillResult struct {
+	// HostBudgetPct is the share of the sequence's pages whose payloads
+	// the host tier may hold (HostPages pages, at least 1); the others
+	// spill to the disk tier.
+	HostBudgetPct int `json:"host_budget_pct"`
+	HostPages     int `json:"host_pages"`
+	// HostSlots and DiskSlots are the payloads held by each tier after
+	// the timed steps.
+	HostSlots int `json:"host_slots"`
+	DiskSlots int `json:"disk_slots"`
+	// Spills and SpilledBytes count the payloads moved from host to disk
+	// over the whole run (fill and warm-up included), SpillErrors the
+	// spills that failed; SpillsPerStep those of the timed steps.
+	Spills        int64   `json:"spills"`
+	SpilledBytes  int64   `json:"spilled_bytes"`
+	SpillErrors   int64   `json:"spill_errors"`
+	SpillsPerStep float64 `json:"spills_per_step"`
+	// HostReadsPerStep and DiskReadsPerStep are the tier reads of a timed
+	// step (recalls and prefetches) served by each tier.
+	HostReadsPerStep float64 `json:"host_reads_per_step"`
+	DiskReadsPerStep float64 `json:"disk_reads_per_step"`
 }
 
 func runBenchOffload(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -131,9 +160,18 @@ bytes moved cost a memory copy, not a PCIe transfer; on the GPU they
 cross PCIe, and the step is timed as a caller sees it (outputs on the
 host). Progress goes to stderr.
 
+Tiers (--tier): memory (host memory holds every offloaded page), disk
+(slab files hold them), or host+disk (a tier.Spill: host memory holds at
+most --host-budget percent of the sequence's pages, the least recently
+written or read ones spill to slab files; JSON lines then add
+host_budget_pct, host_pages, host_slots, disk_slots, spills,
+spilled_bytes, spill_errors, spills_per_step, host_reads_per_step and
+disk_reads_per_step).
+
 Every size is checked before anything is allocated: the all-resident
-shard, the largest offloading one and, with --tier memory, its tier must
-fit --max-memory together.`)
+shard, the largest offloading one and, with --tier memory, its tier
+(with --tier host+disk, the tier's host share) must fit --max-memory
+together.`)
 	contexts := fs.String("context", "65536", fmt.Sprintf("comma-separated context lengths in tokens (1..%d)", bench.MaxContext))
 	budgets := fs.String("budget", "2048", fmt.Sprintf("comma-separated token budgets (--page-size..%d)", bench.MaxContext))
 	devBudget := fs.String("device-budget", "100,50,20,10,5", "comma-separated device budgets, percent of the sequence's pages (1..100)")
@@ -146,8 +184,9 @@ fit --max-memory together.`)
 	fs.IntVar(&c.steps, "steps", 32, fmt.Sprintf("timed steps per configuration (1..%d)", bench.MaxIters))
 	fs.IntVar(&c.warmup, "warmup", 16, fmt.Sprintf("untimed steps before them, which bring the device pool to its steady state (0..%d)", bench.MaxIters))
 	eviction := fs.String("eviction", "lru", "eviction policy: lru or score")
-	fs.StringVar(&c.tier, "tier", "memory", "where offloaded pages live: memory (a host memory tier) or disk (pagestore/disktier slab files in a temporary directory, removed afterwards)")
-	fs.StringVar(&c.tierDir, "tier-dir", "", "with --tier disk: the directory in which the temporary tier directory is made (default: the system's temporary directory)")
+	fs.StringVar(&c.tier, "tier", "memory", "where offloaded pages live: memory (a host memory tier), disk (pagestore/disktier slab files in a temporary directory, removed afterwards) or host+disk (host memory up to --host-budget, spilling to disk)")
+	fs.StringVar(&c.tierDir, "tier-dir", "", "with --tier disk or host+disk: the directory in which the temporary tier directory is made (default: the system's temporary directory)")
+	fs.IntVar(&c.hostBudget, "host-budget", 50, "with --tier host+disk: percent of the sequence's pages whose payloads host memory holds, the rest spilling to disk (1..100)")
 	fs.StringVar(&c.backend, "backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host (device-resident pools; --tier memory only)")
 	dtype := kvCacheDTypeFlag(fs, "")
 	maxMem := maxMemoryFlag(fs)
@@ -191,6 +230,7 @@ fit --max-memory together.`)
 			return usageError{fmt.Errorf("--eviction: %w", err)}
 		}
 		c.memoryLimit = *maxMem
+		c.hostBudgetGiven = givenAs(fs, "host-budget") != ""
 		if err := c.validate(); err != nil {
 			return usageError{err}
 		}
@@ -260,18 +300,28 @@ func (c offloadConfig) validate() error {
 		}
 	}
 	switch c.tier {
+	case "memory", "disk", "host+disk":
+	default:
+		return fmt.Errorf("--tier %q: want memory, disk or host+disk", c.tier)
+	}
+	if c.tier == "host+disk" {
+		if c.hostBudget < 1 || c.hostBudget > 100 {
+			return fmt.Errorf("--host-budget %d: want 1..100 percent of the sequence's pages", c.hostBudget)
+		}
+	} else if c.hostBudgetGiven {
+		return fmt.Errorf("--host-budget needs --tier host+disk (not --tier %s)", c.tier)
+	}
+	switch c.tier {
 	case "memory":
 		if c.tierDir != "" {
-			return errors.New("--tier-dir needs --tier disk")
+			return errors.New("--tier-dir needs --tier disk or host+disk")
 		}
-	case "disk":
+	case "disk", "host+disk":
 		if c.tierDir != "" {
 			if fi, err := os.Stat(c.tierDir); err != nil || !fi.IsDir() {
 				return fmt.Errorf("--tier-dir %q: not a directory", c.tierDir)
 			}
 		}
-	default:
-		return fmt.Errorf("--tier %q: want memory or disk", c.tier)
 	}
 	if c.memoryLimit < memlimit.NoLimit {
 		return fmt.Errorf("--max-memory %d: want a byte count, 0 (the memory available now) or -1 (no check)", c.memoryLimit)
@@ -293,6 +343,12 @@ func (c offloadConfig) storeConfig(n, pct int) pagestore.Config {
 		sc.DeviceBudget = min(pages, max(2, (pct*pages+50)/100))
 	}
 	return sc
+}
+
+// hostPages is the host budget of --tier host+disk for a sequence of
+// pages pages: c.hostBudget percent of them, at least 1.
+func (c offloadConfig) hostPages(pages int) int {
+	return min(pages, max(1, (c.hostBudget*pages+50)/100))
 }
 
 // preflight checks that the largest context's all-resident shard, its
@@ -324,8 +380,11 @@ func (c offloadConfig) preflight() error {
 	if err != nil {
 		return usageError{fmt.Errorf("--context %d: %w", n, err)}
 	}
-	if c.tier == "disk" { // the payloads live in files instead
+	switch c.tier {
+	case "disk": // the payloads live in files instead
 		off -= int64(oc.Capacity) * int64(oc.PayloadBytes())
+	case "host+disk": // files but for the host budget
+		off -= int64(oc.Capacity-c.hostPages(oc.Capacity)) * int64(oc.PayloadBytes())
 	}
 	need := memlimit.Add(res, off)
 	what := fmt.Sprintf("bench offload: %d tokens of %d KV heads x D %d, all resident and offloaded (--tier %s)", n, c.kvHeads, c.headDim, c.tier)
@@ -393,7 +452,8 @@ type offloadRunResult struct {
 func offloadRun(ctx context.Context, c offloadConfig, be kernels.Backend, n, budget, pct, pf int, qs [][]float32, ref [][]float32) (offloadRunResult, error) {
 	var out offloadRunResult
 	sc := c.storeConfig(n, pct)
-	if pct > 0 && c.tier == "disk" {
+	var spill *tier.Spill
+	if pct > 0 && (c.tier == "disk" || c.tier == "host+disk") {
 		dir, err := os.MkdirTemp(c.tierDir, "questctl-offload-")
 		if err != nil {
 			return out, fmt.Errorf("disk tier: %w", err)
@@ -407,6 +467,20 @@ func offloadRun(ctx context.Context, c offloadConfig, be kernels.Backend, n, bud
 		}
 		defer d.Close()
 		sc.Tier = d
+		if c.tier == "host+disk" {
+			host, err := tier.NewMemory(sc.Capacity, sc.PayloadBytes())
+			if err != nil {
+				return out, fmt.Errorf("host tier: %w", err)
+			}
+			// The spill tier owns (and closes) both; closing d again
+			// above is harmless.
+			spill, err = tier.NewSpill(host, d, tier.SpillConfig{Budget: c.hostPages(sc.Capacity)})
+			if err != nil {
+				return out, fmt.Errorf("host+disk tier: %w", err)
+			}
+			defer spill.Close()
+			sc.Tier = spill
+		}
 	}
 	pol := plan.DefaultPolicy()
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = c.pageSize, budget, 0
@@ -436,6 +510,10 @@ func offloadRun(ctx context.Context, c offloadConfig, be kernels.Backend, n, bud
 		}
 	}
 	before := sh.OffloadStats()
+	var spillBefore tier.SpillStats
+	if spill != nil {
+		spillBefore = spill.Stats()
+	}
 	times := make([]float64, 0, c.steps)
 	diff, total := 0.0, 0.0
 	for i, q := range qs[c.warmup:] {
@@ -484,6 +562,17 @@ func offloadRun(ctx context.Context, c offloadConfig, be kernels.Backend, n, bud
 	r.PrefetchWastedPerStep = per(after.PrefetchWasted, before.PrefetchWasted)
 	r.PrefetchWaitUS = perUS(after.PrefetchWait, before.PrefetchWait)
 	r.PrefetchPlanUS = perUS(after.PrefetchPlan, before.PrefetchPlan)
+	if spill != nil {
+		st := spill.Stats()
+		r.offloadSpillResult = &offloadSpillResult{
+			HostBudgetPct: c.hostBudget, HostPages: st.Budget,
+			HostSlots: st.Upper, DiskSlots: st.Lower,
+			Spills: st.Spills, SpilledBytes: st.SpilledBytes, SpillErrors: st.SpillErrors,
+			SpillsPerStep:    per(st.Spills, spillBefore.Spills),
+			HostReadsPerStep: per(st.UpperReads, spillBefore.UpperReads),
+			DiskReadsPerStep: per(st.LowerReads, spillBefore.LowerReads),
+		}
+	}
 	return out, nil
 }
 

@@ -66,6 +66,12 @@ func TestBenchOffloadBadFlags(t *testing.T) {
 		{[]string{"--tier", "tape"}, "--tier"},
 		{[]string{"--tier-dir", dir}, "--tier-dir"},
 		{[]string{"--tier", "disk", "--tier-dir", file}, "--tier-dir"},
+		{[]string{"--tier", "host+disk", "--tier-dir", file}, "--tier-dir"},
+		{[]string{"--tier", "host+disk", "--host-budget", "0"}, "--host-budget"},
+		{[]string{"--tier", "host+disk", "--host-budget", "101"}, "--host-budget"},
+		{[]string{"--tier", "host+disk", "--host-budget", "x"}, "host-budget"},
+		{[]string{"--host-budget", "50"}, "--host-budget"},
+		{[]string{"--tier", "disk", "--host-budget", "50"}, "--host-budget"},
 		{[]string{"--max-memory", "1MiB"}, "memory limit"}, // as the other benchmarks' preflight says it
 		{[]string{"--json=maybe"}, "json"},
 	} {
@@ -85,7 +91,8 @@ func TestBenchOffloadRun(t *testing.T) {
 		t.Skip("runs a small benchmark")
 	}
 	dir := t.TempDir()
-	for _, tr := range [][]string{{"--tier", "memory"}, {"--tier", "disk", "--tier-dir", dir}} {
+	spillKeys := []string{"host_budget_pct", "host_pages", "host_slots", "disk_slots", "spills", "spilled_bytes", "spill_errors", "spills_per_step", "host_reads_per_step", "disk_reads_per_step"}
+	for _, tr := range [][]string{{"--tier", "memory"}, {"--tier", "disk", "--tier-dir", dir}, {"--tier", "host+disk", "--tier-dir", dir, "--host-budget", "30"}} {
 		args := append(append([]string(nil), offloadSmall...), "--device-budget", "100,20,5", "--workload", "slow,random", "--prefetch", "0,4", "--json")
 		code, stdout, stderr := runCLI(t, append(args, tr...)...)
 		if code != 0 {
@@ -105,6 +112,27 @@ func TestBenchOffloadRun(t *testing.T) {
 			}
 			if r["tier"] != tr[1] {
 				t.Fatalf("tier %v, want %s", r["tier"], tr[1])
+			}
+			for _, k := range spillKeys {
+				if _, ok := r[k]; ok != (tr[1] == "host+disk") {
+					t.Fatalf("--tier %s: has %s: %v: %s", tr[1], k, ok, sc.Text())
+				}
+			}
+			if tr[1] == "host+disk" {
+				// 2048 tokens: 128 pages, 30% of them (38) in host memory.
+				// The pages evicted from the device (all but the device
+				// budget's) were written to the tier: those beyond 38
+				// spilled.
+				hostPages, hostSlots, diskSlots := r["host_pages"].(float64), r["host_slots"].(float64), r["disk_slots"].(float64)
+				if r["host_budget_pct"].(float64) != 30 || hostPages != 38 || hostSlots > hostPages {
+					t.Fatalf("host budget: %s", sc.Text())
+				}
+				if r["device_budget_pct"].(float64) < 100 && (diskSlots == 0 || r["spills"].(float64) < diskSlots) {
+					t.Fatalf("no spill to disk with a %v%% device budget: %s", r["device_budget_pct"], sc.Text())
+				}
+				if r["spill_errors"].(float64) != 0 || r["spilled_bytes"].(float64) != r["spills"].(float64)*2*2*16*16*4 { // K and V x 2 KV heads x S 16 x D 16 x float32
+					t.Fatalf("spill counters: %s", sc.Text())
+				}
 			}
 			if r["passes_per_step"].(float64) == 1 && r["max_abs_diff"].(float64) != 0 {
 				t.Fatalf("a single-pass configuration differs from the resident step: %s", sc.Text())
@@ -141,6 +169,8 @@ func FuzzBenchOffload(f *testing.F) {
 		"--context 100000000",
 		"--context 65536 --device-budget 100,50,20,10,5 --workload slow,random --prefetch 0,32 --tier memory --json",
 		"--context 65536 --tier disk",
+		"--context 65536 --device-budget 10 --tier host+disk --host-budget 50 --json",
+		"--tier host+disk --host-budget 0",
 		"--device-budget 0,,5 --prefetch -3",
 		"--workload  --tier ",
 		"--page-size 0 --head-dim 99999 --q-heads 7",
@@ -184,6 +214,7 @@ func TestBenchOffloadBackendFlags(t *testing.T) {
 	}{
 		{[]string{"--kv-cache-dtype", "f16"}, "--kv-cache-dtype needs --backend cuda"},
 		{[]string{"--backend", "cuda", "--tier", "disk"}, "--tier disk needs --backend cpu"},
+		{[]string{"--backend", "cuda", "--tier", "host+disk"}, "--tier host+disk needs --backend cpu"},
 		{[]string{"--backend", "tpu"}, `--backend "tpu": want cpu or cuda`},
 	} {
 		code, _, stderr := runCLI(t, append([]string{"bench", "offload"}, c.args...)...)
