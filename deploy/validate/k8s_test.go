@@ -271,6 +271,27 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 			t.Errorf("config %s %v: want %s/%s from the Secret", flag, cfg[flag], secretDir, file)
 		}
 	}
+	// --data-dir: a mount of one of the StatefulSet's claim templates
+	// (each pod keeps its own claim across restarts), writable by the
+	// pod's user (fsGroup).
+	if dir, ok := cfg["data-dir"].(string); ok && dir != "" {
+		var claim string
+		for name, vm := range mounts {
+			if vm.MountPath == dir && !vm.ReadOnly {
+				claim = name
+			}
+		}
+		found := false
+		for _, pvc := range ss.Spec.VolumeClaimTemplates {
+			found = found || (pvc.Name == claim && claim != "")
+		}
+		if !found {
+			t.Errorf("config data-dir %q: not a writable mount of a volumeClaimTemplate (mounts %v)", dir, mounts)
+		}
+		if sc := spec.SecurityContext; sc == nil || sc.FSGroup == nil || sc.RunAsUser == nil || *sc.FSGroup != *sc.RunAsUser {
+			t.Error("data-dir: the pod's fsGroup must be its user's, so that the claim is writable")
+		}
+	}
 	join, _ := cfg["join"].([]any)
 	var wantJoin []any
 	for i := range int(*ss.Spec.Replicas) {

@@ -249,6 +249,9 @@ func localOverrides(t *testing.T, cfg map[string]any) []string {
 	if _, ok := cfg["ready-file"]; ok {
 		args = append(args, "--ready-file="+filepath.Join(t.TempDir(), "ready"))
 	}
+	if _, ok := cfg["data-dir"]; ok {
+		args = append(args, "--data-dir="+filepath.Join(t.TempDir(), "data"))
+	}
 	return args
 }
 
