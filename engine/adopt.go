@@ -19,6 +19,9 @@ type Claimer interface {
 	Claim(ctx context.Context, key, seq uint64) error
 	// DropRecovered frees recovered sequence key.
 	DropRecovered(ctx context.Context, key uint64) error
+	// Park parks sequence seq, which Claim made live, again as it was
+	// before the claim (worker.Local.Park).
+	Park(ctx context.Context, seq uint64) error
 }
 
 // Recovered is one sequence that the engine's workers recovered after a
@@ -66,6 +69,12 @@ type Adopted struct {
 // others held of it.
 var ErrIncomplete = errors.New("engine: recovered sequence incomplete")
 
+// ErrParked: Adopt failed for a reason that is not the sequence's (a
+// context that ended, a worker unavailable or failing) and left it
+// parked on every worker that answered, for a later adoption (another
+// grid's, or after the next restart).
+var ErrParked = errors.New("engine: recovered sequence left parked")
+
 // Adopt makes a sequence the workers recovered after a restart one of
 // the engine's, under id r.Seq: it takes the smallest length over the
 // workers in every layer, claims the sequence on every worker
@@ -73,12 +82,17 @@ var ErrIncomplete = errors.New("engine: recovered sequence incomplete")
 // the workers that hold more than that, so that every rank holds its
 // share of the same lengths; Step, Decode, Append, Fork, Rollback and
 // Release then work on it as on any sequence. A sequence some worker is
-// missing (RecoveredPart.Missing), or whose workers cannot agree (a
-// layout that is not the engine's, uneven layers to roll back), is
-// freed on the workers that hold it and Adopt returns an error wrapping
-// ErrIncomplete. Any other failure frees it too (released where it was
-// claimed, dropped elsewhere); the error says what failed. Every worker
-// must implement Claimer.
+// missing (RecoveredPart.Missing, or a Claim answered
+// worker.ErrUnknownSequence), or whose workers cannot agree (a layout
+// that is not the engine's, uneven layers to roll back), is freed on
+// the workers that hold it and Adopt returns an error wrapping
+// ErrIncomplete. Any other failure (ctx ending, a worker unavailable, a
+// Claim or roll back failing) frees nothing: the sequence is parked
+// again (Claimer.Park) on every worker that claimed it, or may have
+// (a Claim that failed may have taken effect), and stays parked on the
+// others; the error wraps ErrParked and says what failed. A worker
+// whose Park fails keeps it live, unknown to the engine, until its grid
+// closes (which persists it). Every worker must implement Claimer.
 func (e *Engine) Adopt(ctx context.Context, r Recovered) (Adopted, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -107,16 +121,24 @@ func (e *Engine) Adopt(ctx context.Context, r Recovered) (Adopted, error) {
 		return Adopted{}, fmt.Errorf("adopt seq %d: %w", r.Seq, err)
 	}
 	for w, c := range claimers {
-		if err := c.Claim(ctx, r.Parts[w].Key, uint64(r.Seq)); err != nil {
-			e.releaseOn(r.Seq, w)
-			e.dropParts(r, w)
-			return Adopted{}, fmt.Errorf("adopt seq %d: claim on worker %d: %w", r.Seq, w, err)
+		err := c.Claim(ctx, r.Parts[w].Key, uint64(r.Seq))
+		if err == nil {
+			continue
 		}
+		if errors.Is(err, worker.ErrUnknownSequence) {
+			// The worker answered that it holds no such recovered
+			// sequence: incomplete.
+			e.releaseOn(r.Seq, w)
+			e.dropParts(r, w+1)
+			return Adopted{}, fmt.Errorf("adopt seq %d: %w: claim on worker %d: %w", r.Seq, ErrIncomplete, w, err)
+		}
+		// The claim may have taken effect on w (its answer lost).
+		err = fmt.Errorf("adopt seq %d: %w: claim on worker %d: %w", r.Seq, ErrParked, w, err)
+		return Adopted{}, e.parkOn(claimers[:w+1], r.Seq, w, err)
 	}
 	sq := &seqState{layout: r.Layout, lens: a.Lens}
 	if err := e.trim(ctx, r, sq); err != nil {
-		e.releaseOn(r.Seq, len(e.workers))
-		return Adopted{}, fmt.Errorf("adopt seq %d: %w", r.Seq, err)
+		return Adopted{}, e.parkOn(claimers, r.Seq, -1, fmt.Errorf("adopt seq %d: %w: %w", r.Seq, ErrParked, err))
 	}
 	e.nextID = max(e.nextID, r.Seq+1)
 	e.seqs[r.Seq] = sq
@@ -191,9 +213,29 @@ func (e *Engine) trim(ctx context.Context, r Recovered, sq *seqState) error {
 	return nil
 }
 
+// parkOn parks seq again on the given claimers (best effort, on a
+// detached context: the caller's may have ended). uncertain is the
+// worker whose Claim failed (-1 for none): that it does not hold seq
+// live is no failure. It returns cause, with the failures if any.
+func (e *Engine) parkOn(claimers []Claimer, seq SeqID, uncertain int, cause error) error {
+	ctx, cancel := detached()
+	defer cancel()
+	var errs []error
+	for w, c := range claimers {
+		err := c.Park(ctx, uint64(seq))
+		if err != nil && !(w == uncertain && errors.Is(err, worker.ErrUnknownSequence)) {
+			errs = append(errs, fmt.Errorf("worker %d: %w", w, err))
+		}
+	}
+	if len(errs) == 0 {
+		return cause
+	}
+	return fmt.Errorf("%w; park again: %w", cause, errors.Join(errs...))
+}
+
 // dropParts frees r on the workers from the first-th on that recovered
-// it (best effort: a worker that fails keeps it parked, and frees it at
-// its next restart or when its grid closes).
+// it (best effort: a worker that fails keeps it parked; its grid's close
+// persists it again and its next restart recovers it).
 func (e *Engine) dropParts(r Recovered, first int) {
 	ctx, cancel := detached()
 	defer cancel()

@@ -88,11 +88,18 @@ type Config struct {
 	SyncInterval time.Duration
 	// GridID names the grid the worker is part of (worker/remote sets
 	// the coordinator's grid id). A persisting worker records it with
-	// each sequence it creates or forks ([RecoveredSeq.Grid]; a claim keeps it),
+	// each sequence it creates or forks ([RecoveredSeq.Grid]; a claim
+	// under the same id keeps it, one under a new id records this one),
 	// so that a coordinator matching recovered sequences over several
 	// workers tells apart the sequences of different grids that had the
 	// same id. Default "".
 	GridID string
+	// Placement is the name of the node hosting each rank of the grid
+	// (by rank tp*CP+cp; worker/remote sets the coordinator's). A
+	// persisting worker records it with each sequence
+	// ([RecoveredSeq.Placement]), so that a coordinator adopts a
+	// recovered sequence only on the nodes that held it. Default none.
+	Placement []string
 }
 
 // DefaultConfig returns a single-rank configuration with the documented

@@ -75,6 +75,19 @@ type seqState struct {
 	// Config.GridID of the worker that created or forked it, kept by
 	// Claim; "" until the entry is written.
 	grid string
+	// nodes is the placement its table entry names
+	// (RecoveredSeq.Placement): Config.Placement when the entry was
+	// first written.
+	nodes []string
+	// recovered is what its entry named at recovery (nil for a sequence
+	// created or forked since): what Park restores.
+	recovered *recoveredAs
+}
+
+// recoveredAs is a recovered sequence's id and grid at recovery.
+type recoveredAs struct {
+	seq  uint64
+	grid string
 }
 
 // NewLocal builds the shards (and, for replicated selection, the summary

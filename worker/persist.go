@@ -60,8 +60,9 @@ type RecoveryReport struct {
 	Dir string
 	// Sequences are the recovered sequences, by increasing key. They are
 	// parked: no message reaches them until [Local.Claim] makes one live
-	// again (or [Local.DropRecovered] frees it). Their pages count
-	// against the ranks' pools meanwhile.
+	// again (or [Local.DropRecovered] frees it; [Local.Park] parks a
+	// claimed one again). Their pages count against the ranks' pools
+	// meanwhile, and Close persists them.
 	Sequences []RecoveredSeq
 	// Damaged are the sequences found in the table but not recovered;
 	// their entries were deleted.
@@ -104,6 +105,10 @@ type RecoveredSeq struct {
 	Seq    uint64
 	Grid   string
 	Layout plan.Layout
+	// Placement is the node names per rank (tp*CP+cp) of the grid that
+	// wrote its entry first (Config.Placement there); empty when none
+	// was recorded. A coordinator adopts it only on the same placement.
+	Placement []string
 	// Lens are its recovered lengths per layer, in global tokens (the
 	// same in every layer after a crash; the layers' lengths at a
 	// graceful Close otherwise). Every hosted rank holds exactly its
@@ -133,6 +138,7 @@ type DamagedSeq struct {
 type entry struct {
 	Seq        uint64      `json:"seq"`
 	Grid       string      `json:"grid,omitempty"`
+	Nodes      []string    `json:"nodes,omitempty"` // the grid's placement (Config.Placement)
 	Placement  int         `json:"placement"`
 	BlockPages int         `json:"block_pages"`
 	Ranks      []entryRank `json:"ranks"`
@@ -210,7 +216,11 @@ func (l *Local) putEntry(seq uint64, sq *seqState) error {
 	if grid == "" {
 		grid = l.cfg.GridID
 	}
-	e := entry{Seq: seq, Grid: grid, Placement: int(sq.layout.Placement), BlockPages: sq.layout.BlockPages}
+	nodes := sq.nodes
+	if len(nodes) == 0 {
+		nodes = l.cfg.Placement
+	}
+	e := entry{Seq: seq, Grid: grid, Nodes: nodes, Placement: int(sq.layout.Placement), BlockPages: sq.layout.BlockPages}
 	for i, rk := range l.ranks {
 		e.Ranks = append(e.Ranks, entryRank{TP: rk.id.TP, CP: rk.id.CP, Store: sq.local[i]})
 	}
@@ -235,7 +245,7 @@ func (l *Local) putEntry(seq uint64, sq *seqState) error {
 		sq.key = key
 		l.nextKey++
 	}
-	sq.grid = grid
+	sq.grid, sq.nodes = grid, nodes
 	return nil
 }
 
@@ -304,7 +314,8 @@ func (l *Local) recoverTable() error {
 	for _, it := range entries {
 		e := it.e
 		lay := plan.Layout{CP: c.CP, TP: c.TP, Placement: plan.Placement(e.Placement), BlockPages: e.BlockPages}
-		sq := &seqState{layout: lay, key: it.key, grid: e.Grid, local: make([]pagestore.SeqID, len(l.ranks))}
+		sq := &seqState{layout: lay, key: it.key, grid: e.Grid, nodes: e.Nodes, local: make([]pagestore.SeqID, len(l.ranks)),
+			recovered: &recoveredAs{seq: e.Seq, grid: e.Grid}}
 		err := it.err
 		if err == nil {
 			err = lay.Validate(c.KVHeads)
@@ -340,7 +351,7 @@ func (l *Local) recoverTable() error {
 			}
 			var r RecoveredSeq
 			r, err = l.reconcile(sq, e.Seq, before)
-			r.Grid = e.Grid
+			r.Grid, r.Placement = e.Grid, slices.Clone(e.Nodes)
 			if err == nil {
 				l.parked[it.key] = sq
 				rep.Sequences = append(rep.Sequences, r)
@@ -502,9 +513,12 @@ func (l *Local) ParkedCount() int { return int(l.nparked.Load()) }
 // Claim makes the recovered sequence key (see [RecoveryReport]) live
 // again as sequence seq (its old id or another one new to the worker):
 // later messages reach it as any sequence with its recovered lengths.
-// The table records the new id at once, and keeps the entry's grid
-// ([RecoveredSeq.Grid]), so that a coordinator that claims it under its
-// old id finds it under the same (Grid, Seq) after the next restart.
+// The table records the new id at once. Under its old id the entry
+// keeps its grid ([RecoveredSeq.Grid]), so that a coordinator that
+// claims it so finds it under the same (Grid, Seq) after the next
+// restart; under a new id the entry records this worker's grid
+// (Config.GridID), whose workers claimed it under that id. [Local.Park]
+// undoes a claim.
 func (l *Local) Claim(ctx context.Context, key, seq uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -521,7 +535,12 @@ func (l *Local) Claim(ctx context.Context, key, seq uint64) error {
 	if _, ok := l.seqs[seq]; ok {
 		return fmt.Errorf("claim recovered %d: %w: sequence %d exists", key, ErrBadMessage, seq)
 	}
+	grid := sq.grid
+	if sq.recovered != nil && seq != sq.recovered.seq {
+		sq.grid = l.cfg.GridID
+	}
 	if err := l.putEntry(seq, sq); err != nil {
+		sq.grid = grid
 		return fmt.Errorf("claim recovered %d as sequence %d: %w", key, seq, err)
 	}
 	delete(l.parked, key)
@@ -559,5 +578,41 @@ func (l *Local) DropRecovered(ctx context.Context, key uint64) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("drop recovered %d: %w", key, err)
 	}
+	return nil
+}
+
+// Park undoes the [Local.Claim] that made sequence seq live: the
+// sequence is parked again under its key, its table entry names the id
+// and grid it had at recovery, and only Claim or DropRecovered reach it
+// (a coordinator whose adoption failed part-way gives it back, for a
+// later adoption or the next restart). Lengths a rollback since the
+// claim dropped stay dropped. It fails with ErrUnknownSequence when seq
+// is not live, ErrBadMessage when it was not claimed (created or forked
+// since the worker started) and ErrStepOpen when an open step holds it.
+func (l *Local) Park(ctx context.Context, seq uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sq, err := l.mutable(seq)
+	if err != nil {
+		return fmt.Errorf("park: %w", err)
+	}
+	if sq.recovered == nil || sq.key == 0 {
+		return fmt.Errorf("park sequence %d: %w: not a claimed recovered sequence", seq, ErrBadMessage)
+	}
+	if _, ok := l.parked[sq.key]; ok { // not reached: a parked key is not live
+		return fmt.Errorf("park sequence %d: %w: key %d is parked", seq, ErrBadMessage, sq.key)
+	}
+	grid := sq.grid
+	sq.grid = sq.recovered.grid
+	if err := l.putEntry(sq.recovered.seq, sq); err != nil {
+		sq.grid = grid
+		return fmt.Errorf("park sequence %d: %w", seq, err)
+	}
+	delete(l.seqs, seq)
+	l.parked[sq.key] = sq
+	l.nparked.Store(int64(len(l.parked)))
 	return nil
 }

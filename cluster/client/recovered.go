@@ -23,11 +23,15 @@ type Recovered struct {
 	Nodes           []string
 }
 
-// Damaged is a sequence a restarted node found and could not adopt (some
-// rank did not recover it, or a check failed); its pages were freed.
+// Damaged is a sequence a restarted node found and could not adopt: a
+// node of its grid did not recover it, or its nodes disagree on it (its
+// pages were freed), or, with Parked, the adoption failed otherwise (a
+// timeout, a node unavailable) and it stays parked on its nodes, to be
+// recovered at their next restart.
 type Damaged struct {
-	ID  string
-	Err string
+	ID     string
+	Err    string
+	Parked bool
 }
 
 // Recovered asks the node to recover (it opens the grid of its config)
@@ -48,7 +52,7 @@ func (c *Client) Recovered(ctx context.Context) ([]Recovered, []Damaged, error) 
 	}
 	var dmg []Damaged
 	for _, d := range r.GetDamaged() {
-		dmg = append(dmg, Damaged{ID: d.GetSequence(), Err: d.GetError()})
+		dmg = append(dmg, Damaged{ID: d.GetSequence(), Err: d.GetError(), Parked: d.GetParked()})
 	}
 	return seqs, dmg, nil
 }

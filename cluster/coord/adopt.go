@@ -22,11 +22,22 @@ import (
 // rolled back, the sequence claimed on every node under its old engine
 // id. Its name is the one it had: "node/<instance>.<n>" with the
 // instance of the coordinator process that created it (the workers'
-// tables keep its grid id, hence that instance, through every claim) and
-// n its engine id, which is its number (Create and Fork give engine ids
-// equal to the numbers). Numbers of new sequences come after every
-// adopted one. Sequences some node did not recover are freed on the
-// others and listed as damaged.
+// tables keep its grid id, hence that instance, through every claim
+// under that id) and n its engine id, which is its number (Create and
+// Fork give engine ids equal to the numbers). Numbers of new sequences
+// come after every adopted one.
+//
+// A sequence is adopted only on the placement it was written on (the
+// node of every rank, worker.RecoveredSeq.Placement; sequences persisted
+// without one are adopted on any): on another placement (a node of its
+// grid late after a full restart) it stays parked, and a later grid
+// with its placement adopts it (after the nodes' next restart, when the
+// node that parked it keeps that grid's directory). A sequence that a
+// node of its own placement answered without is freed on the others and
+// listed as damaged; one whose adoption failed otherwise (a timeout, a
+// node unavailable) stays parked and is listed as damaged with Parked
+// set. A sequence its client released while its grid was lost
+// (Release) is dropped on the nodes that still held it.
 
 // RecoveredSeq is a sequence adopted after a restart.
 type RecoveredSeq struct {
@@ -47,14 +58,19 @@ type RecoveredSeq struct {
 func (r RecoveredSeq) Len() int { return slices.Min(r.Lens) }
 
 // DamagedSeq is a recovered sequence that was not adopted: its pages
-// were freed.
+// were freed (a node of its grid answered without it, or its nodes
+// disagree on it), or, with Parked, it stays parked on its nodes (the
+// adoption failed for another reason: a timeout, a node unavailable),
+// persisted again when its grid closes and recovered at the nodes' next
+// restart.
 type DamagedSeq struct {
 	// ID is the id it had ("" when its grid was not this coordinator's:
 	// Grid and Seq then name it).
-	ID   string
-	Grid string
-	Seq  uint64
-	Err  error
+	ID     string
+	Grid   string
+	Seq    uint64
+	Err    error
+	Parked bool
 }
 
 // Recovery is what a coordinator adopted since it started.
@@ -109,6 +125,12 @@ type adoption struct {
 	old  string // the id it had ("" when its grid is not this coordinator's)
 	grid string // the grid that created it (worker.RecoveredSeq.Grid)
 	seq  uint64 // its old engine id
+	// placement is the nodes per rank it was written on (the first a
+	// node recorded; nil for none).
+	placement []string
+	// released: its client released it while its grid was lost; it is
+	// dropped, not adopted.
+	released bool
 }
 
 // matchRecoveredLocked matches the sequences the nodes of g recovered
@@ -135,6 +157,9 @@ func (c *Coordinator) matchRecoveredLocked(g *grid) []adoption {
 				out = append(out, a)
 			}
 			out[i].rec.Parts[w] = engine.RecoveredPart{Key: r.Key, Lens: r.Lens, Had: r.Had}
+			if out[i].placement == nil && len(r.Placement) > 0 {
+				out[i].placement = slices.Clone(r.Placement)
+			}
 		}
 	}
 	used := map[engine.SeqID]bool{}
@@ -142,6 +167,10 @@ func (c *Coordinator) matchRecoveredLocked(g *grid) []adoption {
 		a := &out[i]
 		if name, inst, ok := GridOwner(a.grid); ok && name == c.cfg.Name && a.seq > 0 {
 			a.old = name + "/" + strconv.FormatUint(inst, 16) + "." + strconv.FormatUint(a.seq, 10)
+		}
+		if a.old != "" && c.released[a.old] && c.seqs[a.old] == nil {
+			a.released = true
+			continue
 		}
 		a.name = a.old
 		if a.name == "" || c.seqs[a.name] != nil || used[a.rec.Seq] {
@@ -156,17 +185,25 @@ func (c *Coordinator) matchRecoveredLocked(g *grid) []adoption {
 	return out
 }
 
-// adopt adopts recs on g's engine (bounded by OpenTimeout, apart from
-// the caller's context: a claim cut short would free the sequence) and
-// records the outcome.
+// adopt adopts recs on g's engine (each bounded by its own OpenTimeout,
+// apart from the caller's context: an adoption cut short leaves the
+// sequence parked until the nodes' next restart) and records the
+// outcome. Sequences of another placement stay parked; those released
+// while their grid was lost are dropped.
 func (c *Coordinator) adopt(ctx context.Context, g *grid, recs []adoption) {
-	if len(recs) == 0 {
-		return
-	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.OpenTimeout)
-	defer cancel()
 	for _, a := range recs {
+		if a.released {
+			c.dropReleased(ctx, g, a)
+			continue
+		}
+		if a.placement != nil && !slices.Equal(a.placement, g.nodes) {
+			c.log.Info("recovered sequence left parked: placed on other nodes", "grid", g.ref.Grid, "from_grid", a.grid,
+				"seq", a.seq, "id", a.old, "placement", a.placement, "nodes", g.nodes)
+			continue
+		}
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.OpenTimeout)
 		ad, err := g.eng.Adopt(actx, a.rec)
+		cancel()
 		if err != nil {
 			var ws []string
 			for w, n := range g.workers {
@@ -179,7 +216,7 @@ func (c *Coordinator) adopt(ctx context.Context, g *grid, recs []adoption) {
 			err = ErrClosed
 		}
 		if err != nil {
-			c.damaged = append(c.damaged, DamagedSeq{ID: a.old, Grid: a.grid, Seq: a.seq, Err: err})
+			c.damaged = append(c.damaged, DamagedSeq{ID: a.old, Grid: a.grid, Seq: a.seq, Err: err, Parked: !errors.Is(err, engine.ErrIncomplete)})
 			c.mu.Unlock()
 			c.check(g, err)
 			c.log.Warn("recovered sequence not adopted", "grid", g.ref.Grid, "from_grid", a.grid, "seq", a.seq, "id", a.old, "err", err)
@@ -200,6 +237,33 @@ func (c *Coordinator) adopt(ctx context.Context, g *grid, recs []adoption) {
 		c.log.Info("recovered sequence adopted", "grid", g.ref.Grid, "seq", a.name, "renamed_from", from,
 			"lens", ad.Lens, "had", ad.Had, "lost_tokens", ad.LostTokens)
 	}
+}
+
+// dropReleased frees, on the nodes of g that recovered it, a sequence
+// its client released while its grid was lost (best effort: a node
+// that fails keeps it parked, on disk again when g closes).
+func (c *Coordinator) dropReleased(ctx context.Context, g *grid, a adoption) {
+	for w, p := range a.rec.Parts {
+		if p.Missing {
+			continue
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.OpenTimeout)
+		err := g.eng.DropRecovered(dctx, w, p.Key)
+		cancel()
+		if err != nil {
+			c.log.Warn("released sequence not dropped", "grid", g.ref.Grid, "id", a.old, "node", g.workers[w], "err", err)
+		}
+	}
+	c.log.Info("recovered sequence dropped: released while its grid was lost", "grid", g.ref.Grid, "id", a.old)
+}
+
+// Park implements engine.Claimer for the grid's remote workers.
+func (w peerWorker) Park(ctx context.Context, seq uint64) error {
+	c, ok := w.Worker.(engine.Claimer)
+	if !ok {
+		return fmt.Errorf("node %s: %w", w.node, errNoClaim)
+	}
+	return c.Park(ctx, seq)
 }
 
 // Claim implements engine.Claimer for the grid's remote workers.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,7 +44,8 @@ type Config struct {
 	// Conn returns a connection to the node serving gRPC at addr; the
 	// caller owns and caches the connections.
 	Conn func(addr string) (grpc.ClientConnInterface, error)
-	// OpenTimeout bounds the opening of a grid on its nodes (10s).
+	// OpenTimeout bounds the opening of a grid on its nodes, and each
+	// adoption of a sequence they recovered (10s).
 	OpenTimeout time.Duration
 	// Logger receives the coordinator's logs (default: discard).
 	Logger *slog.Logger
@@ -273,7 +275,21 @@ type Coordinator struct {
 	// (by id), damaged those found and not adopted (see adopt.go).
 	adopted map[string]RecoveredSeq
 	damaged []DamagedSeq
+	// opening has one entry per placement key whose grid gridFor is
+	// opening, closed when that opening ends: concurrent gridFor calls of
+	// the key wait for it rather than open grids that race for the
+	// nodes' data directories.
+	opening map[string]chan struct{}
+	// released are the ids of sequences released while their grid was
+	// lost (whose nodes may still hold them on disk), the oldest first
+	// in releasedOrder, at most maxReleased: a restarted node's copy of
+	// one is dropped, not adopted (adopt.go).
+	released      map[string]bool
+	releasedOrder []string
 }
+
+// maxReleased bounds Coordinator.released.
+const maxReleased = 4096
 
 // grid is one placement's engine and remote workers.
 type grid struct {
@@ -318,7 +334,8 @@ func New(cfg Config) (*Coordinator, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Coordinator{cfg: cfg, log: log, grids: map[string]*grid{}, seqs: map[string]*seq{}, next: 1, adopted: map[string]RecoveredSeq{}}, nil
+	return &Coordinator{cfg: cfg, log: log, grids: map[string]*grid{}, seqs: map[string]*seq{}, next: 1, adopted: map[string]RecoveredSeq{},
+		opening: map[string]chan struct{}{}, released: map[string]bool{}}, nil
 }
 
 // Sequences is the number of sequences this node coordinates; Grids the
@@ -440,42 +457,71 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 // gridFor returns the grid the current view places a new sequence on,
 // opening it when no live grid has that placement. The opening runs
 // outside the coordinator's lock (it waits on other nodes, up to
-// OpenTimeout), so other sequences' operations go on meanwhile.
+// OpenTimeout), so other sequences' operations go on meanwhile; one
+// placement opens once at a time (the others wait for it, then use its
+// grid, or open again when it failed).
 func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, error) {
-	c.mu.Lock()
-	if c.closed {
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, ErrClosed
+		}
+		v := c.cfg.View()
+		nodes, err := cluster.PlaceGrid(cluster.NodesOf(v), ec.CP, ec.TP, c.cfg.Name, ec.CapacityPages)
+		if err != nil {
+			c.mu.Unlock()
+			return nil, err
+		}
+		members := map[string]uint64{}
+		var kb strings.Builder
+		// Grids are shared by the sequences of one config and one placement.
+		fmt.Fprintf(&kb, "%+v|", ec.WorkerConfig())
+		for _, n := range nodes {
+			m, _ := v.Member(n)
+			members[n] = m.Instance
+			fmt.Fprintf(&kb, "%s#%d,", n, m.Instance)
+		}
+		key := kb.String()
+		if g, ok := c.grids[key]; ok && g.lost == nil {
+			c.mu.Unlock()
+			return g, nil
+		}
+		if wait, ok := c.opening[key]; ok {
+			c.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("open grid on %v: waiting for another opening: %w", nodes, context.Cause(ctx))
+			}
+		}
+		done := make(chan struct{})
+		c.opening[key] = done
+		c.ngrid++
+		g := &grid{
+			ec:      ec,
+			ref:     remote.GridRef{Grid: fmt.Sprintf("%s/%x/%d", c.cfg.Name, c.cfg.Instance, c.ngrid), View: v.Version},
+			key:     key,
+			nodes:   nodes,
+			members: members,
+		}
+		g.ctx, g.cancel = context.WithCancelCause(context.Background())
 		c.mu.Unlock()
-		return nil, ErrClosed
-	}
-	v := c.cfg.View()
-	nodes, err := cluster.PlaceGrid(cluster.NodesOf(v), ec.CP, ec.TP, c.cfg.Name, ec.CapacityPages)
-	if err != nil {
+		g, err = c.openGrid(ctx, g, v)
+		c.mu.Lock()
+		delete(c.opening, key)
+		close(done)
 		c.mu.Unlock()
-		return nil, err
+		return g, err
 	}
-	members := map[string]uint64{}
-	var key strings.Builder
-	// Grids are shared by the sequences of one config and one placement.
-	fmt.Fprintf(&key, "%+v|", ec.WorkerConfig())
-	for _, n := range nodes {
-		m, _ := v.Member(n)
-		members[n] = m.Instance
-		fmt.Fprintf(&key, "%s#%d,", n, m.Instance)
-	}
-	if g, ok := c.grids[key.String()]; ok && g.lost == nil {
-		c.mu.Unlock()
-		return g, nil
-	}
-	c.ngrid++
-	g := &grid{
-		ec:      ec,
-		ref:     remote.GridRef{Grid: fmt.Sprintf("%s/%x/%d", c.cfg.Name, c.cfg.Instance, c.ngrid), View: v.Version},
-		key:     key.String(),
-		nodes:   nodes,
-		members: members,
-	}
-	g.ctx, g.cancel = context.WithCancelCause(context.Background())
-	c.mu.Unlock()
+}
+
+// openGrid opens g (named, placed and not yet known to c) on its nodes
+// of view v, adopts what they recovered and returns it, or the grid of
+// its placement that another opening made meanwhile.
+func (c *Coordinator) openGrid(ctx context.Context, g *grid, v cluster.View) (*grid, error) {
+	ec, nodes := g.ec, g.nodes
 
 	// The ranks of each node, in first-appearance order.
 	at := map[string]int{}
@@ -491,7 +537,7 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 			}
 			i = len(g.ranks)
 			at[n] = i
-			g.ranks = append(g.ranks, remote.NodeRanks{Conn: conn})
+			g.ranks = append(g.ranks, remote.NodeRanks{Conn: conn, Name: n})
 			names = append(names, n)
 		}
 		g.ranks[i].Ranks = append(g.ranks[i].Ranks, rk)
@@ -733,9 +779,13 @@ func (c *Coordinator) Release(ctx context.Context, id string) error {
 	delete(c.seqs, id)
 	delete(c.adopted, id)
 	s.g.seqs--
-	lost := s.g.lost != nil
+	lost := c.aliveLocked(s.g) != nil
 	if s.g.seqs == 0 && lost {
 		c.dropLocked(s.g)
+	}
+	if lost {
+		// Its nodes may hold it on disk still: not to adopt again.
+		c.rememberReleasedLocked(id)
 	}
 	c.mu.Unlock()
 	if lost {
@@ -743,7 +793,26 @@ func (c *Coordinator) Release(ctx context.Context, id string) error {
 	}
 	err := s.g.eng.Release(s.id)
 	c.check(s.g, err)
+	if err != nil {
+		c.mu.Lock()
+		c.rememberReleasedLocked(id)
+		c.mu.Unlock()
+	}
 	return err
+}
+
+// rememberReleasedLocked records id in c.released, forgetting the
+// oldest beyond maxReleased (c.mu held).
+func (c *Coordinator) rememberReleasedLocked(id string) {
+	if c.released[id] {
+		return
+	}
+	c.released[id] = true
+	c.releasedOrder = append(c.releasedOrder, id)
+	if len(c.releasedOrder) > maxReleased {
+		delete(c.released, c.releasedOrder[0])
+		c.releasedOrder = slices.Delete(c.releasedOrder, 0, 1)
+	}
 }
 
 // StepItem is one sequence's part of a step.

@@ -530,7 +530,7 @@ func recoveryProto(r Recovery) ([]*decodev1.RecoveredSequence, []*decodev1.Damag
 		if id == "" {
 			id = d.Grid + "#" + strconv.FormatUint(d.Seq, 10)
 		}
-		dmg = append(dmg, &decodev1.DamagedSequence{Sequence: id, Error: d.Err.Error()})
+		dmg = append(dmg, &decodev1.DamagedSequence{Sequence: id, Error: d.Err.Error(), Parked: d.Parked})
 	}
 	return seqs, dmg
 }

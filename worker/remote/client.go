@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -184,6 +185,10 @@ func (c *Client) EndStep(ctx context.Context, m worker.EndRequest) error {
 type NodeRanks struct {
 	Conn  grpc.ClientConnInterface
 	Ranks []worker.Rank
+	// Name is the node's name, recorded per rank with the sequences a
+	// persisting node keeps (worker.Config.Placement); OpenGrid sends the
+	// placement when every node has one.
+	Name string
 }
 
 // OpenGrid opens grid ref with config cfg on the given nodes, which must
@@ -267,9 +272,18 @@ func OpenGrid(ctx context.Context, nodes []NodeRanks, ref GridRef, cfg worker.Co
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	recovered := make([][]worker.RecoveredSeq, len(nodes))
+	placement := make([]string, cfg.TP*cfg.CP)
+	for _, n := range nodes {
+		for _, r := range n.Ranks {
+			placement[r.TP*cfg.CP+r.CP] = n.Name
+		}
+	}
+	if slices.Contains(placement, "") {
+		placement = nil
+	}
 	for i := range nodes {
 		wg.Go(func() {
-			rep, err := apis[i].ConnectGrid(cctx, &workerv1.ConnectGridRequest{Ref: pref, Peers: peers})
+			rep, err := apis[i].ConnectGrid(cctx, &workerv1.ConnectGridRequest{Ref: pref, Peers: peers, Placement: placement})
 			if err != nil {
 				errs[i] = fmt.Errorf("connect grid %s on node %d: %w", ref.Grid, i, FromStatus(err))
 				cancel()

@@ -151,7 +151,7 @@ func (s *Server) claimDir(base string) string {
 
 // encodeRecovered is a node's ConnectGridReply.recovered entry.
 func encodeRecovered(e *enc, r worker.RecoveredSeq) *workerv1.RecoveredSeq {
-	out := &workerv1.RecoveredSeq{Key: r.Key, Seq: r.Seq, Grid: r.Grid, Layout: encodeLayout(e, r.Layout),
+	out := &workerv1.RecoveredSeq{Key: r.Key, Seq: r.Seq, Grid: r.Grid, Placement: r.Placement, Layout: encodeLayout(e, r.Layout),
 		Had: e.u32("had", r.Had), LostTokens: e.u32("lost tokens", r.LostTokens)}
 	for _, n := range r.Lens {
 		out.Lens = append(out.Lens, e.u32("lens", n))
@@ -161,8 +161,12 @@ func encodeRecovered(e *enc, r worker.RecoveredSeq) *workerv1.RecoveredSeq {
 
 // decodeRecovered is the client's side of encodeRecovered.
 func decodeRecovered(d *dec, r *workerv1.RecoveredSeq, layers int) worker.RecoveredSeq {
-	out := worker.RecoveredSeq{Key: r.GetKey(), Seq: r.GetSeq(), Grid: r.GetGrid(), Layout: decodeLayout(d, r.GetLayout()),
+	out := worker.RecoveredSeq{Key: r.GetKey(), Seq: r.GetSeq(), Grid: r.GetGrid(), Placement: r.GetPlacement(), Layout: decodeLayout(d, r.GetLayout()),
 		Had: toInt(d, "had", r.GetHad()), LostTokens: toInt(d, "lost_tokens", r.GetLostTokens())}
+	if n := len(r.GetPlacement()); n != 0 && n != out.Layout.CP*out.Layout.TP {
+		d.fail("recovered sequence %d: placement of %d nodes for %d ranks", r.GetKey(), n, out.Layout.CP*out.Layout.TP)
+		return out
+	}
 	if len(r.GetLens()) != layers {
 		d.fail("recovered sequence %d: %d lengths for %d layers", r.GetKey(), len(r.GetLens()), layers)
 		return out
@@ -177,6 +181,13 @@ func decodeRecovered(d *dec, r *workerv1.RecoveredSeq, layers int) worker.Recove
 func (s *Server) Claim(ctx context.Context, r *workerv1.ClaimRequest) (*workerv1.Ack, error) {
 	return ack(s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
 		return g.local.Claim(ctx, r.GetKey(), r.GetSeq())
+	}))
+}
+
+// Park implements workerv1.WorkerServer (worker.Local.Park).
+func (s *Server) Park(ctx context.Context, r *workerv1.ParkRequest) (*workerv1.Ack, error) {
+	return ack(s.with(ctx, r.GetRef(), func(ctx context.Context, g *grid) error {
+		return g.local.Park(ctx, r.GetSeq())
 	}))
 }
 
@@ -207,5 +218,12 @@ func (c *Client) Claim(ctx context.Context, key, seq uint64) error {
 // (worker.Local.DropRecovered).
 func (c *Client) DropRecovered(ctx context.Context, key uint64) error {
 	_, err := c.api.DropRecovered(ctx, &workerv1.DropRecoveredRequest{Ref: c.ref, Key: key})
+	return FromStatus(err)
+}
+
+// Park parks sequence seq, which Claim made live, again on the client's
+// node (worker.Local.Park).
+func (c *Client) Park(ctx context.Context, seq uint64) error {
+	_, err := c.api.Park(ctx, &workerv1.ParkRequest{Ref: c.ref, Seq: seq})
 	return FromStatus(err)
 }

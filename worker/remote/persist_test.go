@@ -47,7 +47,11 @@ func TestPersistGridAcrossNodes(t *testing.T) {
 	}
 	open := func(nodes []*node, id string) ([]*Client, *engine.Engine) {
 		t.Helper()
-		clients, err := OpenGrid(ctx, spread(ec, conns(nodes), 0), GridRef{Grid: id, View: 1}, wc)
+		nr := spread(ec, conns(nodes), 0)
+		for i := range nr {
+			nr[i].Name = "n" + string(rune('a'+i))
+		}
+		clients, err := OpenGrid(ctx, nr, GridRef{Grid: id, View: 1}, wc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,15 +124,25 @@ func TestPersistGridAcrossNodes(t *testing.T) {
 			t.Fatalf("node %d recovered %+v, want %d sequences", i, rec, len(lens))
 		}
 		for _, r := range rec {
-			if r.Grid != "coord-a/1/1" {
-				t.Fatalf("node %d: recovered sequence %d of grid %q, want coord-a/1/1", i, r.Seq, r.Grid)
+			if r.Grid != "coord-a/1/1" || len(r.Placement) != 2 || r.Placement[0] != "na" || r.Placement[1] != "nb" {
+				t.Fatalf("node %d: recovered sequence %d of grid %q on %v, want coord-a/1/1 on [na nb]", i, r.Seq, r.Grid, r.Placement)
 			}
 			if n, ok := got[r.Seq]; !ok || r.Len() < n {
 				got[r.Seq] = r.Len()
 			}
 			had[r.Seq] = max(had[r.Seq], r.Had)
-			if err := c.Claim(ctx, r.Key, r.Seq); err != nil {
-				t.Fatal(err)
+			if err := c.Park(ctx, r.Seq); !errors.Is(err, worker.ErrUnknownSequence) {
+				t.Fatalf("node %d: park of a sequence not claimed: %v, want worker.ErrUnknownSequence", i, err)
+			}
+			// Claimed, parked again, claimed for good.
+			for _, f := range []func() error{
+				func() error { return c.Claim(ctx, r.Key, r.Seq) },
+				func() error { return c.Park(ctx, r.Seq) },
+				func() error { return c.Claim(ctx, r.Key, r.Seq) },
+			} {
+				if err := f(); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}

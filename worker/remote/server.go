@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -529,7 +530,7 @@ func (s *Server) ConnectGrid(ctx context.Context, r *workerv1.ConnectGridRequest
 	s.mu.Unlock()
 	defer s.connects.Done()
 
-	local, trs, err := s.connect(ctx, g, dir, lis, r.GetPeers())
+	local, trs, err := s.connect(ctx, g, dir, lis, r.GetPeers(), r.GetPlacement())
 	s.mu.Lock()
 	if err == nil && s.grids[g.id] != g {
 		err = fmt.Errorf("%w: grid %s closed while connecting", ErrGridState, g.id)
@@ -588,7 +589,7 @@ func (s *Server) noteRecovery(g *grid, rep worker.RecoveryReport) {
 // connect builds g's transports on lis (which it takes over) and its
 // worker, persisting in dir ("" for none); on failure it returns what
 // it built for the caller to close.
-func (s *Server) connect(ctx context.Context, g *grid, dir string, lis []net.Listener, peers []string) (*worker.Local, []*grpctransport.Transport, error) {
+func (s *Server) connect(ctx context.Context, g *grid, dir string, lis []net.Listener, peers, placement []string) (*worker.Local, []*grpctransport.Transport, error) {
 	c := g.cfg
 	if len(peers) != c.TP*c.CP {
 		for _, l := range lis {
@@ -630,6 +631,9 @@ func (s *Server) connect(ctx context.Context, g *grid, dir string, lis []net.Lis
 	}
 	if dir != "" {
 		c.DataDir, c.Durability, c.SyncInterval, c.GridID = dir, s.cfg.Durability, s.cfg.SyncInterval, g.id
+		if len(placement) == c.TP*c.CP {
+			c.Placement = slices.Clone(placement)
+		}
 	}
 	specs := make([]worker.RankSpec, len(g.ranks))
 	for i, rk := range g.ranks {

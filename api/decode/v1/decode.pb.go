@@ -1659,8 +1659,13 @@ func (x *RecoveredSequence) GetRenamedFrom() string {
 type DamagedSequence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// sequence is the id it had; error why it was not adopted.
-	Sequence      string `protobuf:"bytes,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
-	Error         string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	Sequence string `protobuf:"bytes,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	Error    string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// parked: its pages were not freed; it stays parked on its nodes (an
+	// adoption that timed out or met an unavailable node), persisted
+	// again when its grid closes and recovered at their next restart.
+	// Otherwise a node of its grid lacked it and the others freed it.
+	Parked        bool `protobuf:"varint,3,opt,name=parked,proto3" json:"parked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1707,6 +1712,13 @@ func (x *DamagedSequence) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *DamagedSequence) GetParked() bool {
+	if x != nil {
+		return x.Parked
+	}
+	return false
 }
 
 type RecoveredReply struct {
@@ -1886,10 +1898,11 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\vlost_tokens\x18\x05 \x01(\x04R\n" +
 	"lostTokens\x12\x14\n" +
 	"\x05nodes\x18\x06 \x03(\tR\x05nodes\x12!\n" +
-	"\frenamed_from\x18\a \x01(\tR\vrenamedFrom\"C\n" +
+	"\frenamed_from\x18\a \x01(\tR\vrenamedFrom\"[\n" +
 	"\x0fDamagedSequence\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\tR\bsequence\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\x92\x01\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x16\n" +
+	"\x06parked\x18\x03 \x01(\bR\x06parked\"\x92\x01\n" +
 	"\x0eRecoveredReply\x12B\n" +
 	"\tsequences\x18\x01 \x03(\v2$.questrt.decode.v1.RecoveredSequenceR\tsequences\x12<\n" +
 	"\adamaged\x18\x02 \x03(\v2\".questrt.decode.v1.DamagedSequenceR\adamaged2\x87\x06\n" +

@@ -621,7 +621,11 @@ type ConnectGridRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Ref   *GridRef               `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
 	// peers[tp * cp_size + cp] is the collective address of rank (tp, cp).
-	Peers         []string `protobuf:"bytes,2,rep,name=peers,proto3" json:"peers,omitempty"`
+	Peers []string `protobuf:"bytes,2,rep,name=peers,proto3" json:"peers,omitempty"`
+	// placement[tp * cp_size + cp] is the name of the node hosting rank
+	// (tp, cp), recorded with every sequence the node persists
+	// (RecoveredSeq.placement); empty when the coordinator names none.
+	Placement     []string `protobuf:"bytes,3,rep,name=placement,proto3" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -666,6 +670,13 @@ func (x *ConnectGridRequest) GetRef() *GridRef {
 func (x *ConnectGridRequest) GetPeers() []string {
 	if x != nil {
 		return x.Peers
+	}
+	return nil
+}
+
+func (x *ConnectGridRequest) GetPlacement() []string {
+	if x != nil {
+		return x.Placement
 	}
 	return nil
 }
@@ -735,9 +746,13 @@ type RecoveredSeq struct {
 	// had - max(lens), the tokens to re-append.
 	Had        uint32 `protobuf:"varint,5,opt,name=had,proto3" json:"had,omitempty"`
 	LostTokens uint32 `protobuf:"varint,6,opt,name=lost_tokens,json=lostTokens,proto3" json:"lost_tokens,omitempty"`
-	// grid is the id of the grid that created, forked or claimed it last:
-	// (grid, seq) names it on every node of its grid.
-	Grid          string `protobuf:"bytes,7,opt,name=grid,proto3" json:"grid,omitempty"`
+	// grid is the id of the grid that created or forked it, or that
+	// claimed it last under a new seq (a claim under the same seq keeps
+	// the grid): (grid, seq) names it on every node of its grid.
+	Grid string `protobuf:"bytes,7,opt,name=grid,proto3" json:"grid,omitempty"`
+	// placement is the node names per rank (tp * cp_size + cp) of that
+	// grid (ConnectGridRequest.placement); empty when none was recorded.
+	Placement     []string `protobuf:"bytes,8,rep,name=placement,proto3" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -819,6 +834,13 @@ func (x *RecoveredSeq) GetGrid() string {
 		return x.Grid
 	}
 	return ""
+}
+
+func (x *RecoveredSeq) GetPlacement() []string {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
 }
 
 type ClaimRequest struct {
@@ -934,6 +956,59 @@ func (x *DropRecoveredRequest) GetKey() uint64 {
 	return 0
 }
 
+type ParkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ref   *GridRef               `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// seq is the live sequence a Claim made live.
+	Seq           uint64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ParkRequest) Reset() {
+	*x = ParkRequest{}
+	mi := &file_worker_v1_worker_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ParkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ParkRequest) ProtoMessage() {}
+
+func (x *ParkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ParkRequest.ProtoReflect.Descriptor instead.
+func (*ParkRequest) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ParkRequest) GetRef() *GridRef {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
+func (x *ParkRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type CloseGridRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ref           *GridRef               `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
@@ -943,7 +1018,7 @@ type CloseGridRequest struct {
 
 func (x *CloseGridRequest) Reset() {
 	*x = CloseGridRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[12]
+	mi := &file_worker_v1_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -955,7 +1030,7 @@ func (x *CloseGridRequest) String() string {
 func (*CloseGridRequest) ProtoMessage() {}
 
 func (x *CloseGridRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[12]
+	mi := &file_worker_v1_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -968,7 +1043,7 @@ func (x *CloseGridRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseGridRequest.ProtoReflect.Descriptor instead.
 func (*CloseGridRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{12}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CloseGridRequest) GetRef() *GridRef {
@@ -986,7 +1061,7 @@ type CloseGridReply struct {
 
 func (x *CloseGridReply) Reset() {
 	*x = CloseGridReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[13]
+	mi := &file_worker_v1_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1073,7 @@ func (x *CloseGridReply) String() string {
 func (*CloseGridReply) ProtoMessage() {}
 
 func (x *CloseGridReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[13]
+	mi := &file_worker_v1_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1086,7 @@ func (x *CloseGridReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseGridReply.ProtoReflect.Descriptor instead.
 func (*CloseGridReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{13}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{14}
 }
 
 type Ack struct {
@@ -1022,7 +1097,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_worker_v1_worker_proto_msgTypes[14]
+	mi := &file_worker_v1_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1034,7 +1109,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[14]
+	mi := &file_worker_v1_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1047,7 +1122,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{14}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{15}
 }
 
 // Layout is plan.Layout.
@@ -1064,7 +1139,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_worker_v1_worker_proto_msgTypes[15]
+	mi := &file_worker_v1_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1076,7 +1151,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[15]
+	mi := &file_worker_v1_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1089,7 +1164,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{15}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Layout) GetCp() uint32 {
@@ -1131,7 +1206,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[16]
+	mi := &file_worker_v1_worker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1218,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[16]
+	mi := &file_worker_v1_worker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1231,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{16}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateRequest) GetRef() *GridRef {
@@ -1191,7 +1266,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[17]
+	mi := &file_worker_v1_worker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1278,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[17]
+	mi := &file_worker_v1_worker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1291,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{17}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ForkRequest) GetRef() *GridRef {
@@ -1250,7 +1325,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[18]
+	mi := &file_worker_v1_worker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1262,7 +1337,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[18]
+	mi := &file_worker_v1_worker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1275,7 +1350,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{18}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReleaseRequest) GetRef() *GridRef {
@@ -1306,7 +1381,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[19]
+	mi := &file_worker_v1_worker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1393,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[19]
+	mi := &file_worker_v1_worker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1406,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{19}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CheckRequest) GetRef() *GridRef {
@@ -1394,7 +1469,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[20]
+	mi := &file_worker_v1_worker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1481,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[20]
+	mi := &file_worker_v1_worker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1494,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{20}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AppendRequest) GetRef() *GridRef {
@@ -1500,7 +1575,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[21]
+	mi := &file_worker_v1_worker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1512,7 +1587,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[21]
+	mi := &file_worker_v1_worker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +1600,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{21}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RollbackRequest) GetRef() *GridRef {
@@ -1579,7 +1654,7 @@ type RollbackReply struct {
 
 func (x *RollbackReply) Reset() {
 	*x = RollbackReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[22]
+	mi := &file_worker_v1_worker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1591,7 +1666,7 @@ func (x *RollbackReply) String() string {
 func (*RollbackReply) ProtoMessage() {}
 
 func (x *RollbackReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[22]
+	mi := &file_worker_v1_worker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1604,7 +1679,7 @@ func (x *RollbackReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackReply.ProtoReflect.Descriptor instead.
 func (*RollbackReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{22}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RollbackReply) GetTail() []*Tensor {
@@ -1626,7 +1701,7 @@ type StepSeq struct {
 
 func (x *StepSeq) Reset() {
 	*x = StepSeq{}
-	mi := &file_worker_v1_worker_proto_msgTypes[23]
+	mi := &file_worker_v1_worker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1713,7 @@ func (x *StepSeq) String() string {
 func (*StepSeq) ProtoMessage() {}
 
 func (x *StepSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[23]
+	mi := &file_worker_v1_worker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1726,7 @@ func (x *StepSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepSeq.ProtoReflect.Descriptor instead.
 func (*StepSeq) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{23}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StepSeq) GetSeq() uint64 {
@@ -1697,7 +1772,7 @@ type BeginRequest struct {
 
 func (x *BeginRequest) Reset() {
 	*x = BeginRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[24]
+	mi := &file_worker_v1_worker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1784,7 @@ func (x *BeginRequest) String() string {
 func (*BeginRequest) ProtoMessage() {}
 
 func (x *BeginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[24]
+	mi := &file_worker_v1_worker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1797,7 @@ func (x *BeginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
 func (*BeginRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{24}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BeginRequest) GetRef() *GridRef {
@@ -1789,7 +1864,7 @@ type RankInput struct {
 
 func (x *RankInput) Reset() {
 	*x = RankInput{}
-	mi := &file_worker_v1_worker_proto_msgTypes[25]
+	mi := &file_worker_v1_worker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +1876,7 @@ func (x *RankInput) String() string {
 func (*RankInput) ProtoMessage() {}
 
 func (x *RankInput) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[25]
+	mi := &file_worker_v1_worker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +1889,7 @@ func (x *RankInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankInput.ProtoReflect.Descriptor instead.
 func (*RankInput) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{25}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RankInput) GetRank() *Rank {
@@ -1864,7 +1939,7 @@ type LayerRequest struct {
 
 func (x *LayerRequest) Reset() {
 	*x = LayerRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[26]
+	mi := &file_worker_v1_worker_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +1951,7 @@ func (x *LayerRequest) String() string {
 func (*LayerRequest) ProtoMessage() {}
 
 func (x *LayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[26]
+	mi := &file_worker_v1_worker_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +1964,7 @@ func (x *LayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerRequest.ProtoReflect.Descriptor instead.
 func (*LayerRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{26}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LayerRequest) GetRef() *GridRef {
@@ -1935,7 +2010,7 @@ type Times struct {
 
 func (x *Times) Reset() {
 	*x = Times{}
-	mi := &file_worker_v1_worker_proto_msgTypes[27]
+	mi := &file_worker_v1_worker_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2022,7 @@ func (x *Times) String() string {
 func (*Times) ProtoMessage() {}
 
 func (x *Times) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[27]
+	mi := &file_worker_v1_worker_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2035,7 @@ func (x *Times) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Times.ProtoReflect.Descriptor instead.
 func (*Times) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{27}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Times) GetScoreNs() int64 {
@@ -2020,7 +2095,7 @@ type RankDiag struct {
 
 func (x *RankDiag) Reset() {
 	*x = RankDiag{}
-	mi := &file_worker_v1_worker_proto_msgTypes[28]
+	mi := &file_worker_v1_worker_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2032,7 +2107,7 @@ func (x *RankDiag) String() string {
 func (*RankDiag) ProtoMessage() {}
 
 func (x *RankDiag) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[28]
+	mi := &file_worker_v1_worker_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2045,7 +2120,7 @@ func (x *RankDiag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankDiag.ProtoReflect.Descriptor instead.
 func (*RankDiag) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{28}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RankDiag) GetRows() uint32 {
@@ -2099,7 +2174,7 @@ type RankOutput struct {
 
 func (x *RankOutput) Reset() {
 	*x = RankOutput{}
-	mi := &file_worker_v1_worker_proto_msgTypes[29]
+	mi := &file_worker_v1_worker_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2186,7 @@ func (x *RankOutput) String() string {
 func (*RankOutput) ProtoMessage() {}
 
 func (x *RankOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[29]
+	mi := &file_worker_v1_worker_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2199,7 @@ func (x *RankOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankOutput.ProtoReflect.Descriptor instead.
 func (*RankOutput) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{29}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RankOutput) GetRank() *Rank {
@@ -2184,7 +2259,7 @@ type LayerReply struct {
 
 func (x *LayerReply) Reset() {
 	*x = LayerReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[30]
+	mi := &file_worker_v1_worker_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2271,7 @@ func (x *LayerReply) String() string {
 func (*LayerReply) ProtoMessage() {}
 
 func (x *LayerReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[30]
+	mi := &file_worker_v1_worker_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2284,7 @@ func (x *LayerReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerReply.ProtoReflect.Descriptor instead.
 func (*LayerReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{30}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LayerReply) GetRanks() []*RankOutput {
@@ -2245,7 +2320,7 @@ type EndRequest struct {
 
 func (x *EndRequest) Reset() {
 	*x = EndRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[31]
+	mi := &file_worker_v1_worker_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2332,7 @@ func (x *EndRequest) String() string {
 func (*EndRequest) ProtoMessage() {}
 
 func (x *EndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[31]
+	mi := &file_worker_v1_worker_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2345,7 @@ func (x *EndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndRequest.ProtoReflect.Descriptor instead.
 func (*EndRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{31}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *EndRequest) GetRef() *GridRef {
@@ -2316,7 +2391,7 @@ type KeysRequest struct {
 
 func (x *KeysRequest) Reset() {
 	*x = KeysRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[32]
+	mi := &file_worker_v1_worker_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2403,7 @@ func (x *KeysRequest) String() string {
 func (*KeysRequest) ProtoMessage() {}
 
 func (x *KeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[32]
+	mi := &file_worker_v1_worker_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2416,7 @@ func (x *KeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeysRequest.ProtoReflect.Descriptor instead.
 func (*KeysRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{32}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *KeysRequest) GetRef() *GridRef {
@@ -2396,7 +2471,7 @@ type KeysReply struct {
 
 func (x *KeysReply) Reset() {
 	*x = KeysReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[33]
+	mi := &file_worker_v1_worker_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +2483,7 @@ func (x *KeysReply) String() string {
 func (*KeysReply) ProtoMessage() {}
 
 func (x *KeysReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[33]
+	mi := &file_worker_v1_worker_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +2496,7 @@ func (x *KeysReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeysReply.ProtoReflect.Descriptor instead.
 func (*KeysReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{33}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *KeysReply) GetK() *Tensor {
@@ -2482,12 +2557,13 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x06config\x18\x02 \x01(\v2\x1d.questrt.worker.v1.GridConfigR\x06config\x12-\n" +
 	"\x05ranks\x18\x03 \x03(\v2\x17.questrt.worker.v1.RankR\x05ranks\"%\n" +
 	"\rOpenGridReply\x12\x14\n" +
-	"\x05addrs\x18\x01 \x03(\tR\x05addrs\"X\n" +
+	"\x05addrs\x18\x01 \x03(\tR\x05addrs\"v\n" +
 	"\x12ConnectGridRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x14\n" +
-	"\x05peers\x18\x02 \x03(\tR\x05peers\"Q\n" +
+	"\x05peers\x18\x02 \x03(\tR\x05peers\x12\x1c\n" +
+	"\tplacement\x18\x03 \x03(\tR\tplacement\"Q\n" +
 	"\x10ConnectGridReply\x12=\n" +
-	"\trecovered\x18\x01 \x03(\v2\x1f.questrt.worker.v1.RecoveredSeqR\trecovered\"\xc0\x01\n" +
+	"\trecovered\x18\x01 \x03(\v2\x1f.questrt.worker.v1.RecoveredSeqR\trecovered\"\xde\x01\n" +
 	"\fRecoveredSeq\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x121\n" +
@@ -2496,14 +2572,18 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x03had\x18\x05 \x01(\rR\x03had\x12\x1f\n" +
 	"\vlost_tokens\x18\x06 \x01(\rR\n" +
 	"lostTokens\x12\x12\n" +
-	"\x04grid\x18\a \x01(\tR\x04grid\"`\n" +
+	"\x04grid\x18\a \x01(\tR\x04grid\x12\x1c\n" +
+	"\tplacement\x18\b \x03(\tR\tplacement\"`\n" +
 	"\fClaimRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\x04R\x03key\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\"V\n" +
 	"\x14DropRecoveredRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\x04R\x03key\"@\n" +
+	"\x03key\x18\x02 \x01(\x04R\x03key\"M\n" +
+	"\vParkRequest\x12,\n" +
+	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"@\n" +
 	"\x10CloseGridRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\"\x10\n" +
 	"\x0eCloseGridReply\"\x05\n" +
@@ -2621,7 +2701,7 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x05DType\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDTYPE_FLOAT32\x10\x01\x12\x0f\n" +
-	"\vDTYPE_INT32\x10\x022\xd7\b\n" +
+	"\vDTYPE_INT32\x10\x022\x97\t\n" +
 	"\x06Worker\x12P\n" +
 	"\bOpenGrid\x12\".questrt.worker.v1.OpenGridRequest\x1a .questrt.worker.v1.OpenGridReply\x12Y\n" +
 	"\vConnectGrid\x12%.questrt.worker.v1.ConnectGridRequest\x1a#.questrt.worker.v1.ConnectGridReply\x12S\n" +
@@ -2637,7 +2717,8 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\aEndStep\x12\x1d.questrt.worker.v1.EndRequest\x1a\x16.questrt.worker.v1.Ack\x12D\n" +
 	"\x04Keys\x12\x1e.questrt.worker.v1.KeysRequest\x1a\x1c.questrt.worker.v1.KeysReply\x12@\n" +
 	"\x05Claim\x12\x1f.questrt.worker.v1.ClaimRequest\x1a\x16.questrt.worker.v1.Ack\x12P\n" +
-	"\rDropRecovered\x12'.questrt.worker.v1.DropRecoveredRequest\x1a\x16.questrt.worker.v1.AckB3Z1github.com/questrt/questrt/api/worker/v1;workerv1b\x06proto3"
+	"\rDropRecovered\x12'.questrt.worker.v1.DropRecoveredRequest\x1a\x16.questrt.worker.v1.Ack\x12>\n" +
+	"\x04Park\x12\x1e.questrt.worker.v1.ParkRequest\x1a\x16.questrt.worker.v1.AckB3Z1github.com/questrt/questrt/api/worker/v1;workerv1b\x06proto3"
 
 var (
 	file_worker_v1_worker_proto_rawDescOnce sync.Once
@@ -2652,7 +2733,7 @@ func file_worker_v1_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_v1_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_worker_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_worker_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_worker_v1_worker_proto_goTypes = []any{
 	(DType)(0),                   // 0: questrt.worker.v1.DType
 	(*Tensor)(nil),               // 1: questrt.worker.v1.Tensor
@@ -2667,114 +2748,118 @@ var file_worker_v1_worker_proto_goTypes = []any{
 	(*RecoveredSeq)(nil),         // 10: questrt.worker.v1.RecoveredSeq
 	(*ClaimRequest)(nil),         // 11: questrt.worker.v1.ClaimRequest
 	(*DropRecoveredRequest)(nil), // 12: questrt.worker.v1.DropRecoveredRequest
-	(*CloseGridRequest)(nil),     // 13: questrt.worker.v1.CloseGridRequest
-	(*CloseGridReply)(nil),       // 14: questrt.worker.v1.CloseGridReply
-	(*Ack)(nil),                  // 15: questrt.worker.v1.Ack
-	(*Layout)(nil),               // 16: questrt.worker.v1.Layout
-	(*CreateRequest)(nil),        // 17: questrt.worker.v1.CreateRequest
-	(*ForkRequest)(nil),          // 18: questrt.worker.v1.ForkRequest
-	(*ReleaseRequest)(nil),       // 19: questrt.worker.v1.ReleaseRequest
-	(*CheckRequest)(nil),         // 20: questrt.worker.v1.CheckRequest
-	(*AppendRequest)(nil),        // 21: questrt.worker.v1.AppendRequest
-	(*RollbackRequest)(nil),      // 22: questrt.worker.v1.RollbackRequest
-	(*RollbackReply)(nil),        // 23: questrt.worker.v1.RollbackReply
-	(*StepSeq)(nil),              // 24: questrt.worker.v1.StepSeq
-	(*BeginRequest)(nil),         // 25: questrt.worker.v1.BeginRequest
-	(*RankInput)(nil),            // 26: questrt.worker.v1.RankInput
-	(*LayerRequest)(nil),         // 27: questrt.worker.v1.LayerRequest
-	(*Times)(nil),                // 28: questrt.worker.v1.Times
-	(*RankDiag)(nil),             // 29: questrt.worker.v1.RankDiag
-	(*RankOutput)(nil),           // 30: questrt.worker.v1.RankOutput
-	(*LayerReply)(nil),           // 31: questrt.worker.v1.LayerReply
-	(*EndRequest)(nil),           // 32: questrt.worker.v1.EndRequest
-	(*KeysRequest)(nil),          // 33: questrt.worker.v1.KeysRequest
-	(*KeysReply)(nil),            // 34: questrt.worker.v1.KeysReply
-	nil,                          // 35: questrt.worker.v1.Policy.LayerBudgetEntry
+	(*ParkRequest)(nil),          // 13: questrt.worker.v1.ParkRequest
+	(*CloseGridRequest)(nil),     // 14: questrt.worker.v1.CloseGridRequest
+	(*CloseGridReply)(nil),       // 15: questrt.worker.v1.CloseGridReply
+	(*Ack)(nil),                  // 16: questrt.worker.v1.Ack
+	(*Layout)(nil),               // 17: questrt.worker.v1.Layout
+	(*CreateRequest)(nil),        // 18: questrt.worker.v1.CreateRequest
+	(*ForkRequest)(nil),          // 19: questrt.worker.v1.ForkRequest
+	(*ReleaseRequest)(nil),       // 20: questrt.worker.v1.ReleaseRequest
+	(*CheckRequest)(nil),         // 21: questrt.worker.v1.CheckRequest
+	(*AppendRequest)(nil),        // 22: questrt.worker.v1.AppendRequest
+	(*RollbackRequest)(nil),      // 23: questrt.worker.v1.RollbackRequest
+	(*RollbackReply)(nil),        // 24: questrt.worker.v1.RollbackReply
+	(*StepSeq)(nil),              // 25: questrt.worker.v1.StepSeq
+	(*BeginRequest)(nil),         // 26: questrt.worker.v1.BeginRequest
+	(*RankInput)(nil),            // 27: questrt.worker.v1.RankInput
+	(*LayerRequest)(nil),         // 28: questrt.worker.v1.LayerRequest
+	(*Times)(nil),                // 29: questrt.worker.v1.Times
+	(*RankDiag)(nil),             // 30: questrt.worker.v1.RankDiag
+	(*RankOutput)(nil),           // 31: questrt.worker.v1.RankOutput
+	(*LayerReply)(nil),           // 32: questrt.worker.v1.LayerReply
+	(*EndRequest)(nil),           // 33: questrt.worker.v1.EndRequest
+	(*KeysRequest)(nil),          // 34: questrt.worker.v1.KeysRequest
+	(*KeysReply)(nil),            // 35: questrt.worker.v1.KeysReply
+	nil,                          // 36: questrt.worker.v1.Policy.LayerBudgetEntry
 }
 var file_worker_v1_worker_proto_depIdxs = []int32{
 	0,  // 0: questrt.worker.v1.Tensor.dtype:type_name -> questrt.worker.v1.DType
-	35, // 1: questrt.worker.v1.Policy.layer_budget:type_name -> questrt.worker.v1.Policy.LayerBudgetEntry
+	36, // 1: questrt.worker.v1.Policy.layer_budget:type_name -> questrt.worker.v1.Policy.LayerBudgetEntry
 	4,  // 2: questrt.worker.v1.GridConfig.policy:type_name -> questrt.worker.v1.Policy
 	2,  // 3: questrt.worker.v1.OpenGridRequest.ref:type_name -> questrt.worker.v1.GridRef
 	5,  // 4: questrt.worker.v1.OpenGridRequest.config:type_name -> questrt.worker.v1.GridConfig
 	3,  // 5: questrt.worker.v1.OpenGridRequest.ranks:type_name -> questrt.worker.v1.Rank
 	2,  // 6: questrt.worker.v1.ConnectGridRequest.ref:type_name -> questrt.worker.v1.GridRef
 	10, // 7: questrt.worker.v1.ConnectGridReply.recovered:type_name -> questrt.worker.v1.RecoveredSeq
-	16, // 8: questrt.worker.v1.RecoveredSeq.layout:type_name -> questrt.worker.v1.Layout
+	17, // 8: questrt.worker.v1.RecoveredSeq.layout:type_name -> questrt.worker.v1.Layout
 	2,  // 9: questrt.worker.v1.ClaimRequest.ref:type_name -> questrt.worker.v1.GridRef
 	2,  // 10: questrt.worker.v1.DropRecoveredRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 11: questrt.worker.v1.CloseGridRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 12: questrt.worker.v1.CreateRequest.ref:type_name -> questrt.worker.v1.GridRef
-	16, // 13: questrt.worker.v1.CreateRequest.layout:type_name -> questrt.worker.v1.Layout
-	2,  // 14: questrt.worker.v1.ForkRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 15: questrt.worker.v1.ReleaseRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 16: questrt.worker.v1.CheckRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 17: questrt.worker.v1.AppendRequest.ref:type_name -> questrt.worker.v1.GridRef
-	3,  // 18: questrt.worker.v1.AppendRequest.rank:type_name -> questrt.worker.v1.Rank
-	1,  // 19: questrt.worker.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
-	1,  // 20: questrt.worker.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
-	1,  // 21: questrt.worker.v1.AppendRequest.mirror_k:type_name -> questrt.worker.v1.Tensor
-	2,  // 22: questrt.worker.v1.RollbackRequest.ref:type_name -> questrt.worker.v1.GridRef
-	3,  // 23: questrt.worker.v1.RollbackRequest.rank:type_name -> questrt.worker.v1.Rank
-	1,  // 24: questrt.worker.v1.RollbackRequest.tail:type_name -> questrt.worker.v1.Tensor
-	1,  // 25: questrt.worker.v1.RollbackReply.tail:type_name -> questrt.worker.v1.Tensor
-	2,  // 26: questrt.worker.v1.BeginRequest.ref:type_name -> questrt.worker.v1.GridRef
-	24, // 27: questrt.worker.v1.BeginRequest.seqs:type_name -> questrt.worker.v1.StepSeq
-	3,  // 28: questrt.worker.v1.RankInput.rank:type_name -> questrt.worker.v1.Rank
-	1,  // 29: questrt.worker.v1.RankInput.q:type_name -> questrt.worker.v1.Tensor
-	1,  // 30: questrt.worker.v1.RankInput.k:type_name -> questrt.worker.v1.Tensor
-	1,  // 31: questrt.worker.v1.RankInput.v:type_name -> questrt.worker.v1.Tensor
-	1,  // 32: questrt.worker.v1.RankInput.mirror_k:type_name -> questrt.worker.v1.Tensor
-	2,  // 33: questrt.worker.v1.LayerRequest.ref:type_name -> questrt.worker.v1.GridRef
-	26, // 34: questrt.worker.v1.LayerRequest.ranks:type_name -> questrt.worker.v1.RankInput
-	1,  // 35: questrt.worker.v1.RankDiag.indptr:type_name -> questrt.worker.v1.Tensor
-	1,  // 36: questrt.worker.v1.RankDiag.pages:type_name -> questrt.worker.v1.Tensor
-	1,  // 37: questrt.worker.v1.RankDiag.scores:type_name -> questrt.worker.v1.Tensor
-	3,  // 38: questrt.worker.v1.RankOutput.rank:type_name -> questrt.worker.v1.Rank
-	1,  // 39: questrt.worker.v1.RankOutput.o:type_name -> questrt.worker.v1.Tensor
-	1,  // 40: questrt.worker.v1.RankOutput.lse:type_name -> questrt.worker.v1.Tensor
-	28, // 41: questrt.worker.v1.RankOutput.time:type_name -> questrt.worker.v1.Times
-	29, // 42: questrt.worker.v1.RankOutput.diag:type_name -> questrt.worker.v1.RankDiag
-	30, // 43: questrt.worker.v1.LayerReply.ranks:type_name -> questrt.worker.v1.RankOutput
-	2,  // 44: questrt.worker.v1.EndRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 45: questrt.worker.v1.KeysRequest.ref:type_name -> questrt.worker.v1.GridRef
-	3,  // 46: questrt.worker.v1.KeysRequest.rank:type_name -> questrt.worker.v1.Rank
-	1,  // 47: questrt.worker.v1.KeysReply.k:type_name -> questrt.worker.v1.Tensor
-	6,  // 48: questrt.worker.v1.Worker.OpenGrid:input_type -> questrt.worker.v1.OpenGridRequest
-	8,  // 49: questrt.worker.v1.Worker.ConnectGrid:input_type -> questrt.worker.v1.ConnectGridRequest
-	13, // 50: questrt.worker.v1.Worker.CloseGrid:input_type -> questrt.worker.v1.CloseGridRequest
-	17, // 51: questrt.worker.v1.Worker.Create:input_type -> questrt.worker.v1.CreateRequest
-	18, // 52: questrt.worker.v1.Worker.Fork:input_type -> questrt.worker.v1.ForkRequest
-	19, // 53: questrt.worker.v1.Worker.Release:input_type -> questrt.worker.v1.ReleaseRequest
-	20, // 54: questrt.worker.v1.Worker.Check:input_type -> questrt.worker.v1.CheckRequest
-	21, // 55: questrt.worker.v1.Worker.Append:input_type -> questrt.worker.v1.AppendRequest
-	22, // 56: questrt.worker.v1.Worker.Rollback:input_type -> questrt.worker.v1.RollbackRequest
-	25, // 57: questrt.worker.v1.Worker.BeginStep:input_type -> questrt.worker.v1.BeginRequest
-	27, // 58: questrt.worker.v1.Worker.Layer:input_type -> questrt.worker.v1.LayerRequest
-	32, // 59: questrt.worker.v1.Worker.EndStep:input_type -> questrt.worker.v1.EndRequest
-	33, // 60: questrt.worker.v1.Worker.Keys:input_type -> questrt.worker.v1.KeysRequest
-	11, // 61: questrt.worker.v1.Worker.Claim:input_type -> questrt.worker.v1.ClaimRequest
-	12, // 62: questrt.worker.v1.Worker.DropRecovered:input_type -> questrt.worker.v1.DropRecoveredRequest
-	7,  // 63: questrt.worker.v1.Worker.OpenGrid:output_type -> questrt.worker.v1.OpenGridReply
-	9,  // 64: questrt.worker.v1.Worker.ConnectGrid:output_type -> questrt.worker.v1.ConnectGridReply
-	14, // 65: questrt.worker.v1.Worker.CloseGrid:output_type -> questrt.worker.v1.CloseGridReply
-	15, // 66: questrt.worker.v1.Worker.Create:output_type -> questrt.worker.v1.Ack
-	15, // 67: questrt.worker.v1.Worker.Fork:output_type -> questrt.worker.v1.Ack
-	15, // 68: questrt.worker.v1.Worker.Release:output_type -> questrt.worker.v1.Ack
-	15, // 69: questrt.worker.v1.Worker.Check:output_type -> questrt.worker.v1.Ack
-	15, // 70: questrt.worker.v1.Worker.Append:output_type -> questrt.worker.v1.Ack
-	23, // 71: questrt.worker.v1.Worker.Rollback:output_type -> questrt.worker.v1.RollbackReply
-	15, // 72: questrt.worker.v1.Worker.BeginStep:output_type -> questrt.worker.v1.Ack
-	31, // 73: questrt.worker.v1.Worker.Layer:output_type -> questrt.worker.v1.LayerReply
-	15, // 74: questrt.worker.v1.Worker.EndStep:output_type -> questrt.worker.v1.Ack
-	34, // 75: questrt.worker.v1.Worker.Keys:output_type -> questrt.worker.v1.KeysReply
-	15, // 76: questrt.worker.v1.Worker.Claim:output_type -> questrt.worker.v1.Ack
-	15, // 77: questrt.worker.v1.Worker.DropRecovered:output_type -> questrt.worker.v1.Ack
-	63, // [63:78] is the sub-list for method output_type
-	48, // [48:63] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	2,  // 11: questrt.worker.v1.ParkRequest.ref:type_name -> questrt.worker.v1.GridRef
+	2,  // 12: questrt.worker.v1.CloseGridRequest.ref:type_name -> questrt.worker.v1.GridRef
+	2,  // 13: questrt.worker.v1.CreateRequest.ref:type_name -> questrt.worker.v1.GridRef
+	17, // 14: questrt.worker.v1.CreateRequest.layout:type_name -> questrt.worker.v1.Layout
+	2,  // 15: questrt.worker.v1.ForkRequest.ref:type_name -> questrt.worker.v1.GridRef
+	2,  // 16: questrt.worker.v1.ReleaseRequest.ref:type_name -> questrt.worker.v1.GridRef
+	2,  // 17: questrt.worker.v1.CheckRequest.ref:type_name -> questrt.worker.v1.GridRef
+	2,  // 18: questrt.worker.v1.AppendRequest.ref:type_name -> questrt.worker.v1.GridRef
+	3,  // 19: questrt.worker.v1.AppendRequest.rank:type_name -> questrt.worker.v1.Rank
+	1,  // 20: questrt.worker.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
+	1,  // 21: questrt.worker.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
+	1,  // 22: questrt.worker.v1.AppendRequest.mirror_k:type_name -> questrt.worker.v1.Tensor
+	2,  // 23: questrt.worker.v1.RollbackRequest.ref:type_name -> questrt.worker.v1.GridRef
+	3,  // 24: questrt.worker.v1.RollbackRequest.rank:type_name -> questrt.worker.v1.Rank
+	1,  // 25: questrt.worker.v1.RollbackRequest.tail:type_name -> questrt.worker.v1.Tensor
+	1,  // 26: questrt.worker.v1.RollbackReply.tail:type_name -> questrt.worker.v1.Tensor
+	2,  // 27: questrt.worker.v1.BeginRequest.ref:type_name -> questrt.worker.v1.GridRef
+	25, // 28: questrt.worker.v1.BeginRequest.seqs:type_name -> questrt.worker.v1.StepSeq
+	3,  // 29: questrt.worker.v1.RankInput.rank:type_name -> questrt.worker.v1.Rank
+	1,  // 30: questrt.worker.v1.RankInput.q:type_name -> questrt.worker.v1.Tensor
+	1,  // 31: questrt.worker.v1.RankInput.k:type_name -> questrt.worker.v1.Tensor
+	1,  // 32: questrt.worker.v1.RankInput.v:type_name -> questrt.worker.v1.Tensor
+	1,  // 33: questrt.worker.v1.RankInput.mirror_k:type_name -> questrt.worker.v1.Tensor
+	2,  // 34: questrt.worker.v1.LayerRequest.ref:type_name -> questrt.worker.v1.GridRef
+	27, // 35: questrt.worker.v1.LayerRequest.ranks:type_name -> questrt.worker.v1.RankInput
+	1,  // 36: questrt.worker.v1.RankDiag.indptr:type_name -> questrt.worker.v1.Tensor
+	1,  // 37: questrt.worker.v1.RankDiag.pages:type_name -> questrt.worker.v1.Tensor
+	1,  // 38: questrt.worker.v1.RankDiag.scores:type_name -> questrt.worker.v1.Tensor
+	3,  // 39: questrt.worker.v1.RankOutput.rank:type_name -> questrt.worker.v1.Rank
+	1,  // 40: questrt.worker.v1.RankOutput.o:type_name -> questrt.worker.v1.Tensor
+	1,  // 41: questrt.worker.v1.RankOutput.lse:type_name -> questrt.worker.v1.Tensor
+	29, // 42: questrt.worker.v1.RankOutput.time:type_name -> questrt.worker.v1.Times
+	30, // 43: questrt.worker.v1.RankOutput.diag:type_name -> questrt.worker.v1.RankDiag
+	31, // 44: questrt.worker.v1.LayerReply.ranks:type_name -> questrt.worker.v1.RankOutput
+	2,  // 45: questrt.worker.v1.EndRequest.ref:type_name -> questrt.worker.v1.GridRef
+	2,  // 46: questrt.worker.v1.KeysRequest.ref:type_name -> questrt.worker.v1.GridRef
+	3,  // 47: questrt.worker.v1.KeysRequest.rank:type_name -> questrt.worker.v1.Rank
+	1,  // 48: questrt.worker.v1.KeysReply.k:type_name -> questrt.worker.v1.Tensor
+	6,  // 49: questrt.worker.v1.Worker.OpenGrid:input_type -> questrt.worker.v1.OpenGridRequest
+	8,  // 50: questrt.worker.v1.Worker.ConnectGrid:input_type -> questrt.worker.v1.ConnectGridRequest
+	14, // 51: questrt.worker.v1.Worker.CloseGrid:input_type -> questrt.worker.v1.CloseGridRequest
+	18, // 52: questrt.worker.v1.Worker.Create:input_type -> questrt.worker.v1.CreateRequest
+	19, // 53: questrt.worker.v1.Worker.Fork:input_type -> questrt.worker.v1.ForkRequest
+	20, // 54: questrt.worker.v1.Worker.Release:input_type -> questrt.worker.v1.ReleaseRequest
+	21, // 55: questrt.worker.v1.Worker.Check:input_type -> questrt.worker.v1.CheckRequest
+	22, // 56: questrt.worker.v1.Worker.Append:input_type -> questrt.worker.v1.AppendRequest
+	23, // 57: questrt.worker.v1.Worker.Rollback:input_type -> questrt.worker.v1.RollbackRequest
+	26, // 58: questrt.worker.v1.Worker.BeginStep:input_type -> questrt.worker.v1.BeginRequest
+	28, // 59: questrt.worker.v1.Worker.Layer:input_type -> questrt.worker.v1.LayerRequest
+	33, // 60: questrt.worker.v1.Worker.EndStep:input_type -> questrt.worker.v1.EndRequest
+	34, // 61: questrt.worker.v1.Worker.Keys:input_type -> questrt.worker.v1.KeysRequest
+	11, // 62: questrt.worker.v1.Worker.Claim:input_type -> questrt.worker.v1.ClaimRequest
+	12, // 63: questrt.worker.v1.Worker.DropRecovered:input_type -> questrt.worker.v1.DropRecoveredRequest
+	13, // 64: questrt.worker.v1.Worker.Park:input_type -> questrt.worker.v1.ParkRequest
+	7,  // 65: questrt.worker.v1.Worker.OpenGrid:output_type -> questrt.worker.v1.OpenGridReply
+	9,  // 66: questrt.worker.v1.Worker.ConnectGrid:output_type -> questrt.worker.v1.ConnectGridReply
+	15, // 67: questrt.worker.v1.Worker.CloseGrid:output_type -> questrt.worker.v1.CloseGridReply
+	16, // 68: questrt.worker.v1.Worker.Create:output_type -> questrt.worker.v1.Ack
+	16, // 69: questrt.worker.v1.Worker.Fork:output_type -> questrt.worker.v1.Ack
+	16, // 70: questrt.worker.v1.Worker.Release:output_type -> questrt.worker.v1.Ack
+	16, // 71: questrt.worker.v1.Worker.Check:output_type -> questrt.worker.v1.Ack
+	16, // 72: questrt.worker.v1.Worker.Append:output_type -> questrt.worker.v1.Ack
+	24, // 73: questrt.worker.v1.Worker.Rollback:output_type -> questrt.worker.v1.RollbackReply
+	16, // 74: questrt.worker.v1.Worker.BeginStep:output_type -> questrt.worker.v1.Ack
+	32, // 75: questrt.worker.v1.Worker.Layer:output_type -> questrt.worker.v1.LayerReply
+	16, // 76: questrt.worker.v1.Worker.EndStep:output_type -> questrt.worker.v1.Ack
+	35, // 77: questrt.worker.v1.Worker.Keys:output_type -> questrt.worker.v1.KeysReply
+	16, // 78: questrt.worker.v1.Worker.Claim:output_type -> questrt.worker.v1.Ack
+	16, // 79: questrt.worker.v1.Worker.DropRecovered:output_type -> questrt.worker.v1.Ack
+	16, // 80: questrt.worker.v1.Worker.Park:output_type -> questrt.worker.v1.Ack
+	65, // [65:81] is the sub-list for method output_type
+	49, // [49:65] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_worker_v1_worker_proto_init() }
@@ -2788,7 +2873,7 @@ func file_worker_v1_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_v1_worker_proto_rawDesc), len(file_worker_v1_worker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

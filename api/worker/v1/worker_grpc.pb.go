@@ -49,6 +49,7 @@ const (
 	Worker_Keys_FullMethodName          = "/questrt.worker.v1.Worker/Keys"
 	Worker_Claim_FullMethodName         = "/questrt.worker.v1.Worker/Claim"
 	Worker_DropRecovered_FullMethodName = "/questrt.worker.v1.Worker/DropRecovered"
+	Worker_Park_FullMethodName          = "/questrt.worker.v1.Worker/Park"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -82,6 +83,10 @@ type WorkerClient interface {
 	Claim(ctx context.Context, in *ClaimRequest, opts ...grpc.CallOption) (*Ack, error)
 	// DropRecovered frees a recovered sequence nobody will claim.
 	DropRecovered(ctx context.Context, in *DropRecoveredRequest, opts ...grpc.CallOption) (*Ack, error)
+	// Park parks a sequence Claim made live again, as it was before the
+	// claim (its recovered key, id and grid): a coordinator whose adoption
+	// failed part-way gives it back for a later one.
+	Park(ctx context.Context, in *ParkRequest, opts ...grpc.CallOption) (*Ack, error)
 }
 
 type workerClient struct {
@@ -242,6 +247,16 @@ func (c *workerClient) DropRecovered(ctx context.Context, in *DropRecoveredReque
 	return out, nil
 }
 
+func (c *workerClient) Park(ctx context.Context, in *ParkRequest, opts ...grpc.CallOption) (*Ack, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Ack)
+	err := c.cc.Invoke(ctx, Worker_Park_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -273,6 +288,10 @@ type WorkerServer interface {
 	Claim(context.Context, *ClaimRequest) (*Ack, error)
 	// DropRecovered frees a recovered sequence nobody will claim.
 	DropRecovered(context.Context, *DropRecoveredRequest) (*Ack, error)
+	// Park parks a sequence Claim made live again, as it was before the
+	// claim (its recovered key, id and grid): a coordinator whose adoption
+	// failed part-way gives it back for a later one.
+	Park(context.Context, *ParkRequest) (*Ack, error)
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -327,6 +346,9 @@ func (UnimplementedWorkerServer) Claim(context.Context, *ClaimRequest) (*Ack, er
 }
 func (UnimplementedWorkerServer) DropRecovered(context.Context, *DropRecoveredRequest) (*Ack, error) {
 	return nil, status.Error(codes.Unimplemented, "method DropRecovered not implemented")
+}
+func (UnimplementedWorkerServer) Park(context.Context, *ParkRequest) (*Ack, error) {
+	return nil, status.Error(codes.Unimplemented, "method Park not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -619,6 +641,24 @@ func _Worker_DropRecovered_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Worker_Park_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ParkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServer).Park(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Worker_Park_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServer).Park(ctx, req.(*ParkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -685,6 +725,10 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DropRecovered",
 			Handler:    _Worker_DropRecovered_Handler,
+		},
+		{
+			MethodName: "Park",
+			Handler:    _Worker_Park_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
