@@ -113,6 +113,9 @@ type Stats struct {
 	// here, by tier: in a device pool, or only in a host tier (offload;
 	// remote.Stats.PagesDevice).
 	PagesDevice, PagesHost int
+	// Offload is the hosted offloading shards' counters
+	// (remote.Stats.Offload).
+	Offload remote.OffloadTotals
 	// MembersUp is the number of members this node's view shows up
 	// (alive or suspect), itself included.
 	MembersUp int
@@ -261,6 +264,7 @@ func (n *Node) Stats() Stats {
 		PagesFree:        max(ws.PagesFree, 0),
 		PagesDevice:      ws.PagesDevice,
 		PagesHost:        ws.PagesHost,
+		Offload:          ws.Offload,
 		MembersUp:        len(n.m.View().Up()),
 		Recovery:         ws.Recovery,
 		Serving:          n.serving.Load(),

@@ -107,6 +107,8 @@ type stateCollector struct {
 	seqs, grids, pages, membersUp *prometheus.Desc
 	tierPages                     *prometheus.Desc
 	recSeqs, recLost, recCorrupt  *prometheus.Desc
+	offPages, offWasted, offBytes *prometheus.Desc
+	offEvict, offStall            *prometheus.Desc
 }
 
 func newStateCollector(st *readiness) *stateCollector {
@@ -120,6 +122,11 @@ func newStateCollector(st *readiness) *stateCollector {
 		recSeqs:    prometheus.NewDesc("questrt_recovery_sequences", "Sequences the grids hosted on this node found in --data-dir since the process started, by state: recovered (their sealed pages, and the tails a graceful shutdown wrote, came back), damaged (a checksum or check failed: not used), and parked now (recovered, not claimed by a coordinator yet: their pages count against the grid's pool).", []string{"state"}, nil),
 		recLost:    prometheus.NewDesc("questrt_recovery_lost_tokens", "Tokens the recovered sequences had past their recovered lengths when the node stopped (the tail tokens a crash lost; 0 after a graceful shutdown), summed since the process started: re-append them.", nil, nil),
 		recCorrupt: prometheus.NewDesc("questrt_recovery_corrupt_slots", "Slab slots of --data-dir whose payload or record failed its checksum at recovery, since the process started.", nil, nil),
+		offPages:   prometheus.NewDesc("questrt_offload_recall_pages_total", "Pages the steps of the offloading shards hosted here wanted (--device-budget-pages), by result: hit (resident), miss (brought in from the host tier), prefetch_hit (resident because a prefetch brought it; also counted as hit). Sums over the open grids: a closing grid's counts leave them (a counter reset).", []string{"result"}, nil),
+		offWasted:  prometheus.NewDesc("questrt_offload_prefetch_wasted_pages_total", "Prefetched pages that left the device before any step used them, in the offloading shards hosted here (sums over the open grids).", nil, nil),
+		offBytes:   prometheus.NewDesc("questrt_offload_bytes_total", "Page payload bytes moved by the offloading shards hosted here, by direction: in (host tier to device pool, prefetch included), out (device pool to host tier: write-backs). Sums over the open grids.", []string{"direction"}, nil),
+		offEvict:   prometheus.NewDesc("questrt_offload_evictions_total", "Pages evicted from the device pools of the offloading shards hosted here, by whether they were written back to the tier first (dirty) or not (clean). Sums over the open grids.", []string{"kind"}, nil),
+		offStall:   prometheus.NewDesc("questrt_offload_stall_seconds_total", "Time the steps of the offloading shards hosted here spent bringing pages in (tier reads, write-backs, waits for prefetches). Sums over the open grids.", nil, nil),
 	}
 }
 
@@ -133,6 +140,11 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.recSeqs
 	ch <- c.recLost
 	ch <- c.recCorrupt
+	ch <- c.offPages
+	ch <- c.offWasted
+	ch <- c.offBytes
+	ch <- c.offEvict
+	ch <- c.offStall
 }
 
 // Collect implements prometheus.Collector.
@@ -158,6 +170,19 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.recSeqs, s.Recovery.Parked, "parked")
 	gauge(c.recLost, s.Recovery.LostTokens)
 	gauge(c.recCorrupt, s.Recovery.CorruptSlots)
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	o := s.Offload
+	counter(c.offPages, float64(o.Hits), "hit")
+	counter(c.offPages, float64(o.Misses), "miss")
+	counter(c.offPages, float64(o.PrefetchHits), "prefetch_hit")
+	counter(c.offWasted, float64(o.PrefetchWasted))
+	counter(c.offBytes, float64(o.BytesIn), "in")
+	counter(c.offBytes, float64(o.BytesOut), "out")
+	counter(c.offEvict, float64(o.WriteBacks), "dirty")
+	counter(c.offEvict, float64(o.Evictions-o.WriteBacks), "clean")
+	counter(c.offStall, o.Stall.Seconds())
 }
 
 // readiness is what /readyz answers: ready once the node started (it

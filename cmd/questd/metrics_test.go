@@ -341,10 +341,32 @@ func TestServeMetricsOffload(t *testing.T) {
 		}
 	}
 	check("after the steps")
+	// The offload counters: the steps read more pages than the device
+	// pool holds (budget 8 of 30), so some were missing and brought in,
+	// and the appends evicted dirty pages (written back). Bytes in count
+	// the steps' and the appends' reads of whole payloads.
+	mf := scrape(t, maddr)
+	val := func(name string, labels ...string) float64 {
+		return metric(t, mf, name, labels...).GetCounter().GetValue()
+	}
+	hit, miss := val("questrt_offload_recall_pages_total", "result", "hit"), val("questrt_offload_recall_pages_total", "result", "miss")
+	in, out := val("questrt_offload_bytes_total", "direction", "in"), val("questrt_offload_bytes_total", "direction", "out")
+	dirty := val("questrt_offload_evictions_total", "kind", "dirty")
+	pb := float64(payloadBytes(cfg))
+	if miss <= 0 || hit <= 0 || in < miss*pb || int64(in)%int64(pb) != 0 || out <= 0 || out != dirty*pb {
+		t.Errorf("offload counters: hit %v miss %v, bytes in %v out %v (payload %v), dirty evictions %v: want hits and misses, bytes in whole payloads >= misses', bytes out = dirty evictions' payloads", hit, miss, in, out, pb, dirty)
+	}
+	t.Logf("offload counters: hit %v miss %v, bytes in %v out %v, dirty evictions %v", hit, miss, in, out, dirty)
 
 	if err := stop(); err != nil {
 		t.Fatalf("serve after the signal: %v", err)
 	}
+}
+
+// payloadBytes is one page's K/V over every layer of cfg's geometry
+// (float32 on the CPU).
+func payloadBytes(cfg Config) int {
+	return cfg.Layers * 2 * cfg.KVHeads * cfg.PageSize * cfg.HeadDim * 4
 }
 
 // TestServeNoMetrics: --metrics-addr "" runs no HTTP server and the

@@ -228,8 +228,26 @@ type Stats struct {
 	// worker.Config.DeviceBudgetPages). Without offload every used page
 	// is on the device.
 	PagesDevice, PagesHost int
+	// Offload sums the offload counters of the connected grids' hosted
+	// offloading shards (cumulative while their grids stay open: a
+	// grid's counters leave the sums when it closes).
+	Offload OffloadTotals
 	// Recovery counts what the grids recovered from ServerConfig.DataDir.
 	Recovery RecoveryStats
+}
+
+// OffloadTotals are offload counters summed over shards (see
+// pagestore.ResidencyStats): pages step recalls found resident (Hits)
+// or brought in (Misses), of them brought in by prefetch before a step
+// wanted them (PrefetchHits), prefetched pages that left unused
+// (PrefetchWasted), payload bytes into device pools (BytesIn, prefetch
+// reads included) and out to tiers (BytesOut), pages evicted and those
+// written back first, and the time steps spent in recalls.
+type OffloadTotals struct {
+	Hits, Misses, PrefetchHits, PrefetchWasted int64
+	BytesIn, BytesOut                          int64
+	Evictions, WriteBacks                      int64
+	Stall                                      time.Duration
 }
 
 // Stats returns a snapshot (freeing grids whose ConnectGrid is overdue).
@@ -254,6 +272,16 @@ func (s *Server) Stats() Stats {
 				rs := store.ResidencyStats()
 				st.PagesDevice += rs.Resident
 				st.PagesHost += rs.TierOnly
+				o := &st.Offload
+				o.Hits += rs.Hits
+				o.Misses += rs.Misses
+				o.PrefetchHits += rs.PrefetchHits
+				o.PrefetchWasted += rs.PrefetchWasted
+				o.BytesIn += rs.BytesIn + rs.PrefetchBytes
+				o.BytesOut += rs.BytesOut
+				o.Evictions += rs.Evictions
+				o.WriteBacks += rs.WriteBacks
+				o.Stall += rs.Stall
 			} else {
 				st.PagesDevice += store.Stats().UsedPages
 			}
