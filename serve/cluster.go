@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"reflect"
 	"sync/atomic"
+	"time"
 
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/cluster/coord"
@@ -17,10 +20,12 @@ import (
 
 // Cluster holds a server's request sequences on a cluster's workers
 // instead of an in-process engine (Config.Cluster). The server calls
-// Create from its scheduler goroutine and drives the sequences it
-// returns from there and from the quality monitor's goroutine (a fork's
-// replay), never one sequence from two goroutines at once; an
-// implementation must allow calls on different sequences concurrently.
+// Create from a goroutine of the request's (at most Config.MaxRunning at
+// once, so that a grid opening does not stall the scheduler) and drives
+// the sequences it returns from its scheduler goroutine and from the
+// quality monitor's goroutine (a fork's replay), never one sequence from
+// two goroutines at once; an implementation must allow concurrent
+// Creates and calls on different sequences concurrently.
 type Cluster interface {
 	// Create creates an empty sequence laid out by ec: its layers and
 	// geometry (the model's), its CP x TP grid (Config.CP, Config.TP),
@@ -47,8 +52,11 @@ var ErrClusterUnavailable = errors.New("serve: cluster unavailable")
 // live on the grid's workers, and each decode step of a layer is one
 // coordinator step (the plan to the workers, the partial states back).
 // Requests with the same engine config share a grid, which stays open
-// on its nodes (its pools reserved) while it lives, as the
-// coordinator's grids do.
+// on its nodes (its pools reserved) while the coordinator lives, as the
+// coordinator's grids do: the server bounds the grids it opens for
+// option sets other than its policy's (Config.PolicyGrids). The
+// sequences the coordinator adopts after a node restart (a node's data
+// directory) are not the server's; it does not release them.
 func CoordinatorCluster(co *coord.Coordinator) Cluster { return coordCluster{co} }
 
 type coordCluster struct{ co *coord.Coordinator }
@@ -58,7 +66,44 @@ func (c coordCluster) Create(ctx context.Context, ec engine.Config) (model.Seque
 	if err != nil {
 		return nil, fmt.Errorf("create a sequence on a %d x %d grid: %w", ec.CP, ec.TP, clusterErr(err))
 	}
+	c.releaseAdopted(ctx, cr.ID)
 	return coordSeq{co: c.co, id: cr.ID}, nil
+}
+
+// releaseAdopted releases the sequences the coordinator adopted onto
+// grids of the config of sequence id, one of the server's just created:
+// a grid that opens on nodes restarted on their data directories
+// (questd --data-dir) adopts the sequences they persisted, under their
+// old ids, and nobody holds those (the server creates every sequence
+// afresh and never asks for recovered ones), so they would keep their
+// pages on the workers outside the server's admission. Sequences
+// adopted onto grids of other configs (the Decode API's clients') are
+// left alone. Best effort: a release that fails leaves the sequence
+// listed for the next Create to try again.
+func (c coordCluster) releaseAdopted(ctx context.Context, id string) {
+	rec := c.co.Recovery()
+	if len(rec.Sequences) == 0 {
+		return
+	}
+	want, err := c.co.SeqConfig(id)
+	if err != nil {
+		return
+	}
+	for _, r := range rec.Sequences {
+		if r.ID == id {
+			continue
+		}
+		if got, err := c.co.SeqConfig(r.ID); err == nil && sameGridConfig(got, want) {
+			_ = c.co.Release(ctx, r.ID)
+		}
+	}
+}
+
+// sameGridConfig reports whether two of a coordinator's grid configs
+// are of the same sequences: the fields a Create's config sets.
+func sameGridConfig(a, b engine.Config) bool {
+	return a.Layers == b.Layers && a.Geometry == b.Geometry && a.CP == b.CP && a.TP == b.TP &&
+		a.CapacityPages == b.CapacityPages && a.Selection == b.Selection && reflect.DeepEqual(a.Policy, b.Policy)
 }
 
 // coordSeq is one sequence of a coordinator.
@@ -141,7 +186,11 @@ func (s countedSeq) Release(ctx context.Context) error {
 // policy (the serving policy, or its own selection options) on the
 // server's CP x TP grid, with pools of CapacityPages pages per rank
 // (plus the monitor's slack), so that every request of one policy
-// shares one grid and the pages admission reserved always fit it.
+// shares one grid and the pages admission reserved always fit it. (A
+// grid of a request's own options is not sized by its reservation: the
+// coordinator keys grids by their pools and closes none while it runs,
+// so every distinct reservation would keep a grid of its own open.) It
+// runs on the goroutine startCreate starts.
 func (s *Server) createClusterSeq(ctx context.Context, j *job) (model.Sequence, error) {
 	pol := s.cfg.Policy
 	if j.p.own {
@@ -156,4 +205,162 @@ func (s *Server) createClusterSeq(ctx context.Context, j *job) (model.Sequence, 
 		s.count(func(st *Stats) { st.OwnEngines++ })
 	}
 	return countedSeq{Sequence: seq, n: &s.clusterSeqs}, nil
+}
+
+// gridKey is a selection option set, the part of a request's policy
+// that may differ from the serving policy's (params.own).
+type gridKey struct {
+	selector    plan.Selector
+	gqa         plan.GQAMode
+	sink, local int
+}
+
+func gridKeyOf(p plan.Policy) gridKey {
+	return gridKey{selector: p.Selector, gqa: p.GQA, sink: p.SinkPages, local: p.LocalPages}
+}
+
+// policyGrid is an option set's grid on the cluster (Server.grids).
+type policyGrid struct {
+	opened  bool // a sequence was created on it: it stays open
+	pending int  // admitted jobs whose sequence is not created yet
+}
+
+// holdGrid, at j's admission (s.mu held), counts j on the grid of its
+// own options on the cluster, or refuses it with 429 when that grid is
+// not open and PolicyGrids are already open or opening. The cluster's
+// coordinator closes no grid while it runs, so without the bound every
+// distinct option set would reserve a pool per rank for good.
+func (s *Server) holdGrid(j *job) *apiError {
+	if s.cfg.Cluster == nil || !j.p.own {
+		return nil
+	}
+	k := gridKeyOf(j.p.sel)
+	g := s.grids[k]
+	if g == nil {
+		if len(s.grids) >= s.cfg.PolicyGrids {
+			return &apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "policy_grid_limit", retry: s.cfg.RetryAfter,
+				message: fmt.Sprintf("The request's selection options (selector %s, gqa %s, sink %d, local %d) need a grid of their own on the cluster, "+
+					"and the server is at its limit of %d such grids (serve.Config.PolicyGrids, questd --serve-policy-grids), which stay open; "+
+					"use the server's options or those of a grid already open, or retry later.",
+					j.p.sel.Selector, j.p.sel.GQA, j.p.sel.SinkPages, j.p.sel.LocalPages, s.cfg.PolicyGrids)}
+		}
+		g = &policyGrid{}
+		s.grids[k] = g
+	}
+	g.pending++
+	j.grid = g
+	return nil
+}
+
+// settleGrid (s.mu held) takes j off its grid's pending jobs, once: the
+// grid is open for good when j's sequence was created on it, forgotten
+// when no sequence ever was and no other job is waiting for one.
+func (s *Server) settleGrid(j *job, created bool) {
+	g := j.grid
+	if g == nil {
+		return
+	}
+	j.grid = nil
+	g.pending--
+	if created {
+		g.opened = true
+	}
+	if !g.opened && g.pending == 0 {
+		maps.DeleteFunc(s.grids, func(_ gridKey, x *policyGrid) bool { return x == g })
+	}
+}
+
+// madeSeq is the outcome of a job's Create, for the scheduler.
+type madeSeq struct {
+	j   *job
+	seq model.Sequence
+	err error
+}
+
+// startCreate creates j's cluster sequence on a goroutine of its own
+// (owned by s.creates): the scheduler takes the outcome at an iteration
+// boundary (takeCreated), or, when j ended meanwhile, the goroutine
+// releases the sequence itself. j's context bounds the Create; j's end
+// cancels it. A wake-up on that context's end lets the scheduler end j
+// even when Create does not return at once.
+func (s *Server) startCreate(j *job) {
+	j.creating = true
+	j.stopWake = context.AfterFunc(j.ctx, s.poke)
+	s.creates.Add(1)
+	go func() {
+		defer s.creates.Done()
+		seq, err := s.createClusterSeq(j.ctx, j)
+		s.mu.Lock()
+		s.settleGrid(j, err == nil)
+		left := j.left
+		if !left {
+			s.made = append(s.made, madeSeq{j: j, seq: seq, err: err})
+		}
+		s.mu.Unlock()
+		if left {
+			if seq != nil {
+				s.releaseSeq(j, seq)
+			}
+			return
+		}
+		s.poke()
+	}()
+}
+
+// takeCreated hands the created sequences to their jobs (on the
+// scheduler goroutine): a job that ended meanwhile releases its
+// sequence, a failed Create ends its job. It reports whether there
+// were any.
+func (s *Server) takeCreated() bool {
+	s.mu.Lock()
+	made := s.made
+	s.made = nil
+	s.mu.Unlock()
+	for _, m := range made {
+		j := m.j
+		j.creating = false
+		if j.stopWake != nil {
+			j.stopWake()
+			j.stopWake = nil
+		}
+		switch {
+		case j.ended:
+			if m.seq != nil {
+				s.releaseSeq(j, m.seq)
+			}
+		case m.err != nil:
+			s.end(j, nil, s.stepError(j, m.err), "")
+		default:
+			j.cseq = m.seq
+		}
+	}
+	return len(made) > 0
+}
+
+// waitCreates, when the scheduler stops (every job ended, so every
+// Create's context is done), waits for the Creates in flight and
+// releases the sequences no job took.
+func (s *Server) waitCreates() {
+	s.creates.Wait()
+	s.takeCreated()
+}
+
+// releaseSeq releases a cluster sequence of j's that j no longer holds.
+func (s *Server) releaseSeq(j *job, seq model.Sequence) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := seq.Release(ctx); err != nil {
+		s.log.Warn("release sequence", "request", j.id, "err", err)
+	}
+}
+
+// releaseTimeout bounds the release of a sequence nobody waits for.
+const releaseTimeout = 10 * time.Second
+
+// poke wakes the scheduler.
+func (s *Server) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }

@@ -36,10 +36,34 @@ type Config struct {
 	// created through Cluster on a CP x TP grid of the cluster's
 	// workers (CoordinatorCluster: a node's coordinator), where its KV
 	// pages live. Batching, admission, cancellation and usage work as
-	// with the in-process engine; a request whose selection options
-	// differ from Policy's gets a grid of that policy (shared by the
-	// requests of the same options) instead of an engine of its own.
+	// with the in-process engine, but memory is bounded differently: a
+	// request whose selection options differ from Policy's gets a grid
+	// of that policy (shared by the requests of the same options)
+	// instead of an engine of its own, and every grid stays open on the
+	// cluster's nodes, each of its ranks reserving CapacityPages pages
+	// (plus the quality monitor's slack), until the cluster's
+	// coordinator closes (it closes no grid that merely runs out of
+	// sequences). Admission bounds the pages the requests use within
+	// each grid; PolicyGrids bounds the grids, so the nodes reserve at
+	// most (1 + PolicyGrids) pools per rank for this server. The
+	// scheduler creates a request's sequence off its goroutine (a grid
+	// opening takes up to the coordinator's open timeout), so running
+	// requests keep decoding meanwhile. The sequences a grid of the
+	// server's adopts when it opens on nodes restarted on their data
+	// directories (questd --data-dir) are nobody's (the server creates
+	// every sequence afresh): CoordinatorCluster releases them in the
+	// Create that opened the grid.
 	Cluster Cluster
+	// PolicyGrids bounds, with Cluster, the distinct selection option
+	// sets other than Policy's (selector, GQA mode, sink and local
+	// pages) that requests may open a grid for (2). Such a grid stays
+	// open for the server's life (see Cluster); a request whose options
+	// would open one past the bound gets 429 with Retry-After, while
+	// requests with Policy's options or those of a grid already opened
+	// are admitted as usual. 0: only Policy's options run on the
+	// cluster. Without Cluster it is not used (an own engine closes
+	// with its last request).
+	PolicyGrids int
 	// CapacityPages is the engine's page pool per shard (4096); with
 	// Cluster, the pool of every rank of the requests' grids. Every
 	// admitted request reserves the pages of its prompt plus max_tokens
@@ -105,6 +129,7 @@ func DefaultConfig() Config {
 		CapacityPages:    4096,
 		MaxRunning:       16,
 		MaxQueued:        64,
+		PolicyGrids:      2,
 		ChunkTokens:      512,
 		MaxBodyBytes:     1 << 20,
 		RequestTimeout:   5 * time.Minute,
@@ -136,6 +161,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: max running %d: want at least 1", c.MaxRunning)
 	case c.MaxQueued < 0:
 		return fmt.Errorf("serve config: max queued %d: want 0 or more", c.MaxQueued)
+	case c.PolicyGrids < 0:
+		return fmt.Errorf("serve config: policy grids %d: want 0 or more", c.PolicyGrids)
 	case c.ChunkTokens < 1:
 		return fmt.Errorf("serve config: chunk %d tokens: want at least 1", c.ChunkTokens)
 	case c.MaxContext < 0:

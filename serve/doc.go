@@ -73,7 +73,9 @@
 // than the engine's put the request's sequence on an engine of its own
 // (its policy, a pool of the pages its admission reserved; on a
 // cluster, the grid of its policy, shared with the requests of the same
-// options), still in the same decode batch: DecodeBatch runs each sequence's attention on
+// options, which stays open: [Config.PolicyGrids] bounds those grids and
+// a request whose options would open one more gets 429), still in the
+// same decode batch: DecodeBatch runs each sequence's attention on
 // its own engine sequence, so no grouping by options is needed.
 //
 // # Quality monitor
@@ -90,5 +92,9 @@
 // pages every admitted request has reserved, and when the running and
 // queued requests are under their caps; otherwise it gets 429 with
 // Retry-After and nothing changes. An admitted request therefore never
-// runs out of pages.
+// runs out of pages. On a cluster ([Config.Cluster]) a request's
+// sequence is created, at its turn to prefill, on a goroutine of its own
+// (a grid opening may take seconds) that hands it to the scheduler at an
+// iteration boundary; the running requests go on decoding meanwhile. A
+// cluster that cannot hold the request's grid answers it with 503.
 package serve

@@ -68,9 +68,15 @@ func (s *Server) engineConfig(pol plan.Policy, capacity int) engine.Config {
 // sink or local pages are not the main engine's: the request's policy
 // and grid, a pool of the pages its admission reserved (plus the quality
 // monitor's slack). The request's reservation in the main pool stands
-// for these pages, so the server's memory stays bounded by its
-// admission. Its attention runs in the same decode batch as every other
-// request's: DecodeBatch steps each sequence's attention on its own.
+// for these pages, so with the in-process engine the server's memory
+// stays bounded by its admission. Not with Config.Cluster: there a
+// request of its own options gets a grid of its policy, sized like the
+// main one (CapacityPages plus the slack per rank) and open until the
+// coordinator closes, so the nodes reserve up to 1 + Config.PolicyGrids
+// pools per rank for the server, whatever admission reserved (see
+// createClusterSeq and holdGrid). Its attention runs in the same decode
+// batch as every other request's: DecodeBatch steps each sequence's
+// attention on its own.
 func (s *Server) ownEngine(j *job) (*engineRef, error) {
 	e, err := engine.New(s.engineConfig(j.p.sel, j.pages+s.monitorSlack()))
 	if err != nil {

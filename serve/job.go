@@ -26,12 +26,16 @@ type job struct {
 	attn    *jobAttention
 	eng     *engineRef // the engine holding attn's sequence (nil on a cluster)
 	// cseq, on Config.Cluster, is the sequence created when the prefill
-	// starts, until load hands it to attn.
-	cseq   model.Sequence
-	next   int // the token the next decode step feeds
-	tokens int // tokens generated
-	text   *stopText
-	ended  bool
+	// starts, until load hands it to attn. creating says that its
+	// Create runs (startCreate); stopWake stops the wake-up on the end
+	// of ctx meanwhile.
+	cseq     model.Sequence
+	creating bool
+	stopWake func() bool
+	next     int // the token the next decode step feeds
+	tokens   int // tokens generated
+	text     *stopText
+	ended    bool
 	// With a history (Config.History): the tokens generated, the
 	// logits' most likely token at each, and the text sent.
 	keep        bool
@@ -40,6 +44,12 @@ type job struct {
 	// Decode statistics, as questctl generate totals them.
 	pagesRead, pagesTotal int
 	readW, denseW         float64
+
+	// Guarded by the Server's mu: grid is the policy grid j's admission
+	// counted it on until its sequence is created (holdGrid), left says
+	// that j ended (a Create finishing after it releases its sequence).
+	grid *policyGrid
+	left bool
 
 	mu      sync.Mutex
 	notify  chan struct{} // cap 1: something new under mu

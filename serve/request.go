@@ -80,8 +80,11 @@ func (p Prompt) MarshalJSON() ([]byte, error) {
 // (quest, oracle, recent), GQA mode, sink or local pages other than the
 // policy's put the request's sequence on an engine of its own, built for
 // the request with the pages its admission reserved and released with
-// it (with Config.Cluster: on the cluster's grid of its policy). Either way the request decodes in the same batch as the others and
-// gets the tokens it would get alone on an engine of its settings.
+// it (with Config.Cluster: on the cluster's grid of its policy, which
+// stays open; past Config.PolicyGrids such grids a request with yet
+// other options gets 429). Either way the request decodes in the same
+// batch as the others and gets the tokens it would get alone on an
+// engine of its settings.
 type QuestOptions struct {
 	// Budget is the token budget per KV head and decode step (at least
 	// one page; the page budget is Budget / page size). It overrides the

@@ -35,7 +35,9 @@ func (s *Server) loop() {
 // iterate runs one scheduler iteration at a step boundary: jobs whose
 // context ended leave, queued jobs join up to MaxRunning, then up to
 // ChunkTokens prompt tokens are prefilled and every decoding job runs
-// one decode step, together. It reports whether there was work.
+// one decode step, together. It reports whether there was work (jobs
+// waiting for their cluster sequence are not: their Create wakes the
+// scheduler when it returns).
 func (s *Server) iterate() bool {
 	if s.hooks.iteration != nil {
 		s.hooks.iteration(s.ctx)
@@ -58,20 +60,29 @@ func (s *Server) iterate() bool {
 	}
 	running := slices.Clone(s.running)
 	s.mu.Unlock()
+	worked := len(gone) > 0
 	for _, j := range gone {
 		s.end(j, nil, ctxError(j.ctx), "")
 	}
+	if s.takeCreated() {
+		worked = true
+	}
 	if len(running) == 0 {
-		return len(gone) > 0
+		return worked
 	}
 	for _, j := range running {
-		if j.ctx.Err() != nil {
+		if j.ctx.Err() != nil && !j.ended {
 			s.end(j, nil, ctxError(j.ctx), "")
+			worked = true
 		}
 	}
-	s.prefill()
-	s.decode()
-	return true
+	if s.prefill() {
+		worked = true
+	}
+	if s.decode() {
+		worked = true
+	}
+	return worked
 }
 
 // live returns the running jobs in admission order.
@@ -83,8 +94,11 @@ func (s *Server) live() []*job {
 
 // prefill runs up to ChunkTokens prompt tokens of the jobs still
 // prefilling, shortest remaining prompt first, a chunk per job; a job whose prompt is done moves its keys
-// and values into the engine and samples its first token.
-func (s *Server) prefill() {
+// and values into the engine and samples its first token. On a cluster
+// a job's prefill starts once its sequence is created (startCreate). It
+// reports whether it ran a chunk or ended a job.
+func (s *Server) prefill() bool {
+	worked := false
 	budget := s.cfg.ChunkTokens
 	// Shortest remaining prompt first (the older among equals): a short
 	// prompt that arrives while a long one is being prefilled gets the
@@ -101,20 +115,23 @@ func (s *Server) prefill() {
 		return cmp.Compare(len(a.p.ids)-a.filled, len(b.p.ids)-b.filled)
 	})
 	for _, j := range pending {
-		if budget == 0 {
-			return
+		if j.ended {
+			continue
 		}
-		if j.dense == nil {
-			if s.cfg.Cluster != nil {
-				// The sequence first: a cluster without room for its
-				// grid fails the request before its prefill runs.
-				seq, err := s.createClusterSeq(j.ctx, j)
-				if err != nil {
-					s.end(j, nil, s.stepError(j, err), "")
-					continue
-				}
-				j.cseq = seq
+		if j.dense == nil && s.cfg.Cluster != nil && j.cseq == nil {
+			// The sequence first: a cluster without room for its grid
+			// fails the request before its prefill runs. Its Create
+			// (a grid opening, perhaps) runs off the scheduler.
+			if !j.creating {
+				s.startCreate(j)
 			}
+			continue
+		}
+		if budget == 0 {
+			continue // other jobs may still have Creates to start
+		}
+		worked = true
+		if j.dense == nil {
 			j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)
 			j.text = newStopText(j.p.stops)
 			sm, err := model.NewSampler(j.p.temperature, j.p.topP, j.p.seed)
@@ -142,6 +159,7 @@ func (s *Server) prefill() {
 		}
 		s.token(j, logits)
 	}
+	return worked
 }
 
 // load creates j's engine sequence, on the main engine or, when j's
@@ -179,8 +197,9 @@ func (s *Server) load(j *job) error {
 	return err
 }
 
-// decode runs one decode step for every job that has prefilled.
-func (s *Server) decode() {
+// decode runs one decode step for every job that has prefilled; it
+// reports whether there was one.
+func (s *Server) decode() bool {
 	var jobs []*job
 	var attns []model.Attention
 	var toks []int
@@ -190,7 +209,7 @@ func (s *Server) decode() {
 		}
 	}
 	if len(jobs) == 0 {
-		return
+		return false
 	}
 	if s.mon != nil {
 		for _, j := range jobs {
@@ -214,7 +233,7 @@ func (s *Server) decode() {
 		for _, j := range jobs {
 			s.end(j, nil, s.stepError(j, fmt.Errorf("decode step: %w", err)), "")
 		}
-		return
+		return true
 	}
 	for i, j := range jobs {
 		if be != nil && be.Errs[i] != nil {
@@ -228,6 +247,7 @@ func (s *Server) decode() {
 		j.denseW += float64(sm.PagesTotal)
 		s.token(j, logits[i])
 	}
+	return true
 }
 
 // token samples j's next token from logits and hands its text out; it
@@ -284,6 +304,10 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		j.eng = nil
 	}
 	j.dense = nil
+	if j.stopWake != nil {
+		j.stopWake()
+		j.stopWake = nil
+	}
 	res := result{err: err, usage: j.usage()}
 	if err == nil {
 		res.finish = finish
@@ -292,6 +316,11 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 	s.running = slices.DeleteFunc(s.running, func(x *job) bool { return x == j })
 	s.queue = slices.DeleteFunc(s.queue, func(x *job) bool { return x == j })
 	s.reserved -= j.pages
+	j.left = true
+	if !j.creating {
+		// A Create in flight settles its grid itself.
+		s.settleGrid(j, false)
+	}
 	switch {
 	case err == nil:
 		s.stats.Completed++
@@ -330,6 +359,8 @@ func (s *Server) shutdown() {
 	for _, j := range jobs {
 		s.end(j, nil, errClosed, "")
 	}
+	// Every job ended, so every Create's context is done.
+	s.waitCreates()
 }
 
 // count updates the statistics.

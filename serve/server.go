@@ -56,15 +56,24 @@ type Server struct {
 	// model).
 	replaying chan struct{}
 	replays   sync.WaitGroup
+	// creates owns the goroutines creating cluster sequences (the
+	// scheduler starts them and, stopping, waits for them).
+	creates sync.WaitGroup
 
-	mu        sync.Mutex
-	closed    bool
-	draining  bool
-	queue     []*job        // admitted, waiting for a running slot
-	running   []*job        // the scheduler's: prefilling or decoding
-	reserved  int           // pages per shard reserved by queued and running jobs
-	changed   chan struct{} // closed and replaced when a job ends
-	seq       uint64        // requests admitted so far
+	mu       sync.Mutex
+	closed   bool
+	draining bool
+	queue    []*job        // admitted, waiting for a running slot
+	running  []*job        // the scheduler's: prefilling or decoding
+	reserved int           // pages per shard reserved by queued and running jobs
+	changed  chan struct{} // closed and replaced when a job ends
+	seq      uint64        // requests admitted so far
+	// grids are the option sets other than Policy's with a grid on
+	// Config.Cluster, opened or being opened (PolicyGrids bounds them).
+	grids map[gridKey]*policyGrid
+	// made are the cluster sequences created for running jobs, not yet
+	// taken by the scheduler.
+	made      []madeSeq
 	stats     Stats
 	closeOnce sync.Once
 }
@@ -107,6 +116,12 @@ type Stats struct {
 	// OwnEnginesOpen is the own engines not closed yet (their request or
 	// a monitor replay on them still running); 0 with Config.Cluster.
 	OwnEnginesOpen int
+	// PolicyGrids, with Config.Cluster, is the option sets other than
+	// the policy's whose grid is open or being opened (at most
+	// Config.PolicyGrids); PolicyGridsRefused counts the requests
+	// refused (429) because theirs would open one more.
+	PolicyGrids        int
+	PolicyGridsRefused uint64
 	// The quality monitor's (layer, KV head) samples: taken, dropped
 	// because the replay queue was full, replayed, and failed (a fork or
 	// replay error, or the request's step failing).
@@ -171,7 +186,8 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	}
 	*s = Server{cfg: cfg, hooks: hk, name: cfg.ModelName, m: m, tok: tok, stopIDs: model.StopIDs(tok, m.Config), eng: eng,
 		main: main, maxContext: m.Config.MaxPositions, log: log, now: now,
-		stop: make(chan struct{}), exited: make(chan struct{}), wake: make(chan struct{}, 1), changed: make(chan struct{})}
+		stop: make(chan struct{}), exited: make(chan struct{}), wake: make(chan struct{}, 1), changed: make(chan struct{}),
+		grids: map[gridKey]*policyGrid{}}
 	if cfg.MaxContext > 0 && (s.maxContext == 0 || cfg.MaxContext < s.maxContext) {
 		s.maxContext = cfg.MaxContext
 	}
@@ -223,6 +239,7 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	st := s.stats
 	st.Running, st.Queued, st.ReservedPages = len(s.running), len(s.queue), s.reserved
+	st.PolicyGrids = len(s.grids)
 	s.mu.Unlock()
 	if mo := s.mon; mo != nil {
 		st.MonitorSampled, st.MonitorDropped = mo.sampled.Load(), mo.dropped.Load()
@@ -322,6 +339,10 @@ func (s *Server) admit(j *job) *apiError {
 		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
 			message: fmt.Sprintf("The request needs %d KV pages; %d of the pool's %d are free of other requests' reservations; retry later.", j.pages, s.cfg.CapacityPages-s.reserved, s.cfg.CapacityPages)})
 	}
+	if aerr := s.holdGrid(j); aerr != nil {
+		s.stats.PolicyGridsRefused++
+		return refuse(aerr)
+	}
 	s.reserved += j.pages
 	j.keep = s.cfg.History > 0
 	s.seq++
@@ -332,10 +353,7 @@ func (s *Server) admit(j *job) *apiError {
 		j.p.seed = s.cfg.Seed ^ (s.seq * 0x9e3779b97f4a7c15)
 	}
 	s.queue = append(s.queue, j)
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.poke()
 	return nil
 }
 

@@ -196,9 +196,14 @@ type Config struct {
 	// the grid again (its first Create, or the Decode API's Recovered
 	// call, which opens the grid of the node's config): under their old
 	// ids, at the length every rank kept, the lost tail tokens reported
-	// (Recovered, Status) for the client to append again. Sequences some
-	// rank lost are freed and reported damaged. Default "": no
-	// persistence.
+	// (Recovered, Status) for the client to append again. A sequence is
+	// adopted only by a grid on the nodes it was placed on; on other
+	// nodes (one of its nodes not up yet after a full restart) it stays
+	// parked on disk for a later grid of its placement. Sequences a node
+	// of their placement lost are freed and reported damaged; those
+	// whose adoption failed otherwise (a timeout, a node unavailable)
+	// stay parked and are reported damaged with parked set. Default "":
+	// no persistence.
 	DataDir string
 	// Durability is when persisted changes become durable: sync (every
 	// page seal and sequence change is fsynced before it returns) or
@@ -293,6 +298,13 @@ type Config struct {
 	// pages spread over them) and tensor-parallel ranks (the model's KV
 	// heads split over them). Default 1 x 1.
 	ServeCP, ServeTP int
+	// ServePolicyGrids bounds, with ServeLayout cluster, the grids
+	// opened for requests whose quest options (selector, gqa, sink,
+	// local) differ from the node's policy (serve.Config.PolicyGrids):
+	// each stays open while this node runs, every rank reserving
+	// ServePages pages, and a request that would open one more gets 429
+	// [--serve-policy-grids]. Default 2.
+	ServePolicyGrids int
 	// MonitorRate is the fraction of decode steps' (layer, KV head) pairs
 	// the quality monitor replays with dense attention on the side
 	// [--monitor-rate], 0..1. Default 0: off.
@@ -591,7 +603,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.bool(&c.PrefetchCrossLayer, "prefetch-cross-layer", false, "offload: prefetch the next layer's pages too (needs --prefetch-pages)")
 
 	d.group("Persistence")
-	d.str(&c.DataDir, "data-dir", "", "`dir` the grids hosted here persist their sequences in, one subdirectory per grid (coordinator and shape): a restart on the same dir (same --name) recovers them when the grid opens again (the first Create, or the Decode API's Recovered call, which lists them under their old ids with the tail tokens lost, to append again); one questd per dir (default: no persistence)")
+	d.str(&c.DataDir, "data-dir", "", "`dir` the grids hosted here persist their sequences in, one subdirectory per grid (coordinator and shape): a restart on the same dir (same --name) recovers them when the grid opens again on the same nodes (the first Create, or the Decode API's Recovered call, which lists them under their old ids with the tail tokens lost, to append again; a grid on other nodes leaves them parked); one questd per dir (default: no persistence)")
 	d.text("durability", "sync", "with --data-dir: sync (each sealed page and sequence change is fsynced before the call returns) or periodic (flushed every --sync-interval; a crash loses up to that much more)", func(s string) error {
 		switch s {
 		case "sync":
@@ -634,6 +646,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	})
 	d.int(&c.ServeCP, "serve-cp", 1, "context-parallel ranks of every served request's sequence (its pages are spread over them): in-process shards, or ranks on the cluster's nodes with --serve-layout cluster")
 	d.int(&c.ServeTP, "serve-tp", 1, "tensor-parallel ranks of every served request's sequence (the model's KV heads are split over them; must divide them)")
+	d.int(&c.ServePolicyGrids, "serve-policy-grids", 2, "with --serve-layout cluster: grids opened for requests whose quest selector, gqa, sink or local differ from --policy's, at most; each stays open while this node runs (every rank reserving --serve-capacity-pages, so the nodes reserve up to 1 + this many pools per rank), and a request that would open one more gets 429; 0: only --policy's options on the cluster")
 	d.text("monitor-rate", "0", "fraction `R` (0..1) of decode steps, per layer and KV head, replayed with dense attention off the requests' path: page recall, attention-mass recall and output error histograms by layer on /metrics; 0 is off", func(v string) error {
 		r, err := strconv.ParseFloat(v, 64)
 		if err != nil || !(r >= 0 && r <= 1) {
@@ -1253,6 +1266,8 @@ func (c Config) Validate() error {
 		return bad("serve-cp", itoa(c.ServeCP), "want 1..64")
 	case c.ServeTP < 1 || c.ServeTP > 64:
 		return bad("serve-tp", itoa(c.ServeTP), "want 1..64")
+	case c.ServePolicyGrids < 0:
+		return bad("serve-policy-grids", itoa(c.ServePolicyGrids), "must not be negative")
 	case c.Model == "" && c.ServeLayout != "local":
 		return bad("serve-layout", c.ServeLayout, "needs --model and --http-addr (the completions API whose KV pages it places)")
 	case c.Model == "" && (c.ServeCP != 1 || c.ServeTP != 1):

@@ -68,7 +68,7 @@ func TestDefaults(t *testing.T) {
 		GossipInterval: 200 * time.Millisecond, DeadNodeReclaim: 5 * time.Second, DrainTimeout: 10 * time.Second,
 		MetricsAddr: "127.0.0.1:9464", LogLevel: slog.LevelInfo, LogFormat: "text", ReadyFile: "", ConfigFile: "",
 		Model: "", HTTPAddr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, ServePages: 4096, MonitorQueue: 64, RequestHistory: 64,
-		ServeLayout: "local", ServeCP: 1, ServeTP: 1,
+		ServeLayout: "local", ServeCP: 1, ServeTP: 1, ServePolicyGrids: 2,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)

@@ -33,6 +33,7 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc.ModelName = c.ModelName
 	sc.Policy = c.engineConfig().Policy
 	sc.CP, sc.TP = c.ServeCP, c.ServeTP
+	sc.PolicyGrids = c.ServePolicyGrids
 	sc.CapacityPages = c.ServePages
 	sc.MemoryLimit = c.MaxMemory
 	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.MaxRunning, c.MaxQueued, c.PrefillChunk

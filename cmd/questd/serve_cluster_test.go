@@ -155,6 +155,7 @@ func TestServeLayoutFlags(t *testing.T) {
 		{[]string{"--serve-tp", "2"}, "--serve-cp 1 x --serve-tp 2"},
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-cp", "0"}, "--serve-cp"},
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-tp", "65"}, "--serve-tp"},
+		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-policy-grids", "-1"}, "--serve-policy-grids"},
 		// 9000 pages per rank on a node of 8 x 1024.
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-capacity-pages", "9000"}, "--serve-capacity-pages"},
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--max-pages", "4100", "--monitor-rate", "0.1"}, "--max-pages 4100"},
@@ -173,6 +174,27 @@ func TestServeLayoutFlags(t *testing.T) {
 		err = serve(t.Context(), cfg, slog.New(slog.DiscardHandler), io.Discard, prometheus.NewRegistry(), nil)
 		if err == nil || !strings.Contains(err.Error(), "--serve-tp 3") || !strings.Contains(err.Error(), "tp 3 does not divide the model's 2 KV heads") {
 			t.Errorf("--serve-layout %s --serve-tp 3: %v", layout, err)
+		}
+	}
+}
+
+// TestServePolicyGridsFlag: --serve-policy-grids is the serve package's
+// bound on the grids of requests' own quest options (default 2).
+func TestServePolicyGridsFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 2},
+		{[]string{"--serve-policy-grids", "0"}, 0},
+		{[]string{"--serve-policy-grids", "5"}, 5},
+	} {
+		cfg, err := load(t, nil, append([]string{"--insecure", "--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if sc := cfg.serveConfig(nil); sc.PolicyGrids != c.want {
+			t.Errorf("%v: serve config PolicyGrids %d, want %d", c.args, sc.PolicyGrids, c.want)
 		}
 	}
 }
