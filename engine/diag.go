@@ -144,6 +144,7 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 			next[h] = 0
 		}
 		var slack shard.SlackStats
+		stride := shard.SlackStride(np)
 		// Page by page in global order (each page's keys read once per TP
 		// rank), every head's tokens in ascending order.
 		blk := c.PageSize * d
@@ -168,7 +169,9 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 					for t := range valid {
 						stats[h].Add(float64(kernels.Dot(q, page[t*d:(t+1)*d]))*scale, in)
 					}
-					slack.Add(shard.PageSlack(q, page, valid, d))
+					if p%stride == 0 {
+						slack.Add(shard.PageSlack(q, page, valid, d))
+					}
 				}
 			}
 		}

@@ -100,7 +100,8 @@ type LayerRecord struct {
 	WorstMassRecall *float64 `json:"worst_mass_recall,omitempty"`
 	// SlackP50 and SlackP90 are the median and 90th percentile of the page
 	// slack g_p(q) = U_p(q) - max_r q.k_r over (query head, page) pairs
-	// (logit units; mean over the sparse steps with diagnostics),
+	// (logit units; mean over the sparse steps with diagnostics; at most
+	// shard.SlackPages pages per sequence and step, evenly strided),
 	// SlackMax the largest seen: how loose the Quest bound is.
 	SlackP50 *float64 `json:"slack_p50,omitempty"`
 	SlackP90 *float64 `json:"slack_p90,omitempty"`

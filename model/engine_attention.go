@@ -73,8 +73,9 @@ type StepInfo struct {
 	HeadRecall, HeadMassRecall []float64
 	// SlackP50, SlackP90 and SlackMax summarize the page slack g_p(q) =
 	// U_p(q) - max_r q.k_r over the step's (query head, page) pairs, in
-	// logit units (shard.PageSlack): valid when Diag (NaN when the
-	// attention cannot compute it).
+	// logit units (shard.PageSlack; every shard.SlackStride-th page of a
+	// long sequence): valid when Diag (NaN when the attention cannot
+	// compute it).
 	SlackP50, SlackP90, SlackMax float64
 	// Cosine and RelL2 per query head of the output against dense
 	// attention on the same pages: set when Compare.

@@ -93,6 +93,7 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	scale := 1 / math.Sqrt(float64(d))
 	next := make([]int, sh.QHeads) // per head: the first entry of Selected not below p
 	var slack SlackStats
+	stride := SlackStride(np)
 	for p := range np {
 		kp, err := keys.Keys(ctx, p)
 		if err != nil {
@@ -113,7 +114,9 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 			for t := range n {
 				stats[h].Add(float64(kernels.Dot(qh, kp[base+t*d:][:d]))*scale, in)
 			}
-			slack.Add(PageSlack(qh, kp[base:], n, d))
+			if p%stride == 0 {
+				slack.Add(PageSlack(qh, kp[base:], n, d))
+			}
 		}
 	}
 	for _, ts := range stats {

@@ -349,8 +349,11 @@ type Diagnostics struct {
 	// step's attention vs by dense attention.
 	PagesRead, PagesTotal int
 	// SlackP50, SlackP90 and SlackMax summarize the page slack g_p(q) =
-	// U_p(q) - max_r q.k_r (see [PageSlack]; logit units) over every
-	// (query head, page) pair of the step: how loose the Quest bound is.
+	// U_p(q) - max_r q.k_r (see [PageSlack]; logit units) over the
+	// (query head, page) pairs of the step: how loose the Quest bound is.
+	// Sequences of more than [SlackPages] pages are sampled: every
+	// [SlackStride]-th page (their quantiles and maximum are the
+	// sample's).
 	SlackP50, SlackP90, SlackMax float64
 }
 

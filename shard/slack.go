@@ -37,6 +37,17 @@ func PageSlack(q, page []float32, n, d int) float64 {
 	return (u - best) / math.Sqrt(float64(d))
 }
 
+// SlackPages bounds the pages per sequence and step whose slack the
+// diagnostics compute: float64 over every key of a page per query head
+// costs more than the rest of a diagnostic step, so long sequences are
+// sampled (see [SlackStride]).
+const SlackPages = 256
+
+// SlackStride returns the stride of the pages whose slack a step of np
+// pages records: every page up to [SlackPages] pages, else every
+// ceil(np/SlackPages)-th page (page 0, stride, 2*stride, ...).
+func SlackStride(np int) int { return max(1, (np+SlackPages-1)/SlackPages) }
+
 // SlackStats collects the page slacks of one step's (query head, page)
 // pairs and summarizes them.
 type SlackStats struct{ v []float64 }
