@@ -36,6 +36,7 @@ const (
 // serveBenchConfig is one run of 'questctl bench serve'.
 type serveBenchConfig struct {
 	addr          string // HOST:PORT of the completions API
+	token         string // the API's bearer token (--token-file), or ""
 	model         string // "" until asked: the server's model
 	concurrency   []int
 	selectors     []string
@@ -145,6 +146,7 @@ prefill:
 The server must be up: one that does not answer GET /v1/models is a
 one-line error (exit 1).`)
 	fs.StringVar(&c.addr, "addr", "", "HOST:PORT of the completions API (questd's --http-addr; required)")
+	tokenFile := fs.String("token-file", "", "`file` holding the server's bearer token (questd --token-file), sent as \"Authorization: Bearer <token>\"")
 	fs.StringVar(&c.model, "model", "", "model id to request (default: the one GET /v1/models lists first)")
 	conc := fs.String("concurrency", "1,4,16", fmt.Sprintf("comma-separated requests in flight, one level each (1..%d)", serveMaxConcurrency))
 	sels := fs.String("selector", "quest,dense", "comma-separated selectors, each run on the same prompts: quest, dense")
@@ -160,6 +162,9 @@ one-line error (exit 1).`)
 		var err error
 		if !flagSet(fs, "addr") {
 			return usageError{errors.New("--addr is required: the HOST:PORT of the completions API (questd's --http-addr)")}
+		}
+		if c.token, err = readTokenFile(*tokenFile); err != nil {
+			return usageError{fmt.Errorf("--token-file %q: %v", *tokenFile, err)}
 		}
 		if err := checkHostPort(c.addr); err != nil {
 			return usageError{fmt.Errorf("--addr %q: %v", c.addr, err)}
@@ -267,7 +272,7 @@ type serveClient struct {
 func benchServe(ctx context.Context, c serveBenchConfig, progress io.Writer, emit func(serveBenchResult) error) error {
 	tr := &http.Transport{MaxIdleConns: 4 * serveMaxConcurrency, MaxIdleConnsPerHost: 2 * serveMaxConcurrency, DisableCompression: true}
 	defer tr.CloseIdleConnections()
-	cl := &serveClient{base: "http://" + c.addr, http: &http.Client{Transport: tr}, cfg: c, errOut: progress}
+	cl := &serveClient{base: "http://" + c.addr, http: &http.Client{Transport: withBearer(tr, c.token)}, cfg: c, errOut: progress}
 	model, err := cl.modelID(ctx)
 	if err != nil {
 		return err
@@ -697,4 +702,25 @@ func writeServeTable(w io.Writer, rows []serveBenchResult) {
 			r.Selector, r.Concurrency, bg, r.Requests, r.Completed, r.TTFTP50MS, r.TTFTP99MS, r.ITLP50MS, r.ITLP99MS,
 			r.OutputTokensPerS, r.Correct, r.Completed, r.WallS, during, vs, r.LoadAvg1)
 	}
+}
+
+// bearer adds "Authorization: Bearer <token>" to every request it sends.
+type bearer struct {
+	token string
+	rt    http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.rt.RoundTrip(r)
+}
+
+// withBearer returns rt sending token as a bearer token (rt itself
+// when token is "").
+func withBearer(rt http.RoundTripper, token string) http.RoundTripper {
+	if token == "" {
+		return rt
+	}
+	return bearer{token: token, rt: rt}
 }

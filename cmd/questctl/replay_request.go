@@ -76,6 +76,7 @@ or an http:// URL. An unknown or forgotten ID is a one-line error
 (exit 1).`)
 	addr := fs.String("addr", "", "the completions API of a questd (its --http-addr), HOST:PORT or http://HOST:PORT (required)")
 	asJSON := fs.Bool("json", false, "print the replay report as one JSON line")
+	tokenFile := fs.String("token-file", "", "`file` holding the server's bearer token (questd --token-file), sent as \"Authorization: Bearer <token>\"")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up when the replay has not finished within this time")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		switch {
@@ -90,9 +91,13 @@ or an http:// URL. An unknown or forgotten ID is a one-line error
 		if err != nil {
 			return usageError{fmt.Errorf("--addr %q: %v", *addr, err)}
 		}
+		token, err := readTokenFile(*tokenFile)
+		if err != nil {
+			return usageError{fmt.Errorf("--token-file %q: %v", *tokenFile, err)}
+		}
 		ctx, cancel := context.WithTimeout(ctx, *timeout)
 		defer cancel()
-		rep, raw, err := fetchReplay(ctx, base, id)
+		rep, raw, err := fetchReplay(ctx, &http.Client{Transport: withBearer(http.DefaultTransport, token)}, base, id)
 		if err != nil {
 			return err
 		}
@@ -120,12 +125,12 @@ func apiBase(addr string) (string, error) {
 }
 
 // fetchReplay asks the server for the dense replay of id.
-func fetchReplay(ctx context.Context, base, id string) (*completion.ReplayReport, []byte, error) {
+func fetchReplay(ctx context.Context, cl *http.Client, base, id string) (*completion.ReplayReport, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/admin/requests/"+url.PathEscape(id)+"/replay", nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("request %s: %w", id, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := cl.Do(req)
 	if err != nil {
 		return nil, nil, fmt.Errorf("request %s: %w", id, err)
 	}

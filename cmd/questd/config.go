@@ -552,7 +552,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.str(&c.TLSCert, "tls-cert", "", "PEM `file` of this node's certificate for mutual TLS (required with --tls-key and --tls-ca unless --insecure; SIGHUP reloads the three)")
 	d.str(&c.TLSKey, "tls-key", "", "PEM `file` of this node's private key for mutual TLS")
 	d.str(&c.TLSCA, "tls-ca", "", "PEM `file` of the CA that signs every node's and client's certificate")
-	d.str(&c.TokenFile, "token-file", "", "`file` holding the bearer token every client API call must carry as \"authorization: Bearer <token>\" (default: no token)")
+	d.str(&c.TokenFile, "token-file", "", "`file` holding the bearer token every client API call, and every request of the completions API (--http-addr; OpenAI clients send it as their API key), must carry as \"authorization: Bearer <token>\" (default: no token)")
 
 	d.group("Model geometry and grid (the same on every node)")
 	d.int(&c.Layers, "layers", 4, "transformer layers")

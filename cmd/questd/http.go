@@ -66,7 +66,7 @@ func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *
 			return nil, fmt.Errorf("monitor metrics: %w", err)
 		}
 	}
-	h, err := startHTTP("http-addr", cfg.HTTPAddr, srv, log)
+	h, err := startHTTP("http-addr", cfg.HTTPAddr, requireToken(cfg.Token, srv), log)
 	if err != nil {
 		srv.Close()
 		return nil, err
