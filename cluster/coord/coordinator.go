@@ -47,6 +47,12 @@ type Config struct {
 	// OpenTimeout bounds the opening of a grid on its nodes, and each
 	// adoption of a sequence they recovered (10s).
 	OpenTimeout time.Duration
+	// GridIdle, when positive, closes a grid (on its nodes too, freeing
+	// the pages its ranks reserve) once it has held no sequence for that
+	// long; the next Create for its config and placement opens a fresh
+	// one. 0 (the default) keeps every grid open until the coordinator
+	// closes or the grid is lost.
+	GridIdle time.Duration
 	// Logger receives the coordinator's logs (default: discard).
 	Logger *slog.Logger
 	// Observe, when set, is called once after every Step and Decode this
@@ -304,6 +310,11 @@ type grid struct {
 	workers []string // the node of each entry of ranks and clients
 	lost    error    // set once the grid lost a node
 	seqs    int
+	// pending counts the Creates that got the grid from gridFor and have
+	// not registered their sequence yet; idle is the timer that closes
+	// the grid when it stays empty (Config.GridIdle).
+	pending int
+	idle    *time.Timer
 	// ctx ends when the grid is lost (its cause the loss): the steps in
 	// flight on it end at once instead of at their deadline.
 	ctx    context.Context
@@ -421,10 +432,19 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 	if err != nil {
 		return Created{}, err
 	}
+	// g.pending counts this Create until its sequence is registered (or
+	// it fails): an idle grid is not closed under it.
+	done := func(g *grid) {
+		c.mu.Lock()
+		g.pending--
+		c.idleLocked(g)
+		c.mu.Unlock()
+	}
 	// The engine id is the sequence's number (the workers' tables keep
 	// it: an adopted sequence keeps its name, see adopt.go).
 	n, err := c.number()
 	if err != nil {
+		done(g)
 		return Created{}, err
 	}
 	id := engine.SeqID(n)
@@ -434,6 +454,7 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 		// this coordinator gone, or restarted): lose it and create on a
 		// fresh grid once.
 		c.check(g, err)
+		done(g)
 		if g, err = c.gridFor(ctx, cfg); err != nil {
 			return Created{}, err
 		}
@@ -441,10 +462,12 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 	}
 	if err != nil {
 		c.check(g, err)
+		done(g)
 		return Created{}, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	g.pending--
 	if c.closed {
 		return Created{}, ErrClosed
 	}
@@ -484,6 +507,7 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 		}
 		key := kb.String()
 		if g, ok := c.grids[key]; ok && g.lost == nil {
+			g.pending++
 			c.mu.Unlock()
 			return g, nil
 		}
@@ -512,6 +536,9 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 		c.mu.Lock()
 		delete(c.opening, key)
 		close(done)
+		if err == nil {
+			g.pending++
+		}
 		c.mu.Unlock()
 		return g, err
 	}
@@ -793,12 +820,34 @@ func (c *Coordinator) Release(ctx context.Context, id string) error {
 	}
 	err := s.g.eng.Release(s.id)
 	c.check(s.g, err)
+	c.mu.Lock()
 	if err != nil {
-		c.mu.Lock()
 		c.rememberReleasedLocked(id)
-		c.mu.Unlock()
 	}
+	c.idleLocked(s.g)
+	c.mu.Unlock()
 	return err
+}
+
+// idleLocked arms g's idle timer when g holds no sequence and no Create
+// is registering one (Config.GridIdle; c.mu held). The timer's callback
+// closes g if it is still empty then.
+func (c *Coordinator) idleLocked(g *grid) {
+	if c.cfg.GridIdle <= 0 || c.closed || g.lost != nil || g.seqs > 0 || g.pending > 0 || c.grids[g.key] != g {
+		return
+	}
+	if g.idle != nil {
+		g.idle.Stop()
+	}
+	g.idle = time.AfterFunc(c.cfg.GridIdle, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.closed || g.lost != nil || g.seqs > 0 || g.pending > 0 || c.grids[g.key] != g {
+			return
+		}
+		c.log.Info("grid idle: closing it", "grid", g.ref.Grid, "nodes", g.nodes, "idle", c.cfg.GridIdle)
+		c.dropLocked(g)
+	})
 }
 
 // rememberReleasedLocked records id in c.released, forgetting the
@@ -1041,6 +1090,9 @@ func (c *Coordinator) Close() error {
 	}
 	c.closed = true
 	for _, g := range c.grids {
+		if g.idle != nil {
+			g.idle.Stop() // a callback already running sees c.closed
+		}
 		if g.lost == nil {
 			c.closeGrid(g)
 		}

@@ -79,6 +79,9 @@ type Config struct {
 	Token string
 	// DrainTimeout bounds how long Stop waits for in-flight calls (10s).
 	DrainTimeout time.Duration
+	// GridIdle is the coordinator's idle-grid timeout
+	// (coord.Config.GridIdle; 0: grids stay open).
+	GridIdle time.Duration
 	// MetaInterval is how often the node checks its free pages and
 	// updates its gossip meta when they changed (1s).
 	MetaInterval time.Duration
@@ -206,7 +209,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	}
 	n.pool = &pool{creds: creds, m: map[string]*grpc.ClientConn{}}
 	if n.co, err = coord.New(coord.Config{Name: mc.Name, Instance: n.m.Instance(), Engine: cfg.Engine, View: n.m.View, Conn: n.pool.get,
-		Logger: log.With("component", "coordinator"), Observe: cfg.Observe}); err != nil {
+		GridIdle: cfg.GridIdle, Logger: log.With("component", "coordinator"), Observe: cfg.Observe}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	ds, err := coord.NewServer(coord.ServerConfig{Coordinator: n.co, Status: func(r *decodev1.StatusReply) {

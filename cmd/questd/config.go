@@ -246,6 +246,12 @@ type Config struct {
 	// [--drain-timeout]. Default 10s.
 	DrainTimeout time.Duration
 
+	// GridIdle closes a grid this node coordinates once it has held no
+	// sequence for that long, freeing the pages its ranks reserve on
+	// their nodes; 0 keeps grids open until the node stops
+	// [--grid-idle-timeout]. Default 1m.
+	GridIdle time.Duration
+
 	// MetricsAddr is the listen address of the HTTP server of /metrics
 	// (Prometheus), /healthz and /readyz, host:port with an IP or empty
 	// host; port 0 picks a free port; "" disables the server
@@ -301,7 +307,8 @@ type Config struct {
 	// ServePolicyGrids bounds, with ServeLayout cluster, the grids
 	// opened for requests whose quest options (selector, gqa, sink,
 	// local) differ from the node's policy (serve.Config.PolicyGrids):
-	// each stays open while this node runs, every rank reserving
+	// each counts while this node runs (the coordinator may close it
+	// once idle, --grid-idle-timeout, and reopen it), every rank reserving
 	// ServePages pages, and a request that would open one more gets 429
 	// [--serve-policy-grids]. Default 2.
 	ServePolicyGrids int
@@ -625,6 +632,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.dur(&c.GossipInterval, "gossip-interval", 200*time.Millisecond, "time between two gossip rounds (joins, failures and meta updates spread by them)")
 	d.dur(&c.DeadNodeReclaim, "dead-node-reclaim", 5*time.Second, "how long after a member is declared dead a restarted node may take over its name from another address")
 	d.dur(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long SIGTERM or SIGINT waits for in-flight steps before leaving the cluster (0: leave at once)")
+	d.dur(&c.GridIdle, "grid-idle-timeout", time.Minute, "close a grid this node coordinates once it has held no sequence for this long, freeing the pages its ranks reserve on every node (a grid per sequence config and placement; 0: keep grids open until the node stops)")
 
 	d.group("Metrics and probes")
 	d.str(&c.MetricsAddr, "metrics-addr", "127.0.0.1:9464", "listen `host:port` of the HTTP server of /metrics (Prometheus), /healthz and /readyz; an IP or empty host; port 0 picks a free port; \"\" disables it")
@@ -646,7 +654,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	})
 	d.int(&c.ServeCP, "serve-cp", 1, "context-parallel ranks of every served request's sequence (its pages are spread over them): in-process shards, or ranks on the cluster's nodes with --serve-layout cluster")
 	d.int(&c.ServeTP, "serve-tp", 1, "tensor-parallel ranks of every served request's sequence (the model's KV heads are split over them; must divide them)")
-	d.int(&c.ServePolicyGrids, "serve-policy-grids", 2, "with --serve-layout cluster: grids opened for requests whose quest selector, gqa, sink or local differ from --policy's, at most; each stays open while this node runs (every rank reserving --serve-capacity-pages, so the nodes reserve up to 1 + this many pools per rank), and a request that would open one more gets 429; 0: only --policy's options on the cluster")
+	d.int(&c.ServePolicyGrids, "serve-policy-grids", 2, "with --serve-layout cluster: grids opened for requests whose quest selector, gqa, sink or local differ from --policy's, at most; each counts while this node runs, even once the coordinator closed it idle (every rank reserving --serve-capacity-pages, so the nodes reserve up to 1 + this many pools per rank), and a request that would open one more gets 429; 0: only --policy's options on the cluster")
 	d.text("monitor-rate", "0", "fraction `R` (0..1) of decode steps, per layer and KV head, replayed with dense attention off the requests' path: page recall, attention-mass recall and output error histograms by layer on /metrics; 0 is off", func(v string) error {
 		r, err := strconv.ParseFloat(v, 64)
 		if err != nil || !(r >= 0 && r <= 1) {
@@ -1404,6 +1412,8 @@ func (c Config) Validate() error {
 		return bad("probe-timeout", c.ProbeTimeout.String(), "must be below --probe-interval %v", c.ProbeInterval)
 	case c.DrainTimeout < 0:
 		return bad("drain-timeout", c.DrainTimeout.String(), "must not be negative")
+	case c.GridIdle < 0:
+		return bad("grid-idle-timeout", c.GridIdle.String(), "must not be negative (0 keeps grids open)")
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return bad("log-format", c.LogFormat, "want text or json")
 	}

@@ -124,7 +124,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	n, err := node.Start(ctx, node.Config{
 		GRPCAddr: cfg.GRPCAddr, Advertise: cfg.Advertise, GRPCAdvertise: cfg.GRPCAdvertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
 		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext, Token: cfg.Token,
-		DrainTimeout: cfg.DrainTimeout, Version: version, Logger: log, Observe: m.observe,
+		DrainTimeout: cfg.DrainTimeout, GridIdle: cfg.GridIdle, Version: version, Logger: log, Observe: m.observe,
 		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval,
 	})
 	if err != nil {
