@@ -109,10 +109,11 @@ nodes" (with --json, one JSON object per node instead, with "tls_dir"
 under TLS). Everything up to there must happen within --timeout, or up
 stops the nodes it started and exits 1.
 
-A node that exits by itself is reported with its exit status; up then
-stops the others and exits 1. On SIGINT or SIGTERM up sends SIGTERM to
-every node, waits --stop-timeout for them to drain and leave, kills the
-rest and exits 0. On Linux the nodes also get SIGTERM if questctl dies
+A node that exits by itself (a crash, kill -9) is reported with its exit
+status and the others keep running, as a cluster does without it; once
+every node has exited up exits 1. On SIGINT or SIGTERM up sends SIGTERM
+to every node, waits --stop-timeout for them to drain and leave, kills
+the rest and exits 0, or 1 when some node had exited by itself before. On Linux the nodes also get SIGTERM if questctl dies
 (a killed questctl leaves its temporary TLS directory behind).
 
 questd is --questd, else a questd next to the questctl executable, else
@@ -295,6 +296,7 @@ questd on $PATH.`)
 		// A node that exits by itself (a crash, kill -9) is reported and the
 		// others keep running, as a cluster does without it; up ends on a
 		// signal, or with an error once every node has exited.
+		var crashed []string // nodes that exited by themselves
 		for left := len(c.nodes); left > 0; {
 			select {
 			case <-sigCtx.Done():
@@ -311,6 +313,7 @@ questd on $PATH.`)
 				case <-time.After(200 * time.Millisecond):
 				}
 				left--
+				crashed = append(crashed, fmt.Sprintf("%s (%s)", n.name, n.exitStatus()))
 				fmt.Fprintf(errw, "questctl up: %s (pid %d) exited by itself (%s); %d node(s) still running\n", n.name, n.pid, n.exitStatus(), left)
 				if left == 0 {
 					c.stop(*stopTimeout)
@@ -320,6 +323,9 @@ questd on $PATH.`)
 		}
 		fmt.Fprintf(errw, "questctl up: stopping %d node(s)\n", len(c.nodes))
 		c.stop(*stopTimeout)
+		if len(crashed) > 0 {
+			return fmt.Errorf("stopped; before that %d node(s) exited by themselves: %s", len(crashed), strings.Join(crashed, ", "))
+		}
 		return nil
 	}
 }
