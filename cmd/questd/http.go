@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -76,13 +77,22 @@ func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *
 }
 
 // stop drains the API (new requests get 503, admitted ones finish within
-// ctx), then closes the HTTP server and the model.
+// ctx), then closes the model, which fails the requests still running
+// (503; a stream gets an error event and its end) while their
+// connections are still open, so that their clients learn why, and then
+// the HTTP server (up to stopFlush for those answers to go out).
 func (c *completions) stop(ctx context.Context, log *slog.Logger) {
 	if err := c.srv.Drain(ctx); err != nil {
 		log.Warn("completions drain", "err", err)
 	}
-	c.http.shutdown(ctx)
 	if err := c.srv.Close(); err != nil {
 		log.Warn("completions close", "err", err)
 	}
+	fctx, cancel := context.WithTimeout(context.Background(), stopFlush)
+	defer cancel()
+	c.http.shutdown(fctx)
 }
+
+// stopFlush bounds how long the completions API's HTTP server waits, at
+// a stop, for the answers of the requests the drain did not finish.
+const stopFlush = 2 * time.Second
