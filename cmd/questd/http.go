@@ -61,6 +61,10 @@ func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *
 	if err != nil {
 		return nil, fmt.Errorf("--model %q (--serve-layout %s, --serve-cp %d, --serve-tp %d): %w", cfg.Model, cfg.ServeLayout, cfg.ServeCP, cfg.ServeTP, err)
 	}
+	if err := reg.Register(newServeCounts(srv)); err != nil {
+		srv.Close()
+		return nil, fmt.Errorf("serve metrics: %w", err)
+	}
 	if sc.Monitor.Rate > 0 {
 		if err := reg.Register(newMonitorCounts(srv)); err != nil {
 			srv.Close()

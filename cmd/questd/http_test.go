@@ -63,6 +63,28 @@ func TestServeCompletions(t *testing.T) {
 	if out.Usage.CompletionTokens != 5 || out.Usage.PagesTotal == 0 {
 		t.Errorf("usage %+v", out.Usage)
 	}
+	// The API's counters on /metrics: one request admitted and
+	// completed, its 5 tokens, nothing running or queued any more.
+	mf := scrape(t, ready["metrics"])
+	for _, c := range []struct {
+		name, label, value string
+		want               float64
+	}{
+		{"questrt_serve_requests_total", "outcome", "admitted", 1},
+		{"questrt_serve_requests_total", "outcome", "completed", 1},
+		{"questrt_serve_requests_total", "outcome", "failed", 0},
+		{"questrt_serve_tokens_total", "kind", "completion", 5},
+	} {
+		if got := metric(t, mf, c.name, c.label, c.value).GetCounter().GetValue(); got != c.want {
+			t.Errorf("%s{%s=%q} = %v, want %v", c.name, c.label, c.value, got, c.want)
+		}
+	}
+	if got := metric(t, mf, "questrt_serve_requests", "state", "running").GetGauge().GetValue(); got != 0 {
+		t.Errorf("questrt_serve_requests{state=running} = %v after the request, want 0", got)
+	}
+	if got := metric(t, mf, "questrt_serve_tokens_total", "kind", "prompt").GetCounter().GetValue(); got < 50 {
+		t.Errorf("questrt_serve_tokens_total{kind=prompt} = %v, want the prompt's tokens", got)
+	}
 	if err := stop(); err != nil {
 		t.Fatalf("serve after the signal: %v", err)
 	}

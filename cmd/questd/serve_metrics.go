@@ -1,0 +1,63 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	completion "github.com/questrt/questrt/serve"
+)
+
+// serveCounts exports the completions API's counters (serve.Stats) on
+// /metrics: requests by state and outcome, tokens, decode steps and
+// batch, prefill chunks, and the pages admission reserved.
+type serveCounts struct {
+	srv                                  *completion.Server
+	reqs, outcomes, tokens, steps, pages *prometheus.Desc
+	prefill, policyRefused               *prometheus.Desc
+}
+
+func newServeCounts(srv *completion.Server) *serveCounts {
+	return &serveCounts{
+		srv:           srv,
+		reqs:          prometheus.NewDesc("questrt_serve_requests", "Completions API requests now, by state: running (prefilling or decoding, at most --max-running) and queued (admitted, waiting for a running slot, at most --max-queued).", []string{"state"}, nil),
+		outcomes:      prometheus.NewDesc("questrt_serve_requests_total", "Completions API requests by outcome: admitted; refused (429 by admission, or 503 while draining); invalid (4xx for their parameters); and of the admitted: completed, cancelled (client gone or deadline past), failed (an error).", []string{"outcome"}, nil),
+		tokens:        prometheus.NewDesc("questrt_serve_tokens_total", "Tokens of the completions API, by kind: prompt (prefilled) and completion (generated).", []string{"kind"}, nil),
+		steps:         prometheus.NewDesc("questrt_serve_decode_total", "Decode steps of the completions API (kind=steps, batches) and the sequences they decoded (kind=sequences): their ratio is the mean decode batch.", []string{"kind"}, nil),
+		prefill:       prometheus.NewDesc("questrt_serve_prefill_chunks_total", "Prefill chunks (--prefill-chunk-tokens) the completions API ran.", nil, nil),
+		pages:         prometheus.NewDesc("questrt_serve_pages", "Pages per shard of the completions API's pool, by state: reserved (by the admitted requests) and capacity (--serve-capacity-pages).", []string{"state"}, nil),
+		policyRefused: prometheus.NewDesc("questrt_serve_policy_grid_refusals_total", "Requests refused (429) because their quest options would open one grid more than --serve-policy-grids (--serve-layout cluster).", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *serveCounts) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.reqs, c.outcomes, c.tokens, c.steps, c.prefill, c.pages, c.policyRefused} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *serveCounts) Collect(ch chan<- prometheus.Metric) {
+	st := c.srv.Stats()
+	gauge := func(d *prometheus.Desc, v int, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge(c.reqs, st.Running, "running")
+	gauge(c.reqs, st.Queued, "queued")
+	for _, o := range []struct {
+		name string
+		v    uint64
+	}{{"admitted", st.Admitted}, {"refused", st.Refused}, {"invalid", st.Invalid}, {"completed", st.Completed}, {"cancelled", st.Cancelled}, {"failed", st.Failed}} {
+		counter(c.outcomes, o.v, o.name)
+	}
+	counter(c.tokens, st.PromptTokens, "prompt")
+	counter(c.tokens, st.CompletionTokens, "completion")
+	counter(c.steps, st.Steps, "steps")
+	counter(c.steps, st.StepSequences, "sequences")
+	counter(c.prefill, st.PrefillChunks)
+	gauge(c.pages, st.ReservedPages, "reserved")
+	gauge(c.pages, st.CapacityPages, "capacity")
+	counter(c.policyRefused, st.PolicyGridsRefused)
+}
