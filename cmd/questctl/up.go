@@ -113,7 +113,8 @@ A node that exits by itself (a crash, kill -9) is reported with its exit
 status and the others keep running, as a cluster does without it; once
 every node has exited up exits 1. On SIGINT or SIGTERM up sends SIGTERM
 to every node, waits --stop-timeout for them to drain and leave, kills
-the rest and exits 0, or 1 when some node had exited by itself before. On Linux the nodes also get SIGTERM if questctl dies
+the rest and exits 0 (naming on stderr the nodes that had exited by
+themselves before). On Linux the nodes also get SIGTERM if questctl dies
 (a killed questctl leaves its temporary TLS directory behind).
 
 questd is --questd, else a questd next to the questctl executable, else
@@ -324,7 +325,7 @@ questd on $PATH.`)
 		fmt.Fprintf(errw, "questctl up: stopping %d node(s)\n", len(c.nodes))
 		c.stop(*stopTimeout)
 		if len(crashed) > 0 {
-			return fmt.Errorf("stopped; before that %d node(s) exited by themselves: %s", len(crashed), strings.Join(crashed, ", "))
+			fmt.Fprintf(errw, "questctl up: stopped; before that %d node(s) exited by themselves: %s\n", len(crashed), strings.Join(crashed, ", "))
 		}
 		return nil
 	}
