@@ -99,7 +99,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p params) {
 			continue
 		}
 		if res.err != nil {
-			if res.err.status != statusClientGone {
+			// A client gone reads nothing; one still there (its context
+			// ended otherwise) gets the error, never an empty 200.
+			if res.err.status != statusClientGone || r.Context().Err() == nil {
 				res.err.write(w)
 			}
 			return

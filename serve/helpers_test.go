@@ -215,7 +215,7 @@ func complete(t testing.TB, url string, req map[string]any) Completion {
 	}
 	var c Completion
 	if err := json.Unmarshal(body, &c); err != nil {
-		t.Fatalf("answer %s: %v", body, err)
+		t.Fatalf("answer (status %d) %q: %v", status, body, err)
 	}
 	return c
 }
