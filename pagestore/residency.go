@@ -513,14 +513,14 @@ func (r *residency) unpackInto(a []float32, b []byte) {
 func (r *residency) readKV(ctx context.Context, layer int, p int32, k, v []float32) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.dev != nil {
-		if r.fault != nil {
-			return r.fault
-		}
-		return r.readKVDevice(ctx, layer, p, k, v)
+	if r.fault != nil {
+		return r.fault
 	}
-	ld := r.layers[layer]
 	if s := r.slot[p]; s >= 0 {
+		if r.dev != nil {
+			return r.dev.ReadSlotKV(ctx, layer, s, k, v)
+		}
+		ld := r.layers[layer]
 		o := int(s) * r.blk
 		copy(k, ld.K[o:o+r.blk])
 		copy(v, ld.V[o:o+r.blk])
@@ -531,12 +531,20 @@ func (r *residency) readKV(ctx context.Context, layer int, p int32, k, v []float
 		clear(v)
 		return nil
 	}
+	// The tier's payload (whose reads, for a device pool's tier, wait for
+	// the device's queued copies) in the pool's element type.
 	if err := r.tier.Read(ctx, int(p), r.buf); err != nil {
 		return fmt.Errorf("read page %d: %w", p, err)
 	}
-	off := layer * 2 * 4 * r.blk
-	r.unpackInto(k, r.buf[off:off+4*r.blk])
-	r.unpackInto(v, r.buf[off+4*r.blk:off+8*r.blk])
+	n := r.dt.Bytes() * r.blk
+	off := layer * 2 * n
+	if r.dt == plan.Float32 {
+		r.unpackInto(k, r.buf[off:off+n])
+		r.unpackInto(v, r.buf[off+n:off+2*n])
+		return nil
+	}
+	decodeElems(k, r.buf[off:off+n], r.dt)
+	decodeElems(v, r.buf[off+n:off+2*n], r.dt)
 	return nil
 }
 

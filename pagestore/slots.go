@@ -149,29 +149,9 @@ func (p *slotPages) Table(id SeqID, at int, pages []int32, n int) error {
 
 func (p *slotPages) Drop(id SeqID) error { return p.d.Drop(id) }
 
-// readKVDevice is readKV for a device pool (mu held): from the page's
-// slot, or from the tier (whose reads wait for the device's queued
-// copies), or zeros for a page never written.
-func (r *residency) readKVDevice(ctx context.Context, layer int, p int32, k, v []float32) error {
-	if s := r.slot[p]; s >= 0 {
-		return r.dev.ReadSlotKV(ctx, layer, s, k, v)
-	}
-	if !r.clean[p] {
-		clear(k)
-		clear(v)
-		return nil
-	}
-	if err := r.tier.Read(ctx, int(p), r.buf); err != nil {
-		return fmt.Errorf("read page %d: %w", p, err)
-	}
-	eb := r.dt.Bytes()
-	off := layer * 2 * eb * r.blk
-	decodeElems(k, r.buf[off:off+eb*r.blk], r.dt)
-	decodeElems(v, r.buf[off+eb*r.blk:off+2*eb*r.blk], r.dt)
-	return nil
-}
-
-// decodeElems converts little-endian elements of type dt in b to float32.
+// decodeElems converts little-endian 16-bit elements of type dt in b to
+// float32 (the payload of a device pool's tier; float32 payloads go
+// through residency.unpackInto).
 func decodeElems(dst []float32, b []byte, dt plan.DType) {
 	switch dt {
 	case plan.BFloat16:
@@ -180,31 +160,7 @@ func decodeElems(dst []float32, b []byte, dt plan.DType) {
 		}
 	case plan.Float16:
 		for i := range dst {
-			dst[i] = halfToFloat(binary.LittleEndian.Uint16(b[2*i:]))
-		}
-	default:
-		for i := range dst {
-			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+			dst[i] = kernels.HalfToFloat32(binary.LittleEndian.Uint16(b[2*i:]))
 		}
 	}
-}
-
-// halfToFloat converts IEEE binary16 bits to float32 (exactly).
-func halfToFloat(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := int(h>>10) & 0x1f
-	man := uint32(h & 0x3ff)
-	switch {
-	case exp == 0x1f: // Inf or NaN
-		return math.Float32frombits(sign | 0x7f800000 | man<<13)
-	case exp == 0 && man == 0:
-		return math.Float32frombits(sign)
-	case exp == 0: // subnormal: man * 2^-24
-		f := float32(man) * float32(1.0/(1<<24))
-		if sign != 0 {
-			f = -f
-		}
-		return f
-	}
-	return math.Float32frombits(sign | uint32(exp-15+127)<<23 | man<<13)
 }

@@ -306,6 +306,17 @@ func (s *Shard) RankCandidates(ctx context.Context, ls *LocalStep, quota func(pl
 		// A prefetching shard ranks its prefetch from the scores.
 		return false, nil
 	}
+	if err := s.rank(ctx, ls, rk, quota, nil); err != nil {
+		return true, fmt.Errorf("rank layer %d: %w", ls.layer, err)
+	}
+	return true, nil
+}
+
+// rank is RankCandidates' work (and an offloading step's, rankOffload):
+// one Rank call for the best quota(plan) pages of every ranked row, their
+// scores kept; split, when set, rewrites the rows' outputs before they
+// become the candidates.
+func (s *Shard) rank(ctx context.Context, ls *LocalStep, rk kernels.Ranker, quota func(plan.Plan) int, split func()) error {
 	ls.scored = false
 	ls.cands = ls.cands[:0]
 	ls.cPtr = append(ls.cPtr[:0], 0)
@@ -315,12 +326,15 @@ func (s *Shard) RankCandidates(ctx context.Context, ls *LocalStep, quota func(pl
 	t0 := time.Now()
 	if total > 0 {
 		if err := rk.Rank(ctx, s.shape, ls.kl, &ls.batch, ls.q, ls.mode, &ls.topk, ls.sel, ls.selScores); err != nil {
-			return true, fmt.Errorf("rank layer %d: %w", ls.layer, err)
+			return err
 		}
 	}
 	ls.Time.Score = time.Since(t0)
+	if split != nil {
+		split()
+	}
 	ls.fillCandidates(func(_, j int, _ int32) float32 { return ls.selScores[j] })
-	return true, nil
+	return nil
 }
 
 // Chosen lists, per (sequence, row) in CSR form, the global pages chosen

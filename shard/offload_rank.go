@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
@@ -32,25 +31,15 @@ func (s *Shard) rankOffload(ctx context.Context, ls *LocalStep) (bool, error) {
 	if s.pfPlan != nil {
 		extra = s.pfPlan.pages
 	}
-	ls.scored = false
-	ls.cands = ls.cands[:0]
-	ls.cPtr = append(ls.cPtr[:0], 0)
 	ls.pfCand = ls.pfCand[:0]
 	ls.pfRanked = extra > 0
-	total := ls.planTopK(func(pl plan.Plan) int { return pl.Rank + extra })
-	ls.sel = slices.Grow(ls.sel[:0], total)[:total]
-	ls.selScores = slices.Grow(ls.selScores[:0], total)[:total]
-	t0 := time.Now()
-	if total > 0 {
-		if err := rk.Rank(ctx, s.shape, ls.kl, &ls.batch, ls.q, ls.mode, &ls.topk, ls.sel, ls.selScores); err != nil {
-			return true, fmt.Errorf("rank: %w", err)
-		}
-	}
-	ls.Time.Score = time.Since(t0)
+	var split func()
 	if extra > 0 {
-		ls.splitPrefetch()
+		split = ls.splitPrefetch
 	}
-	ls.fillCandidates(func(_, j int, _ int32) float32 { return ls.selScores[j] })
+	if err := s.rank(ctx, ls, rk, func(pl plan.Plan) int { return pl.Rank + extra }, split); err != nil {
+		return true, fmt.Errorf("rank: %w", err)
+	}
 	return true, nil
 }
 

@@ -77,20 +77,28 @@ func (FakeDevice) WriteTokens(_ context.Context, pool any, pages []int32, slot i
 	if p.slots > 0 {
 		return errSlotPool
 	}
+	return p.write(pages, pages, p.page, slot, k, v)
+}
+
+// write stores the tokens k, v from slot slot of pages[0] on, the K/V of
+// pages[i] at index kv[i] (checked by kvOK: the page itself, or its slot
+// in a slot pool), and widens the pages' summaries.
+func (p *FakePool) write(pages, kv []int32, kvOK func(int32) error, slot int, k, v []float32) error {
 	tok := p.kvh * p.d
-	if len(k) != len(v) || len(k)%tok != 0 || (slot+len(k)/tok+p.s-1)/p.s != len(pages) {
+	if len(k) != len(v) || len(k)%tok != 0 || (slot+len(k)/tok+p.s-1)/p.s != len(pages) || len(kv) != len(pages) {
 		return errors.New("fake device: tokens do not fit the pages")
 	}
 	for t := range len(k) / tok {
-		pg, sl := pages[(slot+t)/p.s], (slot+t)%p.s
-		if err := p.page(pg); err != nil {
+		i, sl := (slot+t)/p.s, (slot+t)%p.s
+		pg, ks := pages[i], kv[i]
+		if err := errors.Join(p.page(pg), kvOK(ks)); err != nil {
 			return err
 		}
 		for h := range p.kvh {
 			rec := p.Summary[(int(pg)*p.kvh+h)*2*p.d:][:2*p.d]
 			for j := range p.d {
 				x := k[t*tok+h*p.d+j]
-				dst := ((int(pg)*p.kvh+h)*p.s+sl)*p.d + j
+				dst := ((int(ks)*p.kvh+h)*p.s+sl)*p.d + j
 				p.K[dst], p.V[dst] = x, v[t*tok+h*p.d+j]
 				if sl == 0 {
 					rec[j], rec[p.d+j] = x, x

@@ -54,30 +54,7 @@ func (FakeDevice) WriteSlotTokens(_ context.Context, pool any, pages, slots []in
 	if err != nil {
 		return err
 	}
-	tok := p.kvh * p.d
-	if len(k) != len(v) || len(k)%tok != 0 || (slot+len(k)/tok+p.s-1)/p.s != len(pages) || len(slots) != len(pages) {
-		return errors.New("fake device: tokens do not fit the pages")
-	}
-	for t := range len(k) / tok {
-		i, sl := (slot+t)/p.s, (slot+t)%p.s
-		pg, ks := pages[i], slots[i]
-		if err := errors.Join(p.page(pg), p.slot(ks)); err != nil {
-			return err
-		}
-		for h := range p.kvh {
-			rec := p.Summary[(int(pg)*p.kvh+h)*2*p.d:][:2*p.d]
-			for j := range p.d {
-				x := k[t*tok+h*p.d+j]
-				dst := ((int(ks)*p.kvh+h)*p.s+sl)*p.d + j
-				p.K[dst], p.V[dst] = x, v[t*tok+h*p.d+j]
-				if sl == 0 {
-					rec[j], rec[p.d+j] = x, x
-				}
-				rec[j], rec[p.d+j] = min(rec[j], x), max(rec[p.d+j], x)
-			}
-		}
-	}
-	return nil
+	return p.write(pages, slots, p.slot, slot, k, v)
 }
 
 // RescanSlot implements kernels.SlotStore.

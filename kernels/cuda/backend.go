@@ -564,6 +564,21 @@ func (l *DeviceLayer) checkPages(pages ...int32) error {
 	return nil
 }
 
+// checkTokens checks a write of the tokens k, v ([n][KVHeads][HeadDim])
+// from slot slot of pages pages on: whole tokens that fill exactly those
+// pages. what names the call in the error.
+func (l *DeviceLayer) checkTokens(what string, pages, slot int, k, v []float32) error {
+	tok := l.KVHeads * l.HeadDim
+	if len(k) == 0 || len(k)%tok != 0 || len(v) != len(k) {
+		return fmt.Errorf("%s: k %d and v %d floats are not whole tokens of %d", what, len(k), len(v), tok)
+	}
+	n := len(k) / tok
+	if slot < 0 || slot >= l.PageSize || (slot+n+l.PageSize-1)/l.PageSize != pages {
+		return fmt.Errorf("%s: %d tokens from slot %d do not fill exactly %d pages of %d slots", what, n, slot, pages, l.PageSize)
+	}
+	return nil
+}
+
 // Byte sizes of one page of K (or V) and of summaries.
 func (l *DeviceLayer) kvPageBytes() int64 {
 	return int64(l.KVHeads*l.PageSize*l.HeadDim) * int64(l.DType.Bytes())
@@ -580,13 +595,8 @@ func (b *Backend) WriteTokens(ctx context.Context, pool any, pages []int32, slot
 	if err != nil {
 		return err
 	}
-	tok := l.KVHeads * l.HeadDim
-	if len(k) == 0 || len(k)%tok != 0 || len(v) != len(k) {
-		return fmt.Errorf("cuda write tokens: k %d and v %d floats are not whole tokens of %d", len(k), len(v), tok)
-	}
-	n := len(k) / tok
-	if slot < 0 || slot >= l.PageSize || (slot+n+l.PageSize-1)/l.PageSize != len(pages) {
-		return fmt.Errorf("cuda write tokens: %d tokens from slot %d do not fill exactly %d pages of %d slots", n, slot, len(pages), l.PageSize)
+	if err := l.checkTokens("cuda write tokens", len(pages), slot, k, v); err != nil {
+		return err
 	}
 	if l.Slots > 0 {
 		return errSlotPool
@@ -995,25 +1005,10 @@ func readAs(b *Backend, p cu.DevicePtr, n int, dt plan.DType) ([]float32, error)
 		if dt == plan.BFloat16 {
 			out[i] = math.Float32frombits(uint32(x) << 16)
 		} else {
-			out[i] = halfToFloat(x)
+			out[i] = kernels.HalfToFloat32(x)
 		}
 	}
 	return out, nil
-}
-
-func halfToFloat(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := int(h>>10) & 31
-	man := uint32(h) & 1023
-	switch {
-	case exp == 0 && man == 0:
-		return math.Float32frombits(sign)
-	case exp == 0:
-		return float32(math.Copysign(float64(man)*math.Pow(2, -24), float64(int32(sign)>>31|1)))
-	case exp == 31:
-		return math.Float32frombits(sign | 0x7f800000 | man<<13)
-	}
-	return math.Float32frombits(sign | uint32(exp-15+127)<<23 | man<<13)
 }
 
 // layer resolves the kernels.Layer of a call: its DeviceLayer, or the host

@@ -109,14 +109,13 @@ func (b *Backend) WriteSlotTokens(ctx context.Context, pool any, pages, slots []
 	if err != nil {
 		return err
 	}
-	tok := l.KVHeads * l.HeadDim
-	if len(k) == 0 || len(k)%tok != 0 || len(v) != len(k) {
-		return fmt.Errorf("cuda write slot tokens: k %d and v %d floats are not whole tokens of %d", len(k), len(v), tok)
+	if err := l.checkTokens("cuda write slot tokens", len(pages), slot, k, v); err != nil {
+		return err
 	}
-	n := len(k) / tok
-	if slot < 0 || slot >= l.PageSize || (slot+n+l.PageSize-1)/l.PageSize != len(pages) || len(slots) != len(pages) {
-		return fmt.Errorf("cuda write slot tokens: %d tokens from slot %d do not fill exactly %d pages (%d slots given) of %d", n, slot, len(pages), len(slots), l.PageSize)
+	if len(slots) != len(pages) {
+		return fmt.Errorf("cuda write slot tokens: %d slots for %d pages", len(slots), len(pages))
 	}
+	n := len(k) / (l.KVHeads * l.HeadDim)
 	if err := errors.Join(l.checkPages(pages...), l.checkSlots(slots...)); err != nil {
 		return err
 	}
