@@ -21,6 +21,24 @@ type Stepper interface {
 	Step(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, plan *TopKPlan, lists *Lists, o, lse []float32) error
 }
 
+// QueuedStepper is a Stepper that can also queue a step on its device and
+// return without waiting for it: a caller running many layers (or many
+// shards on one device) pays one host synchronisation per decode step
+// instead of one per layer.
+type QueuedStepper interface {
+	Stepper
+	// StepQueued checks its arguments as Step does and queues the same
+	// step. It reads b, q, plan and lists before it returns (the caller
+	// may reuse them), writes o and lse only by the time Sync returns nil
+	// (the caller must not touch them until then), and never writes back
+	// lists.Pages. Steps run in the order they were queued.
+	StepQueued(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, plan *TopKPlan, lists *Lists, o, lse []float32) error
+	// Sync waits for every queued step and fills its o and lse; an error
+	// of a queued step is returned here (then the outputs of the steps
+	// queued since the last Sync are undefined).
+	Sync(ctx context.Context) error
+}
+
 // StepCheck validates the plan and lists of a Stepper call; the zero value
 // is ready to use and keeps its scratch between calls.
 type StepCheck struct {

@@ -26,9 +26,38 @@ func (s *Shard) FusedStep(ctx context.Context, ls *LocalStep) (bool, error) {
 	return s.fused(ctx, ls)
 }
 
+// Sync waits for the steps queued with StepOptions.Queue and fills their
+// results; their errors surface here. With nothing queued, or a backend
+// that does not queue, it returns at once.
+func (s *Shard) Sync(ctx context.Context) error {
+	qs, ok := s.be.(kernels.QueuedStepper)
+	if !ok {
+		return nil
+	}
+	if err := qs.Sync(ctx); err != nil {
+		return fmt.Errorf("shard sync: %w", err)
+	}
+	return nil
+}
+
 func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 	st, ok := s.be.(kernels.Stepper)
-	if !ok || s.cfg.Policy.Selector != plan.Quest || s.off != nil {
+	if !ok {
+		return false, nil
+	}
+	n := len(ls.parts)
+	ls.O = resize(ls.O, n*s.shape.QHeads*s.shape.HeadDim)
+	ls.LSE = resize(ls.LSE, n*s.shape.QHeads)
+	return s.fusedInto(ctx, ls, st.Step, ls.O, ls.LSE)
+}
+
+// stepFunc is kernels.Stepper.Step or kernels.QueuedStepper.StepQueued.
+type stepFunc func(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error
+
+// fusedInto runs ls as one call of step with outputs o and lse, when the
+// shard can fuse (see FusedStep).
+func (s *Shard) fusedInto(ctx context.Context, ls *LocalStep, step stepFunc, o, lse []float32) (bool, error) {
+	if s.cfg.Policy.Selector != plan.Quest || s.off != nil {
 		// An offloading shard runs phased: its pages are brought in
 		// between selection and attention (see attendOffload).
 		return false, nil
@@ -80,11 +109,8 @@ func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 			ls.lists.Indptr = append(ls.lists.Indptr, int32(len(ls.lists.Pages)))
 		}
 	}
-	n := len(ls.parts)
-	ls.O = resize(ls.O, n*s.shape.QHeads*s.shape.HeadDim)
-	ls.LSE = resize(ls.LSE, n*s.shape.QHeads)
 	t0 := time.Now()
-	if err := st.Step(ctx, s.shape, ls.kl, &ls.batch, ls.q, &ls.topk, &ls.lists, ls.O, ls.LSE); err != nil {
+	if err := step(ctx, s.shape, ls.kl, &ls.batch, ls.q, &ls.topk, &ls.lists, o, lse); err != nil {
 		return true, fmt.Errorf("fused step layer %d: %w", ls.layer, err)
 	}
 	ls.Time.Fused = time.Since(t0)

@@ -310,8 +310,13 @@ type StepResult struct {
 	// Diag holds one entry per sequence when the step asked for
 	// diagnostics.
 	Diag []Diagnostics
-	// Time is the wall time of the step's phases (whole batch).
+	// Time is the wall time of the step's phases (whole batch); for a
+	// queued step, the time to queue it.
 	Time PhaseTimes
+	// Queued reports that O and LSE are written by the next Sync (see
+	// StepOptions.Queue); the caller must not read or reuse them, nor
+	// this result, until Sync returns.
+	Queued bool
 }
 
 // PhaseTimes is the wall time of each phase of a step. A fused step
@@ -370,6 +375,13 @@ type StepOptions struct {
 	// even when the backend can fuse them (see FusedStep): per-phase
 	// times, and a reference for the fused path. Diagnostics imply it.
 	Phased bool
+	// Queue lets a fused step (see FusedStep) whose backend is a
+	// kernels.QueuedStepper return without waiting for the device:
+	// StepResult.Queued is then set and O and LSE are written by the
+	// next Sync, one host synchronisation for many layers. A step that
+	// cannot be queued runs as without Queue (Queued false, outputs
+	// ready). Ignored with Phased or Diagnostics.
+	Queue bool
 }
 
 // ErrBadInput marks a request rejected before any state changed.
@@ -424,7 +436,23 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 	if err := s.begin(ls, layer, ws.parts); err != nil {
 		return err
 	}
+	res.Queued = false
 	if !opt.Phased && !opt.Diagnostics {
+		if qs, ok := s.be.(kernels.QueuedStepper); ok && opt.Queue {
+			n := len(reqs)
+			res.O = resize(res.O, n*s.shape.QHeads*s.shape.HeadDim)
+			res.LSE = resize(res.LSE, n*s.shape.QHeads)
+			done, err := s.fusedInto(ctx, ls, qs.StepQueued, res.O, res.LSE)
+			if done {
+				if err != nil {
+					return fmt.Errorf("step layer %d: %w", layer, err)
+				}
+				res.Queued = true
+				res.Time = ls.Time
+				res.Diag = res.Diag[:0]
+				return nil
+			}
+		}
 		if done, err := s.fused(ctx, ls); done {
 			if err != nil {
 				return fmt.Errorf("step layer %d: %w", layer, err)

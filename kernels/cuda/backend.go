@@ -44,27 +44,36 @@ type Config struct {
 }
 
 // Backend runs the Quest kernels on one GPU. One goroutine, locked to its
-// OS thread, owns the CUDA context, the module and every device buffer;
-// methods hand it work and wait, so a Backend is safe for concurrent use
-// (calls serialize). Several Backends may share a GPU (one context each).
+// OS thread, creates the CUDA context and the modules and tears them down
+// at Close; each method call takes the backend's one turn and runs its
+// CUDA work on the caller's own OS thread (locked for the call) with the
+// context made current there, so a Backend is safe for concurrent use
+// (calls serialize) and a call costs no goroutine handoff (measured on an
+// H200 host: 16.7 us per call through a channel to the locked goroutine).
+// Several Backends may share a GPU (one context each).
 type Backend struct {
-	cfg  Config
-	work chan func()
-	quit chan struct{}
-	done chan struct{}
+	cfg    Config
+	cuctx  cu.CUContext
+	turn   chan struct{} // one slot: held by the call in progress
+	closed bool          // set by Close while it holds the turn
+	quit   chan struct{}
+	done   chan struct{}
 
-	// Owned by the device goroutine.
+	// Owned by the call holding the turn (the "device goroutine" below).
 	fn    map[string]cu.Function
 	smem  map[string]int // dynamic shared memory of the tensor-core attention kernels
 	warps map[string]int // warps per block of the tensor-core attention kernels
 	bufs  map[string]devBuf
 	argv  [maxParams]uint64 // kernel parameters of the launch in progress
 	items [5][]int32        // attention work items: sequence, row, list lo, list hi; row -> first item
-	// Pinned staging buffer for uploads: bytes [0, stageOff) are handed
-	// out; staged is set while an asynchronous copy from it may be queued.
+	// Pinned staging buffer for uploads and outputs: bytes [0, stageOff)
+	// are handed out; staged is set while an asynchronous copy or a kernel
+	// may read or write it. pending are the outputs of queued steps
+	// (StepQueued) still in it, copied out by settle.
 	pin      pinned
 	stageOff int64
 	staged   bool
+	pending  []pendingOut
 	host     *DeviceLayer // scratch layer for host-array inputs
 
 	// One upload and one download per attention or step call: b.in packs
@@ -77,6 +86,8 @@ type Backend struct {
 
 	stepMu    sync.Mutex // guards stepCheck (used outside the device goroutine)
 	stepCheck kernels.StepCheck
+
+	probe *stepProbe // events around each Step's device work (benchmarks only), or nil
 }
 
 type devBuf struct {
@@ -85,10 +96,11 @@ type devBuf struct {
 }
 
 var (
-	_ kernels.Backend     = (*Backend)(nil)
-	_ kernels.DeviceStore = (*Backend)(nil)
-	_ kernels.Stepper     = (*Backend)(nil)
-	_ kernels.Ranker      = (*Backend)(nil)
+	_ kernels.Backend       = (*Backend)(nil)
+	_ kernels.DeviceStore   = (*Backend)(nil)
+	_ kernels.Stepper       = (*Backend)(nil)
+	_ kernels.QueuedStepper = (*Backend)(nil)
+	_ kernels.Ranker        = (*Backend)(nil)
 )
 
 // DeviceLayer is one layer's page pool in device memory, laid out like the
@@ -118,7 +130,7 @@ func (l *DeviceLayer) kvPages() int {
 // New starts a backend on cfg.Device: creates a context on a locked OS
 // thread and loads the embedded PTX.
 func New(cfg Config) (*Backend, error) {
-	b := &Backend{cfg: cfg, work: make(chan func()), quit: make(chan struct{}), done: make(chan struct{}),
+	b := &Backend{cfg: cfg, turn: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		fn: map[string]cu.Function{}, smem: map[string]int{}, warps: map[string]int{}, bufs: map[string]devBuf{}}
 	ready := make(chan error, 1)
 	go b.loop(ready)
@@ -143,6 +155,7 @@ func (b *Backend) loop(ready chan<- error) {
 		return
 	}
 	defer ctx.Destroy()
+	b.cuctx = ctx
 	mod, err := cu.LoadData(PTX)
 	if err != nil {
 		ready <- fmt.Errorf("cuda: load PTX: %w", err)
@@ -207,34 +220,35 @@ func (b *Backend) loop(ready chan<- error) {
 	}
 	defer slotsMod.Unload()
 	ready <- nil
-	for {
-		select {
-		case f := <-b.work:
-			f()
-		case <-b.quit:
-			for _, bf := range b.bufs {
-				cu.MemFree(bf.ptr)
-			}
-			b.pin.free()
-			return
-		}
+	<-b.quit // Close holds the turn: no call runs
+	for _, bf := range b.bufs {
+		cu.MemFree(bf.ptr)
 	}
+	b.pin.free()
 }
 
-// do runs f on the device goroutine and waits for it.
+// do runs f holding the backend's turn, on the calling goroutine locked to
+// its OS thread with the backend's context current there, and returns its
+// error; waiting for the turn ends with ctx.
 func (b *Backend) do(ctx context.Context, f func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	errc := make(chan error, 1)
 	select {
-	case b.work <- func() { errc <- f() }:
-	case <-b.done:
-		return kernels.ErrClosed
+	case b.turn <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return <-errc
+	defer func() { <-b.turn }()
+	if b.closed {
+		return kernels.ErrClosed
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := cu.SetCurrentContext(b.cuctx); err != nil {
+		return fmt.Errorf("cuda: make the context current: %w", err)
+	}
+	return f()
 }
 
 // Name returns "cuda".
@@ -242,15 +256,13 @@ func (b *Backend) Name() string { return "cuda" }
 
 // Close frees the device buffers and the context.
 func (b *Backend) Close() error {
-	select {
-	case <-b.done:
+	b.turn <- struct{}{} // waits for the call in progress
+	defer func() { <-b.turn }()
+	if b.closed {
 		return nil
-	default:
 	}
-	select {
-	case b.quit <- struct{}{}:
-	case <-b.done:
-	}
+	b.closed = true
+	close(b.quit)
 	<-b.done
 	return nil
 }
@@ -310,7 +322,7 @@ func (b *Backend) stage(n int64) (unsafe.Pointer, error) {
 			if err := cu.Synchronize(); err != nil {
 				return nil, fmt.Errorf("cuda: synchronize before reusing the staging buffer: %w", err)
 			}
-			b.staged = false
+			b.settle()
 		}
 		off = 0
 		if n > b.pin.size {
@@ -335,8 +347,27 @@ func download[T int32 | float32](b *Backend, dst []T, src cu.DevicePtr) error {
 	if err := cu.MemcpyDtoH(unsafe.Pointer(&dst[0]), src, int64(len(dst))*4); err != nil {
 		return fmt.Errorf("cuda: download: %w", err)
 	}
-	b.staged, b.stageOff = false, 0
+	b.settle()
 	return nil
+}
+
+// pendingOut is one output of a queued step: n floats at src in the
+// staging buffer, for dst.
+type pendingOut struct {
+	dst []float32
+	src unsafe.Pointer
+}
+
+// settle follows a synchronization that finished every queued copy and
+// kernel: it copies the queued steps' outputs out of the staging buffer
+// and starts the buffer over.
+func (b *Backend) settle() {
+	for _, p := range b.pending {
+		copy(p.dst, unsafe.Slice((*float32)(p.src), len(p.dst)))
+	}
+	clear(b.pending) // keep no reference to the callers' arrays
+	b.pending = b.pending[:0]
+	b.staged, b.stageOff = false, 0
 }
 
 // packed collects the host arrays of one call so that they travel in one
@@ -349,14 +380,15 @@ type packed struct {
 	sizes [maxPacked]int64
 	n     int
 	total int64
-	base  cu.DevicePtr // after send
+	base  cu.DevicePtr   // after send (or the device address of host)
+	host  unsafe.Pointer // the staging block of an output layout (prepareAttend)
 }
 
 const maxPacked = 20
 
 func (p *packed) reset() {
 	clear(p.srcs[:p.n]) // no reference to a caller's arrays survives a failed call
-	p.n, p.total, p.base = 0, 0, 0
+	p.n, p.total, p.base, p.host = 0, 0, 0, nil
 }
 
 // region appends a place of size bytes with no host array yet and returns
@@ -432,7 +464,7 @@ func (b *Backend) receive(p *packed) error {
 	if err := cu.MemcpyDtoH(host, p.base, p.total); err != nil {
 		return fmt.Errorf("cuda: download: %w", err)
 	}
-	b.staged, b.stageOff = false, 0
+	b.settle() // host stays valid until the next stage
 	for i := range p.n {
 		if p.sizes[i] > 0 {
 			copy(unsafe.Slice((*byte)(p.srcs[i]), p.sizes[i]), unsafe.Slice((*byte)(unsafe.Add(host, p.offs[i])), p.sizes[i]))
@@ -1833,14 +1865,19 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 			return nil, attendArgs{}, err
 		}
 	}
+	// The outputs go to the staging buffer, which the attention kernels
+	// write through its device mapping: no device-to-host copy of o and
+	// lse (the lists come back with one copy).
 	out := &b.out
 	out.reset()
 	out.region(int64(n*s.QHeads*s.HeadDim) * 4) // outO
 	out.region(int64(n*s.QHeads) * 4)           // outLSE
 	out.region(int64(len(listPages)) * 4)       // outLists
-	if out.base, err = b.buf("call.out", out.total); err != nil {
+	if out.host, err = b.stage(out.total); err != nil {
 		return nil, attendArgs{}, err
 	}
+	out.base = b.pin.devAt(out.host)
+	b.staged = true
 	return dl, attendArgs{
 		ind: in.ptr(idx[0]), pg: pg, last: in.ptr(idx[2]), q: in.ptr(iq), iSeq: in.ptr(idx[3]), iRow: in.ptr(idx[4]),
 		iLo: in.ptr(idx[5]), iHi: in.ptr(idx[6]), lists: lp, rowItem: in.ptr(idx[8]),
@@ -1855,28 +1892,66 @@ const (
 	outLists
 )
 
-// receiveOut brings back the outputs laid out by prepareAttend in one
-// copy: o, lse and, when lists is not nil, the device lists (copied into
-// the output buffer first).
+// receiveOut waits for the call's kernels and brings back the outputs
+// laid out by prepareAttend: o and lse from the staging buffer the
+// kernels wrote, and, when lists is not nil, the device lists (one copy
+// into the staging buffer).
 func (b *Backend) receiveOut(o, lse []float32, lists []int32, a attendArgs) error {
 	out := &b.out
-	setHost(out, outO, o)
-	setHost(out, outLSE, lse)
-	setHost(out, outLists, lists)
 	if len(lists) > 0 {
-		if err := cu.MemcpyDtoDAsync(out.ptr(outLists), a.lists, out.sizes[outLists], cu.Stream{}); err != nil {
+		if err := cu.MemcpyDtoHAsync(unsafe.Add(out.host, out.offs[outLists]), a.lists, int64(len(lists))*4, cu.Stream{}); err != nil {
 			return fmt.Errorf("cuda: copy lists: %w", err)
 		}
 	}
-	return b.receive(out)
+	if err := cu.Synchronize(); err != nil {
+		return fmt.Errorf("cuda: wait for the step: %w", err)
+	}
+	b.settle() // out.host stays valid until the next stage
+	copy(o, unsafe.Slice((*float32)(unsafe.Add(out.host, out.offs[outO])), len(o)))
+	copy(lse, unsafe.Slice((*float32)(unsafe.Add(out.host, out.offs[outLSE])), len(lse)))
+	copy(lists, unsafe.Slice((*int32)(unsafe.Add(out.host, out.offs[outLists])), len(lists)))
+	out.reset()
+	return nil
+}
+
+// queueOut records the outputs laid out by prepareAttend for the next
+// settle (StepQueued).
+func (b *Backend) queueOut(o, lse []float32) {
+	out := &b.out
+	b.pending = append(b.pending, pendingOut{o, unsafe.Add(out.host, out.offs[outO])}, pendingOut{lse, unsafe.Add(out.host, out.offs[outLSE])})
+	out.reset()
 }
 
 // Step implements kernels.Stepper: the batch, queries, lists and plan go
 // up once; score, top-K (writing straight into the device lists) and
 // attention run back to back on the device (top-K and attention as
-// programmatic dependents where the kernels allow); o, lse and the lists
-// come back.
+// programmatic dependents where the kernels allow); the attention writes
+// o and lse into mapped host memory and the lists come back in one copy.
 func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
+	return b.step(ctx, false, s, l, bt, q, plan, lists, o, lse)
+}
+
+// StepQueued implements kernels.QueuedStepper: Step's device work, queued
+// without waiting for it; o and lse are filled from the staging buffer at
+// the next synchronization (Sync, or any call that waits for the device).
+func (b *Backend) StepQueued(ctx context.Context, s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
+	return b.step(ctx, true, s, l, bt, q, plan, lists, o, lse)
+}
+
+// Sync implements kernels.QueuedStepper: it waits for every queued step
+// and fills their outputs.
+func (b *Backend) Sync(ctx context.Context) error {
+	return b.do(ctx, func() error {
+		if err := cu.Synchronize(); err != nil {
+			return fmt.Errorf("cuda: sync: %w", err)
+		}
+		b.settle()
+		return nil
+	})
+}
+
+func (b *Backend) step(ctx context.Context, queued bool, s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
+	b.probe.enter()
 	if err := b.checkAttend(s, l, bt, q, lists, o, lse); err != nil {
 		return fmt.Errorf("step: %w", err)
 	}
@@ -1892,6 +1967,9 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 		tiles = tiles && plan.Base[r] == 0
 	}
 	return b.do(ctx, func() error {
+		if err := b.probe.mark(0); err != nil {
+			return err
+		}
 		var pi [5]int
 		dl, a, err := b.prepareAttend(s, l, bt, q, lists, func(in *packed) {
 			for i, x := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
@@ -1899,6 +1977,9 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 			}
 		})
 		if err != nil {
+			return err
+		}
+		if err := b.probe.mark(1); err != nil {
 			return err
 		}
 		var ptrs [5]cu.DevicePtr
@@ -1914,11 +1995,21 @@ func (b *Backend) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, bt
 		if err := b.launchAttendReduce(dl, s, heads, perHead, a, plan.Rows() > 0); err != nil {
 			return err
 		}
+		if err := b.probe.mark(2); err != nil {
+			return err
+		}
+		if queued {
+			b.queueOut(o, lse)
+			return nil
+		}
 		var back []int32 // the lists with the top-K's picks
 		if !lists.All {
 			back = lists.Pages
 		}
-		return b.receiveOut(o, lse, back, a)
+		if err := b.receiveOut(o, lse, back, a); err != nil {
+			return err
+		}
+		return b.probe.done()
 	})
 }
 

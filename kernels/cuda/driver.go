@@ -44,7 +44,8 @@ static CUresult questLaunchPDL(CUfunction f, unsigned gx, unsigned gy, unsigned 
 	return cuLaunchKernelEx(&c, f, p, 0);
 }
 
-static CUresult questHostAlloc(void** p, size_t n) { return cuMemHostAlloc(p, n, 0); }
+static CUresult questHostAlloc(void** p, size_t n) { return cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_DEVICEMAP); }
+static CUresult questHostDevPtr(CUdeviceptr* d, void* p) { return cuMemHostGetDevicePointer(d, p, 0); }
 static CUresult questHostFree(void* p) { return cuMemFreeHost(p); }
 */
 import "C"
@@ -97,10 +98,12 @@ func launchArgsPDL(f cu.Function, grid [3]int, block, shared int, args *[maxPara
 }
 
 // pinned is page-locked host memory (cuMemHostAlloc), which host-device
-// copies read or write directly and asynchronously.
+// copies read or write directly and asynchronously, mapped into the
+// device's address space at dev (kernels write it directly).
 type pinned struct {
 	p    unsafe.Pointer
 	size int64
+	dev  cu.DevicePtr
 }
 
 func allocPinned(size int64) (pinned, error) {
@@ -108,13 +111,23 @@ func allocPinned(size int64) (pinned, error) {
 	if r := C.questHostAlloc(&p, C.size_t(size)); r != C.CUDA_SUCCESS {
 		return pinned{}, fmt.Errorf("cuda: cuMemHostAlloc(%d): CUresult %d", size, int(r))
 	}
-	return pinned{p, size}, nil
+	var d C.CUdeviceptr
+	if r := C.questHostDevPtr(&d, p); r != C.CUDA_SUCCESS {
+		C.questHostFree(p)
+		return pinned{}, fmt.Errorf("cuda: cuMemHostGetDevicePointer: CUresult %d", int(r))
+	}
+	return pinned{p, size, cu.DevicePtr(d)}, nil
+}
+
+// devAt is the device address of host address p inside h.
+func (h *pinned) devAt(p unsafe.Pointer) cu.DevicePtr {
+	return h.dev + cu.DevicePtr(uintptr(p)-uintptr(h.p))
 }
 
 func (h *pinned) free() {
 	if h.p != nil {
 		C.questHostFree(h.p)
-		h.p, h.size = nil, 0
+		h.p, h.size, h.dev = nil, 0, 0
 	}
 }
 

@@ -6,7 +6,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
+
+	"gorgonia.org/cu"
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
@@ -30,35 +34,7 @@ func BenchmarkShardStep(b *testing.B) {
 }
 
 func benchShardStep(b *testing.B, tokens, batch int) {
-	const qh, kvh, d, s = 32, 8, 128, 16
-	be, err := New(Config{DType: plan.BFloat16})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
-	pol := plan.DefaultPolicy()
-	pol.DenseLayers = 0
-	pages := batch * (tokens/s + 1)
-	sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: pages},
-		Policy: pol, DeviceResident: true}, be)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer sh.Close()
-	rng := rand.New(rand.NewPCG(1, 2))
-	pd := newPrefill(rng, kvh*d)
-	var reqs []shard.SeqStep
-	for range batch {
-		id := sh.Store().Create()
-		if err := pd.fill(tokens, func(k, v []float32) error { return sh.Append(id, 0, k, v) }); err != nil {
-			b.Fatal(err)
-		}
-		q := make([]float32, qh*d)
-		for i := range q {
-			q[i] = float32(rng.NormFloat64())
-		}
-		reqs = append(reqs, shard.SeqStep{Seq: id, Q: q})
-	}
+	_, sh, reqs := newBenchShard(b, tokens, batch)
 	for _, mode := range []struct {
 		name string
 		opt  shard.StepOptions
@@ -77,6 +53,214 @@ func benchShardStep(b *testing.B, tokens, batch int) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "us/step")
+		})
+	}
+}
+
+// newBenchShard is BenchmarkShardStep's shard: one layer on a new bf16
+// backend, batch sequences of tokens random tokens each, and one step
+// request per sequence (closed at the end of b).
+func newBenchShard(b *testing.B, tokens, batch int) (*Backend, *shard.Shard, []shard.SeqStep) {
+	const qh, kvh, d, s = 32, 8, 128, 16
+	t0 := time.Now()
+	be, err := New(Config{DType: plan.BFloat16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("backend start: %v", time.Since(t0))
+	b.Cleanup(func() { be.Close() })
+	pol := plan.DefaultPolicy()
+	pol.DenseLayers = 0
+	pages := batch * (tokens/s + 1)
+	sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: pages},
+		Policy: pol, DeviceResident: true}, be)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sh.Close() })
+	rng := rand.New(rand.NewPCG(1, 2))
+	pd := newPrefill(rng, kvh*d)
+	var reqs []shard.SeqStep
+	for range batch {
+		id := sh.Store().Create()
+		if err := pd.fill(tokens, func(k, v []float32) error { return sh.Append(id, 0, k, v) }); err != nil {
+			b.Fatal(err)
+		}
+		q := make([]float32, qh*d)
+		for i := range q {
+			q[i] = float32(rng.NormFloat64())
+		}
+		reqs = append(reqs, shard.SeqStep{Seq: id, Q: q})
+	}
+	return be, sh, reqs
+}
+
+// BenchmarkStepOverhead splits BenchmarkShardStep's fused step (batch 1,
+// 128K and 1M tokens) into its parts, per step in microseconds:
+// shard-us (the step as a caller sees it), backend-us (the backend call
+// inside it, wall time); host-*-us, the host's wall time from the call's
+// entry to the start of its device work (entry), through the upload
+// (prep), the kernel launches (launch) and the download (wait); gpu-*-us,
+// the device time between CUDA events at the same points. The fixed
+// costs of one backend call: handoff (an empty call on the device
+// goroutine), sync (cuCtxSynchronize with nothing queued), copy (a
+// 256-byte upload and download through the staging buffer).
+//
+//	go test -tags cuda -run '^$' -bench StepOverhead ./kernels/cuda/
+func BenchmarkStepOverhead(b *testing.B) {
+	for _, tokens := range []int{128 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("ctx%dK_b1", tokens>>10), func(b *testing.B) {
+			be, sh, reqs := newBenchShard(b, tokens, 1)
+			ctx := context.Background()
+			var p *stepProbe
+			if err := be.do(ctx, func() (err error) { p, err = newStepProbe(); return err }); err != nil {
+				b.Fatal(err)
+			}
+			defer be.do(ctx, func() error { p.destroy(); return nil })
+			var res shard.StepResult
+			for range 3 {
+				if err := sh.Step(ctx, 0, reqs, shard.StepOptions{}, &res); err != nil {
+					b.Fatal(err)
+				}
+			}
+			be.probe = p
+			defer func() { be.probe = nil }()
+			var backend time.Duration
+			b.ResetTimer()
+			for range b.N {
+				if err := sh.Step(ctx, 0, reqs, shard.StepOptions{}, &res); err != nil {
+					b.Fatal(err)
+				}
+				backend += res.Time.Fused
+			}
+			b.StopTimer()
+			n := float64(b.N)
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/n, "shard-us")
+			b.ReportMetric(float64(backend.Microseconds())/n, "backend-us")
+			for i, name := range []string{"entry", "prep", "launch", "wait"} {
+				b.ReportMetric(medianOf(p.Host[i]), "host-"+name+"-us")
+			}
+			for i, name := range []string{"prep", "kernels", "download"} {
+				b.ReportMetric(medianOf(p.GPU[i]), "gpu-"+name+"-us")
+			}
+		})
+	}
+	be, err := New(Config{DType: plan.BFloat16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	ctx := context.Background()
+	small := make([]float32, 64)
+	for _, c := range []struct {
+		name string
+		f    func() error
+	}{
+		{"handoff", func() error { return nil }},
+		{"sync", cu.Synchronize},
+		{"copy", func() error {
+			be.in.reset()
+			i := pack(&be.in, small)
+			if err := be.send(&be.in, "probe.in"); err != nil {
+				return err
+			}
+			be.out.reset()
+			be.out.region(256)
+			be.out.base = be.in.ptr(i)
+			setHost(&be.out, 0, small)
+			return be.receive(&be.out)
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for range b.N {
+				if err := be.do(ctx, c.f); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/1e3/float64(b.N), "us/call")
+		})
+	}
+}
+
+func medianOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	ys := slices.Clone(xs)
+	slices.Sort(ys)
+	return ys[len(ys)/2]
+}
+
+// BenchmarkLayerSync runs 32 layer-steps of one decode step (batch 1, the
+// BenchmarkShardStep shape) on a shard of distinct layers, cycled: per
+// layer, one host synchronisation each (Step) against all 32 queued and
+// one Sync (Queue). us/layer is the wall time of the 32 divided by 32.
+//
+//	go test -tags cuda -run '^$' -bench LayerSync ./kernels/cuda/
+func BenchmarkLayerSync(b *testing.B) {
+	for _, c := range []struct{ tokens, layers int }{{32 << 10, 8}, {128 << 10, 8}, {1 << 20, 2}} {
+		b.Run(fmt.Sprintf("ctx%dK", c.tokens>>10), func(b *testing.B) { benchLayerSync(b, c.tokens, c.layers) })
+	}
+}
+
+func benchLayerSync(b *testing.B, tokens, layers int) {
+	const qh, kvh, d, s, steps = 32, 8, 128, 16, 32
+	be, err := New(Config{DType: plan.BFloat16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	pol := plan.DefaultPolicy()
+	pol.DenseLayers = 0
+	sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: tokens/s + 1},
+		Policy: pol, DeviceResident: true}, be)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sh.Close()
+	rng := rand.New(rand.NewPCG(9, 10))
+	pd := newPrefill(rng, kvh*d)
+	id := sh.Store().Create()
+	for l := range layers {
+		if err := pd.fill(tokens, func(k, v []float32) error { return sh.Append(id, l, k, v) }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reqs := make([][]shard.SeqStep, steps)
+	for i := range reqs {
+		q := make([]float32, qh*d)
+		for j := range q {
+			q[j] = float32(rng.NormFloat64())
+		}
+		reqs[i] = []shard.SeqStep{{Seq: id, Q: q}}
+	}
+	res := make([]shard.StepResult, steps)
+	ctx := context.Background()
+	run := func(queue bool) error {
+		for i := range steps {
+			if err := sh.Step(ctx, i%layers, reqs[i], shard.StepOptions{Queue: queue}, &res[i]); err != nil {
+				return err
+			}
+		}
+		return sh.Sync(ctx)
+	}
+	for _, mode := range []struct {
+		name  string
+		queue bool
+	}{{"per-layer", false}, {"per-step", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			for range 3 {
+				if err := run(mode.queue); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for range b.N {
+				if err := run(mode.queue); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*steps), "us/layer")
 		})
 	}
 }

@@ -1,0 +1,70 @@
+package backendtest
+
+import (
+	"context"
+	"math"
+	"sync"
+
+	"github.com/questrt/questrt/kernels"
+)
+
+// QueuedDevice is a FakeDevice whose steps can be queued
+// (kernels.QueuedStepper) the way a device queues them: StepQueued runs
+// the step into buffers of its own and fills the caller's o and lse with
+// NaN; Sync copies the results in. A caller that reads a queued output
+// before Sync sees NaN. Use it by pointer.
+type QueuedDevice struct {
+	FakeDevice
+
+	mu      sync.Mutex
+	pending []queuedOut
+	queued  int
+}
+
+type queuedOut struct{ dst, src []float32 }
+
+var _ kernels.QueuedStepper = (*QueuedDevice)(nil)
+
+// StepQueued implements kernels.QueuedStepper.
+func (d *QueuedDevice) StepQueued(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
+	o2, lse2 := make([]float32, len(o)), make([]float32, len(lse))
+	// The contract leaves lists.Pages alone: run on a copy.
+	l2 := *lists
+	l2.Pages = append([]int32(nil), lists.Pages...)
+	if err := d.FakeDevice.Step(ctx, s, l, b, q, plan, &l2, o2, lse2); err != nil {
+		return err
+	}
+	nan := float32(math.NaN())
+	for i := range o {
+		o[i] = nan
+	}
+	for i := range lse {
+		lse[i] = nan
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.pending = append(d.pending, queuedOut{o, o2}, queuedOut{lse, lse2})
+	d.queued++
+	return nil
+}
+
+// Sync implements kernels.QueuedStepper.
+func (d *QueuedDevice) Sync(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, p := range d.pending {
+		copy(p.dst, p.src)
+	}
+	d.pending = nil
+	return nil
+}
+
+// Queued is the number of steps queued so far.
+func (d *QueuedDevice) Queued() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.queued
+}
