@@ -35,7 +35,9 @@ type QueuedStepper interface {
 	StepQueued(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, plan *TopKPlan, lists *Lists, o, lse []float32) error
 	// Sync waits for every queued step and fills its o and lse; an error
 	// of a queued step is returned here (then the outputs of the steps
-	// queued since the last Sync are undefined).
+	// queued since the last Sync are undefined). Nothing is written into
+	// a queued step's o and lse after Sync returns, with or without an
+	// error, so a caller may reuse them then.
 	Sync(ctx context.Context) error
 }
 

@@ -109,3 +109,51 @@ func TestQueuedStepsMatchSynchronous(t *testing.T) {
 		t.Fatal("a backend without a queue queued a step")
 	}
 }
+
+// TestFailedSyncWritesNothingLater: a Sync that fails (here, cancelled)
+// leaves nothing queued, so a caller that abandons the step and reuses its
+// result is not overwritten by the next Sync (found by review).
+func TestFailedSyncWritesNothingLater(t *testing.T) {
+	const layers, qh, kvh, d, s = 2, 4, 2, 8, 4
+	pol := plan.DefaultPolicy()
+	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = s, 3*s, 1
+	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
+	defer cpu.Close()
+	qd := &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
+	sh, err := New(Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: 64},
+		Policy: pol, DeviceResident: true}, qd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	id := sh.Store().Create()
+	for l := range layers {
+		if err := sh.Append(id, l, randVec(rng, 30*kvh*d, 1), randVec(rng, 30*kvh*d, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	var res StepResult
+	if err := sh.Step(ctx, 1, []SeqStep{{Seq: id, Q: randVec(rng, qh*d, 1)}}, StepOptions{Queue: true}, &res); err != nil || !res.Queued {
+		t.Fatalf("queued %v, %v", res.Queued, err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if sh.Sync(cctx) == nil {
+		t.Fatal("a cancelled Sync succeeded")
+	}
+	for i := range res.O {
+		res.O[i] = 42
+	}
+	if err := sh.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res.O[0] != 42 {
+		t.Fatalf("the abandoned output was written after its Sync failed: %v", res.O[0])
+	}
+	// A failing step clears Queued.
+	if err := sh.Step(ctx, layers, []SeqStep{{Seq: id, Q: randVec(rng, qh*d, 1)}}, StepOptions{Queue: true}, &res); err == nil || res.Queued {
+		t.Fatalf("bad layer: err %v, queued %v", err, res.Queued)
+	}
+}

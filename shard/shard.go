@@ -398,6 +398,7 @@ type workspace struct {
 // select top-K, and attend. Sequences may have different lengths and
 // budgets; nothing is padded.
 func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOptions, res *StepResult) error {
+	res.Queued = false
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkStep(layer, reqs); err != nil {
@@ -436,7 +437,6 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 	if err := s.begin(ls, layer, ws.parts); err != nil {
 		return err
 	}
-	res.Queued = false
 	if !opt.Phased && !opt.Diagnostics {
 		if qs, ok := s.be.(kernels.QueuedStepper); ok && opt.Queue {
 			n := len(reqs)

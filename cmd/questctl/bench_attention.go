@@ -46,9 +46,13 @@ benchmark needs --max-memory of at least 512 MiB).
 With --backend cuda the data live on the GPU, each phase is timed with CUDA
 events from a cold L2 (a 256 MiB write before every call, launches queued
 ahead), and the lines add per-phase GB/s, roofline times (bytes over the
-copy bandwidth), quest_latency_us (one step launched alone on an idle GPU)
-and topk_step_us (the top-K right after the score kernel, as inside a
-step).`)
+copy bandwidth), quest_latency_us (one step launched alone on an idle GPU),
+topk_step_us (the top-K right after the score kernel, as inside a step),
+served_us (the step through the backend's Step call as a server makes it,
+wall time: uploads, device page tables, kernels, outputs back; cold L2)
+and served_queued_us (32 queued steps and one synchronisation, wall time
+per step: the stream-ordered path of a caller running many layers; warm
+L2 where one layer's summaries fit in it).`)
 	backend := fs.String("backend", "cpu", "kernel backend: cpu, or cuda in a -tags cuda build on a GPU host")
 	contexts := fs.String("context", "32768,131072", fmt.Sprintf("comma-separated context lengths in tokens (1..%d)", bench.MaxContext))
 	budgets := fs.String("budget", "2048", fmt.Sprintf("comma-separated token budgets (--page-size..%d; K is capped at the context's pages)", bench.MaxContext))
@@ -62,7 +66,7 @@ step).`)
 	fs.IntVar(&c.Iters, "iters", c.Iters, fmt.Sprintf("timed steps per configuration (1..%d)", bench.MaxIters))
 	maxMem := maxMemoryFlag(fs)
 	asJSON := fs.Bool("json", false, "no table on stderr: JSON lines on stdout, progress lines on stderr (default also prints a table to stderr)")
-	cudaKernels := fs.String("cuda-kernels", "", "cuda: tuning overrides, comma-separated: attend=NAME and score=NAME (tensor-core kernel variants of kernels/cuda/mma.cu), score-chunk=N and attend-chunk=N (pages per block / work item)")
+	cudaKernels := fs.String("cuda-kernels", "", "cuda: tuning overrides, comma-separated: attend=NAME and score=NAME (tensor-core kernel variants of kernels/cuda/mma.cu; score=quest_score8 scores fp8 summaries on the CUDA cores), score-chunk=N and attend-chunk=N (pages per block / work item)")
 	plotOut := fs.String("plot", "", "after the run, draw time per step vs context (log-log) from its JSON lines to this PNG file (as 'questctl plot')")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		var err error

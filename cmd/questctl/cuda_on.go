@@ -69,8 +69,8 @@ func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtyp
 		HeadDim: c.HeadDim, PageSize: c.PageSize, DType: dt, Iters: c.Iters}
 	return b.BenchAttention(ctx, bcfg, func(r cuda.BenchResult) error {
 		if !asJSON {
-			fmt.Fprintf(stderr, "%s ctx %7d batch %d budget %4d: dense %8.1f us (%5.0f GB/s, %.0f%% of copy), quest %7.1f us (score %6.1f = %.0f%% of copy, top-K %5.1f (in step %5.1f), attend %5.1f; alone %6.1f) %5.1fx, rho %.4f\n",
-				r.DType, r.Context, r.Batch, r.Budget, r.DenseUS, r.DenseGBps, 100*r.DenseOfCopy, r.QuestUS, r.ScoreUS, 100*r.ScoreGBps/r.CopyGBps, r.TopKUS, r.TopKStepUS, r.AttendUS, r.QuestLatencyUS, r.Speedup, r.RhoFormula)
+			fmt.Fprintf(stderr, "%s ctx %7d batch %d budget %4d: dense %8.1f us (%5.0f GB/s, %.0f%% of copy), quest %7.1f us (score %6.1f = %.0f%% of copy, top-K %5.1f (in step %5.1f), attend %5.1f; alone %6.1f; served %6.1f, queued %6.1f) %5.1fx, rho %.4f\n",
+				r.DType, r.Context, r.Batch, r.Budget, r.DenseUS, r.DenseGBps, 100*r.DenseOfCopy, r.QuestUS, r.ScoreUS, 100*r.ScoreGBps/r.CopyGBps, r.TopKUS, r.TopKStepUS, r.AttendUS, r.QuestLatencyUS, r.ServedUS, r.ServedQueuedUS, r.Speedup, r.RhoFormula)
 		}
 		return bench.WriteJSONLine(stdout, r)
 	})

@@ -48,13 +48,16 @@ func (d *QueuedDevice) StepQueued(ctx context.Context, s kernels.Shape, l kernel
 	return nil
 }
 
-// Sync implements kernels.QueuedStepper.
+// Sync implements kernels.QueuedStepper. With ctx done it drops the
+// queued outputs unwritten and returns ctx's error (as a device failure
+// would), so nothing is written after it returns.
 func (d *QueuedDevice) Sync(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		d.pending = nil
+		return err
+	}
 	for _, p := range d.pending {
 		copy(p.dst, p.src)
 	}

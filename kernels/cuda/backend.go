@@ -39,7 +39,8 @@ type Config struct {
 	// AttendKernel and ScoreKernel name a tensor-core kernel variant of
 	// mma.cu to use instead of the default (for tuning and benchmarks,
 	// e.g. "quest_attendmma_bf16_d128_w4s2"); "" picks the default. A name
-	// that does not fit the call's shape is an error.
+	// that does not fit the call's shape is an error. ScoreKernel
+	// ScoreFP8CUDACores scores fp8 summaries with the CUDA-core kernels.
 	AttendKernel, ScoreKernel string
 }
 
@@ -74,7 +75,10 @@ type Backend struct {
 	stageOff int64
 	staged   bool
 	pending  []pendingOut
-	host     *DeviceLayer // scratch layer for host-array inputs
+	// stageWraps counts the synchronizations stage made to start the
+	// buffer over (tests).
+	stageWraps int
+	host       *DeviceLayer // scratch layer for host-array inputs
 
 	// One upload and one download per attention or step call: b.in packs
 	// the inputs, b.out lays out o, lse and the lists (regions outO,
@@ -245,8 +249,15 @@ func (b *Backend) do(ctx context.Context, f func() error) error {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if err := cu.SetCurrentContext(b.cuctx); err != nil {
-		return fmt.Errorf("cuda: make the context current: %w", err)
+	// The thread's current context is put back after the call (a caller
+	// may have its own).
+	if prev, err := cu.CurrentContext(); err != nil || prev != b.cuctx {
+		if err := cu.SetCurrentContext(b.cuctx); err != nil {
+			return fmt.Errorf("cuda: make the context current: %w", err)
+		}
+		if err == nil {
+			defer cu.SetCurrentContext(prev)
+		}
 	}
 	return f()
 }
@@ -323,6 +334,7 @@ func (b *Backend) stage(n int64) (unsafe.Pointer, error) {
 				return nil, fmt.Errorf("cuda: synchronize before reusing the staging buffer: %w", err)
 			}
 			b.settle()
+			b.stageWraps++
 		}
 		off = 0
 		if n > b.pin.size {
@@ -1416,7 +1428,7 @@ func reduceThreads(d int) int { return max(32, min(128, (d+31)/32*32)) }
 // the tensor-core kernel writes them, and wrote reports whether it did.
 func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int, ind, pg, qp, op, tmax cu.DevicePtr, perHead uint64) (wrote bool, err error) {
 	if dl.FP8 != nil {
-		return false, b.launchScoreFP8(dl, s.QHeads, n, maxPages, ind, pg, qp, op, perHead)
+		return b.launchScoreFP8(dl, s.QHeads, n, maxPages, ind, pg, qp, op, tmax, perHead)
 	}
 	g := s.Group()
 	if useMMA(s, dl.DType) {
@@ -1854,7 +1866,11 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 		return nil, attendArgs{}, err
 	}
 	pg := in.ptr(idx[1])
-	if bt.Tables != nil {
+	switch {
+	case bt.Tables != nil && n == 1:
+		// One sequence: its table is the batch's page list.
+		pg = cu.DevicePtr(uint64(uint32(b.tabs[0])) | uint64(uint32(b.tabs[1]))<<32)
+	case bt.Tables != nil:
 		if pg, err = b.gatherPages(bt, pg, in.ptr(idx[0])); err != nil {
 			return nil, attendArgs{}, err
 		}
@@ -1940,9 +1956,14 @@ func (b *Backend) StepQueued(ctx context.Context, s kernels.Shape, l kernels.Lay
 
 // Sync implements kernels.QueuedStepper: it waits for every queued step
 // and fills their outputs.
+// It waits for its turn whatever ctx (at most one call), so that no
+// queued output is written after it returns; when the device fails, the
+// queued outputs are dropped unwritten.
 func (b *Backend) Sync(ctx context.Context) error {
-	return b.do(ctx, func() error {
+	return b.do(context.WithoutCancel(ctx), func() error {
 		if err := cu.Synchronize(); err != nil {
+			clear(b.pending)
+			b.pending = b.pending[:0]
 			return fmt.Errorf("cuda: sync: %w", err)
 		}
 		b.settle()
@@ -1951,66 +1972,75 @@ func (b *Backend) Sync(ctx context.Context) error {
 }
 
 func (b *Backend) step(ctx context.Context, queued bool, s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
+	b.stepMu.Lock()
+	defer b.stepMu.Unlock()
 	b.probe.enter()
+	if err := b.checkStep(s, l, bt, q, plan, lists, o, lse); err != nil {
+		return err
+	}
+	return b.do(ctx, func() error { return b.stepDevice(queued, s, l, bt, q, plan, lists, o, lse) })
+}
+
+// checkStep validates a Step call (b.stepMu held).
+func (b *Backend) checkStep(s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
 	if err := b.checkAttend(s, l, bt, q, lists, o, lse); err != nil {
 		return fmt.Errorf("step: %w", err)
 	}
-	b.stepMu.Lock()
-	defer b.stepMu.Unlock()
-	if err := b.stepCheck.Check(bt, s.Rows(lists.Mode), plan, lists); err != nil {
-		return err
-	}
+	return b.stepCheck.Check(bt, s.Rows(lists.Mode), plan, lists)
+}
+
+// stepDevice is a checked Step's device work (device goroutine only):
+// queued leaves the outputs to the next settle.
+func (b *Backend) stepDevice(queued bool, s kernels.Shape, l kernels.Layer, bt *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
 	// Tile maxima serve the threshold top-K when every plan row starts at
 	// its score row's start.
 	tiles := true
 	for r := range plan.Rows() {
 		tiles = tiles && plan.Base[r] == 0
 	}
-	return b.do(ctx, func() error {
-		if err := b.probe.mark(0); err != nil {
-			return err
+	if err := b.probe.mark(0); err != nil {
+		return err
+	}
+	var pi [5]int
+	dl, a, err := b.prepareAttend(s, l, bt, q, lists, func(in *packed) {
+		for i, x := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
+			pi[i] = pack(in, x)
 		}
-		var pi [5]int
-		dl, a, err := b.prepareAttend(s, l, bt, q, lists, func(in *packed) {
-			for i, x := range [][]int32{plan.ScoreOff, plan.N, plan.Base, plan.K, plan.OutOff} {
-				pi[i] = pack(in, x)
-			}
-		})
-		if err != nil {
-			return err
-		}
-		if err := b.probe.mark(1); err != nil {
-			return err
-		}
-		var ptrs [5]cu.DevicePtr
-		for i := range ptrs {
-			ptrs[i] = b.in.ptr(pi[i])
-		}
-		heads, perHead := headsOf(s, lists.Mode)
-		if plan.Rows() > 0 {
-			if _, err := b.scoreTopK(dl, s, bt, lists.Mode, plan, a.ind, a.pg, a.q, ptrs, a.lists, tiles); err != nil {
-				return err
-			}
-		}
-		if err := b.launchAttendReduce(dl, s, heads, perHead, a, plan.Rows() > 0); err != nil {
-			return err
-		}
-		if err := b.probe.mark(2); err != nil {
-			return err
-		}
-		if queued {
-			b.queueOut(o, lse)
-			return nil
-		}
-		var back []int32 // the lists with the top-K's picks
-		if !lists.All {
-			back = lists.Pages
-		}
-		if err := b.receiveOut(o, lse, back, a); err != nil {
-			return err
-		}
-		return b.probe.done()
 	})
+	if err != nil {
+		return err
+	}
+	if err := b.probe.mark(1); err != nil {
+		return err
+	}
+	var ptrs [5]cu.DevicePtr
+	for i := range ptrs {
+		ptrs[i] = b.in.ptr(pi[i])
+	}
+	heads, perHead := headsOf(s, lists.Mode)
+	if plan.Rows() > 0 {
+		if _, err := b.scoreTopK(dl, s, bt, lists.Mode, plan, a.ind, a.pg, a.q, ptrs, a.lists, tiles); err != nil {
+			return err
+		}
+	}
+	if err := b.launchAttendReduce(dl, s, heads, perHead, a, plan.Rows() > 0); err != nil {
+		return err
+	}
+	if err := b.probe.mark(2); err != nil {
+		return err
+	}
+	if queued {
+		b.queueOut(o, lse)
+		return nil
+	}
+	var back []int32 // the lists with the top-K's picks
+	if !lists.All {
+		back = lists.Pages
+	}
+	if err := b.receiveOut(o, lse, back, a); err != nil {
+		return err
+	}
+	return b.probe.done()
 }
 
 // rowStarts reports whether every plan row that reads tile maxima (0 < K
@@ -2049,7 +2079,7 @@ func (b *Backend) scoreTopK(dl *DeviceLayer, s kernels.Shape, bt *kernels.Batch,
 		return 0, err
 	}
 	tmax := cu.DevicePtr(0)
-	if tiles && useMMA(s, dl.DType) {
+	if tiles && (useMMA(s, dl.DType) || (dl.FP8 != nil && b.fp8MMA(s.QHeads, dl))) {
 		if tmax, err = b.buf("step.tmax", nScores*4); err != nil {
 			return 0, err
 		}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"gorgonia.org/cu"
 
@@ -56,6 +57,16 @@ type BenchResult struct {
 	// time per call from a cold L2 with the launches queued ahead (see
 	// Backend.cold).
 	QuestLatencyUS float64 `json:"quest_latency_us"`
+	// ServedUS is the same step as a caller of Backend.Step sees it: wall
+	// time of one call (upload of the batch, queries, plan and lists;
+	// device page tables; the kernels; o, lse and the lists back), from a
+	// cold L2, median of Iters. ServedQueuedUS is the wall time of
+	// servedQueue calls of Backend.StepQueued and one Sync, per call (the
+	// stream-ordered path of a caller running many layers); its calls
+	// repeat the same layer, so L2 is warm where the layer's summaries
+	// fit in it (up to about 128K tokens at bf16).
+	ServedUS       float64 `json:"served_us"`
+	ServedQueuedUS float64 `json:"served_queued_us"`
 	Speedup        float64 `json:"speedup"`
 	BytesRead      int64   `json:"bytes_read"`
 	BytesDense     int64   `json:"bytes_dense"`
@@ -505,11 +516,15 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 		if err != nil {
 			return nil, err
 		}
+		servedUS, queuedUS, err := b.benchServed(cfg.Iters, shape, l, indptr, last, pTab, P, q, tplan, k, lists)
+		if err != nil {
+			return nil, err
+		}
 		selBytes := int64(rows) * int64(k) * int64(s*d*dt.Bytes()) * 2
 		r := BenchResult{
 			Backend: "cuda", DType: dt.String(), Context: n, Batch: batch, Budget: budget, PageSize: s,
 			QHeads: hq, KVHeads: kvh, HeadDim: d, SummaryDType: fp8Name(l),
-			DenseUS: denseUS, QuestUS: questUS, QuestLatencyUS: latUS, ScoreUS: scoreUS, TopKUS: topkUS, TopKStepUS: topkStepUS, AttendUS: attUS,
+			DenseUS: denseUS, QuestUS: questUS, QuestLatencyUS: latUS, ServedUS: servedUS, ServedQueuedUS: queuedUS, ScoreUS: scoreUS, TopKUS: topkUS, TopKStepUS: topkStepUS, AttendUS: attUS,
 			Speedup:   denseUS / questUS,
 			BytesRead: sumBytes + selBytes, BytesDense: bytesDense,
 			RhoFormula: 1/float64(s) + float64(k)/float64(P),
@@ -530,4 +545,82 @@ func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]B
 			RooflineDenseUS: float64(bytesDense) / copyGBps / 1e3, DenseOfCopy: float64(bytesDense) / denseUS / 1e3 / copyGBps, Iters: cfg.Iters})
 	}
 	return out, nil
+}
+
+// servedQueue is the number of queued steps per Sync in benchServed (the
+// layers of a Llama-3.1-8B decode step).
+const servedQueue = 32
+
+// benchServed times the step through Backend.Step's own path (checks,
+// packing, upload, kernels, download; device goroutine only): the batch
+// reads device page tables that point into the bench's identity table at
+// tab (P entries per sequence), every row ranks its sequence's P-1 first
+// pages for k-1 slots and attends the tail page too, as the bench's
+// kernel-level step does. It returns the synchronous step's median wall
+// time from a cold L2 and the queued step's wall time per call (see
+// BenchResult).
+func (b *Backend) benchServed(iters int, shape kernels.Shape, l *DeviceLayer, indptr, last []int32, tab cu.DevicePtr, P int, q []float32,
+	tplan *kernels.TopKPlan, k int, lists []int32) (served, queued float64, err error) {
+	n := len(last)
+	ts := &deviceTables{m: map[uint64]*devTable{}, maxPage: l.Pages}
+	seqs := make([]uint64, n)
+	for i := range n {
+		seqs[i] = uint64(i)
+		ts.m[uint64(i)] = &devTable{ptr: tab + cu.DevicePtr(4*i*P), n: P, cap: P} // not owned: never freed
+	}
+	bt := &kernels.Batch{Indptr: indptr, LastLen: last, Tables: &kernels.DeviceTables{Set: ts, Seqs: seqs}}
+	rows := n * shape.KVHeads
+	ls := &kernels.Lists{Mode: kernels.GroupMax, Indptr: make([]int32, rows+1)}
+	for r := range rows {
+		ls.Indptr[r+1] = int32((r + 1) * k)
+	}
+	ls.Pages = slices.Clone(lists)
+	o, lse := make([]float32, n*shape.QHeads*shape.HeadDim), make([]float32, n*shape.QHeads)
+	lay := kernels.Layer{Device: l}
+	call := func(queue bool) error {
+		b.stepMu.Lock()
+		defer b.stepMu.Unlock()
+		for r := range rows {
+			ls.Pages[r*k+k-1] = int32(P - 1) // the top-K wrote the rest
+		}
+		if err := b.checkStep(shape, lay, bt, q, tplan, ls, o, lse); err != nil {
+			return err
+		}
+		return b.stepDevice(queue, shape, lay, bt, q, tplan, ls, o, lse)
+	}
+	flush, err := b.buf("bench.flush", l2Flush)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := call(false); err != nil { // warm-up
+		return 0, 0, err
+	}
+	xs := make([]float64, iters)
+	for i := range xs {
+		if err := cu.MemsetD32Async(flush, uint(i), l2Flush/4, cu.Stream{}); err != nil {
+			return 0, 0, err
+		}
+		if err := cu.Synchronize(); err != nil {
+			return 0, 0, err
+		}
+		t0 := time.Now()
+		if err := call(false); err != nil {
+			return 0, 0, err
+		}
+		xs[i] = float64(time.Since(t0).Nanoseconds()) / 1e3
+	}
+	slices.Sort(xs)
+	served = xs[len(xs)/2]
+	t0 := time.Now()
+	for range servedQueue {
+		if err := call(true); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := cu.Synchronize(); err != nil {
+		return 0, 0, err
+	}
+	b.settle()
+	queued = float64(time.Since(t0).Nanoseconds()) / 1e3 / servedQueue
+	return served, queued, nil
 }

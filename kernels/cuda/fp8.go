@@ -120,11 +120,44 @@ func (b *Backend) copyFP8(l *DeviceLayer, dst, src int32) error {
 	return nil
 }
 
-// launchScoreFP8 runs quest_score8_g*: the scores from l's fp8 records.
-func (b *Backend) launchScoreFP8(dl *DeviceLayer, qHeads, n, maxPages int, ind, pg, qp, op cu.DevicePtr, perHead uint64) error {
+// ScoreFP8CUDACores is the Config.ScoreKernel value that scores fp8
+// summaries with the CUDA-core kernels (quest_score8_g*) instead of the
+// tensor-core ones (for comparisons).
+const ScoreFP8CUDACores = "quest_score8"
+
+// fp8MMA reports whether the tensor-core fp8 score kernel
+// (quest_score8mma_d*, mma.cu) takes this shape: D 64 or 128, at most 16
+// query heads per KV head, and no ScoreFP8CUDACores override.
+func (b *Backend) fp8MMA(qHeads int, dl *DeviceLayer) bool {
+	g := qHeads / dl.KVHeads
+	return (dl.HeadDim == 64 || dl.HeadDim == 128) && g <= 16 && b.cfg.ScoreKernel != ScoreFP8CUDACores
+}
+
+// launchScoreFP8 scores from l's fp8 records: the tensor-core kernel,
+// which also writes tile maxima when tmax is not 0 (wrote), where it
+// takes the shape, else quest_score8_g*.
+func (b *Backend) launchScoreFP8(dl *DeviceLayer, qHeads, n, maxPages int, ind, pg, qp, op, tmax cu.DevicePtr, perHead uint64) (wrote bool, err error) {
 	d, g := dl.HeadDim, qHeads/dl.KVHeads
+	if b.fp8MMA(qHeads, dl) {
+		chunk := b.cfg.ScoreChunk
+		if chunk <= 0 {
+			chunk = min(1024, max(32, (n*dl.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
+		}
+		chunk = max(chunk, (maxPages+65534)/65535) // chunks go in gridDim.y (at most 65535)
+		chunk = (chunk + 7) / 8 * 8                // blocks start on tile boundaries
+		name := fmt.Sprintf("quest_score8mma_d%d", d)
+		if g > 8 {
+			name += "_h16"
+		}
+		if name, err = b.override(b.cfg.ScoreKernel, name, g > 8); err != nil {
+			return false, err
+		}
+		grid := [3]int{dl.KVHeads, (maxPages + chunk - 1) / chunk, n}
+		return tmax != 0, b.launch(name, grid, 128, 0, u(dl.FP8.Codes), u(dl.FP8.Scales), u(ind), u(pg), u(qp), u(op), u(tmax),
+			uint64(qHeads), uint64(dl.KVHeads), perHead, uint64(chunk))
+	}
 	if d > 128 || d%4 != 0 {
-		return fmt.Errorf("cuda: fp8 summaries need a head dim up to 128 and a multiple of 4, not %d", d)
+		return false, fmt.Errorf("cuda: fp8 summaries need a head dim up to 128 and a multiple of 4, not %d", d)
 	}
 	gm := 0
 	for _, x := range fp8Groups {
@@ -134,13 +167,13 @@ func (b *Backend) launchScoreFP8(dl *DeviceLayer, qHeads, n, maxPages int, ind, 
 		}
 	}
 	if gm == 0 {
-		return fmt.Errorf("cuda: fp8 summaries take up to 32 query heads per KV head, not %d", g)
+		return false, fmt.Errorf("cuda: fp8 summaries take up to 32 query heads per KV head, not %d", g)
 	}
 	chunk := b.cfg.ScoreChunk
 	if chunk <= 0 {
 		chunk = min(1024, max(16, (n*dl.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
 	}
-	return b.launch(fmt.Sprintf("quest_score8_g%d", gm), [3]int{(maxPages + chunk - 1) / chunk, dl.KVHeads, n}, 128, 0,
+	return false, b.launch(fmt.Sprintf("quest_score8_g%d", gm), [3]int{(maxPages + chunk - 1) / chunk, dl.KVHeads, n}, 128, 0,
 		u(dl.FP8.Codes), u(dl.FP8.Scales), u(ind), u(pg), u(qp), u(op), uint64(qHeads), uint64(dl.KVHeads), uint64(d), perHead, uint64(chunk))
 }
 

@@ -240,18 +240,44 @@ func TestFP8StoredRecords(t *testing.T) {
 // error, for both GQA modes and several group sizes; at full budget the
 // fused step equals the CPU's dense attention.
 func TestFP8MatchesCPU(t *testing.T) {
+	for _, kernel := range []string{"", ScoreFP8CUDACores} {
+		t.Run("kernel="+kernel, func(t *testing.T) {
+			b, err := New(Config{DType: plan.Float32, SummaryDType: plan.SummaryFP8, ScoreKernel: kernel})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			testFP8MatchesCPU(t, b)
+		})
+	}
+}
+
+func testFP8MatchesCPU(t *testing.T, b *Backend) {
 	ctx := context.Background()
-	b := newFP8Backend(t, plan.Float32, 0)
-	defer b.Close()
 	cpu := kernels.NewCPU(kernels.CPUConfig{SummaryDType: plan.SummaryFP8})
 	defer cpu.Close()
 	rng := rand.New(rand.NewPCG(9, 9))
-	for _, s := range []kernels.Shape{
-		{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16},
-		{QHeads: 8, KVHeads: 1, HeadDim: 64, PageSize: 16},
-		{QHeads: 6, KVHeads: 2, HeadDim: 32, PageSize: 4},
+	// The tensor-core kernel takes D 64 and 128 up to 16 query heads per
+	// KV head (one or two row halves, partly empty with 12); D 32 runs
+	// the CUDA-core kernel. Query scales of 3e4 and 1e-7 leave fp16's
+	// range without the kernel's per-row power-of-two scaling.
+	for _, c := range []struct {
+		s      kernels.Shape
+		qscale float32
+	}{
+		{kernels.Shape{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}, 1},
+		{kernels.Shape{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}, 3e4},
+		{kernels.Shape{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}, 1e-7},
+		{kernels.Shape{QHeads: 8, KVHeads: 1, HeadDim: 64, PageSize: 16}, 1},
+		{kernels.Shape{QHeads: 32, KVHeads: 2, HeadDim: 128, PageSize: 16}, 1},
+		{kernels.Shape{QHeads: 24, KVHeads: 2, HeadDim: 64, PageSize: 16}, 1},
+		{kernels.Shape{QHeads: 6, KVHeads: 2, HeadDim: 32, PageSize: 4}, 1},
 	} {
+		s := c.s
 		f := backendtest.NewFixture(rng, s, []int{3000, 17, 1})
+		for i := range f.Q {
+			f.Q[i] *= c.qscale
+		}
 		pool := len(f.Layer.Summary) / (s.KVHeads * 2 * s.HeadDim)
 		dl, err := b.NewLayer(ctx, pool, s.KVHeads, s.HeadDim, s.PageSize, plan.Float32)
 		if err != nil {
@@ -271,9 +297,12 @@ func TestFP8MatchesCPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := range want {
-				if math.Abs(float64(got[i]-want[i])) > 1e-4*max(1, math.Abs(float64(want[i]))) {
-					t.Fatalf("%+v %v: score %d: cuda %v, cpu %v", s, mode, i, got[i], want[i])
+				if math.Abs(float64(got[i]-want[i])) > 1e-4*max(float64(c.qscale), math.Abs(float64(want[i]))) {
+					t.Fatalf("%+v q x%g %v: score %d: cuda %v, cpu %v", s, c.qscale, mode, i, got[i], want[i])
 				}
+			}
+			if c.qscale != 1 {
+				continue // the scale tests the scores; attention has its own tests
 			}
 			// Full budget: every page ranked and chosen (fp8 scores
 			// decide nothing), the fused step equals dense attention.

@@ -43,6 +43,11 @@ func mmaKernels() []mmaKernel {
 			}
 		}
 	}
+	for _, d := range []int{64, 128} {
+		for _, v := range []string{"", "_h16"} {
+			ks = append(ks, mmaKernel{name: fmt.Sprintf("quest_score8mma_d%d%s", d, v)})
+		}
+	}
 	for _, v := range []struct{ w, s int }{{4, 2}, {8, 2}, {2, 3}, {4, 4}} {
 		ks = append(ks, mmaKernel{name: fmt.Sprintf("quest_attendmma_bf16_d128_w%ds%d", v.w, v.s), attend: true, warps: v.w, smem: attendSmem(128, v.w, v.s, 8)})
 	}

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"testing"
 
+	"gorgonia.org/cu"
+
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
@@ -16,9 +18,11 @@ import (
 
 // TestQueuedStepsMatchStep queues every layer of a decode step on the GPU
 // (Shard.Step with Queue, one Sync) and compares with the same steps run
-// synchronously: bit-identical outputs. Batches of 8 sequences and 40
-// queued steps outgrow the 1 MiB staging buffer, so queued outputs are
-// also settled when the buffer starts over in the middle of the queue.
+// synchronously: bit-identical outputs. The staging buffer is cut back to
+// 1 MiB before each queue, so that 40 queued steps of 8 sequences (about
+// 280 KB each) make it start over in the middle of the queue (queued
+// outputs settled there; checked), and a synchronous step in the middle
+// of the queue settles the ones before it.
 func TestQueuedStepsMatchStep(t *testing.T) {
 	const layers, qh, kvh, d, s = 4, 32, 8, 128, 16
 	be, err := New(Config{DType: plan.BFloat16})
@@ -72,6 +76,21 @@ func TestQueuedStepsMatchStep(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if err := be.do(ctx, func() error {
+				if err := cu.Synchronize(); err != nil {
+					return err
+				}
+				be.settle()
+				be.pin.free()
+				var err error
+				be.pin, err = allocPinned(1 << 20)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			wraps := be.stageWraps
+			mid := len(reqs) / 2
+			var midRes shard.StepResult
 			for i, r := range reqs {
 				if err := sh.Step(ctx, i%layers, r, shard.StepOptions{Queue: true}, &got[i]); err != nil {
 					t.Fatal(err)
@@ -79,9 +98,20 @@ func TestQueuedStepsMatchStep(t *testing.T) {
 				if !got[i].Queued {
 					t.Fatalf("step %d not queued", i)
 				}
+				if i == mid { // a synchronous step settles the queue so far
+					if err := sh.Step(ctx, i%layers, r, shard.StepOptions{}, &midRes); err != nil {
+						t.Fatal(err)
+					}
+					if !slices.Equal(midRes.O, want[i].O) || !slices.Equal(got[i].O, want[i].O) {
+						t.Fatalf("step %d: the synchronous step in the queue, or the queued output it settled, differs", i)
+					}
+				}
 			}
 			if err := sh.Sync(ctx); err != nil {
 				t.Fatal(err)
+			}
+			if c.batch == 8 && be.stageWraps == wraps {
+				t.Fatal("the staging buffer never started over inside the queue")
 			}
 			for i := range reqs {
 				if !slices.Equal(want[i].O, got[i].O) || !slices.Equal(want[i].LSE, got[i].LSE) {

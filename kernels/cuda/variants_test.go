@@ -174,8 +174,20 @@ func TestMMAKernels(t *testing.T) {
 // equal a full sort of the scores, and the attention over each list equals
 // the float64 reference, in both GQA modes and on a ragged batch.
 func TestScoreTileMaxima(t *testing.T) {
-	b := newBackend(t, plan.BFloat16)
-	defer b.Close()
+	for _, fp8 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fp8=%v", fp8), func(t *testing.T) {
+			b := newBackend(t, plan.BFloat16)
+			if fp8 { // the tensor-core fp8 score kernel (quest_score8mma_*)
+				b.Close()
+				b = newFP8Backend(t, plan.BFloat16, 0)
+			}
+			defer b.Close()
+			testScoreTileMaxima(t, b)
+		})
+	}
+}
+
+func testScoreTileMaxima(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(5, 5))
 	for _, s := range []kernels.Shape{{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}, {QHeads: 32, KVHeads: 2, HeadDim: 64, PageSize: 16}} {
 		f := backendtest.NewFixtureQ(rng, s, []int{16*3000 + 5, 16 * 64, 17, 16*1001 + 16, 1}, backendtest.RoundBF16)
