@@ -31,6 +31,7 @@ import (
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/cluster/coord"
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/worker/remote"
 )
@@ -99,6 +100,27 @@ type Config struct {
 	DataDir      string
 	Durability   pagestore.Durability
 	SyncInterval time.Duration
+	// Devices are the node's compute devices, one kernel backend each,
+	// that the hosted ranks are placed over (remote.ServerConfig.Backends;
+	// the caller keeps and closes them), with what the node advertises
+	// about them (Status, membership meta). Empty: one CPU backend the
+	// worker server owns.
+	Devices []Device
+	// DeviceResident keeps the hosted ranks' pools in their device's
+	// memory (remote.ServerConfig.DeviceResident; needs Devices whose
+	// backends are kernels.DeviceStores, and no DataDir).
+	DeviceResident bool
+}
+
+// Device is one compute device of a node.
+type Device struct {
+	// Backend runs the kernels of the ranks placed on the device.
+	Backend kernels.Backend
+	// Kind is the backend's name ("cpu" or "cuda"); Name describes the
+	// device (e.g. "GPU 0: NVIDIA H200"); MemoryBytes is its memory (0:
+	// unknown).
+	Kind, Name  string
+	MemoryBytes uint64
 }
 
 // Stats is a snapshot of a node's state (Node.Stats).
@@ -195,15 +217,28 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if cfg.GRPCAdvertise != "" {
 		n.addr = cfg.GRPCAdvertise
 	}
+	var bes []kernels.Backend
+	for _, d := range cfg.Devices {
+		bes = append(bes, d.Backend)
+	}
 	if n.ws, err = remote.NewServer(remote.ServerConfig{Host: host, MaxPages: cfg.MaxPages, MemoryLimit: cfg.MemoryLimit,
 		TLS: cfg.TLS, Plaintext: cfg.Plaintext, Logger: log.With("component", "worker"),
-		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval}); err != nil {
+		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval,
+		Backends: bes, DeviceResident: cfg.DeviceResident}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
+	}
+	kind, ndev := "cpu", uint32(1)
+	devices := []*decodev1.Device{{Kind: "cpu", Name: "host"}}
+	if len(cfg.Devices) > 0 {
+		kind, ndev, devices = cfg.Devices[0].Kind, uint32(len(cfg.Devices)), nil
+		for _, d := range cfg.Devices {
+			devices = append(devices, &decodev1.Device{Kind: d.Kind, Name: d.Name, MemoryBytes: d.MemoryBytes})
+		}
 	}
 	mc := cfg.Member
 	mc.Logger = log.With("component", "cluster")
 	total := uint64(cfg.MaxPages)
-	mc.Meta = cluster.NodeMeta{GRPCAddr: n.addr, Version: cfg.Version, Backend: "cpu", Devices: 1, FreePages: total, TotalPages: total}
+	mc.Meta = cluster.NodeMeta{GRPCAddr: n.addr, Version: cfg.Version, Backend: kind, Devices: ndev, FreePages: total, TotalPages: total}
 	if n.m, err = cluster.NewMembership(ctx, mc); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -215,7 +250,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	ds, err := coord.NewServer(coord.ServerConfig{Coordinator: n.co, Status: func(r *decodev1.StatusReply) {
 		r.Version = cfg.Version
 		r.Grids = uint32(n.ws.Grids())
-		r.Devices = []*decodev1.Device{{Kind: "cpu", Name: "host"}}
+		r.Devices = devices
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)

@@ -167,6 +167,22 @@ type Config struct {
 	// Offload of the grids this node coordinates (engine.Config's fields
 	// of the same name; they travel to the nodes hosting the grid).
 
+	// Backend runs the hosted ranks' kernels: cpu, or cuda in a -tags
+	// cuda build on a GPU host [--backend]. With cuda every hosted rank's
+	// pages live only in the memory of its GPU (device-resident; not with
+	// --data-dir). Default cpu.
+	Backend string
+	// Devices are the GPU ordinals the hosted ranks are placed over, each
+	// rank on the device holding the fewest ranks, several ranks sharing
+	// a device when there are more ranks than devices (one CUDA context
+	// per device) [--devices, comma-separated]. Default: every GPU the
+	// driver lists. Only with --backend cuda.
+	Devices []int
+	// KVCacheDType is the storage type of K, V and summaries on the GPU:
+	// f32, f16 or bf16 [--kv-cache-dtype]. Default bf16. Only with
+	// --backend cuda.
+	KVCacheDType plan.DType
+
 	// DeviceBudgetPages turns offload on: at most that many pages' K/V per
 	// rank stay in its device pool, the others in a host tier, at most
 	// CapacityPages; 0 is off [--device-budget-pages]. Default 0.
@@ -592,6 +608,33 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		return err
 	})
 	d.str(&c.PolicyFile, "policy", "", "policy `file` (YAML, as questctl calibrate --out writes it): per-layer budgets and dense layers; its page_size must equal --page-size, its other values fill the policy flags not given")
+
+	d.group("Devices")
+	d.text("backend", "cpu", "kernel backend of the hosted ranks: cpu, or cuda in a -tags cuda build on a GPU host (pages then live only in GPU memory; not with --data-dir)", func(s string) error {
+		if s != "cpu" && s != "cuda" {
+			return errors.New("want cpu or cuda")
+		}
+		c.Backend = s
+		return nil
+	})
+	d.text("devices", "", "with --backend cuda: comma-separated GPU ordinals the hosted ranks are placed over, each rank on the device holding the fewest, several ranks sharing one when there are more ranks than devices; a GPU listed twice gets two contexts (default: every GPU the driver lists)", func(s string) error {
+		c.Devices = nil
+		if s == "" {
+			return nil
+		}
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				return fmt.Errorf("%q is not a GPU ordinal", f)
+			}
+			c.Devices = append(c.Devices, n)
+		}
+		return nil
+	})
+	d.text("kv-cache-dtype", "bf16", "with --backend cuda: storage type of K, V and summaries in GPU memory: f32, f16 or bf16", func(s string) (err error) {
+		c.KVCacheDType, err = plan.ParseDType(s)
+		return err
+	})
 
 	d.group("Capacity")
 	d.int(&c.MaxPages, "max-pages", 0, "pages this node hosts over all grids, at least --capacity-pages (0: 8 x --capacity-pages)")
@@ -1388,6 +1431,10 @@ func (c Config) Validate() error {
 		return bad("sync-interval", c.SyncInterval.String(), "must be positive")
 	case c.DataDir != "" && c.Selection == plan.Replicated:
 		return bad("data-dir", c.DataDir, "not with --selection replicated (its summary mirrors are not persisted)")
+	case c.DataDir != "" && c.Backend == "cuda":
+		return bad("data-dir", c.DataDir, "not with --backend cuda (pages in GPU memory do not persist)")
+	case len(c.Devices) > 0 && c.Backend != "cuda":
+		return bad("devices", joinInts(c.Devices), "needs --backend cuda")
 	}
 	if err := c.engineConfig().Validate(); err != nil {
 		// Not reached for configs that passed the checks above, unless
@@ -1527,4 +1574,12 @@ func (c Config) memberConfig() cluster.MemberConfig {
 	m.GossipInterval = c.GossipInterval
 	m.DeadNodeReclaimTime = c.DeadNodeReclaim
 	return m
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
 }

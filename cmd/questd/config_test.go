@@ -62,6 +62,7 @@ func TestDefaults(t *testing.T) {
 		Layers: 4, QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16, CP: 1, TP: 1, CapacityPages: 1024, BlockPages: 64,
 		BudgetTokens: 2048, SinkPages: 0, LocalPages: 1, DenseLayers: 2,
 		GQA: plan.GroupMax, Selector: plan.Quest, Selection: plan.Exact,
+		Backend: "cpu", KVCacheDType: plan.BFloat16,
 		MaxPages: 0, MaxMemory: 0, DeviceBudgetPages: 0, Eviction: pagestore.EvictLRU, PrefetchPages: 0, PrefetchCrossLayer: false,
 		DataDir: "", Durability: pagestore.SyncOnWrite, SyncInterval: time.Second,
 		StepTimeout: 2 * time.Second, ProbeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, SuspicionMult: 4,
@@ -282,6 +283,7 @@ func TestEnvNames(t *testing.T) {
 		}
 	})
 	slices.Sort(asked)
+	slices.Sort(want) // flag order is not env-name order ("devices" vs "device-budget-pages")
 	if !slices.Equal(asked, want) {
 		t.Errorf("getenv asked for %q, want exactly %q", asked, want)
 	}
@@ -344,6 +346,12 @@ func TestValidateNamesFlag(t *testing.T) {
 		{[]string{"--max-pages", "-1"}, `--max-pages "-1": `},
 		{[]string{"--max-pages", "100"}, `--max-pages "100": below --capacity-pages 1024`},
 		{[]string{"--max-memory", "lots"}, `--max-memory "lots": not a size`},
+		{[]string{"--backend", "gpu"}, `--backend "gpu": want cpu or cuda`},
+		{[]string{"--devices", "0,1"}, `--devices "0,1": needs --backend cuda`},
+		{[]string{"--backend", "cuda", "--devices", "0,x"}, `--devices "0,x": "x" is not a GPU ordinal`},
+		{[]string{"--backend", "cuda", "--devices", "-1"}, `--devices "-1": "-1" is not a GPU ordinal`},
+		{[]string{"--backend", "cuda", "--data-dir", "/tmp/x"}, `--data-dir "/tmp/x": not with --backend cuda`},
+		{[]string{"--kv-cache-dtype", "fp4"}, `--kv-cache-dtype "fp4": `},
 		{[]string{"--device-budget-pages", "-1"}, `--device-budget-pages "-1": must not be negative`},
 		{[]string{"--device-budget-pages", "1025"}, `--device-budget-pages "1025": above --capacity-pages 1024`},
 		{[]string{"--device-budget-pages", "x"}, `--device-budget-pages "x": not an integer`},

@@ -122,11 +122,17 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 		}()
 	}
 	logDataDir(cfg.DataDir, cfg.Name, log)
+	devs, closeDevs, err := openDevices(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeDevs() // after the node stopped (deferred below it)
 	n, err := node.Start(ctx, node.Config{
 		GRPCAddr: cfg.GRPCAddr, Advertise: cfg.Advertise, GRPCAdvertise: cfg.GRPCAdvertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
 		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext, Token: cfg.Token,
 		DrainTimeout: cfg.DrainTimeout, GridIdle: cfg.GridIdle, Version: version, Logger: log, Observe: m.observe,
 		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval,
+		Devices: devs, DeviceResident: len(devs) > 0,
 	})
 	if err != nil {
 		return err

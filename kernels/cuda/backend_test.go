@@ -282,16 +282,23 @@ func TestTopKPaths(t *testing.T) {
 // with new tokens, fork, rollback inside a page, release and recycling)
 // on a CPU engine and on a CP 2 x TP 2 engine whose shards keep their
 // pages only in GPU memory (f32), with exact and replicated selection:
-// selections must match and outputs agree to fp32 tolerance.
+// selections must match and outputs agree to fp32 tolerance. The GPU
+// engine's four ranks share one backend, or each has its own (a context
+// each, as on four devices; on one GPU they share it).
 func TestDeviceResidentEngine(t *testing.T) {
 	for _, sel := range []engine.Selection{engine.Exact, engine.Replicated} {
-		t.Run(sel.String(), func(t *testing.T) { testDeviceResidentEngine(t, sel) })
+		for _, contexts := range []int{1, 4} {
+			t.Run(fmt.Sprintf("%v/contexts=%d", sel, contexts), func(t *testing.T) { testDeviceResidentEngine(t, sel, contexts) })
+		}
 	}
 }
 
-func testDeviceResidentEngine(t *testing.T, sel engine.Selection) {
-	b := newBackend(t, plan.Float32)
-	defer b.Close()
+func testDeviceResidentEngine(t *testing.T, sel engine.Selection, contexts int) {
+	bes := make([]*Backend, contexts)
+	for i := range bes {
+		bes[i] = newBackend(t, plan.Float32)
+		defer bes[i].Close()
+	}
 	rng := rand.New(rand.NewPCG(9, 9))
 	mk := func(gpu bool) *engine.Engine {
 		cfg := engine.DefaultConfig()
@@ -300,7 +307,8 @@ func testDeviceResidentEngine(t *testing.T, sel engine.Selection) {
 		cfg.Policy.DenseLayers = 1
 		cfg.Policy.BudgetTokens = 128
 		if gpu {
-			cfg.Backend, cfg.DeviceResident = b, true
+			cfg.Backends = func(tp, cp int) kernels.Backend { return bes[(tp*cfg.CP+cp)%len(bes)] }
+			cfg.DeviceResident = true
 		}
 		e, err := engine.New(cfg)
 		if err != nil {

@@ -54,6 +54,13 @@ type ServerConfig struct {
 	// concurrent use by several ranks. Nil: a CPU backend the server owns
 	// and closes.
 	Backend kernels.Backend
+	// Backends, when not empty, are the node's devices, one backend each
+	// (Backend must then be nil): each hosted rank of a grid is placed on
+	// the device holding the fewest hosted ranks of the open grids at that
+	// moment (ties to the lower index), so that a grid's ranks spread over
+	// the devices and several ranks share a device when there are more
+	// ranks than devices. The caller keeps and closes them.
+	Backends []kernels.Backend
 	// Logger receives the server's and the transports' logs. Default:
 	// discard.
 	Logger *slog.Logger
@@ -104,6 +111,10 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("worker server config: ConnectTimeout %v must be positive", c.ConnectTimeout)
 	case c.DataDir != "" && c.DeviceResident:
 		return fmt.Errorf("worker server config: data dir %s with device-resident pools: the device-resident store does not persist", c.DataDir)
+	case c.Backend != nil && len(c.Backends) > 0:
+		return errors.New("worker server config: set Backend or Backends, not both")
+	case slices.Contains(c.Backends, nil):
+		return errors.New("worker server config: a nil backend in Backends")
 	case c.Durability < pagestore.SyncOnWrite || c.Durability > pagestore.SyncPeriodic:
 		return fmt.Errorf("worker server config: unknown durability %d", int(c.Durability))
 	case c.SyncInterval < 0:
@@ -122,13 +133,14 @@ type Server struct {
 	workerv1.UnimplementedWorkerServer
 
 	cfg   ServerConfig
-	be    kernels.Backend
+	bes   []kernels.Backend // the devices: cfg.Backends, or the one backend
 	ownBe kernels.Backend
 	log   *slog.Logger
 
 	mu     sync.Mutex
 	closed bool
 	grids  map[string]*grid
+	onDev  []int // hosted ranks of the reserved grids on each of bes
 	pages  int   // reserved by the grids
 	bytes  int64 // host bytes of the grids
 	// connects counts the ConnectGrid calls in progress: they own what
@@ -158,6 +170,7 @@ type grid struct {
 	cfg      worker.Config
 	geo      geometry
 	ranks    []worker.Rank
+	devs     []int // device (index of Server.bes) of each hosted rank, set by reserve
 	pages    int
 	bytes    int64
 	deadline time.Time // of ConnectGrid
@@ -194,7 +207,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, be: cfg.Backend, log: cfg.Logger, grids: map[string]*grid{}, dirs: map[string]bool{}}
+	s := &Server{cfg: cfg, bes: slices.Clone(cfg.Backends), log: cfg.Logger, grids: map[string]*grid{}, dirs: map[string]bool{}}
+	if cfg.Backend != nil {
+		s.bes = []kernels.Backend{cfg.Backend}
+	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -205,10 +221,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		}
 		s.lock = lk
 	}
-	if s.be == nil {
+	if len(s.bes) == 0 {
 		s.ownBe = kernels.NewCPU(kernels.CPUConfig{})
-		s.be = s.ownBe
+		s.bes = []kernels.Backend{s.ownBe}
 	}
+	s.onDev = make([]int, len(s.bes))
 	return s, nil
 }
 
@@ -234,6 +251,10 @@ type Stats struct {
 	Offload OffloadTotals
 	// Recovery counts what the grids recovered from ServerConfig.DataDir.
 	Recovery RecoveryStats
+	// RanksPerDevice is the number of hosted ranks of the grids held on
+	// each device (ServerConfig.Backends; one entry with a single
+	// backend).
+	RanksPerDevice []int
 }
 
 // OffloadTotals are offload counters summed over shards (see
@@ -255,7 +276,7 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sweep()
-	st := Stats{Grids: len(s.grids), PagesUsed: s.pages, PagesFree: -1, HostBytes: s.bytes, Recovery: s.rec}
+	st := Stats{Grids: len(s.grids), PagesUsed: s.pages, PagesFree: -1, HostBytes: s.bytes, Recovery: s.rec, RanksPerDevice: slices.Clone(s.onDev)}
 	for _, g := range s.grids {
 		st.Ranks += len(g.ranks)
 		if g.local == nil {
@@ -345,6 +366,9 @@ func (s *Server) forget(g *grid) *grid {
 		delete(s.grids, g.id)
 		s.pages -= g.pages
 		s.bytes -= g.bytes
+		for _, d := range g.devs {
+			s.onDev[d]--
+		}
 	}
 	g.cancel()
 	return g
@@ -519,6 +543,17 @@ func (s *Server) reserve(g *grid) error {
 	s.grids[g.id] = g
 	s.pages += g.pages
 	s.bytes += g.bytes
+	g.devs = make([]int, len(g.ranks))
+	for i := range g.ranks {
+		d := 0
+		for j, n := range s.onDev {
+			if n < s.onDev[d] {
+				d = j
+			}
+		}
+		g.devs[i] = d
+		s.onDev[d]++
+	}
 	return nil
 }
 
@@ -665,7 +700,7 @@ func (s *Server) connect(ctx context.Context, g *grid, dir string, lis []net.Lis
 	}
 	specs := make([]worker.RankSpec, len(g.ranks))
 	for i, rk := range g.ranks {
-		specs[i] = worker.RankSpec{Rank: rk, Backend: s.be, Transport: trs[i]}
+		specs[i] = worker.RankSpec{Rank: rk, Backend: s.bes[g.devs[i]], Transport: trs[i]}
 	}
 	local, err := worker.NewLocal(c, specs)
 	if err != nil {

@@ -1,0 +1,19 @@
+//go:build !cuda
+
+package main
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/questrt/questrt/cluster/node"
+)
+
+// openDevices returns no device (the worker server's own CPU backend) for
+// --backend cpu; this build has no CUDA backend.
+func openDevices(cfg Config, _ *slog.Logger) ([]node.Device, func(), error) {
+	if cfg.Backend == "cuda" {
+		return nil, nil, errors.New("questd: --backend cuda needs a build with -tags cuda (see README: building for a GPU host)")
+	}
+	return nil, func() {}, nil
+}

@@ -1,0 +1,23 @@
+//go:build !cuda
+
+package main
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+// TestBackendCUDANeedsTag: a CPU build refuses --backend cuda with a
+// message that says how to get it, and runs --backend cpu on the worker
+// server's own backend (no device).
+func TestBackendCUDANeedsTag(t *testing.T) {
+	if _, _, err := openDevices(Config{Backend: "cuda"}, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "-tags cuda") {
+		t.Fatalf("--backend cuda in a CPU build: %v", err)
+	}
+	devs, closeDevs, err := openDevices(Config{Backend: "cpu"}, slog.New(slog.DiscardHandler))
+	if err != nil || len(devs) != 0 {
+		t.Fatalf("--backend cpu: %d devices, %v", len(devs), err)
+	}
+	closeDevs()
+}
