@@ -185,9 +185,10 @@ func (c Config) shardConfig(r Rank) shard.Config {
 }
 
 // HostBytes returns the host bytes of ranks ranks of this config: their
-// page pools (only the metadata when DeviceResident) and, for replicated
-// selection, their summary mirrors (each mirrors the whole TP group's
-// pages of every layer).
+// page pools (only the metadata when DeviceResident, plus the pinned host
+// tier of every page when such a rank offloads: DeviceBudgetPages > 0)
+// and, for replicated selection, their summary mirrors (each mirrors the
+// whole TP group's pages of every layer).
 func (c Config) HostBytes(ranks int) (int64, error) {
 	st := c.Store()
 	per, err := st.HostBytes()
@@ -196,6 +197,9 @@ func (c Config) HostBytes(ranks int) (int64, error) {
 	}
 	if c.DeviceResident {
 		per = memlimit.Mul(int64(st.Capacity), 8)
+		if c.DeviceBudgetPages > 0 {
+			per = memlimit.Add(per, memlimit.Mul(int64(st.Capacity), int64(st.PayloadBytes())))
+		}
 	}
 	if c.Mode == Replicated {
 		mirror := memlimit.Mul(int64(c.Layers), int64(st.KVHeads), 2, int64(c.HeadDim), 4, int64(st.Capacity), int64(c.CP))

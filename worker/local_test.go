@@ -254,3 +254,25 @@ func TestBadMessages(t *testing.T) {
 		}
 	}
 }
+
+// TestHostBytesCountsPinnedTier: a device-resident rank that offloads
+// pins a host tier of every page, which HostBytes (and so the memory
+// checks of NewLocal and the worker server) must count (found by review).
+func TestHostBytesCountsPinnedTier(t *testing.T) {
+	c := DefaultConfig()
+	c.DeviceResident = true
+	plain, err := c.HostBytes(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DeviceBudgetPages = c.Capacity / 4
+	off, err := c.HostBytes(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := c.Store()
+	tier := int64(st.Capacity) * int64(st.PayloadBytes())
+	if off != 2*(plain+tier) {
+		t.Fatalf("HostBytes(2) with offload = %d, want 2 x (%d metadata + %d pinned tier)", off, plain, tier)
+	}
+}

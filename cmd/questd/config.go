@@ -173,10 +173,11 @@ type Config struct {
 	// --data-dir). Default cpu.
 	Backend string
 	// Devices are the GPU ordinals the hosted ranks are placed over, each
-	// rank on the device holding the fewest ranks, several ranks sharing
-	// a device when there are more ranks than devices (one CUDA context
-	// per device) [--devices, comma-separated]. Default: every GPU the
-	// driver lists. Only with --backend cuda.
+	// rank on the device holding the fewest ranks (counted, not their
+	// memory), several ranks sharing a device when there are more ranks
+	// than devices (one CUDA context per device) [--devices,
+	// comma-separated]. Default: every GPU the driver lists. Only with
+	// --backend cuda.
 	Devices []int
 	// KVCacheDType is the storage type of K, V and summaries on the GPU:
 	// f32, f16 or bf16 [--kv-cache-dtype]. Default bf16. Only with
@@ -610,14 +611,14 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.str(&c.PolicyFile, "policy", "", "policy `file` (YAML, as questctl calibrate --out writes it): per-layer budgets and dense layers; its page_size must equal --page-size, its other values fill the policy flags not given")
 
 	d.group("Devices")
-	d.text("backend", "cpu", "kernel backend of the hosted ranks: cpu, or cuda in a -tags cuda build on a GPU host (pages then live only in GPU memory; not with --data-dir)", func(s string) error {
+	d.text("backend", "cpu", "kernel backend of the hosted ranks: cpu, or cuda in a -tags cuda build on a GPU host (pages then live only in GPU memory; not with --data-dir); a -tags cuda build needs the NVIDIA driver to start at all, even with cpu", func(s string) error {
 		if s != "cpu" && s != "cuda" {
 			return errors.New("want cpu or cuda")
 		}
 		c.Backend = s
 		return nil
 	})
-	d.text("devices", "", "with --backend cuda: comma-separated GPU ordinals the hosted ranks are placed over, each rank on the device holding the fewest, several ranks sharing one when there are more ranks than devices; a GPU listed twice gets two contexts (default: every GPU the driver lists)", func(s string) error {
+	d.text("devices", "", "with --backend cuda: comma-separated GPU ordinals the hosted ranks are placed over, each rank on the device holding the fewest (ranks are counted, not memory: a grid too large for its GPU fails when it connects), several ranks sharing one when there are more ranks than devices; a GPU listed twice gets two contexts (default: every GPU the driver lists)", func(s string) error {
 		c.Devices = nil
 		if s == "" {
 			return nil
@@ -1435,6 +1436,8 @@ func (c Config) Validate() error {
 		return bad("data-dir", c.DataDir, "not with --backend cuda (pages in GPU memory do not persist)")
 	case len(c.Devices) > 0 && c.Backend != "cuda":
 		return bad("devices", joinInts(c.Devices), "needs --backend cuda")
+	case c.KVCacheDType != plan.BFloat16 && c.Backend != "cuda":
+		return bad("kv-cache-dtype", c.KVCacheDType.String(), "needs --backend cuda (the CPU backend stores f32)")
 	}
 	if err := c.engineConfig().Validate(); err != nil {
 		// Not reached for configs that passed the checks above, unless
