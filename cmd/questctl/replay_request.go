@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -97,7 +98,10 @@ or an http:// URL. An unknown or forgotten ID is a one-line error
 		}
 		ctx, cancel := context.WithTimeout(ctx, *timeout)
 		defer cancel()
-		rep, raw, err := fetchReplay(ctx, &http.Client{Transport: withBearer(http.DefaultTransport, token)}, base, id)
+		// The replay itself may take minutes; connecting may not.
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.DialContext = (&net.Dialer{Timeout: connectTimeout}).DialContext
+		rep, raw, err := fetchReplay(ctx, &http.Client{Transport: withBearer(tr, token)}, base, id)
 		if err != nil {
 			return err
 		}

@@ -6,11 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // exampleCase is the repository's example replay case.
@@ -459,4 +462,48 @@ func TestReplayReplicatedNeedsQuest(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestReplayAddrConnectBound: a node that accepts connections but never
+// answers (as a TLS node does to a plaintext client) fails the command
+// after the connect bound and the probe, not after the whole --timeout.
+func TestReplayAddrConnectBound(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var mu sync.Mutex
+	done := make(chan struct{})
+	go func() { // accepts and holds until the listener closes
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		lis.Close()
+		<-done
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	start := time.Now()
+	code, _, stderr := runCLI(t, "replay", "--addr", lis.Addr().String(), "--in", "../../examples/replay/case.json", "--timeout", "60s")
+	took := time.Since(start)
+	if code == 0 || !strings.Contains(stderr, lis.Addr().String()) {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	if took > connectTimeout+8*time.Second {
+		t.Fatalf("took %v with --timeout 60s: the connect bound is %v", took, connectTimeout)
+	}
+	t.Logf("failed after %v: %s", took.Round(time.Millisecond), strings.TrimSpace(stderr))
 }

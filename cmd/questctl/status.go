@@ -274,8 +274,13 @@ func dialDecode(addr string, s connSecurity, token string) (*grpc.ClientConn, er
 	return conn, nil
 }
 
-// dial connects a cluster client (client.Dial, within ctx) to the questd
-// at addr as the flags say, with the bearer token (none when "").
+// connectTimeout bounds how long a command waits for a questd to answer
+// its first call (dial; the HTTP commands' connect).
+const connectTimeout = 10 * time.Second
+
+// dial connects a cluster client (client.Dial, within ctx and at most
+// connectTimeout) to the questd at addr as the flags say, with the bearer
+// token (none when "").
 func (f *connFlags) dial(ctx context.Context, addr, token string) (*client.Client, error) {
 	s, err := f.settings()
 	if err != nil {
@@ -285,7 +290,12 @@ func (f *connFlags) dial(ctx context.Context, addr, token string) (*client.Clien
 	if err != nil {
 		return nil, err
 	}
-	c, err := client.Dial(ctx, addr, client.Options{Creds: creds, Token: token})
+	// A node that is not up, or whose TLS does not match the flags,
+	// shows up as a wait: bound it by connectTimeout, not the command's
+	// whole deadline.
+	dctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	c, err := client.Dial(dctx, addr, client.Options{Creds: creds, Token: token})
 	if err != nil && (errors.Is(err, context.DeadlineExceeded) || grpcstatus.Code(err) == codes.DeadlineExceeded) {
 		// client.Dial waits for the connection; a quick call says why
 		// it never became ready (a TLS mismatch, refused).
