@@ -7,7 +7,11 @@
 #
 #   QUESTD=.gpubuild/questd QUESTCTL=.gpubuild/questctl scripts/gpu-devices-e2e.sh OUTDIR [DEVICES]
 #
-# On a machine without a GPU, BACKEND=cpu runs the same path on the CPU.
+# QUESTD and QUESTCTL default to the binaries on $PATH. On a machine
+# without a GPU, BACKEND=cpu runs the same path on the CPU:
+#
+#   go build -o /tmp/questd ./cmd/questd && go build -o /tmp/questctl ./cmd/questctl
+#   QUESTD=/tmp/questd QUESTCTL=/tmp/questctl BACKEND=cpu scripts/gpu-devices-e2e.sh OUTDIR
 set -euo pipefail
 out=${1:?usage: $0 OUTDIR [DEVICES]}
 devices=${2:-0,0}

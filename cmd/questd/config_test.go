@@ -350,7 +350,6 @@ func TestValidateNamesFlag(t *testing.T) {
 		{[]string{"--devices", "0,1"}, `--devices "0,1": needs --backend cuda`},
 		{[]string{"--backend", "cuda", "--devices", "0,x"}, `--devices "0,x": "x" is not a GPU ordinal`},
 		{[]string{"--backend", "cuda", "--devices", "-1"}, `--devices "-1": "-1" is not a GPU ordinal`},
-		{[]string{"--backend", "cuda", "--data-dir", "/tmp/x"}, `--data-dir "/tmp/x": not with --backend cuda`},
 		{[]string{"--kv-cache-dtype", "fp4"}, `--kv-cache-dtype "fp4": `},
 		{[]string{"--kv-cache-dtype", "f16"}, `--kv-cache-dtype "f16": needs --backend cuda`},
 		{[]string{"--device-budget-pages", "-1"}, `--device-budget-pages "-1": must not be negative`},

@@ -12,6 +12,9 @@ import (
 	"github.com/questrt/questrt/kernels/cuda"
 )
 
+// cudaBuild reports whether this questd has the CUDA backend.
+const cudaBuild = true
+
 // openDevices starts one CUDA backend (its own context) per GPU of
 // --devices (default: every GPU the driver lists, which honours
 // CUDA_VISIBLE_DEVICES) for --backend cuda, and none for cpu; closing

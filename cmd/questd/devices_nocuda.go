@@ -9,11 +9,14 @@ import (
 	"github.com/questrt/questrt/cluster/node"
 )
 
+// cudaBuild reports whether this questd has the CUDA backend.
+const cudaBuild = false
+
 // openDevices returns no device (the worker server's own CPU backend) for
 // --backend cpu; this build has no CUDA backend.
 func openDevices(cfg Config, _ *slog.Logger) ([]node.Device, func(), error) {
-	if cfg.Backend == "cuda" {
-		return nil, nil, errors.New("questd: --backend cuda needs a build with -tags cuda (see README: building for a GPU host)")
+	if cfg.Backend == "cuda" { // Validate refuses it first
+		return nil, nil, errors.New("--backend cuda needs a build with -tags cuda (see README: building for a GPU host)")
 	}
 	return nil, func() {}, nil
 }

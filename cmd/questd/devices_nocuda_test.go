@@ -21,3 +21,15 @@ func TestBackendCUDANeedsTag(t *testing.T) {
 	}
 	closeDevs()
 }
+
+// TestBackendCUDARefusedAtLoad: in a CPU build --backend cuda is a usage
+// error found with the other flag checks (one line, exit 2), and the
+// checks that need a cuda build's --backend cuda are not reached.
+func TestBackendCUDARefusedAtLoad(t *testing.T) {
+	for _, args := range [][]string{{"--backend", "cuda"}, {"--backend", "cuda", "--data-dir", "/tmp/x"}} {
+		_, err := load(t, nil, append([]string{"--plaintext"}, args...)...)
+		if err == nil || !strings.HasPrefix(err.Error(), `--backend "cuda": needs a questd built with -tags cuda`) {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
