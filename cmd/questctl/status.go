@@ -153,9 +153,11 @@ type connFlags struct {
 // addConnFlags defines --plaintext, --ca, --tls-cert, --tls-key and
 // --tls-dir on fs.
 func addConnFlags(fs *flag.FlagSet) *connFlags {
+	plaintext := fs.Bool("plaintext", true, "talk to questd without TLS, unless --tls-dir, --ca or --tls-cert is given (--plaintext=false alone: TLS verified against the system roots, no client certificate)")
+	fs.BoolVar(plaintext, "insecure", true, "the same as --plaintext (the name questd and questctl up use)")
 	return &connFlags{
 		fs:        fs,
-		plaintext: fs.Bool("plaintext", true, "talk to questd without TLS, unless --tls-dir, --ca or --tls-cert is given (--plaintext=false alone: TLS verified against the system roots, no client certificate)"),
+		plaintext: plaintext,
 		ca:        fs.String("ca", "", "PEM file of the CA that signed questd's certificate (TLS; default with TLS: the system roots)"),
 		cert:      fs.String("tls-cert", "", "PEM file of the client certificate, with --tls-key, for a questd with mutual TLS (TLS)"),
 		key:       fs.String("tls-key", "", "PEM file of the key of --tls-cert"),
@@ -198,8 +200,10 @@ func (f *connFlags) settings() (connSecurity, error) {
 			tlsFlag = name
 		}
 	}
-	if tlsFlag != "" && flagSet(f.fs, "plaintext") && *f.plaintext {
-		return s, usageError{fmt.Errorf("--plaintext: conflicts with --%s, which asks for TLS", tlsFlag)}
+	for _, name := range []string{"plaintext", "insecure"} {
+		if tlsFlag != "" && flagSet(f.fs, name) && *f.plaintext {
+			return s, usageError{fmt.Errorf("--%s: conflicts with --%s, which asks for TLS", name, tlsFlag)}
+		}
 	}
 	s.plaintext = *f.plaintext && tlsFlag == ""
 	return s, nil

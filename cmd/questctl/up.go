@@ -102,9 +102,9 @@ reach the cluster with --tls-dir DIR ('questctl status --addr ADDR
 questd --insecure, and makes no certificates.
 
 Once every node's Status lists all N nodes alive, up prints one line per
-node, "NAME grpc=ADDR gossip=ADDR pid=PID", then with TLS the command
-that reaches the cluster, "connect: questctl status --addr ADDR --tls-dir
-DIR" (with --token-file when the nodes have one), then "cluster up: N
+node, "NAME grpc=ADDR gossip=ADDR pid=PID", then the command that
+reaches the cluster, "connect: questctl status --addr ADDR [--tls-dir
+DIR]" (with --token-file when the nodes have one), then "cluster up: N
 nodes" (with --json, one JSON object per node instead, with "tls_dir"
 under TLS). Everything up to there must happen within --timeout, or up
 stops the nodes it started and exits 1.
@@ -281,13 +281,14 @@ questd on $PATH.`)
 			}
 		}
 		if !*asJSON {
+			connect := "questctl status --addr " + c.nodes[0].grpc
 			if c.tlsDir != "" {
-				connect := "questctl status --addr " + c.nodes[0].grpc + " --tls-dir " + shellQuote(c.tlsDir)
-				if tokenFile != "" {
-					connect += " --token-file " + shellQuote(tokenFile)
-				}
-				fmt.Fprintf(stdout, "connect: %s\n", connect)
+				connect += " --tls-dir " + shellQuote(c.tlsDir)
 			}
+			if tokenFile != "" {
+				connect += " --token-file " + shellQuote(tokenFile)
+			}
+			fmt.Fprintf(stdout, "connect: %s\n", connect)
 			if n0 := c.nodes[0]; n0.http != "" {
 				fmt.Fprintf(stdout, "completions: http://%s/v1 (model %s on %s)\n", n0.http, filepath.Base(first[1]), n0.name)
 			}
