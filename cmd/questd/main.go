@@ -81,7 +81,11 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 	reg := prometheus.NewRegistry()
 	if err := serve(ctx, cfg, log, stdout, reg, hup); err != nil {
 		log.Error("questd failed", "err", err)
-		fmt.Fprintln(stderr, "questd:", err)
+		if cfg.LogFormat == "json" {
+			// The text log already reads as a line; a JSON one gets a
+			// plain line for the human at the terminal too.
+			fmt.Fprintln(stderr, "questd:", err)
+		}
 		return 1
 	}
 	return 0
