@@ -96,11 +96,16 @@ mass recall there read the keys back from the nodes (diagnostics only).`)
 				cpu := kernels.NewCPU(kernels.CPUConfig{Workers: c.Workers, SummaryDType: sd})
 				defer cpu.Close()
 				c.Backend = cpu
+				c.SummaryWeight = fp8SummaryWeight(c.HeadDim, c.PageSize, 4) // K/V float32
 			}
 		case "cuda":
 			be, err := newCUDABackendSummary(*dtype, summary.types[0])
 			if err != nil {
 				return err
+			}
+			if summary.types[0] == plan.SummaryFP8 {
+				dt, _ := plan.ParseDType(*dtype) // parsed by newCUDABackendSummary
+				c.SummaryWeight = fp8SummaryWeight(c.HeadDim, c.PageSize, dt.Bytes())
 			}
 			defer be.Close()
 			c.Backend = be
@@ -164,4 +169,11 @@ func demoCluster(ctx context.Context, c demo.Config, n int, questd string, stdou
 	}
 	os.RemoveAll(logs)
 	return nil
+}
+
+// fp8SummaryWeight is demo.Config.SummaryWeight for fp8 summaries: a
+// record's 2D codes and 4-byte scale over one page's K and V for the head
+// (2 S D values of kvBytes each).
+func fp8SummaryWeight(d, s, kvBytes int) float64 {
+	return float64(2*d+4) / float64(2*s*d*kvBytes)
 }

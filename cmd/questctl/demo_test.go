@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -146,5 +148,35 @@ func TestDemoHelpZeros(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("--help lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestDemoFP8Rho: with fp8 summaries the measured bytes rho counts each
+// record at (2D+4)/(8SD) of a float32 page, not 1/S: it comes out below
+// the bf16 run's by the summaries' share, and the output says why.
+func TestDemoFP8Rho(t *testing.T) {
+	rho := func(extra ...string) float64 {
+		t.Helper()
+		args := append([]string{"demo", "--context", "4096", "--steps", "2", "--layers", "2", "--dense-layers", "0",
+			"--q-heads", "4", "--kv-heads", "2", "--head-dim", "16", "--budget", "256", "--mentions", "8", "--needles", "2", "--max-memory", "-1"}, extra...)
+		code, out, stderr := runCLI(t, args...)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		m := regexp.MustCompile(`bytes rho ([0-9.]+) \(formula`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no bytes rho in:\n%s", out)
+		}
+		if len(extra) > 0 && !strings.Contains(out, "fp8 records") {
+			t.Errorf("fp8 output does not say how summaries are counted:\n%s", out)
+		}
+		v, _ := strconv.ParseFloat(m[1], 64)
+		return v
+	}
+	bf, f8 := rho(), rho("--summary-dtype", "fp8")
+	// 256 pages, every record read each step: the summaries' share drops
+	// from 1/16 = 0.0625 to (2*16+4)/(8*16*16) = 0.0176 per page.
+	if d := bf - f8; d < 0.0625-0.0176-0.002 || d > 0.0625-0.0176+0.002 {
+		t.Fatalf("bytes rho bf16 %v, fp8 %v: difference %v, want about %v", bf, f8, d, 0.0625-0.0176)
 	}
 }

@@ -52,6 +52,12 @@ type Config struct {
 	// DeviceResident keeps the pages and page tables in the backend's
 	// device memory (engine.Config.DeviceResident).
 	DeviceResident bool
+	// SummaryWeight is the bytes of one (page, KV head) summary record
+	// over the bytes of that page's K and V for the head, as the measured
+	// rho counts them; 0 (the default) is 1/S, a record of the K/V type
+	// (2D values against 2SD). fp8 summaries over float32 K/V weigh
+	// (2D+4) / (8SD).
+	SummaryWeight float64
 	// Cluster, when set, runs the demo through a questd cluster (its
 	// geometry and policy must be the demo's; Backend is then unused).
 	// The coordinator's diagnostics read the keys back from the nodes.

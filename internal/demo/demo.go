@@ -193,8 +193,12 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 			} else {
 				summaryRead = pl.Pages * cfg.KVHeads
 			}
-			stepNum += float64(dg.PagesRead) + float64(summaryRead)/float64(cfg.PageSize)
-			rhoNum += float64(dg.PagesRead) + float64(summaryRead)/float64(cfg.PageSize)
+			w := cfg.SummaryWeight
+			if w == 0 {
+				w = 1 / float64(cfg.PageSize)
+			}
+			stepNum += float64(dg.PagesRead) + float64(summaryRead)*w
+			rhoNum += float64(dg.PagesRead) + float64(summaryRead)*w
 			rhoDen += float64(dg.PagesTotal)
 			formula = rhoFormula(cfg.PageSize, pl.K, pl.Pages)
 			if askB {
@@ -291,7 +295,11 @@ func writeSummary(w io.Writer, cfg Config, sum Summary) {
 		fmt.Fprintf(w, "; rel L2 leaves out %d of %d pairs whose dense output was zero (relative error undefined)", sum.RelL2Undefined, pairs)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "(rho counts K/V pages read plus summaries at 1/S of a page; pages read are (KV head, page) pairs; the tail page is always read;\n score/topk/attn_ms come from the step with diagnostics, run phase by phase; quest_ms and coll_ms from the same step without them, as served)\n")
+	weight := "at 1/S of a page"
+	if cfg.SummaryWeight != 0 {
+		weight = fmt.Sprintf("at %.4g of a page (fp8 records; the formula's 1/S assumes records of the K/V type)", cfg.SummaryWeight)
+	}
+	fmt.Fprintf(w, "(rho counts K/V pages read plus summaries %s; pages read are (KV head, page) pairs; the tail page is always read;\n score/topk/attn_ms come from the step with diagnostics, run phase by phase; quest_ms and coll_ms from the same step without them, as served)\n", weight)
 }
 
 // phase describes one phase's recall, or that it had no steps.
