@@ -1432,14 +1432,7 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 	}
 	g := s.Group()
 	if useMMA(s, dl.DType) {
-		chunk := b.cfg.ScoreChunk
-		if chunk <= 0 {
-			// About 8 blocks per SM, 32 to 1024 pages each (measured on
-			// an H200: better balanced than one wave of 4 per SM).
-			chunk = min(1024, max(32, (n*s.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
-		}
-		chunk = max(chunk, (maxPages+65534)/65535) // chunks go in gridDim.y (at most 65535)
-		chunk = (chunk + 7) / 8 * 8                // blocks start on tile boundaries
+		chunk := b.mmaScoreChunk(n, s.KVHeads, maxPages)
 		name, err := b.mmaScoreName(s, dl.DType)
 		if err != nil {
 			return false, err
@@ -1469,6 +1462,29 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 	}
 	return false, b.launch("quest_score_"+dl.DType.String(), [3]int{(maxPages + chunk - 1) / chunk, n, 1}, 256, s.QHeads*2*s.HeadDim*4,
 		u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.HeadDim), perHead, uint64(chunk))
+}
+
+// mmaScoreChunk is the pages per block of the tensor-core score kernels
+// (16-bit and fp8 records): Config.ScoreChunk, else about 8 blocks per SM
+// with 32 to 1024 pages each (measured on an H200: better balanced than
+// one wave of 4 per SM); never more chunks than gridDim.y takes, and a
+// multiple of 8 (blocks start on tile boundaries).
+func (b *Backend) mmaScoreChunk(n, kvHeads, maxPages int) int {
+	chunk := b.cfg.ScoreChunk
+	if chunk <= 0 {
+		chunk = min(1024, max(32, (n*kvHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
+	}
+	chunk = max(chunk, (maxPages+65534)/65535) // chunks go in gridDim.y (at most 65535)
+	return (chunk + 7) / 8 * 8
+}
+
+// scoreWritesTiles reports whether launchScore's kernel for dl writes tile
+// maxima when asked (the tensor-core kernels).
+func (b *Backend) scoreWritesTiles(s kernels.Shape, dl *DeviceLayer) bool {
+	if dl.FP8 != nil {
+		return b.fp8MMA(s.QHeads, dl)
+	}
+	return useMMA(s, dl.DType)
 }
 
 // attendArgs are the device arrays of one attention call: the batch's CSR
@@ -2079,7 +2095,7 @@ func (b *Backend) scoreTopK(dl *DeviceLayer, s kernels.Shape, bt *kernels.Batch,
 		return 0, err
 	}
 	tmax := cu.DevicePtr(0)
-	if tiles && (useMMA(s, dl.DType) || (dl.FP8 != nil && b.fp8MMA(s.QHeads, dl))) {
+	if tiles && b.scoreWritesTiles(s, dl) {
 		if tmax, err = b.buf("step.tmax", nScores*4); err != nil {
 			return 0, err
 		}

@@ -5,7 +5,6 @@ package cuda
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/engine"
-	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -63,47 +61,19 @@ func benchInts(b *testing.B, env, def string) []int {
 }
 
 func benchCPScaling(b *testing.B, devs []int, tokens, batch int) {
-	const qh, kvh, d, s = 32, 8, 128, 16
-	cp := len(devs)
-	bes := make([]*Backend, cp)
+	bes := make([]*Backend, len(devs))
 	for i, dev := range devs {
 		be, err := New(Config{Device: dev, DType: plan.BFloat16})
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer be.Close()
+		b.Cleanup(func() { be.Close() }) // after the engine's (cleanups run last first)
 		bes[i] = be
 	}
-	cfg := engine.DefaultConfig()
-	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, qh, kvh, d, s
-	cfg.CP, cfg.TP, cfg.CapacityPages = cp, 1, batch*(tokens/s/cp+2)
-	cfg.Policy.DenseLayers = 0
-	cfg.Policy.BudgetTokens = 4096
-	cfg.DeviceResident = true
-	cfg.StepTimeout = time.Minute
-	cfg.Backends = func(_, r int) kernels.Backend { return bes[r] }
-	e, err := engine.New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
-	rng := rand.New(rand.NewPCG(11, 12))
-	pd := newPrefill(rng, kvh*d)
-	var reqs []engine.Request
-	for range batch {
-		id, err := e.Create(plan.Striped)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := pd.fill(tokens, func(k, v []float32) error { return e.Append(id, 0, k, v) }); err != nil {
-			b.Fatal(err)
-		}
-		q := make([]float32, qh*d)
-		for i := range q {
-			q[i] = float32(rng.NormFloat64())
-		}
-		reqs = append(reqs, engine.Request{Seq: id, Q: q})
-	}
+	e, reqs := newBenchEngine(b, bes, tokens, batch, 11, func(c *engine.Config) {
+		c.Policy.BudgetTokens = 4096
+		c.StepTimeout = time.Minute
+	})
 	ctx := context.Background()
 	var res engine.Result
 	for range 3 {

@@ -139,12 +139,7 @@ func (b *Backend) fp8MMA(qHeads int, dl *DeviceLayer) bool {
 func (b *Backend) launchScoreFP8(dl *DeviceLayer, qHeads, n, maxPages int, ind, pg, qp, op, tmax cu.DevicePtr, perHead uint64) (wrote bool, err error) {
 	d, g := dl.HeadDim, qHeads/dl.KVHeads
 	if b.fp8MMA(qHeads, dl) {
-		chunk := b.cfg.ScoreChunk
-		if chunk <= 0 {
-			chunk = min(1024, max(32, (n*dl.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
-		}
-		chunk = max(chunk, (maxPages+65534)/65535) // chunks go in gridDim.y (at most 65535)
-		chunk = (chunk + 7) / 8 * 8                // blocks start on tile boundaries
+		chunk := b.mmaScoreChunk(n, dl.KVHeads, maxPages)
 		name := fmt.Sprintf("quest_score8mma_d%d", d)
 		if g > 8 {
 			name += "_h16"

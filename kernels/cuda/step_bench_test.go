@@ -34,7 +34,7 @@ func BenchmarkShardStep(b *testing.B) {
 }
 
 func benchShardStep(b *testing.B, tokens, batch int) {
-	_, sh, reqs := newBenchShard(b, tokens, batch)
+	_, sh, reqs, _ := newBenchShard(b, tokens, batch, 1)
 	for _, mode := range []struct {
 		name string
 		opt  shard.StepOptions
@@ -57,10 +57,11 @@ func benchShardStep(b *testing.B, tokens, batch int) {
 	}
 }
 
-// newBenchShard is BenchmarkShardStep's shard: one layer on a new bf16
-// backend, batch sequences of tokens random tokens each, and one step
-// request per sequence (closed at the end of b).
-func newBenchShard(b *testing.B, tokens, batch int) (*Backend, *shard.Shard, []shard.SeqStep) {
+// newBenchShard is BenchmarkShardStep's shard: layers layers on a new
+// bf16 backend, batch sequences of tokens random tokens in each layer,
+// one step request per sequence, and the generator for more queries
+// (closed at the end of b).
+func newBenchShard(b *testing.B, tokens, batch, layers int) (*Backend, *shard.Shard, []shard.SeqStep, *rand.Rand) {
 	const qh, kvh, d, s = 32, 8, 128, 16
 	t0 := time.Now()
 	be, err := New(Config{DType: plan.BFloat16})
@@ -72,7 +73,7 @@ func newBenchShard(b *testing.B, tokens, batch int) (*Backend, *shard.Shard, []s
 	pol := plan.DefaultPolicy()
 	pol.DenseLayers = 0
 	pages := batch * (tokens/s + 1)
-	sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: pages},
+	sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: pages},
 		Policy: pol, DeviceResident: true}, be)
 	if err != nil {
 		b.Fatal(err)
@@ -83,16 +84,23 @@ func newBenchShard(b *testing.B, tokens, batch int) (*Backend, *shard.Shard, []s
 	var reqs []shard.SeqStep
 	for range batch {
 		id := sh.Store().Create()
-		if err := pd.fill(tokens, func(k, v []float32) error { return sh.Append(id, 0, k, v) }); err != nil {
-			b.Fatal(err)
+		for l := range layers {
+			if err := pd.fill(tokens, func(k, v []float32) error { return sh.Append(id, l, k, v) }); err != nil {
+				b.Fatal(err)
+			}
 		}
-		q := make([]float32, qh*d)
-		for i := range q {
-			q[i] = float32(rng.NormFloat64())
-		}
-		reqs = append(reqs, shard.SeqStep{Seq: id, Q: q})
+		reqs = append(reqs, shard.SeqStep{Seq: id, Q: randQuery(rng, qh*d)})
 	}
-	return be, sh, reqs
+	return be, sh, reqs, rng
+}
+
+// randQuery is n normal floats.
+func randQuery(rng *rand.Rand, n int) []float32 {
+	q := make([]float32, n)
+	for i := range q {
+		q[i] = float32(rng.NormFloat64())
+	}
+	return q
 }
 
 // BenchmarkStepOverhead splits BenchmarkShardStep's fused step (batch 1,
@@ -110,7 +118,7 @@ func newBenchShard(b *testing.B, tokens, batch int) (*Backend, *shard.Shard, []s
 func BenchmarkStepOverhead(b *testing.B) {
 	for _, tokens := range []int{128 << 10, 1 << 20} {
 		b.Run(fmt.Sprintf("ctx%dK_b1", tokens>>10), func(b *testing.B) {
-			be, sh, reqs := newBenchShard(b, tokens, 1)
+			be, sh, reqs, _ := newBenchShard(b, tokens, 1, 1)
 			ctx := context.Background()
 			var p *stepProbe
 			if err := be.do(ctx, func() (err error) { p, err = newStepProbe(); return err }); err != nil {
@@ -204,35 +212,11 @@ func BenchmarkLayerSync(b *testing.B) {
 }
 
 func benchLayerSync(b *testing.B, tokens, layers int) {
-	const qh, kvh, d, s, steps = 32, 8, 128, 16, 32
-	be, err := New(Config{DType: plan.BFloat16})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
-	pol := plan.DefaultPolicy()
-	pol.DenseLayers = 0
-	sh, err := shard.New(shard.Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: tokens/s + 1},
-		Policy: pol, DeviceResident: true}, be)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer sh.Close()
-	rng := rand.New(rand.NewPCG(9, 10))
-	pd := newPrefill(rng, kvh*d)
-	id := sh.Store().Create()
-	for l := range layers {
-		if err := pd.fill(tokens, func(k, v []float32) error { return sh.Append(id, l, k, v) }); err != nil {
-			b.Fatal(err)
-		}
-	}
+	const qh, d, steps = 32, 128, 32
+	_, sh, first, rng := newBenchShard(b, tokens, 1, layers)
 	reqs := make([][]shard.SeqStep, steps)
 	for i := range reqs {
-		q := make([]float32, qh*d)
-		for j := range q {
-			q[j] = float32(rng.NormFloat64())
-		}
-		reqs[i] = []shard.SeqStep{{Seq: id, Q: q}}
+		reqs[i] = []shard.SeqStep{{Seq: first[0].Seq, Q: randQuery(rng, qh*d)}}
 	}
 	res := make([]shard.StepResult, steps)
 	ctx := context.Background()
@@ -291,44 +275,16 @@ func BenchmarkEngineStepCP1(b *testing.B) {
 }
 
 func benchEngineStep(b *testing.B, cp, tokens, batch int) {
-	const qh, kvh, d, s = 32, 8, 128, 16
 	bes := make([]*Backend, cp)
 	for i := range bes {
 		be, err := New(Config{DType: plan.BFloat16})
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer be.Close()
+		b.Cleanup(func() { be.Close() }) // after the engine's (cleanups run last first)
 		bes[i] = be
 	}
-	cfg := engine.DefaultConfig()
-	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, qh, kvh, d, s
-	cfg.CP, cfg.TP, cfg.CapacityPages = cp, 1, batch*(tokens/s/cp+2)
-	cfg.Policy.DenseLayers = 0
-	cfg.DeviceResident = true
-	cfg.Backends = func(_, r int) kernels.Backend { return bes[r] }
-	e, err := engine.New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
-	rng := rand.New(rand.NewPCG(3, 4))
-	pd := newPrefill(rng, kvh*d)
-	var reqs []engine.Request
-	for range batch {
-		id, err := e.Create(plan.Striped)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := pd.fill(tokens, func(k, v []float32) error { return e.Append(id, 0, k, v) }); err != nil {
-			b.Fatal(err)
-		}
-		q := make([]float32, qh*d)
-		for i := range q {
-			q[i] = float32(rng.NormFloat64())
-		}
-		reqs = append(reqs, engine.Request{Seq: id, Q: q})
-	}
+	e, reqs := newBenchEngine(b, bes, tokens, batch, 3, func(*engine.Config) {})
 	for _, mode := range []struct {
 		name string
 		opt  engine.StepOptions
@@ -349,6 +305,41 @@ func benchEngineStep(b *testing.B, cp, tokens, batch int) {
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "us/step")
 		})
 	}
+}
+
+// newBenchEngine is an engine of one layer with a CP rank per backend of
+// bes (Llama-3.1-8B shape, bf16, pages and tables on the devices; tune
+// changes the config before it is built), batch sequences of tokens
+// random tokens and one step request each (closed at the end of b).
+func newBenchEngine(b *testing.B, bes []*Backend, tokens, batch int, seed uint64, tune func(*engine.Config)) (*engine.Engine, []engine.Request) {
+	const qh, kvh, d, s = 32, 8, 128, 16
+	cp := len(bes)
+	cfg := engine.DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 1, qh, kvh, d, s
+	cfg.CP, cfg.TP, cfg.CapacityPages = cp, 1, batch*(tokens/s/cp+2)
+	cfg.Policy.DenseLayers = 0
+	cfg.DeviceResident = true
+	cfg.Backends = func(_, r int) kernels.Backend { return bes[r] }
+	tune(&cfg)
+	e, err := engine.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { e.Close() })
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	pd := newPrefill(rng, kvh*d)
+	var reqs []engine.Request
+	for range batch {
+		id, err := e.Create(plan.Striped)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pd.fill(tokens, func(k, v []float32) error { return e.Append(id, 0, k, v) }); err != nil {
+			b.Fatal(err)
+		}
+		reqs = append(reqs, engine.Request{Seq: id, Q: randQuery(rng, qh*d)})
+	}
+	return e, reqs
 }
 
 // prefill is a pool of random tokens twice the append chunk, appended in
