@@ -33,6 +33,13 @@ const InputShare = 32
 // available memory cannot be read). why explains the bound for an error
 // message.
 func InputLimit(memoryLimit int64) (n int64, why string, err error) {
+	return inputLimit(memoryLimit, memlimit.Available)
+}
+
+// inputLimit is [InputLimit] with the available memory read through
+// available (memlimit.Available in use; a fixed figure in tests, since the
+// machine's changes between two readings).
+func inputLimit(memoryLimit int64, available func() (int64, error)) (n int64, why string, err error) {
 	if memoryLimit < memlimit.NoLimit {
 		return 0, "", fmt.Errorf("replay case: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", memoryLimit)
 	}
@@ -45,7 +52,7 @@ func InputLimit(memoryLimit int64) (n int64, why string, err error) {
 	}
 	base := memoryLimit
 	why = share(fmt.Sprintf("the %s memory limit", memlimit.Bytes(memoryLimit)), "set a larger --max-memory")
-	if avail, err := memlimit.Available(); err == nil && (base == memlimit.Auto || avail < base) {
+	if avail, err := available(); err == nil && (base == memlimit.Auto || avail < base) {
 		base = avail
 		hint := "free memory"
 		if memoryLimit == memlimit.Auto {
