@@ -623,7 +623,7 @@ func knownIssue(err error) string {
 	case status.Code(err) == codes.NotFound && strings.Contains(err.Error(), "unknown grid"):
 		return " (REGRESSION: after a partition heals, a node whose view still shows the coordinator gone sweeps the grid the " +
 			"coordinator just opened on it (node.sweep); the coordinator must take the worker's unknown grid as the grid's loss " +
-			"and create on a fresh grid, cluster/coord's check and Create)"
+			"and answer UNAVAILABLE (create on a fresh grid), cluster/coord's check and Create; TestSweptGridIsLost)"
 	}
 	return ""
 }

@@ -461,7 +461,7 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 		err = g.eng.CreateID(id, p)
 	}
 	if err != nil {
-		c.check(g, err)
+		err = c.check(g, err)
 		done(g)
 		return Created{}, err
 	}
@@ -656,16 +656,27 @@ func (c *Coordinator) aliveLocked(g *grid) error {
 // check marks g lost when err says that a node of it is unreachable, no
 // longer holds the grid (it swept or restarted it), or holds a step this
 // coordinator ended (an EndStep that never arrived): the grid cannot
-// serve another step.
-func (c *Coordinator) check(g *grid, err error) {
-	if !errors.Is(err, remote.ErrUnavailable) && !errors.Is(err, remote.ErrUnknownGrid) && !errors.Is(err, worker.ErrStepOpen) {
-		return
+// serve another step. It returns the error to answer: err itself, or,
+// when g is lost, an error naming the loss ([ErrGridLost], UNAVAILABLE
+// to a client) with err inside. A node's "unknown grid" or "a step is
+// open" is about the grid, not the caller's sequence or request: the
+// client learns that the grid is gone (its sequence with it), not
+// NOT_FOUND or FAILED_PRECONDITION.
+func (c *Coordinator) check(g *grid, err error) error {
+	if err == nil {
+		return nil
 	}
+	loses := errors.Is(err, remote.ErrUnavailable) || errors.Is(err, remote.ErrUnknownGrid) || errors.Is(err, worker.ErrStepOpen)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if g.lost == nil {
+	if g.lost == nil && loses {
 		c.loseLocked(g, fmt.Errorf("%w: %w", ErrGridLost, err))
+		return g.lost
 	}
+	if g.lost != nil && !errors.Is(err, ErrGridLost) {
+		return fmt.Errorf("%w (%w)", g.lost, err)
+	}
+	return err
 }
 
 // loseLocked records g's loss and closes it on the nodes still reachable;
@@ -735,9 +746,7 @@ func (c *Coordinator) Append(ctx context.Context, id string, layer int, k, v []f
 	if err != nil {
 		return err
 	}
-	err = s.g.eng.Append(s.id, layer, k, v)
-	c.check(s.g, err)
-	return err
+	return c.check(s.g, s.g.eng.Append(s.id, layer, k, v))
 }
 
 // SeqConfig returns the config of the grid sequence id lives on.
@@ -770,8 +779,7 @@ func (c *Coordinator) Fork(ctx context.Context, id string) (string, error) {
 	}
 	child := engine.SeqID(n)
 	if err := s.g.eng.ForkID(s.id, child); err != nil {
-		c.check(s.g, err)
-		return "", err
+		return "", c.check(s.g, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -787,9 +795,7 @@ func (c *Coordinator) Rollback(ctx context.Context, id string, n int) error {
 	if err != nil {
 		return err
 	}
-	err = s.g.eng.Rollback(s.id, n)
-	c.check(s.g, err)
-	return err
+	return c.check(s.g, s.g.eng.Rollback(s.id, n))
 }
 
 // Release frees a sequence; a sequence of a lost grid is forgotten.
@@ -818,14 +824,18 @@ func (c *Coordinator) Release(ctx context.Context, id string) error {
 	if lost {
 		return nil
 	}
-	err := s.g.eng.Release(s.id)
-	c.check(s.g, err)
+	err := c.check(s.g, s.g.eng.Release(s.id))
 	c.mu.Lock()
 	if err != nil {
 		c.rememberReleasedLocked(id)
 	}
 	c.idleLocked(s.g)
 	c.mu.Unlock()
+	if errors.Is(err, ErrGridLost) {
+		// The release found the grid gone: the sequence went with it,
+		// as for a grid already known lost above.
+		return nil
+	}
 	return err
 }
 
@@ -1064,14 +1074,7 @@ func (c *Coordinator) onGrid(ctx context.Context, g *grid, f func(ctx context.Co
 	log.mu.Lock()
 	peers := blame(cause, log.fails)
 	log.mu.Unlock()
-	c.check(g, err)
-	c.mu.Lock()
-	lost := g.lost
-	c.mu.Unlock()
-	if lost != nil && !errors.Is(err, ErrGridLost) {
-		return peers, fmt.Errorf("%w (%w)", lost, err)
-	}
-	return peers, err
+	return peers, c.check(g, err)
 }
 
 func resize(s []float32, n int) []float32 {
