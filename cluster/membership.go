@@ -308,12 +308,18 @@ func (m *Membership) waitFor(ctx context.Context) time.Duration {
 	return max(d, time.Millisecond)
 }
 
+// leavePoll is how often [Membership.Leave] looks whether any other
+// member is still up while it waits for its leave intent to go out.
+const leavePoll = 20 * time.Millisecond
+
 // Leave departs the cluster gracefully: it tells the others this is a
 // departure, not a failure (they see [StateLeft]), and broadcasts the
 // leave, waiting for both broadcasts until ctx's deadline (or
 // [MemberConfig.BroadcastTimeout]). It returns an error when the wait timed
-// out; the departure is still under way and others may then see the node
-// as dead instead. Gossip keeps running until [Membership.Shutdown], which
+// out while another member was still up; the departure is still under way
+// and others may then see the node as dead instead. A node whose peers
+// all went meanwhile (a whole cluster stopped at once) has nobody left to
+// tell: no error. Gossip keeps running until [Membership.Shutdown], which
 // should follow. Leave is idempotent; after Shutdown it returns
 // [ErrClosed].
 func (m *Membership) Leave(ctx context.Context) error {
@@ -335,21 +341,39 @@ func (m *Membership) Leave(ctx context.Context) error {
 	m.mu.Unlock()
 
 	// First the intent, so the others classify the death that follows as
-	// a departure.
+	// a departure. A broadcast is done once gossiped enough times, which
+	// never happens when every other member goes meanwhile (a whole
+	// cluster stopped at once): with nobody left to tell, there is
+	// nothing to wait for and no error.
 	if m.up.Load() > 1 {
 		done := make(chan struct{})
 		m.queue.QueueBroadcast(&intentBroadcast{name: m.cfg.Name, msg: encodeLeaveIntent(m.cfg.Name, m.instance), done: done})
 		t := time.NewTimer(m.waitFor(ctx))
-		select {
-		case <-done:
-		case <-t.C:
-			errs = append(errs, errors.New("timeout waiting for the leave intent broadcast"))
-		case <-ctx.Done():
-			errs = append(errs, ctx.Err())
+		alone := time.NewTicker(leavePoll)
+	wait:
+		for {
+			select {
+			case <-done:
+				break wait
+			case <-alone.C:
+				if m.up.Load() <= 1 {
+					break wait
+				}
+			case <-t.C:
+				errs = append(errs, errors.New("timeout waiting for the leave intent broadcast"))
+				break wait
+			case <-ctx.Done():
+				errs = append(errs, ctx.Err())
+				break wait
+			}
 		}
+		alone.Stop()
 		t.Stop()
 	}
-	if err := m.ml.Leave(m.waitFor(ctx)); err != nil {
+	// memberlist waits for its own leave broadcast when it sees another
+	// member alive as it starts, and times out when they all went during
+	// the wait: not an error either.
+	if err := m.ml.Leave(m.waitFor(ctx)); err != nil && m.up.Load() > 1 {
 		errs = append(errs, err)
 	}
 	m.mu.Lock()

@@ -722,3 +722,35 @@ func TestLogBridge(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestMembershipAllLeaveAtOnce: every node of a cluster leaving at once
+// (a local cluster stopped with Ctrl-C) leaves without error: a node
+// whose peers have all gone has nobody left to tell, which is not a
+// timeout (the last ones used to wait out the broadcast timeout and
+// report one).
+func TestMembershipAllLeaveAtOnce(t *testing.T) {
+	leakCheck(t)
+	const timeout = 3 * time.Second
+	nodes := startCluster(t, 3, func(n string) MemberConfig {
+		c := fastConfig(t, n)
+		c.BroadcastTimeout = timeout
+		return c
+	})
+	errs := make([]error, len(nodes))
+	took := make([]time.Duration, len(nodes))
+	var wg sync.WaitGroup
+	for i, m := range nodes {
+		wg.Go(func() {
+			start := time.Now()
+			errs[i] = m.Leave(t.Context())
+			took[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("%s: Leave after %v: %v", nodes[i].Name(), took[i], err)
+		}
+	}
+	t.Logf("Leave took %v", took)
+}
