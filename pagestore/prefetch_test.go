@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,6 +49,29 @@ func newPrefetchFixture(t *testing.T) *prefetchFixture {
 	}
 	checkRes(t, s)
 	return &prefetchFixture{s: s, f: f, id: id, sh: sh, pt: pt, buf: make([]byte, c.PayloadBytes())}
+}
+
+// holdNextRead keeps the tier's next Read in flight until release is
+// called (at the latest when the test ends): the tests below need a read
+// in flight for as long as they act, however slow the machine.
+func (x *prefetchFixture) holdNextRead(t *testing.T) (release func()) {
+	gate := make(chan struct{})
+	x.f.Gate, x.f.Delay, x.f.DelayRead = gate, 0, x.f.Reads()+1
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	return release
+}
+
+// waitUntil polls cond every millisecond for up to 10 s (a bound for a
+// hang, not a timing assumption).
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("10 s and still not: %s", what)
+		}
+	}
 }
 
 // offloaded returns the pages of the fixture's table that are not
@@ -192,25 +216,28 @@ func TestPrefetchWaitInFlight(t *testing.T) {
 	if len(fs) != 1 {
 		t.Fatalf("reserved %v", fs)
 	}
-	x.f.Delay, x.f.DelayRead = 50*time.Millisecond, x.f.Reads()+1
+	release := x.holdNextRead(t)
 	reads := x.f.Reads()
 	done := make(chan error, 1)
 	go func() { done <- s.LoadPrefetch(ctx, fs[0], x.buf) }()
-	for x.f.Reads() == reads { // the read has started (it is being delayed)
-		time.Sleep(time.Millisecond)
+	waitUntil(t, "the prefetch read started", func() bool { return x.f.Reads() > reads })
+	recalled := make(chan error, 1)
+	go func() { recalled <- s.Recall(ctx, []int32{p}) }()
+	waitUntil(t, "the recall waits for the read in flight", func() bool { return s.ResidencyStats().PrefetchWaits > 0 })
+	select {
+	case err := <-recalled:
+		t.Fatalf("the recall returned (%v) while the read it needs is held", err)
+	default:
 	}
-	t0 := time.Now()
-	if err := s.Recall(ctx, []int32{p}); err != nil {
+	release()
+	if err := <-recalled; err != nil {
 		t.Fatal(err)
-	}
-	if time.Since(t0) < 20*time.Millisecond {
-		t.Fatalf("the recall did not wait for the read in flight (%v)", time.Since(t0))
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	st := s.ResidencyStats()
-	if x.f.Reads() != reads+1 || st.PrefetchHits != 1 || st.PrefetchWaits == 0 || st.PrefetchWait < 20*time.Millisecond || s.DeviceSlot(p) != fs[0].Slot {
+	if x.f.Reads() != reads+1 || st.PrefetchHits != 1 || st.PrefetchWaits != 1 || st.PrefetchWait <= 0 || s.DeviceSlot(p) != fs[0].Slot {
 		t.Fatalf("%d reads, slot %d (reserved %d): %+v", x.f.Reads()-reads, s.DeviceSlot(p), fs[0].Slot, st)
 	}
 	checkRes(t, s)
@@ -225,18 +252,17 @@ func TestPrefetchWaitDeadline(t *testing.T) {
 	s, ctx := x.s, context.Background()
 	p := x.offloaded()[0]
 	fs := s.ReservePrefetch([]int32{p}, nil, 0, nil)
-	x.f.Delay, x.f.DelayRead = 100*time.Millisecond, x.f.Reads()+1
+	release := x.holdNextRead(t)
 	reads := x.f.Reads()
 	done := make(chan error, 1)
 	go func() { done <- s.LoadPrefetch(ctx, fs[0], x.buf) }()
-	for x.f.Reads() == reads {
-		time.Sleep(time.Millisecond)
-	}
+	waitUntil(t, "the prefetch read started", func() bool { return x.f.Reads() > reads })
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 	defer cancel()
 	if err := s.Recall(dctx, []int32{p}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("recall past its deadline: %v", err)
 	}
+	release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -286,26 +312,37 @@ func TestPrefetchRecycled(t *testing.T) {
 			t.Fatalf("reserved %v", fs)
 		}
 		done := make(chan error, 1)
+		release := func() {}
 		if inFlight {
-			x.f.Delay, x.f.DelayRead = 30*time.Millisecond, x.f.Reads()+1
+			release = x.holdNextRead(t)
 			reads := x.f.Reads()
 			go func() { done <- s.LoadPrefetch(ctx, fs[0], x.buf) }()
-			for x.f.Reads() == reads {
-				time.Sleep(time.Millisecond)
-			}
+			waitUntil(t, "the prefetch read started", func() bool { return x.f.Reads() > reads })
 		}
 		if err := s.Release(x.id); err != nil {
 			t.Fatal(err)
 		}
 		checkRes(t, s)
 		// The next owner takes the freed pages (last freed first) and
-		// writes them: fresh contents, whatever the prefetch read.
+		// writes them: fresh contents, whatever the prefetch read. Its
+		// write waits for the read in flight to give the slot back; the
+		// read ends once it does.
+		var opener sync.WaitGroup
+		if inFlight {
+			opener.Go(func() {
+				for end := time.Now().Add(10 * time.Second); s.ResidencyStats().PrefetchWaits == 0 && time.Now().Before(end); {
+					time.Sleep(time.Millisecond)
+				}
+				release()
+			})
+		}
 		rng := rand.New(rand.NewPCG(9, 9))
 		b, sh := s.Create(), newShadow(c.Layers)
 		k, v := randKV(rng, 10*c.PageSize, c.KVHeads*c.HeadDim)
 		for l := range c.Layers {
 			appendBoth(t, s, b, sh, l, k, v)
 		}
+		opener.Wait()
 		if inFlight {
 			if err := <-done; err != nil {
 				t.Fatal(err)
@@ -337,8 +374,9 @@ func TestPrefetchRoom(t *testing.T) {
 			t.Fatalf("reserved %v", fs)
 		}
 		done := make(chan error, 1)
+		release := func() {}
 		if inFlight {
-			x.f.Latency = 20 * time.Millisecond
+			release = x.holdNextRead(t)
 			reads := x.f.Reads()
 			go func() {
 				var err error
@@ -347,15 +385,19 @@ func TestPrefetchRoom(t *testing.T) {
 				}
 				done <- err
 			}()
-			for x.f.Reads() == reads { // the first read is in flight
-				time.Sleep(time.Millisecond)
-			}
+			waitUntil(t, "the first prefetch read started", func() bool { return x.f.Reads() > reads })
 		}
 		want := off[3:6]
 		if room, _ := s.DeviceRoom(want, nil); room < len(want) {
 			t.Fatalf("room %d", room)
 		}
-		if err := s.Recall(ctx, want); err != nil {
+		recalled := make(chan error, 1)
+		go func() { recalled <- s.Recall(ctx, want) }()
+		if inFlight {
+			waitUntil(t, "the recall waits for the read in flight", func() bool { return s.ResidencyStats().PrefetchWaits > 0 })
+			release()
+		}
+		if err := <-recalled; err != nil {
 			t.Fatalf("in flight %v: recall with the slots reserved: %v", inFlight, err)
 		}
 		for _, p := range want {
@@ -364,7 +406,6 @@ func TestPrefetchRoom(t *testing.T) {
 			}
 		}
 		if inFlight {
-			x.f.Latency = 0
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,18 +19,24 @@ import (
 	"github.com/questrt/questrt/model"
 )
 
-// slowCluster delays every Create after the first (a grid opening, as
-// the coordinator's OpenGrid and adoption do, up to its open timeout
-// each), without heeding ctx.
+// slowCluster holds every Create after the first until release is
+// closed (a grid opening, as the coordinator's OpenGrid and adoption do,
+// up to its open timeout each), without heeding ctx; started is closed
+// when the second Create begins.
 type slowCluster struct {
 	Cluster
-	n     atomic.Int32
-	delay time.Duration
+	n                atomic.Int32
+	started, release chan struct{}
 }
 
 func (c *slowCluster) Create(ctx context.Context, ec engine.Config) (model.Sequence, error) {
-	if c.n.Add(1) > 1 {
-		time.Sleep(c.delay)
+	switch c.n.Add(1) {
+	case 1:
+	case 2:
+		close(c.started)
+		<-c.release
+	default:
+		<-c.release
 	}
 	return c.Cluster.Create(ctx, ec)
 }
@@ -57,7 +64,10 @@ func TestClusterCreateOffScheduler(t *testing.T) {
 	nodes := startCluster(t, "stall")
 	cfg := testConfig("v1")
 	cfg.CapacityPages = 256
-	sc := &slowCluster{Cluster: CoordinatorCluster(nodes[0].Coordinator()), delay: 3 * time.Second}
+	sc := &slowCluster{Cluster: CoordinatorCluster(nodes[0].Coordinator()), started: make(chan struct{}), release: make(chan struct{})}
+	var once sync.Once
+	release := func() { once.Do(func() { close(sc.release) }) }
+	defer release()
 	cfg.Cluster = sc
 	s, ts := startServer(t, m, tok, cfg)
 
@@ -85,21 +95,36 @@ func TestClusterCreateOffScheduler(t *testing.T) {
 		}
 		other <- err
 	}()
-	var worst time.Duration
-	last := time.Now()
-	for chunks < 60 && scn.Scan() {
-		if strings.HasPrefix(scn.Text(), "data: ") {
-			chunks++
-			if d := time.Since(last); d > worst {
-				worst = d
+	// While the other request's Create is held, the running stream
+	// must go on: 20 more chunks (a scheduler that called Create itself
+	// would send none until the release; the scan then ends with the
+	// test's deadline, or with the stream).
+	select {
+	case <-sc.started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second request's Create did not start in 30 s")
+	}
+	read := make(chan int, 1)
+	go func() {
+		n := 0
+		for n < 20 && scn.Scan() {
+			if strings.HasPrefix(scn.Text(), "data: ") {
+				n++
 			}
-			last = time.Now()
 		}
+		read <- n
+	}()
+	select {
+	case n := <-read:
+		if n < 20 {
+			t.Errorf("the running stream ended after %d chunks while another request's Create was held: %v", n, scn.Err())
+		}
+	case <-time.After(60 * time.Second):
+		t.Error("the running stream sent fewer than 20 chunks in 60 s while another request's Create was held: it stalled")
+		resp.Body.Close() // ends the scan
+		<-read
 	}
-	t.Logf("longest gap between chunks of the running stream: %v", worst)
-	if worst > time.Second {
-		t.Errorf("a running stream stalled %v while another request's Create waited", worst)
-	}
+	release()
 	if err := <-other; err != nil {
 		t.Errorf("the request whose Create waited: %v", err)
 	}

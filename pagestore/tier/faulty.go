@@ -45,8 +45,12 @@ type Faulty struct {
 	// the DelayWrite-th Write.
 	Delay                 time.Duration
 	DelayRead, DelayWrite int
+	// Gate, when set, holds the DelayRead-th Read and the DelayWrite-th
+	// Write (after Delay) until it is closed: a call kept in flight for
+	// as long as a test needs, whatever the machine's speed.
+	Gate <-chan struct{}
 
-	// Waits (Latency, Delay) end early, failing the call with its
+	// Waits (Latency, Delay, Gate) end early, failing the call with its
 	// context's error or ErrClosed, when ctx ends or Close is called.
 
 	reads, writes, frees atomic.Int64
@@ -102,12 +106,21 @@ func (f *Faulty) before(ctx context.Context, op string, nth int64, slot, fail in
 	if f.Sticky && f.failed.Load() {
 		return f.injected(op, nth, slot, "sticky")
 	}
-	d := lat
-	if delayN > 0 && nth == int64(delayN) {
+	d, gated := lat, delayN > 0 && nth == int64(delayN)
+	if gated {
 		d += f.Delay
 	}
 	if err := f.wait(ctx, d, op, nth, slot); err != nil {
 		return err
+	}
+	if gated && f.Gate != nil {
+		select {
+		case <-f.Gate:
+		case <-ctx.Done():
+			return fmt.Errorf("tier: faulty %s #%d slot %d gated: %w", op, nth, slot, ctx.Err())
+		case <-f.closedCh():
+			return fmt.Errorf("tier: faulty %s #%d slot %d gated: %w", op, nth, slot, ErrClosed)
+		}
 	}
 	if fail > 0 && nth == int64(fail) {
 		return f.injected(op, nth, slot, "n-th call")
