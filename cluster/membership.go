@@ -319,7 +319,9 @@ const leavePoll = 20 * time.Millisecond
 // out while another member was still up; the departure is still under way
 // and others may then see the node as dead instead. A node whose peers
 // all went meanwhile (a whole cluster stopped at once) has nobody left to
-// tell: no error. Gossip keeps running until [Membership.Shutdown], which
+// tell: no error, though memberlist may still wait out the timeout for
+// its own leave broadcast (it waits when it saw a peer alive as it began;
+// that peer's departure does not end the wait). Gossip keeps running until [Membership.Shutdown], which
 // should follow. Leave is idempotent; after Shutdown it returns
 // [ErrClosed].
 func (m *Membership) Leave(ctx context.Context) error {
@@ -345,7 +347,7 @@ func (m *Membership) Leave(ctx context.Context) error {
 	// never happens when every other member goes meanwhile (a whole
 	// cluster stopped at once): with nobody left to tell, there is
 	// nothing to wait for and no error.
-	if m.up.Load() > 1 {
+	if m.othersUp() {
 		done := make(chan struct{})
 		m.queue.QueueBroadcast(&intentBroadcast{name: m.cfg.Name, msg: encodeLeaveIntent(m.cfg.Name, m.instance), done: done})
 		t := time.NewTimer(m.waitFor(ctx))
@@ -356,7 +358,7 @@ func (m *Membership) Leave(ctx context.Context) error {
 			case <-done:
 				break wait
 			case <-alone.C:
-				if m.up.Load() <= 1 {
+				if !m.othersUp() {
 					break wait
 				}
 			case <-t.C:
@@ -373,7 +375,7 @@ func (m *Membership) Leave(ctx context.Context) error {
 	// memberlist waits for its own leave broadcast when it sees another
 	// member alive as it starts, and times out when they all went during
 	// the wait: not an error either.
-	if err := m.ml.Leave(m.waitFor(ctx)); err != nil && m.up.Load() > 1 {
+	if err := m.ml.Leave(m.waitFor(ctx)); err != nil && m.othersUp() {
 		errs = append(errs, err)
 	}
 	m.mu.Lock()
@@ -387,6 +389,20 @@ func (m *Membership) Leave(ctx context.Context) error {
 	}
 	m.log.Info("left cluster", "took", time.Since(start))
 	return nil
+}
+
+// othersUp reports whether a member other than this node is up in the
+// view (m.up counts this node too until memberlist reports its own
+// departure).
+func (m *Membership) othersUp() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name, e := range m.members {
+		if name != m.cfg.Name && e.State.Up() {
+			return true
+		}
+	}
+	return false
 }
 
 // Shutdown stops gossip and closes the subscriptions; it first waits for

@@ -328,10 +328,18 @@ func TestPrefetchRecycled(t *testing.T) {
 		// write waits for the read in flight to give the slot back; the
 		// read ends once it does.
 		var opener sync.WaitGroup
+		stop := make(chan struct{})
+		var stopOnce sync.Once
+		stopOpener := func() { stopOnce.Do(func() { close(stop) }); opener.Wait() }
+		t.Cleanup(stopOpener)
 		if inFlight {
 			opener.Go(func() {
-				for end := time.Now().Add(10 * time.Second); s.ResidencyStats().PrefetchWaits == 0 && time.Now().Before(end); {
-					time.Sleep(time.Millisecond)
+				for s.ResidencyStats().PrefetchWaits == 0 {
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Millisecond):
+					}
 				}
 				release()
 			})
@@ -342,7 +350,8 @@ func TestPrefetchRecycled(t *testing.T) {
 		for l := range c.Layers {
 			appendBoth(t, s, b, sh, l, k, v)
 		}
-		opener.Wait()
+		stopOpener()
+		release() // when the writes did not need the read's slot
 		if inFlight {
 			if err := <-done; err != nil {
 				t.Fatal(err)

@@ -249,8 +249,10 @@ var (
 	ErrUnknownSequence = errors.New("unknown sequence")
 	// ErrBadSequenceID: a sequence id that is not "node/instance.number".
 	ErrBadSequenceID = errors.New("malformed sequence id")
-	// ErrGridLost: the sequence's grid lost a node (a broken stream, or
-	// membership declared it gone); the sequence's pages on it are gone.
+	// ErrGridLost: the sequence's grid lost a node (a broken stream,
+	// membership declared it gone, the node no longer holds the grid, or
+	// it holds a step this coordinator ended); the sequence's pages on it
+	// are gone.
 	ErrGridLost = errors.New("grid lost a node")
 	// ErrClosed: the coordinator is closed.
 	ErrClosed = errors.New("coordinator closed")
@@ -658,7 +660,8 @@ func (c *Coordinator) aliveLocked(g *grid) error {
 // coordinator ended (an EndStep that never arrived): the grid cannot
 // serve another step. It returns the error to answer: err itself, or,
 // when g is lost, an error naming the loss ([ErrGridLost], UNAVAILABLE
-// to a client) with err inside. A node's "unknown grid" or "a step is
+// to a client unless err carries a more specific code, see [Status])
+// with err inside. A node's "unknown grid" or "a step is
 // open" is about the grid, not the caller's sequence or request: the
 // client learns that the grid is gone (its sequence with it), not
 // NOT_FOUND or FAILED_PRECONDITION.
