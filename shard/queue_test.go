@@ -13,6 +13,20 @@ import (
 	"github.com/questrt/questrt/plan"
 )
 
+// newDeviceShard is a device-resident shard on be (closed when the test
+// ends; a backend whose Close is registered with t.Cleanup before it
+// outlives it).
+func newDeviceShard(t *testing.T, layers, qh, kvh, d, s, capacity int, pol plan.Policy, be kernels.Backend) *Shard {
+	t.Helper()
+	sh, err := New(Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: capacity},
+		Policy: pol, DeviceResident: true}, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sh.Close() })
+	return sh
+}
+
 // TestQueuedStepsMatchSynchronous runs every layer of a decode step
 // queued (StepOptions.Queue, one Sync per step) on a pretend device that
 // writes queued outputs only at Sync, against the same steps run one
@@ -24,19 +38,10 @@ func TestQueuedStepsMatchSynchronous(t *testing.T) {
 	pol := plan.DefaultPolicy()
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = s, 3*s, 1
 	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
-	defer cpu.Close()
+	t.Cleanup(func() { cpu.Close() })
 	qd := &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
-	mk := func(be kernels.Backend) *Shard {
-		sh, err := New(Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: 256},
-			Policy: pol, DeviceResident: true}, be)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return sh
-	}
-	syncSh, queued := mk(backendtest.FakeDevice{CPU: cpu}), mk(qd)
-	defer syncSh.Close()
-	defer queued.Close()
+	syncSh := newDeviceShard(t, layers, qh, kvh, d, s, 256, pol, backendtest.FakeDevice{CPU: cpu})
+	queued := newDeviceShard(t, layers, qh, kvh, d, s, 256, pol, qd)
 	rng := rand.New(rand.NewPCG(5, 6))
 	vec := func(n int) []float32 { return randVec(rng, n, 1) }
 	var ida, idb []pagestore.SeqID
@@ -118,14 +123,9 @@ func TestFailedSyncWritesNothingLater(t *testing.T) {
 	pol := plan.DefaultPolicy()
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = s, 3*s, 1
 	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
-	defer cpu.Close()
+	t.Cleanup(func() { cpu.Close() })
 	qd := &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
-	sh, err := New(Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: 64},
-		Policy: pol, DeviceResident: true}, qd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sh.Close()
+	sh := newDeviceShard(t, layers, qh, kvh, d, s, 64, pol, qd)
 	rng := rand.New(rand.NewPCG(1, 2))
 	id := sh.Store().Create()
 	for l := range layers {

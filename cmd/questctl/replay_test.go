@@ -6,12 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -468,38 +466,11 @@ func TestReplayReplicatedNeedsQuest(t *testing.T) {
 // answers (as a TLS node does to a plaintext client) fails the command
 // after the connect bound and the probe, not after the whole --timeout.
 func TestReplayAddrConnectBound(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var held []net.Conn
-	var mu sync.Mutex
-	done := make(chan struct{})
-	go func() { // accepts and holds until the listener closes
-		defer close(done)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		lis.Close()
-		<-done
-		mu.Lock()
-		for _, c := range held {
-			c.Close()
-		}
-		mu.Unlock()
-	}()
+	addr := silentAddr(t)
 	start := time.Now()
-	code, _, stderr := runCLI(t, "replay", "--addr", lis.Addr().String(), "--in", "../../examples/replay/case.json", "--timeout", "60s")
+	code, _, stderr := runCLI(t, "replay", "--addr", addr, "--in", "../../examples/replay/case.json", "--timeout", "60s")
 	took := time.Since(start)
-	if code == 0 || !strings.Contains(stderr, lis.Addr().String()) {
+	if code == 0 || !strings.Contains(stderr, addr) {
 		t.Fatalf("exit %d, stderr %q", code, stderr)
 	}
 	if took > connectTimeout+8*time.Second {

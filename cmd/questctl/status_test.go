@@ -141,44 +141,15 @@ func TestStatusEmptyReply(t *testing.T) {
 // TestStatusUnreachable: a closed port, and a port that accepts but never
 // answers, are one-line errors (exit 1) within --timeout.
 func TestStatusUnreachable(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := lis.Addr().String()
-	lis.Close()
+	closed := closedAddr(t)
 
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	var held []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			c.Close()
-		}
-	}()
+	silent := silentAddr(t)
 
 	for _, c := range []struct {
 		addr, timeout, want string
 	}{
 		{closed, "3s", "cannot reach questd at " + closed + ": dial tcp " + closed + ": connect: connection refused\n"},
-		{silent.Addr().String(), "300ms", "did not answer within 300ms"},
+		{silent, "300ms", "did not answer within 300ms"},
 	} {
 		start := time.Now()
 		code, stdout, stderr := runCLI(t, "status", "--addr", c.addr, "--timeout", c.timeout)
