@@ -163,7 +163,9 @@ func (m *Membership) setNodeLocked(e *entry, n *memberlist.Node) uint64 {
 
 // NotifyConflict sees another node claim a known name from another
 // address. When that name is this node's and it is still joining, the
-// join fails with ErrNameConflict.
+// join fails with ErrNameConflict; when it is a member this node sees dead
+// or suspect, the claim is likely a restart and is asked for again
+// (retryClaimLocked).
 func (d *delegate) NotifyConflict(existing, other *memberlist.Node) {
 	m := d.m
 	addr := addrPort(other.Addr, other.Port)
@@ -174,6 +176,10 @@ func (d *delegate) NotifyConflict(existing, other *memberlist.Node) {
 	}
 	m.log.Warn("node name conflict", "member", existing.Name,
 		"known", addrPort(existing.Addr, existing.Port).String(), "other", addr.String())
+	if e := m.members[existing.Name]; existing.Name != m.cfg.Name && e != nil &&
+		(e.State == StateDead || e.State == StateSuspect) {
+		m.retryClaimLocked(e, addr.String())
+	}
 }
 
 // AckPayload adds nothing to probe acks.

@@ -30,8 +30,9 @@ import (
 // what a crash looks like to the others: they declare the node
 // [StateDead] after their failure detection runs
 // ([MemberConfig.DetectionBound]). The package starts no goroutine of its
-// own; memberlist's are stopped by Shutdown. All methods are safe for
-// concurrent use.
+// own but the timers that ask a restarted member again for its new address
+// (see member_reclaim.go), which Leave and Shutdown stop; memberlist's are
+// stopped by Shutdown. All methods are safe for concurrent use.
 type Membership struct {
 	cfg      MemberConfig
 	log      *slog.Logger
@@ -61,6 +62,12 @@ type Membership struct {
 	// node seen meanwhile is kept in conflict and fails the join.
 	joining  bool
 	conflict error
+	// reclaims holds the pending retries of restarted members' claims to
+	// their names (member_reclaim.go); noRetries is set by Leave and
+	// Shutdown; retries counts the timers scheduled and not yet done.
+	reclaims  map[string]*reclaimRetry
+	noRetries bool
+	retries   sync.WaitGroup
 }
 
 // entry is one member and what this node knows beyond memberlist.
@@ -111,6 +118,7 @@ func NewMembership(ctx context.Context, cfg MemberConfig) (*Membership, error) {
 		instance: binary.LittleEndian.Uint64(id[:]),
 		members:  make(map[string]*entry),
 		subs:     make(map[*Subscription]struct{}),
+		reclaims: make(map[string]*reclaimRetry),
 		joining:  len(cfg.Join) > 0,
 	}
 	wire, err := encodeNodeMeta(m.instance, cfg.Meta)
@@ -340,6 +348,7 @@ func (m *Membership) Leave(ctx context.Context) error {
 	if e := m.members[m.cfg.Name]; e != nil {
 		e.leaving = true // memberlist reports its own departure too
 	}
+	m.stopRetriesLocked()
 	m.mu.Unlock()
 
 	// First the intent, so the others classify the death that follows as
@@ -406,7 +415,9 @@ func (m *Membership) othersUp() bool {
 }
 
 // Shutdown stops gossip and closes the subscriptions; it first waits for
-// a Leave or UpdateMeta in progress (each bounded by its timeout). The
+// a Leave or UpdateMeta in progress (each bounded by its timeout) and for
+// a push/pull asking a restarted member for its address (bounded by
+// [MemberConfig.TCPTimeout]). The
 // listeners are closed when it returns; memberlist's remaining goroutines
 // exit by themselves shortly after, the last within a probe interval (a
 // probe in flight waits out its timeout). Without a [Membership.Leave]
@@ -419,6 +430,10 @@ func (m *Membership) Shutdown() error {
 		return nil
 	}
 	m.closed = true
+	m.mu.Lock()
+	m.stopRetriesLocked()
+	m.mu.Unlock()
+	m.retries.Wait() // a retry in flight ends within TCPTimeout
 	err := m.ml.Shutdown()
 	m.mu.Lock()
 	for s := range m.subs {

@@ -585,6 +585,51 @@ func TestMembershipRestart(t *testing.T) {
 	}
 }
 
+// TestMembershipRestartWithinReclaim: a node killed and restarted on a new
+// port before the reclaim time has passed at the others is refused by
+// memberlist at first (a name conflict) and was then invisible to them
+// until the next push/pull, here a minute away. The others ask again once
+// the reclaim time has passed: all three see it alive at its new address
+// well before the push/pull, and not before the reclaim time.
+func TestMembershipRestartWithinReclaim(t *testing.T) {
+	leakCheck(t)
+	const reclaim = 1500 * time.Millisecond
+	cfg := func(n string) MemberConfig {
+		c := fastConfig(t, n)
+		c.DeadNodeReclaimTime = reclaim
+		c.PushPullInterval = time.Minute
+		return c
+	}
+	nodes := startCluster(t, 3, cfg)
+	killed := time.Now()
+	if err := nodes[2].Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	waitAll(t, nodes[:2], 20*time.Second, "n2 dead", func(m *Membership) bool {
+		return stateOf(m, "n2") == StateDead
+	})
+	dead := time.Now()
+	c := cfg("n2")
+	c.Join = []string{nodes[0].Addr().String()}
+	back := start(t, c)
+	all := []*Membership{nodes[0], nodes[1], back}
+	took := waitFor(t, 20*time.Second, "n2 alive at its new address everywhere", func() bool {
+		for _, m := range all {
+			mem, _ := m.View().Member("n2")
+			if mem.State != StateAlive || mem.Instance != back.Instance() || mem.Addr != back.Addr() || countState(m.View(), StateAlive) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("restarted %v after the others saw n2 dead; all see it %v later", time.Since(dead)-took, took)
+	// Death comes after the kill, so a claim honoured before the kill plus
+	// the reclaim time was honoured too early.
+	if since := time.Since(killed); since < reclaim {
+		t.Errorf("n2 reclaimed its name %v after it was killed, before the reclaim time %v", since, reclaim)
+	}
+}
+
 // TestSubscriptionDrops: a full buffer drops events and counts them, never
 // blocking memberlist; Close is idempotent and closes the channel.
 func TestSubscriptionDrops(t *testing.T) {
