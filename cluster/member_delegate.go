@@ -143,6 +143,7 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 	}
 	e.State, e.Since = state, time.Now()
 	m.changedLocked(ev, e)
+	m.scheduleClaimLocked(e)
 }
 
 // setNodeLocked copies n's address and decoded metadata into e and
@@ -163,9 +164,9 @@ func (m *Membership) setNodeLocked(e *entry, n *memberlist.Node) uint64 {
 
 // NotifyConflict sees another node claim a known name from another
 // address. When that name is this node's and it is still joining, the
-// join fails with ErrNameConflict; when it is a member this node sees dead
-// or suspect, the claim is likely a restart and is asked for again
-// (retryClaimLocked).
+// join fails with ErrNameConflict; when it is another member's, the claim
+// is kept to ask for again once that member is dead or departed for the
+// reclaim time: a restart on a new address (noteClaimLocked).
 func (d *delegate) NotifyConflict(existing, other *memberlist.Node) {
 	m := d.m
 	addr := addrPort(other.Addr, other.Port)
@@ -176,9 +177,8 @@ func (d *delegate) NotifyConflict(existing, other *memberlist.Node) {
 	}
 	m.log.Warn("node name conflict", "member", existing.Name,
 		"known", addrPort(existing.Addr, existing.Port).String(), "other", addr.String())
-	if e := m.members[existing.Name]; existing.Name != m.cfg.Name && e != nil &&
-		(e.State == StateDead || e.State == StateSuspect) {
-		m.retryClaimLocked(e, addr.String())
+	if e := m.members[existing.Name]; existing.Name != m.cfg.Name && e != nil {
+		m.noteClaimLocked(e, addr.String())
 	}
 }
 

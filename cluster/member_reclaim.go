@@ -7,105 +7,138 @@ import (
 // A node restarted under its name on another address (a new port, a new
 // pod IP) is refused by memberlist at every member that declared its old
 // process dead less than [MemberConfig.DeadNodeReclaimTime] ago, or that
-// still suspects it: memberlist reports a name conflict and drops the
-// alive message. It does not ask again; only the next periodic push/pull
-// (30 s by default) would bring the new address, so a node restarted
-// quickly stayed invisible to some members for that long.
+// has not declared it dead yet: memberlist reports a name conflict and
+// drops the alive message. It does not ask again; only the next periodic
+// push/pull (30 s by default) would bring the new address, so a node
+// restarted quickly stayed invisible to some members for that long.
 //
-// A member that sees such a conflict therefore asks again itself: once the
-// reclaim time has passed (or, while it still suspects the old process,
-// after a probe interval), it runs a push/pull with the claimant's
-// address, which brings the claim back for memberlist to accept. This
-// stops when the member is seen at the claimant's address, when the
-// claimant cannot be reached, or after the detection bound plus the
-// reclaim time from the first conflict. A conflict with a member seen
-// alive is a real one (two live processes under one name) and is not
-// retried.
+// A member that sees such a conflict therefore keeps the claim and asks
+// again itself: once it has seen the old process dead or departed for the
+// reclaim time, it runs a push/pull with the claimant's address, which
+// brings the claim back for memberlist to accept. The claim is kept from
+// its first conflict for the detection bound plus the reclaim time; in
+// that time at most [maxClaimTries] push/pulls run for it, and none once
+// the member is seen at the claimant's address. While the old process
+// stays alive (two live processes under one name, a real conflict) no
+// push/pull runs: the claim expires unused.
 
-// reclaimRetry is the pending retry of one name's claim.
-type reclaimRetry struct {
-	addr  string      // the claimant's gossip address
-	timer *time.Timer // nil while the retry runs
-	until time.Time   // no retry is scheduled after this
+// claim is a restarted member's claim to its name, kept after memberlist
+// refused it.
+type claim struct {
+	addr  string      // the claimant's gossip address, the newest seen
+	timer *time.Timer // the scheduled push/pull; nil when none is
+	tries int         // push/pulls scheduled so far
+	until time.Time   // the claim is dropped after this
 }
+
+// maxClaimTries bounds the push/pulls run for one claim: the first one
+// normally succeeds; the others cover a claimant that did not answer once.
+const maxClaimTries = 3
 
 // reclaimMargin is added to the end of the reclaim time: memberlist
 // accepts a claim only strictly after it.
 const reclaimMargin = 20 * time.Millisecond
 
-// retryClaimLocked schedules a push/pull with addr, which claims the name
-// of e, a member this node sees dead or suspect. The caller holds mu.
-func (m *Membership) retryClaimLocked(e *entry, addr string) {
+// noteClaimLocked records that addr claims the name of e, another member,
+// and memberlist refused it; the push/pull is scheduled when e is (or
+// once it becomes) dead or departed. The caller holds mu.
+func (m *Membership) noteClaimLocked(e *entry, addr string) {
 	if m.noRetries || m.cfg.DeadNodeReclaimTime == 0 {
-		// 0: memberlist reclaims a name only once it forgot the member, which
-		// a push/pull does not hasten.
+		// 0: memberlist reclaims a name only once it has forgotten the
+		// member, which a push/pull does not hasten.
 		return
 	}
 	now := time.Now()
-	r := m.reclaims[e.Name]
-	if r == nil {
-		r = &reclaimRetry{until: now.Add(m.cfg.DetectionBound(len(m.members)) + m.cfg.DeadNodeReclaimTime)}
-		m.reclaims[e.Name] = r
+	c := m.claims[e.Name]
+	if c != nil && now.After(c.until) {
+		m.dropClaimLocked(e.Name)
+		c = nil
 	}
-	r.addr = addr
-	if r.timer != nil {
-		return // one is pending; it uses the newest address
+	if c == nil {
+		c = &claim{until: now.Add(m.cfg.DetectionBound(len(m.members)) + m.cfg.DeadNodeReclaimTime)}
+		m.claims[e.Name] = c
 	}
-	if now.After(r.until) {
-		delete(m.reclaims, e.Name)
-		m.log.Warn("gave up asking a restarted member for its new address", "member", e.Name, "other", addr)
-		return
-	}
-	delay := m.cfg.ProbeInterval
-	if e.State == StateDead {
-		delay = max(time.Until(e.Since.Add(m.cfg.DeadNodeReclaimTime)), 0) + reclaimMargin
-	}
-	name := e.Name
-	m.retries.Add(1)
-	r.timer = time.AfterFunc(delay, func() {
-		defer m.retries.Done()
-		m.runClaimRetry(name)
-	})
+	c.addr = addr
+	m.scheduleClaimLocked(e)
 }
 
-// runClaimRetry is the timer of name's retry: a push/pull with the
-// claimant, during which a conflict seen again schedules the next retry.
-func (m *Membership) runClaimRetry(name string) {
+// scheduleClaimLocked schedules the push/pull of e's claim, if there is
+// one, none is scheduled, e is down and tries are left. The caller holds
+// mu.
+func (m *Membership) scheduleClaimLocked(e *entry) {
+	c := m.claims[e.Name]
+	if c == nil || c.timer != nil || m.noRetries || e.State.Up() {
+		return
+	}
+	now := time.Now()
+	if now.After(c.until) || c.tries >= maxClaimTries {
+		return // kept, unused, until it expires: no more push/pulls for it
+	}
+	at := e.Since.Add(m.cfg.DeadNodeReclaimTime + reclaimMargin)
+	if c.tries > 0 {
+		at = now.Add(m.cfg.ProbeInterval) // the claimant did not answer
+	}
+	c.tries++
+	name := e.Name
+	c.timer = time.AfterFunc(max(time.Until(at), 0), func() { m.runClaim(name, c) })
+}
+
+// runClaim is c's timer: a push/pull with the claimant, after which the
+// member is seen at its address, or the claim is tried again later (the
+// claimant did not answer), or memberlist refused it again (the old
+// process is back: the claim stays unused until it expires).
+func (m *Membership) runClaim(name string, c *claim) {
 	m.mu.Lock()
-	r := m.reclaims[name]
-	if m.noRetries || r == nil {
+	if m.noRetries || m.claims[name] != c {
 		m.mu.Unlock()
 		return
 	}
-	r.timer = nil
-	addr := r.addr
+	addr := c.addr
+	if e := m.members[name]; e != nil && e.State.Up() && e.Addr.String() == addr {
+		m.dropClaimLocked(name) // accepted meanwhile, by way of another member
+		m.mu.Unlock()
+		return
+	}
 	m.mu.Unlock()
 
+	m.claimPushPulls.Add(1)
 	_, err := m.ml.Join([]string{addr})
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.reclaims[name] != r || r.timer != nil {
-		return // rescheduled by a new conflict, or stopped
+	if m.claims[name] != c {
+		return // dropped meanwhile
 	}
-	delete(m.reclaims, name)
+	c.timer = nil
 	e := m.members[name]
 	switch {
 	case e != nil && e.State.Up() && e.Addr.String() == addr:
+		m.dropClaimLocked(name)
 		m.log.Info("restarted member reclaimed its name", "member", name, "addr", addr)
-	case err != nil:
+	case err != nil && e != nil:
 		m.log.Warn("restarted member did not answer at its new address", "member", name, "other", addr, "err", err)
+		m.scheduleClaimLocked(e)
 	}
 }
 
-// stopRetriesLocked cancels the pending retries; no new one is scheduled.
-// The caller holds mu and then waits for m.retries without it.
-func (m *Membership) stopRetriesLocked() {
-	m.noRetries = true
-	for name, r := range m.reclaims {
-		if r.timer != nil && r.timer.Stop() {
-			m.retries.Done()
+// dropClaimLocked forgets name's claim and stops its timer. A push/pull
+// already running ends by itself (within about twice
+// [MemberConfig.TCPTimeout]) and changes nothing here. The caller holds
+// mu.
+func (m *Membership) dropClaimLocked(name string) {
+	if c := m.claims[name]; c != nil {
+		if c.timer != nil {
+			c.timer.Stop()
 		}
-		delete(m.reclaims, name)
+		delete(m.claims, name)
+	}
+}
+
+// stopClaimsLocked drops every claim; none is kept after. The caller holds
+// mu.
+func (m *Membership) stopClaimsLocked() {
+	m.noRetries = true
+	for name := range m.claims {
+		m.dropClaimLocked(name)
 	}
 }

@@ -31,8 +31,9 @@ import (
 // [StateDead] after their failure detection runs
 // ([MemberConfig.DetectionBound]). The package starts no goroutine of its
 // own but the timers that ask a restarted member again for its new address
-// (see member_reclaim.go), which Leave and Shutdown stop; memberlist's are
-// stopped by Shutdown. All methods are safe for concurrent use.
+// (member_reclaim.go), which Leave and Shutdown stop (one already asking
+// ends by itself within twice [MemberConfig.TCPTimeout]); memberlist's
+// are stopped by Shutdown. All methods are safe for concurrent use.
 type Membership struct {
 	cfg      MemberConfig
 	log      *slog.Logger
@@ -62,12 +63,13 @@ type Membership struct {
 	// node seen meanwhile is kept in conflict and fails the join.
 	joining  bool
 	conflict error
-	// reclaims holds the pending retries of restarted members' claims to
-	// their names (member_reclaim.go); noRetries is set by Leave and
-	// Shutdown; retries counts the timers scheduled and not yet done.
-	reclaims  map[string]*reclaimRetry
+	// claims holds the claims of restarted members to their names that
+	// memberlist refused, to ask again (member_reclaim.go); noRetries is
+	// set by Leave and Shutdown.
+	claims    map[string]*claim
 	noRetries bool
-	retries   sync.WaitGroup
+	// claimPushPulls counts the push/pulls run for claims (read by tests).
+	claimPushPulls atomic.Int64
 }
 
 // entry is one member and what this node knows beyond memberlist.
@@ -118,7 +120,7 @@ func NewMembership(ctx context.Context, cfg MemberConfig) (*Membership, error) {
 		instance: binary.LittleEndian.Uint64(id[:]),
 		members:  make(map[string]*entry),
 		subs:     make(map[*Subscription]struct{}),
-		reclaims: make(map[string]*reclaimRetry),
+		claims:   make(map[string]*claim),
 		joining:  len(cfg.Join) > 0,
 	}
 	wire, err := encodeNodeMeta(m.instance, cfg.Meta)
@@ -348,7 +350,7 @@ func (m *Membership) Leave(ctx context.Context) error {
 	if e := m.members[m.cfg.Name]; e != nil {
 		e.leaving = true // memberlist reports its own departure too
 	}
-	m.stopRetriesLocked()
+	m.stopClaimsLocked()
 	m.mu.Unlock()
 
 	// First the intent, so the others classify the death that follows as
@@ -415,12 +417,12 @@ func (m *Membership) othersUp() bool {
 }
 
 // Shutdown stops gossip and closes the subscriptions; it first waits for
-// a Leave or UpdateMeta in progress (each bounded by its timeout) and for
-// a push/pull asking a restarted member for its address (bounded by
-// [MemberConfig.TCPTimeout]). The
+// a Leave or UpdateMeta in progress (each bounded by its timeout). The
 // listeners are closed when it returns; memberlist's remaining goroutines
 // exit by themselves shortly after, the last within a probe interval (a
-// probe in flight waits out its timeout). Without a [Membership.Leave]
+// probe in flight waits out its timeout), and so does a push/pull asking a
+// restarted member for its address, within twice [MemberConfig.TCPTimeout]
+// (it changes nothing after Shutdown). Without a [Membership.Leave]
 // before, the others see this node fail. Members and View keep answering
 // with the last view. Shutdown is idempotent.
 func (m *Membership) Shutdown() error {
@@ -431,9 +433,8 @@ func (m *Membership) Shutdown() error {
 	}
 	m.closed = true
 	m.mu.Lock()
-	m.stopRetriesLocked()
+	m.stopClaimsLocked()
 	m.mu.Unlock()
-	m.retries.Wait() // a retry in flight ends within TCPTimeout
 	err := m.ml.Shutdown()
 	m.mu.Lock()
 	for s := range m.subs {

@@ -479,6 +479,21 @@ func TestMembershipNameConflict(t *testing.T) {
 		if mem, _ := n.View().Member("n1"); mem.Instance != nodes[1].Instance() || mem.State != StateAlive {
 			t.Errorf("%s sees n1 as %+v, want the first n1 alive", n.Name(), mem)
 		}
+		// A claim against a live member is a real conflict: never asked again.
+		if k := n.claimPushPulls.Load(); k != 0 {
+			t.Errorf("%s ran %d push/pulls for the second n1's claim", n.Name(), k)
+		}
+	}
+	// n0 merged the second n1's state as it joined, so it saw the conflict;
+	// it keeps the claim unused.
+	nodes[0].mu.Lock()
+	cl, tries := nodes[0].claims["n1"], -1
+	if cl != nil {
+		tries = cl.tries
+	}
+	nodes[0].mu.Unlock()
+	if tries != 0 {
+		t.Errorf("n0's claim of the second n1: kept %v, tried %d times; want it kept and never tried", cl != nil, tries)
 	}
 }
 
@@ -622,11 +637,54 @@ func TestMembershipRestartWithinReclaim(t *testing.T) {
 		}
 		return true
 	})
-	t.Logf("restarted %v after the others saw n2 dead; all see it %v later", time.Since(dead)-took, took)
+	t.Logf("restarted %v after the others saw n2 dead; all see it %v later; push/pulls for the claim: n0 %d, n1 %d",
+		time.Since(dead)-took, took, nodes[0].claimPushPulls.Load(), nodes[1].claimPushPulls.Load())
+	for _, m := range nodes[:2] {
+		if n := m.claimPushPulls.Load(); n > maxClaimTries {
+			t.Errorf("%s ran %d push/pulls for the claim, more than %d", m.Name(), n, maxClaimTries)
+		}
+	}
 	// Death comes after the kill, so a claim honoured before the kill plus
 	// the reclaim time was honoured too early.
 	if since := time.Since(killed); since < reclaim {
 		t.Errorf("n2 reclaimed its name %v after it was killed, before the reclaim time %v", since, reclaim)
+	}
+}
+
+// TestMembershipClaimStopped: a refused claim waits for the reclaim time
+// (here a minute) on a timer, which Shutdown stops: it returns at once and
+// no push/pull runs.
+func TestMembershipClaimStopped(t *testing.T) {
+	leakCheck(t)
+	cfg := func(n string) MemberConfig {
+		c := fastConfig(t, n)
+		c.DeadNodeReclaimTime = time.Minute
+		c.PushPullInterval = time.Minute
+		return c
+	}
+	nodes := startCluster(t, 2, cfg)
+	if err := nodes[1].Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "n1 dead", func() bool { return stateOf(nodes[0], "n1") == StateDead })
+	c := cfg("n1")
+	c.Join = []string{nodes[0].Addr().String()}
+	start(t, c)
+	waitFor(t, 10*time.Second, "n0 keeps n1's claim", func() bool {
+		nodes[0].mu.Lock()
+		defer nodes[0].mu.Unlock()
+		cl := nodes[0].claims["n1"]
+		return cl != nil && cl.timer != nil
+	})
+	begin := time.Now()
+	if err := nodes[0].Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(begin); took > 2*time.Second {
+		t.Errorf("Shutdown with a claim pending took %v", took)
+	}
+	if n := nodes[0].claimPushPulls.Load(); n != 0 {
+		t.Errorf("%d push/pulls ran for a claim whose reclaim time had not passed", n)
 	}
 }
 
