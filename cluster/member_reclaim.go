@@ -15,10 +15,11 @@ import (
 // A member that sees such a conflict therefore keeps the claim and asks
 // again itself: once it has seen the old process dead or departed for the
 // reclaim time, it runs a push/pull with the claimant's address, which
-// brings the claim back for memberlist to accept. The claim is kept from
-// its first conflict for the detection bound plus the reclaim time; in
-// that time at most [maxClaimTries] push/pulls run for it, and none once
-// the member is seen at the claimant's address. While the old process
+// brings the claim back for memberlist to accept. The claim is kept for
+// twice the detection bound plus the reclaim time from its latest
+// conflict; at most [maxClaimTries] push/pulls run for it, and none while
+// this node sees the member up (at the claimant's address the claim is
+// done; at the old one the old process is back). While the old process
 // stays alive (two live processes under one name, a real conflict) no
 // push/pull runs: the claim expires unused.
 
@@ -44,8 +45,9 @@ const reclaimMargin = 20 * time.Millisecond
 // once it becomes) dead or departed. The caller holds mu.
 func (m *Membership) noteClaimLocked(e *entry, addr string) {
 	if m.noRetries || m.cfg.DeadNodeReclaimTime == 0 {
-		// 0: memberlist reclaims a name only once it has forgotten the
-		// member, which a push/pull does not hasten.
+		// 0: memberlist gives a dead member's name to another address only
+		// once it has forgotten the member (a departed one's at once, with
+		// no conflict), which a push/pull does not hasten.
 		return
 	}
 	now := time.Now()
@@ -55,10 +57,11 @@ func (m *Membership) noteClaimLocked(e *entry, addr string) {
 		c = nil
 	}
 	if c == nil {
-		c = &claim{until: now.Add(m.cfg.DetectionBound(len(m.members)) + m.cfg.DeadNodeReclaimTime)}
+		c = &claim{}
 		m.claims[e.Name] = c
 	}
 	c.addr = addr
+	c.until = now.Add(2*m.cfg.DetectionBound(len(m.members)) + m.cfg.DeadNodeReclaimTime)
 	m.scheduleClaimLocked(e)
 }
 
@@ -76,7 +79,8 @@ func (m *Membership) scheduleClaimLocked(e *entry) {
 	}
 	at := e.Since.Add(m.cfg.DeadNodeReclaimTime + reclaimMargin)
 	if c.tries > 0 {
-		at = now.Add(m.cfg.ProbeInterval) // the claimant did not answer
+		// The claimant did not answer, or changed address meanwhile.
+		at = later(at, now.Add(m.cfg.ProbeInterval))
 	}
 	c.tries++
 	name := e.Name
@@ -94,8 +98,12 @@ func (m *Membership) runClaim(name string, c *claim) {
 		return
 	}
 	addr := c.addr
-	if e := m.members[name]; e != nil && e.State.Up() && e.Addr.String() == addr {
-		m.dropClaimLocked(name) // accepted meanwhile, by way of another member
+	if e := m.members[name]; e == nil || e.State.Up() {
+		if e != nil && e.Addr.String() == addr {
+			m.dropClaimLocked(name) // accepted meanwhile, by way of another member
+		} else {
+			c.timer = nil // the old process is back: kept, unused, unless it dies again
+		}
 		m.mu.Unlock()
 		return
 	}
@@ -118,7 +126,16 @@ func (m *Membership) runClaim(name string, c *claim) {
 	case err != nil && e != nil:
 		m.log.Warn("restarted member did not answer at its new address", "member", name, "other", addr, "err", err)
 		m.scheduleClaimLocked(e)
+	case c.addr != addr && e != nil:
+		m.scheduleClaimLocked(e) // a newer address arrived during the push/pull
 	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // dropClaimLocked forgets name's claim and stops its timer. A push/pull

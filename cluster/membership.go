@@ -421,10 +421,11 @@ func (m *Membership) othersUp() bool {
 // listeners are closed when it returns; memberlist's remaining goroutines
 // exit by themselves shortly after, the last within a probe interval (a
 // probe in flight waits out its timeout), and so does a push/pull asking a
-// restarted member for its address, within twice [MemberConfig.TCPTimeout]
-// (it changes nothing after Shutdown). Without a [Membership.Leave]
-// before, the others see this node fail. Members and View keep answering
-// with the last view. Shutdown is idempotent.
+// restarted member for its address, within twice [MemberConfig.TCPTimeout].
+// Without a [Membership.Leave] before, the others see this node fail.
+// Members and View keep answering with the last view (which such a
+// push/pull, or one memberlist was serving, may still update; the
+// subscriptions are closed and get nothing). Shutdown is idempotent.
 func (m *Membership) Shutdown() error {
 	m.life.Lock()
 	defer m.life.Unlock()

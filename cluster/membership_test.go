@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -651,41 +652,96 @@ func TestMembershipRestartWithinReclaim(t *testing.T) {
 	}
 }
 
-// TestMembershipClaimStopped: a refused claim waits for the reclaim time
-// (here a minute) on a timer, which Shutdown stops: it returns at once and
-// no push/pull runs.
+// TestMembershipClaimStopped: a refused claim waits on a timer, which
+// Shutdown stops, and Shutdown does not wait for a push/pull in flight.
 func TestMembershipClaimStopped(t *testing.T) {
-	leakCheck(t)
-	cfg := func(n string) MemberConfig {
-		c := fastConfig(t, n)
-		c.DeadNodeReclaimTime = time.Minute
-		c.PushPullInterval = time.Minute
-		return c
+	restart := func(t *testing.T, reclaim time.Duration, advertise func(*MemberConfig)) *Membership {
+		cfg := func(n string) MemberConfig {
+			c := fastConfig(t, n)
+			c.DeadNodeReclaimTime = reclaim
+			c.PushPullInterval = time.Minute
+			c.TCPTimeout = 3 * time.Second
+			return c
+		}
+		nodes := startCluster(t, 2, cfg)
+		if err := nodes[1].Shutdown(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 20*time.Second, "n1 dead", func() bool { return stateOf(nodes[0], "n1") == StateDead })
+		c := cfg("n1")
+		c.Join = []string{nodes[0].Addr().String()}
+		advertise(&c)
+		start(t, c)
+		return nodes[0]
 	}
-	nodes := startCluster(t, 2, cfg)
-	if err := nodes[1].Shutdown(); err != nil {
-		t.Fatal(err)
+	shutdown := func(t *testing.T, m *Membership) {
+		begin := time.Now()
+		if err := m.Shutdown(); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(begin); took > time.Second {
+			t.Errorf("Shutdown with a claim pending took %v", took)
+		}
 	}
-	waitFor(t, 20*time.Second, "n1 dead", func() bool { return stateOf(nodes[0], "n1") == StateDead })
-	c := cfg("n1")
-	c.Join = []string{nodes[0].Addr().String()}
-	start(t, c)
-	waitFor(t, 10*time.Second, "n0 keeps n1's claim", func() bool {
-		nodes[0].mu.Lock()
-		defer nodes[0].mu.Unlock()
-		cl := nodes[0].claims["n1"]
-		return cl != nil && cl.timer != nil
+	t.Run("pending", func(t *testing.T) {
+		leakCheck(t)
+		n0 := restart(t, time.Minute, func(*MemberConfig) {})
+		var tm *time.Timer
+		waitFor(t, 10*time.Second, "n0 keeps n1's claim on a timer", func() bool {
+			n0.mu.Lock()
+			defer n0.mu.Unlock()
+			if cl := n0.claims["n1"]; cl != nil {
+				tm = cl.timer
+			}
+			return tm != nil
+		})
+		shutdown(t, n0)
+		n0.mu.Lock()
+		left := len(n0.claims)
+		n0.mu.Unlock()
+		if running := tm.Stop(); running || left != 0 {
+			t.Errorf("after Shutdown: the claim's timer still running %v, %d claims kept", running, left)
+		}
+		if n := n0.claimPushPulls.Load(); n != 0 {
+			t.Errorf("%d push/pulls ran for a claim whose reclaim time had not passed", n)
+		}
 	})
-	begin := time.Now()
-	if err := nodes[0].Shutdown(); err != nil {
-		t.Fatal(err)
-	}
-	if took := time.Since(begin); took > 2*time.Second {
-		t.Errorf("Shutdown with a claim pending took %v", took)
-	}
-	if n := nodes[0].claimPushPulls.Load(); n != 0 {
-		t.Errorf("%d push/pulls ran for a claim whose reclaim time had not passed", n)
-	}
+	t.Run("in flight", func(t *testing.T) {
+		leakCheck(t)
+		// The restarted n1 advertises a TCP address that accepts and never
+		// answers: n0's push/pull for its claim hangs there until its TCP
+		// timeout (3 s).
+		silent, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var conns []net.Conn
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := silent.Accept()
+				if err != nil {
+					return
+				}
+				conns = append(conns, c)
+			}
+		}()
+		t.Cleanup(func() {
+			silent.Close()
+			wg.Wait()
+			for _, c := range conns {
+				c.Close()
+			}
+		})
+		n0 := restart(t, 300*time.Millisecond, func(c *MemberConfig) {
+			c.AdvertiseAddr = "127.0.0.1"
+			c.AdvertisePort = silent.Addr().(*net.TCPAddr).Port
+		})
+		waitFor(t, 10*time.Second, "n0's push/pull for n1's claim", func() bool { return n0.claimPushPulls.Load() > 0 })
+		shutdown(t, n0)
+	})
 }
 
 // TestSubscriptionDrops: a full buffer drops events and counts them, never
