@@ -6,7 +6,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
+	"time"
 )
 
 // Completion is OpenAI's text_completion object: the answer of a
@@ -48,9 +50,20 @@ type Usage struct {
 
 // completions serves POST /v1/completions.
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.RequestTimeout > 0 {
+		// The request timeout counts from arrival: a body that stalls does
+		// not hold the handler past it. (A ResponseWriter without deadlines,
+		// in tests, answers ErrNotSupported: then only the client bounds it.)
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout))
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		s.invalid()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			(&apiError{status: http.StatusRequestTimeout, typ: typeTimeout, code: "request_timeout",
+				message: "The request body did not arrive within the server's request timeout of " + s.cfg.RequestTimeout.String() + "."}).write(w)
+			return
+		}
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			(&apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalid, code: "request_too_large",

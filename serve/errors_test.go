@@ -1,10 +1,13 @@
 package serve
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -124,6 +127,9 @@ func TestBadRequests(t *testing.T) {
 		{"quest selector unknown", `{"model": "tiny", "prompt": "x", "quest": {"selector": "best"}}`, 400, "quest.selector", "invalid_value"},
 		{"quest gqa unknown", `{"model": "tiny", "prompt": "x", "quest": {"gqa": "mean"}}`, 400, "quest.gqa", "invalid_value"},
 		{"quest sink too large", `{"model": "tiny", "prompt": "x", "quest": {"sink": 2000000}}`, 400, "quest.sink", "invalid_value"},
+		// K = 2048/16 = 128 pages, forced pages included; local is 1 by default.
+		{"quest sink over the page budget", `{"model": "tiny", "prompt": "x", "quest": {"sink": 128}}`, 400, "quest.sink", "invalid_value"},
+		{"quest local over the request's page budget", `{"model": "tiny", "prompt": "x", "quest": {"budget": 32, "local": 3}}`, 400, "quest.local", "invalid_value"},
 		{"quest sink not an integer", `{"model": "tiny", "prompt": "x", "quest": {"sink": 1.5}}`, 400, "quest.sink", "invalid_type"},
 		{"quest gqa not a string", `{"model": "tiny", "prompt": "x", "quest": {"gqa": 1}}`, 400, "quest.gqa", "invalid_type"},
 		{"quest local negative", `{"model": "tiny", "prompt": "x", "quest": {"local": -1}}`, 400, "quest.local", "invalid_value"},
@@ -210,6 +216,37 @@ func TestBodyLimit(t *testing.T) {
 	s, ts := startServer(t, m, tok, cfg)
 	status, _, body := post(t, ts.URL+"/v1/completions", `{"model": "tiny", "prompt": "`+strings.Repeat("x", 200)+`"}`)
 	checkError(t, "large body", status, body, 413, typeInvalid, "", "request_too_large")
+	unchanged(t, s, 0)
+}
+
+// TestBodyStall: a request whose body stops arriving is answered 408 at
+// the request timeout, not held open for as long as the client waits.
+func TestBodyStall(t *testing.T) {
+	m, tok := tinyModel(t)
+	cfg := testConfig("tiny")
+	cfg.RequestTimeout = 300 * time.Millisecond
+	s, ts := startServer(t, m, tok, cfg)
+	c, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if _, err := io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a stalled body (%v after the headers): %v", time.Since(start), err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	took := time.Since(start)
+	checkError(t, "stalled body", resp.StatusCode, body, 408, typeTimeout, "", "request_timeout")
+	if took < cfg.RequestTimeout {
+		t.Errorf("answered %v after the headers, before the request timeout %v", took, cfg.RequestTimeout)
+	}
 	unchanged(t, s, 0)
 }
 

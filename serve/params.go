@@ -177,6 +177,23 @@ func (s *Server) questParams(q *QuestOptions, p *params) *apiError {
 		}
 	}
 	p.allDense = p.sel.Selector == plan.Dense
+	if !p.allDense {
+		budget := pol.BudgetTokens
+		if p.budget != 0 {
+			budget = p.budget
+		}
+		if k, forced := budget/pol.PageSize, p.sel.SinkPages+p.sel.LocalPages; forced > k {
+			field := "quest.budget"
+			switch {
+			case q != nil && q.Sink != nil:
+				field = "quest.sink"
+			case q != nil && q.Local != nil:
+				field = "quest.local"
+			}
+			return badParam(field, "invalid_value", "quest.sink %d + quest.local %d forced pages exceed the page budget K = %d (budget %d tokens / page size %d, forced pages included)",
+				p.sel.SinkPages, p.sel.LocalPages, k, budget, pol.PageSize)
+		}
+	}
 	if p.allDense {
 		// Every page of every layer: the main engine's forced-dense steps,
 		// whatever the other settings.

@@ -708,7 +708,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		return nil
 	})
 	d.int(&c.MonitorQueue, "monitor-queue", 64, "replays of --monitor-rate waiting or running at most; samples beyond it are dropped and counted")
-	d.int(&c.RequestHistory, "request-history", 64, "finished requests kept (prompt, output, settings) for GET /admin/requests/{id} and questctl replay-request; 0 keeps none. The /admin endpoints have no authentication: whoever reaches --http-addr can read these prompts and outputs")
+	d.int(&c.RequestHistory, "request-history", 64, "finished requests kept (prompt, output, settings) for GET /admin/requests/{id} and questctl replay-request; 0 keeps none. Without --token-file the /admin endpoints have no authentication: whoever reaches --http-addr can read these prompts and outputs")
 
 	d.group("Logging and process")
 	d.text("log-level", "info", "lowest level logged: debug, info, warn or error", func(s string) (err error) {
@@ -1404,6 +1404,9 @@ func (c Config) Validate() error {
 		return bad("sink-pages", itoa(c.SinkPages), "must not be negative")
 	case c.LocalPages < 0:
 		return bad("local-pages", itoa(c.LocalPages), "must not be negative")
+	case c.SinkPages+c.LocalPages > c.BudgetTokens/c.PageSize:
+		return bad("sink-pages", itoa(c.SinkPages), "plus --local-pages %d forced pages exceed K = %d pages (--budget-tokens %d / --page-size %d, forced pages included)",
+			c.LocalPages, c.BudgetTokens/c.PageSize, c.BudgetTokens, c.PageSize)
 	case c.DenseLayers < 0:
 		return bad("dense-layers", itoa(c.DenseLayers), "must not be negative")
 	case c.Selection == plan.Replicated && c.Selector != plan.Quest && c.Selector != plan.Dense:

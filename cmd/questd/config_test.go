@@ -338,6 +338,8 @@ func TestValidateNamesFlag(t *testing.T) {
 		{[]string{"--budget-tokens", "8"}, `--budget-tokens "8": below one page (--page-size 16)`},
 		{[]string{"--sink-pages", "-1"}, `--sink-pages "-1": `},
 		{[]string{"--local-pages", "-1"}, `--local-pages "-1": `},
+		{[]string{"--sink-pages", "500"}, `--sink-pages "500": plus --local-pages 1 forced pages exceed K = 128 pages`},
+		{[]string{"--budget-tokens", "32", "--local-pages", "3"}, `--sink-pages "0": plus --local-pages 3 forced pages exceed K = 2 pages`},
 		{[]string{"--dense-layers", "-1"}, `--dense-layers "-1": `},
 		{[]string{"--gqa", "wide"}, `--gqa "wide": `},
 		{[]string{"--selector", "best"}, `--selector "best": `},
