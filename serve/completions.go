@@ -50,13 +50,23 @@ type Usage struct {
 
 // completions serves POST /v1/completions.
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	// The request timeout counts from arrival: a body that stalls does not
+	// hold the handler past it. The deadline is cleared once the body is in
+	// (a deadline applies to pending reads too): net/http's background read,
+	// which tells a client gone, starts at the body's end and would
+	// otherwise fail at it and cancel the request's context before the
+	// request's own timeout answers 504. (A ResponseWriter without
+	// deadlines answers ErrNotSupported: then only the client bounds it.)
+	rc := http.NewResponseController(w)
 	if s.cfg.RequestTimeout > 0 {
-		// The request timeout counts from arrival: a body that stalls does
-		// not hold the handler past it. (A ResponseWriter without deadlines,
-		// in tests, answers ErrNotSupported: then only the client bounds it.)
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout))
+		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout))
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if s.cfg.RequestTimeout > 0 && err == nil {
+		// Only with the body in: after a failed read the deadline stays, so
+		// that net/http's discard of the rest of the body cannot hang.
+		_ = rc.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		s.invalid()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
