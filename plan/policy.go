@@ -134,27 +134,10 @@ func (p Policy) Validate() error {
 	case !p.SummaryDType.Known():
 		return fmt.Errorf("policy: unknown summary dtype %d", p.SummaryDType)
 	}
-	if err := p.checkForced(p.BudgetTokens); err != nil {
-		return err
-	}
 	for l, b := range p.LayerBudget {
 		if b < p.PageSize {
 			return fmt.Errorf("policy: layer %d budget %d is below one page (%d tokens)", l, b, p.PageSize)
 		}
-		if err := p.checkForced(b); err != nil {
-			return fmt.Errorf("layer %d: %w", l, err)
-		}
-	}
-	return nil
-}
-
-// checkForced reports whether the forced pages fit in the page budget of
-// budget tokens (K = budget / PageSize, forced pages included): more
-// would read beyond the budget.
-func (p Policy) checkForced(budget int) error {
-	if k := budget / p.PageSize; p.SinkPages+p.LocalPages > k {
-		return fmt.Errorf("policy: sink %d + local %d forced pages exceed K = %d pages (budget %d / page size %d, forced pages included)",
-			p.SinkPages, p.LocalPages, k, budget, p.PageSize)
 	}
 	return nil
 }

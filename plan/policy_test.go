@@ -55,9 +55,6 @@ func TestPolicyValidate(t *testing.T) {
 		"bad gqa":           func(p *Policy) { p.GQA = 7 },
 		"bad selector":      func(p *Policy) { p.Selector = 9 },
 		"bad layer budget":  func(p *Policy) { p.LayerBudget = map[int]int{3: 4} },
-		// K = 2048/16 = 128 pages, forced pages included (local 1 by default).
-		"forced over K":       func(p *Policy) { p.SinkPages = 128 },
-		"forced over layer K": func(p *Policy) { p.SinkPages = 1; p.LayerBudget = map[int]int{3: 16} },
 	}
 	for name, mut := range bad {
 		p := DefaultPolicy()
@@ -68,11 +65,6 @@ func TestPolicyValidate(t *testing.T) {
 	}
 	if err := DefaultPolicy().Validate(); err != nil {
 		t.Fatal(err)
-	}
-	full := DefaultPolicy()
-	full.SinkPages, full.LayerBudget = 127, map[int]int{3: 128 * 16, 4: DenseBudget}
-	if err := full.Validate(); err != nil {
-		t.Errorf("forced pages filling K exactly: %v", err)
 	}
 	for _, name := range []string{"quest", "oracle", "recent", "dense"} {
 		s, err := ParseSelector(name)

@@ -88,8 +88,7 @@ func TestPolicyFileRoundTrip(t *testing.T) {
 	for i := range 300 {
 		p := Policy{PageSize: 1 + rng.IntN(64), SinkPages: rng.IntN(3), LocalPages: rng.IntN(3), DenseLayers: rng.IntN(4),
 			GQA: GQAMode(rng.IntN(2)), Selector: Selector(rng.IntN(3))}
-		forced := p.SinkPages + p.LocalPages // K = budget/page size, forced pages included
-		p.BudgetTokens = p.PageSize * (max(forced, 1) + rng.IntN(100))
+		p.BudgetTokens = p.PageSize * (1 + rng.IntN(100))
 		if rng.IntN(2) == 0 {
 			p.LayerBudget = map[int]int{}
 			for range rng.IntN(6) {
@@ -97,7 +96,7 @@ func TestPolicyFileRoundTrip(t *testing.T) {
 				if rng.IntN(4) == 0 {
 					p.LayerBudget[l] = DenseBudget
 				} else {
-					p.LayerBudget[l] = p.PageSize * (max(forced, 1) + rng.IntN(50))
+					p.LayerBudget[l] = p.PageSize * (1 + rng.IntN(50))
 				}
 			}
 		}

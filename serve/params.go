@@ -177,7 +177,9 @@ func (s *Server) questParams(q *QuestOptions, p *params) *apiError {
 		}
 	}
 	p.allDense = p.sel.Selector == plan.Dense
-	if !p.allDense {
+	if !p.allDense && q != nil && (q.Sink != nil || q.Local != nil || q.Budget != nil) {
+		// Only what the request sets is checked: the server's own policy
+		// is the operator's (questd checks its flags).
 		budget := pol.BudgetTokens
 		if p.budget != 0 {
 			budget = p.budget

@@ -1404,7 +1404,7 @@ func (c Config) Validate() error {
 		return bad("sink-pages", itoa(c.SinkPages), "must not be negative")
 	case c.LocalPages < 0:
 		return bad("local-pages", itoa(c.LocalPages), "must not be negative")
-	case c.SinkPages+c.LocalPages > c.BudgetTokens/c.PageSize:
+	case c.Selector != plan.Dense && c.SinkPages+c.LocalPages > c.BudgetTokens/c.PageSize:
 		return bad("sink-pages", itoa(c.SinkPages), "plus --local-pages %d forced pages exceed K = %d pages (--budget-tokens %d / --page-size %d, forced pages included)",
 			c.LocalPages, c.BudgetTokens/c.PageSize, c.BudgetTokens, c.PageSize)
 	case c.DenseLayers < 0:
