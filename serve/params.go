@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 
@@ -180,16 +181,13 @@ func (s *Server) questParams(q *QuestOptions, p *params) *apiError {
 	if !p.allDense && q != nil && (q.Sink != nil || q.Local != nil || q.Budget != nil) {
 		// Only what the request sets is checked: the server's own policy
 		// is the operator's (questd checks its flags).
-		budget := pol.BudgetTokens
-		if p.budget != 0 {
-			budget = p.budget
-		}
+		budget := cmp.Or(p.budget, pol.BudgetTokens)
 		if k, forced := budget/pol.PageSize, p.sel.SinkPages+p.sel.LocalPages; forced > k {
 			field := "quest.budget"
 			switch {
-			case q != nil && q.Sink != nil:
+			case q.Sink != nil:
 				field = "quest.sink"
-			case q != nil && q.Local != nil:
+			case q.Local != nil:
 				field = "quest.local"
 			}
 			return badParam(field, "invalid_value", "quest.sink %d + quest.local %d forced pages exceed the page budget K = %d (budget %d tokens / page size %d, forced pages included)",
