@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/questrt/questrt/collective"
@@ -27,7 +26,9 @@ type Engine struct {
 	kvT, qT int // KV and query heads per TP rank
 	ownBe   kernels.Backend
 
-	mu     sync.Mutex
+	// mu is the engine's lock: one call holds it, or an open step from
+	// Begin to End.
+	mu     turn
 	closed bool
 	// trs are the CP transports of every TP group ([tp][cp]), handed to
 	// the workers; the engine made them and closes them.
@@ -80,7 +81,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := preflight(cfg); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, kvT: cfg.KVHeads / cfg.TP, qT: cfg.QHeads / cfg.TP, seqs: map[SeqID]*seqState{}, nextID: 1}
+	e := &Engine{cfg: cfg, kvT: cfg.KVHeads / cfg.TP, qT: cfg.QHeads / cfg.TP, seqs: map[SeqID]*seqState{}, nextID: 1, mu: make(turn, 1)}
 	be := cfg.Backend
 	if be == nil && cfg.Backends == nil {
 		e.ownBe = kernels.NewCPU(kernels.CPUConfig{SummaryDType: cfg.Policy.SummaryDType})
@@ -146,7 +147,7 @@ func Open(cfg Config, hosts []Host) (*Engine, error) {
 		cfg.StepTimeout = 30 * time.Second
 	}
 	cfg.Policy = cfg.Policy.WithGeometry(cfg.Geometry)
-	e := &Engine{cfg: cfg, kvT: cfg.KVHeads / cfg.TP, qT: cfg.QHeads / cfg.TP, seqs: map[SeqID]*seqState{}, nextID: 1}
+	e := &Engine{cfg: cfg, kvT: cfg.KVHeads / cfg.TP, qT: cfg.QHeads / cfg.TP, seqs: map[SeqID]*seqState{}, nextID: 1, mu: make(turn, 1)}
 	e.at = make([][]slot, cfg.TP)
 	for tp := range e.at {
 		e.at[tp] = make([]slot, cfg.CP)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/worker"
 )
 
@@ -15,28 +16,29 @@ import (
 // sequences, same order; K and V set exactly when they were at the first
 // layer). An error ends the step (the tokens appended so far stay; see
 // Decode).
+//
+// Deprecated: drive the layer loop with Begin, Step.Layer and Step.End
+// (decode.Stepper); NextLayer and Decode stay for one release.
 type NextLayer func(layer int, reqs []Request, res *Result) error
 
 // Decode runs one decode step over layers [first, last) for a batch of
 // sequences with one BeginStep per worker carrying the step's plan once,
-// then one Layer call per worker per layer, then one EndStep: what Step
-// does for one layer, without a BeginStep and EndStep round per layer.
-// reqs holds the first layer's requests; next fills each later layer's
-// (a model executor computes them from the previous layer's output).
-// Every sequence must have the same length in every layer of the range
-// (as after a prefill of every layer); the new tokens' K and V, when
-// given, come at every layer. Diagnostics are refused (use Step). The
-// whole step is bounded by StepTimeout per layer, or ctx's earlier
-// deadline. A failure at a layer fails the step there: the new tokens of
-// the earlier layers stay appended (lengths then differ by layer: the
-// caller rolls back or goes on layer by layer with Step), the layer's
-// own token follows Step's rule.
+// then one Layer call per worker per layer, then one EndStep: Begin,
+// Step.Layer per layer and Step.End with the layer loop inside. reqs
+// holds the first layer's requests; next fills each later layer's (a
+// model executor computes them from the previous layer's output). Every
+// sequence must have the same length in every layer of the range (as
+// after a prefill of every layer); the new tokens' K and V, when given,
+// come at every layer. Diagnostics are refused (use Step). Each layer is
+// bounded by StepTimeout, or ctx's earlier deadline. A failure at a layer
+// fails the step there: the new tokens of the earlier layers stay
+// appended (lengths then differ by layer: the caller rolls back or goes
+// on layer by layer with Step), the layer's own token follows Step's
+// rule.
+//
+// Deprecated: use Begin (decode.Stepper), where the caller owns the layer
+// loop; Decode stays for one release.
 func (e *Engine) Decode(ctx context.Context, first, last int, reqs []Request, opt StepOptions, res *Result, next NextLayer) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return ErrClosed
-	}
 	c := e.cfg
 	switch {
 	case opt.Diagnostics:
@@ -46,72 +48,52 @@ func (e *Engine) Decode(ctx context.Context, first, last int, reqs []Request, op
 	case last-first > 1 && next == nil:
 		return fmt.Errorf("decode: %w: no NextLayer for %d layers", ErrBadInput, last-first)
 	}
-	seqs, err := e.checkStep(first, reqs)
-	if err != nil {
-		return err
-	}
-	fresh := make([]bool, len(reqs))
+	start := time.Now()
+	b := decode.Batch{FirstLayer: first, Options: opt, Rows: make([]decode.Row, len(reqs))}
 	for i, r := range reqs {
-		fresh[i] = r.K != nil
+		if (r.K == nil) != (r.V == nil) {
+			return fmt.Errorf("decode: %w: batch index %d: k and v must come together", ErrBadInput, i)
+		}
+		b.Rows[i] = decode.Row{Seq: r.Seq, New: r.K != nil, Budget: r.BudgetTokens, DenseLayers: r.DenseLayers}
+	}
+	s, err := e.Begin(ctx, b)
+	if err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	st := s.(*stepState)
+	defer st.End(ctx)
+	for i, sq := range st.seqs {
 		for l := first + 1; l < last; l++ {
-			if seqs[i].lens[l] != seqs[i].lens[first] {
+			if sq.lens[l] != st.lens[i] {
 				return fmt.Errorf("decode: %w: sequence %d has %d tokens in layer %d and %d in layer %d", ErrBadInput,
-					r.Seq, seqs[i].lens[first], first, seqs[i].lens[l], l)
+					reqs[i].Seq, st.lens[i], first, sq.lens[l], l)
 			}
 		}
 	}
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, time.Duration(last-first)*c.StepTimeout)
-	defer cancel()
-	e.step++
-	step := e.step
-	b := &e.begin
-	*b = worker.BeginRequest{Step: step, Layer: first, Seqs: b.Seqs[:0], Phased: opt.Phased, ForceDense: opt.ForceDense}
-	for i, r := range reqs {
-		b.Seqs = append(b.Seqs, worker.StepSeq{Seq: uint64(r.Seq), Len: seqs[i].lens[first], New: fresh[i], Budget: r.BudgetTokens})
-	}
-	for w, wk := range e.workers {
-		if err := wk.BeginStep(ctx, *b); err != nil {
-			e.end(step, true, nil, w)
-			return fmt.Errorf("decode layer %d: %w", first, err)
-		}
-	}
-	var ran []int
-	fail := func(layer int, err error) error {
-		e.end(step, true, ran, len(e.workers))
-		return fmt.Errorf("decode layer %d: %w", layer, err)
-	}
+	var q, k, v []float32
 	for l := first; l < last; l++ {
 		if l > first {
 			if err := next(l-1, reqs, res); err != nil {
-				return fail(l, err)
-			}
-			if _, err := e.checkStep(l, reqs); err != nil {
-				return fail(l, err)
-			}
-			for i, r := range reqs {
-				if (r.K != nil) != fresh[i] {
-					return fail(l, fmt.Errorf("%w: batch index %d: a new token at some layers of a step and not at others", ErrBadInput, i))
-				}
+				return fmt.Errorf("decode layer %d: %w", l, err)
 			}
 		}
-		plans, err := e.plans(l, reqs, seqs, opt.ForceDense, res.Plans[:0])
-		if err != nil {
-			return fail(l, err)
+		q, k, v = q[:0], k[:0], v[:0]
+		for i, r := range reqs {
+			if (r.K != nil) != b.Rows[i].New || (r.K == nil) != (r.V == nil) {
+				return fmt.Errorf("decode layer %d: %w: batch index %d: a new token at some layers of a step and not at others", l, ErrBadInput, i)
+			}
+			q = append(q, r.Q...)
+			k = append(k, r.K...)
+			v = append(v, r.V...)
 		}
-		e.layerRequests(step, l, reqs, seqs, true)
-		ran = append(ran, l)
-		errs := e.layerCalls(ctx, e.reps)
-		err = worker.Cause(errs...)
-		e.account(l, reqs, seqs, e.reps, errs)
-		if err != nil {
-			return fail(l, err)
+		res.O = resize(res.O, len(reqs)*c.QRow())
+		dr := decode.Result{O: decode.Host(res.O), LSE: res.LSE, Plans: res.Plans}
+		if err := st.Layer(ctx, l, decode.Host(q), decode.Host(k), decode.Host(v), &dr); err != nil {
+			return fmt.Errorf("decode: %w", err)
 		}
-		e.gather(len(reqs), e.reps, res)
-		res.Plans = plans
+		res.LSE, res.Plans, res.Time = dr.LSE, dr.Plans, dr.Time
 		res.Diag = res.Diag[:0]
 	}
-	e.end(step, false, nil, len(e.workers))
 	res.Time.Total = time.Since(start)
 	return nil
 }

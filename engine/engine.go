@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
@@ -147,14 +148,16 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// SeqID names an engine sequence.
-type SeqID uint64
+// SeqID names an engine sequence (decode.SeqID, the one declaration).
+type SeqID = decode.SeqID
 
 // Errors callers act on.
 var (
 	ErrUnknownSequence = errors.New("engine: unknown sequence")
-	ErrBadInput        = errors.New("engine: bad input")
-	ErrPoolExhausted   = pagestore.ErrPoolExhausted
+	// ErrBadInput is decode.ErrBadInput: the step seam's callers test
+	// for one error whichever runner they drive.
+	ErrBadInput      = decode.ErrBadInput
+	ErrPoolExhausted = pagestore.ErrPoolExhausted
 	// ErrBroken: a sequence whose shards may disagree after a failure in
 	// the middle of an append or rollback that passed its checks; it can
 	// only be released.

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
@@ -23,36 +24,18 @@ type Request struct {
 	K, V []float32
 	// BudgetTokens overrides the policy's budget (0: the policy's).
 	BudgetTokens int
+	// DenseLayers makes the layers below it attend every page of this
+	// sequence (see decode.Row.DenseLayers).
+	DenseLayers int
 }
 
-// StepOptions tune one step.
-type StepOptions struct {
-	// Diagnostics measures the selection against dense attention (a
-	// second, dense pass over all shards).
-	Diagnostics bool
-	// TopR is R for the recall diagnostic (10).
-	TopR int
-	// ForceDense attends every page (a dense reference step).
-	ForceDense bool
-	// Phased keeps score, top-K and attention separate backend calls when
-	// a shard could fuse them (CP = 1 with a fusing backend; see
-	// shard.FusedStep): per-phase times, and a reference for the fused
-	// path. Diagnostics imply it.
-	Phased bool
-}
+// StepOptions tune one step (decode.Options, the one declaration).
+type StepOptions = decode.Options
 
 // Times are the wall times of a step's phases on CP rank 0 of TP group 0,
-// and of the whole step (appends included, diagnostics excluded).
-type Times struct {
-	Score, TopK, Select, Attend, Merge, Total time.Duration
-	// Fused is the time of a local step fused into one backend call
-	// (Score, TopK and Attend are then zero).
-	Fused time.Duration
-}
-
-// Collective is the time spent in collectives (selection exchange and
-// merge).
-func (t Times) Collective() time.Duration { return t.Select + t.Merge }
+// and of the whole step (appends included, diagnostics excluded); see
+// decode.Times.
+type Times = decode.Times
 
 // Result holds a step's outputs; reuse one across steps.
 type Result struct {
@@ -149,6 +132,9 @@ func (e *Engine) checkStep(layer int, reqs []Request) ([]*seqState, error) {
 		} else if sq.lens[layer] == 0 {
 			return nil, fmt.Errorf("step: %w: sequence %d has no tokens in layer %d", ErrBadInput, r.Seq, layer)
 		}
+		if r.DenseLayers < 0 || r.DenseLayers > c.Layers {
+			return nil, fmt.Errorf("step: %w: batch index %d: dense layers %d outside 0..%d", ErrBadInput, i, r.DenseLayers, c.Layers)
+		}
 		if r.BudgetTokens < 0 || (r.BudgetTokens > 0 && r.BudgetTokens < c.PageSize) {
 			return nil, fmt.Errorf("step: %w: batch index %d: budget %d tokens is below one page", ErrBadInput, i, r.BudgetTokens)
 		}
@@ -170,7 +156,7 @@ func (e *Engine) plans(layer int, reqs []Request, seqs []*seqState, dense bool, 
 		if err != nil {
 			return nil, fmt.Errorf("step layer %d sequence %d: %w: %w", layer, r.Seq, ErrBadInput, err)
 		}
-		if dense {
+		if dense || layer < r.DenseLayers {
 			pl = pl.AsDense()
 		}
 		dst = append(dst, pl)
@@ -198,7 +184,7 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 	b := &e.begin
 	*b = worker.BeginRequest{Step: step, Layer: layer, Seqs: b.Seqs[:0], Phased: o.phased, Diagnostics: o.diag, ForceDense: o.dense}
 	for i, r := range reqs {
-		b.Seqs = append(b.Seqs, worker.StepSeq{Seq: uint64(r.Seq), Len: seqs[i].lens[layer], New: o.fresh && r.K != nil, Budget: r.BudgetTokens})
+		b.Seqs = append(b.Seqs, worker.StepSeq{Seq: uint64(r.Seq), Len: seqs[i].lens[layer], New: o.fresh && r.K != nil, Budget: r.BudgetTokens, DenseLayers: r.DenseLayers})
 	}
 	for w, wk := range e.workers {
 		if err := wk.BeginStep(ctx, *b); err != nil {
@@ -341,18 +327,26 @@ func (e *Engine) account(layer int, reqs []Request, seqs []*seqState, reps []wor
 // res (called only after every worker succeeded).
 func (e *Engine) gather(n int, reps []worker.LayerReply, res *Result) {
 	c := e.cfg
-	d := c.HeadDim
-	res.O = resize(res.O, n*c.QHeads*d)
+	res.O = resize(res.O, n*c.QHeads*c.HeadDim)
 	res.LSE = resize(res.LSE, n*c.QHeads)
+	res.Time = e.gatherInto(n, reps, res.O, res.LSE)
+}
+
+// gatherInto writes the merged states of CP rank 0 of every TP group into
+// o ([n][QHeads][HeadDim]) and lse ([n][QHeads]) and returns the phase
+// times of rank (0, 0).
+func (e *Engine) gatherInto(n int, reps []worker.LayerReply, o, lse []float32) Times {
+	c := e.cfg
+	d := c.HeadDim
 	for tp := range c.TP {
 		out := e.output(reps, tp, 0)
 		for i := range n {
-			copy(res.O[(i*c.QHeads+tp*e.qT)*d:][:e.qT*d], out.O[i*e.qT*d:][:e.qT*d])
-			copy(res.LSE[i*c.QHeads+tp*e.qT:][:e.qT], out.LSE[i*e.qT:][:e.qT])
+			copy(o[(i*c.QHeads+tp*e.qT)*d:][:e.qT*d], out.O[i*e.qT*d:][:e.qT*d])
+			copy(lse[i*c.QHeads+tp*e.qT:][:e.qT], out.LSE[i*e.qT:][:e.qT])
 		}
 	}
 	t := e.output(reps, 0, 0).Time
-	res.Time = Times{Score: t.Score, TopK: t.TopK, Select: t.Select, Attend: t.Attend, Merge: t.Merge, Fused: t.Fused}
+	return Times{Score: t.Score, TopK: t.TopK, Select: t.Select, Attend: t.Attend, Merge: t.Merge, Fused: t.Fused}
 }
 
 func resize(s []float32, n int) []float32 {

@@ -47,9 +47,13 @@ func (e *BatchError) Unwrap() []error {
 // tokens[i] goes through the model after the attns[i].Len() tokens that
 // sequence i holds (its position), and its key and value are appended
 // to attns[i]. The embeddings, norms, RoPE, Linear layers, MLP and LM
-// head run over the batch as one [n] token matrix; attention runs per
-// sequence, in batch order, through its own Attention.Decode. It returns
-// every sequence's logits ([VocabSize] each).
+// head run over the batch as one [n] token matrix. Attention runs per
+// Stepper: the sequences that are [BatchAttention]s of one
+// decode.Stepper (with the same options) form one step, opened once
+// before the first layer (Begin), run once per layer with all of their
+// rows (Step.Layer) and closed after the last (End); each other
+// sequence runs through its own Attention.Decode, in batch order. It
+// returns every sequence's logits ([VocabSize] each).
 //
 // Each sequence's logits are bit for bit those of Forward of its one
 // token on its own: every row of the batch goes through the same
@@ -60,7 +64,8 @@ func (e *BatchError) Unwrap() []error {
 // Bad input (ErrBadInput: no sequences, a token outside the vocabulary,
 // a position beyond max_position_embeddings, one Attention twice) and a
 // batch over the memory limit change nothing. When the attention of
-// sequence i fails, that sequence leaves the rest of the pass (its
+// sequence i fails (for a batched step: of any sequence of its step,
+// which fails them all), that sequence leaves the rest of the pass (its
 // logits are nil; it holds the step's token in some layers and not in
 // others: release it) while the others complete, and the error is a
 // *BatchError. A context done between layers fails the whole batch
@@ -101,6 +106,21 @@ func (m *Model) DecodeBatch(ctx context.Context, attns []Attention, tokens []int
 	qd, kvd := a.qd, a.kvd
 	errs := make([]error, n)
 	failed := 0
+	groups, alone := m.groupRows(attns)
+	fail := func(i int, li int, err error) {
+		if errs[i] == nil {
+			errs[i] = fmt.Errorf("sequence %d layer %d attention: %w", i, li, err)
+			failed++
+		}
+	}
+	defer func() {
+		for _, g := range groups {
+			g.end(ctx)
+		}
+	}()
+	for _, g := range groups {
+		g.begin(ctx)
+	}
 	for li := range m.layers {
 		q, k, v := m.attnIn(a, li)
 		rows(m.workers, n, func(lo, hi int) {
@@ -109,15 +129,22 @@ func (m *Model) DecodeBatch(ctx context.Context, attns []Attention, tokens []int
 				m.rope.apply(k[i*kvd:(i+1)*kvd], 1, c.KVHeads, pos[i])
 			}
 		})
-		for i, at := range attns {
+		for _, g := range groups {
+			if err := g.layer(ctx, li, q, k, v, a.o, qd, kvd); err != nil {
+				for _, i := range g.idx {
+					fail(i, li, err)
+					clear(a.o[i*qd : (i+1)*qd]) // the row runs on harmlessly; its logits are dropped
+				}
+			}
+		}
+		for _, i := range alone {
 			if errs[i] != nil {
 				continue
 			}
 			qi, oi := q[i*qd:(i+1)*qd], a.o[i*qd:(i+1)*qd]
-			if err := at.Decode(ctx, li, qi, k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd], oi); err != nil {
-				errs[i] = fmt.Errorf("sequence %d layer %d attention: %w", i, li, err)
-				failed++
-				clear(oi) // the row runs on harmlessly; its logits are dropped
+			if err := attns[i].Decode(ctx, li, qi, k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd], oi); err != nil {
+				fail(i, li, err)
+				clear(oi)
 			}
 		}
 		if failed == n {
@@ -126,6 +153,13 @@ func (m *Model) DecodeBatch(ctx context.Context, attns []Attention, tokens []int
 		m.attnOut(a, li)
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+	}
+	for _, g := range groups {
+		if err := g.end(ctx); err != nil {
+			for _, i := range g.idx {
+				fail(i, len(m.layers)-1, err)
+			}
 		}
 	}
 	vs := c.VocabSize

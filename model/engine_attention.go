@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
 )
@@ -114,6 +115,42 @@ func (s engineSeq) ForkSequence(context.Context) (Sequence, error) {
 }
 
 func (s engineSeq) Release(context.Context) error { return s.e.Release(s.id) }
+
+func (s engineSeq) Stepper() decode.Stepper { return s.e }
+
+func (s engineSeq) SeqID() decode.SeqID { return s.id }
+
+// StepperSequence is a [Sequence] whose decode steps can run batched
+// with other sequences of its Stepper (see [BatchAttention]).
+type StepperSequence interface {
+	Sequence
+	// Stepper is the runner of the sequence's steps; SeqID its id there.
+	Stepper() decode.Stepper
+	SeqID() decode.SeqID
+}
+
+// DecodeRow implements [BatchAttention]: the sequence joins a batched
+// step of its Stepper when it has one (a [StepperSequence]) and neither
+// Options.Diagnostics nor Compare asks for a step of its own per layer.
+// Options.ForceDense makes every layer of the row dense.
+func (a *EngineAttention) DecodeRow() (decode.Stepper, decode.Row, decode.Options, bool) {
+	ss, ok := a.s.(StepperSequence)
+	if !ok || a.Options.Diagnostics || a.Compare {
+		return nil, decode.Row{}, decode.Options{}, false
+	}
+	row := decode.Row{Seq: ss.SeqID(), New: true, Budget: a.Budget}
+	if a.Options.ForceDense {
+		row.DenseLayers = a.g.Layers
+	}
+	return ss.Stepper(), row, decode.Options{Phased: a.Options.Phased}, true
+}
+
+// Decoded implements [BatchAttention]: the layer holds one more token,
+// and Steps reports the layer's plan and times.
+func (a *EngineAttention) Decoded(layer int, q, k, v, out []float32, pl plan.Plan, t decode.Times) {
+	a.lens[layer]++
+	a.steps[layer] = StepInfo{Layer: layer, Plan: pl, Time: t, PagesRead: pl.Reads() * a.g.KVHeads, PagesTotal: pl.Pages * a.g.KVHeads}
+}
 
 // NewSequenceAttention drives sequence s, which must be empty and of
 // geometry g (the caller checks), as an [Attention].

@@ -4,7 +4,9 @@ import (
 	"context"
 	"sync"
 
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
 )
 
 // job is one admitted request. The fields above mu are set before
@@ -102,6 +104,28 @@ type jobAttention struct {
 	// capture, during a step the quality monitor sampled, takes the
 	// sampled layers' inputs.
 	capture *replayTask
+}
+
+// DecodeRow implements model.BatchAttention: the layers below
+// denseLayers (every layer with allDense) of the row are dense.
+func (a *jobAttention) DecodeRow() (decode.Stepper, decode.Row, decode.Options, bool) {
+	a.Options.ForceDense = a.allDense // Decode sets it per layer
+	s, row, opt, ok := a.EngineAttention.DecodeRow()
+	if a.allDense {
+		row.DenseLayers = len(a.Steps())
+	} else {
+		row.DenseLayers = max(row.DenseLayers, a.denseLayers)
+	}
+	return s, row, opt, ok
+}
+
+// Decoded implements model.BatchAttention, capturing the sampled
+// layers' inputs.
+func (a *jobAttention) Decoded(layer int, q, k, v, out []float32, pl plan.Plan, t decode.Times) {
+	a.EngineAttention.Decoded(layer, q, k, v, out, pl, t)
+	if a.capture != nil {
+		a.capture.record(layer, q, k, v)
+	}
 }
 
 // Decode runs one engine step of layer, dense where the request asks.

@@ -131,28 +131,6 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	return dg, nil
 }
 
-// CountPages sets PagesRead and PagesTotal from Selected: each KV head
-// (every group of g consecutive query heads) reads the union of its query
-// heads' pages, out of pages.
-func (dg *Diagnostics) CountPages(g, pages int) {
-	dg.PagesRead, dg.PagesTotal = 0, 0
-	union := make([]bool, pages)
-	for h0 := 0; h0 < len(dg.Selected); h0 += g {
-		clear(union)
-		for _, sel := range dg.Selected[h0:min(h0+g, len(dg.Selected))] {
-			for _, p := range sel {
-				union[p] = true
-			}
-		}
-		dg.PagesTotal += pages
-		for _, u := range union {
-			if u {
-				dg.PagesRead++
-			}
-		}
-	}
-}
-
 // RelL2 is ||o - ref|| / ||ref||, computed in float64. When ref is zero
 // the relative error is undefined: RelL2 is NaN then, unless o is zero
 // too (0). [AbsL2] is always defined.

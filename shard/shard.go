@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/questrt/questrt/decode"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -328,39 +329,9 @@ type PhaseTimes struct {
 	Recall                     time.Duration
 }
 
-// Diagnostics describe one sequence's selection in one step, measured
-// against dense attention on the same data.
-type Diagnostics struct {
-	// Selected lists, per query head, the logical pages attended
-	// (selected and forced), ascending.
-	Selected [][]int32
-	// Scores lists, per query head, every page's score under the step's
-	// selector (group max for group_max; nil for recent and dense).
-	Scores [][]float32
-	// Recall is the fraction of the dense top-R tokens (per query head,
-	// averaged) whose pages were attended.
-	Recall float64
-	// MassRecall is 1 - eps: the dense softmax mass inside the attended
-	// pages (per query head, averaged); MinMassRecall is the worst head.
-	MassRecall, MinMassRecall float64
-	// HeadRecall and HeadMassRecall are Recall and MassRecall per query
-	// head (index = query head).
-	HeadRecall, HeadMassRecall []float64
-	// RelL2 is ||o - o_dense|| / ||o_dense|| over all query heads; NaN
-	// when o_dense is zero and o is not (see [RelL2]). AbsL2 is
-	// ||o - o_dense||.
-	RelL2, AbsL2 float64
-	// PagesRead and PagesTotal count (KV head, page) pairs read by the
-	// step's attention vs by dense attention.
-	PagesRead, PagesTotal int
-	// SlackP50, SlackP90 and SlackMax summarize the page slack g_p(q) =
-	// U_p(q) - max_r q.k_r (see [PageSlack]; logit units) over the
-	// (query head, page) pairs of the step: how loose the Quest bound is.
-	// Sequences of more than [SlackPages] pages are sampled: every
-	// [SlackStride]-th page (their quantiles and maximum are the
-	// sample's).
-	SlackP50, SlackP90, SlackMax float64
-}
+// Diagnostics describe one sequence's selection in one step (see
+// decode.Diagnostics, the one declaration).
+type Diagnostics = decode.Diagnostics
 
 // StepOptions tune one step.
 type StepOptions struct {

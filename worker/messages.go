@@ -143,6 +143,10 @@ type StepSeq struct {
 	// Budget is the token budget (0: the policy's); else at least one
 	// page.
 	Budget int
+	// DenseLayers makes the layers below it attend every page of this
+	// sequence, besides the policy's dense layers (0: the policy alone
+	// decides); at most the model's layers.
+	DenseLayers int
 }
 
 // LayerRequest runs one layer of the open step on every hosted rank.

@@ -96,6 +96,8 @@ func (l *Local) BeginStep(ctx context.Context, m BeginRequest) error {
 			return fmt.Errorf("begin step %d: %w: sequence %d: length %d and no new token", m.Step, ErrBadMessage, s.Seq, s.Len)
 		case s.Budget < 0 || (s.Budget > 0 && s.Budget < S):
 			return fmt.Errorf("begin step %d: %w: sequence %d: budget %d tokens is below one page", m.Step, ErrBadMessage, s.Seq, s.Budget)
+		case s.DenseLayers < 0 || s.DenseLayers > c.Layers:
+			return fmt.Errorf("begin step %d: %w: sequence %d: dense layers %d outside 0..%d", m.Step, ErrBadMessage, s.Seq, s.DenseLayers, c.Layers)
 		}
 		if _, err := l.plan(m.Layer, s, m.ForceDense); err != nil {
 			return fmt.Errorf("begin step %d: %w", m.Step, err)
@@ -144,7 +146,7 @@ func (l *Local) plan(layer int, s StepSeq, dense bool) (plan.Plan, error) {
 	if err != nil {
 		return plan.Plan{}, fmt.Errorf("%w: sequence %d layer %d: %w", ErrBadMessage, s.Seq, layer, err)
 	}
-	if dense {
+	if dense || layer < s.DenseLayers {
 		pl = pl.AsDense()
 	}
 	return pl, nil

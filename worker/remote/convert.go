@@ -449,7 +449,7 @@ func encodeBegin(ref *workerv1.GridRef, m worker.BeginRequest) (*workerv1.BeginR
 		Diagnostics: m.Diagnostics, ForceDense: m.ForceDense, Seqs: make([]*workerv1.StepSeq, len(m.Seqs))}
 	for i, s := range m.Seqs {
 		f := fmt.Sprintf("seqs[%d].", i)
-		r.Seqs[i] = &workerv1.StepSeq{Seq: s.Seq, Len: e.u64(f+"len", s.Len), New: s.New, Budget: e.u32(f+"budget", s.Budget)}
+		r.Seqs[i] = &workerv1.StepSeq{Seq: s.Seq, Len: e.u64(f+"len", s.Len), New: s.New, Budget: e.u32(f+"budget", s.Budget), DenseLayers: e.u32(f+"dense layers", s.DenseLayers)}
 	}
 	return r, e.err
 }
@@ -460,7 +460,7 @@ func decodeBegin(r *workerv1.BeginRequest) (worker.BeginRequest, error) {
 		ForceDense: r.ForceDense, Seqs: make([]worker.StepSeq, len(r.Seqs))}
 	for i, s := range r.Seqs {
 		f := fmt.Sprintf("seqs[%d].", i)
-		m.Seqs[i] = worker.StepSeq{Seq: s.GetSeq(), Len: toInt(d, f+"len", s.GetLen()), New: s.GetNew(), Budget: toInt(d, f+"budget", s.GetBudget())}
+		m.Seqs[i] = worker.StepSeq{Seq: s.GetSeq(), Len: toInt(d, f+"len", s.GetLen()), New: s.GetNew(), Budget: toInt(d, f+"budget", s.GetBudget()), DenseLayers: toInt(d, f+"dense layers", s.GetDenseLayers())}
 	}
 	return m, d.err
 }

@@ -1690,11 +1690,14 @@ func (x *RollbackReply) GetTail() []*Tensor {
 }
 
 type StepSeq struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	Len           uint64                 `protobuf:"varint,2,opt,name=len,proto3" json:"len,omitempty"`
-	New           bool                   `protobuf:"varint,3,opt,name=new,proto3" json:"new,omitempty"`
-	Budget        uint32                 `protobuf:"varint,4,opt,name=budget,proto3" json:"budget,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Seq    uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Len    uint64                 `protobuf:"varint,2,opt,name=len,proto3" json:"len,omitempty"`
+	New    bool                   `protobuf:"varint,3,opt,name=new,proto3" json:"new,omitempty"`
+	Budget uint32                 `protobuf:"varint,4,opt,name=budget,proto3" json:"budget,omitempty"`
+	// Layers below dense_layers attend every page of this sequence, besides
+	// the policy's dense layers (0: the policy alone decides).
+	DenseLayers   uint32 `protobuf:"varint,5,opt,name=dense_layers,json=denseLayers,proto3" json:"dense_layers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1753,6 +1756,13 @@ func (x *StepSeq) GetNew() bool {
 func (x *StepSeq) GetBudget() uint32 {
 	if x != nil {
 		return x.Budget
+	}
+	return 0
+}
+
+func (x *StepSeq) GetDenseLayers() uint32 {
+	if x != nil {
+		return x.DenseLayers
 	}
 	return 0
 }
@@ -2630,12 +2640,13 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x04drop\x18\x05 \x01(\x04R\x04drop\x12-\n" +
 	"\x04tail\x18\x06 \x03(\v2\x19.questrt.worker.v1.TensorR\x04tail\">\n" +
 	"\rRollbackReply\x12-\n" +
-	"\x04tail\x18\x01 \x03(\v2\x19.questrt.worker.v1.TensorR\x04tail\"W\n" +
+	"\x04tail\x18\x01 \x03(\v2\x19.questrt.worker.v1.TensorR\x04tail\"z\n" +
 	"\aStepSeq\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
 	"\x03len\x18\x02 \x01(\x04R\x03len\x12\x10\n" +
 	"\x03new\x18\x03 \x01(\bR\x03new\x12\x16\n" +
-	"\x06budget\x18\x04 \x01(\rR\x06budget\"\xf1\x01\n" +
+	"\x06budget\x18\x04 \x01(\rR\x06budget\x12!\n" +
+	"\fdense_layers\x18\x05 \x01(\rR\vdenseLayers\"\xf1\x01\n" +
 	"\fBeginRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\x12\x14\n" +

@@ -1,0 +1,147 @@
+package decode
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/questrt/questrt/plan"
+)
+
+// SeqID names a sequence of a Stepper.
+type SeqID uint64
+
+// Row is one sequence of a step.
+type Row struct {
+	Seq SeqID
+	// New says that every Layer call of the step brings one new token of
+	// the sequence (its key and value), appended after the sequence's
+	// tokens before attention, so the token attends to itself. Without
+	// it the row only queries the sequence.
+	New bool
+	// Budget is the row's token budget (0: the policy's); else at least
+	// one page.
+	Budget int
+	// DenseLayers makes the layers below it attend every page of this
+	// row, besides the policy's dense layers (0: the policy alone
+	// decides; the model's layer count: every layer is dense).
+	DenseLayers int
+}
+
+// Options tune a step.
+type Options struct {
+	// Diagnostics measures the selection against dense attention (a
+	// second, dense pass). Runners that cannot measure inside an open
+	// step refuse it in Begin with ErrBadInput.
+	Diagnostics bool
+	// TopR is R for the recall diagnostic (10).
+	TopR int
+	// ForceDense attends every page of every row (a dense reference step).
+	ForceDense bool
+	// Phased keeps score, top-K and attention separate backend calls
+	// where a shard could fuse them: per-phase times, and a reference for
+	// the fused path.
+	Phased bool
+}
+
+// Batch is what Begin plans: the rows in batch order (each sequence at
+// most once) and the step's options.
+type Batch struct {
+	Rows []Row
+	// FirstLayer is the first layer the step runs (0 for a whole-model
+	// token); Layer calls come for it and higher layers, in increasing
+	// order, each at most once.
+	FirstLayer int
+	Options    Options
+}
+
+// NewRows returns the number of rows that bring a new token.
+func (b Batch) NewRows() int {
+	n := 0
+	for _, r := range b.Rows {
+		if r.New {
+			n++
+		}
+	}
+	return n
+}
+
+// Times are the wall times of a layer's phases (on CP rank 0 of TP group
+// 0) and of the whole layer call.
+type Times struct {
+	Score, TopK, Select, Attend, Merge, Total time.Duration
+	// Fused is the time of a local step fused into one backend call
+	// (Score, TopK and Attend are then zero).
+	Fused time.Duration
+}
+
+// Collective is the time spent in collectives (selection exchange and
+// merge).
+func (t Times) Collective() time.Duration { return t.Select + t.Merge }
+
+// Result is one layer's output for the whole batch. A caller reuses one
+// Result across layers and steps.
+type Result struct {
+	// O is where Layer writes the attention output, [rows][QHeads][HeadDim],
+	// set by the caller; a zero O makes Layer write into a host tensor of
+	// its own (kept in O for the next call).
+	O Tensor
+	// LSE is the natural-log sum-exp of the scaled logits per row and
+	// query head, [rows][QHeads], on the host.
+	LSE []float32
+	// Plans is each row's page plan at the layer.
+	Plans []plan.Plan
+	// Time is the layer's phase times.
+	Time Times
+}
+
+// Stepper runs decode steps. Begin validates and plans a batch and opens
+// the step; at most one step of a Stepper is open at a time: Begin waits
+// for the open one to end, up to ctx's deadline (or the runner's own step
+// timeout), and then fails with ErrStepOpen. Implementations are safe for
+// concurrent use; a Step is used by one goroutine.
+type Stepper interface {
+	// Begin opens a step for b. Bad input (an unknown sequence, a
+	// sequence twice, a budget below one page, a layer outside the
+	// model) returns an error wrapping ErrBadInput (or the runner's
+	// unknown-sequence error) and changes nothing.
+	Begin(ctx context.Context, b Batch) (Step, error)
+}
+
+// Step is an open decode step: Layer for each layer in increasing order,
+// then End, which must be called whatever happened (it releases the
+// Stepper for the next step).
+type Step interface {
+	// Layer runs layer for every row: q holds the rows' query heads
+	// [rows][QHeads][HeadDim]; k and v the new tokens of the rows with
+	// New, in batch order, [newRows][KVHeads][HeadDim]. It appends the
+	// new tokens, selects pages and writes the merged attention output
+	// into res. Bad input (a layer out of order or outside the model,
+	// wrong shapes, non-finite values, a sequence whose layers differ in
+	// length) returns an error wrapping ErrBadInput and changes nothing:
+	// the step stays open and usable. A failure while the layer runs
+	// (a worker, a device, a deadline) fails the step: later Layer calls
+	// return ErrStepFailed; the new tokens of the layers that ran stay
+	// appended.
+	Layer(ctx context.Context, layer int, q, k, v Tensor, res *Result) error
+	// End closes the step. A second End, or a Layer after End, returns
+	// ErrStepEnded.
+	End(ctx context.Context) error
+}
+
+// Errors callers act on.
+var (
+	// ErrBadInput: a batch or layer input the runner refuses; nothing
+	// changed.
+	ErrBadInput = errors.New("decode: bad input")
+	// ErrStepOpen: another step of the Stepper is open.
+	ErrStepOpen = errors.New("decode: a step is open")
+	// ErrStepEnded: the step was ended.
+	ErrStepEnded = errors.New("decode: step ended")
+	// ErrStepFailed: an earlier layer of the step failed; only End is
+	// left to call.
+	ErrStepFailed = errors.New("decode: step failed")
+	// ErrDeviceTensor: a tensor on a device this runner cannot read
+	// in place.
+	ErrDeviceTensor = errors.New("decode: device tensor not supported here")
+)

@@ -1,0 +1,266 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/worker"
+)
+
+// turn is the engine's lock. A call holds it for its duration; an open
+// decode step holds it from Begin to End, so that no sequence operation
+// or other step reaches the workers between two of its layers. Begin
+// waits for it under a context, the other calls without one (as for a
+// mutex).
+type turn chan struct{}
+
+// Lock waits for the turn.
+func (t turn) Lock() { t <- struct{}{} }
+
+// Unlock gives the turn back.
+func (t turn) Unlock() { <-t }
+
+// lockCtx waits for the turn until ctx is done.
+func (t turn) lockCtx(ctx context.Context) error {
+	select {
+	case t <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Engine implements decode.Stepper.
+var _ decode.Stepper = (*Engine)(nil)
+
+// Begin opens a decode step for batch b (decode.Stepper): it checks the
+// batch against the sequence table, plans it at b.FirstLayer and sends
+// one BeginStep to every worker carrying the plan. The step then runs
+// one parallel round of Layer calls per layer (Step.Layer) and one
+// EndStep per worker (Step.End): 2W + L x W worker calls for L layers
+// over W workers, whatever the batch. Begin waits for another open step
+// or a sequence operation to finish, until ctx's deadline or
+// StepTimeout, and then fails with decode.ErrStepOpen. Diagnostics are
+// refused (engine.Step measures them one layer at a time).
+func (e *Engine) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
+	wctx, cancel := context.WithTimeout(ctx, e.cfg.StepTimeout)
+	err := e.mu.lockCtx(wctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("begin step: %w", ctx.Err())
+		}
+		return nil, fmt.Errorf("begin step: %w: waited %v", decode.ErrStepOpen, e.cfg.StepTimeout)
+	}
+	st, err := e.open(ctx, b)
+	if err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	return st, nil
+}
+
+// stepState is an open decode step of the engine (it holds e.mu).
+type stepState struct {
+	e     *Engine
+	id    uint64
+	opt   decode.Options
+	first int
+	next  int   // the lowest layer the next Layer call may run
+	ran   []int // layers whose Layer calls went out
+	reqs  []Request
+	seqs  []*seqState
+	lens  []int // per row: its length at the first layer, before the step's token
+	nNew  int
+	err   error // the failure that ended the layer runs
+	ended bool
+	own   []float32 // the output of a Result with a zero O
+}
+
+func (e *Engine) open(ctx context.Context, b decode.Batch) (*stepState, error) {
+	c := e.cfg
+	switch {
+	case e.closed:
+		return nil, ErrClosed
+	case b.Options.Diagnostics:
+		return nil, fmt.Errorf("begin step: %w: diagnostics need engine.Step (one layer at a time)", ErrBadInput)
+	case b.FirstLayer < 0 || b.FirstLayer >= c.Layers:
+		return nil, fmt.Errorf("begin step: %w: first layer %d outside 0..%d", ErrBadInput, b.FirstLayer, c.Layers-1)
+	case len(b.Rows) == 0:
+		return nil, fmt.Errorf("begin step: %w: empty batch", ErrBadInput)
+	}
+	st := &stepState{e: e, opt: b.Options, first: b.FirstLayer, next: b.FirstLayer,
+		reqs: make([]Request, len(b.Rows)), lens: make([]int, len(b.Rows))}
+	seen := make(map[SeqID]bool, len(b.Rows))
+	for i, r := range b.Rows {
+		sq, err := e.lookup(r.Seq)
+		if err != nil {
+			return nil, fmt.Errorf("begin step: %w", err)
+		}
+		switch {
+		case seen[r.Seq]:
+			return nil, fmt.Errorf("begin step: %w: sequence %d appears twice", ErrBadInput, r.Seq)
+		case r.Budget < 0 || (r.Budget > 0 && r.Budget < c.PageSize):
+			return nil, fmt.Errorf("begin step: %w: row %d: budget %d tokens is below one page", ErrBadInput, i, r.Budget)
+		case r.DenseLayers < 0 || r.DenseLayers > c.Layers:
+			return nil, fmt.Errorf("begin step: %w: row %d: dense layers %d outside 0..%d", ErrBadInput, i, r.DenseLayers, c.Layers)
+		case !r.New && sq.lens[b.FirstLayer] == 0:
+			return nil, fmt.Errorf("begin step: %w: sequence %d has no tokens in layer %d", ErrBadInput, r.Seq, b.FirstLayer)
+		}
+		seen[r.Seq] = true
+		st.seqs = append(st.seqs, sq)
+		st.lens[i] = sq.lens[b.FirstLayer]
+		st.reqs[i] = Request{Seq: r.Seq, BudgetTokens: r.Budget, DenseLayers: r.DenseLayers}
+		if r.New {
+			st.nNew++
+			// A non-nil K marks the row's new token in the shared
+			// helpers (plans, layerRequests, account); Layer sets it.
+			st.reqs[i].K, st.reqs[i].V = []float32{}, []float32{}
+		}
+	}
+	if _, err := e.plans(b.FirstLayer, st.reqs, st.seqs, b.Options.ForceDense, nil); err != nil {
+		return nil, fmt.Errorf("begin %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.StepTimeout)
+	defer cancel()
+	e.step++
+	st.id = e.step
+	m := &e.begin
+	*m = worker.BeginRequest{Step: st.id, Layer: b.FirstLayer, Seqs: m.Seqs[:0], Phased: b.Options.Phased, ForceDense: b.Options.ForceDense}
+	for i, r := range b.Rows {
+		m.Seqs = append(m.Seqs, worker.StepSeq{Seq: uint64(r.Seq), Len: st.lens[i], New: r.New, Budget: r.Budget, DenseLayers: r.DenseLayers})
+	}
+	for w, wk := range e.workers {
+		if err := wk.BeginStep(ctx, *m); err != nil {
+			e.end(st.id, true, nil, w)
+			return nil, fmt.Errorf("begin step at layer %d: %w", b.FirstLayer, err)
+		}
+	}
+	return st, nil
+}
+
+// Layer implements decode.Step.
+func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor, res *decode.Result) error {
+	e, c := st.e, st.e.cfg
+	switch {
+	case st.ended:
+		return fmt.Errorf("layer %d: %w", layer, decode.ErrStepEnded)
+	case st.err != nil:
+		return fmt.Errorf("layer %d: %w: %w", layer, decode.ErrStepFailed, st.err)
+	case e.closed:
+		return ErrClosed
+	case layer < st.next || layer >= c.Layers:
+		return fmt.Errorf("layer %d: %w: the step's next layer is %d..%d", layer, ErrBadInput, st.next, c.Layers-1)
+	}
+	n := len(st.reqs)
+	qd, err := q.HostData("q")
+	if err != nil {
+		return fmt.Errorf("layer %d: %w", layer, err)
+	}
+	kd, err := k.HostData("k")
+	if err != nil {
+		return fmt.Errorf("layer %d: %w", layer, err)
+	}
+	vd, err := v.HostData("v")
+	if err != nil {
+		return fmt.Errorf("layer %d: %w", layer, err)
+	}
+	if err := st.checkLayer(layer, qd, kd, vd); err != nil {
+		return fmt.Errorf("layer %d: %w", layer, err)
+	}
+	var out []float32
+	switch {
+	case res.O.Zero():
+		st.own = resize(st.own, n*c.QRow())
+		out = st.own
+	default:
+		if out, err = res.O.HostData("output"); err != nil {
+			return fmt.Errorf("layer %d: %w", layer, err)
+		}
+		if len(out) != n*c.QRow() {
+			return fmt.Errorf("layer %d: %w: output of %d floats for %d rows of %d", layer, ErrBadInput, len(out), n, c.QRow())
+		}
+	}
+	plans, err := e.plans(layer, st.reqs, st.seqs, st.opt.ForceDense, res.Plans[:0])
+	if err != nil {
+		return fmt.Errorf("layer %d: %w", layer, err)
+	}
+	// Checked: the layer runs.
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, c.StepTimeout)
+	defer cancel()
+	kvd, j := c.KVRow(), 0
+	for i := range st.reqs {
+		r := &st.reqs[i]
+		r.Q = qd[i*c.QRow() : (i+1)*c.QRow()]
+		if r.K != nil {
+			r.K, r.V = kd[j*kvd:(j+1)*kvd], vd[j*kvd:(j+1)*kvd]
+			j++
+		}
+	}
+	st.next = layer + 1
+	st.ran = append(st.ran, layer)
+	e.layerRequests(st.id, layer, st.reqs, st.seqs, true)
+	errs := e.layerCalls(ctx, e.reps)
+	err = worker.Cause(errs...)
+	e.account(layer, st.reqs, st.seqs, e.reps, errs)
+	if err != nil {
+		st.err = fmt.Errorf("layer %d: %w", layer, err)
+		return st.err
+	}
+	res.LSE = resize(res.LSE, n*c.QHeads)
+	res.Time = e.gatherInto(n, e.reps, out, res.LSE)
+	res.Time.Total = time.Since(start)
+	res.Plans = plans
+	if res.O.Zero() {
+		res.O = decode.Host(out)
+	}
+	return nil
+}
+
+// checkLayer validates one layer's inputs against the open step.
+func (st *stepState) checkLayer(layer int, q, k, v []float32) error {
+	e, c := st.e, st.e.cfg
+	n := len(st.reqs)
+	if len(q) != n*c.QRow() || !kernels.Finite(q) {
+		return fmt.Errorf("%w: q must be %d finite floats (%d rows x %d heads x %d), has %d", ErrBadInput, n*c.QRow(), n, c.QHeads, c.HeadDim, len(q))
+	}
+	for i := range n {
+		if err := checkMagnitude("q", q[i*c.QRow():(i+1)*c.QRow()], c.HeadDim); err != nil {
+			return fmt.Errorf("row %d: %w", i, err)
+		}
+	}
+	if len(k) != st.nNew*c.KVRow() || len(v) != len(k) {
+		return fmt.Errorf("%w: k and v must be [%d new tokens][%d][%d], have %d and %d floats", ErrBadInput, st.nNew, c.KVHeads, c.HeadDim, len(k), len(v))
+	}
+	for j := range st.nNew {
+		if err := e.checkKV(layer, k[j*c.KVRow():(j+1)*c.KVRow()], v[j*c.KVRow():(j+1)*c.KVRow()]); err != nil {
+			return fmt.Errorf("new token %d: %w", j, err)
+		}
+	}
+	for i, sq := range st.seqs {
+		if sq.lens[layer] != st.lens[i] {
+			return fmt.Errorf("%w: sequence %d has %d tokens in layer %d and %d in layer %d", ErrBadInput,
+				st.reqs[i].Seq, st.lens[i], st.first, sq.lens[layer], layer)
+		}
+	}
+	return nil
+}
+
+// End implements decode.Step: one EndStep per worker (with the layers
+// that ran when the step failed, so the workers forget their collective
+// tags); it gives the engine back to other calls.
+func (st *stepState) End(context.Context) error {
+	if st.ended {
+		return decode.ErrStepEnded
+	}
+	st.ended = true
+	e := st.e
+	e.ran = append(e.ran[:0], st.ran...)
+	e.end(st.id, st.err != nil, e.ran, len(e.workers))
+	e.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,142 @@
+package model
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+
+	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/worker"
+)
+
+// callCounter counts the step calls a coordinator makes to a worker (the
+// worker boundary: what a remote worker pays one round trip for).
+type callCounter struct {
+	worker.Worker
+	begin, layer, end, other *atomic.Int64
+}
+
+func (c callCounter) BeginStep(ctx context.Context, m worker.BeginRequest) error {
+	c.begin.Add(1)
+	return c.Worker.BeginStep(ctx, m)
+}
+
+func (c callCounter) Layer(ctx context.Context, m worker.LayerRequest, rep *worker.LayerReply) error {
+	c.layer.Add(1)
+	return c.Worker.Layer(ctx, m, rep)
+}
+
+func (c callCounter) EndStep(ctx context.Context, m worker.EndRequest) error {
+	c.end.Add(1)
+	return c.Worker.EndStep(ctx, m)
+}
+
+func (c callCounter) Append(ctx context.Context, m worker.AppendRequest) error {
+	c.other.Add(1)
+	return c.Worker.Append(ctx, m)
+}
+
+// countedEngine opens an engine over cp in-process workers (one rank
+// each), every one behind a callCounter sharing the returned counters.
+func countedEngine(t *testing.T, m *Model, p plan.Policy, capacity, cp int) (*engine.Engine, *[4]atomic.Int64) {
+	t.Helper()
+	cfg := EngineConfig(m.Geometry(), p, capacity)
+	cfg.CP = cp
+	var n [4]atomic.Int64
+	trs := collective.NewInprocGroup(cp)
+	be := kernels.NewCPU(kernels.CPUConfig{})
+	t.Cleanup(func() { be.Close() })
+	var hosts []engine.Host
+	for r := range cp {
+		rank := worker.Rank{CP: r}
+		l, err := worker.NewLocal(cfg.WorkerConfig(), []worker.RankSpec{{Rank: rank, Backend: be, Transport: trs[r]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close(); trs[r].Close() })
+		hosts = append(hosts, engine.Host{Worker: callCounter{l, &n[0], &n[1], &n[2], &n[3]}, Ranks: []worker.Rank{rank}})
+	}
+	e, err := engine.Open(cfg, hosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e, &n
+}
+
+// TestDecodeBatchWorkerCalls counts the worker calls of a decode token
+// through DecodeBatch on an engine of W = 2 workers (CP 2): one BeginStep
+// and one EndStep per worker and one Layer round (one call per worker)
+// per layer, 2W + L x W calls per token, for batches of 1, 4 and 16
+// sequences and models of 4 and 32 layers (one step per sequence and
+// layer made 3 x W x B x L). The logits equal each sequence's own
+// one-token Forward on a CP 2 engine of its own, bit for bit.
+func TestDecodeBatchWorkerCalls(t *testing.T) {
+	const W = 2
+	ctx := context.Background()
+	for _, layers := range []int{4, 32} {
+		cfg := tinyConfig()
+		cfg["num_hidden_layers"] = layers
+		m, err := Load(writeTiny(t, cfg, tinyTensors(cfg, F32, 7), 1), LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		p := plan.DefaultPolicy()
+		p.BudgetTokens = 32 // sparse past 32 tokens in the layers past the policy's dense ones
+		for _, b := range []int{1, 4, 16} {
+			t.Run(fmt.Sprintf("L%d/B%d", layers, b), func(t *testing.T) {
+				e, n := countedEngine(t, m, p, 16*b+16, W)
+				twin := newEngine(t, m, p, 64*(b+1), W, 1)
+				rng := rand.New(rand.NewPCG(uint64(b), uint64(layers)))
+				attns, alone, toks := make([]Attention, b), make([]Attention, b), make([]int, b)
+				for i := range b {
+					a, err := NewEngineAttention(e, m.Geometry())
+					if err != nil {
+						t.Fatal(err)
+					}
+					a2, err := NewEngineAttention(twin, m.Geometry())
+					if err != nil {
+						t.Fatal(err)
+					}
+					ids := randTokens(rng, 40+3*i)
+					lg, err := m.Forward(ctx, a, ids, ForwardOptions{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := m.Forward(ctx, a2, ids, ForwardOptions{}); err != nil {
+						t.Fatal(err)
+					}
+					attns[i], alone[i], toks[i] = a, a2, Argmax(lg)
+				}
+				for step := range 3 {
+					for i := range n {
+						n[i].Store(0)
+					}
+					got, err := m.DecodeBatch(ctx, attns, toks)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if bg, ly, en, ap := n[0].Load(), n[1].Load(), n[2].Load(), n[3].Load(); bg != W || ly != int64(W*layers) || en != W || ap != 0 {
+						t.Fatalf("token %d: %d BeginStep, %d Layer, %d EndStep, %d Append calls; want %d, %d, %d, 0", step, bg, ly, en, ap, W, W*layers, W)
+					}
+					for i := range b {
+						want, err := m.Forward(ctx, alone[i], []int{toks[i]}, ForwardOptions{})
+						if err != nil {
+							t.Fatal(err)
+						}
+						if at := sameBits(got[i], want); at >= 0 {
+							t.Fatalf("token %d sequence %d: logit %d is %v batched, %v alone (CP 2 both)", step, i, at, got[i][at], want[at])
+						}
+						toks[i] = Argmax(want)
+					}
+				}
+			})
+		}
+	}
+}
