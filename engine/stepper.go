@@ -50,10 +50,9 @@ func (e *Engine) Begin(ctx context.Context, b decode.Batch) (decode.Step, error)
 	err := e.mu.lockCtx(wctx)
 	cancel()
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("begin step: %w", ctx.Err())
-		}
-		return nil, fmt.Errorf("begin step: %w: waited %v", decode.ErrStepOpen, e.cfg.StepTimeout)
+		// Whoever holds the engine (an open step, most likely) did not
+		// give it back in time.
+		return nil, fmt.Errorf("begin step: %w (the engine is busy): %w", decode.ErrStepOpen, err)
 	}
 	st, err := e.open(ctx, b)
 	if err != nil {

@@ -89,7 +89,8 @@ func (c Config) ActivationBytes(n int) int64 {
 // Forward runs tokens through the model after the attn.Len() tokens the
 // sequence already holds, appending their keys and values to attn: a
 // single token is a decode step (Attention.Decode), more tokens a
-// prefill (Attention.Prefill). It returns the logits of the last token,
+// prefill (Attention.Prefill); a decode step of a [BatchAttention] that
+// can join a batch is one step of its Stepper. It returns the logits of the last token,
 // or of every token with AllLogits. Bad input (ErrBadInput) and a pass
 // over the memory limit change nothing; an error from attn in the middle
 // of the layers leaves attn holding some layers' tokens and not others'
@@ -116,6 +117,18 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 	a := m.newPass(tokens)
 	qd, kvd := a.qd, a.kvd
 	var attnTime time.Duration
+	// A decode step of a BatchAttention is one step of its Stepper: one
+	// Begin, one Layer per layer, one End.
+	var g *stepGroup
+	if n == 1 {
+		if gs, _ := m.groupRows([]Attention{attn}); len(gs) == 1 {
+			g = gs[0]
+			t0 := time.Now()
+			g.begin(ctx)
+			attnTime += time.Since(t0)
+			defer g.end(ctx)
+		}
+	}
 	for li := range m.layers {
 		q, k, v := m.attnIn(a, li)
 		rows(m.workers, n, func(lo, hi int) {
@@ -124,9 +137,12 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 		})
 		t0 := time.Now()
 		var err error
-		if n == 1 {
+		switch {
+		case g != nil:
+			err = g.layer(ctx, li, q, k, v, a.o, qd, kvd)
+		case n == 1:
 			err = attn.Decode(ctx, li, q, k, v, a.o)
-		} else {
+		default:
 			err = attn.Prefill(ctx, li, q, k, v, a.o)
 		}
 		attnTime += time.Since(t0)
@@ -136,6 +152,14 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 		m.attnOut(a, li)
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+	}
+	if g != nil {
+		t0 := time.Now()
+		err := g.end(ctx)
+		attnTime += time.Since(t0)
+		if err != nil {
+			return nil, fmt.Errorf("layer %d attention: %w", len(m.layers)-1, err)
 		}
 	}
 	first := 0
