@@ -96,10 +96,12 @@ type Result struct {
 }
 
 // Stepper runs decode steps. Begin validates and plans a batch and opens
-// the step; at most one step of a Stepper is open at a time: Begin waits
-// for the open one to end, up to ctx's deadline (or the runner's own step
-// timeout), and then fails with ErrStepOpen. Implementations are safe for
-// concurrent use; a Step is used by one goroutine.
+// the step. A step holds what its sequences live on until End: one
+// engine (one grid) runs one step at a time, a coordinator one step per
+// grid. A Begin that needs what an open step holds waits for it to end,
+// up to ctx's deadline (or the runner's own step timeout), and then fails
+// with ErrStepOpen. Implementations are safe for concurrent use; a Step
+// is used by one goroutine.
 type Stepper interface {
 	// Begin opens a step for b. Bad input (an unknown sequence, a
 	// sequence twice, a budget below one page, a layer outside the

@@ -96,7 +96,7 @@ var ErrParked = errors.New("engine: recovered sequence left parked")
 func (e *Engine) Adopt(ctx context.Context, r Recovered) (Adopted, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
+	if e.closed.Load() {
 		return Adopted{}, ErrClosed
 	}
 	if len(r.Parts) != len(e.workers) {
@@ -254,7 +254,7 @@ func (e *Engine) dropParts(r Recovered, first int) {
 func (e *Engine) DropRecovered(ctx context.Context, w int, key uint64) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
+	if e.closed.Load() {
 		return ErrClosed
 	}
 	if w < 0 || w >= len(e.workers) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/questrt/questrt/collective"
@@ -28,8 +29,10 @@ type Engine struct {
 
 	// mu is the engine's lock: one call holds it, or an open step from
 	// Begin to End.
-	mu     turn
-	closed bool
+	mu turn
+	// closed is set once by Close (read under mu, or by a Close that
+	// did not get the turn).
+	closed atomic.Bool
 	// trs are the CP transports of every TP group ([tp][cp]), handed to
 	// the workers; the engine made them and closes them.
 	trs [][]collective.Transport
@@ -198,14 +201,19 @@ func (e *Engine) Shard(tp, cp int) *shard.Shard {
 }
 
 // Close releases the workers, the transports and the engine's own
-// backend.
+// backend. It waits for an open step to end, up to StepTimeout; a step
+// still open then (its caller never called End) fails on the closed
+// workers.
 func (e *Engine) Close() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.StepTimeout)
+	err := e.mu.lockCtx(ctx)
+	cancel()
+	if err == nil {
+		defer e.mu.Unlock()
+	}
+	if e.closed.Swap(true) {
 		return nil
 	}
-	e.closed = true
 	for _, trs := range e.trs {
 		for _, tr := range trs {
 			tr.Close()
@@ -221,7 +229,7 @@ func (e *Engine) Close() error {
 }
 
 func (e *Engine) lookup(id SeqID) (*seqState, error) {
-	if e.closed {
+	if e.closed.Load() {
 		return nil, ErrClosed
 	}
 	sq, ok := e.seqs[id]

@@ -38,7 +38,7 @@ func (e *Engine) CreateID(id SeqID, p plan.Placement) error {
 }
 
 func (e *Engine) create(id SeqID, p plan.Placement) error {
-	if e.closed {
+	if e.closed.Load() {
 		return ErrClosed
 	}
 	if p != plan.Striped && p != plan.Contiguous {
@@ -344,7 +344,7 @@ func (e *Engine) Rollback(id SeqID, n int) error {
 func (e *Engine) Release(id SeqID) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
+	if e.closed.Load() {
 		return ErrClosed
 	}
 	if _, ok := e.seqs[id]; !ok {

@@ -64,7 +64,7 @@ type Result struct {
 func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOptions, res *Result) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
+	if e.closed.Load() {
 		return ErrClosed
 	}
 	start := time.Now()

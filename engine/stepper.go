@@ -82,7 +82,7 @@ type stepState struct {
 func (e *Engine) open(ctx context.Context, b decode.Batch) (*stepState, error) {
 	c := e.cfg
 	switch {
-	case e.closed:
+	case e.closed.Load():
 		return nil, ErrClosed
 	case b.Options.Diagnostics:
 		return nil, fmt.Errorf("begin step: %w: diagnostics need engine.Step (one layer at a time)", ErrBadInput)
@@ -149,7 +149,7 @@ func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 		return fmt.Errorf("layer %d: %w", layer, decode.ErrStepEnded)
 	case st.err != nil:
 		return fmt.Errorf("layer %d: %w: %w", layer, decode.ErrStepFailed, st.err)
-	case e.closed:
+	case e.closed.Load():
 		return ErrClosed
 	case layer < st.next || layer >= c.Layers:
 		return fmt.Errorf("layer %d: %w: the step's next layer is %d..%d", layer, ErrBadInput, st.next, c.Layers-1)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/cluster/coord"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
@@ -67,7 +68,11 @@ func (c coordCluster) Create(ctx context.Context, ec engine.Config) (model.Seque
 		return nil, fmt.Errorf("create a sequence on a %d x %d grid: %w", ec.CP, ec.TP, clusterErr(err))
 	}
 	c.releaseAdopted(ctx, cr.ID)
-	return coordSeq{co: c.co, id: cr.ID}, nil
+	h, err := c.co.Handle(cr.ID)
+	if err != nil {
+		return nil, fmt.Errorf("sequence %s: %w", cr.ID, clusterErr(err))
+	}
+	return coordSeq{co: c.co, id: cr.ID, h: h}, nil
 }
 
 // releaseAdopted releases the sequences the coordinator adopted onto
@@ -106,10 +111,45 @@ func sameGridConfig(a, b engine.Config) bool {
 		a.CapacityPages == b.CapacityPages && a.Selection == b.Selection && reflect.DeepEqual(a.Policy, b.Policy)
 }
 
-// coordSeq is one sequence of a coordinator.
+// coordSeq is one sequence of a coordinator. Its decode steps run
+// batched through the coordinator's Stepper (h is its handle there):
+// one engine step per grid and token for every sequence of the batch.
 type coordSeq struct {
 	co *coord.Coordinator
 	id string
+	h  decode.SeqID
+}
+
+func (s coordSeq) Stepper() decode.Stepper { return clusterStepper{s.co} }
+
+func (s coordSeq) SeqID() decode.SeqID { return s.h }
+
+// clusterStepper is a coordinator's Stepper whose errors say when they
+// are the cluster's (ErrClusterUnavailable).
+type clusterStepper struct{ co *coord.Coordinator }
+
+func (c clusterStepper) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
+	st, err := c.co.Begin(ctx, b)
+	if err != nil {
+		return nil, clusterErr(err)
+	}
+	return clusterStep{st}, nil
+}
+
+type clusterStep struct{ decode.Step }
+
+func (s clusterStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor, res *decode.Result) error {
+	if err := s.Step.Layer(ctx, layer, q, k, v, res); err != nil {
+		return clusterErr(err)
+	}
+	return nil
+}
+
+func (s clusterStep) End(ctx context.Context) error {
+	if err := s.Step.End(ctx); err != nil {
+		return clusterErr(err)
+	}
+	return nil
 }
 
 func (s coordSeq) Append(ctx context.Context, layer int, k, v []float32) error {
@@ -131,7 +171,11 @@ func (s coordSeq) ForkSequence(ctx context.Context) (model.Sequence, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fork sequence %s: %w", s.id, clusterErr(err))
 	}
-	return coordSeq{co: s.co, id: id}, nil
+	h, err := s.co.Handle(id)
+	if err != nil {
+		return nil, fmt.Errorf("fork sequence %s: %w", s.id, clusterErr(err))
+	}
+	return coordSeq{co: s.co, id: id, h: h}, nil
 }
 
 func (s coordSeq) Release(ctx context.Context) error {
@@ -164,6 +208,22 @@ func (s *Server) clusterUnavailable(err error) *apiError {
 type countedSeq struct {
 	model.Sequence
 	n *atomic.Int64
+}
+
+// Stepper and SeqID forward the inner sequence's, when it has them (nil
+// otherwise: it decodes one step per layer).
+func (s countedSeq) Stepper() decode.Stepper {
+	if ss, ok := s.Sequence.(model.StepperSequence); ok {
+		return ss.Stepper()
+	}
+	return nil
+}
+
+func (s countedSeq) SeqID() decode.SeqID {
+	if ss, ok := s.Sequence.(model.StepperSequence); ok {
+		return ss.SeqID()
+	}
+	return 0
 }
 
 func (s countedSeq) ForkSequence(ctx context.Context) (model.Sequence, error) {

@@ -222,7 +222,7 @@ func (c *Coordinator) adopt(ctx context.Context, g *grid, recs []adoption) {
 			c.log.Warn("recovered sequence not adopted", "grid", g.ref.Grid, "from_grid", a.grid, "seq", a.seq, "id", a.old, "err", err)
 			continue
 		}
-		c.seqs[a.name] = &seq{g: g, id: a.rec.Seq}
+		c.addSeqLocked(a.name, &seq{g: g, id: a.rec.Seq})
 		g.seqs++
 		from := ""
 		if a.old != a.name {

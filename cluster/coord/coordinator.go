@@ -17,6 +17,7 @@ import (
 
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
@@ -276,9 +277,12 @@ type Coordinator struct {
 	closed bool
 	grids  map[string]*grid // by placement key
 	seqs   map[string]*seq  // by sequence id
-	next   uint64           // next sequence number
-	ngrid  uint64           // grids opened
-	wg     sync.WaitGroup   // grid closers
+	// handles are the same sequences by their Stepper handle.
+	handles    map[decode.SeqID]*seq
+	nextHandle decode.SeqID
+	next       uint64         // next sequence number
+	ngrid      uint64         // grids opened
+	wg         sync.WaitGroup // grid closers
 	// adopted are the sequences adopted after a restart and not released
 	// (by id), damaged those found and not adopted (see adopt.go).
 	adopted map[string]RecoveredSeq
@@ -327,6 +331,16 @@ type grid struct {
 type seq struct {
 	g  *grid
 	id engine.SeqID
+	// h is its handle in this coordinator's decode.Stepper (see Handle).
+	h decode.SeqID
+}
+
+// addSeqLocked registers sequence name with a new Stepper handle.
+func (c *Coordinator) addSeqLocked(name string, s *seq) {
+	c.nextHandle++
+	s.h = c.nextHandle
+	c.seqs[name] = s
+	c.handles[s.h] = s
 }
 
 // New returns a coordinator; it opens grids on demand.
@@ -347,7 +361,7 @@ func New(cfg Config) (*Coordinator, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Coordinator{cfg: cfg, log: log, grids: map[string]*grid{}, seqs: map[string]*seq{}, next: 1, adopted: map[string]RecoveredSeq{},
+	return &Coordinator{cfg: cfg, log: log, grids: map[string]*grid{}, seqs: map[string]*seq{}, handles: map[decode.SeqID]*seq{}, next: 1, adopted: map[string]RecoveredSeq{},
 		opening: map[string]chan struct{}{}, released: map[string]bool{}}, nil
 }
 
@@ -474,7 +488,7 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 		return Created{}, ErrClosed
 	}
 	name := c.seqName(n)
-	c.seqs[name] = &seq{g: g, id: id}
+	c.addSeqLocked(name, &seq{g: g, id: id})
 	g.seqs++
 	return Created{ID: name, Nodes: append([]string(nil), g.nodes...), View: g.ref.View}, nil
 }
@@ -787,7 +801,7 @@ func (c *Coordinator) Fork(ctx context.Context, id string) (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	name := c.seqName(n)
-	c.seqs[name] = &seq{g: s.g, id: child}
+	c.addSeqLocked(name, &seq{g: s.g, id: child})
 	s.g.seqs++
 	return name, nil
 }
@@ -813,6 +827,7 @@ func (c *Coordinator) Release(ctx context.Context, id string) error {
 		return fmt.Errorf("sequence %q: %w", id, ErrUnknownSequence)
 	}
 	delete(c.seqs, id)
+	delete(c.handles, s.h)
 	delete(c.adopted, id)
 	s.g.seqs--
 	lost := c.aliveLocked(s.g) != nil

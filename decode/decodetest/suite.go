@@ -347,12 +347,12 @@ func badLayer(t *testing.T, s Subject) {
 	}
 }
 
-// stepOpen: a second Begin while a step is open waits and then fails
-// with ErrStepOpen; after End a Begin succeeds at once.
+// stepOpen: a second Begin of a sequence of the open step waits and then
+// fails with ErrStepOpen; after End a Begin succeeds at once.
 func stepOpen(t *testing.T, s Subject) {
 	ctx := context.Background()
 	w := newWorld(t, s, 5, 9)
-	st, err := s.Stepper.Begin(ctx, decode.Batch{Rows: []decode.Row{{Seq: w.ids[0], New: true}}})
+	st, err := s.Stepper.Begin(ctx, decode.Batch{Rows: []decode.Row{{Seq: w.ids[0], New: true}, {Seq: w.ids[1], New: true}}})
 	if err != nil {
 		t.Fatal(err)
 	}
