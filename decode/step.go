@@ -3,6 +3,7 @@ package decode
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/questrt/questrt/plan"
@@ -82,9 +83,9 @@ func (t Times) Collective() time.Duration { return t.Select + t.Merge }
 // Result is one layer's output for the whole batch. A caller reuses one
 // Result across layers and steps.
 type Result struct {
-	// O is where Layer writes the attention output, [rows][QHeads][HeadDim],
-	// set by the caller; a zero O makes Layer write into a host tensor of
-	// its own (kept in O for the next call).
+	// O is where Layer writes the attention output, [rows][QHeads][HeadDim].
+	// A device tensor must have exactly that length; a host one (or the
+	// zero value) is resized to it, reusing its capacity (see Output).
 	O Tensor
 	// LSE is the natural-log sum-exp of the scaled logits per row and
 	// query head, [rows][QHeads], on the host.
@@ -147,3 +148,19 @@ var (
 	// in place.
 	ErrDeviceTensor = errors.New("decode: device tensor not supported here")
 )
+
+// Output returns the host slice Layer writes n floats of output into:
+// O's data resized to n (reusing its capacity; O is set to it). A device
+// O is refused with ErrDeviceTensor (a runner that writes device
+// outputs checks them itself).
+func (r *Result) Output(n int) ([]float32, error) {
+	if !r.O.OnHost() {
+		return nil, fmt.Errorf("%w: output is on %v", ErrDeviceTensor, r.O.Device)
+	}
+	d := r.O.Data
+	if cap(d) < n {
+		d = make([]float32, n)
+	}
+	r.O = Host(d[:n])
+	return r.O.Data, nil
+}

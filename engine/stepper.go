@@ -76,7 +76,6 @@ type stepState struct {
 	nNew  int
 	err   error // the failure that ended the layer runs
 	ended bool
-	own   []float32 // the output of a Result with a zero O
 }
 
 func (e *Engine) open(ctx context.Context, b decode.Batch) (*stepState, error) {
@@ -170,18 +169,9 @@ func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 	if err := st.checkLayer(layer, qd, kd, vd); err != nil {
 		return fmt.Errorf("layer %d: %w", layer, err)
 	}
-	var out []float32
-	switch {
-	case res.O.Zero():
-		st.own = resize(st.own, n*c.QRow())
-		out = st.own
-	default:
-		if out, err = res.O.HostData("output"); err != nil {
-			return fmt.Errorf("layer %d: %w", layer, err)
-		}
-		if len(out) != n*c.QRow() {
-			return fmt.Errorf("layer %d: %w: output of %d floats for %d rows of %d", layer, ErrBadInput, len(out), n, c.QRow())
-		}
+	out, err := res.Output(n * c.QRow())
+	if err != nil {
+		return fmt.Errorf("layer %d: %w", layer, err)
 	}
 	plans, err := e.plans(layer, st.reqs, st.seqs, st.opt.ForceDense, res.Plans[:0])
 	if err != nil {
@@ -214,9 +204,6 @@ func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 	res.Time = e.gatherInto(n, e.reps, out, res.LSE)
 	res.Time.Total = time.Since(start)
 	res.Plans = plans
-	if res.O.Zero() {
-		res.O = decode.Host(out)
-	}
 	return nil
 }
 

@@ -36,8 +36,10 @@ func TestStepperConformance(t *testing.T) {
 				t.Cleanup(func() { e.Close() })
 				return decodetest.Subject{Stepper: e, Config: dc,
 					Create: func(context.Context) (decode.SeqID, error) { return e.Create(plan.Striped) },
-					Append: func(_ context.Context, id decode.SeqID, layer int, k, v []float32) error { return e.Append(id, layer, k, v) },
-					Len:    func(_ context.Context, id decode.SeqID) (int, error) { return e.Len(id) },
+					Append: func(_ context.Context, id decode.SeqID, layer int, k, v []float32) error {
+						return e.Append(id, layer, k, v)
+					},
+					Len: func(_ context.Context, id decode.SeqID) (int, error) { return e.Len(id) },
 				}
 			})
 		})

@@ -94,6 +94,8 @@ type Client struct {
 
 	mu   sync.Mutex
 	seqs map[string]Geometry // sequences created with their own config
+	// handles are the sequences' decode.Stepper handles.
+	handles handles
 }
 
 // Geometry is the cluster's model geometry as Status reports it.
@@ -451,6 +453,7 @@ func (c *Client) Release(ctx context.Context, seq string) error {
 		c.mu.Lock()
 		delete(c.seqs, seq)
 		c.mu.Unlock()
+		c.forget(seq)
 	}
 	return err
 }

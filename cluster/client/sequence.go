@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/shard"
 )
@@ -46,6 +47,13 @@ func (s Sequence) Step(ctx context.Context, layer int, r engine.Request, opt eng
 	}
 	return nil
 }
+
+// Stepper is the client (model.StepperSequence: the sequence's decode
+// steps run batched through its Steps stream); SeqID its handle there.
+func (s Sequence) Stepper() decode.Stepper { return s.C }
+
+// SeqID returns the sequence's handle in the client's Stepper.
+func (s Sequence) SeqID() decode.SeqID { return s.C.Handle(s.ID) }
 
 // Fork makes a child sharing the parent's pages.
 func (s Sequence) Fork(ctx context.Context) (Sequence, error) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -16,6 +17,7 @@ import (
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
@@ -249,7 +251,7 @@ func (s *Server) decodeItems(what string, ec engine.Config, items []*decodev1.St
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, what+": "+err.Error())
 		}
-		its[i] = StepItem{Seq: it.GetSequence(), Request: engine.Request{Q: q, BudgetTokens: int(it.GetBudgetTokens())}}
+		its[i] = StepItem{Seq: it.GetSequence(), Request: engine.Request{Q: q, BudgetTokens: int(it.GetBudgetTokens()), DenseLayers: int(it.GetDenseLayers())}}
 		if it.GetK() != nil || it.GetV() != nil {
 			k, err := remote.Float32s(it.GetK(), fmt.Sprintf("items[%d].k", i), ec.KVHeads, ec.HeadDim)
 			if err != nil {
@@ -307,7 +309,9 @@ func timesProto(t engine.Times) *workerv1.Times {
 }
 
 // Steps implements decodev1.DecodeServer: one decode step over a range
-// of layers (Coordinator.Decode), a message each way per layer.
+// of layers through the coordinator's Stepper (Begin, one Layer per
+// message, End), a message each way per layer. A first message with
+// begin set opens the step alone and is answered with begun.
 func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply]) error {
 	ctx := stream.Context()
 	req, err := stream.Recv()
@@ -329,46 +333,82 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 	if first >= last || last > ec.Layers {
 		return status.Errorf(codes.InvalidArgument, "steps: layers [%d, %d): want first < last <= %d", first, last, ec.Layers)
 	}
-	its, err := s.decodeItems("steps", ec, req.GetItems())
-	if err != nil {
-		return err
-	}
-	n := len(its)
-	reply := func(layer int, res *engine.Result) error {
-		return stream.Send(&decodev1.StepsReply{Layer: uint32(layer),
-			O:   remote.Float32Tensor(res.O, n, ec.QHeads, ec.HeadDim),
-			Lse: remote.Float32Tensor(res.LSE, n, ec.QHeads), Plans: plansProto(res.Plans), Time: timesProto(res.Time),
-			TotalNs: res.Time.Total.Nanoseconds()})
-	}
-	opt := engine.StepOptions{ForceDense: req.GetForceDense(), Phased: req.GetPhased()}
-	var res engine.Result
-	err = s.c.Decode(ctx, first, last, its, opt, &res, func(layer int, reqs []engine.Request, res *engine.Result) error {
-		if err := reply(layer, res); err != nil {
-			return fmt.Errorf("%w: send layer %d: %w", context.Canceled, layer, err)
-		}
-		m, err := stream.Recv()
+	b := decode.Batch{FirstLayer: first, Options: decode.Options{ForceDense: req.GetForceDense(), Phased: req.GetPhased()}}
+	ids := make([]string, len(req.GetItems()))
+	for i, it := range req.GetItems() {
+		ids[i] = it.GetSequence()
+		h, err := s.c.Handle(ids[i])
 		if err != nil {
-			return fmt.Errorf("%w: receive layer %d: %w", context.Canceled, layer+1, err)
+			return statusCtx(ctx, fmt.Errorf("steps: items[%d]: %w", i, err))
 		}
-		if len(m.GetItems()) != n {
-			return fmt.Errorf("%w: layer %d: %d items, the step has %d", engine.ErrBadInput, layer+1, len(m.GetItems()), n)
+		row := decode.Row{Seq: h, Budget: int(it.GetBudgetTokens()), DenseLayers: int(it.GetDenseLayers()), New: it.GetNewToken()}
+		if !req.GetBegin() {
+			row.New = it.GetK() != nil || it.GetV() != nil
 		}
-		next, err := s.decodeItems(fmt.Sprintf("steps layer %d", layer+1), ec, m.GetItems())
-		if err != nil {
-			return fmt.Errorf("%w: %w", engine.ErrBadInput, err)
+		if b := row.Budget; b > 0 && b < ec.PageSize {
+			return status.Errorf(codes.InvalidArgument, "steps: items[%d].budget_tokens %d: below one page (%d tokens)", i, b, ec.PageSize)
 		}
-		for i := range next {
-			if next[i].Seq != its[i].Seq {
-				return fmt.Errorf("%w: layer %d: items[%d].sequence %q, the step's is %q", engine.ErrBadInput, layer+1, i, next[i].Seq, its[i].Seq)
-			}
-			reqs[i].Q, reqs[i].K, reqs[i].V = next[i].Q, next[i].K, next[i].V
-		}
-		return nil
-	})
+		b.Rows = append(b.Rows, row)
+	}
+	start := time.Now()
+	st, err := s.c.Begin(ctx, b)
 	if err != nil {
 		return statusCtx(ctx, fmt.Errorf("steps: %w", err))
 	}
-	return reply(last-1, &res)
+	defer st.End(ctx)
+	msg := req
+	if req.GetBegin() {
+		if err := stream.Send(&decodev1.StepsReply{Begun: true}); err != nil {
+			return err
+		}
+		msg = nil
+	}
+	n := len(ids)
+	var res decode.Result
+	var q, k, v []float32
+	for l := first; l < last; l++ {
+		if msg == nil {
+			if msg, err = stream.Recv(); err != nil {
+				return statusCtx(ctx, fmt.Errorf("steps: %w: receive layer %d: %w", context.Canceled, l, err))
+			}
+		}
+		what := fmt.Sprintf("steps layer %d", l)
+		if len(msg.GetItems()) != n {
+			return status.Errorf(codes.InvalidArgument, "%s: %d items, the step has %d", what, len(msg.GetItems()), n)
+		}
+		its, err := s.decodeItems(what, ec, msg.GetItems())
+		if err != nil {
+			return err
+		}
+		q, k, v = q[:0], k[:0], v[:0]
+		for i, it := range its {
+			switch {
+			case it.Seq != ids[i]:
+				return status.Errorf(codes.InvalidArgument, "%s: items[%d].sequence %q, the step's is %q", what, i, it.Seq, ids[i])
+			case (it.K != nil) != b.Rows[i].New:
+				return status.Errorf(codes.InvalidArgument, "%s: items[%d]: a new token at some layers of a step and not at others", what, i)
+			}
+			q, k, v = append(q, it.Q...), append(k, it.K...), append(v, it.V...)
+		}
+		msg = nil
+		res.O = decode.Tensor{}
+		if err := st.Layer(ctx, l, decode.Host(q), decode.Host(k), decode.Host(v), &res); err != nil {
+			return statusCtx(ctx, fmt.Errorf("steps: %w", err))
+		}
+		rep := &decodev1.StepsReply{Layer: uint32(l),
+			O:   remote.Float32Tensor(res.O.Data, n, ec.QHeads, ec.HeadDim),
+			Lse: remote.Float32Tensor(res.LSE, n, ec.QHeads), Plans: plansProto(res.Plans), Time: timesProto(res.Time)}
+		if l == last-1 {
+			if err := st.End(ctx); err != nil {
+				return statusCtx(ctx, fmt.Errorf("steps: %w", err))
+			}
+			rep.TotalNs = time.Since(start).Nanoseconds()
+		}
+		if err := stream.Send(rep); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // proxySteps relays a Steps stream to the coordinator of sequence id.
@@ -546,7 +586,11 @@ func Status(err error) error {
 	}
 	code := codes.Internal
 	switch {
-	case errors.Is(err, engine.ErrBadInput), errors.Is(err, worker.ErrBadMessage), errors.Is(err, ErrBadSequenceID):
+	case errors.Is(err, decode.ErrStepOpen):
+		code = codes.Aborted
+	case errors.Is(err, decode.ErrStepEnded), errors.Is(err, decode.ErrStepFailed):
+		code = codes.FailedPrecondition
+	case errors.Is(err, engine.ErrBadInput), errors.Is(err, worker.ErrBadMessage), errors.Is(err, ErrBadSequenceID), errors.Is(err, decode.ErrDeviceTensor):
 		code = codes.InvalidArgument
 	case errors.Is(err, engine.ErrUnknownSequence), errors.Is(err, ErrUnknownSequence), errors.Is(err, worker.ErrUnknownSequence):
 		code = codes.NotFound

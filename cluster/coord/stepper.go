@@ -135,7 +135,6 @@ type coordStep struct {
 	whole  bool // one grid: inputs and outputs pass through
 	failed error
 	ended  bool
-	own    []float32
 	start  time.Time
 	stats  StepStats
 }
@@ -183,14 +182,9 @@ func (st *coordStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 	if len(qd) != st.n*qr || len(kd) != nNew*kr || len(vd) != len(kd) || !kernels.Finite(qd) || !kernels.Finite(kd) || !kernels.Finite(vd) {
 		return fmt.Errorf("layer %d: %w: q, k and v must be [%d][%d], [%d][%d] and [%d][%d] finite floats", layer, engine.ErrBadInput, st.n, qr, nNew, kr, nNew, kr)
 	}
-	var out []float32
-	if res.O.Zero() {
-		st.own = resize(st.own, st.n*qr)
-		out = st.own
-	} else if out, err = res.O.HostData("output"); err != nil {
+	out, err := res.Output(st.n * qr)
+	if err != nil {
 		return fmt.Errorf("layer %d: %w", layer, err)
-	} else if len(out) != st.n*qr {
-		return fmt.Errorf("layer %d: %w: output of %d floats for %d rows of %d", layer, engine.ErrBadInput, len(out), st.n, qr)
 	}
 	newBefore := make([]int, st.n+1) // new rows before row i
 	for i := range st.n {
@@ -262,9 +256,6 @@ func (st *coordStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 			res.Time = p.res.Time
 		}
 		st.stats.addPlans(p.res.Plans, p.g.ec.KVHeads)
-	}
-	if res.O.Zero() {
-		res.O = decode.Host(out)
 	}
 	st.stats.Layers++
 	st.addTimes(res.Time)

@@ -77,3 +77,51 @@ func coordSubject(t *testing.T, nd *node.Node, ec engine.Config, dc decodetest.C
 		},
 	}
 }
+
+// TestClientStepperConformance runs the decode.Stepper suite on the Go
+// client (cluster/client) over the Decode API's Steps stream of a node of
+// a 2-node loopback cluster (CP 2 grids spanning both nodes), dialled at
+// the coordinating node and at the other one (which relays the stream).
+func TestClientStepperConformance(t *testing.T) {
+	for _, at := range []int{0, 1} {
+		t.Run(fmt.Sprintf("node%d", at), func(t *testing.T) {
+			decodetest.Run(t, func(t *testing.T) decodetest.Subject {
+				dc := decodetest.SuggestedConfig()
+				ec := engine.DefaultConfig()
+				ec.Layers, ec.Geometry, ec.Policy = dc.Layers, dc.Geometry, dc.Policy
+				ec.CP, ec.CapacityPages, ec.Selection = 2, 64, plan.Exact
+				ec.StepTimeout, ec.MemoryLimit = 2*time.Second, memlimit.NoLimit
+				nodes := nodetest.Start(t, "c", 2, ec, nil)
+				cl := dial(t, nodes[0])
+				via := dial(t, nodes[at])
+				var mu sync.Mutex
+				ids := map[decode.SeqID]string{}
+				return decodetest.Subject{Stepper: via, Config: dc,
+					Create: func(ctx context.Context) (decode.SeqID, error) {
+						id, _, err := cl.CreateWith(ctx, plan.Striped, ec.WorkerConfig())
+						if err != nil {
+							return 0, err
+						}
+						h := via.Handle(id)
+						mu.Lock()
+						ids[h] = id
+						mu.Unlock()
+						return h, nil
+					},
+					Append: func(ctx context.Context, h decode.SeqID, layer int, k, v []float32) error {
+						mu.Lock()
+						id := ids[h]
+						mu.Unlock()
+						return cl.Append(ctx, id, layer, k, v)
+					},
+					Len: func(ctx context.Context, h decode.SeqID) (int, error) {
+						mu.Lock()
+						id := ids[h]
+						mu.Unlock()
+						return cl.Len(ctx, id)
+					},
+				}
+			})
+		})
+	}
+}

@@ -173,12 +173,9 @@ func (st *refStep) Layer(_ context.Context, layer int, q, k, v decode.Tensor, re
 			return fmt.Errorf("%w: sequence %d has %d tokens in layer %d, %d at the step's first", decode.ErrBadInput, row.Seq, got, layer, st.lens[i])
 		}
 	}
-	var out []float32
-	if res.O.Zero() {
-		out = make([]float32, n*c.QRow())
-		res.O = decode.Host(out)
-	} else if out, err = res.O.HostData("output"); err != nil || len(out) != n*c.QRow() {
-		return fmt.Errorf("%w: output", decode.ErrBadInput)
+	out, err := res.Output(n * c.QRow())
+	if err != nil {
+		return err
 	}
 	plans := make([]plan.Plan, n)
 	for i, row := range st.b.Rows {

@@ -267,7 +267,13 @@ type StepItem struct {
 	K *v1.Tensor `protobuf:"bytes,3,opt,name=k,proto3" json:"k,omitempty"`
 	V *v1.Tensor `protobuf:"bytes,4,opt,name=v,proto3" json:"v,omitempty"`
 	// budget_tokens overrides the policy's budget (0: the policy's).
-	BudgetTokens  uint32 `protobuf:"varint,5,opt,name=budget_tokens,json=budgetTokens,proto3" json:"budget_tokens,omitempty"`
+	BudgetTokens uint32 `protobuf:"varint,5,opt,name=budget_tokens,json=budgetTokens,proto3" json:"budget_tokens,omitempty"`
+	// dense_layers: the layers below it attend every page of this
+	// sequence, besides the policy's dense layers (0: the policy decides).
+	DenseLayers uint32 `protobuf:"varint,6,opt,name=dense_layers,json=denseLayers,proto3" json:"dense_layers,omitempty"`
+	// new_token, in the begin message of a Steps stream (which carries no
+	// tensors): every layer's message brings k and v for this sequence.
+	NewToken      bool `protobuf:"varint,7,opt,name=new_token,json=newToken,proto3" json:"new_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -335,6 +341,20 @@ func (x *StepItem) GetBudgetTokens() uint32 {
 		return x.BudgetTokens
 	}
 	return 0
+}
+
+func (x *StepItem) GetDenseLayers() uint32 {
+	if x != nil {
+		return x.DenseLayers
+	}
+	return 0
+}
+
+func (x *StepItem) GetNewToken() bool {
+	if x != nil {
+		return x.NewToken
+	}
+	return false
 }
 
 type StepRequest struct {
@@ -714,11 +734,18 @@ type StepsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// first_layer and last_layer (exclusive) bound the step's layers; read
 	// from the first message only, as are the options.
-	FirstLayer    uint32      `protobuf:"varint,1,opt,name=first_layer,json=firstLayer,proto3" json:"first_layer,omitempty"`
-	LastLayer     uint32      `protobuf:"varint,2,opt,name=last_layer,json=lastLayer,proto3" json:"last_layer,omitempty"`
-	Items         []*StepItem `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
-	ForceDense    bool        `protobuf:"varint,4,opt,name=force_dense,json=forceDense,proto3" json:"force_dense,omitempty"`
-	Phased        bool        `protobuf:"varint,5,opt,name=phased,proto3" json:"phased,omitempty"`
+	FirstLayer uint32      `protobuf:"varint,1,opt,name=first_layer,json=firstLayer,proto3" json:"first_layer,omitempty"`
+	LastLayer  uint32      `protobuf:"varint,2,opt,name=last_layer,json=lastLayer,proto3" json:"last_layer,omitempty"`
+	Items      []*StepItem `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
+	ForceDense bool        `protobuf:"varint,4,opt,name=force_dense,json=forceDense,proto3" json:"force_dense,omitempty"`
+	Phased     bool        `protobuf:"varint,5,opt,name=phased,proto3" json:"phased,omitempty"`
+	// begin, in the first message: it opens the step without running a
+	// layer (its items carry sequences, budgets, dense_layers and
+	// new_token, no tensors); the server answers with a reply whose begun
+	// is set (or ends the stream with the reason it refused the step), and
+	// every later message runs one layer. Without it the first message
+	// also runs the first layer.
+	Begin         bool `protobuf:"varint,6,opt,name=begin,proto3" json:"begin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -788,6 +815,13 @@ func (x *StepsRequest) GetPhased() bool {
 	return false
 }
 
+func (x *StepsRequest) GetBegin() bool {
+	if x != nil {
+		return x.Begin
+	}
+	return false
+}
+
 type StepsReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Layer uint32                 `protobuf:"varint,1,opt,name=layer,proto3" json:"layer,omitempty"`
@@ -798,7 +832,9 @@ type StepsReply struct {
 	Time  *v1.Times  `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
 	// total_ns: in the last layer's reply, the coordinator's wall time of
 	// the whole step.
-	TotalNs       int64 `protobuf:"varint,6,opt,name=total_ns,json=totalNs,proto3" json:"total_ns,omitempty"`
+	TotalNs int64 `protobuf:"varint,6,opt,name=total_ns,json=totalNs,proto3" json:"total_ns,omitempty"`
+	// begun answers a begin message: the step is open (no layer ran).
+	Begun         bool `protobuf:"varint,7,opt,name=begun,proto3" json:"begun,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -873,6 +909,13 @@ func (x *StepsReply) GetTotalNs() int64 {
 		return x.TotalNs
 	}
 	return 0
+}
+
+func (x *StepsReply) GetBegun() bool {
+	if x != nil {
+		return x.Begun
+	}
+	return false
 }
 
 type ForkRequest struct {
@@ -1790,13 +1833,15 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x05layer\x18\x02 \x01(\rR\x05layer\x12'\n" +
 	"\x01k\x18\x03 \x01(\v2\x19.questrt.worker.v1.TensorR\x01k\x12'\n" +
 	"\x01v\x18\x04 \x01(\v2\x19.questrt.worker.v1.TensorR\x01v\"\r\n" +
-	"\vAppendReply\"\xc6\x01\n" +
+	"\vAppendReply\"\x86\x02\n" +
 	"\bStepItem\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\tR\bsequence\x12'\n" +
 	"\x01q\x18\x02 \x01(\v2\x19.questrt.worker.v1.TensorR\x01q\x12'\n" +
 	"\x01k\x18\x03 \x01(\v2\x19.questrt.worker.v1.TensorR\x01k\x12'\n" +
 	"\x01v\x18\x04 \x01(\v2\x19.questrt.worker.v1.TensorR\x01v\x12#\n" +
-	"\rbudget_tokens\x18\x05 \x01(\rR\fbudgetTokens\"\xb1\x01\n" +
+	"\rbudget_tokens\x18\x05 \x01(\rR\fbudgetTokens\x12!\n" +
+	"\fdense_layers\x18\x06 \x01(\rR\vdenseLayers\x12\x1b\n" +
+	"\tnew_token\x18\a \x01(\bR\bnewToken\"\xb1\x01\n" +
 	"\vStepRequest\x12\x14\n" +
 	"\x05layer\x18\x01 \x01(\rR\x05layer\x121\n" +
 	"\x05items\x18\x02 \x03(\v2\x1b.questrt.decode.v1.StepItemR\x05items\x12\x1f\n" +
@@ -1830,7 +1875,7 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x05plans\x18\x03 \x03(\v2\x17.questrt.decode.v1.PlanR\x05plans\x122\n" +
 	"\x04diag\x18\x04 \x03(\v2\x1e.questrt.decode.v1.DiagnosticsR\x04diag\x12,\n" +
 	"\x04time\x18\x05 \x01(\v2\x18.questrt.worker.v1.TimesR\x04time\x12\x19\n" +
-	"\btotal_ns\x18\x06 \x01(\x03R\atotalNs\"\xba\x01\n" +
+	"\btotal_ns\x18\x06 \x01(\x03R\atotalNs\"\xd0\x01\n" +
 	"\fStepsRequest\x12\x1f\n" +
 	"\vfirst_layer\x18\x01 \x01(\rR\n" +
 	"firstLayer\x12\x1d\n" +
@@ -1839,7 +1884,8 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x05items\x18\x03 \x03(\v2\x1b.questrt.decode.v1.StepItemR\x05items\x12\x1f\n" +
 	"\vforce_dense\x18\x04 \x01(\bR\n" +
 	"forceDense\x12\x16\n" +
-	"\x06phased\x18\x05 \x01(\bR\x06phased\"\xf0\x01\n" +
+	"\x06phased\x18\x05 \x01(\bR\x06phased\x12\x14\n" +
+	"\x05begin\x18\x06 \x01(\bR\x05begin\"\x86\x02\n" +
 	"\n" +
 	"StepsReply\x12\x14\n" +
 	"\x05layer\x18\x01 \x01(\rR\x05layer\x12'\n" +
@@ -1847,7 +1893,8 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x03lse\x18\x03 \x01(\v2\x19.questrt.worker.v1.TensorR\x03lse\x12-\n" +
 	"\x05plans\x18\x04 \x03(\v2\x17.questrt.decode.v1.PlanR\x05plans\x12,\n" +
 	"\x04time\x18\x05 \x01(\v2\x18.questrt.worker.v1.TimesR\x04time\x12\x19\n" +
-	"\btotal_ns\x18\x06 \x01(\x03R\atotalNs\")\n" +
+	"\btotal_ns\x18\x06 \x01(\x03R\atotalNs\x12\x14\n" +
+	"\x05begun\x18\a \x01(\bR\x05begun\")\n" +
 	"\vForkRequest\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\tR\bsequence\"'\n" +
 	"\tForkReply\x12\x1a\n" +

@@ -1,0 +1,254 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/worker/remote"
+)
+
+// Client implements decode.Stepper over the Steps stream.
+var _ decode.Stepper = (*Client)(nil)
+
+// handles maps sequence ids to Stepper handles and back.
+type handles struct {
+	mu   sync.Mutex
+	byID map[string]decode.SeqID
+	ids  map[decode.SeqID]string
+	next decode.SeqID
+}
+
+// Handle returns the decode.Stepper handle of sequence id (the row id
+// Begin takes for it), the same for the same id until Release.
+func (c *Client) Handle(id string) decode.SeqID {
+	h := &c.handles
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if x, ok := h.byID[id]; ok {
+		return x
+	}
+	if h.byID == nil {
+		h.byID, h.ids = map[string]decode.SeqID{}, map[decode.SeqID]string{}
+	}
+	h.next++
+	h.byID[id], h.ids[h.next] = h.next, id
+	return h.next
+}
+
+func (c *Client) forget(id string) {
+	h := &c.handles
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if x, ok := h.byID[id]; ok {
+		delete(h.byID, id)
+		delete(h.ids, x)
+	}
+}
+
+func (c *Client) idOf(x decode.SeqID) (string, bool) {
+	h := &c.handles
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	id, ok := h.ids[x]
+	return id, ok
+}
+
+// Begin implements decode.Stepper: rows name sequences by their handles
+// (Handle), all coordinated by one node. It opens a Steps stream under
+// ctx, which must outlive the step (each Layer is bounded by its own
+// context too), and waits for the coordinator to open the step (one
+// BeginStep per worker); each layer is then one message each way, and
+// the step runs through the model's last layer. Layer checks shapes and
+// values here, so that bad input leaves the step usable; input the
+// coordinator refuses after that fails the step.
+func (c *Client) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
+	switch {
+	case len(b.Rows) == 0:
+		return nil, fmt.Errorf("client: begin step: %w: no rows", decode.ErrBadInput)
+	case b.Options.Diagnostics:
+		return nil, fmt.Errorf("client: begin step: %w: diagnostics need Step (one layer at a time)", decode.ErrBadInput)
+	}
+	st := &clientStep{ids: make([]string, len(b.Rows)), rows: b.Rows, next: b.FirstLayer}
+	for i, r := range b.Rows {
+		id, ok := c.idOf(r.Seq)
+		if !ok {
+			return nil, fmt.Errorf("client: begin step: rows[%d]: %w: unknown sequence handle %d", i, decode.ErrBadInput, r.Seq)
+		}
+		st.ids[i] = id
+		if r.New {
+			st.nNew++
+		}
+	}
+	g := c.geoOf(st.ids[0])
+	st.g = g
+	if b.FirstLayer < 0 || b.FirstLayer >= g.Layers {
+		return nil, fmt.Errorf("client: begin step: %w: first layer %d outside 0..%d", decode.ErrBadInput, b.FirstLayer, g.Layers-1)
+	}
+	m := &decodev1.StepsRequest{Begin: true, FirstLayer: uint32(b.FirstLayer), LastLayer: uint32(g.Layers),
+		ForceDense: b.Options.ForceDense, Phased: b.Options.Phased}
+	for i, r := range b.Rows {
+		if r.Budget < 0 || r.DenseLayers < 0 {
+			return nil, fmt.Errorf("client: begin step: rows[%d]: %w: budget %d, dense layers %d", i, decode.ErrBadInput, r.Budget, r.DenseLayers)
+		}
+		m.Items = append(m.Items, &decodev1.StepItem{Sequence: st.ids[i], BudgetTokens: uint32(r.Budget),
+			DenseLayers: uint32(r.DenseLayers), NewToken: r.New})
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	fail := func(err error) (decode.Step, error) {
+		cancel()
+		if ctx.Err() != nil {
+			// The coordinator did not open the step within ctx: what
+			// the engine reports as a step holding the sequences too
+			// long (its Aborted answer may not reach this side first).
+			return nil, fmt.Errorf("client: begin step: %w (not open before the deadline): %w", decode.ErrStepOpen, err)
+		}
+		return nil, stepErr("begin step", err)
+	}
+	stream, err := c.api.Steps(sctx)
+	if err != nil {
+		return fail(err)
+	}
+	st.stream, st.cancel = stream, cancel
+	if err := stream.Send(m); err != nil {
+		return fail(stepsErr(stream, err))
+	}
+	rep, err := stream.Recv()
+	if err == nil && !rep.GetBegun() {
+		err = errors.New("the coordinator did not open the step")
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return st, nil
+}
+
+// stepErr marks the coordinator's refusals with the decode sentinels.
+func stepErr(what string, err error) error {
+	switch status.Code(err) {
+	case codes.InvalidArgument:
+		return fmt.Errorf("client: %s: %w: %w", what, decode.ErrBadInput, err)
+	case codes.Aborted:
+		return fmt.Errorf("client: %s: %w: %w", what, decode.ErrStepOpen, err)
+	}
+	return fmt.Errorf("client: %s: %w", what, err)
+}
+
+// clientStep is an open step on a Steps stream.
+type clientStep struct {
+	g      Geometry
+	ids    []string
+	rows   []decode.Row
+	nNew   int
+	next   int
+	stream grpc.BidiStreamingClient[decodev1.StepsRequest, decodev1.StepsReply]
+	cancel context.CancelFunc
+	failed error
+	ended  bool
+}
+
+// Layer implements decode.Step. Layers run in order, each exactly once,
+// from the batch's first layer to the model's last.
+func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor, res *decode.Result) error {
+	g := st.g
+	switch {
+	case st.ended:
+		return fmt.Errorf("client: layer %d: %w", layer, decode.ErrStepEnded)
+	case st.failed != nil:
+		return fmt.Errorf("client: layer %d: %w: %w", layer, decode.ErrStepFailed, st.failed)
+	case layer != st.next:
+		return fmt.Errorf("client: layer %d: %w: a Steps stream runs its layers in order; the next is %d", layer, decode.ErrBadInput, st.next)
+	}
+	qd, err := q.HostData("q")
+	if err != nil {
+		return fmt.Errorf("client: layer %d: %w", layer, err)
+	}
+	kd, err := k.HostData("k")
+	if err != nil {
+		return fmt.Errorf("client: layer %d: %w", layer, err)
+	}
+	vd, err := v.HostData("v")
+	if err != nil {
+		return fmt.Errorf("client: layer %d: %w", layer, err)
+	}
+	n, qr, kr := len(st.rows), g.QHeads*g.HeadDim, g.KVHeads*g.HeadDim
+	if len(qd) != n*qr || len(kd) != st.nNew*kr || len(vd) != len(kd) || !kernels.Finite(qd) || !kernels.Finite(kd) || !kernels.Finite(vd) {
+		return fmt.Errorf("client: layer %d: %w: q, k and v must be [%d][%d], [%d][%d] and [%d][%d] finite floats", layer, decode.ErrBadInput, n, qr, st.nNew, kr, st.nNew, kr)
+	}
+	out, err := res.Output(n * qr)
+	if err != nil {
+		return fmt.Errorf("client: layer %d: %w", layer, err)
+	}
+	start := time.Now()
+	stop := context.AfterFunc(ctx, st.cancel) // the layer's own deadline ends the stream
+	defer stop()
+	m := &decodev1.StepsRequest{Items: make([]*decodev1.StepItem, n)}
+	j := 0
+	for i, r := range st.rows {
+		it := &decodev1.StepItem{Sequence: st.ids[i], Q: remote.Float32Tensor(qd[i*qr:(i+1)*qr], g.QHeads, g.HeadDim)}
+		if r.New {
+			it.K = remote.Float32Tensor(kd[j*kr:(j+1)*kr], g.KVHeads, g.HeadDim)
+			it.V = remote.Float32Tensor(vd[j*kr:(j+1)*kr], g.KVHeads, g.HeadDim)
+			j++
+		}
+		m.Items[i] = it
+	}
+	st.next = layer + 1
+	fail := func(err error) error {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w: %w", ctx.Err(), err)
+		}
+		st.failed = stepErr(fmt.Sprintf("layer %d", layer), err)
+		st.cancel()
+		return st.failed
+	}
+	if err := st.stream.Send(m); err != nil {
+		return fail(stepsErr(st.stream, err))
+	}
+	rep, err := st.stream.Recv()
+	if err != nil {
+		return fail(err)
+	}
+	r, err := decodeOutputs(g, n, rep.GetO(), rep.GetLse(), rep.GetPlans(), rep.GetTime(), rep.GetTotalNs())
+	if err != nil {
+		return fail(fmt.Errorf("reply: %w", err))
+	}
+	copy(out, r.O)
+	res.LSE = append(res.LSE[:0], r.LSE...)
+	res.Plans = append(res.Plans[:0], r.Plans...)
+	res.Time = decode.Times{Score: r.Time.Score, TopK: r.Time.TopK, Select: r.Time.Select, Attend: r.Time.Attend,
+		Merge: r.Time.Merge, Fused: r.Time.Fused, Total: time.Since(start)}
+	return nil
+}
+
+// End implements decode.Step: after the model's last layer it waits for
+// the coordinator to end the stream; before it, it cancels the stream
+// (the coordinator fails the step: the new tokens of the layers that ran
+// stay appended).
+func (st *clientStep) End(context.Context) error {
+	if st.ended {
+		return decode.ErrStepEnded
+	}
+	st.ended = true
+	defer st.cancel()
+	if st.failed != nil || st.next < st.g.Layers {
+		return nil
+	}
+	if err := st.stream.CloseSend(); err != nil {
+		return nil
+	}
+	if _, err := st.stream.Recv(); err != nil && !errors.Is(err, io.EOF) {
+		return stepErr("end step", err)
+	}
+	return nil
+}
