@@ -6,7 +6,6 @@ import (
 
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/engine"
-	"github.com/questrt/questrt/shard"
 	"github.com/questrt/questrt/worker"
 )
 
@@ -46,10 +45,5 @@ func RunCluster(ctx context.Context, c *Case, opt Options, cl *client.Client) (*
 	if err != nil {
 		return nil, fmt.Errorf("replay: step: %w", err)
 	}
-	cd := res.Diag[0]
-	pages := c.Pages()
-	dg := shard.Diagnostics{Selected: cd.Selected, Scores: cd.Scores, RelL2: cd.RelL2, AbsL2: cd.AbsL2,
-		Recall: cd.Recall, MassRecall: cd.MassRecall, MinMassRecall: cd.MinMassRecall}
-	dg.CountPages(c.QHeads/c.KVHeads, pages)
-	return NewResult(opt.Selector, c.QHeads, c.HeadDim, pages, res.O, res.LSE, dg), nil
+	return NewResult(opt.Selector, c.QHeads, c.HeadDim, c.Pages(), res.O, res.LSE, res.Diag[0].Diagnostics), nil
 }

@@ -24,6 +24,7 @@ import (
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker"
 	"github.com/questrt/questrt/worker/remote"
@@ -239,17 +240,11 @@ type StepOptions struct {
 	ForceDense, Phased, Diagnostics bool
 }
 
-// Diag is one item's diagnostics: the pages each head read, their
-// scores ([QHeads][pages]; nil when nothing was scored), the dense
-// reference's LSE and the output error (RelL2 NaN when undefined).
+// Diag is one item's diagnostics: decode.Diagnostics (every field, the
+// pages read counted from the selection) and the dense reference's LSE.
 type Diag struct {
-	Selected     [][]int32
-	Scores       [][]float32
-	DenseLSE     []float32
-	RelL2, AbsL2 float64
-	// Recall, MassRecall and MinMassRecall are shard.Diagnostics' (top-10
-	// recall and attention-mass recall against the dense reference).
-	Recall, MassRecall, MinMassRecall float64
+	decode.Diagnostics
+	DenseLSE []float32
 }
 
 // StepResult is a step's answer: O [items][QHeads][HeadDim], LSE
@@ -400,7 +395,9 @@ func diag(d *decodev1.Diagnostics, g Geometry, pages int) (Diag, error) {
 	if err != nil {
 		return Diag{}, err
 	}
-	out := Diag{RelL2: math.NaN(), AbsL2: d.GetAbsL2(), Recall: d.GetRecall(), MassRecall: d.GetMassRecall(), MinMassRecall: d.GetMinMassRecall()}
+	out := Diag{Diagnostics: decode.Diagnostics{RelL2: math.NaN(), AbsL2: d.GetAbsL2(), Recall: d.GetRecall(), MassRecall: d.GetMassRecall(),
+		MinMassRecall: d.GetMinMassRecall(), HeadRecall: d.GetHeadRecall(), HeadMassRecall: d.GetHeadMassRecall(),
+		SlackP50: d.GetSlackP50(), SlackP90: d.GetSlackP90(), SlackMax: d.GetSlackMax()}}
 	if d.GetRelL2Defined() {
 		out.RelL2 = d.GetRelL2()
 	}
@@ -423,6 +420,14 @@ func diag(d *decodev1.Diagnostics, g Geometry, pages int) (Diag, error) {
 			out.Scores = append(out.Scores, sc[h*pages:(h+1)*pages])
 		}
 	}
+	for _, sel := range out.Selected {
+		for _, p := range sel {
+			if p < 0 || int(p) >= pages {
+				return Diag{}, fmt.Errorf("selected page %d outside the %d pages", p, pages)
+			}
+		}
+	}
+	out.CountPages(g.QHeads/max(g.KVHeads, 1), pages)
 	return out, nil
 }
 

@@ -2,11 +2,9 @@ package client
 
 import (
 	"context"
-	"math"
 
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
-	"github.com/questrt/questrt/shard"
 )
 
 // Sequence is one sequence of a cluster with the in-process engine's
@@ -35,14 +33,8 @@ func (s Sequence) Step(ctx context.Context, layer int, r engine.Request, opt eng
 	res.Time = engine.Times{Score: out.Time.Score, TopK: out.Time.TopK, Select: out.Time.Select, Attend: out.Time.Attend,
 		Merge: out.Time.Merge, Fused: out.Time.Fused, Total: out.Total}
 	res.Diag, res.DenseLSE = res.Diag[:0], res.DenseLSE[:0]
-	g := s.C.geoOf(s.ID)
-	for i, d := range out.Diag {
-		dg := shard.Diagnostics{Selected: d.Selected, Scores: d.Scores, RelL2: d.RelL2, AbsL2: d.AbsL2,
-			Recall: d.Recall, MassRecall: d.MassRecall, MinMassRecall: d.MinMassRecall,
-			// The client API does not carry the page slack yet.
-			SlackP50: math.NaN(), SlackP90: math.NaN(), SlackMax: math.NaN()}
-		dg.CountPages(g.QHeads/max(g.KVHeads, 1), out.Plans[i].Pages)
-		res.Diag = append(res.Diag, dg)
+	for _, d := range out.Diag {
+		res.Diag = append(res.Diag, d.Diagnostics)
 		res.DenseLSE = append(res.DenseLSE, d.DenseLSE...)
 	}
 	return nil

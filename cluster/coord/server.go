@@ -225,6 +225,8 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 			DenseLse: remote.Float32Tensor(res.DenseLSE[i*ec.QHeads:(i+1)*ec.QHeads], ec.QHeads),
 			AbsL2:    dg.AbsL2,
 			Recall:   dg.Recall, MassRecall: dg.MassRecall, MinMassRecall: dg.MinMassRecall,
+			HeadRecall: dg.HeadRecall, HeadMassRecall: dg.HeadMassRecall,
+			SlackP50: dg.SlackP50, SlackP90: dg.SlackP90, SlackMax: dg.SlackMax,
 		}
 		if !math.IsNaN(dg.RelL2) {
 			d.RelL2, d.RelL2Defined = dg.RelL2, true

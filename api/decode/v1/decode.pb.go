@@ -540,6 +540,16 @@ type Diagnostics struct {
 	Recall        float64 `protobuf:"fixed64,8,opt,name=recall,proto3" json:"recall,omitempty"`
 	MassRecall    float64 `protobuf:"fixed64,9,opt,name=mass_recall,json=massRecall,proto3" json:"mass_recall,omitempty"`
 	MinMassRecall float64 `protobuf:"fixed64,10,opt,name=min_mass_recall,json=minMassRecall,proto3" json:"min_mass_recall,omitempty"`
+	// head_recall and head_mass_recall: recall and mass_recall per query
+	// head.
+	HeadRecall     []float64 `protobuf:"fixed64,11,rep,packed,name=head_recall,json=headRecall,proto3" json:"head_recall,omitempty"`
+	HeadMassRecall []float64 `protobuf:"fixed64,12,rep,packed,name=head_mass_recall,json=headMassRecall,proto3" json:"head_mass_recall,omitempty"`
+	// slack_p50, slack_p90 and slack_max summarize the page slack
+	// U_p(q) - max_r q.k_r over the step's (query head, page) pairs, in
+	// logit units (NaN when the step could not compute it).
+	SlackP50      float64 `protobuf:"fixed64,13,opt,name=slack_p50,json=slackP50,proto3" json:"slack_p50,omitempty"`
+	SlackP90      float64 `protobuf:"fixed64,14,opt,name=slack_p90,json=slackP90,proto3" json:"slack_p90,omitempty"`
+	SlackMax      float64 `protobuf:"fixed64,15,opt,name=slack_max,json=slackMax,proto3" json:"slack_max,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -640,6 +650,41 @@ func (x *Diagnostics) GetMassRecall() float64 {
 func (x *Diagnostics) GetMinMassRecall() float64 {
 	if x != nil {
 		return x.MinMassRecall
+	}
+	return 0
+}
+
+func (x *Diagnostics) GetHeadRecall() []float64 {
+	if x != nil {
+		return x.HeadRecall
+	}
+	return nil
+}
+
+func (x *Diagnostics) GetHeadMassRecall() []float64 {
+	if x != nil {
+		return x.HeadMassRecall
+	}
+	return nil
+}
+
+func (x *Diagnostics) GetSlackP50() float64 {
+	if x != nil {
+		return x.SlackP50
+	}
+	return 0
+}
+
+func (x *Diagnostics) GetSlackP90() float64 {
+	if x != nil {
+		return x.SlackP90
+	}
+	return 0
+}
+
+func (x *Diagnostics) GetSlackMax() float64 {
+	if x != nil {
+		return x.SlackMax
 	}
 	return 0
 }
@@ -1855,7 +1900,7 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x04sink\x18\x03 \x01(\rR\x04sink\x12\x14\n" +
 	"\x05local\x18\x04 \x01(\rR\x05local\x12\x14\n" +
 	"\x05dense\x18\x05 \x01(\bR\x05dense\x12\x12\n" +
-	"\x04rank\x18\x06 \x01(\rR\x04rank\"\x91\x03\n" +
+	"\x04rank\x18\x06 \x01(\rR\x04rank\"\xb3\x04\n" +
 	"\vDiagnostics\x121\n" +
 	"\x06indptr\x18\x01 \x01(\v2\x19.questrt.worker.v1.TensorR\x06indptr\x12/\n" +
 	"\x05pages\x18\x02 \x01(\v2\x19.questrt.worker.v1.TensorR\x05pages\x121\n" +
@@ -1868,7 +1913,13 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\vmass_recall\x18\t \x01(\x01R\n" +
 	"massRecall\x12&\n" +
 	"\x0fmin_mass_recall\x18\n" +
-	" \x01(\x01R\rminMassRecall\"\x8d\x02\n" +
+	" \x01(\x01R\rminMassRecall\x12\x1f\n" +
+	"\vhead_recall\x18\v \x03(\x01R\n" +
+	"headRecall\x12(\n" +
+	"\x10head_mass_recall\x18\f \x03(\x01R\x0eheadMassRecall\x12\x1b\n" +
+	"\tslack_p50\x18\r \x01(\x01R\bslackP50\x12\x1b\n" +
+	"\tslack_p90\x18\x0e \x01(\x01R\bslackP90\x12\x1b\n" +
+	"\tslack_max\x18\x0f \x01(\x01R\bslackMax\"\x8d\x02\n" +
 	"\tStepReply\x12'\n" +
 	"\x01o\x18\x01 \x01(\v2\x19.questrt.worker.v1.TensorR\x01o\x12+\n" +
 	"\x03lse\x18\x02 \x01(\v2\x19.questrt.worker.v1.TensorR\x03lse\x12-\n" +
