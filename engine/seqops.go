@@ -12,17 +12,33 @@ import (
 	"github.com/questrt/questrt/worker"
 )
 
-// opContext bounds a sequence operation (the API takes no context yet).
-func (e *Engine) opContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), e.cfg.StepTimeout)
+// opContext bounds a sequence operation: ctx, and StepTimeout.
+func (e *Engine) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, e.cfg.StepTimeout)
+}
+
+// lockOp waits for the engine (an open step holds it until its End)
+// until ctx is done.
+func (e *Engine) lockOp(ctx context.Context, what string) error {
+	if err := e.mu.lockCtx(ctx); err != nil {
+		return fmt.Errorf("%s: waiting for the engine: %w", what, err)
+	}
+	return nil
 }
 
 // Create starts an empty sequence with the given placement.
 func (e *Engine) Create(p plan.Placement) (SeqID, error) {
-	e.mu.Lock()
+	return e.CreateContext(context.Background(), p)
+}
+
+// CreateContext is Create bounded by ctx (and StepTimeout).
+func (e *Engine) CreateContext(ctx context.Context, p plan.Placement) (SeqID, error) {
+	if err := e.lockOp(ctx, "create"); err != nil {
+		return 0, err
+	}
 	defer e.mu.Unlock()
 	id := e.nextID
-	if err := e.create(id, p); err != nil {
+	if err := e.create(ctx, id, p); err != nil {
 		return 0, err
 	}
 	return id, nil
@@ -32,12 +48,19 @@ func (e *Engine) Create(p plan.Placement) (SeqID, error) {
 // names its sequences across grids): id must be positive and unused;
 // later ids of Create and Fork come after it.
 func (e *Engine) CreateID(id SeqID, p plan.Placement) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.create(id, p)
+	return e.CreateIDContext(context.Background(), id, p)
 }
 
-func (e *Engine) create(id SeqID, p plan.Placement) error {
+// CreateIDContext is CreateID bounded by ctx (and StepTimeout).
+func (e *Engine) CreateIDContext(ctx context.Context, id SeqID, p plan.Placement) error {
+	if err := e.lockOp(ctx, "create"); err != nil {
+		return err
+	}
+	defer e.mu.Unlock()
+	return e.create(ctx, id, p)
+}
+
+func (e *Engine) create(ctx context.Context, id SeqID, p plan.Placement) error {
 	if e.closed.Load() {
 		return ErrClosed
 	}
@@ -47,7 +70,7 @@ func (e *Engine) create(id SeqID, p plan.Placement) error {
 	if err := e.freeID(id); err != nil {
 		return fmt.Errorf("create: %w", err)
 	}
-	ctx, cancel := e.opContext()
+	ctx, cancel := e.opContext(ctx)
 	defer cancel()
 	sq := &seqState{layout: plan.Layout{CP: e.cfg.CP, TP: e.cfg.TP, Placement: p, BlockPages: e.cfg.BlockPages},
 		lens: make([]int, e.cfg.Layers)}
@@ -99,7 +122,15 @@ func (e *Engine) Len(id SeqID) (int, error) {
 // that owns its page, split by KV heads over the TP ranks. Bad input and a
 // pool too small change nothing.
 func (e *Engine) Append(id SeqID, layer int, k, v []float32) error {
-	e.mu.Lock()
+	return e.AppendContext(context.Background(), id, layer, k, v)
+}
+
+// AppendContext is Append bounded by ctx (and StepTimeout): a caller that
+// gives up stops the workers' calls.
+func (e *Engine) AppendContext(ctx context.Context, id SeqID, layer int, k, v []float32) error {
+	if err := e.lockOp(ctx, "append"); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	sq, err := e.lookup(id)
 	if err != nil {
@@ -108,7 +139,7 @@ func (e *Engine) Append(id SeqID, layer int, k, v []float32) error {
 	if err := e.checkKV(layer, k, v); err != nil {
 		return fmt.Errorf("append seq %d: %w", id, err)
 	}
-	ctx, cancel := e.opContext()
+	ctx, cancel := e.opContext(ctx)
 	defer cancel()
 	return e.append(ctx, id, sq, layer, k, v)
 }
@@ -223,10 +254,17 @@ func (e *Engine) append(ctx context.Context, id SeqID, sq *seqState, layer int, 
 // Fork makes a child sharing every page with the parent on every shard
 // (copy-on-write tails).
 func (e *Engine) Fork(id SeqID) (SeqID, error) {
-	e.mu.Lock()
+	return e.ForkContext(context.Background(), id)
+}
+
+// ForkContext is Fork bounded by ctx (and StepTimeout).
+func (e *Engine) ForkContext(ctx context.Context, id SeqID) (SeqID, error) {
+	if err := e.lockOp(ctx, "fork"); err != nil {
+		return 0, err
+	}
 	defer e.mu.Unlock()
 	cid := e.nextID
-	if err := e.fork(id, cid); err != nil {
+	if err := e.fork(ctx, id, cid); err != nil {
 		return 0, err
 	}
 	return cid, nil
@@ -235,12 +273,19 @@ func (e *Engine) Fork(id SeqID) (SeqID, error) {
 // ForkID is Fork with the child's id chosen by the caller (see
 // CreateID).
 func (e *Engine) ForkID(id, child SeqID) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.fork(id, child)
+	return e.ForkIDContext(context.Background(), id, child)
 }
 
-func (e *Engine) fork(id, cid SeqID) error {
+// ForkIDContext is ForkID bounded by ctx (and StepTimeout).
+func (e *Engine) ForkIDContext(ctx context.Context, id, child SeqID) error {
+	if err := e.lockOp(ctx, "fork"); err != nil {
+		return err
+	}
+	defer e.mu.Unlock()
+	return e.fork(ctx, id, child)
+}
+
+func (e *Engine) fork(ctx context.Context, id, cid SeqID) error {
 	sq, err := e.lookup(id)
 	if err != nil {
 		return fmt.Errorf("fork: %w", err)
@@ -251,7 +296,7 @@ func (e *Engine) fork(id, cid SeqID) error {
 	if slices.Min(sq.lens) != slices.Max(sq.lens) {
 		return fmt.Errorf("fork seq %d: %w", id, pagestore.ErrUnevenLayers)
 	}
-	ctx, cancel := e.opContext()
+	ctx, cancel := e.opContext(ctx)
 	defer cancel()
 	for w, wk := range e.workers {
 		if err := wk.Fork(ctx, worker.ForkRequest{Parent: uint64(id), Child: uint64(cid)}); err != nil {
@@ -266,7 +311,14 @@ func (e *Engine) fork(id, cid SeqID) error {
 
 // Rollback drops the last n tokens of every layer on every shard.
 func (e *Engine) Rollback(id SeqID, n int) error {
-	e.mu.Lock()
+	return e.RollbackContext(context.Background(), id, n)
+}
+
+// RollbackContext is Rollback bounded by ctx (and StepTimeout).
+func (e *Engine) RollbackContext(ctx context.Context, id SeqID, n int) error {
+	if err := e.lockOp(ctx, "rollback"); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	sq, err := e.lookup(id)
 	if err != nil {
@@ -279,7 +331,7 @@ func (e *Engine) Rollback(id SeqID, n int) error {
 	if n <= 0 || n > l {
 		return fmt.Errorf("rollback seq %d: %w: %d tokens of %d", id, ErrBadInput, n, l)
 	}
-	ctx, cancel := e.opContext()
+	ctx, cancel := e.opContext(ctx)
 	defer cancel()
 	c := e.cfg
 	newLen := l - n
@@ -342,7 +394,15 @@ func (e *Engine) Rollback(id SeqID, n int) error {
 
 // Release frees a sequence on every shard.
 func (e *Engine) Release(id SeqID) error {
-	e.mu.Lock()
+	return e.ReleaseContext(context.Background(), id)
+}
+
+// ReleaseContext is Release bounded by ctx (and StepTimeout); the
+// sequence is forgotten whatever the workers answer.
+func (e *Engine) ReleaseContext(ctx context.Context, id SeqID) error {
+	if err := e.lockOp(ctx, "release"); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	if e.closed.Load() {
 		return ErrClosed
@@ -350,7 +410,7 @@ func (e *Engine) Release(id SeqID) error {
 	if _, ok := e.seqs[id]; !ok {
 		return fmt.Errorf("release: %w: %d", ErrUnknownSequence, id)
 	}
-	ctx, cancel := e.opContext()
+	ctx, cancel := e.opContext(ctx)
 	defer cancel()
 	var first error
 	for _, wk := range e.workers {

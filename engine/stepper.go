@@ -25,6 +25,9 @@ func (t turn) Unlock() { <-t }
 
 // lockCtx waits for the turn until ctx is done.
 func (t turn) lockCtx(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	select {
 	case t <- struct{}{}:
 		return nil

@@ -2,8 +2,10 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/decode/decodetest"
@@ -43,5 +45,57 @@ func TestStepperConformance(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestSeqOpsTakeContext: the sequence operations wait for an open step
+// only as long as their context lets them, return its error and change
+// nothing; a done context stops an append before it reaches a worker.
+func TestSeqOpsTakeContext(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize, cfg.CP = 2, 4, 2, 8, 4, 2
+	cfg.Policy.PageSize, cfg.CapacityPages = 4, 32
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	id, err := e.CreateContext(ctx, plan.Striped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := make([]float32, 3*cfg.KVRow())
+	for l := range cfg.Layers {
+		if err := e.AppendContext(ctx, id, l, kv, kv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := e.Begin(ctx, decode.Batch{Rows: []decode.Row{{Seq: id}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	err = e.AppendContext(short, id, 0, kv, kv)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("append while a step is open: %v, want the context's deadline", err)
+	}
+	if _, err := e.ForkContext(short, id); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("fork while a step is open: %v, want the context's deadline", err)
+	}
+	if err := st.End(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := e.AppendContext(done, id, 0, kv, kv); !errors.Is(err, context.Canceled) {
+		t.Fatalf("append with a done context: %v, want context.Canceled", err)
+	}
+	if n, err := e.Len(id); err != nil || n != 3 {
+		t.Fatalf("length %d (%v) after refused appends, want 3", n, err)
+	}
+	if err := e.AppendContext(ctx, id, 0, kv, kv); err != nil {
+		t.Fatalf("append after End: %v", err)
 	}
 }

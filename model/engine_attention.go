@@ -100,8 +100,8 @@ type engineSeq struct {
 	id engine.SeqID
 }
 
-func (s engineSeq) Append(_ context.Context, layer int, k, v []float32) error {
-	return s.e.Append(s.id, layer, k, v)
+func (s engineSeq) Append(ctx context.Context, layer int, k, v []float32) error {
+	return s.e.AppendContext(ctx, s.id, layer, k, v)
 }
 
 func (s engineSeq) Step(ctx context.Context, layer int, r engine.Request, opt engine.StepOptions, res *engine.Result) error {
@@ -109,8 +109,8 @@ func (s engineSeq) Step(ctx context.Context, layer int, r engine.Request, opt en
 	return s.e.Step(ctx, layer, []engine.Request{r}, opt, res)
 }
 
-func (s engineSeq) ForkSequence(context.Context) (Sequence, error) {
-	id, err := s.e.Fork(s.id)
+func (s engineSeq) ForkSequence(ctx context.Context) (Sequence, error) {
+	id, err := s.e.ForkContext(ctx, s.id)
 	return engineSeq{s.e, id}, err
 }
 

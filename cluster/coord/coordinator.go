@@ -464,7 +464,7 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 		return Created{}, err
 	}
 	id := engine.SeqID(n)
-	err = g.eng.CreateID(id, p)
+	err = g.eng.CreateIDContext(ctx, id, p)
 	if err != nil && errors.Is(err, remote.ErrUnknownGrid) {
 		// A node forgot the grid (swept it while its view still showed
 		// this coordinator gone, or restarted): lose it and create on a
@@ -474,7 +474,7 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 		if g, err = c.gridFor(ctx, cfg); err != nil {
 			return Created{}, err
 		}
-		err = g.eng.CreateID(id, p)
+		err = g.eng.CreateIDContext(ctx, id, p)
 	}
 	if err != nil {
 		err = c.check(g, err)
@@ -763,7 +763,7 @@ func (c *Coordinator) Append(ctx context.Context, id string, layer int, k, v []f
 	if err != nil {
 		return err
 	}
-	return c.check(s.g, s.g.eng.Append(s.id, layer, k, v))
+	return c.check(s.g, s.g.eng.AppendContext(ctx, s.id, layer, k, v))
 }
 
 // SeqConfig returns the config of the grid sequence id lives on.
@@ -795,7 +795,7 @@ func (c *Coordinator) Fork(ctx context.Context, id string) (string, error) {
 		return "", err
 	}
 	child := engine.SeqID(n)
-	if err := s.g.eng.ForkID(s.id, child); err != nil {
+	if err := s.g.eng.ForkIDContext(ctx, s.id, child); err != nil {
 		return "", c.check(s.g, err)
 	}
 	c.mu.Lock()
@@ -812,7 +812,7 @@ func (c *Coordinator) Rollback(ctx context.Context, id string, n int) error {
 	if err != nil {
 		return err
 	}
-	return c.check(s.g, s.g.eng.Rollback(s.id, n))
+	return c.check(s.g, s.g.eng.RollbackContext(ctx, s.id, n))
 }
 
 // Release frees a sequence; a sequence of a lost grid is forgotten.
@@ -842,7 +842,7 @@ func (c *Coordinator) Release(ctx context.Context, id string) error {
 	if lost {
 		return nil
 	}
-	err := c.check(s.g, s.g.eng.Release(s.id))
+	err := c.check(s.g, s.g.eng.ReleaseContext(context.WithoutCancel(ctx), s.id))
 	c.mu.Lock()
 	if err != nil {
 		c.rememberReleasedLocked(id)
