@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer, st *readiness) (*metrics, error) {
 		}, []string{"phase"}),
 		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "questrt_steps_total",
-			Help: "Decode steps this node coordinated, by kind (step: one layer, steps: a range of layers on the Steps stream) and gRPC code of the answer (OK on success).",
+			Help: "Decode steps this node coordinated, by kind (step: one layer; steps: one token through a range of layers with the plan sent once, the Steps stream and the served model's decode steps) and gRPC code of the answer (OK on success).",
 		}, []string{"kind", "code"}),
 		read: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "questrt_pages_read_total",

@@ -94,9 +94,18 @@ func TestServeClusterLayout(t *testing.T) {
 			t.Errorf("node at %s hosts %v grids, want the served grid's rank", addr, g)
 		}
 	}
-	// 4 decode steps x 6 layers, one coordinator step each.
-	if n := metric(t, scrape(t, m0), "questrt_steps_total", "kind", "step", "code", "OK").GetCounter().GetValue(); n < 24 {
-		t.Errorf("m0 coordinated %v steps, want at least 24", n)
+	// 4 decode steps, one coordinator step of every layer each (the
+	// step seam: one plan per token), and no step per layer.
+	mf := scrape(t, m0)
+	if n := metric(t, mf, "questrt_steps_total", "kind", "steps", "code", "OK").GetCounter().GetValue(); n != 4 {
+		t.Errorf("m0 coordinated %v multi-layer steps, want 4 (one per decode token)", n)
+	}
+	for _, m := range mf["questrt_steps_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "kind" && l.GetValue() == "step" && m.GetCounter().GetValue() > 0 {
+				t.Errorf("m0 coordinated one-layer steps: %v", m)
+			}
+		}
 	}
 
 	// A stream cancelled mid-stream.
