@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/questrt/questrt/decode"
@@ -220,6 +221,12 @@ const abortGrace = 100 * time.Millisecond
 // forget the tags of the layers in ran (the layers the step sent Layer
 // calls for, to any worker) besides those they ran themselves.
 func (e *Engine) end(step uint64, failed bool, ran []int, n int) {
+	e.endOn(step, failed, ran, func(w int) bool { return w < n })
+}
+
+// endOn closes step on the workers w for which began(w) holds, all at
+// once (see end).
+func (e *Engine) endOn(step uint64, failed bool, ran []int, began func(w int) bool) {
 	// Not the step's context, which may be done: a detached one bounded
 	// by endTimeout.
 	ctx, cancel := detached()
@@ -228,11 +235,20 @@ func (e *Engine) end(step uint64, failed bool, ran []int, n int) {
 	if failed {
 		m.Layers = ran
 	}
-	for _, wk := range e.workers[:n] {
-		// Cannot fail for a step the worker began; a worker that lost it
-		// has nothing to forget.
-		_ = wk.EndStep(ctx, m)
+	// An EndStep cannot fail for a step the worker began; a worker that
+	// lost it has nothing to forget.
+	var wg sync.WaitGroup
+	for w, wk := range e.workers {
+		if !began(w) {
+			continue
+		}
+		if len(e.workers) == 1 {
+			_ = wk.EndStep(ctx, m)
+			continue
+		}
+		wg.Go(func() { _ = wk.EndStep(ctx, m) })
 	}
+	wg.Wait()
 }
 
 // layerRequests fills every worker's Layer request: per hosted rank, its

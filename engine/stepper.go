@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/questrt/questrt/decode"
@@ -134,11 +135,11 @@ func (e *Engine) open(ctx context.Context, b decode.Batch) (*stepState, error) {
 	for i, r := range b.Rows {
 		m.Seqs = append(m.Seqs, worker.StepSeq{Seq: uint64(r.Seq), Len: st.lens[i], New: r.New, Budget: r.Budget, DenseLayers: r.DenseLayers})
 	}
-	for w, wk := range e.workers {
-		if err := wk.BeginStep(ctx, *m); err != nil {
-			e.end(st.id, true, nil, w)
-			return nil, fmt.Errorf("begin step at layer %d: %w", b.FirstLayer, err)
-		}
+	// Every worker's BeginStep at once: one round, not W in turn.
+	errs := e.eachWorker(func(wk worker.Worker) error { return wk.BeginStep(ctx, *m) })
+	if err := worker.Cause(errs...); err != nil {
+		e.endOn(st.id, true, nil, func(w int) bool { return errs[w] == nil })
+		return nil, fmt.Errorf("begin step at layer %d: %w", b.FirstLayer, err)
 	}
 	return st, nil
 }
@@ -252,4 +253,20 @@ func (st *stepState) End(context.Context) error {
 	e.end(st.id, st.err != nil, e.ran, len(e.workers))
 	e.mu.Unlock()
 	return nil
+}
+
+// eachWorker calls f for every worker, all at once when there are
+// several, and returns their errors by worker.
+func (e *Engine) eachWorker(f func(wk worker.Worker) error) []error {
+	errs := make([]error, len(e.workers))
+	if len(e.workers) == 1 {
+		errs[0] = f(e.workers[0])
+		return errs
+	}
+	var wg sync.WaitGroup
+	for w, wk := range e.workers {
+		wg.Go(func() { errs[w] = f(wk) })
+	}
+	wg.Wait()
+	return errs
 }
