@@ -51,6 +51,9 @@ var upManaged = map[string]string{
 	"tensor-parallel-size":         "questctl up --tp",
 	"model":                        "questctl up --model DIR (the API on the first node)",
 	"http-addr":                    "questctl up --model DIR --http-addr HOST:PORT",
+	"serve-layout":                 "questctl up --model DIR --serve-layout cluster",
+	"serve-cp":                     "questctl up --model DIR --serve-layout cluster --serve-cp C",
+	"serve-tp":                     "questctl up --model DIR --serve-layout cluster --serve-tp T",
 }
 
 // upClientName is the name of the client certificate that up writes in
@@ -68,7 +71,7 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // upCommand builds the flags and the action of
 // 'questctl up' without running it (see [runCommand]).
 func upCommand(extra []string) (*flag.FlagSet, action) {
-	fs := newFlags("up", `Usage: questctl up --nodes N [--cp C --tp T] [--model DIR [--http-addr HOST:PORT]] [--questd PATH] [--timeout 30s] [--insecure | --tls-dir DIR] [flags] [-- questd flags...]
+	fs := newFlags("up", `Usage: questctl up --nodes N [--cp C --tp T] [--model DIR [--http-addr HOST:PORT] [--serve-layout cluster --serve-cp C --serve-tp T]] [--questd PATH] [--timeout 30s] [--insecure | --tls-dir DIR] [flags] [-- questd flags...]
 
 Starts a local questd cluster on the loopback interface and keeps it
 running until interrupted (SIGINT or SIGTERM). Node 0 is started first
@@ -88,7 +91,12 @@ URL once the cluster is up, "completions: http://ADDR/v1 (model NAME on
 BASE-0)" (with --json, "http" and "url" in node 0's object). The API's
 own flags (--max-running, --monitor-rate, --request-history, ...) go
 after "--" (every node gets them; only node 0 serves a model). The API
-is plain HTTP whatever the gRPC security.
+is plain HTTP whatever the gRPC security. By default the served
+requests' KV pages live in node 0's own engine; with --serve-layout
+cluster --serve-cp C --serve-tp T (node 0's flags) every request's
+pages live on a C x T grid placed over the cluster's nodes, node 0
+coordinating it and running the model (one decode step per token and
+grid), and up prints "serving: attention on C x T grids ...".
 
 Mutual TLS by default: up makes a throwaway CA (ECDSA P-256, valid 7
 days; its key is never written), a certificate for every node and one
@@ -102,11 +110,12 @@ reach the cluster with --tls-dir DIR ('questctl status --addr ADDR
 questd --insecure, and makes no certificates.
 
 Once every node's Status lists all N nodes alive, up prints one line per
-node, "NAME grpc=ADDR gossip=ADDR pid=PID", then the command that
+node, "NAME grpc=ADDR gossip=ADDR metrics=ADDR pid=PID" (metrics: the
+node's /metrics, /healthz and /readyz), then the command that
 reaches the cluster, "connect: questctl status --addr ADDR [--tls-dir
 DIR]" (with --token-file when the nodes have one), then "cluster up: N
-nodes" (with --json, one JSON object per node instead, with "tls_dir"
-under TLS). Everything up to there must happen within --timeout, or up
+nodes" (with --json, one JSON object per node instead, with "metrics",
+and "tls_dir" under TLS). Everything up to there must happen within --timeout, or up
 stops the nodes it started and exits 1.
 
 A node that exits by itself (a crash, kill -9) is reported with its exit
@@ -137,6 +146,9 @@ questd on $PATH.`)
 	asJSON := fs.Bool("json", false, `print one JSON object per node, {"name","grpc","gossip","pid"} and "tls_dir" with TLS, "http" and "url" on the node serving --model, instead of the text lines`)
 	modelDir := fs.String("model", "", "Hugging Face Llama checkpoint `dir` that node 0 serves with the completions API (questd --model); up prints the API's URL")
 	httpAddr := fs.String("http-addr", "127.0.0.1:0", "with --model: listen `host:port` of node 0's completions API (port 0: a free one)")
+	serveLayout := fs.String("serve-layout", "local", "with --model: where the served requests' KV pages live, `local|cluster`: local (node 0's own engine) or cluster (a --serve-cp x --serve-tp grid over the cluster's nodes, coordinated by node 0)")
+	serveCP := fs.Int("serve-cp", 1, "with --model: context-parallel ranks of every served request (1..64; with --serve-layout cluster, ranks on the cluster's nodes)")
+	serveTP := fs.Int("serve-tp", 1, "with --model: tensor-parallel ranks of every served request (1..64)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		switch {
 		case !flagSet(fs, "nodes"):
@@ -159,6 +171,14 @@ questd on $PATH.`)
 			return usageError{errors.New("--keep-tls-dir: not with --insecure (no certificates without TLS)")}
 		case flagSet(fs, "http-addr") && *modelDir == "":
 			return usageError{fmt.Errorf("--http-addr %q: only with --model (the completions API serves a model)", *httpAddr)}
+		case *modelDir == "" && (flagSet(fs, "serve-layout") || flagSet(fs, "serve-cp") || flagSet(fs, "serve-tp")):
+			return usageError{errors.New("--serve-layout, --serve-cp and --serve-tp: only with --model (they lay out the served model's requests)")}
+		case *serveLayout != "local" && *serveLayout != "cluster":
+			return usageError{fmt.Errorf("--serve-layout %q: want local or cluster", *serveLayout)}
+		case *serveCP < 1 || *serveCP > 64:
+			return usageError{fmt.Errorf("--serve-cp %q: want 1..64", fmt.Sprint(*serveCP))}
+		case *serveTP < 1 || *serveTP > 64:
+			return usageError{fmt.Errorf("--serve-tp %q: want 1..64", fmt.Sprint(*serveTP))}
 		}
 		var first []string // node 0's own flags
 		if *modelDir != "" {
@@ -177,6 +197,9 @@ questd on $PATH.`)
 				return usageError{fmt.Errorf("--model %q: %v", *modelDir, err)}
 			}
 			first = []string{"--model", abs, "--http-addr", *httpAddr}
+			if *serveLayout != "local" || *serveCP != 1 || *serveTP != 1 {
+				first = append(first, "--serve-layout", *serveLayout, "--serve-cp", fmt.Sprint(*serveCP), "--serve-tp", fmt.Sprint(*serveTP))
+			}
 		}
 		if err := checkExtraFlags(extra); err != nil {
 			return err
@@ -264,16 +287,21 @@ questd on $PATH.`)
 					url = "http://" + n.http + "/v1"
 				}
 				err = bench.WriteJSONLine(stdout, struct {
-					Name   string `json:"name"`
-					GRPC   string `json:"grpc"`
-					Gossip string `json:"gossip"`
-					PID    int    `json:"pid"`
-					TLSDir string `json:"tls_dir,omitempty"`
-					HTTP   string `json:"http,omitempty"`
-					URL    string `json:"url,omitempty"`
-				}{n.name, n.grpc, n.gossip, n.pid, c.tlsDir, n.http, url})
+					Name    string `json:"name"`
+					GRPC    string `json:"grpc"`
+					Gossip  string `json:"gossip"`
+					Metrics string `json:"metrics,omitempty"`
+					PID     int    `json:"pid"`
+					TLSDir  string `json:"tls_dir,omitempty"`
+					HTTP    string `json:"http,omitempty"`
+					URL     string `json:"url,omitempty"`
+				}{n.name, n.grpc, n.gossip, n.metrics, n.pid, c.tlsDir, n.http, url})
 			} else {
-				_, err = fmt.Fprintf(stdout, "%s grpc=%s gossip=%s pid=%d\n", n.name, n.grpc, n.gossip, n.pid)
+				metrics := ""
+				if n.metrics != "" {
+					metrics = " metrics=" + n.metrics
+				}
+				_, err = fmt.Fprintf(stdout, "%s grpc=%s gossip=%s%s pid=%d\n", n.name, n.grpc, n.gossip, metrics, n.pid)
 			}
 			if err != nil {
 				c.stop(*stopTimeout)
@@ -291,6 +319,9 @@ questd on $PATH.`)
 			fmt.Fprintf(stdout, "connect: %s\n", connect)
 			if n0 := c.nodes[0]; n0.http != "" {
 				fmt.Fprintf(stdout, "completions: http://%s/v1 (model %s on %s)\n", n0.http, filepath.Base(first[1]), n0.name)
+				if *serveLayout == "cluster" {
+					fmt.Fprintf(stdout, "serving: attention on %d x %d grids over the cluster's nodes (--serve-layout cluster)\n", *serveCP, *serveTP)
+				}
 			}
 			fmt.Fprintf(stdout, "cluster up: %d nodes\n", len(c.nodes))
 		}
@@ -673,6 +704,7 @@ type upNode struct {
 	closers []func() error
 
 	grpc, gossip string // from the ready line
+	metrics      string // the metrics server's (/metrics), from the ready line
 	http         string // the completions API's, from the ready line of a node with --model
 }
 
@@ -684,6 +716,8 @@ type readyLine struct {
 	Gossip string `json:"gossip"`
 	// HTTP is the completions API's address (questd --model).
 	HTTP string `json:"http,omitempty"`
+	// Metrics is the metrics server's address (questd --metrics-addr).
+	Metrics string `json:"metrics,omitempty"`
 }
 
 // readStdout passes the node's first ready line to n.ready and every
@@ -730,7 +764,7 @@ func (n *upNode) awaitReady(ctx context.Context, api bool) error {
 			}
 			n.http = r.HTTP
 		}
-		n.grpc, n.gossip = r.GRPC, r.Gossip
+		n.grpc, n.gossip, n.metrics = r.GRPC, r.Gossip, r.Metrics
 		return nil
 	case <-n.done:
 		return fmt.Errorf("%s (pid %d) exited before it was ready (%s)", n.name, n.pid, n.exitStatus())

@@ -333,7 +333,7 @@ func (u *upRun) wait(t *testing.T) int {
 	}
 }
 
-var nodeLineRE = regexp.MustCompile(`^(\S+) grpc=(\S+) gossip=(\S+) pid=(\d+)$`)
+var nodeLineRE = regexp.MustCompile(`^(\S+) grpc=(\S+) gossip=(\S+)(?: metrics=\S+)? pid=(\d+)$`)
 
 type upLine struct {
 	name, grpc, gossip string
@@ -351,7 +351,7 @@ func parseUpLines(t *testing.T, out string) []upLine {
 		if m := nodeLineRE.FindStringSubmatch(l); m != nil {
 			pid, _ := strconv.Atoi(m[4])
 			nodes = append(nodes, upLine{m[1], m[2], m[3], pid})
-		} else if !strings.HasPrefix(l, "cluster up: ") && !connectLineRE.MatchString(l) && !completionsLineRE.MatchString(l) {
+		} else if !strings.HasPrefix(l, "cluster up: ") && !strings.HasPrefix(l, "serving: ") && !connectLineRE.MatchString(l) && !completionsLineRE.MatchString(l) {
 			t.Errorf("unexpected stdout line %q", l)
 		}
 	}
@@ -903,48 +903,89 @@ func TestUpRealQuestd(t *testing.T) {
 				}
 			}
 		})
-	} // --model: the completions API of the passkey checkpoint on node 0,
-	// at the URL up prints; a greedy completion gets the pass key.
-	t.Run("model", func(t *testing.T) {
-		model := filepath.Join(testModels(t), "passkey-llama-v1")
-		args := append([]string{"--nodes", "2", "--questd", bin, "--timeout", "25s", "--stop-timeout", "5s", "--insecure", "--model", model, "--"}, small...)
-		// The serving policy's defaults (the small grid's 4-token pages
-		// and 24-token budget would lose the pass key).
-		u := startUp(t, append(args, "--page-size", "16", "--budget-tokens", "2048", "--dense-layers", "2")...)
-		out := u.waitUp(t)
-		nodes := parseUpLines(t, out)
-		var url string
-		for _, l := range strings.Split(out, "\n") {
-			if m := completionsLineRE.FindStringSubmatch(l); m != nil && m[2] == "passkey-llama-v1" && m[3] == "node-0" {
-				url = m[1]
+	}
+	// --model: the completions API of the passkey checkpoint on node 0,
+	// at the URL up prints; a greedy completion gets the pass key. With
+	// --serve-layout cluster --serve-cp 2 the request's pages live on a
+	// grid with a rank on each node (each node's /metrics, printed by up,
+	// shows it hosting one), and every decode token is one multi-layer
+	// step of node 0's coordinator.
+	for _, layout := range []string{"local", "cluster"} {
+		t.Run("model-"+layout, func(t *testing.T) {
+			model := filepath.Join(testModels(t), "passkey-llama-v1")
+			args := []string{"--nodes", "2", "--questd", bin, "--timeout", "25s", "--stop-timeout", "5s", "--insecure", "--model", model}
+			if layout == "cluster" {
+				args = append(args, "--serve-layout", "cluster", "--serve-cp", "2")
 			}
+			// The serving policy's defaults (the small grid's 4-token pages
+			// and 24-token budget would lose the pass key).
+			args = append(append(append(args, "--"), small...), "--page-size", "16", "--budget-tokens", "2048", "--dense-layers", "2", "--serve-capacity-pages", "512")
+			u := startUp(t, args...)
+			out := u.waitUp(t)
+			nodes := parseUpLines(t, out)
+			var url string
+			var metrics []string
+			for _, l := range strings.Split(out, "\n") {
+				if m := completionsLineRE.FindStringSubmatch(l); m != nil && m[2] == "passkey-llama-v1" && m[3] == "node-0" {
+					url = m[1]
+				}
+				if m := regexp.MustCompile(` metrics=(\S+) `).FindStringSubmatch(l); m != nil {
+					metrics = append(metrics, m[1])
+				}
+			}
+			if len(nodes) != 2 || url == "" || len(metrics) != 2 || strings.Contains(out, "serving: ") != (layout == "cluster") {
+				t.Fatalf("stdout:\n%s", out)
+			}
+			prompt := "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. " +
+				"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
+				"The pass key is 48213. Remember it. 48213 is the pass key. " +
+				"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
+				"What is the pass key? The pass key is "
+			body, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": prompt, "max_tokens": 5, "temperature": 0})
+			resp, err := http.Post(url+"/completions", "application/json", strings.NewReader(string(body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.Contains(string(b), `"text":"48213"`) {
+				t.Errorf("POST %s/completions: %s %s", url, resp.Status, b)
+			}
+			for i, addr := range metrics {
+				r, err := http.Get("http://" + addr + "/metrics")
+				if err != nil {
+					t.Fatal(err)
+				}
+				m, _ := io.ReadAll(r.Body)
+				r.Body.Close()
+				hosts := strings.Contains(string(m), `questrt_grids{role="hosted"} 1`)
+				if hosts != (layout == "cluster") {
+					t.Errorf("node %d (%s): hosts a grid %v with --serve-layout %s", i, addr, hosts, layout)
+				}
+				if layout == "cluster" && i == 0 && !strings.Contains(string(m), `questrt_steps_total{code="OK",kind="steps"} 4`) {
+					t.Errorf("node 0: want 4 multi-layer steps (4 decode tokens) in its metrics:\n%s", grepLines(string(m), "questrt_steps_total"))
+				}
+			}
+			u.cancel()
+			if code := u.wait(t); code != 0 {
+				t.Errorf("up exited %d; stderr:\n%s", code, u.stderr)
+			}
+			for _, n := range nodes {
+				assertGone(t, n.name, n.pid)
+			}
+		})
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
 		}
-		if len(nodes) != 2 || url == "" {
-			t.Fatalf("stdout:\n%s", out)
-		}
-		prompt := "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. " +
-			"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
-			"The pass key is 48213. Remember it. 48213 is the pass key. " +
-			"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
-			"What is the pass key? The pass key is "
-		body, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": prompt, "max_tokens": 5, "temperature": 0})
-		resp, err := http.Post(url+"/completions", "application/json", strings.NewReader(string(body)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || !strings.Contains(string(b), `"text":"48213"`) {
-			t.Errorf("POST %s/completions: %s %s", url, resp.Status, b)
-		}
-		u.cancel()
-		if code := u.wait(t); code != 0 {
-			t.Errorf("up exited %d; stderr:\n%s", code, u.stderr)
-		}
-		for _, n := range nodes {
-			assertGone(t, n.name, n.pid)
-		}
-	})
+	}
+	return strings.Join(out, "\n")
 }
 
 // TestUpModel: with --model node 0, and no other, is started with
