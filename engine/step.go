@@ -189,7 +189,9 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 	}
 	for w, wk := range e.workers {
 		if err := wk.BeginStep(ctx, *b); err != nil {
-			e.end(step, true, nil, w)
+			// The failing worker too: it may have opened the step and
+			// lost its answer.
+			e.end(step, true, nil, w+1)
 			return fmt.Errorf("step layer %d: %w", layer, err)
 		}
 	}

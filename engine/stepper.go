@@ -138,7 +138,10 @@ func (e *Engine) open(ctx context.Context, b decode.Batch) (*stepState, error) {
 	// Every worker's BeginStep at once: one round, not W in turn.
 	errs := e.eachWorker(func(wk worker.Worker) error { return wk.BeginStep(ctx, *m) })
 	if err := worker.Cause(errs...); err != nil {
-		e.endOn(st.id, true, nil, func(w int) bool { return errs[w] == nil })
+		// Every worker, also those whose call failed: a worker may have
+		// opened the step and lost its answer (a remote one), and an
+		// EndStep of a step a worker never began changes nothing there.
+		e.end(st.id, true, nil, len(e.workers))
 		return nil, fmt.Errorf("begin step at layer %d: %w", b.FirstLayer, err)
 	}
 	return st, nil
@@ -154,8 +157,12 @@ func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 		return fmt.Errorf("layer %d: %w: %w", layer, decode.ErrStepFailed, st.err)
 	case e.closed.Load():
 		return ErrClosed
-	case layer < st.next || layer >= c.Layers:
-		return fmt.Errorf("layer %d: %w: the step's next layer is %d..%d", layer, ErrBadInput, st.next, c.Layers-1)
+	case layer < 0 || layer >= c.Layers:
+		return fmt.Errorf("layer %d: %w: outside 0..%d", layer, ErrBadInput, c.Layers-1)
+	case layer < st.next && st.next == c.Layers:
+		return fmt.Errorf("layer %d: %w: the step ran its last layer; End it", layer, ErrBadInput)
+	case layer < st.next:
+		return fmt.Errorf("layer %d: %w: a step runs its layers in increasing order, each once; the next may be %d..%d", layer, ErrBadInput, st.next, c.Layers-1)
 	}
 	n := len(st.reqs)
 	qd, err := q.HostData("q")
