@@ -107,7 +107,9 @@ func (c *Client) Begin(ctx context.Context, b decode.Batch) (decode.Step, error)
 	sctx, cancel := context.WithCancel(ctx)
 	fail := func(err error) (decode.Step, error) {
 		cancel()
-		if ctx.Err() != nil {
+		// The server's copy of the deadline may end the stream first:
+		// DEADLINE_EXCEEDED before ctx itself is done.
+		if ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded {
 			// The coordinator did not open the step within ctx: what
 			// the engine reports as a step holding the sequences too
 			// long (its Aborted answer may not reach this side first).
