@@ -123,9 +123,11 @@ type Step interface {
 	// wrong shapes, non-finite values, a sequence whose layers differ in
 	// length) returns an error wrapping ErrBadInput and changes nothing:
 	// the step stays open and usable. A failure while the layer runs
-	// (a worker, a device, a deadline) fails the step: later Layer calls
-	// return ErrStepFailed; the new tokens of the layers that ran stay
-	// appended.
+	// (a worker, a device, a deadline) fails the step: its error and
+	// those of later Layer calls wrap ErrStepFailed (a runner that can
+	// only learn of some bad input after it sent the layer away, such as
+	// a remote client, wraps both); the new tokens of the layers that
+	// ran stay appended.
 	Layer(ctx context.Context, layer int, q, k, v Tensor, res *Result) error
 	// End closes the step. A second End, or a Layer after End, returns
 	// ErrStepEnded.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
@@ -18,12 +19,27 @@ func (e *Engine) opContext(ctx context.Context) (context.Context, context.Cancel
 }
 
 // lockOp waits for the engine (an open step holds it until its End)
-// until ctx is done.
+// until ctx is done, or at most StepTimeout. A wait that ends by a
+// deadline (ctx's or StepTimeout) means that the engine stayed busy:
+// the error wraps decode.ErrStepOpen and the deadline; a cancelled ctx
+// is only that.
 func (e *Engine) lockOp(ctx context.Context, what string) error {
-	if err := e.mu.lockCtx(ctx); err != nil {
-		return fmt.Errorf("%s: waiting for the engine: %w", what, err)
+	wctx, cancel := context.WithTimeout(ctx, e.cfg.StepTimeout)
+	defer cancel()
+	return e.lockUntil(ctx, wctx, what)
+}
+
+// lockUntil waits for the engine until wctx (derived from ctx) is done;
+// see lockOp.
+func (e *Engine) lockUntil(ctx, wctx context.Context, what string) error {
+	err := e.mu.lockCtx(wctx)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: %w (the engine stayed busy): %w", what, decode.ErrStepOpen, err)
 	}
-	return nil
+	return fmt.Errorf("%s: waiting for the engine: %w", what, context.Cause(ctx))
 }
 
 // Create starts an empty sequence with the given placement.
@@ -108,7 +124,9 @@ func (e *Engine) releaseOn(id SeqID, n int) {
 
 // Len returns a sequence's length (the shortest layer).
 func (e *Engine) Len(id SeqID) (int, error) {
-	e.mu.Lock()
+	if err := e.lockOp(context.Background(), "len"); err != nil {
+		return 0, err
+	}
 	defer e.mu.Unlock()
 	sq, err := e.lookup(id)
 	if err != nil {
@@ -397,10 +415,13 @@ func (e *Engine) Release(id SeqID) error {
 	return e.ReleaseContext(context.Background(), id)
 }
 
-// ReleaseContext is Release bounded by ctx (and StepTimeout); the
-// sequence is forgotten whatever the workers answer.
+// ReleaseContext is Release bounded by ctx (the workers' calls also by
+// StepTimeout); the sequence is forgotten whatever the workers answer.
+// Unlike the other operations it waits for an open step for as long as
+// ctx lets it, not at most StepTimeout: a caller that must release
+// passes a context that does not end.
 func (e *Engine) ReleaseContext(ctx context.Context, id SeqID) error {
-	if err := e.lockOp(ctx, "release"); err != nil {
+	if err := e.lockUntil(ctx, ctx, "release"); err != nil {
 		return err
 	}
 	defer e.mu.Unlock()

@@ -63,7 +63,9 @@ type Result struct {
 // to stays appended after a failed step; one that reached only some of
 // them breaks its sequence.
 func (e *Engine) Step(ctx context.Context, layer int, reqs []Request, opt StepOptions, res *Result) error {
-	e.mu.Lock()
+	if err := e.lockOp(ctx, fmt.Sprintf("step layer %d", layer)); err != nil {
+		return err
+	}
 	defer e.mu.Unlock()
 	if e.closed.Load() {
 		return ErrClosed

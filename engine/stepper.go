@@ -50,13 +50,8 @@ var _ decode.Stepper = (*Engine)(nil)
 // StepTimeout, and then fails with decode.ErrStepOpen. Diagnostics are
 // refused (engine.Step measures them one layer at a time).
 func (e *Engine) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
-	wctx, cancel := context.WithTimeout(ctx, e.cfg.StepTimeout)
-	err := e.mu.lockCtx(wctx)
-	cancel()
-	if err != nil {
-		// Whoever holds the engine (an open step, most likely) did not
-		// give it back in time.
-		return nil, fmt.Errorf("begin step: %w (the engine is busy): %w", decode.ErrStepOpen, err)
+	if err := e.lockOp(ctx, "begin step"); err != nil {
+		return nil, err
 	}
 	st, err := e.open(ctx, b)
 	if err != nil {
@@ -209,7 +204,7 @@ func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 	e.account(layer, st.reqs, st.seqs, e.reps, errs)
 	if err != nil {
 		st.err = fmt.Errorf("layer %d: %w", layer, err)
-		return st.err
+		return fmt.Errorf("%w: %w", decode.ErrStepFailed, st.err)
 	}
 	res.LSE = resize(res.LSE, n*c.QHeads)
 	res.Time = e.gatherInto(n, e.reps, out, res.LSE)

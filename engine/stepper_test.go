@@ -48,8 +48,9 @@ func TestStepperConformance(t *testing.T) {
 	}
 }
 
-// TestSeqOpsTakeContext: the sequence operations wait for an open step
-// only as long as their context lets them, return its error and change
+// TestSeqOpsTakeContext: the sequence operations (append, fork,
+// rollback, release, create) wait for an open step only as long as their
+// context lets them, return its deadline with ErrStepOpen and change
 // nothing; a done context stops an append before it reaches a worker.
 func TestSeqOpsTakeContext(t *testing.T) {
 	cfg := DefaultConfig()
@@ -78,11 +79,20 @@ func TestSeqOpsTakeContext(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 	err = e.AppendContext(short, id, 0, kv, kv)
 	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("append while a step is open: %v, want the context's deadline", err)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, decode.ErrStepOpen) {
+		t.Fatalf("append while a step is open: %v, want the context's deadline and ErrStepOpen", err)
 	}
-	if _, err := e.ForkContext(short, id); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("fork while a step is open: %v, want the context's deadline", err)
+	short, cancel = context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	for name, op := range map[string]func() error{
+		"fork":     func() error { _, err := e.ForkContext(short, id); return err },
+		"rollback": func() error { return e.RollbackContext(short, id, 1) },
+		"release":  func() error { return e.ReleaseContext(short, id) },
+		"create":   func() error { _, err := e.CreateContext(short, plan.Striped); return err },
+	} {
+		if err := op(); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, decode.ErrStepOpen) {
+			t.Fatalf("%s while a step is open: %v, want the context's deadline and ErrStepOpen", name, err)
+		}
 	}
 	if err := st.End(ctx); err != nil {
 		t.Fatal(err)
@@ -93,7 +103,10 @@ func TestSeqOpsTakeContext(t *testing.T) {
 		t.Fatalf("append with a done context: %v, want context.Canceled", err)
 	}
 	if n, err := e.Len(id); err != nil || n != 3 {
-		t.Fatalf("length %d (%v) after refused appends, want 3", n, err)
+		t.Fatalf("length %d (%v) after refused operations, want 3", n, err)
+	}
+	if _, err := e.Len(id + 1); !errors.Is(err, ErrUnknownSequence) {
+		t.Fatalf("a sequence created while the step was open: %v, want unknown", err)
 	}
 	if err := e.AppendContext(ctx, id, 0, kv, kv); err != nil {
 		t.Fatalf("append after End: %v", err)

@@ -49,10 +49,13 @@ func (e *BatchError) Unwrap() []error {
 // to attns[i]. The embeddings, norms, RoPE, Linear layers, MLP and LM
 // head run over the batch as one [n] token matrix. Attention runs per
 // Stepper: the sequences that are [BatchAttention]s of one
-// decode.Stepper (with the same options) form one step, opened once
-// before the first layer (Begin), run once per layer with all of their
-// rows (Step.Layer) and closed after the last (End); each other
-// sequence runs through its own Attention.Decode, in batch order. It
+// decode.Stepper form one step, opened once before the first layer
+// (Begin), run once per layer with all of their rows (Step.Layer) and
+// closed after the last (End). Each other sequence runs through its own
+// Attention.Decode, in batch order: those of no Stepper, and every
+// sequence of a Stepper where one of them needs a step per layer or
+// their options differ, or whose Begin refused the batch (the per-layer
+// calls then name the sequence at fault). It
 // returns every sequence's logits ([VocabSize] each).
 //
 // Each sequence's logits are bit for bit those of Forward of its one
@@ -118,9 +121,7 @@ func (m *Model) DecodeBatch(ctx context.Context, attns []Attention, tokens []int
 			g.end(ctx)
 		}
 	}()
-	for _, g := range groups {
-		g.begin(ctx)
-	}
+	groups, alone = beginGroups(ctx, groups, alone)
 	for li := range m.layers {
 		q, k, v := m.attnIn(a, li)
 		rows(m.workers, n, func(lo, hi int) {

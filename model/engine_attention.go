@@ -135,8 +135,12 @@ type StepperSequence interface {
 // Options.ForceDense makes every layer of the row dense.
 func (a *EngineAttention) DecodeRow() (decode.Stepper, decode.Row, decode.Options, bool) {
 	ss, ok := a.s.(StepperSequence)
-	if !ok || a.Options.Diagnostics || a.Compare {
+	if !ok {
 		return nil, decode.Row{}, decode.Options{}, false
+	}
+	if a.Options.Diagnostics || a.Compare {
+		// Steps of its own per layer, on the same Stepper.
+		return ss.Stepper(), decode.Row{}, decode.Options{}, false
 	}
 	row := decode.Row{Seq: ss.SeqID(), New: true, Budget: a.Budget}
 	if a.Options.ForceDense {

@@ -122,11 +122,12 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 	var g *stepGroup
 	if n == 1 {
 		if gs, _ := m.groupRows([]Attention{attn}); len(gs) == 1 {
-			g = gs[0]
 			t0 := time.Now()
-			g.begin(ctx)
+			if gs[0].begin(ctx) {
+				g = gs[0]
+				defer g.end(ctx)
+			} // else Begin refused: Decode layer by layer names why
 			attnTime += time.Since(t0)
-			defer g.end(ctx)
 		}
 	}
 	for li := range m.layers {

@@ -2,10 +2,13 @@ package model
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/engine"
@@ -145,4 +148,118 @@ func TestDecodeBatchWorkerCalls(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestDecodeBatchStepperMixes: rows of one engine that cannot share a
+// step all decode layer by layer, and a row that Begin refuses does not
+// fail the others; each case must finish well inside the engine's step
+// timeout (a row holding the engine for a step while another waits for
+// it per layer deadlocked until the timeout):
+//   - one row asks for diagnostics (a step per layer), the other not;
+//   - the rows' options differ (phased and fused);
+//   - a row's sequence was released: it fails alone (a *BatchError
+//     naming it), the others decode bit for bit as alone.
+func TestDecodeBatchStepperMixes(t *testing.T) {
+	m := loadTiny(t, F32, 1)
+	ctx := context.Background()
+	p := plan.DefaultPolicy()
+	p.DenseLayers, p.BudgetTokens = 0, 32
+	cfg := EngineConfig(m.Geometry(), p, 64)
+	cfg.StepTimeout = 3 * time.Second
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	twin := newEngine(t, m, p, 256, 1, 1)
+	rng := rand.New(rand.NewPCG(5, 5))
+	mk := func(n int) (*EngineAttention, *EngineAttention, int) {
+		a, err := NewEngineAttention(e, m.Geometry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := NewEngineAttention(twin, m.Geometry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := randTokens(rng, n)
+		lg, err := m.Forward(ctx, a, ids, ForwardOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Forward(ctx, b, ids, ForwardOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return a, b, Argmax(lg)
+	}
+	run := func(name string, attns []Attention, toks []int) ([][]float32, error) {
+		t.Helper()
+		type out struct {
+			lg  [][]float32
+			err error
+		}
+		done := make(chan out, 1)
+		start := time.Now()
+		go func() {
+			lg, err := m.DecodeBatch(ctx, attns, toks)
+			done <- out{lg, err}
+		}()
+		select {
+		case o := <-done:
+			if d := time.Since(start); d > time.Second {
+				t.Errorf("%s: DecodeBatch took %v (waited for the engine)", name, d)
+			}
+			return o.lg, o.err
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: DecodeBatch did not return in 20 s", name)
+			return nil, nil
+		}
+	}
+	same := func(name string, got []float32, twin Attention, tok int) {
+		t.Helper()
+		want, err := m.Forward(ctx, solo{twin}, []int{tok}, ForwardOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at := sameBits(got, want); at >= 0 {
+			t.Fatalf("%s: logit %d is %v batched, %v alone", name, at, got[at], want[at])
+		}
+	}
+
+	a, at, ta := mk(40)
+	b, bt, tb := mk(50)
+	b.Options.Diagnostics = true
+	lg, err := run("diagnostics", []Attention{a, b}, []int{ta, tb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("diagnostics row 0", lg[0], at, ta)
+	same("diagnostics row 1", lg[1], bt, tb)
+	if !b.Steps()[len(b.Steps())-1].Diag {
+		t.Errorf("the row with diagnostics has none")
+	}
+	b.Options.Diagnostics = false
+
+	ta, tb = Argmax(lg[0]), Argmax(lg[1])
+	a.Options.Phased = true
+	lg, err = run("options", []Attention{a, b}, []int{ta, tb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("options row 0", lg[0], at, ta)
+	same("options row 1", lg[1], bt, tb)
+	a.Options.Phased = false
+
+	c, _, tc := mk(30)
+	if err := c.Release(); err != nil {
+		t.Fatal(err)
+	}
+	ta, tb = Argmax(lg[0]), Argmax(lg[1])
+	lg, err = run("released row", []Attention{a, c, b}, []int{ta, tc, tb})
+	var be *BatchError
+	if !errors.As(err, &be) || !slices.Equal(be.FailedIndices(), []int{1}) || !errors.Is(err, engine.ErrUnknownSequence) {
+		t.Fatalf("released row: %v, want a BatchError naming index 1 (unknown sequence)", err)
+	}
+	same("released: row 0", lg[0], at, ta)
+	same("released: row 2", lg[2], bt, tb)
 }

@@ -2,7 +2,10 @@ package model
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/plan"
@@ -18,7 +21,9 @@ type BatchAttention interface {
 	// DecodeRow returns the Stepper the sequence's next decode step runs
 	// on, its row (the sequence with a new token) and the step's options;
 	// ok false makes DecodeBatch call Decode layer by layer instead (for
-	// what needs a step of its own per layer, such as diagnostics).
+	// what needs a step of its own per layer, such as diagnostics), and
+	// then s still names the Stepper those per-layer steps run on (nil:
+	// none), so that no step of it is held open meanwhile.
 	DecodeRow() (s decode.Stepper, row decode.Row, opt decode.Options, ok bool)
 	// Decoded records that a batched step ran layer for this sequence:
 	// q, k and v were its inputs, out is its output, pl its page plan and
@@ -26,15 +31,16 @@ type BatchAttention interface {
 	Decoded(layer int, q, k, v, out []float32, pl plan.Plan, t decode.Times)
 }
 
-// stepGroup is the sequences of one DecodeBatch that share a Stepper and
-// options: one decode step for them all.
+// stepGroup is the sequences of one DecodeBatch that share a Stepper:
+// one decode step for them all.
 type stepGroup struct {
-	key   groupKey
+	s     decode.Stepper
+	opt   decode.Options
 	idx   []int // batch indices, ascending
 	attns []BatchAttention
 	rows  []decode.Row
 	step  decode.Step
-	err   error // Begin's failure
+	err   error // the step's failure (a layer's, or Begin's)
 	// Layer scratch: the group's rows gathered from the batch (nil when
 	// the group is the whole batch in order).
 	q, k, v, o []float32
@@ -42,50 +48,93 @@ type stepGroup struct {
 	res        decode.Result
 }
 
-type groupKey struct {
-	s   decode.Stepper
-	opt decode.Options
-}
-
-// groupRows splits a batch into step groups and the indices that decode
-// alone.
+// groupRows splits a batch into step groups, one per Stepper, and the
+// indices that decode alone (layer by layer through Attention.Decode).
+// Every row of a Stepper goes alone when one of them must (it asks for a
+// step per layer) or when their options differ: a Stepper runs one step
+// at a time, so its rows cannot be split between a step and per-layer
+// calls or two steps of one token. A Stepper whose type is not
+// comparable decodes its rows alone.
 func (m *Model) groupRows(attns []Attention) (groups []*stepGroup, alone []int) {
-	by := map[groupKey]*stepGroup{}
+	by := map[decode.Stepper]*stepGroup{}
+	split := map[decode.Stepper]bool{} // Steppers whose rows go alone
+	type entry struct {
+		s   decode.Stepper
+		row decode.Row
+		opt decode.Options
+		ok  bool
+	}
+	entries := make([]entry, len(attns))
 	for i, a := range attns {
 		ba, ok := a.(BatchAttention)
 		if !ok {
-			alone = append(alone, i)
 			continue
 		}
 		s, row, opt, ok := ba.DecodeRow()
-		if !ok || s == nil {
+		if s == nil || !reflect.TypeOf(s).Comparable() {
+			continue
+		}
+		entries[i] = entry{s, row, opt, ok}
+		g := by[s]
+		switch {
+		case !ok:
+			split[s] = true
+		case g == nil:
+			g = &stepGroup{s: s, opt: opt}
+			by[s] = g
+			groups = append(groups, g)
+		case g.opt != opt:
+			split[s] = true
+		}
+	}
+	for i, a := range attns {
+		e := entries[i]
+		if e.s == nil || split[e.s] {
 			alone = append(alone, i)
 			continue
 		}
-		key := groupKey{s, opt}
-		g := by[key]
-		if g == nil {
-			g = &stepGroup{key: key}
-			by[key] = g
-			groups = append(groups, g)
-		}
+		g := by[e.s]
 		g.idx = append(g.idx, i)
-		g.attns = append(g.attns, ba)
-		g.rows = append(g.rows, row)
+		g.attns = append(g.attns, a.(BatchAttention))
+		g.rows = append(g.rows, e.row)
 	}
+	groups = slices.DeleteFunc(groups, func(g *stepGroup) bool { return split[g.s] })
 	for _, g := range groups {
 		g.whole = len(g.idx) == len(attns)
 	}
 	return groups, alone
 }
 
-// begin opens the group's step; a failure fails every row at the first
-// layer.
-func (g *stepGroup) begin(ctx context.Context) {
-	g.step, g.err = g.key.s.Begin(ctx, decode.Batch{Rows: g.rows, Options: g.key.opt})
-	if g.err != nil {
-		g.err = fmt.Errorf("begin step: %w", g.err)
+// begin opens the group's step. A refusal that is not a busy Stepper
+// (ErrStepOpen) returns false: nothing changed, and the caller decodes
+// the group's rows alone, which names the rows at fault. A busy Stepper
+// fails every row at the first layer.
+func (g *stepGroup) begin(ctx context.Context) bool {
+	st, err := g.s.Begin(ctx, decode.Batch{Rows: g.rows, Options: g.opt})
+	switch {
+	case err == nil:
+		g.step = st
+	case errors.Is(err, decode.ErrStepOpen):
+		g.err = fmt.Errorf("begin step: %w", err)
+	default:
+		return false
 	}
+	return true
+}
+
+// beginGroups opens every group's step; the rows of the groups whose
+// Begin refused the batch join alone (kept ascending).
+func beginGroups(ctx context.Context, groups []*stepGroup, alone []int) ([]*stepGroup, []int) {
+	kept := groups[:0]
+	for _, g := range groups {
+		if g.begin(ctx) {
+			kept = append(kept, g)
+			continue
+		}
+		alone = append(alone, g.idx...)
+	}
+	slices.Sort(alone)
+	return kept, alone
 }
 
 // layer runs layer li for the group's rows of the batch's q, k, v (rows

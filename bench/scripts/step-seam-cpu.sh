@@ -26,7 +26,8 @@ for r in $(seq 1 "$rounds"); do
 			>"$out/gen_${b}_inproc_$r.json" 2>"$log/gen.err"
 		"$bin/questctl" up --nodes 2 --insecure --questd "$bin/questd" --json >"$log/up.out" 2>"$log/up.err" &
 		up=$!
-		waitfor test "$(grep -c '"grpc"' "$log/up.out")" -ge 2
+		upready() { [[ $(grep -c '"grpc"' "$log/up.out" || true) -ge 2 ]]; }
+		waitfor upready
 		addr=$(head -1 "$log/up.out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["grpc"])')
 		"$bin/questctl" generate --model "$model" --prompt-file "$prompt" --max-tokens "$tokens" --no-stop --cp 2 --addr "$addr" --json \
 			>"$out/gen_${b}_addr_$r.json" 2>"$log/gen.err"

@@ -70,8 +70,10 @@ func (c *Client) idOf(x decode.SeqID) (string, bool) {
 // context too), and waits for the coordinator to open the step (one
 // BeginStep per worker); each layer is then one message each way, and
 // the step runs through the model's last layer. Layer checks shapes and
-// values here, so that bad input leaves the step usable; input the
-// coordinator refuses after that fails the step.
+// values here (finite, within decode.MagnitudeLimit), so that such bad
+// input leaves the step usable; what the coordinator refuses after that
+// (a sequence whose layers differ in length) fails the step: the error
+// wraps ErrStepFailed, and ErrBadInput too.
 func (c *Client) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
 	switch {
 	case len(b.Rows) == 0:
@@ -187,6 +189,12 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 	if len(qd) != n*qr || len(kd) != st.nNew*kr || len(vd) != len(kd) || !kernels.Finite(qd) || !kernels.Finite(kd) || !kernels.Finite(vd) {
 		return fmt.Errorf("client: layer %d: %w: q, k and v must be [%d][%d], [%d][%d] and [%d][%d] finite floats", layer, decode.ErrBadInput, n, qr, st.nNew, kr, st.nNew, kr)
 	}
+	if err := decode.CheckMagnitude("q", qd, g.HeadDim); err != nil {
+		return fmt.Errorf("client: layer %d: %w", layer, err)
+	}
+	if err := decode.CheckMagnitude("k", kd, g.HeadDim); err != nil {
+		return fmt.Errorf("client: layer %d: %w", layer, err)
+	}
 	out, err := res.Output(n * qr)
 	if err != nil {
 		return fmt.Errorf("client: layer %d: %w", layer, err)
@@ -210,7 +218,9 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w: %w", ctx.Err(), err)
 		}
-		st.failed = stepErr(fmt.Sprintf("layer %d", layer), err)
+		// Sent: whatever the coordinator refused (ErrBadInput when it
+		// was the input), the stream is over and so is the step.
+		st.failed = fmt.Errorf("%w: %w", decode.ErrStepFailed, stepErr(fmt.Sprintf("layer %d", layer), err))
 		st.cancel()
 		return st.failed
 	}

@@ -352,12 +352,41 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 		}
 		b.Rows = append(b.Rows, row)
 	}
+	if !req.GetBegin() {
+		// The first message brings the first layer's tensors too: a
+		// malformed one is refused before the step opens.
+		if _, err := s.decodeItems(fmt.Sprintf("steps layer %d", first), ec, req.GetItems()); err != nil {
+			return err
+		}
+	}
+	return s.runSteps(ctx, stream, req, ec, b, ids)
+}
+
+// runSteps runs an opened Steps stream's step: Begin on the coordinator,
+// then one layer per message, each message within the grid's
+// StepTimeout of the previous reply (a client that stalls between
+// layers holds the grid's engine: the step fails with DEADLINE_EXCEEDED
+// instead), then End, which reports the step's outcome to the metrics.
+func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply],
+	req *decodev1.StepsRequest, ec engine.Config, b decode.Batch, ids []string) (err error) {
+	first, last := b.FirstLayer, int(req.GetLastLayer())
 	start := time.Now()
 	st, err := s.c.Begin(ctx, b)
 	if err != nil {
 		return statusCtx(ctx, fmt.Errorf("steps: %w", err))
 	}
-	defer st.End(ctx)
+	ended := false
+	defer func() {
+		if ended {
+			return
+		}
+		if cs, ok := st.(*coordStep); ok {
+			cs.outcome(err)
+		}
+		st.End(ctx)
+	}()
+	recv := newStepsReceiver(stream)
+	defer recv.stop()
 	msg := req
 	if req.GetBegin() {
 		if err := stream.Send(&decodev1.StepsReply{Begun: true}); err != nil {
@@ -370,8 +399,8 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 	var q, k, v []float32
 	for l := first; l < last; l++ {
 		if msg == nil {
-			if msg, err = stream.Recv(); err != nil {
-				return statusCtx(ctx, fmt.Errorf("steps: %w: receive layer %d: %w", context.Canceled, l, err))
+			if msg, err = recv.next(ctx, ec.StepTimeout); err != nil {
+				return statusCtx(ctx, fmt.Errorf("steps: receive layer %d: %w", l, err))
 			}
 		}
 		what := fmt.Sprintf("steps layer %d", l)
@@ -401,6 +430,7 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 			O:   remote.Float32Tensor(res.O.Data, n, ec.QHeads, ec.HeadDim),
 			Lse: remote.Float32Tensor(res.LSE, n, ec.QHeads), Plans: plansProto(res.Plans), Time: timesProto(res.Time)}
 		if l == last-1 {
+			ended = true
 			if err := st.End(ctx); err != nil {
 				return statusCtx(ctx, fmt.Errorf("steps: %w", err))
 			}
@@ -412,6 +442,60 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 	}
 	return nil
 }
+
+// stepsReceiver receives a Steps stream's messages on a goroutine of
+// its own, so that the handler can wait for the next one with a
+// deadline; the goroutine ends with the stream (or at stop).
+type stepsReceiver struct {
+	ch   chan stepsMsg
+	done chan struct{}
+}
+
+type stepsMsg struct {
+	m   *decodev1.StepsRequest
+	err error
+}
+
+func newStepsReceiver(stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply]) *stepsReceiver {
+	r := &stepsReceiver{ch: make(chan stepsMsg), done: make(chan struct{})}
+	go func() {
+		for {
+			m, err := stream.Recv()
+			select {
+			case r.ch <- stepsMsg{m, err}:
+			case <-r.done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return r
+}
+
+// next returns the stream's next message, waiting at most d (the
+// error then wraps context.DeadlineExceeded) or until ctx ends; a
+// stream the client ended wraps context.Canceled.
+func (r *stepsReceiver) next(ctx context.Context, d time.Duration) (*decodev1.StepsRequest, error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case x := <-r.ch:
+		if x.err != nil {
+			return nil, fmt.Errorf("%w: %w", context.Canceled, x.err)
+		}
+		return x.m, nil
+	case <-t.C:
+		return nil, fmt.Errorf("%w: no message within %v while the step holds the grid", context.DeadlineExceeded, d)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// stop ends the receiving goroutine once the stream ends (the handler
+// returns and gRPC ends the stream's Recv).
+func (r *stepsReceiver) stop() { close(r.done) }
 
 // proxySteps relays a Steps stream to the coordinator of sequence id.
 func (s *Server) proxySteps(ctx context.Context, id string, first *decodev1.StepsRequest, down grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply]) error {
@@ -588,10 +672,6 @@ func Status(err error) error {
 	}
 	code := codes.Internal
 	switch {
-	case errors.Is(err, decode.ErrStepOpen):
-		code = codes.Aborted
-	case errors.Is(err, decode.ErrStepEnded), errors.Is(err, decode.ErrStepFailed):
-		code = codes.FailedPrecondition
 	case errors.Is(err, engine.ErrBadInput), errors.Is(err, worker.ErrBadMessage), errors.Is(err, ErrBadSequenceID), errors.Is(err, decode.ErrDeviceTensor):
 		code = codes.InvalidArgument
 	case errors.Is(err, engine.ErrUnknownSequence), errors.Is(err, ErrUnknownSequence), errors.Is(err, worker.ErrUnknownSequence):
@@ -602,6 +682,12 @@ func Status(err error) error {
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrGridLost), errors.Is(err, remote.ErrUnavailable), errors.Is(err, ErrClosed), errors.Is(err, engine.ErrClosed):
 		code = codes.Unavailable
+	case errors.Is(err, decode.ErrStepOpen):
+		// Another step held the sequences' grid until the deadline:
+		// try again.
+		code = codes.Aborted
+	case errors.Is(err, decode.ErrStepEnded):
+		code = codes.FailedPrecondition
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.Unavailable
 	case errors.Is(err, context.Canceled):

@@ -134,9 +134,11 @@ type coordStep struct {
 	parts  []*gridStep
 	whole  bool // one grid: inputs and outputs pass through
 	failed error
-	ended  bool
-	start  time.Time
-	stats  StepStats
+	// abandoned is why the caller ended the step early (outcome).
+	abandoned error
+	ended     bool
+	start     time.Time
+	stats     StepStats
 }
 
 // Layer implements decode.Step.
@@ -181,6 +183,14 @@ func (st *coordStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 	}
 	if len(qd) != st.n*qr || len(kd) != nNew*kr || len(vd) != len(kd) || !kernels.Finite(qd) || !kernels.Finite(kd) || !kernels.Finite(vd) {
 		return fmt.Errorf("layer %d: %w: q, k and v must be [%d][%d], [%d][%d] and [%d][%d] finite floats", layer, engine.ErrBadInput, st.n, qr, nNew, kr, nNew, kr)
+	}
+	for _, x := range []struct {
+		what string
+		v    []float32
+	}{{"q", qd}, {"k", kd}} {
+		if err := decode.CheckMagnitude(x.what, x.v, st.geo.HeadDim); err != nil {
+			return fmt.Errorf("layer %d: %w", layer, err)
+		}
 	}
 	out, err := res.Output(st.n * qr)
 	if err != nil {
@@ -236,12 +246,18 @@ func (st *coordStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 		}
 	}
 	if first != nil {
-		if ran > 0 || nrefused < len(st.parts) {
-			// Some grid took the layer's tokens or failed running it:
-			// the step cannot go on.
-			st.fail(first, peers)
+		if ran == 0 && nrefused == len(st.parts) {
+			// Every grid refused with nothing changed: the step goes on.
+			return fmt.Errorf("layer %d: %w", layer, first)
 		}
-		return fmt.Errorf("layer %d: %w", layer, first)
+		// Some grid took the layer's tokens (another refused what this
+		// coordinator could not check: a sequence whose layers differ
+		// in length) or failed running it: the step cannot go on.
+		st.failed = first
+		for _, pe := range peers {
+			st.stats.PeerErrors = appendPeer(st.stats.PeerErrors, pe)
+		}
+		return fmt.Errorf("layer %d: %w: %w", layer, decode.ErrStepFailed, first)
 	}
 	res.LSE = resize(res.LSE, st.n*st.geo.QHeads)
 	res.Plans = append(res.Plans[:0], make([]plan.Plan, st.n)...)
@@ -297,8 +313,17 @@ func refused(err error) bool {
 	return (errors.Is(err, engine.ErrBadInput) || errors.Is(err, decode.ErrDeviceTensor)) && !errors.Is(err, decode.ErrStepFailed)
 }
 
+// outcome records why the caller ends the step early (nil: it ran as
+// the caller wanted), for the stats End reports.
+func (st *coordStep) outcome(err error) {
+	if err != nil && st.failed == nil {
+		st.abandoned = err
+	}
+}
+
 // End implements decode.Step: every grid's step ends, and the step's
-// stats go to Config.Observe (Kind "steps").
+// stats go to Config.Observe (Kind "steps") with the step's failure, or
+// the reason its caller gave up (see outcome).
 func (st *coordStep) End(ctx context.Context) error {
 	if st.ended {
 		return decode.ErrStepEnded
@@ -311,6 +336,6 @@ func (st *coordStep) End(ctx context.Context) error {
 		}
 	}
 	st.stats.Time.Total = time.Since(st.start)
-	st.c.observe(ctx, st.stats, cmp.Or(st.failed, first))
+	st.c.observe(ctx, st.stats, cmp.Or(st.failed, st.abandoned, first))
 	return first
 }

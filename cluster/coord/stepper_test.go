@@ -2,6 +2,7 @@ package coord_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -123,5 +124,73 @@ func TestClientStepperConformance(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestCoordinatorStepPartialRefusal: when one grid of a step refuses a
+// layer that the coordinator could not check (a sequence whose layers
+// differ in length) while another grid runs it, the step fails
+// (ErrStepFailed, wrapping the refusal's ErrBadInput) instead of
+// reporting bad input with nothing changed, and later layers are
+// refused; a refusal by every grid leaves the step usable.
+func TestCoordinatorStepPartialRefusal(t *testing.T) {
+	dc := decodetest.SuggestedConfig()
+	ec := engine.DefaultConfig()
+	ec.Layers, ec.Geometry, ec.Policy = dc.Layers, dc.Geometry, dc.Policy
+	ec.CP, ec.CapacityPages, ec.Selection = 2, 64, plan.Exact
+	ec.StepTimeout, ec.MemoryLimit = 2*time.Second, memlimit.NoLimit
+	nodes := nodetest.Start(t, "p", 2, ec, nil)
+	s := coordSubject(t, nodes[0], ec, dc, 2)
+	ctx := t.Context()
+	var ids []decode.SeqID
+	kv := make([]float32, 5*dc.KVRow())
+	for range 2 {
+		id, err := s.Create(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l := range dc.Layers {
+			if err := s.Append(ctx, id, l, kv, kv); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids = append(ids, id)
+	}
+	q1, k1 := make([]float32, dc.QRow()), make([]float32, dc.KVRow())
+	q2, k2 := make([]float32, 2*dc.QRow()), make([]float32, 2*dc.KVRow())
+	var res decode.Result
+	// Sequence 0 (grid A) gets a token in layer 0 only.
+	st, err := s.Stepper.Begin(ctx, decode.Batch{Rows: []decode.Row{{Seq: ids[0], New: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Layer(ctx, 0, decode.Host(q1), decode.Host(k1), decode.Host(k1), &res); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.End(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err = s.Stepper.Begin(ctx, decode.Batch{Rows: []decode.Row{{Seq: ids[0], New: true}, {Seq: ids[1], New: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.End(ctx)
+	// Every grid refuses a q beyond the limit: the step goes on.
+	huge := make([]float32, len(q2))
+	huge[3] = 2 * decode.MagnitudeLimit(dc.HeadDim)
+	if err := st.Layer(ctx, 0, decode.Host(huge), decode.Host(k2), decode.Host(k2), &res); !errors.Is(err, decode.ErrBadInput) || errors.Is(err, decode.ErrStepFailed) {
+		t.Fatalf("layer 0 with q beyond the limit: %v, want bad input, the step usable", err)
+	}
+	if err := st.Layer(ctx, 0, decode.Host(q2), decode.Host(k2), decode.Host(k2), &res); err != nil {
+		t.Fatalf("layer 0: %v", err)
+	}
+	// Layer 1: grid A refuses sequence 0 (5 tokens there, 6 in layer 0),
+	// grid B runs sequence 1.
+	err = st.Layer(ctx, 1, decode.Host(q2), decode.Host(k2), decode.Host(k2), &res)
+	if !errors.Is(err, decode.ErrStepFailed) || !errors.Is(err, decode.ErrBadInput) {
+		t.Fatalf("layer 1, refused by one grid and run by the other: %v, want ErrStepFailed wrapping ErrBadInput", err)
+	}
+	if err := st.Layer(ctx, 2, decode.Host(q2), decode.Host(k2), decode.Host(k2), &res); !errors.Is(err, decode.ErrStepFailed) {
+		t.Fatalf("layer 2 after the failure: %v, want ErrStepFailed", err)
 	}
 }

@@ -168,6 +168,12 @@ func (st *refStep) Layer(_ context.Context, layer int, q, k, v decode.Tensor, re
 	if len(qd) != n*c.QRow() || len(kd) != nNew*c.KVRow() || len(vd) != len(kd) || !finite(qd) || !finite(kd) || !finite(vd) {
 		return fmt.Errorf("%w: shapes or values", decode.ErrBadInput)
 	}
+	if err := decode.CheckMagnitude("q", qd, c.HeadDim); err != nil {
+		return err
+	}
+	if err := decode.CheckMagnitude("k", kd, c.HeadDim); err != nil {
+		return err
+	}
 	for i, row := range st.b.Rows {
 		if got := len(r.seqs[row.Seq].k[layer]) / c.KVRow(); got != st.lens[i] {
 			return fmt.Errorf("%w: sequence %d has %d tokens in layer %d, %d at the step's first", decode.ErrBadInput, row.Seq, got, layer, st.lens[i])
