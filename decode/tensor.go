@@ -77,3 +77,18 @@ func (t Tensor) HostData(what string) ([]float32, error) {
 	}
 	return t.Data, nil
 }
+
+// HostInputs returns the host data of a layer's q, k and v, or
+// ErrDeviceTensor naming the first that is on a device.
+func HostInputs(q, k, v Tensor) (qd, kd, vd []float32, err error) {
+	if qd, err = q.HostData("q"); err != nil {
+		return nil, nil, nil, err
+	}
+	if kd, err = k.HostData("k"); err != nil {
+		return nil, nil, nil, err
+	}
+	if vd, err = v.HostData("v"); err != nil {
+		return nil, nil, nil, err
+	}
+	return qd, kd, vd, nil
+}

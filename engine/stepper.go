@@ -160,15 +160,7 @@ func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 		return fmt.Errorf("layer %d: %w: a step runs its layers in increasing order, each once; the next may be %d..%d", layer, ErrBadInput, st.next, c.Layers-1)
 	}
 	n := len(st.reqs)
-	qd, err := q.HostData("q")
-	if err != nil {
-		return fmt.Errorf("layer %d: %w", layer, err)
-	}
-	kd, err := k.HostData("k")
-	if err != nil {
-		return fmt.Errorf("layer %d: %w", layer, err)
-	}
-	vd, err := v.HostData("v")
+	qd, kd, vd, err := decode.HostInputs(q, k, v)
 	if err != nil {
 		return fmt.Errorf("layer %d: %w", layer, err)
 	}

@@ -173,15 +173,7 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 	case layer != st.next:
 		return fmt.Errorf("client: layer %d: %w: a Steps stream runs its layers in order; the next is %d", layer, decode.ErrBadInput, st.next)
 	}
-	qd, err := q.HostData("q")
-	if err != nil {
-		return fmt.Errorf("client: layer %d: %w", layer, err)
-	}
-	kd, err := k.HostData("k")
-	if err != nil {
-		return fmt.Errorf("client: layer %d: %w", layer, err)
-	}
-	vd, err := v.HostData("v")
+	qd, kd, vd, err := decode.HostInputs(q, k, v)
 	if err != nil {
 		return fmt.Errorf("client: layer %d: %w", layer, err)
 	}

@@ -165,15 +165,7 @@ func (st *coordStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 	// row order. Every input is checked first, so that a bad one fails
 	// before any grid took a token.
 	qr, kr := st.geo.QRow(), st.geo.KVRow()
-	qd, err := q.HostData("q")
-	if err != nil {
-		return fmt.Errorf("layer %d: %w", layer, err)
-	}
-	kd, err := k.HostData("k")
-	if err != nil {
-		return fmt.Errorf("layer %d: %w", layer, err)
-	}
-	vd, err := v.HostData("v")
+	qd, kd, vd, err := decode.HostInputs(q, k, v)
 	if err != nil {
 		return fmt.Errorf("layer %d: %w", layer, err)
 	}

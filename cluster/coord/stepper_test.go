@@ -42,40 +42,54 @@ func TestCoordinatorStepperConformance(t *testing.T) {
 func coordSubject(t *testing.T, nd *node.Node, ec engine.Config, dc decodetest.Config, grids int) decodetest.Subject {
 	co := nd.Coordinator()
 	var mu sync.Mutex
-	ids := map[decode.SeqID]string{}
 	n := 0
-	return decodetest.Subject{Stepper: co, Config: dc,
-		Create: func(ctx context.Context) (decode.SeqID, error) {
+	return handleSubject(co, dc,
+		func(ctx context.Context) (string, error) {
 			c := ec
 			mu.Lock()
 			c.CapacityPages += n % grids
 			n++
 			mu.Unlock()
 			cr, err := co.Create(ctx, plan.Striped, &c)
+			return cr.ID, err
+		},
+		func(id string) (decode.SeqID, error) { return co.Handle(id) },
+		co.Append,
+		func(_ context.Context, id string) (int, error) { return co.Len(id) })
+}
+
+// handleSubject is a Subject over a runner whose sequences have string
+// ids and Stepper handles: create makes a sequence, handle names it for
+// the Stepper, appendTo and length act on it by id.
+func handleSubject(s decode.Stepper, dc decodetest.Config, create func(context.Context) (string, error),
+	handle func(string) (decode.SeqID, error), appendTo func(context.Context, string, int, []float32, []float32) error,
+	length func(context.Context, string) (int, error)) decodetest.Subject {
+	var mu sync.Mutex
+	ids := map[decode.SeqID]string{}
+	idOf := func(h decode.SeqID) string {
+		mu.Lock()
+		defer mu.Unlock()
+		return ids[h]
+	}
+	return decodetest.Subject{Stepper: s, Config: dc,
+		Create: func(ctx context.Context) (decode.SeqID, error) {
+			id, err := create(ctx)
 			if err != nil {
 				return 0, err
 			}
-			h, err := co.Handle(cr.ID)
+			h, err := handle(id)
 			if err != nil {
 				return 0, err
 			}
 			mu.Lock()
-			ids[h] = cr.ID
+			ids[h] = id
 			mu.Unlock()
 			return h, nil
 		},
 		Append: func(ctx context.Context, h decode.SeqID, layer int, k, v []float32) error {
-			mu.Lock()
-			id := ids[h]
-			mu.Unlock()
-			return co.Append(ctx, id, layer, k, v)
+			return appendTo(ctx, idOf(h), layer, k, v)
 		},
-		Len: func(_ context.Context, h decode.SeqID) (int, error) {
-			mu.Lock()
-			id := ids[h]
-			mu.Unlock()
-			return co.Len(id)
-		},
+		Len: func(ctx context.Context, h decode.SeqID) (int, error) { return length(ctx, idOf(h)) },
 	}
 }
 
@@ -95,33 +109,13 @@ func TestClientStepperConformance(t *testing.T) {
 				nodes := nodetest.Start(t, "c", 2, ec, nil)
 				cl := dial(t, nodes[0])
 				via := dial(t, nodes[at])
-				var mu sync.Mutex
-				ids := map[decode.SeqID]string{}
-				return decodetest.Subject{Stepper: via, Config: dc,
-					Create: func(ctx context.Context) (decode.SeqID, error) {
+				return handleSubject(via, dc,
+					func(ctx context.Context) (string, error) {
 						id, _, err := cl.CreateWith(ctx, plan.Striped, ec.WorkerConfig())
-						if err != nil {
-							return 0, err
-						}
-						h := via.Handle(id)
-						mu.Lock()
-						ids[h] = id
-						mu.Unlock()
-						return h, nil
+						return id, err
 					},
-					Append: func(ctx context.Context, h decode.SeqID, layer int, k, v []float32) error {
-						mu.Lock()
-						id := ids[h]
-						mu.Unlock()
-						return cl.Append(ctx, id, layer, k, v)
-					},
-					Len: func(ctx context.Context, h decode.SeqID) (int, error) {
-						mu.Lock()
-						id := ids[h]
-						mu.Unlock()
-						return cl.Len(ctx, id)
-					},
-				}
+					func(id string) (decode.SeqID, error) { return via.Handle(id), nil },
+					cl.Append, cl.Len)
 			})
 		})
 	}

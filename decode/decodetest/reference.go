@@ -152,15 +152,7 @@ func (st *refStep) Layer(_ context.Context, layer int, q, k, v decode.Tensor, re
 	case layer < st.next || layer >= c.Layers:
 		return fmt.Errorf("%w: layer %d", decode.ErrBadInput, layer)
 	}
-	qd, err := q.HostData("q")
-	if err != nil {
-		return err
-	}
-	kd, err := k.HostData("k")
-	if err != nil {
-		return err
-	}
-	vd, err := v.HostData("v")
+	qd, kd, vd, err := decode.HostInputs(q, k, v)
 	if err != nil {
 		return err
 	}
