@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
@@ -19,27 +18,15 @@ func (e *Engine) opContext(ctx context.Context) (context.Context, context.Cancel
 }
 
 // lockOp waits for the engine (an open step holds it until its End)
-// until ctx is done, or at most StepTimeout. A wait that ends by a
-// deadline (ctx's or StepTimeout) means that the engine stayed busy:
-// the error wraps decode.ErrStepOpen and the deadline; a cancelled ctx
-// is only that.
+// until ctx is done, and then returns ctx's error; a context that does
+// not end waits as for a mutex. An open step gives the engine back
+// within its callers' deadlines: a Steps stream whose client stalls is
+// ended by the server.
 func (e *Engine) lockOp(ctx context.Context, what string) error {
-	wctx, cancel := context.WithTimeout(ctx, e.cfg.StepTimeout)
-	defer cancel()
-	return e.lockUntil(ctx, wctx, what)
-}
-
-// lockUntil waits for the engine until wctx (derived from ctx) is done;
-// see lockOp.
-func (e *Engine) lockUntil(ctx, wctx context.Context, what string) error {
-	err := e.mu.lockCtx(wctx)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%s: %w (the engine stayed busy): %w", what, decode.ErrStepOpen, err)
+	if err := e.mu.lockCtx(ctx); err != nil {
+		return fmt.Errorf("%s: waiting for the engine: %w", what, err)
 	}
-	return fmt.Errorf("%s: waiting for the engine: %w", what, context.Cause(ctx))
+	return nil
 }
 
 // Create starts an empty sequence with the given placement.
@@ -47,7 +34,8 @@ func (e *Engine) Create(p plan.Placement) (SeqID, error) {
 	return e.CreateContext(context.Background(), p)
 }
 
-// CreateContext is Create bounded by ctx (and StepTimeout).
+// CreateContext is Create bounded by ctx (the wait for an open step to
+// end, and the workers' calls; those also by StepTimeout).
 func (e *Engine) CreateContext(ctx context.Context, p plan.Placement) (SeqID, error) {
 	if err := e.lockOp(ctx, "create"); err != nil {
 		return 0, err
@@ -416,12 +404,10 @@ func (e *Engine) Release(id SeqID) error {
 }
 
 // ReleaseContext is Release bounded by ctx (the workers' calls also by
-// StepTimeout); the sequence is forgotten whatever the workers answer.
-// Unlike the other operations it waits for an open step for as long as
-// ctx lets it, not at most StepTimeout: a caller that must release
-// passes a context that does not end.
+// StepTimeout); the sequence is forgotten whatever the workers answer. A
+// caller that must release passes a context that does not end.
 func (e *Engine) ReleaseContext(ctx context.Context, id SeqID) error {
-	if err := e.lockUntil(ctx, ctx, "release"); err != nil {
+	if err := e.lockOp(ctx, "release"); err != nil {
 		return err
 	}
 	defer e.mu.Unlock()

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -50,8 +51,17 @@ var _ decode.Stepper = (*Engine)(nil)
 // StepTimeout, and then fails with decode.ErrStepOpen. Diagnostics are
 // refused (engine.Step measures them one layer at a time).
 func (e *Engine) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
-	if err := e.lockOp(ctx, "begin step"); err != nil {
-		return nil, err
+	// At most StepTimeout: a step that waited that long for another
+	// reports the Stepper busy (ErrStepOpen), which a caller may retry.
+	wctx, cancel := context.WithTimeout(ctx, e.cfg.StepTimeout)
+	err := e.mu.lockCtx(wctx)
+	cancel()
+	switch {
+	case err == nil:
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil, fmt.Errorf("begin step: %w (the engine stayed busy): %w", decode.ErrStepOpen, err)
+	default:
+		return nil, fmt.Errorf("begin step: waiting for the engine: %w", context.Cause(ctx))
 	}
 	st, err := e.open(ctx, b)
 	if err != nil {

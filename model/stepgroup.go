@@ -158,6 +158,10 @@ func (g *stepGroup) layer(ctx context.Context, li int, q, k, v, o []float32, qd,
 	g.res.O = decode.Host(gout)
 	if err := g.step.Layer(ctx, li, decode.Host(gq), decode.Host(gk), decode.Host(gv), &g.res); err != nil {
 		g.err = err
+		// End it now: the open step holds its Stepper (other callers
+		// wait for it) for nothing.
+		g.step.End(ctx)
+		g.step = nil
 		return err
 	}
 	for j, i := range g.idx {

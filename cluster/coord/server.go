@@ -363,10 +363,10 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 }
 
 // runSteps runs an opened Steps stream's step: Begin on the coordinator,
-// then one layer per message, each message within the grid's
-// StepTimeout of the previous reply (a client that stalls between
-// layers holds the grid's engine: the step fails with DEADLINE_EXCEEDED
-// instead), then End, which reports the step's outcome to the metrics.
+// then one layer per message, each message within stepsIdle of the
+// previous reply (a client that stalls between layers holds the grid's
+// engine: the stream ends with DEADLINE_EXCEEDED instead), then End,
+// which reports the step's outcome to the metrics.
 func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply],
 	req *decodev1.StepsRequest, ec engine.Config, b decode.Batch, ids []string) (err error) {
 	first, last := b.FirstLayer, int(req.GetLastLayer())
@@ -399,7 +399,10 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 	var q, k, v []float32
 	for l := first; l < last; l++ {
 		if msg == nil {
-			if msg, err = recv.next(ctx, ec.StepTimeout); err != nil {
+			if msg, err = recv.next(ctx, stepsIdle(ec.StepTimeout)); err != nil {
+				if errors.Is(err, errStepsIdle) {
+					return status.Error(codes.DeadlineExceeded, "steps: receive layer "+strconv.Itoa(l)+": "+err.Error())
+				}
 				return statusCtx(ctx, fmt.Errorf("steps: receive layer %d: %w", l, err))
 			}
 		}
@@ -441,6 +444,18 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 		}
 	}
 	return nil
+}
+
+// errStepsIdle: a Steps client sent no message for a layer within
+// stepsIdle; the stream ends with DEADLINE_EXCEEDED.
+var errStepsIdle = errors.New("steps: the client sent no layer in time")
+
+// stepsIdle is how long a Steps stream's step waits for its client's
+// next layer, while it holds the grid: the client computes the layer's
+// inputs meanwhile (a whole batch's MLP and projections for a model), so
+// it is ten step timeouts, at least 30 s.
+func stepsIdle(stepTimeout time.Duration) time.Duration {
+	return max(10*stepTimeout, 30*time.Second)
 }
 
 // stepsReceiver receives a Steps stream's messages on a goroutine of
@@ -487,7 +502,7 @@ func (r *stepsReceiver) next(ctx context.Context, d time.Duration) (*decodev1.St
 		}
 		return x.m, nil
 	case <-t.C:
-		return nil, fmt.Errorf("%w: no message within %v while the step holds the grid", context.DeadlineExceeded, d)
+		return nil, fmt.Errorf("%w: no message within %v while the step holds the grid", errStepsIdle, d)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -672,6 +687,10 @@ func Status(err error) error {
 	}
 	code := codes.Internal
 	switch {
+	case errors.Is(err, decode.ErrStepFailed) && errors.Is(err, engine.ErrBadInput):
+		// Refused after part of the step ran (one grid refused what
+		// another took): not a refusal that changed nothing.
+		code = codes.FailedPrecondition
 	case errors.Is(err, engine.ErrBadInput), errors.Is(err, worker.ErrBadMessage), errors.Is(err, ErrBadSequenceID), errors.Is(err, decode.ErrDeviceTensor):
 		code = codes.InvalidArgument
 	case errors.Is(err, engine.ErrUnknownSequence), errors.Is(err, ErrUnknownSequence), errors.Is(err, worker.ErrUnknownSequence):
