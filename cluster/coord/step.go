@@ -1,0 +1,223 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/shard"
+)
+
+// StepItem is one sequence's part of a step.
+type StepItem struct {
+	Seq string
+	engine.Request
+}
+
+// Step runs one decode step of one layer for a batch of sequences: the
+// items of each grid as one engine step, the grids concurrently; res
+// gets the outputs in item order (Plans, O, LSE, DenseLSE and Diag as
+// engine.Result), Time of the first grid.
+func (c *Coordinator) Step(ctx context.Context, layer int, items []StepItem, opt engine.StepOptions, res *engine.Result) (err error) {
+	st := StepStats{Kind: "step", Items: len(items)}
+	defer func() { c.observe(ctx, st, err) }()
+	return c.step(ctx, layer, items, opt, res, &st)
+}
+
+// step is Step; it fills st once the step ran.
+func (c *Coordinator) step(ctx context.Context, layer int, items []StepItem, opt engine.StepOptions, res *engine.Result, st *StepStats) error {
+	if len(items) == 0 {
+		return fmt.Errorf("step: %w: no items", engine.ErrBadInput)
+	}
+	type part struct {
+		g     *grid
+		idx   []int
+		reqs  []engine.Request
+		res   engine.Result
+		err   error
+		peers []PeerError
+		start time.Time
+	}
+	var parts []*part
+	by := map[*grid]*part{}
+	seen := map[string]bool{}
+	for i, it := range items {
+		if seen[it.Seq] {
+			return fmt.Errorf("step: items[%d]: %w: sequence %q appears twice", i, engine.ErrBadInput, it.Seq)
+		}
+		seen[it.Seq] = true
+		s, err := c.lookup(it.Seq)
+		if err != nil {
+			return fmt.Errorf("step: items[%d]: %w", i, err)
+		}
+		if len(parts) > 0 && (s.g.ec.QHeads != parts[0].g.ec.QHeads || s.g.ec.HeadDim != parts[0].g.ec.HeadDim) {
+			return fmt.Errorf("step: items[%d]: %w: sequence %q has another geometry than items[0]'s", i, engine.ErrBadInput, it.Seq)
+		}
+		p := by[s.g]
+		if p == nil {
+			p = &part{g: s.g}
+			by[s.g] = p
+			parts = append(parts, p)
+		}
+		r := it.Request
+		r.Seq = s.id
+		p.idx = append(p.idx, i)
+		p.reqs = append(p.reqs, r)
+	}
+	start := time.Now()
+	defer func() {
+		if st.Layers == 0 {
+			st.Time.Total = time.Since(start) // failed: how long until it did
+		}
+	}()
+	var wg sync.WaitGroup
+	for _, p := range parts {
+		wg.Go(func() {
+			p.peers, p.err = c.onGrid(ctx, p.g, func(ctx context.Context) error { return p.g.eng.Step(ctx, layer, p.reqs, opt, &p.res) })
+		})
+	}
+	wg.Wait()
+	var failed error
+	for _, p := range parts {
+		if p.err != nil && failed == nil {
+			failed = p.err
+		}
+		for _, pe := range p.peers {
+			st.PeerErrors = appendPeer(st.PeerErrors, pe)
+		}
+	}
+	if failed != nil {
+		return failed
+	}
+	cfg := parts[0].g.ec
+	qd, qh := cfg.QHeads*cfg.HeadDim, cfg.QHeads
+	n := len(items)
+	res.O = resize(res.O, n*qd)
+	res.LSE = resize(res.LSE, n*qh)
+	res.Plans = append(res.Plans[:0], make([]plan.Plan, n)...)
+	res.Diag = res.Diag[:0]
+	res.DenseLSE = res.DenseLSE[:0]
+	if opt.Diagnostics {
+		res.Diag = append(res.Diag, make([]shard.Diagnostics, n)...)
+		res.DenseLSE = resize(res.DenseLSE, n*qh)
+	}
+	for pi, p := range parts {
+		for j, i := range p.idx {
+			copy(res.O[i*qd:(i+1)*qd], p.res.O[j*qd:])
+			copy(res.LSE[i*qh:(i+1)*qh], p.res.LSE[j*qh:])
+			res.Plans[i] = p.res.Plans[j]
+			if opt.Diagnostics {
+				res.Diag[i] = p.res.Diag[j]
+				copy(res.DenseLSE[i*qh:(i+1)*qh], p.res.DenseLSE[j*qh:])
+			}
+		}
+		if pi == 0 {
+			res.Time = p.res.Time
+		}
+		st.addPlans(p.res.Plans, p.g.ec.KVHeads)
+	}
+	st.Time, st.Layers = res.Time, 1
+	return nil
+}
+
+// Decode runs one decode step over layers [first, last) for items of
+// one grid (engine.Decode: the plan goes to the workers once); next fills
+// each later layer's requests from the previous layer's result, in item
+// order.
+func (c *Coordinator) Decode(ctx context.Context, first, last int, items []StepItem, opt engine.StepOptions, res *engine.Result, next engine.NextLayer) (err error) {
+	st := StepStats{Kind: "steps", Items: len(items)}
+	defer func() { c.observe(ctx, st, err) }()
+	return c.decode(ctx, first, last, items, opt, res, next, &st)
+}
+
+// decode is Decode; it fills st with the layers that came back.
+func (c *Coordinator) decode(ctx context.Context, first, last int, items []StepItem, opt engine.StepOptions, res *engine.Result, next engine.NextLayer, st *StepStats) error {
+	if len(items) == 0 {
+		return fmt.Errorf("decode: %w: no items", engine.ErrBadInput)
+	}
+	var g *grid
+	reqs := make([]engine.Request, len(items))
+	seen := map[string]bool{}
+	for i, it := range items {
+		if seen[it.Seq] {
+			return fmt.Errorf("decode: items[%d]: %w: sequence %q appears twice", i, engine.ErrBadInput, it.Seq)
+		}
+		seen[it.Seq] = true
+		s, err := c.lookup(it.Seq)
+		if err != nil {
+			return fmt.Errorf("decode: items[%d]: %w", i, err)
+		}
+		if g == nil {
+			g = s.g
+		} else if s.g != g {
+			return fmt.Errorf("decode: items[%d]: %w: sequence %q is on another grid than items[0] (one Decode runs on one grid; use Step)", i, engine.ErrBadInput, it.Seq)
+		}
+		reqs[i] = it.Request
+		reqs[i].Seq = s.id
+	}
+	ids := make([]engine.SeqID, len(reqs))
+	for i := range reqs {
+		ids[i] = reqs[i].Seq
+	}
+	kv := g.ec.KVHeads
+	start := time.Now()
+	layerDone := func(r *engine.Result) {
+		st.Layers++
+		st.addPlans(r.Plans, kv)
+		st.Time.Score += r.Time.Score
+		st.Time.TopK += r.Time.TopK
+		st.Time.Select += r.Time.Select
+		st.Time.Attend += r.Time.Attend
+		st.Time.Merge += r.Time.Merge
+		st.Time.Fused += r.Time.Fused
+	}
+	peers, err := c.onGrid(ctx, g, func(ctx context.Context) error {
+		return g.eng.Decode(ctx, first, last, reqs, opt, res, func(layer int, rq []engine.Request, r *engine.Result) error {
+			layerDone(r)
+			err := next(layer, rq, r)
+			for i := range rq {
+				rq[i].Seq = ids[i] // the caller writes tensors only
+			}
+			return err
+		})
+	})
+	st.Time.Total = time.Since(start)
+	st.PeerErrors = peers
+	if err == nil {
+		layerDone(res)
+		st.Time.Total = res.Time.Total
+	}
+	return err
+}
+
+// onGrid runs f on grid g with a context that ends with ctx or when g is
+// lost (the steps in flight end at once), and returns f's error naming
+// the loss of the grid when there was one, and the nodes to blame for it
+// (see [blame]).
+func (c *Coordinator) onGrid(ctx context.Context, g *grid, f func(ctx context.Context) error) ([]PeerError, error) {
+	gctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(g.ctx, func() { cancel(context.Cause(g.ctx)) })
+	log := &peerLog{}
+	err := f(context.WithValue(gctx, peerLogKey{}, log))
+	stop()
+	cause := context.Cause(gctx) // before cancel(nil): nil unless ctx or g ended it
+	cancel(nil)
+	if err == nil {
+		return nil, nil
+	}
+	log.mu.Lock()
+	peers := blame(cause, log.fails)
+	log.mu.Unlock()
+	return peers, c.check(g, err)
+}
+
+func resize(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
