@@ -225,12 +225,6 @@ const abortGrace = 100 * time.Millisecond
 // forget the tags of the layers in ran (the layers the step sent Layer
 // calls for, to any worker) besides those they ran themselves.
 func (e *Engine) end(step uint64, failed bool, ran []int, n int) {
-	e.endOn(step, failed, ran, func(w int) bool { return w < n })
-}
-
-// endOn closes step on the workers w for which began(w) holds, all at
-// once (see end).
-func (e *Engine) endOn(step uint64, failed bool, ran []int, began func(w int) bool) {
 	// Not the step's context, which may be done: a detached one bounded
 	// by endTimeout.
 	ctx, cancel := detached()
@@ -240,16 +234,13 @@ func (e *Engine) endOn(step uint64, failed bool, ran []int, began func(w int) bo
 		m.Layers = ran
 	}
 	// An EndStep cannot fail for a step the worker began; a worker that
-	// lost it has nothing to forget.
+	// lost it has nothing to forget. Several workers: all at once.
+	if n == 1 {
+		_ = e.workers[0].EndStep(ctx, m)
+		return
+	}
 	var wg sync.WaitGroup
-	for w, wk := range e.workers {
-		if !began(w) {
-			continue
-		}
-		if len(e.workers) == 1 {
-			_ = wk.EndStep(ctx, m)
-			continue
-		}
+	for _, wk := range e.workers[:n] {
 		wg.Go(func() { _ = wk.EndStep(ctx, m) })
 	}
 	wg.Wait()

@@ -352,23 +352,26 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 		}
 		b.Rows = append(b.Rows, row)
 	}
+	var its []StepItem
 	if !req.GetBegin() {
 		// The first message brings the first layer's tensors too: a
 		// malformed one is refused before the step opens.
-		if _, err := s.decodeItems(fmt.Sprintf("steps layer %d", first), ec, req.GetItems()); err != nil {
+		if its, err = s.decodeItems(fmt.Sprintf("steps layer %d", first), ec, req.GetItems()); err != nil {
 			return err
 		}
 	}
-	return s.runSteps(ctx, stream, req, ec, b, ids)
+	return s.runSteps(ctx, stream, req, its, ec, b, ids)
 }
 
 // runSteps runs an opened Steps stream's step: Begin on the coordinator,
 // then one layer per message, each message within stepsIdle of the
 // previous reply (a client that stalls between layers holds the grid's
 // engine: the stream ends with DEADLINE_EXCEEDED instead), then End,
-// which reports the step's outcome to the metrics.
+// which reports the step's outcome to the metrics. firstIts are the
+// decoded items of a first message that runs the first layer (nil after
+// a begin message).
 func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply],
-	req *decodev1.StepsRequest, ec engine.Config, b decode.Batch, ids []string) (err error) {
+	req *decodev1.StepsRequest, firstIts []StepItem, ec engine.Config, b decode.Batch, ids []string) (err error) {
 	first, last := b.FirstLayer, int(req.GetLastLayer())
 	start := time.Now()
 	st, err := s.c.Begin(ctx, b)
@@ -387,33 +390,33 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 	}()
 	recv := newStepsReceiver(stream)
 	defer recv.stop()
-	msg := req
+	var msg *decodev1.StepsRequest
 	if req.GetBegin() {
 		if err := stream.Send(&decodev1.StepsReply{Begun: true}); err != nil {
 			return err
 		}
-		msg = nil
 	}
 	n := len(ids)
+	its := firstIts
 	var res decode.Result
 	var q, k, v []float32
 	for l := first; l < last; l++ {
-		if msg == nil {
+		if its == nil {
 			if msg, err = recv.next(ctx, stepsIdle(ec.StepTimeout)); err != nil {
 				if errors.Is(err, errStepsIdle) {
 					return status.Error(codes.DeadlineExceeded, "steps: receive layer "+strconv.Itoa(l)+": "+err.Error())
 				}
 				return statusCtx(ctx, fmt.Errorf("steps: receive layer %d: %w", l, err))
 			}
+			what := fmt.Sprintf("steps layer %d", l)
+			if len(msg.GetItems()) != n {
+				return status.Errorf(codes.InvalidArgument, "%s: %d items, the step has %d", what, len(msg.GetItems()), n)
+			}
+			if its, err = s.decodeItems(what, ec, msg.GetItems()); err != nil {
+				return err
+			}
 		}
 		what := fmt.Sprintf("steps layer %d", l)
-		if len(msg.GetItems()) != n {
-			return status.Errorf(codes.InvalidArgument, "%s: %d items, the step has %d", what, len(msg.GetItems()), n)
-		}
-		its, err := s.decodeItems(what, ec, msg.GetItems())
-		if err != nil {
-			return err
-		}
 		q, k, v = q[:0], k[:0], v[:0]
 		for i, it := range its {
 			switch {
@@ -424,7 +427,7 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 			}
 			q, k, v = append(q, it.Q...), append(k, it.K...), append(v, it.V...)
 		}
-		msg = nil
+		its = nil
 		res.O = decode.Tensor{}
 		if err := st.Layer(ctx, l, decode.Host(q), decode.Host(k), decode.Host(v), &res); err != nil {
 			return statusCtx(ctx, fmt.Errorf("steps: %w", err))

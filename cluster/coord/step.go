@@ -220,4 +220,3 @@ func resize(s []float32, n int) []float32 {
 	}
 	return s[:n]
 }
-

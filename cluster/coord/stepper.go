@@ -62,6 +62,7 @@ func (c *Coordinator) Begin(ctx context.Context, b decode.Batch) (decode.Step, e
 	st := &coordStep{c: c, n: len(b.Rows), start: time.Now(), stats: StepStats{Kind: "steps", Items: len(b.Rows)}}
 	by := map[*grid]*gridStep{}
 	seen := map[decode.SeqID]bool{}
+	nNew := 0
 	for i, r := range b.Rows {
 		if seen[r.Seq] {
 			return nil, fmt.Errorf("begin step: rows[%d]: %w: sequence handle %d appears twice", i, engine.ErrBadInput, r.Seq)
@@ -84,9 +85,13 @@ func (c *Coordinator) Begin(ctx context.Context, b decode.Batch) (decode.Step, e
 		row.Seq = s.id
 		p.idx = append(p.idx, i)
 		p.b.Rows = append(p.b.Rows, row)
+		at := -1
 		if r.New {
+			at = nNew
+			nNew++
 			p.nNew++
 		}
+		p.kvAt = append(p.kvAt, at)
 	}
 	st.geo = st.parts[0].g.ec.Geometry
 	st.whole = len(st.parts) == 1
@@ -117,6 +122,7 @@ type gridStep struct {
 	g    *grid
 	b    decode.Batch // the grid's rows, with engine ids
 	idx  []int        // their indices in the step's rows
+	kvAt []int        // per row: its new token's index among the step's (-1: none)
 	nNew int
 	step decode.Step // the grid engine's open step
 	// Layer scratch (unused when the step has one grid).
@@ -188,26 +194,12 @@ func (st *coordStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 	if err != nil {
 		return fmt.Errorf("layer %d: %w", layer, err)
 	}
-	newBefore := make([]int, st.n+1) // new rows before row i
-	for i := range st.n {
-		newBefore[i+1] = newBefore[i]
-	}
-	for _, p := range st.parts {
-		for j, i := range p.idx {
-			if p.b.Rows[j].New {
-				for x := i + 1; x <= st.n; x++ {
-					newBefore[x]++
-				}
-			}
-		}
-	}
 	var wg sync.WaitGroup
 	for _, p := range st.parts {
 		p.q, p.k, p.v = p.q[:0], p.k[:0], p.v[:0]
 		for j, i := range p.idx {
 			p.q = append(p.q, qd[i*qr:(i+1)*qr]...)
-			if p.b.Rows[j].New {
-				x := newBefore[i]
+			if x := p.kvAt[j]; x >= 0 {
 				p.k = append(p.k, kd[x*kr:(x+1)*kr]...)
 				p.v = append(p.v, vd[x*kr:(x+1)*kr]...)
 			}

@@ -25,16 +25,23 @@ func TestCoordinatorStepperConformance(t *testing.T) {
 	for _, grids := range []int{1, 2} {
 		t.Run(fmt.Sprintf("grids%d", grids), func(t *testing.T) {
 			decodetest.Run(t, func(t *testing.T) decodetest.Subject {
-				dc := decodetest.SuggestedConfig()
-				ec := engine.DefaultConfig()
-				ec.Layers, ec.Geometry, ec.Policy = dc.Layers, dc.Geometry, dc.Policy
-				ec.CP, ec.CapacityPages, ec.Selection = 2, 64, plan.Exact
-				ec.StepTimeout, ec.MemoryLimit = 2*time.Second, memlimit.NoLimit
+				dc, ec := seamConfig()
 				nodes := nodetest.Start(t, "s", 2, ec, nil)
 				return coordSubject(t, nodes[0], ec, dc, grids)
 			})
 		})
 	}
+}
+
+// seamConfig is the suite's suggested geometry and policy on CP 2 grids
+// of a loopback cluster.
+func seamConfig() (decodetest.Config, engine.Config) {
+	dc := decodetest.SuggestedConfig()
+	ec := engine.DefaultConfig()
+	ec.Layers, ec.Geometry, ec.Policy = dc.Layers, dc.Geometry, dc.Policy
+	ec.CP, ec.CapacityPages, ec.Selection = 2, 64, plan.Exact
+	ec.StepTimeout, ec.MemoryLimit = 2*time.Second, memlimit.NoLimit
+	return dc, ec
 }
 
 // coordSubject drives nd's coordinator; its sequences go round-robin
@@ -101,11 +108,7 @@ func TestClientStepperConformance(t *testing.T) {
 	for _, at := range []int{0, 1} {
 		t.Run(fmt.Sprintf("node%d", at), func(t *testing.T) {
 			decodetest.Run(t, func(t *testing.T) decodetest.Subject {
-				dc := decodetest.SuggestedConfig()
-				ec := engine.DefaultConfig()
-				ec.Layers, ec.Geometry, ec.Policy = dc.Layers, dc.Geometry, dc.Policy
-				ec.CP, ec.CapacityPages, ec.Selection = 2, 64, plan.Exact
-				ec.StepTimeout, ec.MemoryLimit = 2*time.Second, memlimit.NoLimit
+				dc, ec := seamConfig()
 				nodes := nodetest.Start(t, "c", 2, ec, nil)
 				cl := dial(t, nodes[0])
 				via := dial(t, nodes[at])
@@ -128,11 +131,7 @@ func TestClientStepperConformance(t *testing.T) {
 // reporting bad input with nothing changed, and later layers are
 // refused; a refusal by every grid leaves the step usable.
 func TestCoordinatorStepPartialRefusal(t *testing.T) {
-	dc := decodetest.SuggestedConfig()
-	ec := engine.DefaultConfig()
-	ec.Layers, ec.Geometry, ec.Policy = dc.Layers, dc.Geometry, dc.Policy
-	ec.CP, ec.CapacityPages, ec.Selection = 2, 64, plan.Exact
-	ec.StepTimeout, ec.MemoryLimit = 2*time.Second, memlimit.NoLimit
+	dc, ec := seamConfig()
 	nodes := nodetest.Start(t, "p", 2, ec, nil)
 	s := coordSubject(t, nodes[0], ec, dc, 2)
 	ctx := t.Context()
