@@ -85,7 +85,7 @@ type StepInfo struct {
 
 // Sequence is one sequence of an engine as EngineAttention drives it: the
 // in-process engine's (NewEngineAttention), or a cluster's through its
-// client (cluster/client.Sequence). Step runs one layer for this sequence
+// client (model/clusterseq.Sequence). Step runs one layer for this sequence
 // alone; r.Seq is ignored.
 type Sequence interface {
 	Append(ctx context.Context, layer int, k, v []float32) error

@@ -7,6 +7,7 @@ import (
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/worker"
+	"github.com/questrt/questrt/worker/remote"
 )
 
 // RunCluster runs the case through a questd cluster: one sequence created
@@ -28,7 +29,7 @@ func RunCluster(ctx context.Context, c *Case, opt Options, cl *client.Client) (*
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
-	seq, _, err := cl.CreateWith(ctx, opt.Placement, cfg)
+	seq, _, err := cl.CreateWith(ctx, opt.Placement, remote.GridConfigProto(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("replay: create: %w", err)
 	}

@@ -23,11 +23,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	"github.com/questrt/questrt/api/wire"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/plan"
-	"github.com/questrt/questrt/worker"
-	"github.com/questrt/questrt/worker/remote"
 )
 
 // Options configure Dial.
@@ -99,11 +98,50 @@ type Client struct {
 	handles handles
 }
 
-// Geometry is the cluster's model geometry as Status reports it.
+// Geometry is the cluster's model geometry as Status reports it (the
+// shape of a GridConfig message).
 type Geometry struct {
 	Layers, QHeads, KVHeads, HeadDim, PageSize, CP, TP int
 	Policy                                             plan.Policy
 	Selection                                          plan.SelectMode
+}
+
+// geometryOf is the geometry of a GridConfig message (a node's Status,
+// or a config for CreateWith), not validated.
+func geometryOf(c *workerv1.GridConfig) (Geometry, error) {
+	if c == nil {
+		return Geometry{}, errors.New("missing config")
+	}
+	pol, err := wire.Policy(c.GetPolicy())
+	if err != nil {
+		return Geometry{}, err
+	}
+	mode, err := plan.ParseSelectMode(c.GetMode())
+	if err != nil {
+		return Geometry{}, fmt.Errorf("mode: %w", err)
+	}
+	return Geometry{Layers: int(c.GetLayers()), QHeads: int(c.GetQHeads()), KVHeads: int(c.GetKvHeads()), HeadDim: int(c.GetHeadDim()),
+		PageSize: int(c.GetPageSize()), CP: int(c.GetCp()), TP: int(c.GetTp()), Policy: pol, Selection: mode}, nil
+}
+
+// check reports whether g is a usable grid's geometry: positive sizes,
+// query heads a multiple of the KV heads, which split over TP, and a
+// valid policy at g's page size.
+func (g Geometry) check() error {
+	pg := plan.Geometry{QHeads: g.QHeads, KVHeads: g.KVHeads, HeadDim: g.HeadDim, PageSize: g.PageSize}
+	switch {
+	case g.Layers < 1:
+		return fmt.Errorf("%d layers", g.Layers)
+	case g.CP < 1 || g.TP < 1:
+		return fmt.Errorf("cp %d and tp %d must be positive", g.CP, g.TP)
+	}
+	if err := pg.Validate(); err != nil {
+		return err
+	}
+	if g.KVHeads%g.TP != 0 {
+		return fmt.Errorf("%d KV heads do not split over tp %d", g.KVHeads, g.TP)
+	}
+	return g.Policy.WithGeometry(pg).Validate()
 }
 
 // Dial connects to the node at addr and reads its geometry (Status),
@@ -136,13 +174,15 @@ func Dial(ctx context.Context, addr string, opt Options) (*Client, error) {
 		cc.Close()
 		return nil, fmt.Errorf("client: status of %s: %w", addr, err)
 	}
-	wc, err := remote.GridConfigFromProto(st.GetConfig())
+	g, err := geometryOf(st.GetConfig())
+	if err == nil {
+		err = g.check()
+	}
 	if err != nil {
 		cc.Close()
 		return nil, fmt.Errorf("client: %s: config: %w", addr, err)
 	}
-	c.geo = Geometry{Layers: wc.Layers, QHeads: wc.QHeads, KVHeads: wc.KVHeads, HeadDim: wc.HeadDim,
-		PageSize: wc.PageSize, CP: wc.CP, TP: wc.TP, Policy: wc.Policy, Selection: wc.Mode}
+	c.geo = g
 	return c, nil
 }
 
@@ -161,20 +201,23 @@ func (c *Client) geoOf(seq string) Geometry {
 }
 
 // CreateWith starts an empty sequence with its own config (geometry,
-// layers, CP x TP grid, pages per rank, budget policy, selection mode);
-// the client then shapes that sequence's tensors by it.
-func (c *Client) CreateWith(ctx context.Context, p plan.Placement, cfg worker.Config) (string, []string, error) {
-	pc := remote.GridConfigProto(cfg)
-	if pc == nil {
-		return "", nil, fmt.Errorf("client: create: config %+v does not encode", cfg)
+// layers, CP x TP grid, pages per rank, budget policy, selection mode:
+// a worker.Config as worker/remote.GridConfigProto encodes it, which the
+// node validates); the client then shapes that sequence's tensors by it.
+func (c *Client) CreateWith(ctx context.Context, p plan.Placement, cfg *workerv1.GridConfig) (string, []string, error) {
+	if cfg == nil {
+		return "", nil, errors.New("client: create: no config (a worker.Config that does not encode?)")
 	}
-	r, err := c.api.Create(ctx, &decodev1.CreateRequest{Placement: p.String(), Config: pc})
+	g, err := geometryOf(cfg)
+	if err != nil {
+		return "", nil, fmt.Errorf("client: create: config: %w", err)
+	}
+	r, err := c.api.Create(ctx, &decodev1.CreateRequest{Placement: p.String(), Config: cfg})
 	if err != nil {
 		return "", nil, err
 	}
 	c.mu.Lock()
-	c.seqs[r.GetSequence()] = Geometry{Layers: cfg.Layers, QHeads: cfg.QHeads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim,
-		PageSize: cfg.PageSize, CP: cfg.CP, TP: cfg.TP, Policy: cfg.Policy, Selection: cfg.Mode}
+	c.seqs[r.GetSequence()] = g
 	c.mu.Unlock()
 	return r.GetSequence(), r.GetNodes(), nil
 }
@@ -215,8 +258,8 @@ func (c *Client) Append(ctx context.Context, seq string, layer int, k, v []float
 	for lo := 0; lo < n; lo += per {
 		hi := min(n, lo+per)
 		_, err := c.api.Append(ctx, &decodev1.AppendRequest{Sequence: seq, Layer: uint32(layer),
-			K: remote.Float32Tensor(k[lo*row:hi*row], hi-lo, g.KVHeads, g.HeadDim),
-			V: remote.Float32Tensor(v[lo*row:hi*row], hi-lo, g.KVHeads, g.HeadDim)})
+			K: wire.Float32Tensor(k[lo*row:hi*row], hi-lo, g.KVHeads, g.HeadDim),
+			V: wire.Float32Tensor(v[lo*row:hi*row], hi-lo, g.KVHeads, g.HeadDim)})
 		if err != nil {
 			if lo > 0 {
 				return fmt.Errorf("client: append tokens %d..%d of %d (the first %d are in): %w", lo, hi, n, lo, err)
@@ -235,7 +278,8 @@ type Item struct {
 	BudgetTokens int
 }
 
-// StepOptions are the step's options (see engine.StepOptions).
+// StepOptions are the step's options (those of decode.Options that the
+// Step RPC carries).
 type StepOptions struct {
 	ForceDense, Phased, Diagnostics bool
 }
@@ -353,10 +397,10 @@ func stepsErr(st grpc.BidiStreamingClient[decodev1.StepsRequest, decodev1.StepsR
 func encodeItems(g Geometry, items []Item) []*decodev1.StepItem {
 	out := make([]*decodev1.StepItem, 0, len(items))
 	for _, it := range items {
-		pi := &decodev1.StepItem{Sequence: it.Seq, Q: remote.Float32Tensor(it.Q, g.QHeads, g.HeadDim), BudgetTokens: uint32(it.BudgetTokens)}
+		pi := &decodev1.StepItem{Sequence: it.Seq, Q: wire.Float32Tensor(it.Q, g.QHeads, g.HeadDim), BudgetTokens: uint32(it.BudgetTokens)}
 		if it.K != nil || it.V != nil {
-			pi.K = remote.Float32Tensor(it.K, g.KVHeads, g.HeadDim)
-			pi.V = remote.Float32Tensor(it.V, g.KVHeads, g.HeadDim)
+			pi.K = wire.Float32Tensor(it.K, g.KVHeads, g.HeadDim)
+			pi.V = wire.Float32Tensor(it.V, g.KVHeads, g.HeadDim)
 		}
 		out = append(out, pi)
 	}
@@ -370,10 +414,10 @@ func decodeOutputs(g Geometry, n int, o, lse *workerv1.Tensor, plans []*decodev1
 		TopK: time.Duration(t.GetTopkNs()), Select: time.Duration(t.GetSelectNs()), Attend: time.Duration(t.GetAttendNs()),
 		Merge: time.Duration(t.GetMergeNs()), Fused: time.Duration(t.GetFusedNs())}}
 	var err error
-	if res.O, err = remote.Float32s(o, "o", n, g.QHeads, g.HeadDim); err != nil {
+	if res.O, err = wire.Float32s(o, "o", n, g.QHeads, g.HeadDim); err != nil {
 		return nil, err
 	}
-	if res.LSE, err = remote.Float32s(lse, "lse", n, g.QHeads); err != nil {
+	if res.LSE, err = wire.Float32s(lse, "lse", n, g.QHeads); err != nil {
 		return nil, err
 	}
 	for _, p := range plans {
@@ -387,11 +431,11 @@ func decodeOutputs(g Geometry, n int, o, lse *workerv1.Tensor, plans []*decodev1
 }
 
 func diag(d *decodev1.Diagnostics, g Geometry, pages int) (Diag, error) {
-	indptr, err := remote.Int32s(d.GetIndptr(), "indptr", g.QHeads+1)
+	indptr, err := wire.Int32s(d.GetIndptr(), "indptr", g.QHeads+1)
 	if err != nil {
 		return Diag{}, err
 	}
-	flat, err := remote.Int32s(d.GetPages(), "pages", -1)
+	flat, err := wire.Int32s(d.GetPages(), "pages", -1)
 	if err != nil {
 		return Diag{}, err
 	}
@@ -408,11 +452,11 @@ func diag(d *decodev1.Diagnostics, g Geometry, pages int) (Diag, error) {
 		}
 		out.Selected = append(out.Selected, flat[lo:hi])
 	}
-	if out.DenseLSE, err = remote.Float32s(d.GetDenseLse(), "dense_lse", g.QHeads); err != nil {
+	if out.DenseLSE, err = wire.Float32s(d.GetDenseLse(), "dense_lse", g.QHeads); err != nil {
 		return Diag{}, err
 	}
 	if d.GetScores() != nil {
-		sc, err := remote.Float32s(d.GetScores(), "scores", g.QHeads, pages)
+		sc, err := wire.Float32s(d.GetScores(), "scores", g.QHeads, pages)
 		if err != nil {
 			return Diag{}, err
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"sync"
 	"time"
 
@@ -13,9 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	"github.com/questrt/questrt/api/wire"
 	"github.com/questrt/questrt/decode"
-	"github.com/questrt/questrt/kernels"
-	"github.com/questrt/questrt/worker/remote"
 )
 
 // Client implements decode.Stepper over the Steps stream.
@@ -178,7 +178,7 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 		return fmt.Errorf("client: layer %d: %w", layer, err)
 	}
 	n, qr, kr := len(st.rows), g.QHeads*g.HeadDim, g.KVHeads*g.HeadDim
-	if len(qd) != n*qr || len(kd) != st.nNew*kr || len(vd) != len(kd) || !kernels.Finite(qd) || !kernels.Finite(kd) || !kernels.Finite(vd) {
+	if len(qd) != n*qr || len(kd) != st.nNew*kr || len(vd) != len(kd) || !finite(qd) || !finite(kd) || !finite(vd) {
 		return fmt.Errorf("client: layer %d: %w: q, k and v must be [%d][%d], [%d][%d] and [%d][%d] finite floats", layer, decode.ErrBadInput, n, qr, st.nNew, kr, st.nNew, kr)
 	}
 	if err := decode.CheckMagnitude("q", qd, g.HeadDim); err != nil {
@@ -197,10 +197,10 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 	m := &decodev1.StepsRequest{Items: make([]*decodev1.StepItem, n)}
 	j := 0
 	for i, r := range st.rows {
-		it := &decodev1.StepItem{Sequence: st.ids[i], Q: remote.Float32Tensor(qd[i*qr:(i+1)*qr], g.QHeads, g.HeadDim)}
+		it := &decodev1.StepItem{Sequence: st.ids[i], Q: wire.Float32Tensor(qd[i*qr:(i+1)*qr], g.QHeads, g.HeadDim)}
 		if r.New {
-			it.K = remote.Float32Tensor(kd[j*kr:(j+1)*kr], g.KVHeads, g.HeadDim)
-			it.V = remote.Float32Tensor(vd[j*kr:(j+1)*kr], g.KVHeads, g.HeadDim)
+			it.K = wire.Float32Tensor(kd[j*kr:(j+1)*kr], g.KVHeads, g.HeadDim)
+			it.V = wire.Float32Tensor(vd[j*kr:(j+1)*kr], g.KVHeads, g.HeadDim)
 			j++
 		}
 		m.Items[i] = it
@@ -233,6 +233,16 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 	res.Time = decode.Times{Score: r.Time.Score, TopK: r.Time.TopK, Select: r.Time.Select, Attend: r.Time.Attend,
 		Merge: r.Time.Merge, Fused: r.Time.Fused, Total: time.Since(start)}
 	return nil
+}
+
+// finite reports whether every element of x is finite.
+func finite(x []float32) bool {
+	for _, v := range x {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // End implements decode.Step: after the model's last layer it waits for

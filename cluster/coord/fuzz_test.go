@@ -10,10 +10,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	"github.com/questrt/questrt/api/wire"
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
-	"github.com/questrt/questrt/worker/remote"
 )
 
 // fuzzTarget is a single node (CP 1) and one of its sequences with
@@ -110,10 +110,10 @@ func FuzzDecodeStep(f *testing.F) {
 	kv, qd := ec.KVHeads*ec.HeadDim, ec.QHeads*ec.HeadDim
 	rng := rand.New(rand.NewPCG(1, 1))
 	valid := func(withKV bool, budget uint32) []byte {
-		it := &decodev1.StepItem{Sequence: ft.seq, Q: remote.Float32Tensor(randVec(rng, qd), ec.QHeads, ec.HeadDim), BudgetTokens: budget}
+		it := &decodev1.StepItem{Sequence: ft.seq, Q: wire.Float32Tensor(randVec(rng, qd), ec.QHeads, ec.HeadDim), BudgetTokens: budget}
 		if withKV {
-			it.K = remote.Float32Tensor(randVec(rng, kv), ec.KVHeads, ec.HeadDim)
-			it.V = remote.Float32Tensor(randVec(rng, kv), ec.KVHeads, ec.HeadDim)
+			it.K = wire.Float32Tensor(randVec(rng, kv), ec.KVHeads, ec.HeadDim)
+			it.V = wire.Float32Tensor(randVec(rng, kv), ec.KVHeads, ec.HeadDim)
 		}
 		b, err := proto.Marshal(&decodev1.StepRequest{Layer: 1, Items: []*decodev1.StepItem{it}, Diagnostics: withKV})
 		if err != nil {
@@ -155,8 +155,8 @@ func FuzzDecodeAppend(f *testing.F) {
 	rng := rand.New(rand.NewPCG(2, 2))
 	valid := func(n int, layer uint32) []byte {
 		b, err := proto.Marshal(&decodev1.AppendRequest{Sequence: ft.seq, Layer: layer,
-			K: remote.Float32Tensor(randVec(rng, n*kv), n, ec.KVHeads, ec.HeadDim),
-			V: remote.Float32Tensor(randVec(rng, n*kv), n, ec.KVHeads, ec.HeadDim)})
+			K: wire.Float32Tensor(randVec(rng, n*kv), n, ec.KVHeads, ec.HeadDim),
+			V: wire.Float32Tensor(randVec(rng, n*kv), n, ec.KVHeads, ec.HeadDim)})
 		if err != nil {
 			f.Fatal(err)
 		}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	"github.com/questrt/questrt/api/wire"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/decode"
@@ -151,11 +152,11 @@ func (s *Server) Append(ctx context.Context, req *decodev1.AppendRequest) (*deco
 	if err := checkLayer(ec, req.GetLayer()); err != nil {
 		return nil, err
 	}
-	k, err := remote.Float32s(req.GetK(), "k", -1, ec.KVHeads, ec.HeadDim)
+	k, err := wire.Float32s(req.GetK(), "k", -1, ec.KVHeads, ec.HeadDim)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, "append: "+err.Error())
 	}
-	v, err := remote.Float32s(req.GetV(), "v", len(k)/max(1, ec.KVHeads*ec.HeadDim), ec.KVHeads, ec.HeadDim)
+	v, err := wire.Float32s(req.GetV(), "v", len(k)/max(1, ec.KVHeads*ec.HeadDim), ec.KVHeads, ec.HeadDim)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, "append: "+err.Error())
 	}
@@ -206,8 +207,8 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 	}
 	n := len(items)
 	rep := &decodev1.StepReply{
-		O:       remote.Float32Tensor(res.O, n, ec.QHeads, ec.HeadDim),
-		Lse:     remote.Float32Tensor(res.LSE, n, ec.QHeads),
+		O:       wire.Float32Tensor(res.O, n, ec.QHeads, ec.HeadDim),
+		Lse:     wire.Float32Tensor(res.LSE, n, ec.QHeads),
 		TotalNs: res.Time.Total.Nanoseconds(),
 		Time:    timesProto(res.Time),
 	}
@@ -220,9 +221,9 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 			indptr = append(indptr, int32(len(pages)))
 		}
 		d := &decodev1.Diagnostics{
-			Indptr:   remote.Int32Tensor(indptr, len(indptr)),
-			Pages:    remote.Int32Tensor(pages, len(pages)),
-			DenseLse: remote.Float32Tensor(res.DenseLSE[i*ec.QHeads:(i+1)*ec.QHeads], ec.QHeads),
+			Indptr:   wire.Int32Tensor(indptr, len(indptr)),
+			Pages:    wire.Int32Tensor(pages, len(pages)),
+			DenseLse: wire.Float32Tensor(res.DenseLSE[i*ec.QHeads:(i+1)*ec.QHeads], ec.QHeads),
 			AbsL2:    dg.AbsL2,
 			Recall:   dg.Recall, MassRecall: dg.MassRecall, MinMassRecall: dg.MinMassRecall,
 			HeadRecall: dg.HeadRecall, HeadMassRecall: dg.HeadMassRecall,
@@ -237,7 +238,7 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 			for _, sc := range dg.Scores {
 				flat = append(flat, sc...)
 			}
-			d.Scores = remote.Float32Tensor(flat, ec.QHeads, np)
+			d.Scores = wire.Float32Tensor(flat, ec.QHeads, np)
 		}
 		rep.Diag = append(rep.Diag, d)
 	}
@@ -249,17 +250,17 @@ func (s *Server) Step(ctx context.Context, req *decodev1.StepRequest) (*decodev1
 func (s *Server) decodeItems(what string, ec engine.Config, items []*decodev1.StepItem) ([]StepItem, error) {
 	its := make([]StepItem, len(items))
 	for i, it := range items {
-		q, err := remote.Float32s(it.GetQ(), fmt.Sprintf("items[%d].q", i), ec.QHeads, ec.HeadDim)
+		q, err := wire.Float32s(it.GetQ(), fmt.Sprintf("items[%d].q", i), ec.QHeads, ec.HeadDim)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, what+": "+err.Error())
 		}
 		its[i] = StepItem{Seq: it.GetSequence(), Request: engine.Request{Q: q, BudgetTokens: int(it.GetBudgetTokens()), DenseLayers: int(it.GetDenseLayers())}}
 		if it.GetK() != nil || it.GetV() != nil {
-			k, err := remote.Float32s(it.GetK(), fmt.Sprintf("items[%d].k", i), ec.KVHeads, ec.HeadDim)
+			k, err := wire.Float32s(it.GetK(), fmt.Sprintf("items[%d].k", i), ec.KVHeads, ec.HeadDim)
 			if err != nil {
 				return nil, status.Error(codes.InvalidArgument, what+": "+err.Error())
 			}
-			v, err := remote.Float32s(it.GetV(), fmt.Sprintf("items[%d].v", i), ec.KVHeads, ec.HeadDim)
+			v, err := wire.Float32s(it.GetV(), fmt.Sprintf("items[%d].v", i), ec.KVHeads, ec.HeadDim)
 			if err != nil {
 				return nil, status.Error(codes.InvalidArgument, what+": "+err.Error())
 			}
@@ -433,8 +434,8 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 			return statusCtx(ctx, fmt.Errorf("steps: %w", err))
 		}
 		rep := &decodev1.StepsReply{Layer: uint32(l),
-			O:   remote.Float32Tensor(res.O.Data, n, ec.QHeads, ec.HeadDim),
-			Lse: remote.Float32Tensor(res.LSE, n, ec.QHeads), Plans: plansProto(res.Plans), Time: timesProto(res.Time)}
+			O:   wire.Float32Tensor(res.O.Data, n, ec.QHeads, ec.HeadDim),
+			Lse: wire.Float32Tensor(res.LSE, n, ec.QHeads), Plans: plansProto(res.Plans), Time: timesProto(res.Time)}
 		if l == last-1 {
 			ended = true
 			if err := st.End(ctx); err != nil {

@@ -14,13 +14,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	"github.com/questrt/questrt/api/wire"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
-	"github.com/questrt/questrt/worker/remote"
 )
 
 // geometry is a small model: 2 layers, 8 query heads, 4 KV heads of 16,
@@ -128,10 +128,10 @@ func TestBadInput(t *testing.T) {
 	seqs := []string{s0, s0b, s1, uneven, huge}
 
 	// Valid tensors.
-	q := func() *workerv1.Tensor { return remote.Float32Tensor(randVec(rng, qd), ec.QHeads, ec.HeadDim) }
-	tok := func() *workerv1.Tensor { return remote.Float32Tensor(randVec(rng, kvd), ec.KVHeads, ec.HeadDim) }
+	q := func() *workerv1.Tensor { return wire.Float32Tensor(randVec(rng, qd), ec.QHeads, ec.HeadDim) }
+	tok := func() *workerv1.Tensor { return wire.Float32Tensor(randVec(rng, kvd), ec.KVHeads, ec.HeadDim) }
 	kv := func(n int) *workerv1.Tensor {
-		return remote.Float32Tensor(randVec(rng, n*kvd), n, ec.KVHeads, ec.HeadDim)
+		return wire.Float32Tensor(randVec(rng, n*kvd), n, ec.KVHeads, ec.HeadDim)
 	}
 	f32, i32 := workerv1.DType_DTYPE_FLOAT32, workerv1.DType_DTYPE_INT32
 	u := func(d ...int) []uint32 {
@@ -254,7 +254,7 @@ func TestBadInput(t *testing.T) {
 		// float32 (and make a NaN LSE mid-step) is refused up front.
 		{"step/score overflow", stepReq(0, item(huge, tensor(f32, u(8, 16), with(qv, 5, 1e19)), nil, nil)), codes.InvalidArgument, "q[5] = 1e+19: beyond"},
 		{"step/score overflow with token", stepReq(1, item(huge, tensor(f32, u(8, 16), with(qv, 5, 1e19)), tok(), tok())), codes.InvalidArgument, "q[5] = 1e+19: beyond"},
-		{"append/key over the limit", appendReq(s0, 0, remote.Float32Tensor(with(kv1, 3, 1e19), 1, ec.KVHeads, ec.HeadDim), kv(1)), codes.InvalidArgument, "k[3] = 1e+19: beyond"},
+		{"append/key over the limit", appendReq(s0, 0, wire.Float32Tensor(with(kv1, 3, 1e19), 1, ec.KVHeads, ec.HeadDim), kv(1)), codes.InvalidArgument, "k[3] = 1e+19: beyond"},
 		{"step/unknown coordinator", stepReq(0, item("n7/1.1", q(), nil, nil)), codes.Unavailable, "n7"},
 
 		{"rollback/0", rollback(s0, 0), codes.InvalidArgument, "tokens 0"},

@@ -15,6 +15,7 @@ import (
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/worker/remote"
 )
 
 // TestCoordinatorStepperConformance runs the decode.Stepper suite on a
@@ -114,7 +115,7 @@ func TestClientStepperConformance(t *testing.T) {
 				via := dial(t, nodes[at])
 				return handleSubject(via, dc,
 					func(ctx context.Context) (string, error) {
-						id, _, err := cl.CreateWith(ctx, plan.Striped, ec.WorkerConfig())
+						id, _, err := cl.CreateWith(ctx, plan.Striped, remote.GridConfigProto(ec.WorkerConfig()))
 						return id, err
 					},
 					func(id string) (decode.SeqID, error) { return via.Handle(id), nil },

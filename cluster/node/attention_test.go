@@ -1,7 +1,6 @@
 package node_test
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -12,19 +11,12 @@ import (
 	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/model/clusterseq"
 	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/worker/remote"
 )
 
-// clusterSeq adapts a client sequence to model.Sequence (as questctl
-// generate --addr does).
-type clusterSeq struct{ client.Sequence }
-
-func (s clusterSeq) ForkSequence(ctx context.Context) (model.Sequence, error) {
-	c, err := s.Fork(ctx)
-	return clusterSeq{c}, err
-}
-
-// The model's attention over a cluster sequence (client.Sequence) gives
+// The model's attention over a cluster sequence (clusterseq.Sequence) gives
 // the outputs of the same attention over an in-process engine: a dense
 // prefill, decode steps with diagnostics, a fork.
 func TestModelAttentionThroughCluster(t *testing.T) {
@@ -45,11 +37,11 @@ func TestModelAttentionThroughCluster(t *testing.T) {
 	nodes := nodetest.Start(t, "m", 2, geometry(1, 1, plan.Exact), nil)
 	ctx := t.Context()
 	cl := dial(t, nodes[0])
-	id, _, err := cl.CreateWith(ctx, plan.Striped, ec.WorkerConfig())
+	id, _, err := cl.CreateWith(ctx, plan.Striped, remote.GridConfigProto(ec.WorkerConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	remote := model.NewSequenceAttention(clusterSeq{client.Sequence{C: cl, ID: id}}, g)
+	viaCluster := model.NewSequenceAttention(clusterseq.Sequence{Sequence: client.Sequence{C: cl, ID: id}}, g)
 	rng := rand.New(rand.NewPCG(4, 4))
 	qd, kvd := g.Heads*g.HeadDim, g.KVHeads*g.HeadDim
 	run := func(n int, decode bool, attns ...*model.EngineAttention) {
@@ -77,12 +69,12 @@ func TestModelAttentionThroughCluster(t *testing.T) {
 			}
 		}
 	}
-	run(40, false, local, remote)
-	local.Options.Diagnostics, remote.Options.Diagnostics = true, true
+	run(40, false, local, viaCluster)
+	local.Options.Diagnostics, viaCluster.Options.Diagnostics = true, true
 	for range 3 {
-		run(1, true, local, remote)
+		run(1, true, local, viaCluster)
 		for l, st := range local.Steps() {
-			rt := remote.Steps()[l]
+			rt := viaCluster.Steps()[l]
 			if !st.Diag || !rt.Diag {
 				t.Fatalf("layer %d: no diagnostics (in process %v, cluster %v)", l, st.Diag, rt.Diag)
 			}
@@ -101,12 +93,12 @@ func TestModelAttentionThroughCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rf, err := remote.Fork()
+	rf, err := viaCluster.Fork()
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(1, true, lf, rf)
-	if local.Len() != 43 || remote.Len() != 43 || rf.Len() != 44 {
-		t.Fatalf("lengths %d, %d, fork %d", local.Len(), remote.Len(), rf.Len())
+	if local.Len() != 43 || viaCluster.Len() != 43 || rf.Len() != 44 {
+		t.Fatalf("lengths %d, %d, fork %d", local.Len(), viaCluster.Len(), rf.Len())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	"github.com/questrt/questrt/api/wire"
 
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/cluster/node/nodetest"
@@ -89,14 +90,14 @@ func TestCreateWithConfig(t *testing.T) {
 		Capacity: 32, Policy: plan.Policy{BudgetTokens: 8, LocalPages: 1}}
 	bad := own
 	bad.TP = 2 // 3 KV heads do not split over 2
-	if _, _, err := cl.CreateWith(ctx, plan.Striped, bad); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tp 2") {
+	if _, _, err := cl.CreateWith(ctx, plan.Striped, remote.GridConfigProto(bad)); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tp 2") {
 		t.Fatalf("bad config: %v", err)
 	}
 	st, _ := cl.Status(ctx)
 	if st.GetSequences() != 0 {
 		t.Fatalf("%d sequences after a refused create", st.GetSequences())
 	}
-	a, _, err := cl.CreateWith(ctx, plan.Striped, own)
+	a, _, err := cl.CreateWith(ctx, plan.Striped, remote.GridConfigProto(own))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,8 +127,8 @@ func TestCreateWithConfig(t *testing.T) {
 	}
 	// A step mixing the two geometries is refused.
 	_, err = cl.API().Step(ctx, &decodev1.StepRequest{Items: []*decodev1.StepItem{
-		{Sequence: a, Q: remote.Float32Tensor(randVec(rng, 48), 6, 8)},
-		{Sequence: b, Q: remote.Float32Tensor(randVec(rng, def.QHeads*def.HeadDim), def.QHeads, def.HeadDim)}}})
+		{Sequence: a, Q: wire.Float32Tensor(randVec(rng, 48), 6, 8)},
+		{Sequence: b, Q: wire.Float32Tensor(randVec(rng, def.QHeads*def.HeadDim), def.QHeads, def.HeadDim)}}})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("mixed geometries: %v", err)
 	}

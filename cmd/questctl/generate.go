@@ -16,7 +16,9 @@ import (
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/model/clusterseq"
 	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/worker/remote"
 )
 
 // runFlags are the model and runtime flags that generate and eval share.
@@ -168,14 +170,6 @@ func (f *runFlags) engine(m *model.Model, p plan.Policy, tokens, seqs int) (*eng
 		return nil, usageError{err}
 	}
 	return engine.New(cfg)
-}
-
-// clusterSeq is a cluster sequence as model.EngineAttention drives it.
-type clusterSeq struct{ client.Sequence }
-
-func (s clusterSeq) ForkSequence(ctx context.Context) (model.Sequence, error) {
-	c, err := s.Fork(ctx)
-	return clusterSeq{c}, err
 }
 
 // genStep is one generated token in generate's JSON summary.
@@ -343,13 +337,13 @@ text (progress stays on stderr).`)
 				return fmt.Errorf("--addr %q: %w", *addr, err)
 			}
 			defer cl.Close()
-			id, nodes, err := cl.CreateWith(dctx, plan.Striped, ec.WorkerConfig())
+			id, nodes, err := cl.CreateWith(dctx, plan.Striped, remote.GridConfigProto(ec.WorkerConfig()))
 			cancel()
 			if err != nil {
 				return fmt.Errorf("--addr %q: create: %w", *addr, err)
 			}
 			fmt.Fprintf(stderr, "sequence %s on nodes %v\n", id, nodes)
-			attn = model.NewSequenceAttention(clusterSeq{client.Sequence{C: cl, ID: id}}, m.Geometry())
+			attn = model.NewSequenceAttention(clusterseq.Sequence{Sequence: client.Sequence{C: cl, ID: id}}, m.Geometry())
 			defer attn.Release()
 		} else {
 			eng, err := rf.engine(m, pol, total, seqs)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/model/clusterseq"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -50,7 +51,7 @@ func (d *engineDecoder) close() { d.e.Close() }
 // diagnostics computed by the coordinator, the keys read back from the
 // nodes).
 type clusterDecoder struct {
-	s     client.Sequence
+	s     clusterseq.Sequence
 	nodes []string
 }
 
@@ -67,7 +68,7 @@ func newClusterDecoder(ctx context.Context, c *client.Client, cfg Config) (*clus
 	if err != nil {
 		return nil, fmt.Errorf("demo: create: %w", err)
 	}
-	return &clusterDecoder{s: client.Sequence{C: c, ID: seq}, nodes: nodes}, nil
+	return &clusterDecoder{s: clusterseq.Sequence{Sequence: client.Sequence{C: c, ID: seq}}, nodes: nodes}, nil
 }
 
 func (d *clusterDecoder) append(ctx context.Context, layer int, k, v []float32) error {

@@ -1,14 +1,12 @@
 package remote
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/questrt/questrt/api/wire"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
@@ -26,7 +24,7 @@ import (
 // entry is an empty Tensor message (no dtype, shape or data).
 
 // anyDim is a dim of a wanted shape that the decoder does not know.
-const anyDim = -1
+const anyDim = wire.AnyDim
 
 // enc encodes one message.
 type enc struct {
@@ -65,34 +63,14 @@ func (e *enc) rank(field string, r worker.Rank) *workerv1.Rank {
 	return &workerv1.Rank{Tp: uint32(r.TP), Cp: uint32(r.CP)}
 }
 
-// shapeOf is the shape of n elements of rows of inner dims: [n/prod,
-// inner...] when inner divides n, else [n] (which the decoder refuses).
-func (e *enc) shapeOf(field string, n int, inner ...int) []uint32 {
-	p := 1
-	for _, d := range inner {
-		p *= d
-	}
-	if p <= 0 || n%p != 0 {
-		return []uint32{e.u32(field+" length", n)}
-	}
-	s := []uint32{e.u32(field+" rows", n/p)}
-	for _, d := range inner {
-		s = append(s, e.u32(field+" dim", d))
-	}
-	return s
-}
-
-// f32 encodes x as a float32 tensor of rows of the inner dims; nil x is
-// absent.
+// f32 encodes x as a float32 tensor of rows of the inner dims
+// (wire.EncodeFloat32); nil x is absent.
 func (e *enc) f32(field string, x []float32, inner ...int) *workerv1.Tensor {
-	if x == nil {
-		return nil
+	t, err := wire.EncodeFloat32(x, inner...)
+	if err != nil {
+		e.fail(worker.ErrBadMessage, "%s %v", field, err)
 	}
-	b := make([]byte, 4*len(x))
-	for i, v := range x {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
-	}
-	return &workerv1.Tensor{Dtype: workerv1.DType_DTYPE_FLOAT32, Shape: e.shapeOf(field, len(x), inner...), Data: b}
+	return t
 }
 
 // f32Entry is f32 for an entry of a repeated field (nil: an empty
@@ -106,14 +84,11 @@ func (e *enc) f32Entry(field string, x []float32, inner ...int) *workerv1.Tensor
 
 // i32 encodes x as an int32 vector; nil x is absent.
 func (e *enc) i32(field string, x []int32) *workerv1.Tensor {
-	if x == nil {
-		return nil
+	t, err := wire.EncodeInt32(x)
+	if err != nil {
+		e.fail(worker.ErrBadMessage, "%s %v", field, err)
 	}
-	b := make([]byte, 4*len(x))
-	for i, v := range x {
-		binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
-	}
-	return &workerv1.Tensor{Dtype: workerv1.DType_DTYPE_INT32, Shape: []uint32{e.u32(field+" length", len(x))}, Data: b}
+	return t
 }
 
 // dec decodes one message; its errors wrap sentinel.
@@ -146,102 +121,23 @@ func (d *dec) rank(field string, r *workerv1.Rank) worker.Rank {
 	return worker.Rank{TP: toInt(d, field+".tp", r.GetTp()), CP: toInt(d, field+".cp", r.GetCp())}
 }
 
-// absent reports whether t stands for a nil slice.
-func absent(t *workerv1.Tensor) bool {
-	return t == nil || (t.Dtype == workerv1.DType_DTYPE_UNSPECIFIED && len(t.Shape) == 0 && len(t.Data) == 0)
-}
-
-// elems validates t (dtype, whole elements, shape product, wanted dims;
-// want nil: any shape) and returns its element count, or -1.
-func (d *dec) elems(t *workerv1.Tensor, field string, dtype workerv1.DType, want []int) int {
-	if t.Dtype != dtype {
-		d.fail("%s: dtype %v, want %v", field, t.Dtype, dtype)
-		return -1
-	}
-	if len(t.Data)%4 != 0 {
-		d.fail("%s: %d bytes of data are not whole 4-byte elements", field, len(t.Data))
-		return -1
-	}
-	n := len(t.Data) / 4
-	if want != nil {
-		ok := len(t.Shape) == len(want)
-		for i := 0; ok && i < len(want); i++ {
-			ok = want[i] == anyDim || uint64(want[i]) == uint64(t.Shape[i])
-		}
-		if !ok {
-			d.fail("%s: shape %v, want %s", field, t.Shape, dims(want))
-			return -1
-		}
-	}
-	// The product, bounded by n so that it cannot overflow.
-	p := 1
-	if !slices.Contains(t.Shape, 0) {
-		for _, s := range t.Shape {
-			if uint64(s) > uint64(n/p) {
-				p = -1
-				break
-			}
-			p *= int(s)
-		}
-	} else {
-		p = 0
-	}
-	if p != n {
-		d.fail("%s: shape %v does not hold the %d elements of its data", field, t.Shape, n)
-		return -1
-	}
-	return n
-}
-
-// dims formats a wanted shape ("[* 4 16]").
-func dims(want []int) string {
-	parts := make([]string, len(want))
-	for i, w := range want {
-		parts[i] = "*"
-		if w != anyDim {
-			parts[i] = strconv.Itoa(w)
-		}
-	}
-	return "[" + strings.Join(parts, " ") + "]"
-}
-
-// f32 decodes a float32 tensor into dst's storage: absent gives dst[:0]
-// (nil for a nil dst), present a non-nil slice.
+// f32 decodes a float32 tensor into dst's storage (wire.DecodeFloat32):
+// absent gives dst[:0] (nil for a nil dst), present a non-nil slice.
 func (d *dec) f32(dst []float32, t *workerv1.Tensor, field string, want ...int) []float32 {
-	if absent(t) {
-		return dst[:0]
+	x, err := wire.DecodeFloat32(dst, t, want...)
+	if err != nil {
+		d.fail("%s: %v", field, err)
 	}
-	n := d.elems(t, field, workerv1.DType_DTYPE_FLOAT32, want)
-	if n < 0 {
-		return dst[:0]
-	}
-	out := slices.Grow(dst[:0], n)[:n]
-	if out == nil {
-		out = []float32{}
-	}
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
-	}
-	return out
+	return x
 }
 
 // i32 decodes an int32 vector like f32.
 func (d *dec) i32(dst []int32, t *workerv1.Tensor, field string) []int32 {
-	if absent(t) {
-		return dst[:0]
+	x, err := wire.DecodeInt32(dst, t)
+	if err != nil {
+		d.fail("%s: %v", field, err)
 	}
-	n := d.elems(t, field, workerv1.DType_DTYPE_INT32, []int{anyDim})
-	if n < 0 {
-		return dst[:0]
-	}
-	out := slices.Grow(dst[:0], n)[:n]
-	if out == nil {
-		out = []int32{}
-	}
-	for i := range out {
-		out[i] = int32(binary.LittleEndian.Uint32(t.Data[4*i:]))
-	}
-	return out
+	return x
 }
 
 // GridRef names a grid on its nodes and the membership view it was opened
@@ -266,21 +162,15 @@ func encodeConfig(c worker.Config) (*workerv1.GridConfig, error) {
 	if c.DType != plan.Float32 {
 		e.fail(worker.ErrBadMessage, "dtype %v does not travel (workers store f32)", c.DType)
 	}
-	p := c.Policy.WithGeometry(c.Geometry)
-	lb := make(map[uint32]uint32, len(p.LayerBudget))
-	for l, b := range p.LayerBudget {
-		lb[e.u32("layer budget layer", l)] = e.u32("layer budget", b)
+	p, err := wire.PolicyProto(c.Policy.WithGeometry(c.Geometry))
+	if err != nil {
+		e.fail(worker.ErrBadMessage, "%v", err)
 	}
 	g := &workerv1.GridConfig{
 		Layers: e.u32("layers", c.Layers), QHeads: e.u32("q heads", c.QHeads), KvHeads: e.u32("kv heads", c.KVHeads),
 		HeadDim: e.u32("head dim", c.HeadDim), PageSize: e.u32("page size", c.PageSize),
 		Cp: e.u32("cp", c.CP), Tp: e.u32("tp", c.TP), CapacityPages: e.u32("capacity", c.Capacity),
-		Policy: &workerv1.Policy{
-			PageSize: e.u32("policy page size", p.PageSize), BudgetTokens: e.u32("budget tokens", p.BudgetTokens),
-			SinkPages: e.u32("sink pages", p.SinkPages), LocalPages: e.u32("local pages", p.LocalPages),
-			DenseLayers: e.u32("dense layers", p.DenseLayers), LayerBudget: lb,
-			Gqa: p.GQA.String(), Selector: p.Selector.String(),
-		},
+		Policy:            p,
 		Mode:              c.Mode.String(),
 		DeviceBudgetPages: e.u32("device budget pages", c.DeviceBudgetPages),
 		PrefetchPages:     e.u32("prefetch pages", c.PrefetchPages), PrefetchCrossLayer: c.PrefetchCrossLayer,
@@ -300,7 +190,6 @@ func decodeConfig(g *workerv1.GridConfig) (worker.Config, error) {
 	if g == nil || g.Policy == nil {
 		return worker.Config{}, fmt.Errorf("%w: grid config: missing config or policy", worker.ErrBadMessage)
 	}
-	p := g.Policy
 	c := worker.Config{
 		Layers: toInt(d, "layers", g.Layers),
 		Geometry: plan.Geometry{QHeads: toInt(d, "q heads", g.QHeads), KVHeads: toInt(d, "kv heads", g.KvHeads),
@@ -311,24 +200,10 @@ func decodeConfig(g *workerv1.GridConfig) (worker.Config, error) {
 		DeviceBudgetPages:  toInt(d, "device budget pages", g.DeviceBudgetPages),
 		PrefetchPages:      toInt(d, "prefetch pages", g.PrefetchPages),
 		PrefetchCrossLayer: g.PrefetchCrossLayer,
-		Policy: plan.Policy{
-			PageSize: toInt(d, "policy page size", p.PageSize), BudgetTokens: toInt(d, "budget tokens", p.BudgetTokens),
-			SinkPages: toInt(d, "sink pages", p.SinkPages), LocalPages: toInt(d, "local pages", p.LocalPages),
-			DenseLayers: toInt(d, "dense layers", p.DenseLayers),
-		},
-	}
-	if len(p.LayerBudget) > 0 {
-		c.Policy.LayerBudget = make(map[int]int, len(p.LayerBudget))
-		for l, b := range p.LayerBudget {
-			c.Policy.LayerBudget[toInt(d, "layer budget layer", l)] = toInt(d, "layer budget", b)
-		}
 	}
 	var err error
-	if c.Policy.GQA, err = plan.ParseGQAMode(p.Gqa); err != nil {
-		d.fail("policy: %v", err)
-	}
-	if c.Policy.Selector, err = plan.ParseSelector(p.Selector); err != nil {
-		d.fail("policy: %v", err)
+	if c.Policy, err = wire.Policy(g.Policy); err != nil {
+		d.fail("%v", err)
 	}
 	if c.Mode, err = plan.ParseSelectMode(g.Mode); err != nil {
 		d.fail("mode: %v", err)
