@@ -586,7 +586,7 @@ func (b *Backend) benchServed(iters int, shape kernels.Shape, l *DeviceLayer, in
 		if err := b.checkStep(shape, lay, bt, q, tplan, ls, o, lse); err != nil {
 			return err
 		}
-		return b.stepDevice(queue, shape, lay, bt, q, tplan, ls, o, lse)
+		return b.stepDevice(queue, shape, lay, bt, q, tplan, ls, o, lse, nil)
 	}
 	flush, err := b.buf("bench.flush", l2Flush)
 	if err != nil {

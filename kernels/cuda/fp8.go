@@ -29,7 +29,7 @@ type FP8Summaries struct {
 	Codes, Scales cu.DevicePtr
 }
 
-// fp8KernelNames are the kernels of fp8 summaries in quest.cu.
+// fp8KernelNames are the kernels of fp8 summaries in fp8.cuh (quest.cu).
 func fp8KernelNames() []string {
 	var names []string
 	for _, dt := range []plan.DType{plan.Float32, plan.Float16, plan.BFloat16} {

@@ -2,7 +2,9 @@
 // has pages (summaries stay indexed by physical page, K/V by device slot),
 // and the moves of page payloads between those slots and a host tier in
 // pinned memory the device maps (zero-copy: the kernels read and write the
-// tier over PCIe directly, one launch for any number of pages).
+// tier over PCIe directly, one launch for any number of pages). Tokens
+// are appended to a slot pool by quest.cu's append (page.cuh) given the
+// pages' slots.
 //
 // Tier payload layout (pagestore/tier): layer-major, K then V, each one
 // slot's [KVHeads][PageSize][HeadDim] block in the pool's storage type.
@@ -43,43 +45,6 @@ extern "C" __global__ void quest_slots_move(const long long* kv, unsigned char* 
 	}
 }
 
-// append_slots stores n tokens starting at slot pos0 (< S) of the pages
-// pt[0], pt[1], ... whose K/V sit in device slots st[0], st[1], ..., and
-// widens the pages' summaries (indexed by page) with the stored keys; a
-// token at slot 0 of a page starts its summary afresh. Grid (touched
-// pages, KV heads). The same arithmetic as quest.cu's append.
-template <typename T>
-__device__ void append_slots(T* K, T* V, T* sum, const int* pt, const int* st, const float* k, const float* v,
-			     i64 pos0, i64 n, i64 kvh, i64 D, i64 S) {
-	const i64 page = blockIdx.x, h = blockIdx.y;
-	const i64 t_lo = max(pos0, page * S), t_hi = min(pos0 + n, (page + 1) * S);
-	if (t_lo >= t_hi) return;
-	const i64 phys = pt[page], sl = st[page];
-	T* rec = sum + (phys * kvh + h) * 2 * D;
-	for (i64 j = threadIdx.x; j < D; j += blockDim.x) {
-		float lo, hi;
-		if (t_lo % S == 0) {
-			lo = __int_as_float(0x7f800000);  // +inf
-			hi = __int_as_float(0xff800000);  // -inf
-		} else {
-			lo = sl_to_f(rec[j]);
-			hi = sl_to_f(rec[D + j]);
-		}
-		for (i64 t = t_lo; t < t_hi; t++) {
-			const i64 src = ((t - pos0) * kvh + h) * D + j;
-			const i64 dst = ((sl * kvh + h) * S + (t % S)) * D + j;
-			T kq = sl_from_f<T>(k[src]);
-			K[dst] = kq;
-			V[dst] = sl_from_f<T>(v[src]);
-			const float kf = sl_to_f(kq);
-			lo = fminf(lo, kf);
-			hi = fmaxf(hi, kf);
-		}
-		rec[j] = sl_from_f<T>(lo);
-		rec[D + j] = sl_from_f<T>(hi);
-	}
-}
-
 // rescan_slots recomputes the summary of page pages[i] from the first
 // valid keys of slot slots[i]. Grid (pages, KV heads).
 template <typename T>
@@ -101,11 +66,6 @@ __device__ void rescan_slots(const T* K, T* sum, const int* pages, const int* sl
 }
 
 #define SLOTS_INSTANTIATE(SUF, T)                                                                                  \
-	extern "C" __global__ void quest_append_slots_##SUF(T* K, T* V, T* sum, const int* pt, const int* st,         \
-							    const float* k, const float* v, i64 pos0, i64 n, i64 kvh,  \
-							    i64 D, i64 S) {                                            \
-		append_slots<T>(K, V, sum, pt, st, k, v, pos0, n, kvh, D, S);                                    \
-	}                                                                                                          \
 	extern "C" __global__ void quest_rescan_slots_##SUF(const T* K, T* sum, const int* pages, const int* slots,   \
 							    i64 kvh, i64 D, i64 S, i64 valid) {                        \
 		rescan_slots<T>(K, sum, pages, slots, kvh, D, S, valid);                                         \

@@ -51,7 +51,7 @@ func loadSlotKernels(fn map[string]cu.Function) (cu.Module, error) {
 	}
 	names := []string{"quest_slots_move"}
 	for _, dt := range []plan.DType{plan.Float32, plan.Float16, plan.BFloat16} {
-		names = append(names, "quest_append_slots_"+dt.String(), "quest_rescan_slots_"+dt.String())
+		names = append(names, "quest_rescan_slots_"+dt.String())
 	}
 	for _, n := range names {
 		f, err := mod.Function(n)
@@ -103,7 +103,9 @@ func (l *DeviceLayer) checkSlots(slots ...int32) error {
 	return nil
 }
 
-// WriteSlotTokens implements kernels.SlotStore with one kernel, queued.
+// WriteSlotTokens implements kernels.SlotStore with one kernel, queued:
+// the append of every pool (quest_append_*, page.cuh) given the pages'
+// slots.
 func (b *Backend) WriteSlotTokens(ctx context.Context, pool any, pages, slots []int32, slot int, k, v []float32) error {
 	l, err := slotPool(pool)
 	if err != nil {
@@ -136,7 +138,7 @@ func (b *Backend) WriteSlotTokens(ctx context.Context, pool any, pages, slots []
 		if err != nil {
 			return err
 		}
-		return b.launch("quest_append_slots_"+l.DType.String(), [3]int{len(pages), l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+		return b.launch("quest_append_"+l.DType.String(), [3]int{len(pages), l.KVHeads, 1}, min(l.HeadDim, 256), 0,
 			u(l.K), u(l.V), u(l.Summary), u(pt), u(st), u(kp), u(vp), uint64(slot), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize))
 	})
 }

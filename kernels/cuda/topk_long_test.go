@@ -18,7 +18,7 @@ import (
 	"github.com/questrt/questrt/plan"
 )
 
-// descKey is quest.cu's desc_key: an order-preserving key, ascending for
+// descKey is topk.cuh's desc_key: an order-preserving key, ascending for
 // descending scores; -0 and +0 tie; a NaN ranks by its bits (a positive
 // NaN above +Inf, a negative one below -Inf).
 func descKey(f float32) uint32 {
