@@ -22,9 +22,12 @@
 //	}
 //
 // Tensors are views (Tensor) that live in host memory or in the memory of
-// a named device, ordered on a stream: a runner whose data is on the
-// caller's device may take device tensors without a copy; one that is not
-// copies them to the host (or refuses them with ErrDeviceTensor).
+// a named device, ordered on a stream. A runner whose data is on the
+// caller's device takes device tensors in place: Layer queues the layer
+// there and returns, End waits once for the whole step (the in-process
+// engine of one rank on a kernels.TensorStepper does). Every other runner
+// refuses them with ErrDeviceTensor, changing nothing, and its caller
+// copies to the host.
 //
 // The package imports only plan: every layer of the runtime may import it.
 // Its conformance suite is decode/decodetest.

@@ -88,7 +88,8 @@ type Result struct {
 	// zero value) is resized to it, reusing its capacity (see Output).
 	O Tensor
 	// LSE is the natural-log sum-exp of the scaled logits per row and
-	// query head, [rows][QHeads], on the host.
+	// query head, [rows][QHeads], on the host. A runner that writes a
+	// device O leaves it empty (it would cost a host synchronisation).
 	LSE []float32
 	// Plans is each row's page plan at the layer.
 	Plans []plan.Plan
@@ -128,9 +129,20 @@ type Step interface {
 	// only learn of some bad input after it sent the layer away, such as
 	// a remote client, wraps both); the new tokens of the layers that
 	// ran stay appended.
+	//
+	// Device tensors (q, k, v and res.O on one device, see Tensor): a
+	// runner that takes them in place queues the layer on the device
+	// after what the caller queued on q's stream and returns without
+	// waiting; res.O is written in that stream's order. Such a runner
+	// checks shapes, not values (reading them would cost a host
+	// synchronisation), and a failure of the queued work surfaces at
+	// End. A runner that cannot read them returns ErrDeviceTensor and
+	// changes nothing.
 	Layer(ctx context.Context, layer int, q, k, v Tensor, res *Result) error
 	// End closes the step. A second End, or a Layer after End, returns
-	// ErrStepEnded.
+	// ErrStepEnded. After layers queued on a device, End waits for them
+	// (one host synchronisation per step) and returns their failure,
+	// wrapping ErrStepFailed; the step is closed either way.
 	End(ctx context.Context) error
 }
 

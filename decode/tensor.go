@@ -92,3 +92,24 @@ func HostInputs(q, k, v Tensor) (qd, kd, vd []float32, err error) {
 	}
 	return qd, kd, vd, nil
 }
+
+// OnDevice returns a view of n float32 elements at ptr in the memory of
+// dev, ordered on stream.
+func OnDevice(dev Device, ptr uintptr, n int, stream uintptr) Tensor {
+	return Tensor{Device: dev, Ptr: ptr, Len: n, Stream: stream}
+}
+
+// Slice returns the view of elements [off, off+n) of t, on the same
+// device and stream. It panics when the range is outside t, as slicing
+// does.
+func (t Tensor) Slice(off, n int) Tensor {
+	if off < 0 || n < 0 || off+n > t.Elems() {
+		panic(fmt.Sprintf("decode: slice [%d:%d] of a tensor of %d elements", off, off+n, t.Elems()))
+	}
+	if t.OnHost() {
+		return Host(t.Data[off : off+n])
+	}
+	t.Ptr += uintptr(off) * 4
+	t.Len = n
+	return t
+}

@@ -85,6 +85,10 @@ type stepState struct {
 	nNew  int
 	err   error // the failure that ended the layer runs
 	ended bool
+	// queued lists the rows whose new tokens a device layer queued
+	// (layerTensor; End waits for them).
+	queued []int
+	device bool // a layer ran on device tensors
 }
 
 func (e *Engine) open(ctx context.Context, b decode.Batch) (*stepState, error) {
@@ -169,6 +173,9 @@ func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 	case layer < st.next:
 		return fmt.Errorf("layer %d: %w: a step runs its layers in increasing order, each once; the next may be %d..%d", layer, ErrBadInput, st.next, c.Layers-1)
 	}
+	if onDevice(q, k, v, res) {
+		return st.layerTensor(ctx, layer, q, k, v, res)
+	}
 	n := len(st.reqs)
 	qd, kd, vd, err := decode.HostInputs(q, k, v)
 	if err != nil {
@@ -247,15 +254,18 @@ func (st *stepState) checkLayer(layer int, q, k, v []float32) error {
 // End implements decode.Step: one EndStep per worker (with the layers
 // that ran when the step failed, so the workers forget their collective
 // tags); it gives the engine back to other calls.
-func (st *stepState) End(context.Context) error {
+func (st *stepState) End(ctx context.Context) error {
 	if st.ended {
 		return decode.ErrStepEnded
 	}
 	st.ended = true
 	e := st.e
+	defer e.mu.Unlock()
+	if st.device {
+		return st.endTensor(ctx)
+	}
 	e.ran = append(e.ran[:0], st.ran...)
 	e.end(st.id, st.err != nil, e.ran, len(e.workers))
-	e.mu.Unlock()
 	return nil
 }
 

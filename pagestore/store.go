@@ -6,6 +6,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
 )
@@ -456,6 +457,50 @@ func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 	if err != nil {
 		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
 	}
+	return s.appendN(id, layer, n, func(pages []int32, slot int) error {
+		return s.data.Write(layer, pages, slot, k, v)
+	})
+}
+
+// TensorData is a PageData that can also store tokens whose K and V are
+// device tensors (a device's PageData, see [Store.AppendTensor]).
+type TensorData interface {
+	PageData
+	// WriteTensor is Write with k and v in device memory.
+	WriteTensor(layer int, pages []int32, slot int, k, v decode.Tensor) error
+}
+
+// AppendTensor is Append with k and v given as tensors: host tensors go
+// to Append; device ones go to the data in place when it is a
+// [TensorData] (the device reads them in their stream's order), and are
+// refused with decode.ErrDeviceTensor otherwise. The store checks the
+// shapes of device tensors, not their values (reading them would cost a
+// host synchronisation).
+func (s *Store) AppendTensor(id SeqID, layer int, k, v decode.Tensor) error {
+	if k.OnHost() && v.OnHost() {
+		return s.Append(id, layer, k.Data, v.Data)
+	}
+	if err := s.checkLayer(layer); err != nil {
+		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
+	}
+	td, ok := s.data.(TensorData)
+	switch {
+	case !ok || s.res != nil:
+		return fmt.Errorf("append seq %d layer %d: %w: the pages are not in one device's memory", id, layer, decode.ErrDeviceTensor)
+	case k.Device != v.Device:
+		return fmt.Errorf("append seq %d layer %d: %w: k on %v, v on %v", id, layer, decode.ErrDeviceTensor, k.Device, v.Device)
+	case k.Len != v.Len || k.Len <= 0 || k.Len%s.tok != 0:
+		return fmt.Errorf("append seq %d layer %d: %w: k and v hold %d and %d floats, want equal positive multiples of KVHeads*HeadDim = %d",
+			id, layer, ErrBadShape, k.Len, v.Len, s.tok)
+	}
+	return s.appendN(id, layer, k.Len/s.tok, func(pages []int32, slot int) error {
+		return td.WriteTensor(layer, pages, slot, k, v)
+	})
+}
+
+// appendN is Append of n checked tokens, which write stores into pages
+// from slot on.
+func (s *Store) appendN(id SeqID, layer, n int, write func(pages []int32, slot int) error) error {
 	sq, err := s.lock(id)
 	if err != nil {
 		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
@@ -535,7 +580,7 @@ func (s *Store) Append(id SeqID, layer int, k, v []float32) error {
 		err = s.data.Table(id, first, sq.pages[first:], len(sq.pages))
 	}
 	if err == nil {
-		err = s.data.Write(layer, sq.pages[first:last+1], pos%S, k, v)
+		err = write(sq.pages[first:last+1], pos%S)
 	}
 	if err != nil {
 		keep := len(sq.pages) - needNew

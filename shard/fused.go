@@ -57,6 +57,14 @@ type stepFunc func(ctx context.Context, s kernels.Shape, l kernels.Layer, b *ker
 // fusedInto runs ls as one call of step with outputs o and lse, when the
 // shard can fuse (see FusedStep).
 func (s *Shard) fusedInto(ctx context.Context, ls *LocalStep, step stepFunc, o, lse []float32) (bool, error) {
+	return s.fusedRun(ctx, ls, func(ctx context.Context, sh kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists) error {
+		return step(ctx, sh, l, b, q, plan, lists, o, lse)
+	})
+}
+
+// fusedRun builds the top-K plan and lists of ls and runs them as one
+// call of run, when the shard can fuse (see FusedStep).
+func (s *Shard) fusedRun(ctx context.Context, ls *LocalStep, run func(ctx context.Context, sh kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists) error) (bool, error) {
 	if s.cfg.Policy.Selector != plan.Quest || s.off != nil {
 		// An offloading shard runs phased: its pages are brought in
 		// between selection and attention (see attendOffload).
@@ -110,7 +118,7 @@ func (s *Shard) fusedInto(ctx context.Context, ls *LocalStep, step stepFunc, o, 
 		}
 	}
 	t0 := time.Now()
-	if err := step(ctx, s.shape, ls.kl, &ls.batch, ls.q, &ls.topk, &ls.lists, o, lse); err != nil {
+	if err := run(ctx, s.shape, ls.kl, &ls.batch, ls.q, &ls.topk, &ls.lists); err != nil {
 		return true, fmt.Errorf("fused step layer %d: %w", ls.layer, err)
 	}
 	ls.Time.Fused = time.Since(t0)

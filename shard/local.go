@@ -50,6 +50,7 @@ type LocalStep struct {
 	tables kernels.DeviceTables // batch.Tables of a DeviceResident shard
 	table  []int32
 	q      []float32
+	qDev   bool    // BeginTensor: the queries are a device tensor, q is empty
 	lastG  []int32 // per sequence: the global index of the last local page
 	scored bool
 	scores []float32
@@ -112,10 +113,20 @@ func (ls *LocalStep) localRange(i, lo, hi int) (int, int) {
 func (s *Shard) Begin(ls *LocalStep, layer int, parts []SeqPart) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.begin(ls, layer, parts)
+	return s.begin(ls, layer, parts, false)
 }
 
-func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart) error {
+// BeginTensor is Begin for a step whose queries are a device tensor
+// (FusedStepTensor): the parts' Q are not read, and only FusedStepTensor
+// may run the step.
+func (s *Shard) BeginTensor(ls *LocalStep, layer int, parts []SeqPart) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.begin(ls, layer, parts, true)
+}
+
+// begin loads the parts; tensorQ leaves the queries to a device tensor.
+func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart, tensorQ bool) error {
 	sh := s.shape
 	if s.ds != nil && s.dev == nil {
 		return errors.New("step: the shard is closed (its device pools are freed)")
@@ -132,11 +143,11 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart) error {
 	ls.batch.Tables = nil
 	ls.tables.Seqs = ls.tables.Seqs[:0]
 	total := int32(0)
-	ls.q = ls.q[:0]
+	ls.q, ls.qDev = ls.q[:0], tensorQ
 	ls.Time = PhaseTimes{}
 	ls.scored = false
 	for i, p := range parts {
-		if len(p.Q) != sh.QHeads*sh.HeadDim {
+		if !tensorQ && len(p.Q) != sh.QHeads*sh.HeadDim {
 			return fmt.Errorf("step: %w: part %d: query has %d floats, want %d", ErrBadInput, i, len(p.Q), sh.QHeads*sh.HeadDim)
 		}
 		v, err := s.store.View(p.Seq, layer)

@@ -405,7 +405,7 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 		ws.parts = append(ws.parts, SeqPart{Seq: r.Seq, Plan: pl, Q: r.Q})
 	}
 	ls := &ws.ls
-	if err := s.begin(ls, layer, ws.parts); err != nil {
+	if err := s.begin(ls, layer, ws.parts, false); err != nil {
 		return err
 	}
 	if !opt.Phased && !opt.Diagnostics {

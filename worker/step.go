@@ -19,6 +19,7 @@ type stepState struct {
 	next        int   // the lowest layer the next Layer call may run
 	ran         []int // layers whose collectives ran (forgotten on failure)
 	failed      bool
+	queued      bool // LayerTensor queued work that EndStep waits for
 	phased      bool
 	diag, dense bool
 	seqs        []StepSeq
@@ -38,7 +39,7 @@ type stepState struct {
 // its buffers (a worker has at most one open step: one stepState serves
 // them all).
 func (st *stepState) reset(m BeginRequest, ranks int) {
-	st.id, st.first, st.next, st.ran, st.failed = m.Step, m.Layer, m.Layer, st.ran[:0], false
+	st.id, st.first, st.next, st.ran, st.failed, st.queued = m.Step, m.Layer, m.Layer, st.ran[:0], false, false
 	st.phased, st.diag, st.dense = m.Phased || m.Diagnostics, m.Diagnostics, m.ForceDense
 	st.seqs = append(st.seqs[:0], m.Seqs...)
 	if st.index == nil {
@@ -275,12 +276,20 @@ func (l *Local) checkLayerRequest(st *stepState, m LayerRequest) ([]int, error) 
 // refused: no Layer call can have run (or sent messages under) such a
 // layer, and a bad list must not stop the step from ending and the
 // valid layers' tags from being forgotten.
-func (l *Local) EndStep(_ context.Context, m EndRequest) error {
+func (l *Local) EndStep(ctx context.Context, m EndRequest) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := l.step
 	if st == nil || st.id != m.Step {
 		return fmt.Errorf("end step %d: %w: not the open step", m.Step, ErrStep)
+	}
+	// Work that LayerTensor queued: wait for it, so that the step's
+	// outputs and appended tokens are in place once it ends; a failure
+	// there fails the step (its tags are forgotten below) and is
+	// reported, but the step ends regardless.
+	serr := l.syncTensors(ctx)
+	if serr != nil {
+		st.failed = true
 	}
 	if (m.Failed || st.failed) && !l.closed {
 		// Failure path only: a small scratch, one flag per layer.
@@ -299,6 +308,9 @@ func (l *Local) EndStep(_ context.Context, m EndRequest) error {
 		}
 	}
 	l.step = nil
+	if serr != nil {
+		return fmt.Errorf("end %w", serr)
+	}
 	return nil
 }
 

@@ -31,6 +31,24 @@ type Subject struct {
 	// Tol is the tolerance on outputs and LSE against the reference:
 	// |got - want| <= Tol x (1 + |want|) (default 1e-4).
 	Tol float64
+	// Tensors, when set, is device memory the Stepper takes in place:
+	// the suite then runs its unphased steps with q, k, v and the
+	// outputs in it (one output tensor per layer, read back after End),
+	// and checks the outputs and plans, not the LSE (a device step does
+	// not return it).
+	Tensors Tensors
+}
+
+// Tensors is device memory a test can fill and read back (for example
+// kernels/backendtest.QueuedDevice).
+type Tensors interface {
+	// AllocTensor returns a device tensor of n elements.
+	AllocTensor(n int) (decode.Tensor, error)
+	// UploadTensor copies src into t, in the order of the work queued so
+	// far.
+	UploadTensor(t decode.Tensor, src []float32) error
+	// DownloadTensor waits for the queued work and copies t out.
+	DownloadTensor(ctx context.Context, t decode.Tensor) ([]float32, error)
 }
 
 // SuggestedConfig is a small geometry and policy that makes every
@@ -91,6 +109,27 @@ func newWorld(t *testing.T, s Subject, lens ...int) *world {
 	return w
 }
 
+// upload returns a device tensor holding x (the zero Tensor for none).
+func (w *world) upload(x []float32) decode.Tensor {
+	if len(x) == 0 {
+		return decode.Tensor{}
+	}
+	t := w.alloc(len(x))
+	if err := w.s.Tensors.UploadTensor(t, x); err != nil {
+		w.t.Fatalf("upload: %v", err)
+	}
+	return t
+}
+
+// alloc returns a device tensor of n elements.
+func (w *world) alloc(n int) decode.Tensor {
+	t, err := w.s.Tensors.AllocTensor(n)
+	if err != nil {
+		w.t.Fatalf("alloc: %v", err)
+	}
+	return t
+}
+
 func (w *world) randn(n int) []float32 {
 	x := make([]float32, n)
 	for i := range x {
@@ -129,9 +168,23 @@ func (w *world) stepFrom(first int, rows []decode.Row, opt decode.Options) {
 	if tol == 0 {
 		tol = 1e-4
 	}
+	dev := w.s.Tensors
+	if opt.Phased {
+		dev = nil // a phased step runs on host tensors
+	}
+	// Device outputs are read back after End: per layer, the output
+	// tensor and the reference's output.
+	var devO []decode.Tensor
+	var refO [][]float32
 	for l := first; l < c.Layers; l++ {
 		q, k, v := w.randn(len(rows)*c.QRow()), w.randn(nNew*c.KVRow()), w.randn(nNew*c.KVRow())
-		if err := st.Layer(ctx, l, decode.Host(q), decode.Host(k), decode.Host(v), &res); err != nil {
+		if dev != nil {
+			res.O = w.alloc(len(q))
+			devO = append(devO, res.O)
+			if err := st.Layer(ctx, l, w.upload(q), w.upload(k), w.upload(v), &res); err != nil {
+				t.Fatalf("layer %d (device tensors): %v", l, err)
+			}
+		} else if err := st.Layer(ctx, l, decode.Host(q), decode.Host(k), decode.Host(v), &res); err != nil {
 			t.Fatalf("layer %d: %v", l, err)
 		}
 		if err := rst.Layer(ctx, l, decode.Host(q), decode.Host(k), decode.Host(v), &rres); err != nil {
@@ -141,6 +194,10 @@ func (w *world) stepFrom(first int, rows []decode.Row, opt decode.Options) {
 			if res.Plans[i] != rres.Plans[i] {
 				t.Errorf("layer %d row %d: plan %+v, reference %+v", l, i, res.Plans[i], rres.Plans[i])
 			}
+		}
+		if dev != nil {
+			refO = append(refO, append([]float32(nil), rres.O.Data...))
+			continue
 		}
 		o, err := res.O.HostData("output")
 		if err != nil {
@@ -158,6 +215,15 @@ func (w *world) stepFrom(first int, rows []decode.Row, opt decode.Options) {
 	}
 	if err := rst.End(ctx); err != nil {
 		t.Fatal(err)
+	}
+	for j, ot := range devO {
+		o, err := dev.DownloadTensor(ctx, ot)
+		if err != nil {
+			t.Fatalf("read back the output of layer %d: %v", first+j, err)
+		}
+		if i, g, r := far(o, refO[j], tol); i >= 0 {
+			t.Errorf("layer %d (device tensors): output %d (row %d) is %v, reference %v", first+j, i, i/c.QRow(), g, r)
+		}
 	}
 	for i, r := range rows {
 		want, _ := w.ref.Len(ctx, rrows[i].Seq)

@@ -2,6 +2,7 @@ package backendtest
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"sync"
 
@@ -12,13 +13,19 @@ import (
 // (kernels.QueuedStepper) the way a device queues them: StepQueued runs
 // the step into buffers of its own and fills the caller's o and lse with
 // NaN; Sync copies the results in. A caller that reads a queued output
-// before Sync sees NaN. Use it by pointer.
+// before Sync sees NaN. It also has pretend device memory that
+// decode.Tensor views can name (kernels.TensorStepper; see AllocTensor). Use
+// it by pointer.
 type QueuedDevice struct {
 	FakeDevice
+	// Ordinal is the pretend device's ordinal: its memory is cuda:Ordinal.
+	Ordinal int
 
 	mu      sync.Mutex
 	pending []queuedOut
 	queued  int
+	syncs   int
+	mem     [][]float32 // pretend device memory (tensors.go)
 }
 
 type queuedOut struct{ dst, src []float32 }
@@ -27,6 +34,16 @@ var _ kernels.QueuedStepper = (*QueuedDevice)(nil)
 
 // StepQueued implements kernels.QueuedStepper.
 func (d *QueuedDevice) StepQueued(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
+	return d.queue(ctx, s, l, b, q, plan, lists, o, lse, true)
+}
+
+// queue runs the step into buffers of its own and copies them into o and
+// lse at the next Sync; poison fills o and lse with NaN meanwhile (host
+// outputs: a caller that reads them early sees NaN).
+func (d *QueuedDevice) queue(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32, poison bool) error {
+	if len(o) != b.Len()*s.QHeads*s.HeadDim || len(lse) != b.Len()*s.QHeads {
+		return fmt.Errorf("fake device: o and lse hold %d and %d floats for %d sequences", len(o), len(lse), b.Len())
+	}
 	o2, lse2 := make([]float32, len(o)), make([]float32, len(lse))
 	// The contract leaves lists.Pages alone: run on a copy.
 	l2 := *lists
@@ -34,12 +51,14 @@ func (d *QueuedDevice) StepQueued(ctx context.Context, s kernels.Shape, l kernel
 	if err := d.FakeDevice.Step(ctx, s, l, b, q, plan, &l2, o2, lse2); err != nil {
 		return err
 	}
-	nan := float32(math.NaN())
-	for i := range o {
-		o[i] = nan
-	}
-	for i := range lse {
-		lse[i] = nan
+	if poison {
+		nan := float32(math.NaN())
+		for i := range o {
+			o[i] = nan
+		}
+		for i := range lse {
+			lse[i] = nan
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -54,6 +73,7 @@ func (d *QueuedDevice) StepQueued(ctx context.Context, s kernels.Shape, l kernel
 func (d *QueuedDevice) Sync(ctx context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.syncs++
 	if err := ctx.Err(); err != nil {
 		d.pending = nil
 		return err
@@ -70,4 +90,12 @@ func (d *QueuedDevice) Queued() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.queued
+}
+
+// Syncs is the number of Sync calls so far (DownloadTensor's included): the
+// host synchronisations a caller paid.
+func (d *QueuedDevice) Syncs() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.syncs
 }

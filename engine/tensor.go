@@ -1,0 +1,138 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/worker"
+)
+
+// Device tensors (decode.Tensor): an engine whose one worker is a
+// worker.TensorWorker on the tensors' device (an in-process grid of one
+// rank, CP 1 x TP 1, its pages on that device) runs a layer with q, k, v
+// and the output in place: the worker queues the appends and the fused
+// step on the device and Layer returns; End waits for the queued work,
+// one host synchronisation per step. Any other engine refuses device
+// tensors with decode.ErrDeviceTensor (its caller copies to the host).
+
+// tensorWorker returns the worker that takes the engine's device tensors
+// on dev, or an error wrapping decode.ErrDeviceTensor.
+func (e *Engine) tensorWorker(dev decode.Device) (worker.TensorWorker, error) {
+	if len(e.workers) != 1 {
+		return nil, fmt.Errorf("%w: device tensors need a grid of one in-process worker; this one has %d workers", decode.ErrDeviceTensor, len(e.workers))
+	}
+	tw, ok := e.workers[0].(worker.TensorWorker)
+	if !ok {
+		return nil, fmt.Errorf("%w: the worker (%T) takes host tensors only", decode.ErrDeviceTensor, e.workers[0])
+	}
+	got, ok := tw.TensorDevice()
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%w: the worker takes host tensors only (device tensors need CP 1 x TP 1, quest selection, the pages on the device, no offload)", decode.ErrDeviceTensor)
+	case got != dev:
+		return nil, fmt.Errorf("%w: the tensors are on %v, the pages on %v", decode.ErrDeviceTensor, dev, got)
+	}
+	return tw, nil
+}
+
+// onDevice reports whether a layer's tensors are on a device.
+func onDevice(q, k, v decode.Tensor, res *decode.Result) bool {
+	return !q.OnHost() || !k.OnHost() || !v.OnHost() || !res.O.OnHost()
+}
+
+// layerTensor is Layer with device tensors (st checked the layer's order).
+func (st *stepState) layerTensor(ctx context.Context, layer int, q, k, v decode.Tensor, res *decode.Result) error {
+	e, c := st.e, st.e.cfg
+	n := len(st.reqs)
+	dev := q.Device
+	if st.opt.Phased {
+		return fmt.Errorf("layer %d: %w: a phased step runs on host tensors", layer, decode.ErrDeviceTensor)
+	}
+	tw, err := e.tensorWorker(dev)
+	if err != nil {
+		return fmt.Errorf("layer %d: %w", layer, err)
+	}
+	for _, t := range [...]struct {
+		name string
+		t    decode.Tensor
+		n    int
+	}{
+		{"q", q, n * c.QRow()}, {"k", k, st.nNew * c.KVRow()}, {"v", v, st.nNew * c.KVRow()}, {"output", res.O, n * c.QRow()},
+	} {
+		switch {
+		case t.t.Zero() && t.n == 0:
+		case t.t.Zero():
+			return fmt.Errorf("layer %d: %w: %s is empty, want %d floats", layer, ErrBadInput, t.name, t.n)
+		case t.t.Device != dev:
+			return fmt.Errorf("layer %d: %w: %s is on %v, q on %v", layer, decode.ErrDeviceTensor, t.name, t.t.Device, dev)
+		case t.t.Len != t.n:
+			return fmt.Errorf("layer %d: %w: %s has %d floats, want %d", layer, ErrBadInput, t.name, t.t.Len, t.n)
+		}
+	}
+	for i, sq := range st.seqs {
+		if sq.lens[layer] != st.lens[i] {
+			return fmt.Errorf("layer %d: %w: sequence %d has %d tokens in layer %d and %d in layer %d", layer, ErrBadInput,
+				st.reqs[i].Seq, st.lens[i], st.first, sq.lens[layer], layer)
+		}
+	}
+	plans, err := e.plans(layer, st.reqs, st.seqs, st.opt.ForceDense, res.Plans[:0])
+	if err != nil {
+		return fmt.Errorf("layer %d: %w", layer, err)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, c.StepTimeout)
+	defer cancel()
+	st.next = layer + 1
+	st.ran = append(st.ran, layer)
+	st.device = true
+	appended, err := tw.LayerTensor(ctx, st.id, layer, q, k, v, res.O, decode.Tensor{})
+	// The worker appended the first `appended` new tokens (one rank: a
+	// row's token is all there or not at all).
+	j := 0
+	for i, r := range st.reqs {
+		if r.K == nil {
+			continue
+		}
+		if j < appended {
+			st.seqs[i].lens[layer]++
+			st.queued = append(st.queued, i)
+		}
+		j++
+	}
+	if err != nil {
+		// The engine checked what the worker checks: a refusal there is
+		// a failure too.
+		st.err = fmt.Errorf("layer %d: %w", layer, err)
+		return fmt.Errorf("%w: %w", decode.ErrStepFailed, st.err)
+	}
+	res.LSE = res.LSE[:0]
+	res.Time = decode.Times{Total: time.Since(start)}
+	res.Plans = plans
+	return nil
+}
+
+// endTensor ends a step that queued work on a device: the worker's
+// EndStep waits for it. A failure there means the device did not store
+// what the step appended: the rows whose tokens were queued are marked
+// broken (their pages hold what the device left).
+func (st *stepState) endTensor(ctx context.Context) error {
+	e := st.e
+	// The queued work must be waited for whatever the caller's context
+	// says (the step ends either way): its own bound, not the caller's.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(endTimeout, e.cfg.StepTimeout))
+	defer cancel()
+	m := worker.EndRequest{Step: st.id, Failed: st.err != nil}
+	if m.Failed {
+		m.Layers = st.ran
+	}
+	err := e.workers[0].EndStep(ctx, m)
+	if err == nil {
+		return nil
+	}
+	for _, i := range st.queued {
+		st.seqs[i].broken = true
+	}
+	return fmt.Errorf("end step: %w: %w", decode.ErrStepFailed, err)
+}

@@ -1,0 +1,167 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/shard"
+)
+
+// TensorWorker is a Worker that runs a layer with its tensors in a
+// device's memory, in place and queued (decode.Tensor): the in-process
+// worker whose one rank keeps its pages on that device. A remote worker
+// is not one; its caller copies to the host and sends.
+type TensorWorker interface {
+	Worker
+	// TensorDevice returns the device whose tensors LayerTensor takes,
+	// and false when it takes none now.
+	TensorDevice() (decode.Device, bool)
+	// LayerTensor is Layer for a worker of one rank with every tensor on
+	// TensorDevice: q [seqs][QHeads][HeadDim] and the new tokens' k and v
+	// [new][KVHeads][HeadDim] in the step's order, o and lse
+	// ([seqs][QHeads]; lse may be the zero Tensor) written by the queued
+	// work. It checks shapes and devices (refused: nothing changed, the
+	// step open), queues the appends and the fused step on the device
+	// and returns how many of the new tokens it appended (in order; all
+	// of them unless it failed); EndStep waits for the queued work and
+	// reports its failure.
+	LayerTensor(ctx context.Context, step uint64, layer int, q, k, v, o, lse decode.Tensor) (appended int, err error)
+}
+
+var _ TensorWorker = (*Local)(nil)
+
+// TensorDevice implements TensorWorker: one rank (CP 1, TP 1), quest
+// selection, no replicated mirror, and a shard that takes device tensors
+// (shard.Shard.TensorDevice).
+func (l *Local) TensorDevice() (decode.Device, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.tensorDevice()
+}
+
+func (l *Local) tensorDevice() (decode.Device, bool) {
+	if l.closed || len(l.ranks) != 1 || l.cfg.CP != 1 || l.cfg.TP != 1 || l.ranks[0].mirror != nil || l.cfg.Policy.Selector != plan.Quest {
+		return decode.Device{}, false
+	}
+	return l.ranks[0].sh.TensorDevice()
+}
+
+// LayerTensor implements TensorWorker.
+func (l *Local) LayerTensor(ctx context.Context, step uint64, layer int, q, k, v, o, lse decode.Tensor) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return 0, ErrClosed
+	}
+	if err := l.checkTensorLayer(step, layer, q, k, v, o, lse); err != nil {
+		return 0, fmt.Errorf("layer %d of step %d: %w", layer, step, err)
+	}
+	st, c, rk := l.step, l.cfg, l.ranks[0]
+	st.next = layer + 1
+	st.ran = append(st.ran, layer)
+	st.queued = true
+	fail := func(err error) error {
+		st.failed = true
+		return fmt.Errorf("layer %d of step %d: rank %v: %w", layer, step, rk.id, err)
+	}
+	tok := c.KVHeads * c.HeadDim
+	for j, si := range st.fresh {
+		if err := rk.sh.AppendTensor(st.sq[si].local[0], layer, k.Slice(j*tok, tok), v.Slice(j*tok, tok)); err != nil {
+			return j, fail(fmt.Errorf("new token of sequence %d: %w", st.ids[si], err))
+		}
+	}
+	appended := len(st.fresh)
+	w := &rk.w
+	w.parts = w.parts[:0]
+	for si, sq := range st.sq {
+		w.parts = append(w.parts, shard.SeqPart{Seq: sq.local[0], Place: sq.layout.Place(0), Plan: st.plans[si]})
+	}
+	if err := rk.sh.BeginTensor(&w.ls, layer, w.parts); err != nil {
+		return appended, fail(err)
+	}
+	done, err := rk.sh.FusedStepTensor(ctx, &w.ls, q, o, lse)
+	switch {
+	case err != nil:
+		return appended, fail(err)
+	case !done:
+		return appended, fail(fmt.Errorf("%w: the step cannot run fused on the device", decode.ErrDeviceTensor))
+	}
+	return appended, nil
+}
+
+// checkTensorLayer validates a LayerTensor call against the open step
+// and computes the layer's plans (st.plans); it changes nothing else.
+func (l *Local) checkTensorLayer(step uint64, layer int, q, k, v, o, lse decode.Tensor) error {
+	c, st := l.cfg, l.step
+	dev, ok := l.tensorDevice()
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: this worker takes host tensors only", decode.ErrDeviceTensor)
+	case st == nil:
+		return fmt.Errorf("%w: no open step", ErrStep)
+	case step != st.id:
+		return fmt.Errorf("%w: step %d is open", ErrStep, st.id)
+	case st.failed:
+		return fmt.Errorf("%w: the step failed; end it", ErrStep)
+	case st.phased:
+		return fmt.Errorf("%w: %w: a phased step or diagnostics run on host tensors", ErrBadMessage, decode.ErrDeviceTensor)
+	}
+	if err := l.checkLayer(layer); err != nil {
+		return err
+	}
+	if layer < st.next {
+		return fmt.Errorf("%w: layers must increase (next %d)", ErrStep, st.next)
+	}
+	for _, t := range [...]struct {
+		name string
+		t    decode.Tensor
+		n    int
+	}{
+		{"q", q, len(st.seqs) * c.QHeads * c.HeadDim},
+		{"k", k, len(st.fresh) * c.KVHeads * c.HeadDim},
+		{"v", v, len(st.fresh) * c.KVHeads * c.HeadDim},
+		{"o", o, len(st.seqs) * c.QHeads * c.HeadDim},
+		{"lse", lse, len(st.seqs) * c.QHeads},
+	} {
+		if t.t.Zero() && (t.n == 0 || t.name == "lse") {
+			continue // no new tokens: k and v may be empty; lse not wanted
+		}
+		if t.t.Device != dev {
+			return fmt.Errorf("%w: %s is on %v, the worker's pages on %v", decode.ErrDeviceTensor, t.name, t.t.Device, dev)
+		}
+		if t.t.Len != t.n {
+			return fmt.Errorf("%w: %s has %d floats, want %d", ErrBadMessage, t.name, t.t.Len, t.n)
+		}
+	}
+	if layer != st.first {
+		for si, s := range st.seqs {
+			if err := l.checkLen(0, s.Seq, st.sq[si], layer, s.Len); err != nil {
+				return err
+			}
+		}
+	}
+	st.plans = st.plans[:0]
+	for _, s := range st.seqs {
+		pl, err := l.plan(layer, s, st.dense)
+		if err != nil {
+			return err
+		}
+		st.plans = append(st.plans, pl)
+	}
+	return nil
+}
+
+// syncTensors waits for the work LayerTensor queued in the open step
+// (l.mu held).
+func (l *Local) syncTensors(ctx context.Context) error {
+	if !l.step.queued {
+		return nil
+	}
+	l.step.queued = false
+	if err := l.ranks[0].sh.Sync(ctx); err != nil {
+		return fmt.Errorf("step %d: rank %v: %w", l.step.id, l.ranks[0].id, err)
+	}
+	return nil
+}
