@@ -179,7 +179,7 @@ func (e *Engine) agree(r Recovered) (Adopted, error) {
 	// A worker that holds more is rolled back by the same number of
 	// tokens in every layer, from one length (the Rollback message's).
 	for w, p := range r.Parts {
-		if slices.Equal(p.Lens, a.Lens) {
+		if e.holdsSame(w, lay, p.Lens, a.Lens) {
 			continue
 		}
 		d := p.Lens[0] - a.Lens[0]
@@ -197,7 +197,7 @@ func (e *Engine) agree(r Recovered) (Adopted, error) {
 func (e *Engine) trim(ctx context.Context, r Recovered, sq *seqState) error {
 	for w, p := range r.Parts {
 		d := p.Lens[0] - sq.lens[0]
-		if d == 0 {
+		if d == 0 || e.holdsSame(w, r.Layout, p.Lens, sq.lens) {
 			continue
 		}
 		wk := e.workers[w]
@@ -268,4 +268,22 @@ func (e *Engine) DropRecovered(ctx context.Context, w int, key uint64) error {
 		return fmt.Errorf("drop recovered %d on worker %d: %w", key, w, err)
 	}
 	return nil
+}
+
+// holdsSame reports whether worker w's ranks own, in every layer, as
+// many tokens of a sequence laid out by lay at lengths have as at
+// lengths want: a worker's recovered lengths are the longest its
+// tokens fit, and it need not roll back to shorter ones that give its
+// ranks the same tokens.
+func (e *Engine) holdsSame(w int, lay plan.Layout, have, want []int) bool {
+	S := e.cfg.PageSize
+	for _, rk := range e.hosts[w] {
+		p := lay.Place(rk.CP)
+		for l := range have {
+			if p.Tokens(S, have[l]) != p.Tokens(S, want[l]) {
+				return false
+			}
+		}
+	}
+	return true
 }

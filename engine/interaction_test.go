@@ -29,19 +29,56 @@ import (
 //
 // Commands (state carries over within a file):
 //
-//	engine cp=N tp=N layers=L [q-heads=H kv-heads=H dim=D page=S budget=B dense-layers=N sink=N local=N] [replicated]
+//	engine cp=N tp=N layers=L [q-heads=H kv-heads=H dim=D page=S budget=B dense-layers=N sink=N local=N] [replicated] [persist]
+//	                                  (persist: every worker keeps a data
+//	                                   directory, worker.Config.DataDir)
 //	create name=X
-//	append name=X tokens=N            (N random tokens to every layer)
+//	append name=X tokens=N [seed=S [skip=K]] [layer=L]
+//	                                  (N random tokens to every layer, or
+//	                                   to layer L;
+//	                                   seed: drawn from seed S, not the
+//	                                   file's stream; skip: the last N of
+//	                                   the K+N tokens tokens=K+N draws)
 //	begin rows=(X+, Y) [first=L] [budget=B] [dense-layers=N]
 //	                                  (X+: X brings a new token)
-//	layer l=L [bad=q|layer]           (the open step's layer; random q, k, v)
+//	layer l=L [bad=q|layer] [seed=S] [as=LABEL]
+//	                                  (the open step's layer; random q, k,
+//	                                   v; as: compare o and lse bit for bit
+//	                                   with the layer first run as LABEL in
+//	                                   this file, or record it)
 //	end
 //	fail w=N op=begin|layer           (worker N fails its next such call,
 //	                                   after doing it)
 //	len name=X
+//	release name=X
+//
+// and, for persisting workers (interaction_restart_test.go):
+//
+//	restart w=(N, ...)|all [crash[=(N, ...)]] [engine]
+//	                                  (close the workers and reopen them
+//	                                   from their data directories;
+//	                                   crash: (those listed) from a copy
+//	                                   taken before the close, as kill -9
+//	                                   leaves it; alone, a worker keeps
+//	                                   its transport; engine, with w=all:
+//	                                   the grid reopens as a cluster
+//	                                   reopens it: engine closed first,
+//	                                   new transports, a new engine over
+//	                                   the workers)
+//	adopt name=X                      (the engine adopts what the workers
+//	                                   recovered of X's id)
+//	seqs                              (the engine's sequence table)
+//	parked                            (the workers' parked keys)
+//	pending                           (collective messages buffered per
+//	                                   worker, unreceived)
+//
+// A worker's call that fails prints its error on the next line
+// ("w1   -> ...").
 func TestInteraction(t *testing.T) {
+	digests := map[string]digest{} // layer outputs by label, per file
 	datadriven.Walk(t, "testdata/interaction", func(t *testing.T, path string) {
-		env := &interaction{}
+		clear(digests)
+		env := &interaction{t: t, digests: digests}
 		defer env.close()
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			return env.run(t, d)
@@ -50,6 +87,7 @@ func TestInteraction(t *testing.T) {
 }
 
 type interaction struct {
+	t     *testing.T
 	e     *Engine
 	cfg   Config
 	rng   *rand.Rand
@@ -60,6 +98,14 @@ type interaction struct {
 	trs   []collective.Transport
 	locs  []*worker.Local
 	rec   *recorder
+	// Per worker: its recorder wrapper (the engine's host; a restart
+	// swaps the worker behind it), its config and rank.
+	wrs   []*recWorker
+	wcfgs []worker.Config
+	specs []worker.RankSpec
+	hosts []Host
+	// digests are the layer outputs recorded under a label (layer as=).
+	digests map[string]digest
 }
 
 // recorder logs the workers' calls and injects failures.
@@ -114,22 +160,59 @@ type recWorker struct {
 	rec *recorder
 }
 
-func (r recWorker) Create(ctx context.Context, m worker.CreateRequest) error {
+// answer logs a failed call's error under its call's line.
+func (r *recWorker) answer(err error) error {
+	if err != nil {
+		r.rec.log(r.w, "  -> %v", err)
+	}
+	return err
+}
+
+func (r *recWorker) Create(ctx context.Context, m worker.CreateRequest) error {
 	r.rec.log(r.w, "Create seq=%d", m.Seq)
-	return r.Worker.Create(ctx, m)
+	return r.answer(r.Worker.Create(ctx, m))
 }
 
-func (r recWorker) Check(ctx context.Context, m worker.CheckRequest) error {
+func (r *recWorker) Release(ctx context.Context, m worker.ReleaseRequest) error {
+	r.rec.log(r.w, "Release seq=%d", m.Seq)
+	return r.answer(r.Worker.Release(ctx, m))
+}
+
+func (r *recWorker) Check(ctx context.Context, m worker.CheckRequest) error {
 	r.rec.log(r.w, "Check seq=%d layer=%d len=%d append=%d drop=%d", m.Seq, m.Layer, m.Len, m.Append, m.Drop)
-	return r.Worker.Check(ctx, m)
+	return r.answer(r.Worker.Check(ctx, m))
 }
 
-func (r recWorker) Append(ctx context.Context, m worker.AppendRequest) error {
+func (r *recWorker) Append(ctx context.Context, m worker.AppendRequest) error {
 	r.rec.log(r.w, "Append seq=%d rank=(%d,%d) layer=%d start=%d tokens=%d", m.Seq, m.Rank.TP, m.Rank.CP, m.Layer, m.Start, m.Tokens)
-	return r.Worker.Append(ctx, m)
+	return r.answer(r.Worker.Append(ctx, m))
 }
 
-func (r recWorker) BeginStep(ctx context.Context, m worker.BeginRequest) error {
+func (r *recWorker) Rollback(ctx context.Context, m worker.RollbackRequest) (worker.RollbackReply, error) {
+	r.rec.log(r.w, "Rollback seq=%d rank=(%d,%d) len=%d drop=%d", m.Seq, m.Rank.TP, m.Rank.CP, m.Len, m.Drop)
+	rep, err := r.Worker.Rollback(ctx, m)
+	return rep, r.answer(err)
+}
+
+// The Claimer calls (Adopt, DropRecovered), on the worker behind r.
+var _ Claimer = (*recWorker)(nil)
+
+func (r *recWorker) Claim(ctx context.Context, key, seq uint64) error {
+	r.rec.log(r.w, "Claim key=%d seq=%d", key, seq)
+	return r.answer(r.Worker.(Claimer).Claim(ctx, key, seq))
+}
+
+func (r *recWorker) DropRecovered(ctx context.Context, key uint64) error {
+	r.rec.log(r.w, "DropRecovered key=%d", key)
+	return r.answer(r.Worker.(Claimer).DropRecovered(ctx, key))
+}
+
+func (r *recWorker) Park(ctx context.Context, seq uint64) error {
+	r.rec.log(r.w, "Park seq=%d", seq)
+	return r.answer(r.Worker.(Claimer).Park(ctx, seq))
+}
+
+func (r *recWorker) BeginStep(ctx context.Context, m worker.BeginRequest) error {
 	var seqs []string
 	for _, s := range m.Seqs {
 		x := fmt.Sprintf("%d:len=%d", s.Seq, s.Len)
@@ -147,12 +230,12 @@ func (r recWorker) BeginStep(ctx context.Context, m worker.BeginRequest) error {
 	r.rec.log(r.w, "BeginStep step=%d layer=%d seqs=[%s]", m.Step, m.Layer, strings.Join(seqs, " "))
 	err := r.Worker.BeginStep(ctx, m)
 	if err == nil && r.rec.failing(r.w, "begin") {
-		return fmt.Errorf("w%d: %w", r.w, errScripted)
+		err = fmt.Errorf("w%d: %w", r.w, errScripted)
 	}
-	return err
+	return r.answer(err)
 }
 
-func (r recWorker) Layer(ctx context.Context, m worker.LayerRequest, rep *worker.LayerReply) error {
+func (r *recWorker) Layer(ctx context.Context, m worker.LayerRequest, rep *worker.LayerReply) error {
 	var ranks []string
 	for _, in := range m.Ranks {
 		ranks = append(ranks, fmt.Sprintf("(%d,%d) q=%d k=%d mirror=%d", in.Rank.TP, in.Rank.CP, len(in.Q), len(in.K), len(in.MirrorK)))
@@ -160,14 +243,14 @@ func (r recWorker) Layer(ctx context.Context, m worker.LayerRequest, rep *worker
 	r.rec.log(r.w, "Layer step=%d layer=%d ranks=[%s]", m.Step, m.Layer, strings.Join(ranks, " "))
 	err := r.Worker.Layer(ctx, m, rep)
 	if err == nil && r.rec.failing(r.w, "layer") {
-		return fmt.Errorf("w%d: %w", r.w, errScripted)
+		err = fmt.Errorf("w%d: %w", r.w, errScripted)
 	}
-	return err
+	return r.answer(err)
 }
 
-func (r recWorker) EndStep(ctx context.Context, m worker.EndRequest) error {
+func (r *recWorker) EndStep(ctx context.Context, m worker.EndRequest) error {
 	r.rec.log(r.w, "EndStep step=%d failed=%v layers=%v", m.Step, m.Failed, m.Layers)
-	return r.Worker.EndStep(ctx, m)
+	return r.answer(r.Worker.EndStep(ctx, m))
 }
 
 func (env *interaction) close() {
@@ -186,7 +269,7 @@ func (env *interaction) close() {
 	if env.be != nil {
 		env.be.Close()
 	}
-	*env = interaction{}
+	*env = interaction{t: env.t, digests: env.digests}
 }
 
 func arg(t *testing.T, d *datadriven.TestData, key string, def int) int {
@@ -215,26 +298,36 @@ func (env *interaction) run(t *testing.T, d *datadriven.TestData) string {
 		env.cfg, env.rng, env.names = c, rand.New(rand.NewPCG(1, 2)), map[string]SeqID{}
 		env.rec = &recorder{fail: map[int]string{}}
 		env.be = kernels.NewCPU(kernels.CPUConfig{})
-		var hosts []Host
 		for tp := range c.TP {
 			trs := collective.NewInprocGroup(c.CP)
 			env.trs = append(env.trs, trs...)
 			for cp := range c.CP {
 				r := worker.Rank{TP: tp, CP: cp}
-				l, err := worker.NewLocal(c.WorkerConfig(), []worker.RankSpec{{Rank: r, Backend: env.be, Transport: trs[cp]}})
+				wc := c.WorkerConfig()
+				if d.HasArg("persist") {
+					wc.DataDir, wc.GridID = env.t.TempDir(), "interaction"
+				}
+				spec := worker.RankSpec{Rank: r, Backend: env.be, Transport: trs[cp]}
+				l, err := worker.NewLocal(wc, []worker.RankSpec{spec})
 				if err != nil {
 					t.Fatal(err)
 				}
-				env.locs = append(env.locs, l)
-				hosts = append(hosts, Host{Worker: recWorker{Worker: l, w: len(hosts), rec: env.rec}, Ranks: []worker.Rank{r}})
+				wr := &recWorker{Worker: l, w: len(env.hosts), rec: env.rec}
+				env.locs, env.wrs = append(env.locs, l), append(env.wrs, wr)
+				env.wcfgs, env.specs = append(env.wcfgs, wc), append(env.specs, spec)
+				env.hosts = append(env.hosts, Host{Worker: wr, Ranks: []worker.Rank{r}})
 			}
 		}
-		e, err := Open(c, hosts)
+		e, err := Open(c, env.hosts)
 		if err != nil {
 			return err.Error()
 		}
 		env.e = e
-		return fmt.Sprintf("%d workers, one rank each (worker = tp*%d + cp)\n", len(hosts), c.CP)
+		out := fmt.Sprintf("%d workers, one rank each (worker = tp*%d + cp)\n", len(env.hosts), c.CP)
+		if d.HasArg("persist") {
+			out += "persisting: every worker has a data directory\n"
+		}
+		return out
 	case "create":
 		var name string
 		d.ScanArgs(t, "name", &name)
@@ -248,10 +341,14 @@ func (env *interaction) run(t *testing.T, d *datadriven.TestData) string {
 	case "append":
 		var name string
 		d.ScanArgs(t, "name", &name)
-		n := arg(t, d, "tokens", 1)
+		n, skip, row := arg(t, d, "tokens", 1), arg(t, d, "skip", 0), env.cfg.KVRow()
 		var errs []string
 		for l := range env.cfg.Layers {
-			k, v := env.randn(n*env.cfg.KVRow()), env.randn(n*env.cfg.KVRow())
+			if d.HasArg("layer") && l != arg(t, d, "layer", 0) {
+				continue
+			}
+			rng := env.rngFor(t, d, l)
+			k, v := randn(rng, (skip+n)*row)[skip*row:], randn(rng, (skip+n)*row)[skip*row:]
 			if err := env.e.Append(env.names[name], l, k, v); err != nil {
 				errs = append(errs, fmt.Sprintf("layer %d: %v", l, err))
 			}
@@ -283,7 +380,8 @@ func (env *interaction) run(t *testing.T, d *datadriven.TestData) string {
 		l := arg(t, d, "l", 0)
 		c := env.cfg
 		nNew := decode.Batch{Rows: env.rows}.NewRows()
-		q, k, v := env.randn(len(env.rows)*c.QRow()), env.randn(nNew*c.KVRow()), env.randn(nNew*c.KVRow())
+		rng := env.rngFor(t, d, l)
+		q, k, v := randn(rng, len(env.rows)*c.QRow()), randn(rng, nNew*c.KVRow()), randn(rng, nNew*c.KVRow())
 		if d.HasArg("bad") {
 			var what string
 			d.ScanArgs(t, "bad", &what)
@@ -299,6 +397,11 @@ func (env *interaction) run(t *testing.T, d *datadriven.TestData) string {
 			out += fmt.Sprintf("row %d: plan pages=%d dense=%v K=%d sink=%d local=%d rank=%d; o[0:3]=%.4f lse[0]=%.4f\n",
 				i, pl.Pages, pl.Dense, pl.K, pl.Sink, pl.Local, pl.Rank, res.O.Data[i*c.QRow():i*c.QRow()+3], res.LSE[i*c.QHeads])
 		}
+		if d.HasArg("as") {
+			var label string
+			d.ScanArgs(t, "as", &label)
+			out += env.compare(label, res.O.Data[:len(env.rows)*c.QRow()], res.LSE)
+		}
 		return out
 	case "end":
 		if env.step == nil {
@@ -312,6 +415,13 @@ func (env *interaction) run(t *testing.T, d *datadriven.TestData) string {
 		d.ScanArgs(t, "op", &op)
 		env.rec.fail[arg(t, d, "w", 0)] = op
 		return ""
+	case "release":
+		var name string
+		d.ScanArgs(t, "name", &name)
+		err := env.e.Release(env.names[name])
+		return env.rec.flush() + outcome(errStrings(err))
+	case "restart", "adopt", "seqs", "parked", "pending":
+		return env.runRestart(t, d)
 	case "len":
 		var name string
 		d.ScanArgs(t, "name", &name)
@@ -325,10 +435,20 @@ func (env *interaction) run(t *testing.T, d *datadriven.TestData) string {
 	return ""
 }
 
-func (env *interaction) randn(n int) []float32 {
+// rngFor returns the generator of a command's draws for layer l: the
+// file's stream, or with seed=S one seeded by (S, l), so that the same
+// command draws the same tensors whatever ran before it.
+func (env *interaction) rngFor(t *testing.T, d *datadriven.TestData, l int) *rand.Rand {
+	if !d.HasArg("seed") {
+		return env.rng
+	}
+	return rand.New(rand.NewPCG(uint64(arg(t, d, "seed", 0)), uint64(l)))
+}
+
+func randn(rng *rand.Rand, n int) []float32 {
 	x := make([]float32, n)
 	for i := range x {
-		x[i] = float32(env.rng.NormFloat64())
+		x[i] = float32(rng.NormFloat64())
 	}
 	return x
 }

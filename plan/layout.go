@@ -136,6 +136,20 @@ func (p Place) Count(x int) int {
 	return (x/round)*b + min(max(x%round-p.Rank*b, 0), b)
 }
 
+// Tokens returns how many of the token positions [0, n) this rank holds,
+// with pages of pageSize tokens.
+func (p Place) Tokens(pageSize, n int) int {
+	if n <= 0 {
+		return 0
+	}
+	full, rem := n/pageSize, n%pageSize
+	c := p.Count(full) * pageSize
+	if rem > 0 && p.Owner(full) == p.Rank {
+		c += rem
+	}
+	return c
+}
+
 // LocalRange returns the local pages [a, b) whose global index lies in
 // [lo, hi).
 func (p Place) LocalRange(lo, hi int) (int, int) {

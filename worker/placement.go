@@ -9,17 +9,7 @@ import "github.com/questrt/questrt/plan"
 
 // owned returns how many of the token positions [0, n) of a sequence lie
 // on pages that rank place owns: O(1), from the placement alone.
-func owned(p plan.Place, pageSize, n int) int {
-	if n <= 0 {
-		return 0
-	}
-	full, rem := n/pageSize, n%pageSize
-	c := p.Count(full) * pageSize
-	if rem > 0 && p.Owner(full) == p.Rank {
-		c += rem
-	}
-	return c
-}
+func owned(p plan.Place, pageSize, n int) int { return p.Tokens(pageSize, n) }
 
 // ownedRange returns how many of the positions [lo, hi) rank place owns.
 func ownedRange(p plan.Place, pageSize, lo, hi int) int {
