@@ -175,6 +175,12 @@ func (b *Backend) loop(ready chan<- error) {
 		return
 	}
 	defer slotsMod.Unload()
+	modelMod, err := loadModelKernels(b.fn)
+	if err != nil {
+		ready <- err
+		return
+	}
+	defer modelMod.Unload()
 	ready <- nil
 	<-b.quit // Close holds the turn: no call runs
 	for _, bf := range b.bufs {

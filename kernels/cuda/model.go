@@ -1,0 +1,276 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+
+	"gorgonia.org/cu"
+
+	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/plan"
+)
+
+// Model kernels (model.cu) for the device executor (model/gpu): weight
+// matrices in device memory and the decoder's operations on float32
+// activations held in device tensors of the backend (AllocTensor). Each
+// call queues its kernel on the backend's stream and returns; Argmax
+// waits (it is the executor's one host synchronisation per token).
+
+// gemvRows is the most rows one model_gemv launch serves (GEMV_ROWS).
+const gemvRows = 16
+
+func loadModelKernels(fn map[string]cu.Function) (cu.Module, error) {
+	mod, err := cu.LoadData(PTXModel)
+	if err != nil {
+		return mod, fmt.Errorf("cuda: load model PTX: %w", err)
+	}
+	for _, n := range modelKernelNames() {
+		f, err := mod.Function(n)
+		if err != nil {
+			mod.Unload()
+			return mod, fmt.Errorf("cuda: kernel %s: %w", n, err)
+		}
+		fn[n] = f
+	}
+	return mod, nil
+}
+
+// Matrix is a weight matrix [Rows][Cols] in the backend's device memory,
+// stored as DType (plan.Float32 or plan.BFloat16).
+type Matrix struct {
+	ptr        cu.DevicePtr
+	Rows, Cols int
+	DType      plan.DType
+}
+
+// Bytes is the matrix's size in device memory.
+func (m *Matrix) Bytes() int64 { return int64(m.Rows) * int64(m.Cols) * int64(m.DType.Bytes()) }
+
+func weightName(dt plan.DType) (string, error) {
+	switch dt {
+	case plan.Float32:
+		return "f32", nil
+	case plan.BFloat16:
+		return "bf16", nil
+	}
+	return "", fmt.Errorf("cuda: weights as %v: the model kernels take float32 or bf16", dt)
+}
+
+// UploadMatrix copies w ([rows][cols] float32) to the device as dt.
+func (b *Backend) UploadMatrix(ctx context.Context, w []float32, rows, cols int, dt plan.DType) (*Matrix, error) {
+	if _, err := weightName(dt); err != nil {
+		return nil, err
+	}
+	if rows <= 0 || cols <= 0 || len(w) != rows*cols {
+		return nil, fmt.Errorf("cuda: upload matrix: %d floats for %d x %d", len(w), rows, cols)
+	}
+	m := &Matrix{Rows: rows, Cols: cols, DType: dt}
+	err := b.do(ctx, func() error {
+		p, err := cu.MemAlloc(m.Bytes())
+		if err != nil {
+			return fmt.Errorf("cuda: alloc a %d x %d matrix (%d bytes): %w", rows, cols, m.Bytes(), err)
+		}
+		if err := b.convert(p, dt, w); err != nil {
+			cu.MemFree(p)
+			return err
+		}
+		m.ptr = p
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// FreeMatrix frees m's device memory.
+func (b *Backend) FreeMatrix(ctx context.Context, m *Matrix) error {
+	if m == nil || m.ptr == 0 {
+		return nil
+	}
+	return b.do(context.WithoutCancel(ctx), func() error {
+		err := cu.MemFree(m.ptr)
+		m.ptr = 0
+		return err
+	})
+}
+
+// rowsOf checks that t is a device tensor of the backend holding rows x
+// width floats.
+func (b *Backend) rowsOf(what string, t decode.Tensor, rows, width int) error {
+	return b.checkTensor(what, t, rows*width)
+}
+
+// Embed writes the rows of table ([vocab][H]) that ids name into out
+// ([len(ids)][H]).
+func (b *Backend) Embed(ctx context.Context, out decode.Tensor, table *Matrix, ids []int32) error {
+	name, err := weightName(table.DType)
+	if err != nil {
+		return err
+	}
+	if err := b.rowsOf("embed out", out, len(ids), table.Cols); err != nil {
+		return err
+	}
+	for i, id := range ids {
+		if id < 0 || int(id) >= table.Rows {
+			return fmt.Errorf("cuda: embed: token %d at row %d outside the vocabulary of %d", id, i, table.Rows)
+		}
+	}
+	return b.do(ctx, func() error {
+		p, err := upload(b, "model.ids", ids)
+		if err != nil {
+			return err
+		}
+		return b.launch("model_embed_"+name, [3]int{len(ids), 1, 1}, 256, 0, uint64(out.Ptr), u(table.ptr), u(p), uint64(table.Cols))
+	})
+}
+
+// RMSNorm writes x ([rows][H]) normalised and scaled by w (1 x H) into
+// out (which may be x).
+func (b *Backend) RMSNorm(ctx context.Context, out, x decode.Tensor, w *Matrix, rows int, eps float32) error {
+	name, err := weightName(w.DType)
+	if err != nil {
+		return err
+	}
+	h := w.Rows * w.Cols
+	if err := b.rowsOf("rmsnorm out", out, rows, h); err != nil {
+		return err
+	}
+	if err := b.rowsOf("rmsnorm x", x, rows, h); err != nil {
+		return err
+	}
+	return b.do(ctx, func() error {
+		return b.launch("model_rmsnorm_"+name, [3]int{rows, 1, 1}, 256, 0, uint64(out.Ptr), uint64(x.Ptr), u(w.ptr), uint64(h), f32bits(eps))
+	})
+}
+
+// Gemv writes y = x w^T (+ res) for rows rows: x [rows][w.Cols], y and
+// res [rows][w.Rows]; res may be the zero Tensor, or y itself (a
+// residual add in place).
+func (b *Backend) Gemv(ctx context.Context, y decode.Tensor, w *Matrix, x, res decode.Tensor, rows int) error {
+	name, err := weightName(w.DType)
+	if err != nil {
+		return err
+	}
+	if err := b.rowsOf("gemv y", y, rows, w.Rows); err != nil {
+		return err
+	}
+	if err := b.rowsOf("gemv x", x, rows, w.Cols); err != nil {
+		return err
+	}
+	if !res.Zero() {
+		if err := b.rowsOf("gemv res", res, rows, w.Rows); err != nil {
+			return err
+		}
+	}
+	// Vector loads need 16-byte aligned rows of weights and x.
+	k8 := w.Cols%8 == 0 && x.Ptr%16 == 0
+	const warps = 8
+	return b.do(ctx, func() error {
+		for r0 := 0; r0 < rows; r0 += gemvRows {
+			n := min(gemvRows, rows-r0)
+			rp := uint64(0)
+			if !res.Zero() {
+				rp = uint64(res.Ptr) + uint64(r0*w.Rows*4)
+			}
+			if err := b.launch("model_gemv_"+name, [3]int{(w.Rows + warps - 1) / warps, 1, 1}, 32*warps, 0,
+				uint64(y.Ptr)+uint64(r0*w.Rows*4), u(w.ptr), uint64(x.Ptr)+uint64(r0*w.Cols*4), rp,
+				uint64(w.Rows), uint64(w.Cols), uint64(n), b2u(k8)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Rope rotates x ([rows][heads][d]) in place by the angles whose cosines
+// and sines cs holds ([rows][d/2][2], host memory).
+func (b *Backend) Rope(ctx context.Context, x decode.Tensor, rows, heads, d int, cs []float32) error {
+	if d%2 != 0 || d > 2048 || len(cs) != rows*d {
+		return fmt.Errorf("cuda: rope: head dim %d, %d cos/sin for %d rows", d, len(cs), rows)
+	}
+	if err := b.rowsOf("rope x", x, rows, heads*d); err != nil {
+		return err
+	}
+	return b.do(ctx, func() error {
+		p, err := upload(b, "model.cs", cs)
+		if err != nil {
+			return err
+		}
+		return b.launch("model_rope", [3]int{heads, rows, 1}, d/2, 0, uint64(x.Ptr), u(p), uint64(heads), uint64(d))
+	})
+}
+
+// SiluMul sets g = silu(g) * u elementwise.
+func (b *Backend) SiluMul(ctx context.Context, g, up decode.Tensor) error {
+	if err := b.checkTensor("silu g", g, g.Len); err != nil {
+		return err
+	}
+	if err := b.checkTensor("silu u", up, g.Len); err != nil {
+		return err
+	}
+	return b.do(ctx, func() error {
+		return b.launch("model_silu_mul", [3]int{min((g.Len+255)/256, 4096), 1, 1}, 256, 0, uint64(g.Ptr), uint64(up.Ptr), uint64(g.Len))
+	})
+}
+
+// Argmax waits for the queued work and returns, per row of logits
+// ([rows][vocab]), the first index of its largest value.
+func (b *Backend) Argmax(ctx context.Context, logits decode.Tensor, rows, vocab int) ([]int32, error) {
+	if err := b.rowsOf("argmax logits", logits, rows, vocab); err != nil {
+		return nil, err
+	}
+	out := make([]int32, rows)
+	err := b.do(ctx, func() error {
+		p, err := b.buf("model.argmax", int64(rows)*4)
+		if err != nil {
+			return err
+		}
+		if err := b.launch("model_argmax", [3]int{rows, 1, 1}, 1024, 0, u(p), uint64(logits.Ptr), uint64(vocab)); err != nil {
+			return err
+		}
+		if err := cu.Synchronize(); err != nil {
+			return fmt.Errorf("cuda: argmax: wait: %w", err)
+		}
+		b.settle()
+		return cu.MemcpyDtoH(unsafe.Pointer(&out[0]), p, int64(rows)*4)
+	})
+	return out, err
+}
+
+// f32bits is x's bit pattern as a kernel's float parameter.
+func f32bits(x float32) uint64 { return uint64(*(*uint32)(unsafe.Pointer(&x))) }
+
+// RandomMatrix allocates a rows x cols matrix of dt on the device filled
+// with offset + scale * u, u uniform in [-1, 1) from seed (random weights
+// of a model without a checkpoint; nothing crosses from the host).
+func (b *Backend) RandomMatrix(ctx context.Context, rows, cols int, dt plan.DType, seed uint64, scale, offset float32) (*Matrix, error) {
+	name, err := weightName(dt)
+	if err != nil {
+		return nil, err
+	}
+	if rows <= 0 || cols <= 0 {
+		return nil, fmt.Errorf("cuda: random matrix of %d x %d", rows, cols)
+	}
+	m := &Matrix{Rows: rows, Cols: cols, DType: dt}
+	err = b.do(ctx, func() error {
+		p, err := cu.MemAlloc(m.Bytes())
+		if err != nil {
+			return fmt.Errorf("cuda: alloc a %d x %d matrix (%d bytes): %w", rows, cols, m.Bytes(), err)
+		}
+		n := int64(rows) * int64(cols)
+		if err := b.launch("model_fill_"+name, [3]int{int(min((n+255)/256, 4096)), 1, 1}, 256, 0, u(p), uint64(n), seed, f32bits(scale), f32bits(offset)); err != nil {
+			cu.MemFree(p)
+			return err
+		}
+		m.ptr = p
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}

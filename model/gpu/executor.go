@@ -1,0 +1,303 @@
+//go:build cuda
+
+package gpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/kernels/cuda"
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
+)
+
+// Options configure an Executor. Zero fields take their defaults.
+type Options struct {
+	// Float32Weights stores the weights as float32 on the device
+	// (default: bf16, half the bytes to stream per token).
+	Float32Weights bool
+	// MaxBatch is the most rows one Decode call takes (default 16).
+	MaxBatch int
+}
+
+// ErrBadInput marks a Decode call refused before anything ran.
+var ErrBadInput = errors.New("gpu: bad input")
+
+// Executor runs a model's decode steps on the device of a CUDA backend.
+// It is used by one goroutine at a time.
+type Executor struct {
+	be  *cuda.Backend
+	cfg model.Config
+	opt Options
+	rot func(cs []float32, pos int) []float32 // RoPE's cos/sin at a position
+
+	embed, norm, head *cuda.Matrix
+	layers            []layer
+
+	// Activations for MaxBatch rows, in device memory.
+	x, xn, q, k, v, o, gate, up, logits decode.Tensor
+	cs                                  []float32 // RoPE cos/sin of the rows, host
+	ids                                 []int32
+}
+
+type layer struct {
+	attnNorm, mlpNorm, wq, wk, wv, wo, gate, up, down *cuda.Matrix
+}
+
+// New uploads m's weights to be's device. Close frees them.
+func New(ctx context.Context, be *cuda.Backend, m *model.Model, opt Options) (*Executor, error) {
+	x := newExecutor(be, m.Config, opt, m.RopeCosSin)
+	c := x.cfg
+	w := m.Weights()
+	var err error
+	up := func(dst **cuda.Matrix, a []float32, rows, cols int, what string) {
+		if err != nil {
+			return
+		}
+		if *dst, err = be.UploadMatrix(ctx, a, rows, cols, x.dtype()); err != nil {
+			err = fmt.Errorf("gpu: upload %s: %w", what, err)
+		}
+	}
+	h, qd, kvd, inter := c.HiddenSize, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.IntermediateSize
+	up(&x.embed, w.Embed, c.VocabSize, h, "embedding")
+	up(&x.norm, w.Norm, 1, h, "final norm")
+	up(&x.head, w.LMHead, c.VocabSize, h, "LM head")
+	for i, lw := range w.Layers {
+		l := &x.layers[i]
+		name := func(s string) string { return fmt.Sprintf("layer %d %s", i, s) }
+		up(&l.attnNorm, lw.AttnNorm, 1, h, name("attention norm"))
+		up(&l.mlpNorm, lw.MLPNorm, 1, h, name("MLP norm"))
+		up(&l.wq, lw.Wq, qd, h, name("q"))
+		up(&l.wk, lw.Wk, kvd, h, name("k"))
+		up(&l.wv, lw.Wv, kvd, h, name("v"))
+		up(&l.wo, lw.Wo, h, qd, name("o"))
+		up(&l.gate, lw.Gate, inter, h, name("gate"))
+		up(&l.up, lw.Up, inter, h, name("up"))
+		up(&l.down, lw.Down, h, inter, name("down"))
+	}
+	return x.finish(ctx, err)
+}
+
+// NewRandom builds an executor of config c with random weights made on
+// the device from seed (vLLM's --load-format dummy): projections uniform
+// with the standard deviation 0.02 of Hugging Face's initialisation,
+// norms 1. For benchmarks of a model shape without its checkpoint.
+func NewRandom(ctx context.Context, be *cuda.Backend, c model.Config, seed uint64, opt Options) (*Executor, error) {
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	x := newExecutor(be, c, opt, model.NewRotary(c).CosSin)
+	var err error
+	n := uint64(0)
+	rnd := func(dst **cuda.Matrix, rows, cols int, norm bool) {
+		if err != nil {
+			return
+		}
+		n++
+		scale, offset := float32(0.02*math.Sqrt(3)), float32(0)
+		if norm {
+			scale, offset = 0, 1
+		}
+		*dst, err = be.RandomMatrix(ctx, rows, cols, x.dtype(), seed*1000003+n, scale, offset)
+	}
+	h, qd, kvd, inter := c.HiddenSize, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.IntermediateSize
+	rnd(&x.embed, c.VocabSize, h, false)
+	rnd(&x.norm, 1, h, true)
+	rnd(&x.head, c.VocabSize, h, false)
+	for i := range x.layers {
+		l := &x.layers[i]
+		rnd(&l.attnNorm, 1, h, true)
+		rnd(&l.mlpNorm, 1, h, true)
+		rnd(&l.wq, qd, h, false)
+		rnd(&l.wk, kvd, h, false)
+		rnd(&l.wv, kvd, h, false)
+		rnd(&l.wo, h, qd, false)
+		rnd(&l.gate, inter, h, false)
+		rnd(&l.up, inter, h, false)
+		rnd(&l.down, h, inter, false)
+	}
+	return x.finish(ctx, err)
+}
+
+func newExecutor(be *cuda.Backend, c model.Config, opt Options, rot func([]float32, int) []float32) *Executor {
+	if opt.MaxBatch <= 0 {
+		opt.MaxBatch = 16
+	}
+	return &Executor{be: be, cfg: c, opt: opt, rot: rot, layers: make([]layer, c.Layers)}
+}
+
+// dtype is the weights' storage type.
+func (x *Executor) dtype() plan.DType {
+	if x.opt.Float32Weights {
+		return plan.Float32
+	}
+	return plan.BFloat16
+}
+
+// finish allocates the activations once the weights are in (err: the
+// weights' failure) and frees everything on failure.
+func (x *Executor) finish(ctx context.Context, err error) (*Executor, error) {
+	c, be := x.cfg, x.be
+	alloc := func(dst *decode.Tensor, width int) {
+		if err != nil {
+			return
+		}
+		*dst, err = be.AllocTensor(x.opt.MaxBatch * width)
+	}
+	h, qd, kvd, inter := c.HiddenSize, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.IntermediateSize
+	alloc(&x.x, h)
+	alloc(&x.xn, h)
+	alloc(&x.q, qd)
+	alloc(&x.k, kvd)
+	alloc(&x.v, kvd)
+	alloc(&x.o, qd)
+	alloc(&x.gate, inter)
+	alloc(&x.up, inter)
+	alloc(&x.logits, c.VocabSize)
+	if err != nil {
+		x.Close(ctx)
+		return nil, err
+	}
+	return x, nil
+}
+
+// Close frees the weights on the device (the activation tensors live
+// until the backend closes).
+func (x *Executor) Close(ctx context.Context) error {
+	var errs []error
+	free := func(m *cuda.Matrix) {
+		if m != nil {
+			errs = append(errs, x.be.FreeMatrix(ctx, m))
+		}
+	}
+	free(x.embed)
+	free(x.norm)
+	free(x.head)
+	for _, l := range x.layers {
+		for _, m := range []*cuda.Matrix{l.attnNorm, l.mlpNorm, l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down} {
+			free(m)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WeightBytes is the device memory the weights take.
+func (x *Executor) WeightBytes() int64 {
+	n := x.embed.Bytes() + x.norm.Bytes() + x.head.Bytes()
+	for _, l := range x.layers {
+		for _, m := range []*cuda.Matrix{l.attnNorm, l.mlpNorm, l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down} {
+			n += m.Bytes()
+		}
+	}
+	return n
+}
+
+// Row is one sequence of a decode step: its sequence in the Stepper,
+// the token it decodes (not yet in the sequence) and that token's
+// position (the sequence's length), and its page budget (0: the
+// policy's).
+type Row struct {
+	Seq    decode.SeqID
+	Token  int
+	Pos    int
+	Budget int
+	// Dense attends every page in every layer (a dense reference step).
+	Dense bool
+}
+
+// Decode runs one decode step of rows through st (whose pages live on
+// the executor's device; see the package doc): each row's token goes
+// through every layer, its keys and values are appended, and the greedy
+// next token of each row comes back. One host synchronisation (the
+// argmax) besides the Stepper's End.
+func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([]int, error) {
+	c := x.cfg
+	n := len(rows)
+	switch {
+	case n == 0 || n > x.opt.MaxBatch:
+		return nil, fmt.Errorf("%w: %d rows, 1..%d", ErrBadInput, n, x.opt.MaxBatch)
+	}
+	x.ids, x.cs = x.ids[:0], x.cs[:0]
+	b := decode.Batch{Rows: make([]decode.Row, n)}
+	for i, r := range rows {
+		if r.Token < 0 || r.Token >= c.VocabSize {
+			return nil, fmt.Errorf("%w: row %d: token %d outside the vocabulary of %d", ErrBadInput, i, r.Token, c.VocabSize)
+		}
+		if r.Pos < 0 || (c.MaxPositions > 0 && r.Pos >= c.MaxPositions) {
+			return nil, fmt.Errorf("%w: row %d: position %d outside 0..%d", ErrBadInput, i, r.Pos, c.MaxPositions-1)
+		}
+		x.ids = append(x.ids, int32(r.Token))
+		x.cs = x.rot(x.cs, r.Pos)
+		b.Rows[i] = decode.Row{Seq: r.Seq, New: true, Budget: r.Budget}
+		if r.Dense {
+			b.Rows[i].DenseLayers = c.Layers
+		}
+	}
+	h, qd, kvd, inter := c.HiddenSize, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.IntermediateSize
+	view := func(t decode.Tensor, width int) decode.Tensor { return t.Slice(0, n*width) }
+	xx, xn, q, k, v, o := view(x.x, h), view(x.xn, h), view(x.q, qd), view(x.k, kvd), view(x.v, kvd), view(x.o, qd)
+	gate, up, logits := view(x.gate, inter), view(x.up, inter), view(x.logits, c.VocabSize)
+	eps := float32(c.RMSNormEps)
+	be := x.be
+	if err := be.Embed(ctx, xx, x.embed, x.ids); err != nil {
+		return nil, fmt.Errorf("gpu: embed: %w", err)
+	}
+	step, err := st.Begin(ctx, b)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: begin: %w", err)
+	}
+	res := decode.Result{O: o}
+	for li := range x.layers {
+		l := &x.layers[li]
+		err := errors.Join(
+			be.RMSNorm(ctx, xn, xx, l.attnNorm, n, eps),
+			be.Gemv(ctx, q, l.wq, xn, decode.Tensor{}, n),
+			be.Gemv(ctx, k, l.wk, xn, decode.Tensor{}, n),
+			be.Gemv(ctx, v, l.wv, xn, decode.Tensor{}, n),
+		)
+		if err == nil {
+			err = errors.Join(be.Rope(ctx, q, n, c.Heads, c.HeadDim, x.cs), be.Rope(ctx, k, n, c.KVHeads, c.HeadDim, x.cs))
+		}
+		if err == nil {
+			err = step.Layer(ctx, li, q, k, v, &res)
+		}
+		if err == nil {
+			err = errors.Join(
+				be.Gemv(ctx, xx, l.wo, o, xx, n),
+				be.RMSNorm(ctx, xn, xx, l.mlpNorm, n, eps),
+				be.Gemv(ctx, gate, l.gate, xn, decode.Tensor{}, n),
+				be.Gemv(ctx, up, l.up, xn, decode.Tensor{}, n),
+				be.SiluMul(ctx, gate, up),
+				be.Gemv(ctx, xx, l.down, gate, xx, n),
+			)
+		}
+		if err != nil {
+			step.End(ctx)
+			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+		}
+	}
+	if err := step.End(ctx); err != nil {
+		return nil, fmt.Errorf("gpu: end: %w", err)
+	}
+	if err := errors.Join(be.RMSNorm(ctx, xn, xx, x.norm, n, eps), be.Gemv(ctx, logits, x.head, xn, decode.Tensor{}, n)); err != nil {
+		return nil, fmt.Errorf("gpu: head: %w", err)
+	}
+	ids, err := be.Argmax(ctx, logits, n, c.VocabSize)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: argmax: %w", err)
+	}
+	next := make([]int, n)
+	for i, id := range ids {
+		next[i] = int(id)
+	}
+	return next, nil
+}
+
+// Logits returns the last Decode call's logits of its n rows (a copy;
+// it waits for the device). For tests and diagnostics.
+func (x *Executor) Logits(ctx context.Context, n int) ([]float32, error) {
+	return x.be.DownloadTensor(ctx, x.logits.Slice(0, n*x.cfg.VocabSize))
+}
