@@ -663,7 +663,13 @@ func TestUpNodeExitsByItself(t *testing.T) {
 	dir, questd := fakeCluster(t)
 	u := startUp(t, "--nodes", "3", "--questd", questd)
 	nodes := parseUpLines(t, u.waitUp(t))
-	if err := os.WriteFile(filepath.Join(dir, "quit-node-1"), []byte("4"), 0o644); err != nil {
+	// Written aside and renamed: the fake polls for the file and must
+	// never read it empty (it would exit 0).
+	tmp := filepath.Join(dir, "quit.tmp")
+	if err := os.WriteFile(tmp, []byte("4"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "quit-node-1")); err != nil {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf("questctl up: node-1 (pid %d) exited by itself (exit status 4); 2 node(s) still running\n", nodes[1].pid)
