@@ -5,7 +5,7 @@
 //
 //   model_embed_<W>     out[r] = table[ids[r]]
 //   model_rmsnorm_<W>   out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w
-//   model_gemv_<W>      y[r] = W x[r] (+ res[r]), r < rows <= 16
+//   model_gemv_<W>_r<R> y[r] = W x[r] (+ res[r]), r < rows <= R (1, 4, 16)
 //   model_rope          rotate-half RoPE with per-row cos/sin
 //   model_silu_mul      g = silu(g) * u
 //   model_argmax        out[r] = the first index of the largest logit
@@ -13,7 +13,7 @@
 
 #include "common.cuh"
 
-#define GEMV_ROWS 16 // the most rows one gemv launch serves
+#define GEMV_ROWS 16 // the most rows one gemv launch serves (the largest R)
 
 // Embedding rows: grid (rows), block 256.
 template <typename W>
@@ -46,30 +46,60 @@ __device__ void rmsnorm(float* out, const float* x, const W* w, i64 h, float eps
 	for (i64 i = threadIdx.x; i < h; i += blockDim.x) yr[i] = to_f(w[i]) * (xr[i] * r);
 }
 
-// y[r][m] = sum_k W[m][k] x[r][k] (+ res[r][m]) for r < rows: one warp
-// per output m (block 256: 8 outputs), the weight row streamed once for
-// every row. k8 is set when k is a multiple of 8 and the rows are 16-byte
-// aligned (vector loads); y may alias res.
-template <typename W>
+// Loads 8 weights at p through the read-only, no-L1-allocate path
+// (streamed once per token) as floats.
+template <typename W> __device__ __forceinline__ void ldw8(const W* p, float* out);
+template <> __device__ __forceinline__ void ldw8<float>(const float* p, float* out) {
+	float4 a = __ldg(reinterpret_cast<const float4*>(p));
+	float4 b = __ldg(reinterpret_cast<const float4*>(p + 4));
+	out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+	out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+template <> __device__ __forceinline__ void ldw8<__nv_bfloat16>(const __nv_bfloat16* p, float* out) {
+	uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+	const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		float2 f = __bfloat1622float2(h[i]);
+		out[2 * i] = f.x; out[2 * i + 1] = f.y;
+	}
+}
+
+// y[r][m] = sum_k W[m][k] x[r][k] (+ res[r][m]) for r < rows <= R: one
+// warp per output m (block 256: 8 outputs), the weight row streamed once
+// for all rows, GEMV_UNROLL vector loads in flight per lane. k8 is set
+// when k is a multiple of 8 and the rows are 16-byte aligned (vector
+// loads); y may alias res.
+#define GEMV_UNROLL 4
+template <typename W, int R>
 __device__ void gemv(float* y, const W* wt, const float* x, const float* res, i64 m, i64 k, i64 rows, i64 k8) {
 	i64 o = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
 	int lane = threadIdx.x & 31;
 	if (o >= m) return;
 	const W* wr = wt + o * k;
-	float acc[GEMV_ROWS];
+	float acc[R];
 #pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++) acc[r] = 0.f;
+	for (int r = 0; r < R; r++) acc[r] = 0.f;
 	if (k8) {
-		for (i64 j = (i64)lane * 8; j < k; j += 32 * 8) {
-			float wv[8];
-			load8(wr + j, wv);
+		const i64 step = 32 * 8;
+		for (i64 j0 = (i64)lane * 8; j0 < k; j0 += step * GEMV_UNROLL) {
+			float wv[GEMV_UNROLL][8];
 #pragma unroll
-			for (int r = 0; r < GEMV_ROWS; r++) {
-				if (r < rows) {
-					float xv[8];
-					load8(x + r * k + j, xv);
+			for (int u = 0; u < GEMV_UNROLL; u++)
+				if (j0 + u * step < k) ldw8(wr + j0 + u * step, wv[u]);
 #pragma unroll
-					for (int i = 0; i < 8; i++) acc[r] += wv[i] * xv[i];
+			for (int u = 0; u < GEMV_UNROLL; u++) {
+				i64 j = j0 + u * step;
+				if (j < k) {
+#pragma unroll
+					for (int r = 0; r < R; r++) {
+						if (r < rows) {
+							float xv[8];
+							load8(x + r * k + j, xv);
+#pragma unroll
+							for (int i = 0; i < 8; i++) acc[r] += wv[u][i] * xv[i];
+						}
+					}
 				}
 			}
 		}
@@ -77,12 +107,12 @@ __device__ void gemv(float* y, const W* wt, const float* x, const float* res, i6
 		for (i64 j = lane; j < k; j += 32) {
 			float wv = to_f(wr[j]);
 #pragma unroll
-			for (int r = 0; r < GEMV_ROWS; r++)
+			for (int r = 0; r < R; r++)
 				if (r < rows) acc[r] += wv * x[r * k + j];
 		}
 	}
 #pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++) {
+	for (int r = 0; r < R; r++) {
 		if (r < rows) {
 			float s = warp_sum(acc[r]);
 			if (lane == 0) y[r * m + o] = s + (res ? res[r * m + o] : 0.f);
@@ -104,6 +134,13 @@ __device__ void fill(W* dst, i64 n, i64 seed, float scale, float offset) {
 	}
 }
 
+// model_gemv_<W>_r<R> serves up to R rows (R = 1, 4, 16).
+#define GEMV_ENTRY(W, NAME, R)                                                                                \
+	extern "C" __global__ void model_gemv_##NAME##_r##R(float* y, const W* wt, const float* x, const float* res, \
+							    i64 m, i64 k, i64 rows, i64 k8) {                  \
+		gemv<W, R>(y, wt, x, res, m, k, rows, k8);                                                            \
+	}
+
 #define MODEL_KERNELS(W, NAME)                                                                              \
 	extern "C" __global__ void model_embed_##NAME(float* out, const W* table, const int* ids, i64 h) {      \
 		embed<W>(out, table, ids, h);                                                                         \
@@ -111,10 +148,9 @@ __device__ void fill(W* dst, i64 n, i64 seed, float scale, float offset) {
 	extern "C" __global__ void model_rmsnorm_##NAME(float* out, const float* x, const W* w, i64 h, float eps) { \
 		rmsnorm<W>(out, x, w, h, eps);                                                                        \
 	}                                                                                                         \
-	extern "C" __global__ void model_gemv_##NAME(float* y, const W* wt, const float* x, const float* res,   \
-						     i64 m, i64 k, i64 rows, i64 k8) {                          \
-		gemv<W>(y, wt, x, res, m, k, rows, k8);                                                               \
-	}                                                                                                         \
+	GEMV_ENTRY(W, NAME, 1)                                                                                    \
+	GEMV_ENTRY(W, NAME, 4)                                                                                    \
+	GEMV_ENTRY(W, NAME, 16)                                                                                   \
 	extern "C" __global__ void model_fill_##NAME(W* dst, i64 n, i64 seed, float scale, float offset) {      \
 		fill<W>(dst, n, seed, scale, offset);                                                                 \
 	}

@@ -176,7 +176,7 @@ func (b *Backend) Gemv(ctx context.Context, y decode.Tensor, w *Matrix, x, res d
 			if !res.Zero() {
 				rp = uint64(res.Ptr) + uint64(r0*w.Rows*4)
 			}
-			if err := b.launch("model_gemv_"+name, [3]int{(w.Rows + warps - 1) / warps, 1, 1}, 32*warps, 0,
+			if err := b.launch(gemvKernel(name, n), [3]int{(w.Rows + warps - 1) / warps, 1, 1}, 32*warps, 0,
 				uint64(y.Ptr)+uint64(r0*w.Rows*4), u(w.ptr), uint64(x.Ptr)+uint64(r0*w.Cols*4), rp,
 				uint64(w.Rows), uint64(w.Cols), uint64(n), b2u(k8)); err != nil {
 				return err
