@@ -13,6 +13,7 @@ func TestCUDAInCPUBuild(t *testing.T) {
 	for _, args := range [][]string{
 		{"demo", "--backend", "cuda"},
 		{"bench", "attention", "--backend", "cuda"},
+		{"generate", "--backend", "cuda", "--model", "/nonexistent", "--prompt", "x"},
 	} {
 		code, stdout, stderr := runCLI(t, args...)
 		if code != 2 || stdout != "" || !strings.Contains(stderr, "-tags cuda") || strings.Count(stderr, "\n") != 1 {

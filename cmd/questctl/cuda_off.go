@@ -26,3 +26,11 @@ func newCUDABackend(string) (kernels.Backend, error) {
 func newCUDABackendSummary(dtype string, _ plan.SummaryDType) (kernels.Backend, error) {
 	return newCUDABackend(dtype)
 }
+
+// cudaAvailable reports that this build has no CUDA backend.
+func cudaAvailable() error {
+	return usageError{errors.New("backend cuda needs a build with -tags cuda (see README: building for a GPU host)")}
+}
+
+// generateCUDA is unavailable in the default (CPU) build.
+func generateCUDA(context.Context, gpuGenerate, io.Writer, io.Writer) error { return cudaAvailable() }

@@ -268,6 +268,8 @@ text (progress stays on stderr).`)
 	addr := fs.String("addr", "", "decode through the questd node at host:port (plaintext, or TLS with --tls-dir or --ca, --tls-cert and --tls-key): the sequence is created there with the model's geometry and these flags' policy and --cp x --tp grid")
 	diag := fs.Bool("diagnostics", false, "measure every sparse step against dense attention (recall of the dense top-10 tokens, attention-mass recall; costs a dense pass per layer)")
 	asJSON := fs.Bool("json", false, "print a JSON summary on stdout instead of the text")
+	backend := fs.String("backend", "cpu", "where the model decodes: cpu, or cuda (a build with -tags cuda: the prompt prefilled on the CPU into pages on GPU 0, then every decode step on the GPU through model/gpu; one rank, in process)")
+	kvDType := fs.String("kv-cache-dtype", "bf16", "K/V page storage with --backend cuda: f32, f16 or bf16")
 	conn := addConnFlags(fs)
 	tokenFile := tokenFileFlag(fs)
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
@@ -289,6 +291,21 @@ text (progress stays on stderr).`)
 			return usageError{fmt.Errorf("--budget %d: want at least one page (--page-size %d)", *budget, rf.pageSize)}
 		case flagSet(fs, "prompt") == flagSet(fs, "prompt-file"):
 			return usageError{errors.New("--prompt or --prompt-file: give exactly one")}
+		}
+		switch {
+		case *backend != "cpu" && *backend != "cuda":
+			return usageError{fmt.Errorf("--backend %q: want cpu or cuda", *backend)}
+		case *backend == "cpu" && flagSet(fs, "kv-cache-dtype"):
+			return usageError{errors.New("--kv-cache-dtype needs --backend cuda (the CPU backend stores float32)")}
+		case *backend == "cuda":
+			for _, name := range []string{"addr", "compare-dense", "diagnostics", "cp", "tp", "selection"} {
+				if flagSet(fs, name) {
+					return usageError{fmt.Errorf("--%s is not available with --backend cuda (the device executor decodes through an in-process engine of one rank)", name)}
+				}
+			}
+			if err := cudaAvailable(); err != nil {
+				return err
+			}
 		}
 		sampler, err := model.NewSampler(*temperature, *topP, *seed)
 		if err != nil {
@@ -315,6 +332,14 @@ text (progress stays on stderr).`)
 		total := len(ids) + *maxTokens
 		if mp := m.Config.MaxPositions; mp > 0 && total > mp {
 			return usageError{fmt.Errorf("--max-tokens %d: the prompt's %d tokens plus %d exceed the model's %d positions", *maxTokens, len(ids), *maxTokens, mp)}
+		}
+		gopt := model.GenerateOptions{MaxTokens: *maxTokens, Sampler: sampler}
+		if !*noStop {
+			gopt.StopTokens = model.StopIDs(tok, m.Config)
+		}
+		if *backend == "cuda" {
+			return generateCUDA(ctx, gpuGenerate{rf: rf, m: m, tok: tok, ids: ids, pol: pol, budget: *budget, opt: gopt,
+				kvDType: *kvDType, total: total, asJSON: *asJSON}, stdout, stderr)
 		}
 		seqs := 1
 		if *compare {
@@ -373,10 +398,6 @@ text (progress stays on stderr).`)
 		}
 		if *diag {
 			attn.Options.Diagnostics = true
-		}
-		gopt := model.GenerateOptions{MaxTokens: *maxTokens, Sampler: sampler}
-		if !*noStop {
-			gopt.StopTokens = model.StopIDs(tok, m.Config)
 		}
 		stream := stdout
 		if *asJSON {
@@ -494,3 +515,17 @@ func report(w io.Writer, what string, r *genRun) {
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+// gpuGenerate is what generate hands to generateCUDA.
+type gpuGenerate struct {
+	rf      *runFlags
+	m       *model.Model
+	tok     model.Tokenizer
+	ids     []int
+	pol     plan.Policy
+	budget  int
+	opt     model.GenerateOptions
+	kvDType string
+	total   int // prompt plus generated tokens: the pages to make room for
+	asJSON  bool
+}

@@ -103,6 +103,11 @@ func TestGenerateFlags(t *testing.T) {
 		{[]string{"--model", "/nonexistent", "--prompt", "x"}, "--model"},
 		{[]string{"--model", v1, "--prompt-file", "/nonexistent"}, "--prompt-file"},
 		{[]string{"--model", v1, "--prompt", "x", "--no-such-flag"}, "no-such-flag"},
+		{[]string{"--model", v1, "--prompt", "x", "--backend", "tpu"}, "--backend"},
+		{[]string{"--model", v1, "--prompt", "x", "--kv-cache-dtype", "f32"}, "--kv-cache-dtype needs --backend cuda"},
+		{[]string{"--model", v1, "--prompt", "x", "--backend", "cuda", "--addr", "localhost:1"}, "--addr is not available with --backend cuda"},
+		{[]string{"--model", v1, "--prompt", "x", "--backend", "cuda", "--cp", "2"}, "--cp is not available with --backend cuda"},
+		{[]string{"--model", v1, "--prompt", "x", "--backend", "cuda", "--compare-dense"}, "--compare-dense"},
 	} {
 		code, out, errs := call(generate, c.args...)
 		if code != 2 || out != "" || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, c.flag) {
