@@ -69,7 +69,18 @@ func (st *stepState) layerTensor(ctx context.Context, layer int, q, k, v decode.
 			return fmt.Errorf("layer %d: %w: %s is on %v, q on %v", layer, decode.ErrDeviceTensor, t.name, t.t.Device, dev)
 		case t.t.Len != t.n:
 			return fmt.Errorf("layer %d: %w: %s has %d floats, want %d", layer, ErrBadInput, t.name, t.t.Len, t.n)
+		default:
+			// The backend's own conditions (stream, address), before any
+			// state changes.
+			if err := tw.CheckTensor(t.name, t.t, t.n); err != nil {
+				return fmt.Errorf("layer %d: %w", layer, err)
+			}
 		}
+	}
+	// The step reads q in more than one kernel and writes the output:
+	// they must not overlap.
+	if overlap(q, res.O) {
+		return fmt.Errorf("layer %d: %w: the output overlaps q", layer, ErrBadInput)
 	}
 	for i, sq := range st.seqs {
 		if sq.lens[layer] != st.lens[i] {
@@ -135,4 +146,9 @@ func (st *stepState) endTensor(ctx context.Context) error {
 		st.seqs[i].broken = true
 	}
 	return fmt.Errorf("end step: %w: %w", decode.ErrStepFailed, err)
+}
+
+// overlap reports whether two device tensors of one device share memory.
+func overlap(a, b decode.Tensor) bool {
+	return a.Device == b.Device && a.Ptr < b.Ptr+uintptr(4*b.Len) && b.Ptr < a.Ptr+uintptr(4*a.Len)
 }

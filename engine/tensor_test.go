@@ -163,6 +163,8 @@ func TestDeviceTensorsRefused(t *testing.T) {
 				{"host output", q, k, v, decode.Host(make([]float32, dc.QRow())), decode.ErrDeviceTensor},
 				{"host k", q, decode.Host(make([]float32, dc.KVRow())), v, alloc(t, qd, dc.QRow()), decode.ErrDeviceTensor},
 				{"short q", q.Slice(0, dc.QRow()-1), k, v, alloc(t, qd, dc.QRow()), decode.ErrBadInput},
+				{"k on another stream", q, onStream(k, 7), v, alloc(t, qd, dc.QRow()), decode.ErrDeviceTensor},
+				{"output over q", q, k, v, q, decode.ErrBadInput},
 				{"no new token", q, decode.Tensor{}, decode.Tensor{}, alloc(t, qd, dc.QRow()), decode.ErrBadInput},
 			}
 			if cp > 1 {
@@ -210,4 +212,10 @@ func alloc(t *testing.T, d *backendtest.QueuedDevice, n int) decode.Tensor {
 		t.Fatal(err)
 	}
 	return x
+}
+
+// onStream returns t ordered on stream s.
+func onStream(t decode.Tensor, s uintptr) decode.Tensor {
+	t.Stream = s
+	return t
 }

@@ -16,6 +16,12 @@ type TensorStepper interface {
 	QueuedStepper
 	// Device is the device whose memory the backend's pools live in.
 	Device() decode.Device
+	// CheckTensor reports whether t is a view of n floats this backend
+	// can read and write in place (its device, a stream it orders its
+	// work on, an address it can use): nil, or an error wrapping
+	// decode.ErrDeviceTensor (or naming the length). Callers check every
+	// tensor of a call with it before they change any state.
+	CheckTensor(what string, t decode.Tensor, n int) error
 	// StepTensor queues the step of StepQueued with q read from, and o
 	// and lse written to, device tensors on Device: after what was
 	// queued on q's stream, and ordered before what is queued on o's

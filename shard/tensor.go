@@ -36,6 +36,16 @@ func (s *Shard) TensorDevice() (decode.Device, bool) {
 	return ts.Device(), true
 }
 
+// CheckTensor reports whether t is a view of n floats the shard's
+// backend takes in place (kernels.TensorStepper.CheckTensor); it wraps
+// decode.ErrDeviceTensor when the shard takes no device tensors.
+func (s *Shard) CheckTensor(what string, t decode.Tensor, n int) error {
+	if _, ok := s.TensorDevice(); !ok {
+		return fmt.Errorf("%w: the shard takes host tensors only", decode.ErrDeviceTensor)
+	}
+	return s.be.(kernels.TensorStepper).CheckTensor(what, t, n)
+}
+
 // AppendTensor is Append with k and v as tensors; device tensors must be
 // on TensorDevice (else decode.ErrDeviceTensor, nothing changed).
 func (s *Shard) AppendTensor(id pagestore.SeqID, layer int, k, v decode.Tensor) error {

@@ -18,6 +18,10 @@ type TensorWorker interface {
 	// TensorDevice returns the device whose tensors LayerTensor takes,
 	// and false when it takes none now.
 	TensorDevice() (decode.Device, bool)
+	// CheckTensor reports whether t is a view of n floats that
+	// LayerTensor can take (kernels.TensorStepper.CheckTensor), changing
+	// nothing.
+	CheckTensor(what string, t decode.Tensor, n int) error
 	// LayerTensor is Layer for a worker of one rank with every tensor on
 	// TensorDevice: q [seqs][QHeads][HeadDim] and the new tokens' k and v
 	// [new][KVHeads][HeadDim] in the step's order, o and lse
@@ -46,6 +50,16 @@ func (l *Local) tensorDevice() (decode.Device, bool) {
 		return decode.Device{}, false
 	}
 	return l.ranks[0].sh.TensorDevice()
+}
+
+// CheckTensor implements TensorWorker.
+func (l *Local) CheckTensor(what string, t decode.Tensor, n int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.tensorDevice(); !ok {
+		return fmt.Errorf("%w: this worker takes host tensors only", decode.ErrDeviceTensor)
+	}
+	return l.ranks[0].sh.CheckTensor(what, t, n)
 }
 
 // LayerTensor implements TensorWorker.
@@ -133,6 +147,9 @@ func (l *Local) checkTensorLayer(step uint64, layer int, q, k, v, o, lse decode.
 		}
 		if t.t.Len != t.n {
 			return fmt.Errorf("%w: %s has %d floats, want %d", ErrBadMessage, t.name, t.t.Len, t.n)
+		}
+		if err := l.ranks[0].sh.CheckTensor(t.name, t.t, t.n); err != nil {
+			return fmt.Errorf("%w: %w", ErrBadMessage, err)
 		}
 	}
 	if layer != st.first {

@@ -315,6 +315,9 @@ text (progress stays on stderr).`)
 		if err != nil {
 			return usageError{err}
 		}
+		if *backend == "cuda" && pol.Selector != plan.Quest {
+			return usageError{fmt.Errorf("--selector %s is not available with --backend cuda (the device step runs quest selection; a dense layer is a budget that holds the context)", pol.Selector)}
+		}
 		text := *prompt
 		if *promptFile != "" {
 			b, err := os.ReadFile(*promptFile)

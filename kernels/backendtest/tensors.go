@@ -70,14 +70,35 @@ func (d *QueuedDevice) DownloadTensor(ctx context.Context, t decode.Tensor) ([]f
 	return append([]float32(nil), m...), nil
 }
 
+// CheckTensor implements kernels.TensorStepper: t must be n floats of
+// allocated pretend memory on the default stream (0), as the CUDA
+// backend wants.
+func (d *QueuedDevice) CheckTensor(what string, t decode.Tensor, n int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case t.Device != d.Device():
+		return fmt.Errorf("fake device: %w: %s is on %v, the device is %v", decode.ErrDeviceTensor, what, t.Device, d.Device())
+	case t.Stream != 0:
+		return fmt.Errorf("fake device: %w: %s is ordered on stream %#x, the device takes stream 0", decode.ErrDeviceTensor, what, t.Stream)
+	case t.Len != n:
+		return fmt.Errorf("fake device: %s has %d floats, want %d", what, t.Len, n)
+	}
+	_, err := d.resolve(t)
+	return err
+}
+
 // resolve returns the memory a device tensor names (d.mu held).
 func (d *QueuedDevice) resolve(t decode.Tensor) ([]float32, error) {
 	if t.Device != d.Device() {
 		return nil, fmt.Errorf("fake device %v: %w: tensor on %v", d.Device(), decode.ErrDeviceTensor, t.Device)
 	}
+	if t.Stream != 0 {
+		return nil, fmt.Errorf("fake device %v: %w: ordered on stream %#x, the device takes stream 0", d.Device(), decode.ErrDeviceTensor, t.Stream)
+	}
 	i, off := int(t.Ptr>>fakeShift)-1, int(t.Ptr&(1<<fakeShift-1))
 	if i < 0 || i >= len(d.mem) || off%4 != 0 || off/4+t.Len > len(d.mem[i]) || t.Len < 0 {
-		return nil, fmt.Errorf("fake device %v: %#x (+%d floats) is not allocated memory", d.Device(), t.Ptr, t.Len)
+		return nil, fmt.Errorf("fake device %v: %w: %#x (+%d floats) is not allocated memory", d.Device(), decode.ErrDeviceTensor, t.Ptr, t.Len)
 	}
 	return d.mem[i][off/4 : off/4+t.Len], nil
 }

@@ -187,7 +187,7 @@ extern "C" __global__ void model_argmax(int* out, const float* logits, i64 v) {
 	__shared__ int bi[32];
 	const float* l = logits + (i64)blockIdx.x * v;
 	float best = -INFINITY;
-	int idx = 0x7fffffff;
+	int idx = 0; // a row of NaN or -inf gives 0, as the CPU's argmax
 	for (i64 i = threadIdx.x; i < v; i += blockDim.x) {
 		float x = l[i];
 		if (x > best) best = x, idx = (int)i; // strided: the first of a thread's ties
@@ -203,7 +203,7 @@ extern "C" __global__ void model_argmax(int* out, const float* logits, i64 v) {
 	__syncthreads();
 	if (warp == 0) {
 		best = lane < (int)(blockDim.x >> 5) ? bv[lane] : -INFINITY;
-		idx = lane < (int)(blockDim.x >> 5) ? bi[lane] : 0x7fffffff;
+		idx = lane < (int)(blockDim.x >> 5) ? bi[lane] : 0;
 #pragma unroll
 		for (int o = 16; o > 0; o >>= 1) {
 			float ob = __shfl_xor_sync(0xffffffffu, best, o);

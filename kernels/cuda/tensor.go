@@ -27,6 +27,11 @@ func (b *Backend) Device() decode.Device {
 	return decode.Device{Kind: decode.CUDA, Ordinal: b.cfg.Device}
 }
 
+// CheckTensor implements kernels.TensorStepper.
+func (b *Backend) CheckTensor(what string, t decode.Tensor, n int) error {
+	return b.checkTensor(what, t, n)
+}
+
 // checkTensor checks that t is a view of n floats on the backend's
 // device and stream.
 func (b *Backend) checkTensor(what string, t decode.Tensor, n int) error {
@@ -38,7 +43,7 @@ func (b *Backend) checkTensor(what string, t decode.Tensor, n int) error {
 	case t.Len != n:
 		return fmt.Errorf("cuda: %s has %d floats, want %d", what, t.Len, n)
 	case t.Ptr == 0 || t.Ptr%4 != 0:
-		return fmt.Errorf("cuda: %s at %#x is not a float32 array", what, t.Ptr)
+		return fmt.Errorf("cuda: %w: %s at %#x is not a float32 array", decode.ErrDeviceTensor, what, t.Ptr)
 	}
 	return nil
 }
@@ -61,6 +66,14 @@ func (b *Backend) AllocTensor(n int) (decode.Tensor, error) {
 		return decode.Tensor{}, err
 	}
 	return decode.OnDevice(b.Device(), uintptr(p), n, 0), nil
+}
+
+// FreeTensor frees a tensor AllocTensor returned (not a view into one).
+func (b *Backend) FreeTensor(t decode.Tensor) error {
+	if err := b.checkTensor("free", t, t.Len); err != nil {
+		return err
+	}
+	return b.do(context.Background(), func() error { return cu.MemFree(cu.DevicePtr(t.Ptr)) })
 }
 
 // UploadTensor copies src into device tensor t, after the work queued so

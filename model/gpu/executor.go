@@ -164,10 +164,14 @@ func (x *Executor) finish(ctx context.Context, err error) (*Executor, error) {
 	return x, nil
 }
 
-// Close frees the weights on the device (the activation tensors live
-// until the backend closes).
+// Close frees the weights and activations on the device.
 func (x *Executor) Close(ctx context.Context) error {
 	var errs []error
+	for _, t := range []decode.Tensor{x.x, x.xn, x.q, x.k, x.v, x.o, x.gate, x.up, x.logits} {
+		if !t.Zero() {
+			errs = append(errs, x.be.FreeTensor(t))
+		}
+	}
 	free := func(m *cuda.Matrix) {
 		if m != nil {
 			errs = append(errs, x.be.FreeMatrix(ctx, m))
@@ -212,7 +216,12 @@ type Row struct {
 // the executor's device; see the package doc): each row's token goes
 // through every layer, its keys and values are appended, and the greedy
 // next token of each row comes back. One host synchronisation (the
-// argmax) besides the Stepper's End.
+// argmax) besides the Stepper's End. Each row's Pos must be its
+// sequence's length (RoPE rotates by it; the Stepper does not check it).
+// Bad rows are refused with ErrBadInput before anything runs; an error
+// after the first layer ran leaves the rows' new token in the layers
+// that ran (the Stepper's contract), so that those sequences cannot
+// decode again: release them.
 func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([]int, error) {
 	c := x.cfg
 	n := len(rows)
