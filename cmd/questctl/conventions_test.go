@@ -64,7 +64,11 @@ func TestKVCacheDTypeShared(t *testing.T) {
 			t.Errorf("%s: --kv-cache-dtype defaults to %q, want bf16", c.name, f.DefValue)
 		}
 		d := fs.Lookup("dtype")
-		if a, ok := d.Value.(*aliasValue); d == nil || !ok || !a.deprecated || a.canonical != "kv-cache-dtype" {
+		if d == nil {
+			t.Errorf("%s: no --dtype alias of --kv-cache-dtype", c.name)
+			continue
+		}
+		if a, ok := d.Value.(*aliasValue); !ok || !a.deprecated || a.canonical != "kv-cache-dtype" {
 			t.Errorf("%s: --dtype is not the deprecated alias of --kv-cache-dtype", c.name)
 			continue
 		}
@@ -80,7 +84,7 @@ func TestKVCacheDTypeShared(t *testing.T) {
 			t.Errorf("%s --help does not document --kv-cache-dtype and --dtype:\n%s", c.name, help)
 		}
 	}
-	if want := []string{"demo", "replay", "bench attention", "bench offload"}; !slices.Equal(with, want) {
+	if want := []string{"demo", "replay", "bench attention", "bench offload", "generate"}; !slices.Equal(with, want) {
 		t.Errorf("commands with --kv-cache-dtype: %v, want %v", with, want)
 	}
 

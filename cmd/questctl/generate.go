@@ -269,7 +269,7 @@ text (progress stays on stderr).`)
 	diag := fs.Bool("diagnostics", false, "measure every sparse step against dense attention (recall of the dense top-10 tokens, attention-mass recall; costs a dense pass per layer)")
 	asJSON := fs.Bool("json", false, "print a JSON summary on stdout instead of the text")
 	backend := fs.String("backend", "cpu", "where the model decodes: cpu, or cuda (a build with -tags cuda: the prompt prefilled on the CPU into pages on GPU 0, then every decode step on the GPU through model/gpu; one rank, in process)")
-	kvDType := fs.String("kv-cache-dtype", "bf16", "K/V page storage with --backend cuda: f32, f16 or bf16")
+	kvDType := kvCacheDTypeFlag(fs, "; generate's pages on GPU 0")
 	conn := addConnFlags(fs)
 	tokenFile := tokenFileFlag(fs)
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
@@ -295,8 +295,8 @@ text (progress stays on stderr).`)
 		switch {
 		case *backend != "cpu" && *backend != "cuda":
 			return usageError{fmt.Errorf("--backend %q: want cpu or cuda", *backend)}
-		case *backend == "cpu" && flagSet(fs, "kv-cache-dtype"):
-			return usageError{errors.New("--kv-cache-dtype needs --backend cuda (the CPU backend stores float32)")}
+		case *backend == "cpu" && givenAs(fs, "kv-cache-dtype") != "":
+			return usageError{fmt.Errorf("%s needs --backend cuda (the CPU backend stores float32)", givenAs(fs, "kv-cache-dtype"))}
 		case *backend == "cuda":
 			for _, name := range []string{"addr", "compare-dense", "diagnostics", "cp", "tp", "selection"} {
 				if flagSet(fs, name) {
