@@ -242,6 +242,12 @@ func (st *stepState) checkLayer(layer int, q, k, v []float32) error {
 			return fmt.Errorf("new token %d: %w", j, err)
 		}
 	}
+	return st.checkLens(layer)
+}
+
+// checkLens checks that every row's sequence holds in layer the tokens
+// it held at the step's first layer.
+func (st *stepState) checkLens(layer int) error {
 	for i, sq := range st.seqs {
 		if sq.lens[layer] != st.lens[i] {
 			return fmt.Errorf("%w: sequence %d has %d tokens in layer %d and %d in layer %d", ErrBadInput,

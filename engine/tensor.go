@@ -82,11 +82,8 @@ func (st *stepState) layerTensor(ctx context.Context, layer int, q, k, v decode.
 	if overlap(q, res.O) {
 		return fmt.Errorf("layer %d: %w: the output overlaps q", layer, ErrBadInput)
 	}
-	for i, sq := range st.seqs {
-		if sq.lens[layer] != st.lens[i] {
-			return fmt.Errorf("layer %d: %w: sequence %d has %d tokens in layer %d and %d in layer %d", layer, ErrBadInput,
-				st.reqs[i].Seq, st.lens[i], st.first, sq.lens[layer], layer)
-		}
+	if err := st.checkLens(layer); err != nil {
+		return fmt.Errorf("layer %d: %w", layer, err)
 	}
 	plans, err := e.plans(layer, st.reqs, st.seqs, st.opt.ForceDense, res.Plans[:0])
 	if err != nil {

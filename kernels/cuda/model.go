@@ -67,13 +67,19 @@ func (b *Backend) UploadMatrix(ctx context.Context, w []float32, rows, cols int,
 	if rows <= 0 || cols <= 0 || len(w) != rows*cols {
 		return nil, fmt.Errorf("cuda: upload matrix: %d floats for %d x %d", len(w), rows, cols)
 	}
+	return b.newMatrix(ctx, rows, cols, dt, func(p cu.DevicePtr) error { return b.convert(p, dt, w) })
+}
+
+// newMatrix allocates a rows x cols matrix of dt and fills it with fill
+// (device goroutine), freeing it when fill fails.
+func (b *Backend) newMatrix(ctx context.Context, rows, cols int, dt plan.DType, fill func(cu.DevicePtr) error) (*Matrix, error) {
 	m := &Matrix{Rows: rows, Cols: cols, DType: dt}
 	err := b.do(ctx, func() error {
 		p, err := cu.MemAlloc(m.Bytes())
 		if err != nil {
 			return fmt.Errorf("cuda: alloc a %d x %d matrix (%d bytes): %w", rows, cols, m.Bytes(), err)
 		}
-		if err := b.convert(p, dt, w); err != nil {
+		if err := fill(p); err != nil {
 			cu.MemFree(p)
 			return err
 		}
@@ -255,22 +261,8 @@ func (b *Backend) RandomMatrix(ctx context.Context, rows, cols int, dt plan.DTyp
 	if rows <= 0 || cols <= 0 {
 		return nil, fmt.Errorf("cuda: random matrix of %d x %d", rows, cols)
 	}
-	m := &Matrix{Rows: rows, Cols: cols, DType: dt}
-	err = b.do(ctx, func() error {
-		p, err := cu.MemAlloc(m.Bytes())
-		if err != nil {
-			return fmt.Errorf("cuda: alloc a %d x %d matrix (%d bytes): %w", rows, cols, m.Bytes(), err)
-		}
-		n := int64(rows) * int64(cols)
-		if err := b.launch("model_fill_"+name, [3]int{int(min((n+255)/256, 4096)), 1, 1}, 256, 0, u(p), uint64(n), seed, f32bits(scale), f32bits(offset)); err != nil {
-			cu.MemFree(p)
-			return err
-		}
-		m.ptr = p
-		return nil
+	n := int64(rows) * int64(cols)
+	return b.newMatrix(ctx, rows, cols, dt, func(p cu.DevicePtr) error {
+		return b.launch("model_fill_"+name, [3]int{int(min((n+255)/256, 4096)), 1, 1}, 256, 0, u(p), uint64(n), seed, f32bits(scale), f32bits(offset))
 	})
-	if err != nil {
-		return nil, err
-	}
-	return m, nil
 }
