@@ -55,12 +55,13 @@ type Backend struct {
 	done   chan struct{}
 
 	// Owned by the call holding the turn (the "device goroutine" below).
-	fn    map[string]cu.Function
-	smem  map[string]int // dynamic shared memory of the tensor-core attention kernels
-	warps map[string]int // warps per block of the tensor-core attention kernels
-	bufs  map[string]devBuf
-	argv  [maxParams]uint64 // kernel parameters of the launch in progress
-	items [5][]int32        // attention work items: sequence, row, list lo, list hi; row -> first item
+	fn       map[string]cu.Function
+	smem     map[string]int // dynamic shared memory of the tensor-core attention kernels
+	warps    map[string]int // warps per block of the tensor-core attention kernels
+	bufs     map[string]devBuf
+	argv     [maxParams]uint64 // kernel parameters of the launch in progress
+	modelPDL bool              // model kernels launched as programmatic dependents (SetModelPDL)
+	items    [5][]int32        // attention work items: sequence, row, list lo, list hi; row -> first item
 	// Pinned staging buffer for uploads and outputs: bytes [0, stageOff)
 	// are handed out; staged is set while an asynchronous copy or a kernel
 	// may read or write it. pending are the outputs of queued steps

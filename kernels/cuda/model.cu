@@ -5,15 +5,14 @@
 //
 //   model_embed_<W>     out[r] = table[ids[r]]
 //   model_rmsnorm_<W>   out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w
-//   model_gemv_<W>_r<R> y[r] = W x[r] (+ res[r]), r < rows <= R (1, 4, 16)
+//   model_gemv_<W>_r<R>_t<T>_u<U>_n<NA>  y[r] = W x[r] (+ res[r]), r < rows <= R (1, 4, 8, 16), outputs split into up to 3 tensors
 //   model_rope          rotate-half RoPE with per-row cos/sin
 //   model_silu_mul      g = silu(g) * u
 //   model_argmax        out[r] = the first index of the largest logit
 //   model_fill_<W>      dst[i] = offset + scale * uniform[-1, 1) (random weights)
 
 #include "common.cuh"
-
-#define GEMV_ROWS 16 // the most rows one gemv launch serves (the largest R)
+#include "mma.cuh"
 
 // Embedding rows: grid (rows), block 256.
 template <typename W>
@@ -28,6 +27,7 @@ __device__ void embed(float* out, const W* table, const int* ids, i64 h) {
 template <typename W>
 __device__ void rmsnorm(float* out, const float* x, const W* w, i64 h, float eps) {
 	__shared__ float part[32];
+	asm volatile("griddepcontrol.wait;\n" ::: "memory"); // a programmatic dependent of the previous kernel
 	const float* xr = x + (i64)blockIdx.x * h;
 	float* yr = out + (i64)blockIdx.x * h;
 	float ss = 0.f;
@@ -46,18 +46,31 @@ __device__ void rmsnorm(float* out, const float* x, const W* w, i64 h, float eps
 	for (i64 i = threadIdx.x; i < h; i += blockDim.x) yr[i] = to_f(w[i]) * (xr[i] * r);
 }
 
-// Loads 8 weights at p through the read-only, no-L1-allocate path
-// (streamed once per token) as floats.
-template <typename W> __device__ __forceinline__ void ldw8(const W* p, float* out);
-template <> __device__ __forceinline__ void ldw8<float>(const float* p, float* out) {
-	float4 a = __ldg(reinterpret_cast<const float4*>(p));
-	float4 b = __ldg(reinterpret_cast<const float4*>(p + 4));
-	out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-	out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+// Eight weights in registers as loaded (16 bytes of bf16, 32 of float),
+// converted to float when used, so that more loads fit in flight.
+template <typename W> struct wchunk;
+template <> struct wchunk<float> { uint4 u[2]; };
+template <> struct wchunk<__nv_bfloat16> { uint4 u[1]; };
+
+// ld16 loads 16 bytes of weights at p: through the read-only path, and
+// without allocating in L1 when NA (weights are streamed once per token;
+// L1 keeps the activations every warp rereads).
+template <int NA> __device__ __forceinline__ uint4 ld16(const void* p) {
+	return NA ? ldg_nc(p) : __ldg(reinterpret_cast<const uint4*>(p));
 }
-template <> __device__ __forceinline__ void ldw8<__nv_bfloat16>(const __nv_bfloat16* p, float* out) {
-	uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
-	const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+
+template <typename W, int NA> __device__ __forceinline__ void ldw(const W* p, wchunk<W>& c) {
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(c.u) / 16); i++) c.u[i] = ld16<NA>(reinterpret_cast<const char*>(p) + 16 * i);
+}
+
+__device__ __forceinline__ void unpack(const wchunk<float>& c, float* out) {
+	const float* f = reinterpret_cast<const float*>(c.u);
+#pragma unroll
+	for (int i = 0; i < 8; i++) out[i] = f[i];
+}
+__device__ __forceinline__ void unpack(const wchunk<__nv_bfloat16>& c, float* out) {
+	const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(c.u);
 #pragma unroll
 	for (int i = 0; i < 4; i++) {
 		float2 f = __bfloat1622float2(h[i]);
@@ -65,39 +78,82 @@ template <> __device__ __forceinline__ void ldw8<__nv_bfloat16>(const __nv_bfloa
 	}
 }
 
-// y[r][m] = sum_k W[m][k] x[r][k] (+ res[r][m]) for r < rows <= R: one
-// warp per output m (block 256: 8 outputs), the weight row streamed once
-// for all rows, GEMV_UNROLL vector loads in flight per lane. k8 is set
-// when k is a multiple of 8 and the rows are 16-byte aligned (vector
-// loads); y may alias res.
-#define GEMV_UNROLL 4
-template <typename W, int R>
-__device__ void gemv(float* y, const W* wt, const float* x, const float* res, i64 m, i64 k, i64 rows, i64 k8) {
-	i64 o = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-	int lane = threadIdx.x & 31;
-	if (o >= m) return;
-	const W* wr = wt + o * k;
-	float acc[R];
+// Where output o of a GEMV row goes: the outputs are split into up to
+// three segments (y0: the first m0, y1: the next m1, y2: the rest), each
+// its own [rows][width] tensor, so that one launch over a fused weight
+// matrix (q|k|v, gate|up) writes the separate activations. res is added
+// to y0 (single-segment launches only; it may alias y0).
+struct gemv_out {
+	float *y0, *y1, *y2;
+	const float* res;
+	i64 m, m0, m1;
+};
+
+__device__ __forceinline__ void gemv_store(const gemv_out& g, i64 r, i64 o, float s) {
+	if (o < g.m0) {
+		i64 at = r * g.m0 + o;
+		g.y0[at] = s + (g.res ? g.res[at] : 0.f);
+	} else if (o < g.m0 + g.m1) {
+		g.y1[r * g.m1 + (o - g.m0)] = s;
+	} else {
+		i64 w = g.m - g.m0 - g.m1;
+		g.y2[r * w + (o - g.m0 - g.m1)] = s;
+	}
+}
+
+// y[r][o] = sum_k W[o][k] x[r][k] for r < rows <= R. A warp computes T
+// consecutive outputs (register tiling: each x vector loaded serves T
+// weight rows), each lane U 16-byte loads per weight row in flight; block
+// 256 (8 warps, 8T outputs). k8 is set when k is a multiple of 8 and the
+// rows are 16-byte aligned (vector loads). Waits for the previous kernel
+// (griddepcontrol.wait: launched as its programmatic dependent) only
+// after prefetching its first weights into L2, which never change.
+template <typename W, int R, int T, int U, int NA>
+__device__ void gemv(gemv_out g, const W* wt, const float* x, i64 k, i64 rows, i64 k8) {
+	const i64 o0 = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * T;
+	const int lane = threadIdx.x & 31;
+	const i64 step = 32 * 8;
+	if (o0 < g.m && k8) {
 #pragma unroll
-	for (int r = 0; r < R; r++) acc[r] = 0.f;
+		for (int t = 0; t < T; t++)
+			if (o0 + t < g.m && (i64)lane * 8 < k)
+				asm volatile("prefetch.global.L2 [%0];" ::"l"(wt + (o0 + t) * k + lane * 8));
+	}
+	asm volatile("griddepcontrol.wait;\n" ::: "memory");
+	if (o0 >= g.m) return;
+	float acc[T][R];
+#pragma unroll
+	for (int t = 0; t < T; t++)
+#pragma unroll
+		for (int r = 0; r < R; r++) acc[t][r] = 0.f;
+	// Rows past m (the last warp's tile) read row m-1 again and are not stored.
+	const W* wr[T];
+#pragma unroll
+	for (int t = 0; t < T; t++) wr[t] = wt + min(o0 + t, g.m - 1) * k;
 	if (k8) {
-		const i64 step = 32 * 8;
-		for (i64 j0 = (i64)lane * 8; j0 < k; j0 += step * GEMV_UNROLL) {
-			float wv[GEMV_UNROLL][8];
+		for (i64 j0 = (i64)lane * 8; j0 < k; j0 += step * U) {
+			wchunk<W> wv[U][T];
 #pragma unroll
-			for (int u = 0; u < GEMV_UNROLL; u++)
-				if (j0 + u * step < k) ldw8(wr + j0 + u * step, wv[u]);
+			for (int u = 0; u < U; u++)
 #pragma unroll
-			for (int u = 0; u < GEMV_UNROLL; u++) {
-				i64 j = j0 + u * step;
+				for (int t = 0; t < T; t++)
+					if (j0 + u * step < k) ldw<W, NA>(wr[t] + j0 + u * step, wv[u][t]);
+#pragma unroll
+			for (int u = 0; u < U; u++) {
+				const i64 j = j0 + u * step;
 				if (j < k) {
+					float wf[T][8];
+#pragma unroll
+					for (int t = 0; t < T; t++) unpack(wv[u][t], wf[t]);
 #pragma unroll
 					for (int r = 0; r < R; r++) {
 						if (r < rows) {
 							float xv[8];
 							load8(x + r * k + j, xv);
 #pragma unroll
-							for (int i = 0; i < 8; i++) acc[r] += wv[u][i] * xv[i];
+							for (int t = 0; t < T; t++)
+#pragma unroll
+								for (int i = 0; i < 8; i++) acc[t][r] += wf[t][i] * xv[i];
 						}
 					}
 				}
@@ -105,17 +161,23 @@ __device__ void gemv(float* y, const W* wt, const float* x, const float* res, i6
 		}
 	} else {
 		for (i64 j = lane; j < k; j += 32) {
-			float wv = to_f(wr[j]);
 #pragma unroll
-			for (int r = 0; r < R; r++)
-				if (r < rows) acc[r] += wv * x[r * k + j];
+			for (int t = 0; t < T; t++) {
+				float wv = to_f(wr[t][j]);
+#pragma unroll
+				for (int r = 0; r < R; r++)
+					if (r < rows) acc[t][r] += wv * x[r * k + j];
+			}
 		}
 	}
 #pragma unroll
-	for (int r = 0; r < R; r++) {
-		if (r < rows) {
-			float s = warp_sum(acc[r]);
-			if (lane == 0) y[r * m + o] = s + (res ? res[r * m + o] : 0.f);
+	for (int t = 0; t < T; t++) {
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			if (r < rows) {
+				float s = warp_sum(acc[t][r]);
+				if (lane == 0 && o0 + t < g.m) gemv_store(g, r, o0 + t, s);
+			}
 		}
 	}
 }
@@ -134,12 +196,156 @@ __device__ void fill(W* dst, i64 n, i64 seed, float scale, float offset) {
 	}
 }
 
-// model_gemv_<W>_r<R> serves up to R rows (R = 1, 4, 16).
-#define GEMV_ENTRY(W, NAME, R)                                                                                \
-	extern "C" __global__ void model_gemv_##NAME##_r##R(float* y, const W* wt, const float* x, const float* res, \
-							    i64 m, i64 k, i64 rows, i64 k8) {                  \
-		gemv<W, R>(y, wt, x, res, m, k, rows, k8);                                                            \
+// Tensor-core GEMV of bf16 weights for up to 8 rows: y^T = W x^T as
+// m16n8k16 mma tiles (16 outputs x 8 rows, k 16 at a time). A block of 8
+// warps computes 16 T outputs; its warps split k (warp w takes the 32-wide
+// k steps w, w + 8, ...) and sum through shared memory, so that small
+// matrices still spread over the GPU and each block reads x once. Each
+// lane loads 16 contiguous bytes of two weight rows (g and g + 8) per k
+// step: since a dot product may sum k in any order, the lane's 8 weights
+// are the k slots of its A fragment in two mmas (slots 2c, 2c+1, 2c+8,
+// 2c+9 of mma h hold k = 8c + 4h + 0..3), and its B fragment takes x at
+// the same 8 k. x (float) is split into three bf16 terms (hi, mid, lo:
+// 24 significant bits, x exactly) multiplied in turn, so the result is
+// the fp32 sum of exact products, as the CUDA-core GEMV's. k must be a
+// multiple of 8 with 16-byte aligned rows (k8; the host checks).
+#define TC_WARPS 8
+template <int T, int U>
+__device__ void gemv_tc(gemv_out g, const __nv_bfloat16* wt, const float* x, i64 k, i64 rows) {
+	__shared__ float red[TC_WARPS - 1][T][4][32];
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int gq = lane >> 2, c = lane & 3;
+	const i64 o0 = (i64)blockIdx.x * 16 * T;
+	const __nv_bfloat16* lo[T];
+	const __nv_bfloat16* hi[T];
+#pragma unroll
+	for (int t = 0; t < T; t++) {
+		lo[t] = wt + min(o0 + 16 * t + gq, g.m - 1) * k;
+		hi[t] = wt + min(o0 + 16 * t + gq + 8, g.m - 1) * k;
+		i64 j = (i64)warp * 32 + 8 * c;
+		if (j < k) {
+			asm volatile("prefetch.global.L2 [%0];" ::"l"(lo[t] + j));
+			asm volatile("prefetch.global.L2 [%0];" ::"l"(hi[t] + j));
+		}
 	}
+	asm volatile("griddepcontrol.wait;\n" ::: "memory");
+	const float* xr = gq < rows ? x + gq * k : nullptr;
+	float acc[T][4];
+#pragma unroll
+	for (int t = 0; t < T; t++)
+#pragma unroll
+		for (int i = 0; i < 4; i++) acc[t][i] = 0.f;
+	const i64 stride = 32 * TC_WARPS;
+	for (i64 j0 = (i64)warp * 32 + 8 * c; j0 < k; j0 += stride * U) {
+		uint4 wl[U][T], wh[U][T];
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const i64 j = j0 + u * stride;
+#pragma unroll
+			for (int t = 0; t < T; t++) {
+				if (j < k) {
+					wl[u][t] = ldg_nc(lo[t] + j);
+					wh[u][t] = ldg_nc(hi[t] + j);
+				} else {
+					wl[u][t] = wh[u][t] = make_uint4(0, 0, 0, 0);
+				}
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const i64 j = j0 + u * stride;
+			float xv[8];
+#pragma unroll
+			for (int i = 0; i < 8; i++) xv[i] = 0.f;
+			if (xr && j < k) load8(xr + j, xv);
+			// b[s][p]: term s (hi, mid, lo) of the pair (xv[2p], xv[2p+1]).
+			uint32_t b[3][4];
+#pragma unroll
+			for (int p = 0; p < 4; p++) {
+				b[0][p] = pack2<__nv_bfloat16>::from(xv[2 * p], xv[2 * p + 1]);
+				const float2 h2 = pack2<__nv_bfloat16>::to(b[0][p]);
+				split<__nv_bfloat16>(xv[2 * p] - h2.x, xv[2 * p + 1] - h2.y, b[1][p], b[2][p]);
+			}
+#pragma unroll
+			for (int t = 0; t < T; t++) {
+				const uint4 a = wl[u][t], e = wh[u][t];
+#pragma unroll
+				for (int s = 0; s < 3; s++) {
+					mma<__nv_bfloat16>(acc[t], a.x, e.x, a.y, e.y, b[s][0], b[s][1]);
+					mma<__nv_bfloat16>(acc[t], a.z, e.z, a.w, e.w, b[s][2], b[s][3]);
+				}
+			}
+		}
+	}
+	if (warp > 0) {
+#pragma unroll
+		for (int t = 0; t < T; t++)
+#pragma unroll
+			for (int i = 0; i < 4; i++) red[warp - 1][t][i][lane] = acc[t][i];
+	}
+	__syncthreads();
+	if (warp != 0) return;
+#pragma unroll
+	for (int t = 0; t < T; t++) {
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			float s = acc[t][i];
+#pragma unroll
+			for (int w = 0; w < TC_WARPS - 1; w++) s += red[w][t][i][lane];
+			// c0, c1: output g, rows 2c, 2c+1; c2, c3: output g + 8.
+			const i64 o = o0 + 16 * t + gq + (i >= 2 ? 8 : 0);
+			const i64 r = 2 * c + (i & 1);
+			if (o < g.m && r < rows) gemv_store(g, r, o, s);
+		}
+	}
+}
+
+// model_gemv_<W>_r<R>_t<T>_u<U>_n<NA>: up to R rows, T outputs a warp, U
+// loads in flight a lane and weight row, L1::no_allocate when NA (the
+// variants that modelnames.go lists; the host picks one by shape).
+#define GEMV_ENTRY(W, NAME, R, T, U, NA)                                                                      \
+	extern "C" __global__ void model_gemv_##NAME##_r##R##_t##T##_u##U##_n##NA(                            \
+	    float* y0, float* y1, float* y2, const float* res, const W* wt, const float* x, i64 m, i64 m0, i64 m1, \
+	    i64 k, i64 rows, i64 k8) {                                                                          \
+		gemv<W, R, T, U, NA>(gemv_out{y0, y1, y2, res, m, m0, m1}, wt, x, k, rows, k8);                     \
+	}
+
+// The variants measured (bench/results/2026-12-06-gemv-h100.md).
+GEMV_ENTRY(__nv_bfloat16, bf16, 1, 1, 4, 0)
+GEMV_ENTRY(__nv_bfloat16, bf16, 1, 1, 4, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 1, 1, 8, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 1, 2, 4, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 1, 2, 2, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 1, 4, 2, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 1, 4, 4, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 4, 1, 4, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 4, 2, 2, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 4, 4, 2, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 8, 1, 4, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 8, 2, 2, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 8, 4, 2, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 8, 4, 1, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 16, 2, 2, 1)
+GEMV_ENTRY(__nv_bfloat16, bf16, 16, 4, 1, 1)
+GEMV_ENTRY(float, f32, 1, 1, 4, 1)
+GEMV_ENTRY(float, f32, 1, 2, 2, 1)
+GEMV_ENTRY(float, f32, 4, 2, 2, 1)
+GEMV_ENTRY(float, f32, 8, 2, 2, 1)
+GEMV_ENTRY(float, f32, 16, 2, 2, 1)
+
+// model_gemvtc_bf16_t<T>_u<U>: the tensor-core GEMV (up to 8 rows, k8
+// only), T 16-output tiles a block, U k steps in flight a lane.
+#define GEMV_TC_ENTRY(T, U)                                                                                    \
+	extern "C" __global__ void model_gemvtc_bf16_t##T##_u##U(float* y0, float* y1, float* y2, const float* res, \
+								 const __nv_bfloat16* wt, const float* x, i64 m, i64 m0,   \
+								 i64 m1, i64 k, i64 rows, i64 k8) {                        \
+		gemv_tc<T, U>(gemv_out{y0, y1, y2, res, m, m0, m1}, wt, x, k, rows);                                \
+	}
+GEMV_TC_ENTRY(1, 2)
+GEMV_TC_ENTRY(1, 4)
+GEMV_TC_ENTRY(2, 2)
+GEMV_TC_ENTRY(2, 1)
+GEMV_TC_ENTRY(4, 1)
 
 #define MODEL_KERNELS(W, NAME)                                                                              \
 	extern "C" __global__ void model_embed_##NAME(float* out, const W* table, const int* ids, i64 h) {      \
@@ -148,9 +354,6 @@ __device__ void fill(W* dst, i64 n, i64 seed, float scale, float offset) {
 	extern "C" __global__ void model_rmsnorm_##NAME(float* out, const float* x, const W* w, i64 h, float eps) { \
 		rmsnorm<W>(out, x, w, h, eps);                                                                        \
 	}                                                                                                         \
-	GEMV_ENTRY(W, NAME, 1)                                                                                    \
-	GEMV_ENTRY(W, NAME, 4)                                                                                    \
-	GEMV_ENTRY(W, NAME, 16)                                                                                   \
 	extern "C" __global__ void model_fill_##NAME(W* dst, i64 n, i64 seed, float scale, float offset) {      \
 		fill<W>(dst, n, seed, scale, offset);                                                                 \
 	}
@@ -163,6 +366,7 @@ MODEL_KERNELS(__nv_bfloat16, bf16)
 // cs[r][i][0..1] (computed on the host as the CPU executor computes
 // them). Grid (heads, rows), block d/2.
 extern "C" __global__ void model_rope(float* x, const float* cs, i64 heads, i64 d) {
+	asm volatile("griddepcontrol.wait;\n" ::: "memory"); // a programmatic dependent of the previous kernel
 	i64 r = blockIdx.y, h = blockIdx.x, i = threadIdx.x, half = d / 2;
 	if (i >= half) return;
 	float* v = x + (r * heads + h) * d;
@@ -174,6 +378,7 @@ extern "C" __global__ void model_rope(float* x, const float* cs, i64 heads, i64 
 
 // g[i] = silu(g[i]) * u[i] for i < n.
 extern "C" __global__ void model_silu_mul(float* g, const float* u, i64 n) {
+	asm volatile("griddepcontrol.wait;\n" ::: "memory"); // a programmatic dependent of the previous kernel
 	for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
 		float x = g[i];
 		g[i] = x / (1.f + expf(-x)) * u[i];
@@ -185,6 +390,7 @@ extern "C" __global__ void model_silu_mul(float* g, const float* u, i64 n) {
 extern "C" __global__ void model_argmax(int* out, const float* logits, i64 v) {
 	__shared__ float bv[32];
 	__shared__ int bi[32];
+	asm volatile("griddepcontrol.wait;\n" ::: "memory"); // a programmatic dependent of the previous kernel
 	const float* l = logits + (i64)blockIdx.x * v;
 	float best = -INFINITY;
 	int idx = 0; // a row of NaN or -inf gives 0, as the CPU's argmax

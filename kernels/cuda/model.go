@@ -19,7 +19,7 @@ import (
 // call queues its kernel on the backend's stream and returns; Argmax
 // waits (it is the executor's one host synchronisation per token).
 
-// gemvRows is the most rows one model_gemv launch serves (GEMV_ROWS).
+// gemvRows is the most rows one model_gemv launch serves.
 const gemvRows = 16
 
 func loadModelKernels(fn map[string]cu.Function) (cu.Module, error) {
@@ -37,6 +37,12 @@ func loadModelKernels(fn map[string]cu.Function) (cu.Module, error) {
 	}
 	return mod, nil
 }
+
+// SetModelPDL launches the model kernels as programmatic dependents of
+// the kernel before them (sm_90: a kernel's blocks start while the
+// previous one drains; the GEMVs prefetch their first weights meanwhile).
+// Off by default; set it before the first model kernel is queued.
+func (b *Backend) SetModelPDL(on bool) { b.modelPDL = on }
 
 // Matrix is a weight matrix [Rows][Cols] in the backend's device memory,
 // stored as DType (plan.Float32 or plan.BFloat16).
@@ -149,7 +155,7 @@ func (b *Backend) RMSNorm(ctx context.Context, out, x decode.Tensor, w *Matrix, 
 		return err
 	}
 	return b.do(ctx, func() error {
-		return b.launch("model_rmsnorm_"+name, [3]int{rows, 1, 1}, 256, 0, uint64(out.Ptr), uint64(x.Ptr), u(w.ptr), uint64(h), f32bits(eps))
+		return b.launchMode(b.modelPDL, "model_rmsnorm_"+name, [3]int{rows, 1, 1}, 256, 0, uint64(out.Ptr), uint64(x.Ptr), u(w.ptr), uint64(h), f32bits(eps))
 	})
 }
 
@@ -157,56 +163,117 @@ func (b *Backend) RMSNorm(ctx context.Context, out, x decode.Tensor, w *Matrix, 
 // res [rows][w.Rows]; res may be the zero Tensor, or y itself (a
 // residual add in place).
 func (b *Backend) Gemv(ctx context.Context, y decode.Tensor, w *Matrix, x, res decode.Tensor, rows int) error {
+	return b.gemv(ctx, GemvKernel{}, w, x, res, rows, y)
+}
+
+// GemvSplit writes x w^T for rows rows into ys: ys[0] takes the first
+// ys[0].Len/rows outputs of every row, ys[1] the next, and so on (one
+// launch over a fused q|k|v or gate|up matrix writes the separate
+// activations). At most three outputs, whose widths add up to w.Rows.
+func (b *Backend) GemvSplit(ctx context.Context, w *Matrix, x decode.Tensor, rows int, ys ...decode.Tensor) error {
+	return b.gemv(ctx, GemvKernel{}, w, x, decode.Tensor{}, rows, ys...)
+}
+
+// GemvWith is GemvSplit through the variant v (rows at most v.Rows; v's
+// weights type must be w's), for benchmarks and tests of the variants.
+func (b *Backend) GemvWith(ctx context.Context, v GemvKernel, w *Matrix, x, res decode.Tensor, rows int, ys ...decode.Tensor) error {
+	if v.Rows == 0 {
+		return fmt.Errorf("cuda: gemv: no variant given")
+	}
+	return b.gemv(ctx, v, w, x, res, rows, ys...)
+}
+
+// gemv launches v (the default variant per 16 rows when v is zero).
+func (b *Backend) gemv(ctx context.Context, v GemvKernel, w *Matrix, x, res decode.Tensor, rows int, ys ...decode.Tensor) error {
 	name, err := weightName(w.DType)
 	if err != nil {
 		return err
 	}
-	if err := b.rowsOf("gemv y", y, rows, w.Rows); err != nil {
-		return err
+	if len(ys) == 0 || len(ys) > 3 || rows <= 0 {
+		return fmt.Errorf("cuda: gemv: %d outputs for %d rows (1 to 3 outputs, rows > 0)", len(ys), rows)
+	}
+	if v.Rows != 0 && (v.Weights != name || rows > v.Rows) {
+		return fmt.Errorf("cuda: gemv: variant %v for %d rows of %s weights", v, rows, name)
+	}
+	var widths [3]int
+	total := 0
+	for i, y := range ys {
+		if y.Len%rows != 0 {
+			return fmt.Errorf("cuda: gemv: output %d holds %d floats, not a multiple of %d rows", i, y.Len, rows)
+		}
+		widths[i] = y.Len / rows
+		if err := b.rowsOf(fmt.Sprintf("gemv y%d", i), y, rows, widths[i]); err != nil {
+			return err
+		}
+		total += widths[i]
+	}
+	if total != w.Rows {
+		return fmt.Errorf("cuda: gemv: outputs %v wide, the matrix has %d rows", widths[:len(ys)], w.Rows)
 	}
 	if err := b.rowsOf("gemv x", x, rows, w.Cols); err != nil {
 		return err
 	}
 	if !res.Zero() {
+		if len(ys) != 1 {
+			return fmt.Errorf("cuda: gemv: a residual with %d outputs (one only)", len(ys))
+		}
 		if err := b.rowsOf("gemv res", res, rows, w.Rows); err != nil {
 			return err
 		}
 	}
+	var yp [3]uint64
+	for i, y := range ys {
+		yp[i] = uint64(y.Ptr)
+	}
 	// Vector loads need 16-byte aligned rows of weights and x.
 	k8 := w.Cols%8 == 0 && x.Ptr%16 == 0
+	if v.Tensor && !k8 {
+		return fmt.Errorf("cuda: gemv: %v needs k a multiple of 8 and aligned rows (k %d)", v, w.Cols)
+	}
 	const warps = 8
 	return b.do(ctx, func() error {
-		for r0 := 0; r0 < rows; r0 += gemvRows {
-			n := min(gemvRows, rows-r0)
-			rp := uint64(0)
-			if !res.Zero() {
-				rp = uint64(res.Ptr) + uint64(r0*w.Rows*4)
+		for r0 := 0; r0 < rows; {
+			kv := v
+			if kv.Rows == 0 {
+				kv = gemvDefault(name, min(gemvRows, rows-r0), k8)
 			}
-			if err := b.launch(gemvKernel(name, n), [3]int{(w.Rows + warps - 1) / warps, 1, 1}, 32*warps, 0,
-				uint64(y.Ptr)+uint64(r0*w.Rows*4), u(w.ptr), uint64(x.Ptr)+uint64(r0*w.Cols*4), rp,
-				uint64(w.Rows), uint64(w.Cols), uint64(n), b2u(k8)); err != nil {
+			n := min(kv.Rows, rows-r0)
+			off := func(p uint64, width int) uint64 {
+				if p == 0 {
+					return 0
+				}
+				return p + uint64(r0*width*4)
+			}
+			per := warps * kv.Tile // outputs a block
+			if kv.Tensor {
+				per = 16 * kv.Tile
+			}
+			if err := b.launchMode(b.modelPDL, kv.name(), [3]int{(w.Rows + per - 1) / per, 1, 1}, 32*warps, 0,
+				off(yp[0], widths[0]), off(yp[1], widths[1]), off(yp[2], widths[2]), off(uint64(res.Ptr), w.Rows),
+				u(w.ptr), uint64(x.Ptr)+uint64(r0*w.Cols*4),
+				uint64(w.Rows), uint64(widths[0]), uint64(widths[1]), uint64(w.Cols), uint64(n), b2u(k8)); err != nil {
 				return err
 			}
+			r0 += n
 		}
 		return nil
 	})
 }
 
 // Rope rotates x ([rows][heads][d]) in place by the angles whose cosines
-// and sines cs holds ([rows][d/2][2], host memory).
-func (b *Backend) Rope(ctx context.Context, x decode.Tensor, rows, heads, d int, cs []float32) error {
-	if d%2 != 0 || d > 2048 || len(cs) != rows*d {
-		return fmt.Errorf("cuda: rope: head dim %d, %d cos/sin for %d rows", d, len(cs), rows)
+// and sines cs holds ([rows][d/2][2], a device tensor of the backend).
+func (b *Backend) Rope(ctx context.Context, x decode.Tensor, rows, heads, d int, cs decode.Tensor) error {
+	if d%2 != 0 || d > 2048 {
+		return fmt.Errorf("cuda: rope: head dim %d (even, at most 2048)", d)
 	}
 	if err := b.rowsOf("rope x", x, rows, heads*d); err != nil {
 		return err
 	}
+	if err := b.rowsOf("rope cos/sin", cs, rows, d); err != nil {
+		return err
+	}
 	return b.do(ctx, func() error {
-		p, err := upload(b, "model.cs", cs)
-		if err != nil {
-			return err
-		}
-		return b.launch("model_rope", [3]int{heads, rows, 1}, d/2, 0, uint64(x.Ptr), u(p), uint64(heads), uint64(d))
+		return b.launchMode(b.modelPDL, "model_rope", [3]int{heads, rows, 1}, d/2, 0, uint64(x.Ptr), uint64(cs.Ptr), uint64(heads), uint64(d))
 	})
 }
 
@@ -219,7 +286,7 @@ func (b *Backend) SiluMul(ctx context.Context, g, up decode.Tensor) error {
 		return err
 	}
 	return b.do(ctx, func() error {
-		return b.launch("model_silu_mul", [3]int{min((g.Len+255)/256, 4096), 1, 1}, 256, 0, uint64(g.Ptr), uint64(up.Ptr), uint64(g.Len))
+		return b.launchMode(b.modelPDL, "model_silu_mul", [3]int{min((g.Len+255)/256, 4096), 1, 1}, 256, 0, uint64(g.Ptr), uint64(up.Ptr), uint64(g.Len))
 	})
 }
 
@@ -235,7 +302,7 @@ func (b *Backend) Argmax(ctx context.Context, logits decode.Tensor, rows, vocab 
 		if err != nil {
 			return err
 		}
-		if err := b.launch("model_argmax", [3]int{rows, 1, 1}, 1024, 0, u(p), uint64(logits.Ptr), uint64(vocab)); err != nil {
+		if err := b.launchMode(b.modelPDL, "model_argmax", [3]int{rows, 1, 1}, 1024, 0, u(p), uint64(logits.Ptr), uint64(vocab)); err != nil {
 			return err
 		}
 		if err := cu.Synchronize(); err != nil {

@@ -10,23 +10,92 @@ func modelKernelNames() []string {
 		for _, k := range []string{"embed", "rmsnorm", "fill"} {
 			names = append(names, "model_"+k+"_"+w)
 		}
-		for _, r := range gemvVariants {
-			names = append(names, gemvKernel(w, r))
-		}
+	}
+	for _, v := range GemvKernels() {
+		names = append(names, v.name())
 	}
 	return names
 }
 
-// gemvVariants are the row counts the GEMV kernels are compiled for
-// (model_gemv_<W>_r<R>); a launch takes the smallest that holds its rows.
-var gemvVariants = [...]int{1, 4, 16}
+// GemvKernel names one compiled variant of the GEMV kernel
+// (model_gemv_<W>_r<R>_t<T>_u<U>_n<NA> in model.cu).
+type GemvKernel struct {
+	// Weights is "bf16" or "f32".
+	Weights string
+	// Rows is the most activation rows one launch serves (1, 4, 8, 16).
+	Rows int
+	// Tile is the outputs one warp computes (each x vector loaded serves
+	// Tile weight rows).
+	Tile int
+	// Unroll is the 16-byte loads in flight per lane and weight row.
+	Unroll int
+	// NoL1 loads the weights without allocating them in L1.
+	NoL1 bool
+	// Tensor runs on the tensor cores (model_gemvtc_bf16_t<T>_u<U>: bf16
+	// weights, Rows 8, Tile 16-output tiles a block; k a multiple of 8).
+	Tensor bool
+}
 
-// gemvKernel names the GEMV kernel of weight type w for r rows.
-func gemvKernel(w string, r int) string {
-	for _, v := range gemvVariants {
-		if r <= v {
-			return fmt.Sprintf("model_gemv_%s_r%d", w, v)
+func (v GemvKernel) name() string {
+	if v.Tensor {
+		return fmt.Sprintf("model_gemvtc_%s_t%d_u%d", v.Weights, v.Tile, v.Unroll)
+	}
+	na := 0
+	if v.NoL1 {
+		na = 1
+	}
+	return fmt.Sprintf("model_gemv_%s_r%d_t%d_u%d_n%d", v.Weights, v.Rows, v.Tile, v.Unroll, na)
+}
+
+// String is the kernel's name.
+func (v GemvKernel) String() string { return v.name() }
+
+// GemvKernels lists the compiled GEMV variants (the GEMV_ENTRY lines of
+// model.cu, in their order).
+func GemvKernels() []GemvKernel {
+	bf := func(r, t, u int, na bool) GemvKernel { return GemvKernel{"bf16", r, t, u, na, false} }
+	f := func(r, t, u int) GemvKernel { return GemvKernel{"f32", r, t, u, true, false} }
+	tc := func(t, u int) GemvKernel { return GemvKernel{"bf16", 8, t, u, true, true} }
+	return []GemvKernel{
+		bf(1, 1, 4, false), bf(1, 1, 4, true), bf(1, 1, 8, true), bf(1, 2, 4, true), bf(1, 2, 2, true), bf(1, 4, 2, true), bf(1, 4, 4, true),
+		bf(4, 1, 4, true), bf(4, 2, 2, true), bf(4, 4, 2, true),
+		bf(8, 1, 4, true), bf(8, 2, 2, true), bf(8, 4, 2, true), bf(8, 4, 1, true),
+		bf(16, 2, 2, true), bf(16, 4, 1, true),
+		f(1, 1, 4), f(1, 2, 2), f(4, 2, 2), f(8, 2, 2), f(16, 2, 2),
+		tc(1, 2), tc(1, 4), tc(2, 2), tc(2, 1), tc(4, 1),
+	}
+}
+
+// gemvRowSizes are the Rows the variants are compiled for, ascending.
+var gemvRowSizes = [...]int{1, 4, 8, 16}
+
+// gemvDefault picks the variant for rows activation rows (at most 16) of
+// weights w, k8 when the vector path applies: the tile and unroll
+// measured best (bench/results/2026-12-06-gemv-h100.md); 2 to 8 rows of
+// bf16 run on the tensor cores.
+func gemvDefault(w string, rows int, k8 bool) GemvKernel {
+	r := gemvRowSizes[len(gemvRowSizes)-1]
+	for _, n := range gemvRowSizes {
+		if rows <= n {
+			r = n
+			break
 		}
 	}
-	return fmt.Sprintf("model_gemv_%s_r%d", w, gemvVariants[len(gemvVariants)-1])
+	if w == "f32" {
+		if r == 1 {
+			return GemvKernel{w, 1, 1, 4, true, false}
+		}
+		return GemvKernel{w, r, 2, 2, true, false}
+	}
+	switch {
+	case r == 1:
+		return GemvKernel{w, 1, 2, 2, true, false}
+	case r <= 8 && k8:
+		return GemvKernel{w, 8, 1, 4, true, true}
+	case r == 4:
+		return GemvKernel{w, 4, 2, 2, true, false}
+	case r == 8:
+		return GemvKernel{w, 8, 2, 2, true, false}
+	}
+	return GemvKernel{w, 16, 4, 1, true, false}
 }

@@ -28,7 +28,9 @@ import (
 // random K/V (no prefill), as ../shared/anchors/llama_decode_anchor.py
 // does: bf16 weights and pages, pages of 16, a budget of 4096 tokens,
 // Quest and dense (every layer dense) in the same run, BATCH rows. One
-// JSON line per measurement. Runs only with QUESTRT_BENCH=1 (it needs a
+// JSON line per measurement, with the host's split of the step
+// (Executor.LastTiming): Quest and dense with the model kernels launched
+// as programmatic dependents, and Quest without. Runs only with QUESTRT_BENCH=1 (it needs a
 // GPU with room for the model).
 func TestBenchDecode(t *testing.T) {
 	if os.Getenv("QUESTRT_BENCH") != "1" {
@@ -92,11 +94,14 @@ func TestBenchDecode(t *testing.T) {
 				rows[i] = Row{Seq: id, Token: 1 + i, Pos: n}
 			}
 			t.Logf("ctx %d batch %d: K/V filled in %v", n, bs, time.Since(t1))
-			for _, dense := range []bool{false, true} {
+			for _, run := range []struct{ dense, pdl bool }{{false, true}, {true, true}, {false, false}} {
+				dense := run.dense
+				be.SetModelPDL(run.pdl)
 				for i := range rows {
 					rows[i].Dense = dense
 				}
 				var el time.Duration
+				var tm Timing
 				for s := range warm + steps {
 					t2 := time.Now()
 					next, err := x.Decode(ctx, e, rows)
@@ -105,6 +110,10 @@ func TestBenchDecode(t *testing.T) {
 					}
 					if s >= warm {
 						el += time.Since(t2)
+						lt := x.LastTiming()
+						tm.Enqueue += lt.Enqueue
+						tm.EndWait += lt.EndWait
+						tm.Head += lt.Head
 					}
 					for i := range rows {
 						rows[i].Token, rows[i].Pos = next[i], rows[i].Pos+1
@@ -114,8 +123,10 @@ func TestBenchDecode(t *testing.T) {
 				if dense {
 					mode = "dense"
 				}
-				line, _ := json.Marshal(map[string]any{"runtime": "questrt", "mode": mode, "ctx": n, "batch": bs, "layers": c.Layers,
-					"ms_per_step": float64(el.Microseconds()) / 1000 / steps, "tokens_per_s": float64(bs*steps) / el.Seconds()})
+				ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / steps }
+				line, _ := json.Marshal(map[string]any{"runtime": "questrt", "mode": mode, "pdl": run.pdl, "ctx": n, "batch": bs, "layers": c.Layers,
+					"ms_per_step": ms(el), "tokens_per_s": float64(bs*steps) / el.Seconds(),
+					"enqueue_ms": ms(tm.Enqueue), "end_wait_ms": ms(tm.EndWait), "head_ms": ms(tm.Head)})
 				fmt.Println(string(line))
 			}
 			e.Close()

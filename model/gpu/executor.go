@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/kernels/cuda"
@@ -21,6 +22,21 @@ type Options struct {
 	Float32Weights bool
 	// MaxBatch is the most rows one Decode call takes (default 16).
 	MaxBatch int
+	// NoPDL launches every model kernel only after the previous one
+	// ended (default: as its programmatic dependent, overlapping the
+	// launch and the first weight loads with the previous kernel's tail).
+	NoPDL bool
+}
+
+// Timing splits the host's time of the last Decode call.
+type Timing struct {
+	// Enqueue is the time to queue every layer (the host's share: when
+	// it is about the whole step, the device waited for the host).
+	Enqueue time.Duration
+	// EndWait is the Stepper's End, which waits for the queued layers.
+	EndWait time.Duration
+	// Head is the final norm, the LM head and the argmax, with its wait.
+	Head time.Duration
 }
 
 // ErrBadInput marks a Decode call refused before anything ran.
@@ -38,13 +54,32 @@ type Executor struct {
 	layers            []layer
 
 	// Activations for MaxBatch rows, in device memory.
-	x, xn, q, k, v, o, gate, up, logits decode.Tensor
-	cs                                  []float32 // RoPE cos/sin of the rows, host
-	ids                                 []int32
+	x, xn, q, k, v, o, gate, up, logits, csd decode.Tensor
+	cs                                       []float32 // RoPE cos/sin of the rows, host (copied to csd once a step)
+	ids                                      []int32
+	last                                     Timing
 }
 
+// layer holds one decoder layer's weights; q|k|v and gate|up are fused
+// (one launch each, more outputs to spread over the GPU).
 type layer struct {
-	attnNorm, mlpNorm, wq, wk, wv, wo, gate, up, down *cuda.Matrix
+	attnNorm, mlpNorm, qkv, wo, gateUp, down *cuda.Matrix
+}
+
+func (l *layer) matrices() []*cuda.Matrix {
+	return []*cuda.Matrix{l.attnNorm, l.mlpNorm, l.qkv, l.wo, l.gateUp, l.down}
+}
+
+func concat(parts ...[]float32) []float32 {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	out := make([]float32, 0, n)
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
 }
 
 // New uploads m's weights to be's device. Close frees them.
@@ -70,12 +105,9 @@ func New(ctx context.Context, be *cuda.Backend, m *model.Model, opt Options) (*E
 		name := func(s string) string { return fmt.Sprintf("layer %d %s", i, s) }
 		up(&l.attnNorm, lw.AttnNorm, 1, h, name("attention norm"))
 		up(&l.mlpNorm, lw.MLPNorm, 1, h, name("MLP norm"))
-		up(&l.wq, lw.Wq, qd, h, name("q"))
-		up(&l.wk, lw.Wk, kvd, h, name("k"))
-		up(&l.wv, lw.Wv, kvd, h, name("v"))
+		up(&l.qkv, concat(lw.Wq, lw.Wk, lw.Wv), qd+2*kvd, h, name("q|k|v"))
 		up(&l.wo, lw.Wo, h, qd, name("o"))
-		up(&l.gate, lw.Gate, inter, h, name("gate"))
-		up(&l.up, lw.Up, inter, h, name("up"))
+		up(&l.gateUp, concat(lw.Gate, lw.Up), 2*inter, h, name("gate|up"))
 		up(&l.down, lw.Down, h, inter, name("down"))
 	}
 	return x.finish(ctx, err)
@@ -111,12 +143,9 @@ func NewRandom(ctx context.Context, be *cuda.Backend, c model.Config, seed uint6
 		l := &x.layers[i]
 		rnd(&l.attnNorm, 1, h, true)
 		rnd(&l.mlpNorm, 1, h, true)
-		rnd(&l.wq, qd, h, false)
-		rnd(&l.wk, kvd, h, false)
-		rnd(&l.wv, kvd, h, false)
+		rnd(&l.qkv, qd+2*kvd, h, false)
 		rnd(&l.wo, h, qd, false)
-		rnd(&l.gate, inter, h, false)
-		rnd(&l.up, inter, h, false)
+		rnd(&l.gateUp, 2*inter, h, false)
 		rnd(&l.down, h, inter, false)
 	}
 	return x.finish(ctx, err)
@@ -126,6 +155,7 @@ func newExecutor(be *cuda.Backend, c model.Config, opt Options, rot func([]float
 	if opt.MaxBatch <= 0 {
 		opt.MaxBatch = 16
 	}
+	be.SetModelPDL(!opt.NoPDL)
 	return &Executor{be: be, cfg: c, opt: opt, rot: rot, layers: make([]layer, c.Layers)}
 }
 
@@ -157,6 +187,7 @@ func (x *Executor) finish(ctx context.Context, err error) (*Executor, error) {
 	alloc(&x.gate, inter)
 	alloc(&x.up, inter)
 	alloc(&x.logits, c.VocabSize)
+	alloc(&x.csd, c.HeadDim)
 	if err != nil {
 		x.Close(ctx)
 		return nil, err
@@ -167,7 +198,7 @@ func (x *Executor) finish(ctx context.Context, err error) (*Executor, error) {
 // Close frees the weights and activations on the device.
 func (x *Executor) Close(ctx context.Context) error {
 	var errs []error
-	for _, t := range []decode.Tensor{x.x, x.xn, x.q, x.k, x.v, x.o, x.gate, x.up, x.logits} {
+	for _, t := range []decode.Tensor{x.x, x.xn, x.q, x.k, x.v, x.o, x.gate, x.up, x.logits, x.csd} {
 		if !t.Zero() {
 			errs = append(errs, x.be.FreeTensor(t))
 		}
@@ -181,7 +212,7 @@ func (x *Executor) Close(ctx context.Context) error {
 	free(x.norm)
 	free(x.head)
 	for _, l := range x.layers {
-		for _, m := range []*cuda.Matrix{l.attnNorm, l.mlpNorm, l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down} {
+		for _, m := range l.matrices() {
 			free(m)
 		}
 	}
@@ -192,7 +223,7 @@ func (x *Executor) Close(ctx context.Context) error {
 func (x *Executor) WeightBytes() int64 {
 	n := x.embed.Bytes() + x.norm.Bytes() + x.head.Bytes()
 	for _, l := range x.layers {
-		for _, m := range []*cuda.Matrix{l.attnNorm, l.mlpNorm, l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down} {
+		for _, m := range l.matrices() {
 			n += m.Bytes()
 		}
 	}
@@ -248,9 +279,13 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 	h, qd, kvd, inter := c.HiddenSize, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.IntermediateSize
 	view := func(t decode.Tensor, width int) decode.Tensor { return t.Slice(0, n*width) }
 	xx, xn, q, k, v, o := view(x.x, h), view(x.xn, h), view(x.q, qd), view(x.k, kvd), view(x.v, kvd), view(x.o, qd)
-	gate, up, logits := view(x.gate, inter), view(x.up, inter), view(x.logits, c.VocabSize)
+	gate, up, logits, cs := view(x.gate, inter), view(x.up, inter), view(x.logits, c.VocabSize), view(x.csd, c.HeadDim)
 	eps := float32(c.RMSNormEps)
 	be := x.be
+	t0 := time.Now()
+	if err := be.UploadTensor(cs, x.cs); err != nil {
+		return nil, fmt.Errorf("gpu: rope cos/sin: %w", err)
+	}
 	if err := be.Embed(ctx, xx, x.embed, x.ids); err != nil {
 		return nil, fmt.Errorf("gpu: embed: %w", err)
 	}
@@ -263,12 +298,10 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		l := &x.layers[li]
 		err := errors.Join(
 			be.RMSNorm(ctx, xn, xx, l.attnNorm, n, eps),
-			be.Gemv(ctx, q, l.wq, xn, decode.Tensor{}, n),
-			be.Gemv(ctx, k, l.wk, xn, decode.Tensor{}, n),
-			be.Gemv(ctx, v, l.wv, xn, decode.Tensor{}, n),
+			be.GemvSplit(ctx, l.qkv, xn, n, q, k, v),
 		)
 		if err == nil {
-			err = errors.Join(be.Rope(ctx, q, n, c.Heads, c.HeadDim, x.cs), be.Rope(ctx, k, n, c.KVHeads, c.HeadDim, x.cs))
+			err = errors.Join(be.Rope(ctx, q, n, c.Heads, c.HeadDim, cs), be.Rope(ctx, k, n, c.KVHeads, c.HeadDim, cs))
 		}
 		if err == nil {
 			err = step.Layer(ctx, li, q, k, v, &res)
@@ -277,8 +310,7 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 			err = errors.Join(
 				be.Gemv(ctx, xx, l.wo, o, xx, n),
 				be.RMSNorm(ctx, xn, xx, l.mlpNorm, n, eps),
-				be.Gemv(ctx, gate, l.gate, xn, decode.Tensor{}, n),
-				be.Gemv(ctx, up, l.up, xn, decode.Tensor{}, n),
+				be.GemvSplit(ctx, l.gateUp, xn, n, gate, up),
 				be.SiluMul(ctx, gate, up),
 				be.Gemv(ctx, xx, l.down, gate, xx, n),
 			)
@@ -288,9 +320,11 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 		}
 	}
+	t1 := time.Now()
 	if err := step.End(ctx); err != nil {
 		return nil, fmt.Errorf("gpu: end: %w", err)
 	}
+	t2 := time.Now()
 	if err := errors.Join(be.RMSNorm(ctx, xn, xx, x.norm, n, eps), be.Gemv(ctx, logits, x.head, xn, decode.Tensor{}, n)); err != nil {
 		return nil, fmt.Errorf("gpu: head: %w", err)
 	}
@@ -298,12 +332,16 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 	if err != nil {
 		return nil, fmt.Errorf("gpu: argmax: %w", err)
 	}
+	x.last = Timing{Enqueue: t1.Sub(t0), EndWait: t2.Sub(t1), Head: time.Since(t2)}
 	next := make([]int, n)
 	for i, id := range ids {
 		next[i] = int(id)
 	}
 	return next, nil
 }
+
+// LastTiming is the host's time split of the last successful Decode.
+func (x *Executor) LastTiming() Timing { return x.last }
 
 // Logits returns the last Decode call's logits of its n rows (a copy;
 // it waits for the device). For tests and diagnostics.
