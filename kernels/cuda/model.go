@@ -10,6 +10,7 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -44,17 +45,6 @@ func loadModelKernels(fn map[string]cu.Function) (cu.Module, error) {
 // Off by default; set it before the first model kernel is queued.
 func (b *Backend) SetModelPDL(on bool) { b.modelPDL = on }
 
-// Matrix is a weight matrix [Rows][Cols] in the backend's device memory,
-// stored as DType (plan.Float32 or plan.BFloat16).
-type Matrix struct {
-	ptr        cu.DevicePtr
-	Rows, Cols int
-	DType      plan.DType
-}
-
-// Bytes is the matrix's size in device memory.
-func (m *Matrix) Bytes() int64 { return int64(m.Rows) * int64(m.Cols) * int64(m.DType.Bytes()) }
-
 func weightName(dt plan.DType) (string, error) {
 	switch dt {
 	case plan.Float32:
@@ -65,21 +55,23 @@ func weightName(dt plan.DType) (string, error) {
 	return "", fmt.Errorf("cuda: weights as %v: the model kernels take float32 or bf16", dt)
 }
 
+var _ kernels.ModelDevice = (*Backend)(nil)
+
 // UploadMatrix copies w ([rows][cols] float32) to the device as dt.
-func (b *Backend) UploadMatrix(ctx context.Context, w []float32, rows, cols int, dt plan.DType) (*Matrix, error) {
+func (b *Backend) UploadMatrix(ctx context.Context, w []float32, rows, cols int, dt plan.DType) (kernels.Matrix, error) {
 	if _, err := weightName(dt); err != nil {
-		return nil, err
+		return kernels.Matrix{}, err
 	}
 	if rows <= 0 || cols <= 0 || len(w) != rows*cols {
-		return nil, fmt.Errorf("cuda: upload matrix: %d floats for %d x %d", len(w), rows, cols)
+		return kernels.Matrix{}, fmt.Errorf("cuda: upload matrix: %d floats for %d x %d", len(w), rows, cols)
 	}
 	return b.newMatrix(ctx, rows, cols, dt, func(p cu.DevicePtr) error { return b.convert(p, dt, w) })
 }
 
 // newMatrix allocates a rows x cols matrix of dt and fills it with fill
 // (device goroutine), freeing it when fill fails.
-func (b *Backend) newMatrix(ctx context.Context, rows, cols int, dt plan.DType, fill func(cu.DevicePtr) error) (*Matrix, error) {
-	m := &Matrix{Rows: rows, Cols: cols, DType: dt}
+func (b *Backend) newMatrix(ctx context.Context, rows, cols int, dt plan.DType, fill func(cu.DevicePtr) error) (kernels.Matrix, error) {
+	m := kernels.Matrix{Rows: rows, Cols: cols, DType: dt}
 	err := b.do(ctx, func() error {
 		p, err := cu.MemAlloc(m.Bytes())
 		if err != nil {
@@ -89,26 +81,25 @@ func (b *Backend) newMatrix(ctx context.Context, rows, cols int, dt plan.DType, 
 			cu.MemFree(p)
 			return err
 		}
-		m.ptr = p
+		m.Ptr = uintptr(p)
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return kernels.Matrix{}, err
 	}
 	return m, nil
 }
 
-// FreeMatrix frees m's device memory.
-func (b *Backend) FreeMatrix(ctx context.Context, m *Matrix) error {
-	if m == nil || m.ptr == 0 {
+// FreeMatrix frees m's device memory (the zero Matrix: nothing).
+func (b *Backend) FreeMatrix(ctx context.Context, m kernels.Matrix) error {
+	if m.Ptr == 0 {
 		return nil
 	}
-	return b.do(context.WithoutCancel(ctx), func() error {
-		err := cu.MemFree(m.ptr)
-		m.ptr = 0
-		return err
-	})
+	return b.do(context.WithoutCancel(ctx), func() error { return cu.MemFree(cu.DevicePtr(m.Ptr)) })
 }
+
+// mptr is m's device address as a kernel parameter.
+func mptr(m kernels.Matrix) uint64 { return uint64(m.Ptr) }
 
 // rowsOf checks that t is a device tensor of the backend holding rows x
 // width floats.
@@ -118,7 +109,7 @@ func (b *Backend) rowsOf(what string, t decode.Tensor, rows, width int) error {
 
 // Embed writes the rows of table ([vocab][H]) that ids name into out
 // ([len(ids)][H]).
-func (b *Backend) Embed(ctx context.Context, out decode.Tensor, table *Matrix, ids []int32) error {
+func (b *Backend) Embed(ctx context.Context, out decode.Tensor, table kernels.Matrix, ids []int32) error {
 	name, err := weightName(table.DType)
 	if err != nil {
 		return err
@@ -136,13 +127,13 @@ func (b *Backend) Embed(ctx context.Context, out decode.Tensor, table *Matrix, i
 		if err != nil {
 			return err
 		}
-		return b.launch("model_embed_"+name, [3]int{len(ids), 1, 1}, 256, 0, uint64(out.Ptr), u(table.ptr), u(p), uint64(table.Cols))
+		return b.launch("model_embed_"+name, [3]int{len(ids), 1, 1}, 256, 0, uint64(out.Ptr), mptr(table), u(p), uint64(table.Cols))
 	})
 }
 
 // RMSNorm writes x ([rows][H]) normalised and scaled by w (1 x H) into
 // out (which may be x).
-func (b *Backend) RMSNorm(ctx context.Context, out, x decode.Tensor, w *Matrix, rows int, eps float32) error {
+func (b *Backend) RMSNorm(ctx context.Context, out, x decode.Tensor, w kernels.Matrix, rows int, eps float32) error {
 	name, err := weightName(w.DType)
 	if err != nil {
 		return err
@@ -155,14 +146,14 @@ func (b *Backend) RMSNorm(ctx context.Context, out, x decode.Tensor, w *Matrix, 
 		return err
 	}
 	return b.do(ctx, func() error {
-		return b.launchMode(b.modelPDL, "model_rmsnorm_"+name, [3]int{rows, 1, 1}, 256, 0, uint64(out.Ptr), uint64(x.Ptr), u(w.ptr), uint64(h), f32bits(eps))
+		return b.launchMode(b.modelPDL, "model_rmsnorm_"+name, [3]int{rows, 1, 1}, 256, 0, uint64(out.Ptr), uint64(x.Ptr), mptr(w), uint64(h), f32bits(eps))
 	})
 }
 
 // Gemv writes y = x w^T (+ res) for rows rows: x [rows][w.Cols], y and
 // res [rows][w.Rows]; res may be the zero Tensor, or y itself (a
 // residual add in place).
-func (b *Backend) Gemv(ctx context.Context, y decode.Tensor, w *Matrix, x, res decode.Tensor, rows int) error {
+func (b *Backend) Gemv(ctx context.Context, y decode.Tensor, w kernels.Matrix, x, res decode.Tensor, rows int) error {
 	return b.gemv(ctx, GemvKernel{}, w, x, res, rows, y)
 }
 
@@ -170,13 +161,13 @@ func (b *Backend) Gemv(ctx context.Context, y decode.Tensor, w *Matrix, x, res d
 // ys[0].Len/rows outputs of every row, ys[1] the next, and so on (one
 // launch over a fused q|k|v or gate|up matrix writes the separate
 // activations). At most three outputs, whose widths add up to w.Rows.
-func (b *Backend) GemvSplit(ctx context.Context, w *Matrix, x decode.Tensor, rows int, ys ...decode.Tensor) error {
+func (b *Backend) GemvSplit(ctx context.Context, w kernels.Matrix, x decode.Tensor, rows int, ys ...decode.Tensor) error {
 	return b.gemv(ctx, GemvKernel{}, w, x, decode.Tensor{}, rows, ys...)
 }
 
 // GemvWith is GemvSplit through the variant v (rows at most v.Rows; v's
 // weights type must be w's), for benchmarks and tests of the variants.
-func (b *Backend) GemvWith(ctx context.Context, v GemvKernel, w *Matrix, x, res decode.Tensor, rows int, ys ...decode.Tensor) error {
+func (b *Backend) GemvWith(ctx context.Context, v GemvKernel, w kernels.Matrix, x, res decode.Tensor, rows int, ys ...decode.Tensor) error {
 	if v.Rows == 0 {
 		return fmt.Errorf("cuda: gemv: no variant given")
 	}
@@ -184,7 +175,7 @@ func (b *Backend) GemvWith(ctx context.Context, v GemvKernel, w *Matrix, x, res 
 }
 
 // gemv launches v (the default variant per 16 rows when v is zero).
-func (b *Backend) gemv(ctx context.Context, v GemvKernel, w *Matrix, x, res decode.Tensor, rows int, ys ...decode.Tensor) error {
+func (b *Backend) gemv(ctx context.Context, v GemvKernel, w kernels.Matrix, x, res decode.Tensor, rows int, ys ...decode.Tensor) error {
 	name, err := weightName(w.DType)
 	if err != nil {
 		return err
@@ -250,7 +241,7 @@ func (b *Backend) gemv(ctx context.Context, v GemvKernel, w *Matrix, x, res deco
 			}
 			if err := b.launchMode(b.modelPDL, kv.name(), [3]int{(w.Rows + per - 1) / per, 1, 1}, 32*warps, 0,
 				off(yp[0], widths[0]), off(yp[1], widths[1]), off(yp[2], widths[2]), off(uint64(res.Ptr), w.Rows),
-				u(w.ptr), uint64(x.Ptr)+uint64(r0*w.Cols*4),
+				mptr(w), uint64(x.Ptr)+uint64(r0*w.Cols*4),
 				uint64(w.Rows), uint64(widths[0]), uint64(widths[1]), uint64(w.Cols), uint64(n), b2u(k8)); err != nil {
 				return err
 			}
@@ -320,13 +311,13 @@ func f32bits(x float32) uint64 { return uint64(*(*uint32)(unsafe.Pointer(&x))) }
 // RandomMatrix allocates a rows x cols matrix of dt on the device filled
 // with offset + scale * u, u uniform in [-1, 1) from seed (random weights
 // of a model without a checkpoint; nothing crosses from the host).
-func (b *Backend) RandomMatrix(ctx context.Context, rows, cols int, dt plan.DType, seed uint64, scale, offset float32) (*Matrix, error) {
+func (b *Backend) RandomMatrix(ctx context.Context, rows, cols int, dt plan.DType, seed uint64, scale, offset float32) (kernels.Matrix, error) {
 	name, err := weightName(dt)
 	if err != nil {
-		return nil, err
+		return kernels.Matrix{}, err
 	}
 	if rows <= 0 || cols <= 0 {
-		return nil, fmt.Errorf("cuda: random matrix of %d x %d", rows, cols)
+		return kernels.Matrix{}, fmt.Errorf("cuda: random matrix of %d x %d", rows, cols)
 	}
 	n := int64(rows) * int64(cols)
 	return b.newMatrix(ctx, rows, cols, dt, func(p cu.DevicePtr) error {

@@ -14,6 +14,7 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -81,7 +82,7 @@ func TestGemvVariantsMatchFloat64(t *testing.T) {
 // checkGemv runs v on rows rows twice (outputs split in three; one output
 // with a residual in place) and compares with float64 sums: the error
 // allowed is float32 rounding of a sum of |w x| terms.
-func checkGemv(t *testing.T, ctx context.Context, be *Backend, name string, v GemvKernel, mat *Matrix, w []float32, m, k, rows int, vec func(int) []float32) {
+func checkGemv(t *testing.T, ctx context.Context, be *Backend, name string, v GemvKernel, mat kernels.Matrix, w []float32, m, k, rows int, vec func(int) []float32) {
 	t.Helper()
 	x := vec(rows * k)
 	res := vec(rows * m)
@@ -235,7 +236,7 @@ func TestBenchGemv(t *testing.T) {
 			for _, sh := range shapes {
 				bytes := int64(sh.m) * int64(sh.k) * 2
 				copies := int(max(1, min(8, (512<<20)/bytes+1)))
-				mats := make([]*Matrix, copies)
+				mats := make([]kernels.Matrix, copies)
 				for i := range mats {
 					if mats[i], err = be.RandomMatrix(ctx, sh.m, sh.k, plan.BFloat16, uint64(i+1), 0.02, 0); err != nil {
 						t.Fatal(err)

@@ -1,5 +1,3 @@
-//go:build cuda
-
 package gpu
 
 import (
@@ -10,7 +8,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/decode"
-	"github.com/questrt/questrt/kernels/cuda"
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
 )
@@ -42,15 +40,15 @@ type Timing struct {
 // ErrBadInput marks a Decode call refused before anything ran.
 var ErrBadInput = errors.New("gpu: bad input")
 
-// Executor runs a model's decode steps on the device of a CUDA backend.
-// It is used by one goroutine at a time.
+// Executor runs a model's decode steps on a device (the CUDA backend, or
+// its CPU twin in tests). It is used by one goroutine at a time.
 type Executor struct {
-	be  *cuda.Backend
+	be  kernels.ModelDevice
 	cfg model.Config
 	opt Options
 	rot func(cs []float32, pos int) []float32 // RoPE's cos/sin at a position
 
-	embed, norm, head *cuda.Matrix
+	embed, norm, head kernels.Matrix
 	layers            []layer
 
 	// Activations for MaxBatch rows, in device memory.
@@ -63,11 +61,11 @@ type Executor struct {
 // layer holds one decoder layer's weights; q|k|v and gate|up are fused
 // (one launch each, more outputs to spread over the GPU).
 type layer struct {
-	attnNorm, mlpNorm, qkv, wo, gateUp, down *cuda.Matrix
+	attnNorm, mlpNorm, qkv, wo, gateUp, down kernels.Matrix
 }
 
-func (l *layer) matrices() []*cuda.Matrix {
-	return []*cuda.Matrix{l.attnNorm, l.mlpNorm, l.qkv, l.wo, l.gateUp, l.down}
+func (l *layer) matrices() []kernels.Matrix {
+	return []kernels.Matrix{l.attnNorm, l.mlpNorm, l.qkv, l.wo, l.gateUp, l.down}
 }
 
 func concat(parts ...[]float32) []float32 {
@@ -83,12 +81,12 @@ func concat(parts ...[]float32) []float32 {
 }
 
 // New uploads m's weights to be's device. Close frees them.
-func New(ctx context.Context, be *cuda.Backend, m *model.Model, opt Options) (*Executor, error) {
+func New(ctx context.Context, be kernels.ModelDevice, m *model.Model, opt Options) (*Executor, error) {
 	x := newExecutor(be, m.Config, opt, m.RopeCosSin)
 	c := x.cfg
 	w := m.Weights()
 	var err error
-	up := func(dst **cuda.Matrix, a []float32, rows, cols int, what string) {
+	up := func(dst *kernels.Matrix, a []float32, rows, cols int, what string) {
 		if err != nil {
 			return
 		}
@@ -117,14 +115,14 @@ func New(ctx context.Context, be *cuda.Backend, m *model.Model, opt Options) (*E
 // the device from seed (vLLM's --load-format dummy): projections uniform
 // with the standard deviation 0.02 of Hugging Face's initialisation,
 // norms 1. For benchmarks of a model shape without its checkpoint.
-func NewRandom(ctx context.Context, be *cuda.Backend, c model.Config, seed uint64, opt Options) (*Executor, error) {
+func NewRandom(ctx context.Context, be kernels.ModelDevice, c model.Config, seed uint64, opt Options) (*Executor, error) {
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
 	x := newExecutor(be, c, opt, model.NewRotary(c).CosSin)
 	var err error
 	n := uint64(0)
-	rnd := func(dst **cuda.Matrix, rows, cols int, norm bool) {
+	rnd := func(dst *kernels.Matrix, rows, cols int, norm bool) {
 		if err != nil {
 			return
 		}
@@ -151,11 +149,13 @@ func NewRandom(ctx context.Context, be *cuda.Backend, c model.Config, seed uint6
 	return x.finish(ctx, err)
 }
 
-func newExecutor(be *cuda.Backend, c model.Config, opt Options, rot func([]float32, int) []float32) *Executor {
+func newExecutor(be kernels.ModelDevice, c model.Config, opt Options, rot func([]float32, int) []float32) *Executor {
 	if opt.MaxBatch <= 0 {
 		opt.MaxBatch = 16
 	}
-	be.SetModelPDL(!opt.NoPDL)
+	if p, ok := be.(interface{ SetModelPDL(bool) }); ok {
+		p.SetModelPDL(!opt.NoPDL)
+	}
 	return &Executor{be: be, cfg: c, opt: opt, rot: rot, layers: make([]layer, c.Layers)}
 }
 
@@ -203,11 +203,7 @@ func (x *Executor) Close(ctx context.Context) error {
 			errs = append(errs, x.be.FreeTensor(t))
 		}
 	}
-	free := func(m *cuda.Matrix) {
-		if m != nil {
-			errs = append(errs, x.be.FreeMatrix(ctx, m))
-		}
-	}
+	free := func(m kernels.Matrix) { errs = append(errs, x.be.FreeMatrix(ctx, m)) }
 	free(x.embed)
 	free(x.norm)
 	free(x.head)

@@ -1,0 +1,283 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/kernels/backendtest"
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
+)
+
+// testPolicy makes the test prompts sparse: pages of 16 tokens, a budget
+// of 256 tokens, the first layer dense.
+func testPolicy() plan.Policy {
+	p := plan.DefaultPolicy()
+	p.PageSize, p.BudgetTokens, p.DenseLayers = 16, 256, 1
+	return p
+}
+
+// cpuGreedy decodes steps greedy tokens after prompt with the CPU
+// executor over an in-process engine on the CPU, returning the tokens
+// and the logits of the first decode step.
+func cpuGreedy(t *testing.T, m *model.Model, prompt []int, steps int) ([]int, []float32) {
+	t.Helper()
+	ctx := context.Background()
+	e, err := engine.New(model.EngineConfig(m.Geometry(), testPolicy(), 512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	attn, err := model.NewEngineAttention(e, m.Geometry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits, err := m.Forward(ctx, attn, prompt, model.ForwardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := []int{model.Argmax(logits)}
+	var first []float32
+	for len(toks) < steps {
+		if logits, err = m.Forward(ctx, attn, toks[len(toks)-1:], model.ForwardOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			first = append([]float32(nil), logits...)
+		}
+		toks = append(toks, model.Argmax(logits))
+	}
+	return toks, first
+}
+
+// testDevice is a backend that holds pages and runs the model's kernels.
+type testDevice interface {
+	kernels.Backend
+	kernels.ModelDevice
+}
+
+// compareGreedy prefills prompts with the CPU executor into an engine on
+// dev (pages device-resident), decodes steps greedy tokens of all of them
+// in one batch with the executor, and compares with each prompt decoded
+// alone by the CPU executor over a CPU engine: the first decode step's
+// logits within tol when tol > 0, and every token equal with float32
+// weights (most of them with bf16). It returns the executor's
+// host synchronisations per step when dev counts them.
+func compareGreedy(t *testing.T, dev testDevice, m *model.Model, prompts [][]int, steps int, f32 bool, tol float64) {
+	t.Helper()
+	var want [][]int
+	var wantLogits [][]float32
+	for _, p := range prompts {
+		toks, l := cpuGreedy(t, m, p, steps)
+		want, wantLogits = append(want, toks), append(wantLogits, l)
+	}
+	ctx := context.Background()
+	cfg := model.EngineConfig(m.Geometry(), testPolicy(), 512)
+	cfg.Backend, cfg.DeviceResident = dev, true
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	x, err := New(ctx, dev, m, Options{Float32Weights: f32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close(ctx)
+	t.Logf("weights: %d bytes on the device", x.WeightBytes())
+	rows := make([]Row, len(prompts))
+	got := make([][]int, len(prompts))
+	for i, p := range prompts {
+		attn, err := model.NewEngineAttention(e, m.Geometry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		logits, err := m.Forward(ctx, attn, p, model.ForwardOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stp, row, _, ok := attn.DecodeRow()
+		if !ok || stp != e {
+			t.Fatal("the engine attention has no decode row on the engine")
+		}
+		rows[i] = Row{Seq: row.Seq, Token: model.Argmax(logits), Pos: len(p)}
+		got[i] = []int{rows[i].Token}
+	}
+	syncs, _ := dev.(interface{ Syncs() int })
+	for s := 1; s < steps; s++ {
+		before := 0
+		if syncs != nil {
+			before = syncs.Syncs()
+		}
+		next, err := x.Decode(ctx, e, rows)
+		if err != nil {
+			t.Fatalf("step %d: %v", s, err)
+		}
+		if syncs != nil {
+			// The Stepper's End and the argmax, nothing per layer.
+			if n := syncs.Syncs() - before; n != 2 {
+				t.Fatalf("step %d: %d host synchronisations, want 2 (End and the argmax)", s, n)
+			}
+		}
+		if s == 1 {
+			l, err := x.Logits(ctx, len(rows))
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := m.Config.VocabSize
+			for i := range rows {
+				d := maxDiff(l[i*v:(i+1)*v], wantLogits[i])
+				t.Logf("row %d: first decode step's logits within %.3g of the CPU's", i, d)
+				if tol > 0 && d > tol {
+					t.Errorf("row %d: logits differ from the CPU's by %g (> %g)", i, d, tol)
+				}
+			}
+		}
+		for i := range rows {
+			got[i] = append(got[i], next[i])
+			rows[i].Token, rows[i].Pos = next[i], rows[i].Pos+1
+		}
+	}
+	for i := range rows {
+		same := 0
+		for j := range want[i] {
+			if got[i][j] == want[i][j] {
+				same++
+			}
+		}
+		t.Logf("row %d (prompt of %d): %d of %d greedy tokens equal the CPU's", i, len(prompts[i]), same, steps)
+		if f32 && same != steps {
+			t.Errorf("row %d: tokens %v, CPU %v", i, got[i], want[i])
+		}
+		if !f32 && same < steps/2 {
+			t.Errorf("row %d: only %d of %d tokens equal the CPU's: %v vs %v", i, same, steps, got[i], want[i])
+		}
+	}
+}
+
+func maxDiff(a, b []float32) float64 {
+	d := 0.0
+	for i := range a {
+		d = max(d, math.Abs(float64(a[i]-b[i])))
+	}
+	return d
+}
+
+// twin is the CPU twin of a device, closed with the test.
+func twin(t *testing.T) *backendtest.QueuedDevice {
+	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
+	t.Cleanup(func() { cpu.Close() })
+	return &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
+}
+
+// tinyConfig is a small Llama shape (GQA, 2 layers) for the twin.
+func tinyConfig(t *testing.T) model.Config {
+	t.Helper()
+	c, err := model.ParseConfig([]byte(`{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+		"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+		"max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+		"hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestTwinMatchesCPU runs the executor on the CPU twin of a device (CI:
+// everything of the GPU path but the kernels): a random model's prompts
+// of 700 and 300 tokens prefilled into pages "on the device", 24 greedy
+// steps of both in one batch, compared with each decoded alone by the
+// CPU executor: every token equal, logits within 1e-4, and two host
+// synchronisations a step whatever the layers (End and the argmax).
+func TestTwinMatchesCPU(t *testing.T) {
+	c := tinyConfig(t)
+	m, err := model.NewRandom(c, model.RandomOptions{Seed: 5, Std: 0.3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := make([]int, 700)
+	for i := range prompt {
+		prompt[i] = 3 + (i*7+i*i/5)%290
+	}
+	for _, f32 := range []bool{true, false} {
+		compareGreedy(t, twin(t), m, [][]int{prompt, prompt[:300]}, 24, f32, 1e-4)
+	}
+}
+
+// TestTwinBadInput: rows the executor refuses change nothing: the same
+// rows decode afterwards as if the refused call had not been made.
+func TestTwinBadInput(t *testing.T) {
+	c := tinyConfig(t)
+	m, err := model.NewRandom(c, model.RandomOptions{Seed: 6, Std: 0.3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dev := twin(t)
+	cfg := model.EngineConfig(m.Geometry(), testPolicy(), 64)
+	cfg.Backend, cfg.DeviceResident = dev, true
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	x, err := New(ctx, dev, m, Options{MaxBatch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close(ctx)
+	attn, err := model.NewEngineAttention(e, m.Geometry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits, err := m.Forward(ctx, attn, []int{5, 6, 7, 8, 9}, model.ForwardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, row, _, _ := attn.DecodeRow()
+	good := Row{Seq: row.Seq, Token: model.Argmax(logits), Pos: 5}
+	for name, rows := range map[string][]Row{
+		"no rows":        nil,
+		"too many rows":  {good, good, good},
+		"token negative": {{Seq: row.Seq, Token: -1, Pos: 5}},
+		"token past":     {{Seq: row.Seq, Token: c.VocabSize, Pos: 5}},
+		"position past":  {{Seq: row.Seq, Token: 1, Pos: c.MaxPositions}},
+	} {
+		if _, err := x.Decode(ctx, e, rows); !errors.Is(err, ErrBadInput) {
+			t.Errorf("%s: %v, want ErrBadInput", name, err)
+		}
+	}
+	if _, err := x.Decode(ctx, e, []Row{{Seq: row.Seq + 1000, Token: 1, Pos: 5}}); err == nil {
+		t.Error("an unknown sequence decoded")
+	}
+	want, _ := cpuGreedy(t, m, []int{5, 6, 7, 8, 9}, 4)
+	got := []int{good.Token}
+	for len(got) < 4 {
+		next, err := x.Decode(ctx, e, []Row{good})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, next[0])
+		good.Token, good.Pos = next[0], good.Pos+1
+	}
+	if !slicesEqual(got, want) {
+		t.Errorf("after the refused calls: %v, CPU %v", got, want)
+	}
+}
+
+func slicesEqual(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
