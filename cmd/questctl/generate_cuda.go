@@ -83,6 +83,7 @@ func generateCUDA(ctx context.Context, g gpuGenerate, stdout, stderr io.Writer) 
 	}
 	emit(next)
 	var el time.Duration
+	var read, dense, rhoF float64 // bytes read and dense, rho's formula summed over the steps
 	for len(run.Tokens) < g.opt.MaxTokens && !slices.Contains(g.opt.StopTokens, next) {
 		t0 := time.Now()
 		ids, err := x.Decode(ctx, eng, []gpu.Row{{Seq: row.Seq, Token: next, Pos: len(g.ids) + len(run.Tokens) - 1}})
@@ -100,7 +101,20 @@ func generateCUDA(ctx context.Context, g gpuGenerate, stdout, stderr io.Writer) 
 		d := time.Since(t0)
 		el += d
 		emit(next)
-		run.Steps[len(run.Steps)-1].StepUS = us(d)
+		st := &run.Steps[len(run.Steps)-1]
+		sm := model.Summarize(x.LastSteps(0), g.pol.PageSize)
+		st.StepUS = us(d)
+		st.PagesRead, st.PagesTotal = sm.PagesRead, sm.PagesTotal
+		st.Rho, st.RhoFormula, st.SparseRho = sm.Rho, sm.RhoFormula, sm.SparseRho
+		read += sm.Rho * float64(sm.PagesTotal)
+		dense += float64(sm.PagesTotal)
+		rhoF += sm.RhoFormula
+		run.PagesRead += sm.PagesRead
+		run.PagesTotal += sm.PagesTotal
+	}
+	if dense > 0 {
+		run.Rho = read / dense
+		run.RhoFormula = rhoF / float64(len(run.Tokens)-1)
 	}
 	if !g.asJSON {
 		fmt.Fprintln(stdout)

@@ -56,6 +56,7 @@ type Executor struct {
 	cs                                       []float32 // RoPE cos/sin of the rows, host (copied to csd once a step)
 	ids                                      []int32
 	last                                     Timing
+	steps                                    [][]model.StepInfo // [row][layer] of the last Decode
 }
 
 // layer holds one decoder layer's weights; q|k|v and gate|up are fused
@@ -290,6 +291,10 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		return nil, fmt.Errorf("gpu: begin: %w", err)
 	}
 	res := decode.Result{O: o}
+	x.steps = x.steps[:0]
+	for range n {
+		x.steps = append(x.steps, make([]model.StepInfo, 0, c.Layers))
+	}
 	for li := range x.layers {
 		l := &x.layers[li]
 		err := errors.Join(
@@ -301,6 +306,9 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		}
 		if err == nil {
 			err = step.Layer(ctx, li, q, k, v, &res)
+		}
+		if err == nil {
+			x.record(li, n, &res)
 		}
 		if err == nil {
 			err = errors.Join(
@@ -334,6 +342,30 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		next[i] = int(id)
 	}
 	return next, nil
+}
+
+// record keeps each row's plan and phase times of layer li.
+func (x *Executor) record(li, n int, res *decode.Result) {
+	kvh := x.cfg.KVHeads
+	for i := range n {
+		st := model.StepInfo{Layer: li, Time: res.Time}
+		if i < len(res.Plans) {
+			pl := res.Plans[i]
+			st.Plan, st.PagesRead, st.PagesTotal = pl, pl.Reads()*kvh, pl.Pages*kvh
+		}
+		x.steps[i] = append(x.steps[i], st)
+	}
+}
+
+// LastSteps returns row's plan, pages read (as the plan's reads of every
+// KV head) and the engine's phase times per layer in the last Decode, as
+// model.EngineAttention's Steps (model.Summarize takes them). The slice
+// is the executor's until the next Decode.
+func (x *Executor) LastSteps(row int) []model.StepInfo {
+	if row < 0 || row >= len(x.steps) {
+		return nil
+	}
+	return x.steps[row]
 }
 
 // LastTiming is the host's time split of the last successful Decode.

@@ -130,6 +130,7 @@ func compareGreedy(t *testing.T, dev testDevice, m *model.Model, prompts [][]int
 			}
 			v := m.Config.VocabSize
 			for i := range rows {
+				checkSteps(t, x.LastSteps(i), m.Config.Layers, rows[i].Pos, testPolicy())
 				d := maxDiff(l[i*v:(i+1)*v], wantLogits[i])
 				t.Logf("row %d: first decode step's logits within %.3g of the CPU's", i, d)
 				if tol > 0 && d > tol {
@@ -155,6 +156,31 @@ func compareGreedy(t *testing.T, dev testDevice, m *model.Model, prompts [][]int
 		}
 		if !f32 && same < steps/2 {
 			t.Errorf("row %d: only %d of %d tokens equal the CPU's: %v vs %v", i, same, steps, got[i], want[i])
+		}
+	}
+}
+
+// checkSteps checks a row's per-layer plans of a step at position pos
+// (pos+1 tokens, the new one included): the first DenseLayers read every
+// page, the others the budget's pages out of all.
+func checkSteps(t *testing.T, steps []model.StepInfo, layers, pos int, pol plan.Policy) {
+	t.Helper()
+	if len(steps) != layers {
+		t.Fatalf("%d layer steps, want %d", len(steps), layers)
+	}
+	pages := (pos + 1 + pol.PageSize - 1) / pol.PageSize
+	for l, st := range steps {
+		if st.Layer != l || st.Plan.Pages != pages {
+			t.Fatalf("layer %d: step of layer %d over %d pages, want %d", l, st.Layer, st.Plan.Pages, pages)
+		}
+		k := pol.BudgetTokens / pol.PageSize
+		switch {
+		case l < pol.DenseLayers || k >= pages:
+			if !st.Plan.Dense || st.PagesRead != st.PagesTotal {
+				t.Errorf("layer %d: dense expected, read %d of %d", l, st.PagesRead, st.PagesTotal)
+			}
+		case st.Plan.Dense || st.PagesRead >= st.PagesTotal || st.Plan.Reads() > k:
+			t.Errorf("layer %d: sparse expected (K %d), plan %+v, read %d of %d", l, k, st.Plan, st.PagesRead, st.PagesTotal)
 		}
 	}
 }
