@@ -11,13 +11,15 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usageError{errors.New("want a benchmark name: attention, collective, offload, selection or serve")}
+		return usageError{errors.New("want a benchmark name: attention, collective, decode, offload, selection or serve")}
 	}
 	switch args[0] {
 	case "attention":
 		return runBenchAttention(ctx, args[1:], stdout, stderr)
 	case "collective":
 		return runBenchCollective(ctx, args[1:], stdout, stderr)
+	case "decode":
+		return runBenchDecode(ctx, args[1:], stdout, stderr)
 	case "offload":
 		return runBenchOffload(ctx, args[1:], stdout, stderr)
 	case "selection":
@@ -25,10 +27,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case "serve":
 		return runBenchServe(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, "Usage: questctl bench attention|collective|offload|selection|serve [flags]\n\nRun 'questctl bench <name> --help' for its flags.\n")
+		fmt.Fprint(stdout, "Usage: questctl bench attention|collective|decode|offload|selection|serve [flags]\n\nRun 'questctl bench <name> --help' for its flags.\n")
 		return nil
 	}
-	return usageError{fmt.Errorf("unknown benchmark %q (want attention, collective, offload, selection or serve)", args[0])}
+	return usageError{fmt.Errorf("unknown benchmark %q (want attention, collective, decode, offload, selection or serve)", args[0])}
 }
 
 func intList(s string) ([]int, error) {

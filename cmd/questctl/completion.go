@@ -30,6 +30,7 @@ func commands() []command {
 		{"replay gen", "write a generated replay case", replayGenCommand},
 		{"bench attention", "one-layer Quest vs dense attention benchmark", benchAttentionCommand},
 		{"bench collective", "latency of the CP selection exchange and merge", benchCollectiveCommand},
+		{"bench decode", "whole-model decode tokens/s on the GPU, Quest and dense (random weights or a checkpoint)", benchDecodeCommand},
 		{"bench offload", "offload: step time, hit rate and bytes moved vs the all-resident step", benchOffloadCommand},
 		{"bench selection", "exact vs union vs replicated CP selection", benchSelectionCommand},
 		{"bench serve", "completions API load test: TTFT, inter-token latency, tokens/s, passkey accuracy", benchServeCommand},
@@ -51,7 +52,7 @@ func commands() []command {
 // groupSummaries describe the first words of two-word commands that are
 // no command of their own.
 var groupSummaries = map[string]string{
-	"bench":      "benchmarks: attention, collective, offload, selection or serve",
+	"bench":      "benchmarks: attention, collective, decode, offload, selection or serve",
 	"eval":       "quality evaluations: passkey",
 	"completion": "shell completion script: bash, zsh or fish",
 }
@@ -62,7 +63,7 @@ var shells = []string{"bash", "zsh", "fish"}
 const completionUsage = `Usage: questctl completion bash|zsh|fish
 
 Prints a completion script for the shell: it completes questctl's
-commands, their subcommands (bench attention|collective|offload|selection|serve, eval
+commands, their subcommands (bench attention|collective|decode|offload|selection|serve, eval
 passkey, replay gen) and each command's flags, with the values of flags
 that take one of a few (--kv-cache-dtype). Run 'questctl completion SHELL
 --help' for how to load it.

@@ -166,7 +166,7 @@ func TestCompletionWorks(t *testing.T) {
 		"questctl demo --kv-cache-dtype ''", "questctl bench attention --dtype b", "questctl demo --tens"}
 	want := [][]string{
 		{"demo", "replay", "bench", "devices", "generate", "eval", "calibrate", "plot", "up", "status", "replay-request", "version", "completion", "help"},
-		{"bench"}, {"attention", "collective", "offload", "selection", "serve"}, {"gen"}, {"bash", "zsh", "fish"},
+		{"bench"}, {"attention", "collective", "decode", "offload", "selection", "serve"}, {"gen"}, {"bash", "zsh", "fish"},
 		{"f32", "f16", "bf16"}, {"bf16"}, {"--tensor-parallel-size"},
 	}
 	for _, name := range names {

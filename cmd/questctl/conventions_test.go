@@ -45,7 +45,7 @@ func flagsOf(t *testing.T, name string) *flag.FlagSet {
 }
 
 // TestKVCacheDTypeShared: the commands that store a KV cache on the GPU
-// (demo, replay, bench attention, and no other) take --kv-cache-dtype
+// (demo, replay, bench attention, bench decode, bench offload, generate, and no other) take --kv-cache-dtype
 // with one default, bf16, and --dtype as its deprecated alias: the same
 // value, a one-line warning on stderr, documented in the help.
 func TestKVCacheDTypeShared(t *testing.T) {
@@ -84,7 +84,7 @@ func TestKVCacheDTypeShared(t *testing.T) {
 			t.Errorf("%s --help does not document --kv-cache-dtype and --dtype:\n%s", c.name, help)
 		}
 	}
-	if want := []string{"demo", "replay", "bench attention", "bench offload", "generate"}; !slices.Equal(with, want) {
+	if want := []string{"demo", "replay", "bench attention", "bench decode", "bench offload", "generate"}; !slices.Equal(with, want) {
 		t.Errorf("commands with --kv-cache-dtype: %v, want %v", with, want)
 	}
 

@@ -5,7 +5,7 @@
 //	questctl demo     [flags]   synthetic long-context decode, Quest vs dense
 //	questctl replay   --in case.json [--selector ...] [--out result.json]
 //	questctl replay   gen [flags]   write a generated replay case
-//	questctl bench    attention|collective|offload|selection|serve [flags]
+//	questctl bench    attention|collective|decode|offload|selection|serve [flags]
 //	questctl devices  [--json]
 //	questctl generate --model DIR --prompt TEXT [flags]
 //	questctl eval     passkey --model DIR [flags]

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
+)
+
+// decodeBench is one run of 'questctl bench decode'.
+type decodeBench struct {
+	cfg           model.Config
+	modelDir      string // --model: a checkpoint to load (empty: random weights)
+	contexts      []int
+	batches       []int
+	steps, warmup int
+	pol           plan.Policy
+	kvDType       plan.DType
+	f32Weights    bool
+	dense, noPDL  bool
+	seed          uint64
+}
+
+func runBenchDecode(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runCommand(ctx, benchDecodeCommand, args, stdout, stderr)
+}
+
+// benchDecodeCommand builds the flags and the action of 'questctl bench
+// decode' without running it (see [runCommand]).
+func benchDecodeCommand() (*flag.FlagSet, action) {
+	fs := newFlags("bench decode", `Usage: questctl bench decode --config FILE|--model DIR [flags]
+
+Decode tokens/s of a whole model on GPU 0 (a -tags cuda build): the
+device executor (model/gpu: every layer's projections, RoPE, SwiGLU, the
+LM head and greedy sampling on the GPU, attention through the engine on
+pages in GPU memory) over sequences that already hold --context tokens
+of random K/V (no prefill), --batch of them decoded together: --warmup
+steps, then --steps timed ones, with Quest (--budget tokens per KV head
+from pages of --page-size), then (--dense) with every layer dense,
+continuing the same sequences. The weights are random for --config (a
+Hugging Face config.json, e.g. examples/llama-3.1-8b/config.json) or
+with --load-format dummy, else --model's checkpoint. One JSON line per
+measurement on stdout, with the fields of the PyTorch anchor's decode
+lines (mode, ctx, batch, layers, ms_per_step, tokens_per_s), rho and its
+formula 1/S + K/P, the host's split of a step (enqueue_ms: queueing every
+layer; end_wait_ms: waiting for them; head_ms: the LM head and argmax),
+and weights_GB. Progress goes to stderr.`)
+	configPath := fs.String("config", "", "a model's config.json: random weights of that shape")
+	modelDir := fs.String("model", "", "a Llama checkpoint directory (config.json and safetensors)")
+	loadFormat := fs.String("load-format", "auto", "auto (--model's weights, random with --config) or dummy (random weights of --model's config, as vLLM's --load-format dummy)")
+	contexts := fs.String("context", "1024,32768", "comma-separated context lengths in tokens")
+	batches := fs.String("batch", "1", "comma-separated batch sizes (1..16)")
+	steps := fs.Int("steps", 20, "timed decode steps per measurement (1..10000)")
+	warmup := fs.Int("warmup", 3, "untimed steps before them (0..1000)")
+	budget := fs.Int("budget", 4096, "token budget B per KV head and step (page budget K = B/S; at least --page-size)")
+	pageSize := fs.Int("page-size", 16, "tokens per page S (1..256)")
+	denseLayers := fs.Int("dense-layers", 0, "leading layers that always attend densely")
+	dense := fs.Bool("dense", true, "also time every layer dense after Quest")
+	weights := fs.String("weights-dtype", "bf16", "weights on the GPU: bf16 or f32")
+	noPDL := fs.Bool("no-pdl", false, "launch each model kernel only after the previous one ended (default: as its programmatic dependent)")
+	seed := fs.Uint64("seed", 1, "seed of the random weights and K/V")
+	backend := fs.String("backend", "cuda", "where the model decodes: cuda (the only one: the CPU executor's speed is what generate and bench serve report)")
+	kvDType := kvCacheDTypeFlag(fs, "")
+	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
+		if *backend != "cuda" {
+			return usageError{fmt.Errorf("--backend %q: bench decode times the device executor, --backend cuda (for the CPU, see generate and bench serve)", *backend)}
+		}
+		b := decodeBench{steps: *steps, warmup: *warmup, dense: *dense, noPDL: *noPDL, seed: *seed}
+		var err error
+		switch {
+		case (*configPath == "") == (*modelDir == ""):
+			return usageError{errors.New("want one of --config FILE and --model DIR")}
+		case *loadFormat != "auto" && *loadFormat != "dummy":
+			return usageError{fmt.Errorf("--load-format %q: want auto or dummy", *loadFormat)}
+		case *steps < 1 || *steps > 10000 || *warmup < 0 || *warmup > 1000:
+			return usageError{fmt.Errorf("--steps %d, --warmup %d: want 1..10000 and 0..1000", *steps, *warmup)}
+		case *pageSize < 1 || *pageSize > 256 || *budget < *pageSize || *denseLayers < 0:
+			return usageError{fmt.Errorf("--page-size %d, --budget %d, --dense-layers %d: want a page of 1..256 tokens, a budget of at least one page, dense layers >= 0", *pageSize, *budget, *denseLayers)}
+		}
+		switch *weights {
+		case "bf16":
+		case "f32":
+			b.f32Weights = true
+		default:
+			return usageError{fmt.Errorf("--weights-dtype %q: want bf16 or f32", *weights)}
+		}
+		path := *configPath
+		if *modelDir != "" {
+			path = filepath.Join(*modelDir, "config.json")
+			if *loadFormat == "auto" {
+				b.modelDir = *modelDir
+			}
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return usageError{fmt.Errorf("model config: %w", err)}
+		}
+		if b.cfg, err = model.ParseConfig(raw); err != nil {
+			return usageError{fmt.Errorf("%s: %w", path, err)}
+		}
+		if b.contexts, err = intList(*contexts); err != nil {
+			return usageError{fmt.Errorf("--context: %w", err)}
+		}
+		if b.batches, err = intList(*batches); err != nil {
+			return usageError{fmt.Errorf("--batch: %w", err)}
+		}
+		for _, n := range b.batches {
+			if n > 16 {
+				return usageError{fmt.Errorf("--batch %d: at most 16", n)}
+			}
+		}
+		need := *warmup + *steps
+		if *dense {
+			need *= 2
+		}
+		for _, n := range b.contexts {
+			if mp := b.cfg.MaxPositions; mp > 0 && n+need > mp {
+				return usageError{fmt.Errorf("--context %d: with %d steps past it, beyond the model's %d positions (max_position_embeddings)", n, need, mp)}
+			}
+		}
+		if b.kvDType, err = plan.ParseDType(*kvDType); err != nil {
+			return usageError{fmt.Errorf("--kv-cache-dtype: %w", err)}
+		}
+		b.pol = plan.DefaultPolicy()
+		b.pol.PageSize, b.pol.BudgetTokens, b.pol.DenseLayers = *pageSize, *budget, min(*denseLayers, b.cfg.Layers)
+		if err := b.pol.Validate(); err != nil {
+			return usageError{err}
+		}
+		return benchDecodeCUDA(ctx, b, stdout, stderr)
+	}
+}

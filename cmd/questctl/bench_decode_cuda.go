@@ -1,0 +1,53 @@
+//go:build cuda
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/questrt/questrt/bench"
+	"github.com/questrt/questrt/kernels/cuda"
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/model/gpu"
+)
+
+// benchDecodeCUDA runs 'questctl bench decode' on GPU 0.
+func benchDecodeCUDA(ctx context.Context, b decodeBench, stdout, stderr io.Writer) error {
+	be, err := cuda.New(cuda.Config{DType: b.kvDType})
+	if err != nil {
+		return fmt.Errorf("--backend cuda: %w", err)
+	}
+	defer be.Close()
+	maxBatch := 0
+	for _, n := range b.batches {
+		maxBatch = max(maxBatch, n)
+	}
+	opt := gpu.Options{Float32Weights: b.f32Weights, MaxBatch: maxBatch, NoPDL: b.noPDL}
+	t0 := time.Now()
+	var x *gpu.Executor
+	if b.modelDir != "" {
+		fmt.Fprintf(stderr, "weights: loading %s ...\n", b.modelDir)
+		m, err := model.Load(b.modelDir, model.LoadOptions{})
+		if err != nil {
+			return err
+		}
+		x, err = gpu.New(ctx, be, m, opt)
+		m.Close()
+	} else {
+		fmt.Fprintf(stderr, "weights: %d random parameters on the GPU ...\n", b.cfg.Params())
+		x, err = gpu.NewRandom(ctx, be, b.cfg, b.seed, opt)
+	}
+	if err != nil {
+		return err
+	}
+	defer x.Close(ctx)
+	fmt.Fprintf(stderr, "weights: %.2f GB on the GPU in %v\n", float64(x.WeightBytes())/1e9, time.Since(t0).Round(time.Millisecond))
+	pol := b.pol
+	cfg := gpu.BenchConfig{Contexts: b.contexts, Batches: b.batches, Warmup: b.warmup, Steps: b.steps, Policy: &pol,
+		KVDType: b.kvDType, Dense: b.dense, Seed: b.seed}
+	return gpu.Bench(ctx, be, x, cfg, func(r gpu.BenchResult) error { return bench.WriteJSONLine(stdout, r) },
+		func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) })
+}

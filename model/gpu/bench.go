@@ -1,0 +1,232 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
+)
+
+// BenchConfig sizes Bench. Zero fields take the defaults noted.
+type BenchConfig struct {
+	// Contexts are the tokens every sequence holds before the timed
+	// steps (random K/V, no prefill) (default 1024 and 32768).
+	Contexts []int
+	// Batches are the sequences decoded together (default 1).
+	Batches []int
+	// Warmup and Steps are the untimed and timed decode steps (default
+	// 3 and 20).
+	Warmup, Steps int
+	// Policy is the page policy (default: plan.DefaultPolicy with pages
+	// of 16, a budget of 4096 tokens and no dense layers).
+	Policy *plan.Policy
+	// KVDType is the pages' storage type (the zero value: float32).
+	KVDType plan.DType
+	// Dense also times every layer dense, after Quest, in the same run
+	// (continuing the same sequences).
+	Dense bool
+	// Seed seeds the random K/V.
+	Seed uint64
+}
+
+// BenchResult is one line of Bench (the fields of the PyTorch anchor's
+// decode lines, ../shared/anchors/llama_decode_anchor.py, and more).
+type BenchResult struct {
+	Runtime string `json:"runtime"`
+	Mode    string `json:"mode"` // quest or dense
+	// Context is the tokens each sequence held before the mode's first
+	// (warm-up) step: the configured context, and more for dense after
+	// Quest's steps.
+	Context    int     `json:"ctx"`
+	Batch      int     `json:"batch"`
+	Layers     int     `json:"layers"`
+	MsPerStep  float64 `json:"ms_per_step"`
+	TokensPerS float64 `json:"tokens_per_s"`
+	// EnqueueMs, EndWaitMs and HeadMs split a step's host time
+	// (Executor.LastTiming), means over the timed steps.
+	EnqueueMs float64 `json:"enqueue_ms"`
+	EndWaitMs float64 `json:"end_wait_ms"`
+	HeadMs    float64 `json:"head_ms"`
+	// Rho is the K/V bytes read over dense's (summaries included) and
+	// RhoFormula 1/S + K/P per sparse layer, averaged over layers, of
+	// the last timed step's first row.
+	Rho        float64 `json:"rho"`
+	RhoFormula float64 `json:"rho_formula"`
+	// WeightsGB is the device memory of the weights.
+	WeightsGB float64 `json:"weights_GB"`
+}
+
+// BenchDevice holds the pages of the benchmark's engine and runs the
+// executor's kernels (the CUDA backend, or its CPU twin in tests).
+type BenchDevice interface {
+	kernels.Backend
+	kernels.ModelDevice
+}
+
+// Bench times x's decode steps over an in-process engine on dev (pages
+// device-resident): for each context and batch, sequences holding that
+// many tokens of random K/V, then Warmup + Steps greedy steps of all of
+// them together, Quest and (with Dense) every layer dense. One result per
+// measurement, handed to emit as it is made; progress to logf.
+func Bench(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig, emit func(BenchResult) error, logf func(string, ...any)) error {
+	if len(cfg.Contexts) == 0 {
+		cfg.Contexts = []int{1024, 32768}
+	}
+	if len(cfg.Batches) == 0 {
+		cfg.Batches = []int{1}
+	}
+	if cfg.Warmup == 0 {
+		cfg.Warmup = 3
+	}
+	if cfg.Steps == 0 {
+		cfg.Steps = 20
+	}
+	pol := plan.DefaultPolicy()
+	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 4096, 0
+	if cfg.Policy != nil {
+		pol = *cfg.Policy
+	}
+	c := x.cfg
+	steps := cfg.Warmup + cfg.Steps
+	if cfg.Dense {
+		steps *= 2
+	}
+	for _, n := range cfg.Contexts {
+		if n < 1 || (c.MaxPositions > 0 && n+steps > c.MaxPositions) {
+			return fmt.Errorf("%w: context %d (+%d steps) outside the model's %d positions", ErrBadInput, n, steps, c.MaxPositions)
+		}
+	}
+	for _, b := range cfg.Batches {
+		if b < 1 || b > x.opt.MaxBatch {
+			return fmt.Errorf("%w: batch %d outside 1..%d", ErrBadInput, b, x.opt.MaxBatch)
+		}
+	}
+	if cfg.Steps < 0 || cfg.Warmup < 0 {
+		return fmt.Errorf("%w: %d steps after %d warm-up steps", ErrBadInput, cfg.Steps, cfg.Warmup)
+	}
+	g := c.Geometry()
+	for _, n := range cfg.Contexts {
+		for _, bs := range cfg.Batches {
+			if err := benchOne(ctx, dev, x, cfg, pol, g, n, bs, emit, logf); err != nil {
+				return fmt.Errorf("context %d batch %d: %w", n, bs, err)
+			}
+		}
+	}
+	return nil
+}
+
+func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig, pol plan.Policy, g model.Geometry, n, bs int, emit func(BenchResult) error, logf func(string, ...any)) error {
+	c := x.cfg
+	modes := []bool{false}
+	if cfg.Dense {
+		modes = append(modes, true)
+	}
+	total := n + len(modes)*(cfg.Warmup+cfg.Steps)
+	ecfg := model.EngineConfig(g, pol, bs*((total+pol.PageSize-1)/pol.PageSize+2))
+	ecfg.Geometry.DType = cfg.KVDType
+	ecfg.Backend, ecfg.DeviceResident = dev, true
+	e, err := engine.New(ecfg)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	t0 := time.Now()
+	rows := make([]Row, bs)
+	for i := range rows {
+		id, err := e.Create(plan.Striped)
+		if err != nil {
+			return err
+		}
+		if err := fillRandom(ctx, e, id, c.Layers, n, c.KVHeads*c.HeadDim, cfg.Seed<<8|uint64(i)); err != nil {
+			return err
+		}
+		rows[i] = Row{Seq: id, Token: 1 + i%max(c.VocabSize-1, 1), Pos: n}
+	}
+	logf("context %d batch %d: random K/V of %d tokens in %v", n, bs, n, time.Since(t0).Round(time.Millisecond))
+	for _, dense := range modes {
+		for i := range rows {
+			rows[i].Dense = dense
+		}
+		var el time.Duration
+		var tm Timing
+		held := rows[0].Pos
+		for s := range cfg.Warmup + cfg.Steps {
+			t := time.Now()
+			next, err := x.Decode(ctx, e, rows)
+			if err != nil {
+				return fmt.Errorf("step %d: %w", s, err)
+			}
+			if s >= cfg.Warmup {
+				el += time.Since(t)
+				lt := x.LastTiming()
+				tm.Enqueue += lt.Enqueue
+				tm.EndWait += lt.EndWait
+				tm.Head += lt.Head
+			}
+			for i := range rows {
+				rows[i].Token, rows[i].Pos = next[i], rows[i].Pos+1
+			}
+		}
+		steps := max(cfg.Steps, 1)
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(steps) }
+		sm := model.Summarize(x.LastSteps(0), pol.PageSize)
+		mode := "quest"
+		if dense {
+			mode = "dense"
+		}
+		r := BenchResult{Runtime: "questrt", Mode: mode, Context: held, Batch: bs, Layers: c.Layers,
+			MsPerStep: ms(el), EnqueueMs: ms(tm.Enqueue), EndWaitMs: ms(tm.EndWait), HeadMs: ms(tm.Head),
+			Rho: sm.Rho, RhoFormula: sm.RhoFormula, WeightsGB: float64(x.WeightBytes()) / 1e9}
+		if el > 0 {
+			r.TokensPerS = float64(bs*cfg.Steps) / el.Seconds()
+		}
+		if err := emit(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fillRandom appends n tokens of uniform random K/V in [-1, 1) to every
+// layer of sequence id, generated on every core.
+func fillRandom(ctx context.Context, e *engine.Engine, id decode.SeqID, layers, n, row int, seed uint64) error {
+	const chunk = 1 << 15 // tokens per Append
+	k, v := make([]float32, min(n, chunk)*row), make([]float32, min(n, chunk)*row)
+	for l := range layers {
+		for lo := 0; lo < n; lo += chunk {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			m := min(chunk, n-lo) * row
+			fill := func(dst []float32, s uint64) {
+				var wg sync.WaitGroup
+				w := runtime.GOMAXPROCS(0)
+				per := (len(dst) + w - 1) / w
+				for j := 0; j*per < len(dst); j++ {
+					part := dst[j*per : min((j+1)*per, len(dst))]
+					wg.Go(func() {
+						r := rand.New(rand.NewPCG(s, uint64(j)))
+						for i := range part {
+							part[i] = float32(r.Float64()*2 - 1)
+						}
+					})
+				}
+				wg.Wait()
+			}
+			fill(k[:m], seed<<40|uint64(l)<<20|uint64(lo>>15)<<1)
+			fill(v[:m], seed<<40|uint64(l)<<20|uint64(lo>>15)<<1|1)
+			if err := e.Append(id, l, k[:m], v[:m]); err != nil {
+				return fmt.Errorf("random K/V of layer %d at %d: %w", l, lo, err)
+			}
+		}
+	}
+	return nil
+}
