@@ -36,4 +36,6 @@ func cudaAvailable() error {
 func generateCUDA(context.Context, gpuGenerate, io.Writer, io.Writer) error { return cudaAvailable() }
 
 // benchDecodeCUDA is unavailable in the default (CPU) build.
-func benchDecodeCUDA(context.Context, decodeBench, io.Writer, io.Writer) error { return cudaAvailable() }
+func benchDecodeCUDA(context.Context, decodeBench, io.Writer, io.Writer) error {
+	return cudaAvailable()
+}
