@@ -40,7 +40,9 @@ import (
 // one of TLS and Plaintext are required.
 type Config struct {
 	// GRPCAddr is the listen address of the gRPC server ("127.0.0.1:0"
-	// picks a free port).
+	// picks a free port). The server closes connections that say
+	// nothing, stay idle or stop answering pings, and caps the streams of
+	// one connection (defaultConnLimits).
 	GRPCAddr string
 	// Advertise is the host other nodes reach this node's gRPC server
 	// and collective listeners at; default: the host of GRPCAddr.
@@ -255,7 +257,8 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	opts := []grpc.ServerOption{grpc.Creds(creds), grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)}
+	opts := append([]grpc.ServerOption{grpc.Creds(creds), grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)},
+		defaultConnLimits().serverOptions()...)
 	if cfg.Token != "" {
 		a := newTokenAuth(cfg.Token)
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.unary), grpc.ChainStreamInterceptor(a.stream))

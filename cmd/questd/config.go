@@ -341,6 +341,24 @@ type Config struct {
 	// GET /admin/requests/{id} and questctl replay-request
 	// [--request-history]. Default 64; 0: none.
 	RequestHistory int
+
+	// The connections of both HTTP servers, the completions API
+	// (HTTPAddr) and the metrics server (MetricsAddr): see
+	// httpServerConfig for the bounds that are not flags.
+
+	// HTTPMaxConns caps the connections each HTTP server holds open; at
+	// the cap new clients wait in the listen backlog, holding no file
+	// descriptor, until one closes [--http-max-conns], 1..1048576.
+	// Default 256.
+	HTTPMaxConns int
+	// HTTPReadHeaderTimeout is how long a connection has to send a
+	// request's headers (a silent one is closed then)
+	// [--http-read-header-timeout]. Default 5s.
+	HTTPReadHeaderTimeout time.Duration
+	// HTTPIdleTimeout closes a kept-alive connection that has waited this
+	// long for its next request [--http-idle-timeout]. Default 60s.
+	HTTPIdleTimeout time.Duration
+
 	// ConfigFile is the YAML file read under the environment
 	// [--config, or QUESTRT_CONFIG]. Default "": none.
 	ConfigFile string
@@ -709,6 +727,11 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	})
 	d.int(&c.MonitorQueue, "monitor-queue", 64, "replays of --monitor-rate waiting or running at most; samples beyond it are dropped and counted")
 	d.int(&c.RequestHistory, "request-history", 64, "finished requests kept (prompt, output, settings) for GET /admin/requests/{id} and questctl replay-request; 0 keeps none. Without --token-file the /admin endpoints have no authentication: whoever reaches --http-addr can read these prompts and outputs")
+
+	d.group("HTTP connections (each of the completions API of --http-addr and the metrics server of --metrics-addr)")
+	d.int(&c.HTTPMaxConns, "http-max-conns", defaultHTTPMaxConns, "connections each HTTP server holds open at most, 1 to 1048576; at the cap new clients wait in the listen backlog, holding no file descriptor of the node, until a connection closes (idle ones after --http-idle-timeout, silent ones after --http-read-header-timeout); the servers' caps together should stay under half the open-file limit (ulimit -n), which gRPC, gossip and data files share: questd warns at start otherwise")
+	d.dur(&c.HTTPReadHeaderTimeout, "http-read-header-timeout", defaultHTTPReadHeaderTimeout, "how long a connection has to send a request's headers, from its accept (or the next request's first byte on a kept-alive connection); a connection that says nothing is closed then")
+	d.dur(&c.HTTPIdleTimeout, "http-idle-timeout", defaultHTTPIdleTimeout, "close a kept-alive connection that has waited this long for its next request; streams are not cut: a completion's response may stream for minutes, each write only has to progress within a minute")
 
 	d.group("Logging and process")
 	d.text("log-level", "info", "lowest level logged: debug, info, warn or error", func(s string) (err error) {
@@ -1330,6 +1353,16 @@ func (c Config) Validate() error {
 		return bad("monitor-queue", itoa(c.MonitorQueue), "must be at least 1")
 	case c.RequestHistory < 0:
 		return bad("request-history", itoa(c.RequestHistory), "must not be negative")
+	case c.HTTPMaxConns < 1 || c.HTTPMaxConns > maxHTTPConns:
+		return bad("http-max-conns", itoa(c.HTTPMaxConns), "want 1..%d connections per HTTP server", maxHTTPConns)
+	case c.HTTPReadHeaderTimeout <= 0:
+		return bad("http-read-header-timeout", c.HTTPReadHeaderTimeout.String(), "must be positive (a silent connection would be held forever)")
+	case c.HTTPIdleTimeout <= 0:
+		return bad("http-idle-timeout", c.HTTPIdleTimeout.String(), "must be positive (an idle connection would be held forever)")
+	}
+	if err := c.httpServer().Validate(); err != nil {
+		// Not reached for configs that passed the checks above.
+		return fmt.Errorf("questd: %w", err)
 	}
 	if c.HTTPAddr != "" {
 		if _, _, err := splitAddr("http-addr", c.HTTPAddr); err != nil {
@@ -1488,6 +1521,15 @@ func (c Config) advertiseHost() string {
 		return c.Advertise
 	}
 	h, _, _ := net.SplitHostPort(c.GRPCAddr)
+	return h
+}
+
+// httpServer is the connection bounds of the completions API's HTTP
+// server: the defaults with the --http-* flags (forMetrics derives the
+// metrics server's).
+func (c Config) httpServer() httpServerConfig {
+	h := defaultHTTPServerConfig()
+	h.MaxConns, h.ReadHeaderTimeout, h.IdleTimeout = c.HTTPMaxConns, c.HTTPReadHeaderTimeout, c.HTTPIdleTimeout
 	return h
 }
 

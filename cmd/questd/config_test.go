@@ -70,6 +70,7 @@ func TestDefaults(t *testing.T) {
 		MetricsAddr: "127.0.0.1:9464", LogLevel: slog.LevelInfo, LogFormat: "text", ReadyFile: "", ConfigFile: "",
 		Model: "", HTTPAddr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, ServePages: 4096, MonitorQueue: 64, RequestHistory: 64,
 		ServeLayout: "local", ServeCP: 1, ServeTP: 1, ServePolicyGrids: 2,
+		HTTPMaxConns: 256, HTTPReadHeaderTimeout: 5 * time.Second, HTTPIdleTimeout: 60 * time.Second,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)

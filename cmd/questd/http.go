@@ -22,7 +22,7 @@ import (
 // which this node's coordinator drives; the model runs here.
 type completions struct {
 	srv  *completion.Server
-	http *metricsServer
+	http *httpServer
 }
 
 // serveConfig is the serve package configuration of cfg: the node's selection
@@ -71,7 +71,7 @@ func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *
 			return nil, fmt.Errorf("monitor metrics: %w", err)
 		}
 	}
-	h, err := startHTTP("http-addr", cfg.HTTPAddr, requireToken(cfg.Token, srv), log)
+	h, err := startHTTP("completions", "http-addr", cfg.HTTPAddr, requireToken(cfg.Token, srv), cfg.httpServer(), reg, log)
 	if err != nil {
 		srv.Close()
 		return nil, err

@@ -9,8 +9,13 @@
 // Prometheus metrics (/metrics: step phase times, steps by kind and code,
 // pages read vs dense, steps failed by peer and kind, the node's
 // sequences, grids, pages and members, memberlist's health score, build
-// info, Go and process metrics), /healthz and /readyz. Run `questd
-// --help` for the flags, the config file and the environment; `questd
+// info, Go and process metrics), /healthz and /readyz. Both HTTP servers,
+// that one and the completions API's, close connections that say nothing
+// or stay idle and cap those open (--http-read-header-timeout,
+// --http-idle-timeout, --http-max-conns: httpserver.go), so that a flood
+// of idle connections cannot take the node's file descriptors; the gRPC
+// server bounds its connections too (cluster/node). Run `questd --help`
+// for the flags, the config file and the environment; `questd
 // --version` prints the version line.
 //
 // Once serving, questd prints one JSON line on stdout ("metrics" only

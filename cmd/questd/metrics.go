@@ -1,13 +1,9 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -225,46 +221,4 @@ func httpHandler(reg *prometheus.Registry, ready func() bool, log *slog.Logger) 
 		fmt.Fprintln(w, "ready")
 	})
 	return mux
-}
-
-// metricsServer is questd's HTTP server of /metrics, /healthz and /readyz.
-type metricsServer struct {
-	srv  *http.Server
-	lis  net.Listener
-	log  *slog.Logger
-	wg   sync.WaitGroup
-	addr string
-}
-
-// startMetricsServer listens on addr and serves h until shutdown.
-func startMetricsServer(addr string, h http.Handler, log *slog.Logger) (*metricsServer, error) {
-	return startHTTP("metrics-addr", addr, h, log)
-}
-
-// startHTTP listens on addr (the value of --flag) and serves h until
-// shutdown.
-func startHTTP(flag, addr string, h http.Handler, log *slog.Logger) (*metricsServer, error) {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--%s %q: %w", flag, addr, err)
-	}
-	s := &metricsServer{
-		srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)},
-		lis: lis, log: log, addr: lis.Addr().String(),
-	}
-	s.wg.Go(func() {
-		if err := s.srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("http server", "flag", flag, "err", err)
-		}
-	})
-	return s, nil
-}
-
-// shutdown stops the server, letting the requests in progress end
-// within ctx, and waits for it.
-func (s *metricsServer) shutdown(ctx context.Context) {
-	if err := s.srv.Shutdown(ctx); err != nil {
-		s.srv.Close()
-	}
-	s.wg.Wait()
 }

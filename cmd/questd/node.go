@@ -110,9 +110,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	if err != nil {
 		return err
 	}
-	var ms *metricsServer
+	warnOpenFiles(cfg, log)
+	var ms *httpServer
 	if cfg.MetricsAddr != "" {
-		if ms, err = startMetricsServer(cfg.MetricsAddr, httpHandler(reg, st.ready, log), log.With("component", "metrics")); err != nil {
+		if ms, err = startMetricsServer(cfg.MetricsAddr, httpHandler(reg, st.ready, log), cfg.httpServer(), reg, log.With("component", "metrics")); err != nil {
 			return err
 		}
 		defer func() {

@@ -55,7 +55,14 @@ type questdProc struct {
 // test's cleanup kills it if it still runs.
 func startQuestd(t *testing.T, args ...string) *questdProc {
 	t.Helper()
-	p, err := spawnQuestd(t, args...)
+	return startQuestdEnv(t, nil, args...)
+}
+
+// startQuestdEnv is startQuestd with env (NAME=value) added to the
+// process's environment.
+func startQuestdEnv(t *testing.T, env []string, args ...string) *questdProc {
+	t.Helper()
+	p, err := spawnQuestdEnv(t, env, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,12 +89,18 @@ func startQuestd(t *testing.T, args ...string) *questdProc {
 // spawnQuestd starts the process without waiting for anything.
 func spawnQuestd(t *testing.T, args ...string) (*questdProc, error) {
 	t.Helper()
+	return spawnQuestdEnv(t, nil, args...)
+}
+
+// spawnQuestdEnv is spawnQuestd with env added to the environment.
+func spawnQuestdEnv(t *testing.T, env []string, args ...string) (*questdProc, error) {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe, args...)
-	cmd.Env = append(os.Environ(), asQuestdEnv+"=1")
+	cmd.Env = append(append(os.Environ(), asQuestdEnv+"=1"), env...)
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err

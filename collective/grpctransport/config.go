@@ -110,6 +110,20 @@ const (
 	DefaultCloseTimeout     = time.Second
 )
 
+// Bounds of the connections a member's server accepts, fixed (a
+// Config's ServerOptions may override them): a connection that says
+// nothing is closed after serverHandshakeTimeout (gRPC's default:
+// 120 s); one that carries no stream, after serverMaxIdle (a member's
+// peer opens its one stream as soon as it connects and keeps it until
+// Close, so only a stray connection is ever idle); and one connection
+// carries at most serverMaxStreams streams (a peer needs one). The
+// keepalive enforcement is KeepaliveMinTime's.
+const (
+	serverHandshakeTimeout = 20 * time.Second
+	serverMaxIdle          = time.Minute
+	serverMaxStreams       = 8
+)
+
 // Limits that Validate enforces.
 const (
 	// MaxMessageBytesLimit is the largest MaxMessageBytes.
@@ -199,13 +213,16 @@ func (c Config) serverOptions() []grpc.ServerOption {
 		grpc.Creds(c.credentials()),
 		grpc.MaxRecvMsgSize(c.grpcLimit()),
 		grpc.MaxSendMsgSize(c.grpcLimit()),
+		grpc.ConnectionTimeout(serverHandshakeTimeout),
+		grpc.MaxConcurrentStreams(serverMaxStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             c.KeepaliveMinTime,
 			PermitWithoutStream: true,
 		}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
-			Time:    c.KeepaliveTime,
-			Timeout: c.KeepaliveTimeout,
+			Time:              c.KeepaliveTime,
+			Timeout:           c.KeepaliveTimeout,
+			MaxConnectionIdle: serverMaxIdle,
 		}),
 	}
 	return append(opts, c.ServerOptions...)
