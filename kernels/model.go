@@ -32,6 +32,8 @@ func (m Matrix) Bytes() int64 { return int64(m.Rows) * int64(m.Cols) * int64(m.D
 type ModelDevice interface {
 	// Device is the device whose memory the tensors live in.
 	Device() decode.Device
+	// MemInfo returns the device memory free now and in all, in bytes.
+	MemInfo(ctx context.Context) (free, total int64, err error)
 	// AllocTensor allocates n floats; FreeTensor frees a whole
 	// allocation.
 	AllocTensor(n int) (decode.Tensor, error)

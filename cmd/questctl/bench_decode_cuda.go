@@ -28,6 +28,10 @@ func benchDecodeCUDA(ctx context.Context, b decodeBench, stdout, stderr io.Write
 	opt := gpu.Options{Float32Weights: b.f32Weights, MaxBatch: maxBatch, NoPDL: b.noPDL}
 	t0 := time.Now()
 	var x *gpu.Executor
+	w, a := gpu.Need(b.cfg, opt)
+	if err := gpu.Admit(ctx, be, w+a, fmt.Sprintf("the weights (%.2f GB) and activations (%.2f GB)", float64(w)/1e9, float64(a)/1e9)); err != nil {
+		return err // before a checkpoint is read
+	}
 	if b.modelDir != "" {
 		fmt.Fprintf(stderr, "weights: loading %s ...\n", b.modelDir)
 		m, err := model.Load(b.modelDir, model.LoadOptions{})

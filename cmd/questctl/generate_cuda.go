@@ -40,6 +40,10 @@ func generateCUDA(ctx context.Context, g gpuGenerate, stdout, stderr io.Writer) 
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
 	}
+	opt := gpu.Options{MaxBatch: 1}
+	if err := gpu.AdmitAll(ctx, be, g.m.Config, opt, cfg); err != nil {
+		return err
+	}
 	eng, err := engine.New(cfg)
 	if err != nil {
 		return err
@@ -51,7 +55,7 @@ func generateCUDA(ctx context.Context, g gpuGenerate, stdout, stderr io.Writer) 
 	}
 	attn.Workers = g.rf.workers
 	fmt.Fprintf(stderr, "weights: %d parameters onto GPU 0 as bf16 ...\n", g.m.Config.Params())
-	x, err := gpu.New(ctx, be, g.m, gpu.Options{MaxBatch: 1})
+	x, err := gpu.New(ctx, be, g.m, opt)
 	if err != nil {
 		return err
 	}

@@ -32,8 +32,29 @@ func (d *QueuedDevice) FreeTensor(t decode.Tensor) error {
 	if off != 0 {
 		return fmt.Errorf("fake device: free of %#x, inside an allocation", t.Ptr)
 	}
+	d.used -= d.sizes[i]
+	d.sizes[i] = 0
 	d.mem[i] = nil
 	return nil
+}
+
+// MemInfo implements kernels.ModelDevice: Capacity less what is allocated
+// (an unlimited device reports 1 TiB).
+func (d *QueuedDevice) MemInfo(ctx context.Context) (free, total int64, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	total = d.Capacity
+	if total == 0 {
+		total = 1 << 40
+	}
+	return total - d.used, total, nil
+}
+
+// Allocated is the pretend memory allocated now, in bytes.
+func (d *QueuedDevice) Allocated() int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.used
 }
 
 // landLocked writes the outputs of the queued steps (d.mu held): the
@@ -101,7 +122,7 @@ func (d *QueuedDevice) newMatrix(rows, cols int, dt plan.DType, fill func([]floa
 	if dt != plan.Float32 && dt != plan.BFloat16 {
 		return kernels.Matrix{}, fmt.Errorf("fake device: weights as %v (float32 or bf16)", dt)
 	}
-	t, err := d.AllocTensor(rows * cols)
+	t, err := d.alloc(rows*cols, int64(rows)*int64(cols)*int64(dt.Bytes()))
 	if err != nil {
 		return kernels.Matrix{}, err
 	}

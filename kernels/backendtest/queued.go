@@ -26,6 +26,11 @@ type QueuedDevice struct {
 	queued  int
 	syncs   int
 	mem     [][]float32 // pretend device memory (tensors.go)
+	used    int64       // bytes of mem allocated
+	sizes   []int64     // bytes each allocation of mem counts
+	// Capacity is the pretend device's memory in bytes (0: unlimited):
+	// AllocTensor fails past it and MemInfo reports it.
+	Capacity int64
 }
 
 type queuedOut struct{ dst, src []float32 }

@@ -28,11 +28,22 @@ func (d *QueuedDevice) Device() decode.Device {
 
 // AllocTensor returns a device tensor of n zeros in the pretend memory.
 func (d *QueuedDevice) AllocTensor(n int) (decode.Tensor, error) {
+	return d.alloc(n, int64(n)*4)
+}
+
+// alloc allocates n floats of pretend memory that count as bytes
+// against Capacity (a bf16 matrix counts 2 bytes an element).
+func (d *QueuedDevice) alloc(n int, bytes int64) (decode.Tensor, error) {
 	if n <= 0 {
 		return decode.Tensor{}, fmt.Errorf("fake device: alloc tensor of %d floats", n)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.Capacity > 0 && d.used+bytes > d.Capacity {
+		return decode.Tensor{}, fmt.Errorf("fake device: out of memory: %d bytes asked, %d of %d free", bytes, d.Capacity-d.used, d.Capacity)
+	}
+	d.used += bytes
+	d.sizes = append(d.sizes, bytes)
 	d.mem = append(d.mem, make([]float32, n))
 	return decode.OnDevice(d.Device(), uintptr(len(d.mem))<<fakeShift, n, 0), nil
 }

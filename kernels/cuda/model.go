@@ -90,6 +90,16 @@ func (b *Backend) newMatrix(ctx context.Context, rows, cols int, dt plan.DType, 
 	return m, nil
 }
 
+// MemInfo implements kernels.ModelDevice (cuMemGetInfo).
+func (b *Backend) MemInfo(ctx context.Context) (free, total int64, err error) {
+	err = b.do(ctx, func() error {
+		var err error
+		free, total, err = cu.MemInfo()
+		return err
+	})
+	return free, total, err
+}
+
 // FreeMatrix frees m's device memory (the zero Matrix: nothing).
 func (b *Backend) FreeMatrix(ctx context.Context, m kernels.Matrix) error {
 	if m.Ptr == 0 {

@@ -133,6 +133,9 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 	ecfg := model.EngineConfig(g, pol, bs*((total+pol.PageSize-1)/pol.PageSize+2))
 	ecfg.Geometry.DType = cfg.KVDType
 	ecfg.Backend, ecfg.DeviceResident = dev, true
+	if err := Admit(ctx, dev, mustPages(ecfg), fmt.Sprintf("%d pages of K/V", ecfg.CapacityPages)); err != nil {
+		return err
+	}
 	e, err := engine.New(ecfg)
 	if err != nil {
 		return err
@@ -193,6 +196,16 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 		}
 	}
 	return nil
+}
+
+// mustPages is PageBytes of a one-rank config (0 for another layout,
+// which engine.New then judges).
+func mustPages(ecfg engine.Config) int64 {
+	n, err := PageBytes(ecfg)
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // fillRandom appends n tokens of uniform random K/V in [-1, 1) to every

@@ -59,6 +59,19 @@ func TestBenchTwin(t *testing.T) {
 			}
 		}
 	}
+	// A device with room for the model but not the pages of a long
+	// context refuses the measurement before any page is allocated.
+	w, a := Need(tinyConfig(t), Options{MaxBatch: 2})
+	small := twin(t)
+	small.Capacity = w + a + Reserve + 1<<20
+	xs, err := NewRandom(ctx, small, tinyConfig(t), 3, Options{MaxBatch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer xs.Close(ctx)
+	if err := Bench(ctx, small, xs, BenchConfig{Contexts: []int{3000}, Batches: []int{2}}, func(BenchResult) error { t.Fatal("emitted"); return nil }, t.Logf); !errors.Is(err, ErrNoMemory) {
+		t.Errorf("pages past the device: %v, want ErrNoMemory", err)
+	}
 	for name, cfg := range map[string]BenchConfig{
 		"batch past MaxBatch":    {Contexts: []int{100}, Batches: []int{3}},
 		"context past positions": {Contexts: []int{4096}},

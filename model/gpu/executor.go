@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -39,6 +41,82 @@ type Timing struct {
 
 // ErrBadInput marks a Decode call refused before anything ran.
 var ErrBadInput = errors.New("gpu: bad input")
+
+// ErrNoMemory marks a model (with its pages) refused because it does not
+// fit the device's free memory; nothing was allocated.
+var ErrNoMemory = errors.New("gpu: does not fit the device")
+
+// Reserve is the device memory Admit keeps free besides what it is asked
+// for: the backends' scratch buffers and staging (a few MiB at these
+// batch sizes) and the driver's own allocations.
+const Reserve = 256 << 20
+
+// Need returns the device memory an executor of config c with options
+// opt takes (the zero Options: their defaults): its weights and its
+// activations for MaxBatch rows.
+func Need(c model.Config, opt Options) (weights, activations int64) {
+	wb := int64(2)
+	if opt.Float32Weights {
+		wb = 4
+	}
+	batch := int64(opt.MaxBatch)
+	if batch <= 0 {
+		batch = 16
+	}
+	h, qd, kvd, in, v := int64(c.HiddenSize), int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim), int64(c.IntermediateSize), int64(c.VocabSize)
+	perLayer := 2*h + (qd+2*kvd)*h + h*qd + 2*in*h + h*in
+	weights = wb * (2*v*h + h + int64(c.Layers)*perLayer)
+	activations = 4 * batch * (2*h + 2*qd + 2*kvd + 2*in + v + int64(c.HeadDim))
+	return weights, activations
+}
+
+// Admit checks that need bytes (and Reserve) fit dev's free memory now,
+// naming what they are for (what) and the device's figures when they do
+// not: an error wrapping ErrNoMemory.
+func Admit(ctx context.Context, dev kernels.ModelDevice, need int64, what string) error {
+	free, total, err := dev.MemInfo(ctx)
+	if err != nil {
+		return fmt.Errorf("gpu: device memory: %w", err)
+	}
+	if need+Reserve > free {
+		return fmt.Errorf("%w: %s need %.2f GB (+%.2f GB reserved), %v has %.2f GB free of %.2f GB",
+			ErrNoMemory, what, float64(need)/1e9, float64(Reserve)/1e9, dev.Device(), float64(free)/1e9, float64(total)/1e9)
+	}
+	return nil
+}
+
+// PageBytes returns the device memory of the K/V and summary pools of
+// ecfg, an engine of one rank (CP 1 x TP 1, the executor's layout) with
+// device-resident pages.
+func PageBytes(ecfg engine.Config) (int64, error) {
+	if ecfg.CP*ecfg.TP != 1 {
+		return 0, fmt.Errorf("gpu: page memory of %d x %d ranks: the executor runs one", ecfg.CP, ecfg.TP)
+	}
+	kv, sum, err := pagestore.Config{Layers: ecfg.Layers, Geometry: ecfg.Geometry, Capacity: ecfg.CapacityPages}.PoolBytes()
+	if err != nil {
+		return 0, fmt.Errorf("gpu: %w", err)
+	}
+	return int64(kv) + int64(sum), nil
+}
+
+// AdmitAll checks, before anything is allocated, that an executor of
+// config c with options opt and the pages of ecfg fit dev's free memory
+// (and Reserve): ErrNoMemory naming each part when they do not.
+func AdmitAll(ctx context.Context, dev kernels.ModelDevice, c model.Config, opt Options, ecfg engine.Config) error {
+	pages, err := PageBytes(ecfg)
+	if err != nil {
+		return err
+	}
+	w, a := Need(c, opt)
+	return Admit(ctx, dev, w+a+pages, fmt.Sprintf("the weights (%.2f GB), activations (%.2f GB) and %d pages (%.2f GB)",
+		float64(w)/1e9, float64(a)/1e9, ecfg.CapacityPages, float64(pages)/1e9))
+}
+
+// admitModel checks the executor's own memory before it allocates.
+func admitModel(ctx context.Context, dev kernels.ModelDevice, c model.Config, opt Options) error {
+	w, a := Need(c, opt)
+	return Admit(ctx, dev, w+a, fmt.Sprintf("the weights (%.2f GB) and activations (%.2f GB)", float64(w)/1e9, float64(a)/1e9))
+}
 
 // Executor runs a model's decode steps on a device (the CUDA backend, or
 // its CPU twin in tests). It is used by one goroutine at a time.
@@ -83,6 +161,9 @@ func concat(parts ...[]float32) []float32 {
 
 // New uploads m's weights to be's device. Close frees them.
 func New(ctx context.Context, be kernels.ModelDevice, m *model.Model, opt Options) (*Executor, error) {
+	if err := admitModel(ctx, be, m.Config, opt); err != nil {
+		return nil, err
+	}
 	x := newExecutor(be, m.Config, opt, m.RopeCosSin)
 	c := x.cfg
 	w := m.Weights()
@@ -119,6 +200,9 @@ func New(ctx context.Context, be kernels.ModelDevice, m *model.Model, opt Option
 func NewRandom(ctx context.Context, be kernels.ModelDevice, c model.Config, seed uint64, opt Options) (*Executor, error) {
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	if err := admitModel(ctx, be, c, opt); err != nil {
+		return nil, err
 	}
 	x := newExecutor(be, c, opt, model.NewRotary(c).CosSin)
 	var err error

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/questrt/questrt/engine"
@@ -306,4 +307,55 @@ func slicesEqual(a, b []int) bool {
 		}
 	}
 	return true
+}
+
+// TestAdmission: Need counts every byte the executor allocates (the
+// twin's allocations after New equal it), and a device without room for
+// them (and Reserve) refuses the model with ErrNoMemory and one line
+// naming the sizes, with nothing allocated.
+func TestAdmission(t *testing.T) {
+	ctx := context.Background()
+	c := tinyConfig(t)
+	for _, opt := range []Options{{}, {Float32Weights: true, MaxBatch: 3}} {
+		dev := twin(t)
+		x, err := NewRandom(ctx, dev, c, 1, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, a := Need(c, opt)
+		if got := dev.Allocated(); got != w+a {
+			t.Errorf("%+v: allocated %d bytes, Need says %d + %d", opt, got, w, a)
+		}
+		if w != x.WeightBytes() {
+			t.Errorf("%+v: weights %d bytes, Need says %d", opt, x.WeightBytes(), w)
+		}
+		x.Close(ctx)
+		if got := dev.Allocated(); got != 0 {
+			t.Errorf("%+v: %d bytes left after Close", opt, got)
+		}
+		small := twin(t)
+		small.Capacity = w + a + Reserve - 1
+		m, err := model.NewRandom(c, model.RandomOptions{Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, f := range map[string]func() error{
+			"NewRandom": func() error { _, err := NewRandom(ctx, small, c, 1, opt); return err },
+			"New":       func() error { _, err := New(ctx, small, m, opt); return err },
+		} {
+			err := f()
+			if !errors.Is(err, ErrNoMemory) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "GB free") {
+				t.Errorf("%s on a device 1 byte short: %v", name, err)
+			}
+			if got := small.Allocated(); got != 0 {
+				t.Errorf("%s refused with %d bytes allocated", name, got)
+			}
+		}
+		small.Capacity = w + a + Reserve
+		if x, err := NewRandom(ctx, small, c, 1, opt); err != nil {
+			t.Errorf("a device with exactly the room: %v", err)
+		} else {
+			x.Close(ctx)
+		}
+	}
 }
