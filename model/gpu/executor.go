@@ -320,8 +320,11 @@ type Row struct {
 	Token  int
 	Pos    int
 	Budget int
-	// Dense attends every page in every layer (a dense reference step).
-	Dense bool
+	// Dense attends every page in every layer (a dense reference step);
+	// DenseLayers attends every page in the first DenseLayers layers
+	// (decode.Row's).
+	Dense       bool
+	DenseLayers int
 }
 
 // Decode runs one decode step of rows through st (whose pages live on
@@ -352,7 +355,10 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		}
 		x.ids = append(x.ids, int32(r.Token))
 		x.cs = x.rot(x.cs, r.Pos)
-		b.Rows[i] = decode.Row{Seq: r.Seq, New: true, Budget: r.Budget}
+		if r.DenseLayers < 0 {
+			return nil, fmt.Errorf("%w: row %d: %d dense layers", ErrBadInput, i, r.DenseLayers)
+		}
+		b.Rows[i] = decode.Row{Seq: r.Seq, New: true, Budget: r.Budget, DenseLayers: min(r.DenseLayers, c.Layers)}
 		if r.Dense {
 			b.Rows[i].DenseLayers = c.Layers
 		}

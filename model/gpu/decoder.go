@@ -1,0 +1,126 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+
+	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/model"
+)
+
+// Decoder runs decode steps of model.Attention sequences on the
+// executor, with model.Model.DecodeBatch's contract, so that a serving
+// loop written for the CPU executor decodes on the device: every
+// sequence must be a model.BatchAttention (an EngineAttention, or a
+// wrapper of one) whose pages live on the executor's device, joining a
+// batched step (DecodeRow's ok) with default step options. The sequences
+// of one Stepper decode in one Decode call of the executor (the weights
+// stream once for them); the batch's Steppers in turn. Each sequence's
+// BatchAttention.Decoded learns every layer's plan and times (its q, k,
+// v and output stay on the device: Decoded gets nil slices), and the
+// logits of every row come back to the host (for the caller's sampling).
+type Decoder struct {
+	X *Executor
+}
+
+// DecodeBatch implements the serving loop's decode step (see
+// model.Model.DecodeBatch): bad input (ErrBadInput) changes nothing;
+// when a Stepper's step fails, its sequences fail (a *model.BatchError
+// names them; they hold the step's token in some layers: release them)
+// while the other Steppers' complete.
+func (d *Decoder) DecodeBatch(ctx context.Context, attns []model.Attention, tokens []int) ([][]float32, error) {
+	x := d.X
+	c := x.cfg
+	n := len(attns)
+	switch {
+	case n == 0:
+		return nil, fmt.Errorf("%w: decode batch of no sequences", ErrBadInput)
+	case len(tokens) != n:
+		return nil, fmt.Errorf("%w: decode batch of %d sequences and %d tokens", ErrBadInput, n, len(tokens))
+	}
+	type group struct {
+		st   decode.Stepper
+		idx  []int
+		rows []Row
+	}
+	var groups []*group
+	by := map[decode.Stepper]*group{}
+	seen := map[model.Attention]int{}
+	bas := make([]model.BatchAttention, n)
+	for i, a := range attns {
+		ba, ok := a.(model.BatchAttention)
+		if !ok || a == nil {
+			return nil, fmt.Errorf("%w: decode batch: sequence %d is not a batch attention (%T)", ErrBadInput, i, a)
+		}
+		st, row, opt, ok := ba.DecodeRow()
+		switch {
+		case !ok || st == nil:
+			return nil, fmt.Errorf("%w: decode batch: sequence %d asks for steps of its own per layer (diagnostics or a dense comparison run on the CPU executor)", ErrBadInput, i)
+		case opt != decode.Options{}:
+			return nil, fmt.Errorf("%w: decode batch: sequence %d asks for step options %+v (the executor runs the fused step)", ErrBadInput, i, opt)
+		case !reflect.TypeOf(st).Comparable():
+			return nil, fmt.Errorf("%w: decode batch: sequence %d's stepper %T is not comparable", ErrBadInput, i, st)
+		}
+		if reflect.TypeOf(a).Comparable() {
+			if j, dup := seen[a]; dup {
+				return nil, fmt.Errorf("%w: decode batch: indices %d and %d are the same sequence", ErrBadInput, j, i)
+			}
+			seen[a] = i
+		}
+		g := by[st]
+		if g == nil {
+			g = &group{st: st}
+			by[st] = g
+			groups = append(groups, g)
+		}
+		if len(g.rows) == x.opt.MaxBatch {
+			return nil, fmt.Errorf("%w: decode batch: more than %d sequences of one stepper (the executor's MaxBatch)", ErrBadInput, x.opt.MaxBatch)
+		}
+		bas[i] = ba
+		g.idx = append(g.idx, i)
+		g.rows = append(g.rows, Row{Seq: row.Seq, Token: tokens[i], Pos: a.Len(), Budget: row.Budget, DenseLayers: row.DenseLayers})
+	}
+	// Check every row before any group runs, so that bad input changes
+	// nothing (Decode checks its own rows again).
+	for i, t := range tokens {
+		if t < 0 || t >= c.VocabSize {
+			return nil, fmt.Errorf("%w: decode batch: token %d at index %d outside the vocabulary of %d", ErrBadInput, t, i, c.VocabSize)
+		}
+		if p := attns[i].Len(); c.MaxPositions > 0 && p+1 > c.MaxPositions {
+			return nil, fmt.Errorf("%w: decode batch: index %d: position %d exceeds max_position_embeddings %d", ErrBadInput, i, p, c.MaxPositions)
+		}
+	}
+	out := make([][]float32, n)
+	errs := make([]error, n)
+	failed := false
+	for _, g := range groups {
+		_, err := x.Decode(ctx, g.st, g.rows)
+		var logits []float32
+		if err == nil {
+			logits, err = x.Logits(ctx, len(g.rows))
+		}
+		if err != nil {
+			if errors.Is(err, ErrBadInput) && !failed && len(groups) == 1 {
+				return nil, err // nothing ran
+			}
+			for _, i := range g.idx {
+				errs[i] = fmt.Errorf("sequence %d: %w", i, err)
+			}
+			failed = true
+			continue
+		}
+		v := c.VocabSize
+		for k, i := range g.idx {
+			for li, st := range x.LastSteps(k) {
+				bas[i].Decoded(li, nil, nil, nil, nil, st.Plan, st.Time)
+			}
+			out[i] = logits[k*v : (k+1)*v]
+		}
+	}
+	if failed {
+		return out, &model.BatchError{Errs: errs}
+	}
+	return out, nil
+}
