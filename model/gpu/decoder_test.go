@@ -89,10 +89,13 @@ func TestDecoderMatchesDecodeBatch(t *testing.T) {
 	// Bad input changes nothing: the lengths stay, the next step matches.
 	lens := []int{devA[0].Len(), devA[1].Len()}
 	for name, call := range map[string]func() error{
-		"no rows":        func() error { _, err := d.DecodeBatch(ctx, nil, nil); return err },
-		"token past":     func() error { _, err := d.DecodeBatch(ctx, devA, []int{toks[0], c.VocabSize}); return err },
-		"twice":          func() error { _, err := d.DecodeBatch(ctx, []model.Attention{devA[0], devA[0]}, toks); return err },
-		"not batchable":  func() error { _, err := d.DecodeBatch(ctx, []model.Attention{model.NewReference(m.Geometry())}, toks[:1]); return err },
+		"no rows":    func() error { _, err := d.DecodeBatch(ctx, nil, nil); return err },
+		"token past": func() error { _, err := d.DecodeBatch(ctx, devA, []int{toks[0], c.VocabSize}); return err },
+		"twice":      func() error { _, err := d.DecodeBatch(ctx, []model.Attention{devA[0], devA[0]}, toks); return err },
+		"not batchable": func() error {
+			_, err := d.DecodeBatch(ctx, []model.Attention{model.NewReference(m.Geometry())}, toks[:1])
+			return err
+		},
 		"tokens missing": func() error { _, err := d.DecodeBatch(ctx, devA, toks[:1]); return err },
 	} {
 		if err := call(); !errors.Is(err, ErrBadInput) {
