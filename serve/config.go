@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -113,6 +116,20 @@ type Config struct {
 	// output, settings) for GET /admin/requests/{id} and its dense
 	// replay (64; 0: none). The oldest is forgotten first.
 	History int
+	// Backend is the kernel backend of the in-process engines (nil: the
+	// CPU's); DeviceResident keeps their pages only in the backend's
+	// device memory (engine.Config's).
+	Backend        kernels.Backend
+	DeviceResident bool
+	// Decoder runs the decode steps (nil: the model's DecodeBatch on the
+	// CPU). model/gpu.Decoder runs them on the device executor: then the
+	// engines must hold their pages on its device (Backend,
+	// DeviceResident), CP and TP are 1, there is no Cluster and no
+	// Monitor (both need every layer's q and k on the host), and requests
+	// whose selector is neither Policy's nor dense are refused (400: the
+	// executor runs the fused Quest step). Prompts are still prefilled
+	// by the model on the CPU, into the device's pages.
+	Decoder Decoder
 	// Logger receives the server's logs (nil: none).
 	Logger *slog.Logger
 	// Now is the clock of the responses' created times (nil: time.Now).
@@ -178,6 +195,20 @@ func (c Config) Validate() error {
 	case c.Workers < 0 || c.Workers > 256:
 		return fmt.Errorf("serve config: workers %d: want 0..256", c.Workers)
 	}
+	if c.Decoder != nil {
+		switch {
+		case c.Cluster != nil:
+			return errors.New("serve config: a Decoder with a Cluster (the device executor decodes an in-process engine's sequences)")
+		case c.CP != 1 || c.TP != 1:
+			return fmt.Errorf("serve config: a Decoder with a %d x %d grid (the device executor runs one rank)", c.CP, c.TP)
+		case c.Monitor.Rate > 0:
+			return errors.New("serve config: a Decoder with the quality monitor on (it replays every layer's q and k, which stay on the device)")
+		case c.Backend == nil || !c.DeviceResident:
+			return errors.New("serve config: a Decoder needs the engines' pages on its device (Backend and DeviceResident)")
+		case c.Policy.Selector != plan.Quest:
+			return fmt.Errorf("serve config: a Decoder with selector %s (the device executor runs quest)", c.Policy.Selector)
+		}
+	}
 	if c.History < 0 {
 		return fmt.Errorf("serve config: history %d requests: want 0 (none) or more", c.History)
 	}
@@ -188,6 +219,13 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: %w", err)
 	}
 	return nil
+}
+
+// Decoder runs one decode step of a batch of sequences, as
+// model.Model.DecodeBatch (whose contract it keeps): the serving loop's
+// decode step, on the CPU or on a device (model/gpu.Decoder).
+type Decoder interface {
+	DecodeBatch(ctx context.Context, attns []model.Attention, tokens []int) ([][]float32, error)
 }
 
 // errNoName is New's refusal of a config without a model name.

@@ -61,6 +61,9 @@ func (s *Server) engineConfig(pol plan.Policy, capacity int) engine.Config {
 	pol.DenseLayers = 0
 	ec := model.EngineConfig(s.m.Geometry(), pol, capacity)
 	ec.CP, ec.TP, ec.Selection, ec.MemoryLimit = s.cfg.CP, s.cfg.TP, s.cfg.Selection, s.cfg.MemoryLimit
+	if s.cfg.Backend != nil {
+		ec.Backend, ec.DeviceResident = s.cfg.Backend, s.cfg.DeviceResident
+	}
 	return ec
 }
 

@@ -200,6 +200,9 @@ func (s *Server) questParams(q *QuestOptions, p *params) *apiError {
 		p.sel = pol
 		return nil
 	}
+	if s.cfg.Decoder != nil && p.sel.Selector != pol.Selector {
+		return badParam("quest.selector", "invalid_value", "quest.selector %s: this server decodes on the GPU, which runs %s (or dense)", p.sel.Selector, pol.Selector)
+	}
 	p.own = p.sel.Selector != pol.Selector || p.sel.GQA != pol.GQA ||
 		p.sel.SinkPages != pol.SinkPages || p.sel.LocalPages != pol.LocalPages
 	return nil

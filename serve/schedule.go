@@ -216,7 +216,11 @@ func (s *Server) decode() bool {
 			j.attn.capture = s.sample(j)
 		}
 	}
-	logits, err := s.m.DecodeBatch(s.ctx, attns, toks)
+	var dec Decoder = s.m
+	if s.cfg.Decoder != nil {
+		dec = s.cfg.Decoder
+	}
+	logits, err := dec.DecodeBatch(s.ctx, attns, toks)
 	if s.mon != nil {
 		var be *model.BatchError
 		errors.As(err, &be)
