@@ -121,6 +121,9 @@ type Config struct {
 	// device memory (engine.Config's).
 	Backend        kernels.Backend
 	DeviceResident bool
+	// KVDType is the pages' storage type with a Backend (float32, the
+	// zero value; bf16 or f16 on a GPU).
+	KVDType plan.DType
 	// Decoder runs the decode steps (nil: the model's DecodeBatch on the
 	// CPU). model/gpu.Decoder runs them on the device executor: then the
 	// engines must hold their pages on its device (Backend,

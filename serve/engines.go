@@ -63,6 +63,7 @@ func (s *Server) engineConfig(pol plan.Policy, capacity int) engine.Config {
 	ec.CP, ec.TP, ec.Selection, ec.MemoryLimit = s.cfg.CP, s.cfg.TP, s.cfg.Selection, s.cfg.MemoryLimit
 	if s.cfg.Backend != nil {
 		ec.Backend, ec.DeviceResident = s.cfg.Backend, s.cfg.DeviceResident
+		ec.Geometry.DType = s.cfg.KVDType
 	}
 	return ec
 }

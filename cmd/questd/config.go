@@ -707,9 +707,9 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.int(&c.MaxQueued, "max-queued", 64, "admitted requests waiting to run; beyond it requests get 429")
 	d.int(&c.PrefillChunk, "prefill-chunk-tokens", 512, "prompt tokens prefilled between two decode steps (long prompts do not stall the others)")
 	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; requests whose pages would not fit get 429 (--serve-layout cluster: the pool of every rank of the served grid)")
-	d.text("serve-layout", "local", "where the served requests' KV pages live, `local|cluster`: local (an in-process engine on this node) or cluster (a --serve-cp x --serve-tp grid of the cluster's nodes coordinated by this node; the model runs here, attention steps go to the grid's workers)", func(v string) error {
-		if v != "local" && v != "cluster" {
-			return fmt.Errorf("want local or cluster")
+	d.text("serve-layout", "local", "where the served requests' KV pages live, `local|cluster|device`: local (an in-process engine on this node), cluster (a --serve-cp x --serve-tp grid of the cluster's nodes coordinated by this node; the model runs here, attention steps go to the grid's workers) or device (with --backend cuda: the model's decode steps and the pages on the first GPU of --devices, through the device executor; prompts are prefilled on the CPU into the GPU's pages)", func(v string) error {
+		if v != "local" && v != "cluster" && v != "device" {
+			return fmt.Errorf("want local, cluster or device")
 		}
 		c.ServeLayout = v
 		return nil
@@ -1347,6 +1347,12 @@ func (c Config) Validate() error {
 		return bad("serve-layout", c.ServeLayout, "needs --model and --http-addr (the completions API whose KV pages it places)")
 	case c.Model == "" && (c.ServeCP != 1 || c.ServeTP != 1):
 		return bad("serve-cp", itoa(c.ServeCP), "--serve-cp %d x --serve-tp %d needs --model and --http-addr (the completions API it lays out)", c.ServeCP, c.ServeTP)
+	case c.ServeLayout == "device" && c.Backend != "cuda":
+		return bad("serve-layout", c.ServeLayout, "needs --backend cuda (the device executor runs on a GPU)")
+	case c.ServeLayout == "device" && (c.ServeCP != 1 || c.ServeTP != 1):
+		return bad("serve-layout", c.ServeLayout, "runs one rank: not with --serve-cp %d x --serve-tp %d", c.ServeCP, c.ServeTP)
+	case c.ServeLayout == "device" && c.MonitorRate > 0:
+		return bad("serve-layout", c.ServeLayout, "not with --monitor-rate (the monitor replays every layer's q and k, which stay on the GPU)")
 	case c.ServeLayout == "cluster" && c.servePagesPerRank() > c.hostPages():
 		return bad("serve-capacity-pages", itoa(c.ServePages), "with --serve-layout cluster every rank of the served grid reserves %d pages (plus --monitor-queue with --monitor-rate), more than this node's --max-pages %d", c.servePagesPerRank(), c.hostPages())
 	case c.MonitorQueue < 1:

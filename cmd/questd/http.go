@@ -23,6 +23,9 @@ import (
 type completions struct {
 	srv  *completion.Server
 	http *httpServer
+	// closeDevice frees the device executor and its GPU backend after
+	// srv closed (--serve-layout device; nil otherwise).
+	closeDevice func()
 }
 
 // serveConfig is the serve package configuration of cfg: the node's selection
@@ -57,27 +60,40 @@ func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *
 		}
 		sc.Monitor.Observe = mm.observe
 	}
-	srv, err := completion.Load(cfg.Model, sc)
+	var srv *completion.Server
+	var closeDevice func()
+	var err error
+	if cfg.ServeLayout == "device" {
+		srv, closeDevice, err = loadDeviceServer(cfg, sc, log)
+	} else {
+		srv, err = completion.Load(cfg.Model, sc)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("--model %q (--serve-layout %s, --serve-cp %d, --serve-tp %d): %w", cfg.Model, cfg.ServeLayout, cfg.ServeCP, cfg.ServeTP, err)
 	}
-	if err := reg.Register(newServeCounts(srv)); err != nil {
+	closeAll := func() {
 		srv.Close()
+		if closeDevice != nil {
+			closeDevice()
+		}
+	}
+	if err := reg.Register(newServeCounts(srv)); err != nil {
+		closeAll()
 		return nil, fmt.Errorf("serve metrics: %w", err)
 	}
 	if sc.Monitor.Rate > 0 {
 		if err := reg.Register(newMonitorCounts(srv)); err != nil {
-			srv.Close()
+			closeAll()
 			return nil, fmt.Errorf("monitor metrics: %w", err)
 		}
 	}
 	h, err := startHTTP("completions", "http-addr", cfg.HTTPAddr, requireToken(cfg.Token, srv), cfg.httpServer(), reg, log)
 	if err != nil {
-		srv.Close()
+		closeAll()
 		return nil, err
 	}
 	log.Info("completions API", "addr", h.addr, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP)
-	return &completions{srv: srv, http: h}, nil
+	return &completions{srv: srv, http: h, closeDevice: closeDevice}, nil
 }
 
 // stop drains the API (new requests get 503, admitted ones finish within
@@ -91,6 +107,9 @@ func (c *completions) stop(ctx context.Context, log *slog.Logger) {
 	}
 	if err := c.srv.Close(); err != nil {
 		log.Warn("completions close", "err", err)
+	}
+	if c.closeDevice != nil {
+		c.closeDevice()
 	}
 	fctx, cancel := context.WithTimeout(context.Background(), stopFlush)
 	defer cancel()

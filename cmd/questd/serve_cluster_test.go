@@ -168,6 +168,8 @@ func TestServeLayoutFlags(t *testing.T) {
 		// 9000 pages per rank on a node of 8 x 1024.
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-capacity-pages", "9000"}, "--serve-capacity-pages"},
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--max-pages", "4100", "--monitor-rate", "0.1"}, "--max-pages 4100"},
+		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "device"}, "needs --backend cuda"},
+		{[]string{"--serve-layout", "device"}, "--serve-layout"},
 	} {
 		_, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -17,7 +17,8 @@ import (
 // wrapper of one) whose pages live on the executor's device, joining a
 // batched step (DecodeRow's ok) with default step options. The sequences
 // of one Stepper decode in one Decode call of the executor (the weights
-// stream once for them); the batch's Steppers in turn. Each sequence's
+// stream once for them), MaxBatch at a time; the batch's Steppers in
+// turn. Each sequence's
 // BatchAttention.Decoded learns every layer's plan and times (its q, k,
 // v and output stay on the device: Decoded gets nil slices), and the
 // logits of every row come back to the host (for the caller's sampling).
@@ -70,13 +71,12 @@ func (d *Decoder) DecodeBatch(ctx context.Context, attns []model.Attention, toke
 			seen[a] = i
 		}
 		g := by[st]
-		if g == nil {
+		if g == nil || len(g.rows) == x.opt.MaxBatch {
+			// A new group: the Stepper's first rows, or the next
+			// MaxBatch of them (one more executor step).
 			g = &group{st: st}
 			by[st] = g
 			groups = append(groups, g)
-		}
-		if len(g.rows) == x.opt.MaxBatch {
-			return nil, fmt.Errorf("%w: decode batch: more than %d sequences of one stepper (the executor's MaxBatch)", ErrBadInput, x.opt.MaxBatch)
 		}
 		bas[i] = ba
 		g.idx = append(g.idx, i)

@@ -117,5 +117,27 @@ func TestDecoderMatchesDecodeBatch(t *testing.T) {
 		if diff := maxDiff(got[i], want[i]); diff > 1e-4 {
 			t.Fatalf("after the refused calls, row %d: logits differ by %g", i, diff)
 		}
+		toks[i] = model.Argmax(want[i])
+	}
+	// An executor of one row decodes the two sequences one step each.
+	x1, err := New(ctx, dev, m, Options{MaxBatch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x1.Close(ctx)
+	q0 := dev.Queued()
+	if got, err = (&Decoder{X: x1}).DecodeBatch(ctx, devA, toks); err != nil {
+		t.Fatal(err)
+	}
+	if want, err = m.DecodeBatch(ctx, cpuA, toks); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if diff := maxDiff(got[i], want[i]); diff > 1e-4 {
+			t.Fatalf("MaxBatch 1, row %d: logits differ by %g", i, diff)
+		}
+	}
+	if n := dev.Queued() - q0; n != 2*c.Layers {
+		t.Errorf("MaxBatch 1: %d fused steps queued for 2 sequences of %d layers, want one per sequence and layer", n, c.Layers)
 	}
 }

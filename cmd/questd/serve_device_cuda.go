@@ -1,0 +1,76 @@
+//go:build cuda
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+
+	"github.com/questrt/questrt/kernels/cuda"
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/model/gpu"
+	completion "github.com/questrt/questrt/serve"
+)
+
+// loadDeviceServer loads --model for --serve-layout device: a CUDA
+// backend of its own on the first GPU of --devices holds the served
+// engine's pages (device-resident) and runs the model's decode steps
+// through the device executor (model/gpu.Decoder); the weights, the
+// activations of --max-running rows and the pages of
+// --serve-capacity-pages are admitted against the GPU's free memory
+// before anything is allocated there. The returned func frees the
+// executor and the backend (after the server closed).
+func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*completion.Server, func(), error) {
+	ctx := context.Background()
+	ord := 0
+	if len(cfg.Devices) > 0 {
+		ord = cfg.Devices[0]
+	}
+	m, err := model.Load(cfg.Model, model.LoadOptions{MemoryLimit: sc.MemoryLimit})
+	if err != nil {
+		return nil, nil, err
+	}
+	tok, err := model.LoadTokenizer(cfg.Model, m.Config)
+	if err != nil {
+		m.Close()
+		return nil, nil, err
+	}
+	if sc.ModelName == "" {
+		sc.ModelName = filepath.Base(filepath.Clean(cfg.Model))
+	}
+	be, err := cuda.New(cuda.Config{Device: ord, DType: cfg.KVCacheDType})
+	if err != nil {
+		m.Close()
+		return nil, nil, fmt.Errorf("GPU %d: %w", ord, err)
+	}
+	opt := gpu.Options{MaxBatch: min(sc.MaxRunning, 16)}
+	ec := model.EngineConfig(m.Geometry(), sc.Policy, sc.CapacityPages)
+	ec.Geometry.DType = cfg.KVCacheDType
+	if err := gpu.AdmitAll(ctx, be, m.Config, opt, ec); err != nil {
+		be.Close()
+		m.Close()
+		return nil, nil, err
+	}
+	x, err := gpu.New(ctx, be, m, opt)
+	if err != nil {
+		be.Close()
+		m.Close()
+		return nil, nil, err
+	}
+	sc.Backend, sc.DeviceResident, sc.KVDType, sc.Decoder = be, true, cfg.KVCacheDType, &gpu.Decoder{X: x}
+	srv, err := completion.New(m, tok, sc)
+	if err != nil {
+		x.Close(ctx)
+		be.Close()
+		m.Close()
+		return nil, nil, err
+	}
+	log.Info("serving on the GPU", "gpu", ord, "weights_GB", float64(x.WeightBytes())/1e9, "max_batch", opt.MaxBatch)
+	return srv, func() {
+		x.Close(ctx)
+		be.Close()
+		m.Close()
+	}, nil
+}
