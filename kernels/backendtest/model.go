@@ -101,19 +101,16 @@ func (d *QueuedDevice) UploadMatrix(ctx context.Context, w []float32, rows, cols
 	})
 }
 
-// RandomMatrix implements kernels.ModelDevice with the CUDA fill's hash
-// (model.cu's fill), so that both devices make the same weights.
+// RandomMatrix implements kernels.ModelDevice with RandomWeight (the
+// CUDA fill's hash, model.cu's fill), so that both devices make the same
+// weights.
 func (d *QueuedDevice) RandomMatrix(ctx context.Context, rows, cols int, dt plan.DType, seed uint64, scale, offset float32) (kernels.Matrix, error) {
 	if rows <= 0 || cols <= 0 {
 		return kernels.Matrix{}, fmt.Errorf("fake device: random matrix of %d x %d", rows, cols)
 	}
 	return d.newMatrix(rows, cols, dt, func(m []float32) {
 		for i := range m {
-			z := seed*0x9e3779b97f4a7c15 + uint64(i)
-			z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-			z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-			z ^= z >> 31
-			m[i] = roundTo(dt, offset+scale*(float32(z>>40)*(1.0/8388608.0)-1))
+			m[i] = roundTo(dt, RandomWeight(seed, int64(i), scale, offset))
 		}
 	})
 }

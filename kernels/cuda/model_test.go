@@ -15,6 +15,7 @@ import (
 
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -334,4 +335,19 @@ func benchLaunches(ctx context.Context, be *Backend, n, reps int, f func(i int) 
 	}
 	slices.Sort(xs)
 	return xs[len(xs)/2], nil
+}
+
+// TestModelDevice runs the model-device suite (the twin's in CI) on the
+// GPU: every model kernel against float64, random weights equal to
+// backendtest.RandomWeight's.
+func TestModelDevice(t *testing.T) {
+	be, err := New(Config{DType: plan.Float32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	for _, pdl := range []bool{false, true} {
+		be.SetModelPDL(pdl)
+		backendtest.RunModelDevice(t, be)
+	}
 }
