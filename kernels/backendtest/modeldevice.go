@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/questrt/questrt/decode"
@@ -173,24 +174,12 @@ func testRMSNorm(t *testing.T, dev kernels.ModelDevice) {
 			if err := dev.RMSNorm(ctx, xt, xt, wm, rows, eps); err != nil {
 				t.Fatal(err)
 			}
-			if in := download(t, dev, xt); !equal(in, got) {
+			if in := download(t, dev, xt); !slices.Equal(in, got) {
 				t.Errorf("h %d %v: RMSNorm in place differs", h, dt)
 			}
 			dev.FreeMatrix(ctx, wm)
 		}
 	}
-}
-
-func equal(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func testGemv(t *testing.T, dev kernels.ModelDevice) {

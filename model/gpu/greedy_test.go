@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -292,21 +293,9 @@ func TestTwinBadInput(t *testing.T) {
 		got = append(got, next[0])
 		good.Token, good.Pos = next[0], good.Pos+1
 	}
-	if !slicesEqual(got, want) {
+	if !slices.Equal(got, want) {
 		t.Errorf("after the refused calls: %v, CPU %v", got, want)
 	}
-}
-
-func slicesEqual(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestAdmission: Need counts every byte the executor allocates (the
