@@ -54,6 +54,7 @@ var upManaged = map[string]string{
 	"serve-layout":                 "questctl up --model DIR --serve-layout cluster",
 	"serve-cp":                     "questctl up --model DIR --serve-layout cluster --serve-cp C",
 	"serve-tp":                     "questctl up --model DIR --serve-layout cluster --serve-tp T",
+	"data-dir":                     "questctl up --data-dir DIR (every node its own DIR/NAME)",
 }
 
 // upClientName is the name of the client certificate that up writes in
@@ -71,7 +72,7 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // upCommand builds the flags and the action of
 // 'questctl up' without running it (see [runCommand]).
 func upCommand(extra []string) (*flag.FlagSet, action) {
-	fs := newFlags("up", `Usage: questctl up --nodes N [--cp C --tp T] [--model DIR [--http-addr HOST:PORT] [--serve-layout cluster --serve-cp C --serve-tp T]] [--questd PATH] [--timeout 30s] [--insecure | --tls-dir DIR] [flags] [-- questd flags...]
+	fs := newFlags("up", `Usage: questctl up --nodes N [--cp C --tp T] [--model DIR [--http-addr HOST:PORT] [--serve-layout cluster --serve-cp C --serve-tp T]] [--questd PATH] [--timeout 30s] [--insecure | --tls-dir DIR] [--data-dir DIR] [flags] [-- questd flags...]
 
 Starts a local questd cluster on the loopback interface and keeps it
 running until interrupted (SIGINT or SIGTERM). Node 0 is started first
@@ -118,6 +119,19 @@ nodes" (with --json, one JSON object per node instead, with "metrics",
 and "tls_dir" under TLS). Everything up to there must happen within --timeout, or up
 stops the nodes it started and exits 1.
 
+With --data-dir DIR every node persists the sequences of the grids it
+hosts in a directory of its own, DIR/NAME (questd --data-dir DIR/BASE-0
+and so on; DIR and those directories are created 0700 when missing):
+stop up (or kill a node) and run up again with the same --data-dir,
+--base-name, --nodes and grid flags, and each node finds its sequences
+again; they come back when their grid opens (the first create, or
+Recovered: 'questctl status' then lists them, with the tail tokens a
+kill lost). A SIGINT or SIGTERM stop saves every sequence in full (a
+node that cannot, its disk full, says so and stops with exit status 1,
+which up reports). up refuses, before it starts any node, a DIR or
+DIR/NAME that is not a directory or cannot be written. One up per DIR:
+a node whose directory another questd holds exits at once, naming it.
+
 A node that exits by itself (a crash, kill -9) is reported with its exit
 status and the others keep running, as a cluster does without it; once
 every node has exited up exits 1. On SIGINT or SIGTERM up sends SIGTERM
@@ -143,12 +157,13 @@ questd on $PATH.`)
 	tlsDir := fs.String("tls-dir", "", "write the CA and the certificates in DIR (created 0700 if missing; files up writes there are replaced) and keep them (default: a new temporary directory, removed on exit)")
 	keepTLS := fs.Bool("keep-tls-dir", false, "keep the temporary TLS directory when up exits (its path is printed on stderr)")
 	logDir := fs.String("log-dir", "", "write each node's stderr to DIR/NAME.log (overwritten) instead of questctl's stderr")
-	asJSON := fs.Bool("json", false, `print one JSON object per node, {"name","grpc","gossip","pid"} and "tls_dir" with TLS, "http" and "url" on the node serving --model, instead of the text lines`)
+	asJSON := fs.Bool("json", false, `print one JSON object per node, {"name","grpc","gossip","pid"} and "tls_dir" with TLS, "http" and "url" on the node serving --model, "data_dir" with --data-dir, instead of the text lines`)
 	modelDir := fs.String("model", "", "Hugging Face Llama checkpoint `dir` that node 0 serves with the completions API (questd --model); up prints the API's URL")
 	httpAddr := fs.String("http-addr", "127.0.0.1:0", "with --model: listen `host:port` of node 0's completions API (port 0: a free one)")
 	serveLayout := fs.String("serve-layout", "local", "with --model: where the served requests' KV pages live, `local|cluster`: local (node 0's own engine) or cluster (a --serve-cp x --serve-tp grid over the cluster's nodes, coordinated by node 0)")
 	serveCP := fs.Int("serve-cp", 1, "with --model: context-parallel ranks of every served request (1..64; with --serve-layout cluster, ranks on the cluster's nodes)")
 	serveTP := fs.Int("serve-tp", 1, "with --model: tensor-parallel ranks of every served request (1..64)")
+	dataDir := fs.String("data-dir", "", "persist each node's sequences in `dir`/NAME (questd --data-dir; created 0700 if missing): a later up with the same --data-dir and --base-name recovers them (default: nothing persists)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		switch {
 		case !flagSet(fs, "nodes"):
@@ -214,6 +229,12 @@ questd on $PATH.`)
 		if err != nil {
 			return err
 		}
+		var nodeDirs []string // with --data-dir: each node's directory
+		if *dataDir != "" {
+			if nodeDirs, err = prepareDataDirs(*dataDir, nodeNames(*baseName, *nodes)); err != nil {
+				return usageError{fmt.Errorf("--data-dir %q: %v", *dataDir, err)}
+			}
+		}
 		if *logDir != "" {
 			if err := os.MkdirAll(*logDir, 0o755); err != nil {
 				return fmt.Errorf("--log-dir %q: %v", *logDir, err)
@@ -225,7 +246,7 @@ questd on $PATH.`)
 		errw := &syncWriter{w: stderr}
 		c := &upCluster{
 			bin: bin, plaintext: insecure, token: token, logDir: *logDir, stderr: errw,
-			exited: make(chan *upNode, *nodes), first: first,
+			exited: make(chan *upNode, *nodes), first: first, dataDirs: nodeDirs,
 		}
 		var common []string
 		if insecure {
@@ -261,6 +282,10 @@ questd on $PATH.`)
 			c.tlsDir = dir
 		}
 		common = append(append(common, "--cp", fmt.Sprint(*cp), "--tp", fmt.Sprint(*tp)), extra...)
+		if len(nodeDirs) > 0 {
+			fmt.Fprintf(errw, "questctl up: each node persists its sequences in %s (a later up with the same --data-dir and --base-name recovers them)\n",
+				filepath.Join(filepath.Dir(nodeDirs[0]), *baseName+"-N"))
+		}
 
 		startCtx, cancel := context.WithTimeout(sigCtx, *timeout)
 		err = c.start(startCtx, *baseName, *nodes, common)
@@ -295,7 +320,8 @@ questd on $PATH.`)
 					TLSDir  string `json:"tls_dir,omitempty"`
 					HTTP    string `json:"http,omitempty"`
 					URL     string `json:"url,omitempty"`
-				}{n.name, n.grpc, n.gossip, n.metrics, n.pid, c.tlsDir, n.http, url})
+					DataDir string `json:"data_dir,omitempty"`
+				}{n.name, n.grpc, n.gossip, n.metrics, n.pid, c.tlsDir, n.http, url, n.dataDir})
 			} else {
 				metrics := ""
 				if n.metrics != "" {
@@ -447,6 +473,53 @@ func nodeNames(base string, count int) []string {
 	return names
 }
 
+// prepareDataDirs makes the data directory of each node named in names,
+// dir/NAME (absolute), creating dir and them (0700) when missing, and
+// checks that a file can be created in each: the reason it cannot, one
+// line, naming the directory, before any node starts.
+func prepareDataDirs(dir string, names []string) ([]string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	dirs := make([]string, len(names))
+	for i, name := range names {
+		dirs[i] = filepath.Join(abs, name)
+	}
+	for _, d := range append([]string{abs}, dirs...) {
+		fi, err := os.Stat(d)
+		switch {
+		case err == nil && !fi.IsDir():
+			return nil, fmt.Errorf("%s is not a directory", d)
+		case errors.Is(err, fs.ErrNotExist):
+			if err := os.MkdirAll(d, 0o700); err != nil {
+				return nil, fmt.Errorf("cannot create %s: %v", d, pathReason(err))
+			}
+		case err != nil:
+			return nil, fmt.Errorf("cannot use %s: %v", d, pathReason(err))
+		}
+	}
+	for _, d := range dirs {
+		f, err := os.CreateTemp(d, ".questctl-up-probe-")
+		if err != nil {
+			return nil, fmt.Errorf("cannot write in %s: %v", d, pathReason(err))
+		}
+		f.Close()
+		os.Remove(f.Name())
+	}
+	return dirs, nil
+}
+
+// pathReason is the reason of a file system error without the path it
+// names (the caller names it).
+func pathReason(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
 // shellQuote quotes s for a POSIX shell when it needs it.
 func shellQuote(s string) string {
 	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:@%+=,-") == "" {
@@ -510,6 +583,9 @@ type upCluster struct {
 	// first are node 0's own flags (--model, --http-addr): its ready
 	// line must then name its HTTP address.
 	first []string
+	// dataDirs are the nodes' --data-dir directories, by node (none
+	// without up's --data-dir).
+	dataDirs []string
 }
 
 // security is how up's own calls reach the nodes.
@@ -532,6 +608,9 @@ func (c *upCluster) start(ctx context.Context, base string, count int, common []
 			args = append(args, "--tls-cert", filepath.Join(c.tlsDir, certgen.CertFile(name)),
 				"--tls-key", filepath.Join(c.tlsDir, certgen.KeyFile(name)), "--tls-ca", filepath.Join(c.tlsDir, certgen.CAFile))
 		}
+		if i < len(c.dataDirs) {
+			args = append(args, "--data-dir", c.dataDirs[i])
+		}
 		if i > 0 {
 			args = append(args, "--join", c.nodes[0].gossip)
 		} else {
@@ -540,6 +619,9 @@ func (c *upCluster) start(ctx context.Context, base string, count int, common []
 		n, err := c.startNode(name, append(args, common...))
 		if err != nil {
 			return err
+		}
+		if i < len(c.dataDirs) {
+			n.dataDir = c.dataDirs[i]
 		}
 		if err := n.awaitReady(ctx, i == 0 && c.first != nil); err != nil {
 			return err
@@ -706,6 +788,7 @@ type upNode struct {
 	grpc, gossip string // from the ready line
 	metrics      string // the metrics server's (/metrics), from the ready line
 	http         string // the completions API's, from the ready line of a node with --model
+	dataDir      string // its --data-dir, "" for none
 }
 
 // readyLine is the line questd prints on its stdout once it serves.

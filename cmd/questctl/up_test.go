@@ -103,6 +103,7 @@ func fakeQuestd(args []string) int {
 	layers := fs.Int("layers", 1, "")
 	modelDir := fs.String("model", "", "")
 	httpAddr := fs.String("http-addr", "", "")
+	_ = fs.String("data-dir", "", "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -758,6 +759,7 @@ func TestUpUsageErrors(t *testing.T) {
 		{"up", "--nodes", "2", "--model", ".", "--http-addr", "nohost"},
 		{"up", "--nodes", "2", "--", "--model", "."},
 		{"up", "--nodes", "2", "--", "--http-addr=127.0.0.1:0"},
+		{"up", "--nodes", "2", "--", "--data-dir", "d"},
 	} {
 		code, stdout, stderr := runCLI(t, args...)
 		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "questctl up: ") {
