@@ -73,6 +73,16 @@ type Config struct {
 	// SyncInterval is the flush period of SyncPeriodic (0: the default
 	// DefaultSyncInterval); unused otherwise.
 	SyncInterval time.Duration
+	// OnPersistError, when set, is called with every failed operation on
+	// a file of DataDir (an *IOError: its Path and Err name the file,
+	// for a log; its message does not), once per failure, including
+	// those no caller sees: the periodic flusher's, a Close's (Closing
+	// set) and the lengths file's (reported once until a write of it
+	// succeeds again). It runs on the goroutine that met the failure,
+	// possibly with the store's locks held: it must return quickly and
+	// must not call the store. nil (the default): errors are only
+	// returned.
+	OnPersistError func(*IOError)
 }
 
 func (c Config) syncInterval() time.Duration {

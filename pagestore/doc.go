@@ -190,6 +190,18 @@
 // many tokens each sequence lost; after a power loss it may say fewer.
 // Without DataDir nothing of this runs.
 //
+// Errors: a failed operation on a file of the directory is an
+// [*IOError], whose message names the operation and the condition but
+// no file (it may reach a client) and which wraps [ErrPersist] and, by
+// its operating system error, [ErrDiskFull] (ENOSPC, EDQUOT) or [ErrIO];
+// [Config.OnPersistError] gets each one with the file, including the
+// periodic flusher's and a Close's ([IOError.Closing]: the tails it
+// could not save are lost at a restart, reported as lost tokens). The
+// operation took effect in memory; with SyncOnWrite the sequence's next
+// append persists again (what failed included), with SyncPeriodic the
+// next flush does. The lengths file is best effort: its failures fail
+// nothing and are reported once until a write succeeds.
+//
 // Recovery ([Store.Recovery], a [RecoveryReport]): every sequence whose
 // manifest, table chunks, slot records and slab payloads (the disk tier's
 // CRC32C and the record's) pass their checks comes back with its id, its

@@ -203,7 +203,10 @@ func (s *Store) CheckResidency() error {
 // store ([Config.DataDir]) first persists every sequence in full, tail
 // pages included, stops its flusher and closes its data directory; the
 // store must be quiet, and later operations that persist fail with
-// ErrPersist. Calls after the first return nil.
+// ErrPersist. When it cannot save every sequence (a full disk) it still
+// closes, and returns an error wrapping the failures' (ErrDiskFull, ...):
+// the sequences come back at a restart at their last committed lengths.
+// Calls after the first return nil.
 func (s *Store) Close() error {
 	var err error
 	if s.pers != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -51,6 +52,21 @@ func (d Durability) String() string {
 
 // DefaultSyncInterval is the default [Config.SyncInterval].
 const DefaultSyncInterval = time.Second
+
+// The operations an *IOError names (see [IOError.Op]).
+const (
+	opCreateDir  = "create data directory"
+	opOpenMeta   = "open metadata"
+	opOpenSlabs  = "open page slabs"
+	opOpenLens   = "open lengths file"
+	opRecover    = "recover"
+	opWritePage  = "write page"
+	opSyncSlabs  = "sync page slabs"
+	opCommit     = "commit metadata"
+	opLengths    = "write lengths file"
+	opSaveClose  = "save sequence at close"
+	opCloseFiles = "close data directory"
+)
 
 // File names in a data directory (see the package doc, "Persistence").
 const (
@@ -161,6 +177,55 @@ type persist struct {
 	bufs sync.Pool
 	stop chan struct{}
 	done chan struct{}
+
+	onErr   func(*IOError) // Config.OnPersistError
+	closing atomic.Bool    // Close is saving the sequences
+	lenBad  atomic.Bool    // the last write of the lengths file failed (reported)
+	// fault, when set (tests), is asked before each operation on a
+	// file: an error it returns is the operation's.
+	fault atomic.Pointer[func(op, path string) error]
+}
+
+// do runs f, an operation op on the file path, and returns nil or its
+// error as an *IOError, reported to Config.OnPersistError.
+func (pr *persist) do(op, path string, f func() error) error {
+	var err error
+	if fp := pr.fault.Load(); fp != nil {
+		err = (*fp)(op, path)
+	}
+	if err == nil {
+		err = f()
+	}
+	if err == nil {
+		return nil
+	}
+	return pr.fail(op, path, err)
+}
+
+// fail returns err of op on path as an *IOError, reported.
+func (pr *persist) fail(op, path string, err error) error {
+	return newIOError(pr.onErr, op, path, err, pr.closing.Load())
+}
+
+// writeLens writes a record of the lengths file. The file is best
+// effort (a record it lacks makes recovery report fewer lost tokens): a
+// failure is not returned, and reported once until a write succeeds
+// again.
+func (pr *persist) writeLens(b []byte, rec int32) {
+	var err error
+	if fp := pr.fault.Load(); fp != nil {
+		err = (*fp)(opLengths, pr.lenF.Name())
+	}
+	if err == nil {
+		_, err = pr.lenF.WriteAt(b, int64(rec)*lenRecBytes)
+	}
+	if err == nil {
+		pr.lenBad.Store(false)
+		return
+	}
+	if !pr.lenBad.Swap(true) {
+		_ = pr.fail(opLengths, pr.lenF.Name(), err)
+	}
 }
 
 func (pr *persist) buf(n int) []byte {
@@ -177,8 +242,11 @@ func (pr *persist) putBuf(b []byte) { pr.bufs.Put(&b) }
 func (s *Store) openPersist() error {
 	c := s.cfg
 	dir := c.DataDir
+	fail := func(op, path string, err error) error {
+		return fmt.Errorf("pagestore: open data dir: %w", newIOError(c.OnPersistError, op, path, err, false))
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("pagestore: data dir %s: %w", dir, err)
+		return fail(opCreateDir, dir, err)
 	}
 	dbPath := filepath.Join(dir, storeDBName)
 	db, err := bolt.Open(dbPath, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond, FreelistType: bolt.FreelistMapType})
@@ -186,7 +254,7 @@ func (s *Store) openPersist() error {
 		return fmt.Errorf("pagestore: data dir %s: %s is locked by another store, in this process or another: %w", dir, dbPath, ErrInUse)
 	}
 	if err != nil {
-		return fmt.Errorf("pagestore: data dir %s: %s: %w: %w", dir, dbPath, ErrPersist, err)
+		return fail(opOpenMeta, dbPath, err)
 	}
 	dc := disktier.DefaultConfig()
 	dc.Dir = dir
@@ -206,16 +274,16 @@ func (s *Store) openPersist() error {
 		if errors.Is(err, disktier.ErrMismatch) {
 			return fmt.Errorf("pagestore: data dir %s: %w: holds pages of another geometry: %w", dir, ErrInvalidConfig, err)
 		}
-		return fmt.Errorf("pagestore: data dir %s: %w: %w", dir, ErrPersist, err)
+		return fail(opOpenSlabs, dir, err)
 	}
 	lf, err := os.OpenFile(filepath.Join(dir, lengthsName), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		dt.Close()
 		db.Close()
-		return fmt.Errorf("pagestore: data dir %s: %w: %w", dir, ErrPersist, err)
+		return fail(opOpenLens, filepath.Join(dir, lengthsName), err)
 	}
 	pr := &persist{
-		dir: dir, mode: c.Durability, db: db, dt: dt, lenF: lf,
+		dir: dir, mode: c.Durability, db: db, dt: dt, lenF: lf, onErr: c.OnPersistError,
 		pslot:      make([]int32, c.Capacity),
 		psealed:    make([]bool, c.Capacity),
 		hold:       make([]bool, dc.Slots),
@@ -351,55 +419,57 @@ func (pr *persist) commitLocked(views []seqView, dels []SeqID, nextID SeqID) err
 		return fmt.Errorf("%w: store closed", ErrPersist)
 	}
 	if pr.mode == SyncPeriodic {
-		if err := pr.dt.Sync(context.Background()); err != nil {
-			return fmt.Errorf("%w: %w", ErrPersist, err)
+		if err := pr.do(opSyncSlabs, pr.dir, func() error { return pr.dt.Sync(context.Background()) }); err != nil {
+			return err
 		}
 	}
-	err := pr.db.Update(func(tx *bolt.Tx) error {
-		sb, tb, slb := tx.Bucket(bkSeqs), tx.Bucket(bkTables), tx.Bucket(bkSlots)
-		for sl, crc := range pr.pendingRec {
-			if err := slb.Put(slotKey(sl), encodeSlotRec(sl, crc)); err != nil {
-				return err
-			}
-		}
-		for _, v := range views {
-			old := pr.committed[v.id]
-			if err := sb.Put(seqKey(v.id), encodeHeader(v)); err != nil {
-				return err
-			}
-			nc, oc := (len(v.slots)+chunkSlots-1)/chunkSlots, (len(old)+chunkSlots-1)/chunkSlots
-			for c := range nc {
-				if c < oc && equal32(chunkOf(old, c), chunkOf(v.slots, c)) {
-					continue
-				}
-				if err := tb.Put(chunkKey(v.id, c), encodeChunk(v.id, c, chunkOf(v.slots, c))); err != nil {
+	err := pr.do(opCommit, filepath.Join(pr.dir, storeDBName), func() error {
+		return pr.db.Update(func(tx *bolt.Tx) error {
+			sb, tb, slb := tx.Bucket(bkSeqs), tx.Bucket(bkTables), tx.Bucket(bkSlots)
+			for sl, crc := range pr.pendingRec {
+				if err := slb.Put(slotKey(sl), encodeSlotRec(sl, crc)); err != nil {
 					return err
 				}
 			}
-			for c := nc; c < oc; c++ {
-				if err := tb.Delete(chunkKey(v.id, c)); err != nil {
+			for _, v := range views {
+				old := pr.committed[v.id]
+				if err := sb.Put(seqKey(v.id), encodeHeader(v)); err != nil {
 					return err
 				}
-			}
-		}
-		for _, id := range dels {
-			old := pr.committed[id]
-			if err := sb.Delete(seqKey(id)); err != nil {
-				return err
-			}
-			for c := range (len(old) + chunkSlots - 1) / chunkSlots {
-				if err := tb.Delete(chunkKey(id, c)); err != nil {
-					return err
+				nc, oc := (len(v.slots)+chunkSlots-1)/chunkSlots, (len(old)+chunkSlots-1)/chunkSlots
+				for c := range nc {
+					if c < oc && equal32(chunkOf(old, c), chunkOf(v.slots, c)) {
+						continue
+					}
+					if err := tb.Put(chunkKey(v.id, c), encodeChunk(v.id, c, chunkOf(v.slots, c))); err != nil {
+						return err
+					}
+				}
+				for c := nc; c < oc; c++ {
+					if err := tb.Delete(chunkKey(v.id, c)); err != nil {
+						return err
+					}
 				}
 			}
-		}
-		if nextID > pr.nextID {
-			return tx.Bucket(bkMeta).Put(kNextID, seqKey(nextID))
-		}
-		return nil
+			for _, id := range dels {
+				old := pr.committed[id]
+				if err := sb.Delete(seqKey(id)); err != nil {
+					return err
+				}
+				for c := range (len(old) + chunkSlots - 1) / chunkSlots {
+					if err := tb.Delete(chunkKey(id, c)); err != nil {
+						return err
+					}
+				}
+			}
+			if nextID > pr.nextID {
+				return tx.Bucket(bkMeta).Put(kNextID, seqKey(nextID))
+			}
+			return nil
+		})
 	})
 	if err != nil {
-		return fmt.Errorf("%w: commit %s: %w", ErrPersist, filepath.Join(pr.dir, storeDBName), err)
+		return err
 	}
 	clear(pr.pendingRec)
 	pr.nextID = max(pr.nextID, nextID)
@@ -469,11 +539,11 @@ func (s *Store) writeSlot(p int32, sealed bool) error {
 	if err != nil {
 		return fmt.Errorf("%w: page %d: %w", ErrPersist, p, err)
 	}
-	if err := pr.dt.Write(context.Background(), sl, b); err != nil {
+	if err := pr.do(opWritePage, pr.dir, func() error { return pr.dt.Write(context.Background(), sl, b) }); err != nil {
 		pr.mu.Lock()
 		_ = pr.alloc.Release(sl)
 		pr.mu.Unlock()
-		return fmt.Errorf("%w: page %d: %w", ErrPersist, p, err)
+		return fmt.Errorf("page %d: %w", p, err)
 	}
 	crc := crc32.Checksum(b, castagnoli)
 	pr.mu.Lock()
@@ -585,6 +655,9 @@ func (s *Store) persistSeq(id SeqID, sq *seq) error {
 		}
 		return nil
 	}
+	// A failure leaves sq unsaved: its next append persists again,
+	// whether a page sealed or not (a full disk that has space again).
+	sq.unsaved = true
 	v, err := s.sealPages(id, sq)
 	if err != nil {
 		return err
@@ -592,7 +665,11 @@ func (s *Store) persistSeq(id SeqID, sq *seq) error {
 	next := s.peekNextID()
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	return pr.commitLocked([]seqView{v}, nil, next)
+	if err := pr.commitLocked([]seqView{v}, nil, next); err != nil {
+		return err
+	}
+	sq.unsaved = false
+	return nil
 }
 
 // persistRelease records that id was released.
@@ -603,7 +680,7 @@ func (s *Store) persistRelease(id SeqID, sq *seq) error {
 	if sq.lenRec >= 0 {
 		pr.lenFree = append(pr.lenFree, sq.lenRec)
 		var z [lenRecBytes]byte
-		_, _ = pr.lenF.WriteAt(z[:], int64(sq.lenRec)*lenRecBytes)
+		pr.writeLens(z[:], sq.lenRec)
 		sq.lenRec = -1
 	}
 	if pr.mode == SyncPeriodic {
@@ -641,7 +718,7 @@ func (s *Store) noteLen(id SeqID, sq *seq) {
 	binary.LittleEndian.PutUint64(b[0:], uint64(id))
 	binary.LittleEndian.PutUint32(b[8:], uint32(maxLen(sq.lens)))
 	binary.LittleEndian.PutUint32(b[12:], crc32.Checksum(b[:12], castagnoli))
-	_, _ = s.pers.lenF.WriteAt(b[:], int64(sq.lenRec)*lenRecBytes)
+	s.pers.writeLens(b[:], sq.lenRec)
 }
 
 // readLenRec returns the length recorded for id at rec, or -1.
@@ -678,7 +755,7 @@ func (s *Store) Sync(ctx context.Context) error {
 	clear(pr.dirty)
 	pr.mu.Unlock()
 	var views []seqView
-	var dels []SeqID
+	var dels, failed []SeqID
 	var errs []error
 	for _, id := range ids {
 		sq, err := s.lock(id)
@@ -691,6 +768,7 @@ func (s *Store) Sync(ctx context.Context) error {
 		sq.mu.Unlock()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("sync seq %d: %w", id, err))
+			failed = append(failed, id)
 			continue
 		}
 		views = append(views, v)
@@ -698,6 +776,9 @@ func (s *Store) Sync(ctx context.Context) error {
 	next := s.peekNextID()
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
+	for _, id := range failed {
+		pr.dirty[id] = true // the next flush tries again
+	}
 	var known []SeqID
 	for _, id := range dels {
 		if _, ok := pr.committed[id]; ok {
@@ -713,7 +794,7 @@ func (s *Store) Sync(ctx context.Context) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("sync %s: %w", pr.dir, err)
+		return fmt.Errorf("pagestore: sync: %w", err)
 	}
 	return nil
 }
@@ -749,6 +830,7 @@ func (s *Store) closePersist() error {
 	if closed {
 		return nil
 	}
+	pr.closing.Store(true) // the failures from here on are a Close's
 	var views []seqView
 	var errs []error
 	s.seqMu.RLock()
@@ -783,7 +865,7 @@ func (s *Store) closePersist() error {
 			pr.mu.Unlock()
 			views = append(views, v)
 		} else {
-			errs = append(errs, fmt.Errorf("close seq %d: %w", id, err))
+			errs = append(errs, fmt.Errorf("seq %d: %w", id, pr.fail(opSaveClose, pr.dir, err)))
 		}
 		sq.mu.Unlock()
 	}
@@ -805,10 +887,10 @@ func (s *Store) closePersist() error {
 	pr.closed = true
 	pr.mu.Unlock()
 	if err := pr.closeFiles(); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, pr.fail(opCloseFiles, pr.dir, err))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("pagestore: close %s: %w", pr.dir, err)
+		return fmt.Errorf("pagestore: close: not every sequence saved in full: %w", err)
 	}
 	return nil
 }

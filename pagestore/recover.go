@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"path/filepath"
 	"slices"
 
 	bolt "go.etcd.io/bbolt"
@@ -107,7 +108,7 @@ func (s *Store) recoverAll() error {
 		if errors.Is(err, ErrInvalidConfig) {
 			return fmt.Errorf("pagestore: data dir %s: %w", pr.dir, err)
 		}
-		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
+		return fmt.Errorf("pagestore: open data dir: %w", pr.fail(opRecover, filepath.Join(pr.dir, storeDBName), err))
 	}
 
 	// Check every sequence's pages, reading each slot once.
@@ -238,8 +239,8 @@ func (s *Store) recoverAll() error {
 			pr.lenFree = append(pr.lenFree, r)
 		}
 	}
-	if err := pr.lenF.Truncate(int64(pr.lenNext) * lenRecBytes); err != nil {
-		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
+	if err := pr.do(opRecover, pr.lenF.Name(), func() error { return pr.lenF.Truncate(int64(pr.lenNext) * lenRecBytes) }); err != nil {
+		return fmt.Errorf("pagestore: open data dir: %w", err)
 	}
 	for sl := range corrupt {
 		rep.CorruptSlots = append(rep.CorruptSlots, sl)
@@ -254,12 +255,12 @@ func (s *Store) recoverAll() error {
 			continue
 		}
 		if err := pr.dt.Free(ctx, sl); err != nil && !errors.Is(err, tier.ErrEmpty) {
-			return fmt.Errorf("pagestore: data dir %s: free orphan slot %d: %w: %w", pr.dir, sl, ErrPersist, err)
+			return fmt.Errorf("pagestore: open data dir: free orphan slot %d: %w", sl, pr.fail(opRecover, pr.dir, err))
 		}
 		rep.OrphanSlots++
 	}
-	if err := pr.dt.Sync(ctx); err != nil {
-		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
+	if err := pr.do(opRecover, pr.dir, func() error { return pr.dt.Sync(ctx) }); err != nil {
+		return fmt.Errorf("pagestore: open data dir: %w", err)
 	}
 	alloc, err := tier.NewAllocator(nslot, keep...)
 	if err != nil {
@@ -299,7 +300,7 @@ func (s *Store) recoverAll() error {
 		return tx.Bucket(bkMeta).Put(kNextID, seqKey(s.nextID))
 	})
 	if err != nil {
-		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
+		return fmt.Errorf("pagestore: open data dir: %w", pr.fail(opRecover, filepath.Join(pr.dir, storeDBName), err))
 	}
 	pr.nextID = s.nextID
 	pr.report = rep

@@ -84,6 +84,7 @@ type seq struct {
 	sealedUpTo int   // leading pages whose payload holds a sealed slot
 	lenRec     int32 // index of the sequence's length record
 	dirty      bool  // periodic: queued for the flusher
+	unsaved    bool  // sync-on-write: its last persist failed
 }
 
 type cowPage struct {
@@ -606,7 +607,7 @@ func (s *Store) appendN(id SeqID, layer, n int, write func(pages []int32, slot i
 	}
 	if s.pers != nil {
 		s.noteLen(id, sq)
-		if minLen(sq.lens)/S > sq.sealedUpTo {
+		if minLen(sq.lens)/S > sq.sealedUpTo || sq.unsaved {
 			if err := s.persistSeq(id, sq); err != nil {
 				return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
 			}

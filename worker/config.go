@@ -100,6 +100,15 @@ type Config struct {
 	// ([RecoveredSeq.Placement]), so that a coordinator adopts a
 	// recovered sequence only on the nodes that held it. Default none.
 	Placement []string
+	// OnPersistError, when set with DataDir, is called with every failed
+	// operation on a file of the data directory: the hosted ranks' page
+	// stores' (pagestore.Config.OnPersistError: the periodic flusher's
+	// and a Close's included) and the sequence table's. Its
+	// *pagestore.IOError names the file (Path, Err) for the node's log;
+	// its message, which the worker's callers get, does not. Called on
+	// the goroutine that met the failure, possibly with locks held: it
+	// must return quickly and not call the worker. Default nil.
+	OnPersistError func(*pagestore.IOError)
 }
 
 // DefaultConfig returns a single-rank configuration with the documented
@@ -179,6 +188,7 @@ func (c Config) shardConfig(r Rank) shard.Config {
 	st.MemoryLimit = memlimit.NoLimit
 	if c.DataDir != "" {
 		st.DataDir, st.Durability, st.SyncInterval = RankDir(c.DataDir, r), c.Durability, c.SyncInterval
+		st.OnPersistError = c.OnPersistError
 	}
 	return shard.Config{Store: st, Policy: c.policy(), DeviceResident: c.DeviceResident,
 		PrefetchPages: c.PrefetchPages, PrefetchCrossLayer: c.PrefetchCrossLayer}

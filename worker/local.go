@@ -216,7 +216,7 @@ func (l *Local) Close() error {
 	}
 	if l.db != nil {
 		if err := l.db.Close(); err != nil && first == nil {
-			first = fmt.Errorf("worker: data dir %s: close sequence table: %w", l.cfg.DataDir, err)
+			first = fmt.Errorf("worker: close: %w", l.ioError("close sequence table", l.tablePath(), err))
 		}
 	}
 	return first

@@ -169,7 +169,7 @@ func (l *Local) openTable(ranks []Rank) error {
 	c := l.cfg
 	dir := c.DataDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("worker: data dir %s: %w", dir, err)
+		return fmt.Errorf("worker: open data dir: %w", l.ioError("create data directory", dir, err))
 	}
 	path := filepath.Join(dir, tableName)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond})
@@ -177,7 +177,7 @@ func (l *Local) openTable(ranks []Rank) error {
 		return fmt.Errorf("worker: data dir %s: %s is locked by another worker, in this process or another: %w", dir, path, pagestore.ErrInUse)
 	}
 	if err != nil {
-		return fmt.Errorf("worker: data dir %s: %w: %w", dir, pagestore.ErrPersist, err)
+		return fmt.Errorf("worker: open data dir: %w", l.ioError("open sequence table", path, err))
 	}
 	f := tableFormat{Version: 1, Layers: c.Layers, Geometry: c.Geometry, CP: c.CP, TP: c.TP}
 	f.Ranks = ranks
@@ -200,11 +200,28 @@ func (l *Local) openTable(ranks []Rank) error {
 	})
 	if err != nil {
 		db.Close()
-		return fmt.Errorf("worker: data dir %s: %w", dir, err)
+		if errors.Is(err, pagestore.ErrInvalidConfig) {
+			return fmt.Errorf("worker: data dir %s: %w", dir, err)
+		}
+		return fmt.Errorf("worker: open data dir: %w", l.ioError("commit sequence table", path, err))
 	}
 	l.nextKey = max(l.nextKey, 1)
 	l.db = db
 	return nil
+}
+
+// tablePath is the file of the sequence table.
+func (l *Local) tablePath() string { return filepath.Join(l.cfg.DataDir, tableName) }
+
+// ioError is err of op on the file path of the data directory as a
+// *pagestore.IOError (its message names no path), reported to
+// Config.OnPersistError.
+func (l *Local) ioError(op, path string, err error) error {
+	e := &pagestore.IOError{Op: op, Path: path, Err: err, Closing: l.closed}
+	if l.cfg.OnPersistError != nil {
+		l.cfg.OnPersistError(e)
+	}
+	return e
 }
 
 // putEntry commits sq's table entry, giving it a key when it has none.
@@ -239,7 +256,7 @@ func (l *Local) putEntry(seq uint64, sq *seqState) error {
 		return tx.Bucket(bkWorkerMeta).Put(kWorkerNext, entryKey(max(l.nextKey, key+1)))
 	})
 	if err != nil {
-		return fmt.Errorf("data dir %s: sequence table: %w: %w", l.cfg.DataDir, pagestore.ErrPersist, err)
+		return l.ioError("commit sequence table", l.tablePath(), err)
 	}
 	if sq.key == 0 {
 		sq.key = key
@@ -256,7 +273,7 @@ func (l *Local) deleteEntry(sq *seqState) error {
 	}
 	err := l.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bkWorkerSeqs).Delete(entryKey(sq.key)) })
 	if err != nil {
-		return fmt.Errorf("data dir %s: sequence table: %w: %w", l.cfg.DataDir, pagestore.ErrPersist, err)
+		return l.ioError("commit sequence table", l.tablePath(), err)
 	}
 	return nil
 }
@@ -308,7 +325,7 @@ func (l *Local) recoverTable() error {
 		})
 	})
 	if err != nil {
-		return fmt.Errorf("worker: data dir %s: sequence table: %w: %w", c.DataDir, pagestore.ErrPersist, err)
+		return fmt.Errorf("worker: open data dir: %w", l.ioError("read sequence table", l.tablePath(), err))
 	}
 	var dead []uint64
 	for _, it := range entries {
@@ -385,7 +402,7 @@ func (l *Local) recoverTable() error {
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("worker: data dir %s: sequence table: %w: %w", c.DataDir, pagestore.ErrPersist, err)
+			return fmt.Errorf("worker: open data dir: %w", l.ioError("commit sequence table", l.tablePath(), err))
 		}
 	}
 	slices.SortFunc(rep.Sequences, func(a, b RecoveredSeq) int { return compareU64(a.Key, b.Key) })

@@ -28,11 +28,17 @@
 // the same coordinator's grid of the same shape recovers them when it
 // opens again (the recovery is logged, lost tail tokens exactly, and
 // counted in questrt_recovery_*). One questd per directory: a second one
-// exits 1 naming it.
+// exits 1 naming it. A full disk (ENOSPC, EDQUOT) fails the calls that
+// persist with RESOURCE_EXHAUSTED, "disk full" and no server path in the
+// message (the change is in memory, not durable; the next one persists
+// it once there is space); another I/O error fails them with INTERNAL.
+// The node logs each failure with its file and counts it in
+// questrt_persist_errors_total{kind} (persisterr.go).
 //
 // SIGTERM or SIGINT drains the in-flight calls (up to --drain-timeout),
 // leaves the cluster and exits 0 (a --data-dir node persists every
-// sequence, tails included, first). SIGHUP reloads the TLS certificate,
+// sequence, tails included, first; when it cannot, a full disk, it logs
+// which files failed and exits 1). SIGHUP reloads the TLS certificate,
 // key and CA (new connections, incoming and outgoing, use them; a file
 // that does not load keeps the old ones). --token-file guards the client API with a bearer token;
 // --print-config prints the effective configuration as YAML for

@@ -27,6 +27,7 @@ type metrics struct {
 	read    prometheus.Counter       // questrt_pages_read_total
 	total   prometheus.Counter       // questrt_pages_total
 	peerErr *prometheus.CounterVec   // questrt_collective_errors_total{peer,kind}
+	persist *prometheus.CounterVec   // questrt_persist_errors_total{kind} (persistWatch)
 }
 
 // newMetrics registers questd's metrics on reg; st is the readiness whose
@@ -55,6 +56,13 @@ func newMetrics(reg prometheus.Registerer, st *readiness) (*metrics, error) {
 			Name: "questrt_collective_errors_total",
 			Help: "Decode steps this node coordinated that failed because of a peer, by the peer's node name and kind: unavailable (unreachable, its worker or collective transport gone, or declared gone by the membership while the step ran), timeout (its call passed the step's deadline; a stalled node makes its grid's other nodes time out too) or other (another error it answered). A step counts once per peer and kind; nodes that only relayed another's failure (a collective abort or closed peer) are counted only when no node failed by itself.",
 		}, []string{"peer", "kind"}),
+		persist: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "questrt_persist_errors_total",
+			Help: "Failed operations on the files of --data-dir by the grids hosted on this node (page writes, metadata commits, syncs, the periodic flusher's, the saves at a grid's close), by kind: disk_full (ENOSPC or EDQUOT: the client gets RESOURCE_EXHAUSTED), io (another operating system error) or other. The change stays in memory but is not durable; each is logged with the file.",
+		}, []string{"kind"}),
+	}
+	for _, k := range []string{persistDiskFull, persistIO, persistOther} {
+		m.persist.WithLabelValues(k)
 	}
 	bi := buildinfo.Read()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -64,7 +72,7 @@ func newMetrics(reg prometheus.Registerer, st *readiness) (*metrics, error) {
 	})
 	build.Set(1)
 	for _, c := range []prometheus.Collector{
-		m.phase, m.steps, m.read, m.total, m.peerErr, build, newStateCollector(st), newHealthScore(),
+		m.phase, m.steps, m.read, m.total, m.peerErr, m.persist, build, newStateCollector(st), newHealthScore(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
 		if err := reg.Register(c); err != nil {

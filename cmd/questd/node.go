@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -110,6 +111,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	if err != nil {
 		return err
 	}
+	pw := newPersistWatch(m, log.With("component", "persist"))
 	warnOpenFiles(cfg, log)
 	var ms *httpServer
 	if cfg.MetricsAddr != "" {
@@ -175,6 +177,7 @@ wait:
 		}
 	}
 	st.drain()
+	pw.beginStop()
 	if api != nil {
 		actx, cancel := context.WithTimeout(context.Background(), max(cfg.DrainTimeout, time.Second))
 		api.stop(actx, log)
@@ -188,5 +191,5 @@ wait:
 	if serveErr != nil {
 		return fmt.Errorf("serve: %w", serveErr)
 	}
-	return stopErr
+	return errors.Join(stopErr, pw.stopError())
 }

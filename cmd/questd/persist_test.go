@@ -66,6 +66,14 @@ func startQuestdEnv(t *testing.T, env []string, args ...string) *questdProc {
 	if err != nil {
 		t.Fatal(err)
 	}
+	awaitReady(t, p)
+	return p
+}
+
+// awaitReady waits for the ready line of p (spawned) and parses it into
+// p.ready.
+func awaitReady(t *testing.T, p *questdProc) {
+	t.Helper()
 	lines := make(chan string, 1)
 	go func() { // ends at EOF, when the process ends
 		br := bufio.NewReader(p.stdout)
@@ -83,7 +91,6 @@ func startQuestdEnv(t *testing.T, env []string, args ...string) *questdProc {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("questd printed no ready line in 20 s\nstderr:\n%s", p.stderr.String())
 	}
-	return p
 }
 
 // spawnQuestd starts the process without waiting for anything.
@@ -95,11 +102,20 @@ func spawnQuestd(t *testing.T, args ...string) (*questdProc, error) {
 // spawnQuestdEnv is spawnQuestd with env added to the environment.
 func spawnQuestdEnv(t *testing.T, env []string, args ...string) (*questdProc, error) {
 	t.Helper()
+	return spawnQuestdVia(t, nil, env, args...)
+}
+
+// spawnQuestdVia is spawnQuestdEnv with the process started by the
+// command wrap, given questd's path and arguments after its own (none:
+// questd itself).
+func spawnQuestdVia(t *testing.T, wrap, env []string, args ...string) (*questdProc, error) {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe, args...)
+	argv := append(append(slices.Clone(wrap), exe), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(append(os.Environ(), asQuestdEnv+"=1"), env...)
 	r, w, err := os.Pipe()
 	if err != nil {
