@@ -159,6 +159,10 @@ type persist struct {
 	dt   *disktier.Tier
 	lenF *os.File
 
+	// syncMu serializes Sync (the flusher's and callers'): a Sync that
+	// ran while another held the dirty set would find it empty and
+	// report success for changes not yet durable.
+	syncMu     sync.Mutex
 	mu         sync.Mutex
 	alloc      *tier.Allocator
 	pslot      []int32 // page -> slot holding its payload, -1
@@ -747,6 +751,8 @@ func (s *Store) Sync(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("sync: %w", err)
 	}
+	pr.syncMu.Lock()
+	defer pr.syncMu.Unlock()
 	pr.mu.Lock()
 	ids := make([]SeqID, 0, len(pr.dirty))
 	for id := range pr.dirty {
