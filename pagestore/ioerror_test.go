@@ -5,15 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/questrt/questrt/internal/tmpfstest"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/pagestore/tier"
 )
@@ -300,9 +299,6 @@ func TestLengthsFileErrors(t *testing.T) {
 	}
 }
 
-// tmpfsEnv names the tmpfs that TestDiskFullTmpfs runs itself in.
-const tmpfsEnv = "PAGESTORE_TEST_TMPFS"
-
 // TestDiskFullTmpfs: on a real 256 KiB tmpfs (mounted in a user and
 // mount namespace of its own: the test skips where that is not
 // permitted) appends fill the disk: the first failure wraps ErrDiskFull
@@ -310,44 +306,12 @@ const tmpfsEnv = "PAGESTORE_TEST_TMPFS"
 // a file in the directory; a Close then reports its failures as a
 // Close's.
 func TestDiskFullTmpfs(t *testing.T) {
-	if dir := os.Getenv(tmpfsEnv); dir != "" {
-		diskFullInTmpfs(t, dir)
-		return
-	}
-	if runtime.GOOS != "linux" {
-		t.Skip("tmpfs in a user namespace: Linux only")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		t.Skip("no unshare(1)")
-	}
-	dir := t.TempDir()
-	cmd := exec.Command(unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
-		`mount -t tmpfs -o size=256k questrt-test "$1" || exit 99; shift; exec "$@"`, "sh", dir,
-		os.Args[0], "-test.run=^TestDiskFullTmpfs$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), tmpfsEnv+"="+dir)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && (ee.ExitCode() == 99 || strings.HasPrefix(string(out), "unshare: ")) {
-		t.Skipf("cannot mount a tmpfs in a namespace of this test's own: %s", strings.TrimSpace(string(out)))
-	}
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestDiskFullTmpfs") {
-		t.Fatalf("in the tmpfs: %v\n%s", err, out)
-	}
-	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "tmpfs:") {
-			t.Log(strings.TrimSpace(l))
-		}
-	}
+	tmpfstest.Run(t, 256, diskFullInTmpfs)
 }
 
 // diskFullInTmpfs is TestDiskFullTmpfs inside the namespace, dir the
 // tmpfs.
 func diskFullInTmpfs(t *testing.T, dir string) {
-	var fs syscall.Statfs_t
-	if err := syscall.Statfs(dir, &fs); err != nil || fs.Type != 0x01021994 || fs.Blocks*uint64(fs.Bsize) > 1<<20 {
-		t.Fatalf("%s is no small tmpfs: %+v, %v", dir, fs, err)
-	}
 	f := &faults{}
 	c := pConfig(filepath.Join(dir, "store"))
 	c.Capacity = 512

@@ -5,15 +5,14 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/internal/tmpfstest"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
@@ -110,9 +109,6 @@ func TestPersistErrorsReported(t *testing.T) {
 	}
 }
 
-// tmpfsEnv names the tmpfs TestPersistDiskFullTmpfs runs itself in.
-const tmpfsEnv = "WORKER_TEST_TMPFS"
-
 // TestPersistDiskFullTmpfs: a persisting worker on a real 512 KiB tmpfs
 // (mounted in a user and mount namespace of its own; skipped where that
 // is not permitted) fills it: the append that fails wraps
@@ -120,42 +116,10 @@ const tmpfsEnv = "WORKER_TEST_TMPFS"
 // Config.OnPersistError got the file, and the Close that cannot save the
 // tails fails with ErrDiskFull, its failures reported as a Close's.
 func TestPersistDiskFullTmpfs(t *testing.T) {
-	if dir := os.Getenv(tmpfsEnv); dir != "" {
-		persistDiskFullIn(t, dir)
-		return
-	}
-	if runtime.GOOS != "linux" {
-		t.Skip("tmpfs in a user namespace: Linux only")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		t.Skip("no unshare(1)")
-	}
-	dir := t.TempDir()
-	cmd := exec.Command(unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
-		`mount -t tmpfs -o size=512k questrt-test "$1" || exit 99; shift; exec "$@"`, "sh", dir,
-		os.Args[0], "-test.run=^TestPersistDiskFullTmpfs$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), tmpfsEnv+"="+dir)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && (ee.ExitCode() == 99 || strings.HasPrefix(string(out), "unshare: ")) {
-		t.Skipf("cannot mount a tmpfs in a namespace of this test's own: %s", strings.TrimSpace(string(out)))
-	}
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestPersistDiskFullTmpfs") {
-		t.Fatalf("in the tmpfs: %v\n%s", err, out)
-	}
-	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "tmpfs:") {
-			t.Log(strings.TrimSpace(l))
-		}
-	}
+	tmpfstest.Run(t, 512, persistDiskFullIn)
 }
 
 func persistDiskFullIn(t *testing.T, dir string) {
-	var fs syscall.Statfs_t
-	if err := syscall.Statfs(dir, &fs); err != nil || fs.Type != 0x01021994 || fs.Blocks*uint64(fs.Bsize) > 1<<20 {
-		t.Fatalf("%s is no small tmpfs: %+v, %v", dir, fs, err)
-	}
 	rec := &persistRecorder{}
 	l, cfg := newPersistLocal(t, filepath.Join(dir, "grid"), rec, 512)
 	rng := rand.New(rand.NewPCG(2, 2))
