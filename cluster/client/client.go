@@ -155,8 +155,9 @@ func Dial(ctx context.Context, addr string, opt Options) (*Client, error) {
 	if max <= 0 {
 		max = 256 << 20
 	}
-	dopts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max))}
+	dopts := append([]grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max))},
+		wire.DialFlowOptions()...) // no BDP pings on the replies
 	if opt.Token != "" {
 		tc, err := TokenCredentials(addr, opt.Token, creds)
 		if err != nil {

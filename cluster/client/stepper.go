@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"sync"
 	"time"
@@ -245,24 +244,16 @@ func finite(x []float32) bool {
 	return true
 }
 
-// End implements decode.Step: after the model's last layer it waits for
-// the coordinator to end the stream; before it, it cancels the stream
-// (the coordinator fails the step: the new tokens of the layers that ran
-// stay appended).
+// End implements decode.Step. It ends the stream at once: after the
+// model's last layer the coordinator ends the step behind its last reply
+// (its workers' EndStep round, which the next step over the grid waits
+// for in its Begin, not this client); before it, the coordinator fails
+// the step (the new tokens of the layers that ran stay appended).
 func (st *clientStep) End(context.Context) error {
 	if st.ended {
 		return decode.ErrStepEnded
 	}
 	st.ended = true
-	defer st.cancel()
-	if st.failed != nil || st.next < st.g.Layers {
-		return nil
-	}
-	if err := st.stream.CloseSend(); err != nil {
-		return nil
-	}
-	if _, err := st.stream.Recv(); err != nil && !errors.Is(err, io.EOF) {
-		return stepErr("end step", err)
-	}
+	st.cancel()
 	return nil
 }

@@ -436,6 +436,21 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 		rep := &decodev1.StepsReply{Layer: uint32(l),
 			O:   wire.Float32Tensor(res.O.Data, n, ec.QHeads, ec.HeadDim),
 			Lse: wire.Float32Tensor(res.LSE, n, ec.QHeads), Plans: plansProto(res.Plans), Time: timesProto(res.Time)}
+		if l == last-1 && req.GetBegin() {
+			// A Stepper's stream (begin): the last reply goes out first
+			// and the step ends behind it (the workers' EndStep round off
+			// the client's path; the client does not wait for it, and
+			// the grid's next step waits for it in Begin). The step ran:
+			// End's context outlives a client that goes once it has
+			// its reply.
+			ended = true
+			rep.TotalNs = time.Since(start).Nanoseconds()
+			serr := stream.Send(rep)
+			if err := st.End(context.WithoutCancel(ctx)); err != nil {
+				return statusCtx(ctx, fmt.Errorf("steps: %w", err))
+			}
+			return serr
+		}
 		if l == last-1 {
 			ended = true
 			if err := st.End(ctx); err != nil {

@@ -27,6 +27,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	"github.com/questrt/questrt/api/wire"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/cluster/coord"
@@ -244,7 +245,14 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if n.m, err = cluster.NewMembership(ctx, mc); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
+	// The coordinator reaches this node's own worker server in process
+	// (remote.Server.LocalConn), the other nodes over gRPC; with
+	// GRPCAdvertise (a proxy or NAT in front of the node) its own calls
+	// go through the advertised address too, as every node's do.
 	n.pool = &pool{creds: creds, m: map[string]*grpc.ClientConn{}}
+	if cfg.GRPCAdvertise == "" {
+		n.pool.self, n.pool.local = n.addr, n.ws.LocalConn
+	}
 	if n.co, err = coord.New(coord.Config{Name: mc.Name, Instance: n.m.Instance(), Engine: cfg.Engine, View: n.m.View, Conn: n.pool.get,
 		GridIdle: cfg.GridIdle, Logger: log.With("component", "coordinator"), Observe: cfg.Observe}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
@@ -467,11 +475,16 @@ func (n *Node) sweep() {
 	}
 }
 
-// pool caches one client connection per node address.
+// pool caches one client connection per node address. The node's own
+// address (self) gets local over the gRPC connection: its Worker API
+// calls run in process, the rest go over gRPC.
 type pool struct {
 	creds credentials.TransportCredentials
 	mu    sync.Mutex
 	m     map[string]*grpc.ClientConn
+	self  string
+	local func(fallback grpc.ClientConnInterface) grpc.ClientConnInterface
+	loc   grpc.ClientConnInterface
 }
 
 func (p *pool) get(addr string) (grpc.ClientConnInterface, error) {
@@ -483,15 +496,25 @@ func (p *pool) get(addr string) (grpc.ClientConnInterface, error) {
 	if p.m == nil {
 		return nil, errors.New("node stopped")
 	}
-	if cc, ok := p.m[addr]; ok {
-		return cc, nil
+	if p.local != nil && addr == p.self && p.loc != nil {
+		return p.loc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)))
-	if err != nil {
-		return nil, err
+	cc, ok := p.m[addr]
+	if !ok {
+		var err error
+		opts := append([]grpc.DialOption{grpc.WithTransportCredentials(p.creds),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes))},
+			wire.DialFlowOptions()...) // no BDP pings on the workers' replies
+		cc, err = grpc.NewClient(addr, opts...)
+		if err != nil {
+			return nil, err
+		}
+		p.m[addr] = cc
 	}
-	p.m[addr] = cc
+	if addr == p.self && p.local != nil {
+		p.loc = p.local(cc)
+		return p.loc, nil
+	}
 	return cc, nil
 }
 

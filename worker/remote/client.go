@@ -34,6 +34,9 @@ type Client struct {
 	ref       *workerv1.GridRef
 	geo       geometry
 	recovered []worker.RecoveredSeq // by ConnectGrid (see Recovered)
+	// calls runs the decode steps' BeginStep, Layer and EndStep calls,
+	// one Calls stream per step.
+	calls *callStream
 }
 
 var _ worker.Worker = (*Client)(nil)
@@ -42,7 +45,7 @@ var _ worker.Worker = (*Client)(nil)
 // is the grid's config (its geometry shapes the tensors). The grid must
 // be open and connected on the node (see [OpenGrid]).
 func NewClient(conn grpc.ClientConnInterface, ref GridRef, cfg worker.Config) *Client {
-	return &Client{api: workerv1.NewWorkerClient(conn), ref: ref.proto(), geo: geometryOf(cfg)}
+	return &Client{api: workerv1.NewWorkerClient(conn), ref: ref.proto(), geo: geometryOf(cfg), calls: newCallStream(conn)}
 }
 
 // Ref returns the client's grid.
@@ -115,7 +118,7 @@ func (c *Client) BeginStep(ctx context.Context, m worker.BeginRequest) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.api.BeginStep(ctx, r)
+	err = c.calls.invoke(ctx, workerv1.Worker_BeginStep_FullMethodName, r, new(workerv1.Ack), false)
 	return FromStatus(err)
 }
 
@@ -135,7 +138,8 @@ func (c *Client) Layer(ctx context.Context, m worker.LayerRequest, rep *worker.L
 		return err
 	}
 	var trailer metadata.MD
-	out, err := c.api.Layer(ctx, r, grpc.Trailer(&trailer))
+	out := new(workerv1.LayerReply)
+	err = c.calls.invoke(ctx, workerv1.Worker_Layer_FullMethodName, r, out, false, grpc.Trailer(&trailer))
 	if err != nil {
 		if !fromNode(err) && carriesTokens(m) {
 			// No answer: the node may have taken the new tokens or not.
@@ -176,7 +180,8 @@ func (c *Client) EndStep(ctx context.Context, m worker.EndRequest) error {
 	if err != nil {
 		return err
 	}
-	_, err = c.api.EndStep(ctx, r)
+	// The step's last call: it ends the step's Calls stream.
+	err = c.calls.invoke(ctx, workerv1.Worker_EndStep_FullMethodName, r, new(workerv1.Ack), true)
 	return FromStatus(err)
 }
 
@@ -224,12 +229,13 @@ func OpenGrid(ctx context.Context, nodes []NodeRanks, ref GridRef, cfg worker.Co
 	}
 	pref := ref.proto()
 	apis := make([]workerv1.WorkerClient, len(nodes))
+	conns := make([]grpc.ClientConnInterface, len(nodes))
 	opened := make([]bool, len(nodes))
 	peers := make([]string, cfg.TP*cfg.CP)
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
-		apis[i] = workerv1.NewWorkerClient(n.Conn)
+		apis[i], conns[i] = workerv1.NewWorkerClient(n.Conn), n.Conn
 		e := &enc{what: "open grid request"}
 		req := &workerv1.OpenGridRequest{Ref: pref, Config: gc}
 		for _, r := range n.Ranks {
@@ -306,7 +312,7 @@ func OpenGrid(ctx context.Context, nodes []NodeRanks, ref GridRef, cfg worker.Co
 	}
 	out := make([]*Client, len(nodes))
 	for i := range nodes {
-		out[i] = &Client{api: apis[i], ref: pref, geo: geometryOf(cfg), recovered: recovered[i]}
+		out[i] = &Client{api: apis[i], ref: pref, geo: geometryOf(cfg), recovered: recovered[i], calls: newCallStream(conns[i])}
 	}
 	return out, nil
 }
@@ -318,6 +324,7 @@ func CloseGrid(ctx context.Context, clients ...*Client) error {
 	errs := make([]error, len(clients))
 	var wg sync.WaitGroup
 	for i, c := range clients {
+		c.calls.drop() // a step in progress ends with the grid
 		wg.Go(func() {
 			if _, err := c.api.CloseGrid(ctx, &workerv1.CloseGridRequest{Ref: c.ref}); err != nil {
 				errs[i] = fmt.Errorf("close grid %s: %w", c.ref.Grid, FromStatus(err))

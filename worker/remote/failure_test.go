@@ -33,6 +33,28 @@ func (h *hookConn) Invoke(ctx context.Context, method string, args, reply any, o
 	return h.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
 }
 
+// NewStream hooks the calls of a Calls stream (a decode step's BeginStep,
+// Layer and EndStep) as Invoke hooks unary ones.
+func (h *hookConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := h.ClientConnInterface.NewStream(ctx, desc, method, opts...)
+	if err != nil || method != workerv1.Worker_Calls_FullMethodName {
+		return s, err
+	}
+	return &hookStream{ClientStream: s, h: h}, nil
+}
+
+type hookStream struct {
+	grpc.ClientStream
+	h *hookConn
+}
+
+func (s *hookStream) SendMsg(m any) error {
+	if c, ok := m.(*workerv1.Call); ok && c.GetMethod() == s.h.method {
+		s.h.once.Do(s.h.before)
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
 // TestNodeLost stops one of three nodes (its grpc.Server and its Server)
 // between steps, and another just as a step's Layer call is sent to it:
 // the step fails promptly, well inside the 2 s step deadline, with an

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/questrt/questrt/api/wire"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/collective/grpctransport"
 	"github.com/questrt/questrt/internal/memlimit"
@@ -681,6 +682,10 @@ func (s *Server) connect(ctx context.Context, g *grid, dir string, lis []net.Lis
 		tc.Peers = peers[rk.TP*c.CP : (rk.TP+1)*c.CP]
 		tc.Listener = lis[i]
 		tc.TLS, tc.Plaintext, tc.Logger = s.cfg.TLS, s.cfg.Plaintext, s.log
+		// Fixed windows, no BDP pings: a layer's exchanges are small
+		// messages answered at once (wire.FlowWindow).
+		tc.ServerOptions = append(tc.ServerOptions, wire.ServerFlowOptions()...)
+		tc.DialOptions = append(tc.DialOptions, wire.DialFlowOptions()...)
 		wg.Go(func() {
 			var err error
 			if trs[i], err = grpctransport.New(ctx, tc); err != nil {

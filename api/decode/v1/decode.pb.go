@@ -792,7 +792,10 @@ type StepsRequest struct {
 	// new_token, no tensors); the server answers with a reply whose begun
 	// is set (or ends the stream with the reason it refused the step), and
 	// every later message runs one layer. Without it the first message
-	// also runs the first layer.
+	// also runs the first layer. With it the server sends the last layer's
+	// reply before it ends the step (the workers' EndStep round), so the
+	// client need not wait for the end of the stream: a later step over
+	// the same grid waits for that end in its own begin.
 	Begin         bool `protobuf:"varint,6,opt,name=begin,proto3" json:"begin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -879,7 +882,8 @@ type StepsReply struct {
 	Plans []*Plan    `protobuf:"bytes,4,rep,name=plans,proto3" json:"plans,omitempty"`
 	Time  *v1.Times  `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
 	// total_ns: in the last layer's reply, the coordinator's wall time of
-	// the whole step.
+	// the whole step (after a begin message: up to this reply, the step's
+	// end follows it).
 	TotalNs int64 `protobuf:"varint,6,opt,name=total_ns,json=totalNs,proto3" json:"total_ns,omitempty"`
 	// begun answers a begin message: the step is open (no layer ran).
 	Begun         bool `protobuf:"varint,7,opt,name=begun,proto3" json:"begun,omitempty"`

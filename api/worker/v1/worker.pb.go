@@ -86,6 +86,197 @@ func (DType) EnumDescriptor() ([]byte, []int) {
 	return file_worker_v1_worker_proto_rawDescGZIP(), []int{0}
 }
 
+// Call is one unary call of the Worker service on a Calls stream.
+type Call struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// method: the method's full name ("/questrt.worker.v1.Worker/Layer");
+	// request: its request message, serialized.
+	Method  string `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
+	Request []byte `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	// timeout_ns: the caller's deadline as a timeout from when it sent
+	// the call (0: none), as a unary call's grpc-timeout.
+	TimeoutNs int64 `protobuf:"varint,3,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	// last: the stream's last call; the server ends the stream (OK) once
+	// it answered it.
+	Last          bool `protobuf:"varint,4,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Call) Reset() {
+	*x = Call{}
+	mi := &file_worker_v1_worker_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Call) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Call) ProtoMessage() {}
+
+func (x *Call) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Call.ProtoReflect.Descriptor instead.
+func (*Call) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Call) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *Call) GetRequest() []byte {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *Call) GetTimeoutNs() int64 {
+	if x != nil {
+		return x.TimeoutNs
+	}
+	return 0
+}
+
+func (x *Call) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+// Answer is a Call's answer: the method's reply (serialized), or the
+// google.rpc.Status of its error (serialized; reply then absent), and the
+// trailer the method set.
+type Answer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reply         []byte                 `protobuf:"bytes,1,opt,name=reply,proto3" json:"reply,omitempty"`
+	Status        []byte                 `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	Trailer       []*MetadataEntry       `protobuf:"bytes,3,rep,name=trailer,proto3" json:"trailer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Answer) Reset() {
+	*x = Answer{}
+	mi := &file_worker_v1_worker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Answer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Answer) ProtoMessage() {}
+
+func (x *Answer) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Answer.ProtoReflect.Descriptor instead.
+func (*Answer) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Answer) GetReply() []byte {
+	if x != nil {
+		return x.Reply
+	}
+	return nil
+}
+
+func (x *Answer) GetStatus() []byte {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *Answer) GetTrailer() []*MetadataEntry {
+	if x != nil {
+		return x.Trailer
+	}
+	return nil
+}
+
+// MetadataEntry is one value of a metadata key.
+type MetadataEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetadataEntry) Reset() {
+	*x = MetadataEntry{}
+	mi := &file_worker_v1_worker_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetadataEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetadataEntry) ProtoMessage() {}
+
+func (x *MetadataEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetadataEntry.ProtoReflect.Descriptor instead.
+func (*MetadataEntry) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MetadataEntry) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *MetadataEntry) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
 // Tensor is a dense row-major array: data holds prod(shape) elements of
 // dtype, little-endian. An absent tensor (nil in Go) and an empty one
 // (a zero in shape) differ.
@@ -100,7 +291,7 @@ type Tensor struct {
 
 func (x *Tensor) Reset() {
 	*x = Tensor{}
-	mi := &file_worker_v1_worker_proto_msgTypes[0]
+	mi := &file_worker_v1_worker_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -112,7 +303,7 @@ func (x *Tensor) String() string {
 func (*Tensor) ProtoMessage() {}
 
 func (x *Tensor) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[0]
+	mi := &file_worker_v1_worker_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -125,7 +316,7 @@ func (x *Tensor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tensor.ProtoReflect.Descriptor instead.
 func (*Tensor) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{0}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Tensor) GetDtype() DType {
@@ -160,7 +351,7 @@ type GridRef struct {
 
 func (x *GridRef) Reset() {
 	*x = GridRef{}
-	mi := &file_worker_v1_worker_proto_msgTypes[1]
+	mi := &file_worker_v1_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -172,7 +363,7 @@ func (x *GridRef) String() string {
 func (*GridRef) ProtoMessage() {}
 
 func (x *GridRef) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[1]
+	mi := &file_worker_v1_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -185,7 +376,7 @@ func (x *GridRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GridRef.ProtoReflect.Descriptor instead.
 func (*GridRef) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{1}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GridRef) GetGrid() string {
@@ -212,7 +403,7 @@ type Rank struct {
 
 func (x *Rank) Reset() {
 	*x = Rank{}
-	mi := &file_worker_v1_worker_proto_msgTypes[2]
+	mi := &file_worker_v1_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +415,7 @@ func (x *Rank) String() string {
 func (*Rank) ProtoMessage() {}
 
 func (x *Rank) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[2]
+	mi := &file_worker_v1_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +428,7 @@ func (x *Rank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rank.ProtoReflect.Descriptor instead.
 func (*Rank) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{2}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Rank) GetTp() uint32 {
@@ -272,7 +463,7 @@ type Policy struct {
 
 func (x *Policy) Reset() {
 	*x = Policy{}
-	mi := &file_worker_v1_worker_proto_msgTypes[3]
+	mi := &file_worker_v1_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +475,7 @@ func (x *Policy) String() string {
 func (*Policy) ProtoMessage() {}
 
 func (x *Policy) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[3]
+	mi := &file_worker_v1_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +488,7 @@ func (x *Policy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Policy.ProtoReflect.Descriptor instead.
 func (*Policy) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{3}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Policy) GetPageSize() uint32 {
@@ -384,7 +575,7 @@ type GridConfig struct {
 
 func (x *GridConfig) Reset() {
 	*x = GridConfig{}
-	mi := &file_worker_v1_worker_proto_msgTypes[4]
+	mi := &file_worker_v1_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +587,7 @@ func (x *GridConfig) String() string {
 func (*GridConfig) ProtoMessage() {}
 
 func (x *GridConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[4]
+	mi := &file_worker_v1_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +600,7 @@ func (x *GridConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GridConfig.ProtoReflect.Descriptor instead.
 func (*GridConfig) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{4}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GridConfig) GetLayers() uint32 {
@@ -522,7 +713,7 @@ type OpenGridRequest struct {
 
 func (x *OpenGridRequest) Reset() {
 	*x = OpenGridRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[5]
+	mi := &file_worker_v1_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +725,7 @@ func (x *OpenGridRequest) String() string {
 func (*OpenGridRequest) ProtoMessage() {}
 
 func (x *OpenGridRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[5]
+	mi := &file_worker_v1_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +738,7 @@ func (x *OpenGridRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenGridRequest.ProtoReflect.Descriptor instead.
 func (*OpenGridRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{5}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *OpenGridRequest) GetRef() *GridRef {
@@ -582,7 +773,7 @@ type OpenGridReply struct {
 
 func (x *OpenGridReply) Reset() {
 	*x = OpenGridReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[6]
+	mi := &file_worker_v1_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +785,7 @@ func (x *OpenGridReply) String() string {
 func (*OpenGridReply) ProtoMessage() {}
 
 func (x *OpenGridReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[6]
+	mi := &file_worker_v1_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +798,7 @@ func (x *OpenGridReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenGridReply.ProtoReflect.Descriptor instead.
 func (*OpenGridReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{6}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *OpenGridReply) GetAddrs() []string {
@@ -632,7 +823,7 @@ type ConnectGridRequest struct {
 
 func (x *ConnectGridRequest) Reset() {
 	*x = ConnectGridRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[7]
+	mi := &file_worker_v1_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +835,7 @@ func (x *ConnectGridRequest) String() string {
 func (*ConnectGridRequest) ProtoMessage() {}
 
 func (x *ConnectGridRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[7]
+	mi := &file_worker_v1_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +848,7 @@ func (x *ConnectGridRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectGridRequest.ProtoReflect.Descriptor instead.
 func (*ConnectGridRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{7}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ConnectGridRequest) GetRef() *GridRef {
@@ -694,7 +885,7 @@ type ConnectGridReply struct {
 
 func (x *ConnectGridReply) Reset() {
 	*x = ConnectGridReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[8]
+	mi := &file_worker_v1_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +897,7 @@ func (x *ConnectGridReply) String() string {
 func (*ConnectGridReply) ProtoMessage() {}
 
 func (x *ConnectGridReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[8]
+	mi := &file_worker_v1_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +910,7 @@ func (x *ConnectGridReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectGridReply.ProtoReflect.Descriptor instead.
 func (*ConnectGridReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{8}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ConnectGridReply) GetRecovered() []*RecoveredSeq {
@@ -759,7 +950,7 @@ type RecoveredSeq struct {
 
 func (x *RecoveredSeq) Reset() {
 	*x = RecoveredSeq{}
-	mi := &file_worker_v1_worker_proto_msgTypes[9]
+	mi := &file_worker_v1_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +962,7 @@ func (x *RecoveredSeq) String() string {
 func (*RecoveredSeq) ProtoMessage() {}
 
 func (x *RecoveredSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[9]
+	mi := &file_worker_v1_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +975,7 @@ func (x *RecoveredSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoveredSeq.ProtoReflect.Descriptor instead.
 func (*RecoveredSeq) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{9}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RecoveredSeq) GetKey() uint64 {
@@ -855,7 +1046,7 @@ type ClaimRequest struct {
 
 func (x *ClaimRequest) Reset() {
 	*x = ClaimRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[10]
+	mi := &file_worker_v1_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +1058,7 @@ func (x *ClaimRequest) String() string {
 func (*ClaimRequest) ProtoMessage() {}
 
 func (x *ClaimRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[10]
+	mi := &file_worker_v1_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +1071,7 @@ func (x *ClaimRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimRequest.ProtoReflect.Descriptor instead.
 func (*ClaimRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{10}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ClaimRequest) GetRef() *GridRef {
@@ -914,7 +1105,7 @@ type DropRecoveredRequest struct {
 
 func (x *DropRecoveredRequest) Reset() {
 	*x = DropRecoveredRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[11]
+	mi := &file_worker_v1_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1117,7 @@ func (x *DropRecoveredRequest) String() string {
 func (*DropRecoveredRequest) ProtoMessage() {}
 
 func (x *DropRecoveredRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[11]
+	mi := &file_worker_v1_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1130,7 @@ func (x *DropRecoveredRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRecoveredRequest.ProtoReflect.Descriptor instead.
 func (*DropRecoveredRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{11}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DropRecoveredRequest) GetRef() *GridRef {
@@ -967,7 +1158,7 @@ type ParkRequest struct {
 
 func (x *ParkRequest) Reset() {
 	*x = ParkRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[12]
+	mi := &file_worker_v1_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1170,7 @@ func (x *ParkRequest) String() string {
 func (*ParkRequest) ProtoMessage() {}
 
 func (x *ParkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[12]
+	mi := &file_worker_v1_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1183,7 @@ func (x *ParkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParkRequest.ProtoReflect.Descriptor instead.
 func (*ParkRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{12}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ParkRequest) GetRef() *GridRef {
@@ -1018,7 +1209,7 @@ type CloseGridRequest struct {
 
 func (x *CloseGridRequest) Reset() {
 	*x = CloseGridRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[13]
+	mi := &file_worker_v1_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1221,7 @@ func (x *CloseGridRequest) String() string {
 func (*CloseGridRequest) ProtoMessage() {}
 
 func (x *CloseGridRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[13]
+	mi := &file_worker_v1_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1234,7 @@ func (x *CloseGridRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseGridRequest.ProtoReflect.Descriptor instead.
 func (*CloseGridRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{13}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CloseGridRequest) GetRef() *GridRef {
@@ -1061,7 +1252,7 @@ type CloseGridReply struct {
 
 func (x *CloseGridReply) Reset() {
 	*x = CloseGridReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[14]
+	mi := &file_worker_v1_worker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1264,7 @@ func (x *CloseGridReply) String() string {
 func (*CloseGridReply) ProtoMessage() {}
 
 func (x *CloseGridReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[14]
+	mi := &file_worker_v1_worker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1277,7 @@ func (x *CloseGridReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseGridReply.ProtoReflect.Descriptor instead.
 func (*CloseGridReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{14}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{17}
 }
 
 type Ack struct {
@@ -1097,7 +1288,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_worker_v1_worker_proto_msgTypes[15]
+	mi := &file_worker_v1_worker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1109,7 +1300,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[15]
+	mi := &file_worker_v1_worker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1313,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{15}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{18}
 }
 
 // Layout is plan.Layout.
@@ -1139,7 +1330,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_worker_v1_worker_proto_msgTypes[16]
+	mi := &file_worker_v1_worker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1342,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[16]
+	mi := &file_worker_v1_worker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1355,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{16}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Layout) GetCp() uint32 {
@@ -1206,7 +1397,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[17]
+	mi := &file_worker_v1_worker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1218,7 +1409,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[17]
+	mi := &file_worker_v1_worker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1231,7 +1422,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{17}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateRequest) GetRef() *GridRef {
@@ -1266,7 +1457,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[18]
+	mi := &file_worker_v1_worker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1469,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[18]
+	mi := &file_worker_v1_worker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1482,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{18}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ForkRequest) GetRef() *GridRef {
@@ -1325,7 +1516,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[19]
+	mi := &file_worker_v1_worker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1528,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[19]
+	mi := &file_worker_v1_worker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1541,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{19}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReleaseRequest) GetRef() *GridRef {
@@ -1381,7 +1572,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[20]
+	mi := &file_worker_v1_worker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1584,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[20]
+	mi := &file_worker_v1_worker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1597,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{20}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CheckRequest) GetRef() *GridRef {
@@ -1469,7 +1660,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[21]
+	mi := &file_worker_v1_worker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1672,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[21]
+	mi := &file_worker_v1_worker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1685,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{21}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AppendRequest) GetRef() *GridRef {
@@ -1575,7 +1766,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[22]
+	mi := &file_worker_v1_worker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1778,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[22]
+	mi := &file_worker_v1_worker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1791,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{22}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RollbackRequest) GetRef() *GridRef {
@@ -1654,7 +1845,7 @@ type RollbackReply struct {
 
 func (x *RollbackReply) Reset() {
 	*x = RollbackReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[23]
+	mi := &file_worker_v1_worker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1857,7 @@ func (x *RollbackReply) String() string {
 func (*RollbackReply) ProtoMessage() {}
 
 func (x *RollbackReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[23]
+	mi := &file_worker_v1_worker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1870,7 @@ func (x *RollbackReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackReply.ProtoReflect.Descriptor instead.
 func (*RollbackReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{23}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RollbackReply) GetTail() []*Tensor {
@@ -1704,7 +1895,7 @@ type StepSeq struct {
 
 func (x *StepSeq) Reset() {
 	*x = StepSeq{}
-	mi := &file_worker_v1_worker_proto_msgTypes[24]
+	mi := &file_worker_v1_worker_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1907,7 @@ func (x *StepSeq) String() string {
 func (*StepSeq) ProtoMessage() {}
 
 func (x *StepSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[24]
+	mi := &file_worker_v1_worker_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1920,7 @@ func (x *StepSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepSeq.ProtoReflect.Descriptor instead.
 func (*StepSeq) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{24}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StepSeq) GetSeq() uint64 {
@@ -1782,7 +1973,7 @@ type BeginRequest struct {
 
 func (x *BeginRequest) Reset() {
 	*x = BeginRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[25]
+	mi := &file_worker_v1_worker_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1985,7 @@ func (x *BeginRequest) String() string {
 func (*BeginRequest) ProtoMessage() {}
 
 func (x *BeginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[25]
+	mi := &file_worker_v1_worker_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1998,7 @@ func (x *BeginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
 func (*BeginRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{25}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *BeginRequest) GetRef() *GridRef {
@@ -1874,7 +2065,7 @@ type RankInput struct {
 
 func (x *RankInput) Reset() {
 	*x = RankInput{}
-	mi := &file_worker_v1_worker_proto_msgTypes[26]
+	mi := &file_worker_v1_worker_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +2077,7 @@ func (x *RankInput) String() string {
 func (*RankInput) ProtoMessage() {}
 
 func (x *RankInput) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[26]
+	mi := &file_worker_v1_worker_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2090,7 @@ func (x *RankInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankInput.ProtoReflect.Descriptor instead.
 func (*RankInput) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{26}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RankInput) GetRank() *Rank {
@@ -1949,7 +2140,7 @@ type LayerRequest struct {
 
 func (x *LayerRequest) Reset() {
 	*x = LayerRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[27]
+	mi := &file_worker_v1_worker_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1961,7 +2152,7 @@ func (x *LayerRequest) String() string {
 func (*LayerRequest) ProtoMessage() {}
 
 func (x *LayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[27]
+	mi := &file_worker_v1_worker_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1974,7 +2165,7 @@ func (x *LayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerRequest.ProtoReflect.Descriptor instead.
 func (*LayerRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{27}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *LayerRequest) GetRef() *GridRef {
@@ -2020,7 +2211,7 @@ type Times struct {
 
 func (x *Times) Reset() {
 	*x = Times{}
-	mi := &file_worker_v1_worker_proto_msgTypes[28]
+	mi := &file_worker_v1_worker_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2032,7 +2223,7 @@ func (x *Times) String() string {
 func (*Times) ProtoMessage() {}
 
 func (x *Times) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[28]
+	mi := &file_worker_v1_worker_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2045,7 +2236,7 @@ func (x *Times) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Times.ProtoReflect.Descriptor instead.
 func (*Times) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{28}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Times) GetScoreNs() int64 {
@@ -2105,7 +2296,7 @@ type RankDiag struct {
 
 func (x *RankDiag) Reset() {
 	*x = RankDiag{}
-	mi := &file_worker_v1_worker_proto_msgTypes[29]
+	mi := &file_worker_v1_worker_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2308,7 @@ func (x *RankDiag) String() string {
 func (*RankDiag) ProtoMessage() {}
 
 func (x *RankDiag) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[29]
+	mi := &file_worker_v1_worker_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2321,7 @@ func (x *RankDiag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankDiag.ProtoReflect.Descriptor instead.
 func (*RankDiag) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{29}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RankDiag) GetRows() uint32 {
@@ -2184,7 +2375,7 @@ type RankOutput struct {
 
 func (x *RankOutput) Reset() {
 	*x = RankOutput{}
-	mi := &file_worker_v1_worker_proto_msgTypes[30]
+	mi := &file_worker_v1_worker_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2387,7 @@ func (x *RankOutput) String() string {
 func (*RankOutput) ProtoMessage() {}
 
 func (x *RankOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[30]
+	mi := &file_worker_v1_worker_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2400,7 @@ func (x *RankOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankOutput.ProtoReflect.Descriptor instead.
 func (*RankOutput) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{30}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RankOutput) GetRank() *Rank {
@@ -2269,7 +2460,7 @@ type LayerReply struct {
 
 func (x *LayerReply) Reset() {
 	*x = LayerReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[31]
+	mi := &file_worker_v1_worker_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2281,7 +2472,7 @@ func (x *LayerReply) String() string {
 func (*LayerReply) ProtoMessage() {}
 
 func (x *LayerReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[31]
+	mi := &file_worker_v1_worker_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2294,7 +2485,7 @@ func (x *LayerReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerReply.ProtoReflect.Descriptor instead.
 func (*LayerReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{31}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LayerReply) GetRanks() []*RankOutput {
@@ -2330,7 +2521,7 @@ type EndRequest struct {
 
 func (x *EndRequest) Reset() {
 	*x = EndRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[32]
+	mi := &file_worker_v1_worker_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2342,7 +2533,7 @@ func (x *EndRequest) String() string {
 func (*EndRequest) ProtoMessage() {}
 
 func (x *EndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[32]
+	mi := &file_worker_v1_worker_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2355,7 +2546,7 @@ func (x *EndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndRequest.ProtoReflect.Descriptor instead.
 func (*EndRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{32}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *EndRequest) GetRef() *GridRef {
@@ -2401,7 +2592,7 @@ type KeysRequest struct {
 
 func (x *KeysRequest) Reset() {
 	*x = KeysRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[33]
+	mi := &file_worker_v1_worker_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2413,7 +2604,7 @@ func (x *KeysRequest) String() string {
 func (*KeysRequest) ProtoMessage() {}
 
 func (x *KeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[33]
+	mi := &file_worker_v1_worker_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2426,7 +2617,7 @@ func (x *KeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeysRequest.ProtoReflect.Descriptor instead.
 func (*KeysRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{33}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *KeysRequest) GetRef() *GridRef {
@@ -2481,7 +2672,7 @@ type KeysReply struct {
 
 func (x *KeysReply) Reset() {
 	*x = KeysReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[34]
+	mi := &file_worker_v1_worker_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2493,7 +2684,7 @@ func (x *KeysReply) String() string {
 func (*KeysReply) ProtoMessage() {}
 
 func (x *KeysReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[34]
+	mi := &file_worker_v1_worker_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2506,7 +2697,7 @@ func (x *KeysReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeysReply.ProtoReflect.Descriptor instead.
 func (*KeysReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{34}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *KeysReply) GetK() *Tensor {
@@ -2520,7 +2711,20 @@ var File_worker_v1_worker_proto protoreflect.FileDescriptor
 
 const file_worker_v1_worker_proto_rawDesc = "" +
 	"\n" +
-	"\x16worker/v1/worker.proto\x12\x11questrt.worker.v1\"b\n" +
+	"\x16worker/v1/worker.proto\x12\x11questrt.worker.v1\"k\n" +
+	"\x04Call\x12\x16\n" +
+	"\x06method\x18\x01 \x01(\tR\x06method\x12\x18\n" +
+	"\arequest\x18\x02 \x01(\fR\arequest\x12\x1d\n" +
+	"\n" +
+	"timeout_ns\x18\x03 \x01(\x03R\ttimeoutNs\x12\x12\n" +
+	"\x04last\x18\x04 \x01(\bR\x04last\"r\n" +
+	"\x06Answer\x12\x14\n" +
+	"\x05reply\x18\x01 \x01(\fR\x05reply\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\fR\x06status\x12:\n" +
+	"\atrailer\x18\x03 \x03(\v2 .questrt.worker.v1.MetadataEntryR\atrailer\"7\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"b\n" +
 	"\x06Tensor\x12.\n" +
 	"\x05dtype\x18\x01 \x01(\x0e2\x18.questrt.worker.v1.DTypeR\x05dtype\x12\x14\n" +
 	"\x05shape\x18\x02 \x03(\rR\x05shape\x12\x12\n" +
@@ -2712,7 +2916,7 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x05DType\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDTYPE_FLOAT32\x10\x01\x12\x0f\n" +
-	"\vDTYPE_INT32\x10\x022\x97\t\n" +
+	"\vDTYPE_INT32\x10\x022\xd8\t\n" +
 	"\x06Worker\x12P\n" +
 	"\bOpenGrid\x12\".questrt.worker.v1.OpenGridRequest\x1a .questrt.worker.v1.OpenGridReply\x12Y\n" +
 	"\vConnectGrid\x12%.questrt.worker.v1.ConnectGridRequest\x1a#.questrt.worker.v1.ConnectGridReply\x12S\n" +
@@ -2729,7 +2933,8 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x04Keys\x12\x1e.questrt.worker.v1.KeysRequest\x1a\x1c.questrt.worker.v1.KeysReply\x12@\n" +
 	"\x05Claim\x12\x1f.questrt.worker.v1.ClaimRequest\x1a\x16.questrt.worker.v1.Ack\x12P\n" +
 	"\rDropRecovered\x12'.questrt.worker.v1.DropRecoveredRequest\x1a\x16.questrt.worker.v1.Ack\x12>\n" +
-	"\x04Park\x12\x1e.questrt.worker.v1.ParkRequest\x1a\x16.questrt.worker.v1.AckB3Z1github.com/questrt/questrt/api/worker/v1;workerv1b\x06proto3"
+	"\x04Park\x12\x1e.questrt.worker.v1.ParkRequest\x1a\x16.questrt.worker.v1.Ack\x12?\n" +
+	"\x05Calls\x12\x17.questrt.worker.v1.Call\x1a\x19.questrt.worker.v1.Answer(\x010\x01B3Z1github.com/questrt/questrt/api/worker/v1;workerv1b\x06proto3"
 
 var (
 	file_worker_v1_worker_proto_rawDescOnce sync.Once
@@ -2744,133 +2949,139 @@ func file_worker_v1_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_v1_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_worker_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_worker_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_worker_v1_worker_proto_goTypes = []any{
 	(DType)(0),                   // 0: questrt.worker.v1.DType
-	(*Tensor)(nil),               // 1: questrt.worker.v1.Tensor
-	(*GridRef)(nil),              // 2: questrt.worker.v1.GridRef
-	(*Rank)(nil),                 // 3: questrt.worker.v1.Rank
-	(*Policy)(nil),               // 4: questrt.worker.v1.Policy
-	(*GridConfig)(nil),           // 5: questrt.worker.v1.GridConfig
-	(*OpenGridRequest)(nil),      // 6: questrt.worker.v1.OpenGridRequest
-	(*OpenGridReply)(nil),        // 7: questrt.worker.v1.OpenGridReply
-	(*ConnectGridRequest)(nil),   // 8: questrt.worker.v1.ConnectGridRequest
-	(*ConnectGridReply)(nil),     // 9: questrt.worker.v1.ConnectGridReply
-	(*RecoveredSeq)(nil),         // 10: questrt.worker.v1.RecoveredSeq
-	(*ClaimRequest)(nil),         // 11: questrt.worker.v1.ClaimRequest
-	(*DropRecoveredRequest)(nil), // 12: questrt.worker.v1.DropRecoveredRequest
-	(*ParkRequest)(nil),          // 13: questrt.worker.v1.ParkRequest
-	(*CloseGridRequest)(nil),     // 14: questrt.worker.v1.CloseGridRequest
-	(*CloseGridReply)(nil),       // 15: questrt.worker.v1.CloseGridReply
-	(*Ack)(nil),                  // 16: questrt.worker.v1.Ack
-	(*Layout)(nil),               // 17: questrt.worker.v1.Layout
-	(*CreateRequest)(nil),        // 18: questrt.worker.v1.CreateRequest
-	(*ForkRequest)(nil),          // 19: questrt.worker.v1.ForkRequest
-	(*ReleaseRequest)(nil),       // 20: questrt.worker.v1.ReleaseRequest
-	(*CheckRequest)(nil),         // 21: questrt.worker.v1.CheckRequest
-	(*AppendRequest)(nil),        // 22: questrt.worker.v1.AppendRequest
-	(*RollbackRequest)(nil),      // 23: questrt.worker.v1.RollbackRequest
-	(*RollbackReply)(nil),        // 24: questrt.worker.v1.RollbackReply
-	(*StepSeq)(nil),              // 25: questrt.worker.v1.StepSeq
-	(*BeginRequest)(nil),         // 26: questrt.worker.v1.BeginRequest
-	(*RankInput)(nil),            // 27: questrt.worker.v1.RankInput
-	(*LayerRequest)(nil),         // 28: questrt.worker.v1.LayerRequest
-	(*Times)(nil),                // 29: questrt.worker.v1.Times
-	(*RankDiag)(nil),             // 30: questrt.worker.v1.RankDiag
-	(*RankOutput)(nil),           // 31: questrt.worker.v1.RankOutput
-	(*LayerReply)(nil),           // 32: questrt.worker.v1.LayerReply
-	(*EndRequest)(nil),           // 33: questrt.worker.v1.EndRequest
-	(*KeysRequest)(nil),          // 34: questrt.worker.v1.KeysRequest
-	(*KeysReply)(nil),            // 35: questrt.worker.v1.KeysReply
-	nil,                          // 36: questrt.worker.v1.Policy.LayerBudgetEntry
+	(*Call)(nil),                 // 1: questrt.worker.v1.Call
+	(*Answer)(nil),               // 2: questrt.worker.v1.Answer
+	(*MetadataEntry)(nil),        // 3: questrt.worker.v1.MetadataEntry
+	(*Tensor)(nil),               // 4: questrt.worker.v1.Tensor
+	(*GridRef)(nil),              // 5: questrt.worker.v1.GridRef
+	(*Rank)(nil),                 // 6: questrt.worker.v1.Rank
+	(*Policy)(nil),               // 7: questrt.worker.v1.Policy
+	(*GridConfig)(nil),           // 8: questrt.worker.v1.GridConfig
+	(*OpenGridRequest)(nil),      // 9: questrt.worker.v1.OpenGridRequest
+	(*OpenGridReply)(nil),        // 10: questrt.worker.v1.OpenGridReply
+	(*ConnectGridRequest)(nil),   // 11: questrt.worker.v1.ConnectGridRequest
+	(*ConnectGridReply)(nil),     // 12: questrt.worker.v1.ConnectGridReply
+	(*RecoveredSeq)(nil),         // 13: questrt.worker.v1.RecoveredSeq
+	(*ClaimRequest)(nil),         // 14: questrt.worker.v1.ClaimRequest
+	(*DropRecoveredRequest)(nil), // 15: questrt.worker.v1.DropRecoveredRequest
+	(*ParkRequest)(nil),          // 16: questrt.worker.v1.ParkRequest
+	(*CloseGridRequest)(nil),     // 17: questrt.worker.v1.CloseGridRequest
+	(*CloseGridReply)(nil),       // 18: questrt.worker.v1.CloseGridReply
+	(*Ack)(nil),                  // 19: questrt.worker.v1.Ack
+	(*Layout)(nil),               // 20: questrt.worker.v1.Layout
+	(*CreateRequest)(nil),        // 21: questrt.worker.v1.CreateRequest
+	(*ForkRequest)(nil),          // 22: questrt.worker.v1.ForkRequest
+	(*ReleaseRequest)(nil),       // 23: questrt.worker.v1.ReleaseRequest
+	(*CheckRequest)(nil),         // 24: questrt.worker.v1.CheckRequest
+	(*AppendRequest)(nil),        // 25: questrt.worker.v1.AppendRequest
+	(*RollbackRequest)(nil),      // 26: questrt.worker.v1.RollbackRequest
+	(*RollbackReply)(nil),        // 27: questrt.worker.v1.RollbackReply
+	(*StepSeq)(nil),              // 28: questrt.worker.v1.StepSeq
+	(*BeginRequest)(nil),         // 29: questrt.worker.v1.BeginRequest
+	(*RankInput)(nil),            // 30: questrt.worker.v1.RankInput
+	(*LayerRequest)(nil),         // 31: questrt.worker.v1.LayerRequest
+	(*Times)(nil),                // 32: questrt.worker.v1.Times
+	(*RankDiag)(nil),             // 33: questrt.worker.v1.RankDiag
+	(*RankOutput)(nil),           // 34: questrt.worker.v1.RankOutput
+	(*LayerReply)(nil),           // 35: questrt.worker.v1.LayerReply
+	(*EndRequest)(nil),           // 36: questrt.worker.v1.EndRequest
+	(*KeysRequest)(nil),          // 37: questrt.worker.v1.KeysRequest
+	(*KeysReply)(nil),            // 38: questrt.worker.v1.KeysReply
+	nil,                          // 39: questrt.worker.v1.Policy.LayerBudgetEntry
 }
 var file_worker_v1_worker_proto_depIdxs = []int32{
-	0,  // 0: questrt.worker.v1.Tensor.dtype:type_name -> questrt.worker.v1.DType
-	36, // 1: questrt.worker.v1.Policy.layer_budget:type_name -> questrt.worker.v1.Policy.LayerBudgetEntry
-	4,  // 2: questrt.worker.v1.GridConfig.policy:type_name -> questrt.worker.v1.Policy
-	2,  // 3: questrt.worker.v1.OpenGridRequest.ref:type_name -> questrt.worker.v1.GridRef
-	5,  // 4: questrt.worker.v1.OpenGridRequest.config:type_name -> questrt.worker.v1.GridConfig
-	3,  // 5: questrt.worker.v1.OpenGridRequest.ranks:type_name -> questrt.worker.v1.Rank
-	2,  // 6: questrt.worker.v1.ConnectGridRequest.ref:type_name -> questrt.worker.v1.GridRef
-	10, // 7: questrt.worker.v1.ConnectGridReply.recovered:type_name -> questrt.worker.v1.RecoveredSeq
-	17, // 8: questrt.worker.v1.RecoveredSeq.layout:type_name -> questrt.worker.v1.Layout
-	2,  // 9: questrt.worker.v1.ClaimRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 10: questrt.worker.v1.DropRecoveredRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 11: questrt.worker.v1.ParkRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 12: questrt.worker.v1.CloseGridRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 13: questrt.worker.v1.CreateRequest.ref:type_name -> questrt.worker.v1.GridRef
-	17, // 14: questrt.worker.v1.CreateRequest.layout:type_name -> questrt.worker.v1.Layout
-	2,  // 15: questrt.worker.v1.ForkRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 16: questrt.worker.v1.ReleaseRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 17: questrt.worker.v1.CheckRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 18: questrt.worker.v1.AppendRequest.ref:type_name -> questrt.worker.v1.GridRef
-	3,  // 19: questrt.worker.v1.AppendRequest.rank:type_name -> questrt.worker.v1.Rank
-	1,  // 20: questrt.worker.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
-	1,  // 21: questrt.worker.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
-	1,  // 22: questrt.worker.v1.AppendRequest.mirror_k:type_name -> questrt.worker.v1.Tensor
-	2,  // 23: questrt.worker.v1.RollbackRequest.ref:type_name -> questrt.worker.v1.GridRef
-	3,  // 24: questrt.worker.v1.RollbackRequest.rank:type_name -> questrt.worker.v1.Rank
-	1,  // 25: questrt.worker.v1.RollbackRequest.tail:type_name -> questrt.worker.v1.Tensor
-	1,  // 26: questrt.worker.v1.RollbackReply.tail:type_name -> questrt.worker.v1.Tensor
-	2,  // 27: questrt.worker.v1.BeginRequest.ref:type_name -> questrt.worker.v1.GridRef
-	25, // 28: questrt.worker.v1.BeginRequest.seqs:type_name -> questrt.worker.v1.StepSeq
-	3,  // 29: questrt.worker.v1.RankInput.rank:type_name -> questrt.worker.v1.Rank
-	1,  // 30: questrt.worker.v1.RankInput.q:type_name -> questrt.worker.v1.Tensor
-	1,  // 31: questrt.worker.v1.RankInput.k:type_name -> questrt.worker.v1.Tensor
-	1,  // 32: questrt.worker.v1.RankInput.v:type_name -> questrt.worker.v1.Tensor
-	1,  // 33: questrt.worker.v1.RankInput.mirror_k:type_name -> questrt.worker.v1.Tensor
-	2,  // 34: questrt.worker.v1.LayerRequest.ref:type_name -> questrt.worker.v1.GridRef
-	27, // 35: questrt.worker.v1.LayerRequest.ranks:type_name -> questrt.worker.v1.RankInput
-	1,  // 36: questrt.worker.v1.RankDiag.indptr:type_name -> questrt.worker.v1.Tensor
-	1,  // 37: questrt.worker.v1.RankDiag.pages:type_name -> questrt.worker.v1.Tensor
-	1,  // 38: questrt.worker.v1.RankDiag.scores:type_name -> questrt.worker.v1.Tensor
-	3,  // 39: questrt.worker.v1.RankOutput.rank:type_name -> questrt.worker.v1.Rank
-	1,  // 40: questrt.worker.v1.RankOutput.o:type_name -> questrt.worker.v1.Tensor
-	1,  // 41: questrt.worker.v1.RankOutput.lse:type_name -> questrt.worker.v1.Tensor
-	29, // 42: questrt.worker.v1.RankOutput.time:type_name -> questrt.worker.v1.Times
-	30, // 43: questrt.worker.v1.RankOutput.diag:type_name -> questrt.worker.v1.RankDiag
-	31, // 44: questrt.worker.v1.LayerReply.ranks:type_name -> questrt.worker.v1.RankOutput
-	2,  // 45: questrt.worker.v1.EndRequest.ref:type_name -> questrt.worker.v1.GridRef
-	2,  // 46: questrt.worker.v1.KeysRequest.ref:type_name -> questrt.worker.v1.GridRef
-	3,  // 47: questrt.worker.v1.KeysRequest.rank:type_name -> questrt.worker.v1.Rank
-	1,  // 48: questrt.worker.v1.KeysReply.k:type_name -> questrt.worker.v1.Tensor
-	6,  // 49: questrt.worker.v1.Worker.OpenGrid:input_type -> questrt.worker.v1.OpenGridRequest
-	8,  // 50: questrt.worker.v1.Worker.ConnectGrid:input_type -> questrt.worker.v1.ConnectGridRequest
-	14, // 51: questrt.worker.v1.Worker.CloseGrid:input_type -> questrt.worker.v1.CloseGridRequest
-	18, // 52: questrt.worker.v1.Worker.Create:input_type -> questrt.worker.v1.CreateRequest
-	19, // 53: questrt.worker.v1.Worker.Fork:input_type -> questrt.worker.v1.ForkRequest
-	20, // 54: questrt.worker.v1.Worker.Release:input_type -> questrt.worker.v1.ReleaseRequest
-	21, // 55: questrt.worker.v1.Worker.Check:input_type -> questrt.worker.v1.CheckRequest
-	22, // 56: questrt.worker.v1.Worker.Append:input_type -> questrt.worker.v1.AppendRequest
-	23, // 57: questrt.worker.v1.Worker.Rollback:input_type -> questrt.worker.v1.RollbackRequest
-	26, // 58: questrt.worker.v1.Worker.BeginStep:input_type -> questrt.worker.v1.BeginRequest
-	28, // 59: questrt.worker.v1.Worker.Layer:input_type -> questrt.worker.v1.LayerRequest
-	33, // 60: questrt.worker.v1.Worker.EndStep:input_type -> questrt.worker.v1.EndRequest
-	34, // 61: questrt.worker.v1.Worker.Keys:input_type -> questrt.worker.v1.KeysRequest
-	11, // 62: questrt.worker.v1.Worker.Claim:input_type -> questrt.worker.v1.ClaimRequest
-	12, // 63: questrt.worker.v1.Worker.DropRecovered:input_type -> questrt.worker.v1.DropRecoveredRequest
-	13, // 64: questrt.worker.v1.Worker.Park:input_type -> questrt.worker.v1.ParkRequest
-	7,  // 65: questrt.worker.v1.Worker.OpenGrid:output_type -> questrt.worker.v1.OpenGridReply
-	9,  // 66: questrt.worker.v1.Worker.ConnectGrid:output_type -> questrt.worker.v1.ConnectGridReply
-	15, // 67: questrt.worker.v1.Worker.CloseGrid:output_type -> questrt.worker.v1.CloseGridReply
-	16, // 68: questrt.worker.v1.Worker.Create:output_type -> questrt.worker.v1.Ack
-	16, // 69: questrt.worker.v1.Worker.Fork:output_type -> questrt.worker.v1.Ack
-	16, // 70: questrt.worker.v1.Worker.Release:output_type -> questrt.worker.v1.Ack
-	16, // 71: questrt.worker.v1.Worker.Check:output_type -> questrt.worker.v1.Ack
-	16, // 72: questrt.worker.v1.Worker.Append:output_type -> questrt.worker.v1.Ack
-	24, // 73: questrt.worker.v1.Worker.Rollback:output_type -> questrt.worker.v1.RollbackReply
-	16, // 74: questrt.worker.v1.Worker.BeginStep:output_type -> questrt.worker.v1.Ack
-	32, // 75: questrt.worker.v1.Worker.Layer:output_type -> questrt.worker.v1.LayerReply
-	16, // 76: questrt.worker.v1.Worker.EndStep:output_type -> questrt.worker.v1.Ack
-	35, // 77: questrt.worker.v1.Worker.Keys:output_type -> questrt.worker.v1.KeysReply
-	16, // 78: questrt.worker.v1.Worker.Claim:output_type -> questrt.worker.v1.Ack
-	16, // 79: questrt.worker.v1.Worker.DropRecovered:output_type -> questrt.worker.v1.Ack
-	16, // 80: questrt.worker.v1.Worker.Park:output_type -> questrt.worker.v1.Ack
-	65, // [65:81] is the sub-list for method output_type
-	49, // [49:65] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	3,  // 0: questrt.worker.v1.Answer.trailer:type_name -> questrt.worker.v1.MetadataEntry
+	0,  // 1: questrt.worker.v1.Tensor.dtype:type_name -> questrt.worker.v1.DType
+	39, // 2: questrt.worker.v1.Policy.layer_budget:type_name -> questrt.worker.v1.Policy.LayerBudgetEntry
+	7,  // 3: questrt.worker.v1.GridConfig.policy:type_name -> questrt.worker.v1.Policy
+	5,  // 4: questrt.worker.v1.OpenGridRequest.ref:type_name -> questrt.worker.v1.GridRef
+	8,  // 5: questrt.worker.v1.OpenGridRequest.config:type_name -> questrt.worker.v1.GridConfig
+	6,  // 6: questrt.worker.v1.OpenGridRequest.ranks:type_name -> questrt.worker.v1.Rank
+	5,  // 7: questrt.worker.v1.ConnectGridRequest.ref:type_name -> questrt.worker.v1.GridRef
+	13, // 8: questrt.worker.v1.ConnectGridReply.recovered:type_name -> questrt.worker.v1.RecoveredSeq
+	20, // 9: questrt.worker.v1.RecoveredSeq.layout:type_name -> questrt.worker.v1.Layout
+	5,  // 10: questrt.worker.v1.ClaimRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 11: questrt.worker.v1.DropRecoveredRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 12: questrt.worker.v1.ParkRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 13: questrt.worker.v1.CloseGridRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 14: questrt.worker.v1.CreateRequest.ref:type_name -> questrt.worker.v1.GridRef
+	20, // 15: questrt.worker.v1.CreateRequest.layout:type_name -> questrt.worker.v1.Layout
+	5,  // 16: questrt.worker.v1.ForkRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 17: questrt.worker.v1.ReleaseRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 18: questrt.worker.v1.CheckRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 19: questrt.worker.v1.AppendRequest.ref:type_name -> questrt.worker.v1.GridRef
+	6,  // 20: questrt.worker.v1.AppendRequest.rank:type_name -> questrt.worker.v1.Rank
+	4,  // 21: questrt.worker.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
+	4,  // 22: questrt.worker.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
+	4,  // 23: questrt.worker.v1.AppendRequest.mirror_k:type_name -> questrt.worker.v1.Tensor
+	5,  // 24: questrt.worker.v1.RollbackRequest.ref:type_name -> questrt.worker.v1.GridRef
+	6,  // 25: questrt.worker.v1.RollbackRequest.rank:type_name -> questrt.worker.v1.Rank
+	4,  // 26: questrt.worker.v1.RollbackRequest.tail:type_name -> questrt.worker.v1.Tensor
+	4,  // 27: questrt.worker.v1.RollbackReply.tail:type_name -> questrt.worker.v1.Tensor
+	5,  // 28: questrt.worker.v1.BeginRequest.ref:type_name -> questrt.worker.v1.GridRef
+	28, // 29: questrt.worker.v1.BeginRequest.seqs:type_name -> questrt.worker.v1.StepSeq
+	6,  // 30: questrt.worker.v1.RankInput.rank:type_name -> questrt.worker.v1.Rank
+	4,  // 31: questrt.worker.v1.RankInput.q:type_name -> questrt.worker.v1.Tensor
+	4,  // 32: questrt.worker.v1.RankInput.k:type_name -> questrt.worker.v1.Tensor
+	4,  // 33: questrt.worker.v1.RankInput.v:type_name -> questrt.worker.v1.Tensor
+	4,  // 34: questrt.worker.v1.RankInput.mirror_k:type_name -> questrt.worker.v1.Tensor
+	5,  // 35: questrt.worker.v1.LayerRequest.ref:type_name -> questrt.worker.v1.GridRef
+	30, // 36: questrt.worker.v1.LayerRequest.ranks:type_name -> questrt.worker.v1.RankInput
+	4,  // 37: questrt.worker.v1.RankDiag.indptr:type_name -> questrt.worker.v1.Tensor
+	4,  // 38: questrt.worker.v1.RankDiag.pages:type_name -> questrt.worker.v1.Tensor
+	4,  // 39: questrt.worker.v1.RankDiag.scores:type_name -> questrt.worker.v1.Tensor
+	6,  // 40: questrt.worker.v1.RankOutput.rank:type_name -> questrt.worker.v1.Rank
+	4,  // 41: questrt.worker.v1.RankOutput.o:type_name -> questrt.worker.v1.Tensor
+	4,  // 42: questrt.worker.v1.RankOutput.lse:type_name -> questrt.worker.v1.Tensor
+	32, // 43: questrt.worker.v1.RankOutput.time:type_name -> questrt.worker.v1.Times
+	33, // 44: questrt.worker.v1.RankOutput.diag:type_name -> questrt.worker.v1.RankDiag
+	34, // 45: questrt.worker.v1.LayerReply.ranks:type_name -> questrt.worker.v1.RankOutput
+	5,  // 46: questrt.worker.v1.EndRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 47: questrt.worker.v1.KeysRequest.ref:type_name -> questrt.worker.v1.GridRef
+	6,  // 48: questrt.worker.v1.KeysRequest.rank:type_name -> questrt.worker.v1.Rank
+	4,  // 49: questrt.worker.v1.KeysReply.k:type_name -> questrt.worker.v1.Tensor
+	9,  // 50: questrt.worker.v1.Worker.OpenGrid:input_type -> questrt.worker.v1.OpenGridRequest
+	11, // 51: questrt.worker.v1.Worker.ConnectGrid:input_type -> questrt.worker.v1.ConnectGridRequest
+	17, // 52: questrt.worker.v1.Worker.CloseGrid:input_type -> questrt.worker.v1.CloseGridRequest
+	21, // 53: questrt.worker.v1.Worker.Create:input_type -> questrt.worker.v1.CreateRequest
+	22, // 54: questrt.worker.v1.Worker.Fork:input_type -> questrt.worker.v1.ForkRequest
+	23, // 55: questrt.worker.v1.Worker.Release:input_type -> questrt.worker.v1.ReleaseRequest
+	24, // 56: questrt.worker.v1.Worker.Check:input_type -> questrt.worker.v1.CheckRequest
+	25, // 57: questrt.worker.v1.Worker.Append:input_type -> questrt.worker.v1.AppendRequest
+	26, // 58: questrt.worker.v1.Worker.Rollback:input_type -> questrt.worker.v1.RollbackRequest
+	29, // 59: questrt.worker.v1.Worker.BeginStep:input_type -> questrt.worker.v1.BeginRequest
+	31, // 60: questrt.worker.v1.Worker.Layer:input_type -> questrt.worker.v1.LayerRequest
+	36, // 61: questrt.worker.v1.Worker.EndStep:input_type -> questrt.worker.v1.EndRequest
+	37, // 62: questrt.worker.v1.Worker.Keys:input_type -> questrt.worker.v1.KeysRequest
+	14, // 63: questrt.worker.v1.Worker.Claim:input_type -> questrt.worker.v1.ClaimRequest
+	15, // 64: questrt.worker.v1.Worker.DropRecovered:input_type -> questrt.worker.v1.DropRecoveredRequest
+	16, // 65: questrt.worker.v1.Worker.Park:input_type -> questrt.worker.v1.ParkRequest
+	1,  // 66: questrt.worker.v1.Worker.Calls:input_type -> questrt.worker.v1.Call
+	10, // 67: questrt.worker.v1.Worker.OpenGrid:output_type -> questrt.worker.v1.OpenGridReply
+	12, // 68: questrt.worker.v1.Worker.ConnectGrid:output_type -> questrt.worker.v1.ConnectGridReply
+	18, // 69: questrt.worker.v1.Worker.CloseGrid:output_type -> questrt.worker.v1.CloseGridReply
+	19, // 70: questrt.worker.v1.Worker.Create:output_type -> questrt.worker.v1.Ack
+	19, // 71: questrt.worker.v1.Worker.Fork:output_type -> questrt.worker.v1.Ack
+	19, // 72: questrt.worker.v1.Worker.Release:output_type -> questrt.worker.v1.Ack
+	19, // 73: questrt.worker.v1.Worker.Check:output_type -> questrt.worker.v1.Ack
+	19, // 74: questrt.worker.v1.Worker.Append:output_type -> questrt.worker.v1.Ack
+	27, // 75: questrt.worker.v1.Worker.Rollback:output_type -> questrt.worker.v1.RollbackReply
+	19, // 76: questrt.worker.v1.Worker.BeginStep:output_type -> questrt.worker.v1.Ack
+	35, // 77: questrt.worker.v1.Worker.Layer:output_type -> questrt.worker.v1.LayerReply
+	19, // 78: questrt.worker.v1.Worker.EndStep:output_type -> questrt.worker.v1.Ack
+	38, // 79: questrt.worker.v1.Worker.Keys:output_type -> questrt.worker.v1.KeysReply
+	19, // 80: questrt.worker.v1.Worker.Claim:output_type -> questrt.worker.v1.Ack
+	19, // 81: questrt.worker.v1.Worker.DropRecovered:output_type -> questrt.worker.v1.Ack
+	19, // 82: questrt.worker.v1.Worker.Park:output_type -> questrt.worker.v1.Ack
+	2,  // 83: questrt.worker.v1.Worker.Calls:output_type -> questrt.worker.v1.Answer
+	67, // [67:84] is the sub-list for method output_type
+	50, // [50:67] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_worker_v1_worker_proto_init() }
@@ -2884,7 +3095,7 @@ func file_worker_v1_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_v1_worker_proto_rawDesc), len(file_worker_v1_worker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

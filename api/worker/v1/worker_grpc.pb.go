@@ -50,6 +50,7 @@ const (
 	Worker_Claim_FullMethodName         = "/questrt.worker.v1.Worker/Claim"
 	Worker_DropRecovered_FullMethodName = "/questrt.worker.v1.Worker/DropRecovered"
 	Worker_Park_FullMethodName          = "/questrt.worker.v1.Worker/Park"
+	Worker_Calls_FullMethodName         = "/questrt.worker.v1.Worker/Calls"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -87,6 +88,14 @@ type WorkerClient interface {
 	// claim (its recovered key, id and grid): a coordinator whose adoption
 	// failed part-way gives it back for a later one.
 	Park(ctx context.Context, in *ParkRequest, opts ...grpc.CallOption) (*Ack, error)
+	// Calls runs unary calls of this service over one stream, in order and
+	// one at a time: each Call is answered by one Answer before the next
+	// is sent, exactly as the method would answer it (reply or status,
+	// trailer). A coordinator runs a decode step's BeginStep, Layer and
+	// EndStep calls on one such stream (opened by the step's first call,
+	// ended after its EndStep), so that each costs a message each way
+	// instead of a call of its own.
+	Calls(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Call, Answer], error)
 }
 
 type workerClient struct {
@@ -257,6 +266,19 @@ func (c *workerClient) Park(ctx context.Context, in *ParkRequest, opts ...grpc.C
 	return out, nil
 }
 
+func (c *workerClient) Calls(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Call, Answer], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Worker_ServiceDesc.Streams[0], Worker_Calls_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[Call, Answer]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Worker_CallsClient = grpc.BidiStreamingClient[Call, Answer]
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -292,6 +314,14 @@ type WorkerServer interface {
 	// claim (its recovered key, id and grid): a coordinator whose adoption
 	// failed part-way gives it back for a later one.
 	Park(context.Context, *ParkRequest) (*Ack, error)
+	// Calls runs unary calls of this service over one stream, in order and
+	// one at a time: each Call is answered by one Answer before the next
+	// is sent, exactly as the method would answer it (reply or status,
+	// trailer). A coordinator runs a decode step's BeginStep, Layer and
+	// EndStep calls on one such stream (opened by the step's first call,
+	// ended after its EndStep), so that each costs a message each way
+	// instead of a call of its own.
+	Calls(grpc.BidiStreamingServer[Call, Answer]) error
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -349,6 +379,9 @@ func (UnimplementedWorkerServer) DropRecovered(context.Context, *DropRecoveredRe
 }
 func (UnimplementedWorkerServer) Park(context.Context, *ParkRequest) (*Ack, error) {
 	return nil, status.Error(codes.Unimplemented, "method Park not implemented")
+}
+func (UnimplementedWorkerServer) Calls(grpc.BidiStreamingServer[Call, Answer]) error {
+	return status.Error(codes.Unimplemented, "method Calls not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -659,6 +692,13 @@ func _Worker_Park_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Worker_Calls_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(WorkerServer).Calls(&grpc.GenericServerStream[Call, Answer]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Worker_CallsServer = grpc.BidiStreamingServer[Call, Answer]
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -731,6 +771,13 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Worker_Park_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Calls",
+			Handler:       _Worker_Calls_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "worker/v1/worker.proto",
 }

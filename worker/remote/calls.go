@@ -1,0 +1,261 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	workerv1 "github.com/questrt/questrt/api/worker/v1"
+)
+
+// Calls implements workerv1.WorkerServer: every Call on the stream runs
+// its unary method as the gRPC server would run it alone (the stream's
+// metadata, a context that ends with the stream or the call's timeout,
+// the method's trailer kept), one at a time and in order, and is
+// answered before the next is read. It ends the stream (OK) after
+// answering a call marked last, or when the client closes its side.
+func (s *Server) Calls(stream grpc.BidiStreamingServer[workerv1.Call, workerv1.Answer]) error {
+	ctx := stream.Context()
+	for {
+		c, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(s.call(ctx, c)); err != nil {
+			return err
+		}
+		if c.GetLast() {
+			return nil
+		}
+	}
+}
+
+// call runs one Call of a Calls stream.
+func (s *Server) call(ctx context.Context, c *workerv1.Call) *workerv1.Answer {
+	h, ok := workerMethods[c.GetMethod()]
+	if !ok {
+		return statusAnswer(status.New(codes.Unimplemented, "calls: unknown method "+c.GetMethod()), nil)
+	}
+	if d := c.GetTimeoutNs(); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(d))
+		defer cancel()
+	}
+	st := &localStream{method: c.GetMethod()}
+	ctx = grpc.NewContextWithServerTransportStream(ctx, st)
+	dec := func(m any) error {
+		pm, ok := m.(proto.Message)
+		if !ok {
+			return status.Errorf(codes.Internal, "calls: request %T is no protobuf message", m)
+		}
+		if err := proto.Unmarshal(c.GetRequest(), pm); err != nil {
+			// What a gRPC server answers for a request it cannot parse.
+			return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+		}
+		return nil
+	}
+	rep, err := h(s, ctx, dec, nil)
+	if err != nil {
+		return statusAnswer(methodStatus(err), st.trailer)
+	}
+	b, err := proto.Marshal(rep.(proto.Message))
+	if err != nil {
+		return statusAnswer(status.Newf(codes.Internal, "grpc: error while marshaling: %v", err), st.trailer)
+	}
+	return &workerv1.Answer{Reply: b, Trailer: trailerEntries(st.trailer)}
+}
+
+// methodStatus is the status a gRPC server answers for a method's error:
+// the error's own status, or UNKNOWN (the context's code for a context
+// error).
+func methodStatus(err error) *status.Status {
+	st, ok := status.FromError(err)
+	if !ok {
+		st = status.FromContextError(err)
+	}
+	return st
+}
+
+// statusAnswer answers a call with st and trailer.
+func statusAnswer(st *status.Status, trailer metadata.MD) *workerv1.Answer {
+	b, err := proto.Marshal(st.Proto())
+	if err != nil {
+		b, _ = proto.Marshal(status.New(codes.Internal, "calls: status: "+err.Error()).Proto())
+	}
+	return &workerv1.Answer{Status: b, Trailer: trailerEntries(trailer)}
+}
+
+func trailerEntries(md metadata.MD) []*workerv1.MetadataEntry {
+	var out []*workerv1.MetadataEntry
+	for k, vs := range md {
+		for _, v := range vs {
+			out = append(out, &workerv1.MetadataEntry{Key: k, Value: []byte(v)})
+		}
+	}
+	return out
+}
+
+// callStream runs a Client's calls of a decode step on one Calls stream
+// (see the Worker service): the step's first call opens it, the call
+// marked last (EndStep) ends it. A call answers what the same unary call
+// would: the method's reply, trailer and status, CANCELED or
+// DEADLINE_EXCEEDED when the caller's context ends first (the stream is
+// then cut, which cancels the call on the node as it cancels a unary
+// one), and the stream's status when it breaks (UNAVAILABLE for a lost
+// node). A node without the Calls method (UNIMPLEMENTED) gets unary
+// calls from then on.
+type callStream struct {
+	cc grpc.ClientConnInterface
+
+	lock  chan struct{} // one call at a time; a call waiting for it gives up with its context
+	unary bool          // in process, or the node has no Calls method
+
+	mu     sync.Mutex // s and cancel, which CloseGrid's drop changes too
+	s      grpc.BidiStreamingClient[workerv1.Call, workerv1.Answer]
+	cancel context.CancelFunc
+}
+
+func newCallStream(cc grpc.ClientConnInterface) *callStream {
+	_, local := cc.(*localConn)
+	// In process there is no stream to save: the calls stay direct.
+	return &callStream{cc: cc, lock: make(chan struct{}, 1), unary: local}
+}
+
+// invoke runs method (a unary method of the Worker service) with in and
+// out as cc.Invoke does; last ends the stream after the call.
+func (cs *callStream) invoke(ctx context.Context, method string, in, out proto.Message, last bool, opts ...grpc.CallOption) error {
+	select {
+	case cs.lock <- struct{}{}:
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-cs.lock }()
+	if cs.unary {
+		return cs.cc.Invoke(ctx, method, in, out, opts...)
+	}
+	err := cs.onStream(ctx, method, in, out, last, opts)
+	if errors.Is(err, errNoCalls) {
+		cs.unary = true
+		return cs.cc.Invoke(ctx, method, in, out, opts...)
+	}
+	return err
+}
+
+// errNoCalls: the node answered the Calls stream UNIMPLEMENTED (an older
+// node), before running anything.
+var errNoCalls = errors.New("the node has no Calls method")
+
+var callsDesc = &workerv1.Worker_ServiceDesc.Streams[0]
+
+func (cs *callStream) onStream(ctx context.Context, method string, in, out proto.Message, last bool, opts []grpc.CallOption) error {
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	req, err := proto.Marshal(in)
+	if err != nil {
+		return status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
+	}
+	c := &workerv1.Call{Method: method, Request: req, Last: last}
+	if dl, ok := ctx.Deadline(); ok {
+		c.TimeoutNs = max(int64(time.Until(dl)), 1)
+	}
+	cs.mu.Lock()
+	s, cut := cs.s, cs.cancel
+	cs.mu.Unlock()
+	fresh := s == nil
+	if fresh {
+		// The stream outlives each call's context (a step's calls have
+		// their own); a call whose context ends cuts it.
+		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		cst, err := cs.cc.NewStream(sctx, callsDesc, workerv1.Worker_Calls_FullMethodName)
+		if err != nil {
+			cancel()
+			return err
+		}
+		s, cut = &grpc.GenericClientStream[workerv1.Call, workerv1.Answer]{ClientStream: cst}, cancel
+		cs.mu.Lock()
+		cs.s, cs.cancel = s, cut
+		cs.mu.Unlock()
+	}
+	stop := context.AfterFunc(ctx, cut)
+	err = s.Send(c)
+	var a *workerv1.Answer
+	if err == nil {
+		a, err = s.Recv()
+	} else if errors.Is(err, io.EOF) {
+		// The stream ended: Recv has its status.
+		_, err = s.Recv()
+	}
+	stopped := stop()
+	if err != nil {
+		cs.drop()
+		switch {
+		case !stopped || ctx.Err() != nil:
+			return status.FromContextError(ctx.Err()).Err()
+		case errors.Is(err, io.EOF):
+			return status.Error(codes.Unavailable, "calls: the node ended the stream without an answer")
+		case fresh && status.Code(err) == codes.Unimplemented:
+			return errNoCalls
+		}
+		return err
+	}
+	switch {
+	case !stopped:
+		// The answer came, but the call's context ended meanwhile and
+		// cut the stream: the next call opens another.
+		cs.drop()
+	case last:
+		// The node ends the stream after this answer: its status follows
+		// at once.
+		_, _ = s.Recv()
+		cs.drop()
+	}
+	for _, o := range opts {
+		switch o := o.(type) {
+		case grpc.TrailerCallOption:
+			md := metadata.MD{}
+			for _, e := range a.GetTrailer() {
+				md.Append(e.GetKey(), string(e.GetValue()))
+			}
+			*o.TrailerAddr = md
+		case grpc.HeaderCallOption:
+			*o.HeaderAddr = metadata.MD{}
+		}
+	}
+	if b := a.GetStatus(); b != nil {
+		var p spb.Status
+		if err := proto.Unmarshal(b, &p); err != nil {
+			return status.Errorf(codes.Internal, "calls: answer status: %v", err)
+		}
+		if p.GetCode() == int32(codes.OK) {
+			return status.Error(codes.Internal, "calls: an answer with status OK and no reply")
+		}
+		return status.FromProto(&p).Err()
+	}
+	if err := proto.Unmarshal(a.GetReply(), out); err != nil {
+		return status.Errorf(codes.Internal, "grpc: failed to unmarshal the received message: %v", err)
+	}
+	return nil
+}
+
+// drop forgets the stream, cutting it (a no-op once it ended).
+func (cs *callStream) drop() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.cancel != nil {
+		cs.cancel()
+	}
+	cs.s, cs.cancel = nil, nil
+}
