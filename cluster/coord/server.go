@@ -714,7 +714,7 @@ func Status(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, engine.ErrUnknownSequence), errors.Is(err, ErrUnknownSequence), errors.Is(err, worker.ErrUnknownSequence):
 		code = codes.NotFound
-	case errors.Is(err, pagestore.ErrPoolExhausted), errors.Is(err, cluster.ErrNoCapacity):
+	case errors.Is(err, pagestore.ErrPoolExhausted), errors.Is(err, cluster.ErrNoCapacity), errors.Is(err, pagestore.ErrDiskFull):
 		code = codes.ResourceExhausted
 	case errors.Is(err, engine.ErrBroken), errors.Is(err, pagestore.ErrUnevenLayers):
 		code = codes.FailedPrecondition

@@ -134,7 +134,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 		GRPCAddr: cfg.GRPCAddr, Advertise: cfg.Advertise, GRPCAdvertise: cfg.GRPCAdvertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
 		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext, Token: cfg.Token,
 		DrainTimeout: cfg.DrainTimeout, GridIdle: cfg.GridIdle, Version: version, Logger: log, Observe: m.observe,
-		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval,
+		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, OnPersistError: pw.report,
 		Devices: devs, DeviceResident: len(devs) > 0,
 	})
 	if err != nil {

@@ -51,6 +51,9 @@ var reasons = []struct {
 	err    error
 	code   codes.Code
 }{
+	{"DISK_FULL", pagestore.ErrDiskFull, codes.ResourceExhausted},
+	{"PERSIST_IO", pagestore.ErrIO, codes.Unknown},
+	{"PERSIST", pagestore.ErrPersist, codes.Unknown},
 	{"BAD_MESSAGE", worker.ErrBadMessage, codes.InvalidArgument},
 	{"NOT_HOSTED", worker.ErrNotHosted, codes.InvalidArgument},
 	{"UNKNOWN_SEQUENCE", worker.ErrUnknownSequence, codes.NotFound},

@@ -87,6 +87,9 @@ type ServerConfig struct {
 	// (worker.Config.Durability, SyncInterval); unused without DataDir.
 	Durability   pagestore.Durability
 	SyncInterval time.Duration
+	// OnPersistError, when set with DataDir, gets every failed operation
+	// on a file of DataDir (worker.Config.OnPersistError of every grid).
+	OnPersistError func(*pagestore.IOError)
 }
 
 // DefaultConnectTimeout is ServerConfig.ConnectTimeout's default.
@@ -699,6 +702,7 @@ func (s *Server) connect(ctx context.Context, g *grid, dir string, lis []net.Lis
 	}
 	if dir != "" {
 		c.DataDir, c.Durability, c.SyncInterval, c.GridID = dir, s.cfg.Durability, s.cfg.SyncInterval, g.id
+		c.OnPersistError = s.cfg.OnPersistError
 		if len(placement) == c.TP*c.CP {
 			c.Placement = slices.Clone(placement)
 		}
