@@ -30,6 +30,9 @@ type persistGrid struct {
 	trs    []collective.Transport
 	locals []*worker.Local
 	eng    *Engine
+	// onWrite persists on every write (pagestore.SyncOnWrite) instead of
+	// periodically.
+	onWrite bool
 }
 
 func adoptConfig(be kernels.Backend) Config {
@@ -53,6 +56,9 @@ func (g *persistGrid) open(dirs []string) {
 		wc := g.cfg.WorkerConfig()
 		wc.DataDir, wc.GridID = dirs[cp], "coord/1/1"
 		wc.Durability, wc.SyncInterval = pagestore.SyncPeriodic, time.Hour
+		if g.onWrite {
+			wc.Durability = pagestore.SyncOnWrite
+		}
 		r := worker.Rank{CP: cp}
 		l, err := worker.NewLocal(wc, []worker.RankSpec{{Rank: r, Backend: g.be, Transport: g.trs[cp]}})
 		if err != nil {

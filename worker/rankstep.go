@@ -80,6 +80,9 @@ func (l *Local) takeNew(st *stepState, i, layer int, in *RankInput, out *RankOut
 		}
 		if stores {
 			if err := rk.sh.Append(st.sq[si].local[i], layer, in.K[k*tok:(k+1)*tok], in.V[k*tok:(k+1)*tok]); err != nil {
+				if changedBy(err) {
+					err = fmt.Errorf("%w: %w", ErrChanged, err)
+				}
 				return fmt.Errorf("new token of sequence %d: %w", st.ids[si], err)
 			}
 			k++

@@ -218,7 +218,7 @@ func (l *Local) Append(ctx context.Context, m AppendRequest) error {
 	}
 	if n > 0 {
 		if err := rk.sh.Append(sq.local[i], m.Layer, m.K, m.V); err != nil {
-			if errors.Is(err, pagestore.ErrData) {
+			if changedBy(err) {
 				err = fmt.Errorf("%w: %w", ErrChanged, err)
 			}
 			return fmt.Errorf("append sequence %d layer %d on rank %v: %w", m.Seq, m.Layer, rk.id, err)
@@ -282,7 +282,7 @@ func (l *Local) Rollback(ctx context.Context, m RollbackRequest) (RollbackReply,
 	}
 	if n > 0 {
 		if err := rk.sh.Rollback(sq.local[i], n); err != nil {
-			if errors.Is(err, pagestore.ErrData) {
+			if changedBy(err) {
 				err = fmt.Errorf("%w: %w", ErrChanged, err)
 			}
 			return RollbackReply{}, fmt.Errorf("rollback sequence %d on rank %v: %w", m.Seq, rk.id, err)
@@ -332,4 +332,13 @@ func finiteOrInf(x []float32) bool {
 		}
 	}
 	return true
+}
+
+// changedBy reports whether a page store error of an append or rollback
+// leaves the rank changed: a data error after the store began, or a
+// persistence error (the operation took effect in memory, not on disk:
+// pagestore.ErrPersist), so that the caller breaks the sequence instead
+// of retrying what this rank already holds.
+func changedBy(err error) bool {
+	return errors.Is(err, pagestore.ErrData) || errors.Is(err, pagestore.ErrPersist)
 }

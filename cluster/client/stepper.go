@@ -248,7 +248,9 @@ func finite(x []float32) bool {
 // model's last layer the coordinator ends the step behind its last reply
 // (its workers' EndStep round, which the next step over the grid waits
 // for in its Begin, not this client); before it, the coordinator fails
-// the step (the new tokens of the layers that ran stay appended).
+// the step (the new tokens of the layers that ran stay appended). A
+// failure of the coordinator's own End comes back to no client: the
+// node logs it, and the grid's next step meets it in Begin.
 func (st *clientStep) End(context.Context) error {
 	if st.ended {
 		return decode.ErrStepEnded

@@ -13,6 +13,7 @@ import (
 
 	"github.com/questrt/questrt/cluster/coord"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/worker"
 	"github.com/questrt/questrt/worker/remote"
 )
 
@@ -43,6 +44,41 @@ func TestPersistErrorStatus(t *testing.T) {
 		api, _ := status.FromError(coord.Status(fmt.Errorf("append m0/1.3: %w", back)))
 		if api.Code() != c.code || !strings.Contains(api.Message(), c.text) || strings.Contains(api.Message(), "/var/lib") {
 			t.Errorf("%v: client API %v %q, want %v saying %q and no path", c.errno, api.Code(), api.Message(), c.code, c.text)
+		}
+	}
+}
+
+// TestPersistErrorStatusCombined: a persistence error that also says the
+// rank changed (an append that took effect in memory: the engine breaks
+// the sequence) is FAILED_PRECONDITION at the client API, never the
+// RESOURCE_EXHAUSTED that promises nothing changed; one that also says
+// a peer is gone stays UNAVAILABLE on both APIs, so that the coordinator
+// still counts the node as lost.
+func TestPersistErrorStatusCombined(t *testing.T) {
+	full := &pagestore.IOError{Op: "write page", Path: "/data/slab", Err: &os.PathError{Op: "write", Path: "/data/slab", Err: syscall.ENOSPC}}
+	for _, c := range []struct {
+		name        string
+		err         error
+		worker, api codes.Code
+		wraps       []error
+	}{
+		{"changed", fmt.Errorf("append seq 3 layer 1: %w: %w", worker.ErrChanged, full), codes.ResourceExhausted, codes.FailedPrecondition,
+			[]error{worker.ErrChanged, pagestore.ErrDiskFull, pagestore.ErrPersist}},
+		{"closed", fmt.Errorf("append seq 3 layer 1: %w: %w", worker.ErrClosed, full), codes.Unavailable, codes.Unavailable,
+			[]error{remote.ErrUnavailable, pagestore.ErrDiskFull}},
+	} {
+		st := remote.ToStatus(c.err)
+		back := remote.FromStatus(st.Err())
+		if st.Code() != c.worker {
+			t.Errorf("%s: worker API %v, want %v", c.name, st.Code(), c.worker)
+		}
+		for _, w := range c.wraps {
+			if !errors.Is(back, w) {
+				t.Errorf("%s: rebuilt %v does not wrap %v", c.name, back, w)
+			}
+		}
+		if api, _ := status.FromError(coord.Status(fmt.Errorf("append m0/1.3: %w", back))); api.Code() != c.api || !strings.Contains(api.Message(), "disk full") {
+			t.Errorf("%s: client API %v %q, want %v saying disk full", c.name, api.Code(), api.Message(), c.api)
 		}
 	}
 }

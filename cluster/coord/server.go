@@ -447,6 +447,9 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 			rep.TotalNs = time.Since(start).Nanoseconds()
 			serr := stream.Send(rep)
 			if err := st.End(context.WithoutCancel(ctx)); err != nil {
+				// The client has its reply and may be gone: its End
+				// reports nothing (clientStep.End), so the node says it.
+				s.c.log.Warn("steps: ending a step after its last reply failed", "err", err)
 				return statusCtx(ctx, fmt.Errorf("steps: %w", err))
 			}
 			return serr
@@ -714,12 +717,19 @@ func Status(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, engine.ErrUnknownSequence), errors.Is(err, ErrUnknownSequence), errors.Is(err, worker.ErrUnknownSequence):
 		code = codes.NotFound
-	case errors.Is(err, pagestore.ErrPoolExhausted), errors.Is(err, cluster.ErrNoCapacity), errors.Is(err, pagestore.ErrDiskFull):
+	case errors.Is(err, pagestore.ErrPersist) && (errors.Is(err, worker.ErrChanged) || errors.Is(err, engine.ErrBroken)):
+		// The change took effect in memory and the sequence is broken
+		// (the disk may be full: the message says): not a refusal
+		// that changed nothing.
+		code = codes.FailedPrecondition
+	case errors.Is(err, pagestore.ErrPoolExhausted), errors.Is(err, cluster.ErrNoCapacity):
 		code = codes.ResourceExhausted
 	case errors.Is(err, engine.ErrBroken), errors.Is(err, pagestore.ErrUnevenLayers):
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrGridLost), errors.Is(err, remote.ErrUnavailable), errors.Is(err, ErrClosed), errors.Is(err, engine.ErrClosed):
 		code = codes.Unavailable
+	case errors.Is(err, pagestore.ErrDiskFull):
+		code = codes.ResourceExhausted
 	case errors.Is(err, decode.ErrStepOpen):
 		// Another step held the sequences' grid until the deadline:
 		// try again.

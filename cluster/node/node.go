@@ -268,6 +268,12 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
+	// Not wire.ServerFlowOptions: their fixed 16 MiB windows would let
+	// every connection, authenticated or not, make the node buffer 16
+	// MiB (times the connection cap). Measured on loopback, they would
+	// take generate --addr from 126.3 to 135.6 tokens/s
+	// (bench/results/2026-12-06-cluster-generate-cpu.md): a per-peer
+	// window for authenticated workers is the way to that gain.
 	opts := append([]grpc.ServerOption{grpc.Creds(creds), grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)},
 		defaultConnLimits().serverOptions()...)
 	if cfg.Token != "" {

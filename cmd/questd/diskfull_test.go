@@ -21,8 +21,11 @@ import (
 // TestQuestdDiskFull runs questd with --data-dir on a real 384 KiB
 // tmpfs (mounted in a user and mount namespace of the process's own:
 // skipped where that is not permitted) and fills it through the client
-// API: the call that meets the full disk fails with RESOURCE_EXHAUSTED,
-// a message that says "disk full" and names no server path; the node
+// API: the append that meets the full disk took effect in memory, so it
+// breaks its sequence and fails with FAILED_PRECONDITION, a message that
+// says "disk full" and names no server path, and the sequence's next
+// append says it is broken (never a length mismatch that would leave it
+// wedged); the node
 // logs the failure with the file and counts it in
 // questrt_persist_errors_total{kind="disk_full"}; a SIGTERM, whose
 // grids cannot save their tails, says so and exits 1.
@@ -64,14 +67,16 @@ func TestQuestdDiskFull(t *testing.T) {
 	// Sequences of 2 sealed pages and a tail (page size 4) until the
 	// disk is full.
 	var fail error
-	seqs := 0
+	var id string
+	layer, seqs := 0, 0
 	for ; fail == nil && seqs < 100; seqs++ {
-		var id string
 		if id, _, fail = c.Create(ctx, plan.Striped); fail != nil {
 			break
 		}
-		for l := 0; l < g.Layers && fail == nil; l++ {
-			fail = c.Append(ctx, id, l, vec(9*kv), vec(9*kv))
+		for layer = 0; layer < g.Layers; layer++ {
+			if fail = c.Append(ctx, id, layer, vec(9*kv), vec(9*kv)); fail != nil {
+				break
+			}
 		}
 	}
 	if fail == nil {
@@ -79,8 +84,14 @@ func TestQuestdDiskFull(t *testing.T) {
 	}
 	st := status.Convert(fail)
 	t.Logf("the client's error after %d sequences: %v: %s", seqs, st.Code(), st.Message())
-	if st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "disk full") || strings.Contains(st.Message(), dir) || strings.Contains(st.Message(), "slab-") {
-		t.Errorf("the client's error on a full disk: %v %q, want RESOURCE_EXHAUSTED saying disk full, no path", st.Code(), st.Message())
+	if st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), "disk full") || strings.Contains(st.Message(), dir) || strings.Contains(st.Message(), "slab-") {
+		t.Errorf("the client's error on a full disk: %v %q, want FAILED_PRECONDITION saying disk full, no path", st.Code(), st.Message())
+	}
+	if layer < g.Layers {
+		again := status.Convert(c.Append(ctx, id, layer, vec(9*kv), vec(9*kv)))
+		if again.Code() != codes.FailedPrecondition || !strings.Contains(again.Message(), "broken") {
+			t.Errorf("the append again: %v %q, want FAILED_PRECONDITION saying the sequence is broken", again.Code(), again.Message())
+		}
 	}
 	if got := metric(t, scrape(t, p.ready["metrics"]), "questrt_persist_errors_total", "kind", "disk_full").GetCounter().GetValue(); got < 1 {
 		t.Errorf(`questrt_persist_errors_total{kind="disk_full"} = %v, want at least 1`, got)

@@ -122,9 +122,10 @@ type callStream struct {
 	lock  chan struct{} // one call at a time; a call waiting for it gives up with its context
 	unary bool          // in process, or the node has no Calls method
 
-	mu     sync.Mutex // s and cancel, which CloseGrid's drop changes too
+	mu     sync.Mutex // s, cancel and closed, which CloseGrid's close changes too
 	s      grpc.BidiStreamingClient[workerv1.Call, workerv1.Answer]
 	cancel context.CancelFunc
+	closed bool // the grid was closed: no stream opens again
 }
 
 func newCallStream(cc grpc.ClientConnInterface) *callStream {
@@ -182,12 +183,23 @@ func (cs *callStream) onStream(ctx context.Context, method string, in, out proto
 		cst, err := cs.cc.NewStream(sctx, callsDesc, workerv1.Worker_Calls_FullMethodName)
 		if err != nil {
 			cancel()
+			if status.Code(err) == codes.Unimplemented {
+				return errNoCalls // refused before anything ran
+			}
 			return err
 		}
 		s, cut = &grpc.GenericClientStream[workerv1.Call, workerv1.Answer]{ClientStream: cst}, cancel
 		cs.mu.Lock()
-		cs.s, cs.cancel = s, cut
+		closed := cs.closed
+		if !closed {
+			cs.s, cs.cancel = s, cut
+		}
 		cs.mu.Unlock()
+		if closed {
+			// CloseGrid ran while the stream opened: nothing owns it.
+			cancel()
+			return status.Error(codes.Unavailable, "calls: the grid was closed")
+		}
 	}
 	stop := context.AfterFunc(ctx, cut)
 	err = s.Send(c)
@@ -217,9 +229,10 @@ func (cs *callStream) onStream(ctx context.Context, method string, in, out proto
 		// cut the stream: the next call opens another.
 		cs.drop()
 	case last:
-		// The node ends the stream after this answer: its status follows
-		// at once.
-		_, _ = s.Recv()
+		// The node ends the stream after this answer. Its status adds
+		// nothing to the answer in hand, and waiting for it could hang
+		// on a silent peer (the call's context no longer guards the
+		// stream): cut it.
 		cs.drop()
 	}
 	for _, o := range opts {
@@ -258,4 +271,14 @@ func (cs *callStream) drop() {
 		cs.cancel()
 	}
 	cs.s, cs.cancel = nil, nil
+}
+
+// close drops the stream for good (CloseGrid): a call opening one
+// meanwhile cuts it and fails UNAVAILABLE, so that no stream outlives the
+// grid.
+func (cs *callStream) close() {
+	cs.mu.Lock()
+	cs.closed = true
+	cs.mu.Unlock()
+	cs.drop()
 }

@@ -324,7 +324,7 @@ func CloseGrid(ctx context.Context, clients ...*Client) error {
 	errs := make([]error, len(clients))
 	var wg sync.WaitGroup
 	for i, c := range clients {
-		c.calls.drop() // a step in progress ends with the grid
+		c.calls.close() // a step in progress ends with the grid
 		wg.Go(func() {
 			if _, err := c.api.CloseGrid(ctx, &workerv1.CloseGridRequest{Ref: c.ref}); err != nil {
 				errs[i] = fmt.Errorf("close grid %s: %w", c.ref.Grid, FromStatus(err))

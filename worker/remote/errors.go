@@ -51,9 +51,6 @@ var reasons = []struct {
 	err    error
 	code   codes.Code
 }{
-	{"DISK_FULL", pagestore.ErrDiskFull, codes.ResourceExhausted},
-	{"PERSIST_IO", pagestore.ErrIO, codes.Unknown},
-	{"PERSIST", pagestore.ErrPersist, codes.Unknown},
 	{"BAD_MESSAGE", worker.ErrBadMessage, codes.InvalidArgument},
 	{"NOT_HOSTED", worker.ErrNotHosted, codes.InvalidArgument},
 	{"UNKNOWN_SEQUENCE", worker.ErrUnknownSequence, codes.NotFound},
@@ -72,6 +69,11 @@ var reasons = []struct {
 	{"UNAVAILABLE", ErrUnavailable, codes.Unavailable},
 	{"DEADLINE_EXCEEDED", context.DeadlineExceeded, codes.DeadlineExceeded},
 	{"CANCELED", context.Canceled, codes.Canceled},
+	// After every code a lost or closed peer decides (a node lost stays
+	// lost when its error also says the disk is full).
+	{"DISK_FULL", pagestore.ErrDiskFull, codes.ResourceExhausted},
+	{"PERSIST_IO", pagestore.ErrIO, codes.Unknown},
+	{"PERSIST", pagestore.ErrPersist, codes.Unknown},
 	{"CHANGED", worker.ErrChanged, codes.Unknown},
 }
 
