@@ -58,9 +58,14 @@ type ModelDevice interface {
 	// GemvSplit writes x w^T into up to three outputs, each taking the
 	// next ys[i].Len/rows outputs of every row (fused q|k|v, gate|up).
 	GemvSplit(ctx context.Context, w Matrix, x decode.Tensor, rows int, ys ...decode.Tensor) error
-	// Rope rotates x ([rows][heads][d]) in place by the angles whose
-	// cosines and sines cs holds ([rows][d/2][2]).
-	Rope(ctx context.Context, x decode.Tensor, rows, heads, d int, cs decode.Tensor) error
+	// GemvNorm is GemvSplit of x normalised as RMSNorm does with the
+	// weights norm (1 x w.Cols, of w's type) and eps, without storing the
+	// normalised x (the CUDA backend fuses the two into one launch).
+	GemvNorm(ctx context.Context, w Matrix, x decode.Tensor, norm Matrix, eps float32, rows int, ys ...decode.Tensor) error
+	// Rope rotates q ([rows][qh][d]) and k ([rows][kh][d]; the zero
+	// Tensor with kh 0 for none) in place by the angles whose cosines and
+	// sines cs holds ([rows][d/2][2]).
+	Rope(ctx context.Context, q, k decode.Tensor, rows, qh, kh, d int, cs decode.Tensor) error
 	// SiluMul sets g = silu(g) * u elementwise.
 	SiluMul(ctx context.Context, g, u decode.Tensor) error
 	// Argmax waits for the queued work and returns, per row of logits

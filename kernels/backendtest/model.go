@@ -186,29 +186,49 @@ func (d *QueuedDevice) RMSNorm(ctx context.Context, out, x decode.Tensor, w kern
 	d.landLocked()
 	for r := range rows {
 		xr, yr := xm[r*h:(r+1)*h], om[r*h:(r+1)*h]
-		var ss float64
-		for _, v := range xr {
-			ss += float64(v) * float64(v)
-		}
-		s := float32(1 / math.Sqrt(ss/float64(h)+float64(eps)))
-		for i, v := range xr {
-			yr[i] = wm[i] * (v * s)
-		}
+		rmsnormRow(yr, xr, wm, eps)
 	}
 	return nil
 }
 
+// rmsnormRow writes xr normalised and scaled by w into yr: the mean of
+// squares in float64, rounded once, as the CPU executor's.
+func rmsnormRow(yr, xr, w []float32, eps float32) {
+	var ss float64
+	for _, v := range xr {
+		ss += float64(v) * float64(v)
+	}
+	s := float32(1 / math.Sqrt(ss/float64(len(xr))+float64(eps)))
+	for i, v := range xr {
+		yr[i] = w[i] * (v * s)
+	}
+}
+
 // Gemv implements kernels.ModelDevice.
 func (d *QueuedDevice) Gemv(ctx context.Context, y decode.Tensor, w kernels.Matrix, x, res decode.Tensor, rows int) error {
-	return d.gemv(w, x, res, rows, y)
+	return d.gemv(w, x, res, nil, rows, y)
 }
 
 // GemvSplit implements kernels.ModelDevice.
 func (d *QueuedDevice) GemvSplit(ctx context.Context, w kernels.Matrix, x decode.Tensor, rows int, ys ...decode.Tensor) error {
-	return d.gemv(w, x, decode.Tensor{}, rows, ys...)
+	return d.gemv(w, x, decode.Tensor{}, nil, rows, ys...)
 }
 
-func (d *QueuedDevice) gemv(w kernels.Matrix, x, res decode.Tensor, rows int, ys ...decode.Tensor) error {
+// GemvNorm implements kernels.ModelDevice: RMSNorm into a scratch copy of
+// x, then the GEMV (the device fuses them; the twin need not).
+func (d *QueuedDevice) GemvNorm(ctx context.Context, w kernels.Matrix, x decode.Tensor, norm kernels.Matrix, eps float32, rows int, ys ...decode.Tensor) error {
+	if norm.DType != w.DType || norm.Rows*norm.Cols != w.Cols {
+		return fmt.Errorf("fake device: gemv norm: weights %dx%d %v for a %dx%d %v matrix", norm.Rows, norm.Cols, norm.DType, w.Rows, w.Cols, w.DType)
+	}
+	return d.gemv(w, x, decode.Tensor{}, &gemvNorm{norm, eps}, rows, ys...)
+}
+
+type gemvNorm struct {
+	w   kernels.Matrix
+	eps float32
+}
+
+func (d *QueuedDevice) gemv(w kernels.Matrix, x, res decode.Tensor, nm *gemvNorm, rows int, ys ...decode.Tensor) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if len(ys) == 0 || len(ys) > 3 || rows <= 0 {
@@ -221,6 +241,12 @@ func (d *QueuedDevice) gemv(w kernels.Matrix, x, res decode.Tensor, rows int, ys
 	xm, err := d.rows("gemv x", x, rows, w.Cols)
 	if err != nil {
 		return err
+	}
+	var nw []float32
+	if nm != nil {
+		if nw, err = d.matrix("gemv norm", nm.w); err != nil {
+			return err
+		}
 	}
 	outs := make([][]float32, len(ys))
 	widths := make([]int, len(ys))
@@ -248,10 +274,17 @@ func (d *QueuedDevice) gemv(w kernels.Matrix, x, res decode.Tensor, rows int, ys
 		}
 	}
 	d.landLocked()
+	k := w.Cols
+	if nm != nil {
+		xn := make([]float32, len(xm))
+		for r := range rows {
+			rmsnormRow(xn[r*k:(r+1)*k], xm[r*k:(r+1)*k], nw, nm.eps)
+		}
+		xm = xn
+	}
 	// All outputs first, then the stores: y may alias res (and x, as on
 	// the device, may not alias y).
 	acc := make([]float32, rows*w.Rows)
-	k := w.Cols
 	for r := range rows {
 		xr := xm[r*k : (r+1)*k]
 		for o := range w.Rows {
@@ -276,15 +309,24 @@ func (d *QueuedDevice) gemv(w kernels.Matrix, x, res decode.Tensor, rows int, ys
 }
 
 // Rope implements kernels.ModelDevice.
-func (d *QueuedDevice) Rope(ctx context.Context, x decode.Tensor, rows, heads, hd int, cs decode.Tensor) error {
+func (d *QueuedDevice) Rope(ctx context.Context, q, k decode.Tensor, rows, qh, kh, hd int, cs decode.Tensor) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if hd%2 != 0 {
 		return fmt.Errorf("fake device: rope: head dim %d (even)", hd)
 	}
-	xm, err := d.rows("rope x", x, rows, heads*hd)
+	if qh <= 0 || kh < 0 || (kh == 0) != k.Zero() {
+		return fmt.Errorf("fake device: rope: %d q heads, %d k heads (k given: %t)", qh, kh, !k.Zero())
+	}
+	qm, err := d.rows("rope q", q, rows, qh*hd)
 	if err != nil {
 		return err
+	}
+	var km []float32
+	if kh > 0 {
+		if km, err = d.rows("rope k", k, rows, kh*hd); err != nil {
+			return err
+		}
 	}
 	cm, err := d.rows("rope cos/sin", cs, rows, hd)
 	if err != nil {
@@ -292,14 +334,19 @@ func (d *QueuedDevice) Rope(ctx context.Context, x decode.Tensor, rows, heads, h
 	}
 	d.landLocked()
 	half := hd / 2
-	for r := range rows {
-		for h := range heads {
-			v := xm[(r*heads+h)*hd : (r*heads+h+1)*hd]
-			for i := range half {
-				c, s := cm[(r*half+i)*2], cm[(r*half+i)*2+1]
-				a, b := v[i], v[i+half]
-				v[i] = a*c - b*s
-				v[i+half] = b*c + a*s
+	for _, t := range []struct {
+		x     []float32
+		heads int
+	}{{qm, qh}, {km, kh}} {
+		for r := range rows {
+			for h := range t.heads {
+				v := t.x[(r*t.heads+h)*hd : (r*t.heads+h+1)*hd]
+				for i := range half {
+					c, s := cm[(r*half+i)*2], cm[(r*half+i)*2+1]
+					a, b := v[i], v[i+half]
+					v[i] = a*c - b*s
+					v[i+half] = b*c + a*s
+				}
 			}
 		}
 	}

@@ -22,6 +22,7 @@ func RunModelDevice(t *testing.T, dev kernels.ModelDevice) {
 	t.Run("Embed", func(t *testing.T) { testEmbed(t, dev) })
 	t.Run("RMSNorm", func(t *testing.T) { testRMSNorm(t, dev) })
 	t.Run("Gemv", func(t *testing.T) { testGemv(t, dev) })
+	t.Run("GemvNorm", func(t *testing.T) { testGemvNorm(t, dev) })
 	t.Run("Rope", func(t *testing.T) { testRope(t, dev) })
 	t.Run("SiluMul", func(t *testing.T) { testSiluMul(t, dev) })
 	t.Run("Argmax", func(t *testing.T) { testArgmax(t, dev) })
@@ -239,10 +240,79 @@ func testGemv(t *testing.T, dev kernels.ModelDevice) {
 	}
 }
 
+// testGemvNorm checks GemvNorm against RMSNorm then the GEMV in float64,
+// on the paths a device may take: k not a multiple of 8, 1 to 17 rows
+// (more than one launch of 16), the split outputs.
+func testGemvNorm(t *testing.T, dev kernels.ModelDevice) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(6, 6))
+	const eps = 1e-5
+	for _, sh := range []struct{ m, k, rows int }{{37, 1000, 1}, {70, 1003, 3}, {40, 4096, 2}, {33, 264, 8}, {19, 512, 17}} {
+		for _, dt := range []plan.DType{plan.Float32, plan.BFloat16} {
+			w := roundAll(dt, randVec(rng, sh.m*sh.k, 1))
+			nw := roundAll(dt, randVec(rng, sh.k, 1))
+			wm, err := dev.UploadMatrix(ctx, w, sh.m, sh.k, dt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nm, err := dev.UploadMatrix(ctx, nw, 1, sh.k, dt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := randVec(rng, sh.rows*sh.k, 3)
+			xt := upload(t, dev, x)
+			m0 := sh.m / 2
+			parts := []decode.Tensor{upload(t, dev, make([]float32, sh.rows*m0)), upload(t, dev, make([]float32, sh.rows*(sh.m-m0)))}
+			if err := dev.GemvNorm(ctx, wm, xt, nm, eps, sh.rows, parts...); err != nil {
+				t.Fatal(err)
+			}
+			got := [][]float32{download(t, dev, parts[0]), download(t, dev, parts[1])}
+			if in := download(t, dev, xt); !slices.Equal(in, x) {
+				t.Fatalf("%dx%d %v: GemvNorm changed x", sh.m, sh.k, dt)
+			}
+			for r := range sh.rows {
+				xr := x[r*sh.k : (r+1)*sh.k]
+				var ss float64
+				for _, v := range xr {
+					ss += float64(v) * float64(v)
+				}
+				sc := 1 / math.Sqrt(ss/float64(sh.k)+eps)
+				for o := range sh.m {
+					var s, a float64
+					for j, v := range xr {
+						p := float64(w[o*sh.k+j]) * float64(nw[j]) * float64(v) * sc
+						s += p
+						a += math.Abs(p)
+					}
+					seg, at, width := 0, o, m0
+					if o >= m0 {
+						seg, at, width = 1, o-m0, sh.m-m0
+					}
+					if d := math.Abs(float64(got[seg][r*width+at]) - s); d > 1e-5*a+1e-6 {
+						t.Fatalf("%dx%d %v rows %d: output [%d][%d] = %v, float64 %v", sh.m, sh.k, dt, sh.rows, r, o, got[seg][r*width+at], s)
+					}
+				}
+			}
+			short, err := dev.UploadMatrix(ctx, nw[:sh.k-1], 1, sh.k-1, dt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := dev.GemvNorm(ctx, wm, xt, short, eps, sh.rows, parts...); err == nil {
+				t.Errorf("%dx%d %v: norm weights of %d accepted", sh.m, sh.k, dt, sh.k-1)
+			}
+			for _, m := range []kernels.Matrix{wm, nm, short} {
+				dev.FreeMatrix(ctx, m)
+			}
+		}
+	}
+}
+
+// testRope rotates q and k (different head counts) in one call, and q
+// alone.
 func testRope(t *testing.T, dev kernels.ModelDevice) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(4, 4))
-	const heads, d = 3, 128
+	const qh, kh, d = 3, 2, 128
 	positions := []int{0, 1, 8191, 8192, 131071, 1_000_000}
 	rows := len(positions)
 	// cos/sin of plain rotary angles at theta 500000, as float32 (the
@@ -255,33 +325,51 @@ func testRope(t *testing.T, dev kernels.ModelDevice) {
 			cs[(r*d/2+i)*2], cs[(r*d/2+i)*2+1] = float32(math.Cos(ang)), float32(math.Sin(ang))
 		}
 	}
-	x := randVec(rng, rows*heads*d, 1)
-	xt := upload(t, dev, x)
-	ct := upload(t, dev, cs)
-	if err := dev.Rope(ctx, xt, rows, heads, d, ct); err != nil {
-		t.Fatal(err)
-	}
-	got := download(t, dev, xt)
-	for r := range rows {
-		for h := range heads {
-			v := x[(r*heads+h)*d : (r*heads+h+1)*d]
-			g := got[(r*heads+h)*d : (r*heads+h+1)*d]
-			for i := range d / 2 {
-				c, s := float64(cs[(r*d/2+i)*2]), float64(cs[(r*d/2+i)*2+1])
-				a, b := float64(v[i]), float64(v[i+d/2])
-				for _, e := range []struct {
-					got  float32
-					want float64
-				}{{g[i], a*c - b*s}, {g[i+d/2], b*c + a*s}} {
-					if diff := math.Abs(float64(e.got) - e.want); diff > 1e-6*(math.Abs(a)+math.Abs(b))+1e-7 {
-						t.Fatalf("position %d head %d pair %d: %v, float64 %v", positions[r], h, i, e.got, e.want)
+	check := func(what string, x, got []float32, heads int) {
+		t.Helper()
+		for r := range rows {
+			for h := range heads {
+				v := x[(r*heads+h)*d : (r*heads+h+1)*d]
+				g := got[(r*heads+h)*d : (r*heads+h+1)*d]
+				for i := range d / 2 {
+					c, s := float64(cs[(r*d/2+i)*2]), float64(cs[(r*d/2+i)*2+1])
+					a, b := float64(v[i]), float64(v[i+d/2])
+					for _, e := range []struct {
+						got  float32
+						want float64
+					}{{g[i], a*c - b*s}, {g[i+d/2], b*c + a*s}} {
+						if diff := math.Abs(float64(e.got) - e.want); diff > 1e-6*(math.Abs(a)+math.Abs(b))+1e-7 {
+							t.Fatalf("%s: position %d head %d pair %d: %v, float64 %v", what, positions[r], h, i, e.got, e.want)
+						}
 					}
 				}
 			}
 		}
 	}
-	if err := dev.Rope(ctx, xt, rows, heads, d, ct.Slice(0, d)); err == nil {
-		t.Error("cos/sin of one row for six accepted")
+	q, k := randVec(rng, rows*qh*d, 1), randVec(rng, rows*kh*d, 1)
+	qt, kt, ct := upload(t, dev, q), upload(t, dev, k), upload(t, dev, cs)
+	if err := dev.Rope(ctx, qt, kt, rows, qh, kh, d, ct); err != nil {
+		t.Fatal(err)
+	}
+	check("q", q, download(t, dev, qt), qh)
+	check("k", k, download(t, dev, kt), kh)
+	q = download(t, dev, qt)
+	if err := dev.Rope(ctx, qt, decode.Tensor{}, rows, qh, 0, d, ct); err != nil {
+		t.Fatal(err)
+	}
+	check("q alone", q, download(t, dev, qt), qh)
+	before := download(t, dev, qt)
+	for what, err := range map[string]error{
+		"cos/sin of one row for six": dev.Rope(ctx, qt, kt, rows, qh, kh, d, ct.Slice(0, d)),
+		"k heads without k":          dev.Rope(ctx, qt, decode.Tensor{}, rows, qh, kh, d, ct),
+		"k too short":                dev.Rope(ctx, qt, kt.Slice(0, d), rows, qh, kh, d, ct),
+	} {
+		if err == nil {
+			t.Errorf("%s accepted", what)
+		}
+	}
+	if !slices.Equal(download(t, dev, qt), before) {
+		t.Error("a refused Rope changed q")
 	}
 }
 

@@ -6,7 +6,8 @@
 //   model_embed_<W>     out[r] = table[ids[r]]
 //   model_rmsnorm_<W>   out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w
 //   model_gemv_<W>_r<R>_t<T>_u<U>_n<NA>  y[r] = W x[r] (+ res[r]), r < rows <= R (1, 4, 8, 16), outputs split into up to 3 tensors
-//   model_rope          rotate-half RoPE with per-row cos/sin
+//   model_gemv..._norm  the same of RMSNorm(x[r]) * nw (the norm fused: x read once, never stored normalised)
+//   model_rope          rotate-half RoPE with per-row cos/sin, of q and k in one launch
 //   model_silu_mul      g = silu(g) * u
 //   model_argmax        out[r] = the first index of the largest logit
 //   model_fill_<W>      dst[i] = offset + scale * uniform[-1, 1) (random weights)
@@ -89,6 +90,22 @@ struct gemv_out {
 	i64 m, m0, m1;
 };
 
+// The RMSNorm a GEMV may fuse in front of itself (NORM variants): x[r] is
+// multiplied by the norm's weights w as it is loaded, its mean of squares
+// is summed on the way (over the same loads), and the dot products are
+// scaled by rsqrt(mean + eps) at the end: W (w * x s) = s W (w * x), so
+// the normalised x never goes through memory and no kernel runs for it.
+template <typename W> struct gemv_norm {
+	const W* w;
+	float eps;
+};
+
+// norm_scale is rsqrt(ss / k + eps) rounded once from double, as the
+// RMSNorm kernel's.
+__device__ __forceinline__ float norm_scale(float ss, i64 k, float eps) {
+	return (float)(1.0 / sqrt((double)ss / (double)k + (double)eps));
+}
+
 __device__ __forceinline__ void gemv_store(const gemv_out& g, i64 r, i64 o, float s) {
 	if (o < g.m0) {
 		i64 at = r * g.m0 + o;
@@ -108,8 +125,8 @@ __device__ __forceinline__ void gemv_store(const gemv_out& g, i64 r, i64 o, floa
 // rows are 16-byte aligned (vector loads). Waits for the previous kernel
 // (griddepcontrol.wait: launched as its programmatic dependent) only
 // after prefetching its first weights into L2, which never change.
-template <typename W, int R, int T, int U, int NA>
-__device__ void gemv(gemv_out g, const W* wt, const float* x, i64 k, i64 rows, i64 k8) {
+template <typename W, int R, int T, int U, int NA, bool NORM>
+__device__ void gemv(gemv_out g, const W* wt, const float* x, i64 k, i64 rows, i64 k8, gemv_norm<W> nm) {
 	const i64 o0 = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * T;
 	const int lane = threadIdx.x & 31;
 	const i64 step = 32 * 8;
@@ -121,11 +138,13 @@ __device__ void gemv(gemv_out g, const W* wt, const float* x, i64 k, i64 rows, i
 	}
 	asm volatile("griddepcontrol.wait;\n" ::: "memory");
 	if (o0 >= g.m) return;
-	float acc[T][R];
+	float acc[T][R], ss[R];
 #pragma unroll
 	for (int t = 0; t < T; t++)
 #pragma unroll
 		for (int r = 0; r < R; r++) acc[t][r] = 0.f;
+#pragma unroll
+	for (int r = 0; r < R; r++) ss[r] = 0.f;
 	// Rows past m (the last warp's tile) read row m-1 again and are not stored.
 	const W* wr[T];
 #pragma unroll
@@ -142,14 +161,19 @@ __device__ void gemv(gemv_out g, const W* wt, const float* x, i64 k, i64 rows, i
 			for (int u = 0; u < U; u++) {
 				const i64 j = j0 + u * step;
 				if (j < k) {
-					float wf[T][8];
+					float wf[T][8], nf[8];
 #pragma unroll
 					for (int t = 0; t < T; t++) unpack(wv[u][t], wf[t]);
+					if (NORM) load8(nm.w + j, nf);
 #pragma unroll
 					for (int r = 0; r < R; r++) {
 						if (r < rows) {
 							float xv[8];
 							load8(x + r * k + j, xv);
+							if (NORM) {
+#pragma unroll
+								for (int i = 0; i < 8; i++) ss[r] += xv[i] * xv[i], xv[i] *= nf[i];
+							}
 #pragma unroll
 							for (int t = 0; t < T; t++)
 #pragma unroll
@@ -161,21 +185,34 @@ __device__ void gemv(gemv_out g, const W* wt, const float* x, i64 k, i64 rows, i
 		}
 	} else {
 		for (i64 j = lane; j < k; j += 32) {
+			float xs[R];
+			const float nf = NORM ? to_f(nm.w[j]) : 1.f;
+#pragma unroll
+			for (int r = 0; r < R; r++) {
+				xs[r] = r < rows ? x[r * k + j] : 0.f;
+				if (NORM) ss[r] += xs[r] * xs[r], xs[r] *= nf;
+			}
 #pragma unroll
 			for (int t = 0; t < T; t++) {
 				float wv = to_f(wr[t][j]);
 #pragma unroll
 				for (int r = 0; r < R; r++)
-					if (r < rows) acc[t][r] += wv * x[r * k + j];
+					if (r < rows) acc[t][r] += wv * xs[r];
 			}
 		}
 	}
+	// Every lane's share of each row's squares, summed over the warp
+	// (the warp read the whole of x).
+	float sc[R];
+#pragma unroll
+	for (int r = 0; r < R; r++) sc[r] = NORM && r < rows ? norm_scale(warp_sum(ss[r]), k, nm.eps) : 1.f;
 #pragma unroll
 	for (int t = 0; t < T; t++) {
 #pragma unroll
 		for (int r = 0; r < R; r++) {
 			if (r < rows) {
 				float s = warp_sum(acc[t][r]);
+				if (NORM) s *= sc[r];
 				if (lane == 0 && o0 + t < g.m) gemv_store(g, r, o0 + t, s);
 			}
 		}
@@ -210,9 +247,10 @@ __device__ void fill(W* dst, i64 n, i64 seed, float scale, float offset) {
 // the fp32 sum of exact products, as the CUDA-core GEMV's. k must be a
 // multiple of 8 with 16-byte aligned rows (k8; the host checks).
 #define TC_WARPS 8
-template <int T, int U>
-__device__ void gemv_tc(gemv_out g, const __nv_bfloat16* wt, const float* x, i64 k, i64 rows) {
+template <int T, int U, bool NORM>
+__device__ void gemv_tc(gemv_out g, const __nv_bfloat16* wt, const float* x, i64 k, i64 rows, gemv_norm<__nv_bfloat16> nm) {
 	__shared__ float red[TC_WARPS - 1][T][4][32];
+	__shared__ float ssw[TC_WARPS][8]; // NORM: each warp's sum of squares per row
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int gq = lane >> 2, c = lane & 3;
 	const i64 o0 = (i64)blockIdx.x * 16 * T;
@@ -230,7 +268,7 @@ __device__ void gemv_tc(gemv_out g, const __nv_bfloat16* wt, const float* x, i64
 	}
 	asm volatile("griddepcontrol.wait;\n" ::: "memory");
 	const float* xr = gq < rows ? x + gq * k : nullptr;
-	float acc[T][4];
+	float acc[T][4], ss = 0.f;
 #pragma unroll
 	for (int t = 0; t < T; t++)
 #pragma unroll
@@ -260,7 +298,15 @@ __device__ void gemv_tc(gemv_out g, const __nv_bfloat16* wt, const float* x, i64
 			float xv[8];
 #pragma unroll
 			for (int i = 0; i < 8; i++) xv[i] = 0.f;
-			if (xr && j < k) load8(xr + j, xv);
+			if (xr && j < k) {
+				load8(xr + j, xv);
+				if (NORM) {
+					float nf[8];
+					load8(nm.w + j, nf);
+#pragma unroll
+					for (int i = 0; i < 8; i++) ss += xv[i] * xv[i], xv[i] *= nf[i];
+				}
+			}
 			// b[s][p]: term s (hi, mid, lo) of the pair (xv[2p], xv[2p+1]).
 			uint32_t b[3][4];
 #pragma unroll
@@ -286,8 +332,24 @@ __device__ void gemv_tc(gemv_out g, const __nv_bfloat16* wt, const float* x, i64
 #pragma unroll
 			for (int i = 0; i < 4; i++) red[warp - 1][t][i][lane] = acc[t][i];
 	}
+	if (NORM) {
+		// Row gq's squares of this warp: its four lanes (c = 0..3).
+		ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+		ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+		if (c == 0) ssw[warp][gq] = ss;
+	}
 	__syncthreads();
 	if (warp != 0) return;
+	float sc[2] = {1.f, 1.f}; // rows 2c, 2c+1
+	if (NORM) {
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			float t = 0.f;
+#pragma unroll
+			for (int w = 0; w < TC_WARPS; w++) t += ssw[w][2 * c + i];
+			sc[i] = norm_scale(t, k, nm.eps);
+		}
+	}
 #pragma unroll
 	for (int t = 0; t < T; t++) {
 #pragma unroll
@@ -295,6 +357,7 @@ __device__ void gemv_tc(gemv_out g, const __nv_bfloat16* wt, const float* x, i64
 			float s = acc[t][i];
 #pragma unroll
 			for (int w = 0; w < TC_WARPS - 1; w++) s += red[w][t][i][lane];
+			if (NORM) s *= sc[i & 1];
 			// c0, c1: output g, rows 2c, 2c+1; c2, c3: output g + 8.
 			const i64 o = o0 + 16 * t + gq + (i >= 2 ? 8 : 0);
 			const i64 r = 2 * c + (i & 1);
@@ -303,19 +366,24 @@ __device__ void gemv_tc(gemv_out g, const __nv_bfloat16* wt, const float* x, i64
 	}
 }
 
-// model_gemv_<W>_r<R>_t<T>_u<U>_n<NA>: up to R rows, T outputs a warp, U
-// loads in flight a lane and weight row, L1::no_allocate when NA (the
-// variants that modelnames.go lists; the host picks one by shape).
-#define GEMV_ENTRY(W, NAME, R, T, U, NA)                                                                      \
-	extern "C" __global__ void model_gemv_##NAME##_r##R##_t##T##_u##U##_n##NA(                            \
+// model_gemv_<W>_r<R>_t<T>_u<U>_n<NA>[_norm]: up to R rows, T outputs a
+// warp, U loads in flight a lane and weight row, L1::no_allocate when NA;
+// _norm with the RMSNorm of x (weights nw, eps) fused (the variants that
+// modelnames.go lists; the host picks one by shape). Every variant takes
+// nw and eps; those without _norm ignore them.
+#define GEMV_ENTRY_AS(W, NAME, R, T, U, NA, NORM, SUFFIX)                                                    \
+	extern "C" __global__ void model_gemv_##NAME##_r##R##_t##T##_u##U##_n##NA##SUFFIX(                    \
 	    float* y0, float* y1, float* y2, const float* res, const W* wt, const float* x, i64 m, i64 m0, i64 m1, \
-	    i64 k, i64 rows, i64 k8) {                                                                          \
-		gemv<W, R, T, U, NA>(gemv_out{y0, y1, y2, res, m, m0, m1}, wt, x, k, rows, k8);                     \
+	    i64 k, i64 rows, i64 k8, const W* nw, float eps) {                                                   \
+		gemv<W, R, T, U, NA, NORM>(gemv_out{y0, y1, y2, res, m, m0, m1}, wt, x, k, rows, k8, gemv_norm<W>{nw, eps}); \
 	}
+#define GEMV_ENTRY(W, NAME, R, T, U, NA) GEMV_ENTRY_AS(W, NAME, R, T, U, NA, false, )
+#define GEMV_ENTRY_NORM(W, NAME, R, T, U, NA) GEMV_ENTRY_AS(W, NAME, R, T, U, NA, true, _norm)
 
 // The variants kept after measuring 21 (bench/results/2026-12-06-gemv-h100.md):
 // the best at one row, the fallbacks for k not a multiple of 8, and 9-16
-// rows; f32 weights (tests) one a row count.
+// rows; f32 weights (tests) one a row count. The defaults (gemvDefault)
+// also with the norm fused.
 GEMV_ENTRY(__nv_bfloat16, bf16, 1, 1, 4, 1)
 GEMV_ENTRY(__nv_bfloat16, bf16, 1, 2, 2, 1)
 GEMV_ENTRY(__nv_bfloat16, bf16, 4, 2, 2, 1)
@@ -325,18 +393,28 @@ GEMV_ENTRY(float, f32, 1, 1, 4, 1)
 GEMV_ENTRY(float, f32, 4, 2, 2, 1)
 GEMV_ENTRY(float, f32, 8, 2, 2, 1)
 GEMV_ENTRY(float, f32, 16, 2, 2, 1)
+GEMV_ENTRY_NORM(__nv_bfloat16, bf16, 1, 2, 2, 1)
+GEMV_ENTRY_NORM(__nv_bfloat16, bf16, 4, 2, 2, 1)
+GEMV_ENTRY_NORM(__nv_bfloat16, bf16, 8, 2, 2, 1)
+GEMV_ENTRY_NORM(__nv_bfloat16, bf16, 16, 4, 1, 1)
+GEMV_ENTRY_NORM(float, f32, 1, 1, 4, 1)
+GEMV_ENTRY_NORM(float, f32, 4, 2, 2, 1)
+GEMV_ENTRY_NORM(float, f32, 8, 2, 2, 1)
+GEMV_ENTRY_NORM(float, f32, 16, 2, 2, 1)
 
-// model_gemvtc_bf16_t<T>_u<U>: the tensor-core GEMV (up to 8 rows, k8
-// only), T 16-output tiles a block, U k steps in flight a lane.
-#define GEMV_TC_ENTRY(T, U)                                                                                    \
-	extern "C" __global__ void model_gemvtc_bf16_t##T##_u##U(float* y0, float* y1, float* y2, const float* res, \
-								 const __nv_bfloat16* wt, const float* x, i64 m, i64 m0,   \
-								 i64 m1, i64 k, i64 rows, i64 k8) {                        \
-		gemv_tc<T, U>(gemv_out{y0, y1, y2, res, m, m0, m1}, wt, x, k, rows);                                \
+// model_gemvtc_bf16_t<T>_u<U>[_norm]: the tensor-core GEMV (up to 8 rows,
+// k8 only), T 16-output tiles a block, U k steps in flight a lane.
+#define GEMV_TC_ENTRY_AS(T, U, NORM, SUFFIX)                                                                  \
+	extern "C" __global__ void model_gemvtc_bf16_t##T##_u##U##SUFFIX(                                      \
+	    float* y0, float* y1, float* y2, const float* res, const __nv_bfloat16* wt, const float* x, i64 m,     \
+	    i64 m0, i64 m1, i64 k, i64 rows, i64 k8, const __nv_bfloat16* nw, float eps) {                         \
+		gemv_tc<T, U, NORM>(gemv_out{y0, y1, y2, res, m, m0, m1}, wt, x, k, rows,                           \
+				    gemv_norm<__nv_bfloat16>{nw, eps});                                             \
 	}
-GEMV_TC_ENTRY(1, 2)
-GEMV_TC_ENTRY(1, 4)
-GEMV_TC_ENTRY(2, 2)
+GEMV_TC_ENTRY_AS(1, 2, false, )
+GEMV_TC_ENTRY_AS(1, 4, false, )
+GEMV_TC_ENTRY_AS(2, 2, false, )
+GEMV_TC_ENTRY_AS(1, 4, true, _norm)
 
 #define MODEL_KERNELS(W, NAME)                                                                              \
 	extern "C" __global__ void model_embed_##NAME(float* out, const W* table, const int* ids, i64 h) {      \
@@ -352,15 +430,16 @@ GEMV_TC_ENTRY(2, 2)
 MODEL_KERNELS(float, f32)
 MODEL_KERNELS(__nv_bfloat16, bf16)
 
-// Rotate-half RoPE in place on x [rows][heads][d]: dimension i < d/2
-// pairs with i + d/2 and turns by the angle whose cosine and sine are
-// cs[r][i][0..1] (computed on the host as the CPU executor computes
-// them). Grid (heads, rows), block d/2.
-extern "C" __global__ void model_rope(float* x, const float* cs, i64 heads, i64 d) {
+// Rotate-half RoPE in place on q [rows][qh][d] and k [rows][kh][d] (one
+// launch for both): dimension i < d/2 pairs with i + d/2 and turns by the
+// angle whose cosine and sine are cs[r][i][0..1] (computed on the host as
+// the CPU executor computes them). Grid (qh + kh, rows), block d/2; k may
+// be null with kh 0.
+extern "C" __global__ void model_rope(float* q, float* k, const float* cs, i64 qh, i64 kh, i64 d) {
 	asm volatile("griddepcontrol.wait;\n" ::: "memory"); // a programmatic dependent of the previous kernel
 	i64 r = blockIdx.y, h = blockIdx.x, i = threadIdx.x, half = d / 2;
 	if (i >= half) return;
-	float* v = x + (r * heads + h) * d;
+	float* v = h < qh ? q + (r * qh + h) * d : k + (r * kh + (h - qh)) * d;
 	float c = cs[(r * half + i) * 2], s = cs[(r * half + i) * 2 + 1];
 	float a = v[i], b = v[i + half];
 	v[i] = a * c - b * s;

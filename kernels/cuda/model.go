@@ -20,9 +20,6 @@ import (
 // call queues its kernel on the backend's stream and returns; Argmax
 // waits (it is the executor's one host synchronisation per token).
 
-// gemvRows is the most rows one model_gemv launch serves.
-const gemvRows = 16
-
 func loadModelKernels(fn map[string]cu.Function) (cu.Module, error) {
 	mod, err := cu.LoadData(PTXModel)
 	if err != nil {
@@ -164,7 +161,24 @@ func (b *Backend) RMSNorm(ctx context.Context, out, x decode.Tensor, w kernels.M
 // res [rows][w.Rows]; res may be the zero Tensor, or y itself (a
 // residual add in place).
 func (b *Backend) Gemv(ctx context.Context, y decode.Tensor, w kernels.Matrix, x, res decode.Tensor, rows int) error {
-	return b.gemv(ctx, GemvKernel{}, w, x, res, rows, y)
+	return b.gemv(ctx, GemvKernel{}, w, x, res, gemvNormArgs{}, rows, y)
+}
+
+// GemvNorm is GemvSplit of x normalised as RMSNorm does (weights norm,
+// 1 x w.Cols of w's type, and eps), in one launch: the norm is fused into
+// the GEMV, and the normalised x is never stored.
+func (b *Backend) GemvNorm(ctx context.Context, w kernels.Matrix, x decode.Tensor, norm kernels.Matrix, eps float32, rows int, ys ...decode.Tensor) error {
+	if norm.DType != w.DType || norm.Rows*norm.Cols != w.Cols {
+		return fmt.Errorf("cuda: gemv norm: weights %dx%d %v for a %dx%d %v matrix (%d of its type)", norm.Rows, norm.Cols, norm.DType, w.Rows, w.Cols, w.DType, w.Cols)
+	}
+	return b.gemv(ctx, GemvKernel{}, w, x, decode.Tensor{}, gemvNormArgs{w: norm, eps: eps, on: true}, rows, ys...)
+}
+
+// gemvNormArgs is the RMSNorm a GEMV launch fuses (on), or none.
+type gemvNormArgs struct {
+	w   kernels.Matrix
+	eps float32
+	on  bool
 }
 
 // GemvSplit writes x w^T for rows rows into ys: ys[0] takes the first
@@ -172,7 +186,7 @@ func (b *Backend) Gemv(ctx context.Context, y decode.Tensor, w kernels.Matrix, x
 // launch over a fused q|k|v or gate|up matrix writes the separate
 // activations). At most three outputs, whose widths add up to w.Rows.
 func (b *Backend) GemvSplit(ctx context.Context, w kernels.Matrix, x decode.Tensor, rows int, ys ...decode.Tensor) error {
-	return b.gemv(ctx, GemvKernel{}, w, x, decode.Tensor{}, rows, ys...)
+	return b.gemv(ctx, GemvKernel{}, w, x, decode.Tensor{}, gemvNormArgs{}, rows, ys...)
 }
 
 // GemvWith is GemvSplit through the variant v (rows at most v.Rows; v's
@@ -181,11 +195,12 @@ func (b *Backend) GemvWith(ctx context.Context, v GemvKernel, w kernels.Matrix, 
 	if v.Rows == 0 {
 		return fmt.Errorf("cuda: gemv: no variant given")
 	}
-	return b.gemv(ctx, v, w, x, res, rows, ys...)
+	return b.gemv(ctx, v, w, x, res, gemvNormArgs{}, rows, ys...)
 }
 
-// gemv launches v (the default variant per 16 rows when v is zero).
-func (b *Backend) gemv(ctx context.Context, v GemvKernel, w kernels.Matrix, x, res decode.Tensor, rows int, ys ...decode.Tensor) error {
+// gemv launches v (the default variant per 16 rows when v is zero; its
+// _norm twin when nm is on).
+func (b *Backend) gemv(ctx context.Context, v GemvKernel, w kernels.Matrix, x, res decode.Tensor, nm gemvNormArgs, rows int, ys ...decode.Tensor) error {
 	name, err := weightName(w.DType)
 	if err != nil {
 		return err
@@ -193,7 +208,7 @@ func (b *Backend) gemv(ctx context.Context, v GemvKernel, w kernels.Matrix, x, r
 	if len(ys) == 0 || len(ys) > 3 || rows <= 0 {
 		return fmt.Errorf("cuda: gemv: %d outputs for %d rows (1 to 3 outputs, rows > 0)", len(ys), rows)
 	}
-	if v.Rows != 0 && (v.Weights != name || rows > v.Rows) {
+	if v.Rows != 0 && (v.Weights != name || rows > v.Rows || v.Norm != nm.on) {
 		return fmt.Errorf("cuda: gemv: variant %v for %d rows of %s weights", v, rows, name)
 	}
 	var widths [3]int
@@ -237,6 +252,7 @@ func (b *Backend) gemv(ctx context.Context, v GemvKernel, w kernels.Matrix, x, r
 			kv := v
 			if kv.Rows == 0 {
 				kv = gemvDefault(name, min(gemvRows, rows-r0), k8)
+				kv.Norm = nm.on
 			}
 			n := min(kv.Rows, rows-r0)
 			off := func(p uint64, width int) uint64 {
@@ -252,7 +268,8 @@ func (b *Backend) gemv(ctx context.Context, v GemvKernel, w kernels.Matrix, x, r
 			if err := b.launchMode(b.modelPDL, kv.name(), [3]int{(w.Rows + per - 1) / per, 1, 1}, 32*warps, 0,
 				off(yp[0], widths[0]), off(yp[1], widths[1]), off(yp[2], widths[2]), off(uint64(res.Ptr), w.Rows),
 				mptr(w), uint64(x.Ptr)+uint64(r0*w.Cols*4),
-				uint64(w.Rows), uint64(widths[0]), uint64(widths[1]), uint64(w.Cols), uint64(n), b2u(k8)); err != nil {
+				uint64(w.Rows), uint64(widths[0]), uint64(widths[1]), uint64(w.Cols), uint64(n), b2u(k8),
+				mptr(nm.w), f32bits(nm.eps)); err != nil {
 				return err
 			}
 			r0 += n
@@ -261,20 +278,30 @@ func (b *Backend) gemv(ctx context.Context, v GemvKernel, w kernels.Matrix, x, r
 	})
 }
 
-// Rope rotates x ([rows][heads][d]) in place by the angles whose cosines
-// and sines cs holds ([rows][d/2][2], a device tensor of the backend).
-func (b *Backend) Rope(ctx context.Context, x decode.Tensor, rows, heads, d int, cs decode.Tensor) error {
+// Rope rotates q ([rows][qh][d]) and k ([rows][kh][d]; the zero Tensor
+// with kh 0 for none) in place, in one launch, by the angles whose
+// cosines and sines cs holds ([rows][d/2][2], a device tensor of the
+// backend).
+func (b *Backend) Rope(ctx context.Context, q, k decode.Tensor, rows, qh, kh, d int, cs decode.Tensor) error {
 	if d%2 != 0 || d > 2048 {
 		return fmt.Errorf("cuda: rope: head dim %d (even, at most 2048)", d)
 	}
-	if err := b.rowsOf("rope x", x, rows, heads*d); err != nil {
+	if qh <= 0 || kh < 0 || (kh == 0) != k.Zero() {
+		return fmt.Errorf("cuda: rope: %d q heads, %d k heads (k given: %t)", qh, kh, !k.Zero())
+	}
+	if err := b.rowsOf("rope q", q, rows, qh*d); err != nil {
 		return err
+	}
+	if kh > 0 {
+		if err := b.rowsOf("rope k", k, rows, kh*d); err != nil {
+			return err
+		}
 	}
 	if err := b.rowsOf("rope cos/sin", cs, rows, d); err != nil {
 		return err
 	}
 	return b.do(ctx, func() error {
-		return b.launchMode(b.modelPDL, "model_rope", [3]int{heads, rows, 1}, d/2, 0, uint64(x.Ptr), uint64(cs.Ptr), uint64(heads), uint64(d))
+		return b.launchMode(b.modelPDL, "model_rope", [3]int{qh + kh, rows, 1}, d/2, 0, uint64(q.Ptr), uint64(k.Ptr), uint64(cs.Ptr), uint64(qh), uint64(kh), uint64(d))
 	})
 }
 

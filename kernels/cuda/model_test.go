@@ -193,10 +193,10 @@ func TestGemvRefusals(t *testing.T) {
 		"widths short":      be.GemvSplit(ctx, mat, x, 2, y.Slice(0, 2*5), y.Slice(2*5, 2*5)),
 		"four outputs":      be.GemvSplit(ctx, mat, x, 2, y.Slice(0, 6), y.Slice(6, 6), y.Slice(12, 6), y.Slice(18, 6)),
 		"x too short":       be.Gemv(ctx, y, mat, x.Slice(0, 16), decode.Tensor{}, 2),
-		"variant too small": be.GemvWith(ctx, GemvKernel{"bf16", 1, 1, 4, true, false}, mat, x, decode.Tensor{}, 2, y),
-		"variant f32":       be.GemvWith(ctx, GemvKernel{"f32", 4, 2, 2, true, false}, mat, x, decode.Tensor{}, 2, y),
-		"residual split":    be.GemvWith(ctx, GemvKernel{"bf16", 4, 2, 2, true, false}, mat, x, y, 2, y.Slice(0, 12), y.Slice(12, 12)),
-		"tensor k odd":      be.GemvWith(ctx, GemvKernel{"bf16", 8, 1, 2, true, true}, odd, x.Slice(0, 2*15), decode.Tensor{}, 2, y.Slice(0, 2*12)),
+		"variant too small": be.GemvWith(ctx, GemvKernel{"bf16", 1, 1, 4, true, false, false}, mat, x, decode.Tensor{}, 2, y),
+		"variant f32":       be.GemvWith(ctx, GemvKernel{"f32", 4, 2, 2, true, false, false}, mat, x, decode.Tensor{}, 2, y),
+		"residual split":    be.GemvWith(ctx, GemvKernel{"bf16", 4, 2, 2, true, false, false}, mat, x, y, 2, y.Slice(0, 12), y.Slice(12, 12)),
+		"tensor k odd":      be.GemvWith(ctx, GemvKernel{"bf16", 8, 1, 2, true, true, false}, odd, x.Slice(0, 2*15), decode.Tensor{}, 2, y.Slice(0, 2*12)),
 	} {
 		if err == nil {
 			t.Errorf("%s: accepted", name)

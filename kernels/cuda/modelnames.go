@@ -14,6 +14,9 @@ func modelKernelNames() []string {
 	for _, v := range GemvKernels() {
 		names = append(names, v.name())
 	}
+	for _, v := range gemvNormKernels() {
+		names = append(names, v.name())
+	}
 	return names
 }
 
@@ -34,17 +37,24 @@ type GemvKernel struct {
 	// Tensor runs on the tensor cores (model_gemvtc_bf16_t<T>_u<U>: bf16
 	// weights, Rows 8, Tile 16-output tiles a block; k a multiple of 8).
 	Tensor bool
+	// Norm fuses the RMSNorm of x in front (the _norm variants; only the
+	// defaults, gemvNormKernels, are compiled so).
+	Norm bool
 }
 
 func (v GemvKernel) name() string {
+	norm := ""
+	if v.Norm {
+		norm = "_norm"
+	}
 	if v.Tensor {
-		return fmt.Sprintf("model_gemvtc_%s_t%d_u%d", v.Weights, v.Tile, v.Unroll)
+		return fmt.Sprintf("model_gemvtc_%s_t%d_u%d%s", v.Weights, v.Tile, v.Unroll, norm)
 	}
 	na := 0
 	if v.NoL1 {
 		na = 1
 	}
-	return fmt.Sprintf("model_gemv_%s_r%d_t%d_u%d_n%d", v.Weights, v.Rows, v.Tile, v.Unroll, na)
+	return fmt.Sprintf("model_gemv_%s_r%d_t%d_u%d_n%d%s", v.Weights, v.Rows, v.Tile, v.Unroll, na, norm)
 }
 
 // String is the kernel's name.
@@ -53,15 +63,39 @@ func (v GemvKernel) String() string { return v.name() }
 // GemvKernels lists the compiled GEMV variants (the GEMV_ENTRY lines of
 // model.cu, in their order).
 func GemvKernels() []GemvKernel {
-	bf := func(r, t, u int, na bool) GemvKernel { return GemvKernel{"bf16", r, t, u, na, false} }
-	f := func(r, t, u int) GemvKernel { return GemvKernel{"f32", r, t, u, true, false} }
-	tc := func(t, u int) GemvKernel { return GemvKernel{"bf16", 8, t, u, true, true} }
+	bf := func(r, t, u int, na bool) GemvKernel { return GemvKernel{"bf16", r, t, u, na, false, false} }
+	f := func(r, t, u int) GemvKernel { return GemvKernel{"f32", r, t, u, true, false, false} }
+	tc := func(t, u int) GemvKernel { return GemvKernel{"bf16", 8, t, u, true, true, false} }
 	return []GemvKernel{
 		bf(1, 1, 4, true), bf(1, 2, 2, true), bf(4, 2, 2, true), bf(8, 2, 2, true), bf(16, 4, 1, true),
 		f(1, 1, 4), f(4, 2, 2), f(8, 2, 2), f(16, 2, 2),
 		tc(1, 2), tc(1, 4), tc(2, 2),
 	}
 }
+
+// gemvNormKernels lists the variants compiled with the RMSNorm fused (the
+// GEMV_ENTRY_NORM and _norm GEMV_TC lines of model.cu): every variant
+// gemvDefault may pick.
+func gemvNormKernels() []GemvKernel {
+	var out []GemvKernel
+	seen := map[GemvKernel]bool{}
+	for _, w := range []string{"bf16", "f32"} {
+		for _, k8 := range []bool{false, true} {
+			for rows := 1; rows <= gemvRows; rows++ {
+				v := gemvDefault(w, rows, k8)
+				v.Norm = true
+				if !seen[v] {
+					seen[v] = true
+					out = append(out, v)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// gemvRows is the most rows one model_gemv launch serves.
+const gemvRows = 16
 
 // gemvRowSizes are the Rows the variants are compiled for, ascending.
 var gemvRowSizes = [...]int{1, 4, 8, 16}
@@ -80,19 +114,19 @@ func gemvDefault(w string, rows int, k8 bool) GemvKernel {
 	}
 	if w == "f32" {
 		if r == 1 {
-			return GemvKernel{w, 1, 1, 4, true, false}
+			return GemvKernel{w, 1, 1, 4, true, false, false}
 		}
-		return GemvKernel{w, r, 2, 2, true, false}
+		return GemvKernel{w, r, 2, 2, true, false, false}
 	}
 	switch {
 	case r == 1:
-		return GemvKernel{w, 1, 2, 2, true, false}
+		return GemvKernel{w, 1, 2, 2, true, false, false}
 	case r <= 8 && k8:
-		return GemvKernel{w, 8, 1, 4, true, true}
+		return GemvKernel{w, 8, 1, 4, true, true, false}
 	case r == 4:
-		return GemvKernel{w, 4, 2, 2, true, false}
+		return GemvKernel{w, 4, 2, 2, true, false, false}
 	case r == 8:
-		return GemvKernel{w, 8, 2, 2, true, false}
+		return GemvKernel{w, 8, 2, 2, true, false, false}
 	}
-	return GemvKernel{w, 16, 4, 1, true, false}
+	return GemvKernel{w, 16, 4, 1, true, false, false}
 }

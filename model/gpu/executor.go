@@ -66,7 +66,7 @@ func Need(c model.Config, opt Options) (weights, activations int64) {
 	h, qd, kvd, in, v := int64(c.HiddenSize), int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim), int64(c.IntermediateSize), int64(c.VocabSize)
 	perLayer := 2*h + (qd+2*kvd)*h + h*qd + 2*in*h + h*in
 	weights = wb * (2*v*h + h + int64(c.Layers)*perLayer)
-	activations = 4 * batch * (2*h + 2*qd + 2*kvd + 2*in + v + int64(c.HeadDim))
+	activations = 4 * batch * (h + 2*qd + 2*kvd + 2*in + v + int64(c.HeadDim))
 	return weights, activations
 }
 
@@ -130,7 +130,7 @@ type Executor struct {
 	layers            []layer
 
 	// Activations for MaxBatch rows, in device memory.
-	x, xn, q, k, v, o, gate, up, logits, csd decode.Tensor
+	x, q, k, v, o, gate, up, logits, csd decode.Tensor
 	cs                                       []float32 // RoPE cos/sin of the rows, host (copied to csd once a step)
 	ids                                      []int32
 	last                                     Timing
@@ -264,7 +264,6 @@ func (x *Executor) finish(ctx context.Context, err error) (*Executor, error) {
 	}
 	h, qd, kvd, inter := c.HiddenSize, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.IntermediateSize
 	alloc(&x.x, h)
-	alloc(&x.xn, h)
 	alloc(&x.q, qd)
 	alloc(&x.k, kvd)
 	alloc(&x.v, kvd)
@@ -283,7 +282,7 @@ func (x *Executor) finish(ctx context.Context, err error) (*Executor, error) {
 // Close frees the weights and activations on the device.
 func (x *Executor) Close(ctx context.Context) error {
 	var errs []error
-	for _, t := range []decode.Tensor{x.x, x.xn, x.q, x.k, x.v, x.o, x.gate, x.up, x.logits, x.csd} {
+	for _, t := range []decode.Tensor{x.x, x.q, x.k, x.v, x.o, x.gate, x.up, x.logits, x.csd} {
 		if !t.Zero() {
 			errs = append(errs, x.be.FreeTensor(t))
 		}
@@ -365,7 +364,7 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 	}
 	h, qd, kvd, inter := c.HiddenSize, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.IntermediateSize
 	view := func(t decode.Tensor, width int) decode.Tensor { return t.Slice(0, n*width) }
-	xx, xn, q, k, v, o := view(x.x, h), view(x.xn, h), view(x.q, qd), view(x.k, kvd), view(x.v, kvd), view(x.o, qd)
+	xx, q, k, v, o := view(x.x, h), view(x.q, qd), view(x.k, kvd), view(x.v, kvd), view(x.o, qd)
 	gate, up, logits, cs := view(x.gate, inter), view(x.up, inter), view(x.logits, c.VocabSize), view(x.csd, c.HeadDim)
 	eps := float32(c.RMSNormEps)
 	be := x.be
@@ -388,12 +387,9 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 	for li := range x.layers {
 		l := &x.layers[li]
 		err := errors.Join(
-			be.RMSNorm(ctx, xn, xx, l.attnNorm, n, eps),
-			be.GemvSplit(ctx, l.qkv, xn, n, q, k, v),
+			be.GemvNorm(ctx, l.qkv, xx, l.attnNorm, eps, n, q, k, v),
+			be.Rope(ctx, q, k, n, c.Heads, c.KVHeads, c.HeadDim, cs),
 		)
-		if err == nil {
-			err = errors.Join(be.Rope(ctx, q, n, c.Heads, c.HeadDim, cs), be.Rope(ctx, k, n, c.KVHeads, c.HeadDim, cs))
-		}
 		if err == nil {
 			err = step.Layer(ctx, li, q, k, v, &res)
 		}
@@ -403,8 +399,7 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		if err == nil {
 			err = errors.Join(
 				be.Gemv(ctx, xx, l.wo, o, xx, n),
-				be.RMSNorm(ctx, xn, xx, l.mlpNorm, n, eps),
-				be.GemvSplit(ctx, l.gateUp, xn, n, gate, up),
+				be.GemvNorm(ctx, l.gateUp, xx, l.mlpNorm, eps, n, gate, up),
 				be.SiluMul(ctx, gate, up),
 				be.Gemv(ctx, xx, l.down, gate, xx, n),
 			)
@@ -419,7 +414,7 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		return nil, fmt.Errorf("gpu: end: %w", err)
 	}
 	t2 := time.Now()
-	if err := errors.Join(be.RMSNorm(ctx, xn, xx, x.norm, n, eps), be.Gemv(ctx, logits, x.head, xn, decode.Tensor{}, n)); err != nil {
+	if err := be.GemvNorm(ctx, x.head, xx, x.norm, eps, n, logits); err != nil {
 		return nil, fmt.Errorf("gpu: head: %w", err)
 	}
 	ids, err := be.Argmax(ctx, logits, n, c.VocabSize)
