@@ -87,7 +87,9 @@ func Admit(ctx context.Context, dev kernels.ModelDevice, need int64, what string
 
 // PageBytes returns the device memory of the K/V and summary pools of
 // ecfg, an engine of one rank (CP 1 x TP 1, the executor's layout) with
-// device-resident pages.
+// device-resident pages, stored as ecfg.Geometry.DType (a device's pools
+// hold K/V and summaries in the pages' type; the host store's PoolBytes
+// counts float32).
 func PageBytes(ecfg engine.Config) (int64, error) {
 	if ecfg.CP*ecfg.TP != 1 {
 		return 0, fmt.Errorf("gpu: page memory of %d x %d ranks: the executor runs one", ecfg.CP, ecfg.TP)
@@ -96,7 +98,7 @@ func PageBytes(ecfg engine.Config) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("gpu: %w", err)
 	}
-	return int64(kv) + int64(sum), nil
+	return (int64(kv) + int64(sum)) / 4 * int64(ecfg.Geometry.DType.Bytes()), nil
 }
 
 // AdmitAll checks, before anything is allocated, that an executor of
