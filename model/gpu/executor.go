@@ -133,10 +133,10 @@ type Executor struct {
 
 	// Activations for MaxBatch rows, in device memory.
 	x, q, k, v, o, gate, up, logits, csd decode.Tensor
-	cs                                       []float32 // RoPE cos/sin of the rows, host (copied to csd once a step)
-	ids                                      []int32
-	last                                     Timing
-	steps                                    [][]model.StepInfo // [row][layer] of the last Decode
+	cs                                   []float32 // RoPE cos/sin of the rows, host (copied to csd once a step)
+	ids                                  []int32
+	last                                 Timing
+	steps                                [][]model.StepInfo // [row][layer] of the last Decode
 }
 
 // layer holds one decoder layer's weights; q|k|v and gate|up are fused
