@@ -1,0 +1,177 @@
+package pagestore
+
+import "fmt"
+
+// Rollback and truncation: dropping the last tokens of a sequence. Whole
+// pages past the new end are released; when the new end falls inside a
+// page, that page's summaries are recomputed for every layer and head
+// from the remaining keys (copying the page first if it is shared).
+
+// CheckRollback reports, changing nothing, whether Rollback(id, n) would
+// succeed: the range, even layers, and a free page for the copy-on-write of
+// a shared page the rollback cuts in the middle.
+func (s *Store) CheckRollback(id SeqID, n int) error {
+	if n <= 0 {
+		return fmt.Errorf("check rollback seq %d by %d tokens: %w: n must be >= 1", id, n, ErrOutOfRange)
+	}
+	sq, err := s.lock(id)
+	if err != nil {
+		return fmt.Errorf("check rollback seq %d: %w", id, err)
+	}
+	defer sq.mu.Unlock()
+	s.poolMu.Lock()
+	defer s.poolMu.Unlock()
+	if _, _, _, err := s.rollbackPlan(sq, n); err != nil {
+		return fmt.Errorf("check rollback seq %d by %d tokens: %w", id, n, err)
+	}
+	return nil
+}
+
+// rollbackPlan validates a rollback of n >= 1 tokens of sq (sq locked,
+// poolMu held): even layers, n within them; then cutPlan of the new
+// length.
+func (s *Store) rollbackPlan(sq *seq, n int) (newLen, keep int, copyTail bool, err error) {
+	if err := s.checkEven(sq); err != nil {
+		return 0, 0, false, err
+	}
+	L := sq.lens[0]
+	if n > L {
+		return 0, 0, false, fmt.Errorf("%w: sequence has %d", ErrOutOfRange, L)
+	}
+	return s.cutPlan(sq, L-n)
+}
+
+// cutPlan plans cutting every layer of sq (sq locked, poolMu held) to
+// newLen tokens, at most what each holds: it returns newLen, the number
+// of pages kept, and whether the kept tail page is shared and must be
+// copied before its summaries are rescanned (a page the cut frees can
+// serve as the copy).
+func (s *Store) cutPlan(sq *seq, newLen int) (int, int, bool, error) {
+	S := s.cfg.PageSize
+	keep := (newLen + S - 1) / S
+	if newLen%S == 0 || s.ref[sq.pages[keep-1]] <= 1 {
+		return newLen, keep, false, nil
+	}
+	avail := len(s.free)
+	for _, p := range sq.pages[keep:] {
+		if s.ref[p] == 1 {
+			avail++
+		}
+	}
+	if avail == 0 {
+		return 0, 0, false, fmt.Errorf("copy-on-write of shared tail page needs 1 page, 0 free: %w", ErrPoolExhausted)
+	}
+	return newLen, keep, true, nil
+}
+
+// Rollback drops the last n tokens of every layer. n must be in [1, Len]
+// and all layers must have the same length; nothing changes when an
+// error is returned, except for an error of the [PageData] (wrapped in
+// [ErrData]): the sequence is then rolled back but its tail page's
+// summary may still cover dropped keys (a looser bound), and an error
+// wrapping [ErrPersist] (rolled back in memory, not on disk). See
+// [Store.Append] on data that reports failures late.
+func (s *Store) Rollback(id SeqID, n int) error {
+	if n <= 0 {
+		return fmt.Errorf("rollback seq %d by %d tokens: %w: n must be >= 1", id, n, ErrOutOfRange)
+	}
+	sq, err := s.lock(id)
+	if err != nil {
+		return fmt.Errorf("rollback seq %d: %w", id, err)
+	}
+	defer sq.mu.Unlock()
+	what := fmt.Sprintf("rollback seq %d by %d tokens", id, n)
+	return s.cut(id, sq, what, func() (int, int, bool, error) { return s.rollbackPlan(sq, n) })
+}
+
+// cut carries out plan's cut of sq (locked) and persists it.
+func (s *Store) cut(id SeqID, sq *seq, what string, plan func() (int, int, bool, error)) error {
+	if err := s.cutLocked(id, sq, what, plan); err != nil || s.pers == nil {
+		return err
+	}
+	// A reopened sealed page gives up its slot (its payload changes),
+	// and the manifest shrinks to the pages still sealed.
+	S := s.cfg.PageSize
+	sealed := sq.lens[0] / S
+	if sq.sealedUpTo > sealed && sq.lens[0]%S != 0 {
+		s.pers.dropPage(sq.pages[sealed])
+	}
+	sq.sealedUpTo = min(sq.sealedUpTo, sealed)
+	s.noteLen(id, sq)
+	if err := s.persistSeq(id, sq); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// cutLocked is cut in memory (sq locked); plan validates and plans under
+// poolMu.
+func (s *Store) cutLocked(id SeqID, sq *seq, what string, plan func() (int, int, bool, error)) error {
+	S := s.cfg.PageSize
+	if s.res != nil {
+		// Bring the page to be rescanned (or copied) in before anything
+		// changes: a tier failure then fails the cut cleanly.
+		s.poolMu.Lock()
+		newLen, keep, _, err := plan()
+		s.poolMu.Unlock()
+		if err == nil && newLen%S != 0 {
+			if err := s.res.ensureOne(sq.pages[keep-1]); err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+		}
+	}
+	s.poolMu.Lock()
+	newLen, keep, copyTail, err := plan()
+	if err != nil {
+		s.poolMu.Unlock()
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	tail := newLen % S // valid slots of a reopened page, 0 if none
+	dropped := sq.pages[keep:]
+	var old, cp int32 = -1, -1
+	if copyTail {
+		old = sq.pages[keep-1]
+	}
+	s.setPins(sq, sq.pages[:keep]) // unpin the dropped pages before they are freed
+	for _, p := range dropped {
+		s.unrefLocked(p)
+	}
+	if old >= 0 {
+		cp = s.popLocked()
+	}
+	s.poolMu.Unlock()
+
+	sq.pages = sq.pages[:keep]
+	for l := range sq.lens {
+		sq.lens[l] = newLen
+	}
+	at := max(keep-1, 0)
+	if old >= 0 {
+		if err := s.copyPage(sq, cp, old, keep-1); err != nil {
+			// Keep the shared page (its summary still covers the
+			// dropped keys: a looser bound, never a wrong one) and give
+			// the copy back.
+			s.poolMu.Lock()
+			s.unrefLocked(cp)
+			s.poolMu.Unlock()
+			_ = s.data.Table(id, at, sq.pages[at:], keep) // best effort
+			return fmt.Errorf("%s: %w: %w", what, ErrData, err)
+		}
+		sq.pages[keep-1] = cp
+		s.setPins(sq, sq.pages)
+		s.poolMu.Lock()
+		s.unrefLocked(old)
+		s.poolMu.Unlock()
+	}
+	if err := s.data.Table(id, at, sq.pages[at:], keep); err != nil {
+		_ = s.data.Table(id, at, sq.pages[at:], keep) // best effort, as in Append
+		return fmt.Errorf("%s: %w: %w", what, ErrData, err)
+	}
+	if tail == 0 {
+		return nil
+	}
+	if err := s.data.Rescan(sq.pages[keep-1], tail); err != nil {
+		return fmt.Errorf("%s: %w: %w", what, ErrData, err)
+	}
+	return nil
+}
