@@ -1,0 +1,388 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/plan"
+)
+
+// versionFlag is --version: a flag of the command line only (no
+// environment variable, no key in the file), and no Config field.
+const versionFlag = "version"
+
+// printConfigFlag is --print-config: of the command line only, like
+// --version.
+const printConfigFlag = "print-config"
+
+// plaintextAlias is --plaintext, the older name of --insecure: both set
+// Config.Plaintext.
+const plaintextAlias = "plaintext"
+
+// flagAliases maps every other name of a flag to the flag's own name.
+// An alias is the flag's Value registered under a second name, so both
+// set the same field; it has its own environment variable and file key
+// (QUESTRT_TENSOR_PARALLEL_SIZE, tensor-parallel-size:) at the same
+// precedence as the flag's: the command line over the environment over
+// the file, whichever name each uses. On the command line the last one
+// given wins, as for a flag given twice; the environment or the file
+// giving both names with different values is an error. --print-config
+// prints the flag's own name only.
+var flagAliases = map[string]string{
+	plaintextAlias:                 "insecure",
+	"tensor-parallel-size":         "tp", // vLLM's name
+	"decode-context-parallel-size": "cp", // vLLM's name
+}
+
+// canonicalFlag is the flag's own name for name, itself or an alias.
+func canonicalFlag(name string) string {
+	if c, ok := flagAliases[name]; ok {
+		return c
+	}
+	return name
+}
+
+// cliOnly reports whether flag name is of the command line only: no
+// environment variable, no key in the file.
+func cliOnly(name string) bool { return name == versionFlag || name == printConfigFlag }
+
+// envPrefix starts the environment name of every flag.
+const envPrefix = "QUESTRT_"
+
+// envName returns the environment variable of flag name: QUESTRT_ and the
+// name in upper case with '-' replaced by '_' (grpc-addr: QUESTRT_GRPC_ADDR).
+func envName(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// flagGroup is a titled section of the usage text.
+type flagGroup struct {
+	title string
+	names []string
+}
+
+// flagDefs registers flags in order, in sections for the usage text.
+type flagDefs struct {
+	fs     *flag.FlagSet
+	groups []flagGroup
+}
+
+func (d *flagDefs) group(title string) { d.groups = append(d.groups, flagGroup{title: title}) }
+
+func (d *flagDefs) added(name string) {
+	g := &d.groups[len(d.groups)-1]
+	g.names = append(g.names, name)
+}
+
+func (d *flagDefs) str(p *string, name, def, usage string) {
+	d.fs.StringVar(p, name, def, usage)
+	d.added(name)
+}
+
+func (d *flagDefs) int(p *int, name string, def int, usage string) {
+	d.fs.IntVar(p, name, def, usage)
+	d.added(name)
+}
+
+func (d *flagDefs) bool(p *bool, name string, def bool, usage string) {
+	d.fs.BoolVar(p, name, def, usage)
+	d.added(name)
+}
+
+// alias adds name as another name of the flag canonical, defined
+// already (see [flagAliases]).
+func (d *flagDefs) alias(name, canonical, usage string) {
+	if flagAliases[name] != canonical {
+		panic(fmt.Sprintf("questd: --%s is not in flagAliases as an alias of --%s", name, canonical))
+	}
+	d.fs.Var(d.fs.Lookup(canonical).Value, name, usage)
+	d.fs.Lookup(name).DefValue = "" // the usage gives the default once, at the flag
+	d.added(name)
+}
+
+func (d *flagDefs) dur(p *time.Duration, name string, def time.Duration, usage string) {
+	d.fs.DurationVar(p, name, def, usage)
+	d.added(name)
+}
+
+// text adds a flag parsed by set; def goes through set too, so the
+// default and a given value take the same path.
+func (d *flagDefs) text(name, def, usage string, set func(string) error) {
+	if err := set(def); err != nil {
+		panic(fmt.Sprintf("questd: default of --%s: %v", name, err))
+	}
+	d.fs.Var(&textValue{s: def, set: set}, name, usage)
+	d.added(name)
+}
+
+func (d *flagDefs) list(p *[]string, name, usage string) {
+	d.fs.Var(&listValue{p: p}, name, usage)
+	d.added(name)
+}
+
+// textValue is a flag parsed by a function, which keeps the text given.
+type textValue struct {
+	s   string
+	set func(string) error
+}
+
+func (v *textValue) String() string {
+	if v == nil {
+		return ""
+	}
+	return v.s
+}
+
+func (v *textValue) Set(s string) error {
+	if err := v.set(s); err != nil {
+		return err
+	}
+	v.s = s
+	return nil
+}
+
+// listValue is a list flag: every Set appends its comma-separated items.
+type listValue struct{ p *[]string }
+
+func (v *listValue) String() string {
+	if v == nil || v.p == nil {
+		return ""
+	}
+	return strings.Join(*v.p, ",")
+}
+
+func (v *listValue) Set(s string) error {
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			*v.p = append(*v.p, item)
+		}
+	}
+	return nil
+}
+
+// reset empties the list, so that a later source replaces it.
+func (v *listValue) reset() { *v.p = nil }
+
+// newFlagSet defines every flag of questd with c's fields as their
+// targets, set to the defaults, and returns the usage sections. hostname
+// is the default of --name.
+func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
+	fs := flag.NewFlagSet("questd", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	d := &flagDefs{fs: fs}
+
+	d.group("Node and network")
+	d.str(&c.Name, "name", hostname, "unique node name in the cluster: letters, digits, '.', '-' and '_' (default: the host name)")
+	d.str(&c.GRPCAddr, "grpc-addr", "127.0.0.1:7070", "listen `host:port` of the gRPC API (client, worker, health); an IP or empty host; port 0 picks a free port")
+	d.str(&c.Advertise, "advertise", "", "IP address other nodes reach this node's gRPC, collective and gossip listeners at (default: the host of --grpc-addr, which must then not be 0.0.0.0 or ::)")
+	d.str(&c.GRPCAdvertise, "grpc-advertise", "", "gRPC `host:port` other nodes dial this node's APIs at, put in its gossip meta: for a proxy or port mapping in front of --grpc-addr (default: the --advertise host and the --grpc-addr port)")
+	d.str(&c.GossipAddr, "gossip-addr", "127.0.0.1:7946", "memberlist bind `host:port`, UDP and TCP; an IP or empty host; port 0 picks a free port")
+	d.list(&c.Join, "join", "gossip `host:port` of an existing member to join through; repeatable or a comma-separated list (default: none, start a new cluster)")
+	d.str(&c.ClusterLabel, "cluster-label", "questrt", "memberlist label: nodes with another label are ignored (\"\": none)")
+	d.str(&c.GossipKeyFile, "gossip-key-file", "", "`file` holding the base64 memberlist encryption key of 16, 24 or 32 bytes; further lines: older keys that still decrypt (default: no encryption)")
+
+	d.group("Security")
+	d.bool(&c.Plaintext, "insecure", false, "run gRPC without TLS: anyone who reaches --grpc-addr can call both APIs (only on a trusted network; not with the --tls-* files; a warning is logged)")
+	d.alias(plaintextAlias, "insecure", "the older name of --insecure, the same")
+	d.str(&c.TLSCert, "tls-cert", "", "PEM `file` of this node's certificate for mutual TLS (required with --tls-key and --tls-ca unless --insecure; SIGHUP reloads the three)")
+	d.str(&c.TLSKey, "tls-key", "", "PEM `file` of this node's private key for mutual TLS")
+	d.str(&c.TLSCA, "tls-ca", "", "PEM `file` of the CA that signs every node's and client's certificate")
+	d.str(&c.TokenFile, "token-file", "", "`file` holding the bearer token every client API call, and every request of the completions API (--http-addr; OpenAI clients send it as their API key), must carry as \"authorization: Bearer <token>\" (default: no token)")
+
+	d.group("Model geometry and grid (the same on every node)")
+	d.int(&c.Layers, "layers", 4, "transformer layers")
+	d.int(&c.QHeads, "q-heads", 32, "query heads, a multiple of --kv-heads")
+	d.int(&c.KVHeads, "kv-heads", 8, "KV heads, divisible by --tp")
+	d.int(&c.HeadDim, "head-dim", 128, "head dimension D")
+	d.int(&c.PageSize, "page-size", 16, "tokens per KV page")
+	d.int(&c.CP, "cp", 1, "context-parallel ranks per TP group (pages are spread over them)")
+	d.alias("decode-context-parallel-size", "cp", "the same as --cp (vLLM's name)")
+	d.int(&c.TP, "tp", 1, "tensor-parallel ranks (KV heads are split over them)")
+	d.alias("tensor-parallel-size", "tp", "the same as --tp (vLLM's name)")
+	d.int(&c.CapacityPages, "capacity-pages", 1024, "page pool of one rank, in pages")
+	d.int(&c.BlockPages, "block-pages", 64, "block of the contiguous page placement, in pages")
+
+	d.group("Selection policy (the same on every node)")
+	d.int(&c.BudgetTokens, "budget-tokens", 2048, "token budget per head per step, at least --page-size")
+	d.int(&c.SinkPages, "sink-pages", 0, "first pages of a sequence, always read")
+	d.int(&c.LocalPages, "local-pages", 1, "last pages of a sequence, always read")
+	d.int(&c.DenseLayers, "dense-layers", 2, "layers below this index read every page")
+	d.text("gqa", "group_max", "how a KV head's query heads share pages: group_max or per_head", func(s string) (err error) {
+		c.GQA, err = plan.ParseGQAMode(s)
+		return err
+	})
+	d.text("selector", "quest", "page ranking: quest, oracle, recent or dense", func(s string) (err error) {
+		c.Selector, err = plan.ParseSelector(s)
+		return err
+	})
+	d.text("selection", "exact", "how CP ranks agree on pages: exact, union or replicated (replicated: quest or dense selector only)", func(s string) (err error) {
+		c.Selection, err = plan.ParseSelectMode(s)
+		return err
+	})
+	d.str(&c.PolicyFile, "policy", "", "policy `file` (YAML, as questctl calibrate --out writes it): per-layer budgets and dense layers; its page_size must equal --page-size, its other values fill the policy flags not given")
+
+	d.group("Devices")
+	d.text("backend", "cpu", "kernel backend of the hosted ranks: cpu, or cuda in a -tags cuda build on a GPU host (pages then live only in GPU memory; not with --data-dir); a -tags cuda build needs the NVIDIA driver to start at all, even with cpu", func(s string) error {
+		if s != "cpu" && s != "cuda" {
+			return errors.New("want cpu or cuda")
+		}
+		c.Backend = s
+		return nil
+	})
+	d.text("devices", "", "with --backend cuda: comma-separated GPU ordinals the hosted ranks are placed over, each rank on the device holding the fewest (ranks are counted, not memory: a grid too large for its GPU fails when it connects), several ranks sharing one when there are more ranks than devices; a GPU listed twice gets two contexts (default: every GPU the driver lists)", func(s string) error {
+		c.Devices = nil
+		if s == "" {
+			return nil
+		}
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				return fmt.Errorf("%q is not a GPU ordinal", f)
+			}
+			c.Devices = append(c.Devices, n)
+		}
+		return nil
+	})
+	d.text("kv-cache-dtype", "bf16", "with --backend cuda: storage type of K, V and summaries in GPU memory: f32, f16 or bf16", func(s string) (err error) {
+		c.KVCacheDType, err = plan.ParseDType(s)
+		return err
+	})
+
+	d.group("Capacity")
+	d.int(&c.MaxPages, "max-pages", 0, "pages this node hosts over all grids, at least --capacity-pages (0: 8 x --capacity-pages)")
+	d.text("max-memory", "auto", "most host memory for the node's page pools: bytes like 8GiB or 512MiB, auto (the memory available at start, also the cap of a larger value) or none (no check)", func(s string) (err error) {
+		c.MaxMemory, err = parseMaxMemory(s)
+		return err
+	})
+	d.int(&c.DeviceBudgetPages, "device-budget-pages", 0, "offload: pages per rank whose K/V stay in device memory, the others in host memory, at most --capacity-pages (0: offload off); for the grids this node coordinates")
+	d.text("eviction", "lru", "offload eviction policy: lru or score (lowest decayed selection count)", func(s string) (err error) {
+		if c.Eviction, err = pagestore.ParseEviction(s); err != nil || s == "" {
+			return errors.New("want lru or score")
+		}
+		return nil
+	})
+	d.int(&c.PrefetchPages, "prefetch-pages", 0, "offload: pages per rank and step prefetched from host memory ahead of use, at most --capacity-pages (0: off; needs --device-budget-pages)")
+	d.bool(&c.PrefetchCrossLayer, "prefetch-cross-layer", false, "offload: prefetch the next layer's pages too (needs --prefetch-pages)")
+
+	d.group("Persistence")
+	d.str(&c.DataDir, "data-dir", "", "`dir` the grids hosted here persist their sequences in, one subdirectory per grid (coordinator and shape): a restart on the same dir (same --name) recovers them when the grid opens again on the same nodes (the first Create, or the Decode API's Recovered call, which lists them under their old ids with the tail tokens lost, to append again; a grid on other nodes leaves them parked); one questd per dir (default: no persistence)")
+	d.text("durability", "sync", "with --data-dir: sync (each sealed page and sequence change is fsynced before the call returns) or periodic (flushed every --sync-interval; a crash loses up to that much more)", func(s string) error {
+		switch s {
+		case "sync":
+			c.Durability = pagestore.SyncOnWrite
+		case "periodic":
+			c.Durability = pagestore.SyncPeriodic
+		default:
+			return errors.New("want sync or periodic")
+		}
+		return nil
+	})
+	d.dur(&c.SyncInterval, "sync-interval", time.Second, "with --durability periodic: time between two flushes")
+
+	d.group("Timing and failure detection")
+	d.dur(&c.StepTimeout, "step-timeout", 2*time.Second, "deadline of one decode step when the client's is later")
+	d.dur(&c.ProbeInterval, "probe-interval", time.Second, "time between two failure-detection probes of a random member")
+	d.dur(&c.ProbeTimeout, "probe-timeout", 500*time.Millisecond, "how long a probe waits for its ack before indirect probes, below --probe-interval")
+	d.int(&c.SuspicionMult, "suspicion-mult", 4, "a suspect member has suspicion-mult x max(1, log10(nodes)) x --probe-interval to refute before it is declared dead; with the defaults a killed node is declared dead in about 6s in a 3-node cluster (5.8s measured on loopback)")
+	d.dur(&c.GossipInterval, "gossip-interval", 200*time.Millisecond, "time between two gossip rounds (joins, failures and meta updates spread by them)")
+	d.dur(&c.DeadNodeReclaim, "dead-node-reclaim", 5*time.Second, "how long after a member is declared dead a restarted node may take over its name from another address")
+	d.dur(&c.DrainTimeout, "drain-timeout", 10*time.Second, "how long SIGTERM or SIGINT waits for in-flight steps before leaving the cluster (0: leave at once)")
+	d.dur(&c.GridIdle, "grid-idle-timeout", time.Minute, "close a grid this node coordinates once it has held no sequence for this long, freeing the pages its ranks reserve on every node (a grid per sequence config and placement; 0: keep grids open until the node stops)")
+
+	d.group("Metrics and probes")
+	d.str(&c.MetricsAddr, "metrics-addr", "127.0.0.1:9464", "listen `host:port` of the HTTP server of /metrics (Prometheus), /healthz and /readyz; an IP or empty host; port 0 picks a free port; \"\" disables it")
+
+	d.group("Completions API (OpenAI-compatible, the model runs on this node)")
+	d.str(&c.Model, "model", "", "Hugging Face Llama checkpoint `dir` to serve at --http-addr (config.json, safetensors, tokenizer.json or the byte tokenizer)")
+	d.str(&c.HTTPAddr, "http-addr", "", "listen `host:port` of the completions API (POST /v1/completions, GET /v1/models); needs --model")
+	d.str(&c.ModelName, "model-name", "", "the model's id in the API (default: the base name of --model)")
+	d.int(&c.MaxRunning, "max-running", 16, "requests decoding at once; more wait in the queue")
+	d.int(&c.MaxQueued, "max-queued", 64, "admitted requests waiting to run; beyond it requests get 429")
+	d.int(&c.PrefillChunk, "prefill-chunk-tokens", 512, "prompt tokens prefilled between two decode steps (long prompts do not stall the others)")
+	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; requests whose pages would not fit get 429 (--serve-layout cluster: the pool of every rank of the served grid)")
+	d.text("serve-layout", "local", "where the served requests' KV pages live, `local|cluster|device`: local (an in-process engine on this node), cluster (a --serve-cp x --serve-tp grid of the cluster's nodes coordinated by this node; the model runs here, attention steps go to the grid's workers) or device (with --backend cuda: the model's decode steps and the pages on the first GPU of --devices, through the device executor; prompts are prefilled on the CPU into the GPU's pages)", func(v string) error {
+		if v != "local" && v != "cluster" && v != "device" {
+			return fmt.Errorf("want local, cluster or device")
+		}
+		c.ServeLayout = v
+		return nil
+	})
+	d.int(&c.ServeCP, "serve-cp", 1, "context-parallel ranks of every served request's sequence (its pages are spread over them): in-process shards, or ranks on the cluster's nodes with --serve-layout cluster")
+	d.int(&c.ServeTP, "serve-tp", 1, "tensor-parallel ranks of every served request's sequence (the model's KV heads are split over them; must divide them)")
+	d.int(&c.ServePolicyGrids, "serve-policy-grids", 2, "with --serve-layout cluster: grids opened for requests whose quest selector, gqa, sink or local differ from --policy's, at most; each counts while this node runs, even once the coordinator closed it idle (every rank reserving --serve-capacity-pages, so the nodes reserve up to 1 + this many pools per rank), and a request that would open one more gets 429; 0: only --policy's options on the cluster")
+	d.text("monitor-rate", "0", "fraction `R` (0..1) of decode steps, per layer and KV head, replayed with dense attention off the requests' path: page recall, attention-mass recall and output error histograms by layer on /metrics; 0 is off", func(v string) error {
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(r >= 0 && r <= 1) {
+			return fmt.Errorf("want a fraction 0..1")
+		}
+		c.MonitorRate = r
+		return nil
+	})
+	d.int(&c.MonitorQueue, "monitor-queue", 64, "replays of --monitor-rate waiting or running at most; samples beyond it are dropped and counted")
+	d.int(&c.RequestHistory, "request-history", 64, "finished requests kept (prompt, output, settings) for GET /admin/requests/{id} and questctl replay-request; 0 keeps none. Without --token-file the /admin endpoints have no authentication: whoever reaches --http-addr can read these prompts and outputs")
+
+	d.group("HTTP connections (each of the completions API of --http-addr and the metrics server of --metrics-addr)")
+	d.int(&c.HTTPMaxConns, "http-max-conns", defaultHTTPMaxConns, "connections each HTTP server holds open at most, 1 to 1048576; at the cap new clients wait in the listen backlog, holding no file descriptor of the node, until a connection closes (idle ones after --http-idle-timeout, silent ones after --http-read-header-timeout); the servers' caps together should stay under half the open-file limit (ulimit -n), which gRPC, gossip and data files share: questd warns at start otherwise")
+	d.dur(&c.HTTPReadHeaderTimeout, "http-read-header-timeout", defaultHTTPReadHeaderTimeout, "how long a connection has to send a request's headers, from its accept (or the next request's first byte on a kept-alive connection); a connection that says nothing is closed then")
+	d.dur(&c.HTTPIdleTimeout, "http-idle-timeout", defaultHTTPIdleTimeout, "close a kept-alive connection that has waited this long for its next request; streams are not cut: a completion's response may stream for minutes, each write only has to progress within a minute")
+
+	d.group("Logging and process")
+	d.text("log-level", "info", "lowest level logged: debug, info, warn or error", func(s string) (err error) {
+		c.LogLevel, err = parseLogLevel(s)
+		return err
+	})
+	d.text("log-format", "text", "log format on stderr: text or json", func(s string) error {
+		if s != "text" && s != "json" {
+			return fmt.Errorf("want text or json")
+		}
+		c.LogFormat = s
+		return nil
+	})
+	d.str(&c.ReadyFile, "ready-file", "", "`file` that also receives the ready JSON line (it is always printed on stdout)")
+	d.str(&c.ConfigFile, "config", "", "YAML `file` of flag values, under the environment and the command line")
+	fs.Bool(versionFlag, false, "print the version line and exit (command line only)")
+	d.added(versionFlag)
+	fs.Bool(printConfigFlag, false, "print the effective configuration (flags, environment, file, defaults) as YAML for --config, without secrets, and exit (command line only)")
+	d.added(printConfigFlag)
+	return fs, d.groups
+}
+
+// parseMaxMemory reads --max-memory: auto, none or a size for
+// memlimit.ParseBytes.
+func parseMaxMemory(s string) (int64, error) {
+	switch strings.TrimSpace(s) {
+	case "auto":
+		return memlimit.Auto, nil
+	case "none":
+		return memlimit.NoLimit, nil
+	}
+	v, err := memlimit.ParseBytes(s)
+	if err != nil {
+		return 0, errors.New("not a size (want bytes like 8GiB or 512MiB, auto or none)")
+	}
+	return v, nil
+}
+
+// parseLogLevel reads debug, info, warn or error.
+func parseLogLevel(s string) (slog.Level, error) {
+	switch s {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, errors.New("want debug, info, warn or error")
+}
