@@ -41,7 +41,19 @@ type Options struct {
 	// nil or insecure) Dial accepts it only for a loopback address (127.0.0.0/8, ::1,
 	// localhost: a local cluster, the tests) and refuses it otherwise.
 	Token string
+	// RecoveredAttempts bounds the calls Recovered makes: a node that
+	// answers UNAVAILABLE (its recovery not finished after the wait it
+	// allows, a node of the grid not reachable yet) is asked again, up
+	// to this many calls in all, after a backoff from 100 ms doubling up
+	// to 2 s (longer when the node's RetryInfo asks for it), and never
+	// past the caller's context. Recovered only reads, so a retry is
+	// safe; no call that changes state is retried. 0 means
+	// DefaultRecoveredAttempts; 1 turns retries off.
+	RecoveredAttempts int
 }
+
+// DefaultRecoveredAttempts is Options.RecoveredAttempts' default.
+const DefaultRecoveredAttempts = 5
 
 // TokenCredentials returns the per-call credentials that send token as
 // "authorization: Bearer <token>" on a connection to addr secured by
@@ -91,6 +103,8 @@ type Client struct {
 	api decodev1.DecodeClient
 	geo Geometry // the node's default
 	max int      // message limit
+	// attempts bounds the calls of Recovered (Options.RecoveredAttempts).
+	attempts int
 
 	mu   sync.Mutex
 	seqs map[string]Geometry // sequences created with their own config
@@ -169,7 +183,11 @@ func Dial(ctx context.Context, addr string, opt Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %s: %w", addr, err)
 	}
-	c := &Client{cc: cc, api: decodev1.NewDecodeClient(cc), max: max, seqs: map[string]Geometry{}}
+	attempts := opt.RecoveredAttempts
+	if attempts <= 0 {
+		attempts = DefaultRecoveredAttempts
+	}
+	c := &Client{cc: cc, api: decodev1.NewDecodeClient(cc), max: max, attempts: attempts, seqs: map[string]Geometry{}}
 	st, err := c.api.Status(ctx, &decodev1.StatusRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		cc.Close()

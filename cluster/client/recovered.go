@@ -3,6 +3,11 @@ package client
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 )
@@ -35,9 +40,13 @@ type Damaged struct {
 }
 
 // Recovered asks the node to recover (it opens the grid of its config)
-// and lists the sequences it adopted, and those it found damaged.
+// and lists the sequences it adopted, and those it found damaged. The
+// node waits for its recovery to finish (bounded: questd answers
+// UNAVAILABLE, saying to retry, when it is still going on); Recovered
+// asks again with backoff while the node answers UNAVAILABLE, up to
+// Options.RecoveredAttempts calls and within ctx.
 func (c *Client) Recovered(ctx context.Context) ([]Recovered, []Damaged, error) {
-	r, err := c.api.Recovered(ctx, &decodev1.RecoveredRequest{})
+	r, err := c.recovered(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("recovered: %w", err)
 	}
@@ -55,4 +64,46 @@ func (c *Client) Recovered(ctx context.Context) ([]Recovered, []Damaged, error) 
 		dmg = append(dmg, Damaged{ID: d.GetSequence(), Err: d.GetError(), Parked: d.GetParked()})
 	}
 	return seqs, dmg, nil
+}
+
+// Backoff between the calls of Recovered.
+const (
+	recoveredBackoff    = 100 * time.Millisecond
+	recoveredMaxBackoff = 2 * time.Second
+)
+
+// recovered calls the Recovered API, again after a pause while the node
+// answers UNAVAILABLE (c.attempts calls at most, within ctx).
+func (c *Client) recovered(ctx context.Context) (*decodev1.RecoveredReply, error) {
+	backoff := recoveredBackoff
+	for attempt := 1; ; attempt++ {
+		r, err := c.api.Recovered(ctx, &decodev1.RecoveredRequest{})
+		if err == nil || attempt >= c.attempts || status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			return r, err
+		}
+		pause := max(backoff, retryDelay(err))
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (after %d calls; the last: %w)", context.Cause(ctx), attempt, err)
+		}
+		backoff = min(2*backoff, recoveredMaxBackoff)
+	}
+}
+
+// retryDelay is the pause err's RetryInfo asks for (0 for none), at most
+// recoveredMaxBackoff.
+func retryDelay(err error) time.Duration {
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			return min(max(ri.GetRetryDelay().AsDuration(), 0), recoveredMaxBackoff)
+		}
+	}
+	return 0
 }

@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/worker/remote"
 )
@@ -95,15 +97,157 @@ func (c *Coordinator) Recovery() Recovery {
 	return r
 }
 
+// DefaultRecoverWait is Config.RecoverWait's default.
+const DefaultRecoverWait = 30 * time.Second
+
+// ErrRecovering: Recover's wait ended (Config.RecoverWait or the
+// caller's deadline) before the recovery it reports was done; the
+// recovery goes on, and a later Recover answers once it is. The Decode
+// API answers UNAVAILABLE: retry.
+var ErrRecovering = errors.New("recovery not finished")
+
+// Pauses between the attempts of Recover at a recovery that failed on
+// an unavailable node: from recoverBackoff, doubling up to
+// recoverMaxBackoff.
+const (
+	recoverBackoff    = 50 * time.Millisecond
+	recoverMaxBackoff = time.Second
+)
+
+// recoverMargin is the most of the caller's deadline that Recover keeps
+// for its answer (a tenth of what is left, at most this): a caller with
+// a deadline hears ErrRecovering, not its own deadline.
+const recoverMargin = 200 * time.Millisecond
+
+// recoverRun is one run of the recovery Recover waits for; concurrent
+// and retried Recover calls wait for the same run.
+type recoverRun struct {
+	done   chan struct{}      // closed when the run ends
+	err    error              // its outcome, set before done closes
+	cancel context.CancelFunc // ends it early (Close)
+}
+
 // Recover opens the grid of the node's config (Config.Engine) on the
 // current view, which makes its nodes recover and this coordinator
-// adopt the sequences they persisted, and returns Recovery. Grids of
-// other configs recover when a Create with their config opens them.
+// adopt the sequences they persisted, and returns Recovery once that
+// grid's adoption is done (an adoption another call started included).
+// It waits for that at most Config.RecoverWait and not past ctx's
+// deadline (less a margin for the answer), retrying with backoff an
+// opening that failed on an unavailable node (a peer restarting, a
+// grid lost meanwhile); when the recovery is still not done then, it
+// fails with ErrRecovering (and the last failure) while the recovery
+// goes on, owned by the coordinator: the next Recover waits for the
+// same run. Grids of other configs recover when a Create with their
+// config opens them.
 func (c *Coordinator) Recover(ctx context.Context) (Recovery, error) {
-	if _, err := c.gridFor(ctx, c.cfg.Engine); err != nil {
-		return Recovery{}, fmt.Errorf("recover: %w", err)
+	wait := c.cfg.RecoverWait
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		wait = min(wait, left-min(left/10, recoverMargin))
 	}
-	return c.Recovery(), nil
+	bound := time.NewTimer(max(wait, 0))
+	defer bound.Stop()
+	notDone := func(last error) error {
+		if last == nil {
+			return fmt.Errorf("recover: %w after %v: the grid is still opening and adopting; retry", ErrRecovering, wait)
+		}
+		return fmt.Errorf("recover: %w after %v (last attempt: %v); retry", ErrRecovering, wait, last)
+	}
+	backoff := recoverBackoff
+	var last error
+	for {
+		run, err := c.startRecover(ctx)
+		if err != nil {
+			return Recovery{}, fmt.Errorf("recover: %w", err)
+		}
+		select {
+		case <-run.done:
+		case <-ctx.Done():
+			return Recovery{}, fmt.Errorf("recover: %w", context.Cause(ctx))
+		case <-bound.C:
+			select {
+			case <-run.done: // done as the bound passed: answer it
+			default:
+				return Recovery{}, notDone(last)
+			}
+		}
+		if run.err == nil {
+			return c.Recovery(), nil
+		}
+		if !retryRecover(run.err) {
+			return Recovery{}, fmt.Errorf("recover: %w", run.err)
+		}
+		last = run.err
+		pause := time.NewTimer(backoff)
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			pause.Stop()
+			return Recovery{}, fmt.Errorf("recover: %w", context.Cause(ctx))
+		case <-bound.C:
+			pause.Stop()
+			return Recovery{}, notDone(last)
+		}
+		backoff = min(2*backoff, recoverMaxBackoff)
+	}
+}
+
+// retryRecover reports whether a failed recovery may succeed when tried
+// again: a node unreachable or not holding the grid, a grid lost while
+// it opened, an opening past OpenTimeout.
+func retryRecover(err error) bool {
+	return !errors.Is(err, ErrClosed) && (errors.Is(err, ErrGridLost) || errors.Is(err, remote.ErrUnavailable) ||
+		errors.Is(err, remote.ErrUnknownGrid) || errors.Is(err, remote.ErrWrongView) ||
+		errors.Is(err, collective.ErrPeerClosed) || errors.Is(err, collective.ErrAborted) ||
+		errors.Is(err, context.DeadlineExceeded))
+}
+
+// startRecover returns the recovery run in progress, or starts one: a
+// goroutine owned by the coordinator (Close ends it and waits for it;
+// each opening and adoption in it is bounded by OpenTimeout) that opens
+// the grid of the node's config apart from ctx's cancellation and waits
+// for its adoption.
+func (c *Coordinator) startRecover(ctx context.Context) (*recoverRun, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if r := c.recovering; r != nil {
+		return r, nil
+	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r := &recoverRun{done: make(chan struct{}), cancel: cancel}
+	c.recovering = r
+	c.wg.Go(func() {
+		defer cancel()
+		err := c.recoverGrid(bg)
+		c.mu.Lock()
+		r.err = err
+		c.recovering = nil
+		c.mu.Unlock()
+		close(r.done)
+	})
+	return r, nil
+}
+
+// recoverGrid opens (or finds) the grid of the node's config and waits
+// until the opening that made it has adopted what its nodes recovered.
+func (c *Coordinator) recoverGrid(ctx context.Context) error {
+	g, err := c.gridFor(ctx, c.cfg.Engine)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	g.pending-- // gridFor counted a Create; none comes
+	c.idleLocked(g)
+	c.mu.Unlock()
+	select {
+	case <-g.adopted: // closed when its opening ends, bounded by OpenTimeout per adoption
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the adoption of grid %s: %w", g.ref.Grid, context.Cause(ctx))
+	}
 }
 
 // number reserves the next sequence number.

@@ -47,6 +47,14 @@ type Config struct {
 	// OpenTimeout bounds the opening of a grid on its nodes, and each
 	// adoption of a sequence they recovered (10s).
 	OpenTimeout time.Duration
+	// RecoverWait bounds how long Recover (the Decode API's Recovered)
+	// waits for the recovery it reports: the opening of the grid of
+	// Engine and the adoption of what its nodes recovered, retried
+	// while a node of it is unavailable (a peer restarting, a grid
+	// lost). The caller's deadline bounds it too. When the recovery is
+	// still not done then, Recover fails with ErrRecovering (UNAVAILABLE:
+	// retry; the recovery goes on meanwhile). Default 30s.
+	RecoverWait time.Duration
 	// GridIdle, when positive, closes a grid (on its nodes too, freeing
 	// the pages its ranks reserve) once it has held no sequence for that
 	// long; the next Create for its config and placement opens a fresh
@@ -291,6 +299,8 @@ type Coordinator struct {
 	// the key wait for it rather than open grids that race for the
 	// nodes' data directories.
 	opening map[string]chan struct{}
+	// recovering is the recovery Recover runs, nil when none (adopt.go).
+	recovering *recoverRun
 	// released are the ids of sequences released while their grid was
 	// lost (whose nodes may still hold them on disk), the oldest first
 	// in releasedOrder, at most maxReleased: a restarted node's copy of
@@ -320,6 +330,9 @@ type grid struct {
 	// the grid when it stays empty (Config.GridIdle).
 	pending int
 	idle    *time.Timer
+	// adopted is closed once the opening that made the grid has adopted
+	// what its nodes recovered (Recover waits for it).
+	adopted chan struct{}
 	// ctx ends when the grid is lost (its cause the loss): the steps in
 	// flight on it end at once instead of at their deadline.
 	ctx    context.Context
@@ -355,6 +368,9 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	if cfg.OpenTimeout <= 0 {
 		cfg.OpenTimeout = 10 * time.Second
+	}
+	if cfg.RecoverWait <= 0 {
+		cfg.RecoverWait = DefaultRecoverWait
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -544,13 +560,16 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 			key:     key,
 			nodes:   nodes,
 			members: members,
+			adopted: make(chan struct{}),
 		}
 		g.ctx, g.cancel = context.WithCancelCause(context.Background())
 		c.mu.Unlock()
+		opened := g
 		g, err = c.openGrid(ctx, g, v)
 		c.mu.Lock()
 		delete(c.opening, key)
 		close(done)
+		close(opened.adopted)
 		if err == nil {
 			g.pending++
 		}
@@ -588,6 +607,14 @@ func (c *Coordinator) openGrid(ctx context.Context, g *grid, v cluster.View) (*g
 	defer cancel()
 	clients, err := remote.OpenGrid(octx, g.ranks, g.ref, ec.WorkerConfig())
 	if err != nil {
+		if errors.Is(err, remote.ErrUnknownGrid) {
+			// A node forgot the grid between its OpenGrid and ConnectGrid
+			// (swept it while its view still showed this coordinator
+			// gone, TestChaos/partition): lost, as a grid that loses a
+			// node is, so that the caller's retry opens a fresh one
+			// (UNAVAILABLE), not NOT_FOUND.
+			err = fmt.Errorf("%w: %w", ErrGridLost, err)
+		}
 		return nil, fmt.Errorf("open grid %s on %v: %w", g.ref.Grid, nodes, err)
 	}
 	g.clients, g.workers = clients, names
@@ -908,6 +935,9 @@ func (c *Coordinator) Close() error {
 		}
 	}
 	c.grids = map[string]*grid{}
+	if c.recovering != nil {
+		c.recovering.cancel() // an opening in it ends at once
+	}
 	c.mu.Unlock()
 	c.wg.Wait()
 	return nil

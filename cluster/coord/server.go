@@ -9,10 +9,12 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 	"github.com/questrt/questrt/api/wire"
@@ -664,10 +666,20 @@ func (s *Server) Status(ctx context.Context, _ *decodev1.StatusRequest) (*decode
 }
 
 // Recovered implements decodev1.DecodeServer: this node's coordinator
-// opens the grid of the node's config (Coordinator.Recover) and lists
-// what it adopted.
+// opens the grid of the node's config (Coordinator.Recover), waits for
+// its adoption (bounded: Config.RecoverWait and the caller's deadline)
+// and lists what it adopted. A recovery still not done then answers
+// UNAVAILABLE with a message that says to retry and a RetryInfo detail
+// (the pause to take first); the recovery goes on meanwhile.
 func (s *Server) Recovered(ctx context.Context, _ *decodev1.RecoveredRequest) (*decodev1.RecoveredReply, error) {
 	r, err := s.c.Recover(ctx)
+	if errors.Is(err, ErrRecovering) {
+		st := status.New(codes.Unavailable, err.Error())
+		if with, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(RecoveredRetryDelay)}); derr == nil {
+			st = with
+		}
+		return nil, st.Err()
+	}
 	if err != nil {
 		return nil, statusCtx(ctx, err)
 	}
@@ -675,6 +687,11 @@ func (s *Server) Recovered(ctx context.Context, _ *decodev1.RecoveredRequest) (*
 	rep.Sequences, rep.Damaged = recoveryProto(r)
 	return rep, nil
 }
+
+// RecoveredRetryDelay is the pause the Decode API's Recovered asks for
+// (its RetryInfo) when it answers UNAVAILABLE because the recovery is
+// not finished.
+const RecoveredRetryDelay = 500 * time.Millisecond
 
 // recoveryProto is r as the Decode API reports it.
 func recoveryProto(r Recovery) ([]*decodev1.RecoveredSequence, []*decodev1.DamagedSequence) {
@@ -726,7 +743,8 @@ func Status(err error) error {
 		code = codes.ResourceExhausted
 	case errors.Is(err, engine.ErrBroken), errors.Is(err, pagestore.ErrUnevenLayers):
 		code = codes.FailedPrecondition
-	case errors.Is(err, ErrGridLost), errors.Is(err, remote.ErrUnavailable), errors.Is(err, ErrClosed), errors.Is(err, engine.ErrClosed):
+	case errors.Is(err, ErrGridLost), errors.Is(err, remote.ErrUnavailable), errors.Is(err, ErrClosed), errors.Is(err, engine.ErrClosed),
+		errors.Is(err, ErrRecovering):
 		code = codes.Unavailable
 	case errors.Is(err, pagestore.ErrDiskFull):
 		code = codes.ResourceExhausted
