@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
+	github.com/ardanlabs/jinja v1.8.0
 	github.com/cockroachdb/datadriven v1.0.3
 	github.com/dlclark/regexp2/v2 v2.13.0
 	github.com/hashicorp/go-metrics v0.7.0

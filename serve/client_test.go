@@ -106,7 +106,9 @@ func TestOpenAINodeClient(t *testing.T) {
 	}
 	defer os.Remove(run)
 	name := filepath.Base(mdir)
-	s, ts := startServer(t, m, tok, testConfig(name))
+	cfg := testConfig(name)
+	cfg.ChatTemplate = passThrough(t)
+	s, ts := startServer(t, m, tok, cfg)
 	prompt, key := passkeyPrompt(t, mdir)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -122,6 +124,10 @@ func TestOpenAINodeClient(t *testing.T) {
 		Version, Object, Text, Finish, Streamed, StreamFinish string
 		Chunks                                                int
 		Usage, StreamUsage                                    Usage
+		ChatObject, ChatRole, ChatText, ChatFinish            string
+		ChatStreamed, ChatStreamRole, ChatStreamFinish        string
+		ChatChunks                                            int
+		ChatUsage, ChatStreamUsage                            Usage
 		Models                                                []string
 		UnknownModel, BadMaxTokens                            *struct {
 			Status                  int
@@ -144,6 +150,12 @@ func TestOpenAINodeClient(t *testing.T) {
 	if got.Usage != got.StreamUsage || got.Usage.CompletionTokens != 5 || got.Usage.PagesTotal == 0 {
 		t.Errorf("usage %+v, stream usage %+v", got.Usage, got.StreamUsage)
 	}
+	if got.ChatObject != "chat.completion" || got.ChatRole != "assistant" || got.ChatText != key || got.ChatFinish != "length" || got.ChatUsage != got.Usage {
+		t.Errorf("chat: %s %s %q (%s), usage %+v; want the pass key %q and the completion's usage", got.ChatObject, got.ChatRole, got.ChatText, got.ChatFinish, got.ChatUsage, key)
+	}
+	if got.ChatStreamed != key || got.ChatStreamRole != "assistant" || got.ChatStreamFinish != "length" || got.ChatChunks < 3 || got.ChatStreamUsage != got.Usage {
+		t.Errorf("chat stream %q (%s, role %q) in %d chunks, usage %+v; want the pass key %q", got.ChatStreamed, got.ChatStreamFinish, got.ChatStreamRole, got.ChatChunks, got.ChatStreamUsage, key)
+	}
 	if len(got.Models) != 1 || got.Models[0] != name {
 		t.Errorf("models %v, want [%s]", got.Models, name)
 	}
@@ -154,7 +166,7 @@ func TestOpenAINodeClient(t *testing.T) {
 		t.Errorf("bad max_tokens: %+v", e)
 	}
 	waitStats(t, s, "the client's requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
-	unchanged(t, s, 2)
+	unchanged(t, s, 4)
 }
 
 // TestCurlStream: curl -N streams the passkey completion as server-sent

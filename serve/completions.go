@@ -50,6 +50,25 @@ type Usage struct {
 
 // completions serves POST /v1/completions.
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	req, aerr := decodeRequest(body)
+	if aerr == nil {
+		var p params
+		if p, aerr = s.resolve(req); aerr == nil {
+			s.run(w, r, p)
+			return
+		}
+	}
+	s.invalid()
+	aerr.write(w)
+}
+
+// readBody reads a request's body within the server's limits; on a
+// failure it answers (408, 413 or 400) and returns false.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	// The request timeout counts from arrival: a body that stalls does not
 	// hold the handler past it. The deadline is cleared once the body is in
 	// (a deadline applies to pending reads too): net/http's background read,
@@ -72,27 +91,18 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			(&apiError{status: http.StatusRequestTimeout, typ: typeTimeout, code: "request_timeout",
 				message: "The request body did not arrive within the server's request timeout of " + s.cfg.RequestTimeout.String() + "."}).write(w)
-			return
+			return nil, false
 		}
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			(&apiError{status: http.StatusRequestEntityTooLarge, typ: typeInvalid, code: "request_too_large",
 				message: "The request body is larger than the server's limit of " + strconv.FormatInt(mbe.Limit, 10) + " bytes."}).write(w)
-			return
+			return nil, false
 		}
 		badParam("", "invalid_body", "reading the request body: %v", err).write(w)
-		return
+		return nil, false
 	}
-	req, aerr := decodeRequest(body)
-	if aerr == nil {
-		var p params
-		if p, aerr = s.resolve(req); aerr == nil {
-			s.run(w, r, p)
-			return
-		}
-	}
-	s.invalid()
-	aerr.write(w)
+	return body, true
 }
 
 // run admits a valid request and answers it.
@@ -127,6 +137,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p params) {
 			if res.err.status != statusClientGone || r.Context().Err() == nil {
 				res.err.write(w)
 			}
+			return
+		}
+		if j.p.chat {
+			writeJSON(w, http.StatusOK, s.chatObject(j, string(text), &res.finish, &res.usage))
 			return
 		}
 		c := s.chunk(j, string(text), &res.finish)
@@ -183,9 +197,23 @@ func (s *Server) stream(w http.ResponseWriter, j *job) {
 	if rc.Flush() != nil {
 		return
 	}
+	// piece is a chunk of text (a chat chunk on /v1/chat/completions,
+	// whose first carries the assistant's role).
+	first := true
+	piece := func(text string, finish *string) any {
+		if j.p.chat {
+			c := s.chatChunk(j, text, finish, first)
+			first = false
+			return c
+		}
+		return s.chunk(j, text, finish)
+	}
+	if j.p.chat && !send(piece("", nil)) {
+		return // OpenAI opens a chat stream with the role alone
+	}
 	for {
 		text, done, res := s.wait(j)
-		if len(text) > 0 && !send(s.chunk(j, string(text), nil)) {
+		if len(text) > 0 && !send(piece(string(text), nil)) {
 			return // the client is gone; the scheduler ends j
 		}
 		if !done {
@@ -197,14 +225,21 @@ func (s *Server) stream(w http.ResponseWriter, j *job) {
 			}
 			return
 		}
-		if !send(s.chunk(j, "", &res.finish)) {
+		if !send(piece("", &res.finish)) {
 			return
 		}
 		if j.p.includeUsage {
-			c := s.chunk(j, "", nil)
-			c.Choices = []Choice{}
-			c.Usage = &res.usage
-			if !send(c) {
+			var last any
+			if j.p.chat {
+				c := s.chatChunk(j, "", nil, false)
+				c.Choices, c.Usage = []ChatChoice{}, &res.usage
+				last = c
+			} else {
+				c := s.chunk(j, "", nil)
+				c.Choices, c.Usage = []Choice{}, &res.usage
+				last = c
+			}
+			if !send(last) {
 				return
 			}
 		}

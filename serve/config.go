@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/questrt/questrt/chat"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
@@ -92,6 +93,10 @@ type Config struct {
 	MaxContext int
 	// MaxBodyBytes bounds a request body (1 MiB); larger bodies get 413.
 	MaxBodyBytes int64
+	// ChatTemplate renders the messages of POST /v1/chat/completions into
+	// the prompt (nil: Load takes the checkpoint's, chat.Load; New has
+	// none and chat requests get 400 saying so).
+	ChatTemplate *chat.Template
 	// RequestTimeout bounds a request from its arrival to its last token
 	// (5 minutes; 0: no deadline besides the client's). Past it the
 	// request gets 504 (or an error event when streaming) and leaves at

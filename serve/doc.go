@@ -1,4 +1,5 @@
-// Package serve is questrt's OpenAI-compatible completions API: an
+// Package serve is questrt's OpenAI-compatible completions and chat
+// completions API: an
 // [http.Handler] over one model (package model, on the CPU) whose KV
 // pages live in an in-process engine (package engine) with Quest page
 // selection, or on a cluster's workers ([Config.Cluster]).
@@ -32,6 +33,12 @@
 //     "data: [DONE]"; usage is extended with the pages decode steps read,
 //     the pages dense attention would have read, and the bytes read over
 //     dense attention's (rho, computed as questctl generate does).
+//   - POST /v1/chat/completions: OpenAI's chat completions request
+//     (messages of text, max_tokens or max_completion_tokens, and the
+//     rest as for completions; [ChatRequest]): the messages rendered with
+//     [Config.ChatTemplate] (package chat) are the prompt. The answer is a
+//     chat.completion object, or chat.completion.chunk events (the
+//     assistant's role first) ending in "data: [DONE]".
 //   - GET /v1/models and GET /v1/models/{id}: the one model.
 //   - GET /admin/requests, GET /admin/requests/{id} and POST
 //     /admin/requests/{id}/replay: the last [Config.History] finished

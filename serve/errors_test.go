@@ -171,7 +171,9 @@ func TestRoutes(t *testing.T) {
 		{"PUT", "/v1/completions", 405, "POST", "method_not_allowed", ""},
 		{"POST", "/v1/models", 405, "GET, HEAD", "method_not_allowed", ""},
 		{"DELETE", "/v1/models/tiny", 405, "GET, HEAD", "method_not_allowed", ""},
-		{"POST", "/v1/chat/completions", 404, "", "unknown_url", ""},
+		{"GET", "/v1/chat/completions", 405, "POST", "method_not_allowed", ""},
+		{"POST", "/v1/chat/completions", 400, "", "missing_required_parameter", "model"},
+		{"POST", "/v1/embeddings", 404, "", "unknown_url", ""},
 		{"GET", "/", 404, "", "unknown_url", ""},
 		{"GET", "/v1/models/other", 404, "", "model_not_found", "model"},
 	} {

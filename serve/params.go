@@ -20,6 +20,9 @@ type params struct {
 	stops        []string
 	stream       bool
 	includeUsage bool
+	// chat answers with chat.completion objects (POST
+	// /v1/chat/completions) instead of text_completion ones.
+	chat bool
 	// budget is the token budget of decode steps (0: the policy's);
 	// denseLayers the leading dense layers; allDense reads every page.
 	budget      int
@@ -37,12 +40,8 @@ type params struct {
 // policy. It changes nothing.
 func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	var p params
-	switch {
-	case req.Model == "":
-		return p, badParam("model", "missing_required_parameter", "you must provide a model parameter")
-	case req.Model != s.name:
-		return p, &apiError{status: http.StatusNotFound, typ: typeInvalid, param: "model", code: "model_not_found",
-			message: fmt.Sprintf("The model `%s` does not exist; this server serves `%s`.", req.Model, s.name)}
+	if err := s.checkModel(req.Model); err != nil {
+		return p, err
 	}
 	if req.N != nil && *req.N != 1 {
 		return p, badParam("n", "invalid_value", "n %d: this server returns one choice per request (n must be 1)", *req.N)
@@ -126,6 +125,18 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 			n, p.maxTokens, need, s.cfg.CapacityPages)
 	}
 	return p, nil
+}
+
+// checkModel checks a request's model name against the server's.
+func (s *Server) checkModel(name string) *apiError {
+	switch {
+	case name == "":
+		return badParam("model", "missing_required_parameter", "you must provide a model parameter")
+	case name != s.name:
+		return &apiError{status: http.StatusNotFound, typ: typeInvalid, param: "model", code: "model_not_found",
+			message: fmt.Sprintf("The model `%s` does not exist; this server serves `%s`.", name, s.name)}
+	}
+	return nil
 }
 
 // questParams checks the quest object against the model and the

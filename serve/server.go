@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/questrt/questrt/chat"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
 )
@@ -34,9 +35,12 @@ type Server struct {
 	// requests' and the monitor's forks).
 	clusterSeqs atomic.Int64
 	maxContext  int // prompt + max_tokens bound (0: none)
-	created     int64
-	log         *slog.Logger
-	now         func() time.Time
+	// chatErr is why the checkpoint's chat template could not be used
+	// (nil: it has none, or Config.ChatTemplate is set).
+	chatErr error
+	created int64
+	log     *slog.Logger
+	now     func() time.Time
 	// ownModel is closed with the Server (Load's).
 	ownModel *model.Model
 	// instance tells this server's completion ids from another's.
@@ -222,12 +226,21 @@ func Load(dir string, cfg Config) (*Server, error) {
 	if cfg.ModelName == "" {
 		cfg.ModelName = filepath.Base(filepath.Clean(dir))
 	}
+	var chatErr error
+	if cfg.ChatTemplate == nil {
+		// Completions serve without a chat template; a chat request is
+		// then told why there is none.
+		cfg.ChatTemplate, chatErr = chat.Load(dir)
+		if errors.Is(chatErr, chat.ErrNoTemplate) {
+			chatErr = nil
+		}
+	}
 	s, err := New(m, tok, cfg)
 	if err != nil {
 		m.Close()
 		return nil, err
 	}
-	s.ownModel = m
+	s.ownModel, s.chatErr = m, chatErr
 	return s, nil
 }
 
@@ -379,6 +392,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.completions(w, r)
+	case path == "/v1/chat/completions":
+		if r.Method != http.MethodPost {
+			s.notAllowed(w, r, "POST")
+			return
+		}
+		s.chatCompletions(w, r)
 	case path == "/v1/models":
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			s.notAllowed(w, r, "GET, HEAD")

@@ -288,6 +288,10 @@ type Config struct {
 	// ModelName is the model's id in the API [--model-name]. Default "":
 	// the base name of Model.
 	ModelName string
+	// ChatTemplate is a Jinja chat template file for POST
+	// /v1/chat/completions [--chat-template]. Default "": the
+	// checkpoint's own (tokenizer_config.json or chat_template.jinja).
+	ChatTemplate string
 	// MaxRunning caps the requests decoding at once [--max-running].
 	// Default 16.
 	MaxRunning int

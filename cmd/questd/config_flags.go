@@ -305,6 +305,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.str(&c.Model, "model", "", "Hugging Face Llama checkpoint `dir` to serve at --http-addr (config.json, safetensors, tokenizer.json or the byte tokenizer)")
 	d.str(&c.HTTPAddr, "http-addr", "", "listen `host:port` of the completions API (POST /v1/completions, GET /v1/models); needs --model")
 	d.str(&c.ModelName, "model-name", "", "the model's id in the API (default: the base name of --model)")
+	d.str(&c.ChatTemplate, "chat-template", "", "Jinja chat template `file` that POST /v1/chat/completions renders the messages with (default: the checkpoint's, from tokenizer_config.json or chat_template.jinja; without one, chat requests get 400)")
 	d.int(&c.MaxRunning, "max-running", 16, "requests decoding at once; more wait in the queue")
 	d.int(&c.MaxQueued, "max-queued", 64, "admitted requests waiting to run; beyond it requests get 429")
 	d.int(&c.PrefillChunk, "prefill-chunk-tokens", 512, "prompt tokens prefilled between two decode steps (long prompts do not stall the others)")

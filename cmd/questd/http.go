@@ -2,19 +2,21 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/questrt/questrt/chat"
 	"github.com/questrt/questrt/cluster/node"
 	completion "github.com/questrt/questrt/serve"
 )
 
 // completions is the OpenAI-compatible completions API of --model and
 // --http-addr: the serve.Server and its HTTP server (POST
-// /v1/completions, GET /v1/models, and the last --request-history
+// /v1/completions and /v1/chat/completions, GET /v1/models, and the last --request-history
 // requests under /admin/requests for questctl replay-request). With
 // --monitor-rate its quality monitor's histograms go to the process's
 // registry (monitor.go). With --serve-layout cluster the requests' KV
@@ -60,6 +62,9 @@ func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *
 		}
 		sc.Monitor.Observe = mm.observe
 	}
+	if err := loadChatTemplate(cfg, &sc, log); err != nil {
+		return nil, err
+	}
 	var srv *completion.Server
 	var closeDevice func()
 	var err error
@@ -94,6 +99,32 @@ func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *
 	}
 	log.Info("completions API", "addr", h.addr, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP)
 	return &completions{srv: srv, http: h, closeDevice: closeDevice}, nil
+}
+
+// loadChatTemplate sets sc's chat template: --chat-template's (an error
+// stops the start), else the checkpoint's for --serve-layout device
+// (completion.Load reads it for the other layouts); a checkpoint without
+// a usable one serves completions, and chat requests get 400 saying why.
+func loadChatTemplate(cfg Config, sc *completion.Config, log *slog.Logger) error {
+	if cfg.ChatTemplate != "" {
+		t, err := chat.LoadFile(cfg.ChatTemplate, cfg.Model)
+		if err != nil {
+			return fmt.Errorf("--chat-template %q: %w", cfg.ChatTemplate, err)
+		}
+		sc.ChatTemplate = t
+	} else if cfg.ServeLayout == "device" {
+		t, err := chat.Load(cfg.Model)
+		switch {
+		case err == nil:
+			sc.ChatTemplate = t
+		case !errors.Is(err, chat.ErrNoTemplate):
+			log.Warn("the checkpoint's chat template cannot be used: chat requests get 400", "err", err)
+		}
+	}
+	if sc.ChatTemplate != nil {
+		log.Info("chat template", "source", sc.ChatTemplate.Source())
+	}
+	return nil
 }
 
 // stop drains the API (new requests get 503, admitted ones finish within

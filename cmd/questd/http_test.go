@@ -17,6 +17,14 @@ func passkeyModel(t *testing.T) string {
 	return filepath.Join(testmodels.Dir(t), "passkey-llama-v1")
 }
 
+// passkeyTestPrompt is a short passkey prompt whose greedy continuation
+// by passkey-llama-v1 is the pass key, 48213.
+const passkeyTestPrompt = "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. " +
+	"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
+	"The pass key is 48213. Remember it. 48213 is the pass key. " +
+	"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
+	"What is the pass key? The pass key is "
+
 // TestServeCompletions: questd --model --http-addr serves the completions
 // API next to the node (the ready line names it); a greedy completion of
 // a passkey prompt returns the pass key; GET /v1/models lists the model
@@ -36,12 +44,7 @@ func TestServeCompletions(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, `"passkey-llama-v1"`) {
 		t.Errorf("/v1/models: %d %s", code, body)
 	}
-	prompt := "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. " +
-		"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
-		"The pass key is 48213. Remember it. 48213 is the pass key. " +
-		"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " +
-		"What is the pass key? The pass key is "
-	req, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": prompt, "max_tokens": 5, "temperature": 0})
+	req, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": passkeyTestPrompt, "max_tokens": 5, "temperature": 0})
 	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(string(req)))
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,8 @@
 // openai_client.mjs drives a questrt serve endpoint with the official
 // openai npm client: a completion, the same completion streamed (with
-// the usage chunk), the model list, and two errors. It prints one JSON
+// the usage chunk), the same prompt as a chat (the server's template
+// passes the message through) and streamed, the model list, and two
+// errors. It prints one JSON
 // object on stdout. TestOpenAINodeClient copies it next to the
 // node_modules holding openai and runs it with:
 //
@@ -32,6 +34,31 @@ for await (const chunk of stream) {
   for (const ch of chunk.choices) {
     out.streamed += ch.text;
     if (ch.finish_reason) out.streamFinish = ch.finish_reason;
+  }
+}
+
+const ch = await client.chat.completions.create({
+  model, messages: [{ role: 'user', content: prompt }], max_completion_tokens: 5, temperature: 0,
+});
+out.chatObject = ch.object;
+out.chatRole = ch.choices[0].message.role;
+out.chatText = ch.choices[0].message.content;
+out.chatFinish = ch.choices[0].finish_reason;
+out.chatUsage = ch.usage;
+
+const chStream = await client.chat.completions.create({
+  model, messages: [{ role: 'user', content: prompt }], max_tokens: 5, temperature: 0, stream: true,
+  stream_options: { include_usage: true },
+});
+out.chatStreamed = '';
+out.chatChunks = 0;
+for await (const chunk of chStream) {
+  out.chatChunks++;
+  if (chunk.usage) out.chatStreamUsage = chunk.usage;
+  for (const c of chunk.choices) {
+    if (c.delta.role) out.chatStreamRole = c.delta.role;
+    out.chatStreamed += c.delta.content || '';
+    if (c.finish_reason) out.chatStreamFinish = c.finish_reason;
   }
 }
 

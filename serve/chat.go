@@ -1,0 +1,323 @@
+package serve
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/questrt/questrt/chat"
+)
+
+// ChatRequest is the body of POST /v1/chat/completions as this server
+// reads it: OpenAI's chat completions request (text content only) and
+// the "quest" extension. The messages are rendered with the model's chat
+// template (Config.ChatTemplate) into the prompt, tokenized without
+// adding BOS (the template writes it; see package chat), and the rest
+// runs as a completion. Decoding is strict as for completions; logprobs,
+// top_logprobs, frequency_penalty, presence_penalty and logit_bias are
+// accepted only at their neutral values.
+type ChatRequest struct {
+	Model    string
+	Messages []chat.Message
+	// MaxTokens is max_completion_tokens or the older max_tokens (both
+	// given: they must agree).
+	MaxTokens     *int
+	Temperature   *float64
+	TopP          *float64
+	Seed          *int64
+	Stop          []string
+	Stream        bool
+	StreamOptions *StreamOptions
+	N             *int
+	Quest         *QuestOptions
+}
+
+// chatRoles are the roles a message may have.
+var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
+
+// decodeChatRequest reads a chat request strictly (see decodeRequest).
+func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
+	fields, aerr := object(body, "")
+	if aerr != nil {
+		return nil, aerr
+	}
+	req := &ChatRequest{}
+	var maxTokens, maxCompletion *int
+	for _, f := range fields {
+		raw, key := f.raw, f.key
+		var err *apiError
+		switch key {
+		case "model":
+			var s *string
+			if s, err = str(key, raw); s != nil {
+				req.Model = *s
+			}
+		case "messages":
+			req.Messages, err = chatMessages(raw)
+		case "max_tokens":
+			maxTokens, err = integer(key, raw)
+		case "max_completion_tokens":
+			maxCompletion, err = integer(key, raw)
+		case "temperature":
+			req.Temperature, err = number(key, raw)
+		case "top_p":
+			req.TopP, err = number(key, raw)
+		case "seed":
+			req.Seed, err = integer64(key, raw)
+		case "stop":
+			req.Stop, err = stops(raw)
+		case "stream":
+			var b *bool
+			if b, err = boolean(key, raw); b != nil {
+				req.Stream = *b
+			}
+		case "stream_options":
+			req.StreamOptions, err = streamOptions(raw)
+		case "n":
+			req.N, err = integer(key, raw)
+		case "user":
+			_, err = str(key, raw)
+		case "quest":
+			req.Quest, err = questOptions(raw)
+		case "logprobs":
+			var b *bool
+			if b, err = boolean(key, raw); err == nil && b != nil && *b {
+				err = badParam(key, "unsupported_parameter", "logprobs is not supported by this server (only false is accepted)")
+			}
+		case "top_logprobs":
+			var v *int
+			if v, err = integer(key, raw); err == nil && v != nil && *v != 0 {
+				err = badParam(key, "unsupported_parameter", "top_logprobs is not supported by this server (only 0 or null is accepted)")
+			}
+		case "frequency_penalty", "presence_penalty", "logit_bias":
+			err = neutral(key, raw)
+		default:
+			err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	req.MaxTokens = maxCompletion
+	if maxTokens != nil {
+		if maxCompletion != nil && *maxCompletion != *maxTokens {
+			return nil, badParam("max_tokens", "invalid_value", "max_tokens %d and max_completion_tokens %d disagree (give one)", *maxTokens, *maxCompletion)
+		}
+		req.MaxTokens = maxTokens
+	}
+	return req, nil
+}
+
+// chatMessages reads the messages: a non-empty array of objects with a
+// role and a content (a string, or an array of text parts, joined).
+func chatMessages(raw json.RawMessage) ([]chat.Message, *apiError) {
+	if kind(raw) != "an array" {
+		return nil, wrongType("messages", "an array of messages", raw)
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, wrongType("messages", "an array of messages", raw)
+	}
+	if len(elems) == 0 {
+		return nil, badParam("messages", "invalid_value", "messages must hold at least one message")
+	}
+	out := make([]chat.Message, 0, len(elems))
+	for i, e := range elems {
+		at := fmt.Sprintf("messages[%d]", i)
+		fields, aerr := object(e, at+".")
+		if aerr != nil {
+			return nil, aerr
+		}
+		var m chat.Message
+		var role, content bool
+		for _, f := range fields {
+			var err *apiError
+			switch f.key {
+			case "role":
+				var s *string
+				if s, err = str(at+".role", f.raw); err == nil {
+					if s == nil || !chatRoles[*s] {
+						err = badParam(at+".role", "invalid_value", "%s.role must be one of system, developer, user, assistant, tool", at)
+					} else {
+						m.Role, role = *s, true
+					}
+				}
+			case "content":
+				m.Content, err = chatContent(at+".content", f.raw)
+				content = err == nil
+			case "name":
+				_, err = str(at+".name", f.raw)
+			default:
+				err = badParam(at+"."+f.key, "unknown_parameter", "Unrecognized message argument supplied: %s.%s (text messages only)", at, f.key)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		switch {
+		case !role:
+			return nil, badParam(at+".role", "missing_required_parameter", "%s has no role", at)
+		case !content:
+			return nil, badParam(at+".content", "missing_required_parameter", "%s has no content", at)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// chatContent reads a message's content: a string, or an array of
+// {"type": "text", "text": ...} parts (joined).
+func chatContent(param string, raw json.RawMessage) (string, *apiError) {
+	switch kind(raw) {
+	case "a string":
+		s, err := str(param, raw)
+		if err != nil {
+			return "", err
+		}
+		return *s, nil
+	case "an array":
+		var parts []json.RawMessage
+		if err := json.Unmarshal(raw, &parts); err != nil {
+			return "", wrongType(param, "a string or an array of text parts", raw)
+		}
+		var b strings.Builder
+		for i, p := range parts {
+			at := fmt.Sprintf("%s[%d]", param, i)
+			fields, aerr := object(p, at+".")
+			if aerr != nil {
+				return "", aerr
+			}
+			var typ, text *string
+			for _, f := range fields {
+				var err *apiError
+				switch f.key {
+				case "type":
+					typ, err = str(at+".type", f.raw)
+				case "text":
+					text, err = str(at+".text", f.raw)
+				default:
+					err = badParam(at+"."+f.key, "unknown_parameter", "Unrecognized content part argument supplied: %s.%s", at, f.key)
+				}
+				if err != nil {
+					return "", err
+				}
+			}
+			if typ == nil || *typ != "text" || text == nil {
+				return "", badParam(at, "invalid_value", "%s: only {\"type\": \"text\", \"text\": ...} parts are supported", at)
+			}
+			b.WriteString(*text)
+		}
+		return b.String(), nil
+	}
+	return "", wrongType(param, "a string or an array of text parts", raw)
+}
+
+// chatPromptIDs renders msgs with the server's template and tokenizes
+// the text: without BOS, which the template writes, except that a
+// checkpoint whose template has no BOS text to write (no bos_token in
+// tokenizer_config.json) while its tokenizer has a BOS gets the BOS id
+// first, as a completion's prompt does.
+func (s *Server) chatPromptIDs(msgs []chat.Message) ([]int, *apiError) {
+	t := s.cfg.ChatTemplate
+	if t == nil {
+		msg := "This model has no chat template: start the server with one (questd --chat-template FILE)."
+		if s.chatErr != nil {
+			msg = fmt.Sprintf("This model's chat template cannot be used (%v): start the server with another (questd --chat-template FILE).", s.chatErr)
+		}
+		return nil, badParam("messages", "no_chat_template", "%s", msg)
+	}
+	text, err := t.Render(msgs, true)
+	if err != nil {
+		return nil, badParam("messages", "invalid_value", "%v", err)
+	}
+	ids := s.tok.Encode(text)
+	if t.Tokens().BOS == "" && s.tok.BOS() >= 0 {
+		ids = append([]int{s.tok.BOS()}, ids...)
+	}
+	if len(ids) == 0 {
+		return nil, badParam("messages", "invalid_value", "the chat template rendered the messages into no tokens")
+	}
+	return ids, nil
+}
+
+// chatCompletions serves POST /v1/chat/completions.
+func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	req, aerr := decodeChatRequest(body)
+	if aerr == nil {
+		aerr = s.checkModel(req.Model)
+	}
+	if aerr == nil && req.Messages == nil {
+		aerr = badParam("messages", "missing_required_parameter", "you must provide a messages parameter")
+	}
+	var ids []int
+	if aerr == nil {
+		ids, aerr = s.chatPromptIDs(req.Messages)
+	}
+	if aerr == nil {
+		creq := &CompletionRequest{Model: req.Model, Prompt: &Prompt{IDs: ids}, MaxTokens: req.MaxTokens,
+			Temperature: req.Temperature, TopP: req.TopP, Seed: req.Seed, Stop: req.Stop, Stream: req.Stream,
+			StreamOptions: req.StreamOptions, N: req.N, Quest: req.Quest}
+		var p params
+		if p, aerr = s.resolve(creq); aerr == nil {
+			p.chat = true
+			s.run(w, r, p)
+			return
+		}
+		if aerr.param == "prompt" {
+			aerr.param = "messages" // the rendered messages are the prompt
+		}
+	}
+	s.invalid()
+	aerr.write(w)
+}
+
+// ChatCompletion is OpenAI's chat.completion object, and (as
+// chat.completion.chunk, with Delta set instead of Message) each chunk of
+// a stream.
+type ChatCompletion struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []ChatChoice `json:"choices"`
+	Usage   *Usage       `json:"usage,omitempty"`
+}
+
+// ChatChoice is one answer: Message in a chat.completion, Delta in a
+// chunk. FinishReason as Choice's. Logprobs is always null.
+type ChatChoice struct {
+	Index        int          `json:"index"`
+	Message      *ChatMessage `json:"message,omitempty"`
+	Delta        *ChatMessage `json:"delta,omitempty"`
+	Logprobs     *struct{}    `json:"logprobs"`
+	FinishReason *string      `json:"finish_reason"`
+}
+
+// ChatMessage is the assistant's message, or a chunk's part of it (Role
+// in the first chunk only).
+type ChatMessage struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+// chatObject is j's chat.completion holding text.
+func (s *Server) chatObject(j *job, text string, finish *string, usage *Usage) ChatCompletion {
+	return ChatCompletion{ID: "chat" + j.id, Object: "chat.completion", Created: j.created, Model: s.name,
+		Choices: []ChatChoice{{Message: &ChatMessage{Role: "assistant", Content: text}, FinishReason: finish}}, Usage: usage}
+}
+
+// chatChunk is j's chat.completion.chunk holding text; first adds the
+// assistant's role.
+func (s *Server) chatChunk(j *job, text string, finish *string, first bool) ChatCompletion {
+	d := &ChatMessage{Content: text}
+	if first {
+		d.Role = "assistant"
+	}
+	return ChatCompletion{ID: "chat" + j.id, Object: "chat.completion.chunk", Created: j.created, Model: s.name,
+		Choices: []ChatChoice{{Delta: d, FinishReason: finish}}}
+}
