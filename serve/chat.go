@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/questrt/questrt/chat"
 )
@@ -247,6 +248,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	arrived := time.Now()
 	req, aerr := decodeChatRequest(body)
 	if aerr == nil {
 		aerr = s.checkModel(req.Model)
@@ -265,7 +267,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		var p params
 		if p, aerr = s.resolve(creq); aerr == nil {
 			p.chat = true
-			s.run(w, r, p)
+			s.run(w, r, p, arrived)
 			return
 		}
 		if aerr.param == "prompt" {

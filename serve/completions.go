@@ -54,11 +54,12 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	arrived := time.Now()
 	req, aerr := decodeRequest(body)
 	if aerr == nil {
 		var p params
 		if p, aerr = s.resolve(req); aerr == nil {
-			s.run(w, r, p)
+			s.run(w, r, p, arrived)
 			return
 		}
 	}
@@ -105,8 +106,9 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 	return body, true
 }
 
-// run admits a valid request and answers it.
-func (s *Server) run(w http.ResponseWriter, r *http.Request, p params) {
+// run admits a valid request that arrived at arrived (its body read)
+// and answers it.
+func (s *Server) run(w http.ResponseWriter, r *http.Request, p params, arrived time.Time) {
 	var ctx context.Context
 	var cancel context.CancelFunc
 	if s.cfg.RequestTimeout > 0 {
@@ -114,7 +116,8 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p params) {
 	} else {
 		ctx, cancel = context.WithCancel(r.Context())
 	}
-	j := &job{ctx: ctx, cancel: cancel, p: p, pages: s.pagesFor(len(p.ids) + p.maxTokens), notify: make(chan struct{}, 1)}
+	j := &job{ctx: ctx, cancel: cancel, p: p, pages: s.pagesFor(len(p.ids) + p.maxTokens), notify: make(chan struct{}, 1),
+		clock: reqClock{arrived: arrived}}
 	if err := s.admit(j); err != nil {
 		cancel()
 		err.write(w)

@@ -140,6 +140,10 @@ type Config struct {
 	Decoder Decoder
 	// Logger receives the server's logs (nil: none).
 	Logger *slog.Logger
+	// Observe, when set, gets every admitted request's timing at its
+	// end (completed, cancelled or failed), on the scheduler's goroutine:
+	// it must return quickly (questd feeds histograms and logs a line).
+	Observe func(RequestTiming)
 	// Now is the clock of the responses' created times (nil: time.Now).
 	Now func() time.Time
 }

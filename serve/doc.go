@@ -40,6 +40,8 @@
 //     chat.completion object, or chat.completion.chunk events (the
 //     assistant's role first) ending in "data: [DONE]".
 //   - GET /v1/models and GET /v1/models/{id}: the one model.
+//   - GET /health: 200 with an empty body while the server admits
+//     requests, 503 while it drains or after Close (as vLLM's).
 //   - GET /admin/requests, GET /admin/requests/{id} and POST
 //     /admin/requests/{id}/replay: the last [Config.History] finished
 //     requests by completion id (prompt and output tokens, settings;

@@ -20,6 +20,9 @@ type job struct {
 	p       params
 	pages   int   // pages reserved per shard
 	created int64 // the completion's created time (Unix seconds)
+	// clock's arrived is set before admission; the rest is the
+	// scheduler's.
+	clock reqClock
 
 	// The scheduler's.
 	sampler *model.Sampler

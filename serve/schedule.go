@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/questrt/questrt/model"
 )
@@ -55,6 +56,7 @@ func (s *Server) iterate() bool {
 		return false
 	})
 	for len(s.running) < s.cfg.MaxRunning && len(s.queue) > 0 {
+		s.queue[0].clock.started = time.Now()
 		s.running = append(s.running, s.queue[0])
 		s.queue = s.queue[1:]
 	}
@@ -258,6 +260,7 @@ func (s *Server) decode() bool {
 // ends j on a stop token, a stop string or max_tokens.
 func (s *Server) token(j *job, logits []float32) {
 	id := j.sampler.Sample(logits)
+	j.clock.tokenAt(time.Now())
 	if j.keep {
 		j.out = append(j.out, id)
 		j.argmax = append(j.argmax, model.Argmax(logits))
@@ -340,6 +343,7 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		// Before the answer: a client that has it finds the record.
 		s.hist.add(s.record(j, res, text))
 	}
+	s.observe(j, res)
 	// The result first: a handler woken by the context's end finds it.
 	j.post(text, &res)
 	j.cancel() // the job's context and its timer

@@ -283,6 +283,14 @@ var (
 		message: "The server is shutting down."}
 )
 
+// Accepting reports whether the server admits requests: not draining
+// and not closed (GET /health answers 200 then, 503 otherwise).
+func (s *Server) Accepting() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.draining && !s.closed
+}
+
 // Drain stops admitting requests (new ones get 503) and waits until the
 // admitted ones have finished, or ctx is done (then it returns ctx's
 // error and the requests still running go on; Close ends them). A
@@ -398,6 +406,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.chatCompletions(w, r)
+	case path == "/health":
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			s.notAllowed(w, r, "GET, HEAD")
+			return
+		}
+		if !s.Accepting() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
 	case path == "/v1/models":
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			s.notAllowed(w, r, "GET, HEAD")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,7 +17,8 @@ import (
 
 // completions is the OpenAI-compatible completions API of --model and
 // --http-addr: the serve.Server and its HTTP server (POST
-// /v1/completions and /v1/chat/completions, GET /v1/models, and the last --request-history
+// /v1/completions and /v1/chat/completions, GET /v1/models, GET /health,
+// GET /metrics (the node's, as on --metrics-addr), and the last --request-history
 // requests under /admin/requests for questctl replay-request). With
 // --monitor-rate its quality monitor's histograms go to the process's
 // registry (monitor.go). With --serve-layout cluster the requests' KV
@@ -52,9 +54,18 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 // startCompletions loads --model and serves it on --http-addr, its
 // requests' sequences on n's cluster with --serve-layout cluster; with
 // --monitor-rate the quality monitor's metrics go to reg.
-func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *slog.Logger) (*completions, error) {
+func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *slog.Logger) (*completions, error) {
 	sc := cfg.serveConfig(log)
 	sc.Cluster = cfg.serveCluster(n)
+	name := sc.ModelName
+	if name == "" {
+		name = filepath.Base(filepath.Clean(cfg.Model))
+	}
+	lat, err := newServeLatency(reg, name, log)
+	if err != nil {
+		return nil, fmt.Errorf("serve metrics: %w", err)
+	}
+	sc.Observe = lat.observe
 	if sc.Monitor.Rate > 0 {
 		mm, err := newMonitorMetrics(reg)
 		if err != nil {
@@ -67,7 +78,6 @@ func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *
 	}
 	var srv *completion.Server
 	var closeDevice func()
-	var err error
 	if cfg.ServeLayout == "device" {
 		srv, closeDevice, err = loadDeviceServer(cfg, sc, log)
 	} else {
@@ -92,7 +102,7 @@ func startCompletions(cfg Config, n *node.Node, reg prometheus.Registerer, log *
 			return nil, fmt.Errorf("monitor metrics: %w", err)
 		}
 	}
-	h, err := startHTTP("completions", "http-addr", cfg.HTTPAddr, requireToken(cfg.Token, srv), cfg.httpServer(), reg, log)
+	h, err := startHTTP("completions", "http-addr", cfg.HTTPAddr, apiHandler(srv, requireToken(cfg.Token, srv), reg, log), cfg.httpServer(), reg, log)
 	if err != nil {
 		closeAll()
 		return nil, err

@@ -28,7 +28,8 @@ const passkeyTestPrompt = "There is important info hidden inside a lot of irrele
 // TestServeCompletions: questd --model --http-addr serves the completions
 // API next to the node (the ready line names it); a greedy completion of
 // a passkey prompt returns the pass key; GET /v1/models lists the model
-// under its directory's name; a signal drains and serve returns nil.
+// under its directory's name; the latency histograms count it, on the
+// API's port too (with /health); a signal drains and serve returns nil.
 func TestServeCompletions(t *testing.T) {
 	v1 := passkeyModel(t)
 	cfg, err := load(t, nil, append(append([]string(nil), smallNode...), "--model", v1, "--http-addr", "127.0.0.1:0", "--max-running", "4", "--budget-tokens", "512")...)
@@ -87,6 +88,27 @@ func TestServeCompletions(t *testing.T) {
 	}
 	if got := metric(t, mf, "questrt_serve_tokens_total", "kind", "prompt").GetCounter().GetValue(); got < 50 {
 		t.Errorf("questrt_serve_tokens_total{kind=prompt} = %v, want the prompt's tokens", got)
+	}
+	// The latency histograms, by model name, on the API's port too
+	// (with /health): one first token, 4 gaps between the 5 tokens, one
+	// request ended and queued.
+	api := scrape(t, ready["http"])
+	for _, c := range []struct {
+		name string
+		want uint64
+	}{
+		{"questrt_serve_time_to_first_token_seconds", 1},
+		{"questrt_serve_inter_token_latency_seconds", 4},
+		{"questrt_serve_e2e_request_latency_seconds", 1},
+		{"questrt_serve_request_queue_time_seconds", 1},
+	} {
+		h := metric(t, api, c.name, "model_name", "passkey-llama-v1").GetHistogram()
+		if h.GetSampleCount() != c.want || h.GetSampleSum() <= 0 {
+			t.Errorf("%s on the API port: %d samples (sum %v), want %d", c.name, h.GetSampleCount(), h.GetSampleSum(), c.want)
+		}
+	}
+	if code, _ := httpGet(t, base+"/health"); code != http.StatusOK {
+		t.Errorf("/health on the API port: %d", code)
 	}
 	if err := stop(); err != nil {
 		t.Fatalf("serve after the signal: %v", err)
