@@ -32,8 +32,20 @@ type Info struct {
 	GoVersion string
 }
 
+// stampedRevision is the revision a build stamps with -ldflags "-X
+// github.com/questrt/questrt/internal/buildinfo.stampedRevision=REV"
+// (for builds without VCS stamping: -buildvcs=false, a tree without its
+// .git); the VCS stamp wins when both are there.
+var stampedRevision string
+
 // Read returns the running binary's build information.
-func Read() Info { return From(debug.ReadBuildInfo()) }
+func Read() Info {
+	in := From(debug.ReadBuildInfo())
+	if in.Revision == UnknownRevision && stampedRevision != "" {
+		in.Revision = stampedRevision
+	}
+	return in
+}
 
 // From returns the Info of bi; ok false (no build information) gives the
 // unknown values and the running Go version.

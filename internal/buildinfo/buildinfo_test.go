@@ -4,6 +4,7 @@ import (
 	"regexp"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"testing"
 )
 
@@ -35,5 +36,20 @@ var versionLine = regexp.MustCompile(`^questrt \S+ \(revision \S+, go \S+\)$`)
 func TestRead(t *testing.T) {
 	if s := Read().String(); !versionLine.MatchString(s) {
 		t.Errorf("Read().String() = %q", s)
+	}
+}
+
+// TestStampedRevision: a revision given with -ldflags -X (what a build
+// without VCS stamping passes) is printed when the binary has no VCS
+// stamp (test binaries never have one); absent, the revision is unknown.
+func TestStampedRevision(t *testing.T) {
+	defer func(old string) { stampedRevision = old }(stampedRevision)
+	stampedRevision = ""
+	if got := Read().Revision; got != UnknownRevision {
+		t.Fatalf("no stamp: revision %q, want %q", got, UnknownRevision)
+	}
+	stampedRevision = "6d36924"
+	if got := Read(); got.Revision != "6d36924" || !strings.Contains(got.String(), "revision 6d36924,") {
+		t.Errorf("stamped: %+v (%s)", got, got)
 	}
 }
