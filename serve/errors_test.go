@@ -199,7 +199,7 @@ func TestRoutes(t *testing.T) {
 		var buf bytes.Buffer
 		buf.ReadFrom(resp.Body)
 		resp.Body.Close()
-		want := fmt.Sprintf(`{"id":"tiny","object":"model","created":%d,"owned_by":"questrt"}`, s.created)
+		want := fmt.Sprintf(`{"id":"tiny","object":"model","created":%d,"owned_by":"questrt","max_model_len":%d}`, s.created, s.maxContext)
 		if path == "/v1/models" {
 			want = `{"object":"list","data":[` + want + `]}`
 		}

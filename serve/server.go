@@ -406,6 +406,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.chatCompletions(w, r)
+	case path == "/tokenize" || path == "/detokenize":
+		if r.Method != http.MethodPost {
+			s.notAllowed(w, r, "POST")
+			return
+		}
+		if path == "/tokenize" {
+			s.tokenize(w, r)
+		} else {
+			s.detokenize(w, r)
+		}
 	case path == "/health":
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			s.notAllowed(w, r, "GET, HEAD")
@@ -456,16 +466,19 @@ type ModelList struct {
 	Data   []ModelInfo `json:"data"`
 }
 
-// ModelInfo is OpenAI's model object.
+// ModelInfo is OpenAI's model object, with vLLM's max_model_len (the
+// bound on a request's prompt plus max_tokens; omitted when there is
+// none).
 type ModelInfo struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
+	ID          string `json:"id"`
+	Object      string `json:"object"`
+	Created     int64  `json:"created"`
+	OwnedBy     string `json:"owned_by"`
+	MaxModelLen int    `json:"max_model_len,omitempty"`
 }
 
 func (s *Server) modelInfo() ModelInfo {
-	return ModelInfo{ID: s.name, Object: "model", Created: s.created, OwnedBy: "questrt"}
+	return ModelInfo{ID: s.name, Object: "model", Created: s.created, OwnedBy: "questrt", MaxModelLen: s.maxContext}
 }
 
 // isCtxErr reports a context's end.

@@ -30,8 +30,8 @@ func TestObserve(t *testing.T) {
 		mu.Unlock()
 	}
 	s, ts := startServer(t, m, tok, cfg)
-	if resp, err := http.Get(ts.URL + "/health"); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("/health while serving: %v %v", resp, err)
+	if code := getStatus(t, ts.URL+"/health"); code != http.StatusOK {
+		t.Fatalf("/health while serving: %d", code)
 	}
 	prompt, _ := passkeyPrompt(t, mdir)
 	t0 := time.Now()
@@ -81,7 +81,7 @@ func TestObserve(t *testing.T) {
 	if err := s.Drain(dctx); err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := http.Get(ts.URL + "/health"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("/health while draining: %v %v, want 503", resp, err)
+	if code := getStatus(t, ts.URL+"/health"); code != http.StatusServiceUnavailable {
+		t.Errorf("/health while draining: %d, want 503", code)
 	}
 }

@@ -1,0 +1,147 @@
+package serve
+
+import (
+	"net/http"
+
+	"github.com/questrt/questrt/chat"
+	"github.com/questrt/questrt/model"
+)
+
+// TokenizeResponse is the answer of POST /tokenize (vLLM's): the prompt's
+// token ids as a completion or a chat would prefill them, their count and
+// the context bound.
+type TokenizeResponse struct {
+	Tokens      []int `json:"tokens"`
+	Count       int   `json:"count"`
+	MaxModelLen int   `json:"max_model_len"`
+}
+
+// DetokenizeResponse is the answer of POST /detokenize: the text of the
+// ids.
+type DetokenizeResponse struct {
+	Prompt string `json:"prompt"`
+}
+
+// tokenize serves POST /tokenize: {"model", "prompt"} (a string: with
+// BOS where the tokenizer has one, as a completion's; add_special_tokens
+// false leaves it out) or {"model", "messages"} (rendered with the chat
+// template, as a chat's). Nothing is admitted or run.
+func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	ids, aerr := s.tokenizeBody(body)
+	if aerr != nil {
+		s.invalid()
+		aerr.write(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, TokenizeResponse{Tokens: ids, Count: len(ids), MaxModelLen: s.maxContext})
+}
+
+func (s *Server) tokenizeBody(body []byte) ([]int, *apiError) {
+	fields, aerr := object(body, "")
+	if aerr != nil {
+		return nil, aerr
+	}
+	var name, text *string
+	var msgs []chat.Message
+	special := true
+	for _, f := range fields {
+		var err *apiError
+		switch f.key {
+		case "model":
+			name, err = str(f.key, f.raw)
+		case "prompt":
+			text, err = str(f.key, f.raw)
+		case "messages":
+			msgs, err = chatMessages(f.raw)
+		case "add_special_tokens":
+			var b *bool
+			if b, err = boolean(f.key, f.raw); b != nil {
+				special = *b
+			}
+		case "add_generation_prompt":
+			var b *bool
+			if b, err = boolean(f.key, f.raw); err == nil && b != nil && !*b {
+				err = badParam(f.key, "unsupported_parameter", "add_generation_prompt false is not supported (a chat's prompt always opens the assistant's turn)")
+			}
+		default:
+			err = badParam(f.key, "unknown_parameter", "Unrecognized request argument supplied: %s", f.key)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	modelName := ""
+	if name != nil {
+		modelName = *name
+	}
+	if err := s.checkModel(modelName); err != nil {
+		return nil, err
+	}
+	switch {
+	case (text == nil) == (msgs == nil):
+		return nil, badParam("prompt", "invalid_value", "give a prompt or messages (one of them)")
+	case msgs != nil:
+		return s.chatPromptIDs(msgs)
+	case !special:
+		return s.tok.Encode(*text), nil
+	}
+	return model.PromptIDs(s.tok, *text), nil
+}
+
+// detokenize serves POST /detokenize: {"model", "tokens": [ids]}.
+func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	fields, aerr := object(body, "")
+	var name *string
+	var ids *Prompt
+	for _, f := range fields {
+		if aerr != nil {
+			break
+		}
+		switch f.key {
+		case "model":
+			name, aerr = str(f.key, f.raw)
+		case "tokens":
+			if kind(f.raw) != "an array" {
+				aerr = wrongType("tokens", "an array of token ids", f.raw)
+				break
+			}
+			if ids, aerr = prompt(f.raw); aerr != nil {
+				aerr.param = "tokens"
+			}
+		default:
+			aerr = badParam(f.key, "unknown_parameter", "Unrecognized request argument supplied: %s", f.key)
+		}
+	}
+	if aerr == nil {
+		modelName := ""
+		if name != nil {
+			modelName = *name
+		}
+		aerr = s.checkModel(modelName)
+	}
+	if aerr == nil && ids == nil {
+		aerr = badParam("tokens", "missing_required_parameter", "you must provide a tokens parameter")
+	}
+	if aerr == nil {
+		for i, id := range ids.IDs {
+			if id < 0 || id >= s.m.Config.VocabSize {
+				aerr = badParam("tokens", "invalid_value", "token %d at index %d is outside the vocabulary of %d", id, i, s.m.Config.VocabSize)
+				break
+			}
+		}
+	}
+	if aerr != nil {
+		s.invalid()
+		aerr.write(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, DetokenizeResponse{Prompt: s.tok.Decode(ids.IDs)})
+}
