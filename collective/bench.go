@@ -188,8 +188,9 @@ func (c BenchConfig) validateSizes() error {
 // largest (shards, batch) configuration (configurations run one after
 // another). Its data are the candidates, every rank's received select
 // frames and their decoded sort keys, the selections, the partial states,
-// the root's merge buffers and received state frames, the per-step
-// timestamps and the ranks' goroutine stacks; the heap is twice that,
+// the root's merge buffers and received state frames, the baseline's
+// messages of the same sizes, the per-step timestamps and the ranks'
+// goroutine stacks; the heap is twice that,
 // because every step's messages are fresh allocations and the collector
 // lets the heap grow to about twice the live data before collecting
 // (GOGC=100). It is -1 when a size is out of range or the total overflows
@@ -240,7 +241,9 @@ func benchBytes(c BenchConfig, shards, batch int) int64 {
 		mul(n, state),                           // every rank's o and lse
 		mul(4, state),                           // the root's input copy, accumulator and scratch
 		mul(n, stateFrame),                      // the state frames the root receives (and each sender's)
-		mul(n, steps, 4*8),                      // four timestamps per rank and step
+		mul(n, n, selFrame),                     // the baseline's select-sized messages, own and received
+		mul(n, stateFrame),                      // the baseline's state-sized messages
+		mul(n, steps, 10*8),                     // ten timestamps per rank and step
 		mul(n, 8<<10),                           // goroutine stacks
 	)
 	return mul(data, 2)
@@ -283,6 +286,33 @@ type BenchResult struct {
 	// BenchCollective (goroutines of one process), Shards when every rank
 	// had its own (BenchRank; questctl bench collective --nodes).
 	Processes int `json:"processes"`
+
+	// The baseline, measured in the same steps over the same transports:
+	// BaselineP50/P99 are the group latency of an all-gather of opaque
+	// bytes, each rank sending a message of its own select frame's length
+	// to every other rank (the select exchange's bytes and messages,
+	// without encoding, checks or the top-K merge), and
+	// OverheadVsBaseline is SelectP50 / BaselineP50. The Merge* ones are
+	// the same for the merge: every rank sends rank 0 a message of its
+	// state frame's length. PingPongP50/P99 are one round trip between
+	// ranks 0 and 1 over their stream of a message of rank 0's select
+	// frame (PingPongBytes), timed by rank 0 (0 with one rank).
+	BaselineP50             float64 `json:"baseline_p50_us"`
+	BaselineP99             float64 `json:"baseline_p99_us"`
+	OverheadVsBaseline      float64 `json:"overhead_vs_baseline"`
+	MergeBaselineP50        float64 `json:"merge_baseline_p50_us"`
+	MergeBaselineP99        float64 `json:"merge_baseline_p99_us"`
+	MergeOverheadVsBaseline float64 `json:"merge_overhead_vs_baseline"`
+	PingPongP50             float64 `json:"pingpong_p50_us"`
+	PingPongP99             float64 `json:"pingpong_p99_us"`
+	PingPongBytes           int64   `json:"pingpong_bytes"`
+	// Bytes and messages of the baseline rounds per step, all ranks, as
+	// SelectBytes and MergeBytes count them (Transport.Send's payloads):
+	// equal to the select's and the merge's by construction.
+	BaselineBytes      int64 `json:"baseline_bytes"`
+	BaselineMsgs       int64 `json:"baseline_msgs"`
+	MergeBaselineBytes int64 `json:"merge_baseline_bytes"`
+	MergeBaselineMsgs  int64 `json:"merge_baseline_msgs"`
 }
 
 // BenchCollective runs, for every shard count N and batch size of cfg (in
@@ -290,7 +320,9 @@ type BenchResult struct {
 // over N transports: (a) SelectExact with batch x KVHeads rows, each rank
 // proposing up to PageBudget candidates per row from its own stripe of the
 // pages, and (b) Reduce to rank 0 of batch x QHeads partial states of
-// HeadDim floats. It reports latency percentiles of each operation
+// HeadDim floats, each followed in the same step by its baseline (a plain
+// round of the same bytes over the same transports) and then a ping-pong.
+// It reports latency percentiles of each operation and its baseline
 // separately and the bytes sent per step (see BenchResult).
 //
 // emit receives each configuration's result as soon as it is measured, on
@@ -391,9 +423,15 @@ type benchRank struct {
 	budgets []int // K for every row; shared by the ranks of a process, read only
 	o, lse  []float32
 	o0, l0  []float32 // the root's input, restored before every merge; nil on the other ranks
+	// The baseline's messages: as long as this rank's select frame and
+	// state frame.
+	selMsg, mrgMsg []byte
 	// per step (warm-up included), nanoseconds on the loop's clock
 	selStart, selEnd, mrgStart, mrgEnd   []int64
-	selBytes, mrgBytes, selMsgs, mrgMsgs int64 // over the measured steps
+	bsStart, bsEnd, bmStart, bmEnd       []int64 // the baseline of the select, of the merge
+	ppStart, ppEnd                       []int64 // the ping-pong
+	selBytes, mrgBytes, selMsgs, mrgMsgs int64   // over the measured steps
+	bsBytes, bmBytes, bsMsgs, bmMsgs     int64
 }
 
 // newBenchRanks makes the data of the configuration (n ranks, batch) for
@@ -421,6 +459,10 @@ func newBenchRanks(cfg BenchConfig, n, batch int, keep func(r int) bool) []*benc
 				o:     make([]float32, states*d), lse: make([]float32, states),
 				selStart: make([]int64, total), selEnd: make([]int64, total),
 				mrgStart: make([]int64, total), mrgEnd: make([]int64, total),
+				bsStart: make([]int64, total), bsEnd: make([]int64, total),
+				bmStart: make([]int64, total), bmEnd: make([]int64, total),
+				ppStart: make([]int64, total), ppEnd: make([]int64, total),
+				mrgMsg: make([]byte, stateFrameLen(states, d)),
 			}
 		}
 		var mine []int32
@@ -459,6 +501,7 @@ func newBenchRanks(cfg BenchConfig, n, batch int, keep func(r int) bool) []*benc
 		if r == 0 {
 			br.o0, br.l0 = slices.Clone(br.o), slices.Clone(br.lse)
 		}
+		br.selMsg = make([]byte, selectFrameLen(br.local))
 		ranks[r] = br
 	}
 	return ranks
@@ -467,9 +510,11 @@ func newBenchRanks(cfg BenchConfig, n, batch int, keep func(r int) bool) []*benc
 // benchLoop is the measured loop of one rank, the same whether the ranks
 // are goroutines of one process (BenchCollective) or processes
 // (BenchRank): Warmup + Steps layer-steps, each a SelectExact and a Reduce
-// to rank 0 over ct. Before each operation it waits at meet (not timed);
-// it reads the operation's start and end on now's clock and counts what ct
-// sent during the measured steps.
+// to rank 0 over ct, then their baselines (plainAllGather of the select
+// frame's bytes, plainGather of the state frame's) and a pingPong. Before
+// each operation it waits at meet (not timed); it reads the operation's
+// start and end on now's clock and counts what ct sent during the
+// measured steps.
 func benchLoop(ctx context.Context, cfg BenchConfig, ct *countingTransport, br *benchRank, meet func(step int, op Op) error, now func() int64) error {
 	g := NewGroup(ct)
 	var dst [][]int32
@@ -499,12 +544,47 @@ func benchLoop(ctx context.Context, cfg BenchConfig, ct *countingTransport, br *
 		if err != nil {
 			return err
 		}
+		b2, m2 := ct.bytes.Load(), ct.msgs.Load()
+
+		// The baselines: the same bytes as plain rounds.
+		if err := meet(s, opBaseGather); err != nil {
+			return err
+		}
+		br.bsStart[s] = now()
+		err = plainAllGather(ctx, ct, MakeTag(uint64(s), 0, opBaseGather), br.selMsg)
+		br.bsEnd[s] = now()
+		if err != nil {
+			return fmt.Errorf("baseline of the select: %w", err)
+		}
+		b3, m3 := ct.bytes.Load(), ct.msgs.Load()
+		if err := meet(s, opBaseRoot); err != nil {
+			return err
+		}
+		br.bmStart[s] = now()
+		err = plainGather(ctx, ct, MakeTag(uint64(s), 0, opBaseRoot), br.mrgMsg)
+		br.bmEnd[s] = now()
+		if err != nil {
+			return fmt.Errorf("baseline of the merge: %w", err)
+		}
+		b4, m4 := ct.bytes.Load(), ct.msgs.Load()
+		if err := meet(s, opPingPong); err != nil {
+			return err
+		}
+		br.ppStart[s] = now()
+		err = pingPong(ctx, ct, MakeTag(uint64(s), 0, opPingPong), br.selMsg)
+		br.ppEnd[s] = now()
+		if err != nil {
+			return fmt.Errorf("ping-pong: %w", err)
+		}
 		if s >= cfg.Warmup {
-			b2, m2 := ct.bytes.Load(), ct.msgs.Load()
 			br.selBytes += b1 - b0
 			br.selMsgs += m1 - m0
 			br.mrgBytes += b2 - b1
 			br.mrgMsgs += m2 - m1
+			br.bsBytes += b3 - b2
+			br.bsMsgs += m3 - m2
+			br.bmBytes += b4 - b3
+			br.bmMsgs += m4 - m3
 		}
 	}
 	return nil
@@ -525,8 +605,14 @@ func (br *benchRank) samples(cfg BenchConfig) BenchSamples {
 		Rank: br.rank, BaseNS: base,
 		SelectStart: rel(br.selStart), SelectEnd: rel(br.selEnd),
 		MergeStart: rel(br.mrgStart), MergeEnd: rel(br.mrgEnd),
+		BaselineStart: rel(br.bsStart), BaselineEnd: rel(br.bsEnd),
+		MergeBaselineStart: rel(br.bmStart), MergeBaselineEnd: rel(br.bmEnd),
+		PingPongStart: rel(br.ppStart), PingPongEnd: rel(br.ppEnd),
 		SelectBytes: br.selBytes, SelectMsgs: br.selMsgs,
 		MergeBytes: br.mrgBytes, MergeMsgs: br.mrgMsgs,
+		BaselineBytes: br.bsBytes, BaselineMsgs: br.bsMsgs,
+		MergeBaselineBytes: br.bmBytes, MergeBaselineMsgs: br.bmMsgs,
+		PingPongBytes: int64(len(br.selMsg)),
 	}
 }
 
@@ -614,11 +700,24 @@ type BenchSamples struct {
 	SelectEnd   []int64 `json:"select_end_ns"`
 	MergeStart  []int64 `json:"merge_start_ns"`
 	MergeEnd    []int64 `json:"merge_end_ns"`
+	// The baseline rounds' times, likewise (see BenchResult).
+	BaselineStart      []int64 `json:"baseline_start_ns"`
+	BaselineEnd        []int64 `json:"baseline_end_ns"`
+	MergeBaselineStart []int64 `json:"merge_baseline_start_ns"`
+	MergeBaselineEnd   []int64 `json:"merge_baseline_end_ns"`
+	PingPongStart      []int64 `json:"pingpong_start_ns"`
+	PingPongEnd        []int64 `json:"pingpong_end_ns"`
 	// Bytes and messages the rank sent over all measured steps.
-	SelectBytes int64 `json:"select_bytes"`
-	SelectMsgs  int64 `json:"select_msgs"`
-	MergeBytes  int64 `json:"merge_bytes"`
-	MergeMsgs   int64 `json:"merge_msgs"`
+	SelectBytes        int64 `json:"select_bytes"`
+	SelectMsgs         int64 `json:"select_msgs"`
+	MergeBytes         int64 `json:"merge_bytes"`
+	MergeMsgs          int64 `json:"merge_msgs"`
+	BaselineBytes      int64 `json:"baseline_bytes"`
+	BaselineMsgs       int64 `json:"baseline_msgs"`
+	MergeBaselineBytes int64 `json:"merge_baseline_bytes"`
+	MergeBaselineMsgs  int64 `json:"merge_baseline_msgs"`
+	// PingPongBytes is the length of the ping-pong's message.
+	PingPongBytes int64 `json:"pingpong_bytes"`
 }
 
 // barrierLayer is the layer of the tags of BenchRank's barriers; the
@@ -722,7 +821,8 @@ func BenchCombine(cfg BenchConfig, batch int, samples []BenchSamples) (BenchResu
 		if s.Rank < 0 || s.Rank >= n || byRank[s.Rank] != nil {
 			return BenchResult{}, fmt.Errorf("bench collective: samples of rank %d: want each of ranks 0 to %d once", s.Rank, n-1)
 		}
-		for _, xs := range [][]int64{s.SelectStart, s.SelectEnd, s.MergeStart, s.MergeEnd} {
+		for _, xs := range [][]int64{s.SelectStart, s.SelectEnd, s.MergeStart, s.MergeEnd,
+			s.BaselineStart, s.BaselineEnd, s.MergeBaselineStart, s.MergeBaselineEnd, s.PingPongStart, s.PingPongEnd} {
 			if len(xs) != cfg.Steps {
 				return BenchResult{}, fmt.Errorf("bench collective: rank %d has %d samples, want %d (steps)", s.Rank, len(xs), cfg.Steps)
 			}
@@ -734,33 +834,58 @@ func BenchCombine(cfg BenchConfig, batch int, samples []BenchSamples) (BenchResu
 		Shards: n, Batch: batch, Transport: cfg.Transport, Steps: cfg.Steps,
 		Rows: rows, K: cfg.PageBudget, States: states, HeadDim: cfg.HeadDim,
 	}
-	sel := make([]float64, 0, cfg.Steps)
-	mrg := make([]float64, 0, cfg.Steps)
-	skew := make([]float64, 0, cfg.Steps)
+	var sel, mrg, skew, bs, bm, pp []float64
 	for s := range cfg.Steps {
 		sel = append(sel, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.SelectStart, b.SelectEnd }))
 		mrg = append(mrg, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.MergeStart, b.MergeEnd }))
 		skew = append(skew, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.SelectStart, b.SelectStart }))
+		bs = append(bs, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.BaselineStart, b.BaselineEnd }))
+		bm = append(bm, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.MergeBaselineStart, b.MergeBaselineEnd }))
+		// Rank 0 times the round trip alone.
+		pp = append(pp, groupLatencyUS(byRank[:1], s, func(b *BenchSamples) ([]int64, []int64) { return b.PingPongStart, b.PingPongEnd }))
 	}
 	for _, b := range byRank {
 		res.SelectBytes += b.SelectBytes
 		res.SelectMsgs += b.SelectMsgs
 		res.MergeBytes += b.MergeBytes
 		res.MergeMsgs += b.MergeMsgs
+		res.BaselineBytes += b.BaselineBytes
+		res.BaselineMsgs += b.BaselineMsgs
+		res.MergeBaselineBytes += b.MergeBaselineBytes
+		res.MergeBaselineMsgs += b.MergeBaselineMsgs
 	}
 	steps := int64(cfg.Steps)
 	res.SelectBytes, res.SelectMsgs = res.SelectBytes/steps, res.SelectMsgs/steps
 	res.MergeBytes, res.MergeMsgs = res.MergeBytes/steps, res.MergeMsgs/steps
-	slices.Sort(sel)
-	slices.Sort(mrg)
-	slices.Sort(skew)
+	res.BaselineBytes, res.BaselineMsgs = res.BaselineBytes/steps, res.BaselineMsgs/steps
+	res.MergeBaselineBytes, res.MergeBaselineMsgs = res.MergeBaselineBytes/steps, res.MergeBaselineMsgs/steps
+	for _, xs := range [][]float64{sel, mrg, skew, bs, bm, pp} {
+		slices.Sort(xs)
+	}
 	res.SelectP50, res.SelectP95, res.SelectP99, res.SelectMax = quantile(sel, 0.50), quantile(sel, 0.95), quantile(sel, 0.99), sel[len(sel)-1]
 	res.MergeP50, res.MergeP95, res.MergeP99, res.MergeMax = quantile(mrg, 0.50), quantile(mrg, 0.95), quantile(mrg, 0.99), mrg[len(mrg)-1]
 	res.StartSkewP50 = quantile(skew, 0.50)
-	if res.SelectP50 < 0 || res.MergeP50 < 0 {
+	res.BaselineP50, res.BaselineP99 = quantile(bs, 0.50), quantile(bs, 0.99)
+	res.MergeBaselineP50, res.MergeBaselineP99 = quantile(bm, 0.50), quantile(bm, 0.99)
+	res.OverheadVsBaseline = ratio(res.SelectP50, res.BaselineP50)
+	res.MergeOverheadVsBaseline = ratio(res.MergeP50, res.MergeBaselineP50)
+	if n > 1 {
+		res.PingPongP50, res.PingPongP99 = quantile(pp, 0.50), quantile(pp, 0.99)
+		res.PingPongBytes = byRank[0].PingPongBytes
+	}
+	if res.SelectP50 < 0 || res.MergeP50 < 0 || res.BaselineP50 < 0 || res.MergeBaselineP50 < 0 || res.PingPongP50 < 0 {
 		return res, errors.New("negative latency (clock)")
 	}
 	return res, nil
+}
+
+// ratio is a / b, or 0 when b is not positive (a baseline too fast for
+// the clock).
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
 }
 
 // groupLatencyUS is max over ranks of the end minus min over ranks of the

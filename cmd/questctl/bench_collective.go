@@ -15,6 +15,7 @@ import (
 	"github.com/questrt/questrt/bench"
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/collective/grpctransport"
+	"github.com/questrt/questrt/internal/memlimit"
 )
 
 // collectiveFlags maps the BenchConfig fields that BenchRangeError names to
@@ -23,7 +24,18 @@ var collectiveFlags = map[string]string{
 	"Shards": "shards", "Batches": "batch", "Steps": "steps", "Warmup": "warmup",
 	"KVHeads": "kv-heads", "QHeads": "q-heads", "HeadDim": "head-dim",
 	"PageBudget": "k", "Pages": "pages",
+	"MinBytes": "min-bytes", "MaxBytes": "max-bytes", "Factor": "factor",
 }
+
+// sweepOnly are the flags of the selection and merge configurations, which
+// a sweep (--min-bytes, --max-bytes, --factor) does not take.
+var sweepOnly = []string{"batch", "kv-heads", "q-heads", "head-dim", "k", "pages"}
+
+// Defaults of --steps and --warmup in a sweep (nccl-tests runs 20 and 5).
+const (
+	sweepSteps  = 100
+	sweepWarmup = 5
+)
 
 func runBenchCollective(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == rankCommand {
@@ -49,6 +61,33 @@ that configuration finishes, with p50/p95/p99 latencies in microseconds
 and bytes sent, so the transports compare line by line; progress and a
 table go to stderr (the table not with --json).
 
+Every step also measures a baseline on the same ranks and transports:
+an all-gather of opaque bytes in which every rank sends each other rank a
+message as long as its selection frame (the exchange's bytes and
+messages, without encoding, checks or the top-K merge), the same for the
+merge (every rank sends rank 0 a message as long as its state frame), and
+a ping-pong of ranks 0 and 1 over their stream. Lines carry
+baseline_p50_us, baseline_p99_us and overhead_vs_baseline (select p50 /
+baseline p50), merge_baseline_* and merge_overhead_vs_baseline,
+pingpong_p50_us and pingpong_p99_us, and the baseline's bytes, equal to
+the operations'. Every line also carries "kind", the host (CPU model,
+cores, load average, kernel), go_version, questrt_version, commit (from
+the binary's VCS stamp, "unknown" without one), commit_modified and tls.
+
+--min-bytes, --max-bytes and --factor (any of them) run, instead of the
+selection and merge, a message-size sweep of that plain all-gather as
+nccl-tests' all_gather_perf -b -e -f does: sizes from --min-bytes,
+multiplied by --factor up to --max-bytes (bytes, or 4K, 128M), where a
+size is the all-gather's total as in nccl-tests (each of N ranks sends
+size/N bytes to every other rank, at least 1). One line per (transport,
+N, size) with "kind": "allgather_sweep": time_us (the mean group
+latency), p50_us, p99_us, algbw_gbps = bytes / time and busbw_gbps =
+algbw * (N-1)/N (GB/s, 1e9 bytes/s), and the bytes sent. A sweep takes
+--shards or --nodes, --transport, --steps (default %d there), --warmup
+(default %d there) and --max-memory. A factor below 2 (or above %d),
+a size outside 1 to %d (1G) and --min-bytes above --max-bytes
+are refused before anything runs.
+
 --nodes N,... instead of --shards runs the grpc ranks in processes: for
 each N, N child questctl processes on this host, one rank each, that
 listen on 127.0.0.1, learn each other's addresses from this process, run
@@ -65,6 +104,7 @@ Sizes must be at least 1 (--warmup 0 is allowed); at most %d shards,
 %d, %d pages (--k at most --pages) and %d steps. A configuration whose
 data do not fit --max-memory (all ranks together) is refused before it
 runs.`,
+		sweepSteps, sweepWarmup, collective.MaxSweepFactor, collective.MaxSweepBytes,
 		collective.MaxBenchShards, 2, maxBenchNodes, collective.MaxBenchBatch, collective.MaxBenchHeads,
 		collective.MaxBenchHeadDim, collective.MaxBenchPages, collective.MaxBenchSteps))
 	shards := fs.String("shards", "2,4,8,16", "comma-separated CP group sizes, all ranks goroutines of this process")
@@ -79,11 +119,23 @@ runs.`,
 	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
 	fs.IntVar(&c.PageBudget, "k", c.PageBudget, "pages selected per row (K)")
 	fs.IntVar(&c.Pages, "pages", c.Pages, "pages per sequence, striped over the shards")
+	sw := collective.DefaultSweepConfig()
+	sizeFlag(fs, &sw.MinBytes, "min-bytes", "a sweep's smallest all-gather, in bytes (all ranks' parts together, as nccl-tests' -b)")
+	sizeFlag(fs, &sw.MaxBytes, "max-bytes", "a sweep's largest all-gather, in bytes (as nccl-tests' -e)")
+	fs.IntVar(&sw.Factor, "factor", sw.Factor, "a sweep's multiplication factor between sizes, at least 2 (as nccl-tests' -f)")
 	maxMem := maxMemoryFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON lines only on stdout (default also prints a table to stderr; progress goes to stderr either way)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		var err error
 		byNodes := flagSet(fs, "nodes")
+		sweep := flagSet(fs, "min-bytes") || flagSet(fs, "max-bytes") || flagSet(fs, "factor")
+		if sweep {
+			for _, f := range sweepOnly {
+				if flagSet(fs, f) {
+					return usageError{fmt.Errorf("--%s: not with a sweep (--min-bytes, --max-bytes, --factor run the plain all-gather only)", f)}
+				}
+			}
+		}
 		switch {
 		case byNodes && flagSet(fs, "shards"):
 			return usageError{errors.New("--nodes and --shards: give one (--nodes runs every grpc rank in its own process)")}
@@ -113,6 +165,16 @@ runs.`,
 			return usageError{err}
 		}
 		c.MaxMemory = *maxMem
+		if sweep {
+			sw.Shards, sw.MaxMemory = c.Shards, *maxMem
+			sw.Steps, sw.Warmup = sweepSteps, sweepWarmup
+			if flagSet(fs, "steps") {
+				sw.Steps = c.Steps
+			}
+			if flagSet(fs, "warmup") {
+				sw.Warmup = c.Warmup
+			}
+		}
 		var names []string
 		for _, name := range strings.Split(*transports, ",") {
 			name = strings.TrimSpace(name)
@@ -125,10 +187,17 @@ runs.`,
 			return usageError{fmt.Errorf("--nodes with --transport %s: the processes talk grpc; add it (--transport grpc, or inproc,grpc for goroutine lines too)", *transports)}
 		}
 		c.Transport, c.NewTransports = names[0], nil
-		if c.Transport == "grpc" {
-			c.NewTransports = grpcGroup(ctx)
+		sw.Transport, sw.NewTransports = names[0], nil
+		if names[0] == "grpc" {
+			c.NewTransports = grpcGroup(ctx, 0)
+			sw.NewTransports = grpcGroup(ctx, 0)
 		}
-		if err := c.Validate(); err != nil {
+		if sweep {
+			err = sw.Validate()
+		} else {
+			err = c.Validate()
+		}
+		if err != nil {
 			var re *collective.BenchRangeError
 			if errors.As(err, &re) {
 				limit := ""
@@ -143,9 +212,13 @@ runs.`,
 			}
 			return usageError{err}
 		}
-		c.Progress = stderr
+		c.Progress, sw.Progress = stderr, stderr
+		cpu, kernel := cpuModel(), kernelRelease()
+		// TLS stays false: grpc runs plaintext on 127.0.0.1 (grpcGroup,
+		// bench collective rank), inproc has no connections.
+		meta := func() benchMeta { return readBenchMeta(cpu, kernel) }
 		emit := func(r collective.BenchResult) error {
-			if err := bench.WriteJSONLine(stdout, r); err != nil {
+			if err := bench.WriteJSONLine(stdout, collectiveLine{Kind: kindCollective, BenchResult: r, benchMeta: meta()}); err != nil {
 				return err
 			}
 			if !*asJSON {
@@ -153,19 +226,46 @@ runs.`,
 				if r.Processes > 1 {
 					how = fmt.Sprintf(" (%d processes)", r.Processes)
 				}
-				fmt.Fprintf(stderr, "%-6s shards %2d batch %2d: select p50 %.1f p99 %.1f us, merge p50 %.1f p99 %.1f us, %d + %d bytes/step%s\n",
-					r.Transport, r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.MergeP50, r.MergeP99, r.SelectBytes, r.MergeBytes, how)
+				fmt.Fprintf(stderr, "%-6s shards %2d batch %2d: select p50 %.1f p99 %.1f us (baseline %.1f / %.1f, %.2fx), merge p50 %.1f p99 %.1f us (baseline %.1f / %.1f, %.2fx), ping-pong p50 %.1f us, %d + %d bytes/step%s\n",
+					r.Transport, r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.BaselineP50, r.BaselineP99, r.OverheadVsBaseline,
+					r.MergeP50, r.MergeP99, r.MergeBaselineP50, r.MergeBaselineP99, r.MergeOverheadVsBaseline, r.PingPongP50,
+					r.SelectBytes, r.MergeBytes, how)
+			}
+			return nil
+		}
+		header := false
+		emitSweep := func(r collective.SweepResult) error {
+			if err := bench.WriteJSONLine(stdout, sweepLine{Kind: kindSweep, SweepResult: r, benchMeta: meta()}); err != nil {
+				return err
+			}
+			if !*asJSON {
+				if !header {
+					fmt.Fprintf(stderr, "%-6s %6s %5s %12s %10s %10s %10s %10s %10s\n",
+						"#", "shards", "procs", "size (B)", "time (us)", "p50 (us)", "p99 (us)", "algbw GB/s", "busbw GB/s")
+					header = true
+				}
+				fmt.Fprintf(stderr, "%-6s %6d %5d %12d %10.1f %10.1f %10.1f %10.3f %10.3f\n",
+					r.Transport, r.Shards, r.Processes, r.Bytes, r.TimeUS, r.P50, r.P99, r.AlgBW, r.BusBW)
 			}
 			return nil
 		}
 		start := time.Now()
 		for _, name := range names {
 			c.Transport, c.NewTransports = name, nil
-			if name == "grpc" && byNodes {
-				err = benchNodes(ctx, c, *timeout, emit)
-			} else {
+			sw.Transport, sw.NewTransports = name, nil
+			switch {
+			case sweep && name == "grpc" && byNodes:
+				err = sweepNodes(ctx, sw, *timeout, emitSweep)
+			case sweep:
 				if name == "grpc" {
-					c.NewTransports = grpcGroup(ctx)
+					sw.NewTransports = grpcGroup(ctx, sw.MaxMsgBytes())
+				}
+				err = collective.BenchSweep(ctx, sw, emitSweep)
+			case name == "grpc" && byNodes:
+				err = benchNodes(ctx, c, *timeout, emit)
+			default:
+				if name == "grpc" {
+					c.NewTransports = grpcGroup(ctx, 0)
 				}
 				err = collective.BenchCollective(ctx, c, emit)
 			}
@@ -195,11 +295,13 @@ func sizeList(name, s string) ([]int, error) {
 }
 
 // grpcGroup returns a NewTransports that builds an n-rank gRPC group on
-// 127.0.0.1 (plaintext loopback streams, ephemeral ports).
-func grpcGroup(ctx context.Context) func(n int) ([]collective.Transport, error) {
+// 127.0.0.1 (plaintext loopback streams, ephemeral ports) whose members
+// accept messages of maxMsg bytes (at least the default limit).
+func grpcGroup(ctx context.Context, maxMsg int64) func(n int) ([]collective.Transport, error) {
 	return func(n int) ([]collective.Transport, error) {
 		cfg := grpctransport.DefaultConfig()
 		cfg.Plaintext = true
+		cfg.MaxMessageBytes = max(cfg.MaxMessageBytes, int(maxMsg))
 		g, err := grpctransport.NewLocalGroup(ctx, n, cfg)
 		if err != nil {
 			return nil, fmt.Errorf("grpc group of %d: %w", n, err)
@@ -210,4 +312,18 @@ func grpcGroup(ctx context.Context) func(n int) ([]collective.Transport, error) 
 		}
 		return trs, nil
 	}
+}
+
+// sizeFlag defines --name, a byte size (8, 4K, 128M: binary units, as
+// nccl-tests reads them) stored in p. Ranges are SweepConfig.Validate's to
+// check (-1 and 0 parse, and are refused there).
+func sizeFlag(fs *flag.FlagSet, p *int64, name, usage string) {
+	fs.Func(name, fmt.Sprintf("%s (default %d)", usage, *p), func(s string) error {
+		v, err := memlimit.ParseBytes(s)
+		if err != nil {
+			return fmt.Errorf("%q is not a size (want bytes like 8, 64K or 128M)", s)
+		}
+		*p = v
+		return nil
+	})
 }

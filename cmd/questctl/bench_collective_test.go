@@ -89,16 +89,20 @@ func TestBenchCollectiveBadFlags(t *testing.T) {
 	}
 }
 
-// collectiveLines decodes stdout's lines, which must all be JSON results.
-func collectiveLines(t *testing.T, out string) []collective.BenchResult {
+// collectiveLines decodes stdout's lines, which must all be JSON results
+// of the selection and merge ("kind": "collective").
+func collectiveLines(t *testing.T, out string) []collectiveLine {
 	t.Helper()
-	var res []collective.BenchResult
+	var res []collectiveLine
 	for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
-		var r collective.BenchResult
+		var r collectiveLine
 		dec := json.NewDecoder(strings.NewReader(l))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&r); err != nil {
 			t.Fatalf("stdout line %q: %v", l, err)
+		}
+		if r.Kind != kindCollective {
+			t.Fatalf("stdout line %q: kind %q, want %q", l, r.Kind, kindCollective)
 		}
 		res = append(res, r)
 	}

@@ -8,6 +8,7 @@ package main
 //	child  -> parent  {"rank":R,"pid":P,"addr":"127.0.0.1:PORT"}  once it listens
 //	parent -> child   {"peers":["ADDR0","ADDR1",...]}               once all listen
 //	child  -> parent  collective.BenchSamples as one JSON line      at the end
+//	                  (collective.SweepSamples for a sweep: --min-bytes given)
 //
 // then the child exits 0. A child stops when its stdin closes (the parent
 // is gone) or its --timeout passes; on Linux it also gets SIGTERM when the
@@ -85,9 +86,14 @@ Not for direct use.`)
 	fs.IntVar(&c.PageBudget, "k", c.PageBudget, "pages selected per row (K)")
 	fs.IntVar(&c.Pages, "pages", c.Pages, "pages per sequence")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the data")
+	sw := collective.DefaultSweepConfig()
+	fs.Int64Var(&sw.MinBytes, "min-bytes", sw.MinBytes, "the sweep's smallest all-gather (internal)")
+	fs.Int64Var(&sw.MaxBytes, "max-bytes", sw.MaxBytes, "the sweep's largest all-gather (internal)")
+	fs.IntVar(&sw.Factor, "factor", sw.Factor, "the sweep's factor (internal)")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
+	sweep := flagSet(fs, "min-bytes")
 	for _, f := range []string{"group", "rank", "size", "batch"} {
 		if !flagSet(fs, f) {
 			return usageError{errors.New("rank: internal to 'questctl bench collective --nodes', which gives it --group, --rank, --size and --batch")}
@@ -118,11 +124,22 @@ Not for direct use.`)
 	}
 	cfg := grpctransport.DefaultConfig()
 	cfg.Group, cfg.Rank, cfg.Peers, cfg.Listener, cfg.Plaintext = *group, *rank, peers, ln, true
+	if sweep {
+		sw.Steps, sw.Warmup, sw.MaxMemory, sw.Shards = c.Steps, c.Warmup, memlimit.NoLimit, []int{*size}
+		cfg.MaxMessageBytes = max(cfg.MaxMessageBytes, int(sw.MaxMsgBytes()))
+	}
 	tr, err := grpctransport.New(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("rank %d: connect: %w", *rank, err)
 	}
 	defer tr.Close()
+	if sweep {
+		samples, err := collective.SweepRank(ctx, sw, tr)
+		if err != nil {
+			return err
+		}
+		return bench.WriteJSONLine(stdout, samples)
+	}
 	samples, err := collective.BenchRank(ctx, c, *batch, tr)
 	if err != nil {
 		return err
@@ -167,6 +184,23 @@ func readPeers(ctx context.Context, cancel context.CancelFunc, stdin io.Reader) 
 
 // rankArgs are the child command line of rank r of an n-rank group.
 func rankArgs(c collective.BenchConfig, group string, r, n, batch int, timeout time.Duration) []string {
+	return append(rankBaseArgs(c, group, r, n, batch, timeout),
+		"--kv-heads", strconv.Itoa(c.KVHeads), "--q-heads", strconv.Itoa(c.QHeads), "--head-dim", strconv.Itoa(c.HeadDim),
+		"--k", strconv.Itoa(c.PageBudget), "--pages", strconv.Itoa(c.Pages), "--seed", strconv.FormatUint(c.Seed, 10))
+}
+
+// sweepRankArgs are the child command line of rank r of an n-rank group
+// of the sweep sw.
+func sweepRankArgs(sw collective.SweepConfig, group string, r, n int, timeout time.Duration) []string {
+	c := collective.DefaultBenchConfig()
+	c.Steps, c.Warmup = sw.Steps, sw.Warmup
+	return append(rankBaseArgs(c, group, r, n, 1, timeout),
+		"--min-bytes", strconv.FormatInt(sw.MinBytes, 10), "--max-bytes", strconv.FormatInt(sw.MaxBytes, 10),
+		"--factor", strconv.Itoa(sw.Factor))
+}
+
+// rankBaseArgs are the arguments every child takes.
+func rankBaseArgs(c collective.BenchConfig, group string, r, n, batch int, timeout time.Duration) []string {
 	return []string{
 		"bench", "collective", rankCommand,
 		"--group", group, "--rank", strconv.Itoa(r), "--size", strconv.Itoa(n), "--batch", strconv.Itoa(batch),
@@ -175,8 +209,6 @@ func rankArgs(c collective.BenchConfig, group string, r, n, batch int, timeout t
 		// the parent is gone.
 		"--timeout", (timeout + childTimeoutMargin).String(),
 		"--steps", strconv.Itoa(c.Steps), "--warmup", strconv.Itoa(c.Warmup),
-		"--kv-heads", strconv.Itoa(c.KVHeads), "--q-heads", strconv.Itoa(c.QHeads), "--head-dim", strconv.Itoa(c.HeadDim),
-		"--k", strconv.Itoa(c.PageBudget), "--pages", strconv.Itoa(c.Pages), "--seed", strconv.FormatUint(c.Seed, 10),
 	}
 }
 
@@ -193,10 +225,73 @@ func benchNodes(ctx context.Context, c collective.BenchConfig, timeout time.Dura
 			if err := ctx.Err(); err != nil {
 				return fmt.Errorf("bench collective: %w", err)
 			}
-			r, err := benchNodesOne(ctx, c, exe, n, b, timeout)
+			what := fmt.Sprintf("bench collective: nodes %d batch %d: %d + %d layer-steps over grpc, one process per rank",
+				n, b, c.Warmup, c.Steps)
+			group := "bench-" + rand.Text()
+			reports, err := runRanks(ctx, exe, n, timeout, c.Progress, what, func(r int) []string {
+				return rankArgs(c, group, r, n, b, timeout)
+			})
+			var res collective.BenchResult
+			if err == nil {
+				samples := make([]collective.BenchSamples, n)
+				for r, rep := range reports {
+					if err = json.Unmarshal(rep, &samples[r]); err != nil {
+						err = fmt.Errorf("rank %d wrote a bad report: %w", r, err)
+						break
+					}
+				}
+				if err == nil {
+					res, err = collective.BenchCombine(c, b, samples)
+				}
+			}
 			if err != nil {
 				return fmt.Errorf("bench collective nodes=%d batch=%d: %w", n, b, err)
 			}
+			res.Processes = n
+			if err := emit(res); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// sweepNodes runs the sweep sw for every group size of sw.Shards with
+// each rank in its own child process over gRPC, and emits each result as
+// BenchSweep does, with Processes set.
+func sweepNodes(ctx context.Context, sw collective.SweepConfig, timeout time.Duration, emit func(collective.SweepResult) error) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench collective --nodes: this program's path: %w", err)
+	}
+	for _, n := range sw.Shards {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("bench collective: %w", err)
+		}
+		what := fmt.Sprintf("bench collective: all-gather sweep, nodes %d: %d sizes, %d + %d rounds each over grpc, one process per rank",
+			n, len(sw.MsgSizes(n)), sw.Warmup, sw.Steps)
+		group := "bench-" + rand.Text()
+		reports, err := runRanks(ctx, exe, n, timeout, sw.Progress, what, func(r int) []string {
+			return sweepRankArgs(sw, group, r, n, timeout)
+		})
+		var res []collective.SweepResult
+		if err == nil {
+			samples := make([]collective.SweepSamples, n)
+			for r, rep := range reports {
+				if err = json.Unmarshal(rep, &samples[r]); err != nil {
+					err = fmt.Errorf("rank %d wrote a bad report: %w", r, err)
+					break
+				}
+			}
+			if err == nil {
+				res, err = collective.SweepCombine(sw, samples)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("bench collective sweep nodes=%d: %w", n, err)
+		}
+		for _, r := range res {
+			r.Processes = n
 			if err := emit(r); err != nil {
 				return err
 			}
@@ -206,57 +301,58 @@ func benchNodes(ctx context.Context, c collective.BenchConfig, timeout time.Dura
 }
 
 // rankEvent is what a child's watcher reports: its hello, then (last) its
-// samples or why it has none. A final event comes after the child was
+// report or why it has none. A final event comes after the child was
 // reaped.
 type rankEvent struct {
 	rank     int
 	hello    *rankHello
-	samples  *collective.BenchSamples
+	report   json.RawMessage
 	err      error
 	signaled bool // a signal ended the child
 	final    bool
 }
 
-// benchNodesOne runs one configuration on n child processes. Whatever
-// happens, every child has exited and been reaped when it returns.
-func benchNodesOne(parent context.Context, c collective.BenchConfig, exe string, n, batch int, timeout time.Duration) (collective.BenchResult, error) {
+// runRanks runs one configuration on n child processes, rank r's with
+// the command line args(r), and returns each rank's report line, by rank.
+// Once they run it writes what, with their pids, to progress (when set).
+// Whatever happens, every child has exited and been reaped when it
+// returns.
+func runRanks(parent context.Context, exe string, n int, timeout time.Duration, progress io.Writer, what string, args func(r int) []string) ([]json.RawMessage, error) {
 	ctx, cancel := context.WithTimeout(parent, timeout)
 	var wg sync.WaitGroup
 	defer func() {
 		cancel() // kills the children still running (exec.CommandContext)
 		wg.Wait()
 	}()
-	group := "bench-" + rand.Text()
 	events := make(chan rankEvent, 2*n)
 	stdins := make([]io.WriteCloser, n)
 	pids := make([]int, n)
 	for r := range n {
-		cmd := exec.CommandContext(ctx, exe, rankArgs(c, group, r, n, batch, timeout)...)
+		cmd := exec.CommandContext(ctx, exe, args(r)...)
 		cmd.SysProcAttr = childSysProcAttr()
 		cmd.WaitDelay = time.Second // a grandchild holding a pipe cannot hang Wait
 		errTail := &tailBuffer{max: 4 << 10}
 		cmd.Stderr = errTail
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
-			return collective.BenchResult{}, fmt.Errorf("rank %d: %w", r, err)
+			return nil, fmt.Errorf("rank %d: %w", r, err)
 		}
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
-			return collective.BenchResult{}, fmt.Errorf("rank %d: %w", r, err)
+			return nil, fmt.Errorf("rank %d: %w", r, err)
 		}
 		if err := cmd.Start(); err != nil {
-			return collective.BenchResult{}, fmt.Errorf("start rank %d (%s): %w", r, exe, err)
+			return nil, fmt.Errorf("start rank %d (%s): %w", r, exe, err)
 		}
 		stdins[r], pids[r] = stdin, cmd.Process.Pid
 		wg.Go(func() { watchRank(r, cmd, stdout, errTail, events) })
 	}
-	if c.Progress != nil {
-		fmt.Fprintf(c.Progress, "bench collective: nodes %d batch %d: %d + %d layer-steps over grpc, one process per rank (pids %s)\n",
-			n, batch, c.Warmup, c.Steps, strings.Trim(fmt.Sprint(pids), "[]"))
+	if progress != nil {
+		fmt.Fprintf(progress, "%s (pids %s)\n", what, strings.Trim(fmt.Sprint(pids), "[]"))
 	}
 
 	addrs := make([]string, n)
-	samples := make([]collective.BenchSamples, n)
+	reports := make([]json.RawMessage, n)
 	listening, reported := 0, make([]bool, n)
 	// The first rank to fail is often not the cause (its peer was killed
 	// and it noticed first): gather failures for failGrace and name a rank
@@ -285,7 +381,7 @@ func benchNodesOne(parent context.Context, c collective.BenchConfig, exe string,
 				}
 			case ev.hello != nil:
 				if ev.hello.Rank != ev.rank || ev.hello.Addr == "" {
-					return collective.BenchResult{}, fmt.Errorf("rank %d (pid %d): bad first line %+v", ev.rank, pids[ev.rank], *ev.hello)
+					return nil, fmt.Errorf("rank %d (pid %d): bad first line %+v", ev.rank, pids[ev.rank], *ev.hello)
 				}
 				addrs[ev.rank] = ev.hello.Addr
 				if listening++; listening == n {
@@ -297,17 +393,17 @@ func benchNodesOne(parent context.Context, c collective.BenchConfig, exe string,
 					}
 				}
 			case ev.final:
-				samples[ev.rank], reported[ev.rank] = *ev.samples, true
+				reports[ev.rank], reported[ev.rank] = ev.report, true
 				done++
 			}
 		case <-grace:
-			return collective.BenchResult{}, failed()
+			return nil, failed()
 		case <-ctx.Done():
 			if err := parent.Err(); err != nil {
-				return collective.BenchResult{}, err
+				return nil, err
 			}
 			if failures != nil {
-				return collective.BenchResult{}, failed()
+				return nil, failed()
 			}
 			var missing []string
 			for r, ok := range reported {
@@ -319,27 +415,22 @@ func benchNodesOne(parent context.Context, c collective.BenchConfig, exe string,
 			if len(missing) > 1 {
 				what = "ranks " + strings.Join(missing, ", ")
 			}
-			return collective.BenchResult{}, fmt.Errorf("%s did not report within %v (--timeout)", what, timeout)
+			return nil, fmt.Errorf("%s did not report within %v (--timeout)", what, timeout)
 		}
 	}
 	if failures != nil {
-		return collective.BenchResult{}, failed()
+		return nil, failed()
 	}
-	res, err := collective.BenchCombine(c, batch, samples)
-	if err != nil {
-		return res, err
-	}
-	res.Processes = n
-	return res, nil
+	return reports, nil
 }
 
 // watchRank reads rank r's stdout, reaps it and sends its events: the
-// hello line, then a final event with the samples (the child printed them
+// hello line, then a final event with the report (the child printed it
 // and exited 0) or an error saying what went wrong.
 func watchRank(r int, cmd *exec.Cmd, stdout io.Reader, errTail *tailBuffer, events chan<- rankEvent) {
 	dec := json.NewDecoder(stdout)
 	var hello rankHello
-	var samples collective.BenchSamples
+	var samples json.RawMessage
 	var readErr error
 	if readErr = dec.Decode(&hello); readErr == nil {
 		events <- rankEvent{rank: r, hello: &hello}
@@ -367,7 +458,7 @@ func watchRank(r int, cmd *exec.Cmd, stdout io.Reader, errTail *tailBuffer, even
 		events <- rankEvent{rank: r, err: err, signaled: signaled, final: true}
 		return
 	}
-	events <- rankEvent{rank: r, samples: &samples, final: true}
+	events <- rankEvent{rank: r, report: samples, final: true}
 }
 
 // tailBuffer keeps the last max bytes written to it; safe for concurrent
