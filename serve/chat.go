@@ -15,9 +15,9 @@ import (
 // the "quest" extension. The messages are rendered with the model's chat
 // template (Config.ChatTemplate) into the prompt, tokenized without
 // adding BOS (the template writes it; see package chat), and the rest
-// runs as a completion. Decoding is strict as for completions; logprobs,
-// top_logprobs, frequency_penalty, presence_penalty and logit_bias are
-// accepted only at their neutral values.
+// runs as a completion. Decoding is strict as for completions;
+// frequency_penalty, presence_penalty and logit_bias are accepted only
+// at their neutral values.
 type ChatRequest struct {
 	Model    string
 	Messages []chat.Message
@@ -32,6 +32,10 @@ type ChatRequest struct {
 	StreamOptions *StreamOptions
 	N             *int
 	Quest         *QuestOptions
+	// Logprobs asks for each generated token's log-probability, with
+	// TopLogprobs (0..20) alternatives.
+	Logprobs    bool
+	TopLogprobs *int
 }
 
 // chatRoles are the roles a message may have.
@@ -83,14 +87,11 @@ func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
 			req.Quest, err = questOptions(raw)
 		case "logprobs":
 			var b *bool
-			if b, err = boolean(key, raw); err == nil && b != nil && *b {
-				err = badParam(key, "unsupported_parameter", "logprobs is not supported by this server (only false is accepted)")
+			if b, err = boolean(key, raw); b != nil {
+				req.Logprobs = *b
 			}
 		case "top_logprobs":
-			var v *int
-			if v, err = integer(key, raw); err == nil && v != nil && *v != 0 {
-				err = badParam(key, "unsupported_parameter", "top_logprobs is not supported by this server (only 0 or null is accepted)")
-			}
+			req.TopLogprobs, err = integer(key, raw)
 		case "frequency_penalty", "presence_penalty", "logit_bias":
 			err = neutral(key, raw)
 		default:
@@ -98,6 +99,14 @@ func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
 		}
 		if err != nil {
 			return nil, err
+		}
+	}
+	if t := req.TopLogprobs; t != nil {
+		switch {
+		case *t < 0 || *t > maxChatTopLogprobs:
+			return nil, badParam("top_logprobs", "invalid_value", "top_logprobs %d: want 0..%d", *t, maxChatTopLogprobs)
+		case !req.Logprobs && *t > 0:
+			return nil, badParam("top_logprobs", "invalid_value", "top_logprobs needs logprobs true")
 		}
 	}
 	req.MaxTokens = maxCompletion
@@ -267,6 +276,12 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		var p params
 		if p, aerr = s.resolve(creq); aerr == nil {
 			p.chat = true
+			if req.Logprobs {
+				p.logprobs = true
+				if req.TopLogprobs != nil {
+					p.topLogprobs = *req.TopLogprobs
+				}
+			}
 			s.run(w, r, p, arrived)
 			return
 		}
@@ -291,13 +306,14 @@ type ChatCompletion struct {
 }
 
 // ChatChoice is one answer: Message in a chat.completion, Delta in a
-// chunk. FinishReason as Choice's. Logprobs is always null.
+// chunk. FinishReason as Choice's. Logprobs is null unless the request
+// asked for it (logprobs true).
 type ChatChoice struct {
-	Index        int          `json:"index"`
-	Message      *ChatMessage `json:"message,omitempty"`
-	Delta        *ChatMessage `json:"delta,omitempty"`
-	Logprobs     *struct{}    `json:"logprobs"`
-	FinishReason *string      `json:"finish_reason"`
+	Index        int           `json:"index"`
+	Message      *ChatMessage  `json:"message,omitempty"`
+	Delta        *ChatMessage  `json:"delta,omitempty"`
+	Logprobs     *ChatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
 }
 
 // ChatMessage is the assistant's message, or a chunk's part of it (Role

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -128,6 +129,9 @@ func TestOpenAINodeClient(t *testing.T) {
 		ChatStreamed, ChatStreamRole, ChatStreamFinish        string
 		ChatChunks                                            int
 		ChatUsage, ChatStreamUsage                            Usage
+		ChatLogprobs                                          int
+		ChatTopLogprobs                                       []int
+		ChatLogprobTokens                                     string
 		Models                                                []string
 		UnknownModel, BadMaxTokens                            *struct {
 			Status                  int
@@ -152,6 +156,9 @@ func TestOpenAINodeClient(t *testing.T) {
 	}
 	if got.ChatObject != "chat.completion" || got.ChatRole != "assistant" || got.ChatText != key || got.ChatFinish != "length" || got.ChatUsage != got.Usage {
 		t.Errorf("chat: %s %s %q (%s), usage %+v; want the pass key %q and the completion's usage", got.ChatObject, got.ChatRole, got.ChatText, got.ChatFinish, got.ChatUsage, key)
+	}
+	if got.ChatLogprobs != 5 || !slices.Equal(got.ChatTopLogprobs, []int{2, 2, 2, 2, 2}) || got.ChatLogprobTokens != key {
+		t.Errorf("chat logprobs: %d tokens %q, top %v; want 5 making %q, 2 alternatives each", got.ChatLogprobs, got.ChatLogprobTokens, got.ChatTopLogprobs, key)
 	}
 	if got.ChatStreamed != key || got.ChatStreamRole != "assistant" || got.ChatStreamFinish != "length" || got.ChatChunks < 3 || got.ChatStreamUsage != got.Usage {
 		t.Errorf("chat stream %q (%s, role %q) in %d chunks, usage %+v; want the pass key %q", got.ChatStreamed, got.ChatStreamFinish, got.ChatStreamRole, got.ChatChunks, got.ChatStreamUsage, key)

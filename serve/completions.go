@@ -25,12 +25,13 @@ type Completion struct {
 
 // Choice is one completion. FinishReason is "stop" (a stop token or a
 // stop string) or "length" (max_tokens); null in the chunks of a stream
-// before the last. Logprobs is always null.
+// before the last. Logprobs is null unless the request asked for it
+// (its tokens in a stream's chunk).
 type Choice struct {
-	Text         string    `json:"text"`
-	Index        int       `json:"index"`
-	Logprobs     *struct{} `json:"logprobs"`
-	FinishReason *string   `json:"finish_reason"`
+	Text         string              `json:"text"`
+	Index        int                 `json:"index"`
+	Logprobs     *CompletionLogprobs `json:"logprobs"`
+	FinishReason *string             `json:"finish_reason"`
 }
 
 // Usage is OpenAI's token counts, extended with the KV pages decode
@@ -128,9 +129,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p params, arrived t
 		return
 	}
 	var text []byte
+	var lps []tokenLogprob
 	for {
-		t, done, res := s.wait(j)
-		text = append(text, t...)
+		t, l, done, res := s.wait(j)
+		text, lps = append(text, t...), append(lps, l...)
 		if !done {
 			continue
 		}
@@ -143,10 +145,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p params, arrived t
 			return
 		}
 		if j.p.chat {
-			writeJSON(w, http.StatusOK, s.chatObject(j, string(text), &res.finish, &res.usage))
+			c := s.chatObject(j, string(text), &res.finish, &res.usage)
+			c.Choices[0].Logprobs = chatLogprobs(j.p, lps)
+			writeJSON(w, http.StatusOK, c)
 			return
 		}
 		c := s.chunk(j, string(text), &res.finish)
+		c.Choices[0].Logprobs = completionLogprobs(j.p, lps, 0)
 		c.Usage = &res.usage
 		writeJSON(w, http.StatusOK, c)
 		return
@@ -156,16 +161,16 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p params, arrived t
 // wait blocks until j has news, or its context ends (the scheduler then
 // ends it at its next iteration boundary; the answer does not wait for
 // that).
-func (s *Server) wait(j *job) ([]byte, bool, result) {
+func (s *Server) wait(j *job) ([]byte, []tokenLogprob, bool, result) {
 	select {
 	case <-j.notify:
 	case <-j.ctx.Done():
 	}
-	text, done, res := j.take()
+	text, lps, done, res := j.take()
 	if !done && j.ctx.Err() != nil {
 		done, res = true, result{err: ctxError(j.ctx)}
 	}
-	return text, done, res
+	return text, lps, done, res
 }
 
 // chunk is a completion object of j holding text.
@@ -200,23 +205,34 @@ func (s *Server) stream(w http.ResponseWriter, j *job) {
 	if rc.Flush() != nil {
 		return
 	}
-	// piece is a chunk of text (a chat chunk on /v1/chat/completions,
-	// whose first carries the assistant's role).
+	// piece is a chunk of text and its tokens' log-probabilities (a
+	// chat chunk on /v1/chat/completions, whose first carries the
+	// assistant's role); offset is where the text starts in the
+	// completion's.
 	first := true
-	piece := func(text string, finish *string) any {
+	offset := 0
+	piece := func(text string, lps []tokenLogprob, finish *string) any {
+		defer func() { offset += len(text) }()
 		if j.p.chat {
 			c := s.chatChunk(j, text, finish, first)
+			if len(lps) > 0 {
+				c.Choices[0].Logprobs = chatLogprobs(j.p, lps)
+			}
 			first = false
 			return c
 		}
-		return s.chunk(j, text, finish)
+		c := s.chunk(j, text, finish)
+		if len(lps) > 0 {
+			c.Choices[0].Logprobs = completionLogprobs(j.p, lps, offset)
+		}
+		return c
 	}
-	if j.p.chat && !send(piece("", nil)) {
+	if j.p.chat && !send(piece("", nil, nil)) {
 		return // OpenAI opens a chat stream with the role alone
 	}
 	for {
-		text, done, res := s.wait(j)
-		if len(text) > 0 && !send(piece(string(text), nil)) {
+		text, lps, done, res := s.wait(j)
+		if (len(text) > 0 || len(lps) > 0) && !send(piece(string(text), lps, nil)) {
 			return // the client is gone; the scheduler ends j
 		}
 		if !done {
@@ -228,7 +244,7 @@ func (s *Server) stream(w http.ResponseWriter, j *job) {
 			}
 			return
 		}
-		if !send(piece("", &res.finish)) {
+		if !send(piece("", nil, &res.finish)) {
 			return
 		}
 		if j.p.includeUsage {

@@ -26,7 +26,7 @@
 //
 //   - POST /v1/completions: OpenAI's legacy completions request (model,
 //     prompt as a string or an array of token ids, max_tokens, temperature,
-//     top_p, seed, stop, stream, stream_options, n = 1) plus a "quest" object
+//     top_p, seed, stop, logprobs, stream, stream_options, n = 1) plus a "quest" object
 //     choosing the request's page budget, selector and dense layers
 //     ([QuestOptions]). The answer is OpenAI's text_completion object, or
 //     with "stream": true server-sent events of completion chunks ending in

@@ -114,7 +114,7 @@ func TestBadRequests(t *testing.T) {
 		{"n zero", `{"model": "tiny", "prompt": "x", "n": 0}`, 400, "n", "invalid_value"},
 		{"n string", `{"model": "tiny", "prompt": "x", "n": "1"}`, 400, "n", "invalid_type"},
 		{"echo", `{"model": "tiny", "prompt": "x", "echo": true}`, 400, "echo", "unsupported_parameter"},
-		{"logprobs", `{"model": "tiny", "prompt": "x", "logprobs": 3}`, 400, "logprobs", "unsupported_parameter"},
+		{"logprobs", `{"model": "tiny", "prompt": "x", "logprobs": 6}`, 400, "logprobs", "invalid_value"},
 		{"best_of", `{"model": "tiny", "prompt": "x", "best_of": 2}`, 400, "best_of", "unsupported_parameter"},
 		{"frequency_penalty", `{"model": "tiny", "prompt": "x", "frequency_penalty": 0.5}`, 400, "frequency_penalty", "unsupported_parameter"},
 		{"logit_bias", `{"model": "tiny", "prompt": "x", "logit_bias": {"50": 10}}`, 400, "logit_bias", "unsupported_parameter"},

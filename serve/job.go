@@ -56,11 +56,16 @@ type job struct {
 	grid *policyGrid
 	left bool
 
-	mu      sync.Mutex
-	notify  chan struct{} // cap 1: something new under mu
-	pending []byte        // text not yet taken by the handler
-	done    bool
-	result  result
+	// lpQueue (the scheduler's) holds the log-probabilities of tokens
+	// recorded since the last post, which moves them to pendingLP.
+	lpQueue []tokenLogprob
+
+	mu        sync.Mutex
+	notify    chan struct{}  // cap 1: something new under mu
+	pending   []byte         // text not yet taken by the handler
+	pendingLP []tokenLogprob // log-probabilities not yet taken, in order
+	done      bool
+	result    result
 }
 
 // result is how a job ended.
@@ -77,6 +82,8 @@ func (j *job) post(text []byte, fin *result) {
 	}
 	j.mu.Lock()
 	j.pending = append(j.pending, text...)
+	j.pendingLP = append(j.pendingLP, j.lpQueue...)
+	j.lpQueue = j.lpQueue[:0]
 	if fin != nil && !j.done {
 		j.done, j.result = true, *fin
 	}
@@ -87,13 +94,14 @@ func (j *job) post(text []byte, fin *result) {
 	}
 }
 
-// take returns the text posted since the last take, and the result once
-// the job is done.
-func (j *job) take() (text []byte, done bool, res result) {
+// take returns the text and log-probabilities posted since the last
+// take, and the result once the job is done.
+func (j *job) take() (text []byte, lps []tokenLogprob, done bool, res result) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	text, j.pending = j.pending, nil
-	return text, j.done, j.result
+	lps, j.pendingLP = j.pendingLP, nil
+	return text, lps, j.done, j.result
 }
 
 // jobAttention is a request's engine sequence as the model drives it:

@@ -23,6 +23,10 @@ type params struct {
 	// chat answers with chat.completion objects (POST
 	// /v1/chat/completions) instead of text_completion ones.
 	chat bool
+	// logprobs asks for every generated token's log-probability, with
+	// topLogprobs alternatives.
+	logprobs    bool
+	topLogprobs int
 	// budget is the token budget of decode steps (0: the policy's);
 	// denseLayers the leading dense layers; allDense reads every page.
 	budget      int
@@ -78,6 +82,12 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 		}
 	}
 	p.stops = req.Stop
+	if n := req.Logprobs; n != nil {
+		if *n < 0 || *n > maxTopLogprobs {
+			return p, badParam("logprobs", "invalid_value", "logprobs %d: want 0..%d (null: none)", *n, maxTopLogprobs)
+		}
+		p.logprobs, p.topLogprobs = true, *n
+	}
 	p.stream = req.Stream
 	if o := req.StreamOptions; o != nil {
 		if !req.Stream {

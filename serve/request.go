@@ -15,9 +15,9 @@ import (
 // CompletionRequest is the body of POST /v1/completions: OpenAI's
 // legacy completions request as this server reads it, and the "quest"
 // extension. Decoding is strict (see the package doc); fields of
-// OpenAI's API that the server does not implement (echo, logprobs,
-// best_of, frequency_penalty, presence_penalty, logit_bias, suffix) are
-// accepted only at their neutral values (false, null, 1, 0, {}, "").
+// OpenAI's API that the server does not implement (echo, best_of,
+// frequency_penalty, presence_penalty, logit_bias, suffix) are accepted
+// only at their neutral values (false, null, 1, 0, {}, "").
 type CompletionRequest struct {
 	// Model must be the server's model name.
 	Model string `json:"model"`
@@ -51,6 +51,9 @@ type CompletionRequest struct {
 	User string `json:"user,omitempty"`
 	// Quest chooses the request's page selection.
 	Quest *QuestOptions `json:"quest,omitempty"`
+	// Logprobs asks for each generated token's log-probability and this
+	// many most likely alternatives, 0..5 (nil: none).
+	Logprobs *int `json:"logprobs,omitempty"`
 }
 
 // StreamOptions are OpenAI's stream options.
@@ -151,7 +154,9 @@ func decodeRequest(body []byte) (*CompletionRequest, *apiError) {
 			}
 		case "quest":
 			req.Quest, err = questOptions(raw)
-		case "echo", "logprobs", "best_of", "frequency_penalty", "presence_penalty", "logit_bias", "suffix":
+		case "logprobs":
+			req.Logprobs, err = integer(key, raw)
+		case "echo", "best_of", "frequency_penalty", "presence_penalty", "logit_bias", "suffix":
 			err = neutral(key, raw)
 		default:
 			err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)

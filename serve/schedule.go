@@ -261,6 +261,9 @@ func (s *Server) decode() bool {
 func (s *Server) token(j *job, logits []float32) {
 	id := j.sampler.Sample(logits)
 	j.clock.tokenAt(time.Now())
+	if !slices.Contains(s.stopIDs, id) {
+		s.logprob(j, logits, id)
+	}
 	if j.keep {
 		j.out = append(j.out, id)
 		j.argmax = append(j.argmax, model.Argmax(logits))

@@ -39,7 +39,11 @@ for await (const chunk of stream) {
 
 const ch = await client.chat.completions.create({
   model, messages: [{ role: 'user', content: prompt }], max_completion_tokens: 5, temperature: 0,
+  logprobs: true, top_logprobs: 2,
 });
+out.chatLogprobs = ch.choices[0].logprobs.content.length;
+out.chatTopLogprobs = ch.choices[0].logprobs.content.map((c) => c.top_logprobs.length);
+out.chatLogprobTokens = ch.choices[0].logprobs.content.map((c) => c.token).join('');
 out.chatObject = ch.object;
 out.chatRole = ch.choices[0].message.role;
 out.chatText = ch.choices[0].message.content;

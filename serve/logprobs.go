@@ -1,0 +1,176 @@
+package serve
+
+import (
+	"math"
+	"slices"
+	"strings"
+)
+
+// Log-probabilities of generated tokens (the "logprobs" of a completion,
+// "logprobs" and "top_logprobs" of a chat): each token's log-softmax under
+// the model's logits, before temperature and top_p (what the model
+// assigns, as vLLM reports by default), and the most likely alternatives.
+// A token that ends the request as a stop id has none (it has no text);
+// with stop strings, the last entries may cover text the stop cut off.
+
+// maxTopLogprobs bound a request's alternatives per token: OpenAI's
+// limits (completions 5, chat 20).
+const (
+	maxTopLogprobs     = 5
+	maxChatTopLogprobs = 20
+)
+
+// tokenLogprob is one generated token's entry.
+type tokenLogprob struct {
+	text string
+	lp   float64
+	top  []textLogprob // most likely first
+}
+
+type textLogprob struct {
+	text string
+	lp   float64
+}
+
+// logprobOf returns the log-softmax of logits at id (in float64) and the
+// top most likely ids with theirs (ties by the lower id).
+func logprobOf(logits []float32, id, top int) (float64, []int, []float64) {
+	m := math.Inf(-1)
+	for _, l := range logits {
+		m = max(m, float64(l))
+	}
+	var z float64
+	for _, l := range logits {
+		z += math.Exp(float64(l) - m)
+	}
+	logZ := m + math.Log(z)
+	if top <= 0 {
+		return float64(logits[id]) - logZ, nil, nil
+	}
+	// The top ids: a sorted window of at most top entries.
+	best := make([]int, 0, top+1)
+	better := func(a, b int) bool { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b) }
+	for i := range logits {
+		if len(best) == top && !better(i, best[top-1]) {
+			continue
+		}
+		at, _ := slices.BinarySearchFunc(best, i, func(x, t int) int {
+			if better(x, t) {
+				return -1
+			}
+			return 1
+		})
+		best = slices.Insert(best, at, i)
+		if len(best) > top {
+			best = best[:top]
+		}
+	}
+	lps := make([]float64, len(best))
+	for k, i := range best {
+		lps[k] = float64(logits[i]) - logZ
+	}
+	return float64(logits[id]) - logZ, best, lps
+}
+
+// logprob records j's token id (sampled from logits) for the next post,
+// when j asked for log-probabilities.
+func (s *Server) logprob(j *job, logits []float32, id int) {
+	if !j.p.logprobs {
+		return
+	}
+	lp, ids, lps := logprobOf(logits, id, j.p.topLogprobs)
+	e := tokenLogprob{text: s.tok.Decode([]int{id}), lp: lp}
+	for k, t := range ids {
+		e.top = append(e.top, textLogprob{text: s.tok.Decode([]int{t}), lp: lps[k]})
+	}
+	j.lpQueue = append(j.lpQueue, e)
+}
+
+// CompletionLogprobs is OpenAI's logprobs object of a text completion's
+// choice: per generated token its text, log-probability, the most likely
+// alternatives (null without them) and its byte offset in the
+// completion's text.
+type CompletionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float64            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+// ChatLogprobs is OpenAI's logprobs object of a chat choice.
+type ChatLogprobs struct {
+	Content []ChatTokenLogprob `json:"content"`
+}
+
+// ChatTokenLogprob is one generated token of a chat: its text, its
+// UTF-8 bytes (a token may hold part of a character), log-probability
+// and the most likely alternatives.
+type ChatTokenLogprob struct {
+	Token       string           `json:"token"`
+	Logprob     float64          `json:"logprob"`
+	Bytes       []int            `json:"bytes"`
+	TopLogprobs []ChatTopLogprob `json:"top_logprobs"`
+}
+
+// ChatTopLogprob is an alternative token.
+type ChatTopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+func textBytes(s string) []int {
+	b := make([]int, len(s))
+	for i := range len(s) {
+		b[i] = int(s[i])
+	}
+	return b
+}
+
+// completionLogprobs is the logprobs object of entries whose text starts
+// at offset in the completion's text (nil without entries asked for).
+func completionLogprobs(p params, entries []tokenLogprob, offset int) *CompletionLogprobs {
+	if !p.logprobs {
+		return nil
+	}
+	out := &CompletionLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TextOffset: []int{}}
+	if p.topLogprobs > 0 {
+		out.TopLogprobs = []map[string]float64{}
+	}
+	for _, e := range entries {
+		out.Tokens = append(out.Tokens, e.text)
+		out.TokenLogprobs = append(out.TokenLogprobs, e.lp)
+		out.TextOffset = append(out.TextOffset, offset)
+		offset += len(e.text)
+		if p.topLogprobs > 0 {
+			m := make(map[string]float64, len(e.top))
+			for _, t := range e.top {
+				// Keyed as JSON shows it (a byte of a character is
+				// U+FFFD): two ids of one key keep the likelier.
+				k := strings.ToValidUTF8(t.text, "\ufffd")
+				if _, dup := m[k]; !dup {
+					m[k] = t.lp
+				}
+			}
+			out.TopLogprobs = append(out.TopLogprobs, m)
+		}
+	}
+	return out
+}
+
+// chatLogprobs is the chat logprobs object of entries (nil without
+// entries asked for).
+func chatLogprobs(p params, entries []tokenLogprob) *ChatLogprobs {
+	if !p.logprobs {
+		return nil
+	}
+	out := &ChatLogprobs{Content: []ChatTokenLogprob{}}
+	for _, e := range entries {
+		c := ChatTokenLogprob{Token: e.text, Logprob: e.lp, Bytes: textBytes(e.text), TopLogprobs: []ChatTopLogprob{}}
+		for _, t := range e.top {
+			c.TopLogprobs = append(c.TopLogprobs, ChatTopLogprob{Token: t.text, Logprob: t.lp, Bytes: textBytes(t.text)})
+		}
+		out.Content = append(out.Content, c)
+	}
+	return out
+}
