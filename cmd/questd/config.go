@@ -298,6 +298,15 @@ type Config struct {
 	// MaxQueued caps the admitted requests waiting to run
 	// [--max-queued]. Default 64.
 	MaxQueued int
+	// MaxModelLen bounds a request's prompt plus max_tokens
+	// [--max-model-len]. Default 0: the model's max_position_embeddings.
+	MaxModelLen int
+	// MaxRequestBytes bounds a request body [--max-request-bytes].
+	// Default 32 MiB (a prompt of millions of bytes, or of token ids).
+	MaxRequestBytes int
+	// RequestTimeout bounds a request from its arrival to its last token
+	// [--request-timeout]; 0: no bound besides the client's. Default 30m.
+	RequestTimeout time.Duration
 	// PrefillChunk is the prompt tokens prefilled between two decode steps
 	// [--prefill-chunk-tokens]. Default 512.
 	PrefillChunk int

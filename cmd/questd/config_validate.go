@@ -75,6 +75,12 @@ func (c Config) Validate() error {
 		return bad("max-running", itoa(c.MaxRunning), "must be at least 1")
 	case c.MaxQueued < 0:
 		return bad("max-queued", itoa(c.MaxQueued), "must not be negative")
+	case c.MaxModelLen < 0:
+		return bad("max-model-len", itoa(c.MaxModelLen), "want 0 (the model's) or more")
+	case c.MaxRequestBytes < 1 || c.MaxRequestBytes > 1<<30:
+		return bad("max-request-bytes", itoa(c.MaxRequestBytes), "want 1..1073741824")
+	case c.RequestTimeout < 0:
+		return bad("request-timeout", c.RequestTimeout.String(), "must not be negative")
 	case c.PrefillChunk < 1:
 		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
 	case c.ServePages < 1 || c.ServePages > plan.MaxPages:

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/questrt/questrt/internal/testmodels"
 )
@@ -129,10 +130,56 @@ func TestServeCompletionsFlags(t *testing.T) {
 		{[]string{"--max-queued", "-1"}, "--max-queued"},
 		{[]string{"--prefill-chunk-tokens", "0"}, "--prefill-chunk-tokens"},
 		{[]string{"--serve-capacity-pages", "0"}, "--serve-capacity-pages"},
+		{[]string{"--max-model-len", "-1"}, "--max-model-len"},
+		{[]string{"--max-request-bytes", "0"}, "--max-request-bytes"},
+		{[]string{"--max-request-bytes", "2000000000"}, "--max-request-bytes"},
+		{[]string{"--request-timeout", "-1s"}, "--request-timeout"},
 	} {
 		_, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error naming %s", c.args, err, c.want)
 		}
+	}
+}
+
+// TestServeLimits: --max-model-len bounds a request's prompt plus
+// max_tokens (400 context_length_exceeded naming the bound),
+// --max-request-bytes its body (413), and /v1/models reports the bound.
+func TestServeLimits(t *testing.T) {
+	v1 := passkeyModel(t)
+	cfg, err := load(t, nil, append(append([]string(nil), smallNode...), "--model", v1, "--http-addr", "127.0.0.1:0",
+		"--max-model-len", "300", "--max-request-bytes", "2000", "--request-timeout", "1m")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.RequestTimeout != time.Minute {
+		t.Fatalf("--request-timeout 1m read as %v", cfg.RequestTimeout)
+	}
+	ready, _, stop := runServe(t, cfg)
+	base := "http://" + ready["http"]
+	post := func(body string) (int, string) {
+		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	long := strings.Repeat("a", 250)
+	if code, body := post(`{"model": "passkey-llama-v1", "prompt": "` + long + `", "max_tokens": 100}`); code != 400 || !strings.Contains(body, "context_length_exceeded") || !strings.Contains(body, "300") {
+		t.Errorf("prompt + max_tokens past --max-model-len: %d %s", code, body)
+	}
+	if code, body := post(`{"model": "passkey-llama-v1", "prompt": "` + long + `", "max_tokens": 10, "temperature": 0}`); code != 200 {
+		t.Errorf("within --max-model-len: %d %s", code, body)
+	}
+	if code, body := post(`{"model": "passkey-llama-v1", "prompt": "` + strings.Repeat("a", 2100) + `"}`); code != 413 || !strings.Contains(body, "2000") {
+		t.Errorf("a body past --max-request-bytes: %d %s", code, body)
+	}
+	if code, body := httpGet(t, base+"/v1/models"); code != 200 || !strings.Contains(body, `"max_model_len":300`) {
+		t.Errorf("/v1/models: %d %s", code, body)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }
