@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"strconv"
@@ -166,16 +167,22 @@ func (c Config) Validate() error {
 		}
 	}
 
+	// Geometry and failure-detection bounds, checked before anything is
+	// sized from them (a head dimension of 1e9 would otherwise size
+	// buffers past any memory).
 	for _, g := range []struct {
-		flag string
-		v    int
+		flag   string
+		v, max int
 	}{
-		{"layers", c.Layers}, {"q-heads", c.QHeads}, {"kv-heads", c.KVHeads}, {"head-dim", c.HeadDim},
-		{"page-size", c.PageSize}, {"cp", c.CP}, {"tp", c.TP}, {"capacity-pages", c.CapacityPages},
-		{"block-pages", c.BlockPages}, {"suspicion-mult", c.SuspicionMult},
+		{"layers", c.Layers, 1024}, {"q-heads", c.QHeads, 1024}, {"kv-heads", c.KVHeads, 1024}, {"head-dim", c.HeadDim, 1024},
+		{"page-size", c.PageSize, 1 << 16}, {"cp", c.CP, 4096}, {"tp", c.TP, 1024}, {"capacity-pages", c.CapacityPages, math.MaxInt},
+		{"block-pages", c.BlockPages, 1 << 20}, {"suspicion-mult", c.SuspicionMult, 100},
 	} {
 		if g.v < 1 {
 			return bad(g.flag, itoa(g.v), "must be at least 1")
+		}
+		if g.v > g.max {
+			return bad(g.flag, itoa(g.v), "want 1..%d", g.max)
 		}
 	}
 	switch {

@@ -134,6 +134,11 @@ func TestServeCompletionsFlags(t *testing.T) {
 		{[]string{"--max-request-bytes", "0"}, "--max-request-bytes"},
 		{[]string{"--max-request-bytes", "2000000000"}, "--max-request-bytes"},
 		{[]string{"--request-timeout", "-1s"}, "--request-timeout"},
+		{[]string{"--cp", "100000"}, "--cp"},
+		{[]string{"--layers", "1000000000"}, "--layers"},
+		{[]string{"--head-dim", "1000000000"}, "--head-dim"},
+		{[]string{"--suspicion-mult", "1000000000"}, "--suspicion-mult"},
+		{[]string{"--page-size", "100000"}, "--page-size"},
 	} {
 		_, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
