@@ -166,6 +166,29 @@ func (s *Server) wait(j *job) ([]byte, []tokenLogprob, bool, result) {
 	case <-j.notify:
 	case <-j.ctx.Done():
 	}
+	return s.news(j)
+}
+
+// await blocks until j has news or its context ends, calling keep each
+// time tick fires first; false when keep does (the client is gone).
+func (s *Server) await(j *job, tick <-chan time.Time, keep func() bool) bool {
+	for {
+		select {
+		case <-j.notify:
+			return true
+		case <-j.ctx.Done():
+			return true
+		case <-tick:
+			if !keep() {
+				return false
+			}
+		}
+	}
+}
+
+// news takes j's text and log-probabilities since the last take, and its
+// result once done (or its context's end).
+func (s *Server) news(j *job) ([]byte, []tokenLogprob, bool, result) {
 	text, lps, done, res := j.take()
 	if !done && j.ctx.Err() != nil {
 		done, res = true, result{err: ctxError(j.ctx)}
@@ -230,8 +253,37 @@ func (s *Server) stream(w http.ResponseWriter, j *job) {
 	if j.p.chat && !send(piece("", nil, nil)) {
 		return // OpenAI opens a chat stream with the role alone
 	}
+	// A comment when nothing was sent for SSEKeepAlive (a long prefill).
+	var quiet *time.Timer
+	if d := s.cfg.SSEKeepAlive; d > 0 {
+		quiet = time.NewTimer(d)
+		defer quiet.Stop()
+		write := send
+		send = func(v any) bool {
+			quiet.Reset(d)
+			return write(v)
+		}
+	}
+	keepAlive := func() bool {
+		quiet.Reset(s.cfg.SSEKeepAlive)
+		if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
 	for {
-		text, lps, done, res := s.wait(j)
+		if quiet != nil && !s.await(j, quiet.C, keepAlive) {
+			return // the client is gone; the scheduler ends j
+		}
+		var text []byte
+		var lps []tokenLogprob
+		var done bool
+		var res result
+		if quiet != nil {
+			text, lps, done, res = s.news(j)
+		} else {
+			text, lps, done, res = s.wait(j)
+		}
 		if (len(text) > 0 || len(lps) > 0) && !send(piece(string(text), lps, nil)) {
 			return // the client is gone; the scheduler ends j
 		}

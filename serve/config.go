@@ -93,6 +93,10 @@ type Config struct {
 	MaxContext int
 	// MaxBodyBytes bounds a request body (1 MiB); larger bodies get 413.
 	MaxBodyBytes int64
+	// SSEKeepAlive is how long a stream may send nothing before it writes
+	// an SSE comment (": keep-alive"), so that proxies with idle timeouts
+	// keep a long prefill's stream open (15s; 0: never).
+	SSEKeepAlive time.Duration
 	// ChatTemplate renders the messages of POST /v1/chat/completions into
 	// the prompt (nil: Load takes the checkpoint's, chat.Load; New has
 	// none and chat requests get 400 saying so).
@@ -162,6 +166,7 @@ func DefaultConfig() Config {
 		ChunkTokens:      512,
 		MaxBodyBytes:     1 << 20,
 		RequestTimeout:   5 * time.Minute,
+		SSEKeepAlive:     15 * time.Second,
 		DefaultMaxTokens: 16,
 		RetryAfter:       time.Second,
 		Monitor:          MonitorConfig{Queue: 64, TopR: 10},
@@ -196,6 +201,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: chunk %d tokens: want at least 1", c.ChunkTokens)
 	case c.MaxContext < 0:
 		return fmt.Errorf("serve config: max context %d: want 0 (the model's) or more", c.MaxContext)
+	case c.SSEKeepAlive < 0:
+		return fmt.Errorf("serve config: SSE keep-alive %v: want 0 (never) or more", c.SSEKeepAlive)
 	case c.MaxBodyBytes < 1:
 		return fmt.Errorf("serve config: max body %d bytes: want at least 1", c.MaxBodyBytes)
 	case c.RequestTimeout < 0:

@@ -230,8 +230,8 @@ func sseEvents(t testing.TB, r io.Reader) []string {
 		line := sc.Text()
 		if d, ok := strings.CutPrefix(line, "data: "); ok {
 			out = append(out, d)
-		} else if line != "" {
-			t.Errorf("stream line %q is neither data nor blank", line)
+		} else if line != "" && line != ": keep-alive" {
+			t.Errorf("stream line %q is neither data, a keep-alive comment nor blank", line)
 		}
 	}
 	if err := sc.Err(); err != nil {

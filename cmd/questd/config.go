@@ -307,6 +307,9 @@ type Config struct {
 	// RequestTimeout bounds a request from its arrival to its last token
 	// [--request-timeout]; 0: no bound besides the client's. Default 30m.
 	RequestTimeout time.Duration
+	// SSEKeepAlive is how long a stream may stay silent before it writes
+	// an SSE comment [--sse-keepalive]; 0: never. Default 15s.
+	SSEKeepAlive time.Duration
 	// PrefillChunk is the prompt tokens prefilled between two decode steps
 	// [--prefill-chunk-tokens]. Default 512.
 	PrefillChunk int

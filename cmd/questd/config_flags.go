@@ -310,6 +310,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.int(&c.MaxQueued, "max-queued", 64, "admitted requests waiting to run; beyond it requests get 429")
 	d.int(&c.MaxModelLen, "max-model-len", 0, "most tokens of a request's prompt plus max_tokens (0: the model's max_position_embeddings); longer requests get 400 context_length_exceeded")
 	d.int(&c.MaxRequestBytes, "max-request-bytes", 32<<20, "largest request body in bytes, 1..1073741824; larger ones get 413")
+	d.dur(&c.SSEKeepAlive, "sse-keepalive", 15*time.Second, "a stream silent this long (a long prompt prefilling) writes an SSE comment, so that proxies with idle timeouts keep it open (0: never)")
 	d.dur(&c.RequestTimeout, "request-timeout", 30*time.Minute, "deadline of a request from its arrival to its last token (0: none besides the client's); past it the request gets 504 or, streaming, an error event")
 	d.int(&c.PrefillChunk, "prefill-chunk-tokens", 512, "prompt tokens prefilled between two decode steps (long prompts do not stall the others)")
 	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; requests whose pages would not fit get 429 (--serve-layout cluster: the pool of every rank of the served grid)")

@@ -46,6 +46,7 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc.MemoryLimit = c.MaxMemory
 	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.MaxRunning, c.MaxQueued, c.PrefillChunk
 	sc.MaxContext, sc.MaxBodyBytes, sc.RequestTimeout = c.MaxModelLen, int64(c.MaxRequestBytes), c.RequestTimeout
+	sc.SSEKeepAlive = c.SSEKeepAlive
 	sc.Monitor.Rate, sc.Monitor.Queue = c.MonitorRate, c.MonitorQueue
 	sc.History = c.RequestHistory
 	sc.Logger = log

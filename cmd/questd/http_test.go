@@ -134,6 +134,7 @@ func TestServeCompletionsFlags(t *testing.T) {
 		{[]string{"--max-request-bytes", "0"}, "--max-request-bytes"},
 		{[]string{"--max-request-bytes", "2000000000"}, "--max-request-bytes"},
 		{[]string{"--request-timeout", "-1s"}, "--request-timeout"},
+		{[]string{"--sse-keepalive", "-1s"}, "--sse-keepalive"},
 		{[]string{"--cp", "100000"}, "--cp"},
 		{[]string{"--layers", "1000000000"}, "--layers"},
 		{[]string{"--head-dim", "1000000000"}, "--head-dim"},
