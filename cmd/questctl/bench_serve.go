@@ -31,6 +31,7 @@ const (
 	serveMaxPromptLen   = 8 << 20 // bytes
 	serveMaxTokens      = 1 << 20
 	serveMaxRequests    = 1 << 20
+	serveMaxWarmup      = 100
 )
 
 // serveBenchConfig is one run of 'questctl bench serve'.
@@ -45,6 +46,7 @@ type serveBenchConfig struct {
 	requests      int // per level; 0: max(4, 2 x concurrency)
 	budget        int // quest.budget; 0: the server's
 	backgroundLen int // bytes of the background prompt; 0: none
+	warmup        int // unmeasured requests per selector before the first level
 	seed          uint64
 	timeout       time.Duration
 }
@@ -155,6 +157,7 @@ one-line error (exit 1).`)
 	fs.IntVar(&c.requests, "requests", 0, fmt.Sprintf("requests per level (0: max(4, 2 x concurrency); a level runs at least its concurrency; at most %d)", serveMaxRequests))
 	fs.IntVar(&c.budget, "budget", 0, "quest.budget of the quest requests, tokens per KV head and step (0: the server's policy)")
 	fs.IntVar(&c.backgroundLen, "background-prompt-len", 0, fmt.Sprintf("bytes of a background prompt prefilled while each level runs again (0: none; 64..%d)", serveMaxPromptLen))
+	fs.IntVar(&c.warmup, "warmup", 1, fmt.Sprintf("unmeasured requests per selector before the first level, so that no selector absorbs the server's cold start (0..%d)", serveMaxWarmup))
 	seed := fs.Uint64("seed", 1, "seed of the prompts (request i's prompt is the same for every level and selector)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up on a request after this time")
 	asJSON := fs.Bool("json", false, "no table on stderr: JSON lines on stdout, progress lines on stderr (default also prints a table to stderr)")
@@ -222,6 +225,8 @@ func (c serveBenchConfig) validate() error {
 		return fmt.Errorf("--max-tokens %d: want 1..%d", c.maxTokens, serveMaxTokens)
 	case c.requests < 0 || c.requests > serveMaxRequests:
 		return fmt.Errorf("--requests %d: want 0 (the default) or 1..%d", c.requests, serveMaxRequests)
+	case c.warmup < 0 || c.warmup > serveMaxWarmup:
+		return fmt.Errorf("--warmup %d: want 0..%d", c.warmup, serveMaxWarmup)
 	case c.budget < 0:
 		return fmt.Errorf("--budget %d: want 0 (the server's) or a token budget", c.budget)
 	case c.backgroundLen != 0 && (c.backgroundLen < 64 || c.backgroundLen > serveMaxPromptLen):
@@ -296,6 +301,16 @@ func benchServe(ctx context.Context, c serveBenchConfig, progress io.Writer, emi
 	}
 	fmt.Fprintf(progress, "bench serve: %s, model %s: prompts of %d bytes, max_tokens %d, selectors %s, concurrency %v\n",
 		cl.base, model, c.promptLen, c.maxTokens, strings.Join(c.selectors, ","), c.concurrency)
+	// Warm-up, selector by selector, before any level: the server's cold
+	// start (the first prefill, its pools growing) lands on no level.
+	for _, sel := range c.selectors {
+		for i := range c.warmup {
+			fmt.Fprintf(progress, "bench serve: warm-up %d of %d (%s)\n", i+1, c.warmup, sel)
+			if w := cl.stream(ctx, cl.body(prompts[0], sel, 1), "", nil); w.err != nil {
+				return fmt.Errorf("warm-up request (%s): %v", sel, w.err)
+			}
+		}
+	}
 	for _, n := range c.concurrency {
 		for _, sel := range c.selectors {
 			ps := prompts[:c.levelRequests(n)]

@@ -35,6 +35,8 @@ func TestBenchServeBadFlags(t *testing.T) {
 		{[]string{"--addr", addr, "--prompt-len", "x"}, "--prompt-len"},
 		{[]string{"--addr", addr, "--max-tokens", "0"}, "--max-tokens"},
 		{[]string{"--addr", addr, "--requests", "-1"}, "--requests"},
+		{[]string{"--addr", addr, "--warmup", "-1"}, "--warmup"},
+		{[]string{"--addr", addr, "--warmup", "101"}, "--warmup"},
 		{[]string{"--addr", addr, "--selector", "oracle"}, "--selector"},
 		{[]string{"--addr", addr, "--selector", "quest,quest"}, "--selector"},
 		{[]string{"--addr", addr, "--selector", "quest,"}, "--selector"},
@@ -165,7 +167,8 @@ func serveLines(t *testing.T, stdout string) []map[string]any {
 }
 
 // TestBenchServeRun: against passkey-llama-v1 served in process, a small
-// run prints one JSON line per (concurrency, selector) with the
+// run (after one warm-up request per selector) prints one JSON line per
+// (concurrency, selector) with the
 // documented fields, positive TTFT and inter-token latencies, the tokens
 // counted (from the usage chunk: up to max_tokens per request, fewer
 // where the model ends on EOS), and leaves the server with nothing
@@ -217,7 +220,8 @@ func TestBenchServeRun(t *testing.T) {
 	if !strings.Contains(stderr, "| selector | concurrency |") || !strings.Contains(stderr, "| quest | 3 | - | 3 | 3 |") {
 		t.Errorf("no table on stderr:\n%s", stderr)
 	}
-	if st := s.Stats(); st.Running != 0 || st.Queued != 0 || st.EngineSequences != 0 || st.Completed != 12 {
+	// 12 measured requests and one warm-up per selector before them.
+	if st := s.Stats(); st.Running != 0 || st.Queued != 0 || st.EngineSequences != 0 || st.Completed != 14 {
 		t.Errorf("server after the run: %+v", st)
 	}
 }
