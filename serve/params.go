@@ -131,7 +131,7 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	}
 	if need := s.pagesFor(n + p.maxTokens); need > s.cfg.CapacityPages {
 		return p, badParam("max_tokens", "context_length_exceeded",
-			"the prompt's %d tokens plus max_tokens %d need %d pages per shard; the engine's pool holds %d. Please reduce your prompt or completion length.",
+			"the prompt's %d tokens plus max_tokens %d need %d pages per shard; the engine's pool holds %d (questd --serve-capacity-pages). Please reduce your prompt or completion length.",
 			n, p.maxTokens, need, s.cfg.CapacityPages)
 	}
 	return p, nil

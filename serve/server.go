@@ -355,10 +355,10 @@ func (s *Server) admit(j *job) *apiError {
 		return refuse(errDraining)
 	case len(s.running)+len(s.queue) >= s.cfg.MaxRunning+s.cfg.MaxQueued:
 		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
-			message: fmt.Sprintf("The server is at its limit of %d running and %d queued requests; retry later.", s.cfg.MaxRunning, s.cfg.MaxQueued)})
+			message: fmt.Sprintf("The server is at its limit of %d running and %d queued requests (questd --max-running, --max-queued); retry later.", s.cfg.MaxRunning, s.cfg.MaxQueued)})
 	case s.reserved+j.pages > s.cfg.CapacityPages:
 		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
-			message: fmt.Sprintf("The request needs %d KV pages; %d of the pool's %d are free of other requests' reservations; retry later.", j.pages, s.cfg.CapacityPages-s.reserved, s.cfg.CapacityPages)})
+			message: fmt.Sprintf("The request needs %d KV pages; %d of the pool's %d (questd --serve-capacity-pages) are free of other requests' reservations; retry later.", j.pages, s.cfg.CapacityPages-s.reserved, s.cfg.CapacityPages)})
 	}
 	if aerr := s.holdGrid(j); aerr != nil {
 		s.stats.PolicyGridsRefused++
