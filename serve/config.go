@@ -93,6 +93,10 @@ type Config struct {
 	MaxContext int
 	// MaxBodyBytes bounds a request body (1 MiB); larger bodies get 413.
 	MaxBodyBytes int64
+	// Sampling is the default temperature and top_p of requests that
+	// give none (zero value: OpenAI's, 1 and 1; Load reads the
+	// checkpoint's generation_config.json, LoadSampling).
+	Sampling Sampling
 	// SSEKeepAlive is how long a stream may send nothing before it writes
 	// an SSE comment (": keep-alive"), so that proxies with idle timeouts
 	// keep a long prefill's stream open (15s; 0: never).

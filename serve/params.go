@@ -58,6 +58,15 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 		p.maxTokens = *req.MaxTokens
 	}
 	p.temperature, p.topP = 1, 1
+	if d := s.cfg.Sampling; req.Temperature == nil && d.Temperature != nil {
+		p.temperature = *d.Temperature
+	}
+	if d := s.cfg.Sampling; req.TopP == nil && d.TopP != nil {
+		p.topP = *d.TopP
+		if *d.TopP == 0 {
+			p.temperature = 0
+		}
+	}
 	if t := req.Temperature; t != nil {
 		if !(*t >= 0 && *t <= 2) {
 			return p, badParam("temperature", "invalid_value", "temperature %v: want 0..2", *t)

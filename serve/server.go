@@ -226,6 +226,12 @@ func Load(dir string, cfg Config) (*Server, error) {
 	if cfg.ModelName == "" {
 		cfg.ModelName = filepath.Base(filepath.Clean(dir))
 	}
+	if cfg.Sampling == (Sampling{}) {
+		if cfg.Sampling, err = LoadSampling(dir); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("serve: %w", err)
+		}
+	}
 	var chatErr error
 	if cfg.ChatTemplate == nil {
 		// Completions serve without a chat template; a chat request is

@@ -78,6 +78,13 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 	if err := loadChatTemplate(cfg, &sc, log); err != nil {
 		return nil, err
 	}
+	if cfg.ServeLayout == "device" {
+		// completion.Load reads generation_config.json for the other
+		// layouts.
+		if sc.Sampling, err = completion.LoadSampling(cfg.Model); err != nil {
+			return nil, fmt.Errorf("--model %q: %w", cfg.Model, err)
+		}
+	}
 	var srv *completion.Server
 	var closeDevice func()
 	if cfg.ServeLayout == "device" {
