@@ -233,9 +233,15 @@ func (s *Server) stream(w http.ResponseWriter, j *job) {
 	// assistant's role); offset is where the text starts in the
 	// completion's.
 	first := true
-	offset := 0
+	offset := 0 // of the next entry's token in the completion's text
 	piece := func(text string, lps []tokenLogprob, finish *string) any {
-		defer func() { offset += len(text) }()
+		// Entries may run ahead of the text (bytes a stop string holds
+		// back): the offsets follow the entries' own texts.
+		defer func() {
+			for _, e := range lps {
+				offset += len(e.text)
+			}
+		}()
 		if j.p.chat {
 			c := s.chatChunk(j, text, finish, first)
 			if len(lps) > 0 {

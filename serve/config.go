@@ -205,8 +205,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: chunk %d tokens: want at least 1", c.ChunkTokens)
 	case c.MaxContext < 0:
 		return fmt.Errorf("serve config: max context %d: want 0 (the model's) or more", c.MaxContext)
-	case c.SSEKeepAlive < 0:
-		return fmt.Errorf("serve config: SSE keep-alive %v: want 0 (never) or more", c.SSEKeepAlive)
+	case c.SSEKeepAlive < 0 || (c.SSEKeepAlive > 0 && c.SSEKeepAlive < 10*time.Millisecond):
+		return fmt.Errorf("serve config: SSE keep-alive %v: want 0 (never) or at least 10ms", c.SSEKeepAlive)
 	case c.MaxBodyBytes < 1:
 		return fmt.Errorf("serve config: max body %d bytes: want at least 1", c.MaxBodyBytes)
 	case c.RequestTimeout < 0:

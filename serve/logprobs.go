@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // Log-probabilities of generated tokens (the "logprobs" of a completion,
@@ -45,7 +46,7 @@ func logprobOf(logits []float32, id, top int) (float64, []int, []float64) {
 	}
 	logZ := m + math.Log(z)
 	if top <= 0 {
-		return float64(logits[id]) - logZ, nil, nil
+		return clampLogprob(float64(logits[id]) - logZ), nil, nil
 	}
 	// The top ids: a sorted window of at most top entries.
 	best := make([]int, 0, top+1)
@@ -67,9 +68,40 @@ func logprobOf(logits []float32, id, top int) (float64, []int, []float64) {
 	}
 	lps := make([]float64, len(best))
 	for k, i := range best {
-		lps[k] = float64(logits[i]) - logZ
+		lps[k] = clampLogprob(float64(logits[i]) - logZ)
 	}
-	return float64(logits[id]) - logZ, best, lps
+	return clampLogprob(float64(logits[id]) - logZ), best, lps
+}
+
+// minLogprob stands for the log-probability of a token the model rules
+// out (-Inf), and of NaN logits, which JSON cannot carry (vLLM's value).
+const minLogprob = -9999.0
+
+func clampLogprob(v float64) float64 {
+	if math.IsNaN(v) || v < minLogprob {
+		return minLogprob
+	}
+	return v
+}
+
+// utf8JSONText is s as JSON shows it: each byte outside valid UTF-8 is
+// U+FFFD (encoding/json's rule), so that a token and its key in a
+// top_logprobs map read the same.
+func utf8JSONText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 // logprob records j's token id (sampled from logits) for the next post,
@@ -143,14 +175,21 @@ func completionLogprobs(p params, entries []tokenLogprob, offset int) *Completio
 		out.TextOffset = append(out.TextOffset, offset)
 		offset += len(e.text)
 		if p.topLogprobs > 0 {
-			m := make(map[string]float64, len(e.top))
+			m := make(map[string]float64, len(e.top)+1)
 			for _, t := range e.top {
-				// Keyed as JSON shows it (a byte of a character is
-				// U+FFFD): two ids of one key keep the likelier.
-				k := strings.ToValidUTF8(t.text, "\ufffd")
+				// Keyed as JSON shows it (each byte of a character
+				// split over tokens is U+FFFD): two ids of one key
+				// keep the likelier.
+				k := utf8JSONText(t.text)
 				if _, dup := m[k]; !dup {
 					m[k] = t.lp
 				}
+			}
+			// The sampled token is always among them (OpenAI's
+			// "up to logprobs+1"), also when sampling took one past the
+			// top.
+			if k := utf8JSONText(e.text); !mapHas(m, k) {
+				m[k] = e.lp
 			}
 			out.TopLogprobs = append(out.TopLogprobs, m)
 		}
@@ -173,4 +212,9 @@ func chatLogprobs(p params, entries []tokenLogprob) *ChatLogprobs {
 		out.Content = append(out.Content, c)
 	}
 	return out
+}
+
+func mapHas(m map[string]float64, k string) bool {
+	_, ok := m[k]
+	return ok
 }

@@ -108,6 +108,38 @@ func TestLogprobs(t *testing.T) {
 	if strings.Join(toks, "") != key || !slices.Equal(lps, lp.TokenLogprobs) {
 		t.Errorf("streamed tokens %q logprobs %v, want %q %v", toks, lps, key, lp.TokenLogprobs)
 	}
+	// A stop string that holds bytes back: the streamed entries and
+	// offsets equal the answer's (entries may cover text the stop cut).
+	stop := key[2:4]
+	whole := complete(t, ts.URL, map[string]any{"model": name, "prompt": prompt, "max_tokens": 5, "temperature": 0, "logprobs": 1, "stop": stop})
+	b, _ = json.Marshal(map[string]any{"model": name, "prompt": prompt, "max_tokens": 5, "temperature": 0, "logprobs": 1, "stop": stop, "stream": true})
+	resp, err = http.Post(ts.URL+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events = sseEvents(t, resp.Body)
+	resp.Body.Close()
+	var offs []int
+	toks = nil
+	for _, e := range events[:len(events)-1] {
+		var ch Completion
+		if err := json.Unmarshal([]byte(e), &ch); err != nil {
+			t.Fatal(err)
+		}
+		if len(ch.Choices) == 1 && ch.Choices[0].Logprobs != nil {
+			offs = append(offs, ch.Choices[0].Logprobs.TextOffset...)
+			toks = append(toks, ch.Choices[0].Logprobs.Tokens...)
+			for i, tk := range ch.Choices[0].Logprobs.Tokens {
+				if top := ch.Choices[0].Logprobs.TopLogprobs[i]; len(top) != 1 || !mapHas(top, tk) {
+					t.Errorf("streamed token %q: top %v, want the token itself", tk, top)
+				}
+			}
+		}
+	}
+	wl := whole.Choices[0].Logprobs
+	if whole.Choices[0].Text != key[:2] || !slices.Equal(offs, wl.TextOffset) || !slices.Equal(toks, wl.Tokens) || !slices.Equal(wl.TextOffset, []int{0, 1, 2, 3}) {
+		t.Errorf("stop %q: text %q, streamed offsets %v tokens %q, answer's %v %q (want offsets 0..3)", stop, whole.Choices[0].Text, offs, toks, wl.TextOffset, wl.Tokens)
+	}
 	// A chat.
 	b, _ = json.Marshal(map[string]any{"model": name, "messages": []any{map[string]any{"role": "user", "content": prompt}},
 		"max_tokens": 5, "temperature": 0, "logprobs": true, "top_logprobs": 2})

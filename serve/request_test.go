@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -201,4 +202,35 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("round trip: %+v, then %+v", req, req2)
 		}
 	})
+}
+
+// TestPromptIDsFastPath: arrays of ids decode as before through the
+// fast path, and what it must not take (null, fractions, exponents,
+// strings, overflow) is refused naming the element, as before.
+func TestPromptIDsFastPath(t *testing.T) {
+	for _, c := range []struct {
+		raw  string
+		ids  []int
+		fail string
+	}{
+		{raw: `[1, 2, 3]`, ids: []int{1, 2, 3}},
+		{raw: `[]`, ids: []int{}},
+		{raw: `[-1]`, ids: []int{-1}},
+		{raw: `[1, null]`, fail: "element 1"},
+		{raw: `[1, 2.5]`, fail: "prompt"},
+		{raw: `[1, 1e3]`, fail: "prompt"},
+		{raw: `[1, "2"]`, fail: "element 1"},
+		{raw: `[99999999999999999999]`, fail: "prompt"},
+	} {
+		p, err := prompt([]byte(c.raw))
+		if c.fail != "" {
+			if err == nil || !strings.Contains(err.message, c.fail) {
+				t.Errorf("%s: %+v, %v; want an error naming %q", c.raw, p, err, c.fail)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(p.IDs, c.ids) || p.IDs == nil {
+			t.Errorf("%s: %+v, %v; want %v", c.raw, p, err, c.ids)
+		}
+	}
 }

@@ -346,10 +346,10 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		// Before the answer: a client that has it finds the record.
 		s.hist.add(s.record(j, res, text))
 	}
-	s.observe(j, res)
 	// The result first: a handler woken by the context's end finds it.
 	j.post(text, &res)
-	j.cancel() // the job's context and its timer
+	j.cancel()        // the job's context and its timer
+	s.observe(j, res) // after the answer: it never waits for the observer
 }
 
 // usage is j's token and page counts so far.

@@ -13,7 +13,7 @@ import (
 type TokenizeResponse struct {
 	Tokens      []int `json:"tokens"`
 	Count       int   `json:"count"`
-	MaxModelLen int   `json:"max_model_len"`
+	MaxModelLen int   `json:"max_model_len,omitempty"`
 }
 
 // DetokenizeResponse is the answer of POST /detokenize: the text of the
@@ -114,7 +114,7 @@ func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
 				break
 			}
 			if ids, aerr = prompt(f.raw); aerr != nil {
-				aerr.param = "tokens"
+				aerr = badParam("tokens", "invalid_type", "tokens must be an array of token ids")
 			}
 		default:
 			aerr = badParam(f.key, "unknown_parameter", "Unrecognized request argument supplied: %s", f.key)

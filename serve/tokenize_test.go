@@ -26,8 +26,8 @@ func TestTokenize(t *testing.T) {
 		t.Fatalf("tokenize: %d %s", status, body)
 	}
 	want := model.PromptIDs(tok, "héllo")
-	if !slices.Equal(tr.Tokens, want) || tr.Count != len(want) || tr.Tokens[0] != model.ByteBOS || tr.Count != 7 || tr.MaxModelLen != s.maxContext {
-		t.Errorf("tokenize: %+v, want %v (BOS and 6 bytes), max_model_len %d", tr, want, s.maxContext)
+	if !slices.Equal(tr.Tokens, want) || tr.Count != len(want) || tr.Tokens[0] != model.ByteBOS || tr.Count != 7 || tr.MaxModelLen != m.Config.MaxPositions {
+		t.Errorf("tokenize: %+v, want %v (BOS and 6 bytes), max_model_len %d (the model's)", tr, want, m.Config.MaxPositions)
 	}
 	status, _, body = post(t, ts.URL+"/tokenize", `{"model": "tiny", "prompt": "héllo", "add_special_tokens": false}`)
 	if err := json.Unmarshal(body, &tr); err != nil || status != 200 || !slices.Equal(tr.Tokens, want[1:]) {

@@ -82,8 +82,8 @@ func (c Config) Validate() error {
 		return bad("max-request-bytes", itoa(c.MaxRequestBytes), "want 1..1073741824")
 	case c.RequestTimeout < 0:
 		return bad("request-timeout", c.RequestTimeout.String(), "must not be negative")
-	case c.SSEKeepAlive < 0:
-		return bad("sse-keepalive", c.SSEKeepAlive.String(), "must not be negative")
+	case c.SSEKeepAlive < 0 || (c.SSEKeepAlive > 0 && c.SSEKeepAlive < 100*time.Millisecond):
+		return bad("sse-keepalive", c.SSEKeepAlive.String(), "want 0 (never) or at least 100ms")
 	case c.PrefillChunk < 1:
 		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
 	case c.ServePages < 1 || c.ServePages > plan.MaxPages:

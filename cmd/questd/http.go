@@ -111,7 +111,7 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 			return nil, fmt.Errorf("monitor metrics: %w", err)
 		}
 	}
-	h, err := startHTTP("completions", "http-addr", cfg.HTTPAddr, apiHandler(srv, requireToken(cfg.Token, srv), reg, log), cfg.httpServer(), reg, log)
+	h, err := startHTTP("completions", "http-addr", cfg.HTTPAddr, apiHandler(srv, cfg.Token, reg, log), cfg.httpServer(), reg, log)
 	if err != nil {
 		closeAll()
 		return nil, err

@@ -12,8 +12,9 @@ import (
 )
 
 // TestServeCompletionsToken: with --token-file the completions API wants
-// "Authorization: Bearer <token>" on every endpoint (as the gRPC client
-// API does): without it, or with another token, 401 in OpenAI's error
+// "Authorization: Bearer <token>" on every endpoint but /health (as the
+// gRPC client API does; /metrics on the API port too): without it, or
+// with another token, 401 in OpenAI's error
 // shape (code invalid_api_key) and nothing served; with it, the model
 // list and a completion of the passkey prompt as without a token.
 func TestServeCompletionsToken(t *testing.T) {
@@ -53,6 +54,9 @@ func TestServeCompletionsToken(t *testing.T) {
 		{http.MethodGet, "/v1/models", ""},
 		{http.MethodPost, "/v1/completions", string(prompt)},
 		{http.MethodGet, "/admin/requests", ""},
+		{http.MethodGet, "/metrics", ""},
+		{http.MethodPost, "/v1/chat/completions", `{"model": "passkey-llama-v1", "messages": [{"role": "user", "content": "x"}]}`},
+		{http.MethodPost, "/tokenize", `{"model": "passkey-llama-v1", "prompt": "x"}`},
 	} {
 		for _, auth := range []string{"", "Bearer wrong", "s3cret-token", "Basic s3cret-token"} {
 			code, body := do(c.method, c.path, auth, c.body)
@@ -66,6 +70,13 @@ func TestServeCompletionsToken(t *testing.T) {
 	}
 	if code, body := do(http.MethodGet, "/v1/models", "Bearer s3cret-token", ""); code != http.StatusOK || !strings.Contains(body, "passkey-llama-v1") {
 		t.Errorf("/v1/models with the token: %d %s", code, body)
+	}
+	// A load balancer's probe needs no token; the metrics need it.
+	if code, body := do(http.MethodGet, "/health", "", ""); code != http.StatusOK {
+		t.Errorf("/health without the token: %d %s", code, body)
+	}
+	if code, body := do(http.MethodGet, "/metrics", "Bearer s3cret-token", ""); code != http.StatusOK || !strings.Contains(body, "questrt_serve_requests") {
+		t.Errorf("/metrics with the token: %d %.200s", code, body)
 	}
 	code, body := do(http.MethodPost, "/v1/completions", "Bearer s3cret-token", string(prompt))
 	if code != http.StatusOK || !strings.Contains(body, `"object":"text_completion"`) {

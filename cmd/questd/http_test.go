@@ -93,7 +93,14 @@ func TestServeCompletions(t *testing.T) {
 	// The latency histograms, by model name, on the API's port too
 	// (with /health): one first token, 4 gaps between the 5 tokens, one
 	// request ended and queued.
+	// (The observer runs just after the answer went out: wait for it.)
 	api := scrape(t, ready["http"])
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if f, ok := api["questrt_serve_e2e_request_latency_seconds"]; ok && len(f.GetMetric()) > 0 {
+			break
+		}
+		api = scrape(t, ready["http"])
+	}
 	for _, c := range []struct {
 		name string
 		want uint64
@@ -135,6 +142,7 @@ func TestServeCompletionsFlags(t *testing.T) {
 		{[]string{"--max-request-bytes", "2000000000"}, "--max-request-bytes"},
 		{[]string{"--request-timeout", "-1s"}, "--request-timeout"},
 		{[]string{"--sse-keepalive", "-1s"}, "--sse-keepalive"},
+		{[]string{"--sse-keepalive", "1ns"}, "--sse-keepalive"},
 		{[]string{"--cp", "100000"}, "--cp"},
 		{[]string{"--layers", "1000000000"}, "--layers"},
 		{[]string{"--head-dim", "1000000000"}, "--head-dim"},

@@ -75,15 +75,16 @@ func (l *serveLatency) observe(t completion.RequestTiming) {
 }
 
 // apiHandler is the completions API's handler on --http-addr: the API
-// behind the token (guarded: api wrapped by requireToken, when one is
-// set), and, as vLLM serves them on its API port, /health (api's, no
-// token: a load balancer's probe) and the node's /metrics.
-func apiHandler(api, guarded http.Handler, reg *prometheus.Registry, log *slog.Logger) http.Handler {
+// behind the token (--token-file, when set), and, as vLLM serves them on
+// its API port, /health (no token: a load balancer's probe) and the
+// node's /metrics (behind the token too: the API's address is the public
+// one, and the registry names peers).
+func apiHandler(api http.Handler, token string, reg *prometheus.Registry, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+	mux.Handle("GET /metrics", requireToken(token, promhttp.HandlerFor(reg, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError), Registry: reg,
-	}))
+	})))
 	mux.Handle("/health", api)
-	mux.Handle("/", guarded)
+	mux.Handle("/", requireToken(token, api))
 	return mux
 }
