@@ -275,6 +275,8 @@ type serveClient struct {
 // benchServe runs every level of c, calling emit with each result as
 // soon as it is measured.
 func benchServe(ctx context.Context, c serveBenchConfig, progress io.Writer, emit func(serveBenchResult) error) error {
+	// The level's requests report from their own goroutines.
+	progress = &syncWriter{w: progress}
 	tr := &http.Transport{MaxIdleConns: 4 * serveMaxConcurrency, MaxIdleConnsPerHost: 2 * serveMaxConcurrency, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	cl := &serveClient{base: "http://" + c.addr, http: &http.Client{Transport: withBearer(tr, c.token)}, cfg: c, errOut: progress}
