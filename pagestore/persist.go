@@ -16,6 +16,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/questrt/questrt/internal/boltcheck"
 	"github.com/questrt/questrt/pagestore/disktier"
 	"github.com/questrt/questrt/pagestore/tier"
 )
@@ -253,9 +254,14 @@ func (s *Store) openPersist() error {
 		return fail(opCreateDir, dir, err)
 	}
 	dbPath := filepath.Join(dir, storeDBName)
-	db, err := bolt.Open(dbPath, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond, FreelistType: bolt.FreelistMapType})
+	db, err := boltcheck.OpenChecked(dbPath, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond, FreelistType: bolt.FreelistMapType})
 	if errors.Is(err, berrors.ErrTimeout) {
 		return fmt.Errorf("pagestore: data dir %s: %s is locked by another store, in this process or another: %w", dir, dbPath, ErrInUse)
+	}
+	if errors.Is(err, boltcheck.ErrCorrupt) {
+		// Damaged: nothing of it is read (its caller may quarantine the
+		// directory and start afresh).
+		return fmt.Errorf("pagestore: data dir %s: %w: %w", dir, tier.ErrCorrupt, err)
 	}
 	if err != nil {
 		return fail(opOpenMeta, dbPath, err)
@@ -277,6 +283,9 @@ func (s *Store) openPersist() error {
 		}
 		if errors.Is(err, disktier.ErrMismatch) {
 			return fmt.Errorf("pagestore: data dir %s: %w: holds pages of another geometry: %w", dir, ErrInvalidConfig, err)
+		}
+		if errors.Is(err, tier.ErrCorrupt) {
+			return fmt.Errorf("pagestore: data dir %s: %w", dir, err) // a damaged index
 		}
 		return fail(opOpenSlabs, dir, err)
 	}

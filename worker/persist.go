@@ -15,7 +15,9 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/questrt/questrt/internal/boltcheck"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -172,9 +174,12 @@ func (l *Local) openTable(ranks []Rank) error {
 		return fmt.Errorf("worker: open data dir: %w", l.ioError("create data directory", dir, err))
 	}
 	path := filepath.Join(dir, tableName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond})
+	db, err := boltcheck.OpenChecked(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond})
 	if errors.Is(err, berrors.ErrTimeout) {
 		return fmt.Errorf("worker: data dir %s: %s is locked by another worker, in this process or another: %w", dir, path, pagestore.ErrInUse)
+	}
+	if errors.Is(err, boltcheck.ErrCorrupt) {
+		return fmt.Errorf("worker: data dir %s: %w: %w", dir, tier.ErrCorrupt, err)
 	}
 	if err != nil {
 		return fmt.Errorf("worker: open data dir: %w", l.ioError("open sequence table", path, err))

@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/questrt/questrt/internal/boltcheck"
 	"github.com/questrt/questrt/pagestore/tier"
 )
 
@@ -78,7 +79,7 @@ func Open(cfg Config) (*Tier, error) {
 	index := filepath.Join(dir, indexName)
 	_, statErr := os.Stat(index)
 	fresh := errors.Is(statErr, fs.ErrNotExist)
-	db, err := bolt.Open(index, 0o600, &bolt.Options{
+	db, err := boltcheck.OpenChecked(index, 0o600, &bolt.Options{
 		Timeout:      cfg.LockTimeout,
 		FreelistType: bolt.FreelistMapType,
 	})
@@ -86,7 +87,7 @@ func Open(cfg Config) (*Tier, error) {
 		return nil, fmt.Errorf("disktier: open %s: its index %s is locked by another open tier, in this process or another (waited %v): %w",
 			dir, index, cfg.LockTimeout, ErrInUse)
 	}
-	if isInvalidIndex(err) {
+	if isInvalidIndex(err) || errors.Is(err, boltcheck.ErrCorrupt) {
 		return nil, fmt.Errorf("disktier: open %s: index %s: %w: %w", dir, index, err, tier.ErrCorrupt)
 	}
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/worker"
 )
 
@@ -90,6 +92,9 @@ type ServerConfig struct {
 	// OnPersistError, when set with DataDir, gets every failed operation
 	// on a file of DataDir (worker.Config.OnPersistError of every grid).
 	OnPersistError func(*pagestore.IOError)
+	// OnQuarantine, when set with DataDir, gets every grid directory
+	// found damaged and moved aside (its path and where it went).
+	OnQuarantine func(dir, movedTo string, err error)
 }
 
 // DefaultConnectTimeout is ServerConfig.ConnectTimeout's default.
@@ -712,6 +717,23 @@ func (s *Server) connect(ctx context.Context, g *grid, dir string, lis []net.Lis
 		specs[i] = worker.RankSpec{Rank: rk, Backend: s.bes[g.devs[i]], Transport: trs[i]}
 	}
 	local, err := worker.NewLocal(c, specs)
+	if err != nil && dir != "" && errors.Is(err, tier.ErrCorrupt) {
+		// A damaged metadata file: nothing of it was read. Move the
+		// directory aside for its owner to inspect and open the grid on
+		// a fresh one: this node's part of the grid's sequences is lost
+		// (the coordinator reports them as not recovered here), the node
+		// and its other grids go on.
+		moved := fmt.Sprintf("%s.corrupt-%s", dir, time.Now().UTC().Format("20060102T150405.000Z"))
+		if rerr := os.Rename(dir, moved); rerr != nil {
+			return nil, trs, fmt.Errorf("%w (moving it aside failed: %v)", err, rerr)
+		}
+		s.log.Error("data dir damaged: moved aside, the grid starts on a fresh one (this node's part of its sequences is lost)",
+			"grid", g.id, "dir", dir, "moved_to", moved, "err", err)
+		if s.cfg.OnQuarantine != nil {
+			s.cfg.OnQuarantine(dir, moved, err)
+		}
+		local, err = worker.NewLocal(c, specs)
+	}
 	if err != nil {
 		return nil, trs, err
 	}
