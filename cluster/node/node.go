@@ -106,6 +106,9 @@ type Config struct {
 	// OnPersistError, when set with DataDir, gets every failed operation
 	// on a file of DataDir (remote.ServerConfig.OnPersistError).
 	OnPersistError func(*pagestore.IOError)
+	// OnQuarantine, when set with DataDir, gets every grid directory
+	// found damaged and moved aside (remote.ServerConfig.OnQuarantine).
+	OnQuarantine func(dir, movedTo string, err error)
 	// Devices are the node's compute devices, one kernel backend each,
 	// that the hosted ranks are placed over (remote.ServerConfig.Backends;
 	// the caller keeps and closes them), with what the node advertises
@@ -229,7 +232,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	}
 	if n.ws, err = remote.NewServer(remote.ServerConfig{Host: host, MaxPages: cfg.MaxPages, MemoryLimit: cfg.MemoryLimit,
 		TLS: cfg.TLS, Plaintext: cfg.Plaintext, Logger: log.With("component", "worker"),
-		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, OnPersistError: cfg.OnPersistError,
+		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, OnPersistError: cfg.OnPersistError, OnQuarantine: cfg.OnQuarantine,
 		Backends: bes, DeviceResident: cfg.DeviceResident}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}

@@ -28,6 +28,9 @@ type metrics struct {
 	total   prometheus.Counter       // questrt_pages_total
 	peerErr *prometheus.CounterVec   // questrt_collective_errors_total{peer,kind}
 	persist *prometheus.CounterVec   // questrt_persist_errors_total{kind} (persistWatch)
+	// quarantined is questrt_data_dir_quarantined_total
+	// (node.Config.OnQuarantine).
+	quarantined prometheus.Counter
 }
 
 // newMetrics registers questd's metrics on reg; st is the readiness whose
@@ -60,6 +63,10 @@ func newMetrics(reg prometheus.Registerer, st *readiness) (*metrics, error) {
 			Name: "questrt_persist_errors_total",
 			Help: "Failed operations on the files of --data-dir by the grids hosted on this node (page writes, metadata commits, syncs, the periodic flusher's, the saves at a grid's close), by kind: disk_full (ENOSPC or EDQUOT: the client gets RESOURCE_EXHAUSTED), io (another operating system error) or other. The change stays in memory but is not durable; each is logged with the file.",
 		}, []string{"kind"}),
+		quarantined: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "questrt_data_dir_quarantined_total",
+			Help: "Grid directories of --data-dir found damaged (a metadata file that fails its check) and moved aside (DIR.corrupt-TIME, logged with both paths); the grid opened on a fresh directory, this node's part of its sequences lost.",
+		}),
 	}
 	for _, k := range []string{persistDiskFull, persistIO, persistOther} {
 		m.persist.WithLabelValues(k)
@@ -72,7 +79,7 @@ func newMetrics(reg prometheus.Registerer, st *readiness) (*metrics, error) {
 	})
 	build.Set(1)
 	for _, c := range []prometheus.Collector{
-		m.phase, m.steps, m.read, m.total, m.peerErr, m.persist, build, newStateCollector(st), newHealthScore(),
+		m.phase, m.steps, m.read, m.total, m.peerErr, m.persist, m.quarantined, build, newStateCollector(st), newHealthScore(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
 		if err := reg.Register(c); err != nil {

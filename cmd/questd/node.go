@@ -135,7 +135,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext, Token: cfg.Token,
 		DrainTimeout: cfg.DrainTimeout, GridIdle: cfg.GridIdle, Version: version, Logger: log, Observe: m.observe,
 		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, OnPersistError: pw.report,
-		Devices: devs, DeviceResident: len(devs) > 0,
+		OnQuarantine: func(string, string, error) { m.quarantined.Inc() },
+		Devices:      devs, DeviceResident: len(devs) > 0,
 	})
 	if err != nil {
 		return err
