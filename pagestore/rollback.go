@@ -2,7 +2,7 @@ package pagestore
 
 import "fmt"
 
-// Rollback and truncation: dropping the last tokens of a sequence. Whole
+// Rollback: dropping the last tokens of a sequence. Whole
 // pages past the new end are released; when the new end falls inside a
 // page, that page's summaries are recomputed for every layer and head
 // from the remaining keys (copying the page first if it is shared).
@@ -28,8 +28,9 @@ func (s *Store) CheckRollback(id SeqID, n int) error {
 }
 
 // rollbackPlan validates a rollback of n >= 1 tokens of sq (sq locked,
-// poolMu held): even layers, n within them; then cutPlan of the new
-// length.
+// poolMu held) and returns the new length, the number of pages kept, and
+// whether the kept tail page is shared and must be copied before its
+// summaries are rescanned (a page the rollback frees can serve as the copy).
 func (s *Store) rollbackPlan(sq *seq, n int) (newLen, keep int, copyTail bool, err error) {
 	if err := s.checkEven(sq); err != nil {
 		return 0, 0, false, err
@@ -38,17 +39,9 @@ func (s *Store) rollbackPlan(sq *seq, n int) (newLen, keep int, copyTail bool, e
 	if n > L {
 		return 0, 0, false, fmt.Errorf("%w: sequence has %d", ErrOutOfRange, L)
 	}
-	return s.cutPlan(sq, L-n)
-}
-
-// cutPlan plans cutting every layer of sq (sq locked, poolMu held) to
-// newLen tokens, at most what each holds: it returns newLen, the number
-// of pages kept, and whether the kept tail page is shared and must be
-// copied before its summaries are rescanned (a page the cut frees can
-// serve as the copy).
-func (s *Store) cutPlan(sq *seq, newLen int) (int, int, bool, error) {
 	S := s.cfg.PageSize
-	keep := (newLen + S - 1) / S
+	newLen = L - n
+	keep = (newLen + S - 1) / S
 	if newLen%S == 0 || s.ref[sq.pages[keep-1]] <= 1 {
 		return newLen, keep, false, nil
 	}
@@ -80,13 +73,13 @@ func (s *Store) Rollback(id SeqID, n int) error {
 		return fmt.Errorf("rollback seq %d: %w", id, err)
 	}
 	defer sq.mu.Unlock()
-	what := fmt.Sprintf("rollback seq %d by %d tokens", id, n)
-	return s.cut(id, sq, what, func() (int, int, bool, error) { return s.rollbackPlan(sq, n) })
+	return s.cut(id, sq, n)
 }
 
-// cut carries out plan's cut of sq (locked) and persists it.
-func (s *Store) cut(id SeqID, sq *seq, what string, plan func() (int, int, bool, error)) error {
-	if err := s.cutLocked(id, sq, what, plan); err != nil || s.pers == nil {
+// cut rolls sq (locked) back by n tokens and persists it.
+func (s *Store) cut(id SeqID, sq *seq, n int) error {
+	what := fmt.Sprintf("rollback seq %d by %d tokens", id, n)
+	if err := s.cutLocked(what, id, sq, n); err != nil || s.pers == nil {
 		return err
 	}
 	// A reopened sealed page gives up its slot (its payload changes),
@@ -104,15 +97,15 @@ func (s *Store) cut(id SeqID, sq *seq, what string, plan func() (int, int, bool,
 	return nil
 }
 
-// cutLocked is cut in memory (sq locked); plan validates and plans under
-// poolMu.
-func (s *Store) cutLocked(id SeqID, sq *seq, what string, plan func() (int, int, bool, error)) error {
+// cutLocked is cut in memory (sq locked); rollbackPlan validates and
+// plans under poolMu.
+func (s *Store) cutLocked(what string, id SeqID, sq *seq, n int) error {
 	S := s.cfg.PageSize
 	if s.res != nil {
 		// Bring the page to be rescanned (or copied) in before anything
 		// changes: a tier failure then fails the cut cleanly.
 		s.poolMu.Lock()
-		newLen, keep, _, err := plan()
+		newLen, keep, _, err := s.rollbackPlan(sq, n)
 		s.poolMu.Unlock()
 		if err == nil && newLen%S != 0 {
 			if err := s.res.ensureOne(sq.pages[keep-1]); err != nil {
@@ -121,7 +114,7 @@ func (s *Store) cutLocked(id SeqID, sq *seq, what string, plan func() (int, int,
 		}
 	}
 	s.poolMu.Lock()
-	newLen, keep, copyTail, err := plan()
+	newLen, keep, copyTail, err := s.rollbackPlan(sq, n)
 	if err != nil {
 		s.poolMu.Unlock()
 		return fmt.Errorf("%s: %w", what, err)

@@ -19,19 +19,12 @@ import (
 // frequency_penalty, presence_penalty and logit_bias are accepted only
 // at their neutral values.
 type ChatRequest struct {
-	Model    string
+	// Common holds what a chat shares with a completion (Prompt and
+	// Logprobs unused: the messages are rendered into the prompt).
+	// Its MaxTokens is max_completion_tokens or the older max_tokens
+	// (both given: they must agree).
+	Common   CompletionRequest
 	Messages []chat.Message
-	// MaxTokens is max_completion_tokens or the older max_tokens (both
-	// given: they must agree).
-	MaxTokens     *int
-	Temperature   *float64
-	TopP          *float64
-	Seed          *int64
-	Stop          []string
-	Stream        bool
-	StreamOptions *StreamOptions
-	N             *int
-	Quest         *QuestOptions
 	// Logprobs asks for each generated token's log-probability, with
 	// TopLogprobs (0..20) alternatives.
 	Logprobs    bool
@@ -51,51 +44,25 @@ func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
 	var maxTokens, maxCompletion *int
 	for _, f := range fields {
 		raw, key := f.raw, f.key
-		var err *apiError
-		switch key {
-		case "model":
-			var s *string
-			if s, err = str(key, raw); s != nil {
-				req.Model = *s
+		known, err := sharedField(&req.Common, key, raw)
+		if !known {
+			switch key {
+			case "messages":
+				req.Messages, err = chatMessages(raw)
+			case "max_tokens":
+				maxTokens, err = integer(key, raw)
+			case "max_completion_tokens":
+				maxCompletion, err = integer(key, raw)
+			case "logprobs":
+				var b *bool
+				if b, err = boolean(key, raw); b != nil {
+					req.Logprobs = *b
+				}
+			case "top_logprobs":
+				req.TopLogprobs, err = integer(key, raw)
+			default:
+				err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
 			}
-		case "messages":
-			req.Messages, err = chatMessages(raw)
-		case "max_tokens":
-			maxTokens, err = integer(key, raw)
-		case "max_completion_tokens":
-			maxCompletion, err = integer(key, raw)
-		case "temperature":
-			req.Temperature, err = number(key, raw)
-		case "top_p":
-			req.TopP, err = number(key, raw)
-		case "seed":
-			req.Seed, err = integer64(key, raw)
-		case "stop":
-			req.Stop, err = stops(raw)
-		case "stream":
-			var b *bool
-			if b, err = boolean(key, raw); b != nil {
-				req.Stream = *b
-			}
-		case "stream_options":
-			req.StreamOptions, err = streamOptions(raw)
-		case "n":
-			req.N, err = integer(key, raw)
-		case "user":
-			_, err = str(key, raw)
-		case "quest":
-			req.Quest, err = questOptions(raw)
-		case "logprobs":
-			var b *bool
-			if b, err = boolean(key, raw); b != nil {
-				req.Logprobs = *b
-			}
-		case "top_logprobs":
-			req.TopLogprobs, err = integer(key, raw)
-		case "frequency_penalty", "presence_penalty", "logit_bias":
-			err = neutral(key, raw)
-		default:
-			err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
 		}
 		if err != nil {
 			return nil, err
@@ -109,12 +76,12 @@ func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
 			return nil, badParam("top_logprobs", "invalid_value", "top_logprobs needs logprobs true")
 		}
 	}
-	req.MaxTokens = maxCompletion
+	req.Common.MaxTokens = maxCompletion
 	if maxTokens != nil {
 		if maxCompletion != nil && *maxCompletion != *maxTokens {
 			return nil, badParam("max_tokens", "invalid_value", "max_tokens %d and max_completion_tokens %d disagree (give one)", *maxTokens, *maxCompletion)
 		}
-		req.MaxTokens = maxTokens
+		req.Common.MaxTokens = maxTokens
 	}
 	return req, nil
 }
@@ -260,7 +227,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
 	req, aerr := decodeChatRequest(body)
 	if aerr == nil {
-		aerr = s.checkModel(req.Model)
+		aerr = s.checkModel(req.Common.Model)
 	}
 	if aerr == nil && req.Messages == nil {
 		aerr = badParam("messages", "missing_required_parameter", "you must provide a messages parameter")
@@ -270,11 +237,10 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		ids, aerr = s.chatPromptIDs(req.Messages)
 	}
 	if aerr == nil {
-		creq := &CompletionRequest{Model: req.Model, Prompt: &Prompt{IDs: ids}, MaxTokens: req.MaxTokens,
-			Temperature: req.Temperature, TopP: req.TopP, Seed: req.Seed, Stop: req.Stop, Stream: req.Stream,
-			StreamOptions: req.StreamOptions, N: req.N, Quest: req.Quest}
+		creq := req.Common
+		creq.Prompt = &Prompt{IDs: ids}
 		var p params
-		if p, aerr = s.resolve(creq); aerr == nil {
+		if p, aerr = s.resolve(&creq); aerr == nil {
 			p.chat = true
 			if req.Logprobs {
 				p.logprobs = true

@@ -259,37 +259,32 @@ func (s *Server) stream(w http.ResponseWriter, j *job) {
 	if j.p.chat && !send(piece("", nil, nil)) {
 		return // OpenAI opens a chat stream with the role alone
 	}
-	// A comment when nothing was sent for SSEKeepAlive (a long prefill).
-	var quiet *time.Timer
+	// A comment when nothing was sent for SSEKeepAlive (a long prefill);
+	// without it tick stays nil and never fires.
+	var tick <-chan time.Time
+	keepAlive := func() bool { return true }
 	if d := s.cfg.SSEKeepAlive; d > 0 {
-		quiet = time.NewTimer(d)
+		quiet := time.NewTimer(d)
 		defer quiet.Stop()
+		tick = quiet.C
 		write := send
 		send = func(v any) bool {
 			quiet.Reset(d)
 			return write(v)
 		}
-	}
-	keepAlive := func() bool {
-		quiet.Reset(s.cfg.SSEKeepAlive)
-		if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil {
-			return false
+		keepAlive = func() bool {
+			quiet.Reset(d)
+			if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil {
+				return false
+			}
+			return rc.Flush() == nil
 		}
-		return rc.Flush() == nil
 	}
 	for {
-		if quiet != nil && !s.await(j, quiet.C, keepAlive) {
+		if !s.await(j, tick, keepAlive) {
 			return // the client is gone; the scheduler ends j
 		}
-		var text []byte
-		var lps []tokenLogprob
-		var done bool
-		var res result
-		if quiet != nil {
-			text, lps, done, res = s.news(j)
-		} else {
-			text, lps, done, res = s.wait(j)
-		}
+		text, lps, done, res := s.news(j)
 		if (len(text) > 0 || len(lps) > 0) && !send(piece(string(text), lps, nil)) {
 			return // the client is gone; the scheduler ends j
 		}

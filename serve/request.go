@@ -116,56 +116,69 @@ func decodeRequest(body []byte) (*CompletionRequest, *apiError) {
 	req := &CompletionRequest{}
 	for _, f := range fields {
 		raw, key := f.raw, f.key
-		var err *apiError
-		switch key {
-		case "model":
-			var s *string
-			if s, err = str(key, raw); s != nil {
-				req.Model = *s
+		known, err := sharedField(req, key, raw)
+		if !known {
+			switch key {
+			case "prompt":
+				req.Prompt, err = prompt(raw)
+			case "max_tokens":
+				req.MaxTokens, err = integer(key, raw)
+			case "logprobs":
+				req.Logprobs, err = integer(key, raw)
+			case "echo", "best_of", "suffix":
+				err = neutral(key, raw)
+			default:
+				err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
 			}
-		case "prompt":
-			req.Prompt, err = prompt(raw)
-		case "max_tokens":
-			req.MaxTokens, err = integer(key, raw)
-		case "temperature":
-			req.Temperature, err = number(key, raw)
-		case "top_p":
-			req.TopP, err = number(key, raw)
-		case "seed":
-			var v *int64
-			if v, err = integer64(key, raw); v != nil {
-				req.Seed = v
-			}
-		case "stop":
-			req.Stop, err = stops(raw)
-		case "stream":
-			var b *bool
-			if b, err = boolean(key, raw); b != nil {
-				req.Stream = *b
-			}
-		case "stream_options":
-			req.StreamOptions, err = streamOptions(raw)
-		case "n":
-			req.N, err = integer(key, raw)
-		case "user":
-			var s *string
-			if s, err = str(key, raw); s != nil {
-				req.User = *s
-			}
-		case "quest":
-			req.Quest, err = questOptions(raw)
-		case "logprobs":
-			req.Logprobs, err = integer(key, raw)
-		case "echo", "best_of", "frequency_penalty", "presence_penalty", "logit_bias", "suffix":
-			err = neutral(key, raw)
-		default:
-			err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
 	return req, nil
+}
+
+// sharedField decodes into req the field key of what a completion and
+// a chat request share (model, sampling, stop, stream, n, user, quest,
+// the neutral penalties); false for any other key.
+func sharedField(req *CompletionRequest, key string, raw json.RawMessage) (bool, *apiError) {
+	var err *apiError
+	switch key {
+	case "model":
+		var s *string
+		if s, err = str(key, raw); s != nil {
+			req.Model = *s
+		}
+	case "temperature":
+		req.Temperature, err = number(key, raw)
+	case "top_p":
+		req.TopP, err = number(key, raw)
+	case "seed":
+		req.Seed, err = integer64(key, raw)
+	case "stop":
+		req.Stop, err = stops(raw)
+	case "stream":
+		var b *bool
+		if b, err = boolean(key, raw); b != nil {
+			req.Stream = *b
+		}
+	case "stream_options":
+		req.StreamOptions, err = streamOptions(raw)
+	case "n":
+		req.N, err = integer(key, raw)
+	case "user":
+		var s *string
+		if s, err = str(key, raw); s != nil {
+			req.User = *s
+		}
+	case "quest":
+		req.Quest, err = questOptions(raw)
+	case "frequency_penalty", "presence_penalty", "logit_bias":
+		err = neutral(key, raw)
+	default:
+		return false, nil
+	}
+	return true, err
 }
 
 // field is one member of a JSON object, in order.

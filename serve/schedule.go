@@ -260,7 +260,9 @@ func (s *Server) decode() bool {
 // ends j on a stop token, a stop string or max_tokens.
 func (s *Server) token(j *job, logits []float32) {
 	id := j.sampler.Sample(logits)
-	j.clock.tokenAt(time.Now())
+	if s.cfg.Observe != nil { // the timings are the observer's alone
+		j.clock.tokenAt(time.Now())
+	}
 	if !slices.Contains(s.stopIDs, id) {
 		s.logprob(j, logits, id)
 	}

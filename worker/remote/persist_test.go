@@ -28,15 +28,7 @@ func TestPersistGridAcrossNodes(t *testing.T) {
 	ec := engineConfig(2, 1, plan.Exact)
 	wc := workerConfig(ec)
 	dirs := []string{t.TempDir(), t.TempDir()}
-	start := func() []*node {
-		var nodes []*node
-		for _, d := range dirs {
-			cfg := DefaultServerConfig()
-			cfg.DataDir, cfg.MemoryLimit = d, -1
-			nodes = append(nodes, startNodes(t, 1, cfg)...)
-		}
-		return nodes
-	}
+	start := func() []*node { return persistNodes(t, dirs, nil) }
 	ctx := context.Background()
 	nodes := start()
 	// A second server on a held directory is refused, naming it.
@@ -45,23 +37,7 @@ func TestPersistGridAcrossNodes(t *testing.T) {
 	if _, err := NewServer(cfg); !errors.Is(err, ErrDataDirInUse) || !strings.Contains(err.Error(), dirs[0]) {
 		t.Fatalf("second server on %s: %v, want ErrDataDirInUse naming it", dirs[0], err)
 	}
-	open := func(nodes []*node, id string) ([]*Client, *engine.Engine) {
-		t.Helper()
-		nr := spread(ec, conns(nodes), 0)
-		for i := range nr {
-			nr[i].Name = "n" + string(rune('a'+i))
-		}
-		clients, err := OpenGrid(ctx, nr, GridRef{Grid: id, View: 1}, wc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hosts := []engine.Host{{Worker: clients[0], Ranks: []worker.Rank{{CP: 0}}}, {Worker: clients[1], Ranks: []worker.Rank{{CP: 1}}}}
-		eng, err := engine.Open(ec, hosts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return clients, eng
-	}
+	open := func(nodes []*node, id string) ([]*Client, *engine.Engine) { return openCP2(t, ec, wc, nodes, id) }
 	clients, eng := open(nodes, "coord-a/1/1")
 	rng := rand.New(rand.NewPCG(2, 2))
 	kv := ec.KVHeads * ec.HeadDim
@@ -207,4 +183,40 @@ func TestGridDir(t *testing.T) {
 	if d := gridDirBase("/d", "../../etc/x/1", wc, ranks); !strings.HasPrefix(d, "/d/grids/") || strings.Contains(d, "/../") {
 		t.Errorf("a hostile grid id gives dir %s", d)
 	}
+}
+
+// persistNodes starts one node on each of dirs (its DataDir), cfg
+// adjusted by mutate when set.
+func persistNodes(t *testing.T, dirs []string, mutate func(*ServerConfig)) []*node {
+	t.Helper()
+	var nodes []*node
+	for _, d := range dirs {
+		cfg := DefaultServerConfig()
+		cfg.DataDir, cfg.MemoryLimit = d, -1
+		if mutate != nil {
+			mutate(&cfg)
+		}
+		nodes = append(nodes, startNodes(t, 1, cfg)...)
+	}
+	return nodes
+}
+
+// openCP2 opens grid id of the CP 2 config ec over two nodes (named na,
+// nb), one rank each, and an engine over it.
+func openCP2(t *testing.T, ec engine.Config, wc worker.Config, nodes []*node, id string) ([]*Client, *engine.Engine) {
+	t.Helper()
+	nr := spread(ec, conns(nodes), 0)
+	for i := range nr {
+		nr[i].Name = "n" + string(rune('a'+i))
+	}
+	clients, err := OpenGrid(context.Background(), nr, GridRef{Grid: id, View: 1}, wc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := []engine.Host{{Worker: clients[0], Ranks: []worker.Rank{{CP: 0}}}, {Worker: clients[1], Ranks: []worker.Rank{{CP: 1}}}}
+	eng, err := engine.Open(ec, hosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return clients, eng
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
-	"github.com/questrt/questrt/worker"
 )
 
 // TestQuarantineDamagedGrid: a grid persisted on two nodes; one node's
@@ -31,36 +30,16 @@ func TestQuarantineDamagedGrid(t *testing.T) {
 	var mu sync.Mutex
 	var moved []string
 	start := func() []*node {
-		var nodes []*node
-		for _, d := range dirs {
-			cfg := DefaultServerConfig()
-			cfg.DataDir, cfg.MemoryLimit = d, -1
+		return persistNodes(t, dirs, func(cfg *ServerConfig) {
 			cfg.OnQuarantine = func(dir, to string, err error) {
 				mu.Lock()
 				moved = append(moved, to)
 				mu.Unlock()
 			}
-			nodes = append(nodes, startNodes(t, 1, cfg)...)
-		}
-		return nodes
+		})
 	}
 	ctx := context.Background()
-	open := func(nodes []*node, id string) ([]*Client, *engine.Engine) {
-		t.Helper()
-		nr := spread(ec, conns(nodes), 0)
-		for i := range nr {
-			nr[i].Name = "n" + string(rune('a'+i))
-		}
-		clients, err := OpenGrid(ctx, nr, GridRef{Grid: id, View: 1}, wc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		eng, err := engine.Open(ec, []engine.Host{{Worker: clients[0], Ranks: []worker.Rank{{CP: 0}}}, {Worker: clients[1], Ranks: []worker.Rank{{CP: 1}}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return clients, eng
-	}
+	open := func(nodes []*node, id string) ([]*Client, *engine.Engine) { return openCP2(t, ec, wc, nodes, id) }
 	nodes := start()
 	clients, eng := open(nodes, "coord-a/1/1")
 	rng := rand.New(rand.NewPCG(5, 5))
