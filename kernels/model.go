@@ -54,6 +54,9 @@ type ModelDevice interface {
 	// (which may be x).
 	RMSNorm(ctx context.Context, out, x decode.Tensor, w Matrix, rows int, eps float32) error
 	// Gemv writes y = x w^T (+ res, which may be y itself) for rows rows.
+	// With bf16 weights and many rows (a prompt chunk) a device may round
+	// x (normalised, for GemvNorm) to bf16 and run a tensor-core GEMM;
+	// the sums stay in float32.
 	Gemv(ctx context.Context, y decode.Tensor, w Matrix, x, res decode.Tensor, rows int) error
 	// GemvSplit writes x w^T into up to three outputs, each taking the
 	// next ys[i].Len/rows outputs of every row (fused q|k|v, gate|up).

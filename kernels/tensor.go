@@ -35,3 +35,19 @@ type TensorStepper interface {
 	// it widens the summaries on the device as WriteTokens does.
 	WriteTokensTensor(ctx context.Context, pool any, pages []int32, slot int, k, v decode.Tensor) error
 }
+
+// PrefillAttender is implemented by TensorSteppers that run the causal
+// attention of a prefill chunk over a sequence's pages on their device.
+type PrefillAttender interface {
+	// PrefillTensor queues o = the causal attention of the n queries q
+	// (device tensors on Device, [n][QHeads][HeadDim]), those of the
+	// sequence's tokens at positions start .. start+n-1, over its keys
+	// and values at positions 0 .. start+i for query i: pages of pool
+	// (a DeviceStore pool of s's KV heads) listed by sequence seq's
+	// table in set (DeviceStore.WriteTable), which must cover start+n
+	// positions. The chunk's own keys and values must be written before
+	// (WriteTokensTensor, in stream order). It checks shapes and the
+	// table's length, not values; a failure of the queued work surfaces
+	// at Sync.
+	PrefillTensor(ctx context.Context, s Shape, pool, set any, seq uint64, start, n int, q, o decode.Tensor) error
+}

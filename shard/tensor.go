@@ -95,3 +95,56 @@ func (s *Shard) FusedStepTensor(ctx context.Context, ls *LocalStep, q, o, lse de
 		return ts.StepTensor(ctx, sh, l, b, q, plan, lists, o, lse)
 	})
 }
+
+// PrefillTensor appends a prompt chunk's keys and values (k, v
+// [n][KVHeads][HeadDim], device tensors on TensorDevice) to one layer of
+// sequence id and queues the chunk's causal attention over every page of
+// the sequence: o ([n][QHeads][HeadDim]) from q (kernels.PrefillAttender).
+// The attention is dense (a prompt attends to all of itself); the pages
+// and summaries written are those of any append. Input checked before
+// anything changes (ErrBadInput, decode.ErrDeviceTensor); a failure of the
+// attention after the append leaves the tokens appended (the caller
+// breaks the sequence).
+func (s *Shard) PrefillTensor(ctx context.Context, id pagestore.SeqID, layer int, q, k, v, o decode.Tensor) error {
+	dev, ok := s.TensorDevice()
+	if !ok {
+		return fmt.Errorf("prefill: %w: the shard takes host tensors only", decode.ErrDeviceTensor)
+	}
+	pa, ok := s.be.(kernels.PrefillAttender)
+	if !ok {
+		return fmt.Errorf("prefill: %w: the backend (%s) has no prefill attention", decode.ErrDeviceTensor, s.be.Name())
+	}
+	sh := s.shape
+	tok := sh.KVHeads * sh.HeadDim
+	n := k.Len / max(tok, 1)
+	switch {
+	case q.Device != dev || k.Device != dev || v.Device != dev || o.Device != dev:
+		return fmt.Errorf("prefill: %w: q on %v, k on %v, v on %v, o on %v; the shard takes tensors on %v", decode.ErrDeviceTensor, q.Device, k.Device, v.Device, o.Device, dev)
+	case n == 0 || k.Len != n*tok || v.Len != k.Len || q.Len != n*sh.QHeads*sh.HeadDim || o.Len != q.Len:
+		return fmt.Errorf("prefill: %w: q, k, v, o hold %d, %d, %d, %d floats; want n x %d, n x %d (twice), n x %d", ErrBadInput,
+			q.Len, k.Len, v.Len, o.Len, sh.QHeads*sh.HeadDim, tok, sh.QHeads*sh.HeadDim)
+	}
+	ts := s.be.(kernels.TensorStepper)
+	for _, t := range [...]struct {
+		name string
+		t    decode.Tensor
+	}{{"q", q}, {"k", k}, {"v", v}, {"o", o}} {
+		if err := ts.CheckTensor(t.name, t.t, t.t.Len); err != nil {
+			return fmt.Errorf("prefill: %w", err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start, err := s.store.LayerLen(id, layer)
+	if err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	if err := s.store.AppendTensor(id, layer, k, v); err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	if err := pa.PrefillTensor(ctx, sh, s.dev[layer], s.tables, uint64(id), start, n, q, o); err != nil {
+		// The chunk is appended: the sequence changed.
+		return fmt.Errorf("prefill seq %d layer %d: %w: attention: %w", id, layer, pagestore.ErrData, err)
+	}
+	return nil
+}

@@ -32,6 +32,14 @@ type TensorWorker interface {
 	// of them unless it failed); EndStep waits for the queued work and
 	// reports its failure.
 	LayerTensor(ctx context.Context, step uint64, layer int, q, k, v, o, lse decode.Tensor) (appended int, err error)
+	// PrefillTensor appends a prompt chunk (k, v [n][KVHeads][HeadDim])
+	// to one layer of sequence seq, which must hold start tokens there,
+	// and queues the chunk's causal attention over all of the sequence:
+	// o [n][QHeads][HeadDim] from q, every tensor on TensorDevice
+	// (shard.Shard.PrefillTensor). Outside steps only. Refused: nothing
+	// changed; an error wrapping ErrChanged: the chunk may be in the
+	// layer (break the sequence).
+	PrefillTensor(ctx context.Context, seq uint64, layer, start int, q, k, v, o decode.Tensor) error
 }
 
 var _ TensorWorker = (*Local)(nil)
@@ -173,6 +181,39 @@ func (l *Local) syncTensors(ctx context.Context) error {
 	l.step.queued = false
 	if err := l.ranks[0].sh.Sync(ctx); err != nil {
 		return fmt.Errorf("step %d: rank %v: %w", l.step.id, l.ranks[0].id, err)
+	}
+	return nil
+}
+
+// PrefillTensor implements TensorWorker.
+func (l *Local) PrefillTensor(ctx context.Context, seq uint64, layer, start int, q, k, v, o decode.Tensor) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	if _, ok := l.tensorDevice(); !ok {
+		return fmt.Errorf("prefill: %w: this worker takes host tensors only", decode.ErrDeviceTensor)
+	}
+	sq, err := l.mutable(seq)
+	if err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	if err := l.checkLayer(layer); err != nil {
+		return fmt.Errorf("prefill sequence %d: %w", seq, err)
+	}
+	if err := l.checkLen(0, seq, sq, layer, start); err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	rk := l.ranks[0]
+	if err := rk.sh.PrefillTensor(ctx, sq.local[0], layer, q, k, v, o); err != nil {
+		if changedBy(err) {
+			err = fmt.Errorf("%w: %w", ErrChanged, err)
+		}
+		return fmt.Errorf("prefill sequence %d layer %d on rank %v: %w", seq, layer, rk.id, err)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ func RunModelDevice(t *testing.T, dev kernels.ModelDevice) {
 	t.Run("RMSNorm", func(t *testing.T) { testRMSNorm(t, dev) })
 	t.Run("Gemv", func(t *testing.T) { testGemv(t, dev) })
 	t.Run("GemvNorm", func(t *testing.T) { testGemvNorm(t, dev) })
+	t.Run("GemmRows", func(t *testing.T) { testGemmRows(t, dev) })
 	t.Run("Rope", func(t *testing.T) { testRope(t, dev) })
 	t.Run("SiluMul", func(t *testing.T) { testSiluMul(t, dev) })
 	t.Run("Argmax", func(t *testing.T) { testArgmax(t, dev) })
@@ -303,6 +304,114 @@ func testGemvNorm(t *testing.T, dev kernels.ModelDevice) {
 			for _, m := range []kernels.Matrix{wm, nm, short} {
 				dev.FreeMatrix(ctx, m)
 			}
+		}
+	}
+}
+
+// testGemmRows checks Gemv, GemvSplit and GemvNorm of many rows (a
+// prompt chunk's projections: a device may run them as a GEMM with x
+// rounded to bf16 on the tensor cores, as kernels.ModelDevice allows)
+// against float64: every output within 1e-5 of the sum of the absolute
+// products of either the exact x or x rounded to bf16 (after the norm,
+// whose scale may round differently: 2e-4 there). Shapes with odd rows and
+// outputs that are not multiples of the device's tiles.
+func testGemmRows(t *testing.T, dev kernels.ModelDevice) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(9, 9))
+	const eps = 1e-5
+	for _, sh := range []struct{ m, k, rows int }{{130, 264, 100}, {300, 1024, 257}, {1000, 72, 64}, {64, 4096, 129}} {
+		w := roundAll(plan.BFloat16, randVec(rng, sh.m*sh.k, 1))
+		nw := roundAll(plan.BFloat16, randVec(rng, sh.k, 1))
+		wm, err := dev.UploadMatrix(ctx, w, sh.m, sh.k, plan.BFloat16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nm, err := dev.UploadMatrix(ctx, nw, 1, sh.k, plan.BFloat16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := randVec(rng, sh.rows*sh.k, 3)
+		res := randVec(rng, sh.rows*sh.m, 1)
+		xt := upload(t, dev, x)
+		y := upload(t, dev, res)
+		if err := dev.Gemv(ctx, y, wm, xt, y, sh.rows); err != nil {
+			t.Fatal(err)
+		}
+		got := download(t, dev, y)
+		m0, m1 := sh.m/3, sh.m/3+1
+		widths := []int{m0, m1, sh.m - m0 - m1}
+		parts := make([]decode.Tensor, 3)
+		for i, wd := range widths {
+			parts[i] = upload(t, dev, make([]float32, sh.rows*wd))
+		}
+		if err := dev.GemvSplit(ctx, wm, xt, sh.rows, parts...); err != nil {
+			t.Fatal(err)
+		}
+		split := [][]float32{download(t, dev, parts[0]), download(t, dev, parts[1]), download(t, dev, parts[2])}
+		nparts := []decode.Tensor{upload(t, dev, make([]float32, sh.rows*m0)), upload(t, dev, make([]float32, sh.rows*(sh.m-m0)))}
+		if err := dev.GemvNorm(ctx, wm, xt, nm, eps, sh.rows, nparts...); err != nil {
+			t.Fatal(err)
+		}
+		normed := [][]float32{download(t, dev, nparts[0]), download(t, dev, nparts[1])}
+		if in := download(t, dev, xt); !slices.Equal(in, x) {
+			t.Fatalf("%dx%d rows %d: the projections changed x", sh.m, sh.k, sh.rows)
+		}
+		// seg finds output o among outputs of widths ws.
+		seg := func(o int, ws ...int) (int, int, int) {
+			for i, wd := range ws {
+				if o < wd {
+					return i, o, wd
+				}
+				o -= wd
+			}
+			panic("output outside the widths")
+		}
+		dot := func(r, o int, xr func(j int) float64) (s, a float64) {
+			for j := range sh.k {
+				p := float64(w[o*sh.k+j]) * xr(j)
+				s += p
+				a += math.Abs(p)
+			}
+			return s, a
+		}
+		for r := range sh.rows {
+			var ss float64
+			for _, v := range x[r*sh.k : (r+1)*sh.k] {
+				ss += float64(v) * float64(v)
+			}
+			sc := 1 / math.Sqrt(ss/float64(sh.k)+eps)
+			for o := range sh.m {
+				s, a := dot(r, o, func(j int) float64 { return float64(x[r*sh.k+j]) })
+				sb, _ := dot(r, o, func(j int) float64 { return float64(RoundBF16(x[r*sh.k+j])) })
+				near := func(got float32, ref ...float64) bool {
+					for _, v := range ref {
+						if math.Abs(float64(got)-v) <= 1e-5*a+1e-6 {
+							return true
+						}
+					}
+					return false
+				}
+				rv := float64(res[r*sh.m+o])
+				if g := got[r*sh.m+o]; !near(g, s+rv, sb+rv) {
+					t.Fatalf("%dx%d rows %d: residual output [%d][%d] = %v, float64 %v (x as bf16: %v)", sh.m, sh.k, sh.rows, r, o, g, s+rv, sb+rv)
+				}
+				i, at, wd := seg(o, widths...)
+				if g := split[i][r*wd+at]; !near(g, s, sb) {
+					t.Fatalf("%dx%d rows %d: split output [%d][%d] = %v, float64 %v (x as bf16: %v)", sh.m, sh.k, sh.rows, r, o, g, s, sb)
+				}
+				sn, an := dot(r, o, func(j int) float64 { return float64(x[r*sh.k+j]) * sc * float64(nw[j]) })
+				snb, _ := dot(r, o, func(j int) float64 {
+					return float64(RoundBF16(float32(float64(x[r*sh.k+j]) * sc * float64(nw[j]))))
+				})
+				i, at, wd = seg(o, m0, sh.m-m0)
+				g := normed[i][r*wd+at]
+				if d := min(math.Abs(float64(g)-sn), math.Abs(float64(g)-snb)); d > 2e-4*an+1e-6 && math.Abs(float64(g)-sn) > 1e-5*an+1e-6 {
+					t.Fatalf("%dx%d rows %d: normed output [%d][%d] = %v, float64 %v (x as bf16: %v)", sh.m, sh.k, sh.rows, r, o, g, sn, snb)
+				}
+			}
+		}
+		for _, m := range []kernels.Matrix{wm, nm} {
+			dev.FreeMatrix(ctx, m)
 		}
 	}
 }

@@ -182,6 +182,12 @@ func (b *Backend) loop(ready chan<- error) {
 		return
 	}
 	defer modelMod.Unload()
+	prefillMod, err := loadPrefillKernels(b.fn)
+	if err != nil {
+		ready <- err
+		return
+	}
+	defer prefillMod.Unload()
 	ready <- nil
 	<-b.quit // Close holds the turn: no call runs
 	for _, bf := range b.bufs {

@@ -1,5 +1,5 @@
 // Package cuda is the CUDA backend of questrt's kernels: CUDA C sources
-// (quest.cu, mma.cu, slots.cu, model.cu) compiled to PTX for sm_90 by gen.sh and
+// (quest.cu, mma.cu, slots.cu, model.cu, prefill.cu) compiled to PTX for sm_90 by gen.sh and
 // embedded here, and, in files built with the cuda tag, a kernels.Backend
 // driving them through gorgonia.org/cu. The embedded PTX and its source
 // check are part of every build so that CPU-only CI notices a .cu, or a
@@ -13,8 +13,8 @@
 // device loop in backend.go and has a file per concept beside it
 // (launch.go, transfer.go, layers.go, pool.go, append.go, tables.go,
 // score.go, topk.go, attend.go, merge.go, step.go, rank.go, validate.go;
-// fp8.go, mma.go, slots.go; model.go and tensor.go for the device
-// executor).
+// fp8.go, mma.go, slots.go; model.go, tensor.go and prefill.go for the
+// device executor).
 package cuda
 
 import (
@@ -50,6 +50,13 @@ var PTXSlots string
 //
 //go:embed model.ptx
 var PTXModel string
+
+// PTXPrefill is the module with the prefill kernels of the device
+// executor (the GEMM of a chunk's projections and its causal attention
+// over the sequence's pages), compiled from prefill.cu.
+//
+//go:embed prefill.ptx
+var PTXPrefill string
 
 // sources holds the CUDA C the PTX modules are compiled from.
 //

@@ -16,6 +16,7 @@ func TestPTXMatchesSource(t *testing.T) {
 		{"slots", PTXSlots, []string{"quest_slots_move", "quest_rescan_slots_bf16", "quest_rescan_slots_f32"}},
 		{"mma", PTXMMA, []string{"quest_scoremma_bf16_d128", "quest_scoremma_f16_d64_h16", "quest_attendmma_bf16_d128", "quest_attendmma_f16_d64_h16"}},
 		{"model", PTXModel, modelKernelNames()},
+		{"prefill", PTXPrefill, prefillKernelNames()},
 	} {
 		want, err := sourceHash(c.name + ".cu")
 		if err != nil {

@@ -87,3 +87,46 @@ func envInts(t *testing.T, name, def string) []int {
 	}
 	return out
 }
+
+// TestBenchPrefill measures the time to the first token of random
+// prompts of PREFILL tokens (default 32768,131072) with the executor's
+// device prefill, random weights of QUESTRT_BENCH_CONFIG (as
+// TestBenchDecode), bf16 weights and pages, chunks of CHUNK tokens
+// (default DefaultPrefillChunk); one JSON line per prompt, the anchor's
+// prefill fields. QUESTRT_BENCH=1 only.
+func TestBenchPrefill(t *testing.T) {
+	if os.Getenv("QUESTRT_BENCH") != "1" {
+		t.Skip("QUESTRT_BENCH=1 runs the prefill benchmark")
+	}
+	cfgPath := os.Getenv("QUESTRT_BENCH_CONFIG")
+	if cfgPath == "" {
+		cfgPath = "../../examples/llama-3.1-8b/config.json"
+	}
+	b, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := model.ParseConfig(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	be, err := cuda.New(cuda.Config{DType: plan.BFloat16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	x, err := NewRandom(ctx, be, c, 1, Options{MaxBatch: 1, PrefillChunk: envInts(t, "CHUNK", "0")[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close(ctx)
+	err = BenchPrefill(ctx, be, x, envInts(t, "PREFILL", "32768,131072"), plan.BFloat16, 2, func(r PrefillResult) error {
+		line, err := json.Marshal(r)
+		fmt.Println(string(line))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -26,6 +26,10 @@ type Options struct {
 	// ended (default: as its programmatic dependent, overlapping the
 	// launch and the first weight loads with the previous kernel's tail).
 	NoPDL bool
+	// PrefillChunk is the most prompt tokens one Prefill pass runs
+	// through the layers (default DefaultPrefillChunk); its activations
+	// are allocated with the executor.
+	PrefillChunk int
 }
 
 // Timing splits the host's time of the last Decode call.
@@ -47,8 +51,9 @@ var ErrBadInput = errors.New("gpu: bad input")
 var ErrNoMemory = errors.New("gpu: does not fit the device")
 
 // Reserve is the device memory Admit keeps free besides what it is asked
-// for: the backends' scratch buffers and staging (a few MiB at these
-// batch sizes) and the driver's own allocations.
+// for: the backends' scratch buffers and staging (a few MiB at decode
+// batch sizes; a prefill chunk's bf16 GEMM input, chunk x intermediate
+// size x 2 bytes) and the driver's own allocations.
 const Reserve = 256 << 20
 
 // Need returns the device memory an executor of config c with options
@@ -63,10 +68,18 @@ func Need(c model.Config, opt Options) (weights, activations int64) {
 	if batch <= 0 {
 		batch = 16
 	}
+	chunk := int64(opt.PrefillChunk)
+	if chunk <= 0 {
+		chunk = DefaultPrefillChunk
+	}
 	h, qd, kvd, in, v := int64(c.HiddenSize), int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim), int64(c.IntermediateSize), int64(c.VocabSize)
 	perLayer := 2*h + (qd+2*kvd)*h + h*qd + 2*in*h + h*in
 	weights = wb * (2*v*h + h + int64(c.Layers)*perLayer)
 	activations = 4 * batch * (h + 2*qd + 2*kvd + 2*in + v + int64(c.HeadDim))
+	// Prefill: the chunk's rows (the GEMM's bf16 copy of its widest
+	// input is the backend's scratch, in Reserve: 59 MB for an 8B model's
+	// chunk of 2048).
+	activations += 4 * chunk * (h + 2*qd + 2*kvd + 2*in + int64(c.HeadDim))
 	return weights, activations
 }
 
@@ -133,10 +146,20 @@ type Executor struct {
 
 	// Activations for MaxBatch rows, in device memory.
 	x, q, k, v, o, gate, up, logits, csd decode.Tensor
-	cs                                   []float32 // RoPE cos/sin of the rows, host (copied to csd once a step)
+	pre                                  activations // Prefill's, for PrefillChunk rows
+	cs                                   []float32   // RoPE cos/sin of the rows, host (copied to csd once a step)
 	ids                                  []int32
 	last                                 Timing
 	steps                                [][]model.StepInfo // [row][layer] of the last Decode
+}
+
+// activations are a prefill chunk's rows in device memory.
+type activations struct {
+	x, q, k, v, o, gate, up, cs decode.Tensor
+}
+
+func (a *activations) all() []decode.Tensor {
+	return []decode.Tensor{a.x, a.q, a.k, a.v, a.o, a.gate, a.up, a.cs}
 }
 
 // layer holds one decoder layer's weights; q|k|v and gate|up are fused
@@ -274,6 +297,15 @@ func (x *Executor) finish(ctx context.Context, err error) (*Executor, error) {
 	alloc(&x.up, inter)
 	alloc(&x.logits, c.VocabSize)
 	alloc(&x.csd, c.HeadDim)
+	p, chunk := &x.pre, x.prefillChunk()
+	for _, a := range []struct {
+		t     *decode.Tensor
+		width int
+	}{{&p.x, h}, {&p.q, qd}, {&p.k, kvd}, {&p.v, kvd}, {&p.o, qd}, {&p.gate, inter}, {&p.up, inter}, {&p.cs, c.HeadDim}} {
+		if err == nil {
+			*a.t, err = be.AllocTensor(chunk * a.width)
+		}
+	}
 	if err != nil {
 		x.Close(ctx)
 		return nil, err
@@ -284,7 +316,7 @@ func (x *Executor) finish(ctx context.Context, err error) (*Executor, error) {
 // Close frees the weights and activations on the device.
 func (x *Executor) Close(ctx context.Context) error {
 	var errs []error
-	for _, t := range []decode.Tensor{x.x, x.q, x.k, x.v, x.o, x.gate, x.up, x.logits, x.csd} {
+	for _, t := range append([]decode.Tensor{x.x, x.q, x.k, x.v, x.o, x.gate, x.up, x.logits, x.csd}, x.pre.all()...) {
 		if !t.Zero() {
 			errs = append(errs, x.be.FreeTensor(t))
 		}

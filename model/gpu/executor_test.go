@@ -10,6 +10,7 @@ import (
 
 	"github.com/questrt/questrt/kernels/cuda"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
 )
 
 // testModel loads the checkpoint named by QUESTRT_TEST_MODEL (a passkey
@@ -60,6 +61,31 @@ func TestGreedyMatchesCPU(t *testing.T) {
 			}
 			defer be.Close()
 			compareGreedy(t, be, m, [][]int{prompt, prompt[:500]}, 48, f32, 1e-3)
+		})
+	}
+}
+
+// TestGreedyPrefillMatchesCPU is TestGreedyMatchesCPU with the prompts
+// prefilled on the GPU (the executor's Prefill: GEMMs for the chunk's
+// projections, the tensor-core causal attention over bf16 pages; chunks
+// of 200 tokens, so that chunks continue sequences mid-page): the
+// prefill's logits are reported against the CPU's, and most greedy
+// tokens must equal the CPU's (bf16 pages and GEMM inputs round what the
+// CPU keeps in float32; the share is reported).
+func TestGreedyPrefillMatchesCPU(t *testing.T) {
+	m, prompt := testModel(t)
+	for _, f32 := range []bool{true, false} {
+		name := "bf16"
+		if f32 {
+			name = "f32"
+		}
+		t.Run(name, func(t *testing.T) {
+			be, err := cuda.New(cuda.Config{DType: plan.BFloat16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer be.Close()
+			compareGreedyWith(t, be, m, [][]int{prompt, prompt[:500]}, 48, f32, 0, devicePrefill{on: true, chunk: 200, dtype: plan.BFloat16})
 		})
 	}
 }

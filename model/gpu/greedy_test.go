@@ -27,6 +27,12 @@ func testPolicy() plan.Policy {
 // executor over an in-process engine on the CPU, returning the tokens
 // and the logits of the first decode step.
 func cpuGreedy(t *testing.T, m *model.Model, prompt []int, steps int) ([]int, []float32) {
+	toks, first, _ := cpuGreedyPrefill(t, m, prompt, steps)
+	return toks, first
+}
+
+// cpuGreedyPrefill is cpuGreedy that also returns the prefill's logits.
+func cpuGreedyPrefill(t *testing.T, m *model.Model, prompt []int, steps int) ([]int, []float32, []float32) {
 	t.Helper()
 	ctx := context.Background()
 	e, err := engine.New(model.EngineConfig(m.Geometry(), testPolicy(), 512))
@@ -42,6 +48,7 @@ func cpuGreedy(t *testing.T, m *model.Model, prompt []int, steps int) ([]int, []
 	if err != nil {
 		t.Fatal(err)
 	}
+	pre := append([]float32(nil), logits...)
 	toks := []int{model.Argmax(logits)}
 	var first []float32
 	for len(toks) < steps {
@@ -53,7 +60,7 @@ func cpuGreedy(t *testing.T, m *model.Model, prompt []int, steps int) ([]int, []
 		}
 		toks = append(toks, model.Argmax(logits))
 	}
-	return toks, first
+	return toks, first, pre
 }
 
 // testDevice is a backend that holds pages and runs the model's kernels.
@@ -62,30 +69,47 @@ type testDevice interface {
 	kernels.ModelDevice
 }
 
-// compareGreedy prefills prompts with the CPU executor into an engine on
-// dev (pages device-resident), decodes steps greedy tokens of all of them
+// compareGreedy prefills prompts with the CPU executor (or, with
+// prefill, the executor's Prefill on the device in chunks of
+// prefill.chunk) into an engine on dev (pages device-resident), decodes steps greedy tokens of all of them
 // in one batch with the executor, and compares with each prompt decoded
 // alone by the CPU executor over a CPU engine: the first decode step's
 // logits within tol when tol > 0, and every token equal with float32
 // weights (most of them with bf16). It returns the executor's
 // host synchronisations per step when dev counts them.
 func compareGreedy(t *testing.T, dev testDevice, m *model.Model, prompts [][]int, steps int, f32 bool, tol float64) {
+	compareGreedyWith(t, dev, m, prompts, steps, f32, tol, devicePrefill{})
+}
+
+// devicePrefill is how compareGreedyWith prefills: on the device in
+// chunks of chunk tokens when on, with the engine's pages in dtype
+// (zero: the engine's default).
+type devicePrefill struct {
+	on    bool
+	chunk int
+	dtype plan.DType
+}
+
+func compareGreedyWith(t *testing.T, dev testDevice, m *model.Model, prompts [][]int, steps int, f32 bool, tol float64, pf devicePrefill) {
 	t.Helper()
 	var want [][]int
-	var wantLogits [][]float32
+	var wantLogits, wantPre [][]float32
 	for _, p := range prompts {
-		toks, l := cpuGreedy(t, m, p, steps)
-		want, wantLogits = append(want, toks), append(wantLogits, l)
+		toks, l, pre := cpuGreedyPrefill(t, m, p, steps)
+		want, wantLogits, wantPre = append(want, toks), append(wantLogits, l), append(wantPre, pre)
 	}
 	ctx := context.Background()
 	cfg := model.EngineConfig(m.Geometry(), testPolicy(), 512)
 	cfg.Backend, cfg.DeviceResident = dev, true
+	if pf.dtype != 0 {
+		cfg.Geometry.DType = pf.dtype
+	}
 	e, err := engine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	x, err := New(ctx, dev, m, Options{Float32Weights: f32})
+	x, err := New(ctx, dev, m, Options{Float32Weights: f32, PrefillChunk: pf.chunk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,6 +118,27 @@ func compareGreedy(t *testing.T, dev testDevice, m *model.Model, prompts [][]int
 	rows := make([]Row, len(prompts))
 	got := make([][]int, len(prompts))
 	for i, p := range prompts {
+		if pf.on {
+			id, err := e.Create(plan.Striped)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits, err := x.Prefill(ctx, e, id, p, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := maxDiff(logits, wantPre[i])
+			t.Logf("row %d: device prefill's logits within %.3g of the CPU's", i, d)
+			if tol > 0 && d > tol {
+				t.Errorf("row %d: device prefill's logits differ from the CPU's by %g (> %g)", i, d, tol)
+			}
+			if n, err := e.Len(id); err != nil || n != len(p) {
+				t.Fatalf("row %d: the sequence holds %d tokens (%v) after a prefill of %d", i, n, err, len(p))
+			}
+			rows[i] = Row{Seq: id, Token: model.Argmax(logits), Pos: len(p)}
+			got[i] = []int{rows[i].Token}
+			continue
+		}
 		attn, err := model.NewEngineAttention(e, m.Geometry())
 		if err != nil {
 			t.Fatal(err)
@@ -153,7 +198,7 @@ func compareGreedy(t *testing.T, dev testDevice, m *model.Model, prompts [][]int
 			}
 		}
 		t.Logf("row %d (prompt of %d): %d of %d greedy tokens equal the CPU's", i, len(prompts[i]), same, steps)
-		if f32 && same != steps {
+		if f32 && !pf.on && same != steps {
 			t.Errorf("row %d: tokens %v, CPU %v", i, got[i], want[i])
 		}
 		if !f32 && same < steps/2 {
@@ -234,6 +279,25 @@ func TestTwinMatchesCPU(t *testing.T) {
 	}
 	for _, f32 := range []bool{true, false} {
 		compareGreedy(t, twin(t), m, [][]int{prompt, prompt[:300]}, 24, f32, 1e-4)
+	}
+}
+
+// TestTwinPrefillMatchesCPU is TestTwinMatchesCPU with the prompts
+// prefilled by the executor on the twin, in chunks of 256 tokens (a
+// partial last chunk, chunks that end inside a page): the prefill's
+// logits within 1e-4 of the CPU executor's, then the same greedy tokens.
+func TestTwinPrefillMatchesCPU(t *testing.T) {
+	c := tinyConfig(t)
+	m, err := model.NewRandom(c, model.RandomOptions{Seed: 5, Std: 0.3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := make([]int, 700)
+	for i := range prompt {
+		prompt[i] = 3 + (i*7+i*i/5)%290
+	}
+	for _, f32 := range []bool{true, false} {
+		compareGreedyWith(t, twin(t), m, [][]int{prompt, prompt[:300], prompt[:7]}, 24, f32, 1e-4, devicePrefill{on: true, chunk: 250})
 	}
 }
 

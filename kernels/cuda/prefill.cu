@@ -1,0 +1,388 @@
+// Prefill kernels of the device executor (model/gpu): the projections of a
+// chunk of prompt tokens as a tensor-core GEMM, and the causal attention of
+// the chunk's queries over every page of its sequence (FlashAttention-2's
+// schedule on mma.sync). Activations are float32 row-major [rows][width],
+// weights bf16 [out][in]; counts are i64 parameters.
+//
+//   prefill_tobf16_<W>    a[r] = bf16(x[r]) or bf16(RMSNorm(x[r]) * nw)  (one row per block)
+//   prefill_gemm_bf16     y = a w^T (+ res), outputs split into up to 3 tensors (128 x 128 tiles, 3 stages)
+//   prefill_attend_<T>_d<D>  o = causal attention of q over the sequence's pages through its page table
+
+#include "common.cuh"
+#include "mma.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+// 16-byte asynchronous copy global -> shared; zero-fills when !valid.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+	int n = valid ? 16 : 0;
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* smem) {
+	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t* r, const void* smem) {
+	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(s));
+}
+
+// ---------------------------------------------------------------------
+// Rows to bf16, optionally through RMSNorm: grid (rows), block 256.
+
+template <typename W>
+__device__ void tobf16(bf16* out, const float* x, const W* nw, i64 k, float eps) {
+	__shared__ float part[32];
+	__shared__ float scale;
+	const float* xr = x + (i64)blockIdx.x * k;
+	bf16* yr = out + (i64)blockIdx.x * k;
+	float r = 1.f;
+	if (nw != nullptr) {
+		float ss = 0.f;
+		for (i64 i = threadIdx.x; i < k; i += blockDim.x) ss += xr[i] * xr[i];
+		ss = warp_sum(ss);
+		int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+		if (lane == 0) part[warp] = ss;
+		__syncthreads();
+		if (warp == 0) {
+			float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.f;
+			s = warp_sum(s);
+			if (lane == 0) scale = rsqrtf(s / (float)k + eps);
+		}
+		__syncthreads();
+		r = scale;
+	}
+	for (i64 i = threadIdx.x; i < k; i += blockDim.x) {
+		float v = xr[i] * r;
+		if (nw != nullptr) v *= to_f(nw[i]);
+		yr[i] = __float2bfloat16_rn(v);
+	}
+}
+
+extern "C" __global__ void prefill_tobf16_bf16(bf16* out, const float* x, const bf16* nw, i64 k, float eps) {
+	tobf16<bf16>(out, x, nw, k, eps);
+}
+
+// ---------------------------------------------------------------------
+// GEMM y[M][N] = a[M][K] w[N][K]^T on the tensor cores (bf16 in, fp32
+// accumulation): block tile 128 x 128, k step 32, 8 warps of 64 x 32, a
+// STAGES-deep cp.async pipeline; K a multiple of 8 with 16-byte aligned
+// rows. Grid (ceil(M/128), ceil(N/128)): blocks next to each other share
+// a tile of w (read from memory once, from L2 after). Column c of y goes
+// to y0 (c < w0), y1 (c < w0 + w1) or y2, each [M][its width]; res (one
+// output only) is added, and may be y0 itself.
+
+#define GEMM_BM 128
+#define GEMM_BN 128
+#define GEMM_BK 32
+#define GEMM_LD 40 // GEMM_BK + 8 bf16: rows 80 bytes apart, ldmatrix without bank conflicts
+#define GEMM_STAGES 3
+
+extern "C" __global__ void __launch_bounds__(256) prefill_gemm_bf16(float* y0, float* y1, float* y2, const float* res,
+								 const bf16* a, const bf16* w, i64 M, i64 N, i64 K, i64 w0,
+								 i64 w1) {
+	extern __shared__ uint4 gemm_smem[];
+	bf16* As = reinterpret_cast<bf16*>(gemm_smem);
+	bf16* Bs = As + GEMM_STAGES * GEMM_BM * GEMM_LD;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int wm = warp >> 2, wn = warp & 3;
+	const i64 bm = (i64)blockIdx.x * GEMM_BM, bn = (i64)blockIdx.y * GEMM_BN;
+	const int kt_n = (int)((K + GEMM_BK - 1) / GEMM_BK);
+
+	auto load = [&](int stage, int kt) {
+		const i64 k0 = (i64)kt * GEMM_BK;
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			int c = tid + i * 256;
+			int row = c >> 2, kc = (c & 3) * 8;
+			i64 gr = bm + row, gk = k0 + kc;
+			bool ok = gr < M && gk < K;
+			cp_async16(As + (stage * GEMM_BM + row) * GEMM_LD + kc, ok ? a + gr * K + gk : a, ok);
+			i64 gn = bn + row;
+			ok = gn < N && gk < K;
+			cp_async16(Bs + (stage * GEMM_BN + row) * GEMM_LD + kc, ok ? w + gn * K + gk : w, ok);
+		}
+	};
+
+	float acc[4][4][4];
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+
+#pragma unroll
+	for (int s = 0; s < GEMM_STAGES - 1; s++) {
+		if (s < kt_n) load(s, s);
+		cp_commit();
+	}
+	for (int kt = 0; kt < kt_n; kt++) {
+		cp_wait<GEMM_STAGES - 2>();
+		__syncthreads();
+		int nk = kt + GEMM_STAGES - 1;
+		if (nk < kt_n) load(nk % GEMM_STAGES, nk);
+		cp_commit();
+		const int st = kt % GEMM_STAGES;
+		const bf16* as = As + st * GEMM_BM * GEMM_LD;
+		const bf16* bs = Bs + st * GEMM_BN * GEMM_LD;
+#pragma unroll
+		for (int kk = 0; kk < GEMM_BK / 16; kk++) {
+			uint32_t af[4][4], bfr[4][2];
+#pragma unroll
+			for (int mi = 0; mi < 4; mi++)
+				ldsm_x4(af[mi], as + (wm * 64 + mi * 16 + (lane & 15)) * GEMM_LD + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+			for (int n2 = 0; n2 < 2; n2++) {
+				uint32_t r[4];
+				ldsm_x4(r, bs + (wn * 32 + n2 * 16 + (lane & 7) + (lane >> 4) * 8) * GEMM_LD + kk * 16 + ((lane >> 3) & 1) * 8);
+				bfr[2 * n2][0] = r[0];
+				bfr[2 * n2][1] = r[1];
+				bfr[2 * n2 + 1][0] = r[2];
+				bfr[2 * n2 + 1][1] = r[3];
+			}
+#pragma unroll
+			for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+				for (int ni = 0; ni < 4; ni++)
+					mma<bf16>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bfr[ni][0], bfr[ni][1]);
+		}
+	}
+	cp_wait<0>();
+
+	const i64 w01 = w0 + w1;
+#pragma unroll
+	for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+		for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				i64 row = bm + wm * 64 + mi * 16 + (lane >> 2) + (e >> 1) * 8;
+				i64 col = bn + wn * 32 + ni * 8 + (lane & 3) * 2 + (e & 1);
+				if (row >= M || col >= N) continue;
+				float v = acc[mi][ni][e];
+				if (col < w0) {
+					i64 at = row * w0 + col;
+					if (res != nullptr) v += res[at];
+					y0[at] = v;
+				} else if (col < w01) {
+					y1[row * w1 + (col - w0)] = v;
+				} else {
+					y2[row * (N - w01) + (col - w01)] = v;
+				}
+			}
+}
+
+// ---------------------------------------------------------------------
+// Causal attention of a prefill chunk. The chunk's n tokens sit at
+// positions start .. start+n-1 of a sequence whose K/V pages (pool layout
+// [page][kvh][S][D], type T) are listed in pages (the sequence's page
+// table); token i attends to positions 0 .. start+i. q and o are float32
+// [n][qh][D]. Grid (ceil(n / (64 / G)), kvh), block 128: a block serves
+// the G = qh / kvh query heads of one KV head for 64 / G consecutive
+// tokens (64 rows, 16 a warp), so that each K/V tile is loaded once for
+// the whole group; K/V tiles of 64 positions, double-buffered with
+// cp.async, gathered page by page through the table. The scores are
+// scaled by log2(e) / sqrt(D) (folded into q) and exponentiated with
+// exp2; positions past the diagonal, and rows past the chunk, are -inf.
+
+#define PF_BM 64
+#define PF_BN 64
+
+template <typename T, int D>
+__device__ void prefill_attend(float* o, const float* q, const T* K, const T* V, const int* pages, i64 start, i64 n, i64 qh,
+			       i64 kvh, i64 S) {
+	constexpr int DP = D + 8; // smem row stride (elements): ldmatrix without bank conflicts
+	constexpr int KS = D / 16; // k steps of q k^T
+	constexpr int DT = D / 8;  // n tiles of p v
+	extern __shared__ uint4 attend_smem[];
+	T* Qs = reinterpret_cast<T*>(attend_smem);
+	T* Ks = Qs + PF_BM * DP;	  // [2][PF_BN][DP]
+	T* Vs = Ks + 2 * PF_BN * DP; // [2][PF_BN][DP]
+
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int G = (int)(qh / kvh);
+	const int tok = PF_BM / G; // tokens a block
+	const i64 t0 = (i64)blockIdx.x * tok;
+	const i64 h = blockIdx.y;
+	const float qscale = rsqrtf((float)D) * 1.4426950408889634f;
+
+	// q rows to shared memory as T, pre-scaled.
+	for (int c = tid; c < PF_BM * (D / 4); c += blockDim.x) {
+		int r = c / (D / 4), d = (c % (D / 4)) * 4;
+		i64 t = t0 + r / G;
+		float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+		if (r < tok * G && t < n) v = *reinterpret_cast<const float4*>(q + (t * qh + h * G + r % G) * D + d);
+		uint32_t* dst = reinterpret_cast<uint32_t*>(Qs + r * DP + d);
+		dst[0] = pack2<T>::from(v.x * qscale, v.y * qscale);
+		dst[1] = pack2<T>::from(v.z * qscale, v.w * qscale);
+	}
+
+	const i64 t_last = min(n, t0 + tok) - 1; // last token of the block
+	const i64 kv_end = start + t_last + 1;	 // positions the block reads: [0, kv_end)
+	const int tiles = (int)((kv_end + PF_BN - 1) / PF_BN);
+	const i64 hs = h * S;
+	const int s32 = (int)S;
+
+	auto load = [&](int buf, int tile) {
+		const int p0 = tile * PF_BN;
+		for (int c = tid; c < PF_BN * (D / 8); c += blockDim.x) {
+			int j = c / (D / 8), d = (c % (D / 8)) * 8;
+			const int pos = p0 + j; // positions fit an int
+			bool ok = pos < kv_end;
+			i64 off = 0;
+			if (ok) {
+				const int pg = pos / s32;
+				off = (((i64)pages[pg] * kvh) * S + hs + (pos - pg * s32)) * D + d;
+			}
+			cp_async16(Ks + (buf * PF_BN + j) * DP + d, K + off, ok);
+			cp_async16(Vs + (buf * PF_BN + j) * DP + d, V + off, ok);
+		}
+	};
+	load(0, 0);
+	cp_commit();
+	__syncthreads();
+
+	// This warp's q fragments, kept in registers.
+	uint32_t qf[KS][4];
+#pragma unroll
+	for (int kk = 0; kk < KS; kk++) ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
+
+	// The two rows this thread holds: warp*16 + lane/4 (+8).
+	i64 qpos[2];
+	bool live[2];
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		int r = warp * 16 + (lane >> 2) + i * 8;
+		i64 t = t0 + r / G;
+		live[i] = r < tok * G && t < n;
+		qpos[i] = live[i] ? start + t : -1;
+	}
+	const i64 qmin = start + t0; // the block's first position
+
+	float oacc[DT][4];
+#pragma unroll
+	for (int i = 0; i < DT; i++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) oacc[i][e] = 0.f;
+	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+	for (int tile = 0; tile < tiles; tile++) {
+		if (tile + 1 < tiles) load((tile + 1) & 1, tile + 1);
+		cp_commit();
+		cp_wait<1>();
+		__syncthreads();
+		const T* ks = Ks + (tile & 1) * PF_BN * DP;
+		const T* vs = Vs + (tile & 1) * PF_BN * DP;
+
+		float s[PF_BN / 8][4];
+#pragma unroll
+		for (int i = 0; i < PF_BN / 8; i++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) s[i][e] = 0.f;
+#pragma unroll
+		for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+			for (int n2 = 0; n2 < PF_BN / 16; n2++) {
+				uint32_t r[4];
+				ldsm_x4(r, ks + (n2 * 16 + (lane & 7) + (lane >> 4) * 8) * DP + kk * 16 + ((lane >> 3) & 1) * 8);
+				mma<T>(s[2 * n2], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], r[0], r[1]);
+				mma<T>(s[2 * n2 + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], r[2], r[3]);
+			}
+		}
+		const i64 p0 = (i64)tile * PF_BN;
+		if (p0 + PF_BN - 1 > qmin || !live[0] || !live[1]) {
+#pragma unroll
+			for (int i = 0; i < PF_BN / 8; i++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					i64 pos = p0 + i * 8 + (lane & 3) * 2 + (e & 1);
+					if (pos > qpos[e >> 1]) s[i][e] = -INFINITY;
+				}
+		}
+		// Online softmax over the tile, two rows a thread (a quad of
+		// lanes holds a row).
+		float scale_old[2];
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+			float mx = -INFINITY;
+#pragma unroll
+			for (int i = 0; i < PF_BN / 8; i++) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+			float mn = fmaxf(m[r], mx);
+			float base = mn == -INFINITY ? 0.f : mn; // a row with nothing seen yet: every p is 0
+			scale_old[r] = exp2f(m[r] - base);
+			m[r] = mn;
+			float sum = 0.f;
+#pragma unroll
+			for (int i = 0; i < PF_BN / 8; i++) {
+				s[i][2 * r] = exp2f(s[i][2 * r] - base);
+				s[i][2 * r + 1] = exp2f(s[i][2 * r + 1] - base);
+				sum += s[i][2 * r] + s[i][2 * r + 1];
+			}
+			sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+			sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+			l[r] = l[r] * scale_old[r] + sum;
+		}
+#pragma unroll
+		for (int i = 0; i < DT; i++) {
+			oacc[i][0] *= scale_old[0];
+			oacc[i][1] *= scale_old[0];
+			oacc[i][2] *= scale_old[1];
+			oacc[i][3] *= scale_old[1];
+		}
+		// o += p v: p's accumulators are the A fragments (two n tiles of
+		// s make one k step of 16 positions).
+#pragma unroll
+		for (int kk = 0; kk < PF_BN / 16; kk++) {
+			uint32_t a0 = pack2<T>::from(s[2 * kk][0], s[2 * kk][1]);
+			uint32_t a1 = pack2<T>::from(s[2 * kk][2], s[2 * kk][3]);
+			uint32_t a2 = pack2<T>::from(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+			uint32_t a3 = pack2<T>::from(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+			for (int d2 = 0; d2 < D / 16; d2++) {
+				uint32_t r[4];
+				ldsm_x4_t(r, vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + d2 * 16 + (lane >> 4) * 8);
+				mma<T>(oacc[2 * d2], a0, a1, a2, a3, r[0], r[1]);
+				mma<T>(oacc[2 * d2 + 1], a0, a1, a2, a3, r[2], r[3]);
+			}
+		}
+		__syncthreads(); // every warp is done with this buffer before it is loaded again
+	}
+	cp_wait<0>();
+
+#pragma unroll
+	for (int r = 0; r < 2; r++) {
+		if (!live[r]) continue;
+		int row = warp * 16 + (lane >> 2) + r * 8;
+		i64 t = t0 + row / G;
+		float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+		float* dst = o + (t * qh + h * G + row % G) * D;
+#pragma unroll
+		for (int i = 0; i < DT; i++) {
+			int d = i * 8 + (lane & 3) * 2;
+			*reinterpret_cast<float2*>(dst + d) = make_float2(oacc[i][2 * r] * inv, oacc[i][2 * r + 1] * inv);
+		}
+	}
+}
+
+#define PREFILL_ATTEND(T, SUF, D)                                                                                          \
+	extern "C" __global__ void __launch_bounds__(128) prefill_attend_##SUF##_d##D(                                  \
+	    float* o, const float* q, const T* K, const T* V, const int* pages, i64 start, i64 n, i64 qh, i64 kvh, i64 S) { \
+		prefill_attend<T, D>(o, q, K, V, pages, start, n, qh, kvh, S);                                              \
+	}
+PREFILL_ATTEND(__nv_bfloat16, bf16, 64)
+PREFILL_ATTEND(__nv_bfloat16, bf16, 128)
+PREFILL_ATTEND(__half, f16, 64)
+PREFILL_ATTEND(__half, f16, 128)
+PREFILL_ATTEND(__nv_bfloat16, bf16, 32)
+PREFILL_ATTEND(__half, f16, 32)

@@ -1,0 +1,149 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"fmt"
+
+	"gorgonia.org/cu"
+
+	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
+)
+
+// Prefill on the device (prefill.cu): the projections of many rows as a
+// tensor-core GEMM (taken by gemv from gemmMinRows rows of bf16 weights
+// on), and the causal attention of a prompt chunk over its sequence's
+// pages (kernels.PrefillAttender).
+
+// gemmMinRows is the fewest activation rows a bf16 projection runs as a
+// GEMM instead of GEMV launches of 16 rows each (which stream the
+// weights once per 16 rows).
+const gemmMinRows = 64
+
+var _ kernels.PrefillAttender = (*Backend)(nil)
+
+func loadPrefillKernels(fn map[string]cu.Function) (cu.Module, error) {
+	mod, err := cu.LoadData(PTXPrefill)
+	if err != nil {
+		return mod, fmt.Errorf("cuda: load prefill PTX: %w", err)
+	}
+	for _, n := range prefillKernelNames() {
+		f, err := mod.Function(n)
+		if err != nil {
+			mod.Unload()
+			return mod, fmt.Errorf("cuda: kernel %s: %w", n, err)
+		}
+		smem := 0
+		switch {
+		case n == "prefill_gemm_bf16":
+			smem = gemmSmem
+		case n != "prefill_tobf16_bf16":
+			for _, d := range prefillHeadDims {
+				if n == prefillAttendName(plan.BFloat16, d) || n == prefillAttendName(plan.Float16, d) {
+					smem = prefillAttendSmem(d)
+				}
+			}
+		}
+		if smem > 0 {
+			if err := setMaxDynamicSmem(f, smem); err != nil {
+				mod.Unload()
+				return mod, fmt.Errorf("cuda: kernel %s: %w", n, err)
+			}
+		}
+		fn[n] = f
+	}
+	return mod, nil
+}
+
+// gemm queues ys = x w^T (+ res) for rows rows of bf16 weights (k a
+// multiple of 8, x 16-byte aligned; checked by gemv), x normalised first
+// when nm is on: x (normalised) goes to bf16 in a scratch buffer, then
+// one GEMM launch. Device goroutine only.
+func (b *Backend) gemm(w kernels.Matrix, x, res decode.Tensor, nm gemvNormArgs, rows int, yp [3]uint64, widths [3]int) error {
+	a, err := b.buf("gemm.a", int64(rows)*int64(w.Cols)*2)
+	if err != nil {
+		return err
+	}
+	norm := uint64(0)
+	if nm.on {
+		norm = mptr(nm.w)
+	}
+	if err := b.launch("prefill_tobf16_bf16", [3]int{rows, 1, 1}, 256, 0, u(a), uint64(x.Ptr), norm, uint64(w.Cols), f32bits(nm.eps)); err != nil {
+		return err
+	}
+	return b.launch("prefill_gemm_bf16", [3]int{(rows + 127) / 128, (w.Rows + 127) / 128, 1}, 256, gemmSmem,
+		yp[0], yp[1], yp[2], uint64(res.Ptr), u(a), mptr(w),
+		uint64(rows), uint64(w.Rows), uint64(w.Cols), uint64(widths[0]), uint64(widths[1]))
+}
+
+// PrefillTensor implements kernels.PrefillAttender for pools of bf16 or
+// f16 pages and head dimensions 32, 64 and 128, with at most 64 query
+// heads per KV head.
+func (b *Backend) PrefillTensor(ctx context.Context, s kernels.Shape, pool, set any, seq uint64, start, n int, q, o decode.Tensor) error {
+	l, err := devicePool(pool)
+	if err != nil {
+		return err
+	}
+	ts, err := tableSet(set)
+	if err != nil {
+		return err
+	}
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("cuda prefill: %w", err)
+	}
+	d, g := s.HeadDim, s.Group()
+	name := prefillAttendName(l.DType, d)
+	switch {
+	case l.Slots > 0:
+		return fmt.Errorf("cuda prefill: %w", errSlotPool)
+	case l.DType != plan.BFloat16 && l.DType != plan.Float16:
+		return fmt.Errorf("cuda prefill: pages of %v (the prefill attention reads bf16 or f16)", l.DType)
+	case l.KVHeads != s.KVHeads || l.HeadDim != d || l.PageSize != s.PageSize:
+		return fmt.Errorf("cuda prefill: shape %+v for a pool of %d KV heads x %d, pages of %d", s, l.KVHeads, l.HeadDim, l.PageSize)
+	case !compiled(b.fn, name):
+		return fmt.Errorf("cuda prefill: head dimension %d (compiled for %v)", d, prefillHeadDims)
+	case g > 64:
+		return fmt.Errorf("cuda prefill: %d query heads per KV head (at most 64)", g)
+	case start < 0 || n <= 0:
+		return fmt.Errorf("cuda prefill: %d tokens at position %d", n, start)
+	}
+	width := s.QHeads * d
+	if err := b.checkTensor("prefill q", q, n*width); err != nil {
+		return err
+	}
+	if err := b.checkTensor("prefill o", o, n*width); err != nil {
+		return err
+	}
+	if q.Ptr%16 != 0 {
+		return fmt.Errorf("cuda prefill: %w: q at %#x is not 16-byte aligned", decode.ErrDeviceTensor, q.Ptr)
+	}
+	if q.Ptr < o.Ptr+uintptr(4*o.Len) && o.Ptr < q.Ptr+uintptr(4*q.Len) {
+		return fmt.Errorf("cuda prefill: the output overlaps q")
+	}
+	need := (start + n + s.PageSize - 1) / s.PageSize
+	tok := 64 / g
+	return b.do(ctx, func() error {
+		t, ok := ts.m[seq]
+		switch {
+		case ts.freed:
+			return fmt.Errorf("cuda prefill: the table set is freed")
+		case !ok || t.n < need:
+			have := 0
+			if ok {
+				have = t.n
+			}
+			return fmt.Errorf("cuda prefill: sequence %d's table holds %d pages, %d tokens at position %d need %d", seq, have, n, start, need)
+		}
+		return b.launch(name, [3]int{(n + tok - 1) / tok, s.KVHeads, 1}, 128, prefillAttendSmem(d),
+			uint64(o.Ptr), uint64(q.Ptr), u(l.K), u(l.V), u(t.ptr),
+			uint64(start), uint64(n), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize))
+	})
+}
+
+func compiled(fn map[string]cu.Function, name string) bool {
+	_, ok := fn[name]
+	return ok
+}
