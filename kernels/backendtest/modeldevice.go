@@ -308,6 +308,10 @@ func testGemvNorm(t *testing.T, dev kernels.ModelDevice) {
 	}
 }
 
+// RunGemmRows runs RunModelDevice's check of projections of many rows
+// alone (for each GEMM variant of a device).
+func RunGemmRows(t *testing.T, dev kernels.ModelDevice) { testGemmRows(t, dev) }
+
 // testGemmRows checks Gemv, GemvSplit and GemvNorm of many rows (a
 // prompt chunk's projections: a device may run them as a GEMM with x
 // rounded to bf16 on the tensor cores, as kernels.ModelDevice allows)

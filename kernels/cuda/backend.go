@@ -27,6 +27,10 @@ type Config struct {
 	// AttendChunk is the number of pages per attention work item
 	// (split-K); 0 sizes items to fill the GPU (2 to 64 pages).
 	AttendChunk int
+	// OwnGemm runs the projections of prompt chunks on the backend's own
+	// tensor-core GEMM (prefill.cu) even where cuBLAS is found (default:
+	// cuBLAS when QUESTRT_CUBLAS or the loader finds it; see cublas.go).
+	OwnGemm bool
 	// ScoreChunk is the number of pages per scoring block; 0 sizes blocks
 	// to fill the GPU.
 	ScoreChunk int
@@ -55,13 +59,17 @@ type Backend struct {
 	done   chan struct{}
 
 	// Owned by the call holding the turn (the "device goroutine" below).
-	fn       map[string]cu.Function
-	smem     map[string]int // dynamic shared memory of the tensor-core attention kernels
-	warps    map[string]int // warps per block of the tensor-core attention kernels
-	bufs     map[string]devBuf
-	argv     [maxParams]uint64 // kernel parameters of the launch in progress
-	modelPDL bool              // model kernels launched as programmatic dependents (SetModelPDL)
-	items    [5][]int32        // attention work items: sequence, row, list lo, list hi; row -> first item
+	fn         map[string]cu.Function
+	smem       map[string]int // dynamic shared memory of the tensor-core attention kernels
+	warps      map[string]int // warps per block of the tensor-core attention kernels
+	bufs       map[string]devBuf
+	argv       [maxParams]uint64 // kernel parameters of the launch in progress
+	modelPDL   bool              // model kernels launched as programmatic dependents (SetModelPDL)
+	gemmKernel GemmKernel        // the prefill GEMM variant (SetGemm; defaultGemm)
+	blas       *cublas           // cuBLAS once opened (device goroutine)
+	blasErr    error             // why cuBLAS is not used (after the first try)
+	blasTried  bool
+	items      [5][]int32 // attention work items: sequence, row, list lo, list hi; row -> first item
 	// Pinned staging buffer for uploads and outputs: bytes [0, stageOff)
 	// are handed out; staged is set while an asynchronous copy or a kernel
 	// may read or write it. pending are the outputs of queued steps
@@ -106,7 +114,7 @@ var (
 // thread and loads the embedded PTX.
 func New(cfg Config) (*Backend, error) {
 	b := &Backend{cfg: cfg, turn: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
-		fn: map[string]cu.Function{}, smem: map[string]int{}, warps: map[string]int{}, bufs: map[string]devBuf{}}
+		gemmKernel: defaultGemm, fn: map[string]cu.Function{}, smem: map[string]int{}, warps: map[string]int{}, bufs: map[string]devBuf{}}
 	ready := make(chan error, 1)
 	go b.loop(ready)
 	if err := <-ready; err != nil {
@@ -190,6 +198,7 @@ func (b *Backend) loop(ready chan<- error) {
 	defer prefillMod.Unload()
 	ready <- nil
 	<-b.quit // Close holds the turn: no call runs
+	b.blas.close()
 	for _, bf := range b.bufs {
 		cu.MemFree(bf.ptr)
 	}

@@ -248,7 +248,7 @@ func (b *Backend) gemv(ctx context.Context, v GemvKernel, w kernels.Matrix, x, r
 	}
 	const warps = 8
 	if v.Rows == 0 && name == "bf16" && k8 && rows >= gemmMinRows {
-		return b.do(ctx, func() error { return b.gemm(w, x, res, nm, rows, yp, widths) })
+		return b.do(ctx, func() error { return b.gemm(b.gemmKernel, w, x, res, nm, rows, yp, widths) })
 	}
 	return b.do(ctx, func() error {
 		for r0 := 0; r0 < rows; {

@@ -5,6 +5,7 @@ package cuda
 import (
 	"context"
 	"fmt"
+	"math/bits"
 
 	"gorgonia.org/cu"
 
@@ -30,25 +31,21 @@ func loadPrefillKernels(fn map[string]cu.Function) (cu.Module, error) {
 	if err != nil {
 		return mod, fmt.Errorf("cuda: load prefill PTX: %w", err)
 	}
+	smem := map[string]int{}
+	for _, g := range GemmKernels() {
+		smem[g.name()] = g.smem()
+	}
+	for _, a := range AttendKernels() {
+		smem[a.name()] = a.smem()
+	}
 	for _, n := range prefillKernelNames() {
 		f, err := mod.Function(n)
 		if err != nil {
 			mod.Unload()
 			return mod, fmt.Errorf("cuda: kernel %s: %w", n, err)
 		}
-		smem := 0
-		switch {
-		case n == "prefill_gemm_bf16":
-			smem = gemmSmem
-		case n != "prefill_tobf16_bf16":
-			for _, d := range prefillHeadDims {
-				if n == prefillAttendName(plan.BFloat16, d) || n == prefillAttendName(plan.Float16, d) {
-					smem = prefillAttendSmem(d)
-				}
-			}
-		}
-		if smem > 0 {
-			if err := setMaxDynamicSmem(f, smem); err != nil {
+		if smem[n] > 0 {
+			if err := setMaxDynamicSmem(f, smem[n]); err != nil {
 				mod.Unload()
 				return mod, fmt.Errorf("cuda: kernel %s: %w", n, err)
 			}
@@ -61,8 +58,8 @@ func loadPrefillKernels(fn map[string]cu.Function) (cu.Module, error) {
 // gemm queues ys = x w^T (+ res) for rows rows of bf16 weights (k a
 // multiple of 8, x 16-byte aligned; checked by gemv), x normalised first
 // when nm is on: x (normalised) goes to bf16 in a scratch buffer, then
-// one GEMM launch. Device goroutine only.
-func (b *Backend) gemm(w kernels.Matrix, x, res decode.Tensor, nm gemvNormArgs, rows int, yp [3]uint64, widths [3]int) error {
+// cuBLAS (one GEMM per output) or the variant g. Device goroutine only.
+func (b *Backend) gemm(g GemmKernel, w kernels.Matrix, x, res decode.Tensor, nm gemvNormArgs, rows int, yp [3]uint64, widths [3]int) error {
 	a, err := b.buf("gemm.a", int64(rows)*int64(w.Cols)*2)
 	if err != nil {
 		return err
@@ -74,15 +71,84 @@ func (b *Backend) gemm(w kernels.Matrix, x, res decode.Tensor, nm gemvNormArgs, 
 	if err := b.launch("prefill_tobf16_bf16", [3]int{rows, 1, 1}, 256, 0, u(a), uint64(x.Ptr), norm, uint64(w.Cols), f32bits(nm.eps)); err != nil {
 		return err
 	}
-	return b.launch("prefill_gemm_bf16", [3]int{(rows + 127) / 128, (w.Rows + 127) / 128, 1}, 256, gemmSmem,
+	if blas := b.cublas(); blas != nil {
+		acc := false
+		if !res.Zero() {
+			// One output (gemv checked): y += res in place, or res copied
+			// to y first.
+			if uint64(res.Ptr) != yp[0] {
+				if err := cu.MemcpyDtoDAsync(cu.DevicePtr(yp[0]), cu.DevicePtr(res.Ptr), int64(rows)*int64(w.Rows)*4, cu.Stream{}); err != nil {
+					return fmt.Errorf("cuda: gemm residual: %w", err)
+				}
+			}
+			acc = true
+		}
+		off := 0
+		for i, wd := range widths {
+			if wd == 0 {
+				continue
+			}
+			if err := blas.gemm(rows, wd, w.Cols, mptr(w)+uint64(off*w.Cols*2), u(a), yp[i], wd, acc); err != nil {
+				return err
+			}
+			off += wd
+		}
+		return nil
+	}
+	return b.launch(g.name(), [3]int{(rows + g.BM - 1) / g.BM, (w.Rows + g.BN - 1) / g.BN, 1}, g.threads(), g.smem(),
 		yp[0], yp[1], yp[2], uint64(res.Ptr), u(a), mptr(w),
 		uint64(rows), uint64(w.Rows), uint64(w.Cols), uint64(widths[0]), uint64(widths[1]))
 }
+
+// cublas returns the backend's cuBLAS handle, opened on first use, or
+// nil: Config.OwnGemm, or cuBLAS not found (GemmEngine says why).
+// Device goroutine only.
+func (b *Backend) cublas() *cublas {
+	if b.cfg.OwnGemm {
+		return nil
+	}
+	if !b.blasTried {
+		b.blasTried = true
+		b.blas, b.blasErr = openCublas()
+	}
+	return b.blas
+}
+
+// GemmEngine names what runs the projections of prompt chunks: "cublas
+// PATH", or "own VARIANT" with the reason cuBLAS is not used (nil with
+// Config.OwnGemm).
+func (b *Backend) GemmEngine(ctx context.Context) (string, error) {
+	var name string
+	var why error
+	err := b.do(ctx, func() error {
+		if blas := b.cublas(); blas != nil {
+			name = "cublas " + blas.path
+			return nil
+		}
+		name, why = "own "+b.gemmKernel.String(), b.blasErr
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return name, why
+}
+
+// SetGemm makes g the GEMM variant of projections of many rows (default
+// defaultGemm); set it before the first model kernel is queued.
+func (b *Backend) SetGemm(g GemmKernel) { b.gemmKernel = g }
 
 // PrefillTensor implements kernels.PrefillAttender for pools of bf16 or
 // f16 pages and head dimensions 32, 64 and 128, with at most 64 query
 // heads per KV head.
 func (b *Backend) PrefillTensor(ctx context.Context, s kernels.Shape, pool, set any, seq uint64, start, n int, q, o decode.Tensor) error {
+	return b.PrefillWith(ctx, AttendKernel{}, s, pool, set, seq, start, n, q, o)
+}
+
+// PrefillWith is PrefillTensor through variant a (the zero AttendKernel:
+// the default for the pool's type and head dimension), for benchmarks
+// and tests of the variants.
+func (b *Backend) PrefillWith(ctx context.Context, a AttendKernel, s kernels.Shape, pool, set any, seq uint64, start, n int, q, o decode.Tensor) error {
 	l, err := devicePool(pool)
 	if err != nil {
 		return err
@@ -95,7 +161,10 @@ func (b *Backend) PrefillTensor(ctx context.Context, s kernels.Shape, pool, set 
 		return fmt.Errorf("cuda prefill: %w", err)
 	}
 	d, g := s.HeadDim, s.Group()
-	name := prefillAttendName(l.DType, d)
+	if a == (AttendKernel{}) {
+		a = defaultAttend(l.DType, d)
+	}
+	name := a.name()
 	switch {
 	case l.Slots > 0:
 		return fmt.Errorf("cuda prefill: %w", errSlotPool)
@@ -124,7 +193,11 @@ func (b *Backend) PrefillTensor(ctx context.Context, s kernels.Shape, pool, set 
 		return fmt.Errorf("cuda prefill: the output overlaps q")
 	}
 	need := (start + n + s.PageSize - 1) / s.PageSize
-	tok := 64 / g
+	tok := a.rows() / g
+	shift := -1
+	if s.PageSize&(s.PageSize-1) == 0 {
+		shift = bits.TrailingZeros(uint(s.PageSize))
+	}
 	return b.do(ctx, func() error {
 		t, ok := ts.m[seq]
 		switch {
@@ -137,9 +210,12 @@ func (b *Backend) PrefillTensor(ctx context.Context, s kernels.Shape, pool, set 
 			}
 			return fmt.Errorf("cuda prefill: sequence %d's table holds %d pages, %d tokens at position %d need %d", seq, have, n, start, need)
 		}
-		return b.launch(name, [3]int{(n + tok - 1) / tok, s.KVHeads, 1}, 128, prefillAttendSmem(d),
-			uint64(o.Ptr), uint64(q.Ptr), u(l.K), u(l.V), u(t.ptr),
-			uint64(start), uint64(n), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize))
+		args := []uint64{uint64(o.Ptr), uint64(q.Ptr), u(l.K), u(l.V), u(t.ptr),
+			uint64(start), uint64(n), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), uint64(int64(shift))}
+		if a.QRegs {
+			args = args[:len(args)-1]
+		}
+		return b.launch(name, [3]int{(n + tok - 1) / tok, s.KVHeads, 1}, 128, a.smem(), args...)
 	})
 }
 

@@ -9,31 +9,103 @@ import (
 // Kernels of prefill.cu (no build tag: the PTX check uses the names
 // without a GPU).
 
-// gemmSmem is the dynamic shared memory of prefill_gemm_bf16: three
-// stages of a 128 x 40 and a 128 x 40 bf16 tile.
-const gemmSmem = 3 * 2 * 128 * 40 * 2
+// GemmKernel names one compiled variant of the prefill GEMM
+// (prefill_gemm_bf16_m<BM>n<BN>w<WM>x<WN>s<Stages> in prefill.cu).
+type GemmKernel struct{ BM, BN, WM, WN, Stages int }
+
+func (g GemmKernel) name() string {
+	return fmt.Sprintf("prefill_gemm_bf16_m%dn%dw%dx%ds%d", g.BM, g.BN, g.WM, g.WN, g.Stages)
+}
+
+// String is the kernel's name.
+func (g GemmKernel) String() string { return g.name() }
+
+func (g GemmKernel) threads() int { return (g.BM / g.WM) * (g.BN / g.WN) * 32 }
+
+// smem is the variant's dynamic shared memory: Stages tiles of BM and BN
+// rows of 40 bf16.
+func (g GemmKernel) smem() int { return g.Stages * (g.BM + g.BN) * 40 * 2 }
+
+// GemmKernels lists the compiled GEMM variants (the PREFILL_GEMM lines
+// of prefill.cu).
+func GemmKernels() []GemmKernel {
+	return []GemmKernel{{128, 128, 64, 32, 3}, {128, 128, 64, 64, 4}, {128, 256, 64, 64, 3}, {256, 128, 64, 64, 3}, {128, 128, 32, 64, 4}}
+}
+
+// defaultGemm is the variant gemv runs from gemmMinRows rows on.
+// (measured best on an H100 at a chunk of 2048 rows of the 8B shape:
+// 229-256 TFLOP/s against 205-231 for 64 x 32 warps,
+// bench/results/2026-12-06-prefill-h100.md).
+var defaultGemm = GemmKernel{128, 128, 64, 64, 4}
 
 // prefillHeadDims are the head dimensions prefill_attend is compiled for.
 var prefillHeadDims = [...]int{32, 64, 128}
 
-// prefillAttendName names the prefill attention kernel of pages of dt
-// (bf16 or f16) and head dimension d.
-func prefillAttendName(dt plan.DType, d int) string {
-	return fmt.Sprintf("prefill_attend_%s_d%d", dt, d)
+// AttendKernel names one compiled variant of the prefill attention:
+// MT m tiles of 16 rows a warp (4 warps: 64 MT rows a block) over K/V
+// tiles of BN positions (prefill_attend_<T>_d<D>_m<MT>n<BN>), or, with
+// QRegs, the first kernel, whose warps keep their q fragments in
+// registers (prefill_attend_<T>_d<D>: MT 1, BN 64).
+type AttendKernel struct {
+	DType     plan.DType
+	D, MT, BN int
+	QRegs     bool
 }
 
-// prefillAttendSmem is prefill_attend's dynamic shared memory for head
-// dimension d: q and two buffers of K and V, 64 rows of d + 8 16-bit
-// elements each.
-func prefillAttendSmem(d int) int { return 5 * 64 * (d + 8) * 2 }
+func (a AttendKernel) name() string {
+	if a.QRegs {
+		return fmt.Sprintf("prefill_attend_%s_d%d", a.DType, a.D)
+	}
+	return fmt.Sprintf("prefill_attend_%s_d%d_m%dn%d", a.DType, a.D, a.MT, a.BN)
+}
+
+// String is the kernel's name.
+func (a AttendKernel) String() string { return a.name() }
+
+// rows is the query rows (token x head of the group) a block serves.
+func (a AttendKernel) rows() int { return 64 * a.MT }
+
+// smem is the variant's dynamic shared memory: q's rows and two buffers
+// of K and V tiles, rows of D + 8 16-bit elements.
+func (a AttendKernel) smem() int { return (a.rows() + 4*a.BN) * (a.D + 8) * 2 }
+
+// AttendKernels lists the compiled attention variants (the
+// PREFILL_ATTEND and PREFILL_ATTEND_M lines of prefill.cu).
+func AttendKernels() []AttendKernel {
+	var out []AttendKernel
+	for _, dt := range []plan.DType{plan.BFloat16, plan.Float16} {
+		for _, d := range prefillHeadDims {
+			out = append(out, AttendKernel{dt, d, 1, 64, true})
+			bn := 64
+			if d == 128 {
+				bn = 32
+			}
+			out = append(out, AttendKernel{dt, d, 2, bn, false})
+		}
+	}
+	return append(out, AttendKernel{plan.BFloat16, 128, 1, 64, false}, AttendKernel{plan.BFloat16, 128, 2, 64, false})
+}
+
+// defaultAttend is the variant PrefillTensor runs for pages of dt and
+// head dimension d.
+// (two m tiles a warp over tiles of 64: 277 TFLOP/s on an H100 for
+// D 128 after 126K tokens, against 166 for the kernel that keeps q in
+// registers; bench/results/2026-12-06-prefill-h100.md).
+func defaultAttend(dt plan.DType, d int) AttendKernel {
+	if d == 128 && dt != plan.BFloat16 {
+		return AttendKernel{dt, d, 2, 32, false}
+	}
+	return AttendKernel{dt, d, 2, 64, false}
+}
 
 // prefillKernelNames lists the kernels of prefill.cu.
 func prefillKernelNames() []string {
-	names := []string{"prefill_tobf16_bf16", "prefill_gemm_bf16"}
-	for _, dt := range []plan.DType{plan.BFloat16, plan.Float16} {
-		for _, d := range prefillHeadDims {
-			names = append(names, prefillAttendName(dt, d))
-		}
+	names := []string{"prefill_tobf16_bf16"}
+	for _, g := range GemmKernels() {
+		names = append(names, g.name())
+	}
+	for _, a := range AttendKernels() {
+		names = append(names, a.name())
 	}
 	return names
 }

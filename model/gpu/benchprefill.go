@@ -14,12 +14,14 @@ import (
 // PrefillResult is one line of BenchPrefill: the fields of the PyTorch
 // anchor's prefill lines (../shared/anchors/llama_decode_anchor.py).
 type PrefillResult struct {
-	Runtime string  `json:"runtime"`
-	Mode    string  `json:"mode"` // "prefill"
-	Layers  int     `json:"layers"`
-	Prompt  int     `json:"prompt"`
-	Chunk   int     `json:"chunk"`
-	Ms      float64 `json:"ms"`
+	Runtime string `json:"runtime"`
+	Mode    string `json:"mode"` // "prefill"
+	Layers  int    `json:"layers"`
+	Prompt  int    `json:"prompt"`
+	Chunk   int    `json:"chunk"`
+	// Gemm is what ran the projections (the CUDA backend's GemmEngine).
+	Gemm string  `json:"gemm,omitempty"`
+	Ms   float64 `json:"ms"`
 	// PromptTokensPerS is Prompt over the time to the first token's
 	// logits on the host.
 	PromptTokensPerS float64 `json:"prompt_tokens_per_s"`
@@ -42,6 +44,12 @@ func BenchPrefill(ctx context.Context, dev BenchDevice, x *Executor, prompts []i
 	pol := plan.DefaultPolicy()
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 4096, 0
 	g := c.Geometry()
+	gemm := ""
+	if ge, ok := dev.(interface {
+		GemmEngine(context.Context) (string, error)
+	}); ok {
+		gemm, _ = ge.GemmEngine(ctx)
+	}
 	for _, n := range prompts {
 		ecfg := model.EngineConfig(g, pol, (n+pol.PageSize-1)/pol.PageSize+1)
 		ecfg.Geometry.DType = kv
@@ -83,7 +91,7 @@ func BenchPrefill(ctx context.Context, dev BenchDevice, x *Executor, prompts []i
 			return fmt.Errorf("prompt %d: %w", n, err)
 		}
 		ms := float64(best.Microseconds()) / 1e3
-		if err := emit(PrefillResult{Runtime: "questrt", Mode: "prefill", Layers: c.Layers, Prompt: n, Chunk: x.prefillChunk(),
+		if err := emit(PrefillResult{Runtime: "questrt", Mode: "prefill", Layers: c.Layers, Prompt: n, Chunk: x.prefillChunk(), Gemm: gemm,
 			Ms: ms, PromptTokensPerS: float64(n) * 1e3 / ms}); err != nil {
 			return err
 		}
