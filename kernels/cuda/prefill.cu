@@ -392,13 +392,13 @@ __device__ void prefill_attend(float* o, const float* q, const T* K, const T* V,
 }
 
 // prefill_attend_m: the same attention with MT m tiles of 16 rows a warp
-// (a block serves 64 MT rows): every K and V fragment loaded from shared
+// and W warps (a block serves 16 MT W rows): every K and V fragment loaded from shared
 // memory feeds MT mma, q fragments are loaded from shared memory per k
 // step. shift is log2(S) when S is a power of two, else -1.
-template <typename T, int D, int MT, int BN>
+template <typename T, int D, int MT, int BN, int W>
 __device__ void prefill_attend_m(float* o, const float* q, const T* K, const T* V, const int* pages, i64 start, i64 n, i64 qh,
 				 i64 kvh, i64 S, i64 shift) {
-	constexpr int BM = 64 * MT;
+	constexpr int BM = 16 * MT * W;
 	constexpr int DP = D + 8;
 	constexpr int KS = D / 16;
 	constexpr int DT = D / 8;
@@ -594,19 +594,22 @@ __device__ void prefill_attend_m(float* o, const float* q, const T* K, const T* 
 		}
 }
 
-#define PREFILL_ATTEND_M(T, SUF, D, MT, BN)                                                                                     \
-	extern "C" __global__ void __launch_bounds__(128) prefill_attend_##SUF##_d##D##_m##MT##n##BN(                              \
+#define PREFILL_ATTEND_M(T, SUF, D, MT, BN, W)                                                                                     \
+	extern "C" __global__ void __launch_bounds__(32 * W) prefill_attend_##SUF##_d##D##_m##MT##n##BN##w##W(                              \
 	    float* o, const float* q, const T* K, const T* V, const int* pages, i64 start, i64 n, i64 qh, i64 kvh, i64 S, i64 shift) { \
-		prefill_attend_m<T, D, MT, BN>(o, q, K, V, pages, start, n, qh, kvh, S, shift);                                    \
+		prefill_attend_m<T, D, MT, BN, W>(o, q, K, V, pages, start, n, qh, kvh, S, shift);                                    \
 	}
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 32, 2, 64)
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 64, 2, 64)
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 32)
-PREFILL_ATTEND_M(__half, f16, 32, 2, 64)
-PREFILL_ATTEND_M(__half, f16, 64, 2, 64)
-PREFILL_ATTEND_M(__half, f16, 128, 2, 32)
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 1, 64)
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 64)
+PREFILL_ATTEND_M(__nv_bfloat16, bf16, 32, 2, 64, 4)
+PREFILL_ATTEND_M(__nv_bfloat16, bf16, 64, 2, 64, 4)
+PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 32, 4)
+PREFILL_ATTEND_M(__half, f16, 32, 2, 64, 4)
+PREFILL_ATTEND_M(__half, f16, 64, 2, 64, 4)
+PREFILL_ATTEND_M(__half, f16, 128, 2, 32, 4)
+PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 1, 64, 4)
+PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 64, 4)
+
+PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 64, 8)
+PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 32, 8)
 
 #define PREFILL_ATTEND(T, SUF, D)                                                                                          \
 	extern "C" __global__ void __launch_bounds__(128) prefill_attend_##SUF##_d##D(                                  \

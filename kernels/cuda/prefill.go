@@ -174,8 +174,8 @@ func (b *Backend) PrefillWith(ctx context.Context, a AttendKernel, s kernels.Sha
 		return fmt.Errorf("cuda prefill: shape %+v for a pool of %d KV heads x %d, pages of %d", s, l.KVHeads, l.HeadDim, l.PageSize)
 	case !compiled(b.fn, name):
 		return fmt.Errorf("cuda prefill: head dimension %d (compiled for %v)", d, prefillHeadDims)
-	case g > 64:
-		return fmt.Errorf("cuda prefill: %d query heads per KV head (at most 64)", g)
+	case g > a.rows():
+		return fmt.Errorf("cuda prefill: %d query heads per KV head (at most %d)", g, a.rows())
 	case start < 0 || n <= 0:
 		return fmt.Errorf("cuda prefill: %d tokens at position %d", n, start)
 	}
@@ -215,7 +215,7 @@ func (b *Backend) PrefillWith(ctx context.Context, a AttendKernel, s kernels.Sha
 		if a.QRegs {
 			args = args[:len(args)-1]
 		}
-		return b.launch(name, [3]int{(n + tok - 1) / tok, s.KVHeads, 1}, 128, a.smem(), args...)
+		return b.launch(name, [3]int{(n + tok - 1) / tok, s.KVHeads, 1}, 32*a.warps(), a.smem(), args...)
 	})
 }
 

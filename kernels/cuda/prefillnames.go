@@ -42,28 +42,37 @@ var defaultGemm = GemmKernel{128, 128, 64, 64, 4}
 var prefillHeadDims = [...]int{32, 64, 128}
 
 // AttendKernel names one compiled variant of the prefill attention:
-// MT m tiles of 16 rows a warp (4 warps: 64 MT rows a block) over K/V
-// tiles of BN positions (prefill_attend_<T>_d<D>_m<MT>n<BN>), or, with
+// MT m tiles of 16 rows a warp (W warps: 16 MT W rows a block) over K/V
+// tiles of BN positions (prefill_attend_<T>_d<D>_m<MT>n<BN>w<W>), or, with
 // QRegs, the first kernel, whose warps keep their q fragments in
 // registers (prefill_attend_<T>_d<D>: MT 1, BN 64).
 type AttendKernel struct {
 	DType     plan.DType
 	D, MT, BN int
 	QRegs     bool
+	// W is the warps of a block (0: 4).
+	W int
+}
+
+func (a AttendKernel) warps() int {
+	if a.W == 0 {
+		return 4
+	}
+	return a.W
 }
 
 func (a AttendKernel) name() string {
 	if a.QRegs {
 		return fmt.Sprintf("prefill_attend_%s_d%d", a.DType, a.D)
 	}
-	return fmt.Sprintf("prefill_attend_%s_d%d_m%dn%d", a.DType, a.D, a.MT, a.BN)
+	return fmt.Sprintf("prefill_attend_%s_d%d_m%dn%dw%d", a.DType, a.D, a.MT, a.BN, a.warps())
 }
 
 // String is the kernel's name.
 func (a AttendKernel) String() string { return a.name() }
 
 // rows is the query rows (token x head of the group) a block serves.
-func (a AttendKernel) rows() int { return 64 * a.MT }
+func (a AttendKernel) rows() int { return 16 * a.MT * a.warps() }
 
 // smem is the variant's dynamic shared memory: q's rows and two buffers
 // of K and V tiles, rows of D + 8 16-bit elements.
@@ -75,15 +84,16 @@ func AttendKernels() []AttendKernel {
 	var out []AttendKernel
 	for _, dt := range []plan.DType{plan.BFloat16, plan.Float16} {
 		for _, d := range prefillHeadDims {
-			out = append(out, AttendKernel{dt, d, 1, 64, true})
+			out = append(out, AttendKernel{dt, d, 1, 64, true, 4})
 			bn := 64
 			if d == 128 {
 				bn = 32
 			}
-			out = append(out, AttendKernel{dt, d, 2, bn, false})
+			out = append(out, AttendKernel{dt, d, 2, bn, false, 4})
 		}
 	}
-	return append(out, AttendKernel{plan.BFloat16, 128, 1, 64, false}, AttendKernel{plan.BFloat16, 128, 2, 64, false})
+	return append(out, AttendKernel{plan.BFloat16, 128, 1, 64, false, 4}, AttendKernel{plan.BFloat16, 128, 2, 64, false, 4},
+		AttendKernel{plan.BFloat16, 128, 2, 64, false, 8}, AttendKernel{plan.BFloat16, 128, 2, 32, false, 8})
 }
 
 // defaultAttend is the variant PrefillTensor runs for pages of dt and
@@ -93,9 +103,9 @@ func AttendKernels() []AttendKernel {
 // registers; bench/results/2026-12-06-prefill-h100.md).
 func defaultAttend(dt plan.DType, d int) AttendKernel {
 	if d == 128 && dt != plan.BFloat16 {
-		return AttendKernel{dt, d, 2, 32, false}
+		return AttendKernel{dt, d, 2, 32, false, 4}
 	}
-	return AttendKernel{dt, d, 2, 64, false}
+	return AttendKernel{dt, d, 2, 64, false, 4}
 }
 
 // prefillKernelNames lists the kernels of prefill.cu.
