@@ -78,10 +78,11 @@ type Config struct {
 	// workers check their own pools and it bounds the model's weights
 	// only (Load).
 	MemoryLimit int64
-	// MaxRunning caps the requests prefilling or decoding at once, the
-	// decode batch (16).
+	// MaxRunning caps the sequences prefilling or decoding at once, the
+	// decode batch (16); each choice of a request (n, a batch of
+	// prompts) is a sequence.
 	MaxRunning int
-	// MaxQueued caps the admitted requests waiting for a running slot
+	// MaxQueued caps the admitted sequences waiting for a running slot
 	// (64); past it requests are refused with 429.
 	MaxQueued int
 	// ChunkTokens is the prompt tokens one scheduler iteration prefills

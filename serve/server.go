@@ -345,41 +345,55 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// admit reserves j's pages and queues it, or refuses it (429, or 503
-// when draining or closed) and changes nothing.
-func (s *Server) admit(j *job) *apiError {
+// admit reserves the pages of g's jobs and queues them, or refuses
+// them all (429, or 503 when draining or closed) and changes nothing.
+func (s *Server) admit(g *group) *apiError {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	refuse := func(e *apiError) *apiError {
 		s.stats.Refused++
 		return e
 	}
+	n := len(g.jobs)
 	switch {
 	case s.closed:
 		return refuse(errClosed)
 	case s.draining:
 		return refuse(errDraining)
-	case len(s.running)+len(s.queue) >= s.cfg.MaxRunning+s.cfg.MaxQueued:
+	case len(s.running)+len(s.queue)+n > s.cfg.MaxRunning+s.cfg.MaxQueued:
 		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
-			message: fmt.Sprintf("The server is at its limit of %d running and %d queued requests (questd --max-running, --max-queued); retry later.", s.cfg.MaxRunning, s.cfg.MaxQueued)})
-	case s.reserved+j.pages > s.cfg.CapacityPages:
+			message: fmt.Sprintf("The server is at its limit of %d running and %d queued sequences (questd --max-running, --max-queued; each choice of a request is one); retry later.", s.cfg.MaxRunning, s.cfg.MaxQueued)})
+	case s.reserved+g.pages > s.cfg.CapacityPages:
 		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
-			message: fmt.Sprintf("The request needs %d KV pages; %d of the pool's %d (questd --serve-capacity-pages) are free of other requests' reservations; retry later.", j.pages, s.cfg.CapacityPages-s.reserved, s.cfg.CapacityPages)})
+			message: fmt.Sprintf("The request needs %d KV pages; %d of the pool's %d (questd --serve-capacity-pages) are free of other requests' reservations; retry later.", g.pages, s.cfg.CapacityPages-s.reserved, s.cfg.CapacityPages)})
 	}
-	if aerr := s.holdGrid(j); aerr != nil {
+	// The jobs share their options: the first holds the grid or none
+	// does (nothing changed), and the others join the one it holds.
+	if aerr := s.holdGrid(g.jobs[0]); aerr != nil {
 		s.stats.PolicyGridsRefused++
 		return refuse(aerr)
 	}
-	s.reserved += j.pages
-	j.keep = s.cfg.History > 0
+	for _, j := range g.jobs[1:] {
+		_ = s.holdGrid(j) // the first's grid: never refused
+	}
+	s.reserved += g.pages
+	g.left = n
 	s.seq++
 	s.stats.Admitted++
-	j.id = fmt.Sprintf("cmpl-%s-%d", s.instance, s.seq)
-	j.created = s.now().Unix()
-	if !j.p.seeded {
-		j.p.seed = s.cfg.Seed ^ (s.seq * 0x9e3779b97f4a7c15)
+	id := fmt.Sprintf("cmpl-%s-%d", s.instance, s.seq)
+	created := s.now().Unix()
+	// Choice i samples with the request's seed (the server's when it
+	// gives none) plus i.
+	seed := s.cfg.Seed ^ (s.seq * 0x9e3779b97f4a7c15)
+	for _, j := range g.jobs {
+		j.keep = s.cfg.History > 0
+		j.id, j.created = id, created
+		if !j.p.seeded {
+			j.p.seed = seed
+		}
+		j.p.seed += uint64(j.p.index)
 	}
-	s.queue = append(s.queue, j)
+	s.queue = append(s.queue, g.jobs...)
 	s.poke()
 	return nil
 }
