@@ -327,3 +327,50 @@ func mustJSON(v any) string {
 	}
 	return string(b)
 }
+
+// TestChoicesTightPool: n = 4 on a pool of exactly the pages the
+// request reserves (a prompt of 20 tokens, 4 on a tail page the forks
+// share until each copies it, and 40 tokens each: 4 + 3 x 3 pages with
+// CP 1, 2 + 3 x 2 with CP 2), on the main engine and on an engine of
+// the request's own selector: every choice equals its solo request, and
+// nothing is left held.
+func TestChoicesTightPool(t *testing.T) {
+	m, tok := tinyModel(t)
+	prompt := "Twenty tokens here." // BOS + 19 bytes
+	for _, c := range []struct {
+		cp, pages int
+		quest     map[string]any
+	}{
+		{1, 13, nil},
+		{2, 8, nil},
+		{1, 13, map[string]any{"selector": "oracle"}},
+		{2, 8, map[string]any{"selector": "recent", "local": 2}},
+	} {
+		cfg := testConfig("tiny")
+		cfg.CP, cfg.CapacityPages = c.cp, c.pages
+		cfg.Policy.BudgetTokens = 32
+		s, ts := startServer(t, m, tok, cfg)
+		base := map[string]any{"model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 1.0}
+		if c.quest != nil {
+			base["quest"] = c.quest
+		}
+		var solo []string
+		for i := range 4 {
+			solo = append(solo, complete(t, ts.URL, with(base, "seed", 77+i)).Choices[0].Text)
+		}
+		got := complete(t, ts.URL, with(base, "seed", 77, "n", 4))
+		for i, ch := range got.Choices {
+			if ch.Text != solo[i] {
+				t.Errorf("cp %d %v: choice %d %q, solo %q", c.cp, c.quest, i, ch.Text, solo[i])
+			}
+		}
+		if got.Usage.CompletionTokens != 160 {
+			t.Errorf("cp %d %v: usage %+v, want 4 x 40 tokens", c.cp, c.quest, got.Usage)
+		}
+		// One page less and the request could never fit: 400 naming n.
+		status, _, body := post(t, ts.URL+"/v1/completions", mustJSON(with(base, "seed", 77, "n", 5)))
+		checkError(t, "n = 5 over the pool", status, body, 400, typeInvalid, "n", "invalid_value")
+		waitStats(t, s, "the requests done", func(st Stats) bool { return st.Running+st.Queued == 0 && st.OwnEnginesOpen == 0 })
+		unchanged(t, s, 5)
+	}
+}
