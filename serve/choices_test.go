@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -265,58 +264,47 @@ func TestPromptBatch(t *testing.T) {
 
 // TestChoicesAdmittedTogether: a request's choices are admitted all or
 // none: with the scheduler held and one request of n = 2 queued, a
-// request of n = 2 whose pages exceed the pool's rest, and one of n = 3
-// past the sequence caps, get 429 though their first choice alone would
-// fit, and change nothing; both run once the first is done.
+// request of n = 3 past the sequence caps gets 429 though its first
+// choices alone would fit, and changes nothing; one of n = 2 whose pages
+// do not fit beside the first's is queued and starts when the first is
+// done (its choices' pages reserved together); then the n = 3 one runs.
 func TestChoicesAdmittedTogether(t *testing.T) {
 	cfg := testConfig("tiny")
 	cfg.CapacityPages = 9
 	cfg.MaxRunning, cfg.MaxQueued = 2, 2
 	s, ts, release := held(t, cfg)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	first := make(chan Completion, 1)
-	go func() {
-		defer wg.Done()
-		// 2 ids + 40 tokens: 3 pages, and 3 for the fork.
-		first <- complete(t, ts.URL, map[string]any{"model": "tiny", "prompt": "x", "max_tokens": 40, "n": 2, "temperature": 0})
-	}()
-	st0 := waitStats(t, s, "the first request queued", func(st Stats) bool { return st.Queued == 2 })
-	if st0.ReservedPages != 6 {
-		t.Fatalf("n = 2 of 42 tokens reserved %d pages, want 3 + 3", st0.ReservedPages)
+	url := ts.URL + "/v1/completions"
+	// 2 ids + 40 tokens: 3 pages, and 3 for the fork.
+	first := postAsync(t, url, `{"model": "tiny", "prompt": "x", "max_tokens": 40, "n": 2, "temperature": 0}`)
+	waitStats(t, s, "the first request queued", func(st Stats) bool { return st.Queued == 2 })
+	three := `{"model": "tiny", "prompt": "z", "max_tokens": 4, "n": 3}` // 2 + 3 sequences > 4
+	status, hdr, body := post(t, url, three)
+	checkError(t, three, status, body, 429, typeRateLimit, "", "rate_limit_exceeded")
+	if !strings.Contains(string(body), "--max-queued") || hdr.Get("Retry-After") == "" {
+		t.Errorf("%s: %s (Retry-After %q), want the message to name --max-queued", three, body, hdr.Get("Retry-After"))
 	}
-	for _, c := range []struct {
-		body, flag string
-	}{
-		{`{"model": "tiny", "prompt": "y", "max_tokens": 20, "n": 2}`, "--serve-capacity-pages"}, // 2 + 2 pages > 3 left
-		{`{"model": "tiny", "prompt": "z", "max_tokens": 4, "n": 3}`, "--max-running"},           // 2 + 3 sequences > 4
-	} {
-		status, hdr, body := post(t, ts.URL+"/v1/completions", c.body)
-		checkError(t, c.body, status, body, 429, typeRateLimit, "", "rate_limit_exceeded")
-		if !strings.Contains(string(body), c.flag) || hdr.Get("Retry-After") == "" {
-			t.Errorf("%s: %s (Retry-After %q), want the message to name %s", c.body, body, hdr.Get("Retry-After"), c.flag)
-		}
-		st := s.Stats()
-		if st.Admitted != 1 || st.Queued != 2 || st.Running != 0 || st.ReservedPages != 6 || st.EngineSequences != 0 {
-			t.Errorf("after the refused %s: %+v", c.body, st)
-		}
+	if st := s.Stats(); st.Admitted != 1 || st.Queued != 2 || st.Running != 0 || st.ReservedPages != 0 || st.EngineSequences != 0 || st.Refused != 1 {
+		t.Errorf("after the refused %s: %+v", three, st)
 	}
 	release()
-	wg.Wait()
-	if c := <-first; len(c.Choices) != 2 || c.Choices[0].Text != c.Choices[1].Text || c.Usage.CompletionTokens != 80 {
-		t.Errorf("first request: %+v", c.Choices)
-	}
-	for _, body := range []string{`{"model": "tiny", "prompt": "y", "max_tokens": 20, "n": 2}`, `{"model": "tiny", "prompt": "z", "max_tokens": 4, "n": 3}`} {
-		status, _, b := post(t, ts.URL+"/v1/completions", body)
+	// 2 + 2 pages: not beside the first's 6 of 9; it waits for them.
+	second := postAsync(t, url, `{"model": "tiny", "prompt": "y", "max_tokens": 20, "n": 2, "temperature": 0}`)
+	for i, ch := range []<-chan answer{first, second} {
+		a := <-ch
 		var c Completion
-		if err := json.Unmarshal(b, &c); err != nil || status != 200 || len(c.Choices) < 2 {
-			t.Errorf("%s after the first: %d %s", body, status, b)
+		if err := json.Unmarshal(a.body, &c); err != nil || a.status != 200 || len(c.Choices) != 2 || c.Choices[0].Text != c.Choices[1].Text {
+			t.Errorf("request %d: %d %s", i, a.status, a.body)
 		}
+	}
+	status, _, b := post(t, url, three)
+	var c Completion
+	if err := json.Unmarshal(b, &c); err != nil || status != 200 || len(c.Choices) != 3 {
+		t.Errorf("%s after the others: %d %s", three, status, b)
 	}
 	waitStats(t, s, "the requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
 	unchanged(t, s, 3)
-	if st := s.Stats(); st.Completed != 3 || st.Refused != 2 {
-		t.Errorf("stats %+v: want 3 requests completed (one count per request) and 2 refused", st)
+	if st := s.Stats(); st.Completed != 3 || st.Refused != 1 {
+		t.Errorf("stats %+v: want 3 requests completed (one count per request) and 1 refused", st)
 	}
 }
 

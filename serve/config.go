@@ -70,8 +70,9 @@ type Config struct {
 	PolicyGrids int
 	// CapacityPages is the engine's page pool per shard (4096); with
 	// Cluster, the pool of every rank of the requests' grids. Every
-	// admitted request reserves the pages of its prompt plus max_tokens
-	// in it (over CP shards: its share per shard).
+	// started request reserves the pages of its prompt plus max_tokens
+	// in it (over CP shards: its share per shard); a queued request
+	// starts when its pages fit.
 	CapacityPages int
 	// MemoryLimit bounds the engine's host pools: bytes, 0 (the memory
 	// available when New runs) or -1 (no check). With Cluster the
@@ -83,7 +84,7 @@ type Config struct {
 	// prompts) is a sequence.
 	MaxRunning int
 	// MaxQueued caps the admitted sequences waiting for a running slot
-	// (64); past it requests are refused with 429.
+	// or for their pages (64); past it requests are refused with 429.
 	MaxQueued int
 	// ChunkTokens is the prompt tokens one scheduler iteration prefills
 	// (512): longer prompts are prefilled in chunks between decode steps.

@@ -119,13 +119,17 @@
 // chunks carry their choice's index, each choice ends with its own
 // finish chunk, and the usage chunk and [DONE] follow the last.
 //
-// Admission is all or nothing: a request is admitted only when the pages
-// its choices' prompts and max_tokens can fill fit the engine's pool
-// next to the pages every admitted request has reserved, and when the
-// running and queued sequences (a choice is one) are under their caps;
-// otherwise it gets 429 with Retry-After and nothing changes (a request
-// that could never fit gets 400 naming n, or prompt). An admitted
-// request therefore never runs out of pages. On a cluster ([Config.Cluster]) a request's
+// Admission is all or nothing: a request is admitted into the queue
+// when its sequences (a choice is one) fit under the running and queued
+// caps; otherwise it gets 429 with Retry-After, naming questd
+// --max-queued, and nothing changes (a request that could never fit the
+// pool or the caps gets 400 naming n, or prompt). Queued requests start
+// in admission order, each when the pages its choices' prompts and
+// max_tokens can fill fit the engine's pool next to the pages the
+// running requests have reserved: a request that does not fit now
+// waits in the queue (bounded by the request timeout) until running
+// ones end, and the requests behind it wait too, so none is overtaken
+// for ever. A started request therefore never runs out of pages. On a cluster ([Config.Cluster]) a request's
 // sequence is created, at its turn to prefill, on a goroutine of its own
 // (a grid opening may take seconds) that hands it to the scheduler at an
 // iteration boundary; the running requests go on decoding meanwhile. A

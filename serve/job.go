@@ -81,7 +81,8 @@ type job struct {
 }
 
 // group is one request's jobs, its choices in index order: admitted
-// together (or none), their pages reserved and released together.
+// together (or none), their pages reserved (when the first starts) and
+// released (when the last ends) together.
 type group struct {
 	ctx   context.Context // the request's: each job's is a child
 	jobs  []*job
@@ -91,6 +92,9 @@ type group struct {
 	// The scheduler's: the jobs not ended yet, the first failure.
 	left int
 	err  *apiError
+	// reserved (the Server's mu) says that the pages are reserved: from
+	// the first job's start to the last job's end.
+	reserved bool
 }
 
 // result is how a job ended.

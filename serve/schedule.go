@@ -55,9 +55,20 @@ func (s *Server) iterate() bool {
 		}
 		return false
 	})
+	// In admission order; a request starts when its pages fit the pool
+	// beside the running requests' (all its choices' at once), and the
+	// queue waits behind it meanwhile (no request overtakes another).
 	for len(s.running) < s.cfg.MaxRunning && len(s.queue) > 0 {
-		s.queue[0].clock.started = time.Now()
-		s.running = append(s.running, s.queue[0])
+		j := s.queue[0]
+		if g := j.g; !g.reserved {
+			if s.reserved+g.pages > s.cfg.CapacityPages {
+				break // resolve refused requests that never fit: pages free as running ones end
+			}
+			s.reserved += g.pages
+			g.reserved = true
+		}
+		j.clock.started = time.Now()
+		s.running = append(s.running, j)
 		s.queue = s.queue[1:]
 	}
 	running := slices.Clone(s.running)
@@ -419,7 +430,10 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 	if g.left == 0 {
 		// The request's last choice: its pages (forks share their
 		// leader's) and its outcome.
-		s.reserved -= g.pages
+		if g.reserved {
+			s.reserved -= g.pages
+			g.reserved = false
+		}
 		switch err := g.err; {
 		case err == nil:
 			s.stats.Completed++

@@ -69,7 +69,7 @@ type Server struct {
 	draining bool
 	queue    []*job        // admitted, waiting for a running slot
 	running  []*job        // the scheduler's: prefilling or decoding
-	reserved int           // pages per shard reserved by queued and running jobs
+	reserved int           // pages per shard reserved by the started requests' jobs
 	changed  chan struct{} // closed and replaced when a job ends
 	seq      uint64        // requests admitted so far
 	// grids are the option sets other than Policy's with a grid on
@@ -103,8 +103,8 @@ type Stats struct {
 	Steps, StepSequences uint64
 	// PrefillChunks counts the prefill chunks run.
 	PrefillChunks uint64
-	// ReservedPages is the pages per shard reserved by admitted requests,
-	// CapacityPages the pool's.
+	// ReservedPages is the pages per shard reserved by the requests
+	// started (queued ones reserve none yet), CapacityPages the pool's.
 	ReservedPages, CapacityPages int
 	// EngineSequences and UsedPages are the main engine's own view
 	// (shard 0; UsedPages the most of any shard): what no finished
@@ -345,8 +345,9 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// admit reserves the pages of g's jobs and queues them, or refuses
-// them all (429, or 503 when draining or closed) and changes nothing.
+// admit queues g's jobs, or refuses them all (429 when the queue has no
+// room for them, 503 when draining or closed) and changes nothing. Their
+// pages are reserved when they leave the queue (iterate).
 func (s *Server) admit(g *group) *apiError {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -362,10 +363,7 @@ func (s *Server) admit(g *group) *apiError {
 		return refuse(errDraining)
 	case len(s.running)+len(s.queue)+n > s.cfg.MaxRunning+s.cfg.MaxQueued:
 		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
-			message: fmt.Sprintf("The server is at its limit of %d running and %d queued sequences (questd --max-running, --max-queued; each choice of a request is one); retry later.", s.cfg.MaxRunning, s.cfg.MaxQueued)})
-	case s.reserved+g.pages > s.cfg.CapacityPages:
-		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
-			message: fmt.Sprintf("The request needs %d KV pages; %d of the pool's %d (questd --serve-capacity-pages) are free of other requests' reservations; retry later.", g.pages, s.cfg.CapacityPages-s.reserved, s.cfg.CapacityPages)})
+			message: fmt.Sprintf("The server's queue is full: %d running and %d queued sequences at most (raise questd --max-queued, or --max-running; each choice of a request is one); retry later.", s.cfg.MaxRunning, s.cfg.MaxQueued)})
 	}
 	// The jobs share their options: the first holds the grid or none
 	// does (nothing changed), and the others join the one it holds.
@@ -376,7 +374,6 @@ func (s *Server) admit(g *group) *apiError {
 	for _, j := range g.jobs[1:] {
 		_ = s.holdGrid(j) // the first's grid: never refused
 	}
-	s.reserved += g.pages
 	g.left = n
 	s.seq++
 	s.stats.Admitted++
