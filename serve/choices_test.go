@@ -1,12 +1,16 @@
 package serve
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // choiceStream reads a completion or chat stream of several choices
@@ -361,4 +365,51 @@ func TestChoicesTightPool(t *testing.T) {
 		waitStats(t, s, "the requests done", func(st Stats) bool { return st.Running+st.Queued == 0 && st.OwnEnginesOpen == 0 })
 		unchanged(t, s, 5)
 	}
+}
+
+// TestChoicesCancelled: streams of n = 3 (and a batch of two prompts of
+// n = 2) whose clients go away after the first chunk, or before any,
+// end every choice: no sequence, page or reservation is left, each
+// request counts once as cancelled, and no goroutine is left.
+func TestChoicesCancelled(t *testing.T) {
+	m, tok := tinyModel(t)
+	s, ts := startServer(t, m, tok, testConfig("tiny"))
+	leaks := goleak.IgnoreCurrent()
+	tr := &http.Transport{}
+	client := &http.Client{Transport: tr}
+	bodies := []string{
+		`{"model": "tiny", "prompt": "Tell me a long story.", "max_tokens": 2000, "temperature": 0.5, "n": 3, "stream": true}`,
+		`{"model": "tiny", "prompt": ["one", "two"], "max_tokens": 2000, "n": 2, "stream": true}`,
+	}
+	cancelled := 0
+	for _, body := range bodies {
+		for _, firstChunk := range []bool{true, false} {
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if firstChunk {
+				line, err := bufio.NewReader(resp.Body).ReadString('\n')
+				if err != nil || !strings.HasPrefix(line, "data: ") {
+					t.Fatalf("first line %q: %v", line, err)
+				}
+			}
+			cancel()
+			resp.Body.Close()
+			cancelled++
+			waitStats(t, s, "the cancelled request ended", func(st Stats) bool {
+				return st.Cancelled == uint64(cancelled) && st.Running+st.Queued == 0
+			})
+		}
+	}
+	tr.CloseIdleConnections()
+	waitStats(t, s, "nothing held", func(st Stats) bool { return st.EngineSequences == 0 })
+	unchanged(t, s, uint64(cancelled))
+	if st := s.Stats(); st.Completed != 0 || st.Failed != 0 {
+		t.Errorf("stats %+v: want every request cancelled once", st)
+	}
+	goleak.VerifyNone(t, leaks)
 }
