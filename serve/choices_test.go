@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -412,4 +413,48 @@ func TestChoicesCancelled(t *testing.T) {
 		t.Errorf("stats %+v: want every request cancelled once", st)
 	}
 	goleak.VerifyNone(t, leaks)
+}
+
+// TestChoicesObserved: Config.Observe sees a request of n = 3 once, with
+// its usage, the first token of any choice and every choice's
+// inter-token times; a request of n = 3 whose client goes while it is
+// queued (its first choice ends first, failing the forks waiting for its
+// prompt) is seen once too, as cancelled.
+func TestChoicesObserved(t *testing.T) {
+	cfg := testConfig("tiny")
+	var mu sync.Mutex
+	var seen []RequestTiming
+	cfg.Observe = func(rt RequestTiming) {
+		mu.Lock()
+		seen = append(seen, rt)
+		mu.Unlock()
+	}
+	s, ts, release := held(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	body := mustJSON(map[string]any{"model": "tiny", "prompt": "gone", "max_tokens": 5, "n": 3, "stream": true})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStats(t, s, "the request queued", func(st Stats) bool { return st.Queued == 3 })
+	cancel()
+	resp.Body.Close()
+	release()
+	waitStats(t, s, "the cancelled request ended", func(st Stats) bool { return st.Cancelled == 1 && st.Running+st.Queued == 0 })
+	c := complete(t, ts.URL, map[string]any{"model": "tiny", "prompt": "abc", "max_tokens": 5, "n": 3, "temperature": 0})
+	waitStats(t, s, "the request done", func(st Stats) bool { return st.Completed == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 2 {
+		t.Fatalf("observed %d timings, want one per request: %+v", len(seen), seen)
+	}
+	if seen[0].Outcome != "cancelled" {
+		t.Errorf("cancelled n = 3: %+v", seen[0])
+	}
+	rt := seen[1]
+	if rt.ID != c.ID || rt.Outcome != "completed" || rt.Usage != *c.Usage || rt.FirstToken <= 0 || len(rt.InterToken) != 3*4 {
+		t.Errorf("n = 3: %+v, want id %s, usage %+v, 12 inter-token times", rt, c.ID, *c.Usage)
+	}
 }

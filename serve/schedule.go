@@ -414,8 +414,10 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 	if err == nil {
 		res.finish = finish
 	}
+	j.res = res
 	g := j.g
 	g.left--
+	last := g.left == 0
 	if err != nil && g.err == nil {
 		g.err = err
 	}
@@ -427,7 +429,7 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		// A Create in flight settles its grid itself.
 		s.settleGrid(j, false)
 	}
-	if g.left == 0 {
+	if last {
 		// The request's last choice: its pages (forks share their
 		// leader's) and its outcome.
 		if g.reserved {
@@ -463,8 +465,7 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		}
 		s.end(f, nil, ferr, "")
 	}
-	j.res = res
-	if g.left == 0 {
+	if last {
 		s.observe(g) // after the answer: it never waits for the observer
 	}
 }

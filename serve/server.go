@@ -84,8 +84,10 @@ type Server struct {
 
 // Stats is a snapshot of a Server's counters.
 type Stats struct {
-	// Running is the requests prefilling or decoding; Queued those
-	// admitted and waiting for a running slot.
+	// Running is the sequences (a request's choices, one each)
+	// prefilling or decoding; Queued those admitted and waiting for a
+	// running slot or for their request's pages. The other request
+	// counts count a request once, whatever its choices.
 	Running, Queued int
 	// Admitted counts the requests admitted; Refused those refused by
 	// admission (429) or while draining (503); Invalid those refused for
