@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -417,9 +418,9 @@ func TestChoicesCancelled(t *testing.T) {
 
 // TestChoicesObserved: Config.Observe sees a request of n = 3 once, with
 // its usage, the first token of any choice and every choice's
-// inter-token times; a request of n = 3 whose client goes while it is
-// queued (its first choice ends first, failing the forks waiting for its
-// prompt) is seen once too, as cancelled.
+// inter-token times; a request of n = 3 whose deadline passes while it
+// is queued (its first choice ends first, failing the forks waiting for
+// its prompt) is seen once too, as cancelled.
 func TestChoicesObserved(t *testing.T) {
 	cfg := testConfig("tiny")
 	var mu sync.Mutex
@@ -429,20 +430,16 @@ func TestChoicesObserved(t *testing.T) {
 		seen = append(seen, rt)
 		mu.Unlock()
 	}
+	cfg.RequestTimeout = 300 * time.Millisecond
 	s, ts, release := held(t, cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	body := mustJSON(map[string]any{"model": "tiny", "prompt": "gone", "max_tokens": 5, "n": 3, "stream": true})
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	// Its deadline passes while it is queued: the handler answers the
+	// stream's error event; then the scheduler finds the choices gone.
+	events := postStream(t, ts.URL+"/v1/completions", map[string]any{"model": "tiny", "prompt": "gone", "max_tokens": 5, "n": 3, "stream": true})
+	if len(events) != 1 || !strings.Contains(events[0], "request_timeout") {
+		t.Fatalf("the queued request's stream: %q", events)
 	}
-	waitStats(t, s, "the request queued", func(st Stats) bool { return st.Queued == 3 })
-	cancel()
-	resp.Body.Close()
 	release()
-	waitStats(t, s, "the cancelled request ended", func(st Stats) bool { return st.Cancelled == 1 && st.Running+st.Queued == 0 })
+	waitStats(t, s, "the timed-out request ended", func(st Stats) bool { return st.Cancelled == 1 && st.Running+st.Queued == 0 })
 	c := complete(t, ts.URL, map[string]any{"model": "tiny", "prompt": "abc", "max_tokens": 5, "n": 3, "temperature": 0})
 	waitStats(t, s, "the request done", func(st Stats) bool { return st.Completed == 1 })
 	mu.Lock()
