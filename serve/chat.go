@@ -289,12 +289,6 @@ type ChatMessage struct {
 	Content string `json:"content"`
 }
 
-// chatObject is j's chat.completion holding text.
-func (s *Server) chatObject(j *job, text string, finish *string, usage *Usage) ChatCompletion {
-	return ChatCompletion{ID: "chat" + j.id, Object: "chat.completion", Created: j.created, Model: s.name,
-		Choices: []ChatChoice{{Message: &ChatMessage{Role: "assistant", Content: text}, FinishReason: finish}}, Usage: usage}
-}
-
 // chatChunk is j's chat.completion.chunk holding text; first adds the
 // assistant's role.
 func (s *Server) chatChunk(j *job, text string, finish *string, first bool) ChatCompletion {
@@ -303,5 +297,5 @@ func (s *Server) chatChunk(j *job, text string, finish *string, first bool) Chat
 		d.Role = "assistant"
 	}
 	return ChatCompletion{ID: "chat" + j.id, Object: "chat.completion.chunk", Created: j.created, Model: s.name,
-		Choices: []ChatChoice{{Delta: d, FinishReason: finish}}}
+		Choices: []ChatChoice{{Index: j.p.index, Delta: d, FinishReason: finish}}}
 }

@@ -163,7 +163,8 @@ func TestChatBadRequests(t *testing.T) {
 		{"top_logprobs", `{"model": "tiny", "messages": [` + user + `], "logprobs": true, "top_logprobs": -1}`, "top_logprobs", 400},
 		{"max tokens disagree", `{"model": "tiny", "messages": [` + user + `], "max_tokens": 3, "max_completion_tokens": 4}`, "max_tokens", 400},
 		{"max tokens zero", `{"model": "tiny", "messages": [` + user + `], "max_completion_tokens": 0}`, "max_tokens", 400},
-		{"n", `{"model": "tiny", "messages": [` + user + `], "n": 2}`, "n", 400},
+		{"n", `{"model": "tiny", "messages": [` + user + `], "n": 17}`, "n", 400},
+		{"echo", `{"model": "tiny", "messages": [` + user + `], "echo": true}`, "echo", 400},
 		{"too long", `{"model": "tiny", "messages": [{"role": "user", "content": "` + strings.Repeat("a", 4100) + `"}]}`, "messages", 400},
 		{"unknown model", `{"model": "other", "messages": [` + user + `, ` + user + `]}`, "model", 404},
 	} {

@@ -91,7 +91,8 @@ func passkeyPrompt(t *testing.T, dir string) (prompt, key string) {
 
 // TestOpenAINodeClient: the official openai npm client completes the
 // passkey prompt against the handler and streams it, gets the pass key
-// both ways, lists the model, and sees the server's errors as its
+// both ways, gets n = 2 seeded choices equal to their solo requests
+// (streamed too) and a greedy chat of n = 2, lists the model, and sees the server's errors as its
 // APIError subclasses with status, type, param and code.
 func TestOpenAINodeClient(t *testing.T) {
 	m, tok, mdir := passkeyModel(t)
@@ -132,6 +133,9 @@ func TestOpenAINodeClient(t *testing.T) {
 		ChatLogprobs                                          int
 		ChatTopLogprobs                                       []int
 		ChatLogprobTokens                                     string
+		TwoIndexes                                            []int
+		TwoTexts, SoloTexts, TwoStreamed, ChatTwoTexts        []string
+		TwoUsage                                              Usage
 		Models                                                []string
 		UnknownModel, BadMaxTokens                            *struct {
 			Status                  int
@@ -141,7 +145,7 @@ func TestOpenAINodeClient(t *testing.T) {
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatalf("node printed %s: %v", out, err)
 	}
-	t.Logf("openai@%s: text %q, streamed %q in %d chunks, usage %+v", got.Version, got.Text, got.Streamed, got.Chunks, got.Usage)
+	t.Logf("openai@%s: text %q, streamed %q in %d chunks, usage %+v; n = 2: %q", got.Version, got.Text, got.Streamed, got.Chunks, got.Usage, got.TwoTexts)
 	if got.Version != openaiVersion() {
 		t.Errorf("ran openai@%s, want %s", got.Version, openaiVersion())
 	}
@@ -163,6 +167,14 @@ func TestOpenAINodeClient(t *testing.T) {
 	if got.ChatStreamed != key || got.ChatStreamRole != "assistant" || got.ChatStreamFinish != "length" || got.ChatChunks < 3 || got.ChatStreamUsage != got.Usage {
 		t.Errorf("chat stream %q (%s, role %q) in %d chunks, usage %+v; want the pass key %q", got.ChatStreamed, got.ChatStreamFinish, got.ChatStreamRole, got.ChatChunks, got.ChatStreamUsage, key)
 	}
+	if !slices.Equal(got.TwoIndexes, []int{0, 1}) || !slices.Equal(got.TwoTexts, got.SoloTexts) || !slices.Equal(got.TwoStreamed, got.SoloTexts) ||
+		got.TwoUsage.PromptTokens != 16 || got.TwoUsage.CompletionTokens != 10 {
+		t.Errorf("n = 2: indexes %v texts %q streamed %q usage %+v; want [0 1] and the solo texts %q of seeds 11 and 12, the prompt once",
+			got.TwoIndexes, got.TwoTexts, got.TwoStreamed, got.TwoUsage, got.SoloTexts)
+	}
+	if !slices.Equal(got.ChatTwoTexts, []string{key, key}) {
+		t.Errorf("chat n = 2 greedy: %q, want the pass key twice", got.ChatTwoTexts)
+	}
 	if len(got.Models) != 1 || got.Models[0] != name {
 		t.Errorf("models %v, want [%s]", got.Models, name)
 	}
@@ -173,7 +185,7 @@ func TestOpenAINodeClient(t *testing.T) {
 		t.Errorf("bad max_tokens: %+v", e)
 	}
 	waitStats(t, s, "the client's requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
-	unchanged(t, s, 4)
+	unchanged(t, s, 9)
 }
 
 // TestCurlStream: curl -N streams the passkey completion as server-sent

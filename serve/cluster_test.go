@@ -129,7 +129,22 @@ func TestClusterServing(t *testing.T) {
 	if tc := complete(t, tts.URL, req); tc.Choices[0].Text != rc.Choices[0].Text || *tc.Usage != *rc.Usage {
 		t.Errorf("cluster tp 2 %q %+v, cp 2 %q %+v", tc.Choices[0].Text, *tc.Usage, rc.Choices[0].Text, *rc.Usage)
 	}
+	// n = 3: the prompt's sequence forked on the grid for two choices;
+	// each choice and the usage equal the in-process server's.
+	nreq := map[string]any{"model": "v1", "prompt": prompt, "max_tokens": 6, "temperature": 1.0, "seed": 5, "n": 3}
+	rn, ln := complete(t, rts.URL, nreq), complete(t, lts.URL, nreq)
+	for i := range 3 {
+		if len(rn.Choices) != 3 || rn.Choices[i].Text != ln.Choices[i].Text || rn.Choices[i].Index != i {
+			t.Fatalf("cluster n = 3 %+v, in process %+v", rn.Choices, ln.Choices)
+		}
+	}
+	if *rn.Usage != *ln.Usage || rn.Usage.PromptTokens != rc.Usage.PromptTokens {
+		t.Errorf("cluster n = 3 usage %+v, in process %+v", *rn.Usage, *ln.Usage)
+	}
 	waitNodes(t, nodes)
+	if st := remote.Stats(); st.EngineSequences != 0 || st.ReservedPages != 0 {
+		t.Errorf("cluster server stats after n = 3 %+v", st)
+	}
 }
 
 // TestClusterOwnPolicyMonitored: on the cluster, requests whose

@@ -107,8 +107,8 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 	return body, true
 }
 
-// run admits a valid request that arrived at arrived (its body read)
-// and answers it.
+// run admits a valid request that arrived at arrived (its body read),
+// as one job per choice, and answers it.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, p params, arrived time.Time) {
 	var ctx context.Context
 	var cancel context.CancelFunc
@@ -117,66 +117,106 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p params, arrived t
 	} else {
 		ctx, cancel = context.WithCancel(r.Context())
 	}
-	j := &job{ctx: ctx, cancel: cancel, p: p, pages: s.pagesFor(len(p.ids) + p.maxTokens), notify: make(chan struct{}, 1),
-		clock: reqClock{arrived: arrived}}
-	if err := s.admit(j); err != nil {
-		cancel()
+	// Whatever the answer, the request's choices end with it (a choice
+	// still running when the handler returns is ended as cancelled).
+	defer cancel()
+	g := s.newGroup(ctx, p, arrived)
+	if err := s.admit(g); err != nil {
 		err.write(w)
 		return
 	}
 	if p.stream {
-		s.stream(w, j)
+		s.stream(w, g)
 		return
 	}
-	var text []byte
-	var lps []tokenLogprob
-	for {
-		t, l, done, res := s.wait(j)
-		text, lps = append(text, t...), append(lps, l...)
-		if !done {
-			continue
+	n := len(g.jobs)
+	texts := make([][]byte, n)
+	lps := make([][]tokenLogprob, n)
+	res := make([]result, n)
+	finished := make([]bool, n)
+	for left := n; left > 0; {
+		select {
+		case <-g.notify:
+		case <-ctx.Done():
 		}
-		if res.err != nil {
-			// A client gone reads nothing; one still there (its context
-			// ended otherwise) gets the error, never an empty 200.
-			if res.err.status != statusClientGone || r.Context().Err() == nil {
-				res.err.write(w)
+		for i, j := range g.jobs {
+			if finished[i] {
+				continue
 			}
-			return
+			t, l, done, rs := s.news(j)
+			texts[i], lps[i] = append(texts[i], t...), append(lps[i], l...)
+			if !done {
+				continue
+			}
+			if rs.err != nil {
+				// A client gone reads nothing; one still there (its
+				// context ended otherwise) gets the error, never an
+				// empty 200.
+				if rs.err.status != statusClientGone || r.Context().Err() == nil {
+					rs.err.write(w)
+				}
+				return
+			}
+			finished[i], res[i] = true, rs
+			left--
 		}
-		if j.p.chat {
-			c := s.chatObject(j, string(text), &res.finish, &res.usage)
-			c.Choices[0].Logprobs = chatLogprobs(j.p, lps)
-			writeJSON(w, http.StatusOK, c)
-			return
+	}
+	usage := usageOf(g.jobs, res)
+	j0 := g.jobs[0]
+	if j0.p.chat {
+		c := ChatCompletion{ID: "chat" + j0.id, Object: "chat.completion", Created: j0.created, Model: s.name, Usage: &usage}
+		for i, j := range g.jobs {
+			c.Choices = append(c.Choices, ChatChoice{Index: j.p.index, Message: &ChatMessage{Role: "assistant", Content: string(texts[i])},
+				Logprobs: chatLogprobs(j.p, lps[i]), FinishReason: &res[i].finish})
 		}
-		c := s.chunk(j, string(text), &res.finish)
-		c.Choices[0].Logprobs = completionLogprobs(j.p, lps, 0)
-		c.Usage = &res.usage
 		writeJSON(w, http.StatusOK, c)
 		return
 	}
-}
-
-// wait blocks until j has news, or its context ends (the scheduler then
-// ends it at its next iteration boundary; the answer does not wait for
-// that).
-func (s *Server) wait(j *job) ([]byte, []tokenLogprob, bool, result) {
-	select {
-	case <-j.notify:
-	case <-j.ctx.Done():
+	c := Completion{ID: j0.id, Object: "text_completion", Created: j0.created, Model: s.name, Usage: &usage}
+	for i, j := range g.jobs {
+		c.Choices = append(c.Choices, Choice{Text: string(texts[i]), Index: j.p.index,
+			Logprobs: completionLogprobs(j.p, lps[i], 0), FinishReason: &res[i].finish})
 	}
-	return s.news(j)
+	writeJSON(w, http.StatusOK, c)
 }
 
-// await blocks until j has news or its context ends, calling keep each
-// time tick fires first; false when keep does (the client is gone).
-func (s *Server) await(j *job, tick <-chan time.Time, keep func() bool) bool {
+// newGroup makes the jobs of a request of params p under ctx: for each
+// prompt, its first choice (which prefills it) and the n-1 others
+// (forks of the first's sequence), in index order, all notifying one
+// channel.
+func (s *Server) newGroup(ctx context.Context, p params, arrived time.Time) *group {
+	g := &group{ctx: ctx, notify: make(chan struct{}, 1)}
+	for pi, ids := range p.prompts {
+		var lead *job
+		for c := range p.n {
+			q := p
+			q.prompts, q.echoes = nil, nil
+			q.ids, q.echoText, q.index = ids, p.echoes[pi], pi*p.n+c
+			jctx, jcancel := context.WithCancel(ctx)
+			j := &job{ctx: jctx, cancel: jcancel, p: q, g: g, notify: g.notify, clock: reqClock{arrived: arrived}}
+			if c == 0 {
+				lead, j.pages = j, s.pagesFor(len(ids)+p.maxTokens)
+			} else {
+				j.leader, j.pages = lead, s.forkPages(len(ids), p.maxTokens)
+				lead.forks = append(lead.forks, j)
+			}
+			g.jobs = append(g.jobs, j)
+			g.pages += j.pages
+		}
+	}
+	return g
+}
+
+// await blocks until one of g's jobs has news or the request's context
+// ends (the scheduler then ends the jobs at its next iteration boundary;
+// the answer does not wait for that), calling keep each time tick fires
+// first; false when keep does (the client is gone).
+func (s *Server) await(g *group, tick <-chan time.Time, keep func() bool) bool {
 	for {
 		select {
-		case <-j.notify:
+		case <-g.notify:
 			return true
-		case <-j.ctx.Done():
+		case <-g.ctx.Done():
 			return true
 		case <-tick:
 			if !keep() {
@@ -199,14 +239,15 @@ func (s *Server) news(j *job) ([]byte, []tokenLogprob, bool, result) {
 // chunk is a completion object of j holding text.
 func (s *Server) chunk(j *job, text string, finish *string) Completion {
 	return Completion{ID: j.id, Object: "text_completion", Created: j.created, Model: s.name,
-		Choices: []Choice{{Text: text, FinishReason: finish}}}
+		Choices: []Choice{{Text: text, Index: j.p.index, FinishReason: finish}}}
 }
 
-// stream answers j with server-sent events: a chunk per piece of text,
-// a last chunk with the finish reason, a usage chunk when asked, then
-// [DONE]. A failure after the first byte is an error event (OpenAI's
-// error object) and no [DONE].
-func (s *Server) stream(w http.ResponseWriter, j *job) {
+// stream answers g with server-sent events: chunks of each choice's
+// text (its index set), each choice's last chunk with its finish
+// reason, once all are done a usage chunk when asked, then [DONE]. A
+// failure after the first byte is an error event (OpenAI's error
+// object) and no [DONE].
+func (s *Server) stream(w http.ResponseWriter, g *group) {
 	rc := http.NewResponseController(w)
 	send := func(v any) bool {
 		b, err := json.Marshal(v)
@@ -228,36 +269,42 @@ func (s *Server) stream(w http.ResponseWriter, j *job) {
 	if rc.Flush() != nil {
 		return
 	}
-	// piece is a chunk of text and its tokens' log-probabilities (a
-	// chat chunk on /v1/chat/completions, whose first carries the
-	// assistant's role); offset is where the text starts in the
-	// completion's.
-	first := true
-	offset := 0 // of the next entry's token in the completion's text
-	piece := func(text string, lps []tokenLogprob, finish *string) any {
+	chat := g.jobs[0].p.chat
+	n := len(g.jobs)
+	// offsets[i] is where choice i's next entry's token starts in its
+	// text.
+	offsets := make([]int, n)
+	// piece is a chunk of choice i's text and its tokens'
+	// log-probabilities (a chat chunk on /v1/chat/completions).
+	piece := func(i int, text string, lps []tokenLogprob, finish *string) any {
+		j := g.jobs[i]
 		// Entries may run ahead of the text (bytes a stop string holds
 		// back): the offsets follow the entries' own texts.
 		defer func() {
 			for _, e := range lps {
-				offset += len(e.text)
+				offsets[i] += len(e.text)
 			}
 		}()
-		if j.p.chat {
-			c := s.chatChunk(j, text, finish, first)
+		if chat {
+			c := s.chatChunk(j, text, finish, false)
 			if len(lps) > 0 {
 				c.Choices[0].Logprobs = chatLogprobs(j.p, lps)
 			}
-			first = false
 			return c
 		}
 		c := s.chunk(j, text, finish)
 		if len(lps) > 0 {
-			c.Choices[0].Logprobs = completionLogprobs(j.p, lps, offset)
+			c.Choices[0].Logprobs = completionLogprobs(j.p, lps, offsets[i])
 		}
 		return c
 	}
-	if j.p.chat && !send(piece("", nil, nil)) {
-		return // OpenAI opens a chat stream with the role alone
+	if chat {
+		// OpenAI opens each choice of a chat stream with the role alone.
+		for _, j := range g.jobs {
+			if !send(s.chatChunk(j, "", nil, true)) {
+				return
+			}
+		}
 	}
 	// A comment when nothing was sent for SSEKeepAlive (a long prefill);
 	// without it tick stays nil and never fires.
@@ -280,44 +327,53 @@ func (s *Server) stream(w http.ResponseWriter, j *job) {
 			return rc.Flush() == nil
 		}
 	}
-	for {
-		if !s.await(j, tick, keepAlive) {
-			return // the client is gone; the scheduler ends j
+	res := make([]result, n)
+	finished := make([]bool, n)
+	for left := n; left > 0; {
+		if !s.await(g, tick, keepAlive) {
+			return // the client is gone; the scheduler ends the jobs
 		}
-		text, lps, done, res := s.news(j)
-		if (len(text) > 0 || len(lps) > 0) && !send(piece(string(text), lps, nil)) {
-			return // the client is gone; the scheduler ends j
-		}
-		if !done {
-			continue
-		}
-		if res.err != nil {
-			if res.err.status != statusClientGone {
-				send(res.err.body())
+		for i, j := range g.jobs {
+			if finished[i] {
+				continue
 			}
-			return
-		}
-		if !send(piece("", nil, &res.finish)) {
-			return
-		}
-		if j.p.includeUsage {
-			var last any
-			if j.p.chat {
-				c := s.chatChunk(j, "", nil, false)
-				c.Choices, c.Usage = []ChatChoice{}, &res.usage
-				last = c
-			} else {
-				c := s.chunk(j, "", nil)
-				c.Choices, c.Usage = []Choice{}, &res.usage
-				last = c
+			text, lps, done, rs := s.news(j)
+			if (len(text) > 0 || len(lps) > 0) && !send(piece(i, string(text), lps, nil)) {
+				return // the client is gone; the scheduler ends the jobs
 			}
-			if !send(last) {
+			if !done {
+				continue
+			}
+			if rs.err != nil {
+				if rs.err.status != statusClientGone {
+					send(rs.err.body())
+				}
 				return
 			}
+			if !send(piece(i, "", nil, &rs.finish)) {
+				return
+			}
+			finished[i], res[i] = true, rs
+			left--
 		}
-		if _, err := io.WriteString(w, "data: [DONE]\n\n"); err == nil {
-			rc.Flush()
+	}
+	if g.jobs[0].p.includeUsage {
+		usage := usageOf(g.jobs, res)
+		var last any
+		if chat {
+			c := s.chatChunk(g.jobs[0], "", nil, false)
+			c.Choices, c.Usage = []ChatChoice{}, &usage
+			last = c
+		} else {
+			c := s.chunk(g.jobs[0], "", nil)
+			c.Choices, c.Usage = []Choice{}, &usage
+			last = c
 		}
-		return
+		if !send(last) {
+			return
+		}
+	}
+	if _, err := io.WriteString(w, "data: [DONE]\n\n"); err == nil {
+		rc.Flush()
 	}
 }

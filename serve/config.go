@@ -70,19 +70,21 @@ type Config struct {
 	PolicyGrids int
 	// CapacityPages is the engine's page pool per shard (4096); with
 	// Cluster, the pool of every rank of the requests' grids. Every
-	// admitted request reserves the pages of its prompt plus max_tokens
-	// in it (over CP shards: its share per shard).
+	// started request reserves the pages of its prompt plus max_tokens
+	// in it (over CP shards: its share per shard); a queued request
+	// starts when its pages fit.
 	CapacityPages int
 	// MemoryLimit bounds the engine's host pools: bytes, 0 (the memory
 	// available when New runs) or -1 (no check). With Cluster the
 	// workers check their own pools and it bounds the model's weights
 	// only (Load).
 	MemoryLimit int64
-	// MaxRunning caps the requests prefilling or decoding at once, the
-	// decode batch (16).
+	// MaxRunning caps the sequences prefilling or decoding at once, the
+	// decode batch (16); each choice of a request (n, a batch of
+	// prompts) is a sequence.
 	MaxRunning int
-	// MaxQueued caps the admitted requests waiting for a running slot
-	// (64); past it requests are refused with 429.
+	// MaxQueued caps the admitted sequences waiting for a running slot
+	// or for their pages (64); past it requests are refused with 429.
 	MaxQueued int
 	// ChunkTokens is the prompt tokens one scheduler iteration prefills
 	// (512): longer prompts are prefilled in chunks between decode steps.

@@ -25,8 +25,9 @@
 // # API
 //
 //   - POST /v1/completions: OpenAI's legacy completions request (model,
-//     prompt as a string or an array of token ids, max_tokens, temperature,
-//     top_p, seed, stop, logprobs, stream, stream_options, n = 1) plus a "quest" object
+//     prompt as a string, an array of token ids or a batch of either,
+//     max_tokens, temperature, top_p, seed, stop, logprobs, echo, stream,
+//     stream_options, n) plus a "quest" object
 //     choosing the request's page budget, selector and dense layers
 //     ([QuestOptions]). The answer is OpenAI's text_completion object, or
 //     with "stream": true server-sent events of completion chunks ending in
@@ -99,12 +100,36 @@
 // each replay yields a [MonitorSample] (page recall, attention-mass
 // recall, output error) for the caller's metrics.
 //
-// Admission is all or nothing: a request is admitted only when the pages
-// its prompt and max_tokens can fill fit the engine's pool next to the
-// pages every admitted request has reserved, and when the running and
-// queued requests are under their caps; otherwise it gets 429 with
-// Retry-After and nothing changes. An admitted request therefore never
-// runs out of pages. On a cluster ([Config.Cluster]) a request's
+// # Choices
+//
+// A request of n choices per prompt (n 1..[MaxChoices]; a completion's
+// prompt may be a batch of prompts, its choices indexed prompt-major:
+// index = prompt*n + choice, as OpenAI does) runs as one job per choice,
+// each a sequence with a sampler of its own: with a seed, choice i
+// samples with seed + i, so that it equals a request of n = 1 with that
+// seed (without one, the server's seed of the request plus i). Each
+// prompt is prefilled once, by its first choice; when the prompt is
+// done its sequence is forked (model.EngineAttention.Fork: sealed pages
+// shared, the tail copied on write; a cluster's coordinator forks on
+// the grid) for the other choices, which sample their first token from
+// the same logits. A choice after the first reserves only the pages a
+// fork adds (its tail page and the pages after it); a request's
+// reservation is released when its last choice ends. The usage counts
+// each prompt once and every choice's tokens and pages; a stream's
+// chunks carry their choice's index, each choice ends with its own
+// finish chunk, and the usage chunk and [DONE] follow the last.
+//
+// Admission is all or nothing: a request is admitted into the queue
+// when its sequences (a choice is one) fit under the running and queued
+// caps; otherwise it gets 429 with Retry-After, naming questd
+// --max-queued, and nothing changes (a request that could never fit the
+// pool or the caps gets 400 naming n, or prompt). Queued requests start
+// in admission order, each when the pages its choices' prompts and
+// max_tokens can fill fit the engine's pool next to the pages the
+// running requests have reserved: a request that does not fit now
+// waits in the queue (bounded by the request timeout) until running
+// ones end, and the requests behind it wait too, so none is overtaken
+// for ever. A started request therefore never runs out of pages. On a cluster ([Config.Cluster]) a request's
 // sequence is created, at its turn to prefill, on a goroutine of its own
 // (a grid opening may take seconds) that hands it to the scheduler at an
 // iteration boundary; the running requests go on decoding meanwhile. A

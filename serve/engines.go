@@ -82,7 +82,13 @@ func (s *Server) engineConfig(pol plan.Policy, capacity int) engine.Config {
 // batch as every other request's: DecodeBatch steps each sequence's
 // attention on its own.
 func (s *Server) ownEngine(j *job) (*engineRef, error) {
-	e, err := engine.New(s.engineConfig(j.p.sel, j.pages+s.monitorSlack()))
+	pages := j.pages // and its forks', which share the engine
+	for _, f := range j.g.jobs {
+		if f.leader == j {
+			pages += f.pages
+		}
+	}
+	e, err := engine.New(s.engineConfig(j.p.sel, pages+s.monitorSlack()))
 	if err != nil {
 		return nil, fmt.Errorf("engine of the request's selection (%s, %s, sink %d, local %d): %w",
 			j.p.sel.Selector, j.p.sel.GQA, j.p.sel.SinkPages, j.p.sel.LocalPages, err)

@@ -78,7 +78,11 @@ func TestBadRequests(t *testing.T) {
 		{"model type", `{"model": 5, "prompt": "x"}`, 400, "model", "invalid_type"},
 		{"prompt type", `{"model": "tiny", "prompt": 5}`, 400, "prompt", "invalid_type"},
 		{"prompt object", `{"model": "tiny", "prompt": {"text": "x"}}`, 400, "prompt", "invalid_type"},
-		{"prompt batch of strings", `{"model": "tiny", "prompt": ["a", "b"]}`, 400, "prompt", "invalid_type"},
+		{"prompt batch with a number", `{"model": "tiny", "prompt": ["a", 5]}`, 400, "prompt", "invalid_type"},
+		{"prompt batch with an object", `{"model": "tiny", "prompt": [[1], {"a": 1}]}`, 400, "prompt", "invalid_type"},
+		{"prompt batch with no tokens", `{"model": "tiny", "prompt": ["a", []]}`, 400, "prompt", "invalid_value"},
+		{"prompt batch with a bad id", `{"model": "tiny", "prompt": [[1, 2], [3, 260]]}`, 400, "prompt", "invalid_value"},
+		{"prompt batch over the context", `{"model": "tiny", "prompt": ["a", "` + long + `"]}`, 400, "prompt", "context_length_exceeded"},
 		{"prompt fractional id", `{"model": "tiny", "prompt": [1, 2.5]}`, 400, "prompt", "invalid_type"},
 		{"prompt id outside vocabulary", `{"model": "tiny", "prompt": [1, 260]}`, 400, "prompt", "invalid_value"},
 		{"prompt negative id", `{"model": "tiny", "prompt": [-1]}`, 400, "prompt", "invalid_value"},
@@ -110,10 +114,14 @@ func TestBadRequests(t *testing.T) {
 		{"stream_options without stream", `{"model": "tiny", "prompt": "x", "stream_options": {"include_usage": true}}`, 400, "stream_options", "invalid_value"},
 		{"stream_options unknown", `{"model": "tiny", "prompt": "x", "stream": true, "stream_options": {"usage": true}}`, 400, "stream_options.usage", "unknown_parameter"},
 		{"stream_options type", `{"model": "tiny", "prompt": "x", "stream": true, "stream_options": true}`, 400, "stream_options", "invalid_type"},
-		{"n two", `{"model": "tiny", "prompt": "x", "n": 2}`, 400, "n", "invalid_value"},
+		{"n too many", `{"model": "tiny", "prompt": "x", "n": 17}`, 400, "n", "invalid_value"},
+		{"n negative", `{"model": "tiny", "prompt": "x", "n": -1}`, 400, "n", "invalid_value"},
+		{"n over the pool", `{"model": "tiny", "prompt": "x", "n": 16, "max_tokens": 1000}`, 400, "n", "invalid_value"},
+		{"prompts x n over the sequences", `{"model": "tiny", "prompt": ["a", "b", "c", "d", "e", "f"], "n": 16}`, 400, "n", "invalid_value"},
 		{"n zero", `{"model": "tiny", "prompt": "x", "n": 0}`, 400, "n", "invalid_value"},
 		{"n string", `{"model": "tiny", "prompt": "x", "n": "1"}`, 400, "n", "invalid_type"},
-		{"echo", `{"model": "tiny", "prompt": "x", "echo": true}`, 400, "echo", "unsupported_parameter"},
+		{"echo string", `{"model": "tiny", "prompt": "x", "echo": "yes"}`, 400, "echo", "invalid_type"},
+		{"max_tokens zero without echo", `{"model": "tiny", "prompt": "x", "max_tokens": 0, "echo": false}`, 400, "max_tokens", "invalid_value"},
 		{"logprobs", `{"model": "tiny", "prompt": "x", "logprobs": 6}`, 400, "logprobs", "invalid_value"},
 		{"best_of", `{"model": "tiny", "prompt": "x", "best_of": 2}`, 400, "best_of", "unsupported_parameter"},
 		{"frequency_penalty", `{"model": "tiny", "prompt": "x", "frequency_penalty": 0.5}`, 400, "frequency_penalty", "unsupported_parameter"},
@@ -328,44 +336,50 @@ func waitStats(t testing.TB, s *Server, what string, ok func(Stats) bool) Stats 
 	}
 }
 
-// TestAdmission: with the scheduler held, a request whose pages do not
-// fit beside the reserved ones, and one past the running and queued
-// caps, get 429 with Retry-After and change nothing; the admitted ones
-// then complete.
+// TestAdmission: with the scheduler held, two requests whose pages do
+// not fit the pool together are both admitted (queued: pages are
+// reserved when a request starts), and one past the running and queued
+// caps gets 429 with Retry-After naming --max-queued and changes
+// nothing; once released, the first runs and the second waits for its
+// pages, then runs: both complete with their solo answers.
 func TestAdmission(t *testing.T) {
 	cfg := testConfig("tiny")
 	cfg.CapacityPages = 20
 	cfg.MaxRunning, cfg.MaxQueued = 1, 1
 	s, ts, release := held(t, cfg)
 	url := ts.URL + "/v1/completions"
-	// 100 + 100 tokens: 13 pages of 16.
+	// 100 + 100 tokens: 13 pages of 16; two do not fit 20.
 	big := `{"model": "tiny", "prompt": "` + strings.Repeat("x", 99) + `", "max_tokens": 100, "temperature": 0}`
+	big2 := `{"model": "tiny", "prompt": "` + strings.Repeat("y", 99) + `", "max_tokens": 100, "temperature": 0}`
 	small := `{"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0}`
 	first := postAsync(t, url, big)
 	waitStats(t, s, "the first request queued", func(st Stats) bool { return st.Queued == 1 })
-	status, h, body := post(t, url, big)
-	checkError(t, "pages", status, body, 429, typeRateLimit, "", "rate_limit_exceeded")
-	if h.Get("Retry-After") != "2" {
-		t.Errorf("Retry-After %q, want 2", h.Get("Retry-After"))
-	}
-	second := postAsync(t, url, small) // 1 page: fits, queued second
+	second := postAsync(t, url, big2)
 	waitStats(t, s, "the second request queued", func(st Stats) bool { return st.Queued == 2 })
-	status, h, body = post(t, url, small)
+	status, h, body := post(t, url, small)
 	checkError(t, "caps", status, body, 429, typeRateLimit, "", "rate_limit_exceeded")
-	if h.Get("Retry-After") != "2" {
-		t.Errorf("Retry-After %q, want 2", h.Get("Retry-After"))
+	if h.Get("Retry-After") != "2" || !strings.Contains(string(body), "--max-queued") {
+		t.Errorf("Retry-After %q, body %s: want 2 and the flag --max-queued", h.Get("Retry-After"), body)
 	}
 	st := s.Stats()
-	if st.Admitted != 2 || st.Refused != 2 || st.ReservedPages != 14 || st.EngineSequences != 0 {
-		t.Fatalf("stats after refusals: %+v", st)
+	if st.Admitted != 2 || st.Refused != 1 || st.Queued != 2 || st.ReservedPages != 0 || st.EngineSequences != 0 {
+		t.Fatalf("stats after the refusal: %+v", st)
 	}
 	release()
-	for _, ch := range []<-chan answer{first, second} {
-		if a := <-ch; a.status != 200 {
-			t.Fatalf("admitted request: %d %s", a.status, a.body)
+	for i, ch := range []<-chan answer{first, second} {
+		a := <-ch
+		if a.status != 200 {
+			t.Fatalf("admitted request %d: %d %s", i, a.status, a.body)
+		}
+		// Alone on the idle server, the same answer.
+		status, _, solo := post(t, url, []string{big, big2}[i])
+		var got, want Completion
+		if status != 200 || json.Unmarshal(a.body, &got) != nil || json.Unmarshal(solo, &want) != nil ||
+			got.Choices[0].Text != want.Choices[0].Text || got.Usage.CompletionTokens != 100 {
+			t.Errorf("request %d: %s, alone %d %s", i, a.body, status, solo)
 		}
 	}
-	unchanged(t, s, 2)
+	unchanged(t, s, 4)
 }
 
 // TestDrain: a draining server refuses new requests with 503 and
@@ -441,4 +455,58 @@ func TestRequestTimeout(t *testing.T) {
 	if st.Cancelled != 2 || st.ReservedPages != 0 || st.EngineSequences != 0 {
 		t.Errorf("stats: %+v", st)
 	}
+}
+
+// TestQueueWaitsForPages: four concurrent requests whose pages exceed
+// the pool together (13 pages each, one of n = 2 taking all 20) are all
+// admitted while the scheduler is held, wait in the queue for pages
+// once it runs (one request at a time fits), and complete with the
+// answers they get alone afterwards; no page is left reserved.
+func TestQueueWaitsForPages(t *testing.T) {
+	cfg := testConfig("tiny")
+	cfg.CapacityPages = 20
+	s, ts, release := held(t, cfg)
+	url := ts.URL + "/v1/completions"
+	var bodies []string
+	var chs []<-chan answer
+	for i, c := range []string{"a", "b", "c", "d"} {
+		n := 1
+		if i == 1 {
+			n = 2 // 13 pages and 7 for the fork: the whole pool
+		}
+		bodies = append(bodies, fmt.Sprintf(`{"model": "tiny", "prompt": "%s", "max_tokens": 100, "temperature": 0.7, "seed": %d, "n": %d}`,
+			strings.Repeat(c, 99), i, n))
+		chs = append(chs, postAsync(t, url, bodies[i]))
+	}
+	st := waitStats(t, s, "the four requests queued", func(st Stats) bool { return st.Queued == 5 })
+	if st.Admitted != 4 || st.Refused != 0 || st.ReservedPages != 0 {
+		t.Fatalf("stats with the requests queued: %+v", st)
+	}
+	release()
+	var got []Completion
+	for i, ch := range chs {
+		a := <-ch
+		var c Completion
+		if a.status != 200 || json.Unmarshal(a.body, &c) != nil {
+			t.Fatalf("request %d: %d %s", i, a.status, a.body)
+		}
+		got = append(got, c)
+	}
+	for i, b := range bodies {
+		status, _, body := post(t, url, b)
+		var solo Completion
+		if status != 200 || json.Unmarshal(body, &solo) != nil || len(solo.Choices) != len(got[i].Choices) {
+			t.Fatalf("alone: %d %s", status, body)
+		}
+		for k := range solo.Choices {
+			if got[i].Choices[k].Text != solo.Choices[k].Text || got[i].Usage.CompletionTokens != solo.Usage.CompletionTokens {
+				t.Errorf("request %d choice %d: %q, alone %q", i, k, got[i].Choices[k].Text, solo.Choices[k].Text)
+			}
+		}
+	}
+	st = waitStats(t, s, "the requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
+	if st.Refused != 0 || st.Completed != 8 {
+		t.Errorf("stats %+v: want 8 completed, none refused", st)
+	}
+	unchanged(t, s, 8)
 }

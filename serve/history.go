@@ -10,8 +10,12 @@ import (
 // (Config.History): GET /admin/requests/{id} returns it, and POST
 // /admin/requests/{id}/replay replays it with dense attention.
 type RequestRecord struct {
-	// ID is the completion id of the answer.
+	// ID is the completion id of the answer; Index the choice's (a
+	// request of n > 1 or of a batch of prompts keeps a record per
+	// choice, under one id: GET /admin/requests/{id} and its replay take
+	// the first kept).
 	ID      string `json:"id"`
+	Index   int    `json:"index"`
 	Created int64  `json:"created"`
 	Model   string `json:"model"`
 	// PromptTokens is the prompt as the model saw it (BOS included).
@@ -103,7 +107,7 @@ func (s *Server) record(j *job, res result, last []byte) *RequestRecord {
 	if p.allDense {
 		sel = plan.Dense
 	}
-	r := &RequestRecord{ID: j.id, Created: j.created, Model: s.name,
+	r := &RequestRecord{ID: j.id, Index: p.index, Created: j.created, Model: s.name,
 		PromptTokens: p.ids, OutputTokens: j.out, QuestArgmax: j.argmax, Text: string(j.sent) + string(last),
 		FinishReason: res.finish, Usage: res.usage,
 		Settings: RecordSettings{MaxTokens: p.maxTokens, Temperature: p.temperature, TopP: p.topP, Seed: p.seed,

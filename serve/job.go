@@ -18,8 +18,15 @@ type job struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	p       params
-	pages   int   // pages reserved per shard
+	pages   int   // pages reserved per shard (released with g's)
 	created int64 // the completion's created time (Unix seconds)
+	// g is j's request; leader, for a choice after the first of its
+	// prompt, is the prompt's first choice, whose prefilled sequence j
+	// forks (j prefills nothing); forks are the leader's (handed their
+	// sequence by the scheduler when the prompt is done).
+	g      *group
+	leader *job
+	forks  []*job
 	// clock's arrived is set before admission; the rest is the
 	// scheduler's.
 	clock reqClock
@@ -59,13 +66,35 @@ type job struct {
 	// lpQueue (the scheduler's) holds the log-probabilities of tokens
 	// recorded since the last post, which moves them to pendingLP.
 	lpQueue []tokenLogprob
+	// res is how j ended (set by end, for its group's observer).
+	res result
+	// promptLP (the scheduler's), with echo and logprobs, is the
+	// prompt's entries, recorded by the prefill.
+	promptLP []tokenLogprob
 
 	mu        sync.Mutex
-	notify    chan struct{}  // cap 1: something new under mu
+	notify    chan struct{}  // cap 1, g's: something new under mu
 	pending   []byte         // text not yet taken by the handler
 	pendingLP []tokenLogprob // log-probabilities not yet taken, in order
 	done      bool
 	result    result
+}
+
+// group is one request's jobs, its choices in index order: admitted
+// together (or none), their pages reserved (when the first starts) and
+// released (when the last ends) together.
+type group struct {
+	ctx   context.Context // the request's: each job's is a child
+	jobs  []*job
+	pages int // reserved per shard by the jobs together
+	// notify is the jobs' (cap 1): something new in one of them.
+	notify chan struct{}
+	// The scheduler's: the jobs not ended yet, the first failure.
+	left int
+	err  *apiError
+	// reserved (the Server's mu) says that the pages are reserved: from
+	// the first job's start to the last job's end.
+	reserved bool
 }
 
 // result is how a job ended.
@@ -73,6 +102,31 @@ type result struct {
 	finish string    // "stop" or "length" when err is nil
 	err    *apiError // the failure, or nil
 	usage  Usage
+	// readW and denseW are the job's page weights (Usage's rho).
+	readW, denseW float64
+}
+
+// usageOf totals the usage of a request's choices (every one ended,
+// res[i] jobs[i]'s): each prompt's tokens once, every choice's
+// completion tokens and pages.
+func usageOf(jobs []*job, res []result) Usage {
+	var u Usage
+	var readW, denseW float64
+	for i, j := range jobs {
+		r := res[i].usage
+		if j.leader == nil {
+			u.PromptTokens += r.PromptTokens
+		}
+		u.CompletionTokens += r.CompletionTokens
+		u.PagesRead += r.PagesRead
+		u.PagesTotal += r.PagesTotal
+		readW, denseW = readW+res[i].readW, denseW+res[i].denseW
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	if denseW > 0 {
+		u.BytesReadVsDense = readW / denseW
+	}
+	return u
 }
 
 // post appends text for the handler and, when fin is set, ends the job.

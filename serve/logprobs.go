@@ -21,11 +21,14 @@ const (
 	maxChatTopLogprobs = 20
 )
 
-// tokenLogprob is one generated token's entry.
+// tokenLogprob is one generated (or, with echo, prompt) token's entry;
+// none marks the prompt's first token, which nothing predicts (its
+// log-probability and alternatives are null).
 type tokenLogprob struct {
 	text string
 	lp   float64
 	top  []textLogprob // most likely first
+	none bool
 }
 
 type textLogprob struct {
@@ -110,21 +113,49 @@ func (s *Server) logprob(j *job, logits []float32, id int) {
 	if !j.p.logprobs {
 		return
 	}
-	lp, ids, lps := logprobOf(logits, id, j.p.topLogprobs)
+	j.lpQueue = append(j.lpQueue, s.entry(logits, id, j.p.topLogprobs))
+}
+
+// entry is the entry of token id under logits, with top alternatives.
+func (s *Server) entry(logits []float32, id, top int) tokenLogprob {
+	lp, ids, lps := logprobOf(logits, id, top)
 	e := tokenLogprob{text: s.tok.Decode([]int{id}), lp: lp}
 	for k, t := range ids {
 		e.top = append(e.top, textLogprob{text: s.tok.Decode([]int{t}), lp: lps[k]})
 	}
-	j.lpQueue = append(j.lpQueue, e)
+	return e
+}
+
+// promptLogprobs records, for j with echo and logprobs, the entries of
+// the prompt tokens that a prefill chunk of n tokens (after j.filled)
+// predicts from logits (n rows: row r predicts the token after the
+// chunk's r-th), the first prompt token's empty one with the first
+// chunk; it returns the last row, the logits of the first generated
+// token once the prompt is done.
+func (s *Server) promptLogprobs(j *job, logits []float32, n int) []float32 {
+	v := len(logits) / n
+	ids := j.p.ids
+	if j.filled == 0 {
+		j.promptLP = append(j.promptLP, tokenLogprob{text: s.tok.Decode(ids[:1]), none: true})
+	}
+	for r := range n {
+		next := j.filled + r + 1
+		if next >= len(ids) {
+			break
+		}
+		j.promptLP = append(j.promptLP, s.entry(logits[r*v:(r+1)*v], ids[next], j.p.topLogprobs))
+	}
+	return logits[(n-1)*v:]
 }
 
 // CompletionLogprobs is OpenAI's logprobs object of a text completion's
 // choice: per generated token its text, log-probability, the most likely
 // alternatives (null without them) and its byte offset in the
-// completion's text.
+// completion's text. With echo the prompt's tokens come first, the
+// first with a null log-probability and null alternatives.
 type CompletionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []float64            `json:"token_logprobs"`
+	TokenLogprobs []*float64           `json:"token_logprobs"`
 	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
 }
@@ -165,15 +196,22 @@ func completionLogprobs(p params, entries []tokenLogprob, offset int) *Completio
 	if !p.logprobs {
 		return nil
 	}
-	out := &CompletionLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TextOffset: []int{}}
+	out := &CompletionLogprobs{Tokens: []string{}, TokenLogprobs: []*float64{}, TextOffset: []int{}}
 	if p.topLogprobs > 0 {
 		out.TopLogprobs = []map[string]float64{}
 	}
 	for _, e := range entries {
 		out.Tokens = append(out.Tokens, e.text)
-		out.TokenLogprobs = append(out.TokenLogprobs, e.lp)
 		out.TextOffset = append(out.TextOffset, offset)
 		offset += len(e.text)
+		if e.none {
+			out.TokenLogprobs = append(out.TokenLogprobs, nil)
+			if p.topLogprobs > 0 {
+				out.TopLogprobs = append(out.TopLogprobs, nil)
+			}
+			continue
+		}
+		out.TokenLogprobs = append(out.TokenLogprobs, &e.lp)
 		if p.topLogprobs > 0 {
 			m := make(map[string]float64, len(e.top)+1)
 			for _, t := range e.top {

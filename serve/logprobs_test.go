@@ -77,7 +77,7 @@ func TestLogprobs(t *testing.T) {
 				best, bestText = v, text
 			}
 		}
-		if lp.TokenLogprobs[i] > 0 || lp.TextOffset[i] != off || len(lp.TopLogprobs[i]) != 3 || bestText != tk || best != lp.TokenLogprobs[i] {
+		if *lp.TokenLogprobs[i] > 0 || lp.TextOffset[i] != off || len(lp.TopLogprobs[i]) != 3 || bestText != tk || best != *lp.TokenLogprobs[i] {
 			t.Errorf("token %d %q: logprob %v offset %d top %v", i, tk, lp.TokenLogprobs[i], lp.TextOffset[i], lp.TopLogprobs[i])
 		}
 		off += len(tk)
@@ -102,10 +102,10 @@ func TestLogprobs(t *testing.T) {
 			if strings.Join(l.Tokens, "") != ch.Choices[0].Text || l.TopLogprobs != nil {
 				t.Errorf("chunk %s: tokens %q for text %q (top %v, want null with logprobs 0)", e, l.Tokens, ch.Choices[0].Text, l.TopLogprobs)
 			}
-			toks, lps = append(toks, l.Tokens...), append(lps, l.TokenLogprobs...)
+			toks, lps = append(toks, l.Tokens...), append(lps, values(l.TokenLogprobs)...)
 		}
 	}
-	if strings.Join(toks, "") != key || !slices.Equal(lps, lp.TokenLogprobs) {
+	if strings.Join(toks, "") != key || !slices.Equal(lps, values(lp.TokenLogprobs)) {
 		t.Errorf("streamed tokens %q logprobs %v, want %q %v", toks, lps, key, lp.TokenLogprobs)
 	}
 	// A stop string that holds bytes back: the streamed entries and
@@ -153,7 +153,7 @@ func TestLogprobs(t *testing.T) {
 		t.Fatalf("chat logprobs of %d tokens, want 5", len(content))
 	}
 	for i, e := range content {
-		if e.Token != lp.Tokens[i] || e.Logprob != lp.TokenLogprobs[i] || !slices.Equal(e.Bytes, textBytes(e.Token)) || len(e.TopLogprobs) != 2 ||
+		if e.Token != lp.Tokens[i] || e.Logprob != *lp.TokenLogprobs[i] || !slices.Equal(e.Bytes, textBytes(e.Token)) || len(e.TopLogprobs) != 2 ||
 			e.TopLogprobs[0].Token != e.Token || e.TopLogprobs[0].Logprob != e.Logprob || e.TopLogprobs[1].Logprob > e.Logprob {
 			t.Errorf("chat token %d: %+v, want %q %v", i, e, lp.Tokens[i], lp.TokenLogprobs[i])
 		}
@@ -175,4 +175,16 @@ func TestLogprobs(t *testing.T) {
 		}
 	}
 	waitStats(t, s, "the requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
+}
+
+// values dereferences token_logprobs (NaN for a null).
+func values(ps []*float64) []float64 {
+	out := make([]float64, len(ps))
+	for i, p := range ps {
+		out[i] = math.NaN()
+		if p != nil {
+			out[i] = *p
+		}
+	}
+	return out
 }

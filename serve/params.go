@@ -9,9 +9,19 @@ import (
 	"github.com/questrt/questrt/plan"
 )
 
-// params are a validated request's settings.
+// params are a validated request's settings: resolve's hold every
+// prompt of the request (prompts, echoes), a job's the one prompt of
+// its choice (ids, echoText) and the choice's index and seed.
 type params struct {
-	ids          []int
+	ids     []int
+	prompts [][]int
+	echoes  []string
+	n       int // choices per prompt
+	index   int // the choice's index in the answer
+	// echo prepends echoText (the prompt as given) to the choice's
+	// text, and the prompt's log-probabilities to its entries.
+	echo         bool
+	echoText     string
 	maxTokens    int
 	temperature  float64
 	topP         float64
@@ -47,13 +57,18 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	if err := s.checkModel(req.Model); err != nil {
 		return p, err
 	}
-	if req.N != nil && *req.N != 1 {
-		return p, badParam("n", "invalid_value", "n %d: this server returns one choice per request (n must be 1)", *req.N)
+	p.n = 1
+	if req.N != nil {
+		if *req.N < 1 || *req.N > MaxChoices {
+			return p, badParam("n", "invalid_value", "n %d: want 1..%d choices", *req.N, MaxChoices)
+		}
+		p.n = *req.N
 	}
+	p.echo = req.Echo
 	p.maxTokens = s.cfg.DefaultMaxTokens
 	if req.MaxTokens != nil {
-		if *req.MaxTokens < 1 {
-			return p, badParam("max_tokens", "invalid_value", "max_tokens %d: want at least 1", *req.MaxTokens)
+		if *req.MaxTokens < 1 && !(p.echo && *req.MaxTokens == 0) {
+			return p, badParam("max_tokens", "invalid_value", "max_tokens %d: want at least 1 (0 only with echo)", *req.MaxTokens)
 		}
 		p.maxTokens = *req.MaxTokens
 	}
@@ -107,43 +122,99 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	if err := s.questParams(req.Quest, &p); err != nil {
 		return p, err
 	}
-	// The prompt, then its length against the context and the pool.
-	vocab := s.m.Config.VocabSize
-	switch {
-	case req.Prompt == nil:
+	// The prompts, then their lengths against the context and the pool.
+	list := req.Prompts
+	if req.Prompt != nil {
+		list = []Prompt{*req.Prompt}
+	}
+	if list == nil {
 		return p, badParam("prompt", "missing_required_parameter", "you must provide a prompt parameter")
-	case req.Prompt.IDs != nil:
-		if len(req.Prompt.IDs) == 0 {
-			return p, badParam("prompt", "invalid_value", "prompt has no tokens")
+	}
+	if len(list) == 0 {
+		return p, badParam("prompt", "invalid_value", "prompt is an empty batch of prompts")
+	}
+	batch := req.Prompts != nil
+	pages := 0
+	for i, pr := range list {
+		ids, err := s.promptIDs(pr)
+		if err == nil {
+			err = s.checkLength(len(ids), p.maxTokens)
 		}
-		for i, id := range req.Prompt.IDs {
+		if err != nil {
+			if batch {
+				err.message = fmt.Sprintf("prompt[%d]: %s", i, err.message)
+			}
+			return p, err
+		}
+		text := pr.Text
+		if pr.IDs != nil {
+			text = s.tok.Decode(ids)
+		}
+		p.prompts, p.echoes = append(p.prompts, ids), append(p.echoes, text)
+		pages += s.pagesFor(len(ids)+p.maxTokens) + (p.n-1)*s.forkPages(len(ids), p.maxTokens)
+	}
+	// All the choices are admitted together, each a sequence of its own
+	// counted against the running and queued caps, their pages against
+	// the pool: a request that could never fit is refused here.
+	param := "n"
+	if p.n == 1 {
+		param = "prompt"
+	}
+	if c, most := len(list)*p.n, s.cfg.MaxRunning+s.cfg.MaxQueued; c > most {
+		return p, badParam(param, "invalid_value", "%d prompts x n %d = %d choices; the server runs and queues at most %d sequences (questd --max-running, --max-queued)",
+			len(list), p.n, c, most)
+	}
+	if len(list)*p.n > 1 && pages > s.cfg.CapacityPages {
+		return p, badParam(param, "invalid_value", "%d prompts x n %d choices with max_tokens %d need %d KV pages per shard together; the engine's pool holds %d (questd --serve-capacity-pages)",
+			len(list), p.n, p.maxTokens, pages, s.cfg.CapacityPages)
+	}
+	p.ids = p.prompts[0]
+	return p, nil
+}
+
+// MaxChoices bounds a request's n.
+const MaxChoices = 16
+
+// promptIDs is the ids of one prompt: its ids checked against the
+// vocabulary, or its text tokenized.
+func (s *Server) promptIDs(pr Prompt) ([]int, *apiError) {
+	vocab := s.m.Config.VocabSize
+	if pr.IDs != nil {
+		if len(pr.IDs) == 0 {
+			return nil, badParam("prompt", "invalid_value", "prompt has no tokens")
+		}
+		for i, id := range pr.IDs {
 			if id < 0 || id >= vocab {
-				return p, badParam("prompt", "invalid_value", "prompt token %d at index %d is outside the vocabulary of %d", id, i, vocab)
+				return nil, badParam("prompt", "invalid_value", "prompt token %d at index %d is outside the vocabulary of %d", id, i, vocab)
 			}
 		}
-		p.ids = req.Prompt.IDs
-	default:
-		p.ids = model.PromptIDs(s.tok, req.Prompt.Text)
-		if len(p.ids) == 0 {
-			return p, badParam("prompt", "invalid_value", "prompt has no tokens")
-		}
+		return pr.IDs, nil
 	}
-	n := len(p.ids)
-	if c := s.maxContext; c > 0 && n+p.maxTokens > c {
+	ids := model.PromptIDs(s.tok, pr.Text)
+	if len(ids) == 0 {
+		return nil, badParam("prompt", "invalid_value", "prompt has no tokens")
+	}
+	return ids, nil
+}
+
+// checkLength checks a prompt of n tokens and maxTokens against the
+// context and the pool.
+func (s *Server) checkLength(n, maxTokens int) *apiError {
+	if c := s.maxContext; c > 0 && n+maxTokens > c {
 		param := "max_tokens"
 		if n >= c {
 			param = "prompt"
 		}
-		return p, badParam(param, "context_length_exceeded",
+		return badParam(param, "context_length_exceeded",
 			"This model's maximum context length is %d tokens, however you requested %d tokens (%d in your prompt; %d for the completion). Please reduce your prompt or completion length.",
-			c, n+p.maxTokens, n, p.maxTokens)
+			c, n+maxTokens, n, maxTokens)
 	}
-	if need := s.pagesFor(n + p.maxTokens); need > s.cfg.CapacityPages {
-		return p, badParam("max_tokens", "context_length_exceeded",
+	if need := s.pagesFor(n + maxTokens); need > s.cfg.CapacityPages {
+		return badParam("max_tokens", "context_length_exceeded",
 			"the prompt's %d tokens plus max_tokens %d need %d pages per shard; the engine's pool holds %d (questd --serve-capacity-pages). Please reduce your prompt or completion length.",
-			n, p.maxTokens, need, s.cfg.CapacityPages)
+			n, maxTokens, need, s.cfg.CapacityPages)
 	}
-	return p, nil
+	return nil
 }
 
 // checkModel checks a request's model name against the server's.
@@ -245,5 +316,17 @@ const maxForcedPages = 1 << 20
 // (striped placement: page g on CP rank g mod CP).
 func (s *Server) pagesFor(n int) int {
 	pages := (n + s.cfg.Policy.PageSize - 1) / s.cfg.Policy.PageSize
+	return (pages + s.cfg.CP - 1) / s.cfg.CP
+}
+
+// forkPages is the pages per shard a fork of a prompt of n tokens adds
+// at most generating maxTokens: its copy of the shared partial tail
+// page and the pages after it (sealed pages stay shared). Whichever
+// branch writes a shared tail first copies it, so the pages of a group
+// of forks stay within their sum, though not each within its own: the
+// reservation of a request's choices is released together.
+func (s *Server) forkPages(n, maxTokens int) int {
+	ps := s.cfg.Policy.PageSize
+	pages := (n+maxTokens+ps-1)/ps - n/ps
 	return (pages + s.cfg.CP - 1) / s.cfg.CP
 }

@@ -15,19 +15,28 @@ import (
 // CompletionRequest is the body of POST /v1/completions: OpenAI's
 // legacy completions request as this server reads it, and the "quest"
 // extension. Decoding is strict (see the package doc); fields of
-// OpenAI's API that the server does not implement (echo, best_of,
+// OpenAI's API that the server does not implement (best_of,
 // frequency_penalty, presence_penalty, logit_bias, suffix) are accepted
-// only at their neutral values (false, null, 1, 0, {}, "").
+// only at their neutral values (null, 1, 0, {}, "").
 type CompletionRequest struct {
 	// Model must be the server's model name.
 	Model string `json:"model"`
-	// Prompt is the prompt (required): a string (tokenized, BOS first
-	// where the tokenizer has one) or an array of token ids (used as
-	// given).
+	// Prompt is the prompt (required unless Prompts is set): a string
+	// (tokenized, BOS first where the tokenizer has one) or an array of
+	// token ids (used as given).
 	Prompt *Prompt `json:"prompt"`
+	// Prompts is a batch of prompts (the JSON prompt as an array of
+	// strings or of arrays of token ids): each is completed N times,
+	// the choices indexed prompt-major (prompt i's choice c has index
+	// i*N + c), as OpenAI does.
+	Prompts []Prompt `json:"-"`
 	// MaxTokens is the most tokens generated (Config.DefaultMaxTokens
-	// when nil; at least 1).
+	// when nil; at least 1, or 0 with Echo: the prompt scored alone).
 	MaxTokens *int `json:"max_tokens,omitempty"`
+	// Echo prepends the prompt to each choice's text and, with Logprobs,
+	// the prompt's tokens to its log-probabilities (the first token's
+	// null: nothing predicts it), as OpenAI and vLLM do.
+	Echo bool `json:"echo,omitempty"`
 	// Temperature is the sampling temperature, 0..2 (nil: 1, as OpenAI;
 	// 0: greedy).
 	Temperature *float64 `json:"temperature,omitempty"`
@@ -45,7 +54,12 @@ type CompletionRequest struct {
 	Stream bool `json:"stream,omitempty"`
 	// StreamOptions tune the stream (only with Stream).
 	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
-	// N is the number of completions: only 1.
+	// N is the number of choices per prompt, 1..MaxChoices (nil: 1),
+	// sampled independently: with a Seed, the choice of index i samples
+	// with seed Seed+i (two's complement wrap), so that it equals a
+	// request of n = 1 with that seed; without one, with the server's
+	// seed of the request plus i. The prompt is prefilled once and its
+	// sequence forked for the other choices.
 	N *int `json:"n,omitempty"`
 	// User is OpenAI's end-user id (ignored).
 	User string `json:"user,omitempty"`
@@ -120,12 +134,17 @@ func decodeRequest(body []byte) (*CompletionRequest, *apiError) {
 		if !known {
 			switch key {
 			case "prompt":
-				req.Prompt, err = prompt(raw)
+				req.Prompt, req.Prompts, err = prompts(raw)
 			case "max_tokens":
 				req.MaxTokens, err = integer(key, raw)
 			case "logprobs":
 				req.Logprobs, err = integer(key, raw)
-			case "echo", "best_of", "suffix":
+			case "echo":
+				var b *bool
+				if b, err = boolean(key, raw); b != nil {
+					req.Echo = *b
+				}
+			case "best_of", "suffix":
 				err = neutral(key, raw)
 			default:
 				err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
@@ -417,7 +436,7 @@ func prompt(raw json.RawMessage) (*Prompt, *apiError) {
 		p.IDs = make([]int, 0, len(elems))
 		for i, e := range elems {
 			if kind(e) != "a number" {
-				return nil, badParam("prompt", "invalid_type", "prompt must be a string or an array of token ids: element %d is %s (batches of prompts are not supported)", i, kind(e))
+				return nil, badParam("prompt", "invalid_type", "prompt must be a string or an array of token ids: element %d is %s", i, kind(e))
 			}
 			v, err := integer(fmt.Sprintf("prompt[%d]", i), e)
 			if err != nil {
@@ -430,6 +449,46 @@ func prompt(raw json.RawMessage) (*Prompt, *apiError) {
 	}
 	return nil, wrongType("prompt", "a string or an array of token ids", raw)
 }
+
+// prompts reads a completion's prompt: what prompt reads, or a batch of
+// prompts (an array of strings or of arrays of token ids, at most
+// maxPrompts).
+func prompts(raw json.RawMessage) (*Prompt, []Prompt, *apiError) {
+	if kind(raw) != "an array" {
+		p, err := prompt(raw)
+		return p, nil, err
+	}
+	inner := bytes.TrimSpace(bytes.TrimSpace(raw)[1:])
+	if len(inner) == 0 || (inner[0] != '"' && inner[0] != '[') {
+		p, err := prompt(raw) // token ids, or an error naming the element
+		return p, nil, err
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, nil, wrongType("prompt", "a string, an array of token ids or an array of prompts", raw)
+	}
+	if len(elems) > maxPrompts {
+		return nil, nil, badParam("prompt", "invalid_value", "prompt has %d prompts; at most %d are allowed", len(elems), maxPrompts)
+	}
+	out := make([]Prompt, 0, len(elems))
+	for i, e := range elems {
+		k := kind(e)
+		if k != "a string" && k != "an array" {
+			return nil, nil, badParam("prompt", "invalid_type", "prompt[%d] is %s: a batch of prompts holds strings or arrays of token ids", i, k)
+		}
+		p, err := prompt(e)
+		if err != nil {
+			err.message = fmt.Sprintf("prompt[%d]: %s", i, err.message)
+			return nil, nil, err
+		}
+		out = append(out, *p)
+	}
+	return nil, out, nil
+}
+
+// maxPrompts bounds a batch of prompts (the choices of a request are
+// bounded too: see Server.resolve).
+const maxPrompts = 256
 
 // maxStops is OpenAI's limit on stop sequences.
 const maxStops = 4
@@ -550,8 +609,6 @@ func neutral(key string, raw json.RawMessage) *apiError {
 	v := string(bytes.TrimSpace(raw))
 	ok := v == "null"
 	switch key {
-	case "echo":
-		ok = ok || v == "false"
 	case "best_of":
 		ok = ok || v == "1"
 	case "frequency_penalty", "presence_penalty":

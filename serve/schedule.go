@@ -55,9 +55,20 @@ func (s *Server) iterate() bool {
 		}
 		return false
 	})
+	// In admission order; a request starts when its pages fit the pool
+	// beside the running requests' (all its choices' at once), and the
+	// queue waits behind it meanwhile (no request overtakes another).
 	for len(s.running) < s.cfg.MaxRunning && len(s.queue) > 0 {
-		s.queue[0].clock.started = time.Now()
-		s.running = append(s.running, s.queue[0])
+		j := s.queue[0]
+		if g := j.g; !g.reserved {
+			if s.reserved+g.pages > s.cfg.CapacityPages {
+				break // resolve refused requests that never fit: pages free as running ones end
+			}
+			s.reserved += g.pages
+			g.reserved = true
+		}
+		j.clock.started = time.Now()
+		s.running = append(s.running, j)
 		s.queue = s.queue[1:]
 	}
 	running := slices.Clone(s.running)
@@ -109,7 +120,7 @@ func (s *Server) prefill() bool {
 	// ones keep arriving.
 	var pending []*job
 	for _, j := range s.live() {
-		if j.attn == nil {
+		if j.attn == nil && j.leader == nil { // a fork waits for its leader's prompt
 			pending = append(pending, j)
 		}
 	}
@@ -135,33 +146,112 @@ func (s *Server) prefill() bool {
 		worked = true
 		if j.dense == nil {
 			j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)
-			j.text = newStopText(j.p.stops)
-			sm, err := model.NewSampler(j.p.temperature, j.p.topP, j.p.seed)
-			if err != nil { // resolve checked the ranges
-				s.end(j, nil, internal(err), "")
+			if !s.start(j) {
 				continue
 			}
-			j.sampler = sm
 		}
 		n := min(budget, len(j.p.ids)-j.filled)
 		budget -= n
-		logits, err := s.m.Forward(j.ctx, j.dense, j.p.ids[j.filled:j.filled+n], model.ForwardOptions{})
+		// With echo and logprobs, every position's logits: the prompt's
+		// log-probabilities.
+		all := j.p.echo && j.p.logprobs
+		logits, err := s.m.Forward(j.ctx, j.dense, j.p.ids[j.filled:j.filled+n], model.ForwardOptions{AllLogits: all})
 		s.count(func(st *Stats) { st.PrefillChunks++; st.PromptTokens += uint64(n) })
 		if err != nil {
 			s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
 			continue
 		}
+		if all {
+			logits = s.promptLogprobs(j, logits, n)
+		}
 		j.filled += n
 		if j.filled < len(j.p.ids) {
 			continue
 		}
-		if err := s.load(j); err != nil {
-			s.end(j, nil, s.stepError(j, fmt.Errorf("load the prompt into the engine: %w", err)), "")
-			continue
-		}
-		s.token(j, logits)
+		s.prompted(j, logits)
 	}
 	return worked
+}
+
+// start sets up j's stop strings and sampler before its first token; a
+// failure ends j.
+func (s *Server) start(j *job) bool {
+	j.text = newStopText(j.p.stops)
+	sm, err := model.NewSampler(j.p.temperature, j.p.topP, j.p.seed)
+	if err != nil { // resolve checked the ranges
+		s.end(j, nil, internal(err), "")
+		return false
+	}
+	j.sampler = sm
+	return true
+}
+
+// prompted runs when j's prompt is prefilled (logits: its last
+// position's): it loads the keys and values into j's sequence, forks
+// that sequence for j's forks (the other choices of the prompt), each
+// of which samples its first token from the same logits with its own
+// sampler, and samples j's. With max_tokens 0 (echo) every choice ends
+// with its echo instead.
+func (s *Server) prompted(j *job, logits []float32) {
+	forks := j.forks
+	j.forks = nil
+	if j.p.maxTokens == 0 {
+		j.dense = nil
+		for _, f := range forks {
+			if !f.ended {
+				f.promptLP = j.promptLP
+				s.echo(f)
+				s.end(f, nil, nil, "length")
+			}
+		}
+		s.echo(j)
+		s.end(j, nil, nil, "length")
+		return
+	}
+	if err := s.load(j); err != nil {
+		j.forks = forks // end fails them with j
+		s.end(j, nil, s.stepError(j, fmt.Errorf("load the prompt into the engine: %w", err)), "")
+		return
+	}
+	for _, f := range forks {
+		s.fork(j, f, logits)
+	}
+	s.echo(j)
+	s.token(j, logits)
+}
+
+// fork gives f a fork of its leader j's sequence, prefilled with their
+// prompt (sealed pages shared, the tail copied on write), and samples
+// f's first token from the prompt's logits.
+func (s *Server) fork(j, f *job, logits []float32) {
+	if f.ended {
+		return
+	}
+	a, err := j.attn.Fork()
+	if err != nil {
+		s.end(f, nil, s.stepError(f, fmt.Errorf("fork the prompt's sequence: %w", err)), "")
+		return
+	}
+	j.eng.acquire()
+	f.eng = j.eng
+	f.attn = &jobAttention{EngineAttention: a, denseLayers: f.p.denseLayers, allDense: f.p.allDense}
+	f.filled = len(f.p.ids)
+	if !s.start(f) {
+		return
+	}
+	f.promptLP = j.promptLP
+	s.echo(f)
+	s.token(f, logits)
+}
+
+// echo posts j's prompt (with echo), and its log-probabilities when
+// asked, ahead of the completion.
+func (s *Server) echo(j *job) {
+	if !j.p.echo {
+		return
+	}
+	j.lpQueue = append(j.lpQueue, j.promptLP...)
+	j.post([]byte(j.p.echoText), nil)
 }
 
 // load creates j's engine sequence, on the main engine or, when j's
@@ -320,26 +410,40 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		j.stopWake()
 		j.stopWake = nil
 	}
-	res := result{err: err, usage: j.usage()}
+	res := result{err: err, usage: j.usage(), readW: j.readW, denseW: j.denseW}
 	if err == nil {
 		res.finish = finish
+	}
+	j.res = res
+	g := j.g
+	g.left--
+	last := g.left == 0
+	if err != nil && g.err == nil {
+		g.err = err
 	}
 	s.mu.Lock()
 	s.running = slices.DeleteFunc(s.running, func(x *job) bool { return x == j })
 	s.queue = slices.DeleteFunc(s.queue, func(x *job) bool { return x == j })
-	s.reserved -= j.pages
 	j.left = true
 	if !j.creating {
 		// A Create in flight settles its grid itself.
 		s.settleGrid(j, false)
 	}
-	switch {
-	case err == nil:
-		s.stats.Completed++
-	case err.status == http.StatusGatewayTimeout || err.status == statusClientGone:
-		s.stats.Cancelled++
-	default:
-		s.stats.Failed++
+	if last {
+		// The request's last choice: its pages (forks share their
+		// leader's) and its outcome.
+		if g.reserved {
+			s.reserved -= g.pages
+			g.reserved = false
+		}
+		switch err := g.err; {
+		case err == nil:
+			s.stats.Completed++
+		case err.status == http.StatusGatewayTimeout || err.status == statusClientGone:
+			s.stats.Cancelled++
+		default:
+			s.stats.Failed++
+		}
 	}
 	close(s.changed)
 	s.changed = make(chan struct{})
@@ -350,8 +454,20 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 	}
 	// The result first: a handler woken by the context's end finds it.
 	j.post(text, &res)
-	j.cancel()        // the job's context and its timer
-	s.observe(j, res) // after the answer: it never waits for the observer
+	j.cancel() // the job's context
+	// Forks still waiting for j's prompt fail with it.
+	forks := j.forks
+	j.forks = nil
+	for _, f := range forks {
+		ferr := err
+		if ferr == nil {
+			ferr = internal(errors.New("the prompt's first choice ended before its prefill"))
+		}
+		s.end(f, nil, ferr, "")
+	}
+	if last {
+		s.observe(g) // after the answer: it never waits for the observer
+	}
 }
 
 // usage is j's token and page counts so far.

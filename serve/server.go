@@ -69,7 +69,7 @@ type Server struct {
 	draining bool
 	queue    []*job        // admitted, waiting for a running slot
 	running  []*job        // the scheduler's: prefilling or decoding
-	reserved int           // pages per shard reserved by queued and running jobs
+	reserved int           // pages per shard reserved by the started requests' jobs
 	changed  chan struct{} // closed and replaced when a job ends
 	seq      uint64        // requests admitted so far
 	// grids are the option sets other than Policy's with a grid on
@@ -84,8 +84,10 @@ type Server struct {
 
 // Stats is a snapshot of a Server's counters.
 type Stats struct {
-	// Running is the requests prefilling or decoding; Queued those
-	// admitted and waiting for a running slot.
+	// Running is the sequences (a request's choices, one each)
+	// prefilling or decoding; Queued those admitted and waiting for a
+	// running slot or for their request's pages. The other request
+	// counts count a request once, whatever its choices.
 	Running, Queued int
 	// Admitted counts the requests admitted; Refused those refused by
 	// admission (429) or while draining (503); Invalid those refused for
@@ -103,8 +105,8 @@ type Stats struct {
 	Steps, StepSequences uint64
 	// PrefillChunks counts the prefill chunks run.
 	PrefillChunks uint64
-	// ReservedPages is the pages per shard reserved by admitted requests,
-	// CapacityPages the pool's.
+	// ReservedPages is the pages per shard reserved by the requests
+	// started (queued ones reserve none yet), CapacityPages the pool's.
 	ReservedPages, CapacityPages int
 	// EngineSequences and UsedPages are the main engine's own view
 	// (shard 0; UsedPages the most of any shard): what no finished
@@ -345,41 +347,52 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// admit reserves j's pages and queues it, or refuses it (429, or 503
-// when draining or closed) and changes nothing.
-func (s *Server) admit(j *job) *apiError {
+// admit queues g's jobs, or refuses them all (429 when the queue has no
+// room for them, 503 when draining or closed) and changes nothing. Their
+// pages are reserved when they leave the queue (iterate).
+func (s *Server) admit(g *group) *apiError {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	refuse := func(e *apiError) *apiError {
 		s.stats.Refused++
 		return e
 	}
+	n := len(g.jobs)
 	switch {
 	case s.closed:
 		return refuse(errClosed)
 	case s.draining:
 		return refuse(errDraining)
-	case len(s.running)+len(s.queue) >= s.cfg.MaxRunning+s.cfg.MaxQueued:
+	case len(s.running)+len(s.queue)+n > s.cfg.MaxRunning+s.cfg.MaxQueued:
 		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
-			message: fmt.Sprintf("The server is at its limit of %d running and %d queued requests (questd --max-running, --max-queued); retry later.", s.cfg.MaxRunning, s.cfg.MaxQueued)})
-	case s.reserved+j.pages > s.cfg.CapacityPages:
-		return refuse(&apiError{status: http.StatusTooManyRequests, typ: typeRateLimit, code: "rate_limit_exceeded", retry: s.cfg.RetryAfter,
-			message: fmt.Sprintf("The request needs %d KV pages; %d of the pool's %d (questd --serve-capacity-pages) are free of other requests' reservations; retry later.", j.pages, s.cfg.CapacityPages-s.reserved, s.cfg.CapacityPages)})
+			message: fmt.Sprintf("The server's queue is full: %d running and %d queued sequences at most (raise questd --max-queued, or --max-running; each choice of a request is one); retry later.", s.cfg.MaxRunning, s.cfg.MaxQueued)})
 	}
-	if aerr := s.holdGrid(j); aerr != nil {
+	// The jobs share their options: the first holds the grid or none
+	// does (nothing changed), and the others join the one it holds.
+	if aerr := s.holdGrid(g.jobs[0]); aerr != nil {
 		s.stats.PolicyGridsRefused++
 		return refuse(aerr)
 	}
-	s.reserved += j.pages
-	j.keep = s.cfg.History > 0
+	for _, j := range g.jobs[1:] {
+		_ = s.holdGrid(j) // the first's grid: never refused
+	}
+	g.left = n
 	s.seq++
 	s.stats.Admitted++
-	j.id = fmt.Sprintf("cmpl-%s-%d", s.instance, s.seq)
-	j.created = s.now().Unix()
-	if !j.p.seeded {
-		j.p.seed = s.cfg.Seed ^ (s.seq * 0x9e3779b97f4a7c15)
+	id := fmt.Sprintf("cmpl-%s-%d", s.instance, s.seq)
+	created := s.now().Unix()
+	// Choice i samples with the request's seed (the server's when it
+	// gives none) plus i.
+	seed := s.cfg.Seed ^ (s.seq * 0x9e3779b97f4a7c15)
+	for _, j := range g.jobs {
+		j.keep = s.cfg.History > 0
+		j.id, j.created = id, created
+		if !j.p.seeded {
+			j.p.seed = seed
+		}
+		j.p.seed += uint64(j.p.index)
 	}
-	s.queue = append(s.queue, j)
+	s.queue = append(s.queue, g.jobs...)
 	s.poke()
 	return nil
 }

@@ -14,7 +14,7 @@ type RequestTiming struct {
 	// request timeout) or "failed".
 	Outcome string
 	// Finish is the finish reason of a completed request ("stop" or
-	// "length").
+	// "length"; its first choice's).
 	Finish string
 	// Queue is the time from arrival to the scheduler taking the request
 	// up (its prefill's start; the whole time for a request that ended
@@ -49,26 +49,43 @@ func (c *reqClock) tokenAt(now time.Time) {
 	c.last = now
 }
 
-// observe hands j's timing to Config.Observe, if set, at its end.
-func (s *Server) observe(j *job, res result) {
+// observe hands the timing of g's request to Config.Observe, if set,
+// when its last choice ends: with n > 1 or a batch of prompts, the
+// first token is the first of any choice, the inter-token times every
+// choice's, the queue time until the first choice started, and the
+// usage the request's.
+func (s *Server) observe(g *group) {
 	if s.cfg.Observe == nil {
 		return
 	}
 	now := time.Now()
-	t := RequestTiming{ID: j.id, Chat: j.p.chat, Usage: res.usage, FirstToken: j.clock.first, InterToken: j.clock.inter,
-		Total: now.Sub(j.clock.arrived)}
+	j := g.jobs[0]
+	res := make([]result, len(g.jobs))
+	t := RequestTiming{ID: j.id, Chat: j.p.chat, Total: now.Sub(j.clock.arrived)}
+	var started time.Time
+	for i, x := range g.jobs {
+		res[i] = x.res
+		if f := x.clock.first; f > 0 && (t.FirstToken == 0 || f < t.FirstToken) {
+			t.FirstToken = f
+		}
+		t.InterToken = append(t.InterToken, x.clock.inter...)
+		if st := x.clock.started; !st.IsZero() && (started.IsZero() || st.Before(started)) {
+			started = st
+		}
+	}
+	t.Usage = usageOf(g.jobs, res)
 	if j.p.chat {
 		t.ID = "chat" + j.id
 	}
-	if j.clock.started.IsZero() {
+	if started.IsZero() {
 		t.Queue = t.Total
 	} else {
-		t.Queue = j.clock.started.Sub(j.clock.arrived)
+		t.Queue = started.Sub(j.clock.arrived)
 	}
 	switch {
-	case res.err == nil:
-		t.Outcome, t.Finish = "completed", res.finish
-	case res.err.status == 504 || res.err.status == statusClientGone:
+	case g.err == nil:
+		t.Outcome, t.Finish = "completed", j.res.finish
+	case g.err.status == 504 || g.err.status == statusClientGone:
 		t.Outcome = "cancelled"
 	default:
 		t.Outcome = "failed"

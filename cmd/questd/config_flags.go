@@ -306,14 +306,14 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.str(&c.HTTPAddr, "http-addr", "", "listen `host:port` of the completions API (POST /v1/completions, GET /v1/models); needs --model")
 	d.str(&c.ModelName, "model-name", "", "the model's id in the API (default: the base name of --model)")
 	d.str(&c.ChatTemplate, "chat-template", "", "Jinja chat template `file` that POST /v1/chat/completions renders the messages with (default: the checkpoint's, from tokenizer_config.json or chat_template.jinja; without one, chat requests get 400)")
-	d.int(&c.MaxRunning, "max-running", 16, "requests decoding at once; more wait in the queue")
-	d.int(&c.MaxQueued, "max-queued", 64, "admitted requests waiting to run; beyond it requests get 429")
+	d.int(&c.MaxRunning, "max-running", 16, "sequences prefilling or decoding at once (each choice of a request, n or a batch of prompts, is one); more wait in the queue")
+	d.int(&c.MaxQueued, "max-queued", 64, "admitted sequences waiting to run (for a running slot or for their pages); beyond it requests get 429")
 	d.int(&c.MaxModelLen, "max-model-len", 0, "most tokens of a request's prompt plus max_tokens (0: the model's max_position_embeddings); longer requests get 400 context_length_exceeded")
 	d.int(&c.MaxRequestBytes, "max-request-bytes", 32<<20, "largest request body in bytes, 1..1073741824; larger ones get 413")
 	d.dur(&c.SSEKeepAlive, "sse-keepalive", 15*time.Second, "a stream silent this long (a long prompt prefilling) writes an SSE comment, so that proxies with idle timeouts keep it open (0: never)")
 	d.dur(&c.RequestTimeout, "request-timeout", 30*time.Minute, "deadline of a request from its arrival to its last token (0: none besides the client's); past it the request gets 504 or, streaming, an error event")
 	d.int(&c.PrefillChunk, "prefill-chunk-tokens", 512, "prompt tokens prefilled between two decode steps (long prompts do not stall the others)")
-	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; requests whose pages would not fit get 429 (--serve-layout cluster: the pool of every rank of the served grid)")
+	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; a request starts when its pages fit beside the running ones' and waits in the queue until then (one that could never fit gets 400) (--serve-layout cluster: the pool of every rank of the served grid)")
 	d.text("serve-layout", "local", "where the served requests' KV pages live, `local|cluster|device`: local (an in-process engine on this node), cluster (a --serve-cp x --serve-tp grid of the cluster's nodes coordinated by this node; the model runs here, attention steps go to the grid's workers) or device (with --backend cuda: the model's decode steps and the pages on the first GPU of --devices, through the device executor; prompts are prefilled on the CPU into the GPU's pages)", func(v string) error {
 		if v != "local" && v != "cluster" && v != "device" {
 			return fmt.Errorf("want local, cluster or device")

@@ -66,6 +66,27 @@ for await (const chunk of chStream) {
   }
 }
 
+// n = 2, seeded: two choices, each equal to its solo request with seed
+// + index; and streamed, chunks by index.
+const two = await client.completions.create({ model, prompt: 'The pass key is', max_tokens: 5, temperature: 1.5, seed: 11, n: 2 });
+out.twoIndexes = two.choices.map((c) => c.index);
+out.twoTexts = two.choices.map((c) => c.text);
+out.twoUsage = two.usage;
+out.soloTexts = [];
+for (const seed of [11, 12]) {
+  const one = await client.completions.create({ model, prompt: 'The pass key is', max_tokens: 5, temperature: 1.5, seed });
+  out.soloTexts.push(one.choices[0].text);
+}
+const twoStream = await client.completions.create({ model, prompt: 'The pass key is', max_tokens: 5, temperature: 1.5, seed: 11, n: 2, stream: true });
+out.twoStreamed = ['', ''];
+for await (const chunk of twoStream) {
+  for (const c of chunk.choices) out.twoStreamed[c.index] += c.text;
+}
+const chatTwo = await client.chat.completions.create({
+  model, messages: [{ role: 'user', content: prompt }], max_tokens: 5, temperature: 0, n: 2,
+});
+out.chatTwoTexts = chatTwo.choices.map((c) => c.message.content);
+
 const models = await client.models.list();
 out.models = models.data.map((m) => m.id);
 
