@@ -225,6 +225,15 @@ func (a *EngineAttention) Load(src KVSource) error {
 	return nil
 }
 
+// Prefilled records n tokens appended to every layer of the sequence by
+// a prefill that ran elsewhere (the device executor's, on the engine
+// directly), so that Len and the next steps count them.
+func (a *EngineAttention) Prefilled(n int) {
+	for l := range a.lens {
+		a.lens[l] += n
+	}
+}
+
 // Prefill attends densely and appends the tokens to the engine.
 func (a *EngineAttention) Prefill(ctx context.Context, layer int, q, k, v, out []float32) error {
 	n := a.g.tokens(q)

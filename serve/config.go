@@ -145,9 +145,16 @@ type Config struct {
 	// DeviceResident), CP and TP are 1, there is no Cluster and no
 	// Monitor (both need every layer's q and k on the host), and requests
 	// whose selector is neither Policy's nor dense are refused (400: the
-	// executor runs the fused Quest step). Prompts are still prefilled
-	// by the model on the CPU, into the device's pages.
+	// executor runs the fused Quest step). Prompts are prefilled by
+	// Prefiller when set, else by the model on the CPU into the device's
+	// pages.
 	Decoder Decoder
+	// Prefiller runs prompts on the device (model/gpu.Decoder, with
+	// Decoder's conditions): a prompt's sequence is created on its engine
+	// before the first chunk and each chunk of ChunkTokens goes straight
+	// into it. Prompts whose every position's log-probabilities are asked
+	// for (echo with logprobs) are prefilled on the CPU.
+	Prefiller Prefiller
 	// Logger receives the server's logs (nil: none).
 	Logger *slog.Logger
 	// Observe, when set, gets every admitted request's timing at its
@@ -220,6 +227,9 @@ func (c Config) Validate() error {
 	case c.Workers < 0 || c.Workers > 256:
 		return fmt.Errorf("serve config: workers %d: want 0..256", c.Workers)
 	}
+	if c.Prefiller != nil && c.Decoder == nil {
+		return errors.New("serve config: a Prefiller without a Decoder (the device prefill fills the sequences the device executor decodes)")
+	}
 	if c.Decoder != nil {
 		switch {
 		case c.Cluster != nil:
@@ -251,6 +261,15 @@ func (c Config) Validate() error {
 // decode step, on the CPU or on a device (model/gpu.Decoder).
 type Decoder interface {
 	DecodeBatch(ctx context.Context, attns []model.Attention, tokens []int) ([][]float32, error)
+}
+
+// Prefiller runs prompt chunks of the served sequences on a device
+// (model/gpu.Decoder's Prefill).
+type Prefiller interface {
+	// Prefill appends tokens to a's sequence (after its Len tokens) and
+	// returns the last token's logits; a failure may leave the tokens in
+	// some layers (the sequence is released).
+	Prefill(ctx context.Context, a model.Attention, tokens []int) ([]float32, error)
 }
 
 // errNoName is New's refusal of a config without a model name.

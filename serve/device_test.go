@@ -3,11 +3,13 @@ package serve
 import (
 	"context"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
+	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/model/gpu"
 )
 
@@ -78,5 +80,93 @@ func TestServeOnDevice(t *testing.T) {
 		} else {
 			t.Logf("%s refused: %v", name, err)
 		}
+	}
+}
+
+// countingPrefiller counts the device prefill's chunks and tokens.
+type countingPrefiller struct {
+	Prefiller
+	mu             sync.Mutex
+	chunks, tokens int
+}
+
+func (c *countingPrefiller) Prefill(ctx context.Context, a model.Attention, tokens []int) ([]float32, error) {
+	c.mu.Lock()
+	c.chunks++
+	c.tokens += len(tokens)
+	c.mu.Unlock()
+	return c.Prefiller.Prefill(ctx, a, tokens)
+}
+
+// TestServeOnDevicePrefill serves with the prompts prefilled by the
+// device executor on the CPU twin (Config.Prefiller), in chunks of 48
+// tokens: concurrent greedy requests, a prompt of several chunks, n = 2
+// (one prefill, a fork) and a seeded sampled request return the CPU
+// server's texts; echo with logprobs (every position's logits) is
+// prefilled on the CPU and agrees too. The prefiller saw every prompt
+// token but the echoed one's.
+func TestServeOnDevicePrefill(t *testing.T) {
+	m, tok := tinyModel(t)
+	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
+	t.Cleanup(func() { cpu.Close() })
+	dev := &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
+	ctx := context.Background()
+	x, err := gpu.New(ctx, dev, m, gpu.Options{Float32Weights: true, MaxBatch: 16, PrefillChunk: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close(ctx) })
+	cfg := testConfig("tiny")
+	cfg.Policy.BudgetTokens = 4 * cfg.Policy.PageSize
+	cfg.ChunkTokens = 48
+	_, cpuTS := startServer(t, m, tok, cfg)
+	dec := &gpu.Decoder{X: x}
+	pf := &countingPrefiller{Prefiller: dec}
+	dcfg := cfg
+	dcfg.Backend, dcfg.DeviceResident, dcfg.Decoder, dcfg.Prefiller = dev, true, dec, pf
+	_, devTS := startServer(t, m, tok, dcfg)
+
+	long := strings.Repeat("the quick brown fox jumps over the lazy dog. ", 4)
+	reqs := []map[string]any{
+		{"model": "tiny", "prompt": long, "max_tokens": 10, "temperature": 0},
+		{"model": "tiny", "prompt": "0123456789 ", "max_tokens": 10, "temperature": 0},
+		{"model": "tiny", "prompt": "a", "max_tokens": 10, "temperature": 0},
+		{"model": "tiny", "prompt": long[:100], "max_tokens": 8, "n": 2, "temperature": 0.9, "seed": 7},
+		{"model": "tiny", "prompt": long[:70], "max_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": 3},
+	}
+	got := make([]Completion, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Go(func() { got[i] = complete(t, devTS.URL, r) })
+	}
+	wg.Wait()
+	prompt := 0
+	for i, r := range reqs {
+		want := complete(t, cpuTS.URL, r)
+		if len(got[i].Choices) != len(want.Choices) {
+			t.Fatalf("request %d: %d choices, CPU %d", i, len(got[i].Choices), len(want.Choices))
+		}
+		for c := range want.Choices {
+			if got[i].Choices[c].Text != want.Choices[c].Text {
+				t.Errorf("request %d choice %d: device-prefilled %q, CPU %q", i, c, got[i].Choices[c].Text, want.Choices[c].Text)
+			}
+		}
+		prompt += got[i].Usage.PromptTokens
+	}
+	if pf.tokens != prompt || pf.chunks < len(reqs)+2 {
+		t.Errorf("the device prefilled %d tokens in %d chunks; the prompts hold %d (the long one more than one chunk)", pf.tokens, pf.chunks, prompt)
+	}
+	// Echo with logprobs: the CPU's dense prefill (every position).
+	before := pf.tokens
+	r := map[string]any{"model": "tiny", "prompt": long[:60], "max_tokens": 3, "temperature": 0, "echo": true, "logprobs": 1}
+	e, w := complete(t, devTS.URL, r), complete(t, cpuTS.URL, r)
+	if e.Choices[0].Text != w.Choices[0].Text || len(e.Choices[0].Logprobs.Tokens) != len(w.Choices[0].Logprobs.Tokens) {
+		t.Errorf("echo: device %q (%d logprobs), CPU %q (%d)", e.Choices[0].Text, len(e.Choices[0].Logprobs.Tokens), w.Choices[0].Text, len(w.Choices[0].Logprobs.Tokens))
+	}
+	if pf.tokens != before {
+		t.Errorf("echo with logprobs went through the device prefill (%d tokens)", pf.tokens-before)
+	}
+	if _, err := New(m, tok, func() Config { c := cfg; c.Prefiller = pf; return c }()); err == nil {
+		t.Error("a Prefiller without a Decoder accepted")
 	}
 }

@@ -36,7 +36,10 @@ type job struct {
 	dense   *model.Dense // the prefill's recorder; nil once loaded
 	filled  int          // prompt tokens prefilled
 	attn    *jobAttention
-	eng     *engineRef // the engine holding attn's sequence (nil on a cluster)
+	// pre is the sequence a device prefill (Config.Prefiller) fills,
+	// until the prompt is done and it becomes attn.
+	pre *jobAttention
+	eng *engineRef // the engine holding attn's (or pre's) sequence (nil on a cluster)
 	// cseq, on Config.Cluster, is the sequence created when the prefill
 	// starts, until load hands it to attn. creating says that its
 	// Create runs (startCreate); stopWake stops the wake-up on the end

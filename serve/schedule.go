@@ -144,18 +144,32 @@ func (s *Server) prefill() bool {
 			continue // other jobs may still have Creates to start
 		}
 		worked = true
-		if j.dense == nil {
-			j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)
+		// With echo and logprobs, every position's logits: the prompt's
+		// log-probabilities (the CPU's dense prefill gives them).
+		all := j.p.echo && j.p.logprobs
+		onDevice := s.cfg.Prefiller != nil && !all
+		if j.dense == nil && j.pre == nil {
+			if onDevice {
+				if err := s.create(j); err != nil {
+					s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
+					continue
+				}
+			} else {
+				j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)
+			}
 			if !s.start(j) {
 				continue
 			}
 		}
 		n := min(budget, len(j.p.ids)-j.filled)
 		budget -= n
-		// With echo and logprobs, every position's logits: the prompt's
-		// log-probabilities.
-		all := j.p.echo && j.p.logprobs
-		logits, err := s.m.Forward(j.ctx, j.dense, j.p.ids[j.filled:j.filled+n], model.ForwardOptions{AllLogits: all})
+		var logits []float32
+		var err error
+		if j.pre != nil {
+			logits, err = s.cfg.Prefiller.Prefill(j.ctx, j.pre, j.p.ids[j.filled:j.filled+n])
+		} else {
+			logits, err = s.m.Forward(j.ctx, j.dense, j.p.ids[j.filled:j.filled+n], model.ForwardOptions{AllLogits: all})
+		}
 		s.count(func(st *Stats) { st.PrefillChunks++; st.PromptTokens += uint64(n) })
 		if err != nil {
 			s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
@@ -259,6 +273,11 @@ func (s *Server) echo(j *job) {
 // and appends the prefill's keys and values to it; on a cluster it
 // appends them to the sequence the prefill's start created.
 func (s *Server) load(j *job) error {
+	if j.pre != nil {
+		// Prefilled on the device, in place.
+		j.attn, j.pre = j.pre, nil
+		return nil
+	}
 	if j.cseq != nil {
 		ea := model.NewSequenceAttention(j.cseq, s.m.Geometry())
 		j.cseq = nil
@@ -268,25 +287,47 @@ func (s *Server) load(j *job) error {
 		j.dense = nil
 		return err
 	}
+	a, err := s.newAttention(j)
+	if err != nil {
+		return err
+	}
+	j.attn = a
+	err = a.Load(j.dense)
+	j.dense = nil
+	return err
+}
+
+// create makes j's sequence before its prompt, for a device prefill
+// into it (j.pre).
+func (s *Server) create(j *job) error {
+	a, err := s.newAttention(j)
+	if err != nil {
+		return err
+	}
+	j.pre = a
+	return nil
+}
+
+// newAttention creates an empty sequence for j on the main engine or,
+// when j's selection options are not the main engine's, on an engine of
+// its own, and holds that engine (j.eng).
+func (s *Server) newAttention(j *job) (*jobAttention, error) {
 	ref := s.main
 	if j.p.own {
 		var err error
 		if ref, err = s.ownEngine(j); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	ref.acquire()
 	ea, err := model.NewEngineAttention(ref.eng, s.m.Geometry())
 	if err != nil {
 		ref.release()
-		return err
+		return nil, err
 	}
 	ea.Budget = j.p.budget
 	j.eng = ref
-	j.attn = &jobAttention{EngineAttention: ea, denseLayers: j.p.denseLayers, allDense: j.p.allDense}
-	err = ea.Load(j.dense)
-	j.dense = nil
-	return err
+	return &jobAttention{EngineAttention: ea, denseLayers: j.p.denseLayers, allDense: j.p.allDense}, nil
 }
 
 // decode runs one decode step for every job that has prefilled; it
@@ -389,11 +430,13 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		return
 	}
 	j.ended = true
-	if j.attn != nil {
-		if rerr := j.attn.Release(); rerr != nil {
-			s.log.Warn("release sequence", "request", j.id, "err", rerr)
+	for _, a := range []**jobAttention{&j.attn, &j.pre} {
+		if *a != nil {
+			if rerr := (*a).Release(); rerr != nil {
+				s.log.Warn("release sequence", "request", j.id, "err", rerr)
+			}
+			*a = nil
 		}
-		j.attn = nil
 	}
 	if j.cseq != nil {
 		if rerr := j.cseq.Release(context.Background()); rerr != nil {

@@ -313,6 +313,11 @@ type Config struct {
 	// PrefillChunk is the prompt tokens prefilled between two decode steps
 	// [--prefill-chunk-tokens]. Default 512.
 	PrefillChunk int
+	// DevicePrefill prefills prompts on the GPU with --serve-layout device
+	// (the executor's GEMMs and prefill attention; needs bf16 or f16
+	// pages), else on the CPU into the GPU's pages [--device-prefill].
+	// Default true.
+	DevicePrefill bool
 	// ServePages is the page pool of the served model's engine
 	// [--serve-capacity-pages]. Default 4096.
 	ServePages int

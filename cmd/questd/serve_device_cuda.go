@@ -11,6 +11,7 @@ import (
 	"github.com/questrt/questrt/kernels/cuda"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/model/gpu"
+	"github.com/questrt/questrt/plan"
 	completion "github.com/questrt/questrt/serve"
 )
 
@@ -45,7 +46,7 @@ func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*comp
 		m.Close()
 		return nil, nil, fmt.Errorf("GPU %d: %w", ord, err)
 	}
-	opt := gpu.Options{MaxBatch: min(sc.MaxRunning, 16)}
+	opt := gpu.Options{MaxBatch: min(sc.MaxRunning, 16), PrefillChunk: min(sc.ChunkTokens, gpu.DefaultPrefillChunk)}
 	ec := model.EngineConfig(m.Geometry(), sc.Policy, sc.CapacityPages)
 	ec.Geometry.DType = cfg.KVCacheDType
 	if err := gpu.AdmitAll(ctx, be, m.Config, opt, ec); err != nil {
@@ -59,7 +60,21 @@ func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*comp
 		m.Close()
 		return nil, nil, err
 	}
-	sc.Backend, sc.DeviceResident, sc.KVDType, sc.Decoder = be, true, cfg.KVCacheDType, &gpu.Decoder{X: x}
+	dec := &gpu.Decoder{X: x}
+	sc.Backend, sc.DeviceResident, sc.KVDType, sc.Decoder = be, true, cfg.KVCacheDType, dec
+	prefill := "cpu"
+	switch {
+	case !cfg.DevicePrefill:
+	case cfg.KVCacheDType != plan.BFloat16 && cfg.KVCacheDType != plan.Float16:
+		log.Warn("prompts are prefilled on the CPU: the GPU's prefill attention reads bf16 or f16 pages", "kv_cache_dtype", cfg.KVCacheDType.String())
+	default:
+		sc.Prefiller, prefill = dec, "gpu"
+		if g, err := be.GemmEngine(ctx); err != nil {
+			log.Warn("prefill projections on questrt's own GEMM", "gemm", g, "why", err)
+		} else {
+			log.Info("prefill projections", "gemm", g)
+		}
+	}
 	srv, err := completion.New(m, tok, sc)
 	if err != nil {
 		x.Close(ctx)
@@ -67,7 +82,7 @@ func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*comp
 		m.Close()
 		return nil, nil, err
 	}
-	log.Info("serving on the GPU", "gpu", ord, "weights_GB", float64(x.WeightBytes())/1e9, "max_batch", opt.MaxBatch)
+	log.Info("serving on the GPU", "gpu", ord, "weights_GB", float64(x.WeightBytes())/1e9, "max_batch", opt.MaxBatch, "prefill", prefill)
 	return srv, func() {
 		x.Close(ctx)
 		be.Close()

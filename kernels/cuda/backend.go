@@ -31,6 +31,11 @@ type Config struct {
 	// tensor-core GEMM (prefill.cu) even where cuBLAS is found (default:
 	// cuBLAS when QUESTRT_CUBLAS or the loader finds it; see cublas.go).
 	OwnGemm bool
+	// PrefillKernel names the prefill attention variant (AttendKernels,
+	// e.g. "prefill_attend_bf16_d128_m2n64w8") for calls whose pages and
+	// head dimension it fits; "" or a variant that does not fit takes the
+	// default. For tuning and benchmarks.
+	PrefillKernel string
 	// ScoreChunk is the number of pages per scoring block; 0 sizes blocks
 	// to fill the GPU.
 	ScoreChunk int

@@ -163,6 +163,11 @@ func (b *Backend) PrefillWith(ctx context.Context, a AttendKernel, s kernels.Sha
 	d, g := s.HeadDim, s.Group()
 	if a == (AttendKernel{}) {
 		a = defaultAttend(l.DType, d)
+		for _, v := range AttendKernels() {
+			if v.name() == b.cfg.PrefillKernel && v.DType == l.DType && v.D == d {
+				a = v
+			}
+		}
 	}
 	name := a.name()
 	switch {

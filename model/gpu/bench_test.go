@@ -92,7 +92,8 @@ func envInts(t *testing.T, name, def string) []int {
 // prompts of PREFILL tokens (default 32768,131072) with the executor's
 // device prefill, random weights of QUESTRT_BENCH_CONFIG (as
 // TestBenchDecode), bf16 weights and pages, chunks of CHUNK tokens
-// (default DefaultPrefillChunk); one JSON line per prompt, the anchor's
+// (default DefaultPrefillChunk), the attention variant PREFILL_ATTEND
+// (default: the backend's); one JSON line per prompt, the anchor's
 // prefill fields. QUESTRT_BENCH=1 only.
 func TestBenchPrefill(t *testing.T) {
 	if os.Getenv("QUESTRT_BENCH") != "1" {
@@ -111,7 +112,7 @@ func TestBenchPrefill(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	be, err := cuda.New(cuda.Config{DType: plan.BFloat16})
+	be, err := cuda.New(cuda.Config{DType: plan.BFloat16, PrefillKernel: os.Getenv("PREFILL_ATTEND")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,3 +124,36 @@ func (d *Decoder) DecodeBatch(ctx context.Context, attns []model.Attention, toke
 	}
 	return out, nil
 }
+
+// Prefill runs tokens, the next tokens of a's sequence, through the
+// executor on the device (Executor.Prefill: its chunks, the attention
+// where the pages are) and returns the last token's logits. a must be a
+// model.BatchAttention whose Stepper takes device prefills (Prefiller:
+// an in-process engine whose pages are on the executor's device) and
+// that learns of the tokens (Prefilled, as model.EngineAttention). Bad
+// input (ErrBadInput) changes nothing; a failure after the first layer
+// ran leaves the sequence with the tokens in some layers: release it.
+func (d *Decoder) Prefill(ctx context.Context, a model.Attention, tokens []int) ([]float32, error) {
+	ba, ok := a.(model.BatchAttention)
+	if !ok || a == nil {
+		return nil, fmt.Errorf("%w: prefill: the sequence is not a batch attention (%T)", ErrBadInput, a)
+	}
+	pr, ok := a.(interface{ Prefilled(n int) })
+	if !ok {
+		return nil, fmt.Errorf("%w: prefill: the sequence (%T) cannot record a device prefill", ErrBadInput, a)
+	}
+	st, row, _, ok := ba.DecodeRow()
+	if !ok || st == nil {
+		return nil, fmt.Errorf("%w: prefill: the sequence has no engine row", ErrBadInput)
+	}
+	pf, ok := st.(Prefiller)
+	if !ok {
+		return nil, fmt.Errorf("%w: prefill: the sequence's stepper %T runs no device prefill", ErrBadInput, st)
+	}
+	logits, err := d.X.Prefill(ctx, pf, row.Seq, tokens, a.Len())
+	if err != nil {
+		return nil, err
+	}
+	pr.Prefilled(len(tokens))
+	return logits, nil
+}
