@@ -97,12 +97,15 @@ func AttendKernels() []AttendKernel {
 }
 
 // defaultAttend is the variant PrefillTensor runs for pages of dt and
-// head dimension d.
-// (two m tiles a warp over tiles of 64: 277 TFLOP/s on an H100 for
-// D 128 after 126K tokens, against 166 for the kernel that keeps q in
-// registers; bench/results/2026-12-06-prefill-h100.md).
+// head dimension d: two m tiles a warp over tiles of 64 positions, for
+// bf16 and D 128 in blocks of 8 warps (measured on an H100 after 126K
+// tokens: 294 TFLOP/s, against 272 with 4 warps and 166 for the kernel
+// that keeps q in registers; bench/results/2026-12-06-prefill-h100.md).
 func defaultAttend(dt plan.DType, d int) AttendKernel {
-	if d == 128 && dt != plan.BFloat16 {
+	switch {
+	case d == 128 && dt == plan.BFloat16:
+		return AttendKernel{dt, d, 2, 64, false, 8}
+	case d == 128:
 		return AttendKernel{dt, d, 2, 32, false, 4}
 	}
 	return AttendKernel{dt, d, 2, 64, false, 4}
