@@ -19,6 +19,7 @@ type decodeBench struct {
 	modelDir      string // --model: a checkpoint to load (empty: random weights)
 	contexts      []int
 	batches       []int
+	prefill       []int // --prefill: prompt lengths whose time to first token is timed
 	steps, warmup int
 	pol           plan.Policy
 	kvDType       plan.DType
@@ -56,6 +57,7 @@ and weights_GB. Progress goes to stderr.`)
 	loadFormat := fs.String("load-format", "auto", "auto (--model's weights, random with --config) or dummy (random weights of --model's config, as vLLM's --load-format dummy)")
 	contexts := fs.String("context", "1024,32768", "comma-separated context lengths in tokens")
 	batches := fs.String("batch", "1", "comma-separated batch sizes (1..16)")
+	prefill := fs.String("prefill", "", "comma-separated prompt lengths in tokens: also time the GPU prefill of a random prompt of each (time to first token; bf16 or f16 pages); empty: none")
 	steps := fs.Int("steps", 20, "timed decode steps per measurement (1..10000)")
 	warmup := fs.Int("warmup", 3, "untimed steps before them (0..1000)")
 	budget := fs.Int("budget", 4096, "token budget B per KV head and step (page budget K = B/S; at least --page-size)")
@@ -110,6 +112,16 @@ and weights_GB. Progress goes to stderr.`)
 		if b.batches, err = intList(*batches); err != nil {
 			return usageError{fmt.Errorf("--batch: %w", err)}
 		}
+		if *prefill != "" {
+			if b.prefill, err = intList(*prefill); err != nil {
+				return usageError{fmt.Errorf("--prefill: %w", err)}
+			}
+			for _, n := range b.prefill {
+				if mp := b.cfg.MaxPositions; mp > 0 && n > mp {
+					return usageError{fmt.Errorf("--prefill %d: beyond the model's %d positions (max_position_embeddings)", n, mp)}
+				}
+			}
+		}
 		for _, n := range b.batches {
 			if n > 16 {
 				return usageError{fmt.Errorf("--batch %d: at most 16", n)}
@@ -126,6 +138,9 @@ and weights_GB. Progress goes to stderr.`)
 		}
 		if b.kvDType, err = plan.ParseDType(*kvDType); err != nil {
 			return usageError{fmt.Errorf("--kv-cache-dtype: %w", err)}
+		}
+		if len(b.prefill) > 0 && b.kvDType != plan.BFloat16 && b.kvDType != plan.Float16 {
+			return usageError{fmt.Errorf("--prefill with --kv-cache-dtype %v: the GPU prefill reads bf16 or f16 pages", b.kvDType)}
 		}
 		b.pol = plan.DefaultPolicy()
 		b.pol.PageSize, b.pol.BudgetTokens, b.pol.DenseLayers = *pageSize, *budget, min(*denseLayers, b.cfg.Layers)

@@ -52,6 +52,15 @@ func benchDecodeCUDA(ctx context.Context, b decodeBench, stdout, stderr io.Write
 	pol := b.pol
 	cfg := gpu.BenchConfig{Contexts: b.contexts, Batches: b.batches, Warmup: b.warmup, Steps: b.steps, Policy: &pol,
 		KVDType: b.kvDType, Dense: b.dense, Seed: b.seed}
-	return gpu.Bench(ctx, be, x, cfg, func(r gpu.BenchResult) error { return bench.WriteJSONLine(stdout, r) },
-		func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) })
+	if err := gpu.Bench(ctx, be, x, cfg, func(r gpu.BenchResult) error { return bench.WriteJSONLine(stdout, r) },
+		func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }); err != nil {
+		return err
+	}
+	if len(b.prefill) == 0 {
+		return nil
+	}
+	if g, why := be.GemmEngine(ctx); why != nil {
+		fmt.Fprintf(stderr, "prefill projections on %s (%v)\n", g, why)
+	}
+	return gpu.BenchPrefill(ctx, be, x, b.prefill, b.kvDType, 2, func(r gpu.PrefillResult) error { return bench.WriteJSONLine(stdout, r) })
 }

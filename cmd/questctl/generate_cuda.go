@@ -21,9 +21,10 @@ import (
 func cudaAvailable() error { return nil }
 
 // generateCUDA is generate with --backend cuda: the prompt is prefilled
-// by the CPU executor into an engine of one rank whose pages live on GPU
-// 0, then every decode step runs on the GPU (model/gpu), sampling on the
-// host from the step's logits unless it is greedy.
+// on GPU 0 by the device executor (with bf16 or f16 pages; else by the
+// CPU executor) into an engine of one rank whose pages live there, then
+// every decode step runs on the GPU (model/gpu), sampling on the host
+// from the step's logits unless it is greedy.
 func generateCUDA(ctx context.Context, g gpuGenerate, stdout, stderr io.Writer) error {
 	dt, err := plan.ParseDType(g.kvDType)
 	if err != nil {
@@ -60,9 +61,18 @@ func generateCUDA(ctx context.Context, g gpuGenerate, stdout, stderr io.Writer) 
 		return err
 	}
 	defer x.Close(ctx)
-	fmt.Fprintf(stderr, "prefill on the CPU: %d tokens into pages on the GPU ...\n", len(g.ids))
 	var pre model.Timing
-	logits, err := g.m.Forward(ctx, attn, g.ids, model.ForwardOptions{Timing: &pre})
+	var logits []float32
+	if dt == plan.BFloat16 || dt == plan.Float16 {
+		fmt.Fprintf(stderr, "prefill on the GPU: %d tokens ...\n", len(g.ids))
+		t0 := time.Now()
+		logits, err = (&gpu.Decoder{X: x}).Prefill(ctx, attn, g.ids)
+		pre.Total = time.Since(t0)
+	} else {
+		// The GPU's prefill attention reads 16-bit pages.
+		fmt.Fprintf(stderr, "prefill on the CPU (--kv-cache-dtype %v): %d tokens into pages on the GPU ...\n", dt, len(g.ids))
+		logits, err = g.m.Forward(ctx, attn, g.ids, model.ForwardOptions{Timing: &pre})
+	}
 	if err != nil {
 		return err
 	}
