@@ -6,7 +6,7 @@
 //
 //   prefill_tobf16_<W>    a[r] = bf16(x[r]) or bf16(RMSNorm(x[r]) * nw)  (one row per block)
 //   prefill_gemm_bf16_m<BM>n<BN>w<WM>x<WN>s<S>  y = a w^T (+ res), outputs split into up to 3 tensors
-//   prefill_attend_<T>_d<D>  o = causal attention of q over the sequence's pages through its page table
+//   prefill_attend_<T>_d<D>_m<MT>n<BN>w<W>  o = causal attention of q over the sequence's pages through its page table
 
 #include "common.cuh"
 #include "mma.cuh"
@@ -191,210 +191,25 @@ __device__ __forceinline__ void gemm(float* y0, float* y1, float* y2, const floa
 								  const bf16* w, i64 M, i64 N, i64 K, i64 w0, i64 w1) {         \
 		gemm<BM, BN, WM, WN, ST>(y0, y1, y2, res, a, w, M, N, K, w0, w1);                                             \
 	}
-PREFILL_GEMM(128, 128, 64, 32, 3)
 PREFILL_GEMM(128, 128, 64, 64, 4)
-PREFILL_GEMM(128, 256, 64, 64, 3)
-PREFILL_GEMM(256, 128, 64, 64, 3)
-PREFILL_GEMM(128, 128, 32, 64, 4)
 
 // ---------------------------------------------------------------------
 // Causal attention of a prefill chunk. The chunk's n tokens sit at
 // positions start .. start+n-1 of a sequence whose K/V pages (pool layout
 // [page][kvh][S][D], type T) are listed in pages (the sequence's page
 // table); token i attends to positions 0 .. start+i. q and o are float32
-// [n][qh][D]. Grid (ceil(n / (64 / G)), kvh), block 128: a block serves
-// the G = qh / kvh query heads of one KV head for 64 / G consecutive
-// tokens (64 rows, 16 a warp), so that each K/V tile is loaded once for
-// the whole group; K/V tiles of 64 positions, double-buffered with
-// cp.async, gathered page by page through the table. The scores are
-// scaled by log2(e) / sqrt(D) (folded into q) and exponentiated with
-// exp2; positions past the diagonal, and rows past the chunk, are -inf.
-
-#define PF_BM 64
-#define PF_BN 64
-
-template <typename T, int D>
-__device__ void prefill_attend(float* o, const float* q, const T* K, const T* V, const int* pages, i64 start, i64 n, i64 qh,
-			       i64 kvh, i64 S) {
-	constexpr int DP = D + 8; // smem row stride (elements): ldmatrix without bank conflicts
-	constexpr int KS = D / 16; // k steps of q k^T
-	constexpr int DT = D / 8;  // n tiles of p v
-	extern __shared__ uint4 attend_smem[];
-	T* Qs = reinterpret_cast<T*>(attend_smem);
-	T* Ks = Qs + PF_BM * DP;	  // [2][PF_BN][DP]
-	T* Vs = Ks + 2 * PF_BN * DP; // [2][PF_BN][DP]
-
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const int G = (int)(qh / kvh);
-	const int tok = PF_BM / G; // tokens a block
-	const i64 t0 = (i64)blockIdx.x * tok;
-	const i64 h = blockIdx.y;
-	const float qscale = rsqrtf((float)D) * 1.4426950408889634f;
-
-	// q rows to shared memory as T, pre-scaled.
-	for (int c = tid; c < PF_BM * (D / 4); c += blockDim.x) {
-		int r = c / (D / 4), d = (c % (D / 4)) * 4;
-		i64 t = t0 + r / G;
-		float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-		if (r < tok * G && t < n) v = *reinterpret_cast<const float4*>(q + (t * qh + h * G + r % G) * D + d);
-		uint32_t* dst = reinterpret_cast<uint32_t*>(Qs + r * DP + d);
-		dst[0] = pack2<T>::from(v.x * qscale, v.y * qscale);
-		dst[1] = pack2<T>::from(v.z * qscale, v.w * qscale);
-	}
-
-	const i64 t_last = min(n, t0 + tok) - 1; // last token of the block
-	const i64 kv_end = start + t_last + 1;	 // positions the block reads: [0, kv_end)
-	const int tiles = (int)((kv_end + PF_BN - 1) / PF_BN);
-	const i64 hs = h * S;
-	const int s32 = (int)S;
-
-	auto load = [&](int buf, int tile) {
-		const int p0 = tile * PF_BN;
-		for (int c = tid; c < PF_BN * (D / 8); c += blockDim.x) {
-			int j = c / (D / 8), d = (c % (D / 8)) * 8;
-			const int pos = p0 + j; // positions fit an int
-			bool ok = pos < kv_end;
-			i64 off = 0;
-			if (ok) {
-				const int pg = pos / s32;
-				off = (((i64)pages[pg] * kvh) * S + hs + (pos - pg * s32)) * D + d;
-			}
-			cp_async16(Ks + (buf * PF_BN + j) * DP + d, K + off, ok);
-			cp_async16(Vs + (buf * PF_BN + j) * DP + d, V + off, ok);
-		}
-	};
-	load(0, 0);
-	cp_commit();
-	__syncthreads();
-
-	// This warp's q fragments, kept in registers.
-	uint32_t qf[KS][4];
-#pragma unroll
-	for (int kk = 0; kk < KS; kk++) ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8);
-
-	// The two rows this thread holds: warp*16 + lane/4 (+8).
-	i64 qpos[2];
-	bool live[2];
-#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		int r = warp * 16 + (lane >> 2) + i * 8;
-		i64 t = t0 + r / G;
-		live[i] = r < tok * G && t < n;
-		qpos[i] = live[i] ? start + t : -1;
-	}
-	const i64 qmin = start + t0; // the block's first position
-
-	float oacc[DT][4];
-#pragma unroll
-	for (int i = 0; i < DT; i++)
-#pragma unroll
-		for (int e = 0; e < 4; e++) oacc[i][e] = 0.f;
-	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-
-	for (int tile = 0; tile < tiles; tile++) {
-		if (tile + 1 < tiles) load((tile + 1) & 1, tile + 1);
-		cp_commit();
-		cp_wait<1>();
-		__syncthreads();
-		const T* ks = Ks + (tile & 1) * PF_BN * DP;
-		const T* vs = Vs + (tile & 1) * PF_BN * DP;
-
-		float s[PF_BN / 8][4];
-#pragma unroll
-		for (int i = 0; i < PF_BN / 8; i++)
-#pragma unroll
-			for (int e = 0; e < 4; e++) s[i][e] = 0.f;
-#pragma unroll
-		for (int kk = 0; kk < KS; kk++) {
-#pragma unroll
-			for (int n2 = 0; n2 < PF_BN / 16; n2++) {
-				uint32_t r[4];
-				ldsm_x4(r, ks + (n2 * 16 + (lane & 7) + (lane >> 4) * 8) * DP + kk * 16 + ((lane >> 3) & 1) * 8);
-				mma<T>(s[2 * n2], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], r[0], r[1]);
-				mma<T>(s[2 * n2 + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], r[2], r[3]);
-			}
-		}
-		const i64 p0 = (i64)tile * PF_BN;
-		if (p0 + PF_BN - 1 > qmin || !live[0] || !live[1]) {
-#pragma unroll
-			for (int i = 0; i < PF_BN / 8; i++)
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					i64 pos = p0 + i * 8 + (lane & 3) * 2 + (e & 1);
-					if (pos > qpos[e >> 1]) s[i][e] = -INFINITY;
-				}
-		}
-		// Online softmax over the tile, two rows a thread (a quad of
-		// lanes holds a row).
-		float scale_old[2];
-#pragma unroll
-		for (int r = 0; r < 2; r++) {
-			float mx = -INFINITY;
-#pragma unroll
-			for (int i = 0; i < PF_BN / 8; i++) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-			float mn = fmaxf(m[r], mx);
-			float base = mn == -INFINITY ? 0.f : mn; // a row with nothing seen yet: every p is 0
-			scale_old[r] = exp2f(m[r] - base);
-			m[r] = mn;
-			float sum = 0.f;
-#pragma unroll
-			for (int i = 0; i < PF_BN / 8; i++) {
-				s[i][2 * r] = exp2f(s[i][2 * r] - base);
-				s[i][2 * r + 1] = exp2f(s[i][2 * r + 1] - base);
-				sum += s[i][2 * r] + s[i][2 * r + 1];
-			}
-			sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-			sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-			l[r] = l[r] * scale_old[r] + sum;
-		}
-#pragma unroll
-		for (int i = 0; i < DT; i++) {
-			oacc[i][0] *= scale_old[0];
-			oacc[i][1] *= scale_old[0];
-			oacc[i][2] *= scale_old[1];
-			oacc[i][3] *= scale_old[1];
-		}
-		// o += p v: p's accumulators are the A fragments (two n tiles of
-		// s make one k step of 16 positions).
-#pragma unroll
-		for (int kk = 0; kk < PF_BN / 16; kk++) {
-			uint32_t a0 = pack2<T>::from(s[2 * kk][0], s[2 * kk][1]);
-			uint32_t a1 = pack2<T>::from(s[2 * kk][2], s[2 * kk][3]);
-			uint32_t a2 = pack2<T>::from(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-			uint32_t a3 = pack2<T>::from(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-			for (int d2 = 0; d2 < D / 16; d2++) {
-				uint32_t r[4];
-				ldsm_x4_t(r, vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * DP + d2 * 16 + (lane >> 4) * 8);
-				mma<T>(oacc[2 * d2], a0, a1, a2, a3, r[0], r[1]);
-				mma<T>(oacc[2 * d2 + 1], a0, a1, a2, a3, r[2], r[3]);
-			}
-		}
-		__syncthreads(); // every warp is done with this buffer before it is loaded again
-	}
-	cp_wait<0>();
-
-#pragma unroll
-	for (int r = 0; r < 2; r++) {
-		if (!live[r]) continue;
-		int row = warp * 16 + (lane >> 2) + r * 8;
-		i64 t = t0 + row / G;
-		float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-		float* dst = o + (t * qh + h * G + row % G) * D;
-#pragma unroll
-		for (int i = 0; i < DT; i++) {
-			int d = i * 8 + (lane & 3) * 2;
-			*reinterpret_cast<float2*>(dst + d) = make_float2(oacc[i][2 * r] * inv, oacc[i][2 * r + 1] * inv);
-		}
-	}
-}
-
-// prefill_attend_m: the same attention with MT m tiles of 16 rows a warp
-// and W warps (a block serves 16 MT W rows): every K and V fragment loaded from shared
-// memory feeds MT mma, q fragments are loaded from shared memory per k
-// step. shift is log2(S) when S is a power of two, else -1.
+// [n][qh][D]. Grid (ceil(n / (16 MT W / G)), kvh), W warps: a block
+// serves the G = qh / kvh query heads of one KV head for 16 MT W / G
+// consecutive tokens (rows past a whole number of tokens stay idle), so
+// that each K/V tile is loaded once for the whole group; MT m tiles of 16
+// rows a warp, so that every K and V fragment loaded from shared memory
+// feeds MT mma (q fragments are loaded from shared memory per k step);
+// K/V tiles of BN positions, double-buffered with cp.async, gathered page
+// by page through the table (shift is log2(S) when S is a power of two,
+// else -1). FlashAttention-2's schedule: the scores are scaled by
+// log2(e) / sqrt(D) (folded into q), exponentiated with exp2, the
+// running maximum and sum kept per row; positions past the diagonal, and
+// rows past the chunk, are -inf.
 template <typename T, int D, int MT, int BN, int W>
 __device__ void prefill_attend_m(float* o, const float* q, const T* K, const T* V, const int* pages, i64 start, i64 n, i64 qh,
 				 i64 kvh, i64 S, i64 shift) {
@@ -601,24 +416,9 @@ __device__ void prefill_attend_m(float* o, const float* q, const T* K, const T* 
 	}
 PREFILL_ATTEND_M(__nv_bfloat16, bf16, 32, 2, 64, 4)
 PREFILL_ATTEND_M(__nv_bfloat16, bf16, 64, 2, 64, 4)
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 32, 4)
 PREFILL_ATTEND_M(__half, f16, 32, 2, 64, 4)
 PREFILL_ATTEND_M(__half, f16, 64, 2, 64, 4)
 PREFILL_ATTEND_M(__half, f16, 128, 2, 32, 4)
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 1, 64, 4)
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 64, 4)
 
 PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 64, 8)
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 32, 8)
 
-#define PREFILL_ATTEND(T, SUF, D)                                                                                          \
-	extern "C" __global__ void __launch_bounds__(128) prefill_attend_##SUF##_d##D(                                  \
-	    float* o, const float* q, const T* K, const T* V, const int* pages, i64 start, i64 n, i64 qh, i64 kvh, i64 S) { \
-		prefill_attend<T, D>(o, q, K, V, pages, start, n, qh, kvh, S);                                              \
-	}
-PREFILL_ATTEND(__nv_bfloat16, bf16, 64)
-PREFILL_ATTEND(__nv_bfloat16, bf16, 128)
-PREFILL_ATTEND(__half, f16, 64)
-PREFILL_ATTEND(__half, f16, 128)
-PREFILL_ATTEND(__nv_bfloat16, bf16, 32)
-PREFILL_ATTEND(__half, f16, 32)

@@ -215,12 +215,9 @@ func (b *Backend) PrefillWith(ctx context.Context, a AttendKernel, s kernels.Sha
 			}
 			return fmt.Errorf("cuda prefill: sequence %d's table holds %d pages, %d tokens at position %d need %d", seq, have, n, start, need)
 		}
-		args := []uint64{uint64(o.Ptr), uint64(q.Ptr), u(l.K), u(l.V), u(t.ptr),
-			uint64(start), uint64(n), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), uint64(int64(shift))}
-		if a.QRegs {
-			args = args[:len(args)-1]
-		}
-		return b.launch(name, [3]int{(n + tok - 1) / tok, s.KVHeads, 1}, 32*a.warps(), a.smem(), args...)
+		return b.launch(name, [3]int{(n + tok - 1) / tok, s.KVHeads, 1}, 32*a.W, a.smem(),
+			uint64(o.Ptr), uint64(q.Ptr), u(l.K), u(l.V), u(t.ptr),
+			uint64(start), uint64(n), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), uint64(int64(shift)))
 	})
 }
 

@@ -27,9 +27,11 @@ func (g GemmKernel) threads() int { return (g.BM / g.WM) * (g.BN / g.WN) * 32 }
 func (g GemmKernel) smem() int { return g.Stages * (g.BM + g.BN) * 40 * 2 }
 
 // GemmKernels lists the compiled GEMM variants (the PREFILL_GEMM lines
-// of prefill.cu).
+// of prefill.cu). Measured on an H100 (bench/results/2026-12-06-prefill-h100.md)
+// beside 64 x 32 warps of 3 stages, blocks of 128 x 256 and 256 x 128,
+// and 32 x 64 warps, which were 5-25% slower and are no longer compiled.
 func GemmKernels() []GemmKernel {
-	return []GemmKernel{{128, 128, 64, 32, 3}, {128, 128, 64, 64, 4}, {128, 256, 64, 64, 3}, {256, 128, 64, 64, 3}, {128, 128, 32, 64, 4}}
+	return []GemmKernel{{128, 128, 64, 64, 4}}
 }
 
 // defaultGemm is the variant gemv runs from gemmMinRows rows on.
@@ -41,74 +43,58 @@ var defaultGemm = GemmKernel{128, 128, 64, 64, 4}
 // prefillHeadDims are the head dimensions prefill_attend is compiled for.
 var prefillHeadDims = [...]int{32, 64, 128}
 
-// AttendKernel names one compiled variant of the prefill attention:
-// MT m tiles of 16 rows a warp (W warps: 16 MT W rows a block) over K/V
-// tiles of BN positions (prefill_attend_<T>_d<D>_m<MT>n<BN>w<W>), or, with
-// QRegs, the first kernel, whose warps keep their q fragments in
-// registers (prefill_attend_<T>_d<D>: MT 1, BN 64).
+// AttendKernel names one compiled variant of the prefill attention
+// (prefill_attend_<T>_d<D>_m<MT>n<BN>w<W> in prefill.cu): MT m tiles of
+// 16 rows a warp, W warps (16 MT W rows a block), K/V tiles of BN
+// positions.
 type AttendKernel struct {
-	DType     plan.DType
-	D, MT, BN int
-	QRegs     bool
-	// W is the warps of a block (0: 4).
-	W int
-}
-
-func (a AttendKernel) warps() int {
-	if a.W == 0 {
-		return 4
-	}
-	return a.W
+	DType        plan.DType
+	D, MT, BN, W int
 }
 
 func (a AttendKernel) name() string {
-	if a.QRegs {
-		return fmt.Sprintf("prefill_attend_%s_d%d", a.DType, a.D)
-	}
-	return fmt.Sprintf("prefill_attend_%s_d%d_m%dn%dw%d", a.DType, a.D, a.MT, a.BN, a.warps())
+	return fmt.Sprintf("prefill_attend_%s_d%d_m%dn%dw%d", a.DType, a.D, a.MT, a.BN, a.W)
 }
 
 // String is the kernel's name.
 func (a AttendKernel) String() string { return a.name() }
 
 // rows is the query rows (token x head of the group) a block serves.
-func (a AttendKernel) rows() int { return 16 * a.MT * a.warps() }
+func (a AttendKernel) rows() int { return 16 * a.MT * a.W }
 
 // smem is the variant's dynamic shared memory: q's rows and two buffers
 // of K and V tiles, rows of D + 8 16-bit elements.
 func (a AttendKernel) smem() int { return (a.rows() + 4*a.BN) * (a.D + 8) * 2 }
 
 // AttendKernels lists the compiled attention variants (the
-// PREFILL_ATTEND and PREFILL_ATTEND_M lines of prefill.cu).
+// PREFILL_ATTEND_M lines of prefill.cu): the default of each page type
+// and head dimension (defaultAttend).
 func AttendKernels() []AttendKernel {
 	var out []AttendKernel
 	for _, dt := range []plan.DType{plan.BFloat16, plan.Float16} {
 		for _, d := range prefillHeadDims {
-			out = append(out, AttendKernel{dt, d, 1, 64, true, 4})
-			bn := 64
-			if d == 128 {
-				bn = 32
-			}
-			out = append(out, AttendKernel{dt, d, 2, bn, false, 4})
+			out = append(out, defaultAttend(dt, d))
 		}
 	}
-	return append(out, AttendKernel{plan.BFloat16, 128, 1, 64, false, 4}, AttendKernel{plan.BFloat16, 128, 2, 64, false, 4},
-		AttendKernel{plan.BFloat16, 128, 2, 64, false, 8}, AttendKernel{plan.BFloat16, 128, 2, 32, false, 8})
+	return out
 }
 
 // defaultAttend is the variant PrefillTensor runs for pages of dt and
 // head dimension d: two m tiles a warp over tiles of 64 positions, for
-// bf16 and D 128 in blocks of 8 warps (measured on an H100 after 126K
-// tokens: 294 TFLOP/s, against 272 with 4 warps and 166 for the kernel
-// that keeps q in registers; bench/results/2026-12-06-prefill-h100.md).
+// bf16 and D 128 in blocks of 8 warps. Measured on an H100 after 126K
+// tokens (bf16, D 128; bench/results/2026-12-06-prefill-h100.md): 294
+// TFLOP/s, against 272 with 4 warps, 259 with tiles of 32 and 166 for a
+// first kernel of one m tile a warp with q in registers (those variants
+// are no longer compiled; f16 and D 128 keep tiles of 32, whose 235
+// registers do not spill).
 func defaultAttend(dt plan.DType, d int) AttendKernel {
 	switch {
 	case d == 128 && dt == plan.BFloat16:
-		return AttendKernel{dt, d, 2, 64, false, 8}
+		return AttendKernel{dt, d, 2, 64, 8}
 	case d == 128:
-		return AttendKernel{dt, d, 2, 32, false, 4}
+		return AttendKernel{dt, d, 2, 32, 4}
 	}
-	return AttendKernel{dt, d, 2, 64, false, 4}
+	return AttendKernel{dt, d, 2, 64, 4}
 }
 
 // prefillKernelNames lists the kernels of prefill.cu.
