@@ -17,7 +17,8 @@ import (
 // extension. Decoding is strict (see the package doc); fields of
 // OpenAI's API that the server does not implement (best_of,
 // frequency_penalty, presence_penalty, logit_bias, suffix) are accepted
-// only at their neutral values (null, 1, 0, {}, "").
+// only at their neutral values (null, 1, 0, {}, ""); best_of 1 only with
+// n 1, as best_of must be at least n (vLLM's rule).
 type CompletionRequest struct {
 	// Model must be the server's model name.
 	Model string `json:"model"`
@@ -68,6 +69,10 @@ type CompletionRequest struct {
 	// Logprobs asks for each generated token's log-probability and this
 	// many most likely alternatives, 0..5 (nil: none).
 	Logprobs *int `json:"logprobs,omitempty"`
+
+	// bestOf says that the body gave best_of 1 (resolve refuses it
+	// with n > 1).
+	bestOf bool
 }
 
 // StreamOptions are OpenAI's stream options.
@@ -145,7 +150,9 @@ func decodeRequest(body []byte) (*CompletionRequest, *apiError) {
 					req.Echo = *b
 				}
 			case "best_of", "suffix":
-				err = neutral(key, raw)
+				if err = neutral(key, raw); err == nil && key == "best_of" {
+					req.bestOf = !isNull(raw)
+				}
 			default:
 				err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
 			}
