@@ -27,9 +27,10 @@ type CompletionRequest struct {
 	// token ids (used as given).
 	Prompt *Prompt `json:"prompt"`
 	// Prompts is a batch of prompts (the JSON prompt as an array of
-	// strings or of arrays of token ids): each is completed N times,
-	// the choices indexed prompt-major (prompt i's choice c has index
-	// i*N + c), as OpenAI does.
+	// strings or of arrays of token ids), used when Prompt is nil: each
+	// is completed N times, the choices indexed prompt-major (prompt
+	// i's choice c has index i*N + c), as OpenAI does. MarshalJSON
+	// writes it as that array.
 	Prompts []Prompt `json:"-"`
 	// MaxTokens is the most tokens generated (Config.DefaultMaxTokens
 	// when nil; at least 1, or 0 with Echo: the prompt scored alone).
@@ -73,6 +74,20 @@ type CompletionRequest struct {
 	// bestOf says that the body gave best_of 1 (resolve refuses it
 	// with n > 1).
 	bestOf bool
+}
+
+// MarshalJSON writes r as the server reads it: the prompt is Prompt or,
+// when Prompt is nil and Prompts is not, the array of Prompts (a batch).
+func (r CompletionRequest) MarshalJSON() ([]byte, error) {
+	type fields CompletionRequest // without this method
+	v := struct {
+		fields
+		Prompt any `json:"prompt"`
+	}{fields: fields(r), Prompt: r.Prompt}
+	if r.Prompt == nil && r.Prompts != nil {
+		v.Prompt = r.Prompts
+	}
+	return json.Marshal(v)
 }
 
 // StreamOptions are OpenAI's stream options.
