@@ -272,13 +272,15 @@ func TestPromptBatch(t *testing.T) {
 // none: with the scheduler held and one request of n = 2 queued, a
 // request of n = 3 past the sequence caps gets 429 though its first
 // choices alone would fit, and changes nothing; one of n = 2 whose pages
-// do not fit beside the first's is queued and starts when the first is
-// done (its choices' pages reserved together); then the n = 3 one runs.
+// do not fit beside the first's (though the running cap has room for
+// both) is queued, waits while the first runs and starts only after the
+// first has ended (its choices' pages reserved together); then the
+// n = 3 one runs.
 func TestChoicesAdmittedTogether(t *testing.T) {
 	cfg := testConfig("tiny")
 	cfg.CapacityPages = 9
-	cfg.MaxRunning, cfg.MaxQueued = 2, 2
-	s, ts, release := held(t, cfg)
+	cfg.MaxRunning, cfg.MaxQueued = 4, 0
+	s, ts, release, runs := heldRuns(t, cfg)
 	url := ts.URL + "/v1/completions"
 	// 2 ids + 40 tokens: 3 pages, and 3 for the fork.
 	first := postAsync(t, url, `{"model": "tiny", "prompt": "x", "max_tokens": 40, "n": 2, "temperature": 0}`)
@@ -292,20 +294,28 @@ func TestChoicesAdmittedTogether(t *testing.T) {
 	if st := s.Stats(); st.Admitted != 1 || st.Queued != 2 || st.Running != 0 || st.ReservedPages != 0 || st.EngineSequences != 0 || st.Refused != 1 {
 		t.Errorf("after the refused %s: %+v", three, st)
 	}
-	release()
 	// 2 + 2 pages: not beside the first's 6 of 9; it waits for them.
 	second := postAsync(t, url, `{"model": "tiny", "prompt": "y", "max_tokens": 20, "n": 2, "temperature": 0}`)
+	waitStats(t, s, "the second request queued", func(st Stats) bool { return st.Queued == 4 })
+	release()
+	var ids []string
 	for i, ch := range []<-chan answer{first, second} {
 		a := <-ch
 		var c Completion
 		if err := json.Unmarshal(a.body, &c); err != nil || a.status != 200 || len(c.Choices) != 2 || c.Choices[0].Text != c.Choices[1].Text {
-			t.Errorf("request %d: %d %s", i, a.status, a.body)
+			t.Fatalf("request %d: %d %s", i, a.status, a.body)
 		}
+		ids = append(ids, c.ID)
 	}
-	status, _, b := post(t, url, three)
+	r := runs()
+	a, b := r[ids[0]], r[ids[1]]
+	if a.first == 0 || b.first == 0 || b.first <= a.last {
+		t.Errorf("the first ran in iterations %d..%d, the second in %d..%d: want the second to start after the first ended", a.first, a.last, b.first, b.last)
+	}
+	status, _, b3 := post(t, url, three)
 	var c Completion
-	if err := json.Unmarshal(b, &c); err != nil || status != 200 || len(c.Choices) != 3 {
-		t.Errorf("%s after the others: %d %s", three, status, b)
+	if err := json.Unmarshal(b3, &c); err != nil || status != 200 || len(c.Choices) != 3 {
+		t.Errorf("%s after the others: %d %s", three, status, b3)
 	}
 	waitStats(t, s, "the requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
 	unchanged(t, s, 3)

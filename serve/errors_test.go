@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -124,6 +125,9 @@ func TestBadRequests(t *testing.T) {
 		{"max_tokens zero without echo", `{"model": "tiny", "prompt": "x", "max_tokens": 0, "echo": false}`, 400, "max_tokens", "invalid_value"},
 		{"logprobs", `{"model": "tiny", "prompt": "x", "logprobs": 6}`, 400, "logprobs", "invalid_value"},
 		{"best_of", `{"model": "tiny", "prompt": "x", "best_of": 2}`, 400, "best_of", "unsupported_parameter"},
+		{"best_of 2 with n 2", `{"model": "tiny", "prompt": "x", "best_of": 2, "n": 2}`, 400, "best_of", "unsupported_parameter"},
+		{"best_of below n", `{"model": "tiny", "prompt": "x", "best_of": 1, "n": 2}`, 400, "best_of", "invalid_value"},
+		{"n above best_of", `{"model": "tiny", "prompt": ["x", "y"], "n": 3, "best_of": 1}`, 400, "best_of", "invalid_value"},
 		{"frequency_penalty", `{"model": "tiny", "prompt": "x", "frequency_penalty": 0.5}`, 400, "frequency_penalty", "unsupported_parameter"},
 		{"logit_bias", `{"model": "tiny", "prompt": "x", "logit_bias": {"50": 10}}`, 400, "logit_bias", "unsupported_parameter"},
 		{"suffix", `{"model": "tiny", "prompt": "x", "suffix": "end"}`, 400, "suffix", "unsupported_parameter"},
@@ -296,6 +300,63 @@ func held(t testing.TB, cfg Config) (s *Server, ts *httptest.Server, release fun
 	return s, ts, func() { once.Do(func() { close(gate) }) }
 }
 
+// span is the scheduler iterations in which a request had a running
+// choice: the first and the last (counted at the start of each).
+type span struct{ first, last int }
+
+// heldRuns is held, and records for each request (by its completion id)
+// the iterations in which any of its choices was running, as runs
+// returns them: a request started after another ended when its first
+// is past the other's last.
+func heldRuns(t testing.TB, cfg Config) (s *Server, ts *httptest.Server, release func(), runs func() map[string]span) {
+	t.Helper()
+	m, tok := tinyModel(t)
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	seen := map[string]span{}
+	iter := 0
+	var srv *Server // set before gate closes
+	s, err := newServer(m, tok, cfg, hooks{iteration: func(ctx context.Context) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return
+		}
+		srv.mu.Lock()
+		var ids []string
+		for _, j := range srv.running {
+			ids = append(ids, j.id)
+		}
+		srv.mu.Unlock()
+		mu.Lock()
+		defer mu.Unlock()
+		iter++
+		for _, id := range ids {
+			sp, ok := seen[id]
+			if !ok {
+				sp.first = iter
+			}
+			sp.last = iter
+			seen[id] = sp
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv = s
+	ts = httptest.NewServer(s)
+	t.Cleanup(func() {
+		ts.Close()
+		s.Close()
+	})
+	var once sync.Once
+	return s, ts, func() { once.Do(func() { close(gate) }) }, func() map[string]span {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(seen)
+	}
+}
+
 // answer is one HTTP answer.
 type answer struct {
 	status int
@@ -455,6 +516,48 @@ func TestRequestTimeout(t *testing.T) {
 	if st.Cancelled != 2 || st.ReservedPages != 0 || st.EngineSequences != 0 {
 		t.Errorf("stats: %+v", st)
 	}
+}
+
+// TestQueueNoOvertaking: a request at the head of the queue that waits
+// for pages (13 beside a running request's 13, of 20) is not overtaken
+// by a small one behind it that would fit now (1 page): the small one
+// starts no earlier than the big one, which starts after the running
+// one ended.
+func TestQueueNoOvertaking(t *testing.T) {
+	cfg := testConfig("tiny")
+	cfg.CapacityPages = 20
+	s, ts, release, runs := heldRuns(t, cfg)
+	url := ts.URL + "/v1/completions"
+	bodies := []string{
+		`{"model": "tiny", "prompt": "` + strings.Repeat("x", 99) + `", "max_tokens": 100, "temperature": 0}`,
+		`{"model": "tiny", "prompt": "` + strings.Repeat("y", 99) + `", "max_tokens": 100, "temperature": 0}`,
+		`{"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0}`,
+	}
+	var chs []<-chan answer
+	for i, b := range bodies {
+		chs = append(chs, postAsync(t, url, b))
+		waitStats(t, s, fmt.Sprintf("request %d queued", i), func(st Stats) bool { return st.Queued == i+1 })
+	}
+	release()
+	var ids []string
+	for i, ch := range chs {
+		a := <-ch
+		var c Completion
+		if a.status != 200 || json.Unmarshal(a.body, &c) != nil {
+			t.Fatalf("request %d: %d %s", i, a.status, a.body)
+		}
+		ids = append(ids, c.ID)
+	}
+	r := runs()
+	running, big, small := r[ids[0]], r[ids[1]], r[ids[2]]
+	if running.first == 0 || big.first <= running.last {
+		t.Errorf("the first ran in iterations %d..%d, the big one behind it from %d: want it to wait for the first's pages", running.first, running.last, big.first)
+	}
+	if small.first < big.first {
+		t.Errorf("the small request started in iteration %d, before the big one ahead of it (%d): overtaken", small.first, big.first)
+	}
+	waitStats(t, s, "the requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
+	unchanged(t, s, 3)
 }
 
 // TestQueueWaitsForPages: four concurrent requests whose pages exceed

@@ -64,6 +64,9 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 		}
 		p.n = *req.N
 	}
+	if req.bestOf && p.n > 1 {
+		return p, badParam("best_of", "invalid_value", "best_of 1 is less than n %d: best_of must be at least n (this server supports only best_of 1)", p.n)
+	}
 	p.echo = req.Echo
 	p.maxTokens = s.cfg.DefaultMaxTokens
 	if req.MaxTokens != nil {

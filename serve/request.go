@@ -17,7 +17,8 @@ import (
 // extension. Decoding is strict (see the package doc); fields of
 // OpenAI's API that the server does not implement (best_of,
 // frequency_penalty, presence_penalty, logit_bias, suffix) are accepted
-// only at their neutral values (null, 1, 0, {}, "").
+// only at their neutral values (null, 1, 0, {}, ""); best_of 1 only with
+// n 1, as best_of must be at least n (vLLM's rule).
 type CompletionRequest struct {
 	// Model must be the server's model name.
 	Model string `json:"model"`
@@ -26,9 +27,10 @@ type CompletionRequest struct {
 	// token ids (used as given).
 	Prompt *Prompt `json:"prompt"`
 	// Prompts is a batch of prompts (the JSON prompt as an array of
-	// strings or of arrays of token ids): each is completed N times,
-	// the choices indexed prompt-major (prompt i's choice c has index
-	// i*N + c), as OpenAI does.
+	// strings or of arrays of token ids), used when Prompt is nil: each
+	// is completed N times, the choices indexed prompt-major (prompt
+	// i's choice c has index i*N + c), as OpenAI does. MarshalJSON
+	// writes it as that array.
 	Prompts []Prompt `json:"-"`
 	// MaxTokens is the most tokens generated (Config.DefaultMaxTokens
 	// when nil; at least 1, or 0 with Echo: the prompt scored alone).
@@ -68,6 +70,24 @@ type CompletionRequest struct {
 	// Logprobs asks for each generated token's log-probability and this
 	// many most likely alternatives, 0..5 (nil: none).
 	Logprobs *int `json:"logprobs,omitempty"`
+
+	// bestOf says that the body gave best_of 1 (resolve refuses it
+	// with n > 1).
+	bestOf bool
+}
+
+// MarshalJSON writes r as the server reads it: the prompt is Prompt or,
+// when Prompt is nil and Prompts is not, the array of Prompts (a batch).
+func (r CompletionRequest) MarshalJSON() ([]byte, error) {
+	type fields CompletionRequest // without this method
+	v := struct {
+		fields
+		Prompt any `json:"prompt"`
+	}{fields: fields(r), Prompt: r.Prompt}
+	if r.Prompt == nil && r.Prompts != nil {
+		v.Prompt = r.Prompts
+	}
+	return json.Marshal(v)
 }
 
 // StreamOptions are OpenAI's stream options.
@@ -145,7 +165,9 @@ func decodeRequest(body []byte) (*CompletionRequest, *apiError) {
 					req.Echo = *b
 				}
 			case "best_of", "suffix":
-				err = neutral(key, raw)
+				if err = neutral(key, raw); err == nil && key == "best_of" {
+					req.bestOf = !isNull(raw)
+				}
 			default:
 				err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
 			}

@@ -38,6 +38,38 @@ func TestDecodeRequest(t *testing.T) {
 	}
 }
 
+// TestMarshalRequest: a CompletionRequest marshals to the JSON the
+// server reads back into an equal request: a batch of prompts (strings
+// or token ids) as the array prompt, a single prompt as a string or ids.
+func TestMarshalRequest(t *testing.T) {
+	n, maxTokens, seed := 2, 8, int64(-1)
+	for _, req := range []*CompletionRequest{
+		{Model: "m", Prompts: []Prompt{{Text: "a"}, {Text: "The rain"}}, N: &n, MaxTokens: &maxTokens, Seed: &seed, Echo: true},
+		{Model: "m", Prompts: []Prompt{{IDs: []int{256, 1, 2}}, {IDs: []int{256}}}, Stop: []string{"x"}},
+		{Model: "m", Prompts: []Prompt{{Text: "one"}}},
+		{Model: "m", Prompt: &Prompt{Text: "single"}, Stream: true, StreamOptions: &StreamOptions{IncludeUsage: true}},
+		{Model: "m", Prompt: &Prompt{IDs: []int{1, 2}}, Quest: &QuestOptions{Selector: "dense"}},
+	} {
+		for _, v := range []any{req, *req} {
+			b, err := json.Marshal(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, aerr := decodeRequest(b)
+			if aerr != nil {
+				t.Fatalf("%s: %v", b, aerr)
+			}
+			if !reflect.DeepEqual(got, req) {
+				t.Errorf("%s decoded to %+v, want %+v", b, got, req)
+			}
+		}
+	}
+	b, err := json.Marshal(CompletionRequest{Model: "m", Prompts: []Prompt{{Text: "a"}, {IDs: []int{3}}}})
+	if want := `{"model":"m","prompt":["a",[3]]}`; err != nil || string(b) != want {
+		t.Errorf("marshalled %s (%v), want %s", b, err, want)
+	}
+}
+
 // TestCheckJSONString: escaped surrogates must pair; other escapes
 // and literal characters pass.
 func TestCheckJSONString(t *testing.T) {

@@ -292,11 +292,13 @@ type Config struct {
 	// /v1/chat/completions [--chat-template]. Default "": the
 	// checkpoint's own (tokenizer_config.json or chat_template.jinja).
 	ChatTemplate string
-	// MaxRunning caps the requests decoding at once [--max-running].
-	// Default 16.
+	// MaxRunning caps the sequences prefilling or decoding at once, one
+	// per choice of a request (n x prompts) [--max-running]. Default 16.
 	MaxRunning int
-	// MaxQueued caps the admitted requests waiting to run
-	// [--max-queued]. Default 64.
+	// MaxQueued caps the admitted sequences waiting for a running slot
+	// or for their request's pages [--max-queued]: a request is admitted
+	// while the running and queued sequences, its own included, number
+	// at most MaxRunning + MaxQueued, else refused with 429. Default 64.
 	MaxQueued int
 	// MaxModelLen bounds a request's prompt plus max_tokens
 	// [--max-model-len]. Default 0: the model's max_position_embeddings.

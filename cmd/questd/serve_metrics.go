@@ -7,8 +7,9 @@ import (
 )
 
 // serveCounts exports the completions API's counters (serve.Stats) on
-// /metrics: requests by state and outcome, tokens, decode steps and
-// batch, prefill chunks, and the pages admission reserved.
+// /metrics: sequences by state (one per choice of a request), requests
+// by outcome, tokens, decode steps and batch, prefill chunks, and the
+// pages the started requests reserved.
 type serveCounts struct {
 	srv                                  *completion.Server
 	reqs, outcomes, tokens, steps, pages *prometheus.Desc
@@ -18,12 +19,12 @@ type serveCounts struct {
 func newServeCounts(srv *completion.Server) *serveCounts {
 	return &serveCounts{
 		srv:           srv,
-		reqs:          prometheus.NewDesc("questrt_serve_requests", "Completions API requests now, by state: running (prefilling or decoding, at most --max-running) and queued (admitted, waiting for a running slot, at most --max-queued).", []string{"state"}, nil),
+		reqs:          prometheus.NewDesc("questrt_serve_requests", "Completions API sequences now (one per choice of a request: n x prompts), by state: running (prefilling or decoding, at most --max-running) and queued (admitted, waiting for a running slot or for their request's pages; running plus queued at most --max-running + --max-queued).", []string{"state"}, nil),
 		outcomes:      prometheus.NewDesc("questrt_serve_requests_total", "Completions API requests by outcome: admitted; refused (429 by admission, or 503 while draining); invalid (4xx for their parameters); and of the admitted: completed, cancelled (client gone or deadline past), failed (an error).", []string{"outcome"}, nil),
 		tokens:        prometheus.NewDesc("questrt_serve_tokens_total", "Tokens of the completions API, by kind: prompt (prefilled) and completion (generated).", []string{"kind"}, nil),
 		steps:         prometheus.NewDesc("questrt_serve_decode_total", "Decode steps of the completions API (kind=steps, batches) and the sequences they decoded (kind=sequences): their ratio is the mean decode batch.", []string{"kind"}, nil),
 		prefill:       prometheus.NewDesc("questrt_serve_prefill_chunks_total", "Prefill chunks (--prefill-chunk-tokens) the completions API ran.", nil, nil),
-		pages:         prometheus.NewDesc("questrt_serve_pages", "Pages per shard of the completions API's pool, by state: reserved (by the admitted requests) and capacity (--serve-capacity-pages).", []string{"state"}, nil),
+		pages:         prometheus.NewDesc("questrt_serve_pages", "Pages per shard of the completions API's pool, by state: reserved (by the running requests, all of a request's choices' pages when it starts; queued requests reserve none) and capacity (--serve-capacity-pages).", []string{"state"}, nil),
 		policyRefused: prometheus.NewDesc("questrt_serve_policy_grid_refusals_total", "Requests refused (429) because their quest options would open one grid more than --serve-policy-grids (--serve-layout cluster).", nil, nil),
 	}
 }
