@@ -282,6 +282,16 @@ type Config struct {
 	// Model is a Hugging Face Llama checkpoint directory to serve
 	// [--model]; needs HTTPAddr. Default "": no model.
 	Model string
+	// HTTPTLSCert and HTTPTLSKey are the PEM files of the completions
+	// API's TLS certificate and key: with both it serves HTTPS (HTTP/2
+	// and HTTP/1.1, TLS 1.2 and up), SIGHUP reloading them
+	// [--http-tls-cert, --http-tls-key]. Default "": plaintext HTTP (a
+	// warning at start when HTTPAddr is not loopback).
+	HTTPTLSCert, HTTPTLSKey string
+	// AllowedOrigins are the origins whose browsers may call the
+	// completions API cross-origin (CORS; "*": any)
+	// [--allowed-origins]. Default none.
+	AllowedOrigins []string
 	// HTTPAddr is the listen address of the completions API [--http-addr];
 	// needs Model. Default "".
 	HTTPAddr string
@@ -488,6 +498,16 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 			return Config{}, withOrigin(err, origin[fe.flag])
 		}
 		return Config{}, err
+	}
+	// Secret files other users can read are refused (a file that is
+	// missing is reported where it is read).
+	for _, f := range []struct{ flag, path string }{{"gossip-key-file", c.GossipKeyFile}, {"token-file", c.TokenFile}, {"tls-key", c.TLSKey}, {"http-tls-key", c.HTTPTLSKey}} {
+		if f.path == "" {
+			continue
+		}
+		if err := checkSecretMode(f.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return Config{}, withOrigin(fmt.Errorf("--%s %q: %w", f.flag, f.path, unwrapPath(err)), origin[f.flag])
+		}
 	}
 	if onCLI[printConfigFlag] && fs.Lookup(printConfigFlag).Value.String() == "true" {
 		if err := printConfig(stdout, fs, groups); err != nil {

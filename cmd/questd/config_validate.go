@@ -126,6 +126,19 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
+	switch {
+	case (c.HTTPTLSCert == "") != (c.HTTPTLSKey == ""):
+		return bad("http-tls-cert", c.HTTPTLSCert, "HTTPS needs both --http-tls-cert and --http-tls-key")
+	case c.HTTPTLSCert != "" && c.HTTPAddr == "":
+		return bad("http-tls-cert", c.HTTPTLSCert, "needs --http-addr (the completions API it secures)")
+	case len(c.AllowedOrigins) > 0 && c.HTTPAddr == "":
+		return bad("allowed-origins", strings.Join(c.AllowedOrigins, ","), "needs --http-addr (the completions API browsers call)")
+	}
+	for _, o := range c.AllowedOrigins {
+		if err := checkOrigin(o); err != nil {
+			return bad("allowed-origins", o, "%v", err)
+		}
+	}
 	if c.MetricsAddr != "" {
 		if _, _, err := splitAddr("metrics-addr", c.MetricsAddr); err != nil {
 			return err

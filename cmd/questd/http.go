@@ -27,6 +27,9 @@ import (
 type completions struct {
 	srv  *completion.Server
 	http *httpServer
+	// cert is the HTTPS certificate (--http-tls-cert), reloaded on
+	// SIGHUP; nil for plaintext.
+	cert *httpCert
 	// closeDevice frees the device executor and its GPU backend after
 	// srv closed (--serve-layout device; nil otherwise).
 	closeDevice func()
@@ -111,13 +114,24 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 			return nil, fmt.Errorf("monitor metrics: %w", err)
 		}
 	}
-	h, err := startHTTP("completions", "http-addr", cfg.HTTPAddr, apiHandler(srv, cfg.Token, reg, log), cfg.httpServer(), reg, log)
+	hc := cfg.httpServer()
+	var cert *httpCert
+	if cfg.HTTPTLSCert != "" {
+		if cert, err = newHTTPCert(cfg.HTTPTLSCert, cfg.HTTPTLSKey); err != nil {
+			closeAll()
+			return nil, err
+		}
+		hc.TLS = cert.tlsConfig()
+	}
+	handler := allowOrigins(cfg.AllowedOrigins, adminLoopback(cfg.Token, apiHandler(srv, cfg.Token, reg, log)))
+	h, err := startHTTP("completions", "http-addr", cfg.HTTPAddr, handler, hc, reg, log)
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
-	log.Info("completions API", "addr", h.addr, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP)
-	return &completions{srv: srv, http: h, closeDevice: closeDevice}, nil
+	warnExposure(h.addr, cert != nil, cfg.Token != "", log)
+	log.Info("completions API", "addr", h.addr, "tls", cert != nil, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP)
+	return &completions{srv: srv, http: h, cert: cert, closeDevice: closeDevice}, nil
 }
 
 // loadChatTemplate sets sc's chat template: --chat-template's (an error

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -73,6 +74,9 @@ type httpServerConfig struct {
 	// KiB of slack); larger requests get 431. Default 64 KiB: a bearer
 	// token and the usual headers take well under 4 KiB.
 	MaxHeaderBytes int
+	// TLS, when set, serves HTTPS with it (the completions API's
+	// --http-tls-cert and --http-tls-key). Default nil: plaintext.
+	TLS *tls.Config
 }
 
 // Defaults of defaultHTTPServerConfig (the completions API's; the
@@ -184,8 +188,13 @@ func serveHTTP(name, flag string, tl net.Listener, h http.Handler, hc httpServer
 		lis: cl, addr: tl.Addr().String(),
 	}
 	lis := netutil.LimitListener(cl, hc.MaxConns)
+	s.srv.TLSConfig = hc.TLS
 	s.wg.Go(func() {
-		if err := s.srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		serve := s.srv.Serve
+		if hc.TLS != nil {
+			serve = func(l net.Listener) error { return s.srv.ServeTLS(l, "", "") }
+		}
+		if err := serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server", "flag", flag, "err", err)
 		}
 	})

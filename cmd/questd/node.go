@@ -175,6 +175,13 @@ wait:
 			break wait
 		case <-hup:
 			reloadTLS(rl, log)
+			if api != nil && api.cert != nil {
+				if err := api.cert.reload(); err != nil {
+					log.Error("reload the completions API's certificate; the old one stays", "err", err)
+				} else {
+					log.Info("reloaded the completions API's certificate", "cert", cfg.HTTPTLSCert)
+				}
+			}
 		}
 	}
 	st.drain()
