@@ -25,9 +25,9 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 func plotCommand() (*flag.FlagSet, action) {
 	fs := newFlags("plot", `Usage: questctl plot --in FILE.jsonl[,FILE2.jsonl...] --out FILE.png [--kind passkey|attention|auto]
 
-Draws a PNG figure from the JSON lines that 'questctl eval passkey --json'
-or 'questctl bench attention --json' print (the same figure as their
---plot flag):
+Draws a PNG figure from the JSON lines that 'questctl eval passkey --json',
+'questctl bench attention --json' or 'questctl bench collective --json'
+print (the same figure as the first two's --plot flag):
 
   passkey    accuracy vs token budget (log2), a line per (selector,
              length), the dense baseline dashed; beside it attention-mass
@@ -36,6 +36,10 @@ or 'questctl bench attention --json' print (the same figure as their
   attention  time per step vs context length (log-log): dense, the Quest
              step and its score, top-K and attention phases, a panel per
              (batch, budget)
+  collective from a size sweep (--min-bytes...), the all-gather's p50 and
+             p99 vs size (log-log) and its bus bandwidth vs size; from
+             the configurations, the selection exchange's p50 vs ranks
+             beside its same-run baseline, a line per (transport, batch)
 
 All files must hold lines of one kind; --kind auto takes it from the first
 line. A configuration given twice (two files of one sweep) is drawn from
@@ -44,7 +48,7 @@ line, with its line number) and an --out that cannot be written are
 usage errors (exit 2), and no file is written.`)
 	in := fs.String("in", "", "comma-separated JSON-lines files, all of one kind (required)")
 	out := fs.String("out", "", "PNG file to write, replaced if it exists (required)")
-	kindFlag := fs.String("kind", string(plots.KindAuto), "input kind: passkey (eval passkey --json), attention (bench attention --json) or auto (from the first line)")
+	kindFlag := fs.String("kind", string(plots.KindAuto), "input kind: passkey (eval passkey --json), attention (bench attention --json), collective (bench collective --json) or auto (from the first line)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		switch {
 		case *in == "":
@@ -54,7 +58,7 @@ usage errors (exit 2), and no file is written.`)
 		}
 		kind, err := plots.ParseKind(*kindFlag)
 		if err != nil {
-			return usageError{fmt.Errorf("--kind %s: want passkey, attention or auto", *kindFlag)}
+			return usageError{fmt.Errorf("--kind %s: want passkey, attention, collective or auto", *kindFlag)}
 		}
 		if err := checkPlotOut("--out", *out); err != nil {
 			return err
@@ -82,7 +86,7 @@ usage errors (exit 2), and no file is written.`)
 		if err := writePlot("--out", *out, fig); err != nil {
 			return err
 		}
-		n := len(d.Passkey) + len(d.Attention)
+		n := len(d.Passkey) + len(d.Attention) + len(d.Collective) + len(d.Sweep)
 		fmt.Fprintf(stderr, "wrote %s: %dx%d pixels from %d %s lines\n", *out, fig.Width, fig.Height, n, d.Kind)
 		return nil
 	}

@@ -135,7 +135,7 @@ func TestPlotBadInput(t *testing.T) {
 		{[]string{"--out", out}, "--in is required"},
 		{[]string{"--in", passkey}, "--out is required"},
 		{[]string{"--in", "", "--out", out}, "--in: empty value"},
-		{[]string{"--in", passkey, "--out", out, "--kind", "pie"}, "--kind pie: want passkey, attention or auto"},
+		{[]string{"--in", passkey, "--out", out, "--kind", "pie"}, "--kind pie: want passkey, attention, collective or auto"},
 		{[]string{"--in", filepath.Join(dir, "missing.jsonl"), "--out", out}, "missing.jsonl: no such file"},
 		{[]string{"--in", passkey + ",", "--out", out}, "an empty file name"},
 		{[]string{"--in", empty, "--out", out}, "empty.jsonl: no JSON lines"},

@@ -98,6 +98,8 @@ func TestFiguresFromResults(t *testing.T) {
 			[][4]float64{{0.05, 0.1, 0.3, 0.9}, {0.33, 0.1, 0.42, 0.5}, {0.45, 0.1, 0.9, 0.9}, {0.92, 0.1, 1, 0.4}}},
 		{"passkey-base.png", KindAuto, []string{"2026-12-01-passkey/base.jsonl"}, 1270, 620, nil},
 		{"passkey-v2-both.png", KindAuto, []string{"2026-12-01-passkey/v2_8k.jsonl", "2026-12-01-passkey/v2_32k.jsonl"}, 1856, 800, nil},
+		{"collective-cpu.png", KindAuto, []string{"2026-12-06-collective-plot-cpu.jsonl"}, 2010, 510,
+			[][4]float64{{0.05, 0.1, 0.28, 0.9}, {0.33, 0.1, 0.56, 0.9}, {0.62, 0.1, 0.84, 0.9}, {0.85, 0.1, 1, 0.5}}},
 		{"attention-h200.png", KindAuto, []string{"2026-11-29-attention-h200-mma.jsonl"}, 1790, 890,
 			[][4]float64{{0.02, 0.1, 0.3, 0.5}, {0.3, 0.1, 0.6, 0.5}, {0.6, 0.1, 0.85, 0.5}, {0.02, 0.55, 0.3, 0.95}, {0.88, 0.1, 1, 0.3}}},
 	}
@@ -213,6 +215,12 @@ func TestReadErrors(t *testing.T) {
 		{KindAuto, `{"selector":"quest","accuracy":1}`, "line 1: passkey line without length"},
 		{KindAuto, `{"context":0,"dense_us":3}`, "line 1: context 0"},
 		{KindAuto, `{"context":4096,"dense_us":"fast"}`, "line 1: attention line: json"},
+		{KindAuto, `{"kind":"allgather_sweep","shards":2,"bytes":0,"p50_us":3}`, "line 1: allgather_sweep line: bytes 0"},
+		{KindAuto, `{"kind":"allgather_sweep","shards":2,"bytes":1024,"p50_us":-3}`, "line 1: allgather_sweep line"},
+		{KindAuto, `{"kind":"collective","shards":0,"batch":1,"select_p50_us":3}`, "line 1: collective line: ranks 0"},
+		{KindAuto, `{"kind":"collective","shards":"two"}`, "line 1: collective line: json"},
+		{KindCollective, `{"context":4096,"dense_us":3}`, "line 1: bench attention line where bench collective lines are wanted"},
+		{KindAuto, `{"kind":"pie"}`, "line 1: neither"},
 	}
 	for _, c := range cases {
 		d := &Data{Kind: c.kind}
@@ -232,6 +240,17 @@ func TestFigureErrors(t *testing.T) {
 	}
 	if _, err := Attention(nil); !errors.Is(err, ErrNoRecords) {
 		t.Errorf("Attention(nil): %v", err)
+	}
+	if _, err := Collective(nil, nil); !errors.Is(err, ErrNoRecords) {
+		t.Errorf("Collective(nil, nil): %v", err)
+	}
+	// Only configurations: one panel, the selection exchange's.
+	one, err := Collective(nil, []CollectiveRow{{Transport: "inproc", Shards: 2, Batch: 1, SelectP50: 20, BaselineP50: 5}, {Transport: "inproc", Shards: 4, Batch: 1, SelectP50: 40, BaselineP50: 9}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, _ := CollectiveSize(1); one.Width != w {
+		t.Errorf("configurations only: %d pixels wide, want one panel's %d", one.Width, w)
 	}
 	if _, err := (&Data{}).Figure(); !errors.Is(err, ErrNoRecords) {
 		t.Errorf("empty Data: %v", err)
@@ -253,7 +272,7 @@ func TestFigureErrors(t *testing.T) {
 }
 
 func TestParseKind(t *testing.T) {
-	for _, s := range []string{"auto", "passkey", "attention"} {
+	for _, s := range []string{"auto", "passkey", "attention", "collective"} {
 		if k, err := ParseKind(s); err != nil || string(k) != s {
 			t.Errorf("ParseKind(%q) = %q, %v", s, k, err)
 		}

@@ -23,6 +23,9 @@ const (
 	KindPasskey Kind = "passkey"
 	// KindAttention is `questctl bench attention --json`.
 	KindAttention Kind = "attention"
+	// KindCollective is `questctl bench collective --json` (the
+	// configurations' lines and the size sweep's).
+	KindCollective Kind = "collective"
 )
 
 // command is the questctl command whose lines are of kind k.
@@ -32,6 +35,8 @@ func (k Kind) command() string {
 		return "eval passkey"
 	case KindAttention:
 		return "bench attention"
+	case KindCollective:
+		return "bench collective"
 	}
 	return string(k)
 }
@@ -45,10 +50,10 @@ var ErrNoRecords = errors.New("no JSON lines")
 // ParseKind reads auto, passkey or attention.
 func ParseKind(s string) (Kind, error) {
 	switch k := Kind(s); k {
-	case KindAuto, KindPasskey, KindAttention:
+	case KindAuto, KindPasskey, KindAttention, KindCollective:
 		return k, nil
 	}
-	return "", fmt.Errorf("unknown kind %q (want passkey, attention or auto)", s)
+	return "", fmt.Errorf("unknown kind %q (want passkey, attention, collective or auto)", s)
 }
 
 // AttentionRow is one line of `questctl bench attention --json`, from the
@@ -80,8 +85,10 @@ type Data struct {
 	// Kind is KindAuto until the first line is read, then the kind of
 	// every line. Set it before reading to require one kind.
 	Kind      Kind
-	Passkey   []eval.Record
-	Attention []AttentionRow
+	Passkey    []eval.Record
+	Attention  []AttentionRow
+	Collective []CollectiveRow
+	Sweep      []SweepRow
 }
 
 // maxLine is the longest JSON line Read takes (a passkey record of a
@@ -135,18 +142,27 @@ func (d *Data) add(line []byte) error {
 		return true
 	}
 	var kind Kind
+	var lineKind string
+	if k, ok := keys["kind"]; ok {
+		_ = json.Unmarshal(k, &lineKind)
+	}
 	switch {
 	case has("selector", "accuracy"):
 		kind = KindPasskey
 	case has("context", "dense_us"):
 		kind = KindAttention
+	case lineKind == "collective" || lineKind == "allgather_sweep":
+		kind = KindCollective
 	default:
-		return errors.New("neither an eval passkey line (with selector and accuracy) nor a bench attention line (with context and dense_us)")
+		return errors.New("neither an eval passkey line (with selector and accuracy), a bench attention line (with context and dense_us) nor a bench collective line (kind collective or allgather_sweep)")
 	}
 	if d.Kind != KindAuto && d.Kind != kind {
 		return fmt.Errorf("%s line where %s lines are wanted", kind.command(), d.Kind.command())
 	}
 	d.Kind = kind
+	if kind == KindCollective {
+		return d.addCollective(lineKind, line)
+	}
 	if kind == KindPasskey {
 		if !has("length", "budget") {
 			return errors.New("passkey line without length or budget")
@@ -184,9 +200,43 @@ func (d *Data) add(line []byte) error {
 	return nil
 }
 
+// addCollective adds a bench collective line.
+func (d *Data) addCollective(kind string, line []byte) error {
+	finite := func(xs ...float64) bool {
+		for _, x := range xs {
+			if math.IsNaN(x) || math.IsInf(x, 0) || x < 0 {
+				return false
+			}
+		}
+		return true
+	}
+	if kind == "allgather_sweep" {
+		var r SweepRow
+		if err := json.Unmarshal(line, &r); err != nil {
+			return fmt.Errorf("allgather_sweep line: %w", err)
+		}
+		if r.Bytes <= 0 || r.Shards <= 0 || !finite(r.P50, r.P99, r.BusBW) {
+			return fmt.Errorf("allgather_sweep line: bytes %d, ranks %d, p50 %v, p99 %v, busbw %v: want positive sizes and finite, non-negative figures", r.Bytes, r.Shards, r.P50, r.P99, r.BusBW)
+		}
+		d.Sweep = append(d.Sweep, r)
+		return nil
+	}
+	var r CollectiveRow
+	if err := json.Unmarshal(line, &r); err != nil {
+		return fmt.Errorf("collective line: %w", err)
+	}
+	if r.Shards <= 0 || r.Batch <= 0 || !finite(r.SelectP50, r.SelectP99, r.BaselineP50, r.MergeP50) {
+		return fmt.Errorf("collective line: ranks %d, batch %d: want positive ranks and batch and finite, non-negative timings", r.Shards, r.Batch)
+	}
+	d.Collective = append(d.Collective, r)
+	return nil
+}
+
 // Figure builds the figure of d's kind.
 func (d *Data) Figure() (*Figure, error) {
 	switch d.Kind {
+	case KindCollective:
+		return Collective(d.Sweep, d.Collective)
 	case KindPasskey:
 		return Passkey(d.Passkey)
 	case KindAttention:
