@@ -84,7 +84,7 @@ type AttentionRow struct {
 type Data struct {
 	// Kind is KindAuto until the first line is read, then the kind of
 	// every line. Set it before reading to require one kind.
-	Kind      Kind
+	Kind       Kind
 	Passkey    []eval.Record
 	Attention  []AttentionRow
 	Collective []CollectiveRow
