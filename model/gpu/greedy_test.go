@@ -412,3 +412,56 @@ func TestAdmission(t *testing.T) {
 		}
 	}
 }
+
+// TestTwinPrefillBadInput: prompts the executor's Prefill refuses (no
+// tokens, a token outside the vocabulary, positions past the model's,
+// a negative position) change nothing: the sequence stays empty and
+// prefills afterwards as if the refused calls had not been made.
+func TestTwinPrefillBadInput(t *testing.T) {
+	c := tinyConfig(t)
+	m, err := model.NewRandom(c, model.RandomOptions{Seed: 8, Std: 0.3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dev := twin(t)
+	cfg := model.EngineConfig(m.Geometry(), testPolicy(), 64)
+	cfg.Backend, cfg.DeviceResident = dev, true
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	x, err := New(ctx, dev, m, Options{MaxBatch: 2, PrefillChunk: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close(ctx)
+	id, err := e.Create(plan.Striped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, call := range map[string]func() error{
+		"no tokens":         func() error { _, err := x.Prefill(ctx, e, id, nil, 0); return err },
+		"token negative":    func() error { _, err := x.Prefill(ctx, e, id, []int{5, -1}, 0); return err },
+		"token past":        func() error { _, err := x.Prefill(ctx, e, id, []int{5, c.VocabSize}, 0); return err },
+		"positions past":    func() error { _, err := x.Prefill(ctx, e, id, []int{5, 6}, c.MaxPositions-1); return err },
+		"position negative": func() error { _, err := x.Prefill(ctx, e, id, []int{5, 6}, -1); return err },
+	} {
+		if err := call(); !errors.Is(err, ErrBadInput) {
+			t.Errorf("%s: %v, want ErrBadInput", name, err)
+		}
+		if n, err := e.Len(id); err != nil || n != 0 {
+			t.Fatalf("%s: the sequence holds %d tokens (%v) after a refused prefill", name, n, err)
+		}
+	}
+	prompt := []int{5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}
+	got, err := x.Prefill(ctx, e, id, prompt, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, want := cpuGreedyPrefill(t, m, prompt, 1)
+	if d := maxDiff(got, want); d > 1e-4 {
+		t.Errorf("after the refused calls the prefill's logits differ from the CPU's by %g", d)
+	}
+}
