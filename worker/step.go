@@ -151,6 +151,7 @@ func (l *Local) BeginStep(ctx context.Context, m BeginRequest) error {
 		if err := l.putMarks(st, idx); err != nil {
 			return fmt.Errorf("begin step %d: %w", m.Step, err)
 		}
+		l.crashPoint("step/marked")
 	}
 	l.step, l.last, l.began = st, m.Step, true
 	return nil
@@ -331,6 +332,7 @@ func (l *Local) EndStep(ctx context.Context, m EndRequest) error {
 	if serr != nil {
 		return fmt.Errorf("end %w", serr)
 	}
+	l.crashPoint("step/end")
 	// The step's tokens are acknowledged from here: a recovery must keep
 	// them. (After a failed step too: the coordinator keeps the layers
 	// that took the token.)

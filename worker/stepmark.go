@@ -240,3 +240,10 @@ func (l *Local) undoStep(sq *seqState, m stepMark) ([]int, error) {
 	}
 	return cut, nil
 }
+
+// crashPoint calls Config.CrashPoint (crash tests).
+func (l *Local) crashPoint(name string) {
+	if f := l.cfg.CrashPoint; f != nil && l.db != nil {
+		f(name)
+	}
+}
