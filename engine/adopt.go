@@ -46,7 +46,8 @@ type RecoveredPart struct {
 	Missing bool
 	// Key is the worker's handle of it (worker.RecoveredSeq.Key).
 	Key uint64
-	// Lens are the global lengths per layer the worker's ranks hold, and
+	// Lens are the global lengths per layer the worker's ranks hold (the
+	// end of their last token; the other workers may hold more), and
 	// Had the length before the stop as far as they know
 	// (worker.RecoveredSeq.Lens and Had).
 	Lens []int
@@ -167,10 +168,14 @@ func (e *Engine) agree(r Recovered) (Adopted, error) {
 		if slices.Min(p.Lens) < 0 || p.Had < 0 {
 			return Adopted{}, fmt.Errorf("%w: worker %d: negative length", ErrIncomplete, w)
 		}
+		// A worker reports the end of the tokens its ranks hold; the
+		// others may hold more, up to the next token one of its ranks
+		// owns and lacks.
+		bound := worker.MaxLens(lay, c.PageSize, e.hosts[w], p.Lens)
 		if a.Lens == nil {
-			a.Lens = slices.Clone(p.Lens)
+			a.Lens = bound
 		}
-		for l, n := range p.Lens {
+		for l, n := range bound {
 			a.Lens[l] = min(a.Lens[l], n)
 		}
 		a.Had = max(a.Had, p.Had)

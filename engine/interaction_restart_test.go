@@ -159,7 +159,11 @@ func (env *interaction) restart(t *testing.T, ws []int, crash map[int]bool, engi
 		fmt.Fprintf(&b, "w%d %s and reopened: %d recovered, %d damaged, %d orphan store sequences\n",
 			w, how[w], len(rep.Sequences), len(rep.Damaged), rep.OrphanSeqs)
 		for _, s := range rep.Sequences {
-			fmt.Fprintf(&b, "w%d   recovered key=%d seq=%d grid=%s lens=%v had=%d lost=%d\n", w, s.Key, s.Seq, s.Grid, s.Lens, s.Had, s.LostTokens)
+			fmt.Fprintf(&b, "w%d   recovered key=%d seq=%d grid=%s lens=%v had=%d lost=%d", w, s.Key, s.Seq, s.Grid, s.Lens, s.Had, s.LostTokens)
+			if s.RolledBack != nil {
+				fmt.Fprintf(&b, " step-rolled-back=%v", s.RolledBack)
+			}
+			b.WriteString("\n")
 		}
 		for _, s := range rep.Damaged {
 			fmt.Fprintf(&b, "w%d   damaged key=%d seq=%d: %v\n", w, s.Key, s.Seq, s.Err)

@@ -33,12 +33,15 @@ import (
 //	                                  (persist: every worker keeps a data
 //	                                   directory, worker.Config.DataDir)
 //	create name=X
-//	append name=X tokens=N [seed=S [skip=K]] [layer=L]
+//	append name=X tokens=N [seed=S [skip=K | step-rows=R]] [layer=L]
 //	                                  (N random tokens to every layer, or
 //	                                   to layer L;
 //	                                   seed: drawn from seed S, not the
 //	                                   file's stream; skip: the last N of
-//	                                   the K+N tokens tokens=K+N draws)
+//	                                   the K+N tokens tokens=K+N draws;
+//	                                   step-rows: the new token that a
+//	                                   layer command with seed S gave a
+//	                                   step of R rows, N = 1)
 //	begin rows=(X+, Y) [first=L] [budget=B] [dense-layers=N]
 //	                                  (X+: X brings a new token)
 //	layer l=L [bad=q|layer] [seed=S] [as=LABEL]
@@ -348,6 +351,16 @@ func (env *interaction) run(t *testing.T, d *datadriven.TestData) string {
 				continue
 			}
 			rng := env.rngFor(t, d, l)
+			if d.HasArg("step-rows") {
+				// The new row of a layer command with the same seed:
+				// drawn after the step's queries.
+				randn(rng, arg(t, d, "step-rows", 1)*env.cfg.QRow())
+				k, v := randn(rng, n*row), randn(rng, n*row)
+				if err := env.e.Append(env.names[name], l, k, v); err != nil {
+					errs = append(errs, fmt.Sprintf("layer %d: %v", l, err))
+				}
+				continue
+			}
 			k, v := randn(rng, (skip+n)*row)[skip*row:], randn(rng, (skip+n)*row)[skip*row:]
 			if err := env.e.Append(env.names[name], l, k, v); err != nil {
 				errs = append(errs, fmt.Sprintf("layer %d: %v", l, err))

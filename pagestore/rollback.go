@@ -1,6 +1,9 @@
 package pagestore
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+)
 
 // Rollback: dropping the last tokens of a sequence. Whole
 // pages past the new end are released; when the new end falls inside a
@@ -167,4 +170,100 @@ func (s *Store) cutLocked(what string, id SeqID, sq *seq, n int) error {
 		return fmt.Errorf("%s: %w: %w", what, ErrData, err)
 	}
 	return nil
+}
+
+// Truncate cuts every layer l of sequence id to lens[l] tokens (at most
+// its length; layers may differ, before and after): the tokens of each
+// layer past its new length are dropped, and the summaries of the pages
+// that keep some of them are exactly those of a sequence that never held
+// them. Recovery uses it to undo the appends of an interrupted step,
+// which may have reached some layers and not others.
+//
+// It is composed of the store's exact operations: it pads every layer to
+// the longest one with zeros, rolls all layers back to the shortest new
+// length, and appends again, per layer, the tokens it keeps past that
+// length (read before the cut). Nothing changes when the lengths are
+// refused; a failure part-way (a full pool, a persistence or data error)
+// leaves every layer at most at its new length, some perhaps shorter.
+// The sequence must not be used concurrently.
+func (s *Store) Truncate(id SeqID, lens []int) error {
+	c := s.cfg
+	if len(lens) != c.Layers {
+		return fmt.Errorf("truncate seq %d: %w: %d lengths for %d layers", id, ErrOutOfRange, len(lens), c.Layers)
+	}
+	have := make([]int, c.Layers)
+	for l := range have {
+		n, err := s.LayerLen(id, l)
+		if err != nil {
+			return fmt.Errorf("truncate seq %d: %w", id, err)
+		}
+		if lens[l] < 0 || lens[l] > n {
+			return fmt.Errorf("truncate seq %d: %w: layer %d to %d tokens, it has %d", id, ErrOutOfRange, l, lens[l], n)
+		}
+		have[l] = n
+	}
+	lo, hi := minLen(lens), maxLen(have)
+	if lo == hi || equalInts(lens, have) {
+		return nil
+	}
+	table, err := s.AppendPageTable(nil, id)
+	if err != nil {
+		return fmt.Errorf("truncate seq %d: %w", id, err)
+	}
+	// Keep, per layer, the tokens in [lo, lens[l]) token-major.
+	S, tok := c.PageSize, c.KVHeads*c.HeadDim
+	D := c.HeadDim
+	blk := c.PageElems()
+	pk, pv := make([]float32, blk), make([]float32, blk)
+	keepK, keepV := make([][]float32, c.Layers), make([][]float32, c.Layers)
+	ctx := context.Background()
+	for l := range lens {
+		for pos := lo; pos < lens[l]; {
+			p := pos / S
+			if err := s.ReadKV(ctx, l, table[p], pk, pv); err != nil {
+				return fmt.Errorf("truncate seq %d: %w", id, err)
+			}
+			for ; pos < lens[l] && pos/S == p; pos++ {
+				r := pos % S
+				for h := range c.KVHeads {
+					o := h*S*D + r*D
+					keepK[l] = append(keepK[l], pk[o:o+D]...)
+					keepV[l] = append(keepV[l], pv[o:o+D]...)
+				}
+			}
+		}
+	}
+	for l, n := range have {
+		if n < hi {
+			z := make([]float32, (hi-n)*tok)
+			if err := s.Append(id, l, z, z); err != nil {
+				return fmt.Errorf("truncate seq %d: pad layer %d: %w", id, l, err)
+			}
+		}
+	}
+	if hi > lo {
+		if err := s.Rollback(id, hi-lo); err != nil {
+			return fmt.Errorf("truncate seq %d: %w", id, err)
+		}
+	}
+	for l := range lens {
+		if len(keepK[l]) > 0 {
+			if err := s.Append(id, l, keepK[l], keepV[l]); err != nil {
+				return fmt.Errorf("truncate seq %d: append layer %d again: %w", id, l, err)
+			}
+		}
+	}
+	return nil
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }

@@ -109,6 +109,14 @@ type Config struct {
 	// the goroutine that met the failure, possibly with locks held: it
 	// must return quickly and not call the worker. Default nil.
 	OnPersistError func(*pagestore.IOError)
+	// CrashPoint, when set (crash tests), is called at named points of a
+	// persisting worker's step: "step/marked" (BeginStep committed its
+	// markers), "step/append" (a new token reached one rank's store in
+	// one layer) and "step/end" (EndStep, before it deletes the
+	// markers), with the worker's lock held, on the calling goroutine
+	// (ranks of one worker call it concurrently). A test copies the data
+	// directory there: what a kill -9 at that point leaves.
+	CrashPoint func(point string)
 }
 
 // DefaultConfig returns a single-rank configuration with the documented

@@ -51,6 +51,9 @@ type Local struct {
 	parked  map[uint64]*seqState
 	nparked atomic.Int64 // len(parked), read without mu
 	report  RecoveryReport
+	// marked are the entry keys whose step marker is committed
+	// (stepmark.go): deleted at EndStep.
+	marked map[uint64]bool
 }
 
 var _ Worker = (*Local)(nil)
@@ -207,8 +210,19 @@ func (l *Local) Close() error {
 	if l.closed {
 		return nil
 	}
-	l.closed = true
 	var first error
+	if st := l.step; st != nil && l.db != nil {
+		// The ranks save tail pages below: the open step's tokens
+		// reach the disk, so its markers must be there first.
+		var idx []int
+		for si := range st.sq {
+			idx = append(idx, si)
+		}
+		if err := l.putMarks(st, idx); err != nil {
+			first = fmt.Errorf("worker: close: the open step's appends are saved without their marker: %w", err)
+		}
+	}
+	l.closed = true
 	for _, rk := range l.ranks {
 		if err := rk.sh.Close(); err != nil && first == nil {
 			first = err

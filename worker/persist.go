@@ -111,13 +111,25 @@ type RecoveredSeq struct {
 	// wrote its entry first (Config.Placement there); empty when none
 	// was recorded. A coordinator adopts it only on the same placement.
 	Placement []string
-	// Lens are its recovered lengths per layer, in global tokens (the
-	// same in every layer after a crash; the layers' lengths at a
-	// graceful Close otherwise). Every hosted rank holds exactly its
-	// share of them: a rank that had persisted more was rolled back to
-	// the longest length all the hosted ranks agree on. Ranks on other
-	// workers are not known here: their coordinator reconciles.
+	// Lens are its recovered lengths per layer, in global tokens: the
+	// position just past the last token the hosted ranks hold in that
+	// layer (so never more than were appended; a worker hosting only
+	// some CP ranks cannot see the tokens of the others, and reports
+	// the end of its own). Layers may differ: after a graceful Close as
+	// the layers were, after a crash as their sealed pages hold them,
+	// in both cases less the tokens of an interrupted step (RolledBack).
+	// Every hosted rank holds exactly its share of them: a rank that
+	// had persisted more was rolled back to the longest length all the
+	// hosted ranks agree on. Ranks on other workers are not known here:
+	// their coordinator reconciles ([MaxLens] gives the longest global
+	// lengths these tokens are consistent with).
 	Lens []int
+	// RolledBack, when not nil, are the tokens per layer that recovery
+	// cut because the step that appended them had not ended when the
+	// worker stopped (its step marker, stepmark.go): the step's result
+	// never reached its caller, so they were never acknowledged. They
+	// are counted in Had and LostTokens as well.
+	RolledBack []int
 	// Had is the sequence's length when the worker stopped, as far as
 	// the hosted ranks know (from the stores' length records: exact
 	// after a process crash, kill -9), and LostTokens = Had - max(Lens),
@@ -332,6 +344,10 @@ func (l *Local) recoverTable() error {
 	if err != nil {
 		return fmt.Errorf("worker: open data dir: %w", l.ioError("read sequence table", l.tablePath(), err))
 	}
+	marks, err := l.readMarks()
+	if err != nil {
+		return fmt.Errorf("worker: open data dir: %w", l.ioError("read step markers", l.tablePath(), err))
+	}
 	var dead []uint64
 	for _, it := range entries {
 		e := it.e
@@ -366,14 +382,23 @@ func (l *Local) recoverTable() error {
 				err = fmt.Errorf("rank %v: store sequence %d was not persisted", rk.id, er.Store)
 			}
 		}
+		var had []int // per hosted rank: its store length before the stop
+		for i := 0; err == nil && i < len(l.ranks); i++ {
+			var n int
+			n, err = l.rankHad(i, sq, stores[i][sq.local[i]].rec.LostTokens)
+			had = append(had, n)
+		}
+		var cut []int
+		if m, ok := marks[it.key]; ok && err == nil {
+			cut, err = l.undoStep(sq, m)
+		}
 		if err == nil {
-			var before []int
-			for i := range l.ranks {
-				before = append(before, stores[i][sq.local[i]].rec.LostTokens)
-			}
 			var r RecoveredSeq
-			r, err = l.reconcile(sq, e.Seq, before)
+			r, err = l.reconcile(sq, e.Seq, had)
 			r.Grid, r.Placement = e.Grid, slices.Clone(e.Nodes)
+			if cut != nil && slices.Max(cut) > 0 {
+				r.RolledBack = cut
+			}
 			if err == nil {
 				l.parked[it.key] = sq
 				rep.Sequences = append(rep.Sequences, r)
@@ -394,6 +419,11 @@ func (l *Local) recoverTable() error {
 					rep.OrphanSeqs++
 				}
 			}
+		}
+	}
+	if len(marks) > 0 {
+		if err := l.dropAllMarks(); err != nil {
+			return fmt.Errorf("worker: open data dir: %w", l.ioError("delete step markers", l.tablePath(), err))
 		}
 	}
 	if len(dead) > 0 {
@@ -426,27 +456,32 @@ func compareU64(a, b uint64) int {
 	return 0
 }
 
+// rankHad returns hosted rank i's store length of sq before the stop:
+// its longest layer plus the tokens its store lost (its report).
+func (l *Local) rankHad(i int, sq *seqState, lost int) (int, error) {
+	rk := l.ranks[i]
+	hi := 0
+	for layer := range l.cfg.Layers {
+		n, err := rk.sh.Store().LayerLen(sq.local[i], layer)
+		if err != nil {
+			return 0, fmt.Errorf("rank %v: %w", rk.id, err)
+		}
+		hi = max(hi, n)
+	}
+	return hi + lost, nil
+}
+
 // reconcile computes the global lengths sq's hosted ranks agree on, per
-// layer, and rolls back the ranks that hold more; lost are the ranks'
-// own lost tokens (their stores' reports). It returns the recovered
+// layer, and rolls back the ranks that hold more; rankHad are the ranks'
+// store lengths before the stop (rankHad). It returns the recovered
 // sequence.
-func (l *Local) reconcile(sq *seqState, seq uint64, lost []int) (RecoveredSeq, error) {
+func (l *Local) reconcile(sq *seqState, seq uint64, rankHad []int) (RecoveredSeq, error) {
 	c := l.cfg
 	S := c.PageSize
 	r := RecoveredSeq{Key: sq.key, Seq: seq, Layout: sq.layout, Lens: make([]int, c.Layers)}
 	had := 0 // the global length before the stop: the furthest token a rank held
 	for i, rk := range l.ranks {
-		p := sq.layout.Place(rk.id.CP)
-		st := rk.sh.Store()
-		hi := 0
-		for layer := range c.Layers {
-			n, err := st.LayerLen(sq.local[i], layer)
-			if err != nil {
-				return r, fmt.Errorf("rank %v: %w", rk.id, err)
-			}
-			hi = max(hi, n)
-		}
-		had = max(had, globalEnd(p, S, hi+lost[i]))
+		had = max(had, globalEnd(sq.layout.Place(rk.id.CP), S, rankHad[i]))
 	}
 	for layer := range c.Layers {
 		n := -1
@@ -486,9 +521,40 @@ func (l *Local) reconcile(sq *seqState, seq uint64, lost []int) (RecoveredSeq, e
 			}
 		}
 	}
+	// Report what the ranks hold, not the longest length it fits: a
+	// rank of several whose next page is another's would otherwise
+	// count that page as held (336 reported for 321 appended).
+	for layer, n := range r.Lens {
+		end := 0
+		for _, rk := range l.ranks {
+			p := sq.layout.Place(rk.id.CP)
+			end = max(end, globalEnd(p, S, owned(p, S, n)))
+		}
+		r.Lens[layer] = end
+	}
 	r.Had = had
 	r.LostTokens = max(had-slices.Max(r.Lens), 0)
 	return r, nil
+}
+
+// MaxLens returns, per layer, the longest global length of which the
+// ranks hosts of a sequence laid out by lay, holding exactly their
+// share of lens (RecoveredSeq.Lens), hold every token they own: the
+// bound a coordinator takes the smallest of over its workers. Where
+// hosts are every rank of the layout, it is lens.
+func MaxLens(lay plan.Layout, pageSize int, hosts []Rank, lens []int) []int {
+	out := make([]int, len(lens))
+	for layer, n := range lens {
+		m := -1
+		for _, rk := range hosts {
+			p := lay.Place(rk.CP)
+			if g := globalMax(p, pageSize, owned(p, pageSize, n)); m < 0 || g < m {
+				m = g
+			}
+		}
+		out[layer] = max(m, n)
+	}
+	return out
 }
 
 // globalEnd returns the global length that ends with the k-th token rank

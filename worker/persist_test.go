@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -138,8 +139,8 @@ func TestPersistRestart(t *testing.T) {
 			lens, had := map[uint64]int{}, map[uint64]int{}
 			for _, wk := range g.workers {
 				for _, r := range wk.(*Local).Recovery().Sequences {
-					if n, ok := lens[r.Seq]; !ok || r.Len() < n {
-						lens[r.Seq] = r.Len()
+					if n, ok := lens[r.Seq]; !ok || maxLen(wk.(*Local), r) < n {
+						lens[r.Seq] = maxLen(wk.(*Local), r)
 					}
 					had[r.Seq] = max(had[r.Seq], r.Had)
 				}
@@ -162,9 +163,12 @@ func TestPersistRestart(t *testing.T) {
 					if r.Seq != ids[i] || r.LostTokens != 0 || r.Layout != g.layouts[r.Seq] {
 						t.Fatalf("worker %d: recovered %+v, want sequence %d, layout %+v, no lost tokens", w, r, ids[i], g.layouts[ids[i]])
 					}
+					// A worker reports the end of its own tokens (never
+					// past the length), consistent with the length.
+					bound := MaxLens(r.Layout, cfg.PageSize, l.Ranks(), r.Lens)
 					for layer, n := range r.Lens {
-						if n < g.lens[r.Seq] || !split && n != g.lens[r.Seq] {
-							t.Fatalf("worker %d: sequence %d layer %d recovered %d tokens, want %d", w, r.Seq, layer, n, g.lens[r.Seq])
+						if n > g.lens[r.Seq] || bound[layer] < g.lens[r.Seq] || !split && n != g.lens[r.Seq] {
+							t.Fatalf("worker %d: sequence %d layer %d recovered %d tokens (consistent up to %d), want %d", w, r.Seq, layer, n, bound[layer], g.lens[r.Seq])
 						}
 					}
 					if err := l.Create(context.Background(), CreateRequest{Seq: r.Seq, Layout: r.Layout}); err != nil {
@@ -205,7 +209,7 @@ func TestPersistRestart(t *testing.T) {
 			for _, wk := range g.workers {
 				l := wk.(*Local)
 				for _, r := range l.Recovery().Sequences {
-					if r.Lens[0] < g.lens[r.Seq] || r.Had > g.lens[r.Seq] || r.LostTokens != 0 {
+					if r.Lens[0] > g.lens[r.Seq] || maxLen(l, r) < g.lens[r.Seq] || r.Had > g.lens[r.Seq] || r.LostTokens != 0 {
 						t.Fatalf("second restart: sequence %d has %d tokens, want %d", r.Seq, r.Lens[0], g.lens[r.Seq])
 					}
 					g.must(l.Claim(context.Background(), r.Key, r.Seq))
@@ -479,8 +483,8 @@ func TestPersistCrash(t *testing.T) {
 					t.Fatalf("recovery %+v", rep)
 				}
 				r := rep.Sequences[0]
-				if lens < 0 || r.Len() < lens {
-					lens = r.Len()
+				if m := maxLen(wk.(*Local), r); lens < 0 || m < lens {
+					lens = m
 				}
 				had = max(had, r.Had)
 			}
@@ -494,7 +498,14 @@ func TestPersistCrash(t *testing.T) {
 				if !split && r.LostTokens != n-16 {
 					t.Fatalf("lost %d tokens, want %d", r.LostTokens, n-16)
 				}
-				if want := map[bool]int{false: 16, true: 96}[split && l == rank(g, 0)]; r.Len() != want {
+				// Each worker reports the end of the tokens it holds:
+				// split, rank 0 holds pages 0, 2 and 4 (up to 80),
+				// rank 1 none; together, 16.
+				want := 16
+				if split {
+					want = map[bool]int{true: 80, false: 0}[l == rank(g, 0)]
+				}
+				if r.Len() != want {
 					t.Fatalf("a worker recovered %d tokens, want %d", r.Len(), want)
 				}
 				if r.Len() > lens { // the coordinator's part: roll back to the common length
@@ -537,4 +548,11 @@ func mustStoreSeq(t *testing.T, l *Local, seq uint64, r Rank) pagestore.SeqID {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// maxLen is the longest global length the tokens that worker l
+// recovered of r are consistent with (what a coordinator takes the
+// smallest of over its workers).
+func maxLen(l *Local, r RecoveredSeq) int {
+	return slices.Min(MaxLens(r.Layout, l.Config().PageSize, l.Ranks(), r.Lens))
 }

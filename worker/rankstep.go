@@ -85,6 +85,7 @@ func (l *Local) takeNew(st *stepState, i, layer int, in *RankInput, out *RankOut
 				}
 				return fmt.Errorf("new token of sequence %d: %w", st.ids[si], err)
 			}
+			l.crashPoint("step/append")
 			k++
 		}
 		if rk.mirror != nil {

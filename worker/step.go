@@ -29,6 +29,7 @@ type stepState struct {
 	fresh       []int          // batch indices of the New sequences, ascending
 	own         [][]int        // per hosted rank: the New sequences whose token it stores
 	plans       []plan.Plan    // the current layer's plan per batch index
+	marks       [][][]int      // per batch index: its step marker's lengths (stepmark.go), nil if none
 	// Layer scratch.
 	order []int
 	seen  []bool
@@ -131,6 +132,26 @@ func (l *Local) BeginStep(ctx context.Context, m BeginRequest) error {
 			return fmt.Errorf("begin step %d: the new tokens need %d free pages on rank %v, %d are free: %w",
 				m.Step, need[r], rk.id, free, pagestore.ErrPoolExhausted)
 		}
+	}
+	if l.db != nil {
+		// Markers of the previous step that EndStep could not delete
+		// would cut its acknowledged tokens at recovery.
+		if err := l.clearMarks(); err != nil {
+			return fmt.Errorf("begin step %d: %w", m.Step, err)
+		}
+		if err := l.takeMarks(st); err != nil {
+			return fmt.Errorf("begin step %d: %w", m.Step, err)
+		}
+		var idx []int
+		for si := range st.sq {
+			if st.marks[si] != nil && l.sealsPage(st, si) {
+				idx = append(idx, si)
+			}
+		}
+		if err := l.putMarks(st, idx); err != nil {
+			return fmt.Errorf("begin step %d: %w", m.Step, err)
+		}
+		l.crashPoint("step/marked")
 	}
 	l.step, l.last, l.began = st, m.Step, true
 	return nil
@@ -310,6 +331,13 @@ func (l *Local) EndStep(ctx context.Context, m EndRequest) error {
 	l.step = nil
 	if serr != nil {
 		return fmt.Errorf("end %w", serr)
+	}
+	l.crashPoint("step/end")
+	// The step's tokens are acknowledged from here: a recovery must keep
+	// them. (After a failed step too: the coordinator keeps the layers
+	// that took the token.)
+	if err := l.clearMarks(); err != nil {
+		return fmt.Errorf("end step %d: %w", m.Step, err)
 	}
 	return nil
 }
