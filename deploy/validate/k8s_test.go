@@ -373,6 +373,10 @@ type secretMount struct {
 	mode   fs.FileMode // its files' mode
 }
 
+func (sm secretMount) String() string {
+	return fmt.Sprintf("Secret %s at %s, mode %04o", sm.secret, sm.dir, sm.mode)
+}
+
 // checkSecretVolume checks a Secret volume and its mount: a Secret of
 // secretKeys, mounted read-only, every file of a mode questd accepts for
 // a secret file (the default, 0644, it refuses) and readable by the pod
