@@ -3,8 +3,10 @@ package validate
 import (
 	"bytes"
 	"encoding/json"
+	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,16 +19,19 @@ import (
 // Specification's names); anything else in the file fails the strict
 // decode, so a typo such as ipv4_adress cannot pass unnoticed.
 type composeFile struct {
-	Name     string                    `json:"name"`
-	Services map[string]composeService `json:"services"`
-	Networks map[string]composeNetwork `json:"networks"`
+	Name     string                     `json:"name"`
+	Services map[string]composeService  `json:"services"`
+	Networks map[string]composeNetwork  `json:"networks"`
+	Volumes  map[string]json.RawMessage `json:"volumes"` // named volumes (null: the defaults)
 }
 
 type composeService struct {
 	Build           *composeBuild                   `json:"build"`
 	Image           string                          `json:"image"`
 	Hostname        string                          `json:"hostname"`
+	Entrypoint      []string                        `json:"entrypoint"`
 	Command         []string                        `json:"command"`
+	NetworkMode     string                          `json:"network_mode"`
 	Environment     map[string]string               `json:"environment"`
 	Ports           []string                        `json:"ports"`
 	Volumes         []string                        `json:"volumes"`
@@ -169,9 +174,14 @@ func TestCompose(t *testing.T) {
 		}
 		for _, v := range s.Volumes {
 			src, _, _ := strings.Cut(v, ":")
-			if strings.HasPrefix(src, ".") {
+			switch {
+			case strings.HasPrefix(src, "."):
 				if _, err := os.Stat(filepath.Join(composeDir, src)); err != nil {
 					t.Errorf("%s: volume %s: %v", name, v, err)
+				}
+			case !strings.HasPrefix(src, "/"):
+				if _, ok := f.Volumes[src]; !ok {
+					t.Errorf("%s: volume %s: no top-level volume %q", name, v, src)
 				}
 			}
 		}
@@ -222,9 +232,7 @@ func TestCompose(t *testing.T) {
 		if adv := flagValue(s.Command, "advertise"); adv != ip.String() {
 			t.Errorf("%s: --advertise %q, ipv4_address %v", name, adv, ip)
 		}
-		if !slices.Contains(s.Command, "--plaintext") {
-			t.Errorf("%s: the local compose runs --plaintext (no certificates in it)", name)
-		}
+		checkSecure(t, name, argsConfig(s.Command))
 		if m := flagValue(s.Command, "metrics-addr"); m != "0.0.0.0:9464" {
 			t.Errorf("%s: --metrics-addr %q: want 0.0.0.0:9464 (Prometheus scrapes it)", name, m)
 		}
@@ -271,17 +279,41 @@ func TestCompose(t *testing.T) {
 		}
 	}
 
+	// The secrets: made by the one-shot service that runs gen-secrets.sh
+	// into a named volume, before any node starts; every node mounts the
+	// volume read-only where its secret flags point.
+	secretsDir, secretsVol := checkComposeSecrets(t, f, questds)
+	gen := t.TempDir()
+	genSecrets(t, gen)
+
 	// Every node's command line parses, and runs: alone (without --join,
 	// whose names resolve only on the compose network), on free ports of
-	// the same hosts, with its real --advertise.
+	// the same hosts, with its real --advertise and the files
+	// gen-secrets.sh made (their modes as it sets them); its healthcheck's
+	// questctl (the client certificate, the token) must pass against it.
 	for _, name := range questds {
 		t.Run(name, func(t *testing.T) {
-			args := f.Services[name].Command
+			s := f.Services[name]
+			if !slices.Contains(s.Volumes, secretsVol+":"+secretsDir+":ro") {
+				t.Errorf("%s: volumes %v: want %s:%s:ro (the secrets, read-only)", name, s.Volumes, secretsVol, secretsDir)
+			}
+			local := func(a string) string {
+				if a == secretsDir {
+					return gen
+				}
+				return strings.ReplaceAll(a, secretsDir+"/", gen+"/")
+			}
+			args := s.Command
+			for _, flag := range fileFlags {
+				if v := flagValue(args, flag); v != "" && !strings.HasPrefix(v, secretsDir+"/") {
+					t.Errorf("%s: --%s=%s: not in the secrets volume's %s", name, flag, v, secretsDir)
+				}
+			}
 			checkFlags(t, args)
 			var run []string
 			for _, a := range args {
 				if !strings.HasPrefix(a, "--join=") {
-					run = append(run, a)
+					run = append(run, local(a))
 				}
 			}
 			for _, flag := range []string{"grpc-addr", "gossip-addr", "metrics-addr"} {
@@ -289,7 +321,109 @@ func TestCompose(t *testing.T) {
 					run = append(run, "--"+flag+"="+localPort(t, flag, v))
 				}
 			}
-			runQuestd(t, run, nil)
+			runQuestdThen(t, run, nil, func(ready map[string]string) {
+				hc := s.Healthcheck.Test
+				if len(hc) < 2 || hc[0] != "CMD" || hc[1] != "/usr/local/bin/questctl" {
+					t.Fatalf("%s: healthcheck %q: want [CMD /usr/local/bin/questctl ...]", name, hc)
+				}
+				_, port, _ := net.SplitHostPort(ready["grpc"])
+				var hargs []string
+				for _, a := range hc[2:] {
+					if a == "127.0.0.1:7070" {
+						a = net.JoinHostPort("127.0.0.1", port)
+					}
+					hargs = append(hargs, local(a))
+				}
+				out, err := exec.Command(questctl(t), hargs...).CombinedOutput()
+				if err != nil {
+					t.Errorf("%s: healthcheck questctl %s: %v\n%s", name, strings.Join(hargs, " "), err, lastLines(string(out), 5))
+				}
+			})
 		})
+	}
+}
+
+// checkComposeSecrets finds the service that runs gen-secrets.sh and the
+// named volume it writes, and checks that every node waits for it to
+// complete. It returns the path the nodes mount the volume at (where
+// their secret flags point) and the volume's name.
+func checkComposeSecrets(t *testing.T, f composeFile, questds []string) (dir, vol string) {
+	t.Helper()
+	var gen string
+	for name, s := range f.Services {
+		if slices.ContainsFunc(s.Volumes, func(v string) bool { return strings.HasPrefix(v, "./gen-secrets.sh:") }) {
+			gen = name
+		}
+	}
+	if gen == "" {
+		t.Fatal("no service mounts ./gen-secrets.sh: the nodes' TLS files, gossip key and token have no maker")
+	}
+	s := f.Services[gen]
+	cmd := append(append([]string{}, s.Entrypoint...), s.Command...)
+	var out string
+	for i, a := range cmd {
+		if strings.HasSuffix(a, "gen-secrets.sh") && i+1 < len(cmd) {
+			out = cmd[i+1]
+		}
+	}
+	for _, v := range s.Volumes {
+		src, dst, _ := strings.Cut(v, ":")
+		if dst == out && !strings.HasPrefix(src, ".") && !strings.HasPrefix(src, "/") {
+			vol = src
+		}
+	}
+	if vol == "" {
+		t.Fatalf("%s: %q writes to %q, which is no named volume's mount (volumes %v)", gen, cmd, out, s.Volumes)
+	}
+	if s.Environment["SECRETS_OWNER"] != "65532:65532" {
+		t.Errorf("%s: SECRETS_OWNER %q: want 65532:65532, the image's user (questd reads the 0400 keys as their owner)", gen, s.Environment["SECRETS_OWNER"])
+	}
+	for _, name := range questds {
+		n := f.Services[name]
+		if n.dependsOn[gen].Condition != "service_completed_successfully" {
+			t.Errorf("%s: depends_on %s: %q, want service_completed_successfully (the secrets exist before the node starts)", name, gen, n.dependsOn[gen].Condition)
+		}
+		for _, v := range n.Volumes {
+			if src, rest, _ := strings.Cut(v, ":"); src == vol {
+				dir, _, _ = strings.Cut(rest, ":")
+			}
+		}
+	}
+	if dir == "" {
+		t.Fatalf("no node mounts the volume %s", vol)
+	}
+	return dir, vol
+}
+
+// genSecrets runs gen-secrets.sh into dir (without SECRETS_OWNER: the
+// files stay the test's) and checks the modes of what it wrote; a second
+// run keeps them.
+func genSecrets(t *testing.T, dir string) {
+	t.Helper()
+	lookTool(t, "openssl")
+	sh := lookTool(t, "sh")
+	run := func() {
+		cmd := exec.Command(sh, filepath.Join(composeDir, "gen-secrets.sh"), dir)
+		cmd.Env = append(os.Environ(), "SECRETS_OWNER=")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("gen-secrets.sh: %v\n%s", err, out)
+		}
+	}
+	run()
+	before := mustRead(t, filepath.Join(dir, "token"))
+	for _, name := range []string{"ca.pem", "questd.pem", "questd.key", "client.pem", "client.key", "gossip.key", "token"} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatalf("gen-secrets.sh: %v", err)
+		}
+		if strings.HasSuffix(name, ".key") || name == "token" {
+			if !secretModeOK(fi.Mode().Perm()) {
+				t.Errorf("gen-secrets.sh: %s mode %04o: questd refuses it", name, fi.Mode().Perm())
+			}
+		}
+	}
+	run()
+	if !bytes.Equal(before, mustRead(t, filepath.Join(dir, "token"))) {
+		t.Error("gen-secrets.sh: a second run replaced the token: a restart must keep the cluster's secrets")
 	}
 }

@@ -21,7 +21,9 @@ func readConfig(t *testing.T, b []byte) map[string]any {
 // TestConfigFiles runs questd with every example config of deploy/config:
 // every key must be a questd flag with a value it accepts, and the whole
 // must pass questd's validation and start a node (alone, on free ports,
-// with test TLS files: see localOverrides).
+// with test TLS, gossip key and token files of mode 0600: see
+// localOverrides). Each config ships TLS, a gossip key and a token
+// (checkSecure).
 func TestConfigFiles(t *testing.T) {
 	files, err := filepath.Glob("../config/*.yaml")
 	if err != nil {
@@ -37,6 +39,7 @@ func TestConfigFiles(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfg := readConfig(t, b)
+			checkSecure(t, f, cfg)
 			runQuestd(t, append([]string{"--config", f}, localOverrides(t, cfg)...), nil)
 		})
 	}

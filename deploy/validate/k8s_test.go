@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -245,7 +246,8 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 	for _, vm := range c.VolumeMounts {
 		mounts[vm.Name] = vm
 	}
-	var configKey, secretDir string
+	var configKey string
+	var secretMounts []secretMount
 	for _, v := range spec.Volumes {
 		switch {
 		case v.ConfigMap != nil:
@@ -258,7 +260,7 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 			}
 			configKey = vm.SubPath
 		case v.Secret != nil:
-			secretDir = mounts[v.Name].MountPath
+			secretMounts = append(secretMounts, checkSecretVolume(t, v, mounts[v.Name], spec.SecurityContext))
 		}
 	}
 	text, ok := cm.Data[configKey]
@@ -266,9 +268,20 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 		t.Fatalf("ConfigMap %s: no key %q", cm.Name, configKey)
 	}
 	cfg := readConfig(t, []byte(text))
-	for flag, file := range map[string]string{"tls-cert": "tls.crt", "tls-key": "tls.key", "tls-ca": "ca.crt"} {
-		if cfg[flag] != secretDir+"/"+file {
-			t.Errorf("config %s %v: want %s/%s from the Secret", flag, cfg[flag], secretDir, file)
+	checkSecure(t, "ConfigMap "+cm.Name, cfg)
+	for _, flag := range fileFlags {
+		path, _ := cfg[flag].(string)
+		if path == "" {
+			continue
+		}
+		want := flagSecretKey[flag]
+		dir, key := filepath.Dir(path), filepath.Base(path)
+		ok := false
+		for _, sm := range secretMounts {
+			ok = ok || (sm.dir == dir && key == want && slices.Contains(secretKeys[sm.secret], key))
+		}
+		if !ok {
+			t.Errorf("config %s %q: want the key %s of a Secret mounted at %s (mounts %v)", flag, path, want, dir, secretMounts)
 		}
 	}
 	// --data-dir: a mount of one of the StatefulSet's claim templates
@@ -303,9 +316,25 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 
 	// The pod's command line, run: the ConfigMap's file as --config, the
 	// env as the downward API would set it (10.0.0.5 standing for the pod
-	// IP), on free ports of the same hosts.
+	// IP), on free ports of the same hosts, and the Secrets' files as the
+	// kubelet writes them (every key, the volume's mode) under a test
+	// root standing for /, where the config's paths point.
+	root := t.TempDir()
+	files := newTestFiles(t)
+	for _, sm := range secretMounts {
+		for _, key := range secretKeys[sm.secret] {
+			writeSecret(t, files.byKey(key), filepath.Join(root, sm.dir, key), sm.mode)
+		}
+	}
+	var lines []string
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && slices.Contains(fileFlags, k) {
+			line = k + ": " + filepath.Join(root, strings.TrimSpace(v))
+		}
+		lines = append(lines, line)
+	}
 	path := filepath.Join(t.TempDir(), "questd.yaml")
-	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	args := []string{}
@@ -316,10 +345,74 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 		args = append(args, a)
 	}
 	checkFlags(t, args)
-	runQuestd(t, append(args, localOverrides(t, cfg)...),
+	runQuestd(t, append(args, listenOverrides(t, cfg)...),
 		map[string]string{"QUESTRT_ADVERTISE": "10.0.0.5", "QUESTRT_NAME": ss.Name + "-0"})
 
 	checkMonitor(t, m.monitors[0], metricsSvc)
+}
+
+// secretKeys are the keys of the Secrets deploy/README.md has the
+// operator create (kubectl create secret generic ... --from-file); a
+// Secret volume of another name fails the test.
+var secretKeys = map[string][]string{
+	"questd-tls":     {"tls.crt", "tls.key", "ca.crt"},
+	"questd-secrets": {"gossip.key", "token"},
+}
+
+// flagSecretKey is the Secret key each file flag of the config reads.
+var flagSecretKey = map[string]string{
+	"tls-cert": "tls.crt", "tls-key": "tls.key", "tls-ca": "ca.crt",
+	"gossip-key-file": "gossip.key", "token-file": "token",
+	"http-tls-cert": "tls.crt", "http-tls-key": "tls.key",
+}
+
+// secretMount is a Secret volume as the container sees it.
+type secretMount struct {
+	secret string      // the Secret's name
+	dir    string      // its mount path
+	mode   fs.FileMode // its files' mode
+}
+
+func (sm secretMount) String() string {
+	return fmt.Sprintf("Secret %s at %s, mode %04o", sm.secret, sm.dir, sm.mode)
+}
+
+// checkSecretVolume checks a Secret volume and its mount: a Secret of
+// secretKeys, mounted read-only, every file of a mode questd accepts for
+// a secret file (the default, 0644, it refuses) and readable by the pod
+// (group read with the pod's fsGroup: the kubelet makes the files
+// root's, with the group fsGroup).
+func checkSecretVolume(t *testing.T, v corev1.Volume, vm corev1.VolumeMount, sc *corev1.PodSecurityContext) secretMount {
+	t.Helper()
+	sm := secretMount{secret: v.Secret.SecretName, dir: vm.MountPath, mode: 0o644}
+	if _, ok := secretKeys[sm.secret]; !ok {
+		t.Errorf("volume %s: Secret %q is none of %v", v.Name, sm.secret, secretKeys)
+	}
+	if vm.Name == "" {
+		t.Errorf("volume %s (Secret %s): not mounted", v.Name, sm.secret)
+	} else if !vm.ReadOnly {
+		t.Errorf("volume %s (Secret %s): mount it readOnly", v.Name, sm.secret)
+	}
+	if v.Secret.DefaultMode == nil {
+		t.Errorf("volume %s (Secret %s): no defaultMode: Kubernetes' 0644 lets other users read the keys, and questd refuses it; want 0440", v.Name, sm.secret)
+	} else {
+		sm.mode = fs.FileMode(*v.Secret.DefaultMode)
+	}
+	modes := []fs.FileMode{sm.mode}
+	for _, it := range v.Secret.Items {
+		if it.Mode != nil {
+			modes = append(modes, fs.FileMode(*it.Mode))
+		}
+	}
+	for _, m := range modes {
+		if !secretModeOK(m) {
+			t.Errorf("volume %s (Secret %s): mode %04o: questd refuses a secret file that other users can read or change, or its group can write; want 0440", v.Name, sm.secret, m)
+		}
+		if m&0o040 == 0 || sc == nil || sc.FSGroup == nil {
+			t.Errorf("volume %s (Secret %s): mode %04o: the files are root's, so the pod reads them through its fsGroup (set it) and group read (0440)", v.Name, sm.secret, m)
+		}
+	}
+	return sm
 }
 
 // checkMonitor is the structural check of the ServiceMonitor: the fields

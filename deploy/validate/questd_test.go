@@ -58,6 +58,31 @@ func questd(t *testing.T) string {
 	return questdBin
 }
 
+var (
+	questctlOnce sync.Once
+	questctlBin  string
+	questctlErr  error
+)
+
+// questctl returns the path of a questctl built once from this checkout
+// (beside questd).
+func questctl(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Dir(questd(t))
+	questctlOnce.Do(func() {
+		questctlBin = filepath.Join(dir, "questctl")
+		cmd := exec.Command("go", "build", "-o", questctlBin, "./cmd/questctl")
+		cmd.Dir = repoRoot
+		if out, err := cmd.CombinedOutput(); err != nil {
+			questctlErr = fmt.Errorf("go build ./cmd/questctl: %v\n%s", err, out)
+		}
+	})
+	if questctlErr != nil {
+		t.Fatal(questctlErr)
+	}
+	return questctlBin
+}
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if questdBin != "" {
@@ -72,6 +97,13 @@ func TestMain(m *testing.M) {
 // questd refuses exits 2 before the ready line, with the key or flag
 // named on stderr: that is the failure reported.
 func runQuestd(t *testing.T, args []string, env map[string]string) {
+	t.Helper()
+	runQuestdThen(t, args, env, nil)
+}
+
+// runQuestdThen is runQuestd that calls then, when not nil, with the
+// ready line's fields while questd runs (before the SIGTERM).
+func runQuestdThen(t *testing.T, args []string, env map[string]string, then func(ready map[string]string)) {
 	t.Helper()
 	cmd := exec.Command(questd(t), args...)
 	for _, kv := range os.Environ() {
@@ -112,6 +144,9 @@ func runQuestd(t *testing.T, args []string, env map[string]string) {
 			t.Errorf("questd: ready line %q: want grpc and gossip addresses", line)
 		}
 		t.Logf("questd ready: %s", line)
+		if then != nil {
+			then(ev)
+		}
 	case <-time.After(readyTimeout):
 		cmd.Process.Kill()
 		cmd.Wait()
@@ -154,9 +189,34 @@ func lastLines(s string, n int) string {
 }
 
 // testFiles are a CA, a node certificate and key for 127.0.0.1 signed by
-// it, and a gossip key file, written to a test's directory.
+// it, a gossip key file and a token file, written to a test's directory
+// with mode 0600.
 type testFiles struct {
-	cert, key, ca, gossipKey string
+	cert, key, ca, gossipKey, token string
+}
+
+// byKey returns the file that a Secret or credential key names: the
+// names of deploy/README.md (cert-manager's tls.crt, tls.key, ca.crt;
+// gossip.key, token) and questctl up's (ca.pem, NAME.pem, NAME.key), or
+// "" for a name it does not know.
+func (f testFiles) byKey(name string) string {
+	switch {
+	case name == "tls.crt":
+		return f.cert
+	case name == "tls.key":
+		return f.key
+	case name == "ca.crt" || name == "ca.pem":
+		return f.ca
+	case name == "gossip.key":
+		return f.gossipKey
+	case name == "token":
+		return f.token
+	case strings.HasSuffix(name, ".pem"):
+		return f.cert
+	case strings.HasSuffix(name, ".key"):
+		return f.key
+	}
+	return ""
 }
 
 func newTestFiles(t *testing.T) testFiles {
@@ -197,14 +257,18 @@ func newTestFiles(t *testing.T) testFiles {
 	f := testFiles{
 		cert: filepath.Join(dir, "tls.crt"), key: filepath.Join(dir, "tls.key"),
 		ca: filepath.Join(dir, "ca.crt"), gossipKey: filepath.Join(dir, "gossip.key"),
+		token: filepath.Join(dir, "token"),
 	}
 	gk := make([]byte, 32)
 	rand.Read(gk)
+	tok := make([]byte, 32)
+	rand.Read(tok)
 	for path, b := range map[string][]byte{
 		f.cert:      pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: nodeDER}),
 		f.key:       pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
 		f.ca:        pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
 		f.gossipKey: []byte(base64.StdEncoding.EncodeToString(gk) + "\n"),
+		f.token:     []byte(fmt.Sprintf("%x\n", tok)),
 	} {
 		if err := os.WriteFile(path, b, 0o600); err != nil {
 			t.Fatal(err)
@@ -232,20 +296,35 @@ func localPort(t *testing.T, flag, addr string) string {
 func localOverrides(t *testing.T, cfg map[string]any) []string {
 	t.Helper()
 	files := newTestFiles(t)
-	var args []string
-	for _, flag := range []string{"grpc-addr", "gossip-addr", "metrics-addr"} {
-		if v, ok := cfg[flag].(string); ok && v != "" {
-			args = append(args, "--"+flag+"="+localPort(t, flag, v))
-		}
-	}
-	// An empty --join on the command line replaces the file's list.
-	args = append(args, "--join=")
+	args := listenOverrides(t, cfg)
 	if p, _ := cfg["plaintext"].(bool); !p {
 		args = append(args, "--tls-cert="+files.cert, "--tls-key="+files.key, "--tls-ca="+files.ca)
 	}
 	if _, ok := cfg["gossip-key-file"]; ok {
 		args = append(args, "--gossip-key-file="+files.gossipKey)
 	}
+	if _, ok := cfg["token-file"]; ok {
+		args = append(args, "--token-file="+files.token)
+	}
+	if _, ok := cfg["http-tls-cert"]; ok {
+		args = append(args, "--http-tls-cert="+files.cert, "--http-tls-key="+files.key)
+	}
+	return args
+}
+
+// listenOverrides are the part of localOverrides that keeps the files:
+// the listen addresses on free ports (same hosts), no join, and the
+// ready file and data dir in test directories.
+func listenOverrides(t *testing.T, cfg map[string]any) []string {
+	t.Helper()
+	var args []string
+	for _, flag := range []string{"grpc-addr", "gossip-addr", "metrics-addr", "http-addr"} {
+		if v, ok := cfg[flag].(string); ok && v != "" {
+			args = append(args, "--"+flag+"="+localPort(t, flag, v))
+		}
+	}
+	// An empty --join on the command line replaces the file's list.
+	args = append(args, "--join=")
 	if _, ok := cfg["ready-file"]; ok {
 		args = append(args, "--ready-file="+filepath.Join(t.TempDir(), "ready"))
 	}

@@ -66,19 +66,43 @@ func TestSystemdExecStart(t *testing.T) {
 		}
 	}
 	args := strings.Fields(line)[1:]
+	cfg := readConfig(t, mustRead(t, "../config/questd.yaml"))
+	for k, v := range argsConfig(args) {
+		cfg[k] = v // flags take precedence over the file
+	}
+	checkSecure(t, "questd.service with ../config/questd.yaml", cfg)
+	// Every file flag reads a credential (%d/NAME) that a LoadCredential=
+	// line loads: the files stay root-only in /etc/questd.
+	creds := map[string]bool{}
+	for _, l := range lines {
+		if v, ok := strings.CutPrefix(l, "LoadCredential="); ok {
+			name, _, _ := strings.Cut(v, ":")
+			creds[name] = true
+		}
+	}
+	for _, flag := range fileFlags {
+		v, _ := cfg[flag].(string)
+		if v == "" {
+			continue
+		}
+		name, ok := strings.CutPrefix(v, "%d/")
+		if !ok {
+			t.Errorf("ExecStart --%s %s: want a credential, %%d/NAME (DynamicUser cannot read root-only files)", flag, v)
+		} else if !creds[name] {
+			t.Errorf("ExecStart --%s %s: no LoadCredential=%s:...", flag, v, name)
+		}
+	}
 	// The specifiers: %d the credentials directory, %t the runtime root.
+	// systemd writes credentials mode 0400, owned by the service's user.
 	files := newTestFiles(t)
 	dir := t.TempDir()
-	for _, f := range []struct{ src, name string }{
-		{files.cert, "tls.crt"}, {files.key, "tls.key"}, {files.ca, "ca.crt"}, {files.gossipKey, "gossip.key"},
-	} {
-		b, err := os.ReadFile(f.src)
-		if err != nil {
-			t.Fatal(err)
+	for name := range creds {
+		src := files.byKey(name)
+		if src == "" {
+			t.Errorf("LoadCredential=%s: no test file for that name", name)
+			continue
 		}
-		if err := os.WriteFile(filepath.Join(dir, f.name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		writeSecret(t, src, filepath.Join(dir, name), 0o400)
 	}
 	runtime := t.TempDir()
 	os.Mkdir(filepath.Join(runtime, "questd"), 0o755)
@@ -91,7 +115,6 @@ func TestSystemdExecStart(t *testing.T) {
 		args[i] = a
 	}
 	checkFlags(t, args)
-	cfg := readConfig(t, mustRead(t, "../config/questd.yaml"))
 	var local []string
 	for _, flag := range []string{"grpc-addr", "gossip-addr", "metrics-addr"} {
 		if v, ok := cfg[flag].(string); ok && v != "" {
