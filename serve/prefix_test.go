@@ -5,11 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/questrt/questrt/pagestore"
 )
 
 // TestPrefixKeysChain: a page's key names its tokens and every page
@@ -149,5 +153,118 @@ func TestPrefixCacheMatchesSolo(t *testing.T) {
 				t.Errorf("left behind beside the cache: %+v", st)
 			}
 		})
+	}
+}
+
+// cachedPages returns the physical pages, on the main engine's only
+// shard, of the cache's entries (in cache order) and a copy of every
+// (layer, page, KV head) summary they hold.
+func cachedPages(t *testing.T, s *Server) ([]int32, map[[3]int][2][]float32) {
+	t.Helper()
+	st := s.eng.Shard(0, 0).Store()
+	var pages []int32
+	sums := map[[3]int][2][]float32{}
+	for _, e := range s.pc.live {
+		_, row, _, ok := e.attn.DecodeRow()
+		if !ok {
+			t.Fatal("a cached prefix without an engine row")
+		}
+		table, err := st.AppendPageTable(nil, pagestore.SeqID(row.Seq))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages = append(pages, table...)
+		for _, p := range table {
+			for l := range st.Config().Layers {
+				for h := range st.Config().KVHeads {
+					mn, mx := st.PageSummary(l, int(p), h)
+					sums[[3]int{l, int(p), h}] = [2][]float32{slices.Clone(mn), slices.Clone(mx)}
+				}
+			}
+		}
+	}
+	return pages, sums
+}
+
+// TestPrefixSharingInvariants: DESIGN.md invariants 5 and 6 under
+// prefix caching. The pages of a cached prefix and their summaries do
+// not change while requests that fork it write after it (a Quest budget
+// small enough that selection depends on the scores), and each of
+// those requests answers as it does alone without caching (a write in
+// one never changes another's scores). Once the cache gave its pages
+// up for a request that needs the whole pool, pages reused by a later
+// prompt have the summaries of their own keys only (fresh).
+func TestPrefixSharingInvariants(t *testing.T) {
+	m, tok := tinyModel(t)
+	cfg := testConfig("tiny")
+	cfg.CapacityPages = 256 // the tiny model's 4,096 positions
+	s, ts := startServer(t, m, tok, cfg)
+	ref := testConfig("tiny")
+	ref.PrefixCaching = false
+	_, refTS := startServer(t, m, tok, ref)
+	doc := strings.Repeat("a shared document about ships and harbours; ", 12) // 540 bytes: 33 full pages
+	quest := map[string]any{"budget": 64}
+	req := func(q string, n int) map[string]any {
+		return map[string]any{"model": "tiny", "prompt": doc + q, "max_tokens": n, "temperature": 0, "quest": quest}
+	}
+	complete(t, ts.URL, req("First?", 2))
+	pages, before := cachedPages(t, s)
+	if len(pages) == 0 {
+		t.Fatal("nothing cached")
+	}
+	var wg sync.WaitGroup
+	qs := []string{"Where do the ships go?", "Who keeps the lights?", "Why?"}
+	got := make([]Completion, len(qs))
+	for i, q := range qs {
+		wg.Go(func() { got[i] = complete(t, ts.URL, req(q, 150)) })
+	}
+	wg.Wait()
+	for i, q := range qs {
+		want := complete(t, refTS.URL, req(q, 150))
+		if c := got[i].Usage.PromptTokensDetails.CachedTokens; c == 0 {
+			t.Errorf("%q: no cached tokens", q)
+		}
+		if got[i].Choices[0].Text != want.Choices[0].Text {
+			t.Errorf("%q: %q beside the others on the shared prefix, %q alone without caching", q, got[i].Choices[0].Text, want.Choices[0].Text)
+		}
+	}
+	st := s.eng.Shard(0, 0).Store()
+	for k, v := range before {
+		mn, mx := st.PageSummary(k[0], k[1], k[2])
+		if !slices.Equal(mn, v[0]) || !slices.Equal(mx, v[1]) {
+			t.Fatalf("layer %d page %d head %d: a shared page's summary changed while its forks wrote", k[0], k[1], k[2])
+		}
+	}
+	// A request of the whole pool: the cache gives way (and the freed
+	// pages, shared ones included, go to it).
+	big := map[string]any{"model": "tiny", "prompt": "x", "max_tokens": 256*16 - 2, "temperature": 0}
+	complete(t, ts.URL, big)
+	if n := s.Stats().PrefixCacheEvictedPages; n == 0 {
+		t.Fatal("no page evicted for a request of the whole pool")
+	}
+	// That request held every page of the pool, so a new prompt's pages
+	// are all recycled: their summaries are its keys' only.
+	complete(t, ts.URL, map[string]any{"model": "tiny", "prompt": strings.Repeat("zq", 200), "max_tokens": 1, "temperature": 0})
+	now, _ := cachedPages(t, s)
+	for _, p := range now {
+		for l := range st.Config().Layers {
+			for h := range st.Config().KVHeads {
+				k, _ := st.PageKV(l, int(p), h)
+				mn, mx := st.PageSummary(l, int(p), h)
+				d := st.Config().HeadDim
+				for j := range d {
+					lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
+					for r := range st.Config().PageSize {
+						lo, hi = min(lo, k[r*d+j]), max(hi, k[r*d+j])
+					}
+					if mn[j] != lo || mx[j] != hi {
+						t.Fatalf("layer %d page %d head %d dim %d: summary [%g, %g], its keys' [%g, %g]", l, p, h, j, mn[j], mx[j], lo, hi)
+					}
+				}
+			}
+		}
+	}
+	if len(now) == 0 {
+		t.Error("the new prompt's pages are not cached: the test shows nothing")
 	}
 }
