@@ -54,8 +54,8 @@ func BenchmarkPrefixCacheTTFT(b *testing.B) {
 		hit += c.Usage.PromptTokensDetails.CachedTokens
 	}
 	n := time.Duration(b.N)
-	b.ReportMetric(float64((first/n).Milliseconds()), "ttft-first-ms")
-	b.ReportMetric(float64((second/n).Milliseconds()), "ttft-second-ms")
+	b.ReportMetric(float64((first / n).Milliseconds()), "ttft-first-ms")
+	b.ReportMetric(float64((second / n).Milliseconds()), "ttft-second-ms")
 	b.ReportMetric(float64(second)/float64(first), "ttft-ratio")
 	b.ReportMetric(float64(hit/b.N), "cached-tokens")
 }
