@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Attention is the KV cache and the attention of one sequence. The model
@@ -266,4 +267,18 @@ func causalAttention(ctx context.Context, workers int, g Geometry, q []float32, 
 		}
 	})
 	return ctx.Err()
+}
+
+// NewDenseFrom returns a dense cache that starts with the first tokens
+// tokens of src's keys and values ([NewDense]'s otherwise): a prefill
+// into it continues after them. It shares src's memory until its first
+// append, which copies (src is never written).
+func NewDenseFrom(g Geometry, workers int, src KVSource, tokens int) *Dense {
+	a := NewDense(g, workers)
+	n := tokens * g.KVHeads * g.HeadDim
+	for l := range g.Layers {
+		k, v := src.KV(l)
+		a.k[l], a.v[l] = slices.Clip(k[:n]), slices.Clip(v[:n])
+	}
+	return a
 }

@@ -320,3 +320,71 @@ func compare(o, ref []float32) (cos, rel float64) {
 	}
 	return or / math.Sqrt(oo*rr), math.Sqrt(dd / rr)
 }
+
+// rollbacker is a [Sequence] that can drop its last tokens (the
+// in-process engine's).
+type rollbacker interface {
+	Rollback(ctx context.Context, n int) error
+}
+
+func (s engineSeq) Rollback(ctx context.Context, n int) error {
+	return s.e.RollbackContext(ctx, s.id, n)
+}
+
+// ForkPrefix returns a new sequence holding the first tokens tokens of
+// this one (every layer at the same length), with the same settings: a
+// fork (pages shared, copy-on-write tail) rolled back to tokens. At a
+// page boundary it shares the pages it holds, summaries included, and
+// the next token starts a page of its own. A sequence that cannot roll
+// back (a cluster's) refuses a prefix shorter than itself.
+func (a *EngineAttention) ForkPrefix(tokens int) (*EngineAttention, error) {
+	n := a.Len()
+	for _, l := range a.lens {
+		if l != n {
+			return nil, errors.New("engine attention: fork prefix of a sequence whose layers differ in length")
+		}
+	}
+	if tokens < 0 || tokens > n {
+		return nil, fmt.Errorf("engine attention: fork prefix of %d tokens of a sequence of %d", tokens, n)
+	}
+	if _, ok := a.s.(rollbacker); tokens < n && !ok {
+		return nil, fmt.Errorf("engine attention: fork prefix: the sequence (%T) cannot roll back", a.s)
+	}
+	b, err := a.Fork()
+	if err != nil {
+		return nil, err
+	}
+	if tokens < n {
+		if err := b.s.(rollbacker).Rollback(context.Background(), n-tokens); err != nil {
+			_ = b.Release()
+			return nil, fmt.Errorf("engine attention: fork prefix: %w", err)
+		}
+		for l := range b.lens {
+			b.lens[l] = tokens
+		}
+	}
+	return b, nil
+}
+
+// Extend appends to every layer the tokens src holds beyond the
+// sequence's: the keys and values a dense prefill recorded on top of
+// this sequence's own (src's first tokens must be this sequence's, as
+// from [NewDenseFrom]).
+func (a *EngineAttention) Extend(src KVSource) error {
+	kvd := a.g.KVHeads * a.g.HeadDim
+	for l := range a.g.Layers {
+		k, v := src.KV(l)
+		have := a.lens[l] * kvd
+		if len(k) < have {
+			return fmt.Errorf("engine attention: extend layer %d: the source holds %d tokens, the sequence %d", l, len(k)/kvd, a.lens[l])
+		}
+		if len(k) == have {
+			continue
+		}
+		if err := a.s.Append(context.Background(), l, k[have:], v[have:]); err != nil {
+			return fmt.Errorf("engine attention: extend layer %d: %w", l, err)
+		}
+		a.lens[l] = len(k) / kvd
+	}
+	return nil
+}

@@ -39,7 +39,7 @@ func TestCompletionBasic(t *testing.T) {
 		t.Fatalf("stream %q %q %+v, want %q length %+v", text, finish, su, c.Choices[0].Text, *u)
 	}
 	st := s.Stats()
-	if st.Admitted != 2 || st.Completed != 2 || st.Running != 0 || st.ReservedPages != 0 || st.EngineSequences != 0 || st.UsedPages != 0 {
+	if st.Admitted != 2 || st.Completed != 2 || st.Running != 0 || st.ReservedPages != 0 || st.EngineSequences != st.PrefixCacheEntries || st.UsedPages != st.PrefixCachePages {
 		t.Fatalf("stats %+v", st)
 	}
 }

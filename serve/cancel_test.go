@@ -103,7 +103,7 @@ func TestCancelledStreams(t *testing.T) {
 	if midStream.Load() != total || st.Admitted != total+1 || st.Cancelled != total || st.Completed != 1 || st.Failed != 0 {
 		t.Errorf("%d cancelled mid-stream; stats %+v", midStream.Load(), st)
 	}
-	if st.ReservedPages != 0 || st.EngineSequences != 0 || st.UsedPages != 0 {
+	if st.ReservedPages != 0 || st.EngineSequences != st.PrefixCacheEntries || st.UsedPages != st.PrefixCachePages {
 		t.Errorf("left behind: %+v", st)
 	}
 	tr.CloseIdleConnections()

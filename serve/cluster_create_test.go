@@ -129,7 +129,7 @@ func TestClusterCreateOffScheduler(t *testing.T) {
 		t.Errorf("the request whose Create waited: %v", err)
 	}
 	resp.Body.Close()
-	waitStats(t, s, "both requests' sequences released", func(st Stats) bool { return st.Running == 0 && st.EngineSequences == 0 })
+	waitStats(t, s, "both requests' sequences released", func(st Stats) bool { return st.Running == 0 && st.EngineSequences == st.PrefixCacheEntries })
 	waitNodes(t, nodes)
 }
 
@@ -164,7 +164,7 @@ func TestClusterCreateAbandoned(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 	close(hc.release)
-	waitStats(t, s, "the late sequence released", func(st Stats) bool { return st.EngineSequences == 0 })
+	waitStats(t, s, "the late sequence released", func(st Stats) bool { return st.EngineSequences == st.PrefixCacheEntries })
 	waitNodes(t, nodes)
 
 	// A Create in flight at Close: Close waits for it and releases its
@@ -198,7 +198,7 @@ func TestClusterCreateAbandoned(t *testing.T) {
 	}
 	close(hc2.release)
 	<-closed
-	if st := s2.Stats(); st.EngineSequences != 0 || st.Running != 0 {
+	if st := s2.Stats(); st.EngineSequences != st.PrefixCacheEntries || st.Running != 0 {
 		t.Errorf("closed server's stats %+v", st)
 	}
 	waitNodes(t, nodes)
@@ -246,7 +246,7 @@ func TestClusterPolicyGridsBounded(t *testing.T) {
 		}
 	}
 	st := s.Stats()
-	if st.PolicyGrids != 2 || st.PolicyGridsRefused != 18 || st.Refused != 18 || st.Failed != 0 || st.EngineSequences != 0 {
+	if st.PolicyGrids != 2 || st.PolicyGridsRefused != 18 || st.Refused != 18 || st.Failed != 0 || st.EngineSequences != st.PrefixCacheEntries {
 		t.Errorf("stats %+v", st)
 	}
 	if g := nodes[0].Stats().GridsCoordinated; g != 3 {
@@ -313,7 +313,7 @@ func TestClusterAdoptedReleased(t *testing.T) {
 	if rec := nodes[0].Coordinator().Recovery(); len(rec.Sequences) != 0 {
 		t.Errorf("adopted sequences left: %+v", rec.Sequences)
 	}
-	if st := s.Stats(); st.EngineSequences != 0 || st.Completed != 1 {
+	if st := s.Stats(); st.EngineSequences != st.PrefixCacheEntries || st.Completed != 1 {
 		t.Errorf("stats %+v", st)
 	}
 	waitNodes(t, nodes)

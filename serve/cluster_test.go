@@ -114,10 +114,10 @@ func TestClusterServing(t *testing.T) {
 		t.Errorf("node 0 coordinates %d grids, want 1", g)
 	}
 	waitNodes(t, nodes)
-	if st := remote.Stats(); st.Completed != 2 || st.EngineSequences != 0 || st.ReservedPages != 0 || st.UsedPages != 0 {
+	if st := remote.Stats(); st.Completed != 2 || st.EngineSequences != st.PrefixCacheEntries || st.ReservedPages != 0 || st.UsedPages != st.PrefixCachePages {
 		t.Errorf("cluster server stats %+v", st)
 	}
-	if local.Stats().EngineSequences != 0 {
+	if st := local.Stats(); st.EngineSequences != st.PrefixCacheEntries {
 		t.Errorf("in-process server stats %+v", local.Stats())
 	}
 	// TP = 2 over the cluster (a KV head per node) too.
@@ -138,11 +138,11 @@ func TestClusterServing(t *testing.T) {
 			t.Fatalf("cluster n = 3 %+v, in process %+v", rn.Choices, ln.Choices)
 		}
 	}
-	if *rn.Usage != *ln.Usage || rn.Usage.PromptTokens != rc.Usage.PromptTokens {
+	if uncached(*rn.Usage) != uncached(*ln.Usage) || rn.Usage.PromptTokens != rc.Usage.PromptTokens {
 		t.Errorf("cluster n = 3 usage %+v, in process %+v", *rn.Usage, *ln.Usage)
 	}
 	waitNodes(t, nodes)
-	if st := remote.Stats(); st.EngineSequences != 0 || st.ReservedPages != 0 {
+	if st := remote.Stats(); st.EngineSequences != st.PrefixCacheEntries || st.ReservedPages != 0 {
 		t.Errorf("cluster server stats after n = 3 %+v", st)
 	}
 }
@@ -167,7 +167,7 @@ func TestClusterOwnPolicyMonitored(t *testing.T) {
 		complete(t, ts.URL, map[string]any{"model": "v1", "prompt": prompt, "max_tokens": 4, "temperature": 0, "quest": q})
 	}
 	st := waitStats(t, s, "the replays", func(st Stats) bool {
-		return st.MonitorReplayed+st.MonitorFailed == st.MonitorSampled && st.EngineSequences == 0
+		return st.MonitorReplayed+st.MonitorFailed == st.MonitorSampled && st.EngineSequences == st.PrefixCacheEntries
 	})
 	if st.OwnEngines != 2 || st.MonitorFailed != 0 || st.MonitorReplayed == 0 || len(log.all()) != int(st.MonitorReplayed) {
 		t.Errorf("stats %+v, %d samples", st, len(log.all()))
@@ -216,7 +216,7 @@ func TestClusterCancel(t *testing.T) {
 		t.Errorf("pages in use mid-stream %v: want pages on both nodes", p)
 	}
 	cancel()
-	st := waitStats(t, s, "the cancelled stream", func(st Stats) bool { return st.Cancelled == 1 && st.EngineSequences == 0 })
+	st := waitStats(t, s, "the cancelled stream", func(st Stats) bool { return st.Cancelled == 1 && st.EngineSequences == st.PrefixCacheEntries })
 	if st.Running != 0 || st.ReservedPages != 0 || st.Completed != 0 {
 		t.Errorf("stats %+v", st)
 	}
@@ -240,7 +240,7 @@ func TestClusterUnavailable(t *testing.T) {
 		e.Error.Code == nil || *e.Error.Code != "cluster_unavailable" {
 		t.Fatalf("status %d, Retry-After %q: %s (%v)", status, h.Get("Retry-After"), body, err)
 	}
-	if st := s.Stats(); st.Failed != 1 || st.EngineSequences != 0 || st.ReservedPages != 0 {
+	if st := s.Stats(); st.Failed != 1 || st.EngineSequences != st.PrefixCacheEntries || st.ReservedPages != 0 {
 		t.Errorf("stats %+v", st)
 	}
 	waitNodes(t, nodes)

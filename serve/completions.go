@@ -47,6 +47,16 @@ type Usage struct {
 	PagesRead        int     `json:"pages_read"`
 	PagesTotal       int     `json:"pages_total"`
 	BytesReadVsDense float64 `json:"bytes_read_vs_dense"`
+	// PromptTokensDetails tells how many prompt tokens the prefix cache
+	// gave (OpenAI's field).
+	PromptTokensDetails PromptTokensDetails `json:"prompt_tokens_details"`
+}
+
+// PromptTokensDetails is the breakdown of a usage's prompt tokens.
+type PromptTokensDetails struct {
+	// CachedTokens is the prompt tokens taken from the prefix cache
+	// instead of prefilled.
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // completions serves POST /v1/completions.

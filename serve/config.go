@@ -79,6 +79,16 @@ type Config struct {
 	// workers check their own pools and it bounds the model's weights
 	// only (Load).
 	MemoryLimit int64
+	// PrefixCaching keeps the full pages of prompts' prefixes (with
+	// their summaries) as sequences of the main engine that later
+	// requests with the same token prefix fork instead of prefilling it
+	// again (on by default; only with the in-process engine: ignored with
+	// Cluster). Pages are keyed by a hash chain over their token ids; the
+	// cache gives way, least recently used first, to every request that
+	// needs its pages, and holds at most PrefixCachePages pages per shard
+	// (0: as many as the pool leaves free).
+	PrefixCaching    bool
+	PrefixCachePages int
 	// MaxRunning caps the sequences prefilling or decoding at once, the
 	// decode batch (16); each choice of a request (n, a batch of
 	// prompts) is a sequence.
@@ -184,6 +194,7 @@ func DefaultConfig() Config {
 		RetryAfter:       time.Second,
 		Monitor:          MonitorConfig{Queue: 64, TopR: 10},
 		History:          64,
+		PrefixCaching:    true,
 	}
 }
 
@@ -204,6 +215,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: capacity %d pages: want at least 1", c.CapacityPages)
 	case c.MemoryLimit < memlimit.NoLimit:
 		return fmt.Errorf("serve config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
+	case c.PrefixCachePages < 0 || c.PrefixCachePages > c.CapacityPages:
+		return fmt.Errorf("serve config: prefix cache %d pages: want 0 (the pool's bound) to the capacity, %d", c.PrefixCachePages, c.CapacityPages)
 	case c.MaxRunning < 1:
 		return fmt.Errorf("serve config: max running %d: want at least 1", c.MaxRunning)
 	case c.MaxQueued < 0:

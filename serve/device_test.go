@@ -151,7 +151,7 @@ func TestServeOnDevicePrefill(t *testing.T) {
 				t.Errorf("request %d choice %d: device-prefilled %q, CPU %q", i, c, got[i].Choices[c].Text, want.Choices[c].Text)
 			}
 		}
-		prompt += got[i].Usage.PromptTokens
+		prompt += got[i].Usage.PromptTokens - got[i].Usage.PromptTokensDetails.CachedTokens
 	}
 	if pf.tokens != prompt || pf.chunks < len(reqs)+2 {
 		t.Errorf("the device prefilled %d tokens in %d chunks; the prompts hold %d (the long one more than one chunk)", pf.tokens, pf.chunks, prompt)

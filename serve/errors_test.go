@@ -48,7 +48,7 @@ func checkError(t testing.TB, what string, status int, body []byte, wantStatus i
 func unchanged(t testing.TB, s *Server, admitted uint64) {
 	t.Helper()
 	st := s.Stats()
-	if st.Admitted != admitted || st.Running != 0 || st.Queued != 0 || st.ReservedPages != 0 || st.EngineSequences != 0 || st.UsedPages != 0 {
+	if st.Admitted != admitted || st.Running != 0 || st.Queued != 0 || st.ReservedPages != 0 || st.EngineSequences != st.PrefixCacheEntries || st.UsedPages != st.PrefixCachePages {
 		t.Fatalf("after refused requests: %+v (want %d admitted and nothing held)", st, admitted)
 	}
 }
@@ -423,7 +423,7 @@ func TestAdmission(t *testing.T) {
 		t.Errorf("Retry-After %q, body %s: want 2 and the flag --max-queued", h.Get("Retry-After"), body)
 	}
 	st := s.Stats()
-	if st.Admitted != 2 || st.Refused != 1 || st.Queued != 2 || st.ReservedPages != 0 || st.EngineSequences != 0 {
+	if st.Admitted != 2 || st.Refused != 1 || st.Queued != 2 || st.ReservedPages != 0 || st.EngineSequences != st.PrefixCacheEntries {
 		t.Fatalf("stats after the refusal: %+v", st)
 	}
 	release()
@@ -513,7 +513,7 @@ func TestRequestTimeout(t *testing.T) {
 	}
 	release()
 	st := waitStats(t, s, "the timed-out requests gone", func(st Stats) bool { return st.Queued+st.Running == 0 })
-	if st.Cancelled != 2 || st.ReservedPages != 0 || st.EngineSequences != 0 {
+	if st.Cancelled != 2 || st.ReservedPages != 0 || st.EngineSequences != st.PrefixCacheEntries {
 		t.Errorf("stats: %+v", st)
 	}
 }

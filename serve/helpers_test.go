@@ -275,3 +275,10 @@ func streamText(t testing.TB, events []string) (text, finish string, usage *Usag
 	}
 	return b.String(), finish, usage
 }
+
+// uncached is u without its cached prompt tokens: the usage of a
+// request compared with that of one the prefix cache served differently.
+func uncached(u Usage) Usage {
+	u.PromptTokensDetails = PromptTokensDetails{}
+	return u
+}

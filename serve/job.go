@@ -39,7 +39,14 @@ type job struct {
 	// pre is the sequence a device prefill (Config.Prefiller) fills,
 	// until the prompt is done and it becomes attn.
 	pre *jobAttention
-	eng *engineRef // the engine holding attn's (or pre's) sequence (nil on a cluster)
+	// base, with a prefix cache hit on the CPU prefill, is the fork of
+	// the cached prefix the prompt's suffix is loaded onto (Extend),
+	// until load hands it to attn; cached is the prompt tokens the cache
+	// gave, from the entry they were forked from.
+	base   *jobAttention
+	cached int
+	from   *prefixEntry
+	eng    *engineRef // the engine holding attn's (or pre's) sequence (nil on a cluster)
 	// cseq, on Config.Cluster, is the sequence created when the prefill
 	// starts, until load hands it to attn. creating says that its
 	// Create runs (startCreate); stopWake stops the wake-up on the end
@@ -119,6 +126,7 @@ func usageOf(jobs []*job, res []result) Usage {
 		r := res[i].usage
 		if j.leader == nil {
 			u.PromptTokens += r.PromptTokens
+			u.PromptTokensDetails.CachedTokens += r.PromptTokensDetails.CachedTokens
 		}
 		u.CompletionTokens += r.CompletionTokens
 		u.PagesRead += r.PagesRead

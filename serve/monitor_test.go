@@ -97,7 +97,7 @@ func TestMonitorMatchesDiagnostics(t *testing.T) {
 	sparse := g.Layers - cfg.Policy.DenseLayers
 	steps := maxTokens - 1
 	st := waitStats(t, s, "the replays", func(st Stats) bool {
-		return st.MonitorReplayed+st.MonitorFailed == st.MonitorSampled && st.EngineSequences == 0
+		return st.MonitorReplayed+st.MonitorFailed == st.MonitorSampled && st.EngineSequences == st.PrefixCacheEntries
 	})
 	if st.MonitorSampled != uint64(steps*sparse*g.KVHeads) || st.MonitorReplayed != st.MonitorSampled {
 		t.Fatalf("%d steps x %d sparse layers x %d KV heads: %+v", steps, sparse, g.KVHeads, st)
@@ -200,7 +200,7 @@ func TestMonitorDropsWhenFull(t *testing.T) {
 	}
 	close(hold)
 	waitStats(t, s, "the replays", func(st Stats) bool {
-		return st.MonitorReplayed+st.MonitorFailed == st.MonitorSampled && st.EngineSequences == 0 && st.UsedPages == 0
+		return st.MonitorReplayed+st.MonitorFailed == st.MonitorSampled && st.EngineSequences == st.PrefixCacheEntries && st.UsedPages == st.PrefixCachePages
 	})
 }
 

@@ -58,9 +58,13 @@ func (s *Server) iterate() bool {
 	// In admission order; a request starts when its pages fit the pool
 	// beside the running requests' (all its choices' at once), and the
 	// queue waits behind it meanwhile (no request overtakes another).
+	var dropped []*prefixEntry
 	for len(s.running) < s.cfg.MaxRunning && len(s.queue) > 0 {
 		j := s.queue[0]
 		if g := j.g; !g.reserved {
+			// Cached prefixes give way first: they never keep a
+			// request that fits the pool waiting.
+			dropped = append(dropped, s.evictPrefixes(g.pages)...)
 			if s.reserved+g.pages > s.cfg.CapacityPages {
 				break // resolve refused requests that never fit: pages free as running ones end
 			}
@@ -73,6 +77,9 @@ func (s *Server) iterate() bool {
 	}
 	running := slices.Clone(s.running)
 	s.mu.Unlock()
+	if len(dropped) > 0 {
+		s.dropPrefixes(dropped, 0)
+	}
 	worked := len(gone) > 0
 	for _, j := range gone {
 		s.end(j, nil, ctxError(j.ctx), "")
@@ -149,13 +156,21 @@ func (s *Server) prefill() bool {
 		all := j.p.echo && j.p.logprobs
 		onDevice := s.cfg.Prefiller != nil && !all
 		if j.dense == nil && j.pre == nil {
-			if onDevice {
-				if err := s.create(j); err != nil {
-					s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
-					continue
+			if err := s.prefixHit(j, onDevice, all); err != nil {
+				s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
+				continue
+			}
+		}
+		if j.sampler == nil {
+			if j.dense == nil && j.pre == nil {
+				if onDevice {
+					if err := s.create(j); err != nil {
+						s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
+						continue
+					}
+				} else {
+					j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)
 				}
-			} else {
-				j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)
 			}
 			if !s.start(j) {
 				continue
@@ -276,7 +291,19 @@ func (s *Server) load(j *job) error {
 	if j.pre != nil {
 		// Prefilled on the device, in place.
 		j.attn, j.pre = j.pre, nil
+		s.remember(j, nil)
 		return nil
+	}
+	if j.base != nil {
+		// The suffix of a cached prefix, prefilled on the CPU over the
+		// prefix's keys: onto the fork of the prefix.
+		j.attn, j.base = j.base, nil
+		err := j.attn.Extend(j.dense)
+		if err == nil {
+			s.remember(j, j.dense)
+		}
+		j.dense = nil
+		return err
 	}
 	if j.cseq != nil {
 		ea := model.NewSequenceAttention(j.cseq, s.m.Geometry())
@@ -293,6 +320,9 @@ func (s *Server) load(j *job) error {
 	}
 	j.attn = a
 	err = a.Load(j.dense)
+	if err == nil {
+		s.remember(j, j.dense)
+	}
 	j.dense = nil
 	return err
 }
@@ -430,7 +460,8 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		return
 	}
 	j.ended = true
-	for _, a := range []**jobAttention{&j.attn, &j.pre} {
+	j.from = nil
+	for _, a := range []**jobAttention{&j.attn, &j.pre, &j.base} {
 		if *a != nil {
 			if rerr := (*a).Release(); rerr != nil {
 				s.log.Warn("release sequence", "request", j.id, "err", rerr)
@@ -516,7 +547,7 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 // usage is j's token and page counts so far.
 func (j *job) usage() Usage {
 	u := Usage{PromptTokens: len(j.p.ids), CompletionTokens: j.tokens, TotalTokens: len(j.p.ids) + j.tokens,
-		PagesRead: j.pagesRead, PagesTotal: j.pagesTotal}
+		PagesRead: j.pagesRead, PagesTotal: j.pagesTotal, PromptTokensDetails: PromptTokensDetails{CachedTokens: j.cached}}
 	if j.denseW > 0 {
 		u.BytesReadVsDense = j.readW / j.denseW
 	}
@@ -533,6 +564,10 @@ func (s *Server) shutdown() {
 	}
 	// Every job ended, so every Create's context is done.
 	s.waitCreates()
+	if s.pc != nil {
+		drop, _ := s.pc.evict(0)
+		s.dropPrefixes(drop, 0)
+	}
 }
 
 // count updates the statistics.

@@ -31,6 +31,7 @@ type Server struct {
 	stopIDs []int
 	eng     *engine.Engine // nil with Config.Cluster
 	main    *engineRef     // eng, for the jobs and replays that hold sequences on it
+	pc      *prefixCache   // nil: no prefix caching (the scheduler's)
 	// clusterSeqs counts the sequences held on Config.Cluster (the
 	// requests' and the monitor's forks).
 	clusterSeqs atomic.Int64
@@ -132,6 +133,16 @@ type Stats struct {
 	// because the replay queue was full, replayed, and failed (a fork or
 	// replay error, or the request's step failing).
 	MonitorSampled, MonitorDropped, MonitorReplayed, MonitorFailed uint64
+	// The prefix cache (Config.PrefixCaching): prompts looked up that
+	// found a cached prefix (hits) or none (misses), their prompt tokens
+	// and those the cache gave; pages per shard evicted for other
+	// requests' pages or the bound (PrefixCachePages); and the entries
+	// (engine sequences, counted in EngineSequences) and pages per shard
+	// it holds now.
+	PrefixCacheHits, PrefixCacheMisses           uint64
+	PrefixCacheQueryTokens, PrefixCacheHitTokens uint64
+	PrefixCacheEvictedPages                      uint64
+	PrefixCacheEntries, PrefixCachePages         int
 }
 
 // New builds a server for m, whose tokenizer is tok, with an in-process
@@ -204,6 +215,9 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	s.stats.CapacityPages = cfg.CapacityPages
 	s.hist.max = cfg.History
 	s.replaying = make(chan struct{}, 1)
+	if cfg.PrefixCaching && cfg.Cluster == nil {
+		s.pc = newPrefixCache(cfg.Policy.PageSize, cfg.CP, cfg.PrefixCachePages)
+	}
 	if cfg.Monitor.Rate > 0 {
 		s.mon = newMonitor(cfg.Monitor, m.Geometry(), cfg.Seed, s.replay)
 	}

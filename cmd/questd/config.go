@@ -333,6 +333,14 @@ type Config struct {
 	// ServePages is the page pool of the served model's engine
 	// [--serve-capacity-pages]. Default 4096.
 	ServePages int
+	// PrefixCaching keeps prompts' full pages for later requests with
+	// the same token prefix [--prefix-caching] (serve.Config's; local and
+	// device layouts). Default true.
+	PrefixCaching bool
+	// PrefixCachePages bounds the pages per shard the prefix cache holds
+	// [--prefix-cache-pages]: 0 is as many as the pool leaves free (it
+	// gives way to requests first); at most ServePages. Default 0.
+	PrefixCachePages int
 	// ServeLayout is where the served requests' KV pages live
 	// [--serve-layout]: "local", an in-process engine on this node, or
 	// "cluster", a ServeCP x ServeTP grid of the cluster's nodes that

@@ -88,6 +88,8 @@ func (c Config) Validate() error {
 		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
 	case c.ServePages < 1 || c.ServePages > plan.MaxPages:
 		return bad("serve-capacity-pages", itoa(c.ServePages), "want 1..%d", plan.MaxPages)
+	case c.PrefixCachePages < 0 || c.PrefixCachePages > c.ServePages:
+		return bad("prefix-cache-pages", itoa(c.PrefixCachePages), "want 0 (what the pool leaves free) to --serve-capacity-pages %d", c.ServePages)
 	case c.ServeCP < 1 || c.ServeCP > 64:
 		return bad("serve-cp", itoa(c.ServeCP), "want 1..64")
 	case c.ServeTP < 1 || c.ServeTP > 64:

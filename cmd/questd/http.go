@@ -46,6 +46,7 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc.CP, sc.TP = c.ServeCP, c.ServeTP
 	sc.PolicyGrids = c.ServePolicyGrids
 	sc.CapacityPages = c.ServePages
+	sc.PrefixCaching, sc.PrefixCachePages = c.PrefixCaching, c.PrefixCachePages
 	sc.MemoryLimit = c.MaxMemory
 	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.MaxRunning, c.MaxQueued, c.PrefillChunk
 	sc.MaxContext, sc.MaxBodyBytes, sc.RequestTimeout = c.MaxModelLen, int64(c.MaxRequestBytes), c.RequestTimeout

@@ -137,6 +137,10 @@ func TestServeCompletionsFlags(t *testing.T) {
 		{[]string{"--max-queued", "-1"}, "--max-queued"},
 		{[]string{"--prefill-chunk-tokens", "0"}, "--prefill-chunk-tokens"},
 		{[]string{"--serve-capacity-pages", "0"}, "--serve-capacity-pages"},
+		{[]string{"--prefix-cache-pages", "-1"}, "--prefix-cache-pages"},
+		{[]string{"--prefix-cache-pages", "4097"}, "--prefix-cache-pages"},
+		{[]string{"--serve-capacity-pages", "64", "--prefix-cache-pages", "65"}, "--prefix-cache-pages"},
+		{[]string{"--prefix-caching=maybe"}, "prefix-caching"},
 		{[]string{"--max-model-len", "-1"}, "--max-model-len"},
 		{[]string{"--max-request-bytes", "0"}, "--max-request-bytes"},
 		{[]string{"--max-request-bytes", "2000000000"}, "--max-request-bytes"},
@@ -152,6 +156,34 @@ func TestServeCompletionsFlags(t *testing.T) {
 		_, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error naming %s", c.args, err, c.want)
+		}
+	}
+}
+
+// TestPrefixCachingFlags: prefix caching is on by default, unbounded
+// but by the pool; --prefix-caching=false turns it off and
+// --prefix-cache-pages bounds it, both reaching the server's config.
+func TestPrefixCachingFlags(t *testing.T) {
+	for _, c := range []struct {
+		args  []string
+		on    bool
+		pages int
+	}{
+		{nil, true, 0},
+		{[]string{"--prefix-caching=false"}, false, 0},
+		{[]string{"--prefix-cache-pages", "100"}, true, 100},
+		{[]string{"--serve-capacity-pages", "64", "--prefix-cache-pages", "64"}, true, 64},
+	} {
+		cfg, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		sc := cfg.serveConfig(nil)
+		if sc.PrefixCaching != c.on || sc.PrefixCachePages != c.pages {
+			t.Errorf("%v: caching %t, %d pages; want %t, %d", c.args, sc.PrefixCaching, sc.PrefixCachePages, c.on, c.pages)
+		}
+		if err := sc.Validate(); err != nil {
+			t.Errorf("%v: the server's config: %v", c.args, err)
 		}
 	}
 }

@@ -14,6 +14,8 @@ type serveCounts struct {
 	srv                                  *completion.Server
 	reqs, outcomes, tokens, steps, pages *prometheus.Desc
 	prefill, policyRefused               *prometheus.Desc
+	prefixReqs, prefixTokens             *prometheus.Desc
+	prefixEvicted, prefixHeld            *prometheus.Desc
 }
 
 func newServeCounts(srv *completion.Server) *serveCounts {
@@ -25,13 +27,17 @@ func newServeCounts(srv *completion.Server) *serveCounts {
 		steps:         prometheus.NewDesc("questrt_serve_decode_total", "Decode steps of the completions API (kind=steps, batches) and the sequences they decoded (kind=sequences): their ratio is the mean decode batch.", []string{"kind"}, nil),
 		prefill:       prometheus.NewDesc("questrt_serve_prefill_chunks_total", "Prefill chunks (--prefill-chunk-tokens) the completions API ran.", nil, nil),
 		pages:         prometheus.NewDesc("questrt_serve_pages", "Pages per shard of the completions API's pool, by state: reserved (by the running requests, all of a request's choices' pages when it starts; queued requests reserve none) and capacity (--serve-capacity-pages).", []string{"state"}, nil),
+		prefixReqs:    prometheus.NewDesc("questrt_prefix_cache_requests_total", "Prompts looked up in the prefix cache (--prefix-caching), by result: hit (a cached prefix of full pages forked) or miss (prefilled from the start).", []string{"result"}, nil),
+		prefixTokens:  prometheus.NewDesc("questrt_prefix_cache_tokens_total", "Prompt tokens of the prefix cache's lookups, by kind: queries (the prompts' tokens) and hits (the tokens the cache gave, not prefilled); hits / queries is the hit rate (vLLM's prefix_cache_queries and prefix_cache_hits).", []string{"kind"}, nil),
+		prefixEvicted: prometheus.NewDesc("questrt_prefix_cache_evicted_pages_total", "Pages per shard the prefix cache gave up, least recently used first: for a request's pages (the cache never keeps a request waiting) or to stay within --prefix-cache-pages.", nil, nil),
+		prefixHeld:    prometheus.NewDesc("questrt_prefix_cache", "The prefix cache now, by kind: entries (engine sequences) and pages (per shard, of --serve-capacity-pages; pages running requests share count here too).", []string{"kind"}, nil),
 		policyRefused: prometheus.NewDesc("questrt_serve_policy_grid_refusals_total", "Requests refused (429) because their quest options would open one grid more than --serve-policy-grids (--serve-layout cluster).", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *serveCounts) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.reqs, c.outcomes, c.tokens, c.steps, c.prefill, c.pages, c.policyRefused} {
+	for _, d := range []*prometheus.Desc{c.reqs, c.outcomes, c.tokens, c.steps, c.prefill, c.pages, c.policyRefused, c.prefixReqs, c.prefixTokens, c.prefixEvicted, c.prefixHeld} {
 		ch <- d
 	}
 }
@@ -61,4 +67,11 @@ func (c *serveCounts) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.pages, st.ReservedPages, "reserved")
 	gauge(c.pages, st.CapacityPages, "capacity")
 	counter(c.policyRefused, st.PolicyGridsRefused)
+	counter(c.prefixReqs, st.PrefixCacheHits, "hit")
+	counter(c.prefixReqs, st.PrefixCacheMisses, "miss")
+	counter(c.prefixTokens, st.PrefixCacheQueryTokens, "queries")
+	counter(c.prefixTokens, st.PrefixCacheHitTokens, "hits")
+	counter(c.prefixEvicted, st.PrefixCacheEvictedPages)
+	gauge(c.prefixHeld, st.PrefixCacheEntries, "entries")
+	gauge(c.prefixHeld, st.PrefixCachePages, "pages")
 }
