@@ -86,7 +86,10 @@ type Config struct {
 	// Cluster). Pages are keyed by a hash chain over their token ids; the
 	// cache gives way, least recently used first, to every request that
 	// needs its pages, and holds at most PrefixCachePages pages per shard
-	// (0: as many as the pool leaves free).
+	// (0: as many as the pool leaves free when prompts are prefilled on a
+	// device (Prefiller); else a quarter of CapacityPages, since a prompt
+	// prefilled on the CPU keeps a float32 copy of its keys and values in
+	// host memory besides the pool while it is cached).
 	PrefixCaching    bool
 	PrefixCachePages int
 	// MaxRunning caps the sequences prefilling or decoding at once, the

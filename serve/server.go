@@ -216,7 +216,14 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	s.hist.max = cfg.History
 	s.replaying = make(chan struct{}, 1)
 	if cfg.PrefixCaching && cfg.Cluster == nil {
-		s.pc = newPrefixCache(cfg.Policy.PageSize, cfg.CP, cfg.PrefixCachePages)
+		bound := cfg.PrefixCachePages
+		if bound == 0 && cfg.Prefiller == nil {
+			// The CPU prefill's keys and values stay in host memory
+			// beside the cached pages: at most a quarter of the pool's
+			// worth by default.
+			bound = max(cfg.CapacityPages/4, 1)
+		}
+		s.pc = newPrefixCache(cfg.Policy.PageSize, cfg.CP, bound)
 	}
 	if cfg.Monitor.Rate > 0 {
 		s.mon = newMonitor(cfg.Monitor, m.Geometry(), cfg.Seed, s.replay)
