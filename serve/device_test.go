@@ -154,10 +154,21 @@ func TestServeOnDevicePrefill(t *testing.T) {
 		prompt += got[i].Usage.PromptTokens - got[i].Usage.PromptTokensDetails.CachedTokens
 	}
 	if pf.tokens != prompt || pf.chunks < len(reqs)+2 {
-		t.Errorf("the device prefilled %d tokens in %d chunks; the prompts hold %d (the long one more than one chunk)", pf.tokens, pf.chunks, prompt)
+		t.Errorf("the device prefilled %d tokens in %d chunks; the prompts hold %d uncached (the long one more than one chunk)", pf.tokens, pf.chunks, prompt)
+	}
+	// The prefix cache with the device prefill: the long prompt again
+	// forks its cached pages on the device and prefills only the rest.
+	before := pf.tokens
+	again := complete(t, devTS.URL, reqs[0])
+	c := again.Usage.PromptTokensDetails.CachedTokens
+	if c == 0 || c%cfg.Policy.PageSize != 0 || pf.tokens-before != again.Usage.PromptTokens-c {
+		t.Errorf("repeated prompt: %d cached tokens, %d prefilled on the device, %d in the prompt", c, pf.tokens-before, again.Usage.PromptTokens)
+	}
+	if want := complete(t, cpuTS.URL, reqs[0]).Choices[0].Text; again.Choices[0].Text != want {
+		t.Errorf("repeated prompt from the cache: %q, CPU %q", again.Choices[0].Text, want)
 	}
 	// Echo with logprobs: the CPU's dense prefill (every position).
-	before := pf.tokens
+	before = pf.tokens
 	r := map[string]any{"model": "tiny", "prompt": long[:60], "max_tokens": 3, "temperature": 0, "echo": true, "logprobs": 1}
 	e, w := complete(t, devTS.URL, r), complete(t, cpuTS.URL, r)
 	if e.Choices[0].Text != w.Choices[0].Text || len(e.Choices[0].Logprobs.Tokens) != len(w.Choices[0].Logprobs.Tokens) {
