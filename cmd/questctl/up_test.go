@@ -647,8 +647,11 @@ func TestUpNoReadyLine(t *testing.T) {
 	if code != 1 || stdout != "" || !strings.Contains(stderr, "questctl up: cluster not up within --timeout 500ms: node-0 (pid ") || !strings.Contains(stderr, "printed no ready line") {
 		t.Errorf("exit %d, stdout %q, stderr:\n%s", code, stdout, stderr)
 	}
+	// The second node never starts. (The first may be stopped before it
+	// recorded its start: on a loaded machine 500 ms can pass before the
+	// fake runs at all.)
 	recs := readRecords(dir)
-	if len(recs) != 1 {
+	if _, ok := recs["node-1"]; ok || len(recs) > 1 {
 		t.Errorf("nodes started: %v", recs)
 	}
 	for _, r := range recs {
