@@ -52,6 +52,10 @@ type RecoveredPart struct {
 	// (worker.RecoveredSeq.Lens and Had).
 	Lens []int
 	Had  int
+	// RolledBack, when not nil, are the tokens per layer the worker's
+	// recovery cut as the appends of an interrupted step
+	// (worker.RecoveredSeq.RolledBack).
+	RolledBack []int
 }
 
 // Adopted is what Adopt made of a recovered sequence.
@@ -63,6 +67,15 @@ type Adopted struct {
 	// append again, from position max(Lens), before it decodes as it
 	// would have (0 after a graceful stop of every worker).
 	Had, LostTokens int
+	// Lost are, per layer, Had - Lens[layer]: the tokens that layer
+	// lacks of what the sequence held at the stop (those past the length
+	// every worker holds are cut from the workers that held more).
+	Lost []int
+	// RolledBack, when not nil, are per layer the tokens of an
+	// interrupted step (never acknowledged) that the workers' recovery
+	// cut, the largest over the workers; counted in Lost and LostTokens
+	// as well.
+	RolledBack []int
 }
 
 // ErrIncomplete: a recovered sequence that not every worker of its grid
@@ -85,9 +98,12 @@ var ErrParked = errors.New("engine: recovered sequence left parked")
 // Release then work on it as on any sequence. A sequence some worker is
 // missing (RecoveredPart.Missing, or a Claim answered
 // worker.ErrUnknownSequence), or whose workers cannot agree (a layout
-// that is not the engine's, uneven layers to roll back), is freed on
+// that is not the engine's, lengths out of range), is freed on
 // the workers that hold it and Adopt returns an error wrapping
-// ErrIncomplete. Any other failure (ctx ending, a worker unavailable, a
+// ErrIncomplete. Workers may hold different surpluses in different
+// layers (a crash inside a step keeps the layers the step had reached
+// on one node, and less on another): such a worker is cut back per
+// layer (worker.RollbackRequest.Lens). Any other failure (ctx ending, a worker unavailable, a
 // Claim or roll back failing) frees nothing: the sequence is parked
 // again (Claimer.Park) on every worker that claimed it, or may have
 // (a Claim that failed may have taken effect), and stays parked on the
@@ -179,33 +195,62 @@ func (e *Engine) agree(r Recovered) (Adopted, error) {
 			a.Lens[l] = min(a.Lens[l], n)
 		}
 		a.Had = max(a.Had, p.Had)
-	}
-	a.LostTokens = max(a.Had-slices.Max(a.Lens), 0)
-	// A worker that holds more is rolled back by the same number of
-	// tokens in every layer, from one length (the Rollback message's).
-	for w, p := range r.Parts {
-		if e.holdsSame(w, lay, p.Lens, a.Lens) {
-			continue
-		}
-		d := p.Lens[0] - a.Lens[0]
-		for l := range p.Lens {
-			if p.Lens[l] != p.Lens[0] || p.Lens[l]-a.Lens[l] != d {
-				return Adopted{}, fmt.Errorf("%w: worker %d holds lengths %v, the others %v: cannot roll back uneven layers", ErrIncomplete, w, p.Lens, a.Lens)
+		if p.RolledBack != nil {
+			if len(p.RolledBack) != c.Layers || slices.Min(p.RolledBack) < 0 {
+				return Adopted{}, fmt.Errorf("%w: worker %d: rolled back counts %v for %d layers", ErrIncomplete, w, p.RolledBack, c.Layers)
+			}
+			if a.RolledBack == nil {
+				a.RolledBack = make([]int, c.Layers)
+			}
+			for l, n := range p.RolledBack {
+				a.RolledBack[l] = max(a.RolledBack[l], n)
 			}
 		}
 	}
+	a.LostTokens = max(a.Had-slices.Max(a.Lens), 0)
+	a.Lost = make([]int, c.Layers)
+	for l, n := range a.Lens {
+		a.Lost[l] = max(a.Had-n, 0)
+	}
+	// A worker that holds more is cut back in trim: by one Rollback per
+	// rank when it holds the same surplus in every layer, else per layer.
 	return a, nil
 }
 
+// evenDrop returns the tokens worker part p drops in every layer to
+// reach lengths want when that is one number from one length (a
+// Rollback of Len and Drop), and false when its layers must be cut by
+// different amounts.
+func evenDrop(p RecoveredPart, want []int) (int, bool) {
+	d := p.Lens[0] - want[0]
+	for l := range p.Lens {
+		if p.Lens[l] != p.Lens[0] || p.Lens[l]-want[l] != d {
+			return 0, false
+		}
+	}
+	return d, d > 0
+}
+
 // trim rolls back, on every claimed worker that holds more than sq's
-// lengths, its ranks' surplus (checked first on the worker).
+// lengths, its ranks' surplus (checked first on the worker): from one
+// length by one drop when every layer holds the same surplus, else
+// each layer to its own length (RollbackRequest.Lens, checked by the
+// worker before it changes anything).
 func (e *Engine) trim(ctx context.Context, r Recovered, sq *seqState) error {
 	for w, p := range r.Parts {
-		d := p.Lens[0] - sq.lens[0]
-		if d == 0 || e.holdsSame(w, r.Layout, p.Lens, sq.lens) {
+		if e.holdsSame(w, r.Layout, p.Lens, sq.lens) {
 			continue
 		}
 		wk := e.workers[w]
+		d, even := evenDrop(p, sq.lens)
+		if !even {
+			for _, rk := range e.hosts[w] {
+				if _, err := wk.Rollback(ctx, worker.RollbackRequest{Seq: uint64(r.Seq), Rank: rk, Lens: slices.Clone(sq.lens)}); err != nil {
+					return fmt.Errorf("cut rank %v from lengths %v to %v: %w", rk, p.Lens, sq.lens, err)
+				}
+			}
+			continue
+		}
 		if err := wk.Check(ctx, worker.CheckRequest{Seq: uint64(r.Seq), Len: p.Lens[0], Drop: d}); err != nil {
 			return fmt.Errorf("roll back worker %d from %d to %d tokens: %w", w, p.Lens[0], sq.lens[0], err)
 		}

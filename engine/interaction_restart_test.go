@@ -201,7 +201,7 @@ func (env *interaction) adopt(name string) string {
 				continue
 			}
 			r.Layout, found = s.Layout, true
-			r.Parts[w] = RecoveredPart{Key: s.Key, Lens: s.Lens, Had: s.Had}
+			r.Parts[w] = RecoveredPart{Key: s.Key, Lens: s.Lens, Had: s.Had, RolledBack: s.RolledBack}
 		}
 		p := r.Parts[w]
 		switch {
@@ -221,7 +221,14 @@ func (env *interaction) adopt(name string) string {
 	if err != nil {
 		fmt.Fprintf(&b, "error: %v\n", err)
 	} else {
-		fmt.Fprintf(&b, "adopted %s = seq %d: lens=%v had=%d lost=%d\n", name, id, a.Lens, a.Had, a.LostTokens)
+		fmt.Fprintf(&b, "adopted %s = seq %d: lens=%v had=%d lost=%d", name, id, a.Lens, a.Had, a.LostTokens)
+		if slices.Min(a.Lost) != slices.Max(a.Lost) {
+			fmt.Fprintf(&b, " lost-per-layer=%v", a.Lost)
+		}
+		if a.RolledBack != nil {
+			fmt.Fprintf(&b, " rolled-back=%v", a.RolledBack)
+		}
+		b.WriteString("\n")
 	}
 	return b.String() + env.parked() + env.seqTable()
 }

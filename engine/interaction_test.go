@@ -192,7 +192,11 @@ func (r *recWorker) Append(ctx context.Context, m worker.AppendRequest) error {
 }
 
 func (r *recWorker) Rollback(ctx context.Context, m worker.RollbackRequest) (worker.RollbackReply, error) {
-	r.rec.log(r.w, "Rollback seq=%d rank=(%d,%d) len=%d drop=%d", m.Seq, m.Rank.TP, m.Rank.CP, m.Len, m.Drop)
+	if m.Lens != nil {
+		r.rec.log(r.w, "Rollback seq=%d rank=(%d,%d) lens=%v", m.Seq, m.Rank.TP, m.Rank.CP, m.Lens)
+	} else {
+		r.rec.log(r.w, "Rollback seq=%d rank=(%d,%d) len=%d drop=%d", m.Seq, m.Rank.TP, m.Rank.CP, m.Len, m.Drop)
+	}
 	rep, err := r.Worker.Rollback(ctx, m)
 	return rep, r.answer(err)
 }

@@ -260,6 +260,14 @@ func (s *Shard) Rollback(id pagestore.SeqID, n int) error {
 	return s.store.Rollback(id, n)
 }
 
+// Truncate cuts each layer of a sequence of the shard's store to its own
+// length (pagestore.Store.Truncate).
+func (s *Shard) Truncate(id pagestore.SeqID, lens []int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.store.Truncate(id, lens)
+}
+
 // Release releases a sequence of the shard's store.
 func (s *Shard) Release(id pagestore.SeqID) error {
 	s.mu.Lock()

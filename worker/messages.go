@@ -87,6 +87,16 @@ type AppendRequest struct {
 // CP ranks' mirrors need the owner's records of that page, so a
 // coordinator rolls back the owner first and hands its reply's Tail to
 // the others.
+//
+// With Lens set (one global length per layer; Len, Drop and Tail zero),
+// it is a per-layer rollback instead: every layer of the rank is cut to
+// its share of its own length (pagestore.Store.Truncate), layers that
+// hold no more than that unchanged, so that layers may be cut by
+// different amounts or not at all. A coordinator reconciling a
+// sequence recovered after a crash inside a step uses it. It is refused
+// (ErrBadMessage) under replicated selection, whose mirrors are not
+// persisted, and when a layer holds less than its share of Lens;
+// refused, it changes nothing.
 type RollbackRequest struct {
 	Seq  uint64
 	Rank Rank
@@ -98,6 +108,9 @@ type RollbackRequest struct {
 	// ([KVHeads/TP][2][HeadDim]): required by a non-owner rank under
 	// replicated selection when (Len-Drop) % PageSize != 0, nil otherwise.
 	Tail [][]float32
+	// Lens, when not nil, are the global lengths per layer of a
+	// per-layer rollback (see above).
+	Lens []int
 }
 
 // RollbackReply is the answer of the rank that owns the page a rollback

@@ -85,6 +85,19 @@ func (r RecoveryReport) LostTokens() int {
 	return n
 }
 
+// RolledBackTokens is the sum over the recovered sequences of the
+// tokens recovery cut per layer (RecoveredSeq.RolledBack): appends of
+// an interrupted step, never acknowledged.
+func (r RecoveryReport) RolledBackTokens() int {
+	n := 0
+	for _, s := range r.Sequences {
+		for _, k := range s.RolledBack {
+			n += k
+		}
+	}
+	return n
+}
+
 // CorruptSlots is the number of slab slots, over the hosted ranks, whose
 // payload or record failed its check.
 func (r RecoveryReport) CorruptSlots() int {
@@ -472,7 +485,7 @@ func (l *Local) rankHad(i int, sq *seqState, lost int) (int, error) {
 }
 
 // reconcile computes the global lengths sq's hosted ranks agree on, per
-// layer, and rolls back the ranks that hold more; rankHad are the ranks'
+// layer, and cuts back the ranks that hold more; rankHad are the ranks'
 // store lengths before the stop (rankHad). It returns the recovered
 // sequence.
 func (l *Local) reconcile(sq *seqState, seq uint64, rankHad []int) (RecoveredSeq, error) {
@@ -494,30 +507,22 @@ func (l *Local) reconcile(sq *seqState, seq uint64, rankHad []int) (RecoveredSeq
 		}
 		r.Lens[layer] = n
 	}
-	// Roll back the ranks that hold more than their share.
+	// Cut the ranks that hold more than their share, each layer to its
+	// own length (layers may hold different surpluses: a crash keeps
+	// each layer's sealed pages).
 	for i, rk := range l.ranks {
 		p := sq.layout.Place(rk.id.CP)
 		st := rk.sh.Store()
-		drop := -1
+		to := make([]int, c.Layers)
+		cut := false
 		for layer := range c.Layers {
 			k, _ := st.LayerLen(sq.local[i], layer)
-			d := k - owned(p, S, r.Lens[layer])
-			if d == 0 {
-				continue
-			}
-			if drop >= 0 && d != drop {
-				return r, fmt.Errorf("rank %v: layers hold %d and %d tokens too many: cannot roll back unevenly", rk.id, drop, d)
-			}
-			drop = d
+			to[layer] = min(k, owned(p, S, r.Lens[layer]))
+			cut = cut || to[layer] < k
 		}
-		if drop > 0 {
-			for layer := range c.Layers {
-				if k, _ := st.LayerLen(sq.local[i], layer); k-owned(p, S, r.Lens[layer]) != drop {
-					return r, fmt.Errorf("rank %v: only some layers hold %d tokens too many: cannot roll back unevenly", rk.id, drop)
-				}
-			}
-			if err := rk.sh.Rollback(sq.local[i], drop); err != nil {
-				return r, fmt.Errorf("rank %v: roll back %d tokens to the hosted ranks' common length: %w", rk.id, drop, err)
+		if cut {
+			if err := rk.sh.Truncate(sq.local[i], to); err != nil {
+				return r, fmt.Errorf("rank %v: cut to the hosted ranks' common lengths %v: %w", rk.id, r.Lens, err)
 			}
 		}
 	}

@@ -248,6 +248,9 @@ func (l *Local) Rollback(ctx context.Context, m RollbackRequest) (RollbackReply,
 		return RollbackReply{}, err
 	}
 	rk := l.ranks[i]
+	if m.Lens != nil {
+		return RollbackReply{}, l.truncateRank(i, m.Seq, sq, m)
+	}
 	c := l.cfg
 	S := c.PageSize
 	if m.Drop < 1 || m.Drop > m.Len {
@@ -321,6 +324,46 @@ func (l *Local) Rollback(ctx context.Context, m RollbackRequest) (RollbackReply,
 		}
 	}
 	return rep, nil
+}
+
+// truncateRank is Rollback with Lens (l.mu held, hosted rank i of
+// live sequence sq): every layer of the rank cut to its share of
+// m.Lens[layer] global tokens.
+func (l *Local) truncateRank(i int, seq uint64, sq *seqState, m RollbackRequest) error {
+	rk := l.ranks[i]
+	c := l.cfg
+	switch {
+	case len(m.Lens) != c.Layers:
+		return fmt.Errorf("rollback sequence %d: %w: %d lengths for %d layers", seq, ErrBadMessage, len(m.Lens), c.Layers)
+	case m.Len != 0 || m.Drop != 0 || m.Tail != nil:
+		return fmt.Errorf("rollback sequence %d: %w: per-layer lengths with a length, drop or tail", seq, ErrBadMessage)
+	case rk.mirror != nil:
+		return fmt.Errorf("rollback sequence %d on rank %v: %w: per-layer rollback under replicated selection", seq, rk.id, ErrBadMessage)
+	}
+	p := sq.layout.Place(rk.id.CP)
+	st := rk.sh.Store()
+	to := make([]int, c.Layers)
+	for layer, n := range m.Lens {
+		if n < 0 {
+			return fmt.Errorf("rollback sequence %d: %w: layer %d to length %d", seq, ErrBadMessage, layer, n)
+		}
+		have, err := st.LayerLen(sq.local[i], layer)
+		if err != nil {
+			return fmt.Errorf("rollback sequence %d on rank %v: %w", seq, rk.id, err)
+		}
+		to[layer] = owned(p, c.PageSize, n)
+		if to[layer] > have {
+			return fmt.Errorf("rollback sequence %d on rank %v: %w: layer %d holds %d tokens, fewer than its %d of length %d", seq, rk.id, ErrBadMessage, layer, have, to[layer], n)
+		}
+	}
+	if err := rk.sh.Truncate(sq.local[i], to); err != nil {
+		if changedBy(err) || !errors.Is(err, pagestore.ErrOutOfRange) {
+			// A failure part-way may have cut some layers.
+			err = fmt.Errorf("%w: %w", ErrChanged, err)
+		}
+		return fmt.Errorf("rollback sequence %d on rank %v: %w", seq, rk.id, err)
+	}
+	return nil
 }
 
 // finiteOrInf reports whether x holds no NaN (summary records of empty

@@ -25,7 +25,12 @@ type Recovered struct {
 	// of every layer to append again, from position max(Lens), before it
 	// decodes as it would have.
 	Had, LostTokens int
-	Nodes           []string
+	// Lost are, per layer, the tokens that layer lacks of Had
+	// (Had - Lens[layer]); RolledBack, when not nil, per layer, those
+	// of them an interrupted decode step had appended (a kill inside a
+	// step): never acknowledged to a client.
+	Lost, RolledBack []int
+	Nodes            []string
 }
 
 // Damaged is a sequence a restarted node found and could not adopt: a
@@ -56,6 +61,12 @@ func (c *Client) Recovered(ctx context.Context) ([]Recovered, []Damaged, error) 
 			Had: int(s.GetHad()), LostTokens: int(s.GetLostTokens()), Nodes: s.GetNodes()}
 		for _, n := range s.GetLens() {
 			q.Lens = append(q.Lens, int(n))
+		}
+		for _, n := range s.GetLost() {
+			q.Lost = append(q.Lost, int(n))
+		}
+		for _, n := range s.GetRolledBack() {
+			q.RolledBack = append(q.RolledBack, int(n))
 		}
 		seqs = append(seqs, q)
 	}

@@ -52,6 +52,10 @@ type RecoveredSeq struct {
 	// (engine.Adopted).
 	Lens            []int
 	Had, LostTokens int
+	// Lost are the tokens per layer lost (Had - Lens[layer]) and
+	// RolledBack, when not nil, those of them that an interrupted decode
+	// step had appended, never acknowledged (engine.Adopted).
+	Lost, RolledBack []int
 	// Nodes host its ranks, by rank tp*CP+cp.
 	Nodes []string
 }
@@ -300,7 +304,7 @@ func (c *Coordinator) matchRecoveredLocked(g *grid) []adoption {
 				}
 				out = append(out, a)
 			}
-			out[i].rec.Parts[w] = engine.RecoveredPart{Key: r.Key, Lens: r.Lens, Had: r.Had}
+			out[i].rec.Parts[w] = engine.RecoveredPart{Key: r.Key, Lens: r.Lens, Had: r.Had, RolledBack: r.RolledBack}
 			if out[i].placement == nil && len(r.Placement) > 0 {
 				out[i].placement = slices.Clone(r.Placement)
 			}
@@ -375,11 +379,12 @@ func (c *Coordinator) adopt(ctx context.Context, g *grid, recs []adoption) {
 				from = a.grid + "#" + strconv.FormatUint(a.seq, 10)
 			}
 		}
-		r := RecoveredSeq{ID: a.name, RenamedFrom: from, Lens: ad.Lens, Had: ad.Had, LostTokens: ad.LostTokens, Nodes: slices.Clone(g.nodes)}
+		r := RecoveredSeq{ID: a.name, RenamedFrom: from, Lens: ad.Lens, Had: ad.Had, LostTokens: ad.LostTokens,
+			Lost: ad.Lost, RolledBack: ad.RolledBack, Nodes: slices.Clone(g.nodes)}
 		c.adopted[a.name] = r
 		c.mu.Unlock()
 		c.log.Info("recovered sequence adopted", "grid", g.ref.Grid, "seq", a.name, "renamed_from", from,
-			"lens", ad.Lens, "had", ad.Had, "lost_tokens", ad.LostTokens)
+			"lens", ad.Lens, "had", ad.Had, "lost_tokens", ad.LostTokens, "lost", ad.Lost, "rolled_back", ad.RolledBack)
 	}
 }
 

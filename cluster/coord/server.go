@@ -702,6 +702,12 @@ func recoveryProto(r Recovery) ([]*decodev1.RecoveredSequence, []*decodev1.Damag
 		for _, n := range q.Lens {
 			p.Lens = append(p.Lens, uint64(n))
 		}
+		for _, n := range q.Lost {
+			p.Lost = append(p.Lost, uint64(n))
+		}
+		for _, n := range q.RolledBack {
+			p.RolledBack = append(p.RolledBack, uint64(n))
+		}
 		seqs = append(seqs, p)
 	}
 	var dmg []*decodev1.DamagedSequence

@@ -420,6 +420,9 @@ func writeStatus(w io.Writer, r *decodev1.StatusReply) error {
 	fmt.Fprintf(&b, "sequences %d, grids %d\n", r.GetSequences(), r.GetGrids())
 	for _, q := range r.GetRecovered() {
 		fmt.Fprintf(&b, "recovered %s: length %d, lost %d tokens (append them again from %d)", q.GetSequence(), q.GetLength(), q.GetLostTokens(), slices.Max(append([]uint64{q.GetLength()}, q.GetLens()...)))
+		if rb := q.GetRolledBack(); len(rb) > 0 {
+			fmt.Fprintf(&b, ", of them rolled back per layer %v (an interrupted step, never acknowledged)", rb)
+		}
 		if q.GetRenamedFrom() != "" {
 			fmt.Fprintf(&b, ", was %s", q.GetRenamedFrom())
 		}

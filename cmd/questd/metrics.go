@@ -118,26 +118,28 @@ type stateCollector struct {
 	seqs, grids, pages, membersUp *prometheus.Desc
 	tierPages                     *prometheus.Desc
 	recSeqs, recLost, recCorrupt  *prometheus.Desc
+	recRolledBack                 *prometheus.Desc
 	offPages, offWasted, offBytes *prometheus.Desc
 	offEvict, offStall            *prometheus.Desc
 }
 
 func newStateCollector(st *readiness) *stateCollector {
 	return &stateCollector{
-		st:         st,
-		seqs:       prometheus.NewDesc("questrt_sequences", "Sequences this node coordinates.", nil, nil),
-		grids:      prometheus.NewDesc("questrt_grids", "Grids this node's coordinator drives (coordinated) and grids with ranks on this node (hosted).", []string{"role"}, nil),
-		pages:      prometheus.NewDesc("questrt_pages", "KV pages of the grids hosted on this node (used) and left of --max-pages (free).", []string{"state"}, nil),
-		membersUp:  prometheus.NewDesc("questrt_members_up", "Members this node's view shows up (alive or suspect), itself included.", nil, nil),
-		tierPages:  prometheus.NewDesc("questrt_tier_pages", "KV pages in use in the shards hosted on this node, by tier: in a device pool (device) or offloaded to the host tier (host; --device-budget-pages). Without offload every used page is on the device.", []string{"tier"}, nil),
-		recSeqs:    prometheus.NewDesc("questrt_recovery_sequences", "Sequences the grids hosted on this node found in --data-dir since the process started, by state: recovered (their sealed pages, and the tails a graceful shutdown wrote, came back), damaged (a checksum or check failed: not used), and parked now (recovered, not claimed by a coordinator yet: their pages count against the grid's pool).", []string{"state"}, nil),
-		recLost:    prometheus.NewDesc("questrt_recovery_lost_tokens", "Tokens the recovered sequences had past their recovered lengths when the node stopped (the tail tokens a crash lost; 0 after a graceful shutdown), summed since the process started: re-append them.", nil, nil),
-		recCorrupt: prometheus.NewDesc("questrt_recovery_corrupt_slots", "Slab slots of --data-dir whose payload or record failed its checksum at recovery, since the process started.", nil, nil),
-		offPages:   prometheus.NewDesc("questrt_offload_recall_pages_total", "Pages the steps of the offloading shards hosted here wanted (--device-budget-pages), by result: hit (resident), miss (brought in from the host tier), prefetch_hit (resident because a prefetch brought it; also counted as hit). Sums over the open grids: a closing grid's counts leave them (a counter reset).", []string{"result"}, nil),
-		offWasted:  prometheus.NewDesc("questrt_offload_prefetch_wasted_pages_total", "Prefetched pages that left the device before any step used them, in the offloading shards hosted here (sums over the open grids).", nil, nil),
-		offBytes:   prometheus.NewDesc("questrt_offload_bytes_total", "Page payload bytes moved by the offloading shards hosted here, by direction: in (host tier to device pool, prefetch included), out (device pool to host tier: write-backs). Sums over the open grids.", []string{"direction"}, nil),
-		offEvict:   prometheus.NewDesc("questrt_offload_evictions_total", "Pages evicted from the device pools of the offloading shards hosted here, by whether they were written back to the tier first (dirty) or not (clean). Sums over the open grids.", []string{"kind"}, nil),
-		offStall:   prometheus.NewDesc("questrt_offload_stall_seconds_total", "Time the steps of the offloading shards hosted here spent bringing pages in (tier reads, write-backs, waits for prefetches). Sums over the open grids.", nil, nil),
+		st:            st,
+		seqs:          prometheus.NewDesc("questrt_sequences", "Sequences this node coordinates.", nil, nil),
+		grids:         prometheus.NewDesc("questrt_grids", "Grids this node's coordinator drives (coordinated) and grids with ranks on this node (hosted).", []string{"role"}, nil),
+		pages:         prometheus.NewDesc("questrt_pages", "KV pages of the grids hosted on this node (used) and left of --max-pages (free).", []string{"state"}, nil),
+		membersUp:     prometheus.NewDesc("questrt_members_up", "Members this node's view shows up (alive or suspect), itself included.", nil, nil),
+		tierPages:     prometheus.NewDesc("questrt_tier_pages", "KV pages in use in the shards hosted on this node, by tier: in a device pool (device) or offloaded to the host tier (host; --device-budget-pages). Without offload every used page is on the device.", []string{"tier"}, nil),
+		recSeqs:       prometheus.NewDesc("questrt_recovery_sequences", "Sequences the grids hosted on this node found in --data-dir since the process started, by state: recovered (their sealed pages, and the tails a graceful shutdown wrote, came back), damaged (a checksum or check failed: not used), and parked now (recovered, not claimed by a coordinator yet: their pages count against the grid's pool).", []string{"state"}, nil),
+		recLost:       prometheus.NewDesc("questrt_recovery_lost_tokens", "Tokens the recovered sequences had past their recovered lengths when the node stopped (the tail tokens a crash lost; 0 after a graceful shutdown), summed since the process started: re-append them.", nil, nil),
+		recRolledBack: prometheus.NewDesc("questrt_recovery_rolled_back_tokens_total", "Tokens (summed over layers) that recovery cut from the sequences found in --data-dir because the decode step that appended them had not ended when the node stopped (a crash or stop inside a step: never acknowledged, counted in questrt_recovery_lost_tokens as well), since the process started.", nil, nil),
+		recCorrupt:    prometheus.NewDesc("questrt_recovery_corrupt_slots", "Slab slots of --data-dir whose payload or record failed its checksum at recovery, since the process started.", nil, nil),
+		offPages:      prometheus.NewDesc("questrt_offload_recall_pages_total", "Pages the steps of the offloading shards hosted here wanted (--device-budget-pages), by result: hit (resident), miss (brought in from the host tier), prefetch_hit (resident because a prefetch brought it; also counted as hit). Sums over the open grids: a closing grid's counts leave them (a counter reset).", []string{"result"}, nil),
+		offWasted:     prometheus.NewDesc("questrt_offload_prefetch_wasted_pages_total", "Prefetched pages that left the device before any step used them, in the offloading shards hosted here (sums over the open grids).", nil, nil),
+		offBytes:      prometheus.NewDesc("questrt_offload_bytes_total", "Page payload bytes moved by the offloading shards hosted here, by direction: in (host tier to device pool, prefetch included), out (device pool to host tier: write-backs). Sums over the open grids.", []string{"direction"}, nil),
+		offEvict:      prometheus.NewDesc("questrt_offload_evictions_total", "Pages evicted from the device pools of the offloading shards hosted here, by whether they were written back to the tier first (dirty) or not (clean). Sums over the open grids.", []string{"kind"}, nil),
+		offStall:      prometheus.NewDesc("questrt_offload_stall_seconds_total", "Time the steps of the offloading shards hosted here spent bringing pages in (tier reads, write-backs, waits for prefetches). Sums over the open grids.", nil, nil),
 	}
 }
 
@@ -150,6 +152,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.tierPages
 	ch <- c.recSeqs
 	ch <- c.recLost
+	ch <- c.recRolledBack
 	ch <- c.recCorrupt
 	ch <- c.offPages
 	ch <- c.offWasted
@@ -184,6 +187,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
+	counter(c.recRolledBack, float64(s.Recovery.RolledBack))
 	o := s.Offload
 	counter(c.offPages, float64(o.Hits), "hit")
 	counter(c.offPages, float64(o.Misses), "miss")

@@ -281,6 +281,9 @@ func encodeRollback(ref *workerv1.GridRef, g geometry, m worker.RollbackRequest)
 	for l, t := range m.Tail {
 		r.Tail = append(r.Tail, e.f32Entry(fmt.Sprintf("tail[%d]", l), t, 2, g.d))
 	}
+	for _, n := range m.Lens {
+		r.Lens = append(r.Lens, e.u32("lens", n))
+	}
 	return r, e.err
 }
 
@@ -288,6 +291,9 @@ func decodeRollback(g geometry, r *workerv1.RollbackRequest) (worker.RollbackReq
 	d := &dec{what: "rollback request", sentinel: worker.ErrBadMessage}
 	m := worker.RollbackRequest{Seq: r.Seq, Rank: d.rank("rank", r.Rank), Len: toInt(d, "len", r.Len), Drop: toInt(d, "drop", r.Drop)}
 	m.Tail = decodeTail(d, nil, r.Tail, g)
+	for _, n := range r.GetLens() {
+		m.Lens = append(m.Lens, toInt(d, "lens", n))
+	}
 	return m, d.err
 }
 

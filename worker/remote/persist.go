@@ -132,6 +132,10 @@ type RecoveryStats struct {
 	// (to re-append), sequences found and not recovered; CorruptSlots
 	// the slab slots whose check failed.
 	Sequences, LostTokens, Damaged, CorruptSlots int
+	// RolledBack is the sum of worker.RecoveryReport.RolledBackTokens:
+	// the tokens (summed over layers) of interrupted steps that recovery
+	// cut from the recovered sequences.
+	RolledBack int
 	// Parked is the recovered sequences of the connected grids that no
 	// coordinator claimed yet (worker.Local.Parked), now.
 	Parked int
@@ -156,6 +160,9 @@ func encodeRecovered(e *enc, r worker.RecoveredSeq) *workerv1.RecoveredSeq {
 	for _, n := range r.Lens {
 		out.Lens = append(out.Lens, e.u32("lens", n))
 	}
+	for _, n := range r.RolledBack {
+		out.RolledBack = append(out.RolledBack, e.u32("rolled back", n))
+	}
 	return out
 }
 
@@ -173,6 +180,15 @@ func decodeRecovered(d *dec, r *workerv1.RecoveredSeq, layers int) worker.Recove
 	}
 	for _, n := range r.GetLens() {
 		out.Lens = append(out.Lens, toInt(d, "lens", n))
+	}
+	if rb := r.GetRolledBack(); len(rb) != 0 {
+		if len(rb) != layers {
+			d.fail("recovered sequence %d: %d rolled back counts for %d layers", r.GetKey(), len(rb), layers)
+			return out
+		}
+		for _, n := range rb {
+			out.RolledBack = append(out.RolledBack, toInt(d, "rolled_back", n))
+		}
 	}
 	return out
 }

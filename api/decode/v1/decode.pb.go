@@ -1666,8 +1666,15 @@ type RecoveredSequence struct {
 	Had        uint64 `protobuf:"varint,4,opt,name=had,proto3" json:"had,omitempty"`
 	LostTokens uint64 `protobuf:"varint,5,opt,name=lost_tokens,json=lostTokens,proto3" json:"lost_tokens,omitempty"`
 	// nodes hosting its ranks, by rank (tp * cp_size + cp).
-	Nodes         []string `protobuf:"bytes,6,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	RenamedFrom   string   `protobuf:"bytes,7,opt,name=renamed_from,json=renamedFrom,proto3" json:"renamed_from,omitempty"`
+	Nodes       []string `protobuf:"bytes,6,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	RenamedFrom string   `protobuf:"bytes,7,opt,name=renamed_from,json=renamedFrom,proto3" json:"renamed_from,omitempty"`
+	// lost per layer: had - lens[layer], the tokens that layer lacks of
+	// what the sequence held when the node stopped.
+	Lost []uint64 `protobuf:"varint,8,rep,packed,name=lost,proto3" json:"lost,omitempty"`
+	// rolled_back, when not empty, per layer: the tokens of an
+	// interrupted decode step (never acknowledged) that recovery and
+	// adoption cut; counted in lost as well.
+	RolledBack    []uint64 `protobuf:"varint,9,rep,packed,name=rolled_back,json=rolledBack,proto3" json:"rolled_back,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1749,6 +1756,20 @@ func (x *RecoveredSequence) GetRenamedFrom() string {
 		return x.RenamedFrom
 	}
 	return ""
+}
+
+func (x *RecoveredSequence) GetLost() []uint64 {
+	if x != nil {
+		return x.Lost
+	}
+	return nil
+}
+
+func (x *RecoveredSequence) GetRolledBack() []uint64 {
+	if x != nil {
+		return x.RolledBack
+	}
+	return nil
 }
 
 type DamagedSequence struct {
@@ -1994,7 +2015,7 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\trecovered\x18\t \x03(\v2$.questrt.decode.v1.RecoveredSequenceR\trecovered\x12<\n" +
 	"\adamaged\x18\n" +
 	" \x03(\v2\".questrt.decode.v1.DamagedSequenceR\adamaged\"\x12\n" +
-	"\x10RecoveredRequest\"\xc7\x01\n" +
+	"\x10RecoveredRequest\"\xfc\x01\n" +
 	"\x11RecoveredSequence\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\tR\bsequence\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +
@@ -2003,7 +2024,10 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\vlost_tokens\x18\x05 \x01(\x04R\n" +
 	"lostTokens\x12\x14\n" +
 	"\x05nodes\x18\x06 \x03(\tR\x05nodes\x12!\n" +
-	"\frenamed_from\x18\a \x01(\tR\vrenamedFrom\"[\n" +
+	"\frenamed_from\x18\a \x01(\tR\vrenamedFrom\x12\x12\n" +
+	"\x04lost\x18\b \x03(\x04R\x04lost\x12\x1f\n" +
+	"\vrolled_back\x18\t \x03(\x04R\n" +
+	"rolledBack\"[\n" +
 	"\x0fDamagedSequence\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\tR\bsequence\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x16\n" +

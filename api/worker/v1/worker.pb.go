@@ -943,7 +943,11 @@ type RecoveredSeq struct {
 	Grid string `protobuf:"bytes,7,opt,name=grid,proto3" json:"grid,omitempty"`
 	// placement is the node names per rank (tp * cp_size + cp) of that
 	// grid (ConnectGridRequest.placement); empty when none was recorded.
-	Placement     []string `protobuf:"bytes,8,rep,name=placement,proto3" json:"placement,omitempty"`
+	Placement []string `protobuf:"bytes,8,rep,name=placement,proto3" json:"placement,omitempty"`
+	// rolled_back, when not empty, are the tokens per layer recovery cut
+	// because the step that appended them had not ended (never
+	// acknowledged); counted in had and lost_tokens as well.
+	RolledBack    []uint32 `protobuf:"varint,9,rep,packed,name=rolled_back,json=rolledBack,proto3" json:"rolled_back,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1030,6 +1034,13 @@ func (x *RecoveredSeq) GetGrid() string {
 func (x *RecoveredSeq) GetPlacement() []string {
 	if x != nil {
 		return x.Placement
+	}
+	return nil
+}
+
+func (x *RecoveredSeq) GetRolledBack() []uint32 {
+	if x != nil {
+		return x.RolledBack
 	}
 	return nil
 }
@@ -1759,7 +1770,11 @@ type RollbackRequest struct {
 	Len   uint64                 `protobuf:"varint,4,opt,name=len,proto3" json:"len,omitempty"`
 	Drop  uint64                 `protobuf:"varint,5,opt,name=drop,proto3" json:"drop,omitempty"`
 	// tail: per layer, [kv_heads/tp][2][head_dim] float32; empty when none.
-	Tail          []*Tensor `protobuf:"bytes,6,rep,name=tail,proto3" json:"tail,omitempty"`
+	Tail []*Tensor `protobuf:"bytes,6,rep,name=tail,proto3" json:"tail,omitempty"`
+	// lens, when not empty (one per layer; len, drop and tail unset): cut
+	// each layer of the rank to its share of lens[layer] global tokens, a
+	// per-layer rollback (worker.RollbackRequest.Lens).
+	Lens          []uint32 `protobuf:"varint,7,rep,packed,name=lens,proto3" json:"lens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1832,6 +1847,13 @@ func (x *RollbackRequest) GetDrop() uint64 {
 func (x *RollbackRequest) GetTail() []*Tensor {
 	if x != nil {
 		return x.Tail
+	}
+	return nil
+}
+
+func (x *RollbackRequest) GetLens() []uint32 {
+	if x != nil {
+		return x.Lens
 	}
 	return nil
 }
@@ -2777,7 +2799,7 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x05peers\x18\x02 \x03(\tR\x05peers\x12\x1c\n" +
 	"\tplacement\x18\x03 \x03(\tR\tplacement\"Q\n" +
 	"\x10ConnectGridReply\x12=\n" +
-	"\trecovered\x18\x01 \x03(\v2\x1f.questrt.worker.v1.RecoveredSeqR\trecovered\"\xde\x01\n" +
+	"\trecovered\x18\x01 \x03(\v2\x1f.questrt.worker.v1.RecoveredSeqR\trecovered\"\xff\x01\n" +
 	"\fRecoveredSeq\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x121\n" +
@@ -2787,7 +2809,9 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\vlost_tokens\x18\x06 \x01(\rR\n" +
 	"lostTokens\x12\x12\n" +
 	"\x04grid\x18\a \x01(\tR\x04grid\x12\x1c\n" +
-	"\tplacement\x18\b \x03(\tR\tplacement\"`\n" +
+	"\tplacement\x18\b \x03(\tR\tplacement\x12\x1f\n" +
+	"\vrolled_back\x18\t \x03(\rR\n" +
+	"rolledBack\"`\n" +
 	"\fClaimRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\x04R\x03key\x12\x10\n" +
@@ -2835,14 +2859,15 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x06tokens\x18\x06 \x01(\x04R\x06tokens\x12'\n" +
 	"\x01k\x18\a \x01(\v2\x19.questrt.worker.v1.TensorR\x01k\x12'\n" +
 	"\x01v\x18\b \x01(\v2\x19.questrt.worker.v1.TensorR\x01v\x124\n" +
-	"\bmirror_k\x18\t \x01(\v2\x19.questrt.worker.v1.TensorR\amirrorK\"\xd3\x01\n" +
+	"\bmirror_k\x18\t \x01(\v2\x19.questrt.worker.v1.TensorR\amirrorK\"\xe7\x01\n" +
 	"\x0fRollbackRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12+\n" +
 	"\x04rank\x18\x03 \x01(\v2\x17.questrt.worker.v1.RankR\x04rank\x12\x10\n" +
 	"\x03len\x18\x04 \x01(\x04R\x03len\x12\x12\n" +
 	"\x04drop\x18\x05 \x01(\x04R\x04drop\x12-\n" +
-	"\x04tail\x18\x06 \x03(\v2\x19.questrt.worker.v1.TensorR\x04tail\">\n" +
+	"\x04tail\x18\x06 \x03(\v2\x19.questrt.worker.v1.TensorR\x04tail\x12\x12\n" +
+	"\x04lens\x18\a \x03(\rR\x04lens\">\n" +
 	"\rRollbackReply\x12-\n" +
 	"\x04tail\x18\x01 \x03(\v2\x19.questrt.worker.v1.TensorR\x04tail\"z\n" +
 	"\aStepSeq\x12\x10\n" +
