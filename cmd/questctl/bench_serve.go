@@ -66,6 +66,12 @@ type serveBenchResult struct {
 	// prompt tokens the server counted.
 	PromptLen    int     `json:"prompt_len"`
 	PromptTokens float64 `json:"prompt_tokens"`
+	// CachedTokens is the mean prompt tokens the server took from its
+	// prefix cache (usage.prompt_tokens_details.cached_tokens): requests
+	// repeat their prompts across levels and selectors, so with the
+	// server's prefix cache on (questd's default) later levels prefill
+	// less; questd --prefix-caching=false times every prefill.
+	CachedTokens float64 `json:"cached_tokens"`
 	MaxTokens    int     `json:"max_tokens"`
 	Budget       int     `json:"budget"`
 	// Time to first token: from sending the request to the first chunk of
@@ -413,6 +419,7 @@ type serveSample struct {
 	itl          []float64 // ms
 	tokens       int       // completion tokens (usage)
 	promptTokens int
+	cachedTokens int
 	text         string
 	correct      bool
 	retries      int
@@ -517,6 +524,7 @@ func (cl *serveClient) stream(ctx context.Context, body []byte, answer string, o
 		}
 		if ch.Usage != nil {
 			s.tokens, s.promptTokens, s.rho = ch.Usage.CompletionTokens, ch.Usage.PromptTokens, ch.Usage.BytesReadVsDense
+			s.cachedTokens = ch.Usage.PromptTokensDetails.CachedTokens
 		}
 		if len(ch.Choices) == 0 {
 			continue
@@ -626,6 +634,7 @@ func (cl *serveClient) level(ctx context.Context, sel string, n int, ps []serveP
 		r.Retries429 += s.retries
 		r.OutputTokens += s.tokens
 		r.PromptTokens += float64(s.promptTokens)
+		r.CachedTokens += float64(s.cachedTokens)
 		rho += s.rho
 		if s.correct {
 			r.Correct++
@@ -645,6 +654,7 @@ func (cl *serveClient) level(ctx context.Context, sel string, n int, ps []serveP
 	}
 	done := float64(r.Completed)
 	r.PromptTokens /= done
+	r.CachedTokens /= done
 	r.BytesReadVsDense = rho / done
 	r.TTFTP50MS, r.TTFTP99MS, r.TTFTMeanMS = percentile(ttft, 0.5), percentile(ttft, 0.99), mean(ttft)
 	r.ITLP50MS, r.ITLP99MS = percentile(itl, 0.5), percentile(itl, 0.99)
