@@ -271,14 +271,13 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	// Not wire.ServerFlowOptions: their fixed 16 MiB windows would let
-	// every connection, authenticated or not, make the node buffer 16
-	// MiB (times the connection cap). Measured on loopback, they would
-	// take generate --addr from 126.3 to 135.6 tokens/s
-	// (bench/results/2026-12-06-cluster-generate-cpu.md): a per-peer
-	// window for authenticated workers is the way to that gain.
+	// Static flow windows of serverWindow (serverFlowOptions), not
+	// wire.ServerFlowOptions' 16 MiB: no BDP pings on the decode path,
+	// and no more buffering per stream than gRPC's dynamic windows
+	// allow any peer, authenticated or not.
 	opts := append([]grpc.ServerOption{grpc.Creds(creds), grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)},
 		defaultConnLimits().serverOptions()...)
+	opts = append(opts, serverFlowOptions()...)
 	if cfg.Token != "" {
 		a := newTokenAuth(cfg.Token)
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.unary), grpc.ChainStreamInterceptor(a.stream))
