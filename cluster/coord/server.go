@@ -316,7 +316,12 @@ func timesProto(t engine.Times) *workerv1.Times {
 // Steps implements decodev1.DecodeServer: one decode step over a range
 // of layers through the coordinator's Stepper (Begin, one Layer per
 // message, End), a message each way per layer. A first message with
-// begin set opens the step alone and is answered with begun.
+// begin set opens the step alone and is answered with begun; once such
+// a step ran its last layer the stream stays open for the client's next
+// step, which starts with a begin message again (its sequences
+// coordinated by this node too), until the client closes its side (a
+// Stepper keeps one stream from token to token: opening a stream costs
+// headers both ways and a handler goroutine, per token otherwise).
 func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply]) error {
 	ctx := stream.Context()
 	req, err := stream.Recv()
@@ -330,6 +335,36 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 	if o != s.c.cfg.Name {
 		return s.proxySteps(ctx, req.GetItems()[0].GetSequence(), req, stream)
 	}
+	recv := newStepsReceiver(stream)
+	defer recv.stop()
+	for {
+		if err := s.steps(ctx, stream, recv, req); err != nil || !req.GetBegin() {
+			return err
+		}
+		// The step ended: wait, without a bound, for the client's next
+		// begin or the end of its side.
+		if req, err = recv.next(ctx, 0); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return statusCtx(ctx, fmt.Errorf("steps: receive the next begin: %w", err))
+		}
+		if !req.GetBegin() {
+			return status.Error(codes.InvalidArgument, "steps: after a step's last layer, a Steps stream takes a begin message (the next step) or its end")
+		}
+		o, err := owner("steps", req.GetItems())
+		if err != nil {
+			return err
+		}
+		if o != s.c.cfg.Name {
+			return status.Errorf(codes.InvalidArgument, "steps: a later step on a Steps stream must be coordinated by %s too (items[0] is %s's)", s.c.cfg.Name, o)
+		}
+	}
+}
+
+// steps runs one step of a Steps stream coordinated by this node, whose
+// first message is req.
+func (s *Server) steps(ctx context.Context, stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply], recv *stepsReceiver, req *decodev1.StepsRequest) error {
 	ec, err := s.c.SeqConfig(req.GetItems()[0].GetSequence())
 	if err != nil {
 		return statusCtx(ctx, fmt.Errorf("steps: items[0]: %w", err))
@@ -363,7 +398,7 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 			return err
 		}
 	}
-	return s.runSteps(ctx, stream, req, its, ec, b, ids)
+	return s.runSteps(ctx, stream, recv, req, its, ec, b, ids)
 }
 
 // runSteps runs an opened Steps stream's step: Begin on the coordinator,
@@ -373,7 +408,7 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 // which reports the step's outcome to the metrics. firstIts are the
 // decoded items of a first message that runs the first layer (nil after
 // a begin message).
-func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply],
+func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply], recv *stepsReceiver,
 	req *decodev1.StepsRequest, firstIts []StepItem, ec engine.Config, b decode.Batch, ids []string) (err error) {
 	first, last := b.FirstLayer, int(req.GetLastLayer())
 	start := time.Now()
@@ -391,8 +426,6 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 		}
 		st.End(ctx)
 	}()
-	recv := newStepsReceiver(stream)
-	defer recv.stop()
 	var msg *decodev1.StepsRequest
 	if req.GetBegin() {
 		if err := stream.Send(&decodev1.StepsReply{Begun: true}); err != nil {
@@ -513,19 +546,24 @@ func newStepsReceiver(stream grpc.BidiStreamingServer[decodev1.StepsRequest, dec
 	return r
 }
 
-// next returns the stream's next message, waiting at most d (the
-// error then wraps context.DeadlineExceeded) or until ctx ends; a
-// stream the client ended wraps context.Canceled.
+// next returns the stream's next message, waiting at most d (0: no
+// bound; past it, the error wraps errStepsIdle) or until ctx ends; a
+// stream the client ended wraps context.Canceled and the stream's error
+// (io.EOF when the client closed its side).
 func (r *stepsReceiver) next(ctx context.Context, d time.Duration) (*decodev1.StepsRequest, error) {
-	t := time.NewTimer(d)
-	defer t.Stop()
+	var idle <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		idle = t.C
+	}
 	select {
 	case x := <-r.ch:
 		if x.err != nil {
 			return nil, fmt.Errorf("%w: %w", context.Canceled, x.err)
 		}
 		return x.m, nil
-	case <-t.C:
+	case <-idle:
 		return nil, fmt.Errorf("%w: no message within %v while the step holds the grid", errStepsIdle, d)
 	case <-ctx.Done():
 		return nil, ctx.Err()
