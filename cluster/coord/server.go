@@ -484,8 +484,11 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 			if err := st.End(context.WithoutCancel(ctx)); err != nil {
 				// The client has its reply and may be gone: its End
 				// reports nothing (clientStep.End), so the node says it.
+				// The stream goes on: ending it with this error would
+				// fail the client's next step on it with a failure of
+				// this one, which the grid's next Begin meets anyway
+				// if it lasts.
 				s.c.log.Warn("steps: ending a step after its last reply failed", "err", err)
-				return statusCtx(ctx, fmt.Errorf("steps: %w", err))
 			}
 			return serr
 		}
