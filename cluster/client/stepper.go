@@ -195,12 +195,18 @@ func (k *keptSteps) take(first string) (*stepsStream, bool) {
 	return ks, ks == nil
 }
 
+// maxKept bounds the Steps streams a Client keeps open: each holds a
+// stream of the node's connection (which caps them: a client past the cap
+// waits for one to end) and two goroutines there.
+const maxKept = 64
+
 // put keeps ks for the next step whose first sequence is first; a
-// stream already kept for it, or a closed client, ends ks instead.
+// stream already kept for it, maxKept kept streams, or a closed client
+// end ks instead.
 func (k *keptSteps) put(first string, ks *stepsStream) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.closed || k.m[first] != nil {
+	if k.closed || k.m[first] != nil || len(k.m) >= maxKept {
 		ks.cancel()
 		return
 	}

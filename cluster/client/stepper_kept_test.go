@@ -130,3 +130,25 @@ func TestStepsStreamKept(t *testing.T) {
 		})
 	}
 }
+
+// TestKeptStepsBounded: at most maxKept streams stay kept; one more
+// step's stream ends instead, and so does every stream on close.
+func TestKeptStepsBounded(t *testing.T) {
+	var k keptSteps
+	ended := 0
+	stream := func() *stepsStream { return &stepsStream{cancel: func() { ended++ }} }
+	for i := range maxKept + 1 {
+		k.put(fmt.Sprint(i), stream())
+	}
+	if len(k.m) != maxKept || ended != 1 {
+		t.Fatalf("%d kept, %d ended after %d puts; want %d and 1", len(k.m), ended, maxKept+1, maxKept)
+	}
+	if ks, fresh := k.take("0"); ks == nil || fresh {
+		t.Fatal("the first stream was not kept")
+	}
+	k.close()
+	k.put("x", stream())
+	if len(k.m) != 0 || ended != maxKept+1 {
+		t.Fatalf("after close: %d kept, %d ended; want 0 and %d", len(k.m), ended, maxKept+1)
+	}
+}
