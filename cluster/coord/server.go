@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -45,7 +47,16 @@ type Server struct {
 	decodev1.UnimplementedDecodeServer
 	cfg ServerConfig
 	c   *Coordinator
+	// draining is closed by Drain: Steps streams end between steps.
+	draining  chan struct{}
+	drainOnce sync.Once
 }
+
+// Drain makes the Steps streams that clients keep between decode steps
+// end (UNAVAILABLE) instead of waiting for a next step, so that a node's
+// graceful stop does not wait for them; a step in progress runs on. Call
+// it before the gRPC server's GracefulStop.
+func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 var _ decodev1.DecodeServer = (*Server)(nil)
 
@@ -54,7 +65,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Coordinator == nil {
 		return nil, errors.New("decode server: no coordinator")
 	}
-	return &Server{cfg: cfg, c: cfg.Coordinator}, nil
+	return &Server{cfg: cfg, c: cfg.Coordinator, draining: make(chan struct{})}, nil
 }
 
 // Register adds the service to a gRPC server.
@@ -343,9 +354,12 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 		}
 		// The step ended: wait, without a bound, for the client's next
 		// begin or the end of its side.
-		if req, err = recv.next(ctx, 0); err != nil {
+		if req, err = recv.next(ctx, 0, s.draining); err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil
+			}
+			if errors.Is(err, errDraining) {
+				return status.Error(codes.Unavailable, "steps: the node is draining")
 			}
 			return statusCtx(ctx, fmt.Errorf("steps: receive the next begin: %w", err))
 		}
@@ -438,7 +452,7 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 	var q, k, v []float32
 	for l := first; l < last; l++ {
 		if its == nil {
-			if msg, err = recv.next(ctx, stepsIdle(ec.StepTimeout)); err != nil {
+			if msg, err = recv.next(ctx, stepsIdle(ec.StepTimeout), nil); err != nil {
 				if errors.Is(err, errStepsIdle) {
 					return status.Error(codes.DeadlineExceeded, "steps: receive layer "+strconv.Itoa(l)+": "+err.Error())
 				}
@@ -549,11 +563,16 @@ func newStepsReceiver(stream grpc.BidiStreamingServer[decodev1.StepsRequest, dec
 	return r
 }
 
+// errDraining: the node drains (Server.Drain) while a Steps stream waits
+// for its next step.
+var errDraining = errors.New("steps: the node is draining")
+
 // next returns the stream's next message, waiting at most d (0: no
-// bound; past it, the error wraps errStepsIdle) or until ctx ends; a
-// stream the client ended wraps context.Canceled and the stream's error
-// (io.EOF when the client closed its side).
-func (r *stepsReceiver) next(ctx context.Context, d time.Duration) (*decodev1.StepsRequest, error) {
+// bound; past it, the error wraps errStepsIdle), until ctx ends, or until
+// stop is closed (errDraining; nil: never); a stream the client ended
+// wraps context.Canceled and the stream's error (io.EOF when the client
+// closed its side).
+func (r *stepsReceiver) next(ctx context.Context, d time.Duration, stop <-chan struct{}) (*decodev1.StepsRequest, error) {
 	var idle <-chan time.Time
 	if d > 0 {
 		t := time.NewTimer(d)
@@ -566,6 +585,8 @@ func (r *stepsReceiver) next(ctx context.Context, d time.Duration) (*decodev1.St
 			return nil, fmt.Errorf("%w: %w", context.Canceled, x.err)
 		}
 		return x.m, nil
+	case <-stop:
+		return nil, errDraining
 	case <-idle:
 		return nil, fmt.Errorf("%w: no message within %v while the step holds the grid", errStepsIdle, d)
 	case <-ctx.Done():
@@ -592,6 +613,17 @@ func (s *Server) proxySteps(ctx context.Context, id string, first *decodev1.Step
 	if err := up.Send(first); err != nil {
 		return err
 	}
+	// A stream that begins steps stays open between them (Steps): when
+	// this node drains, the relay ends such a stream (UNAVAILABLE) once
+	// no step runs on it, as the coordinator ends its own. between is
+	// set after a step's last reply went down (the one with total_ns)
+	// and cleared when the next begin comes up.
+	var between, drained atomic.Bool
+	draining := s.draining
+	if !first.GetBegin() {
+		draining = nil
+	}
+	errDrained := status.Error(codes.Unavailable, "steps: the relaying node is draining")
 	// Client to coordinator on a goroutine owned by the stream: it ends
 	// when the client closes its side or when this handler returns (gRPC
 	// then cancels the stream, and its Recv fails). Waiting for it here
@@ -604,9 +636,22 @@ func (s *Server) proxySteps(ctx context.Context, id string, first *decodev1.Step
 				up.CloseSend()
 				return
 			}
+			if m.GetBegin() {
+				between.Store(false)
+			}
 			if up.Send(m) != nil {
 				return
 			}
+		}
+	}()
+	go func() {
+		select {
+		case <-draining:
+			if between.Load() {
+				drained.Store(true)
+				cancel()
+			}
+		case <-ctx.Done():
 		}
 	}()
 	for {
@@ -615,10 +660,21 @@ func (s *Server) proxySteps(ctx context.Context, id string, first *decodev1.Step
 			return nil
 		}
 		if err != nil {
+			if drained.Load() {
+				return errDrained
+			}
 			return err
 		}
 		if err := down.Send(m); err != nil {
 			return err
+		}
+		if m.GetTotalNs() > 0 && draining != nil {
+			between.Store(true)
+			select {
+			case <-draining:
+				return errDrained // the step ended: the stream goes with the node
+			default:
+			}
 		}
 	}
 }

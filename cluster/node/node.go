@@ -173,6 +173,7 @@ type Node struct {
 	m      *cluster.Membership
 	pool   *pool
 	co     *coord.Coordinator
+	ds     *coord.Server // the Decode service
 	srv    *grpc.Server
 	hs     *health.Server
 	cancel context.CancelFunc
@@ -285,6 +286,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	n.srv = grpc.NewServer(opts...)
 	workerv1.RegisterWorkerServer(n.srv, n.ws)
 	ds.Register(n.srv)
+	n.ds = ds
 	// Health says NOT_SERVING until the membership exists and every
 	// server and loop runs, and again from the start of Stop.
 	n.hs = health.NewServer()
@@ -369,6 +371,11 @@ func (n *Node) Stop(ctx context.Context) error {
 		n.serving.Store(false)
 		n.log.Info("draining", "timeout", n.cfg.DrainTimeout)
 		n.hs.Shutdown()
+		// The streams kept between decode steps (clients' Steps,
+		// coordinators' Calls) end now, or after the step on them:
+		// GracefulStop waits for every stream.
+		n.ds.Drain()
+		n.ws.Drain()
 		stopped := make(chan struct{})
 		go func() { n.srv.GracefulStop(); close(stopped) }()
 		select {

@@ -21,22 +21,65 @@ import (
 // its unary method as the gRPC server would run it alone (the stream's
 // metadata, a context that ends with the stream or the call's timeout,
 // the method's trailer kept), one at a time and in order, and is
-// answered before the next is read. It ends the stream (OK) after
-// answering a call marked last, or when the client closes its side.
+// answered before the next is taken. It ends the stream (OK) after
+// answering a call marked last, or when the client closes its side, and
+// with UNAVAILABLE once the server drains (Drain), at the first wait for
+// a call outside a decode step (none begun, or the last one's EndStep
+// answered).
 func (s *Server) Calls(stream grpc.BidiStreamingServer[workerv1.Call, workerv1.Answer]) error {
 	ctx := stream.Context()
+	type received struct {
+		c   *workerv1.Call
+		err error
+	}
+	// The calls are read on a goroutine of the stream's, so that a
+	// drain ends a stream that waits between steps; it ends with the
+	// stream (this handler's return cancels its Recv).
+	in := make(chan received)
+	go func() {
+		for {
+			c, err := stream.Recv()
+			select {
+			case in <- received{c, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	inStep := false
 	for {
-		c, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
+		drain := s.draining
+		if inStep {
+			drain = nil // a step runs to its EndStep
+		}
+		var r received
+		select {
+		case r = <-in:
+		case <-drain:
+			return status.Error(codes.Unavailable, "calls: the node is draining")
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		if errors.Is(r.err, io.EOF) {
 			return nil
 		}
-		if err != nil {
+		if r.err != nil {
+			return r.err
+		}
+		a := s.call(ctx, r.c)
+		switch r.c.GetMethod() {
+		case workerv1.Worker_BeginStep_FullMethodName:
+			inStep = a.GetStatus() == nil
+		case workerv1.Worker_EndStep_FullMethodName:
+			inStep = false
+		}
+		if err := stream.Send(a); err != nil {
 			return err
 		}
-		if err := stream.Send(s.call(ctx, c)); err != nil {
-			return err
-		}
-		if c.GetLast() {
+		if r.c.GetLast() {
 			return nil
 		}
 	}
