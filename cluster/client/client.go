@@ -110,6 +110,8 @@ type Client struct {
 	seqs map[string]Geometry // sequences created with their own config
 	// handles are the sequences' decode.Stepper handles.
 	handles handles
+	// kept are the Steps streams left open for the next decode step.
+	kept keptSteps
 }
 
 // Geometry is the cluster's model geometry as Status reports it (the
@@ -245,7 +247,10 @@ func (c *Client) CreateWith(ctx context.Context, p plan.Placement, cfg *workerv1
 func (c *Client) API() decodev1.DecodeClient { return c.api }
 
 // Close closes the connection.
-func (c *Client) Close() error { return c.cc.Close() }
+func (c *Client) Close() error {
+	c.kept.close()
+	return c.cc.Close()
+}
 
 // Status returns the node's status.
 func (c *Client) Status(ctx context.Context) (*decodev1.StatusReply, error) {
@@ -522,6 +527,7 @@ func (c *Client) Release(ctx context.Context, seq string) error {
 		delete(c.seqs, seq)
 		c.mu.Unlock()
 		c.forget(seq)
+		c.kept.drop(seq)
 	}
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"sync"
 	"time"
@@ -64,11 +65,13 @@ func (c *Client) idOf(x decode.SeqID) (string, bool) {
 }
 
 // Begin implements decode.Stepper: rows name sequences by their handles
-// (Handle), all coordinated by one node. It opens a Steps stream under
-// ctx, which must outlive the step (each Layer is bounded by its own
-// context too), and waits for the coordinator to open the step (one
-// BeginStep per worker); each layer is then one message each way, and
-// the step runs through the model's last layer. Layer checks shapes and
+// (Handle), all coordinated by one node. It sends the step's begin on a
+// Steps stream, the one the last step with the same first sequence
+// left open (see keptSteps) or a new one, and waits for the coordinator
+// to open the step (one BeginStep per worker); ctx must outlive the
+// step: its end fails the step (each Layer is bounded by its own context
+// too). Each layer is then one message each way, and the step runs
+// through the model's last layer. Layer checks shapes and
 // values here (finite, within decode.MagnitudeLimit), so that such bad
 // input leaves the step usable; what the coordinator refuses after that
 // (a sequence whose layers differ in length) fails the step: the error
@@ -105,9 +108,11 @@ func (c *Client) Begin(ctx context.Context, b decode.Batch) (decode.Step, error)
 		m.Items = append(m.Items, &decodev1.StepItem{Sequence: st.ids[i], BudgetTokens: uint32(r.Budget),
 			DenseLayers: uint32(r.DenseLayers), NewToken: r.New})
 	}
-	sctx, cancel := context.WithCancel(ctx)
+	ks, fresh := c.kept.take(st.ids[0])
 	fail := func(err error) (decode.Step, error) {
-		cancel()
+		if ks != nil {
+			ks.cancel()
+		}
 		// The server's copy of the deadline may end the stream first:
 		// DEADLINE_EXCEEDED before ctx itself is done.
 		if ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded {
@@ -118,22 +123,115 @@ func (c *Client) Begin(ctx context.Context, b decode.Batch) (decode.Step, error)
 		}
 		return nil, stepErr("begin step", err)
 	}
-	stream, err := c.api.Steps(sctx)
+	var err error
+	if fresh {
+		if ks, err = c.openSteps(ctx); err != nil {
+			return fail(err)
+		}
+	}
+	err = ks.stream.Send(m)
+	if errors.Is(err, io.EOF) && !fresh {
+		// The kept stream ended between steps (the node went or
+		// restarted): nothing of m went out, so a new stream takes it.
+		ks.cancel()
+		if ks, err = c.openSteps(ctx); err != nil {
+			return fail(err)
+		}
+		err = ks.stream.Send(m)
+	}
 	if err != nil {
-		return fail(err)
+		return fail(stepsErr(ks.stream, err))
 	}
-	st.stream, st.cancel = stream, cancel
-	if err := stream.Send(m); err != nil {
-		return fail(stepsErr(stream, err))
-	}
-	rep, err := stream.Recv()
+	st.c, st.ks = c, ks
+	st.stopCtx = context.AfterFunc(ctx, ks.cancel) // the step's context ends it
+	rep, err := ks.stream.Recv()
 	if err == nil && !rep.GetBegun() {
 		err = errors.New("the coordinator did not open the step")
 	}
 	if err != nil {
+		st.stopCtx()
 		return fail(err)
 	}
 	return st, nil
+}
+
+// keptSteps are the Steps streams that steps ran to their end left open
+// for the next step, by the first sequence of the step (a later step
+// with the same first sequence has the same coordinator, which a
+// stream's later steps must have); a step takes its stream out while it
+// runs, so concurrent steps never share one.
+type keptSteps struct {
+	mu     sync.Mutex
+	m      map[string]*stepsStream
+	closed bool
+}
+
+// stepsStream is a Steps stream and what ends it.
+type stepsStream struct {
+	stream grpc.BidiStreamingClient[decodev1.StepsRequest, decodev1.StepsReply]
+	cancel context.CancelFunc
+}
+
+// openSteps opens a Steps stream that outlives ctx (a kept stream
+// serves later steps; each step's own context guards it while it runs)
+// but keeps its values.
+func (c *Client) openSteps(ctx context.Context) (*stepsStream, error) {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stream, err := c.api.Steps(sctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &stepsStream{stream: stream, cancel: cancel}, nil
+}
+
+// take returns the stream kept for first, if any (fresh false), and
+// forgets it.
+func (k *keptSteps) take(first string) (*stepsStream, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	ks := k.m[first]
+	delete(k.m, first)
+	return ks, ks == nil
+}
+
+// maxKept bounds the Steps streams a Client keeps open: each holds a
+// stream of the node's connection (which caps them: a client past the cap
+// waits for one to end) and two goroutines there.
+const maxKept = 64
+
+// put keeps ks for the next step whose first sequence is first; a
+// stream already kept for it, maxKept kept streams, or a closed client
+// end ks instead.
+func (k *keptSteps) put(first string, ks *stepsStream) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed || k.m[first] != nil || len(k.m) >= maxKept {
+		ks.cancel()
+		return
+	}
+	if k.m == nil {
+		k.m = map[string]*stepsStream{}
+	}
+	k.m[first] = ks
+}
+
+// drop ends the stream kept for first.
+func (k *keptSteps) drop(first string) {
+	if ks, _ := k.take(first); ks != nil {
+		ks.cancel()
+	}
+}
+
+// close ends every kept stream, and those put later.
+func (k *keptSteps) close() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.closed = true
+	for id, ks := range k.m {
+		ks.cancel()
+		delete(k.m, id)
+	}
 }
 
 // stepErr marks the coordinator's refusals with the decode sentinels.
@@ -149,15 +247,17 @@ func stepErr(what string, err error) error {
 
 // clientStep is an open step on a Steps stream.
 type clientStep struct {
-	g      Geometry
-	ids    []string
-	rows   []decode.Row
-	nNew   int
-	next   int
-	stream grpc.BidiStreamingClient[decodev1.StepsRequest, decodev1.StepsReply]
-	cancel context.CancelFunc
-	failed error
-	ended  bool
+	g    Geometry
+	ids  []string
+	rows []decode.Row
+	nNew int
+	next int
+	c    *Client
+	ks   *stepsStream
+	// stopCtx stops Begin's context from ending the stream.
+	stopCtx func() bool
+	failed  error
+	ended   bool
 }
 
 // Layer implements decode.Step. Layers run in order, each exactly once,
@@ -191,7 +291,7 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 		return fmt.Errorf("client: layer %d: %w", layer, err)
 	}
 	start := time.Now()
-	stop := context.AfterFunc(ctx, st.cancel) // the layer's own deadline ends the stream
+	stop := context.AfterFunc(ctx, st.ks.cancel) // the layer's own deadline ends the stream
 	defer stop()
 	m := &decodev1.StepsRequest{Items: make([]*decodev1.StepItem, n)}
 	j := 0
@@ -212,13 +312,13 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 		// Sent: whatever the coordinator refused (ErrBadInput when it
 		// was the input), the stream is over and so is the step.
 		st.failed = fmt.Errorf("%w: %w", decode.ErrStepFailed, stepErr(fmt.Sprintf("layer %d", layer), err))
-		st.cancel()
+		st.ks.cancel()
 		return st.failed
 	}
-	if err := st.stream.Send(m); err != nil {
-		return fail(stepsErr(st.stream, err))
+	if err := st.ks.stream.Send(m); err != nil {
+		return fail(stepsErr(st.ks.stream, err))
 	}
-	rep, err := st.stream.Recv()
+	rep, err := st.ks.stream.Recv()
 	if err != nil {
 		return fail(err)
 	}
@@ -244,18 +344,24 @@ func finite(x []float32) bool {
 	return true
 }
 
-// End implements decode.Step. It ends the stream at once: after the
-// model's last layer the coordinator ends the step behind its last reply
-// (its workers' EndStep round, which the next step over the grid waits
-// for in its Begin, not this client); before it, the coordinator fails
-// the step (the new tokens of the layers that ran stay appended). A
-// failure of the coordinator's own End comes back to no client: the
-// node logs it, and the grid's next step meets it in Begin.
+// End implements decode.Step. It returns at once: after the model's
+// last layer the coordinator ends the step behind its last reply (its
+// workers' EndStep round, which the next step over the grid waits for
+// in its Begin, not this client) and the stream stays open for the next
+// step with the same first sequence; before it (or after a failure) End
+// ends the stream, and the coordinator fails the step (the new tokens of
+// the layers that ran stay appended). A failure of the coordinator's own
+// End comes back to no client: the node logs it, and the grid's next
+// step meets it in Begin.
 func (st *clientStep) End(context.Context) error {
 	if st.ended {
 		return decode.ErrStepEnded
 	}
 	st.ended = true
-	st.cancel()
+	if !st.stopCtx() || st.failed != nil || st.next != st.g.Layers {
+		st.ks.cancel()
+		return nil
+	}
+	st.c.kept.put(st.ids[0], st.ks)
 	return nil
 }

@@ -63,32 +63,33 @@ type Config struct {
 	GridIdle time.Duration
 	// Logger receives the coordinator's logs (default: discard).
 	Logger *slog.Logger
-	// Observe, when set, is called once after every Step and Decode this
-	// coordinator runs, failed ones included (forwarded calls are
+	// Observe, when set, is called once after every Step and every
+	// decode step (Begin .. End) this coordinator runs, failed ones included (forwarded calls are
 	// observed by the node that coordinates them). It is called on the
 	// caller's goroutine, concurrently for concurrent steps: it must be
 	// safe for concurrent use and quick (update counters, no I/O).
 	Observe func(StepStats)
 }
 
-// StepStats describes one Step or Decode a coordinator ran, for
+// StepStats describes one Step or decode step a coordinator ran, for
 // Config.Observe: the phase times, the batch and the pages it read next
 // to a dense read's.
 type StepStats struct {
-	// Kind is "step" (Step: one layer) or "steps" (Decode: a range of
-	// layers, the Steps stream of the Decode API).
+	// Kind is "step" (Step: one layer) or "steps" (a decode step of the
+	// Stepper, Begin .. End: a range of layers, as the Steps stream of
+	// the Decode API runs them).
 	Kind string
 	// Time is the step's phase times: for Step those of its first grid
-	// (engine.Result.Time); for Decode each phase summed over the layers
-	// that came back, and Total the whole step's. A step that failed
+	// (engine.Result.Time); for a decode step each phase summed over
+	// the layers that came back, and Total the whole step's. A step that failed
 	// after it started has its Total only (the time until it failed); one
 	// refused before it ran (a bad item, an unknown sequence) none.
 	Time engine.Times
 	// Items is the number of sequences in the batch.
 	Items int
 	// Layers is the number of layers whose outputs came back (1 for a
-	// Step that succeeded, last-first for a Decode that did; fewer, or 0,
-	// for a failed one).
+	// Step that succeeded, last-first for a decode step that did; fewer,
+	// or 0, for a failed one).
 	Layers int
 	// PagesRead and PagesTotal count (KV head, page) pairs over the items
 	// and the layers that came back: plan.Reads() x KVHeads pages read,

@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -45,7 +47,16 @@ type Server struct {
 	decodev1.UnimplementedDecodeServer
 	cfg ServerConfig
 	c   *Coordinator
+	// draining is closed by Drain: Steps streams end between steps.
+	draining  chan struct{}
+	drainOnce sync.Once
 }
+
+// Drain makes the Steps streams that clients keep between decode steps
+// end (UNAVAILABLE) instead of waiting for a next step, so that a node's
+// graceful stop does not wait for them; a step in progress runs on. Call
+// it before the gRPC server's GracefulStop.
+func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 var _ decodev1.DecodeServer = (*Server)(nil)
 
@@ -54,7 +65,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Coordinator == nil {
 		return nil, errors.New("decode server: no coordinator")
 	}
-	return &Server{cfg: cfg, c: cfg.Coordinator}, nil
+	return &Server{cfg: cfg, c: cfg.Coordinator, draining: make(chan struct{})}, nil
 }
 
 // Register adds the service to a gRPC server.
@@ -316,7 +327,12 @@ func timesProto(t engine.Times) *workerv1.Times {
 // Steps implements decodev1.DecodeServer: one decode step over a range
 // of layers through the coordinator's Stepper (Begin, one Layer per
 // message, End), a message each way per layer. A first message with
-// begin set opens the step alone and is answered with begun.
+// begin set opens the step alone and is answered with begun; once such
+// a step ran its last layer the stream stays open for the client's next
+// step, which starts with a begin message again (its sequences
+// coordinated by this node too), until the client closes its side (a
+// Stepper keeps one stream from token to token: opening a stream costs
+// headers both ways and a handler goroutine, per token otherwise).
 func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply]) error {
 	ctx := stream.Context()
 	req, err := stream.Recv()
@@ -330,6 +346,39 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 	if o != s.c.cfg.Name {
 		return s.proxySteps(ctx, req.GetItems()[0].GetSequence(), req, stream)
 	}
+	recv := newStepsReceiver(stream)
+	defer recv.stop()
+	for {
+		if err := s.steps(ctx, stream, recv, req); err != nil || !req.GetBegin() {
+			return err
+		}
+		// The step ended: wait, without a bound, for the client's next
+		// begin or the end of its side.
+		if req, err = recv.next(ctx, 0, s.draining); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if errors.Is(err, errDraining) {
+				return status.Error(codes.Unavailable, "steps: the node is draining")
+			}
+			return statusCtx(ctx, fmt.Errorf("steps: receive the next begin: %w", err))
+		}
+		if !req.GetBegin() {
+			return status.Error(codes.InvalidArgument, "steps: after a step's last layer, a Steps stream takes a begin message (the next step) or its end")
+		}
+		o, err := owner("steps", req.GetItems())
+		if err != nil {
+			return err
+		}
+		if o != s.c.cfg.Name {
+			return status.Errorf(codes.InvalidArgument, "steps: a later step on a Steps stream must be coordinated by %s too (items[0] is %s's)", s.c.cfg.Name, o)
+		}
+	}
+}
+
+// steps runs one step of a Steps stream coordinated by this node, whose
+// first message is req.
+func (s *Server) steps(ctx context.Context, stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply], recv *stepsReceiver, req *decodev1.StepsRequest) error {
 	ec, err := s.c.SeqConfig(req.GetItems()[0].GetSequence())
 	if err != nil {
 		return statusCtx(ctx, fmt.Errorf("steps: items[0]: %w", err))
@@ -363,7 +412,7 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 			return err
 		}
 	}
-	return s.runSteps(ctx, stream, req, its, ec, b, ids)
+	return s.runSteps(ctx, stream, recv, req, its, ec, b, ids)
 }
 
 // runSteps runs an opened Steps stream's step: Begin on the coordinator,
@@ -373,7 +422,7 @@ func (s *Server) Steps(stream grpc.BidiStreamingServer[decodev1.StepsRequest, de
 // which reports the step's outcome to the metrics. firstIts are the
 // decoded items of a first message that runs the first layer (nil after
 // a begin message).
-func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply],
+func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[decodev1.StepsRequest, decodev1.StepsReply], recv *stepsReceiver,
 	req *decodev1.StepsRequest, firstIts []StepItem, ec engine.Config, b decode.Batch, ids []string) (err error) {
 	first, last := b.FirstLayer, int(req.GetLastLayer())
 	start := time.Now()
@@ -391,8 +440,6 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 		}
 		st.End(ctx)
 	}()
-	recv := newStepsReceiver(stream)
-	defer recv.stop()
 	var msg *decodev1.StepsRequest
 	if req.GetBegin() {
 		if err := stream.Send(&decodev1.StepsReply{Begun: true}); err != nil {
@@ -405,7 +452,7 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 	var q, k, v []float32
 	for l := first; l < last; l++ {
 		if its == nil {
-			if msg, err = recv.next(ctx, stepsIdle(ec.StepTimeout)); err != nil {
+			if msg, err = recv.next(ctx, stepsIdle(ec.StepTimeout), nil); err != nil {
 				if errors.Is(err, errStepsIdle) {
 					return status.Error(codes.DeadlineExceeded, "steps: receive layer "+strconv.Itoa(l)+": "+err.Error())
 				}
@@ -451,8 +498,11 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 			if err := st.End(context.WithoutCancel(ctx)); err != nil {
 				// The client has its reply and may be gone: its End
 				// reports nothing (clientStep.End), so the node says it.
+				// The stream goes on: ending it with this error would
+				// fail the client's next step on it with a failure of
+				// this one, which the grid's next Begin meets anyway
+				// if it lasts.
 				s.c.log.Warn("steps: ending a step after its last reply failed", "err", err)
-				return statusCtx(ctx, fmt.Errorf("steps: %w", err))
 			}
 			return serr
 		}
@@ -513,19 +563,31 @@ func newStepsReceiver(stream grpc.BidiStreamingServer[decodev1.StepsRequest, dec
 	return r
 }
 
-// next returns the stream's next message, waiting at most d (the
-// error then wraps context.DeadlineExceeded) or until ctx ends; a
-// stream the client ended wraps context.Canceled.
-func (r *stepsReceiver) next(ctx context.Context, d time.Duration) (*decodev1.StepsRequest, error) {
-	t := time.NewTimer(d)
-	defer t.Stop()
+// errDraining: the node drains (Server.Drain) while a Steps stream waits
+// for its next step.
+var errDraining = errors.New("steps: the node is draining")
+
+// next returns the stream's next message, waiting at most d (0: no
+// bound; past it, the error wraps errStepsIdle), until ctx ends, or until
+// stop is closed (errDraining; nil: never); a stream the client ended
+// wraps context.Canceled and the stream's error (io.EOF when the client
+// closed its side).
+func (r *stepsReceiver) next(ctx context.Context, d time.Duration, stop <-chan struct{}) (*decodev1.StepsRequest, error) {
+	var idle <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		idle = t.C
+	}
 	select {
 	case x := <-r.ch:
 		if x.err != nil {
 			return nil, fmt.Errorf("%w: %w", context.Canceled, x.err)
 		}
 		return x.m, nil
-	case <-t.C:
+	case <-stop:
+		return nil, errDraining
+	case <-idle:
 		return nil, fmt.Errorf("%w: no message within %v while the step holds the grid", errStepsIdle, d)
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -551,6 +613,17 @@ func (s *Server) proxySteps(ctx context.Context, id string, first *decodev1.Step
 	if err := up.Send(first); err != nil {
 		return err
 	}
+	// A stream that begins steps stays open between them (Steps): when
+	// this node drains, the relay ends such a stream (UNAVAILABLE) once
+	// no step runs on it, as the coordinator ends its own. between is
+	// set after a step's last reply went down (the one with total_ns)
+	// and cleared when the next begin comes up.
+	var between, drained atomic.Bool
+	draining := s.draining
+	if !first.GetBegin() {
+		draining = nil
+	}
+	errDrained := status.Error(codes.Unavailable, "steps: the relaying node is draining")
 	// Client to coordinator on a goroutine owned by the stream: it ends
 	// when the client closes its side or when this handler returns (gRPC
 	// then cancels the stream, and its Recv fails). Waiting for it here
@@ -563,9 +636,22 @@ func (s *Server) proxySteps(ctx context.Context, id string, first *decodev1.Step
 				up.CloseSend()
 				return
 			}
+			if m.GetBegin() {
+				between.Store(false)
+			}
 			if up.Send(m) != nil {
 				return
 			}
+		}
+	}()
+	go func() {
+		select {
+		case <-draining:
+			if between.Load() {
+				drained.Store(true)
+				cancel()
+			}
+		case <-ctx.Done():
 		}
 	}()
 	for {
@@ -574,10 +660,21 @@ func (s *Server) proxySteps(ctx context.Context, id string, first *decodev1.Step
 			return nil
 		}
 		if err != nil {
+			if drained.Load() {
+				return errDrained
+			}
 			return err
 		}
 		if err := down.Send(m); err != nil {
 			return err
+		}
+		if m.GetTotalNs() > 0 && draining != nil {
+			between.Store(true)
+			select {
+			case <-draining:
+				return errDrained // the step ended: the stream goes with the node
+			default:
+			}
 		}
 	}
 }

@@ -80,3 +80,22 @@ func (l connLimits) serverOptions() []grpc.ServerOption {
 		}),
 	}
 }
+
+// serverWindow is the static HTTP/2 flow-control window, per stream and
+// per connection, of the node's gRPC server (serverFlowOptions).
+const serverWindow = 1 << 20
+
+// serverFlowOptions fix the node's server's receive windows at
+// serverWindow, which turns gRPC's BDP estimator off: with it on, the
+// server answers every burst of data it receives with a WINDOW_UPDATE
+// and a PING that the peer acknowledges, and on the decode path every
+// message (a step's layer, a worker's call) is such a burst: two extra
+// writes and reads and their wake-ups per message on both sides
+// (bench/results/2026-12-06-cluster-generate-cpu.md). 1 MiB is a
+// sixteenth of the 16 MiB the estimator grows a window to for any peer
+// that keeps it busy, so no peer makes the node buffer more than it
+// could before; a bulk transfer (a prefill's appends) moves 1 MiB per
+// round trip, about 10 GB/s at loopback's 0.1 ms.
+func serverFlowOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.StaticStreamWindowSize(serverWindow), grpc.StaticConnWindowSize(serverWindow)}
+}

@@ -173,6 +173,7 @@ type Node struct {
 	m      *cluster.Membership
 	pool   *pool
 	co     *coord.Coordinator
+	ds     *coord.Server // the Decode service
 	srv    *grpc.Server
 	hs     *health.Server
 	cancel context.CancelFunc
@@ -271,14 +272,13 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	// Not wire.ServerFlowOptions: their fixed 16 MiB windows would let
-	// every connection, authenticated or not, make the node buffer 16
-	// MiB (times the connection cap). Measured on loopback, they would
-	// take generate --addr from 126.3 to 135.6 tokens/s
-	// (bench/results/2026-12-06-cluster-generate-cpu.md): a per-peer
-	// window for authenticated workers is the way to that gain.
+	// Static flow windows of serverWindow (serverFlowOptions), not
+	// wire.ServerFlowOptions' 16 MiB: no BDP pings on the decode path,
+	// and no more buffering per stream than gRPC's dynamic windows
+	// allow any peer, authenticated or not.
 	opts := append([]grpc.ServerOption{grpc.Creds(creds), grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)},
 		defaultConnLimits().serverOptions()...)
+	opts = append(opts, serverFlowOptions()...)
 	if cfg.Token != "" {
 		a := newTokenAuth(cfg.Token)
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.unary), grpc.ChainStreamInterceptor(a.stream))
@@ -286,6 +286,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	n.srv = grpc.NewServer(opts...)
 	workerv1.RegisterWorkerServer(n.srv, n.ws)
 	ds.Register(n.srv)
+	n.ds = ds
 	// Health says NOT_SERVING until the membership exists and every
 	// server and loop runs, and again from the start of Stop.
 	n.hs = health.NewServer()
@@ -370,6 +371,11 @@ func (n *Node) Stop(ctx context.Context) error {
 		n.serving.Store(false)
 		n.log.Info("draining", "timeout", n.cfg.DrainTimeout)
 		n.hs.Shutdown()
+		// The streams kept between decode steps (clients' Steps,
+		// coordinators' Calls) end now, or after the step on them:
+		// GracefulStop waits for every stream.
+		n.ds.Drain()
+		n.ws.Drain()
 		stopped := make(chan struct{})
 		go func() { n.srv.GracefulStop(); close(stopped) }()
 		select {

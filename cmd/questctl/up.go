@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -140,6 +141,17 @@ the rest and exits 0 (naming on stderr the nodes that had exited by
 themselves before). On Linux the nodes also get SIGTERM if questctl dies
 (a killed questctl leaves its temporary TLS directory behind).
 
+--node-procs P starts every node with GOMAXPROCS=P (by default each
+node, as any Go program, uses every CPU). N nodes on one host share its
+CPUs: with P = CPUs/N each node runs on its share, as it would in a
+container limited to that many CPUs (where Go sets GOMAXPROCS to the
+limit itself), and its threads stop waking each other across the
+other nodes' CPUs on every message (measured on 2 cores, 2 nodes,
+--node-procs 1: generate --addr from 0.39x to 0.44x of in process,
+bench/results/2026-12-06-cluster-generate-cpu-2.md). A node serving
+--model runs the model too: leave it unset there unless the model is
+small.
+
 questd is --questd, else a questd next to the questctl executable, else
 questd on $PATH.`)
 	nodes := fs.Int("nodes", 0, "number of questd nodes to start (required, at least 1)")
@@ -163,6 +175,7 @@ questd on $PATH.`)
 	serveLayout := fs.String("serve-layout", "local", "with --model: where the served requests' KV pages live, `local|cluster`: local (node 0's own engine) or cluster (a --serve-cp x --serve-tp grid over the cluster's nodes, coordinated by node 0)")
 	serveCP := fs.Int("serve-cp", 1, "with --model: context-parallel ranks of every served request (1..64; with --serve-layout cluster, ranks on the cluster's nodes)")
 	serveTP := fs.Int("serve-tp", 1, "with --model: tensor-parallel ranks of every served request (1..64)")
+	nodeProcs := fs.Int("node-procs", 0, "run every node with GOMAXPROCS=`P` (0: unset, every CPU; 1..1024)")
 	dataDir := fs.String("data-dir", "", "persist each node's sequences in `dir`/NAME (questd --data-dir; created 0700 if missing): a later up with the same --data-dir and --base-name recovers them (default: nothing persists)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		switch {
@@ -194,6 +207,8 @@ questd on $PATH.`)
 			return usageError{fmt.Errorf("--serve-cp %q: want 1..64", fmt.Sprint(*serveCP))}
 		case *serveTP < 1 || *serveTP > 64:
 			return usageError{fmt.Errorf("--serve-tp %q: want 1..64", fmt.Sprint(*serveTP))}
+		case *nodeProcs < 0 || *nodeProcs > 1024:
+			return usageError{fmt.Errorf("--node-procs %q: want 0 (unset) or 1..1024", fmt.Sprint(*nodeProcs))}
 		}
 		var first []string // node 0's own flags
 		if *modelDir != "" {
@@ -246,7 +261,7 @@ questd on $PATH.`)
 		errw := &syncWriter{w: stderr}
 		c := &upCluster{
 			bin: bin, plaintext: insecure, token: token, logDir: *logDir, stderr: errw,
-			exited: make(chan *upNode, *nodes), first: first, dataDirs: nodeDirs,
+			exited: make(chan *upNode, *nodes), first: first, dataDirs: nodeDirs, procs: *nodeProcs,
 		}
 		var common []string
 		if insecure {
@@ -586,6 +601,8 @@ type upCluster struct {
 	// dataDirs are the nodes' --data-dir directories, by node (none
 	// without up's --data-dir).
 	dataDirs []string
+	// procs is the nodes' GOMAXPROCS (--node-procs; 0: unset).
+	procs int
 }
 
 // security is how up's own calls reach the nodes.
@@ -660,6 +677,9 @@ func (c *upCluster) startNode(name string, args []string) (*upNode, error) {
 	}
 	n.stdout = pr
 	cmd := exec.Command(c.bin, args...)
+	if c.procs > 0 {
+		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(c.procs))
+	}
 	cmd.Stdout = pw
 	cmd.Stderr = errSink
 	cmd.SysProcAttr = childSysProcAttr()

@@ -82,6 +82,8 @@ type fakeRecord struct {
 	TP     int      `json:"tp"`
 	Layers int      `json:"layers"`
 	Args   []string `json:"args"`
+	// Procs is the node's GOMAXPROCS environment variable.
+	Procs string `json:"procs"`
 }
 
 func fakeQuestd(args []string) int {
@@ -150,7 +152,7 @@ func fakeQuestd(args []string) int {
 		return rest, v == *name
 	}
 	fmt.Fprintf(os.Stderr, "fake questd %s starting\n", *name)
-	rec := fakeRecord{Name: *name, PID: os.Getpid(), Join: *join, CP: *cp, TP: *tp, Layers: *layers, Args: args}
+	rec := fakeRecord{Name: *name, PID: os.Getpid(), Join: *join, CP: *cp, TP: *tp, Layers: *layers, Args: args, Procs: os.Getenv("GOMAXPROCS")}
 	if code, ok := is(fakeExitEnv); ok {
 		writeRecord(dir, rec)
 		n, _ := strconv.Atoi(code)
@@ -500,6 +502,38 @@ func TestUpInsecure(t *testing.T) {
 	}
 }
 
+// TestUpNodeProcs: --node-procs P starts every node with GOMAXPROCS=P;
+// without it the nodes get up's own environment's.
+func TestUpNodeProcs(t *testing.T) {
+	for _, procs := range []string{"", "1", "3"} {
+		t.Run("procs="+procs, func(t *testing.T) {
+			dir, questd := fakeCluster(t)
+			args := []string{"--nodes", "2", "--questd", questd, "--insecure"}
+			want := os.Getenv("GOMAXPROCS")
+			if procs != "" {
+				args, want = append(args, "--node-procs", procs), procs
+			}
+			u := startUp(t, args...)
+			if nodes := parseUpLines(t, u.waitUp(t)); len(nodes) != 2 {
+				t.Fatalf("%d nodes up, want 2", len(nodes))
+			}
+			recs := readRecords(dir)
+			for _, r := range recs {
+				if r.Procs != want {
+					t.Errorf("%s: GOMAXPROCS %q, want %q", r.Name, r.Procs, want)
+				}
+			}
+			if len(recs) != 2 {
+				t.Errorf("%d nodes recorded, want 2", len(recs))
+			}
+			u.cancel()
+			if code := u.wait(t); code != 0 {
+				t.Errorf("exit %d", code)
+			}
+		})
+	}
+}
+
 // TestUpTLSDir: --tls-dir writes the certificates there (node keys and
 // the client key 0600) and keeps them after up exits, as --keep-tls-dir
 // keeps the temporary one; --json names the directory in every object;
@@ -763,6 +797,7 @@ func TestUpUsageErrors(t *testing.T) {
 		{"up", "--nodes", "2", "--", "--model", "."},
 		{"up", "--nodes", "2", "--", "--http-addr=127.0.0.1:0"},
 		{"up", "--nodes", "2", "--", "--data-dir", "d"},
+		{"up", "--nodes", "2", "--node-procs", "-1"},
 	} {
 		code, stdout, stderr := runCLI(t, args...)
 		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "questctl up: ") {

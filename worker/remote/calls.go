@@ -21,22 +21,65 @@ import (
 // its unary method as the gRPC server would run it alone (the stream's
 // metadata, a context that ends with the stream or the call's timeout,
 // the method's trailer kept), one at a time and in order, and is
-// answered before the next is read. It ends the stream (OK) after
-// answering a call marked last, or when the client closes its side.
+// answered before the next is taken. It ends the stream (OK) after
+// answering a call marked last, or when the client closes its side, and
+// with UNAVAILABLE once the server drains (Drain), at the first wait for
+// a call outside a decode step (none begun, or the last one's EndStep
+// answered).
 func (s *Server) Calls(stream grpc.BidiStreamingServer[workerv1.Call, workerv1.Answer]) error {
 	ctx := stream.Context()
+	type received struct {
+		c   *workerv1.Call
+		err error
+	}
+	// The calls are read on a goroutine of the stream's, so that a
+	// drain ends a stream that waits between steps; it ends with the
+	// stream (this handler's return cancels its Recv).
+	in := make(chan received)
+	go func() {
+		for {
+			c, err := stream.Recv()
+			select {
+			case in <- received{c, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	inStep := false
 	for {
-		c, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
+		drain := s.draining
+		if inStep {
+			drain = nil // a step runs to its EndStep
+		}
+		var r received
+		select {
+		case r = <-in:
+		case <-drain:
+			return status.Error(codes.Unavailable, "calls: the node is draining")
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		if errors.Is(r.err, io.EOF) {
 			return nil
 		}
-		if err != nil {
+		if r.err != nil {
+			return r.err
+		}
+		a := s.call(ctx, r.c)
+		switch r.c.GetMethod() {
+		case workerv1.Worker_BeginStep_FullMethodName:
+			inStep = a.GetStatus() == nil
+		case workerv1.Worker_EndStep_FullMethodName:
+			inStep = false
+		}
+		if err := stream.Send(a); err != nil {
 			return err
 		}
-		if err := stream.Send(s.call(ctx, c)); err != nil {
-			return err
-		}
-		if c.GetLast() {
+		if r.c.GetLast() {
 			return nil
 		}
 	}
@@ -107,15 +150,20 @@ func trailerEntries(md metadata.MD) []*workerv1.MetadataEntry {
 	return out
 }
 
-// callStream runs a Client's calls of a decode step on one Calls stream
-// (see the Worker service): the step's first call opens it, the call
-// marked last (EndStep) ends it. A call answers what the same unary call
+// callStream runs a Client's decode-step calls (BeginStep, Layer,
+// EndStep) on one Calls stream (see the Worker service) that lives from
+// the grid's first step to CloseGrid: the first call opens it and every
+// later step reuses it, so a step opens no stream of its own (a stream's
+// opening costs its HTTP/2 headers both ways and a goroutine on the node,
+// once per token per node otherwise). A call answers what the same unary call
 // would: the method's reply, trailer and status, CANCELED or
 // DEADLINE_EXCEEDED when the caller's context ends first (the stream is
 // then cut, which cancels the call on the node as it cancels a unary
 // one), and the stream's status when it breaks (UNAVAILABLE for a lost
-// node). A node without the Calls method (UNIMPLEMENTED) gets unary
-// calls from then on.
+// node). A call that finds the kept stream already ended before
+// sending anything (the node closed it between steps, as an idle
+// connection's GOAWAY does) runs on a fresh one. A node without the
+// Calls method (UNIMPLEMENTED) gets unary calls from then on.
 type callStream struct {
 	cc grpc.ClientConnInterface
 
@@ -135,8 +183,8 @@ func newCallStream(cc grpc.ClientConnInterface) *callStream {
 }
 
 // invoke runs method (a unary method of the Worker service) with in and
-// out as cc.Invoke does; last ends the stream after the call.
-func (cs *callStream) invoke(ctx context.Context, method string, in, out proto.Message, last bool, opts ...grpc.CallOption) error {
+// out as cc.Invoke does.
+func (cs *callStream) invoke(ctx context.Context, method string, in, out proto.Message, opts ...grpc.CallOption) error {
 	select {
 	case cs.lock <- struct{}{}:
 	case <-ctx.Done():
@@ -146,7 +194,7 @@ func (cs *callStream) invoke(ctx context.Context, method string, in, out proto.M
 	if cs.unary {
 		return cs.cc.Invoke(ctx, method, in, out, opts...)
 	}
-	err := cs.onStream(ctx, method, in, out, last, opts)
+	err := cs.onStream(ctx, method, in, out, opts)
 	if errors.Is(err, errNoCalls) {
 		cs.unary = true
 		return cs.cc.Invoke(ctx, method, in, out, opts...)
@@ -160,7 +208,7 @@ var errNoCalls = errors.New("the node has no Calls method")
 
 var callsDesc = &workerv1.Worker_ServiceDesc.Streams[0]
 
-func (cs *callStream) onStream(ctx context.Context, method string, in, out proto.Message, last bool, opts []grpc.CallOption) error {
+func (cs *callStream) onStream(ctx context.Context, method string, in, out proto.Message, opts []grpc.CallOption) error {
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
@@ -168,10 +216,22 @@ func (cs *callStream) onStream(ctx context.Context, method string, in, out proto
 	if err != nil {
 		return status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
 	}
-	c := &workerv1.Call{Method: method, Request: req, Last: last}
+	c := &workerv1.Call{Method: method, Request: req}
 	if dl, ok := ctx.Deadline(); ok {
 		c.TimeoutNs = max(int64(time.Until(dl)), 1)
 	}
+	a, err := cs.send(ctx, c, false)
+	if err != nil {
+		return err
+	}
+	return answerOf(a, out, opts)
+}
+
+// send sends c on the kept stream (opening one when there is none, or
+// when retry says the kept one ended before c went out) and returns its
+// answer; a call marked last (none of callStream's own) drops the
+// stream after it.
+func (cs *callStream) send(ctx context.Context, c *workerv1.Call, retry bool) (*workerv1.Answer, error) {
 	cs.mu.Lock()
 	s, cut := cs.s, cs.cancel
 	cs.mu.Unlock()
@@ -184,9 +244,9 @@ func (cs *callStream) onStream(ctx context.Context, method string, in, out proto
 		if err != nil {
 			cancel()
 			if status.Code(err) == codes.Unimplemented {
-				return errNoCalls // refused before anything ran
+				return nil, errNoCalls // refused before anything ran
 			}
-			return err
+			return nil, err
 		}
 		s, cut = &grpc.GenericClientStream[workerv1.Call, workerv1.Answer]{ClientStream: cst}, cancel
 		cs.mu.Lock()
@@ -198,16 +258,18 @@ func (cs *callStream) onStream(ctx context.Context, method string, in, out proto
 		if closed {
 			// CloseGrid ran while the stream opened: nothing owns it.
 			cancel()
-			return status.Error(codes.Unavailable, "calls: the grid was closed")
+			return nil, status.Error(codes.Unavailable, "calls: the grid was closed")
 		}
 	}
 	stop := context.AfterFunc(ctx, cut)
-	err = s.Send(c)
+	err := s.Send(c)
 	var a *workerv1.Answer
+	unsent := false
 	if err == nil {
 		a, err = s.Recv()
 	} else if errors.Is(err, io.EOF) {
-		// The stream ended: Recv has its status.
+		// The stream ended before c went out: Recv has its status.
+		unsent = true
 		_, err = s.Recv()
 	}
 	stopped := stop()
@@ -215,26 +277,36 @@ func (cs *callStream) onStream(ctx context.Context, method string, in, out proto
 		cs.drop()
 		switch {
 		case !stopped || ctx.Err() != nil:
-			return status.FromContextError(ctx.Err()).Err()
+			return nil, status.FromContextError(ctx.Err()).Err()
+		case unsent && !fresh && !retry:
+			// A stream kept from an earlier step that ended meanwhile:
+			// nothing of c ran, so it goes out on a fresh stream.
+			return cs.send(ctx, c, true)
 		case errors.Is(err, io.EOF):
-			return status.Error(codes.Unavailable, "calls: the node ended the stream without an answer")
+			return nil, status.Error(codes.Unavailable, "calls: the node ended the stream without an answer")
 		case fresh && status.Code(err) == codes.Unimplemented:
-			return errNoCalls
+			return nil, errNoCalls
 		}
-		return err
+		return nil, err
 	}
 	switch {
 	case !stopped:
 		// The answer came, but the call's context ended meanwhile and
 		// cut the stream: the next call opens another.
 		cs.drop()
-	case last:
+	case c.GetLast():
 		// The node ends the stream after this answer. Its status adds
 		// nothing to the answer in hand, and waiting for it could hang
 		// on a silent peer (the call's context no longer guards the
 		// stream): cut it.
 		cs.drop()
 	}
+	return a, nil
+}
+
+// answerOf fills out and opts' header and trailer from a, or returns
+// the status a carries.
+func answerOf(a *workerv1.Answer, out proto.Message, opts []grpc.CallOption) error {
 	for _, o := range opts {
 		switch o := o.(type) {
 		case grpc.TrailerCallOption:

@@ -34,8 +34,8 @@ type Client struct {
 	ref       *workerv1.GridRef
 	geo       geometry
 	recovered []worker.RecoveredSeq // by ConnectGrid (see Recovered)
-	// calls runs the decode steps' BeginStep, Layer and EndStep calls,
-	// one Calls stream per step.
+	// calls runs the decode steps' BeginStep, Layer and EndStep calls
+	// on one Calls stream, kept from step to step until CloseGrid.
 	calls *callStream
 }
 
@@ -118,7 +118,7 @@ func (c *Client) BeginStep(ctx context.Context, m worker.BeginRequest) error {
 	if err != nil {
 		return err
 	}
-	err = c.calls.invoke(ctx, workerv1.Worker_BeginStep_FullMethodName, r, new(workerv1.Ack), false)
+	err = c.calls.invoke(ctx, workerv1.Worker_BeginStep_FullMethodName, r, new(workerv1.Ack))
 	return FromStatus(err)
 }
 
@@ -139,7 +139,7 @@ func (c *Client) Layer(ctx context.Context, m worker.LayerRequest, rep *worker.L
 	}
 	var trailer metadata.MD
 	out := new(workerv1.LayerReply)
-	err = c.calls.invoke(ctx, workerv1.Worker_Layer_FullMethodName, r, out, false, grpc.Trailer(&trailer))
+	err = c.calls.invoke(ctx, workerv1.Worker_Layer_FullMethodName, r, out, grpc.Trailer(&trailer))
 	if err != nil {
 		if !fromNode(err) && carriesTokens(m) {
 			// No answer: the node may have taken the new tokens or not.
@@ -180,8 +180,8 @@ func (c *Client) EndStep(ctx context.Context, m worker.EndRequest) error {
 	if err != nil {
 		return err
 	}
-	// The step's last call: it ends the step's Calls stream.
-	err = c.calls.invoke(ctx, workerv1.Worker_EndStep_FullMethodName, r, new(workerv1.Ack), true)
+	// The stream stays open for the grid's next step.
+	err = c.calls.invoke(ctx, workerv1.Worker_EndStep_FullMethodName, r, new(workerv1.Ack))
 	return FromStatus(err)
 }
 

@@ -160,9 +160,19 @@ type Server struct {
 	lock *dataLock
 	dirs map[string]bool
 	rec  RecoveryStats
+	// draining is closed by Drain: Calls streams end between steps.
+	draining  chan struct{}
+	drainOnce sync.Once
 }
 
 var _ workerv1.WorkerServer = (*Server)(nil)
+
+// Drain makes the server's Calls streams end at their next point between
+// decode steps (UNAVAILABLE), so that a node's graceful stop does not
+// wait for a stream that a coordinator keeps from step to step; a step
+// open on a stream runs to its EndStep. Call it before the gRPC server's
+// GracefulStop.
+func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 type gridState int
 
@@ -216,7 +226,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, bes: slices.Clone(cfg.Backends), log: cfg.Logger, grids: map[string]*grid{}, dirs: map[string]bool{}}
+	s := &Server{cfg: cfg, bes: slices.Clone(cfg.Backends), log: cfg.Logger, grids: map[string]*grid{}, dirs: map[string]bool{},
+		draining: make(chan struct{})}
 	if cfg.Backend != nil {
 		s.bes = []kernels.Backend{cfg.Backend}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -157,7 +158,7 @@ func TestTransportsAnswerAlike(t *testing.T) {
 	local := nodes[0].srv.LocalConn(nil)
 	for _, tc := range cases {
 		errUnary := nodes[0].conn.Invoke(ctx, tc.method, tc.req, tc.reply())
-		errStream := cs.invoke(ctx, tc.method, tc.req, tc.reply(), false)
+		errStream := cs.invoke(ctx, tc.method, tc.req, tc.reply())
 		errLocal := local.Invoke(ctx, tc.method, tc.req, tc.reply())
 		if errUnary == nil {
 			t.Errorf("%s: no error", tc.name)
@@ -240,10 +241,11 @@ func TestCallsStreamDeadline(t *testing.T) {
 		if err := cl.EndStep(ctx, worker.EndRequest{Step: step, Failed: true, Layers: []int{1}}); err != nil {
 			t.Fatalf("end step: %v", err)
 		}
-		if cl.calls.s != nil {
-			t.Errorf("the Calls stream outlived its EndStep")
+		if cl.calls.s == nil {
+			t.Errorf("no Calls stream kept after EndStep for the next step")
 		}
 	}
+	kept := []any{clients[0].calls.s, clients[1].calls.s}
 	// The next step runs on both ranks.
 	step++
 	for _, cl := range clients {
@@ -268,5 +270,52 @@ func TestCallsStreamDeadline(t *testing.T) {
 		if err := cl.EndStep(ctx, worker.EndRequest{Step: step}); err != nil {
 			t.Fatal(err)
 		}
+		if cl.calls.s != kept[i] {
+			t.Errorf("rank %d: the next step opened another Calls stream", i)
+		}
 	}
+}
+
+// TestCallsStreamEndedBetweenSteps: a kept Calls stream that the node
+// ended between steps (here: a call marked last, which the node answers
+// and then ends the stream with OK) costs the next step nothing: its
+// first call goes out on a fresh stream. (The calls end no open step:
+// the node's answer, FAILED_PRECONDITION, is what shows that they ran.)
+func TestCallsStreamEndedBetweenSteps(t *testing.T) {
+	nodes := startNodes(t, 1, DefaultServerConfig())
+	c := engineConfig(1, 1, plan.Exact)
+	nr := []NodeRanks{{Conn: nodes[0].conn, Ranks: []worker.Rank{{TP: 0, CP: 0}}}}
+	_, clients := openRemote(t, c, nr, "ended")
+	cs := newCallStream(nodes[0].conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	end := func(step uint64) *workerv1.EndRequest {
+		return &workerv1.EndRequest{Ref: clients[0].ref, Step: step}
+	}
+	ran := func(err error) bool { return status.Code(err) == codes.FailedPrecondition }
+	if err := cs.invoke(ctx, workerv1.Worker_EndStep_FullMethodName, end(1), new(workerv1.Ack)); !ran(err) {
+		t.Fatal(err)
+	}
+	s := cs.s
+	req, err := proto.Marshal(end(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The node answers a last call, then ends the stream.
+	if err := s.Send(&workerv1.Call{Method: workerv1.Worker_EndStep_FullMethodName, Request: req, Last: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("the stream after a last call: %v, want its end (EOF)", err)
+	}
+	if err := cs.invoke(ctx, workerv1.Worker_EndStep_FullMethodName, end(3), new(workerv1.Ack)); !ran(err) {
+		t.Fatalf("a call on the ended stream: %v, want it run on a fresh one", err)
+	}
+	if cs.s == nil || cs.s == s {
+		t.Errorf("no fresh stream after the kept one ended")
+	}
+	cs.close()
 }

@@ -795,7 +795,11 @@ type StepsRequest struct {
 	// also runs the first layer. With it the server sends the last layer's
 	// reply before it ends the step (the workers' EndStep round), so the
 	// client need not wait for the end of the stream: a later step over
-	// the same grid waits for that end in its own begin.
+	// the same grid waits for that end in its own begin. Such a stream
+	// stays open after its step's last layer: the client may send another
+	// begin message (the next step, whose sequences this stream's
+	// coordinator coordinates too) and so on, or close its side, which
+	// ends the stream (OK).
 	Begin         bool `protobuf:"varint,6,opt,name=begin,proto3" json:"begin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

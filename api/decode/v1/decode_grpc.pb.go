@@ -63,7 +63,9 @@ type DecodeClient interface {
 	// first message (with the range and options), receives that layer's
 	// outputs, sends the next layer's items (the same sequences in the same
 	// order), and so on; the server answers one StepsReply per layer and
-	// ends the stream after the last. The items must share one grid.
+	// ends the stream after the last, except on a stream whose first
+	// message has begin set (see StepsRequest.begin), which can carry
+	// further steps. The items must share one grid.
 	Steps(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StepsRequest, StepsReply], error)
 	Fork(ctx context.Context, in *ForkRequest, opts ...grpc.CallOption) (*ForkReply, error)
 	Rollback(ctx context.Context, in *RollbackRequest, opts ...grpc.CallOption) (*RollbackReply, error)
@@ -209,7 +211,9 @@ type DecodeServer interface {
 	// first message (with the range and options), receives that layer's
 	// outputs, sends the next layer's items (the same sequences in the same
 	// order), and so on; the server answers one StepsReply per layer and
-	// ends the stream after the last. The items must share one grid.
+	// ends the stream after the last, except on a stream whose first
+	// message has begin set (see StepsRequest.begin), which can carry
+	// further steps. The items must share one grid.
 	Steps(grpc.BidiStreamingServer[StepsRequest, StepsReply]) error
 	Fork(context.Context, *ForkRequest) (*ForkReply, error)
 	Rollback(context.Context, *RollbackRequest) (*RollbackReply, error)
