@@ -462,17 +462,21 @@ func extraFlagValue(extra []string, name string) string {
 // upNodeName is the name of node i of a cluster called base.
 func upNodeName(base string, i int) string { return fmt.Sprintf("%s-%d", base, i) }
 
-// writeUpCerts makes a throwaway CA, a certificate for each of the
-// count nodes called base-0.. and one for the client (upClientName), and
-// writes them in dir (internal/certgen).
+// writeUpCerts makes a throwaway CA, a node certificate
+// (questrt://node/NAME) for each of the count nodes called base-0.. and a
+// client certificate (questrt://client/client) for the client
+// (upClientName), and writes them in dir (internal/certgen).
 func writeUpCerts(dir, base string, count int) error {
 	ca, err := certgen.NewCA("questctl up " + base + " CA")
 	if err != nil {
 		return err
 	}
 	leaves := map[string]*certgen.Leaf{}
-	for _, name := range append([]string{upClientName}, nodeNames(base, count)...) {
-		if leaves[name], err = ca.Issue(name); err != nil {
+	if leaves[upClientName], err = ca.IssueClient(upClientName); err != nil {
+		return err
+	}
+	for _, name := range nodeNames(base, count) {
+		if leaves[name], err = ca.IssueNode(name); err != nil {
 			return err
 		}
 	}

@@ -13,10 +13,13 @@ import (
 	"math/big"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/questrt/questrt/internal/identity"
 )
 
 // Validity is how long the CA and every leaf are valid.
@@ -102,15 +105,45 @@ func (ca *CA) Pool() *x509.CertPool {
 
 // Issue makes a leaf certificate whose subject's common name is name, for
 // server and client authentication, with the subject alternative names
-// DefaultHosts and hosts (each an IP address or a DNS name). It is valid
-// for Validity, and not after the CA.
+// DefaultHosts and hosts (each an IP address or a DNS name), and no role
+// (IssueNode and IssueClient add one). It is valid for Validity, and not
+// after the CA.
 func (ca *CA) Issue(name string, hosts ...string) (*Leaf, error) {
 	return ca.IssueFor(name, append(append([]string(nil), DefaultHosts...), hosts...)...)
 }
 
+// IssueNode is Issue for a node of the cluster: the certificate also
+// carries the URI SAN questrt://node/NAME (internal/identity), which
+// lets it call the worker API and the collective streams.
+func (ca *CA) IssueNode(name string, hosts ...string) (*Leaf, error) {
+	return ca.IssueRole(identity.Node, name, append(append([]string(nil), DefaultHosts...), hosts...)...)
+}
+
+// IssueClient is Issue for a client: the certificate also carries the
+// URI SAN questrt://client/NAME, which lets it call the client API only.
+func (ca *CA) IssueClient(name string, hosts ...string) (*Leaf, error) {
+	return ca.IssueRole(identity.Client, name, append(append([]string(nil), DefaultHosts...), hosts...)...)
+}
+
+// IssueRole is IssueFor with the role URI SAN questrt://ROLE/NAME
+// (identity.URI); role is identity.Node or identity.Client.
+func (ca *CA) IssueRole(role identity.Role, name string, hosts ...string) (*Leaf, error) {
+	u, err := identity.URI(role, name)
+	if err != nil {
+		return nil, fmt.Errorf("certgen: %s: %w", name, err)
+	}
+	return ca.issue(name, []*url.URL{u}, hosts)
+}
+
 // IssueFor is Issue with exactly the subject alternative names hosts
-// (DefaultHosts not added).
+// (DefaultHosts not added). The certificate carries no role: servers
+// that accept such certificates treat them as nodes' (cluster/node).
 func (ca *CA) IssueFor(name string, hosts ...string) (*Leaf, error) {
+	return ca.issue(name, nil, hosts)
+}
+
+// issue makes a leaf for name with the SANs hosts and uris.
+func (ca *CA) issue(name string, uris []*url.URL, hosts []string) (*Leaf, error) {
 	if name == "" {
 		return nil, errors.New("certgen: empty certificate name")
 	}
@@ -164,6 +197,7 @@ func (ca *CA) IssueFor(name string, hosts ...string) (*Leaf, error) {
 		BasicConstraintsValid: true,
 		IPAddresses:           ips,
 		DNSNames:              dns,
+		URIs:                  uris,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/elliptic"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/questrt/questrt/internal/identity"
 )
 
 func newCA(t *testing.T, name string) *CA {
@@ -281,4 +284,42 @@ func handshake(t *testing.T, network string, server, client *tls.Config) (server
 		err = s.err
 	}
 	return serverCN, s.cn, err
+}
+
+// TestIssueRole: IssueNode and IssueClient add the role URI SAN
+// (questrt://node/NAME, questrt://client/NAME) and keep the DNS and IP
+// SANs; Issue adds none; a name that cannot be a role URI's is refused.
+func TestIssueRole(t *testing.T) {
+	ca := newCA(t, "test CA")
+	for _, tc := range []struct {
+		issue func(string, ...string) (*Leaf, error)
+		role  identity.Role
+		uri   string
+	}{
+		{ca.IssueNode, identity.Node, "questrt://node/n-0"},
+		{ca.IssueClient, identity.Client, "questrt://client/n-0"},
+		{ca.Issue, identity.None, ""},
+	} {
+		l, err := tc.issue("n-0", "10.1.2.3", "n0.example.com")
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := identity.Of(l.Cert)
+		if err != nil || id.Role != tc.role || (tc.role != identity.None && id.Name != "n-0") {
+			t.Errorf("%s: identity %+v, %v", tc.role, id, err)
+		}
+		var uris []string
+		for _, u := range l.Cert.URIs {
+			uris = append(uris, u.String())
+		}
+		if want := []string{tc.uri}; tc.uri != "" && !slices.Equal(uris, want) || tc.uri == "" && len(uris) != 0 {
+			t.Errorf("%s: URIs %q, want %q", tc.role, uris, tc.uri)
+		}
+		if !slices.Contains(l.Cert.DNSNames, "n0.example.com") || !slices.Contains(l.Cert.DNSNames, "localhost") || len(l.Cert.IPAddresses) != 3 {
+			t.Errorf("%s: DNS %q IP %v", tc.role, l.Cert.DNSNames, l.Cert.IPAddresses)
+		}
+	}
+	if _, err := ca.IssueNode("a b"); !errors.Is(err, identity.ErrMalformed) {
+		t.Errorf("IssueNode(\"a b\"): %v, want ErrMalformed", err)
+	}
 }
