@@ -76,11 +76,22 @@ type Config struct {
 	// questd reloads on SIGHUP) change every new connection.
 	TLS       *tls.Config
 	Plaintext bool
-	// Token, when set, is the bearer token of the client API: every call
-	// of questrt.decode.v1.Decode must carry the metadata
-	// "authorization: Bearer <Token>" or fails UNAUTHENTICATED. The worker
-	// API and the health service are not checked. Default "": none.
+	// Token, when set, is the bearer token of the cluster: every call of
+	// the client API (questrt.decode.v1.Decode), the worker API and the
+	// collective streams must carry the metadata "authorization: Bearer
+	// <Token>" or fails UNAUTHENTICATED; nodes send it on their own calls,
+	// so every node of a cluster needs the same Token. The health service
+	// is not checked. Default "": none.
 	Token string
+	// RequireCertRoles, under TLS, refuses (PERMISSION_DENIED) every call
+	// of the client and worker APIs and the collective streams whose
+	// caller's certificate carries no questrt:// role URI SAN
+	// (internal/identity). Default false: such a certificate counts as a
+	// node's, and a warning is logged once per certificate. Whatever
+	// this is, the worker API and the collective streams need a node
+	// certificate, and a client certificate reaches the client API only
+	// (guard).
+	RequireCertRoles bool
 	// DrainTimeout bounds how long Stop waits for in-flight calls (10s).
 	DrainTimeout time.Duration
 	// GridIdle is the coordinator's idle-grid timeout
@@ -231,8 +242,10 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	for _, d := range cfg.Devices {
 		bes = append(bes, d.Backend)
 	}
+	g := newGuard(cfg.Token, cfg.RequireCertRoles, log.With("component", "auth"))
 	if n.ws, err = remote.NewServer(remote.ServerConfig{Host: host, MaxPages: cfg.MaxPages, MemoryLimit: cfg.MemoryLimit,
 		TLS: cfg.TLS, Plaintext: cfg.Plaintext, Logger: log.With("component", "worker"),
+		CollectiveServerOptions: g.serverOptions(), CollectiveDialOptions: tokenDial(cfg.Token),
 		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, OnPersistError: cfg.OnPersistError, OnQuarantine: cfg.OnQuarantine,
 		Backends: bes, DeviceResident: cfg.DeviceResident}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
@@ -256,7 +269,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	// (remote.Server.LocalConn), the other nodes over gRPC; with
 	// GRPCAdvertise (a proxy or NAT in front of the node) its own calls
 	// go through the advertised address too, as every node's do.
-	n.pool = &pool{creds: creds, m: map[string]*grpc.ClientConn{}}
+	n.pool = &pool{creds: creds, m: map[string]*grpc.ClientConn{}, dial: tokenDial(cfg.Token)}
 	if cfg.GRPCAdvertise == "" {
 		n.pool.self, n.pool.local = n.addr, n.ws.LocalConn
 	}
@@ -279,10 +292,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	opts := append([]grpc.ServerOption{grpc.Creds(creds), grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes)},
 		defaultConnLimits().serverOptions()...)
 	opts = append(opts, serverFlowOptions()...)
-	if cfg.Token != "" {
-		a := newTokenAuth(cfg.Token)
-		opts = append(opts, grpc.ChainUnaryInterceptor(a.unary), grpc.ChainStreamInterceptor(a.stream))
-	}
+	opts = append(opts, g.serverOptions()...)
 	n.srv = grpc.NewServer(opts...)
 	workerv1.RegisterWorkerServer(n.srv, n.ws)
 	ds.Register(n.srv)
@@ -498,6 +508,7 @@ func (n *Node) sweep() {
 // calls run in process, the rest go over gRPC.
 type pool struct {
 	creds credentials.TransportCredentials
+	dial  []grpc.DialOption // added to every dial's (tokenDial)
 	mu    sync.Mutex
 	m     map[string]*grpc.ClientConn
 	self  string
@@ -523,6 +534,7 @@ func (p *pool) get(addr string) (grpc.ClientConnInterface, error) {
 		opts := append([]grpc.DialOption{grpc.WithTransportCredentials(p.creds),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes))},
 			wire.DialFlowOptions()...) // no BDP pings on the workers' replies
+		opts = append(opts, p.dial...)
 		cc, err = grpc.NewClient(addr, opts...)
 		if err != nil {
 			return nil, err

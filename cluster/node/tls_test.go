@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
+	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/cluster/node/nodetest"
@@ -174,5 +176,65 @@ func TestTLSCluster(t *testing.T) {
 			}
 			t.Logf("dial: %v", err)
 		})
+	}
+}
+
+// A 2-node cluster with role certificates and RequireCertRoles: a client
+// certificate creates a CP 2 sequence (the nodes' worker calls and
+// collective streams between them pass as nodes'), appends and steps,
+// also forwarded; the same certificate calling the worker API directly
+// is refused PERMISSION_DENIED, and so is a certificate without a role on
+// the client API.
+func TestTLSClusterRoles(t *testing.T) {
+	ca := testcert.NewCA(t, "questrt test CA")
+	nodes := nodetest.Start(t, "r", 2, geometry(2, 1, plan.Exact), func(i int, c *node.Config) {
+		c.Plaintext, c.TLS = false, ca.MutualTLS(ca.IssueNode(t, fmt.Sprintf("r%d", i)))
+		c.RequireCertRoles = true
+	})
+	creds := func(cert tls.Certificate) credentials.TransportCredentials {
+		return credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool, MinVersion: tls.VersionTLS13})
+	}
+	clientCreds := creds(ca.IssueClient(t, "client"))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, nodes[1].Addr(), client.Options{Creds: clientCreds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	g := c.Geometry()
+	kv, qd := g.KVHeads*g.HeadDim, g.QHeads*g.HeadDim
+	rng := mrand.New(mrand.NewPCG(9, 10))
+	id, on, err := c.Create(ctx, plan.Striped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(on) != 2 || on[0] == on[1] {
+		t.Fatalf("create: ranks on %v, want both nodes", on)
+	}
+	for l := range g.Layers {
+		if err := c.Append(ctx, id, l, randVec(rng, 10*kv), randVec(rng, 10*kv)); err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.Step(ctx, l, []client.Item{{Seq: id, Q: randVec(rng, qd), K: randVec(rng, kv), V: randVec(rng, kv)}}, client.StepOptions{})
+		if err != nil || len(res.O) != qd {
+			t.Fatalf("step layer %d: %v", l, err)
+		}
+	}
+
+	cc, err := grpc.NewClient(nodes[0].Addr(), grpc.WithTransportCredentials(clientCreds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	_, err = workerv1.NewWorkerClient(cc).Keys(ctx, &workerv1.KeysRequest{})
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "needs a node certificate") {
+		t.Fatalf("worker call with a client certificate: %v, want PERMISSION_DENIED", err)
+	}
+	if err := rawStatus(t, nodes[0].Addr(), creds(ca.Issue(t, "legacy"))); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("client API with a certificate without a role: %v, want PERMISSION_DENIED", err)
+	}
+	if err := c.Release(ctx, id); err != nil {
+		t.Fatal(err)
 	}
 }

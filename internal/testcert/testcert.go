@@ -6,11 +6,19 @@ package testcert
 
 import (
 	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"net"
+	"net/url"
 	"testing"
+	"time"
 
 	"github.com/questrt/questrt/internal/certgen"
+	"github.com/questrt/questrt/internal/identity"
 )
 
 // CA is a certificate authority made in a test.
@@ -33,8 +41,9 @@ func NewCA(tb testing.TB, name string) *CA {
 	return &CA{Cert: ca.Cert, Key: ca.Key, Pool: ca.Pool(), PEM: ca.PEM, ca: ca}
 }
 
-// Issue signs a leaf certificate for name (server and client auth) and
-// returns it with its key and parsed leaf.
+// Issue signs a leaf certificate for name (server and client auth), with
+// no role URI SAN (as certificates issued before roles), and returns it
+// with its key and parsed leaf.
 func (ca *CA) Issue(tb testing.TB, name string) tls.Certificate {
 	tb.Helper()
 	return ca.issue(tb, name).TLSCertificate()
@@ -46,6 +55,26 @@ func (ca *CA) IssuePEM(tb testing.TB, name string) (certPEM, keyPEM []byte) {
 	tb.Helper()
 	l := ca.issue(tb, name)
 	return l.CertPEM, l.KeyPEM
+}
+
+// IssueNode is Issue with the role URI SAN questrt://node/NAME.
+func (ca *CA) IssueNode(tb testing.TB, name string) tls.Certificate {
+	tb.Helper()
+	return ca.issueRole(tb, identity.Node, name).TLSCertificate()
+}
+
+// IssueClient is Issue with the role URI SAN questrt://client/NAME.
+func (ca *CA) IssueClient(tb testing.TB, name string) tls.Certificate {
+	tb.Helper()
+	return ca.issueRole(tb, identity.Client, name).TLSCertificate()
+}
+
+func (ca *CA) issueRole(tb testing.TB, role identity.Role, name string) *certgen.Leaf {
+	l, err := ca.ca.IssueRole(role, name, "127.0.0.1")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l
 }
 
 func (ca *CA) issue(tb testing.TB, name string) *certgen.Leaf {
@@ -62,4 +91,39 @@ func (ca *CA) issue(tb testing.TB, name string) *certgen.Leaf {
 func (ca *CA) MutualTLS(cert tls.Certificate) *tls.Config {
 	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool, ClientCAs: ca.Pool,
 		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}
+}
+
+// IssueWithURIs is Issue with the URI SANs uris, whatever they say (to
+// test how malformed role URIs are refused).
+func (ca *CA) IssueWithURIs(tb testing.TB, name string, uris ...string) tls.Certificate {
+	tb.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Minute),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	for _, s := range uris {
+		u, err := url.Parse(s)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tmpl.URIs = append(tmpl.URIs, u)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
 }

@@ -53,6 +53,12 @@ type ServerConfig struct {
 	// server is the caller's (grpc.NewServer with its credentials).
 	TLS       *tls.Config
 	Plaintext bool
+	// CollectiveServerOptions and CollectiveDialOptions are added to the
+	// options of every hosted rank's collective transport
+	// (grpctransport.Config.ServerOptions and DialOptions): a node's
+	// authorization interceptors and the token its own streams carry.
+	CollectiveServerOptions []grpc.ServerOption
+	CollectiveDialOptions   []grpc.DialOption
 	// Backend runs every hosted rank's kernels; it must be safe for
 	// concurrent use by several ranks. Nil: a CPU backend the server owns
 	// and closes.
@@ -704,8 +710,8 @@ func (s *Server) connect(ctx context.Context, g *grid, dir string, lis []net.Lis
 		tc.TLS, tc.Plaintext, tc.Logger = s.cfg.TLS, s.cfg.Plaintext, s.log
 		// Fixed windows, no BDP pings: a layer's exchanges are small
 		// messages answered at once (wire.FlowWindow).
-		tc.ServerOptions = append(tc.ServerOptions, wire.ServerFlowOptions()...)
-		tc.DialOptions = append(tc.DialOptions, wire.DialFlowOptions()...)
+		tc.ServerOptions = append(append(tc.ServerOptions, wire.ServerFlowOptions()...), s.cfg.CollectiveServerOptions...)
+		tc.DialOptions = append(append(tc.DialOptions, wire.DialFlowOptions()...), s.cfg.CollectiveDialOptions...)
 		wg.Go(func() {
 			var err error
 			if trs[i], err = grpctransport.New(ctx, tc); err != nil {
