@@ -77,11 +77,17 @@ type Config struct {
 	// reads them again (see [newCertReloader])
 	// [--tls-cert, --tls-key, --tls-ca]. Default "".
 	TLSCert, TLSKey, TLSCA string
-	// TokenFile names a file holding the bearer token of the client API
-	// (node.Config.Token): every call of questrt.decode.v1.Decode must
-	// carry "authorization: Bearer <token>" [--token-file]. Default "":
-	// no token.
+	// TokenFile names a file holding the bearer token of the cluster
+	// (node.Config.Token): every call of the client API
+	// (questrt.decode.v1.Decode), the worker API and the collective
+	// streams must carry "authorization: Bearer <token>"; every node of
+	// a cluster needs the same file [--token-file]. Default "": no token.
 	TokenFile string
+	// RequireCertRoles refuses callers whose certificate carries no
+	// questrt:// role URI SAN (node.Config.RequireCertRoles)
+	// [--require-cert-roles]. Default false for one release: such a
+	// certificate counts as a node's, with a warning.
+	RequireCertRoles bool
 	// Token is the token read from TokenFile by loadConfig, whitespace
 	// trimmed. Not a flag, and never printed.
 	Token string

@@ -196,7 +196,8 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.str(&c.TLSCert, "tls-cert", "", "PEM `file` of this node's certificate for mutual TLS (required with --tls-key and --tls-ca unless --insecure; SIGHUP reloads the three)")
 	d.str(&c.TLSKey, "tls-key", "", "PEM `file` of this node's private key for mutual TLS")
 	d.str(&c.TLSCA, "tls-ca", "", "PEM `file` of the CA that signs every node's and client's certificate")
-	d.str(&c.TokenFile, "token-file", "", "`file` holding the bearer token every client API call, and every request of the completions API (--http-addr; OpenAI clients send it as their API key), must carry as \"authorization: Bearer <token>\" (default: no token)")
+	d.str(&c.TokenFile, "token-file", "", "`file` holding the bearer token every client API call, and every request of the completions API (--http-addr; OpenAI clients send it as their API key), must carry as \"authorization: Bearer <token>\"; the worker API between nodes too, so every node needs the same file (default: no token)")
+	d.bool(&c.RequireCertRoles, "require-cert-roles", false, "with TLS, refuse callers whose certificate carries no role URI SAN (questrt://node/NAME or questrt://client/NAME, as questctl up issues); default: such certificates count as nodes' (a warning per certificate). Either way the worker API needs a node certificate and a client certificate reaches the client API only")
 
 	d.group("Model geometry and grid (the same on every node)")
 	d.int(&c.Layers, "layers", 4, "transformer layers, 1..1024")

@@ -29,9 +29,16 @@ questd --version prints the version line and exits 0; questd
 --config reads (no secrets: the token file's name, not its token) and
 exits 0.
 
-With --token-file every call of the client API (questrt.decode.v1.Decode)
-must carry the metadata "authorization: Bearer <token>"; the worker API
-(between nodes, under mutual TLS) and the health service do not.
+With --token-file every call of the client API (questrt.decode.v1.Decode),
+of the worker API and of the collective streams (between nodes) must carry
+the metadata "authorization: Bearer <token>"; nodes send it on their own
+calls, so every node of a cluster needs the same token file. The health
+service does not. Under mutual TLS each call is also authorized by the
+role in the caller's certificate (a URI SAN, as questctl up issues): the
+worker API and the collective streams need questrt://node/NAME, the client
+API questrt://client/NAME or questrt://node/NAME (PERMISSION_DENIED
+otherwise). A certificate without a role counts as a node's, with a
+warning, unless --require-cert-roles.
 
 Every flag can also be set in the environment, as QUESTRT_ and the flag's
 name in upper case with '-' as '_' (QUESTRT_GRPC_ADDR; empty variables are

@@ -132,7 +132,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	defer closeDevs() // after the node stopped (deferred below it)
 	n, err := node.Start(ctx, node.Config{
 		GRPCAddr: cfg.GRPCAddr, Advertise: cfg.Advertise, GRPCAdvertise: cfg.GRPCAdvertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
-		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext, Token: cfg.Token,
+		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext, Token: cfg.Token, RequireCertRoles: cfg.RequireCertRoles,
 		DrainTimeout: cfg.DrainTimeout, GridIdle: cfg.GridIdle, Version: version, Logger: log, Observe: m.observe,
 		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, OnPersistError: pw.report,
 		OnQuarantine: func(string, string, error) { m.quarantined.Inc() },
