@@ -420,10 +420,7 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 	}
 	for li := range x.layers {
 		l := &x.layers[li]
-		err := errors.Join(
-			be.GemvNorm(ctx, l.qkv, xx, l.attnNorm, eps, n, q, k, v),
-			be.Rope(ctx, q, k, n, c.Heads, c.KVHeads, c.HeadDim, cs),
-		)
+		err := x.attnIn(ctx, l, xx, q, k, v, cs, n)
 		if err == nil {
 			err = step.Layer(ctx, li, q, k, v, &res)
 		}
@@ -431,12 +428,7 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 			x.record(li, n, &res)
 		}
 		if err == nil {
-			err = errors.Join(
-				be.Gemv(ctx, xx, l.wo, o, xx, n),
-				be.GemvNorm(ctx, l.gateUp, xx, l.mlpNorm, eps, n, gate, up),
-				be.SiluMul(ctx, gate, up),
-				be.Gemv(ctx, xx, l.down, gate, xx, n),
-			)
+			err = x.attnOut(ctx, l, xx, o, gate, up, n)
 		}
 		if err != nil {
 			step.End(ctx)
@@ -461,6 +453,28 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		next[i] = int(id)
 	}
 	return next, nil
+}
+
+// attnIn queues a layer's side before attention for n rows: q, k and v
+// of x normalised (one GEMV or GEMM), and their rotation.
+func (x *Executor) attnIn(ctx context.Context, l *layer, xx, q, k, v, cs decode.Tensor, n int) error {
+	c := x.cfg
+	return errors.Join(
+		x.be.GemvNorm(ctx, l.qkv, xx, l.attnNorm, float32(c.RMSNormEps), n, q, k, v),
+		x.be.Rope(ctx, q, k, n, c.Heads, c.KVHeads, c.HeadDim, cs),
+	)
+}
+
+// attnOut queues the rest of a layer after attention for n rows: o's
+// projection added to the residual x, and the MLP (SwiGLU) added too.
+func (x *Executor) attnOut(ctx context.Context, l *layer, xx, o, gate, up decode.Tensor, n int) error {
+	be := x.be
+	return errors.Join(
+		be.Gemv(ctx, xx, l.wo, o, xx, n),
+		be.GemvNorm(ctx, l.gateUp, xx, l.mlpNorm, float32(x.cfg.RMSNormEps), n, gate, up),
+		be.SiluMul(ctx, gate, up),
+		be.Gemv(ctx, xx, l.down, gate, xx, n),
+	)
 }
 
 // record keeps each row's plan and phase times of layer li.

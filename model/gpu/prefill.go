@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/questrt/questrt/decode"
@@ -83,20 +82,12 @@ func (x *Executor) Prefill(ctx context.Context, pf Prefiller, seq decode.SeqID, 
 		}
 		for li := range x.layers {
 			l := &x.layers[li]
-			err := errors.Join(
-				be.GemvNorm(ctx, l.qkv, xx, l.attnNorm, eps, n, q, k, v),
-				be.Rope(ctx, q, k, n, c.Heads, c.KVHeads, c.HeadDim, csd),
-			)
+			err := x.attnIn(ctx, l, xx, q, k, v, csd, n)
 			if err == nil {
 				err = pf.PrefillTensor(ctx, seq, li, q, k, v, o)
 			}
 			if err == nil {
-				err = errors.Join(
-					be.Gemv(ctx, xx, l.wo, o, xx, n),
-					be.GemvNorm(ctx, l.gateUp, xx, l.mlpNorm, eps, n, gate, up),
-					be.SiluMul(ctx, gate, up),
-					be.Gemv(ctx, xx, l.down, gate, xx, n),
-				)
+				err = x.attnOut(ctx, l, xx, o, gate, up, n)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("gpu: prefill tokens %d..%d layer %d: %w", c0, c0+n-1, li, err)
