@@ -65,17 +65,7 @@ func Attention(rows []AttentionRow) (*Figure, error) {
 		budget  int
 		context int
 	}
-	idx := map[key]int{}
-	var rs []AttentionRow
-	for _, r := range rows {
-		k := key{groupOf(&r), r.Budget, r.Context}
-		if i, ok := idx[k]; ok {
-			rs[i] = r
-			continue
-		}
-		idx[k] = len(rs)
-		rs = append(rs, r)
-	}
+	rs := lastOf(rows, func(r AttentionRow) key { return key{groupOf(&r), r.Budget, r.Context} })
 	var groups []attentionGroup
 	var budgets []int
 	xlo, xhi := math.Inf(1), math.Inf(-1)

@@ -79,32 +79,12 @@ func Collective(sweep []SweepRow, coll []CollectiveRow) (*Figure, error) {
 		shards int
 		bytes  int64
 	}
-	var sw []SweepRow
-	si := map[sk]int{}
-	for _, r := range sweep {
-		k := sk{transportOf(r.Transport, r.Processes), r.Shards, r.Bytes}
-		if i, ok := si[k]; ok {
-			sw[i] = r
-			continue
-		}
-		si[k] = len(sw)
-		sw = append(sw, r)
-	}
+	sw := lastOf(sweep, func(r SweepRow) sk { return sk{transportOf(r.Transport, r.Processes), r.Shards, r.Bytes} })
 	type ck struct {
 		tr            string
 		batch, shards int
 	}
-	var cs []CollectiveRow
-	ci := map[ck]int{}
-	for _, r := range coll {
-		k := ck{transportOf(r.Transport, r.Processes), r.Batch, r.Shards}
-		if i, ok := ci[k]; ok {
-			cs[i] = r
-			continue
-		}
-		ci[k] = len(cs)
-		cs = append(cs, r)
-	}
+	cs := lastOf(coll, func(r CollectiveRow) ck { return ck{transportOf(r.Transport, r.Processes), r.Batch, r.Shards} })
 
 	var panels []*plot.Plot
 	var yLabels []string

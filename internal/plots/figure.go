@@ -309,3 +309,20 @@ func columns(c draw.Canvas, widths ...float64) []draw.Canvas {
 	r.Min.X = x
 	return append(out, r)
 }
+
+// lastOf keeps one row per key, the last given, in the order of the
+// keys' first rows.
+func lastOf[R any, K comparable](rows []R, key func(R) K) []R {
+	var out []R
+	at := map[K]int{}
+	for _, r := range rows {
+		k := key(r)
+		if i, ok := at[k]; ok {
+			out[i] = r
+			continue
+		}
+		at[k] = len(out)
+		out = append(out, r)
+	}
+	return out
+}

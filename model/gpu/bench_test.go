@@ -31,18 +31,7 @@ func TestBenchDecode(t *testing.T) {
 	if os.Getenv("QUESTRT_BENCH") != "1" {
 		t.Skip("QUESTRT_BENCH=1 runs the decode benchmark")
 	}
-	cfgPath := os.Getenv("QUESTRT_BENCH_CONFIG")
-	if cfgPath == "" {
-		cfgPath = "../../examples/llama-3.1-8b/config.json"
-	}
-	b, err := os.ReadFile(cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := model.ParseConfig(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := benchModelConfig(t)
 	batches := envInts(t, "BATCH", "1")
 	maxBatch := 0
 	for _, n := range batches {
@@ -72,6 +61,25 @@ func TestBenchDecode(t *testing.T) {
 	}
 }
 
+// benchModelConfig reads QUESTRT_BENCH_CONFIG (default
+// examples/llama-3.1-8b/config.json).
+func benchModelConfig(t *testing.T) model.Config {
+	t.Helper()
+	path := os.Getenv("QUESTRT_BENCH_CONFIG")
+	if path == "" {
+		path = "../../examples/llama-3.1-8b/config.json"
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := model.ParseConfig(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func envInts(t *testing.T, name, def string) []int {
 	s := os.Getenv(name)
 	if s == "" {
@@ -99,18 +107,7 @@ func TestBenchPrefill(t *testing.T) {
 	if os.Getenv("QUESTRT_BENCH") != "1" {
 		t.Skip("QUESTRT_BENCH=1 runs the prefill benchmark")
 	}
-	cfgPath := os.Getenv("QUESTRT_BENCH_CONFIG")
-	if cfgPath == "" {
-		cfgPath = "../../examples/llama-3.1-8b/config.json"
-	}
-	b, err := os.ReadFile(cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := model.ParseConfig(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := benchModelConfig(t)
 	ctx := context.Background()
 	be, err := cuda.New(cuda.Config{DType: plan.BFloat16, PrefillKernel: os.Getenv("PREFILL_ATTEND")})
 	if err != nil {

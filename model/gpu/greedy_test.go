@@ -247,6 +247,28 @@ func twin(t *testing.T) *backendtest.QueuedDevice {
 	return &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
 }
 
+// twinExecutor is an executor of m with opt on the CPU twin of a device
+// and an engine of 64 pages there (testPolicy), both closed with the
+// test.
+func twinExecutor(t *testing.T, m *model.Model, opt Options) (*engine.Engine, *Executor) {
+	t.Helper()
+	ctx := context.Background()
+	dev := twin(t)
+	cfg := model.EngineConfig(m.Geometry(), testPolicy(), 64)
+	cfg.Backend, cfg.DeviceResident = dev, true
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	x, err := New(ctx, dev, m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close(ctx) })
+	return e, x
+}
+
 // tinyConfig is a small Llama shape (GQA, 2 layers) for the twin.
 func tinyConfig(t *testing.T) model.Config {
 	t.Helper()
@@ -310,19 +332,7 @@ func TestTwinBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	dev := twin(t)
-	cfg := model.EngineConfig(m.Geometry(), testPolicy(), 64)
-	cfg.Backend, cfg.DeviceResident = dev, true
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	x, err := New(ctx, dev, m, Options{MaxBatch: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close(ctx)
+	e, x := twinExecutor(t, m, Options{MaxBatch: 2})
 	attn, err := model.NewEngineAttention(e, m.Geometry())
 	if err != nil {
 		t.Fatal(err)
@@ -424,19 +434,7 @@ func TestTwinPrefillBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	dev := twin(t)
-	cfg := model.EngineConfig(m.Geometry(), testPolicy(), 64)
-	cfg.Backend, cfg.DeviceResident = dev, true
-	e, err := engine.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	x, err := New(ctx, dev, m, Options{MaxBatch: 2, PrefillChunk: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close(ctx)
+	e, x := twinExecutor(t, m, Options{MaxBatch: 2, PrefillChunk: 16})
 	id, err := e.Create(plan.Striped)
 	if err != nil {
 		t.Fatal(err)
