@@ -82,7 +82,10 @@ type MemberConfig struct {
 	// DeadNodeReclaimTime is how long after a member is declared dead
 	// another node may take over its name from a different address (a
 	// restarted node on a new address or port). 0 means only after
-	// memberlist forgets the dead node (30s). Default 5s.
+	// memberlist forgets the dead node (30s). Default 100ms: a node
+	// restarted on a new address is taken in as soon as the others know
+	// its old process dead (names are unique by configuration, so a new
+	// address claiming a dead name is a restart, not an impostor).
 	DeadNodeReclaimTime time.Duration
 	// BroadcastTimeout bounds [Membership.UpdateMeta] and
 	// [Membership.Leave] waiting for their broadcast when their context has
@@ -123,7 +126,7 @@ func DefaultMemberConfig() MemberConfig {
 		GossipInterval:          lan.GossipInterval,
 		PushPullInterval:        lan.PushPullInterval,
 		TCPTimeout:              lan.TCPTimeout,
-		DeadNodeReclaimTime:     5 * time.Second,
+		DeadNodeReclaimTime:     100 * time.Millisecond,
 		BroadcastTimeout:        5 * time.Second,
 		DeadRetention:           10 * time.Minute,
 	}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -36,17 +37,37 @@ func (d *delegate) NodeMeta(limit int) []byte {
 	return append([]byte(nil), d.m.wireMeta...)
 }
 
-// NotifyMsg receives the user messages of this package: leave intents.
+// NotifyMsg receives the user messages of this package: leave intents,
+// answered with an acknowledgement to the leaver, and those
+// acknowledgements.
 func (d *delegate) NotifyMsg(b []byte) {
-	name, instance, err := decodeLeaveIntent(b)
-	if err != nil {
-		d.m.log.Warn("dropping gossip message", "err", err)
+	m := d.m
+	if len(b) > 0 && b[0] == msgLeaveAck {
+		leaver, acker, err := decodeLeaveMsg(b, msgLeaveAck)
+		if err != nil {
+			m.log.Warn("dropping gossip message", "err", err)
+			return
+		}
+		m.leaveAcked(leaver, acker)
 		return
 	}
-	if d.m.leaveIntent(name, instance) {
+	instance, name, err := decodeLeaveMsg(b, msgLeaveIntent)
+	if err != nil {
+		m.log.Warn("dropping gossip message", "err", err)
+		return
+	}
+	addr, known, news := m.leaveIntent(name, instance)
+	if news {
 		// Pass it on, as serf does, so it reaches every member of a large
 		// cluster before the death it explains.
-		d.m.queue.QueueBroadcast(&intentBroadcast{name: name, msg: append([]byte(nil), b...)})
+		m.queue.QueueBroadcast(&intentBroadcast{name: name, msg: append([]byte(nil), b...)})
+	}
+	if known && addr.IsValid() {
+		// Tell the leaver this node will see its departure as one, so it
+		// need not guess from how often the broadcast went out. Best
+		// effort: the leaver sends the intent again until acknowledged.
+		_ = m.ml.SendToAddress(memberlist.Address{Addr: addr.String(), Name: name},
+			encodeLeaveMsg(msgLeaveAck, instance, m.cfg.Name))
 	}
 }
 
@@ -199,26 +220,38 @@ func (d *delegate) NotifyPingComplete(other *memberlist.Node, rtt time.Duration,
 
 // leaveIntent applies a leave intent of name's process instance: a dead
 // member becomes departed, a live one will be departed when it goes. It
-// reports whether the intent was news.
-func (m *Membership) leaveIntent(name string, instance uint64) bool {
+// returns the leaver's gossip address, whether the intent concerns a
+// member this node knows (that instance, alive, suspect or gone), and
+// whether it was news.
+func (m *Membership) leaveIntent(name string, instance uint64) (addr netip.AddrPort, known, news bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.members[name]
 	if e == nil || e.Instance != instance || name == m.cfg.Name {
-		return false
+		return netip.AddrPort{}, false, false
 	}
 	switch e.State {
 	case StateDead:
 		e.leaving = true
 		e.State = StateLeft
 		m.changedLocked(EventLeft, e)
-		return true
+		return e.Addr, true, true
 	case StateAlive, StateSuspect:
 		news := !e.leaving
 		e.leaving = true
-		return news
+		return e.Addr, true, news
 	}
-	return false
+	return e.Addr, true, false
+}
+
+// leaveAcked records that acker will see this node's departure as one:
+// an acknowledgement of this instance's leave intent.
+func (m *Membership) leaveAcked(instance uint64, acker string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if instance == m.instance && m.leaveAcks != nil {
+		m.leaveAcks[acker] = true
+	}
 }
 
 // intentBroadcast is a leave intent in memberlist's broadcast queue; a
@@ -226,7 +259,6 @@ func (m *Membership) leaveIntent(name string, instance uint64) bool {
 type intentBroadcast struct {
 	name string
 	msg  []byte
-	done chan struct{} // closed when transmitted enough times; may be nil
 }
 
 func (b *intentBroadcast) Invalidates(other memberlist.Broadcast) bool {
@@ -236,15 +268,13 @@ func (b *intentBroadcast) Invalidates(other memberlist.Broadcast) bool {
 
 func (b *intentBroadcast) Message() []byte { return b.msg }
 
-func (b *intentBroadcast) Finished() {
-	if b.done != nil {
-		close(b.done)
-	}
-}
+func (b *intentBroadcast) Finished() {}
 
-// The user messages of this package. A leave intent is
+// The user messages of this package. A leave intent and its
+// acknowledgement are
 //
-//	msgLeaveIntent, uvarint instance, uvarint name length, name
+//	msgLeaveIntent, uvarint leaver's instance, uvarint name length, leaver's name
+//	msgLeaveAck, uvarint leaver's instance, uvarint name length, acknowledging member's name
 //
 // and the push/pull state is
 //
@@ -252,6 +282,7 @@ func (b *intentBroadcast) Finished() {
 const (
 	msgLeaveIntent = 1
 	msgLeftList    = 2
+	msgLeaveAck    = 3
 	maxLeftList    = 1024
 )
 
@@ -260,15 +291,19 @@ type leftMember struct {
 	instance uint64
 }
 
-func encodeLeaveIntent(name string, instance uint64) []byte {
-	b := []byte{msgLeaveIntent}
+func encodeLeaveMsg(typ byte, instance uint64, name string) []byte {
+	b := []byte{typ}
 	b = binary.AppendUvarint(b, instance)
 	return appendString(b, name)
 }
 
-func decodeLeaveIntent(b []byte) (name string, instance uint64, err error) {
-	if len(b) == 0 || b[0] != msgLeaveIntent {
-		return "", 0, fmt.Errorf("not a leave intent (%d bytes)", len(b))
+func decodeLeaveMsg(b []byte, typ byte) (instance uint64, name string, err error) {
+	what := "leave intent"
+	if typ == msgLeaveAck {
+		what = "leave acknowledgement"
+	}
+	if len(b) == 0 || b[0] != typ {
+		return 0, "", fmt.Errorf("not a %s (%d bytes)", what, len(b))
 	}
 	r := reader{b: b[1:]}
 	instance = r.uvarint("instance")
@@ -277,9 +312,9 @@ func decodeLeaveIntent(b []byte) (name string, instance uint64, err error) {
 		r.err = fmt.Errorf("%d trailing bytes", len(r.b))
 	}
 	if r.err != nil {
-		return "", 0, fmt.Errorf("leave intent: %w", r.err)
+		return 0, "", fmt.Errorf("%s: %w", what, r.err)
 	}
-	return name, instance, nil
+	return instance, name, nil
 }
 
 func encodeLeftList(left []leftMember) []byte {

@@ -35,6 +35,37 @@ type NodeMeta struct {
 	TotalPages uint64
 	// FreeBytes is the free device memory summed over the node's devices.
 	FreeBytes uint64
+	// Transport is how the node's gRPC server is secured: what a peer
+	// needs to reach it, declared so that a node of the other kind is
+	// refused without a dial (a plaintext member of a TLS cluster).
+	// TransportUnknown from a node older than the field.
+	Transport Transport
+}
+
+// Transport is the security of a node's gRPC server, as its gossip
+// metadata declares it.
+type Transport uint8
+
+const (
+	// TransportUnknown is a node that does not say (metadata version 1).
+	TransportUnknown Transport = iota
+	// TransportPlaintext is a node serving gRPC without TLS (--insecure).
+	TransportPlaintext
+	// TransportTLS is a node serving gRPC under mutual TLS.
+	TransportTLS
+)
+
+// String is "unknown", "plaintext" or "tls".
+func (t Transport) String() string {
+	switch t {
+	case TransportUnknown:
+		return "unknown"
+	case TransportPlaintext:
+		return "plaintext"
+	case TransportTLS:
+		return "tls"
+	}
+	return fmt.Sprintf("Transport(%d)", uint8(t))
 }
 
 // ErrMetaTooLarge means the encoded node metadata does not fit
@@ -46,19 +77,20 @@ var ErrMetaTooLarge = errors.New("node meta too large")
 // rule, or received bytes do not decode.
 var ErrInvalidMeta = errors.New("invalid node meta")
 
-// The wire format of node metadata, version 1:
+// The wire format of node metadata, version 2:
 //
 //	magic 'q', version byte
 //	uvarint instance (the sender's per-process random id)
 //	string GRPCAddr, string Version, string Backend (uvarint length, bytes)
 //	uvarint Devices, uvarint FreePages, uvarint TotalPages, uvarint FreeBytes
+//	uvarint Transport (since version 2; version 1 ends before it)
 //
 // Versions are append-only: a later version adds fields at the end, and a
-// decoder reads the fields it knows and ignores the rest. Version 1 itself
-// allows no trailing bytes.
+// decoder reads the fields it knows and ignores the rest. Versions 1 and
+// 2 themselves allow no trailing bytes.
 const (
 	metaMagic   = 'q'
-	metaVersion = 1
+	metaVersion = 2
 	// maxMetaString bounds each string field of [NodeMeta].
 	maxMetaString = 255
 	maxBackendLen = 16
@@ -122,6 +154,9 @@ func (m NodeMeta) validateFields() error {
 	if m.FreePages > m.TotalPages {
 		return fmt.Errorf("%w: free pages %d > total pages %d", ErrInvalidMeta, m.FreePages, m.TotalPages)
 	}
+	if m.Transport > TransportTLS {
+		return fmt.Errorf("%w: transport %d (want 0 unknown, 1 plaintext or 2 tls)", ErrInvalidMeta, m.Transport)
+	}
 	return nil
 }
 
@@ -159,6 +194,7 @@ func appendNodeMeta(b []byte, instance uint64, m NodeMeta) []byte {
 	b = binary.AppendUvarint(b, m.FreePages)
 	b = binary.AppendUvarint(b, m.TotalPages)
 	b = binary.AppendUvarint(b, m.FreeBytes)
+	b = binary.AppendUvarint(b, uint64(m.Transport))
 	return b
 }
 
@@ -188,16 +224,24 @@ func decodeNodeMeta(b []byte) (instance uint64, m NodeMeta, err error) {
 	m.FreePages = r.uvarint("free pages")
 	m.TotalPages = r.uvarint("total pages")
 	m.FreeBytes = r.uvarint("free bytes")
+	var transport uint64
+	if b[1] >= 2 {
+		transport = r.uvarint("transport")
+	}
 	if r.err != nil {
 		return 0, NodeMeta{}, fmt.Errorf("%w: %v", ErrInvalidMeta, r.err)
 	}
-	if b[1] == metaVersion && len(r.b) > 0 {
+	if b[1] <= metaVersion && len(r.b) > 0 {
 		return 0, NodeMeta{}, fmt.Errorf("%w: %d trailing bytes", ErrInvalidMeta, len(r.b))
 	}
 	if devices > maxDevices {
 		return 0, NodeMeta{}, fmt.Errorf("%w: %d devices, limit %d", ErrInvalidMeta, devices, maxDevices)
 	}
 	m.Devices = uint32(devices)
+	if transport > uint64(TransportTLS) {
+		return 0, NodeMeta{}, fmt.Errorf("%w: transport %d (want 0 unknown, 1 plaintext or 2 tls)", ErrInvalidMeta, transport)
+	}
+	m.Transport = Transport(transport)
 	if err := m.validateFields(); err != nil {
 		return 0, NodeMeta{}, err
 	}

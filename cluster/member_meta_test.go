@@ -16,6 +16,7 @@ func sampleMeta() NodeMeta {
 		Version:    "v0.3.0-12-gabcdef",
 		Backend:    "cuda",
 		Devices:    8,
+		Transport:  TransportTLS,
 		FreePages:  1 << 20,
 		TotalPages: 1 << 21,
 		FreeBytes:  80 << 30,
@@ -95,10 +96,10 @@ func TestNodeMetaLimits(t *testing.T) {
 func TestDecodeNodeMetaRejects(t *testing.T) {
 	good, _ := encodeNodeMeta(7, sampleMeta())
 	later := append([]byte{}, good...)
-	later[1] = 2
+	later[1] = 3
 	later = append(later, 0x05, 0x01) // fields a later version appended
 	if _, m, err := decodeNodeMeta(later); err != nil || m != sampleMeta() {
-		t.Errorf("version 2 with extra fields: %+v, %v", m, err)
+		t.Errorf("version 3 with extra fields: %+v, %v", m, err)
 	}
 	for _, tc := range []struct {
 		name string
@@ -151,18 +152,24 @@ func FuzzDecodeNodeMeta(f *testing.F) {
 	})
 }
 
-// FuzzDecodeGossipMessages: the leave intent and the departed-members list
+// FuzzDecodeGossipMessages: the leave intent, its acknowledgement and the
+// departed-members list
 // (user messages from peers) never panic the decoders, and round-trip.
 func FuzzDecodeGossipMessages(f *testing.F) {
-	f.Add(encodeLeaveIntent("n1", 99))
+	f.Add(encodeLeaveMsg(msgLeaveIntent, 99, "n1"))
+	f.Add(encodeLeaveMsg(msgLeaveAck, 99, "n2"))
 	f.Add(encodeLeftList([]leftMember{{"a", 1}, {"b", 2}}))
 	f.Add([]byte{msgLeftList, 0xff, 0xff, 0x7f})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if name, inst, err := decodeLeaveIntent(b); err == nil {
-			if re := encodeLeaveIntent(name, inst); !bytes.Equal(re, b) {
+		for _, typ := range []byte{msgLeaveIntent, msgLeaveAck} {
+			inst, name, err := decodeLeaveMsg(b, typ)
+			if err != nil {
+				continue
+			}
+			if re := encodeLeaveMsg(typ, inst, name); !bytes.Equal(re, b) {
 				// Only a non-minimal varint can differ; it must decode the same.
-				if n2, i2, err := decodeLeaveIntent(re); err != nil || n2 != name || i2 != inst {
-					t.Fatalf("leave intent round trip: %q/%d vs %q/%d, %v", name, inst, n2, i2, err)
+				if i2, n2, err := decodeLeaveMsg(re, typ); err != nil || n2 != name || i2 != inst {
+					t.Fatalf("message %d round trip: %q/%d vs %q/%d, %v", typ, name, inst, n2, i2, err)
 				}
 			}
 		}
@@ -175,4 +182,42 @@ func FuzzDecodeGossipMessages(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestNodeMetaTransport: the transport travels as the last field of
+// version 2; a version-1 peer's bytes (written out by hand here) decode
+// as TransportUnknown, and a transport past TransportTLS is refused.
+func TestNodeMetaTransport(t *testing.T) {
+	// Version 1: instance 7, grpc "a:1", version "v", backend "cpu",
+	// devices 1, free 2, total 3, free bytes 4.
+	v1 := []byte{metaMagic, 1, 7, 3, 'a', ':', '1', 1, 'v', 3, 'c', 'p', 'u', 1, 2, 3, 4}
+	inst, m, err := decodeNodeMeta(v1)
+	want := NodeMeta{GRPCAddr: "a:1", Version: "v", Backend: "cpu", Devices: 1, FreePages: 2, TotalPages: 3, FreeBytes: 4}
+	if err != nil || inst != 7 || m != want || m.Transport != TransportUnknown {
+		t.Errorf("version 1: %d %+v %v, want 7 %+v", inst, m, err, want)
+	}
+	for tr, b := range map[Transport]byte{TransportPlaintext: 1, TransportTLS: 2} {
+		v2 := append([]byte{metaMagic, 2}, v1[2:]...)
+		v2 = append(v2, b)
+		_, m, err := decodeNodeMeta(v2)
+		if err != nil || m.Transport != tr {
+			t.Errorf("version 2, transport byte %d: %+v %v, want %v", b, m, err, tr)
+		}
+		w := want
+		w.Transport = tr
+		enc, err := encodeNodeMeta(7, w)
+		if err != nil || !bytes.Equal(enc, v2) {
+			t.Errorf("encode %v: %x %v, want %x", tr, enc, err, v2)
+		}
+	}
+	bad := append(append([]byte{metaMagic, 2}, v1[2:]...), 3)
+	if _, _, err := decodeNodeMeta(bad); !errors.Is(err, ErrInvalidMeta) {
+		t.Errorf("transport 3: %v, want ErrInvalidMeta", err)
+	}
+	if err := (NodeMeta{Transport: 3}).Validate(); !errors.Is(err, ErrInvalidMeta) {
+		t.Errorf("Validate transport 3: %v, want ErrInvalidMeta", err)
+	}
+	if TransportPlaintext.String() != "plaintext" || TransportTLS.String() != "tls" || TransportUnknown.String() != "unknown" {
+		t.Errorf("names: %v %v %v", TransportPlaintext, TransportTLS, TransportUnknown)
+	}
 }

@@ -60,7 +60,7 @@ type Membership struct {
 	version  uint64
 	subs     map[*Subscription]struct{}
 	// joining is set while NewMembership joins; a name conflict about this
-	// node seen meanwhile is kept in conflict and fails the join.
+	// node seen meanwhile is kept in conflict for the join to wait on.
 	joining  bool
 	conflict error
 	// claims holds the claims of restarted members to their names that
@@ -68,6 +68,9 @@ type Membership struct {
 	// set by Leave and Shutdown.
 	claims    map[string]*claim
 	noRetries bool
+	// leaveAcks holds the members that acknowledged this node's leave
+	// intent; nil until Leave.
+	leaveAcks map[string]bool
 	// claimPushPulls counts the push/pulls run for claims (read by tests).
 	claimPushPulls atomic.Int64
 }
@@ -82,8 +85,8 @@ type entry struct {
 
 // ErrNameConflict means another live node already uses this node's name.
 // A node restarted on a new address before the others declared its
-// previous process dead gets it too: retry after
-// [MemberConfig.DetectionBound].
+// previous process dead does not get it: [NewMembership] waits until
+// they do (twice [MemberConfig.DetectionBound] at most).
 var ErrNameConflict = errors.New("node name already in use")
 
 // ErrJoinFailed means none of the join addresses could be joined: no
@@ -98,7 +101,10 @@ var ErrClosed = errors.New("membership shut down")
 // retrying every cfg.JoinRetryInterval until one answers or ctx ends (a
 // join attempt can take up to cfg.TCPTimeout). It fails with
 // [ErrJoinFailed] when no address could be joined and with
-// [ErrNameConflict] when a live member already has cfg.Name; on failure
+// [ErrNameConflict] when a member still has cfg.Name after twice the
+// time the cluster takes to declare a killed member dead (a restart on a
+// new address waits until the others declared its old process dead, and
+// is taken in then); on failure
 // everything it started is stopped.
 func NewMembership(ctx context.Context, cfg MemberConfig) (*Membership, error) {
 	if err := cfg.Validate(); err != nil {
@@ -158,9 +164,17 @@ func NewMembership(ctx context.Context, cfg MemberConfig) (*Membership, error) {
 	return m, nil
 }
 
-// join contacts addrs until one answers or ctx ends.
+// join contacts addrs until one answers or ctx ends. A join refused
+// because a member still holds this node's name from another address
+// (a restart on a new port or address, before the others declared the
+// old process dead) is tried again until [Membership.conflictWait] has
+// passed since the first refusal: once the others see the old process
+// dead, the new one is taken in; a name held by a live process still
+// fails, with [ErrNameConflict].
 func (m *Membership) join(ctx context.Context, addrs []string) (int, error) {
 	var last error
+	var firstConflict time.Time
+	var lastWhy string
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return 0, m.joinErr(addrs, attempt-1, last, err)
@@ -168,19 +182,44 @@ func (m *Membership) join(ctx context.Context, addrs []string) (int, error) {
 		n, err := m.ml.Join(addrs)
 		m.mu.Lock()
 		conflict := m.conflict
+		m.conflict = nil
 		m.mu.Unlock()
-		if conflict != nil {
-			return 0, fmt.Errorf("cluster: node %s: join: %w", m.cfg.Name, conflict)
-		}
-		if n > 0 {
+		pause := m.cfg.JoinRetryInterval
+		switch {
+		case conflict != nil:
+			wait := m.conflictWait()
+			if firstConflict.IsZero() {
+				firstConflict = time.Now()
+				m.log.Warn("this node's name is held by another process; waiting for the others to declare it dead (a restart before they saw the old process fail)",
+					"err", conflict, "wait", wait)
+			}
+			if time.Since(firstConflict) > wait {
+				return 0, fmt.Errorf("cluster: node %s: join: %w (still held after %v)", m.cfg.Name, conflict, wait.Round(time.Millisecond))
+			}
+			last = conflict
+			pause = max(pause, m.cfg.ProbeInterval)
+		case n > 0:
+			if !firstConflict.IsZero() {
+				m.log.Info("took over this node's name from its previous process", "waited", time.Since(firstConflict).Round(time.Millisecond))
+			}
 			return n, nil
+		default:
+			last = err
+			if m.cfg.JoinRetryInterval == 0 {
+				return 0, m.joinErr(addrs, attempt, last, nil)
+			}
+			// Each new reason once as a warning (a wrong key or label does
+			// not heal by retrying: the operator should see it at once),
+			// repeats at debug level.
+			why := m.joinReason(err)
+			if attempt == 1 || why != lastWhy {
+				m.log.Warn("join attempt failed; retrying", "attempt", attempt, "via", strings.Join(addrs, ","), "err", why)
+			} else {
+				m.log.Debug("join attempt failed", "attempt", attempt, "err", err)
+			}
+			lastWhy = why
 		}
-		last = err
-		if m.cfg.JoinRetryInterval == 0 {
-			return 0, m.joinErr(addrs, attempt, last, nil)
-		}
-		m.log.Debug("join attempt failed", "attempt", attempt, "err", err)
-		t := time.NewTimer(m.cfg.JoinRetryInterval)
+		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -190,19 +229,64 @@ func (m *Membership) join(ctx context.Context, addrs []string) (int, error) {
 	}
 }
 
+// conflictWait is how long a join refused for a name conflict is tried
+// again: twice the time the cluster takes to declare a killed member
+// dead ([MemberConfig.DetectionBound], for the members this node sees
+// and at least 3), which covers survivors that stretch their probes
+// under load, plus the reclaim time.
+func (m *Membership) conflictWait() time.Duration {
+	n := max(int(m.ml.NumMembers()), 3)
+	return 2*m.cfg.DetectionBound(n) + m.cfg.DeadNodeReclaimTime
+}
+
 // joinErr reports a failed join: memberlist's last error (a multi-line
 // list, put on one line) and the context's error, if it ended.
 func (m *Membership) joinErr(addrs []string, attempts int, last, ctxErr error) error {
-	msg := "no attempt"
-	if last != nil {
-		msg = strings.Join(strings.Fields(last.Error()), " ")
-	}
+	msg := m.joinReason(last)
 	if ctxErr != nil {
 		return fmt.Errorf("cluster: node %s: %w: via %s after %d attempts: %s: %w",
 			m.cfg.Name, ErrJoinFailed, strings.Join(addrs, ","), attempts, msg, ctxErr)
 	}
 	return fmt.Errorf("cluster: node %s: %w: via %s after %d attempts: %s",
 		m.cfg.Name, ErrJoinFailed, strings.Join(addrs, ","), attempts, msg)
+}
+
+// joinReason is memberlist's join error last on one line, with its
+// cause when joinCause knows it ("no attempt" for nil).
+func (m *Membership) joinReason(last error) string {
+	if last == nil {
+		return "no attempt"
+	}
+	msg := strings.Join(strings.Fields(last.Error()), " ")
+	if cause := joinCause(msg, m.cfg.Label, len(m.cfg.SecretKeys) > 0); cause != "" {
+		msg += " (" + cause + ")"
+	}
+	return msg
+}
+
+// joinCause names, from the text of memberlist's join error msg, what
+// differs between this node (its label, whether it has gossip keys) and
+// the member it contacted, or "" when the text says nothing known.
+// memberlist v0.5 words these refusals so; a member with another label
+// closes the stream without a word (EOF).
+func joinCause(msg, label string, keyed bool) string {
+	switch {
+	case strings.Contains(msg, "remote state is encrypted and encryption is not configured"):
+		return "the cluster's gossip is encrypted and this node has no gossip key"
+	case strings.Contains(msg, "encryption is configured but remote state is not encrypted"):
+		if keyed {
+			return "this node's gossip key is not the cluster's, or the cluster has none"
+		}
+	case strings.Contains(msg, "no installed keys could decrypt the message"):
+		return "this node's gossip key is not the cluster's"
+	case strings.HasSuffix(msg, ": EOF") || strings.Contains(msg, "connection reset by peer"):
+		l := fmt.Sprintf("cluster label %q", label)
+		if label == "" {
+			l = "no cluster label"
+		}
+		return "the member hung up at once: most likely its cluster label is not this node's (" + l + ")"
+	}
+	return ""
 }
 
 // Join contacts more members, for example to merge with a cluster
@@ -318,22 +402,22 @@ func (m *Membership) waitFor(ctx context.Context) time.Duration {
 	return max(d, time.Millisecond)
 }
 
-// leavePoll is how often [Membership.Leave] looks whether any other
-// member is still up while it waits for its leave intent to go out.
+// leavePoll is how often [Membership.Leave] sends its leave intent again
+// to the members that have not acknowledged it.
 const leavePoll = 20 * time.Millisecond
 
 // Leave departs the cluster gracefully: it tells the others this is a
-// departure, not a failure (they see [StateLeft]), and broadcasts the
-// leave, waiting for both broadcasts until ctx's deadline (or
-// [MemberConfig.BroadcastTimeout]). It returns an error when the wait timed
-// out while another member was still up; the departure is still under way
-// and others may then see the node as dead instead. A node whose peers
-// all went meanwhile (a whole cluster stopped at once) has nobody left to
-// tell: no error, though memberlist may still wait out the timeout for
-// its own leave broadcast (it waits when it saw a peer alive as it began;
-// that peer's departure does not end the wait). Gossip keeps running until [Membership.Shutdown], which
-// should follow. Leave is idempotent; after Shutdown it returns
-// [ErrClosed].
+// departure, not a failure (they see [StateLeft]), waits until every
+// member up acknowledged that, then broadcasts the leave, each wait
+// bounded by ctx's deadline (or [MemberConfig.BroadcastTimeout]). It
+// returns an error naming the members that did not acknowledge in time;
+// the departure is still under way and those may see the node as dead
+// instead. A node whose peers all went meanwhile (a whole cluster stopped
+// at once) has nobody left to tell: no error, though memberlist may still
+// wait out the timeout for its own leave broadcast (it waits when it saw
+// a peer alive as it began; that peer's departure does not end the
+// wait). Gossip keeps running until [Membership.Shutdown], which should
+// follow. Leave is idempotent; after Shutdown it returns [ErrClosed].
 func (m *Membership) Leave(ctx context.Context) error {
 	m.life.Lock()
 	defer m.life.Unlock()
@@ -354,33 +438,44 @@ func (m *Membership) Leave(ctx context.Context) error {
 	m.mu.Unlock()
 
 	// First the intent, so the others classify the death that follows as
-	// a departure. A broadcast is done once gossiped enough times, which
-	// never happens when every other member goes meanwhile (a whole
-	// cluster stopped at once): with nobody left to tell, there is
-	// nothing to wait for and no error.
+	// a departure. It goes out as a broadcast and, until acknowledged,
+	// straight to every member up: memberlist handles a death before a
+	// user message that arrived with it, so only an acknowledgement says
+	// a member will see the departure as one. With nobody left to tell (a
+	// whole cluster stopped at once) there is nothing to wait for and no
+	// error.
 	if m.othersUp() {
-		done := make(chan struct{})
-		m.queue.QueueBroadcast(&intentBroadcast{name: m.cfg.Name, msg: encodeLeaveIntent(m.cfg.Name, m.instance), done: done})
+		intent := encodeLeaveMsg(msgLeaveIntent, m.instance, m.cfg.Name)
+		m.mu.Lock()
+		m.leaveAcks = map[string]bool{}
+		m.mu.Unlock()
+		m.queue.QueueBroadcast(&intentBroadcast{name: m.cfg.Name, msg: intent})
 		t := time.NewTimer(m.waitFor(ctx))
-		alone := time.NewTicker(leavePoll)
+		poll := time.NewTicker(leavePoll)
 	wait:
 		for {
+			pending := m.unacked()
+			if len(pending) == 0 {
+				break
+			}
+			for _, a := range pending {
+				_ = m.ml.SendToAddress(a, intent) // best effort; sent again next poll
+			}
 			select {
-			case <-done:
-				break wait
-			case <-alone.C:
-				if !m.othersUp() {
-					break wait
-				}
+			case <-poll.C:
 			case <-t.C:
-				errs = append(errs, errors.New("timeout waiting for the leave intent broadcast"))
+				names := make([]string, len(pending))
+				for i, a := range pending {
+					names[i] = a.Name
+				}
+				errs = append(errs, fmt.Errorf("no acknowledgement of the leave intent from %s", strings.Join(names, ", ")))
 				break wait
 			case <-ctx.Done():
 				errs = append(errs, ctx.Err())
 				break wait
 			}
 		}
-		alone.Stop()
+		poll.Stop()
 		t.Stop()
 	}
 	// memberlist waits for its own leave broadcast when it sees another
@@ -414,6 +509,23 @@ func (m *Membership) othersUp() bool {
 		}
 	}
 	return false
+}
+
+// unacked returns the gossip addresses of the members up (alive or
+// suspect) that have not acknowledged this node's leave intent. A suspect
+// member is waited for too: a loaded node is suspected while it still
+// gossips, and one that is failing leaves the list once declared dead.
+func (m *Membership) unacked() []memberlist.Address {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []memberlist.Address
+	for name, e := range m.members {
+		if name != m.cfg.Name && e.State.Up() && !m.leaveAcks[name] && e.Addr.IsValid() {
+			out = append(out, memberlist.Address{Addr: e.Addr.String(), Name: name})
+		}
+	}
+	slices.SortFunc(out, func(a, b memberlist.Address) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // Shutdown stops gossip and closes the subscriptions; it first waits for

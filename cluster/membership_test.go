@@ -90,6 +90,16 @@ func fastConfig(t *testing.T, name string) MemberConfig {
 	return c
 }
 
+// steadyConfig is fastConfig with probes that a process starved on a
+// loaded machine still answers (500 ms), for the tests whose premise is
+// a live member seen alive: with fastConfig's 50 ms, a test process
+// under -race on a loaded 2-core machine had its live members suspected.
+func steadyConfig(t *testing.T, name string) MemberConfig {
+	c := fastConfig(t, name)
+	c.ProbeInterval, c.ProbeTimeout = 600*time.Millisecond, 500*time.Millisecond
+	return c
+}
+
 // start starts a node and shuts it down at the end of the test.
 func start(t *testing.T, cfg MemberConfig) *Membership {
 	t.Helper()
@@ -275,9 +285,17 @@ func TestMembershipLeave(t *testing.T) {
 	}
 	sub.Close()
 	for ev := range sub.Events() {
-		if ev.Member.Name == "n2" && ev.Type == EventDead {
-			t.Errorf("n0 saw the leaver dead before left: %+v", ev)
+		if ev.Member.Name != "n2" || ev.Type != EventDead {
+			continue
 		}
+		if ev.Member.Since.Before(start) {
+			// A loaded machine can make n0 declare n2 dead before it
+			// started to leave (fastConfig's timeouts are short); only
+			// a death reported after the leave began misreads it.
+			t.Logf("n0 saw n2 dead before it began to leave: %+v", ev)
+			continue
+		}
+		t.Errorf("n0 saw the leaver dead before left: %+v", ev)
 	}
 	// Later gossip must not turn it dead.
 	time.Sleep(500 * time.Millisecond)
@@ -380,8 +398,8 @@ func TestMembershipKillDetectedDefaultTimings(t *testing.T) {
 }
 
 // TestMembershipRefused: a node with another cluster label, or other
-// gossip keys, cannot join; nodes with matching keys, or a key rotated in,
-// can.
+// gossip keys, cannot join, and the error names the cause (label, key);
+// nodes with matching keys, or a key rotated in, can.
 func TestMembershipRefused(t *testing.T) {
 	keyA := []byte("0123456789abcdef")
 	keyB := []byte("fedcba9876543210")
@@ -390,15 +408,16 @@ func TestMembershipRefused(t *testing.T) {
 		label1, label2 string
 		keys1, keys2   [][]byte
 		ok             bool
+		cause          string // a piece of the refusal's text
 	}{
 		{name: "same label", label1: "qa", label2: "qa", ok: true},
-		{name: "other label", label1: "qa", label2: "qb"},
-		{name: "no label", label1: "qa", label2: ""},
+		{name: "other label", label1: "qa", label2: "qb", cause: `its cluster label is not this node's (cluster label "qb")`},
+		{name: "no label", label1: "qa", label2: "", cause: "its cluster label is not this node's (no cluster label)"},
 		{name: "same key", label1: "q", label2: "q", keys1: [][]byte{keyA}, keys2: [][]byte{keyA}, ok: true},
 		{name: "rotated key", label1: "q", label2: "q", keys1: [][]byte{keyA, keyB}, keys2: [][]byte{keyB, keyA}, ok: true},
-		{name: "other key", label1: "q", label2: "q", keys1: [][]byte{keyA}, keys2: [][]byte{keyB}},
-		{name: "plaintext joiner", label1: "q", label2: "q", keys1: [][]byte{keyA}},
-		{name: "encrypted joiner", label1: "q", label2: "q", keys2: [][]byte{keyA}},
+		{name: "other key", label1: "q", label2: "q", keys1: [][]byte{keyA}, keys2: [][]byte{keyB}, cause: "gossip key is not the cluster's"},
+		{name: "plaintext joiner", label1: "q", label2: "q", keys1: [][]byte{keyA}, cause: "the cluster's gossip is encrypted and this node has no gossip key"},
+		{name: "encrypted joiner", label1: "q", label2: "q", keys2: [][]byte{keyA}, cause: "gossip key is not the cluster's, or the cluster has none"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			leakCheck(t)
@@ -427,6 +446,9 @@ func TestMembershipRefused(t *testing.T) {
 					n1.Shutdown()
 				}
 				t.Fatalf("join: %v, want ErrJoinFailed", err)
+			}
+			if !strings.Contains(err.Error(), tc.cause) {
+				t.Errorf("join: %v: want the cause %q", err, tc.cause)
 			}
 			t.Logf("refused: %v", err)
 			time.Sleep(300 * time.Millisecond)
@@ -463,10 +485,16 @@ func TestMembershipJoinRetriesUntilContextEnds(t *testing.T) {
 // TestMembershipNameConflict: a second node with a name in use is refused.
 func TestMembershipNameConflict(t *testing.T) {
 	leakCheck(t)
-	nodes := startCluster(t, 2, func(n string) MemberConfig { return fastConfig(t, n) })
-	c := fastConfig(t, "n1")
+	// The first n1 must stay alive in n0's view throughout: a holder
+	// that n0 suspects (a probe unanswered for fastConfig's 50 ms, as on
+	// a loaded machine) is taken for a process that died and restarted,
+	// and the second n1 is let in. Steady probes keep the premise; the
+	// join then waits twice the detection bound (8.8 s) before it
+	// reports the conflict.
+	nodes := startCluster(t, 2, func(n string) MemberConfig { return steadyConfig(t, n) })
+	c := steadyConfig(t, "n1")
 	c.Join = []string{nodes[0].Addr().String()}
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	m, err := NewMembership(ctx, c)
 	if !errors.Is(err, ErrNameConflict) {
@@ -598,6 +626,54 @@ func TestMembershipRestart(t *testing.T) {
 				t.Error("same instance after a restart")
 			}
 		})
+	}
+}
+
+// TestMembershipRestartBeforeDeath: a node killed and restarted at once
+// on a new port, before the others declared its old process dead, is not
+// refused with ErrNameConflict (the old process is gone, only the others
+// do not know yet): NewMembership waits and the new process is seen alive
+// everywhere once the old one is declared dead, within the detection
+// bound plus the reclaim time. Before, the join failed with "node name
+// already in use" until the old process was dead for the reclaim time.
+func TestMembershipRestartBeforeDeath(t *testing.T) {
+	leakCheck(t)
+	// The push/pull a minute away: the new process must be seen through
+	// the death of the old one, not through the periodic full sync.
+	cfg := func(n string) MemberConfig {
+		c := fastConfig(t, n)
+		c.PushPullInterval = time.Minute
+		return c
+	}
+	nodes := startCluster(t, 3, cfg)
+	if err := nodes[2].Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	c := cfg("n2")
+	c.Join = []string{nodes[0].Addr().String()}
+	if stateOf(nodes[0], "n2") != StateAlive {
+		t.Skip("n0 declared n2 dead before the restart: nothing to test on this run")
+	}
+	back := start(t, c)
+	joined := time.Since(killed)
+	all := []*Membership{nodes[0], nodes[1], back}
+	took := waitFor(t, 40*time.Second, "the restarted n2 alive at its new address everywhere", func() bool {
+		for _, m := range all {
+			mem, _ := m.View().Member("n2")
+			if mem.State != StateAlive || mem.Instance != back.Instance() || mem.Addr != back.Addr() || countState(m.View(), StateAlive) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	bound := c.DetectionBound(3) + c.DeadNodeReclaimTime
+	t.Logf("join returned %v after the kill, all see the new n2 %v after the kill (detection bound %v)", joined, joined+took, bound)
+	// Well before the push/pull, with room for a loaded machine: the
+	// detection bound's wall-clock multiple (twice it plus 1 s, 2.8 s)
+	// was passed under -race on a loaded 2-core machine (6.8 s).
+	if limit := c.PushPullInterval / 3; joined+took > limit {
+		t.Errorf("the restarted n2 took %v to be seen everywhere, over %v (a third of the push/pull interval; detection bound %v)", joined+took, limit, bound)
 	}
 }
 

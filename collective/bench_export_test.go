@@ -8,3 +8,8 @@ const (
 	OpPingPong   = opPingPong
 	OpSweep      = opSweep
 )
+
+// SetCopyKeys makes g copy every select frame's keys (its own and its
+// peers') instead of viewing them in place, as a big-endian machine or an
+// unaligned frame does.
+func SetCopyKeys(g *Group, on bool) { g.copyKeys = on }

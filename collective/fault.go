@@ -74,6 +74,11 @@ func (f *Faulty) before(ctx context.Context, nth int64, fail int, what string) e
 		t := time.NewTimer(f.Delay)
 		select {
 		case <-t.C:
+			// A delay that outlived the deadline fails the call too:
+			// when both are ready, select may take either.
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("faulty %s #%d: %w", what, nth, err)
+			}
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("faulty %s #%d: %w", what, nth, ctx.Err())

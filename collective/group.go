@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
@@ -49,21 +50,24 @@ type Group struct {
 	tr         Transport
 	rank, size int
 
-	buf    []byte   // outgoing frame
-	recv   [][]byte // per rank: received frame (own: buf)
-	sent   []bool   // per rank: data sent this operation
-	all    []uint64 // every rank's candidates as sort keys, each row sorted and ended by noKey
-	rowAt  []int    // [row*size+rank]: where that rank's row starts in all
-	cnt    []int    // [row*size+rank]: that rank's number of candidates of the row
-	plo    []uint32 // [row*size+rank]: the smallest page among them
-	phi    []uint32 // [row*size+rank]: the largest
-	sorter keySorter
-	kh     uint64   // hashBudgets of this operation's budgets
-	ownDup bool     // this member's own input has a candidate twice
-	pos    []int    // per rank: its candidates taken into the row being merged
-	bits   []uint64 // page bitmap of the row being merged; all zero between rows
-	acc    []float32
-	tmp    []float32
+	buf      []byte     // outgoing frame
+	recv     [][]byte   // per rank: received frame (own: buf)
+	sent     []bool     // per rank: data sent this operation
+	all      []uint64   // this member's sort keys when its frame cannot hold them (keysView)
+	copyKeys bool       // tests: copy every frame's keys, as on a big-endian machine
+	keys     [][]uint64 // per rank: its candidates' sort keys, rows one after another (a view of its frame, or a copy)
+	scr      [][]uint64 // per rank: where its keys are copied when its frame cannot be viewed
+	rowAt    []int      // [row*size+rank]: where that rank's row starts in keys[rank]
+	cnt      []int      // [row*size+rank]: that rank's number of candidates of the row
+	plo      []uint32   // [row*size+rank]: the smallest page among them
+	phi      []uint32   // [row*size+rank]: the largest
+	sorter   keySorter
+	kh       uint64   // hashBudgets of this operation's budgets
+	ownDup   bool     // this member's own input has a candidate twice
+	pos      []int    // per rank: its candidates taken into the row being merged
+	bits     []uint64 // page bitmap of the row being merged; all zero between rows
+	acc      []float32
+	tmp      []float32
 }
 
 // NewGroup returns the member of the group reachable through tr.
@@ -72,6 +76,8 @@ func NewGroup(tr Transport) *Group {
 	return &Group{
 		tr: tr, rank: tr.Rank(), size: n,
 		recv: make([][]byte, n),
+		keys: make([][]uint64, n),
+		scr:  make([][]uint64, n),
 		sent: make([]bool, n),
 		pos:  make([]int, n),
 	}
@@ -182,8 +188,12 @@ func (g *Group) recvFrom(ctx context.Context, r int, tag uint64, op Op) ([]byte,
 
 // exchange sends g.buf to every peer, then receives every peer's frame into
 // g.recv (g.recv[rank] = g.buf). Peers are sent to in rotated order (rank+1
-// first) so no rank is everyone's first destination.
-func (g *Group) exchange(ctx context.Context, tag uint64, op Op) error {
+// first) so no rank is everyone's first destination. Frames are received
+// in rank order; each (nil or not) is called with every rank r, this
+// member's own included, as soon as g.recv[r] is set, so a frame's
+// decoding overlaps the wait for the next one; its error ends the exchange
+// (the later frames stay unreceived under tag).
+func (g *Group) exchange(ctx context.Context, tag uint64, op Op, each func(r int) error) error {
 	clear(g.sent)
 	for i := 1; i < g.size; i++ {
 		r := (g.rank + i) % g.size
@@ -195,13 +205,18 @@ func (g *Group) exchange(ctx context.Context, tag uint64, op Op) error {
 	for r := range g.size {
 		if r == g.rank {
 			g.recv[r] = g.buf
-			continue
+		} else {
+			msg, err := g.recvFrom(ctx, r, tag, op)
+			if err != nil {
+				return err
+			}
+			g.recv[r] = msg
 		}
-		msg, err := g.recvFrom(ctx, r, tag, op)
-		if err != nil {
-			return err
+		if each != nil {
+			if err := each(r); err != nil {
+				return err
+			}
 		}
-		g.recv[r] = msg
 	}
 	return nil
 }
@@ -213,7 +228,7 @@ func (g *Group) AllGather(ctx context.Context, tag uint64, msg []byte) ([][]byte
 	g.buf = growBytes(g.buf, headerLen+len(msg))
 	putHeader(g.buf, kindData, OpGather)
 	copy(g.buf[headerLen:], msg)
-	if err := g.exchange(ctx, tag, OpGather); err != nil {
+	if err := g.exchange(ctx, tag, OpGather, nil); err != nil {
 		return nil, fmt.Errorf("allgather tag %#x: %w", tag, err)
 	}
 	out := make([][]byte, g.size)
@@ -243,8 +258,9 @@ func (g *Group) AllGather(ctx context.Context, tag uint64, msg []byte) ([][]byte
 // unspecified after an error).
 //
 // Each member sends its candidates to every other member as raw
-// little-endian bytes (per row: a count, then score f32 and page i32 per
-// candidate, sorted by Compare): (N-1) * (16 + rows*4 + 8*candidates)
+// little-endian bytes (per row: a count, then an 8-byte sort key per
+// candidate, its score's order-preserving bits above its page, sorted by
+// Compare): (N-1) * (16 + rows*4 + 8*candidates)
 // bytes per member. Each member sorts only its own candidates (no sort
 // when they come in Compare order); every row's global top-k is then cut
 // from the N sorted lists without sorting them again, and its pages are
@@ -263,11 +279,9 @@ func (g *Group) selectExact(ctx context.Context, tag uint64, local [][]Candidate
 		g.abortAll(ctx, tag, OpSelect, err)
 		return nil, err
 	}
-	if err := g.exchange(ctx, tag, OpSelect); err != nil {
-		return nil, err
-	}
+	defer clear(g.keys) // views of g.recv's frames
 	defer clear(g.recv)
-	if err := g.parseSelect(rows, k); err != nil {
+	if err := g.exchange(ctx, tag, OpSelect, func(r int) error { return g.parseRank(r, rows, k) }); err != nil {
 		return nil, err
 	}
 	if cap(dst) < rows {
@@ -284,11 +298,12 @@ func (g *Group) selectExact(ctx context.Context, tag uint64, local [][]Candidate
 	return dst, nil
 }
 
-// encodeSelect validates this member's input, writes its frame to g.buf
-// and its candidates' sort keys, sorted, to the start of g.all (each row
-// ended by noKey; this rank's rowAt, cnt, plo and phi set), so parseSelect
-// need not decode this member's own frame. Rows already in Compare order
-// (a top-K that returns its candidates best first) are not sorted again.
+// encodeSelect validates this member's input and writes its frame to
+// g.buf, its candidates' sort keys sorted (this rank's keys, rowAt, cnt,
+// plo and phi set), so parseSelect need not decode this member's own
+// frame. Rows already in Compare order (a top-K that returns its
+// candidates best first) are not sorted again. After an error g.buf holds
+// a partial frame (never sent).
 func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 	rows := len(local)
 	if len(k) != rows {
@@ -302,8 +317,25 @@ func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 	g.cnt = growInts(g.cnt, g.size*rows)
 	g.plo = growU32(g.plo, g.size*rows)
 	g.phi = growU32(g.phi, g.size*rows)
-	all := slices.Grow(g.all[:0], total+rows)[:total+rows]
+	g.kh = hashBudgets(k)
+	cntAt := selectHeaderLen + candidateLen*total
+	b := growBytes(g.buf, cntAt+4*rows)
+	g.buf = b
+	putHeader(b, kindData, OpSelect)
+	binary.LittleEndian.PutUint32(b[headerLen:], uint32(rows))
+	binary.LittleEndian.PutUint64(b[headerLen+4:], g.kh)
+	// The keys are sorted in place in the frame when it can hold them as
+	// uint64s, else in g.all and then written to the frame.
+	own, view := keysView(b[selectHeaderLen:cntAt])
+	if !view || g.copyKeys {
+		view = false
+		g.all = slices.Grow(g.all[:0], total)[:total]
+		own = g.all
+	}
+	// Each row is validated, sorted and written in one go, while its keys
+	// are in L1.
 	at := 0
+	g.ownDup = false
 	for row, c := range local {
 		if k[row] < 0 {
 			return fmt.Errorf("row %d: budget %d < 0", row, k[row])
@@ -311,7 +343,7 @@ func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 		if len(c) > k[row] {
 			return fmt.Errorf("row %d: %d local candidates exceed the budget %d", row, len(c), k[row])
 		}
-		keys := all[at : at+len(c)]
+		keys := own[at : at+len(c)]
 		i, slo, shi, plo, phi := putKeys(keys, c)
 		if i >= 0 {
 			if x := c[i]; x.Score != x.Score {
@@ -319,37 +351,45 @@ func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 			}
 			return fmt.Errorf("row %d: negative page %d", row, c[i].Page)
 		}
+		sorted := keys
 		if !strictlyAscending(keys) {
-			g.sorter.sortKeys(keys, slo, shi)
+			sorted = g.sorter.sortKeys(keys, slo, shi)
 		}
-		all[at+len(c)] = noKey
-		j := row*g.size + g.rank
-		g.rowAt[j], g.cnt[j], g.plo[j], g.phi[j] = at, len(c), plo, phi
-		at += len(c) + 1
-	}
-	g.all = all
-
-	g.kh = hashBudgets(k)
-	b := growBytes(g.buf, selectHeaderLen+4*rows+candidateLen*total)
-	g.buf = b
-	putHeader(b, kindData, OpSelect)
-	binary.LittleEndian.PutUint32(b[headerLen:], uint32(rows))
-	binary.LittleEndian.PutUint64(b[headerLen+4:], g.kh)
-	off := selectHeaderLen
-	at = 0
-	g.ownDup = false
-	for _, c := range local {
-		binary.LittleEndian.PutUint32(b[off:], uint32(len(c)))
-		off += 4
-		if !encodeKeys(b[off:off+candidateLen*len(c)], all[at:at+len(c)]) {
+		if !finishKeys(keys, sorted) {
 			// A candidate given twice: the frame fails every member's
 			// check, this one's too (parseSelect then decodes it).
 			g.ownDup = true
 		}
-		off += candidateLen * len(c)
-		at += len(c) + 1
+		binary.LittleEndian.PutUint32(b[cntAt+4*row:], uint32(len(c)))
+		j := row*g.size + g.rank
+		g.rowAt[j], g.cnt[j], g.plo[j], g.phi[j] = at, len(c), plo, phi
+		at += len(c)
 	}
+	if !view {
+		putKeysLE(b[selectHeaderLen:cntAt], own)
+	}
+	g.keys[g.rank] = own
 	return nil
+}
+
+// keysView returns b as the little-endian uint64s it holds, without a
+// copy, when this machine is little-endian and b is 8-byte aligned
+// (view true).
+func keysView(b []byte) (keys []uint64, view bool) {
+	if !nativeLittle || uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 != 0 {
+		return nil, false
+	}
+	if len(b) < candidateLen {
+		return []uint64{}, true
+	}
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/candidateLen), true
+}
+
+// putKeysLE writes keys to b as little-endian uint64s.
+func putKeysLE(b []byte, keys []uint64) {
+	for i, k := range keys {
+		binary.LittleEndian.PutUint64(b[candidateLen*i:], k)
+	}
 }
 
 // putKeys sets keys[i] to sortKey(c[i]) and returns the smallest and
@@ -373,43 +413,33 @@ func putKeys(keys []uint64, c []Candidate) (i int, slo, shi, plo, phi uint32) {
 	return -1, slo, shi, plo, phi
 }
 
-// encodeKeys writes the candidates of keys (ascending) to b, 8 bytes each,
-// and reports whether the keys ascend strictly (no candidate twice).
-func encodeKeys(b []byte, keys []uint64) bool {
-	b = b[:candidateLen*len(keys)]
-	prev, dup := uint64(0), false // prev below every valid key (minKey > 0)
-	for i := 0; i < len(keys); i++ {
-		key := keys[i]
-		putKey(b[candidateLen*i:candidateLen*i+candidateLen], key)
-		if key <= prev {
-			dup = true
-		}
-		prev = key
+// finishKeys copies sorted (ascending) to keys unless they are the same
+// slice, and reports whether the keys ascend strictly (no candidate
+// twice).
+func finishKeys(keys, sorted []uint64) bool {
+	sorted = sorted[:len(keys)]
+	if len(keys) > 0 && &keys[0] != &sorted[0] {
+		copy(keys, sorted)
 	}
-	return !dup
+	return strictlyAscending(keys)
 }
 
-// decodeKeys sets keys[i] to the sort key of the i-th candidate of b
-// (8*len(keys) bytes) and returns the smallest and largest page. It
-// returns as i -1 when every candidate is valid (no NaN score, no
-// negative page) and the keys ascend strictly; otherwise the index of the
-// first candidate that is invalid (bad true) or not above the one before
-// it (bad false), with keys[i:] unset.
-func decodeKeys(keys []uint64, b []byte) (i int, bad bool, plo, phi uint32) {
-	b = b[:candidateLen*len(keys)]
+// checkKeys returns the smallest and largest page of keys. It returns as
+// i -1 when every key is valid (validKey) and the keys ascend strictly;
+// otherwise the index of the first key that is invalid (bad true) or not
+// above the one before it (bad false).
+func checkKeys(keys []uint64) (i int, bad bool, plo, phi uint32) {
 	prev := uint64(0) // below every valid key (minKey > 0)
 	plo = math.MaxUint32
-	for i := range keys {
-		v := binary.LittleEndian.Uint64(b[candidateLen*i : candidateLen*i+candidateLen])
-		score, page := uint32(v), uint32(v>>32)
-		if score&^(1<<31) > 0x7f800000 || int32(page) < 0 {
+	for i, key := range keys {
+		if !validKey(key) {
 			return i, true, plo, phi
 		}
-		key := keyOf(score, page)
 		if key <= prev {
 			return i, false, plo, phi
 		}
-		keys[i], prev = key, key
+		prev = key
+		page := uint32(key)
 		plo, phi = min(plo, page), max(phi, page)
 	}
 	return -1, false, plo, phi
@@ -441,83 +471,92 @@ func growU32(b []uint32, n int) []uint32 {
 }
 
 // parseSelect checks every peer's frame (and this member's own when its
-// input had a duplicate candidate) and appends its candidates to g.all as
-// sort keys after encodeSelect's, recording where each (row, rank) starts
-// in g.rowAt, its count in g.cnt and its page range in g.plo and g.phi.
+// input had a duplicate candidate) and sets g.keys[r] to its candidates'
+// sort keys, recording where each (row, rank) starts in g.rowAt, its
+// count in g.cnt and its page range in g.plo and g.phi.
 func (g *Group) parseSelect(rows int, k []int) error {
 	for r := range g.size {
-		if r == g.rank && !g.ownDup {
-			continue
-		}
-		var err error
-		g.all, err = parseSelectPages(g.recv[r], rows, k, g.kh, g.rowAt[r:], g.plo[r:], g.phi[r:], g.size, g.all)
-		if err != nil {
-			return &RankError{Rank: r, Err: err}
-		}
-		for row := range rows {
-			end := len(g.all)
-			if row+1 < rows {
-				end = g.rowAt[(row+1)*g.size+r]
-			}
-			g.cnt[row*g.size+r] = end - g.rowAt[row*g.size+r] - 1
+		if err := g.parseRank(r, rows, k); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
+// parseRank is parseSelect for rank r's frame alone (nothing for this
+// member's own frame unless its input had a duplicate candidate).
+func (g *Group) parseRank(r, rows int, k []int) error {
+	if r == g.rank && !g.ownDup {
+		return nil
+	}
+	keys, err := parseSelectPages(g.recv[r], rows, k, g.kh, g.rowAt[r:], g.cnt[r:], g.plo[r:], g.phi[r:], g.size, !g.copyKeys, &g.scr[r])
+	if err != nil {
+		return &RankError{Rank: r, Err: err}
+	}
+	g.keys[r] = keys
+	return nil
+}
+
 // parseSelectFrame checks one select frame against the expected rows and
-// budgets (counts, lengths, candidates in strict selection order, no NaN,
-// no negative page) and appends each row's candidates' sort keys to keys,
-// followed by noKey; rowAt[row*stride] gets where the row starts in keys.
-func parseSelectFrame(b []byte, rows int, k []int, kh uint64, rowAt []int, stride int, keys []uint64) ([]uint64, error) {
-	return parseSelectPages(b, rows, k, kh, rowAt, nil, nil, stride, keys)
+// budgets (counts, lengths, keys valid and strictly ascending in each
+// row) and returns its keys, rows one after another: a view of b's bytes
+// when keysView allows, else a copy in *scratch. rowAt[row*stride] and
+// cnt[row*stride] get where each row starts in them and its count.
+func parseSelectFrame(b []byte, rows int, k []int, kh uint64, rowAt, cnt []int, stride int, scratch *[]uint64) ([]uint64, error) {
+	return parseSelectPages(b, rows, k, kh, rowAt, cnt, nil, nil, stride, true, scratch)
 }
 
 // parseSelectPages is parseSelectFrame that also sets plo[row*stride] and
 // phi[row*stride] to the smallest and largest page of each row (when plo
-// and phi are not nil).
-func parseSelectPages(b []byte, rows int, k []int, kh uint64, rowAt []int, plo, phi []uint32, stride int, keys []uint64) ([]uint64, error) {
+// and phi are not nil), and copies the keys when view is false.
+func parseSelectPages(b []byte, rows int, k []int, kh uint64, rowAt, cnt []int, plo, phi []uint32, stride int, view bool, scratch *[]uint64) ([]uint64, error) {
 	if len(b) < selectHeaderLen {
-		return keys, fmt.Errorf("%w: select frame of %d bytes", ErrBadMessage, len(b))
+		return nil, fmt.Errorf("%w: select frame of %d bytes", ErrBadMessage, len(b))
 	}
 	if n := binary.LittleEndian.Uint32(b[headerLen:]); int64(n) != int64(rows) {
-		return keys, fmt.Errorf("%w: %d rows, want %d", ErrBadMessage, n, rows)
+		return nil, fmt.Errorf("%w: %d rows, want %d", ErrBadMessage, n, rows)
 	}
 	if h := binary.LittleEndian.Uint64(b[headerLen+4:]); h != kh {
-		return keys, fmt.Errorf("%w: budgets differ from this member's", ErrBadMessage)
+		return nil, fmt.Errorf("%w: budgets differ from this member's", ErrBadMessage)
 	}
-	off := selectHeaderLen
+	cntAt := len(b) - 4*rows
+	if cntAt < selectHeaderLen {
+		return nil, fmt.Errorf("%w: %d-byte frame for %d rows", ErrBadMessage, len(b), rows)
+	}
+	total := 0
 	for row := range rows {
-		if len(b)-off < 4 {
-			return keys, fmt.Errorf("%w: truncated at row %d", ErrBadMessage, row)
-		}
-		n := binary.LittleEndian.Uint32(b[off:])
-		off += 4
+		n := binary.LittleEndian.Uint32(b[cntAt+4*row:])
 		if int64(n) > int64(k[row]) {
-			return keys, fmt.Errorf("%w: row %d has %d candidates, budget %d", ErrBadMessage, row, n, k[row])
+			return nil, fmt.Errorf("%w: row %d has %d candidates, budget %d", ErrBadMessage, row, n, k[row])
 		}
-		if int64(len(b)-off) < int64(n)*candidateLen {
-			return keys, fmt.Errorf("%w: truncated in row %d", ErrBadMessage, row)
+		rowAt[row*stride], cnt[row*stride] = total, int(n)
+		total += int(n)
+	}
+	region := b[selectHeaderLen:cntAt]
+	if len(region) != candidateLen*total {
+		return nil, fmt.Errorf("%w: %d bytes of keys for %d candidates", ErrBadMessage, len(region), total)
+	}
+	keys, ok := keysView(region)
+	if !ok || !view {
+		*scratch = slices.Grow((*scratch)[:0], total)[:total]
+		keys = *scratch
+		for i := range keys {
+			keys[i] = binary.LittleEndian.Uint64(region[candidateLen*i:])
 		}
-		at := len(keys)
-		rowAt[row*stride] = at
-		keys = slices.Grow(keys, int(n)+1)[:at+int(n)+1]
-		i, bad, lo, hi := decodeKeys(keys[at:at+int(n)], b[off:])
+	}
+	for row := range rows {
+		at, n := rowAt[row*stride], cnt[row*stride]
+		i, bad, lo, hi := checkKeys(keys[at : at+n])
 		if i >= 0 {
 			if bad {
-				x := getCandidate(b[off:], i)
-				return keys[:at+i], fmt.Errorf("%w: row %d: bad candidate (%v, %d)", ErrBadMessage, row, x.Score, x.Page)
+				x := fromKey(keys[at+i])
+				return nil, fmt.Errorf("%w: row %d: bad candidate (%v, %d)", ErrBadMessage, row, x.Score, x.Page)
 			}
-			return keys[:at+i], fmt.Errorf("%w: row %d: candidates not in selection order", ErrBadMessage, row)
+			return nil, fmt.Errorf("%w: row %d: candidates not in selection order", ErrBadMessage, row)
 		}
 		if plo != nil {
 			plo[row*stride], phi[row*stride] = lo, hi
 		}
-		keys[at+int(n)] = noKey
-		off += int(n) * candidateLen
-	}
-	if off != len(b) {
-		return keys, fmt.Errorf("%w: %d trailing bytes", ErrBadMessage, len(b)-off)
 	}
 	return keys, nil
 }

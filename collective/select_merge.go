@@ -7,12 +7,13 @@ import (
 	"slices"
 )
 
-// The merge of SelectExact. After parseSelect, g.all holds every rank's
-// candidates of every row as sort keys in ascending key order (Compare's
-// order), each row ended by noKey, at g.rowAt[row*size+rank] with
-// g.cnt[row*size+rank] keys. A row's global top-t (t = min(k, total)) is
-// then the first cut[r] keys of each rank's list for counts cut that sum
-// to t and leave no taken key above an untaken one:
+// The merge of SelectExact. After parseSelect, g.keys[rank] holds that
+// rank's candidates of every row as sort keys in ascending key order
+// (Compare's order; a view of its frame or a copy), a row's at
+// g.rowAt[row*size+rank] with g.cnt[row*size+rank] keys. A row's global
+// top-t (t = min(k, total)) is then the first cut[r] keys of each rank's
+// list for counts cut that sum to t and leave no taken key above an
+// untaken one:
 //
 //   - every candidate fits (total <= k, always so on one rank): cut = cnt;
 //   - two ranks: a binary search for the split, O(log k);
@@ -42,7 +43,7 @@ func (g *Group) selectRow(row, k int, out []int32) ([]int32, error) {
 	case t == total:
 		copy(cut, cnt)
 	case n == 2:
-		a, b := g.all[at[0]:][:cnt[0]], g.all[at[1]:][:cnt[1]]
+		a, b := g.keys[0][at[0]:][:cnt[0]], g.keys[1][at[1]:][:cnt[1]]
 		cut[0] = split2(a, b, t)
 		cut[1] = t - cut[0]
 	default:
@@ -79,7 +80,7 @@ func split2(a, b []uint64, t int) int {
 // Each round takes at least need/N keys, so about N*ln(t) rounds of N
 // steps, instead of t steps of a merge.
 func (g *Group) cutN(at, cnt []int, t int, cut []int) {
-	all, n := g.all, len(at)
+	keys, n := g.keys, len(at)
 	clear(cut)
 	for need := t; need > 0; {
 		step := max(1, need/n)
@@ -89,7 +90,7 @@ func (g *Group) cutN(at, cnt []int, t int, cut []int) {
 			if s == 0 {
 				continue
 			}
-			if k := all[p+cut[r]+s-1]; best < 0 || k < bk {
+			if k := keys[r][p+cut[r]+s-1]; best < 0 || k < bk {
 				best, bs, bk = r, s, k
 			}
 		}
@@ -122,7 +123,7 @@ func (g *Group) emitRow(row int, at, cut []int, t int, out []int32) ([]int32, er
 	}
 	j := 0
 	for r, c := range cut {
-		for _, key := range g.all[at[r]:][:c] {
+		for _, key := range g.keys[r][at[r]:][:c] {
 			out[j] = int32(uint32(key))
 			j++
 		}
@@ -146,7 +147,7 @@ func (g *Group) emitBitmap(at, cut []int, lo uint32, words int, out []int32) boo
 	}
 	bm := g.bits[:words]
 	for r, c := range cut {
-		for _, key := range g.all[at[r]:][:c] {
+		for _, key := range g.keys[r][at[r]:][:c] {
 			o := uint32(key) - lo
 			bm[o>>6] |= 1 << (o & 63)
 		}

@@ -38,6 +38,7 @@ func TestCuts(t *testing.T) {
 			cut[0] = split2(g.all[at[0]:][:cnt[0]], g.all[at[1]:][:cnt[1]], want)
 			cut[1] = want - cut[0]
 		} else {
+			g.keys = slices.Repeat([][]uint64{g.all}, n) // every rank's list in g.all
 			g.cutN(at, cnt, want, cut)
 		}
 		sum, hiTaken, loLeft := 0, uint64(0), noKey
@@ -73,6 +74,71 @@ func TestMinKey(t *testing.T) {
 		}
 		if k := sortKey(c); k < minKey || k == noKey {
 			t.Fatalf("sortKey(%v) = %#x, outside [minKey, noKey)", c, k)
+		}
+	}
+}
+
+// TestEmitBitmap: emitBitmap puts the taken pages of every rank's list in
+// ascending order exactly as slices.Sort does, for pages spread thinly or
+// packed (words of more than 4 pages), at the ends of the page range
+// (0 and math.MaxInt32), with the bitmap left zero, and reports a page
+// taken twice instead of emitting it.
+func TestEmitBitmap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	g := &Group{}
+	for trial := range 20000 {
+		n := 1 + trial%5
+		span := 1 + rng.IntN(1<<uint(rng.IntN(14)))
+		lo := uint32(rng.IntN(1 << 20))
+		switch trial % 7 {
+		case 0:
+			lo = 0
+		case 1:
+			lo = math.MaxInt32 - uint32(span) + 1
+		}
+		g.all = g.all[:0]
+		at, cut := make([]int, n), make([]int, n)
+		var pages []int32
+		seen := map[int32]bool{}
+		for r := range n {
+			at[r] = len(g.all)
+			c := rng.IntN(40)
+			for range c {
+				p := int32(lo + uint32(rng.IntN(span)))
+				if seen[p] && rng.IntN(20) != 0 {
+					continue // mostly distinct pages, a duplicate now and then
+				}
+				seen[p] = true
+				pages = append(pages, p)
+				g.all = append(g.all, sortKey(Candidate{Score: rng.Float32(), Page: p}))
+			}
+			cut[r] = len(g.all) - at[r]
+			g.all = append(g.all, noKey)
+			if rng.IntN(3) == 0 && cut[r] > 0 {
+				cut[r] = rng.IntN(cut[r]) // a prefix of the list is taken
+				pages = pages[:len(pages)-(len(g.all)-1-at[r]-cut[r])]
+			}
+		}
+		// The duplicate may have been dropped with an untaken tail.
+		want := slices.Clone(pages)
+		slices.Sort(want)
+		dup := len(slices.Compact(slices.Clone(want))) != len(want)
+		base := lo // the bitmap starts at the range's first page or below it
+		if trial%2 == 0 {
+			base = lo &^ 63
+		}
+		words := int(lo-base+uint32(span)-1)>>6 + 1
+		out := make([]int32, len(pages))
+		g.keys = slices.Repeat([][]uint64{g.all}, n) // every rank's list in g.all
+		ok := g.emitBitmap(at, cut, base, words, out)
+		if ok == dup {
+			t.Fatalf("trial %d: emitBitmap = %v with duplicate %v", trial, ok, dup)
+		}
+		if ok && !slices.Equal(out, want) {
+			t.Fatalf("trial %d: got %v, want %v", trial, out, want)
+		}
+		if slices.ContainsFunc(g.bits, func(w uint64) bool { return w != 0 }) {
+			t.Fatalf("trial %d: bitmap not left zero", trial)
 		}
 	}
 }

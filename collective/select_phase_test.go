@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -38,13 +39,16 @@ func phaseCase(n, rows, k int) ([][][]Candidate, []int) {
 }
 
 // BenchmarkSelectPhases times the parts of one member's SelectExact
-// without the exchange, at 8 rows of k = 128: encode (validate, sort,
-// write the frame; shuffled input, and input already in Compare order),
+// without the exchange, at 8 and 128 rows (batch 1 and 16 of the
+// default 8 KV heads) of k = 128: encode (validate, sort,
+// write the frame; shuffled input, input already in Compare order, and
+// input in page order as the CPU top-K returns it),
 // parse (check and decode the peers' frames) and merge (every row's
 // global top-k, pages ascending).
 func BenchmarkSelectPhases(b *testing.B) {
-	const rows, k = 8, 128
-	for _, n := range []int{2, 4} {
+	const k = 128
+	for _, sz := range [][2]int{{2, 8}, {4, 8}, {2, 128}, {4, 128}} {
+		n, rows := sz[0], sz[1]
 		local, budgets := phaseCase(n, rows, k)
 		peers := make([][]byte, n)
 		for r := 1; r < n; r++ {
@@ -55,14 +59,14 @@ func BenchmarkSelectPhases(b *testing.B) {
 			peers[r] = slices.Clone(p.buf)
 		}
 		g := NewGroup(NewInprocGroup(n)[0])
-		b.Run(fmt.Sprintf("shards=%d/encode", n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("shards=%d/rows=%d/encode", n, rows), func(b *testing.B) {
 			for b.Loop() {
 				if err := g.encodeSelect(local[0], budgets); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("shards=%d/encode-sorted", n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("shards=%d/rows=%d/encode-sorted", n, rows), func(b *testing.B) {
 			sorted := make([][]Candidate, rows)
 			for row, c := range local[0] {
 				sorted[row] = slices.SortedFunc(slices.Values(c), plan.Compare)
@@ -73,20 +77,34 @@ func BenchmarkSelectPhases(b *testing.B) {
 				}
 			}
 		})
+		b.Run(fmt.Sprintf("shards=%d/rows=%d/encode-pages", n, rows), func(b *testing.B) {
+			byPage := make([][]Candidate, rows)
+			for row, c := range local[0] {
+				byPage[row] = slices.SortedFunc(slices.Values(c), func(x, y Candidate) int { return cmp.Compare(x.Page, y.Page) })
+			}
+			for b.Loop() {
+				if err := g.encodeSelect(byPage, budgets); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 		if err := g.encodeSelect(local[0], budgets); err != nil {
 			b.Fatal(err)
 		}
-		own := len(g.all)
 		copy(g.recv[1:], peers[1:])
-		b.Run(fmt.Sprintf("shards=%d/parse", n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("shards=%d/rows=%d/parse", n, rows), func(b *testing.B) {
 			for b.Loop() {
-				g.all = g.all[:own]
 				if err := g.parseSelect(rows, budgets); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("shards=%d/merge", n), func(b *testing.B) {
+		b.Run(fmt.Sprintf("shards=%d/rows=%d/merge", n, rows), func(b *testing.B) {
+			// The peers' keys, also when the parse case did not run
+			// (-bench .../merge alone).
+			if err := g.parseSelect(rows, budgets); err != nil {
+				b.Fatal(err)
+			}
 			dst := make([][]int32, rows)
 			for b.Loop() {
 				for row := range rows {

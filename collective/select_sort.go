@@ -5,7 +5,9 @@ import (
 	"slices"
 )
 
-// sortKeys sorts one row's sort keys ascending (Compare's order), the only
+// sortKeys sorts one row's sort keys ascending (Compare's order) and returns
+// them: keys itself, or s's scratch holding them (keys then left in any
+// order), which the caller copies where it wants them. It is the only
 // sort of SelectExact: each member sorts its own candidates once, and the
 // members merge the sorted lists.
 //
@@ -23,17 +25,17 @@ import (
 //
 // lo and hi are the smallest and largest score parts (key>>32) of keys.
 // s holds the scratch, grown to the largest row seen.
-func (s *keySorter) sortKeys(keys []uint64, lo, hi uint32) {
+func (s *keySorter) sortKeys(keys []uint64, lo, hi uint32) []uint64 {
 	n := len(keys)
 	if n < minBucketSort {
 		slices.Sort(keys)
-		return
+		return keys
 	}
 	top := float64(math.Float32frombits(keyScore(uint64(lo) << 32))) // best score
 	span := top - float64(math.Float32frombits(keyScore(uint64(hi)<<32)))
 	if !(span > 0) || math.IsInf(span, 0) {
 		slices.Sort(keys)
-		return
+		return keys
 	}
 	nb := n
 	scale := float64(nb) / span
@@ -76,7 +78,7 @@ func (s *keySorter) sortKeys(keys []uint64, lo, hi uint32) {
 		}
 	}
 	insertionSort(tmp)
-	copy(keys, tmp)
+	return tmp
 }
 
 const (

@@ -9,8 +9,8 @@ import (
 
 // TestSortKeys: sortKeys sorts like slices.Sort whatever the scores
 // (clustered, tied, spread over every magnitude, infinite, zeros of both
-// signs) and the row length, including rows that reuse a larger row's
-// scratch.
+// signs, the smallest subnormals), pages up to math.MaxInt32 and the row
+// length, including rows that reuse a larger row's scratch.
 func TestSortKeys(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	dists := []func() float32{
@@ -21,6 +21,7 @@ func TestSortKeys(t *testing.T) {
 		func() float32 { return float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(70)-35))) },
 		func() float32 { return math.Float32frombits(rng.Uint32() &^ (0xff << 23)) },
 		func() float32 { return []float32{float32(math.Inf(1)), float32(math.Inf(-1)), 0, 1}[rng.IntN(4)] },
+		func() float32 { return []float32{0, float32(math.Copysign(0, -1)), 0x1p-149, -0x1p-149}[rng.IntN(4)] },
 		func() float32 {
 			if rng.IntN(50) == 0 {
 				return 3e38
@@ -37,7 +38,11 @@ func TestSortKeys(t *testing.T) {
 		dist := dists[trial%len(dists)]
 		keys := make([]uint64, n)
 		for i := range keys {
-			keys[i] = sortKey(Candidate{Score: dist(), Page: int32(rng.IntN(1 << 20))})
+			page := int32(rng.IntN(1 << 20))
+			if trial%3 == 0 {
+				page = math.MaxInt32 - page // the largest page ids
+			}
+			keys[i] = sortKey(Candidate{Score: dist(), Page: page})
 		}
 		want := slices.Clone(keys)
 		slices.Sort(want)
@@ -45,8 +50,7 @@ func TestSortKeys(t *testing.T) {
 		for _, k := range keys {
 			lo, hi = min(lo, uint32(k>>32)), max(hi, uint32(k>>32))
 		}
-		s.sortKeys(keys, lo, hi)
-		if !slices.Equal(keys, want) {
+		if got := s.sortKeys(keys, lo, hi); !slices.Equal(got, want) {
 			t.Fatalf("trial %d: %d keys not sorted", trial, n)
 		}
 	}

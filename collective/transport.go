@@ -106,6 +106,9 @@ const (
 	OpSelect    Op = 2 // SelectExact
 	OpReduce    Op = 3 // Reduce
 	OpAllReduce Op = 4 // AllReduce
+	// OpTopP tags the all-gather of a step's top-p candidate logits
+	// (plan.Policy.TopP); the operation is AllGather.
+	OpTopP Op = 5
 )
 
 func (o Op) String() string {
@@ -118,6 +121,8 @@ func (o Op) String() string {
 		return "reduce"
 	case OpAllReduce:
 		return "allreduce"
+	case OpTopP:
+		return "topp"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }

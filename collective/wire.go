@@ -15,18 +15,26 @@ import (
 // little-endian. After the header:
 //
 //	gather:            payload bytes
-//	select:            rows u32 | khash u64 | rows x (count u32 | count x (score f32 | page i32))
+//	select:            rows u32 | khash u64 | total x key u64 | rows x count u32
 //	reduce, allreduce: n u32 | d u32 | n*d x o f32 | n x lse f32
 //	abort:             reason (UTF-8 text, at most maxReason bytes)
 //
-// A select row's candidates are in strict Compare order (the receivers
-// merge them without sorting); khash is hashBudgets of the budgets.
-// Version 2 changed hashBudgets (FNV-1a over 64-bit words instead of
-// bytes): members of one group must run the same version.
+// A select frame's candidates travel as their sort keys (sortKey: the
+// order-preserving inverted score bits above the page), row after row,
+// each row's in strictly ascending order, which is Compare's; the rows'
+// counts follow them. So the keys start 16 bytes into the frame, 8-byte
+// aligned in any buffer that is, and receivers merge them in place
+// (keysView), checking each with a range test (validKey), without
+// remapping scores, copying or sorting. khash is hashBudgets of the
+// budgets. Version 2 changed hashBudgets (FNV-1a over 64-bit words instead
+// of bytes); version 3 sent keys instead of (score f32 | page i32) pairs,
+// each row's count before its keys; version 4 moves the counts after all
+// the keys (the same bytes): members of one group must run the same
+// version.
 const (
 	kindData  = 0
 	kindAbort = 1
-	version   = 2
+	version   = 4
 
 	headerLen       = 4
 	selectHeaderLen = headerLen + 4 + 8
@@ -84,14 +92,6 @@ func getF32s(f []float32, b []byte) {
 	}
 }
 
-func getCandidate(b []byte, i int) Candidate {
-	off := i * candidateLen
-	return Candidate{
-		Score: math.Float32frombits(binary.LittleEndian.Uint32(b[off:])),
-		Page:  int32(binary.LittleEndian.Uint32(b[off+4:])),
-	}
-}
-
 // sortKey maps a candidate (score not NaN, page >= 0) to a key whose
 // ascending order is Compare's order: the high 32 bits are the score made
 // order-preserving and inverted (score descending; -0 folds into +0, as
@@ -113,7 +113,7 @@ func keyOf(score, page uint32) uint64 {
 	return uint64(^t)<<32 | uint64(page)
 }
 
-// noKey ends a row's keys: it sorts after every valid key (its score part
+// noKey sorts after every valid key (its score part
 // would be a NaN, which is never accepted).
 const noKey = ^uint64(0)
 
@@ -132,11 +132,20 @@ func fromKey(k uint64) Candidate {
 	return Candidate{Score: math.Float32frombits(keyScore(k)), Page: int32(uint32(k))}
 }
 
-// putKey writes the candidate of key k at the start of b as score f32 |
-// page i32.
-func putKey(b []byte, k uint64) {
-	binary.LittleEndian.PutUint64(b, uint64(keyScore(k))|k<<32)
+// validKey reports whether k is the sort key of a candidate: a score part
+// that a non-NaN score maps to (in [minKey>>32, maxScorePart], but not
+// negZeroPart, which no score maps to since -0 folds into +0) and a page
+// below 1<<31.
+func validKey(k uint64) bool {
+	sp := uint32(k >> 32)
+	return sp-minScorePart <= maxScorePart-minScorePart && sp != negZeroPart && int32(uint32(k)) >= 0
 }
+
+const (
+	minScorePart = uint32(minKey >> 32) // +Inf's
+	maxScorePart = 0xff800000           // -Inf's
+	negZeroPart  = 0x80000000           // what -0 would map to unfolded
+)
 
 // hashBudgets is FNV-1a over the budgets taken as 64-bit words (one
 // multiply per row), so ranks detect disagreeing k: each step is a

@@ -21,24 +21,27 @@ func FuzzParseSelectFrame(f *testing.F) {
 		for i := range k {
 			k[i] = int([]uint8{k0, k1}[i%2])
 		}
-		rowAt := make([]int, rows)
-		keys, err := parseSelectFrame(b, int(rows), k, hashBudgets(k), rowAt, 1, nil)
+		rowAt, cnt := make([]int, rows), make([]int, rows)
+		var scratch []uint64
+		keys, err := parseSelectFrame(b, int(rows), k, hashBudgets(k), rowAt, cnt, 1, &scratch)
 		if err != nil {
 			return
 		}
-		if int(rows)*4+(len(keys)-int(rows))*8 > len(b) {
+		if selectHeaderLen+int(rows)*4+len(keys)*8 != len(b) {
 			t.Fatalf("%d keys from %d bytes", len(keys), len(b))
 		}
 		for row, at := range rowAt {
-			n := 0
-			for ; keys[at+n] != noKey; n++ {
+			for n := range cnt[row] {
 				c := fromKey(keys[at+n])
 				if c.Score != c.Score || c.Page < 0 || (n > 0 && plan.Compare(fromKey(keys[at+n-1]), c) >= 0) {
 					t.Fatalf("row %d: accepted bad candidate %d %+v", row, n, c)
 				}
 			}
-			if n > k[row] {
-				t.Fatalf("row %d: %d candidates, budget %d", row, n, k[row])
+			if cnt[row] > k[row] {
+				t.Fatalf("row %d: %d candidates, budget %d", row, cnt[row], k[row])
+			}
+			if row > 0 && at != rowAt[row-1]+cnt[row-1] {
+				t.Fatalf("row %d starts at %d, after %d keys", row, at, rowAt[row-1]+cnt[row-1])
 			}
 		}
 	})
@@ -102,6 +105,42 @@ func TestSortKeyOrder(t *testing.T) {
 			if (want < 0) != (got < 0) || (want == 0) != (got == 0) {
 				t.Fatalf("%v vs %v: Compare %d, keys %d", a, b, want, got)
 			}
+		}
+	}
+}
+
+// TestValidKey: validKey accepts exactly the keys that sortKey makes (all
+// non-NaN scores, both zeros folded, pages 0 to MaxInt32) and refuses the
+// images of NaNs, the unfolded -0 and negative pages, checked against
+// keyScore's inverse for every score part's neighbourhood that matters and
+// random bits.
+func TestValidKey(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	// A key is valid when decoding it gives a non-NaN score and a page
+	// >= 0 and encoding that candidate gives the key back.
+	ref := func(k uint64) bool {
+		c := fromKey(k)
+		return c.Score == c.Score && c.Page >= 0 && sortKey(c) == k
+	}
+	parts := []uint32{0, 1, 0x007ffffe, 0x007fffff, 0x00800000, 0x7ffffffe, 0x7fffffff, 0x80000000, 0x80000001, 0xff7fffff, 0xff800000, 0xff800001, 0xfffffffe, 0xffffffff}
+	pages := []uint32{0, 1, 1<<31 - 1, 1 << 31, 0xffffffff}
+	check := func(k uint64) {
+		if got, want := validKey(k), ref(k); got != want {
+			t.Fatalf("validKey(%#x) = %v, want %v (%+v)", k, got, want, fromKey(k))
+		}
+	}
+	for _, sp := range parts {
+		for _, p := range pages {
+			check(uint64(sp)<<32 | uint64(p))
+		}
+	}
+	for range 200000 {
+		check(rng.Uint64())
+		check(uint64(rng.Uint32()) << 32) // page 0
+	}
+	for _, f := range []float32{0, float32(math.Copysign(0, -1)), 1, -1, float32(math.Inf(1)), float32(math.Inf(-1)), math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32} {
+		if k := sortKey(Candidate{Score: f, Page: math.MaxInt32}); !validKey(k) {
+			t.Fatalf("validKey(sortKey(%v)) = false", f)
 		}
 	}
 }

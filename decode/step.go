@@ -32,8 +32,9 @@ type Row struct {
 // Options tune a step.
 type Options struct {
 	// Diagnostics measures the selection against dense attention (a
-	// second, dense pass). Runners that cannot measure inside an open
-	// step refuse it in Begin with ErrBadInput.
+	// second, dense pass) and reports it in Result.Diag. Runners that
+	// cannot measure inside an open step refuse it in Begin with
+	// ErrBadInput; a remote client runs such a step one layer per call.
 	Diagnostics bool
 	// TopR is R for the recall diagnostic (10).
 	TopR int
@@ -53,7 +54,22 @@ type Batch struct {
 	// token); Layer calls come for it and higher layers, in increasing
 	// order, each at most once.
 	FirstLayer int
-	Options    Options
+	// Layers, when positive, bounds the step to the layers
+	// [FirstLayer, FirstLayer+Layers): a step of one layer (a dense
+	// reference, a measured layer) is Layers 1. 0 runs through the
+	// model's last layer. A runner whose remote side runs the step to a
+	// fixed last layer (a client's Steps stream) ends it there cleanly.
+	Layers  int
+	Options Options
+}
+
+// LastLayer returns the layer after the step's last one, for a model of
+// layers layers.
+func (b Batch) LastLayer(layers int) int {
+	if b.Layers > 0 {
+		return b.FirstLayer + b.Layers
+	}
+	return layers
 }
 
 // NewRows returns the number of rows that bring a new token.
@@ -95,6 +111,10 @@ type Result struct {
 	Plans []plan.Plan
 	// Time is the layer's phase times.
 	Time Times
+	// Diag is each row's diagnostics at the layer, in batch order, when
+	// the step's Options.Diagnostics (a runner leaves it alone
+	// otherwise).
+	Diag []Diagnostics
 }
 
 // Stepper runs decode steps. Begin validates and plans a batch and opens
@@ -130,6 +150,16 @@ type Step interface {
 	// a remote client, wraps both); the new tokens of the layers that
 	// ran stay appended.
 	//
+	// A runner that sends the step's begin ahead of its first layer
+	// without waiting for the answer (a remote client, a coordinator with
+	// a remote worker: one round trip less per token) may learn at the
+	// first Layer call that the step did not open: that call then returns
+	// Begin's refusal wrapping ErrBeginRefused besides its own class
+	// (ErrBadInput, ErrStepOpen, an unknown sequence...), the layer did
+	// not run and nothing changed, as after a Begin that returned the
+	// error; later Layer calls wrap ErrStepFailed, and End is still to be
+	// called.
+	//
 	// Device tensors (q, k, v and res.O on one device, see Tensor): a
 	// runner that takes them in place queues the layer on the device
 	// after what the caller queued on q's stream and returns without
@@ -158,6 +188,10 @@ var (
 	// ErrStepFailed: an earlier layer of the step failed; only End is
 	// left to call.
 	ErrStepFailed = errors.New("decode: step failed")
+	// ErrBeginRefused: the step's first Layer call learnt that the
+	// step's begin, sent ahead of the layer, was refused; nothing
+	// changed (see Step.Layer).
+	ErrBeginRefused = errors.New("decode: begin refused")
 	// ErrDeviceTensor: a tensor on a device this runner cannot read
 	// in place.
 	ErrDeviceTensor = errors.New("decode: device tensor not supported here")

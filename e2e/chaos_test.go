@@ -80,8 +80,14 @@ const (
 	chaosCallTimeout = netnsStepTimeout + time.Second
 	// chaosFailBound bounds the time a failed step may take.
 	chaosFailBound = chaosCallTimeout + 500*time.Millisecond
-	// chaosConverge bounds the convergence after a fault.
-	chaosConverge = 20 * time.Second
+	// chaosConverge bounds the convergence after a fault. A partitioned
+	// node declares the others dead as they declare it; once healed, a
+	// pair that declared each other dead at the same incarnation
+	// reconciles only through a push/pull carrying one's verdict to a
+	// node that passes the suspicion on (memberlist's state sync, every
+	// 30 s by default): 20 s was not always enough (CI: n1 still listed
+	// n2 dead after 20 s). 45 s covers one push/pull of the healed node.
+	chaosConverge = 45 * time.Second
 	// chaosStreams is the number of concurrent step streams.
 	chaosStreams = 3
 	// chaosSkipResetEnv, set, skips the loss_reset scenario. Its resets
@@ -473,6 +479,13 @@ func (r *chaosRun) sleep(d time.Duration) bool {
 	}
 }
 
+// chaosMaxGrowth bounds the rounds with new tokens a chaos sequence
+// takes (at most 60 + 150 tokens, 53 pages of 4 over the CP ranks):
+// three streams' sequences then fit the reference engine's 128 pages a
+// rank. CI saw the reference's pool exhausted after a 41 s partition
+// phase (the convergence wait is 45 s).
+const chaosMaxGrowth = 150
+
 // run is stream i: create a sequence through node i, step both layers
 // in rounds (new tokens every other round) through node i and then
 // through the next node, until the run stops (60 s at most: a bound).
@@ -485,13 +498,23 @@ func (r *chaosRun) run(i int, rng *rand.Rand) {
 			cc.drop(s)
 		}
 	}()
+	grown := 0 // rounds with new tokens on s
 	for round := 0; time.Now().Before(hard); round++ {
 		select {
 		case <-r.stop:
 			return
 		default:
 		}
+		if s != nil && grown >= chaosMaxGrowth {
+			// A sequence grows a token a layer every other round: past
+			// this it starts afresh, so neither a grid's pool nor the
+			// reference's (every stream's sequences in one engine of
+			// the same capacity) fills however long a phase runs.
+			cc.drop(s)
+			s = nil
+		}
 		if s == nil {
+			grown = 0
 			var err error
 			s, err = cc.create(rng, i)
 			r.mu.Lock()
@@ -515,6 +538,9 @@ func (r *chaosRun) run(i int, rng *rand.Rand) {
 			via = (i + 1) % len(cc.nw.ip)
 		}
 		fresh := round%4 < 2
+		if fresh {
+			grown++
+		}
 		for layer := range cc.ec.Layers {
 			// Healthy all along: at the start and at the end of the step.
 			healthy := r.healthy(s, via)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -97,8 +98,8 @@ func TestUpKillRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var upErr strings.Builder
-	up.Stderr = &syncWriter{w: &upErr}
+	upErr := &syncWriter{}
+	up.Stderr = upErr
 	if err := up.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -310,14 +311,23 @@ func tail(s string, n int) string {
 	return s
 }
 
-// syncWriter serializes writes to w.
+// syncWriter is a process's output, written by os/exec's copying
+// goroutine and read by the test: writes and String serialized.
 type syncWriter struct {
-	mu chan struct{}
-	w  io.Writer
+	mu sync.Mutex
+	b  strings.Builder
 }
 
 func (s *syncWriter) Write(p []byte) (int, error) {
-	return s.w.Write(p)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 var _ = os.Stderr

@@ -52,10 +52,23 @@ type RecoveredPart struct {
 	// (worker.RecoveredSeq.Lens and Had).
 	Lens []int
 	Had  int
+	// HadLens, when not nil, are per layer the length the layer held
+	// before the stop as far as the worker's ranks know
+	// (worker.RecoveredSeq.HadLens); nil from a worker that does not
+	// report them (Had stands for every layer then).
+	HadLens []int
 	// RolledBack, when not nil, are the tokens per layer the worker's
 	// recovery cut as the appends of an interrupted step
 	// (worker.RecoveredSeq.RolledBack).
 	RolledBack []int
+	// HadExact, when not nil, says per layer whether HadLens[layer] is
+	// exact (worker.RecoveredSeq.HadExact); nil: every one an upper
+	// bound.
+	HadExact []bool
+	// Why, when Missing, is what the worker reported of the sequence
+	// (it found it damaged, or its data directory was quarantined);
+	// "" when it reported nothing.
+	Why string
 }
 
 // Adopted is what Adopt made of a recovered sequence.
@@ -67,15 +80,27 @@ type Adopted struct {
 	// append again, from position max(Lens), before it decodes as it
 	// would have (0 after a graceful stop of every worker).
 	Had, LostTokens int
-	// Lost are, per layer, Had - Lens[layer]: the tokens that layer
-	// lacks of what the sequence held at the stop (those past the length
-	// every worker holds are cut from the workers that held more).
+	// Lost are, per layer, the tokens that layer lacks of what it held
+	// at the stop: the largest of the workers' RecoveredPart.HadLens
+	// less Lens[layer] (those past the length every worker holds are
+	// cut from the workers that held more); Had - Lens[layer] when a
+	// worker reported no HadLens (an upper bound where the layers were
+	// uneven at the stop). Lost[layer] - RolledBack[layer] are the
+	// acknowledged tokens to append again to that layer from
+	// Lens[layer].
 	Lost []int
 	// RolledBack, when not nil, are per layer the tokens of an
 	// interrupted step (never acknowledged) that the workers' recovery
 	// cut, the largest over the workers; counted in Lost and LostTokens
 	// as well.
 	RolledBack []int
+	// LostExact says per layer whether Lost[layer] is exact: a worker
+	// that knows the layer's length at the stop exactly reports the
+	// largest (RecoveredPart.HadExact), so no other worker's upper bound
+	// exceeds it. Otherwise Lost[layer] is an upper bound (a worker killed
+	// inside a step estimates from its length record, which holds only
+	// the longest layer).
+	LostExact []bool
 }
 
 // ErrIncomplete: a recovered sequence that not every worker of its grid
@@ -176,6 +201,9 @@ func (e *Engine) agree(r Recovered) (Adopted, error) {
 	a := Adopted{Lens: nil}
 	for w, p := range r.Parts {
 		if p.Missing {
+			if p.Why != "" {
+				return Adopted{}, fmt.Errorf("%w: worker %d (ranks %v) did not recover it: %s", ErrIncomplete, w, e.hosts[w], p.Why)
+			}
 			return Adopted{}, fmt.Errorf("%w: worker %d (ranks %v) did not recover it", ErrIncomplete, w, e.hosts[w])
 		}
 		if len(p.Lens) != c.Layers {
@@ -207,10 +235,46 @@ func (e *Engine) agree(r Recovered) (Adopted, error) {
 			}
 		}
 	}
+	// Per layer, what it held: the largest any worker knows, or Had
+	// where a worker does not say.
+	had := make([]int, c.Layers)
+	for l := range had {
+		had[l] = -1
+	}
+	for w, p := range r.Parts {
+		if p.HadLens == nil {
+			had = nil
+			break
+		}
+		if len(p.HadLens) != c.Layers || slices.Min(p.HadLens) < 0 || slices.Max(p.HadLens) > p.Had {
+			return Adopted{}, fmt.Errorf("%w: worker %d: lengths before the stop %v for %d layers, had %d", ErrIncomplete, w, p.HadLens, c.Layers, p.Had)
+		}
+		for l, n := range p.HadLens {
+			had[l] = max(had[l], n)
+		}
+		if p.HadExact != nil && len(p.HadExact) != c.Layers {
+			return Adopted{}, fmt.Errorf("%w: worker %d: %d exact flags for %d layers", ErrIncomplete, w, len(p.HadExact), c.Layers)
+		}
+	}
+	a.LostExact = make([]bool, c.Layers)
+	for _, p := range r.Parts {
+		if had == nil || p.HadExact == nil {
+			continue
+		}
+		for l, n := range p.HadLens {
+			if p.HadExact[l] && n == had[l] {
+				a.LostExact[l] = true
+			}
+		}
+	}
 	a.LostTokens = max(a.Had-slices.Max(a.Lens), 0)
 	a.Lost = make([]int, c.Layers)
 	for l, n := range a.Lens {
-		a.Lost[l] = max(a.Had-n, 0)
+		h := a.Had
+		if had != nil {
+			h = had[l]
+		}
+		a.Lost[l] = max(h-n, 0)
 	}
 	// A worker that holds more is cut back in trim: by one Rollback per
 	// rank when it holds the same surplus in every layer, else per layer.

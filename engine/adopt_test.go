@@ -333,3 +333,53 @@ func bitsEqual(a, b []float32) bool {
 	}
 	return true
 }
+
+// TestAgreeLostExact: a layer's loss is exact when a worker that knows
+// the layer's length at the stop exactly reports the largest one, and an
+// upper bound when a worker's estimate (its longest layer's length)
+// exceeds every exact one, or when no worker says.
+func TestAgreeLostExact(t *testing.T) {
+	be := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
+	defer be.Close()
+	cfg := adoptConfig(be)
+	g := &persistGrid{t: t, cfg: cfg, be: be}
+	g.open([]string{t.TempDir(), t.TempDir()})
+	defer g.close()
+	lay := plan.Layout{CP: 2, TP: 1, Placement: plan.Striped, BlockPages: cfg.BlockPages}
+	// Page size 4, striped over 2 ranks: both hold pages 0..3 (tokens
+	// 0..15) of the 16 recovered. Worker 0 survived the step at length
+	// 20 that reached layer 0 only (exact: 21 and 20); worker 1 was
+	// killed and estimates both layers from its longest (21).
+	survived := RecoveredPart{Key: 1, Lens: []int{16, 16}, Had: 21, HadLens: []int{21, 20}, HadExact: []bool{true, true}}
+	killed := RecoveredPart{Key: 2, Lens: []int{16, 16}, Had: 21, HadLens: []int{21, 21}, HadExact: []bool{false, false}}
+	silent := killed
+	silent.HadExact = nil
+	noLens := survived
+	noLens.HadLens, noLens.HadExact = nil, nil
+	for _, tc := range []struct {
+		name  string
+		parts []RecoveredPart
+		lost  []int
+		exact []bool
+	}{
+		{"survivor and killed", []RecoveredPart{survived, killed}, []int{5, 5}, []bool{true, false}},
+		{"killed first", []RecoveredPart{killed, survived}, []int{5, 5}, []bool{true, false}},
+		{"a worker that does not say", []RecoveredPart{survived, silent}, []int{5, 5}, []bool{true, false}},
+		{"both killed", []RecoveredPart{killed, killed}, []int{5, 5}, []bool{false, false}},
+		{"both exact", []RecoveredPart{survived, survived}, []int{5, 4}, []bool{true, true}},
+		{"no lengths per layer", []RecoveredPart{noLens, survived}, []int{5, 5}, []bool{false, false}},
+	} {
+		a, err := g.eng.agree(Recovered{Seq: 1, Layout: lay, Parts: tc.parts})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !slices.Equal(a.Lens, []int{16, 16}) || !slices.Equal(a.Lost, tc.lost) || !slices.Equal(a.LostExact, tc.exact) {
+			t.Errorf("%s: lens %v, lost %v, exact %v; want [16 16], %v, %v", tc.name, a.Lens, a.Lost, a.LostExact, tc.lost, tc.exact)
+		}
+	}
+	bad := survived
+	bad.HadExact = []bool{true}
+	if _, err := g.eng.agree(Recovered{Seq: 1, Layout: lay, Parts: []RecoveredPart{bad, killed}}); !errors.Is(err, ErrIncomplete) {
+		t.Errorf("one exact flag for 2 layers: %v, want ErrIncomplete", err)
+	}
+}

@@ -200,6 +200,42 @@ func (e *Engine) Shard(tp, cp int) *shard.Shard {
 	return e.locals[s.w].Shard(worker.Rank{TP: tp, CP: cp})
 }
 
+// HierStats returns the hierarchical search's counters
+// (Policy.HierGroup) summed over the engine's shards, for statistics;
+// zero for an engine made by Open.
+func (e *Engine) HierStats() shard.HierStats {
+	var sum shard.HierStats
+	if e.locals == nil {
+		return sum
+	}
+	for tp := range e.at {
+		for cp := range e.at[tp] {
+			if s := e.Shard(tp, cp); s != nil {
+				sum.Add(s.HierStats())
+			}
+		}
+	}
+	return sum
+}
+
+// TopPStats returns the top-p pruning's counters (Policy.TopP) summed
+// over the engine's shards, for statistics; zero for an engine made by
+// Open.
+func (e *Engine) TopPStats() shard.TopPStats {
+	var sum shard.TopPStats
+	if e.locals == nil {
+		return sum
+	}
+	for tp := range e.at {
+		for cp := range e.at[tp] {
+			if s := e.Shard(tp, cp); s != nil {
+				sum.Add(s.TopPStats())
+			}
+		}
+	}
+	return sum
+}
+
 // Close releases the workers, the transports and the engine's own
 // backend. It waits for an open step to end, up to StepTimeout; a step
 // still open then (its caller never called End) fails on the closed

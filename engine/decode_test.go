@@ -7,16 +7,17 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
 )
 
-// Decode over every layer (one BeginStep per step) gives, layer by layer,
-// the outputs of Step on an identical engine, with queries that depend on
+// Begin, Layer over every layer and End (one BeginStep per step) give,
+// layer by layer, the outputs of Step on an identical engine, with queries that depend on
 // the previous layer's output as a model's do; lengths grow by one in
 // every layer.
-func TestDecodeEqualsStepPerLayer(t *testing.T) {
+func TestBeginLayerEqualsStepPerLayer(t *testing.T) {
 	be := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
 	defer be.Close()
 	for _, mode := range []Selection{Exact, Union, Replicated} {
@@ -86,19 +87,38 @@ func TestDecodeEqualsStepPerLayer(t *testing.T) {
 					breqs[i].Q, breqs[i].K, breqs[i].V = derive(res.O, i, l)
 				}
 			}
+			// The plan-once path: Begin, one Layer per layer, End, with
+			// the caller's loop computing each layer's queries.
 			got := make([][]float32, cfg.Layers)
-			var res Result
-			err := a.Decode(context.Background(), 0, cfg.Layers, reqs, StepOptions{}, &res, func(l int, rq []Request, r *Result) error {
-				got[l] = append([]float32(nil), r.O...)
-				for i := range rq {
-					rq[i].Q, rq[i].K, rq[i].V = derive(r.O, i, l)
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatalf("%v step %d: %v", mode, step, err)
+			bt := decode.Batch{Rows: make([]decode.Row, len(reqs))}
+			for i, r := range reqs {
+				bt.Rows[i] = decode.Row{Seq: r.Seq, New: true}
 			}
-			got[cfg.Layers-1] = append([]float32(nil), res.O...)
+			st, err := a.Begin(context.Background(), bt)
+			if err != nil {
+				t.Fatalf("%v step %d: begin: %v", mode, step, err)
+			}
+			for l := range cfg.Layers {
+				var q, k, v []float32
+				for _, r := range reqs {
+					q, k, v = append(q, r.Q...), append(k, r.K...), append(v, r.V...)
+				}
+				var dr decode.Result
+				if err := st.Layer(context.Background(), l, decode.Host(q), decode.Host(k), decode.Host(v), &dr); err != nil {
+					t.Fatalf("%v step %d layer %d: %v", mode, step, l, err)
+				}
+				o, err := dr.O.HostData("o")
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[l] = append([]float32(nil), o...)
+				for i := range reqs {
+					reqs[i].Q, reqs[i].K, reqs[i].V = derive(o, i, l)
+				}
+			}
+			if err := st.End(context.Background()); err != nil {
+				t.Fatalf("%v step %d: end: %v", mode, step, err)
+			}
 			for l := range cfg.Layers {
 				for j := range ref[l] {
 					if got[l][j] != ref[l][j] {
@@ -114,57 +134,6 @@ func TestDecodeEqualsStepPerLayer(t *testing.T) {
 				t.Fatalf("lengths %d and %d, want %d", na, nb, 30+17*i+3)
 			}
 		}
-	}
-}
-
-func TestDecodeRefuses(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 3, 4, 2, 8, 4
-	cfg.Policy.PageSize, cfg.CapacityPages, cfg.MemoryLimit = 4, 16, memlimit.NoLimit
-	e, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	id, _ := e.Create(plan.Striped)
-	rng := rand.New(rand.NewPCG(1, 1))
-	kv, qd := cfg.KVHeads*cfg.HeadDim, cfg.QHeads*cfg.HeadDim
-	if err := e.Append(id, 0, randVec(rng, 8*kv), randVec(rng, 8*kv)); err != nil {
-		t.Fatal(err)
-	}
-	var res Result
-	req := []Request{{Seq: id, Q: randVec(rng, qd)}}
-	ok := func(int, []Request, *Result) error { return nil }
-	for name, run := range map[string]func() error{
-		"uneven layers": func() error { return e.Decode(context.Background(), 0, 3, req, StepOptions{}, &res, ok) },
-		"diagnostics": func() error {
-			return e.Decode(context.Background(), 0, 1, req, StepOptions{Diagnostics: true}, &res, ok)
-		},
-		"empty range": func() error { return e.Decode(context.Background(), 1, 1, req, StepOptions{}, &res, ok) },
-		"no next":     func() error { return e.Decode(context.Background(), 0, 2, req, StepOptions{}, &res, nil) },
-	} {
-		if err := run(); !errors.Is(err, ErrBadInput) {
-			t.Errorf("%s: %v, want ErrBadInput", name, err)
-		}
-	}
-	// A token at the first layer and not at the next fails the step
-	// there; the first layer's token stays.
-	for l := 1; l < 3; l++ {
-		if err := e.Append(id, l, randVec(rng, 8*kv), randVec(rng, 8*kv)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	req = []Request{{Seq: id, Q: randVec(rng, qd), K: randVec(rng, kv), V: randVec(rng, kv)}}
-	err = e.Decode(context.Background(), 0, 3, req, StepOptions{}, &res, func(l int, rq []Request, _ *Result) error {
-		rq[0].K, rq[0].V = nil, nil
-		return nil
-	})
-	if !errors.Is(err, ErrBadInput) {
-		t.Fatalf("token dropped mid-step: %v", err)
-	}
-	// The engine goes on: a Step works.
-	if err := e.Step(context.Background(), 1, []Request{{Seq: id, Q: randVec(rng, qd)}}, StepOptions{}, &res); err != nil {
-		t.Fatal(err)
 	}
 }
 

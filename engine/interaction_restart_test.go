@@ -160,6 +160,9 @@ func (env *interaction) restart(t *testing.T, ws []int, crash map[int]bool, engi
 			w, how[w], len(rep.Sequences), len(rep.Damaged), rep.OrphanSeqs)
 		for _, s := range rep.Sequences {
 			fmt.Fprintf(&b, "w%d   recovered key=%d seq=%d grid=%s lens=%v had=%d lost=%d", w, s.Key, s.Seq, s.Grid, s.Lens, s.Had, s.LostTokens)
+			if slices.Min(s.HadLens) != slices.Max(s.HadLens) {
+				fmt.Fprintf(&b, " had-per-layer=%v", s.HadLens)
+			}
 			if s.RolledBack != nil {
 				fmt.Fprintf(&b, " step-rolled-back=%v", s.RolledBack)
 			}
@@ -201,7 +204,7 @@ func (env *interaction) adopt(name string) string {
 				continue
 			}
 			r.Layout, found = s.Layout, true
-			r.Parts[w] = RecoveredPart{Key: s.Key, Lens: s.Lens, Had: s.Had, RolledBack: s.RolledBack}
+			r.Parts[w] = RecoveredPart{Key: s.Key, Lens: s.Lens, Had: s.Had, HadLens: s.HadLens, RolledBack: s.RolledBack}
 		}
 		p := r.Parts[w]
 		switch {

@@ -204,7 +204,7 @@ func (e *Engine) run(ctx context.Context, layer int, reqs []Request, seqs []*seq
 	// before its reply cannot say whether its token went in, which breaks
 	// the sequence); the first failure cancels the calls still running
 	// abortGrace later (a peer that never heard of the failure).
-	errs := e.layerCalls(ctx, reps)
+	errs, _ := e.layerCalls(ctx, reps, nil)
 	err := worker.Cause(errs...)
 	if o.fresh {
 		e.account(layer, reqs, seqs, reps, errs)

@@ -46,7 +46,12 @@ var _ decode.Stepper = (*Engine)(nil)
 // one BeginStep to every worker carrying the plan. The step then runs
 // one parallel round of Layer calls per layer (Step.Layer) and one
 // EndStep per worker (Step.End): 2W + L x W worker calls for L layers
-// over W workers, whatever the batch. Begin waits for another open step
+// over W workers, whatever the batch. When exactly one worker is across
+// a network (worker.AheadWorker, as a node's coordinator has it for a
+// CP 2 grid over two nodes), its BeginStep goes ahead without waiting
+// and the first Layer learns its answer: the calls are the same, the
+// round trips one fewer, and a refusal there is reported by that Layer
+// (decode.ErrBeginRefused, nothing changed; see decode.Step). Begin waits for another open step
 // or a sequence operation to finish, until ctx's deadline or
 // StepTimeout, and then fails with decode.ErrStepOpen. Diagnostics are
 // refused (engine.Step measures them one layer at a time).
@@ -78,6 +83,7 @@ type stepState struct {
 	opt   decode.Options
 	first int
 	next  int   // the lowest layer the next Layer call may run
+	last  int   // the layer after the step's last (decode.Batch.Layers)
 	ran   []int // layers whose Layer calls went out
 	reqs  []Request
 	seqs  []*seqState
@@ -89,6 +95,41 @@ type stepState struct {
 	// (layerTensor; End waits for them).
 	queued []int
 	device bool // a layer ran on device tensors
+	// ahead is the BeginStep sent ahead of the first layer to the one
+	// worker across a network (nil: none, or its answer came).
+	ahead *aheadBegin
+}
+
+// aheadBegin is a worker's BeginStep whose answer is still to come.
+type aheadBegin struct {
+	w      int
+	wait   func(context.Context) error
+	cancel context.CancelFunc // of the call's context, once answered
+}
+
+// settle waits for the answer (bounded by the call's own context).
+func (a *aheadBegin) settle(ctx context.Context) error {
+	err := a.wait(ctx)
+	a.cancel()
+	return err
+}
+
+// aheadWorker returns the index of the one worker whose BeginStep goes
+// ahead of the first layer (worker.AheadWorker, across a network), or
+// -1 when none or several could: with two or more, a worker that began
+// could run the first layer while another refused the step, changing
+// what a refused step must leave unchanged.
+func (e *Engine) aheadWorker() int {
+	w := -1
+	for i, wk := range e.workers {
+		if aw, ok := wk.(worker.AheadWorker); ok && aw.BeginsAhead() {
+			if w >= 0 {
+				return -1
+			}
+			w = i
+		}
+	}
+	return w
 }
 
 func (e *Engine) open(ctx context.Context, b decode.Batch) (*stepState, error) {
@@ -100,10 +141,12 @@ func (e *Engine) open(ctx context.Context, b decode.Batch) (*stepState, error) {
 		return nil, fmt.Errorf("begin step: %w: diagnostics need engine.Step (one layer at a time)", ErrBadInput)
 	case b.FirstLayer < 0 || b.FirstLayer >= c.Layers:
 		return nil, fmt.Errorf("begin step: %w: first layer %d outside 0..%d", ErrBadInput, b.FirstLayer, c.Layers-1)
+	case b.Layers < 0 || b.FirstLayer+b.Layers > c.Layers:
+		return nil, fmt.Errorf("begin step: %w: %d layers from layer %d in a model of %d", ErrBadInput, b.Layers, b.FirstLayer, c.Layers)
 	case len(b.Rows) == 0:
 		return nil, fmt.Errorf("begin step: %w: empty batch", ErrBadInput)
 	}
-	st := &stepState{e: e, opt: b.Options, first: b.FirstLayer, next: b.FirstLayer,
+	st := &stepState{e: e, opt: b.Options, first: b.FirstLayer, next: b.FirstLayer, last: b.LastLayer(c.Layers),
 		reqs: make([]Request, len(b.Rows)), lens: make([]int, len(b.Rows))}
 	seen := make(map[SeqID]bool, len(b.Rows))
 	for i, r := range b.Rows {
@@ -144,8 +187,21 @@ func (e *Engine) open(ctx context.Context, b decode.Batch) (*stepState, error) {
 	for i, r := range b.Rows {
 		m.Seqs = append(m.Seqs, worker.StepSeq{Seq: uint64(r.Seq), Len: st.lens[i], New: r.New, Budget: r.Budget, DenseLayers: r.DenseLayers})
 	}
-	// Every worker's BeginStep at once: one round, not W in turn.
-	errs := e.eachWorker(func(wk worker.Worker) error { return wk.BeginStep(ctx, *m) })
+	// Every worker's BeginStep at once: one round, not W in turn. The
+	// one across a network, if one alone is, gets it ahead of the first
+	// layer (no round trip in between; Layer reads its answer).
+	aw := e.aheadWorker()
+	if aw >= 0 {
+		// Its own context: Begin's may end once Begin returns.
+		actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), c.StepTimeout)
+		st.ahead = &aheadBegin{w: aw, cancel: acancel,
+			wait: e.workers[aw].(worker.AheadWorker).BeginStepAhead(actx, *m)}
+	}
+	errs := e.eachWorker(func(wk worker.Worker) error { return wk.BeginStep(ctx, *m) }, aw)
+	if aw >= 0 && worker.Cause(errs...) != nil {
+		errs[aw] = st.ahead.settle(ctx)
+		st.ahead = nil
+	}
 	if err := worker.Cause(errs...); err != nil {
 		// Every worker, also those whose call failed: a worker may have
 		// opened the step and lost its answer (a remote one), and an
@@ -168,12 +224,17 @@ func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 		return ErrClosed
 	case layer < 0 || layer >= c.Layers:
 		return fmt.Errorf("layer %d: %w: outside 0..%d", layer, ErrBadInput, c.Layers-1)
-	case layer < st.next && st.next == c.Layers:
+	case layer < st.next && st.next == st.last:
 		return fmt.Errorf("layer %d: %w: the step ran its last layer; End it", layer, ErrBadInput)
+	case layer >= st.last:
+		return fmt.Errorf("layer %d: %w: the step runs layers %d..%d", layer, ErrBadInput, st.first, st.last-1)
 	case layer < st.next:
 		return fmt.Errorf("layer %d: %w: a step runs its layers in increasing order, each once; the next may be %d..%d", layer, ErrBadInput, st.next, c.Layers-1)
 	}
 	if onDevice(q, k, v, res) {
+		if err := st.settleAhead(ctx, layer); err != nil {
+			return err
+		}
 		return st.layerTensor(ctx, layer, q, k, v, res)
 	}
 	n := len(st.reqs)
@@ -205,10 +266,26 @@ func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 			j++
 		}
 	}
+	e.layerRequests(st.id, layer, st.reqs, st.seqs, true)
+	a := st.ahead
+	st.ahead = nil
+	errs, berr := e.layerCalls(ctx, e.reps, a)
+	if berr != nil {
+		if werr := errs[a.w]; werr != nil && !errors.Is(werr, worker.ErrChanged) {
+			// The worker refused the step, then its layer (no step open
+			// there); the others ran nothing: nothing changed.
+			return st.refuse(layer, berr)
+		}
+		// No answer came (or the layer ran after all): the layer went
+		// out, and what it did there is unknown.
+		if errs[a.w] == nil {
+			errs[a.w] = fmt.Errorf("%w: begin step: %w", worker.ErrChanged, berr)
+		} else {
+			errs[a.w] = fmt.Errorf("begin step: %w; %w", berr, errs[a.w])
+		}
+	}
 	st.next = layer + 1
 	st.ran = append(st.ran, layer)
-	e.layerRequests(st.id, layer, st.reqs, st.seqs, true)
-	errs := e.layerCalls(ctx, e.reps)
 	err = worker.Cause(errs...)
 	e.account(layer, st.reqs, st.seqs, e.reps, errs)
 	if err != nil {
@@ -219,6 +296,29 @@ func (st *stepState) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 	res.Time = e.gatherInto(n, e.reps, out, res.LSE)
 	res.Time.Total = time.Since(start)
 	res.Plans = plans
+	return nil
+}
+
+// refuse ends the layer runs of a step whose BeginStep a worker refused
+// (berr), learnt at layer: no layer ran, and End closes the step where
+// it began.
+func (st *stepState) refuse(layer int, berr error) error {
+	st.err = fmt.Errorf("begin step at layer %d: %w", st.first, berr)
+	return fmt.Errorf("layer %d: %w: %w", layer, decode.ErrBeginRefused, st.err)
+}
+
+// settleAhead waits for the answer of a BeginStep sent ahead, when the
+// next call cannot carry it (a device layer, End): its refusal is the
+// step's (see refuse).
+func (st *stepState) settleAhead(ctx context.Context, layer int) error {
+	a := st.ahead
+	if a == nil {
+		return nil
+	}
+	st.ahead = nil
+	if err := a.settle(ctx); err != nil {
+		return st.refuse(layer, err)
+	}
 	return nil
 }
 
@@ -267,6 +367,15 @@ func (st *stepState) End(ctx context.Context) error {
 	st.ended = true
 	e := st.e
 	defer e.mu.Unlock()
+	if a := st.ahead; a != nil {
+		// No layer ran: the answer of the BeginStep sent ahead is read
+		// before the EndStep (its outcome changes nothing: an EndStep
+		// of a step never begun is a no-op).
+		st.ahead = nil
+		actx, cancel := detached()
+		_ = a.settle(actx)
+		cancel()
+	}
 	if st.device {
 		return st.endTensor(ctx)
 	}
@@ -275,17 +384,23 @@ func (st *stepState) End(ctx context.Context) error {
 	return nil
 }
 
-// eachWorker calls f for every worker, all at once when there are
-// several, and returns their errors by worker.
-func (e *Engine) eachWorker(f func(wk worker.Worker) error) []error {
+// eachWorker calls f for every worker but skip (-1: none), all at once
+// when there are several, and returns their errors by worker.
+func (e *Engine) eachWorker(f func(wk worker.Worker) error, skip int) []error {
 	errs := make([]error, len(e.workers))
-	if len(e.workers) == 1 {
-		errs[0] = f(e.workers[0])
+	if n := len(e.workers); n == 1 || (n == 2 && skip >= 0) {
+		for w, wk := range e.workers {
+			if w != skip {
+				errs[w] = f(wk)
+			}
+		}
 		return errs
 	}
 	var wg sync.WaitGroup
 	for w, wk := range e.workers {
-		wg.Go(func() { errs[w] = f(wk) })
+		if w != skip {
+			wg.Go(func() { errs[w] = f(wk) })
+		}
 	}
 	wg.Wait()
 	return errs

@@ -112,3 +112,50 @@ func TestSeqOpsTakeContext(t *testing.T) {
 		t.Fatalf("append after End: %v", err)
 	}
 }
+
+// TestStepLayersBound: decode.Batch.Layers bounds a step: a step of one
+// layer runs that layer and refuses the next with ErrBadInput, the step
+// staying usable to End; a Layers past the model is refused in Begin.
+func TestStepLayersBound(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 3, 4, 2, 8, 4
+	cfg.Policy.PageSize, cfg.CapacityPages = 4, 32
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	id, err := e.Create(plan.Striped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []decode.Batch{{FirstLayer: 1, Layers: 3}, {FirstLayer: 0, Layers: -1}} {
+		b.Rows = []decode.Row{{Seq: id, New: true}}
+		if _, err := e.Begin(ctx, b); !errors.Is(err, decode.ErrBadInput) {
+			t.Fatalf("layers %d from %d: %v, want ErrBadInput", b.Layers, b.FirstLayer, err)
+		}
+	}
+	st, err := e.Begin(ctx, decode.Batch{Rows: []decode.Row{{Seq: id, New: true}}, FirstLayer: 1, Layers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, kv := make([]float32, cfg.QRow()), make([]float32, cfg.KVRow())
+	q[0], kv[0] = 1, 1
+	var res decode.Result
+	if err := st.Layer(ctx, 1, decode.Host(q), decode.Host(kv), decode.Host(kv), &res); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Layer(ctx, 2, decode.Host(q), decode.Host(kv), decode.Host(kv), &res); !errors.Is(err, decode.ErrBadInput) {
+		t.Fatalf("layer 2 of a step of layer 1: %v, want ErrBadInput", err)
+	}
+	if err := st.End(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Layer 1 holds the token, the others none.
+	for l, want := range []int{0, 1, 0} {
+		if n := e.seqs[id].lens[l]; n != want {
+			t.Fatalf("layer %d holds %d tokens, want %d", l, n, want)
+		}
+	}
+}

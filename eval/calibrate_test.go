@@ -74,7 +74,7 @@ func TestCalibrationCurveMatchesEngine(t *testing.T) {
 				q[i] = float32(rng.NormFloat64()) * 1.5
 			}
 			np := (n + pol.PageSize - 1) / pol.PageSize
-			e, err := engine.New(model.EngineConfig(g, pol, np+4))
+			e, err := engine.New(engine.ModelConfig(g, pol, np+4))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -109,6 +109,7 @@ func TestPasskeyAccuracy2K(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.Budgets = []int{4096, 128}
+	cfg.NewRunner = newEngineRunner
 	h, err := NewHarness(m, tok, cfg, 2200)
 	if err != nil {
 		t.Fatal(err)

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
-	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
@@ -41,18 +42,28 @@ type Config struct {
 	Diagnostics bool
 	// TopR is R of the recall diagnostic (10).
 	TopR int
+	// KVDType is the storage type of the engines' K/V pages:
+	// plan.Float32 (the zero value) or plan.FP8 (e4m3 records with a
+	// scale per page, layer and KV head; summaries over the dequantized
+	// keys). The prompt's dense prefill attends over float32 K/V and
+	// stores them in this type; every decode (the dense baseline too)
+	// reads the stored pages.
+	KVDType plan.DType
 	// CP, TP and Selection lay the engines out.
 	CP, TP    int
-	Selection engine.Selection
+	Selection plan.SelectMode
 	// Workers is the goroutines of the prefill kernel (0: GOMAXPROCS).
 	Workers int
-	// MemoryLimit bounds each engine's page pools (see engine.Config)
-	// and the dense cache of a prompt's prefill: bytes, 0 (the memory
+	// MemoryLimit bounds each engine's page pools (RunnerConfig) and the
+	// dense cache of a prompt's prefill: bytes, 0 (the memory
 	// available now) or -1 (no check).
 	MemoryLimit int64
 	// PolicyName names the policy in the records of PolicyBudget runs
 	// (e.g. the policy file's name).
 	PolicyName string
+	// NewRunner builds the harness's runners (one per selector and
+	// summary type): the caller's in-process engines.
+	NewRunner NewRunnerFunc
 }
 
 // PolicyBudget in Config.Budgets runs each selector under the policy's
@@ -101,7 +112,7 @@ type Harness struct {
 	m       *model.Model
 	tok     model.Tokenizer
 	cfg     Config
-	engines []*engine.Engine // per selector and summary type
+	engines []Runner // per selector and summary type
 	maxTok  int
 }
 
@@ -110,6 +121,9 @@ type Harness struct {
 func NewHarness(m *model.Model, tok model.Tokenizer, cfg Config, maxTokens int) (*Harness, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.NewRunner == nil {
+		return nil, errors.New("eval: no NewRunner to build the runners")
 	}
 	if cfg.TopR <= 0 {
 		cfg.TopR = 10
@@ -125,10 +139,8 @@ func NewHarness(m *model.Model, tok model.Tokenizer, cfg Config, maxTokens int) 
 			p.Selector = sel
 			p.SummaryDType = sd
 			p.BudgetTokens = max(p.BudgetTokens, s)
-			ec := model.EngineConfig(m.Geometry(), p, capacity)
-			ec.CP, ec.TP, ec.Selection = max(cfg.CP, 1), max(cfg.TP, 1), cfg.Selection
-			ec.MemoryLimit = cfg.MemoryLimit
-			e, err := engine.New(ec)
+			e, err := cfg.NewRunner(RunnerConfig{Geometry: m.Geometry(), Policy: p, CapacityPages: capacity,
+				CP: max(cfg.CP, 1), TP: max(cfg.TP, 1), Selection: cfg.Selection, MemoryLimit: cfg.MemoryLimit, KVDType: cfg.KVDType})
 			if err != nil {
 				h.Close()
 				return nil, fmt.Errorf("eval: engine for %v (%v summaries): %w", sel, sd, err)
@@ -186,6 +198,114 @@ type Steps struct {
 	KLSteps         int
 	// Layers are per-layer sums over the steps.
 	Layers []LayerSums
+	// Hier is the hierarchical search's work over the steps
+	// (Policy.HierGroup; zero when off or when diagnostics ran, which
+	// score every page flat).
+	Hier HierCounts
+	// TopP is the top-p pruning's kept tokens over the steps
+	// (Policy.TopP; zero when off).
+	TopP TopPCounts
+}
+
+// TopPCounts counts the top-p pruning, summed over the engine's TP
+// groups: pruned (row, step) pairs (a row: one KV head for group_max,
+// one query head for per_head, of one sparse layer), their candidate
+// tokens (those of the selected and forced pages), the tokens kept, and
+// Hist[n] the pairs that kept n tokens.
+type TopPCounts struct {
+	Rows, Tokens, Kept int64
+	Hist               []int64
+}
+
+func (c *TopPCounts) add(o TopPCounts) {
+	c.Rows += o.Rows
+	c.Tokens += o.Tokens
+	c.Kept += o.Kept
+	if len(c.Hist) < len(o.Hist) {
+		c.Hist = append(c.Hist, make([]int64, len(o.Hist)-len(c.Hist))...)
+	}
+	for i, x := range o.Hist {
+		c.Hist[i] += x
+	}
+}
+
+// quantile returns the q-quantile (0..1) of the kept tokens per row.
+func (c TopPCounts) quantile(q float64) int {
+	var n int64
+	for _, x := range c.Hist {
+		n += x
+	}
+	want, acc := max(int64(q*float64(n)+0.5), 1), int64(0)
+	for k, x := range c.Hist {
+		acc += x
+		if acc >= want {
+			return k
+		}
+	}
+	return len(c.Hist) - 1
+}
+
+// since returns c minus the earlier snapshot old.
+func (c TopPCounts) since(old TopPCounts) TopPCounts {
+	d := TopPCounts{Rows: c.Rows - old.Rows, Tokens: c.Tokens - old.Tokens, Kept: c.Kept - old.Kept, Hist: slices.Clone(c.Hist)}
+	for i, x := range old.Hist {
+		d.Hist[i] -= x
+	}
+	return d
+}
+
+// HierCounts counts the hierarchical exact top-K's work, summed over the
+// engine's shards: ranked (row, step) pairs, their candidate pages (the
+// records a flat score reads), the box and page records scored, the rows
+// scored flat from the start, the searches that fell back to flat
+// scoring and the rows scored flat because their search fell back
+// recently (kernels.HierConfig.MaxSkip), and Hist[p] the (row, step) pairs that read p percent of
+// their candidates (rounded up; the last bucket holds all above).
+type HierCounts struct {
+	Rows, Candidates, Boxes, Pages, Flat, Fallbacks, Skipped int64
+	Hist                                                     []int64
+}
+
+func (c *HierCounts) add(o HierCounts) {
+	c.Rows += o.Rows
+	c.Candidates += o.Candidates
+	c.Boxes += o.Boxes
+	c.Pages += o.Pages
+	c.Flat += o.Flat
+	c.Fallbacks += o.Fallbacks
+	c.Skipped += o.Skipped
+	if len(c.Hist) < len(o.Hist) {
+		c.Hist = append(c.Hist, make([]int64, len(o.Hist)-len(c.Hist))...)
+	}
+	for i, x := range o.Hist {
+		c.Hist[i] += x
+	}
+}
+
+// quantile returns the q-quantile (0..1) of Hist, in percent.
+func (c HierCounts) quantile(q float64) int {
+	var n int64
+	for _, x := range c.Hist {
+		n += x
+	}
+	want, acc := max(int64(q*float64(n)+0.5), 1), int64(0)
+	for p, x := range c.Hist {
+		acc += x
+		if acc >= want {
+			return p
+		}
+	}
+	return len(c.Hist) - 1
+}
+
+// since returns c minus the earlier snapshot old.
+func (c HierCounts) since(old HierCounts) HierCounts {
+	d := HierCounts{Rows: c.Rows - old.Rows, Candidates: c.Candidates - old.Candidates, Boxes: c.Boxes - old.Boxes,
+		Pages: c.Pages - old.Pages, Flat: c.Flat - old.Flat, Fallbacks: c.Fallbacks - old.Fallbacks, Skipped: c.Skipped - old.Skipped, Hist: slices.Clone(c.Hist)}
+	for i, x := range old.Hist {
+		d.Hist[i] -= x
+	}
+	return d
 }
 
 // LayerSums sums one layer's statistics over decode steps.
@@ -266,6 +386,8 @@ func (s *Steps) add(steps []model.StepInfo, pageSize int) {
 // merge adds o into s.
 func (s *Steps) merge(o Steps) {
 	s.Steps += o.Steps
+	s.Hier.add(o.Hier)
+	s.TopP.add(o.TopP)
 	s.Agree += o.Agree
 	s.Answer += o.Answer
 	s.KL += o.KL
@@ -375,7 +497,7 @@ func (h *Harness) Evaluate(ctx context.Context, p Prompt) (*PromptResult, error)
 		}
 	}()
 	for i, e := range h.engines {
-		if bases[i], err = model.NewEngineAttention(e, h.m.Geometry()); err != nil {
+		if bases[i], err = e.NewAttention(h.m.Geometry()); err != nil {
 			return nil, err
 		}
 		if err := bases[i].Load(rec); err != nil {
@@ -409,7 +531,7 @@ func (h *Harness) Evaluate(ctx context.Context, p Prompt) (*PromptResult, error)
 					return nil, err
 				}
 				a.Budget = max(b, 0) // PolicyBudget: the policy's
-				a.Options = engine.StepOptions{Diagnostics: c.Diagnostics, TopR: c.TopR}
+				a.Options = decode.Options{Diagnostics: c.Diagnostics, TopR: c.TopR}
 				a.Compare = c.Diagnostics
 				a.Workers = c.Workers
 				var forced []int
@@ -417,7 +539,10 @@ func (h *Harness) Evaluate(ctx context.Context, p Prompt) (*PromptResult, error)
 				if teacher {
 					forced, ref = denseAnswer, denseLogits
 				}
+				before, beforeP := h.engines[ei].HierCounts(), h.engines[ei].TopPCounts()
 				r, err := h.decode(ctx, a, logits, question, len(answer), forced, ref, nil)
+				r.Free.Hier = h.engines[ei].HierCounts().since(before)
+				r.Free.TopP = h.engines[ei].TopPCounts().since(beforeP)
 				a.Release()
 				if err != nil {
 					return nil, fmt.Errorf("eval: %v budget %d (%v summaries): %w", sel, b, sd, err)

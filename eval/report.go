@@ -80,6 +80,55 @@ type Phase struct {
 	SparseRho           float64       `json:"sparse_rho"`
 	SparseRhoFormula    float64       `json:"sparse_rho_formula"`
 	Layers              []LayerRecord `json:"layers"`
+	// Hier is the hierarchical exact top-K's work (Policy.HierGroup),
+	// omitted when no row was ranked by it.
+	Hier *HierRecord `json:"hier,omitempty"`
+	// TopP is the top-p pruning's kept tokens (Policy.TopP), omitted
+	// when no row was pruned.
+	TopP *TopPRecord `json:"top_p,omitempty"`
+}
+
+// TopPRecord summarizes the top-p pruning over the steps of a phase:
+// (row, step) pairs pruned (a row: one KV head for group_max, one query
+// head for per_head, of one sparse layer; counted once per TP group),
+// their candidate tokens (the selected and forced pages' valid tokens),
+// the tokens kept, and per (row, step) the mean candidates and the
+// mean, p50, p95 and max of the kept tokens; KeptShare = kept /
+// candidates.
+type TopPRecord struct {
+	Rows         int64   `json:"rows"`
+	Tokens       int64   `json:"tokens"`
+	Kept         int64   `json:"kept"`
+	KeptShare    float64 `json:"kept_share"`
+	TokensPerRow float64 `json:"tokens_per_row"`
+	KeptPerRow   float64 `json:"kept_per_row"`
+	KeptP50      int     `json:"kept_p50"`
+	KeptP95      int     `json:"kept_p95"`
+	KeptMax      int     `json:"kept_max"`
+}
+
+// HierRecord summarizes the hierarchical search over the steps of a
+// phase, summed over shards: (row, step) pairs ranked (a row: one KV head
+// for group_max, one query head for per_head, of one sparse layer on one
+// shard), their candidate pages, the box and page summary records scored,
+// RecordsShare = (boxes + pages) / candidates (flat scoring: 1), its p50
+// and p95 over (row, step) pairs in percent, rows scored flat from the
+// start, searches that fell back to flat scoring and rows scored flat
+// because their search fell back recently.
+type HierRecord struct {
+	Rows         int64   `json:"rows"`
+	Candidates   int64   `json:"candidates"`
+	Boxes        int64   `json:"boxes"`
+	Pages        int64   `json:"pages"`
+	RecordsShare float64 `json:"records_share"`
+	P50Pct       int     `json:"p50_pct"`
+	P95Pct       int     `json:"p95_pct"`
+	Flat         int64   `json:"flat"`
+	Fallbacks    int64   `json:"fallbacks"`
+	Skipped      int64   `json:"skipped"`
+	// BoxesPerRow and PagesPerRow are Boxes and Pages per (row, step).
+	BoxesPerRow float64 `json:"boxes_per_row"`
+	PagesPerRow float64 `json:"pages_per_row"`
 }
 
 // LayerRecord is one layer's statistics averaged over decode steps.
@@ -313,6 +362,19 @@ func phase(s Steps, pageSize, denseLayers int, teacher bool) *Phase {
 		ph.SparsePagesFraction = frac(sPages, sTotal)
 		ph.SparseRho = sRead / sDense
 		ph.SparseRhoFormula = sRhoF / float64(nSparse)
+	}
+	if h := s.Hier; h.Rows > 0 {
+		n := float64(h.Rows)
+		ph.Hier = &HierRecord{Rows: h.Rows, Candidates: h.Candidates, Boxes: h.Boxes, Pages: h.Pages,
+			RecordsShare: float64(h.Boxes+h.Pages) / float64(max(h.Candidates, 1)),
+			P50Pct:       h.quantile(0.5), P95Pct: h.quantile(0.95), Flat: h.Flat, Fallbacks: h.Fallbacks, Skipped: h.Skipped,
+			BoxesPerRow: float64(h.Boxes) / n, PagesPerRow: float64(h.Pages) / n}
+	}
+	if c := s.TopP; c.Rows > 0 {
+		n := float64(c.Rows)
+		ph.TopP = &TopPRecord{Rows: c.Rows, Tokens: c.Tokens, Kept: c.Kept, KeptShare: float64(c.Kept) / float64(max(c.Tokens, 1)),
+			TokensPerRow: float64(c.Tokens) / n, KeptPerRow: float64(c.Kept) / n,
+			KeptP50: c.quantile(0.5), KeptP95: c.quantile(0.95), KeptMax: c.quantile(1)}
 	}
 	ph.PagesFraction = frac(ph.PagesRead, ph.PagesTotal)
 	if dense > 0 {

@@ -53,12 +53,31 @@ func (s Shape) Rows(m GQAMode) int {
 // (mins then maxes), indexed by physical page id.
 type Layer struct {
 	K, V, Summary []float32
+	// SubBoxes > 1 (plan.Policy.SubBoxes) makes Score rank each page by
+	// Sub, [pages][KVHeads][SubBoxes][2][HeadDim]: a page's bound is the
+	// largest over its non-empty sub-boxes (an empty one, +Inf minimum
+	// over -Inf maximum, holds no valid key and is skipped; a page with
+	// a valid token has a non-empty first sub-box). Summary stays the
+	// page box. 0 or 1: Score reads Summary. Only the CPU backend
+	// scores sub-boxes; the others refuse them (ErrSubBoxes).
+	SubBoxes int
+	Sub      []float32
+	// K8 and V8, when set, hold K and V as fp8 records (plan.FP8, see
+	// kernels/fp8 "KV records") instead of K and V, which are then nil:
+	// E4M3fn codes in the layout of K and V, and KScale and VScale the
+	// records' scales, [pages][KVHeads]; element = fp8.Value(code) *
+	// scale. Summary stays float32, taken over the dequantized keys.
+	K8, V8         []uint8
+	KScale, VScale []float32
 	// Device, when set, is the same pool resident in a backend's device
 	// memory (for the CUDA backend a *cuda.DeviceLayer); the host arrays
 	// may then be nil. A backend that gets no Device uploads the host
 	// arrays for the call.
 	Device any
 }
+
+// FP8 reports whether the layer holds fp8 K/V records (K8 set).
+func (l Layer) FP8() bool { return l.K8 != nil }
 
 // Batch describes the sequences of one step in CSR form. Sequence b owns the
 // physical pages Pages[Indptr[b]:Indptr[b+1]] in logical order; its last page
@@ -126,7 +145,13 @@ func (b *Batch) Validate(s Shape, l Layer) error {
 		return ErrDeviceTables
 	}
 	pool := len(l.Summary) / (s.KVHeads * 2 * s.HeadDim)
-	if len(l.K) != pool*s.KVHeads*s.PageSize*s.HeadDim || len(l.V) != len(l.K) {
+	if l.FP8() {
+		if len(l.K8) != pool*s.KVHeads*s.PageSize*s.HeadDim || len(l.V8) != len(l.K8) ||
+			len(l.KScale) != pool*s.KVHeads || len(l.VScale) != len(l.KScale) || l.K != nil || l.V != nil {
+			return fmt.Errorf("batch: fp8 layer arrays K8=%d V8=%d codes, scales %d and %d, summary=%d floats (and float32 K=%d V=%d) do not match one pool",
+				len(l.K8), len(l.V8), len(l.KScale), len(l.VScale), len(l.Summary), len(l.K), len(l.V))
+		}
+	} else if len(l.K) != pool*s.KVHeads*s.PageSize*s.HeadDim || len(l.V) != len(l.K) {
 		return fmt.Errorf("batch: layer arrays K=%d V=%d summary=%d floats do not match one pool", len(l.K), len(l.V), len(l.Summary))
 	}
 	return b.ValidateSummaries(s, l)
@@ -141,6 +166,9 @@ func (b *Batch) ValidateSummaries(s Shape, l Layer) error {
 	rec := s.KVHeads * 2 * s.HeadDim
 	if len(l.Summary)%rec != 0 {
 		return fmt.Errorf("batch: summary pool of %d floats is not a whole number of %d-float pages", len(l.Summary), rec)
+	}
+	if l.SubBoxes > 1 && len(l.Sub) != len(l.Summary)*l.SubBoxes {
+		return fmt.Errorf("batch: sub-box pool of %d floats for %d sub-boxes of a %d-float summary pool (want %d)", len(l.Sub), l.SubBoxes, len(l.Summary), len(l.Summary)*l.SubBoxes)
 	}
 	return b.ValidatePool(s, len(l.Summary)/rec)
 }
@@ -361,8 +389,17 @@ type DeviceStore interface {
 	ReadPages(ctx context.Context, pool any, pages []int32) (Layer, error)
 }
 
+// ErrSubBoxes is returned by backends that do not score multi-box
+// summaries (Layer.SubBoxes > 1): every backend but the CPU one.
+var ErrSubBoxes = errors.New("kernels: multi-box summaries (sub-boxes) are scored by the CPU backend only")
+
 // ErrClosed is returned by calls on a closed backend.
 var ErrClosed = errors.New("kernels: backend closed")
+
+// ErrUnsupportedDType is returned by a backend asked to store or read a
+// storage type it does not implement (the CUDA backend and plan.FP8 K/V,
+// for now).
+var ErrUnsupportedDType = errors.New("kernels: storage type not supported by this backend")
 
 // SlotMove names one page payload move of an offloading device store:
 // tier page Page to or from device slot Slot.

@@ -49,6 +49,7 @@ type CPU struct {
 	attend attendTask
 	reduce reduceTask
 	merge  mergeTask
+	hier   hierTask
 
 	stepMu     sync.Mutex // guards the Step and Rank scratch
 	stepCheck  StepCheck
@@ -208,7 +209,11 @@ func (t *scoreTask) run(worker, i int) {
 	np := t.b.NumPages(seq)
 	pages := t.b.Pages[t.b.Indptr[seq]:t.b.Indptr[seq+1]]
 	out := t.out[t.b.ScoreOffset(seq, t.s.Rows(t.mode)):]
-	var u [4]float32
+	if t.l.SubBoxes > 1 {
+		t.runSub(worker, it, w, pages, np, out)
+		return
+	}
+	var u [maxScoreGroup]float32
 	for p := int(it.p0); p < int(it.p1); p++ {
 		recs := t.l.Summary[int(pages[p])*s.KVHeads*rec:][:s.KVHeads*rec]
 		for kvh := range s.KVHeads {
@@ -218,35 +223,98 @@ func (t *scoreTask) run(worker, i int) {
 				r, scale = t.r8[worker].record(r)
 			}
 			best := float32(math.Inf(-1))
-			h := 0
-			for ; h+4 <= g; h += 4 {
-				dot4(w[(kvh*g+h)*rec:][:4*rec], r, &u)
-				if t.fp8 {
-					u = [4]float32{u[0] * scale, u[1] * scale, u[2] * scale, u[3] * scale}
-				}
-				if t.mode == PerHead {
-					for i, x := range u {
-						out[(kvh*g+h+i)*np+p] = x
+			for h0 := 0; h0 < g; h0 += maxScoreGroup {
+				n := min(g-h0, maxScoreGroup)
+				scoreHeads(w[(kvh*g+h0)*rec:][:n*rec], r, u[:n])
+				for i, x := range u[:n] {
+					if t.fp8 {
+						x *= scale
 					}
-				} else {
-					best = max(best, u[0], u[1], u[2], u[3])
-				}
-			}
-			for ; h < g; h++ {
-				x := dot(w[(kvh*g+h)*rec:][:rec], r)
-				if t.fp8 {
-					x *= scale
-				}
-				if t.mode == PerHead {
-					out[(kvh*g+h)*np+p] = x
-				} else {
-					best = max(best, x)
+					if t.mode == PerHead {
+						out[(kvh*g+h0+i)*np+p] = x
+					} else {
+						best = max(best, x)
+					}
 				}
 			}
 			if t.mode == GroupMax {
 				out[kvh*np+p] = best
 			}
 		}
+	}
+}
+
+// runSub scores the pages of item it by their sub-boxes (Layer.SubBoxes):
+// a row's page bound is the largest of its query heads' (GroupMax) or its
+// head's (PerHead) bounds over the page's non-empty sub-boxes, each bound
+// computed by scoreHeads as the single box's is, so a page whose
+// sub-boxes all equal its box scores bit for bit as with one box.
+func (t *scoreTask) runSub(worker int, it scoreItem, w []float32, pages []int32, np int, out []float32) {
+	s := t.s
+	d, g, c := s.HeadDim, s.Group(), t.l.SubBoxes
+	rec := 2 * d
+	var u [maxScoreGroup]float32
+	negInf := float32(math.Inf(-1))
+	for p := int(it.p0); p < int(it.p1); p++ {
+		recs := t.l.Sub[int(pages[p])*s.KVHeads*c*rec:][:s.KVHeads*c*rec]
+		for kvh := range s.KVHeads {
+			if t.mode == PerHead {
+				for h := range g {
+					out[(kvh*g+h)*np+p] = negInf
+				}
+			}
+			best := negInf
+			for b := range c {
+				r := recs[(kvh*c+b)*rec:][:rec]
+				if r[0] > r[d] {
+					continue // empty: no valid key in these slots
+				}
+				scale := float32(1)
+				if t.fp8 {
+					r, scale = t.r8[worker].record(r)
+				}
+				for h0 := 0; h0 < g; h0 += maxScoreGroup {
+					n := min(g-h0, maxScoreGroup)
+					scoreHeads(w[(kvh*g+h0)*rec:][:n*rec], r, u[:n])
+					for i, x := range u[:n] {
+						if t.fp8 {
+							x *= scale
+						}
+						if t.mode == PerHead {
+							o := &out[(kvh*g+h0+i)*np+p]
+							*o = max(*o, x)
+						} else {
+							best = max(best, x)
+						}
+					}
+				}
+			}
+			if t.mode == GroupMax {
+				out[kvh*np+p] = best
+			}
+		}
+	}
+}
+
+// maxScoreGroup is the number of query heads scoreHeads handles per call.
+const maxScoreGroup = 16
+
+// scoreHeads writes out[h] = w[h*rec:(h+1)*rec] . r for every h <
+// len(out), rec = len(r): the split queries of len(out) consecutive query
+// heads against one summary record. Heads go four at a time through dot4
+// and the remainder through dot, so a head's float32 score depends only on
+// its position in the group: the flat score and the hierarchical search
+// (boxtree.go) call this one function and get bit-identical page scores.
+func scoreHeads(w, r []float32, out []float32) {
+	rec := len(r)
+	var u [4]float32
+	h := 0
+	for ; h+4 <= len(out); h += 4 {
+		dot4(w[h*rec:][:4*rec], r, &u)
+		copy(out[h:h+4], u[:])
+	}
+	for ; h < len(out); h++ {
+		out[h] = dot(w[h*rec:][:rec], r)
 	}
 }
 
@@ -360,6 +428,7 @@ type attendScratch struct {
 	logits []float32 // G x S
 	acc    []float32 // G x D
 	m, l   []float64 // G
+	k, v   []float32 // S x D: one fp8 record of K and of V, dequantized
 }
 
 type attendTask struct {
@@ -373,7 +442,8 @@ type attendTask struct {
 	partO   []float32
 	partL   []float32
 	scratch []attendScratch
-	seen    []bool // Lists.Check scratch
+	seen    []bool    // Lists.Check scratch
+	keep    *TopPKeep // AttendTopP: the tokens to read (nil: all)
 }
 
 type reduceTask struct {
@@ -384,6 +454,11 @@ type reduceTask struct {
 
 // Attend implements Backend.
 func (c *CPU) Attend(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, lists *Lists, o, lse []float32) error {
+	return c.attendKeep(ctx, s, l, b, q, lists, nil, o, lse)
+}
+
+// attendKeep is Attend reading the tokens keep keeps (nil: all).
+func (c *CPU) attendKeep(ctx context.Context, s Shape, l Layer, b *Batch, q []float32, lists *Lists, keep *TopPKeep, o, lse []float32) error {
 	if err := c.enter(ctx); err != nil {
 		return err
 	}
@@ -411,7 +486,7 @@ func (c *CPU) Attend(ctx context.Context, s Shape, l Layer, b *Batch, q []float3
 	if t.seen, err = lists.Check(b, rows, t.seen); err != nil {
 		return fmt.Errorf("attend: %w", err)
 	}
-	t.s, t.l, t.b, t.q, t.lists = s, l, b, q, lists
+	t.s, t.l, t.b, t.q, t.lists, t.keep = s, l, b, q, lists, keep
 	t.items = t.items[:0]
 	t.rowItem = t.rowItem[:0]
 	chunk := int32(c.cfg.AttendChunk)
@@ -438,8 +513,44 @@ func (c *CPU) Attend(ctx context.Context, s Shape, l Layer, b *Batch, q []float3
 	c.reduce = reduceTask{a: t, o: o, lse: lse}
 	c.pool.parallel(&c.reduce, n*rows)
 	c.reduce = reduceTask{}
-	t.l, t.b, t.q, t.lists = Layer{}, nil, nil, nil
+	t.l, t.b, t.q, t.lists, t.keep = Layer{}, nil, nil, nil, nil
 	return nil
+}
+
+// pageKV returns the first n tokens' keys and values of K/V record rec
+// (physical page x KV heads + KV head), dequantized into sc for an fp8
+// layer.
+func pageKV(l Layer, rec, n, sz, d int, sc *attendScratch) (kp, vp []float32) {
+	base := rec * sz * d
+	if l.FP8() {
+		// Dequantize the page's valid tokens of this head (the
+		// elements a GPU kernel would decode in registers).
+		kp, vp = sc.k[:n*d], sc.v[:n*d]
+		decodeKV(kp, l.K8[base:][:n*d], l.KScale[rec])
+		decodeKV(vp, l.V8[base:][:n*d], l.VScale[rec])
+		return kp, vp
+	}
+	return l.K[base:][:n*d], l.V[base:][:n*d]
+}
+
+// pageLogits writes the scaled logits q_h.k_tok * scale of heads query
+// heads (q is [heads][d]) against the n keys kp into logits[h*sz+tok].
+// Attention and the top-p logits share it, so both see the same bits.
+func pageLogits(q, kp []float32, n, heads, d, sz int, scale float32, logits []float32) {
+	var four [4]float32
+	for tok := range n {
+		krow := kp[tok*d:][:d]
+		h := 0
+		for ; h+4 <= heads; h += 4 {
+			dot4(q[h*d:][:4*d], krow, &four)
+			for i, x := range four {
+				logits[(h+i)*sz+tok] = x * scale
+			}
+		}
+		for ; h < heads; h++ {
+			logits[h*sz+tok] = dot(q[h*d:][:d], krow) * scale
+		}
+	}
 }
 
 func grow(s []float32, n int) []float32 {
@@ -472,6 +583,10 @@ func (t *attendTask) run(worker, i int) {
 		sc.m = make([]float64, heads)
 		sc.l = make([]float64, heads)
 	}
+	if t.l.FP8() && cap(sc.k) < sz*d {
+		sc.k = make([]float32, sz*d)
+		sc.v = make([]float32, sz*d)
+	}
 	logits, acc := sc.logits[:heads*sz], sc.acc[:heads*d]
 	m, l := sc.m[:heads], sc.l[:heads]
 	clear(acc)
@@ -491,22 +606,11 @@ func (t *attendTask) run(worker, i int) {
 		if int(lp) == np-1 {
 			n = int(t.b.LastLen[seq])
 		}
-		base := (int(pages[lp])*s.KVHeads + kvh) * sz * d
-		kp := t.l.K[base:][:n*d]
-		vp := t.l.V[base:][:n*d]
-		var four [4]float32
-		for tok := range n {
-			krow := kp[tok*d:][:d]
-			h := 0
-			for ; h+4 <= heads; h += 4 {
-				dot4(q[h*d:][:4*d], krow, &four)
-				for i, x := range four {
-					logits[(h+i)*sz+tok] = x * scale
-				}
-			}
-			for ; h < heads; h++ {
-				logits[h*sz+tok] = dot(q[h*d:][:d], krow) * scale
-			}
+		rec := int(pages[lp])*s.KVHeads + kvh
+		kp, vp := pageKV(t.l, rec, n, sz, d, sc)
+		pageLogits(q, kp, n, heads, d, sz, scale, logits)
+		if t.keep != nil && !t.keep.mask(logits, heads, n, sz, int32(seq*s.QHeads+h0), t.keep.Global[i]*int32(sz)) {
+			continue // no kept token in this page
 		}
 		for h := range heads {
 			lg := logits[h*sz:][:n]

@@ -108,6 +108,17 @@ func TestCPUConformanceFP8(t *testing.T) {
 	}, backendtest.Options{SummaryFP8: true})
 }
 
+// TestCPUConformanceKVFP8 runs the suite on fp8 K/V records (plan.FP8):
+// the upper bound against exact scores on the dequantized stored keys,
+// dense and sparse attention against float64 attention over them, tails
+// 1/15/16/17, shuffled page tables; padding slots and unowned pages hold
+// NaN codes, so reading one fails the test.
+func TestCPUConformanceKVFP8(t *testing.T) {
+	backendtest.RunWith(t, func(*testing.T) kernels.Backend {
+		return kernels.NewCPU(kernels.CPUConfig{Workers: 3, AttendChunk: 8, ScoreChunk: 16})
+	}, backendtest.Options{KVFP8: true})
+}
+
 // TestCPUNoAllocsFP8: scoring emulated fp8 records allocates nothing once
 // warm (the per-worker record scratch is kept).
 func TestCPUNoAllocsFP8(t *testing.T) {

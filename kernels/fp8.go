@@ -23,3 +23,14 @@ func (s *fp8Scratch) record(r []float32) ([]float32, float32) {
 	fp8.Unscaled(vals, codes)
 	return vals, scale
 }
+
+// decodeKV writes the elements of fp8 K/V codes under their record's
+// scale (plan.FP8; kernels/fp8, "KV records"): dst[i] =
+// fp8.Value(codes[i]) * scale.
+func decodeKV(dst []float32, codes []uint8, scale float32) {
+	tab := fp8.Table()
+	dst = dst[:len(codes)]
+	for i, c := range codes {
+		dst[i] = tab[c] * scale
+	}
+}

@@ -24,7 +24,7 @@ func (m Matrix) Bytes() int64 { return int64(m.Rows) * int64(m.Cols) * int64(m.D
 // device tensors of float32 activations, weight matrices, and the
 // decoder's operations, each queued in order on the device's stream (the
 // stream its TensorStepper orders attention on) and returning before it
-// ran, except Argmax and DownloadTensor, which wait. Bad shapes are
+// ran, except Argmax, Sample and DownloadTensor, which wait. Bad shapes are
 // refused before anything is queued. Two implementations: the CUDA
 // backend (kernels/cuda) and its CPU twin (backendtest.QueuedDevice),
 // which runs the same operations in float on the host so that an
@@ -75,4 +75,10 @@ type ModelDevice interface {
 	// ([rows][vocab]), the first index of its largest value (0 for a
 	// row without one: NaN or -inf throughout).
 	Argmax(ctx context.Context, logits decode.Tensor, rows, vocab int) ([]int32, error)
+	// Sample waits for the queued work and returns, per row of logits
+	// ([rows][vocab]), the token that SampleRow picks with that row's
+	// parameters (len(params) == rows; a greedy row is its Argmax), and
+	// every row's Argmax (what serving records beside a sampled token).
+	// Parameters out of range are refused before anything runs.
+	Sample(ctx context.Context, logits decode.Tensor, rows, vocab int, params []SampleParams) (ids, greedy []int32, err error)
 }

@@ -25,6 +25,10 @@ func PageMax(s Shape, l Layer, b *Batch, q []float32, mode GQAMode, out []float3
 	if len(q) != b.Len()*s.QHeads*d || len(out) < len(b.Pages)*rows {
 		return fmt.Errorf("page max: query %d or output %d floats do not fit the batch", len(q), len(out))
 	}
+	var krec []float32 // an fp8 layer's record, dequantized
+	if l.FP8() {
+		krec = make([]float32, s.PageSize*d)
+	}
 	for seq := range b.Len() {
 		np := b.NumPages(seq)
 		o := out[b.ScoreOffset(seq, rows):]
@@ -39,8 +43,13 @@ func PageMax(s Shape, l Layer, b *Batch, q []float32, mode GQAMode, out []float3
 				qh := q[(seq*s.QHeads+h)*d:][:d]
 				best := float32(math.Inf(-1))
 				base := (phys*s.KVHeads + kvh) * s.PageSize * d
+				keys := l.K
+				if l.FP8() {
+					decodeKV(krec[:n*d], l.K8[base:][:n*d], l.KScale[phys*s.KVHeads+kvh])
+					keys, base = krec, 0
+				}
 				for t := range n {
-					best = max(best, dot(qh, l.K[base+t*d:][:d]))
+					best = max(best, dot(qh, keys[base+t*d:][:d]))
 				}
 				if mode == PerHead {
 					o[h*np+p] = best

@@ -3,6 +3,8 @@ package kernels
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/questrt/questrt/internal/yield"
 )
 
 // task is a unit of parallel work: run(worker, i) handles item i using the
@@ -48,12 +50,14 @@ func newWorkerPool(workers int) *workerPool {
 }
 
 func (j job) drain(worker int) {
+	y := yield.New()
 	for {
 		i := j.next.Add(1) - 1
 		if i >= j.n {
 			break
 		}
 		j.t.run(worker, int(i))
+		y.Maybe()
 	}
 	j.done.Done()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 
 	"github.com/questrt/questrt/internal/memlimit"
 )
@@ -130,14 +131,26 @@ func (m *Model) DecodeBatch(ctx context.Context, attns []Attention, tokens []int
 				m.rope.apply(k[i*kvd:(i+1)*kvd], 1, c.KVHeads, pos[i])
 			}
 		})
+		kept := groups[:0]
 		for _, g := range groups {
-			if err := g.layer(ctx, li, q, k, v, a.o, qd, kvd); err != nil {
+			err := g.layer(ctx, li, q, k, v, a.o, qd, kvd)
+			if err != nil && refusedAhead(err) {
+				// Begin's refusal, learnt now: the rows go alone from
+				// this layer (the step's first) on, which names the rows
+				// at fault.
+				alone = append(alone, g.idx...)
+				slices.Sort(alone)
+				continue
+			}
+			kept = append(kept, g)
+			if err != nil {
 				for _, i := range g.idx {
 					fail(i, li, err)
 					clear(a.o[i*qd : (i+1)*qd]) // the row runs on harmlessly; its logits are dropped
 				}
 			}
 		}
+		groups = kept
 		for _, i := range alone {
 			if errs[i] != nil {
 				continue

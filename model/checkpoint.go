@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/questrt/questrt/internal/memlimit"
+
+	"github.com/questrt/questrt/internal/readlimit"
 )
 
 // ErrTensor marks a checkpoint whose tensors do not match its config: a
@@ -35,7 +37,7 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 	}
 	ck := &Checkpoint{Dir: dir, Config: cfg, where: map[string]*File{}}
 	index := filepath.Join(dir, "model.safetensors.index.json")
-	b, err := os.ReadFile(index)
+	b, err := readlimit.ReadFile(index, MaxMetadataFile)
 	switch {
 	case err == nil:
 		if err := ck.openIndex(index, b); err != nil {

@@ -6,8 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
+
+	"github.com/questrt/questrt/internal/readlimit"
 )
 
 // ErrUnsupported marks a checkpoint this package cannot run (another
@@ -122,7 +123,7 @@ func tokenIDs(key string, raw json.RawMessage) (int, []int, error) {
 
 // ReadConfig reads dir/config.json.
 func ReadConfig(dir string) (Config, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	b, err := readlimit.ReadFile(filepath.Join(dir, "config.json"), MaxMetadataFile)
 	if err != nil {
 		return Config{}, fmt.Errorf("model: %w", err)
 	}

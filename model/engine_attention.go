@@ -7,20 +7,15 @@ import (
 	"math"
 
 	"github.com/questrt/questrt/decode"
-	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
 )
 
-// EngineConfig returns an engine configuration for a model's geometry:
-// policy p (its page size becomes the engine's), a pool of capacityPages
-// pages per shard, one shard (set CP and TP on the result for more).
-func EngineConfig(g Geometry, p plan.Policy, capacityPages int) engine.Config {
-	c := engine.DefaultConfig()
-	c.Layers = g.Layers
-	c.Geometry = plan.Geometry{QHeads: g.Heads, KVHeads: g.KVHeads, HeadDim: g.HeadDim, PageSize: p.PageSize, DType: plan.Float32}
-	c.Policy = p
-	c.CapacityPages = capacityPages
-	return c
+// Shape returns the model's layer count and the geometry of a layer's
+// heads (float32, page size 0: a runner takes the page size of its
+// policy), such as engine.ModelConfig builds a runner's configuration
+// from.
+func (g Geometry) Shape() (layers int, pg plan.Geometry) {
+	return g.Layers, plan.Geometry{QHeads: g.Heads, KVHeads: g.KVHeads, HeadDim: g.HeadDim, DType: plan.Float32}
 }
 
 // EngineAttention is one sequence of an in-process engine driven as an
@@ -41,7 +36,7 @@ type EngineAttention struct {
 	Budget int
 	// Options are passed to every decode step (Diagnostics for recall
 	// and mass recall, ForceDense for a dense baseline on the same pages).
-	Options engine.StepOptions
+	Options decode.Options
 	// Compare runs, after each decode step of a layer, a dense step over
 	// the same pages and records the output's per-head cosine and relative
 	// L2 error against it (StepInfo.Cosine, RelL2).
@@ -49,7 +44,7 @@ type EngineAttention struct {
 	// Workers is the goroutines of the prefill kernel (0: GOMAXPROCS).
 	Workers int
 
-	res, dense engine.Result
+	res, dense decode.Result
 	steps      []StepInfo
 }
 
@@ -63,7 +58,7 @@ type StepInfo struct {
 	// counted as if every KV head read Plan.Reads() pages.
 	PagesRead, PagesTotal int
 	// Time is the engine's phase times.
-	Time engine.Times
+	Time decode.Times
 	// Diag reports the engine's diagnostics (Options.Diagnostics).
 	Diag bool
 	// Recall of the dense top-R tokens, attention-mass recall 1 - eps
@@ -83,50 +78,121 @@ type StepInfo struct {
 	Cosine, RelL2 []float64
 }
 
-// Sequence is one sequence of an engine as EngineAttention drives it: the
-// in-process engine's (NewEngineAttention), or a cluster's through its
-// client (model/clusterseq.Sequence). Step runs one layer for this sequence
-// alone; r.Seq is ignored.
+// Sequence is one sequence as EngineAttention drives it: appends, and
+// steps through its Stepper (the in-process engine, a coordinator, a
+// cluster's Go client), in which SeqID names it. Decode steps run
+// batched with the other sequences of the Stepper ([BatchAttention]);
+// the steps of one layer (diagnostics, dense comparisons, dense steps of
+// later prompt tokens) are steps of one layer there (decode.Batch.Layers
+// 1), unless the sequence is also a [LayerStepper].
 type Sequence interface {
 	Append(ctx context.Context, layer int, k, v []float32) error
-	Step(ctx context.Context, layer int, r engine.Request, opt engine.StepOptions, res *engine.Result) error
+	Stepper() decode.Stepper
+	SeqID() decode.SeqID
 	ForkSequence(ctx context.Context) (Sequence, error)
 	Release(ctx context.Context) error
 }
 
-// engineSeq is a sequence of an in-process engine.
-type engineSeq struct {
-	e  *engine.Engine
-	id engine.SeqID
+// LayerStepper is a [Sequence] that runs a step of one layer for itself
+// alone, diagnostics included (a measured step): the in-process
+// engine's sequences (engine.Sequence), whose Stepper refuses
+// diagnostics inside an open step, and serve's sequences of a
+// coordinator. row.Seq and row.New are ignored: the sequence is the
+// step's one row, with a new token when k and v are set.
+type LayerStepper interface {
+	StepLayer(ctx context.Context, layer int, row decode.Row, q, k, v []float32, opt decode.Options, res *decode.Result) error
 }
 
-func (s engineSeq) Append(ctx context.Context, layer int, k, v []float32) error {
-	return s.e.AppendContext(ctx, s.id, layer, k, v)
-}
+// StepperSequence is the old name of [Sequence], whose steps always run
+// through its Stepper now.
+//
+// Deprecated: use Sequence.
+type StepperSequence = Sequence
 
-func (s engineSeq) Step(ctx context.Context, layer int, r engine.Request, opt engine.StepOptions, res *engine.Result) error {
-	r.Seq = s.id
-	return s.e.Step(ctx, layer, []engine.Request{r}, opt, res)
-}
-
-func (s engineSeq) ForkSequence(ctx context.Context) (Sequence, error) {
-	id, err := s.e.ForkContext(ctx, s.id)
-	return engineSeq{s.e, id}, err
-}
-
-func (s engineSeq) Release(context.Context) error { return s.e.Release(s.id) }
-
-func (s engineSeq) Stepper() decode.Stepper { return s.e }
-
-func (s engineSeq) SeqID() decode.SeqID { return s.id }
-
-// StepperSequence is a [Sequence] whose decode steps can run batched
-// with other sequences of its Stepper (see [BatchAttention]).
-type StepperSequence interface {
-	Sequence
-	// Stepper is the runner of the sequence's steps; SeqID its id there.
+// SequenceOf is a sequence whose forks are of its own type S, such as
+// cluster/client.Sequence: [NewAttentionOf] drives it as a [Sequence].
+type SequenceOf[S any] interface {
+	Append(ctx context.Context, layer int, k, v []float32) error
 	Stepper() decode.Stepper
 	SeqID() decode.SeqID
+	Fork(ctx context.Context) (S, error)
+	Release(ctx context.Context) error
+}
+
+// seqOf is a SequenceOf as a Sequence.
+type seqOf[S SequenceOf[S]] struct{ s S }
+
+func (s seqOf[S]) Append(ctx context.Context, layer int, k, v []float32) error {
+	return s.s.Append(ctx, layer, k, v)
+}
+func (s seqOf[S]) Stepper() decode.Stepper           { return s.s.Stepper() }
+func (s seqOf[S]) SeqID() decode.SeqID               { return s.s.SeqID() }
+func (s seqOf[S]) Release(ctx context.Context) error { return s.s.Release(ctx) }
+
+func (s seqOf[S]) ForkSequence(ctx context.Context) (Sequence, error) {
+	f, err := s.s.Fork(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return seqOf[S]{f}, nil
+}
+
+// Rollback forwards S's, when it has one.
+func (s seqOf[S]) Rollback(ctx context.Context, n int) error {
+	r, ok := any(s.s).(rollbacker)
+	if !ok {
+		return fmt.Errorf("roll back %d tokens: the sequence (%T) cannot roll back", n, s.s)
+	}
+	return r.Rollback(ctx, n)
+}
+
+// NewAttentionOf drives sequence s, which must be empty and of geometry
+// g (the caller checks), as an [Attention]: a cluster's sequence through
+// its Go client, say.
+func NewAttentionOf[S SequenceOf[S]](s S, g Geometry) *EngineAttention {
+	return NewSequenceAttention(seqOf[S]{s}, g)
+}
+
+// layerStepperOf returns the sequence's LayerStepper, when it has one
+// (a SequenceOf's S, when S has one).
+func layerStepperOf(s Sequence) (LayerStepper, bool) {
+	if w, ok := s.(interface{ layerStepper() (LayerStepper, bool) }); ok {
+		return w.layerStepper()
+	}
+	ls, ok := s.(LayerStepper)
+	return ls, ok
+}
+
+func (s seqOf[S]) layerStepper() (LayerStepper, bool) {
+	ls, ok := any(s.s).(LayerStepper)
+	return ls, ok
+}
+
+// layerStep runs one layer of a step of its own for this sequence
+// alone: its LayerStepper's StepLayer when it has one, else a step of one
+// layer through its Stepper (Begin, Layer, End). k and v nil: no new
+// token. It fills res (O, LSE, Plans, Time; Diag, emptied without
+// opt.Diagnostics).
+func (a *EngineAttention) layerStep(ctx context.Context, layer int, q, k, v []float32, budget int, opt decode.Options, res *decode.Result) error {
+	if ls, ok := layerStepperOf(a.s); ok {
+		return ls.StepLayer(ctx, layer, decode.Row{Seq: a.s.SeqID(), New: k != nil, Budget: budget}, q, k, v, opt, res)
+	}
+	st, err := a.s.Stepper().Begin(ctx, decode.Batch{Rows: []decode.Row{{Seq: a.s.SeqID(), New: k != nil, Budget: budget}},
+		FirstLayer: layer, Layers: 1, Options: opt})
+	if err != nil {
+		return err
+	}
+	err = st.Layer(ctx, layer, decode.Host(q), decode.Host(k), decode.Host(v), res)
+	if eerr := st.End(ctx); err == nil && eerr != nil {
+		err = eerr
+	}
+	if err != nil {
+		return err
+	}
+	if !opt.Diagnostics {
+		res.Diag = res.Diag[:0]
+	}
+	return nil
 }
 
 // DecodeRow implements [BatchAttention]: the sequence joins a batched
@@ -134,10 +200,7 @@ type StepperSequence interface {
 // Options.Diagnostics nor Compare asks for a step of its own per layer.
 // Options.ForceDense makes every layer of the row dense.
 func (a *EngineAttention) DecodeRow() (decode.Stepper, decode.Row, decode.Options, bool) {
-	ss, ok := a.s.(StepperSequence)
-	if !ok {
-		return nil, decode.Row{}, decode.Options{}, false
-	}
+	ss := a.s
 	if a.Options.Diagnostics || a.Compare {
 		// Steps of its own per layer, on the same Stepper.
 		return ss.Stepper(), decode.Row{}, decode.Options{}, false
@@ -162,20 +225,32 @@ func NewSequenceAttention(s Sequence, g Geometry) *EngineAttention {
 	return &EngineAttention{s: s, g: g, lens: make([]int, g.Layers), steps: make([]StepInfo, g.Layers)}
 }
 
+// SequenceMaker is an in-process runner that creates empty sequences
+// of its own type S (engine.Engine, whose sequences are
+// *engine.Sequence) and tells the model shape it serves.
+type SequenceMaker[S SequenceOf[S]] interface {
+	NewSequence(ctx context.Context, p plan.Placement) (S, error)
+	Shape() (layers int, g plan.Geometry)
+}
+
 // NewEngineAttention creates an empty sequence in e (striped placement)
-// for a model of geometry g, which must match the engine's.
-func NewEngineAttention(e *engine.Engine, g Geometry) (*EngineAttention, error) {
-	c := e.Config()
-	if c.Layers != g.Layers || c.QHeads != g.Heads || c.KVHeads != g.KVHeads || c.HeadDim != g.HeadDim {
+// for a model of geometry g, which must match the runner's.
+func NewEngineAttention[S SequenceOf[S]](e SequenceMaker[S], g Geometry) (*EngineAttention, error) {
+	layers, c := e.Shape()
+	if layers != g.Layers || c.QHeads != g.Heads || c.KVHeads != g.KVHeads || c.HeadDim != g.HeadDim {
 		return nil, fmt.Errorf("engine attention: engine of %d layers, %d/%d heads of %d for a model of %d layers, %d/%d heads of %d",
-			c.Layers, c.QHeads, c.KVHeads, c.HeadDim, g.Layers, g.Heads, g.KVHeads, g.HeadDim)
+			layers, c.QHeads, c.KVHeads, c.HeadDim, g.Layers, g.Heads, g.KVHeads, g.HeadDim)
 	}
-	id, err := e.Create(plan.Striped)
+	s, err := e.NewSequence(context.Background(), plan.Striped)
 	if err != nil {
 		return nil, fmt.Errorf("engine attention: %w", err)
 	}
-	return NewSequenceAttention(engineSeq{e, id}, g), nil
+	return NewAttentionOf(s, g), nil
 }
+
+// Sequence returns the sequence a drives (the caller must not step it
+// behind a's back: a counts the tokens of every layer).
+func (a *EngineAttention) Sequence() Sequence { return a.s }
 
 // Len returns the tokens of the last layer.
 func (a *EngineAttention) Len() int { return a.lens[len(a.lens)-1] }
@@ -244,12 +319,11 @@ func (a *EngineAttention) Prefill(ctx context.Context, layer int, q, k, v, out [
 		// Later tokens of a sequence: dense engine steps.
 		qd, kvd := a.g.Heads*a.g.HeadDim, a.g.KVHeads*a.g.HeadDim
 		for t := range n {
-			req := engine.Request{Q: q[t*qd : (t+1)*qd], K: k[t*kvd : (t+1)*kvd], V: v[t*kvd : (t+1)*kvd]}
-			if err := a.s.Step(ctx, layer, req, engine.StepOptions{ForceDense: true}, &a.res); err != nil {
+			if err := a.layerStep(ctx, layer, q[t*qd:(t+1)*qd], k[t*kvd:(t+1)*kvd], v[t*kvd:(t+1)*kvd], 0, decode.Options{ForceDense: true}, &a.res); err != nil {
 				return err
 			}
 			a.lens[layer]++
-			copy(out[t*qd:(t+1)*qd], a.res.O)
+			copy(out[t*qd:(t+1)*qd], a.res.O.Data)
 		}
 		return nil
 	}
@@ -268,12 +342,11 @@ func (a *EngineAttention) Decode(ctx context.Context, layer int, q, k, v, out []
 	if err := a.g.check(layer, 1, q, k, v, out); err != nil {
 		return err
 	}
-	req := engine.Request{Q: q, K: k, V: v, BudgetTokens: a.Budget}
-	if err := a.s.Step(ctx, layer, req, a.Options, &a.res); err != nil {
+	if err := a.layerStep(ctx, layer, q, k, v, a.Budget, a.Options, &a.res); err != nil {
 		return err
 	}
 	a.lens[layer]++
-	copy(out, a.res.O)
+	copy(out, a.res.O.Data)
 	pl := a.res.Plans[0]
 	st := StepInfo{Layer: layer, Plan: pl, Time: a.res.Time,
 		PagesRead: pl.Reads() * a.g.KVHeads, PagesTotal: pl.Pages * a.g.KVHeads}
@@ -286,15 +359,14 @@ func (a *EngineAttention) Decode(ctx context.Context, layer int, q, k, v, out []
 		st.PagesRead, st.PagesTotal = dg.PagesRead, dg.PagesTotal
 	}
 	if a.Compare {
-		dreq := engine.Request{Q: q}
-		if err := a.s.Step(ctx, layer, dreq, engine.StepOptions{ForceDense: true}, &a.dense); err != nil {
+		if err := a.layerStep(ctx, layer, q, nil, nil, 0, decode.Options{ForceDense: true}, &a.dense); err != nil {
 			return fmt.Errorf("dense comparison: %w", err)
 		}
 		d := a.g.HeadDim
 		st.Cosine = make([]float64, a.g.Heads)
 		st.RelL2 = make([]float64, a.g.Heads)
 		for h := range a.g.Heads {
-			st.Cosine[h], st.RelL2[h] = compare(out[h*d:(h+1)*d], a.dense.O[h*d:(h+1)*d])
+			st.Cosine[h], st.RelL2[h] = compare(out[h*d:(h+1)*d], a.dense.O.Data[h*d:(h+1)*d])
 		}
 	}
 	a.steps[layer] = st
@@ -325,10 +397,6 @@ func compare(o, ref []float32) (cos, rel float64) {
 // in-process engine's).
 type rollbacker interface {
 	Rollback(ctx context.Context, n int) error
-}
-
-func (s engineSeq) Rollback(ctx context.Context, n int) error {
-	return s.e.RollbackContext(ctx, s.id, n)
 }
 
 // ForkPrefix returns a new sequence holding the first tokens tokens of

@@ -14,7 +14,7 @@ import (
 // tokens tokens of a few sequences, and cp x tp shards.
 func newEngine(t testing.TB, m *Model, p plan.Policy, tokens, cp, tp int) *engine.Engine {
 	t.Helper()
-	cfg := EngineConfig(m.Geometry(), p, 4*(tokens/p.PageSize+2))
+	cfg := engine.ModelConfig(m.Geometry(), p, 4*(tokens/p.PageSize+2))
 	cfg.CP, cfg.TP = cp, tp
 	e, err := engine.New(cfg)
 	if err != nil {

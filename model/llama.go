@@ -141,6 +141,12 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 		switch {
 		case g != nil:
 			err = g.layer(ctx, li, q, k, v, a.o, qd, kvd)
+			if err != nil && refusedAhead(err) {
+				// Begin's refusal, learnt at the first layer: Decode
+				// layer by layer names why, as after a refused Begin.
+				g = nil
+				err = attn.Decode(ctx, li, q, k, v, a.o)
+			}
 		case n == 1:
 			err = attn.Decode(ctx, li, q, k, v, a.o)
 		default:

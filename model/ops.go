@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/questrt/questrt/internal/yield"
 	"github.com/questrt/questrt/kernels"
 )
 
@@ -23,7 +24,8 @@ func dot(a, b []float32) float32 { return kernels.Dot(a, b) }
 func defaultWorkers() int { return runtime.GOMAXPROCS(0) }
 
 // parallel runs f(i) for i in [0, n) on up to workers goroutines (the
-// caller included), handing out indices in order.
+// caller included), handing out indices in order. Every goroutine
+// yields now and then between two items (see package yield).
 func parallel(workers, n int, f func(worker, i int)) {
 	if workers <= 0 {
 		workers = defaultWorkers()
@@ -41,13 +43,17 @@ func parallel(workers, n int, f func(worker, i int)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			y := yield.New()
 			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
 				f(w, i)
+				y.Maybe()
 			}
 		}()
 	}
+	y := yield.New()
 	for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
 		f(0, i)
+		y.Maybe()
 	}
 	wg.Wait()
 }

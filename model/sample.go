@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/questrt/questrt/kernels"
 )
 
 // Sampler picks the next token from logits: greedy (Temperature 0) or
@@ -48,6 +50,25 @@ func (s *Sampler) Sample(logits []float32) int {
 	if s.Temperature == 0 {
 		return Argmax(logits)
 	}
+	return s.SampleU(logits, s.rng.Float64())
+}
+
+// Params advances the sampler's stream as Sample would and returns the
+// parameters with which a device samples the token Sample would have
+// returned (kernels.ModelDevice.Sample; kernels.SampleRow states the
+// rule): U is the draw Sample would have used (0, and nothing drawn,
+// when greedy).
+func (s *Sampler) Params() kernels.SampleParams {
+	p := kernels.SampleParams{Temperature: s.Temperature, TopP: s.TopP}
+	if s.Temperature != 0 {
+		p.U = s.rng.Float64()
+	}
+	return p
+}
+
+// SampleU is Sample with the uniform draw u in [0, 1) given instead of
+// taken from the stream (Temperature must not be 0).
+func (s *Sampler) SampleU(logits []float32, u float64) int {
 	n := len(logits)
 	s.idx = s.idx[:0]
 	for i := range n {
@@ -86,7 +107,7 @@ func (s *Sampler) Sample(logits []float32) int {
 			sum += e
 		}
 	}
-	u := s.rng.Float64() * sum
+	u *= sum
 	for j, e := range s.p[:keep] {
 		u -= e
 		if u < 0 {

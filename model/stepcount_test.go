@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
@@ -51,7 +52,7 @@ type solo struct{ Attention }
 // each), every one behind a callCounter sharing the returned counters.
 func countedEngine(t *testing.T, m *Model, p plan.Policy, capacity, cp int) (*engine.Engine, *[4]atomic.Int64) {
 	t.Helper()
-	cfg := EngineConfig(m.Geometry(), p, capacity)
+	cfg := engine.ModelConfig(m.Geometry(), p, capacity)
 	cfg.CP = cp
 	var n [4]atomic.Int64
 	trs := collective.NewInprocGroup(cp)
@@ -164,7 +165,7 @@ func TestDecodeBatchStepperMixes(t *testing.T) {
 	ctx := context.Background()
 	p := plan.DefaultPolicy()
 	p.DenseLayers, p.BudgetTokens = 0, 32
-	cfg := EngineConfig(m.Geometry(), p, 64)
+	cfg := engine.ModelConfig(m.Geometry(), p, 64)
 	cfg.StepTimeout = 3 * time.Second
 	e, err := engine.New(cfg)
 	if err != nil {
@@ -262,4 +263,54 @@ func TestDecodeBatchStepperMixes(t *testing.T) {
 	}
 	same("released: row 0", lg[0], at, ta)
 	same("released: row 2", lg[2], bt, tb)
+
+	// The same through a Stepper that learns Begin's refusal at the
+	// first layer (decode.ErrBeginRefused, as the cluster client does):
+	// the rows go alone from there, and only the released one fails.
+	ta, tb = Argmax(lg[0]), Argmax(lg[2])
+	lg, err = run("released row, refused ahead", []Attention{aheadAttn{a}, aheadAttn{c}, aheadAttn{b}}, []int{ta, tc, tb})
+	if !errors.As(err, &be) || !slices.Equal(be.FailedIndices(), []int{1}) || !errors.Is(err, engine.ErrUnknownSequence) {
+		t.Fatalf("released row, refused ahead: %v, want a BatchError naming index 1 (unknown sequence)", err)
+	}
+	same("refused ahead: row 0", lg[0], at, ta)
+	same("refused ahead: row 2", lg[2], bt, tb)
 }
+
+// aheadAttn is an EngineAttention whose steps run on aheadStepper.
+type aheadAttn struct{ *EngineAttention }
+
+func (a aheadAttn) DecodeRow() (decode.Stepper, decode.Row, decode.Options, bool) {
+	s, r, o, ok := a.EngineAttention.DecodeRow()
+	if s != nil {
+		s = aheadStepper{s}
+	}
+	return s, r, o, ok
+}
+
+// aheadStepper reports its Stepper's Begin refusals at the step's first
+// Layer, as a runner that sends its begin ahead of the first layer does.
+type aheadStepper struct{ decode.Stepper }
+
+func (s aheadStepper) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
+	st, err := s.Stepper.Begin(ctx, b)
+	if err != nil {
+		return &refusedStep{err: err}, nil
+	}
+	return st, nil
+}
+
+// refusedStep is a step whose begin was refused.
+type refusedStep struct {
+	err  error
+	told bool
+}
+
+func (r *refusedStep) Layer(context.Context, int, decode.Tensor, decode.Tensor, decode.Tensor, *decode.Result) error {
+	if r.told {
+		return fmt.Errorf("%w: %w", decode.ErrStepFailed, r.err)
+	}
+	r.told = true
+	return fmt.Errorf("%w: %w", decode.ErrBeginRefused, r.err)
+}
+
+func (r *refusedStep) End(context.Context) error { return nil }

@@ -122,6 +122,15 @@ func (g *stepGroup) begin(ctx context.Context) bool {
 	return true
 }
 
+// refusedAhead reports whether err, a group's first Layer error, is its
+// Begin's refusal learnt there (decode.ErrBeginRefused: a Stepper that
+// sends its begin ahead of the first layer) other than a busy Stepper:
+// nothing ran, and the group's rows decode alone from that layer on, as
+// after a Begin that refused them.
+func refusedAhead(err error) bool {
+	return errors.Is(err, decode.ErrBeginRefused) && !errors.Is(err, decode.ErrStepFailed) && !errors.Is(err, decode.ErrStepOpen)
+}
+
 // beginGroups opens every group's step; the rows of the groups whose
 // Begin refused the batch join alone (kept ascending).
 func beginGroups(ctx context.Context, groups []*stepGroup, alone []int) ([]*stepGroup, []int) {

@@ -94,3 +94,22 @@ func StopIDs(tok Tokenizer, cfg Config) []int {
 	}
 	return []int{tok.EOS()}
 }
+
+// PieceDecoder is implemented by tokenizers whose Decode of a whole
+// sequence is not the concatenation of its ids' Decode: SentencePiece
+// decoders strip the space that starts a text, so "▁there" alone decodes
+// to "there". DecodePiece returns id's text as it reads after earlier
+// tokens (" there").
+type PieceDecoder interface {
+	DecodePiece(id int) string
+}
+
+// TokenText returns the text of id as it reads after earlier tokens,
+// for streaming generated tokens one at a time: tok's DecodePiece where
+// it has one, else tok.Decode([]int{id}).
+func TokenText(tok Tokenizer, id int) string {
+	if p, ok := tok.(PieceDecoder); ok {
+		return p.DecodePiece(id)
+	}
+	return tok.Decode([]int{id})
+}

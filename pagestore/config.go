@@ -21,8 +21,11 @@ type Config struct {
 	// shard serves, default 32, which the store itself does not use and
 	// may be 0), HeadDim D (default 128), PageSize S, the number of token
 	// slots of a page (default 16, the Quest default; any value >= 1 is
-	// accepted, a power of two is not required), and DType, of which this
-	// CPU store supports only plan.Float32 (the zero value).
+	// accepted, a power of two is not required), and DType: [New] holds
+	// plan.Float32 (the zero value) or plan.FP8 (K and V as E4M3 codes
+	// with a float32 scale per page, layer and KV head, summaries float32
+	// over the dequantized keys; see the package doc, "FP8"), a device's
+	// pools ([NewWithData], [NewWithSlots]) the 16-bit types too.
 	plan.Geometry
 	// Capacity is the pool size in physical pages (default 256). A page holds
 	// PageSize tokens of every layer; see [Config.PoolBytes].
@@ -83,6 +86,15 @@ type Config struct {
 	// must not call the store. nil (the default): errors are only
 	// returned.
 	OnPersistError func(*IOError)
+
+	// SubBoxes > 1 keeps, besides the page summary, SubBoxes contiguous
+	// sub-box summaries per page, layer and KV head, each the min/max
+	// box of PageSize/SubBoxes token slots (plan.Policy.SubBoxes, issue
+	// 32): [LayerData.Sub]. It must divide PageSize, and only [New]'s
+	// float32 host pools keep them: fp8 K/V, offload (DeviceBudget),
+	// persistence (DataDir) and outside page data ([NewWithData],
+	// [NewWithSlots]) refuse it. 0 (the default) and 1: off.
+	SubBoxes int
 }
 
 func (c Config) syncInterval() time.Duration {
@@ -166,7 +178,9 @@ func (c Config) Validate() error {
 
 // PoolBytes returns the bytes of K+V and of summaries that [New] allocates
 // (both over all layers), or an error when c is invalid. With offload on
-// the K+V bytes are those of the DeviceBudget slots.
+// the K+V bytes are those of the DeviceBudget slots. For plan.FP8 the K+V
+// bytes are 1 per element plus 4 per (page, layer, K or V, KV head)
+// scale.
 func (c Config) PoolBytes() (kv, summary int, err error) {
 	sz, err := c.sizes()
 	if err != nil {
@@ -176,8 +190,10 @@ func (c Config) PoolBytes() (kv, summary int, err error) {
 }
 
 type sizes struct {
-	layerKV  int // floats of K (or V) per layer
+	layerKV  int // elements of K (or V) per layer
+	layerRec int // fp8 only: (page, KV head) records (scales) of K (or V) per layer
 	layerSum int // floats of summaries per layer
+	layerSub int // floats of sub-box summaries per layer (SubBoxes > 1), else 0
 	kvBytes  int // K+V bytes over all layers
 	sumBytes int // summary bytes over all layers
 }
@@ -199,10 +215,21 @@ func (c Config) sizes() (sizes, error) {
 	}
 	switch c.DType {
 	case plan.Float32, plan.Float16, plan.BFloat16:
-		// New holds float32 only; a device's pools (NewWithData,
+		// New holds float32 (or FP8); a device's pools (NewWithData,
 		// NewWithSlots) may hold the 16-bit types.
+	case plan.FP8:
+		if c.Offload() {
+			return sizes{}, fmt.Errorf("%w: dtype fp8 with a DeviceBudget: offload of fp8 pages is not implemented yet", ErrInvalidConfig)
+		}
 	default:
 		return sizes{}, fmt.Errorf("%w: unknown dtype %v", ErrInvalidConfig, c.DType)
+	}
+	if c.SubBoxes < 0 || c.SubBoxes > c.PageSize || (c.SubBoxes > 1 && c.PageSize%c.SubBoxes != 0) {
+		return sizes{}, fmt.Errorf("%w: SubBoxes = %d: want 0 or 1 (off) or a divisor of PageSize %d", ErrInvalidConfig, c.SubBoxes, c.PageSize)
+	}
+	if c.SubBoxes > 1 && (c.DType != plan.Float32 || c.Offload() || c.DataDir != "") {
+		return sizes{}, fmt.Errorf("%w: SubBoxes = %d with dtype %v, DeviceBudget %d, DataDir %q: sub-box summaries are kept by float32 host pools without offload or persistence only",
+			ErrInvalidConfig, c.SubBoxes, c.DType, c.DeviceBudget, c.DataDir)
 	}
 	if c.Capacity > math.MaxInt32 {
 		return sizes{}, fmt.Errorf("%w: Capacity = %d exceeds the int32 page id range", ErrInvalidConfig, c.Capacity)
@@ -226,10 +253,29 @@ func (c Config) sizes() (sizes, error) {
 	if sz.layerSum, ok = mulInt(c.Capacity, c.KVHeads, 2, c.HeadDim); !ok {
 		return sizes{}, fmt.Errorf("%w: summary pool of %d pages x %d heads x 2 x %d dims overflows int", ErrInvalidConfig, c.Capacity, c.KVHeads, c.HeadDim)
 	}
-	if sz.kvBytes, ok = mulInt(sz.layerKV, c.Layers, 2, 4); !ok {
+	if c.SubBoxes > 1 {
+		if sz.layerSub, ok = mulInt(sz.layerSum, c.SubBoxes); !ok {
+			return sizes{}, fmt.Errorf("%w: sub-box summary pool of %d boxes per page overflows int", ErrInvalidConfig, c.SubBoxes)
+		}
+	}
+	elem := 4
+	if c.DType == plan.FP8 {
+		elem = 1 // plus the records' scales, below
+		if sz.layerRec, ok = mulInt(c.slots(), c.KVHeads); !ok {
+			return sizes{}, fmt.Errorf("%w: K/V scales of %d pages x %d heads overflow int", ErrInvalidConfig, c.Capacity, c.KVHeads)
+		}
+	}
+	if sz.kvBytes, ok = mulInt(sz.layerKV, c.Layers, 2, elem); !ok {
 		return sizes{}, fmt.Errorf("%w: K/V pool bytes over %d layers overflow int", ErrInvalidConfig, c.Layers)
 	}
-	if sz.sumBytes, ok = mulInt(sz.layerSum, c.Layers, 4); !ok {
+	if sz.layerRec > 0 {
+		scales, ok := mulInt(sz.layerRec, c.Layers, 2, 4)
+		if !ok || sz.kvBytes > math.MaxInt-scales {
+			return sizes{}, fmt.Errorf("%w: K/V pool bytes over %d layers overflow int", ErrInvalidConfig, c.Layers)
+		}
+		sz.kvBytes += scales
+	}
+	if sz.sumBytes, ok = mulInt(sz.layerSum+sz.layerSub, c.Layers, 4); !ok {
 		return sizes{}, fmt.Errorf("%w: summary pool bytes over %d layers overflow int", ErrInvalidConfig, c.Layers)
 	}
 	return sz, nil

@@ -3,6 +3,8 @@ package pagestore
 import (
 	"context"
 	"math"
+
+	"github.com/questrt/questrt/plan"
 )
 
 // PageData holds the contents of a store's pages: K, V and summaries of
@@ -53,6 +55,7 @@ type hostData struct {
 	cfg    Config
 	layers []LayerData
 	res    *residency // nil: offload off, K/V indexed by physical page
+	fp8    bool       // K/V are fp8 records (plan.FP8; see fp8.go)
 
 	// strides, in floats
 	tok     int // KVHeads*HeadDim: one token of k or v
@@ -60,6 +63,8 @@ type hostData struct {
 	pageBlk int // KVHeads*PageSize*HeadDim: one page of K or V
 	sumRec  int // 2*HeadDim: one (page, head) summary record
 	sumPage int // KVHeads*2*HeadDim: one page of summaries
+	sub     int // Config.SubBoxes when > 1, else 0 (no sub-boxes kept)
+	subW    int // PageSize/sub: token slots per sub-box
 }
 
 func newHostData(cfg Config, sz sizes) *hostData {
@@ -71,6 +76,20 @@ func newHostData(cfg Config, sz sizes) *hostData {
 		pageBlk: cfg.KVHeads * cfg.PageSize * cfg.HeadDim,
 		sumRec:  2 * cfg.HeadDim,
 		sumPage: cfg.KVHeads * 2 * cfg.HeadDim,
+		fp8:     cfg.DType == plan.FP8,
+	}
+	if cfg.SubBoxes > 1 {
+		h.sub, h.subW = cfg.SubBoxes, cfg.PageSize/cfg.SubBoxes
+	}
+	if h.fp8 {
+		for l := range h.layers {
+			h.layers[l] = LayerData{
+				K8: make([]uint8, sz.layerKV), V8: make([]uint8, sz.layerKV),
+				KScale: make([]float32, sz.layerRec), VScale: make([]float32, sz.layerRec),
+				Summary: make([]float32, sz.layerSum),
+			}
+		}
+		return h
 	}
 	for l := range h.layers {
 		h.layers[l] = LayerData{
@@ -78,11 +97,46 @@ func newHostData(cfg Config, sz sizes) *hostData {
 			V:       make([]float32, sz.layerKV),
 			Summary: make([]float32, sz.layerSum),
 		}
+		if sz.layerSub > 0 {
+			h.layers[l].Sub = make([]float32, sz.layerSub)
+		}
 	}
 	return h
 }
 
+// subRec returns the sub-box summary records of one (page, KV head) of a
+// layer: c records of 2*HeadDim floats (mins then maxes), or nil when no
+// sub-boxes are kept.
+func (h *hostData) subRec(ld LayerData, phys, hd int) []float32 {
+	if h.sub == 0 {
+		return nil
+	}
+	n := h.sub * h.sumRec
+	o := (phys*h.cfg.KVHeads + hd) * n
+	return ld.Sub[o : o+n : o+n]
+}
+
+// widenSub widens the sub-box of token slot slot in the records subs of
+// one (page, KV head) with key k.
+func (h *hostData) widenSub(subs []float32, slot int, k []float32) {
+	D := h.cfg.HeadDim
+	o := slot / h.subW * h.sumRec
+	widen(subs[o:o+D], subs[o+D:o+2*D], k)
+}
+
+// emptySubs sets every sub-box record of subs to the empty box.
+func (h *hostData) emptySubs(subs []float32) {
+	D := h.cfg.HeadDim
+	for o := 0; o < len(subs); o += h.sumRec {
+		empty(subs[o:o+D], subs[o+D:o+2*D])
+	}
+}
+
 func (h *hostData) Write(layer int, pages []int32, slot int, k, v []float32) error {
+	if h.fp8 {
+		h.writeFP8(layer, pages, slot, k, v)
+		return nil
+	}
 	if h.res != nil {
 		h.res.mu.Lock()
 		defer h.res.mu.Unlock()
@@ -109,8 +163,10 @@ func (h *hostData) Write(layer int, pages []int32, slot int, k, v []float32) err
 			so := phys*h.sumPage + hd*h.sumRec
 			mn := ld.Summary[so : so+D : so+D]
 			mx := ld.Summary[so+D : so+2*D : so+2*D]
+			subs := h.subRec(ld, phys, hd)
 			if slot == 0 {
 				empty(mn, mx)
+				h.emptySubs(subs)
 			}
 			for r := 0; r < cnt; r++ {
 				src := (t+r)*h.tok + hd*D
@@ -119,6 +175,9 @@ func (h *hostData) Write(layer int, pages []int32, slot int, k, v []float32) err
 				copy(ld.K[dst:dst+D], kr)
 				copy(ld.V[dst:dst+D], v[src:src+D])
 				widen(mn, mx, kr)
+				if subs != nil {
+					h.widenSub(subs, slot+r, kr)
+				}
 			}
 		}
 		t += cnt
@@ -157,6 +216,7 @@ func (h *hostData) Reset(pages []int32) error {
 			for hd := 0; hd < h.cfg.KVHeads; hd++ {
 				r := rec[hd*h.sumRec : (hd+1)*h.sumRec]
 				empty(r[:D], r[D:])
+				h.emptySubs(h.subRec(ld, int(p), hd))
 			}
 		}
 	}
@@ -164,6 +224,10 @@ func (h *hostData) Reset(pages []int32) error {
 }
 
 func (h *hostData) Copy(dst, src int32, valid []int) error {
+	if h.fp8 {
+		h.copyFP8(dst, src, valid)
+		return nil
+	}
 	D := h.cfg.HeadDim
 	kvs, kvd := src, dst
 	if h.res != nil {
@@ -187,6 +251,10 @@ func (h *hostData) Copy(dst, src int32, valid []int) error {
 			copy(ld.V[b:b+n], ld.V[a:a+n])
 		}
 		copy(ld.Summary[ds:ds+h.sumPage], ld.Summary[ss:ss+h.sumPage])
+		if h.sub > 0 {
+			n := h.sub * h.sumPage
+			copy(ld.Sub[int(dst)*n:][:n], ld.Sub[int(src)*n:][:n])
+		}
 	}
 	return nil
 }
@@ -198,6 +266,10 @@ func (h *hostData) Table(SeqID, int, []int32, int) error { return nil }
 func (h *hostData) Drop(SeqID) error { return nil }
 
 func (h *hostData) Rescan(p int32, valid int) error {
+	if h.fp8 {
+		h.rescanFP8(p, valid)
+		return nil
+	}
 	D := h.cfg.HeadDim
 	kvp := p
 	if h.res != nil {
@@ -216,9 +288,15 @@ func (h *hostData) Rescan(p int32, valid int) error {
 			mn := ld.Summary[so : so+D : so+D]
 			mx := ld.Summary[so+D : so+2*D : so+2*D]
 			empty(mn, mx)
+			subs := h.subRec(ld, int(p), hd)
+			h.emptySubs(subs)
 			ko := int(kvp)*h.pageBlk + hd*h.headBlk
 			for r := 0; r < valid; r++ {
-				widen(mn, mx, ld.K[ko+r*D:ko+(r+1)*D])
+				kr := ld.K[ko+r*D : ko+(r+1)*D]
+				widen(mn, mx, kr)
+				if subs != nil {
+					h.widenSub(subs, r, kr)
+				}
 			}
 		}
 	}

@@ -45,6 +45,15 @@
 // which is one contiguous 2*HeadDim-float dot product per (page, head); the
 // records of all KV heads of a page sit next to each other.
 //
+// With [Config.SubBoxes] = c > 1 (multi-box summaries) a layer also has
+//
+//	Sub      [Capacity][KVHeads][c][2][HeadDim]
+//
+// c records per (page, KV head), record i the box of the slots [i*S/c,
+// (i+1)*S/c) that hold valid keys (empty when none does), kept by every
+// change that keeps Summary (append, recycle, copy-on-write, rescan); the
+// page record stays the union of its sub-boxes.
+//
 // A freshly allocated (or recycled) page has min = +Inf and max = -Inf in
 // every layer and head; every appended key widens its page's record
 // incrementally (eq. 8). Padding slots (beyond a layer's length) never enter a

@@ -41,4 +41,11 @@ var (
 	// ErrInUse: the data directory is open in another store, in this
 	// process or another.
 	ErrInUse = errors.New("pagestore: data directory in use")
+	// ErrOtherFormat: the data directory's format record (its geometry,
+	// or a page of its index outside the configured slots) does not
+	// match the config. It comes with ErrInvalidConfig: the directory
+	// was made for another config, or the record is damaged; a caller
+	// that derives the directory's name from the config (worker/remote)
+	// knows it is damage and treats it as tier.ErrCorrupt.
+	ErrOtherFormat = errors.New("pagestore: data directory of another format")
 )

@@ -84,52 +84,88 @@ func NewEvictor(e Eviction, capacity int, decay float64) (Evictor, error) {
 	return nil, fmt.Errorf("%w: unknown eviction policy %d", ErrInvalidConfig, int(e))
 }
 
-// lru is an intrusive doubly linked list of the resident pages over page
-// ids, most recent first; index capacity is the sentinel.
+// lru orders the resident pages by their last use (Admit or Touch), as a
+// move-to-front list would, at O(1) per use and no pointer chasing: each
+// use stamps the page with the next value of a counter and appends (page,
+// stamp) to a queue. An entry is current while its stamp is the page's, so
+// the current entries, front to back, are the resident pages from least to
+// most recently used. Victim pops stale entries off the front; the queue
+// is compacted when stale entries outnumber the current ones.
 type lru struct {
-	prev, next []int32
+	stamp []uint64 // page -> stamp of its last use; 0: not resident
+	q     []lruUse
+	head  int    // q[:head] is consumed
+	live  int    // pages with a stamp (current entries)
+	clock uint64 // the last stamp given
+	skip  []lruUse
+}
+
+// lruUse is one use of a page in the lru queue.
+type lruUse struct {
+	p     int32
+	stamp uint64
 }
 
 func newLRU(capacity int) *lru {
-	l := &lru{prev: make([]int32, capacity+1), next: make([]int32, capacity+1)}
-	for i := range l.prev {
-		l.prev[i], l.next[i] = -1, -1
+	return &lru{stamp: make([]uint64, capacity)}
+}
+
+// current reports whether u is page u.p's last use (and u.p resident).
+func (l *lru) current(u lruUse) bool { return l.stamp[u.p] == u.stamp }
+
+// use makes p the most recently used page.
+func (l *lru) use(p int32) {
+	if l.stamp[p] == 0 {
+		l.live++
 	}
-	s := int32(capacity)
-	l.prev[s], l.next[s] = s, s
-	return l
-}
-
-func (l *lru) sentinel() int32 { return int32(len(l.prev) - 1) }
-
-func (l *lru) unlink(p int32) {
-	if l.next[p] < 0 {
-		return
+	l.clock++
+	l.stamp[p] = l.clock
+	if n := len(l.q) - l.head; n >= 64 && n > 2*l.live {
+		l.compact()
 	}
-	n, pr := l.next[p], l.prev[p]
-	l.next[pr], l.prev[n] = n, pr
-	l.next[p], l.prev[p] = -1, -1
+	l.q = append(l.q, lruUse{p, l.clock})
 }
 
-func (l *lru) pushFront(p int32) {
-	s := l.sentinel()
-	n := l.next[s]
-	l.next[p], l.prev[p] = n, s
-	l.prev[n], l.next[s] = p, p
-}
-
-func (l *lru) Admit(p int32, _ uint64) { l.unlink(p); l.pushFront(p) }
-
-func (l *lru) Touch(p int32, _ uint64) { l.unlink(p); l.pushFront(p) }
-
-func (l *lru) Remove(p int32, _ bool) { l.unlink(p) }
-
-func (l *lru) Victim(e Eligible) int32 {
-	s := l.sentinel()
-	for p := l.prev[s]; p != s; p = l.prev[p] {
-		if e.Evictable(p) {
-			return p
+// compact drops the stale entries, keeping the current ones in order.
+func (l *lru) compact() {
+	q := l.q[:0]
+	for _, u := range l.q[l.head:] {
+		if l.current(u) {
+			q = append(q, u)
 		}
+	}
+	l.q, l.head = q, 0
+}
+
+func (l *lru) Admit(p int32, _ uint64) { l.use(p) }
+
+func (l *lru) Touch(p int32, _ uint64) { l.use(p) }
+
+func (l *lru) Remove(p int32, _ bool) {
+	if l.stamp[p] != 0 {
+		l.stamp[p] = 0
+		l.live--
+	}
+}
+
+// Victim returns the least recently used page that e accepts. The
+// entries it passes over (stale ones, and current ones e refuses) are
+// squeezed out of the front: the refused ones move, in order, to just
+// before the victim's entry, which stays (the caller may keep the page).
+func (l *lru) Victim(e Eligible) int32 {
+	l.skip = l.skip[:0]
+	for i := l.head; i < len(l.q); i++ {
+		u := l.q[i]
+		if !l.current(u) {
+			continue
+		}
+		if !e.Evictable(u.p) {
+			l.skip = append(l.skip, u)
+			continue
+		}
+		l.head = i - len(l.skip)
+		copy(l.q[l.head:i], l.skip)
+		return u.p
 	}
 	return -1
 }
@@ -176,11 +212,13 @@ func (s *scoreEvictor) Remove(p int32, freed bool) {
 
 func (s *scoreEvictor) Victim(e Eligible) int32 {
 	best, bestKey := int32(-1), math.Inf(1)
-	st := s.sentinel()
 	// From the least recently used: a strict < keeps the older of equals.
-	for p := s.prev[st]; p != st; p = s.prev[p] {
-		if k := s.key(p); k < bestKey && e.Evictable(p) {
-			best, bestKey = p, k
+	for _, u := range s.q[s.head:] {
+		if !s.current(u) {
+			continue
+		}
+		if k := s.key(u.p); k < bestKey && e.Evictable(u.p) {
+			best, bestKey = u.p, k
 		}
 	}
 	return best

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/questrt/questrt/kernels/fp8"
 )
 
 // Recall makes the K/V of the physical pages resident in the device pool
@@ -118,7 +120,8 @@ func (s *Store) DeviceSlot(p int32) int32 {
 // ReadKV copies the [KVHeads][PageSize][HeadDim] K and V of physical page
 // p in layer into k and v (each KVHeads*PageSize*HeadDim floats), wherever
 // they live: the pool, a device slot, or the tier (read without bringing
-// the page in). For diagnostics and tests: it copies.
+// the page in); fp8 records are dequantized (what attention reads). For
+// diagnostics and tests: it copies.
 func (s *Store) ReadKV(ctx context.Context, layer int, p int32, k, v []float32) error {
 	if err := s.checkLayer(layer); err != nil {
 		return fmt.Errorf("read kv: %w", err)
@@ -134,6 +137,14 @@ func (s *Store) ReadKV(ctx context.Context, layer int, p int32, k, v []float32) 
 		h := s.hostData()
 		ld := h.layers[layer]
 		o := int(p) * h.pageBlk
+		if h.fp8 {
+			for hd := 0; hd < s.cfg.KVHeads; hd++ {
+				rec, b := int(p)*s.cfg.KVHeads+hd, hd*h.headBlk
+				fp8.Decode(k[b:b+h.headBlk], ld.K8[o+b:o+b+h.headBlk], ld.KScale[rec])
+				fp8.Decode(v[b:b+h.headBlk], ld.V8[o+b:o+b+h.headBlk], ld.VScale[rec])
+			}
+			return nil
+		}
 		copy(k, ld.K[o:o+h.pageBlk])
 		copy(v, ld.V[o:o+h.pageBlk])
 		return nil

@@ -17,9 +17,11 @@ func offConfig(capacity, budget int) Config {
 	return Config{Layers: 2, Geometry: plan.Geometry{KVHeads: 2, HeadDim: 4, PageSize: 4}, Capacity: capacity, DeviceBudget: budget}
 }
 
+// checkRes checks the whole store at a quiet point: refcounts, free list,
+// page tables and the residency bookkeeping.
 func checkRes(t testing.TB, s *Store) {
 	t.Helper()
-	if err := s.CheckResidency(); err != nil {
+	if err := s.CheckInvariants(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -584,3 +586,71 @@ func TestOffloadDeviceFull(t *testing.T) {
 	}
 	checkRes(t, s)
 }
+
+// TestLRUMatchesList drives the LRU evictor and a plain move-to-front
+// list (the reference) with the same random admissions, uses, removals
+// and victim queries, each query with a random set of refused pages: every
+// victim is the same.
+func TestLRUMatchesList(t *testing.T) {
+	const capacity = 40
+	rng := rand.New(rand.NewPCG(26, 1))
+	ev, err := NewEvictor(EvictLRU, capacity, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []int32 // least recently used first
+	find := func(p int32) int { return slices.Index(list, p) }
+	use := func(p int32) {
+		if i := find(p); i >= 0 {
+			list = slices.Delete(list, i, i+1)
+		}
+		list = append(list, p)
+	}
+	victims := 0
+	for op := range 20000 {
+		p := int32(rng.IntN(capacity))
+		switch r := rng.IntN(10); {
+		case r < 2:
+			ev.Admit(p, uint64(op))
+			use(p)
+		case r < 7:
+			// The store touches resident pages only.
+			if find(p) >= 0 {
+				ev.Touch(p, uint64(op))
+				use(p)
+			}
+		case r < 8:
+			ev.Remove(p, rng.IntN(2) == 0)
+			if i := find(p); i >= 0 {
+				list = slices.Delete(list, i, i+1)
+			}
+		default:
+			refuse := refuseSet{}
+			for range rng.IntN(capacity) {
+				refuse[int32(rng.IntN(capacity))] = true
+			}
+			want := int32(-1)
+			for _, q := range list {
+				if !refuse[q] {
+					want = q
+					break
+				}
+			}
+			if got := ev.Victim(refuse); got != want {
+				t.Fatalf("op %d: victim %d, want %d (list %v, refused %v)", op, got, want, list, refuse)
+			}
+			if want >= 0 && rng.IntN(2) == 0 { // evicted, or kept (a failed write-back)
+				ev.Remove(want, false)
+				list = slices.DeleteFunc(list, func(q int32) bool { return q == want })
+			}
+			victims++
+		}
+	}
+	if victims < 1000 {
+		t.Fatalf("only %d victim queries", victims)
+	}
+}
+
+type refuseSet map[int32]bool
+
+func (r refuseSet) Evictable(p int32) bool { return !r[p] }

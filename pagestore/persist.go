@@ -19,6 +19,7 @@ import (
 	"github.com/questrt/questrt/internal/boltcheck"
 	"github.com/questrt/questrt/pagestore/disktier"
 	"github.com/questrt/questrt/pagestore/tier"
+	"github.com/questrt/questrt/plan"
 )
 
 // Durability says when a persisting store's ([Config.DataDir]) changes
@@ -282,7 +283,7 @@ func (s *Store) openPersist() error {
 			return fmt.Errorf("pagestore: data dir %s: %w: %w", dir, ErrInUse, err)
 		}
 		if errors.Is(err, disktier.ErrMismatch) {
-			return fmt.Errorf("pagestore: data dir %s: %w: holds pages of another geometry: %w", dir, ErrInvalidConfig, err)
+			return fmt.Errorf("pagestore: data dir %s: %w: %w: holds pages of another geometry: %w", dir, ErrInvalidConfig, ErrOtherFormat, err)
 		}
 		if errors.Is(err, tier.ErrCorrupt) {
 			return fmt.Errorf("pagestore: data dir %s: %w", dir, err) // a damaged index
@@ -333,6 +334,10 @@ func (c Config) persistFormat() []byte {
 	binary.LittleEndian.PutUint32(b[8:], uint32(c.KVHeads))
 	binary.LittleEndian.PutUint32(b[12:], uint32(c.HeadDim))
 	binary.LittleEndian.PutUint32(b[16:], uint32(c.PageSize))
+	if c.DType == plan.FP8 {
+		// f32 directories keep their 20-byte format; fp8 ones say so.
+		b = append(b, byte(plan.FP8))
+	}
 	return b
 }
 
@@ -437,7 +442,7 @@ func (pr *persist) commitLocked(views []seqView, dels []SeqID, nextID SeqID) err
 		}
 	}
 	err := pr.do(opCommit, filepath.Join(pr.dir, storeDBName), func() error {
-		return pr.db.Update(func(tx *bolt.Tx) error {
+		return boltcheck.Update(pr.db, func(tx *bolt.Tx) error {
 			sb, tb, slb := tx.Bucket(bkSeqs), tx.Bucket(bkTables), tx.Bucket(bkSlots)
 			for sl, crc := range pr.pendingRec {
 				if err := slb.Put(slotKey(sl), encodeSlotRec(sl, crc)); err != nil {
@@ -575,6 +580,10 @@ func (s *Store) writeSlot(p int32, sealed bool) error {
 func (s *Store) payload(p int32, b []byte) error {
 	if s.res == nil {
 		h := s.host
+		if h.fp8 {
+			packFP8(h.layers, h.pageBlk, s.cfg.KVHeads, p, b)
+			return nil
+		}
 		packTo(h.layers, h.pageBlk, p, b)
 		return nil
 	}
@@ -605,6 +614,26 @@ func packTo(layers []LayerData, blk int, s int32, b []byte) {
 				binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
 			}
 			b = b[4*blk:]
+		}
+	}
+}
+
+// packFP8 copies page p's fp8 records of every layer into b: per layer,
+// the K codes (KVHeads x PageSize x HeadDim bytes), the K scales
+// (KVHeads little-endian float32), then the V codes and scales
+// (tier.PagePayloadBytes's fp8 layout).
+func packFP8(layers []LayerData, blk, heads int, p int32, b []byte) {
+	o, r := int(p)*blk, int(p)*heads
+	for _, ld := range layers {
+		for _, a := range [2]struct {
+			codes  []uint8
+			scales []float32
+		}{{ld.K8, ld.KScale}, {ld.V8, ld.VScale}} {
+			b = b[copy(b, a.codes[o:o+blk]):]
+			for _, x := range a.scales[r : r+heads] {
+				binary.LittleEndian.PutUint32(b, math.Float32bits(x))
+				b = b[4:]
+			}
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/questrt/questrt/internal/boltcheck"
 	"github.com/questrt/questrt/pagestore/tier"
 )
 
@@ -37,7 +38,7 @@ func (s *Store) recoverAll() error {
 	slotRec := map[int32]uint32{}
 	badRec := map[int32]error{}
 	var nextID SeqID
-	err := pr.db.Update(func(tx *bolt.Tx) error {
+	err := boltcheck.Update(pr.db, func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bkMeta, bkSeqs, bkTables, bkSlots} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
@@ -46,7 +47,7 @@ func (s *Store) recoverAll() error {
 		mb := tx.Bucket(bkMeta)
 		want := c.persistFormat()
 		if have := mb.Get(kFormat); have != nil && !bytes.Equal(have, want) {
-			return fmt.Errorf("%w: data directory holds pages of another geometry (format %x, config %x)", ErrInvalidConfig, have, want)
+			return fmt.Errorf("%w: %w: data directory holds pages of another geometry (format %x, config %x)", ErrInvalidConfig, ErrOtherFormat, have, want)
 		}
 		if err := mb.Put(kFormat, want); err != nil {
 			return err
@@ -267,7 +268,7 @@ func (s *Store) recoverAll() error {
 		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
 	}
 	pr.alloc = alloc
-	err = pr.db.Update(func(tx *bolt.Tx) error {
+	err = boltcheck.Update(pr.db, func(tx *bolt.Tx) error {
 		sb, tb, slb := tx.Bucket(bkSeqs), tx.Bucket(bkTables), tx.Bucket(bkSlots)
 		for _, d := range rep.Damaged {
 			if err := sb.Delete(seqKey(d.ID)); err != nil {
@@ -320,12 +321,41 @@ func (s *Store) checkView(v seqView, n int) error {
 	return nil
 }
 
+// restoreFP8 is restorePage for fp8 records (packFP8's layout): codes
+// and scales as they were stored, summaries over the dequantized keys.
+func (s *Store) restoreFP8(p int32, b []byte, idx int, lens []int) {
+	h := s.host
+	S, H := s.cfg.PageSize, s.cfg.KVHeads
+	o, r := int(p)*h.pageBlk, int(p)*H
+	x := make([]float32, h.headBlk)
+	for l, ld := range h.layers {
+		for _, a := range [2]struct {
+			codes  []uint8
+			scales []float32
+		}{{ld.K8, ld.KScale}, {ld.V8, ld.VScale}} {
+			b = b[copy(a.codes[o:o+h.pageBlk], b):]
+			for i := range H {
+				a.scales[r+i] = math.Float32frombits(binary.LittleEndian.Uint32(b))
+				b = b[4:]
+			}
+		}
+		valid := min(max(lens[l]-idx*S, 0), S)
+		for hd := 0; hd < H; hd++ {
+			h.summarizeFP8(ld, int(p), hd, valid, x)
+		}
+	}
+}
+
 // restorePage puts a recovered payload into physical page p (logical
 // page idx of a sequence with lengths lens) and recomputes its summaries
 // from the valid keys of each layer, in slot order: what the appends
 // computed, bit for bit (min and max are exact).
 func (s *Store) restorePage(p int32, b []byte, idx int, lens []int) error {
 	h := s.host
+	if h.fp8 {
+		s.restoreFP8(p, b, idx, lens)
+		return nil
+	}
 	S, D := s.cfg.PageSize, s.cfg.HeadDim
 	blk := h.pageBlk
 	k := make([]float32, blk)

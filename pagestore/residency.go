@@ -252,6 +252,7 @@ func (r *residency) ensurePages(ctx context.Context, pages []int32, step bool) (
 		r.begin()
 		missing = 0
 		queued := 0 // missing pages with a reserved slot
+		held := 0   // resident unpinned pages of pages: not evictable now
 		wait := false
 		for _, p := range pages {
 			if r.mark[p] == r.epoch {
@@ -266,6 +267,8 @@ func (r *residency) ensurePages(ctx context.Context, pages []int32, step bool) (
 				if r.pend[p] >= 0 {
 					queued++
 				}
+			case r.pins[p] == 0:
+				held++
 			}
 		}
 		if wait {
@@ -275,12 +278,10 @@ func (r *residency) ensurePages(ctx context.Context, pages []int32, step bool) (
 			continue
 		}
 		if fresh := missing - queued; fresh > len(r.free) {
-			evictable := 0
-			for _, p := range r.owner {
-				if p >= 0 && r.slot[p] >= 0 && r.Evictable(p) {
-					evictable++
-				}
-			}
+			// The resident pages that are neither pinned nor needed
+			// (Evictable), counted in O(1): resident ones are the slots
+			// neither free nor reserved for a prefetch.
+			evictable := r.budget - len(r.free) - r.npend - r.pinnedRes - held
 			if fresh > len(r.free)+evictable {
 				if r.cancelQueued() > 0 {
 					continue

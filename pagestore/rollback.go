@@ -75,7 +75,7 @@ func (s *Store) Rollback(id SeqID, n int) error {
 	if err != nil {
 		return fmt.Errorf("rollback seq %d: %w", id, err)
 	}
-	defer sq.mu.Unlock()
+	defer s.unlock(sq, true)
 	return s.cut(id, sq, n)
 }
 
@@ -122,6 +122,7 @@ func (s *Store) cutLocked(what string, id SeqID, sq *seq, n int) error {
 		s.poolMu.Unlock()
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	sq.cuts++          // (even if the cut fails part-way: a cache only rebuilds)
 	tail := newLen % S // valid slots of a reopened page, 0 if none
 	dropped := sq.pages[keep:]
 	var old, cp int32 = -1, -1

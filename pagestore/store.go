@@ -19,10 +19,22 @@ type SeqID uint64
 // physical page ids (see the package doc for the layout). They alias the
 // store's memory: no copy is made.
 type LayerData struct {
-	// K and V are [Capacity][KVHeads][PageSize][HeadDim].
+	// K and V are [Capacity][KVHeads][PageSize][HeadDim] (nil for
+	// plan.FP8).
 	K, V []float32
+	// K8 and V8 are, for plan.FP8, K and V as E4M3 codes in the layout
+	// of K and V, and KScale and VScale the scales of their (page, KV
+	// head) records, [Capacity][KVHeads] (kernels.Layer's fields of the
+	// same names); nil otherwise.
+	K8, V8         []uint8
+	KScale, VScale []float32
 	// Summary is [Capacity][KVHeads][2][HeadDim]: mins then maxes.
 	Summary []float32
+	// Sub, when Config.SubBoxes = c > 1, is [Capacity][KVHeads][c][2]
+	// [HeadDim]: sub-box i of a (page, KV head) is the min/max box of
+	// its token slots [i*S/c, (i+1)*S/c) that hold valid keys (the empty
+	// box, +Inf minima and -Inf maxima, when none does). nil otherwise.
+	Sub []float32
 }
 
 // SeqView is what a kernel needs about one sequence in one layer besides
@@ -63,6 +75,7 @@ type Store struct {
 	poolMu sync.Mutex
 	free   []int32 // stack of free physical pages
 	ref    []int32 // refcount per physical page
+	inv    invScratch
 
 	seqMu  sync.RWMutex
 	seqs   map[SeqID]*seq
@@ -79,6 +92,7 @@ type seq struct {
 	valid    []int     // copyPage scratch: valid slots per layer
 	pinned   []int32   // offload: the pages this sequence pins
 	pinBuf   []int32   // setPins scratch
+	cuts     uint64    // Rollback and Truncate cuts (Store.Cuts)
 
 	// Persistence (Config.DataDir).
 	sealedUpTo int   // leading pages whose payload holds a sealed slot
@@ -98,8 +112,8 @@ func New(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.DType != plan.Float32 {
-		return nil, fmt.Errorf("%w: dtype %v is reserved for the GPU backend; the CPU page store holds float32 only", ErrInvalidConfig, cfg.DType)
+	if cfg.DType != plan.Float32 && cfg.DType != plan.FP8 {
+		return nil, fmt.Errorf("%w: dtype %v is reserved for the GPU backend; the CPU page store holds f32 or fp8", ErrInvalidConfig, cfg.DType)
 	}
 	need, _ := cfg.HostBytes()
 	what := fmt.Sprintf("page pools of %d pages x %d layers x %d KV heads x %d slots x D %d", cfg.Capacity, cfg.Layers, cfg.KVHeads, cfg.PageSize, cfg.HeadDim)
@@ -148,6 +162,9 @@ func NewWithData(cfg Config, data PageData) (*Store, error) {
 	}
 	if data == nil {
 		return nil, fmt.Errorf("%w: nil page data", ErrInvalidConfig)
+	}
+	if cfg.SubBoxes > 1 {
+		return nil, fmt.Errorf("%w: SubBoxes %d: sub-box summaries need the store's own host pools (New), not outside page data", ErrInvalidConfig, cfg.SubBoxes)
 	}
 	if cfg.DataDir != "" {
 		return nil, fmt.Errorf("%w: DataDir %q: persistence needs the store's own pools (New), not outside page data", ErrInvalidConfig, cfg.DataDir)
@@ -199,10 +216,14 @@ func (s *Store) hostData() *hostData {
 // layer's valid length hold unspecified data. It panics on an index out of
 // range, when the pages do not live in host memory, and, with offload on,
 // when the page is not resident (see [Store.ReadKV]); a resident page's
-// blocks are valid until the page is evicted.
+// blocks are valid until the page is evicted. It panics on an fp8 store,
+// whose records are no float32 blocks ([Store.ReadKV] dequantizes them).
 func (s *Store) PageKV(layer, phys, head int) (k, v []float32) {
 	s.checkPhys(phys, head)
 	h := s.hostData()
+	if h.fp8 {
+		panic("pagestore: PageKV on an fp8 store (its K/V are E4M3 records; use ReadKV)")
+	}
 	ld := h.layers[layer]
 	kvp := phys
 	if s.res != nil {
@@ -225,6 +246,16 @@ func (s *Store) PageSummary(layer, phys, head int) (min, max []float32) {
 	o := phys*h.sumPage + head*h.sumRec
 	d := s.cfg.HeadDim
 	return ld.Summary[o : o+d : o+d], ld.Summary[o+d : o+2*d : o+2*d]
+}
+
+// PageSubBoxes returns the Config.SubBoxes sub-box records of one
+// physical page and KV head of a layer (SubBoxes x [mins, maxes], each
+// HeadDim floats; see [LayerData.Sub]), or nil when the store keeps no
+// sub-boxes. It aliases the store's memory and panics where
+// [Store.PageSummary] does.
+func (s *Store) PageSubBoxes(layer, phys, head int) []float32 {
+	s.checkPhys(phys, head)
+	return s.hostData().subRec(s.hostData().layers[layer], phys, head)
 }
 
 func (s *Store) checkPhys(phys, head int) {
@@ -378,6 +409,21 @@ func (s *Store) View(id SeqID, layer int) (SeqView, error) {
 	return s.view(sq.lens[layer]), nil
 }
 
+// Cuts returns the number of cuts of sequence id (Rollback, Truncate)
+// since it was created or recovered. Between two calls that return the
+// same count the only summaries that changed are those of the tail page
+// seen at the first call and of pages after it (appends), so a cache
+// derived from the summaries (a box tree) refreshes from there; a changed
+// count means any page may have been rescanned or replaced.
+func (s *Store) Cuts(id SeqID) (uint64, error) {
+	sq, err := s.lock(id)
+	if err != nil {
+		return 0, fmt.Errorf("cuts seq %d: %w", id, err)
+	}
+	defer sq.mu.Unlock()
+	return sq.cuts, nil
+}
+
 func (s *Store) view(n int) SeqView {
 	if n == 0 {
 		return SeqView{}
@@ -506,7 +552,9 @@ func (s *Store) appendN(id SeqID, layer, n int, write func(pages []int32, slot i
 	if err != nil {
 		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
 	}
-	defer sq.mu.Unlock()
+	// The table changed when this call took pages (fresh, cow are its
+	// scratch from phase 1 on; before, a previous call's: a spare check).
+	defer func() { s.unlock(sq, len(sq.fresh) > 0 || len(sq.cow) > 0) }()
 
 	S := s.cfg.PageSize
 	pos := sq.lens[layer]
@@ -695,7 +743,7 @@ func (s *Store) Fork(parent SeqID) (SeqID, error) {
 	if err != nil {
 		return 0, fmt.Errorf("fork seq %d: %w", parent, err)
 	}
-	defer sq.mu.Unlock()
+	defer s.unlock(sq, true)
 	if err := s.checkEven(sq); err != nil {
 		return 0, fmt.Errorf("fork seq %d: %w", parent, err)
 	}

@@ -16,9 +16,14 @@ const (
 	Float16
 	// BFloat16 stores bfloat16 (CUDA backend only).
 	BFloat16
+	// FP8 stores K and V as OCP FP8 E4M3 codes with one float32 scale
+	// per (page, KV head) record (kernels/fp8, "KV records"); summaries
+	// stay float32, taken over the dequantized stored keys. CPU backend
+	// only for now: the CUDA backend refuses it.
+	FP8
 )
 
-// String returns "f32", "f16" or "bf16" (the names of the CLI flags and
+// String returns "f32", "f16", "bf16" or "fp8" (the names of the CLI flags and
 // the CUDA kernels' suffixes), or "DType(n)" for an unknown type.
 func (d DType) String() string {
 	switch d {
@@ -28,25 +33,31 @@ func (d DType) String() string {
 		return "f16"
 	case BFloat16:
 		return "bf16"
+	case FP8:
+		return "fp8"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
 
-// Bytes returns the size of one element in bytes, or 0 for an unknown type.
+// Bytes returns the size of one element in bytes (1 for FP8, whose
+// records carry a float32 scale besides), or 0 for an unknown type.
 func (d DType) Bytes() int {
 	switch d {
 	case Float32:
 		return 4
 	case Float16, BFloat16:
 		return 2
+	case FP8:
+		return 1
 	}
 	return 0
 }
 
-// Known reports whether d is one of Float32, Float16 and BFloat16.
-func (d DType) Known() bool { return d <= BFloat16 }
+// Known reports whether d is one of Float32, Float16, BFloat16 and FP8.
+func (d DType) Known() bool { return d <= FP8 }
 
-// ParseDType parses f32|float32, f16|fp16|float16 or bf16|bfloat16.
+// ParseDType parses f32|float32, f16|fp16|float16, bf16|bfloat16 or
+// fp8|e4m3.
 func ParseDType(s string) (DType, error) {
 	switch s {
 	case "f32", "float32":
@@ -55,8 +66,10 @@ func ParseDType(s string) (DType, error) {
 		return Float16, nil
 	case "bf16", "bfloat16":
 		return BFloat16, nil
+	case "fp8", "e4m3":
+		return FP8, nil
 	}
-	return 0, fmt.Errorf("unknown dtype %q (want f32, f16 or bf16)", s)
+	return 0, fmt.Errorf("unknown dtype %q (want f32, f16, bf16 or fp8)", s)
 }
 
 // Geometry is the attention geometry a config describes: query and KV

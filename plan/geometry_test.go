@@ -15,6 +15,7 @@ func TestDType(t *testing.T) {
 		{Float32, "f32", 4, []string{"f32", "float32"}},
 		{Float16, "f16", 2, []string{"f16", "fp16", "float16"}},
 		{BFloat16, "bf16", 2, []string{"bf16", "bfloat16"}},
+		{FP8, "fp8", 1, []string{"fp8", "e4m3"}},
 	} {
 		if c.d.String() != c.name || c.d.Bytes() != c.bytes || !c.d.Known() {
 			t.Errorf("%d: String %q Bytes %d Known %v, want %q %d true", c.d, c.d.String(), c.d.Bytes(), c.d.Known(), c.name, c.bytes)
@@ -32,7 +33,7 @@ func TestDType(t *testing.T) {
 	if d := DType(9); d.Known() || d.Bytes() != 0 || d.String() != "DType(9)" {
 		t.Errorf("DType(9): Known %v Bytes %d String %q", d.Known(), d.Bytes(), d.String())
 	}
-	if _, err := ParseDType("int8"); err == nil || !strings.Contains(err.Error(), "want f32, f16 or bf16") {
+	if _, err := ParseDType("int8"); err == nil || !strings.Contains(err.Error(), "want f32, f16, bf16 or fp8") {
 		t.Errorf("ParseDType(int8): %v", err)
 	}
 }

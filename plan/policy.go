@@ -96,6 +96,14 @@ type Policy struct {
 	// DenseLayers: layers below this index attend over every page.
 	// Default 2 (the notes' measurement on LongChat/Yarn-Llama-2).
 	DenseLayers int
+	// DenseRho makes a sparse layer's step read every page while Quest
+	// would read at least this share of the dense bytes: rho = 1/S + K/P
+	// (every page's summary plus K of the P pages) >= DenseRho. Below the
+	// context where rho falls under it, dense attention costs no more than
+	// the score, the top-K and the sparse read together (a backend's
+	// measured crossover). 0 (the default) is off: a layer is dense by
+	// context only when K >= P. At most 2.
+	DenseRho float64
 	// LayerBudget overrides BudgetTokens per layer (layer -> tokens).
 	// A per-request budget still wins over both.
 	LayerBudget map[int]int
@@ -110,7 +118,54 @@ type Policy struct {
 	// engine's CPU backend) configures it from here; a backend given
 	// from outside must have been made with the same type.
 	SummaryDType SummaryDType
+	// HierGroup > 0 ranks the quest selector's pages by a best-first
+	// search over hierarchical min/max boxes of HierGroup pages (issue
+	// 32): exactly the same pages as flat scoring, fewer summary records
+	// read where the bounds prune. At least 2 (at most MaxHierGroup)
+	// when set. Where a shard cannot search (a backend other than the
+	// CPU one, device-resident or offloaded pools, prefetch), it scores
+	// flat. Default 0: flat scoring.
+	HierGroup int
+	// TopP in (0, 1) prunes a sparse step's tokens after the page
+	// selection (issue 32, as Twilight): the exact scaled logits of the
+	// tokens the step would read (forced and selected pages) are
+	// computed, and each KV head keeps the union over its query heads
+	// of each head's smallest set of tokens whose softmax mass (over
+	// those tokens) reaches TopP; attention then reads only the kept
+	// tokens, normalised over them. The union keeps the guarantee per
+	// query head (every head keeps at least TopP of its mass), where the
+	// smallest set by the group's summed probabilities would only bound
+	// the group's mean and could starve a head whose attention differs
+	// from its group's. Dense plans are not pruned. Only the CPU
+	// backend with host pools runs it; others refuse the policy. 0 (the
+	// default) and 1 are off: every token is read.
+	TopP float64
+	// SubBoxes > 1 keeps, per page and KV head, SubBoxes contiguous
+	// min/max boxes of PageSize/SubBoxes token slots each (issue 32,
+	// multi-box summaries) and ranks a quest page by the largest bound
+	// over its non-empty sub-boxes: never above the single box's bound
+	// and still an upper bound of every key's score (invariant 1). A page
+	// is read once however many of its sub-boxes score high. The score
+	// reads SubBoxes x 2 x HeadDim values per page and KV head. Must
+	// divide PageSize, at most MaxSubBoxes; not with HierGroup. Only the
+	// CPU backend with host float32 pools (no offload, no persistence,
+	// no fp8 K/V) keeps sub-boxes; others refuse the policy. 0 (the
+	// default) and 1 are off: one box per page.
+	SubBoxes int
 }
+
+// SubBoxesOn reports whether the policy keeps multi-box summaries
+// (SubBoxes > 1).
+func (p Policy) SubBoxesOn() bool { return p.SubBoxes > 1 }
+
+// MaxSubBoxes is the largest Policy.SubBoxes.
+const MaxSubBoxes = 64
+
+// TopPOn reports whether the policy prunes tokens by top-p (0 < TopP < 1).
+func (p Policy) TopPOn() bool { return p.TopP > 0 && p.TopP < 1 }
+
+// MaxHierGroup is the largest Policy.HierGroup.
+const MaxHierGroup = 1024
 
 // DefaultPolicy returns the defaults documented on Policy (those of the
 // official Quest code).
@@ -133,6 +188,16 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("policy: unknown selector %d", p.Selector)
 	case !p.SummaryDType.Known():
 		return fmt.Errorf("policy: unknown summary dtype %d", p.SummaryDType)
+	case !(p.DenseRho >= 0 && p.DenseRho <= MaxDenseRho):
+		return fmt.Errorf("policy: dense rho %v outside 0..%v", p.DenseRho, MaxDenseRho)
+	case p.HierGroup != 0 && (p.HierGroup < 2 || p.HierGroup > MaxHierGroup):
+		return fmt.Errorf("policy: hierarchical group %d outside 2..%d (0: off)", p.HierGroup, MaxHierGroup)
+	case p.TopP != 0 && !(p.TopP > 0 && p.TopP <= 1):
+		return fmt.Errorf("policy: top-p %v outside (0, 1] (0: off)", p.TopP)
+	case p.SubBoxes < 0 || p.SubBoxes > MaxSubBoxes || (p.SubBoxes > 1 && p.PageSize%p.SubBoxes != 0):
+		return fmt.Errorf("policy: sub-boxes %d: want 0 or 1 (off) or a divisor of the page size %d up to %d", p.SubBoxes, p.PageSize, MaxSubBoxes)
+	case p.SubBoxesOn() && p.HierGroup != 0:
+		return fmt.Errorf("policy: sub-boxes %d with hierarchical group %d: the box trees are built over single page boxes", p.SubBoxes, p.HierGroup)
 	}
 	for l, b := range p.LayerBudget {
 		if b < p.PageSize {
@@ -142,12 +207,16 @@ func (p Policy) Validate() error {
 	return nil
 }
 
+// MaxDenseRho bounds Policy.DenseRho: rho = 1/S + K/P stays below 2
+// whenever K < P, so a larger threshold could never be reached.
+const MaxDenseRho = 2
+
 // Plan is the page plan of one sequence for one layer. Logical pages
 // [0, Sink) and [Pages-Local, Pages) are forced; Rank pages are chosen from
 // the candidates [Sink, Pages-Local). Dense plans read every page.
 type Plan struct {
 	Pages int  // P, pages holding at least one valid token
-	Dense bool // read every page (dense layer, dense selector, or K >= P)
+	Dense bool // read every page (dense layer, dense selector, K >= P, or rho >= DenseRho)
 	K     int  // page budget B/S
 	Sink  int  // forced first pages
 	Local int  // forced last pages
@@ -171,6 +240,12 @@ func (p Plan) Reads() int {
 // AsDense returns the plan turned into a dense read of every page.
 func (p Plan) AsDense() Plan { return Plan{Pages: p.Pages, K: p.K, Dense: true} }
 
+// denseByRho reports whether a sparse read of k of pages pages would
+// read at least DenseRho of the dense bytes (Policy.DenseRho).
+func (p Policy) denseByRho(k, pages int) bool {
+	return p.DenseRho > 0 && pages > 0 && 1/float64(p.PageSize)+float64(k)/float64(pages) >= p.DenseRho
+}
+
 // Plan computes the plan for a sequence of pages pages at layer; budget is
 // the request's token budget (0: the layer's or the default budget).
 func (p Policy) Plan(layer, pages, budget int) (Plan, error) {
@@ -185,7 +260,7 @@ func (p Policy) Plan(layer, pages, budget int) (Plan, error) {
 		return Plan{}, fmt.Errorf("token budget %d gives %d pages of %d tokens: need at least one page", budget, k, p.PageSize)
 	}
 	pl := Plan{Pages: pages, K: k}
-	if layer < p.DenseLayers || p.Selector == Dense || k >= pages {
+	if layer < p.DenseLayers || p.Selector == Dense || k >= pages || p.denseByRho(k, pages) {
 		pl.Dense = true
 		return pl, nil
 	}

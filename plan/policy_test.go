@@ -1,6 +1,9 @@
 package plan
 
-import "testing"
+import (
+	"math"
+	"testing"
+)
 
 func TestPolicyPlan(t *testing.T) {
 	base := DefaultPolicy() // S=16, B=2048 (K=128), local 1, dense layers 2
@@ -10,6 +13,10 @@ func TestPolicyPlan(t *testing.T) {
 	withLayer.LayerBudget = map[int]int{5: 64}
 	recent := base
 	recent.Selector = Dense
+	byRho := base
+	byRho.DenseRho = 0.25 // dense while 1/16 + 128/P >= 1/4: P <= 682.67
+	exactRho := base
+	exactRho.DenseRho = 0.1875 // 1/16 + 128/1024 exactly
 	cases := []struct {
 		name         string
 		pol          Policy
@@ -28,6 +35,12 @@ func TestPolicyPlan(t *testing.T) {
 		{"layer budget", withLayer, 5, 1000, 0, Plan{Pages: 1000, K: 4, Local: 1, Rank: 3}},
 		{"request beats layer budget", withLayer, 5, 1000, 320, Plan{Pages: 1000, K: 20, Local: 1, Rank: 19}},
 		{"dense selector", recent, 7, 1000, 0, Plan{Pages: 1000, Dense: true, K: 128}},
+		{"rho above dense rho", byRho, 2, 682, 0, Plan{Pages: 682, Dense: true, K: 128}},
+		{"rho below dense rho", byRho, 2, 683, 0, Plan{Pages: 683, K: 128, Local: 1, Rank: 127}},
+		{"rho at dense rho", exactRho, 2, 1024, 0, Plan{Pages: 1024, Dense: true, K: 128}},
+		{"rho just below", exactRho, 2, 1025, 0, Plan{Pages: 1025, K: 128, Local: 1, Rank: 127}},
+		{"request budget lowers rho", byRho, 2, 682, 160, Plan{Pages: 682, K: 10, Local: 1, Rank: 9}},
+		{"dense rho off", base, 2, 130, 0, Plan{Pages: 130, K: 128, Local: 1, Rank: 127}},
 	}
 	for _, c := range cases {
 		got, err := c.pol.Plan(c.layer, c.pages, c.budget)
@@ -48,13 +61,22 @@ func TestPolicyPlan(t *testing.T) {
 
 func TestPolicyValidate(t *testing.T) {
 	bad := map[string]func(*Policy){
-		"page size 0":       func(p *Policy) { p.PageSize = 0 },
-		"budget below page": func(p *Policy) { p.BudgetTokens = 8 },
-		"negative sink":     func(p *Policy) { p.SinkPages = -1 },
-		"negative local":    func(p *Policy) { p.LocalPages = -1 },
-		"bad gqa":           func(p *Policy) { p.GQA = 7 },
-		"bad selector":      func(p *Policy) { p.Selector = 9 },
-		"bad layer budget":  func(p *Policy) { p.LayerBudget = map[int]int{3: 4} },
+		"page size 0":        func(p *Policy) { p.PageSize = 0 },
+		"budget below page":  func(p *Policy) { p.BudgetTokens = 8 },
+		"negative sink":      func(p *Policy) { p.SinkPages = -1 },
+		"negative local":     func(p *Policy) { p.LocalPages = -1 },
+		"bad gqa":            func(p *Policy) { p.GQA = 7 },
+		"bad selector":       func(p *Policy) { p.Selector = 9 },
+		"bad layer budget":   func(p *Policy) { p.LayerBudget = map[int]int{3: 4} },
+		"negative dense rho": func(p *Policy) { p.DenseRho = -0.1 },
+		"dense rho above 2":  func(p *Policy) { p.DenseRho = 2.5 },
+		"dense rho NaN":      func(p *Policy) { p.DenseRho = math.NaN() },
+		"hier group 1":       func(p *Policy) { p.HierGroup = 1 },
+		"negative hier":      func(p *Policy) { p.HierGroup = -2 },
+		"negative top-p":     func(p *Policy) { p.TopP = -0.5 },
+		"top-p above 1":      func(p *Policy) { p.TopP = 1.0000001 },
+		"top-p NaN":          func(p *Policy) { p.TopP = math.NaN() },
+		"top-p +Inf":         func(p *Policy) { p.TopP = math.Inf(1) },
 	}
 	for name, mut := range bad {
 		p := DefaultPolicy()
@@ -66,6 +88,16 @@ func TestPolicyValidate(t *testing.T) {
 	if err := DefaultPolicy().Validate(); err != nil {
 		t.Fatal(err)
 	}
+	for _, p := range []float64{0, math.SmallestNonzeroFloat64, 0.5, 0.99, 1} {
+		pol := DefaultPolicy()
+		pol.TopP = p
+		if err := pol.Validate(); err != nil {
+			t.Errorf("top-p %v: %v", p, err)
+		}
+		if on := p > 0 && p < 1; pol.TopPOn() != on {
+			t.Errorf("top-p %v: TopPOn %v, want %v", p, pol.TopPOn(), on)
+		}
+	}
 	for _, name := range []string{"quest", "oracle", "recent", "dense"} {
 		s, err := ParseSelector(name)
 		if err != nil || s.String() != name {
@@ -74,5 +106,24 @@ func TestPolicyValidate(t *testing.T) {
 	}
 	if _, err := ParseSelector("h2o"); err == nil {
 		t.Error("ParseSelector accepted h2o")
+	}
+}
+
+// TestPolicySubBoxesValidate: sub-boxes must divide the page size, stay
+// within MaxSubBoxes and not meet the box trees.
+func TestPolicySubBoxesValidate(t *testing.T) {
+	for _, c := range []struct {
+		page, sub, hier int
+		ok              bool
+	}{
+		{16, 0, 0, true}, {16, 1, 0, true}, {16, 2, 0, true}, {16, 4, 0, true}, {16, 16, 0, true},
+		{16, 3, 0, false}, {16, -1, 0, false}, {16, 32, 0, false}, {128, 128, 0, false},
+		{16, 2, 8, false}, {16, 1, 8, true},
+	} {
+		p := DefaultPolicy()
+		p.PageSize, p.BudgetTokens, p.SubBoxes, p.HierGroup = c.page, 64*c.page, c.sub, c.hier
+		if err := p.Validate(); (err == nil) != c.ok {
+			t.Errorf("page %d sub-boxes %d hier %d: %v, want ok %v", c.page, c.sub, c.hier, err, c.ok)
+		}
 	}
 }

@@ -30,7 +30,10 @@ const maxPolicyFile = 1 << 20
 //	gqa: group_max
 //	selector: quest
 //	summary_dtype: fp8    # bf16 (default: the K/V type) or fp8
+//	hier_group: 8         # exact top-K over boxes of 8 pages (0: flat)
+//	top_p: 0.95           # keep the tokens reaching this softmax mass (0: off)
 //	dense: [0, 1]         # layers that read every page
+//	dense_rho: 0.25       # a layer reads every page while 1/S + K/P >= it
 //	layer_budget:         # layer: tokens
 //	  2: 256
 //	  3: 512
@@ -45,9 +48,17 @@ type PolicyFile struct {
 	GQA      string `yaml:"gqa,omitempty" json:"gqa,omitempty"`
 	Selector string `yaml:"selector,omitempty" json:"selector,omitempty"`
 	// SummaryDType is Policy.SummaryDType's name ("" for the default).
-	SummaryDType string      `yaml:"summary_dtype,omitempty" json:"summary_dtype,omitempty"`
-	Dense        []int       `yaml:"dense" json:"dense"`
-	LayerBudget  map[int]int `yaml:"layer_budget,omitempty" json:"layer_budget,omitempty"`
+	SummaryDType string `yaml:"summary_dtype,omitempty" json:"summary_dtype,omitempty"`
+	// HierGroup is Policy.HierGroup (absent or 0: flat scoring).
+	HierGroup *int `yaml:"hier_group,omitempty" json:"hier_group,omitempty"`
+	// SubBoxes is Policy.SubBoxes (absent, 0 or 1: one box per page).
+	SubBoxes *int `yaml:"sub_boxes,omitempty" json:"sub_boxes,omitempty"`
+	// TopP is Policy.TopP (absent or 0: off).
+	TopP  float64 `yaml:"top_p,omitempty" json:"top_p,omitempty"`
+	Dense []int   `yaml:"dense" json:"dense"`
+	// DenseRho is Policy.DenseRho (absent or 0: off).
+	DenseRho    float64     `yaml:"dense_rho,omitempty" json:"dense_rho,omitempty"`
+	LayerBudget map[int]int `yaml:"layer_budget,omitempty" json:"layer_budget,omitempty"`
 }
 
 // ErrPolicyFile marks a policy file that cannot be used.
@@ -94,6 +105,10 @@ func (f PolicyFile) Policy() (Policy, error) {
 	set(&p.BudgetTokens, f.Budget)
 	set(&p.SinkPages, f.Sink)
 	set(&p.LocalPages, f.Local)
+	p.DenseRho = f.DenseRho
+	set(&p.HierGroup, f.HierGroup)
+	set(&p.SubBoxes, f.SubBoxes)
+	p.TopP = f.TopP
 	if f.GQA != "" {
 		m, err := ParseGQAMode(f.GQA)
 		if err != nil {
@@ -156,9 +171,15 @@ func (f PolicyFile) Policy() (Policy, error) {
 // for validated policies).
 func FilePolicy(p Policy) PolicyFile {
 	f := PolicyFile{PageSize: &p.PageSize, Budget: &p.BudgetTokens, Sink: &p.SinkPages, Local: &p.LocalPages,
-		GQA: p.GQA.String(), Selector: p.Selector.String(), Dense: []int{}}
+		GQA: p.GQA.String(), Selector: p.Selector.String(), Dense: []int{}, DenseRho: p.DenseRho, TopP: p.TopP}
 	if p.SummaryDType != SummaryKV {
 		f.SummaryDType = p.SummaryDType.String()
+	}
+	if p.HierGroup != 0 {
+		f.HierGroup = &p.HierGroup
+	}
+	if p.SubBoxes != 0 {
+		f.SubBoxes = &p.SubBoxes
 	}
 	for l := range p.DenseLayers {
 		f.Dense = append(f.Dense, l)

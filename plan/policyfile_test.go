@@ -71,6 +71,8 @@ func TestPolicyFileErrors(t *testing.T) {
 		{"dense: [2]\nlayer_budget: {2: 64}\n", "both dense"},
 		{"layer_budget: {3: 4}\n", "below one page"},
 		{"layer_budget: {-3: 64}\n", "negative"},
+		{"hier_group: 1\n", "hierarchical group 1"},
+		{"hier_group: 5000\n", "hierarchical group 5000"},
 		{"page_size: 16\n---\npage_size: 8\n", "more than one"},
 		{"page_size: [1]\n", "cannot unmarshal"},
 		{strings.Repeat("#", maxPolicyFile+1), "larger than"},
@@ -88,7 +90,21 @@ func TestPolicyFileRoundTrip(t *testing.T) {
 	for i := range 300 {
 		p := Policy{PageSize: 1 + rng.IntN(64), SinkPages: rng.IntN(3), LocalPages: rng.IntN(3), DenseLayers: rng.IntN(4),
 			GQA: GQAMode(rng.IntN(2)), Selector: Selector(rng.IntN(3))}
+		if rng.IntN(2) == 0 {
+			p.HierGroup = 2 + rng.IntN(30)
+		} else if rng.IntN(2) == 0 {
+			p.SubBoxes = rng.IntN(p.PageSize) + 1
+			for p.PageSize%p.SubBoxes != 0 {
+				p.SubBoxes--
+			}
+		}
 		p.BudgetTokens = p.PageSize * (1 + rng.IntN(100))
+		if rng.IntN(2) == 0 {
+			p.DenseRho = float64(rng.IntN(2049)) / 1024 // 0..2, exact in YAML
+		}
+		if rng.IntN(2) == 0 {
+			p.TopP = float64(1+rng.IntN(1024)) / 1024 // (0, 1], exact in YAML
+		}
 		if rng.IntN(2) == 0 {
 			p.LayerBudget = map[int]int{}
 			for range rng.IntN(6) {
@@ -118,7 +134,8 @@ func TestPolicyFileRoundTrip(t *testing.T) {
 // layer may move between DenseLayers and DenseBudget).
 func policySame(a, b Policy) bool {
 	if a.PageSize != b.PageSize || a.BudgetTokens != b.BudgetTokens || a.SinkPages != b.SinkPages ||
-		a.LocalPages != b.LocalPages || a.GQA != b.GQA || a.Selector != b.Selector {
+		a.LocalPages != b.LocalPages || a.GQA != b.GQA || a.Selector != b.Selector || a.HierGroup != b.HierGroup ||
+		a.SubBoxes != b.SubBoxes || a.TopP != b.TopP || a.DenseRho != b.DenseRho {
 		return false
 	}
 	for l := range 20 {
@@ -140,5 +157,5 @@ func policySame(a, b Policy) bool {
 func policyEqual(a, b Policy) bool {
 	return a.PageSize == b.PageSize && a.BudgetTokens == b.BudgetTokens && a.SinkPages == b.SinkPages &&
 		a.LocalPages == b.LocalPages && a.DenseLayers == b.DenseLayers && a.GQA == b.GQA && a.Selector == b.Selector &&
-		a.SummaryDType == b.SummaryDType && maps.Equal(a.LayerBudget, b.LayerBudget)
+		a.SummaryDType == b.SummaryDType && a.DenseRho == b.DenseRho && a.HierGroup == b.HierGroup && a.SubBoxes == b.SubBoxes && a.TopP == b.TopP && maps.Equal(a.LayerBudget, b.LayerBudget)
 }

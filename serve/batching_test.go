@@ -22,7 +22,7 @@ import (
 func alone(t *testing.T, m *model.Model, tok model.Tokenizer, pol plan.Policy, ids []int, maxTokens int) []int {
 	t.Helper()
 	pages := (len(ids) + maxTokens + pol.PageSize - 1) / pol.PageSize
-	e, err := engine.New(model.EngineConfig(m.Geometry(), pol, pages+2))
+	e, err := engine.New(engine.ModelConfig(m.Geometry(), pol, pages+2))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,9 +15,10 @@ import (
 // the "quest" extension. The messages are rendered with the model's chat
 // template (Config.ChatTemplate) into the prompt, tokenized without
 // adding BOS (the template writes it; see package chat), and the rest
-// runs as a completion. Decoding is strict as for completions;
-// frequency_penalty, presence_penalty and logit_bias are accepted only
-// at their neutral values.
+// runs as a completion. Decoding is as for completions (known fields
+// strictly, the same fields accepted only at their neutral values,
+// unknown ones ignored and named in the X-Questrt-Ignored-Fields
+// header); the messages' fields are all checked.
 type ChatRequest struct {
 	// Common holds what a chat shares with a completion (Prompt and
 	// Logprobs unused: the messages are rendered into the prompt).
@@ -29,12 +30,20 @@ type ChatRequest struct {
 	// TopLogprobs (0..20) alternatives.
 	Logprobs    bool
 	TopLogprobs *int
+	// Echo prepends the last message's content to every choice's
+	// message when that message is the assistant's (the role of the
+	// answer), as vLLM's chat echo does; else there is nothing to echo.
+	// Not with Logprobs.
+	Echo bool
 }
 
 // chatRoles are the roles a message may have.
 var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
-// decodeChatRequest reads a chat request strictly (see decodeRequest).
+// decodeChatRequest reads a chat request as decodeRequest reads a
+// completion's: known fields strictly, unknown ones listed in
+// Common.ignored. The messages are read strictly (a field of a message
+// the server does not know would change the prompt).
 func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
 	fields, aerr := object(body, "")
 	if aerr != nil {
@@ -60,8 +69,13 @@ func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
 				}
 			case "top_logprobs":
 				req.TopLogprobs, err = integer(key, raw)
+			case "echo":
+				var b *bool
+				if b, err = boolean(key, raw); b != nil {
+					req.Echo = *b
+				}
 			default:
-				err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
+				req.Common.ignored = append(req.Common.ignored, key)
 			}
 		}
 		if err != nil {
@@ -75,6 +89,9 @@ func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
 		case !req.Logprobs && *t > 0:
 			return nil, badParam("top_logprobs", "invalid_value", "top_logprobs needs logprobs true")
 		}
+	}
+	if req.Echo && req.Logprobs {
+		return nil, badParam("echo", "invalid_value", "echo with logprobs is not supported for chat (the prompt's log-probabilities are a completion's: /v1/completions)")
 	}
 	req.Common.MaxTokens = maxCompletion
 	if maxTokens != nil {
@@ -241,7 +258,11 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		creq.Prompt = &Prompt{IDs: ids}
 		var p params
 		if p, aerr = s.resolve(&creq); aerr == nil {
+			s.ignore(w, "/v1/chat/completions", creq.ignored)
 			p.chat = true
+			if last := req.Messages[len(req.Messages)-1]; req.Echo && last.Role == "assistant" && last.Content != "" {
+				p.echo, p.echoes = true, []string{last.Content}
+			}
 			if req.Logprobs {
 				p.logprobs = true
 				if req.TopLogprobs != nil {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -433,13 +432,10 @@ func TestChoicesCancelled(t *testing.T) {
 // its prompt) is seen once too, as cancelled.
 func TestChoicesObserved(t *testing.T) {
 	cfg := testConfig("tiny")
-	var mu sync.Mutex
-	var seen []RequestTiming
-	cfg.Observe = func(rt RequestTiming) {
-		mu.Lock()
-		seen = append(seen, rt)
-		mu.Unlock()
-	}
+	// Observe runs after the answer and after the counters move, so the
+	// test waits for the timings themselves.
+	observed := make(chan RequestTiming, 4)
+	cfg.Observe = func(rt RequestTiming) { observed <- rt }
 	cfg.RequestTimeout = 300 * time.Millisecond
 	s, ts, release := held(t, cfg)
 	// Its deadline passes while it is queued: the handler answers the
@@ -451,11 +447,19 @@ func TestChoicesObserved(t *testing.T) {
 	release()
 	waitStats(t, s, "the timed-out request ended", func(st Stats) bool { return st.Cancelled == 1 && st.Running+st.Queued == 0 })
 	c := complete(t, ts.URL, map[string]any{"model": "tiny", "prompt": "abc", "max_tokens": 5, "n": 3, "temperature": 0})
-	waitStats(t, s, "the request done", func(st Stats) bool { return st.Completed == 1 })
-	mu.Lock()
-	defer mu.Unlock()
-	if len(seen) != 2 {
-		t.Fatalf("observed %d timings, want one per request: %+v", len(seen), seen)
+	var seen []RequestTiming
+	for len(seen) < 2 {
+		select {
+		case rt := <-observed:
+			seen = append(seen, rt)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("observed %d timings in 10 s, want one per request: %+v", len(seen), seen)
+		}
+	}
+	select {
+	case rt := <-observed:
+		t.Fatalf("a third timing for two requests: %+v", rt)
+	case <-time.After(100 * time.Millisecond):
 	}
 	if seen[0].Outcome != "cancelled" {
 		t.Errorf("cancelled n = 3: %+v", seen[0])

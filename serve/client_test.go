@@ -137,7 +137,8 @@ func TestOpenAINodeClient(t *testing.T) {
 		TwoTexts, SoloTexts, TwoStreamed, ChatTwoTexts        []string
 		TwoUsage                                              Usage
 		Models                                                []string
-		UnknownModel, BadMaxTokens                            *struct {
+		ExtraText, ExtraIgnored, EchoText                     string
+		UnknownModel, BadMaxTokens, BadTemperature            *struct {
 			Status                  int
 			Type, Param, Code, Name string
 		}
@@ -184,8 +185,17 @@ func TestOpenAINodeClient(t *testing.T) {
 	if e := got.BadMaxTokens; e == nil || e.Status != 400 || e.Param != "max_tokens" || e.Type != typeInvalid || e.Name != "BadRequestError" {
 		t.Errorf("bad max_tokens: %+v", e)
 	}
+	if got.ExtraText != key || got.ExtraIgnored != "top_k, repetition_penalty" {
+		t.Errorf("chat with top_k and repetition_penalty: %q, ignored %q; want the pass key %q, ignored \"top_k, repetition_penalty\"", got.ExtraText, got.ExtraIgnored, key)
+	}
+	if !strings.HasPrefix(got.EchoText, "Sure: ") || len(got.EchoText) <= len("Sure: ") {
+		t.Errorf("chat echo: %q, want \"Sure: \" and the answer", got.EchoText)
+	}
+	if e := got.BadTemperature; e == nil || e.Status != 400 || e.Param != "temperature" || e.Name != "BadRequestError" {
+		t.Errorf("bad temperature beside an unknown field: %+v", e)
+	}
 	waitStats(t, s, "the client's requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
-	unchanged(t, s, 9)
+	unchanged(t, s, 11)
 }
 
 // TestCurlStream: curl -N streams the passkey completion as server-sent

@@ -6,17 +6,12 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"reflect"
 	"sync/atomic"
 	"time"
 
-	"github.com/questrt/questrt/cluster"
-	"github.com/questrt/questrt/cluster/coord"
 	"github.com/questrt/questrt/decode"
-	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
-	"github.com/questrt/questrt/worker/remote"
 )
 
 // Cluster holds a server's request sequences on a cluster's workers
@@ -28,14 +23,16 @@ import (
 // two goroutines at once; an implementation must allow concurrent
 // Creates and calls on different sequences concurrently.
 type Cluster interface {
-	// Create creates an empty sequence laid out by ec: its layers and
+	// Create creates an empty sequence laid out by spec: its layers and
 	// geometry (the model's), its CP x TP grid (Config.CP, Config.TP),
 	// the pages of every rank's pool, the policy and the CP selection
 	// mode. ctx bounds the placement and, the first time, the opening of
 	// a grid on the cluster's nodes. An error that wraps
 	// ErrClusterUnavailable answers the request with 503 and
-	// Retry-After.
-	Create(ctx context.Context, ec engine.Config) (model.Sequence, error)
+	// Retry-After. An error of a sequence's operation that wraps
+	// ErrGridLost says that the sequence is gone with its grid: the
+	// server may create a new one for the request (Config.GridRetries).
+	Create(ctx context.Context, spec GridSpec) (model.Sequence, error)
 }
 
 // ErrClusterUnavailable marks a failure of the cluster rather than of
@@ -44,157 +41,12 @@ type Cluster interface {
 // request that fails with it gets 503 with Retry-After.
 var ErrClusterUnavailable = errors.New("serve: cluster unavailable")
 
-// CoordinatorCluster is the Cluster of a node's coordinator (in process:
-// cluster/node.Node.Coordinator). Every sequence is created with
-// co.Create (striped placement) on the grid the coordinator places for
-// the request's engine config, over the cluster's nodes (rank (0, 0) on
-// the coordinator's node when it has room), and driven with co.Append,
-// co.Step, co.Fork and co.Release: the model runs here, the KV pages
-// live on the grid's workers, and each decode step of a layer is one
-// coordinator step (the plan to the workers, the partial states back).
-// Requests with the same engine config share a grid, which stays open
-// on its nodes (its pools reserved) while the coordinator lives, as the
-// coordinator's grids do: the server bounds the grids it opens for
-// option sets other than its policy's (Config.PolicyGrids). The
-// sequences the coordinator adopts after a node restart (a node's data
-// directory) are not the server's; it does not release them.
-func CoordinatorCluster(co *coord.Coordinator) Cluster { return coordCluster{co} }
-
-type coordCluster struct{ co *coord.Coordinator }
-
-func (c coordCluster) Create(ctx context.Context, ec engine.Config) (model.Sequence, error) {
-	cr, err := c.co.Create(ctx, plan.Striped, &ec)
-	if err != nil {
-		return nil, fmt.Errorf("create a sequence on a %d x %d grid: %w", ec.CP, ec.TP, clusterErr(err))
-	}
-	c.releaseAdopted(ctx, cr.ID)
-	h, err := c.co.Handle(cr.ID)
-	if err != nil {
-		return nil, fmt.Errorf("sequence %s: %w", cr.ID, clusterErr(err))
-	}
-	return coordSeq{co: c.co, id: cr.ID, h: h}, nil
-}
-
-// releaseAdopted releases the sequences the coordinator adopted onto
-// grids of the config of sequence id, one of the server's just created:
-// a grid that opens on nodes restarted on their data directories
-// (questd --data-dir) adopts the sequences they persisted, under their
-// old ids, and nobody holds those (the server creates every sequence
-// afresh and never asks for recovered ones), so they would keep their
-// pages on the workers outside the server's admission. Sequences
-// adopted onto grids of other configs (the Decode API's clients') are
-// left alone. Best effort: a release that fails leaves the sequence
-// listed for the next Create to try again.
-func (c coordCluster) releaseAdopted(ctx context.Context, id string) {
-	rec := c.co.Recovery()
-	if len(rec.Sequences) == 0 {
-		return
-	}
-	want, err := c.co.SeqConfig(id)
-	if err != nil {
-		return
-	}
-	for _, r := range rec.Sequences {
-		if r.ID == id {
-			continue
-		}
-		if got, err := c.co.SeqConfig(r.ID); err == nil && sameGridConfig(got, want) {
-			_ = c.co.Release(ctx, r.ID)
-		}
-	}
-}
-
-// sameGridConfig reports whether two of a coordinator's grid configs
-// are of the same sequences: the fields a Create's config sets.
-func sameGridConfig(a, b engine.Config) bool {
-	return a.Layers == b.Layers && a.Geometry == b.Geometry && a.CP == b.CP && a.TP == b.TP &&
-		a.CapacityPages == b.CapacityPages && a.Selection == b.Selection && reflect.DeepEqual(a.Policy, b.Policy)
-}
-
-// coordSeq is one sequence of a coordinator. Its decode steps run
-// batched through the coordinator's Stepper (h is its handle there):
-// one engine step per grid and token for every sequence of the batch.
-type coordSeq struct {
-	co *coord.Coordinator
-	id string
-	h  decode.SeqID
-}
-
-func (s coordSeq) Stepper() decode.Stepper { return clusterStepper{s.co} }
-
-func (s coordSeq) SeqID() decode.SeqID { return s.h }
-
-// clusterStepper is a coordinator's Stepper whose errors say when they
-// are the cluster's (ErrClusterUnavailable).
-type clusterStepper struct{ co *coord.Coordinator }
-
-func (c clusterStepper) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
-	st, err := c.co.Begin(ctx, b)
-	if err != nil {
-		return nil, clusterErr(err)
-	}
-	return clusterStep{st}, nil
-}
-
-type clusterStep struct{ decode.Step }
-
-func (s clusterStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor, res *decode.Result) error {
-	if err := s.Step.Layer(ctx, layer, q, k, v, res); err != nil {
-		return clusterErr(err)
-	}
-	return nil
-}
-
-func (s clusterStep) End(ctx context.Context) error {
-	if err := s.Step.End(ctx); err != nil {
-		return clusterErr(err)
-	}
-	return nil
-}
-
-func (s coordSeq) Append(ctx context.Context, layer int, k, v []float32) error {
-	if err := s.co.Append(ctx, s.id, layer, k, v); err != nil {
-		return fmt.Errorf("sequence %s: %w", s.id, clusterErr(err))
-	}
-	return nil
-}
-
-func (s coordSeq) Step(ctx context.Context, layer int, r engine.Request, opt engine.StepOptions, res *engine.Result) error {
-	if err := s.co.Step(ctx, layer, []coord.StepItem{{Seq: s.id, Request: r}}, opt, res); err != nil {
-		return fmt.Errorf("sequence %s: %w", s.id, clusterErr(err))
-	}
-	return nil
-}
-
-func (s coordSeq) ForkSequence(ctx context.Context) (model.Sequence, error) {
-	id, err := s.co.Fork(ctx, s.id)
-	if err != nil {
-		return nil, fmt.Errorf("fork sequence %s: %w", s.id, clusterErr(err))
-	}
-	h, err := s.co.Handle(id)
-	if err != nil {
-		return nil, fmt.Errorf("fork sequence %s: %w", s.id, clusterErr(err))
-	}
-	return coordSeq{co: s.co, id: id, h: h}, nil
-}
-
-func (s coordSeq) Release(ctx context.Context) error {
-	if err := s.co.Release(ctx, s.id); err != nil {
-		return fmt.Errorf("release sequence %s: %w", s.id, clusterErr(err))
-	}
-	return nil
-}
-
-// clusterErr marks err with ErrClusterUnavailable when it is the
-// cluster's failure.
-func clusterErr(err error) error {
-	for _, e := range []error{coord.ErrGridLost, coord.ErrClosed, remote.ErrUnavailable, remote.ErrNodeFull, remote.ErrUnknownGrid, cluster.ErrNoCapacity} {
-		if errors.Is(err, e) {
-			return fmt.Errorf("%w: %w", ErrClusterUnavailable, err)
-		}
-	}
-	return err
-}
+// ErrGridLost marks, beside ErrClusterUnavailable, the failure of a
+// sequence whose grid lost a node (coord.ErrGridLost: a node killed,
+// restarted or unreachable, a missed step deadline): the sequence's
+// pages are gone, through no fault of the request's, and a new sequence
+// on a new grid may run it (Config.GridRetries).
+var ErrGridLost = errors.New("serve: the sequence's grid was lost")
 
 // clusterUnavailable is the 503 of a request the cluster could not run.
 func (s *Server) clusterUnavailable(err error) *apiError {
@@ -210,20 +62,14 @@ type countedSeq struct {
 	n *atomic.Int64
 }
 
-// Stepper and SeqID forward the inner sequence's, when it has them (nil
-// otherwise: it decodes one step per layer).
-func (s countedSeq) Stepper() decode.Stepper {
-	if ss, ok := s.Sequence.(model.StepperSequence); ok {
-		return ss.Stepper()
+// StepLayer forwards the inner sequence's one-layer step
+// (model.LayerStepper: a coordinator's sequences have one).
+func (s countedSeq) StepLayer(ctx context.Context, layer int, row decode.Row, q, k, v []float32, opt decode.Options, res *decode.Result) error {
+	ls, ok := s.Sequence.(model.LayerStepper)
+	if !ok {
+		return fmt.Errorf("step layer %d: the cluster's sequence (%T) has no one-layer step", layer, s.Sequence)
 	}
-	return nil
-}
-
-func (s countedSeq) SeqID() decode.SeqID {
-	if ss, ok := s.Sequence.(model.StepperSequence); ok {
-		return ss.SeqID()
-	}
-	return 0
+	return ls.StepLayer(ctx, layer, row, q, k, v, opt, res)
 }
 
 func (s countedSeq) ForkSequence(ctx context.Context) (model.Sequence, error) {
@@ -234,6 +80,28 @@ func (s countedSeq) ForkSequence(ctx context.Context) (model.Sequence, error) {
 	s.n.Add(1)
 	return countedSeq{Sequence: f, n: s.n}, nil
 }
+
+// Rollback forwards the inner sequence's, when it has one.
+func (s countedSeq) Rollback(ctx context.Context, n int) error {
+	r, ok := s.Sequence.(interface {
+		Rollback(ctx context.Context, n int) error
+	})
+	if !ok {
+		return fmt.Errorf("roll back %d tokens: the cluster's sequence (%T) cannot roll back", n, s.Sequence)
+	}
+	return r.Rollback(ctx, n)
+}
+
+// GridLost forwards the inner sequence's (a sequence without one is
+// never lost: its failures say so).
+func (s countedSeq) GridLost() bool {
+	g, ok := s.Sequence.(gridLoser)
+	return ok && g.GridLost()
+}
+
+// gridLoser is a cluster sequence that can tell whether its grid is
+// lost without asking the workers (coordSeq).
+type gridLoser interface{ GridLost() bool }
 
 // Release frees the sequence; it is no longer counted, whatever the
 // cluster answers (nobody releases it again).
@@ -250,18 +118,36 @@ func (s countedSeq) Release(ctx context.Context) error {
 // grid of a request's own options is not sized by its reservation: the
 // coordinator keys grids by their pools and closes none while it runs,
 // so every distinct reservation would keep a grid of its own open.) It
-// runs on the goroutine startCreate starts.
-func (s *Server) createClusterSeq(ctx context.Context, j *job) (model.Sequence, error) {
+// runs on the goroutine startCreate starts. For a retry (j's grid was
+// lost) it creates again while the cluster answers unavailable, for
+// GridRetryWait at most: a killed node stays in the membership view,
+// and placement may choose it, until the view declares it dead.
+func (s *Server) createClusterSeq(ctx context.Context, j *job, retry bool) (model.Sequence, error) {
 	pol := s.cfg.Policy
 	if j.p.own {
 		pol = j.p.sel
 	}
-	seq, err := s.cfg.Cluster.Create(ctx, s.engineConfig(pol, s.cfg.CapacityPages+s.monitorSlack()))
+	gs := s.gridSpec(pol, s.cfg.CapacityPages+s.monitorSlack())
+	seq, err := s.cfg.Cluster.Create(ctx, gs)
+	if retry {
+		deadline := time.Now().Add(s.cfg.GridRetryWait)
+		for wait := 50 * time.Millisecond; err != nil && errors.Is(err, ErrClusterUnavailable) && time.Now().Add(wait).Before(deadline); wait = min(2*wait, time.Second) {
+			s.log.Debug("a retried request's new grid is unavailable; creating again", "request", j.id, "in", wait, "err", err)
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, fmt.Errorf("%w (waiting to create again: %w)", err, context.Cause(ctx))
+			case <-t.C:
+			}
+			seq, err = s.cfg.Cluster.Create(ctx, gs)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
 	s.clusterSeqs.Add(1)
-	if j.p.own {
+	if j.p.own && !retry {
 		s.count(func(st *Stats) { st.OwnEngines++ })
 	}
 	return countedSeq{Sequence: seq, n: &s.clusterSeqs}, nil
@@ -347,9 +233,10 @@ func (s *Server) startCreate(j *job) {
 	j.creating = true
 	j.stopWake = context.AfterFunc(j.ctx, s.poke)
 	s.creates.Add(1)
+	retry := j.retries > 0
 	go func() {
 		defer s.creates.Done()
-		seq, err := s.createClusterSeq(j.ctx, j)
+		seq, err := s.createClusterSeq(j.ctx, j, retry)
 		s.mu.Lock()
 		s.settleGrid(j, err == nil)
 		left := j.left

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,7 +30,7 @@ type slowCluster struct {
 	started, release chan struct{}
 }
 
-func (c *slowCluster) Create(ctx context.Context, ec engine.Config) (model.Sequence, error) {
+func (c *slowCluster) Create(ctx context.Context, spec GridSpec) (model.Sequence, error) {
 	switch c.n.Add(1) {
 	case 1:
 	case 2:
@@ -38,7 +39,7 @@ func (c *slowCluster) Create(ctx context.Context, ec engine.Config) (model.Seque
 	default:
 		<-c.release
 	}
-	return c.Cluster.Create(ctx, ec)
+	return c.Cluster.Create(ctx, spec)
 }
 
 // heldCluster holds every Create until release is closed, without
@@ -49,10 +50,10 @@ type heldCluster struct {
 	release chan struct{}
 }
 
-func (c *heldCluster) Create(ctx context.Context, ec engine.Config) (model.Sequence, error) {
+func (c *heldCluster) Create(ctx context.Context, spec GridSpec) (model.Sequence, error) {
 	c.started <- struct{}{}
 	<-c.release
-	return c.Cluster.Create(ctx, ec)
+	return c.Cluster.Create(ctx, spec)
 }
 
 // TestClusterCreateOffScheduler: while one request's Create waits (a
@@ -130,7 +131,7 @@ func TestClusterCreateOffScheduler(t *testing.T) {
 	}
 	resp.Body.Close()
 	waitStats(t, s, "both requests' sequences released", func(st Stats) bool { return st.Running == 0 && st.EngineSequences == st.PrefixCacheEntries })
-	waitNodes(t, nodes)
+	waitNodes(t, nodes, s)
 }
 
 // TestClusterCreateAbandoned: a request whose client goes away while
@@ -252,7 +253,7 @@ func TestClusterPolicyGridsBounded(t *testing.T) {
 	if g := nodes[0].Stats().GridsCoordinated; g != 3 {
 		t.Errorf("node 0 coordinates %d grids, want 3 (the server's policy and 2 option sets)", g)
 	}
-	waitNodes(t, nodes)
+	waitNodes(t, nodes, s)
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
@@ -268,12 +269,27 @@ func TestClusterAdoptedReleased(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir()}
 	persist := func(i int, c *node.Config) { c.DataDir = dirs[i] }
 	geo := nodetest.Geometry(1, 1, engine.Exact)
+	// The step timeout bounds the prompt's appends too: with Geometry's
+	// 2 s the first request failed in its prefill on a loaded machine
+	// (stats: Failed 1, Steps 0), so no sequence was alive to persist.
+	geo.StepTimeout = 10 * time.Second
 	nodes := nodetest.Start(t, "adopt", 2, geo, persist)
 	cfg := testConfig("v1")
 	cfg.CP = 2
 	cfg.CapacityPages = 128
 	cfg.Cluster = CoordinatorCluster(nodes[0].Coordinator())
-	s1, err := New(m, tok, cfg)
+	// Once the stream has text, the first server's scheduler parks
+	// before its next iteration until the server closes: the sequence
+	// stays alive, and no step of it runs, while the nodes stop.
+	var park atomic.Bool
+	parked := make(chan struct{})
+	var parkOnce sync.Once
+	s1, err := newServer(m, tok, cfg, hooks{iteration: func(ctx context.Context) {
+		if park.Load() {
+			parkOnce.Do(func() { close(parked) })
+			<-ctx.Done()
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,10 +300,24 @@ func TestClusterAdoptedReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	scn := bufio.NewScanner(resp.Body)
-	for chunks := 0; chunks < 3 && scn.Scan(); {
-		if strings.HasPrefix(scn.Text(), "data: ") {
-			chunks++
+	var events []string
+	for len(events) < 3 && scn.Scan() {
+		if d, ok := strings.CutPrefix(scn.Text(), "data: "); ok {
+			events = append(events, d)
 		}
+	}
+	// Three chunks of text: a stream that ended (an error event) leaves
+	// no live sequence to persist.
+	if len(events) < 3 || slices.ContainsFunc(events, func(e string) bool { return !strings.Contains(e, `"text"`) }) {
+		t.Fatalf("the first request's stream before the stop: %q; want three chunks of text", events)
+	}
+	park.Store(true)
+	parkAt := time.Now()
+	select {
+	case <-parked:
+		t.Logf("the first server's scheduler parked %v after the third chunk", time.Since(parkAt))
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the first server's scheduler did not park in 60 s: %+v", s1.Stats())
 	}
 	// The nodes stop (persisting the live sequence), then the server.
 	for _, nd := range nodes {
@@ -316,5 +346,5 @@ func TestClusterAdoptedReleased(t *testing.T) {
 	if st := s.Stats(); st.EngineSequences != st.PrefixCacheEntries || st.Completed != 1 {
 		t.Errorf("stats %+v", st)
 	}
-	waitNodes(t, nodes)
+	waitNodes(t, nodes, s)
 }

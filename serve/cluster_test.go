@@ -21,8 +21,16 @@ import (
 func startCluster(t *testing.T, prefix string) []*node.Node {
 	t.Helper()
 	// The nodes' own engine config does not matter: the server creates
-	// every sequence with the model's geometry and its grid.
-	return nodetest.Start(t, prefix, 2, nodetest.Geometry(1, 1, engine.Exact), nil)
+	// every sequence with the model's geometry and its grid. Only the
+	// step timeout is the nodes', and it bounds a prefill chunk's append
+	// too: Geometry's 2 s failed a prompt chunk's append to the remote
+	// shard under -race on a loaded 2-core machine (TestClusterPrefixCachePrefillsRest:
+	// "append seq 1 layer 0 on shard (tp 0, cp 1): remote worker:
+	// DeadlineExceeded"). These tests see lost nodes through their
+	// connections, not through that deadline.
+	geo := nodetest.Geometry(1, 1, engine.Exact)
+	geo.StepTimeout = 10 * time.Second
+	return nodetest.Start(t, prefix, 2, geo, nil)
 }
 
 // pagesInUse is the pages in use in the shards every node hosts.
@@ -35,19 +43,41 @@ func pagesInUse(nodes []*node.Node) []int {
 	return n
 }
 
-// waitNodes waits (10 s at most) until every node's pages in use are 0
-// and node 0 coordinates no sequence.
-func waitNodes(t *testing.T, nodes []*node.Node) {
+// waitNodes waits (10 s at most) until node 0 coordinates no sequence
+// but those of the servers' prefix caches (every request's released),
+// then closes the servers, which releases their caches' sequences, and
+// waits until every node's pages in use are 0 and node 0 coordinates no
+// sequence.
+func waitNodes(t *testing.T, nodes []*node.Node, servers ...*Server) {
+	t.Helper()
+	waitFor(t, nodes, func() (int, bool) {
+		cached := 0
+		for _, s := range servers {
+			cached += s.Stats().PrefixCacheEntries
+		}
+		return cached, true
+	})
+	for _, s := range servers {
+		s.Close()
+	}
+	waitFor(t, nodes, func() (int, bool) { return 0, false })
+}
+
+// waitFor waits (10 s at most) until node 0 coordinates want()'s
+// sequences and, unless want says pages may be in use, every node's
+// pages in use are 0.
+func waitFor(t *testing.T, nodes []*node.Node, want func() (seqs int, pagesUsed bool)) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		pages := pagesInUse(nodes)
 		seqs := nodes[0].Stats().Sequences
-		if seqs == 0 && !slices.ContainsFunc(pages, func(p int) bool { return p != 0 }) {
+		n, used := want()
+		if seqs == n && (used || !slices.ContainsFunc(pages, func(p int) bool { return p != 0 })) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nodes still hold pages %v and %d sequences", pages, seqs)
+			t.Fatalf("nodes still hold pages %v and %d sequences, want %d sequences", pages, seqs, n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -102,8 +132,14 @@ func TestClusterServing(t *testing.T) {
 	}
 	text, finish, su := streamText(t, sseEvents(t, resp.Body))
 	resp.Body.Close()
-	if text != rc.Choices[0].Text || finish != *rc.Choices[0].FinishReason || su == nil || *su != *rc.Usage {
+	if text != rc.Choices[0].Text || finish != *rc.Choices[0].FinishReason || su == nil || uncached(*su) != uncached(*rc.Usage) {
 		t.Errorf("cluster stream %q %s %+v, want %q %s %+v", text, finish, su, rc.Choices[0].Text, *rc.Choices[0].FinishReason, *rc.Usage)
+	}
+	// The same prompt again: the prefix cache gave every full page
+	// before its last token (997 tokens: 62 pages of 16), forked on
+	// the grid.
+	if su != nil && su.PromptTokensDetails.CachedTokens != 992 {
+		t.Errorf("cluster stream of the same prompt: %d cached tokens, want 992", su.PromptTokensDetails.CachedTokens)
 	}
 	for i, nd := range nodes {
 		if st := nd.Stats(); st.GridsHosted != 1 {
@@ -113,8 +149,9 @@ func TestClusterServing(t *testing.T) {
 	if g := nodes[0].Stats().GridsCoordinated; g != 1 {
 		t.Errorf("node 0 coordinates %d grids, want 1", g)
 	}
-	waitNodes(t, nodes)
-	if st := remote.Stats(); st.Completed != 2 || st.EngineSequences != st.PrefixCacheEntries || st.ReservedPages != 0 || st.UsedPages != st.PrefixCachePages {
+	waitFor(t, nodes, func() (int, bool) { return remote.Stats().PrefixCacheEntries, true })
+	if st := remote.Stats(); st.Completed != 2 || st.EngineSequences != st.PrefixCacheEntries || st.ReservedPages != 0 || st.UsedPages != 0 ||
+		st.PrefixCacheEntries != 1 || st.PrefixCacheHits != 1 {
 		t.Errorf("cluster server stats %+v", st)
 	}
 	if st := local.Stats(); st.EngineSequences != st.PrefixCacheEntries {
@@ -123,7 +160,7 @@ func TestClusterServing(t *testing.T) {
 	// TP = 2 over the cluster (a KV head per node) too.
 	tp := cc
 	tp.CP, tp.TP = 1, 2
-	_, tts := startServer(t, m, tok, tp)
+	tps, tts := startServer(t, m, tok, tp)
 	delete(req, "stream")
 	delete(req, "stream_options")
 	if tc := complete(t, tts.URL, req); tc.Choices[0].Text != rc.Choices[0].Text || *tc.Usage != *rc.Usage {
@@ -141,10 +178,10 @@ func TestClusterServing(t *testing.T) {
 	if uncached(*rn.Usage) != uncached(*ln.Usage) || rn.Usage.PromptTokens != rc.Usage.PromptTokens {
 		t.Errorf("cluster n = 3 usage %+v, in process %+v", *rn.Usage, *ln.Usage)
 	}
-	waitNodes(t, nodes)
 	if st := remote.Stats(); st.EngineSequences != st.PrefixCacheEntries || st.ReservedPages != 0 {
 		t.Errorf("cluster server stats after n = 3 %+v", st)
 	}
+	waitNodes(t, nodes, remote, tps)
 }
 
 // TestClusterOwnPolicyMonitored: on the cluster, requests whose
@@ -175,7 +212,7 @@ func TestClusterOwnPolicyMonitored(t *testing.T) {
 	if g := nodes[0].Stats().GridsCoordinated; g != 2 {
 		t.Errorf("node 0 coordinates %d grids, want 2 (the server's policy and the oracle's)", g)
 	}
-	waitNodes(t, nodes)
+	waitNodes(t, nodes, s)
 }
 
 // TestClusterCancel: a stream served through the cluster whose client
@@ -220,7 +257,7 @@ func TestClusterCancel(t *testing.T) {
 	if st.Running != 0 || st.ReservedPages != 0 || st.Completed != 0 {
 		t.Errorf("stats %+v", st)
 	}
-	waitNodes(t, nodes)
+	waitNodes(t, nodes, s)
 }
 
 // TestClusterUnavailable: when the cluster has no room for the grid (a
@@ -243,7 +280,7 @@ func TestClusterUnavailable(t *testing.T) {
 	if st := s.Stats(); st.Failed != 1 || st.EngineSequences != st.PrefixCacheEntries || st.ReservedPages != 0 {
 		t.Errorf("stats %+v", st)
 	}
-	waitNodes(t, nodes)
+	waitNodes(t, nodes, s)
 }
 
 // TestClusterConfig: a grid the model's geometry cannot take is refused

@@ -70,6 +70,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if aerr == nil {
 		var p params
 		if p, aerr = s.resolve(req); aerr == nil {
+			s.ignore(w, "/v1/completions", req.ignored)
 			s.run(w, r, p, arrived)
 			return
 		}

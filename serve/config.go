@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/chat"
-	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/model"
@@ -31,15 +30,15 @@ type Config struct {
 	// CP and TP are the grid of every request's sequence (1 x 1): the
 	// in-process engine's shards, or with Cluster the ranks of the grid
 	// the cluster lays the sequence out on. Selection is its CP
-	// selection mode (engine.Exact).
+	// selection mode (plan.Exact).
 	CP, TP    int
-	Selection engine.Selection
+	Selection plan.SelectMode
 	// Cluster, when set, holds the requests' sequences instead of an
 	// in-process engine (nil: the in-process engine, the default): the
 	// model runs in this process and every request's sequence is
 	// created through Cluster on a CP x TP grid of the cluster's
-	// workers (CoordinatorCluster: a node's coordinator), where its KV
-	// pages live. Batching, admission, cancellation and usage work as
+	// workers (a node's coordinator: internal/serveengine's
+	// CoordinatorCluster), where its KV pages live. Batching, admission, cancellation and usage work as
 	// with the in-process engine, but memory is bounded differently: a
 	// request whose selection options differ from Policy's gets a grid
 	// of that policy (shared by the requests of the same options)
@@ -55,9 +54,14 @@ type Config struct {
 	// requests keep decoding meanwhile. The sequences a grid of the
 	// server's adopts when it opens on nodes restarted on their data
 	// directories (questd --data-dir) are nobody's (the server creates
-	// every sequence afresh): CoordinatorCluster releases them in the
+	// every sequence afresh): the coordinator's Cluster releases them in the
 	// Create that opened the grid.
 	Cluster Cluster
+	// Engines opens the in-process engines (the main one without
+	// Cluster, and those of requests with selection options of their
+	// own) and checks the grid of the cluster's sequences with Cluster:
+	// internal/serveengine.Engines() for the runtime's. Required.
+	Engines Engines
 	// PolicyGrids bounds, with Cluster, the distinct selection option
 	// sets other than Policy's (selector, GQA mode, sink and local
 	// pages) that requests may open a grid for (2). Such a grid stays
@@ -68,6 +72,27 @@ type Config struct {
 	// cluster. Without Cluster it is not used (an own engine closes
 	// with its last request).
 	PolicyGrids int
+	// GridRetries is, with Cluster, how many times a request whose grid
+	// is lost (a node of it killed, restarted or unreachable: an error
+	// wrapping ErrGridLost) runs again on a new grid (1; 0: never, the
+	// request fails with 503 and Retry-After, or an error event once its
+	// stream has begun). The retry creates a new sequence, prefills the
+	// prompt again and feeds the tokens generated before the loss
+	// through decode steps, their logits unused, so that the sequence
+	// holds what the lost one held and the request goes on where it was:
+	// the client sees no gap besides the time it took, greedy tokens are
+	// those of a run without the loss and a sampled request's sampler
+	// goes on with its own stream. A request of several choices (n > 1,
+	// whose forks share its prompt's pages) is not retried: it fails
+	// with the loss's error, which says so. Without Cluster it is not
+	// used.
+	GridRetries int
+	// GridRetryWait bounds how long a retried request's new sequence
+	// keeps being created again while the cluster answers unavailable
+	// (10s): until membership declares a killed node dead, placement may
+	// choose it again. Its attempts back off from 50ms to 1s; the
+	// request's own deadline bounds them too.
+	GridRetryWait time.Duration
 	// CapacityPages is the engine's page pool per shard (4096); with
 	// Cluster, the pool of every rank of the requests' grids. Every
 	// started request reserves the pages of its prompt plus max_tokens
@@ -80,10 +105,15 @@ type Config struct {
 	// only (Load).
 	MemoryLimit int64
 	// PrefixCaching keeps the full pages of prompts' prefixes (with
-	// their summaries) as sequences of the main engine that later
-	// requests with the same token prefix fork instead of prefilling it
-	// again (on by default; only with the in-process engine: ignored with
-	// Cluster). Pages are keyed by a hash chain over their token ids; the
+	// their summaries) as sequences of the main engine, or with Cluster
+	// as sequences on the grid of Policy's requests (forks of the
+	// prompts' cluster sequences, their pages and summaries shared on
+	// every rank), that later requests with the same token prefix fork
+	// instead of prefilling it again (on by default; requests of their
+	// own selection options neither use nor fill it). A grid's loss
+	// drops its entries (Stats.PrefixCacheLost), so a request run again
+	// on a new grid (GridRetries) prefills anew rather than forking a
+	// dead grid's. Pages are keyed by a hash chain over their token ids; the
 	// cache gives way, least recently used first, to every request that
 	// needs its pages, and holds at most PrefixCachePages pages per shard
 	// (0: as many as the pool leaves free when prompts are prefilled on a
@@ -100,8 +130,38 @@ type Config struct {
 	// or for their pages (64); past it requests are refused with 429.
 	MaxQueued int
 	// ChunkTokens is the prompt tokens one scheduler iteration prefills
-	// (512): longer prompts are prefilled in chunks between decode steps.
+	// at most (512): longer prompts are prefilled in chunks between
+	// decode steps.
 	ChunkTokens int
+	// MaxBatchedTokens is the tokens one scheduler iteration runs at
+	// most (vLLM's max_num_batched_tokens): a decode token for every
+	// decoding sequence first, then prompt tokens up to the rest (and
+	// ChunkTokens). With d sequences decoding, an iteration prefills at
+	// most MaxBatchedTokens - d prompt tokens, so a lower value keeps the
+	// decoding sequences' inter-token latency closer to their decode
+	// step's while a long prompt prefills, and prefills it in more
+	// iterations. 0 (the default): ChunkTokens + MaxRunning, so decoding
+	// never shrinks a chunk; else at least MaxRunning, so that a prompt
+	// token is left beside the most decoding sequences there can be.
+	MaxBatchedTokens int
+	// MaxITLFactor bounds a scheduler iteration's time, while sequences
+	// decode, to this many times their decode step alone: the iteration
+	// prefills only as many prompt tokens as fit (factor - 1) decode
+	// steps by the costs the scheduler measures (the decode step's
+	// moving average, and a prompt token's prefill time as a line in its
+	// context, which the dense prefill attention reads whole). It keeps
+	// the running streams' inter-token latency near factor times their
+	// decode step while a long prompt prefills, whatever the prompt's
+	// context; MaxBatchedTokens and ChunkTokens still bound the tokens.
+	// Every iteration prefills at least one prompt token while a prompt
+	// waits, so no prefill starves (one token costs about a decode step
+	// of a few streams even at 16K context on a CPU). 0 (the default)
+	// turns it off (the token bounds alone): measured on a loaded 2-core
+	// CPU, 2 kept the gaps lower than a fixed token budget at 16K but not
+	// at 8K, and it is not measured on the GPU, where it shortens chunks
+	// and lengthens the time to first token; else 1 to 100 (1: one
+	// prompt token per iteration).
+	MaxITLFactor float64
 	// MaxContext bounds a request's prompt plus max_tokens (0: the
 	// model's max_position_embeddings; no bound when both are 0 besides
 	// the pool).
@@ -146,7 +206,7 @@ type Config struct {
 	History int
 	// Backend is the kernel backend of the in-process engines (nil: the
 	// CPU's); DeviceResident keeps their pages only in the backend's
-	// device memory (engine.Config's).
+	// device memory (GridSpec's).
 	Backend        kernels.Backend
 	DeviceResident bool
 	// KVDType is the pages' storage type with a Backend (float32, the
@@ -178,18 +238,24 @@ type Config struct {
 	Now func() time.Time
 }
 
+// ITLFactorMax is the largest Config.MaxITLFactor.
+const ITLFactorMax = 100
+
 // DefaultConfig returns the documented defaults (ModelName empty).
 func DefaultConfig() Config {
 	return Config{
 		Policy:           plan.DefaultPolicy(),
 		CP:               1,
 		TP:               1,
-		Selection:        engine.Exact,
+		Selection:        plan.Exact,
 		CapacityPages:    4096,
 		MaxRunning:       16,
 		MaxQueued:        64,
 		PolicyGrids:      2,
+		GridRetries:      1,
+		GridRetryWait:    10 * time.Second,
 		ChunkTokens:      512,
+		MaxITLFactor:     0,
 		MaxBodyBytes:     1 << 20,
 		RequestTimeout:   5 * time.Minute,
 		SSEKeepAlive:     15 * time.Second,
@@ -226,8 +292,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: max queued %d: want 0 or more", c.MaxQueued)
 	case c.PolicyGrids < 0:
 		return fmt.Errorf("serve config: policy grids %d: want 0 or more", c.PolicyGrids)
+	case c.GridRetries < 0:
+		return fmt.Errorf("serve config: grid retries %d: want 0 (never) or more", c.GridRetries)
+	case c.GridRetryWait < 0:
+		return fmt.Errorf("serve config: grid retry wait %v: want 0 (one attempt) or more", c.GridRetryWait)
 	case c.ChunkTokens < 1:
 		return fmt.Errorf("serve config: chunk %d tokens: want at least 1", c.ChunkTokens)
+	case c.MaxBatchedTokens != 0 && c.MaxBatchedTokens < c.MaxRunning:
+		return fmt.Errorf("serve config: max batched %d tokens: want 0 (chunk plus max running) or at least max running, %d (a decode token each, and a prompt token left)", c.MaxBatchedTokens, c.MaxRunning)
+	case c.MaxITLFactor != 0 && !(c.MaxITLFactor >= 1 && c.MaxITLFactor <= ITLFactorMax):
+		return fmt.Errorf("serve config: max ITL factor %v: want 0 (off) or 1..%v", c.MaxITLFactor, ITLFactorMax)
 	case c.MaxContext < 0:
 		return fmt.Errorf("serve config: max context %d: want 0 (the model's) or more", c.MaxContext)
 	case c.SSEKeepAlive < 0 || (c.SSEKeepAlive > 0 && c.SSEKeepAlive < 10*time.Millisecond):
@@ -266,7 +340,7 @@ func (c Config) Validate() error {
 	if err := c.Monitor.validate(); err != nil {
 		return err
 	}
-	if _, err := engine.ParseSelection(c.Selection.String()); err != nil {
+	if _, err := plan.ParseSelectMode(c.Selection.String()); err != nil {
 		return fmt.Errorf("serve config: %w", err)
 	}
 	return nil
@@ -277,6 +351,19 @@ func (c Config) Validate() error {
 // decode step, on the CPU or on a device (model/gpu.Decoder).
 type Decoder interface {
 	DecodeBatch(ctx context.Context, attns []model.Attention, tokens []int) ([][]float32, error)
+}
+
+// SamplingDecoder is a Decoder that can also pick the next tokens on its
+// device (model/gpu.Decoder): DecodeSample runs the step as DecodeBatch
+// does and returns each sequence's token, picked with params[i] (what its
+// model.Sampler's Params gives: the token Sample would pick from the
+// step's logits), each sequence's argmax, and the logits of the sequences
+// whose want[i] is set (nil for the others). The serving loop uses it
+// when the Decoder has it, so that no logits cross to the host but those
+// a request's logprobs need.
+type SamplingDecoder interface {
+	Decoder
+	DecodeSample(ctx context.Context, attns []model.Attention, tokens []int, params []kernels.SampleParams, want []bool) (ids, greedy []int, logits [][]float32, err error)
 }
 
 // Prefiller runs prompt chunks of the served sequences on a device
@@ -290,3 +377,6 @@ type Prefiller interface {
 
 // errNoName is New's refusal of a config without a model name.
 var errNoName = errors.New("serve config: no model name (set ModelName)")
+
+// errNoEngines is New's refusal of a config without Engines.
+var errNoEngines = errors.New("serve config: no Engines (set it to internal/serveengine.Engines())")

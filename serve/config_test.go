@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,11 @@ func TestConfigValidate(t *testing.T) {
 		{"max running", func(c *Config) { c.MaxRunning = 0 }, "max running"},
 		{"max queued", func(c *Config) { c.MaxQueued = -1 }, "max queued"},
 		{"chunk", func(c *Config) { c.ChunkTokens = 0 }, "chunk"},
+		{"grid retries", func(c *Config) { c.GridRetries = -1 }, "grid retries"},
+		{"grid retry wait", func(c *Config) { c.GridRetryWait = -time.Second }, "grid retry wait"},
+		{"max batched", func(c *Config) { c.MaxBatchedTokens = 15 }, "max batched 15 tokens"},
+		{"max batched negative", func(c *Config) { c.MaxBatchedTokens = -1 }, "max batched -1 tokens"},
+		{"max batched below max running", func(c *Config) { c.MaxRunning, c.MaxBatchedTokens = 64, 63 }, "max running, 64"},
 		{"max context", func(c *Config) { c.MaxContext = -1 }, "max context"},
 		{"max body", func(c *Config) { c.MaxBodyBytes = 0 }, "max body"},
 		{"request timeout", func(c *Config) { c.RequestTimeout = -time.Second }, "request timeout"},
@@ -56,6 +62,17 @@ func TestNewRefuses(t *testing.T) {
 	cfg.TP = 3 // the tiny model has 2 KV heads
 	if _, err := New(m, tok, cfg); err == nil {
 		t.Error("TP 3 over 2 KV heads: no error")
+	}
+}
+
+// TestNewNeedsEngines: New refuses a config without Engines, whatever
+// the layout (with a Cluster they check its grid).
+func TestNewNeedsEngines(t *testing.T) {
+	m, tok := tinyModel(t)
+	cfg := testConfig("tiny")
+	cfg.Engines = nil
+	if _, err := New(m, tok, cfg); !errors.Is(err, errNoEngines) {
+		t.Errorf("no Engines: %v, want errNoEngines", err)
 	}
 }
 

@@ -3,6 +3,8 @@ package serve
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,19 +21,7 @@ import (
 // the same requests; a selector the executor does not run is refused
 // with 400; configs the Decoder cannot serve are refused.
 func TestServeOnDevice(t *testing.T) {
-	m, tok := tinyModel(t)
-	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
-	t.Cleanup(func() { cpu.Close() })
-	dev := &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
-	ctx := context.Background()
-	x, err := gpu.New(ctx, dev, m, gpu.Options{Float32Weights: true, MaxBatch: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { x.Close(ctx) })
-	cfg := testConfig("tiny")
-	cfg.Policy.BudgetTokens = 4 * cfg.Policy.PageSize
-	_, cpuTS := startServer(t, m, tok, cfg)
+	m, tok, dev, x, cfg, cpuTS := deviceTwin(t)
 	dcfg := cfg
 	dcfg.Backend, dcfg.DeviceResident, dcfg.Decoder = dev, true, &gpu.Decoder{X: x}
 	_, devTS := startServer(t, m, tok, dcfg)
@@ -81,6 +71,27 @@ func TestServeOnDevice(t *testing.T) {
 			t.Logf("%s refused: %v", name, err)
 		}
 	}
+}
+
+// deviceTwin makes the tiny model's executor on the CPU twin of a
+// device and a CPU server of the test config (a budget of four pages),
+// the reference the device servers are compared with.
+func deviceTwin(t *testing.T) (*model.Model, model.Tokenizer, *backendtest.QueuedDevice, *gpu.Executor, Config, *httptest.Server) {
+	t.Helper()
+	m, tok := tinyModel(t)
+	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
+	t.Cleanup(func() { cpu.Close() })
+	dev := &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
+	ctx := context.Background()
+	x, err := gpu.New(ctx, dev, m, gpu.Options{Float32Weights: true, MaxBatch: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close(ctx) })
+	cfg := testConfig("tiny")
+	cfg.Policy.BudgetTokens = 4 * cfg.Policy.PageSize
+	_, cpuTS := startServer(t, m, tok, cfg)
+	return m, tok, dev, x, cfg, cpuTS
 }
 
 // countingPrefiller counts the device prefill's chunks and tokens.
@@ -179,5 +190,78 @@ func TestServeOnDevicePrefill(t *testing.T) {
 	}
 	if _, err := New(m, tok, func() Config { c := cfg; c.Prefiller = pf; return c }()); err == nil {
 		t.Error("a Prefiller without a Decoder accepted")
+	}
+}
+
+var _ SamplingDecoder = (*gpu.Decoder)(nil)
+
+// countingSampler counts the device decoder's sampled steps and the
+// logits they copied back.
+type countingSampler struct {
+	*gpu.Decoder
+	mu            sync.Mutex
+	steps, logits int
+}
+
+func (c *countingSampler) DecodeSample(ctx context.Context, attns []model.Attention, tokens []int, params []kernels.SampleParams, want []bool) ([]int, []int, [][]float32, error) {
+	ids, greedy, logits, err := c.Decoder.DecodeSample(ctx, attns, tokens, params, want)
+	c.mu.Lock()
+	c.steps++
+	for _, l := range logits {
+		if l != nil {
+			c.logits++
+		}
+	}
+	c.mu.Unlock()
+	return ids, greedy, logits, err
+}
+
+// TestServeOnDeviceSampled: with a SamplingDecoder the serving loop picks
+// tokens on the device (the twin runs kernels.SampleRow): concurrent
+// seeded requests (temperature, top-p, n = 2, greedy, logprobs) return
+// the CPU server's texts and logprobs, decode steps go through
+// DecodeSample, and logits come back only for the request that asks for
+// logprobs.
+func TestServeOnDeviceSampled(t *testing.T) {
+	m, tok, dev, x, cfg, cpuTS := deviceTwin(t)
+	cs := &countingSampler{Decoder: &gpu.Decoder{X: x}}
+	dcfg := cfg
+	dcfg.Backend, dcfg.DeviceResident, dcfg.Decoder = dev, true, cs
+	_, devTS := startServer(t, m, tok, dcfg)
+
+	long := strings.Repeat("the quick brown fox jumps over the lazy dog. ", 4)
+	reqs := []map[string]any{
+		{"model": "tiny", "prompt": long[:90], "max_tokens": 10, "n": 2, "temperature": 0.9, "seed": 7},
+		{"model": "tiny", "prompt": long[:70], "max_tokens": 10, "temperature": 0.8, "top_p": 0.9, "seed": 3},
+		{"model": "tiny", "prompt": long[:50], "max_tokens": 10, "temperature": 1.3, "seed": 11, "logprobs": 2},
+		{"model": "tiny", "prompt": long[:40], "max_tokens": 10, "temperature": 0},
+	}
+	got := make([]Completion, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Go(func() { got[i] = complete(t, devTS.URL, r) })
+	}
+	wg.Wait()
+	for i, r := range reqs {
+		want := complete(t, cpuTS.URL, r)
+		for k := range want.Choices {
+			g, w := got[i].Choices[k], want.Choices[k]
+			if g.Text != w.Text {
+				t.Errorf("request %d choice %d: device %q, CPU %q", i, k, g.Text, w.Text)
+			}
+			if (g.Logprobs == nil) != (w.Logprobs == nil) || g.Logprobs != nil && !slices.Equal(g.Logprobs.Tokens, w.Logprobs.Tokens) {
+				t.Errorf("request %d choice %d: logprobs differ", i, k)
+			}
+		}
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.steps == 0 {
+		t.Fatal("no decode step went through DecodeSample")
+	}
+	// Only the logprobs request's rows (9 decode steps after its first
+	// token) copied logits back.
+	if cs.logits == 0 || cs.logits > 9 {
+		t.Errorf("%d rows of logits copied back in %d steps, want the logprobs request's 1..9", cs.logits, cs.steps)
 	}
 }

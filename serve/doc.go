@@ -8,7 +8,7 @@
 //
 // By default every request's sequence is laid out over the CP x TP
 // shards of an in-process engine ([Config.CP], [Config.TP]). With
-// [Config.Cluster] ([CoordinatorCluster]: a node's coordinator, as
+// [Config.Cluster] (a node's coordinator: internal/serveengine, as
 // questd --serve-layout cluster wires it) the model still runs in this
 // process, but each request's sequence is created through the
 // coordinator on a CP x TP grid of the cluster's nodes (rank (0, 0) on
@@ -56,8 +56,10 @@
 //
 // Every error is OpenAI's JSON error object ({"error": {"message",
 // "type", "param", "code"}}, see [ErrorBody]): 400 for bad parameters
-// (strict decoding: unknown fields and wrong types are refused, with the
-// field named in "param"), 404 for an unknown model or path, 405 for a
+// (known fields are decoded strictly: wrong types and values are
+// refused, with the field named in "param"; unknown fields are ignored,
+// as vLLM does, named in the answer's [IgnoredFieldsHeader] and logged
+// once per name), 404 for an unknown model or path, 405 for a
 // wrong method, 413 for a body over [Config.MaxBodyBytes], 429 with
 // Retry-After when admission refuses, 503 while draining or closing,
 // 504 past [Config.RequestTimeout].
@@ -71,13 +73,16 @@
 // cancelled or timed-out ones leave, releasing their sequence. Each
 // iteration then prefills up to [Config.ChunkTokens] prompt tokens
 // (chunks of the prefilling requests, shortest remaining prompt first,
-// into a dense float32
-// recorder whose keys and values are loaded into the engine when the
-// prompt is done) and runs one decode step for every decoding request
-// together: [model.Model.DecodeBatch], the matrix products over the
-// batch, attention per sequence through the engine. A long prompt so
+// into a dense float32 recorder whose keys and values are loaded into
+// the engine when the prompt is done) and runs one decode step for every
+// request that was decoding as it began, together:
+// [model.Model.DecodeBatch], the matrix products over the batch,
+// attention per sequence through the engine. [Config.MaxBatchedTokens]
+// (vLLM's max_num_batched_tokens) bounds the iteration's tokens: the
+// decode rows first, the prompt tokens get the rest. A long prompt so
 // takes several iterations and never stalls the requests that decode
-// meanwhile.
+// meanwhile; a lower budget keeps their inter-token latency closer to a
+// decode step's and prefills it in more iterations.
 //
 // A request's quest object may choose any selector (quest, oracle,
 // recent, dense), GQA mode, sink and local pages, budget and dense

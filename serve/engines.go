@@ -1,13 +1,80 @@
 package serve
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 
-	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
 )
+
+// GridSpec describes the attention grid of a server's sequences: an
+// in-process engine's (Engines.New) or a cluster's grid (Cluster.Create).
+// The engines' other settings (step timeout, placement block, transports)
+// are the runtime's defaults.
+type GridSpec struct {
+	// Layers and Geometry are the model's (model.Geometry.Shape): its
+	// page size is Policy's, its storage type Config.KVDType with a
+	// Backend (float32 without).
+	Layers   int
+	Geometry plan.Geometry
+	// Policy is the selection policy; it attends densely on no layer of
+	// its own (the requests' dense layers run as forced-dense steps).
+	Policy plan.Policy
+	// CapacityPages is the page pool of every rank.
+	CapacityPages int
+	// CP x TP is the grid (Config.CP, Config.TP); Selection its CP
+	// selection mode.
+	CP, TP    int
+	Selection plan.SelectMode
+	// MemoryLimit bounds the host bytes of the grid's pools (Config's).
+	MemoryLimit int64
+	// Backend runs the kernels (nil: the CPU's); DeviceResident keeps
+	// the pages in its device memory (Config's).
+	Backend        kernels.Backend
+	DeviceResident bool
+}
+
+// Engines builds the server's in-process engines (Config.Engines;
+// internal/serveengine.Engines is the runtime's).
+type Engines interface {
+	// New opens an engine of spec.
+	New(spec GridSpec) (Engine, error)
+	// Validate reports whether an engine or a cluster's grid of spec is
+	// usable, without opening one.
+	Validate(spec GridSpec) error
+}
+
+// Engine is an in-process attention engine: the server's main engine,
+// or one request's of its own selection options. Its methods are safe
+// for concurrent use.
+type Engine interface {
+	// NewAttention creates an empty sequence (striped placement) for a
+	// model of geometry g, which must be the engine's; ctx bounds the
+	// creation. Its sequences' operations, after Close, fail with
+	// errors that wrap ErrEngineClosed.
+	NewAttention(ctx context.Context, g model.Geometry) (*model.EngineAttention, error)
+	// Usage reports the sequences and pages the engine holds.
+	Usage() EngineUsage
+	// Close releases the engine; its sequences are gone.
+	Close() error
+}
+
+// EngineUsage is what an Engine holds (Stats.EngineSequences, UsedPages).
+type EngineUsage struct {
+	// Sequences are the live sequences (of rank (0, 0), which holds a
+	// share of every one).
+	Sequences int
+	// UsedPages and FreePages are the most pages in use on one rank and
+	// the fewest free.
+	UsedPages, FreePages int
+}
+
+// ErrEngineClosed marks an operation on a sequence of a closed Engine.
+var ErrEngineClosed = errors.New("serve: engine closed")
 
 // engineRef is an engine and the holders of its sequences: the server's
 // main engine (never closed through it), or the engine of one request
@@ -15,7 +82,7 @@ import (
 // request and the quality monitor's replays on it are done). A nil
 // engineRef (a sequence on Config.Cluster) holds nothing.
 type engineRef struct {
-	eng *engine.Engine
+	eng Engine
 	// own: the engine belongs to one request and closes with the last
 	// reference.
 	own bool
@@ -53,19 +120,21 @@ func (r *engineRef) release() {
 	}
 }
 
-// engineConfig is the engine configuration of policy pol (its dense
-// layers are the request's, run as forced-dense steps, so the engine has
-// none) with a pool of capacity pages per shard, on the server's grid:
-// the in-process engines' and the cluster's sequences'.
-func (s *Server) engineConfig(pol plan.Policy, capacity int) engine.Config {
+// gridSpec is the grid of policy pol (its dense layers are the
+// request's, run as forced-dense steps, so the grid has none) with a
+// pool of capacity pages per rank, on the server's grid: the in-process
+// engines' and the cluster's sequences'.
+func (s *Server) gridSpec(pol plan.Policy, capacity int) GridSpec {
 	pol.DenseLayers = 0
-	ec := model.EngineConfig(s.m.Geometry(), pol, capacity)
-	ec.CP, ec.TP, ec.Selection, ec.MemoryLimit = s.cfg.CP, s.cfg.TP, s.cfg.Selection, s.cfg.MemoryLimit
+	layers, geo := s.m.Geometry().Shape()
+	geo.PageSize = pol.PageSize
+	gs := GridSpec{Layers: layers, Geometry: geo, Policy: pol, CapacityPages: capacity,
+		CP: s.cfg.CP, TP: s.cfg.TP, Selection: s.cfg.Selection, MemoryLimit: s.cfg.MemoryLimit}
 	if s.cfg.Backend != nil {
-		ec.Backend, ec.DeviceResident = s.cfg.Backend, s.cfg.DeviceResident
-		ec.Geometry.DType = s.cfg.KVDType
+		gs.Backend, gs.DeviceResident = s.cfg.Backend, s.cfg.DeviceResident
+		gs.Geometry.DType = s.cfg.KVDType
 	}
-	return ec
+	return gs
 }
 
 // ownEngine builds the engine of a request whose selector, GQA mode,
@@ -88,7 +157,7 @@ func (s *Server) ownEngine(j *job) (*engineRef, error) {
 			pages += f.pages
 		}
 	}
-	e, err := engine.New(s.engineConfig(j.p.sel, pages+s.monitorSlack()))
+	e, err := s.cfg.Engines.New(s.gridSpec(j.p.sel, pages+s.monitorSlack()))
 	if err != nil {
 		return nil, fmt.Errorf("engine of the request's selection (%s, %s, sink %d, local %d): %w",
 			j.p.sel.Selector, j.p.sel.GQA, j.p.sel.SinkPages, j.p.sel.LocalPages, err)

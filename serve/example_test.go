@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/questrt/questrt/internal/serveengine"
 	"github.com/questrt/questrt/serve"
 )
 
@@ -16,6 +17,7 @@ import (
 // close.
 func ExampleLoad() {
 	cfg := serve.DefaultConfig()
+	cfg.Engines = serveengine.Engines() // the in-process engine
 	cfg.Policy.BudgetTokens = 512
 	s, err := serve.Load("/models/passkey-llama-v1", cfg) // model id "passkey-llama-v1"
 	if err != nil {

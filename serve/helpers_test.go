@@ -30,7 +30,14 @@ import (
 // logit is always at least 0.
 func writeTinyModel(t testing.TB, name string, maxPos int) string {
 	t.Helper()
-	const vocab, hidden, inter, layers, heads, kvHeads, headDim = 260, 32, 48, 2, 4, 2, 8
+	return writeTinyModelVocab(t, name, maxPos, 260, 256, 257)
+}
+
+// writeTinyModelVocab is writeTinyModel with a vocabulary of vocab ids
+// (at least 258) and the given BOS and EOS ids in config.json.
+func writeTinyModelVocab(t testing.TB, name string, maxPos, vocab, bos, eos int) string {
+	t.Helper()
+	const hidden, inter, layers, heads, kvHeads, headDim = 32, 48, 2, 4, 2, 8
 	dir := filepath.Join(t.TempDir(), name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -40,7 +47,7 @@ func writeTinyModel(t testing.TB, name string, maxPos int) string {
 		"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
 		"num_attention_heads": heads, "num_key_value_heads": kvHeads, "head_dim": headDim,
 		"max_position_embeddings": maxPos, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-		"hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": 256, "eos_token_id": 257,
+		"hidden_act": "silu", "tie_word_embeddings": false, "bos_token_id": bos, "eos_token_id": eos,
 	}
 	j, _ := json.Marshal(cfg)
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), j, 0o644); err != nil {
@@ -167,9 +174,13 @@ func passkeyModel(t testing.TB) (*model.Model, model.Tokenizer, string) {
 func testConfig(name string) Config {
 	c := DefaultConfig()
 	c.ModelName = name
+	c.Engines = TestEngines
 	c.CapacityPages = 512
 	c.MemoryLimit = -1
 	c.RetryAfter = 2 * time.Second
+	// The token bounds alone, so that a test's chunks do not depend on
+	// the machine's speed (itl_test.go sets the latency budget).
+	c.MaxITLFactor = 0
 	return c
 }
 

@@ -46,6 +46,7 @@ type job struct {
 	base   *jobAttention
 	cached int
 	from   *prefixEntry
+	probed bool       // the prefill looked the prompt up in the cache
 	eng    *engineRef // the engine holding attn's (or pre's) sequence (nil on a cluster)
 	// cseq, on Config.Cluster, is the sequence created when the prefill
 	// starts, until load hands it to attn. creating says that its
@@ -56,8 +57,16 @@ type job struct {
 	stopWake func() bool
 	next     int // the token the next decode step feeds
 	tokens   int // tokens generated
-	text     *stopText
-	ended    bool
+	// With Config.GridRetries on a cluster: gen is the tokens generated;
+	// retries counts the times j ran again after its grid was lost;
+	// replay, after a retry's prefill, is the generated tokens before
+	// next still to feed to the new sequence (decode steps whose logits
+	// are not used).
+	gen     []int
+	retries int
+	replay  []int
+	text    *stopText
+	ended   bool
 	// With a history (Config.History): the tokens generated, the
 	// logits' most likely token at each, and the text sent.
 	keep        bool

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/questrt/questrt/model"
 )
 
 // Log-probabilities of generated tokens (the "logprobs" of a completion,
@@ -119,9 +121,9 @@ func (s *Server) logprob(j *job, logits []float32, id int) {
 // entry is the entry of token id under logits, with top alternatives.
 func (s *Server) entry(logits []float32, id, top int) tokenLogprob {
 	lp, ids, lps := logprobOf(logits, id, top)
-	e := tokenLogprob{text: s.tok.Decode([]int{id}), lp: lp}
+	e := tokenLogprob{text: model.TokenText(s.tok, id), lp: lp}
 	for k, t := range ids {
-		e.top = append(e.top, textLogprob{text: s.tok.Decode([]int{t}), lp: lps[k]})
+		e.top = append(e.top, textLogprob{text: model.TokenText(s.tok, t), lp: lps[k]})
 	}
 	return e
 }

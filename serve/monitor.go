@@ -8,7 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/model"
 )
 
@@ -176,7 +176,7 @@ func (mo *monitor) stop() {
 
 // discard releases a replay's fork without running it.
 func (mo *monitor) discard(t *replayTask) {
-	if err := t.fork.Release(); err != nil && !errors.Is(err, engine.ErrClosed) && !errors.Is(err, ErrClusterUnavailable) {
+	if err := t.fork.Release(); err != nil && !errors.Is(err, ErrEngineClosed) && !errors.Is(err, ErrClusterUnavailable) {
 		mo.failed.Add(1)
 	}
 	t.ref.release()
@@ -221,7 +221,7 @@ func (s *Server) sample(j *job) *replayTask {
 	mo.forks.Add(1)
 	mo.sampled.Add(uint64(n))
 	j.eng.acquire()
-	fork.Options = engine.StepOptions{Diagnostics: true, TopR: mo.cfg.TopR}
+	fork.Options = decode.Options{Diagnostics: true, TopR: mo.cfg.TopR}
 	fork.Compare = true
 	return &replayTask{request: j.id, ref: j.eng, fork: fork, pos: j.attn.Len(), layers: layers}
 }

@@ -43,7 +43,7 @@ func inlineDiag(t *testing.T, m *model.Model, tok model.Tokenizer, cfg Config, i
 	t.Helper()
 	pol := cfg.Policy
 	pages := (len(ids) + maxTokens + pol.PageSize - 1) / pol.PageSize
-	e, err := engine.New(model.EngineConfig(m.Geometry(), pol, pages+2))
+	e, err := engine.New(engine.ModelConfig(m.Geometry(), pol, pages+2))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package serve
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -33,8 +34,9 @@ func prefixKeys(ids []int, ps, max int) []prefixKey {
 	return keys
 }
 
-// prefixEntry is one cached prefix: a sequence of the main engine
-// holding the first pages of a prompt (page-aligned, so every page is
+// prefixEntry is one cached prefix: a sequence of the main engine (or,
+// on a cluster, of the serving policy's grid) holding the first pages
+// of a prompt (page-aligned, so every page is
 // sealed and shared with the requests that fork it, summaries
 // included), and, when a CPU prefill recorded them, the prefix's
 // float32 keys and values, over which the CPU prefill of a later
@@ -203,9 +205,10 @@ func (c *prefixCache) remove(e *prefixEntry) {
 
 // cacheable reports whether j's prompt may use and fill the prefix
 // cache: on the main engine (an own engine's pages are not the main
-// one's), never on a cluster.
+// one's), or on a cluster on the grid of the serving policy (a grid of
+// a request's own options holds other pages).
 func (s *Server) cacheable(j *job) bool {
-	return s.pc != nil && !j.p.own && j.cseq == nil
+	return s.pc != nil && !j.p.own
 }
 
 // prefixHit starts j's prefill from the longest cached prefix of its
@@ -213,15 +216,31 @@ func (s *Server) cacheable(j *job) bool {
 // else a CPU prefill, which needs the prefix's float32 keys and values;
 // all: every position's logits, which the cache does not hold): j gets a
 // fork of the prefix (j.pre on the device, j.base with a dense recorder
-// starting from the prefix's keys on the CPU). It reports a failure to
-// fork (j ends).
+// starting from the prefix's keys on the CPU; on a cluster the fork is
+// a sequence on the entry's grid, its pages and summaries shared on
+// every rank). It looks once per prefill (j.probed). It reports a
+// failure to fork (j ends), but for an entry whose grid is lost: the
+// lost grid's entries leave the cache and j prefills from the start.
 func (s *Server) prefixHit(j *job, onDevice, all bool) error {
-	if !s.cacheable(j) || all || j.filled != 0 {
+	if !s.cacheable(j) || all || j.filled != 0 || j.probed {
 		return nil
 	}
+	j.probed = true
 	e, m := s.pc.lookup(j.p.ids)
 	if e != nil && !onDevice && e.kv == nil {
 		e, m = nil, 0
+	}
+	var a *model.EngineAttention
+	if m > 0 {
+		var err error
+		if a, err = e.attn.ForkPrefix(m * s.pc.ps); err != nil {
+			if !errors.Is(err, ErrGridLost) {
+				return fmt.Errorf("fork the cached prefix: %w", err)
+			}
+			s.log.Warn("prefix cache: the cached prefix's grid is lost; prefilling the whole prompt", "request", j.id, "err", err)
+			s.dropLost()
+			e, m = nil, 0
+		}
 	}
 	s.count(func(st *Stats) {
 		st.PrefixCacheQueryTokens += uint64(len(j.p.ids))
@@ -236,10 +255,6 @@ func (s *Server) prefixHit(j *job, onDevice, all bool) error {
 		return nil
 	}
 	tokens := m * s.pc.ps
-	a, err := e.attn.ForkPrefix(tokens)
-	if err != nil {
-		return fmt.Errorf("fork the cached prefix: %w", err)
-	}
 	a.Budget = j.p.budget
 	s.main.acquire()
 	j.eng = s.main
@@ -275,6 +290,30 @@ func (s *Server) remember(j *job, kv model.KVSource) {
 		s.main.acquire() // the entry's sequence
 	}
 	s.dropPrefixes(drop, evicted)
+}
+
+// dropLost takes out of the cache the entries whose grid is lost (a
+// cluster's: a node of it killed, restarted or unreachable), whose
+// pages went with the grid, and releases their sequences (which frees
+// the coordinator's record of them only). A request run again after the
+// loss (Config.GridRetries) thus never forks a dead grid's prefix.
+func (s *Server) dropLost() {
+	if s.pc == nil {
+		return
+	}
+	var drop []*prefixEntry
+	for _, e := range slices.Clone(s.pc.live) {
+		if g, ok := e.attn.Sequence().(gridLoser); ok && g.GridLost() {
+			s.pc.remove(e)
+			drop = append(drop, e)
+		}
+	}
+	if len(drop) == 0 {
+		return
+	}
+	s.log.Warn("prefix cache: dropping the prefixes of a lost grid", "entries", len(drop))
+	s.count(func(st *Stats) { st.PrefixCacheLost += uint64(len(drop)) })
+	s.dropPrefixes(drop, 0)
 }
 
 // evictPrefixes gives way to a request of pages pages per shard that

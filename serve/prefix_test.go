@@ -1,13 +1,8 @@
 package serve
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
 	"math"
-	"math/rand/v2"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -34,26 +29,15 @@ func TestPrefixKeysChain(t *testing.T) {
 	}
 }
 
-// prefixRequest is one request of the mixed workload.
-type prefixRequest struct {
-	body   map[string]any
-	cancel bool // the client goes away after the answer starts
-}
-
-// TestPrefixCacheMatchesSolo is the property test of prefix caching:
-// random requests over a few shared documents (different questions
-// after them, n of 1 or 2, greedy or seeded sampling, a few echoing
-// their prompt's log-probabilities), run concurrently against a server
-// with a small pool (the cache must give way to running requests) and a
-// bound on the cache (evictions), some of them cancelled by their
-// client, each give exactly the output of the same request run alone on
-// a server without caching; the cache served some of their prompt
-// tokens, evicted pages, and holds nothing else at the end.
+// TestPrefixCacheMatchesSolo is the property test of prefix caching in
+// the local layout (runPrefixMix): with a small pool (the cache must
+// give way to running requests), unbounded and with a bound on the cache
+// (evictions); at the end the pages in use are the cache's only.
 func TestPrefixCacheMatchesSolo(t *testing.T) {
 	m, tok := tinyModel(t)
 	ref := testConfig("tiny")
 	ref.PrefixCaching = false
-	_, refTS := startServer(t, m, tok, ref)
+	rs, refTS := startServer(t, m, tok, ref)
 	for _, bound := range []int{0, 24} {
 		t.Run(fmt.Sprintf("bound %d", bound), func(t *testing.T) {
 			cfg := testConfig("tiny")
@@ -62,98 +46,29 @@ func TestPrefixCacheMatchesSolo(t *testing.T) {
 			cfg.MaxRunning = 4
 			cfg.ChunkTokens = 128
 			s, ts := startServer(t, m, tok, cfg)
-			rng := rand.New(rand.NewPCG(uint64(bound), 29))
-			words := strings.Fields("the quick brown fox jumps over a lazy dog while seven tall ships sail north past old harbour lights")
-			doc := func(n int) string {
-				var b strings.Builder
-				for b.Len() < n {
-					b.WriteString(words[rng.IntN(len(words))])
-					b.WriteByte(' ')
-				}
-				return b.String()
-			}
-			docs := []string{doc(40), doc(300), doc(700), doc(900)}
-			var reqs []prefixRequest
-			for i := range 40 {
-				prompt := docs[rng.IntN(len(docs))] + fmt.Sprintf("Question %d: %s?", i%7, doc(rng.IntN(40)))
-				body := map[string]any{"model": "tiny", "prompt": prompt, "max_tokens": 1 + rng.IntN(12)}
-				switch rng.IntN(4) {
-				case 0:
-					body["temperature"] = 0
-				case 1:
-					body["temperature"], body["seed"], body["n"] = 0.9, rng.IntN(100), 2
-				case 2:
-					body["echo"], body["logprobs"], body["temperature"] = true, 1, 0
-				default:
-					body["temperature"], body["seed"] = 1.0, rng.IntN(100)
-				}
-				reqs = append(reqs, prefixRequest{body: body, cancel: rng.IntN(6) == 0})
-			}
-			type answer struct {
-				texts []string
-				usage Usage
-				ok    bool
-			}
-			got := make([]answer, len(reqs))
-			var wg sync.WaitGroup
-			sem := make(chan struct{}, 6)
-			for i, r := range reqs {
-				wg.Go(func() {
-					sem <- struct{}{}
-					defer func() { <-sem }()
-					if r.cancel {
-						ctx, cancel := context.WithCancel(context.Background())
-						b, _ := json.Marshal(with(r.body, "stream", true, "max_tokens", 200))
-						req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/completions", bytes.NewReader(b))
-						resp, err := http.DefaultClient.Do(req)
-						if err == nil {
-							buf := make([]byte, 64)
-							_, _ = resp.Body.Read(buf)
-							cancel()
-							resp.Body.Close()
-						}
-						cancel()
-						return
-					}
-					c := complete(t, ts.URL, r.body)
-					a := answer{usage: *c.Usage, ok: true}
-					for _, ch := range c.Choices {
-						a.texts = append(a.texts, ch.Text)
-					}
-					got[i] = a
-				})
-			}
-			wg.Wait()
-			cached := 0
-			for i, r := range reqs {
-				if !got[i].ok {
-					continue
-				}
-				want := complete(t, refTS.URL, r.body)
-				for c, ch := range want.Choices {
-					if c >= len(got[i].texts) || got[i].texts[c] != ch.Text {
-						t.Errorf("request %d choice %d (%d prompt tokens, %d cached): %q, alone without caching %q",
-							i, c, got[i].usage.PromptTokens, got[i].usage.PromptTokensDetails.CachedTokens, got[i].texts, ch.Text)
-					}
-				}
-				if uncached(got[i].usage) != uncached(*want.Usage) {
-					t.Errorf("request %d: usage %+v, alone %+v", i, got[i].usage, *want.Usage)
-				}
-				cached += got[i].usage.PromptTokensDetails.CachedTokens
-			}
-			st := waitStats(t, s, "every request ended", func(st Stats) bool { return st.Running == 0 && st.Queued == 0 })
-			t.Logf("%d prompt tokens cached; %+v", cached, st)
-			if cached == 0 || st.PrefixCacheHits == 0 || st.PrefixCacheEvictedPages == 0 {
-				t.Errorf("cached %d tokens, %d hits, %d pages evicted: the workload shows nothing", cached, st.PrefixCacheHits, st.PrefixCacheEvictedPages)
-			}
-			if bound > 0 && st.PrefixCachePages > bound {
-				t.Errorf("the cache holds %d pages, bound %d", st.PrefixCachePages, bound)
-			}
-			if st.ReservedPages != 0 || st.EngineSequences != st.PrefixCacheEntries || st.UsedPages != st.PrefixCachePages {
-				t.Errorf("left behind beside the cache: %+v", st)
+			st := runPrefixMix(t, s, ts.URL, rs, refTS.URL, prefixMix{
+				seed: uint64(bound), docs: []int{40, 300, 700, 900},
+				requests: 40, questions: 7, maxTokens: 12, parallel: 6,
+			})
+			if st.UsedPages != st.PrefixCachePages {
+				t.Errorf("%d pages in use, %d of them the cache's", st.UsedPages, st.PrefixCachePages)
 			}
 		})
 	}
+}
+
+// TestPrefixCachePrefillsRest is prefixPrefillsRest in the local
+// layout.
+func TestPrefixCachePrefillsRest(t *testing.T) {
+	m, tok := tinyModel(t)
+	cfg := testConfig("tiny")
+	cfg.CapacityPages = 256
+	cfg.PrefixCachePages = 200 // room for the whole shared prefix
+	s, ts := startServer(t, m, tok, cfg)
+	ref := testConfig("tiny")
+	ref.PrefixCaching = false
+	_, refTS := startServer(t, m, tok, ref)
+	prefixPrefillsRest(t, s, ts.URL, refTS.URL)
 }
 
 // cachedPages returns the physical pages, on the main engine's only
@@ -161,7 +76,7 @@ func TestPrefixCacheMatchesSolo(t *testing.T) {
 // (layer, page, KV head) summary they hold.
 func cachedPages(t *testing.T, s *Server) ([]int32, map[[3]int][2][]float32) {
 	t.Helper()
-	st := s.eng.Shard(0, 0).Store()
+	st := shardStore(t, s)
 	var pages []int32
 	sums := map[[3]int][2][]float32{}
 	for _, e := range s.pc.live {
@@ -228,7 +143,7 @@ func TestPrefixSharingInvariants(t *testing.T) {
 			t.Errorf("%q: %q beside the others on the shared prefix, %q alone without caching", q, got[i].Choices[0].Text, want.Choices[0].Text)
 		}
 	}
-	st := s.eng.Shard(0, 0).Store()
+	st := shardStore(t, s)
 	for k, v := range before {
 		mn, mx := st.PageSummary(k[0], k[1], k[2])
 		if !slices.Equal(mn, v[0]) || !slices.Equal(mx, v[1]) {

@@ -184,7 +184,7 @@ func (s *Server) replayDense(ctx context.Context, rec *RequestRecord) (*ReplayRe
 			quest = rec.QuestArgmax[i]
 		}
 		dense := model.Argmax(row)
-		t := ReplayToken{Index: i, Position: len(ids) + i, Token: tokID, Text: s.tok.Decode([]int{tokID}),
+		t := ReplayToken{Index: i, Position: len(ids) + i, Token: tokID, Text: model.TokenText(s.tok, tokID),
 			Quest: quest, Dense: dense, Agree: quest == dense, DenseLogprob: logprob(row, tokID)}
 		if !t.Agree {
 			t.DenseMargin = float64(row[dense] - row[quest])

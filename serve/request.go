@@ -14,11 +14,17 @@ import (
 
 // CompletionRequest is the body of POST /v1/completions: OpenAI's
 // legacy completions request as this server reads it, and the "quest"
-// extension. Decoding is strict (see the package doc); fields of
-// OpenAI's API that the server does not implement (best_of,
-// frequency_penalty, presence_penalty, logit_bias, suffix) are accepted
-// only at their neutral values (null, 1, 0, {}, ""); best_of 1 only with
-// n 1, as best_of must be at least n (vLLM's rule).
+// extension. Decoding checks every field it knows strictly (see the
+// package doc); fields of OpenAI's API that the server does not
+// implement and whose neglect would change what the answer means
+// (best_of, frequency_penalty, presence_penalty, logit_bias, suffix,
+// tools, tool_choice, functions, function_call, response_format) are
+// accepted only at their neutral values (null, 1, 0, {}, "", [],
+// "none", {"type": "text"}); best_of 1 only with n 1, as best_of must be
+// at least n (vLLM's rule). Other fields (top_k, min_p,
+// repetition_penalty, a client's extensions) are ignored, as vLLM does:
+// the answer names them in its X-Questrt-Ignored-Fields header and the
+// server logs each name once.
 type CompletionRequest struct {
 	// Model must be the server's model name.
 	Model string `json:"model"`
@@ -74,6 +80,9 @@ type CompletionRequest struct {
 	// bestOf says that the body gave best_of 1 (resolve refuses it
 	// with n > 1).
 	bestOf bool
+	// ignored are the fields of the body the server does not know, in
+	// order ("stream_options.x" for one inside stream_options).
+	ignored []string
 }
 
 // MarshalJSON writes r as the server reads it: the prompt is Prompt or,
@@ -138,10 +147,10 @@ type QuestOptions struct {
 	DenseLayers *int `json:"dense_layers,omitempty"`
 }
 
-// decodeRequest reads a request body strictly: one JSON object, no
-// trailing data, no unknown or repeated fields, the JSON type of every
-// field checked, strings valid UTF-8 (no lone surrogate escapes). The
-// error names the field.
+// decodeRequest reads a request body: one JSON object, no trailing
+// data, no repeated fields, the JSON type of every known field checked,
+// strings valid UTF-8 (no lone surrogate escapes); unknown fields are
+// listed in the request's ignored. The error names the field.
 func decodeRequest(body []byte) (*CompletionRequest, *apiError) {
 	fields, aerr := object(body, "")
 	if aerr != nil {
@@ -169,7 +178,7 @@ func decodeRequest(body []byte) (*CompletionRequest, *apiError) {
 					req.bestOf = !isNull(raw)
 				}
 			default:
-				err = badParam(key, "unknown_parameter", "Unrecognized request argument supplied: %s", key)
+				req.ignored = append(req.ignored, key)
 			}
 		}
 		if err != nil {
@@ -204,7 +213,9 @@ func sharedField(req *CompletionRequest, key string, raw json.RawMessage) (bool,
 			req.Stream = *b
 		}
 	case "stream_options":
-		req.StreamOptions, err = streamOptions(raw)
+		var ignored []string
+		req.StreamOptions, ignored, err = streamOptions(raw)
+		req.ignored = append(req.ignored, ignored...)
 	case "n":
 		req.N, err = integer(key, raw)
 	case "user":
@@ -214,7 +225,7 @@ func sharedField(req *CompletionRequest, key string, raw json.RawMessage) (bool,
 		}
 	case "quest":
 		req.Quest, err = questOptions(raw)
-	case "frequency_penalty", "presence_penalty", "logit_bias":
+	case "frequency_penalty", "presence_penalty", "logit_bias", "tools", "tool_choice", "functions", "function_call", "response_format":
 		err = neutral(key, raw)
 	default:
 		return false, nil
@@ -553,32 +564,35 @@ func stops(raw json.RawMessage) ([]string, *apiError) {
 	return nil, wrongType("stop", "a string or an array of strings", raw)
 }
 
-// streamOptions reads {"include_usage": bool} or null.
-func streamOptions(raw json.RawMessage) (*StreamOptions, *apiError) {
+// streamOptions reads {"include_usage": bool} or null, and lists the
+// other fields (ignored, as vLLM's continuous_usage_stats).
+func streamOptions(raw json.RawMessage) (*StreamOptions, []string, *apiError) {
 	if isNull(raw) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if kind(raw) != "an object" {
-		return nil, wrongType("stream_options", "an object", raw)
+		return nil, nil, wrongType("stream_options", "an object", raw)
 	}
 	fields, err := object(raw, "stream_options.")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	o := &StreamOptions{}
+	var ignored []string
 	for _, f := range fields {
 		if f.key != "include_usage" {
-			return nil, badParam("stream_options."+f.key, "unknown_parameter", "Unrecognized request argument supplied: stream_options.%s", f.key)
+			ignored = append(ignored, "stream_options."+f.key)
+			continue
 		}
 		b, err := boolean("stream_options.include_usage", f.raw)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if b != nil {
 			o.IncludeUsage = *b
 		}
 	}
-	return o, nil
+	return o, ignored, nil
 }
 
 // questOptions reads the quest object or null.
@@ -641,6 +655,13 @@ func neutral(key string, raw json.RawMessage) *apiError {
 		ok = ok || (err == nil && len(fields) == 0)
 	case "suffix":
 		ok = ok || v == `""`
+	case "tools", "functions":
+		ok = ok || strings.Join(strings.Fields(v), "") == "[]"
+	case "tool_choice", "function_call":
+		ok = ok || v == `"none"`
+	case "response_format":
+		fields, err := object(raw, key+".")
+		ok = ok || (err == nil && len(fields) == 1 && fields[0].key == "type" && string(bytes.TrimSpace(fields[0].raw)) == `"text"`)
 	}
 	if !ok {
 		return badParam(key, "unsupported_parameter", "%s is not supported by this server (only its default value is accepted)", key)

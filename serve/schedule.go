@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/model"
 )
 
@@ -96,11 +97,45 @@ func (s *Server) iterate() bool {
 			worked = true
 		}
 	}
-	if s.prefill() {
+	// The iteration's tokens: a decode token for every sequence that
+	// decodes as it starts, then prompt tokens up to the rest of
+	// MaxBatchedTokens (and at most ChunkTokens). A prompt finished here
+	// decodes from the next iteration, so the budget holds.
+	var decoding []*job
+	for _, j := range running {
+		if !j.ended && j.attn != nil {
+			decoding = append(decoding, j)
+		}
+	}
+	budget := s.cfg.ChunkTokens
+	if b := s.cfg.MaxBatchedTokens; b > 0 {
+		budget = max(0, min(budget, b-len(decoding)))
+	}
+	// Beside decoding sequences, MaxITLFactor bounds the prefill's time
+	// too (s.itl): a decode step's worth times factor - 1.
+	lim := prefillLimit{}
+	if s.itl != nil && len(decoding) > 0 {
+		lim.on = true
+		lim.seconds, _ = s.itl.allowance() // 0 before a decode step is measured: a token
+	}
+	prefilled, ran := s.prefill(budget, lim)
+	if ran {
 		worked = true
 	}
-	if s.decode() {
+	t0 := time.Now()
+	rows := s.decode(decoding)
+	if s.itl != nil && rows > 0 {
+		took := time.Since(t0)
+		if s.hooks.decodeTook != nil {
+			took = s.hooks.decodeTook(rows)
+		}
+		s.itl.observeDecode(took)
+	}
+	if rows > 0 {
 		worked = true
+	}
+	if s.hooks.batched != nil && (rows > 0 || prefilled > 0) {
+		s.hooks.batched(rows, prefilled)
 	}
 	return worked
 }
@@ -112,14 +147,27 @@ func (s *Server) live() []*job {
 	return slices.Clone(s.running)
 }
 
-// prefill runs up to ChunkTokens prompt tokens of the jobs still
-// prefilling, shortest remaining prompt first, a chunk per job; a job whose prompt is done moves its keys
-// and values into the engine and samples its first token. On a cluster
-// a job's prefill starts once its sequence is created (startCreate). It
-// reports whether it ran a chunk or ended a job.
-func (s *Server) prefill() bool {
+// prefillLimit is the time an iteration's prefill may take
+// (Config.MaxITLFactor), when on.
+type prefillLimit struct {
+	on      bool
+	seconds float64
+}
+
+// prefill runs up to budget prompt tokens of the jobs still
+// prefilling, shortest remaining prompt first, a chunk per job; a job
+// whose prompt is done moves its keys and values into the engine and
+// samples its first token. With lim on, the chunks are also cut to
+// what fits lim's time by s.itl's costs, but the first chunk has at
+// least one token: every iteration moves a prompt on, so none starves
+// (a chunk every N iterations instead would put a whole chunk's time
+// into one gap of the running streams). On a cluster a job's prefill
+// starts once its sequence is created (startCreate). It reports the
+// prompt tokens it ran and whether it ran a chunk or ended a job.
+func (s *Server) prefill(budget int, lim prefillLimit) (int, bool) {
 	worked := false
-	budget := s.cfg.ChunkTokens
+	ranChunk := false
+	total := budget
 	// Shortest remaining prompt first (the older among equals): a short
 	// prompt that arrives while a long one is being prefilled gets the
 	// chunks until it is done, so its time to first token is about its
@@ -138,6 +186,20 @@ func (s *Server) prefill() bool {
 		if j.ended {
 			continue
 		}
+		// With echo and logprobs, every position's logits: the prompt's
+		// log-probabilities (the CPU's dense prefill gives them), unless
+		// a retry prefills again what was already answered.
+		all := j.p.echo && j.p.logprobs && j.tokens == 0
+		onDevice := s.cfg.Prefiller != nil && !all
+		if j.dense == nil && s.cfg.Cluster != nil && j.cseq == nil && !j.creating {
+			// A cached prefix first: a hit forks its sequence on its
+			// grid, and the prompt's suffix goes onto the fork (no
+			// sequence to create).
+			if err := s.prefixHit(j, onDevice, all); err != nil {
+				s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
+				continue
+			}
+		}
 		if j.dense == nil && s.cfg.Cluster != nil && j.cseq == nil {
 			// The sequence first: a cluster without room for its grid
 			// fails the request before its prefill runs. Its Create
@@ -151,39 +213,56 @@ func (s *Server) prefill() bool {
 			continue // other jobs may still have Creates to start
 		}
 		worked = true
-		// With echo and logprobs, every position's logits: the prompt's
-		// log-probabilities (the CPU's dense prefill gives them).
-		all := j.p.echo && j.p.logprobs
-		onDevice := s.cfg.Prefiller != nil && !all
 		if j.dense == nil && j.pre == nil {
 			if err := s.prefixHit(j, onDevice, all); err != nil {
 				s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
 				continue
 			}
 		}
-		if j.sampler == nil {
-			if j.dense == nil && j.pre == nil {
-				if onDevice {
-					if err := s.create(j); err != nil {
-						s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
-						continue
-					}
-				} else {
-					j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)
+		if j.dense == nil && j.pre == nil {
+			// The first chunk (of the prompt, or of a retry's prefill:
+			// j keeps its sampler).
+			if onDevice {
+				if err := s.create(j); err != nil {
+					s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
+					continue
 				}
-			}
-			if !s.start(j) {
-				continue
+			} else {
+				j.dense = model.NewDense(s.m.Geometry(), s.cfg.Workers)
 			}
 		}
-		n := min(budget, len(j.p.ids)-j.filled)
+		if j.sampler == nil && !s.start(j) {
+			continue
+		}
+		// After the prefix lookup: a hit moves j.filled on.
+		rest := min(budget, len(j.p.ids)-j.filled)
+		n := rest
+		if lim.on {
+			n = min(rest, s.itl.tokens(j.filled, lim.seconds))
+			if !ranChunk {
+				n = max(n, min(1, rest)) // progress: a token each iteration at least
+			}
+			if n == 0 {
+				continue // its sequence is set up: it goes on next iteration
+			}
+		}
 		budget -= n
+		ranChunk = true
 		var logits []float32
 		var err error
+		t0 := time.Now()
 		if j.pre != nil {
 			logits, err = s.cfg.Prefiller.Prefill(j.ctx, j.pre, j.p.ids[j.filled:j.filled+n])
 		} else {
 			logits, err = s.m.Forward(j.ctx, j.dense, j.p.ids[j.filled:j.filled+n], model.ForwardOptions{AllLogits: all})
+		}
+		if s.itl != nil && err == nil {
+			took := time.Since(t0)
+			if s.hooks.prefillTook != nil {
+				took = s.hooks.prefillTook(j.filled, n)
+			}
+			s.itl.observePrefill(j.filled, n, took)
+			lim.seconds -= took.Seconds()
 		}
 		s.count(func(st *Stats) { st.PrefillChunks++; st.PromptTokens += uint64(n) })
 		if err != nil {
@@ -199,7 +278,7 @@ func (s *Server) prefill() bool {
 		}
 		s.prompted(j, logits)
 	}
-	return worked
+	return total - budget, worked
 }
 
 // start sets up j's stop strings and sampler before its first token; a
@@ -220,8 +299,17 @@ func (s *Server) start(j *job) bool {
 // that sequence for j's forks (the other choices of the prompt), each
 // of which samples its first token from the same logits with its own
 // sampler, and samples j's. With max_tokens 0 (echo) every choice ends
-// with its echo instead.
+// with its echo instead. A retry's prompt (j has generated tokens)
+// only loads: the tokens before j.next replay through decode steps.
 func (s *Server) prompted(j *job, logits []float32) {
+	if j.tokens > 0 {
+		if err := s.load(j); err != nil {
+			s.stepFailed(j, fmt.Errorf("load the prompt into the engine again: %w", err))
+			return
+		}
+		j.replay = j.gen[:len(j.gen)-1]
+		return
+	}
 	forks := j.forks
 	j.forks = nil
 	if j.p.maxTokens == 0 {
@@ -239,7 +327,7 @@ func (s *Server) prompted(j *job, logits []float32) {
 	}
 	if err := s.load(j); err != nil {
 		j.forks = forks // end fails them with j
-		s.end(j, nil, s.stepError(j, fmt.Errorf("load the prompt into the engine: %w", err)), "")
+		s.stepFailed(j, fmt.Errorf("load the prompt into the engine: %w", err))
 		return
 	}
 	for _, f := range forks {
@@ -311,6 +399,9 @@ func (s *Server) load(j *job) error {
 		ea.Budget = j.p.budget
 		j.attn = &jobAttention{EngineAttention: ea, denseLayers: j.p.denseLayers, allDense: j.p.allDense}
 		err := ea.Load(j.dense)
+		if err == nil {
+			s.remember(j, j.dense)
+		}
 		j.dense = nil
 		return err
 	}
@@ -350,7 +441,7 @@ func (s *Server) newAttention(j *job) (*jobAttention, error) {
 		}
 	}
 	ref.acquire()
-	ea, err := model.NewEngineAttention(ref.eng, s.m.Geometry())
+	ea, err := ref.eng.NewAttention(s.ctx, s.m.Geometry())
 	if err != nil {
 		ref.release()
 		return nil, err
@@ -360,30 +451,53 @@ func (s *Server) newAttention(j *job) (*jobAttention, error) {
 	return &jobAttention{EngineAttention: ea, denseLayers: j.p.denseLayers, allDense: j.p.allDense}, nil
 }
 
-// decode runs one decode step for every job that has prefilled; it
-// reports whether there was one.
-func (s *Server) decode() bool {
+// decode runs one decode step for the jobs of decoding that are still
+// running; it reports how many there were.
+func (s *Server) decode(decoding []*job) int {
 	var jobs []*job
 	var attns []model.Attention
 	var toks []int
-	for _, j := range s.live() {
-		if j.attn != nil {
-			jobs, attns, toks = append(jobs, j), append(attns, j.attn), append(toks, j.next)
+	var replays []bool // rows that feed a retry's replayed token
+	for _, j := range decoding {
+		if !j.ended && j.attn != nil {
+			tok := j.next
+			if len(j.replay) > 0 {
+				tok = j.replay[0]
+			}
+			jobs, attns, toks = append(jobs, j), append(attns, j.attn), append(toks, tok)
+			replays = append(replays, len(j.replay) > 0)
 		}
 	}
 	if len(jobs) == 0 {
-		return false
+		return 0
 	}
 	if s.mon != nil {
-		for _, j := range jobs {
-			j.attn.capture = s.sample(j)
+		for i, j := range jobs {
+			if !replays[i] {
+				j.attn.capture = s.sample(j)
+			}
 		}
 	}
 	var dec Decoder = s.m
 	if s.cfg.Decoder != nil {
 		dec = s.cfg.Decoder
 	}
-	logits, err := dec.DecodeBatch(s.ctx, attns, toks)
+	var logits [][]float32
+	var ids, greedy []int
+	var err error
+	if sd, ok := dec.(SamplingDecoder); ok {
+		// The tokens picked on the device: no logits cross to the host
+		// but those a request's logprobs need.
+		params, want := make([]kernels.SampleParams, len(jobs)), make([]bool, len(jobs))
+		for i, j := range jobs {
+			if !replays[i] { // a replayed token's pick is thrown away: no draw
+				params[i], want[i] = j.sampler.Params(), j.p.logprobs
+			}
+		}
+		ids, greedy, logits, err = sd.DecodeSample(s.ctx, attns, toks, params, want)
+	} else {
+		logits, err = dec.DecodeBatch(s.ctx, attns, toks)
+	}
 	if s.mon != nil {
 		var be *model.BatchError
 		errors.As(err, &be)
@@ -398,13 +512,20 @@ func (s *Server) decode() bool {
 	var be *model.BatchError
 	if err != nil && !errors.As(err, &be) {
 		for _, j := range jobs {
-			s.end(j, nil, s.stepError(j, fmt.Errorf("decode step: %w", err)), "")
+			s.stepFailed(j, fmt.Errorf("decode step: %w", err))
 		}
-		return true
+		return len(jobs)
 	}
 	for i, j := range jobs {
 		if be != nil && be.Errs[i] != nil {
-			s.end(j, nil, s.stepError(j, fmt.Errorf("decode step: %w", be.Errs[i])), "")
+			s.stepFailed(j, fmt.Errorf("decode step: %w", be.Errs[i]))
+			continue
+		}
+		if replays[i] {
+			// A token the lost sequence held, fed again: its logits
+			// were used when it was first fed, its pages not counted
+			// twice.
+			j.replay = j.replay[1:]
 			continue
 		}
 		sm := model.Summarize(j.attn.Steps(), s.cfg.Policy.PageSize)
@@ -412,15 +533,24 @@ func (s *Server) decode() bool {
 		j.pagesTotal += sm.PagesTotal
 		j.readW += sm.Rho * float64(sm.PagesTotal)
 		j.denseW += float64(sm.PagesTotal)
+		if ids != nil {
+			s.picked(j, ids[i], greedy[i], logits[i])
+			continue
+		}
 		s.token(j, logits[i])
 	}
-	return true
+	return len(jobs)
 }
 
 // token samples j's next token from logits and hands its text out; it
 // ends j on a stop token, a stop string or max_tokens.
 func (s *Server) token(j *job, logits []float32) {
-	id := j.sampler.Sample(logits)
+	s.picked(j, j.sampler.Sample(logits), model.Argmax(logits), logits)
+}
+
+// picked hands out j's next token id (greedy: the argmax it was picked
+// beside; logits: the step's, needed only for logprobs) as token does.
+func (s *Server) picked(j *job, id, greedy int, logits []float32) {
 	if s.cfg.Observe != nil { // the timings are the observer's alone
 		j.clock.tokenAt(time.Now())
 	}
@@ -429,7 +559,10 @@ func (s *Server) token(j *job, logits []float32) {
 	}
 	if j.keep {
 		j.out = append(j.out, id)
-		j.argmax = append(j.argmax, model.Argmax(logits))
+		j.argmax = append(j.argmax, greedy)
+	}
+	if s.retries() {
+		j.gen = append(j.gen, id)
 	}
 	j.tokens++
 	j.next = id
@@ -438,7 +571,7 @@ func (s *Server) token(j *job, logits []float32) {
 		s.end(j, j.text.flush(), nil, "stop")
 		return
 	}
-	out, stopped := j.text.add(s.tok.Decode([]int{id}))
+	out, stopped := j.text.add(model.TokenText(s.tok, id))
 	switch {
 	case stopped:
 		s.end(j, out, nil, "stop")
@@ -588,6 +721,79 @@ func ctxError(ctx context.Context) *apiError {
 			message: "The request ran past the server's request timeout."}
 	}
 	return &apiError{status: statusClientGone, typ: typeInvalid, code: "client_closed_request", message: "The client closed the request."}
+}
+
+// retries reports whether a job whose grid is lost may run again
+// (Config.GridRetries on a cluster): its tokens are kept for that.
+func (s *Server) retries() bool { return s.cfg.Cluster != nil && s.cfg.GridRetries > 0 }
+
+// stepFailed handles the failure of j's step (a decode step, or the
+// load of its prefilled prompt): a loss of j's grid (ErrGridLost) runs
+// j again on a new sequence when retry allows it, anything else ends j
+// with the failure (a loss not retried saying why).
+func (s *Server) stepFailed(j *job, err error) {
+	if errors.Is(err, ErrGridLost) {
+		// The cached prefixes of the lost grid went with it.
+		s.dropLost()
+	}
+	retried, why := s.retry(j, err)
+	if retried {
+		return
+	}
+	if why != "" {
+		err = fmt.Errorf("%w (%s)", err, why)
+	}
+	s.end(j, nil, s.stepError(j, err), "")
+}
+
+// retry, when err is the loss of j's grid, sets j to run again on a new
+// sequence (Config.GridRetries) and reports true: the lost sequence
+// released, the next iterations create a new one (startCreate), prefill
+// the prompt into it and, when j had generated tokens, feed those
+// before j.next through decode steps (j.replay) so that it holds what
+// the lost one held; then j decodes on from j.next, its sampler, stop
+// strings and text where they were. When err is a loss j may not run
+// again after, it says why.
+func (s *Server) retry(j *job, err error) (bool, string) {
+	if s.cfg.Cluster == nil || j.ended || !errors.Is(err, ErrGridLost) || j.ctx.Err() != nil || s.ctx.Err() != nil {
+		return false, ""
+	}
+	switch {
+	case s.cfg.GridRetries == 0:
+		return false, "not retried: grid retries are off"
+	case j.p.n > 1:
+		// The forks reserved only the pages they do not share: a new
+		// sequence of their own would not fit the reservation.
+		return false, fmt.Sprintf("not retried: the request's n = %d choices of a prompt share its pages on the lost grid", j.p.n)
+	case j.retries >= s.cfg.GridRetries:
+		return false, fmt.Sprintf("retried on a new grid %d times already", j.retries)
+	}
+	j.retries++
+	s.count(func(st *Stats) { st.GridRetries++ })
+	s.log.Warn("grid lost; running the request again on a new grid", "request", j.id, "retry", j.retries, "of", s.cfg.GridRetries,
+		"tokens", j.tokens, "err", err)
+	if j.attn != nil {
+		// On a lost grid the release frees nothing but the coordinator's
+		// record of the sequence.
+		if rerr := j.attn.Release(); rerr != nil {
+			s.log.Warn("release sequence", "request", j.id, "err", rerr)
+		}
+		j.attn = nil
+	}
+	if j.base != nil {
+		if rerr := j.base.Release(); rerr != nil {
+			s.log.Warn("release sequence", "request", j.id, "err", rerr)
+		}
+		j.base = nil
+	}
+	// The new prefill looks the prompt up again: the lost grid's
+	// prefixes are gone (stepFailed), a new grid's may be cached.
+	j.cached, j.from, j.probed = 0, nil, false
+	j.dense, j.filled, j.replay = nil, 0, nil
+	if j.tokens == 0 {
+		j.promptLP = nil // recorded again by the prefill
+	}
+	return true, ""
 }
 
 // stepError is the failure of j's step: its context's end when that is

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/chat"
-	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
 )
 
@@ -29,9 +28,12 @@ type Server struct {
 	m       *model.Model
 	tok     model.Tokenizer
 	stopIDs []int
-	eng     *engine.Engine // nil with Config.Cluster
-	main    *engineRef     // eng, for the jobs and replays that hold sequences on it
-	pc      *prefixCache   // nil: no prefix caching (the scheduler's)
+	eng     Engine       // nil with Config.Cluster
+	main    *engineRef   // eng, for the jobs and replays that hold sequences on it
+	pc      *prefixCache // nil: no prefix caching (the scheduler's)
+	// itl sizes each iteration's prefill by the measured costs (nil:
+	// Config.MaxITLFactor 0; the scheduler's).
+	itl *itlBudget
 	// clusterSeqs counts the sequences held on Config.Cluster (the
 	// requests' and the monitor's forks).
 	clusterSeqs atomic.Int64
@@ -64,6 +66,8 @@ type Server struct {
 	// creates owns the goroutines creating cluster sequences (the
 	// scheduler starts them and, stopping, waits for them).
 	creates sync.WaitGroup
+	// ignored is the request field names already logged as ignored.
+	ignored ignoredFields
 
 	mu       sync.Mutex
 	closed   bool
@@ -129,6 +133,9 @@ type Stats struct {
 	// refused (429) because theirs would open one more.
 	PolicyGrids        int
 	PolicyGridsRefused uint64
+	// GridRetries counts, with Config.Cluster, the times a request ran
+	// again on a new grid after its grid was lost (Config.GridRetries).
+	GridRetries uint64
 	// The quality monitor's (layer, KV head) samples: taken, dropped
 	// because the replay queue was full, replayed, and failed (a fork or
 	// replay error, or the request's step failing).
@@ -143,12 +150,15 @@ type Stats struct {
 	PrefixCacheQueryTokens, PrefixCacheHitTokens uint64
 	PrefixCacheEvictedPages                      uint64
 	PrefixCacheEntries, PrefixCachePages         int
+	// PrefixCacheLost counts the prefix cache's entries dropped with
+	// their grid (Config.Cluster: a node of it lost).
+	PrefixCacheLost uint64
 }
 
 // New builds a server for m, whose tokenizer is tok, with an in-process
-// engine of m's geometry (model.EngineConfig) under cfg.Policy, or with
-// cfg.Cluster the same engine config for the grids of the requests'
-// sequences on the cluster, and starts its scheduler. The caller keeps
+// engine (cfg.Engines) of m's geometry under cfg.Policy, or with
+// cfg.Cluster the same grid for the requests' sequences on the cluster,
+// and starts its scheduler. The caller keeps
 // m (Close does not close it), and cfg.Cluster: it must outlive the
 // server.
 func New(m *model.Model, tok model.Tokenizer, cfg Config) (*Server, error) {
@@ -160,6 +170,14 @@ type hooks struct {
 	// iteration, when set, runs on the scheduler goroutine before every
 	// iteration; ctx ends when the server closes.
 	iteration func(ctx context.Context)
+	// batched, when set, gets every iteration's decode rows and prompt
+	// tokens (one that ran either) on the scheduler goroutine.
+	batched func(rows, prompt int)
+	// prefillTook and decodeTook, when set, replace the measured times
+	// that the latency budget (Config.MaxITLFactor) learns from: a
+	// prefill chunk of n tokens at context c, a decode step of rows.
+	prefillTook func(c, n int) time.Duration
+	decodeTook  func(rows int) time.Duration
 }
 
 func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Server, error) {
@@ -179,16 +197,19 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	if kv := m.Config.KVHeads; kv%cfg.TP != 0 {
 		return nil, fmt.Errorf("serve config: tp %d does not divide the model's %d KV heads", cfg.TP, kv)
 	}
-	ec := s.engineConfig(cfg.Policy, cfg.CapacityPages+s.monitorSlack())
-	var eng *engine.Engine
+	if cfg.Engines == nil {
+		return nil, errNoEngines
+	}
+	gs := s.gridSpec(cfg.Policy, cfg.CapacityPages+s.monitorSlack())
+	var eng Engine
 	var main *engineRef
 	if cfg.Cluster == nil {
 		var err error
-		if eng, err = engine.New(ec); err != nil {
+		if eng, err = cfg.Engines.New(gs); err != nil {
 			return nil, fmt.Errorf("serve: %w", err)
 		}
 		main = &engineRef{eng: eng}
-	} else if err := ec.Validate(); err != nil {
+	} else if err := cfg.Engines.Validate(gs); err != nil {
 		// The cluster's grids get this config: refuse it here rather
 		// than on every request.
 		return nil, fmt.Errorf("serve: grid of the cluster's sequences: %w", err)
@@ -205,6 +226,9 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 		main: main, maxContext: m.Config.MaxPositions, log: log, now: now,
 		stop: make(chan struct{}), exited: make(chan struct{}), wake: make(chan struct{}, 1), changed: make(chan struct{}),
 		grids: map[gridKey]*policyGrid{}}
+	if cfg.MaxITLFactor > 0 {
+		s.itl = newITLBudget(cfg.MaxITLFactor)
+	}
 	if cfg.MaxContext > 0 && (s.maxContext == 0 || cfg.MaxContext < s.maxContext) {
 		s.maxContext = cfg.MaxContext
 	}
@@ -215,7 +239,7 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	s.stats.CapacityPages = cfg.CapacityPages
 	s.hist.max = cfg.History
 	s.replaying = make(chan struct{}, 1)
-	if cfg.PrefixCaching && cfg.Cluster == nil {
+	if cfg.PrefixCaching {
 		bound := cfg.PrefixCachePages
 		if bound == 0 && cfg.Prefiller == nil {
 			// The CPU prefill's keys and values stay in host memory
@@ -291,16 +315,8 @@ func (s *Server) Stats() Stats {
 		st.EngineSequences = int(s.clusterSeqs.Load())
 		return st
 	}
-	if sh := s.eng.Shard(0, 0); sh != nil {
-		st.EngineSequences = sh.Store().Stats().Sequences
-	}
-	for tp := range s.cfg.TP {
-		for cp := range s.cfg.CP {
-			if sh := s.eng.Shard(tp, cp); sh != nil {
-				st.UsedPages = max(st.UsedPages, sh.Store().Stats().UsedPages)
-			}
-		}
-	}
+	u := s.eng.Usage()
+	st.EngineSequences, st.UsedPages = u.Sequences, u.UsedPages
 	return st
 }
 

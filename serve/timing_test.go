@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -41,15 +42,18 @@ func TestObserve(t *testing.T) {
 	if status, _, body := post(t, ts.URL+"/v1/chat/completions", string(b)); status != 200 {
 		t.Fatalf("chat: %d %s", status, body)
 	}
-	// A client that leaves while its long request runs.
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	// A client that leaves while its long request runs: a prompt that
+	// shares no page with the ones before (the prefix cache would serve
+	// them) and takes longer to prefill than the client waits.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	b, _ = json.Marshal(map[string]any{"model": name, "prompt": strings.Repeat(prompt, 2), "max_tokens": 1000, "temperature": 0})
+	b, _ = json.Marshal(map[string]any{"model": name, "prompt": "Q" + strings.Repeat(prompt, 3), "max_tokens": 1000, "temperature": 0})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions", strings.NewReader(string(b)))
 	req.Header.Set("Content-Type", "application/json")
 	if resp, err := http.DefaultClient.Do(req); err == nil {
+		bb, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		t.Fatalf("the leaving client got %d", resp.StatusCode)
+		t.Fatalf("the leaving client got %d %s", resp.StatusCode, bb)
 	}
 	// Observe runs after the answer: wait for the third.
 	deadline := time.Now().Add(30 * time.Second)

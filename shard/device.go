@@ -97,8 +97,9 @@ func (s *Shard) readPages(ctx context.Context, layer int, phys []int32) (kernels
 		return l, nil
 	}
 	h := s.store.Layer(layer)
-	if s.off != nil {
-		// K/V live in a device slot or the tier: copy them page by page.
+	if s.off != nil || h.K8 != nil {
+		// K/V live in a device slot or the tier, or are fp8 records:
+		// copy them page by page (ReadKV dequantizes fp8).
 		out := kernels.Layer{K: make([]float32, len(phys)*kv), V: make([]float32, len(phys)*kv), Summary: make([]float32, 0, len(phys)*sum)}
 		for i, p := range phys {
 			if err := s.store.ReadKV(ctx, layer, p, out.K[i*kv:(i+1)*kv], out.V[i*kv:(i+1)*kv]); err != nil {
@@ -175,7 +176,7 @@ func (s *Shard) pageKeys(layer int, phys []int32, locked bool) (*PageKeys, error
 	}
 	k := &PageKeys{s: s, layer: layer, phys: phys, blk: c.KVHeads * c.PageSize * c.HeadDim, locked: locked}
 	if s.dev == nil && s.off == nil {
-		k.pool = s.store.Layer(layer).K
+		k.pool = s.store.Layer(layer).K // nil for fp8 records: read and dequantized per chunk
 	}
 	return k, nil
 }

@@ -65,7 +65,7 @@ func (s *Shard) fusedInto(ctx context.Context, ls *LocalStep, step stepFunc, o, 
 // fusedRun builds the top-K plan and lists of ls and runs them as one
 // call of run, when the shard can fuse (see FusedStep).
 func (s *Shard) fusedRun(ctx context.Context, ls *LocalStep, run func(ctx context.Context, sh kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists) error) (bool, error) {
-	if s.cfg.Policy.Selector != plan.Quest || s.off != nil {
+	if _, hier := s.canHier(); s.cfg.Policy.Selector != plan.Quest || s.off != nil || hier {
 		// An offloading shard runs phased: its pages are brought in
 		// between selection and attention (see attendOffload).
 		return false, nil

@@ -69,7 +69,19 @@ type LocalStep struct {
 	cands     []Candidate
 	cPtr      []int32 // CSR over (sequence, row) into cands
 
+	// An offloading DeviceResident shard's step ranks through the device
+	// page tables (rankBatch) and keeps its host copy of the page tables
+	// in batch.Pages from one step to the next while they do not change:
+	// hostTab says whose and of which table generation it is, hostSeqs
+	// and hostPtr of which sequences and page counts.
+	rankBatch kernels.Batch
+	hostTab   hostTab
+	hostPages []int32
+	hostSeqs  []uint64
+	hostPtr   []int32
+
 	lists kernels.Lists
+	topp  toppState // Policy.TopP: see TopPLocal
 	// O and LSE are the partial states after Attend: [seqs][QHeads][D]
 	// and [seqs][QHeads].
 	O, LSE []float32
@@ -137,6 +149,18 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart, tensorQ bool) e
 	ls.layer, ls.parts = layer, parts
 	ls.mode = s.cfg.Policy.GQA
 	ls.rows = sh.Rows(ls.mode)
+	// An offloading DeviceResident shard may keep last step's host page
+	// tables (see hostTab): the generation is read before they are.
+	cached := s.slots != nil
+	var gen uint64
+	if cached {
+		gen = s.slots.gen.Load()
+		ls.batch.Pages = nil // the cached copy, set by hostTables
+	} else if ls.hostTab.s != nil {
+		// batch.Pages may be the cached copy of another shard's step:
+		// filled below, it is no longer one.
+		ls.hostTab, ls.batch.Pages = hostTab{}, nil
+	}
 	ls.batch.Indptr = append(ls.batch.Indptr[:0], 0)
 	ls.batch.Pages = ls.batch.Pages[:0]
 	ls.batch.LastLen = ls.batch.LastLen[:0]
@@ -146,6 +170,7 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart, tensorQ bool) e
 	ls.q, ls.qDev = ls.q[:0], tensorQ
 	ls.Time = PhaseTimes{}
 	ls.scored = false
+	ls.topp.ready = false
 	for i, p := range parts {
 		if !tensorQ && len(p.Q) != sh.QHeads*sh.HeadDim {
 			return fmt.Errorf("step: %w: part %d: query has %d floats, want %d", ErrBadInput, i, len(p.Q), sh.QHeads*sh.HeadDim)
@@ -157,11 +182,12 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart, tensorQ bool) e
 		if pl := p.Place; pl.Ranks > 1 && (pl.Rank < 0 || pl.Rank >= pl.Ranks) {
 			return fmt.Errorf("step: %w: part %d: rank %d of %d", ErrBadInput, i, pl.Rank, pl.Ranks)
 		}
-		if s.dev != nil && s.off == nil {
+		if s.dev != nil {
 			// The device follows the page tables: the kernels read them
 			// there, nothing is built or uploaded per step.
 			ls.tables.Seqs = append(ls.tables.Seqs, uint64(p.Seq))
-		} else {
+		}
+		if (s.dev == nil || s.off != nil) && !cached {
 			ls.table, err = s.store.AppendPageTable(ls.table[:0], p.Seq)
 			if err != nil {
 				return fmt.Errorf("step layer %d: %w", layer, err)
@@ -173,12 +199,62 @@ func (s *Shard) begin(ls *LocalStep, layer int, parts []SeqPart, tensorQ bool) e
 		ls.batch.LastLen = append(ls.batch.LastLen, int32(v.LastPageLen))
 		ls.q = append(ls.q, p.Q...)
 	}
-	if s.dev != nil && s.off == nil {
+	if s.dev != nil {
 		ls.tables.Set = s.tables
+	}
+	if s.dev != nil && s.off == nil {
 		ls.batch.Pages = nil
 		ls.batch.Tables = &ls.tables
 	}
+	if cached {
+		if err := ls.hostTables(s, gen); err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
+		ls.rankBatch = kernels.Batch{Indptr: ls.batch.Indptr, LastLen: ls.batch.LastLen, Tables: &ls.tables}
+	}
 	ls.kl = s.layer(layer)
+	return nil
+}
+
+// hostTab names the host page tables held in a LocalStep's batch.Pages:
+// the shard's whose slot data's table generation was gen when they were
+// copied.
+type hostTab struct {
+	s   *Shard
+	gen uint64
+}
+
+// hostTables fills ls.batch.Pages with the host page tables of the
+// step's sequences (their first NumPages entries) on an offloading
+// DeviceResident shard, whose store reports every change of a page table
+// to the shard's slot data (a generation): when none happened since
+// ls.batch.Pages was filled for the same sequences and page counts, it is
+// kept as it is. gen is the generation read before the page counts.
+func (ls *LocalStep) hostTables(s *Shard, gen uint64) error {
+	b := &ls.batch
+	if ls.hostTab == (hostTab{s, gen}) && slices.Equal(ls.hostSeqs, ls.tables.Seqs) && slices.Equal(ls.hostPtr, b.Indptr) &&
+		len(ls.hostPages) == b.Total() {
+		b.Pages = ls.hostPages
+		return nil
+	}
+	ls.hostTab = hostTab{}
+	ls.hostPages = ls.hostPages[:0]
+	for i, p := range ls.parts {
+		at := len(ls.hostPages)
+		var err error
+		if ls.hostPages, err = s.store.AppendPageTable(ls.hostPages, p.Seq); err != nil {
+			return err
+		}
+		if n := b.NumPages(i); len(ls.hostPages)-at >= n {
+			ls.hostPages = ls.hostPages[:at+n]
+		} else {
+			return fmt.Errorf("sequence %d: page table of %d entries, %d pages", p.Seq, len(ls.hostPages)-at, n)
+		}
+	}
+	b.Pages = ls.hostPages
+	ls.hostTab = hostTab{s, gen}
+	ls.hostSeqs = append(ls.hostSeqs[:0], ls.tables.Seqs...)
+	ls.hostPtr = append(ls.hostPtr[:0], b.Indptr...)
 	return nil
 }
 
@@ -312,6 +388,12 @@ func (ls *LocalStep) fillCandidates(score func(base, j int, lp int32) float32) {
 func (s *Shard) RankCandidates(ctx context.Context, ls *LocalStep, quota func(plan.Plan) int) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if c, ok := s.canHier(); ok {
+		if err := s.rankHier(ctx, c, ls, quota); err != nil {
+			return true, err
+		}
+		return true, nil
+	}
 	rk, ok := s.be.(kernels.Ranker)
 	if !ok || s.cfg.Policy.Selector != plan.Quest || s.pf != nil {
 		// A prefetching shard ranks its prefetch from the scores.
@@ -336,7 +418,11 @@ func (s *Shard) rank(ctx context.Context, ls *LocalStep, rk kernels.Ranker, quot
 	ls.selScores = slices.Grow(ls.selScores[:0], total)[:total]
 	t0 := time.Now()
 	if total > 0 {
-		if err := rk.Rank(ctx, s.shape, ls.kl, &ls.batch, ls.q, ls.mode, &ls.topk, ls.sel, ls.selScores); err != nil {
+		b := &ls.batch
+		if s.slots != nil {
+			b = &ls.rankBatch // the page tables on the device
+		}
+		if err := rk.Rank(ctx, s.shape, ls.kl, b, ls.q, ls.mode, &ls.topk, ls.sel, ls.selScores); err != nil {
 			return err
 		}
 	}
@@ -389,6 +475,33 @@ func (s *Shard) Attend(ctx context.Context, ls *LocalStep, sel *Chosen) error {
 
 func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Chosen) error {
 	sh := s.shape
+	if err := ls.buildLists(sel); err != nil {
+		return err
+	}
+	n := len(ls.parts)
+	ls.O = resize(ls.O, n*sh.QHeads*sh.HeadDim)
+	ls.LSE = resize(ls.LSE, n*sh.QHeads)
+	t0 := time.Now()
+	var err error
+	switch {
+	case ls.topp.ready:
+		err = s.attendTopP(ctx, ls)
+	case s.off != nil:
+		err = s.attendOffload(ctx, ls)
+	default:
+		err = s.be.Attend(ctx, sh, ls.kl, &ls.batch, ls.q, &ls.lists, ls.O, ls.LSE)
+	}
+	if err != nil {
+		return fmt.Errorf("attend layer %d: %w", ls.layer, err)
+	}
+	ls.Time.Attend = time.Since(t0)
+	return nil
+}
+
+// buildLists fills ls.lists with the local pages each (sequence, row)
+// attends: the forced pages and the selected pages this shard holds
+// (every local page for dense plans).
+func (ls *LocalStep) buildLists(sel *Chosen) error {
 	if len(sel.Indptr) != len(ls.parts)*ls.rows+1 {
 		return fmt.Errorf("attend: selection has %d rows, want %d", len(sel.Indptr)-1, len(ls.parts)*ls.rows)
 	}
@@ -420,20 +533,6 @@ func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Chosen) error {
 			ls.lists.Indptr = append(ls.lists.Indptr, int32(len(ls.lists.Pages)))
 		}
 	}
-	n := len(ls.parts)
-	ls.O = resize(ls.O, n*sh.QHeads*sh.HeadDim)
-	ls.LSE = resize(ls.LSE, n*sh.QHeads)
-	t0 := time.Now()
-	var err error
-	if s.off != nil {
-		err = s.attendOffload(ctx, ls)
-	} else {
-		err = s.be.Attend(ctx, sh, ls.kl, &ls.batch, ls.q, &ls.lists, ls.O, ls.LSE)
-	}
-	if err != nil {
-		return fmt.Errorf("attend layer %d: %w", ls.layer, err)
-	}
-	ls.Time.Attend = time.Since(t0)
 	return nil
 }
 

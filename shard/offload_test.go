@@ -499,3 +499,73 @@ func TestOffloadConfigShard(t *testing.T) {
 		t.Fatal("stats of a shard without offload")
 	}
 }
+
+// TestOffloadHostTablesFollowStore: an offloading DeviceResident shard
+// keeps its host copy of the page tables from one step to the next while
+// the store reports no change. Changes that keep every page count (a
+// fork's copy on write of the shared tail page at an append or a
+// rollback, a release and a fork reusing the tail's old page) still reach
+// the next step: every output stays bit-identical to the shard holding
+// every page.
+func TestOffloadHostTablesFollowStore(t *testing.T) {
+	const layers, qh, kvh, d, s = 1, 4, 2, 16, 16
+	pol := plan.DefaultPolicy()
+	pol.BudgetTokens, pol.DenseLayers = 4*s, 0
+	p := newOffPair(t, layers, qh, kvh, d, s, 64, 16, pol, pagestore.EvictLRU, fakeDev, prefetchOpt{})
+	rng := rand.New(rand.NewPCG(26, 2))
+	id := p.create()
+	p.append(rng, id, 10*s+5)
+	check := func(what string, ids ...pagestore.SeqID) {
+		t.Helper()
+		want, got, _ := p.step(rng, 0, ids, make([]int, len(ids)), StepOptions{}, false)
+		if !slices.Equal(want.O, got.O) || !slices.Equal(want.LSE, got.LSE) {
+			t.Fatalf("%s: outputs differ with offload", what)
+		}
+	}
+	fork := func(id pagestore.SeqID) pagestore.SeqID {
+		t.Helper()
+		a, err := p.ref.Fork(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.ids[a], err = p.off.Fork(p.ids[id]); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	rollback := func(id pagestore.SeqID, n int) {
+		t.Helper()
+		if err := p.ref.Rollback(id, n); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.off.Rollback(p.ids[id], n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("first step", id)
+	check("same tables", id)
+	child := fork(id)
+	check("after the fork", id)
+	p.append(rng, id, 1) // the shared tail page is copied: same page count
+	check("after the copy on write of an append", id)
+	check("the child", child)
+	check("parent again", id)
+	child2 := fork(id)
+	check("after the second fork", id)
+	rollback(id, 2) // the shared tail page is copied again
+	check("after the copy on write of a rollback", id)
+	for _, c := range []pagestore.SeqID{child, child2} {
+		if err := p.ref.Release(c); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.off.Release(p.ids[c]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("after the releases", id)
+	child3 := fork(id)
+	rollback(child3, 1)
+	check("the third child", child3)
+	check("its parent", id)
+	check("both", id, child3)
+}

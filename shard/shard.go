@@ -127,14 +127,19 @@ type Shard struct {
 
 	ds       kernels.DeviceStore // nil unless DeviceResident
 	dev      []any               // device pool per layer (DeviceResident; slot pools with offload)
-	tables   any                 // device page tables (DeviceResident without offload)
+	tables   any                 // device page tables (DeviceResident)
 	hostTier kernels.HostTier    // the backend's host tier (DeviceResident with offload)
+	slots    *slotData           // the store's slot data (DeviceResident with offload)
 
 	readBack atomic.Int64 // bytes of page data copied out for host readers (ReadBackBytes)
 
 	off    *offload      // nil unless Store.DeviceBudget > 0
 	pf     *prefetcher   // nil unless PrefetchPages > 0
 	pfPlan *prefetchPlan // with pf
+
+	hier *hierState // box trees (Policy.HierGroup), made at the first search
+
+	toppStats TopPStats // Policy.TopP's counts (TopPCut with count)
 }
 
 // New builds a shard over backend be (which the caller keeps and closes).
@@ -143,6 +148,16 @@ func New(cfg Config, be kernels.Backend) (*Shard, error) {
 		return nil, err
 	}
 	cfg.Policy = cfg.policy()
+	if _, cpu := be.(*kernels.CPU); cfg.Policy.TopPOn() && (!cpu || cfg.DeviceResident || cfg.Store.Offload()) {
+		return nil, fmt.Errorf("shard: top-p %v: %w (backend %s, device resident %v, offload %v)",
+			cfg.Policy.TopP, kernels.ErrTopPUnsupported, be.Name(), cfg.DeviceResident, cfg.Store.Offload())
+	}
+	if cfg.Policy.SubBoxesOn() {
+		if _, cpu := be.(*kernels.CPU); !cpu || cfg.DeviceResident {
+			return nil, fmt.Errorf("shard: %d sub-boxes: %w (backend %s, device resident %v)", cfg.Policy.SubBoxes, kernels.ErrSubBoxes, be.Name(), cfg.DeviceResident)
+		}
+		cfg.Store.SubBoxes = cfg.Policy.SubBoxes // the store refuses offload, persistence and fp8
+	}
 	if cfg.Store.Offload() {
 		cfg.Store.PinFirst = max(cfg.Store.PinFirst, cfg.Policy.SinkPages)
 		cfg.Store.PinLast = max(cfg.Store.PinLast, cfg.Policy.LocalPages)
@@ -242,7 +257,8 @@ func (s *Shard) layer(l int) kernels.Layer {
 		return kernels.Layer{Device: s.dev[l]}
 	}
 	h := s.store.Layer(l)
-	return kernels.Layer{K: h.K, V: h.V, Summary: h.Summary}
+	return kernels.Layer{K: h.K, V: h.V, Summary: h.Summary, K8: h.K8, V8: h.V8, KScale: h.KScale, VScale: h.VScale,
+		SubBoxes: s.cfg.Store.SubBoxes, Sub: h.Sub}
 }
 
 // Fork forks a sequence of the shard's store (no page changes).
@@ -272,6 +288,7 @@ func (s *Shard) Truncate(id pagestore.SeqID, lens []int) error {
 func (s *Shard) Release(id pagestore.SeqID) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.dropHier(id)
 	return s.store.Release(id)
 }
 
@@ -335,6 +352,9 @@ type StepResult struct {
 type PhaseTimes struct {
 	Score, TopK, Attend, Fused time.Duration
 	Recall                     time.Duration
+	// TopP is the top-p pruning's host work (TopPLocal and TopPCut;
+	// Policy.TopP), the attention over the kept tokens being Attend.
+	TopP time.Duration
 }
 
 // Diagnostics describe one sequence's selection in one step (see
@@ -370,6 +390,8 @@ type workspace struct {
 	parts []SeqPart
 	ls    LocalStep
 	sel   Chosen
+
+	toppMsgs [][]byte // the one top-p message of a single-shard step
 }
 
 // Step runs one decode step of one layer for a batch of sequences on this
@@ -416,7 +438,8 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 	if err := s.begin(ls, layer, ws.parts, false); err != nil {
 		return err
 	}
-	if !opt.Phased && !opt.Diagnostics {
+	topp := s.cfg.Policy.TopPOn() && ls.anySparse()
+	if !opt.Phased && !opt.Diagnostics && !topp {
 		if qs, ok := s.be.(kernels.QueuedStepper); ok && opt.Queue {
 			n := len(reqs)
 			res.O = resize(res.O, n*s.shape.QHeads*s.shape.HeadDim)
@@ -451,6 +474,13 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 			return fmt.Errorf("step layer %d: %w", layer, err)
 		}
 	}
+	if c, ok := s.canHier(); ok && !ranked && !opt.Diagnostics {
+		// Diagnostics need every page's score: they run flat.
+		if err := s.rankHier(ctx, c, ls, rankQuota); err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
+		ranked = true
+	}
 	if !ranked {
 		if err := s.score(ctx, ls, opt.Diagnostics); err != nil {
 			return fmt.Errorf("step layer %d: %w", layer, err)
@@ -460,6 +490,16 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 		}
 	}
 	ls.LocalSelection(&ws.sel)
+	if topp {
+		msg, err := s.toppLocal(ctx, ls, &ws.sel)
+		if err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
+		ws.toppMsgs = append(ws.toppMsgs[:0], msg)
+		if err := s.toppCut(ls, ws.toppMsgs, s.cfg.Policy.TopP, true); err != nil {
+			return fmt.Errorf("step layer %d: %w", layer, err)
+		}
+	}
 	if err := s.attend(ctx, ls, &ws.sel); err != nil {
 		return fmt.Errorf("step layer %d: %w", layer, err)
 	}

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
@@ -11,12 +12,20 @@ import (
 
 // slotData is the pagestore.SlotData of a DeviceResident shard with
 // offload: one slot pool per layer in a backend's memory (summaries of
-// every page, K/V of DeviceBudget slots) and the backend's host tier,
-// which the device reads and writes directly.
+// every page, K/V of DeviceBudget slots), the backend's host tier, which
+// the device reads and writes directly, and a device copy of the page
+// tables that the store keeps current entry by entry (Table writes only
+// the entries that changed), which the steps' ranking reads.
 type slotData struct {
-	ss    kernels.SlotStore
-	pools []any // per layer
-	tier  kernels.HostTier
+	ss     kernels.SlotStore
+	pools  []any // per layer
+	tier   kernels.HostTier
+	tables any // the device page tables (kernels.Batch.Tables)
+	pages  int // pool size (the pages the tables index)
+	// gen counts the page table changes (Table and Drop calls): a step
+	// whose sequences saw none since its last copy of their host page
+	// tables reuses the copy (LocalStep.hostTab).
+	gen atomic.Uint64
 }
 
 var _ pagestore.SlotData = (*slotData)(nil)
@@ -53,10 +62,17 @@ func (d *slotData) RescanSlot(page, slot int32, valid int) error {
 	return nil
 }
 
-// Table and Drop do nothing: an offloading shard's steps address K/V by
-// slot and build their batches from the store's host page tables.
-func (d *slotData) Table(pagestore.SeqID, int, []int32, int) error { return nil }
-func (d *slotData) Drop(pagestore.SeqID) error                     { return nil }
+// Table writes the changed entries to the device page tables (the steps
+// rank through them; they attend by slot, from the host page tables).
+func (d *slotData) Table(id pagestore.SeqID, at int, pages []int32, n int) error {
+	d.gen.Add(1)
+	return d.ss.WriteTable(context.Background(), d.tables, uint64(id), at, pages, n, d.pages)
+}
+
+func (d *slotData) Drop(id pagestore.SeqID) error {
+	d.gen.Add(1)
+	return d.ss.DropTable(context.Background(), d.tables, uint64(id))
+}
 
 func (d *slotData) MoveSlots(ctx context.Context, saves, loads []kernels.SlotMove) error {
 	return d.ss.MoveSlots(ctx, d.pools, d.tier, saves, loads)
@@ -107,8 +123,14 @@ func (s *Shard) newDeviceOffload(cfg Config) error {
 		}
 		s.dev = append(s.dev, pool)
 	}
+	tables, err := ss.NewTables(ctx)
+	if err != nil {
+		return fmt.Errorf("shard: device page tables: %w", err)
+	}
+	s.tables = tables
 	c.Tier = t
-	st, err := pagestore.NewWithSlots(c, &slotData{ss: ss, pools: s.dev, tier: t})
+	s.slots = &slotData{ss: ss, pools: s.dev, tier: t, tables: tables, pages: c.Capacity}
+	st, err := pagestore.NewWithSlots(c, s.slots)
 	if err != nil {
 		return fmt.Errorf("shard: %w", err)
 	}

@@ -22,6 +22,19 @@ const (
 	Replicated = plan.Replicated
 )
 
+// MinSequences is the least [Config.MaxSequences] allows.
+const MinSequences = 1024
+
+// MaxSequences is the most sequences a worker of c holds, live and
+// parked together: CP x Capacity, the pages of one layer of one TP
+// group (a sequence that holds a token holds at least one of them; more
+// sequences than that are empty or share their pages as forks), and at
+// least MinSequences. Every sequence costs a page table on every hosted
+// rank, so this bounds that memory by the pools'. Create and Fork past
+// it fail with ErrTooManySequences (RESOURCE_EXHAUSTED at the gRPC
+// edge) and change nothing.
+func (c Config) MaxSequences() int { return max(MinSequences, c.CP*c.Capacity) }
+
 // Config describes the ranks a worker hosts: the model geometry, the CP x
 // TP grid every sequence is laid out on, each rank's page pool, the
 // policy that turns lengths and budgets into page plans, and the
@@ -145,6 +158,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("worker config: unknown mode %d", c.Mode)
 	case c.Mode == Replicated && c.Policy.Selector != plan.Quest && c.Policy.Selector != plan.Dense:
 		return fmt.Errorf("worker config: replicated selection needs the quest or dense selector, not %v", c.Policy.Selector)
+	case c.Mode == Replicated && c.Policy.SubBoxesOn():
+		return fmt.Errorf("worker config: replicated selection with %d sub-boxes per page: the summary mirrors hold page boxes only", c.Policy.SubBoxes)
 	case c.MemoryLimit < memlimit.NoLimit:
 		return fmt.Errorf("worker config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
 	case c.DeviceBudgetPages < 0 || c.DeviceBudgetPages > c.Capacity:

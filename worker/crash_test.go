@@ -128,13 +128,20 @@ func runCrashWorkload(t *testing.T, cfg Config, split bool, crash int) int {
 			t.Fatalf("crash at %s: recovered lengths %v: the step was not atomic across layers", crashedAt, bound)
 		}
 	}
-	// The step in flight commits when the worker that stores its token
-	// ends it: a crash in another worker's EndStep may find it kept (a
-	// commit whose answer was lost), in every layer. Before that point
-	// it must not be kept.
+	// The step in flight is done once every layer of every rank that
+	// stores its token took it: its last layer's answer (what a client
+	// is told) needs every rank's last layer. A crash after its last
+	// append may find it kept (a step whose answer was lost), in every
+	// layer; a crash in an EndStep (every Layer call had returned: the
+	// client may have its answer) must find it kept when it reached the
+	// disk (it sealed page 0: the step at length 15), never rolled back.
 	inflight := lens == ack+1
-	if lens > ack && (!inflight || crashedAt != "step/end") || had < ack || had > ack+1 {
+	if lens > ack && (!inflight || crashedAt == "step/marked") || had < ack || had > ack+1 {
 		t.Fatalf("crash at %s: recovered %d tokens of %d, %d acknowledged", crashedAt, lens, had, ack)
+	}
+	if crashedAt == "step/end" && (ack+1)%cfg.PageSize == 0 && (!inflight || rolled > 0) {
+		t.Fatalf("crash at %s: recovered %d tokens (rolled back %d) of %d: the step at length %d ran every layer on every rank, its token sealed a page: rolled back after its answer",
+			crashedAt, lens, rolled, had, ack)
 	}
 	if rolled > 0 && (had != ack+1 || inflight) {
 		t.Fatalf("crash at %s: %d tokens rolled back, but had %d of %d acknowledged, kept %d", crashedAt, rolled, had, ack, lens)

@@ -8,8 +8,8 @@ import (
 )
 
 // Errors a worker wraps; test with errors.Is. A message refused with
-// ErrBadMessage, ErrUnknownSequence, ErrNotHosted, ErrStep or ErrStepOpen
-// changed nothing.
+// ErrBadMessage, ErrUnknownSequence, ErrNotHosted, ErrStep, ErrStepOpen or
+// ErrTooManySequences changed nothing.
 var (
 	// ErrBadMessage: a message that is malformed or does not fit the
 	// worker (shapes, ranges, layout, non-finite values, lengths that
@@ -29,6 +29,9 @@ var (
 	// (a page data error after a write, say); the sequence's ranks may
 	// disagree and the coordinator must treat it as broken.
 	ErrChanged = errors.New("worker: failed after changing state")
+	// ErrTooManySequences: a Create or Fork past the sequences the worker
+	// holds at most (Config.MaxSequences).
+	ErrTooManySequences = errors.New("worker: too many sequences")
 	// ErrClosed: the worker is closed.
 	ErrClosed = errors.New("worker: closed")
 )

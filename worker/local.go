@@ -3,6 +3,7 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"sync"
 	"sync/atomic"
 
@@ -157,6 +158,31 @@ func NewLocal(cfg Config, ranks []RankSpec) (*Local, error) {
 		}
 	}
 	return l, nil
+}
+
+// CheckBatch is BeginStep's first check of a batch of n sequences,
+// seqs their ids in order, made before anything is allocated for the
+// batch (a node runs it before decoding a BeginStep's entries): a batch
+// larger than the worker's live sequences must name one it does not hold
+// (ErrUnknownSequence, the first such) or one twice (ErrBadMessage). nil
+// when the batch is not larger; BeginStep checks the rest.
+func (l *Local) CheckBatch(n int, seqs iter.Seq[uint64]) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.checkBatch(n, seqs)
+}
+
+// checkBatch is CheckBatch with l.mu held.
+func (l *Local) checkBatch(n int, seqs iter.Seq[uint64]) error {
+	if n <= len(l.seqs) {
+		return nil
+	}
+	for s := range seqs {
+		if _, err := l.lookup(s); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: a batch of %d sequences, the worker holds %d: one appears twice", ErrBadMessage, n, len(l.seqs))
 }
 
 // Config returns the worker's config.

@@ -139,9 +139,10 @@ type RecoveredSeq struct {
 	Lens []int
 	// RolledBack, when not nil, are the tokens per layer that recovery
 	// cut because the step that appended them had not ended when the
-	// worker stopped (its step marker, stepmark.go): the step's result
-	// never reached its caller, so they were never acknowledged. They
-	// are counted in Had and LostTokens as well.
+	// worker stopped (its step marker, stepmark.go) and had not reached
+	// its last layer on every hosted rank: the step's result never
+	// reached its caller, so they were never acknowledged (a step that
+	// had is kept). They are counted in Had and LostTokens as well.
 	RolledBack []int
 	// Had is the sequence's length when the worker stopped, as far as
 	// the hosted ranks know (from the stores' length records: exact
@@ -150,6 +151,23 @@ type RecoveredSeq struct {
 	// graceful Close. A coordinator whose grid spans several workers
 	// takes the smallest Lens and the largest Had over them.
 	Had, LostTokens int
+	// HadLens are, per layer, the global length the layer held before
+	// the stop as far as the hosted ranks know; Had is at least their
+	// largest. Exact after a graceful Close (with or without a step
+	// open) and, for the layers a step marker covers, after a crash
+	// (the marker's lengths, plus the interrupted step's token where a
+	// sealed page shows it: RolledBack); a layer no marker covers gets
+	// the stores' length record, which holds only the longest layer
+	// (exact when the layers were even). HadLens[l] - Lens[l] is the
+	// tokens the layer lost, RolledBack[l] of them never acknowledged.
+	HadLens []int
+	// HadExact says per layer whether HadLens[l] is exact (else an upper
+	// bound): a hosted rank that knows its length exactly (rankHad)
+	// reaches it, so the others' upper bounds do not exceed it. Not
+	// exact: a crash, a layer no step marker covers, whose length the
+	// stores' length record gives (the longest layer's) and its
+	// persisted pages do not; a coordinator adds the other workers'.
+	HadExact []bool
 }
 
 // Len is the shortest layer's length.
@@ -158,7 +176,10 @@ func (s RecoveredSeq) Len() int { return slices.Min(s.Lens) }
 // DamagedSeq is a sequence that could not be recovered.
 type DamagedSeq struct {
 	Key, Seq uint64
-	Err      error
+	// Grid is the grid that created it (RecoveredSeq.Grid; "" when its
+	// table entry was unreadable).
+	Grid string
+	Err  error
 }
 
 // entry is one sequence table value.
@@ -212,7 +233,7 @@ func (l *Local) openTable(ranks []Rank) error {
 	f := tableFormat{Version: 1, Layers: c.Layers, Geometry: c.Geometry, CP: c.CP, TP: c.TP}
 	f.Ranks = ranks
 	want, _ := json.Marshal(f)
-	err = db.Update(func(tx *bolt.Tx) error {
+	err = boltcheck.Update(db, func(tx *bolt.Tx) error {
 		mb, err := tx.CreateBucketIfNotExists(bkWorkerMeta)
 		if err != nil {
 			return err
@@ -221,7 +242,7 @@ func (l *Local) openTable(ranks []Rank) error {
 			return err
 		}
 		if have := mb.Get(kWorkerFmt); have != nil && string(have) != string(want) {
-			return fmt.Errorf("%w: the directory holds the ranks of another grid or geometry (%s; this worker: %s)", pagestore.ErrInvalidConfig, have, want)
+			return fmt.Errorf("%w: %w: the directory holds the ranks of another grid or geometry (%s; this worker: %s)", pagestore.ErrInvalidConfig, pagestore.ErrOtherFormat, have, want)
 		}
 		if v := mb.Get(kWorkerNext); len(v) == 8 {
 			l.nextKey = binary.BigEndian.Uint64(v)
@@ -279,7 +300,7 @@ func (l *Local) putEntry(seq uint64, sq *seqState) error {
 	if key == 0 {
 		key = l.nextKey
 	}
-	err = l.db.Update(func(tx *bolt.Tx) error {
+	err = boltcheck.Update(l.db, func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bkWorkerSeqs).Put(entryKey(key), b); err != nil {
 			return err
 		}
@@ -301,7 +322,7 @@ func (l *Local) deleteEntry(sq *seqState) error {
 	if l.db == nil || sq.key == 0 {
 		return nil
 	}
-	err := l.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bkWorkerSeqs).Delete(entryKey(sq.key)) })
+	err := boltcheck.Update(l.db, func(tx *bolt.Tx) error { return tx.Bucket(bkWorkerSeqs).Delete(entryKey(sq.key)) })
 	if err != nil {
 		return l.ioError("commit sequence table", l.tablePath(), err)
 	}
@@ -340,7 +361,7 @@ func (l *Local) recoverTable() error {
 		err error
 	}
 	var entries []kv
-	err := l.db.View(func(tx *bolt.Tx) error {
+	err := boltcheck.View(l.db, func(tx *bolt.Tx) error {
 		return tx.Bucket(bkWorkerSeqs).ForEach(func(k, v []byte) error {
 			it := kv{}
 			if len(k) != 8 {
@@ -395,19 +416,31 @@ func (l *Local) recoverTable() error {
 				err = fmt.Errorf("rank %v: store sequence %d was not persisted", rk.id, er.Store)
 			}
 		}
-		var had []int // per hosted rank: its store length before the stop
+		var had []int         // per hosted rank: its store length before the stop
+		var hadLens [][]int   // per hosted rank and layer: the same
+		var hadExact [][]bool // per hosted rank and layer: hadLens exact
+		m, hasMark := marks[it.key]
 		for i := 0; err == nil && i < len(l.ranks); i++ {
+			var mark []int
+			if hasMark && len(m.Lens) == len(l.ranks) {
+				mark = m.Lens[i]
+			}
 			var n int
-			n, err = l.rankHad(i, sq, stores[i][sq.local[i]].rec.LostTokens)
-			had = append(had, n)
+			var per []int
+			var exact []bool
+			n, per, exact, err = l.rankHad(i, sq, stores[i][sq.local[i]].rec, mark)
+			had, hadLens, hadExact = append(had, n), append(hadLens, per), append(hadExact, exact)
 		}
 		var cut []int
-		if m, ok := marks[it.key]; ok && err == nil {
-			cut, err = l.undoStep(sq, m)
+		if hasMark && err == nil {
+			var done bool
+			if done, err = l.stepDone(sq, m); err == nil && !done {
+				cut, err = l.undoStep(sq, m)
+			}
 		}
 		if err == nil {
 			var r RecoveredSeq
-			r, err = l.reconcile(sq, e.Seq, had)
+			r, err = l.reconcile(sq, e.Seq, had, hadLens, hadExact)
 			r.Grid, r.Placement = e.Grid, slices.Clone(e.Nodes)
 			if cut != nil && slices.Max(cut) > 0 {
 				r.RolledBack = cut
@@ -422,7 +455,7 @@ func (l *Local) recoverTable() error {
 		for _, f := range marked {
 			f.used, f.damaged = false, true
 		}
-		rep.Damaged = append(rep.Damaged, DamagedSeq{Key: it.key, Seq: e.Seq, Err: err})
+		rep.Damaged = append(rep.Damaged, DamagedSeq{Key: it.key, Seq: e.Seq, Grid: e.Grid, Err: err})
 		dead = append(dead, it.key)
 	}
 	for i, rk := range l.ranks {
@@ -440,7 +473,7 @@ func (l *Local) recoverTable() error {
 		}
 	}
 	if len(dead) > 0 {
-		err := l.db.Update(func(tx *bolt.Tx) error {
+		err := boltcheck.Update(l.db, func(tx *bolt.Tx) error {
 			b := tx.Bucket(bkWorkerSeqs)
 			for _, k := range dead {
 				if err := b.Delete(entryKey(k)); err != nil {
@@ -469,32 +502,72 @@ func compareU64(a, b uint64) int {
 	return 0
 }
 
-// rankHad returns hosted rank i's store length of sq before the stop:
-// its longest layer plus the tokens its store lost (its report).
-func (l *Local) rankHad(i int, sq *seqState, lost int) (int, error) {
+// rankHad returns hosted rank i's store length of sq before the stop
+// (before recovery cuts anything): its longest layer plus the tokens its
+// store lost (rec, its report), the same per layer, and per layer
+// whether that length is exact (else an upper bound). mark is the
+// rank's step marker lengths (nil for none): a layer it covers held its
+// persisted length or the marker's, whichever is longer (the step
+// appends one token, on disk only where it sealed a page: an
+// interrupted step's token that reached no disk is not counted, never
+// acknowledged), exact. The others: after a graceful Close (the tail
+// persisted) their persisted length, exact; after a crash the store's
+// length record, which holds only the longest layer: exact where it
+// equals the layer's persisted length (the layer held at least that),
+// an upper bound otherwise (a layer an interrupted step did not reach
+// held one token less).
+func (l *Local) rankHad(i int, sq *seqState, rec pagestore.RecoveredSeq, mark []int) (int, []int, []bool, error) {
 	rk := l.ranks[i]
+	lost := rec.LostTokens
+	lens := make([]int, l.cfg.Layers)
+	exact := make([]bool, l.cfg.Layers)
 	hi := 0
 	for layer := range l.cfg.Layers {
 		n, err := rk.sh.Store().LayerLen(sq.local[i], layer)
 		if err != nil {
-			return 0, fmt.Errorf("rank %v: %w", rk.id, err)
+			return 0, nil, nil, fmt.Errorf("rank %v: %w", rk.id, err)
 		}
+		lens[layer] = n
 		hi = max(hi, n)
 	}
-	return hi + lost, nil
+	for layer, n := range lens {
+		switch {
+		case len(mark) == len(lens) && mark[layer] >= 0:
+			lens[layer], exact[layer] = max(n, mark[layer]), true
+		case rec.TailPersisted && lost == 0:
+			exact[layer] = true
+		default:
+			lens[layer], exact[layer] = hi+lost, n == hi+lost
+		}
+	}
+	return max(hi+lost, slices.Max(lens)), lens, exact, nil
 }
 
 // reconcile computes the global lengths sq's hosted ranks agree on, per
 // layer, and cuts back the ranks that hold more; rankHad are the ranks'
-// store lengths before the stop (rankHad). It returns the recovered
-// sequence.
-func (l *Local) reconcile(sq *seqState, seq uint64, rankHad []int) (RecoveredSeq, error) {
+// store lengths before the stop, rankLens the same per layer and
+// rankExact which of those are exact (rankHad). It returns the
+// recovered sequence.
+func (l *Local) reconcile(sq *seqState, seq uint64, rankHad []int, rankLens [][]int, rankExact [][]bool) (RecoveredSeq, error) {
 	c := l.cfg
 	S := c.PageSize
-	r := RecoveredSeq{Key: sq.key, Seq: seq, Layout: sq.layout, Lens: make([]int, c.Layers)}
+	r := RecoveredSeq{Key: sq.key, Seq: seq, Layout: sq.layout, Lens: make([]int, c.Layers), HadLens: make([]int, c.Layers)}
 	had := 0 // the global length before the stop: the furthest token a rank held
 	for i, rk := range l.ranks {
-		had = max(had, globalEnd(sq.layout.Place(rk.id.CP), S, rankHad[i]))
+		p := sq.layout.Place(rk.id.CP)
+		had = max(had, globalEnd(p, S, rankHad[i]))
+		for layer, n := range rankLens[i] {
+			r.HadLens[layer] = max(r.HadLens[layer], globalEnd(p, S, n))
+		}
+	}
+	r.HadExact = make([]bool, c.Layers)
+	for i, rk := range l.ranks {
+		p := sq.layout.Place(rk.id.CP)
+		for layer, n := range rankLens[i] {
+			if rankExact[i][layer] && globalEnd(p, S, n) == r.HadLens[layer] {
+				r.HadExact[layer] = true
+			}
+		}
 	}
 	for layer := range c.Layers {
 		n := -1
@@ -708,4 +781,103 @@ func (l *Local) Park(ctx context.Context, seq uint64) error {
 	l.parked[sq.key] = sq
 	l.nparked.Store(int64(len(l.parked)))
 	return nil
+}
+
+// DataDirFormat is what a worker data directory was made for: the
+// format record of its sequence table (ReadDataDirFormat). A worker on
+// the directory must have this Layers, Geometry, CP and TP and host
+// these Ranks, or NewLocal refuses it (pagestore.ErrOtherFormat).
+type DataDirFormat struct {
+	Layers int
+	plan.Geometry
+	CP, TP int
+	Ranks  []Rank
+}
+
+// ReadDataDirFormat reads the format record of the worker data
+// directory dir read-only, recovering and changing nothing: bbolt's
+// shared lock is taken for the read, waiting at most timeout for a
+// worker that holds the file (then the error wraps pagestore.ErrInUse).
+// A damaged sequence table, or a format record that does not decode,
+// is an error wrapping tier.ErrCorrupt (what NewLocal would refuse);
+// ok is false, with no error, for a table without a format record
+// (created, never committed: NewLocal writes one).
+func ReadDataDirFormat(dir string, timeout time.Duration) (f DataDirFormat, ok bool, err error) {
+	path := filepath.Join(dir, tableName)
+	db, err := boltcheck.OpenChecked(path, 0o600, &bolt.Options{ReadOnly: true, PreLoadFreelist: true, Timeout: timeout})
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return f, false, fmt.Errorf("worker: %s is locked by a running worker: %w", path, pagestore.ErrInUse)
+	case errors.Is(err, boltcheck.ErrCorrupt):
+		return f, false, fmt.Errorf("worker: %w: %w", tier.ErrCorrupt, err)
+	case err != nil:
+		return f, false, fmt.Errorf("worker: open %s: %w", path, err)
+	}
+	defer db.Close()
+	var raw []byte
+	err = boltcheck.View(db, func(tx *bolt.Tx) error {
+		if mb := tx.Bucket(bkWorkerMeta); mb != nil {
+			raw = slices.Clone(mb.Get(kWorkerFmt))
+		}
+		return nil
+	})
+	if err != nil {
+		return f, false, fmt.Errorf("worker: read %s: %w: %w", path, tier.ErrCorrupt, err)
+	}
+	if raw == nil {
+		return f, false, nil
+	}
+	var tf tableFormat
+	if err := json.Unmarshal(raw, &tf); err != nil || tf.Version != 1 {
+		return f, false, fmt.Errorf("worker: %s: format record %q does not decode (version %d, %v): %w", path, raw, tf.Version, err, tier.ErrCorrupt)
+	}
+	return DataDirFormat{Layers: tf.Layers, Geometry: tf.Geometry, CP: tf.CP, TP: tf.TP, Ranks: tf.Ranks}, true, nil
+}
+
+// TableSeq names one sequence of a data directory's sequence table.
+type TableSeq struct {
+	// Key is the entry's key; Seq and Grid name the sequence as
+	// RecoveredSeq's do (Grid "" when the entry is unreadable).
+	Key, Seq uint64
+	Grid     string
+}
+
+// TableSeqs lists, by increasing key, the sequences that the sequence
+// table of data directory dir names, opening it read-only and checked
+// (internal/boltcheck): what a worker that could not open dir held (a
+// directory moved aside as damaged), for its owner to report. It fails
+// when the table is missing, damaged or locked.
+func TableSeqs(dir string) ([]TableSeq, error) {
+	path := filepath.Join(dir, tableName)
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("worker: sequence table: %w", err)
+	}
+	db, err := boltcheck.OpenChecked(path, 0o600, &bolt.Options{ReadOnly: true, PreLoadFreelist: true, Timeout: 100 * time.Millisecond})
+	if err != nil {
+		return nil, fmt.Errorf("worker: sequence table: %w", err)
+	}
+	defer db.Close()
+	var out []TableSeq
+	err = boltcheck.View(db, func(tx *bolt.Tx) error {
+		b := tx.Bucket(bkWorkerSeqs)
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			if len(k) != 8 {
+				return nil
+			}
+			s := TableSeq{Key: binary.BigEndian.Uint64(k)}
+			var e entry
+			if json.Unmarshal(v, &e) == nil {
+				s.Seq, s.Grid = e.Seq, e.Grid
+			}
+			out = append(out, s)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("worker: sequence table: %w", err)
+	}
+	return out, nil
 }

@@ -28,11 +28,14 @@ type rankWork struct {
 // abort tells the peers of rk that wait on its messages of (step, layer)
 // that it gives up: the selection exchange when sel is set (it has not
 // sent its candidates), and the merge at the root when rk is not the root.
-func (l *Local) abort(rk *rank, step uint64, layer int, err error, sel bool) {
+func (l *Local) abort(rk *rank, step uint64, layer int, err error, sel, topp bool) {
 	actx, cancel := context.WithTimeout(context.Background(), abortTimeout)
 	defer cancel()
 	if sel {
 		collective.Abort(actx, rk.tr, collective.MakeTag(step, layer, collective.OpSelect), err)
+	}
+	if topp {
+		collective.Abort(actx, rk.tr, collective.MakeTag(step, layer, collective.OpTopP), err)
 	}
 	if rk.id.CP != 0 {
 		collective.AbortRank(actx, rk.tr, collective.MakeTag(step, layer, collective.OpReduce), 0, err)
@@ -48,7 +51,7 @@ func (l *Local) runRank(ctx context.Context, st *stepState, i, layer int, in *Ra
 	out.Diag.Rows = 0
 	out.Diag.Indptr, out.Diag.Pages, out.Diag.Scores = out.Diag.Indptr[:0], out.Diag.Pages[:0], out.Diag.Scores[:0]
 	if err := l.takeNew(st, i, layer, in, out); err != nil {
-		l.abort(rk, st.id, layer, err, l.cfg.Mode == Exact)
+		l.abort(rk, st.id, layer, err, l.cfg.Mode == Exact, l.toppExchange(st))
 		return fmt.Errorf("rank %v: %w", rk.id, err)
 	}
 	if err := l.rankStep(ctx, st, i, layer, in.Q); err != nil {
@@ -118,8 +121,9 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 	// selection exchange if this rank has not sent its candidates yet, and
 	// the merge at the root if this rank is not the root.
 	selSent := c.Mode != Exact
+	toppSent := !l.toppExchange(st)
 	fail := func(err error) error {
-		l.abort(rk, st.id, layer, err, !selSent)
+		l.abort(rk, st.id, layer, err, !selSent, !toppSent)
 		return err
 	}
 	w.parts = w.parts[:0]
@@ -129,7 +133,7 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 	if err := sh.Begin(&w.ls, layer, w.parts); err != nil {
 		return fail(err)
 	}
-	if c.CP == 1 && !st.phased {
+	if c.CP == 1 && !st.phased && !l.toppOn(st) {
 		// One rank holds every page: its local top-K is the global one,
 		// and a fusing backend runs the whole local step in one call.
 		done, err := sh.FusedStep(ctx, &w.ls)
@@ -206,6 +210,25 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 		}
 		w.t.Score = time.Since(t0)
 	}
+	if l.toppOn(st) {
+		msg, err := sh.TopPLocal(ctx, &w.ls, &w.sel)
+		if err != nil {
+			return fail(err)
+		}
+		msgs := [][]byte{msg}
+		if l.toppExchange(st) {
+			t0 := time.Now()
+			msgs, err = g.AllGather(ctx, collective.MakeTag(st.id, layer, collective.OpTopP), msg)
+			w.t.Select += time.Since(t0)
+			toppSent = true // the group aborted its own peers if it failed
+			if err != nil {
+				return fail(err)
+			}
+		}
+		if err := sh.TopPCut(&w.ls, msgs, c.Policy.TopP, rk.id.CP == 0); err != nil {
+			return fail(err)
+		}
+	}
 	if err := sh.Attend(ctx, &w.ls, &w.sel); err != nil {
 		return fail(err)
 	}
@@ -219,6 +242,25 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 	w.t.Merge = time.Since(t0)
 	return err
 }
+
+// toppOn reports whether the step prunes by top-p (Policy.TopP) after
+// the selection: the policy asks for it and a sequence has a sparse
+// plan (the same answer on every rank).
+func (l *Local) toppOn(st *stepState) bool {
+	if !l.cfg.Policy.TopPOn() {
+		return false
+	}
+	for _, pl := range st.plans {
+		if !pl.Dense {
+			return true
+		}
+	}
+	return false
+}
+
+// toppExchange reports whether the step's top-p messages travel among
+// the CP ranks.
+func (l *Local) toppExchange(st *stepState) bool { return l.cfg.CP > 1 && l.toppOn(st) }
 
 // diagOut copies the rank's selection and page scores into out.
 func (l *Local) diagOut(st *stepState, rk *rank, out *RankOutput) {

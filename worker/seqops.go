@@ -21,6 +21,9 @@ func (l *Local) Create(ctx context.Context, m CreateRequest) error {
 	if _, ok := l.seqs[m.Seq]; ok {
 		return fmt.Errorf("create: %w: sequence %d exists", ErrBadMessage, m.Seq)
 	}
+	if err := l.roomLocked(); err != nil {
+		return fmt.Errorf("create sequence %d: %w", m.Seq, err)
+	}
 	if err := m.Layout.Validate(l.cfg.KVHeads); err != nil {
 		return fmt.Errorf("create sequence %d: %w: %w", m.Seq, ErrBadMessage, err)
 	}
@@ -59,6 +62,9 @@ func (l *Local) Fork(ctx context.Context, m ForkRequest) error {
 	}
 	if _, ok := l.seqs[m.Child]; ok {
 		return fmt.Errorf("fork sequence %d: %w: child %d exists", m.Parent, ErrBadMessage, m.Child)
+	}
+	if err := l.roomLocked(); err != nil {
+		return fmt.Errorf("fork sequence %d: %w", m.Parent, err)
 	}
 	child := &seqState{layout: sq.layout}
 	for i, rk := range l.ranks {
@@ -384,4 +390,14 @@ func finiteOrInf(x []float32) bool {
 // of retrying what this rank already holds.
 func changedBy(err error) bool {
 	return errors.Is(err, pagestore.ErrData) || errors.Is(err, pagestore.ErrPersist)
+}
+
+// roomLocked fails with ErrTooManySequences when the worker holds
+// Config.MaxSequences sequences (live and parked); l.mu held.
+func (l *Local) roomLocked() error {
+	if n, limit := len(l.seqs)+len(l.parked), l.cfg.MaxSequences(); n >= limit {
+		return fmt.Errorf("%w: the grid holds %d sequences, its limit (Config.MaxSequences: CP %d x capacity %d pages, at least %d)",
+			ErrTooManySequences, n, l.cfg.CP, l.cfg.Capacity, MinSequences)
+	}
+	return nil
 }

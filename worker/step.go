@@ -75,6 +75,17 @@ func (l *Local) BeginStep(ctx context.Context, m BeginRequest) error {
 	case len(m.Seqs) == 0:
 		return fmt.Errorf("begin step %d: %w: no sequences", m.Step, ErrBadMessage)
 	}
+	// Before the step state grows for the batch.
+	ids := func(yield func(uint64) bool) {
+		for _, s := range m.Seqs {
+			if !yield(s.Seq) {
+				return
+			}
+		}
+	}
+	if err := l.checkBatch(len(m.Seqs), ids); err != nil {
+		return fmt.Errorf("begin step %d: %w", m.Step, err)
+	}
 	if err := l.checkLayer(m.Layer); err != nil {
 		return fmt.Errorf("begin step %d: %w", m.Step, err)
 	}
@@ -207,8 +218,10 @@ func (l *Local) Layer(ctx context.Context, m LayerRequest, rep *LayerReply) erro
 	order, err := l.checkLayerRequest(st, m)
 	if err != nil {
 		st.failed = true
+		// The layer's plans are not made yet (st.plans may be the last
+		// layer's): a top-p policy aborts its exchange whatever they are.
 		for _, rk := range l.ranks {
-			l.abort(rk, st.id, m.Layer, err, l.cfg.Mode == Exact)
+			l.abort(rk, st.id, m.Layer, err, l.cfg.Mode == Exact, l.cfg.CP > 1 && l.cfg.Policy.TopPOn())
 		}
 		return fmt.Errorf("layer %d of step %d: %w", m.Layer, m.Step, err)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/questrt/questrt/internal/boltcheck"
 )
 
 // Step markers: what makes a decode step atomic across a crash or a
@@ -14,7 +16,10 @@ import (
 // are provisional. Before the first of them can reach the disk, the
 // worker commits a marker per sequence of the step: the store lengths
 // of every hosted rank and layer when the step began. EndStep deletes
-// the markers. Recovery cuts every layer of a sequence that has a
+// the markers. Recovery keeps the token of a sequence whose marker's
+// layers all hold it on every hosted rank (stepDone: the step ran its
+// last layer here, and its answer may have reached the client before
+// EndStep), and otherwise cuts every layer of a sequence that has a
 // marker back to the marker's lengths ([pagestore.Store.Truncate]) and
 // reports what it cut ([RecoveredSeq.RolledBack]); layers the step did
 // not reach, and lengths left uneven by acknowledged appends of single
@@ -109,7 +114,7 @@ func (l *Local) putMarks(st *stepState, idx []int) error {
 		}
 		put = append(put, kv{sq.key, b})
 	}
-	err := l.db.Update(func(tx *bolt.Tx) error {
+	err := boltcheck.Update(l.db, func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bkWorkerSteps)
 		if err != nil {
 			return err
@@ -138,7 +143,7 @@ func (l *Local) clearMarks() error {
 	if l.db == nil || l.closed || len(l.marked) == 0 {
 		return nil
 	}
-	err := l.db.Update(func(tx *bolt.Tx) error {
+	err := boltcheck.Update(l.db, func(tx *bolt.Tx) error {
 		b := tx.Bucket(bkWorkerSteps)
 		if b == nil {
 			return nil
@@ -160,7 +165,7 @@ func (l *Local) clearMarks() error {
 // readMarks returns the markers of the table (recovery).
 func (l *Local) readMarks() (map[uint64]stepMark, error) {
 	out := map[uint64]stepMark{}
-	err := l.db.View(func(tx *bolt.Tx) error {
+	err := boltcheck.View(l.db, func(tx *bolt.Tx) error {
 		b := tx.Bucket(bkWorkerSteps)
 		if b == nil {
 			return nil
@@ -183,7 +188,7 @@ func (l *Local) readMarks() (map[uint64]stepMark, error) {
 // dropAllMarks deletes the markers bucket's contents (recovery, once
 // applied).
 func (l *Local) dropAllMarks() error {
-	return l.db.Update(func(tx *bolt.Tx) error {
+	return boltcheck.Update(l.db, func(tx *bolt.Tx) error {
 		if tx.Bucket(bkWorkerSteps) == nil {
 			return nil
 		}
@@ -193,6 +198,49 @@ func (l *Local) dropAllMarks() error {
 		_, err := tx.CreateBucket(bkWorkerSteps)
 		return err
 	})
+}
+
+// stepDone reports whether the step of marker m had appended its token
+// to every layer the marker covers on every hosted rank that stores it
+// (recovery, before undoStep): a step done here, which recovery keeps.
+// A client is told a step is done only after its last layer's answer,
+// which needs every rank's last layer, which appends first; so a step
+// whose answer went out is done on every worker (nothing acknowledged
+// is rolled back), and a step done on every worker may have lost only
+// its answer (kept, as a step that completed). A step done here and not
+// on another worker is rolled back there, and the coordinator cuts it
+// here ([MaxLens], engine.Adopt). A marker covers every layer from the
+// step's first to the model's last: a step that ends before the last
+// layer is never done here, and an interrupted one is rolled back
+// (a crash after its answer and before EndStep included).
+func (l *Local) stepDone(sq *seqState, m stepMark) (bool, error) {
+	if len(m.Lens) != len(l.ranks) {
+		return false, nil // undoStep refuses it
+	}
+	covered := false
+	for i, rk := range l.ranks {
+		lens := m.Lens[i]
+		if lens == nil {
+			continue
+		}
+		if len(lens) != l.cfg.Layers {
+			return false, nil // undoStep refuses it
+		}
+		for layer, mark := range lens {
+			if mark < 0 {
+				continue
+			}
+			n, err := rk.sh.Store().LayerLen(sq.local[i], layer)
+			if err != nil {
+				return false, fmt.Errorf("rank %v: %w", rk.id, err)
+			}
+			if n <= mark {
+				return false, nil
+			}
+			covered = true
+		}
+	}
+	return covered, nil
 }
 
 // undoStep cuts the hosted ranks' layers of recovered sequence sq back

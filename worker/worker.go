@@ -70,3 +70,24 @@ type Worker interface {
 	// KeysRequest); refused while a step is open.
 	Keys(ctx context.Context, m KeysRequest, rep *KeysReply) error
 }
+
+// AheadWorker is a Worker across a network whose BeginStep can go out
+// ahead of the step's first Layer without a round trip in between: the
+// coordinator sends both and learns BeginStep's answer with the layer's
+// (one round trip per step less). Its calls are answered in the order
+// they were made, so a Layer that follows a refused BeginStep finds no
+// step open and is refused too, changing nothing.
+type AheadWorker interface {
+	Worker
+	// BeginsAhead reports whether BeginStepAhead returns before the
+	// answer (false for a worker in process, whose calls are direct);
+	// it does not change over the worker's life.
+	BeginsAhead() bool
+	// BeginStepAhead sends m as BeginStep does and returns at once; wait
+	// returns BeginStep's error once its answer came (a failure to send
+	// too). The worker's next calls (the step's first Layer, or EndStep)
+	// may be made before wait; wait must be called before the step's
+	// EndStep returns or after it, never skipped while ctx lives, and
+	// ctx bounds the call until then.
+	BeginStepAhead(ctx context.Context, m BeginRequest) (wait func(context.Context) error)
+}

@@ -24,7 +24,9 @@ func PolicyProto(p plan.Policy) (*workerv1.Policy, error) {
 		PageSize: u32("policy page size", p.PageSize, &err), BudgetTokens: u32("budget tokens", p.BudgetTokens, &err),
 		SinkPages: u32("sink pages", p.SinkPages, &err), LocalPages: u32("local pages", p.LocalPages, &err),
 		DenseLayers: u32("dense layers", p.DenseLayers, &err), LayerBudget: lb,
-		Gqa: p.GQA.String(), Selector: p.Selector.String(),
+		Gqa: p.GQA.String(), Selector: p.Selector.String(), DenseRho: p.DenseRho,
+		HierGroup: u32("hier group", p.HierGroup, &err), TopP: p.TopP,
+		SubBoxes: u32("sub boxes", p.SubBoxes, &err),
 	}
 	return m, err
 }
@@ -39,7 +41,9 @@ func Policy(m *workerv1.Policy) (plan.Policy, error) {
 	p := plan.Policy{
 		PageSize: toInt("policy page size", m.GetPageSize(), &err), BudgetTokens: toInt("budget tokens", m.GetBudgetTokens(), &err),
 		SinkPages: toInt("sink pages", m.GetSinkPages(), &err), LocalPages: toInt("local pages", m.GetLocalPages(), &err),
-		DenseLayers: toInt("dense layers", m.GetDenseLayers(), &err),
+		DenseLayers: toInt("dense layers", m.GetDenseLayers(), &err), DenseRho: m.GetDenseRho(),
+		HierGroup: toInt("hier group", m.GetHierGroup(), &err), TopP: m.GetTopP(),
+		SubBoxes: toInt("sub boxes", m.GetSubBoxes(), &err),
 	}
 	if lb := m.GetLayerBudget(); len(lb) > 0 {
 		p.LayerBudget = make(map[int]int, len(lb))

@@ -361,6 +361,8 @@ func (c *Client) Step(ctx context.Context, layer int, items []Item, opt StepOpti
 
 // NextItems fills the next layer's items (Q, and K and V when the step
 // has a new token) from the previous layer's result, in place.
+//
+// Deprecated: Decode's callback; use the client's decode.Stepper.
 type NextItems func(layer int, items []Item, res *StepResult) error
 
 // Decode runs one decode step over layers [first, last) for items of one
@@ -368,6 +370,11 @@ type NextItems func(layer int, items []Item, res *StepResult) error
 // and each layer costs one message each way. next fills each later
 // layer's items from the previous layer's result; the last layer's
 // result is returned (Total: the coordinator's time of the whole step).
+//
+// Deprecated: the caller should own the layer loop: Begin (with
+// decode.Batch.FirstLayer and Layers for [first, last)), Layer per
+// layer and End, the client's decode.Stepper. Decode stays for one
+// release for callers outside this module.
 func (c *Client) Decode(ctx context.Context, first, last int, items []Item, opt StepOptions, next NextItems) (*StepResult, error) {
 	if len(items) == 0 {
 		return nil, errors.New("client: decode: no items")

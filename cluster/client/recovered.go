@@ -25,12 +25,22 @@ type Recovered struct {
 	// of every layer to append again, from position max(Lens), before it
 	// decodes as it would have.
 	Had, LostTokens int
-	// Lost are, per layer, the tokens that layer lacks of Had
-	// (Had - Lens[layer]); RolledBack, when not nil, per layer, those
-	// of them an interrupted decode step had appended (a kill inside a
-	// step): never acknowledged to a client.
+	// Lost are, per layer, the tokens that layer lacks of what it held
+	// when the node stopped (Had - Lens[layer] where the nodes report
+	// one length); RolledBack, when not nil, per layer, those of them
+	// an interrupted decode step had appended (a kill inside a step):
+	// never acknowledged to a client. Lost[l] - RolledBack[l] are the
+	// acknowledged tokens to append again to layer l from Lens[l].
 	Lost, RolledBack []int
-	Nodes            []string
+	// LostExact says per layer whether Lost[l] is exact; otherwise Lost[l]
+	// is an upper bound (a node killed inside a step estimates a layer
+	// it had no record of from its longest layer: one token too many
+	// where the step did not reach the layer). nil from a node that
+	// does not say: every count an upper bound. Lens are exact either
+	// way: a client appends again, from Lens[l], the acknowledged
+	// tokens it holds past it.
+	LostExact []bool
+	Nodes     []string
 }
 
 // Damaged is a sequence a restarted node found and could not adopt: a
@@ -42,6 +52,11 @@ type Damaged struct {
 	ID     string
 	Err    string
 	Parked bool
+	// Reason, when not empty, is what a node of its grid reported of it,
+	// "node <name>: ..." (Err includes it): why that node did not
+	// recover it (its pages failed their checks, or the grid's data
+	// directory there was damaged and moved aside).
+	Reason string
 }
 
 // Recovered asks the node to recover (it opens the grid of its config)
@@ -68,11 +83,14 @@ func (c *Client) Recovered(ctx context.Context) ([]Recovered, []Damaged, error) 
 		for _, n := range s.GetRolledBack() {
 			q.RolledBack = append(q.RolledBack, int(n))
 		}
+		if e := s.GetLostExact(); len(e) == len(q.Lost) && len(e) > 0 {
+			q.LostExact = e
+		}
 		seqs = append(seqs, q)
 	}
 	var dmg []Damaged
 	for _, d := range r.GetDamaged() {
-		dmg = append(dmg, Damaged{ID: d.GetSequence(), Err: d.GetError(), Parked: d.GetParked()})
+		dmg = append(dmg, Damaged{ID: d.GetSequence(), Err: d.GetError(), Parked: d.GetParked(), Reason: d.GetReason()})
 	}
 	return seqs, dmg, nil
 }

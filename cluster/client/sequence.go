@@ -6,11 +6,10 @@ import (
 	"github.com/questrt/questrt/decode"
 )
 
-// Sequence is one sequence of a cluster as the model drives it: appends,
-// and decode steps batched with other sequences through the client's
-// Stepper. model/clusterseq adds the one-layer step with the in-process
-// engine's types (diagnostics, comparisons) that model.EngineAttention
-// also needs.
+// Sequence is one sequence of a cluster as the model drives it
+// (model.NewAttentionOf): appends, and steps through the client's
+// Stepper, batched with other sequences, or of one layer
+// (decode.Batch.Layers) for diagnostics and dense comparisons.
 type Sequence struct {
 	C  *Client
 	ID string
@@ -21,8 +20,8 @@ func (s Sequence) Append(ctx context.Context, layer int, k, v []float32) error {
 	return s.C.Append(ctx, s.ID, layer, k, v)
 }
 
-// Stepper is the client (model.StepperSequence: the sequence's decode
-// steps run batched through its Steps stream); SeqID its handle there.
+// Stepper is the client (the sequence's steps run through its Steps
+// stream); SeqID its handle there.
 func (s Sequence) Stepper() decode.Stepper { return s.C }
 
 // SeqID returns the sequence's handle in the client's Stepper.

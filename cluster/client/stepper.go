@@ -67,21 +67,27 @@ func (c *Client) idOf(x decode.SeqID) (string, bool) {
 // Begin implements decode.Stepper: rows name sequences by their handles
 // (Handle), all coordinated by one node. It sends the step's begin on a
 // Steps stream, the one the last step with the same first sequence
-// left open (see keptSteps) or a new one, and waits for the coordinator
-// to open the step (one BeginStep per worker); ctx must outlive the
+// left open (see keptSteps) or a new one, and returns without waiting
+// for the coordinator's answer: the first Layer's message follows the
+// begin at once and the answer comes with that layer's reply (one round
+// trip per token less), so a step the coordinator refuses (an unknown
+// sequence, a busy grid, a node short of pages...) is reported by the
+// first Layer call, wrapping decode.ErrBeginRefused and the refusal's
+// class, with nothing changed (see decode.Step). ctx must outlive the
 // step: its end fails the step (each Layer is bounded by its own context
 // too). Each layer is then one message each way, and the step runs
-// through the model's last layer. Layer checks shapes and
+// through the model's last layer, or through b's last (b.Layers): the
+// coordinator ends the step after it and the stream stays open for the
+// next. A step with b.Options.Diagnostics (which the Steps stream does
+// not carry) runs each Layer as a Step call of its own instead, which
+// returns the rows' diagnostics in the Result's Diag. Layer checks shapes and
 // values here (finite, within decode.MagnitudeLimit), so that such bad
 // input leaves the step usable; what the coordinator refuses after that
 // (a sequence whose layers differ in length) fails the step: the error
 // wraps ErrStepFailed, and ErrBadInput too.
 func (c *Client) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
-	switch {
-	case len(b.Rows) == 0:
+	if len(b.Rows) == 0 {
 		return nil, fmt.Errorf("client: begin step: %w: no rows", decode.ErrBadInput)
-	case b.Options.Diagnostics:
-		return nil, fmt.Errorf("client: begin step: %w: diagnostics need Step (one layer at a time)", decode.ErrBadInput)
 	}
 	st := &clientStep{ids: make([]string, len(b.Rows)), rows: b.Rows, next: b.FirstLayer}
 	for i, r := range b.Rows {
@@ -96,10 +102,14 @@ func (c *Client) Begin(ctx context.Context, b decode.Batch) (decode.Step, error)
 	}
 	g := c.geoOf(st.ids[0])
 	st.g = g
-	if b.FirstLayer < 0 || b.FirstLayer >= g.Layers {
-		return nil, fmt.Errorf("client: begin step: %w: first layer %d outside 0..%d", decode.ErrBadInput, b.FirstLayer, g.Layers-1)
+	if b.FirstLayer < 0 || b.FirstLayer >= g.Layers || b.Layers < 0 || b.FirstLayer+b.Layers > g.Layers {
+		return nil, fmt.Errorf("client: begin step: %w: %d layers from layer %d in a model of %d", decode.ErrBadInput, b.Layers, b.FirstLayer, g.Layers)
 	}
-	m := &decodev1.StepsRequest{Begin: true, FirstLayer: uint32(b.FirstLayer), LastLayer: uint32(g.Layers),
+	st.last = b.LastLayer(g.Layers)
+	if b.Options.Diagnostics {
+		return c.beginMeasured(st, b)
+	}
+	m := &decodev1.StepsRequest{Begin: true, Ahead: true, FirstLayer: uint32(b.FirstLayer), LastLayer: uint32(st.last),
 		ForceDense: b.Options.ForceDense, Phased: b.Options.Phased}
 	for i, r := range b.Rows {
 		if r.Budget < 0 || r.DenseLayers < 0 {
@@ -109,19 +119,12 @@ func (c *Client) Begin(ctx context.Context, b decode.Batch) (decode.Step, error)
 			DenseLayers: uint32(r.DenseLayers), NewToken: r.New})
 	}
 	ks, fresh := c.kept.take(st.ids[0])
+	st.beginDone = ctx.Err
 	fail := func(err error) (decode.Step, error) {
 		if ks != nil {
 			ks.cancel()
 		}
-		// The server's copy of the deadline may end the stream first:
-		// DEADLINE_EXCEEDED before ctx itself is done.
-		if ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded {
-			// The coordinator did not open the step within ctx: what
-			// the engine reports as a step holding the sequences too
-			// long (its Aborted answer may not reach this side first).
-			return nil, fmt.Errorf("client: begin step: %w (not open before the deadline): %w", decode.ErrStepOpen, err)
-		}
-		return nil, stepErr("begin step", err)
+		return nil, beginErr(ctx.Err(), err)
 	}
 	var err error
 	if fresh {
@@ -144,15 +147,22 @@ func (c *Client) Begin(ctx context.Context, b decode.Batch) (decode.Step, error)
 	}
 	st.c, st.ks = c, ks
 	st.stopCtx = context.AfterFunc(ctx, ks.cancel) // the step's context ends it
-	rep, err := ks.stream.Recv()
-	if err == nil && !rep.GetBegun() {
-		err = errors.New("the coordinator did not open the step")
-	}
-	if err != nil {
-		st.stopCtx()
-		return fail(err)
-	}
+	// The answer (begun, or the refusal) comes with the first layer's.
 	return st, nil
+}
+
+// beginErr is the error of a begin that did not open the step; ctxErr
+// is the begin's context's.
+func beginErr(ctxErr, err error) error {
+	// The server's copy of the deadline may end the stream first:
+	// DEADLINE_EXCEEDED before ctx itself is done.
+	if ctxErr != nil || status.Code(err) == codes.DeadlineExceeded {
+		// The coordinator did not open the step within ctx: what the
+		// engine reports as a step holding the sequences too long (its
+		// Aborted answer may not reach this side first).
+		return fmt.Errorf("client: begin step: %w (not open before the deadline): %w", decode.ErrStepOpen, err)
+	}
+	return stepErr("begin step", err)
 }
 
 // keptSteps are the Steps streams that steps ran to their end left open
@@ -252,12 +262,36 @@ type clientStep struct {
 	rows []decode.Row
 	nNew int
 	next int
+	last int // the layer after the step's last
 	c    *Client
 	ks   *stepsStream
 	// stopCtx stops Begin's context from ending the stream.
 	stopCtx func() bool
-	failed  error
-	ended   bool
+	// beginDone is Begin's context's Err; begun says the coordinator
+	// opened the step (its answer comes with the first layer's).
+	beginDone func() error
+	begun     bool
+	failed    error
+	ended     bool
+}
+
+// recv returns the stream's next layer reply, reading first the begun
+// that the step's begin awaits (on the first layer's reply, or a reply
+// of its own from a coordinator that does not take begins ahead).
+func (st *clientStep) recv() (*decodev1.StepsReply, error) {
+	for {
+		rep, err := st.ks.stream.Recv()
+		if err != nil || st.begun {
+			return rep, err
+		}
+		if !rep.GetBegun() {
+			return nil, errors.New("the coordinator answered a layer of a step it did not open")
+		}
+		st.begun = true
+		if rep.GetO() != nil {
+			return rep, nil
+		}
+	}
 }
 
 // Layer implements decode.Step. Layers run in order, each exactly once,
@@ -269,27 +303,16 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 		return fmt.Errorf("client: layer %d: %w", layer, decode.ErrStepEnded)
 	case st.failed != nil:
 		return fmt.Errorf("client: layer %d: %w: %w", layer, decode.ErrStepFailed, st.failed)
+	case layer == st.last:
+		return fmt.Errorf("client: layer %d: %w: the step ran its last layer; End it", layer, decode.ErrBadInput)
 	case layer != st.next:
 		return fmt.Errorf("client: layer %d: %w: a Steps stream runs its layers in order; the next is %d", layer, decode.ErrBadInput, st.next)
 	}
-	qd, kd, vd, err := decode.HostInputs(q, k, v)
+	qd, kd, vd, out, err := st.inputs(layer, q, k, v, res)
 	if err != nil {
-		return fmt.Errorf("client: layer %d: %w", layer, err)
+		return err
 	}
 	n, qr, kr := len(st.rows), g.QHeads*g.HeadDim, g.KVHeads*g.HeadDim
-	if len(qd) != n*qr || len(kd) != st.nNew*kr || len(vd) != len(kd) || !finite(qd) || !finite(kd) || !finite(vd) {
-		return fmt.Errorf("client: layer %d: %w: q, k and v must be [%d][%d], [%d][%d] and [%d][%d] finite floats", layer, decode.ErrBadInput, n, qr, st.nNew, kr, st.nNew, kr)
-	}
-	if err := decode.CheckMagnitude("q", qd, g.HeadDim); err != nil {
-		return fmt.Errorf("client: layer %d: %w", layer, err)
-	}
-	if err := decode.CheckMagnitude("k", kd, g.HeadDim); err != nil {
-		return fmt.Errorf("client: layer %d: %w", layer, err)
-	}
-	out, err := res.Output(n * qr)
-	if err != nil {
-		return fmt.Errorf("client: layer %d: %w", layer, err)
-	}
 	start := time.Now()
 	stop := context.AfterFunc(ctx, st.ks.cancel) // the layer's own deadline ends the stream
 	defer stop()
@@ -306,6 +329,14 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 	}
 	st.next = layer + 1
 	fail := func(err error) error {
+		if !st.begun {
+			// No begun came before the end of the stream: the
+			// coordinator refused the step (or did not open it in
+			// time) and ran nothing of this layer.
+			st.failed = fmt.Errorf("client: layer %d: %w: %w", layer, decode.ErrBeginRefused, beginErr(st.beginDone(), err))
+			st.ks.cancel()
+			return st.failed
+		}
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w: %w", ctx.Err(), err)
 		}
@@ -316,9 +347,15 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 		return st.failed
 	}
 	if err := st.ks.stream.Send(m); err != nil {
-		return fail(stepsErr(st.ks.stream, err))
+		if errors.Is(err, io.EOF) {
+			// The stream ended: its status, after any begun.
+			if _, err = st.recv(); err == nil {
+				err = errors.New("the coordinator ended the stream's sending side with a reply owed")
+			}
+		}
+		return fail(err)
 	}
-	rep, err := st.ks.stream.Recv()
+	rep, err := st.recv()
 	if err != nil {
 		return fail(err)
 	}
@@ -332,6 +369,30 @@ func (st *clientStep) Layer(ctx context.Context, layer int, q, k, v decode.Tenso
 	res.Time = decode.Times{Score: r.Time.Score, TopK: r.Time.TopK, Select: r.Time.Select, Attend: r.Time.Attend,
 		Merge: r.Time.Merge, Fused: r.Time.Fused, Total: time.Since(start)}
 	return nil
+}
+
+// inputs checks a layer's inputs (host tensors of the step's shapes,
+// finite, within decode.MagnitudeLimit) and returns them and the
+// output's host slice.
+func (st *clientStep) inputs(layer int, q, k, v decode.Tensor, res *decode.Result) (qd, kd, vd, out []float32, err error) {
+	g := st.g
+	if qd, kd, vd, err = decode.HostInputs(q, k, v); err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("client: layer %d: %w", layer, err)
+	}
+	n, qr, kr := len(st.rows), g.QHeads*g.HeadDim, g.KVHeads*g.HeadDim
+	if len(qd) != n*qr || len(kd) != st.nNew*kr || len(vd) != len(kd) || !finite(qd) || !finite(kd) || !finite(vd) {
+		return nil, nil, nil, nil, fmt.Errorf("client: layer %d: %w: q, k and v must be [%d][%d], [%d][%d] and [%d][%d] finite floats", layer, decode.ErrBadInput, n, qr, st.nNew, kr, st.nNew, kr)
+	}
+	if err := decode.CheckMagnitude("q", qd, g.HeadDim); err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("client: layer %d: %w", layer, err)
+	}
+	if err := decode.CheckMagnitude("k", kd, g.HeadDim); err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("client: layer %d: %w", layer, err)
+	}
+	if out, err = res.Output(n * qr); err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("client: layer %d: %w", layer, err)
+	}
+	return qd, kd, vd, out, nil
 }
 
 // finite reports whether every element of x is finite.
@@ -358,7 +419,7 @@ func (st *clientStep) End(context.Context) error {
 		return decode.ErrStepEnded
 	}
 	st.ended = true
-	if !st.stopCtx() || st.failed != nil || st.next != st.g.Layers {
+	if !st.stopCtx() || st.failed != nil || st.next != st.last {
 		st.ks.cancel()
 		return nil
 	}

@@ -52,10 +52,14 @@ type RecoveredSeq struct {
 	// (engine.Adopted).
 	Lens            []int
 	Had, LostTokens int
-	// Lost are the tokens per layer lost (Had - Lens[layer]) and
+	// Lost are the tokens per layer lost (what the layer held at the stop
+	// less Lens[layer], engine.Adopted) and
 	// RolledBack, when not nil, those of them that an interrupted decode
 	// step had appended, never acknowledged (engine.Adopted).
 	Lost, RolledBack []int
+	// LostExact says per layer whether Lost[layer] is exact, else an
+	// upper bound (engine.Adopted).
+	LostExact []bool
 	// Nodes host its ranks, by rank tp*CP+cp.
 	Nodes []string
 }
@@ -77,6 +81,11 @@ type DamagedSeq struct {
 	Seq    uint64
 	Err    error
 	Parked bool
+	// Reason, when not empty, is what the nodes of its grid reported of
+	// it ("node <name>: ..."; Err includes it): why a node did not
+	// recover it (its pages failed their checks there, or the grid's
+	// data directory there was damaged and moved aside).
+	Reason string
 }
 
 // Recovery is what a coordinator adopted since it started.
@@ -279,6 +288,9 @@ type adoption struct {
 	// released: its client released it while its grid was lost; it is
 	// dropped, not adopted.
 	released bool
+	// why is what the nodes missing it reported ("node <name>: ...";
+	// engine.RecoveredPart.Why), "" when they said nothing.
+	why string
 }
 
 // matchRecoveredLocked matches the sequences the nodes of g recovered
@@ -304,18 +316,65 @@ func (c *Coordinator) matchRecoveredLocked(g *grid) []adoption {
 				}
 				out = append(out, a)
 			}
-			out[i].rec.Parts[w] = engine.RecoveredPart{Key: r.Key, Lens: r.Lens, Had: r.Had, RolledBack: r.RolledBack}
+			out[i].rec.Parts[w] = engine.RecoveredPart{Key: r.Key, Lens: r.Lens, Had: r.Had, HadLens: r.HadLens, HadExact: r.HadExact, RolledBack: r.RolledBack}
 			if out[i].placement == nil && len(r.Placement) > 0 {
 				out[i].placement = slices.Clone(r.Placement)
 			}
 		}
 	}
+	// What the nodes could not recover: the reason of each part a node
+	// lacks, and the sequences no node recovered (damaged wherever they
+	// were found) reported as damaged here.
+	whyNot := make([]map[key]string, len(g.clients))
+	var lostOnly []key
+	lostWhy := map[key][]string{}
+	for w, cl := range g.clients {
+		nr := cl.NotRecovered()
+		if nr.Quarantined != "" {
+			c.log.Warn("recovery: a node of the grid found its data directory damaged and moved it aside; its part of the grid's sequences is lost",
+				"grid", g.ref.Grid, "node", g.workers[w], "reason", nr.Quarantined, "sequences", len(nr.Damaged))
+		}
+		whyNot[w] = map[key]string{}
+		for _, d := range nr.Damaged {
+			k := key{d.Grid, d.Seq}
+			why := "node " + g.workers[w] + ": " + d.Reason
+			whyNot[w][k] = why
+			if _, ok := by[k]; !ok && d.Grid != "" {
+				if lostWhy[k] == nil {
+					lostOnly = append(lostOnly, k)
+				}
+				lostWhy[k] = append(lostWhy[k], why)
+			}
+		}
+		for i := range out {
+			a := &out[i]
+			if !a.rec.Parts[w].Missing {
+				continue
+			}
+			why, ok := whyNot[w][key{a.grid, a.seq}]
+			if !ok && nr.Quarantined != "" {
+				why = "node " + g.workers[w] + ": " + nr.Quarantined
+			}
+			if why != "" {
+				a.rec.Parts[w].Why = why
+				a.why = joinWhy(a.why, why)
+			}
+		}
+	}
+	for _, k := range lostOnly {
+		id := c.oldName(k.grid, k.seq)
+		if id != "" && c.released[id] && c.seqs[id] == nil {
+			continue // released while its grid was lost: nothing to report
+		}
+		why := strings.Join(lostWhy[k], "; ")
+		err := fmt.Errorf("%w: no node of grid %s recovered it: %s", engine.ErrIncomplete, g.ref.Grid, why)
+		c.damaged = append(c.damaged, DamagedSeq{ID: id, Grid: k.grid, Seq: k.seq, Err: err, Reason: why})
+		c.log.Warn("recovered sequence not adopted", "grid", g.ref.Grid, "from_grid", k.grid, "seq", k.seq, "id", id, "reason", why)
+	}
 	used := map[engine.SeqID]bool{}
 	for i := range out {
 		a := &out[i]
-		if name, inst, ok := GridOwner(a.grid); ok && name == c.cfg.Name && a.seq > 0 {
-			a.old = name + "/" + strconv.FormatUint(inst, 16) + "." + strconv.FormatUint(a.seq, 10)
-		}
+		a.old = c.oldName(a.grid, a.seq)
 		if a.old != "" && c.released[a.old] && c.seqs[a.old] == nil {
 			a.released = true
 			continue
@@ -333,6 +392,23 @@ func (c *Coordinator) matchRecoveredLocked(g *grid) []adoption {
 	return out
 }
 
+// oldName is the id the sequence seq of grid had here ("" when grid is
+// not this coordinator's).
+func (c *Coordinator) oldName(grid string, seq uint64) string {
+	if name, inst, ok := GridOwner(grid); ok && name == c.cfg.Name && seq > 0 {
+		return name + "/" + strconv.FormatUint(inst, 16) + "." + strconv.FormatUint(seq, 10)
+	}
+	return ""
+}
+
+// joinWhy appends reason why to the reasons so far.
+func joinWhy(so, why string) string {
+	if so == "" {
+		return why
+	}
+	return so + "; " + why
+}
+
 // adopt adopts recs on g's engine (each bounded by its own OpenTimeout,
 // apart from the caller's context: an adoption cut short leaves the
 // sequence parked until the nodes' next restart) and records the
@@ -344,9 +420,25 @@ func (c *Coordinator) adopt(ctx context.Context, g *grid, recs []adoption) {
 			c.dropReleased(ctx, g, a)
 			continue
 		}
+		k := parkedKey{a.grid, a.seq}
 		if a.placement != nil && !slices.Equal(a.placement, g.nodes) {
 			c.log.Info("recovered sequence left parked: placed on other nodes", "grid", g.ref.Grid, "from_grid", a.grid,
 				"seq", a.seq, "id", a.old, "placement", a.placement, "nodes", g.nodes)
+			c.mu.Lock()
+			if g.parked == nil {
+				g.parked = map[parkedKey]bool{}
+			}
+			g.parked[k] = true
+			c.mu.Unlock()
+			continue
+		}
+		if other := c.parkedElsewhere(g, k); other != "" && incomplete(a.rec) {
+			// A node of g lacks it because a live grid that shares the
+			// node holds it parked in its directory (that grid holds
+			// sequences of its own, so gridFor did not close it): left
+			// parked, not freed; it is adopted once that grid closes.
+			c.log.Warn("recovered sequence left parked: another grid holds it on a node of this one", "grid", g.ref.Grid, "from_grid", a.grid,
+				"seq", a.seq, "id", a.old, "held_by", other)
 			continue
 		}
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.OpenTimeout)
@@ -364,10 +456,10 @@ func (c *Coordinator) adopt(ctx context.Context, g *grid, recs []adoption) {
 			err = ErrClosed
 		}
 		if err != nil {
-			c.damaged = append(c.damaged, DamagedSeq{ID: a.old, Grid: a.grid, Seq: a.seq, Err: err, Parked: !errors.Is(err, engine.ErrIncomplete)})
+			c.damaged = append(c.damaged, DamagedSeq{ID: a.old, Grid: a.grid, Seq: a.seq, Err: err, Parked: !errors.Is(err, engine.ErrIncomplete), Reason: a.why})
 			c.mu.Unlock()
 			c.check(g, err)
-			c.log.Warn("recovered sequence not adopted", "grid", g.ref.Grid, "from_grid", a.grid, "seq", a.seq, "id", a.old, "err", err)
+			c.log.Warn("recovered sequence not adopted", "grid", g.ref.Grid, "from_grid", a.grid, "seq", a.seq, "id", a.old, "err", err, "reason", a.why)
 			continue
 		}
 		c.addSeqLocked(a.name, &seq{g: g, id: a.rec.Seq})
@@ -380,12 +472,30 @@ func (c *Coordinator) adopt(ctx context.Context, g *grid, recs []adoption) {
 			}
 		}
 		r := RecoveredSeq{ID: a.name, RenamedFrom: from, Lens: ad.Lens, Had: ad.Had, LostTokens: ad.LostTokens,
-			Lost: ad.Lost, RolledBack: ad.RolledBack, Nodes: slices.Clone(g.nodes)}
+			Lost: ad.Lost, RolledBack: ad.RolledBack, LostExact: ad.LostExact, Nodes: slices.Clone(g.nodes)}
 		c.adopted[a.name] = r
 		c.mu.Unlock()
 		c.log.Info("recovered sequence adopted", "grid", g.ref.Grid, "seq", a.name, "renamed_from", from,
-			"lens", ad.Lens, "had", ad.Had, "lost_tokens", ad.LostTokens, "lost", ad.Lost, "rolled_back", ad.RolledBack)
+			"lens", ad.Lens, "had", ad.Had, "lost_tokens", ad.LostTokens, "lost", ad.Lost, "lost_exact", ad.LostExact, "rolled_back", ad.RolledBack)
 	}
+}
+
+// parkedElsewhere returns the grid other than g, live and sharing a
+// node with g, that left recovered sequence k parked, or "".
+func (c *Coordinator) parkedElsewhere(g *grid, k parkedKey) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, o := range c.grids {
+		if o != g && o.lost == nil && o.parked[k] && slices.ContainsFunc(o.nodes, func(n string) bool { return slices.Contains(g.nodes, n) }) {
+			return o.ref.Grid
+		}
+	}
+	return ""
+}
+
+// incomplete reports whether a node of the grid lacks r.
+func incomplete(r engine.Recovered) bool {
+	return slices.ContainsFunc(r.Parts, func(p engine.RecoveredPart) bool { return p.Missing })
 }
 
 // dropReleased frees, on the nodes of g that recovered it, a sequence

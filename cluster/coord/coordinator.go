@@ -44,6 +44,15 @@ type Config struct {
 	// Conn returns a connection to the node serving gRPC at addr; the
 	// caller owns and caches the connections.
 	Conn func(addr string) (grpc.ClientConnInterface, error)
+	// Vet, when set, says whether a member of the view may be placed
+	// on: nil admits it, an error refuses it, and a refused member is
+	// left out of the placement of every grid opened after (cluster/node
+	// checks the member's gRPC certificate against its gossip name). It
+	// is called for every member placement would use before each
+	// placement, concurrently and outside the coordinator's lock; it may
+	// block (a dial), until ctx ends, and should keep its verdicts.
+	// Default nil: every member that is up and serves gRPC is placeable.
+	Vet func(ctx context.Context, m cluster.Member) error
 	// OpenTimeout bounds the opening of a grid on its nodes, and each
 	// adoption of a sequence they recovered (10s).
 	OpenTimeout time.Duration
@@ -300,6 +309,12 @@ type Coordinator struct {
 	// the key wait for it rather than open grids that race for the
 	// nodes' data directories.
 	opening map[string]chan struct{}
+	// closing are the grids whose close on their nodes (closeGrid) has
+	// not ended: each node holds such a grid's data directory until it
+	// has closed it, so gridFor waits for those sharing a node with a
+	// grid it opens (a node that still held the directory gave the new
+	// grid a fresh one and recovered nothing).
+	closing map[*grid]struct{}
 	// recovering is the recovery Recover runs, nil when none (adopt.go).
 	recovering *recoverRun
 	// released are the ids of sequences released while their grid was
@@ -338,6 +353,21 @@ type grid struct {
 	// flight on it end at once instead of at their deadline.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// closed, set by closeGrid, is closed once the grid's nodes answered
+	// its CloseGrid (or the close timed out).
+	closed chan struct{}
+	// parked are the recovered sequences (by the grid that wrote them
+	// and their engine id there) that the grid's nodes recovered and its
+	// adoption left parked, placed on other nodes (adopt): the grid's
+	// directories hold them on its nodes until it closes.
+	parked map[parkedKey]bool
+}
+
+// parkedKey names a recovered sequence: the grid that wrote it and its
+// engine id there (worker.RecoveredSeq.Grid and Seq).
+type parkedKey struct {
+	grid string
+	seq  uint64
 }
 
 // seq is a sequence this node coordinates.
@@ -378,7 +408,7 @@ func New(cfg Config) (*Coordinator, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Coordinator{cfg: cfg, log: log, grids: map[string]*grid{}, seqs: map[string]*seq{}, handles: map[decode.SeqID]*seq{}, next: 1, adopted: map[string]RecoveredSeq{},
-		opening: map[string]chan struct{}{}, released: map[string]bool{}}, nil
+		opening: map[string]chan struct{}{}, closing: map[*grid]struct{}{}, released: map[string]bool{}}, nil
 }
 
 // Sequences is the number of sequences this node coordinates; Grids the
@@ -517,15 +547,24 @@ func (c *Coordinator) Create(ctx context.Context, p plan.Placement, ec *engine.C
 // grid, or open again when it failed).
 func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, error) {
 	for {
+		v := c.cfg.View()
+		cand, refused, err := c.placeable(ctx, v)
+		if err != nil {
+			return nil, err
+		}
 		c.mu.Lock()
 		if c.closed {
 			c.mu.Unlock()
 			return nil, ErrClosed
 		}
-		v := c.cfg.View()
-		nodes, err := cluster.PlaceGrid(cluster.NodesOf(v), ec.CP, ec.TP, c.cfg.Name, ec.CapacityPages)
+		nodes, err := cluster.PlaceGrid(cand, ec.CP, ec.TP, c.cfg.Name, ec.CapacityPages)
 		if err != nil {
 			c.mu.Unlock()
+			if refused > 0 {
+				// Which members and why is for the operator (Status),
+				// not for every caller of Create.
+				err = fmt.Errorf("%w (%d member(s) refused for placement: questctl status lists them)", err, refused)
+			}
 			return nil, err
 		}
 		members := map[string]uint64{}
@@ -542,6 +581,20 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 			g.pending++
 			c.mu.Unlock()
 			return g, nil
+		}
+		if c.dropParkingLocked(key, nodes) > 0 {
+			c.log.Info("closing grids that hold recovered sequences of another placement for their directories", "nodes", nodes)
+		}
+		if wait := c.closingOnLocked(nodes); len(wait) > 0 {
+			c.mu.Unlock()
+			for _, ch := range wait {
+				select {
+				case <-ch:
+				case <-ctx.Done():
+					return nil, fmt.Errorf("open grid on %v: waiting for a lost grid's close on its nodes: %w", nodes, context.Cause(ctx))
+				}
+			}
+			continue
 		}
 		if wait, ok := c.opening[key]; ok {
 			c.mu.Unlock()
@@ -579,6 +632,33 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 	}
 }
 
+// placeable returns the nodes of v that placement may use
+// (cluster.NodesOf) less those Config.Vet refuses, and how many it
+// refused. The members are vetted concurrently; ctx ending fails it.
+func (c *Coordinator) placeable(ctx context.Context, v cluster.View) ([]cluster.NodeInfo, int, error) {
+	nodes := cluster.NodesOf(v)
+	if c.cfg.Vet == nil {
+		return nodes, 0, nil
+	}
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		m, _ := v.Member(n.Name)
+		wg.Go(func() { errs[i] = c.cfg.Vet(ctx, m) })
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, 0, fmt.Errorf("place a grid: vetting the members: %w", context.Cause(ctx))
+	}
+	kept := nodes[:0]
+	for i, n := range nodes {
+		if errs[i] == nil {
+			kept = append(kept, n)
+		}
+	}
+	return kept, len(nodes) - len(kept), nil
+}
+
 // openGrid opens g (named, placed and not yet known to c) on its nodes
 // of view v, adopts what they recovered and returns it, or the grid of
 // its placement that another opening made meanwhile.
@@ -608,15 +688,7 @@ func (c *Coordinator) openGrid(ctx context.Context, g *grid, v cluster.View) (*g
 	defer cancel()
 	clients, err := remote.OpenGrid(octx, g.ranks, g.ref, ec.WorkerConfig())
 	if err != nil {
-		if errors.Is(err, remote.ErrUnknownGrid) {
-			// A node forgot the grid between its OpenGrid and ConnectGrid
-			// (swept it while its view still showed this coordinator
-			// gone, TestChaos/partition): lost, as a grid that loses a
-			// node is, so that the caller's retry opens a fresh one
-			// (UNAVAILABLE), not NOT_FOUND.
-			err = fmt.Errorf("%w: %w", ErrGridLost, err)
-		}
-		return nil, fmt.Errorf("open grid %s on %v: %w", g.ref.Grid, nodes, err)
+		return nil, fmt.Errorf("open grid %s on %v: %w", g.ref.Grid, nodes, openError(ctx, err))
 	}
 	g.clients, g.workers = clients, names
 	hosts := make([]engine.Host, len(clients))
@@ -659,6 +731,25 @@ func (c *Coordinator) openGrid(ctx context.Context, g *grid, v cluster.View) (*g
 	return g, nil
 }
 
+// openError classes an error of remote.OpenGrid for a caller whose
+// context is ctx. A node that forgot the grid between its OpenGrid and
+// ConnectGrid (swept it while its view still showed this coordinator
+// gone), or that gave its connect up on its own side (closed the grid:
+// its view had lost this coordinator or a peer meanwhile), both seen in
+// TestChaos/partition, lost the grid as a grid that loses a node does:
+// ErrGridLost, UNAVAILABLE, so that the caller's retry opens a fresh
+// one; not NOT_FOUND, nor CANCELED, which tells a client that it
+// cancelled. The caller's own cancellation stays what it is.
+func openError(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, remote.ErrUnknownGrid):
+		return fmt.Errorf("%w: %w", ErrGridLost, err)
+	case errors.Is(err, context.Canceled) && ctx.Err() == nil:
+		return fmt.Errorf("%w: %w", ErrGridLost, err)
+	}
+	return err
+}
+
 // lookup returns the sequence called id, refusing those of a lost grid.
 func (c *Coordinator) lookup(id string) (*seq, error) {
 	if _, err := Owner(id); err != nil {
@@ -677,111 +768,6 @@ func (c *Coordinator) lookup(id string) (*seq, error) {
 		return nil, fmt.Errorf("sequence %q: %w", id, err)
 	}
 	return s, nil
-}
-
-// aliveLocked returns the grid's loss, noticing one the membership view
-// shows: a node of the grid dead, departed, or restarted.
-func (c *Coordinator) aliveLocked(g *grid) error {
-	if g.lost != nil {
-		return g.lost
-	}
-	v := c.cfg.View()
-	for n, inst := range g.members {
-		m, ok := v.Member(n)
-		if !ok || !m.State.Up() || m.Instance != inst {
-			c.loseLocked(g, fmt.Errorf("%w: %w", ErrGridLost, nodeGoneError{n}))
-			return g.lost
-		}
-	}
-	return nil
-}
-
-// check marks g lost when err says that a node of it is unreachable, no
-// longer holds the grid (it swept or restarted it), or holds a step this
-// coordinator ended (an EndStep that never arrived): the grid cannot
-// serve another step. It returns the error to answer: err itself, or,
-// when g is lost, an error naming the loss ([ErrGridLost], UNAVAILABLE
-// to a client unless err carries a more specific code, see [Status])
-// with err inside. A node's "unknown grid" or "a step is
-// open" is about the grid, not the caller's sequence or request: the
-// client learns that the grid is gone (its sequence with it), not
-// NOT_FOUND or FAILED_PRECONDITION.
-func (c *Coordinator) check(g *grid, err error) error {
-	if err == nil {
-		return nil
-	}
-	loses := errors.Is(err, remote.ErrUnavailable) || errors.Is(err, remote.ErrUnknownGrid) || errors.Is(err, worker.ErrStepOpen)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if g.lost == nil && loses {
-		c.loseLocked(g, fmt.Errorf("%w: %w", ErrGridLost, err))
-		return g.lost
-	}
-	if g.lost != nil && !errors.Is(err, ErrGridLost) {
-		return fmt.Errorf("%w (%w)", g.lost, err)
-	}
-	return err
-}
-
-// loseLocked records g's loss and closes it on the nodes still reachable;
-// its sequences stay known (answering ErrGridLost) until released.
-func (c *Coordinator) loseLocked(g *grid, why error) {
-	g.lost = why
-	g.cancel(why)
-	c.log.Warn("grid lost", "grid", g.ref.Grid, "nodes", g.nodes, "err", why)
-	c.closeGrid(g)
-}
-
-// CheckGrids marks lost every grid with a node the membership view no
-// longer shows up (dead, departed or restarted), failing the steps in
-// flight on it at once. A node calls it at every change of its view.
-func (c *Coordinator) CheckGrids() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return
-	}
-	seen := map[*grid]bool{}
-	for _, g := range c.grids {
-		seen[g] = true
-		_ = c.aliveLocked(g)
-	}
-	for _, s := range c.seqs {
-		if !seen[s.g] {
-			seen[s.g] = true
-			_ = c.aliveLocked(s.g)
-		}
-	}
-}
-
-// dropLocked forgets g (no sequences left) and closes it.
-func (c *Coordinator) dropLocked(g *grid) {
-	if c.grids[g.key] == g {
-		delete(c.grids, g.key)
-	}
-	if g.lost == nil {
-		c.closeGrid(g)
-	}
-}
-
-// closeGrid closes, in the background (owned by c.wg), g's engine (after
-// the step in flight, which g.cancel ends) and the grid on its nodes.
-func (c *Coordinator) closeGrid(g *grid) {
-	if g.cancel != nil {
-		g.cancel(ErrClosed)
-	}
-	eng, clients := g.eng, g.clients
-	c.wg.Go(func() {
-		if eng != nil {
-			eng.Close()
-		}
-		if len(clients) == 0 {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = remote.CloseGrid(ctx, clients...) // best effort: a lost node closed its own
-	})
 }
 
 // Append appends tokens' keys and values to one layer of a sequence.

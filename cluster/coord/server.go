@@ -441,7 +441,17 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 		st.End(ctx)
 	}()
 	var msg *decodev1.StepsRequest
-	if req.GetBegin() {
+	// owe: begun is still to be said (ahead: with the first layer's
+	// reply, or before the error that ends the stream after the step
+	// opened; a begin refused at the first layer says no begun).
+	owe := req.GetBegin() && req.GetAhead()
+	beginRefused := false
+	defer func() {
+		if owe && err != nil && !beginRefused {
+			_ = stream.Send(&decodev1.StepsReply{Begun: true})
+		}
+	}()
+	if req.GetBegin() && !owe {
 		if err := stream.Send(&decodev1.StepsReply{Begun: true}); err != nil {
 			return err
 		}
@@ -480,11 +490,14 @@ func (s *Server) runSteps(ctx context.Context, stream grpc.BidiStreamingServer[d
 		its = nil
 		res.O = decode.Tensor{}
 		if err := st.Layer(ctx, l, decode.Host(q), decode.Host(k), decode.Host(v), &res); err != nil {
+			beginRefused = errors.Is(err, decode.ErrBeginRefused) && !errors.Is(err, decode.ErrStepFailed)
 			return statusCtx(ctx, fmt.Errorf("steps: %w", err))
 		}
 		rep := &decodev1.StepsReply{Layer: uint32(l),
 			O:   wire.Float32Tensor(res.O.Data, n, ec.QHeads, ec.HeadDim),
-			Lse: wire.Float32Tensor(res.LSE, n, ec.QHeads), Plans: plansProto(res.Plans), Time: timesProto(res.Time)}
+			Lse: wire.Float32Tensor(res.LSE, n, ec.QHeads), Plans: plansProto(res.Plans), Time: timesProto(res.Time),
+			Begun: owe}
+		owe = false
 		if l == last-1 && req.GetBegin() {
 			// A Stepper's stream (begin): the last reply goes out first
 			// and the step ends behind it (the workers' EndStep round off
@@ -805,6 +818,7 @@ func recoveryProto(r Recovery) ([]*decodev1.RecoveredSequence, []*decodev1.Damag
 		for _, n := range q.RolledBack {
 			p.RolledBack = append(p.RolledBack, uint64(n))
 		}
+		p.LostExact = q.LostExact
 		seqs = append(seqs, p)
 	}
 	var dmg []*decodev1.DamagedSequence
@@ -813,16 +827,17 @@ func recoveryProto(r Recovery) ([]*decodev1.RecoveredSequence, []*decodev1.Damag
 		if id == "" {
 			id = d.Grid + "#" + strconv.FormatUint(d.Seq, 10)
 		}
-		dmg = append(dmg, &decodev1.DamagedSequence{Sequence: id, Error: d.Err.Error(), Parked: d.Parked})
+		dmg = append(dmg, &decodev1.DamagedSequence{Sequence: id, Error: d.Err.Error(), Parked: d.Parked, Reason: d.Reason})
 	}
 	return seqs, dmg
 }
 
 // Status maps a coordinator, engine or worker error to a gRPC status
 // error with the same message: bad input INVALID_ARGUMENT, unknown
-// sequences NOT_FOUND, no pages or no node with capacity
-// RESOURCE_EXHAUSTED, broken sequences FAILED_PRECONDITION, a lost grid
-// or an unreachable node UNAVAILABLE, a closed coordinator UNAVAILABLE.
+// sequences NOT_FOUND, no pages, no node with capacity or a grid full of
+// sequences (worker.ErrTooManySequences) RESOURCE_EXHAUSTED, broken
+// sequences FAILED_PRECONDITION, a lost grid or an unreachable node
+// UNAVAILABLE, a closed coordinator UNAVAILABLE.
 func Status(err error) error {
 	if err == nil {
 		return nil
@@ -842,7 +857,7 @@ func Status(err error) error {
 		// (the disk may be full: the message says): not a refusal
 		// that changed nothing.
 		code = codes.FailedPrecondition
-	case errors.Is(err, pagestore.ErrPoolExhausted), errors.Is(err, cluster.ErrNoCapacity):
+	case errors.Is(err, pagestore.ErrPoolExhausted), errors.Is(err, cluster.ErrNoCapacity), errors.Is(err, worker.ErrTooManySequences):
 		code = codes.ResourceExhausted
 	case errors.Is(err, engine.ErrBroken), errors.Is(err, pagestore.ErrUnevenLayers):
 		code = codes.FailedPrecondition
@@ -878,4 +893,18 @@ func statusCtx(ctx context.Context, err error) error {
 		return status.FromContextError(ctx.Err()).Err()
 	}
 	return Status(err)
+}
+
+// BenchCollective implements decodev1.DecodeServer: the collective
+// benchmark on nodes of the cluster (Coordinator.BenchCollective).
+func (s *Server) BenchCollective(ctx context.Context, req *decodev1.BenchCollectiveRequest) (*decodev1.BenchCollectiveReply, error) {
+	reps, err := s.c.BenchCollective(ctx, int(min(req.GetNodes(), math.MaxInt32)), req.GetSpec())
+	if err != nil {
+		return nil, statusCtx(ctx, err)
+	}
+	out := &decodev1.BenchCollectiveReply{}
+	for _, r := range reps {
+		out.Ranks = append(out.Ranks, &decodev1.BenchRankReport{Rank: uint32(r.Rank), Node: r.Name, Addr: r.Addr, Report: r.Report, Tls: r.TLS})
+	}
+	return out, nil
 }

@@ -77,7 +77,7 @@ func (c *Coordinator) Begin(ctx context.Context, b decode.Batch) (decode.Step, e
 		}
 		p := by[s.g]
 		if p == nil {
-			p = &gridStep{g: s.g, b: decode.Batch{FirstLayer: b.FirstLayer, Options: b.Options}}
+			p = &gridStep{g: s.g, b: decode.Batch{FirstLayer: b.FirstLayer, Layers: b.Layers, Options: b.Options}}
 			by[s.g] = p
 			st.parts = append(st.parts, p)
 		}
@@ -212,7 +212,7 @@ func (st *coordStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 		})
 	}
 	wg.Wait()
-	var first error
+	var first, beginRefused error
 	ran, nrefused := 0, 0
 	var peers []PeerError
 	for _, p := range st.parts {
@@ -221,6 +221,9 @@ func (st *coordStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 			ran++
 		case refused(p.err):
 			nrefused++
+		case errors.Is(p.err, decode.ErrBeginRefused) && !errors.Is(p.err, decode.ErrStepFailed):
+			nrefused++
+			beginRefused = cmp.Or(beginRefused, p.err)
 		}
 		if p.err != nil && first == nil {
 			first = p.err
@@ -230,6 +233,13 @@ func (st *coordStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 		}
 	}
 	if first != nil {
+		if ran == 0 && nrefused == len(st.parts) && beginRefused != nil {
+			// A grid's step did not open (learnt now: its begin went
+			// ahead of the layer) and no grid ran the layer: nothing
+			// changed, and the step is over.
+			st.failed = beginRefused
+			return fmt.Errorf("layer %d: %w", layer, beginRefused)
+		}
 		if ran == 0 && nrefused == len(st.parts) {
 			// Every grid refused with nothing changed: the step goes on.
 			return fmt.Errorf("layer %d: %w", layer, first)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -186,5 +187,98 @@ func TestCoordinatorStepPartialRefusal(t *testing.T) {
 	}
 	if err := st.Layer(ctx, 2, decode.Host(q2), decode.Host(k2), decode.Host(k2), &res); !errors.Is(err, decode.ErrStepFailed) {
 		t.Fatalf("layer 2 after the failure: %v, want ErrStepFailed", err)
+	}
+}
+
+// TestClientBeginRefusedAhead: the Go client sends a step's begin and its
+// first layer without waiting in between, so the coordinator's refusal
+// of the step (here dense layers beyond the model, which only the
+// coordinator checks) comes back at the first Layer call: the same
+// class (decode.ErrBadInput) and words as the in-process coordinator's
+// Begin refusal, wrapped in decode.ErrBeginRefused, not ErrStepFailed;
+// the sequence's length is unchanged, the later Layer calls of that step
+// fail, and the next good step (on a fresh stream) runs.
+func TestClientBeginRefusedAhead(t *testing.T) {
+	dc, ec := seamConfig()
+	nodes := nodetest.Start(t, "r", 2, ec, nil)
+	cl := dial(t, nodes[0])
+	co := nodes[0].Coordinator()
+	ctx := t.Context()
+	id, _, err := cl.CreateWith(ctx, plan.Striped, remote.GridConfigProto(ec.WorkerConfig()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := make([]float32, 5*dc.KVRow())
+	for i := range kv {
+		kv[i] = float32(i%7) / 7
+	}
+	for l := range dc.Layers {
+		if err := cl.Append(ctx, id, l, kv, kv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, k := make([]float32, dc.QRow()), kv[:dc.KVRow()]
+	good := func() {
+		t.Helper()
+		st, err := cl.Begin(ctx, decode.Batch{Rows: []decode.Row{{Seq: cl.Handle(id), New: true}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res decode.Result
+		for l := range dc.Layers {
+			if err := st.Layer(ctx, l, decode.Host(q), decode.Host(k), decode.Host(k), &res); err != nil {
+				t.Fatalf("layer %d: %v", l, err)
+			}
+		}
+		if err := st.End(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	length := func() int {
+		t.Helper()
+		n, err := cl.Len(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	good() // the stream is kept: the bad step's begin goes out on it
+	before := length()
+	bad := decode.Row{New: true, DenseLayers: dc.Layers + 1}
+	h, err := co.Handle(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.Seq = h
+	_, want := co.Begin(ctx, decode.Batch{Rows: []decode.Row{bad}})
+	if !errors.Is(want, decode.ErrBadInput) {
+		t.Fatalf("in process: %v, want bad input", want)
+	}
+	bad.Seq = cl.Handle(id)
+	st, err := cl.Begin(ctx, decode.Batch{Rows: []decode.Row{bad}})
+	if err != nil {
+		t.Fatalf("client Begin: %v (the refusal should come with the first layer)", err)
+	}
+	var res decode.Result
+	got := st.Layer(ctx, 0, decode.Host(q), decode.Host(k), decode.Host(k), &res)
+	switch {
+	case !errors.Is(got, decode.ErrBeginRefused) || !errors.Is(got, decode.ErrBadInput) || errors.Is(got, decode.ErrStepFailed):
+		t.Fatalf("first layer: %v, want decode.ErrBeginRefused and ErrBadInput, not ErrStepFailed", got)
+	case !strings.Contains(got.Error(), want.Error()):
+		t.Errorf("first layer: %q\ndoes not say what the coordinator says in process: %q", got, want)
+	}
+	t.Logf("in process: %v\nthrough the client: %v", want, got)
+	if err := st.Layer(ctx, 1, decode.Host(q), decode.Host(k), decode.Host(k), &res); !errors.Is(err, decode.ErrStepFailed) {
+		t.Errorf("a later layer of the refused step: %v, want ErrStepFailed", err)
+	}
+	if err := st.End(ctx); err != nil {
+		t.Errorf("end of the refused step: %v", err)
+	}
+	if n := length(); n != before {
+		t.Fatalf("length %d after the refused step, %d before", n, before)
+	}
+	good()
+	if n := length(); n != before+1 {
+		t.Fatalf("length %d after a good step, want %d", n, before+1)
 	}
 }

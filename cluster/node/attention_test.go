@@ -11,19 +11,19 @@ import (
 	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
-	"github.com/questrt/questrt/model/clusterseq"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker/remote"
 )
 
-// The model's attention over a cluster sequence (clusterseq.Sequence) gives
+// The model's attention over a cluster sequence (model.NewAttentionOf
+// over client.Sequence: one-layer steps through the client's Stepper) gives
 // the outputs of the same attention over an in-process engine: a dense
 // prefill, decode steps with diagnostics, a fork.
 func TestModelAttentionThroughCluster(t *testing.T) {
 	g := model.Geometry{Layers: 2, Heads: 8, KVHeads: 4, HeadDim: 16}
 	pol := plan.DefaultPolicy()
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 4, 16, 1
-	ec := model.EngineConfig(g, pol, 64)
+	ec := engine.ModelConfig(g, pol, 64)
 	ec.CP, ec.StepTimeout = 2, 5*time.Second
 	e, err := engine.New(ec)
 	if err != nil {
@@ -41,7 +41,7 @@ func TestModelAttentionThroughCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	viaCluster := model.NewSequenceAttention(clusterseq.Sequence{Sequence: client.Sequence{C: cl, ID: id}}, g)
+	viaCluster := model.NewAttentionOf(client.Sequence{C: cl, ID: id}, g)
 	rng := rand.New(rand.NewPCG(4, 4))
 	qd, kvd := g.Heads*g.HeadDim, g.KVHeads*g.HeadDim
 	run := func(n int, decode bool, attns ...*model.EngineAttention) {

@@ -34,6 +34,7 @@ import (
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/worker"
 	"github.com/questrt/questrt/worker/remote"
 )
 
@@ -74,6 +75,13 @@ type Config struct {
 	// with a clone of TLS, so callbacks that read current material
 	// (GetConfigForClient, GetClientCertificate, VerifyConnection: how
 	// questd reloads on SIGHUP) change every new connection.
+	//
+	// Under TLS the node's coordinator places ranks only on members whose
+	// gRPC server presents, under TLS, the node certificate of their
+	// gossip name (questrt://node/NAME; a certificate without a role
+	// passes unless RequireCertRoles); the others (a client certificate,
+	// another node's, a plaintext server) are refused, with the reason in
+	// Status (vet.go).
 	TLS       *tls.Config
 	Plaintext bool
 	// Token, when set, is the bearer token of the cluster: every call of
@@ -161,6 +169,9 @@ type Stats struct {
 	// Offload is the hosted offloading shards' counters
 	// (remote.Stats.Offload).
 	Offload remote.OffloadTotals
+	// Benches is the collective benchmark ranks held here, opened or
+	// running (remote.Stats.Benches).
+	Benches int
 	// MembersUp is the number of members this node's view shows up
 	// (alive or suspect), itself included.
 	MembersUp int
@@ -172,6 +183,9 @@ type Stats struct {
 }
 
 // MaxMessageBytes bounds one gRPC message of the client and worker APIs.
+// The elements of a request's repeated fields are bounded too, before it
+// is decoded, by remote.MaxRequestElements(Config.MaxPages): a request
+// past it is answered RESOURCE_EXHAUSTED (countingCodec).
 const MaxMessageBytes = 256 << 20
 
 // Node is a running node.
@@ -183,6 +197,7 @@ type Node struct {
 	ws     *remote.Server
 	m      *cluster.Membership
 	pool   *pool
+	vet    *vetter // who may be placed on
 	co     *coord.Coordinator
 	ds     *coord.Server // the Decode service
 	srv    *grpc.Server
@@ -191,6 +206,8 @@ type Node struct {
 	wg     sync.WaitGroup
 	served chan error
 	once   sync.Once
+	// swept decides which hosted grids' coordinators are gone (sweep).
+	swept sweeper
 	// serving is set once Start is done, cleared when Stop or Kill
 	// begins.
 	serving atomic.Bool
@@ -243,9 +260,13 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		bes = append(bes, d.Backend)
 	}
 	g := newGuard(cfg.Token, cfg.RequireCertRoles, log.With("component", "auth"))
+	// Replies this node receives are bounded as the requests it serves
+	// are, or by what a reply of one of its grids names, whichever is
+	// larger (replyDial).
+	replyLimit := max(remote.MaxRequestElements(cfg.MaxPages), remote.MaxReplyElements(worker.Config{CP: cfg.Engine.CP, TP: cfg.Engine.TP, Capacity: cfg.Engine.CapacityPages}))
 	if n.ws, err = remote.NewServer(remote.ServerConfig{Host: host, MaxPages: cfg.MaxPages, MemoryLimit: cfg.MemoryLimit,
 		TLS: cfg.TLS, Plaintext: cfg.Plaintext, Logger: log.With("component", "worker"),
-		CollectiveServerOptions: g.serverOptions(), CollectiveDialOptions: tokenDial(cfg.Token),
+		CollectiveServerOptions: g.serverOptions(), CollectiveDialOptions: append(tokenDial(cfg.Token), replyDial(replyLimit)),
 		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, OnPersistError: cfg.OnPersistError, OnQuarantine: cfg.OnQuarantine,
 		Backends: bes, DeviceResident: cfg.DeviceResident}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
@@ -261,7 +282,11 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	mc := cfg.Member
 	mc.Logger = log.With("component", "cluster")
 	total := uint64(cfg.MaxPages)
-	mc.Meta = cluster.NodeMeta{GRPCAddr: n.addr, Version: cfg.Version, Backend: kind, Devices: ndev, FreePages: total, TotalPages: total}
+	mc.Meta = cluster.NodeMeta{GRPCAddr: n.addr, Version: cfg.Version, Backend: kind, Devices: ndev, FreePages: total, TotalPages: total,
+		Transport: cluster.TransportPlaintext}
+	if cfg.TLS != nil {
+		mc.Meta.Transport = cluster.TransportTLS
+	}
 	if n.m, err = cluster.NewMembership(ctx, mc); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -269,11 +294,12 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	// (remote.Server.LocalConn), the other nodes over gRPC; with
 	// GRPCAdvertise (a proxy or NAT in front of the node) its own calls
 	// go through the advertised address too, as every node's do.
-	n.pool = &pool{creds: creds, m: map[string]*grpc.ClientConn{}, dial: tokenDial(cfg.Token)}
+	n.pool = &pool{creds: creds, m: map[string]*grpc.ClientConn{}, dial: append(tokenDial(cfg.Token), replyDial(replyLimit))}
 	if cfg.GRPCAdvertise == "" {
 		n.pool.self, n.pool.local = n.addr, n.ws.LocalConn
 	}
-	if n.co, err = coord.New(coord.Config{Name: mc.Name, Instance: n.m.Instance(), Engine: cfg.Engine, View: n.m.View, Conn: n.pool.get,
+	n.vet = newVetter(mc.Name, cfg.TLS, cfg.RequireCertRoles, log.With("component", "vet"))
+	if n.co, err = coord.New(coord.Config{Name: mc.Name, Instance: n.m.Instance(), Engine: cfg.Engine, View: n.m.View, Conn: n.pool.get, Vet: n.vet.vet,
 		GridIdle: cfg.GridIdle, Logger: log.With("component", "coordinator"), Observe: cfg.Observe}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -281,6 +307,10 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		r.Version = cfg.Version
 		r.Grids = uint32(n.ws.Grids())
 		r.Devices = devices
+		refused := n.vet.refusals(n.m.View())
+		for _, m := range r.Members {
+			m.Refused = refused[m.GetName()]
+		}
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
@@ -293,9 +323,14 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		defaultConnLimits().serverOptions()...)
 	opts = append(opts, serverFlowOptions()...)
 	opts = append(opts, g.serverOptions()...)
+	// Requests are counted before they are decoded (countingCodec); every
+	// service registers through reg, which answers the refusals.
+	codec := newCountingCodec(remote.MaxRequestElements(cfg.MaxPages))
+	opts = append(opts, grpc.ForceServerCodecV2(codec))
 	n.srv = grpc.NewServer(opts...)
-	workerv1.RegisterWorkerServer(n.srv, n.ws)
-	ds.Register(n.srv)
+	reg := boundedRegistrar{srv: n.srv, codec: codec}
+	workerv1.RegisterWorkerServer(reg, n.ws)
+	ds.Register(reg)
 	n.ds = ds
 	// Health says NOT_SERVING until the membership exists and every
 	// server and loop runs, and again from the start of Stop.
@@ -303,13 +338,19 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	for _, svc := range healthServices() {
 		n.hs.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
-	healthpb.RegisterHealthServer(n.srv, n.hs)
+	healthpb.RegisterHealthServer(reg, n.hs)
 	n.wg.Go(func() { n.served <- n.srv.Serve(n.lis) })
 	mctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	n.wg.Go(func() { n.advertise(mctx, mc.Meta) })
 	_, sub := n.m.Subscribe(64)
 	n.wg.Go(func() { n.watch(mctx, sub) })
+	if cfg.TLS != nil {
+		// Members are checked as they come, so that Status shows the
+		// refused ones before any placement asks.
+		_, vsub := n.m.Subscribe(16)
+		n.wg.Go(func() { n.vet.watch(mctx, n.m.View, vsub) })
+	}
 	for _, svc := range healthServices() {
 		n.hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
 	}
@@ -337,6 +378,7 @@ func (n *Node) Stats() Stats {
 		PagesDevice:      ws.PagesDevice,
 		PagesHost:        ws.PagesHost,
 		Offload:          ws.Offload,
+		Benches:          ws.Benches,
 		MembersUp:        len(n.m.View().Up()),
 		Recovery:         ws.Recovery,
 		Serving:          n.serving.Load(),
@@ -486,18 +528,12 @@ func (n *Node) advertise(ctx context.Context, meta cluster.NodeMeta) {
 }
 
 // sweep closes the hosted grids whose coordinator is gone from the view
-// (dead, departed, or restarted as another instance): nobody will send
-// them another call, and their pages are needed.
+// (dead, departed, or restarted as another instance; see sweeper):
+// nobody will send them another call, and their pages are needed.
 func (n *Node) sweep() {
 	v := n.m.View()
-	closed := n.ws.CloseGrids(func(id string) bool {
-		name, inst, ok := coord.GridOwner(id)
-		if !ok {
-			return false
-		}
-		m, found := v.Member(name)
-		return !found || !m.State.Up() || m.Instance != inst
-	})
+	n.swept.observe(v)
+	closed := n.ws.CloseGrids(func(id string) bool { return n.swept.gone(v, id) })
 	if closed > 0 {
 		n.log.Info("closed the grids of coordinators that are gone", "grids", closed)
 	}

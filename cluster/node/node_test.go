@@ -282,7 +282,7 @@ func TestClusterNodeLoss(t *testing.T) {
 }
 
 // A decode step over every layer through the Steps stream (the plan sent
-// to the workers once) equals the in-process engine.Decode, with each
+// to the workers once) equals the in-process engine's Begin, Layer and End, with each
 // layer's queries derived from the previous output, through the
 // coordinator and through another node (the stream relayed).
 func TestClusterDecodeEqualsInProcess(t *testing.T) {
@@ -325,17 +325,15 @@ func TestClusterDecodeEqualsInProcess(t *testing.T) {
 	for step, via := range []*client.Client{owner, dial(t, nodes[2]), owner} {
 		q, k, v := randVec(rng, qd), randVec(rng, kv), randVec(rng, kv)
 		var want [][]float32
-		var rres engine.Result
 		reqs := []engine.Request{{Seq: rid, Q: q, K: k, V: v}}
-		err := ref.Decode(ctx, 0, ec.Layers, reqs, engine.StepOptions{}, &rres, func(l int, rq []engine.Request, r *engine.Result) error {
-			want = append(want, append([]float32(nil), r.O...))
-			rq[0].Q, rq[0].K, rq[0].V = derive(r.O, l)
-			return nil
+		last, err := decodeLayers(ctx, ref, ec.Layers, reqs, func(l int, rq []engine.Request, o []float32) {
+			want = append(want, append([]float32(nil), o...))
+			rq[0].Q, rq[0].K, rq[0].V = derive(o, l)
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		want = append(want, rres.O)
+		want = append(want, last)
 		var got [][]float32
 		res, err := via.Decode(ctx, 0, ec.Layers, []client.Item{{Seq: id, Q: q, K: k, V: v}}, client.StepOptions{}, func(l int, items []client.Item, r *client.StepResult) error {
 			got = append(got, r.O)

@@ -234,6 +234,24 @@ func TestTLSClusterRoles(t *testing.T) {
 	if err := rawStatus(t, nodes[0].Addr(), creds(ca.Issue(t, "legacy"))); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("client API with a certificate without a role: %v, want PERMISSION_DENIED", err)
 	}
+	// The collective benchmark: a client certificate cannot open a bench
+	// rank on a node, but runs the benchmark through a coordinator (the
+	// client API, as questctl bench collective --addr does), which opens
+	// and runs the ranks with its node certificate, its own benches.
+	spec := &workerv1.BenchSpec{Batch: 1, KvHeads: 1, QHeads: 2, HeadDim: 8, K: 2, Pages: 8, Steps: 2, TimeoutNs: int64(10 * time.Second)}
+	_, err = workerv1.NewWorkerClient(cc).OpenBench(ctx, &workerv1.OpenBenchRequest{Bench: "r0/x", Size: 2, Spec: spec})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("OpenBench with a client certificate: %v, want PERMISSION_DENIED", err)
+	}
+	bctx, bcancel := context.WithTimeout(t.Context(), time.Minute) // a run under load: not the test's 10 s
+	defer bcancel()
+	brep, err := decodev1.NewDecodeClient(cc).BenchCollective(bctx, &decodev1.BenchCollectiveRequest{Nodes: 2, Spec: spec})
+	if err != nil {
+		t.Fatalf("BenchCollective through the client API with a client certificate: %v", err)
+	}
+	if rs := brep.GetRanks(); len(rs) != 2 || rs[0].GetNode() != "r0" || rs[1].GetNode() != "r1" || !rs[0].GetTls() || !rs[1].GetTls() || len(rs[0].GetReport()) == 0 {
+		t.Fatalf("BenchCollective ranks %v, want r0 (the node asked) then r1, both over TLS, with reports", rs)
+	}
 	if err := c.Release(ctx, id); err != nil {
 		t.Fatal(err)
 	}

@@ -12,10 +12,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/questrt/questrt/bench"
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/collective/grpctransport"
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/worker/remote"
 )
 
 // collectiveFlags maps the BenchConfig fields that BenchRangeError names to
@@ -99,31 +99,54 @@ inproc, if listed too, still runs the same sizes on goroutines. A rank
 that has not reported within --timeout of its configuration's start fails
 the run; the children are killed and reaped, and die with this process.
 
+--addr HOST:PORT runs the ranks on the nodes of a running cluster
+instead: the questd at HOST:PORT places one rank on each of N nodes up
+(--nodes N,...; default every node up), itself rank 0 and the others by
+name, runs the same measured loop (selection, merge and their baselines,
+or a sweep) over the cluster's own collective streams, TLS and token as
+the cluster is configured, and returns every rank's step times, combined
+here into the same lines with "transport": "cluster", "processes": N,
+"addr" and "nodes" (the nodes by rank), and tls as the nodes' streams
+were. --timeout bounds each configuration's run on the nodes (default
+%v there, at most %v). The connection to the node takes --plaintext,
+--tls-dir, --ca, --tls-cert, --tls-key and --token-file as 'questctl
+status' does. Ranks on different hosts are timed by their own clocks
+(step latency is the latest end minus the earliest start over the
+ranks), so lines across hosts are only as good as their clocks agree. A
+node lost or failing mid-run fails the command with the node named; the
+run ends on the others. Not with --shards, --transport or --max-memory
+(each node checks its own memory limit); more ranks than nodes up are
+refused before anything runs.
+
 Sizes must be at least 1 (--warmup 0 is allowed); at most %d shards,
 %d to %d nodes, a batch of %d, %d KV or query heads, a head dimension of
 %d, %d pages (--k at most --pages) and %d steps. A configuration whose
 data do not fit --max-memory (all ranks together) is refused before it
 runs.`,
 		sweepSteps, sweepWarmup, collective.MaxSweepFactor, collective.MaxSweepBytes,
+		remote.DefaultBenchTimeout, remote.MaxBenchTimeout,
 		collective.MaxBenchShards, 2, maxBenchNodes, collective.MaxBenchBatch, collective.MaxBenchHeads,
 		collective.MaxBenchHeadDim, collective.MaxBenchPages, collective.MaxBenchSteps))
-	shards := fs.String("shards", "2,4,8,16", "comma-separated CP group sizes, all ranks goroutines of this process")
+	shards := fs.String("shards", "2,4,8,16", fmt.Sprintf("comma-separated CP group sizes, all ranks goroutines of this process (1 to %d)", collective.MaxBenchShards))
 	nodes := fs.String("nodes", "", fmt.Sprintf("comma-separated CP group sizes, every grpc rank in its own process (2 to %d; instead of --shards)", maxBenchNodes))
-	timeout := fs.Duration("timeout", defaultNodesTimeout, "with --nodes: the longest one configuration may take, from starting its processes to their reports")
-	batches := fs.String("batch", "1,16", "comma-separated batch sizes")
+	timeout := fs.Duration("timeout", defaultNodesTimeout, "with --nodes: the longest one configuration may take, from starting its processes to their reports; with --addr: the longest one configuration may run on the nodes (default there 1m0s)")
+	batches := fs.String("batch", "1,16", fmt.Sprintf("comma-separated batch sizes (1 to %d)", collective.MaxBenchBatch))
 	transports := fs.String("transport", c.Transport, "comma-separated transports: inproc, grpc")
-	fs.IntVar(&c.Steps, "steps", c.Steps, "measured layer-steps per configuration")
-	fs.IntVar(&c.Warmup, "warmup", c.Warmup, "unmeasured layer-steps run first")
-	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads (selection rows per sequence)")
-	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads (merged states per sequence)")
-	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D")
-	fs.IntVar(&c.PageBudget, "k", c.PageBudget, "pages selected per row (K)")
-	fs.IntVar(&c.Pages, "pages", c.Pages, "pages per sequence, striped over the shards")
+	fs.IntVar(&c.Steps, "steps", c.Steps, fmt.Sprintf("measured layer-steps per configuration (1 to %d)", collective.MaxBenchSteps))
+	fs.IntVar(&c.Warmup, "warmup", c.Warmup, fmt.Sprintf("unmeasured layer-steps run first (0 to %d)", collective.MaxBenchSteps))
+	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, fmt.Sprintf("KV heads (selection rows per sequence; 1 to %d)", collective.MaxBenchHeads))
+	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, fmt.Sprintf("query heads (merged states per sequence; 1 to %d)", collective.MaxBenchHeads))
+	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, fmt.Sprintf("head dimension D (1 to %d)", collective.MaxBenchHeadDim))
+	fs.IntVar(&c.PageBudget, "k", c.PageBudget, "pages selected per row (K; 1 to --pages)")
+	fs.IntVar(&c.Pages, "pages", c.Pages, fmt.Sprintf("pages per sequence, striped over the shards (1 to %d)", collective.MaxBenchPages))
 	sw := collective.DefaultSweepConfig()
-	sizeFlag(fs, &sw.MinBytes, "min-bytes", "a sweep's smallest all-gather, in bytes (all ranks' parts together, as nccl-tests' -b)")
-	sizeFlag(fs, &sw.MaxBytes, "max-bytes", "a sweep's largest all-gather, in bytes (as nccl-tests' -e)")
-	fs.IntVar(&sw.Factor, "factor", sw.Factor, "a sweep's multiplication factor between sizes, at least 2 (as nccl-tests' -f)")
+	sizeFlag(fs, &sw.MinBytes, "min-bytes", fmt.Sprintf("a sweep's smallest all-gather, in bytes (all ranks' parts together, as nccl-tests' -b; 1 to %d)", collective.MaxSweepBytes))
+	sizeFlag(fs, &sw.MaxBytes, "max-bytes", fmt.Sprintf("a sweep's largest all-gather, in bytes (as nccl-tests' -e; 1 to %d)", collective.MaxSweepBytes))
+	fs.IntVar(&sw.Factor, "factor", sw.Factor, fmt.Sprintf("a sweep's multiplication factor between sizes, 2 to %d (as nccl-tests' -f)", collective.MaxSweepFactor))
 	maxMem := maxMemoryFlag(fs)
+	addr := fs.String("addr", "", "run the ranks on the nodes of the cluster of the questd at HOST:PORT, one per node (see above)")
+	conn := addConnFlags(fs)
+	tokenFile := tokenFileFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON lines only on stdout (default also prints a table to stderr; progress goes to stderr either way)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		var err error
@@ -135,6 +158,10 @@ runs.`,
 					return usageError{fmt.Errorf("--%s: not with a sweep (--min-bytes, --max-bytes, --factor run the plain all-gather only)", f)}
 				}
 			}
+		}
+		if flagSet(fs, "addr") {
+			return benchCollectiveAddr(ctx, fs, addrFlags{addr: *addr, conn: conn, tokenFile: *tokenFile, nodes: *nodes, batches: *batches,
+				timeout: *timeout, asJSON: *asJSON}, c, sw, sweep, stdout, stderr)
 		}
 		switch {
 		case byNodes && flagSet(fs, "shards"):
@@ -213,42 +240,9 @@ runs.`,
 			return usageError{err}
 		}
 		c.Progress, sw.Progress = stderr, stderr
-		cpu, kernel := cpuModel(), kernelRelease()
-		// TLS stays false: grpc runs plaintext on 127.0.0.1 (grpcGroup,
-		// bench collective rank), inproc has no connections.
-		meta := func() benchMeta { return readBenchMeta(cpu, kernel) }
-		emit := func(r collective.BenchResult) error {
-			if err := bench.WriteJSONLine(stdout, collectiveLine{Kind: kindCollective, BenchResult: r, benchMeta: meta()}); err != nil {
-				return err
-			}
-			if !*asJSON {
-				how := ""
-				if r.Processes > 1 {
-					how = fmt.Sprintf(" (%d processes)", r.Processes)
-				}
-				fmt.Fprintf(stderr, "%-6s shards %2d batch %2d: select p50 %.1f p99 %.1f us (baseline %.1f / %.1f, %.2fx), merge p50 %.1f p99 %.1f us (baseline %.1f / %.1f, %.2fx), ping-pong p50 %.1f us, %d + %d bytes/step%s\n",
-					r.Transport, r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.BaselineP50, r.BaselineP99, r.OverheadVsBaseline,
-					r.MergeP50, r.MergeP99, r.MergeBaselineP50, r.MergeBaselineP99, r.MergeOverheadVsBaseline, r.PingPongP50,
-					r.SelectBytes, r.MergeBytes, how)
-			}
-			return nil
-		}
-		header := false
-		emitSweep := func(r collective.SweepResult) error {
-			if err := bench.WriteJSONLine(stdout, sweepLine{Kind: kindSweep, SweepResult: r, benchMeta: meta()}); err != nil {
-				return err
-			}
-			if !*asJSON {
-				if !header {
-					fmt.Fprintf(stderr, "%-6s %6s %5s %12s %10s %10s %10s %10s %10s\n",
-						"#", "shards", "procs", "size (B)", "time (us)", "p50 (us)", "p99 (us)", "algbw GB/s", "busbw GB/s")
-					header = true
-				}
-				fmt.Fprintf(stderr, "%-6s %6d %5d %12d %10.1f %10.1f %10.1f %10.3f %10.3f\n",
-					r.Transport, r.Shards, r.Processes, r.Bytes, r.TimeUS, r.P50, r.P99, r.AlgBW, r.BusBW)
-			}
-			return nil
-		}
+		lw := newLineWriter(stdout, stderr, *asJSON)
+		emit := func(r collective.BenchResult) error { return lw.collective(r, false, nil) }
+		emitSweep := func(r collective.SweepResult) error { return lw.sweep(r, false, nil) }
 		start := time.Now()
 		for _, name := range names {
 			c.Transport, c.NewTransports = name, nil

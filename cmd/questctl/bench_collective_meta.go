@@ -2,11 +2,14 @@ package main
 
 import (
 	"bufio"
+	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
 
+	"github.com/questrt/questrt/bench"
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/internal/buildinfo"
 )
@@ -36,7 +39,8 @@ type benchMeta struct {
 	Modified bool   `json:"commit_modified"`
 	// TLS reports whether the transport's connections were encrypted:
 	// bench collective runs gRPC in plaintext on 127.0.0.1, and inproc has
-	// no connections.
+	// no connections; with --addr it is the cluster's collective streams'
+	// (every rank's encrypted).
 	TLS bool `json:"tls"`
 }
 
@@ -46,6 +50,7 @@ type collectiveLine struct {
 	Kind string `json:"kind"` // "collective"
 	collective.BenchResult
 	benchMeta
+	*clusterMeta // --addr only
 }
 
 // sweepLine is one JSON line of an all-gather sweep.
@@ -53,6 +58,7 @@ type sweepLine struct {
 	Kind string `json:"kind"` // "allgather_sweep"
 	collective.SweepResult
 	benchMeta
+	*clusterMeta // --addr only
 }
 
 // Kinds of bench collective lines.
@@ -70,7 +76,6 @@ func readBenchMeta(cpu, kernel string) benchMeta {
 		Host:      hostMeta{CPU: cpu, Cores: runtime.NumCPU(), LoadAvg: loadAvg(), Kernel: kernel},
 		GoVersion: runtime.Version(),
 		Version:   bi.Version, Commit: bi.Revision, Modified: bi.Modified,
-		TLS: false,
 	}
 }
 
@@ -117,4 +122,66 @@ func loadAvg() []float64 {
 		}
 	}
 	return out
+}
+
+// lineWriter writes the lines of bench collective: JSON on stdout, and
+// a table on stderr unless quiet.
+type lineWriter struct {
+	stdout, stderr io.Writer
+	quiet          bool
+	cpu, kernel    string // read once per run
+	header         bool   // the sweep table's header is written
+}
+
+func newLineWriter(stdout, stderr io.Writer, quiet bool) *lineWriter {
+	return &lineWriter{stdout: stdout, stderr: stderr, quiet: quiet, cpu: cpuModel(), kernel: kernelRelease()}
+}
+
+// meta is the metadata of a line written now, its transport's
+// connections encrypted or not (tls).
+func (w *lineWriter) meta(tls bool) benchMeta {
+	m := readBenchMeta(w.cpu, w.kernel)
+	m.TLS = tls
+	return m
+}
+
+// collective writes the line of one configuration of the selection and
+// merge (cm: its cluster, with --addr).
+func (w *lineWriter) collective(r collective.BenchResult, tls bool, cm *clusterMeta) error {
+	if err := bench.WriteJSONLine(w.stdout, collectiveLine{Kind: kindCollective, BenchResult: r, benchMeta: w.meta(tls), clusterMeta: cm}); err != nil {
+		return err
+	}
+	if w.quiet {
+		return nil
+	}
+	how := ""
+	if r.Processes > 1 {
+		how = fmt.Sprintf(" (%d processes)", r.Processes)
+	}
+	if cm != nil {
+		how = fmt.Sprintf(" (nodes %s)", strings.Join(cm.Nodes, ", "))
+	}
+	fmt.Fprintf(w.stderr, "%-6s shards %2d batch %2d: select p50 %.1f p99 %.1f us (baseline %.1f / %.1f, %.2fx), merge p50 %.1f p99 %.1f us (baseline %.1f / %.1f, %.2fx), ping-pong p50 %.1f us, %d + %d bytes/step%s\n",
+		r.Transport, r.Shards, r.Batch, r.SelectP50, r.SelectP99, r.BaselineP50, r.BaselineP99, r.OverheadVsBaseline,
+		r.MergeP50, r.MergeP99, r.MergeBaselineP50, r.MergeBaselineP99, r.MergeOverheadVsBaseline, r.PingPongP50,
+		r.SelectBytes, r.MergeBytes, how)
+	return nil
+}
+
+// sweep writes the line of one size of a sweep.
+func (w *lineWriter) sweep(r collective.SweepResult, tls bool, cm *clusterMeta) error {
+	if err := bench.WriteJSONLine(w.stdout, sweepLine{Kind: kindSweep, SweepResult: r, benchMeta: w.meta(tls), clusterMeta: cm}); err != nil {
+		return err
+	}
+	if w.quiet {
+		return nil
+	}
+	if !w.header {
+		fmt.Fprintf(w.stderr, "%-7s %6s %5s %12s %10s %10s %10s %10s %10s\n",
+			"#", "shards", "procs", "size (B)", "time (us)", "p50 (us)", "p99 (us)", "algbw GB/s", "busbw GB/s")
+		w.header = true
+	}
+	fmt.Fprintf(w.stderr, "%-7s %6d %5d %12d %10.1f %10.1f %10.1f %10.3f %10.3f\n",
+		r.Transport, r.Shards, r.Processes, r.Bytes, r.TimeUS, r.P50, r.P99, r.AlgBW, r.BusBW)
+	return nil
 }

@@ -6,9 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 
+	"github.com/questrt/questrt/internal/readlimit"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
 )
@@ -60,9 +60,10 @@ and weights_GB. Progress goes to stderr.`)
 	prefill := fs.String("prefill", "", "comma-separated prompt lengths in tokens: also time the GPU prefill of a random prompt of each (time to first token; bf16 or f16 pages); empty: none")
 	steps := fs.Int("steps", 20, "timed decode steps per measurement (1..10000)")
 	warmup := fs.Int("warmup", 3, "untimed steps before them (0..1000)")
-	budget := fs.Int("budget", 4096, "token budget B per KV head and step (page budget K = B/S; at least --page-size)")
+	budget := fs.Int("budget", 4096, "token budget B per KV head and step (page budget K = B/S), --page-size..1073741824")
 	pageSize := fs.Int("page-size", 16, "tokens per page S (1..256)")
-	denseLayers := fs.Int("dense-layers", 0, "leading layers that always attend densely")
+	denseLayers := fs.Int("dense-layers", 0, "leading layers that always attend densely, 0..1024")
+	denseRho := fs.Float64("dense-rho", 0, "Quest's layers read every page while 1/S + K/P >= this (0..2; 0: off): the dense fallback below the crossover context")
 	dense := fs.Bool("dense", true, "also time every layer dense after Quest")
 	weights := fs.String("weights-dtype", "bf16", "weights on the GPU: bf16 or f32")
 	noPDL := fs.Bool("no-pdl", false, "launch each model kernel only after the previous one ended (default: as its programmatic dependent)")
@@ -82,8 +83,10 @@ and weights_GB. Progress goes to stderr.`)
 			return usageError{fmt.Errorf("--load-format %q: want auto or dummy", *loadFormat)}
 		case *steps < 1 || *steps > 10000 || *warmup < 0 || *warmup > 1000:
 			return usageError{fmt.Errorf("--steps %d, --warmup %d: want 1..10000 and 0..1000", *steps, *warmup)}
-		case *pageSize < 1 || *pageSize > 256 || *budget < *pageSize || *denseLayers < 0:
-			return usageError{fmt.Errorf("--page-size %d, --budget %d, --dense-layers %d: want a page of 1..256 tokens, a budget of at least one page, dense layers >= 0", *pageSize, *budget, *denseLayers)}
+		case !(*denseRho >= 0 && *denseRho <= plan.MaxDenseRho):
+			return usageError{fmt.Errorf("--dense-rho %v: want 0..%v", *denseRho, plan.MaxDenseRho)}
+		case *pageSize < 1 || *pageSize > 256 || *budget < *pageSize || *budget > 1<<30 || *denseLayers < 0 || *denseLayers > 1024:
+			return usageError{fmt.Errorf("--page-size %d, --budget %d, --dense-layers %d: want a page of 1..256 tokens, a budget of one page..1073741824 tokens, dense layers 0..1024", *pageSize, *budget, *denseLayers)}
 		}
 		switch *weights {
 		case "bf16":
@@ -99,7 +102,7 @@ and weights_GB. Progress goes to stderr.`)
 				b.modelDir = *modelDir
 			}
 		}
-		raw, err := os.ReadFile(path)
+		raw, err := readlimit.ReadFile(path, maxInputFile)
 		if err != nil {
 			return usageError{fmt.Errorf("model config: %w", err)}
 		}
@@ -144,6 +147,7 @@ and weights_GB. Progress goes to stderr.`)
 		}
 		b.pol = plan.DefaultPolicy()
 		b.pol.PageSize, b.pol.BudgetTokens, b.pol.DenseLayers = *pageSize, *budget, min(*denseLayers, b.cfg.Layers)
+		b.pol.DenseRho = *denseRho
 		if err := b.pol.Validate(); err != nil {
 			return usageError{err}
 		}

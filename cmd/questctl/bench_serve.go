@@ -32,6 +32,8 @@ const (
 	serveMaxTokens      = 1 << 20
 	serveMaxRequests    = 1 << 20
 	serveMaxWarmup      = 100
+	serveMaxBudget      = 1 << 30 // tokens
+	serveMaxTimeout     = 24 * time.Hour
 )
 
 // serveBenchConfig is one run of 'questctl bench serve'.
@@ -46,6 +48,8 @@ type serveBenchConfig struct {
 	requests      int // per level; 0: max(4, 2 x concurrency)
 	budget        int // quest.budget; 0: the server's
 	backgroundLen int // bytes of the background prompt; 0: none
+	sharedPrefix  int // bytes of each group's shared document; 0: no shared-prefix workload
+	prefixGroups  int // documents the requests of a level share (with sharedPrefix)
 	warmup        int // unmeasured requests per selector before the first level
 	seed          uint64
 	timeout       time.Duration
@@ -112,6 +116,22 @@ type serveBenchResult struct {
 	// LoadAvg1 is this machine's 1-minute load average as the level
 	// started (/proc/loadavg; -1 where there is none).
 	LoadAvg1 float64 `json:"loadavg_1m"`
+	// The shared-prefix workload (--shared-prefix-len): each level's
+	// requests share PrefixGroups documents of SharedPrefixLen bytes
+	// (request i the document i mod PrefixGroups, new ones each level),
+	// each followed by its own short question. Hits counts the requests
+	// the server's prefix cache served (cached_tokens above 0); the TTFT
+	// of those and of the others (misses: a document's first request, or
+	// every request with questd --prefix-caching=false); CachedTokensPerRequest
+	// is each request's cached_tokens, in request order (-1: failed).
+	SharedPrefixLen        int     `json:"shared_prefix_len,omitempty"`
+	PrefixGroups           int     `json:"prefix_groups,omitempty"`
+	Hits                   int     `json:"hits"`
+	TTFTHitP50MS           float64 `json:"ttft_hit_p50_ms"`
+	TTFTHitMeanMS          float64 `json:"ttft_hit_mean_ms"`
+	TTFTMissP50MS          float64 `json:"ttft_miss_p50_ms"`
+	TTFTMissMeanMS         float64 `json:"ttft_miss_mean_ms"`
+	CachedTokensPerRequest []int   `json:"cached_tokens_per_request,omitempty"`
 }
 
 func runBenchServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -161,11 +181,13 @@ one-line error (exit 1).`)
 	fs.IntVar(&c.promptLen, "prompt-len", 8192, fmt.Sprintf("bytes of each passkey prompt (64..%d)", serveMaxPromptLen))
 	fs.IntVar(&c.maxTokens, "max-tokens", 64, fmt.Sprintf("max_tokens of each request (1..%d)", serveMaxTokens))
 	fs.IntVar(&c.requests, "requests", 0, fmt.Sprintf("requests per level (0: max(4, 2 x concurrency); a level runs at least its concurrency; at most %d)", serveMaxRequests))
-	fs.IntVar(&c.budget, "budget", 0, "quest.budget of the quest requests, tokens per KV head and step (0: the server's policy)")
+	fs.IntVar(&c.budget, "budget", 0, fmt.Sprintf("quest.budget of the quest requests, tokens per KV head and step (0: the server's policy; at most %d)", serveMaxBudget))
 	fs.IntVar(&c.backgroundLen, "background-prompt-len", 0, fmt.Sprintf("bytes of a background prompt prefilled while each level runs again (0: none; 64..%d)", serveMaxPromptLen))
+	fs.IntVar(&c.sharedPrefix, "shared-prefix-len", 0, fmt.Sprintf("bytes of a document that the requests of a level share, each followed by its own short question, as vLLM's prefix-caching workloads (0: off, each request its own --prompt-len passkey prompt; 64..%d); reports the TTFT of prefix-cache hits and misses and each request's cached_tokens", serveMaxPromptLen))
+	fs.IntVar(&c.prefixGroups, "prefix-groups", 1, fmt.Sprintf("with --shared-prefix-len: distinct shared documents per level, request i gets document i mod N (1..%d)", serveMaxRequests))
 	fs.IntVar(&c.warmup, "warmup", 1, fmt.Sprintf("unmeasured requests per selector before the first level, so that no selector absorbs the server's cold start (0..%d)", serveMaxWarmup))
 	seed := fs.Uint64("seed", 1, "seed of the prompts (request i's prompt is the same for every level and selector)")
-	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up on a request after this time")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, fmt.Sprintf("give up on a request after this time (above 0, at most %v)", serveMaxTimeout))
 	asJSON := fs.Bool("json", false, "no table on stderr: JSON lines on stdout, progress lines on stderr (default also prints a table to stderr)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		var err error
@@ -233,12 +255,18 @@ func (c serveBenchConfig) validate() error {
 		return fmt.Errorf("--requests %d: want 0 (the default) or 1..%d", c.requests, serveMaxRequests)
 	case c.warmup < 0 || c.warmup > serveMaxWarmup:
 		return fmt.Errorf("--warmup %d: want 0..%d", c.warmup, serveMaxWarmup)
-	case c.budget < 0:
-		return fmt.Errorf("--budget %d: want 0 (the server's) or a token budget", c.budget)
+	case c.budget < 0 || c.budget > serveMaxBudget:
+		return fmt.Errorf("--budget %d: want 0 (the server's) or a token budget up to %d", c.budget, serveMaxBudget)
 	case c.backgroundLen != 0 && (c.backgroundLen < 64 || c.backgroundLen > serveMaxPromptLen):
 		return fmt.Errorf("--background-prompt-len %d: want 0 (none) or 64..%d bytes", c.backgroundLen, serveMaxPromptLen)
-	case c.timeout <= 0:
-		return fmt.Errorf("--timeout %v: must be positive", c.timeout)
+	case c.sharedPrefix != 0 && (c.sharedPrefix < 64 || c.sharedPrefix > serveMaxPromptLen):
+		return fmt.Errorf("--shared-prefix-len %d: want 0 (off) or 64..%d bytes", c.sharedPrefix, serveMaxPromptLen)
+	case c.prefixGroups < 1 || c.prefixGroups > serveMaxRequests:
+		return fmt.Errorf("--prefix-groups %d: want 1..%d", c.prefixGroups, serveMaxRequests)
+	case c.sharedPrefix > 0 && c.backgroundLen > 0:
+		return fmt.Errorf("--shared-prefix-len with --background-prompt-len: run the two workloads separately")
+	case c.timeout <= 0 || c.timeout > serveMaxTimeout:
+		return fmt.Errorf("--timeout %v: want above 0 and at most %v", c.timeout, serveMaxTimeout)
 	}
 	return nil
 }
@@ -266,6 +294,32 @@ func servePrompts(seed uint64, stream uint64, n, length int) ([]servePrompt, err
 			return nil, err
 		}
 		out[i] = servePrompt{text: p.Text(), answer: p.Answer}
+	}
+	return out, nil
+}
+
+// sharedPrompts makes the n prompts of a shared-prefix level: groups
+// passkey documents of about length bytes (document g depends on seed,
+// stream + g and length only, and starts with its own "Document" line),
+// prompt i document i mod groups followed by its own question, whose
+// answer is that document's passkey.
+func sharedPrompts(seed, stream uint64, n, groups, length int) ([]servePrompt, error) {
+	docs := make([]eval.Prompt, min(groups, n))
+	for g := range docs {
+		p, err := eval.Passkey(rand.New(rand.NewPCG(seed, stream+uint64(g))), length, eval.PasskeyOptions{})
+		if err != nil {
+			return nil, err
+		}
+		docs[g] = p
+	}
+	out := make([]servePrompt, n)
+	for i := range out {
+		d := docs[i%len(docs)]
+		// The documents' heads differ: passkey contexts share their
+		// intro and filler up to the fact, which a prefix cache would
+		// serve across documents.
+		g := i % len(docs)
+		out[i] = servePrompt{text: fmt.Sprintf("Document %d.%d. %sQuestion %d. %s", stream>>32, g, d.Context, i, d.Question), answer: d.Answer}
 	}
 	return out, nil
 }
@@ -307,21 +361,42 @@ func benchServe(ctx context.Context, c serveBenchConfig, progress io.Writer, emi
 		}
 		bg = ps[0]
 	}
-	fmt.Fprintf(progress, "bench serve: %s, model %s: prompts of %d bytes, max_tokens %d, selectors %s, concurrency %v\n",
-		cl.base, model, c.promptLen, c.maxTokens, strings.Join(c.selectors, ","), c.concurrency)
+	warm := prompts[0]
+	if c.sharedPrefix > 0 {
+		// A prompt of its own: the warm-up caches no level's document.
+		ps, err := servePrompts(c.seed, 1<<41, 1, c.promptLen)
+		if err != nil {
+			return err
+		}
+		warm = ps[0]
+		fmt.Fprintf(progress, "bench serve: %s, model %s: shared prefixes of %d bytes (%d per level), max_tokens %d, selectors %s, concurrency %v\n",
+			cl.base, model, c.sharedPrefix, c.prefixGroups, c.maxTokens, strings.Join(c.selectors, ","), c.concurrency)
+	} else {
+		fmt.Fprintf(progress, "bench serve: %s, model %s: prompts of %d bytes, max_tokens %d, selectors %s, concurrency %v\n",
+			cl.base, model, c.promptLen, c.maxTokens, strings.Join(c.selectors, ","), c.concurrency)
+	}
 	// Warm-up, selector by selector, before any level: the server's cold
 	// start (the first prefill, its pools growing) lands on no level.
 	for _, sel := range c.selectors {
 		for i := range c.warmup {
 			fmt.Fprintf(progress, "bench serve: warm-up %d of %d (%s)\n", i+1, c.warmup, sel)
-			if w := cl.stream(ctx, cl.body(prompts[0], sel, 1), "", nil); w.err != nil {
+			if w := cl.stream(ctx, cl.body(warm, sel, 1), "", nil); w.err != nil {
 				return fmt.Errorf("warm-up request (%s): %v", sel, w.err)
 			}
 		}
 	}
+	level := uint64(0)
 	for _, n := range c.concurrency {
 		for _, sel := range c.selectors {
 			ps := prompts[:c.levelRequests(n)]
+			if c.sharedPrefix > 0 {
+				// New documents each level: its first request of each
+				// misses whatever the levels before cached.
+				level++
+				if ps, err = sharedPrompts(c.seed, level<<32, c.levelRequests(n), c.prefixGroups, c.sharedPrefix); err != nil {
+					return err
+				}
+			}
 			alone, err := cl.level(ctx, sel, n, ps, nil)
 			if err != nil {
 				return err
@@ -557,6 +632,9 @@ func (cl *serveClient) stream(ctx context.Context, body []byte, answer string, o
 func (cl *serveClient) level(ctx context.Context, sel string, n int, ps []servePrompt, bg *servePrompt) (serveBenchResult, error) {
 	c := cl.cfg
 	r := serveBenchResult{Selector: sel, Concurrency: n, Requests: len(ps), PromptLen: c.promptLen, MaxTokens: c.maxTokens, LoadAvg1: loadAvg1()}
+	if c.sharedPrefix > 0 {
+		r.PromptLen, r.SharedPrefixLen, r.PrefixGroups = 0, c.sharedPrefix, min(c.prefixGroups, len(ps))
+	}
 	if sel == "quest" {
 		r.Budget = c.budget
 	}
@@ -581,7 +659,11 @@ func (cl *serveClient) level(ctx context.Context, sel string, n int, ps []serveP
 	} else {
 		close(bgDone)
 	}
-	fmt.Fprintf(cl.errOut, "bench serve: %s: %d requests of %d bytes\n", what, len(ps), c.promptLen)
+	if c.sharedPrefix > 0 {
+		fmt.Fprintf(cl.errOut, "bench serve: %s: %d requests sharing %d documents of %d bytes\n", what, len(ps), r.PrefixGroups, c.sharedPrefix)
+	} else {
+		fmt.Fprintf(cl.errOut, "bench serve: %s: %d requests of %d bytes\n", what, len(ps), c.promptLen)
+	}
 	samples := make([]serveSample, len(ps))
 	var next, finished atomic.Int64
 	var wg sync.WaitGroup
@@ -602,8 +684,8 @@ func (cl *serveClient) level(ctx context.Context, sel string, n int, ps []serveP
 					fmt.Fprintf(cl.errOut, "bench serve: %s: request %d/%d failed: %v\n", what, k, len(ps), s.err)
 					continue
 				}
-				fmt.Fprintf(cl.errOut, "bench serve: %s: request %d/%d: ttft %.0f ms, %d tokens in %.0f ms, correct %v\n",
-					what, k, len(ps), ms(s.first.Sub(s.sent)), s.tokens, ms(s.end.Sub(s.sent)), s.correct)
+				fmt.Fprintf(cl.errOut, "bench serve: %s: request %d/%d: ttft %.0f ms, %d tokens in %.0f ms, %d prompt tokens cached, correct %v\n",
+					what, k, len(ps), ms(s.first.Sub(s.sent)), s.tokens, ms(s.end.Sub(s.sent)), s.cachedTokens, s.correct)
 			}
 		}()
 	}
@@ -619,10 +701,17 @@ func (cl *serveClient) level(ctx context.Context, sel string, n int, ps []serveP
 		}
 		r.BackgroundTTFTMS = ms(bgSample.first.Sub(bgSample.sent))
 	}
-	var ttft, itl, e2e, during []float64
+	var ttft, itl, e2e, during, hit, miss []float64
 	var tpot, rho float64
 	var firstErr error
 	for _, s := range samples {
+		if c.sharedPrefix > 0 {
+			n := s.cachedTokens
+			if s.err != nil {
+				n = -1
+			}
+			r.CachedTokensPerRequest = append(r.CachedTokensPerRequest, n)
+		}
 		if s.err != nil {
 			r.Errors++
 			if firstErr == nil {
@@ -640,6 +729,11 @@ func (cl *serveClient) level(ctx context.Context, sel string, n int, ps []serveP
 			r.Correct++
 		}
 		ttft = append(ttft, ms(s.first.Sub(s.sent)))
+		if s.cachedTokens > 0 {
+			hit = append(hit, ms(s.first.Sub(s.sent)))
+		} else {
+			miss = append(miss, ms(s.first.Sub(s.sent)))
+		}
 		e2e = append(e2e, ms(s.end.Sub(s.sent)))
 		itl = append(itl, s.itl...)
 		if s.tokens > 1 {
@@ -657,6 +751,9 @@ func (cl *serveClient) level(ctx context.Context, sel string, n int, ps []serveP
 	r.CachedTokens /= done
 	r.BytesReadVsDense = rho / done
 	r.TTFTP50MS, r.TTFTP99MS, r.TTFTMeanMS = percentile(ttft, 0.5), percentile(ttft, 0.99), mean(ttft)
+	r.Hits = len(hit)
+	r.TTFTHitP50MS, r.TTFTHitMeanMS = percentile(hit, 0.5), mean(hit)
+	r.TTFTMissP50MS, r.TTFTMissMeanMS = percentile(miss, 0.5), mean(miss)
 	r.ITLP50MS, r.ITLP99MS = percentile(itl, 0.5), percentile(itl, 0.99)
 	r.TPOTMeanMS = tpot / done
 	r.E2EP50MS, r.E2EP99MS = percentile(e2e, 0.5), percentile(e2e, 0.99)
@@ -728,6 +825,20 @@ func writeServeTable(w io.Writer, rows []serveBenchResult) {
 		fmt.Fprintf(w, "| %s | %d | %s | %d | %d | %.0f | %.0f | %.1f | %.1f | %.2f | %d/%d | %.1f | %s | %s | %.2f |\n",
 			r.Selector, r.Concurrency, bg, r.Requests, r.Completed, r.TTFTP50MS, r.TTFTP99MS, r.ITLP50MS, r.ITLP99MS,
 			r.OutputTokensPerS, r.Correct, r.Completed, r.WallS, during, vs, r.LoadAvg1)
+	}
+	if !slices.ContainsFunc(rows, func(r serveBenchResult) bool { return r.SharedPrefixLen > 0 }) {
+		return
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| selector | concurrency | shared prefix | requests | hits | TTFT hit p50 ms | TTFT miss p50 ms | hit / miss | prompt tokens | cached tokens per request |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		ratio := "-"
+		if r.Hits > 0 && r.Hits < r.Completed && r.TTFTMissP50MS > 0 {
+			ratio = fmt.Sprintf("%.3f", r.TTFTHitP50MS/r.TTFTMissP50MS)
+		}
+		fmt.Fprintf(w, "| %s | %d | %d B x %d | %d | %d | %.0f | %.0f | %s | %.0f | %v |\n",
+			r.Selector, r.Concurrency, r.SharedPrefixLen, r.PrefixGroups, r.Requests, r.Hits, r.TTFTHitP50MS, r.TTFTMissP50MS, ratio, r.PromptTokens, r.CachedTokensPerRequest)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/questrt/questrt/internal/serveengine"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/serve"
 )
@@ -43,6 +44,9 @@ func TestBenchServeBadFlags(t *testing.T) {
 		{[]string{"--addr", addr, "--budget", "-16"}, "--budget"},
 		{[]string{"--addr", addr, "--background-prompt-len", "8"}, "--background-prompt-len"},
 		{[]string{"--addr", addr, "--timeout", "0s"}, "--timeout"},
+		{[]string{"--addr", addr, "--shared-prefix-len", "8"}, "--shared-prefix-len"},
+		{[]string{"--addr", addr, "--shared-prefix-len", "1024", "--prefix-groups", "0"}, "--prefix-groups"},
+		{[]string{"--addr", addr, "--shared-prefix-len", "1024", "--background-prompt-len", "1024"}, "--shared-prefix-len with --background-prompt-len"},
 		{[]string{"--addr", addr, "--seed", "-1"}, "--seed"},
 		{[]string{"--addr", addr, "--json=maybe"}, "json"},
 		{[]string{"--addr", addr, "extra"}, "unexpected arguments"},
@@ -123,6 +127,13 @@ func TestBenchServeUnreachable(t *testing.T) {
 // address and the server.
 func serveTestServer(t *testing.T) (string, *serve.Server) {
 	t.Helper()
+	return serveTestServerWith(t, nil)
+}
+
+// serveTestServerWith is serveTestServer with edit applied to the
+// serving config (nil: none).
+func serveTestServerWith(t *testing.T, edit func(*serve.Config)) (string, *serve.Server) {
+	t.Helper()
 	dir := filepath.Join(testModels(t), "passkey-llama-v1")
 	m, err := model.Load(dir, model.LoadOptions{})
 	if err != nil {
@@ -134,11 +145,15 @@ func serveTestServer(t *testing.T) (string, *serve.Server) {
 		t.Fatal(err)
 	}
 	cfg := serve.DefaultConfig()
+	cfg.Engines = serveengine.Engines()
 	cfg.ModelName = "passkey-llama-v1"
 	cfg.CapacityPages = 1024
 	cfg.MemoryLimit = -1
 	cfg.MaxRunning = 4
 	cfg.ChunkTokens = 256
+	if edit != nil {
+		edit(&cfg)
+	}
 	s, err := serve.New(m, tok, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -251,5 +266,67 @@ func TestBenchServeBackground(t *testing.T) {
 	}
 	if strings.Contains(stderr, "| selector |") {
 		t.Error("--json printed the table")
+	}
+}
+
+// TestBenchServeSharedPrefix: with --shared-prefix-len 1024 and
+// --prefix-groups 2, the 4 requests of a level (one in flight) share 2
+// documents: against a server with its prefix cache (the default) the
+// first request of each document misses and the 2 after them hit, each
+// with cached_tokens a whole number of 16-token pages covering nearly
+// all of its ~1,024-byte document (the byte tokenizer: a token a
+// byte) and below its prompt tokens; against questd
+// --prefix-caching=false none hits. Each line reports the TTFT of hits
+// and misses and the table on stderr shows them.
+func TestBenchServeSharedPrefix(t *testing.T) {
+	if testing.Short() {
+		t.Skip("serves a model")
+	}
+	args := []string{"--concurrency", "1", "--selector", "quest", "--shared-prefix-len", "1024", "--prefix-groups", "2",
+		"--requests", "4", "--max-tokens", "2", "--seed", "3", "--timeout", time.Minute.String()}
+	for _, caching := range []bool{true, false} {
+		addr, s := serveTestServerWith(t, func(c *serve.Config) { c.PrefixCaching = caching })
+		code, stdout, stderr := runCLI(t, append([]string{"bench", "serve", "--addr", addr}, args...)...)
+		if code != 0 {
+			t.Fatalf("caching %t: exit %d: %s", caching, code, stderr)
+		}
+		rows := serveLines(t, stdout)
+		if len(rows) != 1 {
+			t.Fatalf("caching %t: %d lines, want 1", caching, len(rows))
+		}
+		r := rows[0]
+		if r["shared_prefix_len"] != 1024.0 || r["prefix_groups"] != 2.0 || r["completed"] != 4.0 {
+			t.Fatalf("caching %t: line %v", caching, r)
+		}
+		var cached []int
+		for _, v := range r["cached_tokens_per_request"].([]any) {
+			cached = append(cached, int(v.(float64)))
+		}
+		prompt := r["prompt_tokens"].(float64)
+		wantHits := 0
+		for i, c := range cached {
+			switch {
+			case !caching || i < 2:
+				if c != 0 {
+					t.Errorf("caching %t: request %d got %d cached tokens, want 0 (a miss)", caching, i, c)
+				}
+			case c%16 != 0 || c < 900 || float64(c) >= prompt:
+				t.Errorf("request %d: %d cached tokens, want whole pages of the ~1024-byte document, below the %v prompt tokens", i, c, prompt)
+			default:
+				wantHits++
+			}
+		}
+		if len(cached) != 4 || int(r["hits"].(float64)) != wantHits || (caching && wantHits != 2) {
+			t.Errorf("caching %t: hits %v, cached tokens per request %v", caching, r["hits"], cached)
+		}
+		if r["ttft_miss_p50_ms"].(float64) <= 0 || caching && r["ttft_hit_p50_ms"].(float64) <= 0 {
+			t.Errorf("caching %t: TTFT of hits %v, of misses %v", caching, r["ttft_hit_p50_ms"], r["ttft_miss_p50_ms"])
+		}
+		if !strings.Contains(stderr, "| selector | concurrency | shared prefix |") || !strings.Contains(stderr, "| quest | 1 | 1024 B x 2 | 4 |") {
+			t.Errorf("no shared-prefix table on stderr:\n%s", stderr)
+		}
+		if st := s.Stats(); caching && st.PrefixCacheHits < 2 || !caching && st.PrefixCacheHits != 0 {
+			t.Errorf("caching %t: the server counted %d hits", caching, st.PrefixCacheHits)
+		}
 	}
 }

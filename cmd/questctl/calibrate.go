@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/eval"
+	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -47,7 +48,7 @@ passkey reads them), or generated passkey prompts (--lengths, --n,
 --seed). Budgets are absolute token budgets at the prompts' length.
 Progress goes to stderr; a table (or --json: one JSON object) to stdout.`)
 	rf := addRunFlags(fs)
-	prompts := fs.String("prompts", "", "JSON-lines prompt file (the format of eval passkey --prompts)")
+	prompts := fs.String("prompts", "", fmt.Sprintf("JSON-lines prompt file (the format of eval passkey --prompts; at most %s)", memlimit.Bytes(maxInputFile)))
 	lengths := fs.String("lengths", "", "generate passkey prompts of these lengths in bytes instead (comma-separated, 64..1048576)")
 	n := fs.Int("n", 8, "generated prompts per length (1..100000)")
 	seed := fs.Uint64("seed", 1, "generated prompts' seed")

@@ -41,6 +41,9 @@ func commands() []command {
 		{"plot", "PNG figure of eval passkey or bench attention JSON lines", plotCommand},
 		{"up", "start a local questd cluster until Ctrl-C", func() (*flag.FlagSet, action) { return upCommand(nil) }},
 		{"status", "one questd's view of the cluster", statusCommand},
+		{"tls ca", "a CA for a cluster's mutual TLS (ca.pem, ca.key)", tlsCACommand},
+		{"tls node", "a node's certificate (questrt://node/NAME)", tlsLeafCommand("node", "")},
+		{"tls client", "a client's certificate (questrt://client/NAME)", tlsLeafCommand("client", "")},
 		{"replay-request", "re-run a served request with dense attention: where Quest and dense diverge", func() (*flag.FlagSet, action) { return replayRequestCommand("") }},
 		{"version", "the version and VCS revision of this build", versionCommand},
 		{"completion bash", "bash completion script", completionCommand("bash")},
@@ -55,6 +58,7 @@ var groupSummaries = map[string]string{
 	"bench":      "benchmarks: attention, collective, decode, offload, selection or serve",
 	"eval":       "quality evaluations: passkey",
 	"completion": "shell completion script: bash, zsh or fish",
+	"tls":        "certificates for mutual TLS: ca, node or client",
 }
 
 // shells are the shells 'questctl completion' writes scripts for.
@@ -64,7 +68,7 @@ const completionUsage = `Usage: questctl completion bash|zsh|fish
 
 Prints a completion script for the shell: it completes questctl's
 commands, their subcommands (bench attention|collective|decode|offload|selection|serve, eval
-passkey, replay gen) and each command's flags, with the values of flags
+passkey, replay gen, tls ca|node|client) and each command's flags, with the values of flags
 that take one of a few (--kv-cache-dtype). Run 'questctl completion SHELL
 --help' for how to load it.
 `

@@ -162,11 +162,11 @@ func TestCompletionWorks(t *testing.T) {
 	for _, c := range commands() {
 		names = append(names, c.name)
 	}
-	lines := []string{"questctl ''", "questctl be", "questctl bench ''", "questctl replay ''", "questctl completion ''",
+	lines := []string{"questctl ''", "questctl be", "questctl bench ''", "questctl replay ''", "questctl completion ''", "questctl tls ''",
 		"questctl demo --kv-cache-dtype ''", "questctl bench attention --dtype b", "questctl demo --tens"}
 	want := [][]string{
-		{"demo", "replay", "bench", "devices", "generate", "eval", "calibrate", "plot", "up", "status", "replay-request", "version", "completion", "help"},
-		{"bench"}, {"attention", "collective", "decode", "offload", "selection", "serve"}, {"gen"}, {"bash", "zsh", "fish"},
+		{"demo", "replay", "bench", "devices", "generate", "eval", "calibrate", "plot", "up", "status", "tls", "replay-request", "version", "completion", "help"},
+		{"bench"}, {"attention", "collective", "decode", "offload", "selection", "serve"}, {"gen"}, {"bash", "zsh", "fish"}, {"ca", "node", "client"},
 		{"f32", "f16", "bf16"}, {"bf16"}, {"--tensor-parallel-size"},
 	}
 	for _, name := range names {

@@ -58,12 +58,12 @@ mass recall there read the keys back from the nodes (diagnostics only).`)
 	fs.IntVar(&c.Layers, "layers", c.Layers, "layers, 1..1024")
 	fs.IntVar(&c.DenseLayers, "dense-layers", c.DenseLayers, "leading layers that always attend densely (0: none; below --layers)")
 	fs.IntVar(&c.QHeads, "q-heads", c.QHeads, "query heads, 1..1024, a multiple of --kv-heads")
-	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads, dividing --q-heads")
+	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "KV heads, 1..1024, dividing --q-heads")
 	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "head dimension D, 1..4096")
-	fs.IntVar(&c.PageSize, "page-size", c.PageSize, "tokens per page S")
-	fs.IntVar(&c.Budget, "budget", c.Budget, "token budget B per head (page budget K = B/S); at least one page and below --context")
-	fs.IntVar(&c.Needles, "needles", c.Needles, "needle keys of entity B, each on its own page in the context's first quarter")
-	fs.IntVar(&c.Mentions, "mentions", c.Mentions, "keys of entity A, at most one per page")
+	fs.IntVar(&c.PageSize, "page-size", c.PageSize, "tokens per page S, 1..1073741824 (at most --budget)")
+	fs.IntVar(&c.Budget, "budget", c.Budget, "token budget B per head (page budget K = B/S), 1..1073741824; at least one page and below --context")
+	fs.IntVar(&c.Needles, "needles", c.Needles, "needle keys of entity B, 1..1073741824, each on its own page in the context's first quarter")
+	fs.IntVar(&c.Mentions, "mentions", c.Mentions, "keys of entity A, 1..1073741824, at most one per page")
 	fs.StringVar(&c.GQA, "gqa", c.GQA, "GQA page sharing: group_max or per_head")
 	fs.StringVar(&c.Selector, "selector", c.Selector, "page selector: quest, oracle, recent or dense")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "data seed (any value, 0 included)")
@@ -76,11 +76,14 @@ mass recall there read the keys back from the nodes (diagnostics only).`)
 	summary := summaryDTypeFlag(fs, "; in process only (not with --nodes)")
 	fs.BoolVar(&c.DeviceResident, "device-resident", false, "cuda: keep the pages and page tables only in GPU memory")
 	maxMem := maxMemoryFlag(fs)
-	nodes := fs.Int("nodes", 0, "run through a local cluster of this many questd processes (0: in process)")
+	nodes := fs.Int("nodes", 0, fmt.Sprintf("run through a local cluster of this many questd processes, 0..%d (0: in process)", maxLocalNodes))
 	questd := fs.String("questd", "", "with --nodes: the questd binary (default: questd next to questctl, else on $PATH)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		c.MemoryLimit = *maxMem
 		c.Progress = stderr
+		if *nodes < 0 || *nodes > maxLocalNodes {
+			return usageError{fmt.Errorf("--nodes %d: want 0 (in process) or 1..%d questd processes on this host", *nodes, maxLocalNodes)}
+		}
 		if err := c.Validate(); err != nil {
 			return usageError{err}
 		}
@@ -112,7 +115,7 @@ mass recall there read the keys back from the nodes (diagnostics only).`)
 		default:
 			return usageError{fmt.Errorf("unknown backend %q (want cpu or cuda)", *backend)}
 		}
-		if *nodes < 0 || (*nodes > 0 && *backend != "cpu") {
+		if *nodes > 0 && *backend != "cpu" {
 			return usageError{fmt.Errorf("--nodes %d: want 0 (in process) or a cluster size with the cpu backend", *nodes)}
 		}
 		if *nodes > 0 && summary.types[0] != plan.SummaryKV {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,6 +16,9 @@ import (
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/eval"
+	"github.com/questrt/questrt/internal/evalengine"
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/internal/readlimit"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -56,7 +58,16 @@ KL(dense || policy) of the next-token distributions). With diagnostics
 attention on the same pages: per layer, recall of the dense top-10
 tokens and attention-mass recall 1 - eps; per layer and head, output
 cosine and relative L2 error; pages read vs dense next to the byte model
-rho = 1/S + K/P. --decode-question feeds the question through decode
+rho = 1/S + K/P. --hier-group G ranks quest's pages by the exact
+hierarchical search (the same pages as flat; with --no-diagnostics,
+which the search needs) and the JSON phases carry "hier": the summary
+records read per (row, step) against the candidates. --attn-top-p P prunes
+each sparse step's selected tokens to the smallest sets reaching softmax
+mass P (per query head, a KV head reading its heads' union) and the
+JSON phases carry "top_p": tokens kept per (KV head, step), mean, p50,
+p95 and max. --sub-boxes C ranks quest's pages by C min/max
+sub-boxes per page (multi-box summaries; the score reads C x 2 x D
+summary values per page and KV head). --decode-question feeds the question through decode
 steps so that selection follows the query as it forms.
 --summary-dtype takes a comma-separated list here (bf16,fp8): every
 sparse run is made with each summary type, on the same prompts and
@@ -89,7 +100,7 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 	seed := fs.Uint64("seed", 1, "prompt seed")
 	keys := fs.Int("keys", 1, "keys per prompt (1..10; k > 1: named keys, the question asks for one)")
 	depths := fs.String("depths", "", "comma-separated fact depths in [0, 1], one per key or one for all (default: random)")
-	prompts := fs.String("prompts", "", "JSON-lines prompt file instead of generated prompts")
+	prompts := fs.String("prompts", "", fmt.Sprintf("JSON-lines prompt file instead of generated prompts (at most %s)", memlimit.Bytes(maxInputFile)))
 	decodeQ := fs.Bool("decode-question", false, "feed the question's tokens through decode steps with the policy's selection instead of prefilling them")
 	noDiag := fs.Bool("no-diagnostics", false, "skip the per-step comparison with dense attention (recall, mass recall, cosine)")
 	asJSON := fs.Bool("json", false, "JSON lines on stdout instead of a table")
@@ -200,10 +211,14 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 		}
 		cfg.DecodeQuestion = *decodeQ
 		cfg.Diagnostics = !*noDiag
+		if cfg.Policy.HierGroup > 0 && cfg.Diagnostics {
+			return usageError{fmt.Errorf("--hier-group %d needs --no-diagnostics (diagnostics score every page flat)", cfg.Policy.HierGroup)}
+		}
 		cfg.CP, cfg.TP = rf.cp, rf.tp
 		cfg.Selection, _ = engine.ParseSelection(rf.selection)
 		cfg.Workers = rf.workers
 		cfg.MemoryLimit = *rf.maxMem
+		cfg.NewRunner = evalengine.NewRunner
 		if err := cfg.Validate(); err != nil {
 			return usageError{err}
 		}
@@ -383,15 +398,20 @@ func evalInts(flag, s string, lo, hi int) ([]int, error) {
 	return out, nil
 }
 
+// maxInputFile bounds the user files questctl reads whole (prompt files,
+// the JSON lines of plot, a model's config.json): a larger regular file is
+// refused from its size before it is read, a stream past it is cut.
+const maxInputFile = 256 << 20
+
 // readPromptFile reads the JSON-lines prompt file of --prompts; its
 // errors are usage errors naming the flag.
 func readPromptFile(path string) ([]eval.Prompt, error) {
-	f, err := os.Open(path)
+	f, err := readlimit.Open(path, maxInputFile)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--prompts: %w", err)}
 	}
 	defer f.Close()
-	ps, err := eval.ReadPrompts(f)
+	ps, err := eval.ReadPrompts(readlimit.Reader(f, path, maxInputFile))
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--prompts %s: %w", path, err)}
 	}

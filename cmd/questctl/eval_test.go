@@ -59,6 +59,108 @@ func TestEvalPasskey(t *testing.T) {
 	}
 }
 
+// TestEvalHierGroup: --hier-group gives the same answers and the same
+// teacher-forced distributions as flat scoring (the search is exact), and
+// its JSON counts one ranked row per (step, sparse layer, KV head).
+func TestEvalHierGroup(t *testing.T) {
+	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
+	run := func(extra ...string) []eval.Record {
+		t.Helper()
+		args := append([]string{"passkey", "--model", v1, "--lengths", "1024", "--n", "2", "--budgets", "32,64", "--no-diagnostics", "--json"}, extra...)
+		code, out, errs := call(evalCmd, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, errs)
+		}
+		var recs []eval.Record
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var r eval.Record
+			if err := json.Unmarshal([]byte(l), &r); err != nil {
+				t.Fatal(err)
+			}
+			recs = append(recs, r)
+		}
+		if len(recs) != 3 {
+			t.Fatalf("%v: %d lines", extra, len(recs))
+		}
+		return recs
+	}
+	flat, hier := run(), run("--hier-group", "2")
+	const kvHeads, layers = 2, 6 // the v1 model
+	for i := range flat {
+		f, h := flat[i], hier[i]
+		if f.Correct != h.Correct || f.Budget != h.Budget {
+			t.Errorf("line %d: flat %d correct at %d, hier %d at %d", i, f.Correct, f.Budget, h.Correct, h.Budget)
+		}
+		if f.FreeRunning.Hier != nil {
+			t.Errorf("line %d: flat run reports a search: %+v", i, *f.FreeRunning.Hier)
+		}
+		if f.Selector == "dense" {
+			continue
+		}
+		if *f.TeacherForced.KLMean != *h.TeacherForced.KLMean || *f.TeacherForced.TokenAgreement != *h.TeacherForced.TokenAgreement {
+			t.Errorf("line %d: teacher-forced KL %v / %v, agreement %v / %v", i, *f.TeacherForced.KLMean, *h.TeacherForced.KLMean, *f.TeacherForced.TokenAgreement, *h.TeacherForced.TokenAgreement)
+		}
+		for _, ph := range []*eval.Phase{h.FreeRunning, h.TeacherForced} {
+			hs := ph.Hier
+			if hs == nil {
+				t.Fatalf("line %d: no hier counts", i)
+			}
+			if want := int64(ph.Steps * (layers - h.DenseLayers) * kvHeads); hs.Rows != want {
+				t.Errorf("line %d: %d rows ranked, want %d (steps %d)", i, hs.Rows, want, ph.Steps)
+			}
+			if share := float64(hs.Boxes+hs.Pages) / float64(hs.Candidates); hs.Boxes == 0 || hs.Pages == 0 || share != hs.RecordsShare {
+				t.Errorf("line %d: %+v", i, *hs)
+			}
+		}
+	}
+}
+
+// TestEvalTopP: --attn-top-p reports one pruned row per (step, sparse
+// layer, KV head) with at most its candidates kept, and p = 1 (off)
+// gives the same answers and teacher-forced KL as no flag, with no
+// counts.
+func TestEvalTopP(t *testing.T) {
+	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
+	run := func(extra ...string) []eval.Record {
+		t.Helper()
+		args := append([]string{"passkey", "--model", v1, "--lengths", "1024", "--n", "2", "--budgets", "64", "--no-diagnostics", "--json"}, extra...)
+		code, out, errs := call(evalCmd, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, errs)
+		}
+		var recs []eval.Record
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var r eval.Record
+			if err := json.Unmarshal([]byte(l), &r); err != nil {
+				t.Fatal(err)
+			}
+			recs = append(recs, r)
+		}
+		if len(recs) != 2 {
+			t.Fatalf("%v: %d lines", extra, len(recs))
+		}
+		return recs
+	}
+	plain, one, half := run(), run("--attn-top-p", "1"), run("--attn-top-p", "0.5")
+	const kvHeads, layers = 2, 6 // the v1 model
+	q, o, h := plain[1], one[1], half[1]
+	if q.Correct != o.Correct || *q.TeacherForced.KLMean != *o.TeacherForced.KLMean || o.FreeRunning.TopP != nil {
+		t.Errorf("p = 1: correct %d / %d, KL %v / %v, counts %+v", o.Correct, q.Correct, *o.TeacherForced.KLMean, *q.TeacherForced.KLMean, o.FreeRunning.TopP)
+	}
+	for _, ph := range []*eval.Phase{h.FreeRunning, h.TeacherForced} {
+		c := ph.TopP
+		if c == nil {
+			t.Fatal("p = 0.5: no top_p counts")
+		}
+		if want := int64(ph.Steps * (layers - h.DenseLayers) * kvHeads); c.Rows != want {
+			t.Errorf("%d rows pruned, want %d (steps %d)", c.Rows, want, ph.Steps)
+		}
+		if c.Kept < c.Rows || c.Kept >= c.Tokens || c.KeptP50 > c.KeptP95 || c.KeptP95 > c.KeptMax || float64(c.KeptMax) < c.KeptPerRow {
+			t.Errorf("p = 0.5 counts %+v", *c)
+		}
+	}
+}
+
 func TestEvalFlags(t *testing.T) {
 	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
 	code, out, errs := call(evalCmd, "passkey", "--help")
@@ -82,6 +184,14 @@ func TestEvalFlags(t *testing.T) {
 		{[]string{"passkey", "--model", v1, "--prompts", "/nonexistent"}, "--prompts"},
 		{[]string{"passkey", "--model", v1, "--lengths", "40000"}, "positions"},
 		{[]string{"passkey", "--model", v1, "--bogus"}, "bogus"},
+		{[]string{"passkey", "--model", v1, "--hier-group", "1", "--no-diagnostics"}, "--hier-group"},
+		{[]string{"passkey", "--model", v1, "--hier-group", "4"}, "--no-diagnostics"},
+		{[]string{"passkey", "--model", v1, "--attn-top-p", "1.5"}, "--attn-top-p"},
+		{[]string{"passkey", "--model", v1, "--sub-boxes", "3"}, "--sub-boxes"},
+		{[]string{"passkey", "--model", v1, "--sub-boxes", "-1"}, "--sub-boxes"},
+		{[]string{"passkey", "--model", v1, "--sub-boxes", "2", "--hier-group", "4", "--no-diagnostics"}, "--sub-boxes"},
+		{[]string{"passkey", "--model", v1, "--attn-top-p", "-0.1"}, "--attn-top-p"},
+		{[]string{"passkey", "--model", v1, "--attn-top-p", "NaN"}, "--attn-top-p"},
 		{[]string{"passkey", "--model", v1, "--task", "ruler"}, "--task"},
 		{[]string{"passkey", "--model", v1, "--offsets", "start"}, "--offsets"},
 		{[]string{"passkey", "--model", v1, "--reversal-repeats", "3"}, "--reversal-repeats"},
@@ -141,5 +251,48 @@ func TestEvalReversal(t *testing.T) {
 	code, out, errs = call(evalCmd, "passkey", "--model", v1, "--lengths", "512", "--n", "1", "--budgets", "64", "--json")
 	if code != 0 || strings.Contains(out, `"task"`) || strings.Contains(out, `"offset"`) || strings.Contains(out, `"distractor_answers"`) {
 		t.Fatalf("exit %d, stdout %q, stderr %s", code, out, errs)
+	}
+}
+
+// TestEvalSubBoxes: --sub-boxes 1 is plain Quest (the same records),
+// and --sub-boxes 4 reaches the page ranking: the same pages are read,
+// while the mass the selection keeps changes.
+func TestEvalSubBoxes(t *testing.T) {
+	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
+	run := func(extra ...string) eval.Record {
+		t.Helper()
+		args := append([]string{"passkey", "--model", v1, "--lengths", "1024", "--n", "2", "--budgets", "64", "--selectors", "quest", "--json"}, extra...)
+		code, out, errs := call(evalCmd, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, errs)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var r eval.Record
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	plain, one, four := run(), run("--sub-boxes", "1"), run("--sub-boxes", "4")
+	pj, _ := json.Marshal(plain)
+	oj, _ := json.Marshal(one)
+	if string(pj) != string(oj) {
+		t.Errorf("--sub-boxes 1 differs from plain Quest:\n%s\n%s", oj, pj)
+	}
+	if four.TeacherForced.PagesRead != plain.TeacherForced.PagesRead {
+		t.Errorf("--sub-boxes 4 read %d pages, plain %d (the budget is in pages)", four.TeacherForced.PagesRead, plain.TeacherForced.PagesRead)
+	}
+	same := true
+	for i, l := range four.TeacherForced.Layers {
+		p := plain.TeacherForced.Layers[i]
+		if l.MassRecall == nil || p.MassRecall == nil {
+			t.Fatalf("layer %d: no mass recall (diagnostics on)", i)
+		}
+		if *l.MassRecall != *p.MassRecall {
+			same = false
+		}
+	}
+	if same {
+		t.Error("--sub-boxes 4 kept the same mass as plain Quest in every layer: the option did not reach the ranking")
 	}
 }

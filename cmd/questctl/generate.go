@@ -15,8 +15,10 @@ import (
 
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/internal/readlimit"
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/model"
-	"github.com/questrt/questrt/model/clusterseq"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker/remote"
 )
@@ -27,6 +29,10 @@ type runFlags struct {
 	pageSize    int
 	sink, local int
 	denseLayers int
+	denseRho    float64
+	hierGroup   int
+	topP        float64
+	subBoxes    int
 	gqa         string
 	cp, tp      int
 	selection   string
@@ -48,6 +54,10 @@ func addRunFlags(fs *flag.FlagSet) *runFlags {
 	fs.IntVar(&f.sink, "sink", p.SinkPages, "first pages always read (0..)")
 	fs.IntVar(&f.local, "local", p.LocalPages, "last pages always read, the tail page included (0..)")
 	fs.IntVar(&f.denseLayers, "dense-layers", p.DenseLayers, "leading layers that always attend densely (0..)")
+	fs.Float64Var(&f.denseRho, "dense-rho", 0, "a sparse layer reads every page while Quest would read at least this share R of the dense bytes, 1/S + K/P >= R (0..2; 0: off, dense only when K >= P)")
+	fs.IntVar(&f.hierGroup, "hier-group", 0, "rank the quest selector's pages by an exact best-first search over boxes of G pages (2..1024; 0: flat scoring); the same pages as flat, on the CPU backend's host pools")
+	fs.Float64Var(&f.topP, "attn-top-p", 0, "top-p over attention (not sampling: see --top-p of generate): after the page selection keep, per KV head, the union of its query heads' smallest token sets reaching softmax mass P, and attend only those (0 < P <= 1; 0 or 1: off); the CPU backend only")
+	fs.IntVar(&f.subBoxes, "sub-boxes", 0, "multi-box summaries: rank quest's pages by the best of C contiguous min/max sub-boxes per page and KV head, each over S/C slots (C divides the page size, up to 64; 0 or 1: one box); the CPU backend's host float32 pools only, not with --hier-group")
 	fs.StringVar(&f.gqa, "gqa", "group_max", "GQA page sharing: group_max or per_head")
 	f.cp, f.tp = 1, 1
 	gridFlags(fs, &f.cp, &f.tp, "context-parallel shards in process (1..64)", "tensor-parallel shards in process (divides the model's KV heads)")
@@ -75,7 +85,11 @@ func (f *runFlags) check() error {
 		for name, set := range map[string]func(){
 			"page-size": func() { f.pageSize = p.PageSize }, "sink": func() { f.sink = p.SinkPages },
 			"local": func() { f.local = p.LocalPages }, "dense-layers": func() { f.denseLayers = p.DenseLayers },
-			"gqa": func() { f.gqa = p.GQA.String() },
+			"dense-rho":  func() { f.denseRho = p.DenseRho },
+			"hier-group": func() { f.hierGroup = p.HierGroup },
+			"attn-top-p": func() { f.topP = p.TopP },
+			"sub-boxes":  func() { f.subBoxes = p.SubBoxes },
+			"gqa":        func() { f.gqa = p.GQA.String() },
 		} {
 			if !flagSet(f.fs, name) {
 				set()
@@ -93,6 +107,16 @@ func (f *runFlags) check() error {
 		return fmt.Errorf("--local %d: want 0 or more pages", f.local)
 	case f.denseLayers < 0:
 		return fmt.Errorf("--dense-layers %d: want 0 or more", f.denseLayers)
+	case !(f.denseRho >= 0 && f.denseRho <= plan.MaxDenseRho):
+		return fmt.Errorf("--dense-rho %v: want 0..%v", f.denseRho, plan.MaxDenseRho)
+	case f.hierGroup != 0 && (f.hierGroup < 2 || f.hierGroup > plan.MaxHierGroup):
+		return fmt.Errorf("--hier-group %d: want 0 (off) or 2..%d", f.hierGroup, plan.MaxHierGroup)
+	case f.topP != 0 && !(f.topP > 0 && f.topP <= 1):
+		return fmt.Errorf("--attn-top-p %v: want 0 (off) or a mass in (0, 1]", f.topP)
+	case f.subBoxes < 0 || f.subBoxes > plan.MaxSubBoxes || (f.subBoxes > 1 && f.pageSize%f.subBoxes != 0):
+		return fmt.Errorf("--sub-boxes %d: want 0 or 1 (off) or a divisor of the page size %d up to %d", f.subBoxes, f.pageSize, plan.MaxSubBoxes)
+	case f.subBoxes > 1 && f.hierGroup != 0:
+		return fmt.Errorf("--sub-boxes %d with --hier-group %d: the box trees are built over single page boxes", f.subBoxes, f.hierGroup)
 	case f.cp < 1 || f.cp > 64:
 		return fmt.Errorf("--cp %d: want 1..64", f.cp)
 	case f.tp < 1 || f.tp > 64:
@@ -113,7 +137,10 @@ func (f *runFlags) check() error {
 // (budget 0: a budget of one page, overridden per request).
 func (f *runFlags) policy(selector string, budget int) (plan.Policy, error) {
 	p := plan.DefaultPolicy()
-	p.PageSize, p.SinkPages, p.LocalPages, p.DenseLayers = f.pageSize, f.sink, f.local, f.denseLayers
+	p.PageSize, p.SinkPages, p.LocalPages, p.DenseLayers, p.DenseRho = f.pageSize, f.sink, f.local, f.denseLayers, f.denseRho
+	p.HierGroup = f.hierGroup
+	p.TopP = f.topP
+	p.SubBoxes = f.subBoxes
 	p.BudgetTokens = max(budget, f.pageSize)
 	p.GQA, _ = plan.ParseGQAMode(f.gqa)
 	sel, err := plan.ParseSelector(selector)
@@ -155,7 +182,7 @@ func (f *runFlags) load() (*model.Model, model.Tokenizer, error) {
 func (f *runFlags) engineConfig(m *model.Model, p plan.Policy, tokens, seqs int) engine.Config {
 	pages := (tokens + f.pageSize - 1) / f.pageSize
 	per := (pages+f.cp-1)/f.cp + 2
-	cfg := model.EngineConfig(m.Geometry(), p, per*seqs)
+	cfg := engine.ModelConfig(m.Geometry(), p, per*seqs)
 	cfg.CP, cfg.TP = f.cp, f.tp
 	cfg.Selection, _ = engine.ParseSelection(f.selection)
 	cfg.MemoryLimit = *f.maxMem
@@ -256,7 +283,7 @@ and the speedup. --json prints one JSON object on stdout instead of the
 text (progress stays on stderr).`)
 	rf := addRunFlags(fs)
 	prompt := fs.String("prompt", "", "prompt text")
-	promptFile := fs.String("prompt-file", "", "file holding the prompt text (instead of --prompt)")
+	promptFile := fs.String("prompt-file", "", fmt.Sprintf("file holding the prompt text (instead of --prompt; at most %s)", memlimit.Bytes(maxInputFile)))
 	maxTokens := fs.Int("max-tokens", 32, "most tokens to generate (1..1000000)")
 	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
 	topP := fs.Float64("top-p", 1, "nucleus sampling: keep the most likely tokens up to this probability (0..1; 1: all)")
@@ -315,12 +342,18 @@ text (progress stays on stderr).`)
 		if err != nil {
 			return usageError{err}
 		}
+		if *backend == "cuda" && pol.TopPOn() {
+			return usageError{fmt.Errorf("--attn-top-p %v is not available with --backend cuda: %w", pol.TopP, kernels.ErrTopPUnsupported)}
+		}
+		if *backend == "cuda" && pol.SubBoxesOn() {
+			return usageError{fmt.Errorf("--sub-boxes %d is not available with --backend cuda: %w", pol.SubBoxes, kernels.ErrSubBoxes)}
+		}
 		if *backend == "cuda" && pol.Selector != plan.Quest {
 			return usageError{fmt.Errorf("--selector %s is not available with --backend cuda (the device step runs quest selection; a dense layer is a budget that holds the context)", pol.Selector)}
 		}
 		text := *prompt
 		if *promptFile != "" {
-			b, err := os.ReadFile(*promptFile)
+			b, err := readlimit.ReadFile(*promptFile, maxInputFile)
 			if err != nil {
 				return usageError{fmt.Errorf("--prompt-file: %w", err)}
 			}
@@ -371,7 +404,7 @@ text (progress stays on stderr).`)
 				return fmt.Errorf("--addr %q: create: %w", *addr, err)
 			}
 			fmt.Fprintf(stderr, "sequence %s on nodes %v\n", id, nodes)
-			attn = model.NewSequenceAttention(clusterseq.Sequence{Sequence: client.Sequence{C: cl, ID: id}}, m.Geometry())
+			attn = model.NewAttentionOf(client.Sequence{C: cl, ID: id}, m.Geometry())
 			defer attn.Release()
 		} else {
 			eng, err := rf.engine(m, pol, total, seqs)
@@ -453,7 +486,7 @@ func decode(ctx context.Context, m *model.Model, tok model.Tokenizer, attn *mode
 	var read, dense, rhoF float64
 	opt.OnToken = func(i, id int) error {
 		now := time.Now()
-		s := tok.Decode([]int{id})
+		s := model.TokenText(tok, id)
 		fmt.Fprint(out, s)
 		st := genStep{Step: i, Token: id, Text: s}
 		if i > 0 {

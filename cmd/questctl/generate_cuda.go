@@ -90,7 +90,7 @@ func generateCUDA(ctx context.Context, g gpuGenerate, stdout, stderr io.Writer) 
 	run := genRun{Selector: g.pol.Selector.String() + " (gpu)", Budget: g.budget}
 	next := g.opt.Sampler.Sample(logits)
 	emit := func(id int) {
-		s := g.tok.Decode([]int{id})
+		s := model.TokenText(g.tok, id)
 		fmt.Fprint(out, s)
 		run.Steps = append(run.Steps, genStep{Step: len(run.Tokens), Token: id, Text: s})
 		run.Tokens = append(run.Tokens, id)
@@ -100,18 +100,13 @@ func generateCUDA(ctx context.Context, g gpuGenerate, stdout, stderr io.Writer) 
 	var read, dense, rhoF float64 // bytes read and dense, rho's formula summed over the steps
 	for len(run.Tokens) < g.opt.MaxTokens && !slices.Contains(g.opt.StopTokens, next) {
 		t0 := time.Now()
-		ids, err := x.Decode(ctx, eng, []gpu.Row{{Seq: row.Seq, Token: next, Pos: len(g.ids) + len(run.Tokens) - 1}})
+		// Sampled on the GPU (the sampler's stream draws u): the token
+		// Sample would pick from the step's logits.
+		ids, err := x.Decode(ctx, eng, []gpu.Row{{Seq: row.Seq, Token: next, Pos: len(g.ids) + len(run.Tokens) - 1, Sample: g.opt.Sampler.Params()}})
 		if err != nil {
 			return err
 		}
 		next = ids[0]
-		if g.opt.Sampler.Temperature != 0 {
-			l, err := x.Logits(ctx, 1)
-			if err != nil {
-				return err
-			}
-			next = g.opt.Sampler.Sample(l)
-		}
 		d := time.Since(t0)
 		el += d
 		emit(next)

@@ -13,6 +13,7 @@
 //	questctl plot     --in FILE.jsonl[,...] --out FILE.png [--kind passkey|attention|auto]
 //	questctl up       --nodes N [--cp C --tp T] [--model DIR] [-- questd flags]
 //	questctl status   --addr HOST:PORT [--json]
+//	questctl tls      ca|node|client [NAME] --dir DIR [flags]
 //	questctl replay-request --addr HOST:PORT [--json] ID
 //	questctl version
 //	questctl completion bash|zsh|fish
@@ -67,6 +68,7 @@ Usage:
   questctl plot --in FILE.jsonl --out FILE.png       PNG figure of eval passkey or bench attention JSON lines
   questctl up --nodes N [--cp C --tp T] [--model DIR] [-- questd flags]  start a local questd cluster on loopback (--model: the completions API on node 0) until Ctrl-C
   questctl status --addr HOST:PORT [--json]          one questd's view: members and their state, devices, grid config
+  questctl tls ca|node|client [NAME] --dir DIR       a cluster's CA, node and client certificates for mutual TLS (roles as URI SANs)
   questctl replay-request --addr HOST:PORT ID        re-run a served request with dense attention: per token, does dense agree, where they first diverge
   questctl version                                   the version and VCS revision of this build
   questctl completion bash|zsh|fish                  shell completion script: commands, subcommands and their flags
@@ -110,6 +112,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runUp(ctx, args[1:], stdout, stderr)
 	case "status":
 		err = runStatus(ctx, args[1:], stdout, stderr)
+	case "tls":
+		err = runTLS(args[1:], stdout, stderr)
 	case "replay-request":
 		err = runReplayRequest(ctx, args[1:], stdout, stderr)
 	case "version":
@@ -120,7 +124,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate, eval, calibrate, plot, up, status, replay-request, version or completion; see 'questctl help')\n", args[0])
+		fmt.Fprintf(stderr, "questctl: unknown command %q (want demo, replay, bench, devices, generate, eval, calibrate, plot, up, status, tls, replay-request, version or completion; see 'questctl help')\n", args[0])
 		return exitUsage
 	}
 	if err == nil || errors.Is(err, flag.ErrHelp) {
@@ -129,7 +133,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// One line: "questctl replay: ...", without repeating a command name
 	// the message already starts with ("questctl bench attention: ...").
 	msg, name := err.Error(), args[0]
-	if (name == "bench" || name == "replay" || name == "eval" || name == "completion") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+	if (name == "bench" || name == "replay" || name == "eval" || name == "completion" || name == "tls") && len(args) > 1 && !strings.HasPrefix(args[1], "-") {
 		name += " " + args[1] // "bench attention", "replay gen", "completion zsh"
 	}
 	prefix := "questctl " + name + ": "
@@ -242,7 +246,7 @@ func flagError(fs *flag.FlagSet, err error) string {
 // is allocated.
 func maxMemoryFlag(fs *flag.FlagSet) *int64 {
 	limit := memlimit.Auto
-	fs.Func("max-memory", "most memory the command may allocate, e.g. 4GiB or 512MiB (0: the memory available now, also the cap of a larger value; -1: no check at all); larger configurations are refused before allocating", func(s string) error {
+	fs.Func("max-memory", "most memory the command may allocate, e.g. 4GiB or 512MiB (0: the memory available now, also the cap of a larger value; -1: no check, but for sizes beyond RAM plus swap or ulimit -v, which no allocation could get); larger configurations are refused before allocating", func(s string) error {
 		v, err := memlimit.ParseBytes(s)
 		if err != nil {
 			return err
@@ -346,7 +350,9 @@ func (v *dtypeValue) String() string {
 }
 
 func (v *dtypeValue) Set(s string) error {
-	if _, err := plan.ParseDType(s); err != nil {
+	// fp8 K/V (plan.FP8) is the CPU page store's only: the commands with
+	// this flag store their cache on the GPU, whose backend refuses it.
+	if d, err := plan.ParseDType(s); err != nil || d == plan.FP8 {
 		return errors.New("want f32, f16 or bf16")
 	}
 	v.s = s

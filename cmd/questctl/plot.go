@@ -13,7 +13,9 @@ import (
 	"strings"
 
 	"github.com/questrt/questrt/eval"
+	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/internal/plots"
+	"github.com/questrt/questrt/internal/readlimit"
 )
 
 func runPlot(args []string, stdout, stderr io.Writer) error {
@@ -46,7 +48,7 @@ line. A configuration given twice (two files of one sweep) is drawn from
 the later line. Bad input (an empty file, a line that is not a result
 line, with its line number) and an --out that cannot be written are
 usage errors (exit 2), and no file is written.`)
-	in := fs.String("in", "", "comma-separated JSON-lines files, all of one kind (required)")
+	in := fs.String("in", "", fmt.Sprintf("comma-separated JSON-lines files, all of one kind (required; each at most %s)", memlimit.Bytes(maxInputFile)))
 	out := fs.String("out", "", "PNG file to write, replaced if it exists (required)")
 	kindFlag := fs.String("kind", string(plots.KindAuto), "input kind: passkey (eval passkey --json), attention (bench attention --json), collective (bench collective --json) or auto (from the first line)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
@@ -69,11 +71,11 @@ usage errors (exit 2), and no file is written.`)
 			if name == "" {
 				return usageError{fmt.Errorf("--in %s: an empty file name", *in)}
 			}
-			f, err := os.Open(name)
+			f, err := readlimit.Open(name, maxInputFile)
 			if err != nil {
 				return usageError{fmt.Errorf("--in %s: %w", name, pathErr(err))}
 			}
-			err = d.Read(f)
+			err = d.Read(readlimit.Reader(f, name, maxInputFile))
 			f.Close()
 			if err != nil {
 				return usageError{fmt.Errorf("--in %s: %w", name, err)}

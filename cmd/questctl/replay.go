@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/internal/readlimit"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/replay"
 )
@@ -21,6 +22,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	return runCommand(ctx, replayCommand, args, stdout, stderr)
 }
+
+// maxReplayTimeout bounds replay's --timeout.
+const maxReplayTimeout = time.Hour
 
 // replayCommand builds the flags and the action of
 // 'questctl replay' without running it (see [runCommand]).
@@ -62,7 +66,7 @@ as in process.`)
 	deviceResident := fs.Bool("device-resident", false, "cuda: keep the pages and page tables only in GPU memory (appends, copies and rescans run on the device)")
 	maxMem := maxMemoryFlag(fs)
 	addr := fs.String("addr", "", "run through the questd node at host:port (plaintext, or TLS with --tls-dir or --ca, --tls-cert and --tls-key; see above)")
-	timeout := fs.Duration("timeout", 30*time.Second, "with --addr: deadline of the whole run")
+	timeout := fs.Duration("timeout", 30*time.Second, fmt.Sprintf("with --addr: deadline of the whole run (above 0, at most %v)", maxReplayTimeout))
 	conn := addConnFlags(fs)
 	tokenFile := tokenFileFlag(fs)
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
@@ -101,12 +105,24 @@ as in process.`)
 			// the quest bounds or reads all pages).
 			return usageError{fmt.Errorf("--selection replicated: want --selector quest or dense, not %s", sel)}
 		}
+		if *timeout <= 0 || *timeout > maxReplayTimeout {
+			return usageError{fmt.Errorf("--timeout %v: want above 0 and at most %v", *timeout, maxReplayTimeout)}
+		}
 		if *in == "" {
 			return usageError{errors.New("--in is required")}
 		}
 		var r io.Reader = os.Stdin
 		if *in != "-" {
-			f, err := os.Open(*in)
+			// A regular file over the read limit is refused from its
+			// size, before any of it is read (DecodeLimit bounds a pipe).
+			limit, why, err := replay.InputLimit(*maxMem)
+			if err != nil {
+				return usageError{err}
+			}
+			f, err := readlimit.Open(*in, limit)
+			if errors.Is(err, readlimit.ErrTooLarge) {
+				return usageError{fmt.Errorf("--in %s: %w (the limit: %s)", *in, errors.Unwrap(err), why)}
+			}
 			if err != nil {
 				return usageError{err}
 			}

@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/questrt/questrt/internal/readlimit"
 	completion "github.com/questrt/questrt/serve"
 )
 
@@ -22,6 +23,10 @@ func runReplayRequest(ctx context.Context, args []string, stdout, stderr io.Writ
 	id, rest := replayRequestID(args)
 	return runCommand(ctx, func() (*flag.FlagSet, action) { return replayRequestCommand(id) }, rest, stdout, stderr)
 }
+
+// maxAnswerBytes bounds the answer of GET /admin/requests/{id} that
+// replay-request reads (a record holds a prompt and an output).
+const maxAnswerBytes = 1 << 30
 
 // replayRequestID takes the request id out of args: the first argument
 // that is neither a flag nor a flag's value (the command's value flags
@@ -139,7 +144,7 @@ func fetchReplay(ctx context.Context, cl *http.Client, base, id string) (*comple
 		return nil, nil, fmt.Errorf("request %s: %w", id, err)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
+	raw, err := io.ReadAll(readlimit.Reader(resp.Body, "the answer", maxAnswerBytes))
 	if err != nil {
 		return nil, nil, fmt.Errorf("request %s: reading the answer: %w", id, err)
 	}

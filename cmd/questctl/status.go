@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -28,6 +27,7 @@ import (
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/cluster/client"
 	"github.com/questrt/questrt/internal/certgen"
+	"github.com/questrt/questrt/internal/readlimit"
 )
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -42,7 +42,9 @@ func statusCommand() (*flag.FlagSet, action) {
 Asks one questd (Decode/Status) for its view of the cluster and prints it:
 the node, its version and membership view, a table of the members (name,
 state alive|suspect|dead|left, gRPC address, free/total pages, version),
-the node's devices, the grid configuration (geometry, cp x tp, capacity,
+the members the node refuses to place on and why (a member whose gRPC
+certificate is not the node certificate of its name, or that cannot be
+reached under the cluster's TLS: "refused: NAME: REASON"), the node's devices, the grid configuration (geometry, cp x tp, capacity,
 selection mode, policy), how many sequences and grids it holds, and the
 sequences its coordinator adopted after a restart on --data-dir (their
 length and the tail tokens lost, to append again) or found damaged.
@@ -122,13 +124,16 @@ func tokenFileFlag(fs *flag.FlagSet) *string {
 	return fs.String("token-file", "", "file holding the bearer token of questd's --token-file, sent with every call (over plaintext only to a loopback address; over TLS to any)")
 }
 
+// maxTokenFile bounds a --token-file (a token is a line).
+const maxTokenFile = 64 << 10
+
 // readTokenFile reads the token of --token-file path (whitespace
 // trimmed); "" for no path. An empty or unreadable file is a usage error.
 func readTokenFile(path string) (string, error) {
 	if path == "" {
 		return "", nil
 	}
-	b, err := os.ReadFile(path)
+	b, err := readlimit.ReadFile(path, maxTokenFile)
 	if err != nil {
 		return "", usageError{fmt.Errorf("--token-file %q: %v", path, errors.Unwrap(err))}
 	}
@@ -227,7 +232,7 @@ func (s connSecurity) credentials(addr, token string) (credentials.TransportCred
 	if !s.plaintext {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 		if s.ca != "" {
-			b, err := os.ReadFile(s.ca)
+			b, err := readlimit.ReadFile(s.ca, readlimit.MaxPEMFile)
 			if err != nil {
 				return nil, nil, usageError{fmt.Errorf("%s: %v", s.file("ca", s.ca), errors.Unwrap(err))}
 			}
@@ -237,7 +242,7 @@ func (s connSecurity) credentials(addr, token string) (credentials.TransportCred
 			}
 		}
 		if s.cert != "" {
-			c, err := tls.LoadX509KeyPair(s.cert, s.key)
+			c, err := readlimit.LoadX509KeyPair(s.cert, s.key)
 			if err != nil {
 				what := fmt.Sprintf("--tls-cert %q, --tls-key %q", s.cert, s.key)
 				if s.dir != "" {
@@ -402,6 +407,11 @@ func writeStatus(w io.Writer, r *decodev1.StatusReply) error {
 		}
 		tw.Flush()
 	}
+	for _, m := range members {
+		if why := m.GetRefused(); why != "" {
+			fmt.Fprintf(&b, "refused: %s: %s (never placed on)\n", orDash(m.GetName()), oneLine(why))
+		}
+	}
 
 	if len(r.GetDevices()) == 0 {
 		b.WriteString("devices: none\n")
@@ -420,6 +430,9 @@ func writeStatus(w io.Writer, r *decodev1.StatusReply) error {
 	fmt.Fprintf(&b, "sequences %d, grids %d\n", r.GetSequences(), r.GetGrids())
 	for _, q := range r.GetRecovered() {
 		fmt.Fprintf(&b, "recovered %s: length %d, lost %d tokens (append them again from %d)", q.GetSequence(), q.GetLength(), q.GetLostTokens(), slices.Max(append([]uint64{q.GetLength()}, q.GetLens()...)))
+		if lost := q.GetLost(); len(lost) > 0 && slices.Min(lost) != slices.Max(lost) {
+			fmt.Fprintf(&b, ", per layer %v", lost)
+		}
 		if rb := q.GetRolledBack(); len(rb) > 0 {
 			fmt.Fprintf(&b, ", of them rolled back per layer %v (an interrupted step, never acknowledged)", rb)
 		}
@@ -429,7 +442,15 @@ func writeStatus(w io.Writer, r *decodev1.StatusReply) error {
 		b.WriteString("\n")
 	}
 	for _, d := range r.GetDamaged() {
-		fmt.Fprintf(&b, "damaged %s: %s\n", orDash(d.GetSequence()), d.GetError())
+		why := d.GetReason() // what a node said, shorter than the error
+		if why == "" {
+			why = d.GetError()
+		}
+		fmt.Fprintf(&b, "damaged %s: %s", orDash(d.GetSequence()), oneLine(why))
+		if d.GetParked() {
+			b.WriteString(" (parked: recovered at the nodes' next restart)")
+		}
+		b.WriteString("\n")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -469,3 +490,7 @@ func orDash(s string) string {
 	}
 	return s
 }
+
+// oneLine is s with its runs of white space (line breaks included) made
+// one space: a node's text printed on one line of ours.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

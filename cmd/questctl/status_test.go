@@ -68,6 +68,8 @@ func sampleStatus() *decodev1.StatusReply {
 			{Name: "node-2", State: "suspect", GrpcAddr: "127.0.0.1:7002", Version: "v0.3.0", FreePages: 10, TotalPages: 64},
 			{Name: "node-0", State: "alive", GrpcAddr: "127.0.0.1:7000", Version: "v0.3.0", FreePages: 60, TotalPages: 64},
 			{Name: "node-1", State: "alive", GrpcAddr: "127.0.0.1:7001", Version: "v0.3.0", FreePages: 32, TotalPages: 64},
+			{Name: "rogue", State: "alive", GrpcAddr: "127.0.0.1:7009", Version: "v0.3.0", FreePages: 64, TotalPages: 64,
+				Refused: "it presents a client certificate\n(questrt://client/client), not a node certificate"},
 		},
 		Devices: []*decodev1.Device{{Kind: "cpu", Name: "host", MemoryBytes: 8 << 30}},
 		Config: &workerv1.GridConfig{
@@ -88,7 +90,8 @@ func TestStatusPrintsReply(t *testing.T) {
 	}
 	for _, want := range []string{
 		"node node-1  version v0.3.0  view 7\n",
-		"members: 3 (2 alive, 1 suspect)\n",
+		"members: 4 (3 alive, 1 suspect)\n",
+		"refused: rogue: it presents a client certificate (questrt://client/client), not a node certificate (never placed on)\n",
 		"grid: cp 3 x tp 1, layers 4, q-heads 8, kv-heads 2, head-dim 64, page-size 16, capacity 64 pages per rank, selection exact\n",
 		"policy: selector quest, gqa group_max, budget 256 tokens, sink 1 pages, local 2 pages, dense layers 1, layer budgets 2:512,3:128\n",
 		"devices: 1\n  cpu  host  8.0 GiB\n",
@@ -97,6 +100,9 @@ func TestStatusPrintsReply(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+	if n := strings.Count(out, "refused:"); n != 1 {
+		t.Errorf("%d refused lines, want 1 (rogue's):\n%s", n, out)
 	}
 	var rows []string
 	for _, l := range strings.Split(out, "\n") {

@@ -1,32 +1,21 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"regexp"
-	"sort"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/questrt/questrt/bench"
 	"github.com/questrt/questrt/internal/certgen"
-
-	decodev1 "github.com/questrt/questrt/api/decode/v1"
-	grpcstatus "google.golang.org/grpc/status"
 )
 
 // upPollEvery is how often up asks every node for its Status while the
@@ -70,6 +59,21 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return runCommand(ctx, func() (*flag.FlagSet, action) { return upCommand(extra) }, own, stdout, stderr)
 }
 
+// Bounds of up's and demo's local clusters, checked before anything is
+// written or started.
+const (
+	// maxLocalNodes bounds --nodes: every node is a questd process on
+	// this host, with its own listeners, goroutines and page pools (a
+	// demo of --nodes 100000 started 188 before failing, at load 147).
+	maxLocalNodes = 64
+	// maxGridCP and maxGridTP are questd's bounds of --cp and --tp, which
+	// up passes to every node.
+	maxGridCP = 4096
+	maxGridTP = 1024
+	// maxUpTimeout bounds --timeout and --stop-timeout.
+	maxUpTimeout = time.Hour
+)
+
 // upCommand builds the flags and the action of
 // 'questctl up' without running it (see [runCommand]).
 func upCommand(extra []string) (*flag.FlagSet, action) {
@@ -111,6 +115,13 @@ reach the cluster with --tls-dir DIR ('questctl status --addr ADDR
 --insecure (alias --plaintext) runs the nodes without TLS, with
 questd --insecure, and makes no certificates.
 
+The gossip layer is keyed by default too: under TLS up writes a fresh
+random key (32 bytes, base64) as DIR/gossip.key (mode 0600) next to the
+certificates and starts every node with --gossip-key-file DIR/gossip.key,
+so a process without the key cannot join the cluster or read its gossip.
+A --gossip-key-file after "--" is used instead of a new key. With
+--insecure the gossip is plaintext as well (unless "--" passes a key).
+
 Once every node's Status lists all N nodes alive, up prints one line per
 node, "NAME grpc=ADDR gossip=ADDR metrics=ADDR pid=PID" (metrics: the
 node's /metrics, /healthz and /readyz), then the command that
@@ -141,27 +152,27 @@ the rest and exits 0 (naming on stderr the nodes that had exited by
 themselves before). On Linux the nodes also get SIGTERM if questctl dies
 (a killed questctl leaves its temporary TLS directory behind).
 
---node-procs P starts every node with GOMAXPROCS=P (by default each
-node, as any Go program, uses every CPU). N nodes on one host share its
-CPUs: with P = CPUs/N each node runs on its share, as it would in a
-container limited to that many CPUs (where Go sets GOMAXPROCS to the
-limit itself), and its threads stop waking each other across the
-other nodes' CPUs on every message (measured on 2 cores, 2 nodes,
---node-procs 1: generate --addr from 0.39x to 0.44x of in process,
-bench/results/2026-12-06-cluster-generate-cpu-2.md). A node serving
---model runs the model too: leave it unset there unless the model is
-small.
+--node-procs P starts every node with GOMAXPROCS=P. By default (auto)
+P is max(1, CPUs/N) for N nodes: the nodes all run on this host and share
+its CPUs, so each runs on its share, as it would in a container limited
+to that many CPUs (where Go sets GOMAXPROCS to the limit itself), and its
+threads stop waking each other across the other nodes' CPUs on every
+message (measured on 2 cores, 2 nodes: generate --addr from 0.39x to
+0.44x of in process with P = 1, bench/results/2026-12-06-cluster-generate-cpu-2.md
+and -3.md). --node-procs 0 leaves GOMAXPROCS unset (every node uses
+every CPU, or what up's own environment says): a node serving --model
+runs the model too, which may want every CPU.
 
 questd is --questd, else a questd next to the questctl executable, else
 questd on $PATH.`)
-	nodes := fs.Int("nodes", 0, "number of questd nodes to start (required, at least 1)")
+	nodes := fs.Int("nodes", 0, fmt.Sprintf("number of questd nodes to start, each a process on this host (required, 1..%d)", maxLocalNodes))
 	cp, tp := new(int), new(int)
 	*cp, *tp = 1, 1
-	gridFlags(fs, cp, tp, "context-parallel degree of the cluster's grid, passed to every node as --cp",
-		"tensor-parallel degree of the cluster's grid, passed to every node as --tp")
+	gridFlags(fs, cp, tp, fmt.Sprintf("context-parallel degree of the cluster's grid, passed to every node as --cp (1..%d)", maxGridCP),
+		fmt.Sprintf("tensor-parallel degree of the cluster's grid, passed to every node as --tp (1..%d)", maxGridTP))
 	questd := fs.String("questd", "", "path of the questd binary (default: questd next to questctl, else on $PATH)")
-	timeout := fs.Duration("timeout", 30*time.Second, "the whole cluster must be ready, with every node seeing all N alive, within this time")
-	stopTimeout := fs.Duration("stop-timeout", 10*time.Second, "after SIGTERM, how long the nodes have to drain before they are killed")
+	timeout := fs.Duration("timeout", 30*time.Second, fmt.Sprintf("the whole cluster must be ready, with every node seeing all N alive, within this time (above 0, at most %v)", maxUpTimeout))
+	stopTimeout := fs.Duration("stop-timeout", 10*time.Second, fmt.Sprintf("after SIGTERM, how long the nodes have to drain before they are killed (above 0, at most %v)", maxUpTimeout))
 	baseName := fs.String("base-name", "node", "node names are BASE-0 .. BASE-(N-1)")
 	var insecure bool
 	fs.BoolVar(&insecure, "insecure", false, "run the nodes' gRPC without TLS (questd --insecure; a loopback cluster): no certificates")
@@ -175,22 +186,22 @@ questd on $PATH.`)
 	serveLayout := fs.String("serve-layout", "local", "with --model: where the served requests' KV pages live, `local|cluster`: local (node 0's own engine) or cluster (a --serve-cp x --serve-tp grid over the cluster's nodes, coordinated by node 0)")
 	serveCP := fs.Int("serve-cp", 1, "with --model: context-parallel ranks of every served request (1..64; with --serve-layout cluster, ranks on the cluster's nodes)")
 	serveTP := fs.Int("serve-tp", 1, "with --model: tensor-parallel ranks of every served request (1..64)")
-	nodeProcs := fs.Int("node-procs", 0, "run every node with GOMAXPROCS=`P` (0: unset, every CPU; 1..1024)")
+	nodeProcs := fs.String("node-procs", "auto", "run every node with GOMAXPROCS=`P`: auto (max(1, CPUs/nodes): the nodes share this host), 0 (unset: every CPU, or up's own environment's), or 1..1024")
 	dataDir := fs.String("data-dir", "", "persist each node's sequences in `dir`/NAME (questd --data-dir; created 0700 if missing): a later up with the same --data-dir and --base-name recovers them (default: nothing persists)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		switch {
 		case !flagSet(fs, "nodes"):
 			return usageError{errors.New("--nodes is required: how many questd nodes to start (see 'questctl up --help')")}
-		case *nodes < 1:
-			return usageError{fmt.Errorf("--nodes %q: want at least 1", fmt.Sprint(*nodes))}
-		case *cp < 1:
-			return usageError{fmt.Errorf("--cp %q: want at least 1", fmt.Sprint(*cp))}
-		case *tp < 1:
-			return usageError{fmt.Errorf("--tp %q: want at least 1", fmt.Sprint(*tp))}
-		case *timeout <= 0:
-			return usageError{fmt.Errorf("--timeout %q: must be positive", timeout.String())}
-		case *stopTimeout <= 0:
-			return usageError{fmt.Errorf("--stop-timeout %q: must be positive", stopTimeout.String())}
+		case *nodes < 1 || *nodes > maxLocalNodes:
+			return usageError{fmt.Errorf("--nodes %q: want 1..%d (each node is a process on this host)", fmt.Sprint(*nodes), maxLocalNodes)}
+		case *cp < 1 || *cp > maxGridCP:
+			return usageError{fmt.Errorf("--cp %q: want 1..%d", fmt.Sprint(*cp), maxGridCP)}
+		case *tp < 1 || *tp > maxGridTP:
+			return usageError{fmt.Errorf("--tp %q: want 1..%d", fmt.Sprint(*tp), maxGridTP)}
+		case *timeout <= 0 || *timeout > maxUpTimeout:
+			return usageError{fmt.Errorf("--timeout %q: want above 0 and at most %v", timeout.String(), maxUpTimeout)}
+		case *stopTimeout <= 0 || *stopTimeout > maxUpTimeout:
+			return usageError{fmt.Errorf("--stop-timeout %q: want above 0 and at most %v", stopTimeout.String(), maxUpTimeout)}
 		case !baseNameRE.MatchString(*baseName):
 			return usageError{fmt.Errorf("--base-name %q: want letters, digits, '.', '_' or '-', starting with a letter or digit", *baseName)}
 		case insecure && *tlsDir != "":
@@ -207,8 +218,10 @@ questd on $PATH.`)
 			return usageError{fmt.Errorf("--serve-cp %q: want 1..64", fmt.Sprint(*serveCP))}
 		case *serveTP < 1 || *serveTP > 64:
 			return usageError{fmt.Errorf("--serve-tp %q: want 1..64", fmt.Sprint(*serveTP))}
-		case *nodeProcs < 0 || *nodeProcs > 1024:
-			return usageError{fmt.Errorf("--node-procs %q: want 0 (unset) or 1..1024", fmt.Sprint(*nodeProcs))}
+		}
+		procs, err := nodeProcsOf(*nodeProcs, *nodes)
+		if err != nil {
+			return usageError{err}
 		}
 		var first []string // node 0's own flags
 		if *modelDir != "" {
@@ -261,7 +274,7 @@ questd on $PATH.`)
 		errw := &syncWriter{w: stderr}
 		c := &upCluster{
 			bin: bin, plaintext: insecure, token: token, logDir: *logDir, stderr: errw,
-			exited: make(chan *upNode, *nodes), first: first, dataDirs: nodeDirs, procs: *nodeProcs,
+			exited: make(chan *upNode, *nodes), first: first, dataDirs: nodeDirs, procs: procs,
 		}
 		var common []string
 		if insecure {
@@ -292,8 +305,20 @@ questd on $PATH.`)
 			case temp:
 				fate = " (removed when up exits; --keep-tls-dir keeps it)"
 			}
-			fmt.Fprintf(errw, "questctl up: mutual TLS: CA, node and client certificates (valid %d days) in %s%s\n",
-				int(certgen.Validity.Hours()/24), dir, fate)
+			keyNote := ""
+			if extraFlagValue(extra, "gossip-key-file") == "" {
+				key, err := writeGossipKey(dir)
+				if err != nil {
+					if !temp {
+						err = fmt.Errorf("--tls-dir %q: %w", dir, err)
+					}
+					return err
+				}
+				common = append(common, "--gossip-key-file", key)
+				keyNote = ", gossip key " + upGossipKeyFile
+			}
+			fmt.Fprintf(errw, "questctl up: mutual TLS: CA, node and client certificates (valid %d days)%s in %s%s\n",
+				int(certgen.Validity.Hours()/24), keyNote, dir, fate)
 			c.tlsDir = dir
 		}
 		common = append(append(common, "--cp", fmt.Sprint(*cp), "--tp", fmt.Sprint(*tp)), extra...)
@@ -457,523 +482,4 @@ func extraFlagValue(extra []string, name string) string {
 		}
 	}
 	return v
-}
-
-// upNodeName is the name of node i of a cluster called base.
-func upNodeName(base string, i int) string { return fmt.Sprintf("%s-%d", base, i) }
-
-// writeUpCerts makes a throwaway CA, a node certificate
-// (questrt://node/NAME) for each of the count nodes called base-0.. and a
-// client certificate (questrt://client/client) for the client
-// (upClientName), and writes them in dir (internal/certgen).
-func writeUpCerts(dir, base string, count int) error {
-	ca, err := certgen.NewCA("questctl up " + base + " CA")
-	if err != nil {
-		return err
-	}
-	leaves := map[string]*certgen.Leaf{}
-	if leaves[upClientName], err = ca.IssueClient(upClientName); err != nil {
-		return err
-	}
-	for _, name := range nodeNames(base, count) {
-		if leaves[name], err = ca.IssueNode(name); err != nil {
-			return err
-		}
-	}
-	return certgen.WriteFiles(dir, ca, leaves)
-}
-
-// nodeNames are the names of a cluster's count nodes.
-func nodeNames(base string, count int) []string {
-	names := make([]string, count)
-	for i := range names {
-		names[i] = upNodeName(base, i)
-	}
-	return names
-}
-
-// prepareDataDirs makes the data directory of each node named in names,
-// dir/NAME (absolute), creating dir and them (0700) when missing, and
-// checks that a file can be created in each: the reason it cannot, one
-// line, naming the directory, before any node starts.
-func prepareDataDirs(dir string, names []string) ([]string, error) {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, err
-	}
-	dirs := make([]string, len(names))
-	for i, name := range names {
-		dirs[i] = filepath.Join(abs, name)
-	}
-	for _, d := range append([]string{abs}, dirs...) {
-		fi, err := os.Stat(d)
-		switch {
-		case err == nil && !fi.IsDir():
-			return nil, fmt.Errorf("%s is not a directory", d)
-		case errors.Is(err, fs.ErrNotExist):
-			if err := os.MkdirAll(d, 0o700); err != nil {
-				return nil, fmt.Errorf("cannot create %s: %v", d, pathReason(err))
-			}
-		case err != nil:
-			return nil, fmt.Errorf("cannot use %s: %v", d, pathReason(err))
-		}
-	}
-	for _, d := range dirs {
-		f, err := os.CreateTemp(d, ".questctl-up-probe-")
-		if err != nil {
-			return nil, fmt.Errorf("cannot write in %s: %v", d, pathReason(err))
-		}
-		f.Close()
-		os.Remove(f.Name())
-	}
-	return dirs, nil
-}
-
-// pathReason is the reason of a file system error without the path it
-// names (the caller names it).
-func pathReason(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
-
-// shellQuote quotes s for a POSIX shell when it needs it.
-func shellQuote(s string) string {
-	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:@%+=,-") == "" {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// findQuestd returns the questd binary to run: flagValue, else questd next
-// to this executable, else questd on $PATH.
-func findQuestd(flagValue string) (string, error) {
-	if flagValue != "" {
-		if err := checkExecutable(flagValue); err != nil {
-			return "", usageError{fmt.Errorf("--questd %q: %v", flagValue, err)}
-		}
-		abs, err := filepath.Abs(flagValue) // exec would look a bare name up in $PATH
-		if err != nil {
-			return "", usageError{fmt.Errorf("--questd %q: %v", flagValue, err)}
-		}
-		return abs, nil
-	}
-	next := "questd next to questctl"
-	if exe, err := os.Executable(); err == nil {
-		next = filepath.Join(filepath.Dir(exe), "questd")
-		if checkExecutable(next) == nil {
-			return next, nil
-		}
-	}
-	if p, err := exec.LookPath("questd"); err == nil {
-		return p, nil
-	}
-	return "", usageError{fmt.Errorf("no questd binary: not at %s nor on $PATH; build it (go build -o DIR ./cmd/questd) or pass --questd PATH", next)}
-}
-
-// checkExecutable reports why path is not an executable file, if it is not.
-func checkExecutable(path string) error {
-	fi, err := os.Stat(path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return errors.New("no such file")
-	case err != nil:
-		return err
-	case fi.IsDir():
-		return errors.New("is a directory")
-	case fi.Mode()&0o111 == 0:
-		return errors.New("not executable")
-	}
-	return nil
-}
-
-// upCluster is the set of questd processes one up started.
-type upCluster struct {
-	bin       string
-	plaintext bool   // the nodes run with --insecure (common holds it)
-	tlsDir    string // else: the certificates writeUpCerts wrote, one per node
-	token     string // the nodes' bearer token, for up's Status calls
-	logDir    string
-	stderr    *syncWriter
-	nodes     []*upNode
-	exited    chan *upNode // each node once, when its Wait returns
-	// first are node 0's own flags (--model, --http-addr): its ready
-	// line must then name its HTTP address.
-	first []string
-	// dataDirs are the nodes' --data-dir directories, by node (none
-	// without up's --data-dir).
-	dataDirs []string
-	// procs is the nodes' GOMAXPROCS (--node-procs; 0: unset).
-	procs int
-}
-
-// security is how up's own calls reach the nodes.
-func (c *upCluster) security() connSecurity {
-	if c.plaintext {
-		return connSecurity{plaintext: true}
-	}
-	return connSecurity{ca: filepath.Join(c.tlsDir, certgen.CAFile), cert: filepath.Join(c.tlsDir, certgen.CertFile(upClientName)),
-		key: filepath.Join(c.tlsDir, certgen.KeyFile(upClientName)), dir: c.tlsDir}
-}
-
-// start starts count nodes one after the other, each ready before the
-// next, then waits until every node sees all of them alive. Without
-// plaintext each node gets its certificate in tlsDir.
-func (c *upCluster) start(ctx context.Context, base string, count int, common []string) error {
-	for i := range count {
-		name := upNodeName(base, i)
-		args := []string{"--name", name, "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"}
-		if !c.plaintext {
-			args = append(args, "--tls-cert", filepath.Join(c.tlsDir, certgen.CertFile(name)),
-				"--tls-key", filepath.Join(c.tlsDir, certgen.KeyFile(name)), "--tls-ca", filepath.Join(c.tlsDir, certgen.CAFile))
-		}
-		if i < len(c.dataDirs) {
-			args = append(args, "--data-dir", c.dataDirs[i])
-		}
-		if i > 0 {
-			args = append(args, "--join", c.nodes[0].gossip)
-		} else {
-			args = append(args, c.first...)
-		}
-		n, err := c.startNode(name, append(args, common...))
-		if err != nil {
-			return err
-		}
-		if i < len(c.dataDirs) {
-			n.dataDir = c.dataDirs[i]
-		}
-		if err := n.awaitReady(ctx, i == 0 && c.first != nil); err != nil {
-			return err
-		}
-	}
-	return c.awaitAlive(ctx)
-}
-
-// startNode starts one questd. The node is in c.nodes once it has
-// started, so that stop stops it whatever happens next.
-func (c *upCluster) startNode(name string, args []string) (*upNode, error) {
-	n := &upNode{
-		name:    name,
-		ready:   make(chan readyLine, 1),
-		done:    make(chan struct{}),
-		outDone: make(chan struct{}),
-	}
-	var errSink, outSink io.Writer
-	if c.logDir != "" {
-		f, err := os.Create(filepath.Join(c.logDir, name+".log"))
-		if err != nil {
-			return nil, fmt.Errorf("--log-dir: %v", err)
-		}
-		n.closers = append(n.closers, f.Close)
-		errSink, outSink = f, f
-	} else {
-		ep := &prefixWriter{out: c.stderr, prefix: name + ": "}
-		op := &prefixWriter{out: c.stderr, prefix: name + ": "}
-		n.closers = append(n.closers, ep.flush, op.flush)
-		errSink, outSink = ep, op
-	}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		n.close()
-		return nil, fmt.Errorf("start %s: %v", name, err)
-	}
-	n.stdout = pr
-	cmd := exec.Command(c.bin, args...)
-	if c.procs > 0 {
-		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(c.procs))
-	}
-	cmd.Stdout = pw
-	cmd.Stderr = errSink
-	cmd.SysProcAttr = childSysProcAttr()
-	cmd.WaitDelay = 2 * time.Second // a grandchild holding stderr open cannot hang Wait
-	if err := cmd.Start(); err != nil {
-		pr.Close()
-		pw.Close()
-		n.close()
-		return nil, fmt.Errorf("start %s (%s): %v", name, c.bin, err)
-	}
-	pw.Close()
-	n.cmd, n.pid = cmd, cmd.Process.Pid
-	c.nodes = append(c.nodes, n)
-	go n.readStdout(outSink)
-	go func() {
-		n.err = cmd.Wait()
-		close(n.done)
-		c.exited <- n
-	}()
-	return n, nil
-}
-
-// awaitAlive polls every node's Status until each lists exactly the
-// cluster's nodes as alive.
-func (c *upCluster) awaitAlive(ctx context.Context) error {
-	want := make([]string, len(c.nodes))
-	clients := make([]decodev1.DecodeClient, len(c.nodes))
-	for i, n := range c.nodes {
-		want[i] = n.name
-		conn, err := dialDecode(n.grpc, c.security(), c.token)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		clients[i] = decodev1.NewDecodeClient(conn)
-	}
-	sort.Strings(want)
-	tick := time.NewTicker(upPollEvery)
-	defer tick.Stop()
-	for {
-		var behind string // the first node not there yet, and why
-		for i, n := range c.nodes {
-			if n.exited() {
-				return fmt.Errorf("%s (pid %d) exited while the cluster was forming (%s)", n.name, n.pid, n.exitStatus())
-			}
-			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			r, err := clients[i].Status(cctx, &decodev1.StatusRequest{})
-			cancel()
-			if err != nil {
-				if behind == "" {
-					behind = fmt.Sprintf("%s: Status: %s", n.name, grpcstatus.Convert(err).Message())
-				}
-				continue
-			}
-			var alive []string
-			for _, m := range r.GetMembers() {
-				if m.GetState() == "alive" {
-					alive = append(alive, m.GetName())
-				}
-			}
-			sort.Strings(alive)
-			if strings.Join(alive, ",") != strings.Join(want, ",") && behind == "" {
-				behind = fmt.Sprintf("%s sees %d of %d alive [%s]", n.name, len(alive), len(want), strings.Join(alive, " "))
-			}
-		}
-		if behind == "" {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return startError(ctx, behind)
-		case <-tick.C:
-		}
-	}
-}
-
-// stop sends SIGTERM to every running node, waits up to grace for them,
-// kills the rest and reaps them all. It reports the nodes it had to kill
-// and those that stopped with a failure status; a node that had exited
-// before is the caller's to report.
-func (c *upCluster) stop(grace time.Duration) {
-	signalled := map[*upNode]bool{}
-	for _, n := range c.nodes {
-		if !n.exited() {
-			n.cmd.Process.Signal(syscall.SIGTERM)
-			signalled[n] = true
-		}
-	}
-	timer := time.NewTimer(grace)
-	defer timer.Stop()
-	expired := false
-	for _, n := range c.nodes {
-		if !expired {
-			select {
-			case <-n.done:
-			case <-timer.C:
-				expired = true
-			}
-		}
-		if !n.exited() {
-			n.cmd.Process.Kill()
-			<-n.done
-			fmt.Fprintf(c.stderr, "questctl up: %s (pid %d) did not stop within %v of SIGTERM: killed\n", n.name, n.pid, grace)
-		} else if signalled[n] && !n.cmd.ProcessState.Success() {
-			fmt.Fprintf(c.stderr, "questctl up: %s (pid %d) stopped with %s\n", n.name, n.pid, n.exitStatus())
-		}
-	}
-	for _, n := range c.nodes {
-		n.close()
-	}
-}
-
-// upNode is one questd process.
-type upNode struct {
-	name   string
-	cmd    *exec.Cmd
-	pid    int
-	stdout *os.File       // the read end of the node's stdout
-	ready  chan readyLine // the node's first ready line
-	done   chan struct{}  // closed when cmd.Wait has returned
-	err    error          // cmd.Wait's error, once done is closed
-
-	outDone chan struct{} // closed when readStdout has returned
-	closers []func() error
-
-	grpc, gossip string // from the ready line
-	metrics      string // the metrics server's (/metrics), from the ready line
-	http         string // the completions API's, from the ready line of a node with --model
-	dataDir      string // its --data-dir, "" for none
-}
-
-// readyLine is the line questd prints on its stdout once it serves.
-type readyLine struct {
-	Event  string `json:"event"`
-	Name   string `json:"name"`
-	GRPC   string `json:"grpc"`
-	Gossip string `json:"gossip"`
-	// HTTP is the completions API's address (questd --model).
-	HTTP string `json:"http,omitempty"`
-	// Metrics is the metrics server's address (questd --metrics-addr).
-	Metrics string `json:"metrics,omitempty"`
-}
-
-// readStdout passes the node's first ready line to n.ready and every
-// other line of its stdout to sink.
-func (n *upNode) readStdout(sink io.Writer) {
-	defer close(n.outDone)
-	defer n.stdout.Close()
-	sent := false
-	br := bufio.NewReader(n.stdout)
-	for {
-		line, err := br.ReadString('\n')
-		if line != "" {
-			var r readyLine
-			if !sent && json.Unmarshal([]byte(line), &r) == nil && r.Event == "ready" {
-				n.ready <- r
-				sent = true
-			} else {
-				io.WriteString(sink, line)
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// awaitReady waits for the node's ready line and takes its addresses
-// (with api, the completions API's too).
-func (n *upNode) awaitReady(ctx context.Context, api bool) error {
-	select {
-	case r := <-n.ready:
-		if r.Name != n.name {
-			return fmt.Errorf("%s (pid %d): its ready line names %q", n.name, n.pid, r.Name)
-		}
-		if err := checkHostPort(r.GRPC); err != nil {
-			return fmt.Errorf("%s (pid %d): ready line: grpc %q: %v", n.name, n.pid, r.GRPC, err)
-		}
-		if err := checkHostPort(r.Gossip); err != nil {
-			return fmt.Errorf("%s (pid %d): ready line: gossip %q: %v", n.name, n.pid, r.Gossip, err)
-		}
-		if api {
-			if err := checkHostPort(r.HTTP); err != nil {
-				return fmt.Errorf("%s (pid %d): ready line: http %q (the completions API of --model): %v", n.name, n.pid, r.HTTP, err)
-			}
-			n.http = r.HTTP
-		}
-		n.grpc, n.gossip, n.metrics = r.GRPC, r.Gossip, r.Metrics
-		return nil
-	case <-n.done:
-		return fmt.Errorf("%s (pid %d) exited before it was ready (%s)", n.name, n.pid, n.exitStatus())
-	case <-ctx.Done():
-		return startError(ctx, fmt.Sprintf("%s (pid %d) printed no ready line", n.name, n.pid))
-	}
-}
-
-// startTimeout is the start-up deadline passing; what says what was
-// still missing.
-type startTimeout struct{ what string }
-
-func (e startTimeout) Error() string { return e.what + ": start-up deadline passed" }
-
-// startError is the error of a start-up step cut short by ctx.
-func startError(ctx context.Context, what string) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return startTimeout{what}
-	}
-	return fmt.Errorf("%s: %w", what, ctx.Err())
-}
-
-// exited reports whether the node's process has exited and been reaped.
-func (n *upNode) exited() bool {
-	select {
-	case <-n.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// exitStatus describes how the node exited ("exit status 3", "signal:
-// killed"); call it once done is closed.
-func (n *upNode) exitStatus() string {
-	if n.cmd.ProcessState != nil {
-		return n.cmd.ProcessState.String()
-	}
-	return n.err.Error()
-}
-
-// close releases what the node's output used, once the process is
-// reaped: it waits briefly for the rest of its stdout (a grandchild may
-// hold it open), then closes the log file or flushes the prefixed lines.
-func (n *upNode) close() {
-	if n.cmd != nil {
-		select {
-		case <-n.outDone:
-		case <-time.After(2 * time.Second):
-			n.stdout.Close()
-			<-n.outDone
-		}
-	}
-	for _, f := range n.closers {
-		f()
-	}
-	n.closers = nil
-}
-
-// syncWriter serializes writes to w.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
-
-// prefixWriter writes whole lines to out, each starting with prefix.
-type prefixWriter struct {
-	out    io.Writer
-	prefix string
-	mu     sync.Mutex
-	buf    []byte
-}
-
-func (p *prefixWriter) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.buf = append(p.buf, b...)
-	for {
-		i := bytes.IndexByte(p.buf, '\n')
-		if i < 0 {
-			return len(b), nil
-		}
-		// A failing stderr must not stop the node's output being read.
-		io.WriteString(p.out, p.prefix+string(p.buf[:i+1]))
-		p.buf = p.buf[i+1:]
-	}
-}
-
-// flush writes a last unterminated line.
-func (p *prefixWriter) flush() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.buf) == 0 {
-		return nil
-	}
-	_, err := io.WriteString(p.out, p.prefix+string(p.buf)+"\n")
-	p.buf = nil
-	return err
 }

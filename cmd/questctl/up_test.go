@@ -100,6 +100,7 @@ func fakeQuestd(args []string) int {
 	tlsKey := fs.String("tls-key", "", "")
 	tlsCA := fs.String("tls-ca", "", "")
 	tokenFile := fs.String("token-file", "", "")
+	gossipKey := fs.String("gossip-key-file", "", "")
 	cp := fs.Int("cp", 1, "")
 	tp := fs.Int("tp", 1, "")
 	layers := fs.Int("layers", 1, "")
@@ -131,6 +132,13 @@ func fakeQuestd(args []string) int {
 		}
 		srvOpts = append(srvOpts, grpc.Creds(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13,
 			Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool})))
+	}
+	if *gossipKey != "" {
+		// As questd: a key file others may read is refused.
+		if fi, err := os.Stat(*gossipKey); err != nil || fi.Mode().Perm()&0o077 != 0 {
+			fmt.Fprintf(os.Stderr, "fake questd: --gossip-key-file %q: %v (mode %v)\n", *gossipKey, err, fi.Mode())
+			return 1
+		}
 	}
 	if *tokenFile != "" {
 		b, err := os.ReadFile(*tokenFile)
@@ -401,7 +409,7 @@ func TestUpThreeNodes(t *testing.T) {
 		t.Fatalf("stdout:\n%s", out)
 	}
 	addr, tlsDir := connectLine(t, out)
-	if addr != nodes[0].grpc || !strings.Contains(u.stderr.String(), "questctl up: mutual TLS: CA, node and client certificates (valid 7 days) in "+tlsDir+" (removed when up exits; --keep-tls-dir keeps it)\n") {
+	if addr != nodes[0].grpc || !strings.Contains(u.stderr.String(), "questctl up: mutual TLS: CA, node and client certificates (valid 7 days), gossip key gossip.key in "+tlsDir+" (removed when up exits; --keep-tls-dir keeps it)\n") {
 		t.Errorf("connect line: addr %s (node-0 %s), dir %s; stderr:\n%s", addr, nodes[0].grpc, tlsDir, u.stderr)
 	}
 	recs := readRecords(dir)
@@ -416,6 +424,9 @@ func TestUpThreeNodes(t *testing.T) {
 		}
 		tlsArgs := []string{"--tls-cert", filepath.Join(tlsDir, n.name+".pem"), "--tls-key", filepath.Join(tlsDir, n.name+".key"),
 			"--tls-ca", filepath.Join(tlsDir, "ca.pem")}
+		if !slices.Contains(r.Args, filepath.Join(tlsDir, "gossip.key")) || !slices.Contains(r.Args, "--gossip-key-file") {
+			t.Errorf("%s was started without --gossip-key-file %s: %q", n.name, filepath.Join(tlsDir, "gossip.key"), r.Args)
+		}
 		if r.Join != wantJoin || r.CP != 3 || r.TP != 1 || r.Layers != 2 || slices.Contains(r.Args, "--insecure") ||
 			!strings.Contains(strings.Join(r.Args, " "), strings.Join(tlsArgs, " ")) {
 			t.Errorf("%s was started with %q", n.name, r.Args)
@@ -482,7 +493,7 @@ func TestUpInsecure(t *testing.T) {
 				t.Fatalf("%s: stdout:\n%s\nstderr:\n%s", flag, out, u.stderr)
 			}
 			for _, r := range readRecords(dir) {
-				if slices.Contains(r.Args, "--insecure") == tlsMode || slices.Contains(r.Args, "--tls-cert") != tlsMode {
+				if slices.Contains(r.Args, "--insecure") == tlsMode || slices.Contains(r.Args, "--tls-cert") != tlsMode || slices.Contains(r.Args, "--gossip-key-file") != tlsMode {
 					t.Errorf("%s: %s was started with %q", flag, r.Name, r.Args)
 				}
 			}
@@ -503,14 +514,22 @@ func TestUpInsecure(t *testing.T) {
 }
 
 // TestUpNodeProcs: --node-procs P starts every node with GOMAXPROCS=P;
-// without it the nodes get up's own environment's.
+// without it (or with auto) each of the 2 nodes gets half this host's
+// CPUs (at least 1); with 0 the nodes get up's own environment's.
 func TestUpNodeProcs(t *testing.T) {
-	for _, procs := range []string{"", "1", "3"} {
+	auto := strconv.Itoa(max(1, runtime.NumCPU()/2))
+	for _, procs := range []string{"", "auto", "0", "1", "3"} {
 		t.Run("procs="+procs, func(t *testing.T) {
 			dir, questd := fakeCluster(t)
 			args := []string{"--nodes", "2", "--questd", questd, "--insecure"}
-			want := os.Getenv("GOMAXPROCS")
-			if procs != "" {
+			want := auto
+			switch procs {
+			case "":
+			case "0":
+				args, want = append(args, "--node-procs", procs), os.Getenv("GOMAXPROCS")
+			case "auto":
+				args = append(args, "--node-procs", procs)
+			default:
 				args, want = append(args, "--node-procs", procs), procs
 			}
 			u := startUp(t, args...)
@@ -566,7 +585,7 @@ func TestUpTLSDir(t *testing.T) {
 	if code := u.wait(t); code != 0 {
 		t.Errorf("exit %d", code)
 	}
-	for _, f := range []string{"ca.pem", "node-0.pem", "node-0.key", "node-1.pem", "node-1.key", "client.pem", "client.key"} {
+	for _, f := range []string{"ca.pem", "node-0.pem", "node-0.key", "node-1.pem", "node-1.key", "client.pem", "client.key", "gossip.key"} {
 		fi, err := os.Stat(filepath.Join(tlsDir, f))
 		if err != nil {
 			t.Errorf("%s after up exited: %v", f, err)
@@ -798,6 +817,7 @@ func TestUpUsageErrors(t *testing.T) {
 		{"up", "--nodes", "2", "--", "--http-addr=127.0.0.1:0"},
 		{"up", "--nodes", "2", "--", "--data-dir", "d"},
 		{"up", "--nodes", "2", "--node-procs", "-1"},
+		{"up", "--nodes", "2", "--node-procs", "many"},
 	} {
 		code, stdout, stderr := runCLI(t, args...)
 		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "questctl up: ") {
@@ -1117,4 +1137,32 @@ func freePort(t *testing.T) string {
 	t.Helper()
 	_, port, _ := net.SplitHostPort(closedAddr(t))
 	return port
+}
+
+// TestUpOwnGossipKey: a --gossip-key-file after "--" is the one every
+// node gets; up then writes no key of its own.
+func TestUpOwnGossipKey(t *testing.T) {
+	dir, questd := fakeCluster(t)
+	tlsDir := filepath.Join(t.TempDir(), "tls")
+	key := filepath.Join(t.TempDir(), "mine.key")
+	if err := os.WriteFile(key, []byte("AAAAAAAAAAAAAAAAAAAAAA==\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u := startUp(t, "--nodes", "2", "--questd", questd, "--tls-dir", tlsDir, "--", "--gossip-key-file", key)
+	u.waitUp(t)
+	for name, r := range readRecords(dir) {
+		if got := strings.Join(r.Args, " "); strings.Count(got, "--gossip-key-file") != 1 || !strings.Contains(got, "--gossip-key-file "+key) {
+			t.Errorf("%s was started with %q: want --gossip-key-file %s once", name, r.Args, key)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(tlsDir, "gossip.key")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("up wrote its own gossip key next to the given one: %v", err)
+	}
+	if s := u.stderr.String(); strings.Contains(s, "gossip key gossip.key") {
+		t.Errorf("stderr names up's own key:\n%s", s)
+	}
+	u.cancel()
+	if code := u.wait(t); code != 0 {
+		t.Errorf("exit %d", code)
+	}
 }

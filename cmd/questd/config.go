@@ -132,6 +132,9 @@ type Config struct {
 	// DenseLayers: layers below this index read every page
 	// [--dense-layers]. Default 2.
 	DenseLayers int
+	// DenseRho: a sparse layer reads every page while 1/S + K/P >= it
+	// [--dense-rho] (plan.Policy.DenseRho). Default 0, off.
+	DenseRho float64
 	// GQA is how a KV head's query heads share pages, group_max or
 	// per_head [--gqa]. Default group_max.
 	GQA plan.GQAMode
@@ -251,7 +254,7 @@ type Config struct {
 	GossipInterval time.Duration
 	// DeadNodeReclaim is how long after a member is declared dead a node
 	// may take over its name from another address (a restarted node on
-	// new ports) [--dead-node-reclaim]. Default 5s.
+	// new ports) [--dead-node-reclaim]. Default 100ms.
 	DeadNodeReclaim time.Duration
 
 	// DrainTimeout is how long SIGTERM or SIGINT waits for in-flight steps
@@ -331,6 +334,17 @@ type Config struct {
 	// PrefillChunk is the prompt tokens prefilled between two decode steps
 	// [--prefill-chunk-tokens]. Default 512.
 	PrefillChunk int
+	// MaxBatchedTokens bounds the tokens of one scheduler iteration:
+	// a decode token per decoding sequence, then prompt tokens up to the
+	// rest [--max-batched-tokens]. Default 0: --prefill-chunk-tokens plus
+	// --max-running (decoding never shrinks a chunk).
+	MaxBatchedTokens int
+	// MaxITLFactor bounds a scheduler iteration beside decoding
+	// sequences to this many times their decode step by measured costs:
+	// it prefills only the prompt tokens that fit, at least one
+	// [--max-itl-factor]. Default 0, off (the token bounds alone); else
+	// 1..100.
+	MaxITLFactor float64
 	// DevicePrefill prefills prompts on the GPU with --serve-layout device
 	// (the executor's GEMMs and prefill attention; needs bf16 or f16
 	// pages), else on the CPU into the GPU's pages [--device-prefill].
@@ -340,8 +354,8 @@ type Config struct {
 	// [--serve-capacity-pages]. Default 4096.
 	ServePages int
 	// PrefixCaching keeps prompts' full pages for later requests with
-	// the same token prefix [--prefix-caching] (serve.Config's; local and
-	// device layouts). Default true.
+	// the same token prefix [--prefix-caching] (serve.Config's; every
+	// layout: with cluster, on the requests' grid). Default true.
 	PrefixCaching bool
 	// PrefixCachePages bounds the pages per shard the prefix cache holds
 	// [--prefix-cache-pages]: 0 is as many as the pool leaves free (it
@@ -350,7 +364,7 @@ type Config struct {
 	// ServeLayout is where the served requests' KV pages live
 	// [--serve-layout]: "local", an in-process engine on this node, or
 	// "cluster", a ServeCP x ServeTP grid of the cluster's nodes that
-	// this node coordinates (serve.CoordinatorCluster; ServePages per
+	// this node coordinates (serveengine.CoordinatorCluster; ServePages per
 	// rank). Default local.
 	ServeLayout string
 	// ServeCP and ServeTP are the grid of every served request's
@@ -366,6 +380,17 @@ type Config struct {
 	// ServePages pages, and a request that would open one more gets 429
 	// [--serve-policy-grids]. Default 2.
 	ServePolicyGrids int
+	// ServeGridRetries is, with ServeLayout cluster, how many times a
+	// request whose grid is lost (a node of it killed, restarted or
+	// unreachable) runs again on a new grid, from its prompt and the
+	// tokens already generated, before it fails with 503 or an error
+	// event (serve.Config.GridRetries) [--serve-grid-retries]; 0: never.
+	// ServeGridRetryWait bounds how long a retry keeps trying to create
+	// its new grid while the cluster is unavailable (a killed node may
+	// be placed again until membership declares it dead)
+	// [--serve-grid-retry-wait]. Defaults 1 and 10s.
+	ServeGridRetries   int
+	ServeGridRetryWait time.Duration
 	// MonitorRate is the fraction of decode steps' (layer, KV head) pairs
 	// the quality monitor replays with dense attention on the side
 	// [--monitor-rate], 0..1. Default 0: off.

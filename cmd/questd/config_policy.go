@@ -38,6 +38,9 @@ func (c *Config) readPolicy(given func(flag string) bool) error {
 			*v.dst = v.val
 		}
 	}
+	if !given("dense-rho") {
+		c.DenseRho = p.DenseRho
+	}
 	if !given("gqa") {
 		c.GQA = p.GQA
 	}

@@ -4,14 +4,22 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
+
+	"github.com/questrt/questrt/internal/readlimit"
+)
+
+// Limits of the files questd reads, checked from their size before they
+// are read (a mistaken path to a large file is refused at once); PEM files: readlimit.MaxPEMFile.
+const (
+	maxConfigFile = 1 << 20  // --config
+	maxSecretFile = 64 << 10 // --token-file, --gossip-key-file
 )
 
 // readGossipKeys reads the base64 keys of a gossip key file, one per
 // line (blank lines and lines starting with '#' are skipped).
 func readGossipKeys(path string) ([][]byte, error) {
-	b, err := os.ReadFile(path)
+	b, err := readlimit.ReadFile(path, maxSecretFile)
 	if err != nil {
 		return nil, errors.Unwrap(err)
 	}
@@ -37,7 +45,7 @@ func readGossipKeys(path string) ([][]byte, error) {
 // surrounding whitespace trimmed, one token of printable ASCII without
 // spaces (an HTTP/2 header value).
 func readToken(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	b, err := readlimit.ReadFile(path, maxSecretFile)
 	if err != nil {
 		return "", errors.Unwrap(err)
 	}

@@ -27,7 +27,10 @@ load keeps the old ones (logged).
 questd --version prints the version line and exits 0; questd
 --print-config prints the effective configuration as YAML in the format
 --config reads (no secrets: the token file's name, not its token) and
-exits 0.
+exits 0. questd --verify-data --data-dir DIR [--repair] checks a data
+directory offline instead of serving: one line per grid, exit 0 when all
+is well, 1 on damage, 2 when it could not check (questd --verify-data
+--help says more).
 
 With --token-file every call of the client API (questrt.decode.v1.Decode),
 of the worker API and of the collective streams (between nodes) must carry
@@ -60,11 +63,9 @@ func printUsage(w io.Writer, fs *flag.FlagSet, groups []flagGroup) {
 		fmt.Fprintf(&b, "\n%s:\n", g.title)
 		for _, name := range g.names {
 			f := fs.Lookup(name)
+			// The usage's `name` is the placeholder (flag's rule); a
+			// text or list flag without one shows "value".
 			arg, usage := flag.UnquoteUsage(f)
-			switch f.Value.(type) {
-			case *textValue, *listValue:
-				arg = "value"
-			}
 			if _, ok := f.Value.(interface{ IsBoolFlag() bool }); ok {
 				arg = ""
 			}

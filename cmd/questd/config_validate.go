@@ -67,6 +67,55 @@ func (c Config) Validate() error {
 	if err != nil {
 		return err
 	}
+	// Sizes and counts of the serving and storage flags, checked before
+	// anything is sized from them (a --monitor-queue of 1e12 made a
+	// channel the runtime cannot allocate).
+	for _, r := range []struct {
+		flag      string
+		v, lo, hi int
+		note      string
+	}{
+		{"budget-tokens", c.BudgetTokens, 1, 1 << 30, " (and at least --page-size)"},
+		{"dense-layers", c.DenseLayers, 0, 1024, ""},
+		{"max-running", c.MaxRunning, 1, 1 << 16, ""},
+		{"max-queued", c.MaxQueued, 0, 1 << 20, ""},
+		{"max-model-len", c.MaxModelLen, 0, 1 << 30, " (0: the model's)"},
+		{"prefill-chunk-tokens", c.PrefillChunk, 1, 1 << 20, ""},
+		{"serve-policy-grids", c.ServePolicyGrids, 0, 64, ""},
+		{"serve-grid-retries", c.ServeGridRetries, 0, 100, ""},
+		{"monitor-queue", c.MonitorQueue, 1, 1 << 16, ""},
+		{"request-history", c.RequestHistory, 0, 1 << 16, ""},
+	} {
+		if r.v < r.lo || r.v > r.hi {
+			return bad(r.flag, itoa(r.v), "want %d..%d%s", r.lo, r.hi, r.note)
+		}
+	}
+	switch {
+	case c.MaxBatchedTokens > 1<<22:
+		return bad("max-batched-tokens", itoa(c.MaxBatchedTokens), "want 0 (--prefill-chunk-tokens plus --max-running) or --max-running..%d", 1<<22)
+	case c.MaxPages > 1<<40:
+		return bad("max-pages", itoa(c.MaxPages), "want 0 (8 x --capacity-pages) or --capacity-pages..%d", int64(1)<<40)
+	}
+	// Durations: a bound on each, so that no timer or product of them
+	// (memberlist's suspicion timeout is --suspicion-mult x
+	// --probe-interval and more) overflows.
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+		hi   time.Duration
+	}{
+		{"sync-interval", c.SyncInterval, time.Hour}, {"step-timeout", c.StepTimeout, time.Hour},
+		{"probe-interval", c.ProbeInterval, time.Minute}, {"probe-timeout", c.ProbeTimeout, time.Minute},
+		{"gossip-interval", c.GossipInterval, time.Minute}, {"dead-node-reclaim", c.DeadNodeReclaim, time.Hour},
+		{"drain-timeout", c.DrainTimeout, time.Hour}, {"grid-idle-timeout", c.GridIdle, 168 * time.Hour},
+		{"request-timeout", c.RequestTimeout, 168 * time.Hour}, {"sse-keepalive", c.SSEKeepAlive, time.Hour},
+		{"serve-grid-retry-wait", c.ServeGridRetryWait, time.Hour},
+		{"http-read-header-timeout", c.HTTPReadHeaderTimeout, time.Hour}, {"http-idle-timeout", c.HTTPIdleTimeout, 24 * time.Hour},
+	} {
+		if d.v > d.hi {
+			return bad(d.flag, d.v.String(), "want at most %v", d.hi)
+		}
+	}
 	switch {
 	case c.Model != "" && c.HTTPAddr == "":
 		return bad("model", c.Model, "needs --http-addr (where the completions API listens)")
@@ -86,6 +135,10 @@ func (c Config) Validate() error {
 		return bad("sse-keepalive", c.SSEKeepAlive.String(), "want 0 (never) or at least 100ms")
 	case c.PrefillChunk < 1:
 		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
+	case c.MaxBatchedTokens < 0:
+		return bad("max-batched-tokens", itoa(c.MaxBatchedTokens), "want 0 (--prefill-chunk-tokens plus --max-running) or at least --max-running %d", c.MaxRunning)
+	case c.MaxBatchedTokens > 0 && c.MaxBatchedTokens < c.MaxRunning:
+		return bad("max-batched-tokens", itoa(c.MaxBatchedTokens), "want at least --max-running %d (a decode token for each running sequence, and a prompt token left) or 0", c.MaxRunning)
 	case c.ServePages < 1 || c.ServePages > plan.MaxPages:
 		return bad("serve-capacity-pages", itoa(c.ServePages), "want 1..%d", plan.MaxPages)
 	case c.PrefixCachePages < 0 || c.PrefixCachePages > c.ServePages:
@@ -96,6 +149,10 @@ func (c Config) Validate() error {
 		return bad("serve-tp", itoa(c.ServeTP), "want 1..64")
 	case c.ServePolicyGrids < 0:
 		return bad("serve-policy-grids", itoa(c.ServePolicyGrids), "must not be negative")
+	case c.ServeGridRetries < 0:
+		return bad("serve-grid-retries", itoa(c.ServeGridRetries), "must not be negative")
+	case c.ServeGridRetryWait < 0:
+		return bad("serve-grid-retry-wait", c.ServeGridRetryWait.String(), "must not be negative")
 	case c.Model == "" && c.ServeLayout != "local":
 		return bad("serve-layout", c.ServeLayout, "needs --model and --http-addr (the completions API whose KV pages it places)")
 	case c.Model == "" && (c.ServeCP != 1 || c.ServeTP != 1):
@@ -252,6 +309,8 @@ func (c Config) Validate() error {
 		return bad("data-dir", c.DataDir, "not with --backend cuda (pages in GPU memory do not persist)")
 	case len(c.Devices) > 0 && c.Backend != "cuda":
 		return bad("devices", joinInts(c.Devices), "needs --backend cuda")
+	case c.KVCacheDType == plan.FP8:
+		return bad("kv-cache-dtype", "fp8", "not served yet: the fp8 KV cache exists in the CPU page store only (the CUDA backend refuses it, and questd's CPU grids store f32)")
 	case c.KVCacheDType != plan.BFloat16 && c.Backend != "cuda":
 		return bad("kv-cache-dtype", c.KVCacheDType.String(), "needs --backend cuda (the CPU backend stores f32)")
 	}

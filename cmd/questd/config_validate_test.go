@@ -66,6 +66,7 @@ func TestValidateNamesFlag(t *testing.T) {
 		{[]string{"--backend", "cuda", "--devices", "-1"}, `--devices "-1": "-1" is not a GPU ordinal`},
 		{[]string{"--kv-cache-dtype", "fp4"}, `--kv-cache-dtype "fp4": `},
 		{[]string{"--kv-cache-dtype", "f16"}, `--kv-cache-dtype "f16": needs --backend cuda`},
+		{[]string{"--kv-cache-dtype", "fp8"}, `--kv-cache-dtype "fp8": not served yet`},
 		{[]string{"--device-budget-pages", "-1"}, `--device-budget-pages "-1": must not be negative`},
 		{[]string{"--device-budget-pages", "1025"}, `--device-budget-pages "1025": above --capacity-pages 1024`},
 		{[]string{"--device-budget-pages", "x"}, `--device-budget-pages "x": not an integer`},

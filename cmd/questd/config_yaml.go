@@ -4,12 +4,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/questrt/questrt/internal/readlimit"
 )
 
 // yamlKind is the kind of YAML value a flag takes in the file.
@@ -63,7 +64,7 @@ func applyFile(fs *flag.FlagSet, path string, onCLI map[string]bool, origin map[
 		}
 		return withOrigin(fmt.Errorf("--config %q: %s%s", path, where, fmt.Sprintf(format, args...)), origin["config"])
 	}
-	b, err := os.ReadFile(path)
+	b, err := readlimit.ReadFile(path, maxConfigFile)
 	if err != nil {
 		return bad(0, "%v", errors.Unwrap(err))
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/questrt/questrt/chat"
 	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/internal/serveengine"
 	completion "github.com/questrt/questrt/serve"
 )
 
@@ -41,14 +42,17 @@ type completions struct {
 // pages live: the node's coordinator with --serve-layout cluster).
 func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc := completion.DefaultConfig()
+	sc.Engines = serveengine.Engines()
 	sc.ModelName = c.ModelName
 	sc.Policy = c.engineConfig().Policy
 	sc.CP, sc.TP = c.ServeCP, c.ServeTP
 	sc.PolicyGrids = c.ServePolicyGrids
+	sc.GridRetries, sc.GridRetryWait = c.ServeGridRetries, c.ServeGridRetryWait
 	sc.CapacityPages = c.ServePages
 	sc.PrefixCaching, sc.PrefixCachePages = c.PrefixCaching, c.PrefixCachePages
 	sc.MemoryLimit = c.MaxMemory
 	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.MaxRunning, c.MaxQueued, c.PrefillChunk
+	sc.MaxBatchedTokens, sc.MaxITLFactor = c.MaxBatchedTokens, c.MaxITLFactor
 	sc.MaxContext, sc.MaxBodyBytes, sc.RequestTimeout = c.MaxModelLen, int64(c.MaxRequestBytes), c.RequestTimeout
 	sc.SSEKeepAlive = c.SSEKeepAlive
 	sc.Monitor.Rate, sc.Monitor.Queue = c.MonitorRate, c.MonitorQueue

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -22,15 +23,27 @@ func TestServeDrainEndsStreams(t *testing.T) {
 	// A prompt of several thousand tokens: its prefill outlasts the drain.
 	body, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "max_tokens": 200, "stream": true,
 		"prompt": strings.Repeat("The grass is green. The sky is blue. ", 160)})
+	// The stream's headers go out once the request is admitted (before
+	// its prefill): the drain starts only then. A fixed sleep here let a
+	// loaded machine stop the server before the request was admitted
+	// (connection refused, or server_draining).
+	posted := time.Now()
+	admitted := make(chan error, 1)
 	got := make(chan string, 1)
 	go func() {
 		c := &http.Client{Timeout: 60 * time.Second}
 		resp, err := c.Post("http://"+ready["http"]+"/v1/completions", "application/json", strings.NewReader(string(body)))
 		if err != nil {
-			got <- "error: " + err.Error()
+			admitted <- err
 			return
 		}
 		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			admitted <- fmt.Errorf("%s: %s", resp.Status, b)
+			return
+		}
+		admitted <- nil
 		b, err := io.ReadAll(resp.Body)
 		if err != nil {
 			got <- "read error after " + string(b) + ": " + err.Error()
@@ -38,7 +51,15 @@ func TestServeDrainEndsStreams(t *testing.T) {
 		}
 		got <- string(b)
 	}()
-	time.Sleep(300 * time.Millisecond) // admitted and prefilling
+	select {
+	case err := <-admitted:
+		if err != nil {
+			t.Fatalf("the stream before the drain: %v", err)
+		}
+		t.Logf("admitted %v after the post", time.Since(posted))
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stream was not admitted in 30 s")
+	}
 	if err := stop(); err != nil {
 		t.Fatalf("serve after the signal: %v", err)
 	}

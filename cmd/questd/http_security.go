@@ -63,11 +63,11 @@ func newHTTPCert(certFile, keyFile string) (*httpCert, error) {
 // reload reads the files again.
 func (c *httpCert) reload() error {
 	if err := checkSecretMode(c.keyFile); err != nil {
-		return fmt.Errorf("--http-tls-key %q: %w", c.keyFile, err)
+		return &fileError{"http-tls-key", c.keyFile, unwrapPath(err)}
 	}
-	cert, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
+	cert, err := loadKeyPair("http-tls-cert", c.certFile, "http-tls-key", c.keyFile)
 	if err != nil {
-		return fmt.Errorf("--http-tls-cert %q, --http-tls-key %q: %w", c.certFile, c.keyFile, err)
+		return err
 	}
 	c.cur.Store(&cert)
 	return nil

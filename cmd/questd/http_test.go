@@ -79,6 +79,7 @@ func TestServeCompletions(t *testing.T) {
 		{"questrt_serve_requests_total", "outcome", "completed", 1},
 		{"questrt_serve_requests_total", "outcome", "failed", 0},
 		{"questrt_serve_tokens_total", "kind", "completion", 5},
+		{"questrt_request_retries_total", "reason", "grid_lost", 0},
 	} {
 		if got := metric(t, mf, c.name, c.label, c.value).GetCounter().GetValue(); got != c.want {
 			t.Errorf("%s{%s=%q} = %v, want %v", c.name, c.label, c.value, got, c.want)
@@ -136,6 +137,10 @@ func TestServeCompletionsFlags(t *testing.T) {
 		{[]string{"--max-running", "0"}, "--max-running"},
 		{[]string{"--max-queued", "-1"}, "--max-queued"},
 		{[]string{"--prefill-chunk-tokens", "0"}, "--prefill-chunk-tokens"},
+		{[]string{"--max-batched-tokens", "-1"}, "--max-batched-tokens"},
+		{[]string{"--max-batched-tokens", "15"}, "--max-batched-tokens"},
+		{[]string{"--max-running", "32", "--max-batched-tokens", "31"}, "--max-batched-tokens"},
+		{[]string{"--max-batched-tokens", "many"}, "--max-batched-tokens"},
 		{[]string{"--serve-capacity-pages", "0"}, "--serve-capacity-pages"},
 		{[]string{"--prefix-cache-pages", "-1"}, "--prefix-cache-pages"},
 		{[]string{"--prefix-cache-pages", "4097"}, "--prefix-cache-pages"},
@@ -227,5 +232,64 @@ func TestServeLimits(t *testing.T) {
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMaxITLFactorFlag: --max-itl-factor reaches the server's config
+// (2 by default, 0 off, fractions kept), and a value outside 0 or
+// 1..100 is refused in one line naming the flag, with no server config
+// to build.
+func TestMaxITLFactorFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want float64
+	}{
+		{nil, 0},
+		{[]string{"--max-itl-factor", "2"}, 2},
+		{[]string{"--max-itl-factor", "1"}, 1},
+		{[]string{"--max-itl-factor", "3.5"}, 3.5},
+		{[]string{"--max-itl-factor", "100", "--max-batched-tokens", "64"}, 100},
+	} {
+		cfg, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		sc := cfg.serveConfig(nil)
+		if sc.MaxITLFactor != c.want {
+			t.Errorf("%v: max ITL factor %v, want %v", c.args, sc.MaxITLFactor, c.want)
+		}
+		if err := sc.Validate(); err != nil {
+			t.Errorf("%v: the server config is refused: %v", c.args, err)
+		}
+	}
+	_, err := load(t, nil, "--insecure", "--max-itl-factor", "0.9")
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "--max-itl-factor") {
+		t.Errorf("--max-itl-factor 0.9: %v, want one line naming the flag", err)
+	}
+}
+
+// TestMaxBatchedTokensFlag: --max-batched-tokens reaches the server's
+// config (0 by default: the chunk plus --max-running), and a bad value
+// is refused in one line naming the flag and the bound.
+func TestMaxBatchedTokensFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 0},
+		{[]string{"--max-batched-tokens", "16"}, 16},
+		{[]string{"--max-running", "4", "--max-batched-tokens", "4"}, 4},
+	} {
+		cfg, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if got := cfg.serveConfig(nil).MaxBatchedTokens; got != c.want {
+			t.Errorf("%v: max batched tokens %d, want %d", c.args, got, c.want)
+		}
+	}
+	_, err := load(t, nil, "--insecure", "--max-running", "32", "--max-batched-tokens", "31")
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "--max-batched-tokens") || !strings.Contains(err.Error(), "--max-running 32") {
+		t.Errorf("--max-batched-tokens 31 with --max-running 32: %v, want one line naming both flags", err)
 	}
 }

@@ -33,7 +33,9 @@
 // message (the change is in memory, not durable; the next one persists
 // it once there is space); another I/O error fails them with INTERNAL.
 // The node logs each failure with its file and counts it in
-// questrt_persist_errors_total{kind} (persisterr.go).
+// questrt_persist_errors_total{kind} (persisterr.go). `questd
+// --verify-data --data-dir DIR [--repair]` checks such a directory
+// offline instead of serving (verify.go).
 //
 // SIGTERM or SIGINT drains the in-flight calls (up to --drain-timeout),
 // leaves the cluster and exits 0 (a --data-dir node persists every
@@ -65,9 +67,13 @@ func main() {
 }
 
 // run is questd with its arguments, environment and output: it returns
-// the exit status (0 after a signal's drain, 2 for bad flags or config, 1
-// for a failure to start or serve).
+// the exit status (0 after a signal's drain, 2 for bad flags or config,
+// TLS files that do not load included, 1 for a failure to start or
+// serve).
 func run(ctx context.Context, args []string, getenv func(string) (string, bool), stdout, stderr io.Writer) int {
+	if isVerify(args) {
+		return runVerify(ctx, args, stdout, stderr)
+	}
 	cfg, err := loadConfig(args, getenv, stdout)
 	if errors.Is(err, errHelp) || errors.Is(err, errPrinted) {
 		return 0
@@ -75,6 +81,9 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 	if errors.Is(err, errVersion) {
 		fmt.Fprintln(stdout, buildinfo.Read())
 		return 0
+	}
+	if err == nil {
+		err = checkTLSFiles(cfg)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "questd:", err)

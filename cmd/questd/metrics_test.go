@@ -38,10 +38,13 @@ import (
 
 // smallNode is a one-node questd on free loopback ports with a small
 // geometry: layer 0 dense, layer 1 sparse (6 pages of 4 tokens a head).
+// Its membership probes (150 ms, 100 ms timeout, suspicion x4: 600 ms
+// with three nodes) let a node starved on the loaded 2-core CI machine
+// live, and still declare a killed one dead in about a second.
 var smallNode = []string{"--plaintext", "--name", "m0", "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0",
 	"--metrics-addr", "127.0.0.1:0", "--layers", "2", "--q-heads", "8", "--kv-heads", "4", "--head-dim", "16",
 	"--page-size", "4", "--capacity-pages", "128", "--budget-tokens", "24", "--dense-layers", "1", "--max-memory", "none",
-	"--drain-timeout", "1s", "--probe-interval", "100ms", "--probe-timeout", "50ms", "--suspicion-mult", "2", "--gossip-interval", "50ms"}
+	"--drain-timeout", "1s", "--probe-interval", "150ms", "--probe-timeout", "100ms", "--suspicion-mult", "4", "--gossip-interval", "50ms"}
 
 // httpGet returns the status and body of url (no keep-alive: nothing
 // lingers for goleak).

@@ -55,7 +55,11 @@ func TestServeClusterLayout(t *testing.T) {
 	pready, _, pstop := runServe(t, peer)
 	cfg, err := load(t, nil, append(append([]string(nil), smallNode...), "--join", pready["gossip"],
 		"--model", v1, "--http-addr", "127.0.0.1:0", "--max-running", "4", "--budget-tokens", "512",
-		"--serve-layout", "cluster", "--serve-cp", "2", "--serve-capacity-pages", "256")...)
+		"--serve-layout", "cluster", "--serve-cp", "2", "--serve-capacity-pages", "256",
+		// The prefix cache would keep the prompt's full pages on the grid
+		// (serve's TestClusterPrefixCache* cover it): off, so that the
+		// cancelled stream below leaves no pages on either node.
+		"--prefix-caching=false")...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,6 +169,8 @@ func TestServeLayoutFlags(t *testing.T) {
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-cp", "0"}, "--serve-cp"},
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-tp", "65"}, "--serve-tp"},
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-policy-grids", "-1"}, "--serve-policy-grids"},
+		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-grid-retries", "-1"}, "--serve-grid-retries"},
+		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-grid-retry-wait", "-1s"}, "--serve-grid-retry-wait"},
 		// 9000 pages per rank on a node of 8 x 1024.
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-capacity-pages", "9000"}, "--serve-capacity-pages"},
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--max-pages", "4100", "--monitor-rate", "0.1"}, "--max-pages 4100"},
@@ -206,6 +212,29 @@ func TestServePolicyGridsFlag(t *testing.T) {
 		}
 		if sc := cfg.serveConfig(nil); sc.PolicyGrids != c.want {
 			t.Errorf("%v: serve config PolicyGrids %d, want %d", c.args, sc.PolicyGrids, c.want)
+		}
+	}
+}
+
+// TestServeGridRetriesFlags: --serve-grid-retries and
+// --serve-grid-retry-wait are the serve package's GridRetries and
+// GridRetryWait (defaults 1 and 10s).
+func TestServeGridRetriesFlags(t *testing.T) {
+	for _, c := range []struct {
+		args    []string
+		retries int
+		wait    time.Duration
+	}{
+		{nil, 1, 10 * time.Second},
+		{[]string{"--serve-grid-retries", "0"}, 0, 10 * time.Second},
+		{[]string{"--serve-grid-retries", "3", "--serve-grid-retry-wait", "2s"}, 3, 2 * time.Second},
+	} {
+		cfg, err := load(t, nil, append([]string{"--insecure", "--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if sc := cfg.serveConfig(nil); sc.GridRetries != c.retries || sc.GridRetryWait != c.wait {
+			t.Errorf("%v: serve config GridRetries %d, GridRetryWait %v; want %d, %v", c.args, sc.GridRetries, sc.GridRetryWait, c.retries, c.wait)
 		}
 	}
 }

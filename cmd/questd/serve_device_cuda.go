@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"path/filepath"
 
+	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels/cuda"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/model/gpu"
@@ -47,7 +48,7 @@ func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*comp
 		return nil, nil, fmt.Errorf("GPU %d: %w", ord, err)
 	}
 	opt := gpu.Options{MaxBatch: min(sc.MaxRunning, 16), PrefillChunk: min(sc.ChunkTokens, gpu.DefaultPrefillChunk)}
-	ec := model.EngineConfig(m.Geometry(), sc.Policy, sc.CapacityPages)
+	ec := engine.ModelConfig(m.Geometry(), sc.Policy, sc.CapacityPages)
 	ec.Geometry.DType = cfg.KVCacheDType
 	if err := gpu.AdmitAll(ctx, be, m.Config, opt, ec); err != nil {
 		be.Close()

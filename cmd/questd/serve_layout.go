@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/internal/serveengine"
 	completion "github.com/questrt/questrt/serve"
 )
 
@@ -23,5 +24,5 @@ func (c Config) serveCluster(n *node.Node) completion.Cluster {
 	if c.ServeLayout != "cluster" || n == nil {
 		return nil
 	}
-	return completion.CoordinatorCluster(n.Coordinator())
+	return serveengine.CoordinatorCluster(n.Coordinator())
 }

@@ -13,9 +13,10 @@ import (
 type serveCounts struct {
 	srv                                  *completion.Server
 	reqs, outcomes, tokens, steps, pages *prometheus.Desc
-	prefill, policyRefused               *prometheus.Desc
+	prefill, policyRefused, retries      *prometheus.Desc
 	prefixReqs, prefixTokens             *prometheus.Desc
 	prefixEvicted, prefixHeld            *prometheus.Desc
+	prefixLost                           *prometheus.Desc
 }
 
 func newServeCounts(srv *completion.Server) *serveCounts {
@@ -30,14 +31,16 @@ func newServeCounts(srv *completion.Server) *serveCounts {
 		prefixReqs:    prometheus.NewDesc("questrt_prefix_cache_requests_total", "Prompts looked up in the prefix cache (--prefix-caching), by result: hit (a cached prefix of full pages forked) or miss (prefilled from the start).", []string{"result"}, nil),
 		prefixTokens:  prometheus.NewDesc("questrt_prefix_cache_tokens_total", "Prompt tokens of the prefix cache's lookups, by kind: queries (the prompts' tokens) and hits (the tokens the cache gave, not prefilled); hits / queries is the hit rate (vLLM's prefix_cache_queries and prefix_cache_hits).", []string{"kind"}, nil),
 		prefixEvicted: prometheus.NewDesc("questrt_prefix_cache_evicted_pages_total", "Pages per shard the prefix cache gave up, least recently used first: for a request's pages (the cache never keeps a request waiting) or to stay within --prefix-cache-pages.", nil, nil),
-		prefixHeld:    prometheus.NewDesc("questrt_prefix_cache", "The prefix cache now, by kind: entries (engine sequences) and pages (per shard, of --serve-capacity-pages; pages running requests share count here too).", []string{"kind"}, nil),
+		prefixHeld:    prometheus.NewDesc("questrt_prefix_cache", "The prefix cache now, by kind: entries (engine sequences, or cluster sequences with --serve-layout cluster) and pages (per shard, of --serve-capacity-pages; pages running requests share count here too).", []string{"kind"}, nil),
+		prefixLost:    prometheus.NewDesc("questrt_prefix_cache_lost_entries_total", "Prefix cache entries dropped with their grid (--serve-layout cluster: a node of the grid lost); requests run again after the loss prefill anew.", nil, nil),
+		retries:       prometheus.NewDesc("questrt_request_retries_total", "Times a completions request ran again, by reason: grid_lost (--serve-layout cluster: its grid lost a node; run again on a new grid from its prompt and the tokens already generated, at most --serve-grid-retries times a request).", []string{"reason"}, nil),
 		policyRefused: prometheus.NewDesc("questrt_serve_policy_grid_refusals_total", "Requests refused (429) because their quest options would open one grid more than --serve-policy-grids (--serve-layout cluster).", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *serveCounts) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.reqs, c.outcomes, c.tokens, c.steps, c.prefill, c.pages, c.policyRefused, c.prefixReqs, c.prefixTokens, c.prefixEvicted, c.prefixHeld} {
+	for _, d := range []*prometheus.Desc{c.reqs, c.outcomes, c.tokens, c.steps, c.prefill, c.pages, c.policyRefused, c.retries, c.prefixReqs, c.prefixTokens, c.prefixEvicted, c.prefixHeld, c.prefixLost} {
 		ch <- d
 	}
 }
@@ -67,11 +70,13 @@ func (c *serveCounts) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.pages, st.ReservedPages, "reserved")
 	gauge(c.pages, st.CapacityPages, "capacity")
 	counter(c.policyRefused, st.PolicyGridsRefused)
+	counter(c.retries, st.GridRetries, "grid_lost")
 	counter(c.prefixReqs, st.PrefixCacheHits, "hit")
 	counter(c.prefixReqs, st.PrefixCacheMisses, "miss")
 	counter(c.prefixTokens, st.PrefixCacheQueryTokens, "queries")
 	counter(c.prefixTokens, st.PrefixCacheHitTokens, "hits")
 	counter(c.prefixEvicted, st.PrefixCacheEvictedPages)
+	counter(c.prefixLost, st.PrefixCacheLost)
 	gauge(c.prefixHeld, st.PrefixCacheEntries, "entries")
 	gauge(c.prefixHeld, st.PrefixCachePages, "pages")
 }

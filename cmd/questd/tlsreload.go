@@ -5,8 +5,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"sync/atomic"
+
+	"github.com/questrt/questrt/internal/identity"
 )
 
 // certReloader holds the mutual-TLS material of --tls-cert, --tls-key and
@@ -47,7 +48,8 @@ type tlsMaterial struct {
 	pool *x509.CertPool
 }
 
-// newCertReloader loads the three files once; an error names the flag.
+// newCertReloader loads the three files once; an error (a *fileError)
+// names the flag and the file.
 func newCertReloader(certFile, keyFile, caFile string) (*certReloader, error) {
 	r := &certReloader{certFile: certFile, keyFile: keyFile, caFile: caFile}
 	if err := r.reload(); err != nil {
@@ -60,19 +62,46 @@ func newCertReloader(certFile, keyFile, caFile string) (*certReloader, error) {
 // the material of new handshakes; else it returns the error and keeps
 // the old.
 func (r *certReloader) reload() error {
-	cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+	cert, err := loadKeyPair("tls-cert", r.certFile, "tls-key", r.keyFile)
 	if err != nil {
-		return fmt.Errorf("--tls-cert %q, --tls-key %q: %w", r.certFile, r.keyFile, err)
+		return err
 	}
-	pem, err := os.ReadFile(r.caFile)
+	leaf := cert.Leaf
+	if leaf == nil {
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return &fileError{"tls-cert", r.certFile, err}
+		}
+	}
+	if err := checkNodeRole(leaf); err != nil {
+		return &fileError{"tls-cert", r.certFile, err}
+	}
+	pem, err := readPEMFile("tls-ca", r.caFile)
 	if err != nil {
-		return fmt.Errorf("--tls-ca %q: %w", r.caFile, errors.Unwrap(err))
+		return err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return fmt.Errorf("--tls-ca %q: no PEM certificate in it", r.caFile)
+		return &fileError{"tls-ca", r.caFile, errors.New("no PEM certificate in it")}
 	}
 	r.cur.Store(&tlsMaterial{cert: cert, pool: pool})
+	return nil
+}
+
+// checkNodeRole refuses a certificate that cannot be a node's: one whose
+// questrt:// role URI SAN names a client, or is malformed. Such a node
+// would join the gossip layer and be refused by every peer (they check
+// the role its gRPC server presents), so it is refused before it
+// starts, and a SIGHUP that reads one keeps the old certificate. A
+// certificate without a role passes (issued before roles; peers apply
+// their --require-cert-roles).
+func checkNodeRole(leaf *x509.Certificate) error {
+	id, err := identity.Of(leaf)
+	if err != nil {
+		return fmt.Errorf("its questrt:// role URI SAN is malformed: %w", err)
+	}
+	if id.Role == identity.Client {
+		return fmt.Errorf("it is a client certificate (questrt://client/%s), and a node needs a node certificate (questrt://node/NAME; questctl tls node NAME issues one)", id.Name)
+	}
 	return nil
 }
 

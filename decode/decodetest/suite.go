@@ -337,18 +337,42 @@ func badBegin(t *testing.T, s Subject) {
 	}
 	for _, tc := range cases {
 		st, err := s.Stepper.Begin(ctx, tc.b)
-		if err == nil {
-			st.End(ctx)
-		}
-		w.mustBad(tc.name, err, decode.ErrBadInput)
+		w.mustBad(tc.name, w.opened(ctx, tc.b, st, err), decode.ErrBadInput)
 	}
 	unknown := decode.SeqID(1<<40 + 7)
-	st, err := s.Stepper.Begin(ctx, decode.Batch{Rows: []decode.Row{{Seq: id(1), New: true}, {Seq: unknown, New: true}}})
-	if err == nil {
-		st.End(ctx)
+	b := decode.Batch{Rows: []decode.Row{{Seq: id(1), New: true}, {Seq: unknown, New: true}}}
+	st, err := s.Stepper.Begin(ctx, b)
+	if w.opened(ctx, b, st, err) == nil {
 		t.Errorf("unknown sequence: no error")
 	}
 	w.unchanged(before)
+}
+
+// opened returns the error of a Begin of b that returned st and err:
+// when Begin returned a step, its first Layer call (with inputs of the
+// batch's shapes) tells whether it opened after all (a runner that sends
+// its begin ahead of the first layer reports a refusal there, wrapping
+// decode.ErrBeginRefused, and later Layer calls wrap
+// decode.ErrStepFailed). The step is ended.
+func (w *world) opened(ctx context.Context, b decode.Batch, st decode.Step, err error) error {
+	w.t.Helper()
+	if err != nil {
+		return err
+	}
+	defer st.End(ctx)
+	c := w.s.Config
+	q, k := w.randn(len(b.Rows)*c.QRow()), w.randn(b.NewRows()*c.KVRow())
+	var res decode.Result
+	if err = st.Layer(ctx, b.FirstLayer, decode.Host(q), decode.Host(k), decode.Host(k), &res); err == nil {
+		return nil
+	}
+	if !errors.Is(err, decode.ErrBeginRefused) || errors.Is(err, decode.ErrStepFailed) {
+		w.t.Errorf("a refusal learnt at the first layer: %v, want decode.ErrBeginRefused without decode.ErrStepFailed", err)
+	}
+	if err2 := st.Layer(ctx, b.FirstLayer, decode.Host(q), decode.Host(k), decode.Host(k), &res); !errors.Is(err2, decode.ErrStepFailed) {
+		w.t.Errorf("a Layer after a refusal learnt at the first layer: %v, want decode.ErrStepFailed", err2)
+	}
+	return err
 }
 
 // badLayer: Layer refuses bad input with ErrBadInput and changes
@@ -418,7 +442,9 @@ func badLayer(t *testing.T, s Subject) {
 }
 
 // stepOpen: a second Begin of a sequence of the open step waits and then
-// fails with ErrStepOpen; after End a Begin succeeds at once.
+// fails with ErrStepOpen; after End a Begin succeeds at once. The open
+// step runs its first layer first: a runner that sends its begin ahead
+// has surely opened the step once the layer's answer came.
 func stepOpen(t *testing.T, s Subject) {
 	ctx := context.Background()
 	w := newWorld(t, s, 5, 9)
@@ -426,12 +452,16 @@ func stepOpen(t *testing.T, s Subject) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	st2, err := s.Stepper.Begin(short, decode.Batch{Rows: []decode.Row{{Seq: w.ids[1], New: true}}})
-	cancel()
-	if err == nil {
-		st2.End(ctx)
+	c := s.Config
+	var res decode.Result
+	if err := st.Layer(ctx, 0, decode.Host(w.randn(2*c.QRow())), decode.Host(w.randn(2*c.KVRow())), decode.Host(w.randn(2*c.KVRow())), &res); err != nil {
+		t.Fatalf("the open step's first layer: %v", err)
 	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	b := decode.Batch{Rows: []decode.Row{{Seq: w.ids[1], New: true}}}
+	st2, err := s.Stepper.Begin(short, b)
+	err = w.opened(short, b, st2, err)
+	cancel()
 	w.mustBad("Begin while a step is open", err, decode.ErrStepOpen)
 	if err := st.End(ctx); err != nil {
 		t.Fatal(err)

@@ -5,13 +5,18 @@
 #
 #   ca.pem                   a throwaway CA (ECDSA P-256, 825 days); its key
 #                            is never written, so nothing can sign more
-#   questd.pem, questd.key   the nodes' certificate (one for the three),
-#                            server and client use, SANs questd-0..2,
-#                            their static IPs, localhost and 127.0.0.1
-#                            (the healthcheck and the ports published on
-#                            the host's loopback)
+#   questd-N.pem, .key       node questd-N's certificate (N = 0, 1, 2),
+#                            server and client use, its role the URI SAN
+#                            questrt://node/questd-N (so it may call the
+#                            worker API, and the others place ranks on it
+#                            only under that name), SANs questd-N, its
+#                            static IP, localhost and 127.0.0.1 (the
+#                            healthcheck and the ports published on the
+#                            host's loopback)
 #   client.pem, client.key   a client certificate for questctl
-#                            (questctl status --tls-dir DIR)
+#                            (questctl status --tls-dir DIR), its role
+#                            the URI SAN questrt://client/client: the
+#                            client API only
 #   gossip.key               base64 of 32 random bytes (--gossip-key-file)
 #   token                    64 hex digits (--token-file; questctl
 #                            --token-file, OpenAI clients' API key)
@@ -59,20 +64,25 @@ leaf() {
 		-days 825 -sha256 -extfile "$tmp/$1.ext" -out "$tmp/$1.pem" 2>/dev/null
 }
 
-san="DNS:localhost,IP:127.0.0.1"
-for n in $names; do san="$san,DNS:$n"; done
-for ip in $ips; do san="$san,IP:$ip"; done
-leaf questd questd "$san" serverAuth,clientAuth
-leaf client client "DNS:client" clientAuth
+set -- $ips
+for n in $names; do
+	leaf "$n" "$n" "URI:questrt://node/$n,DNS:$n,IP:$1,DNS:localhost,IP:127.0.0.1" serverAuth,clientAuth
+	shift
+done
+leaf client client "URI:questrt://client/client,DNS:client" clientAuth
 
 openssl rand -base64 32 >"$tmp/gossip.key"
 openssl rand -hex 32 >"$tmp/token"
 
-for f in ca.pem questd.pem client.pem; do
+certs="ca.pem client.pem" keys="client.key gossip.key"
+for n in $names; do
+	certs="$certs $n.pem" keys="$keys $n.key"
+done
+for f in $certs; do
 	cp "$tmp/$f" "$dir/$f"
 	chmod 0444 "$dir/$f"
 done
-for f in questd.key client.key gossip.key; do
+for f in $keys; do
 	cp "$tmp/$f" "$dir/$f"
 	chmod 0400 "$dir/$f"
 done
@@ -83,4 +93,4 @@ if [ -n "${SECRETS_OWNER:-}" ]; then
 	chown "$SECRETS_OWNER" "$dir" "$dir"/*
 fi
 mv "$dir/token.new" "$dir/token"
-echo "gen-secrets: wrote $dir: ca.pem questd.pem questd.key client.pem client.key gossip.key token"
+echo "gen-secrets: wrote $dir: $certs $keys token"

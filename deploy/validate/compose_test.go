@@ -2,7 +2,9 @@ package validate
 
 import (
 	"bytes"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"net"
 	"net/netip"
 	"os"
@@ -310,6 +312,14 @@ func TestCompose(t *testing.T) {
 				}
 			}
 			checkFlags(t, args)
+			// Its certificate names it: the others place ranks on a
+			// member only when its gRPC certificate carries
+			// questrt://node/NAME for its gossip name.
+			if v := flagValue(args, "tls-cert"); v != "" {
+				if uris, want := certURIs(t, local(v)), "questrt://node/"+flagValue(args, "name"); !slices.Equal(uris, []string{want}) {
+					t.Errorf("%s: --tls-cert=%s carries the URI SANs %q, want [%s]", name, v, uris, want)
+				}
+			}
 			var run []string
 			for _, a := range args {
 				if !strings.HasPrefix(a, "--join=") {
@@ -411,7 +421,7 @@ func genSecrets(t *testing.T, dir string) {
 	}
 	run()
 	before := mustRead(t, filepath.Join(dir, "token"))
-	for _, name := range []string{"ca.pem", "questd.pem", "questd.key", "client.pem", "client.key", "gossip.key", "token"} {
+	for _, name := range []string{"ca.pem", "questd-0.pem", "questd-0.key", "questd-1.pem", "questd-1.key", "questd-2.pem", "questd-2.key", "client.pem", "client.key", "gossip.key", "token"} {
 		fi, err := os.Stat(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatalf("gen-secrets.sh: %v", err)
@@ -422,8 +432,29 @@ func genSecrets(t *testing.T, dir string) {
 			}
 		}
 	}
+	if uris := certURIs(t, filepath.Join(dir, "client.pem")); !slices.Equal(uris, []string{"questrt://client/client"}) {
+		t.Errorf("gen-secrets.sh: client.pem carries the URI SANs %q, want [questrt://client/client] (the client API only)", uris)
+	}
 	run()
 	if !bytes.Equal(before, mustRead(t, filepath.Join(dir, "token"))) {
 		t.Error("gen-secrets.sh: a second run replaced the token: a restart must keep the cluster's secrets")
 	}
+}
+
+// certURIs returns the URI SANs of the PEM certificate in file.
+func certURIs(t *testing.T, file string) []string {
+	t.Helper()
+	blk, _ := pem.Decode(mustRead(t, file))
+	if blk == nil {
+		t.Fatalf("%s: no PEM block", file)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	var out []string
+	for _, u := range c.URIs {
+		out = append(out, u.String())
+	}
+	return out
 }

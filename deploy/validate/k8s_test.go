@@ -231,8 +231,8 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 	}
 
 	// The config volume: the generated ConfigMap, mounted where --config
-	// points; the TLS Secret with cert-manager's keys where the config
-	// points.
+	// points; the Secrets where the config's file flags point; the node
+	// certificate in the emptyDir that an init container writes.
 	var configPath string
 	for _, a := range c.Args {
 		if v, ok := strings.CutPrefix(a, "--config="); ok {
@@ -242,15 +242,12 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 	if configPath == "" {
 		t.Fatalf("container args %q: no --config=FILE", c.Args)
 	}
-	mounts := map[string]corev1.VolumeMount{}
-	for _, vm := range c.VolumeMounts {
-		mounts[vm.Name] = vm
-	}
+	mounts := mountsByVolume(c)
+	vols := map[string]corev1.Volume{}
 	var configKey string
-	var secretMounts []secretMount
 	for _, v := range spec.Volumes {
-		switch {
-		case v.ConfigMap != nil:
+		vols[v.Name] = v
+		if v.ConfigMap != nil {
 			if v.ConfigMap.Name != cm.Name {
 				t.Errorf("volume %s: ConfigMap %q, want the generated %q", v.Name, v.ConfigMap.Name, cm.Name)
 			}
@@ -259,9 +256,21 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 				t.Errorf("volume %s mounted at %q, --config is %q", v.Name, vm.MountPath, configPath)
 			}
 			configKey = vm.SubPath
-		case v.Secret != nil:
-			secretMounts = append(secretMounts, checkSecretVolume(t, v, mounts[v.Name], spec.SecurityContext))
 		}
+	}
+	for _, pvc := range ss.Spec.VolumeClaimTemplates {
+		vols[pvc.Name] = corev1.Volume{Name: pvc.Name, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: pvc.Name}}}
+	}
+	secretMounts := checkSecretMounts(t, "questd", c, vols, spec.SecurityContext)
+	checkNoCAKey(t, c, vols)
+	if len(spec.InitContainers) != 1 {
+		t.Fatalf("want 1 init container (the node certificate's), got %d", len(spec.InitContainers))
+	}
+	ic := spec.InitContainers[0]
+	initSecrets := checkSecretMounts(t, "init container "+ic.Name, ic, vols, spec.SecurityContext)
+	if gpu && strings.Contains(ic.Image, "cuda") {
+		t.Errorf("init container %s: image %q: the CUDA image's questctl needs a GPU, which the init container has not", ic.Name, ic.Image)
 	}
 	text, ok := cm.Data[configKey]
 	if !ok {
@@ -269,16 +278,44 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 	}
 	cfg := readConfig(t, []byte(text))
 	checkSecure(t, "ConfigMap "+cm.Name, cfg)
-	for _, flag := range fileFlags {
+	if v, _ := cfg["require-cert-roles"].(bool); !v {
+		t.Errorf("config require-cert-roles %v: every pod has a role certificate, so refuse callers without one", cfg["require-cert-roles"])
+	}
+	// tls-cert and tls-key: files of the emptyDir the init container
+	// writes and questd mounts read-only.
+	certDir := ""
+	for _, flag := range []string{"tls-cert", "tls-key"} {
 		path, _ := cfg[flag].(string)
-		if path == "" {
+		dir := filepath.Dir(path)
+		var vol string
+		for name, vm := range mounts {
+			if vm.MountPath == dir {
+				vol = name
+				if !vm.ReadOnly {
+					t.Errorf("config %s %q: volume %s is mounted writable into questd; want readOnly", flag, path, name)
+				}
+			}
+		}
+		if v, ok := vols[vol]; !ok || v.EmptyDir == nil {
+			t.Errorf("config %s %q: want a file of an emptyDir volume (the init container's node certificate), got volume %q", flag, path, vol)
 			continue
 		}
+		initWrites := false
+		for _, vm := range ic.VolumeMounts {
+			initWrites = initWrites || (vm.Name == vol && !vm.ReadOnly)
+		}
+		if !initWrites {
+			t.Errorf("config %s %q: the init container %s does not mount volume %s writable", flag, path, ic.Name, vol)
+		}
+		certDir = dir
+	}
+	for _, flag := range []string{"tls-ca", "gossip-key-file", "token-file"} {
+		path, _ := cfg[flag].(string)
 		want := flagSecretKey[flag]
 		dir, key := filepath.Dir(path), filepath.Base(path)
 		ok := false
 		for _, sm := range secretMounts {
-			ok = ok || (sm.dir == dir && key == want && slices.Contains(secretKeys[sm.secret], key))
+			ok = ok || (sm.dir == dir && key == want && sm.files[key] == want)
 		}
 		if !ok {
 			t.Errorf("config %s %q: want the key %s of a Secret mounted at %s (mounts %v)", flag, path, want, dir, secretMounts)
@@ -314,40 +351,89 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 		t.Errorf("config join %v: want every pod, %v", join, wantJoin)
 	}
 
-	// The pod's command line, run: the ConfigMap's file as --config, the
-	// env as the downward API would set it (10.0.0.5 standing for the pod
-	// IP), on free ports of the same hosts, and the Secrets' files as the
-	// kubelet writes them (every key, the volume's mode) under a test
-	// root standing for /, where the config's paths point.
-	root := t.TempDir()
+	// Every pod, run: under a test root standing for its /, the Secrets'
+	// files as the kubelet writes them (the volume's keys or items, its
+	// mode; the CA made with questctl tls ca), the init container's
+	// command with the downward API's values (10.0.0.N standing for the
+	// pod IP), then questd with the ConfigMap's file as --config, its env
+	// likewise, on free ports of the same hosts. The certificate the init
+	// container wrote must name the node questd says it runs as.
+	caDir := t.TempDir()
+	if out, err := exec.Command(questctl(t), "tls", "ca", "--dir", caDir).CombinedOutput(); err != nil {
+		t.Fatalf("questctl tls ca: %v\n%s", err, out)
+	}
 	files := newTestFiles(t)
-	for _, sm := range secretMounts {
-		for _, key := range secretKeys[sm.secret] {
-			writeSecret(t, files.byKey(key), filepath.Join(root, sm.dir, key), sm.mode)
+	src := func(secret, key string) string {
+		if secret == "questd-ca" {
+			return filepath.Join(caDir, key)
 		}
+		return files.byKey(key)
 	}
-	var lines []string
-	for _, line := range strings.Split(text, "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok && slices.Contains(fileFlags, k) {
-			line = k + ": " + filepath.Join(root, strings.TrimSpace(v))
+	for i := range int(*ss.Spec.Replicas) {
+		pod := map[string]string{
+			"metadata.name": fmt.Sprintf("%s-%d", ss.Name, i), "metadata.namespace": "questrt",
+			"status.podIP": fmt.Sprintf("10.0.0.%d", 5+i),
 		}
-		lines = append(lines, line)
-	}
-	path := filepath.Join(t.TempDir(), "questd.yaml")
-	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{}
-	for _, a := range c.Args {
-		if strings.HasPrefix(a, "--config=") {
-			a = "--config=" + path
+		root := t.TempDir()
+		for _, sm := range append(slices.Clone(initSecrets), secretMounts...) {
+			for path, key := range sm.files {
+				writeSecret(t, src(sm.secret, key), filepath.Join(root, sm.dir, path), sm.mode)
+			}
 		}
-		args = append(args, a)
+		ienv := podEnv(t, ic, pod)
+		iargs := slices.Clone(ic.Args)
+		for j, a := range iargs {
+			a = expandEnv(a, ienv)
+			for _, d := range []string{"--dir=", "--out="} {
+				if v, ok := strings.CutPrefix(a, d); ok {
+					a = d + filepath.Join(root, v)
+				}
+			}
+			iargs[j] = a
+		}
+		if len(ic.Command) != 1 || filepath.Base(ic.Command[0]) != "questctl" {
+			t.Fatalf("init container %s: command %q: want questctl", ic.Name, ic.Command)
+		}
+		if out, err := exec.Command(questctl(t), iargs...).CombinedOutput(); err != nil {
+			t.Fatalf("pod %d: init container %s: questctl %s: %v\n%s", i, ic.Name, strings.Join(iargs, " "), err, out)
+		}
+		var lines []string
+		for _, line := range strings.Split(text, "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && slices.Contains(fileFlags, k) {
+				line = k + ": " + filepath.Join(root, strings.TrimSpace(v))
+			}
+			lines = append(lines, line)
+		}
+		path := filepath.Join(t.TempDir(), "questd.yaml")
+		if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		env := podEnv(t, c, pod)
+		args := []string{}
+		for _, a := range c.Args {
+			a = expandEnv(a, env)
+			if strings.HasPrefix(a, "--config=") {
+				a = "--config=" + path
+			}
+			args = append(args, a)
+		}
+		checkFlags(t, args)
+		qenv := map[string]string{}
+		for k, v := range env {
+			if strings.HasPrefix(k, "QUESTRT_") {
+				qenv[k] = v
+			}
+		}
+		cert := filepath.Join(root, certDir, filepath.Base(cfg["tls-cert"].(string)))
+		runQuestdThen(t, append(args, listenOverrides(t, cfg)...), qenv, func(ready map[string]string) {
+			if ready["name"] != pod["metadata.name"] {
+				t.Errorf("pod %s: questd runs as %q, want the pod's name", pod["metadata.name"], ready["name"])
+			}
+			if got, want := certURIs(t, cert), []string{"questrt://node/" + ready["name"]}; !slices.Equal(got, want) {
+				t.Errorf("pod %s: the init container's certificate names %q; questd runs as %q, so want %q", pod["metadata.name"], got, ready["name"], want)
+			}
+		})
 	}
-	checkFlags(t, args)
-	runQuestd(t, append(args, listenOverrides(t, cfg)...),
-		map[string]string{"QUESTRT_ADVERTISE": "10.0.0.5", "QUESTRT_NAME": ss.Name + "-0"})
-
 	checkMonitor(t, m.monitors[0], metricsSvc)
 }
 
@@ -355,42 +441,96 @@ func checkCluster(t *testing.T, m manifests, gpu bool) {
 // operator create (kubectl create secret generic ... --from-file); a
 // Secret volume of another name fails the test.
 var secretKeys = map[string][]string{
-	"questd-tls":     {"tls.crt", "tls.key", "ca.crt"},
+	"questd-ca":      {"ca.pem", "ca.key"},
 	"questd-secrets": {"gossip.key", "token"},
 }
 
-// flagSecretKey is the Secret key each file flag of the config reads.
+// caKey is the key of the CA's private key in the Secret questd-ca:
+// whoever reads it can make node certificates, so only the init
+// container may mount it.
+const caKey = "ca.key"
+
+// flagSecretKey is the Secret key each file flag of the config reads
+// (tls-cert and tls-key are the init container's files).
 var flagSecretKey = map[string]string{
-	"tls-cert": "tls.crt", "tls-key": "tls.key", "tls-ca": "ca.crt",
-	"gossip-key-file": "gossip.key", "token-file": "token",
-	"http-tls-cert": "tls.crt", "http-tls-key": "tls.key",
+	"tls-ca": "ca.pem", "gossip-key-file": "gossip.key", "token-file": "token",
 }
 
-// secretMount is a Secret volume as the container sees it.
+// secretMount is a Secret volume as a container sees it.
 type secretMount struct {
-	secret string      // the Secret's name
-	dir    string      // its mount path
-	mode   fs.FileMode // its files' mode
+	secret string            // the Secret's name
+	dir    string            // its mount path
+	mode   fs.FileMode       // its files' mode
+	files  map[string]string // the files: path under dir -> the Secret's key
 }
 
 func (sm secretMount) String() string {
 	return fmt.Sprintf("Secret %s at %s, mode %04o", sm.secret, sm.dir, sm.mode)
 }
 
+// mountsByVolume maps a container's volume names to its mounts.
+func mountsByVolume(c corev1.Container) map[string]corev1.VolumeMount {
+	m := map[string]corev1.VolumeMount{}
+	for _, vm := range c.VolumeMounts {
+		m[vm.Name] = vm
+	}
+	return m
+}
+
+// checkSecretMounts checks every Secret volume container c mounts
+// (checkSecretVolume) and fails on a projected volume (none is expected:
+// it could carry a Secret's keys past these checks).
+func checkSecretMounts(t *testing.T, what string, c corev1.Container, vols map[string]corev1.Volume, sc *corev1.PodSecurityContext) []secretMount {
+	t.Helper()
+	var out []secretMount
+	for _, vm := range c.VolumeMounts {
+		v, ok := vols[vm.Name]
+		switch {
+		case !ok:
+			t.Errorf("%s: mount of volume %q, which the pod does not have", what, vm.Name)
+		case v.Projected != nil:
+			t.Errorf("%s: volume %s is projected: not expected (its Secrets' modes and keys are not checked)", what, v.Name)
+		case v.Secret != nil:
+			out = append(out, checkSecretVolume(t, v, vm, sc))
+		}
+	}
+	return out
+}
+
+// checkNoCAKey fails when container c (questd's) mounts the CA's key: a
+// volume of the Secret questd-ca with all its keys, or with caKey among
+// its items.
+func checkNoCAKey(t *testing.T, c corev1.Container, vols map[string]corev1.Volume) {
+	t.Helper()
+	for _, vm := range c.VolumeMounts {
+		v := vols[vm.Name]
+		if v.Secret == nil || v.Secret.SecretName != "questd-ca" {
+			continue
+		}
+		if len(v.Secret.Items) == 0 {
+			t.Errorf("container %s: volume %s mounts every key of Secret questd-ca, %s included: list items (ca.pem only)", c.Name, v.Name, caKey)
+		}
+		for _, it := range v.Secret.Items {
+			if it.Key == caKey {
+				t.Errorf("container %s: volume %s mounts %s of Secret questd-ca: only the init container may read the CA key", c.Name, v.Name, caKey)
+			}
+		}
+	}
+}
+
 // checkSecretVolume checks a Secret volume and its mount: a Secret of
-// secretKeys, mounted read-only, every file of a mode questd accepts for
-// a secret file (the default, 0644, it refuses) and readable by the pod
-// (group read with the pod's fsGroup: the kubelet makes the files
-// root's, with the group fsGroup).
+// secretKeys, mounted read-only, every file of mode 0400 or 0440 (the
+// default, 0644, questd refuses) and readable by the pod (group read
+// with the pod's fsGroup: the kubelet makes the files root's, with the
+// group fsGroup).
 func checkSecretVolume(t *testing.T, v corev1.Volume, vm corev1.VolumeMount, sc *corev1.PodSecurityContext) secretMount {
 	t.Helper()
-	sm := secretMount{secret: v.Secret.SecretName, dir: vm.MountPath, mode: 0o644}
-	if _, ok := secretKeys[sm.secret]; !ok {
+	sm := secretMount{secret: v.Secret.SecretName, dir: vm.MountPath, mode: 0o644, files: map[string]string{}}
+	keys, ok := secretKeys[sm.secret]
+	if !ok {
 		t.Errorf("volume %s: Secret %q is none of %v", v.Name, sm.secret, secretKeys)
 	}
-	if vm.Name == "" {
-		t.Errorf("volume %s (Secret %s): not mounted", v.Name, sm.secret)
-	} else if !vm.ReadOnly {
+	if !vm.ReadOnly {
 		t.Errorf("volume %s (Secret %s): mount it readOnly", v.Name, sm.secret)
 	}
 	if v.Secret.DefaultMode == nil {
@@ -403,16 +543,68 @@ func checkSecretVolume(t *testing.T, v corev1.Volume, vm corev1.VolumeMount, sc 
 		if it.Mode != nil {
 			modes = append(modes, fs.FileMode(*it.Mode))
 		}
+		if !slices.Contains(keys, it.Key) {
+			t.Errorf("volume %s: item key %q is not a key of Secret %s %v", v.Name, it.Key, sm.secret, keys)
+		}
+		sm.files[it.Path] = it.Key
+	}
+	if len(v.Secret.Items) == 0 {
+		for _, k := range keys {
+			sm.files[k] = k
+		}
 	}
 	for _, m := range modes {
+		if m != 0o400 && m != 0o440 {
+			t.Errorf("volume %s (Secret %s): mode %04o: want 0400 or 0440 (questd refuses a secret file that other users can read or change, or its group can write)", v.Name, sm.secret, m)
+		}
 		if !secretModeOK(m) {
-			t.Errorf("volume %s (Secret %s): mode %04o: questd refuses a secret file that other users can read or change, or its group can write; want 0440", v.Name, sm.secret, m)
+			t.Errorf("volume %s (Secret %s): mode %04o: questd refuses it", v.Name, sm.secret, m)
 		}
 		if m&0o040 == 0 || sc == nil || sc.FSGroup == nil {
 			t.Errorf("volume %s (Secret %s): mode %04o: the files are root's, so the pod reads them through its fsGroup (set it) and group read (0440)", v.Name, sm.secret, m)
 		}
 	}
 	return sm
+}
+
+// podEnv is container c's environment as the kubelet sets it in a pod
+// whose downward-API fields are pod (fieldPath -> value): literal values
+// and fieldRefs (a fieldRef pod lacks fails the test); resourceFieldRefs
+// are left out (questd reads none, GOMEMLIMIT is the Go runtime's).
+func podEnv(t *testing.T, c corev1.Container, pod map[string]string) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = expandEnv(e.Value, env)
+		case e.ValueFrom.FieldRef != nil:
+			v, ok := pod[e.ValueFrom.FieldRef.FieldPath]
+			if !ok {
+				t.Fatalf("container %s env %s: fieldRef %s: no value for it in the test pod %v", c.Name, e.Name, e.ValueFrom.FieldRef.FieldPath, pod)
+			}
+			env[e.Name] = v
+		}
+	}
+	return env
+}
+
+// envRef is Kubernetes' reference to a variable in command, args and env
+// values, $(NAME); $$ escapes a $.
+var envRef = regexp.MustCompile(`\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)`)
+
+// expandEnv expands s as the kubelet does: $(NAME) to env's NAME, left
+// as it is when env has none, and $$ to $.
+func expandEnv(s string, env map[string]string) string {
+	return envRef.ReplaceAllStringFunc(s, func(m string) string {
+		if m == "$$" {
+			return "$"
+		}
+		if v, ok := env[m[2:len(m)-1]]; ok {
+			return v
+		}
+		return m
+	})
 }
 
 // checkMonitor is the structural check of the ServiceMonitor: the fields

@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/big"
 	"net"
 	"net/netip"
@@ -48,6 +49,9 @@ type CA struct {
 	PEM  []byte
 	// Key signs the leaves.
 	Key *ecdsa.PrivateKey
+	// LeafValidity is how long the leaves it issues are valid (never
+	// after the CA itself); zero means Validity.
+	LeafValidity time.Duration
 }
 
 // Leaf is a certificate that a CA issued, with its key.
@@ -62,6 +66,11 @@ type Leaf struct {
 // NewCA makes a CA whose subject's common name is name, valid for
 // Validity.
 func NewCA(name string) (*CA, error) {
+	return makeCA(name, Validity)
+}
+
+// makeCA makes a CA named name valid for validity.
+func makeCA(name string, validity time.Duration) (*CA, error) {
 	if name == "" {
 		return nil, errors.New("certgen: empty CA name")
 	}
@@ -78,7 +87,7 @@ func NewCA(name string) (*CA, error) {
 		SerialNumber:          sn,
 		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             now.Add(-skew),
-		NotAfter:              now.Add(Validity),
+		NotAfter:              now.Add(validity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
@@ -106,8 +115,8 @@ func (ca *CA) Pool() *x509.CertPool {
 // Issue makes a leaf certificate whose subject's common name is name, for
 // server and client authentication, with the subject alternative names
 // DefaultHosts and hosts (each an IP address or a DNS name), and no role
-// (IssueNode and IssueClient add one). It is valid for Validity, and not
-// after the CA.
+// (IssueNode and IssueClient add one). It is valid for ca.LeafValidity
+// (Validity unless set), and not after the CA.
 func (ca *CA) Issue(name string, hosts ...string) (*Leaf, error) {
 	return ca.IssueFor(name, append(append([]string(nil), DefaultHosts...), hosts...)...)
 }
@@ -183,7 +192,11 @@ func (ca *CA) issue(name string, uris []*url.URL, hosts []string) (*Leaf, error)
 		return nil, err
 	}
 	now := time.Now()
-	notAfter := now.Add(Validity)
+	validity := ca.LeafValidity
+	if validity <= 0 {
+		validity = Validity
+	}
+	notAfter := now.Add(validity)
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
 	}
@@ -250,7 +263,14 @@ func WriteFiles(dir string, ca *CA, leaves map[string]*Leaf) error {
 
 // writeFile writes data as dir/name with mode perm: under a temporary
 // name (created 0600), then renamed over name.
-func writeFile(dir, name string, data []byte, perm os.FileMode) (err error) {
+func writeFile(dir, name string, data []byte, perm os.FileMode) error {
+	return writeFileMode(dir, name, data, perm, true)
+}
+
+// writeFileMode is writeFile, which replaces an existing dir/name only
+// if replace: else the temporary file is hard-linked as name (which
+// fails with ErrExists if name exists) and removed.
+func writeFileMode(dir, name string, data []byte, perm os.FileMode, replace bool) (err error) {
 	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("certgen: %w", err)
@@ -267,8 +287,13 @@ func writeFile(dir, name string, data []byte, perm os.FileMode) (err error) {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil {
+	if err == nil && replace {
 		err = os.Rename(tmp, filepath.Join(dir, name))
+	} else if err == nil {
+		if err = os.Link(tmp, filepath.Join(dir, name)); errors.Is(err, fs.ErrExist) {
+			err = ErrExists
+		}
+		os.Remove(tmp)
 	}
 	if err != nil {
 		return fmt.Errorf("certgen: write %s: %w", filepath.Join(dir, name), err)

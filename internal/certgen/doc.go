@@ -12,14 +12,20 @@
 // names are always 127.0.0.1, ::1 and localhost, plus the IP addresses
 // and DNS names given.
 //
-// The CA's private key stays in memory: [WriteFiles] writes the CA
-// certificate (ca.pem, mode 0644) and each leaf as NAME.pem (0644) and
-// NAME.key (0600, PKCS #8), so nothing written can sign new
-// certificates. Files are replaced atomically (written under a
+// For questctl up the CA's private key stays in memory: [WriteFiles]
+// writes the CA certificate (ca.pem, mode 0644) and each leaf as
+// NAME.pem (0644) and NAME.key (0600, PKCS #8), so nothing written can
+// sign new certificates. Files are replaced atomically (written under a
 // temporary name, then renamed), so a key file never has a wider mode
 // than 0600, even when it replaces an older file.
 //
-// Not for production: a real deployment's certificates come from its own
-// CA (cert-manager, a corporate PKI) and are rotated with questd's
-// SIGHUP reload.
+// For an operator's CA (questctl tls) the key is kept: [WriteCA] writes
+// ca.pem and ca.key (0600), [LoadCA] reads them back to issue more
+// leaves, and [WriteLeaf] writes one leaf; both refuse to replace an
+// existing file ([ErrExists]) unless forced. [NewCAFor] and
+// [CA.LeafValidity] set validities other than [Validity].
+//
+// A deployment with a PKI of its own (cert-manager, a corporate CA)
+// needs none of this (its node certificates need the role URI SANs);
+// questd rotates certificates with its SIGHUP reload.
 package certgen

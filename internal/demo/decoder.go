@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
-	"github.com/questrt/questrt/model/clusterseq"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -51,7 +51,8 @@ func (d *engineDecoder) close() { d.e.Close() }
 // diagnostics computed by the coordinator, the keys read back from the
 // nodes).
 type clusterDecoder struct {
-	s     clusterseq.Sequence
+	s     client.Sequence
+	res   decode.Result
 	nodes []string
 }
 
@@ -68,15 +69,36 @@ func newClusterDecoder(ctx context.Context, c *client.Client, cfg Config) (*clus
 	if err != nil {
 		return nil, fmt.Errorf("demo: create: %w", err)
 	}
-	return &clusterDecoder{s: clusterseq.Sequence{Sequence: client.Sequence{C: c, ID: seq}}, nodes: nodes}, nil
+	return &clusterDecoder{s: client.Sequence{C: c, ID: seq}, nodes: nodes}, nil
 }
 
 func (d *clusterDecoder) append(ctx context.Context, layer int, k, v []float32) error {
 	return d.s.Append(ctx, layer, k, v)
 }
 
+// step runs a step of one layer through the client's Stepper (with
+// diagnostics, a Step call that the coordinator measures). Times are
+// the coordinator's with diagnostics, else the client's (the round trip
+// included).
 func (d *clusterDecoder) step(ctx context.Context, layer int, q, k, v []float32, opt engine.StepOptions, res *engine.Result) error {
-	return d.s.Step(ctx, layer, engine.Request{Q: q, K: k, V: v}, opt, res)
+	st, err := d.s.Stepper().Begin(ctx, decode.Batch{Rows: []decode.Row{{Seq: d.s.SeqID(), New: k != nil}}, FirstLayer: layer, Layers: 1, Options: opt})
+	if err != nil {
+		return err
+	}
+	err = st.Layer(ctx, layer, decode.Host(q), decode.Host(k), decode.Host(v), &d.res)
+	if eerr := st.End(ctx); err == nil {
+		err = eerr
+	}
+	if err != nil {
+		return err
+	}
+	res.O, res.LSE = append(res.O[:0], d.res.O.Data...), append(res.LSE[:0], d.res.LSE...)
+	res.Plans, res.Time = append(res.Plans[:0], d.res.Plans...), d.res.Time
+	res.Diag = res.Diag[:0]
+	if opt.Diagnostics {
+		res.Diag = append(res.Diag, d.res.Diag...)
+	}
+	return nil
 }
 
 func (d *clusterDecoder) close() {

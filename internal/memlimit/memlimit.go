@@ -7,7 +7,10 @@
 //
 // A limit is a byte count: positive values are used as given (a
 // --max-memory flag, say), [Auto] (0) means the memory the machine can
-// give now ([Available]), and [NoLimit] (-1) turns the check off.
+// give now ([Available]), and [NoLimit] (-1) turns the check off for every
+// size the process could ever hold ([Ceiling]): a size beyond the
+// machine's memory is refused under any limit, since its allocation can
+// only end in the runtime's crash.
 package memlimit
 
 import (
@@ -30,15 +33,17 @@ var ErrTooLarge = errors.New("does not fit in memory")
 const (
 	// Auto resolves to the memory available on the machine (see [Available]).
 	Auto int64 = 0
-	// NoLimit turns the check off.
+	// NoLimit turns the check off, but for sizes beyond [Ceiling].
 	NoLimit int64 = -1
 )
 
 // Available returns the bytes this process can still allocate without
 // swapping: the kernel's MemAvailable, capped by the memory cgroup's
 // remaining room (cgroup v2 memory.max - memory.current, or v1
-// memory.limit_in_bytes - memory.usage_in_bytes) when one is set. It fails
-// where /proc/meminfo cannot be read (not Linux).
+// memory.limit_in_bytes - memory.usage_in_bytes) when one is set, and by
+// the room left under the address-space limit (RLIMIT_AS, ulimit -v) less
+// what the process maps now, when one is set. It fails where
+// /proc/meminfo cannot be read (not Linux).
 func Available() (int64, error) {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
@@ -51,7 +56,96 @@ func Available() (int64, error) {
 	if room, ok := cgroupRoom(); ok && room < avail {
 		avail = room
 	}
+	if room, ok := addressRoom(); ok && room < avail {
+		avail = room
+	}
 	return avail, nil
+}
+
+// Ceiling returns the most memory this process could ever hold, and what
+// sets it: the machine's RAM plus swap (MemTotal + SwapTotal), capped by
+// the memory cgroup's limit and by the room left under the address-space
+// limit (RLIMIT_AS, ulimit -v). An allocation beyond it cannot succeed
+// whatever else is freed: the Go runtime would end the process with "out
+// of memory". [Check] refuses sizes beyond it under every limit,
+// [NoLimit] included. It fails where /proc/meminfo cannot be read.
+func Ceiling() (n int64, why string, err error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, "", fmt.Errorf("memlimit: %w", err)
+	}
+	n, err = parseTotal(b)
+	if err != nil {
+		return 0, "", err
+	}
+	why = "RAM plus swap"
+	if limit, ok := cgroupLimit(); ok && limit < n {
+		n, why = limit, "the memory cgroup's limit"
+	}
+	if room, ok := addressRoom(); ok && room < n {
+		n, why = room, "the room under the address-space limit (ulimit -v)"
+	}
+	return n, why, nil
+}
+
+// parseTotal returns MemTotal + SwapTotal in bytes from /proc/meminfo's
+// text (SwapTotal 0 when absent).
+func parseTotal(b []byte) (int64, error) {
+	var total, swap int64 = -1, 0
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 || (f[0] != "MemTotal:" && f[0] != "SwapTotal:") {
+			continue
+		}
+		kb, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil || kb < 0 || kb > math.MaxInt64/4096 {
+			return 0, fmt.Errorf("memlimit: bad %s %q", f[0], f[1])
+		}
+		if f[0] == "MemTotal:" {
+			total = kb * 1024
+		} else {
+			swap = kb * 1024
+		}
+	}
+	if total < 0 {
+		return 0, errors.New("memlimit: /proc/meminfo has no MemTotal")
+	}
+	return total + swap, nil
+}
+
+// addressRoom returns the address-space limit (RLIMIT_AS) less the
+// process's mapped size (VmSize), when a limit is set.
+func addressRoom() (int64, bool) {
+	limit, ok := addressLimit()
+	if !ok {
+		return 0, false
+	}
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, false
+	}
+	mapped, ok := parseVmSize(b)
+	if !ok {
+		return 0, false
+	}
+	return max(limit-mapped, 0), true
+}
+
+// parseVmSize returns VmSize in bytes from /proc/self/status's text.
+func parseVmSize(b []byte) (int64, bool) {
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 2 && f[0] == "VmSize:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil || kb < 0 || kb > math.MaxInt64/1024 {
+				return 0, false
+			}
+			return kb * 1024, true
+		}
+	}
+	return 0, false
 }
 
 // parseMeminfo returns MemAvailable in bytes from /proc/meminfo's text.
@@ -73,10 +167,7 @@ func parseMeminfo(b []byte) (int64, error) {
 // cgroupRoom returns limit - usage of this process's memory cgroup, when a
 // limit is set (v2 unified hierarchy first, then v1).
 func cgroupRoom() (int64, bool) {
-	for _, p := range [][2]string{
-		{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-		{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"},
-	} {
+	for _, p := range cgroupFiles {
 		limit, ok1 := readInt(p[0])
 		usage, ok2 := readInt(p[1])
 		// v1 reports "no limit" as a huge page-aligned number.
@@ -86,6 +177,24 @@ func cgroupRoom() (int64, bool) {
 		return max(limit-usage, 0), true
 	}
 	return 0, false
+}
+
+// cgroupLimit returns the limit of this process's memory cgroup, when one
+// is set.
+func cgroupLimit() (int64, bool) {
+	for _, p := range cgroupFiles {
+		if limit, ok := readInt(p[0]); ok && limit < 1<<60 {
+			return limit, true
+		}
+	}
+	return 0, false
+}
+
+// cgroupFiles are the limit and usage files of the memory cgroup, v2
+// then v1.
+var cgroupFiles = [][2]string{
+	{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+	{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"},
 }
 
 func readInt(path string) (int64, bool) {
@@ -108,13 +217,18 @@ func readInt(path string) (int64, bool) {
 // the Go runtime's out-of-memory crash). Where the available memory cannot
 // be read (no /proc), a positive limit is used as given and [Auto] refuses
 // only sizes that overflow. A negative need (an overflowed computation) is
-// always refused; [NoLimit] refuses nothing else.
+// always refused; [NoLimit] refuses only a need beyond [Ceiling], which no
+// allocation could get.
 func Check(what string, need, limit int64) error {
 	if need < 0 {
 		return fmt.Errorf("%s: size overflows int64: %w", what, ErrTooLarge)
 	}
 	switch {
 	case limit == NoLimit:
+		if ceil, why, err := Ceiling(); err == nil && need > ceil {
+			p := bytesPair(need, ceil)
+			return fmt.Errorf("%s need %s, more than this process could ever get even with no memory limit (%s, %s): %w", what, p[0], p[1], why, ErrTooLarge)
+		}
 		return nil
 	case limit < 0:
 		return fmt.Errorf("memory limit %d: want a byte count, 0 (available memory) or -1 (no limit)", limit)

@@ -35,8 +35,13 @@ func TestCheck(t *testing.T) {
 	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "3.0 GiB") || !strings.Contains(err.Error(), "1.0 GiB") {
 		t.Fatalf("got %v", err)
 	}
-	if err := Check("x", math.MaxInt64, NoLimit); err != nil {
+	// NoLimit: any size this machine could hold passes; one beyond its
+	// RAM plus swap is refused (its allocation could only crash).
+	if err := Check("x", 1<<20, NoLimit); err != nil {
 		t.Fatal(err)
+	}
+	if err := Check("x", math.MaxInt64, NoLimit); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "even with no memory limit") {
+		t.Fatalf("8 EiB with no limit: %v", err)
 	}
 	if err := Check("x", -1, NoLimit); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("overflowed size accepted: %v", err)
@@ -77,6 +82,30 @@ func TestParseMeminfo(t *testing.T) {
 	}
 	if _, err := parseMeminfo([]byte("MemTotal: 1 kB\n")); err == nil {
 		t.Fatal("no MemAvailable accepted")
+	}
+}
+
+func TestParseTotal(t *testing.T) {
+	got, err := parseTotal([]byte("MemTotal: 100 kB\nMemAvailable: 5 kB\nSwapTotal:  28 kB\n"))
+	if err != nil || got != 128*1024 {
+		t.Fatalf("%d %v", got, err)
+	}
+	if got, err := parseTotal([]byte("MemTotal: 100 kB\n")); err != nil || got != 100*1024 {
+		t.Fatalf("no swap line: %d %v", got, err)
+	}
+	for _, bad := range []string{"SwapTotal: 1 kB\n", "MemTotal: x kB\n", "MemTotal: -1 kB\n", "MemTotal: 9223372036854775807 kB\n"} {
+		if _, err := parseTotal([]byte(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestParseVmSize(t *testing.T) {
+	if got, ok := parseVmSize([]byte("Name: x\nVmPeak: 9 kB\nVmSize:\t 2048 kB\n")); !ok || got != 2048*1024 {
+		t.Fatalf("%d %v", got, ok)
+	}
+	if _, ok := parseVmSize([]byte("Name: x\n")); ok {
+		t.Fatal("no VmSize accepted")
 	}
 }
 

@@ -25,6 +25,18 @@ type Fixture struct {
 	Batch kernels.Batch
 	Q     []float32 // [seqs][QHeads][D]
 	Lens  []int     // tokens per sequence
+	// ref, when set, holds the float32 elements the references read
+	// (an fp8 fixture's dequantized K and V; NewFixtureFP8); Layer
+	// then holds only what the backend reads.
+	ref kernels.Layer
+}
+
+// keys returns the float32 keys and values the references read.
+func (f *Fixture) kv() (k, v []float32) {
+	if f.ref.K != nil {
+		return f.ref.K, f.ref.V
+	}
+	return f.Layer.K, f.Layer.V
 }
 
 // NewFixture builds a fixture with the given sequence lengths (tokens).
@@ -111,7 +123,8 @@ func (f *Fixture) fillSummary(phys, h, valid int) {
 	for j := range d {
 		lo, hi := math.Inf(1), math.Inf(-1)
 		for t := range valid {
-			x := float64(f.Layer.K[((phys*s.KVHeads+h)*s.PageSize+t)*d+j])
+			k, _ := f.kv()
+			x := float64(k[((phys*s.KVHeads+h)*s.PageSize+t)*d+j])
 			lo, hi = min(lo, x), max(hi, x)
 		}
 		rec[j], rec[d+j] = float32(lo), float32(hi)
@@ -120,12 +133,14 @@ func (f *Fixture) fillSummary(phys, h, valid int) {
 
 // Key returns key t of logical page p of sequence seq for KV head h.
 func (f *Fixture) Key(seq, p, h, t int) []float32 {
-	return f.row(f.Layer.K, seq, p, h, t)
+	k, _ := f.kv()
+	return f.row(k, seq, p, h, t)
 }
 
 // Value is like Key for values.
 func (f *Fixture) Value(seq, p, h, t int) []float32 {
-	return f.row(f.Layer.V, seq, p, h, t)
+	_, v := f.kv()
+	return f.row(v, seq, p, h, t)
 }
 
 func (f *Fixture) row(a []float32, seq, p, h, t int) []float32 {
@@ -244,6 +259,19 @@ type Options struct {
 	// kernels/fp8): the score reference is then RefScoreFP8, and the
 	// upper bound is checked on those scores as on any others.
 	SummaryFP8 bool
+	// KVFP8 runs the suite on fp8 K/V records (plan.FP8): fixtures come
+	// from NewFixtureFP8 (Quantize is ignored), so the upper bound is
+	// checked against exact scores on the dequantized stored keys, and
+	// attention against float64 attention over them.
+	KVFP8 bool
+}
+
+// fixture builds the fixture of a test under the options.
+func (o Options) fixture(rng *rand.Rand, s kernels.Shape, lens []int) *Fixture {
+	if o.KVFP8 {
+		return NewFixtureFP8(rng, s, lens)
+	}
+	return NewFixtureQ(rng, s, lens, o.Quantize)
 }
 
 // Run runs the whole conformance suite with float32 storage.
@@ -313,7 +341,7 @@ func testScore(t *testing.T, nb NewBackend, o Options) {
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, s := range shapes {
-		f := NewFixtureQ(rng, s, tailLens(s.PageSize), o.Quantize)
+		f := o.fixture(rng, s, tailLens(s.PageSize))
 		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 			rows := s.Rows(mode)
 			out := make([]float32, len(f.Batch.Pages)*rows)
@@ -354,7 +382,7 @@ func testUpperBound(t *testing.T, nb NewBackend, o Options) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	s := kernels.Shape{QHeads: 4, KVHeads: 2, HeadDim: 32, PageSize: 16}
 	for trial := range 20 {
-		f := NewFixtureQ(rng, s, []int{rng.IntN(2000) + 1, rng.IntN(300) + 1}, o.Quantize)
+		f := o.fixture(rng, s, []int{rng.IntN(2000) + 1, rng.IntN(300) + 1})
 		out := make([]float32, len(f.Batch.Pages)*s.QHeads)
 		if err := be.Score(context.Background(), s, f.Layer, &f.Batch, f.Q, kernels.PerHead, out); err != nil {
 			t.Fatal(err)
@@ -473,7 +501,7 @@ func testAttendSparse(t *testing.T, nb NewBackend, opt Options) {
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, s := range shapes {
-		f := NewFixtureQ(rng, s, tailLens(s.PageSize), opt.Quantize)
+		f := opt.fixture(rng, s, tailLens(s.PageSize))
 		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 			for _, frac := range []float64{0, 0.3, 1} {
 				l := randomLists(rng, f, mode, frac)
@@ -506,7 +534,7 @@ func testDense(t *testing.T, nb NewBackend, opt Options) {
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(9, 10))
 	for _, s := range shapes {
-		f := NewFixtureQ(rng, s, []int{4096 + 7, 1, s.PageSize}, opt.Quantize)
+		f := opt.fixture(rng, s, []int{4096 + 7, 1, s.PageSize})
 		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 			l := DenseLists(f, mode)
 			o, lse := attend(t, be, f, l)
@@ -528,7 +556,7 @@ func testShuffle(t *testing.T, nb NewBackend, opt Options) {
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(11, 12))
 	s := kernels.Shape{QHeads: 8, KVHeads: 2, HeadDim: 32, PageSize: 16}
-	f := NewFixtureQ(rng, s, []int{1000, 333}, opt.Quantize)
+	f := opt.fixture(rng, s, []int{1000, 333})
 	l := randomLists(rng, f, kernels.GroupMax, 0.5)
 	o1, lse1 := attend(t, be, f, l)
 	// Move every page to a new physical slot.
@@ -537,10 +565,22 @@ func testShuffle(t *testing.T, nb NewBackend, opt Options) {
 	per := s.KVHeads * s.PageSize * s.HeadDim
 	perm := rng.Perm(pool)
 	g.Layer = kernels.Layer{K: make([]float32, len(f.Layer.K)), V: make([]float32, len(f.Layer.V)), Summary: make([]float32, len(f.Layer.Summary))}
+	if f.Layer.FP8() {
+		g.Layer = kernels.Layer{Summary: g.Layer.Summary, K8: make([]uint8, len(f.Layer.K8)), V8: make([]uint8, len(f.Layer.V8)),
+			KScale: make([]float32, len(f.Layer.KScale)), VScale: make([]float32, len(f.Layer.VScale))}
+		g.ref = kernels.Layer{} // the references of f's placement: unused
+	}
 	rec := s.KVHeads * 2 * s.HeadDim
 	for from, to := range perm {
-		copy(g.Layer.K[to*per:][:per], f.Layer.K[from*per:])
-		copy(g.Layer.V[to*per:][:per], f.Layer.V[from*per:])
+		if f.Layer.FP8() {
+			copy(g.Layer.K8[to*per:][:per], f.Layer.K8[from*per:])
+			copy(g.Layer.V8[to*per:][:per], f.Layer.V8[from*per:])
+			copy(g.Layer.KScale[to*s.KVHeads:][:s.KVHeads], f.Layer.KScale[from*s.KVHeads:])
+			copy(g.Layer.VScale[to*s.KVHeads:][:s.KVHeads], f.Layer.VScale[from*s.KVHeads:])
+		} else {
+			copy(g.Layer.K[to*per:][:per], f.Layer.K[from*per:])
+			copy(g.Layer.V[to*per:][:per], f.Layer.V[from*per:])
+		}
 		copy(g.Layer.Summary[to*rec:][:rec], f.Layer.Summary[from*rec:])
 	}
 	g.Batch.Pages = make([]int32, len(f.Batch.Pages))
@@ -629,7 +669,7 @@ func testSplitMerge(t *testing.T, nb NewBackend, opt Options) {
 	defer be.Close()
 	rng := rand.New(rand.NewPCG(15, 16))
 	s := kernels.Shape{QHeads: 8, KVHeads: 2, HeadDim: 32, PageSize: 16}
-	f := NewFixtureQ(rng, s, []int{777, 40, 1}, opt.Quantize)
+	f := opt.fixture(rng, s, []int{777, 40, 1})
 	full := randomLists(rng, f, kernels.GroupMax, 0.6)
 	a := &kernels.Lists{Mode: full.Mode, Indptr: []int32{0}}
 	b := &kernels.Lists{Mode: full.Mode, Indptr: []int32{0}}

@@ -398,3 +398,31 @@ func (d *QueuedDevice) Argmax(ctx context.Context, logits decode.Tensor, rows, v
 	}
 	return out, nil
 }
+
+// Sample implements kernels.ModelDevice with kernels.SampleRow; like
+// Argmax it is a host synchronisation.
+func (d *QueuedDevice) Sample(ctx context.Context, logits decode.Tensor, rows, vocab int, params []kernels.SampleParams) ([]int32, []int32, error) {
+	if len(params) != rows {
+		return nil, nil, fmt.Errorf("fake device: sample: %d parameter sets for %d rows", len(params), rows)
+	}
+	for r, p := range params {
+		if err := p.Validate(); err != nil {
+			return nil, nil, fmt.Errorf("fake device: row %d: %w", r, err)
+		}
+	}
+	greedy, err := d.Argmax(ctx, logits, rows, vocab)
+	if err != nil {
+		return nil, nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	lm, err := d.rows("sample logits", logits, rows, vocab)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]int32, rows)
+	for r := range rows {
+		out[r] = kernels.SampleRow(lm[r*vocab:(r+1)*vocab], params[r])
+	}
+	return out, greedy, nil
+}

@@ -27,6 +27,7 @@ func RunModelDevice(t *testing.T, dev kernels.ModelDevice) {
 	t.Run("Rope", func(t *testing.T) { testRope(t, dev) })
 	t.Run("SiluMul", func(t *testing.T) { testSiluMul(t, dev) })
 	t.Run("Argmax", func(t *testing.T) { testArgmax(t, dev) })
+	t.Run("Sample", func(t *testing.T) { testSample(t, dev) })
 }
 
 // RandomWeight is element i of a random matrix of seed (offset + scale

@@ -58,7 +58,7 @@ func testStep(t *testing.T, nb NewBackend, opt Options) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(21, 22))
 	for _, s := range shapes {
-		f := NewFixtureQ(rng, s, tailLens(s.PageSize), opt.Quantize)
+		f := opt.fixture(rng, s, tailLens(s.PageSize))
 		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 			for _, sink := range []int{0, 1} {
 				ks := make([]int, len(f.Lens))
@@ -95,7 +95,7 @@ func testStep(t *testing.T, nb NewBackend, opt Options) {
 	}
 	// A forced page inside the candidates would be listed twice.
 	s := shapes[1]
-	f := NewFixtureQ(rng, s, []int{200, 90}, opt.Quantize)
+	f := opt.fixture(rng, s, []int{200, 90})
 	plan, l := StepLists(f, kernels.GroupMax, 0, []int{3, 3})
 	l.Pages[l.Indptr[1]-1] = 5 // row 0's tail slot now names candidate page 5
 	before := slices.Clone(l.Pages)
@@ -122,7 +122,7 @@ func testRank(t *testing.T, nb NewBackend, opt Options) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(23, 24))
 	for _, s := range shapes {
-		f := NewFixtureQ(rng, s, tailLens(s.PageSize), opt.Quantize)
+		f := opt.fixture(rng, s, tailLens(s.PageSize))
 		for _, mode := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
 			for _, prefix := range []bool{false, true} {
 				// prefix: every row ranks a prefix of its score row (from page

@@ -118,6 +118,9 @@ var (
 // New starts a backend on cfg.Device: creates a context on a locked OS
 // thread and loads the embedded PTX.
 func New(cfg Config) (*Backend, error) {
+	if cfg.DType == plan.FP8 {
+		return nil, fmt.Errorf("cuda: --kv-cache-dtype fp8: %w: the fp8 KV cache runs on the CPU backend only for now (the GPU kernels are a later step); use bf16 or f16 on the GPU", kernels.ErrUnsupportedDType)
+	}
 	b := &Backend{cfg: cfg, turn: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		gemmKernel: defaultGemm, fn: map[string]cu.Function{}, smem: map[string]int{}, warps: map[string]int{}, bufs: map[string]devBuf{}}
 	ready := make(chan error, 1)

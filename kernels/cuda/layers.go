@@ -81,6 +81,9 @@ func (l *DeviceLayer) checkTokenLens(what string, pages, slot, nk, nv int) error
 
 // NewLayer allocates a device pool of pages pages.
 func (b *Backend) NewLayer(ctx context.Context, pages, kvHeads, headDim, pageSize int, dt plan.DType) (*DeviceLayer, error) {
+	if dt == plan.FP8 {
+		return nil, fmt.Errorf("cuda: new layer: %w: fp8 K/V (CPU backend only for now)", kernels.ErrUnsupportedDType)
+	}
 	l := &DeviceLayer{Pages: pages, KVHeads: kvHeads, HeadDim: headDim, PageSize: pageSize, DType: dt}
 	err := b.do(ctx, func() error {
 		if err := b.allocLayer(l); err != nil {

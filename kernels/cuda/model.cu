@@ -10,6 +10,7 @@
 //   model_rope          rotate-half RoPE with per-row cos/sin, of q and k in one launch
 //   model_silu_mul      g = silu(g) * u
 //   model_argmax        out[r] = the first index of the largest logit
+//   model_sample        out[r] = kernels.SampleRow(logits[r], params[r]) (temperature, top-p, the caller's uniform draw), greedy[r] its argmax
 //   model_fill_<W>      dst[i] = offset + scale * uniform[-1, 1) (random weights)
 
 #include "common.cuh"
@@ -457,13 +458,14 @@ extern "C" __global__ void model_silu_mul(float* g, const float* u, i64 n) {
 
 // out[r] = the first index of the largest of logits[r][0..v): grid
 // (rows), block 1024.
-extern "C" __global__ void model_argmax(int* out, const float* logits, i64 v) {
+// The first index of the largest of l[0..v) and its value to every thread
+// of the block (blockDim a multiple of 32, at most 1024): idx 0 for a
+// row without one (NaN or -inf throughout), as the CPU's argmax.
+__device__ void block_argmax(const float* l, i64 v, float* best_out, int* idx_out) {
 	__shared__ float bv[32];
 	__shared__ int bi[32];
-	asm volatile("griddepcontrol.wait;\n" ::: "memory"); // a programmatic dependent of the previous kernel
-	const float* l = logits + (i64)blockIdx.x * v;
 	float best = -INFINITY;
-	int idx = 0; // a row of NaN or -inf gives 0, as the CPU's argmax
+	int idx = 0;
 	for (i64 i = threadIdx.x; i < v; i += blockDim.x) {
 		float x = l[i];
 		if (x > best) best = x, idx = (int)i; // strided: the first of a thread's ties
@@ -486,6 +488,163 @@ extern "C" __global__ void model_argmax(int* out, const float* logits, i64 v) {
 			int oi = __shfl_xor_sync(0xffffffffu, idx, o);
 			if (ob > best || (ob == best && oi < idx)) best = ob, idx = oi;
 		}
-		if (lane == 0) out[blockIdx.x] = idx;
+		if (lane == 0) bv[0] = best, bi[0] = idx;
 	}
+	__syncthreads();
+	*best_out = bv[0];
+	*idx_out = bi[0];
+}
+
+extern "C" __global__ void model_argmax(int* out, const float* logits, i64 v) {
+	asm volatile("griddepcontrol.wait;\n" ::: "memory"); // a programmatic dependent of the previous kernel
+	float best;
+	int idx;
+	block_argmax(logits + (i64)blockIdx.x * v, v, &best, &idx);
+	if (threadIdx.x == 0) out[blockIdx.x] = idx;
+}
+
+// Sampling, one row per block of 1024 threads: kernels.SampleRow's rule
+// without a sort. Each token's probability is held as the integer
+// floor(p * 2^62), so that every sum is exact in any order; "the first
+// token in the rule's order (largest logit first, ties by lower index)
+// at which the cumulative mass exceeds t" is found by a radix search over
+// the 64-bit rank (~key(logit) << 32 | index), eight bits a pass,
+// histograms of mass in shared memory.
+#define SAMPLE_HISTS 16 // copies of the histogram, two warps each (less contention)
+
+__device__ __forceinline__ unsigned sample_key(float x) {
+	if (x != x) return 0u;
+	if (x == 0.f) return 0x80000000u; // -0 as +0
+	unsigned b = __float_as_uint(x);
+	return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ unsigned long long sample_rank(float x, i64 i) {
+	return ((unsigned long long)(~sample_key(x)) << 32) | (unsigned long long)i;
+}
+
+__device__ __forceinline__ double sample_exp(float x, double m, double t) {
+	if (x != x || x == -INFINITY) return 0.0;
+	return exp(((double)x - m) / t);
+}
+
+// sample_first returns the rank of the first token whose cumulative
+// mass exceeds t (t below the row's total) and that cumulative mass.
+__device__ unsigned long long sample_first(const float* l, const unsigned long long* q, i64 v, int idbits, unsigned long long t,
+					   unsigned long long* cum, unsigned long long* hist, unsigned long long* sh) {
+	unsigned long long fixed = 0, below = 0, qsel = 0;
+	int shifts[8], ns = 0;
+	for (int sft = 56; sft >= 32; sft -= 8) shifts[ns++] = sft;
+	for (int sft = ((idbits - 1) / 8) * 8; sft >= 0; sft -= 8) shifts[ns++] = sft;
+	for (int k = 0; k < ns; k++) {
+		const int sft = shifts[k];
+		const unsigned long long mask = sft + 8 >= 64 ? 0ull : (~0ull << (sft + 8));
+		for (int j = threadIdx.x; j < SAMPLE_HISTS * 256; j += blockDim.x) hist[j] = 0;
+		__syncthreads();
+		unsigned long long* h = hist + ((threadIdx.x >> 6) % SAMPLE_HISTS) * 256;
+		for (i64 i = threadIdx.x; i < v; i += blockDim.x) {
+			const unsigned long long r = sample_rank(l[i], i);
+			if (((r ^ fixed) & mask) != 0) continue;
+			const unsigned long long m = q[i];
+			if (m) atomicAdd(h + ((r >> sft) & 255), m);
+		}
+		__syncthreads();
+		if (threadIdx.x < 256) {
+			unsigned long long c = 0;
+			for (int j = 0; j < SAMPLE_HISTS; j++) c += hist[j * 256 + threadIdx.x];
+			hist[threadIdx.x] = c;
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			unsigned long long c = below;
+			int d = 255;
+			for (int dd = 0; dd < 256; dd++) {
+				if (c + hist[dd] > t) {
+					d = dd;
+					break;
+				}
+				c += hist[dd];
+			}
+			sh[0] = c, sh[1] = (unsigned long long)d, sh[2] = hist[d];
+		}
+		__syncthreads();
+		below = sh[0], fixed |= sh[1] << sft, qsel = sh[2];
+		__syncthreads();
+	}
+	*cum = below + qsel;
+	return fixed;
+}
+
+// model_sample: params [rows][3] (temperature, top-p, u); q scratch of
+// [rows][v] 64-bit words; idbits the bits of v - 1 (at least 1); greedy
+// gets each row's argmax too.
+extern "C" __global__ void __launch_bounds__(1024) model_sample(int* out, int* greedy, const float* logits, unsigned long long* qbuf, const double* params, i64 v,
+								      i64 idbits) {
+	__shared__ unsigned long long hist[SAMPLE_HISTS * 256];
+	__shared__ unsigned long long sh[4];
+	__shared__ double dpart[32];
+	__shared__ unsigned long long upart[32];
+	asm volatile("griddepcontrol.wait;\n" ::: "memory"); // a programmatic dependent of the previous kernel
+	const float* l = logits + (i64)blockIdx.x * v;
+	unsigned long long* q = qbuf + (i64)blockIdx.x * v;
+	const double temp = params[3 * blockIdx.x], topp = params[3 * blockIdx.x + 1], u = params[3 * blockIdx.x + 2];
+	float best;
+	int idx;
+	block_argmax(l, v, &best, &idx);
+	if (threadIdx.x == 0) greedy[blockIdx.x] = idx;
+	if (temp == 0.0 || isinf(best)) {
+		if (threadIdx.x == 0) out[blockIdx.x] = idx;
+		return;
+	}
+	const double m = (double)best;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	// The softmax's sum, in a fixed order (each thread's strided share,
+	// then a fixed tree); p kept in q's words until it is scaled.
+	double* pd = reinterpret_cast<double*>(q);
+	double s = 0.0;
+	for (i64 i = threadIdx.x; i < v; i += blockDim.x) {
+		const double e = sample_exp(l[i], m, temp);
+		pd[i] = e;
+		s += e;
+	}
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+	if (lane == 0) dpart[warp] = s;
+	__syncthreads();
+	if (warp == 0) {
+		s = lane < (int)(blockDim.x >> 5) ? dpart[lane] : 0.0;
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+		if (lane == 0) dpart[0] = s;
+	}
+	__syncthreads();
+	const double total = dpart[0];
+	unsigned long long qs = 0;
+	for (i64 i = threadIdx.x; i < v; i += blockDim.x) {
+		const unsigned long long w = (unsigned long long)(pd[i] / total * 0x1p62);
+		q[i] = w;
+		qs += w;
+	}
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, o);
+	if (lane == 0) upart[warp] = qs;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		unsigned long long c = 0;
+		for (int w = 0; w < (int)(blockDim.x >> 5); w++) c += upart[w];
+		upart[0] = c;
+	}
+	__syncthreads();
+	unsigned long long kept = upart[0];
+	const int ib = (int)idbits;
+	if (topp > 0.0 && topp < 1.0) {
+		unsigned long long tp = (unsigned long long)(topp * 0x1p62);
+		if (tp < 1) tp = 1;
+		if (tp <= kept) sample_first(l, q, v, ib, tp - 1, &kept, hist, sh);
+	}
+	unsigned long long t = (unsigned long long)(u * (double)kept);
+	if (t > kept - 1) t = kept - 1;
+	unsigned long long cum;
+	const unsigned long long r = sample_first(l, q, v, ib, t, &cum, hist, sh);
+	if (threadIdx.x == 0) out[blockIdx.x] = (int)(r & 0xffffffffull);
 }

@@ -5,6 +5,7 @@ package cuda
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -343,6 +344,60 @@ func (b *Backend) Argmax(ctx context.Context, logits decode.Tensor, rows, vocab 
 		return cu.MemcpyDtoH(unsafe.Pointer(&out[0]), p, int64(rows)*4)
 	})
 	return out, err
+}
+
+// Sample implements kernels.ModelDevice: model_sample, one block of 1024
+// threads a row (kernels.SampleRow's rule), then a wait; rows that are
+// all greedy take Argmax.
+func (b *Backend) Sample(ctx context.Context, logits decode.Tensor, rows, vocab int, params []kernels.SampleParams) ([]int32, []int32, error) {
+	if len(params) != rows {
+		return nil, nil, fmt.Errorf("cuda: sample: %d parameter sets for %d rows", len(params), rows)
+	}
+	greedy := true
+	flat := make([]float64, 0, 3*rows)
+	for r, p := range params {
+		if err := p.Validate(); err != nil {
+			return nil, nil, fmt.Errorf("cuda: row %d: %w", r, err)
+		}
+		greedy = greedy && p.Temperature == 0
+		flat = append(flat, p.Temperature, p.TopP, p.U)
+	}
+	if greedy {
+		ids, err := b.Argmax(ctx, logits, rows, vocab)
+		return ids, ids, err
+	}
+	if err := b.rowsOf("sample logits", logits, rows, vocab); err != nil {
+		return nil, nil, err
+	}
+	out := make([]int32, 2*rows) // the tokens, then the argmaxes
+	err := b.do(ctx, func() error {
+		p, err := b.buf("model.sample", int64(rows)*8)
+		if err != nil {
+			return err
+		}
+		qb, err := b.buf("model.sample.mass", int64(rows)*int64(vocab)*8)
+		if err != nil {
+			return err
+		}
+		pp, err := upload(b, "model.sample.params", flat)
+		if err != nil {
+			return err
+		}
+		idbits := max(bits.Len(uint(vocab-1)), 1)
+		if err := b.launchMode(b.modelPDL, "model_sample", [3]int{rows, 1, 1}, 1024, 0, u(p), u(p)+uint64(rows)*4, uint64(logits.Ptr), u(qb), u(pp),
+			uint64(vocab), uint64(idbits)); err != nil {
+			return err
+		}
+		if err := cu.Synchronize(); err != nil {
+			return fmt.Errorf("cuda: sample: wait: %w", err)
+		}
+		b.settle()
+		return cu.MemcpyDtoH(unsafe.Pointer(&out[0]), p, int64(rows)*8)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return out[:rows], out[rows:], nil
 }
 
 // f32bits is x's bit pattern as a kernel's float parameter.

@@ -10,12 +10,14 @@ import (
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"gorgonia.org/cu"
 
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
+	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -349,5 +351,73 @@ func TestModelDevice(t *testing.T) {
 	for _, pdl := range []bool{false, true} {
 		be.SetModelPDL(pdl)
 		backendtest.RunModelDevice(t, be)
+	}
+}
+
+// TestBenchSample (QUESTRT_BENCH=1) times Sample over a Llama-3 vocabulary
+// (128,256 logits a row, N(0, 2), temperature 0.7, top-p 0.9) at 1 and 8
+// rows, each call with its wait and the ids' copy back (wall time, median
+// of 20 after 3 warm-ups), beside the host's model.Sampler on the same
+// rows (what serving did with the logits copied back) and the greedy
+// Argmax; every device token checked against the host's.
+func TestBenchSample(t *testing.T) {
+	if os.Getenv("QUESTRT_BENCH") == "" {
+		t.Skip("QUESTRT_BENCH not set")
+	}
+	ctx := context.Background()
+	be, err := New(Config{DType: plan.BFloat16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	const v = 128256
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, rows := range []int{1, 8} {
+		logits := make([]float32, rows*v)
+		for i := range logits {
+			logits[i] = float32(rng.NormFloat64() * 2)
+		}
+		lt, err := be.AllocTensor(rows * v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := be.UploadTensor(lt, logits); err != nil {
+			t.Fatal(err)
+		}
+		median := func(f func() error) float64 {
+			var ms []float64
+			for i := range 23 {
+				t0 := time.Now()
+				if err := f(); err != nil {
+					t.Fatal(err)
+				}
+				if i >= 3 {
+					ms = append(ms, float64(time.Since(t0).Microseconds())/1000)
+				}
+			}
+			slices.Sort(ms)
+			return ms[len(ms)/2]
+		}
+		ps := make([]kernels.SampleParams, rows)
+		for i := range ps {
+			ps[i] = kernels.SampleParams{Temperature: 0.7, TopP: 0.9, U: rng.Float64()}
+		}
+		dev := median(func() error { _, _, err := be.Sample(ctx, lt, rows, v, ps); return err })
+		arg := median(func() error { _, err := be.Argmax(ctx, lt, rows, v); return err })
+		got, _, err := be.Sample(ctx, lt, rows, v, ps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		host := median(func() error {
+			for r := range rows {
+				s, _ := model.NewSampler(0.7, 0.9, 1)
+				if id := s.SampleU(logits[r*v:(r+1)*v], ps[r].U); id != int(got[r]) {
+					return fmt.Errorf("row %d: device %d, host %d", r, got[r], id)
+				}
+			}
+			return nil
+		})
+		fmt.Printf("{\"bench\":\"sample\",\"vocab\":%d,\"rows\":%d,\"device_ms\":%.3f,\"argmax_ms\":%.3f,\"host_sampler_ms\":%.3f}\n", v, rows, dev, arg, host)
+		be.FreeTensor(lt)
 	}
 }

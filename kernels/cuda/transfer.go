@@ -43,8 +43,8 @@ func (b *Backend) buf(name string, n int64) (cu.DevicePtr, error) {
 // pinned staging buffer, asynchronously on the default stream (the copy is
 // ordered before later launches; the staging space is reused only after a
 // synchronizing download or cu.Synchronize).
-func upload[T int32 | float32](b *Backend, name string, s []T) (cu.DevicePtr, error) {
-	n := int64(len(s)) * 4
+func upload[T int32 | float32 | float64](b *Backend, name string, s []T) (cu.DevicePtr, error) {
+	n := int64(len(s)) * int64(unsafe.Sizeof(*new(T)))
 	p, err := b.buf(name, n)
 	if err != nil || len(s) == 0 {
 		return p, err

@@ -130,7 +130,7 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 		modes = append(modes, true)
 	}
 	total := n + len(modes)*(cfg.Warmup+cfg.Steps)
-	ecfg := model.EngineConfig(g, pol, bs*((total+pol.PageSize-1)/pol.PageSize+2))
+	ecfg := engine.ModelConfig(g, pol, bs*((total+pol.PageSize-1)/pol.PageSize+2))
 	ecfg.Geometry.DType = cfg.KVDType
 	ecfg.Backend, ecfg.DeviceResident = dev, true
 	if err := Admit(ctx, dev, mustPages(ecfg), fmt.Sprintf("%d pages of K/V", ecfg.CapacityPages)); err != nil {

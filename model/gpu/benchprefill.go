@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/engine"
-	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -51,7 +50,7 @@ func BenchPrefill(ctx context.Context, dev BenchDevice, x *Executor, prompts []i
 		gemm, _ = ge.GemmEngine(ctx)
 	}
 	for _, n := range prompts {
-		ecfg := model.EngineConfig(g, pol, (n+pol.PageSize-1)/pol.PageSize+1)
+		ecfg := engine.ModelConfig(g, pol, (n+pol.PageSize-1)/pol.PageSize+1)
 		ecfg.Geometry.DType = kv
 		ecfg.Backend, ecfg.DeviceResident = dev, true
 		if err := Admit(ctx, dev, mustPages(ecfg), fmt.Sprintf("%d pages of K/V", ecfg.CapacityPages)); err != nil {

@@ -7,6 +7,7 @@ import (
 	"reflect"
 
 	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/model"
 )
 
@@ -32,14 +33,42 @@ type Decoder struct {
 // names them; they hold the step's token in some layers: release them)
 // while the other Steppers' complete.
 func (d *Decoder) DecodeBatch(ctx context.Context, attns []model.Attention, tokens []int) ([][]float32, error) {
+	_, _, logits, err := d.decode(ctx, attns, tokens, nil, nil)
+	return logits, err
+}
+
+// DecodeSample is DecodeBatch with each sequence's next token picked on
+// the device (params[i]: kernels.SampleParams, which model.Sampler.Params
+// gives; its Validate errors are ErrBadInput, refused before anything
+// runs): it returns the tokens, each sequence's argmax (what a greedy
+// pick would have been) and the logits only of the sequences whose
+// want[i] is set (logprobs; nil for the others), so that a step copies
+// no logits to the host unless asked. The error contract is
+// DecodeBatch's.
+func (d *Decoder) DecodeSample(ctx context.Context, attns []model.Attention, tokens []int, params []kernels.SampleParams, want []bool) ([]int, []int, [][]float32, error) {
+	switch {
+	case len(params) != len(attns) || len(want) != len(attns):
+		return nil, nil, nil, fmt.Errorf("%w: decode batch of %d sequences with %d sampling parameters and %d logits wanted", ErrBadInput, len(attns), len(params), len(want))
+	}
+	for i, p := range params {
+		if err := p.Validate(); err != nil {
+			return nil, nil, nil, fmt.Errorf("%w: decode batch: sequence %d: %v", ErrBadInput, i, err)
+		}
+	}
+	return d.decode(ctx, attns, tokens, params, want)
+}
+
+// decode runs the batch's steps: with params nil every row is greedy and
+// every row's logits come back (DecodeBatch), else as DecodeSample.
+func (d *Decoder) decode(ctx context.Context, attns []model.Attention, tokens []int, params []kernels.SampleParams, want []bool) ([]int, []int, [][]float32, error) {
 	x := d.X
 	c := x.cfg
 	n := len(attns)
 	switch {
 	case n == 0:
-		return nil, fmt.Errorf("%w: decode batch of no sequences", ErrBadInput)
+		return nil, nil, nil, fmt.Errorf("%w: decode batch of no sequences", ErrBadInput)
 	case len(tokens) != n:
-		return nil, fmt.Errorf("%w: decode batch of %d sequences and %d tokens", ErrBadInput, n, len(tokens))
+		return nil, nil, nil, fmt.Errorf("%w: decode batch of %d sequences and %d tokens", ErrBadInput, n, len(tokens))
 	}
 	type group struct {
 		st   decode.Stepper
@@ -53,20 +82,20 @@ func (d *Decoder) DecodeBatch(ctx context.Context, attns []model.Attention, toke
 	for i, a := range attns {
 		ba, ok := a.(model.BatchAttention)
 		if !ok || a == nil {
-			return nil, fmt.Errorf("%w: decode batch: sequence %d is not a batch attention (%T)", ErrBadInput, i, a)
+			return nil, nil, nil, fmt.Errorf("%w: decode batch: sequence %d is not a batch attention (%T)", ErrBadInput, i, a)
 		}
 		st, row, opt, ok := ba.DecodeRow()
 		switch {
 		case !ok || st == nil:
-			return nil, fmt.Errorf("%w: decode batch: sequence %d asks for steps of its own per layer (diagnostics or a dense comparison run on the CPU executor)", ErrBadInput, i)
+			return nil, nil, nil, fmt.Errorf("%w: decode batch: sequence %d asks for steps of its own per layer (diagnostics or a dense comparison run on the CPU executor)", ErrBadInput, i)
 		case opt != decode.Options{}:
-			return nil, fmt.Errorf("%w: decode batch: sequence %d asks for step options %+v (the executor runs the fused step)", ErrBadInput, i, opt)
+			return nil, nil, nil, fmt.Errorf("%w: decode batch: sequence %d asks for step options %+v (the executor runs the fused step)", ErrBadInput, i, opt)
 		case !reflect.TypeOf(st).Comparable():
-			return nil, fmt.Errorf("%w: decode batch: sequence %d's stepper %T is not comparable", ErrBadInput, i, st)
+			return nil, nil, nil, fmt.Errorf("%w: decode batch: sequence %d's stepper %T is not comparable", ErrBadInput, i, st)
 		}
 		if reflect.TypeOf(a).Comparable() {
 			if j, dup := seen[a]; dup {
-				return nil, fmt.Errorf("%w: decode batch: indices %d and %d are the same sequence", ErrBadInput, j, i)
+				return nil, nil, nil, fmt.Errorf("%w: decode batch: indices %d and %d are the same sequence", ErrBadInput, j, i)
 			}
 			seen[a] = i
 		}
@@ -86,24 +115,32 @@ func (d *Decoder) DecodeBatch(ctx context.Context, attns []model.Attention, toke
 	// nothing (Decode checks its own rows again).
 	for i, t := range tokens {
 		if t < 0 || t >= c.VocabSize {
-			return nil, fmt.Errorf("%w: decode batch: token %d at index %d outside the vocabulary of %d", ErrBadInput, t, i, c.VocabSize)
+			return nil, nil, nil, fmt.Errorf("%w: decode batch: token %d at index %d outside the vocabulary of %d", ErrBadInput, t, i, c.VocabSize)
 		}
 		if p := attns[i].Len(); c.MaxPositions > 0 && p+1 > c.MaxPositions {
-			return nil, fmt.Errorf("%w: decode batch: index %d: position %d exceeds max_position_embeddings %d", ErrBadInput, i, p, c.MaxPositions)
+			return nil, nil, nil, fmt.Errorf("%w: decode batch: index %d: position %d exceeds max_position_embeddings %d", ErrBadInput, i, p, c.MaxPositions)
 		}
 	}
 	out := make([][]float32, n)
+	ids, greedy := make([]int, n), make([]int, n)
 	errs := make([]error, n)
 	failed := false
 	for _, g := range groups {
-		_, err := x.Decode(ctx, g.st, g.rows)
+		wantAny := params == nil
+		if params != nil {
+			for k, i := range g.idx {
+				g.rows[k].Sample = params[i]
+				wantAny = wantAny || want[i]
+			}
+		}
+		next, err := x.Decode(ctx, g.st, g.rows)
 		var logits []float32
-		if err == nil {
+		if err == nil && wantAny {
 			logits, err = x.Logits(ctx, len(g.rows))
 		}
 		if err != nil {
 			if errors.Is(err, ErrBadInput) && !failed && len(groups) == 1 {
-				return nil, err // nothing ran
+				return nil, nil, nil, err // nothing ran
 			}
 			for _, i := range g.idx {
 				errs[i] = fmt.Errorf("sequence %d: %w", i, err)
@@ -116,13 +153,16 @@ func (d *Decoder) DecodeBatch(ctx context.Context, attns []model.Attention, toke
 			for li, st := range x.LastSteps(k) {
 				bas[i].Decoded(li, nil, nil, nil, nil, st.Plan, st.Time)
 			}
-			out[i] = logits[k*v : (k+1)*v]
+			ids[i], greedy[i] = next[k], x.LastGreedy()[k]
+			if params == nil || want[i] {
+				out[i] = logits[k*v : (k+1)*v]
+			}
 		}
 	}
 	if failed {
-		return out, &model.BatchError{Errs: errs}
+		return ids, greedy, out, &model.BatchError{Errs: errs}
 	}
-	return out, nil
+	return ids, greedy, out, nil
 }
 
 // Prefill runs tokens, the next tokens of a's sequence, through the

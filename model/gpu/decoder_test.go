@@ -21,14 +21,14 @@ func TestDecoderMatchesDecodeBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	dev := twin(t)
-	dcfg := model.EngineConfig(m.Geometry(), testPolicy(), 256)
+	dcfg := engine.ModelConfig(m.Geometry(), testPolicy(), 256)
 	dcfg.Backend, dcfg.DeviceResident = dev, true
 	de, err := engine.New(dcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer de.Close()
-	ce, err := engine.New(model.EngineConfig(m.Geometry(), testPolicy(), 256))
+	ce, err := engine.New(engine.ModelConfig(m.Geometry(), testPolicy(), 256))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -151,6 +151,7 @@ type Executor struct {
 	ids                                  []int32
 	last                                 Timing
 	steps                                [][]model.StepInfo // [row][layer] of the last Decode
+	greedy                               []int              // each row's argmax in the last Decode
 }
 
 // activations are a prefill chunk's rows in device memory.
@@ -358,13 +359,18 @@ type Row struct {
 	// (decode.Row's).
 	Dense       bool
 	DenseLayers int
+	// Sample picks the row's next token on the device
+	// (kernels.ModelDevice.Sample; model.Sampler.Params gives the
+	// parameters of a request's sampler). The zero value is greedy.
+	Sample kernels.SampleParams
 }
 
 // Decode runs one decode step of rows through st (whose pages live on
 // the executor's device; see the package doc): each row's token goes
-// through every layer, its keys and values are appended, and the greedy
-// next token of each row comes back. One host synchronisation (the
-// argmax) besides the Stepper's End. Each row's Pos must be its
+// through every layer, its keys and values are appended, and each row's
+// next token comes back, greedy or sampled on the device by its Sample
+// parameters. One host synchronisation (the argmax or the sampling)
+// besides the Stepper's End. Each row's Pos must be its
 // sequence's length (RoPE rotates by it; the Stepper does not check it).
 // Bad rows are refused with ErrBadInput before anything runs; an error
 // after the first layer ran leaves the rows' new token in the layers
@@ -379,12 +385,19 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 	}
 	x.ids, x.cs = x.ids[:0], x.cs[:0]
 	b := decode.Batch{Rows: make([]decode.Row, n)}
+	sampled := false
 	for i, r := range rows {
 		if r.Token < 0 || r.Token >= c.VocabSize {
 			return nil, fmt.Errorf("%w: row %d: token %d outside the vocabulary of %d", ErrBadInput, i, r.Token, c.VocabSize)
 		}
 		if r.Pos < 0 || (c.MaxPositions > 0 && r.Pos >= c.MaxPositions) {
 			return nil, fmt.Errorf("%w: row %d: position %d outside 0..%d", ErrBadInput, i, r.Pos, c.MaxPositions-1)
+		}
+		if err := r.Sample.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: row %d: %v", ErrBadInput, i, err)
+		}
+		if r.Sample.Temperature != 0 {
+			sampled = true
 		}
 		x.ids = append(x.ids, int32(r.Token))
 		x.cs = x.rot(x.cs, r.Pos)
@@ -443,9 +456,23 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 	if err := be.GemvNorm(ctx, x.head, xx, x.norm, eps, n, logits); err != nil {
 		return nil, fmt.Errorf("gpu: head: %w", err)
 	}
-	ids, err := be.Argmax(ctx, logits, n, c.VocabSize)
+	var ids, greedy []int32
+	if sampled {
+		ps := make([]kernels.SampleParams, n)
+		for i, r := range rows {
+			ps[i] = r.Sample
+		}
+		ids, greedy, err = be.Sample(ctx, logits, n, c.VocabSize, ps)
+	} else {
+		ids, err = be.Argmax(ctx, logits, n, c.VocabSize)
+		greedy = ids
+	}
 	if err != nil {
-		return nil, fmt.Errorf("gpu: argmax: %w", err)
+		return nil, fmt.Errorf("gpu: next tokens: %w", err)
+	}
+	x.greedy = x.greedy[:0]
+	for _, id := range greedy {
+		x.greedy = append(x.greedy, int(id))
 	}
 	x.last = Timing{Enqueue: t1.Sub(t0), EndWait: t2.Sub(t1), Head: time.Since(t2)}
 	next := make([]int, n)
@@ -503,6 +530,11 @@ func (x *Executor) LastSteps(row int) []model.StepInfo {
 
 // LastTiming is the host's time split of the last successful Decode.
 func (x *Executor) LastTiming() Timing { return x.last }
+
+// LastGreedy is each row's argmax in the last successful Decode (its
+// tokens where the rows were greedy): what serving records beside a
+// sampled token. Valid until the next Decode.
+func (x *Executor) LastGreedy() []int { return x.greedy }
 
 // Logits returns the last Decode call's logits of its n rows (a copy;
 // it waits for the device). For tests and diagnostics.

@@ -35,7 +35,7 @@ func cpuGreedy(t *testing.T, m *model.Model, prompt []int, steps int) ([]int, []
 func cpuGreedyPrefill(t *testing.T, m *model.Model, prompt []int, steps int) ([]int, []float32, []float32) {
 	t.Helper()
 	ctx := context.Background()
-	e, err := engine.New(model.EngineConfig(m.Geometry(), testPolicy(), 512))
+	e, err := engine.New(engine.ModelConfig(m.Geometry(), testPolicy(), 512))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func compareGreedyWith(t *testing.T, dev testDevice, m *model.Model, prompts [][
 		want, wantLogits, wantPre = append(want, toks), append(wantLogits, l), append(wantPre, pre)
 	}
 	ctx := context.Background()
-	cfg := model.EngineConfig(m.Geometry(), testPolicy(), 512)
+	cfg := engine.ModelConfig(m.Geometry(), testPolicy(), 512)
 	cfg.Backend, cfg.DeviceResident = dev, true
 	if pf.dtype != 0 {
 		cfg.Geometry.DType = pf.dtype
@@ -254,7 +254,7 @@ func twinExecutor(t *testing.T, m *model.Model, opt Options) (*engine.Engine, *E
 	t.Helper()
 	ctx := context.Background()
 	dev := twin(t)
-	cfg := model.EngineConfig(m.Geometry(), testPolicy(), 64)
+	cfg := engine.ModelConfig(m.Geometry(), testPolicy(), 64)
 	cfg.Backend, cfg.DeviceResident = dev, true
 	e, err := engine.New(cfg)
 	if err != nil {
@@ -349,6 +349,8 @@ func TestTwinBadInput(t *testing.T) {
 		"token negative": {{Seq: row.Seq, Token: -1, Pos: 5}},
 		"token past":     {{Seq: row.Seq, Token: c.VocabSize, Pos: 5}},
 		"position past":  {{Seq: row.Seq, Token: 1, Pos: c.MaxPositions}},
+		"temperature":    {{Seq: row.Seq, Token: 1, Pos: 5, Sample: kernels.SampleParams{Temperature: -1}}},
+		"draw":           {{Seq: row.Seq, Token: 1, Pos: 5, Sample: kernels.SampleParams{Temperature: 1, U: 1}}},
 	} {
 		if _, err := x.Decode(ctx, e, rows); !errors.Is(err, ErrBadInput) {
 			t.Errorf("%s: %v, want ErrBadInput", name, err)
@@ -461,5 +463,83 @@ func TestTwinPrefillBadInput(t *testing.T) {
 	_, _, want := cpuGreedyPrefill(t, m, prompt, 1)
 	if d := maxDiff(got, want); d > 1e-4 {
 		t.Errorf("after the refused calls the prefill's logits differ from the CPU's by %g", d)
+	}
+}
+
+// TestTwinSampledMatchesHost: rows sampled on the device (Row.Sample, the
+// parameters of seeded model.Samplers) pick, step after step, the token
+// that the same sampler picks on the host from the step's logits, with
+// two host synchronisations a step (End and the sampling) and a greedy
+// row beside them taking its argmax.
+func TestTwinSampledMatchesHost(t *testing.T) {
+	c := tinyConfig(t)
+	m, err := model.NewRandom(c, model.RandomOptions{Seed: 9, Std: 0.3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dev := twin(t)
+	cfg := engine.ModelConfig(m.Geometry(), testPolicy(), 64)
+	cfg.Backend, cfg.DeviceResident = dev, true
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	x, err := New(ctx, dev, m, Options{MaxBatch: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close(ctx)
+	params := [][2]float64{{0.8, 0.9}, {1.3, 0}, {0, 0}}
+	rows := make([]Row, len(params))
+	onDev, onHost := make([]*model.Sampler, len(params)), make([]*model.Sampler, len(params))
+	for i, p := range params {
+		attn, err := model.NewEngineAttention(e, m.Geometry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		prompt := []int{5 + i, 6, 7, 8, 9 + 2*i}
+		logits, err := m.Forward(ctx, attn, prompt, model.ForwardOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, row, _, _ := attn.DecodeRow()
+		rows[i] = Row{Seq: row.Seq, Token: model.Argmax(logits), Pos: len(prompt)}
+		if onDev[i], err = model.NewSampler(p[0], p[1], uint64(40+i)); err != nil {
+			t.Fatal(err)
+		}
+		onHost[i], _ = model.NewSampler(p[0], p[1], uint64(40+i))
+	}
+	distinct := map[int]bool{}
+	for s := range 30 {
+		for i := range rows {
+			rows[i].Sample = onDev[i].Params()
+		}
+		before := dev.Syncs()
+		next, err := x.Decode(ctx, e, rows)
+		if err != nil {
+			t.Fatalf("step %d: %v", s, err)
+		}
+		if n := dev.Syncs() - before; n != 2 {
+			t.Fatalf("step %d: %d host synchronisations, want 2", s, n)
+		}
+		logits, err := x.Logits(ctx, len(rows))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range rows {
+			l := logits[i*c.VocabSize : (i+1)*c.VocabSize]
+			if want := onHost[i].Sample(l); next[i] != want {
+				t.Fatalf("step %d row %d (T %v, top-p %v): device sampled %d, the host sampler %d", s, i, params[i][0], params[i][1], next[i], want)
+			}
+			if i == 1 {
+				distinct[next[i]] = true
+			}
+			rows[i].Token, rows[i].Pos = next[i], rows[i].Pos+1
+		}
+	}
+	if len(distinct) < 5 {
+		t.Errorf("the T 1.3 row drew %d distinct tokens in 30 steps: not sampling", len(distinct))
 	}
 }

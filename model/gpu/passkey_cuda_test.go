@@ -12,6 +12,7 @@ import (
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/eval"
+	"github.com/questrt/questrt/internal/evalengine"
 	"github.com/questrt/questrt/kernels/cuda"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
@@ -57,6 +58,7 @@ func TestPasskeyAccuracyMatchesCPU(t *testing.T) {
 	// The CPU: the eval harness as `questctl eval passkey` runs it.
 	cfg := eval.DefaultConfig()
 	cfg.Budgets, cfg.Diagnostics, cfg.MemoryLimit = budgets, false, -1
+	cfg.NewRunner = evalengine.NewRunner
 	h, err := eval.NewHarness(m, tok, cfg, maxTok)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +77,7 @@ func TestPasskeyAccuracyMatchesCPU(t *testing.T) {
 	defer x.Close(ctx)
 	pol := cfg.Policy
 	pol.BudgetTokens = budgets[len(budgets)-1]
-	ec := model.EngineConfig(m.Geometry(), pol, 2*((maxTok+pol.PageSize-1)/pol.PageSize+2))
+	ec := engine.ModelConfig(m.Geometry(), pol, 2*((maxTok+pol.PageSize-1)/pol.PageSize+2))
 	ec.Geometry.DType = plan.BFloat16
 	ec.Backend, ec.DeviceResident = be, true
 	e, err := engine.New(ec)

@@ -10,6 +10,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/questrt/questrt/internal/boltcheck"
 	"github.com/questrt/questrt/pagestore/tier"
 )
 
@@ -105,7 +106,7 @@ func first(v []byte) int {
 func initIndex(db *bolt.DB, c Config, path string) ([]entry, error) {
 	want := formatOf(c)
 	entries := make([]entry, c.Slots)
-	err := db.Update(func(tx *bolt.Tx) error {
+	err := boltcheck.Update(db, func(tx *bolt.Tx) error {
 		mb, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
 			return err
@@ -159,7 +160,7 @@ func initIndex(db *bolt.DB, c Config, path string) ([]entry, error) {
 
 // commit applies changes (slot -> entry: put when used, else delete) to the index in one transaction.
 func commit(db *bolt.DB, changes map[int]entry, payloadBytes int) error {
-	return db.Update(func(tx *bolt.Tx) error {
+	return boltcheck.Update(db, func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketSlots)
 		for s, e := range changes {
 			var err error

@@ -34,14 +34,19 @@ type Tier interface {
 
 // PagePayloadBytes returns the payload of one physical page whose K and V
 // span layers layers of geometry g:
-// layers x 2 x KVHeads x PageSize x HeadDim x g.DType.Bytes(). It returns
-// 0 when layers < 1 or g has a non-positive size or an unknown type.
+// layers x 2 x KVHeads x PageSize x HeadDim x g.DType.Bytes(), plus, for
+// plan.FP8, the float32 scale of every (layer, K or V, KV head) record
+// (layers x 2 x KVHeads x 4). It returns 0 when layers < 1 or g has a
+// non-positive size or an unknown type.
 //
 // For Llama-3.1-8B (32 layers, 8 KV heads, S = 16, D = 128, bf16) it is
 // 2 MiB.
 func PagePayloadBytes(layers int, g plan.Geometry) int {
 	if layers < 1 || g.KVHeads < 1 || g.PageSize < 1 || g.HeadDim < 1 || g.DType.Bytes() == 0 {
 		return 0
+	}
+	if g.DType == plan.FP8 {
+		return layers * 2 * (g.PageElems() + 4*g.KVHeads)
 	}
 	return layers * 2 * g.PageElems() * g.DType.Bytes()
 }

@@ -87,6 +87,21 @@ const chatTwo = await client.chat.completions.create({
 });
 out.chatTwoTexts = chatTwo.choices.map((c) => c.message.content);
 
+// Fields the server does not know (vLLM's sampling extras) are ignored
+// and named in a header; the answer is the greedy chat's.
+const extra = await client.chat.completions.create({
+  model, messages: [{ role: 'user', content: prompt }], max_tokens: 5, temperature: 0,
+  top_k: 40, repetition_penalty: 1.1,
+}).withResponse();
+out.extraText = extra.data.choices[0].message.content;
+out.extraIgnored = extra.response.headers.get('x-questrt-ignored-fields');
+
+// Chat echo: the last message, the assistant's, comes first.
+const echoed = await client.chat.completions.create({
+  model, messages: [{ role: 'user', content: prompt }, { role: 'assistant', content: 'Sure: ' }], max_tokens: 3, temperature: 0, echo: true,
+});
+out.echoText = echoed.choices[0].message.content;
+
 const models = await client.models.list();
 out.models = models.data.map((m) => m.id);
 
@@ -100,5 +115,6 @@ const failure = async (params) => {
 };
 out.unknownModel = await failure({ model: 'no-such-model', prompt: 'x' });
 out.badMaxTokens = await failure({ model, prompt: 'x', max_tokens: -1 });
+out.badTemperature = await failure({ model, prompt: 'x', top_k: 40, temperature: 'hot' });
 
 console.log(JSON.stringify(out));

@@ -99,7 +99,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		}, codes.NotFound, ErrUnknownGrid, `"nope"`},
 		{"wrong view", func() error {
 			return NewClient(nodes[0].conn, GridRef{Grid: "bad", View: 2}, workerConfig(c)).Release(ctx, worker.ReleaseRequest{Seq: uint64(seq)})
-		}, codes.FailedPrecondition, ErrWrongView, "grid bad was opened under view 1, call carries 2"},
+		}, codes.FailedPrecondition, ErrWrongView, "grid bad: the call's view 2 is not the one the grid was opened under"},
 		{"budget below one page", func() error {
 			step++
 			return cl.BeginStep(ctx, worker.BeginRequest{Step: step, Layer: 1, Seqs: []worker.StepSeq{{Seq: uint64(seq), Len: n, Budget: 2}}})

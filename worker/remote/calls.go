@@ -103,6 +103,11 @@ func (s *Server) call(ctx context.Context, c *workerv1.Call) *workerv1.Answer {
 		if !ok {
 			return status.Errorf(codes.Internal, "calls: request %T is no protobuf message", m)
 		}
+		// The embedded request is counted before it is decoded, as the
+		// node's codec counts a request of its own (cluster/node).
+		if err := checkCounts(c.GetRequest(), pm, MaxRequestElements(s.cfg.MaxPages)); err != nil {
+			return err
+		}
 		if err := proto.Unmarshal(c.GetRequest(), pm); err != nil {
 			// What a gRPC server answers for a request it cannot parse.
 			return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
@@ -168,18 +173,38 @@ type callStream struct {
 	cc grpc.ClientConnInterface
 
 	lock  chan struct{} // one call at a time; a call waiting for it gives up with its context
-	unary bool          // in process, or the node has no Calls method
+	unary bool          // in process, or the node has no Calls method (under lock)
+	local bool          // in process (set once)
+	// replyLimit bounds the repeated elements of an answer's reply
+	// (MaxReplyElements of the grid; 0: no bound).
+	replyLimit int
 
 	mu     sync.Mutex // s, cancel and closed, which CloseGrid's close changes too
 	s      grpc.BidiStreamingClient[workerv1.Call, workerv1.Answer]
 	cancel context.CancelFunc
 	closed bool // the grid was closed: no stream opens again
+
+	// owed are the calls sent ahead (see ahead) whose answers no one
+	// has read yet, oldest first; held under lock. The next call reads
+	// them before its own answer.
+	owed []*owedCall
 }
 
-func newCallStream(cc grpc.ClientConnInterface) *callStream {
+// owedCall is a call sent ahead of the next without waiting for its
+// answer.
+type owedCall struct {
+	ctx  context.Context
+	s    grpc.BidiStreamingClient[workerv1.Call, workerv1.Answer]
+	stop func() bool // stops ctx from cutting s
+	out  proto.Message
+	done chan struct{} // closed once err is set (under the stream's lock)
+	err  error
+}
+
+func newCallStream(cc grpc.ClientConnInterface, replyLimit int) *callStream {
 	_, local := cc.(*localConn)
 	// In process there is no stream to save: the calls stay direct.
-	return &callStream{cc: cc, lock: make(chan struct{}, 1), unary: local}
+	return &callStream{cc: cc, lock: make(chan struct{}, 1), unary: local, local: local, replyLimit: replyLimit}
 }
 
 // invoke runs method (a unary method of the Worker service) with in and
@@ -191,6 +216,117 @@ func (cs *callStream) invoke(ctx context.Context, method string, in, out proto.M
 		return status.FromContextError(ctx.Err()).Err()
 	}
 	defer func() { <-cs.lock }()
+	return cs.invokeLocked(ctx, method, in, out, opts...)
+}
+
+// ahead sends method (a unary method of the Worker service, answered
+// with out) on the kept stream and returns without waiting for the
+// answer: the next call on the stream reads it before its own (the node
+// answers a stream's calls in order), or wait does. With no stream open
+// yet, in process, or when the kept stream ended before the call went
+// out, the call runs as invoke runs it (a round trip, once per stream:
+// the first call of a stream also learns whether the node has Calls at
+// all), and wait returns its error. ctx bounds the call until its answer
+// is read: its end cuts the stream, as it does for invoke.
+func (cs *callStream) ahead(ctx context.Context, method string, in, out proto.Message) (wait func(context.Context) error) {
+	done := func(err error) func(context.Context) error { return func(context.Context) error { return err } }
+	select {
+	case cs.lock <- struct{}{}:
+	case <-ctx.Done():
+		return done(status.FromContextError(ctx.Err()).Err())
+	}
+	defer func() { <-cs.lock }()
+	cs.mu.Lock()
+	s, cut := cs.s, cs.cancel
+	cs.mu.Unlock()
+	if cs.unary || s == nil {
+		return done(cs.invokeLocked(ctx, method, in, out))
+	}
+	if err := ctx.Err(); err != nil {
+		return done(status.FromContextError(err).Err())
+	}
+	req, err := proto.Marshal(in)
+	if err != nil {
+		return done(status.Errorf(codes.Internal, "grpc: error while marshaling: %v", err))
+	}
+	c := &workerv1.Call{Method: method, Request: req}
+	if dl, ok := ctx.Deadline(); ok {
+		c.TimeoutNs = max(int64(time.Until(dl)), 1)
+	}
+	stop := context.AfterFunc(ctx, cut)
+	if err := s.Send(c); err != nil {
+		stop()
+		cs.dropStream(s)
+		if errors.Is(err, io.EOF) {
+			// The kept stream ended before c went out (the node closed
+			// it between steps): nothing ran, a fresh stream takes it.
+			return done(cs.invokeLocked(ctx, method, in, out))
+		}
+		return done(err)
+	}
+	o := &owedCall{ctx: ctx, s: s, stop: stop, out: out, done: make(chan struct{})}
+	cs.owed = append(cs.owed, o)
+	return func(wctx context.Context) error { return cs.await(wctx, o) }
+}
+
+// await returns o's answer, reading the answers owed before it when no
+// later call did, until ctx ends.
+func (cs *callStream) await(ctx context.Context, o *owedCall) error {
+	select {
+	case <-o.done:
+		return o.err
+	case cs.lock <- struct{}{}:
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-cs.lock }()
+	for len(cs.owed) > 0 && !isClosed(o.done) {
+		cs.readOwed()
+	}
+	return o.err
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// readOwed reads the oldest owed answer (under lock), from the stream
+// its call went out on (a stream dropped since then answers at once
+// with its error).
+func (cs *callStream) readOwed() {
+	o := cs.owed[0]
+	cs.owed[0] = nil
+	cs.owed = cs.owed[1:]
+	a, err := o.s.Recv()
+	stopped := o.stop()
+	switch {
+	case err != nil:
+		cs.dropStream(o.s)
+		switch {
+		case !stopped || o.ctx.Err() != nil:
+			err = status.FromContextError(o.ctx.Err()).Err()
+		case errors.Is(err, io.EOF):
+			err = status.Error(codes.Unavailable, "calls: the node ended the stream without an answer")
+		}
+	case !stopped:
+		// The answer came, but the call's context ended meanwhile and
+		// cut the stream: the next call opens another.
+		cs.dropStream(o.s)
+		err = answerOf(a, o.out, nil, cs.replyLimit)
+	default:
+		err = answerOf(a, o.out, nil, cs.replyLimit)
+	}
+	o.err = err
+	close(o.done)
+}
+
+// invokeLocked is invoke holding the lock.
+func (cs *callStream) invokeLocked(ctx context.Context, method string, in, out proto.Message, opts ...grpc.CallOption) error {
 	if cs.unary {
 		return cs.cc.Invoke(ctx, method, in, out, opts...)
 	}
@@ -224,7 +360,7 @@ func (cs *callStream) onStream(ctx context.Context, method string, in, out proto
 	if err != nil {
 		return err
 	}
-	return answerOf(a, out, opts)
+	return answerOf(a, out, opts, cs.replyLimit)
 }
 
 // send sends c on the kept stream (opening one when there is none, or
@@ -263,6 +399,11 @@ func (cs *callStream) send(ctx context.Context, c *workerv1.Call, retry bool) (*
 	}
 	stop := context.AfterFunc(ctx, cut)
 	err := s.Send(c)
+	// The answers of calls sent ahead come first (a stream's calls are
+	// answered in order; those of a dropped stream fail at once).
+	for len(cs.owed) > 0 {
+		cs.readOwed()
+	}
 	var a *workerv1.Answer
 	unsent := false
 	if err == nil {
@@ -305,8 +446,11 @@ func (cs *callStream) send(ctx context.Context, c *workerv1.Call, retry bool) (*
 }
 
 // answerOf fills out and opts' header and trailer from a, or returns
-// the status a carries.
-func answerOf(a *workerv1.Answer, out proto.Message, opts []grpc.CallOption) error {
+// the status a carries. A reply whose repeated fields hold more than
+// limit elements (0: no bound) is refused before it is decoded
+// (RESOURCE_EXHAUSTED): the Answer itself passed the connection's codec
+// as one bytes field.
+func answerOf(a *workerv1.Answer, out proto.Message, opts []grpc.CallOption, limit int) error {
 	for _, o := range opts {
 		switch o := o.(type) {
 		case grpc.TrailerCallOption:
@@ -329,10 +473,24 @@ func answerOf(a *workerv1.Answer, out proto.Message, opts []grpc.CallOption) err
 		}
 		return status.FromProto(&p).Err()
 	}
+	if err := checkReplyCounts(a.GetReply(), out, limit); err != nil {
+		return err
+	}
 	if err := proto.Unmarshal(a.GetReply(), out); err != nil {
 		return status.Errorf(codes.Internal, "grpc: failed to unmarshal the received message: %v", err)
 	}
 	return nil
+}
+
+// dropStream drops the kept stream if it is s (a stream dropped before
+// is cut already).
+func (cs *callStream) dropStream(s grpc.BidiStreamingClient[workerv1.Call, workerv1.Answer]) {
+	cs.mu.Lock()
+	kept := cs.s == s
+	cs.mu.Unlock()
+	if kept {
+		cs.drop()
+	}
 }
 
 // drop forgets the stream, cutting it (a no-op once it ended).

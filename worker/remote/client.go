@@ -34,18 +34,20 @@ type Client struct {
 	ref       *workerv1.GridRef
 	geo       geometry
 	recovered []worker.RecoveredSeq // by ConnectGrid (see Recovered)
+	// notRecovered: by ConnectGrid (see NotRecovered).
+	notRecovered NotRecovered
 	// calls runs the decode steps' BeginStep, Layer and EndStep calls
 	// on one Calls stream, kept from step to step until CloseGrid.
 	calls *callStream
 }
 
-var _ worker.Worker = (*Client)(nil)
+var _ worker.AheadWorker = (*Client)(nil)
 
 // NewClient returns the client of grid ref on the node behind conn; cfg
 // is the grid's config (its geometry shapes the tensors). The grid must
 // be open and connected on the node (see [OpenGrid]).
 func NewClient(conn grpc.ClientConnInterface, ref GridRef, cfg worker.Config) *Client {
-	return &Client{api: workerv1.NewWorkerClient(conn), ref: ref.proto(), geo: geometryOf(cfg), calls: newCallStream(conn)}
+	return &Client{api: workerv1.NewWorkerClient(conn), ref: ref.proto(), geo: geometryOf(cfg), calls: newCallStream(conn, MaxReplyElements(cfg))}
 }
 
 // Ref returns the client's grid.
@@ -120,6 +122,23 @@ func (c *Client) BeginStep(ctx context.Context, m worker.BeginRequest) error {
 	}
 	err = c.calls.invoke(ctx, workerv1.Worker_BeginStep_FullMethodName, r, new(workerv1.Ack))
 	return FromStatus(err)
+}
+
+// BeginsAhead implements worker.AheadWorker: true unless the node is
+// this process (a local connection, whose calls are direct).
+func (c *Client) BeginsAhead() bool { return !c.calls.local }
+
+// BeginStepAhead implements worker.AheadWorker: BeginStep sent on the
+// grid's kept Calls stream without waiting for its answer, which the
+// step's next call (its first Layer) reads before its own. The first
+// step of a stream (none kept yet) waits as BeginStep does.
+func (c *Client) BeginStepAhead(ctx context.Context, m worker.BeginRequest) func(context.Context) error {
+	r, err := encodeBegin(c.ref, m)
+	if err != nil {
+		return func(context.Context) error { return err }
+	}
+	wait := c.calls.ahead(ctx, workerv1.Worker_BeginStep_FullMethodName, r, new(workerv1.Ack))
+	return func(ctx context.Context) error { return FromStatus(wait(ctx)) }
 }
 
 // Layer implements worker.Worker. It fills rep, reusing its slices; when
@@ -278,6 +297,7 @@ func OpenGrid(ctx context.Context, nodes []NodeRanks, ref GridRef, cfg worker.Co
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	recovered := make([][]worker.RecoveredSeq, len(nodes))
+	notRecovered := make([]NotRecovered, len(nodes))
 	placement := make([]string, cfg.TP*cfg.CP)
 	for _, n := range nodes {
 		for _, r := range n.Ranks {
@@ -299,6 +319,10 @@ func OpenGrid(ctx context.Context, nodes []NodeRanks, ref GridRef, cfg worker.Co
 			for _, r := range rep.GetRecovered() {
 				recovered[i] = append(recovered[i], decodeRecovered(d, r, cfg.Layers))
 			}
+			notRecovered[i].Quarantined = rep.GetQuarantined()
+			for _, r := range rep.GetDamaged() {
+				notRecovered[i].Damaged = append(notRecovered[i].Damaged, DamagedSeq{Key: r.GetKey(), Seq: r.GetSeq(), Grid: r.GetGrid(), Reason: r.GetReason()})
+			}
 			if d.err != nil {
 				errs[i] = fmt.Errorf("connect grid %s on node %d: %w", ref.Grid, i, d.err)
 				cancel()
@@ -312,7 +336,7 @@ func OpenGrid(ctx context.Context, nodes []NodeRanks, ref GridRef, cfg worker.Co
 	}
 	out := make([]*Client, len(nodes))
 	for i := range nodes {
-		out[i] = &Client{api: apis[i], ref: pref, geo: geometryOf(cfg), recovered: recovered[i], calls: newCallStream(conns[i])}
+		out[i] = &Client{api: apis[i], ref: pref, geo: geometryOf(cfg), recovered: recovered[i], notRecovered: notRecovered[i], calls: newCallStream(conns[i], MaxReplyElements(cfg))}
 	}
 	return out, nil
 }

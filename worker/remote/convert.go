@@ -184,7 +184,22 @@ func encodeConfig(c worker.Config) (*workerv1.GridConfig, error) {
 	return g, e.err
 }
 
-// decodeConfig is a GridConfig as a worker.Config (not validated).
+// Bounds of a GridConfig message's sizes, checked when it is decoded,
+// before anything is sized from it: a caller of the client or worker API
+// gets InvalidArgument past them (questd's own flags are narrower:
+// --head-dim 1..1024). The memory a config needs is checked when its
+// grid opens (memlimit.Check).
+const (
+	MaxGridLayers   = 1024
+	MaxGridHeads    = 1024 // query heads, KV heads
+	MaxGridHeadDim  = 4096
+	MaxGridPageSize = 1 << 16
+	MaxGridCP       = 4096
+	MaxGridTP       = 1024
+)
+
+// decodeConfig is a GridConfig as a worker.Config (not validated beyond
+// the bounds of its sizes).
 func decodeConfig(g *workerv1.GridConfig) (worker.Config, error) {
 	d := &dec{what: "grid config", sentinel: worker.ErrBadMessage}
 	if g == nil || g.Policy == nil {
@@ -200,6 +215,18 @@ func decodeConfig(g *workerv1.GridConfig) (worker.Config, error) {
 		DeviceBudgetPages:  toInt(d, "device budget pages", g.DeviceBudgetPages),
 		PrefetchPages:      toInt(d, "prefetch pages", g.PrefetchPages),
 		PrefetchCrossLayer: g.PrefetchCrossLayer,
+	}
+	for _, r := range []struct {
+		field string
+		v, hi int
+	}{
+		{"layers", c.Layers, MaxGridLayers}, {"q heads", c.QHeads, MaxGridHeads}, {"kv heads", c.KVHeads, MaxGridHeads},
+		{"head dim", c.HeadDim, MaxGridHeadDim}, {"page size", c.PageSize, MaxGridPageSize},
+		{"cp", c.CP, MaxGridCP}, {"tp", c.TP, MaxGridTP}, {"capacity pages", c.Capacity, plan.MaxPages},
+	} {
+		if r.v < 1 || r.v > r.hi {
+			d.fail("%s %d: want 1..%d", r.field, r.v, r.hi)
+		}
 	}
 	var err error
 	if c.Policy, err = wire.Policy(g.Policy); err != nil {

@@ -237,3 +237,41 @@ func TestTensorShapes(t *testing.T) {
 		t.Errorf("absent tensor: %#v", x)
 	}
 }
+
+// TestConfigBounds: each size of a GridConfig message is refused past
+// its bound (and at 0) when decoded, as ErrBadMessage (InvalidArgument at
+// the API edge) naming the field and the range, before any grid is sized
+// from it; at the bound it decodes (issue 28: a client's cp of 4e9 reached
+// placement, and a q heads of 1e9 opened a grid).
+func TestConfigBounds(t *testing.T) {
+	c := workerConfig(engineConfig(2, 1, plan.Exact))
+	for _, f := range []struct {
+		field string
+		set   func(*workerv1.GridConfig, uint32)
+		hi    uint32
+	}{
+		{"layers", func(g *workerv1.GridConfig, v uint32) { g.Layers = v }, MaxGridLayers},
+		{"q heads", func(g *workerv1.GridConfig, v uint32) { g.QHeads = v }, MaxGridHeads},
+		{"kv heads", func(g *workerv1.GridConfig, v uint32) { g.KvHeads = v }, MaxGridHeads},
+		{"head dim", func(g *workerv1.GridConfig, v uint32) { g.HeadDim = v }, MaxGridHeadDim},
+		{"page size", func(g *workerv1.GridConfig, v uint32) { g.PageSize = v }, MaxGridPageSize},
+		{"cp", func(g *workerv1.GridConfig, v uint32) { g.Cp = v }, MaxGridCP},
+		{"tp", func(g *workerv1.GridConfig, v uint32) { g.Tp = v }, MaxGridTP},
+		{"capacity pages", func(g *workerv1.GridConfig, v uint32) { g.CapacityPages = v }, plan.MaxPages},
+	} {
+		for _, v := range []uint32{0, f.hi + 1, 4000000000} {
+			g := GridConfigProto(c)
+			f.set(g, v)
+			_, err := decodeConfig(g)
+			want := fmt.Sprintf("%s %d: want 1..%d", f.field, v, f.hi)
+			if !errors.Is(err, worker.ErrBadMessage) || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s %d: %v, want ErrBadMessage with %q", f.field, v, err, want)
+			}
+		}
+		g := GridConfigProto(c)
+		f.set(g, f.hi)
+		if _, err := decodeConfig(g); err != nil {
+			t.Errorf("%s at its bound %d: %v", f.field, f.hi, err)
+		}
+	}
+}

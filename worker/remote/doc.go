@@ -60,7 +60,40 @@
 // set; the status with its details travels in the trailer
 // "questrt-layer-status-bin", from which the client rebuilds the error.
 //
+// # Who may call
+//
+// Over TLS, a caller whose certificate names a node (questrt://node/NAME)
+// may call the grid methods only on grids whose id starts with NAME, the
+// ids its own coordinator gives (Kubernetes' node authorizer): other
+// calls, OpenGrid in another coordinator's name included, are refused
+// PERMISSION_DENIED naming the method only. Calls in process (LocalConn),
+// over plaintext or with a certificate without a role are not checked
+// here (authz.go); the node's interceptors decide which roles reach the
+// server at all. The collective benchmark's methods (OpenBench, RunBench,
+// CloseBench) are checked the same way by the bench's id, which starts
+// with the name of the coordinator that runs it ([BenchID]): a node may
+// open, run and close only its own benches, a client certificate none
+// (a client runs the benchmark through a coordinator, the client API's
+// BenchCollective).
+//
 // # Sizes
+//
+// A request's counts are checked against the grid before its entries are
+// decoded, so that a huge but well-formed request is refused without the
+// node allocating for it: a BeginStep batch larger than the grid's live
+// sequences on the node (worker.Local.CheckBatch: NOT_FOUND for an
+// unknown sequence, else INVALID_ARGUMENT), a Layer request with other
+// than one input per hosted rank, a Rollback with more tail records or
+// lengths than layers (INVALID_ARGUMENT); tensor shapes are checked
+// against their data and the grid's geometry before they are copied.
+// Before that, what decoding the message itself allocates is bounded by
+// its count of repeated elements (MaxRequestElements: 2 per page of
+// ServerConfig.MaxPages, at least 65,536; wire.CheckCounts walks the
+// encoding without decoding it): a Call of a Calls stream past it is
+// answered RESOURCE_EXHAUSTED, and cluster/node's gRPC server refuses a
+// request of its own so with a codec of its own. A grid holds at most
+// worker.Config.MaxSequences sequences (CP x Capacity, at least 1024);
+// a Create or Fork past it is answered RESOURCE_EXHAUSTED.
 //
 // A Layer request carries a step's query heads and new tokens for every
 // rank a node hosts: set grpc.MaxRecvMsgSize on the node's grpc.Server

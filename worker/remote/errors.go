@@ -2,6 +2,8 @@ package remote
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -26,6 +28,10 @@ var (
 	// ErrUnknownGrid: the node holds no grid of that id (never opened,
 	// closed, or freed because ConnectGrid did not come in time).
 	ErrUnknownGrid = errors.New("worker/remote: unknown grid")
+	// ErrUnknownBench: the node holds no opened bench rank of that id
+	// (never opened, already run, or freed because RunBench did not come
+	// in time).
+	ErrUnknownBench = errors.New("worker/remote: unknown bench")
 	// ErrWrongView: the call carries another membership view than the
 	// one the grid was opened under.
 	ErrWrongView = errors.New("worker/remote: wrong membership view")
@@ -55,12 +61,14 @@ var reasons = []struct {
 	{"NOT_HOSTED", worker.ErrNotHosted, codes.InvalidArgument},
 	{"UNKNOWN_SEQUENCE", worker.ErrUnknownSequence, codes.NotFound},
 	{"UNKNOWN_GRID", ErrUnknownGrid, codes.NotFound},
+	{"UNKNOWN_BENCH", ErrUnknownBench, codes.NotFound},
 	{"STEP", worker.ErrStep, codes.FailedPrecondition},
 	{"STEP_OPEN", worker.ErrStepOpen, codes.FailedPrecondition},
 	{"WRONG_VIEW", ErrWrongView, codes.FailedPrecondition},
 	{"GRID_STATE", ErrGridState, codes.FailedPrecondition},
 	{"POOL_EXHAUSTED", pagestore.ErrPoolExhausted, codes.ResourceExhausted},
 	{"NODE_FULL", ErrNodeFull, codes.ResourceExhausted},
+	{"TOO_MANY_SEQUENCES", worker.ErrTooManySequences, codes.ResourceExhausted},
 	{"MEMORY", memlimit.ErrTooLarge, codes.ResourceExhausted},
 	{"PEER_CLOSED", collective.ErrPeerClosed, codes.Unavailable},
 	{"ABORTED", collective.ErrAborted, codes.Unavailable},
@@ -81,8 +89,9 @@ var reasons = []struct {
 // for a bad message or a rank not hosted, NOT_FOUND for an unknown
 // sequence or grid, FAILED_PRECONDITION for a step out of order, an open
 // step, a wrong view or grid state, RESOURCE_EXHAUSTED for a full pool,
-// node or memory, UNAVAILABLE for lost or aborted collective peers and
-// closed workers or transports, DEADLINE_EXCEEDED, CANCELED, else
+// node or memory and for too many sequences, UNAVAILABLE for lost or
+// aborted collective peers and closed workers or transports,
+// DEADLINE_EXCEEDED, CANCELED, else
 // INTERNAL), its message, and one errdetails.ErrorInfo (domain
 // "questrt.worker") per sentinel it wraps, so that [FromStatus] rebuilds
 // an error that errors.Is every one of them (worker.ErrChanged together
@@ -118,6 +127,49 @@ func ToStatus(err error) *status.Status {
 		}
 	}
 	return st
+}
+
+// peerError marks an error of connecting a grid's or a bench's ranks to
+// their peers: its message names the peers' addresses (the caller's
+// membership view, and what this node's dials answered), which belong in
+// the node's log, not in an answer (Server.redactPeers).
+type peerError struct{ err error }
+
+func (e *peerError) Error() string { return e.err.Error() }
+func (e *peerError) Unwrap() error { return e.err }
+
+// redacted is an error whose message is msg alone and that wraps err, so
+// that errors.Is (and ToStatus's code and reasons) still see err's
+// sentinels while its text is not told.
+type redacted struct {
+	msg string
+	err error
+}
+
+func (e *redacted) Error() string { return e.msg }
+func (e *redacted) Unwrap() error { return e.err }
+
+// redactPeers returns err unchanged unless it wraps a peerError; then it
+// logs err whole under a new request id and returns an error saying
+// what failed and that id, wrapping err's sentinels without its text:
+// the remote caller learns the code and where to look, not the peers'
+// addresses or the network's answers.
+func (s *Server) redactPeers(what string, err error) error {
+	var pe *peerError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	id := requestID()
+	s.log.Warn("worker server: "+what+": connecting to the peers failed", "request", id, "err", err)
+	return &redacted{msg: fmt.Sprintf("%s: connecting the ranks to their peers failed (request %s; the node's log has the peers and the cause)", what, id), err: err}
+}
+
+// requestID is 16 random hex digits naming one failed call in the
+// node's log and in its answer.
+func requestID() string {
+	var b [8]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
 }
 
 // statusErr is ToStatus(err).Err(), nil for nil.

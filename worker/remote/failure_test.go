@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -135,7 +137,10 @@ func TestNodeLost(t *testing.T) {
 // idempotent CloseGrid.
 func TestGridLifecycle(t *testing.T) {
 	cfg := DefaultServerConfig()
-	cfg.ConnectTimeout = 100 * time.Millisecond
+	// Short enough to see a grid never connected freed, long enough for
+	// the grids below to connect on a loaded machine (100 ms was not:
+	// "waiting for ranks [1] to connect" under CI load).
+	cfg.ConnectTimeout = time.Second
 	cfg.MaxPages = 300
 	nodes := startNodes(t, 2, cfg)
 	c := engineConfig(2, 1, plan.Exact)
@@ -164,9 +169,16 @@ func TestGridLifecycle(t *testing.T) {
 	if !errors.Is(FromStatus(err), ErrGridState) {
 		t.Errorf("Create before ConnectGrid: %v", err)
 	}
-	time.Sleep(2 * cfg.ConnectTimeout)
-	if st := nodes[0].srv.Stats(); st.Grids != 0 || st.PagesUsed != 0 {
-		t.Fatalf("a grid never connected was not freed: %+v", st)
+	// Freed by a timer at ConnectTimeout: polled, not slept on (a fixed
+	// twice ConnectTimeout leaves a starved timer goroutine 1 s).
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st := nodes[0].srv.Stats()
+		if st.Grids == 0 && st.PagesUsed == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a grid never connected was not freed in 20 s (ConnectTimeout %v): %+v", cfg.ConnectTimeout, st)
+		}
 	}
 	_, err = api.ConnectGrid(ctx, &workerv1.ConnectGridRequest{Ref: ref, Peers: []string{"127.0.0.1:1", "127.0.0.1:2"}})
 	if status.Code(err) != codes.NotFound || !errors.Is(FromStatus(err), ErrUnknownGrid) {
@@ -182,6 +194,11 @@ func TestGridLifecycle(t *testing.T) {
 	_, err = OpenGrid(ctx, nr3, GridRef{Grid: "full", View: 1}, workerConfig(c1))
 	if !errors.Is(err, ErrNodeFull) || status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("OpenGrid over MaxPages: code %v: %v", status.Code(err), err)
+	}
+	// It says the node is full and what was asked, not the node's bound
+	// (MaxPages) nor what its other grids reserve.
+	if msg := err.Error(); strings.Contains(msg, strconv.Itoa(cfg.MaxPages)) || strings.Contains(msg, "reserved") || !strings.Contains(msg, "2 ranks of 256 pages") {
+		t.Errorf("OpenGrid over MaxPages: message %q discloses the node's state or omits the request", msg)
 	}
 	for i, n := range nodes {
 		if g := n.srv.Grids(); g != 0 {

@@ -24,8 +24,10 @@ import (
 // DEADLINE_EXCEEDED while the method finishes on its own, as a gRPC
 // server does). Calls of other services and streams go to fallback (the
 // node's gRPC connection to itself), which may be nil when there are
-// none. The server's gRPC interceptors (a node's token check) do not run:
-// the caller is the process itself.
+// none. The server's gRPC interceptors (a node's token check) do not run,
+// nor does its check of the grid's owner (authz.go), even when ctx is a
+// gRPC server call's with a peer of its own: the caller is the process
+// itself.
 func (s *Server) LocalConn(fallback grpc.ClientConnInterface) grpc.ClientConnInterface {
 	return &localConn{s: s, fallback: fallback}
 }
@@ -68,7 +70,7 @@ func (c *localConn) Invoke(ctx context.Context, method string, args, reply any, 
 	// caller's ends (as a client's cancellation or deadline ends a gRPC
 	// server's), the caller's metadata as incoming metadata, and a
 	// stream that keeps the method's header and trailer.
-	sctx := ctx
+	sctx := inProcess(ctx)
 	if md, ok := metadata.FromOutgoingContext(ctx); ok {
 		sctx = metadata.NewIncomingContext(sctx, md)
 	}

@@ -31,7 +31,9 @@ import (
 // hosts; the policy, selection mode and offload settings may change
 // between restarts. <n> is the lowest number no open grid of the same
 // owner and shape uses: a restarted node's first grid of a shape finds
-// the directory of the first grid of that shape before the restart.
+// the directory of the first grid of that shape before the restart. A
+// directory that a closed grid's worker still holds (closing) is waited
+// for, not skipped: the grid opened to replace a lost one recovers it.
 
 // ErrDataDirInUse: another process holds the server's data directory.
 var ErrDataDirInUse = errors.New("data directory in use by another process")
@@ -141,16 +143,94 @@ type RecoveryStats struct {
 	Parked int
 }
 
-// claimDir returns the lowest-numbered directory of base no open grid
-// uses, and marks it used (s.mu held).
-func (s *Server) claimDir(base string) string {
-	for n := 0; ; n++ {
-		d := base + "." + strconv.Itoa(n)
-		if !s.dirs[d] {
-			s.dirs[d] = true
-			return d
+// dirHold is a grid directory in use: by grid g from its ConnectGrid
+// until it is closed; released is closed when g gives it back.
+type dirHold struct {
+	g        *grid
+	released chan struct{}
+}
+
+// claimDir returns the lowest-numbered directory of base that no open
+// grid uses, and marks it used by g (s.mu held; it lets go of s.mu while
+// it waits). A directory that a closed grid still holds (its worker
+// closing: CloseGrid, a sweep, a failed connect) is waited for, not
+// skipped: its grid's successor, the grid its coordinator opens when
+// it lost that one (a node of it restarted), is to recover it, and
+// would find a fresh directory past it (".1") and nothing in it. The
+// wait ends with ctx, with g's closing, or after ConnectTimeout.
+func (s *Server) claimDir(ctx context.Context, g *grid, base string) (string, *dirHold, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
+	defer cancel()
+	defer context.AfterFunc(g.ctx, cancel)()
+	for {
+		var busy *dirHold
+		for n := 0; ; n++ {
+			d := base + "." + strconv.Itoa(n)
+			h := s.dirs[d]
+			if h == nil {
+				h = &dirHold{g: g, released: make(chan struct{})}
+				s.dirs[d] = h
+				return d, h, nil
+			}
+			if s.grids[h.g.id] != h.g {
+				busy = h // closed, its worker closing: wait for it
+				break
+			}
+			if h.g.state == connected && staleInstance(h.g.id, g.id) {
+				// A grid of an earlier process of the same coordinator
+				// (it restarted: a new instance in its grid ids): no
+				// step comes for it again, and the membership's sweep
+				// of it may come too late. Close it, then take its
+				// directory.
+				s.log.Warn("worker server: closing a grid of the coordinator's previous process for its directory", "grid", h.g.id, "for", g.id)
+				s.forget(h.g)
+				old := h.g
+				s.mu.Unlock()
+				if err := old.shut(); err != nil {
+					s.log.Warn("close grid", "grid", old.id, "err", err)
+				}
+				s.mu.Lock()
+				busy = h
+				break
+			}
+		}
+		if s.testHookClaimWait != nil {
+			s.testHookClaimWait(base)
+		}
+		s.mu.Unlock()
+		select {
+		case <-busy.released:
+		case <-ctx.Done():
+		}
+		s.mu.Lock()
+		if err := ctx.Err(); err != nil {
+			return "", nil, fmt.Errorf("grid directory: a closed grid still holds it: %w", context.Cause(ctx))
+		}
+		if s.closed {
+			return "", nil, fmt.Errorf("worker server: %w", worker.ErrClosed)
 		}
 	}
+}
+
+// staleInstance reports whether grid ids old and cur ("name/instance/
+// number") name the same coordinator with different instances.
+func staleInstance(old, cur string) bool {
+	on, oi, ok1 := cutGridID(old)
+	cn, ci, ok2 := cutGridID(cur)
+	return ok1 && ok2 && on == cn && oi != ci
+}
+
+// cutGridID splits "name/instance/number" into name and instance.
+func cutGridID(id string) (name, instance string, ok bool) {
+	i := strings.LastIndexByte(id, '/')
+	if i <= 0 {
+		return "", "", false
+	}
+	j := strings.LastIndexByte(id[:i], '/')
+	if j <= 0 {
+		return "", "", false
+	}
+	return id[:j], id[j+1 : i], true
 }
 
 // encodeRecovered is a node's ConnectGridReply.recovered entry.
@@ -163,6 +243,10 @@ func encodeRecovered(e *enc, r worker.RecoveredSeq) *workerv1.RecoveredSeq {
 	for _, n := range r.RolledBack {
 		out.RolledBack = append(out.RolledBack, e.u32("rolled back", n))
 	}
+	for _, n := range r.HadLens {
+		out.HadLens = append(out.HadLens, e.u32("had lens", n))
+	}
+	out.HadExact = r.HadExact
 	return out
 }
 
@@ -190,7 +274,66 @@ func decodeRecovered(d *dec, r *workerv1.RecoveredSeq, layers int) worker.Recove
 			out.RolledBack = append(out.RolledBack, toInt(d, "rolled_back", n))
 		}
 	}
+	if hl := r.GetHadLens(); len(hl) != 0 {
+		if len(hl) != layers {
+			d.fail("recovered sequence %d: %d lengths before the stop for %d layers", r.GetKey(), len(hl), layers)
+			return out
+		}
+		for _, n := range hl {
+			out.HadLens = append(out.HadLens, toInt(d, "had_lens", n))
+		}
+	}
+	if he := r.GetHadExact(); len(he) != 0 {
+		if len(he) != layers || len(out.HadLens) != layers {
+			d.fail("recovered sequence %d: %d exact flags for %d layers and %d lengths before the stop", r.GetKey(), len(he), layers, len(out.HadLens))
+			return out
+		}
+		out.HadExact = he
+	}
 	return out
+}
+
+// NotRecovered is what a node reported it could not recover of a grid
+// when the grid connected (ConnectGridReply.damaged and quarantined).
+type NotRecovered struct {
+	// Quarantined, when not empty, says why the node found the grid's
+	// data directory damaged and moved it aside: the grid opened on a
+	// fresh one, so the node recovered none of its sequences.
+	Quarantined string
+	// Damaged are the sequences the node found and did not recover, by
+	// increasing key: those its recovery found damaged, or, after a
+	// quarantine, those the moved directory's table names.
+	Damaged []DamagedSeq
+}
+
+// DamagedSeq is a sequence a node found in its data directory and did
+// not recover.
+type DamagedSeq struct {
+	// Key is the node's handle it had; Seq and Grid name it as
+	// worker.RecoveredSeq's do (Grid "" when its entry was unreadable).
+	Key, Seq uint64
+	Grid     string
+	// Reason is why, without server paths.
+	Reason string
+}
+
+// NotRecovered returns what the client's node reported it could not
+// recover of the grid when it connected (ServerConfig.DataDir).
+func (c *Client) NotRecovered() NotRecovered { return c.notRecovered }
+
+// scrubPaths returns err's message with the data directory root and the
+// grid's directory dir taken out (a reason that reaches clients names no
+// server path): file names are then relative to the grid's directory.
+func scrubPaths(err error, root, dir string) string {
+	msg := err.Error()
+	for _, p := range []string{dir, root} {
+		if p == "" {
+			continue
+		}
+		msg = strings.ReplaceAll(msg, p+string(filepath.Separator), "")
+		msg = strings.ReplaceAll(msg, p, "<data dir>")
+	}
+	return msg
 }
 
 // Claim implements workerv1.WorkerServer (worker.Local.Claim).

@@ -112,6 +112,24 @@ func TestQuarantineDamagedGrid(t *testing.T) {
 	if rec := clients[1].Recovered(); len(rec) != 2 {
 		t.Errorf("node 1 recovered %d sequences, want 2", len(rec))
 	}
+	// Node 0 says why, and names the sequences the moved directory's
+	// table held (those node 1 recovered), without server paths.
+	nr := clients[0].NotRecovered()
+	if !strings.Contains(nr.Quarantined, "moved aside") || !strings.Contains(nr.Quarantined, "store.db") || strings.Contains(nr.Quarantined, dirs[0]) {
+		t.Errorf("node 0 reported quarantine %q, want the damaged store.db named without its path", nr.Quarantined)
+	}
+	if len(nr.Damaged) != 2 {
+		t.Fatalf("node 0 reported damaged %+v, want the 2 sequences of its moved table", nr.Damaged)
+	}
+	for i, d := range nr.Damaged {
+		r := clients[1].Recovered()[i]
+		if d.Seq != r.Seq || d.Grid != r.Grid || d.Reason != nr.Quarantined {
+			t.Errorf("node 0 reported damaged %+v, node 1 recovered seq %d of grid %s", d, r.Seq, r.Grid)
+		}
+	}
+	if nr := clients[1].NotRecovered(); nr.Quarantined != "" || len(nr.Damaged) != 0 {
+		t.Errorf("node 1 reported %+v", nr)
+	}
 	id, err := eng.Create(plan.Striped)
 	if err != nil {
 		t.Fatalf("create on the reopened grid: %v", err)

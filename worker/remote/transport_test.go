@@ -154,7 +154,7 @@ func TestTransportsAnswerAlike(t *testing.T) {
 		{"end on an unknown grid", workerv1.Worker_EndStep_FullMethodName,
 			&workerv1.EndRequest{Ref: &workerv1.GridRef{Grid: "nope", View: 1}, Step: 1}, func() proto.Message { return new(workerv1.Ack) }, ErrUnknownGrid},
 	}
-	cs := newCallStream(nodes[0].conn)
+	cs := newCallStream(nodes[0].conn, 0)
 	local := nodes[0].srv.LocalConn(nil)
 	for _, tc := range cases {
 		errUnary := nodes[0].conn.Invoke(ctx, tc.method, tc.req, tc.reply())
@@ -286,7 +286,7 @@ func TestCallsStreamEndedBetweenSteps(t *testing.T) {
 	c := engineConfig(1, 1, plan.Exact)
 	nr := []NodeRanks{{Conn: nodes[0].conn, Ranks: []worker.Rank{{TP: 0, CP: 0}}}}
 	_, clients := openRemote(t, c, nr, "ended")
-	cs := newCallStream(nodes[0].conn)
+	cs := newCallStream(nodes[0].conn, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	end := func(step uint64) *workerv1.EndRequest {

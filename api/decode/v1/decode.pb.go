@@ -800,7 +800,18 @@ type StepsRequest struct {
 	// begin message (the next step, whose sequences this stream's
 	// coordinator coordinates too) and so on, or close its side, which
 	// ends the stream (OK).
-	Begin         bool `protobuf:"varint,6,opt,name=begin,proto3" json:"begin,omitempty"`
+	Begin bool `protobuf:"varint,6,opt,name=begin,proto3" json:"begin,omitempty"`
+	// ahead, with begin: the client sends the first layer's message right
+	// behind the begin message, without waiting for begun. The server then
+	// sets begun on the first layer's reply instead of a reply of its own,
+	// or, when the step did not open, ends the stream with the reason it
+	// refused the step and no begun (a refusal learnt at the first layer,
+	// from a worker that the coordinator also sent the begin ahead of the
+	// layer, too): nothing changed, and the first layer's message is not
+	// run. A first layer that fails after the step opened comes after a
+	// reply with begun set, so the client tells a refused step from a
+	// failed one by begun alone.
+	Ahead         bool `protobuf:"varint,7,opt,name=ahead,proto3" json:"ahead,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -873,6 +884,13 @@ func (x *StepsRequest) GetPhased() bool {
 func (x *StepsRequest) GetBegin() bool {
 	if x != nil {
 		return x.Begin
+	}
+	return false
+}
+
+func (x *StepsRequest) GetAhead() bool {
+	if x != nil {
+		return x.Ahead
 	}
 	return false
 }
@@ -1358,11 +1376,17 @@ type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// state: alive|suspect|dead|left.
-	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	GrpcAddr      string `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
-	Version       string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
-	FreePages     uint32 `protobuf:"varint,5,opt,name=free_pages,json=freePages,proto3" json:"free_pages,omitempty"`
-	TotalPages    uint32 `protobuf:"varint,6,opt,name=total_pages,json=totalPages,proto3" json:"total_pages,omitempty"`
+	State      string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	GrpcAddr   string `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	Version    string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
+	FreePages  uint32 `protobuf:"varint,5,opt,name=free_pages,json=freePages,proto3" json:"free_pages,omitempty"`
+	TotalPages uint32 `protobuf:"varint,6,opt,name=total_pages,json=totalPages,proto3" json:"total_pages,omitempty"`
+	// refused: why the answering node never places ranks on this member
+	// (its gRPC certificate is not the node certificate of its gossip
+	// name, or its gRPC address cannot be reached under the cluster's
+	// TLS); empty: placeable, not checked yet, or not checked at all (a
+	// plaintext cluster, the answering node itself).
+	Refused       string `protobuf:"bytes,7,opt,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1437,6 +1461,13 @@ func (x *Member) GetTotalPages() uint32 {
 		return x.TotalPages
 	}
 	return 0
+}
+
+func (x *Member) GetRefused() string {
+	if x != nil {
+		return x.Refused
+	}
+	return ""
 }
 
 type Device struct {
@@ -1672,13 +1703,22 @@ type RecoveredSequence struct {
 	// nodes hosting its ranks, by rank (tp * cp_size + cp).
 	Nodes       []string `protobuf:"bytes,6,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	RenamedFrom string   `protobuf:"bytes,7,opt,name=renamed_from,json=renamedFrom,proto3" json:"renamed_from,omitempty"`
-	// lost per layer: had - lens[layer], the tokens that layer lacks of
-	// what the sequence held when the node stopped.
+	// lost per layer: the tokens that layer lacks of what it held when
+	// the node stopped (its length then, which the nodes report per layer,
+	// less lens[layer]; had - lens[layer] where a node reports one length
+	// only). lost[layer] - rolled_back[layer] are the acknowledged tokens
+	// to append again to that layer, from position lens[layer].
 	Lost []uint64 `protobuf:"varint,8,rep,packed,name=lost,proto3" json:"lost,omitempty"`
 	// rolled_back, when not empty, per layer: the tokens of an
 	// interrupted decode step (never acknowledged) that recovery and
 	// adoption cut; counted in lost as well.
-	RolledBack    []uint64 `protobuf:"varint,9,rep,packed,name=rolled_back,json=rolledBack,proto3" json:"rolled_back,omitempty"`
+	RolledBack []uint64 `protobuf:"varint,9,rep,packed,name=rolled_back,json=rolledBack,proto3" json:"rolled_back,omitempty"`
+	// lost_exact, when not empty, per layer: lost[layer] is exact;
+	// otherwise it is an upper bound (estimated: a node killed inside a
+	// step that had not recorded the layer's length, only its longest
+	// layer's). Empty from a node that does not say: every count
+	// estimated.
+	LostExact     []bool `protobuf:"varint,10,rep,packed,name=lost_exact,json=lostExact,proto3" json:"lost_exact,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1776,6 +1816,13 @@ func (x *RecoveredSequence) GetRolledBack() []uint64 {
 	return nil
 }
 
+func (x *RecoveredSequence) GetLostExact() []bool {
+	if x != nil {
+		return x.LostExact
+	}
+	return nil
+}
+
 type DamagedSequence struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// sequence is the id it had; error why it was not adopted.
@@ -1785,7 +1832,12 @@ type DamagedSequence struct {
 	// adoption that timed out or met an unavailable node), persisted
 	// again when its grid closes and recovered at their next restart.
 	// Otherwise a node of its grid lacked it and the others freed it.
-	Parked        bool `protobuf:"varint,3,opt,name=parked,proto3" json:"parked,omitempty"`
+	Parked bool `protobuf:"varint,3,opt,name=parked,proto3" json:"parked,omitempty"`
+	// reason, when not empty, is what a node of its grid reported of it:
+	// why the node did not recover it (its pages failed their checks, or
+	// the grid's data directory on that node was damaged and moved
+	// aside), named "node <name>: ...". error includes it.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1841,6 +1893,13 @@ func (x *DamagedSequence) GetParked() bool {
 	return false
 }
 
+func (x *DamagedSequence) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type RecoveredReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sequences     []*RecoveredSequence   `protobuf:"bytes,1,rep,name=sequences,proto3" json:"sequences,omitempty"`
@@ -1889,6 +1948,181 @@ func (x *RecoveredReply) GetSequences() []*RecoveredSequence {
 func (x *RecoveredReply) GetDamaged() []*DamagedSequence {
 	if x != nil {
 		return x.Damaged
+	}
+	return nil
+}
+
+type BenchCollectiveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// nodes: ranks, one per node (0: every node up).
+	Nodes         uint32        `protobuf:"varint,1,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	Spec          *v1.BenchSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BenchCollectiveRequest) Reset() {
+	*x = BenchCollectiveRequest{}
+	mi := &file_decode_v1_decode_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BenchCollectiveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BenchCollectiveRequest) ProtoMessage() {}
+
+func (x *BenchCollectiveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_decode_v1_decode_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BenchCollectiveRequest.ProtoReflect.Descriptor instead.
+func (*BenchCollectiveRequest) Descriptor() ([]byte, []int) {
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *BenchCollectiveRequest) GetNodes() uint32 {
+	if x != nil {
+		return x.Nodes
+	}
+	return 0
+}
+
+func (x *BenchCollectiveRequest) GetSpec() *v1.BenchSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+type BenchRankReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rank  uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	// node: the member's name; addr: its gRPC address.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Addr string `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	// report: RunBenchReply.report of the rank; tls as there.
+	Report        []byte `protobuf:"bytes,4,opt,name=report,proto3" json:"report,omitempty"`
+	Tls           bool   `protobuf:"varint,5,opt,name=tls,proto3" json:"tls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BenchRankReport) Reset() {
+	*x = BenchRankReport{}
+	mi := &file_decode_v1_decode_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BenchRankReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BenchRankReport) ProtoMessage() {}
+
+func (x *BenchRankReport) ProtoReflect() protoreflect.Message {
+	mi := &file_decode_v1_decode_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BenchRankReport.ProtoReflect.Descriptor instead.
+func (*BenchRankReport) Descriptor() ([]byte, []int) {
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *BenchRankReport) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *BenchRankReport) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *BenchRankReport) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *BenchRankReport) GetReport() []byte {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+func (x *BenchRankReport) GetTls() bool {
+	if x != nil {
+		return x.Tls
+	}
+	return false
+}
+
+type BenchCollectiveReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ranks         []*BenchRankReport     `protobuf:"bytes,1,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BenchCollectiveReply) Reset() {
+	*x = BenchCollectiveReply{}
+	mi := &file_decode_v1_decode_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BenchCollectiveReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BenchCollectiveReply) ProtoMessage() {}
+
+func (x *BenchCollectiveReply) ProtoReflect() protoreflect.Message {
+	mi := &file_decode_v1_decode_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BenchCollectiveReply.ProtoReflect.Descriptor instead.
+func (*BenchCollectiveReply) Descriptor() ([]byte, []int) {
+	return file_decode_v1_decode_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *BenchCollectiveReply) GetRanks() []*BenchRankReport {
+	if x != nil {
+		return x.Ranks
 	}
 	return nil
 }
@@ -1958,7 +2192,7 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\x05plans\x18\x03 \x03(\v2\x17.questrt.decode.v1.PlanR\x05plans\x122\n" +
 	"\x04diag\x18\x04 \x03(\v2\x1e.questrt.decode.v1.DiagnosticsR\x04diag\x12,\n" +
 	"\x04time\x18\x05 \x01(\v2\x18.questrt.worker.v1.TimesR\x04time\x12\x19\n" +
-	"\btotal_ns\x18\x06 \x01(\x03R\atotalNs\"\xd0\x01\n" +
+	"\btotal_ns\x18\x06 \x01(\x03R\atotalNs\"\xe6\x01\n" +
 	"\fStepsRequest\x12\x1f\n" +
 	"\vfirst_layer\x18\x01 \x01(\rR\n" +
 	"firstLayer\x12\x1d\n" +
@@ -1968,7 +2202,8 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\vforce_dense\x18\x04 \x01(\bR\n" +
 	"forceDense\x12\x16\n" +
 	"\x06phased\x18\x05 \x01(\bR\x06phased\x12\x14\n" +
-	"\x05begin\x18\x06 \x01(\bR\x05begin\"\x86\x02\n" +
+	"\x05begin\x18\x06 \x01(\bR\x05begin\x12\x14\n" +
+	"\x05ahead\x18\a \x01(\bR\x05ahead\"\x86\x02\n" +
 	"\n" +
 	"StepsReply\x12\x14\n" +
 	"\x05layer\x18\x01 \x01(\rR\x05layer\x12'\n" +
@@ -1993,7 +2228,7 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\bsequence\x18\x01 \x01(\tR\bsequence\"%\n" +
 	"\vLengthReply\x12\x16\n" +
 	"\x06length\x18\x01 \x01(\x04R\x06length\"\x0f\n" +
-	"\rStatusRequest\"\xa9\x01\n" +
+	"\rStatusRequest\"\xc3\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -2002,7 +2237,8 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\n" +
 	"free_pages\x18\x05 \x01(\rR\tfreePages\x12\x1f\n" +
 	"\vtotal_pages\x18\x06 \x01(\rR\n" +
-	"totalPages\"S\n" +
+	"totalPages\x12\x18\n" +
+	"\arefused\x18\a \x01(\tR\arefused\"S\n" +
 	"\x06Device\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12!\n" +
@@ -2019,7 +2255,7 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\trecovered\x18\t \x03(\v2$.questrt.decode.v1.RecoveredSequenceR\trecovered\x12<\n" +
 	"\adamaged\x18\n" +
 	" \x03(\v2\".questrt.decode.v1.DamagedSequenceR\adamaged\"\x12\n" +
-	"\x10RecoveredRequest\"\xfc\x01\n" +
+	"\x10RecoveredRequest\"\x9b\x02\n" +
 	"\x11RecoveredSequence\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\tR\bsequence\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +
@@ -2031,14 +2267,29 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\frenamed_from\x18\a \x01(\tR\vrenamedFrom\x12\x12\n" +
 	"\x04lost\x18\b \x03(\x04R\x04lost\x12\x1f\n" +
 	"\vrolled_back\x18\t \x03(\x04R\n" +
-	"rolledBack\"[\n" +
+	"rolledBack\x12\x1d\n" +
+	"\n" +
+	"lost_exact\x18\n" +
+	" \x03(\bR\tlostExact\"s\n" +
 	"\x0fDamagedSequence\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\tR\bsequence\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x16\n" +
-	"\x06parked\x18\x03 \x01(\bR\x06parked\"\x92\x01\n" +
+	"\x06parked\x18\x03 \x01(\bR\x06parked\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\x92\x01\n" +
 	"\x0eRecoveredReply\x12B\n" +
 	"\tsequences\x18\x01 \x03(\v2$.questrt.decode.v1.RecoveredSequenceR\tsequences\x12<\n" +
-	"\adamaged\x18\x02 \x03(\v2\".questrt.decode.v1.DamagedSequenceR\adamaged2\x87\x06\n" +
+	"\adamaged\x18\x02 \x03(\v2\".questrt.decode.v1.DamagedSequenceR\adamaged\"`\n" +
+	"\x16BenchCollectiveRequest\x12\x14\n" +
+	"\x05nodes\x18\x01 \x01(\rR\x05nodes\x120\n" +
+	"\x04spec\x18\x02 \x01(\v2\x1c.questrt.worker.v1.BenchSpecR\x04spec\"w\n" +
+	"\x0fBenchRankReport\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04addr\x18\x03 \x01(\tR\x04addr\x12\x16\n" +
+	"\x06report\x18\x04 \x01(\fR\x06report\x12\x10\n" +
+	"\x03tls\x18\x05 \x01(\bR\x03tls\"P\n" +
+	"\x14BenchCollectiveReply\x128\n" +
+	"\x05ranks\x18\x01 \x03(\v2\".questrt.decode.v1.BenchRankReportR\x05ranks2\xee\x06\n" +
 	"\x06Decode\x12J\n" +
 	"\x06Create\x12 .questrt.decode.v1.CreateRequest\x1a\x1e.questrt.decode.v1.CreateReply\x12J\n" +
 	"\x06Append\x12 .questrt.decode.v1.AppendRequest\x1a\x1e.questrt.decode.v1.AppendReply\x12D\n" +
@@ -2049,7 +2300,8 @@ const file_decode_v1_decode_proto_rawDesc = "" +
 	"\aRelease\x12!.questrt.decode.v1.ReleaseRequest\x1a\x1f.questrt.decode.v1.ReleaseReply\x12J\n" +
 	"\x06Length\x12 .questrt.decode.v1.LengthRequest\x1a\x1e.questrt.decode.v1.LengthReply\x12J\n" +
 	"\x06Status\x12 .questrt.decode.v1.StatusRequest\x1a\x1e.questrt.decode.v1.StatusReply\x12S\n" +
-	"\tRecovered\x12#.questrt.decode.v1.RecoveredRequest\x1a!.questrt.decode.v1.RecoveredReplyB3Z1github.com/questrt/questrt/api/decode/v1;decodev1b\x06proto3"
+	"\tRecovered\x12#.questrt.decode.v1.RecoveredRequest\x1a!.questrt.decode.v1.RecoveredReply\x12e\n" +
+	"\x0fBenchCollective\x12).questrt.decode.v1.BenchCollectiveRequest\x1a'.questrt.decode.v1.BenchCollectiveReplyB3Z1github.com/questrt/questrt/api/decode/v1;decodev1b\x06proto3"
 
 var (
 	file_decode_v1_decode_proto_rawDescOnce sync.Once
@@ -2063,93 +2315,101 @@ func file_decode_v1_decode_proto_rawDescGZIP() []byte {
 	return file_decode_v1_decode_proto_rawDescData
 }
 
-var file_decode_v1_decode_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_decode_v1_decode_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_decode_v1_decode_proto_goTypes = []any{
-	(*CreateRequest)(nil),     // 0: questrt.decode.v1.CreateRequest
-	(*CreateReply)(nil),       // 1: questrt.decode.v1.CreateReply
-	(*AppendRequest)(nil),     // 2: questrt.decode.v1.AppendRequest
-	(*AppendReply)(nil),       // 3: questrt.decode.v1.AppendReply
-	(*StepItem)(nil),          // 4: questrt.decode.v1.StepItem
-	(*StepRequest)(nil),       // 5: questrt.decode.v1.StepRequest
-	(*Plan)(nil),              // 6: questrt.decode.v1.Plan
-	(*Diagnostics)(nil),       // 7: questrt.decode.v1.Diagnostics
-	(*StepReply)(nil),         // 8: questrt.decode.v1.StepReply
-	(*StepsRequest)(nil),      // 9: questrt.decode.v1.StepsRequest
-	(*StepsReply)(nil),        // 10: questrt.decode.v1.StepsReply
-	(*ForkRequest)(nil),       // 11: questrt.decode.v1.ForkRequest
-	(*ForkReply)(nil),         // 12: questrt.decode.v1.ForkReply
-	(*RollbackRequest)(nil),   // 13: questrt.decode.v1.RollbackRequest
-	(*RollbackReply)(nil),     // 14: questrt.decode.v1.RollbackReply
-	(*ReleaseRequest)(nil),    // 15: questrt.decode.v1.ReleaseRequest
-	(*ReleaseReply)(nil),      // 16: questrt.decode.v1.ReleaseReply
-	(*LengthRequest)(nil),     // 17: questrt.decode.v1.LengthRequest
-	(*LengthReply)(nil),       // 18: questrt.decode.v1.LengthReply
-	(*StatusRequest)(nil),     // 19: questrt.decode.v1.StatusRequest
-	(*Member)(nil),            // 20: questrt.decode.v1.Member
-	(*Device)(nil),            // 21: questrt.decode.v1.Device
-	(*StatusReply)(nil),       // 22: questrt.decode.v1.StatusReply
-	(*RecoveredRequest)(nil),  // 23: questrt.decode.v1.RecoveredRequest
-	(*RecoveredSequence)(nil), // 24: questrt.decode.v1.RecoveredSequence
-	(*DamagedSequence)(nil),   // 25: questrt.decode.v1.DamagedSequence
-	(*RecoveredReply)(nil),    // 26: questrt.decode.v1.RecoveredReply
-	(*v1.GridConfig)(nil),     // 27: questrt.worker.v1.GridConfig
-	(*v1.Tensor)(nil),         // 28: questrt.worker.v1.Tensor
-	(*v1.Times)(nil),          // 29: questrt.worker.v1.Times
+	(*CreateRequest)(nil),          // 0: questrt.decode.v1.CreateRequest
+	(*CreateReply)(nil),            // 1: questrt.decode.v1.CreateReply
+	(*AppendRequest)(nil),          // 2: questrt.decode.v1.AppendRequest
+	(*AppendReply)(nil),            // 3: questrt.decode.v1.AppendReply
+	(*StepItem)(nil),               // 4: questrt.decode.v1.StepItem
+	(*StepRequest)(nil),            // 5: questrt.decode.v1.StepRequest
+	(*Plan)(nil),                   // 6: questrt.decode.v1.Plan
+	(*Diagnostics)(nil),            // 7: questrt.decode.v1.Diagnostics
+	(*StepReply)(nil),              // 8: questrt.decode.v1.StepReply
+	(*StepsRequest)(nil),           // 9: questrt.decode.v1.StepsRequest
+	(*StepsReply)(nil),             // 10: questrt.decode.v1.StepsReply
+	(*ForkRequest)(nil),            // 11: questrt.decode.v1.ForkRequest
+	(*ForkReply)(nil),              // 12: questrt.decode.v1.ForkReply
+	(*RollbackRequest)(nil),        // 13: questrt.decode.v1.RollbackRequest
+	(*RollbackReply)(nil),          // 14: questrt.decode.v1.RollbackReply
+	(*ReleaseRequest)(nil),         // 15: questrt.decode.v1.ReleaseRequest
+	(*ReleaseReply)(nil),           // 16: questrt.decode.v1.ReleaseReply
+	(*LengthRequest)(nil),          // 17: questrt.decode.v1.LengthRequest
+	(*LengthReply)(nil),            // 18: questrt.decode.v1.LengthReply
+	(*StatusRequest)(nil),          // 19: questrt.decode.v1.StatusRequest
+	(*Member)(nil),                 // 20: questrt.decode.v1.Member
+	(*Device)(nil),                 // 21: questrt.decode.v1.Device
+	(*StatusReply)(nil),            // 22: questrt.decode.v1.StatusReply
+	(*RecoveredRequest)(nil),       // 23: questrt.decode.v1.RecoveredRequest
+	(*RecoveredSequence)(nil),      // 24: questrt.decode.v1.RecoveredSequence
+	(*DamagedSequence)(nil),        // 25: questrt.decode.v1.DamagedSequence
+	(*RecoveredReply)(nil),         // 26: questrt.decode.v1.RecoveredReply
+	(*BenchCollectiveRequest)(nil), // 27: questrt.decode.v1.BenchCollectiveRequest
+	(*BenchRankReport)(nil),        // 28: questrt.decode.v1.BenchRankReport
+	(*BenchCollectiveReply)(nil),   // 29: questrt.decode.v1.BenchCollectiveReply
+	(*v1.GridConfig)(nil),          // 30: questrt.worker.v1.GridConfig
+	(*v1.Tensor)(nil),              // 31: questrt.worker.v1.Tensor
+	(*v1.Times)(nil),               // 32: questrt.worker.v1.Times
+	(*v1.BenchSpec)(nil),           // 33: questrt.worker.v1.BenchSpec
 }
 var file_decode_v1_decode_proto_depIdxs = []int32{
-	27, // 0: questrt.decode.v1.CreateRequest.config:type_name -> questrt.worker.v1.GridConfig
-	28, // 1: questrt.decode.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
-	28, // 2: questrt.decode.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
-	28, // 3: questrt.decode.v1.StepItem.q:type_name -> questrt.worker.v1.Tensor
-	28, // 4: questrt.decode.v1.StepItem.k:type_name -> questrt.worker.v1.Tensor
-	28, // 5: questrt.decode.v1.StepItem.v:type_name -> questrt.worker.v1.Tensor
+	30, // 0: questrt.decode.v1.CreateRequest.config:type_name -> questrt.worker.v1.GridConfig
+	31, // 1: questrt.decode.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
+	31, // 2: questrt.decode.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
+	31, // 3: questrt.decode.v1.StepItem.q:type_name -> questrt.worker.v1.Tensor
+	31, // 4: questrt.decode.v1.StepItem.k:type_name -> questrt.worker.v1.Tensor
+	31, // 5: questrt.decode.v1.StepItem.v:type_name -> questrt.worker.v1.Tensor
 	4,  // 6: questrt.decode.v1.StepRequest.items:type_name -> questrt.decode.v1.StepItem
-	28, // 7: questrt.decode.v1.Diagnostics.indptr:type_name -> questrt.worker.v1.Tensor
-	28, // 8: questrt.decode.v1.Diagnostics.pages:type_name -> questrt.worker.v1.Tensor
-	28, // 9: questrt.decode.v1.Diagnostics.scores:type_name -> questrt.worker.v1.Tensor
-	28, // 10: questrt.decode.v1.Diagnostics.dense_lse:type_name -> questrt.worker.v1.Tensor
-	28, // 11: questrt.decode.v1.StepReply.o:type_name -> questrt.worker.v1.Tensor
-	28, // 12: questrt.decode.v1.StepReply.lse:type_name -> questrt.worker.v1.Tensor
+	31, // 7: questrt.decode.v1.Diagnostics.indptr:type_name -> questrt.worker.v1.Tensor
+	31, // 8: questrt.decode.v1.Diagnostics.pages:type_name -> questrt.worker.v1.Tensor
+	31, // 9: questrt.decode.v1.Diagnostics.scores:type_name -> questrt.worker.v1.Tensor
+	31, // 10: questrt.decode.v1.Diagnostics.dense_lse:type_name -> questrt.worker.v1.Tensor
+	31, // 11: questrt.decode.v1.StepReply.o:type_name -> questrt.worker.v1.Tensor
+	31, // 12: questrt.decode.v1.StepReply.lse:type_name -> questrt.worker.v1.Tensor
 	6,  // 13: questrt.decode.v1.StepReply.plans:type_name -> questrt.decode.v1.Plan
 	7,  // 14: questrt.decode.v1.StepReply.diag:type_name -> questrt.decode.v1.Diagnostics
-	29, // 15: questrt.decode.v1.StepReply.time:type_name -> questrt.worker.v1.Times
+	32, // 15: questrt.decode.v1.StepReply.time:type_name -> questrt.worker.v1.Times
 	4,  // 16: questrt.decode.v1.StepsRequest.items:type_name -> questrt.decode.v1.StepItem
-	28, // 17: questrt.decode.v1.StepsReply.o:type_name -> questrt.worker.v1.Tensor
-	28, // 18: questrt.decode.v1.StepsReply.lse:type_name -> questrt.worker.v1.Tensor
+	31, // 17: questrt.decode.v1.StepsReply.o:type_name -> questrt.worker.v1.Tensor
+	31, // 18: questrt.decode.v1.StepsReply.lse:type_name -> questrt.worker.v1.Tensor
 	6,  // 19: questrt.decode.v1.StepsReply.plans:type_name -> questrt.decode.v1.Plan
-	29, // 20: questrt.decode.v1.StepsReply.time:type_name -> questrt.worker.v1.Times
+	32, // 20: questrt.decode.v1.StepsReply.time:type_name -> questrt.worker.v1.Times
 	20, // 21: questrt.decode.v1.StatusReply.members:type_name -> questrt.decode.v1.Member
 	21, // 22: questrt.decode.v1.StatusReply.devices:type_name -> questrt.decode.v1.Device
-	27, // 23: questrt.decode.v1.StatusReply.config:type_name -> questrt.worker.v1.GridConfig
+	30, // 23: questrt.decode.v1.StatusReply.config:type_name -> questrt.worker.v1.GridConfig
 	24, // 24: questrt.decode.v1.StatusReply.recovered:type_name -> questrt.decode.v1.RecoveredSequence
 	25, // 25: questrt.decode.v1.StatusReply.damaged:type_name -> questrt.decode.v1.DamagedSequence
 	24, // 26: questrt.decode.v1.RecoveredReply.sequences:type_name -> questrt.decode.v1.RecoveredSequence
 	25, // 27: questrt.decode.v1.RecoveredReply.damaged:type_name -> questrt.decode.v1.DamagedSequence
-	0,  // 28: questrt.decode.v1.Decode.Create:input_type -> questrt.decode.v1.CreateRequest
-	2,  // 29: questrt.decode.v1.Decode.Append:input_type -> questrt.decode.v1.AppendRequest
-	5,  // 30: questrt.decode.v1.Decode.Step:input_type -> questrt.decode.v1.StepRequest
-	9,  // 31: questrt.decode.v1.Decode.Steps:input_type -> questrt.decode.v1.StepsRequest
-	11, // 32: questrt.decode.v1.Decode.Fork:input_type -> questrt.decode.v1.ForkRequest
-	13, // 33: questrt.decode.v1.Decode.Rollback:input_type -> questrt.decode.v1.RollbackRequest
-	15, // 34: questrt.decode.v1.Decode.Release:input_type -> questrt.decode.v1.ReleaseRequest
-	17, // 35: questrt.decode.v1.Decode.Length:input_type -> questrt.decode.v1.LengthRequest
-	19, // 36: questrt.decode.v1.Decode.Status:input_type -> questrt.decode.v1.StatusRequest
-	23, // 37: questrt.decode.v1.Decode.Recovered:input_type -> questrt.decode.v1.RecoveredRequest
-	1,  // 38: questrt.decode.v1.Decode.Create:output_type -> questrt.decode.v1.CreateReply
-	3,  // 39: questrt.decode.v1.Decode.Append:output_type -> questrt.decode.v1.AppendReply
-	8,  // 40: questrt.decode.v1.Decode.Step:output_type -> questrt.decode.v1.StepReply
-	10, // 41: questrt.decode.v1.Decode.Steps:output_type -> questrt.decode.v1.StepsReply
-	12, // 42: questrt.decode.v1.Decode.Fork:output_type -> questrt.decode.v1.ForkReply
-	14, // 43: questrt.decode.v1.Decode.Rollback:output_type -> questrt.decode.v1.RollbackReply
-	16, // 44: questrt.decode.v1.Decode.Release:output_type -> questrt.decode.v1.ReleaseReply
-	18, // 45: questrt.decode.v1.Decode.Length:output_type -> questrt.decode.v1.LengthReply
-	22, // 46: questrt.decode.v1.Decode.Status:output_type -> questrt.decode.v1.StatusReply
-	26, // 47: questrt.decode.v1.Decode.Recovered:output_type -> questrt.decode.v1.RecoveredReply
-	38, // [38:48] is the sub-list for method output_type
-	28, // [28:38] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	33, // 28: questrt.decode.v1.BenchCollectiveRequest.spec:type_name -> questrt.worker.v1.BenchSpec
+	28, // 29: questrt.decode.v1.BenchCollectiveReply.ranks:type_name -> questrt.decode.v1.BenchRankReport
+	0,  // 30: questrt.decode.v1.Decode.Create:input_type -> questrt.decode.v1.CreateRequest
+	2,  // 31: questrt.decode.v1.Decode.Append:input_type -> questrt.decode.v1.AppendRequest
+	5,  // 32: questrt.decode.v1.Decode.Step:input_type -> questrt.decode.v1.StepRequest
+	9,  // 33: questrt.decode.v1.Decode.Steps:input_type -> questrt.decode.v1.StepsRequest
+	11, // 34: questrt.decode.v1.Decode.Fork:input_type -> questrt.decode.v1.ForkRequest
+	13, // 35: questrt.decode.v1.Decode.Rollback:input_type -> questrt.decode.v1.RollbackRequest
+	15, // 36: questrt.decode.v1.Decode.Release:input_type -> questrt.decode.v1.ReleaseRequest
+	17, // 37: questrt.decode.v1.Decode.Length:input_type -> questrt.decode.v1.LengthRequest
+	19, // 38: questrt.decode.v1.Decode.Status:input_type -> questrt.decode.v1.StatusRequest
+	23, // 39: questrt.decode.v1.Decode.Recovered:input_type -> questrt.decode.v1.RecoveredRequest
+	27, // 40: questrt.decode.v1.Decode.BenchCollective:input_type -> questrt.decode.v1.BenchCollectiveRequest
+	1,  // 41: questrt.decode.v1.Decode.Create:output_type -> questrt.decode.v1.CreateReply
+	3,  // 42: questrt.decode.v1.Decode.Append:output_type -> questrt.decode.v1.AppendReply
+	8,  // 43: questrt.decode.v1.Decode.Step:output_type -> questrt.decode.v1.StepReply
+	10, // 44: questrt.decode.v1.Decode.Steps:output_type -> questrt.decode.v1.StepsReply
+	12, // 45: questrt.decode.v1.Decode.Fork:output_type -> questrt.decode.v1.ForkReply
+	14, // 46: questrt.decode.v1.Decode.Rollback:output_type -> questrt.decode.v1.RollbackReply
+	16, // 47: questrt.decode.v1.Decode.Release:output_type -> questrt.decode.v1.ReleaseReply
+	18, // 48: questrt.decode.v1.Decode.Length:output_type -> questrt.decode.v1.LengthReply
+	22, // 49: questrt.decode.v1.Decode.Status:output_type -> questrt.decode.v1.StatusReply
+	26, // 50: questrt.decode.v1.Decode.Recovered:output_type -> questrt.decode.v1.RecoveredReply
+	29, // 51: questrt.decode.v1.Decode.BenchCollective:output_type -> questrt.decode.v1.BenchCollectiveReply
+	41, // [41:52] is the sub-list for method output_type
+	30, // [30:41] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_decode_v1_decode_proto_init() }
@@ -2163,7 +2423,7 @@ func file_decode_v1_decode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decode_v1_decode_proto_rawDesc), len(file_decode_v1_decode_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,16 +35,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Decode_Create_FullMethodName    = "/questrt.decode.v1.Decode/Create"
-	Decode_Append_FullMethodName    = "/questrt.decode.v1.Decode/Append"
-	Decode_Step_FullMethodName      = "/questrt.decode.v1.Decode/Step"
-	Decode_Steps_FullMethodName     = "/questrt.decode.v1.Decode/Steps"
-	Decode_Fork_FullMethodName      = "/questrt.decode.v1.Decode/Fork"
-	Decode_Rollback_FullMethodName  = "/questrt.decode.v1.Decode/Rollback"
-	Decode_Release_FullMethodName   = "/questrt.decode.v1.Decode/Release"
-	Decode_Length_FullMethodName    = "/questrt.decode.v1.Decode/Length"
-	Decode_Status_FullMethodName    = "/questrt.decode.v1.Decode/Status"
-	Decode_Recovered_FullMethodName = "/questrt.decode.v1.Decode/Recovered"
+	Decode_Create_FullMethodName          = "/questrt.decode.v1.Decode/Create"
+	Decode_Append_FullMethodName          = "/questrt.decode.v1.Decode/Append"
+	Decode_Step_FullMethodName            = "/questrt.decode.v1.Decode/Step"
+	Decode_Steps_FullMethodName           = "/questrt.decode.v1.Decode/Steps"
+	Decode_Fork_FullMethodName            = "/questrt.decode.v1.Decode/Fork"
+	Decode_Rollback_FullMethodName        = "/questrt.decode.v1.Decode/Rollback"
+	Decode_Release_FullMethodName         = "/questrt.decode.v1.Decode/Release"
+	Decode_Length_FullMethodName          = "/questrt.decode.v1.Decode/Length"
+	Decode_Status_FullMethodName          = "/questrt.decode.v1.Decode/Status"
+	Decode_Recovered_FullMethodName       = "/questrt.decode.v1.Decode/Recovered"
+	Decode_BenchCollective_FullMethodName = "/questrt.decode.v1.Decode/BenchCollective"
 )
 
 // DecodeClient is the client API for Decode service.
@@ -82,6 +83,15 @@ type DecodeClient interface {
 	// that not every rank recovered come back as damaged; their pages were
 	// freed.
 	Recovered(ctx context.Context, in *RecoveredRequest, opts ...grpc.CallOption) (*RecoveredReply, error)
+	// BenchCollective runs the collective benchmark (questctl bench
+	// collective --addr) with one rank on each of `nodes` nodes that are
+	// up, this node rank 0 and the others by name, over the cluster's own
+	// collective streams (the worker API's OpenBench and RunBench), and
+	// answers every rank's step times. A bad spec, or more nodes than are
+	// up, is INVALID_ARGUMENT before anything runs; a node lost or failing
+	// mid-run fails the call (UNAVAILABLE, the message names the node)
+	// and ends the run on the others.
+	BenchCollective(ctx context.Context, in *BenchCollectiveRequest, opts ...grpc.CallOption) (*BenchCollectiveReply, error)
 }
 
 type decodeClient struct {
@@ -195,6 +205,16 @@ func (c *decodeClient) Recovered(ctx context.Context, in *RecoveredRequest, opts
 	return out, nil
 }
 
+func (c *decodeClient) BenchCollective(ctx context.Context, in *BenchCollectiveRequest, opts ...grpc.CallOption) (*BenchCollectiveReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BenchCollectiveReply)
+	err := c.cc.Invoke(ctx, Decode_BenchCollective_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DecodeServer is the server API for Decode service.
 // All implementations must embed UnimplementedDecodeServer
 // for forward compatibility.
@@ -230,6 +250,15 @@ type DecodeServer interface {
 	// that not every rank recovered come back as damaged; their pages were
 	// freed.
 	Recovered(context.Context, *RecoveredRequest) (*RecoveredReply, error)
+	// BenchCollective runs the collective benchmark (questctl bench
+	// collective --addr) with one rank on each of `nodes` nodes that are
+	// up, this node rank 0 and the others by name, over the cluster's own
+	// collective streams (the worker API's OpenBench and RunBench), and
+	// answers every rank's step times. A bad spec, or more nodes than are
+	// up, is INVALID_ARGUMENT before anything runs; a node lost or failing
+	// mid-run fails the call (UNAVAILABLE, the message names the node)
+	// and ends the run on the others.
+	BenchCollective(context.Context, *BenchCollectiveRequest) (*BenchCollectiveReply, error)
 	mustEmbedUnimplementedDecodeServer()
 }
 
@@ -269,6 +298,9 @@ func (UnimplementedDecodeServer) Status(context.Context, *StatusRequest) (*Statu
 }
 func (UnimplementedDecodeServer) Recovered(context.Context, *RecoveredRequest) (*RecoveredReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Recovered not implemented")
+}
+func (UnimplementedDecodeServer) BenchCollective(context.Context, *BenchCollectiveRequest) (*BenchCollectiveReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method BenchCollective not implemented")
 }
 func (UnimplementedDecodeServer) mustEmbedUnimplementedDecodeServer() {}
 func (UnimplementedDecodeServer) testEmbeddedByValue()                {}
@@ -460,6 +492,24 @@ func _Decode_Recovered_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Decode_BenchCollective_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BenchCollectiveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DecodeServer).BenchCollective(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Decode_BenchCollective_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DecodeServer).BenchCollective(ctx, req.(*BenchCollectiveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Decode_ServiceDesc is the grpc.ServiceDesc for Decode service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -502,6 +552,10 @@ var Decode_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Recovered",
 			Handler:    _Decode_Recovered_Handler,
+		},
+		{
+			MethodName: "BenchCollective",
+			Handler:    _Decode_BenchCollective_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -455,8 +455,20 @@ type Policy struct {
 	DenseLayers  uint32                 `protobuf:"varint,5,opt,name=dense_layers,json=denseLayers,proto3" json:"dense_layers,omitempty"`
 	LayerBudget  map[uint32]uint32      `protobuf:"bytes,6,rep,name=layer_budget,json=layerBudget,proto3" json:"layer_budget,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// gqa and selector by name: group_max|per_head; quest|dense|oracle|...
-	Gqa           string `protobuf:"bytes,7,opt,name=gqa,proto3" json:"gqa,omitempty"`
-	Selector      string `protobuf:"bytes,8,opt,name=selector,proto3" json:"selector,omitempty"`
+	Gqa      string `protobuf:"bytes,7,opt,name=gqa,proto3" json:"gqa,omitempty"`
+	Selector string `protobuf:"bytes,8,opt,name=selector,proto3" json:"selector,omitempty"`
+	// dense_rho: a sparse layer reads every page while 1/S + K/P >= it
+	// (plan.Policy.DenseRho; 0 is off).
+	DenseRho float64 `protobuf:"fixed64,9,opt,name=dense_rho,json=denseRho,proto3" json:"dense_rho,omitempty"`
+	// hier_group: Quest pages ranked by the exact search over boxes of
+	// this many pages (plan.Policy.HierGroup; 0 is flat scoring).
+	HierGroup uint32 `protobuf:"varint,10,opt,name=hier_group,json=hierGroup,proto3" json:"hier_group,omitempty"`
+	// top_p: keep per KV head the tokens reaching this softmax mass after
+	// the page selection (plan.Policy.TopP; 0 is off).
+	TopP float64 `protobuf:"fixed64,11,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
+	// sub_boxes: min/max boxes per page and KV head, each over page_size /
+	// sub_boxes slots (plan.Policy.SubBoxes; 0 and 1 are one box).
+	SubBoxes      uint32 `protobuf:"varint,12,opt,name=sub_boxes,json=subBoxes,proto3" json:"sub_boxes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -545,6 +557,34 @@ func (x *Policy) GetSelector() string {
 		return x.Selector
 	}
 	return ""
+}
+
+func (x *Policy) GetDenseRho() float64 {
+	if x != nil {
+		return x.DenseRho
+	}
+	return 0
+}
+
+func (x *Policy) GetHierGroup() uint32 {
+	if x != nil {
+		return x.HierGroup
+	}
+	return 0
+}
+
+func (x *Policy) GetTopP() float64 {
+	if x != nil {
+		return x.TopP
+	}
+	return 0
+}
+
+func (x *Policy) GetSubBoxes() uint32 {
+	if x != nil {
+		return x.SubBoxes
+	}
+	return 0
 }
 
 // GridConfig is worker.Config: the geometry, the CP x TP grid, each
@@ -878,7 +918,17 @@ type ConnectGridReply struct {
 	// from the node's data directory (a node started with one, opening a
 	// grid of the same coordinator and shape as before its restart), by
 	// increasing key. They are parked until Claim or DropRecovered.
-	Recovered     []*RecoveredSeq `protobuf:"bytes,1,rep,name=recovered,proto3" json:"recovered,omitempty"`
+	Recovered []*RecoveredSeq `protobuf:"bytes,1,rep,name=recovered,proto3" json:"recovered,omitempty"`
+	// damaged are the sequences the node's ranks of the grid found in its
+	// data directory and could not recover (worker.DamagedSeq), by
+	// increasing key; their pages were freed on the node.
+	Damaged []*DamagedSeq `protobuf:"bytes,2,rep,name=damaged,proto3" json:"damaged,omitempty"`
+	// quarantined, when not empty, says why the node found the grid's data
+	// directory damaged and moved it aside (remote.QuarantineName): the
+	// grid opened on a fresh directory and the node recovered none of its
+	// sequences (damaged lists those the moved directory's sequence table
+	// still names). It names no server path.
+	Quarantined   string `protobuf:"bytes,3,opt,name=quarantined,proto3" json:"quarantined,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -920,6 +970,94 @@ func (x *ConnectGridReply) GetRecovered() []*RecoveredSeq {
 	return nil
 }
 
+func (x *ConnectGridReply) GetDamaged() []*DamagedSeq {
+	if x != nil {
+		return x.Damaged
+	}
+	return nil
+}
+
+func (x *ConnectGridReply) GetQuarantined() string {
+	if x != nil {
+		return x.Quarantined
+	}
+	return ""
+}
+
+// DamagedSeq is worker.DamagedSeq: a sequence a node found and could not
+// recover.
+type DamagedSeq struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key is the node's handle it had; seq the coordinator's id and grid
+	// the grid that created it (RecoveredSeq.seq and grid; grid is empty
+	// when its table entry was unreadable).
+	Key  uint64 `protobuf:"varint,1,opt,name=key,proto3" json:"key,omitempty"`
+	Seq  uint64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Grid string `protobuf:"bytes,3,opt,name=grid,proto3" json:"grid,omitempty"`
+	// reason is why it was not recovered, without server paths.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DamagedSeq) Reset() {
+	*x = DamagedSeq{}
+	mi := &file_worker_v1_worker_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DamagedSeq) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DamagedSeq) ProtoMessage() {}
+
+func (x *DamagedSeq) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DamagedSeq.ProtoReflect.Descriptor instead.
+func (*DamagedSeq) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DamagedSeq) GetKey() uint64 {
+	if x != nil {
+		return x.Key
+	}
+	return 0
+}
+
+func (x *DamagedSeq) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *DamagedSeq) GetGrid() string {
+	if x != nil {
+		return x.Grid
+	}
+	return ""
+}
+
+func (x *DamagedSeq) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // RecoveredSeq is worker.RecoveredSeq: one recovered, parked sequence.
 type RecoveredSeq struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -947,14 +1085,24 @@ type RecoveredSeq struct {
 	// rolled_back, when not empty, are the tokens per layer recovery cut
 	// because the step that appended them had not ended (never
 	// acknowledged); counted in had and lost_tokens as well.
-	RolledBack    []uint32 `protobuf:"varint,9,rep,packed,name=rolled_back,json=rolledBack,proto3" json:"rolled_back,omitempty"`
+	RolledBack []uint32 `protobuf:"varint,9,rep,packed,name=rolled_back,json=rolledBack,proto3" json:"rolled_back,omitempty"`
+	// had_lens are, per layer, the length the layer held before the stop
+	// as far as the node's ranks know (the largest over the nodes is the
+	// sequence's; had is their largest); empty from a node that does not
+	// report them.
+	HadLens []uint32 `protobuf:"varint,10,rep,packed,name=had_lens,json=hadLens,proto3" json:"had_lens,omitempty"`
+	// had_exact, when not empty, says per layer whether had_lens[layer]
+	// is exact (otherwise an upper bound: the node's length record holds
+	// only the longest layer); empty from a node that does not say (all
+	// estimated).
+	HadExact      []bool `protobuf:"varint,11,rep,packed,name=had_exact,json=hadExact,proto3" json:"had_exact,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RecoveredSeq) Reset() {
 	*x = RecoveredSeq{}
-	mi := &file_worker_v1_worker_proto_msgTypes[12]
+	mi := &file_worker_v1_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1114,7 @@ func (x *RecoveredSeq) String() string {
 func (*RecoveredSeq) ProtoMessage() {}
 
 func (x *RecoveredSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[12]
+	mi := &file_worker_v1_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1127,7 @@ func (x *RecoveredSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoveredSeq.ProtoReflect.Descriptor instead.
 func (*RecoveredSeq) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{12}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RecoveredSeq) GetKey() uint64 {
@@ -1045,6 +1193,20 @@ func (x *RecoveredSeq) GetRolledBack() []uint32 {
 	return nil
 }
 
+func (x *RecoveredSeq) GetHadLens() []uint32 {
+	if x != nil {
+		return x.HadLens
+	}
+	return nil
+}
+
+func (x *RecoveredSeq) GetHadExact() []bool {
+	if x != nil {
+		return x.HadExact
+	}
+	return nil
+}
+
 type ClaimRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Ref   *GridRef               `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
@@ -1057,7 +1219,7 @@ type ClaimRequest struct {
 
 func (x *ClaimRequest) Reset() {
 	*x = ClaimRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[13]
+	mi := &file_worker_v1_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1231,7 @@ func (x *ClaimRequest) String() string {
 func (*ClaimRequest) ProtoMessage() {}
 
 func (x *ClaimRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[13]
+	mi := &file_worker_v1_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1244,7 @@ func (x *ClaimRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimRequest.ProtoReflect.Descriptor instead.
 func (*ClaimRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{13}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ClaimRequest) GetRef() *GridRef {
@@ -1116,7 +1278,7 @@ type DropRecoveredRequest struct {
 
 func (x *DropRecoveredRequest) Reset() {
 	*x = DropRecoveredRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[14]
+	mi := &file_worker_v1_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1128,7 +1290,7 @@ func (x *DropRecoveredRequest) String() string {
 func (*DropRecoveredRequest) ProtoMessage() {}
 
 func (x *DropRecoveredRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[14]
+	mi := &file_worker_v1_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1141,7 +1303,7 @@ func (x *DropRecoveredRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRecoveredRequest.ProtoReflect.Descriptor instead.
 func (*DropRecoveredRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{14}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DropRecoveredRequest) GetRef() *GridRef {
@@ -1169,7 +1331,7 @@ type ParkRequest struct {
 
 func (x *ParkRequest) Reset() {
 	*x = ParkRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[15]
+	mi := &file_worker_v1_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1343,7 @@ func (x *ParkRequest) String() string {
 func (*ParkRequest) ProtoMessage() {}
 
 func (x *ParkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[15]
+	mi := &file_worker_v1_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1356,7 @@ func (x *ParkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParkRequest.ProtoReflect.Descriptor instead.
 func (*ParkRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{15}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ParkRequest) GetRef() *GridRef {
@@ -1220,7 +1382,7 @@ type CloseGridRequest struct {
 
 func (x *CloseGridRequest) Reset() {
 	*x = CloseGridRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[16]
+	mi := &file_worker_v1_worker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1394,7 @@ func (x *CloseGridRequest) String() string {
 func (*CloseGridRequest) ProtoMessage() {}
 
 func (x *CloseGridRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[16]
+	mi := &file_worker_v1_worker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1407,7 @@ func (x *CloseGridRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseGridRequest.ProtoReflect.Descriptor instead.
 func (*CloseGridRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{16}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CloseGridRequest) GetRef() *GridRef {
@@ -1263,7 +1425,7 @@ type CloseGridReply struct {
 
 func (x *CloseGridReply) Reset() {
 	*x = CloseGridReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[17]
+	mi := &file_worker_v1_worker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1437,7 @@ func (x *CloseGridReply) String() string {
 func (*CloseGridReply) ProtoMessage() {}
 
 func (x *CloseGridReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[17]
+	mi := &file_worker_v1_worker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1450,7 @@ func (x *CloseGridReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseGridReply.ProtoReflect.Descriptor instead.
 func (*CloseGridReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{17}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{18}
 }
 
 type Ack struct {
@@ -1299,7 +1461,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_worker_v1_worker_proto_msgTypes[18]
+	mi := &file_worker_v1_worker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1473,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[18]
+	mi := &file_worker_v1_worker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1486,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{18}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{19}
 }
 
 // Layout is plan.Layout.
@@ -1341,7 +1503,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_worker_v1_worker_proto_msgTypes[19]
+	mi := &file_worker_v1_worker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1515,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[19]
+	mi := &file_worker_v1_worker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1528,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{19}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Layout) GetCp() uint32 {
@@ -1408,7 +1570,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[20]
+	mi := &file_worker_v1_worker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1582,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[20]
+	mi := &file_worker_v1_worker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1595,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{20}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateRequest) GetRef() *GridRef {
@@ -1468,7 +1630,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[21]
+	mi := &file_worker_v1_worker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1642,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[21]
+	mi := &file_worker_v1_worker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1655,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{21}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ForkRequest) GetRef() *GridRef {
@@ -1527,7 +1689,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[22]
+	mi := &file_worker_v1_worker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +1701,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[22]
+	mi := &file_worker_v1_worker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +1714,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{22}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReleaseRequest) GetRef() *GridRef {
@@ -1583,7 +1745,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[23]
+	mi := &file_worker_v1_worker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1757,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[23]
+	mi := &file_worker_v1_worker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1770,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{23}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CheckRequest) GetRef() *GridRef {
@@ -1671,7 +1833,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[24]
+	mi := &file_worker_v1_worker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1683,7 +1845,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[24]
+	mi := &file_worker_v1_worker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1696,7 +1858,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{24}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AppendRequest) GetRef() *GridRef {
@@ -1781,7 +1943,7 @@ type RollbackRequest struct {
 
 func (x *RollbackRequest) Reset() {
 	*x = RollbackRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[25]
+	mi := &file_worker_v1_worker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1793,7 +1955,7 @@ func (x *RollbackRequest) String() string {
 func (*RollbackRequest) ProtoMessage() {}
 
 func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[25]
+	mi := &file_worker_v1_worker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1806,7 +1968,7 @@ func (x *RollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{25}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RollbackRequest) GetRef() *GridRef {
@@ -1867,7 +2029,7 @@ type RollbackReply struct {
 
 func (x *RollbackReply) Reset() {
 	*x = RollbackReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[26]
+	mi := &file_worker_v1_worker_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +2041,7 @@ func (x *RollbackReply) String() string {
 func (*RollbackReply) ProtoMessage() {}
 
 func (x *RollbackReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[26]
+	mi := &file_worker_v1_worker_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +2054,7 @@ func (x *RollbackReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackReply.ProtoReflect.Descriptor instead.
 func (*RollbackReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{26}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RollbackReply) GetTail() []*Tensor {
@@ -1917,7 +2079,7 @@ type StepSeq struct {
 
 func (x *StepSeq) Reset() {
 	*x = StepSeq{}
-	mi := &file_worker_v1_worker_proto_msgTypes[27]
+	mi := &file_worker_v1_worker_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2091,7 @@ func (x *StepSeq) String() string {
 func (*StepSeq) ProtoMessage() {}
 
 func (x *StepSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[27]
+	mi := &file_worker_v1_worker_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2104,7 @@ func (x *StepSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepSeq.ProtoReflect.Descriptor instead.
 func (*StepSeq) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{27}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StepSeq) GetSeq() uint64 {
@@ -1995,7 +2157,7 @@ type BeginRequest struct {
 
 func (x *BeginRequest) Reset() {
 	*x = BeginRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[28]
+	mi := &file_worker_v1_worker_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2169,7 @@ func (x *BeginRequest) String() string {
 func (*BeginRequest) ProtoMessage() {}
 
 func (x *BeginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[28]
+	mi := &file_worker_v1_worker_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2182,7 @@ func (x *BeginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
 func (*BeginRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{28}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *BeginRequest) GetRef() *GridRef {
@@ -2087,7 +2249,7 @@ type RankInput struct {
 
 func (x *RankInput) Reset() {
 	*x = RankInput{}
-	mi := &file_worker_v1_worker_proto_msgTypes[29]
+	mi := &file_worker_v1_worker_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2261,7 @@ func (x *RankInput) String() string {
 func (*RankInput) ProtoMessage() {}
 
 func (x *RankInput) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[29]
+	mi := &file_worker_v1_worker_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2274,7 @@ func (x *RankInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankInput.ProtoReflect.Descriptor instead.
 func (*RankInput) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{29}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RankInput) GetRank() *Rank {
@@ -2162,7 +2324,7 @@ type LayerRequest struct {
 
 func (x *LayerRequest) Reset() {
 	*x = LayerRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[30]
+	mi := &file_worker_v1_worker_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2174,7 +2336,7 @@ func (x *LayerRequest) String() string {
 func (*LayerRequest) ProtoMessage() {}
 
 func (x *LayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[30]
+	mi := &file_worker_v1_worker_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2187,7 +2349,7 @@ func (x *LayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerRequest.ProtoReflect.Descriptor instead.
 func (*LayerRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{30}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LayerRequest) GetRef() *GridRef {
@@ -2233,7 +2395,7 @@ type Times struct {
 
 func (x *Times) Reset() {
 	*x = Times{}
-	mi := &file_worker_v1_worker_proto_msgTypes[31]
+	mi := &file_worker_v1_worker_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2245,7 +2407,7 @@ func (x *Times) String() string {
 func (*Times) ProtoMessage() {}
 
 func (x *Times) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[31]
+	mi := &file_worker_v1_worker_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2258,7 +2420,7 @@ func (x *Times) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Times.ProtoReflect.Descriptor instead.
 func (*Times) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{31}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Times) GetScoreNs() int64 {
@@ -2318,7 +2480,7 @@ type RankDiag struct {
 
 func (x *RankDiag) Reset() {
 	*x = RankDiag{}
-	mi := &file_worker_v1_worker_proto_msgTypes[32]
+	mi := &file_worker_v1_worker_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2330,7 +2492,7 @@ func (x *RankDiag) String() string {
 func (*RankDiag) ProtoMessage() {}
 
 func (x *RankDiag) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[32]
+	mi := &file_worker_v1_worker_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2343,7 +2505,7 @@ func (x *RankDiag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankDiag.ProtoReflect.Descriptor instead.
 func (*RankDiag) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{32}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RankDiag) GetRows() uint32 {
@@ -2397,7 +2559,7 @@ type RankOutput struct {
 
 func (x *RankOutput) Reset() {
 	*x = RankOutput{}
-	mi := &file_worker_v1_worker_proto_msgTypes[33]
+	mi := &file_worker_v1_worker_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2409,7 +2571,7 @@ func (x *RankOutput) String() string {
 func (*RankOutput) ProtoMessage() {}
 
 func (x *RankOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[33]
+	mi := &file_worker_v1_worker_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2422,7 +2584,7 @@ func (x *RankOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankOutput.ProtoReflect.Descriptor instead.
 func (*RankOutput) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{33}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RankOutput) GetRank() *Rank {
@@ -2482,7 +2644,7 @@ type LayerReply struct {
 
 func (x *LayerReply) Reset() {
 	*x = LayerReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[34]
+	mi := &file_worker_v1_worker_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2494,7 +2656,7 @@ func (x *LayerReply) String() string {
 func (*LayerReply) ProtoMessage() {}
 
 func (x *LayerReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[34]
+	mi := &file_worker_v1_worker_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2507,7 +2669,7 @@ func (x *LayerReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerReply.ProtoReflect.Descriptor instead.
 func (*LayerReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{34}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *LayerReply) GetRanks() []*RankOutput {
@@ -2543,7 +2705,7 @@ type EndRequest struct {
 
 func (x *EndRequest) Reset() {
 	*x = EndRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[35]
+	mi := &file_worker_v1_worker_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2555,7 +2717,7 @@ func (x *EndRequest) String() string {
 func (*EndRequest) ProtoMessage() {}
 
 func (x *EndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[35]
+	mi := &file_worker_v1_worker_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2568,7 +2730,7 @@ func (x *EndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndRequest.ProtoReflect.Descriptor instead.
 func (*EndRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{35}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *EndRequest) GetRef() *GridRef {
@@ -2614,7 +2776,7 @@ type KeysRequest struct {
 
 func (x *KeysRequest) Reset() {
 	*x = KeysRequest{}
-	mi := &file_worker_v1_worker_proto_msgTypes[36]
+	mi := &file_worker_v1_worker_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2626,7 +2788,7 @@ func (x *KeysRequest) String() string {
 func (*KeysRequest) ProtoMessage() {}
 
 func (x *KeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[36]
+	mi := &file_worker_v1_worker_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2639,7 +2801,7 @@ func (x *KeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeysRequest.ProtoReflect.Descriptor instead.
 func (*KeysRequest) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{36}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *KeysRequest) GetRef() *GridRef {
@@ -2694,7 +2856,7 @@ type KeysReply struct {
 
 func (x *KeysReply) Reset() {
 	*x = KeysReply{}
-	mi := &file_worker_v1_worker_proto_msgTypes[37]
+	mi := &file_worker_v1_worker_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +2868,7 @@ func (x *KeysReply) String() string {
 func (*KeysReply) ProtoMessage() {}
 
 func (x *KeysReply) ProtoReflect() protoreflect.Message {
-	mi := &file_worker_v1_worker_proto_msgTypes[37]
+	mi := &file_worker_v1_worker_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +2881,7 @@ func (x *KeysReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeysReply.ProtoReflect.Descriptor instead.
 func (*KeysReply) Descriptor() ([]byte, []int) {
-	return file_worker_v1_worker_proto_rawDescGZIP(), []int{37}
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *KeysReply) GetK() *Tensor {
@@ -2727,6 +2889,422 @@ func (x *KeysReply) GetK() *Tensor {
 		return x.K
 	}
 	return nil
+}
+
+// BenchSpec is one configuration of the collective benchmark, with the
+// meaning of package collective's BenchConfig (one batch) or, when
+// max_bytes is set, SweepConfig. Sizes are checked against that
+// package's bounds; a bad spec is INVALID_ARGUMENT before anything runs.
+type BenchSpec struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Batch   uint32                 `protobuf:"varint,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	KvHeads uint32                 `protobuf:"varint,2,opt,name=kv_heads,json=kvHeads,proto3" json:"kv_heads,omitempty"`
+	QHeads  uint32                 `protobuf:"varint,3,opt,name=q_heads,json=qHeads,proto3" json:"q_heads,omitempty"`
+	HeadDim uint32                 `protobuf:"varint,4,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	K       uint32                 `protobuf:"varint,5,opt,name=k,proto3" json:"k,omitempty"`
+	Pages   uint32                 `protobuf:"varint,6,opt,name=pages,proto3" json:"pages,omitempty"`
+	Steps   uint32                 `protobuf:"varint,7,opt,name=steps,proto3" json:"steps,omitempty"`
+	Warmup  uint32                 `protobuf:"varint,8,opt,name=warmup,proto3" json:"warmup,omitempty"`
+	Seed    uint64                 `protobuf:"varint,9,opt,name=seed,proto3" json:"seed,omitempty"`
+	// A message-size sweep of the plain all-gather instead of the
+	// selection and merge: sizes from min_bytes, times factor, up to
+	// max_bytes (the batch, heads and pages are then unused).
+	MinBytes uint64 `protobuf:"varint,10,opt,name=min_bytes,json=minBytes,proto3" json:"min_bytes,omitempty"`
+	MaxBytes uint64 `protobuf:"varint,11,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	Factor   uint32 `protobuf:"varint,12,opt,name=factor,proto3" json:"factor,omitempty"`
+	// timeout_ns bounds the run from RunBench's start (0: the node's
+	// default); at most the node's maximum.
+	TimeoutNs     int64 `protobuf:"varint,13,opt,name=timeout_ns,json=timeoutNs,proto3" json:"timeout_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BenchSpec) Reset() {
+	*x = BenchSpec{}
+	mi := &file_worker_v1_worker_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BenchSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BenchSpec) ProtoMessage() {}
+
+func (x *BenchSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BenchSpec.ProtoReflect.Descriptor instead.
+func (*BenchSpec) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *BenchSpec) GetBatch() uint32 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetKvHeads() uint32 {
+	if x != nil {
+		return x.KvHeads
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetQHeads() uint32 {
+	if x != nil {
+		return x.QHeads
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetHeadDim() uint32 {
+	if x != nil {
+		return x.HeadDim
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetK() uint32 {
+	if x != nil {
+		return x.K
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetPages() uint32 {
+	if x != nil {
+		return x.Pages
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetSteps() uint32 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetWarmup() uint32 {
+	if x != nil {
+		return x.Warmup
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetSeed() uint64 {
+	if x != nil {
+		return x.Seed
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetMinBytes() uint64 {
+	if x != nil {
+		return x.MinBytes
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetFactor() uint32 {
+	if x != nil {
+		return x.Factor
+	}
+	return 0
+}
+
+func (x *BenchSpec) GetTimeoutNs() int64 {
+	if x != nil {
+		return x.TimeoutNs
+	}
+	return 0
+}
+
+type OpenBenchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bench: the run's id, the same on every rank (the collective group's).
+	Bench         string     `protobuf:"bytes,1,opt,name=bench,proto3" json:"bench,omitempty"`
+	Rank          uint32     `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	Size          uint32     `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Spec          *BenchSpec `protobuf:"bytes,4,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenBenchRequest) Reset() {
+	*x = OpenBenchRequest{}
+	mi := &file_worker_v1_worker_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenBenchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenBenchRequest) ProtoMessage() {}
+
+func (x *OpenBenchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenBenchRequest.ProtoReflect.Descriptor instead.
+func (*OpenBenchRequest) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *OpenBenchRequest) GetBench() string {
+	if x != nil {
+		return x.Bench
+	}
+	return ""
+}
+
+func (x *OpenBenchRequest) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *OpenBenchRequest) GetSize() uint32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *OpenBenchRequest) GetSpec() *BenchSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+type OpenBenchReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// addr: where the rank's collective listener is reached (host:port).
+	Addr          string `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenBenchReply) Reset() {
+	*x = OpenBenchReply{}
+	mi := &file_worker_v1_worker_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenBenchReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenBenchReply) ProtoMessage() {}
+
+func (x *OpenBenchReply) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenBenchReply.ProtoReflect.Descriptor instead.
+func (*OpenBenchReply) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *OpenBenchReply) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+type RunBenchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Bench string                 `protobuf:"bytes,1,opt,name=bench,proto3" json:"bench,omitempty"`
+	// peers: every rank's address (OpenBenchReply.addr), by rank.
+	Peers         []string `protobuf:"bytes,2,rep,name=peers,proto3" json:"peers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunBenchRequest) Reset() {
+	*x = RunBenchRequest{}
+	mi := &file_worker_v1_worker_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunBenchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunBenchRequest) ProtoMessage() {}
+
+func (x *RunBenchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunBenchRequest.ProtoReflect.Descriptor instead.
+func (*RunBenchRequest) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *RunBenchRequest) GetBench() string {
+	if x != nil {
+		return x.Bench
+	}
+	return ""
+}
+
+func (x *RunBenchRequest) GetPeers() []string {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
+type RunBenchReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// report: the rank's samples as JSON, package collective's
+	// BenchSamples (SweepSamples for a sweep), as a questctl bench
+	// collective --nodes child reports them.
+	Report []byte `protobuf:"bytes,1,opt,name=report,proto3" json:"report,omitempty"`
+	// tls: the rank's collective streams were encrypted.
+	Tls           bool `protobuf:"varint,2,opt,name=tls,proto3" json:"tls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunBenchReply) Reset() {
+	*x = RunBenchReply{}
+	mi := &file_worker_v1_worker_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunBenchReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunBenchReply) ProtoMessage() {}
+
+func (x *RunBenchReply) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunBenchReply.ProtoReflect.Descriptor instead.
+func (*RunBenchReply) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *RunBenchReply) GetReport() []byte {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+func (x *RunBenchReply) GetTls() bool {
+	if x != nil {
+		return x.Tls
+	}
+	return false
+}
+
+type CloseBenchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bench         string                 `protobuf:"bytes,1,opt,name=bench,proto3" json:"bench,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseBenchRequest) Reset() {
+	*x = CloseBenchRequest{}
+	mi := &file_worker_v1_worker_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseBenchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseBenchRequest) ProtoMessage() {}
+
+func (x *CloseBenchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_worker_v1_worker_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseBenchRequest.ProtoReflect.Descriptor instead.
+func (*CloseBenchRequest) Descriptor() ([]byte, []int) {
+	return file_worker_v1_worker_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *CloseBenchRequest) GetBench() string {
+	if x != nil {
+		return x.Bench
+	}
+	return ""
 }
 
 var File_worker_v1_worker_proto protoreflect.FileDescriptor
@@ -2756,7 +3334,7 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x04view\x18\x02 \x01(\x04R\x04view\"&\n" +
 	"\x04Rank\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\rR\x02tp\x12\x0e\n" +
-	"\x02cp\x18\x02 \x01(\rR\x02cp\"\xea\x02\n" +
+	"\x02cp\x18\x02 \x01(\rR\x02cp\"\xd8\x03\n" +
 	"\x06Policy\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12#\n" +
 	"\rbudget_tokens\x18\x02 \x01(\rR\fbudgetTokens\x12\x1d\n" +
@@ -2767,7 +3345,13 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\fdense_layers\x18\x05 \x01(\rR\vdenseLayers\x12M\n" +
 	"\flayer_budget\x18\x06 \x03(\v2*.questrt.worker.v1.Policy.LayerBudgetEntryR\vlayerBudget\x12\x10\n" +
 	"\x03gqa\x18\a \x01(\tR\x03gqa\x12\x1a\n" +
-	"\bselector\x18\b \x01(\tR\bselector\x1a>\n" +
+	"\bselector\x18\b \x01(\tR\bselector\x12\x1b\n" +
+	"\tdense_rho\x18\t \x01(\x01R\bdenseRho\x12\x1d\n" +
+	"\n" +
+	"hier_group\x18\n" +
+	" \x01(\rR\thierGroup\x12\x13\n" +
+	"\x05top_p\x18\v \x01(\x01R\x04topP\x12\x1b\n" +
+	"\tsub_boxes\x18\f \x01(\rR\bsubBoxes\x1a>\n" +
 	"\x10LayerBudgetEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xc3\x03\n" +
@@ -2797,9 +3381,17 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x12ConnectGridRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x14\n" +
 	"\x05peers\x18\x02 \x03(\tR\x05peers\x12\x1c\n" +
-	"\tplacement\x18\x03 \x03(\tR\tplacement\"Q\n" +
+	"\tplacement\x18\x03 \x03(\tR\tplacement\"\xac\x01\n" +
 	"\x10ConnectGridReply\x12=\n" +
-	"\trecovered\x18\x01 \x03(\v2\x1f.questrt.worker.v1.RecoveredSeqR\trecovered\"\xff\x01\n" +
+	"\trecovered\x18\x01 \x03(\v2\x1f.questrt.worker.v1.RecoveredSeqR\trecovered\x127\n" +
+	"\adamaged\x18\x02 \x03(\v2\x1d.questrt.worker.v1.DamagedSeqR\adamaged\x12 \n" +
+	"\vquarantined\x18\x03 \x01(\tR\vquarantined\"\\\n" +
+	"\n" +
+	"DamagedSeq\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
+	"\x04grid\x18\x03 \x01(\tR\x04grid\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xb7\x02\n" +
 	"\fRecoveredSeq\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x121\n" +
@@ -2811,7 +3403,10 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x04grid\x18\a \x01(\tR\x04grid\x12\x1c\n" +
 	"\tplacement\x18\b \x03(\tR\tplacement\x12\x1f\n" +
 	"\vrolled_back\x18\t \x03(\rR\n" +
-	"rolledBack\"`\n" +
+	"rolledBack\x12\x19\n" +
+	"\bhad_lens\x18\n" +
+	" \x03(\rR\ahadLens\x12\x1b\n" +
+	"\thad_exact\x18\v \x03(\bR\bhadExact\"`\n" +
 	"\fClaimRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\x04R\x03key\x12\x10\n" +
@@ -2937,11 +3532,42 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x04from\x18\x05 \x01(\x04R\x04from\x12\x14\n" +
 	"\x05count\x18\x06 \x01(\x04R\x05count\"4\n" +
 	"\tKeysReply\x12'\n" +
-	"\x01k\x18\x01 \x01(\v2\x19.questrt.worker.v1.TensorR\x01k*B\n" +
+	"\x01k\x18\x01 \x01(\v2\x19.questrt.worker.v1.TensorR\x01k\"\xc7\x02\n" +
+	"\tBenchSpec\x12\x14\n" +
+	"\x05batch\x18\x01 \x01(\rR\x05batch\x12\x19\n" +
+	"\bkv_heads\x18\x02 \x01(\rR\akvHeads\x12\x17\n" +
+	"\aq_heads\x18\x03 \x01(\rR\x06qHeads\x12\x19\n" +
+	"\bhead_dim\x18\x04 \x01(\rR\aheadDim\x12\f\n" +
+	"\x01k\x18\x05 \x01(\rR\x01k\x12\x14\n" +
+	"\x05pages\x18\x06 \x01(\rR\x05pages\x12\x14\n" +
+	"\x05steps\x18\a \x01(\rR\x05steps\x12\x16\n" +
+	"\x06warmup\x18\b \x01(\rR\x06warmup\x12\x12\n" +
+	"\x04seed\x18\t \x01(\x04R\x04seed\x12\x1b\n" +
+	"\tmin_bytes\x18\n" +
+	" \x01(\x04R\bminBytes\x12\x1b\n" +
+	"\tmax_bytes\x18\v \x01(\x04R\bmaxBytes\x12\x16\n" +
+	"\x06factor\x18\f \x01(\rR\x06factor\x12\x1d\n" +
+	"\n" +
+	"timeout_ns\x18\r \x01(\x03R\ttimeoutNs\"\x82\x01\n" +
+	"\x10OpenBenchRequest\x12\x14\n" +
+	"\x05bench\x18\x01 \x01(\tR\x05bench\x12\x12\n" +
+	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\rR\x04size\x120\n" +
+	"\x04spec\x18\x04 \x01(\v2\x1c.questrt.worker.v1.BenchSpecR\x04spec\"$\n" +
+	"\x0eOpenBenchReply\x12\x12\n" +
+	"\x04addr\x18\x01 \x01(\tR\x04addr\"=\n" +
+	"\x0fRunBenchRequest\x12\x14\n" +
+	"\x05bench\x18\x01 \x01(\tR\x05bench\x12\x14\n" +
+	"\x05peers\x18\x02 \x03(\tR\x05peers\"9\n" +
+	"\rRunBenchReply\x12\x16\n" +
+	"\x06report\x18\x01 \x01(\fR\x06report\x12\x10\n" +
+	"\x03tls\x18\x02 \x01(\bR\x03tls\")\n" +
+	"\x11CloseBenchRequest\x12\x14\n" +
+	"\x05bench\x18\x01 \x01(\tR\x05bench*B\n" +
 	"\x05DType\x12\x15\n" +
 	"\x11DTYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDTYPE_FLOAT32\x10\x01\x12\x0f\n" +
-	"\vDTYPE_INT32\x10\x022\xd8\t\n" +
+	"\vDTYPE_INT32\x10\x022\xcb\v\n" +
 	"\x06Worker\x12P\n" +
 	"\bOpenGrid\x12\".questrt.worker.v1.OpenGridRequest\x1a .questrt.worker.v1.OpenGridReply\x12Y\n" +
 	"\vConnectGrid\x12%.questrt.worker.v1.ConnectGridRequest\x1a#.questrt.worker.v1.ConnectGridReply\x12S\n" +
@@ -2959,7 +3585,11 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x05Claim\x12\x1f.questrt.worker.v1.ClaimRequest\x1a\x16.questrt.worker.v1.Ack\x12P\n" +
 	"\rDropRecovered\x12'.questrt.worker.v1.DropRecoveredRequest\x1a\x16.questrt.worker.v1.Ack\x12>\n" +
 	"\x04Park\x12\x1e.questrt.worker.v1.ParkRequest\x1a\x16.questrt.worker.v1.Ack\x12?\n" +
-	"\x05Calls\x12\x17.questrt.worker.v1.Call\x1a\x19.questrt.worker.v1.Answer(\x010\x01B3Z1github.com/questrt/questrt/api/worker/v1;workerv1b\x06proto3"
+	"\x05Calls\x12\x17.questrt.worker.v1.Call\x1a\x19.questrt.worker.v1.Answer(\x010\x01\x12S\n" +
+	"\tOpenBench\x12#.questrt.worker.v1.OpenBenchRequest\x1a!.questrt.worker.v1.OpenBenchReply\x12P\n" +
+	"\bRunBench\x12\".questrt.worker.v1.RunBenchRequest\x1a .questrt.worker.v1.RunBenchReply\x12J\n" +
+	"\n" +
+	"CloseBench\x12$.questrt.worker.v1.CloseBenchRequest\x1a\x16.questrt.worker.v1.AckB3Z1github.com/questrt/questrt/api/worker/v1;workerv1b\x06proto3"
 
 var (
 	file_worker_v1_worker_proto_rawDescOnce sync.Once
@@ -2974,7 +3604,7 @@ func file_worker_v1_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_worker_v1_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_worker_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_worker_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_worker_v1_worker_proto_goTypes = []any{
 	(DType)(0),                   // 0: questrt.worker.v1.DType
 	(*Call)(nil),                 // 1: questrt.worker.v1.Call
@@ -2989,124 +3619,139 @@ var file_worker_v1_worker_proto_goTypes = []any{
 	(*OpenGridReply)(nil),        // 10: questrt.worker.v1.OpenGridReply
 	(*ConnectGridRequest)(nil),   // 11: questrt.worker.v1.ConnectGridRequest
 	(*ConnectGridReply)(nil),     // 12: questrt.worker.v1.ConnectGridReply
-	(*RecoveredSeq)(nil),         // 13: questrt.worker.v1.RecoveredSeq
-	(*ClaimRequest)(nil),         // 14: questrt.worker.v1.ClaimRequest
-	(*DropRecoveredRequest)(nil), // 15: questrt.worker.v1.DropRecoveredRequest
-	(*ParkRequest)(nil),          // 16: questrt.worker.v1.ParkRequest
-	(*CloseGridRequest)(nil),     // 17: questrt.worker.v1.CloseGridRequest
-	(*CloseGridReply)(nil),       // 18: questrt.worker.v1.CloseGridReply
-	(*Ack)(nil),                  // 19: questrt.worker.v1.Ack
-	(*Layout)(nil),               // 20: questrt.worker.v1.Layout
-	(*CreateRequest)(nil),        // 21: questrt.worker.v1.CreateRequest
-	(*ForkRequest)(nil),          // 22: questrt.worker.v1.ForkRequest
-	(*ReleaseRequest)(nil),       // 23: questrt.worker.v1.ReleaseRequest
-	(*CheckRequest)(nil),         // 24: questrt.worker.v1.CheckRequest
-	(*AppendRequest)(nil),        // 25: questrt.worker.v1.AppendRequest
-	(*RollbackRequest)(nil),      // 26: questrt.worker.v1.RollbackRequest
-	(*RollbackReply)(nil),        // 27: questrt.worker.v1.RollbackReply
-	(*StepSeq)(nil),              // 28: questrt.worker.v1.StepSeq
-	(*BeginRequest)(nil),         // 29: questrt.worker.v1.BeginRequest
-	(*RankInput)(nil),            // 30: questrt.worker.v1.RankInput
-	(*LayerRequest)(nil),         // 31: questrt.worker.v1.LayerRequest
-	(*Times)(nil),                // 32: questrt.worker.v1.Times
-	(*RankDiag)(nil),             // 33: questrt.worker.v1.RankDiag
-	(*RankOutput)(nil),           // 34: questrt.worker.v1.RankOutput
-	(*LayerReply)(nil),           // 35: questrt.worker.v1.LayerReply
-	(*EndRequest)(nil),           // 36: questrt.worker.v1.EndRequest
-	(*KeysRequest)(nil),          // 37: questrt.worker.v1.KeysRequest
-	(*KeysReply)(nil),            // 38: questrt.worker.v1.KeysReply
-	nil,                          // 39: questrt.worker.v1.Policy.LayerBudgetEntry
+	(*DamagedSeq)(nil),           // 13: questrt.worker.v1.DamagedSeq
+	(*RecoveredSeq)(nil),         // 14: questrt.worker.v1.RecoveredSeq
+	(*ClaimRequest)(nil),         // 15: questrt.worker.v1.ClaimRequest
+	(*DropRecoveredRequest)(nil), // 16: questrt.worker.v1.DropRecoveredRequest
+	(*ParkRequest)(nil),          // 17: questrt.worker.v1.ParkRequest
+	(*CloseGridRequest)(nil),     // 18: questrt.worker.v1.CloseGridRequest
+	(*CloseGridReply)(nil),       // 19: questrt.worker.v1.CloseGridReply
+	(*Ack)(nil),                  // 20: questrt.worker.v1.Ack
+	(*Layout)(nil),               // 21: questrt.worker.v1.Layout
+	(*CreateRequest)(nil),        // 22: questrt.worker.v1.CreateRequest
+	(*ForkRequest)(nil),          // 23: questrt.worker.v1.ForkRequest
+	(*ReleaseRequest)(nil),       // 24: questrt.worker.v1.ReleaseRequest
+	(*CheckRequest)(nil),         // 25: questrt.worker.v1.CheckRequest
+	(*AppendRequest)(nil),        // 26: questrt.worker.v1.AppendRequest
+	(*RollbackRequest)(nil),      // 27: questrt.worker.v1.RollbackRequest
+	(*RollbackReply)(nil),        // 28: questrt.worker.v1.RollbackReply
+	(*StepSeq)(nil),              // 29: questrt.worker.v1.StepSeq
+	(*BeginRequest)(nil),         // 30: questrt.worker.v1.BeginRequest
+	(*RankInput)(nil),            // 31: questrt.worker.v1.RankInput
+	(*LayerRequest)(nil),         // 32: questrt.worker.v1.LayerRequest
+	(*Times)(nil),                // 33: questrt.worker.v1.Times
+	(*RankDiag)(nil),             // 34: questrt.worker.v1.RankDiag
+	(*RankOutput)(nil),           // 35: questrt.worker.v1.RankOutput
+	(*LayerReply)(nil),           // 36: questrt.worker.v1.LayerReply
+	(*EndRequest)(nil),           // 37: questrt.worker.v1.EndRequest
+	(*KeysRequest)(nil),          // 38: questrt.worker.v1.KeysRequest
+	(*KeysReply)(nil),            // 39: questrt.worker.v1.KeysReply
+	(*BenchSpec)(nil),            // 40: questrt.worker.v1.BenchSpec
+	(*OpenBenchRequest)(nil),     // 41: questrt.worker.v1.OpenBenchRequest
+	(*OpenBenchReply)(nil),       // 42: questrt.worker.v1.OpenBenchReply
+	(*RunBenchRequest)(nil),      // 43: questrt.worker.v1.RunBenchRequest
+	(*RunBenchReply)(nil),        // 44: questrt.worker.v1.RunBenchReply
+	(*CloseBenchRequest)(nil),    // 45: questrt.worker.v1.CloseBenchRequest
+	nil,                          // 46: questrt.worker.v1.Policy.LayerBudgetEntry
 }
 var file_worker_v1_worker_proto_depIdxs = []int32{
 	3,  // 0: questrt.worker.v1.Answer.trailer:type_name -> questrt.worker.v1.MetadataEntry
 	0,  // 1: questrt.worker.v1.Tensor.dtype:type_name -> questrt.worker.v1.DType
-	39, // 2: questrt.worker.v1.Policy.layer_budget:type_name -> questrt.worker.v1.Policy.LayerBudgetEntry
+	46, // 2: questrt.worker.v1.Policy.layer_budget:type_name -> questrt.worker.v1.Policy.LayerBudgetEntry
 	7,  // 3: questrt.worker.v1.GridConfig.policy:type_name -> questrt.worker.v1.Policy
 	5,  // 4: questrt.worker.v1.OpenGridRequest.ref:type_name -> questrt.worker.v1.GridRef
 	8,  // 5: questrt.worker.v1.OpenGridRequest.config:type_name -> questrt.worker.v1.GridConfig
 	6,  // 6: questrt.worker.v1.OpenGridRequest.ranks:type_name -> questrt.worker.v1.Rank
 	5,  // 7: questrt.worker.v1.ConnectGridRequest.ref:type_name -> questrt.worker.v1.GridRef
-	13, // 8: questrt.worker.v1.ConnectGridReply.recovered:type_name -> questrt.worker.v1.RecoveredSeq
-	20, // 9: questrt.worker.v1.RecoveredSeq.layout:type_name -> questrt.worker.v1.Layout
-	5,  // 10: questrt.worker.v1.ClaimRequest.ref:type_name -> questrt.worker.v1.GridRef
-	5,  // 11: questrt.worker.v1.DropRecoveredRequest.ref:type_name -> questrt.worker.v1.GridRef
-	5,  // 12: questrt.worker.v1.ParkRequest.ref:type_name -> questrt.worker.v1.GridRef
-	5,  // 13: questrt.worker.v1.CloseGridRequest.ref:type_name -> questrt.worker.v1.GridRef
-	5,  // 14: questrt.worker.v1.CreateRequest.ref:type_name -> questrt.worker.v1.GridRef
-	20, // 15: questrt.worker.v1.CreateRequest.layout:type_name -> questrt.worker.v1.Layout
-	5,  // 16: questrt.worker.v1.ForkRequest.ref:type_name -> questrt.worker.v1.GridRef
-	5,  // 17: questrt.worker.v1.ReleaseRequest.ref:type_name -> questrt.worker.v1.GridRef
-	5,  // 18: questrt.worker.v1.CheckRequest.ref:type_name -> questrt.worker.v1.GridRef
-	5,  // 19: questrt.worker.v1.AppendRequest.ref:type_name -> questrt.worker.v1.GridRef
-	6,  // 20: questrt.worker.v1.AppendRequest.rank:type_name -> questrt.worker.v1.Rank
-	4,  // 21: questrt.worker.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
-	4,  // 22: questrt.worker.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
-	4,  // 23: questrt.worker.v1.AppendRequest.mirror_k:type_name -> questrt.worker.v1.Tensor
-	5,  // 24: questrt.worker.v1.RollbackRequest.ref:type_name -> questrt.worker.v1.GridRef
-	6,  // 25: questrt.worker.v1.RollbackRequest.rank:type_name -> questrt.worker.v1.Rank
-	4,  // 26: questrt.worker.v1.RollbackRequest.tail:type_name -> questrt.worker.v1.Tensor
-	4,  // 27: questrt.worker.v1.RollbackReply.tail:type_name -> questrt.worker.v1.Tensor
-	5,  // 28: questrt.worker.v1.BeginRequest.ref:type_name -> questrt.worker.v1.GridRef
-	28, // 29: questrt.worker.v1.BeginRequest.seqs:type_name -> questrt.worker.v1.StepSeq
-	6,  // 30: questrt.worker.v1.RankInput.rank:type_name -> questrt.worker.v1.Rank
-	4,  // 31: questrt.worker.v1.RankInput.q:type_name -> questrt.worker.v1.Tensor
-	4,  // 32: questrt.worker.v1.RankInput.k:type_name -> questrt.worker.v1.Tensor
-	4,  // 33: questrt.worker.v1.RankInput.v:type_name -> questrt.worker.v1.Tensor
-	4,  // 34: questrt.worker.v1.RankInput.mirror_k:type_name -> questrt.worker.v1.Tensor
-	5,  // 35: questrt.worker.v1.LayerRequest.ref:type_name -> questrt.worker.v1.GridRef
-	30, // 36: questrt.worker.v1.LayerRequest.ranks:type_name -> questrt.worker.v1.RankInput
-	4,  // 37: questrt.worker.v1.RankDiag.indptr:type_name -> questrt.worker.v1.Tensor
-	4,  // 38: questrt.worker.v1.RankDiag.pages:type_name -> questrt.worker.v1.Tensor
-	4,  // 39: questrt.worker.v1.RankDiag.scores:type_name -> questrt.worker.v1.Tensor
-	6,  // 40: questrt.worker.v1.RankOutput.rank:type_name -> questrt.worker.v1.Rank
-	4,  // 41: questrt.worker.v1.RankOutput.o:type_name -> questrt.worker.v1.Tensor
-	4,  // 42: questrt.worker.v1.RankOutput.lse:type_name -> questrt.worker.v1.Tensor
-	32, // 43: questrt.worker.v1.RankOutput.time:type_name -> questrt.worker.v1.Times
-	33, // 44: questrt.worker.v1.RankOutput.diag:type_name -> questrt.worker.v1.RankDiag
-	34, // 45: questrt.worker.v1.LayerReply.ranks:type_name -> questrt.worker.v1.RankOutput
-	5,  // 46: questrt.worker.v1.EndRequest.ref:type_name -> questrt.worker.v1.GridRef
-	5,  // 47: questrt.worker.v1.KeysRequest.ref:type_name -> questrt.worker.v1.GridRef
-	6,  // 48: questrt.worker.v1.KeysRequest.rank:type_name -> questrt.worker.v1.Rank
-	4,  // 49: questrt.worker.v1.KeysReply.k:type_name -> questrt.worker.v1.Tensor
-	9,  // 50: questrt.worker.v1.Worker.OpenGrid:input_type -> questrt.worker.v1.OpenGridRequest
-	11, // 51: questrt.worker.v1.Worker.ConnectGrid:input_type -> questrt.worker.v1.ConnectGridRequest
-	17, // 52: questrt.worker.v1.Worker.CloseGrid:input_type -> questrt.worker.v1.CloseGridRequest
-	21, // 53: questrt.worker.v1.Worker.Create:input_type -> questrt.worker.v1.CreateRequest
-	22, // 54: questrt.worker.v1.Worker.Fork:input_type -> questrt.worker.v1.ForkRequest
-	23, // 55: questrt.worker.v1.Worker.Release:input_type -> questrt.worker.v1.ReleaseRequest
-	24, // 56: questrt.worker.v1.Worker.Check:input_type -> questrt.worker.v1.CheckRequest
-	25, // 57: questrt.worker.v1.Worker.Append:input_type -> questrt.worker.v1.AppendRequest
-	26, // 58: questrt.worker.v1.Worker.Rollback:input_type -> questrt.worker.v1.RollbackRequest
-	29, // 59: questrt.worker.v1.Worker.BeginStep:input_type -> questrt.worker.v1.BeginRequest
-	31, // 60: questrt.worker.v1.Worker.Layer:input_type -> questrt.worker.v1.LayerRequest
-	36, // 61: questrt.worker.v1.Worker.EndStep:input_type -> questrt.worker.v1.EndRequest
-	37, // 62: questrt.worker.v1.Worker.Keys:input_type -> questrt.worker.v1.KeysRequest
-	14, // 63: questrt.worker.v1.Worker.Claim:input_type -> questrt.worker.v1.ClaimRequest
-	15, // 64: questrt.worker.v1.Worker.DropRecovered:input_type -> questrt.worker.v1.DropRecoveredRequest
-	16, // 65: questrt.worker.v1.Worker.Park:input_type -> questrt.worker.v1.ParkRequest
-	1,  // 66: questrt.worker.v1.Worker.Calls:input_type -> questrt.worker.v1.Call
-	10, // 67: questrt.worker.v1.Worker.OpenGrid:output_type -> questrt.worker.v1.OpenGridReply
-	12, // 68: questrt.worker.v1.Worker.ConnectGrid:output_type -> questrt.worker.v1.ConnectGridReply
-	18, // 69: questrt.worker.v1.Worker.CloseGrid:output_type -> questrt.worker.v1.CloseGridReply
-	19, // 70: questrt.worker.v1.Worker.Create:output_type -> questrt.worker.v1.Ack
-	19, // 71: questrt.worker.v1.Worker.Fork:output_type -> questrt.worker.v1.Ack
-	19, // 72: questrt.worker.v1.Worker.Release:output_type -> questrt.worker.v1.Ack
-	19, // 73: questrt.worker.v1.Worker.Check:output_type -> questrt.worker.v1.Ack
-	19, // 74: questrt.worker.v1.Worker.Append:output_type -> questrt.worker.v1.Ack
-	27, // 75: questrt.worker.v1.Worker.Rollback:output_type -> questrt.worker.v1.RollbackReply
-	19, // 76: questrt.worker.v1.Worker.BeginStep:output_type -> questrt.worker.v1.Ack
-	35, // 77: questrt.worker.v1.Worker.Layer:output_type -> questrt.worker.v1.LayerReply
-	19, // 78: questrt.worker.v1.Worker.EndStep:output_type -> questrt.worker.v1.Ack
-	38, // 79: questrt.worker.v1.Worker.Keys:output_type -> questrt.worker.v1.KeysReply
-	19, // 80: questrt.worker.v1.Worker.Claim:output_type -> questrt.worker.v1.Ack
-	19, // 81: questrt.worker.v1.Worker.DropRecovered:output_type -> questrt.worker.v1.Ack
-	19, // 82: questrt.worker.v1.Worker.Park:output_type -> questrt.worker.v1.Ack
-	2,  // 83: questrt.worker.v1.Worker.Calls:output_type -> questrt.worker.v1.Answer
-	67, // [67:84] is the sub-list for method output_type
-	50, // [50:67] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	14, // 8: questrt.worker.v1.ConnectGridReply.recovered:type_name -> questrt.worker.v1.RecoveredSeq
+	13, // 9: questrt.worker.v1.ConnectGridReply.damaged:type_name -> questrt.worker.v1.DamagedSeq
+	21, // 10: questrt.worker.v1.RecoveredSeq.layout:type_name -> questrt.worker.v1.Layout
+	5,  // 11: questrt.worker.v1.ClaimRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 12: questrt.worker.v1.DropRecoveredRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 13: questrt.worker.v1.ParkRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 14: questrt.worker.v1.CloseGridRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 15: questrt.worker.v1.CreateRequest.ref:type_name -> questrt.worker.v1.GridRef
+	21, // 16: questrt.worker.v1.CreateRequest.layout:type_name -> questrt.worker.v1.Layout
+	5,  // 17: questrt.worker.v1.ForkRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 18: questrt.worker.v1.ReleaseRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 19: questrt.worker.v1.CheckRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 20: questrt.worker.v1.AppendRequest.ref:type_name -> questrt.worker.v1.GridRef
+	6,  // 21: questrt.worker.v1.AppendRequest.rank:type_name -> questrt.worker.v1.Rank
+	4,  // 22: questrt.worker.v1.AppendRequest.k:type_name -> questrt.worker.v1.Tensor
+	4,  // 23: questrt.worker.v1.AppendRequest.v:type_name -> questrt.worker.v1.Tensor
+	4,  // 24: questrt.worker.v1.AppendRequest.mirror_k:type_name -> questrt.worker.v1.Tensor
+	5,  // 25: questrt.worker.v1.RollbackRequest.ref:type_name -> questrt.worker.v1.GridRef
+	6,  // 26: questrt.worker.v1.RollbackRequest.rank:type_name -> questrt.worker.v1.Rank
+	4,  // 27: questrt.worker.v1.RollbackRequest.tail:type_name -> questrt.worker.v1.Tensor
+	4,  // 28: questrt.worker.v1.RollbackReply.tail:type_name -> questrt.worker.v1.Tensor
+	5,  // 29: questrt.worker.v1.BeginRequest.ref:type_name -> questrt.worker.v1.GridRef
+	29, // 30: questrt.worker.v1.BeginRequest.seqs:type_name -> questrt.worker.v1.StepSeq
+	6,  // 31: questrt.worker.v1.RankInput.rank:type_name -> questrt.worker.v1.Rank
+	4,  // 32: questrt.worker.v1.RankInput.q:type_name -> questrt.worker.v1.Tensor
+	4,  // 33: questrt.worker.v1.RankInput.k:type_name -> questrt.worker.v1.Tensor
+	4,  // 34: questrt.worker.v1.RankInput.v:type_name -> questrt.worker.v1.Tensor
+	4,  // 35: questrt.worker.v1.RankInput.mirror_k:type_name -> questrt.worker.v1.Tensor
+	5,  // 36: questrt.worker.v1.LayerRequest.ref:type_name -> questrt.worker.v1.GridRef
+	31, // 37: questrt.worker.v1.LayerRequest.ranks:type_name -> questrt.worker.v1.RankInput
+	4,  // 38: questrt.worker.v1.RankDiag.indptr:type_name -> questrt.worker.v1.Tensor
+	4,  // 39: questrt.worker.v1.RankDiag.pages:type_name -> questrt.worker.v1.Tensor
+	4,  // 40: questrt.worker.v1.RankDiag.scores:type_name -> questrt.worker.v1.Tensor
+	6,  // 41: questrt.worker.v1.RankOutput.rank:type_name -> questrt.worker.v1.Rank
+	4,  // 42: questrt.worker.v1.RankOutput.o:type_name -> questrt.worker.v1.Tensor
+	4,  // 43: questrt.worker.v1.RankOutput.lse:type_name -> questrt.worker.v1.Tensor
+	33, // 44: questrt.worker.v1.RankOutput.time:type_name -> questrt.worker.v1.Times
+	34, // 45: questrt.worker.v1.RankOutput.diag:type_name -> questrt.worker.v1.RankDiag
+	35, // 46: questrt.worker.v1.LayerReply.ranks:type_name -> questrt.worker.v1.RankOutput
+	5,  // 47: questrt.worker.v1.EndRequest.ref:type_name -> questrt.worker.v1.GridRef
+	5,  // 48: questrt.worker.v1.KeysRequest.ref:type_name -> questrt.worker.v1.GridRef
+	6,  // 49: questrt.worker.v1.KeysRequest.rank:type_name -> questrt.worker.v1.Rank
+	4,  // 50: questrt.worker.v1.KeysReply.k:type_name -> questrt.worker.v1.Tensor
+	40, // 51: questrt.worker.v1.OpenBenchRequest.spec:type_name -> questrt.worker.v1.BenchSpec
+	9,  // 52: questrt.worker.v1.Worker.OpenGrid:input_type -> questrt.worker.v1.OpenGridRequest
+	11, // 53: questrt.worker.v1.Worker.ConnectGrid:input_type -> questrt.worker.v1.ConnectGridRequest
+	18, // 54: questrt.worker.v1.Worker.CloseGrid:input_type -> questrt.worker.v1.CloseGridRequest
+	22, // 55: questrt.worker.v1.Worker.Create:input_type -> questrt.worker.v1.CreateRequest
+	23, // 56: questrt.worker.v1.Worker.Fork:input_type -> questrt.worker.v1.ForkRequest
+	24, // 57: questrt.worker.v1.Worker.Release:input_type -> questrt.worker.v1.ReleaseRequest
+	25, // 58: questrt.worker.v1.Worker.Check:input_type -> questrt.worker.v1.CheckRequest
+	26, // 59: questrt.worker.v1.Worker.Append:input_type -> questrt.worker.v1.AppendRequest
+	27, // 60: questrt.worker.v1.Worker.Rollback:input_type -> questrt.worker.v1.RollbackRequest
+	30, // 61: questrt.worker.v1.Worker.BeginStep:input_type -> questrt.worker.v1.BeginRequest
+	32, // 62: questrt.worker.v1.Worker.Layer:input_type -> questrt.worker.v1.LayerRequest
+	37, // 63: questrt.worker.v1.Worker.EndStep:input_type -> questrt.worker.v1.EndRequest
+	38, // 64: questrt.worker.v1.Worker.Keys:input_type -> questrt.worker.v1.KeysRequest
+	15, // 65: questrt.worker.v1.Worker.Claim:input_type -> questrt.worker.v1.ClaimRequest
+	16, // 66: questrt.worker.v1.Worker.DropRecovered:input_type -> questrt.worker.v1.DropRecoveredRequest
+	17, // 67: questrt.worker.v1.Worker.Park:input_type -> questrt.worker.v1.ParkRequest
+	1,  // 68: questrt.worker.v1.Worker.Calls:input_type -> questrt.worker.v1.Call
+	41, // 69: questrt.worker.v1.Worker.OpenBench:input_type -> questrt.worker.v1.OpenBenchRequest
+	43, // 70: questrt.worker.v1.Worker.RunBench:input_type -> questrt.worker.v1.RunBenchRequest
+	45, // 71: questrt.worker.v1.Worker.CloseBench:input_type -> questrt.worker.v1.CloseBenchRequest
+	10, // 72: questrt.worker.v1.Worker.OpenGrid:output_type -> questrt.worker.v1.OpenGridReply
+	12, // 73: questrt.worker.v1.Worker.ConnectGrid:output_type -> questrt.worker.v1.ConnectGridReply
+	19, // 74: questrt.worker.v1.Worker.CloseGrid:output_type -> questrt.worker.v1.CloseGridReply
+	20, // 75: questrt.worker.v1.Worker.Create:output_type -> questrt.worker.v1.Ack
+	20, // 76: questrt.worker.v1.Worker.Fork:output_type -> questrt.worker.v1.Ack
+	20, // 77: questrt.worker.v1.Worker.Release:output_type -> questrt.worker.v1.Ack
+	20, // 78: questrt.worker.v1.Worker.Check:output_type -> questrt.worker.v1.Ack
+	20, // 79: questrt.worker.v1.Worker.Append:output_type -> questrt.worker.v1.Ack
+	28, // 80: questrt.worker.v1.Worker.Rollback:output_type -> questrt.worker.v1.RollbackReply
+	20, // 81: questrt.worker.v1.Worker.BeginStep:output_type -> questrt.worker.v1.Ack
+	36, // 82: questrt.worker.v1.Worker.Layer:output_type -> questrt.worker.v1.LayerReply
+	20, // 83: questrt.worker.v1.Worker.EndStep:output_type -> questrt.worker.v1.Ack
+	39, // 84: questrt.worker.v1.Worker.Keys:output_type -> questrt.worker.v1.KeysReply
+	20, // 85: questrt.worker.v1.Worker.Claim:output_type -> questrt.worker.v1.Ack
+	20, // 86: questrt.worker.v1.Worker.DropRecovered:output_type -> questrt.worker.v1.Ack
+	20, // 87: questrt.worker.v1.Worker.Park:output_type -> questrt.worker.v1.Ack
+	2,  // 88: questrt.worker.v1.Worker.Calls:output_type -> questrt.worker.v1.Answer
+	42, // 89: questrt.worker.v1.Worker.OpenBench:output_type -> questrt.worker.v1.OpenBenchReply
+	44, // 90: questrt.worker.v1.Worker.RunBench:output_type -> questrt.worker.v1.RunBenchReply
+	20, // 91: questrt.worker.v1.Worker.CloseBench:output_type -> questrt.worker.v1.Ack
+	72, // [72:92] is the sub-list for method output_type
+	52, // [52:72] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_worker_v1_worker_proto_init() }
@@ -3120,7 +3765,7 @@ func file_worker_v1_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_worker_v1_worker_proto_rawDesc), len(file_worker_v1_worker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   39,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

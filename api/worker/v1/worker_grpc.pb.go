@@ -51,6 +51,9 @@ const (
 	Worker_DropRecovered_FullMethodName = "/questrt.worker.v1.Worker/DropRecovered"
 	Worker_Park_FullMethodName          = "/questrt.worker.v1.Worker/Park"
 	Worker_Calls_FullMethodName         = "/questrt.worker.v1.Worker/Calls"
+	Worker_OpenBench_FullMethodName     = "/questrt.worker.v1.Worker/OpenBench"
+	Worker_RunBench_FullMethodName      = "/questrt.worker.v1.Worker/RunBench"
+	Worker_CloseBench_FullMethodName    = "/questrt.worker.v1.Worker/CloseBench"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -96,6 +99,23 @@ type WorkerClient interface {
 	// ended after its EndStep), so that each costs a message each way
 	// instead of a call of its own.
 	Calls(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[Call, Answer], error)
+	// OpenBench reserves one rank of a collective benchmark on this node
+	// (questctl bench collective --addr, through the client API's
+	// BenchCollective): it checks the spec and listens for the rank's
+	// collective streams, as OpenGrid does for a grid's ranks, and
+	// answers the address. A bench not run within the node's connect
+	// timeout is freed.
+	OpenBench(ctx context.Context, in *OpenBenchRequest, opts ...grpc.CallOption) (*OpenBenchReply, error)
+	// RunBench connects an opened bench rank to its peers over the node's
+	// collective transport (TLS, token and roles as the node's grids use
+	// them), runs the measured loop of package collective (BenchRank, or
+	// SweepRank for a sweep) and answers the rank's step times. It ends
+	// when the loop does, at the spec's deadline, when the caller goes
+	// away or when the node stops; the bench is freed either way.
+	RunBench(ctx context.Context, in *RunBenchRequest, opts ...grpc.CallOption) (*RunBenchReply, error)
+	// CloseBench frees an opened bench that will not run (a coordinator
+	// whose other OpenBench failed); unknown ids are not an error.
+	CloseBench(ctx context.Context, in *CloseBenchRequest, opts ...grpc.CallOption) (*Ack, error)
 }
 
 type workerClient struct {
@@ -279,6 +299,36 @@ func (c *workerClient) Calls(ctx context.Context, opts ...grpc.CallOption) (grpc
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Worker_CallsClient = grpc.BidiStreamingClient[Call, Answer]
 
+func (c *workerClient) OpenBench(ctx context.Context, in *OpenBenchRequest, opts ...grpc.CallOption) (*OpenBenchReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenBenchReply)
+	err := c.cc.Invoke(ctx, Worker_OpenBench_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workerClient) RunBench(ctx context.Context, in *RunBenchRequest, opts ...grpc.CallOption) (*RunBenchReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RunBenchReply)
+	err := c.cc.Invoke(ctx, Worker_RunBench_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workerClient) CloseBench(ctx context.Context, in *CloseBenchRequest, opts ...grpc.CallOption) (*Ack, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Ack)
+	err := c.cc.Invoke(ctx, Worker_CloseBench_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -322,6 +372,23 @@ type WorkerServer interface {
 	// ended after its EndStep), so that each costs a message each way
 	// instead of a call of its own.
 	Calls(grpc.BidiStreamingServer[Call, Answer]) error
+	// OpenBench reserves one rank of a collective benchmark on this node
+	// (questctl bench collective --addr, through the client API's
+	// BenchCollective): it checks the spec and listens for the rank's
+	// collective streams, as OpenGrid does for a grid's ranks, and
+	// answers the address. A bench not run within the node's connect
+	// timeout is freed.
+	OpenBench(context.Context, *OpenBenchRequest) (*OpenBenchReply, error)
+	// RunBench connects an opened bench rank to its peers over the node's
+	// collective transport (TLS, token and roles as the node's grids use
+	// them), runs the measured loop of package collective (BenchRank, or
+	// SweepRank for a sweep) and answers the rank's step times. It ends
+	// when the loop does, at the spec's deadline, when the caller goes
+	// away or when the node stops; the bench is freed either way.
+	RunBench(context.Context, *RunBenchRequest) (*RunBenchReply, error)
+	// CloseBench frees an opened bench that will not run (a coordinator
+	// whose other OpenBench failed); unknown ids are not an error.
+	CloseBench(context.Context, *CloseBenchRequest) (*Ack, error)
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -382,6 +449,15 @@ func (UnimplementedWorkerServer) Park(context.Context, *ParkRequest) (*Ack, erro
 }
 func (UnimplementedWorkerServer) Calls(grpc.BidiStreamingServer[Call, Answer]) error {
 	return status.Error(codes.Unimplemented, "method Calls not implemented")
+}
+func (UnimplementedWorkerServer) OpenBench(context.Context, *OpenBenchRequest) (*OpenBenchReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method OpenBench not implemented")
+}
+func (UnimplementedWorkerServer) RunBench(context.Context, *RunBenchRequest) (*RunBenchReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method RunBench not implemented")
+}
+func (UnimplementedWorkerServer) CloseBench(context.Context, *CloseBenchRequest) (*Ack, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseBench not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -699,6 +775,60 @@ func _Worker_Calls_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Worker_CallsServer = grpc.BidiStreamingServer[Call, Answer]
 
+func _Worker_OpenBench_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenBenchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServer).OpenBench(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Worker_OpenBench_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServer).OpenBench(ctx, req.(*OpenBenchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Worker_RunBench_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RunBenchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServer).RunBench(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Worker_RunBench_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServer).RunBench(ctx, req.(*RunBenchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Worker_CloseBench_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseBenchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServer).CloseBench(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Worker_CloseBench_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServer).CloseBench(ctx, req.(*CloseBenchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -769,6 +899,18 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Park",
 			Handler:    _Worker_Park_Handler,
+		},
+		{
+			MethodName: "OpenBench",
+			Handler:    _Worker_OpenBench_Handler,
+		},
+		{
+			MethodName: "RunBench",
+			Handler:    _Worker_RunBench_Handler,
+		},
+		{
+			MethodName: "CloseBench",
+			Handler:    _Worker_CloseBench_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

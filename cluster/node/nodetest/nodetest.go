@@ -31,13 +31,19 @@ func Geometry(cp, tp int, mode plan.SelectMode) engine.Config {
 }
 
 // Member is a member config called name on 127.0.0.1, port 0, with fast
-// failure detection (a killed node declared dead in well under a second)
-// and immediate reclaim of a dead node's name.
+// failure detection (a killed node declared dead in about a second and a
+// quarter: a probe every 150 ms, 100 ms to answer, suspicion for 900 ms
+// with two or three nodes) and immediate reclaim of a dead node's name.
+// The probe timeout and suspicion are no shorter: with 50 ms and 200 ms,
+// test processes starved on a loaded 2-core machine were declared dead
+// while alive (CI: "node n1 is gone from the view"), and with 450 ms of
+// suspicion still, under -race on that machine ("grid lost a node: node
+// c1 is gone from the view" in the coord, client and serve tests).
 func Member(name string) cluster.MemberConfig {
 	mc := cluster.DefaultMemberConfig()
 	mc.Name = name
 	mc.BindAddr, mc.BindPort = "127.0.0.1", 0
-	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = 100*time.Millisecond, 50*time.Millisecond, 2
+	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = 150*time.Millisecond, 100*time.Millisecond, 6
 	mc.GossipInterval, mc.PushPullInterval, mc.TCPTimeout = 50*time.Millisecond, 2*time.Second, 2*time.Second
 	mc.JoinRetryInterval, mc.DeadNodeReclaimTime = 100*time.Millisecond, time.Millisecond
 	return mc

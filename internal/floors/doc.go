@@ -1,0 +1,9 @@
+// Package floors holds no code: its test checks the import arrows of
+// docs/architecture.md (DESIGN.md section 3) over the whole module. Every
+// package sits on a floor; a package imports only its own floor or lower
+// ones, and the model, the quality harness and serving reach the runtime
+// only through the step seam (package decode) and the kernels' compute
+// API. The arrows that still break the rule are listed, each with the
+// issue that removes it; the test fails when a new one appears and when a
+// listed one is gone (so that the list only shrinks).
+package floors

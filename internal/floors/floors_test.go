@@ -1,0 +1,183 @@
+package floors
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/questrt/questrt/"
+
+// floorOf returns the floor of a package of this module (its path
+// without the module prefix): 0 the leaves importable from everywhere
+// (planning, the step seam, the wire API, small utilities), 1 compute
+// and storage (kernels, pagestore, collective), 2 the shard, 3 the
+// worker, 4 the runners (engine, membership, coordinator, node, client),
+// 5 the model and the quality harness, 6 serving, 7 the programs and
+// their tools. ok is false for a package no floor names (the test then
+// asks for one).
+func floorOf(p string) (floor int, ok bool) {
+	under := func(prefixes ...string) bool {
+		for _, x := range prefixes {
+			if p == x || strings.HasPrefix(p, x+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case under("plan", "decode", "api", "chat", "internal/memlimit", "internal/readlimit", "internal/identity",
+		"internal/buildinfo", "internal/boltcheck", "internal/faultproxy", "internal/certgen", "internal/testcert",
+		"internal/testmodels", "internal/tmpfstest", "internal/floors", "internal/invariants", "internal/yield"):
+		return 0, true
+	case under("kernels", "pagestore", "collective"):
+		return 1, true
+	case under("shard"):
+		return 2, true
+	case under("worker"):
+		return 3, true
+	case under("engine", "cluster"):
+		return 4, true
+	case under("model", "eval"):
+		return 5, true
+	case under("serve"):
+		return 6, true
+	case under("cmd", "bench", "replay", "e2e", "internal/demo", "internal/plots", "internal/evalengine",
+		"internal/serveengine"):
+		return 7, true
+	}
+	return 0, false
+}
+
+// seamOnly reports whether p may reach floors 1 to 4 only through the
+// step seam and the kernels' compute API (DESIGN.md: the model executor
+// sees runners only through the Stepper seam; model and eval never reach
+// into shards; serve sits above model and eval).
+func seamOnly(p string) bool {
+	f, _ := floorOf(p)
+	return f == 5 || f == 6
+}
+
+// known are the arrows that break the rules today, importer -> imported,
+// with what removes them.
+var known = map[string]string{
+	// The GPU executor drives an in-process engine with device tensors:
+	// it should take a decode.Stepper from its caller (issue 31, item 3).
+	"model/gpu -> engine":    "issue 31 item 3",
+	"model/gpu -> pagestore": "issue 31 item 3",
+}
+
+type pkg struct {
+	ImportPath string
+	Imports    []string
+}
+
+// TestImportFloors lists every package of the module (go list -deps
+// would add the standard library; only ./... is needed) and checks each
+// import of another package of the module (test files excluded: tests
+// may reach anywhere to check).
+func TestImportFloors(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go command: %v", err)
+	}
+	cmd := exec.Command(gobin, "list", "-json=ImportPath,Imports", "./...")
+	cmd.Dir = "../.."
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, stderr.String())
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 20 {
+		t.Fatalf("go list found %d packages: not the module", len(pkgs))
+	}
+	seen := map[string]bool{}
+	for _, bad := range violations(pkgs, seen) {
+		t.Error(bad)
+	}
+	for arrow, why := range known {
+		if !seen[arrow] {
+			t.Errorf("%s (%s) no longer exists: remove it from known", arrow, why)
+		}
+	}
+}
+
+// violations returns one line per import that breaks the floors and is
+// not in known; seen collects the known arrows met.
+func violations(pkgs []pkg, seen map[string]bool) []string {
+	var out []string
+	for _, p := range pkgs {
+		from, ok := strings.CutPrefix(p.ImportPath, module)
+		if !ok {
+			continue // the module root holds no package
+		}
+		ff, ok := floorOf(from)
+		if !ok {
+			out = append(out, fmt.Sprintf("package %s is on no floor: add it to floorOf", from))
+			continue
+		}
+		for _, imp := range p.Imports {
+			to, ok := strings.CutPrefix(imp, module)
+			if !ok {
+				continue
+			}
+			tf, ok := floorOf(to)
+			if !ok {
+				continue // reported as its own package
+			}
+			arrow := from + " -> " + to
+			var why string
+			switch {
+			case tf > ff:
+				why = fmt.Sprintf("floor %d imports floor %d", ff, tf)
+			case seamOnly(from) && tf >= 1 && tf <= 4 && !strings.HasPrefix(to+"/", "kernels/"):
+				why = fmt.Sprintf("floor %d reaches the runtime (floor %d) past the step seam", ff, tf)
+			default:
+				continue
+			}
+			if _, ok := known[arrow]; ok {
+				seen[arrow] = true
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s: %s", arrow, why))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestViolationsFindsArrows checks the rule itself on a made-up module:
+// an upward import, a model reaching a shard, and allowed arrows.
+func TestViolationsFindsArrows(t *testing.T) {
+	pkgs := []pkg{
+		{module + "shard", []string{module + "engine", module + "kernels", "fmt"}},
+		{module + "model", []string{module + "shard", module + "kernels", module + "decode"}},
+		{module + "serve", []string{module + "model", module + "plan"}},
+		{module + "newthing", nil},
+	}
+	got := violations(pkgs, map[string]bool{})
+	want := []string{
+		"model -> shard: floor 5 reaches the runtime (floor 2) past the step seam",
+		"package newthing is on no floor: add it to floorOf",
+		"shard -> engine: floor 2 imports floor 4",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("violations:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -1,0 +1,200 @@
+package serveengine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+
+	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/cluster/coord"
+	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/serve"
+	"github.com/questrt/questrt/worker/remote"
+)
+
+// CoordinatorCluster is the serve.Cluster of a node's coordinator (in
+// process: cluster/node.Node.Coordinator). Every sequence is created with
+// co.Create (striped placement) on the grid the coordinator places for
+// the request's grid (EngineConfig), over the cluster's nodes (rank (0, 0) on
+// the coordinator's node when it has room), and driven with co.Append,
+// co.Step, co.Fork and co.Release: the model runs here, the KV pages
+// live on the grid's workers, and each decode step of a layer is one
+// coordinator step (the plan to the workers, the partial states back).
+// Requests with the same engine config share a grid, which stays open
+// on its nodes (its pools reserved) while the coordinator lives, as the
+// coordinator's grids do: the server bounds the grids it opens for
+// option sets other than its policy's (serve.Config.PolicyGrids). The
+// sequences the coordinator adopts after a node restart (a node's data
+// directory) are not the server's; it does not release them.
+func CoordinatorCluster(co *coord.Coordinator) serve.Cluster { return coordCluster{co} }
+
+type coordCluster struct{ co *coord.Coordinator }
+
+func (c coordCluster) Create(ctx context.Context, spec serve.GridSpec) (model.Sequence, error) {
+	ec := EngineConfig(spec)
+	cr, err := c.co.Create(ctx, plan.Striped, &ec)
+	if err != nil {
+		return nil, fmt.Errorf("create a sequence on a %d x %d grid: %w", ec.CP, ec.TP, ClusterError(err))
+	}
+	c.releaseAdopted(ctx, cr.ID)
+	h, err := c.co.Handle(cr.ID)
+	if err != nil {
+		return nil, fmt.Errorf("sequence %s: %w", cr.ID, ClusterError(err))
+	}
+	return coordSeq{co: c.co, id: cr.ID, h: h}, nil
+}
+
+// releaseAdopted releases the sequences the coordinator adopted onto
+// grids of the config of sequence id, one of the server's just created:
+// a grid that opens on nodes restarted on their data directories
+// (questd --data-dir) adopts the sequences they persisted, under their
+// old ids, and nobody holds those (the server creates every sequence
+// afresh and never asks for recovered ones), so they would keep their
+// pages on the workers outside the server's admission. Sequences
+// adopted onto grids of other configs (the Decode API's clients') are
+// left alone. Best effort: a release that fails leaves the sequence
+// listed for the next Create to try again.
+func (c coordCluster) releaseAdopted(ctx context.Context, id string) {
+	rec := c.co.Recovery()
+	if len(rec.Sequences) == 0 {
+		return
+	}
+	want, err := c.co.SeqConfig(id)
+	if err != nil {
+		return
+	}
+	for _, r := range rec.Sequences {
+		if r.ID == id {
+			continue
+		}
+		if got, err := c.co.SeqConfig(r.ID); err == nil && sameGridConfig(got, want) {
+			_ = c.co.Release(ctx, r.ID)
+		}
+	}
+}
+
+// sameGridConfig reports whether two of a coordinator's grid configs
+// are of the same sequences: the fields a Create's config sets.
+func sameGridConfig(a, b engine.Config) bool {
+	return a.Layers == b.Layers && a.Geometry == b.Geometry && a.CP == b.CP && a.TP == b.TP &&
+		a.CapacityPages == b.CapacityPages && a.Selection == b.Selection && reflect.DeepEqual(a.Policy, b.Policy)
+}
+
+// coordSeq is one sequence of a coordinator. Its decode steps run
+// batched through the coordinator's Stepper (h is its handle there):
+// one engine step per grid and token for every sequence of the batch.
+type coordSeq struct {
+	co *coord.Coordinator
+	id string
+	h  decode.SeqID
+}
+
+func (s coordSeq) Stepper() decode.Stepper { return clusterStepper{s.co} }
+
+func (s coordSeq) SeqID() decode.SeqID { return s.h }
+
+// clusterStepper is a coordinator's Stepper whose errors say when they
+// are the cluster's (serve.ErrClusterUnavailable).
+type clusterStepper struct{ co *coord.Coordinator }
+
+func (c clusterStepper) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
+	st, err := c.co.Begin(ctx, b)
+	if err != nil {
+		return nil, ClusterError(err)
+	}
+	return clusterStep{st}, nil
+}
+
+type clusterStep struct{ decode.Step }
+
+func (s clusterStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor, res *decode.Result) error {
+	if err := s.Step.Layer(ctx, layer, q, k, v, res); err != nil {
+		return ClusterError(err)
+	}
+	return nil
+}
+
+func (s clusterStep) End(ctx context.Context) error {
+	if err := s.Step.End(ctx); err != nil {
+		return ClusterError(err)
+	}
+	return nil
+}
+
+func (s coordSeq) Append(ctx context.Context, layer int, k, v []float32) error {
+	if err := s.co.Append(ctx, s.id, layer, k, v); err != nil {
+		return fmt.Errorf("sequence %s: %w", s.id, ClusterError(err))
+	}
+	return nil
+}
+
+// StepLayer implements model.LayerStepper: a step of one layer for this
+// sequence alone through the coordinator's Step (which runs
+// diagnostics inside the step).
+func (s coordSeq) StepLayer(ctx context.Context, layer int, row decode.Row, q, k, v []float32, opt decode.Options, res *decode.Result) error {
+	r := engine.Request{Q: q, K: k, V: v, BudgetTokens: row.Budget, DenseLayers: row.DenseLayers}
+	err := engine.StepInto(res, func(er *engine.Result) error {
+		return s.co.Step(ctx, layer, []coord.StepItem{{Seq: s.id, Request: r}}, opt, er)
+	})
+	if err != nil {
+		return fmt.Errorf("sequence %s: %w", s.id, ClusterError(err))
+	}
+	return nil
+}
+
+func (s coordSeq) ForkSequence(ctx context.Context) (model.Sequence, error) {
+	id, err := s.co.Fork(ctx, s.id)
+	if err != nil {
+		return nil, fmt.Errorf("fork sequence %s: %w", s.id, ClusterError(err))
+	}
+	h, err := s.co.Handle(id)
+	if err != nil {
+		return nil, fmt.Errorf("fork sequence %s: %w", s.id, ClusterError(err))
+	}
+	return coordSeq{co: s.co, id: id, h: h}, nil
+}
+
+// Rollback drops the last n tokens of every layer (a prefix cache's
+// entry is a fork of a prompt's sequence rolled back to its last full
+// page: model.EngineAttention.ForkPrefix).
+func (s coordSeq) Rollback(ctx context.Context, n int) error {
+	if err := s.co.Rollback(ctx, s.id, n); err != nil {
+		return fmt.Errorf("roll back sequence %s: %w", s.id, ClusterError(err))
+	}
+	return nil
+}
+
+// GridLost reports whether the sequence's grid is lost (its pages gone
+// with it): the coordinator's record, no call to the workers.
+func (s coordSeq) GridLost() bool {
+	_, err := s.co.SeqConfig(s.id)
+	return errors.Is(err, coord.ErrGridLost)
+}
+
+func (s coordSeq) Release(ctx context.Context) error {
+	if err := s.co.Release(ctx, s.id); err != nil {
+		return fmt.Errorf("release sequence %s: %w", s.id, ClusterError(err))
+	}
+	return nil
+}
+
+// ClusterError marks err, an error of a coordinator's, with
+// serve.ErrClusterUnavailable when it is the cluster's failure (a node
+// unreachable or full, a grid unknown or lost, no capacity, the
+// coordinator closed), and with serve.ErrGridLost too when it is a
+// grid's loss: the errors the server answers with 503 or retries.
+func ClusterError(err error) error {
+	if errors.Is(err, coord.ErrGridLost) && !errors.Is(err, coord.ErrClosed) {
+		return fmt.Errorf("%w: %w: %w", serve.ErrClusterUnavailable, serve.ErrGridLost, err)
+	}
+	for _, e := range []error{coord.ErrGridLost, coord.ErrClosed, remote.ErrUnavailable, remote.ErrNodeFull, remote.ErrUnknownGrid, cluster.ErrNoCapacity} {
+		if errors.Is(err, e) {
+			return fmt.Errorf("%w: %w", serve.ErrClusterUnavailable, err)
+		}
+	}
+	return err
+}

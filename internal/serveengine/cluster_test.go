@@ -1,0 +1,37 @@
+package serveengine
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/cluster/coord"
+	"github.com/questrt/questrt/serve"
+	"github.com/questrt/questrt/worker/remote"
+)
+
+// TestClusterError: which of a coordinator's errors the server answers
+// with 503 (serve.ErrClusterUnavailable) and which it may retry on a new
+// grid (serve.ErrGridLost too), each still wrapping the original.
+func TestClusterError(t *testing.T) {
+	for _, c := range []struct {
+		err               error
+		unavailable, lost bool
+	}{
+		{fmt.Errorf("grid g: %w", coord.ErrGridLost), true, true},
+		{fmt.Errorf("%w: %w", coord.ErrGridLost, coord.ErrClosed), true, false},
+		{coord.ErrClosed, true, false},
+		{fmt.Errorf("node n: %w", remote.ErrUnavailable), true, false},
+		{remote.ErrNodeFull, true, false},
+		{remote.ErrUnknownGrid, true, false},
+		{fmt.Errorf("place: %w", cluster.ErrNoCapacity), true, false},
+		{errors.New("bad input"), false, false},
+	} {
+		got := ClusterError(c.err)
+		if errors.Is(got, serve.ErrClusterUnavailable) != c.unavailable || errors.Is(got, serve.ErrGridLost) != c.lost || !errors.Is(got, c.err) {
+			t.Errorf("ClusterError(%v) = %v: unavailable %v, lost %v, wraps the original %v; want %v, %v, true",
+				c.err, got, errors.Is(got, serve.ErrClusterUnavailable), errors.Is(got, serve.ErrGridLost), errors.Is(got, c.err), c.unavailable, c.lost)
+		}
+	}
+}

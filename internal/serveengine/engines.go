@@ -1,0 +1,114 @@
+package serveengine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/serve"
+)
+
+// Engines is the serve.Engines of the in-process engine (package
+// engine): serve.Config.Engines for a server of this runtime.
+func Engines() serve.Engines { return engines{} }
+
+type engines struct{}
+
+// New opens an in-process engine of spec (engine.New).
+func (engines) New(spec serve.GridSpec) (serve.Engine, error) {
+	e, err := engine.New(EngineConfig(spec))
+	if err != nil {
+		return nil, err
+	}
+	return &inProcess{e}, nil
+}
+
+// Validate checks the engine config of spec (engine.Config.Validate).
+func (engines) Validate(spec serve.GridSpec) error { return EngineConfig(spec).Validate() }
+
+// EngineConfig is the engine config of a server's grid: the engine's
+// defaults (engine.DefaultConfig: step timeout, placement block) with
+// the fields spec sets. A cluster's grids (CoordinatorCluster) get it
+// too.
+func EngineConfig(spec serve.GridSpec) engine.Config {
+	ec := engine.DefaultConfig()
+	ec.Layers, ec.Geometry = spec.Layers, spec.Geometry
+	ec.Policy, ec.CapacityPages = spec.Policy, spec.CapacityPages
+	ec.CP, ec.TP, ec.Selection, ec.MemoryLimit = spec.CP, spec.TP, spec.Selection, spec.MemoryLimit
+	ec.Backend, ec.DeviceResident = spec.Backend, spec.DeviceResident
+	return ec
+}
+
+// inProcess is an engine as a serve.Engine. The embedded engine's
+// accessors (Shard, Config) stay reachable for tests that look at the
+// page stores.
+type inProcess struct{ *engine.Engine }
+
+// NewAttention creates an empty sequence (striped placement) driven as
+// model attention; its sequences mark engine.ErrClosed with
+// serve.ErrEngineClosed.
+func (e *inProcess) NewAttention(ctx context.Context, g model.Geometry) (*model.EngineAttention, error) {
+	layers, c := e.Shape()
+	if layers != g.Layers || c.QHeads != g.Heads || c.KVHeads != g.KVHeads || c.HeadDim != g.HeadDim {
+		return nil, fmt.Errorf("engine attention: engine of %d layers, %d/%d heads of %d for a model of %d layers, %d/%d heads of %d",
+			layers, c.QHeads, c.KVHeads, c.HeadDim, g.Layers, g.Heads, g.KVHeads, g.HeadDim)
+	}
+	s, err := e.NewSequence(ctx, plan.Striped)
+	if err != nil {
+		return nil, fmt.Errorf("engine attention: %w", closedError(err))
+	}
+	return model.NewAttentionOf(sequence{s}, g), nil
+}
+
+// Usage reads the shards' page stores: the sequences of rank (0, 0),
+// the most pages used and the fewest free on one shard.
+func (e *inProcess) Usage() serve.EngineUsage {
+	var u serve.EngineUsage
+	cfg := e.Config()
+	first := true
+	for tp := range cfg.TP {
+		for cp := range cfg.CP {
+			sh := e.Shard(tp, cp)
+			if sh == nil {
+				continue
+			}
+			st := sh.Store().Stats()
+			if tp == 0 && cp == 0 {
+				u.Sequences = st.Sequences
+			}
+			u.UsedPages = max(u.UsedPages, st.UsedPages)
+			if first || st.FreePages < u.FreePages {
+				u.FreePages = st.FreePages
+			}
+			first = false
+		}
+	}
+	return u
+}
+
+// sequence is an engine sequence whose Fork and Release errors after the
+// engine closed wrap serve.ErrEngineClosed (the embedded sequence's
+// Append, Stepper, SeqID, Rollback and StepLayer are its own).
+type sequence struct{ *engine.Sequence }
+
+func (s sequence) Fork(ctx context.Context) (sequence, error) {
+	f, err := s.Sequence.Fork(ctx)
+	if err != nil {
+		return sequence{}, closedError(err)
+	}
+	return sequence{f}, nil
+}
+
+func (s sequence) Release(ctx context.Context) error { return closedError(s.Sequence.Release(ctx)) }
+
+// closedError marks err with serve.ErrEngineClosed when it is the
+// engine's engine.ErrClosed (still wrapping it).
+func closedError(err error) error {
+	if errors.Is(err, engine.ErrClosed) && !errors.Is(err, serve.ErrEngineClosed) {
+		return fmt.Errorf("%w: %w", serve.ErrEngineClosed, err)
+	}
+	return err
+}

@@ -1,0 +1,89 @@
+package serveengine
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/plan"
+	"github.com/questrt/questrt/serve"
+)
+
+// smallSpec is a 2-layer grid of 4 query and 2 KV heads of 8, pages of
+// 4 tokens, on cp x tp ranks of 16 pages each.
+func smallSpec(cp, tp int) (serve.GridSpec, model.Geometry) {
+	g := model.Geometry{Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8}
+	layers, pg := g.Shape()
+	pol := plan.DefaultPolicy()
+	pol.PageSize = 4
+	pg.PageSize = pol.PageSize
+	return serve.GridSpec{Layers: layers, Geometry: pg, Policy: pol, CapacityPages: 16, CP: cp, TP: tp,
+		Selection: plan.Exact, MemoryLimit: -1}, g
+}
+
+// TestEnginesUsage: an engine of a GridSpec holds what its sequences
+// append (pages of 4 tokens on each of 2 CP ranks, striped), and after
+// Close a sequence's release fails with serve.ErrEngineClosed, still
+// wrapping engine.ErrClosed.
+func TestEnginesUsage(t *testing.T) {
+	spec, g := smallSpec(2, 1)
+	e, err := Engines().New(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			e.Close()
+		}
+	}()
+	if u := e.Usage(); u != (serve.EngineUsage{FreePages: 16}) {
+		t.Errorf("empty engine: usage %+v, want no sequence, 0 used, 16 free", u)
+	}
+	ctx := context.Background()
+	a, err := e.NewAttention(ctx, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tokens = 12 // 3 pages: 2 on rank 0, 1 on rank 1 (striped)
+	kv := make([]float32, tokens*g.KVHeads*g.HeadDim)
+	for l := range g.Layers {
+		if err := a.Sequence().Append(ctx, l, kv, kv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u := e.Usage(); u != (serve.EngineUsage{Sequences: 1, UsedPages: 2, FreePages: 14}) {
+		t.Errorf("one sequence of %d tokens: usage %+v, want 1 sequence, 2 used and 14 free on the fuller rank", tokens, u)
+	}
+	if _, err := e.NewAttention(ctx, model.Geometry{Layers: 3, Heads: 4, KVHeads: 2, HeadDim: 8}); err == nil {
+		t.Error("attention for a model of 3 layers on an engine of 2: no error")
+	}
+	closed = true
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(); !errors.Is(err, serve.ErrEngineClosed) || !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("release after Close: %v, want serve.ErrEngineClosed wrapping engine.ErrClosed", err)
+	}
+}
+
+// TestEnginesValidate: a spec whose TP does not divide the KV heads is
+// refused without opening an engine; EngineConfig keeps the engine's
+// defaults for what a spec does not set.
+func TestEnginesValidate(t *testing.T) {
+	spec, _ := smallSpec(1, 1)
+	if err := Engines().Validate(spec); err != nil {
+		t.Errorf("a 1 x 1 grid: %v", err)
+	}
+	spec.TP = 3
+	if err := Engines().Validate(spec); err == nil {
+		t.Error("TP 3 over 2 KV heads: no error")
+	}
+	ec, def := EngineConfig(spec), engine.DefaultConfig()
+	if ec.StepTimeout != def.StepTimeout || ec.BlockPages != def.BlockPages || ec.TP != 3 || ec.CapacityPages != 16 || ec.PageSize != 4 {
+		t.Errorf("EngineConfig: step timeout %v, block %d, tp %d, %d pages of %d; want %v, %d, 3, 16 of 4",
+			ec.StepTimeout, ec.BlockPages, ec.TP, ec.CapacityPages, ec.PageSize, def.StepTimeout, def.BlockPages)
+	}
+}

@@ -1,0 +1,177 @@
+package serve
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BenchmarkPrefillITL measures the target of the per-iteration
+// token budget (Config.MaxBatchedTokens) on passkey-llama-v1 (CPU): four
+// greedy streams decode on one server; their inter-token gaps (as the
+// client reads the events) are taken for 5 s alone, then while one long
+// prompt (tokens=N) is prefilled beside them, in the same run. It
+// reports both p99 gaps, their ratio (target: at most 3) and the long
+// prompt's time to its answer (its prefill and one token). batched=0 is
+// the server without a budget (ChunkTokens, 512, per iteration); with
+// running=R (Config.MaxRunning) and batched=B, an iteration beside the
+// four decoding streams prefills B-4 prompt tokens. itl=F adds the
+// latency budget (Config.MaxITLFactor F; without it, off): an
+// iteration prefills what fits F-1 decode steps by the measured costs.
+// With -benchtime=1x one measurement per configuration.
+func BenchmarkPrefillITL(b *testing.B) {
+	m, tok, dir := passkeyModel(b)
+	name := dir[strings.LastIndex(dir, "/")+1:]
+	const streams = 4
+	filler := "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+	for _, n := range []int{8192, 16384} {
+		var sb strings.Builder
+		for i := 0; sb.Len() < n; i++ {
+			fmt.Fprintf(&sb, "Line %d: %s", i, filler)
+		}
+		long := sb.String()[:n-1] // with BOS: n tokens (the byte tokenizer)
+		for _, c := range []struct {
+			running, batched int
+			itl              float64
+		}{{8, 0, 0}, {8, 8, 0}, {8, 12, 0}, {8, 24, 0}, {8, 48, 0}, {5, 6, 0}, {8, 0, 2}, {8, 0, 3}, {8, 24, 2}} {
+			sub := fmt.Sprintf("tokens=%d/running=%d/batched=%d", n, c.running, c.batched)
+			if c.itl > 0 {
+				sub += fmt.Sprintf("/itl=%g", c.itl)
+			}
+			b.Run(sub, func(b *testing.B) {
+				for range b.N {
+					cfg := testConfig(name)
+					cfg.CapacityPages = 4096
+					cfg.MaxRunning = c.running
+					cfg.MaxBatchedTokens = c.batched
+					cfg.MaxITLFactor = c.itl
+					cfg.PrefixCaching = false
+					cfg.RequestTimeout = 0 // a small budget prefills for minutes
+					_, ts := startServer(b, m, tok, cfg)
+					r := measureITL(b, ts.URL, name, long, streams)
+					if got := r.promptTokens; got != n {
+						b.Fatalf("the long prompt has %d tokens, want %d", got, n)
+					}
+					b.ReportMetric(r.alone.p50, "itl-alone-p50-ms")
+					b.ReportMetric(r.alone.p99, "itl-alone-p99-ms")
+					b.ReportMetric(r.alone.p90, "itl-alone-p90-ms")
+					b.ReportMetric(r.during.p50, "itl-prefill-p50-ms")
+					b.ReportMetric(r.during.p90, "itl-prefill-p90-ms")
+					b.ReportMetric(r.during.p99, "itl-prefill-p99-ms")
+					b.ReportMetric(r.during.p99/r.alone.p99, "p99-ratio")
+					b.ReportMetric(r.prefill.Seconds(), "prefill-s")
+					b.ReportMetric(float64(r.during.n), "gaps-during")
+				}
+			})
+		}
+	}
+}
+
+// gapStats are percentiles of inter-token gaps, in milliseconds.
+type gapStats struct {
+	n             int
+	p50, p90, p99 float64
+}
+
+func percentiles(gaps []time.Duration) gapStats {
+	if len(gaps) == 0 {
+		return gapStats{p50: math.NaN(), p90: math.NaN(), p99: math.NaN()}
+	}
+	s := slices.Clone(gaps)
+	slices.Sort(s)
+	at := func(q float64) float64 {
+		i := int(math.Ceil(q*float64(len(s)))) - 1
+		return float64(s[max(0, i)]) / float64(time.Millisecond)
+	}
+	return gapStats{n: len(s), p50: at(0.5), p90: at(0.9), p99: at(0.99)}
+}
+
+type itlResult struct {
+	alone, during gapStats
+	prefill       time.Duration
+	promptTokens  int
+}
+
+// measureITL starts k streams, takes their gaps for 5 s, then sends the
+// long prompt and takes their gaps until its answer; it cancels the
+// streams at the end. A stream that ends before the long prompt's
+// answer fails the benchmark.
+func measureITL(b *testing.B, url, name, long string, k int) itlResult {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	var mu sync.Mutex
+	arrivals := make([][]time.Time, k)
+	ended := make([]time.Time, k)
+	started := make(chan struct{}, k)
+	for i := range k {
+		body, _ := json.Marshal(map[string]any{"model": name, "prompt": fmt.Sprintf("Stream %d. The grass is green. The sky is blue.", i),
+			"max_tokens": 12000, "temperature": 0, "stream": true})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(string(body)))
+		req.Header.Set("Content-Type", "application/json")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				started <- struct{}{}
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			first := true
+			for sc.Scan() {
+				if !strings.HasPrefix(sc.Text(), "data: {") {
+					continue
+				}
+				now := time.Now()
+				mu.Lock()
+				arrivals[i] = append(arrivals[i], now)
+				mu.Unlock()
+				if first {
+					first = false
+					started <- struct{}{}
+				}
+			}
+			mu.Lock()
+			ended[i] = time.Now()
+			mu.Unlock()
+		}()
+	}
+	for range k {
+		<-started
+	}
+	time.Sleep(500 * time.Millisecond) // past the streams' first steps
+	t0 := time.Now()
+	time.Sleep(5 * time.Second)
+	t1 := time.Now()
+	c := complete(b, url, map[string]any{"model": name, "prompt": long, "max_tokens": 1, "temperature": 0})
+	t2 := time.Now()
+	mu.Lock()
+	defer mu.Unlock()
+	var alone, during []time.Duration
+	for i, ts := range arrivals {
+		if !ended[i].IsZero() && ended[i].Before(t2) {
+			b.Fatalf("stream %d ended before the long prompt's answer (%d events)", i, len(ts))
+		}
+		for j := 1; j < len(ts); j++ {
+			switch {
+			case !ts[j-1].Before(t0) && ts[j].Before(t1):
+				alone = append(alone, ts[j].Sub(ts[j-1]))
+			case !ts[j-1].Before(t1) && ts[j].Before(t2):
+				during = append(during, ts[j].Sub(ts[j-1]))
+			}
+		}
+	}
+	return itlResult{alone: percentiles(alone), during: percentiles(during), prefill: t2.Sub(t1), promptTokens: c.Usage.PromptTokens}
+}

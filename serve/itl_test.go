@@ -1,0 +1,286 @@
+package serve
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/questrt/questrt/eval"
+	"github.com/questrt/questrt/model"
+)
+
+const ms = time.Millisecond
+
+// TestITLBudgetArithmetic checks the budget's costs and token counts
+// against numbers worked by hand.
+func TestITLBudgetArithmetic(t *testing.T) {
+	near := func(t *testing.T, what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-9*math.Max(1, math.Abs(want)) {
+			t.Errorf("%s = %.12g, want %.12g", what, got, want)
+		}
+	}
+	t.Run("nothing measured", func(t *testing.T) {
+		b := newITLBudget(2)
+		if _, ok := b.allowance(); ok {
+			t.Error("an allowance before any decode step")
+		}
+		// A probe: one token, whatever the time.
+		if got := b.tokens(5000, 1); got != 1 {
+			t.Errorf("tokens with no observation = %d, want 1", got)
+		}
+	})
+	t.Run("decode average", func(t *testing.T) {
+		b := newITLBudget(3)
+		b.observeDecode(10 * ms) // the first step is the average
+		a, _ := b.allowance()
+		near(t, "allowance after 10ms", a, 0.020) // (3-1) x 10ms
+		b.observeDecode(20 * ms)                  // 10 + 0.2 x (20 - 10) = 12
+		a, _ = b.allowance()
+		near(t, "allowance after 10ms, 20ms", a, 0.024)
+		b.observeDecode(0) // not a measurement
+		a, _ = b.allowance()
+		near(t, "allowance after a zero step", a, 0.024)
+	})
+	t.Run("a line through two chunks", func(t *testing.T) {
+		// 1 token at context 0 in 1ms, 1 at context 1000 in 3ms: the
+		// line 1ms + 2us x context, whatever the weights.
+		b := newITLBudget(3)
+		b.observePrefill(0, 1, 1*ms)
+		b.observePrefill(1000, 1, 3*ms)
+		p, _ := b.perToken(2000)
+		near(t, "per token at 2000", p, 0.005)
+		// 3 tokens from context 2000: 5 + 5.002 + 5.004 ms.
+		near(t, "3 tokens at 2000", b.cost(2000, 3), 0.015006)
+		// Within 20ms from context 2000: 3 (15.006ms); 4 would be
+		// 4 x 5.003 = 20.012ms.
+		if got := b.tokens(2000, 0.020); got != 3 {
+			t.Errorf("tokens(2000, 20ms) = %d, want 3", got)
+		}
+		// From context 0: 19 x (1 + 0.001 x 18) = 19.342ms fits,
+		// 20 x 1.019 = 20.38ms does not.
+		if got := b.tokens(0, 0.020); got != 19 {
+			t.Errorf("tokens(0, 20ms) = %d, want 19", got)
+		}
+		if got := b.tokens(0, 0); got != 0 {
+			t.Errorf("tokens with no time = %d, want 0", got)
+		}
+	})
+	t.Run("a chunk is its tokens' mean context", func(t *testing.T) {
+		// Chunks of 100 tokens at contexts 0 and 1000 on the line
+		// 1ms + 2us x context: 100 x (1 + 0.002 x 49.5) = 109.9ms and
+		// 100 x (1 + 0.002 x 1049.5) = 309.9ms.
+		b := newITLBudget(2)
+		b.observePrefill(0, 100, 109900*time.Microsecond)
+		b.observePrefill(1000, 100, 309900*time.Microsecond)
+		p, _ := b.perToken(0)
+		near(t, "per token at 0", p, 0.001)
+		p, _ = b.perToken(4000)
+		near(t, "per token at 4000", p, 0.009)
+	})
+	t.Run("cost falling with context", func(t *testing.T) {
+		// 3ms at 0 then 1ms at 1000: no negative slope; the weighted
+		// mean (0.9 x 3 + 1) / 1.9 = 1.947368ms at every context.
+		b := newITLBudget(2)
+		b.observePrefill(0, 1, 3*ms)
+		b.observePrefill(1000, 1, 1*ms)
+		for _, c := range []float64{0, 500, 10000} {
+			p, _ := b.perToken(c)
+			near(t, fmt.Sprintf("per token at %v", c), p, 0.0037/1.9)
+		}
+		// 10ms / 1.947368ms = 5.135: 5 tokens.
+		if got := b.tokens(500, 0.010); got != 5 {
+			t.Errorf("tokens(500, 10ms) = %d, want 5", got)
+		}
+	})
+	t.Run("one context", func(t *testing.T) {
+		// Two chunks at context 100 (no slope to fit): their weighted
+		// mean, (0.9 x 2 + 4) / 1.9 = 3.052632ms.
+		b := newITLBudget(2)
+		b.observePrefill(100, 1, 2*ms)
+		b.observePrefill(100, 1, 4*ms)
+		p, _ := b.perToken(5000)
+		near(t, "per token", p, 0.0058/1.9)
+		if got := b.tokens(5000, 0.0305); got != 9 { // 9.99: 9 tokens
+			t.Errorf("tokens(5000, 30.5ms) = %d, want 9", got)
+		}
+	})
+	t.Run("floor below the fitted contexts", func(t *testing.T) {
+		// 1ms at 1000 and 3ms at 2000: the line -1ms + 2us x context,
+		// below 0 at context 0, where the floor 5% of the mean cost,
+		// 0.05 x (0.9 x 1 + 3) / 1.9 = 0.102632ms, holds.
+		b := newITLBudget(2)
+		b.observePrefill(1000, 1, 1*ms)
+		b.observePrefill(2000, 1, 3*ms)
+		p, _ := b.perToken(0)
+		near(t, "per token at 0", p, 0.05*0.0039/1.9)
+		// 9 x (0.102632 + 0.001 x 8) = 0.9957ms fits 1ms; 10 x
+		// (0.102632 + 0.009) = 1.1163ms does not.
+		if got := b.tokens(0, 0.001); got != 9 {
+			t.Errorf("tokens(0, 1ms) = %d, want 9", got)
+		}
+	})
+}
+
+// TestITLBudgetServer: with MaxITLFactor 2 and made-up costs (a decode
+// step 10ms, a prompt token 1.1ms + 13us x its context), a 300-token
+// prompt sent while four streams decode is prefilled in iterations of
+// exactly the tokens that fit 10ms by those costs (8 at first, one at
+// the end, never none), every one beside the streams' decode rows, and
+// its answer is the one it gets alone.
+func TestITLBudgetServer(t *testing.T) {
+	m, tok, dir := passkeyModel(t)
+	name := dir[strings.LastIndex(dir, "/")+1:]
+	const (
+		streams = 4
+		a       = 1.1e-3 // s per prompt token
+		slope   = 13e-6  // s per prompt token per token of context
+		decode  = 10 * ms
+		long    = 300
+	)
+	cfg := testConfig(name)
+	cfg.CapacityPages = 4096
+	cfg.MaxRunning = 8
+	cfg.PrefixCaching = false
+	cfg.MaxITLFactor = 2
+	type iter struct{ rows, prompt int }
+	var mu sync.Mutex
+	var iters []iter
+	s, err := newServer(m, tok, cfg, hooks{
+		batched: func(rows, prompt int) {
+			mu.Lock()
+			iters = append(iters, iter{rows, prompt})
+			mu.Unlock()
+		},
+		prefillTook: func(c, n int) time.Duration {
+			x := float64(c) + float64(n-1)/2
+			return time.Duration(float64(n) * (a + slope*x) * float64(time.Second))
+		},
+		decodeTook: func(int) time.Duration { return decode },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(func() {
+		ts.Close()
+		s.Close()
+	})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	started := make(chan error, streams)
+	launch := func(i int) {
+		body, _ := json.Marshal(map[string]any{"model": name, "prompt": fmt.Sprintf("Stream %d. The grass is green. The sky is blue.", i),
+			"max_tokens": 3000, "temperature": 0, "stream": true})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions", strings.NewReader(string(body)))
+		req.Header.Set("Content-Type", "application/json")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				started <- err
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			first := true
+			for sc.Scan() {
+				if first && strings.HasPrefix(sc.Text(), "data: {") {
+					first = false
+					started <- nil
+				}
+			}
+			if first {
+				started <- fmt.Errorf("stream %d: no token (status %s)", i, resp.Status)
+			}
+		}()
+	}
+	// One stream first, the others once it decodes: their prompts are
+	// then prefilled in chunks beside its decode rows, at several
+	// contexts, so the budget's fitted line has a spread to take its
+	// slope from (four prompts prefilled together at context 0 give one
+	// point, a slope of 0, and a first chunk of the long prompt one token
+	// short of the made-up costs' count).
+	launch(0)
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < streams; i++ {
+		launch(i)
+	}
+	for i := 1; i < streams; i++ {
+		if err := <-started; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A stream's first token reaches its client before the iteration
+	// that sampled it is recorded: wait for an iteration of the four
+	// streams' decode rows alone (their prompts all prefilled).
+	from := -1
+	for deadline := time.Now().Add(time.Minute); from < 0 && time.Now().Before(deadline); {
+		mu.Lock()
+		for k, it := range iters {
+			if it.rows == streams && it.prompt == 0 {
+				from = k
+			}
+		}
+		mu.Unlock()
+		time.Sleep(10 * ms)
+	}
+	if from < 0 {
+		t.Fatal("no iteration decoded the four streams alone within a minute")
+	}
+
+	p, err := eval.Passkey(rand.New(rand.NewPCG(29, 2)), long, eval.PasskeyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := model.PromptIDs(tok, p.Text())
+	got := complete(t, ts.URL, map[string]any{"model": name, "prompt": p.Text(), "max_tokens": 6, "temperature": 0})
+	if want := tok.Decode(alone(t, m, tok, cfg.Policy, ids, 6)); got.Choices[0].Text != want {
+		t.Errorf("the long prompt beside the streams: %q; alone %q", got.Choices[0].Text, want)
+	}
+
+	// The expected chunks, by the made-up costs: the most tokens n
+	// (at least 1) with n x (a + slope x (c + (n-1)/2)) <= 10ms.
+	var want []int
+	for c := 0; c < len(ids); {
+		n := 1
+		for n+1 <= len(ids)-c && float64(n+1)*(a+slope*(float64(c)+float64(n)/2)) <= decode.Seconds() {
+			n++
+		}
+		want = append(want, n)
+		c += n
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var prompt []iter
+	for _, it := range iters[from:] {
+		if it.prompt > 0 {
+			prompt = append(prompt, it)
+		}
+	}
+	if len(prompt) != len(want) {
+		t.Errorf("the %d-token prompt took %d iterations, want %d", len(ids), len(prompt), len(want))
+	}
+	for k := range min(len(prompt), len(want)) {
+		if prompt[k].prompt != want[k] || prompt[k].rows != streams {
+			t.Errorf("iteration %d of the prompt: %d prompt tokens beside %d decode rows, want %d beside %d",
+				k, prompt[k].prompt, prompt[k].rows, want[k], streams)
+		}
+	}
+	t.Logf("%d prompt tokens in %d iterations beside the streams, first %v, last %v", len(ids), len(prompt), want[:3], want[len(want)-3:])
+}

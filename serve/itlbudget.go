@@ -1,0 +1,156 @@
+package serve
+
+import (
+	"math"
+	"time"
+)
+
+// itlBudget sizes the prefill of a scheduler iteration so that the
+// iteration, its prefill and the decode step of the running sequences
+// together, takes about Config.MaxITLFactor times the decode step alone
+// (the running streams' inter-token latency while a prompt prefills).
+//
+// It learns two costs from what the scheduler measured: the decode
+// step's time (an exponentially weighted moving average) and a prompt
+// token's prefill time as a line in the context it is prefilled at,
+// a + b*context (the dense prefill attention reads the whole context),
+// fitted by exponentially weighted least squares over the recent
+// chunks. A chunk of n tokens starting at context c then costs
+// n*(a + b*(c + (n-1)/2)).
+//
+// It is pure arithmetic on durations handed in: the scheduler owns the
+// clock, and tests drive it with made-up costs. Not safe for
+// concurrent use (the scheduler goroutine owns it).
+type itlBudget struct {
+	factor float64
+	// decode is the moving average of the decode step, in seconds (0:
+	// none measured yet).
+	decode float64
+	// The exponentially weighted sums of the prefill observations: x is
+	// the mean context of a chunk's tokens, y its time per token in
+	// seconds; w is the sum of the weights.
+	w, sx, sy, sxx, sxy float64
+}
+
+const (
+	// itlDecodeWeight is the weight of the newest decode step in the
+	// moving average (about the last 5 steps count).
+	itlDecodeWeight = 0.2
+	// itlPrefillDecay is the factor that the prefill sums keep of the
+	// older observations at each new one (about the last 10 chunks
+	// count).
+	itlPrefillDecay = 0.9
+	// itlFloor is the least per-token cost the fitted line may predict,
+	// as a share of the observations' mean (a line extrapolated below
+	// the contexts it was fitted on must not promise free tokens).
+	itlFloor = 0.05
+)
+
+// newITLBudget returns the budget for factor (Config.MaxITLFactor, at
+// least 1).
+func newITLBudget(factor float64) *itlBudget { return &itlBudget{factor: factor} }
+
+// observeDecode records a decode step's time.
+func (b *itlBudget) observeDecode(d time.Duration) {
+	s := d.Seconds()
+	if s <= 0 {
+		return
+	}
+	if b.decode == 0 {
+		b.decode = s
+		return
+	}
+	b.decode += itlDecodeWeight * (s - b.decode)
+}
+
+// observePrefill records the time d of a prefill chunk of n tokens
+// that started at context c (the tokens of the sequence before it).
+func (b *itlBudget) observePrefill(c, n int, d time.Duration) {
+	if n < 1 || d <= 0 {
+		return
+	}
+	x := float64(c) + float64(n-1)/2 // the mean context of its tokens
+	y := d.Seconds() / float64(n)
+	k := itlPrefillDecay
+	b.w = k*b.w + 1
+	b.sx = k*b.sx + x
+	b.sy = k*b.sy + y
+	b.sxx = k*b.sxx + x*x
+	b.sxy = k*b.sxy + x*y
+}
+
+// line returns the fitted per-token cost: mean context mx, mean cost
+// my, slope (seconds per token per token of context, never negative),
+// and whether there is any observation. With the observations at one
+// context (no spread to fit a slope on) the slope is 0.
+func (b *itlBudget) line() (mx, my, slope float64, ok bool) {
+	if b.w == 0 {
+		return 0, 0, 0, false
+	}
+	mx, my = b.sx/b.w, b.sy/b.w
+	vx := b.sxx/b.w - mx*mx
+	if vx > 1e-9*(1+mx*mx) {
+		slope = max(0, (b.sxy/b.w-mx*my)/vx)
+	}
+	return mx, my, slope, true
+}
+
+// perToken is the predicted prefill time of one token at context c, in
+// seconds (ok false: nothing observed yet).
+func (b *itlBudget) perToken(c float64) (float64, bool) {
+	mx, my, slope, ok := b.line()
+	if !ok {
+		return 0, false
+	}
+	return max(my+slope*(c-mx), itlFloor*my), true
+}
+
+// allowance is the prefill time an iteration may spend beside a decode
+// step, in seconds: (factor - 1) times the decode step. ok is false
+// before any decode step was measured.
+func (b *itlBudget) allowance() (float64, bool) {
+	if b.decode == 0 {
+		return 0, false
+	}
+	return (b.factor - 1) * b.decode, true
+}
+
+// tokens returns how many prompt tokens, starting at context c, fit
+// time seconds of prefill by the fitted costs: the largest n with
+// n*(p + slope*(n-1)/2) <= time, p the per-token cost at c. With no
+// observation yet it returns 1 (a probe: its time is the first
+// observation). The result is at least 0; callers cap it.
+func (b *itlBudget) tokens(c int, time float64) int {
+	_, _, slope, _ := b.line()
+	p, ok := b.perToken(float64(c))
+	if !ok {
+		return 1
+	}
+	if time <= 0 {
+		return 0
+	}
+	var n float64
+	if slope == 0 {
+		n = time / p
+	} else {
+		// slope/2 n^2 + (p - slope/2) n - time = 0, the positive root.
+		q := p - slope/2
+		n = (-q + math.Sqrt(q*q+2*slope*time)) / slope
+	}
+	n = math.Floor(n * (1 + 1e-12)) // 2.9999999 from rounding is 3
+	if n > 1<<30 {
+		return 1 << 30
+	}
+	return int(max(0, n))
+}
+
+// cost is the predicted time of a chunk of n tokens starting at
+// context c, in seconds (0 with no observation).
+func (b *itlBudget) cost(c, n int) float64 {
+	_, _, slope, _ := b.line()
+	p, ok := b.perToken(float64(c))
+	if !ok || n < 1 {
+		return 0
+	}
+	return float64(n) * (p + slope*float64(n-1)/2)
+}
