@@ -240,8 +240,13 @@ func (s *Server) await(g *group, tick <-chan time.Time, keep func() bool) bool {
 // news takes j's text and log-probabilities since the last take, and its
 // result once done (or its context's end).
 func (s *Server) news(j *job) ([]byte, []tokenLogprob, bool, result) {
+	// The context first: the scheduler posts a job's result before it
+	// cancels the job's context (end), so a take after a context seen
+	// ended finds the result that ended it. (Taken first, a result
+	// posted between the take and the check read as the client gone.)
+	gone := j.ctx.Err() != nil
 	text, lps, done, res := j.take()
-	if !done && j.ctx.Err() != nil {
+	if !done && gone {
 		done, res = true, result{err: ctxError(j.ctx)}
 	}
 	return text, lps, done, res
