@@ -81,7 +81,9 @@ type Config struct {
 	// gossip name (questrt://node/NAME; a certificate without a role
 	// passes unless RequireCertRoles); the others (a client certificate,
 	// another node's, a plaintext server) are refused, with the reason in
-	// Status (vet.go).
+	// Status (vet.go). A plaintext node refuses the members whose
+	// metadata declares a TLS server (its connections could not reach
+	// them).
 	TLS       *tls.Config
 	Plaintext bool
 	// Token, when set, is the bearer token of the cluster: every call of
@@ -345,12 +347,11 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	n.wg.Go(func() { n.advertise(mctx, mc.Meta) })
 	_, sub := n.m.Subscribe(64)
 	n.wg.Go(func() { n.watch(mctx, sub) })
-	if cfg.TLS != nil {
-		// Members are checked as they come, so that Status shows the
-		// refused ones before any placement asks.
-		_, vsub := n.m.Subscribe(16)
-		n.wg.Go(func() { n.vet.watch(mctx, n.m.View, vsub) })
-	}
+	// Members are checked as they come, so that Status shows the refused
+	// ones before any placement asks (on a plaintext node, only those
+	// that declare TLS are checked, without a dial).
+	_, vsub := n.m.Subscribe(16)
+	n.wg.Go(func() { n.vet.watch(mctx, n.m.View, vsub) })
 	for _, svc := range healthServices() {
 		n.hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
 	}

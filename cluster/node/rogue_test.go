@@ -178,3 +178,79 @@ func checkRefused(members []*decodev1.Member, why func(name string) string) stri
 	}
 	return strings.Join(bad, "; ")
 }
+
+// TestTLSJoinerRefusedByPlaintextNodes: a node that serves gRPC over TLS
+// joins the gossip layer of a plaintext cluster (same label, no gossip
+// key). Each plaintext node lists it refused in Status, with the reason,
+// from its metadata alone, and a CP 3 grid created through either
+// plaintext node is placed on the two of them only.
+func TestTLSJoinerRefusedByPlaintextNodes(t *testing.T) {
+	ca := testcert.NewCA(t, "questrt test CA")
+	ec := geometry(3, 1, plan.Exact)
+	calm := func(c *node.Config) {
+		c.Member.ProbeInterval, c.Member.ProbeTimeout, c.Member.SuspicionMult = 500*time.Millisecond, 250*time.Millisecond, 4
+	}
+	nodes := nodetest.Start(t, "n", 2, ec, func(i int, c *node.Config) { calm(c) })
+	mc := nodetest.Member("tls")
+	mc.Join = []string{nodes[0].GossipAddr()}
+	cfg := node.Config{GRPCAddr: "127.0.0.1:0", Member: mc, Engine: ec, TLS: ca.MutualTLS(ca.IssueNode(t, "tls")),
+		MemoryLimit: memlimit.NoLimit, DrainTimeout: time.Second, MetaInterval: 100 * time.Millisecond, Version: "tls"}
+	calm(&cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	tn, err := node.Start(ctx, cfg)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		tn.Stop(ctx)
+		cancel()
+	})
+	nodetest.WaitUp(t, nodes, 3)
+
+	why := func(name string) string {
+		if name == "tls" {
+			return "serves gRPC over TLS"
+		}
+		return ""
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for i, nd := range nodes {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		c, err := client.Dial(ctx, nd.Addr(), client.Options{})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		for {
+			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+			st, err := c.Status(ctx)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			bad := checkRefused(st.GetMembers(), why)
+			if bad == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("n%d's Status: %s", i, bad)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		id, on, err := c.Create(t.Context(), plan.Striped)
+		if err != nil {
+			t.Fatalf("create through n%d: %v", i, err)
+		}
+		for _, n := range on {
+			if n != "n0" && n != "n1" {
+				t.Fatalf("create through n%d: ranks on %v, the TLS node among them", i, on)
+			}
+		}
+		if err := c.Release(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -42,8 +42,11 @@ const vetRetry = 5 * time.Second
 // gossip NAME (checkIdentity); a member whose metadata declares a
 // plaintext server is refused without a dial, and a plaintext node that
 // does not say (older than the field) fails the handshake. A
-// plaintext cluster (tls nil) has no identities: everyone is admitted.
-// This node itself is always admitted. Verdicts are kept per member
+// plaintext node (tls nil) has no identities to check: it admits every
+// member except one whose metadata declares a TLS server, which none of
+// its connections could reach (refused without a dial, the reason in
+// Status, as the other way round). This node itself is always
+// admitted. Verdicts are kept per member
 // name, for one instance and gRPC address: a member restarted or moved
 // is checked again. Methods are safe for concurrent use; vet blocks for
 // one check at most (vetTimeout), and concurrent callers of one member
@@ -84,7 +87,7 @@ func newVetter(self string, cfg *tls.Config, requireRoles bool, log *slog.Logger
 // current instance and address stands; ctx ending before the check is
 // done returns ctx's error and records nothing.
 func (v *vetter) vet(ctx context.Context, m cluster.Member) error {
-	if v.tls == nil || m.Name == v.self {
+	if m.Name == v.self || v.tls == nil && m.Meta.Transport != cluster.TransportTLS {
 		return nil
 	}
 	for {
@@ -146,13 +149,19 @@ func (v *vetter) vet(ctx context.Context, m cluster.Member) error {
 	}
 }
 
-// check refuses m when its metadata declares a plaintext gRPC server
-// (this node runs TLS: no rank of its grids could reach it), else dials
+// check refuses m when this node runs plaintext (vet asks then only
+// about members that declare TLS), or when m's metadata declares a
+// plaintext gRPC server (this node runs TLS: no rank of its grids could
+// reach it), else dials
 // its gRPC address under the node's TLS config and checks the identity
 // of the certificate the server presents against its name. A member
 // that declares no transport (a node older than the field) is dialled.
 func (v *vetter) check(ctx context.Context, m cluster.Member) error {
 	name, addr := m.Name, m.Meta.GRPCAddr
+	if v.tls == nil {
+		// vet asks only about members that declare TLS.
+		return fmt.Errorf("%w: it serves gRPC over TLS (its gossip metadata says so) and this node runs plaintext", ErrRefusedMember)
+	}
 	if m.Meta.Transport == cluster.TransportPlaintext {
 		return fmt.Errorf("%w: it serves gRPC in plaintext (its gossip metadata says so) and this node runs mutual TLS", ErrRefusedMember)
 	}

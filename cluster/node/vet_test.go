@@ -216,3 +216,44 @@ func TestVetterDeclaredTransport(t *testing.T) {
 		}
 	}
 }
+
+// TestVetterPlaintextNode: a plaintext node (no TLS config) refuses a
+// member whose metadata declares a TLS gRPC server, without dialling it
+// (none of its connections could reach that server), and says so in its
+// refusals; members that declare plaintext, or nothing (older than the
+// field), are admitted without a dial, as is the node itself.
+func TestVetterPlaintextNode(t *testing.T) {
+	ca := testcert.NewCA(t, "vet CA")
+	honest := ca.IssueNode(t, "n1")
+	addr, accepts := tlsServer(t, ca, &honest)
+	v := newVetter("n0", nil, false, slog.New(slog.DiscardHandler))
+	ctx := t.Context()
+
+	m := member("n1", addr, 1)
+	m.Meta.Transport = cluster.TransportTLS
+	err := v.vet(ctx, m)
+	if !errors.Is(err, ErrRefusedMember) || !strings.Contains(err.Error(), "serves gRPC over TLS") || !strings.Contains(err.Error(), "runs plaintext") {
+		t.Errorf("declared TLS to a plaintext node: %v, want refused as TLS", err)
+	}
+	if r := v.refusals(cluster.View{Members: []cluster.Member{m}}); !strings.Contains(r["n1"], "over TLS") {
+		t.Errorf("refusals %v, want n1 refused as TLS", r)
+	}
+	for i, tr := range []cluster.Transport{cluster.TransportPlaintext, cluster.TransportUnknown} {
+		m := member("n1", addr, uint64(2+i))
+		m.Meta.Transport = tr
+		if err := v.vet(ctx, m); err != nil {
+			t.Errorf("declared %v to a plaintext node: %v, want admitted", tr, err)
+		}
+		if r := v.refusals(cluster.View{Members: []cluster.Member{m}}); len(r) != 0 {
+			t.Errorf("declared %v: refusals %v, want none", tr, r)
+		}
+	}
+	self := member("n0", addr, 9)
+	self.Meta.Transport = cluster.TransportTLS
+	if err := v.vet(ctx, self); err != nil {
+		t.Errorf("the node itself: %v, want admitted", err)
+	}
+	if n := accepts.Load(); n != 0 {
+		t.Errorf("%d dials, want none", n)
+	}
+}
