@@ -160,8 +160,12 @@
 //	DIR/index.db       the disk tier's own bbolt index (its CRC32C per slot)
 //	DIR/slab-NNNNNN    the disk tier's slab files (pagestore/disktier),
 //	                   2 x Capacity slots of one page payload each
-//	DIR/lengths        16 bytes per live sequence: its id and longest
-//	                   layer's length, written (not synced) by every append
+//	DIR/lengths        format 2: a header (magic, format, layers) and a
+//	                   record per live sequence: its id and each layer's
+//	                   length, every part with its CRC32C; an append
+//	                   writes (not syncs) its layer's 8 bytes. Format 1
+//	                   (older directories: the longest layer only) is
+//	                   read at open and rewritten in format 2
 //
 // A second bbolt file, rather than buckets in the disk tier's index,
 // keeps disktier unchanged; the disk tier's index must commit a slot
@@ -196,7 +200,9 @@
 // past the tail a Close persisted), and in periodic mode whatever the
 // flusher had not committed. The lengths file is written at every append
 // without a sync: after a process crash (kill -9) it says exactly how
-// many tokens each sequence lost; after a power loss it may say fewer.
+// many tokens each layer of each sequence lost ([RecoveredSeq.HadLens]);
+// after a power loss it may say fewer. A record that fails its check is
+// reported ([RecoveryReport.Lengths]) and its losses are unknown.
 // Without DataDir nothing of this runs.
 //
 // Errors: a failed operation on a file of the directory is an

@@ -88,7 +88,6 @@ var (
 const (
 	manifestVersion = 1
 	chunkSlots      = 1024 // slots per table chunk value (4 KiB)
-	lenRecBytes     = 16
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -108,6 +107,17 @@ type RecoveryReport struct {
 	// CorruptSlots are the slab slots whose payload or record failed its
 	// check.
 	CorruptSlots []int
+	// LengthsFormat is the format of the lengths file at open: 0 for a
+	// new directory, 1 for one written before the per-layer record
+	// (only the longest layer's length is known: HadLens nil), 2 for
+	// the per-layer record. It is format 2 after the open.
+	LengthsFormat int
+	// Lengths, when not nil, says which length records failed their
+	// checks (a damaged lengths file: its header, a record, a layer's
+	// entry; each wraps tier.ErrCorrupt): the losses of those
+	// sequences or layers are unknown (LostTokens may be too low,
+	// HadLens -1). Nothing else is affected.
+	Lengths error
 	// OrphanSlots counts slab slots that no manifest named (written
 	// after the last commit, or of pages freed since); they were freed.
 	OrphanSlots int
@@ -132,6 +142,15 @@ type RecoveredSeq struct {
 	// doc: exact after a process crash, a lower bound after a power
 	// loss): re-append them from position Len.
 	LostTokens int
+	// HadLens are, per layer, the tokens the layer held when the store
+	// stopped, from its length record (exact after a process crash;
+	// after a power loss perhaps fewer): HadLens[l] - the layer's
+	// recovered length is what it lost. -1 for a layer whose entry is
+	// unknown (failed its check: RecoveryReport.Lengths); nil when no
+	// per-layer record exists (a format-1 directory, a record absent
+	// or damaged), where LostTokens alone, the longest layer's, is
+	// known.
+	HadLens []int
 }
 
 // DamagedSeq is a sequence that could not be recovered.
@@ -187,6 +206,7 @@ type persist struct {
 	onErr   func(*IOError) // Config.OnPersistError
 	closing atomic.Bool    // Close is saving the sequences
 	lenBad  atomic.Bool    // the last write of the lengths file failed (reported)
+	lens    lensFile       // the lengths file's format and, until recovery ends, its contents
 	// fault, when set (tests), is asked before each operation on a
 	// file: an error it returns is the operation's.
 	fault atomic.Pointer[func(op, path string) error]
@@ -211,27 +231,6 @@ func (pr *persist) do(op, path string, f func() error) error {
 // fail returns err of op on path as an *IOError, reported.
 func (pr *persist) fail(op, path string, err error) error {
 	return newIOError(pr.onErr, op, path, err, pr.closing.Load())
-}
-
-// writeLens writes a record of the lengths file. The file is best
-// effort (a record it lacks makes recovery report fewer lost tokens): a
-// failure is not returned, and reported once until a write succeeds
-// again.
-func (pr *persist) writeLens(b []byte, rec int32) {
-	var err error
-	if fp := pr.fault.Load(); fp != nil {
-		err = (*fp)(opLengths, pr.lenF.Name())
-	}
-	if err == nil {
-		_, err = pr.lenF.WriteAt(b, int64(rec)*lenRecBytes)
-	}
-	if err == nil {
-		pr.lenBad.Store(false)
-		return
-	}
-	if !pr.lenBad.Swap(true) {
-		_ = pr.fail(opLengths, pr.lenF.Name(), err)
-	}
 }
 
 func (pr *persist) buf(n int) []byte {
@@ -296,8 +295,15 @@ func (s *Store) openPersist() error {
 		db.Close()
 		return fail(opOpenLens, filepath.Join(dir, lengthsName), err)
 	}
+	lens, err := readLensFile(lf, c.Layers)
+	if err != nil {
+		lf.Close()
+		dt.Close()
+		db.Close()
+		return fail(opOpenLens, filepath.Join(dir, lengthsName), err)
+	}
 	pr := &persist{
-		dir: dir, mode: c.Durability, db: db, dt: dt, lenF: lf, onErr: c.OnPersistError,
+		dir: dir, mode: c.Durability, db: db, dt: dt, lenF: lf, lens: lens, onErr: c.OnPersistError,
 		pslot:      make([]int32, c.Capacity),
 		psealed:    make([]bool, c.Capacity),
 		hold:       make([]bool, dc.Slots),
@@ -721,8 +727,7 @@ func (s *Store) persistRelease(id SeqID, sq *seq) error {
 	defer pr.mu.Unlock()
 	if sq.lenRec >= 0 {
 		pr.lenFree = append(pr.lenFree, sq.lenRec)
-		var z [lenRecBytes]byte
-		pr.writeLens(z[:], sq.lenRec)
+		pr.writeLens(make([]byte, pr.lens.recSize), pr.lens.recOff(sq.lenRec))
 		sq.lenRec = -1
 	}
 	if pr.mode == SyncPeriodic {
@@ -750,32 +755,6 @@ func (s *Store) newLenRec(sq *seq) {
 		pr.lenNext++
 	}
 	pr.mu.Unlock()
-}
-
-// noteLen writes sq's longest layer length to its length record: 16
-// bytes written (not synced) at every append, so that after a process
-// crash recovery knows exactly how many tail tokens were lost.
-func (s *Store) noteLen(id SeqID, sq *seq) {
-	var b [lenRecBytes]byte
-	binary.LittleEndian.PutUint64(b[0:], uint64(id))
-	binary.LittleEndian.PutUint32(b[8:], uint32(maxLen(sq.lens)))
-	binary.LittleEndian.PutUint32(b[12:], crc32.Checksum(b[:12], castagnoli))
-	s.pers.writeLens(b[:], sq.lenRec)
-}
-
-// readLenRec returns the length recorded for id at rec, or -1.
-func (pr *persist) readLenRec(id SeqID, rec int32) int {
-	var b [lenRecBytes]byte
-	if rec < 0 {
-		return -1
-	}
-	if _, err := pr.lenF.ReadAt(b[:], int64(rec)*lenRecBytes); err != nil {
-		return -1
-	}
-	if binary.LittleEndian.Uint32(b[12:]) != crc32.Checksum(b[:12], castagnoli) || SeqID(binary.LittleEndian.Uint64(b[0:])) != id {
-		return -1
-	}
-	return int(binary.LittleEndian.Uint32(b[8:]))
 }
 
 // Sync makes every change of a persisting store durable now (the

@@ -171,7 +171,7 @@ func (s *Store) recoverAll() error {
 		}
 		if f.err != nil {
 			tok := maxLen(append([]int{0}, f.v.lens...))
-			if n := pr.readLenRec(f.v.id, f.v.lenRec); n > tok {
+			if _, n, err := pr.lens.read(f.v.id, f.v.lenRec); err == nil && n > tok {
 				tok = n
 			}
 			rep.Damaged = append(rep.Damaged, DamagedSeq{ID: f.v.id, Tokens: tok, Err: f.err})
@@ -211,7 +211,34 @@ func (s *Store) recoverAll() error {
 			s.unrefLocked(st.page)
 		}
 	}
-	for _, f := range good {
+	// The lengths file: read from its contents at open, then written
+	// afresh in format 2 when it was not (a new or format-1 directory,
+	// a damaged header).
+	rep.LengthsFormat = pr.lens.format
+	var lenErrs []error
+	if pr.lens.headErr != nil {
+		lenErrs = append(lenErrs, pr.lens.headErr)
+	}
+	type lenRead struct {
+		lens []int
+		hi   int
+	}
+	lread := make([]lenRead, len(good))
+	for i, f := range good {
+		lens, hi, err := pr.lens.read(f.v.id, f.v.lenRec)
+		if err != nil && !errors.Is(err, errNoRecord) && pr.lens.headErr == nil {
+			lenErrs = append(lenErrs, fmt.Errorf("seq %d: %w", f.v.id, err))
+		}
+		lread[i] = lenRead{lens, hi}
+	}
+	rep.Lengths = errors.Join(lenErrs...)
+	if pr.lens.format != lensFormat2 || pr.lens.headErr != nil {
+		if err := pr.resetLens(); err != nil {
+			return fmt.Errorf("pagestore: open data dir: %w", err)
+		}
+	}
+	pr.lens.raw = nil
+	for i, f := range good {
 		sq := s.seqs[f.v.id]
 		s.setPins(sq, sq.pages)
 		r := RecoveredSeq{ID: f.v.id, Len: minLen(sq.lens), Pages: len(sq.pages), TailPersisted: maxLen(sq.lens)%S != 0 || len(sq.pages) > sq.sealedUpTo}
@@ -220,8 +247,20 @@ func (s *Store) recoverAll() error {
 				r.Shared++
 			}
 		}
-		if n := pr.readLenRec(f.v.id, f.v.lenRec); n > maxLen(sq.lens) {
+		if n := lread[i].hi; n > maxLen(sq.lens) {
 			r.LostTokens = n - maxLen(sq.lens)
+		}
+		if lens := lread[i].lens; lens != nil {
+			// A layer whose entry is unknown (-1) stays unknown; one
+			// recorded shorter than its persisted pages (a record
+			// older than them: a failed write) is not trusted either.
+			r.HadLens = make([]int, len(lens))
+			for l, n := range lens {
+				r.HadLens[l] = -1
+				if n >= sq.lens[l] {
+					r.HadLens[l] = n
+				}
+			}
 		}
 		s.noteLen(f.v.id, sq) // the lost tokens are reported once
 		rep.Sequences = append(rep.Sequences, r)
@@ -240,7 +279,15 @@ func (s *Store) recoverAll() error {
 			pr.lenFree = append(pr.lenFree, r)
 		}
 	}
-	if err := pr.do(opRecover, pr.lenF.Name(), func() error { return pr.lenF.Truncate(int64(pr.lenNext) * lenRecBytes) }); err != nil {
+	if err := pr.do(opRecover, pr.lenF.Name(), func() error {
+		if err := pr.lenF.Truncate(pr.lens.recOff(pr.lenNext)); err != nil {
+			return err
+		}
+		if rep.LengthsFormat != lensFormat2 {
+			return pr.lenF.Sync() // once, for the new header
+		}
+		return nil
+	}); err != nil {
 		return fmt.Errorf("pagestore: open data dir: %w", err)
 	}
 	for sl := range corrupt {

@@ -97,6 +97,7 @@ type seq struct {
 	// Persistence (Config.DataDir).
 	sealedUpTo int   // leading pages whose payload holds a sealed slot
 	lenRec     int32 // index of the sequence's length record
+	lenStale   bool  // a write of its length record failed: rewrite it whole
 	dirty      bool  // periodic: queued for the flusher
 	unsaved    bool  // sync-on-write: its last persist failed
 }
@@ -654,7 +655,7 @@ func (s *Store) appendN(id SeqID, layer, n int, write func(pages []int32, slot i
 		s.setPins(sq, sq.pages)
 	}
 	if s.pers != nil {
-		s.noteLen(id, sq)
+		s.noteLayerLen(id, sq, layer)
 		if minLen(sq.lens)/S > sq.sealedUpTo || sq.unsaved {
 			if err := s.persistSeq(id, sq); err != nil {
 				return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)

@@ -265,15 +265,37 @@ func TestCorruptionContained(t *testing.T) {
 				}
 			}
 		case len(b) == 0:
-		default: // slab files, the lengths file
-			class := "slab"
-			if filepath.Base(rel) == "lengths" {
-				class = "lengths"
+		case filepath.Base(rel) == "lengths":
+			// Format 2: 32-byte blocks for 2 layers; block 0 the header
+			// (20 bytes checked), the others a record each: its head
+			// (id, layers, CRC) and an entry per layer. Two flips of
+			// each, in the blocks of live sequences.
+			classes["lengths"] = map[string]bool{}
+			const blk = 32
+			var live []int
+			for i := blk; i+blk <= len(b); i += blk {
+				if slices.ContainsFunc(b[i:i+blk], func(x byte) bool { return x != 0 }) {
+					live = append(live, i)
+				}
 			}
+			if len(live) == 0 || w.cfg.Layers != 2 {
+				t.Fatalf("lengths file of %d bytes, %d live records, %d layers: want format 2 with 2 layers", len(b), len(live), w.cfg.Layers)
+			}
+			for range 2 {
+				at := live[rng.IntN(len(live))]
+				targets = append(targets,
+					target{rel, "header", rng.IntN(20)},
+					target{rel, "record", at + rng.IntN(16)},
+					target{rel, "entry", at + 16 + rng.IntN(16)})
+			}
+			for _, c := range []string{"header", "record", "entry"} {
+				classes["lengths"][c] = true
+			}
+		default: // slab files
 			for range 4 {
-				targets = append(targets, target{rel, class, rng.IntN(len(b))})
+				targets = append(targets, target{rel, "slab", rng.IntN(len(b))})
 			}
-			classes[class] = map[string]bool{class: true}
+			classes["slab"] = map[string]bool{"slab": true}
 		}
 		return nil
 	})
@@ -285,7 +307,7 @@ func TestCorruptionContained(t *testing.T) {
 		"store.db":  {"meta", "freelist", "branch", "leaf"},
 		"index.db":  {"meta", "freelist", "branch", "leaf"},
 		"slab":      {"slab"},
-		"lengths":   {"lengths"},
+		"lengths":   {"header", "record", "entry"},
 	} {
 		for _, c := range want {
 			if !classes[file][c] {
@@ -324,6 +346,12 @@ func TestCorruptionContained(t *testing.T) {
 		if err != nil {
 			t.Errorf("%s, %s page, byte %d ^ %#x: %v", tg.file, tg.class, tg.pos, mask, err)
 			continue
+		}
+		if filepath.Base(tg.file) == "lengths" && what != "length records damaged" {
+			// Every byte of a header or live record is checked: a flip
+			// is reported (the sequences' losses unknown), never read
+			// as a length.
+			t.Errorf("%s, %s, byte %d ^ %#x: %s, want the damage reported", tg.file, tg.class, tg.pos, mask, what)
 		}
 		note(tg, what)
 		os.RemoveAll(dir)
@@ -376,6 +404,14 @@ func (w *corruptWorkload) trial(dir string) (what string, err error) {
 			return "", fmt.Errorf("damaged %d: no such sequence was written", d.Seq)
 		}
 		what = "damage reported"
+	}
+	for _, rr := range rep.Ranks {
+		if rr.Lengths != nil && what == "intact" {
+			if !errors.Is(rr.Lengths, tier.ErrCorrupt) {
+				return "", fmt.Errorf("length records: %w, not as damage", rr.Lengths)
+			}
+			what = "length records damaged"
+		}
 	}
 	for _, r := range rep.Sequences {
 		if _, ok := w.lens[r.Seq]; !ok {

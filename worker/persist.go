@@ -157,16 +157,20 @@ type RecoveredSeq struct {
 	// open) and, for the layers a step marker covers, after a crash
 	// (the marker's lengths, plus the interrupted step's token where a
 	// sealed page shows it: RolledBack); a layer no marker covers gets
-	// the stores' length record, which holds only the longest layer
-	// (exact when the layers were even). HadLens[l] - Lens[l] is the
-	// tokens the layer lost, RolledBack[l] of them never acknowledged.
+	// the stores' per-layer length record (pagestore's
+	// RecoveredSeq.HadLens), exact; where that record is missing or
+	// damaged (a directory written before it, a flipped byte), the
+	// longest layer's length (exact when the layers were even).
+	// HadLens[l] - Lens[l] is the tokens the layer lost, RolledBack[l]
+	// of them never acknowledged.
 	HadLens []int
 	// HadExact says per layer whether HadLens[l] is exact (else an upper
 	// bound): a hosted rank that knows its length exactly (rankHad)
 	// reaches it, so the others' upper bounds do not exceed it. Not
-	// exact: a crash, a layer no step marker covers, whose length the
-	// stores' length record gives (the longest layer's) and its
-	// persisted pages do not; a coordinator adds the other workers'.
+	// exact: a crash, a layer no step marker covers and no per-layer
+	// length record gives, whose length the record's longest layer
+	// gives and its persisted pages do not; a coordinator adds the
+	// other workers'.
 	HadExact []bool
 }
 
@@ -253,6 +257,10 @@ func (l *Local) openTable(ranks []Rank) error {
 		db.Close()
 		if errors.Is(err, pagestore.ErrInvalidConfig) {
 			return fmt.Errorf("worker: data dir %s: %w", dir, err)
+		}
+		if errors.Is(err, boltcheck.ErrCorrupt) {
+			// Damage the open's check let through, met by its write.
+			return fmt.Errorf("worker: data dir %s: %w: %w", dir, tier.ErrCorrupt, err)
 		}
 		return fmt.Errorf("worker: open data dir: %w", l.ioError("commit sequence table", path, err))
 	}
@@ -482,6 +490,9 @@ func (l *Local) recoverTable() error {
 			}
 			return nil
 		})
+		if errors.Is(err, boltcheck.ErrCorrupt) {
+			return fmt.Errorf("worker: data dir %s: %w: %w", l.cfg.DataDir, tier.ErrCorrupt, err)
+		}
 		if err != nil {
 			return fmt.Errorf("worker: open data dir: %w", l.ioError("commit sequence table", l.tablePath(), err))
 		}
@@ -511,11 +522,12 @@ func compareU64(a, b uint64) int {
 // appends one token, on disk only where it sealed a page: an
 // interrupted step's token that reached no disk is not counted, never
 // acknowledged), exact. The others: after a graceful Close (the tail
-// persisted) their persisted length, exact; after a crash the store's
-// length record, which holds only the longest layer: exact where it
-// equals the layer's persisted length (the layer held at least that),
-// an upper bound otherwise (a layer an interrupted step did not reach
-// held one token less).
+// persisted) their persisted length, exact; after a crash the layer's
+// entry of the store's per-layer length record, exact; where it has
+// none (a format-1 directory, a damaged record) the record's longest
+// layer: exact where it equals the layer's persisted length (the layer
+// held at least that), an upper bound otherwise (a layer an
+// interrupted step did not reach held one token less).
 func (l *Local) rankHad(i int, sq *seqState, rec pagestore.RecoveredSeq, mark []int) (int, []int, []bool, error) {
 	rk := l.ranks[i]
 	lost := rec.LostTokens
@@ -536,6 +548,8 @@ func (l *Local) rankHad(i int, sq *seqState, rec pagestore.RecoveredSeq, mark []
 			lens[layer], exact[layer] = max(n, mark[layer]), true
 		case rec.TailPersisted && lost == 0:
 			exact[layer] = true
+		case rec.HadLens != nil && rec.HadLens[layer] >= 0:
+			lens[layer], exact[layer] = max(n, rec.HadLens[layer]), true
 		default:
 			lens[layer], exact[layer] = hi+lost, n == hi+lost
 		}

@@ -137,6 +137,13 @@ func (s *Server) noteRecovery(g *grid, rep worker.RecoveryReport) {
 	for _, d := range rep.Damaged {
 		s.log.Warn("worker server: sequence not recovered", "grid", g.id, "key", d.Key, "seq", d.Seq, "err", d.Err)
 	}
+	for i, rr := range rep.Ranks {
+		if rr.Lengths != nil {
+			// The sequences' losses there are unknown or bounds
+			// (HadExact false), their tokens unaffected.
+			s.log.Warn("worker server: length records damaged", "grid", g.id, "rank", i, "dir", rr.Dir, "err", rr.Lengths)
+		}
+	}
 }
 
 // connect builds g's transports on lis (which it takes over) and its

@@ -25,8 +25,8 @@ import (
 // pages 1 and 3 in both layers and page 5 in layer 0. Adopting it needs
 // node 1 cut back by different amounts per layer (a per-layer Rollback
 // over gRPC): the sequence is adopted, not freed, at 16 tokens, the
-// lost tokens of layer 0 exactly those above them (8), layer 1's (2)
-// bounded and marked estimated, and after they are appended
+// lost tokens of every layer exactly those above them (8 and 2: node
+// 0's per-layer length record knows layer 1's), and after they are appended
 // again a decode step equals, bit for bit, a grid that never stopped.
 func TestRecoverUnevenAdopt(t *testing.T) {
 	ec := engineConfig(2, 1, plan.Exact)
@@ -146,16 +146,17 @@ func TestRecoverUnevenAdopt(t *testing.T) {
 	if a.Had != 24 || slices.Min(a.Lens) != slices.Max(a.Lens) {
 		t.Fatalf("adopted %+v, want had 24 and even lengths", a)
 	}
-	// At the stop layer 0 held 24 tokens and layer 1 18. Node 1 stopped
-	// gracefully: it knows layer 0's 24 (page 5 is its) exactly; layer
-	// 1's end is on node 0 (page 4), whose crash left only its length
-	// record (the longest layer's, 20): an upper bound.
+	// At the stop layer 0 held 24 tokens and layer 1 18 (what was
+	// appended above). Node 1 stopped gracefully: it knows layer 0's 24
+	// (page 5 is its) exactly; layer 1's end is on node 0 (page 4),
+	// whose crash left its per-layer length record (layer 1: 10 of its
+	// tokens, global 18): exact too.
 	n := a.Lens[0]
 	if a.LostTokens != 24-n || a.Lost[0] != 24-n || !a.LostExact[0] || a.RolledBack != nil {
 		t.Fatalf("adopted %+v: want lost %d (exact) in layer 0, nothing rolled back", a, 24-n)
 	}
-	if a.LostExact[1] || a.Lost[1] < 18-n || a.Lost[1] > 24-n {
-		t.Fatalf("adopted %+v: want layer 1's loss estimated, between %d and %d", a, 18-n, 24-n)
+	if !a.LostExact[1] || a.Lost[1] != 18-n {
+		t.Fatalf("adopted %+v: want layer 1's loss exact, %d", a, 18-n)
 	}
 	for i, c := range clients {
 		if err := c.Check(ctx, worker.CheckRequest{Seq: uint64(id), Len: n, Append: 1}); err != nil {
