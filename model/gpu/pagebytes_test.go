@@ -45,7 +45,7 @@ func TestPageBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	kv := int64(32) * 16384 * 2 * 8 * (16*128 + 4) // layers x pages x (K, V) x heads x (codes + scale)
-	sum := int64(32) * 16384 * 2 * 8 * 128 * 4    // layers x pages x (min, max) x heads x dims, float32
+	sum := int64(32) * 16384 * 2 * 8 * 128 * 4     // layers x pages x (min, max) x heads x dims, float32
 	if got != kv+sum {
 		t.Errorf("fp8: PageBytes %d, by hand %d (K/V %d + summaries %d)", got, kv+sum, kv, sum)
 	}
