@@ -397,8 +397,8 @@ var ErrSubBoxes = errors.New("kernels: multi-box summaries (sub-boxes) are score
 var ErrClosed = errors.New("kernels: backend closed")
 
 // ErrUnsupportedDType is returned by a backend asked to store or read a
-// storage type it does not implement (the CUDA backend and plan.FP8 K/V,
-// for now).
+// storage type it does not implement (the CUDA backend's slot pools, GPU
+// prefill and kernel benchmark and plan.FP8 K/V, for now).
 var ErrUnsupportedDType = errors.New("kernels: storage type not supported by this backend")
 
 // SlotMove names one page payload move of an offloading device store:

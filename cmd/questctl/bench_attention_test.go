@@ -79,7 +79,7 @@ func TestBenchAttentionBadFlags(t *testing.T) {
 		benchBadFlag{[]string{"--head-dim", "99999999999999999999"}, "head-dim"},
 		benchBadFlag{[]string{"--kv-cache-dtype", "f32"}, "--kv-cache-dtype needs --backend cuda (the CPU backend stores float32)"},
 		benchBadFlag{[]string{"--backend", "cpu", "--kv-cache-dtype", "bf16"}, "--kv-cache-dtype needs --backend cuda"},
-		benchBadFlag{[]string{"--kv-cache-dtype", "fp8"}, `--kv-cache-dtype "fp8": want f32, f16 or bf16`},
+		benchBadFlag{[]string{"--kv-cache-dtype", "fp8"}, `--kv-cache-dtype "fp8": want f32, f16 or bf16 (fp8: bench decode only)`},
 		benchBadFlag{[]string{"--cuda-kernels", "attend=x"}, "--cuda-kernels needs --backend cuda"},
 	)
 	checkBenchBadFlags(t, []string{"bench", "attention"}, bad)

@@ -69,7 +69,7 @@ and weights_GB. Progress goes to stderr.`)
 	noPDL := fs.Bool("no-pdl", false, "launch each model kernel only after the previous one ended (default: as its programmatic dependent)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights and K/V")
 	backend := fs.String("backend", "cuda", "where the model decodes: cuda (the only one: the CPU executor's speed is what generate and bench serve report)")
-	kvDType := kvCacheDTypeFlag(fs, "")
+	kvDType := kvCacheDTypeFlagFP8(fs, "")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		if *backend != "cuda" {
 			return usageError{fmt.Errorf("--backend %q: bench decode times the device executor, --backend cuda (for the CPU, see generate and bench serve)", *backend)}
@@ -143,7 +143,7 @@ and weights_GB. Progress goes to stderr.`)
 			return usageError{fmt.Errorf("--kv-cache-dtype: %w", err)}
 		}
 		if len(b.prefill) > 0 && b.kvDType != plan.BFloat16 && b.kvDType != plan.Float16 {
-			return usageError{fmt.Errorf("--prefill with --kv-cache-dtype %v: the GPU prefill reads bf16 or f16 pages", b.kvDType)}
+			return usageError{fmt.Errorf("--prefill with --kv-cache-dtype %v: the GPU prefill reads bf16 or f16 pages (fp8 and f32 pages are decoded, not prefilled)", b.kvDType)}
 		}
 		b.pol = plan.DefaultPolicy()
 		b.pol.PageSize, b.pol.BudgetTokens, b.pol.DenseLayers = *pageSize, *budget, min(*denseLayers, b.cfg.Layers)

@@ -339,8 +339,11 @@ func gridFlags(fs *flag.FlagSet, cp, tp *int, cpUsage, tpUsage string) {
 const defaultKVCacheDType = "bf16"
 
 // dtypeValue is a storage type flag: f32, f16 or bf16 (or the long names
-// plan.ParseDType reads), checked when parsed.
-type dtypeValue struct{ s string }
+// plan.ParseDType reads), and fp8 where fp8 is set, checked when parsed.
+type dtypeValue struct {
+	s   string
+	fp8 bool // fp8 (plan.FP8) is accepted
+}
 
 func (v *dtypeValue) String() string {
 	if v == nil {
@@ -350,17 +353,28 @@ func (v *dtypeValue) String() string {
 }
 
 func (v *dtypeValue) Set(s string) error {
-	// fp8 K/V (plan.FP8) is the CPU page store's only: the commands with
-	// this flag store their cache on the GPU, whose backend refuses it.
-	if d, err := plan.ParseDType(s); err != nil || d == plan.FP8 {
-		return errors.New("want f32, f16 or bf16")
+	// fp8 K/V (plan.FP8) is decoded by the CUDA backend, but only
+	// bench decode takes it (kvCacheDTypeFlagFP8): the other commands
+	// with this flag benchmark kernels that fill pages themselves,
+	// offload slots or prefill on the GPU, none of which read fp8 pages.
+	d, err := plan.ParseDType(s)
+	if err != nil || (d == plan.FP8 && !v.fp8) {
+		if v.fp8 {
+			return errors.New("want f32, f16, bf16 or fp8")
+		}
+		return errors.New("want f32, f16 or bf16 (fp8: bench decode only)")
 	}
 	v.s = s
 	return nil
 }
 
 // Choices are the values shell completion offers.
-func (v *dtypeValue) Choices() []string { return []string{"f32", "f16", "bf16"} }
+func (v *dtypeValue) Choices() []string {
+	if v.fp8 {
+		return []string{"f32", "f16", "bf16", "fp8"}
+	}
+	return []string{"f32", "f16", "bf16"}
+}
 
 // kvCacheDTypeFlag adds --kv-cache-dtype to fs, the storage type of the
 // KV cache (K, V and page summaries) on the CUDA backend, default
@@ -369,6 +383,17 @@ func (v *dtypeValue) Choices() []string { return []string{"f32", "f16", "bf16"} 
 func kvCacheDTypeFlag(fs *flag.FlagSet, more string) *string {
 	v := &dtypeValue{s: defaultKVCacheDType}
 	fs.Var(v, "kv-cache-dtype", "`type` of the KV cache on --backend cuda: f32, f16 or bf16 (K, V and page summaries; scores and accumulation are fp32; the CPU backend stores f32)"+more)
+	aliasFlag(fs, "dtype", "kv-cache-dtype", true)
+	return &v.s
+}
+
+// kvCacheDTypeFlagFP8 is kvCacheDTypeFlag that also takes fp8: K and V
+// as E4M3 records with a float32 scale per (page, KV head), summaries
+// float32 (the CUDA backend quantizes on append and dequantizes in the
+// attention kernel).
+func kvCacheDTypeFlagFP8(fs *flag.FlagSet, more string) *string {
+	v := &dtypeValue{s: defaultKVCacheDType, fp8: true}
+	fs.Var(v, "kv-cache-dtype", "`type` of the KV cache on --backend cuda: f32, f16, bf16 or fp8 (K, V and page summaries; fp8: e4m3 K/V with a float32 scale per page and KV head, float32 summaries; scores and accumulation are fp32)"+more)
 	aliasFlag(fs, "dtype", "kv-cache-dtype", true)
 	return &v.s
 }

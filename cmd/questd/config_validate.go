@@ -310,7 +310,7 @@ func (c Config) Validate() error {
 	case len(c.Devices) > 0 && c.Backend != "cuda":
 		return bad("devices", joinInts(c.Devices), "needs --backend cuda")
 	case c.KVCacheDType == plan.FP8:
-		return bad("kv-cache-dtype", "fp8", "not served yet: the fp8 KV cache exists in the CPU page store only (the CUDA backend refuses it, and questd's CPU grids store f32)")
+		return bad("kv-cache-dtype", "fp8", "not served yet: the CUDA backend decodes fp8 pages (questctl bench decode --kv-cache-dtype fp8), but questd's serving paths (GPU prefill, offload slots, remote workers) do not take them, and its CPU grids store f32")
 	case c.KVCacheDType != plan.BFloat16 && c.Backend != "cuda":
 		return bad("kv-cache-dtype", c.KVCacheDType.String(), "needs --backend cuda (the CPU backend stores f32)")
 	}

@@ -10,7 +10,8 @@ import (
 )
 
 // Appends of new tokens to device pages (quest_append_*, page.cuh): K
-// and V stored in the pool's type, the touched pages' summaries widened.
+// and V stored in the pool's type, the touched pages' summaries widened;
+// fp8 pools quantize on the device (quest_append_fp8, kvfp8.go).
 
 // WriteTokens implements kernels.DeviceStore with one append kernel
 // (stores the tokens converted to the pool's type and widens the pages'
@@ -84,6 +85,12 @@ func (b *Backend) appendFrom(l *DeviceLayer, pageTable []int32, pos0, n int, kp,
 		return err
 	}
 	touched := (pos0+n-1)/l.PageSize - pos0/l.PageSize + 1
+	if l.kv8() {
+		if err := b.append8(l, pt, kp, vp, pos0, n, touched); err != nil {
+			return err
+		}
+		return b.encodeFP8(l, pt, int64(pos0/l.PageSize), touched)
+	}
 	if err := b.launch("quest_append_"+l.DType.String(), [3]int{touched, l.KVHeads, 1}, min(l.HeadDim, 256), 0,
 		u(l.K), u(l.V), u(l.Summary), u(pt), 0, u(kp), u(vp), uint64(pos0), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize)); err != nil {
 		return err

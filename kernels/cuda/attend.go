@@ -350,6 +350,16 @@ func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int
 		return reduce()
 	}
 	qh, kvh, pS := uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize)
+	if dl.kv8() {
+		// fp8 records: the one kernel that dequantizes in shared memory
+		// (kvfp8.cuh); its parameters put the scales after K and V.
+		if err := b.launch("quest_attend_fp8", [3]int{a.items, 1, 1}, 32*heads, 0,
+			u(dl.K), u(dl.V), u(dl.KScale), u(dl.VScale), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
+			qh, kvh, uint64(d), pS, perHead); err != nil {
+			return err
+		}
+		return reduce()
+	}
 	if (d == 64 || d == 128) && s.PageSize <= 16 && dl.DType != plan.Float32 {
 		smem := 2*3*s.PageSize*d*dl.DType.Bytes() + heads*d*4
 		return core(fmt.Sprintf("quest_attends16_%s_d%d", dl.DType, d), smem, qh, kvh, pS, perHead)

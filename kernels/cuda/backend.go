@@ -18,7 +18,10 @@ import (
 type Config struct {
 	// Device is the CUDA device ordinal (0).
 	Device int
-	// DType is the storage type of layers uploaded from host arrays (plan.Float32).
+	// DType is the storage type of the pools (NewPool) and of layers
+	// uploaded from host float32 arrays (plan.Float32); plan.FP8 stores
+	// K/V as fp8 records (kvfp8.go; host fp8 records upload as fp8
+	// whatever DType).
 	DType plan.DType
 	// SummaryDType is plan.SummaryFP8 to keep an fp8 copy of every
 	// pool's summaries and score from it (see FP8Summaries, fp8.go);
@@ -118,9 +121,6 @@ var (
 // New starts a backend on cfg.Device: creates a context on a locked OS
 // thread and loads the embedded PTX.
 func New(cfg Config) (*Backend, error) {
-	if cfg.DType == plan.FP8 {
-		return nil, fmt.Errorf("cuda: --kv-cache-dtype fp8: %w: the fp8 KV cache runs on the CPU backend only for now (the GPU kernels are a later step); use bf16 or f16 on the GPU", kernels.ErrUnsupportedDType)
-	}
 	b := &Backend{cfg: cfg, turn: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		gemmKernel: defaultGemm, fn: map[string]cu.Function{}, smem: map[string]int{}, warps: map[string]int{}, bufs: map[string]devBuf{}}
 	ready := make(chan error, 1)

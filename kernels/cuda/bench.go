@@ -292,6 +292,11 @@ func (b *Backend) copyBandwidth(size int64, iters int) (float64, error) {
 func (b *Backend) benchOne(cfg BenchConfig, n, batch int, copyGBps float64) ([]BenchResult, error) {
 	s, d, kvh, hq := cfg.PageSize, cfg.HeadDim, cfg.KVHeads, cfg.QHeads
 	dt := cfg.DType
+	if dt == plan.FP8 {
+		// The kernel benchmark fills pages with quest_fill_*; fp8 records
+		// are written by appends (questctl bench decode times them).
+		return nil, fmt.Errorf("cuda bench: %w: fp8 K/V pages (use bench decode)", kernels.ErrUnsupportedDType)
+	}
 	P := (n + s - 1) / s
 	pages := P * batch
 	kvBytes := int64(pages) * int64(kvh*s*d*dt.Bytes())

@@ -95,7 +95,7 @@ func (b *Backend) encodeFP8(l *DeviceLayer, pages cu.DevicePtr, first int64, n i
 	for off := 0; off < n; off += maxGrid {
 		m := min(n-off, maxGrid)
 		f := first + int64(off)
-		if err := b.launch("quest_encode8_"+l.DType.String(), [3]int{m, l.KVHeads, 1}, 128, 0,
+		if err := b.launch("quest_encode8_"+l.sumType().String(), [3]int{m, l.KVHeads, 1}, 128, 0,
 			u(l.Summary), u(l.FP8.Codes), u(l.FP8.Scales), u(pages), uint64(f), uint64(l.KVHeads), uint64(l.HeadDim)); err != nil {
 			return err
 		}

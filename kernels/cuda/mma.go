@@ -57,7 +57,7 @@ func mmaKernels() []mmaKernel {
 // useMMA reports whether the tensor-core kernels take this shape: 16-bit
 // storage, S = 16, D 64 or 128, at most 16 query heads per KV head.
 func useMMA(s kernels.Shape, dt plan.DType) bool {
-	return dt != plan.Float32 && s.PageSize == 16 && (s.HeadDim == 64 || s.HeadDim == 128) && s.Group() <= 16
+	return (dt == plan.Float16 || dt == plan.BFloat16) && s.PageSize == 16 && (s.HeadDim == 64 || s.HeadDim == 128) && s.Group() <= 16
 }
 
 // mmaAttendName picks the attention kernel for heads rows per item: the

@@ -10,13 +10,14 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // The page operations of kernels.DeviceStore on device pools, besides
 // the token writes (append.go) and the page tables (tables.go).
 
 // NewPool implements kernels.DeviceStore: a DeviceLayer in the backend's
-// storage type.
+// storage type (plan.FP8 included).
 func (b *Backend) NewPool(ctx context.Context, pages, kvHeads, headDim, pageSize int) (any, error) {
 	return b.NewLayer(ctx, pages, kvHeads, headDim, pageSize, b.cfg.DType)
 }
@@ -65,16 +66,23 @@ func (b *Backend) Rescan(ctx context.Context, pool any, pages []int32, valid int
 		if err != nil {
 			return err
 		}
-		if err := b.launch("quest_rescan_"+l.DType.String(), [3]int{len(pages), l.KVHeads, 1}, min(l.HeadDim, 256), 0,
-			u(l.K), u(l.Summary), u(list), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize), uint64(valid)); err != nil {
+		if l.kv8() {
+			err = b.launch("quest_rescan_fp8", [3]int{len(pages), l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+				u(l.K), u(l.KScale), u(l.Summary), u(list), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize), uint64(valid))
+		} else {
+			err = b.launch("quest_rescan_"+l.DType.String(), [3]int{len(pages), l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+				u(l.K), u(l.Summary), u(list), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize), uint64(valid))
+		}
+		if err != nil {
 			return err
 		}
 		return b.encodeFP8(l, list, 0, len(pages))
 	})
 }
 
-// CopyPage implements kernels.DeviceStore: three device-to-device copies,
-// queued, not waited for.
+// CopyPage implements kernels.DeviceStore: three device-to-device copies
+// (five for fp8 pages: their K and V scales too), queued, not waited
+// for.
 func (b *Backend) CopyPage(ctx context.Context, pool any, dst, src int32) error {
 	l, err := devicePool(pool)
 	if err != nil {
@@ -97,12 +105,17 @@ func (b *Backend) CopyPage(ctx context.Context, pool any, dst, src int32) error 
 				return fmt.Errorf("cuda: copy page %d to %d: %w", src, dst, err)
 			}
 		}
+		if err := b.copyScales(l, dst, src); err != nil {
+			return err
+		}
 		return b.copyFP8(l, dst, src)
 	})
 }
 
 // ReadPages implements kernels.DeviceStore: it waits for the queued work,
-// copies each run of consecutive pages back and converts it to float32.
+// copies each run of consecutive pages back and converts it to float32
+// (fp8 pages: K and V decoded, code value times scale; ReadRecords gives
+// the records themselves).
 func (b *Backend) ReadPages(ctx context.Context, pool any, pages []int32) (kernels.Layer, error) {
 	l, err := devicePool(pool)
 	if err != nil {
@@ -120,6 +133,20 @@ func (b *Backend) ReadPages(ctx context.Context, pool any, pages []int32) (kerne
 				j++
 			}
 			first, n := int64(pages[i]), j-i
+			if l.kv8() {
+				k, v, err := b.readDecoded(l, first, n)
+				if err != nil {
+					return fmt.Errorf("cuda: read pages: %w", err)
+				}
+				out.K, out.V = append(out.K, k...), append(out.V, v...)
+				x, err := readAs(b, l.Summary+cu.DevicePtr(first*l.sumPageBytes()), n*sumN, plan.Float32)
+				if err != nil {
+					return fmt.Errorf("cuda: read pages: %w", err)
+				}
+				out.Summary = append(out.Summary, x...)
+				i = j
+				continue
+			}
 			for _, c := range []struct {
 				dst  *[]float32
 				base cu.DevicePtr

@@ -9,12 +9,14 @@
 // unit, compiled into the one module quest.ptx, that includes a header per
 // concept: common.cuh, convert.cuh, page.cuh (append, rescan, page
 // tables), score.cuh, topk.cuh with topk_thr.cuh, topk_radix.cuh and
-// topk_sample.cuh, attend.cuh, merge.cuh and fp8.cuh. The Go side keeps the
-// device loop in backend.go and has a file per concept beside it
-// (launch.go, transfer.go, layers.go, pool.go, append.go, tables.go,
-// score.go, topk.go, attend.go, merge.go, step.go, rank.go, validate.go;
-// fp8.go, mma.go, slots.go; model.go, tensor.go and prefill.go for the
-// device executor).
+// topk_sample.cuh, attend.cuh, merge.cuh, fp8.cuh (fp8 summaries) and
+// kvfp8.cuh (fp8 K/V records: plan.FP8 pages quantized by the append and
+// dequantized by the attention kernel, byte-compatible with the CPU page
+// store's records). The Go side keeps the device loop in backend.go and
+// has a file per concept beside it (launch.go, transfer.go, layers.go,
+// pool.go, append.go, tables.go, score.go, topk.go, attend.go, merge.go,
+// step.go, rank.go, validate.go; fp8.go, kvfp8.go, mma.go, slots.go;
+// model.go, tensor.go and prefill.go for the device executor).
 package cuda
 
 import (

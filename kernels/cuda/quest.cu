@@ -25,6 +25,7 @@
 //   attend.cuh       split-K sparse paged attention (CUDA cores)
 //   merge.cuh        reduce of partial attention states, merge of two states
 //   fp8.cuh          fp8 summaries: encoding and scoring
+//   kvfp8.cuh        fp8 K/V records: quantizing append, rescan, attention
 // The tensor-core kernels are mma.cu (module mma.ptx), the offload kernels
 // slots.cu (slots.ptx).
 
@@ -39,3 +40,4 @@
 #include "attend.cuh"
 #include "merge.cuh"
 #include "fp8.cuh"
+#include "kvfp8.cuh"

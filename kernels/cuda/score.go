@@ -81,9 +81,9 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 		return b.launchScoreFP8(dl, s.QHeads, n, maxPages, ind, pg, qp, op, tmax, perHead)
 	}
 	g := s.Group()
-	if useMMA(s, dl.DType) {
+	if useMMA(s, dl.sumType()) {
 		chunk := b.mmaScoreChunk(n, s.KVHeads, maxPages)
-		name, err := b.mmaScoreName(s, dl.DType)
+		name, err := b.mmaScoreName(s, dl.sumType())
 		if err != nil {
 			return false, err
 		}
@@ -96,9 +96,9 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 		if chunk <= 0 {
 			chunk = min(1024, max(16, (n*s.KVHeads*maxPages+8*targetSMs-1)/(8*targetSMs)))
 		}
-		name := fmt.Sprintf("quest_score128_%s_g%d", dl.DType, g)
-		if g == 4 && dl.DType != plan.Float32 {
-			name = "quest_score128g4_" + dl.DType.String()
+		name := fmt.Sprintf("quest_score128_%s_g%d", dl.sumType(), g)
+		if g == 4 && dl.sumType() != plan.Float32 {
+			name = "quest_score128g4_" + dl.sumType().String()
 		}
 		return false, b.launch(name, [3]int{(maxPages + chunk - 1) / chunk, s.KVHeads, n}, 128, 0,
 			u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), perHead, uint64(chunk))
@@ -110,7 +110,7 @@ func (b *Backend) launchScore(dl *DeviceLayer, s kernels.Shape, n, maxPages int,
 	if chunk <= 0 {
 		chunk = 64
 	}
-	return false, b.launch("quest_score_"+dl.DType.String(), [3]int{(maxPages + chunk - 1) / chunk, n, 1}, 256, s.QHeads*2*s.HeadDim*4,
+	return false, b.launch("quest_score_"+dl.sumType().String(), [3]int{(maxPages + chunk - 1) / chunk, n, 1}, 256, s.QHeads*2*s.HeadDim*4,
 		u(dl.Summary), u(ind), u(pg), u(qp), u(op), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.HeadDim), perHead, uint64(chunk))
 }
 
@@ -134,5 +134,5 @@ func (b *Backend) scoreWritesTiles(s kernels.Shape, dl *DeviceLayer) bool {
 	if dl.FP8 != nil {
 		return b.fp8MMA(s.QHeads, dl)
 	}
-	return useMMA(s, dl.DType)
+	return useMMA(s, dl.sumType())
 }

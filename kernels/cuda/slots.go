@@ -72,6 +72,9 @@ func (b *Backend) NewSlotPool(ctx context.Context, pages, slots, kvHeads, headDi
 	if slots < 1 || slots > pages {
 		return nil, fmt.Errorf("cuda: slot pool of %d slots for %d pages (want 1..pages)", slots, pages)
 	}
+	if b.cfg.DType == plan.FP8 {
+		return nil, fmt.Errorf("cuda: slot pools (offload): %w: fp8 K/V pages stay device-resident (offload moves 16- and 32-bit slots)", kernels.ErrUnsupportedDType)
+	}
 	if b.cfg.SummaryDType == plan.SummaryFP8 {
 		// The slot-pool writes keep no fp8 copy of the summaries.
 		return nil, errors.New("cuda: slot pools (offload) keep bf16 summaries only; fp8 summaries (SummaryDType) are not available with offload")

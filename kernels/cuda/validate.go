@@ -16,9 +16,6 @@ func validate(s kernels.Shape, l kernels.Layer, bt *kernels.Batch, withKV bool) 
 	if l.SubBoxes > 1 {
 		return fmt.Errorf("cuda: %w (%d per page)", kernels.ErrSubBoxes, l.SubBoxes)
 	}
-	if l.FP8() && withKV {
-		return fmt.Errorf("cuda: %w: fp8 K/V records (CPU backend only for now)", kernels.ErrUnsupportedDType)
-	}
 	if dl, ok := l.Device.(*DeviceLayer); ok {
 		if withKV {
 			return bt.ValidatePool(s, dl.kvPages()) // a slot pool is attended by slot

@@ -102,7 +102,9 @@ func Admit(ctx context.Context, dev kernels.ModelDevice, need int64, what string
 // ecfg, an engine of one rank (CP 1 x TP 1, the executor's layout) with
 // device-resident pages, stored as ecfg.Geometry.DType (a device's pools
 // hold K/V and summaries in the pages' type; the host store's PoolBytes
-// counts float32).
+// counts float32; for plan.FP8 the device holds the store's own records,
+// one byte per element plus a float32 scale per record, and float32
+// summaries, which PoolBytes counts as they are).
 func PageBytes(ecfg engine.Config) (int64, error) {
 	if ecfg.CP*ecfg.TP != 1 {
 		return 0, fmt.Errorf("gpu: page memory of %d x %d ranks: the executor runs one", ecfg.CP, ecfg.TP)
@@ -110,6 +112,9 @@ func PageBytes(ecfg engine.Config) (int64, error) {
 	kv, sum, err := pagestore.Config{Layers: ecfg.Layers, Geometry: ecfg.Geometry, Capacity: ecfg.CapacityPages}.PoolBytes()
 	if err != nil {
 		return 0, fmt.Errorf("gpu: %w", err)
+	}
+	if ecfg.Geometry.DType == plan.FP8 {
+		return int64(kv) + int64(sum), nil
 	}
 	return (int64(kv) + int64(sum)) / 4 * int64(ecfg.Geometry.DType.Bytes()), nil
 }

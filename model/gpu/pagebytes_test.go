@@ -33,7 +33,23 @@ func TestPageBytes(t *testing.T) {
 			t.Errorf("bf16 K/V by hand %d bytes, the anchor's 34.36 GB", kv)
 		}
 	}
+	// fp8: one byte per K/V element, a float32 scale per (layer, page,
+	// K or V, KV head) record, float32 summaries.
 	ecfg := engine.DefaultConfig()
+	ecfg.Layers, ecfg.QHeads, ecfg.KVHeads, ecfg.HeadDim, ecfg.PageSize = 32, 32, 8, 128, 16
+	ecfg.CP, ecfg.TP = 1, 1
+	ecfg.CapacityPages = 8 * 32768 / 16
+	ecfg.Geometry.DType = plan.FP8
+	got, err := PageBytes(ecfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := int64(32) * 16384 * 2 * 8 * (16*128 + 4) // layers x pages x (K, V) x heads x (codes + scale)
+	sum := int64(32) * 16384 * 2 * 8 * 128 * 4     // layers x pages x (min, max) x heads x dims, float32
+	if got != kv+sum {
+		t.Errorf("fp8: PageBytes %d, by hand %d (K/V %d + summaries %d)", got, kv+sum, kv, sum)
+	}
+	ecfg = engine.DefaultConfig()
 	ecfg.CP = 2
 	if _, err := PageBytes(ecfg); err == nil {
 		t.Error("pages of two ranks counted")
