@@ -49,9 +49,12 @@ type Tier struct {
 	pendMu  sync.Mutex
 	pending map[int]entry
 	dirty   map[int]bool
-	flushMu sync.Mutex // serializes flushes
-	stop    chan struct{}
-	done    chan struct{}
+	// flushing is the number of updates a flush has taken and not yet
+	// committed or queued again (Stats counts them pending).
+	flushing int
+	flushMu  sync.Mutex // serializes flushes
+	stop     chan struct{}
+	done     chan struct{}
 
 	reads, writes, frees, corrupt, flushes atomic.Int64
 	flushErr                               atomic.Pointer[error]

@@ -34,6 +34,7 @@ func (t *Tier) flush() error {
 	t.pendMu.Lock()
 	batch, files := t.pending, t.dirty
 	t.pending, t.dirty = map[int]entry{}, map[int]bool{}
+	t.flushing = len(batch) // still pending for Stats until committed
 	t.pendMu.Unlock()
 	if len(batch) == 0 && len(files) == 0 {
 		return nil
@@ -52,6 +53,7 @@ func (t *Tier) flush() error {
 			}
 		}
 		maps.Copy(t.dirty, files)
+		t.flushing = 0
 		t.pendMu.Unlock()
 		err = fmt.Errorf("disktier %s: flush: %w", t.dir, err)
 		t.flushErr.Store(&err)
@@ -59,6 +61,9 @@ func (t *Tier) flush() error {
 	}
 	t.flushes.Add(1)
 	t.flushErr.Store(nil)
+	t.pendMu.Lock()
+	t.flushing = 0
+	t.pendMu.Unlock()
 	return nil
 }
 
@@ -118,7 +123,9 @@ type Stats struct {
 	Reads, Writes, Frees int64
 	// Corrupt counts Reads that returned tier.ErrCorrupt.
 	Corrupt int64
-	// Pending is the number of index updates waiting for a flush, and
+	// Pending is the number of index updates not yet committed: those
+	// waiting for a flush and those of a flush in progress (so Pending
+	// 0 means every Write and Free that returned is durable), and
 	// Flushes the flushes that committed (SyncPeriodic, SyncNone).
 	Pending int
 	Flushes int64
@@ -139,7 +146,7 @@ func (t *Tier) Stats() Stats {
 	}
 	if t.cfg.Durability != SyncOnWrite {
 		t.pendMu.Lock()
-		s.Pending = len(t.pending)
+		s.Pending = len(t.pending) + t.flushing
 		t.pendMu.Unlock()
 	}
 	if p := t.flushErr.Load(); p != nil {
