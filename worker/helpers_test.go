@@ -41,6 +41,13 @@ func testConfig(mode Mode) Config {
 // newGrid hosts the CP ranks on one Local each (split) or all on one.
 func newGrid(t *testing.T, cfg Config, split bool) *grid {
 	t.Helper()
+	return newGridWrapped(t, cfg, split, nil)
+}
+
+// newGridWrapped is newGrid with each rank's transport passed through
+// wrap (nil: none) before its Local takes it.
+func newGridWrapped(t *testing.T, cfg Config, split bool, wrap func(collective.Transport) collective.Transport) *grid {
+	t.Helper()
 	be := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
 	t.Cleanup(func() { be.Close() })
 	g := &grid{t: t, cfg: cfg, trs: collective.NewInprocGroup(cfg.CP), refIDs: map[uint64]pagestore.SeqID{},
@@ -52,7 +59,11 @@ func newGrid(t *testing.T, cfg Config, split bool) *grid {
 	})
 	var specs [][]RankSpec
 	for cp := range cfg.CP {
-		sp := RankSpec{Rank: Rank{CP: cp}, Backend: be, Transport: g.trs[cp]}
+		tr := g.trs[cp]
+		if wrap != nil {
+			tr = wrap(tr)
+		}
+		sp := RankSpec{Rank: Rank{CP: cp}, Backend: be, Transport: tr}
 		if split || cp == 0 {
 			specs = append(specs, []RankSpec{sp})
 		} else {

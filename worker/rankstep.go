@@ -148,6 +148,19 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 			return err
 		}
 	}
+	if c.Mode != Replicated && !st.diag && allDense(st.plans) {
+		// Every rank attends all its pages (a dense layer, or budgets
+		// that cover the sequences): nothing to score, rank or exchange
+		// (DESIGN: dense layers skip steps 1-3). Every rank of the group
+		// plans from the same BeginStep, so all of them skip the
+		// exchange together.
+		selSent = true
+		w.sel.Reset()
+		for range len(st.plans) * w.ls.Rows() {
+			w.sel.Indptr = append(w.sel.Indptr, 0)
+		}
+		return l.attendReduce(ctx, rk, redTag, false, fail)
+	}
 	quota := func(pl plan.Plan) int { return pl.Rank }
 	if c.Mode == Union {
 		quota = func(pl plan.Plan) int { return plan.UnionQuota(pl.Rank, c.CP) }
@@ -229,18 +242,36 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 			return fail(err)
 		}
 	}
-	if err := sh.Attend(ctx, &w.ls, &w.sel); err != nil {
+	return l.attendReduce(ctx, rk, redTag, scoreLocal, fail)
+}
+
+// attendReduce attends rank rk's pages of its selection (rk.w.sel) and
+// merges the partial states at CP rank 0 of the TP group; scored says
+// the rank scored its pages in this layer (their time is reported).
+func (l *Local) attendReduce(ctx context.Context, rk *rank, redTag uint64, scored bool, fail func(error) error) error {
+	w := &rk.w
+	if err := rk.sh.Attend(ctx, &w.ls, &w.sel); err != nil {
 		return fail(err)
 	}
 	lt := w.ls.Time
-	if scoreLocal {
+	if scored {
 		w.t.Score = lt.Score
 	}
 	w.t.TopK, w.t.Attend = lt.TopK, lt.Attend
 	t0 := time.Now()
-	err := g.Reduce(ctx, redTag, 0, d, w.ls.O, w.ls.LSE)
+	err := rk.g.Reduce(ctx, redTag, 0, l.cfg.HeadDim, w.ls.O, w.ls.LSE)
 	w.t.Merge = time.Since(t0)
 	return err
+}
+
+// allDense reports whether every plan reads all its pages.
+func allDense(plans []plan.Plan) bool {
+	for _, pl := range plans {
+		if !pl.Dense {
+			return false
+		}
+	}
+	return true
 }
 
 // toppOn reports whether the step prunes by top-p (Policy.TopP) after

@@ -163,6 +163,17 @@ and -3.md). --node-procs 0 leaves GOMAXPROCS unset (every node uses
 every CPU, or what up's own environment says): a node serving --model
 runs the model too, which may want every CPU.
 
+--node-cpus auto (the default, with --node-procs auto, on Linux, when
+there are no more nodes than CPUs that up may run on) pins node i to the
+i-th share of those CPUs (its P of them, as --node-procs sizes it), the
+way separate hosts would not share a core: unpinned, the kernel places a
+node woken by a message on the CPU of the node that sent it, busy with
+its own rank of the same layer, and the layer's path waits for it
+(measured on 2 cores, 2 nodes, with other processes running: generate
+--addr's message to node 1 waited for node 0's attention in about half
+the layers; bench/results/2026-12-06-cluster-generate-cpu-5.md).
+--node-cpus off leaves the nodes unpinned.
+
 questd is --questd, else a questd next to the questctl executable, else
 questd on $PATH.`)
 	nodes := fs.Int("nodes", 0, fmt.Sprintf("number of questd nodes to start, each a process on this host (required, 1..%d)", maxLocalNodes))
@@ -187,6 +198,7 @@ questd on $PATH.`)
 	serveCP := fs.Int("serve-cp", 1, "with --model: context-parallel ranks of every served request (1..64; with --serve-layout cluster, ranks on the cluster's nodes)")
 	serveTP := fs.Int("serve-tp", 1, "with --model: tensor-parallel ranks of every served request (1..64)")
 	nodeProcs := fs.String("node-procs", "auto", "run every node with GOMAXPROCS=`P`: auto (max(1, CPUs/nodes): the nodes share this host), 0 (unset: every CPU, or up's own environment's), or 1..1024")
+	nodeCPUs := fs.String("node-cpus", "auto", "pin each node to its own share of the CPUs up may run on: `auto` (with --node-procs auto, on Linux, when nodes <= CPUs) or off")
 	dataDir := fs.String("data-dir", "", "persist each node's sequences in `dir`/NAME (questd --data-dir; created 0700 if missing): a later up with the same --data-dir and --base-name recovers them (default: nothing persists)")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		switch {
@@ -222,6 +234,16 @@ questd on $PATH.`)
 		procs, err := nodeProcsOf(*nodeProcs, *nodes)
 		if err != nil {
 			return usageError{err}
+		}
+		var cpus [][]int // per node: the CPUs it is pinned to (nil: none)
+		switch *nodeCPUs {
+		case "auto":
+			if *nodeProcs == "auto" {
+				cpus = cpuShares(allowedCPUs(), *nodes)
+			}
+		case "off":
+		default:
+			return usageError{fmt.Errorf("--node-cpus %q: want auto or off", *nodeCPUs)}
 		}
 		var first []string // node 0's own flags
 		if *modelDir != "" {
@@ -274,7 +296,7 @@ questd on $PATH.`)
 		errw := &syncWriter{w: stderr}
 		c := &upCluster{
 			bin: bin, plaintext: insecure, token: token, logDir: *logDir, stderr: errw,
-			exited: make(chan *upNode, *nodes), first: first, dataDirs: nodeDirs, procs: procs,
+			exited: make(chan *upNode, *nodes), first: first, dataDirs: nodeDirs, procs: procs, cpus: cpus,
 		}
 		var common []string
 		if insecure {

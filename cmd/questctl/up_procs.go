@@ -83,6 +83,24 @@ type upCluster struct {
 	dataDirs []string
 	// procs is the nodes' GOMAXPROCS (--node-procs; 0: unset).
 	procs int
+	// cpus are the CPUs each node is pinned to, by node (--node-cpus;
+	// nil: none).
+	cpus [][]int
+}
+
+// cpuShares splits the CPUs allowed into n disjoint shares of
+// max(1, len(allowed)/n) CPUs each, in order (the CPUs left over pinned
+// to no node); nil when there are more nodes than CPUs, or one node.
+func cpuShares(allowed []int, n int) [][]int {
+	if n < 2 || len(allowed) < n {
+		return nil
+	}
+	k := len(allowed) / n
+	shares := make([][]int, n)
+	for i := range shares {
+		shares[i] = allowed[i*k : (i+1)*k : (i+1)*k]
+	}
+	return shares
 }
 
 // nodeProcsOf is the nodes' GOMAXPROCS for --node-procs v and n nodes
@@ -185,6 +203,12 @@ func (c *upCluster) startNode(name string, args []string) (*upNode, error) {
 	}
 	pw.Close()
 	n.cmd, n.pid = cmd, cmd.Process.Pid
+	if i := len(c.nodes); i < len(c.cpus) {
+		if err := pinProcess(n.pid, c.cpus[i]); err != nil {
+			// Only slower unpinned: the node runs on.
+			fmt.Fprintf(c.stderr, "up: %s: not pinned to CPUs %v: %v\n", name, c.cpus[i], err)
+		}
+	}
 	c.nodes = append(c.nodes, n)
 	go n.readStdout(outSink)
 	go func() {

@@ -818,6 +818,7 @@ func TestUpUsageErrors(t *testing.T) {
 		{"up", "--nodes", "2", "--", "--data-dir", "d"},
 		{"up", "--nodes", "2", "--node-procs", "-1"},
 		{"up", "--nodes", "2", "--node-procs", "many"},
+		{"up", "--nodes", "2", "--node-cpus", "0,1"},
 	} {
 		code, stdout, stderr := runCLI(t, args...)
 		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "questctl up: ") {

@@ -14,8 +14,11 @@ import (
 )
 
 // protocolVersion is the version of the stream protocol this package
-// speaks (api/collective/v1).
-const protocolVersion = 1
+// speaks (api/collective/v1) and of the messages a step's layer sends
+// over it. 2: a layer whose plans are all dense exchanges no selection
+// candidates (a version-1 member would wait for them), so members of the
+// two versions refuse each other at the handshake.
+const protocolVersion = 2
 
 // hello is this member's opening frame.
 func (t *Transport) hello() *pb.Frame {
