@@ -48,6 +48,9 @@ type Record struct {
 	Local             int     `json:"local"`
 	GQA               string  `json:"gqa"`
 	DecodeQuestion    bool    `json:"decode_question"`
+	// ReuseSteps is the policy's selection reuse (Policy.ReuseSteps;
+	// omitted when 0).
+	ReuseSteps int `json:"reuse_steps,omitempty"`
 	// FreeRunning and TeacherForced summarize the decode steps.
 	FreeRunning   *Phase `json:"free_running,omitempty"`
 	TeacherForced *Phase `json:"teacher_forced,omitempty"`
@@ -260,7 +263,7 @@ func (a *Aggregate) Records(length int) []Record {
 		rec := Record{Length: k.Length, Task: k.Task, Offset: k.Offset, Selector: k.Selector.String(), Budget: k.Budget, N: x.n, Correct: x.correct,
 			Accuracy: frac(x.correct, x.n), DenseAccuracy: frac(x.denseCorrect, x.n), SparseOnlyFailures: x.sparseOnly, DistractorAnswers: x.distractor,
 			MeanTokens: float64(x.tokens) / float64(max(x.n, 1)), PageSize: p.PageSize, DenseLayers: p.DenseLayers,
-			Sink: p.SinkPages, Local: p.LocalPages, GQA: p.GQA.String(), DecodeQuestion: a.cfg.DecodeQuestion}
+			Sink: p.SinkPages, Local: p.LocalPages, GQA: p.GQA.String(), DecodeQuestion: a.cfg.DecodeQuestion, ReuseSteps: p.ReuseSteps}
 		if k.Selector == plan.Dense {
 			rec.DenseLayers = 0
 		} else if len(a.cfg.SummaryDTypes) > 0 || k.SummaryDType != plan.SummaryKV {

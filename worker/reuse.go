@@ -10,27 +10,39 @@ import (
 // Every hosted rank keeps, per sequence and layer, the selection of the
 // layer's last ranking step: the global pages each selection row ranked
 // (what the exact exchange, the replicated mirror or, under union, the
-// rank's own picks chose), the plan of that step and the steps taken
-// since. A step of a sparse layer reuses it when the policy asks for
-// reuse, fewer than ReuseSteps-1 steps reused it already and the plan
-// has the same shape (Sink, Local, Rank) over at least as many pages;
-// it then attends, per row, the kept pages plus the candidates
+// rank's own picks chose), the plan of that step, the steps that reused
+// it since and the sequence's length at the last step that used it. A
+// step of a sparse layer reuses it when the policy asks for reuse (a
+// step forced dense as a whole, such as the dense pass of diagnostics,
+// neither reuses nor changes anything), fewer than ReuseSteps-1 steps
+// reused it already, the step brings the sequence's token at exactly one
+// past the last step's position (so the previous step of this layer was
+// the last change to the sequence: a rollback, tokens appended outside
+// steps or a step without a token make the layer rank afresh), and the
+// plan has the same shape (K, Sink, Local, Rank) over at least as many
+// pages. It then attends, per row, the kept pages plus the candidates
 // [Hi0, Hi) that were forced (local) at the ranking step or appended
-// since, and the forced pages as always. Otherwise the layer ranks
-// afresh and keeps the new selection. The decision is a function of the
-// sequence's step history alone, so every CP rank of a TP group (each
-// keeping its copy) decides alike and the layout reads the pages the
-// single shard reads. What resets it: a rollback of the sequence on the
-// rank, a failed step (EndStep drops the state of the step's
-// sequences on every hosted rank; the coordinator ends a failed step on
-// every worker), a dense plan at the layer, and a new seqState (a
-// fork's child, a recovered or adopted sequence): those rank afresh at
-// their next sparse step. A fork leaves the parent's state alone.
+// since, and the forced pages as always; otherwise the layer ranks
+// afresh and keeps the new selection. The decision depends only on the
+// step messages every rank of the grid gets alike (lengths, plans, step
+// outcomes), never on a message some ranks miss (a rollback reaches only
+// the ranks that drop pages), so every CP rank of a TP group, each
+// keeping its copy, decides alike and a CP x TP layout reads the pages
+// the single shard reads. A failed step drops the kept selections of
+// its sequences on every hosted rank (the coordinator ends a failed step
+// on every worker), a dense plan at the layer drops it, and a new
+// seqState (a fork's child, a recovered or adopted sequence) has none:
+// those rank afresh at their next sparse step. A fork leaves the
+// parent's state alone. A rollback followed by re-appending exactly as
+// many tokens outside steps before the next step is not seen by the
+// length rule: the layer then reuses its kept pages (alike on every
+// rank).
 
 // reuseSel is one rank's kept selection of one sequence at one layer.
 type reuseSel struct {
 	ok     bool
 	since  int       // steps that reused it (0 right after the ranking step)
+	last   int       // the sequence's length before the token of the last step that used it
 	plan   plan.Plan // the plan of the ranking step
 	indptr []int32   // per selection row, CSR over pages
 	pages  []int32   // global pages the rows ranked
@@ -63,9 +75,9 @@ func (sq *seqState) dropReuse(i int) {
 
 // reuses reports whether pl can attend the kept selection rs (see the
 // comment above) under a policy reusing every steps steps.
-func (rs *reuseSel) reuses(pl plan.Plan, steps int) bool {
+func (rs *reuseSel) reuses(s StepSeq, pl plan.Plan, steps int) bool {
 	p0 := rs.plan
-	return rs.ok && steps > 1 && rs.since+1 < steps && !pl.Dense && pl.Rank > 0 &&
+	return rs.ok && steps > 1 && s.New && s.Len == rs.last+1 && rs.since+1 < steps && !pl.Dense && pl.Rank > 0 &&
 		pl.Sink == p0.Sink && pl.Local == p0.Local && pl.Rank == p0.Rank && pl.K == p0.K && pl.Pages >= p0.Pages
 }
 
@@ -77,11 +89,14 @@ func (l *Local) planReuse(st *stepState, i, layer int) (any, none bool) {
 	w := &l.ranks[i].w
 	w.reuse = w.reuse[:0]
 	steps := l.cfg.Policy.ReuseSteps
+	if st.dense {
+		steps = 0 // a forced dense step (a diagnostics pass) leaves the kept selections alone
+	}
 	none = true
 	for si, pl := range st.plans {
 		r := false
 		if steps > 1 {
-			r = l.reuseOf(st.sq[si], i, layer).reuses(pl, steps)
+			r = l.reuseOf(st.sq[si], i, layer).reuses(st.seqs[si], pl, steps)
 		}
 		w.reuse = append(w.reuse, r)
 		any = any || r
@@ -125,7 +140,7 @@ func (l *Local) applyReuse(st *stepState, i, layer, rows int, sel *shard.Chosen,
 // keeps its rows, a reusing one counts a step, a dense or unranked plan
 // forgets.
 func (l *Local) keepReuse(st *stepState, i, layer, rows int, sel *shard.Chosen) {
-	if !l.cfg.Policy.ReuseOn() {
+	if !l.cfg.Policy.ReuseOn() || st.dense {
 		return
 	}
 	w := &l.ranks[i].w
@@ -134,10 +149,11 @@ func (l *Local) keepReuse(st *stepState, i, layer, rows int, sel *shard.Chosen) 
 		switch {
 		case w.reuse[si]:
 			rs.since++
+			rs.last = st.seqs[si].Len
 		case pl.Dense || pl.Rank == 0:
 			rs.ok = false
 		default:
-			rs.ok, rs.since, rs.plan = true, 0, pl
+			rs.ok, rs.since, rs.plan, rs.last = true, 0, pl, st.seqs[si].Len
 			rs.indptr = append(rs.indptr[:0], 0)
 			rs.pages = rs.pages[:0]
 			for r := range rows {

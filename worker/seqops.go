@@ -254,9 +254,6 @@ func (l *Local) Rollback(ctx context.Context, m RollbackRequest) (RollbackReply,
 		return RollbackReply{}, err
 	}
 	rk := l.ranks[i]
-	// The kept selections name pages of the old length: the next sparse
-	// step of every layer ranks afresh (reuse.go).
-	sq.dropReuse(i)
 	if m.Lens != nil {
 		return RollbackReply{}, l.truncateRank(i, m.Seq, sq, m)
 	}
