@@ -162,15 +162,23 @@ type Policy struct {
 	// newest pages are never dropped), and the forced pages as always.
 	// A reuse step therefore reads Rank + (P - P0) ranked pages, P0 the
 	// pages at the ranking step. A layer ranks afresh at its first
-	// sparse step of a sequence, whenever its plan's shape (sink, local,
-	// rank: a request's budget) differs from the ranking step's, after a
-	// rollback of the sequence, on a fork's new branch (the original
-	// keeps its state), after a failed step, and on a worker that
-	// restarted or adopted the sequence: the state lives in the
-	// worker's memory only. Every CP rank holds the same global
-	// selection and attends its own pages of it, so a CP x TP layout
-	// reads the pages the single shard reads. 0 (the default) and 1 are
-	// off: every step ranks. At most MaxReuseSteps.
+	// sparse step of a sequence; at a step whose token is not exactly one
+	// past the previous step's of that layer (a rollback, tokens appended
+	// outside steps, a step without a token; a rollback followed by
+	// re-appending as many tokens outside steps is the one change this
+	// rule does not see); whenever its plan's shape (K, sink, local,
+	// rank: a request's budget) differs from the ranking step's or its
+	// plan is dense; on a fork's new branch (the original keeps its
+	// state); after a failed step; and on a worker that restarted or
+	// adopted the sequence (the state lives in the worker's memory
+	// only). A step forced dense as a whole (the dense pass of
+	// diagnostics) neither counts nor changes the state. Every CP rank
+	// keeps the same global selection, decides from the same step
+	// messages and attends its own pages of it, so a CP x TP layout
+	// reads the pages the single shard reads. The device tensor path
+	// (a fused step on the GPU) refuses it: the host step program runs
+	// it. 0 (the default) and 1 are off: every step ranks. At most
+	// MaxReuseSteps.
 	ReuseSteps int
 }
 
