@@ -345,3 +345,44 @@ func TestDistributedEqualsSingleShardReuse(t *testing.T) {
 		})
 	}
 }
+
+// TestReuseAfterFailedStep: a step that fails in attention (every rank)
+// leaves the grid deciding alike: the next step ranks afresh on every
+// rank (no hang on the selection exchange) and reuse resumes after it.
+func TestReuseAfterFailedStep(t *testing.T) {
+	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
+	defer cpu.Close()
+	fb := &faultyBackend{Backend: cpu}
+	cfg := reuseCfg(2, 2, 3)
+	cfg.Backend, cfg.StepTimeout = fb, failStepTimeout
+	e := newPair(t, cfg).e
+	rng := rand.New(rand.NewPCG(13, 1))
+	s := newReuseSeq(t, e, rng, 50)
+	var res Result
+	reuseStep(t, e, rng, []*reuseSeq{s}, nil, &res)
+	reuseStep(t, e, rng, []*reuseSeq{s}, nil, &res)
+	if res.Time.Reused != 1 {
+		t.Fatalf("step 1 reused %d, want 1", res.Time.Reused)
+	}
+	fb.mode.Store(1)
+	c := e.Config()
+	kv := c.KVHeads * c.HeadDim
+	req := []Request{{Seq: s.id, Q: randVec(rng, c.QHeads*c.HeadDim), K: randVec(rng, kv), V: randVec(rng, kv)}}
+	if err := e.Step(context.Background(), 0, req, StepOptions{}, &res); err == nil {
+		t.Fatal("the injected failure did not fail the step")
+	}
+	fb.mode.Store(0)
+	n, err := e.Len(s.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n > len(s.k) {
+		s.k, s.v = append(s.k, req[0].K), append(s.v, req[0].V)
+	}
+	for i, want := range []int{0, 1, 1, 0} {
+		reuseStep(t, e, rng, []*reuseSeq{s}, nil, &res)
+		if res.Time.Reused != want {
+			t.Fatalf("step %d after the failure reused %d, want %d", i, res.Time.Reused, want)
+		}
+	}
+}
