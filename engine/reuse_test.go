@@ -53,6 +53,10 @@ func newReuseSeq(t *testing.T, e *Engine, rng *rand.Rand, n int) *reuseSeq {
 // step runs one decode step of layer 0 with a new token for every
 // sequence and diagnostics, keeping the tokens in the sequences.
 func reuseStep(t *testing.T, e *Engine, rng *rand.Rand, seqs []*reuseSeq, budgets []int, res *Result) [][]float32 {
+	return reuseStepDiag(t, e, rng, seqs, budgets, true, res)
+}
+
+func reuseStepDiag(t *testing.T, e *Engine, rng *rand.Rand, seqs []*reuseSeq, budgets []int, diag bool, res *Result) [][]float32 {
 	t.Helper()
 	c := e.Config()
 	kv := c.KVHeads * c.HeadDim
@@ -71,7 +75,7 @@ func reuseStep(t *testing.T, e *Engine, rng *rand.Rand, seqs []*reuseSeq, budget
 		}
 		reqs = append(reqs, Request{Seq: s.id, Q: q, K: k, V: v, BudgetTokens: b})
 	}
-	if err := e.Step(context.Background(), 0, reqs, StepOptions{Diagnostics: true}, res); err != nil {
+	if err := e.Step(context.Background(), 0, reqs, StepOptions{Diagnostics: diag}, res); err != nil {
 		t.Fatal(err)
 	}
 	return qs
@@ -384,5 +388,39 @@ func TestReuseAfterFailedStep(t *testing.T) {
 		if res.Time.Reused != want {
 			t.Fatalf("step %d after the failure reused %d, want %d", i, res.Time.Reused, want)
 		}
+	}
+}
+
+// TestReuseWithoutDiagnostics: the plain decode path (no diagnostics;
+// on one shard the path a fusing backend would take) keeps and reuses
+// selections alike: the same ranking steps, and outputs equal to those
+// of the diagnosed run, whose attended pages the tests above check.
+func TestReuseWithoutDiagnostics(t *testing.T) {
+	for _, lay := range [][2]int{{1, 1}, {2, 2}} {
+		t.Run(fmt.Sprintf("cp%d_tp%d", lay[0], lay[1]), func(t *testing.T) {
+			var outs [2][][]float32
+			var reused [2][]int
+			for run, diag := range []bool{true, false} {
+				e := newPair(t, reuseCfg(lay[0], lay[1], 3)).e
+				rng := rand.New(rand.NewPCG(17, 2))
+				s := newReuseSeq(t, e, rng, 66)
+				var res Result
+				for range 8 {
+					reuseStepDiag(t, e, rng, []*reuseSeq{s}, nil, diag, &res)
+					outs[run] = append(outs[run], slices.Clone(res.O))
+					reused[run] = append(reused[run], res.Time.Reused)
+				}
+			}
+			if want := []int{0, 1, 1, 0, 1, 1, 0, 1}; !slices.Equal(reused[1], want) || !slices.Equal(reused[0], want) {
+				t.Fatalf("reused per step %v without diagnostics, %v with, want %v", reused[1], reused[0], want)
+			}
+			for st := range outs[0] {
+				for j, x := range outs[0][st] {
+					if y := outs[1][st][j]; math.Abs(float64(x-y)) > 2e-5*max(1, math.Abs(float64(x))) {
+						t.Fatalf("step %d output %d: %v without diagnostics, %v with", st, j, y, x)
+					}
+				}
+			}
+		})
 	}
 }

@@ -153,9 +153,11 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 		}
 		return l.finishRank(ctx, st, i, layer, anyReuse, noRank, st.diag, fail, &toppSent)
 	}
-	if c.CP == 1 && !st.phased && !l.toppOn(st) && !anyReuse {
+	if c.CP == 1 && !st.phased && !l.toppOn(st) && !c.Policy.ReuseOn() {
 		// One rank holds every page: its local top-K is the global one,
 		// and a fusing backend runs the whole local step in one call.
+		// (Not under selection reuse: a ranking step must hand back the
+		// selection it keeps, which the fused call does not.)
 		done, err := sh.FusedStep(ctx, &w.ls)
 		if err != nil {
 			return fail(err)
