@@ -90,6 +90,14 @@ type Times struct {
 	// Fused is the time of a local step fused into one backend call
 	// (Score, TopK and Attend are then zero).
 	Fused time.Duration
+	// Reused counts the batch's sequences whose selection the layer
+	// reused from an earlier step (plan.Policy.ReuseSteps); RankSkipped
+	// says that none ranked, so the layer ran no score phase and no
+	// selection collective (counts of CP rank 0 of TP group 0; the
+	// in-process engine reports them, a cluster coordinator leaves them
+	// zero for now).
+	Reused      int
+	RankSkipped bool
 }
 
 // Collective is the time spent in collectives (selection exchange and

@@ -357,7 +357,8 @@ func (e *Engine) gatherInto(n int, reps []worker.LayerReply, o, lse []float32) T
 		}
 	}
 	t := e.output(reps, 0, 0).Time
-	return Times{Score: t.Score, TopK: t.TopK, Select: t.Select, Attend: t.Attend, Merge: t.Merge, Fused: t.Fused}
+	return Times{Score: t.Score, TopK: t.TopK, Select: t.Select, Attend: t.Attend, Merge: t.Merge, Fused: t.Fused,
+		Reused: t.Reused, RankSkipped: t.RankSkipped}
 }
 
 func resize(s []float32, n int) []float32 {

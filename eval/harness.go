@@ -196,6 +196,10 @@ type Steps struct {
 	// the largest absolute logit difference there (teacher-forced only).
 	KL, MaxLogitErr float64
 	KLSteps         int
+	// Ranked counts the (step, sparse layer) pairs that ranked pages;
+	// Skipped those that reused their selections (Policy.ReuseSteps)
+	// and ran no score phase and no selection collective.
+	Ranked, Skipped int
 	// Layers are per-layer sums over the steps.
 	Layers []LayerSums
 	// Hier is the hierarchical search's work over the steps
@@ -344,6 +348,12 @@ func (s *Steps) add(steps []model.StepInfo, pageSize int) {
 	}
 	inv := 1 / float64(pageSize)
 	for i, st := range steps {
+		switch {
+		case st.Time.RankSkipped:
+			s.Skipped++
+		case !st.Plan.Dense && st.Plan.Rank > 0:
+			s.Ranked++
+		}
 		l := &s.Layers[i]
 		l.Steps++
 		l.PagesRead += st.PagesRead
@@ -386,6 +396,8 @@ func (s *Steps) add(steps []model.StepInfo, pageSize int) {
 // merge adds o into s.
 func (s *Steps) merge(o Steps) {
 	s.Steps += o.Steps
+	s.Ranked += o.Ranked
+	s.Skipped += o.Skipped
 	s.Hier.add(o.Hier)
 	s.TopP.add(o.TopP)
 	s.Agree += o.Agree

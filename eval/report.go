@@ -48,6 +48,9 @@ type Record struct {
 	Local             int     `json:"local"`
 	GQA               string  `json:"gqa"`
 	DecodeQuestion    bool    `json:"decode_question"`
+	// ReuseSteps is the policy's selection reuse (Policy.ReuseSteps;
+	// omitted when 0).
+	ReuseSteps int `json:"reuse_steps,omitempty"`
 	// FreeRunning and TeacherForced summarize the decode steps.
 	FreeRunning   *Phase `json:"free_running,omitempty"`
 	TeacherForced *Phase `json:"teacher_forced,omitempty"`
@@ -83,6 +86,9 @@ type Phase struct {
 	// Hier is the hierarchical exact top-K's work (Policy.HierGroup),
 	// omitted when no row was ranked by it.
 	Hier *HierRecord `json:"hier,omitempty"`
+	// Reuse counts the selection reuse across steps (Policy.ReuseSteps),
+	// omitted when no step reused.
+	Reuse *ReuseRecord `json:"reuse,omitempty"`
 	// TopP is the top-p pruning's kept tokens (Policy.TopP), omitted
 	// when no row was pruned.
 	TopP *TopPRecord `json:"top_p,omitempty"`
@@ -105,6 +111,19 @@ type TopPRecord struct {
 	KeptP50      int     `json:"kept_p50"`
 	KeptP95      int     `json:"kept_p95"`
 	KeptMax      int     `json:"kept_max"`
+}
+
+// ReuseRecord counts, over the steps of a phase, the (step, sparse
+// layer) pairs that ranked pages and those that reused their selections
+// (Policy.ReuseSteps) instead, each saving one score phase per shard
+// and, with CP > 1 under exact selection, one selection collective;
+// the savings per decoded token are the skipped pairs over the steps.
+type ReuseRecord struct {
+	Ranked                 int     `json:"ranked"`
+	Skipped                int     `json:"skipped"`
+	ScorePhasesSavedPerTok float64 `json:"score_phases_saved_per_token"`
+	CollectivesSavedPerTok float64 `json:"collectives_saved_per_token"`
+	RankedPerTok           float64 `json:"ranked_per_token"`
 }
 
 // HierRecord summarizes the hierarchical search over the steps of a
@@ -244,7 +263,7 @@ func (a *Aggregate) Records(length int) []Record {
 		rec := Record{Length: k.Length, Task: k.Task, Offset: k.Offset, Selector: k.Selector.String(), Budget: k.Budget, N: x.n, Correct: x.correct,
 			Accuracy: frac(x.correct, x.n), DenseAccuracy: frac(x.denseCorrect, x.n), SparseOnlyFailures: x.sparseOnly, DistractorAnswers: x.distractor,
 			MeanTokens: float64(x.tokens) / float64(max(x.n, 1)), PageSize: p.PageSize, DenseLayers: p.DenseLayers,
-			Sink: p.SinkPages, Local: p.LocalPages, GQA: p.GQA.String(), DecodeQuestion: a.cfg.DecodeQuestion}
+			Sink: p.SinkPages, Local: p.LocalPages, GQA: p.GQA.String(), DecodeQuestion: a.cfg.DecodeQuestion, ReuseSteps: p.ReuseSteps}
 		if k.Selector == plan.Dense {
 			rec.DenseLayers = 0
 		} else if len(a.cfg.SummaryDTypes) > 0 || k.SummaryDType != plan.SummaryKV {
@@ -369,6 +388,11 @@ func phase(s Steps, pageSize, denseLayers int, teacher bool) *Phase {
 			RecordsShare: float64(h.Boxes+h.Pages) / float64(max(h.Candidates, 1)),
 			P50Pct:       h.quantile(0.5), P95Pct: h.quantile(0.95), Flat: h.Flat, Fallbacks: h.Fallbacks, Skipped: h.Skipped,
 			BoxesPerRow: float64(h.Boxes) / n, PagesPerRow: float64(h.Pages) / n}
+	}
+	if s.Skipped > 0 {
+		n := float64(s.Steps)
+		ph.Reuse = &ReuseRecord{Ranked: s.Ranked, Skipped: s.Skipped, ScorePhasesSavedPerTok: float64(s.Skipped) / n,
+			CollectivesSavedPerTok: float64(s.Skipped) / n, RankedPerTok: float64(s.Ranked) / n}
 	}
 	if c := s.TopP; c.Rows > 0 {
 		n := float64(c.Rows)

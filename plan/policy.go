@@ -152,7 +152,42 @@ type Policy struct {
 	// no fp8 K/V) keeps sub-boxes; others refuse the policy. 0 (the
 	// default) and 1 are off: one box per page.
 	SubBoxes int
+	// ReuseSteps > 1 reuses a sparse layer's page selection across the
+	// decode steps of a sequence (issue 32 item 5): the layer ranks
+	// pages afresh at one step and, at the next ReuseSteps-1 steps of
+	// that sequence, scores nothing and runs no selection collective;
+	// it attends, per selection row, over the pages it ranked at the
+	// ranking step plus every page that has become a candidate since
+	// (pages that were forced as local then, or appended since: the
+	// newest pages are never dropped), and the forced pages as always.
+	// A reuse step therefore reads Rank + (P - P0) ranked pages, P0 the
+	// pages at the ranking step. A layer ranks afresh at its first
+	// sparse step of a sequence; at a step whose token is not exactly one
+	// past the previous step's of that layer (a rollback, tokens appended
+	// outside steps, a step without a token; a rollback followed by
+	// re-appending as many tokens outside steps is the one change this
+	// rule does not see); whenever its plan's shape (K, sink, local,
+	// rank: a request's budget) differs from the ranking step's or its
+	// plan is dense; on a fork's new branch (the original keeps its
+	// state); after a failed step; and on a worker that restarted or
+	// adopted the sequence (the state lives in the worker's memory
+	// only). A step forced dense as a whole (the dense pass of
+	// diagnostics) neither counts nor changes the state. Every CP rank
+	// keeps the same global selection, decides from the same step
+	// messages and attends its own pages of it, so a CP x TP layout
+	// reads the pages the single shard reads. The device tensor path
+	// (a fused step on the GPU) refuses it: the host step program runs
+	// it. 0 (the default) and 1 are off: every step ranks. At most
+	// MaxReuseSteps.
+	ReuseSteps int
 }
+
+// ReuseOn reports whether the policy reuses selections across steps
+// (ReuseSteps > 1).
+func (p Policy) ReuseOn() bool { return p.ReuseSteps > 1 }
+
+// MaxReuseSteps is the largest Policy.ReuseSteps.
+const MaxReuseSteps = 4096
 
 // SubBoxesOn reports whether the policy keeps multi-box summaries
 // (SubBoxes > 1).
@@ -196,6 +231,8 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("policy: top-p %v outside (0, 1] (0: off)", p.TopP)
 	case p.SubBoxes < 0 || p.SubBoxes > MaxSubBoxes || (p.SubBoxes > 1 && p.PageSize%p.SubBoxes != 0):
 		return fmt.Errorf("policy: sub-boxes %d: want 0 or 1 (off) or a divisor of the page size %d up to %d", p.SubBoxes, p.PageSize, MaxSubBoxes)
+	case p.ReuseSteps < 0 || p.ReuseSteps > MaxReuseSteps:
+		return fmt.Errorf("policy: reuse steps %d outside 0..%d (0 and 1: off)", p.ReuseSteps, MaxReuseSteps)
 	case p.SubBoxesOn() && p.HierGroup != 0:
 		return fmt.Errorf("policy: sub-boxes %d with hierarchical group %d: the box trees are built over single page boxes", p.SubBoxes, p.HierGroup)
 	}

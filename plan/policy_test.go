@@ -2,6 +2,7 @@ package plan
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -125,5 +126,36 @@ func TestPolicySubBoxesValidate(t *testing.T) {
 		if err := p.Validate(); (err == nil) != c.ok {
 			t.Errorf("page %d sub-boxes %d hier %d: %v, want ok %v", c.page, c.sub, c.hier, err, c.ok)
 		}
+	}
+}
+
+// TestPolicyReuseStepsValidate: ReuseSteps 0..MaxReuseSteps is accepted
+// (0 and 1 off); a negative or larger value is refused with the field
+// named, and a policy file with such a value is refused too.
+func TestPolicyReuseStepsValidate(t *testing.T) {
+	for _, c := range []struct {
+		r      int
+		ok, on bool
+	}{{0, true, false}, {1, true, false}, {2, true, true}, {MaxReuseSteps, true, true},
+		{-1, false, false}, {MaxReuseSteps + 1, false, false}, {1 << 40, false, false}} {
+		p := DefaultPolicy()
+		p.ReuseSteps = c.r
+		err := p.Validate()
+		if (err == nil) != c.ok {
+			t.Errorf("reuse steps %d: %v, want ok %v", c.r, err, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "reuse steps") {
+			t.Errorf("reuse steps %d: error %q does not name the field", c.r, err)
+		}
+		if c.ok && p.ReuseOn() != c.on {
+			t.Errorf("reuse steps %d: ReuseOn %v, want %v", c.r, p.ReuseOn(), c.on)
+		}
+	}
+	if _, err := ReadPolicyFile(strings.NewReader("reuse_steps: -3\n")); err == nil || !strings.Contains(err.Error(), "reuse steps") {
+		t.Errorf("policy file with reuse_steps -3: %v", err)
+	}
+	p, err := ReadPolicyFile(strings.NewReader("reuse_steps: 4\n"))
+	if err != nil || p.ReuseSteps != 4 {
+		t.Errorf("policy file with reuse_steps 4: %+v, %v", p, err)
 	}
 }

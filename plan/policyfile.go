@@ -34,6 +34,7 @@ const maxPolicyFile = 1 << 20
 //	top_p: 0.95           # keep the tokens reaching this softmax mass (0: off)
 //	dense: [0, 1]         # layers that read every page
 //	dense_rho: 0.25       # a layer reads every page while 1/S + K/P >= it
+//	reuse_steps: 4        # rank afresh every 4th step, reuse in between (0: off)
 //	layer_budget:         # layer: tokens
 //	  2: 256
 //	  3: 512
@@ -53,6 +54,8 @@ type PolicyFile struct {
 	HierGroup *int `yaml:"hier_group,omitempty" json:"hier_group,omitempty"`
 	// SubBoxes is Policy.SubBoxes (absent, 0 or 1: one box per page).
 	SubBoxes *int `yaml:"sub_boxes,omitempty" json:"sub_boxes,omitempty"`
+	// ReuseSteps is Policy.ReuseSteps (absent, 0 or 1: every step ranks).
+	ReuseSteps *int `yaml:"reuse_steps,omitempty" json:"reuse_steps,omitempty"`
 	// TopP is Policy.TopP (absent or 0: off).
 	TopP  float64 `yaml:"top_p,omitempty" json:"top_p,omitempty"`
 	Dense []int   `yaml:"dense" json:"dense"`
@@ -108,6 +111,7 @@ func (f PolicyFile) Policy() (Policy, error) {
 	p.DenseRho = f.DenseRho
 	set(&p.HierGroup, f.HierGroup)
 	set(&p.SubBoxes, f.SubBoxes)
+	set(&p.ReuseSteps, f.ReuseSteps)
 	p.TopP = f.TopP
 	if f.GQA != "" {
 		m, err := ParseGQAMode(f.GQA)
@@ -180,6 +184,9 @@ func FilePolicy(p Policy) PolicyFile {
 	}
 	if p.SubBoxes != 0 {
 		f.SubBoxes = &p.SubBoxes
+	}
+	if p.ReuseSteps != 0 {
+		f.ReuseSteps = &p.ReuseSteps
 	}
 	for l := range p.DenseLayers {
 		f.Dense = append(f.Dense, l)

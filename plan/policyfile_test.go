@@ -106,6 +106,9 @@ func TestPolicyFileRoundTrip(t *testing.T) {
 			p.TopP = float64(1+rng.IntN(1024)) / 1024 // (0, 1], exact in YAML
 		}
 		if rng.IntN(2) == 0 {
+			p.ReuseSteps = rng.IntN(MaxReuseSteps + 1)
+		}
+		if rng.IntN(2) == 0 {
 			p.LayerBudget = map[int]int{}
 			for range rng.IntN(6) {
 				l := p.DenseLayers + rng.IntN(10)
@@ -135,7 +138,7 @@ func TestPolicyFileRoundTrip(t *testing.T) {
 func policySame(a, b Policy) bool {
 	if a.PageSize != b.PageSize || a.BudgetTokens != b.BudgetTokens || a.SinkPages != b.SinkPages ||
 		a.LocalPages != b.LocalPages || a.GQA != b.GQA || a.Selector != b.Selector || a.HierGroup != b.HierGroup ||
-		a.SubBoxes != b.SubBoxes || a.TopP != b.TopP || a.DenseRho != b.DenseRho {
+		a.SubBoxes != b.SubBoxes || a.TopP != b.TopP || a.DenseRho != b.DenseRho || a.ReuseSteps != b.ReuseSteps {
 		return false
 	}
 	for l := range 20 {
@@ -157,5 +160,5 @@ func policySame(a, b Policy) bool {
 func policyEqual(a, b Policy) bool {
 	return a.PageSize == b.PageSize && a.BudgetTokens == b.BudgetTokens && a.SinkPages == b.SinkPages &&
 		a.LocalPages == b.LocalPages && a.DenseLayers == b.DenseLayers && a.GQA == b.GQA && a.Selector == b.Selector &&
-		a.SummaryDType == b.SummaryDType && a.DenseRho == b.DenseRho && a.HierGroup == b.HierGroup && a.SubBoxes == b.SubBoxes && a.TopP == b.TopP && maps.Equal(a.LayerBudget, b.LayerBudget)
+		a.SummaryDType == b.SummaryDType && a.DenseRho == b.DenseRho && a.HierGroup == b.HierGroup && a.SubBoxes == b.SubBoxes && a.TopP == b.TopP && a.ReuseSteps == b.ReuseSteps && maps.Equal(a.LayerBudget, b.LayerBudget)
 }

@@ -86,6 +86,9 @@ type seqState struct {
 	// recovered is what its entry named at recovery (nil for a sequence
 	// created or forked since): what Park restores.
 	recovered *recoveredAs
+	// reuse is the kept selection per hosted rank and layer (reuse.go,
+	// plan.Policy.ReuseSteps); nil until a reusing policy keeps one.
+	reuse [][]reuseSel
 }
 
 // recoveredAs is a recovered sequence's id and grid at recovery.

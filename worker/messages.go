@@ -233,6 +233,12 @@ type Times struct {
 	// Fused is the time of a local step fused into one backend call
 	// (Score, TopK and Attend are then zero).
 	Fused time.Duration
+	// Reused counts the step's sequences whose selection the layer
+	// reused (plan.Policy.ReuseSteps); RankSkipped says that none
+	// ranked: the rank ran no score phase (but for diagnostics) and no
+	// selection exchange.
+	Reused      int
+	RankSkipped bool
 }
 
 // EndRequest closes the open step. Failed says that the step failed

@@ -23,6 +23,10 @@ type rankWork struct {
 	k     []int
 	lists [][]int32
 	t     Times
+	// Selection reuse (reuse.go): per batch index, whether the layer
+	// reuses the sequence's kept selection; scratch for the rewrite.
+	reuse []bool
+	tmp   shard.Chosen
 }
 
 // abort tells the peers of rk that wait on its messages of (step, layer)
@@ -133,9 +137,27 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 	if err := sh.Begin(&w.ls, layer, w.parts); err != nil {
 		return fail(err)
 	}
-	if c.CP == 1 && !st.phased && !l.toppOn(st) {
+	anyReuse, noRank := l.planReuse(st, i, layer)
+	if noRank {
+		// Every sequence that would rank reuses its kept selection: no
+		// score phase (but for diagnostics) and no selection exchange.
+		selSent = true
+		if st.diag {
+			if err := sh.Score(ctx, &w.ls, true); err != nil {
+				return fail(err)
+			}
+		}
+		w.sel.Reset()
+		for range len(st.plans) * w.ls.Rows() {
+			w.sel.Indptr = append(w.sel.Indptr, 0)
+		}
+		return l.finishRank(ctx, st, i, layer, anyReuse, noRank, st.diag, fail, &toppSent)
+	}
+	if c.CP == 1 && !st.phased && !l.toppOn(st) && !c.Policy.ReuseOn() {
 		// One rank holds every page: its local top-K is the global one,
 		// and a fusing backend runs the whole local step in one call.
+		// (Not under selection reuse: a ranking step must hand back the
+		// selection it keeps, which the fused call does not.)
 		done, err := sh.FusedStep(ctx, &w.ls)
 		if err != nil {
 			return fail(err)
@@ -223,6 +245,30 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 		}
 		w.t.Score = time.Since(t0)
 	}
+	return l.finishRank(ctx, st, i, layer, anyReuse, noRank, scoreLocal, fail, &toppSent)
+}
+
+// finishRank is the end of rankStep once the step's selection is in
+// w.sel: the reused rows rewritten and the kept selections updated
+// (reuse.go), top-p pruning, attention and the merge at the root.
+func (l *Local) finishRank(ctx context.Context, st *stepState, i, layer int, anyReuse, noRank, scoreLocal bool, fail func(error) error, toppSent *bool) error {
+	c := l.cfg
+	rk := l.ranks[i]
+	w := &rk.w
+	sh, g := rk.sh, rk.g
+	d := c.HeadDim
+	redTag := collective.MakeTag(st.id, layer, collective.OpReduce)
+	if anyReuse {
+		l.applyReuse(st, i, layer, w.ls.Rows(), &w.sel, &w.tmp)
+	}
+	l.keepReuse(st, i, layer, w.ls.Rows(), &w.sel)
+	w.t.RankSkipped = noRank
+	w.t.Reused = 0
+	for _, r := range w.reuse {
+		if r {
+			w.t.Reused++
+		}
+	}
 	if l.toppOn(st) {
 		msg, err := sh.TopPLocal(ctx, &w.ls, &w.sel)
 		if err != nil {
@@ -233,7 +279,7 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 			t0 := time.Now()
 			msgs, err = g.AllGather(ctx, collective.MakeTag(st.id, layer, collective.OpTopP), msg)
 			w.t.Select += time.Since(t0)
-			toppSent = true // the group aborted its own peers if it failed
+			*toppSent = true // the group aborted its own peers if it failed
 			if err != nil {
 				return fail(err)
 			}

@@ -325,6 +325,13 @@ func (l *Local) EndStep(ctx context.Context, m EndRequest) error {
 	if serr != nil {
 		st.failed = true
 	}
+	if m.Failed || st.failed {
+		// Every worker of a failed step forgets its sequences' kept
+		// selections, so that all ranks rank afresh alike (reuse.go).
+		for _, sq := range st.sq {
+			sq.dropReuse(-1)
+		}
+	}
 	if (m.Failed || st.failed) && !l.closed {
 		// Failure path only: a small scratch, one flag per layer.
 		done := make([]bool, l.cfg.Layers)

@@ -129,6 +129,8 @@ func (l *Local) checkTensorLayer(step uint64, layer int, q, k, v, o, lse decode.
 		return fmt.Errorf("%w: the step failed; end it", ErrStep)
 	case st.phased:
 		return fmt.Errorf("%w: %w: a phased step or diagnostics run on host tensors", ErrBadMessage, decode.ErrDeviceTensor)
+	case c.Policy.ReuseOn():
+		return fmt.Errorf("%w: %w: selection reuse (policy reuse steps %d) runs on host tensors only", ErrBadMessage, decode.ErrDeviceTensor, c.Policy.ReuseSteps)
 	}
 	if err := l.checkLayer(layer); err != nil {
 		return err

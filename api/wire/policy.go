@@ -26,7 +26,7 @@ func PolicyProto(p plan.Policy) (*workerv1.Policy, error) {
 		DenseLayers: u32("dense layers", p.DenseLayers, &err), LayerBudget: lb,
 		Gqa: p.GQA.String(), Selector: p.Selector.String(), DenseRho: p.DenseRho,
 		HierGroup: u32("hier group", p.HierGroup, &err), TopP: p.TopP,
-		SubBoxes: u32("sub boxes", p.SubBoxes, &err),
+		SubBoxes: u32("sub boxes", p.SubBoxes, &err), ReuseSteps: u32("reuse steps", p.ReuseSteps, &err),
 	}
 	return m, err
 }
@@ -43,7 +43,7 @@ func Policy(m *workerv1.Policy) (plan.Policy, error) {
 		SinkPages: toInt("sink pages", m.GetSinkPages(), &err), LocalPages: toInt("local pages", m.GetLocalPages(), &err),
 		DenseLayers: toInt("dense layers", m.GetDenseLayers(), &err), DenseRho: m.GetDenseRho(),
 		HierGroup: toInt("hier group", m.GetHierGroup(), &err), TopP: m.GetTopP(),
-		SubBoxes: toInt("sub boxes", m.GetSubBoxes(), &err),
+		SubBoxes: toInt("sub boxes", m.GetSubBoxes(), &err), ReuseSteps: toInt("reuse steps", m.GetReuseSteps(), &err),
 	}
 	if lb := m.GetLayerBudget(); len(lb) > 0 {
 		p.LayerBudget = make(map[int]int, len(lb))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -189,6 +190,8 @@ func TestEvalFlags(t *testing.T) {
 		{[]string{"passkey", "--model", v1, "--attn-top-p", "1.5"}, "--attn-top-p"},
 		{[]string{"passkey", "--model", v1, "--sub-boxes", "3"}, "--sub-boxes"},
 		{[]string{"passkey", "--model", v1, "--sub-boxes", "-1"}, "--sub-boxes"},
+		{[]string{"passkey", "--model", v1, "--reuse-steps", "-1"}, "--reuse-steps"},
+		{[]string{"passkey", "--model", v1, "--reuse-steps", "4097"}, "--reuse-steps"},
 		{[]string{"passkey", "--model", v1, "--sub-boxes", "2", "--hier-group", "4", "--no-diagnostics"}, "--sub-boxes"},
 		{[]string{"passkey", "--model", v1, "--attn-top-p", "-0.1"}, "--attn-top-p"},
 		{[]string{"passkey", "--model", v1, "--attn-top-p", "NaN"}, "--attn-top-p"},
@@ -294,5 +297,58 @@ func TestEvalSubBoxes(t *testing.T) {
 	}
 	if same {
 		t.Error("--sub-boxes 4 kept the same mass as plain Quest in every layer: the option did not reach the ranking")
+	}
+}
+
+// TestEvalReuseSteps: --reuse-steps 1 is plain Quest (the same records
+// but for the echoed option), and --reuse-steps 4 reaches the decode
+// steps: each sparse layer ranks at about one step in four (the first
+// step of every fork ranks) and skips the others' score phases, which
+// the phase reports per token.
+func TestEvalReuseSteps(t *testing.T) {
+	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
+	run := func(extra ...string) eval.Record {
+		t.Helper()
+		args := append([]string{"passkey", "--model", v1, "--lengths", "1024", "--n", "2", "--budgets", "64", "--selectors", "quest", "--decode-question", "--json"}, extra...)
+		code, out, errs := call(evalCmd, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, errs)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var r eval.Record
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	plain, one, four := run(), run("--reuse-steps", "1"), run("--reuse-steps", "4")
+	if one.ReuseSteps != 1 || four.ReuseSteps != 4 {
+		t.Fatalf("echoed reuse steps %d and %d, want 1 and 4", one.ReuseSteps, four.ReuseSteps)
+	}
+	one.ReuseSteps = 0
+	pj, _ := json.Marshal(plain)
+	oj, _ := json.Marshal(one)
+	if string(pj) != string(oj) {
+		t.Errorf("--reuse-steps 1 differs from plain Quest:\n%s\n%s", oj, pj)
+	}
+	if plain.FreeRunning.Reuse != nil {
+		t.Errorf("plain Quest reports reuse %+v", *plain.FreeRunning.Reuse)
+	}
+	ru := four.FreeRunning.Reuse
+	if ru == nil {
+		t.Fatal("--reuse-steps 4: no reuse counts")
+	}
+	sparse := len(four.FreeRunning.Layers) - four.DenseLayers
+	steps := four.FreeRunning.Steps
+	if ru.Ranked+ru.Skipped != sparse*steps {
+		t.Errorf("ranked %d + skipped %d layer steps, want %d sparse layers x %d steps", ru.Ranked, ru.Skipped, sparse, steps)
+	}
+	// Each fork ranks at its first step, then every 4th: at least a
+	// quarter of the sparse layer steps rank, and fewer than half.
+	if 4*ru.Ranked < sparse*steps || 2*ru.Ranked >= sparse*steps {
+		t.Errorf("ranked %d of %d sparse layer steps, want about a quarter", ru.Ranked, sparse*steps)
+	}
+	if got := ru.ScorePhasesSavedPerTok; math.Abs(got-float64(ru.Skipped)/float64(steps)) > 1e-12 {
+		t.Errorf("score phases saved per token %v, want %d / %d", got, ru.Skipped, steps)
 	}
 }

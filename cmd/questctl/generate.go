@@ -33,6 +33,7 @@ type runFlags struct {
 	hierGroup   int
 	topP        float64
 	subBoxes    int
+	reuseSteps  int
 	gqa         string
 	cp, tp      int
 	selection   string
@@ -58,6 +59,7 @@ func addRunFlags(fs *flag.FlagSet) *runFlags {
 	fs.IntVar(&f.hierGroup, "hier-group", 0, "rank the quest selector's pages by an exact best-first search over boxes of G pages (2..1024; 0: flat scoring); the same pages as flat, on the CPU backend's host pools")
 	fs.Float64Var(&f.topP, "attn-top-p", 0, "top-p over attention (not sampling: see --top-p of generate): after the page selection keep, per KV head, the union of its query heads' smallest token sets reaching softmax mass P, and attend only those (0 < P <= 1; 0 or 1: off); the CPU backend only")
 	fs.IntVar(&f.subBoxes, "sub-boxes", 0, "multi-box summaries: rank quest's pages by the best of C contiguous min/max sub-boxes per page and KV head, each over S/C slots (C divides the page size, up to 64; 0 or 1: one box); the CPU backend's host float32 pools only, not with --hier-group")
+	fs.IntVar(&f.reuseSteps, "reuse-steps", 0, "selection reuse: a sparse layer ranks pages afresh every R-th decode step of a sequence and in between attends its last selection plus every page that became a candidate since (0..4096; 0 or 1: every step ranks)")
 	fs.StringVar(&f.gqa, "gqa", "group_max", "GQA page sharing: group_max or per_head")
 	f.cp, f.tp = 1, 1
 	gridFlags(fs, &f.cp, &f.tp, "context-parallel shards in process (1..64)", "tensor-parallel shards in process (divides the model's KV heads)")
@@ -85,11 +87,12 @@ func (f *runFlags) check() error {
 		for name, set := range map[string]func(){
 			"page-size": func() { f.pageSize = p.PageSize }, "sink": func() { f.sink = p.SinkPages },
 			"local": func() { f.local = p.LocalPages }, "dense-layers": func() { f.denseLayers = p.DenseLayers },
-			"dense-rho":  func() { f.denseRho = p.DenseRho },
-			"hier-group": func() { f.hierGroup = p.HierGroup },
-			"attn-top-p": func() { f.topP = p.TopP },
-			"sub-boxes":  func() { f.subBoxes = p.SubBoxes },
-			"gqa":        func() { f.gqa = p.GQA.String() },
+			"dense-rho":   func() { f.denseRho = p.DenseRho },
+			"hier-group":  func() { f.hierGroup = p.HierGroup },
+			"attn-top-p":  func() { f.topP = p.TopP },
+			"sub-boxes":   func() { f.subBoxes = p.SubBoxes },
+			"reuse-steps": func() { f.reuseSteps = p.ReuseSteps },
+			"gqa":         func() { f.gqa = p.GQA.String() },
 		} {
 			if !flagSet(f.fs, name) {
 				set()
@@ -117,6 +120,8 @@ func (f *runFlags) check() error {
 		return fmt.Errorf("--sub-boxes %d: want 0 or 1 (off) or a divisor of the page size %d up to %d", f.subBoxes, f.pageSize, plan.MaxSubBoxes)
 	case f.subBoxes > 1 && f.hierGroup != 0:
 		return fmt.Errorf("--sub-boxes %d with --hier-group %d: the box trees are built over single page boxes", f.subBoxes, f.hierGroup)
+	case f.reuseSteps < 0 || f.reuseSteps > plan.MaxReuseSteps:
+		return fmt.Errorf("--reuse-steps %d: want 0..%d (0 or 1: off)", f.reuseSteps, plan.MaxReuseSteps)
 	case f.cp < 1 || f.cp > 64:
 		return fmt.Errorf("--cp %d: want 1..64", f.cp)
 	case f.tp < 1 || f.tp > 64:
@@ -141,6 +146,7 @@ func (f *runFlags) policy(selector string, budget int) (plan.Policy, error) {
 	p.HierGroup = f.hierGroup
 	p.TopP = f.topP
 	p.SubBoxes = f.subBoxes
+	p.ReuseSteps = f.reuseSteps
 	p.BudgetTokens = max(budget, f.pageSize)
 	p.GQA, _ = plan.ParseGQAMode(f.gqa)
 	sel, err := plan.ParseSelector(selector)

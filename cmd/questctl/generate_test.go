@@ -99,6 +99,7 @@ func TestGenerateFlags(t *testing.T) {
 		{[]string{"--model", v1, "--prompt", "x", "--gqa", "avg"}, "--gqa"},
 		{[]string{"--model", v1, "--prompt", "x", "--hier-group", "1"}, "--hier-group"},
 		{[]string{"--model", v1, "--prompt", "x", "--sub-boxes", "5"}, "--sub-boxes"},
+		{[]string{"--model", v1, "--prompt", "x", "--reuse-steps", "-2"}, "--reuse-steps"},
 		{[]string{"--model", v1, "--prompt", "x", "--hier-group", "1025"}, "--hier-group"},
 		{[]string{"--model", v1, "--prompt", "x", "--temperature", "-1"}, "--temperature"},
 		{[]string{"--model", v1, "--prompt", "x", "--tp", "3"}, "tp 3"},

@@ -116,6 +116,8 @@ func TestFlagBounds(t *testing.T) {
 		{"dense-layers", "-1", "want 0..1024", "0..1024"},
 		{"dense-rho", "2.5", "want 0..2", "0..2"},
 		{"dense-rho", "NaN", "want 0..2", "0..2"},
+		{"reuse-steps", "-1", "want 0..4096", "0..4096"},
+		{"reuse-steps", "4097", "want 0..4096", "0..4096"},
 		{"max-pages", "1099511627777", "--capacity-pages..1099511627776", "--capacity-pages..1099511627776"},
 		{"max-running", "65537", "want 1..65536", "1..65536"},
 		{"max-running", "0", "want 1..65536", "1..65536"},

@@ -135,6 +135,11 @@ type Config struct {
 	// DenseRho: a sparse layer reads every page while 1/S + K/P >= it
 	// [--dense-rho] (plan.Policy.DenseRho). Default 0, off.
 	DenseRho float64
+	// ReuseSteps: a sparse layer ranks afresh every ReuseSteps-th step
+	// of a sequence and reuses its last selection plus the newer pages
+	// in between [--reuse-steps] (plan.Policy.ReuseSteps). Default 0,
+	// off.
+	ReuseSteps int
 	// GQA is how a KV head's query heads share pages, group_max or
 	// per_head [--gqa]. Default group_max.
 	GQA plan.GQAMode

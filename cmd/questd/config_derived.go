@@ -36,7 +36,7 @@ func (c Config) engineConfig() engine.Config {
 	e.Geometry = plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: plan.Float32}
 	e.CP, e.TP, e.CapacityPages, e.BlockPages = c.CP, c.TP, c.CapacityPages, c.BlockPages
 	e.Policy = plan.Policy{PageSize: c.PageSize, BudgetTokens: c.BudgetTokens, SinkPages: c.SinkPages,
-		LocalPages: c.LocalPages, DenseLayers: c.DenseLayers, DenseRho: c.DenseRho, GQA: c.GQA, Selector: c.Selector, LayerBudget: c.LayerBudget}
+		LocalPages: c.LocalPages, DenseLayers: c.DenseLayers, DenseRho: c.DenseRho, ReuseSteps: c.ReuseSteps, GQA: c.GQA, Selector: c.Selector, LayerBudget: c.LayerBudget}
 	e.Selection = c.Selection
 	e.StepTimeout = c.StepTimeout
 	e.MemoryLimit = c.MaxMemory

@@ -226,6 +226,14 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		c.DenseRho = r
 		return nil
 	})
+	d.text("reuse-steps", "0", "selection reuse: a sparse layer ranks pages afresh every `R`-th decode step of a sequence and in between attends its last selection plus the pages that became candidates since, 0..4096; 0 and 1 are off", func(v string) error {
+		r, err := strconv.Atoi(v)
+		if err != nil || r < 0 || r > plan.MaxReuseSteps {
+			return fmt.Errorf("want 0..%d", plan.MaxReuseSteps)
+		}
+		c.ReuseSteps = r
+		return nil
+	})
 	d.text("gqa", "group_max", "how a KV head's query heads share pages, `group_max|per_head`", func(s string) (err error) {
 		c.GQA, err = plan.ParseGQAMode(s)
 		return err

@@ -41,6 +41,9 @@ func (c *Config) readPolicy(given func(flag string) bool) error {
 	if !given("dense-rho") {
 		c.DenseRho = p.DenseRho
 	}
+	if !given("reuse-steps") {
+		c.ReuseSteps = p.ReuseSteps
+	}
 	if !given("gqa") {
 		c.GQA = p.GQA
 	}

@@ -468,7 +468,11 @@ type Policy struct {
 	TopP float64 `protobuf:"fixed64,11,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
 	// sub_boxes: min/max boxes per page and KV head, each over page_size /
 	// sub_boxes slots (plan.Policy.SubBoxes; 0 and 1 are one box).
-	SubBoxes      uint32 `protobuf:"varint,12,opt,name=sub_boxes,json=subBoxes,proto3" json:"sub_boxes,omitempty"`
+	SubBoxes uint32 `protobuf:"varint,12,opt,name=sub_boxes,json=subBoxes,proto3" json:"sub_boxes,omitempty"`
+	// reuse_steps: a sparse layer ranks afresh every reuse_steps-th step
+	// of a sequence and reuses its last selection plus the newer pages in
+	// between (plan.Policy.ReuseSteps; 0 and 1 are off).
+	ReuseSteps    uint32 `protobuf:"varint,13,opt,name=reuse_steps,json=reuseSteps,proto3" json:"reuse_steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -583,6 +587,13 @@ func (x *Policy) GetTopP() float64 {
 func (x *Policy) GetSubBoxes() uint32 {
 	if x != nil {
 		return x.SubBoxes
+	}
+	return 0
+}
+
+func (x *Policy) GetReuseSteps() uint32 {
+	if x != nil {
+		return x.ReuseSteps
 	}
 	return 0
 }
@@ -3334,7 +3345,7 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x04view\x18\x02 \x01(\x04R\x04view\"&\n" +
 	"\x04Rank\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\rR\x02tp\x12\x0e\n" +
-	"\x02cp\x18\x02 \x01(\rR\x02cp\"\xd8\x03\n" +
+	"\x02cp\x18\x02 \x01(\rR\x02cp\"\xf9\x03\n" +
 	"\x06Policy\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12#\n" +
 	"\rbudget_tokens\x18\x02 \x01(\rR\fbudgetTokens\x12\x1d\n" +
@@ -3351,7 +3362,9 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"hier_group\x18\n" +
 	" \x01(\rR\thierGroup\x12\x13\n" +
 	"\x05top_p\x18\v \x01(\x01R\x04topP\x12\x1b\n" +
-	"\tsub_boxes\x18\f \x01(\rR\bsubBoxes\x1a>\n" +
+	"\tsub_boxes\x18\f \x01(\rR\bsubBoxes\x12\x1f\n" +
+	"\vreuse_steps\x18\r \x01(\rR\n" +
+	"reuseSteps\x1a>\n" +
 	"\x10LayerBudgetEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xc3\x03\n" +
