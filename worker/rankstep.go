@@ -181,7 +181,9 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 		for range len(st.plans) * w.ls.Rows() {
 			w.sel.Indptr = append(w.sel.Indptr, 0)
 		}
-		return l.attendReduce(ctx, rk, redTag, false, fail)
+		// finishRank keeps the reuse state (a dense plan drops a
+		// sequence's kept selection) and attends.
+		return l.finishRank(ctx, st, i, layer, anyReuse, false, false, fail, &toppSent)
 	}
 	quota := func(pl plan.Plan) int { return pl.Rank }
 	if c.Mode == Union {
@@ -256,7 +258,6 @@ func (l *Local) finishRank(ctx context.Context, st *stepState, i, layer int, any
 	rk := l.ranks[i]
 	w := &rk.w
 	sh, g := rk.sh, rk.g
-	d := c.HeadDim
 	redTag := collective.MakeTag(st.id, layer, collective.OpReduce)
 	if anyReuse {
 		l.applyReuse(st, i, layer, w.ls.Rows(), &w.sel, &w.tmp)
