@@ -24,6 +24,7 @@ import (
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/internal/redact"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker"
@@ -827,7 +828,11 @@ func recoveryProto(r Recovery) ([]*decodev1.RecoveredSequence, []*decodev1.Damag
 		if id == "" {
 			id = d.Grid + "#" + strconv.FormatUint(d.Seq, 10)
 		}
-		dmg = append(dmg, &decodev1.DamagedSequence{Sequence: id, Error: d.Err.Error(), Parked: d.Parked, Reason: d.Reason})
+		// A client reads these: no peer's address (the node logged
+		// the whole error when it adopted).
+		msg, _ := redact.Addresses(d.Err.Error())
+		reason, _ := redact.Addresses(d.Reason)
+		dmg = append(dmg, &decodev1.DamagedSequence{Sequence: id, Error: msg, Parked: d.Parked, Reason: reason})
 	}
 	return seqs, dmg
 }

@@ -325,6 +325,8 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		defaultConnLimits().serverOptions()...)
 	opts = append(opts, serverFlowOptions()...)
 	opts = append(opts, g.serverOptions()...)
+	// Inside the guard: errors of the client API name no addresses.
+	opts = append(opts, redactor{log: log.With("component", "api")}.serverOptions()...)
 	// Requests are counted before they are decoded (countingCodec); every
 	// service registers through reg, which answers the refusals.
 	codec := newCountingCodec(remote.MaxRequestElements(cfg.MaxPages))
