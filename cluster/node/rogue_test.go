@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	mrand "math/rand/v2"
 	"strings"
@@ -88,22 +89,7 @@ func TestRogueJoinersNeverPlaced(t *testing.T) {
 	// Status: every rogue refused, with its reason; the honest ones not.
 	deadline := time.Now().Add(10 * time.Second)
 	for i, c := range clients {
-		for {
-			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
-			st, err := c.Status(ctx)
-			cancel()
-			if err != nil {
-				t.Fatal(err)
-			}
-			bad := checkRefused(st.GetMembers(), func(name string) string { return rogues[name].why })
-			if bad == "" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("n%d's Status: %s", i, bad)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		waitRefused(t, c, fmt.Sprintf("n%d", i), deadline, func(name string) string { return rogues[name].why })
 	}
 
 	ref, err := engine.New(ec)
@@ -159,6 +145,28 @@ func TestRogueJoinersNeverPlaced(t *testing.T) {
 		if err := c.Release(ctx, id); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// waitRefused polls c's Status until its members' refusals are as why
+// says (checkRefused), failing the test at deadline; name is c's node.
+func waitRefused(t *testing.T, c *client.Client, name string, deadline time.Time, why func(name string) string) {
+	t.Helper()
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		st, err := c.Status(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad := checkRefused(st.GetMembers(), why)
+		if bad == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's Status: %s", name, bad)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -224,22 +232,7 @@ func TestTLSJoinerRefusedByPlaintextNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		for {
-			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
-			st, err := c.Status(ctx)
-			cancel()
-			if err != nil {
-				t.Fatal(err)
-			}
-			bad := checkRefused(st.GetMembers(), why)
-			if bad == "" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("n%d's Status: %s", i, bad)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		waitRefused(t, c, fmt.Sprintf("n%d", i), deadline, why)
 		id, on, err := c.Create(t.Context(), plan.Striped)
 		if err != nil {
 			t.Fatalf("create through n%d: %v", i, err)
