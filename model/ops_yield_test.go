@@ -1,16 +1,16 @@
 package model
 
 import (
-	"net"
 	"os"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/questrt/questrt/internal/yield/yieldtest"
 )
 
 // TestParallelLetsTheNetworkIn checks that busy parallel loops leave room
@@ -36,61 +36,13 @@ func TestParallelLetsTheNetworkIn(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for !stop.Load() {
-				parallel(0, 64*runtime.GOMAXPROCS(0), func(_, i int) {
-					x := uint64(i + 1)
-					for deadline := time.Now().Add(100 * time.Microsecond); time.Now().Before(deadline); {
-						for range 256 {
-							x ^= x << 13
-							x ^= x >> 7
-							x ^= x << 17
-						}
-					}
-					sink.Add(x)
-				})
+				parallel(0, 64*runtime.GOMAXPROCS(0), func(_, i int) { sink.Add(yieldtest.Spin(i)) })
 			}
 		}()
 	}
-	srv, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	echoed := make(chan struct{})
-	go func() {
-		defer close(echoed)
-		b := make([]byte, 16)
-		for {
-			n, a, err := srv.ReadFrom(b)
-			if err != nil {
-				return
-			}
-			_, _ = srv.WriteTo(b[:n], a)
-		}
-	}()
-	cli, err := net.Dial("udp", srv.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rtts []time.Duration
-	b := make([]byte, 16)
-	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
-		t0 := time.Now()
-		_ = cli.SetReadDeadline(t0.Add(2 * time.Second))
-		if _, err := cli.Write([]byte{1}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cli.Read(b); err != nil {
-			rtts = append(rtts, 2*time.Second) // a lost echo counts as slow
-			continue
-		}
-		rtts = append(rtts, time.Since(t0))
-		time.Sleep(10 * time.Millisecond)
-	}
+	rtts := yieldtest.EchoRTTs(t, 3*time.Second)
 	stop.Store(true)
 	wg.Wait()
-	_ = cli.Close()
-	_ = srv.Close()
-	<-echoed
-	slices.Sort(rtts)
 	p50, p90 := rtts[len(rtts)/2], rtts[len(rtts)*9/10]
 	t.Logf("%d echoes with 2 parallel loops of %d goroutines busy: p50 %v, p90 %v, max %v",
 		len(rtts), runtime.GOMAXPROCS(0), p50, p90, rtts[len(rtts)-1])
