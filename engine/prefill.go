@@ -58,3 +58,53 @@ func (e *Engine) PrefillTensor(ctx context.Context, id SeqID, layer int, q, k, v
 	sq.lens[layer] += n
 	return nil
 }
+
+// AppendTensor appends tokens to one layer of sequence id from device
+// tensors k and v ([n][KVHeads][HeadDim], on the device that holds the
+// pages, see tensorWorker), queued on the device: Append without the
+// trip through the host, for K/V made on the device (PrefillTensor
+// without the attention; a benchmark's random context). The values are
+// not checked (they never reach the host). Between steps; bad input
+// changes nothing (ErrBadInput); a failure once the tokens may be in
+// the layer breaks the sequence.
+func (e *Engine) AppendTensor(ctx context.Context, id SeqID, layer int, k, v decode.Tensor) error {
+	if err := e.lockOp(ctx, "append"); err != nil {
+		return err
+	}
+	defer e.mu.Unlock()
+	sq, err := e.lookup(id)
+	if err != nil {
+		return fmt.Errorf("append: %w", err)
+	}
+	c := e.cfg
+	n := k.Len / c.KVRow()
+	switch {
+	case layer < 0 || layer >= c.Layers:
+		return fmt.Errorf("append seq %d: %w: layer %d outside 0..%d", id, ErrBadInput, layer, c.Layers-1)
+	case n == 0 || k.Len != n*c.KVRow() || v.Len != k.Len:
+		return fmt.Errorf("append seq %d layer %d: %w: k and v hold %d and %d floats; want the same n x %d", id, layer, ErrBadInput, k.Len, v.Len, c.KVRow())
+	case k.OnHost() || v.OnHost():
+		return fmt.Errorf("append seq %d layer %d: %w: device tensors only (host tokens go through Append)", id, layer, decode.ErrDeviceTensor)
+	case v.Device != k.Device:
+		return fmt.Errorf("append seq %d layer %d: %w: k on %v, v on %v", id, layer, decode.ErrDeviceTensor, k.Device, v.Device)
+	}
+	tw, err := e.tensorWorker(k.Device)
+	if err != nil {
+		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
+	}
+	for name, t := range map[string]decode.Tensor{"k": k, "v": v} {
+		if err := tw.CheckTensor(name, t, t.Len); err != nil {
+			return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
+		}
+	}
+	ctx, cancel := e.opContext(ctx)
+	defer cancel()
+	if err := tw.AppendTensor(ctx, uint64(id), layer, sq.lens[layer], k, v); err != nil {
+		if errors.Is(err, worker.ErrChanged) {
+			sq.broken = true
+		}
+		return fmt.Errorf("append seq %d layer %d: %w", id, layer, err)
+	}
+	sq.lens[layer] += n
+	return nil
+}

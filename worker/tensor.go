@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
@@ -40,6 +41,12 @@ type TensorWorker interface {
 	// changed; an error wrapping ErrChanged: the chunk may be in the
 	// layer (break the sequence).
 	PrefillTensor(ctx context.Context, seq uint64, layer, start int, q, k, v, o decode.Tensor) error
+	// AppendTensor appends tokens (k, v [n][KVHeads][HeadDim], on
+	// TensorDevice) to one layer of sequence seq, which must hold start
+	// tokens there, queued on the device: PrefillTensor without the
+	// attention (K/V made on the device, e.g. a benchmark's random
+	// context). Outside steps only; errors as PrefillTensor's.
+	AppendTensor(ctx context.Context, seq uint64, layer, start int, k, v decode.Tensor) error
 }
 
 var _ TensorWorker = (*Local)(nil)
@@ -189,33 +196,48 @@ func (l *Local) syncTensors(ctx context.Context) error {
 
 // PrefillTensor implements TensorWorker.
 func (l *Local) PrefillTensor(ctx context.Context, seq uint64, layer, start int, q, k, v, o decode.Tensor) error {
+	return l.tensorChunk(ctx, "prefill", seq, layer, start, func(sh *shard.Shard, id pagestore.SeqID) error {
+		return sh.PrefillTensor(ctx, id, layer, q, k, v, o)
+	})
+}
+
+// AppendTensor implements TensorWorker.
+func (l *Local) AppendTensor(ctx context.Context, seq uint64, layer, start int, k, v decode.Tensor) error {
+	return l.tensorChunk(ctx, "append", seq, layer, start, func(sh *shard.Shard, id pagestore.SeqID) error {
+		return sh.AppendTensor(id, layer, k, v)
+	})
+}
+
+// tensorChunk checks a chunk of device tokens for layer of seq (which
+// must hold start tokens there) and runs it on the one rank's shard.
+func (l *Local) tensorChunk(ctx context.Context, op string, seq uint64, layer, start int, run func(*shard.Shard, pagestore.SeqID) error) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return ErrClosed
 	}
 	if _, ok := l.tensorDevice(); !ok {
-		return fmt.Errorf("prefill: %w: this worker takes host tensors only", decode.ErrDeviceTensor)
+		return fmt.Errorf("%s: %w: this worker takes host tensors only", op, decode.ErrDeviceTensor)
 	}
 	sq, err := l.mutable(seq)
 	if err != nil {
-		return fmt.Errorf("prefill: %w", err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	if err := l.checkLayer(layer); err != nil {
-		return fmt.Errorf("prefill sequence %d: %w", seq, err)
+		return fmt.Errorf("%s sequence %d: %w", op, seq, err)
 	}
 	if err := l.checkLen(0, seq, sq, layer, start); err != nil {
-		return fmt.Errorf("prefill: %w", err)
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	rk := l.ranks[0]
-	if err := rk.sh.PrefillTensor(ctx, sq.local[0], layer, q, k, v, o); err != nil {
+	if err := run(rk.sh, sq.local[0]); err != nil {
 		if changedBy(err) {
 			err = fmt.Errorf("%w: %w", ErrChanged, err)
 		}
-		return fmt.Errorf("prefill sequence %d layer %d on rank %v: %w", seq, layer, rk.id, err)
+		return fmt.Errorf("%s sequence %d layer %d on rank %v: %w", op, seq, layer, rk.id, err)
 	}
 	return nil
 }

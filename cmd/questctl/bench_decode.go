@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"runtime/pprof"
 
 	"github.com/questrt/questrt/internal/readlimit"
 	"github.com/questrt/questrt/model"
@@ -70,6 +72,7 @@ and weights_GB. Progress goes to stderr.`)
 	seed := fs.Uint64("seed", 1, "seed of the random weights and K/V")
 	backend := fs.String("backend", "cuda", "where the model decodes: cuda (the only one: the CPU executor's speed is what generate and bench serve report)")
 	kvDType := kvCacheDTypeFlagFP8(fs, "")
+	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the host's side of the whole run to this file (go tool pprof reads it); empty: none")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		if *backend != "cuda" {
 			return usageError{fmt.Errorf("--backend %q: bench decode times the device executor, --backend cuda (for the CPU, see generate and bench serve)", *backend)}
@@ -151,6 +154,30 @@ and weights_GB. Progress goes to stderr.`)
 		if err := b.pol.Validate(); err != nil {
 			return usageError{err}
 		}
+		if *cpuProfile != "" {
+			stop, err := startCPUProfile(*cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer stop()
+		}
 		return benchDecodeCUDA(ctx, b, stdout, stderr)
 	}
+}
+
+// startCPUProfile starts a Go CPU profile into path and returns what
+// stops it and closes the file.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

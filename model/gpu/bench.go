@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -148,7 +149,7 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 		if err != nil {
 			return err
 		}
-		if err := fillRandom(ctx, e, id, c.Layers, n, c.KVHeads*c.HeadDim, cfg.Seed<<8|uint64(i)); err != nil {
+		if err := fillRandom(ctx, dev, e, id, c.Layers, n, c.KVHeads*c.HeadDim, cfg.Seed<<8|uint64(i)); err != nil {
 			return err
 		}
 		rows[i] = Row{Seq: id, Token: 1 + i%max(c.VocabSize-1, 1), Pos: n}
@@ -209,37 +210,72 @@ func mustPages(ecfg engine.Config) int64 {
 }
 
 // fillRandom appends n tokens of uniform random K/V in [-1, 1) to every
-// layer of sequence id, generated on every core.
-func fillRandom(ctx context.Context, e *engine.Engine, id decode.SeqID, layers, n, row int, seed uint64) error {
+// layer of sequence id: made on dev and appended there (nothing crosses
+// the host) when the engine takes dev's tensors, else made on every core
+// of the host and appended through it.
+func fillRandom(ctx context.Context, dev BenchDevice, e *engine.Engine, id decode.SeqID, layers, n, row int, seed uint64) error {
 	const chunk = 1 << 15 // tokens per Append
-	k, v := make([]float32, min(n, chunk)*row), make([]float32, min(n, chunk)*row)
+	seedOf := func(l, lo int, v uint64) uint64 { return seed<<40 | uint64(l)<<20 | uint64(lo>>15)<<1 | v }
+	onDevice := true
 	for l := range layers {
 		for lo := 0; lo < n; lo += chunk {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			m := min(chunk, n-lo) * row
-			fill := func(dst []float32, s uint64) {
-				var wg sync.WaitGroup
-				w := runtime.GOMAXPROCS(0)
-				per := (len(dst) + w - 1) / w
-				for j := 0; j*per < len(dst); j++ {
-					part := dst[j*per : min((j+1)*per, len(dst))]
-					wg.Go(func() {
-						r := rand.New(rand.NewPCG(s, uint64(j)))
-						for i := range part {
-							part[i] = float32(r.Float64()*2 - 1)
-						}
-					})
+			m := min(chunk, n-lo)
+			if onDevice {
+				err := appendRandomOn(ctx, dev, e, id, l, m, row, seedOf(l, lo, 0), seedOf(l, lo, 1))
+				if err == nil {
+					continue
 				}
-				wg.Wait()
+				if !errors.Is(err, decode.ErrDeviceTensor) || l > 0 || lo > 0 {
+					return fmt.Errorf("random K/V of layer %d at %d: %w", l, lo, err)
+				}
+				onDevice = false // the engine takes host tokens only
 			}
-			fill(k[:m], seed<<40|uint64(l)<<20|uint64(lo>>15)<<1)
-			fill(v[:m], seed<<40|uint64(l)<<20|uint64(lo>>15)<<1|1)
-			if err := e.Append(id, l, k[:m], v[:m]); err != nil {
+			k, v := randomHost(m*row, seedOf(l, lo, 0)), randomHost(m*row, seedOf(l, lo, 1))
+			if err := e.AppendContext(ctx, id, l, k, v); err != nil {
 				return fmt.Errorf("random K/V of layer %d at %d: %w", l, lo, err)
 			}
 		}
 	}
 	return nil
+}
+
+// appendRandomOn appends m tokens of random K/V made on dev (rows of row
+// floats, from seeds sk and sv) to layer l of id through the engine's
+// device path.
+func appendRandomOn(ctx context.Context, dev BenchDevice, e *engine.Engine, id decode.SeqID, l, m, row int, sk, sv uint64) error {
+	km, err := dev.RandomMatrix(ctx, m, row, plan.Float32, sk, 1, 0)
+	if err != nil {
+		return err
+	}
+	defer dev.FreeMatrix(ctx, km)
+	vm, err := dev.RandomMatrix(ctx, m, row, plan.Float32, sv, 1, 0)
+	if err != nil {
+		return err
+	}
+	defer dev.FreeMatrix(ctx, vm)
+	d := dev.Device()
+	return e.AppendTensor(ctx, id, l, decode.OnDevice(d, km.Ptr, m*row, 0), decode.OnDevice(d, vm.Ptr, m*row, 0))
+}
+
+// randomHost returns n uniform floats in [-1, 1) from seed, made on every
+// core.
+func randomHost(n int, seed uint64) []float32 {
+	dst := make([]float32, n)
+	var wg sync.WaitGroup
+	w := runtime.GOMAXPROCS(0)
+	per := (n + w - 1) / w
+	for j := 0; j*per < n; j++ {
+		part := dst[j*per : min((j+1)*per, n)]
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(seed, uint64(j)))
+			for i := range part {
+				part[i] = float32(r.Float64()*2 - 1)
+			}
+		})
+	}
+	wg.Wait()
+	return dst
 }
