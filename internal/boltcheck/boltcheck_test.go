@@ -82,7 +82,8 @@ func TestOpenCheckedFlippedBytes(t *testing.T) {
 	refused, opened := 0, 0
 	for pos := 0; pos < len(orig); pos += 61 {
 		// A file of its own each time: an open that failed part-way may
-		// keep its lock until the process ends.
+		// keep its lock until the process ends. Removed after its trial
+		// (about 2,700 copies of 0.5 MB).
 		path := filepath.Join(dir, fmt.Sprintf("x%d.db", pos))
 		b := append([]byte(nil), orig...)
 		b[pos] ^= 0xff
@@ -90,6 +91,7 @@ func TestOpenCheckedFlippedBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 		func() {
+			defer os.Remove(path)
 			defer func() {
 				if r := recover(); r != nil {
 					t.Fatalf("byte %d flipped: panic past the check: %v", pos, r)
