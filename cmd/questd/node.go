@@ -100,7 +100,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	)
 	if !cfg.Plaintext {
 		var err error
-		if rl, err = newCertReloader(cfg.TLSCert, cfg.TLSKey, cfg.TLSCA); err != nil {
+		if rl, err = newCertReloader(cfg.Name, cfg.TLSCert, cfg.TLSKey, cfg.TLSCA); err != nil {
 			return err
 		}
 		tc = rl.config()

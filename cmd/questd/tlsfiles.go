@@ -81,7 +81,7 @@ func loadKeyPair(certFlag, certFile, keyFlag, keyFile string) (tls.Certificate, 
 // naming the flag and the file) rather than a failure to serve.
 func checkTLSFiles(cfg Config) error {
 	if !cfg.Plaintext {
-		if _, err := newCertReloader(cfg.TLSCert, cfg.TLSKey, cfg.TLSCA); err != nil {
+		if _, err := newCertReloader(cfg.Name, cfg.TLSCert, cfg.TLSKey, cfg.TLSCA); err != nil {
 			return err
 		}
 	}

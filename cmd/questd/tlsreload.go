@@ -39,7 +39,9 @@ import (
 // so this binds no one that the CA did not already trust.
 type certReloader struct {
 	certFile, keyFile, caFile string
-	cur                       atomic.Pointer[tlsMaterial]
+	// name is the node's --name: a node certificate must be its.
+	name string
+	cur  atomic.Pointer[tlsMaterial]
 }
 
 // tlsMaterial is what one load of the files read.
@@ -50,8 +52,8 @@ type tlsMaterial struct {
 
 // newCertReloader loads the three files once; an error (a *fileError)
 // names the flag and the file.
-func newCertReloader(certFile, keyFile, caFile string) (*certReloader, error) {
-	r := &certReloader{certFile: certFile, keyFile: keyFile, caFile: caFile}
+func newCertReloader(name, certFile, keyFile, caFile string) (*certReloader, error) {
+	r := &certReloader{name: name, certFile: certFile, keyFile: keyFile, caFile: caFile}
 	if err := r.reload(); err != nil {
 		return nil, err
 	}
@@ -72,7 +74,7 @@ func (r *certReloader) reload() error {
 			return &fileError{"tls-cert", r.certFile, err}
 		}
 	}
-	if err := checkNodeRole(leaf); err != nil {
+	if err := checkNodeRole(leaf, r.name); err != nil {
 		return &fileError{"tls-cert", r.certFile, err}
 	}
 	pem, err := readPEMFile("tls-ca", r.caFile)
@@ -87,20 +89,23 @@ func (r *certReloader) reload() error {
 	return nil
 }
 
-// checkNodeRole refuses a certificate that cannot be a node's: one whose
-// questrt:// role URI SAN names a client, or is malformed. Such a node
-// would join the gossip layer and be refused by every peer (they check
-// the role its gRPC server presents), so it is refused before it
-// starts, and a SIGHUP that reads one keeps the old certificate. A
-// certificate without a role passes (issued before roles; peers apply
-// their --require-cert-roles).
-func checkNodeRole(leaf *x509.Certificate) error {
+// checkNodeRole refuses a certificate that cannot be node name's: one
+// whose questrt:// role URI SAN names a client or another node, or is
+// malformed. Such a node would join the gossip layer and be refused by
+// every peer (they check the role and name its gRPC server presents),
+// so it is refused before it starts, and a SIGHUP that reads one keeps
+// the old certificate. A certificate without a role passes (issued
+// before roles; peers apply their --require-cert-roles).
+func checkNodeRole(leaf *x509.Certificate, name string) error {
 	id, err := identity.Of(leaf)
 	if err != nil {
 		return fmt.Errorf("its questrt:// role URI SAN is malformed: %w", err)
 	}
 	if id.Role == identity.Client {
 		return fmt.Errorf("it is a client certificate (questrt://client/%s), and a node needs a node certificate (questrt://node/NAME; questctl tls node NAME issues one)", id.Name)
+	}
+	if id.Role == identity.Node && id.Name != name {
+		return fmt.Errorf("it is node %q's certificate (questrt://node/%s), and this node is --name %q: its peers would refuse it as an impostor (questctl tls node %s issues its own)", id.Name, id.Name, name, name)
 	}
 	return nil
 }

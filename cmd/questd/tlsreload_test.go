@@ -124,7 +124,7 @@ func TestCertReloader(t *testing.T) {
 	ca := testcert.NewCA(t, "ca-1")
 	files := newTLSFiles(t)
 	files.write(t, ca, "v1", ca)
-	rl, err := newCertReloader(files.cert, files.key, files.ca)
+	rl, err := newCertReloader("node", files.cert, files.key, files.ca)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func TestCertReloaderOutgoingCA(t *testing.T) {
 	ca1, ca2 := testcert.NewCA(t, "ca-1"), testcert.NewCA(t, "ca-2")
 	files := newTLSFiles(t)
 	files.write(t, ca1, "v1", ca1)
-	rl, err := newCertReloader(files.cert, files.key, files.ca)
+	rl, err := newCertReloader("node", files.cert, files.key, files.ca)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +385,7 @@ func TestReloadedCAOutgoingCluster(t *testing.T) {
 	ca1, ca2 := testcert.NewCA(t, "ca-1"), testcert.NewCA(t, "ca-2")
 	files := newTLSFiles(t)
 	files.write(t, ca1, "a-1", ca1)
-	rl, err := newCertReloader(files.cert, files.key, files.ca)
+	rl, err := newCertReloader("node", files.cert, files.key, files.ca)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,8 @@ import (
 // TestClientCertRefusedAsNode: questd started with a client certificate
 // (questrt://client/NAME, as questctl up and questctl tls client issue
 // it) as its own --tls-cert exits 2 with one line naming the flag, the
-// file and the client role, before anything listens or logs; with the
+// file and the client role, before anything listens or logs, and so
+// does one started with another node's certificate; with the
 // node certificate of the same CA the files pass, and with a
 // certificate without a role too (the lenient default). A SIGHUP reload
 // that reads a client certificate fails and keeps the node's.
@@ -36,8 +37,12 @@ func TestClientCertRefusedAsNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	other, err := ca.IssueNode("n1", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
-	if err := certgen.WriteFiles(dir, ca, map[string]*certgen.Leaf{"alice": client, "n0": nodeLeaf, "old": plain}); err != nil {
+	if err := certgen.WriteFiles(dir, ca, map[string]*certgen.Leaf{"alice": client, "n0": nodeLeaf, "old": plain, "n1": other}); err != nil {
 		t.Fatal(err)
 	}
 	caFile := filepath.Join(dir, "ca.pem")
@@ -59,6 +64,18 @@ func TestClientCertRefusedAsNode(t *testing.T) {
 		t.Errorf("client certificate: exit %d, stderr %q, stdout %q; want exit 2 and one line starting %q naming questrt://client/alice", code, stderr.String(), stdout.String(), prefix)
 	}
 
+	// Another node's certificate (its peers would refuse the node as an
+	// impostor): refused the same way, naming both names.
+	stdout.Reset()
+	stderr.Reset()
+	code = run(ctx, args("n1"), envOf(nil), &stdout, &stderr)
+	lines = strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n")
+	prefix = `questd: --tls-cert "` + filepath.Join(dir, "n1.pem") + `": `
+	if code != 2 || len(lines) != 1 || !strings.HasPrefix(lines[0], prefix) ||
+		!strings.Contains(lines[0], `node "n1"'s certificate (questrt://node/n1), and this node is --name "n0"`) || stdout.Len() != 0 {
+		t.Errorf("another node's certificate: exit %d, stderr %q, stdout %q; want exit 2 and one line starting %q naming n1 and n0", code, stderr.String(), stdout.String(), prefix)
+	}
+
 	for _, name := range []string{"n0", "old"} {
 		cfg, err := loadConfig(args(name), envOf(nil), &bytes.Buffer{})
 		if err != nil {
@@ -71,7 +88,7 @@ func TestClientCertRefusedAsNode(t *testing.T) {
 
 	// SIGHUP: the node's files replaced by the client's fail the reload
 	// and the node's certificate stays.
-	rl, err := newCertReloader(filepath.Join(dir, "n0.pem"), filepath.Join(dir, "n0.key"), caFile)
+	rl, err := newCertReloader("n0", filepath.Join(dir, "n0.pem"), filepath.Join(dir, "n0.key"), caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
