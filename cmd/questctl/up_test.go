@@ -1069,9 +1069,17 @@ func TestUpModel(t *testing.T) {
 				t.Fatal(err)
 			}
 			args := []string{"--nodes", "2", "--insecure", "--questd", questd, "--model", modelDir}
-			port := freePort(t)
+			// --http-addr on another loopback address, port 0: passed on
+			// (the default is 127.0.0.1:0), and no port picked here that
+			// another process could take before the node binds it.
+			const host = "127.0.0.2"
 			if asJSON {
-				args = append(args, "--json", "--http-addr", "127.0.0.1:"+port)
+				l, err := net.Listen("tcp", host+":0")
+				if err != nil {
+					t.Skipf("cannot listen on %s (needed for a --http-addr other than the default): %v", host, err)
+				}
+				l.Close()
+				args = append(args, "--json", "--http-addr", host+":0")
 			}
 			u := startUp(t, args...)
 			var url, out string
@@ -1086,7 +1094,9 @@ func TestUpModel(t *testing.T) {
 					objs = append(objs, o)
 				}
 				url, _ = objs[0]["url"].(string)
-				if objs[0]["http"] != "127.0.0.1:"+port || url != "http://127.0.0.1:"+port+"/v1" || objs[1]["http"] != nil || objs[1]["url"] != nil {
+				http0, _ := objs[0]["http"].(string)
+				h, port, err := net.SplitHostPort(http0)
+				if err != nil || h != host || port == "0" || url != "http://"+http0+"/v1" || objs[1]["http"] != nil || objs[1]["url"] != nil {
 					t.Fatalf("--json lines:\n%s", out)
 				}
 			} else {
@@ -1116,7 +1126,7 @@ func TestUpModel(t *testing.T) {
 			recs := readRecords(dir)
 			wantAddr := "127.0.0.1:0"
 			if asJSON {
-				wantAddr = "127.0.0.1:" + port
+				wantAddr = host + ":0"
 			}
 			if a := strings.Join(recs["node-0"].Args, " "); !strings.Contains(a, "--model "+modelDir+" --http-addr "+wantAddr) {
 				t.Errorf("node-0 was started with %q", recs["node-0"].Args)
@@ -1130,14 +1140,6 @@ func TestUpModel(t *testing.T) {
 			}
 		})
 	}
-}
-
-// freePort is a loopback port nothing listens on (as far as one can
-// tell).
-func freePort(t *testing.T) string {
-	t.Helper()
-	_, port, _ := net.SplitHostPort(closedAddr(t))
-	return port
 }
 
 // TestUpOwnGossipKey: a --gossip-key-file after "--" is the one every
