@@ -134,9 +134,10 @@ type GapReport struct {
 	DevGain float64
 }
 
-// GapBin is one gap interval [Lo, Hi) and P(insufficient | gap) there.
+// GapBin is one gap interval [Lo, Hi) and P(insufficient | gap) there
+// (nil Lo or Hi: unbounded).
 type GapBin struct {
-	Lo, Hi         float64
+	Lo, Hi         *float64
 	DevP, TestP    float64
 	DevNo, TestNo  int
 	DevIns, TestIn int
@@ -288,9 +289,16 @@ func gapReport(dev, test []StopSample) *GapReport {
 		return nil
 	}
 	g := &GapReport{K0: k0, K1: 2 * k0, DevRows: len(dev), TestRows: len(test)}
+	// Rows with k0 pages or fewer to rank have no gap (+Inf): they are
+	// never raised and take no part in the quantiles.
 	gaps := make([]float64, 0, len(dev))
 	for _, r := range dev {
-		gaps = append(gaps, at(r.Gap, k0))
+		if x := at(r.Gap, k0); !math.IsInf(x, 1) {
+			gaps = append(gaps, x)
+		}
+	}
+	if len(gaps) == 0 {
+		return nil
 	}
 	slices.Sort(gaps)
 	// P(insufficient | gap quintile), edges from dev.
@@ -300,9 +308,17 @@ func gapReport(dev, test []StopSample) *GapReport {
 	}
 	edges = append(edges, math.Inf(1))
 	for b := range len(edges) - 1 {
-		bin := GapBin{Lo: edges[b], Hi: edges[b+1]}
+		lo, hi := edges[b], edges[b+1]
+		bin := GapBin{}
+		if !math.IsInf(lo, 0) {
+			bin.Lo = &lo
+		}
+		if !math.IsInf(hi, 0) {
+			bin.Hi = &hi
+		}
+		in := func(x float64) bool { return x >= lo && (x < hi || math.IsInf(hi, 1)) }
 		for _, r := range dev {
-			if x := at(r.Gap, k0); x >= bin.Lo && (x < bin.Hi || math.IsInf(bin.Hi, 1)) {
+			if x := at(r.Gap, k0); in(x) {
 				bin.DevNo++
 				if at(r.Recall, k0) < Insufficient {
 					bin.DevIns++
@@ -310,7 +326,7 @@ func gapReport(dev, test []StopSample) *GapReport {
 			}
 		}
 		for _, r := range test {
-			if x := at(r.Gap, k0); x >= bin.Lo && (x < bin.Hi || math.IsInf(bin.Hi, 1)) {
+			if x := at(r.Gap, k0); in(x) {
 				bin.TestNo++
 				if at(r.Recall, k0) < Insufficient {
 					bin.TestIn++
@@ -370,8 +386,14 @@ func WriteStopReport(w io.Writer, rep StopReport) {
 		return
 	}
 	fmt.Fprintf(w, "  score gap at k0 = %d (dev %d rows, test %d): P(top-R recall < 0.5 | gap quintile) dev / test:", g.K0, g.DevRows, g.TestRows)
+	bound := func(x *float64, inf string) string {
+		if x == nil {
+			return inf
+		}
+		return fmt.Sprintf("%.3g", *x)
+	}
 	for _, b := range g.Bins {
-		fmt.Fprintf(w, " [%.3g,%.3g) %.3f/%.3f", b.Lo, b.Hi, b.DevP, b.TestP)
+		fmt.Fprintf(w, " [%s,%s) %.3f/%.3f (n %d/%d)", bound(b.Lo, "-inf"), bound(b.Hi, "inf"), b.DevP, b.TestP, b.DevNo, b.TestNo)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  gap policy k0 %d -> k1 %d below %.4g (dev gain %+.4f): test pages mean %.2f p95 %d max %d, recall %.4f mass %.4f; fixed K at equal mean pages recall %.4f mass %.4f; fixed k0 %.4f/%.4f, k1 %.4f/%.4f\n",
