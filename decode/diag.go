@@ -61,6 +61,10 @@ type StopRow struct {
 	// fallback). R is Options.TopR.
 	Opened    [len(StopBatches)]int
 	Certified [len(StopBatches)]bool
+	// OpenedTop1 and CertifiedTop1 are the one-page-a-round search for
+	// the exact top-1 token (R = 1).
+	OpenedTop1    int
+	CertifiedTop1 bool
 	// Exact tells whether the searches' top-R equalled the dense scan's
 	// (always, unless a bound was violated).
 	Exact bool

@@ -62,8 +62,10 @@ type StopReport struct {
 	// fixed-K Quest ranks into its selection (plan.Plan.Rank).
 	Ranked float64 `json:"ranked_mean"`
 	Quest  float64 `json:"quest_rank_mean"`
-	// BnB per batch size (decode.StopBatches).
-	BnB []BnBSummary `json:"bnb"`
+	// BnB per batch size (decode.StopBatches); Top1 the search for the
+	// top-1 token alone, one page a round.
+	BnB  []BnBSummary `json:"bnb"`
+	Top1 BnBSummary   `json:"bnb_top1"`
 	// Mass bound tightness: the share of rows whose bound is below 0.01
 	// and 0.05 at the one-page search's certified stops (rows that fell
 	// back read every page: bound 0) and after Quest's ranked pages;
@@ -183,6 +185,27 @@ func (x *stopRun) report() StopReport {
 		bs.P95, bs.Max = quantileInt(opened, 0.95), opened[len(opened)-1]
 		rep.BnB = append(rep.BnB, bs)
 	}
+	t1 := BnBSummary{Batch: 1}
+	opened := make([]int, 0, len(all))
+	for _, r := range all {
+		opened = append(opened, r.OpenedTop1)
+		t1.Mean += float64(r.OpenedTop1)
+		if r.Ranked > 0 {
+			t1.Share += float64(r.OpenedTop1) / float64(r.Ranked)
+		}
+		if !r.CertifiedTop1 {
+			t1.Fallback++
+		}
+		if !r.Exact {
+			t1.Inexact++
+		}
+	}
+	t1.Mean /= n
+	t1.Share /= n
+	t1.Fallback /= n
+	slices.Sort(opened)
+	t1.P95, t1.Max = quantileInt(opened, 0.95), opened[len(opened)-1]
+	rep.Top1 = t1
 	for _, r := range all {
 		rep.Ranked += float64(r.Ranked)
 		rep.Quest += float64(r.Rank)
@@ -377,6 +400,8 @@ func WriteStopReport(w io.Writer, rep StopReport) {
 		fmt.Fprintf(w, "  exact top-R branch and bound, batch %2d: opened mean %.1f p95 %d max %d (share %.3f), fallback %.3f, inexact %d\n",
 			b.Batch, b.Mean, b.P95, b.Max, b.Share, b.Fallback, b.Inexact)
 	}
+	fmt.Fprintf(w, "  exact top-1 branch and bound, batch  1: opened mean %.1f p95 %d max %d (share %.3f), fallback %.3f\n",
+		rep.Top1.Mean, rep.Top1.P95, rep.Top1.Max, rep.Top1.Share, rep.Top1.Fallback)
 	fmt.Fprintf(w, "  mass bound at the %d certified stops: < 0.01 in %.3f, < 0.05 in %.3f of them; after Quest's pages: mean %.3f (true dropped %.3f), < 0.01 in %.3f, < 0.05 in %.3f of rows\n",
 		rep.Certified, rep.StopBoundBelow01, rep.StopBoundBelow05, rep.QuestBoundMean, rep.DroppedAtQuest, rep.QuestBoundBelow01, rep.QuestBoundBelow05)
 	fmt.Fprintf(w, "  mass-bound stop before the last of at most %d ranked pages: bound < 0.01 reached in %.3f of rows (mean %.1f pages), < 0.05 in %.3f (mean %.1f pages)\n",

@@ -123,6 +123,11 @@ func (c *StopCollector) Row(head int, forced []bool, r int) decode.StopRow {
 			row.StopMassBound = res.MassBound
 		}
 	}
+	one := kernels.BranchBound(c.pages, forced, open, kernels.BnBConfig{R: 1})
+	row.OpenedTop1, row.CertifiedTop1 = one.Opened, one.Certified
+	if len(all) > 0 && (len(one.Top) != 1 || one.Top[0] != all[0]) {
+		row.Exact = false
+	}
 	// Coverage for k = 0..g ranked pages read by descending bound.
 	g := min(len(ranked), decode.StopGridMax)
 	sorted := make([]float64, len(ranked))

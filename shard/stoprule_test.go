@@ -166,6 +166,23 @@ func TestStopCollectorRow(t *testing.T) {
 				break
 			}
 		}
+		// The same for R = 1.
+		want1 := len(ranked)
+		for k := range len(ranked) {
+			best := math.Inf(-1)
+			for _, a := range all {
+				if forced[a.p] || slices.Contains(ranked[:k], a.p) {
+					best = max(best, a.x)
+				}
+			}
+			if bound[ranked[k]] < best {
+				want1 = k
+				break
+			}
+		}
+		if row.OpenedTop1 != want1 || row.CertifiedTop1 != (want1 < len(ranked)) {
+			t.Fatalf("trial %d: top-1 search opened %d certified %v, want %d of %d", trial, row.OpenedTop1, row.CertifiedTop1, want1, len(ranked))
+		}
 		if row.Opened[0] != want || row.Certified[0] != (want < len(ranked)) {
 			t.Fatalf("trial %d: opened %d certified %v, want %d of %d", trial, row.Opened[0], row.Certified[0], want, len(ranked))
 		}
