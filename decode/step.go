@@ -38,6 +38,11 @@ type Options struct {
 	Diagnostics bool
 	// TopR is R for the recall diagnostic (10).
 	TopR int
+	// StopRule, with Diagnostics, replays the stop rules of notes 3.2
+	// (exact top-R branch and bound, mass bound, score gap) on every
+	// sparse step and reports them in Diagnostics.Stop (the in-process
+	// engine only; off by default).
+	StopRule bool
 	// ForceDense attends every page of every row (a dense reference step).
 	ForceDense bool
 	// Phased keeps score, top-K and attention separate backend calls

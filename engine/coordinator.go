@@ -50,7 +50,8 @@ type Engine struct {
 	// of the dense reference of diagnostics.
 	lreqs        []worker.LayerRequest
 	reps, dreps  []worker.LayerReply
-	keys         [][]keyReader // the diagnostics' key readers, [tp][cp]
+	keys         [][]keyReader         // the diagnostics' key readers, [tp][cp]
+	stopCols     []shard.StopCollector // the diagnostics' stop-rule pages, per query head
 	begin        worker.BeginRequest
 	routed, took []int // per request: ranks the new token went to, ranks that took it
 	ran          []int // the layer a step ran, for end

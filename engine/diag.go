@@ -145,6 +145,15 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 		}
 		var slack shard.SlackStats
 		stride := shard.SlackStride(np)
+		stopRule := opt.StopRule && !res.Plans[i].Dense
+		if stopRule {
+			if len(e.stopCols) < c.QHeads {
+				e.stopCols = make([]shard.StopCollector, c.QHeads)
+			}
+			for h := range c.QHeads {
+				e.stopCols[h].Reset()
+			}
+		}
 		// Page by page in global order (each page's keys read once per TP
 		// rank), every head's tokens in ascending order.
 		blk := c.PageSize * d
@@ -172,6 +181,9 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 					if p%stride == 0 {
 						slack.Add(shard.PageSlack(q, page, valid, d))
 					}
+					if stopRule {
+						e.stopCols[h].AddPage(q, page, valid, d)
+					}
 				}
 			}
 		}
@@ -179,6 +191,17 @@ func (e *Engine) diagnose(ctx context.Context, layer int, reqs []Request, seqs [
 			ts.AddTo(dg)
 		}
 		slack.AddTo(dg)
+		if stopRule {
+			pl := res.Plans[i]
+			forced := make([]bool, np)
+			for p := range forced {
+				forced[p] = p < pl.Sink || p >= pl.Hi()
+			}
+			dg.Stop = dg.Stop[:0]
+			for h := range c.QHeads {
+				dg.Stop = append(dg.Stop, e.stopCols[h].Row(h, forced, topR))
+			}
+		}
 		dg.Recall /= float64(c.QHeads)
 		dg.MassRecall /= float64(c.QHeads)
 		o, od := res.O[i*c.QHeads*d:(i+1)*c.QHeads*d], dense.O[i*c.QHeads*d:(i+1)*c.QHeads*d]

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -568,6 +569,54 @@ func TestFusedAndRankedSteps(t *testing.T) {
 				}
 				if !slices.Equal(fused.O, phased.O) || !slices.Equal(fused.LSE, phased.LSE) {
 					t.Fatalf("layer %d: fused and phased outputs differ", layer)
+				}
+			}
+		})
+	}
+}
+
+// TestStopRuleDistributedEqualsSingleShard: the stop-rule rows
+// (StepOptions.StopRule) of a CP x TP engine equal the single shard's
+// exactly (float64 from the same keys in the same page order), for both
+// GQA modes and the three selection modes; dense steps carry none.
+func TestStopRuleDistributedEqualsSingleShard(t *testing.T) {
+	rng := rand.New(rand.NewPCG(32, 4))
+	for trial, lay := range [][2]int{{1, 1}, {2, 1}, {3, 2}, {1, 4}, {5, 2}} {
+		cfg := DefaultConfig()
+		cfg.Layers, cfg.QHeads, cfg.KVHeads, cfg.HeadDim, cfg.PageSize = 2, 8, 4, 16, 16
+		cfg.CP, cfg.TP, cfg.CapacityPages = lay[0], lay[1], 120
+		cfg.Selection = []Selection{Exact, Replicated, Union}[trial%3]
+		cfg.Policy.PageSize, cfg.Policy.DenseLayers, cfg.Policy.SinkPages = 16, 1, trial%2
+		cfg.Policy.GQA = []kernels.GQAMode{kernels.GroupMax, kernels.PerHead}[trial%2]
+		t.Run(fmt.Sprintf("cp%d_tp%d_%v_%v", cfg.CP, cfg.TP, cfg.Selection, cfg.Policy.GQA), func(t *testing.T) {
+			p := newPair(t, cfg)
+			id := p.create(plan.Striped)
+			p.append(rng, id, 300+rng.IntN(400))
+			for layer := range cfg.Layers {
+				q := randVec(rng, cfg.QHeads*cfg.HeadDim)
+				var got Result
+				if err := p.e.Step(context.Background(), layer, []Request{{Seq: id, Q: q, BudgetTokens: 64}}, StepOptions{Diagnostics: true, StopRule: true}, &got); err != nil {
+					t.Fatal(err)
+				}
+				var want shard.StepResult
+				if err := p.ref.Step(context.Background(), layer, []shard.SeqStep{{Seq: p.ids[id], Q: q, BudgetTokens: 64}}, shard.StepOptions{Diagnostics: true, StopRule: true}, &want); err != nil {
+					t.Fatal(err)
+				}
+				gs, ws := got.Diag[0].Stop, want.Diag[0].Stop
+				if got.Plans[0].Dense {
+					if len(gs) != 0 || len(ws) != 0 {
+						t.Fatalf("layer %d dense: %d / %d stop rows", layer, len(gs), len(ws))
+					}
+					continue
+				}
+				pl := got.Plans[0]
+				if len(gs) != cfg.QHeads || !reflect.DeepEqual(gs, ws) {
+					t.Fatalf("layer %d: %d stop rows, single shard %d, or they differ", layer, len(gs), len(ws))
+				}
+				for _, r := range gs {
+					if r.Ranked != pl.Pages-pl.Sink-pl.Local || !r.Exact || r.Recall[len(r.Recall)-1] != 1 || math.Abs(float64(r.Mass[len(r.Mass)-1])-1) > 1e-6 {
+						t.Fatalf("layer %d head %d: ranked %d of plan %+v, exact %v, all pages read: recall %v mass %v", layer, r.Head, r.Ranked, pl, r.Exact, r.Recall[len(r.Recall)-1], r.Mass[len(r.Mass)-1])
+					}
 				}
 			}
 		})

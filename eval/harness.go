@@ -42,6 +42,10 @@ type Config struct {
 	Diagnostics bool
 	// TopR is R of the recall diagnostic (10).
 	TopR int
+	// StopRule, with Diagnostics, replays the stop rules of notes 3.2
+	// on every sparse step (decode.Options.StopRule): the runs' Steps
+	// carry the rows (Steps.Stop) for a StopReport. Off by default.
+	StopRule bool
 	// KVDType is the storage type of the engines' K/V pages:
 	// plan.Float32 (the zero value) or plan.FP8 (e4m3 records with a
 	// scale per page, layer and KV head; summaries over the dequantized
@@ -209,6 +213,18 @@ type Steps struct {
 	// TopP is the top-p pruning's kept tokens over the steps
 	// (Policy.TopP; zero when off).
 	TopP TopPCounts
+	// Stop holds the stop-rule rows of the steps (Config.StopRule).
+	Stop []StopSample
+}
+
+// StopSample is one stop-rule row of one (step, sparse layer, query
+// head) with the step's plan.
+type StopSample struct {
+	Layer int
+	// Rank is the pages the step's plan ranked into its selection
+	// (plan.Plan.Rank): fixed-K Quest's ranked reads.
+	Rank int
+	decode.StopRow
 }
 
 // TopPCounts counts the top-p pruning, summed over the engine's TP
@@ -354,6 +370,9 @@ func (s *Steps) add(steps []model.StepInfo, pageSize int) {
 		case !st.Plan.Dense && st.Plan.Rank > 0:
 			s.Ranked++
 		}
+		for _, row := range st.Stop {
+			s.Stop = append(s.Stop, StopSample{Layer: i, Rank: st.Plan.Rank, StopRow: row})
+		}
 		l := &s.Layers[i]
 		l.Steps++
 		l.PagesRead += st.PagesRead
@@ -399,7 +418,7 @@ func (s *Steps) merge(o Steps) {
 	s.Ranked += o.Ranked
 	s.Skipped += o.Skipped
 	s.Hier.add(o.Hier)
-	s.TopP.add(o.TopP)
+	s.TopP.add(o.TopP) // Stop rows are not merged: see StopRules
 	s.Agree += o.Agree
 	s.Answer += o.Answer
 	s.KL += o.KL
@@ -543,7 +562,7 @@ func (h *Harness) Evaluate(ctx context.Context, p Prompt) (*PromptResult, error)
 					return nil, err
 				}
 				a.Budget = max(b, 0) // PolicyBudget: the policy's
-				a.Options = decode.Options{Diagnostics: c.Diagnostics, TopR: c.TopR}
+				a.Options = decode.Options{Diagnostics: c.Diagnostics, TopR: c.TopR, StopRule: c.StopRule && c.Diagnostics}
 				a.Compare = c.Diagnostics
 				a.Workers = c.Workers
 				var forced []int

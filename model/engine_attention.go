@@ -73,6 +73,9 @@ type StepInfo struct {
 	// long sequence): valid when Diag (NaN when the attention cannot
 	// compute it).
 	SlackP50, SlackP90, SlackMax float64
+	// Stop is the stop-rule replay per query head (Options.StopRule on
+	// a sparse step; see decode.StopRow): valid when Diag.
+	Stop []decode.StopRow
 	// Cosine and RelL2 per query head of the output against dense
 	// attention on the same pages: set when Compare.
 	Cosine, RelL2 []float64
@@ -357,6 +360,7 @@ func (a *EngineAttention) Decode(ctx context.Context, layer int, q, k, v, out []
 		st.HeadRecall, st.HeadMassRecall = dg.HeadRecall, dg.HeadMassRecall
 		st.SlackP50, st.SlackP90, st.SlackMax = dg.SlackP50, dg.SlackP90, dg.SlackMax
 		st.PagesRead, st.PagesTotal = dg.PagesRead, dg.PagesTotal
+		st.Stop = dg.Stop
 	}
 	if a.Compare {
 		if err := a.layerStep(ctx, layer, q, nil, nil, 0, decode.Options{ForceDense: true}, &a.dense); err != nil {

@@ -94,6 +94,10 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 	next := make([]int, sh.QHeads) // per head: the first entry of Selected not below p
 	var slack SlackStats
 	stride := SlackStride(np)
+	var stops []StopCollector
+	if opt.StopRule && !pl.Dense {
+		stops = make([]StopCollector, sh.QHeads)
+	}
 	for p := range np {
 		kp, err := keys.Keys(ctx, p)
 		if err != nil {
@@ -117,6 +121,18 @@ func (s *Shard) diagnose(ctx context.Context, ws *LocalStep, i int, res *StepRes
 			if p%stride == 0 {
 				slack.Add(PageSlack(qh, kp[base:], n, d))
 			}
+			if stops != nil {
+				stops[h].AddPage(qh, kp[base:], n, d)
+			}
+		}
+	}
+	if stops != nil {
+		forced := make([]bool, np)
+		for p := range forced {
+			forced[p] = p < pl.Sink || p >= pl.Hi()
+		}
+		for h := range stops {
+			dg.Stop = append(dg.Stop, stops[h].Row(h, forced, topR))
 		}
 	}
 	for _, ts := range stats {

@@ -367,6 +367,10 @@ type StepOptions struct {
 	Diagnostics bool
 	// TopR is R for Recall. Default 10.
 	TopR int
+	// StopRule, with Diagnostics, replays the stop rules of notes 3.2 on
+	// every sparse sequence (Diagnostics.Stop, see StopCollector). Off by
+	// default.
+	StopRule bool
 	// ForceDense attends every page regardless of the policy (a dense
 	// reference step on the same data).
 	ForceDense bool

@@ -68,7 +68,12 @@ JSON phases carry "top_p": tokens kept per (KV head, step), mean, p50,
 p95 and max. --sub-boxes C ranks quest's pages by C min/max
 sub-boxes per page (multi-box summaries; the score reads C x 2 x D
 summary values per page and KV head). --decode-question feeds the question through decode
-steps so that selection follows the query as it forms.
+steps so that selection follows the query as it forms. --stop-rule
+replays the stop rules of notes 3.2 on every teacher-forced sparse step
+(per query head, float64 from the keys): the exact top-R branch and
+bound (pages opened per row, fallback rate), the softmax-mass bound, and
+the score-gap budget (calibrated on the even prompts, tested on the odd
+ones); nothing it reports changes the pages the runs read.
 --summary-dtype takes a comma-separated list here (bf16,fp8): every
 sparse run is made with each summary type, on the same prompts and
 prefill, and the results carry summary_dtype.
@@ -102,6 +107,7 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 	depths := fs.String("depths", "", "comma-separated fact depths in [0, 1], one per key or one for all (default: random)")
 	prompts := fs.String("prompts", "", fmt.Sprintf("JSON-lines prompt file instead of generated prompts (at most %s)", memlimit.Bytes(maxInputFile)))
 	decodeQ := fs.Bool("decode-question", false, "feed the question's tokens through decode steps with the policy's selection instead of prefilling them")
+	stopRule := fs.Bool("stop-rule", false, "replay the stop rules of notes 3.2 on every sparse step (needs diagnostics): exact top-R branch and bound (pages opened, fallback), the softmax-mass bound, and the score-gap budget calibrated on the even prompts and tested on the odd ones; a report per length and budget after the results")
 	noDiag := fs.Bool("no-diagnostics", false, "skip the per-step comparison with dense attention (recall, mass recall, cosine)")
 	asJSON := fs.Bool("json", false, "JSON lines on stdout instead of a table")
 	plotOut := fs.String("plot", "", "after the run, draw accuracy vs budget and mass recall per layer to this PNG file (as 'questctl plot')")
@@ -211,6 +217,10 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 		}
 		cfg.DecodeQuestion = *decodeQ
 		cfg.Diagnostics = !*noDiag
+		if *stopRule && *noDiag {
+			return usageError{errors.New("--stop-rule needs the diagnostics (drop --no-diagnostics)")}
+		}
+		cfg.StopRule = *stopRule
 		if cfg.Policy.HierGroup > 0 && cfg.Diagnostics {
 			return usageError{fmt.Errorf("--hier-group %d needs --no-diagnostics (diagnostics score every page flat)", cfg.Policy.HierGroup)}
 		}
@@ -294,6 +304,7 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 		}
 		defer h.Close()
 		agg := eval.NewAggregate(cfg)
+		var stops eval.StopRules
 		enc := json.NewEncoder(stdout)
 		for _, g := range groups {
 			start := time.Now()
@@ -303,6 +314,7 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 					return err
 				}
 				agg.Add(r)
+				stops.Add(i, r)
 				var b strings.Builder
 				fmt.Fprintf(&b, "length %d prompt %d/%d (%d tokens, depth %.2f%s): prefill %.1fs, decode %.1fs; answer %s, dense %s", p.Length, i+1, len(g), r.Tokens, p.Depth(), placed(p, rf.pageSize), r.PrefillSeconds, r.DecodeSeconds, p.Answer, mark(r.Dense.Output, p.Answer))
 				for _, run := range r.Runs {
@@ -326,6 +338,18 @@ budget (0 for dense), n and accuracy. Progress goes to stderr.`)
 				}
 			} else {
 				printEvalTable(stdout, recs)
+			}
+			for _, rep := range stops.Reports() {
+				if rep.Length != g[0].Length {
+					continue
+				}
+				if *asJSON {
+					if err := enc.Encode(map[string]any{"stop_rule": rep}); err != nil {
+						return err
+					}
+					continue
+				}
+				eval.WriteStopReport(stdout, rep)
 			}
 			fmt.Fprintf(stderr, "length %d: %d prompts in %.1fs\n", g[0].Length, len(g), time.Since(start).Seconds())
 		}

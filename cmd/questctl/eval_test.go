@@ -187,6 +187,7 @@ func TestEvalFlags(t *testing.T) {
 		{[]string{"passkey", "--model", v1, "--bogus"}, "bogus"},
 		{[]string{"passkey", "--model", v1, "--hier-group", "1", "--no-diagnostics"}, "--hier-group"},
 		{[]string{"passkey", "--model", v1, "--hier-group", "4"}, "--no-diagnostics"},
+		{[]string{"passkey", "--model", v1, "--stop-rule", "--no-diagnostics"}, "--stop-rule"},
 		{[]string{"passkey", "--model", v1, "--attn-top-p", "1.5"}, "--attn-top-p"},
 		{[]string{"passkey", "--model", v1, "--sub-boxes", "3"}, "--sub-boxes"},
 		{[]string{"passkey", "--model", v1, "--sub-boxes", "-1"}, "--sub-boxes"},
@@ -350,5 +351,66 @@ func TestEvalReuseSteps(t *testing.T) {
 	}
 	if got := ru.ScorePhasesSavedPerTok; math.Abs(got-float64(ru.Skipped)/float64(steps)) > 1e-12 {
 		t.Errorf("score phases saved per token %v, want %d / %d", got, ru.Skipped, steps)
+	}
+}
+
+// TestEvalStopRule: --stop-rule adds, after the records, one stop-rule
+// line per (length, budget) whose rows count every (teacher-forced step,
+// sparse layer, query head), whose searches were exact, and whose
+// opened pages stay within the candidates; it leaves the records as they
+// are without it.
+func TestEvalStopRule(t *testing.T) {
+	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
+	run := func(extra ...string) (recs []eval.Record, stops []eval.StopReport) {
+		t.Helper()
+		args := append([]string{"passkey", "--model", v1, "--lengths", "1024", "--n", "2", "--budgets", "32,64", "--json"}, extra...)
+		code, out, errs := call(evalCmd, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, errs)
+		}
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var sr struct {
+				Stop *eval.StopReport `json:"stop_rule"`
+			}
+			if err := json.Unmarshal([]byte(l), &sr); err != nil {
+				t.Fatal(err)
+			}
+			if sr.Stop != nil {
+				stops = append(stops, *sr.Stop)
+				continue
+			}
+			var r eval.Record
+			if err := json.Unmarshal([]byte(l), &r); err != nil {
+				t.Fatal(err)
+			}
+			recs = append(recs, r)
+		}
+		return recs, stops
+	}
+	plain, none := run()
+	recs, stops := run("--stop-rule")
+	if len(none) != 0 || len(stops) != 2 || len(recs) != len(plain) {
+		t.Fatalf("%d stop lines without the flag, %d with it; %d / %d records", len(none), len(stops), len(plain), len(recs))
+	}
+	const qHeads, layers = 8, 6 // the v1 model
+	for i, st := range stops {
+		r := recs[i+1] // after dense
+		if st.Budget != r.Budget || *r.TeacherForced.KLMean != *plain[i+1].TeacherForced.KLMean {
+			t.Errorf("stop line %d: budget %d, record %d; KL %v without the flag %v", i, st.Budget, r.Budget, *r.TeacherForced.KLMean, *plain[i+1].TeacherForced.KLMean)
+		}
+		if want := r.TeacherForced.Steps * (layers - r.DenseLayers) * qHeads; st.Rows != want {
+			t.Errorf("budget %d: %d rows, want %d", st.Budget, st.Rows, want)
+		}
+		if len(st.BnB) != 3 || st.Quest != float64(st.Budget/16-1) {
+			t.Errorf("budget %d: %+v", st.Budget, st)
+		}
+		for _, b := range st.BnB {
+			if b.Inexact != 0 || b.Mean > st.Ranked || b.Fallback < 0 || b.Fallback > 1 {
+				t.Errorf("budget %d batch %d: %+v (ranked %v)", st.Budget, b.Batch, b, st.Ranked)
+			}
+		}
+		if st.Gap == nil || st.Gap.Mean < float64(st.Gap.K0) || st.Gap.Mean > float64(st.Gap.K1) || st.Gap.DevRows+st.Gap.TestRows != st.Rows {
+			t.Errorf("budget %d: gap %+v", st.Budget, st.Gap)
+		}
 	}
 }
