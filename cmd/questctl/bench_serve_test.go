@@ -166,6 +166,11 @@ func serveTestServerWith(t *testing.T, edit func(*serve.Config)) (string, *serve
 	return strings.TrimPrefix(ts.URL, "http://"), s
 }
 
+// benchServeTestTimeout is --timeout of the tests' bench serve runs: a
+// request prefills 1-4K tokens on the CPU (seconds of CPU time), which on
+// a loaded 2-core CI machine took past a minute once.
+const benchServeTestTimeout = 5 * time.Minute
+
 // serveLines decodes bench serve's JSON lines.
 func serveLines(t *testing.T, stdout string) []map[string]any {
 	t.Helper()
@@ -252,7 +257,7 @@ func TestBenchServeBackground(t *testing.T) {
 	}
 	addr, _ := serveTestServer(t)
 	code, stdout, stderr := runCLI(t, "bench", "serve", "--addr", addr, "--concurrency", "1", "--prompt-len", "256",
-		"--max-tokens", "4", "--requests", "2", "--selector", "quest", "--background-prompt-len", "4096", "--json", "--timeout", time.Minute.String())
+		"--max-tokens", "4", "--requests", "2", "--selector", "quest", "--background-prompt-len", "4096", "--json", "--timeout", benchServeTestTimeout.String())
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -283,7 +288,7 @@ func TestBenchServeSharedPrefix(t *testing.T) {
 		t.Skip("serves a model")
 	}
 	args := []string{"--concurrency", "1", "--selector", "quest", "--shared-prefix-len", "1024", "--prefix-groups", "2",
-		"--requests", "4", "--max-tokens", "2", "--seed", "3", "--timeout", time.Minute.String()}
+		"--requests", "4", "--max-tokens", "2", "--seed", "3", "--timeout", benchServeTestTimeout.String()}
 	for _, caching := range []bool{true, false} {
 		addr, s := serveTestServerWith(t, func(c *serve.Config) { c.PrefixCaching = caching })
 		code, stdout, stderr := runCLI(t, append([]string{"bench", "serve", "--addr", addr}, args...)...)
