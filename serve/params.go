@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
@@ -20,14 +21,17 @@ type params struct {
 	index   int // the choice's index in the answer
 	// echo prepends echoText (the prompt as given) to the choice's
 	// text, and the prompt's log-probabilities to its entries.
-	echo         bool
-	echoText     string
-	maxTokens    int
-	temperature  float64
-	topP         float64
-	seed         uint64
-	seeded       bool
-	stops        []string
+	echo        bool
+	echoText    string
+	maxTokens   int
+	temperature float64
+	topP        float64
+	seed        uint64
+	seeded      bool
+	stops       []string
+	// stopTokens are the request's stop_token_ids, sorted, without
+	// repeats (the model's EOS ids are the server's stopIDs).
+	stopTokens   []int
 	stream       bool
 	includeUsage bool
 	// chat answers with chat.completion objects (POST
@@ -109,6 +113,27 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 		}
 	}
 	p.stops = req.Stop
+	for i, id := range req.StopTokenIDs {
+		if id < 0 || id >= s.m.Config.VocabSize {
+			return p, badParam("stop_token_ids", "invalid_value", "stop_token_ids[%d] %d is outside the vocabulary of %d", i, id, s.m.Config.VocabSize)
+		}
+	}
+	if len(req.StopTokenIDs) > 0 {
+		p.stopTokens = slices.Compact(slices.Sorted(slices.Values(req.StopTokenIDs)))
+	}
+	truncate := 0
+	if t := req.TruncatePromptTokens; t != nil {
+		switch {
+		case *t == -1:
+			truncate = s.maxContext // 0 (no bound): nothing to cut
+		case *t < 1:
+			return p, badParam("truncate_prompt_tokens", "invalid_value", "truncate_prompt_tokens %d: want at least 1, or -1 (max_model_len)", *t)
+		case s.maxContext > 0 && *t > s.maxContext:
+			return p, badParam("truncate_prompt_tokens", "invalid_value", "truncate_prompt_tokens %d is greater than max_model_len %d", *t, s.maxContext)
+		default:
+			truncate = *t
+		}
+	}
 	if n := req.Logprobs; n != nil {
 		if *n < 0 || *n > maxTopLogprobs {
 			return p, badParam("logprobs", "invalid_value", "logprobs %d: want 0..%d (null: none)", *n, maxTopLogprobs)
@@ -140,6 +165,10 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	pages := 0
 	for i, pr := range list {
 		ids, err := s.promptIDs(pr)
+		cut := err == nil && truncate > 0 && len(ids) > truncate
+		if cut {
+			ids = ids[len(ids)-truncate:] // the prompt's end, as vLLM keeps it
+		}
 		if err == nil {
 			err = s.checkLength(len(ids), p.maxTokens)
 		}
@@ -150,7 +179,7 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 			return p, err
 		}
 		text := pr.Text
-		if pr.IDs != nil {
+		if pr.IDs != nil || cut {
 			text = s.tok.Decode(ids)
 		}
 		p.prompts, p.echoes = append(p.prompts, ids), append(p.echoes, text)

@@ -554,7 +554,11 @@ func (s *Server) picked(j *job, id, greedy int, logits []float32) {
 	if s.cfg.Observe != nil { // the timings are the observer's alone
 		j.clock.tokenAt(time.Now())
 	}
-	if !slices.Contains(s.stopIDs, id) {
+	stop := slices.Contains(s.stopIDs, id)
+	if !stop {
+		_, stop = slices.BinarySearch(j.p.stopTokens, id)
+	}
+	if !stop {
 		s.logprob(j, logits, id)
 	}
 	if j.keep {
@@ -567,7 +571,7 @@ func (s *Server) picked(j *job, id, greedy int, logits []float32) {
 	j.tokens++
 	j.next = id
 	s.count(func(st *Stats) { st.CompletionTokens++ })
-	if slices.Contains(s.stopIDs, id) {
+	if stop {
 		s.end(j, j.text.flush(), nil, "stop")
 		return
 	}
