@@ -43,8 +43,10 @@
 //     assistant's role first) ending in "data: [DONE]".
 //   - GET /v1/models and GET /v1/models/{id}: the one model.
 //   - POST /tokenize and POST /detokenize (vLLM's): a prompt's or a
-//     chat's ids as they would be prefilled, with max_model_len, and the
-//     text of ids; nothing runs.
+//     chat's ids as they would be prefilled, with max_model_len (and
+//     with return_token_strs each token's text), and the text of ids;
+//     nothing runs. Every endpoint takes a request without a model as
+//     one for the server's model, as vLLM does.
 //   - GET /health: 200 with an empty body while the server admits
 //     requests, 503 while it drains or after Close (as vLLM's).
 //   - GET /admin/requests, GET /admin/requests/{id} and POST

@@ -249,11 +249,13 @@ func (s *Server) checkLength(n, maxTokens int) *apiError {
 	return nil
 }
 
-// checkModel checks a request's model name against the server's.
+// checkModel checks a request's model name against the server's; an
+// empty or absent one is the server's one model, as vLLM and llama.cpp's
+// server take it (OpenAI's API requires the field).
 func (s *Server) checkModel(name string) *apiError {
 	switch {
 	case name == "":
-		return badParam("model", "missing_required_parameter", "you must provide a model parameter")
+		return nil
 	case name != s.name:
 		return &apiError{status: http.StatusNotFound, typ: typeInvalid, param: "model", code: "model_not_found",
 			message: fmt.Sprintf("The model `%s` does not exist; this server serves `%s`.", name, s.name)}

@@ -26,7 +26,8 @@ import (
 // the answer names them in its X-Questrt-Ignored-Fields header and the
 // server logs each name once.
 type CompletionRequest struct {
-	// Model must be the server's model name.
+	// Model must be the server's model name, or empty (the server's
+	// one model, as vLLM takes a request without it).
 	Model string `json:"model"`
 	// Prompt is the prompt (required unless Prompts is set): a string
 	// (tokenized, BOS first where the tokenizer has one) or an array of
