@@ -368,6 +368,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		return nil
 	})
 	d.int(&c.MonitorQueue, "monitor-queue", 64, "replays of --monitor-rate waiting or running at most, 1..65536; samples beyond it are dropped and counted")
+	d.dur(&c.LogStatsInterval, "log-stats-interval", 10*time.Second, "period of the completions API's stats line in the log (prompt and generation tokens/s, running and queued sequences, reserved pool and prefix cache hits, as vLLM's), written only while it has work; 0 (off) or 1s..1h")
 	d.int(&c.RequestHistory, "request-history", 64, "finished requests kept (prompt, output, settings) for GET /admin/requests/{id} and questctl replay-request, 0..65536; 0 keeps none. Without --token-file the /admin endpoints have no authentication: whoever reaches --http-addr can read these prompts and outputs")
 
 	d.group("HTTP connections (each of the completions API of --http-addr and the metrics server of --metrics-addr)")

@@ -152,6 +152,8 @@ func TestServeCompletionsFlags(t *testing.T) {
 		{[]string{"--request-timeout", "-1s"}, "--request-timeout"},
 		{[]string{"--sse-keepalive", "-1s"}, "--sse-keepalive"},
 		{[]string{"--sse-keepalive", "1ns"}, "--sse-keepalive"},
+		{[]string{"--log-stats-interval", "-1s"}, "--log-stats-interval"},
+		{[]string{"--log-stats-interval", "500ms"}, "--log-stats-interval"},
 		{[]string{"--cp", "100000"}, "--cp"},
 		{[]string{"--layers", "1000000000"}, "--layers"},
 		{[]string{"--head-dim", "1000000000"}, "--head-dim"},
