@@ -267,7 +267,8 @@ func TestBodyStall(t *testing.T) {
 }
 
 // TestPoolLimit: a request whose pages exceed the whole pool is a 400
-// on max_tokens (it could never be admitted).
+// (it could never be admitted): on max_tokens when the prompt fits the
+// pool alone, on the prompt when it does not.
 func TestPoolLimit(t *testing.T) {
 	m, tok := tinyModel(t)
 	cfg := testConfig("tiny")
@@ -275,6 +276,8 @@ func TestPoolLimit(t *testing.T) {
 	s, ts := startServer(t, m, tok, cfg)
 	status, _, body := post(t, ts.URL+"/v1/completions", `{"model": "tiny", "prompt": "`+strings.Repeat("x", 100)+`", "max_tokens": 100}`)
 	checkError(t, "over the pool", status, body, 400, typeInvalid, "max_tokens", "context_length_exceeded")
+	status, _, body = post(t, ts.URL+"/v1/completions", `{"model": "tiny", "prompt": "`+strings.Repeat("x", 130)+`", "max_tokens": 1}`)
+	checkError(t, "a prompt over the pool", status, body, 400, typeInvalid, "prompt", "context_length_exceeded")
 	unchanged(t, s, 0)
 }
 

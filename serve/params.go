@@ -242,7 +242,11 @@ func (s *Server) checkLength(n, maxTokens int) *apiError {
 			c, n+maxTokens, n, maxTokens)
 	}
 	if need := s.pagesFor(n + maxTokens); need > s.cfg.CapacityPages {
-		return badParam("max_tokens", "context_length_exceeded",
+		param := "max_tokens"
+		if s.pagesFor(n) > s.cfg.CapacityPages {
+			param = "prompt" // the prompt alone does not fit
+		}
+		return badParam(param, "context_length_exceeded",
 			"the prompt's %d tokens plus max_tokens %d need %d pages per shard; the engine's pool holds %d (questd --serve-capacity-pages). Please reduce your prompt or completion length.",
 			n, maxTokens, need, s.cfg.CapacityPages)
 	}
