@@ -125,7 +125,7 @@ func TestBadRequests(t *testing.T) {
 		{"n string", `{"model": "tiny", "prompt": "x", "n": "1"}`, 400, "n", "invalid_type"},
 		{"echo string", `{"model": "tiny", "prompt": "x", "echo": "yes"}`, 400, "echo", "invalid_type"},
 		{"max_tokens zero without echo", `{"model": "tiny", "prompt": "x", "max_tokens": 0, "echo": false}`, 400, "max_tokens", "invalid_value"},
-		{"logprobs", `{"model": "tiny", "prompt": "x", "logprobs": 6}`, 400, "logprobs", "invalid_value"},
+		{"logprobs", `{"model": "tiny", "prompt": "x", "logprobs": 21}`, 400, "logprobs", "invalid_value"},
 		{"best_of", `{"model": "tiny", "prompt": "x", "best_of": 2}`, 400, "best_of", "unsupported_parameter"},
 		{"best_of 2 with n 2", `{"model": "tiny", "prompt": "x", "best_of": 2, "n": 2}`, 400, "best_of", "unsupported_parameter"},
 		{"best_of below n", `{"model": "tiny", "prompt": "x", "best_of": 1, "n": 2}`, 400, "best_of", "invalid_value"},

@@ -75,7 +75,7 @@ type CompletionRequest struct {
 	// Quest chooses the request's page selection.
 	Quest *QuestOptions `json:"quest,omitempty"`
 	// Logprobs asks for each generated token's log-probability and this
-	// many most likely alternatives, 0..5 (nil: none).
+	// many most likely alternatives, 0..20 (nil: none; OpenAI allows 5, vLLM 20).
 	Logprobs *int `json:"logprobs,omitempty"`
 	// StopTokenIDs are token ids that end the completion when one is
 	// generated (vLLM's stop_token_ids), as the model's EOS does:
