@@ -202,8 +202,8 @@ func TestOpenAINodeClient(t *testing.T) {
 	if e := got.BadMaxTokens; e == nil || e.Status != 400 || e.Param != "max_tokens" || e.Type != typeInvalid || e.Name != "BadRequestError" {
 		t.Errorf("bad max_tokens: %+v", e)
 	}
-	if got.ExtraText != key || got.ExtraIgnored != "top_k, repetition_penalty" {
-		t.Errorf("chat with top_k and repetition_penalty: %q, ignored %q; want the pass key %q, ignored \"top_k, repetition_penalty\"", got.ExtraText, got.ExtraIgnored, key)
+	if got.ExtraText != key || got.ExtraIgnored != "repetition_penalty" {
+		t.Errorf("greedy chat with top_k and repetition_penalty: %q, ignored %q; want the pass key %q, ignored \"repetition_penalty\"", got.ExtraText, got.ExtraIgnored, key)
 	}
 	if !strings.HasPrefix(got.EchoText, "Sure: ") || len(got.EchoText) <= len("Sure: ") {
 		t.Errorf("chat echo: %q, want \"Sure: \" and the answer", got.EchoText)

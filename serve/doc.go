@@ -27,7 +27,8 @@
 //   - POST /v1/completions: OpenAI's legacy completions request (model,
 //     prompt as a string, an array of token ids or a batch of either,
 //     max_tokens, temperature, top_p, seed, stop, logprobs, echo, stream,
-//     stream_options, n; vLLM's stop_token_ids and truncate_prompt_tokens)
+//     stream_options, n; vLLM's top_k, min_p, stop_token_ids and
+//     truncate_prompt_tokens)
 //     plus a "quest" object
 //     choosing the request's page budget, selector and dense layers
 //     ([QuestOptions]). The answer is OpenAI's text_completion object, or

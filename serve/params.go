@@ -26,6 +26,8 @@ type params struct {
 	maxTokens   int
 	temperature float64
 	topP        float64
+	topK        int     // 0: all tokens
+	minP        float64 // 0: no bound
 	seed        uint64
 	seeded      bool
 	stops       []string
@@ -103,6 +105,18 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 		if *t == 0 {
 			p.temperature = 0 // the smallest nucleus: the most likely token
 		}
+	}
+	if k := req.TopK; k != nil {
+		if *k < -1 {
+			return p, badParam("top_k", "invalid_value", "top_k %d: want at least 1, or 0 or -1 (all tokens)", *k)
+		}
+		p.topK = max(*k, 0)
+	}
+	if m := req.MinP; m != nil {
+		if !(*m >= 0 && *m <= 1) {
+			return p, badParam("min_p", "invalid_value", "min_p %v: want 0..1", *m)
+		}
+		p.minP = *m
 	}
 	if req.Seed != nil {
 		p.seed, p.seeded = uint64(*req.Seed), true
@@ -202,6 +216,12 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	}
 	p.ids = p.prompts[0]
 	return p, nil
+}
+
+// hostSample says that p's tokens must be drawn on the host: a device
+// samples without top_k and min_p (kernels.SampleParams).
+func (p *params) hostSample() bool {
+	return p.temperature != 0 && (p.topK > 0 || p.minP > 0)
 }
 
 // MaxChoices bounds a request's n.

@@ -21,8 +21,8 @@ import (
 // tools, tool_choice, functions, function_call, response_format) are
 // accepted only at their neutral values (null, 1, 0, {}, "", [],
 // "none", {"type": "text"}); best_of 1 only with n 1, as best_of must be
-// at least n (vLLM's rule). Other fields (top_k, min_p,
-// repetition_penalty, a client's extensions) are ignored, as vLLM does:
+// at least n (vLLM's rule). Other fields (repetition_penalty, a
+// client's extensions) are ignored, as vLLM does:
 // the answer names them in its X-Questrt-Ignored-Fields header and the
 // server logs each name once.
 type CompletionRequest struct {
@@ -77,6 +77,12 @@ type CompletionRequest struct {
 	// Logprobs asks for each generated token's log-probability and this
 	// many most likely alternatives, 0..20 (nil: none; OpenAI allows 5, vLLM 20).
 	Logprobs *int `json:"logprobs,omitempty"`
+	// TopK samples among the K most likely tokens only (vLLM's top_k;
+	// nil, 0 or -1: all); MinP among the tokens at least MinP times as
+	// likely as the most likely (vLLM's min_p, 0..1; nil or 0: all).
+	// They apply after the temperature, top-k before top_p, min_p last.
+	TopK *int     `json:"top_k,omitempty"`
+	MinP *float64 `json:"min_p,omitempty"`
 	// StopTokenIDs are token ids that end the completion when one is
 	// generated (vLLM's stop_token_ids), as the model's EOS does:
 	// finish_reason "stop", the token counted in completion_tokens, its
@@ -236,6 +242,10 @@ func sharedField(req *CompletionRequest, key string, raw json.RawMessage) (bool,
 		}
 	case "quest":
 		req.Quest, err = questOptions(raw)
+	case "top_k":
+		req.TopK, err = integer(key, raw)
+	case "min_p":
+		req.MinP, err = number(key, raw)
 	case "stop_token_ids":
 		req.StopTokenIDs, err = tokenIDs(key, raw)
 	case "truncate_prompt_tokens":

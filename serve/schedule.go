@@ -290,6 +290,7 @@ func (s *Server) start(j *job) bool {
 		s.end(j, nil, internal(err), "")
 		return false
 	}
+	sm.TopK, sm.MinP = j.p.topK, j.p.minP
 	j.sampler = sm
 	return true
 }
@@ -491,10 +492,18 @@ func (s *Server) decode(decoding []*job) int {
 		params, want := make([]kernels.SampleParams, len(jobs)), make([]bool, len(jobs))
 		for i, j := range jobs {
 			if !replays[i] { // a replayed token's pick is thrown away: no draw
-				params[i], want[i] = j.sampler.Params(), j.p.logprobs
+				params[i], want[i] = j.sampler.Params(), j.p.logprobs || j.p.hostSample()
 			}
 		}
 		ids, greedy, logits, err = sd.DecodeSample(s.ctx, attns, toks, params, want)
+		for i, j := range jobs {
+			// The device samples without top_k and min_p: the host
+			// draws again from the step's logits, with the same u (a
+			// failed item has no logits).
+			if len(ids) == len(jobs) && len(logits) == len(jobs) && !replays[i] && j.p.hostSample() && logits[i] != nil {
+				ids[i] = j.sampler.SampleU(logits[i], params[i].U)
+			}
+		}
 	} else {
 		logits, err = dec.DecodeBatch(s.ctx, attns, toks)
 	}

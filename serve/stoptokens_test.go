@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -174,6 +175,69 @@ func TestTruncatePromptTokens(t *testing.T) {
 		status, _, b := post(t, ts.URL+"/v1/completions", fmt.Sprintf(`{"model": "tiny", "prompt": "x", "truncate_prompt_tokens": %s}`, c))
 		if status != http.StatusBadRequest || errParam(t, b) != "truncate_prompt_tokens" {
 			t.Errorf("truncate_prompt_tokens %s: status %d %s; want 400 naming truncate_prompt_tokens", c, status, b)
+		}
+	}
+}
+
+// TestTopKMinP: top_k and min_p restrict sampling as vLLM's: with top_k
+// 1, or min_p 1, a sampled completion (temperature 1.5) is the greedy
+// one; with top_k 3 every sampled token of a chat of n = 2 is among the 3
+// most likely of its step (its logprobs' 3 alternatives, by bytes and
+// log-probability); with min_p 0.2 at temperature 1 every token is at
+// least 0.2 times as likely as the most likely; neither is named
+// ignored; bad values get 400 naming the field.
+func TestTopKMinP(t *testing.T) {
+	m, tok := tinyModel(t)
+	cfg := testConfig("tiny")
+	cfg.ChatTemplate = passThrough(t)
+	_, ts := startServer(t, m, tok, cfg)
+	base := map[string]any{"model": "tiny", "prompt": "Pick among the likely ones.", "max_tokens": 16, "seed": 5}
+	greedy := complete(t, ts.URL, with(base, "temperature", 0)).Choices[0].Text
+	for _, f := range []map[string]any{{"top_k": 1}, {"min_p": 1}} {
+		req := with(base, "temperature", 1.5)
+		for k, v := range f {
+			req[k] = v
+		}
+		if got := complete(t, ts.URL, req).Choices[0].Text; got != greedy {
+			t.Errorf("%v at temperature 1.5: %q, want the greedy %q", f, got, greedy)
+		}
+	}
+	free := complete(t, ts.URL, with(base, "temperature", 1.5)).Choices[0].Text
+	if free == greedy {
+		t.Fatalf("temperature 1.5 without top_k gives the greedy text %q: pick another seed", free)
+	}
+	b, _ := json.Marshal(map[string]any{"model": "tiny", "messages": []map[string]any{{"role": "user", "content": "Pick among the likely ones."}},
+		"max_tokens": 16, "seed": 5, "temperature": 1.5, "top_k": 3, "logprobs": true, "top_logprobs": 3, "n": 2})
+	status, h, body := post(t, ts.URL+"/v1/chat/completions", string(b))
+	var chat ChatCompletion
+	if err := json.Unmarshal(body, &chat); err != nil || status != http.StatusOK || h.Get(IgnoredFieldsHeader) != "" || len(chat.Choices) != 2 {
+		t.Fatalf("chat with top_k 3: %d %s, ignored %q", status, body, h.Get(IgnoredFieldsHeader))
+	}
+	for _, ch := range chat.Choices {
+		for i, e := range ch.Logprobs.Content {
+			if !slices.ContainsFunc(e.TopLogprobs, func(a ChatTopLogprob) bool { return slices.Equal(a.Bytes, e.Bytes) && a.Logprob == e.Logprob }) {
+				t.Errorf("top_k 3, choice %d token %d %q (logprob %v) is not among the 3 most likely %+v", ch.Index, i, e.Token, e.Logprob, e.TopLogprobs)
+			}
+		}
+	}
+	c := complete(t, ts.URL, with(base, "temperature", 1, "min_p", 0.2, "logprobs", 1, "max_tokens", 32))
+	lp := c.Choices[0].Logprobs
+	for i := range lp.Tokens {
+		best := math.Inf(-1)
+		for _, v := range lp.TopLogprobs[i] {
+			best = max(best, v)
+		}
+		if *lp.TokenLogprobs[i] < best+math.Log(0.2)-1e-6 {
+			t.Errorf("min_p 0.2, token %d %q: logprob %v under the most likely's %v + ln 0.2", i, lp.Tokens[i], *lp.TokenLogprobs[i], best)
+		}
+	}
+	for _, c := range []struct{ field, value string }{
+		{"top_k", "-2"}, {"top_k", "1.5"}, {"top_k", `"5"`},
+		{"min_p", "-0.1"}, {"min_p", "1.5"}, {"min_p", `"x"`},
+	} {
+		status, _, b := post(t, ts.URL+"/v1/completions", fmt.Sprintf(`{"model": "tiny", "prompt": "x", %q: %s}`, c.field, c.value))
+		if status != http.StatusBadRequest || errParam(t, b) != c.field {
+			t.Errorf("%s %s: %d %s; want 400 naming %s", c.field, c.value, status, b, c.field)
 		}
 	}
 }

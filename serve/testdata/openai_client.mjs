@@ -89,8 +89,9 @@ const chatTwo = await client.chat.completions.create({
 });
 out.chatTwoTexts = chatTwo.choices.map((c) => c.message.content);
 
-// Fields the server does not know (vLLM's sampling extras) are ignored
-// and named in a header; the answer is the greedy chat's.
+// vLLM's sampling extras: top_k (greedy: no change) and
+// repetition_penalty, which the server does not know: ignored and named
+// in a header; the answer is the greedy chat's.
 const extra = await client.chat.completions.create({
   model, messages: [{ role: 'user', content: prompt }], max_tokens: 5, temperature: 0,
   top_k: 40, repetition_penalty: 1.1,
