@@ -213,7 +213,10 @@ func TestRoutes(t *testing.T) {
 		var buf bytes.Buffer
 		buf.ReadFrom(resp.Body)
 		resp.Body.Close()
-		want := fmt.Sprintf(`{"id":"tiny","object":"model","created":%d,"owned_by":"questrt","max_model_len":%d}`, s.created, s.maxContext)
+		if s.MaxModelLen() != m.Config.MaxPositions {
+			t.Errorf("MaxModelLen %d, want the model's %d positions", s.MaxModelLen(), m.Config.MaxPositions)
+		}
+		want := fmt.Sprintf(`{"id":"tiny","object":"model","created":%d,"owned_by":"questrt","max_model_len":%d}`, s.created, s.MaxModelLen())
 		if path == "/v1/models" {
 			want = `{"object":"list","data":[` + want + `]}`
 		}

@@ -310,6 +310,11 @@ func Load(dir string, cfg Config) (*Server, error) {
 // Name returns the model's id.
 func (s *Server) Name() string { return s.name }
 
+// MaxModelLen returns the most tokens of a request's prompt plus
+// max_tokens (Config.MaxContext under the model's positions; /v1/models
+// reports it); 0 when unbounded.
+func (s *Server) MaxModelLen() int { return s.maxContext }
+
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()

@@ -321,7 +321,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 
 	d.group("Completions API (OpenAI-compatible, the model runs on this node)")
 	d.str(&c.Model, "model", "", "Hugging Face Llama checkpoint `dir` to serve at --http-addr (config.json, safetensors, tokenizer.json, else SentencePiece's tokenizer.model, else the byte tokenizer)")
-	d.str(&c.HTTPAddr, "http-addr", "", "listen `host:port` of the completions API (POST /v1/completions, GET /v1/models); needs --model")
+	d.str(&c.HTTPAddr, "http-addr", "", "listen `host:port` of the completions API (POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize; GET /v1/models, /health and /metrics); needs --model")
 	d.str(&c.HTTPTLSCert, "http-tls-cert", "", "PEM `file` of the completions API's TLS certificate (with --http-tls-key: HTTPS; SIGHUP reloads both; default: plaintext, warned about beyond loopback)")
 	d.str(&c.HTTPTLSKey, "http-tls-key", "", "PEM `file` of the completions API's TLS key (mode 600, 640 or 440: no access for other users); each at most 1 MiB")
 	d.list(&c.AllowedOrigins, "allowed-origins", "comma-separated `origins` (scheme://host[:port], or * for any) whose browsers may call the completions API cross-origin (CORS); default none")

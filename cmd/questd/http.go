@@ -138,7 +138,11 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 		return nil, err
 	}
 	warnExposure(h.addr, cert != nil, cfg.Token != "", log)
-	log.Info("completions API", "addr", h.addr, "tls", cert != nil, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP)
+	// As vLLM states its KV cache at start: the context bound and how
+	// many requests of that length the pool holds at once.
+	st := srv.Stats()
+	log.Info("completions API", "addr", h.addr, "tls", cert != nil, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP,
+		"max_model_len", srv.MaxModelLen(), "pool_pages", st.CapacityPages, "pool_tokens_per_shard", st.CapacityPages*cfg.PageSize)
 	c := &completions{srv: srv, http: h, cert: cert, closeDevice: closeDevice}
 	if cfg.LogStatsInterval > 0 {
 		c.stopStats = logServeStats(srv, cfg.LogStatsInterval, log)
