@@ -38,7 +38,9 @@
 //     dense attention's (rho, computed as questctl generate does).
 //   - POST /v1/chat/completions: OpenAI's chat completions request
 //     (messages of text, max_tokens or max_completion_tokens, and the
-//     rest as for completions; [ChatRequest]): the messages rendered with
+//     rest as for completions; vLLM's add_generation_prompt,
+//     continue_final_message and chat_template_kwargs; [ChatRequest]):
+//     the messages rendered with
 //     [Config.ChatTemplate] (package chat) are the prompt. The answer is a
 //     chat.completion object, or chat.completion.chunk events (the
 //     assistant's role first) ending in "data: [DONE]".

@@ -64,8 +64,15 @@ func (s *Server) tokenizeBody(body []byte) ([]int, bool, []string, *apiError) {
 	var msgs []chat.Message
 	var ignored []string
 	special, strs := true, false
+	var render chatOptions
 	for _, f := range fields {
-		var err *apiError
+		known, err := render.field(f.key, f.raw)
+		if err != nil {
+			return nil, false, nil, err
+		}
+		if known {
+			continue
+		}
 		switch f.key {
 		case "model":
 			name, err = str(f.key, f.raw)
@@ -77,11 +84,6 @@ func (s *Server) tokenizeBody(body []byte) ([]int, bool, []string, *apiError) {
 			var b *bool
 			if b, err = boolean(f.key, f.raw); b != nil {
 				special = *b
-			}
-		case "add_generation_prompt":
-			var b *bool
-			if b, err = boolean(f.key, f.raw); err == nil && b != nil && !*b {
-				err = badParam(f.key, "unsupported_parameter", "add_generation_prompt false is not supported (a chat's prompt always opens the assistant's turn)")
 			}
 		case "return_token_strs":
 			var b *bool
@@ -106,7 +108,10 @@ func (s *Server) tokenizeBody(body []byte) ([]int, bool, []string, *apiError) {
 	case (text == nil) == (msgs == nil):
 		return nil, false, nil, badParam("prompt", "invalid_value", "give a prompt or messages (one of them)")
 	case msgs != nil:
-		ids, err := s.chatPromptIDs(msgs)
+		if err := render.check(); err != nil {
+			return nil, false, nil, err
+		}
+		ids, err := s.chatPromptIDs(msgs, render)
 		return ids, strs, ignored, err
 	case !special:
 		return s.tok.Encode(*text), strs, ignored, nil
