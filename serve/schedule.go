@@ -540,6 +540,9 @@ func (s *Server) decode(decoding []*job) int {
 		sm := model.Summarize(j.attn.Steps(), s.cfg.Policy.PageSize)
 		j.pagesRead += sm.PagesRead
 		j.pagesTotal += sm.PagesTotal
+		// Counted before the token goes out: the request's answer may
+		// leave with it.
+		s.count(func(st *Stats) { st.PagesRead += uint64(sm.PagesRead); st.PagesTotal += uint64(sm.PagesTotal) })
 		j.readW += sm.Rho * float64(sm.PagesTotal)
 		j.denseW += float64(sm.PagesTotal)
 		if ids != nil {

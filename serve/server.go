@@ -111,6 +111,10 @@ type Stats struct {
 	Steps, StepSequences uint64
 	// PrefillChunks counts the prefill chunks run.
 	PrefillChunks uint64
+	// PagesRead and PagesTotal sum the requests' usage pages_read and
+	// pages_total as their decode steps run: (KV head, page) pairs the
+	// steps read, and those dense attention would have read.
+	PagesRead, PagesTotal uint64
 	// ReservedPages is the pages per shard reserved by the requests
 	// started (queued ones reserve none yet), CapacityPages the pool's.
 	ReservedPages, CapacityPages int

@@ -241,3 +241,24 @@ func TestTopKMinP(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsPagesRead: Stats.PagesRead and PagesTotal are the finished
+// requests' usage pages_read and pages_total summed (n = 2's usage
+// counts both choices), the sparse budget reading fewer than dense.
+func TestStatsPagesRead(t *testing.T) {
+	m, tok := tinyModel(t)
+	s, ts := startServer(t, m, tok, testConfig("tiny"))
+	long := strings.Repeat("pages to choose among, ", 20)
+	var read, total int
+	for _, req := range []map[string]any{
+		{"model": "tiny", "prompt": long, "max_tokens": 8, "temperature": 0, "quest": map[string]any{"budget": 32, "dense_layers": 0}},
+		{"model": "tiny", "prompt": "short", "max_tokens": 5, "n": 2, "seed": 1},
+	} {
+		u := complete(t, ts.URL, req).Usage
+		read, total = read+u.PagesRead, total+u.PagesTotal
+	}
+	st := waitStats(t, s, "the requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
+	if st.PagesRead != uint64(read) || st.PagesTotal != uint64(total) || read >= total {
+		t.Errorf("Stats pages read %d of %d; the usages' %d of %d (want equal, fewer read than dense)", st.PagesRead, st.PagesTotal, read, total)
+	}
+}
