@@ -80,16 +80,31 @@ func (t *Template) Source() string { return t.source }
 // Render renders msgs; addGenerationPrompt asks the template to open the
 // assistant's turn. A template's refusal or failure wraps ErrRender.
 func (t *Template) Render(msgs []Message, addGenerationPrompt bool) (string, error) {
+	return t.RenderVars(msgs, addGenerationPrompt, nil)
+}
+
+// Reserved are the template variables Render sets, which vars may not
+// set.
+var Reserved = []string{"messages", "add_generation_prompt", "bos_token", "eos_token"}
+
+// RenderVars is Render with further template variables (vLLM's and
+// transformers' chat_template_kwargs, such as Qwen 3's enable_thinking):
+// JSON values (nil, bool, float64, string, []any, map[string]any); none
+// of them Reserved.
+func (t *Template) RenderVars(msgs []Message, addGenerationPrompt bool, vars map[string]any) (string, error) {
 	list := make([]any, len(msgs))
 	for i, m := range msgs {
 		list[i] = map[string]any{"role": m.Role, "content": m.Content}
 	}
-	out, err := t.t.Render(map[string]any{
-		"messages":              list,
-		"add_generation_prompt": addGenerationPrompt,
-		"bos_token":             t.tokens.BOS,
-		"eos_token":             t.tokens.EOS,
-	})
+	ctx := make(map[string]any, len(vars)+4)
+	for k, v := range vars {
+		ctx[k] = v
+	}
+	ctx["messages"] = list
+	ctx["add_generation_prompt"] = addGenerationPrompt
+	ctx["bos_token"] = t.tokens.BOS
+	ctx["eos_token"] = t.tokens.EOS
+	out, err := t.t.Render(ctx)
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrRender, err)
 	}

@@ -163,3 +163,21 @@ func TestLoad(t *testing.T) {
 		t.Errorf("LoadFile: %q from %s", got, tm.Source())
 	}
 }
+
+// TestRenderVars: further variables reach the template; the ones Render
+// sets (Reserved) keep Render's values.
+func TestRenderVars(t *testing.T) {
+	tm, err := Parse("{{ bos_token }}{% if not enable_thinking %}[no think]{% endif %}{{ messages[0]['content'] }}{% if add_generation_prompt %}>{% endif %}", Tokens{BOS: "<s>"}, "vars")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []Message{{Role: "user", Content: "hi"}}
+	got, err := tm.RenderVars(msgs, true, map[string]any{"enable_thinking": false, "bos_token": "EVIL", "messages": []any{}, "add_generation_prompt": false})
+	if err != nil || got != "<s>[no think]hi>" {
+		t.Errorf("RenderVars: %q, %v; want %q", got, err, "<s>[no think]hi>")
+	}
+	got, err = tm.RenderVars(msgs, false, map[string]any{"enable_thinking": true})
+	if err != nil || got != "<s>hi" {
+		t.Errorf("RenderVars enable_thinking true, no generation prompt: %q, %v", got, err)
+	}
+}

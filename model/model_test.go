@@ -245,6 +245,67 @@ func TestSampler(t *testing.T) {
 	}
 }
 
+// TestSamplerTopKMinP: top-k keeps the k most likely tokens and min-p
+// those at least min_p times as likely as the most likely; the draws over
+// a fine grid of u spread over the kept tokens as softmax(logits / T)
+// renormalized over them; top-p applies among the top-k (vLLM's order).
+func TestSamplerTopKMinP(t *testing.T) {
+	logits := []float32{1, 3, 2, 2.5, -1, 0}
+	const temp = 1.0
+	p := make([]float64, len(logits))
+	for i, l := range logits {
+		p[i] = math.Exp(float64(l) / temp)
+	}
+	// freq samples u over a grid of [0, 1) and counts the tokens.
+	freq := func(s *Sampler) []float64 {
+		const n = 100000
+		c := make([]float64, len(logits))
+		for i := range n {
+			c[s.SampleU(logits, (float64(i)+0.5)/n)]++
+		}
+		for i := range c {
+			c[i] /= n
+		}
+		return c
+	}
+	// want is the softmax renormalized over the kept tokens.
+	want := func(keep ...int) []float64 {
+		w := make([]float64, len(logits))
+		var z float64
+		for _, i := range keep {
+			z += p[i]
+		}
+		for _, i := range keep {
+			w[i] = p[i] / z
+		}
+		return w
+	}
+	for _, c := range []struct {
+		name string
+		s    Sampler
+		keep []int
+	}{
+		{"top_k 2", Sampler{Temperature: temp, TopK: 2}, []int{1, 3}},
+		{"top_k 3", Sampler{Temperature: temp, TopK: 3}, []int{1, 3, 2}},
+		{"top_k over the vocabulary", Sampler{Temperature: temp, TopK: 100}, []int{0, 1, 2, 3, 4, 5}},
+		// p(2.5)/p(3) = e^-0.5 = 0.61, p(2)/p(3) = e^-1 = 0.37.
+		{"min_p 0.5", Sampler{Temperature: temp, MinP: 0.5}, []int{1, 3}},
+		{"min_p 0.3", Sampler{Temperature: temp, MinP: 0.3}, []int{1, 3, 2}},
+		{"min_p 1", Sampler{Temperature: temp, MinP: 1}, []int{1}},
+		// Among the top 3 (1, 3, 2), token 1 holds 0.51 of the mass: a
+		// top_p of 0.6 keeps 1 and 3.
+		{"top_k 3 then top_p 0.6", Sampler{Temperature: temp, TopK: 3, TopP: 0.6}, []int{1, 3}},
+		{"top_k 1", Sampler{Temperature: temp, TopK: 1}, []int{1}},
+	} {
+		got, w := freq(&c.s), want(c.keep...)
+		for i := range got {
+			if math.Abs(got[i]-w[i]) > 1e-3 {
+				t.Errorf("%s: token %d drawn %.4f of the time, want %.4f (kept %v)", c.name, i, got[i], w[i], c.keep)
+			}
+		}
+	}
+}
+
 // TestSummarize: bytes read vs dense follow the byte model: a sparse
 // layer reads its K pages and scans every page's summary (1/S of its
 // K/V), a dense layer reads everything.

@@ -11,15 +11,23 @@ import (
 )
 
 // Sampler picks the next token from logits: greedy (Temperature 0) or
-// softmax sampling at a temperature, restricted to the smallest set of
-// most likely tokens whose probability reaches TopP. A sampler is
+// softmax sampling at a temperature, restricted to the TopK most likely
+// tokens, then to the smallest set of the most likely whose probability
+// (among those) reaches TopP, then to the tokens at least MinP times as
+// likely as the most likely one (vLLM's order). A sampler is
 // deterministic for a seed; it is not safe for concurrent use.
 type Sampler struct {
 	Temperature float64 // 0: greedy
 	TopP        float64 // (0, 1]; 0 or 1: no nucleus restriction
-	rng         *rand.Rand
-	idx         []int
-	p           []float64
+	// TopK keeps the K most likely tokens; 0: all. MinP, in [0, 1],
+	// drops the tokens less likely than MinP times the most likely; 0:
+	// none. A device samples without them (Params): set them only where
+	// the host samples.
+	TopK int
+	MinP float64
+	rng  *rand.Rand
+	idx  []int
+	p    []float64
 }
 
 // NewSampler returns a sampler seeded with seed.
@@ -93,12 +101,32 @@ func (s *Sampler) SampleU(logits []float32, u float64) int {
 		sum += e
 	}
 	keep := n
+	if s.TopK > 0 && s.TopK < keep {
+		keep = s.TopK
+		sum = 0
+		for _, e := range s.p[:keep] {
+			sum += e
+		}
+	}
 	if s.TopP > 0 && s.TopP < 1 {
 		var c float64
-		for j, e := range s.p {
+		for j, e := range s.p[:keep] {
 			c += e / sum
 			if c >= s.TopP {
 				keep = j + 1
+				break
+			}
+		}
+		sum = 0
+		for _, e := range s.p[:keep] {
+			sum += e
+		}
+	}
+	if s.MinP > 0 {
+		// s.p[0] is the most likely token's (unnormalized) probability.
+		for j := 1; j < keep; j++ {
+			if s.p[j] < s.MinP*s.p[0] {
+				keep = j
 				break
 			}
 		}

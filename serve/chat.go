@@ -35,6 +35,65 @@ type ChatRequest struct {
 	// answer), as vLLM's chat echo does; else there is nothing to echo.
 	// Not with Logprobs.
 	Echo bool
+
+	// render is how the messages are rendered: vLLM's
+	// add_generation_prompt, continue_final_message and
+	// chat_template_kwargs.
+	render chatOptions
+}
+
+// chatOptions are vLLM's fields that change how a chat's messages are
+// rendered: add_generation_prompt (default true: open the assistant's
+// turn), continue_final_message (end the prompt inside the last message,
+// for the model to continue it; only with add_generation_prompt false)
+// and chat_template_kwargs (further template variables).
+type chatOptions struct {
+	noGenerationPrompt bool
+	continueFinal      bool
+	vars               map[string]any
+}
+
+// field reads key into o when it is one of o's; false for another key.
+func (o *chatOptions) field(key string, raw json.RawMessage) (bool, *apiError) {
+	var err *apiError
+	switch key {
+	case "add_generation_prompt":
+		var b *bool
+		if b, err = boolean(key, raw); b != nil {
+			o.noGenerationPrompt = !*b
+		}
+	case "continue_final_message":
+		var b *bool
+		if b, err = boolean(key, raw); b != nil {
+			o.continueFinal = *b
+		}
+	case "chat_template_kwargs":
+		if isNull(raw) {
+			break
+		}
+		if kind(raw) != "an object" {
+			return true, wrongType(key, "an object of template variables", raw)
+		}
+		if e := json.Unmarshal(raw, &o.vars); e != nil {
+			return true, wrongType(key, "an object of template variables", raw)
+		}
+		for _, r := range chat.Reserved {
+			if _, ok := o.vars[r]; ok {
+				return true, badParam(key+"."+r, "invalid_value", "chat_template_kwargs.%s: the server sets %s (give it as a request field, or not at all)", r, r)
+			}
+		}
+	default:
+		return false, nil
+	}
+	return true, err
+}
+
+// check refuses contradicting options.
+func (o *chatOptions) check() *apiError {
+	if o.continueFinal && !o.noGenerationPrompt {
+		return badParam("continue_final_message", "invalid_value", "continue_final_message true needs add_generation_prompt false (the prompt ends inside the last message, not in a new turn)")
+	}
+	return nil
 }
 
 // chatRoles are the roles a message may have.
@@ -54,6 +113,9 @@ func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
 	for _, f := range fields {
 		raw, key := f.raw, f.key
 		known, err := sharedField(&req.Common, key, raw)
+		if !known {
+			known, err = req.render.field(key, raw)
+		}
 		if !known {
 			switch key {
 			case "messages":
@@ -89,6 +151,9 @@ func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
 		case !req.Logprobs && *t > 0:
 			return nil, badParam("top_logprobs", "invalid_value", "top_logprobs needs logprobs true")
 		}
+	}
+	if err := req.render.check(); err != nil {
+		return nil, err
 	}
 	if req.Echo && req.Logprobs {
 		return nil, badParam("echo", "invalid_value", "echo with logprobs is not supported for chat (the prompt's log-probabilities are a completion's: /v1/completions)")
@@ -207,12 +272,12 @@ func chatContent(param string, raw json.RawMessage) (string, *apiError) {
 	return "", wrongType(param, "a string or an array of text parts", raw)
 }
 
-// chatPromptIDs renders msgs with the server's template and tokenizes
-// the text: without BOS, which the template writes, except that a
-// checkpoint whose template has no BOS text to write (no bos_token in
-// tokenizer_config.json) while its tokenizer has a BOS gets the BOS id
-// first, as a completion's prompt does.
-func (s *Server) chatPromptIDs(msgs []chat.Message) ([]int, *apiError) {
+// chatPromptIDs renders msgs with the server's template (as o says) and
+// tokenizes the text: without BOS, which the template writes, except
+// that a checkpoint whose template has no BOS text to write (no
+// bos_token in tokenizer_config.json) while its tokenizer has a BOS gets
+// the BOS id first, as a completion's prompt does.
+func (s *Server) chatPromptIDs(msgs []chat.Message, o chatOptions) ([]int, *apiError) {
 	t := s.cfg.ChatTemplate
 	if t == nil {
 		msg := "This model has no chat template: start the server with one (questd --chat-template FILE)."
@@ -221,9 +286,19 @@ func (s *Server) chatPromptIDs(msgs []chat.Message) ([]int, *apiError) {
 		}
 		return nil, badParam("messages", "no_chat_template", "%s", msg)
 	}
-	text, err := t.Render(msgs, true)
+	text, err := t.RenderVars(msgs, !o.noGenerationPrompt, o.vars)
 	if err != nil {
 		return nil, badParam("messages", "invalid_value", "%v", err)
+	}
+	if o.continueFinal {
+		// As vLLM: the rendering up to the end of the last message's
+		// content (its end-of-turn text cut).
+		last := msgs[len(msgs)-1].Content
+		i := strings.LastIndex(text, last)
+		if last == "" || i < 0 {
+			return nil, badParam("continue_final_message", "invalid_value", "the chat template's rendering does not hold the last message's content (an empty one cannot be continued)")
+		}
+		text = text[:i+len(last)]
 	}
 	ids := s.tok.Encode(text)
 	if t.Tokens().BOS == "" && s.tok.BOS() >= 0 {
@@ -251,7 +326,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	var ids []int
 	if aerr == nil {
-		ids, aerr = s.chatPromptIDs(req.Messages)
+		ids, aerr = s.chatPromptIDs(req.Messages, req.render)
 	}
 	if aerr == nil {
 		creq := req.Common

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/questrt/questrt/chat"
+	"github.com/questrt/questrt/model"
 )
 
 // passThrough is a chat template that renders the messages' contents
@@ -180,4 +181,74 @@ func TestChatBadRequests(t *testing.T) {
 	}
 	waitStats(t, s, "the chat done", func(st Stats) bool { return st.Running+st.Queued == 0 })
 	unchanged(t, s, 1)
+}
+
+// TestChatRenderOptions: vLLM's rendering fields of a chat and of
+// /tokenize: add_generation_prompt false leaves the assistant's turn
+// unopened; chat_template_kwargs reach the template as variables (a
+// Qwen 3 style enable_thinking false); continue_final_message (with
+// add_generation_prompt false) ends the prompt inside the last message,
+// and a chat so asked answers as a completion of those ids; bad
+// combinations and reserved or mistyped variables get 400 naming the
+// field.
+func TestChatRenderOptions(t *testing.T) {
+	m, tok := tinyModel(t)
+	cfg := testConfig("tiny")
+	tm, err := chat.Parse("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"+
+		"{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}",
+		chat.Tokens{}, "tags")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ChatTemplate = tm
+	cfg.PrefixCaching = false
+	_, ts := startServer(t, m, tok, cfg)
+	msgs := `[{"role": "user", "content": "Say it."}, {"role": "assistant", "content": "Sure, it is"}]`
+	rendered := func(fields string) (string, int) {
+		t.Helper()
+		status, _, body := post(t, ts.URL+"/tokenize", `{"messages": `+msgs+fields+`}`)
+		var tr TokenizeResponse
+		if err := json.Unmarshal(body, &tr); err != nil || status != http.StatusOK {
+			t.Fatalf("tokenize %s: %d %s", fields, status, body)
+		}
+		return tok.Decode(tr.Tokens), tr.Count
+	}
+	const turns = "<user>Say it.</user><assistant>Sure, it is</assistant>"
+	for _, c := range []struct{ fields, want string }{
+		{``, turns + "<assistant>"},
+		{`, "add_generation_prompt": true`, turns + "<assistant>"},
+		{`, "add_generation_prompt": false`, turns},
+		{`, "chat_template_kwargs": {"enable_thinking": false}`, turns + "<assistant><think></think>"},
+		{`, "chat_template_kwargs": {"enable_thinking": true}`, turns + "<assistant>"},
+		{`, "add_generation_prompt": false, "continue_final_message": true`, "<user>Say it.</user><assistant>Sure, it is"},
+	} {
+		if got, _ := rendered(c.fields); got != c.want {
+			t.Errorf("messages%s: rendered %q, want %q", c.fields, got, c.want)
+		}
+	}
+	// A chat continuing the last message is the completion of its ids.
+	_, n := rendered(`, "add_generation_prompt": false, "continue_final_message": true`)
+	status, _, body := post(t, ts.URL+"/v1/chat/completions", `{"messages": `+msgs+`, "add_generation_prompt": false, "continue_final_message": true, "max_tokens": 6, "temperature": 0}`)
+	var ch ChatCompletion
+	if err := json.Unmarshal(body, &ch); err != nil || status != http.StatusOK {
+		t.Fatalf("chat continuing the last message: %d %s", status, body)
+	}
+	ids := model.PromptIDs(tok, "<user>Say it.</user><assistant>Sure, it is")
+	want := complete(t, ts.URL, map[string]any{"prompt": ids, "max_tokens": 6, "temperature": 0})
+	if ch.Usage.PromptTokens != n || ch.Usage.PromptTokens != len(ids) || ch.Choices[0].Message.Content != want.Choices[0].Text {
+		t.Errorf("chat continuing: %d prompt tokens %q; the completion of the %d ids (tokenize: %d) %q", ch.Usage.PromptTokens, ch.Choices[0].Message.Content, len(ids), n, want.Choices[0].Text)
+	}
+	for _, c := range []struct{ path, fields, param string }{
+		{"/v1/chat/completions", `, "continue_final_message": true`, "continue_final_message"},
+		{"/tokenize", `, "continue_final_message": true`, "continue_final_message"},
+		{"/v1/chat/completions", `, "chat_template_kwargs": {"messages": []}`, "chat_template_kwargs.messages"},
+		{"/tokenize", `, "chat_template_kwargs": {"bos_token": "x"}`, "chat_template_kwargs.bos_token"},
+		{"/v1/chat/completions", `, "chat_template_kwargs": ["enable_thinking"]`, "chat_template_kwargs"},
+		{"/v1/chat/completions", `, "add_generation_prompt": "no"`, "add_generation_prompt"},
+	} {
+		status, _, body := post(t, ts.URL+c.path, `{"messages": `+msgs+c.fields+`}`)
+		if status != http.StatusBadRequest || errParam(t, body) != c.param {
+			t.Errorf("%s with%s: %d %s; want 400 naming %s", c.path, c.fields, status, body, c.param)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -115,7 +116,21 @@ func TestOpenAINodeClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", run)
-	cmd.Env = append(os.Environ(), "QUESTRT_BASE_URL="+ts.URL+"/v1", "QUESTRT_MODEL="+name, "QUESTRT_PROMPT="+prompt)
+	// The greedy answer (the key) stopped at its first token not seen
+	// before in it, past the first: the answer's text up to there.
+	keyIDs := tok.Encode(key)
+	stopAt := -1
+	for i := 1; i < len(keyIDs) && stopAt < 0; i++ {
+		if !slices.Contains(keyIDs[:i], keyIDs[i]) {
+			stopAt = i
+		}
+	}
+	if stopAt < 0 || len(keyIDs) != len(key) {
+		t.Fatalf("the key %q (tokens %v) has no token to stop at, or not a token a byte", key, keyIDs)
+	}
+	const truncate = 40
+	cmd.Env = append(os.Environ(), "QUESTRT_BASE_URL="+ts.URL+"/v1", "QUESTRT_MODEL="+name, "QUESTRT_PROMPT="+prompt,
+		fmt.Sprintf("QUESTRT_STOP_TOKEN=%d", keyIDs[stopAt]), fmt.Sprintf("QUESTRT_TRUNCATE=%d", truncate))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -138,6 +153,8 @@ func TestOpenAINodeClient(t *testing.T) {
 		TwoUsage                                              Usage
 		Models                                                []string
 		ExtraText, ExtraIgnored, EchoText                     string
+		StopText, StopFinish, StopIgnored                     string
+		TruncatedPromptTokens                                 int
 		UnknownModel, BadMaxTokens, BadTemperature            *struct {
 			Status                  int
 			Type, Param, Code, Name string
@@ -185,8 +202,8 @@ func TestOpenAINodeClient(t *testing.T) {
 	if e := got.BadMaxTokens; e == nil || e.Status != 400 || e.Param != "max_tokens" || e.Type != typeInvalid || e.Name != "BadRequestError" {
 		t.Errorf("bad max_tokens: %+v", e)
 	}
-	if got.ExtraText != key || got.ExtraIgnored != "top_k, repetition_penalty" {
-		t.Errorf("chat with top_k and repetition_penalty: %q, ignored %q; want the pass key %q, ignored \"top_k, repetition_penalty\"", got.ExtraText, got.ExtraIgnored, key)
+	if got.ExtraText != key || got.ExtraIgnored != "repetition_penalty" {
+		t.Errorf("greedy chat with top_k and repetition_penalty: %q, ignored %q; want the pass key %q, ignored \"repetition_penalty\"", got.ExtraText, got.ExtraIgnored, key)
 	}
 	if !strings.HasPrefix(got.EchoText, "Sure: ") || len(got.EchoText) <= len("Sure: ") {
 		t.Errorf("chat echo: %q, want \"Sure: \" and the answer", got.EchoText)
@@ -194,8 +211,14 @@ func TestOpenAINodeClient(t *testing.T) {
 	if e := got.BadTemperature; e == nil || e.Status != 400 || e.Param != "temperature" || e.Name != "BadRequestError" {
 		t.Errorf("bad temperature beside an unknown field: %+v", e)
 	}
+	if got.StopText != key[:stopAt] || got.StopFinish != "stop" || got.StopIgnored != "" {
+		t.Errorf("chat with stop_token_ids [%d]: %q (%s), ignored %q; want %q, stop, nothing ignored", keyIDs[stopAt], got.StopText, got.StopFinish, got.StopIgnored, key[:stopAt])
+	}
+	if got.TruncatedPromptTokens != truncate {
+		t.Errorf("truncate_prompt_tokens %d: prompt_tokens %d", truncate, got.TruncatedPromptTokens)
+	}
 	waitStats(t, s, "the client's requests done", func(st Stats) bool { return st.Running+st.Queued == 0 })
-	unchanged(t, s, 11)
+	unchanged(t, s, 13)
 }
 
 // TestCurlStream: curl -N streams the passkey completion as server-sent

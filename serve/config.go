@@ -170,7 +170,8 @@ type Config struct {
 	MaxBodyBytes int64
 	// Sampling is the default temperature and top_p of requests that
 	// give none (zero value: OpenAI's, 1 and 1; Load reads the
-	// checkpoint's generation_config.json, LoadSampling).
+	// checkpoint's generation_config.json, LoadSampling), and the end
+	// tokens generation_config.json adds to config.json's EOS.
 	Sampling Sampling
 	// SSEKeepAlive is how long a stream may send nothing before it writes
 	// an SSE comment (": keep-alive"), so that proxies with idle timeouts

@@ -218,10 +218,11 @@ func (c *countingSampler) DecodeSample(ctx context.Context, attns []model.Attent
 
 // TestServeOnDeviceSampled: with a SamplingDecoder the serving loop picks
 // tokens on the device (the twin runs kernels.SampleRow): concurrent
-// seeded requests (temperature, top-p, n = 2, greedy, logprobs) return
-// the CPU server's texts and logprobs, decode steps go through
-// DecodeSample, and logits come back only for the request that asks for
-// logprobs.
+// seeded requests (temperature, top-p, n = 2, greedy, logprobs, top-k
+// and min-p) return the CPU server's texts and logprobs, decode steps go
+// through DecodeSample, and logits come back only for the request that
+// asks for logprobs and the one with top_k and min_p (which the device's
+// rule lacks: the host draws its tokens again, with the same u).
 func TestServeOnDeviceSampled(t *testing.T) {
 	m, tok, dev, x, cfg, cpuTS := deviceTwin(t)
 	cs := &countingSampler{Decoder: &gpu.Decoder{X: x}}
@@ -235,6 +236,10 @@ func TestServeOnDeviceSampled(t *testing.T) {
 		{"model": "tiny", "prompt": long[:70], "max_tokens": 10, "temperature": 0.8, "top_p": 0.9, "seed": 3},
 		{"model": "tiny", "prompt": long[:50], "max_tokens": 10, "temperature": 1.3, "seed": 11, "logprobs": 2},
 		{"model": "tiny", "prompt": long[:40], "max_tokens": 10, "temperature": 0},
+		{"model": "tiny", "prompt": long[:60], "max_tokens": 10, "temperature": 1.2, "top_k": 3, "min_p": 0.05, "seed": 9},
+	}
+	if a, b := complete(t, cpuTS.URL, reqs[4]).Choices[0].Text, complete(t, cpuTS.URL, with(reqs[4], "top_k", nil, "min_p", nil)).Choices[0].Text; a == b {
+		t.Fatalf("top_k 3 and min_p 0.05 change nothing of %q: pick another seed", a)
 	}
 	got := make([]Completion, len(reqs))
 	var wg sync.WaitGroup
@@ -259,9 +264,9 @@ func TestServeOnDeviceSampled(t *testing.T) {
 	if cs.steps == 0 {
 		t.Fatal("no decode step went through DecodeSample")
 	}
-	// Only the logprobs request's rows (9 decode steps after its first
-	// token) copied logits back.
-	if cs.logits == 0 || cs.logits > 9 {
-		t.Errorf("%d rows of logits copied back in %d steps, want the logprobs request's 1..9", cs.logits, cs.steps)
+	// Only the logprobs and top_k requests' rows (9 decode steps each
+	// after their first token) copied logits back.
+	if cs.logits == 0 || cs.logits > 18 {
+		t.Errorf("%d rows of logits copied back in %d steps, want the logprobs and top_k requests' 1..18", cs.logits, cs.steps)
 	}
 }

@@ -27,7 +27,9 @@
 //   - POST /v1/completions: OpenAI's legacy completions request (model,
 //     prompt as a string, an array of token ids or a batch of either,
 //     max_tokens, temperature, top_p, seed, stop, logprobs, echo, stream,
-//     stream_options, n) plus a "quest" object
+//     stream_options, n; vLLM's top_k, min_p, stop_token_ids and
+//     truncate_prompt_tokens)
+//     plus a "quest" object
 //     choosing the request's page budget, selector and dense layers
 //     ([QuestOptions]). The answer is OpenAI's text_completion object, or
 //     with "stream": true server-sent events of completion chunks ending in
@@ -36,14 +38,18 @@
 //     dense attention's (rho, computed as questctl generate does).
 //   - POST /v1/chat/completions: OpenAI's chat completions request
 //     (messages of text, max_tokens or max_completion_tokens, and the
-//     rest as for completions; [ChatRequest]): the messages rendered with
+//     rest as for completions; vLLM's add_generation_prompt,
+//     continue_final_message and chat_template_kwargs; [ChatRequest]):
+//     the messages rendered with
 //     [Config.ChatTemplate] (package chat) are the prompt. The answer is a
 //     chat.completion object, or chat.completion.chunk events (the
 //     assistant's role first) ending in "data: [DONE]".
 //   - GET /v1/models and GET /v1/models/{id}: the one model.
 //   - POST /tokenize and POST /detokenize (vLLM's): a prompt's or a
-//     chat's ids as they would be prefilled, with max_model_len, and the
-//     text of ids; nothing runs.
+//     chat's ids as they would be prefilled, with max_model_len (and
+//     with return_token_strs each token's text), and the text of ids;
+//     nothing runs. Every endpoint takes a request without a model as
+//     one for the server's model, as vLLM does.
 //   - GET /health: 200 with an empty body while the server admits
 //     requests, 503 while it drains or after Close (as vLLM's).
 //   - GET /admin/requests, GET /admin/requests/{id} and POST

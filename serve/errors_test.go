@@ -76,7 +76,6 @@ func TestBadRequests(t *testing.T) {
 		{"response_format", `{"model": "tiny", "prompt": "x", "response_format": {"type": "json_object"}}`, 400, "response_format", "unsupported_parameter"},
 		{"stream_options unknown beside a bad one", `{"model": "tiny", "prompt": "x", "stream": true, "stream_options": {"x": 1, "include_usage": 2}}`, 400, "stream_options.include_usage", "invalid_type"},
 		{"repeated field", `{"model": "tiny", "prompt": "x", "model": "tiny"}`, 400, "model", "duplicate_parameter"},
-		{"missing model", `{"prompt": "x"}`, 400, "model", "missing_required_parameter"},
 		{"missing prompt", `{"model": "tiny"}`, 400, "prompt", "missing_required_parameter"},
 		{"null prompt", `{"model": "tiny", "prompt": null}`, 400, "prompt", "missing_required_parameter"},
 		{"unknown model", `{"model": "gpt-4", "prompt": "x"}`, 404, "model", "model_not_found"},
@@ -126,7 +125,7 @@ func TestBadRequests(t *testing.T) {
 		{"n string", `{"model": "tiny", "prompt": "x", "n": "1"}`, 400, "n", "invalid_type"},
 		{"echo string", `{"model": "tiny", "prompt": "x", "echo": "yes"}`, 400, "echo", "invalid_type"},
 		{"max_tokens zero without echo", `{"model": "tiny", "prompt": "x", "max_tokens": 0, "echo": false}`, 400, "max_tokens", "invalid_value"},
-		{"logprobs", `{"model": "tiny", "prompt": "x", "logprobs": 6}`, 400, "logprobs", "invalid_value"},
+		{"logprobs", `{"model": "tiny", "prompt": "x", "logprobs": 21}`, 400, "logprobs", "invalid_value"},
 		{"best_of", `{"model": "tiny", "prompt": "x", "best_of": 2}`, 400, "best_of", "unsupported_parameter"},
 		{"best_of 2 with n 2", `{"model": "tiny", "prompt": "x", "best_of": 2, "n": 2}`, 400, "best_of", "unsupported_parameter"},
 		{"best_of below n", `{"model": "tiny", "prompt": "x", "best_of": 1, "n": 2}`, 400, "best_of", "invalid_value"},
@@ -187,7 +186,7 @@ func TestRoutes(t *testing.T) {
 		{"POST", "/v1/models", 405, "GET, HEAD", "method_not_allowed", ""},
 		{"DELETE", "/v1/models/tiny", 405, "GET, HEAD", "method_not_allowed", ""},
 		{"GET", "/v1/chat/completions", 405, "POST", "method_not_allowed", ""},
-		{"POST", "/v1/chat/completions", 400, "", "missing_required_parameter", "model"},
+		{"POST", "/v1/chat/completions", 400, "", "missing_required_parameter", "messages"},
 		{"POST", "/v1/embeddings", 404, "", "unknown_url", ""},
 		{"GET", "/", 404, "", "unknown_url", ""},
 		{"GET", "/v1/models/other", 404, "", "model_not_found", "model"},
@@ -214,7 +213,10 @@ func TestRoutes(t *testing.T) {
 		var buf bytes.Buffer
 		buf.ReadFrom(resp.Body)
 		resp.Body.Close()
-		want := fmt.Sprintf(`{"id":"tiny","object":"model","created":%d,"owned_by":"questrt","max_model_len":%d}`, s.created, s.maxContext)
+		if s.MaxModelLen() != m.Config.MaxPositions {
+			t.Errorf("MaxModelLen %d, want the model's %d positions", s.MaxModelLen(), m.Config.MaxPositions)
+		}
+		want := fmt.Sprintf(`{"id":"tiny","object":"model","created":%d,"owned_by":"questrt","max_model_len":%d}`, s.created, s.MaxModelLen())
 		if path == "/v1/models" {
 			want = `{"object":"list","data":[` + want + `]}`
 		}
@@ -268,7 +270,8 @@ func TestBodyStall(t *testing.T) {
 }
 
 // TestPoolLimit: a request whose pages exceed the whole pool is a 400
-// on max_tokens (it could never be admitted).
+// (it could never be admitted): on max_tokens when the prompt fits the
+// pool alone, on the prompt when it does not.
 func TestPoolLimit(t *testing.T) {
 	m, tok := tinyModel(t)
 	cfg := testConfig("tiny")
@@ -276,6 +279,8 @@ func TestPoolLimit(t *testing.T) {
 	s, ts := startServer(t, m, tok, cfg)
 	status, _, body := post(t, ts.URL+"/v1/completions", `{"model": "tiny", "prompt": "`+strings.Repeat("x", 100)+`", "max_tokens": 100}`)
 	checkError(t, "over the pool", status, body, 400, typeInvalid, "max_tokens", "context_length_exceeded")
+	status, _, body = post(t, ts.URL+"/v1/completions", `{"model": "tiny", "prompt": "`+strings.Repeat("x", 130)+`", "max_tokens": 1}`)
+	checkError(t, "a prompt over the pool", status, body, 400, typeInvalid, "prompt", "context_length_exceeded")
 	unchanged(t, s, 0)
 }
 

@@ -53,6 +53,12 @@ type RecordSettings struct {
 	Sink         int    `json:"sink"`
 	Local        int    `json:"local"`
 	PageSize     int    `json:"page_size"`
+	// TopK and MinP are the request's top_k and min_p (0: none).
+	TopK int     `json:"top_k,omitempty"`
+	MinP float64 `json:"min_p,omitempty"`
+	// StopTokenIDs are the request's stop_token_ids (the model's EOS
+	// ids end every request besides).
+	StopTokenIDs []int `json:"stop_token_ids,omitempty"`
 }
 
 // history is the last Config.History finished requests, oldest first.
@@ -112,7 +118,8 @@ func (s *Server) record(j *job, res result, last []byte) *RequestRecord {
 		FinishReason: res.finish, Usage: res.usage,
 		Settings: RecordSettings{MaxTokens: p.maxTokens, Temperature: p.temperature, TopP: p.topP, Seed: p.seed,
 			Greedy: p.temperature == 0, Budget: p.budget, BudgetTokens: p.sel.BudgetTokens, DenseLayers: p.denseLayers,
-			Selector: sel.String(), GQA: p.sel.GQA.String(), Sink: p.sel.SinkPages, Local: p.sel.LocalPages, PageSize: p.sel.PageSize}}
+			Selector: sel.String(), GQA: p.sel.GQA.String(), Sink: p.sel.SinkPages, Local: p.sel.LocalPages, PageSize: p.sel.PageSize,
+			TopK: p.topK, MinP: p.minP, StopTokenIDs: p.stopTokens}}
 	if res.err != nil {
 		r.Error = res.err.message
 	}

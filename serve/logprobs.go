@@ -16,10 +16,11 @@ import (
 // A token that ends the request as a stop id has none (it has no text);
 // with stop strings, the last entries may cover text the stop cut off.
 
-// maxTopLogprobs bound a request's alternatives per token: OpenAI's
-// limits (completions 5, chat 20).
+// maxTopLogprobs bound a request's alternatives per token: 20 both, as
+// vLLM's default --max-logprobs (OpenAI's completions stop at 5, which
+// vLLM users' tools, lm-eval's among them, go past).
 const (
-	maxTopLogprobs     = 5
+	maxTopLogprobs     = 20
 	maxChatTopLogprobs = 20
 )
 

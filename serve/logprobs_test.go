@@ -158,12 +158,24 @@ func TestLogprobs(t *testing.T) {
 			t.Errorf("chat token %d: %+v, want %q %v", i, e, lp.Tokens[i], lp.TokenLogprobs[i])
 		}
 	}
+	// 20 alternatives (vLLM's bound), distinct, most likely first in
+	// value, the greedy token's the best.
+	c20 := complete(t, ts.URL, map[string]any{"model": name, "prompt": prompt, "max_tokens": 2, "temperature": 0, "logprobs": 20})
+	for i, top := range c20.Choices[0].Logprobs.TopLogprobs {
+		best := math.Inf(-1)
+		for _, v := range top {
+			best = max(best, v)
+		}
+		if len(top) != 20 || best != *c20.Choices[0].Logprobs.TokenLogprobs[i] {
+			t.Errorf("logprobs 20: token %d has %d alternatives, best %v, its own %v", i, len(top), best, *c20.Choices[0].Logprobs.TokenLogprobs[i])
+		}
+	}
 	// Without logprobs: null.
 	if c := complete(t, ts.URL, map[string]any{"model": name, "prompt": "x", "max_tokens": 1}); c.Choices[0].Logprobs != nil {
 		t.Errorf("logprobs without asking: %+v", c.Choices[0].Logprobs)
 	}
 	for _, bad := range []struct{ path, body, param string }{
-		{"/v1/completions", `{"model": "` + name + `", "prompt": "x", "logprobs": 6}`, "logprobs"},
+		{"/v1/completions", `{"model": "` + name + `", "prompt": "x", "logprobs": 21}`, "logprobs"},
 		{"/v1/completions", `{"model": "` + name + `", "prompt": "x", "logprobs": true}`, "logprobs"},
 		{"/v1/chat/completions", `{"model": "` + name + `", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}`, "top_logprobs"},
 		{"/v1/chat/completions", `{"model": "` + name + `", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}`, "top_logprobs"},

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
@@ -20,14 +21,19 @@ type params struct {
 	index   int // the choice's index in the answer
 	// echo prepends echoText (the prompt as given) to the choice's
 	// text, and the prompt's log-probabilities to its entries.
-	echo         bool
-	echoText     string
-	maxTokens    int
-	temperature  float64
-	topP         float64
-	seed         uint64
-	seeded       bool
-	stops        []string
+	echo        bool
+	echoText    string
+	maxTokens   int
+	temperature float64
+	topP        float64
+	topK        int     // 0: all tokens
+	minP        float64 // 0: no bound
+	seed        uint64
+	seeded      bool
+	stops       []string
+	// stopTokens are the request's stop_token_ids, sorted, without
+	// repeats (the model's EOS ids are the server's stopIDs).
+	stopTokens   []int
 	stream       bool
 	includeUsage bool
 	// chat answers with chat.completion objects (POST
@@ -100,6 +106,18 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 			p.temperature = 0 // the smallest nucleus: the most likely token
 		}
 	}
+	if k := req.TopK; k != nil {
+		if *k < -1 {
+			return p, badParam("top_k", "invalid_value", "top_k %d: want at least 1, or 0 or -1 (all tokens)", *k)
+		}
+		p.topK = max(*k, 0)
+	}
+	if m := req.MinP; m != nil {
+		if !(*m >= 0 && *m <= 1) {
+			return p, badParam("min_p", "invalid_value", "min_p %v: want 0..1", *m)
+		}
+		p.minP = *m
+	}
 	if req.Seed != nil {
 		p.seed, p.seeded = uint64(*req.Seed), true
 	}
@@ -109,6 +127,27 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 		}
 	}
 	p.stops = req.Stop
+	for i, id := range req.StopTokenIDs {
+		if id < 0 || id >= s.m.Config.VocabSize {
+			return p, badParam("stop_token_ids", "invalid_value", "stop_token_ids[%d] %d is outside the vocabulary of %d", i, id, s.m.Config.VocabSize)
+		}
+	}
+	if len(req.StopTokenIDs) > 0 {
+		p.stopTokens = slices.Compact(slices.Sorted(slices.Values(req.StopTokenIDs)))
+	}
+	truncate := 0
+	if t := req.TruncatePromptTokens; t != nil {
+		switch {
+		case *t == -1:
+			truncate = s.maxContext // 0 (no bound): nothing to cut
+		case *t < 1:
+			return p, badParam("truncate_prompt_tokens", "invalid_value", "truncate_prompt_tokens %d: want at least 1, or -1 (max_model_len)", *t)
+		case s.maxContext > 0 && *t > s.maxContext:
+			return p, badParam("truncate_prompt_tokens", "invalid_value", "truncate_prompt_tokens %d is greater than max_model_len %d", *t, s.maxContext)
+		default:
+			truncate = *t
+		}
+	}
 	if n := req.Logprobs; n != nil {
 		if *n < 0 || *n > maxTopLogprobs {
 			return p, badParam("logprobs", "invalid_value", "logprobs %d: want 0..%d (null: none)", *n, maxTopLogprobs)
@@ -140,6 +179,10 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	pages := 0
 	for i, pr := range list {
 		ids, err := s.promptIDs(pr)
+		cut := err == nil && truncate > 0 && len(ids) > truncate
+		if cut {
+			ids = ids[len(ids)-truncate:] // the prompt's end, as vLLM keeps it
+		}
 		if err == nil {
 			err = s.checkLength(len(ids), p.maxTokens)
 		}
@@ -150,7 +193,7 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 			return p, err
 		}
 		text := pr.Text
-		if pr.IDs != nil {
+		if pr.IDs != nil || cut {
 			text = s.tok.Decode(ids)
 		}
 		p.prompts, p.echoes = append(p.prompts, ids), append(p.echoes, text)
@@ -173,6 +216,12 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	}
 	p.ids = p.prompts[0]
 	return p, nil
+}
+
+// hostSample says that p's tokens must be drawn on the host: a device
+// samples without top_k and min_p (kernels.SampleParams).
+func (p *params) hostSample() bool {
+	return p.temperature != 0 && (p.topK > 0 || p.minP > 0)
 }
 
 // MaxChoices bounds a request's n.
@@ -213,18 +262,24 @@ func (s *Server) checkLength(n, maxTokens int) *apiError {
 			c, n+maxTokens, n, maxTokens)
 	}
 	if need := s.pagesFor(n + maxTokens); need > s.cfg.CapacityPages {
-		return badParam("max_tokens", "context_length_exceeded",
+		param := "max_tokens"
+		if s.pagesFor(n) > s.cfg.CapacityPages {
+			param = "prompt" // the prompt alone does not fit
+		}
+		return badParam(param, "context_length_exceeded",
 			"the prompt's %d tokens plus max_tokens %d need %d pages per shard; the engine's pool holds %d (questd --serve-capacity-pages). Please reduce your prompt or completion length.",
 			n, maxTokens, need, s.cfg.CapacityPages)
 	}
 	return nil
 }
 
-// checkModel checks a request's model name against the server's.
+// checkModel checks a request's model name against the server's; an
+// empty or absent one is the server's one model, as vLLM and llama.cpp's
+// server take it (OpenAI's API requires the field).
 func (s *Server) checkModel(name string) *apiError {
 	switch {
 	case name == "":
-		return badParam("model", "missing_required_parameter", "you must provide a model parameter")
+		return nil
 	case name != s.name:
 		return &apiError{status: http.StatusNotFound, typ: typeInvalid, param: "model", code: "model_not_found",
 			message: fmt.Sprintf("The model `%s` does not exist; this server serves `%s`.", name, s.name)}

@@ -21,12 +21,13 @@ import (
 // tools, tool_choice, functions, function_call, response_format) are
 // accepted only at their neutral values (null, 1, 0, {}, "", [],
 // "none", {"type": "text"}); best_of 1 only with n 1, as best_of must be
-// at least n (vLLM's rule). Other fields (top_k, min_p,
-// repetition_penalty, a client's extensions) are ignored, as vLLM does:
+// at least n (vLLM's rule). Other fields (repetition_penalty, a
+// client's extensions) are ignored, as vLLM does:
 // the answer names them in its X-Questrt-Ignored-Fields header and the
 // server logs each name once.
 type CompletionRequest struct {
-	// Model must be the server's model name.
+	// Model must be the server's model name, or empty (the server's
+	// one model, as vLLM takes a request without it).
 	Model string `json:"model"`
 	// Prompt is the prompt (required unless Prompts is set): a string
 	// (tokenized, BOS first where the tokenizer has one) or an array of
@@ -74,8 +75,24 @@ type CompletionRequest struct {
 	// Quest chooses the request's page selection.
 	Quest *QuestOptions `json:"quest,omitempty"`
 	// Logprobs asks for each generated token's log-probability and this
-	// many most likely alternatives, 0..5 (nil: none).
+	// many most likely alternatives, 0..20 (nil: none; OpenAI allows 5, vLLM 20).
 	Logprobs *int `json:"logprobs,omitempty"`
+	// TopK samples among the K most likely tokens only (vLLM's top_k;
+	// nil, 0 or -1: all); MinP among the tokens at least MinP times as
+	// likely as the most likely (vLLM's min_p, 0..1; nil or 0: all).
+	// They apply after the temperature, top-k before top_p, min_p last.
+	TopK *int     `json:"top_k,omitempty"`
+	MinP *float64 `json:"min_p,omitempty"`
+	// StopTokenIDs are token ids that end the completion when one is
+	// generated (vLLM's stop_token_ids), as the model's EOS does:
+	// finish_reason "stop", the token counted in completion_tokens, its
+	// text not returned. Each must be in the vocabulary.
+	StopTokenIDs []int `json:"stop_token_ids,omitempty"`
+	// TruncatePromptTokens keeps only the last this many tokens of each
+	// prompt (vLLM's truncate_prompt_tokens: the start of a long prompt
+	// is cut, BOS included); -1 is the server's max_model_len; nil: no
+	// truncation. A chat's rendered messages are truncated alike.
+	TruncatePromptTokens *int `json:"truncate_prompt_tokens,omitempty"`
 
 	// bestOf says that the body gave best_of 1 (resolve refuses it
 	// with n > 1).
@@ -225,6 +242,14 @@ func sharedField(req *CompletionRequest, key string, raw json.RawMessage) (bool,
 		}
 	case "quest":
 		req.Quest, err = questOptions(raw)
+	case "top_k":
+		req.TopK, err = integer(key, raw)
+	case "min_p":
+		req.MinP, err = number(key, raw)
+	case "stop_token_ids":
+		req.StopTokenIDs, err = tokenIDs(key, raw)
+	case "truncate_prompt_tokens":
+		req.TruncatePromptTokens, err = integer(key, raw)
 	case "frequency_penalty", "presence_penalty", "logit_bias", "tools", "tool_choice", "functions", "function_call", "response_format":
 		err = neutral(key, raw)
 	default:
@@ -406,6 +431,33 @@ func integer(param string, raw json.RawMessage) (*int, *apiError) {
 	}
 	n := int(*v)
 	return &n, nil
+}
+
+// tokenIDs reads an array of integers (token ids; their range is the
+// caller's to check), or null.
+func tokenIDs(param string, raw json.RawMessage) ([]int, *apiError) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	if kind(raw) != "an array" {
+		return nil, wrongType(param, "an array of token ids", raw)
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, wrongType(param, "an array of token ids", raw)
+	}
+	ids := make([]int, 0, len(elems))
+	for i, e := range elems {
+		v, err := integer(fmt.Sprintf("%s[%d]", param, i), e)
+		if err != nil {
+			return nil, err
+		}
+		if v == nil {
+			return nil, badParam(fmt.Sprintf("%s[%d]", param, i), "invalid_type", "%s[%d] must be a token id, not null", param, i)
+		}
+		ids = append(ids, *v)
+	}
+	return ids, nil
 }
 
 // number reads a number or null.

@@ -290,6 +290,7 @@ func (s *Server) start(j *job) bool {
 		s.end(j, nil, internal(err), "")
 		return false
 	}
+	sm.TopK, sm.MinP = j.p.topK, j.p.minP
 	j.sampler = sm
 	return true
 }
@@ -491,10 +492,18 @@ func (s *Server) decode(decoding []*job) int {
 		params, want := make([]kernels.SampleParams, len(jobs)), make([]bool, len(jobs))
 		for i, j := range jobs {
 			if !replays[i] { // a replayed token's pick is thrown away: no draw
-				params[i], want[i] = j.sampler.Params(), j.p.logprobs
+				params[i], want[i] = j.sampler.Params(), j.p.logprobs || j.p.hostSample()
 			}
 		}
 		ids, greedy, logits, err = sd.DecodeSample(s.ctx, attns, toks, params, want)
+		for i, j := range jobs {
+			// The device samples without top_k and min_p: the host
+			// draws again from the step's logits, with the same u (a
+			// failed item has no logits).
+			if len(ids) == len(jobs) && len(logits) == len(jobs) && !replays[i] && j.p.hostSample() && logits[i] != nil {
+				ids[i] = j.sampler.SampleU(logits[i], params[i].U)
+			}
+		}
 	} else {
 		logits, err = dec.DecodeBatch(s.ctx, attns, toks)
 	}
@@ -531,6 +540,9 @@ func (s *Server) decode(decoding []*job) int {
 		sm := model.Summarize(j.attn.Steps(), s.cfg.Policy.PageSize)
 		j.pagesRead += sm.PagesRead
 		j.pagesTotal += sm.PagesTotal
+		// Counted before the token goes out: the request's answer may
+		// leave with it.
+		s.count(func(st *Stats) { st.PagesRead += uint64(sm.PagesRead); st.PagesTotal += uint64(sm.PagesTotal) })
 		j.readW += sm.Rho * float64(sm.PagesTotal)
 		j.denseW += float64(sm.PagesTotal)
 		if ids != nil {
@@ -554,7 +566,11 @@ func (s *Server) picked(j *job, id, greedy int, logits []float32) {
 	if s.cfg.Observe != nil { // the timings are the observer's alone
 		j.clock.tokenAt(time.Now())
 	}
-	if !slices.Contains(s.stopIDs, id) {
+	stop := slices.Contains(s.stopIDs, id)
+	if !stop {
+		_, stop = slices.BinarySearch(j.p.stopTokens, id)
+	}
+	if !stop {
 		s.logprob(j, logits, id)
 	}
 	if j.keep {
@@ -567,7 +583,7 @@ func (s *Server) picked(j *job, id, greedy int, logits []float32) {
 	j.tokens++
 	j.next = id
 	s.count(func(st *Stats) { st.CompletionTokens++ })
-	if slices.Contains(s.stopIDs, id) {
+	if stop {
 		s.end(j, j.text.flush(), nil, "stop")
 		return
 	}

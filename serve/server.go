@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,6 +111,10 @@ type Stats struct {
 	Steps, StepSequences uint64
 	// PrefillChunks counts the prefill chunks run.
 	PrefillChunks uint64
+	// PagesRead and PagesTotal sum the requests' usage pages_read and
+	// pages_total as their decode steps run: (KV head, page) pairs the
+	// steps read, and those dense attention would have read.
+	PagesRead, PagesTotal uint64
 	// ReservedPages is the pages per shard reserved by the requests
 	// started (queued ones reserve none yet), CapacityPages the pool's.
 	ReservedPages, CapacityPages int
@@ -190,6 +195,15 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	if tok.VocabSize() > m.Config.VocabSize {
 		return nil, fmt.Errorf("serve: the tokenizer's %d ids exceed the model's vocabulary of %d", tok.VocabSize(), m.Config.VocabSize)
 	}
+	stopIDs := model.StopIDs(tok, m.Config)
+	for _, id := range cfg.Sampling.EOS {
+		if id >= m.Config.VocabSize {
+			return nil, fmt.Errorf("serve: generation_config.json's eos_token_id %d is outside the model's vocabulary of %d", id, m.Config.VocabSize)
+		}
+		if !slices.Contains(stopIDs, id) {
+			stopIDs = append(stopIDs, id)
+		}
+	}
 	// The engine's policy attends densely on no layer of its own: dense
 	// layers are per request (the serving policy's by default), run as
 	// forced-dense steps, which read every page as a dense plan does.
@@ -222,7 +236,7 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	*s = Server{cfg: cfg, hooks: hk, name: cfg.ModelName, m: m, tok: tok, stopIDs: model.StopIDs(tok, m.Config), eng: eng,
+	*s = Server{cfg: cfg, hooks: hk, name: cfg.ModelName, m: m, tok: tok, stopIDs: stopIDs, eng: eng,
 		main: main, maxContext: m.Config.MaxPositions, log: log, now: now,
 		stop: make(chan struct{}), exited: make(chan struct{}), wake: make(chan struct{}, 1), changed: make(chan struct{}),
 		grids: map[gridKey]*policyGrid{}}
@@ -273,7 +287,7 @@ func Load(dir string, cfg Config) (*Server, error) {
 	if cfg.ModelName == "" {
 		cfg.ModelName = filepath.Base(filepath.Clean(dir))
 	}
-	if cfg.Sampling == (Sampling{}) {
+	if cfg.Sampling.zero() {
 		if cfg.Sampling, err = LoadSampling(dir); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("serve: %w", err)
@@ -299,6 +313,11 @@ func Load(dir string, cfg Config) (*Server, error) {
 
 // Name returns the model's id.
 func (s *Server) Name() string { return s.name }
+
+// MaxModelLen returns the most tokens of a request's prompt plus
+// max_tokens (Config.MaxContext under the model's positions; /v1/models
+// reports it); 0 when unbounded.
+func (s *Server) MaxModelLen() int { return s.maxContext }
 
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() Stats {

@@ -14,6 +14,9 @@ type TokenizeResponse struct {
 	Tokens      []int `json:"tokens"`
 	Count       int   `json:"count"`
 	MaxModelLen int   `json:"max_model_len,omitempty"`
+	// TokenStrs is each token's text as logprobs name it, with
+	// return_token_strs true (vLLM's); else null.
+	TokenStrs []string `json:"token_strs"`
 }
 
 // DetokenizeResponse is the answer of POST /detokenize: the text of the
@@ -25,31 +28,51 @@ type DetokenizeResponse struct {
 // tokenize serves POST /tokenize: {"model", "prompt"} (a string: with
 // BOS where the tokenizer has one, as a completion's; add_special_tokens
 // false leaves it out) or {"model", "messages"} (rendered with the chat
-// template, as a chat's). Nothing is admitted or run.
+// template, as a chat's); the model may be left out, as vLLM's, and
+// return_token_strs true adds each token's text. Unknown fields are
+// ignored and named as a completion's are. Nothing is admitted or run.
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	body, ok := s.readBody(w, r)
 	if !ok {
 		return
 	}
-	ids, aerr := s.tokenizeBody(body)
+	ids, strs, ignored, aerr := s.tokenizeBody(body)
 	if aerr != nil {
 		s.invalid()
 		aerr.write(w)
 		return
 	}
-	writeJSON(w, http.StatusOK, TokenizeResponse{Tokens: ids, Count: len(ids), MaxModelLen: s.maxContext})
+	s.ignore(w, "/tokenize", ignored)
+	resp := TokenizeResponse{Tokens: ids, Count: len(ids), MaxModelLen: s.maxContext}
+	if strs {
+		resp.TokenStrs = make([]string, len(ids))
+		for i, id := range ids {
+			resp.TokenStrs[i] = model.TokenText(s.tok, id)
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
 }
 
-func (s *Server) tokenizeBody(body []byte) ([]int, *apiError) {
+// tokenizeBody reads a /tokenize body: the ids, whether the tokens'
+// texts are asked for, and the ignored fields.
+func (s *Server) tokenizeBody(body []byte) ([]int, bool, []string, *apiError) {
 	fields, aerr := object(body, "")
 	if aerr != nil {
-		return nil, aerr
+		return nil, false, nil, aerr
 	}
 	var name, text *string
 	var msgs []chat.Message
-	special := true
+	var ignored []string
+	special, strs := true, false
+	var render chatOptions
 	for _, f := range fields {
-		var err *apiError
+		known, err := render.field(f.key, f.raw)
+		if err != nil {
+			return nil, false, nil, err
+		}
+		if known {
+			continue
+		}
 		switch f.key {
 		case "model":
 			name, err = str(f.key, f.raw)
@@ -62,16 +85,16 @@ func (s *Server) tokenizeBody(body []byte) ([]int, *apiError) {
 			if b, err = boolean(f.key, f.raw); b != nil {
 				special = *b
 			}
-		case "add_generation_prompt":
+		case "return_token_strs":
 			var b *bool
-			if b, err = boolean(f.key, f.raw); err == nil && b != nil && !*b {
-				err = badParam(f.key, "unsupported_parameter", "add_generation_prompt false is not supported (a chat's prompt always opens the assistant's turn)")
+			if b, err = boolean(f.key, f.raw); b != nil {
+				strs = *b
 			}
 		default:
-			err = badParam(f.key, "unknown_parameter", "Unrecognized request argument supplied: %s", f.key)
+			ignored = append(ignored, f.key)
 		}
 		if err != nil {
-			return nil, err
+			return nil, false, nil, err
 		}
 	}
 	modelName := ""
@@ -79,20 +102,25 @@ func (s *Server) tokenizeBody(body []byte) ([]int, *apiError) {
 		modelName = *name
 	}
 	if err := s.checkModel(modelName); err != nil {
-		return nil, err
+		return nil, false, nil, err
 	}
 	switch {
 	case (text == nil) == (msgs == nil):
-		return nil, badParam("prompt", "invalid_value", "give a prompt or messages (one of them)")
+		return nil, false, nil, badParam("prompt", "invalid_value", "give a prompt or messages (one of them)")
 	case msgs != nil:
-		return s.chatPromptIDs(msgs)
+		if err := render.check(); err != nil {
+			return nil, false, nil, err
+		}
+		ids, err := s.chatPromptIDs(msgs, render)
+		return ids, strs, ignored, err
 	case !special:
-		return s.tok.Encode(*text), nil
+		return s.tok.Encode(*text), strs, ignored, nil
 	}
-	return model.PromptIDs(s.tok, *text), nil
+	return model.PromptIDs(s.tok, *text), strs, ignored, nil
 }
 
-// detokenize serves POST /detokenize: {"model", "tokens": [ids]}.
+// detokenize serves POST /detokenize: {"model", "tokens": [ids]} (the
+// model may be left out; unknown fields are ignored and named).
 func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
 	body, ok := s.readBody(w, r)
 	if !ok {
@@ -101,6 +129,7 @@ func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
 	fields, aerr := object(body, "")
 	var name *string
 	var ids *Prompt
+	var ignored []string
 	for _, f := range fields {
 		if aerr != nil {
 			break
@@ -117,7 +146,7 @@ func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
 				aerr = badParam("tokens", "invalid_type", "tokens must be an array of token ids")
 			}
 		default:
-			aerr = badParam(f.key, "unknown_parameter", "Unrecognized request argument supplied: %s", f.key)
+			ignored = append(ignored, f.key)
 		}
 	}
 	if aerr == nil {
@@ -143,5 +172,6 @@ func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
 		aerr.write(w)
 		return
 	}
+	s.ignore(w, "/detokenize", ignored)
 	writeJSON(w, http.StatusOK, DetokenizeResponse{Prompt: s.tok.Decode(ids.IDs)})
 }

@@ -146,6 +146,7 @@ func TestFlagBounds(t *testing.T) {
 		{"grid-idle-timeout", "169h", "want at most 168h0m0s", "0..168h"},
 		{"request-timeout", "169h", "want at most 168h0m0s", "0..168h"},
 		{"sse-keepalive", "61m", "want at most 1h0m0s", "100ms..1h"},
+		{"log-stats-interval", "61m", "want at most 1h0m0s", "1s..1h"},
 		{"serve-grid-retry-wait", "61m", "want at most 1h0m0s", "0..1h"},
 		{"http-read-header-timeout", "61m", "want at most 1h0m0s", "at most 1h"},
 		{"http-idle-timeout", "25h", "want at most 24h0m0s", "at most 24h"},

@@ -408,6 +408,10 @@ type Config struct {
 	// GET /admin/requests/{id} and questctl replay-request
 	// [--request-history]. Default 64; 0: none.
 	RequestHistory int
+	// LogStatsInterval is the period of the completions API's stats line
+	// (tokens/s, running and queued sequences, pool and prefix cache
+	// use; none while idle) [--log-stats-interval]. Default 10s; 0: off.
+	LogStatsInterval time.Duration
 
 	// The connections of both HTTP servers, the completions API
 	// (HTTPAddr) and the metrics server (MetricsAddr): see

@@ -321,7 +321,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 
 	d.group("Completions API (OpenAI-compatible, the model runs on this node)")
 	d.str(&c.Model, "model", "", "Hugging Face Llama checkpoint `dir` to serve at --http-addr (config.json, safetensors, tokenizer.json, else SentencePiece's tokenizer.model, else the byte tokenizer)")
-	d.str(&c.HTTPAddr, "http-addr", "", "listen `host:port` of the completions API (POST /v1/completions, GET /v1/models); needs --model")
+	d.str(&c.HTTPAddr, "http-addr", "", "listen `host:port` of the completions API (POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize; GET /v1/models, /health and /metrics); needs --model")
 	d.str(&c.HTTPTLSCert, "http-tls-cert", "", "PEM `file` of the completions API's TLS certificate (with --http-tls-key: HTTPS; SIGHUP reloads both; default: plaintext, warned about beyond loopback)")
 	d.str(&c.HTTPTLSKey, "http-tls-key", "", "PEM `file` of the completions API's TLS key (mode 600, 640 or 440: no access for other users); each at most 1 MiB")
 	d.list(&c.AllowedOrigins, "allowed-origins", "comma-separated `origins` (scheme://host[:port], or * for any) whose browsers may call the completions API cross-origin (CORS); default none")
@@ -368,6 +368,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		return nil
 	})
 	d.int(&c.MonitorQueue, "monitor-queue", 64, "replays of --monitor-rate waiting or running at most, 1..65536; samples beyond it are dropped and counted")
+	d.dur(&c.LogStatsInterval, "log-stats-interval", 10*time.Second, "period of the completions API's stats line in the log (prompt and generation tokens/s, running and queued sequences, reserved pool and prefix cache hits, as vLLM's), written only while it has work; 0 (off) or 1s..1h")
 	d.int(&c.RequestHistory, "request-history", 64, "finished requests kept (prompt, output, settings) for GET /admin/requests/{id} and questctl replay-request, 0..65536; 0 keeps none. Without --token-file the /admin endpoints have no authentication: whoever reaches --http-addr can read these prompts and outputs")
 
 	d.group("HTTP connections (each of the completions API of --http-addr and the metrics server of --metrics-addr)")

@@ -109,6 +109,7 @@ func (c Config) Validate() error {
 		{"gossip-interval", c.GossipInterval, time.Minute}, {"dead-node-reclaim", c.DeadNodeReclaim, time.Hour},
 		{"drain-timeout", c.DrainTimeout, time.Hour}, {"grid-idle-timeout", c.GridIdle, 168 * time.Hour},
 		{"request-timeout", c.RequestTimeout, 168 * time.Hour}, {"sse-keepalive", c.SSEKeepAlive, time.Hour},
+		{"log-stats-interval", c.LogStatsInterval, time.Hour},
 		{"serve-grid-retry-wait", c.ServeGridRetryWait, time.Hour},
 		{"http-read-header-timeout", c.HTTPReadHeaderTimeout, time.Hour}, {"http-idle-timeout", c.HTTPIdleTimeout, 24 * time.Hour},
 	} {
@@ -133,6 +134,8 @@ func (c Config) Validate() error {
 		return bad("request-timeout", c.RequestTimeout.String(), "must not be negative")
 	case c.SSEKeepAlive < 0 || (c.SSEKeepAlive > 0 && c.SSEKeepAlive < 100*time.Millisecond):
 		return bad("sse-keepalive", c.SSEKeepAlive.String(), "want 0 (never) or at least 100ms")
+	case c.LogStatsInterval < 0 || (c.LogStatsInterval > 0 && c.LogStatsInterval < time.Second):
+		return bad("log-stats-interval", c.LogStatsInterval.String(), "want 0 (off) or at least 1s")
 	case c.PrefillChunk < 1:
 		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
 	case c.MaxBatchedTokens < 0:

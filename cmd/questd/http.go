@@ -34,6 +34,9 @@ type completions struct {
 	// closeDevice frees the device executor and its GPU backend after
 	// srv closed (--serve-layout device; nil otherwise).
 	closeDevice func()
+	// stopStats ends the stats line's goroutine (--log-stats-interval;
+	// nil when off).
+	stopStats func()
 }
 
 // serveConfig is the serve package configuration of cfg: the node's selection
@@ -135,8 +138,16 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 		return nil, err
 	}
 	warnExposure(h.addr, cert != nil, cfg.Token != "", log)
-	log.Info("completions API", "addr", h.addr, "tls", cert != nil, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP)
-	return &completions{srv: srv, http: h, cert: cert, closeDevice: closeDevice}, nil
+	// As vLLM states its KV cache at start: the context bound and how
+	// many requests of that length the pool holds at once.
+	st := srv.Stats()
+	log.Info("completions API", "addr", h.addr, "tls", cert != nil, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP,
+		"max_model_len", srv.MaxModelLen(), "pool_pages", st.CapacityPages, "pool_tokens_per_shard", st.CapacityPages*cfg.PageSize)
+	c := &completions{srv: srv, http: h, cert: cert, closeDevice: closeDevice}
+	if cfg.LogStatsInterval > 0 {
+		c.stopStats = logServeStats(srv, cfg.LogStatsInterval, log)
+	}
+	return c, nil
 }
 
 // loadChatTemplate sets sc's chat template: --chat-template's (an error
@@ -171,6 +182,9 @@ func loadChatTemplate(cfg Config, sc *completion.Config, log *slog.Logger) error
 // connections are still open, so that their clients learn why, and then
 // the HTTP server (up to stopFlush for those answers to go out).
 func (c *completions) stop(ctx context.Context, log *slog.Logger) {
+	if c.stopStats != nil {
+		defer c.stopStats() // the drain's last seconds logged too
+	}
 	if err := c.srv.Drain(ctx); err != nil {
 		log.Warn("completions drain", "err", err)
 	}

@@ -59,6 +59,7 @@ func TestServeCompletions(t *testing.T) {
 		} `json:"choices"`
 		Usage struct {
 			CompletionTokens int `json:"completion_tokens"`
+			PagesRead        int `json:"pages_read"`
 			PagesTotal       int `json:"pages_total"`
 		} `json:"usage"`
 	}
@@ -80,6 +81,8 @@ func TestServeCompletions(t *testing.T) {
 		{"questrt_serve_requests_total", "outcome", "failed", 0},
 		{"questrt_serve_tokens_total", "kind", "completion", 5},
 		{"questrt_request_retries_total", "reason", "grid_lost", 0},
+		{"questrt_serve_pages_read_total", "kind", "read", float64(out.Usage.PagesRead)},
+		{"questrt_serve_pages_read_total", "kind", "dense", float64(out.Usage.PagesTotal)},
 	} {
 		if got := metric(t, mf, c.name, c.label, c.value).GetCounter().GetValue(); got != c.want {
 			t.Errorf("%s{%s=%q} = %v, want %v", c.name, c.label, c.value, got, c.want)
@@ -152,6 +155,8 @@ func TestServeCompletionsFlags(t *testing.T) {
 		{[]string{"--request-timeout", "-1s"}, "--request-timeout"},
 		{[]string{"--sse-keepalive", "-1s"}, "--sse-keepalive"},
 		{[]string{"--sse-keepalive", "1ns"}, "--sse-keepalive"},
+		{[]string{"--log-stats-interval", "-1s"}, "--log-stats-interval"},
+		{[]string{"--log-stats-interval", "500ms"}, "--log-stats-interval"},
 		{[]string{"--cp", "100000"}, "--cp"},
 		{[]string{"--layers", "1000000000"}, "--layers"},
 		{[]string{"--head-dim", "1000000000"}, "--head-dim"},

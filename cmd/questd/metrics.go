@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer, st *readiness) (*metrics, error) {
 		}, []string{"kind", "code"}),
 		read: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "questrt_pages_read_total",
-			Help: "KV pages read by the decode steps this node coordinated, per KV head (plan reads x KV heads, over items and layers); over questrt_pages_total: the bytes read vs a dense read.",
+			Help: "KV pages read by the decode steps this node coordinated, per KV head (plan reads x KV heads, over items and layers); over questrt_pages_total: the bytes read vs a dense read. The completions API's steps with --serve-layout local or device do not go through the coordinator: questrt_serve_pages_read_total counts them.",
 		}),
 		total: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "questrt_pages_total",

@@ -17,6 +17,7 @@ type serveCounts struct {
 	prefixReqs, prefixTokens             *prometheus.Desc
 	prefixEvicted, prefixHeld            *prometheus.Desc
 	prefixLost                           *prometheus.Desc
+	pagesRead                            *prometheus.Desc
 }
 
 func newServeCounts(srv *completion.Server) *serveCounts {
@@ -33,6 +34,7 @@ func newServeCounts(srv *completion.Server) *serveCounts {
 		prefixEvicted: prometheus.NewDesc("questrt_prefix_cache_evicted_pages_total", "Pages per shard the prefix cache gave up, least recently used first: for a request's pages (the cache never keeps a request waiting) or to stay within --prefix-cache-pages.", nil, nil),
 		prefixHeld:    prometheus.NewDesc("questrt_prefix_cache", "The prefix cache now, by kind: entries (engine sequences, or cluster sequences with --serve-layout cluster) and pages (per shard, of --serve-capacity-pages; pages running requests share count here too).", []string{"kind"}, nil),
 		prefixLost:    prometheus.NewDesc("questrt_prefix_cache_lost_entries_total", "Prefix cache entries dropped with their grid (--serve-layout cluster: a node of the grid lost); requests run again after the loss prefill anew.", nil, nil),
+		pagesRead:     prometheus.NewDesc("questrt_serve_pages_read_total", "KV pages the completions API's decode steps read, per KV head (the requests' usage pages_read summed), by kind: read, and dense (what dense attention would have read: usage pages_total); read over dense is the bytes read vs a dense read. Counted here whatever --serve-layout (questrt_pages_read_total counts the steps of the node's coordinator, which the local and device layouts do not use).", []string{"kind"}, nil),
 		retries:       prometheus.NewDesc("questrt_request_retries_total", "Times a completions request ran again, by reason: grid_lost (--serve-layout cluster: its grid lost a node; run again on a new grid from its prompt and the tokens already generated, at most --serve-grid-retries times a request).", []string{"reason"}, nil),
 		policyRefused: prometheus.NewDesc("questrt_serve_policy_grid_refusals_total", "Requests refused (429) because their quest options would open one grid more than --serve-policy-grids (--serve-layout cluster).", nil, nil),
 	}
@@ -40,7 +42,7 @@ func newServeCounts(srv *completion.Server) *serveCounts {
 
 // Describe implements prometheus.Collector.
 func (c *serveCounts) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.reqs, c.outcomes, c.tokens, c.steps, c.prefill, c.pages, c.policyRefused, c.retries, c.prefixReqs, c.prefixTokens, c.prefixEvicted, c.prefixHeld, c.prefixLost} {
+	for _, d := range []*prometheus.Desc{c.reqs, c.outcomes, c.tokens, c.steps, c.prefill, c.pages, c.policyRefused, c.retries, c.prefixReqs, c.prefixTokens, c.prefixEvicted, c.prefixHeld, c.prefixLost, c.pagesRead} {
 		ch <- d
 	}
 }
@@ -67,6 +69,8 @@ func (c *serveCounts) Collect(ch chan<- prometheus.Metric) {
 	counter(c.steps, st.Steps, "steps")
 	counter(c.steps, st.StepSequences, "sequences")
 	counter(c.prefill, st.PrefillChunks)
+	counter(c.pagesRead, st.PagesRead, "read")
+	counter(c.pagesRead, st.PagesTotal, "dense")
 	gauge(c.pages, st.ReservedPages, "reserved")
 	gauge(c.pages, st.CapacityPages, "capacity")
 	counter(c.policyRefused, st.PolicyGridsRefused)

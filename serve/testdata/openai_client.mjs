@@ -1,14 +1,16 @@
 // openai_client.mjs drives a questrt serve endpoint with the official
 // openai npm client: a completion, the same completion streamed (with
 // the usage chunk), the same prompt as a chat (the server's template
-// passes the message through) and streamed, the model list, and two
-// errors. It prints one JSON
+// passes the message through) and streamed, n = 2, vLLM's extra
+// fields, the model list, and errors. It prints one JSON
 // object on stdout. TestOpenAINodeClient copies it next to the
 // node_modules holding openai and runs it with:
 //
 //	QUESTRT_BASE_URL  the API's base URL (http://host:port/v1)
 //	QUESTRT_MODEL     the model id
 //	QUESTRT_PROMPT    the prompt
+//	QUESTRT_STOP_TOKEN a token id for stop_token_ids
+//	QUESTRT_TRUNCATE  a count for truncate_prompt_tokens
 import OpenAI from 'openai';
 import { readFileSync } from 'node:fs';
 
@@ -87,8 +89,9 @@ const chatTwo = await client.chat.completions.create({
 });
 out.chatTwoTexts = chatTwo.choices.map((c) => c.message.content);
 
-// Fields the server does not know (vLLM's sampling extras) are ignored
-// and named in a header; the answer is the greedy chat's.
+// vLLM's sampling extras: top_k (greedy: no change) and
+// repetition_penalty, which the server does not know: ignored and named
+// in a header; the answer is the greedy chat's.
 const extra = await client.chat.completions.create({
   model, messages: [{ role: 'user', content: prompt }], max_tokens: 5, temperature: 0,
   top_k: 40, repetition_penalty: 1.1,
@@ -101,6 +104,22 @@ const echoed = await client.chat.completions.create({
   model, messages: [{ role: 'user', content: prompt }, { role: 'assistant', content: 'Sure: ' }], max_tokens: 3, temperature: 0, echo: true,
 });
 out.echoText = echoed.choices[0].message.content;
+
+// vLLM's stop_token_ids (a chat stopped at the token QUESTRT_STOP_TOKEN
+// of the greedy answer) and truncate_prompt_tokens (the prompt's last
+// QUESTRT_TRUNCATE tokens), which the client passes through.
+const stopped = await client.chat.completions.create({
+  model, messages: [{ role: 'user', content: prompt }], max_tokens: 5, temperature: 0,
+  stop_token_ids: [Number(process.env.QUESTRT_STOP_TOKEN)],
+}).withResponse();
+out.stopText = stopped.data.choices[0].message.content;
+out.stopFinish = stopped.data.choices[0].finish_reason;
+out.stopIgnored = stopped.response.headers.get('x-questrt-ignored-fields');
+const truncated = await client.completions.create({
+  model, prompt: 'Some words before the prompt. ' + prompt, max_tokens: 5, temperature: 0,
+  truncate_prompt_tokens: Number(process.env.QUESTRT_TRUNCATE),
+});
+out.truncatedPromptTokens = truncated.usage.prompt_tokens;
 
 const models = await client.models.list();
 out.models = models.data.map((m) => m.id);
