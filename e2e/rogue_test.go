@@ -28,13 +28,15 @@ import (
 )
 
 // TestUpRogueJoiners: a cluster started the default way (questctl up:
-// mutual TLS, node certificates, a gossip key) and three processes that
+// mutual TLS, node certificates, a gossip key) and four processes that
 // try to become members of it:
-//   - a questd with the cluster's certificates but no gossip key: its
-//     join is refused and its log says why (no gossip key);
+//   - a questd with the cluster's certificates (node-1's, under its
+//     name) but no gossip key: its join is refused and its log says why
+//     (no gossip key);
 //   - a questd holding the gossip key that would serve with the client
 //     certificate as its node certificate: it refuses to start (exit 2,
 //     naming the certificate's client role) and never reaches the gossip;
+//     so does one with another node's certificate (node-0's);
 //   - a plaintext questd holding the gossip key: it joins the gossip and
 //     is refused ("serves gRPC in plaintext": its gossip metadata says so).
 //
@@ -62,10 +64,11 @@ func TestUpRogueJoiners(t *testing.T) {
 			"--cp", "3", "--tp", "1", "--join", nodes[0].Gossip}, extra...)
 		return append(args, geometryFlags...)
 	}
-	rogue := func(name string, extra ...string) *exec.Cmd {
+	// rogue starts questd --name name; its log is rogueLogs[tag].
+	rogue := func(tag, name string, extra ...string) *exec.Cmd {
 		cmd := exec.Command(filepath.Join(bin, "questd"), rogueArgs(name, extra...)...)
 		logs := &syncWriter{}
-		rogueLogs[name] = logs
+		rogueLogs[tag] = logs
 		cmd.Stderr = logs
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -74,7 +77,7 @@ func TestUpRogueJoiners(t *testing.T) {
 			cmd.Process.Signal(syscall.SIGTERM)
 			waitOrKill(cmd, 5*time.Second)
 			if t.Failed() {
-				t.Logf("%s stderr:\n%s", name, tail(logs.String(), 3000))
+				t.Logf("%s stderr:\n%s", tag, tail(logs.String(), 3000))
 			}
 		})
 		return cmd
@@ -83,13 +86,23 @@ func TestUpRogueJoiners(t *testing.T) {
 		return []string{"--tls-cert", filepath.Join(dir, cert+".pem"), "--tls-key", filepath.Join(dir, cert+".key"), "--tls-ca", filepath.Join(dir, "ca.pem")}
 	}
 	key := filepath.Join(dir, "gossip.key")
-	rogue("nokey", tlsOf("node-1")...)
-	rogue("plain", "--insecure", "--gossip-key-file", key)
+	// The rogue without the key runs under node-1's name and
+	// certificate (questd refuses another node's certificate, and up
+	// keeps no CA key to issue one): its join is refused for the key
+	// before its name could matter.
+	rogue("nokey", "node-1", tlsOf("node-1")...)
+	rogue("plain", "plain", "--insecure", "--gossip-key-file", key)
 	bctx, bcancel := context.WithTimeout(t.Context(), 30*time.Second)
 	out, err := exec.CommandContext(bctx, filepath.Join(bin, "questd"), rogueArgs("byclient", append(tlsOf("client"), "--gossip-key-file", key)...)...).CombinedOutput()
 	bcancel()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "client certificate") {
 		t.Fatalf("questd with the client certificate as its node certificate: %v, want exit status 2 naming the client certificate:\n%s", err, tail(string(out), 2000))
+	}
+	bctx, bcancel = context.WithTimeout(t.Context(), 30*time.Second)
+	out, err = exec.CommandContext(bctx, filepath.Join(bin, "questd"), rogueArgs("other", append(tlsOf("node-0"), "--gossip-key-file", key)...)...).CombinedOutput()
+	bcancel()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), `node "node-0"'s certificate`) {
+		t.Fatalf("questd other with node-0's certificate: %v, want exit status 2 naming node-0's certificate:\n%s", err, tail(string(out), 2000))
 	}
 
 	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key"))

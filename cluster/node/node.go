@@ -84,8 +84,16 @@ type Config struct {
 	// Status (vet.go). A plaintext node refuses the members whose
 	// metadata declares a TLS server (its connections could not reach
 	// them).
+	//
+	// Start refuses a TLS whose own certificate its peers would refuse
+	// (ownCertificate): one with a client role, another node's or a
+	// malformed role URI. Rogue nodes for tests are made with the
+	// test-only hook of export_test.go.
 	TLS       *tls.Config
 	Plaintext bool
+	// foreignCert lets Start run with a certificate ownCertificate
+	// refuses (tests only: a rogue joiner).
+	foreignCert bool
 	// Token, when set, is the bearer token of the cluster: every call of
 	// the client API (questrt.decode.v1.Decode), the worker API and the
 	// collective streams must carry the metadata "authorization: Bearer
@@ -220,6 +228,11 @@ type Node struct {
 func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if (cfg.TLS == nil) == !cfg.Plaintext {
 		return nil, errors.New("node: set exactly one of TLS and Plaintext")
+	}
+	if cfg.TLS != nil && !cfg.foreignCert {
+		if err := ownCertificate(cfg.Member.Name, cfg.TLS); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 10 * time.Second

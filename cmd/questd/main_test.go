@@ -31,6 +31,9 @@ const addressSpaceEnv = "QUESTD_TEST_ADDRESS_SPACE"
 // memberlist's goroutines end a probe interval after Shutdown: give them
 // time before goleak's verdict.
 func TestMain(m *testing.M) {
+	if v := os.Getenv(spinEnv); v != "" {
+		os.Exit(spin(v))
+	}
 	if os.Getenv(asQuestdEnv) == "1" {
 		if v := os.Getenv(nofileEnv); v != "" {
 			n, err := strconv.ParseUint(v, 10, 64)

@@ -4,7 +4,8 @@
 # node starts; deploy/validate runs it too):
 #
 #   ca.pem                   a throwaway CA (ECDSA P-256, 825 days); its key
-#                            is never written, so nothing can sign more
+#                            is never written to DIR, so nothing can sign
+#                            more
 #   questd-N.pem, .key       node questd-N's certificate (N = 0, 1, 2),
 #                            server and client use, its role the URI SAN
 #                            questrt://node/questd-N (so it may call the
@@ -28,7 +29,10 @@
 # left as it is (a restart keeps the cluster's secrets): remove the volume
 # (docker compose down -v) for new ones.
 #
-# Needs openssl 1.1.1 or later (-addext); golang:*-bookworm has it.
+# The certificates come from `questctl tls` ($QUESTCTL, default questctl
+# on PATH; the compose service runs the image's build stage, whose
+# questctl is /out/questctl), the gossip key and the token from
+# /dev/urandom through od and base64 (coreutils): no openssl.
 set -eu
 
 dir=${1:?usage: gen-secrets.sh DIR}
@@ -45,34 +49,21 @@ umask 077
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-	-keyout "$tmp/ca.key" -out "$tmp/ca.pem" -days 825 -subj "/CN=questrt-compose-ca" \
-	-addext "basicConstraints=critical,CA:TRUE" \
-	-addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
-
-# leaf NAME CN SAN: a certificate NAME.pem and key NAME.key signed by the CA.
-leaf() {
-	openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-		-keyout "$tmp/$1.key" -out "$tmp/$1.csr" -subj "/CN=$2" 2>/dev/null
-	{
-		echo "basicConstraints=critical,CA:FALSE"
-		echo "keyUsage=critical,digitalSignature"
-		echo "extendedKeyUsage=$4"
-		echo "subjectAltName=$3"
-	} >"$tmp/$1.ext"
-	openssl x509 -req -in "$tmp/$1.csr" -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" -CAcreateserial \
-		-days 825 -sha256 -extfile "$tmp/$1.ext" -out "$tmp/$1.pem" 2>/dev/null
-}
+questctl=${QUESTCTL:-questctl}
+"$questctl" tls ca --dir "$tmp" --name questrt-compose-ca --days 825 >/dev/null
 
 set -- $ips
 for n in $names; do
-	leaf "$n" "$n" "URI:questrt://node/$n,DNS:$n,IP:$1,DNS:localhost,IP:127.0.0.1" serverAuth,clientAuth
+	"$questctl" tls node "$n" --dir "$tmp" --host "$n,$1,localhost,127.0.0.1" --days 825 >/dev/null
 	shift
 done
-leaf client client "URI:questrt://client/client,DNS:client" clientAuth
+"$questctl" tls client client --dir "$tmp" --days 825 >/dev/null
 
-openssl rand -base64 32 >"$tmp/gossip.key"
-openssl rand -hex 32 >"$tmp/token"
+# rand N: N random bytes, in hex.
+rand() { od -An -N"$1" -tx1 /dev/urandom | tr -d ' \n'; }
+head -c 32 /dev/urandom | base64 >"$tmp/gossip.key"
+rand 32 >"$tmp/token"
+echo >>"$tmp/token"
 
 certs="ca.pem client.pem" keys="client.key gossip.key"
 for n in $names; do

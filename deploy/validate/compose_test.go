@@ -3,8 +3,10 @@ package validate
 import (
 	"bytes"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -49,6 +51,7 @@ type composeService struct {
 type composeBuild struct {
 	Context    string `json:"context"`
 	Dockerfile string `json:"dockerfile"`
+	Target     string `json:"target"`
 }
 
 type composeHealthcheck struct {
@@ -385,6 +388,7 @@ func checkComposeSecrets(t *testing.T, f composeFile, questds []string) (dir, vo
 	if vol == "" {
 		t.Fatalf("%s: %q writes to %q, which is no named volume's mount (volumes %v)", gen, cmd, out, s.Volumes)
 	}
+	checkGenSecretsQuestctl(t, gen, s)
 	if s.Environment["SECRETS_OWNER"] != "65532:65532" {
 		t.Errorf("%s: SECRETS_OWNER %q: want 65532:65532, the image's user (questd reads the 0400 keys as their owner)", gen, s.Environment["SECRETS_OWNER"])
 	}
@@ -405,16 +409,48 @@ func checkComposeSecrets(t *testing.T, f composeFile, questds []string) (dir, vo
 	return dir, vol
 }
 
+// checkGenSecretsQuestctl: the service gen (s) that runs gen-secrets.sh
+// gives it a questctl its image holds: QUESTCTL names a file the stage
+// it builds (build.target of the Dockerfile) writes with go build -o.
+func checkGenSecretsQuestctl(t *testing.T, gen string, s composeService) {
+	t.Helper()
+	q := s.Environment["QUESTCTL"]
+	if s.Build == nil || s.Build.Target == "" || q == "" {
+		t.Errorf("%s: build target %v, QUESTCTL %q: want the image's build stage and its questctl (gen-secrets.sh makes the certificates with questctl tls)", gen, s.Build, q)
+		return
+	}
+	df := mustRead(t, filepath.Join(composeDir, s.Build.Context, s.Build.Dockerfile))
+	var stage, out string
+	for _, line := range strings.Split(string(df), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && strings.EqualFold(f[0], "FROM") && strings.EqualFold(f[2], "AS") {
+			stage = f[3]
+		}
+		if stage == s.Build.Target && slices.Contains(f, "-o") && slices.Contains(f, "./cmd/questctl") {
+			out = f[slices.Index(f, "-o")+1]
+		}
+	}
+	if out == "" || (q != out && q != strings.TrimSuffix(out, "/")+"/questctl") {
+		t.Errorf("%s: QUESTCTL %q: stage %q of %s builds questctl into %q", gen, q, s.Build.Target, s.Build.Dockerfile, out)
+	}
+}
+
 // genSecrets runs gen-secrets.sh into dir (without SECRETS_OWNER: the
-// files stay the test's) and checks the modes of what it wrote; a second
-// run keeps them.
+// files stay the test's) with this checkout's questctl and an openssl
+// on PATH that fails (it needs none), and checks the modes of what it
+// wrote, the certificates' roles and the gossip key; a second run keeps
+// them.
 func genSecrets(t *testing.T, dir string) {
 	t.Helper()
-	lookTool(t, "openssl")
 	sh := lookTool(t, "sh")
+	fake := t.TempDir()
+	if err := os.WriteFile(filepath.Join(fake, "openssl"), []byte("#!/bin/sh\necho gen-secrets.sh ran openssl >&2\nexit 97\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	q := questctl(t)
 	run := func() {
 		cmd := exec.Command(sh, filepath.Join(composeDir, "gen-secrets.sh"), dir)
-		cmd.Env = append(os.Environ(), "SECRETS_OWNER=")
+		cmd.Env = append(os.Environ(), "SECRETS_OWNER=", "QUESTCTL="+q, "PATH="+fake+string(os.PathListSeparator)+os.Getenv("PATH"))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("gen-secrets.sh: %v\n%s", err, out)
 		}
@@ -434,6 +470,15 @@ func genSecrets(t *testing.T, dir string) {
 	}
 	if uris := certURIs(t, filepath.Join(dir, "client.pem")); !slices.Equal(uris, []string{"questrt://client/client"}) {
 		t.Errorf("gen-secrets.sh: client.pem carries the URI SANs %q, want [questrt://client/client] (the client API only)", uris)
+	}
+	for i := range 3 {
+		name := fmt.Sprintf("questd-%d", i)
+		if uris := certURIs(t, filepath.Join(dir, name+".pem")); !slices.Equal(uris, []string{"questrt://node/" + name}) {
+			t.Errorf("gen-secrets.sh: %s.pem carries the URI SANs %q, want [questrt://node/%s]", name, uris, name)
+		}
+	}
+	if key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(mustRead(t, filepath.Join(dir, "gossip.key"))))); err != nil || len(key) != 32 {
+		t.Errorf("gen-secrets.sh: gossip.key: %d bytes (%v), want base64 of 32", len(key), err)
 	}
 	run()
 	if !bytes.Equal(before, mustRead(t, filepath.Join(dir, "token"))) {
