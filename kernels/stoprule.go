@@ -95,7 +95,7 @@ func BranchBound(pages []StopPage, forced []bool, open func(p int) []float64, cf
 	logZ := math.Inf(-1)
 	read := func(p int) {
 		for t, x := range open(p) {
-			logZ = logAddExp(logZ, x)
+			logZ = LogAddExp(logZ, x)
 			tok := StopToken{Logit: x, Page: p, Slot: t}
 			if len(top) < r {
 				heap.Push(&top, tok)
@@ -190,8 +190,9 @@ func ScoreGap(sorted []float64, k int) float64 {
 	return sorted[k-1] - sorted[k]
 }
 
-// logAddExp returns log(exp(a) + exp(b)).
-func logAddExp(a, b float64) float64 {
+// LogAddExp returns log(exp(a) + exp(b)) without overflow (-Inf is an
+// empty sum).
+func LogAddExp(a, b float64) float64 {
 	if math.IsInf(a, -1) {
 		return b
 	}

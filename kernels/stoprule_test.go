@@ -214,7 +214,7 @@ func TestMassBoundBoundsDroppedMass(t *testing.T) {
 				continue
 			}
 			for _, x := range lg {
-				logZ = logAddExp(logZ, x)
+				logZ = LogAddExp(logZ, x)
 			}
 		}
 		check(read, MassBound(logZ, unread), "random read set")

@@ -79,7 +79,7 @@ func (c *StopCollector) Row(head int, forced []bool, r int) decode.StopRow {
 	for p := range np {
 		for t, x := range c.logits[p] {
 			all = append(all, kernels.StopToken{Logit: x, Page: p, Slot: t})
-			lse = logAddExp(lse, x)
+			lse = kernels.LogAddExp(lse, x)
 		}
 	}
 	slices.SortFunc(all, kernels.StopBefore)
@@ -168,20 +168,6 @@ func (c *StopCollector) Row(head int, forced []bool, r int) decode.StopRow {
 		}
 	}
 	return row
-}
-
-// logAddExp returns log(exp(a) + exp(b)).
-func logAddExp(a, b float64) float64 {
-	if math.IsInf(a, -1) {
-		return b
-	}
-	if math.IsInf(b, -1) {
-		return a
-	}
-	if a < b {
-		a, b = b, a
-	}
-	return a + math.Log1p(math.Exp(b-a))
 }
 
 // resize64 returns s with length n, reallocating only to grow.
