@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -34,57 +31,13 @@ func TestQuestdKill9InAppend(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills processes")
 	}
-	// kill9SoakEnv and kill9SeedEnv as for TestQuestdKill9InStep.
-	kills, seed := 9, uint64(28)
-	if v := os.Getenv(kill9SoakEnv); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 200 {
-			t.Fatalf("%s=%q: want a number of kills, 1..200", kill9SoakEnv, v)
-		}
-		kills, seed = n, uint64(time.Now().UnixNano())
-	}
-	if v := os.Getenv(kill9SeedEnv); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("%s=%q: %v", kill9SeedEnv, v, err)
-		}
-		seed = n
-	}
-	t.Logf("%d kills, seed %d (%s=%d repeats it)", kills, seed, kill9SeedEnv, seed)
+	kills, seed := kill9Settings(t, 9, 28)
 	rng := rand.New(rand.NewPCG(seed, 27))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(30+15*kills)*time.Second)
 	defer cancel()
-	nodes := make([]*kill9Node, 3)
-	for i := range nodes {
-		a := slices.Clone(smallNode)
-		a[slices.Index(a, "m0")] = fmt.Sprintf("n%d", i)
-		a = append(a, "--cp", "3", "--capacity-pages", "4096", "--data-dir", t.TempDir(), "--log-format", "json", "--dead-node-reclaim", "100ms")
-		nodes[i] = &kill9Node{name: fmt.Sprintf("n%d", i), args: a}
-	}
-	start := func(i int) {
-		t.Helper()
-		args := nodes[i].args
-		for j, o := range nodes {
-			if j != i && o.p != nil && o.p.ready != nil {
-				args = append(slices.Clone(args), "--join", o.p.ready["gossip"])
-				break
-			}
-		}
-		nodes[i].p = startQuestd(t, args...)
-	}
-	for i := range nodes {
-		start(i)
-	}
-	cfg, err := load(t, nil, nodes[0].args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ec := cfg.engineConfig()
-	ref, err := engine.New(ec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ref.Close()
+	kc := startKill9Cluster(t, "--capacity-pages", "4096")
+	nodes, ref, ec := kc.nodes, kc.ref, kc.ec
+	start := func(i int) { kc.start(t, i) }
 	kv, qd, L := ec.KVHeads*ec.HeadDim, ec.QHeads*ec.HeadDim, ec.Layers
 	vec := func(n int) []float32 {
 		v := make([]float32, n)
@@ -93,37 +46,10 @@ func TestQuestdKill9InAppend(t *testing.T) {
 		}
 		return v
 	}
-	var c *client.Client
-	dial := func() {
-		t.Helper()
-		if c != nil {
-			c.Close()
-		}
-		var err error
-		if c, err = client.Dial(ctx, nodes[0].p.ready["grpc"], client.Options{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dial()
+	c := kc.dial(ctx, t, nil)
+	dial := func() { c = kc.dial(ctx, t, c) }
 	defer func() { c.Close() }()
-	waitMembers := func() {
-		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			st, err := c.Status(ctx)
-			up := 0
-			for _, m := range st.GetMembers() {
-				if m.GetState() == "alive" {
-					up++
-				}
-			}
-			if up == 3 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("n0 lists %d members alive after 20 s (%v)", up, err)
-			}
-		}
-	}
+	waitMembers := func() { kc.waitMembers(ctx, t, c) }
 	waitMembers()
 	seq, _, err := c.Create(ctx, plan.Striped)
 	if err != nil {

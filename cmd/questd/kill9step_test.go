@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -18,19 +17,18 @@ import (
 	"github.com/questrt/questrt/plan"
 )
 
-// kill9SoakEnv, set to a number of kills (at most 200), runs
-// TestQuestdKill9InStep with that many kills instead of 6, the
+// The soak (kill9SoakEnv) of TestQuestdKill9InStep puts the
 // coordinator n0 among the victims (by default only n1 and n2: under a
 // loaded machine a busy node is still taken for a dead one now and
 // then, and a coordinator's restart adds the most of that churn; seen
 // once in the soak, seed 4 on 2 cores shared with other builds: the
 // restarted coordinator's grid swept by a node whose memberlist marked
-// the live coordinator failed); its seed comes from kill9SeedEnv when
-// set. Two causes of a freed sequence after a coordinator restart are
-// fixed: a Recover on a view that lacked a node opened a grid that kept
-// the recovered directory from the full placement's grid (seed 1), and
-// a node swept the restarted coordinator's new grid while its view
-// still showed the old instance (seeds 3 and 5).
+// the live coordinator failed). Two causes of a freed sequence after a
+// coordinator restart are fixed: a Recover on a view that lacked a node
+// opened a grid that kept the recovered directory from the full
+// placement's grid (seed 1), and a node swept the restarted
+// coordinator's new grid while its view still showed the old instance
+// (seeds 3 and 5).
 //
 // Recovery's per-layer losses are exact where Recovered.LostExact says
 // so, and checked exactly; the others would be upper bounds, checked as
@@ -43,18 +41,6 @@ import (
 // 8: 24 estimated, one too many). A token whose step answered
 // is never reported rolled back (a node killed after the answer and
 // before its EndStep used to roll it back: worker.Local.stepDone).
-const (
-	kill9SoakEnv = "QUESTRT_KILL9_SOAK"
-	kill9SeedEnv = "QUESTRT_KILL9_SEED"
-)
-
-// kill9Node is one questd of TestQuestdKill9InStep: its arguments and
-// current process.
-type kill9Node struct {
-	name string
-	args []string
-	p    *questdProc
-}
 
 // TestQuestdKill9InStep: three questd processes with --data-dir on
 // loopback, one CP = 3 sequence over them (coordinated by n0) decoded
@@ -75,58 +61,15 @@ type kill9Node struct {
 // the client appends each layer's missing tokens again, the next steps
 // are bit-identical to the reference's from that length.
 func TestQuestdKill9InStep(t *testing.T) {
-	kills, seed := 6, uint64(27)
-	if s := os.Getenv(kill9SoakEnv); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 200 {
-			t.Fatalf("%s=%q: want a number of kills, 1..200", kill9SoakEnv, s)
-		}
-		kills, seed = n, uint64(time.Now().UnixNano())
-	}
-	if s := os.Getenv(kill9SeedEnv); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("%s=%q: %v", kill9SeedEnv, s, err)
-		}
-		seed = n
-	}
-	t.Logf("%d kills, seed %d (%s=%d repeats it)", kills, seed, kill9SeedEnv, seed)
+	kills, seed := kill9Settings(t, 6, 27)
 	rng := rand.New(rand.NewPCG(seed, 27))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(30+15*kills)*time.Second)
 	defer cancel()
 
 	// The cluster: smallNode's model with CP 3, fast failure detection.
-	nodes := make([]*kill9Node, 3)
-	for i := range nodes {
-		a := slices.Clone(smallNode)
-		a[slices.Index(a, "m0")] = fmt.Sprintf("n%d", i)
-		a = append(a, "--cp", "3", "--data-dir", t.TempDir(), "--log-format", "json", "--dead-node-reclaim", "100ms")
-		nodes[i] = &kill9Node{name: fmt.Sprintf("n%d", i), args: a}
-	}
-	start := func(i int) {
-		t.Helper()
-		args := nodes[i].args
-		for j, o := range nodes {
-			if j != i && o.p != nil && o.p.ready != nil {
-				args = append(slices.Clone(args), "--join", o.p.ready["gossip"])
-				break
-			}
-		}
-		nodes[i].p = startQuestd(t, args...)
-	}
-	for i := range nodes {
-		start(i)
-	}
-	cfg, err := load(t, nil, nodes[0].args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ec := cfg.engineConfig()
-	ref, err := engine.New(ec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ref.Close()
+	kc := startKill9Cluster(t)
+	nodes, ref, ec := kc.nodes, kc.ref, kc.ec
+	start := func(i int) { kc.start(t, i) }
 	kv, qd, L := ec.KVHeads*ec.HeadDim, ec.QHeads*ec.HeadDim, ec.Layers
 	vec := func(n int) []float32 {
 		v := make([]float32, n)
@@ -135,41 +78,11 @@ func TestQuestdKill9InStep(t *testing.T) {
 		}
 		return v
 	}
-	var c *client.Client
-	dial := func() {
-		t.Helper()
-		if c != nil {
-			c.Close()
-		}
-		var err error
-		if c, err = client.Dial(ctx, nodes[0].p.ready["grpc"], client.Options{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dial()
+	c := kc.dial(ctx, t, nil)
+	dial := func() { c = kc.dial(ctx, t, c) }
 	defer func() { c.Close() }()
 	// Every node lists the three alive before the first sequence.
-	waitMembers := func() {
-		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); ; {
-			st, err := c.Status(ctx)
-			up := 0
-			if err == nil {
-				for _, m := range st.GetMembers() {
-					if m.GetState() == "alive" {
-						up++
-					}
-				}
-			}
-			if up == 3 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("n0 lists %d members alive after 20 s (%v)", up, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	waitMembers := func() { kc.waitMembers(ctx, t, c) }
 	waitMembers()
 
 	// The sequence, its reference twin, and every token of each layer
