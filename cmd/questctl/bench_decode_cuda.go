@@ -51,7 +51,7 @@ func benchDecodeCUDA(ctx context.Context, b decodeBench, stdout, stderr io.Write
 	fmt.Fprintf(stderr, "weights: %.2f GB on the GPU in %v\n", float64(x.WeightBytes())/1e9, time.Since(t0).Round(time.Millisecond))
 	pol := b.pol
 	cfg := gpu.BenchConfig{Contexts: b.contexts, Batches: b.batches, Warmup: b.warmup, Steps: b.steps, Policy: &pol,
-		KVDType: b.kvDType, Dense: b.dense, Seed: b.seed}
+		KVDType: b.kvDType, Dense: b.dense, Seed: b.seed, Profile: b.profileRange}
 	if err := gpu.Bench(ctx, be, x, cfg, func(r gpu.BenchResult) error { return bench.WriteJSONLine(stdout, r) },
 		func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }); err != nil {
 		return err

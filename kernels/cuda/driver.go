@@ -5,6 +5,7 @@ package cuda
 /*
 #cgo LDFLAGS: -lcuda
 #include <cuda.h>
+#include <cudaProfiler.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -51,6 +52,7 @@ static CUresult questHostFree(void* p) { return cuMemFreeHost(p); }
 import "C"
 
 import (
+	"context"
 	"fmt"
 	"unsafe"
 
@@ -70,6 +72,29 @@ func setMaxDynamicSmem(f cu.Function, bytes int) error {
 		return fmt.Errorf("cuda: cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, %d): CUresult %d", bytes, int(r))
 	}
 	return nil
+}
+
+// ProfilerStart and ProfilerStop bracket the device work a profiler
+// started with capture off records (ncu --profile-from-start off, nsys
+// --capture-range=cudaProfilerApi): cuProfilerStart and cuProfilerStop.
+// Without a profiler attached they do nothing.
+func (b *Backend) ProfilerStart(ctx context.Context) error {
+	return b.do(ctx, func() error {
+		if r := C.cuProfilerStart(); r != C.CUDA_SUCCESS {
+			return fmt.Errorf("cuda: cuProfilerStart: CUresult %d", int(r))
+		}
+		return nil
+	})
+}
+
+// ProfilerStop ends the range ProfilerStart began.
+func (b *Backend) ProfilerStop(ctx context.Context) error {
+	return b.do(ctx, func() error {
+		if r := C.cuProfilerStop(); r != C.CUDA_SUCCESS {
+			return fmt.Errorf("cuda: cuProfilerStop: CUresult %d", int(r))
+		}
+		return nil
+	})
 }
 
 // maxParams is the most kernel parameters launchArgs passes.

@@ -36,6 +36,20 @@ type BenchConfig struct {
 	Dense bool
 	// Seed seeds the random K/V.
 	Seed uint64
+	// Profile brackets the last warm-up Quest step of each measurement
+	// with the device's profiler range (the device must be a Profiler):
+	// a profiler started with capture off (ncu --profile-from-start off)
+	// records only that step's kernels, and the timed steps are not
+	// the profiled one. Off by default.
+	Profile bool
+}
+
+// Profiler is a device whose work a profiler attached with capture off
+// records between ProfilerStart and ProfilerStop (the CUDA backend:
+// cuProfilerStart and cuProfilerStop).
+type Profiler interface {
+	ProfilerStart(context.Context) error
+	ProfilerStop(context.Context) error
 }
 
 // BenchResult is one line of Bench (the fields of the PyTorch anchor's
@@ -110,6 +124,9 @@ func Bench(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig, e
 			return fmt.Errorf("%w: batch %d outside 1..%d", ErrBadInput, b, x.opt.MaxBatch)
 		}
 	}
+	if _, ok := dev.(Profiler); cfg.Profile && !ok {
+		return fmt.Errorf("%w: a profiled run needs a device with a profiler range (the CUDA backend)", ErrBadInput)
+	}
 	if cfg.Steps < 0 || cfg.Warmup < 0 {
 		return fmt.Errorf("%w: %d steps after %d warm-up steps", ErrBadInput, cfg.Steps, cfg.Warmup)
 	}
@@ -163,10 +180,21 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 		var tm Timing
 		held := rows[0].Pos
 		for s := range cfg.Warmup + cfg.Steps {
+			prof := cfg.Profile && !dense && s == cfg.Warmup-1
+			if prof {
+				if err := dev.(Profiler).ProfilerStart(ctx); err != nil {
+					return err
+				}
+			}
 			t := time.Now()
 			next, err := x.Decode(ctx, e, rows)
 			if err != nil {
 				return fmt.Errorf("step %d: %w", s, err)
+			}
+			if prof {
+				if err := dev.(Profiler).ProfilerStop(ctx); err != nil {
+					return err
+				}
 			}
 			if s >= cfg.Warmup {
 				el += time.Since(t)
