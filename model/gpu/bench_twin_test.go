@@ -9,6 +9,7 @@ import (
 
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
 )
@@ -203,5 +204,70 @@ func checkAppendTensor(t *testing.T, dev BenchDevice, e *engine.Engine, id decod
 				t.Fatalf("%v pages, step %d layer %d: the device-appended sequence attends differently from the host-appended one", dt, s, l)
 			}
 		}
+	}
+}
+
+// profilingTwin is the CPU twin with a profiler range that counts its
+// brackets and the decode steps the device saw inside them.
+type profilingTwin struct {
+	*backendtest.QueuedDevice
+	starts, stops int
+	on            bool
+}
+
+func (p *profilingTwin) ProfilerStart(context.Context) error {
+	if p.on {
+		return errors.New("range started twice")
+	}
+	p.starts++
+	p.on = true
+	return nil
+}
+
+func (p *profilingTwin) ProfilerStop(context.Context) error {
+	if !p.on {
+		return errors.New("range stopped before it started")
+	}
+	p.stops++
+	p.on = false
+	return nil
+}
+
+// TestBenchProfileRange: a profiled run brackets one Quest step per
+// measurement (none of dense's) and leaves the range closed; a device
+// without a profiler range is refused before anything runs.
+func TestBenchProfileRange(t *testing.T) {
+	ctx := context.Background()
+	dev := &profilingTwin{QueuedDevice: twin(t)}
+	x, err := NewRandom(ctx, dev, tinyConfig(t), 3, Options{MaxBatch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close(ctx)
+	pol := plan.DefaultPolicy()
+	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 64, 0
+	cfg := BenchConfig{Contexts: []int{100, 400}, Batches: []int{1}, Warmup: 2, Steps: 2, Policy: &pol, Dense: true, Profile: true}
+	n := 0
+	if err := Bench(ctx, dev, x, cfg, func(BenchResult) error { n++; return nil }, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	if n != 4 || dev.starts != 2 || dev.stops != 2 || dev.on {
+		t.Fatalf("%d results, %d starts, %d stops, open %v; want 4 results and 2 closed ranges", n, dev.starts, dev.stops, dev.on)
+	}
+	cfg.Warmup = 0
+	if err := Bench(ctx, dev, x, cfg, func(BenchResult) error { return nil }, t.Logf); err != nil || dev.starts != 2+2 {
+		// Warmup 0 means the default 3 warm-up steps.
+		t.Fatalf("warm-up 0: %v, %d starts", err, dev.starts)
+	}
+	plain := twin(t)
+	px, err := NewRandom(ctx, plain, tinyConfig(t), 3, Options{MaxBatch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close(ctx)
+	n = 0
+	err = Bench(ctx, plain, px, cfg, func(BenchResult) error { n++; return nil }, t.Logf)
+	if !errors.Is(err, ErrBadInput) || n != 0 {
+		t.Fatalf("no profiler: %v after %d results, want ErrBadInput before any", err, n)
 	}
 }
