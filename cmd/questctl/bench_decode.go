@@ -28,6 +28,8 @@ type decodeBench struct {
 	f32Weights    bool
 	dense, noPDL  bool
 	profileRange  bool
+	summary       plan.SummaryDType // --summary-dtype
+	cudaKernels   string            // --cuda-kernels: the backend's tuning overrides
 	seed          uint64
 }
 
@@ -73,13 +75,16 @@ and weights_GB. Progress goes to stderr.`)
 	seed := fs.Uint64("seed", 1, "seed of the random weights and K/V")
 	backend := fs.String("backend", "cuda", "where the model decodes: cuda (the only one: the CPU executor's speed is what generate and bench serve report)")
 	kvDType := kvCacheDTypeFlagFP8(fs, "")
+	summary := summaryDTypeFlag(fs, "")
+	cudaKernels := fs.String("cuda-kernels", "", "tuning overrides of the CUDA backend, comma-separated: attend=NAME and score=NAME (kernel variants of kernels/cuda/mma.cu), score-chunk=N and attend-chunk=N (pages per scoring block / attention work item); empty: the defaults")
 	profileRange := fs.Bool("profile-range", false, "bracket the last warm-up Quest step of each measurement with cuProfilerStart/Stop, so that a profiler started with capture off records that one step's kernels (ncu --profile-from-start off); the timed steps are other steps")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the host's side of the whole run to this file (go tool pprof reads it); empty: none")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		if *backend != "cuda" {
 			return usageError{fmt.Errorf("--backend %q: bench decode times the device executor, --backend cuda (for the CPU, see generate and bench serve)", *backend)}
 		}
-		b := decodeBench{steps: *steps, warmup: *warmup, dense: *dense, noPDL: *noPDL, seed: *seed, profileRange: *profileRange}
+		b := decodeBench{steps: *steps, warmup: *warmup, dense: *dense, noPDL: *noPDL, seed: *seed, profileRange: *profileRange,
+			summary: summary.types[0], cudaKernels: *cudaKernels}
 		var err error
 		switch {
 		case (*configPath == "") == (*modelDir == ""):

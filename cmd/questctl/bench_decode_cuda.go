@@ -16,7 +16,11 @@ import (
 
 // benchDecodeCUDA runs 'questctl bench decode' on GPU 0.
 func benchDecodeCUDA(ctx context.Context, b decodeBench, stdout, stderr io.Writer) error {
-	be, err := cuda.New(cuda.Config{DType: b.kvDType})
+	ccfg := cuda.Config{DType: b.kvDType, SummaryDType: b.summary}
+	if err := parseCUDAKernels(b.cudaKernels, &ccfg); err != nil {
+		return err
+	}
+	be, err := cuda.New(ccfg)
 	if err != nil {
 		return fmt.Errorf("--backend cuda: %w", err)
 	}

@@ -37,28 +37,8 @@ func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtyp
 		return usageError{err}
 	}
 	cfg := cuda.Config{DType: dt, SummaryDType: summary}
-	if kernelSpec != "" {
-		for _, kv := range strings.Split(kernelSpec, ",") {
-			k, v, ok := strings.Cut(kv, "=")
-			switch {
-			case ok && k == "attend":
-				cfg.AttendKernel = v
-			case ok && k == "score":
-				cfg.ScoreKernel = v
-			case ok && (k == "score-chunk" || k == "attend-chunk"):
-				n, err := strconv.Atoi(v)
-				if err != nil || n <= 0 {
-					return usageError{fmt.Errorf("--cuda-kernels: %s wants a positive number of pages, not %q", k, v)}
-				}
-				if k == "score-chunk" {
-					cfg.ScoreChunk = n
-				} else {
-					cfg.AttendChunk = n
-				}
-			default:
-				return usageError{fmt.Errorf("--cuda-kernels: %q is not attend=NAME, score=NAME, score-chunk=N or attend-chunk=N", kv)}
-			}
-		}
+	if err := parseCUDAKernels(kernelSpec, &cfg); err != nil {
+		return err
 	}
 	b, err := cuda.New(cfg)
 	if err != nil {
@@ -74,4 +54,35 @@ func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtyp
 		}
 		return bench.WriteJSONLine(stdout, r)
 	})
+}
+
+// parseCUDAKernels sets the tuning overrides of --cuda-kernels (attend=NAME,
+// score=NAME, score-chunk=N, attend-chunk=N, comma-separated) in cfg; the
+// backend checks the names when it starts.
+func parseCUDAKernels(spec string, cfg *cuda.Config) error {
+	if spec == "" {
+		return nil
+	}
+	for _, kv := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		switch {
+		case ok && k == "attend":
+			cfg.AttendKernel = v
+		case ok && k == "score":
+			cfg.ScoreKernel = v
+		case ok && (k == "score-chunk" || k == "attend-chunk"):
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return usageError{fmt.Errorf("--cuda-kernels: %s wants a positive number of pages, not %q", k, v)}
+			}
+			if k == "score-chunk" {
+				cfg.ScoreChunk = n
+			} else {
+				cfg.AttendChunk = n
+			}
+		default:
+			return usageError{fmt.Errorf("--cuda-kernels: %q is not attend=NAME, score=NAME, score-chunk=N or attend-chunk=N", kv)}
+		}
+	}
+	return nil
 }
