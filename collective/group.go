@@ -66,6 +66,7 @@ type Group struct {
 	ownDup   bool     // this member's own input has a candidate twice
 	pos      []int    // per rank: its candidates taken into the row being merged
 	bits     []uint64 // page bitmap of the row being merged; all zero between rows
+	flat     []int32  // the row's pages out of bits, with slack (emitBitmap)
 	acc      []float32
 	tmp      []float32
 }
