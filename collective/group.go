@@ -62,10 +62,12 @@ type Group struct {
 	plo      []uint32   // [row*size+rank]: the smallest page among them
 	phi      []uint32   // [row*size+rank]: the largest
 	sorter   keySorter
+	in       []uint64 // this member's keys of one row, before the sort
 	kh       uint64   // hashBudgets of this operation's budgets
 	ownDup   bool     // this member's own input has a candidate twice
 	pos      []int    // per rank: its candidates taken into the row being merged
 	bits     []uint64 // page bitmap of the row being merged; all zero between rows
+	flat     []int32  // the row's pages out of bits, with slack (emitBitmap)
 	acc      []float32
 	tmp      []float32
 }
@@ -309,9 +311,10 @@ func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 	if len(k) != rows {
 		return fmt.Errorf("%d candidate rows but %d budgets", rows, len(k))
 	}
-	total := 0
+	total, maxRow := 0, 0
 	for _, c := range local {
 		total += len(c)
+		maxRow = max(maxRow, len(c))
 	}
 	g.rowAt = growInts(g.rowAt, g.size*rows)
 	g.cnt = growInts(g.cnt, g.size*rows)
@@ -333,7 +336,10 @@ func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 		own = g.all
 	}
 	// Each row is validated, sorted and written in one go, while its keys
-	// are in L1.
+	// are in L1: its keys are made in g.in and sorted into the frame.
+	if cap(g.in) < maxRow {
+		g.in = make([]uint64, maxRow)
+	}
 	at := 0
 	g.ownDup = false
 	for row, c := range local {
@@ -344,18 +350,17 @@ func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 			return fmt.Errorf("row %d: %d local candidates exceed the budget %d", row, len(c), k[row])
 		}
 		keys := own[at : at+len(c)]
-		i, slo, shi, plo, phi := putKeys(keys, c)
+		in := g.in[:len(c)]
+		i, slo, shi, plo, phi := putKeys(in, c)
 		if i >= 0 {
 			if x := c[i]; x.Score != x.Score {
 				return fmt.Errorf("row %d: page %d has a NaN score", row, x.Page)
 			}
 			return fmt.Errorf("row %d: negative page %d", row, c[i].Page)
 		}
-		sorted := keys
-		if !strictlyAscending(keys) {
-			sorted = g.sorter.sortKeys(keys, slo, shi)
-		}
-		if !finishKeys(keys, sorted) {
+		if strictlyAscending(in) {
+			copy(keys, in)
+		} else if g.sorter.sortKeys(keys, in, slo, shi); !strictlyAscending(keys) {
 			// A candidate given twice: the frame fails every member's
 			// check, this one's too (parseSelect then decodes it).
 			g.ownDup = true
@@ -411,17 +416,6 @@ func putKeys(keys []uint64, c []Candidate) (i int, slo, shi, plo, phi uint32) {
 		plo, phi = min(plo, page), max(phi, page)
 	}
 	return -1, slo, shi, plo, phi
-}
-
-// finishKeys copies sorted (ascending) to keys unless they are the same
-// slice, and reports whether the keys ascend strictly (no candidate
-// twice).
-func finishKeys(keys, sorted []uint64) bool {
-	sorted = sorted[:len(keys)]
-	if len(keys) > 0 && &keys[0] != &sorted[0] {
-		copy(keys, sorted)
-	}
-	return strictlyAscending(keys)
 }
 
 // checkKeys returns the smallest and largest page of keys. It returns as

@@ -141,6 +141,14 @@ func (g *Group) emitRow(row int, at, cut []int, t int, out []int32) ([]int32, er
 // g.bits into out, leaving g.bits zero. It returns false when a page is
 // taken twice (fewer pages come out than went in): the sort path then
 // reports it.
+//
+// A row's pages are thin in their range (at 2 ranks, 128 of 8192 pages:
+// about one per word), so a loop over each word's set bits would
+// mispredict its exit about once per word, and a test for empty words
+// as often. Each word instead writes its first two pages unconditionally
+// (a page past the word's last lands where the next word's first goes,
+// or in the slack of g.flat) and advances by its population count; only
+// words of more than two pages loop.
 func (g *Group) emitBitmap(at, cut []int, lo uint32, words int, out []int32) bool {
 	if cap(g.bits) < words {
 		g.bits = make([]uint64, words, max(words, 2*cap(g.bits)))
@@ -152,17 +160,26 @@ func (g *Group) emitBitmap(at, cut []int, lo uint32, words int, out []int32) boo
 			bm[o>>6] |= 1 << (o & 63)
 		}
 	}
+	if cap(g.flat) < len(out)+2 {
+		g.flat = make([]int32, len(out)+2, 2*len(out)+2)
+	}
+	flat := g.flat[:len(out)+2]
 	j := 0
 	for i, w := range bm {
-		if w == 0 {
-			continue
+		base := int32(lo + uint32(i)<<6)
+		n := bits.OnesCount64(w)
+		flat[j] = base + int32(bits.TrailingZeros64(w))
+		w &= w - 1
+		flat[j+1] = base + int32(bits.TrailingZeros64(w))
+		if n > 2 {
+			for k := j + 2; k < j+n; k++ {
+				w &= w - 1
+				flat[k] = base + int32(bits.TrailingZeros64(w))
+			}
 		}
-		bm[i] = 0
-		base := lo + uint32(i)<<6
-		for ; w != 0; w &= w - 1 {
-			out[j] = int32(base + uint32(bits.TrailingZeros64(w)))
-			j++
-		}
+		j += n
 	}
+	clear(bm)
+	copy(out, flat)
 	return j == len(out)
 }

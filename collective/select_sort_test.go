@@ -10,7 +10,8 @@ import (
 // TestSortKeys: sortKeys sorts like slices.Sort whatever the scores
 // (clustered, tied, spread over every magnitude, infinite, zeros of both
 // signs, the smallest subnormals), pages up to math.MaxInt32 and the row
-// length, including rows that reuse a larger row's scratch.
+// length, including rows that reuse a larger row's scratch, and leaves
+// its input as it was.
 func TestSortKeys(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	dists := []func() float32{
@@ -50,8 +51,57 @@ func TestSortKeys(t *testing.T) {
 		for _, k := range keys {
 			lo, hi = min(lo, uint32(k>>32)), max(hi, uint32(k>>32))
 		}
-		if got := s.sortKeys(keys, lo, hi); !slices.Equal(got, want) {
+		in := slices.Clone(keys)
+		got := make([]uint64, n)
+		s.sortKeys(got, in, lo, hi)
+		if !slices.Equal(got, want) {
 			t.Fatalf("trial %d: %d keys not sorted", trial, n)
+		}
+		if !slices.Equal(in, keys) {
+			t.Fatalf("trial %d: input changed", trial)
+		}
+	}
+}
+
+// TestInsertionSort: insertionSort sorts like slices.Sort any input, not
+// only the nearly sorted rows sortKeys hands it: random, reversed,
+// sorted, few distinct values, keys two or more places from home, and
+// the lengths 0 to 3 around its first step.
+func TestInsertionSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 9))
+	for trial := range 20000 {
+		n := rng.IntN(70)
+		if trial < 64 {
+			n = trial % 4
+		}
+		a := make([]uint64, n)
+		vals := uint64(1) << uint(rng.IntN(64))
+		for i := range a {
+			a[i] = rng.Uint64N(vals)
+		}
+		switch trial % 5 {
+		case 1:
+			slices.Sort(a)
+		case 2:
+			slices.Sort(a)
+			slices.Reverse(a)
+		case 3: // sorted, then a few keys moved
+			slices.Sort(a)
+			for range rng.IntN(4) {
+				if n > 1 {
+					i, j := rng.IntN(n), rng.IntN(n)
+					a[i], a[j] = a[j], a[i]
+				}
+			}
+		case 4:
+			for i := range a {
+				a[i] = []uint64{0, 1, math.MaxUint64}[rng.IntN(3)]
+			}
+		}
+		want := slices.Sorted(slices.Values(a))
+		insertionSort(a)
+		if !slices.Equal(a, want) {
+			t.Fatalf("trial %d: got %v, want %v", trial, a, want)
 		}
 	}
 }
