@@ -356,8 +356,14 @@ type Config struct {
 	// Default true.
 	DevicePrefill bool
 	// ServePages is the page pool of the served model's engine
-	// [--serve-capacity-pages]. Default 4096.
+	// [--serve-capacity-pages]. Default 0: with ServeLayout local sized
+	// from memory (serve.Config.CapacityPages 0, ServeMemoryFraction),
+	// with cluster or device defaultServePages (servePages).
 	ServePages int
+	// ServeMemoryFraction is the share of the available memory a pool
+	// sized from memory takes [--serve-memory-fraction]. Default 0.5
+	// (serve.DefaultMemoryFraction).
+	ServeMemoryFraction float64
 	// PrefixCaching keeps prompts' full pages for later requests with
 	// the same token prefix [--prefix-caching] (serve.Config's; every
 	// layout: with cluster, on the requests' grid). Default true.

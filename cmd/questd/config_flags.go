@@ -344,7 +344,15 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		return nil
 	})
 	d.bool(&c.DevicePrefill, "device-prefill", true, "with --serve-layout device: prefill prompts on the GPU (needs --kv-cache-dtype bf16 or f16); false: on the CPU, into the GPU's pages")
-	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; a request starts when its pages fit beside the running ones' and waits in the queue until then (one that could never fit gets 400) (--serve-layout cluster: the pool of every rank of the served grid)")
+	d.int(&c.ServePages, "serve-capacity-pages", 0, "page pool of the served model's engine, in pages; a request starts when its pages fit beside the running ones' and waits in the queue until then (one that could never fit gets 400) (--serve-layout cluster: the pool of every rank of the served grid); 0: with --serve-layout local, sized from memory as vLLM's gpu_memory_utilization (--serve-memory-fraction of the memory available once the model is loaded, at most --max-running requests of --max-model-len, and questd refuses to start when not even one such request fits), with cluster or device 4096")
+	d.text("serve-memory-fraction", "0.5", "share `F` of the memory available (MemAvailable, capped by the memory cgroup and --max-memory) that the serving pool takes when --serve-capacity-pages is 0 with --serve-layout local; the rest holds the CPU prefill's copies of cached prompts' keys and values, activations and the heap; 0 < F <= 0.95", func(v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0 && f <= 0.95) {
+			return errors.New("want 0 < F <= 0.95")
+		}
+		c.ServeMemoryFraction = f
+		return nil
+	})
 	d.bool(&c.PrefixCaching, "prefix-caching", true, "keep the full pages of prompts (with their summaries) so that later requests with the same token prefix fork them instead of prefilling it again; cached pages give way, least recently used first, to any request that needs the pool (every --serve-layout; with cluster the cached pages stay on the requests' grid, and a lost grid's are dropped)")
 	d.int(&c.PrefixCachePages, "prefix-cache-pages", 0, "pages of the serving pool the prefix cache may hold at most, 0..--serve-capacity-pages; 0: whatever the running requests leave free with the GPU prefill, else a quarter of the pool (a prompt prefilled on the CPU keeps a float32 copy of its keys and values in host memory while cached)")
 	d.text("serve-layout", "local", "where the served requests' KV pages live, `local|cluster|device`: local (an in-process engine on this node), cluster (a --serve-cp x --serve-tp grid of the cluster's nodes coordinated by this node; the model runs here, attention steps go to the grid's workers) or device (with --backend cuda: the model's decode steps and the pages on the first GPU of --devices, through the device executor; prompts are prefilled on the CPU into the GPU's pages)", func(v string) error {

@@ -142,10 +142,10 @@ func (c Config) Validate() error {
 		return bad("max-batched-tokens", itoa(c.MaxBatchedTokens), "want 0 (--prefill-chunk-tokens plus --max-running) or at least --max-running %d", c.MaxRunning)
 	case c.MaxBatchedTokens > 0 && c.MaxBatchedTokens < c.MaxRunning:
 		return bad("max-batched-tokens", itoa(c.MaxBatchedTokens), "want at least --max-running %d (a decode token for each running sequence, and a prompt token left) or 0", c.MaxRunning)
-	case c.ServePages < 1 || c.ServePages > plan.MaxPages:
-		return bad("serve-capacity-pages", itoa(c.ServePages), "want 1..%d", plan.MaxPages)
-	case c.PrefixCachePages < 0 || c.PrefixCachePages > c.ServePages:
-		return bad("prefix-cache-pages", itoa(c.PrefixCachePages), "want 0 (what the pool leaves free) to --serve-capacity-pages %d", c.ServePages)
+	case c.ServePages < 0 || c.ServePages > plan.MaxPages:
+		return bad("serve-capacity-pages", itoa(c.ServePages), "want 0 (sized from memory) or 1..%d", plan.MaxPages)
+	case c.PrefixCachePages < 0 || (c.servePages() > 0 && c.PrefixCachePages > c.servePages()):
+		return bad("prefix-cache-pages", itoa(c.PrefixCachePages), "want 0 (what the pool leaves free) to --serve-capacity-pages %d", c.servePages())
 	case c.ServeCP < 1 || c.ServeCP > 64:
 		return bad("serve-cp", itoa(c.ServeCP), "want 1..64")
 	case c.ServeTP < 1 || c.ServeTP > 64:
@@ -167,7 +167,7 @@ func (c Config) Validate() error {
 	case c.ServeLayout == "device" && c.MonitorRate > 0:
 		return bad("serve-layout", c.ServeLayout, "not with --monitor-rate (the monitor replays every layer's q and k, which stay on the GPU)")
 	case c.ServeLayout == "cluster" && c.servePagesPerRank() > c.hostPages():
-		return bad("serve-capacity-pages", itoa(c.ServePages), "with --serve-layout cluster every rank of the served grid reserves %d pages (plus --monitor-queue with --monitor-rate), more than this node's --max-pages %d", c.servePagesPerRank(), c.hostPages())
+		return bad("serve-capacity-pages", itoa(c.servePages()), "with --serve-layout cluster every rank of the served grid reserves %d pages (plus --monitor-queue with --monitor-rate), more than this node's --max-pages %d", c.servePagesPerRank(), c.hostPages())
 	case c.MonitorQueue < 1:
 		return bad("monitor-queue", itoa(c.MonitorQueue), "must be at least 1")
 	case c.RequestHistory < 0:
