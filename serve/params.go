@@ -28,9 +28,12 @@ type params struct {
 	topP        float64
 	topK        int     // 0: all tokens
 	minP        float64 // 0: no bound
-	seed        uint64
-	seeded      bool
-	stops       []string
+	// repetitionPenalty (1: none), frequencyPenalty and presencePenalty
+	// (0: none) are vLLM's penalties (penalties).
+	repetitionPenalty, frequencyPenalty, presencePenalty float64
+	seed                                                 uint64
+	seeded                                               bool
+	stops                                                []string
 	// stopTokens are the request's stop_token_ids, sorted, without
 	// repeats (the model's EOS ids are the server's stopIDs).
 	stopTokens   []int
@@ -117,6 +120,26 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 			return p, badParam("min_p", "invalid_value", "min_p %v: want 0..1", *m)
 		}
 		p.minP = *m
+	}
+	p.repetitionPenalty = 1
+	if r := req.RepetitionPenalty; r != nil {
+		if !(*r > 0 && *r <= maxRepetitionPenalty) {
+			return p, badParam("repetition_penalty", "invalid_value", "repetition_penalty %v: want more than 0, at most %v (1: none)", *r, maxRepetitionPenalty)
+		}
+		p.repetitionPenalty = *r
+	}
+	for _, f := range []struct {
+		name string
+		v    *float64
+		to   *float64
+	}{{"frequency_penalty", req.FrequencyPenalty, &p.frequencyPenalty}, {"presence_penalty", req.PresencePenalty, &p.presencePenalty}} {
+		if f.v == nil {
+			continue
+		}
+		if !(*f.v >= -maxPenalty && *f.v <= maxPenalty) {
+			return p, badParam(f.name, "invalid_value", "%s %v: want -%v..%v (0: none)", f.name, *f.v, maxPenalty, maxPenalty)
+		}
+		*f.to = *f.v
 	}
 	if req.Seed != nil {
 		p.seed, p.seeded = uint64(*req.Seed), true
@@ -219,9 +242,15 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 }
 
 // hostSample says that p's tokens must be drawn on the host: a device
-// samples without top_k and min_p (kernels.SampleParams).
+// samples without penalties, top_k and min_p (kernels.SampleParams).
 func (p *params) hostSample() bool {
-	return p.temperature != 0 && (p.topK > 0 || p.minP > 0)
+	return p.penalized() || (p.temperature != 0 && (p.topK > 0 || p.minP > 0))
+}
+
+// penalized says that p has a penalty (repetition, frequency or
+// presence) that changes the logits.
+func (p *params) penalized() bool {
+	return p.repetitionPenalty != 1 || p.frequencyPenalty != 0 || p.presencePenalty != 0
 }
 
 // MaxChoices bounds a request's n.
