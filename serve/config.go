@@ -202,7 +202,16 @@ type Config struct {
 	// the next iteration boundary.
 	RequestTimeout time.Duration
 	// DefaultMaxTokens is max_tokens when a request gives none (16, as
-	// OpenAI).
+	// OpenAI's legacy completions), or RestOfContext (-1): the rest of
+	// the context after the prompt (the longest of a batch), vLLM's
+	// default, which needs a context bound (MaxContext or the model's
+	// positions). A started request reserves the pages of its prompt
+	// plus max_tokens in the pool at once (the reservation does not grow
+	// as it generates), so with RestOfContext every request without
+	// max_tokens reserves a whole max_model_len of pages and fewer run
+	// at once. A completion that reaches max_tokens ends with
+	// finish_reason "length"; a prompt plus max_tokens past the context
+	// or the pool gets 400 context_length_exceeded.
 	DefaultMaxTokens int
 	// RetryAfter is the Retry-After of 429 and 503 answers (1s; sent in
 	// whole seconds, at least 1).
@@ -253,6 +262,10 @@ type Config struct {
 	// Now is the clock of the responses' created times (nil: time.Now).
 	Now func() time.Time
 }
+
+// RestOfContext is Config.DefaultMaxTokens for vLLM's default: the rest
+// of the context after the prompt.
+const RestOfContext = -1
 
 // ITLFactorMax is the largest Config.MaxITLFactor.
 const ITLFactorMax = 100
@@ -329,8 +342,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: max body %d bytes: want at least 1", c.MaxBodyBytes)
 	case c.RequestTimeout < 0:
 		return fmt.Errorf("serve config: request timeout %v: want 0 (none) or more", c.RequestTimeout)
-	case c.DefaultMaxTokens < 1:
-		return fmt.Errorf("serve config: default max tokens %d: want at least 1", c.DefaultMaxTokens)
+	case c.DefaultMaxTokens < 1 && c.DefaultMaxTokens != RestOfContext:
+		return fmt.Errorf("serve config: default max tokens %d: want at least 1, or -1 (the rest of the context)", c.DefaultMaxTokens)
 	case c.RetryAfter < 0:
 		return fmt.Errorf("serve config: retry after %v: want 0 or more", c.RetryAfter)
 	case c.Workers < 0 || c.Workers > 256:

@@ -39,6 +39,7 @@ func TestConfigValidate(t *testing.T) {
 		{"max body", func(c *Config) { c.MaxBodyBytes = 0 }, "max body"},
 		{"request timeout", func(c *Config) { c.RequestTimeout = -time.Second }, "request timeout"},
 		{"default max tokens", func(c *Config) { c.DefaultMaxTokens = 0 }, "default max tokens"},
+		{"default max tokens -2", func(c *Config) { c.DefaultMaxTokens = -2 }, "default max tokens"},
 		{"retry after", func(c *Config) { c.RetryAfter = -1 }, "retry after"},
 		{"workers", func(c *Config) { c.Workers = 300 }, "workers"},
 		{"selection", func(c *Config) { c.Selection = 9 }, "selection"},

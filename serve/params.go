@@ -200,26 +200,41 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	}
 	batch := req.Prompts != nil
 	pages := 0
+	atBatch := func(i int, err *apiError) *apiError {
+		if batch {
+			err.message = fmt.Sprintf("prompt[%d]: %s", i, err.message)
+		}
+		return err
+	}
 	for i, pr := range list {
 		ids, err := s.promptIDs(pr)
-		cut := err == nil && truncate > 0 && len(ids) > truncate
+		if err != nil {
+			return p, atBatch(i, err)
+		}
+		cut := truncate > 0 && len(ids) > truncate
 		if cut {
 			ids = ids[len(ids)-truncate:] // the prompt's end, as vLLM keeps it
-		}
-		if err == nil {
-			err = s.checkLength(len(ids), p.maxTokens)
-		}
-		if err != nil {
-			if batch {
-				err.message = fmt.Sprintf("prompt[%d]: %s", i, err.message)
-			}
-			return p, err
 		}
 		text := pr.Text
 		if pr.IDs != nil || cut {
 			text = s.tok.Decode(ids)
 		}
 		p.prompts, p.echoes = append(p.prompts, ids), append(p.echoes, text)
+	}
+	if req.MaxTokens == nil && s.cfg.DefaultMaxTokens == RestOfContext {
+		// vLLM's default: the rest of the context after the longest
+		// prompt (at least 1, so that a prompt filling the context is
+		// refused by checkLength below).
+		p.maxTokens = s.maxContext
+		for _, ids := range p.prompts {
+			p.maxTokens = min(p.maxTokens, s.maxContext-len(ids))
+		}
+		p.maxTokens = max(p.maxTokens, 1)
+	}
+	for i, ids := range p.prompts {
+		if err := s.checkLength(len(ids), p.maxTokens); err != nil {
+			return p, atBatch(i, err)
+		}
 		pages += s.pagesFor(len(ids)+p.maxTokens) + (p.n-1)*s.forkPages(len(ids), p.maxTokens)
 	}
 	// All the choices are admitted together, each a sequence of its own

@@ -219,6 +219,9 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	if cfg.MaxContext > 0 && (maxContext == 0 || cfg.MaxContext < maxContext) {
 		maxContext = cfg.MaxContext
 	}
+	if cfg.DefaultMaxTokens == RestOfContext && maxContext == 0 {
+		return nil, errors.New("serve config: default max tokens -1 (the rest of the context) with no context bound: set MaxContext (questd --max-model-len), the model has no max_position_embeddings")
+	}
 	pool := PoolSize{Pages: cfg.CapacityPages}
 	if cfg.CapacityPages == 0 {
 		var err error

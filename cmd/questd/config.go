@@ -324,6 +324,10 @@ type Config struct {
 	// while the running and queued sequences, its own included, number
 	// at most MaxRunning + MaxQueued, else refused with 429. Default 64.
 	MaxQueued int
+	// DefaultMaxTokens is max_tokens of a request that gives none
+	// [--default-max-tokens]: at least 1, or -1 for the rest of
+	// MaxModelLen after the prompt (serve.RestOfContext). Default 16.
+	DefaultMaxTokens int
 	// MaxModelLen bounds a request's prompt plus max_tokens
 	// [--max-model-len]. Default 0: the model's max_position_embeddings.
 	MaxModelLen int

@@ -13,6 +13,7 @@ import (
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
+	completion "github.com/questrt/questrt/serve"
 )
 
 // checkMember applies set to a valid member config and reports whether
@@ -136,6 +137,10 @@ func (c Config) Validate() error {
 		return bad("sse-keepalive", c.SSEKeepAlive.String(), "want 0 (never) or at least 100ms")
 	case c.LogStatsInterval < 0 || (c.LogStatsInterval > 0 && c.LogStatsInterval < time.Second):
 		return bad("log-stats-interval", c.LogStatsInterval.String(), "want 0 (off) or at least 1s")
+	case c.DefaultMaxTokens < 1 && c.DefaultMaxTokens != completion.RestOfContext:
+		return bad("default-max-tokens", itoa(c.DefaultMaxTokens), "want at least 1, or -1 (the rest of --max-model-len after the prompt)")
+	case c.MaxModelLen > 0 && c.DefaultMaxTokens > c.MaxModelLen:
+		return bad("default-max-tokens", itoa(c.DefaultMaxTokens), "above --max-model-len %d (no request could use it)", c.MaxModelLen)
 	case c.PrefillChunk < 1:
 		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
 	case c.MaxBatchedTokens < 0:

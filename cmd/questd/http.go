@@ -59,6 +59,7 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc.MaxBatchedTokens, sc.MaxITLFactor = c.MaxBatchedTokens, c.MaxITLFactor
 	sc.MaxContext, sc.MaxBodyBytes, sc.RequestTimeout = c.MaxModelLen, int64(c.MaxRequestBytes), c.RequestTimeout
 	sc.SSEKeepAlive = c.SSEKeepAlive
+	sc.DefaultMaxTokens = c.DefaultMaxTokens
 	sc.Monitor.Rate, sc.Monitor.Queue = c.MonitorRate, c.MonitorQueue
 	sc.History = c.RequestHistory
 	sc.Logger = log

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/questrt/questrt/internal/memlimit"
+	completion "github.com/questrt/questrt/serve"
 )
 
 // TestServePoolFromMemory: with the default --serve-capacity-pages 0
@@ -51,6 +52,28 @@ func TestServePoolFromMemory(t *testing.T) {
 	for _, w := range []string{"--serve-capacity-pages", "--serve-memory-fraction", "--max-model-len", "32768 tokens needs 8192"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("start error %q does not say %q", err, w)
+		}
+	}
+}
+
+// TestDefaultMaxTokensFlag: --default-max-tokens reaches the server's
+// config: 16 by default, -1 is the rest of the context
+// (completion.RestOfContext).
+func TestDefaultMaxTokensFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 16},
+		{[]string{"--default-max-tokens", "-1"}, completion.RestOfContext},
+		{[]string{"--default-max-tokens", "300", "--max-model-len", "300"}, 300},
+	} {
+		cfg, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if sc := cfg.serveConfig(nil); sc.DefaultMaxTokens != c.want || sc.Validate() != nil {
+			t.Errorf("%v: default max tokens %d (%v), want %d", c.args, sc.DefaultMaxTokens, sc.Validate(), c.want)
 		}
 	}
 }
