@@ -153,6 +153,9 @@ func TestOpenAINodeClient(t *testing.T) {
 		TwoUsage                                              Usage
 		Models                                                []string
 		ExtraText, ExtraIgnored, EchoText                     string
+		ExtraTokens                                           []string
+		ExtraLogprobs                                         []float64
+		ExtraTop                                              []map[string]float64
 		StopText, StopFinish, StopIgnored                     string
 		TruncatedPromptTokens                                 int
 		UnknownModel, BadMaxTokens, BadTemperature            *struct {
@@ -202,8 +205,10 @@ func TestOpenAINodeClient(t *testing.T) {
 	if e := got.BadMaxTokens; e == nil || e.Status != 400 || e.Param != "max_tokens" || e.Type != typeInvalid || e.Name != "BadRequestError" {
 		t.Errorf("bad max_tokens: %+v", e)
 	}
-	if got.ExtraText != key || got.ExtraIgnored != "repetition_penalty" {
-		t.Errorf("greedy chat with top_k and repetition_penalty: %q, ignored %q; want the pass key %q, ignored \"repetition_penalty\"", got.ExtraText, got.ExtraIgnored, key)
+	if got.ExtraIgnored != "" || len(got.ExtraTokens) != 24 || strings.Join(got.ExtraTokens, "") != got.ExtraText || !strings.HasPrefix(got.ExtraText, key[:1]) {
+		t.Errorf("greedy chat with top_k and penalties: %q in tokens %q, ignored %q; want 24 tokens from the pass key's first, nothing ignored", got.ExtraText, got.ExtraTokens, got.ExtraIgnored)
+	} else {
+		checkPenalizedPicks(t, "the client's chat", got.ExtraTokens, got.ExtraLogprobs, got.ExtraTop, 1.5, 0.5)
 	}
 	if !strings.HasPrefix(got.EchoText, "Sure: ") || len(got.EchoText) <= len("Sure: ") {
 		t.Errorf("chat echo: %q, want \"Sure: \" and the answer", got.EchoText)

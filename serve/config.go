@@ -93,12 +93,27 @@ type Config struct {
 	// choose it again. Its attempts back off from 50ms to 1s; the
 	// request's own deadline bounds them too.
 	GridRetryWait time.Duration
-	// CapacityPages is the engine's page pool per shard (4096); with
-	// Cluster, the pool of every rank of the requests' grids. Every
-	// started request reserves the pages of its prompt plus max_tokens
-	// in it (over CP shards: its share per shard); a queued request
-	// starts when its pages fit.
+	// CapacityPages is the engine's page pool per shard; with Cluster,
+	// the pool of every rank of the requests' grids. Every started
+	// request reserves the pages of its prompt plus max_tokens in it
+	// (over CP shards: its share per shard); a queued request starts
+	// when its pages fit. 0 (the default): New sizes it from memory, as
+	// vLLM's gpu_memory_utilization does: MemoryFraction of the memory
+	// available once the model is loaded (/proc/meminfo's MemAvailable,
+	// capped by the memory cgroup's room and by a positive MemoryLimit)
+	// over the host bytes one page costs on every shard, at most the
+	// pages of MaxRunning requests of the longest context (MaxContext or
+	// the model's), and New fails, naming the flags, when not even one
+	// request of that context fits. Only for the in-process engine on
+	// the CPU: with a Cluster or a device Backend give it.
+	// Server.PoolSize says how it was sized.
 	CapacityPages int
+	// MemoryFraction is the share of the available memory a pool sized
+	// from memory takes (DefaultMemoryFraction, 0.5; 0 < f <= 0.95).
+	MemoryFraction float64
+	// MemAvailable reads the memory available for a pool sized from
+	// memory (nil: memlimit.Available); tests give a fake.
+	MemAvailable func() (int64, error)
 	// MemoryLimit bounds the engine's host pools: bytes, 0 (the memory
 	// available when New runs) or -1 (no check). With Cluster the
 	// workers check their own pools and it bounds the model's weights
@@ -187,7 +202,16 @@ type Config struct {
 	// the next iteration boundary.
 	RequestTimeout time.Duration
 	// DefaultMaxTokens is max_tokens when a request gives none (16, as
-	// OpenAI).
+	// OpenAI's legacy completions), or RestOfContext (-1): the rest of
+	// the context after the prompt (the longest of a batch), vLLM's
+	// default, which needs a context bound (MaxContext or the model's
+	// positions). A started request reserves the pages of its prompt
+	// plus max_tokens in the pool at once (the reservation does not grow
+	// as it generates), so with RestOfContext every request without
+	// max_tokens reserves a whole max_model_len of pages and fewer run
+	// at once. A completion that reaches max_tokens ends with
+	// finish_reason "length"; a prompt plus max_tokens past the context
+	// or the pool gets 400 context_length_exceeded.
 	DefaultMaxTokens int
 	// RetryAfter is the Retry-After of 429 and 503 answers (1s; sent in
 	// whole seconds, at least 1).
@@ -239,6 +263,10 @@ type Config struct {
 	Now func() time.Time
 }
 
+// RestOfContext is Config.DefaultMaxTokens for vLLM's default: the rest
+// of the context after the prompt.
+const RestOfContext = -1
+
 // ITLFactorMax is the largest Config.MaxITLFactor.
 const ITLFactorMax = 100
 
@@ -249,7 +277,8 @@ func DefaultConfig() Config {
 		CP:               1,
 		TP:               1,
 		Selection:        plan.Exact,
-		CapacityPages:    4096,
+		CapacityPages:    0,
+		MemoryFraction:   DefaultMemoryFraction,
 		MaxRunning:       16,
 		MaxQueued:        64,
 		PolicyGrids:      2,
@@ -281,11 +310,13 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: cp %d: want 1..64", c.CP)
 	case c.TP < 1 || c.TP > 64:
 		return fmt.Errorf("serve config: tp %d: want 1..64", c.TP)
-	case c.CapacityPages < 1:
-		return fmt.Errorf("serve config: capacity %d pages: want at least 1", c.CapacityPages)
+	case c.CapacityPages < 0:
+		return fmt.Errorf("serve config: capacity %d pages: want 0 (sized from memory) or more", c.CapacityPages)
+	case c.CapacityPages == 0 && !(c.MemoryFraction > 0 && c.MemoryFraction <= 0.95):
+		return fmt.Errorf("serve config: memory fraction %v: want 0 < f <= 0.95 (a pool sized from memory)", c.MemoryFraction)
 	case c.MemoryLimit < memlimit.NoLimit:
 		return fmt.Errorf("serve config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
-	case c.PrefixCachePages < 0 || c.PrefixCachePages > c.CapacityPages:
+	case c.PrefixCachePages < 0 || (c.CapacityPages > 0 && c.PrefixCachePages > c.CapacityPages):
 		return fmt.Errorf("serve config: prefix cache %d pages: want 0 (the pool's bound) to the capacity, %d", c.PrefixCachePages, c.CapacityPages)
 	case c.MaxRunning < 1:
 		return fmt.Errorf("serve config: max running %d: want at least 1", c.MaxRunning)
@@ -311,8 +342,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: max body %d bytes: want at least 1", c.MaxBodyBytes)
 	case c.RequestTimeout < 0:
 		return fmt.Errorf("serve config: request timeout %v: want 0 (none) or more", c.RequestTimeout)
-	case c.DefaultMaxTokens < 1:
-		return fmt.Errorf("serve config: default max tokens %d: want at least 1", c.DefaultMaxTokens)
+	case c.DefaultMaxTokens < 1 && c.DefaultMaxTokens != RestOfContext:
+		return fmt.Errorf("serve config: default max tokens %d: want at least 1, or -1 (the rest of the context)", c.DefaultMaxTokens)
 	case c.RetryAfter < 0:
 		return fmt.Errorf("serve config: retry after %v: want 0 or more", c.RetryAfter)
 	case c.Workers < 0 || c.Workers > 256:

@@ -46,6 +46,11 @@ type Engines interface {
 	// Validate reports whether an engine or a cluster's grid of spec is
 	// usable, without opening one.
 	Validate(spec GridSpec) error
+	// HostBytes returns the host memory an engine of spec allocates: the
+	// pools of all its ranks, their summaries and metadata (with
+	// DeviceResident, the host side only). New sizes a pool from memory
+	// with it (Config.CapacityPages 0).
+	HostBytes(spec GridSpec) (int64, error)
 }
 
 // Engine is an in-process attention engine: the server's main engine,

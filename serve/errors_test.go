@@ -130,7 +130,15 @@ func TestBadRequests(t *testing.T) {
 		{"best_of 2 with n 2", `{"model": "tiny", "prompt": "x", "best_of": 2, "n": 2}`, 400, "best_of", "unsupported_parameter"},
 		{"best_of below n", `{"model": "tiny", "prompt": "x", "best_of": 1, "n": 2}`, 400, "best_of", "invalid_value"},
 		{"n above best_of", `{"model": "tiny", "prompt": ["x", "y"], "n": 3, "best_of": 1}`, 400, "best_of", "invalid_value"},
-		{"frequency_penalty", `{"model": "tiny", "prompt": "x", "frequency_penalty": 0.5}`, 400, "frequency_penalty", "unsupported_parameter"},
+		{"frequency_penalty over 2", `{"model": "tiny", "prompt": "x", "frequency_penalty": 2.5}`, 400, "frequency_penalty", "invalid_value"},
+		{"frequency_penalty under -2", `{"model": "tiny", "prompt": "x", "frequency_penalty": -2.01}`, 400, "frequency_penalty", "invalid_value"},
+		{"frequency_penalty string", `{"model": "tiny", "prompt": "x", "frequency_penalty": "1"}`, 400, "frequency_penalty", "invalid_type"},
+		{"presence_penalty over 2", `{"model": "tiny", "prompt": "x", "presence_penalty": 3}`, 400, "presence_penalty", "invalid_value"},
+		{"presence_penalty under -2", `{"model": "tiny", "prompt": "x", "presence_penalty": -7}`, 400, "presence_penalty", "invalid_value"},
+		{"repetition_penalty zero", `{"model": "tiny", "prompt": "x", "repetition_penalty": 0}`, 400, "repetition_penalty", "invalid_value"},
+		{"repetition_penalty negative", `{"model": "tiny", "prompt": "x", "repetition_penalty": -1}`, 400, "repetition_penalty", "invalid_value"},
+		{"repetition_penalty over 2", `{"model": "tiny", "prompt": "x", "repetition_penalty": 2.5}`, 400, "repetition_penalty", "invalid_value"},
+		{"repetition_penalty bool", `{"model": "tiny", "prompt": "x", "repetition_penalty": true}`, 400, "repetition_penalty", "invalid_type"},
 		{"logit_bias", `{"model": "tiny", "prompt": "x", "logit_bias": {"50": 10}}`, 400, "logit_bias", "unsupported_parameter"},
 		{"suffix", `{"model": "tiny", "prompt": "x", "suffix": "end"}`, 400, "suffix", "unsupported_parameter"},
 		{"quest type", `{"model": "tiny", "prompt": "x", "quest": 5}`, 400, "quest", "invalid_type"},
@@ -162,7 +170,7 @@ func TestBadRequests(t *testing.T) {
 	// The neutral values of the unimplemented fields, and the quest
 	// object restating the engine's policy, are accepted.
 	c := complete(t, ts.URL, map[string]any{"model": "tiny", "prompt": "x", "max_tokens": 2, "echo": false, "logprobs": nil,
-		"best_of": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": map[string]any{}, "suffix": "", "user": "u", "n": 1,
+		"best_of": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1, "logit_bias": map[string]any{}, "suffix": "", "user": "u", "n": 1,
 		"stop": nil, "seed": -5, "top_p": 0.5, "stream": false,
 		"quest": map[string]any{"budget": 16, "selector": "quest", "gqa": "group_max", "sink": 0, "local": 1, "dense_layers": 0}})
 	if c.Usage.CompletionTokens != 2 {

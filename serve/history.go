@@ -56,6 +56,11 @@ type RecordSettings struct {
 	// TopK and MinP are the request's top_k and min_p (0: none).
 	TopK int     `json:"top_k,omitempty"`
 	MinP float64 `json:"min_p,omitempty"`
+	// RepetitionPenalty, FrequencyPenalty and PresencePenalty are the
+	// request's penalties (1, 0, 0: none).
+	RepetitionPenalty float64 `json:"repetition_penalty,omitempty"`
+	FrequencyPenalty  float64 `json:"frequency_penalty,omitempty"`
+	PresencePenalty   float64 `json:"presence_penalty,omitempty"`
 	// StopTokenIDs are the request's stop_token_ids (the model's EOS
 	// ids end every request besides).
 	StopTokenIDs []int `json:"stop_token_ids,omitempty"`
@@ -117,9 +122,10 @@ func (s *Server) record(j *job, res result, last []byte) *RequestRecord {
 		PromptTokens: p.ids, OutputTokens: j.out, QuestArgmax: j.argmax, Text: string(j.sent) + string(last),
 		FinishReason: res.finish, Usage: res.usage,
 		Settings: RecordSettings{MaxTokens: p.maxTokens, Temperature: p.temperature, TopP: p.topP, Seed: p.seed,
-			Greedy: p.temperature == 0, Budget: p.budget, BudgetTokens: p.sel.BudgetTokens, DenseLayers: p.denseLayers,
+			Greedy: p.temperature == 0 && !p.penalized(), Budget: p.budget, BudgetTokens: p.sel.BudgetTokens, DenseLayers: p.denseLayers,
 			Selector: sel.String(), GQA: p.sel.GQA.String(), Sink: p.sel.SinkPages, Local: p.sel.LocalPages, PageSize: p.sel.PageSize,
-			TopK: p.topK, MinP: p.minP, StopTokenIDs: p.stopTokens}}
+			TopK: p.topK, MinP: p.minP, StopTokenIDs: p.stopTokens,
+			RepetitionPenalty: p.repetitionPenalty, FrequencyPenalty: p.frequencyPenalty, PresencePenalty: p.presencePenalty}}
 	if res.err != nil {
 		r.Error = res.err.message
 	}

@@ -29,9 +29,10 @@ func (b *syncBuffer) String() string {
 }
 
 // TestIgnoredFields: completions and chat requests with fields the
-// server does not know (vLLM's repetition_penalty, a client's own, one
+// server does not know (vLLM's length_penalty, a client's own, one
 // in stream_options) get 200, the same greedy text as without them (and
-// with top_k and min_p, which greedy decoding ignores), and
+// with top_k and min_p, which greedy decoding ignores, and the neutral
+// repetition_penalty 1), and
 // the header naming them in the body's order; the neutral values of the
 // refused-when-used fields (tools [], tool_choice "none",
 // response_format text) pass without a header; each unknown name is
@@ -75,15 +76,15 @@ func TestIgnoredFields(t *testing.T) {
 		if h != "" || plain == "" {
 			t.Fatalf("%s without extras: %q, header %q", path, plain, h)
 		}
-		extras := map[string]any{"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "x_client_tag": map[string]any{"a": []int{1}},
+		extras := map[string]any{"top_k": 40, "min_p": 0.05, "repetition_penalty": 1, "length_penalty": 1.1, "x_client_tag": map[string]any{"a": []int{1}},
 			"stream_options": nil}
 		if path == "/v1/completions" {
 			extras["max_completion_tokens"] = 99
 		}
 		text, h := send(path, extras)
-		want := "repetition_penalty, x_client_tag"
+		want := "length_penalty, x_client_tag"
 		if path == "/v1/completions" {
-			want = "max_completion_tokens, " + want
+			want = "length_penalty, max_completion_tokens, x_client_tag"
 		}
 		if text != plain || h != want {
 			t.Errorf("%s with extras: %q, header %q; want %q, header %q", path, text, h, plain, want)
@@ -107,7 +108,7 @@ func TestIgnoredFields(t *testing.T) {
 	if n := strings.Count(out, "request fields ignored"); n != 2 {
 		t.Errorf("%d log lines of ignored fields, want 2 (the completion's 3 new names, the chat's none new, the stream's 2):\n%s", n, out)
 	}
-	for _, name := range []string{"repetition_penalty", "max_completion_tokens", "continuous_usage_stats"} {
+	for _, name := range []string{"length_penalty", "max_completion_tokens", "continuous_usage_stats"} {
 		if strings.Count(out, name) != 1 {
 			t.Errorf("%s logged %d times, want once:\n%s", name, strings.Count(out, name), out)
 		}

@@ -33,9 +33,12 @@ type job struct {
 
 	// The scheduler's.
 	sampler *model.Sampler
-	dense   *model.Dense // the prefill's recorder; nil once loaded
-	filled  int          // prompt tokens prefilled
-	attn    *jobAttention
+	// pen are the choice's penalties (nil: none), applied to the logits
+	// before the sampler.
+	pen    *penalties
+	dense  *model.Dense // the prefill's recorder; nil once loaded
+	filled int          // prompt tokens prefilled
+	attn   *jobAttention
 	// pre is the sequence a device prefill (Config.Prefiller) fills,
 	// until the prompt is done and it becomes attn.
 	pre *jobAttention

@@ -28,9 +28,12 @@ type params struct {
 	topP        float64
 	topK        int     // 0: all tokens
 	minP        float64 // 0: no bound
-	seed        uint64
-	seeded      bool
-	stops       []string
+	// repetitionPenalty (1: none), frequencyPenalty and presencePenalty
+	// (0: none) are vLLM's penalties (penalties).
+	repetitionPenalty, frequencyPenalty, presencePenalty float64
+	seed                                                 uint64
+	seeded                                               bool
+	stops                                                []string
 	// stopTokens are the request's stop_token_ids, sorted, without
 	// repeats (the model's EOS ids are the server's stopIDs).
 	stopTokens   []int
@@ -118,6 +121,26 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 		}
 		p.minP = *m
 	}
+	p.repetitionPenalty = 1
+	if r := req.RepetitionPenalty; r != nil {
+		if !(*r > 0 && *r <= maxRepetitionPenalty) {
+			return p, badParam("repetition_penalty", "invalid_value", "repetition_penalty %v: want more than 0, at most %v (1: none)", *r, maxRepetitionPenalty)
+		}
+		p.repetitionPenalty = *r
+	}
+	for _, f := range []struct {
+		name string
+		v    *float64
+		to   *float64
+	}{{"frequency_penalty", req.FrequencyPenalty, &p.frequencyPenalty}, {"presence_penalty", req.PresencePenalty, &p.presencePenalty}} {
+		if f.v == nil {
+			continue
+		}
+		if !(*f.v >= -maxPenalty && *f.v <= maxPenalty) {
+			return p, badParam(f.name, "invalid_value", "%s %v: want -%v..%v (0: none)", f.name, *f.v, maxPenalty, maxPenalty)
+		}
+		*f.to = *f.v
+	}
 	if req.Seed != nil {
 		p.seed, p.seeded = uint64(*req.Seed), true
 	}
@@ -177,26 +200,41 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	}
 	batch := req.Prompts != nil
 	pages := 0
+	atBatch := func(i int, err *apiError) *apiError {
+		if batch {
+			err.message = fmt.Sprintf("prompt[%d]: %s", i, err.message)
+		}
+		return err
+	}
 	for i, pr := range list {
 		ids, err := s.promptIDs(pr)
-		cut := err == nil && truncate > 0 && len(ids) > truncate
+		if err != nil {
+			return p, atBatch(i, err)
+		}
+		cut := truncate > 0 && len(ids) > truncate
 		if cut {
 			ids = ids[len(ids)-truncate:] // the prompt's end, as vLLM keeps it
-		}
-		if err == nil {
-			err = s.checkLength(len(ids), p.maxTokens)
-		}
-		if err != nil {
-			if batch {
-				err.message = fmt.Sprintf("prompt[%d]: %s", i, err.message)
-			}
-			return p, err
 		}
 		text := pr.Text
 		if pr.IDs != nil || cut {
 			text = s.tok.Decode(ids)
 		}
 		p.prompts, p.echoes = append(p.prompts, ids), append(p.echoes, text)
+	}
+	if req.MaxTokens == nil && s.cfg.DefaultMaxTokens == RestOfContext {
+		// vLLM's default: the rest of the context after the longest
+		// prompt (at least 1, so that a prompt filling the context is
+		// refused by checkLength below).
+		p.maxTokens = s.maxContext
+		for _, ids := range p.prompts {
+			p.maxTokens = min(p.maxTokens, s.maxContext-len(ids))
+		}
+		p.maxTokens = max(p.maxTokens, 1)
+	}
+	for i, ids := range p.prompts {
+		if err := s.checkLength(len(ids), p.maxTokens); err != nil {
+			return p, atBatch(i, err)
+		}
 		pages += s.pagesFor(len(ids)+p.maxTokens) + (p.n-1)*s.forkPages(len(ids), p.maxTokens)
 	}
 	// All the choices are admitted together, each a sequence of its own
@@ -219,9 +257,15 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 }
 
 // hostSample says that p's tokens must be drawn on the host: a device
-// samples without top_k and min_p (kernels.SampleParams).
+// samples without penalties, top_k and min_p (kernels.SampleParams).
 func (p *params) hostSample() bool {
-	return p.temperature != 0 && (p.topK > 0 || p.minP > 0)
+	return p.penalized() || (p.temperature != 0 && (p.topK > 0 || p.minP > 0))
+}
+
+// penalized says that p has a penalty (repetition, frequency or
+// presence) that changes the logits.
+func (p *params) penalized() bool {
+	return p.repetitionPenalty != 1 || p.frequencyPenalty != 0 || p.presencePenalty != 0
 }
 
 // MaxChoices bounds a request's n.

@@ -17,12 +17,11 @@ import (
 // extension. Decoding checks every field it knows strictly (see the
 // package doc); fields of OpenAI's API that the server does not
 // implement and whose neglect would change what the answer means
-// (best_of, frequency_penalty, presence_penalty, logit_bias, suffix,
-// tools, tool_choice, functions, function_call, response_format) are
-// accepted only at their neutral values (null, 1, 0, {}, "", [],
-// "none", {"type": "text"}); best_of 1 only with n 1, as best_of must be
-// at least n (vLLM's rule). Other fields (repetition_penalty, a
-// client's extensions) are ignored, as vLLM does:
+// (best_of, logit_bias, suffix, tools, tool_choice, functions,
+// function_call, response_format) are accepted only at their neutral
+// values (null, 1, {}, "", [], "none", {"type": "text"}); best_of 1
+// only with n 1, as best_of must be at least n (vLLM's rule). Other
+// fields (a client's extensions) are ignored, as vLLM does:
 // the answer names them in its X-Questrt-Ignored-Fields header and the
 // server logs each name once.
 type CompletionRequest struct {
@@ -83,6 +82,18 @@ type CompletionRequest struct {
 	// They apply after the temperature, top-k before top_p, min_p last.
 	TopK *int     `json:"top_k,omitempty"`
 	MinP *float64 `json:"min_p,omitempty"`
+	// RepetitionPenalty divides the positive logits and multiplies the
+	// others of the tokens in the prompt or the output so far (vLLM's
+	// repetition_penalty, (0, 2]; nil or 1: none); FrequencyPenalty
+	// subtracts itself times a token's count in the output so far, and
+	// PresencePenalty itself once from every token of the output so far
+	// (OpenAI's frequency_penalty and presence_penalty, -2..2; nil or 0:
+	// none). They change the logits, in that order, before the
+	// temperature, top_k, top_p and min_p, greedy decoding included;
+	// logprobs stay the model's (vLLM's raw logprobs).
+	RepetitionPenalty *float64 `json:"repetition_penalty,omitempty"`
+	FrequencyPenalty  *float64 `json:"frequency_penalty,omitempty"`
+	PresencePenalty   *float64 `json:"presence_penalty,omitempty"`
 	// StopTokenIDs are token ids that end the completion when one is
 	// generated (vLLM's stop_token_ids), as the model's EOS does:
 	// finish_reason "stop", the token counted in completion_tokens, its
@@ -250,7 +261,13 @@ func sharedField(req *CompletionRequest, key string, raw json.RawMessage) (bool,
 		req.StopTokenIDs, err = tokenIDs(key, raw)
 	case "truncate_prompt_tokens":
 		req.TruncatePromptTokens, err = integer(key, raw)
-	case "frequency_penalty", "presence_penalty", "logit_bias", "tools", "tool_choice", "functions", "function_call", "response_format":
+	case "repetition_penalty":
+		req.RepetitionPenalty, err = number(key, raw)
+	case "frequency_penalty":
+		req.FrequencyPenalty, err = number(key, raw)
+	case "presence_penalty":
+		req.PresencePenalty, err = number(key, raw)
+	case "logit_bias", "tools", "tool_choice", "functions", "function_call", "response_format":
 		err = neutral(key, raw)
 	default:
 		return false, nil
@@ -699,9 +716,6 @@ func neutral(key string, raw json.RawMessage) *apiError {
 	switch key {
 	case "best_of":
 		ok = ok || v == "1"
-	case "frequency_penalty", "presence_penalty":
-		f, err := number(key, raw)
-		ok = ok || (err == nil && f != nil && *f == 0)
 	case "logit_bias":
 		fields, err := object(raw, key+".")
 		ok = ok || (err == nil && len(fields) == 0)

@@ -292,6 +292,7 @@ func (s *Server) start(j *job) bool {
 	}
 	sm.TopK, sm.MinP = j.p.topK, j.p.minP
 	j.sampler = sm
+	j.pen = newPenalties(j.p, j.p.ids, s.m.Config.VocabSize)
 	return true
 }
 
@@ -501,7 +502,11 @@ func (s *Server) decode(decoding []*job) int {
 			// draws again from the step's logits, with the same u (a
 			// failed item has no logits).
 			if len(ids) == len(jobs) && len(logits) == len(jobs) && !replays[i] && j.p.hostSample() && logits[i] != nil {
-				ids[i] = j.sampler.SampleU(logits[i], params[i].U)
+				if pl := j.pen.apply(logits[i]); j.p.temperature == 0 {
+					ids[i] = model.Argmax(pl)
+				} else {
+					ids[i] = j.sampler.SampleU(pl, params[i].U)
+				}
 			}
 		}
 	} else {
@@ -557,7 +562,7 @@ func (s *Server) decode(decoding []*job) int {
 // token samples j's next token from logits and hands its text out; it
 // ends j on a stop token, a stop string or max_tokens.
 func (s *Server) token(j *job, logits []float32) {
-	s.picked(j, j.sampler.Sample(logits), model.Argmax(logits), logits)
+	s.picked(j, j.sampler.Sample(j.pen.apply(logits)), model.Argmax(logits), logits)
 }
 
 // picked hands out j's next token id (greedy: the argmax it was picked
@@ -582,6 +587,7 @@ func (s *Server) picked(j *job, id, greedy int, logits []float32) {
 	}
 	j.tokens++
 	j.next = id
+	j.pen.add(id)
 	s.count(func(st *Stats) { st.CompletionTokens++ })
 	if stop {
 		s.end(j, j.text.flush(), nil, "stop")

@@ -38,7 +38,8 @@ type Server struct {
 	// clusterSeqs counts the sequences held on Config.Cluster (the
 	// requests' and the monitor's forks).
 	clusterSeqs atomic.Int64
-	maxContext  int // prompt + max_tokens bound (0: none)
+	maxContext  int      // prompt + max_tokens bound (0: none)
+	pool        PoolSize // how the pool was sized (PoolSize)
 	// chatErr is why the checkpoint's chat template could not be used
 	// (nil: it has none, or Config.ChatTemplate is set).
 	chatErr error
@@ -214,6 +215,25 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	if cfg.Engines == nil {
 		return nil, errNoEngines
 	}
+	maxContext := m.Config.MaxPositions
+	if cfg.MaxContext > 0 && (maxContext == 0 || cfg.MaxContext < maxContext) {
+		maxContext = cfg.MaxContext
+	}
+	if cfg.DefaultMaxTokens == RestOfContext && maxContext == 0 {
+		return nil, errors.New("serve config: default max tokens -1 (the rest of the context) with no context bound: set MaxContext (questd --max-model-len), the model has no max_position_embeddings")
+	}
+	pool := PoolSize{Pages: cfg.CapacityPages}
+	if cfg.CapacityPages == 0 {
+		var err error
+		if pool, err = s.sizePool(cfg, maxContext); err != nil {
+			return nil, err
+		}
+		cfg.CapacityPages = pool.Pages
+		s.cfg = cfg
+		if cfg.PrefixCachePages > cfg.CapacityPages {
+			return nil, fmt.Errorf("serve config: prefix cache %d pages: more than the %d pages of the pool sized from memory", cfg.PrefixCachePages, cfg.CapacityPages)
+		}
+	}
 	gs := s.gridSpec(cfg.Policy, cfg.CapacityPages+s.monitorSlack())
 	var eng Engine
 	var main *engineRef
@@ -237,14 +257,11 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 		log = slog.New(slog.DiscardHandler)
 	}
 	*s = Server{cfg: cfg, hooks: hk, name: cfg.ModelName, m: m, tok: tok, stopIDs: stopIDs, eng: eng,
-		main: main, maxContext: m.Config.MaxPositions, log: log, now: now,
+		main: main, maxContext: maxContext, pool: pool, log: log, now: now,
 		stop: make(chan struct{}), exited: make(chan struct{}), wake: make(chan struct{}, 1), changed: make(chan struct{}),
 		grids: map[gridKey]*policyGrid{}}
 	if cfg.MaxITLFactor > 0 {
 		s.itl = newITLBudget(cfg.MaxITLFactor)
-	}
-	if cfg.MaxContext > 0 && (s.maxContext == 0 || cfg.MaxContext < s.maxContext) {
-		s.maxContext = cfg.MaxContext
 	}
 	t := now()
 	s.created = t.Unix()
@@ -318,6 +335,10 @@ func (s *Server) Name() string { return s.name }
 // max_tokens (Config.MaxContext under the model's positions; /v1/models
 // reports it); 0 when unbounded.
 func (s *Server) MaxModelLen() int { return s.maxContext }
+
+// PoolSize says how the page pool was sized: Config.CapacityPages as
+// given, or from memory when it was 0.
+func (s *Server) PoolSize() PoolSize { return s.pool }
 
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() Stats {

@@ -324,6 +324,10 @@ type Config struct {
 	// while the running and queued sequences, its own included, number
 	// at most MaxRunning + MaxQueued, else refused with 429. Default 64.
 	MaxQueued int
+	// DefaultMaxTokens is max_tokens of a request that gives none
+	// [--default-max-tokens]: at least 1, or -1 for the rest of
+	// MaxModelLen after the prompt (serve.RestOfContext). Default 16.
+	DefaultMaxTokens int
 	// MaxModelLen bounds a request's prompt plus max_tokens
 	// [--max-model-len]. Default 0: the model's max_position_embeddings.
 	MaxModelLen int
@@ -356,8 +360,14 @@ type Config struct {
 	// Default true.
 	DevicePrefill bool
 	// ServePages is the page pool of the served model's engine
-	// [--serve-capacity-pages]. Default 4096.
+	// [--serve-capacity-pages]. Default 0: with ServeLayout local sized
+	// from memory (serve.Config.CapacityPages 0, ServeMemoryFraction),
+	// with cluster or device defaultServePages (servePages).
 	ServePages int
+	// ServeMemoryFraction is the share of the available memory a pool
+	// sized from memory takes [--serve-memory-fraction]. Default 0.5
+	// (serve.DefaultMemoryFraction).
+	ServeMemoryFraction float64
 	// PrefixCaching keeps prompts' full pages for later requests with
 	// the same token prefix [--prefix-caching] (serve.Config's; every
 	// layout: with cluster, on the requests' grid). Default true.

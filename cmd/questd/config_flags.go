@@ -329,6 +329,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.str(&c.ChatTemplate, "chat-template", "", "Jinja chat template `file` that POST /v1/chat/completions renders the messages with (default: the checkpoint's, from tokenizer_config.json or chat_template.jinja; without one, chat requests get 400)")
 	d.int(&c.MaxRunning, "max-running", 16, "sequences prefilling or decoding at once (each choice of a request, n or a batch of prompts, is one), 1..65536; more wait in the queue")
 	d.int(&c.MaxQueued, "max-queued", 64, "admitted sequences waiting to run (for a running slot or for their pages), 0..1048576; beyond it requests get 429")
+	d.int(&c.DefaultMaxTokens, "default-max-tokens", 16, "max_tokens of a completion or chat request that gives none (nor max_completion_tokens): 16 (OpenAI's legacy completions) or more, up to --max-model-len; -1: the rest of --max-model-len after the prompt (vLLM's default; a request reserves the pages of its prompt plus max_tokens when it starts and the reservation does not grow as it generates, so each such request reserves a whole --max-model-len of the pool and fewer run at once). A completion that reaches max_tokens ends with finish_reason \"length\"; a prompt plus max_tokens past --max-model-len or the pool gets 400 context_length_exceeded")
 	d.int(&c.MaxModelLen, "max-model-len", 0, "most tokens of a request's prompt plus max_tokens, 0..1073741824 (0: the model's max_position_embeddings); longer requests get 400 context_length_exceeded")
 	d.int(&c.MaxRequestBytes, "max-request-bytes", 32<<20, "largest request body in bytes, 1..1073741824; larger ones get 413")
 	d.dur(&c.SSEKeepAlive, "sse-keepalive", 15*time.Second, "a stream silent this long (a long prompt prefilling) writes an SSE comment, so that proxies with idle timeouts keep it open; 0 (never) or 100ms..1h")
@@ -344,7 +345,15 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		return nil
 	})
 	d.bool(&c.DevicePrefill, "device-prefill", true, "with --serve-layout device: prefill prompts on the GPU (needs --kv-cache-dtype bf16 or f16); false: on the CPU, into the GPU's pages")
-	d.int(&c.ServePages, "serve-capacity-pages", 4096, "page pool of the served model's engine, in pages; a request starts when its pages fit beside the running ones' and waits in the queue until then (one that could never fit gets 400) (--serve-layout cluster: the pool of every rank of the served grid)")
+	d.int(&c.ServePages, "serve-capacity-pages", 0, "page pool of the served model's engine, in pages; a request starts when its pages fit beside the running ones' and waits in the queue until then (one that could never fit gets 400) (--serve-layout cluster: the pool of every rank of the served grid); 0: with --serve-layout local, sized from memory as vLLM's gpu_memory_utilization (--serve-memory-fraction of the memory available once the model is loaded, at most --max-running requests of --max-model-len, and questd refuses to start when not even one such request fits), with cluster or device 4096")
+	d.text("serve-memory-fraction", "0.5", "share `F` of the memory available (MemAvailable, capped by the memory cgroup and --max-memory) that the serving pool takes when --serve-capacity-pages is 0 with --serve-layout local; the rest holds the CPU prefill's copies of cached prompts' keys and values, activations and the heap; 0 < F <= 0.95", func(v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0 && f <= 0.95) {
+			return errors.New("want 0 < F <= 0.95")
+		}
+		c.ServeMemoryFraction = f
+		return nil
+	})
 	d.bool(&c.PrefixCaching, "prefix-caching", true, "keep the full pages of prompts (with their summaries) so that later requests with the same token prefix fork them instead of prefilling it again; cached pages give way, least recently used first, to any request that needs the pool (every --serve-layout; with cluster the cached pages stay on the requests' grid, and a lost grid's are dropped)")
 	d.int(&c.PrefixCachePages, "prefix-cache-pages", 0, "pages of the serving pool the prefix cache may hold at most, 0..--serve-capacity-pages; 0: whatever the running requests leave free with the GPU prefill, else a quarter of the pool (a prompt prefilled on the CPU keeps a float32 copy of its keys and values in host memory while cached)")
 	d.text("serve-layout", "local", "where the served requests' KV pages live, `local|cluster|device`: local (an in-process engine on this node), cluster (a --serve-cp x --serve-tp grid of the cluster's nodes coordinated by this node; the model runs here, attention steps go to the grid's workers) or device (with --backend cuda: the model's decode steps and the pages on the first GPU of --devices, through the device executor; prompts are prefilled on the CPU into the GPU's pages)", func(v string) error {

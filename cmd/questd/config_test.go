@@ -65,7 +65,7 @@ func TestDefaults(t *testing.T) {
 		StepTimeout: 2 * time.Second, ProbeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, SuspicionMult: 4,
 		GossipInterval: 200 * time.Millisecond, DeadNodeReclaim: 100 * time.Millisecond, DrainTimeout: 10 * time.Second, GridIdle: time.Minute,
 		MetricsAddr: "127.0.0.1:9464", LogLevel: slog.LevelInfo, LogFormat: "text", ReadyFile: "", ConfigFile: "",
-		Model: "", HTTPAddr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, DevicePrefill: true, ServePages: 4096, PrefixCaching: true, MonitorQueue: 64, RequestHistory: 64,
+		Model: "", HTTPAddr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, DevicePrefill: true, DefaultMaxTokens: 16, ServePages: 0, ServeMemoryFraction: 0.5, PrefixCaching: true, MonitorQueue: 64, RequestHistory: 64,
 		MaxModelLen: 0, MaxRequestBytes: 32 << 20, RequestTimeout: 30 * time.Minute, SSEKeepAlive: 15 * time.Second, LogStatsInterval: 10 * time.Second,
 		ServeLayout: "local", ServeCP: 1, ServeTP: 1, ServePolicyGrids: 2, ServeGridRetries: 1, ServeGridRetryWait: 10 * time.Second,
 		HTTPMaxConns: 256, HTTPReadHeaderTimeout: 5 * time.Second, HTTPIdleTimeout: 60 * time.Second,

@@ -13,6 +13,7 @@ import (
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
+	completion "github.com/questrt/questrt/serve"
 )
 
 // checkMember applies set to a valid member config and reports whether
@@ -136,16 +137,20 @@ func (c Config) Validate() error {
 		return bad("sse-keepalive", c.SSEKeepAlive.String(), "want 0 (never) or at least 100ms")
 	case c.LogStatsInterval < 0 || (c.LogStatsInterval > 0 && c.LogStatsInterval < time.Second):
 		return bad("log-stats-interval", c.LogStatsInterval.String(), "want 0 (off) or at least 1s")
+	case c.DefaultMaxTokens < 1 && c.DefaultMaxTokens != completion.RestOfContext:
+		return bad("default-max-tokens", itoa(c.DefaultMaxTokens), "want at least 1, or -1 (the rest of --max-model-len after the prompt)")
+	case c.MaxModelLen > 0 && c.DefaultMaxTokens > c.MaxModelLen:
+		return bad("default-max-tokens", itoa(c.DefaultMaxTokens), "above --max-model-len %d (no request could use it)", c.MaxModelLen)
 	case c.PrefillChunk < 1:
 		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
 	case c.MaxBatchedTokens < 0:
 		return bad("max-batched-tokens", itoa(c.MaxBatchedTokens), "want 0 (--prefill-chunk-tokens plus --max-running) or at least --max-running %d", c.MaxRunning)
 	case c.MaxBatchedTokens > 0 && c.MaxBatchedTokens < c.MaxRunning:
 		return bad("max-batched-tokens", itoa(c.MaxBatchedTokens), "want at least --max-running %d (a decode token for each running sequence, and a prompt token left) or 0", c.MaxRunning)
-	case c.ServePages < 1 || c.ServePages > plan.MaxPages:
-		return bad("serve-capacity-pages", itoa(c.ServePages), "want 1..%d", plan.MaxPages)
-	case c.PrefixCachePages < 0 || c.PrefixCachePages > c.ServePages:
-		return bad("prefix-cache-pages", itoa(c.PrefixCachePages), "want 0 (what the pool leaves free) to --serve-capacity-pages %d", c.ServePages)
+	case c.ServePages < 0 || c.ServePages > plan.MaxPages:
+		return bad("serve-capacity-pages", itoa(c.ServePages), "want 0 (sized from memory) or 1..%d", plan.MaxPages)
+	case c.PrefixCachePages < 0 || (c.servePages() > 0 && c.PrefixCachePages > c.servePages()):
+		return bad("prefix-cache-pages", itoa(c.PrefixCachePages), "want 0 (what the pool leaves free) to --serve-capacity-pages %d", c.servePages())
 	case c.ServeCP < 1 || c.ServeCP > 64:
 		return bad("serve-cp", itoa(c.ServeCP), "want 1..64")
 	case c.ServeTP < 1 || c.ServeTP > 64:
@@ -167,7 +172,7 @@ func (c Config) Validate() error {
 	case c.ServeLayout == "device" && c.MonitorRate > 0:
 		return bad("serve-layout", c.ServeLayout, "not with --monitor-rate (the monitor replays every layer's q and k, which stay on the GPU)")
 	case c.ServeLayout == "cluster" && c.servePagesPerRank() > c.hostPages():
-		return bad("serve-capacity-pages", itoa(c.ServePages), "with --serve-layout cluster every rank of the served grid reserves %d pages (plus --monitor-queue with --monitor-rate), more than this node's --max-pages %d", c.servePagesPerRank(), c.hostPages())
+		return bad("serve-capacity-pages", itoa(c.servePages()), "with --serve-layout cluster every rank of the served grid reserves %d pages (plus --monitor-queue with --monitor-rate), more than this node's --max-pages %d", c.servePagesPerRank(), c.hostPages())
 	case c.MonitorQueue < 1:
 		return bad("monitor-queue", itoa(c.MonitorQueue), "must be at least 1")
 	case c.RequestHistory < 0:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/questrt/questrt/chat"
 	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/internal/serveengine"
 	completion "github.com/questrt/questrt/serve"
 )
@@ -51,13 +52,14 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc.CP, sc.TP = c.ServeCP, c.ServeTP
 	sc.PolicyGrids = c.ServePolicyGrids
 	sc.GridRetries, sc.GridRetryWait = c.ServeGridRetries, c.ServeGridRetryWait
-	sc.CapacityPages = c.ServePages
+	sc.CapacityPages, sc.MemoryFraction = c.servePages(), c.ServeMemoryFraction
 	sc.PrefixCaching, sc.PrefixCachePages = c.PrefixCaching, c.PrefixCachePages
 	sc.MemoryLimit = c.MaxMemory
 	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.MaxRunning, c.MaxQueued, c.PrefillChunk
 	sc.MaxBatchedTokens, sc.MaxITLFactor = c.MaxBatchedTokens, c.MaxITLFactor
 	sc.MaxContext, sc.MaxBodyBytes, sc.RequestTimeout = c.MaxModelLen, int64(c.MaxRequestBytes), c.RequestTimeout
 	sc.SSEKeepAlive = c.SSEKeepAlive
+	sc.DefaultMaxTokens = c.DefaultMaxTokens
 	sc.Monitor.Rate, sc.Monitor.Queue = c.MonitorRate, c.MonitorQueue
 	sc.History = c.RequestHistory
 	sc.Logger = log
@@ -141,8 +143,17 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 	// As vLLM states its KV cache at start: the context bound and how
 	// many requests of that length the pool holds at once.
 	st := srv.Stats()
-	log.Info("completions API", "addr", h.addr, "tls", cert != nil, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP,
-		"max_model_len", srv.MaxModelLen(), "pool_pages", st.CapacityPages, "pool_tokens_per_shard", st.CapacityPages*cfg.PageSize)
+	attrs := []any{"addr", h.addr, "tls", cert != nil, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP,
+		"max_model_len", srv.MaxModelLen(), "pool_pages", st.CapacityPages, "pool_tokens_per_shard", st.CapacityPages * cfg.PageSize}
+	if ps := srv.PoolSize(); ps.FromMemory {
+		attrs = append(attrs, "pool_sized_from", "memory", "pool_bytes", memlimit.Bytes(ps.Bytes()), "memory_available", memlimit.Bytes(ps.Available),
+			"serve_memory_fraction", ps.Fraction, "pool_bound", ps.Bound)
+	} else if cfg.ServePages == 0 {
+		attrs = append(attrs, "pool_sized_from", "the default for --serve-layout "+cfg.ServeLayout)
+	} else {
+		attrs = append(attrs, "pool_sized_from", "--serve-capacity-pages")
+	}
+	log.Info("completions API", attrs...)
 	c := &completions{srv: srv, http: h, cert: cert, closeDevice: closeDevice}
 	if cfg.LogStatsInterval > 0 {
 		c.stopStats = logServeStats(srv, cfg.LogStatsInterval, log)

@@ -6,14 +6,29 @@ import (
 	completion "github.com/questrt/questrt/serve"
 )
 
+// defaultServePages is the pool of --serve-capacity-pages 0 with
+// --serve-layout cluster or device, whose pages are not in this host's
+// memory (the workers' or the GPU's, which check their own).
+const defaultServePages = 4096
+
+// servePages is the serving pool the serve package gets: ServePages, or
+// with 0 defaultServePages for the cluster and device layouts, and 0
+// (sized from memory by serve.New) for local.
+func (c Config) servePages() int {
+	if c.ServePages == 0 && c.ServeLayout != "local" {
+		return defaultServePages
+	}
+	return c.ServePages
+}
+
 // servePagesPerRank is the pages every rank of the served grid reserves
 // on its node with --serve-layout cluster: --serve-capacity-pages, and
 // the quality monitor's forks (--monitor-queue) with --monitor-rate.
 func (c Config) servePagesPerRank() int {
 	if c.MonitorRate > 0 {
-		return c.ServePages + c.MonitorQueue
+		return c.servePages() + c.MonitorQueue
 	}
-	return c.ServePages
+	return c.servePages()
 }
 
 // serveCluster is where the completions API keeps its requests'

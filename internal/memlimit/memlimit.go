@@ -148,6 +148,11 @@ func parseVmSize(b []byte) (int64, bool) {
 	return 0, false
 }
 
+// ParseMemAvailable returns MemAvailable in bytes from the text of
+// /proc/meminfo (what [Available] reads before the cgroup and
+// address-space caps); tests of sizing arithmetic feed it fake text.
+func ParseMemAvailable(meminfo []byte) (int64, error) { return parseMeminfo(meminfo) }
+
 // parseMeminfo returns MemAvailable in bytes from /proc/meminfo's text.
 func parseMeminfo(b []byte) (int64, error) {
 	sc := bufio.NewScanner(bytes.NewReader(b))

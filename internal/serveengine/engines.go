@@ -29,6 +29,18 @@ func (engines) New(spec serve.GridSpec) (serve.Engine, error) {
 // Validate checks the engine config of spec (engine.Config.Validate).
 func (engines) Validate(spec serve.GridSpec) error { return EngineConfig(spec).Validate() }
 
+// HostBytes is the host memory of an engine of spec: the pools of its
+// CP x TP ranks (worker.Config.HostBytes, which engine.New checks
+// against the memory limit).
+func (engines) HostBytes(spec serve.GridSpec) (int64, error) {
+	ec := EngineConfig(spec)
+	n, err := ec.WorkerConfig().HostBytes(ec.CP * ec.TP)
+	if err != nil {
+		return 0, fmt.Errorf("engine config: %w", err)
+	}
+	return n, nil
+}
+
 // EngineConfig is the engine config of a server's grid: the engine's
 // defaults (engine.DefaultConfig: step timeout, placement block) with
 // the fields spec sets. A cluster's grids (CoordinatorCluster) get it

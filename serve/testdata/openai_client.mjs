@@ -89,15 +89,21 @@ const chatTwo = await client.chat.completions.create({
 });
 out.chatTwoTexts = chatTwo.choices.map((c) => c.message.content);
 
-// vLLM's sampling extras: top_k (greedy: no change) and
-// repetition_penalty, which the server does not know: ignored and named
-// in a header; the answer is the greedy chat's.
+// vLLM's sampling extras, which the client passes through: top_k
+// (greedy: no change), the neutral repetition_penalty, and OpenAI's
+// frequency_penalty and presence_penalty, which change the greedy
+// picks; nothing is ignored. The logprobs (the model's) let the test
+// check every pick against the penalties.
 const extra = await client.chat.completions.create({
-  model, messages: [{ role: 'user', content: prompt }], max_tokens: 5, temperature: 0,
-  top_k: 40, repetition_penalty: 1.1,
+  model, messages: [{ role: 'user', content: prompt }], max_tokens: 24, temperature: 0,
+  top_k: 40, repetition_penalty: 1, frequency_penalty: 1.5, presence_penalty: 0.5,
+  logprobs: true, top_logprobs: 5,
 }).withResponse();
 out.extraText = extra.data.choices[0].message.content;
 out.extraIgnored = extra.response.headers.get('x-questrt-ignored-fields');
+out.extraTokens = extra.data.choices[0].logprobs.content.map((c) => c.token);
+out.extraLogprobs = extra.data.choices[0].logprobs.content.map((c) => c.logprob);
+out.extraTop = extra.data.choices[0].logprobs.content.map((c) => Object.fromEntries(c.top_logprobs.map((a) => [a.token, a.logprob])));
 
 // Chat echo: the last message, the assistant's, comes first.
 const echoed = await client.chat.completions.create({

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/questrt/questrt/internal/memlimit"
+	completion "github.com/questrt/questrt/serve"
+)
+
+// TestServePoolFromMemory: with the default --serve-capacity-pages 0
+// the local layout's pool is sized from memory. With plenty available
+// it holds --max-running requests of max_model_len (16 x 8192 pages of
+// 4 tokens for passkey-llama-v1's 32768 positions), as /metrics reports;
+// a --max-memory too small for one request of max_model_len stops the
+// start with an error naming the flags to change.
+func TestServePoolFromMemory(t *testing.T) {
+	v1 := passkeyModel(t)
+	// 16 x 8192 pages of 6 layers x 2 KV heads x (K and V of 4 x 32
+	// floats + a 2 x 32 summary) + 8 bytes: 2.0 GB, at half the memory.
+	const pageBytes = 6*2*(2*4*32*4+2*32*4) + 8
+	if avail, err := memlimit.Available(); err != nil || avail < 2*16*8192*pageBytes+(1<<30) {
+		t.Skipf("memory available %d (%v): too little for a pool of 16 max-length requests at half of it", avail, err)
+	}
+	cfg, err := load(t, nil, append(append([]string(nil), smallNode...), "--model", v1, "--http-addr", "127.0.0.1:0")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, _, stop := runServe(t, cfg)
+	mf := scrape(t, ready["metrics"])
+	if got := metric(t, mf, "questrt_serve_pages", "state", "capacity").GetGauge().GetValue(); got != 16*8192 {
+		t.Errorf("questrt_serve_pages{state=capacity} = %v, want 16 x 8192 (--max-running requests of 32768 tokens in pages of 4)", got)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// --max-memory 64MiB: half of it holds 32 MiB / 15368 B = 2183
+	// pages, fewer than one request's 8192.
+	cfg, err = load(t, nil, append(append([]string(nil), smallNode...), "--model", v1, "--http-addr", "127.0.0.1:0", "--max-memory", "64MiB")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = serve(t.Context(), cfg, slog.New(slog.DiscardHandler), io.Discard, prometheus.NewRegistry(), nil)
+	if err == nil {
+		t.Fatal("serve started with a pool smaller than one max-length request")
+	}
+	for _, w := range []string{"--serve-capacity-pages", "--serve-memory-fraction", "--max-model-len", "32768 tokens needs 8192"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("start error %q does not say %q", err, w)
+		}
+	}
+}
+
+// TestDefaultMaxTokensFlag: --default-max-tokens reaches the server's
+// config: 16 by default, -1 is the rest of the context
+// (completion.RestOfContext).
+func TestDefaultMaxTokensFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 16},
+		{[]string{"--default-max-tokens", "-1"}, completion.RestOfContext},
+		{[]string{"--default-max-tokens", "300", "--max-model-len", "300"}, 300},
+	} {
+		cfg, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if sc := cfg.serveConfig(nil); sc.DefaultMaxTokens != c.want || sc.Validate() != nil {
+			t.Errorf("%v: default max tokens %d (%v), want %d", c.args, sc.DefaultMaxTokens, sc.Validate(), c.want)
+		}
+	}
+}

@@ -1,0 +1,113 @@
+package serve
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
+)
+
+// DefaultMemoryFraction is Config.MemoryFraction's default: the share of
+// the available memory that a pool sized from memory (CapacityPages 0)
+// takes. vLLM's gpu_memory_utilization (0.9) is a share of the whole
+// GPU that its KV cache gets after the weights and activations; here the
+// weights are loaded before the memory is read, and the rest stays free
+// for what the CPU serving holds beside the pool: the float32 copy of
+// the keys and values of every prompt prefilled on the CPU while the
+// prefix cache keeps it (up to a quarter of the pool by default), the
+// prefill's activations and the Go heap.
+const DefaultMemoryFraction = 0.5
+
+// PoolSize says how a Server's page pool was sized (Server.PoolSize).
+type PoolSize struct {
+	// Pages is the pool per shard (Config.CapacityPages once resolved).
+	Pages int
+	// FromMemory is true when CapacityPages was 0 and the pool was sized
+	// from the memory available; the fields below are set only then.
+	FromMemory bool
+	// Available is the memory available when New ran (bytes;
+	// memlimit.Available, capped by a positive MemoryLimit), Fraction
+	// the share of it the pool may take.
+	Available int64
+	Fraction  float64
+	// PageBytes is the host memory one page per shard costs over every
+	// shard of the grid (all CP x TP pools, summaries and metadata
+	// included); FixedBytes what the pools cost besides their pages.
+	PageBytes, FixedBytes int64
+	// Bound names what bounded Pages: "memory", "max running" (no more
+	// pages than MaxRunning requests of the longest context can reserve
+	// at once) or "plan" (plan.MaxPages).
+	Bound string
+}
+
+// Bytes is the host memory of the pool (FixedBytes + Pages x
+// PageBytes); 0 when it was not sized from memory.
+func (p PoolSize) Bytes() int64 {
+	return memlimit.Add(p.FixedBytes, memlimit.Mul(int64(p.Pages), p.PageBytes))
+}
+
+// poolPages is the arithmetic of a pool sized from memory: the most
+// pages p such that fixed + (p + slack) x perPage <= fraction x avail,
+// bounded by maxRunning requests of need pages each (need 0: no such
+// bound) and by plan.MaxPages. It returns 0 pages when not even one
+// fits; the caller refuses a pool smaller than one request.
+func poolPages(avail int64, fraction float64, fixed, perPage int64, slack, need, maxRunning int) (int, string) {
+	budget := math.Floor(float64(avail) * fraction)
+	if perPage <= 0 || budget <= float64(fixed) {
+		return 0, "memory"
+	}
+	pages := int64((budget-float64(fixed))/float64(perPage)) - int64(slack)
+	bound := "memory"
+	if need > 0 {
+		if most := int64(need) * int64(maxRunning); most < pages {
+			pages, bound = most, "max running"
+		}
+	}
+	if pages > plan.MaxPages {
+		pages, bound = plan.MaxPages, "plan"
+	}
+	return int(max(pages, 0)), bound
+}
+
+// sizePool resolves cfg.CapacityPages 0 for a server of model geometry
+// s.m and context bound maxContext: the pool takes cfg.MemoryFraction of
+// the memory available (cfg.MemAvailable, else memlimit.Available;
+// capped by a positive MemoryLimit), at most MaxRunning requests of
+// maxContext tokens, and must hold one request of maxContext tokens.
+func (s *Server) sizePool(cfg Config, maxContext int) (PoolSize, error) {
+	if cfg.Cluster != nil || cfg.Backend != nil || cfg.Decoder != nil {
+		return PoolSize{}, fmt.Errorf("serve config: capacity 0 pages sizes the pool from this host's memory, which does not hold the pages with a Cluster or a device Backend: give CapacityPages (questd --serve-capacity-pages)")
+	}
+	read := cfg.MemAvailable
+	if read == nil {
+		read = memlimit.Available
+	}
+	avail, err := read()
+	if err != nil {
+		return PoolSize{}, fmt.Errorf("serve: size the pool from memory (or give questd --serve-capacity-pages): %w", err)
+	}
+	if cfg.MemoryLimit > 0 && cfg.MemoryLimit < avail {
+		avail = cfg.MemoryLimit
+	}
+	one, err := cfg.Engines.HostBytes(s.gridSpec(cfg.Policy, 1))
+	if err != nil {
+		return PoolSize{}, fmt.Errorf("serve: size the pool from memory: %w", err)
+	}
+	two, err := cfg.Engines.HostBytes(s.gridSpec(cfg.Policy, 2))
+	if err != nil {
+		return PoolSize{}, fmt.Errorf("serve: size the pool from memory: %w", err)
+	}
+	ps := PoolSize{FromMemory: true, Available: avail, Fraction: cfg.MemoryFraction, PageBytes: two - one}
+	ps.FixedBytes = one - ps.PageBytes
+	need := 0
+	if maxContext > 0 {
+		need = s.pagesFor(maxContext)
+	}
+	ps.Pages, ps.Bound = poolPages(avail, cfg.MemoryFraction, ps.FixedBytes, ps.PageBytes, s.monitorSlack(), need, cfg.MaxRunning)
+	if ps.Pages < max(need, 1) {
+		return ps, fmt.Errorf("serve: a pool of %.2f of the %s of memory available holds %d pages per shard (%s a page over the %d x %d shards); one request of max_model_len %d tokens needs %d: lower questd --max-model-len, raise --serve-memory-fraction or give --serve-capacity-pages: %w",
+			cfg.MemoryFraction, memlimit.Bytes(avail), ps.Pages, memlimit.Bytes(ps.PageBytes), cfg.TP, cfg.CP, maxContext, max(need, 1), memlimit.ErrTooLarge)
+	}
+	return ps, nil
+}
