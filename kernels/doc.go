@@ -11,7 +11,9 @@
 // The CPU backend in this package implements Backend (the default, used by
 // CI and every test): Go with small AVX2/FMA assembly kernels for dot
 // products and axpy, chosen at start-up from CPUID, and portable Go loops
-// under the purego build tag or on other CPUs. The CUDA backend (package
+// under the purego build tag or on other CPUs. The same assembly file
+// holds the loops of CausalAttention, the dense causal prefill of the CPU
+// model (package model). The CUDA backend (package
 // kernels/cuda, build tag cuda) implements the same interface. Every
 // backend follows these conventions:
 //

@@ -1,5 +1,7 @@
 package kernels
 
+import "math"
+
 // dotGeneric returns sum a[i]*b[i] over len(a) (b must be at least as long).
 // Four independent accumulators let the CPU overlap the multiply-adds.
 func dotGeneric(a, b []float32) float32 {
@@ -73,4 +75,37 @@ func Finite(xs []float32) bool {
 		s0 += xs[i] * 0
 	}
 	return s0+s1+s2+s3 == 0
+}
+
+// scoreRowsGeneric is ScoreRows in portable Go.
+func scoreRowsGeneric(q, k []float32, stride int, scale float32, out []float32) float32 {
+	mx := float32(math.Inf(-1))
+	d := len(q)
+	for t := range out {
+		out[t] = dot(q, k[t*stride:t*stride+d]) * scale
+		mx = max(mx, out[t])
+	}
+	return mx
+}
+
+// expSumGeneric is ExpSum in portable Go.
+func expSumGeneric(s []float32, m float32) float32 {
+	var sum float32
+	for i, x := range s {
+		e := ExpNeg(x - m)
+		s[i] = e
+		sum += e
+	}
+	return sum
+}
+
+// accumRowsGeneric is AccumRows in portable Go.
+func accumRowsGeneric(p, v []float32, stride int, acc []float32) {
+	d := len(acc)
+	for t, w := range p {
+		row := v[t*stride : t*stride+d]
+		for j := range acc {
+			acc[j] += w * row[j]
+		}
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/questrt/questrt/kernels"
 )
 
 // Attention is the KV cache and the attention of one sequence. The model
@@ -175,98 +177,12 @@ func (a *Dense) Decode(ctx context.Context, layer int, q, k, v, out []float32) e
 // in place.
 func (a *Dense) KV(layer int) (k, v []float32) { return a.k[layer], a.v[layer] }
 
-// Tiles of the causal kernel: a block of qBlock positions (times the
-// query heads of one KV head) passes over the keys keyTile at a time, so
-// each key and value tile is read from memory once per block.
-const (
-	qBlock  = 16
-	keyTile = 32
-)
-
 // causalAttention writes into out the attention of n queries (q:
 // [n][Heads][D]) at positions base..base+n-1 over the keys and values k, v
-// ([base+n][KVHeads][D]), each query seeing positions up to its own. It
-// is a tiled online-softmax (flash-attention style) float32 kernel over
-// the AVX2 loops of vec_amd64.s.
+// ([base+n][KVHeads][D]), each query seeing positions up to its own
+// (kernels.CausalAttention, on workers goroutines).
 func causalAttention(ctx context.Context, workers int, g Geometry, q []float32, n int, k, v []float32, base int, out []float32) error {
-	d, grp := g.HeadDim, g.Heads/g.KVHeads
-	blocks := (n + qBlock - 1) / qBlock
-	units := g.KVHeads * blocks
-	scale := float32(1 / math.Sqrt(float64(d)))
-	type scratch struct {
-		s    []float32 // [keyTile]
-		acc  []float32 // [rows][D]
-		m, l []float32 // [rows]
-		stop bool
-	}
-	nw := workers
-	if nw <= 0 {
-		nw = defaultWorkers()
-	}
-	scr := make([]scratch, nw)
-	for i := range scr {
-		scr[i] = scratch{s: make([]float32, keyTile),
-			acc: make([]float32, qBlock*grp*d), m: make([]float32, qBlock*grp), l: make([]float32, qBlock*grp)}
-	}
-	stride := g.KVHeads * d
-	parallel(nw, units, func(w, u int) {
-		sc := &scr[w]
-		if sc.stop {
-			return
-		}
-		if ctx.Err() != nil {
-			sc.stop = true
-			return
-		}
-		// Heaviest blocks (latest positions) first.
-		b := blocks - 1 - u/g.KVHeads
-		kvh := u % g.KVHeads
-		i0, i1 := b*qBlock, min((b+1)*qBlock, n)
-		rows := (i1 - i0) * grp
-		for r := range rows {
-			sc.m[r] = float32(math.Inf(-1))
-			sc.l[r] = 0
-		}
-		clear(sc.acc[:rows*d])
-		end := base + i1 // keys [0, end) are seen by some row of the block
-		for t0 := 0; t0 < end; t0 += keyTile {
-			t1 := min(t0+keyTile, end)
-			kt, vt := k[t0*stride+kvh*d:], v[t0*stride+kvh*d:]
-			for r := range rows {
-				i, h := i0+r/grp, kvh*grp+r%grp
-				lim := min(t1, base+i+1) - t0 // keys of this tile the row sees
-				if lim <= 0 {
-					continue
-				}
-				s := sc.s[:lim]
-				mt := scores(q[(i*g.Heads+h)*d:][:d], kt, stride, scale, s)
-				acc := sc.acc[r*d : (r+1)*d]
-				m := sc.m[r]
-				if mt > m {
-					if sc.l[r] != 0 {
-						c := expNeg(m - mt)
-						sc.l[r] *= c
-						for j := range acc {
-							acc[j] *= c
-						}
-					}
-					m = mt
-					sc.m[r] = m
-				}
-				sc.l[r] += expSum(s, m)
-				accum(s, vt, stride, acc)
-			}
-		}
-		for r := range rows {
-			i, h := i0+r/grp, kvh*grp+r%grp
-			o := out[(i*g.Heads+h)*d:][:d]
-			inv := 1 / sc.l[r]
-			for j, x := range sc.acc[r*d : (r+1)*d] {
-				o[j] = x * inv
-			}
-		}
-	})
-	return ctx.Err()
+	return kernels.CausalAttention(ctx, workers, kernels.CausalShape{Heads: g.Heads, KVHeads: g.KVHeads, HeadDim: g.HeadDim}, q, n, k, v, base, out)
 }
 
 // NewDenseFrom returns a dense cache that starts with the first tokens

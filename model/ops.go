@@ -2,11 +2,8 @@ package model
 
 import (
 	"math"
-	"runtime"
-	"sync"
-	"sync/atomic"
 
-	"github.com/questrt/questrt/internal/yield"
+	"github.com/questrt/questrt/internal/parfor"
 	"github.com/questrt/questrt/kernels"
 )
 
@@ -20,43 +17,10 @@ import (
 // (bench/results/2026-12-01-matmul-gonum.md).
 func dot(a, b []float32) float32 { return kernels.Dot(a, b) }
 
-// defaultWorkers is the goroutines of a parallel loop when none are set.
-func defaultWorkers() int { return runtime.GOMAXPROCS(0) }
-
 // parallel runs f(i) for i in [0, n) on up to workers goroutines (the
-// caller included), handing out indices in order. Every goroutine
-// yields now and then between two items (see package yield).
-func parallel(workers, n int, f func(worker, i int)) {
-	if workers <= 0 {
-		workers = defaultWorkers()
-	}
-	workers = min(workers, n)
-	if workers <= 1 {
-		for i := range n {
-			f(0, i)
-		}
-		return
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := 1; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			y := yield.New()
-			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
-				f(w, i)
-				y.Maybe()
-			}
-		}()
-	}
-	y := yield.New()
-	for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
-		f(0, i)
-		y.Maybe()
-	}
-	wg.Wait()
-}
+// caller included), handing out indices in order (parfor.Run: every
+// goroutine yields now and then between two items).
+func parallel(workers, n int, f func(worker, i int)) { parfor.Run(workers, n, f) }
 
 // Tiles of the matrix product: rowTile weight rows (output columns) stay
 // in L1/L2 while tokTile tokens pass over them; work units are
@@ -129,26 +93,4 @@ func addTo(x, y []float32) {
 	for i := range x {
 		x[i] += y[i]
 	}
-}
-
-// expNeg returns e^x for x <= 0 in float32 (about 2 ulp): the softmax
-// exponential of the prefill kernel, where math.Exp would be a third of
-// the attention time. x below -80 is taken as -80 (like expSumAVX2: the
-// result stays a normal number).
-func expNeg(x float32) float32 {
-	x = max(x, -80)
-	// x = n*ln2 + r, |r| <= ln2/2; e^x = 2^n * e^r.
-	const log2e = 1.44269504088896341
-	const ln2hi, ln2lo = 0.693359375, -2.12194440e-4
-	n := float32(math.Floor(float64(x*log2e + 0.5)))
-	r := x - n*ln2hi - n*ln2lo
-	// Cephes expf polynomial on [-ln2/2, ln2/2].
-	p := float32(1.9875691500e-4)
-	p = p*r + 1.3981999507e-3
-	p = p*r + 8.3334519073e-3
-	p = p*r + 4.1665795894e-2
-	p = p*r + 1.6666665459e-1
-	p = p*r + 5.0000001201e-1
-	e := p*r*r + r + 1
-	return e * math.Float32frombits(uint32(int32(n)+127)<<23)
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/questrt/questrt/bench/rankproc"
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/collective/grpctransport"
 	"github.com/questrt/questrt/internal/memlimit"
@@ -125,11 +126,11 @@ data do not fit --max-memory (all ranks together) is refused before it
 runs.`,
 		sweepSteps, sweepWarmup, collective.MaxSweepFactor, collective.MaxSweepBytes,
 		remote.DefaultBenchTimeout, remote.MaxBenchTimeout,
-		collective.MaxBenchShards, 2, maxBenchNodes, collective.MaxBenchBatch, collective.MaxBenchHeads,
+		collective.MaxBenchShards, 2, rankproc.MaxNodes, collective.MaxBenchBatch, collective.MaxBenchHeads,
 		collective.MaxBenchHeadDim, collective.MaxBenchPages, collective.MaxBenchSteps))
 	shards := fs.String("shards", "2,4,8,16", fmt.Sprintf("comma-separated CP group sizes, all ranks goroutines of this process (1 to %d)", collective.MaxBenchShards))
-	nodes := fs.String("nodes", "", fmt.Sprintf("comma-separated CP group sizes, every grpc rank in its own process (2 to %d; instead of --shards)", maxBenchNodes))
-	timeout := fs.Duration("timeout", defaultNodesTimeout, "with --nodes: the longest one configuration may take, from starting its processes to their reports; with --addr: the longest one configuration may run on the nodes (default there 1m0s)")
+	nodes := fs.String("nodes", "", fmt.Sprintf("comma-separated CP group sizes, every grpc rank in its own process (2 to %d; instead of --shards)", rankproc.MaxNodes))
+	timeout := fs.Duration("timeout", rankproc.DefaultTimeout, "with --nodes: the longest one configuration may take, from starting its processes to their reports; with --addr: the longest one configuration may run on the nodes (default there 1m0s)")
 	batches := fs.String("batch", "1,16", fmt.Sprintf("comma-separated batch sizes (1 to %d)", collective.MaxBenchBatch))
 	transports := fs.String("transport", c.Transport, "comma-separated transports: inproc, grpc")
 	fs.IntVar(&c.Steps, "steps", c.Steps, fmt.Sprintf("measured layer-steps per configuration (1 to %d)", collective.MaxBenchSteps))
@@ -180,8 +181,8 @@ runs.`,
 		}
 		if byNodes {
 			for _, n := range c.Shards {
-				if n < 2 || n > maxBenchNodes {
-					return usageError{fmt.Errorf("--nodes %d: want 2 to %d (one process per rank; --shards runs 1)", n, maxBenchNodes)}
+				if n < 2 || n > rankproc.MaxNodes {
+					return usageError{fmt.Errorf("--nodes %d: want 2 to %d (one process per rank; --shards runs 1)", n, rankproc.MaxNodes)}
 				}
 				if c.Pages >= 1 && n > c.Pages {
 					return usageError{fmt.Errorf("--nodes %d: more ranks than the %d pages of a sequence (--pages)", n, c.Pages)}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/questrt/questrt/bench"
+	"github.com/questrt/questrt/bench/clusterrun"
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/internal/buildinfo"
 )
@@ -50,7 +51,7 @@ type collectiveLine struct {
 	Kind string `json:"kind"` // "collective"
 	collective.BenchResult
 	benchMeta
-	*clusterMeta // --addr only
+	*clusterrun.Cluster // --addr only
 }
 
 // sweepLine is one JSON line of an all-gather sweep.
@@ -58,7 +59,7 @@ type sweepLine struct {
 	Kind string `json:"kind"` // "allgather_sweep"
 	collective.SweepResult
 	benchMeta
-	*clusterMeta // --addr only
+	*clusterrun.Cluster // --addr only
 }
 
 // Kinds of bench collective lines.
@@ -147,8 +148,8 @@ func (w *lineWriter) meta(tls bool) benchMeta {
 
 // collective writes the line of one configuration of the selection and
 // merge (cm: its cluster, with --addr).
-func (w *lineWriter) collective(r collective.BenchResult, tls bool, cm *clusterMeta) error {
-	if err := bench.WriteJSONLine(w.stdout, collectiveLine{Kind: kindCollective, BenchResult: r, benchMeta: w.meta(tls), clusterMeta: cm}); err != nil {
+func (w *lineWriter) collective(r collective.BenchResult, tls bool, cm *clusterrun.Cluster) error {
+	if err := bench.WriteJSONLine(w.stdout, collectiveLine{Kind: kindCollective, BenchResult: r, benchMeta: w.meta(tls), Cluster: cm}); err != nil {
 		return err
 	}
 	if w.quiet {
@@ -169,8 +170,8 @@ func (w *lineWriter) collective(r collective.BenchResult, tls bool, cm *clusterM
 }
 
 // sweep writes the line of one size of a sweep.
-func (w *lineWriter) sweep(r collective.SweepResult, tls bool, cm *clusterMeta) error {
-	if err := bench.WriteJSONLine(w.stdout, sweepLine{Kind: kindSweep, SweepResult: r, benchMeta: w.meta(tls), clusterMeta: cm}); err != nil {
+func (w *lineWriter) sweep(r collective.SweepResult, tls bool, cm *clusterrun.Cluster) error {
+	if err := bench.WriteJSONLine(w.stdout, sweepLine{Kind: kindSweep, SweepResult: r, benchMeta: w.meta(tls), Cluster: cm}); err != nil {
 		return err
 	}
 	if w.quiet {

@@ -32,7 +32,7 @@ func floorOf(p string) (floor int, ok bool) {
 	switch {
 	case under("plan", "decode", "api", "chat", "internal/memlimit", "internal/readlimit", "internal/identity",
 		"internal/buildinfo", "internal/boltcheck", "internal/faultproxy", "internal/certgen", "internal/testcert",
-		"internal/testmodels", "internal/tmpfstest", "internal/floors", "internal/invariants", "internal/yield",
+		"internal/testmodels", "internal/tmpfstest", "internal/floors", "internal/invariants", "internal/yield", "internal/parfor",
 		"internal/redact", "internal/memwatch"):
 		return 0, true
 	case under("kernels", "pagestore", "collective"):

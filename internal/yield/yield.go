@@ -10,8 +10,8 @@
 // (15 times in 20 s with the test clusters' timings); yielding every
 // 200 us or so brought the echo to p50 19-25 ms and the deaths to 0
 // (cluster's TestMeasureDetectionUnderLoad, issue 27). A yield costs
-// about a microsecond. The kernels' worker pool and the model's parallel
-// loops use it.
+// about a microsecond. The kernels' worker pool and the parallel loops of
+// package parfor use it.
 package yield
 
 import (
