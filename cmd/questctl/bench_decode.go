@@ -28,6 +28,7 @@ type decodeBench struct {
 	f32Weights    bool
 	dense, noPDL  bool
 	profileRange  bool
+	phases        bool              // --phases: a marked step's device timeline per measurement
 	summary       plan.SummaryDType // --summary-dtype
 	cudaKernels   string            // --cuda-kernels: the backend's tuning overrides
 	seed          uint64
@@ -75,6 +76,7 @@ and weights_GB. Progress goes to stderr.`)
 	seed := fs.Uint64("seed", 1, "seed of the random weights and K/V")
 	backend := fs.String("backend", "cuda", "where the model decodes: cuda (the only one: the CPU executor's speed is what generate and bench serve report)")
 	kvDType := kvCacheDTypeFlagFP8(fs, "")
+	phases := fs.Bool("phases", false, "after the timed Quest steps of each measurement, one more step with CUDA events between its phases: the result's phases_ms (per token, summed over layers: in = normalised q|k|v projection and RoPE, attention = the engine's layer step, out = o, gate|up, SiLU and down, end_gap = the host's end of the step, head = the LM head) and proj_GBps (the layers' weight bytes over in + out); the events end the kernels' programmatic overlap there, so that step is not a timed one")
 	summary := summaryDTypeFlag(fs, "")
 	cudaKernels := fs.String("cuda-kernels", "", "tuning overrides of the CUDA backend, comma-separated: attend=NAME and score=NAME (kernel variants of kernels/cuda/mma.cu), score-chunk=N and attend-chunk=N (pages per scoring block / attention work item); empty: the defaults")
 	profileRange := fs.Bool("profile-range", false, "bracket the last warm-up Quest step of each measurement with cuProfilerStart/Stop, so that a profiler started with capture off records that one step's kernels (ncu --profile-from-start off); the timed steps are other steps")
@@ -83,7 +85,7 @@ and weights_GB. Progress goes to stderr.`)
 		if *backend != "cuda" {
 			return usageError{fmt.Errorf("--backend %q: bench decode times the device executor, --backend cuda (for the CPU, see generate and bench serve)", *backend)}
 		}
-		b := decodeBench{steps: *steps, warmup: *warmup, dense: *dense, noPDL: *noPDL, seed: *seed, profileRange: *profileRange,
+		b := decodeBench{steps: *steps, warmup: *warmup, dense: *dense, noPDL: *noPDL, seed: *seed, profileRange: *profileRange, phases: *phases,
 			summary: summary.types[0], cudaKernels: *cudaKernels}
 		var err error
 		switch {

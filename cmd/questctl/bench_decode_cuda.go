@@ -14,6 +14,12 @@ import (
 	"github.com/questrt/questrt/model/gpu"
 )
 
+// The CUDA backend brackets a profiled step and marks a step's phases.
+var (
+	_ gpu.Profiler    = (*cuda.Backend)(nil)
+	_ gpu.PhaseMarker = (*cuda.Backend)(nil)
+)
+
 // benchDecodeCUDA runs 'questctl bench decode' on GPU 0.
 func benchDecodeCUDA(ctx context.Context, b decodeBench, stdout, stderr io.Writer) error {
 	ccfg := cuda.Config{DType: b.kvDType, SummaryDType: b.summary}
@@ -55,7 +61,7 @@ func benchDecodeCUDA(ctx context.Context, b decodeBench, stdout, stderr io.Write
 	fmt.Fprintf(stderr, "weights: %.2f GB on the GPU in %v\n", float64(x.WeightBytes())/1e9, time.Since(t0).Round(time.Millisecond))
 	pol := b.pol
 	cfg := gpu.BenchConfig{Contexts: b.contexts, Batches: b.batches, Warmup: b.warmup, Steps: b.steps, Policy: &pol,
-		KVDType: b.kvDType, Dense: b.dense, Seed: b.seed, Profile: b.profileRange}
+		KVDType: b.kvDType, Dense: b.dense, Seed: b.seed, Profile: b.profileRange, Phases: b.phases}
 	if err := gpu.Bench(ctx, be, x, cfg, func(r gpu.BenchResult) error { return bench.WriteJSONLine(stdout, r) },
 		func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) }); err != nil {
 		return err

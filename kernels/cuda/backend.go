@@ -103,6 +103,7 @@ type Backend struct {
 	stepCheck kernels.StepCheck
 
 	probe *stepProbe // events around each Step's device work (benchmarks only), or nil
+	marks []cu.Event // phase marks queued since the last PhaseTimes (phase.go)
 }
 
 type devBuf struct {

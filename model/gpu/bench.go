@@ -42,6 +42,11 @@ type BenchConfig struct {
 	// records only that step's kernels, and the timed steps are not
 	// the profiled one. Off by default.
 	Profile bool
+	// Phases adds one step after the timed Quest steps of each
+	// measurement with marks between its phases (the device must be a
+	// PhaseMarker; Executor.MarkPhases): the result's Phases and
+	// ProjGBps. The marked step is not a timed one. Off by default.
+	Phases bool
 }
 
 // Profiler is a device whose work a profiler attached with capture off
@@ -77,6 +82,12 @@ type BenchResult struct {
 	RhoFormula float64 `json:"rho_formula"`
 	// WeightsGB is the device memory of the weights.
 	WeightsGB float64 `json:"weights_GB"`
+	// Phases is the device timeline of one marked step after the timed
+	// ones (BenchConfig.Phases; Quest only), and ProjGBps the decoder
+	// layers' weight bytes over its In + Out time (the projections'
+	// streaming rate, RoPE and SiLU included).
+	Phases   *Phases `json:"phases_ms,omitempty"`
+	ProjGBps float64 `json:"proj_GBps,omitempty"`
 }
 
 // BenchDevice holds the pages of the benchmark's engine and runs the
@@ -114,6 +125,9 @@ func Bench(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig, e
 	if cfg.Dense {
 		steps *= 2
 	}
+	if cfg.Phases {
+		steps++ // the marked step
+	}
 	for _, n := range cfg.Contexts {
 		if n < 1 || (c.MaxPositions > 0 && n+steps > c.MaxPositions) {
 			return fmt.Errorf("%w: context %d (+%d steps) outside the model's %d positions", ErrBadInput, n, steps, c.MaxPositions)
@@ -123,6 +137,9 @@ func Bench(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig, e
 		if b < 1 || b > x.opt.MaxBatch {
 			return fmt.Errorf("%w: batch %d outside 1..%d", ErrBadInput, b, x.opt.MaxBatch)
 		}
+	}
+	if _, ok := dev.(PhaseMarker); cfg.Phases && !ok {
+		return fmt.Errorf("%w: a phase split needs a device with phase marks (the CUDA backend)", ErrBadInput)
 	}
 	if _, ok := dev.(Profiler); cfg.Profile && !ok {
 		return fmt.Errorf("%w: a profiled run needs a device with a profiler range (the CUDA backend)", ErrBadInput)
@@ -148,6 +165,9 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 		modes = append(modes, true)
 	}
 	total := n + len(modes)*(cfg.Warmup+cfg.Steps)
+	if cfg.Phases {
+		total++ // the marked step
+	}
 	ecfg := engine.ModelConfig(g, pol, bs*((total+pol.PageSize-1)/pol.PageSize+2))
 	ecfg.Geometry.DType = cfg.KVDType
 	ecfg.Backend, ecfg.DeviceResident = dev, true
@@ -210,13 +230,24 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 		steps := max(cfg.Steps, 1)
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(steps) }
 		sm := model.Summarize(x.LastSteps(0), pol.PageSize)
+		var ph *Phases
+		if cfg.Phases && !dense {
+			p, err := markedStep(ctx, x, e, rows)
+			if err != nil {
+				return err
+			}
+			ph = &p
+		}
 		mode := "quest"
 		if dense {
 			mode = "dense"
 		}
 		r := BenchResult{Runtime: "questrt", Mode: mode, Context: held, Batch: bs, Layers: c.Layers,
 			MsPerStep: ms(el), EnqueueMs: ms(tm.Enqueue), EndWaitMs: ms(tm.EndWait), HeadMs: ms(tm.Head),
-			Rho: sm.Rho, RhoFormula: sm.RhoFormula, WeightsGB: float64(x.WeightBytes()) / 1e9}
+			Rho: sm.Rho, RhoFormula: sm.RhoFormula, WeightsGB: float64(x.WeightBytes()) / 1e9, Phases: ph}
+		if ph != nil && ph.In+ph.Out > 0 {
+			r.ProjGBps = float64(x.LayerWeightBytes()) / ((ph.In + ph.Out) * 1e6)
+		}
 		if el > 0 {
 			r.TokensPerS = float64(bs*cfg.Steps) / el.Seconds()
 		}
@@ -229,6 +260,23 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 
 // mustPages is PageBytes of a one-rank config (0 for another layout,
 // which engine.New then judges).
+// markedStep decodes rows once more with phase marks on and returns its
+// device timeline; the rows move on by the step.
+func markedStep(ctx context.Context, x *Executor, e *engine.Engine, rows []Row) (Phases, error) {
+	if err := x.MarkPhases(true); err != nil {
+		return Phases{}, err
+	}
+	defer x.MarkPhases(false)
+	next, err := x.Decode(ctx, e, rows)
+	if err != nil {
+		return Phases{}, fmt.Errorf("marked step: %w", err)
+	}
+	for i := range rows {
+		rows[i].Token, rows[i].Pos = next[i], rows[i].Pos+1
+	}
+	return x.LastPhases(), nil
+}
+
 func mustPages(ecfg engine.Config) int64 {
 	n, err := PageBytes(ecfg)
 	if err != nil {

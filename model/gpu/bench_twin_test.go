@@ -271,3 +271,96 @@ func TestBenchProfileRange(t *testing.T) {
 		t.Fatalf("no profiler: %v after %d results, want ErrBadInput before any", err, n)
 	}
 }
+
+// markingTwin is the CPU twin with phase marks: interval j between marks
+// j and j+1 of a step lasts j+1 ms, so that each phase's sum says which
+// intervals it took.
+type markingTwin struct {
+	*backendtest.QueuedDevice
+	marks int
+}
+
+func (m *markingTwin) MarkPhase(context.Context) error { m.marks++; return nil }
+
+func (m *markingTwin) PhaseTimes(context.Context) ([]float64, error) {
+	var ts []float64
+	for j := 0; j+1 < m.marks; j++ {
+		ts = append(ts, float64(j+1))
+	}
+	m.marks = 0
+	return ts, nil
+}
+
+// TestBenchPhases: a phase split marks one step per Quest measurement
+// (one before the layers, three a layer, two around the head), its
+// intervals summed per phase: In takes intervals 1, 4, 7, ... (1-based),
+// Attention 2, 5, ..., Out 3, 6, ..., then the end gap and the head; the
+// projections' rate is the layers' weight bytes over In + Out. A device
+// without marks is refused before anything runs.
+func TestBenchPhases(t *testing.T) {
+	ctx := context.Background()
+	dev := &markingTwin{QueuedDevice: twin(t)}
+	cfgm := tinyConfig(t)
+	x, err := NewRandom(ctx, dev, cfgm, 3, Options{MaxBatch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close(ctx)
+	pol := plan.DefaultPolicy()
+	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 64, 0
+	cfg := BenchConfig{Contexts: []int{100}, Batches: []int{1, 2}, Warmup: 1, Steps: 2, Policy: &pol, Dense: true, Phases: true}
+	var got []BenchResult
+	if err := Bench(ctx, dev, x, cfg, func(r BenchResult) error { got = append(got, r); return nil }, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	L := cfgm.Layers
+	in, attn, out := 0.0, 0.0, 0.0
+	for l := range L {
+		in += float64(3*l + 1)
+		attn += float64(3*l + 2)
+		out += float64(3*l + 3)
+	}
+	want := Phases{In: in, Attention: attn, Out: out, EndGap: float64(3*L + 1), Head: float64(3*L + 2)}
+	if len(got) != 4 {
+		t.Fatalf("%d results, want 4", len(got))
+	}
+	var layerBytes int64
+	for i := range x.layers {
+		for _, m := range x.layers[i].matrices() {
+			layerBytes += int64(m.Rows) * int64(m.Cols) * int64(m.DType.Bytes())
+		}
+	}
+	for _, r := range got {
+		if r.Mode == "dense" {
+			if r.Phases != nil || r.ProjGBps != 0 {
+				t.Errorf("dense batch %d: phases %+v, %v GB/s; want none", r.Batch, r.Phases, r.ProjGBps)
+			}
+			continue
+		}
+		if r.Phases == nil || *r.Phases != want {
+			t.Fatalf("quest batch %d: phases %+v, want %+v", r.Batch, r.Phases, want)
+		}
+		if g := float64(layerBytes) / ((in + out) * 1e6); r.ProjGBps != g {
+			t.Errorf("quest batch %d: %v GB/s, want %v", r.Batch, r.ProjGBps, g)
+		}
+	}
+	if dev.marks != 0 {
+		t.Errorf("%d marks left queued", dev.marks)
+	}
+	if err := x.MarkPhases(false); err != nil || x.marker != nil {
+		t.Errorf("marks left on after the bench: %v", err)
+	}
+	plain := twin(t)
+	px, err := NewRandom(ctx, plain, tinyConfig(t), 3, Options{MaxBatch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close(ctx)
+	err = Bench(ctx, plain, px, cfg, func(BenchResult) error { t.Error("a result without marks"); return nil }, t.Logf)
+	if !errors.Is(err, ErrBadInput) {
+		t.Fatalf("no marks: %v, want ErrBadInput", err)
+	}
+	if err := px.MarkPhases(true); !errors.Is(err, ErrBadInput) {
+		t.Fatalf("MarkPhases on a device without marks: %v", err)
+	}
+}

@@ -157,6 +157,8 @@ type Executor struct {
 	last                                 Timing
 	steps                                [][]model.StepInfo // [row][layer] of the last Decode
 	greedy                               []int              // each row's argmax in the last Decode
+	marker                               PhaseMarker        // phase marks (MarkPhases), or nil
+	phases                               Phases             // of the last marked Decode
 }
 
 // activations are a prefill chunk's rows in device memory.
@@ -420,6 +422,12 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 	gate, up, logits, cs := view(x.gate, inter), view(x.up, inter), view(x.logits, c.VocabSize), view(x.csd, c.HeadDim)
 	eps := float32(c.RMSNormEps)
 	be := x.be
+	if x.marker != nil {
+		// Marks a failed Decode left queued.
+		if _, err := x.marker.PhaseTimes(ctx); err != nil {
+			return nil, fmt.Errorf("gpu: phase marks: %w", err)
+		}
+	}
 	t0 := time.Now()
 	if err := be.UploadTensor(cs, x.cs); err != nil {
 		return nil, fmt.Errorf("gpu: rope cos/sin: %w", err)
@@ -431,6 +439,10 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 	if err != nil {
 		return nil, fmt.Errorf("gpu: begin: %w", err)
 	}
+	if err := x.mark(ctx); err != nil {
+		step.End(ctx)
+		return nil, fmt.Errorf("gpu: phase mark: %w", err)
+	}
 	res := decode.Result{O: o}
 	x.steps = x.steps[:0]
 	for range n {
@@ -440,13 +452,20 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		l := &x.layers[li]
 		err := x.attnIn(ctx, l, xx, q, k, v, cs, n)
 		if err == nil {
+			err = x.mark(ctx)
+		}
+		if err == nil {
 			err = step.Layer(ctx, li, q, k, v, &res)
 		}
 		if err == nil {
 			x.record(li, n, &res)
+			err = x.mark(ctx)
 		}
 		if err == nil {
 			err = x.attnOut(ctx, l, xx, o, gate, up, n)
+		}
+		if err == nil {
+			err = x.mark(ctx)
 		}
 		if err != nil {
 			step.End(ctx)
@@ -458,8 +477,14 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		return nil, fmt.Errorf("gpu: end: %w", err)
 	}
 	t2 := time.Now()
+	if err := x.mark(ctx); err != nil {
+		return nil, fmt.Errorf("gpu: phase mark: %w", err)
+	}
 	if err := be.GemvNorm(ctx, x.head, xx, x.norm, eps, n, logits); err != nil {
 		return nil, fmt.Errorf("gpu: head: %w", err)
+	}
+	if err := x.mark(ctx); err != nil {
+		return nil, fmt.Errorf("gpu: phase mark: %w", err)
 	}
 	var ids, greedy []int32
 	if sampled {
@@ -480,6 +505,9 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		x.greedy = append(x.greedy, int(id))
 	}
 	x.last = Timing{Enqueue: t1.Sub(t0), EndWait: t2.Sub(t1), Head: time.Since(t2)}
+	if err := x.readPhases(ctx, len(x.layers)); err != nil {
+		return nil, fmt.Errorf("gpu: phase marks: %w", err)
+	}
 	next := make([]int, n)
 	for i, id := range ids {
 		next[i] = int(id)

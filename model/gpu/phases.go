@@ -1,0 +1,109 @@
+package gpu
+
+import (
+	"context"
+	"fmt"
+)
+
+// PhaseMarker is a device that queues timestamps between the phases of a
+// step and reads back the time between them (the CUDA backend: events
+// on its stream). A marked step is a measurement of where the device's
+// time goes, not a timed step: a mark between two kernels ends a
+// programmatic dependent launch's overlap there.
+type PhaseMarker interface {
+	// MarkPhase queues a mark after the work queued so far.
+	MarkPhase(ctx context.Context) error
+	// PhaseTimes waits for the marks queued since the last call and
+	// returns the milliseconds between consecutive ones, then forgets
+	// them.
+	PhaseTimes(ctx context.Context) ([]float64, error)
+}
+
+// Phases is the device timeline of one marked Decode in milliseconds,
+// summed over the layers (Executor.MarkPhases).
+type Phases struct {
+	// In is each layer's normalised q|k|v projection and RoPE.
+	In float64 `json:"in"`
+	// Attention is each layer's engine step (the new K/V appended, the
+	// Quest or dense attention, and any time the device waited for the
+	// host to queue it).
+	Attention float64 `json:"attention"`
+	// Out is each layer's o projection, normalised gate|up projection,
+	// SiLU and down projection.
+	Out float64 `json:"out"`
+	// EndGap is the time from the last layer's work to the head's: the
+	// host's end of the step (its synchronisation) with the device idle.
+	EndGap float64 `json:"end_gap"`
+	// Head is the final norm and the LM head's projection.
+	Head float64 `json:"head"`
+}
+
+// Total is the sum of the phases.
+func (p Phases) Total() float64 { return p.In + p.Attention + p.Out + p.EndGap + p.Head }
+
+// MarkPhases turns marks between the phases of every Decode on or off
+// (LastPhases reads them); a device that is not a PhaseMarker is refused
+// with ErrBadInput.
+func (x *Executor) MarkPhases(on bool) error {
+	if !on {
+		x.marker = nil
+		return nil
+	}
+	m, ok := x.be.(PhaseMarker)
+	if !ok {
+		return fmt.Errorf("%w: the device has no phase marks (the CUDA backend has)", ErrBadInput)
+	}
+	x.marker = m
+	return nil
+}
+
+// LastPhases is the device timeline of the last successful Decode with
+// marks on (the zero Phases when they were off).
+func (x *Executor) LastPhases() Phases { return x.phases }
+
+// LayerWeightBytes is the bytes of the decoder layers' weights (norms and
+// projections, without the embedding and the head): what In and Out
+// stream once per step.
+func (x *Executor) LayerWeightBytes() int64 {
+	var n int64
+	for i := range x.layers {
+		for _, m := range x.layers[i].matrices() {
+			n += m.Bytes()
+		}
+	}
+	return n
+}
+
+// mark queues a phase mark when marks are on.
+func (x *Executor) mark(ctx context.Context) error {
+	if x.marker == nil {
+		return nil
+	}
+	return x.marker.MarkPhase(ctx)
+}
+
+// readPhases reads the marks of a Decode over layers layers: one before
+// the first layer, three per layer (after In, Attention, Out), one
+// before and one after the head.
+func (x *Executor) readPhases(ctx context.Context, layers int) error {
+	if x.marker == nil {
+		x.phases = Phases{}
+		return nil
+	}
+	ts, err := x.marker.PhaseTimes(ctx)
+	if err != nil {
+		return err
+	}
+	if len(ts) != 3*layers+2 {
+		return fmt.Errorf("gpu: %d phase intervals, want %d", len(ts), 3*layers+2)
+	}
+	var p Phases
+	for l := range layers {
+		p.In += ts[3*l]
+		p.Attention += ts[3*l+1]
+		p.Out += ts[3*l+2]
+	}
+	p.EndGap, p.Head = ts[3*layers], ts[3*layers+1]
+	x.phases = p
+	return nil
+}
