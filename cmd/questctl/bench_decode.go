@@ -63,7 +63,7 @@ and weights_GB. Progress goes to stderr.`)
 	loadFormat := fs.String("load-format", "auto", "auto (--model's weights, random with --config) or dummy (random weights of --model's config, as vLLM's --load-format dummy)")
 	contexts := fs.String("context", "1024,32768", "comma-separated context lengths in tokens")
 	batches := fs.String("batch", "1", "comma-separated batch sizes (1..16)")
-	prefill := fs.String("prefill", "", "comma-separated prompt lengths in tokens: also time the GPU prefill of a random prompt of each (time to first token; bf16 or f16 pages); empty: none")
+	prefill := fs.String("prefill", "", "comma-separated prompt lengths in tokens: also time the GPU prefill of a random prompt of each (time to first token; bf16, f16 or fp8 pages); empty: none")
 	steps := fs.Int("steps", 20, "timed decode steps per measurement (1..10000)")
 	warmup := fs.Int("warmup", 3, "untimed steps before them (0..1000)")
 	budget := fs.Int("budget", 4096, "token budget B per KV head and step (page budget K = B/S), --page-size..1073741824")
@@ -154,8 +154,8 @@ and weights_GB. Progress goes to stderr.`)
 		if b.kvDType, err = plan.ParseDType(*kvDType); err != nil {
 			return usageError{fmt.Errorf("--kv-cache-dtype: %w", err)}
 		}
-		if len(b.prefill) > 0 && b.kvDType != plan.BFloat16 && b.kvDType != plan.Float16 {
-			return usageError{fmt.Errorf("--prefill with --kv-cache-dtype %v: the GPU prefill reads bf16 or f16 pages (fp8 and f32 pages are decoded, not prefilled)", b.kvDType)}
+		if len(b.prefill) > 0 && b.kvDType == plan.Float32 {
+			return usageError{fmt.Errorf("--prefill with --kv-cache-dtype %v: the GPU prefill reads bf16, f16 or fp8 pages (f32 pages are decoded, not prefilled)", b.kvDType)}
 		}
 		b.pol = plan.DefaultPolicy()
 		b.pol.PageSize, b.pol.BudgetTokens, b.pol.DenseLayers = *pageSize, *budget, min(*denseLayers, b.cfg.Layers)

@@ -28,15 +28,16 @@ func TestBenchDecodeRefusals(t *testing.T) {
 		{[]string{"--config", cfg, "--steps", "0"}, "--steps 0"},
 		{[]string{"--config", "no-such-config.json"}, "model config"},
 		{[]string{"--config", cfg, "--kv-cache-dtype", "fp4"}, "--kv-cache-dtype \"fp4\": want f32, f16, bf16 or fp8"},
-		{[]string{"--config", cfg, "--kv-cache-dtype", "fp8", "--prefill", "128"}, "--prefill with --kv-cache-dtype fp8"},
+		{[]string{"--config", cfg, "--kv-cache-dtype", "f32", "--prefill", "128"}, "--prefill with --kv-cache-dtype f32"},
 	} {
 		code, stdout, stderr := runCLI(t, append([]string{"bench", "decode"}, c.args...)...)
 		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, c.want) {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want one usage line with %q", c.args, code, stdout, stderr, c.want)
 		}
 	}
-	// fp8 pages pass the flags (decoded with fp8 records on the GPU).
-	code, _, stderr := runCLI(t, "bench", "decode", "--config", cfg, "--kv-cache-dtype", "fp8")
+	// fp8 pages pass the flags, with a prefill too (decoded and prefilled
+	// from fp8 records on the GPU).
+	code, _, stderr := runCLI(t, "bench", "decode", "--config", cfg, "--kv-cache-dtype", "fp8", "--prefill", "128")
 	if code == 0 || !strings.Contains(stderr, "-tags cuda") {
 		t.Errorf("bench decode --kv-cache-dtype fp8 without CUDA: exit %d, stderr %q", code, stderr)
 	}

@@ -7,8 +7,10 @@
 //   prefill_tobf16_<W>    a[r] = bf16(x[r]) or bf16(RMSNorm(x[r]) * nw)  (one row per block)
 //   prefill_gemm_bf16_m<BM>n<BN>w<WM>x<WN>s<S>  y = a w^T (+ res), outputs split into up to 3 tensors
 //   prefill_attend_<T>_d<D>_m<MT>n<BN>w<W>  o = causal attention of q over the sequence's pages through its page table
+//   prefill_attend_fp8_d<D>_m<MT>n<BN>w<W>  the same over fp8 pages (kvfp8.cuh's records), on bf16 tensor cores
 
 #include "common.cuh"
+#include "fp8.cuh"
 #include "mma.cuh"
 
 typedef __nv_bfloat16 bf16;
@@ -210,9 +212,20 @@ PREFILL_GEMM(128, 128, 64, 64, 4)
 // log2(e) / sqrt(D) (folded into q), exponentiated with exp2, the
 // running maximum and sum kept per row; positions past the diagonal, and
 // rows past the chunk, are -inf.
-template <typename T, int D, int MT, int BN, int W>
-__device__ void prefill_attend_m(float* o, const float* q, const T* K, const T* V, const int* pages, i64 start, i64 n, i64 qh,
-				 i64 kvh, i64 S, i64 shift) {
+//
+// KV8: the pages are fp8 records (plan.FP8: E4M3fn codes [page][kvh][S][D]
+// with a float32 scale per (page, KV head) in ks and vs, kvfp8.cuh). Each
+// element is decoded as the CPU store decodes it (code value times scale,
+// rounded to float32) and rounded to T (bf16) in shared memory; the loads
+// are synchronous (the tile after the current one is read and converted
+// before the current one's products, as the cp.async path issues it).
+template <typename T, int D, int MT, int BN, int W, bool KV8>
+__device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const void* Vp, const float* ks, const float* vs,
+				 const int* pages, i64 start, i64 n, i64 qh, i64 kvh, i64 S, i64 shift) {
+	const T* K = reinterpret_cast<const T*>(Kp);
+	const T* V = reinterpret_cast<const T*>(Vp);
+	const unsigned char* K8 = reinterpret_cast<const unsigned char*>(Kp);
+	const unsigned char* V8 = reinterpret_cast<const unsigned char*>(Vp);
 	constexpr int BM = 16 * MT * W;
 	constexpr int DP = D + 8;
 	constexpr int KS = D / 16;
@@ -245,7 +258,40 @@ __device__ void prefill_attend_m(float* o, const float* q, const T* K, const T* 
 	const i64 hs = h * S;
 	const int s32 = (int)S, sh = (int)shift;
 
+	// load8 is load for fp8 pages: 8 codes of K and of V per thread and
+	// step, decoded under their record's scale, rounded to T and stored.
+	auto load8 = [&](int buf, int tile) {
+		const int p0 = tile * BN;
+		for (int c = tid; c < BN * (D / 8); c += blockDim.x) {
+			int j = c / (D / 8), d = (c % (D / 8)) * 8;
+			const int pos = p0 + j;
+			uint2 kc = make_uint2(0u, 0u), vc = make_uint2(0u, 0u);
+			float ksc = 0.f, vsc = 0.f;
+			if (pos < kv_end) {
+				const int pg = sh >= 0 ? pos >> sh : pos / s32;
+				const i64 rec = (i64)pages[pg] * kvh + h;
+				const i64 off = (rec * S + (pos - pg * s32)) * D + d;
+				kc = *reinterpret_cast<const uint2*>(K8 + off);
+				vc = *reinterpret_cast<const uint2*>(V8 + off);
+				ksc = ks[rec];
+				vsc = vs[rec];
+			}
+			uint32_t* kd = reinterpret_cast<uint32_t*>(Ks + (buf * BN + j) * DP + d);
+			uint32_t* vd = reinterpret_cast<uint32_t*>(Vs + (buf * BN + j) * DP + d);
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const uint32_t kw = e < 2 ? kc.x : kc.y, vw = e < 2 ? vc.x : vc.y;
+				const int sh8 = 16 * (e & 1);
+				kd[e] = pack2<T>::from(__fmul_rn(fp8_value((kw >> sh8) & 0xffu), ksc), __fmul_rn(fp8_value((kw >> (sh8 + 8)) & 0xffu), ksc));
+				vd[e] = pack2<T>::from(__fmul_rn(fp8_value((vw >> sh8) & 0xffu), vsc), __fmul_rn(fp8_value((vw >> (sh8 + 8)) & 0xffu), vsc));
+			}
+		}
+	};
 	auto load = [&](int buf, int tile) {
+		if (KV8) {
+			load8(buf, tile);
+			return;
+		}
 		const int p0 = tile * BN;
 		for (int c = tid; c < BN * (D / 8); c += blockDim.x) {
 			int j = c / (D / 8), d = (c % (D / 8)) * 8;
@@ -409,16 +455,22 @@ __device__ void prefill_attend_m(float* o, const float* q, const T* K, const T* 
 		}
 }
 
-#define PREFILL_ATTEND_M(T, SUF, D, MT, BN, W)                                                                                     \
-	extern "C" __global__ void __launch_bounds__(32 * W) prefill_attend_##SUF##_d##D##_m##MT##n##BN##w##W(                              \
-	    float* o, const float* q, const T* K, const T* V, const int* pages, i64 start, i64 n, i64 qh, i64 kvh, i64 S, i64 shift) { \
-		prefill_attend_m<T, D, MT, BN, W>(o, q, K, V, pages, start, n, qh, kvh, S, shift);                                    \
+// ks and vs are the fp8 variants' scales (null for 16-bit pages).
+#define PREFILL_ATTEND_M(T, SUF, D, MT, BN, W, KV8)                                                                                \
+	extern "C" __global__ void __launch_bounds__(32 * W) prefill_attend_##SUF##_d##D##_m##MT##n##BN##w##W(                    \
+	    float* o, const float* q, const void* K, const void* V, const float* ks, const float* vs, const int* pages, i64 start,   \
+	    i64 n, i64 qh, i64 kvh, i64 S, i64 shift) {                                                                                 \
+		prefill_attend_m<T, D, MT, BN, W, KV8>(o, q, K, V, ks, vs, pages, start, n, qh, kvh, S, shift);                  \
 	}
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 32, 2, 64, 4)
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 64, 2, 64, 4)
-PREFILL_ATTEND_M(__half, f16, 32, 2, 64, 4)
-PREFILL_ATTEND_M(__half, f16, 64, 2, 64, 4)
-PREFILL_ATTEND_M(__half, f16, 128, 2, 32, 4)
+PREFILL_ATTEND_M(__nv_bfloat16, bf16, 32, 2, 64, 4, false)
+PREFILL_ATTEND_M(__nv_bfloat16, bf16, 64, 2, 64, 4, false)
+PREFILL_ATTEND_M(__half, f16, 32, 2, 64, 4, false)
+PREFILL_ATTEND_M(__half, f16, 64, 2, 64, 4, false)
+PREFILL_ATTEND_M(__half, f16, 128, 2, 32, 4, false)
 
-PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 64, 8)
+PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 64, 8, false)
+
+PREFILL_ATTEND_M(__nv_bfloat16, fp8, 32, 2, 64, 4, true)
+PREFILL_ATTEND_M(__nv_bfloat16, fp8, 64, 2, 64, 4, true)
+PREFILL_ATTEND_M(__nv_bfloat16, fp8, 128, 2, 64, 8, true)
 

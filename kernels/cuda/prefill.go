@@ -138,9 +138,10 @@ func (b *Backend) GemmEngine(ctx context.Context) (string, error) {
 // defaultGemm); set it before the first model kernel is queued.
 func (b *Backend) SetGemm(g GemmKernel) { b.gemmKernel = g }
 
-// PrefillTensor implements kernels.PrefillAttender for pools of bf16 or
-// f16 pages and head dimensions 32, 64 and 128, with at most 64 query
-// heads per KV head.
+// PrefillTensor implements kernels.PrefillAttender for pools of bf16,
+// f16 or fp8 pages (fp8 records decoded as the CPU store decodes them,
+// then rounded to bf16 for the tensor cores) and head dimensions 32, 64
+// and 128, with at most 64 query heads per KV head.
 func (b *Backend) PrefillTensor(ctx context.Context, s kernels.Shape, pool, set any, seq uint64, start, n int, q, o decode.Tensor) error {
 	return b.PrefillWith(ctx, AttendKernel{}, s, pool, set, seq, start, n, q, o)
 }
@@ -173,8 +174,8 @@ func (b *Backend) PrefillWith(ctx context.Context, a AttendKernel, s kernels.Sha
 	switch {
 	case l.Slots > 0:
 		return fmt.Errorf("cuda prefill: %w", errSlotPool)
-	case l.DType != plan.BFloat16 && l.DType != plan.Float16:
-		return fmt.Errorf("cuda prefill: pages of %v (the prefill attention reads bf16 or f16)", l.DType)
+	case l.DType != plan.BFloat16 && l.DType != plan.Float16 && l.DType != plan.FP8:
+		return fmt.Errorf("cuda prefill: pages of %v (the prefill attention reads bf16, f16 or fp8)", l.DType)
 	case l.KVHeads != s.KVHeads || l.HeadDim != d || l.PageSize != s.PageSize:
 		return fmt.Errorf("cuda prefill: shape %+v for a pool of %d KV heads x %d, pages of %d", s, l.KVHeads, l.HeadDim, l.PageSize)
 	case !compiled(b.fn, name):
@@ -216,7 +217,7 @@ func (b *Backend) PrefillWith(ctx context.Context, a AttendKernel, s kernels.Sha
 			return fmt.Errorf("cuda prefill: sequence %d's table holds %d pages, %d tokens at position %d need %d", seq, have, n, start, need)
 		}
 		return b.launch(name, [3]int{(n + tok - 1) / tok, s.KVHeads, 1}, 32*a.W, a.smem(),
-			uint64(o.Ptr), uint64(q.Ptr), u(l.K), u(l.V), u(t.ptr),
+			uint64(o.Ptr), uint64(q.Ptr), u(l.K), u(l.V), u(l.KScale), u(l.VScale), u(t.ptr),
 			uint64(start), uint64(n), uint64(s.QHeads), uint64(s.KVHeads), uint64(s.PageSize), uint64(int64(shift)))
 	})
 }

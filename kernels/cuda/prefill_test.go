@@ -14,14 +14,17 @@ import (
 )
 
 // TestPrefillMatchesFloat64 runs the prefill conformance suite on the
-// tensor-core prefill attention, bf16 and f16 pages, head dimensions 32,
-// 64 and 128. The tolerance covers q and the softmax weights rounded to
-// the pages' type for the tensor cores (bf16: 8 bits of mantissa).
+// tensor-core prefill attention, bf16, f16 and fp8 pages, head
+// dimensions 32, 64 and 128. The reference reads the pool's own values
+// (fp8 records decoded as the CPU store decodes them). The tolerance
+// covers q and the softmax weights rounded to the pages' type for the
+// tensor cores (bf16: 8 bits of mantissa; fp8 pages are computed in bf16,
+// their decoded keys and values rounded to it too).
 func TestPrefillMatchesFloat64(t *testing.T) {
 	for _, c := range []struct {
 		dt  plan.DType
 		tol float64
-	}{{plan.BFloat16, 3e-2}, {plan.Float16, 5e-3}} {
+	}{{plan.BFloat16, 3e-2}, {plan.Float16, 5e-3}, {plan.FP8, 3e-2}} {
 		t.Run(c.dt.String(), func(t *testing.T) {
 			be := newBackend(t, c.dt)
 			defer be.Close()

@@ -68,10 +68,11 @@ func (a AttendKernel) smem() int { return (a.rows() + 4*a.BN) * (a.D + 8) * 2 }
 
 // AttendKernels lists the compiled attention variants (the
 // PREFILL_ATTEND_M lines of prefill.cu): the default of each page type
-// and head dimension (defaultAttend).
+// (bf16, f16, and fp8 records computed in bf16) and head dimension
+// (defaultAttend).
 func AttendKernels() []AttendKernel {
 	var out []AttendKernel
-	for _, dt := range []plan.DType{plan.BFloat16, plan.Float16} {
+	for _, dt := range []plan.DType{plan.BFloat16, plan.Float16, plan.FP8} {
 		for _, d := range prefillHeadDims {
 			out = append(out, defaultAttend(dt, d))
 		}
@@ -89,7 +90,7 @@ func AttendKernels() []AttendKernel {
 // registers do not spill).
 func defaultAttend(dt plan.DType, d int) AttendKernel {
 	switch {
-	case d == 128 && dt == plan.BFloat16:
+	case d == 128 && (dt == plan.BFloat16 || dt == plan.FP8):
 		return AttendKernel{dt, d, 2, 64, 8}
 	case d == 128:
 		return AttendKernel{dt, d, 2, 32, 4}

@@ -88,4 +88,16 @@ func TestGreedyPrefillMatchesCPU(t *testing.T) {
 			compareGreedyWith(t, be, m, [][]int{prompt, prompt[:500]}, 48, f32, 0, devicePrefill{on: true, chunk: 200, dtype: plan.BFloat16})
 		})
 	}
+	// fp8 pages (e4m3 records with a scale per page and KV head),
+	// prefilled and decoded on the device with bf16 weights, against the
+	// CPU's float32 pages: the quantization's cost shows as the share of
+	// equal greedy tokens (logged; at least half, as for bf16 weights).
+	t.Run("fp8 pages", func(t *testing.T) {
+		be, err := cuda.New(cuda.Config{DType: plan.FP8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer be.Close()
+		compareGreedyWith(t, be, m, [][]int{prompt, prompt[:500]}, 48, false, 0, devicePrefill{on: true, chunk: 200, dtype: plan.FP8})
+	})
 }
