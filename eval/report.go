@@ -92,6 +92,9 @@ type Phase struct {
 	// TopP is the top-p pruning's kept tokens (Policy.TopP), omitted
 	// when no row was pruned.
 	TopP *TopPRecord `json:"top_p,omitempty"`
+	// LayerOverlap is the selection overlap of adjacent sparse layers
+	// per KV head (overlap.go), omitted without diagnostics.
+	LayerOverlap []OverlapRecord `json:"layer_overlap,omitempty"`
 }
 
 // TopPRecord summarizes the top-p pruning over the steps of a phase:
@@ -400,6 +403,7 @@ func phase(s Steps, pageSize, denseLayers int, teacher bool) *Phase {
 			TokensPerRow: float64(c.Tokens) / n, KeptPerRow: float64(c.Kept) / n,
 			KeptP50: c.quantile(0.5), KeptP95: c.quantile(0.95), KeptMax: c.quantile(1)}
 	}
+	ph.LayerOverlap = overlapRecords(s.Overlap)
 	ph.PagesFraction = frac(ph.PagesRead, ph.PagesTotal)
 	if dense > 0 {
 		ph.Rho = read / dense
