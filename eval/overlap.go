@@ -17,8 +17,8 @@ import "github.com/questrt/questrt/model"
 // OverlapSums sums one adjacent pair's overlap over (step, KV head)
 // samples.
 type OverlapSums struct {
-	Layer                 int // the pair is (Layer, Layer+1)
-	Samples               int
+	Layer                  int // the pair is (Layer, Layer+1)
+	Samples                int
 	Jaccard, Share, Chance float64
 	// Empty counts samples where layer L+1 ranked no page (not in the
 	// sums).
@@ -69,7 +69,9 @@ func overlapStep(sums []OverlapSums, steps []model.StepInfo, kvHeads int) []Over
 
 // ranked reports whether the step's plan ranked pages and its
 // diagnostics hold the selection.
-func ranked(s model.StepInfo) bool { return s.Diag && !s.Plan.Dense && s.Plan.Rank > 0 && len(s.Selected) > 0 }
+func ranked(s model.StepInfo) bool {
+	return s.Diag && !s.Plan.Dense && s.Plan.Rank > 0 && len(s.Selected) > 0
+}
 
 // rankedSet fills m with the non-forced pages attended by query heads
 // [h0, h0+n) of step s.
