@@ -96,7 +96,8 @@ type Times struct {
 	// (Score, TopK and Attend are then zero).
 	Fused time.Duration
 	// Reused counts the batch's sequences whose selection the layer
-	// reused from an earlier step (plan.Policy.ReuseSteps); RankSkipped
+	// reused from an earlier step (plan.Policy.ReuseSteps) or from the
+	// layer before (plan.Policy.ReuseLayers); RankSkipped
 	// says that none ranked, so the layer ran no score phase and no
 	// selection collective (counts of CP rank 0 of TP group 0; the
 	// in-process engine reports them, a cluster coordinator leaves them

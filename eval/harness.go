@@ -215,6 +215,9 @@ type Steps struct {
 	TopP TopPCounts
 	// Stop holds the stop-rule rows of the steps (Config.StopRule).
 	Stop []StopSample
+	// Overlap sums the adjacent sparse layers' selection overlap over
+	// the steps with diagnostics (overlap.go).
+	Overlap []OverlapSums
 }
 
 // StopSample is one stop-rule row of one (step, sparse layer, query
@@ -354,8 +357,9 @@ type LayerSums struct {
 	HeadRecall, HeadMass []float64
 }
 
-func (s *Steps) add(steps []model.StepInfo, pageSize int) {
+func (s *Steps) add(steps []model.StepInfo, pageSize, kvHeads int) {
 	s.Steps++
+	s.Overlap = overlapStep(s.Overlap, steps, kvHeads)
 	if s.Layers == nil {
 		s.Layers = make([]LayerSums, len(steps))
 		for i := range s.Layers {
@@ -419,6 +423,7 @@ func (s *Steps) merge(o Steps) {
 	s.Skipped += o.Skipped
 	s.Hier.add(o.Hier)
 	s.TopP.add(o.TopP) // Stop rows are not merged: see StopRules
+	s.Overlap = mergeOverlap(s.Overlap, o.Overlap)
 	s.Agree += o.Agree
 	s.Answer += o.Answer
 	s.KL += o.KL
@@ -617,7 +622,7 @@ func (h *Harness) decode(ctx context.Context, a *model.EngineAttention, logits [
 		if err != nil {
 			return nil, err
 		}
-		r.Free.add(a.Steps(), h.cfg.Policy.PageSize)
+		r.Free.add(a.Steps(), h.cfg.Policy.PageSize, h.m.Geometry().KVHeads)
 		return l, nil
 	}
 	observe(logits)

@@ -51,6 +51,9 @@ type Record struct {
 	// ReuseSteps is the policy's selection reuse (Policy.ReuseSteps;
 	// omitted when 0).
 	ReuseSteps int `json:"reuse_steps,omitempty"`
+	// ReuseLayers is the policy's selection reuse across layers
+	// (Policy.ReuseLayers; omitted when empty).
+	ReuseLayers []int `json:"reuse_layers,omitempty"`
 	// FreeRunning and TeacherForced summarize the decode steps.
 	FreeRunning   *Phase `json:"free_running,omitempty"`
 	TeacherForced *Phase `json:"teacher_forced,omitempty"`
@@ -86,12 +89,15 @@ type Phase struct {
 	// Hier is the hierarchical exact top-K's work (Policy.HierGroup),
 	// omitted when no row was ranked by it.
 	Hier *HierRecord `json:"hier,omitempty"`
-	// Reuse counts the selection reuse across steps (Policy.ReuseSteps),
-	// omitted when no step reused.
+	// Reuse counts the selection reuse across steps (Policy.ReuseSteps)
+	// and layers (Policy.ReuseLayers), omitted when no step reused.
 	Reuse *ReuseRecord `json:"reuse,omitempty"`
 	// TopP is the top-p pruning's kept tokens (Policy.TopP), omitted
 	// when no row was pruned.
 	TopP *TopPRecord `json:"top_p,omitempty"`
+	// LayerOverlap is the selection overlap of adjacent sparse layers
+	// per KV head (overlap.go), omitted without diagnostics.
+	LayerOverlap []OverlapRecord `json:"layer_overlap,omitempty"`
 }
 
 // TopPRecord summarizes the top-p pruning over the steps of a phase:
@@ -114,8 +120,9 @@ type TopPRecord struct {
 }
 
 // ReuseRecord counts, over the steps of a phase, the (step, sparse
-// layer) pairs that ranked pages and those that reused their selections
-// (Policy.ReuseSteps) instead, each saving one score phase per shard
+// layer) pairs that ranked pages and those that reused a selection (of
+// an earlier step, Policy.ReuseSteps, or of the layer before,
+// Policy.ReuseLayers) instead, each saving one score phase per shard
 // and, with CP > 1 under exact selection, one selection collective;
 // the savings per decoded token are the skipped pairs over the steps.
 type ReuseRecord struct {
@@ -263,7 +270,7 @@ func (a *Aggregate) Records(length int) []Record {
 		rec := Record{Length: k.Length, Task: k.Task, Offset: k.Offset, Selector: k.Selector.String(), Budget: k.Budget, N: x.n, Correct: x.correct,
 			Accuracy: frac(x.correct, x.n), DenseAccuracy: frac(x.denseCorrect, x.n), SparseOnlyFailures: x.sparseOnly, DistractorAnswers: x.distractor,
 			MeanTokens: float64(x.tokens) / float64(max(x.n, 1)), PageSize: p.PageSize, DenseLayers: p.DenseLayers,
-			Sink: p.SinkPages, Local: p.LocalPages, GQA: p.GQA.String(), DecodeQuestion: a.cfg.DecodeQuestion, ReuseSteps: p.ReuseSteps}
+			Sink: p.SinkPages, Local: p.LocalPages, GQA: p.GQA.String(), DecodeQuestion: a.cfg.DecodeQuestion, ReuseSteps: p.ReuseSteps, ReuseLayers: p.ReuseLayers}
 		if k.Selector == plan.Dense {
 			rec.DenseLayers = 0
 		} else if len(a.cfg.SummaryDTypes) > 0 || k.SummaryDType != plan.SummaryKV {
@@ -400,6 +407,7 @@ func phase(s Steps, pageSize, denseLayers int, teacher bool) *Phase {
 			TokensPerRow: float64(c.Tokens) / n, KeptPerRow: float64(c.Kept) / n,
 			KeptP50: c.quantile(0.5), KeptP95: c.quantile(0.95), KeptMax: c.quantile(1)}
 	}
+	ph.LayerOverlap = overlapRecords(s.Overlap)
 	ph.PagesFraction = frac(ph.PagesRead, ph.PagesTotal)
 	if dense > 0 {
 		ph.Rho = read / dense

@@ -76,6 +76,9 @@ type StepInfo struct {
 	// Stop is the stop-rule replay per query head (Options.StopRule on
 	// a sparse step; see decode.StopRow): valid when Diag.
 	Stop []decode.StopRow
+	// Selected lists, per query head, the logical pages the step
+	// attended (selected and forced, ascending): valid when Diag.
+	Selected [][]int32
 	// Cosine and RelL2 per query head of the output against dense
 	// attention on the same pages: set when Compare.
 	Cosine, RelL2 []float64
@@ -361,6 +364,7 @@ func (a *EngineAttention) Decode(ctx context.Context, layer int, q, k, v, out []
 		st.SlackP50, st.SlackP90, st.SlackMax = dg.SlackP50, dg.SlackP90, dg.SlackMax
 		st.PagesRead, st.PagesTotal = dg.PagesRead, dg.PagesTotal
 		st.Stop = dg.Stop
+		st.Selected = dg.Selected
 	}
 	if a.Compare {
 		if err := a.layerStep(ctx, layer, q, nil, nil, 0, decode.Options{ForceDense: true}, &a.dense); err != nil {

@@ -180,7 +180,42 @@ type Policy struct {
 	// it. 0 (the default) and 1 are off: every step ranks. At most
 	// MaxReuseSteps.
 	ReuseSteps int
+	// ReuseLayers lists, ascending, the layers that reuse the page
+	// selection of the layer before them at the same step instead of
+	// ranking (issue 32 item 5, across adjacent layers): such a layer
+	// scores nothing and runs no selection collective; it attends, per
+	// selection row, the pages layer-1 attended as ranked pages at this
+	// token (what it ranked, or itself reused), and the forced pages as
+	// always. It ranks afresh when layer-1 has no such selection at this
+	// token: its plan was dense or ranked nothing, its plan's shape (K,
+	// sink, local, rank, pages: a layer budget of its own) differs, the
+	// step brings no token, or layer-1's selection is from another
+	// token (the layer's length at the step must equal the length
+	// layer-1 stepped at). A listed layer never reuses across steps
+	// (ReuseSteps applies to the others); a chain (layers 3 and 4
+	// listed) carries layer 2's selection to layer 4. A step forced
+	// dense as a whole (the dense pass of diagnostics) neither uses nor
+	// changes the kept selection; a failed step, a fork's new branch
+	// and a restarted worker start without one. Every CP rank keeps the
+	// same global selection and decides from the same step messages, so
+	// a CP x TP layout reads the pages the single shard reads. The
+	// device tensor path refuses it. Each listed layer must be at least
+	// 1 and follow a layer that is not dense by policy (IsDenseLayer);
+	// at most MaxReuseLayers entries. Empty (the default): every sparse
+	// layer ranks.
+	ReuseLayers []int
 }
+
+// ReuseLayersOn reports whether some layer reuses the selection of the
+// layer before it (ReuseLayers).
+func (p Policy) ReuseLayersOn() bool { return len(p.ReuseLayers) > 0 }
+
+// ReusesLayer reports whether layer reuses the selection of layer-1
+// (ReuseLayers).
+func (p Policy) ReusesLayer(layer int) bool { return slices.Contains(p.ReuseLayers, layer) }
+
+// MaxReuseLayers bounds the entries of Policy.ReuseLayers.
+const MaxReuseLayers = 1024
 
 // ReuseOn reports whether the policy reuses selections across steps
 // (ReuseSteps > 1).
@@ -235,6 +270,19 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("policy: reuse steps %d outside 0..%d (0 and 1: off)", p.ReuseSteps, MaxReuseSteps)
 	case p.SubBoxesOn() && p.HierGroup != 0:
 		return fmt.Errorf("policy: sub-boxes %d with hierarchical group %d: the box trees are built over single page boxes", p.SubBoxes, p.HierGroup)
+	}
+	if len(p.ReuseLayers) > MaxReuseLayers {
+		return fmt.Errorf("policy: %d reuse layers, at most %d", len(p.ReuseLayers), MaxReuseLayers)
+	}
+	for i, l := range p.ReuseLayers {
+		switch {
+		case l < 1:
+			return fmt.Errorf("policy: reuse layer %d: want a layer >= 1 (it reuses the layer before it)", l)
+		case i > 0 && l <= p.ReuseLayers[i-1]:
+			return fmt.Errorf("policy: reuse layers %v: want ascending, each once", p.ReuseLayers)
+		case p.IsDenseLayer(l - 1):
+			return fmt.Errorf("policy: reuse layer %d follows dense layer %d, which selects nothing", l, l-1)
+		}
 	}
 	for l, b := range p.LayerBudget {
 		if b < p.PageSize {

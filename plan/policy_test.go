@@ -2,6 +2,7 @@ package plan
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -157,5 +158,48 @@ func TestPolicyReuseStepsValidate(t *testing.T) {
 	p, err := ReadPolicyFile(strings.NewReader("reuse_steps: 4\n"))
 	if err != nil || p.ReuseSteps != 4 {
 		t.Errorf("policy file with reuse_steps 4: %+v, %v", p, err)
+	}
+}
+
+// TestPolicyReuseLayersValidate: ReuseLayers takes ascending layers of 1
+// or more, each after a layer that is not dense by policy; anything else
+// is refused with the field named, in a policy file too.
+func TestPolicyReuseLayersValidate(t *testing.T) {
+	for _, c := range []struct {
+		layers []int
+		ok     bool
+	}{{nil, true}, {[]int{3}, true}, {[]int{3, 5}, true}, {[]int{3, 4, 5}, true},
+		{[]int{0}, false}, {[]int{-1}, false}, {[]int{2}, false}, {[]int{1}, false}, // layers 0 and 1 are dense
+		{[]int{5, 3}, false}, {[]int{3, 3}, false}, {make([]int, MaxReuseLayers+1), false}} {
+		p := DefaultPolicy()
+		p.ReuseLayers = c.layers
+		err := p.Validate()
+		if (err == nil) != c.ok {
+			t.Errorf("reuse layers %v: %v, want ok %v", c.layers, err, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "reuse layer") {
+			t.Errorf("reuse layers %v: error %q does not name the field", c.layers, err)
+		}
+		if c.ok && p.ReuseLayersOn() != (len(c.layers) > 0) {
+			t.Errorf("reuse layers %v: ReuseLayersOn %v", c.layers, p.ReuseLayersOn())
+		}
+	}
+	p := DefaultPolicy()
+	p.ReuseLayers = []int{3, 5}
+	for l, want := range []bool{false, false, false, true, false, true, false} {
+		if p.ReusesLayer(l) != want {
+			t.Errorf("ReusesLayer(%d) = %v", l, !want)
+		}
+	}
+	p.LayerBudget = map[int]int{4: DenseBudget}
+	if err := p.Validate(); err == nil || !strings.Contains(err.Error(), "reuse layer 5") {
+		t.Errorf("reuse layer 5 after the dense layer 4: %v", err)
+	}
+	if _, err := ReadPolicyFile(strings.NewReader("reuse_layers: [1]\n")); err == nil || !strings.Contains(err.Error(), "reuse layer") {
+		t.Errorf("policy file with reuse_layers [1] (layer 0 is dense): %v", err)
+	}
+	got, err := ReadPolicyFile(strings.NewReader("reuse_layers: [3, 5]\n"))
+	if err != nil || !slices.Equal(got.ReuseLayers, []int{3, 5}) {
+		t.Errorf("policy file with reuse_layers [3, 5]: %+v, %v", got, err)
 	}
 }

@@ -35,6 +35,7 @@ const maxPolicyFile = 1 << 20
 //	dense: [0, 1]         # layers that read every page
 //	dense_rho: 0.25       # a layer reads every page while 1/S + K/P >= it
 //	reuse_steps: 4        # rank afresh every 4th step, reuse in between (0: off)
+//	reuse_layers: [3, 5]  # layers that attend the previous layer's selection
 //	layer_budget:         # layer: tokens
 //	  2: 256
 //	  3: 512
@@ -56,6 +57,9 @@ type PolicyFile struct {
 	SubBoxes *int `yaml:"sub_boxes,omitempty" json:"sub_boxes,omitempty"`
 	// ReuseSteps is Policy.ReuseSteps (absent, 0 or 1: every step ranks).
 	ReuseSteps *int `yaml:"reuse_steps,omitempty" json:"reuse_steps,omitempty"`
+	// ReuseLayers is Policy.ReuseLayers (absent or empty: every sparse
+	// layer ranks).
+	ReuseLayers []int `yaml:"reuse_layers,omitempty" json:"reuse_layers,omitempty"`
 	// TopP is Policy.TopP (absent or 0: off).
 	TopP  float64 `yaml:"top_p,omitempty" json:"top_p,omitempty"`
 	Dense []int   `yaml:"dense" json:"dense"`
@@ -112,6 +116,7 @@ func (f PolicyFile) Policy() (Policy, error) {
 	set(&p.HierGroup, f.HierGroup)
 	set(&p.SubBoxes, f.SubBoxes)
 	set(&p.ReuseSteps, f.ReuseSteps)
+	p.ReuseLayers = slices.Clone(f.ReuseLayers)
 	p.TopP = f.TopP
 	if f.GQA != "" {
 		m, err := ParseGQAMode(f.GQA)
@@ -188,6 +193,7 @@ func FilePolicy(p Policy) PolicyFile {
 	if p.ReuseSteps != 0 {
 		f.ReuseSteps = &p.ReuseSteps
 	}
+	f.ReuseLayers = slices.Clone(p.ReuseLayers)
 	for l := range p.DenseLayers {
 		f.Dense = append(f.Dense, l)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -119,6 +120,13 @@ func TestPolicyFileRoundTrip(t *testing.T) {
 				}
 			}
 		}
+		if rng.IntN(2) == 0 {
+			for l := max(p.DenseLayers, 1); l < p.DenseLayers+12; l++ {
+				if rng.IntN(3) == 0 && !p.IsDenseLayer(l-1) {
+					p.ReuseLayers = append(p.ReuseLayers, l)
+				}
+			}
+		}
 		var b bytes.Buffer
 		if err := WritePolicyFile(&b, p, "test policy\nsecond line"); err != nil {
 			t.Fatal(err)
@@ -138,7 +146,8 @@ func TestPolicyFileRoundTrip(t *testing.T) {
 func policySame(a, b Policy) bool {
 	if a.PageSize != b.PageSize || a.BudgetTokens != b.BudgetTokens || a.SinkPages != b.SinkPages ||
 		a.LocalPages != b.LocalPages || a.GQA != b.GQA || a.Selector != b.Selector || a.HierGroup != b.HierGroup ||
-		a.SubBoxes != b.SubBoxes || a.TopP != b.TopP || a.DenseRho != b.DenseRho || a.ReuseSteps != b.ReuseSteps {
+		a.SubBoxes != b.SubBoxes || a.TopP != b.TopP || a.DenseRho != b.DenseRho || a.ReuseSteps != b.ReuseSteps ||
+		!slices.Equal(a.ReuseLayers, b.ReuseLayers) {
 		return false
 	}
 	for l := range 20 {

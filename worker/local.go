@@ -89,6 +89,10 @@ type seqState struct {
 	// reuse is the kept selection per hosted rank and layer (reuse.go,
 	// plan.Policy.ReuseSteps); nil until a reusing policy keeps one.
 	reuse [][]reuseSel
+	// layerSel is the last layer selection per hosted rank (reuse.go,
+	// plan.Policy.ReuseLayers); nil until a policy reusing layers keeps
+	// one.
+	layerSel []layerSel
 }
 
 // recoveredAs is a recovered sequence's id and grid at recovery.

@@ -234,7 +234,7 @@ type Times struct {
 	// (Score, TopK and Attend are then zero).
 	Fused time.Duration
 	// Reused counts the step's sequences whose selection the layer
-	// reused (plan.Policy.ReuseSteps); RankSkipped says that none
+	// reused (plan.Policy.ReuseSteps, ReuseLayers); RankSkipped says that none
 	// ranked: the rank ran no score phase (but for diagnostics) and no
 	// selection exchange.
 	Reused      int

@@ -26,7 +26,10 @@ type rankWork struct {
 	// Selection reuse (reuse.go): per batch index, whether the layer
 	// reuses the sequence's kept selection; scratch for the rewrite.
 	reuse []bool
-	tmp   shard.Chosen
+	// fromLayer, per batch index, says the reuse takes the layer
+	// before's selection (plan.Policy.ReuseLayers).
+	fromLayer []bool
+	tmp       shard.Chosen
 }
 
 // abort tells the peers of rk that wait on its messages of (step, layer)
@@ -153,11 +156,12 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 		}
 		return l.finishRank(ctx, st, i, layer, anyReuse, noRank, st.diag, fail, &toppSent)
 	}
-	if c.CP == 1 && !st.phased && !l.toppOn(st) && !c.Policy.ReuseOn() {
+	if c.CP == 1 && !st.phased && !l.toppOn(st) && !c.Policy.ReuseOn() && !c.Policy.ReuseLayersOn() {
 		// One rank holds every page: its local top-K is the global one,
 		// and a fusing backend runs the whole local step in one call.
-		// (Not under selection reuse: a ranking step must hand back the
-		// selection it keeps, which the fused call does not.)
+		// (Not under selection reuse, across steps or layers: a ranking
+		// step must hand back the selection it keeps, which the fused
+		// call does not.)
 		done, err := sh.FusedStep(ctx, &w.ls)
 		if err != nil {
 			return fail(err)

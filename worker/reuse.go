@@ -71,6 +71,11 @@ func (sq *seqState) dropReuse(i int) {
 			sq.reuse[r][k].ok = false
 		}
 	}
+	for r := range sq.layerSel {
+		if i < 0 || r == i {
+			sq.layerSel[r].ok = false
+		}
+	}
 }
 
 // reuses reports whether pl can attend the kept selection rs (see the
@@ -81,26 +86,75 @@ func (rs *reuseSel) reuses(s StepSeq, pl plan.Plan, steps int) bool {
 		pl.Sink == p0.Sink && pl.Local == p0.Local && pl.Rank == p0.Rank && pl.K == p0.K && pl.Pages >= p0.Pages
 }
 
+// Selection reuse across adjacent layers (plan.Policy.ReuseLayers).
+//
+// Every hosted rank also keeps, per sequence, the final selection rows
+// of the last layer that selected at a step with a token (ranked, or
+// reused itself, before top-p), with that layer, its plan and the
+// sequence's length before the token. A listed layer reuses it when the
+// kept layer is the one before it, the step brings the sequence's token
+// at the same length and the plan is the same (pages, K, sink, local,
+// rank): it then attends, per row, exactly the kept rows and the forced
+// pages. The decision depends only on the step messages (lengths,
+// plans), alike on every rank. A forced dense step leaves it alone; a
+// dense or unranked plan, or a step without a token, forgets it; a
+// failed step drops it with the step reuse state.
+
+// layerSel is one rank's kept selection of one sequence at the last
+// layer that selected.
+type layerSel struct {
+	ok     bool
+	layer  int
+	len    int // the sequence's length before the step's token
+	plan   plan.Plan
+	indptr []int32 // per selection row, CSR over pages
+	pages  []int32
+}
+
+// layerOf returns sequence sq's kept layer selection on hosted rank i,
+// allocating the table on first use.
+func (l *Local) layerOf(sq *seqState, i int) *layerSel {
+	if sq.layerSel == nil {
+		sq.layerSel = make([]layerSel, len(l.ranks))
+	}
+	return &sq.layerSel[i]
+}
+
+// reuses reports whether pl at layer, in step row s, can attend the
+// kept selection ls of the layer before it.
+func (ls *layerSel) reuses(layer int, s StepSeq, pl plan.Plan) bool {
+	return ls.ok && ls.layer == layer-1 && s.New && s.Len == ls.len && !pl.Dense && pl.Rank > 0 && pl == ls.plan
+}
+
 // planReuse decides, for every sequence of the step at layer on hosted
-// rank i, whether it reuses its kept selection (w.reuse), and reports
+// rank i, whether it reuses a kept selection (w.reuse): the layer
+// before's at this token (w.fromLayer, ReuseLayers) or its own from an
+// earlier step (ReuseSteps, not for a listed layer), and reports
 // whether any does and whether no sequence ranks (every sparse plan
 // with pages to rank reuses).
 func (l *Local) planReuse(st *stepState, i, layer int) (any, none bool) {
 	w := &l.ranks[i].w
-	w.reuse = w.reuse[:0]
-	steps := l.cfg.Policy.ReuseSteps
+	w.reuse, w.fromLayer = w.reuse[:0], w.fromLayer[:0]
+	pol := l.cfg.Policy
+	steps := pol.ReuseSteps
+	listed := pol.ReusesLayer(layer)
 	if st.dense {
-		steps = 0 // a forced dense step (a diagnostics pass) leaves the kept selections alone
+		// A forced dense step (a diagnostics pass) leaves the kept
+		// selections alone.
+		steps, listed = 0, false
 	}
 	none = true
 	for si, pl := range st.plans {
-		r := false
-		if steps > 1 {
+		r, fl := false, false
+		if listed {
+			fl = l.layerOf(st.sq[si], i).reuses(layer, st.seqs[si], pl)
+		} else if steps > 1 {
 			r = l.reuseOf(st.sq[si], i, layer).reuses(st.seqs[si], pl, steps)
 		}
-		w.reuse = append(w.reuse, r)
-		any = any || r
-		if !r && !pl.Dense && pl.Rank > 0 {
+		w.reuse = append(w.reuse, r || fl)
+		w.fromLayer = append(w.fromLayer, fl)
+		any = any || r || fl
+		if !r && !fl && !pl.Dense && pl.Rank > 0 {
 			none = false
 		}
 	}
@@ -108,8 +162,9 @@ func (l *Local) planReuse(st *stepState, i, layer int) (any, none bool) {
 }
 
 // applyReuse rewrites the selection rows of the reusing sequences in
-// sel (rows per sequence) to their kept pages plus the candidates added
-// since the ranking step, ascending.
+// sel (rows per sequence): to the layer before's rows (ReuseLayers), or
+// to their kept pages plus the candidates added since the ranking step,
+// ascending (ReuseSteps).
 func (l *Local) applyReuse(st *stepState, i, layer, rows int, sel *shard.Chosen, tmp *shard.Chosen) {
 	w := &l.ranks[i].w
 	tmp.Reset()
@@ -120,6 +175,12 @@ func (l *Local) applyReuse(st *stepState, i, layer, rows int, sel *shard.Chosen,
 				if k+1 < len(sel.Indptr) {
 					tmp.Pages = append(tmp.Pages, sel.Pages[sel.Indptr[k]:sel.Indptr[k+1]]...)
 				}
+				tmp.Indptr = append(tmp.Indptr, int32(len(tmp.Pages)))
+				continue
+			}
+			if w.fromLayer[si] {
+				ls := l.layerOf(st.sq[si], i)
+				tmp.Pages = append(tmp.Pages, ls.pages[ls.indptr[r]:ls.indptr[r+1]]...)
 				tmp.Indptr = append(tmp.Indptr, int32(len(tmp.Pages)))
 				continue
 			}
@@ -136,31 +197,54 @@ func (l *Local) applyReuse(st *stepState, i, layer, rows int, sel *shard.Chosen,
 }
 
 // keepReuse updates the kept selections of hosted rank i at layer after
-// the step's selection sel (rows per sequence) is final: a ranking step
-// keeps its rows, a reusing one counts a step, a dense or unranked plan
-// forgets.
+// the step's selection sel (rows per sequence) is final. Across steps:
+// a ranking step keeps its rows, a reusing one counts a step, a dense
+// or unranked plan forgets, and a layer listed in ReuseLayers keeps
+// nothing. Across layers: every sparse plan of a step with a token
+// keeps its final rows as the sequence's last layer selection.
 func (l *Local) keepReuse(st *stepState, i, layer, rows int, sel *shard.Chosen) {
-	if !l.cfg.Policy.ReuseOn() || st.dense {
+	pol := l.cfg.Policy
+	if st.dense || (!pol.ReuseOn() && !pol.ReuseLayersOn()) {
 		return
 	}
 	w := &l.ranks[i].w
+	listed := pol.ReusesLayer(layer)
 	for si, pl := range st.plans {
+		if pol.ReuseLayersOn() {
+			ls := l.layerOf(st.sq[si], i)
+			s := st.seqs[si]
+			if pl.Dense || pl.Rank == 0 || !s.New {
+				ls.ok = false
+			} else {
+				ls.ok, ls.layer, ls.len, ls.plan = true, layer, s.Len, pl
+				keepRows(&ls.indptr, &ls.pages, sel, si, rows)
+			}
+		}
+		if !pol.ReuseOn() {
+			continue
+		}
 		rs := l.reuseOf(st.sq[si], i, layer)
 		switch {
+		case listed || pl.Dense || pl.Rank == 0:
+			rs.ok = false
 		case w.reuse[si]:
 			rs.since++
 			rs.last = st.seqs[si].Len
-		case pl.Dense || pl.Rank == 0:
-			rs.ok = false
 		default:
 			rs.ok, rs.since, rs.plan, rs.last = true, 0, pl, st.seqs[si].Len
-			rs.indptr = append(rs.indptr[:0], 0)
-			rs.pages = rs.pages[:0]
-			for r := range rows {
-				k := si*rows + r
-				rs.pages = append(rs.pages, sel.Pages[sel.Indptr[k]:sel.Indptr[k+1]]...)
-				rs.indptr = append(rs.indptr, int32(len(rs.pages)))
-			}
+			keepRows(&rs.indptr, &rs.pages, sel, si, rows)
 		}
+	}
+}
+
+// keepRows copies sequence si's rows of sel (rows per sequence) into
+// the CSR indptr, pages.
+func keepRows(indptr, pages *[]int32, sel *shard.Chosen, si, rows int) {
+	*indptr = append((*indptr)[:0], 0)
+	*pages = (*pages)[:0]
+	for r := range rows {
+		k := si*rows + r
+		*pages = append(*pages, sel.Pages[sel.Indptr[k]:sel.Indptr[k+1]]...)
+		*indptr = append(*indptr, int32(len(*pages)))
 	}
 }

@@ -138,6 +138,8 @@ func (l *Local) checkTensorLayer(step uint64, layer int, q, k, v, o, lse decode.
 		return fmt.Errorf("%w: %w: a phased step or diagnostics run on host tensors", ErrBadMessage, decode.ErrDeviceTensor)
 	case c.Policy.ReuseOn():
 		return fmt.Errorf("%w: %w: selection reuse (policy reuse steps %d) runs on host tensors only", ErrBadMessage, decode.ErrDeviceTensor, c.Policy.ReuseSteps)
+	case c.Policy.ReuseLayersOn():
+		return fmt.Errorf("%w: %w: selection reuse across layers (policy reuse layers %v) runs on host tensors only", ErrBadMessage, decode.ErrDeviceTensor, c.Policy.ReuseLayers)
 	}
 	if err := l.checkLayer(layer); err != nil {
 		return err

@@ -28,6 +28,9 @@ func PolicyProto(p plan.Policy) (*workerv1.Policy, error) {
 		HierGroup: u32("hier group", p.HierGroup, &err), TopP: p.TopP,
 		SubBoxes: u32("sub boxes", p.SubBoxes, &err), ReuseSteps: u32("reuse steps", p.ReuseSteps, &err),
 	}
+	for _, l := range p.ReuseLayers {
+		m.ReuseLayers = append(m.ReuseLayers, u32("reuse layer", l, &err))
+	}
 	return m, err
 }
 
@@ -44,6 +47,9 @@ func Policy(m *workerv1.Policy) (plan.Policy, error) {
 		DenseLayers: toInt("dense layers", m.GetDenseLayers(), &err), DenseRho: m.GetDenseRho(),
 		HierGroup: toInt("hier group", m.GetHierGroup(), &err), TopP: m.GetTopP(),
 		SubBoxes: toInt("sub boxes", m.GetSubBoxes(), &err), ReuseSteps: toInt("reuse steps", m.GetReuseSteps(), &err),
+	}
+	for _, l := range m.GetReuseLayers() {
+		p.ReuseLayers = append(p.ReuseLayers, toInt("reuse layer", l, &err))
 	}
 	if lb := m.GetLayerBudget(); len(lb) > 0 {
 		p.LayerBudget = make(map[int]int, len(lb))

@@ -101,7 +101,7 @@ func TestTensorErrors(t *testing.T) {
 // TestPolicyRoundTrip carries a policy both ways and names what does not
 // decode.
 func TestPolicyRoundTrip(t *testing.T) {
-	p := plan.Policy{PageSize: 16, BudgetTokens: 512, SinkPages: 1, LocalPages: 2, DenseLayers: 3, DenseRho: 0.3125, HierGroup: 8, TopP: 0.9375, SubBoxes: 4, ReuseSteps: 4,
+	p := plan.Policy{PageSize: 16, BudgetTokens: 512, SinkPages: 1, LocalPages: 2, DenseLayers: 3, DenseRho: 0.3125, HierGroup: 8, TopP: 0.9375, SubBoxes: 4, ReuseSteps: 4, ReuseLayers: []int{4, 6},
 		LayerBudget: map[int]int{0: 64, 5: 1024}, GQA: plan.PerHead, Selector: plan.Dense}
 	m, err := PolicyProto(p)
 	if err != nil {

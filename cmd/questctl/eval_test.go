@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -193,6 +194,10 @@ func TestEvalFlags(t *testing.T) {
 		{[]string{"passkey", "--model", v1, "--sub-boxes", "-1"}, "--sub-boxes"},
 		{[]string{"passkey", "--model", v1, "--reuse-steps", "-1"}, "--reuse-steps"},
 		{[]string{"passkey", "--model", v1, "--reuse-steps", "4097"}, "--reuse-steps"},
+		{[]string{"passkey", "--model", v1, "--reuse-layers", "3,x"}, "--reuse-layers"},
+		{[]string{"passkey", "--model", v1, "--reuse-layers", "5,3"}, "--reuse-layers"},
+		{[]string{"passkey", "--model", v1, "--reuse-layers", "0"}, "--reuse-layers"},
+		{[]string{"passkey", "--model", v1, "--reuse-layers", "2"}, "reuse layer"},
 		{[]string{"passkey", "--model", v1, "--sub-boxes", "2", "--hier-group", "4", "--no-diagnostics"}, "--sub-boxes"},
 		{[]string{"passkey", "--model", v1, "--attn-top-p", "-0.1"}, "--attn-top-p"},
 		{[]string{"passkey", "--model", v1, "--attn-top-p", "NaN"}, "--attn-top-p"},
@@ -351,6 +356,55 @@ func TestEvalReuseSteps(t *testing.T) {
 	}
 	if got := ru.ScorePhasesSavedPerTok; math.Abs(got-float64(ru.Skipped)/float64(steps)) > 1e-12 {
 		t.Errorf("score phases saved per token %v, want %d / %d", got, ru.Skipped, steps)
+	}
+}
+
+// TestEvalReuseLayers: --reuse-layers 3,5 reaches the decode steps:
+// layers 3 and 5 take the selection of layers 2 and 4 at every step
+// (the overlap diagnostic of those pairs is 1), layers 2 and 4 rank, and
+// the phase counts two score phases saved per token; plain Quest reports
+// no reuse and an overlap below 1.
+func TestEvalReuseLayers(t *testing.T) {
+	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
+	run := func(extra ...string) eval.Record {
+		t.Helper()
+		args := append([]string{"passkey", "--model", v1, "--lengths", "1024", "--n", "1", "--budgets", "64", "--selectors", "quest", "--decode-question", "--json"}, extra...)
+		code, out, errs := call(evalCmd, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", extra, code, errs)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var r eval.Record
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	plain, lr := run(), run("--reuse-layers", "3,5")
+	if !slices.Equal(lr.ReuseLayers, []int{3, 5}) || plain.ReuseLayers != nil {
+		t.Fatalf("echoed reuse layers %v and %v", lr.ReuseLayers, plain.ReuseLayers)
+	}
+	if plain.FreeRunning.Reuse != nil {
+		t.Errorf("plain Quest reports reuse %+v", *plain.FreeRunning.Reuse)
+	}
+	for _, o := range plain.FreeRunning.LayerOverlap {
+		if o.Samples == 0 || o.Share >= 1 || o.Jaccard > o.Share {
+			t.Errorf("plain Quest overlap %+v", o)
+		}
+	}
+	ru := lr.FreeRunning.Reuse
+	if ru == nil {
+		t.Fatal("--reuse-layers 3,5: no reuse counts")
+	}
+	steps := lr.FreeRunning.Steps
+	if ru.Skipped != 2*steps || ru.Ranked != 2*steps || ru.ScorePhasesSavedPerTok != 2 {
+		t.Errorf("ranked %d, skipped %d over %d steps (saved %v per token), want 2 and 2 per step", ru.Ranked, ru.Skipped, steps, ru.ScorePhasesSavedPerTok)
+	}
+	for _, o := range lr.FreeRunning.LayerOverlap {
+		reused := o.Layers[1] == 3 || o.Layers[1] == 5
+		if reused != (o.Share == 1 && o.Jaccard == 1) {
+			t.Errorf("overlap %+v with layers 3 and 5 reusing", o)
+		}
 	}
 }
 

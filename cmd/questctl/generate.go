@@ -10,7 +10,9 @@ import (
 	"maps"
 	"math"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/questrt/questrt/cluster/client"
@@ -34,6 +36,9 @@ type runFlags struct {
 	topP        float64
 	subBoxes    int
 	reuseSteps  int
+	// reuseLayers is --reuse-layers; layers its parsed list.
+	reuseLayers string
+	layers      []int
 	gqa         string
 	cp, tp      int
 	selection   string
@@ -60,6 +65,7 @@ func addRunFlags(fs *flag.FlagSet) *runFlags {
 	fs.Float64Var(&f.topP, "attn-top-p", 0, "top-p over attention (not sampling: see --top-p of generate): after the page selection keep, per KV head, the union of its query heads' smallest token sets reaching softmax mass P, and attend only those (0 < P <= 1; 0 or 1: off); the CPU backend only")
 	fs.IntVar(&f.subBoxes, "sub-boxes", 0, "multi-box summaries: rank quest's pages by the best of C contiguous min/max sub-boxes per page and KV head, each over S/C slots (C divides the page size, up to 64; 0 or 1: one box); the CPU backend's host float32 pools only, not with --hier-group")
 	fs.IntVar(&f.reuseSteps, "reuse-steps", 0, "selection reuse: a sparse layer ranks pages afresh every R-th decode step of a sequence and in between attends its last selection plus every page that became a candidate since (0..4096; 0 or 1: every step ranks)")
+	fs.StringVar(&f.reuseLayers, "reuse-layers", "", "selection reuse across layers: comma-separated layers (ascending, each after a sparse layer) that attend the pages the layer before them selected at the same step instead of ranking (\"\": every sparse layer ranks)")
 	fs.StringVar(&f.gqa, "gqa", "group_max", "GQA page sharing: group_max or per_head")
 	f.cp, f.tp = 1, 1
 	gridFlags(fs, &f.cp, &f.tp, "context-parallel shards in process (1..64)", "tensor-parallel shards in process (divides the model's KV heads)")
@@ -87,16 +93,32 @@ func (f *runFlags) check() error {
 		for name, set := range map[string]func(){
 			"page-size": func() { f.pageSize = p.PageSize }, "sink": func() { f.sink = p.SinkPages },
 			"local": func() { f.local = p.LocalPages }, "dense-layers": func() { f.denseLayers = p.DenseLayers },
-			"dense-rho":   func() { f.denseRho = p.DenseRho },
-			"hier-group":  func() { f.hierGroup = p.HierGroup },
-			"attn-top-p":  func() { f.topP = p.TopP },
-			"sub-boxes":   func() { f.subBoxes = p.SubBoxes },
-			"reuse-steps": func() { f.reuseSteps = p.ReuseSteps },
-			"gqa":         func() { f.gqa = p.GQA.String() },
+			"dense-rho":    func() { f.denseRho = p.DenseRho },
+			"hier-group":   func() { f.hierGroup = p.HierGroup },
+			"attn-top-p":   func() { f.topP = p.TopP },
+			"sub-boxes":    func() { f.subBoxes = p.SubBoxes },
+			"reuse-steps":  func() { f.reuseSteps = p.ReuseSteps },
+			"reuse-layers": func() { f.layers = slices.Clone(p.ReuseLayers) },
+			"gqa":          func() { f.gqa = p.GQA.String() },
 		} {
 			if !flagSet(f.fs, name) {
 				set()
 			}
+		}
+	}
+	if flagSet(f.fs, "reuse-layers") || f.policyFile == "" {
+		f.layers = nil
+		if strings.TrimSpace(f.reuseLayers) != "" {
+			ls, err := intList(f.reuseLayers)
+			if err != nil {
+				return fmt.Errorf("--reuse-layers: %w", err)
+			}
+			f.layers = ls
+		}
+	}
+	for i, l := range f.layers {
+		if i > 0 && l <= f.layers[i-1] {
+			return fmt.Errorf("--reuse-layers %v: want ascending layers, each once", f.layers)
 		}
 	}
 	switch {
@@ -147,6 +169,7 @@ func (f *runFlags) policy(selector string, budget int) (plan.Policy, error) {
 	p.TopP = f.topP
 	p.SubBoxes = f.subBoxes
 	p.ReuseSteps = f.reuseSteps
+	p.ReuseLayers = slices.Clone(f.layers)
 	p.BudgetTokens = max(budget, f.pageSize)
 	p.GQA, _ = plan.ParseGQAMode(f.gqa)
 	sel, err := plan.ParseSelector(selector)

@@ -472,7 +472,11 @@ type Policy struct {
 	// reuse_steps: a sparse layer ranks afresh every reuse_steps-th step
 	// of a sequence and reuses its last selection plus the newer pages in
 	// between (plan.Policy.ReuseSteps; 0 and 1 are off).
-	ReuseSteps    uint32 `protobuf:"varint,13,opt,name=reuse_steps,json=reuseSteps,proto3" json:"reuse_steps,omitempty"`
+	ReuseSteps uint32 `protobuf:"varint,13,opt,name=reuse_steps,json=reuseSteps,proto3" json:"reuse_steps,omitempty"`
+	// reuse_layers: the layers that attend the selection of the layer
+	// before them at the same step instead of ranking, ascending
+	// (plan.Policy.ReuseLayers; empty is off).
+	ReuseLayers   []uint32 `protobuf:"varint,14,rep,packed,name=reuse_layers,json=reuseLayers,proto3" json:"reuse_layers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -596,6 +600,13 @@ func (x *Policy) GetReuseSteps() uint32 {
 		return x.ReuseSteps
 	}
 	return 0
+}
+
+func (x *Policy) GetReuseLayers() []uint32 {
+	if x != nil {
+		return x.ReuseLayers
+	}
+	return nil
 }
 
 // GridConfig is worker.Config: the geometry, the CP x TP grid, each
@@ -3345,7 +3356,7 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x04view\x18\x02 \x01(\x04R\x04view\"&\n" +
 	"\x04Rank\x12\x0e\n" +
 	"\x02tp\x18\x01 \x01(\rR\x02tp\x12\x0e\n" +
-	"\x02cp\x18\x02 \x01(\rR\x02cp\"\xf9\x03\n" +
+	"\x02cp\x18\x02 \x01(\rR\x02cp\"\x9c\x04\n" +
 	"\x06Policy\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12#\n" +
 	"\rbudget_tokens\x18\x02 \x01(\rR\fbudgetTokens\x12\x1d\n" +
@@ -3364,7 +3375,8 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x05top_p\x18\v \x01(\x01R\x04topP\x12\x1b\n" +
 	"\tsub_boxes\x18\f \x01(\rR\bsubBoxes\x12\x1f\n" +
 	"\vreuse_steps\x18\r \x01(\rR\n" +
-	"reuseSteps\x1a>\n" +
+	"reuseSteps\x12!\n" +
+	"\freuse_layers\x18\x0e \x03(\rR\vreuseLayers\x1a>\n" +
 	"\x10LayerBudgetEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xc3\x03\n" +
