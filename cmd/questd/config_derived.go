@@ -13,17 +13,17 @@ import (
 // metrics server's).
 func (c Config) httpServer() httpServerConfig {
 	h := defaultHTTPServerConfig()
-	h.MaxConns, h.ReadHeaderTimeout, h.IdleTimeout = c.HTTPMaxConns, c.HTTPReadHeaderTimeout, c.HTTPIdleTimeout
+	h.MaxConns, h.ReadHeaderTimeout, h.IdleTimeout = c.HTTP.MaxConns, c.HTTP.ReadHeaderTimeout, c.HTTP.IdleTimeout
 	return h
 }
 
 // hostPages is the number of pages this node hosts over all grids:
 // MaxPages, or 8 x CapacityPages when it is 0.
 func (c Config) hostPages() int {
-	if c.MaxPages == 0 {
-		return 8 * c.CapacityPages
+	if c.Capacity.MaxPages == 0 {
+		return 8 * c.Grid.CapacityPages
 	}
-	return c.MaxPages
+	return c.Capacity.MaxPages
 }
 
 // engineConfig is the engine configuration of the cluster's grid: the
@@ -32,16 +32,16 @@ func (c Config) hostPages() int {
 // node coordinates.
 func (c Config) engineConfig() engine.Config {
 	e := engine.DefaultConfig()
-	e.Layers = c.Layers
-	e.Geometry = plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: plan.Float32}
-	e.CP, e.TP, e.CapacityPages, e.BlockPages = c.CP, c.TP, c.CapacityPages, c.BlockPages
-	e.Policy = plan.Policy{PageSize: c.PageSize, BudgetTokens: c.BudgetTokens, SinkPages: c.SinkPages,
-		LocalPages: c.LocalPages, DenseLayers: c.DenseLayers, DenseRho: c.DenseRho, ReuseSteps: c.ReuseSteps, GQA: c.GQA, Selector: c.Selector, LayerBudget: c.LayerBudget}
-	e.Selection = c.Selection
-	e.StepTimeout = c.StepTimeout
-	e.MemoryLimit = c.MaxMemory
-	e.DeviceBudgetPages, e.Eviction = c.DeviceBudgetPages, c.Eviction
-	e.PrefetchPages, e.PrefetchCrossLayer = c.PrefetchPages, c.PrefetchCrossLayer
+	e.Layers = c.Grid.Layers
+	e.Geometry = plan.Geometry{QHeads: c.Grid.QHeads, KVHeads: c.Grid.KVHeads, HeadDim: c.Grid.HeadDim, PageSize: c.Grid.PageSize, DType: plan.Float32}
+	e.CP, e.TP, e.CapacityPages, e.BlockPages = c.Grid.CP, c.Grid.TP, c.Grid.CapacityPages, c.Grid.BlockPages
+	e.Policy = plan.Policy{PageSize: c.Grid.PageSize, BudgetTokens: c.Policy.BudgetTokens, SinkPages: c.Policy.SinkPages,
+		LocalPages: c.Policy.LocalPages, DenseLayers: c.Policy.DenseLayers, DenseRho: c.Policy.DenseRho, ReuseSteps: c.Policy.ReuseSteps, GQA: c.Policy.GQA, Selector: c.Policy.Selector, LayerBudget: c.Policy.LayerBudget}
+	e.Selection = c.Policy.Selection
+	e.StepTimeout = c.Grid.StepTimeout
+	e.MemoryLimit = c.Capacity.MaxMemory
+	e.DeviceBudgetPages, e.Eviction = c.Offload.DeviceBudgetPages, c.Offload.Eviction
+	e.PrefetchPages, e.PrefetchCrossLayer = c.Offload.PrefetchPages, c.Offload.PrefetchCrossLayer
 	return e
 }
 
@@ -51,20 +51,20 @@ func (c Config) engineConfig() engine.Config {
 // are left for main to set.
 func (c Config) memberConfig() cluster.MemberConfig {
 	m := cluster.DefaultMemberConfig()
-	m.Name = c.Name
-	host, port, _ := splitAddr("gossip-addr", c.GossipAddr)
+	m.Name = c.Node.Name
+	host, port, _ := splitAddr("gossip-addr", c.Membership.GossipAddr)
 	if host == "" {
 		host = "0.0.0.0"
 	}
 	m.BindAddr, m.BindPort = host, port
 	m.AdvertiseAddr = c.advertiseHost()
-	m.Join = slices.Clone(c.Join)
-	m.Label = c.ClusterLabel
-	m.SecretKeys = slices.Clone(c.GossipKeys)
-	m.ProbeInterval = c.ProbeInterval
-	m.ProbeTimeout = c.ProbeTimeout
-	m.SuspicionMult = c.SuspicionMult
-	m.GossipInterval = c.GossipInterval
-	m.DeadNodeReclaimTime = c.DeadNodeReclaim
+	m.Join = slices.Clone(c.Membership.Join)
+	m.Label = c.Membership.Label
+	m.SecretKeys = slices.Clone(c.Membership.Keys)
+	m.ProbeInterval = c.Membership.ProbeInterval
+	m.ProbeTimeout = c.Membership.ProbeTimeout
+	m.SuspicionMult = c.Membership.SuspicionMult
+	m.GossipInterval = c.Membership.GossipInterval
+	m.DeadNodeReclaimTime = c.Membership.DeadNodeReclaim
 	return m
 }

@@ -118,7 +118,7 @@ func TestValidateNamesFlag(t *testing.T) {
 			t.Errorf("%q: err %v, want %q", tc.args, err, tc.want)
 		}
 	}
-	if c, err := load(t, nil, "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-ca", "ca.pem"); err != nil || c.Plaintext {
+	if c, err := load(t, nil, "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-ca", "ca.pem"); err != nil || c.Security.Plaintext {
 		t.Errorf("all three TLS files: %v", err)
 	}
 
