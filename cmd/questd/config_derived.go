@@ -11,10 +11,13 @@ import (
 // httpServer is the connection bounds of the completions API's HTTP
 // server: the defaults with the --http-* flags (forMetrics derives the
 // metrics server's).
-func (c Config) httpServer() httpServerConfig {
-	h := defaultHTTPServerConfig()
-	h.MaxConns, h.ReadHeaderTimeout, h.IdleTimeout = c.HTTP.MaxConns, c.HTTP.ReadHeaderTimeout, c.HTTP.IdleTimeout
-	return h
+func (c Config) httpServer() httpServerConfig { return c.HTTP.server() }
+
+// server is the defaults of httpServerConfig with the group's bounds.
+func (h HTTPConfig) server() httpServerConfig {
+	s := defaultHTTPServerConfig()
+	s.MaxConns, s.ReadHeaderTimeout, s.IdleTimeout = h.MaxConns, h.ReadHeaderTimeout, h.IdleTimeout
+	return s
 }
 
 // hostPages is the number of pages this node hosts over all grids:
@@ -33,16 +36,23 @@ func (c Config) hostPages() int {
 func (c Config) engineConfig() engine.Config {
 	e := engine.DefaultConfig()
 	e.Layers = c.Grid.Layers
-	e.Geometry = plan.Geometry{QHeads: c.Grid.QHeads, KVHeads: c.Grid.KVHeads, HeadDim: c.Grid.HeadDim, PageSize: c.Grid.PageSize, DType: plan.Float32}
+	e.Geometry = c.Grid.Geometry
 	e.CP, e.TP, e.CapacityPages, e.BlockPages = c.Grid.CP, c.Grid.TP, c.Grid.CapacityPages, c.Grid.BlockPages
-	e.Policy = plan.Policy{PageSize: c.Grid.PageSize, BudgetTokens: c.Policy.BudgetTokens, SinkPages: c.Policy.SinkPages,
-		LocalPages: c.Policy.LocalPages, DenseLayers: c.Policy.DenseLayers, DenseRho: c.Policy.DenseRho, ReuseSteps: c.Policy.ReuseSteps, GQA: c.Policy.GQA, Selector: c.Policy.Selector, LayerBudget: c.Policy.LayerBudget}
+	e.Policy = c.Policy.policy(c.Grid.PageSize)
 	e.Selection = c.Policy.Selection
 	e.StepTimeout = c.Grid.StepTimeout
 	e.MemoryLimit = c.Capacity.MaxMemory
 	e.DeviceBudgetPages, e.Eviction = c.Offload.DeviceBudgetPages, c.Offload.Eviction
 	e.PrefetchPages, e.PrefetchCrossLayer = c.Offload.PrefetchPages, c.Offload.PrefetchCrossLayer
 	return e
+}
+
+// policy is the selection policy of the group for pages of pageSize
+// tokens (the grid's).
+func (p PolicyConfig) policy(pageSize int) plan.Policy {
+	return plan.Policy{PageSize: pageSize, BudgetTokens: p.BudgetTokens, SinkPages: p.SinkPages,
+		LocalPages: p.LocalPages, DenseLayers: p.DenseLayers, DenseRho: p.DenseRho, ReuseSteps: p.ReuseSteps,
+		GQA: p.GQA, Selector: p.Selector, LayerBudget: p.LayerBudget}
 }
 
 // memberConfig is the membership configuration of this node: name, gossip

@@ -79,6 +79,17 @@ func TestDefaults(t *testing.T) {
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
 	}
+	if d := DefaultConfig("host-1"); !reflect.DeepEqual(d, want) {
+		t.Errorf("DefaultConfig:\n got %+v\nwant %+v", d, want)
+	}
+	for _, g := range []interface{ Validate() error }{
+		want.Node, want.Membership, want.Grid, want.Policy, want.Devices, want.Capacity,
+		want.Offload, want.Storage, want.Serve, want.HTTP, want.Log,
+	} {
+		if err := g.Validate(); err != nil {
+			t.Errorf("default %T: %v", g, err)
+		}
+	}
 	if c.hostPages() != 8192 {
 		t.Errorf("hostPages() = %d, want 8192", c.hostPages())
 	}

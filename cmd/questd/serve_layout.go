@@ -14,11 +14,15 @@ const defaultServePages = 4096
 // servePages is the serving pool the serve package gets: Serve.CapacityPages, or
 // with 0 defaultServePages for the cluster and device layouts, and 0
 // (sized from memory by serve.New) for local.
-func (c Config) servePages() int {
-	if c.Serve.CapacityPages == 0 && c.Serve.Layout != "local" {
+func (c Config) servePages() int { return c.Serve.pages() }
+
+// pages is the serving pool: CapacityPages, or with 0 defaultServePages
+// for the cluster and device layouts, and 0 (sized from memory) for local.
+func (s ServeConfig) pages() int {
+	if s.CapacityPages == 0 && s.Layout != "local" {
 		return defaultServePages
 	}
-	return c.Serve.CapacityPages
+	return s.CapacityPages
 }
 
 // servePagesPerRank is the pages every rank of the served grid reserves
