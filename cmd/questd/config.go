@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/questrt/questrt/internal/offload"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
@@ -287,24 +288,20 @@ type CapacityConfig struct {
 	MaxMemory int64
 }
 
-// OffloadConfig is the offload of the grids this node coordinates
-// (engine.Config's fields of the same names; they travel to the nodes
-// hosting the grid).
+// OffloadConfig is the offload of the grids this node coordinates: the
+// offload.Settings that engine.Config embeds too, handed over as it is
+// (engineConfig), and that travels to the nodes hosting the grid. Its
+// fields are flags: DeviceBudgetPages [--device-budget-pages] turns
+// offload on, at most that many pages' K/V per rank in its device pool
+// and the others in a host tier, at most Grid.CapacityPages, default 0
+// (off); Eviction [--eviction], lru or score, default lru;
+// PrefetchPages [--prefetch-pages], the pages an offloading rank
+// prefetches per step, at most Grid.CapacityPages, needs
+// DeviceBudgetPages, default 0 (off); PrefetchCrossLayer
+// [--prefetch-cross-layer] prefetches the next layer's pages too, needs
+// PrefetchPages, default false.
 type OffloadConfig struct {
-	// DeviceBudgetPages turns offload on: at most that many pages' K/V per
-	// rank stay in its device pool, the others in a host tier, at most
-	// CapacityPages; 0 is off [--device-budget-pages]. Default 0.
-	DeviceBudgetPages int
-	// Eviction is the offload eviction policy, lru or score
-	// [--eviction]. Default lru.
-	Eviction pagestore.Eviction
-	// PrefetchPages is the pages an offloading rank prefetches per step,
-	// at most CapacityPages; 0 is off; needs DeviceBudgetPages
-	// [--prefetch-pages]. Default 0.
-	PrefetchPages int
-	// PrefetchCrossLayer prefetches the next layer's pages too; needs
-	// PrefetchPages [--prefetch-cross-layer]. Default false.
-	PrefetchCrossLayer bool
+	offload.Settings
 }
 
 // StorageConfig is the persistence of the grids hosted on this node

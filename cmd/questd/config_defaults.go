@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/internal/offload"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
@@ -78,7 +79,9 @@ func DefaultDeviceConfig() DeviceConfig {
 func DefaultCapacityConfig() CapacityConfig { return CapacityConfig{MaxMemory: memlimit.Auto} }
 
 // DefaultOffloadConfig is offload off (LRU eviction once on).
-func DefaultOffloadConfig() OffloadConfig { return OffloadConfig{Eviction: pagestore.EvictLRU} }
+func DefaultOffloadConfig() OffloadConfig {
+	return OffloadConfig{offload.Settings{Eviction: pagestore.EvictLRU}}
+}
 
 // DefaultStorageConfig is no persistence (sync durability, flushed every
 // 1s when periodic).

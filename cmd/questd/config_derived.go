@@ -42,8 +42,7 @@ func (c Config) engineConfig() engine.Config {
 	e.Selection = c.Policy.Selection
 	e.StepTimeout = c.Grid.StepTimeout
 	e.MemoryLimit = c.Capacity.MaxMemory
-	e.DeviceBudgetPages, e.Eviction = c.Offload.DeviceBudgetPages, c.Offload.Eviction
-	e.PrefetchPages, e.PrefetchCrossLayer = c.Offload.PrefetchPages, c.Offload.PrefetchCrossLayer
+	e.Settings = c.Offload.Settings
 	return e
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/questrt/questrt/internal/offload"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
@@ -66,7 +67,7 @@ func TestDefaults(t *testing.T) {
 			GQA: plan.GroupMax, Selector: plan.Quest, Selection: plan.Exact},
 		Devices:  DeviceConfig{Backend: "cpu", KVCacheDType: plan.BFloat16},
 		Capacity: CapacityConfig{MaxPages: 0, MaxMemory: 0},
-		Offload:  OffloadConfig{DeviceBudgetPages: 0, Eviction: pagestore.EvictLRU, PrefetchPages: 0, PrefetchCrossLayer: false},
+		Offload:  OffloadConfig{offload.Settings{DeviceBudgetPages: 0, Eviction: pagestore.EvictLRU, PrefetchPages: 0, PrefetchCrossLayer: false}},
 		Storage:  StorageConfig{DataDir: "", Durability: pagestore.SyncOnWrite, SyncInterval: time.Second},
 		Serve: ServeConfig{Model: "", Addr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, DevicePrefill: true,
 			DefaultMaxTokens: 16, CapacityPages: 0, MemoryFraction: 0.5, PrefixCaching: true, MonitorQueue: 64, RequestHistory: 64,
