@@ -271,7 +271,7 @@ func (c CapacityConfig) Validate() error {
 }
 
 // Validate reports the first setting of the group that breaks its rule;
-// the bounds against the grid's pool are [Config.Validate]'s.
+// the bounds against the grid's pool are [Config.validateOffloadPool]'s.
 func (o OffloadConfig) Validate() error {
 	switch {
 	case o.DeviceBudgetPages < 0:
@@ -433,7 +433,7 @@ func (l LogConfig) Validate() error {
 func (c Config) Validate() error {
 	for _, g := range []interface{ Validate() error }{
 		c.Node, c.Membership, c.Security, c.Grid, c.Policy, c.Devices,
-		c.Capacity, c.Offload, c.Storage, c.Serve, c.HTTP, c.Log,
+		c.Capacity, validator(c.validateOffloadPool), c.Offload, c.Storage, c.Serve, c.HTTP, c.Log,
 	} {
 		if err := g.Validate(); err != nil {
 			return err
@@ -449,6 +449,26 @@ func (c Config) Validate() error {
 	}
 	if err := c.memberConfig().Validate(); err != nil {
 		return fmt.Errorf("questd: %w", err)
+	}
+	return nil
+}
+
+// validator is a func as a Validate method.
+type validator func() error
+
+func (v validator) Validate() error { return v() }
+
+// validateOffloadPool checks the offload group's pages against the
+// grid's pool, before the group's own rules: a --prefetch-pages above
+// --capacity-pages is reported as such, not as needing
+// --device-budget-pages.
+func (c Config) validateOffloadPool() error {
+	o, capacity := c.Offload, c.Grid.CapacityPages
+	switch {
+	case o.DeviceBudgetPages > capacity:
+		return bad("device-budget-pages", strconv.Itoa(o.DeviceBudgetPages), "above --capacity-pages %d", capacity)
+	case o.PrefetchPages > capacity:
+		return bad("prefetch-pages", strconv.Itoa(o.PrefetchPages), "above --capacity-pages %d", capacity)
 	}
 	return nil
 }
@@ -478,10 +498,6 @@ func (c Config) validateAcross() error {
 			p.LocalPages, p.BudgetTokens/g.PageSize, p.BudgetTokens, g.PageSize)
 	case c.Capacity.MaxPages > 0 && c.Capacity.MaxPages < g.CapacityPages:
 		return bad("max-pages", itoa(c.Capacity.MaxPages), "below --capacity-pages %d: a node hosts whole ranks", g.CapacityPages)
-	case c.Offload.DeviceBudgetPages > g.CapacityPages:
-		return bad("device-budget-pages", itoa(c.Offload.DeviceBudgetPages), "above --capacity-pages %d", g.CapacityPages)
-	case c.Offload.PrefetchPages > g.CapacityPages:
-		return bad("prefetch-pages", itoa(c.Offload.PrefetchPages), "above --capacity-pages %d", g.CapacityPages)
 	case c.Storage.DataDir != "" && p.Selection == plan.Replicated:
 		return bad("data-dir", c.Storage.DataDir, "not with --selection replicated (its summary mirrors are not persisted)")
 	case c.Storage.DataDir != "" && c.Devices.Backend == "cuda":

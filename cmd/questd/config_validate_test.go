@@ -75,6 +75,7 @@ func TestValidateNamesFlag(t *testing.T) {
 		{[]string{"--device-budget-pages", "64", "--prefetch-pages", "-1"}, `--prefetch-pages "-1": must not be negative`},
 		{[]string{"--device-budget-pages", "64", "--prefetch-pages", "2000"}, `--prefetch-pages "2000": above --capacity-pages 1024`},
 		{[]string{"--prefetch-pages", "8"}, `--prefetch-pages "8": needs --device-budget-pages`},
+		{[]string{"--prefetch-pages", "2000"}, `--prefetch-pages "2000": above --capacity-pages 1024`},
 		{[]string{"--device-budget-pages", "64", "--prefetch-cross-layer"}, `--prefetch-cross-layer "true": needs --prefetch-pages`},
 		{[]string{"--prefetch-cross-layer=maybe"}, `--prefetch-cross-layer "maybe": not true or false`},
 		{[]string{"--step-timeout", "0s"}, `--step-timeout "0s": must be positive`},
