@@ -426,14 +426,17 @@ func (l LogConfig) Validate() error {
 }
 
 // Validate reports the first setting that breaks its rule, as
-// `--flag "value": why`: each group's Validate, in the order of the
-// fields of Config, then the rules across groups, then the cross checks
-// of engine.Config.Validate and cluster.MemberConfig.Validate. It does
-// no I/O (the files are read by loadConfig and main).
+// `--flag "value": why`: each group's Validate, then the rules across
+// groups, then the cross checks of engine.Config.Validate and
+// cluster.MemberConfig.Validate. The groups go in the order the flat
+// config checked their flags in (the node, the policy's bounds, serving
+// and HTTP before membership, TLS and the grid), so that a config with
+// two bad settings mostly reports the one it reported before. It does no
+// I/O (the files are read by loadConfig and main).
 func (c Config) Validate() error {
 	for _, g := range []interface{ Validate() error }{
-		c.Node, c.Membership, c.Security, c.Grid, c.Policy, c.Devices,
-		c.Capacity, validator(c.validateOffloadPool), c.Offload, c.Storage, c.Serve, c.HTTP, c.Log,
+		c.Node, c.Policy, c.Serve, c.HTTP, c.Membership, c.Security, c.Grid,
+		c.Capacity, validator(c.validateOffloadPool), c.Offload, c.Storage, c.Devices, c.Log,
 	} {
 		if err := g.Validate(); err != nil {
 			return err
