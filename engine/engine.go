@@ -29,6 +29,7 @@ import (
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/internal/offload"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
@@ -88,16 +89,10 @@ type Config struct {
 	// (the default: the memory available when New runs) or -1 (no check).
 	// New refuses a configuration over it before allocating anything.
 	MemoryLimit int64
-	// DeviceBudgetPages turns offload on in every shard (see
-	// worker.Config.DeviceBudgetPages); 0, the default, is off.
-	DeviceBudgetPages int
-	// Eviction is the offload eviction policy (pagestore.EvictLRU).
-	Eviction pagestore.Eviction
-	// PrefetchPages and PrefetchCrossLayer turn prefetch on in every
-	// offloading shard (see shard.Config.PrefetchPages); 0 and false,
-	// the defaults, are off.
-	PrefetchPages      int
-	PrefetchCrossLayer bool
+	// Settings turns offload on in every shard (see
+	// worker.Config.Settings) and prefetch with it; the zero value, the
+	// default, is off.
+	offload.Settings
 }
 
 // WorkerConfig is the config every rank's worker runs with (the memory
@@ -110,8 +105,7 @@ func (c Config) workerConfig() worker.Config {
 	return worker.Config{Layers: c.Layers, Geometry: c.Geometry,
 		CP: c.CP, TP: c.TP, Capacity: c.CapacityPages, Policy: c.Policy.WithGeometry(c.Geometry), Mode: c.Selection,
 		DeviceResident: c.DeviceResident, MemoryLimit: memlimit.NoLimit,
-		DeviceBudgetPages: c.DeviceBudgetPages, Eviction: c.Eviction,
-		PrefetchPages: c.PrefetchPages, PrefetchCrossLayer: c.PrefetchCrossLayer}
+		Settings: c.Settings}
 }
 
 // preflight refuses a configuration whose host pools, over all CP x TP

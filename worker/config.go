@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/internal/offload"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
@@ -67,21 +68,12 @@ type Config struct {
 	// memory available when NewLocal runs) or -1 (no check; an engine
 	// that checked its whole grid passes -1).
 	MemoryLimit int64
-	// DeviceBudgetPages turns offload on for every rank: at most that
-	// many pages' K/V per rank stay in its pool arrays, the others in a
-	// host memory tier of the rank's own (see
-	// pagestore.Config.DeviceBudget), in [0, Capacity]. 0 (the default):
-	// off. With DeviceResident the backend must keep slot pools
-	// (kernels.SlotStore, the CUDA backend): the tier is then its pinned
-	// host memory.
-	DeviceBudgetPages int
-	// Eviction is the offload eviction policy (pagestore.EvictLRU).
-	Eviction pagestore.Eviction
-	// PrefetchPages and PrefetchCrossLayer turn prefetch on for every
-	// offloading rank (see shard.Config.PrefetchPages); 0 and false, the
-	// defaults, are off. Prefetch needs DeviceBudgetPages > 0.
-	PrefetchPages      int
-	PrefetchCrossLayer bool
+	// Settings turns offload on for every rank (DeviceBudgetPages, in
+	// [0, Capacity]; 0, the default, is off) and prefetch with it (see
+	// offload.Settings). With DeviceResident the backend must keep slot
+	// pools (kernels.SlotStore, the CUDA backend): the tier is then its
+	// pinned host memory.
+	offload.Settings
 	// DataDir, when set, makes the worker persistent: each hosted rank's
 	// page store persists under DataDir/rank-tp<T>-cp<C> (see
 	// pagestore.Config.DataDir) and the worker keeps its sequence table

@@ -11,21 +11,64 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/questrt/questrt/internal/offload"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
 
-// Config is the configuration of one questd node. [loadConfig] fills it
-// from the command line, QUESTRT_* environment variables, a YAML file and
-// the defaults, in that order of precedence, and validates it. The flag
-// definitions in [newFlagSet] are the single source of truth: each field
-// below is one flag (named in brackets), and its default is the flag's.
+// Config is the configuration of one questd node, in groups as pebble's
+// Options: each group is a struct of its own with its defaults documented
+// on its fields and its own Validate, and the configs of the packages
+// questd wires (engine.Config, cluster.MemberConfig, serve.Config,
+// node.Config) are built from the groups (config_derived.go).
+// [loadConfig] fills it from the command line, QUESTRT_* environment
+// variables, a YAML file and the defaults, in that order of precedence,
+// and validates it. The flag definitions in [newFlagSet] are the single
+// source of truth: each field of a group is one flag (named in brackets;
+// TestFlagsMapToFields checks it), and its default is the flag's. The
+// flags, their variables and the file's keys are flat (--serve-cp,
+// QUESTRT_SERVE_CP, serve-cp:): the groups are the code's, not the
+// user's.
 type Config struct {
+	// Node is the node's name, listen addresses and process timing.
+	Node NodeConfig
+	// Membership is the gossip membership and failure detection.
+	Membership MembershipConfig
+	// Security is gRPC's mutual TLS and the cluster's bearer token.
+	Security SecurityConfig
+	// Grid is the model geometry and the CP x TP grid.
+	Grid GridConfig
+	// Policy is the selection policy and the CP selection mode.
+	Policy PolicyConfig
+	// Devices is the kernel backend and its GPUs.
+	Devices DeviceConfig
+	// Capacity bounds the pages and memory this node hosts.
+	Capacity CapacityConfig
+	// Offload is the device budget and prefetch of the grids this node
+	// coordinates.
+	Offload OffloadConfig
+	// Storage is the persistence of the grids hosted here.
+	Storage StorageConfig
+	// Serve is the OpenAI-compatible completions API.
+	Serve ServeConfig
+	// HTTP bounds the connections of both HTTP servers.
+	HTTP HTTPConfig
+	// Log is the logging.
+	Log LogConfig
+
+	// ConfigFile is the YAML file read under the environment
+	// [--config, or QUESTRT_CONFIG]. Default "": none.
+	ConfigFile string
+}
+
+// NodeConfig is the node itself: its name, the addresses it listens and is
+// reached at, the metrics server, and the timing of its shutdown and of
+// the grids it coordinates.
+type NodeConfig struct {
 	// Name is the node's name, unique in the cluster: 1 to 128 bytes of
 	// letters, digits, '.', '-' and '_' [--name]. Default: the machine's
 	// host name (os.Hostname).
 	Name string
-
 	// GRPCAddr is the listen address of the gRPC API (client, worker and
 	// health services), host:port with an IP host, or an empty host for
 	// every interface; port 0 picks a free port [--grpc-addr]. Default
@@ -46,7 +89,31 @@ type Config struct {
 	// host (Advertise, or the host of GRPCAddr) and the port GRPCAddr
 	// listens on.
 	GRPCAdvertise string
+	// MetricsAddr is the listen address of the HTTP server of /metrics
+	// (Prometheus), /healthz and /readyz, host:port with an IP or empty
+	// host; port 0 picks a free port; "" disables the server
+	// [--metrics-addr]. Default "127.0.0.1:9464".
+	MetricsAddr string
+	// DrainTimeout is how long SIGTERM or SIGINT waits for in-flight steps
+	// before the node leaves the cluster; 0 leaves at once
+	// [--drain-timeout]. Default 10s.
+	DrainTimeout time.Duration
+	// GridIdle closes a grid this node coordinates once it has held no
+	// sequence for that long, freeing the pages its ranks reserve on
+	// their nodes; 0 keeps grids open until the node stops
+	// [--grid-idle-timeout]. Default 1m.
+	GridIdle time.Duration
+	// ReadyFile, when set, receives the ready JSON line too (it is always
+	// printed on stdout) [--ready-file]. Default "".
+	ReadyFile string
+}
 
+// MembershipConfig is the gossip membership of the node
+// (cluster.MemberConfig, built by [Config.memberConfig]): where it binds,
+// whom it joins, its label and keys, and failure detection. With the
+// defaults, cluster.MemberConfig.DetectionBound puts the time to declare a
+// killed node dead at 9.8s in a cluster of 3 (about 6s measured).
+type MembershipConfig struct {
 	// GossipAddr is the memberlist bind address, UDP and TCP, host:port
 	// with an IP host (empty: 0.0.0.0); port 0 picks a free port
 	// [--gossip-addr]. Default "127.0.0.1:7946".
@@ -55,18 +122,39 @@ type Config struct {
 	// join through; empty starts a new cluster [--join, repeatable or a
 	// comma-separated list; a YAML sequence in the file]. Default none.
 	Join []string
-	// ClusterLabel is the memberlist label: nodes with another label are
+	// Label is the memberlist label: nodes with another label are
 	// ignored; "" means no label [--cluster-label]. Default "questrt".
-	ClusterLabel string
-	// GossipKeyFile names a file holding the memberlist encryption key,
+	Label string
+	// KeyFile names a file holding the memberlist encryption key,
 	// base64 of 16, 24 or 32 bytes; further lines hold older keys that
 	// still decrypt (for rotation) [--gossip-key-file]. Default "": gossip
 	// is not encrypted.
-	GossipKeyFile string
-	// GossipKeys are the keys read from GossipKeyFile by loadConfig, the
+	KeyFile string
+	// Keys are the keys read from KeyFile by loadConfig, the
 	// first one encrypting. Not a flag.
-	GossipKeys [][]byte
+	Keys [][]byte
+	// ProbeInterval is the time between two probes of a random member
+	// [--probe-interval]. Default 1s.
+	ProbeInterval time.Duration
+	// ProbeTimeout is how long a direct probe waits for its ack, below
+	// ProbeInterval [--probe-timeout]. Default 500ms.
+	ProbeTimeout time.Duration
+	// SuspicionMult scales the time a suspect member has to refute before
+	// it is declared dead: SuspicionMult x max(1, log10(N)) x
+	// ProbeInterval [--suspicion-mult]. Default 4.
+	SuspicionMult int
+	// GossipInterval is the time between two gossip rounds
+	// [--gossip-interval]. Default 200ms.
+	GossipInterval time.Duration
+	// DeadNodeReclaim is how long after a member is declared dead a node
+	// may take over its name from another address (a restarted node on
+	// new ports) [--dead-node-reclaim]. Default 100ms.
+	DeadNodeReclaim time.Duration
+}
 
+// SecurityConfig is the gRPC transport security and authentication of the
+// node (node.Config's fields of the same names).
+type SecurityConfig struct {
 	// Plaintext runs gRPC without TLS; only when asked for, and not
 	// together with the TLS files; questd logs a warning at start
 	// [--insecure, or its alias --plaintext]. Default false.
@@ -91,22 +179,22 @@ type Config struct {
 	// Token is the token read from TokenFile by loadConfig, whitespace
 	// trimmed. Not a flag, and never printed.
 	Token string
+}
 
-	// The model geometry and the CP x TP grid every sequence of the
-	// cluster is laid out on; they must be the same on every node.
-
+// GridConfig is the model geometry and the CP x TP grid every sequence of
+// the cluster is laid out on (engine.Config's fields of the same names);
+// they must be the same on every node.
+type GridConfig struct {
 	// Layers is the number of transformer layers [--layers]. Default 4.
 	Layers int
-	// QHeads is the number of query heads, a multiple of KVHeads
-	// [--q-heads]. Default 32.
-	QHeads int
-	// KVHeads is the number of KV heads, divisible by TP [--kv-heads].
-	// Default 8.
-	KVHeads int
-	// HeadDim is the head dimension D [--head-dim]. Default 128.
-	HeadDim int
-	// PageSize is S, tokens per KV page [--page-size]. Default 16.
-	PageSize int
+	// Geometry is the attention geometry, handed to engine.Config as it is:
+	// QHeads, the number of query heads, a multiple of KVHeads [--q-heads],
+	// default 32; KVHeads, the number of KV heads, divisible by TP [--kv-
+	// heads], default 8; HeadDim, the head dimension D [--head-dim], default
+	// 128; PageSize, S, tokens per KV page [--page-size], default 16. Its
+	// DType is plan.Float32 (the zero value), the storage type of the CPU
+	// page store.
+	plan.Geometry
 	// CP is the number of context-parallel ranks per TP group [--cp].
 	// Default 1.
 	CP int
@@ -118,9 +206,15 @@ type Config struct {
 	// BlockPages is the block of the contiguous page placement
 	// [--block-pages]. Default 64.
 	BlockPages int
+	// StepTimeout is the deadline of one decode step when the client's is
+	// later [--step-timeout]. Default 2s.
+	StepTimeout time.Duration
+}
 
-	// The selection policy (plan.Policy) and the CP selection mode.
-
+// PolicyConfig is the selection policy (plan.Policy, built by
+// [PolicyConfig.plan]) and the CP selection mode; they must be the same on
+// every node.
+type PolicyConfig struct {
 	// BudgetTokens is the token budget per head per step
 	// [--budget-tokens]. Default 2048.
 	BudgetTokens int
@@ -149,15 +243,40 @@ type Config struct {
 	// Selection is how CP ranks agree on pages: exact, union or
 	// replicated [--selection]. Default exact.
 	Selection plan.SelectMode
-	// PolicyFile is a policy file (plan.ReadPolicyFile, as questctl
+	// File is a policy file (plan.ReadPolicyFile, as questctl
 	// calibrate writes it) [--policy]: its values fill the policy flags
 	// not given on the command line, in the environment or in --config,
 	// and it adds per-layer budgets and dense layers. Default "".
-	PolicyFile string
-	// LayerBudget is the per-layer token budgets read from PolicyFile by
+	File string
+	// LayerBudget is the per-layer token budgets read from File by
 	// loadConfig (plan.Policy.LayerBudget). Not a flag.
 	LayerBudget map[int]int
+}
 
+// DeviceConfig is the kernel backend of the ranks hosted on this node and
+// the GPUs they are placed on.
+type DeviceConfig struct {
+	// Backend runs the hosted ranks' kernels: cpu, or cuda in a -tags
+	// cuda build on a GPU host [--backend]. With cuda every hosted rank's
+	// pages live only in the memory of its GPU (device-resident; not with
+	// --data-dir). Default cpu.
+	Backend string
+	// Ordinals are the GPU ordinals the hosted ranks are placed over, each
+	// rank on the device holding the fewest ranks (counted, not their
+	// memory), several ranks sharing a device when there are more ranks
+	// than devices (one CUDA context per device) [--devices,
+	// comma-separated]. Default: every GPU the driver lists. Only with
+	// --backend cuda.
+	Ordinals []int
+	// KVCacheDType is the storage type of K, V and summaries on the GPU:
+	// f32, f16 or bf16 [--kv-cache-dtype]. Default bf16. Only with
+	// --backend cuda.
+	KVCacheDType plan.DType
+}
+
+// CapacityConfig bounds the pages and the host memory of the ranks hosted
+// on this node.
+type CapacityConfig struct {
 	// MaxPages is the number of pages this node hosts over all the grids
 	// placed on it, at least CapacityPages; 0 means 8 x CapacityPages
 	// [--max-pages]. Default 0. See [Config.hostPages].
@@ -167,45 +286,27 @@ type Config struct {
 	// memlimit.NoLimit (-1) [--max-memory: bytes like 8GiB, auto or none].
 	// Default auto.
 	MaxMemory int64
+}
 
-	// Offload of the grids this node coordinates (engine.Config's fields
-	// of the same name; they travel to the nodes hosting the grid).
+// OffloadConfig is the offload of the grids this node coordinates: the
+// offload.Settings that engine.Config embeds too, handed over as it is
+// (engineConfig), and that travels to the nodes hosting the grid. Its
+// fields are flags: DeviceBudgetPages [--device-budget-pages] turns
+// offload on, at most that many pages' K/V per rank in its device pool
+// and the others in a host tier, at most Grid.CapacityPages, default 0
+// (off); Eviction [--eviction], lru or score, default lru;
+// PrefetchPages [--prefetch-pages], the pages an offloading rank
+// prefetches per step, at most Grid.CapacityPages, needs
+// DeviceBudgetPages, default 0 (off); PrefetchCrossLayer
+// [--prefetch-cross-layer] prefetches the next layer's pages too, needs
+// PrefetchPages, default false.
+type OffloadConfig struct {
+	offload.Settings
+}
 
-	// Backend runs the hosted ranks' kernels: cpu, or cuda in a -tags
-	// cuda build on a GPU host [--backend]. With cuda every hosted rank's
-	// pages live only in the memory of its GPU (device-resident; not with
-	// --data-dir). Default cpu.
-	Backend string
-	// Devices are the GPU ordinals the hosted ranks are placed over, each
-	// rank on the device holding the fewest ranks (counted, not their
-	// memory), several ranks sharing a device when there are more ranks
-	// than devices (one CUDA context per device) [--devices,
-	// comma-separated]. Default: every GPU the driver lists. Only with
-	// --backend cuda.
-	Devices []int
-	// KVCacheDType is the storage type of K, V and summaries on the GPU:
-	// f32, f16 or bf16 [--kv-cache-dtype]. Default bf16. Only with
-	// --backend cuda.
-	KVCacheDType plan.DType
-
-	// DeviceBudgetPages turns offload on: at most that many pages' K/V per
-	// rank stay in its device pool, the others in a host tier, at most
-	// CapacityPages; 0 is off [--device-budget-pages]. Default 0.
-	DeviceBudgetPages int
-	// Eviction is the offload eviction policy, lru or score
-	// [--eviction]. Default lru.
-	Eviction pagestore.Eviction
-	// PrefetchPages is the pages an offloading rank prefetches per step,
-	// at most CapacityPages; 0 is off; needs DeviceBudgetPages
-	// [--prefetch-pages]. Default 0.
-	PrefetchPages int
-	// PrefetchCrossLayer prefetches the next layer's pages too; needs
-	// PrefetchPages [--prefetch-cross-layer]. Default false.
-	PrefetchCrossLayer bool
-
-	// Persistence of the grids hosted on this node (node.Config's fields
-	// of the same name).
-
+// StorageConfig is the persistence of the grids hosted on this node
+// (node.Config's fields of the same names).
+type StorageConfig struct {
 	// DataDir is the directory the grids hosted here persist their
 	// sequences in (sealed pages when they seal, everything at a
 	// graceful shutdown), one subdirectory per grid derived from its
@@ -234,81 +335,29 @@ type Config struct {
 	// SyncInterval is the flush period of --durability periodic
 	// [--sync-interval]. Default 1s.
 	SyncInterval time.Duration
+}
 
-	// StepTimeout is the deadline of one decode step when the client's is
-	// later [--step-timeout]. Default 2s.
-	StepTimeout time.Duration
-
-	// Failure detection (cluster.MemberConfig's fields of the same name).
-	// With the defaults, cluster.MemberConfig.DetectionBound puts the time
-	// to declare a killed node dead at 9.8s in a cluster of 3 (about 6s
-	// measured).
-
-	// ProbeInterval is the time between two probes of a random member
-	// [--probe-interval]. Default 1s.
-	ProbeInterval time.Duration
-	// ProbeTimeout is how long a direct probe waits for its ack, below
-	// ProbeInterval [--probe-timeout]. Default 500ms.
-	ProbeTimeout time.Duration
-	// SuspicionMult scales the time a suspect member has to refute before
-	// it is declared dead: SuspicionMult x max(1, log10(N)) x
-	// ProbeInterval [--suspicion-mult]. Default 4.
-	SuspicionMult int
-	// GossipInterval is the time between two gossip rounds
-	// [--gossip-interval]. Default 200ms.
-	GossipInterval time.Duration
-	// DeadNodeReclaim is how long after a member is declared dead a node
-	// may take over its name from another address (a restarted node on
-	// new ports) [--dead-node-reclaim]. Default 100ms.
-	DeadNodeReclaim time.Duration
-
-	// DrainTimeout is how long SIGTERM or SIGINT waits for in-flight steps
-	// before the node leaves the cluster; 0 leaves at once
-	// [--drain-timeout]. Default 10s.
-	DrainTimeout time.Duration
-
-	// GridIdle closes a grid this node coordinates once it has held no
-	// sequence for that long, freeing the pages its ranks reserve on
-	// their nodes; 0 keeps grids open until the node stops
-	// [--grid-idle-timeout]. Default 1m.
-	GridIdle time.Duration
-
-	// MetricsAddr is the listen address of the HTTP server of /metrics
-	// (Prometheus), /healthz and /readyz, host:port with an IP or empty
-	// host; port 0 picks a free port; "" disables the server
-	// [--metrics-addr]. Default "127.0.0.1:9464".
-	MetricsAddr string
-
-	// LogLevel is the lowest level logged: debug, info, warn or error
-	// [--log-level]. Default info.
-	LogLevel slog.Level
-	// LogFormat is text or json [--log-format]. Default text.
-	LogFormat string
-	// ReadyFile, when set, receives the ready JSON line too (it is always
-	// printed on stdout) [--ready-file]. Default "".
-	ReadyFile string
-
-	// The OpenAI-compatible completions API (package serve): the model
-	// runs on this node under this node's selection policy, its KV pages
-	// in an in-process engine or on a grid of the cluster's nodes
-	// (ServeLayout).
-
+// ServeConfig is the OpenAI-compatible completions API (package serve,
+// built by [Config.serveConfig]): the model runs on this node under this
+// node's selection policy, its KV pages in an in-process engine or on a
+// grid of the cluster's nodes (Layout).
+type ServeConfig struct {
 	// Model is a Hugging Face Llama checkpoint directory to serve
-	// [--model]; needs HTTPAddr. Default "": no model.
+	// [--model]; needs Addr. Default "": no model.
 	Model string
-	// HTTPTLSCert and HTTPTLSKey are the PEM files of the completions
+	// Addr is the listen address of the completions API [--http-addr];
+	// needs Model. Default "".
+	Addr string
+	// TLSCert and TLSKey are the PEM files of the completions
 	// API's TLS certificate and key: with both it serves HTTPS (HTTP/2
 	// and HTTP/1.1, TLS 1.2 and up), SIGHUP reloading them
 	// [--http-tls-cert, --http-tls-key]. Default "": plaintext HTTP (a
-	// warning at start when HTTPAddr is not loopback).
-	HTTPTLSCert, HTTPTLSKey string
+	// warning at start when Addr is not loopback).
+	TLSCert, TLSKey string
 	// AllowedOrigins are the origins whose browsers may call the
 	// completions API cross-origin (CORS; "*": any)
 	// [--allowed-origins]. Default none.
 	AllowedOrigins []string
-	// HTTPAddr is the listen address of the completions API [--http-addr];
-	// needs Model. Default "".
-	HTTPAddr string
 	// ModelName is the model's id in the API [--model-name]. Default "":
 	// the base name of Model.
 	ModelName string
@@ -359,53 +408,53 @@ type Config struct {
 	// pages), else on the CPU into the GPU's pages [--device-prefill].
 	// Default true.
 	DevicePrefill bool
-	// ServePages is the page pool of the served model's engine
-	// [--serve-capacity-pages]. Default 0: with ServeLayout local sized
-	// from memory (serve.Config.CapacityPages 0, ServeMemoryFraction),
+	// CapacityPages is the page pool of the served model's engine
+	// [--serve-capacity-pages]. Default 0: with Layout local sized
+	// from memory (serve.Config.CapacityPages 0, MemoryFraction),
 	// with cluster or device defaultServePages (servePages).
-	ServePages int
-	// ServeMemoryFraction is the share of the available memory a pool
+	CapacityPages int
+	// MemoryFraction is the share of the available memory a pool
 	// sized from memory takes [--serve-memory-fraction]. Default 0.5
 	// (serve.DefaultMemoryFraction).
-	ServeMemoryFraction float64
+	MemoryFraction float64
 	// PrefixCaching keeps prompts' full pages for later requests with
 	// the same token prefix [--prefix-caching] (serve.Config's; every
 	// layout: with cluster, on the requests' grid). Default true.
 	PrefixCaching bool
 	// PrefixCachePages bounds the pages per shard the prefix cache holds
 	// [--prefix-cache-pages]: 0 is as many as the pool leaves free (it
-	// gives way to requests first); at most ServePages. Default 0.
+	// gives way to requests first); at most CapacityPages. Default 0.
 	PrefixCachePages int
-	// ServeLayout is where the served requests' KV pages live
+	// Layout is where the served requests' KV pages live
 	// [--serve-layout]: "local", an in-process engine on this node, or
-	// "cluster", a ServeCP x ServeTP grid of the cluster's nodes that
-	// this node coordinates (serveengine.CoordinatorCluster; ServePages per
+	// "cluster", a CP x TP grid of the cluster's nodes that
+	// this node coordinates (serveengine.CoordinatorCluster; CapacityPages per
 	// rank). Default local.
-	ServeLayout string
-	// ServeCP and ServeTP are the grid of every served request's
+	Layout string
+	// CP and TP are the grid of every served request's
 	// sequence [--serve-cp, --serve-tp]: context-parallel ranks (its
 	// pages spread over them) and tensor-parallel ranks (the model's KV
 	// heads split over them). Default 1 x 1.
-	ServeCP, ServeTP int
-	// ServePolicyGrids bounds, with ServeLayout cluster, the grids
+	CP, TP int
+	// PolicyGrids bounds, with Layout cluster, the grids
 	// opened for requests whose quest options (selector, gqa, sink,
 	// local) differ from the node's policy (serve.Config.PolicyGrids):
 	// each counts while this node runs (the coordinator may close it
 	// once idle, --grid-idle-timeout, and reopen it), every rank reserving
-	// ServePages pages, and a request that would open one more gets 429
+	// CapacityPages pages, and a request that would open one more gets 429
 	// [--serve-policy-grids]. Default 2.
-	ServePolicyGrids int
-	// ServeGridRetries is, with ServeLayout cluster, how many times a
+	PolicyGrids int
+	// GridRetries is, with Layout cluster, how many times a
 	// request whose grid is lost (a node of it killed, restarted or
 	// unreachable) runs again on a new grid, from its prompt and the
 	// tokens already generated, before it fails with 503 or an error
 	// event (serve.Config.GridRetries) [--serve-grid-retries]; 0: never.
-	// ServeGridRetryWait bounds how long a retry keeps trying to create
+	// GridRetryWait bounds how long a retry keeps trying to create
 	// its new grid while the cluster is unavailable (a killed node may
 	// be placed again until membership declares it dead)
 	// [--serve-grid-retry-wait]. Defaults 1 and 10s.
-	ServeGridRetries   int
-	ServeGridRetryWait time.Duration
+	GridRetries   int
+	GridRetryWait time.Duration
 	// MonitorRate is the fraction of decode steps' (layer, KV head) pairs
 	// the quality monitor replays with dense attention on the side
 	// [--monitor-rate], 0..1. Default 0: off.
@@ -422,27 +471,33 @@ type Config struct {
 	// (tokens/s, running and queued sequences, pool and prefix cache
 	// use; none while idle) [--log-stats-interval]. Default 10s; 0: off.
 	LogStatsInterval time.Duration
+}
 
-	// The connections of both HTTP servers, the completions API
-	// (HTTPAddr) and the metrics server (MetricsAddr): see
-	// httpServerConfig for the bounds that are not flags.
-
-	// HTTPMaxConns caps the connections each HTTP server holds open; at
+// HTTPConfig is the connections of both HTTP servers, the completions API
+// (ServeConfig.Addr) and the metrics server (NodeConfig.MetricsAddr): see
+// httpServerConfig for the bounds that are not flags.
+type HTTPConfig struct {
+	// MaxConns caps the connections each HTTP server holds open; at
 	// the cap new clients wait in the listen backlog, holding no file
 	// descriptor, until one closes [--http-max-conns], 1..1048576.
 	// Default 256.
-	HTTPMaxConns int
-	// HTTPReadHeaderTimeout is how long a connection has to send a
+	MaxConns int
+	// ReadHeaderTimeout is how long a connection has to send a
 	// request's headers (a silent one is closed then)
 	// [--http-read-header-timeout]. Default 5s.
-	HTTPReadHeaderTimeout time.Duration
-	// HTTPIdleTimeout closes a kept-alive connection that has waited this
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout closes a kept-alive connection that has waited this
 	// long for its next request [--http-idle-timeout]. Default 60s.
-	HTTPIdleTimeout time.Duration
+	IdleTimeout time.Duration
+}
 
-	// ConfigFile is the YAML file read under the environment
-	// [--config, or QUESTRT_CONFIG]. Default "": none.
-	ConfigFile string
+// LogConfig is the node's logging on stderr.
+type LogConfig struct {
+	// Level is the lowest level logged: debug, info, warn or error
+	// [--log-level]. Default info.
+	Level slog.Level
+	// Format is text or json [--log-format]. Default text.
+	Format string
 }
 
 // errHelp is returned by loadConfig after --help printed the usage: main
@@ -530,24 +585,24 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 		}
 		origin[name] = envVar[name]
 	}
-	if c.GossipKeyFile != "" {
-		keys, err := readGossipKeys(c.GossipKeyFile)
+	if c.Membership.KeyFile != "" {
+		keys, err := readGossipKeys(c.Membership.KeyFile)
 		if err != nil {
-			return Config{}, withOrigin(fmt.Errorf("--gossip-key-file %q: %w", c.GossipKeyFile, err), origin["gossip-key-file"])
+			return Config{}, withOrigin(fmt.Errorf("--gossip-key-file %q: %w", c.Membership.KeyFile, err), origin["gossip-key-file"])
 		}
-		c.GossipKeys = keys
+		c.Membership.Keys = keys
 	}
-	if c.TokenFile != "" {
-		tok, err := readToken(c.TokenFile)
+	if c.Security.TokenFile != "" {
+		tok, err := readToken(c.Security.TokenFile)
 		if err != nil {
-			return Config{}, withOrigin(fmt.Errorf("--token-file %q: %w", c.TokenFile, err), origin["token-file"])
+			return Config{}, withOrigin(fmt.Errorf("--token-file %q: %w", c.Security.TokenFile, err), origin["token-file"])
 		}
-		c.Token = tok
+		c.Security.Token = tok
 	}
-	if c.PolicyFile != "" {
+	if c.Policy.File != "" {
 		given := func(name string) bool { return onCLI[name] || origin[name] != "" }
 		if err := c.readPolicy(given); err != nil {
-			return Config{}, withOrigin(fmt.Errorf("--policy %q: %w", c.PolicyFile, err), origin["policy"])
+			return Config{}, withOrigin(fmt.Errorf("--policy %q: %w", c.Policy.File, err), origin["policy"])
 		}
 	}
 	if err := c.Validate(); err != nil {
@@ -559,7 +614,7 @@ func loadConfig(args []string, getenv func(string) (string, bool), stdout io.Wri
 	}
 	// Secret files other users can read are refused (a file that is
 	// missing is reported where it is read).
-	for _, f := range []struct{ flag, path string }{{"gossip-key-file", c.GossipKeyFile}, {"token-file", c.TokenFile}, {"tls-key", c.TLSKey}, {"http-tls-key", c.HTTPTLSKey}} {
+	for _, f := range []struct{ flag, path string }{{"gossip-key-file", c.Membership.KeyFile}, {"token-file", c.Security.TokenFile}, {"tls-key", c.Security.TLSKey}, {"http-tls-key", c.Serve.TLSKey}} {
 		if f.path == "" {
 			continue
 		}

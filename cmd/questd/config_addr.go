@@ -36,9 +36,9 @@ func unspecified(host string) bool {
 // advertiseHost is the IP address other nodes reach this node at:
 // Advertise, or the host of GRPCAddr.
 func (c Config) advertiseHost() string {
-	if c.Advertise != "" {
-		return c.Advertise
+	if c.Node.Advertise != "" {
+		return c.Node.Advertise
 	}
-	h, _, _ := net.SplitHostPort(c.GRPCAddr)
+	h, _, _ := net.SplitHostPort(c.Node.GRPCAddr)
 	return h
 }

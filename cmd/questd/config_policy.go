@@ -7,11 +7,11 @@ import (
 	"github.com/questrt/questrt/plan"
 )
 
-// readPolicy reads PolicyFile into c: its page size must equal PageSize
+// readPolicy reads Policy.File into c: its page size must equal Grid.PageSize
 // where the page size was given, and its budget, sink, local, dense
 // layers, GQA mode and selector replace the flags that were not given.
 func (c *Config) readPolicy(given func(flag string) bool) error {
-	f, err := os.Open(c.PolicyFile)
+	f, err := os.Open(c.Policy.File)
 	if err != nil {
 		return err
 	}
@@ -20,36 +20,36 @@ func (c *Config) readPolicy(given func(flag string) bool) error {
 	if err != nil {
 		return err
 	}
-	if p.PageSize != c.PageSize {
+	if p.PageSize != c.Grid.PageSize {
 		if given("page-size") {
-			return fmt.Errorf("its page_size %d differs from --page-size %d", p.PageSize, c.PageSize)
+			return fmt.Errorf("its page_size %d differs from --page-size %d", p.PageSize, c.Grid.PageSize)
 		}
-		c.PageSize = p.PageSize
+		c.Grid.PageSize = p.PageSize
 	}
 	for _, v := range []struct {
 		flag string
 		dst  *int
 		val  int
 	}{
-		{"budget-tokens", &c.BudgetTokens, p.BudgetTokens}, {"sink-pages", &c.SinkPages, p.SinkPages},
-		{"local-pages", &c.LocalPages, p.LocalPages}, {"dense-layers", &c.DenseLayers, p.DenseLayers},
+		{"budget-tokens", &c.Policy.BudgetTokens, p.BudgetTokens}, {"sink-pages", &c.Policy.SinkPages, p.SinkPages},
+		{"local-pages", &c.Policy.LocalPages, p.LocalPages}, {"dense-layers", &c.Policy.DenseLayers, p.DenseLayers},
 	} {
 		if !given(v.flag) {
 			*v.dst = v.val
 		}
 	}
 	if !given("dense-rho") {
-		c.DenseRho = p.DenseRho
+		c.Policy.DenseRho = p.DenseRho
 	}
 	if !given("reuse-steps") {
-		c.ReuseSteps = p.ReuseSteps
+		c.Policy.ReuseSteps = p.ReuseSteps
 	}
 	if !given("gqa") {
-		c.GQA = p.GQA
+		c.Policy.GQA = p.GQA
 	}
 	if !given("selector") {
-		c.Selector = p.Selector
+		c.Policy.Selector = p.Selector
 	}
-	c.LayerBudget = p.LayerBudget
+	c.Policy.LayerBudget = p.LayerBudget
 	return nil
 }

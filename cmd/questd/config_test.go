@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/questrt/questrt/internal/offload"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
@@ -54,24 +55,41 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{
-		Name: "host-1", GRPCAddr: "127.0.0.1:7070", Advertise: "", GossipAddr: "127.0.0.1:7946", Join: nil,
-		ClusterLabel: "questrt", GossipKeyFile: "", Plaintext: false, TLSCert: "", TLSKey: "", TLSCA: "",
-		Layers: 4, QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16, CP: 1, TP: 1, CapacityPages: 1024, BlockPages: 64,
-		BudgetTokens: 2048, SinkPages: 0, LocalPages: 1, DenseLayers: 2,
-		GQA: plan.GroupMax, Selector: plan.Quest, Selection: plan.Exact,
-		Backend: "cpu", KVCacheDType: plan.BFloat16,
-		MaxPages: 0, MaxMemory: 0, DeviceBudgetPages: 0, Eviction: pagestore.EvictLRU, PrefetchPages: 0, PrefetchCrossLayer: false,
-		DataDir: "", Durability: pagestore.SyncOnWrite, SyncInterval: time.Second,
-		StepTimeout: 2 * time.Second, ProbeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, SuspicionMult: 4,
-		GossipInterval: 200 * time.Millisecond, DeadNodeReclaim: 100 * time.Millisecond, DrainTimeout: 10 * time.Second, GridIdle: time.Minute,
-		MetricsAddr: "127.0.0.1:9464", LogLevel: slog.LevelInfo, LogFormat: "text", ReadyFile: "", ConfigFile: "",
-		Model: "", HTTPAddr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, DevicePrefill: true, DefaultMaxTokens: 16, ServePages: 0, ServeMemoryFraction: 0.5, PrefixCaching: true, MonitorQueue: 64, RequestHistory: 64,
-		MaxModelLen: 0, MaxRequestBytes: 32 << 20, RequestTimeout: 30 * time.Minute, SSEKeepAlive: 15 * time.Second, LogStatsInterval: 10 * time.Second,
-		ServeLayout: "local", ServeCP: 1, ServeTP: 1, ServePolicyGrids: 2, ServeGridRetries: 1, ServeGridRetryWait: 10 * time.Second,
-		HTTPMaxConns: 256, HTTPReadHeaderTimeout: 5 * time.Second, HTTPIdleTimeout: 60 * time.Second,
+		Node: NodeConfig{Name: "host-1", GRPCAddr: "127.0.0.1:7070", Advertise: "", MetricsAddr: "127.0.0.1:9464",
+			DrainTimeout: 10 * time.Second, GridIdle: time.Minute, ReadyFile: ""},
+		Membership: MembershipConfig{GossipAddr: "127.0.0.1:7946", Join: nil, Label: "questrt", KeyFile: "",
+			ProbeInterval: time.Second, ProbeTimeout: 500 * time.Millisecond, SuspicionMult: 4,
+			GossipInterval: 200 * time.Millisecond, DeadNodeReclaim: 100 * time.Millisecond},
+		Security: SecurityConfig{Plaintext: false, TLSCert: "", TLSKey: "", TLSCA: ""},
+		Grid: GridConfig{Layers: 4, Geometry: plan.Geometry{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16},
+			CP: 1, TP: 1, CapacityPages: 1024, BlockPages: 64, StepTimeout: 2 * time.Second},
+		Policy: PolicyConfig{BudgetTokens: 2048, SinkPages: 0, LocalPages: 1, DenseLayers: 2,
+			GQA: plan.GroupMax, Selector: plan.Quest, Selection: plan.Exact},
+		Devices:  DeviceConfig{Backend: "cpu", KVCacheDType: plan.BFloat16},
+		Capacity: CapacityConfig{MaxPages: 0, MaxMemory: 0},
+		Offload:  OffloadConfig{offload.Settings{DeviceBudgetPages: 0, Eviction: pagestore.EvictLRU, PrefetchPages: 0, PrefetchCrossLayer: false}},
+		Storage:  StorageConfig{DataDir: "", Durability: pagestore.SyncOnWrite, SyncInterval: time.Second},
+		Serve: ServeConfig{Model: "", Addr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, DevicePrefill: true,
+			DefaultMaxTokens: 16, CapacityPages: 0, MemoryFraction: 0.5, PrefixCaching: true, MonitorQueue: 64, RequestHistory: 64,
+			MaxModelLen: 0, MaxRequestBytes: 32 << 20, RequestTimeout: 30 * time.Minute, SSEKeepAlive: 15 * time.Second, LogStatsInterval: 10 * time.Second,
+			Layout: "local", CP: 1, TP: 1, PolicyGrids: 2, GridRetries: 1, GridRetryWait: 10 * time.Second},
+		HTTP:       HTTPConfig{MaxConns: 256, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 60 * time.Second},
+		Log:        LogConfig{Level: slog.LevelInfo, Format: "text"},
+		ConfigFile: "",
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", c, want)
+	}
+	if d := DefaultConfig("host-1"); !reflect.DeepEqual(d, want) {
+		t.Errorf("DefaultConfig:\n got %+v\nwant %+v", d, want)
+	}
+	for _, g := range []interface{ Validate() error }{
+		want.Node, want.Membership, want.Grid, want.Policy, want.Devices, want.Capacity,
+		want.Offload, want.Storage, want.Serve, want.HTTP, want.Log,
+	} {
+		if err := g.Validate(); err != nil {
+			t.Errorf("default %T: %v", g, err)
+		}
 	}
 	if c.hostPages() != 8192 {
 		t.Errorf("hostPages() = %d, want 8192", c.hostPages())
@@ -84,7 +102,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	host, _ := os.Hostname()
-	want.Name, want.Plaintext = host, true
+	want.Node.Name, want.Security.Plaintext = host, true
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("loadConfig(--plaintext):\n got %+v\nwant %+v", got, want)
 	}
@@ -121,15 +139,15 @@ plaintext: true
 		name      string
 		got, want any
 	}{
-		{"layers (file)", c.Layers, 6},
-		{"head-dim (env over file)", c.HeadDim, 96},
-		{"page-size (flag over env and file)", c.PageSize, 64},
-		{"join (env replaces file)", c.Join, []string{"c:3"}},
-		{"block-pages (flag over file)", c.BlockPages, 4},
-		{"tp (env)", c.TP, 2},
-		{"cp (flag)", c.CP, 3},
-		{"q-heads (default)", c.QHeads, 32},
-		{"plaintext (file)", c.Plaintext, true},
+		{"layers (file)", c.Grid.Layers, 6},
+		{"head-dim (env over file)", c.Grid.HeadDim, 96},
+		{"page-size (flag over env and file)", c.Grid.PageSize, 64},
+		{"join (env replaces file)", c.Membership.Join, []string{"c:3"}},
+		{"block-pages (flag over file)", c.Grid.BlockPages, 4},
+		{"tp (env)", c.Grid.TP, 2},
+		{"cp (flag)", c.Grid.CP, 3},
+		{"q-heads (default)", c.Grid.QHeads, 32},
+		{"plaintext (file)", c.Security.Plaintext, true},
 		{"config (env)", c.ConfigFile, file},
 	} {
 		if !reflect.DeepEqual(g.got, g.want) {
@@ -143,19 +161,19 @@ plaintext: true
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Layers != 7 || !slices.Equal(c.Join, []string{"x:1", "y:2"}) {
-		t.Errorf("--config over QUESTRT_CONFIG: layers %d, join %q", c.Layers, c.Join)
+	if c.Grid.Layers != 7 || !slices.Equal(c.Membership.Join, []string{"x:1", "y:2"}) {
+		t.Errorf("--config over QUESTRT_CONFIG: layers %d, join %q", c.Grid.Layers, c.Membership.Join)
 	}
 
 	// Flags of a list append: repeated and comma-separated.
 	c, err = load(t, nil, "--plaintext", "--join", "a:1", "--join", "b:2,c:3")
-	if err != nil || !slices.Equal(c.Join, []string{"a:1", "b:2", "c:3"}) {
-		t.Errorf("--join twice: %q, %v", c.Join, err)
+	if err != nil || !slices.Equal(c.Membership.Join, []string{"a:1", "b:2", "c:3"}) {
+		t.Errorf("--join twice: %q, %v", c.Membership.Join, err)
 	}
 	// An empty environment variable is ignored.
 	c, err = load(t, map[string]string{"QUESTRT_LAYERS": "", "QUESTRT_PLAINTEXT": "true"})
-	if err != nil || c.Layers != 4 || !c.Plaintext {
-		t.Errorf("empty QUESTRT_LAYERS: layers %d, plaintext %v, %v", c.Layers, c.Plaintext, err)
+	if err != nil || c.Grid.Layers != 4 || !c.Security.Plaintext {
+		t.Errorf("empty QUESTRT_LAYERS: layers %d, plaintext %v, %v", c.Grid.Layers, c.Security.Plaintext, err)
 	}
 }
 
@@ -191,7 +209,7 @@ func TestEnvNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.GRPCAddr != "127.0.0.2:0" || c.GossipAddr != "127.0.0.2:0" || c.MaxMemory != -1 || !c.Plaintext || c.LogFormat != "json" {
+	if c.Node.GRPCAddr != "127.0.0.2:0" || c.Membership.GossipAddr != "127.0.0.2:0" || c.Capacity.MaxMemory != -1 || !c.Security.Plaintext || c.Log.Format != "json" {
 		t.Errorf("from env: %+v", c)
 	}
 	var c0 Config
@@ -237,8 +255,8 @@ func TestMetricsAddr(t *testing.T) {
 		{nil, []string{"--config", writeFile(t, "m.yaml", "metrics-addr: 127.0.0.3:9\n")}, "127.0.0.3:9"},
 	} {
 		c, err := load(t, tc.env, append([]string{"--plaintext"}, tc.args...)...)
-		if err != nil || c.MetricsAddr != tc.want {
-			t.Errorf("env %v, args %q: metrics-addr %q, %v; want %q", tc.env, tc.args, c.MetricsAddr, err, tc.want)
+		if err != nil || c.Node.MetricsAddr != tc.want {
+			t.Errorf("env %v, args %q: metrics-addr %q, %v; want %q", tc.env, tc.args, c.Node.MetricsAddr, err, tc.want)
 		}
 	}
 	_, err := load(t, map[string]string{"QUESTRT_METRICS_ADDR": "nowhere"}, "--plaintext")
@@ -259,7 +277,7 @@ func TestFlagAliases(t *testing.T) {
 		if err != nil {
 			t.Fatalf("env %v args %q: %v", env, args, err)
 		}
-		return c.CP, c.TP
+		return c.Grid.CP, c.Grid.TP
 	}
 	for _, tc := range []struct {
 		name           string
@@ -292,11 +310,11 @@ func TestFlagAliases(t *testing.T) {
 
 	// --plaintext on the command line wins over QUESTRT_INSECURE, as
 	// --insecure would.
-	if c, err := load(t, map[string]string{"QUESTRT_INSECURE": "false"}, "--plaintext"); err != nil || !c.Plaintext {
-		t.Errorf("--plaintext over QUESTRT_INSECURE=false: plaintext %v, %v", c.Plaintext, err)
+	if c, err := load(t, map[string]string{"QUESTRT_INSECURE": "false"}, "--plaintext"); err != nil || !c.Security.Plaintext {
+		t.Errorf("--plaintext over QUESTRT_INSECURE=false: plaintext %v, %v", c.Security.Plaintext, err)
 	}
-	if c, err := load(t, map[string]string{"QUESTRT_PLAINTEXT": "true"}, "--insecure=false", "--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a"); err != nil || c.Plaintext {
-		t.Errorf("--insecure=false over QUESTRT_PLAINTEXT=true: plaintext %v, %v", c.Plaintext, err)
+	if c, err := load(t, map[string]string{"QUESTRT_PLAINTEXT": "true"}, "--insecure=false", "--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a"); err != nil || c.Security.Plaintext {
+		t.Errorf("--insecure=false over QUESTRT_PLAINTEXT=true: plaintext %v, %v", c.Security.Plaintext, err)
 	}
 
 	// Conflicts and errors name both sources, or the one that set it.
@@ -337,7 +355,7 @@ func TestFlagAliases(t *testing.T) {
 			t.Errorf("--print-config prints the alias %s:\n%s", alias, printed)
 		}
 	}
-	if c, err := load(t, nil, "--config", writeFile(t, "p.yaml", printed)); err != nil || c.CP != 3 || c.TP != 2 {
-		t.Errorf("printed config read back: cp %d tp %d, %v", c.CP, c.TP, err)
+	if c, err := load(t, nil, "--config", writeFile(t, "p.yaml", printed)); err != nil || c.Grid.CP != 3 || c.Grid.TP != 2 {
+		t.Errorf("printed config read back: cp %d tp %d, %v", c.Grid.CP, c.Grid.TP, err)
 	}
 }

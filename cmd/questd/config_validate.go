@@ -26,202 +26,111 @@ func checkMember(set func(*cluster.MemberConfig)) error {
 	return m.Validate()
 }
 
-// Validate reports the first setting that breaks its rule, as
-// `--flag "value": why`. It checks every flag, the cross checks of
-// engine.Config.Validate and cluster.MemberConfig.Validate, and that
-// mutual TLS is all or nothing. It does no I/O (the files are read by
-// loadConfig and main).
-func (c Config) Validate() error {
-	itoa := strconv.Itoa
-	if err := checkMember(func(m *cluster.MemberConfig) { m.Name = c.Name }); err != nil {
-		if c.Name == "" {
-			return bad("name", c.Name, "empty (the host name is unknown: set --name)")
-		}
-		return bad("name", c.Name, "want 1 to 128 bytes of letters, digits, '.', '-' and '_'")
-	}
-	grpcHost, _, err := splitAddr("grpc-addr", c.GRPCAddr)
-	if err != nil {
-		return err
-	}
-	if c.Advertise != "" {
-		a, err := netip.ParseAddr(c.Advertise)
-		switch {
-		case err != nil:
-			return bad("advertise", c.Advertise, "not an IP address")
-		case a.IsUnspecified():
-			return bad("advertise", c.Advertise, "unspecified: want the address other nodes reach this node at")
-		}
-	} else if unspecified(grpcHost) {
-		return bad("grpc-addr", c.GRPCAddr, "listens on every interface: set --advertise to the address other nodes reach this node at")
-	}
-	if c.GRPCAdvertise != "" {
-		switch h, p, err := splitAddr("grpc-advertise", c.GRPCAdvertise); {
-		case err != nil:
-			return err
-		case unspecified(h):
-			return bad("grpc-advertise", c.GRPCAdvertise, "unspecified host: want the address other nodes reach this node's gRPC API at")
-		case p == 0:
-			return bad("grpc-advertise", c.GRPCAdvertise, "port 0: want the port other nodes dial")
-		}
-	}
-	gossipHost, _, err := splitAddr("gossip-addr", c.GossipAddr)
-	if err != nil {
-		return err
-	}
-	// Sizes and counts of the serving and storage flags, checked before
-	// anything is sized from them (a --monitor-queue of 1e12 made a
-	// channel the runtime cannot allocate).
-	for _, r := range []struct {
-		flag      string
-		v, lo, hi int
-		note      string
-	}{
-		{"budget-tokens", c.BudgetTokens, 1, 1 << 30, " (and at least --page-size)"},
-		{"dense-layers", c.DenseLayers, 0, 1024, ""},
-		{"max-running", c.MaxRunning, 1, 1 << 16, ""},
-		{"max-queued", c.MaxQueued, 0, 1 << 20, ""},
-		{"max-model-len", c.MaxModelLen, 0, 1 << 30, " (0: the model's)"},
-		{"prefill-chunk-tokens", c.PrefillChunk, 1, 1 << 20, ""},
-		{"serve-policy-grids", c.ServePolicyGrids, 0, 64, ""},
-		{"serve-grid-retries", c.ServeGridRetries, 0, 100, ""},
-		{"monitor-queue", c.MonitorQueue, 1, 1 << 16, ""},
-		{"request-history", c.RequestHistory, 0, 1 << 16, ""},
-	} {
+// intRange is a bound on an integer flag: lo..hi, note appended to the
+// error.
+type intRange struct {
+	flag      string
+	v, lo, hi int
+	note      string
+}
+
+// checkRanges reports the first value of rs out of its range.
+func checkRanges(rs ...intRange) error {
+	for _, r := range rs {
 		if r.v < r.lo || r.v > r.hi {
-			return bad(r.flag, itoa(r.v), "want %d..%d%s", r.lo, r.hi, r.note)
+			return bad(r.flag, strconv.Itoa(r.v), "want %d..%d%s", r.lo, r.hi, r.note)
 		}
 	}
-	switch {
-	case c.MaxBatchedTokens > 1<<22:
-		return bad("max-batched-tokens", itoa(c.MaxBatchedTokens), "want 0 (--prefill-chunk-tokens plus --max-running) or --max-running..%d", 1<<22)
-	case c.MaxPages > 1<<40:
-		return bad("max-pages", itoa(c.MaxPages), "want 0 (8 x --capacity-pages) or --capacity-pages..%d", int64(1)<<40)
-	}
-	// Durations: a bound on each, so that no timer or product of them
-	// (memberlist's suspicion timeout is --suspicion-mult x
-	// --probe-interval and more) overflows.
-	for _, d := range []struct {
-		flag string
-		v    time.Duration
-		hi   time.Duration
-	}{
-		{"sync-interval", c.SyncInterval, time.Hour}, {"step-timeout", c.StepTimeout, time.Hour},
-		{"probe-interval", c.ProbeInterval, time.Minute}, {"probe-timeout", c.ProbeTimeout, time.Minute},
-		{"gossip-interval", c.GossipInterval, time.Minute}, {"dead-node-reclaim", c.DeadNodeReclaim, time.Hour},
-		{"drain-timeout", c.DrainTimeout, time.Hour}, {"grid-idle-timeout", c.GridIdle, 168 * time.Hour},
-		{"request-timeout", c.RequestTimeout, 168 * time.Hour}, {"sse-keepalive", c.SSEKeepAlive, time.Hour},
-		{"log-stats-interval", c.LogStatsInterval, time.Hour},
-		{"serve-grid-retry-wait", c.ServeGridRetryWait, time.Hour},
-		{"http-read-header-timeout", c.HTTPReadHeaderTimeout, time.Hour}, {"http-idle-timeout", c.HTTPIdleTimeout, 24 * time.Hour},
-	} {
+	return nil
+}
+
+// durBound is an upper bound on a duration flag, so that no timer or
+// product of them (memberlist's suspicion timeout is --suspicion-mult x
+// --probe-interval and more) overflows.
+type durBound struct {
+	flag  string
+	v, hi time.Duration
+}
+
+// checkDurations reports the first duration of ds above its bound.
+func checkDurations(ds ...durBound) error {
+	for _, d := range ds {
 		if d.v > d.hi {
 			return bad(d.flag, d.v.String(), "want at most %v", d.hi)
 		}
 	}
-	switch {
-	case c.Model != "" && c.HTTPAddr == "":
-		return bad("model", c.Model, "needs --http-addr (where the completions API listens)")
-	case c.HTTPAddr != "" && c.Model == "":
-		return bad("http-addr", c.HTTPAddr, "needs --model (the checkpoint to serve)")
-	case c.MaxRunning < 1:
-		return bad("max-running", itoa(c.MaxRunning), "must be at least 1")
-	case c.MaxQueued < 0:
-		return bad("max-queued", itoa(c.MaxQueued), "must not be negative")
-	case c.MaxModelLen < 0:
-		return bad("max-model-len", itoa(c.MaxModelLen), "want 0 (the model's) or more")
-	case c.MaxRequestBytes < 1 || c.MaxRequestBytes > 1<<30:
-		return bad("max-request-bytes", itoa(c.MaxRequestBytes), "want 1..1073741824")
-	case c.RequestTimeout < 0:
-		return bad("request-timeout", c.RequestTimeout.String(), "must not be negative")
-	case c.SSEKeepAlive < 0 || (c.SSEKeepAlive > 0 && c.SSEKeepAlive < 100*time.Millisecond):
-		return bad("sse-keepalive", c.SSEKeepAlive.String(), "want 0 (never) or at least 100ms")
-	case c.LogStatsInterval < 0 || (c.LogStatsInterval > 0 && c.LogStatsInterval < time.Second):
-		return bad("log-stats-interval", c.LogStatsInterval.String(), "want 0 (off) or at least 1s")
-	case c.DefaultMaxTokens < 1 && c.DefaultMaxTokens != completion.RestOfContext:
-		return bad("default-max-tokens", itoa(c.DefaultMaxTokens), "want at least 1, or -1 (the rest of --max-model-len after the prompt)")
-	case c.MaxModelLen > 0 && c.DefaultMaxTokens > c.MaxModelLen:
-		return bad("default-max-tokens", itoa(c.DefaultMaxTokens), "above --max-model-len %d (no request could use it)", c.MaxModelLen)
-	case c.PrefillChunk < 1:
-		return bad("prefill-chunk-tokens", itoa(c.PrefillChunk), "must be at least 1")
-	case c.MaxBatchedTokens < 0:
-		return bad("max-batched-tokens", itoa(c.MaxBatchedTokens), "want 0 (--prefill-chunk-tokens plus --max-running) or at least --max-running %d", c.MaxRunning)
-	case c.MaxBatchedTokens > 0 && c.MaxBatchedTokens < c.MaxRunning:
-		return bad("max-batched-tokens", itoa(c.MaxBatchedTokens), "want at least --max-running %d (a decode token for each running sequence, and a prompt token left) or 0", c.MaxRunning)
-	case c.ServePages < 0 || c.ServePages > plan.MaxPages:
-		return bad("serve-capacity-pages", itoa(c.ServePages), "want 0 (sized from memory) or 1..%d", plan.MaxPages)
-	case c.PrefixCachePages < 0 || (c.servePages() > 0 && c.PrefixCachePages > c.servePages()):
-		return bad("prefix-cache-pages", itoa(c.PrefixCachePages), "want 0 (what the pool leaves free) to --serve-capacity-pages %d", c.servePages())
-	case c.ServeCP < 1 || c.ServeCP > 64:
-		return bad("serve-cp", itoa(c.ServeCP), "want 1..64")
-	case c.ServeTP < 1 || c.ServeTP > 64:
-		return bad("serve-tp", itoa(c.ServeTP), "want 1..64")
-	case c.ServePolicyGrids < 0:
-		return bad("serve-policy-grids", itoa(c.ServePolicyGrids), "must not be negative")
-	case c.ServeGridRetries < 0:
-		return bad("serve-grid-retries", itoa(c.ServeGridRetries), "must not be negative")
-	case c.ServeGridRetryWait < 0:
-		return bad("serve-grid-retry-wait", c.ServeGridRetryWait.String(), "must not be negative")
-	case c.Model == "" && c.ServeLayout != "local":
-		return bad("serve-layout", c.ServeLayout, "needs --model and --http-addr (the completions API whose KV pages it places)")
-	case c.Model == "" && (c.ServeCP != 1 || c.ServeTP != 1):
-		return bad("serve-cp", itoa(c.ServeCP), "--serve-cp %d x --serve-tp %d needs --model and --http-addr (the completions API it lays out)", c.ServeCP, c.ServeTP)
-	case c.ServeLayout == "device" && c.Backend != "cuda":
-		return bad("serve-layout", c.ServeLayout, "needs --backend cuda (the device executor runs on a GPU)")
-	case c.ServeLayout == "device" && (c.ServeCP != 1 || c.ServeTP != 1):
-		return bad("serve-layout", c.ServeLayout, "runs one rank: not with --serve-cp %d x --serve-tp %d", c.ServeCP, c.ServeTP)
-	case c.ServeLayout == "device" && c.MonitorRate > 0:
-		return bad("serve-layout", c.ServeLayout, "not with --monitor-rate (the monitor replays every layer's q and k, which stay on the GPU)")
-	case c.ServeLayout == "cluster" && c.servePagesPerRank() > c.hostPages():
-		return bad("serve-capacity-pages", itoa(c.servePages()), "with --serve-layout cluster every rank of the served grid reserves %d pages (plus --monitor-queue with --monitor-rate), more than this node's --max-pages %d", c.servePagesPerRank(), c.hostPages())
-	case c.MonitorQueue < 1:
-		return bad("monitor-queue", itoa(c.MonitorQueue), "must be at least 1")
-	case c.RequestHistory < 0:
-		return bad("request-history", itoa(c.RequestHistory), "must not be negative")
-	case c.HTTPMaxConns < 1 || c.HTTPMaxConns > maxHTTPConns:
-		return bad("http-max-conns", itoa(c.HTTPMaxConns), "want 1..%d connections per HTTP server", maxHTTPConns)
-	case c.HTTPReadHeaderTimeout <= 0:
-		return bad("http-read-header-timeout", c.HTTPReadHeaderTimeout.String(), "must be positive (a silent connection would be held forever)")
-	case c.HTTPIdleTimeout <= 0:
-		return bad("http-idle-timeout", c.HTTPIdleTimeout.String(), "must be positive (an idle connection would be held forever)")
+	return nil
+}
+
+// checkPositive reports the first duration of ds that is not positive.
+func checkPositive(ds ...durBound) error {
+	for _, d := range ds {
+		if d.v <= 0 {
+			return bad(d.flag, d.v.String(), "must be positive")
+		}
 	}
-	if err := c.httpServer().Validate(); err != nil {
-		// Not reached for configs that passed the checks above.
-		return fmt.Errorf("questd: %w", err)
+	return nil
+}
+
+// Validate reports the first setting of the group that breaks its rule,
+// as `--flag "value": why`.
+func (n NodeConfig) Validate() error {
+	if err := checkMember(func(m *cluster.MemberConfig) { m.Name = n.Name }); err != nil {
+		if n.Name == "" {
+			return bad("name", n.Name, "empty (the host name is unknown: set --name)")
+		}
+		return bad("name", n.Name, "want 1 to 128 bytes of letters, digits, '.', '-' and '_'")
 	}
-	if c.HTTPAddr != "" {
-		if _, _, err := splitAddr("http-addr", c.HTTPAddr); err != nil {
+	grpcHost, _, err := splitAddr("grpc-addr", n.GRPCAddr)
+	if err != nil {
+		return err
+	}
+	if n.Advertise != "" {
+		a, err := netip.ParseAddr(n.Advertise)
+		switch {
+		case err != nil:
+			return bad("advertise", n.Advertise, "not an IP address")
+		case a.IsUnspecified():
+			return bad("advertise", n.Advertise, "unspecified: want the address other nodes reach this node at")
+		}
+	} else if unspecified(grpcHost) {
+		return bad("grpc-addr", n.GRPCAddr, "listens on every interface: set --advertise to the address other nodes reach this node at")
+	}
+	if n.GRPCAdvertise != "" {
+		switch h, p, err := splitAddr("grpc-advertise", n.GRPCAdvertise); {
+		case err != nil:
+			return err
+		case unspecified(h):
+			return bad("grpc-advertise", n.GRPCAdvertise, "unspecified host: want the address other nodes reach this node's gRPC API at")
+		case p == 0:
+			return bad("grpc-advertise", n.GRPCAdvertise, "port 0: want the port other nodes dial")
+		}
+	}
+	if n.MetricsAddr != "" {
+		if _, _, err := splitAddr("metrics-addr", n.MetricsAddr); err != nil {
 			return err
 		}
 	}
+	if err := checkDurations(durBound{"drain-timeout", n.DrainTimeout, time.Hour}, durBound{"grid-idle-timeout", n.GridIdle, 168 * time.Hour}); err != nil {
+		return err
+	}
 	switch {
-	case (c.HTTPTLSCert == "") != (c.HTTPTLSKey == ""):
-		return bad("http-tls-cert", c.HTTPTLSCert, "HTTPS needs both --http-tls-cert and --http-tls-key")
-	case c.HTTPTLSCert != "" && c.HTTPAddr == "":
-		return bad("http-tls-cert", c.HTTPTLSCert, "needs --http-addr (the completions API it secures)")
-	case len(c.AllowedOrigins) > 0 && c.HTTPAddr == "":
-		return bad("allowed-origins", strings.Join(c.AllowedOrigins, ","), "needs --http-addr (the completions API browsers call)")
+	case n.DrainTimeout < 0:
+		return bad("drain-timeout", n.DrainTimeout.String(), "must not be negative")
+	case n.GridIdle < 0:
+		return bad("grid-idle-timeout", n.GridIdle.String(), "must not be negative (0 keeps grids open)")
 	}
-	for _, o := range c.AllowedOrigins {
-		if err := checkOrigin(o); err != nil {
-			return bad("allowed-origins", o, "%v", err)
-		}
+	return nil
+}
+
+// Validate reports the first setting of the group that breaks its rule,
+// as `--flag "value": why`: the addresses, the label, the keys and the
+// failure-detection timing (cluster.MemberConfig's rules).
+func (m MembershipConfig) Validate() error {
+	if _, _, err := splitAddr("gossip-addr", m.GossipAddr); err != nil {
+		return err
 	}
-	if c.MetricsAddr != "" {
-		if _, _, err := splitAddr("metrics-addr", c.MetricsAddr); err != nil {
-			return err
-		}
-	}
-	if c.Advertise == "" && !unspecified(gossipHost) && gossipHost != grpcHost {
-		return bad("gossip-addr", c.GossipAddr, "binds %s but the node advertises %s, the host of --grpc-addr (bind both to one address, or set --advertise)", gossipHost, grpcHost)
-	}
-	if adv, err := netip.ParseAddr(c.advertiseHost()); err == nil && !adv.IsLoopback() {
-		for _, l := range []struct{ flag, addr, host string }{{"grpc-addr", c.GRPCAddr, grpcHost}, {"gossip-addr", c.GossipAddr, gossipHost}} {
-			if h, err := netip.ParseAddr(l.host); err == nil && h.IsLoopback() {
-				return bad(l.flag, l.addr, "binds a loopback address, which other nodes cannot reach at --advertise %s", adv)
-			}
-		}
-	}
-	for _, j := range c.Join {
+	for _, j := range m.Join {
 		h, p, err := net.SplitHostPort(j)
 		if err != nil || h == "" {
 			return bad("join", j, "want host:port")
@@ -230,131 +139,376 @@ func (c Config) Validate() error {
 			return bad("join", j, "port %q: want 1-65535", p)
 		}
 	}
-	if err := checkMember(func(m *cluster.MemberConfig) { m.Label = c.ClusterLabel }); err != nil {
-		return bad("cluster-label", c.ClusterLabel, "%d bytes, limit 255", len(c.ClusterLabel))
+	if err := checkMember(func(c *cluster.MemberConfig) { c.Label = m.Label }); err != nil {
+		return bad("cluster-label", m.Label, "%d bytes, limit 255", len(m.Label))
 	}
-	for i, k := range c.GossipKeys {
-		if err := checkMember(func(m *cluster.MemberConfig) { m.SecretKeys = [][]byte{k} }); err != nil {
-			return bad("gossip-key-file", c.GossipKeyFile, "key %d is %d bytes: want 16, 24 or 32", i+1, len(k))
+	for i, k := range m.Keys {
+		if err := checkMember(func(c *cluster.MemberConfig) { c.SecretKeys = [][]byte{k} }); err != nil {
+			return bad("gossip-key-file", m.KeyFile, "key %d is %d bytes: want 16, 24 or 32", i+1, len(k))
 		}
 	}
+	timing := []durBound{
+		{"probe-interval", m.ProbeInterval, time.Minute}, {"probe-timeout", m.ProbeTimeout, time.Minute},
+		{"gossip-interval", m.GossipInterval, time.Minute}, {"dead-node-reclaim", m.DeadNodeReclaim, time.Hour},
+	}
+	if err := checkDurations(timing...); err != nil {
+		return err
+	}
+	switch {
+	case m.SuspicionMult < 1:
+		return bad("suspicion-mult", strconv.Itoa(m.SuspicionMult), "must be at least 1")
+	case m.SuspicionMult > 100:
+		return bad("suspicion-mult", strconv.Itoa(m.SuspicionMult), "want 1..%d", 100)
+	}
+	if err := checkPositive(timing...); err != nil {
+		return err
+	}
+	if m.ProbeTimeout >= m.ProbeInterval {
+		return bad("probe-timeout", m.ProbeTimeout.String(), "must be below --probe-interval %v", m.ProbeInterval)
+	}
+	return nil
+}
 
-	tls := []struct{ flag, v string }{{"tls-cert", c.TLSCert}, {"tls-key", c.TLSKey}, {"tls-ca", c.TLSCA}}
+// Validate reports whether mutual TLS is all or nothing: the three files
+// unless Plaintext, none with it.
+func (s SecurityConfig) Validate() error {
+	tls := []struct{ flag, v string }{{"tls-cert", s.TLSCert}, {"tls-key", s.TLSKey}, {"tls-ca", s.TLSCA}}
 	for _, t := range tls {
 		switch {
-		case c.Plaintext && t.v != "":
+		case s.Plaintext && t.v != "":
 			return bad("insecure", "true", "conflicts with --%s %q: choose TLS or --insecure (--plaintext)", t.flag, t.v)
-		case !c.Plaintext && t.v == "":
+		case !s.Plaintext && t.v == "":
 			return bad(t.flag, t.v, "mutual TLS needs --tls-cert, --tls-key and --tls-ca (or --insecure to run without TLS)")
 		}
 	}
+	return nil
+}
 
-	// Geometry and failure-detection bounds, checked before anything is
-	// sized from them (a head dimension of 1e9 would otherwise size
-	// buffers past any memory).
-	for _, g := range []struct {
+// Validate reports the first setting of the group that breaks its rule:
+// bounds checked before anything is sized from them (a head dimension
+// of 1e9 would otherwise size buffers past any memory), and the heads'
+// divisibility.
+func (g GridConfig) Validate() error {
+	for _, r := range []struct {
 		flag   string
 		v, max int
 	}{
-		{"layers", c.Layers, 1024}, {"q-heads", c.QHeads, 1024}, {"kv-heads", c.KVHeads, 1024}, {"head-dim", c.HeadDim, 1024},
-		{"page-size", c.PageSize, 1 << 16}, {"cp", c.CP, 4096}, {"tp", c.TP, 1024}, {"capacity-pages", c.CapacityPages, math.MaxInt},
-		{"block-pages", c.BlockPages, 1 << 20}, {"suspicion-mult", c.SuspicionMult, 100},
+		{"layers", g.Layers, 1024}, {"q-heads", g.QHeads, 1024}, {"kv-heads", g.KVHeads, 1024}, {"head-dim", g.HeadDim, 1024},
+		{"page-size", g.PageSize, 1 << 16}, {"cp", g.CP, 4096}, {"tp", g.TP, 1024}, {"capacity-pages", g.CapacityPages, math.MaxInt},
+		{"block-pages", g.BlockPages, 1 << 20},
 	} {
-		if g.v < 1 {
-			return bad(g.flag, itoa(g.v), "must be at least 1")
+		if r.v < 1 {
+			return bad(r.flag, strconv.Itoa(r.v), "must be at least 1")
 		}
-		if g.v > g.max {
-			return bad(g.flag, itoa(g.v), "want 1..%d", g.max)
+		if r.v > r.max {
+			return bad(r.flag, strconv.Itoa(r.v), "want 1..%d", r.max)
 		}
 	}
 	switch {
-	case c.KVHeads%c.TP != 0:
-		return bad("kv-heads", itoa(c.KVHeads), "not divisible by --tp %d", c.TP)
-	case c.QHeads%c.KVHeads != 0:
-		return bad("q-heads", itoa(c.QHeads), "not a multiple of --kv-heads %d", c.KVHeads)
-	case c.CapacityPages > plan.MaxPages:
-		return bad("capacity-pages", itoa(c.CapacityPages), "more than %d", plan.MaxPages)
-	case c.BudgetTokens < c.PageSize:
-		return bad("budget-tokens", itoa(c.BudgetTokens), "below one page (--page-size %d)", c.PageSize)
-	case c.SinkPages < 0:
-		return bad("sink-pages", itoa(c.SinkPages), "must not be negative")
-	case c.LocalPages < 0:
-		return bad("local-pages", itoa(c.LocalPages), "must not be negative")
-	case c.Selector != plan.Dense && c.SinkPages+c.LocalPages > c.BudgetTokens/c.PageSize:
-		return bad("sink-pages", itoa(c.SinkPages), "plus --local-pages %d forced pages exceed K = %d pages (--budget-tokens %d / --page-size %d, forced pages included)",
-			c.LocalPages, c.BudgetTokens/c.PageSize, c.BudgetTokens, c.PageSize)
-	case c.DenseLayers < 0:
-		return bad("dense-layers", itoa(c.DenseLayers), "must not be negative")
-	case c.Selection == plan.Replicated && c.Selector != plan.Quest && c.Selector != plan.Dense:
-		return bad("selection", c.Selection.String(), "needs --selector quest or dense, not %v", c.Selector)
+	case g.KVHeads%g.TP != 0:
+		return bad("kv-heads", strconv.Itoa(g.KVHeads), "not divisible by --tp %d", g.TP)
+	case g.QHeads%g.KVHeads != 0:
+		return bad("q-heads", strconv.Itoa(g.QHeads), "not a multiple of --kv-heads %d", g.KVHeads)
+	case g.CapacityPages > plan.MaxPages:
+		return bad("capacity-pages", strconv.Itoa(g.CapacityPages), "more than %d", plan.MaxPages)
+	case g.StepTimeout > time.Hour:
+		return bad("step-timeout", g.StepTimeout.String(), "want at most %v", time.Hour)
+	case g.StepTimeout <= 0:
+		return bad("step-timeout", g.StepTimeout.String(), "must be positive")
+	}
+	return nil
+}
+
+// Validate reports the first setting of the group that breaks its rule;
+// the rules against the page size are [Config.Validate]'s.
+func (p PolicyConfig) Validate() error {
+	if err := checkRanges(
+		intRange{"budget-tokens", p.BudgetTokens, 1, 1 << 30, " (and at least --page-size)"},
+		intRange{"dense-layers", p.DenseLayers, 0, 1024, ""},
+	); err != nil {
+		return err
+	}
+	switch {
+	case p.SinkPages < 0:
+		return bad("sink-pages", strconv.Itoa(p.SinkPages), "must not be negative")
+	case p.LocalPages < 0:
+		return bad("local-pages", strconv.Itoa(p.LocalPages), "must not be negative")
+	case p.Selection == plan.Replicated && p.Selector != plan.Quest && p.Selector != plan.Dense:
+		return bad("selection", p.Selection.String(), "needs --selector quest or dense, not %v", p.Selector)
+	}
+	return nil
+}
+
+// Validate reports the first setting of the group that breaks its rule:
+// cuda needs a -tags cuda build, the devices and a storage type other
+// than bf16 need cuda, fp8 is not served.
+func (d DeviceConfig) Validate() error {
+	switch {
+	case d.Backend == "cuda" && !cudaBuild:
+		return bad("backend", "cuda", "needs a questd built with -tags cuda (README: building for a GPU host)")
+	case len(d.Ordinals) > 0 && d.Backend != "cuda":
+		return bad("devices", joinInts(d.Ordinals), "needs --backend cuda")
+	case d.KVCacheDType == plan.FP8:
+		return bad("kv-cache-dtype", "fp8", "not served yet: the CUDA backend decodes fp8 pages (questctl bench decode --kv-cache-dtype fp8), but questd's serving paths (GPU prefill, offload slots, remote workers) do not take them, and its CPU grids store f32")
+	case d.KVCacheDType != plan.BFloat16 && d.Backend != "cuda":
+		return bad("kv-cache-dtype", d.KVCacheDType.String(), "needs --backend cuda (the CPU backend stores f32)")
+	}
+	return nil
+}
+
+// Validate reports the first setting of the group that breaks its rule;
+// MaxPages against the grid's pool is [Config.Validate]'s.
+func (c CapacityConfig) Validate() error {
+	switch {
+	case c.MaxPages > 1<<40:
+		return bad("max-pages", strconv.Itoa(c.MaxPages), "want 0 (8 x --capacity-pages) or --capacity-pages..%d", int64(1)<<40)
 	case c.MaxPages < 0:
-		return bad("max-pages", itoa(c.MaxPages), "must not be negative (0: 8 x --capacity-pages)")
-	case c.MaxPages > 0 && c.MaxPages < c.CapacityPages:
-		return bad("max-pages", itoa(c.MaxPages), "below --capacity-pages %d: a node hosts whole ranks", c.CapacityPages)
+		return bad("max-pages", strconv.Itoa(c.MaxPages), "must not be negative (0: 8 x --capacity-pages)")
 	case c.MaxMemory < memlimit.NoLimit:
 		return bad("max-memory", strconv.FormatInt(c.MaxMemory, 10), "want bytes, auto or none")
-	case c.DeviceBudgetPages < 0:
-		return bad("device-budget-pages", itoa(c.DeviceBudgetPages), "must not be negative (0: offload off)")
-	case c.DeviceBudgetPages > c.CapacityPages:
-		return bad("device-budget-pages", itoa(c.DeviceBudgetPages), "above --capacity-pages %d", c.CapacityPages)
-	case c.Eviction != pagestore.EvictLRU && c.Eviction != pagestore.EvictScore:
-		return bad("eviction", c.Eviction.String(), "want lru or score")
-	case c.PrefetchPages < 0:
-		return bad("prefetch-pages", itoa(c.PrefetchPages), "must not be negative (0: off)")
-	case c.PrefetchPages > c.CapacityPages:
-		return bad("prefetch-pages", itoa(c.PrefetchPages), "above --capacity-pages %d", c.CapacityPages)
-	case c.PrefetchPages > 0 && c.DeviceBudgetPages == 0:
-		return bad("prefetch-pages", itoa(c.PrefetchPages), "needs --device-budget-pages (prefetch needs offload)")
-	case c.PrefetchCrossLayer && c.PrefetchPages == 0:
+	}
+	return nil
+}
+
+// Validate reports the first setting of the group that breaks its rule;
+// the bounds against the grid's pool are [Config.validateOffloadPool]'s.
+func (o OffloadConfig) Validate() error {
+	switch {
+	case o.DeviceBudgetPages < 0:
+		return bad("device-budget-pages", strconv.Itoa(o.DeviceBudgetPages), "must not be negative (0: offload off)")
+	case o.Eviction != pagestore.EvictLRU && o.Eviction != pagestore.EvictScore:
+		return bad("eviction", o.Eviction.String(), "want lru or score")
+	case o.PrefetchPages < 0:
+		return bad("prefetch-pages", strconv.Itoa(o.PrefetchPages), "must not be negative (0: off)")
+	case o.PrefetchPages > 0 && o.DeviceBudgetPages == 0:
+		return bad("prefetch-pages", strconv.Itoa(o.PrefetchPages), "needs --device-budget-pages (prefetch needs offload)")
+	case o.PrefetchCrossLayer && o.PrefetchPages == 0:
 		return bad("prefetch-cross-layer", "true", "needs --prefetch-pages")
-	case c.SyncInterval <= 0:
-		return bad("sync-interval", c.SyncInterval.String(), "must be positive")
-	case c.DataDir != "" && c.Selection == plan.Replicated:
-		return bad("data-dir", c.DataDir, "not with --selection replicated (its summary mirrors are not persisted)")
-	case c.Backend == "cuda" && !cudaBuild:
-		return bad("backend", "cuda", "needs a questd built with -tags cuda (README: building for a GPU host)")
-	case c.DataDir != "" && c.Backend == "cuda":
-		return bad("data-dir", c.DataDir, "not with --backend cuda (pages in GPU memory do not persist)")
-	case len(c.Devices) > 0 && c.Backend != "cuda":
-		return bad("devices", joinInts(c.Devices), "needs --backend cuda")
-	case c.KVCacheDType == plan.FP8:
-		return bad("kv-cache-dtype", "fp8", "not served yet: the CUDA backend decodes fp8 pages (questctl bench decode --kv-cache-dtype fp8), but questd's serving paths (GPU prefill, offload slots, remote workers) do not take them, and its CPU grids store f32")
-	case c.KVCacheDType != plan.BFloat16 && c.Backend != "cuda":
-		return bad("kv-cache-dtype", c.KVCacheDType.String(), "needs --backend cuda (the CPU backend stores f32)")
+	}
+	return nil
+}
+
+// Validate reports the first setting of the group that breaks its rule;
+// DataDir against the selection mode and the backend is
+// [Config.Validate]'s.
+func (s StorageConfig) Validate() error {
+	switch {
+	case s.SyncInterval > time.Hour:
+		return bad("sync-interval", s.SyncInterval.String(), "want at most %v", time.Hour)
+	case s.SyncInterval <= 0:
+		return bad("sync-interval", s.SyncInterval.String(), "must be positive")
+	}
+	return nil
+}
+
+// Validate reports the first setting of the group that breaks its rule:
+// sizes and counts checked before anything is sized from them (a
+// --monitor-queue of 1e12 made a channel the runtime cannot allocate),
+// the model and its address together, HTTPS and CORS. The rules against
+// the backend and the node's pool are [Config.Validate]'s.
+func (s ServeConfig) Validate() error {
+	itoa := strconv.Itoa
+	if err := checkRanges(
+		intRange{"max-running", s.MaxRunning, 1, 1 << 16, ""},
+		intRange{"max-queued", s.MaxQueued, 0, 1 << 20, ""},
+		intRange{"max-model-len", s.MaxModelLen, 0, 1 << 30, " (0: the model's)"},
+		intRange{"prefill-chunk-tokens", s.PrefillChunk, 1, 1 << 20, ""},
+		intRange{"serve-policy-grids", s.PolicyGrids, 0, 64, ""},
+		intRange{"serve-grid-retries", s.GridRetries, 0, 100, ""},
+		intRange{"monitor-queue", s.MonitorQueue, 1, 1 << 16, ""},
+		intRange{"request-history", s.RequestHistory, 0, 1 << 16, ""},
+	); err != nil {
+		return err
+	}
+	if s.MaxBatchedTokens > 1<<22 {
+		return bad("max-batched-tokens", itoa(s.MaxBatchedTokens), "want 0 (--prefill-chunk-tokens plus --max-running) or --max-running..%d", 1<<22)
+	}
+	if err := checkDurations(
+		durBound{"request-timeout", s.RequestTimeout, 168 * time.Hour}, durBound{"sse-keepalive", s.SSEKeepAlive, time.Hour},
+		durBound{"log-stats-interval", s.LogStatsInterval, time.Hour},
+		durBound{"serve-grid-retry-wait", s.GridRetryWait, time.Hour},
+	); err != nil {
+		return err
+	}
+	switch {
+	case s.Model != "" && s.Addr == "":
+		return bad("model", s.Model, "needs --http-addr (where the completions API listens)")
+	case s.Addr != "" && s.Model == "":
+		return bad("http-addr", s.Addr, "needs --model (the checkpoint to serve)")
+	case s.MaxRequestBytes < 1 || s.MaxRequestBytes > 1<<30:
+		return bad("max-request-bytes", itoa(s.MaxRequestBytes), "want 1..1073741824")
+	case s.RequestTimeout < 0:
+		return bad("request-timeout", s.RequestTimeout.String(), "must not be negative")
+	case s.SSEKeepAlive < 0 || (s.SSEKeepAlive > 0 && s.SSEKeepAlive < 100*time.Millisecond):
+		return bad("sse-keepalive", s.SSEKeepAlive.String(), "want 0 (never) or at least 100ms")
+	case s.LogStatsInterval < 0 || (s.LogStatsInterval > 0 && s.LogStatsInterval < time.Second):
+		return bad("log-stats-interval", s.LogStatsInterval.String(), "want 0 (off) or at least 1s")
+	case s.DefaultMaxTokens < 1 && s.DefaultMaxTokens != completion.RestOfContext:
+		return bad("default-max-tokens", itoa(s.DefaultMaxTokens), "want at least 1, or -1 (the rest of --max-model-len after the prompt)")
+	case s.MaxModelLen > 0 && s.DefaultMaxTokens > s.MaxModelLen:
+		return bad("default-max-tokens", itoa(s.DefaultMaxTokens), "above --max-model-len %d (no request could use it)", s.MaxModelLen)
+	case s.MaxBatchedTokens < 0:
+		return bad("max-batched-tokens", itoa(s.MaxBatchedTokens), "want 0 (--prefill-chunk-tokens plus --max-running) or at least --max-running %d", s.MaxRunning)
+	case s.MaxBatchedTokens > 0 && s.MaxBatchedTokens < s.MaxRunning:
+		return bad("max-batched-tokens", itoa(s.MaxBatchedTokens), "want at least --max-running %d (a decode token for each running sequence, and a prompt token left) or 0", s.MaxRunning)
+	case s.CapacityPages < 0 || s.CapacityPages > plan.MaxPages:
+		return bad("serve-capacity-pages", itoa(s.CapacityPages), "want 0 (sized from memory) or 1..%d", plan.MaxPages)
+	case s.PrefixCachePages < 0 || (s.pages() > 0 && s.PrefixCachePages > s.pages()):
+		return bad("prefix-cache-pages", itoa(s.PrefixCachePages), "want 0 (what the pool leaves free) to --serve-capacity-pages %d", s.pages())
+	case s.CP < 1 || s.CP > 64:
+		return bad("serve-cp", itoa(s.CP), "want 1..64")
+	case s.TP < 1 || s.TP > 64:
+		return bad("serve-tp", itoa(s.TP), "want 1..64")
+	case s.GridRetryWait < 0:
+		return bad("serve-grid-retry-wait", s.GridRetryWait.String(), "must not be negative")
+	case s.Model == "" && s.Layout != "local":
+		return bad("serve-layout", s.Layout, "needs --model and --http-addr (the completions API whose KV pages it places)")
+	case s.Model == "" && (s.CP != 1 || s.TP != 1):
+		return bad("serve-cp", itoa(s.CP), "--serve-cp %d x --serve-tp %d needs --model and --http-addr (the completions API it lays out)", s.CP, s.TP)
+	case s.Layout == "device" && (s.CP != 1 || s.TP != 1):
+		return bad("serve-layout", s.Layout, "runs one rank: not with --serve-cp %d x --serve-tp %d", s.CP, s.TP)
+	case s.Layout == "device" && s.MonitorRate > 0:
+		return bad("serve-layout", s.Layout, "not with --monitor-rate (the monitor replays every layer's q and k, which stay on the GPU)")
+	}
+	if s.Addr != "" {
+		if _, _, err := splitAddr("http-addr", s.Addr); err != nil {
+			return err
+		}
+	}
+	switch {
+	case (s.TLSCert == "") != (s.TLSKey == ""):
+		return bad("http-tls-cert", s.TLSCert, "HTTPS needs both --http-tls-cert and --http-tls-key")
+	case s.TLSCert != "" && s.Addr == "":
+		return bad("http-tls-cert", s.TLSCert, "needs --http-addr (the completions API it secures)")
+	case len(s.AllowedOrigins) > 0 && s.Addr == "":
+		return bad("allowed-origins", strings.Join(s.AllowedOrigins, ","), "needs --http-addr (the completions API browsers call)")
+	}
+	for _, o := range s.AllowedOrigins {
+		if err := checkOrigin(o); err != nil {
+			return bad("allowed-origins", o, "%v", err)
+		}
+	}
+	return nil
+}
+
+// Validate reports the first bound of the group that breaks its rule,
+// then the HTTP server config built from it (httpServerConfig.Validate).
+func (h HTTPConfig) Validate() error {
+	if err := checkDurations(
+		durBound{"http-read-header-timeout", h.ReadHeaderTimeout, time.Hour}, durBound{"http-idle-timeout", h.IdleTimeout, 24 * time.Hour},
+	); err != nil {
+		return err
+	}
+	switch {
+	case h.MaxConns < 1 || h.MaxConns > maxHTTPConns:
+		return bad("http-max-conns", strconv.Itoa(h.MaxConns), "want 1..%d connections per HTTP server", maxHTTPConns)
+	case h.ReadHeaderTimeout <= 0:
+		return bad("http-read-header-timeout", h.ReadHeaderTimeout.String(), "must be positive (a silent connection would be held forever)")
+	case h.IdleTimeout <= 0:
+		return bad("http-idle-timeout", h.IdleTimeout.String(), "must be positive (an idle connection would be held forever)")
+	}
+	if err := h.server().Validate(); err != nil {
+		// Not reached for configs that passed the checks above.
+		return fmt.Errorf("questd: %w", err)
+	}
+	return nil
+}
+
+// Validate reports a log format or level questd does not write.
+func (l LogConfig) Validate() error {
+	if l.Format != "text" && l.Format != "json" {
+		return bad("log-format", l.Format, "want text or json")
+	}
+	if _, err := parseLogLevel(strings.ToLower(l.Level.String())); err != nil {
+		return bad("log-level", l.Level.String(), "want debug, info, warn or error")
+	}
+	return nil
+}
+
+// Validate reports the first setting that breaks its rule, as
+// `--flag "value": why`: each group's Validate, then the rules across
+// groups, then the cross checks of engine.Config.Validate and
+// cluster.MemberConfig.Validate. The groups go in the order the flat
+// config checked their flags in (the node, the policy's bounds, serving
+// and HTTP before membership, TLS and the grid), so that a config with
+// two bad settings mostly reports the one it reported before. It does no
+// I/O (the files are read by loadConfig and main).
+func (c Config) Validate() error {
+	for _, g := range []interface{ Validate() error }{
+		c.Node, c.Policy, c.Serve, c.HTTP, c.Membership, c.Security, c.Grid,
+		c.Capacity, validator(c.validateOffloadPool), c.Offload, c.Storage, c.Devices, c.Log,
+	} {
+		if err := g.Validate(); err != nil {
+			return err
+		}
+	}
+	if err := c.validateAcross(); err != nil {
+		return err
 	}
 	if err := c.engineConfig().Validate(); err != nil {
 		// Not reached for configs that passed the checks above, unless
 		// engine gains a rule: report it as it comes.
 		return fmt.Errorf("questd: %w", err)
 	}
-
-	for _, d := range []struct {
-		flag string
-		v    time.Duration
-	}{
-		{"step-timeout", c.StepTimeout}, {"probe-interval", c.ProbeInterval},
-		{"probe-timeout", c.ProbeTimeout}, {"gossip-interval", c.GossipInterval},
-		{"dead-node-reclaim", c.DeadNodeReclaim},
-	} {
-		if d.v <= 0 {
-			return bad(d.flag, d.v.String(), "must be positive")
-		}
-	}
-	switch {
-	case c.ProbeTimeout >= c.ProbeInterval:
-		return bad("probe-timeout", c.ProbeTimeout.String(), "must be below --probe-interval %v", c.ProbeInterval)
-	case c.DrainTimeout < 0:
-		return bad("drain-timeout", c.DrainTimeout.String(), "must not be negative")
-	case c.GridIdle < 0:
-		return bad("grid-idle-timeout", c.GridIdle.String(), "must not be negative (0 keeps grids open)")
-	case c.LogFormat != "text" && c.LogFormat != "json":
-		return bad("log-format", c.LogFormat, "want text or json")
-	}
-	if _, err := parseLogLevel(strings.ToLower(c.LogLevel.String())); err != nil {
-		return bad("log-level", c.LogLevel.String(), "want debug, info, warn or error")
-	}
 	if err := c.memberConfig().Validate(); err != nil {
 		return fmt.Errorf("questd: %w", err)
+	}
+	return nil
+}
+
+// validator is a func as a Validate method.
+type validator func() error
+
+func (v validator) Validate() error { return v() }
+
+// validateOffloadPool checks the offload group's pages against the
+// grid's pool, before the group's own rules: a --prefetch-pages above
+// --capacity-pages is reported as such, not as needing
+// --device-budget-pages.
+func (c Config) validateOffloadPool() error {
+	o, capacity := c.Offload, c.Grid.CapacityPages
+	switch {
+	case o.DeviceBudgetPages > capacity:
+		return bad("device-budget-pages", strconv.Itoa(o.DeviceBudgetPages), "above --capacity-pages %d", capacity)
+	case o.PrefetchPages > capacity:
+		return bad("prefetch-pages", strconv.Itoa(o.PrefetchPages), "above --capacity-pages %d", capacity)
+	}
+	return nil
+}
+
+// validateAcross checks the rules that tie settings of two groups
+// together.
+func (c Config) validateAcross() error {
+	itoa := strconv.Itoa
+	grpcHost, _, _ := splitAddr("grpc-addr", c.Node.GRPCAddr)
+	gossipHost, _, _ := splitAddr("gossip-addr", c.Membership.GossipAddr)
+	if c.Node.Advertise == "" && !unspecified(gossipHost) && gossipHost != grpcHost {
+		return bad("gossip-addr", c.Membership.GossipAddr, "binds %s but the node advertises %s, the host of --grpc-addr (bind both to one address, or set --advertise)", gossipHost, grpcHost)
+	}
+	if adv, err := netip.ParseAddr(c.advertiseHost()); err == nil && !adv.IsLoopback() {
+		for _, l := range []struct{ flag, addr, host string }{{"grpc-addr", c.Node.GRPCAddr, grpcHost}, {"gossip-addr", c.Membership.GossipAddr, gossipHost}} {
+			if h, err := netip.ParseAddr(l.host); err == nil && h.IsLoopback() {
+				return bad(l.flag, l.addr, "binds a loopback address, which other nodes cannot reach at --advertise %s", adv)
+			}
+		}
+	}
+	p, g := c.Policy, c.Grid
+	switch {
+	case p.BudgetTokens < g.PageSize:
+		return bad("budget-tokens", itoa(p.BudgetTokens), "below one page (--page-size %d)", g.PageSize)
+	case p.Selector != plan.Dense && p.SinkPages+p.LocalPages > p.BudgetTokens/g.PageSize:
+		return bad("sink-pages", itoa(p.SinkPages), "plus --local-pages %d forced pages exceed K = %d pages (--budget-tokens %d / --page-size %d, forced pages included)",
+			p.LocalPages, p.BudgetTokens/g.PageSize, p.BudgetTokens, g.PageSize)
+	case c.Capacity.MaxPages > 0 && c.Capacity.MaxPages < g.CapacityPages:
+		return bad("max-pages", itoa(c.Capacity.MaxPages), "below --capacity-pages %d: a node hosts whole ranks", g.CapacityPages)
+	case c.Storage.DataDir != "" && p.Selection == plan.Replicated:
+		return bad("data-dir", c.Storage.DataDir, "not with --selection replicated (its summary mirrors are not persisted)")
+	case c.Storage.DataDir != "" && c.Devices.Backend == "cuda":
+		return bad("data-dir", c.Storage.DataDir, "not with --backend cuda (pages in GPU memory do not persist)")
+	case c.Serve.Layout == "device" && c.Devices.Backend != "cuda":
+		return bad("serve-layout", c.Serve.Layout, "needs --backend cuda (the device executor runs on a GPU)")
+	case c.Serve.Layout == "cluster" && c.servePagesPerRank() > c.hostPages():
+		return bad("serve-capacity-pages", itoa(c.servePages()), "with --serve-layout cluster every rank of the served grid reserves %d pages (plus --monitor-queue with --monitor-rate), more than this node's --max-pages %d", c.servePagesPerRank(), c.hostPages())
 	}
 	return nil
 }

@@ -75,6 +75,7 @@ func TestValidateNamesFlag(t *testing.T) {
 		{[]string{"--device-budget-pages", "64", "--prefetch-pages", "-1"}, `--prefetch-pages "-1": must not be negative`},
 		{[]string{"--device-budget-pages", "64", "--prefetch-pages", "2000"}, `--prefetch-pages "2000": above --capacity-pages 1024`},
 		{[]string{"--prefetch-pages", "8"}, `--prefetch-pages "8": needs --device-budget-pages`},
+		{[]string{"--prefetch-pages", "2000"}, `--prefetch-pages "2000": above --capacity-pages 1024`},
 		{[]string{"--device-budget-pages", "64", "--prefetch-cross-layer"}, `--prefetch-cross-layer "true": needs --prefetch-pages`},
 		{[]string{"--prefetch-cross-layer=maybe"}, `--prefetch-cross-layer "maybe": not true or false`},
 		{[]string{"--step-timeout", "0s"}, `--step-timeout "0s": must be positive`},
@@ -118,7 +119,7 @@ func TestValidateNamesFlag(t *testing.T) {
 			t.Errorf("%q: err %v, want %q", tc.args, err, tc.want)
 		}
 	}
-	if c, err := load(t, nil, "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-ca", "ca.pem"); err != nil || c.Plaintext {
+	if c, err := load(t, nil, "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-ca", "ca.pem"); err != nil || c.Security.Plaintext {
 		t.Errorf("all three TLS files: %v", err)
 	}
 

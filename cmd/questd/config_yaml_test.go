@@ -84,8 +84,8 @@ plaintext: true
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Name != "n-1" || c.GRPCAddr != "10.0.0.5:7070" || c.MaxMemory != 0 || c.Selection != plan.Union ||
-		c.LogLevel != slog.LevelDebug || c.DrainTimeout != time.Minute || !slices.Equal(c.Join, []string{"10.0.0.6:7946"}) {
+	if c.Node.Name != "n-1" || c.Node.GRPCAddr != "10.0.0.5:7070" || c.Capacity.MaxMemory != 0 || c.Policy.Selection != plan.Union ||
+		c.Log.Level != slog.LevelDebug || c.Node.DrainTimeout != time.Minute || !slices.Equal(c.Membership.Join, []string{"10.0.0.6:7946"}) {
 		t.Errorf("all kinds: %+v", c)
 	}
 }

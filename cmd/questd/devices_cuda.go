@@ -21,14 +21,14 @@ const cudaBuild = true
 // them is the caller's, after the node stopped. (Without a driver or a
 // GPU the process never gets here: gorgonia.org/cu's init exits.)
 func openDevices(cfg Config, log *slog.Logger) ([]node.Device, func(), error) {
-	if cfg.Backend != "cuda" {
+	if cfg.Devices.Backend != "cuda" {
 		return nil, func() {}, nil
 	}
 	n, err := cu.NumDevices()
 	if err != nil {
 		return nil, nil, fmt.Errorf("questd: count GPUs: %w", err)
 	}
-	ords := cfg.Devices
+	ords := cfg.Devices.Ordinals
 	if len(ords) == 0 {
 		for i := range n {
 			ords = append(ords, i)
@@ -52,13 +52,13 @@ func openDevices(cfg Config, log *slog.Logger) ([]node.Device, func(), error) {
 		}
 		name, _ := dev.Name()
 		mem, _ := dev.TotalMem()
-		be, err := cuda.New(cuda.Config{Device: o, DType: cfg.KVCacheDType})
+		be, err := cuda.New(cuda.Config{Device: o, DType: cfg.Devices.KVCacheDType})
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("questd: GPU %d: %w", o, err)
 		}
 		devs = append(devs, node.Device{Backend: be, Kind: "cuda", Name: fmt.Sprintf("GPU %d: %s", o, name), MemoryBytes: uint64(mem)})
-		log.Info("device", "gpu", o, "name", name, "memory_bytes", mem, "kv_cache_dtype", cfg.KVCacheDType.String())
+		log.Info("device", "gpu", o, "name", name, "memory_bytes", mem, "kv_cache_dtype", cfg.Devices.KVCacheDType.String())
 	}
 	return devs, closeAll, nil
 }

@@ -15,7 +15,7 @@ const cudaBuild = false
 // openDevices returns no device (the worker server's own CPU backend) for
 // --backend cpu; this build has no CUDA backend.
 func openDevices(cfg Config, _ *slog.Logger) ([]node.Device, func(), error) {
-	if cfg.Backend == "cuda" { // Validate refuses it first
+	if cfg.Devices.Backend == "cuda" { // Validate refuses it first
 		return nil, nil, errors.New("--backend cuda needs a build with -tags cuda (see README: building for a GPU host)")
 	}
 	return nil, func() {}, nil

@@ -12,10 +12,10 @@ import (
 // message that says how to get it, and runs --backend cpu on the worker
 // server's own backend (no device).
 func TestBackendCUDANeedsTag(t *testing.T) {
-	if _, _, err := openDevices(Config{Backend: "cuda"}, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "-tags cuda") {
+	if _, _, err := openDevices(Config{Devices: DeviceConfig{Backend: "cuda"}}, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "-tags cuda") {
 		t.Fatalf("--backend cuda in a CPU build: %v", err)
 	}
-	devs, closeDevs, err := openDevices(Config{Backend: "cpu"}, slog.New(slog.DiscardHandler))
+	devs, closeDevs, err := openDevices(Config{Devices: DeviceConfig{Backend: "cpu"}}, slog.New(slog.DiscardHandler))
 	if err != nil || len(devs) != 0 {
 		t.Fatalf("--backend cpu: %d devices, %v", len(devs), err)
 	}

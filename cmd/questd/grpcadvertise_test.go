@@ -33,8 +33,8 @@ func TestGRPCAdvertiseFlag(t *testing.T) {
 		{nil, []string{"--config", writeFile(t, "a.yaml", "grpc-advertise: 10.0.0.6:3\n")}, "10.0.0.6:3"},
 	} {
 		c, err := load(t, tc.env, append([]string{"--plaintext"}, tc.args...)...)
-		if err != nil || c.GRPCAdvertise != tc.want {
-			t.Errorf("env %v, args %q: grpc-advertise %q, %v; want %q", tc.env, tc.args, c.GRPCAdvertise, err, tc.want)
+		if err != nil || c.Node.GRPCAdvertise != tc.want {
+			t.Errorf("env %v, args %q: grpc-advertise %q, %v; want %q", tc.env, tc.args, c.Node.GRPCAdvertise, err, tc.want)
 		}
 		if err == nil && c.advertiseHost() != "127.0.0.1" {
 			t.Errorf("args %q: --grpc-advertise changed the advertise host to %q", tc.args, c.advertiseHost())

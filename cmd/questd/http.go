@@ -47,21 +47,21 @@ type completions struct {
 func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc := completion.DefaultConfig()
 	sc.Engines = serveengine.Engines()
-	sc.ModelName = c.ModelName
+	sc.ModelName = c.Serve.ModelName
 	sc.Policy = c.engineConfig().Policy
-	sc.CP, sc.TP = c.ServeCP, c.ServeTP
-	sc.PolicyGrids = c.ServePolicyGrids
-	sc.GridRetries, sc.GridRetryWait = c.ServeGridRetries, c.ServeGridRetryWait
-	sc.CapacityPages, sc.MemoryFraction = c.servePages(), c.ServeMemoryFraction
-	sc.PrefixCaching, sc.PrefixCachePages = c.PrefixCaching, c.PrefixCachePages
-	sc.MemoryLimit = c.MaxMemory
-	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.MaxRunning, c.MaxQueued, c.PrefillChunk
-	sc.MaxBatchedTokens, sc.MaxITLFactor = c.MaxBatchedTokens, c.MaxITLFactor
-	sc.MaxContext, sc.MaxBodyBytes, sc.RequestTimeout = c.MaxModelLen, int64(c.MaxRequestBytes), c.RequestTimeout
-	sc.SSEKeepAlive = c.SSEKeepAlive
-	sc.DefaultMaxTokens = c.DefaultMaxTokens
-	sc.Monitor.Rate, sc.Monitor.Queue = c.MonitorRate, c.MonitorQueue
-	sc.History = c.RequestHistory
+	sc.CP, sc.TP = c.Serve.CP, c.Serve.TP
+	sc.PolicyGrids = c.Serve.PolicyGrids
+	sc.GridRetries, sc.GridRetryWait = c.Serve.GridRetries, c.Serve.GridRetryWait
+	sc.CapacityPages, sc.MemoryFraction = c.servePages(), c.Serve.MemoryFraction
+	sc.PrefixCaching, sc.PrefixCachePages = c.Serve.PrefixCaching, c.Serve.PrefixCachePages
+	sc.MemoryLimit = c.Capacity.MaxMemory
+	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.Serve.MaxRunning, c.Serve.MaxQueued, c.Serve.PrefillChunk
+	sc.MaxBatchedTokens, sc.MaxITLFactor = c.Serve.MaxBatchedTokens, c.Serve.MaxITLFactor
+	sc.MaxContext, sc.MaxBodyBytes, sc.RequestTimeout = c.Serve.MaxModelLen, int64(c.Serve.MaxRequestBytes), c.Serve.RequestTimeout
+	sc.SSEKeepAlive = c.Serve.SSEKeepAlive
+	sc.DefaultMaxTokens = c.Serve.DefaultMaxTokens
+	sc.Monitor.Rate, sc.Monitor.Queue = c.Serve.MonitorRate, c.Serve.MonitorQueue
+	sc.History = c.Serve.RequestHistory
 	sc.Logger = log
 	return sc
 }
@@ -74,7 +74,7 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 	sc.Cluster = cfg.serveCluster(n)
 	name := sc.ModelName
 	if name == "" {
-		name = filepath.Base(filepath.Clean(cfg.Model))
+		name = filepath.Base(filepath.Clean(cfg.Serve.Model))
 	}
 	lat, err := newServeLatency(reg, name, log)
 	if err != nil {
@@ -91,22 +91,22 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 	if err := loadChatTemplate(cfg, &sc, log); err != nil {
 		return nil, err
 	}
-	if cfg.ServeLayout == "device" {
+	if cfg.Serve.Layout == "device" {
 		// completion.Load reads generation_config.json for the other
 		// layouts.
-		if sc.Sampling, err = completion.LoadSampling(cfg.Model); err != nil {
-			return nil, fmt.Errorf("--model %q: %w", cfg.Model, err)
+		if sc.Sampling, err = completion.LoadSampling(cfg.Serve.Model); err != nil {
+			return nil, fmt.Errorf("--model %q: %w", cfg.Serve.Model, err)
 		}
 	}
 	var srv *completion.Server
 	var closeDevice func()
-	if cfg.ServeLayout == "device" {
+	if cfg.Serve.Layout == "device" {
 		srv, closeDevice, err = loadDeviceServer(cfg, sc, log)
 	} else {
-		srv, err = completion.Load(cfg.Model, sc)
+		srv, err = completion.Load(cfg.Serve.Model, sc)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--model %q (--serve-layout %s, --serve-cp %d, --serve-tp %d): %w", cfg.Model, cfg.ServeLayout, cfg.ServeCP, cfg.ServeTP, err)
+		return nil, fmt.Errorf("--model %q (--serve-layout %s, --serve-cp %d, --serve-tp %d): %w", cfg.Serve.Model, cfg.Serve.Layout, cfg.Serve.CP, cfg.Serve.TP, err)
 	}
 	closeAll := func() {
 		srv.Close()
@@ -126,37 +126,37 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 	}
 	hc := cfg.httpServer()
 	var cert *httpCert
-	if cfg.HTTPTLSCert != "" {
-		if cert, err = newHTTPCert(cfg.HTTPTLSCert, cfg.HTTPTLSKey); err != nil {
+	if cfg.Serve.TLSCert != "" {
+		if cert, err = newHTTPCert(cfg.Serve.TLSCert, cfg.Serve.TLSKey); err != nil {
 			closeAll()
 			return nil, err
 		}
 		hc.TLS = cert.tlsConfig()
 	}
-	handler := allowOrigins(cfg.AllowedOrigins, adminLoopback(cfg.Token, apiHandler(srv, cfg.Token, reg, log)))
-	h, err := startHTTP("completions", "http-addr", cfg.HTTPAddr, handler, hc, reg, log)
+	handler := allowOrigins(cfg.Serve.AllowedOrigins, adminLoopback(cfg.Security.Token, apiHandler(srv, cfg.Security.Token, reg, log)))
+	h, err := startHTTP("completions", "http-addr", cfg.Serve.Addr, handler, hc, reg, log)
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
-	warnExposure(h.addr, cert != nil, cfg.Token != "", log)
+	warnExposure(h.addr, cert != nil, cfg.Security.Token != "", log)
 	// As vLLM states its KV cache at start: the context bound and how
 	// many requests of that length the pool holds at once.
 	st := srv.Stats()
-	attrs := []any{"addr", h.addr, "tls", cert != nil, "model", srv.Name(), "layout", cfg.ServeLayout, "cp", cfg.ServeCP, "tp", cfg.ServeTP,
-		"max_model_len", srv.MaxModelLen(), "pool_pages", st.CapacityPages, "pool_tokens_per_shard", st.CapacityPages * cfg.PageSize}
+	attrs := []any{"addr", h.addr, "tls", cert != nil, "model", srv.Name(), "layout", cfg.Serve.Layout, "cp", cfg.Serve.CP, "tp", cfg.Serve.TP,
+		"max_model_len", srv.MaxModelLen(), "pool_pages", st.CapacityPages, "pool_tokens_per_shard", st.CapacityPages * cfg.Grid.PageSize}
 	if ps := srv.PoolSize(); ps.FromMemory {
 		attrs = append(attrs, "pool_sized_from", "memory", "pool_bytes", memlimit.Bytes(ps.Bytes()), "memory_available", memlimit.Bytes(ps.Available),
 			"serve_memory_fraction", ps.Fraction, "pool_bound", ps.Bound)
-	} else if cfg.ServePages == 0 {
-		attrs = append(attrs, "pool_sized_from", "the default for --serve-layout "+cfg.ServeLayout)
+	} else if cfg.Serve.CapacityPages == 0 {
+		attrs = append(attrs, "pool_sized_from", "the default for --serve-layout "+cfg.Serve.Layout)
 	} else {
 		attrs = append(attrs, "pool_sized_from", "--serve-capacity-pages")
 	}
 	log.Info("completions API", attrs...)
 	c := &completions{srv: srv, http: h, cert: cert, closeDevice: closeDevice}
-	if cfg.LogStatsInterval > 0 {
-		c.stopStats = logServeStats(srv, cfg.LogStatsInterval, log)
+	if cfg.Serve.LogStatsInterval > 0 {
+		c.stopStats = logServeStats(srv, cfg.Serve.LogStatsInterval, log)
 	}
 	return c, nil
 }
@@ -166,14 +166,14 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 // (completion.Load reads it for the other layouts); a checkpoint without
 // a usable one serves completions, and chat requests get 400 saying why.
 func loadChatTemplate(cfg Config, sc *completion.Config, log *slog.Logger) error {
-	if cfg.ChatTemplate != "" {
-		t, err := chat.LoadFile(cfg.ChatTemplate, cfg.Model)
+	if cfg.Serve.ChatTemplate != "" {
+		t, err := chat.LoadFile(cfg.Serve.ChatTemplate, cfg.Serve.Model)
 		if err != nil {
-			return fmt.Errorf("--chat-template %q: %w", cfg.ChatTemplate, err)
+			return fmt.Errorf("--chat-template %q: %w", cfg.Serve.ChatTemplate, err)
 		}
 		sc.ChatTemplate = t
-	} else if cfg.ServeLayout == "device" {
-		t, err := chat.Load(cfg.Model)
+	} else if cfg.Serve.Layout == "device" {
+		t, err := chat.Load(cfg.Serve.Model)
 		switch {
 		case err == nil:
 			sc.ChatTemplate = t

@@ -84,7 +84,7 @@ func TestHTTPSecurityFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(c.AllowedOrigins, " "); got != "https://a.example http://localhost:3000 *" {
+	if got := strings.Join(c.Serve.AllowedOrigins, " "); got != "https://a.example http://localhost:3000 *" {
 		t.Errorf("origins %q", got)
 	}
 }

@@ -213,8 +213,8 @@ func TestServeLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.RequestTimeout != time.Minute {
-		t.Fatalf("--request-timeout 1m read as %v", cfg.RequestTimeout)
+	if cfg.Serve.RequestTimeout != time.Minute {
+		t.Fatalf("--request-timeout 1m read as %v", cfg.Serve.RequestTimeout)
 	}
 	ready, _, stop := runServe(t, cfg)
 	base := "http://" + ready["http"]

@@ -422,13 +422,13 @@ func warnOpenFiles(cfg Config, log *slog.Logger) {
 		return
 	}
 	servers := 0
-	if cfg.MetricsAddr != "" {
+	if cfg.Node.MetricsAddr != "" {
 		servers++
 	}
-	if cfg.HTTPAddr != "" {
+	if cfg.Serve.Addr != "" {
 		servers++
 	}
-	if msg := openFilesWarning(rl.Cur, servers, cfg.HTTPMaxConns); msg != "" {
+	if msg := openFilesWarning(rl.Cur, servers, cfg.HTTP.MaxConns); msg != "" {
 		log.Warn(msg)
 	}
 }

@@ -101,7 +101,7 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 	reg := prometheus.NewRegistry()
 	if err := serve(ctx, cfg, log, stdout, reg, hup); err != nil {
 		log.Error("questd failed", "err", err)
-		if cfg.LogFormat == "json" {
+		if cfg.Log.Format == "json" {
 			// The text log already reads as a line; a JSON one gets a
 			// plain line for the human at the terminal too.
 			fmt.Fprintln(stderr, "questd:", err)

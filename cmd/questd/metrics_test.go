@@ -369,7 +369,7 @@ func TestServeMetricsOffload(t *testing.T) {
 // payloadBytes is one page's K/V over every layer of cfg's geometry
 // (float32 on the CPU).
 func payloadBytes(cfg Config) int {
-	return cfg.Layers * 2 * cfg.KVHeads * cfg.PageSize * cfg.HeadDim * 4
+	return cfg.Grid.Layers * 2 * cfg.Grid.KVHeads * cfg.Grid.PageSize * cfg.Grid.HeadDim * 4
 }
 
 // TestServeNoMetrics: --metrics-addr "" runs no HTTP server and the
@@ -518,8 +518,8 @@ func TestServeMetricsPeerFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-	peer, err := node.Start(sctx, node.Config{GRPCAddr: pcfg.GRPCAddr, Member: pcfg.memberConfig(), Engine: pcfg.engineConfig(),
-		MaxPages: pcfg.hostPages(), MemoryLimit: pcfg.MaxMemory, Plaintext: true, DrainTimeout: time.Second, Version: "test"})
+	peer, err := node.Start(sctx, node.Config{GRPCAddr: pcfg.Node.GRPCAddr, Member: pcfg.memberConfig(), Engine: pcfg.engineConfig(),
+		MaxPages: pcfg.hostPages(), MemoryLimit: pcfg.Capacity.MaxMemory, Plaintext: true, DrainTimeout: time.Second, Version: "test"})
 	scancel()
 	if err != nil {
 		t.Fatal(err)

@@ -30,9 +30,9 @@ var version = buildinfo.Read().Version
 // newLogger returns the slog logger of --log-level and --log-format on w,
 // and bridges grpc's logs into it (grpclog is process-wide: main owns it).
 func newLogger(cfg Config, w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	opts := &slog.HandlerOptions{Level: cfg.Log.Level}
 	var h slog.Handler = slog.NewTextHandler(w, opts)
-	if cfg.LogFormat == "json" {
+	if cfg.Log.Format == "json" {
 		h = slog.NewJSONHandler(w, opts)
 	}
 	log := slog.New(h)
@@ -54,14 +54,14 @@ func (l lineLogger) Write(p []byte) (int, error) {
 
 // warnInsecure logs, with --insecure, that gRPC runs without TLS.
 func warnInsecure(cfg Config, log *slog.Logger) {
-	if !cfg.Plaintext {
+	if !cfg.Security.Plaintext {
 		return
 	}
 	msg := "gRPC without TLS: anyone who reaches --grpc-addr can call the client and worker APIs, read and change every sequence's KV pages and join grids; use --tls-cert, --tls-key and --tls-ca outside a trusted network"
-	if cfg.Token != "" {
+	if cfg.Security.Token != "" {
 		msg += "; the bearer token of --token-file travels in the clear"
 	}
-	log.Warn(msg, "grpc", cfg.GRPCAddr)
+	log.Warn(msg, "grpc", cfg.Node.GRPCAddr)
 }
 
 // reloadTLS reads the TLS files again (SIGHUP) and logs the outcome; nil
@@ -98,9 +98,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 		rl *certReloader
 		tc *tls.Config
 	)
-	if !cfg.Plaintext {
+	if !cfg.Security.Plaintext {
 		var err error
-		if rl, err = newCertReloader(cfg.Name, cfg.TLSCert, cfg.TLSKey, cfg.TLSCA); err != nil {
+		if rl, err = newCertReloader(cfg.Node.Name, cfg.Security.TLSCert, cfg.Security.TLSKey, cfg.Security.TLSCA); err != nil {
 			return err
 		}
 		tc = rl.config()
@@ -114,8 +114,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	pw := newPersistWatch(m, log.With("component", "persist"))
 	warnOpenFiles(cfg, log)
 	var ms *httpServer
-	if cfg.MetricsAddr != "" {
-		if ms, err = startMetricsServer(cfg.MetricsAddr, httpHandler(reg, st.ready, log), cfg.httpServer(), reg, log.With("component", "metrics")); err != nil {
+	if cfg.Node.MetricsAddr != "" {
+		if ms, err = startMetricsServer(cfg.Node.MetricsAddr, httpHandler(reg, st.ready, log), cfg.httpServer(), reg, log.With("component", "metrics")); err != nil {
 			return err
 		}
 		defer func() {
@@ -124,17 +124,17 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 			ms.shutdown(sctx)
 		}()
 	}
-	logDataDir(cfg.DataDir, cfg.Name, log)
+	logDataDir(cfg.Storage.DataDir, cfg.Node.Name, log)
 	devs, closeDevs, err := openDevices(cfg, log)
 	if err != nil {
 		return err
 	}
 	defer closeDevs() // after the node stopped (deferred below it)
 	n, err := node.Start(ctx, node.Config{
-		GRPCAddr: cfg.GRPCAddr, Advertise: cfg.Advertise, GRPCAdvertise: cfg.GRPCAdvertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
-		MaxPages: cfg.hostPages(), MemoryLimit: cfg.MaxMemory, TLS: tc, Plaintext: cfg.Plaintext, Token: cfg.Token, RequireCertRoles: cfg.RequireCertRoles,
-		DrainTimeout: cfg.DrainTimeout, GridIdle: cfg.GridIdle, Version: version, Logger: log, Observe: m.observe,
-		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, OnPersistError: pw.report,
+		GRPCAddr: cfg.Node.GRPCAddr, Advertise: cfg.Node.Advertise, GRPCAdvertise: cfg.Node.GRPCAdvertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
+		MaxPages: cfg.hostPages(), MemoryLimit: cfg.Capacity.MaxMemory, TLS: tc, Plaintext: cfg.Security.Plaintext, Token: cfg.Security.Token, RequireCertRoles: cfg.Security.RequireCertRoles,
+		DrainTimeout: cfg.Node.DrainTimeout, GridIdle: cfg.Node.GridIdle, Version: version, Logger: log, Observe: m.observe,
+		DataDir: cfg.Storage.DataDir, Durability: cfg.Storage.Durability, SyncInterval: cfg.Storage.SyncInterval, OnPersistError: pw.report,
 		OnQuarantine: func(string, string, error) { m.quarantined.Inc() },
 		Devices:      devs, DeviceResident: len(devs) > 0,
 	})
@@ -142,7 +142,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 		return err
 	}
 	var api *completions
-	if cfg.Model != "" {
+	if cfg.Serve.Model != "" {
 		if api, err = startCompletions(cfg, n, reg, log.With("component", "serve")); err != nil {
 			lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 			defer cancel()
@@ -160,9 +160,9 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	}
 	ready, _ := json.Marshal(line)
 	fmt.Fprintf(stdout, "%s\n", ready)
-	if cfg.ReadyFile != "" {
-		if err := os.WriteFile(cfg.ReadyFile, append(ready, '\n'), 0o644); err != nil {
-			log.Warn("ready file", "path", cfg.ReadyFile, "err", err)
+	if cfg.Node.ReadyFile != "" {
+		if err := os.WriteFile(cfg.Node.ReadyFile, append(ready, '\n'), 0o644); err != nil {
+			log.Warn("ready file", "path", cfg.Node.ReadyFile, "err", err)
 		}
 	}
 	var serveErr error
@@ -179,7 +179,7 @@ wait:
 				if err := api.cert.reload(); err != nil {
 					log.Error("reload the completions API's certificate; the old one stays", "err", err)
 				} else {
-					log.Info("reloaded the completions API's certificate", "cert", cfg.HTTPTLSCert)
+					log.Info("reloaded the completions API's certificate", "cert", cfg.Serve.TLSCert)
 				}
 			}
 		}
@@ -187,7 +187,7 @@ wait:
 	st.drain()
 	pw.beginStop()
 	if api != nil {
-		actx, cancel := context.WithTimeout(context.Background(), max(cfg.DrainTimeout, time.Second))
+		actx, cancel := context.WithTimeout(context.Background(), max(cfg.Node.DrainTimeout, time.Second))
 		api.stop(actx, log)
 		cancel()
 	}

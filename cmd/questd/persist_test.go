@@ -348,15 +348,15 @@ func TestPersistFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.DataDir != "/var/lib/questd" || c.Durability != pagestore.SyncPeriodic || c.SyncInterval != 250*time.Millisecond {
-		t.Fatalf("from the file: data dir %q, durability %v, sync interval %v", c.DataDir, c.Durability, c.SyncInterval)
+	if c.Storage.DataDir != "/var/lib/questd" || c.Storage.Durability != pagestore.SyncPeriodic || c.Storage.SyncInterval != 250*time.Millisecond {
+		t.Fatalf("from the file: data dir %q, durability %v, sync interval %v", c.Storage.DataDir, c.Storage.Durability, c.Storage.SyncInterval)
 	}
 	c, err = load(t, map[string]string{"QUESTRT_DATA_DIR": "/env"}, "--plaintext", "--durability", "sync")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.DataDir != "/env" || c.Durability != pagestore.SyncOnWrite {
-		t.Fatalf("from the environment and the command line: data dir %q, durability %v", c.DataDir, c.Durability)
+	if c.Storage.DataDir != "/env" || c.Storage.Durability != pagestore.SyncOnWrite {
+		t.Fatalf("from the environment and the command line: data dir %q, durability %v", c.Storage.DataDir, c.Storage.Durability)
 	}
 	for _, bad := range [][]string{
 		{"--durability", "always"},

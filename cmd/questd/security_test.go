@@ -27,8 +27,8 @@ func TestInsecureFlag(t *testing.T) {
 		{"file both", nil, []string{"--config", writeFile(t, "b.yaml", "insecure: true\nplaintext: true\n")}},
 	} {
 		c, err := load(t, tc.env, tc.args...)
-		if err != nil || !c.Plaintext {
-			t.Errorf("%s: plaintext %v, %v", tc.name, c.Plaintext, err)
+		if err != nil || !c.Security.Plaintext {
+			t.Errorf("%s: plaintext %v, %v", tc.name, c.Security.Plaintext, err)
 		}
 	}
 	for _, alias := range []string{"--insecure", "--plaintext"} {
@@ -47,19 +47,19 @@ func TestInsecureFlag(t *testing.T) {
 func TestWarnInsecure(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	warnInsecure(Config{Plaintext: true, GRPCAddr: "127.0.0.1:7070"}, log)
+	warnInsecure(Config{Security: SecurityConfig{Plaintext: true}, Node: NodeConfig{GRPCAddr: "127.0.0.1:7070"}}, log)
 	out := buf.String()
 	if strings.Count(out, "\n") != 1 || !strings.Contains(out, "level=WARN") ||
 		!strings.Contains(out, "gRPC without TLS: anyone who reaches --grpc-addr can") || !strings.Contains(out, "127.0.0.1:7070") {
 		t.Errorf("warning %q", out)
 	}
 	buf.Reset()
-	warnInsecure(Config{Plaintext: true, Token: "x"}, log)
+	warnInsecure(Config{Security: SecurityConfig{Plaintext: true, Token: "x"}}, log)
 	if !strings.Contains(buf.String(), "bearer token") {
 		t.Errorf("warning with a token %q", buf.String())
 	}
 	buf.Reset()
-	warnInsecure(Config{TLSCert: "c"}, log)
+	warnInsecure(Config{Security: SecurityConfig{TLSCert: "c"}}, log)
 	if buf.Len() != 0 {
 		t.Errorf("TLS logged %q", buf.String())
 	}
@@ -70,11 +70,11 @@ func TestWarnInsecure(t *testing.T) {
 // where the flag was set).
 func TestTokenFile(t *testing.T) {
 	c, err := load(t, nil, "--insecure", "--token-file", writeFile(t, "tok", "  s3cret-1\n\n"))
-	if err != nil || c.Token != "s3cret-1" {
-		t.Fatalf("token %q, %v", c.Token, err)
+	if err != nil || c.Security.Token != "s3cret-1" {
+		t.Fatalf("token %q, %v", c.Security.Token, err)
 	}
-	if c, err := load(t, nil, "--insecure"); err != nil || c.Token != "" {
-		t.Errorf("no token file: token %q, %v", c.Token, err)
+	if c, err := load(t, nil, "--insecure"); err != nil || c.Security.Token != "" {
+		t.Errorf("no token file: token %q, %v", c.Security.Token, err)
 	}
 	for _, tc := range []struct {
 		name, path, want string

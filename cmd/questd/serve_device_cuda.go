@@ -27,29 +27,29 @@ import (
 func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*completion.Server, func(), error) {
 	ctx := context.Background()
 	ord := 0
-	if len(cfg.Devices) > 0 {
-		ord = cfg.Devices[0]
+	if len(cfg.Devices.Ordinals) > 0 {
+		ord = cfg.Devices.Ordinals[0]
 	}
-	m, err := model.Load(cfg.Model, model.LoadOptions{MemoryLimit: sc.MemoryLimit})
+	m, err := model.Load(cfg.Serve.Model, model.LoadOptions{MemoryLimit: sc.MemoryLimit})
 	if err != nil {
 		return nil, nil, err
 	}
-	tok, err := model.LoadTokenizer(cfg.Model, m.Config)
+	tok, err := model.LoadTokenizer(cfg.Serve.Model, m.Config)
 	if err != nil {
 		m.Close()
 		return nil, nil, err
 	}
 	if sc.ModelName == "" {
-		sc.ModelName = filepath.Base(filepath.Clean(cfg.Model))
+		sc.ModelName = filepath.Base(filepath.Clean(cfg.Serve.Model))
 	}
-	be, err := cuda.New(cuda.Config{Device: ord, DType: cfg.KVCacheDType})
+	be, err := cuda.New(cuda.Config{Device: ord, DType: cfg.Devices.KVCacheDType})
 	if err != nil {
 		m.Close()
 		return nil, nil, fmt.Errorf("GPU %d: %w", ord, err)
 	}
 	opt := gpu.Options{MaxBatch: min(sc.MaxRunning, 16), PrefillChunk: min(sc.ChunkTokens, gpu.DefaultPrefillChunk)}
 	ec := engine.ModelConfig(m.Geometry(), sc.Policy, sc.CapacityPages)
-	ec.Geometry.DType = cfg.KVCacheDType
+	ec.Geometry.DType = cfg.Devices.KVCacheDType
 	if err := gpu.AdmitAll(ctx, be, m.Config, opt, ec); err != nil {
 		be.Close()
 		m.Close()
@@ -62,12 +62,12 @@ func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*comp
 		return nil, nil, err
 	}
 	dec := &gpu.Decoder{X: x}
-	sc.Backend, sc.DeviceResident, sc.KVDType, sc.Decoder = be, true, cfg.KVCacheDType, dec
+	sc.Backend, sc.DeviceResident, sc.KVDType, sc.Decoder = be, true, cfg.Devices.KVCacheDType, dec
 	prefill := "cpu"
 	switch {
-	case !cfg.DevicePrefill:
-	case cfg.KVCacheDType != plan.BFloat16 && cfg.KVCacheDType != plan.Float16:
-		log.Warn("prompts are prefilled on the CPU: the GPU's prefill attention reads bf16 or f16 pages", "kv_cache_dtype", cfg.KVCacheDType.String())
+	case !cfg.Serve.DevicePrefill:
+	case cfg.Devices.KVCacheDType != plan.BFloat16 && cfg.Devices.KVCacheDType != plan.Float16:
+		log.Warn("prompts are prefilled on the CPU: the GPU's prefill attention reads bf16 or f16 pages", "kv_cache_dtype", cfg.Devices.KVCacheDType.String())
 	default:
 		sc.Prefiller, prefill = dec, "gpu"
 		if g, err := be.GemmEngine(ctx); err != nil {

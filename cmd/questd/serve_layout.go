@@ -11,22 +11,26 @@ import (
 // memory (the workers' or the GPU's, which check their own).
 const defaultServePages = 4096
 
-// servePages is the serving pool the serve package gets: ServePages, or
+// servePages is the serving pool the serve package gets: Serve.CapacityPages, or
 // with 0 defaultServePages for the cluster and device layouts, and 0
 // (sized from memory by serve.New) for local.
-func (c Config) servePages() int {
-	if c.ServePages == 0 && c.ServeLayout != "local" {
+func (c Config) servePages() int { return c.Serve.pages() }
+
+// pages is the serving pool: CapacityPages, or with 0 defaultServePages
+// for the cluster and device layouts, and 0 (sized from memory) for local.
+func (s ServeConfig) pages() int {
+	if s.CapacityPages == 0 && s.Layout != "local" {
 		return defaultServePages
 	}
-	return c.ServePages
+	return s.CapacityPages
 }
 
 // servePagesPerRank is the pages every rank of the served grid reserves
 // on its node with --serve-layout cluster: --serve-capacity-pages, and
 // the quality monitor's forks (--monitor-queue) with --monitor-rate.
 func (c Config) servePagesPerRank() int {
-	if c.MonitorRate > 0 {
-		return c.servePages() + c.MonitorQueue
+	if c.Serve.MonitorRate > 0 {
+		return c.servePages() + c.Serve.MonitorQueue
 	}
 	return c.servePages()
 }
@@ -36,7 +40,7 @@ func (c Config) servePagesPerRank() int {
 // node's coordinator for cluster (grids of --serve-cp x --serve-tp ranks
 // over the cluster's nodes).
 func (c Config) serveCluster(n *node.Node) completion.Cluster {
-	if c.ServeLayout != "cluster" || n == nil {
+	if c.Serve.Layout != "cluster" || n == nil {
 		return nil
 	}
 	return serveengine.CoordinatorCluster(n.Coordinator())

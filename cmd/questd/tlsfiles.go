@@ -80,13 +80,13 @@ func loadKeyPair(certFlag, certFile, keyFlag, keyFile string) (tls.Certificate, 
 // certificate, key or CA is a configuration error (exit 2, one line
 // naming the flag and the file) rather than a failure to serve.
 func checkTLSFiles(cfg Config) error {
-	if !cfg.Plaintext {
-		if _, err := newCertReloader(cfg.Name, cfg.TLSCert, cfg.TLSKey, cfg.TLSCA); err != nil {
+	if !cfg.Security.Plaintext {
+		if _, err := newCertReloader(cfg.Node.Name, cfg.Security.TLSCert, cfg.Security.TLSKey, cfg.Security.TLSCA); err != nil {
 			return err
 		}
 	}
-	if cfg.HTTPTLSCert != "" {
-		if _, err := newHTTPCert(cfg.HTTPTLSCert, cfg.HTTPTLSKey); err != nil {
+	if cfg.Serve.TLSCert != "" {
+		if _, err := newHTTPCert(cfg.Serve.TLSCert, cfg.Serve.TLSKey); err != nil {
 			return err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/questrt/questrt/api/wire"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
+	"github.com/questrt/questrt/internal/offload"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker"
@@ -209,12 +210,14 @@ func decodeConfig(g *workerv1.GridConfig) (worker.Config, error) {
 		Layers: toInt(d, "layers", g.Layers),
 		Geometry: plan.Geometry{QHeads: toInt(d, "q heads", g.QHeads), KVHeads: toInt(d, "kv heads", g.KvHeads),
 			HeadDim: toInt(d, "head dim", g.HeadDim), PageSize: toInt(d, "page size", g.PageSize)},
-		CP:                 toInt(d, "cp", g.Cp),
-		TP:                 toInt(d, "tp", g.Tp),
-		Capacity:           toInt(d, "capacity", g.CapacityPages),
-		DeviceBudgetPages:  toInt(d, "device budget pages", g.DeviceBudgetPages),
-		PrefetchPages:      toInt(d, "prefetch pages", g.PrefetchPages),
-		PrefetchCrossLayer: g.PrefetchCrossLayer,
+		CP:       toInt(d, "cp", g.Cp),
+		TP:       toInt(d, "tp", g.Tp),
+		Capacity: toInt(d, "capacity", g.CapacityPages),
+		Settings: offload.Settings{
+			DeviceBudgetPages:  toInt(d, "device budget pages", g.DeviceBudgetPages),
+			PrefetchPages:      toInt(d, "prefetch pages", g.PrefetchPages),
+			PrefetchCrossLayer: g.PrefetchCrossLayer,
+		},
 	}
 	for _, r := range []struct {
 		field string
