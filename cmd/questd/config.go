@@ -234,6 +234,10 @@ type PolicyConfig struct {
 	// in between [--reuse-steps] (plan.Policy.ReuseSteps). Default 0,
 	// off.
 	ReuseSteps int
+	// ReuseLayers: each listed layer attends the pages the layer before
+	// it selected at the same step instead of ranking [--reuse-layers]
+	// (plan.Policy.ReuseLayers). Default none.
+	ReuseLayers []int
 	// GQA is how a KV head's query heads share pages, group_max or
 	// per_head [--gqa]. Default group_max.
 	GQA plan.GQAMode

@@ -51,7 +51,7 @@ func (c Config) engineConfig() engine.Config {
 func (p PolicyConfig) policy(pageSize int) plan.Policy {
 	return plan.Policy{PageSize: pageSize, BudgetTokens: p.BudgetTokens, SinkPages: p.SinkPages,
 		LocalPages: p.LocalPages, DenseLayers: p.DenseLayers, DenseRho: p.DenseRho, ReuseSteps: p.ReuseSteps,
-		GQA: p.GQA, Selector: p.Selector, LayerBudget: p.LayerBudget}
+		ReuseLayers: slices.Clone(p.ReuseLayers), GQA: p.GQA, Selector: p.Selector, LayerBudget: p.LayerBudget}
 }
 
 // memberConfig is the membership configuration of this node: name, gossip

@@ -22,7 +22,7 @@ var notFlags = []string{"Membership.Keys", "Security.Token", "Policy.LayerBudget
 // altText is a valid value other than the default for every flag parsed
 // by a function (flagDefs.text).
 var altText = map[string]string{
-	"dense-rho": "0.5", "reuse-steps": "2", "gqa": "per_head", "selector": "oracle", "selection": "union",
+	"dense-rho": "0.5", "reuse-steps": "2", "reuse-layers": "3,5", "gqa": "per_head", "selector": "oracle", "selection": "union",
 	"backend": "cuda", "devices": "1", "kv-cache-dtype": "f16", "max-memory": "1GiB", "eviction": "score",
 	"durability": "periodic", "max-itl-factor": "2", "serve-memory-fraction": "0.25", "serve-layout": "cluster",
 	"monitor-rate": "0.5", "log-level": "debug", "log-format": "json",

@@ -235,6 +235,26 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		c.Policy.ReuseSteps = r
 		return nil
 	})
+	d.text("reuse-layers", "", "selection reuse across layers: comma-separated `layers` (ascending, each after a sparse layer) that attend the pages the layer before them selected at the same step instead of ranking, at most 1024; empty: every sparse layer ranks", func(v string) error {
+		c.Policy.ReuseLayers = nil
+		if strings.TrimSpace(v) == "" {
+			return nil
+		}
+		for _, f := range strings.Split(v, ",") {
+			l, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || l < 1 {
+				return fmt.Errorf("want comma-separated layers of 1 or more, not %q", f)
+			}
+			if n := len(c.Policy.ReuseLayers); n > 0 && l <= c.Policy.ReuseLayers[n-1] {
+				return fmt.Errorf("want ascending layers, each once")
+			}
+			if len(c.Policy.ReuseLayers) == plan.MaxReuseLayers {
+				return fmt.Errorf("at most %d layers", plan.MaxReuseLayers)
+			}
+			c.Policy.ReuseLayers = append(c.Policy.ReuseLayers, l)
+		}
+		return nil
+	})
 	d.text("gqa", "group_max", "how a KV head's query heads share pages, `group_max|per_head`", func(s string) (err error) {
 		c.Policy.GQA, err = plan.ParseGQAMode(s)
 		return err

@@ -3,13 +3,15 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 
 	"github.com/questrt/questrt/plan"
 )
 
 // readPolicy reads Policy.File into c: its page size must equal Grid.PageSize
 // where the page size was given, and its budget, sink, local, dense
-// layers, GQA mode and selector replace the flags that were not given.
+// layers, dense rho, reuse steps and layers, GQA mode and selector
+// replace the flags that were not given.
 func (c *Config) readPolicy(given func(flag string) bool) error {
 	f, err := os.Open(c.Policy.File)
 	if err != nil {
@@ -43,6 +45,9 @@ func (c *Config) readPolicy(given func(flag string) bool) error {
 	}
 	if !given("reuse-steps") {
 		c.Policy.ReuseSteps = p.ReuseSteps
+	}
+	if !given("reuse-layers") {
+		c.Policy.ReuseLayers = slices.Clone(p.ReuseLayers)
 	}
 	if !given("gqa") {
 		c.Policy.GQA = p.GQA

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -60,5 +61,52 @@ func TestPolicyFile(t *testing.T) {
 	}
 	if _, err := load(t, nil, "--insecure", "--policy", filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "--policy") {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// TestPolicyFileReuse: the file's reuse_steps and reuse_layers reach the
+// engine's policy unless --reuse-steps / --reuse-layers are given (an
+// empty --reuse-layers turns the file's off); bad lists are refused with
+// the flag named.
+func TestPolicyFileReuse(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(file, []byte("page_size: 16\nreuse_steps: 4\nreuse_layers: [3, 5]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := load(t, nil, "--insecure", "--policy", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.engineConfig().Policy; p.ReuseSteps != 4 || !slices.Equal(p.ReuseLayers, []int{3, 5}) {
+		t.Fatalf("from the file: reuse steps %d, layers %v; want 4 and [3 5]", p.ReuseSteps, p.ReuseLayers)
+	}
+	c, err = load(t, nil, "--insecure", "--policy", file, "--reuse-layers", "4", "--reuse-steps", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.engineConfig().Policy; p.ReuseSteps != 0 || !slices.Equal(p.ReuseLayers, []int{4}) {
+		t.Fatalf("flags over the file: reuse steps %d, layers %v; want 0 and [4]", p.ReuseSteps, p.ReuseLayers)
+	}
+	c, err = load(t, nil, "--insecure", "--policy", file, "--reuse-layers", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.engineConfig().Policy; p.ReuseLayersOn() {
+		t.Fatalf("--reuse-layers \"\" over the file: layers %v, want none", p.ReuseLayers)
+	}
+	c, err = load(t, nil, "--insecure", "--reuse-layers", "3,5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.engineConfig().Policy; !slices.Equal(p.ReuseLayers, []int{3, 5}) {
+		t.Fatalf("--reuse-layers 3,5: layers %v", p.ReuseLayers)
+	}
+	for _, bad := range []struct{ v, want string }{
+		{"5,3", "want ascending layers"}, {"3,3", "want ascending layers"}, {"0", "of 1 or more"}, {"x", "of 1 or more"},
+	} {
+		if _, err := load(t, nil, "--insecure", "--reuse-layers", bad.v); err == nil || !strings.Contains(err.Error(), "--reuse-layers") || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("--reuse-layers %q: %v, want an error naming the flag and %q", bad.v, err, bad.want)
+		}
 	}
 }
