@@ -6,6 +6,7 @@
 #
 #   questctl.gz      go build -tags cuda -ldflags="-s -w" ./cmd/questctl, gzipped
 #   gpu.test.gz      go test -c -tags cuda ./model/gpu/, gzipped
+#   cuda.test.gz     go test -c -tags cuda ./kernels/cuda/, gzipped
 #   config-8b-1m.json  examples/llama-3.1-8b/config.json with
 #                    max_position_embeddings 1048576
 #   llama_decode_anchor.py, models/passkey-llama-v1/
@@ -14,8 +15,12 @@
 #
 # PARTS (default "tests b1 b8 anchor"; add "fp8-1m" on a GPU with
 # 110+ GB): tests = the CUDA tests of model/gpu (the device fill equals
-# the host's, greedy tokens against the CPU executor); b1 = bench decode
-# at batch 1 over 1K/32K/128K/512K and TTFT of 32K/128K prompts; b8 =
+# the host's, greedy tokens against the CPU executor, with bf16 and fp8
+# pages prefilled on the device) and the prefill attention's float64
+# conformance (bf16, f16, fp8 pages); b1 = bench decode at batch 1 over
+# 1K/32K/128K/512K with --phases (a marked step's device timeline per
+# phase and the projections' GB/s) and TTFT of 32K/128K prompts, bf16
+# and fp8 pages; b8 =
 # batch 8 at 32K; anchor = the anchor's lines for both; fp8-1m = fp8 K/V
 # at 1,048,576 tokens (16 GB of bf16 weights + 69 GB of codes + 17 GB of
 # float32 summaries). Every output lands in OUT, with the GPU's name.
@@ -26,7 +31,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$dir"
 out=${OUT:?set OUT to the folder for the results}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-for f in questctl gpu.test; do gunzip -kf $f.gz && chmod +x $f; done
+for f in questctl gpu.test cuda.test; do gunzip -kf $f.gz && chmod +x $f; done
 has() { [[ " $parts " == *" $1 "* ]]; }
 t() { # t NAME CMD...: runs CMD, its output to OUT/NAME.txt, its time to OUT/times.txt
 	local name=$1 t0=$SECONDS
@@ -36,12 +41,16 @@ t() { # t NAME CMD...: runs CMD, its output to OUT/NAME.txt, its time to OUT/tim
 }
 if has tests; then
 	(cd "$root/model/gpu" && QUESTRT_TEST_MODEL="$dir/models/passkey-llama-v1" timeout 180 "$dir/gpu.test" \
-		-test.run 'TestAppendTensorOnDevice|TestGreedyMatchesCPU|TestPageBytesOnDevice' -test.v 2>&1 |
-		grep -E '^(--- |ok|FAIL|PASS|panic)|equal|pages take' | tee "$out/tests.txt")
+		-test.run 'TestAppendTensorOnDevice|TestGreedyMatchesCPU|TestGreedyPrefillMatchesCPU|TestPageBytesOnDevice' -test.v 2>&1 |
+		grep -E '^(--- |ok|FAIL|PASS|panic)|equal|pages take|within' | tee "$out/tests.txt")
+	(cd "$root/kernels/cuda" && timeout 120 "$dir/cuda.test" -test.run 'TestPrefillMatchesFloat64|TestPTXMatchesSource' -test.v 2>&1 |
+		grep -E '^(--- |ok|FAIL|PASS|panic)' | tee "$out/cudatests.txt")
 fi
 if has b1; then
 	t questrt-b1 timeout 300 ./questctl bench decode --backend cuda --config config-8b-1m.json \
-		--context 1024,32768,131072,524288 --batch 1 --steps 20 --prefill 32768,131072
+		--context 1024,32768,131072,524288 --batch 1 --steps 20 --phases --prefill 32768,131072
+	t questrt-prefill-fp8 timeout 150 ./questctl bench decode --backend cuda --config config-8b-1m.json \
+		--context 1024 --batch 1 --steps 5 --dense=false --kv-cache-dtype fp8 --prefill 32768,131072
 fi
 if has b8; then
 	t questrt-b8 timeout 120 ./questctl bench decode --backend cuda --config config-8b-1m.json --context 32768 --batch 8 --steps 20
