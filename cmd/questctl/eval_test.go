@@ -268,21 +268,7 @@ func TestEvalReversal(t *testing.T) {
 // and --sub-boxes 4 reaches the page ranking: the same pages are read,
 // while the mass the selection keeps changes.
 func TestEvalSubBoxes(t *testing.T) {
-	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
-	run := func(extra ...string) eval.Record {
-		t.Helper()
-		args := append([]string{"passkey", "--model", v1, "--lengths", "1024", "--n", "2", "--budgets", "64", "--selectors", "quest", "--json"}, extra...)
-		code, out, errs := call(evalCmd, args...)
-		if code != 0 {
-			t.Fatalf("%v: exit %d: %s", extra, code, errs)
-		}
-		lines := strings.Split(strings.TrimSpace(out), "\n")
-		var r eval.Record
-		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
+	run := func(extra ...string) eval.Record { return evalRecord(t, 2, extra...) }
 	plain, one, four := run(), run("--sub-boxes", "1"), run("--sub-boxes", "4")
 	pj, _ := json.Marshal(plain)
 	oj, _ := json.Marshal(one)
@@ -313,7 +299,9 @@ func TestEvalSubBoxes(t *testing.T) {
 // step of every fork ranks) and skips the others' score phases, which
 // the phase reports per token.
 func TestEvalReuseSteps(t *testing.T) {
-	run := func(extra ...string) eval.Record { return reuseRecord(t, 2, extra...) }
+	run := func(extra ...string) eval.Record {
+		return evalRecord(t, 2, append([]string{"--decode-question"}, extra...)...)
+	}
 	plain, one, four := run(), run("--reuse-steps", "1"), run("--reuse-steps", "4")
 	if one.ReuseSteps != 1 || four.ReuseSteps != 4 {
 		t.Fatalf("echoed reuse steps %d and %d, want 1 and 4", one.ReuseSteps, four.ReuseSteps)
@@ -352,7 +340,9 @@ func TestEvalReuseSteps(t *testing.T) {
 // the phase counts two score phases saved per token; plain Quest reports
 // no reuse and an overlap below 1.
 func TestEvalReuseLayers(t *testing.T) {
-	run := func(extra ...string) eval.Record { return reuseRecord(t, 1, extra...) }
+	run := func(extra ...string) eval.Record {
+		return evalRecord(t, 1, append([]string{"--decode-question"}, extra...)...)
+	}
 	plain, lr := run(), run("--reuse-layers", "3,5")
 	if !slices.Equal(lr.ReuseLayers, []int{3, 5}) || plain.ReuseLayers != nil {
 		t.Fatalf("echoed reuse layers %v and %v", lr.ReuseLayers, plain.ReuseLayers)
@@ -442,12 +432,12 @@ func TestEvalStopRule(t *testing.T) {
 	}
 }
 
-// reuseRecord runs eval passkey on the v1 model (n 1K prompts, budget 64,
-// Quest, the question decoded) with extra flags and returns its record.
-func reuseRecord(t *testing.T, n int, extra ...string) eval.Record {
+// evalRecord runs eval passkey on the v1 model (n 1K prompts, budget 64,
+// Quest) with extra flags and returns its record.
+func evalRecord(t *testing.T, n int, extra ...string) eval.Record {
 	t.Helper()
 	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
-	args := append([]string{"passkey", "--model", v1, "--lengths", "1024", "--n", strconv.Itoa(n), "--budgets", "64", "--selectors", "quest", "--decode-question", "--json"}, extra...)
+	args := append([]string{"passkey", "--model", v1, "--lengths", "1024", "--n", strconv.Itoa(n), "--budgets", "64", "--selectors", "quest", "--json"}, extra...)
 	code, out, errs := call(evalCmd, args...)
 	if code != 0 {
 		t.Fatalf("%v: exit %d: %s", extra, code, errs)
