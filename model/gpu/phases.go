@@ -38,9 +38,6 @@ type Phases struct {
 	Head float64 `json:"head"`
 }
 
-// Total is the sum of the phases.
-func (p Phases) Total() float64 { return p.In + p.Attention + p.Out + p.EndGap + p.Head }
-
 // MarkPhases turns marks between the phases of every Decode on or off
 // (LastPhases reads them); a device that is not a PhaseMarker is refused
 // with ErrBadInput.
