@@ -275,7 +275,7 @@ func attendChunkMMA(cfg, listed int) int {
 // chunkFor picks attendChunk or attendChunkMMA for the kernel that will
 // run.
 func (b *Backend) chunkFor(s kernels.Shape, dt plan.DType, listed int) int {
-	if useMMA(s, dt) {
+	if useMMA(s, dt) || (dt == plan.FP8 && b.useMMA8(s)) {
 		return attendChunkMMA(b.cfg.AttendChunk, listed)
 	}
 	return attendChunk(b.cfg.AttendChunk, listed)
@@ -314,10 +314,15 @@ func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int
 		return b.launch("quest_reduce", [3]int{rows * heads, 1, 1}, reduceThreads(d), 0,
 			u(po), u(pl), u(a.rowItem), u(a.o), u(a.lse), uint64(rows), uint64(rowsPerSeq), uint64(s.QHeads), uint64(s.KVHeads), uint64(d), perHead)
 	}
-	if useMMA(s, dl.DType) {
+	if kv8 := dl.kv8() && b.useMMA8(s); kv8 || useMMA(s, dl.DType) {
 		name, err := b.mmaAttendName(s, dl.DType, heads)
 		if err != nil {
 			return err
+		}
+		// fp8 records: the scales follow K and V.
+		scales := []uint64{}
+		if kv8 {
+			scales = []uint64{u(dl.KScale), u(dl.VScale)}
 		}
 		smem, ok := b.smem[name]
 		if !ok {
@@ -328,9 +333,10 @@ func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int
 		if err != nil {
 			return err
 		}
-		if err := b.launchMode(pdl, name, [3]int{a.items, 1, 1}, 32*b.warps[name], smem,
-			u(dl.K), u(dl.V), u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
-			u(a.rowItem), u(ctr), u(a.o), u(a.lse), uint64(s.QHeads), uint64(s.KVHeads), perHead, b2u(fuse), b2u(pdl)); err != nil {
+		args := append([]uint64{u(dl.K), u(dl.V)}, scales...)
+		args = append(args, u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
+			u(a.rowItem), u(ctr), u(a.o), u(a.lse), uint64(s.QHeads), uint64(s.KVHeads), perHead, b2u(fuse), b2u(pdl))
+		if err := b.launchMode(pdl, name, [3]int{a.items, 1, 1}, 32*b.warps[name], smem, args...); err != nil {
 			return err
 		}
 		if fuse {

@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -19,16 +20,22 @@ import (
 // (backendtest.Options.KVFP8): the upper bound on the stored records,
 // full budget equal to dense attention over the dequantized cache,
 // shuffled page tables, tails 1/15/16/17, against float64 references of
-// the dequantized values (10x the CPU's fp32 tolerances for __expf).
+// the dequantized values (10x the CPU's fp32 tolerances for __expf); with
+// the default attention (tensor cores where the shape allows) and with the
+// CUDA-core kernel (quest_attend_fp8) for every shape.
 func TestKVFP8Conformance(t *testing.T) {
-	for _, chunk := range []int{0, 3} {
-		backendtest.RunWith(t, func(t *testing.T) kernels.Backend {
-			b, err := New(Config{DType: plan.FP8, AttendChunk: chunk})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		}, backendtest.Options{KVFP8: true, Tol: 10})
+	for _, kernel := range []string{"", fp8CoreAttend} {
+		for _, chunk := range []int{0, 3} {
+			t.Run(fmt.Sprintf("kernel=%q/chunk=%d", kernel, chunk), func(t *testing.T) {
+				backendtest.RunWith(t, func(t *testing.T) kernels.Backend {
+					b, err := New(Config{DType: plan.FP8, AttendChunk: chunk, AttendKernel: kernel})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return b
+				}, backendtest.Options{KVFP8: true, Tol: 10})
+			})
+		}
 	}
 }
 

@@ -339,6 +339,18 @@ __device__ __forceinline__ void cp_async16z(void* smem, const void* gmem, int by
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+	const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+
+// e4m3x2_bf16x2: two E4M3fn codes (low byte first) as a bf16 pair, exact.
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t c) {
+	uint32_t h;
+	asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"((unsigned short)c));
+	const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+	return pack2<__nv_bfloat16>::from(f.x, f.y);
+}
 
 __device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
 	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -367,12 +379,23 @@ __device__ __forceinline__ void ldsm4t(uint32_t addr, uint32_t& r0, uint32_t& r1
 // left at zero) also merges the row's partial states into out_o / out_lse,
 // which saves the separate quest_reduce launch; row_item[r..r+1] are row
 // r's items.
-template <typename T, int D, int WARPS, int STAGES, bool TWO>
+//
+// With KV8 the records are E4M3fn codes with a float32 scale per record
+// (kvfp8.cuh's layout; T is then __nv_bfloat16, the tiles' type): each
+// stage holds the page's K and V codes (S x D bytes each, cp.async as the
+// 16-bit tiles are) and the two scales; before its page is used the warp
+// converts the codes into one pair of bf16 tiles of the layout above
+// (exact: every e4m3 value is a bf16 value), and the scales are applied
+// to the fp32 scores (times the K scale) and to the probabilities before
+// their hi + lo split (times the V scale; l sums the unscaled ones), so
+// the products are those of the dequantized values up to fp32 rounding.
+template <typename T, int D, int WARPS, int STAGES, bool TWO, bool KV8 = false>
 __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int* pages, const int* last_len,
 			   const float* q, const int* item_seq, const int* item_row, const int* item_lo,
 			   const int* item_hi, const int* lists, float* part_o, float* part_lse,
 			   const int* row_item, int* counter, float* out_o, float* out_lse,
-			   i64 qh, i64 kvh, i64 per_head, i64 fuse, i64 pdl) {
+			   i64 qh, i64 kvh, i64 per_head, i64 fuse, i64 pdl, const float* ksc = nullptr,
+			   const float* vsc = nullptr) {
 	constexpr int S = 16;
 	constexpr int ROWB = D * 2;           // bytes per token row
 	constexpr int TILE = S * ROWB;        // bytes per K (or V) page tile
@@ -381,6 +404,11 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 	constexpr int NS = D / 16;            // k-steps of Q K^T
 	constexpr int NT = D / 8;             // n-tiles of O
 	constexpr int R = TWO ? 2 : 1;        // row halves in use (heads > 8)
+	constexpr int TILE8 = S * D;          // KV8: bytes of a page's codes
+	// Bytes of a stage (KV8: K and V codes, then the two scales padded to
+	// 128) and of a warp's region (KV8: the stages, then the bf16 tiles).
+	constexpr int STAGEB = KV8 ? 2 * TILE8 + 128 : 2 * TILE;
+	constexpr int WARPB = STAGES * STAGEB + (KV8 ? 2 * TILE : 0);
 	extern __shared__ __align__(128) unsigned char smem[];
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const int g = lane >> 2, t = lane & 3;
@@ -395,17 +423,36 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 	const i64 lo = item_lo[it], hi = item_hi[it];
 	const float qscale = rsqrtf((float)D) * 1.4426950408889634f;
 
-	unsigned char* wb = smem + warp * STAGES * 2 * TILE;
+	unsigned char* wb = smem + warp * WARPB;
 	const uint32_t wbs = (uint32_t)__cvta_generic_to_shared(wb);
 	const int cnt = hi - lo > warp ? (int)((hi - lo - warp + WARPS - 1) / WARPS) : 0;
 	auto issue = [&](int stage, int j) {
 		const i64 li = lo + warp + (i64)j * WARPS;
 		const i64 lp = lists[li];
 		const int valid = lp == np - 1 ? tail : S;
-		const i64 base = ((i64)pages[p0 + lp] * kvh + kv) * (i64)TILE;
+		const i64 rec = (i64)pages[p0 + lp] * kvh + kv;
+		if constexpr (KV8) {
+			const unsigned char* ks = reinterpret_cast<const unsigned char*>(K) + rec * TILE8;
+			const unsigned char* vs = reinterpret_cast<const unsigned char*>(V) + rec * TILE8;
+			unsigned char* kd = wb + stage * STAGEB;
+			unsigned char* vd = kd + TILE8;
+#pragma unroll
+			for (int i = 0; i < TILE8 / 16 / 32; i++) {
+				const int c = lane + 32 * i;
+				const int bytes = c * 16 / D < valid ? 16 : 0;
+				cp_async16z(kd + c * 16, ks + c * 16, bytes);
+				cp_async16z(vd + c * 16, vs + c * 16, bytes);
+			}
+			if (lane == 0) {
+				cp_async4(vd + TILE8, ksc + rec);
+				cp_async4(vd + TILE8 + 4, vsc + rec);
+			}
+			return;
+		}
+		const i64 base = rec * (i64)TILE;
 		const unsigned char* ks = reinterpret_cast<const unsigned char*>(K) + base;
 		const unsigned char* vs = reinterpret_cast<const unsigned char*>(V) + base;
-		unsigned char* kd = wb + stage * 2 * TILE;
+		unsigned char* kd = wb + stage * STAGEB;
 		unsigned char* vd = kd + TILE;
 #pragma unroll
 		for (int i = 0; i < LPL; i++) {
@@ -469,7 +516,30 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 		__syncwarp();
 		const i64 lp = lists[lo + warp + (i64)j * WARPS];
 		const int valid = lp == np - 1 ? tail : S;
-		const uint32_t kb = wbs + stage * 2 * TILE, vb = kb + TILE;
+		uint32_t kb = wbs + stage * STAGEB;
+		float sk = 1.f, sv = 1.f;
+		if constexpr (KV8) {
+			// Codes to the bf16 tiles: 8 codes (one 16-byte row chunk) at a time.
+			const unsigned char* st = wb + stage * STAGEB;
+			unsigned char* kt = wb + STAGES * STAGEB;
+#pragma unroll
+			for (int i = 0; i < LPL; i++) {
+				const int c = lane + 32 * i;
+				const int tr = c / CPR, cc = c % CPR;
+				const int dst = tr * ROWB + ((cc ^ (tr & 7)) << 4);
+				const uint2 kc = *reinterpret_cast<const uint2*>(st + c * 8);
+				const uint2 vc = *reinterpret_cast<const uint2*>(st + TILE8 + c * 8);
+				*reinterpret_cast<uint4*>(kt + dst) = make_uint4(e4m3x2_bf16x2(kc.x & 0xffffu), e4m3x2_bf16x2(kc.x >> 16),
+										e4m3x2_bf16x2(kc.y & 0xffffu), e4m3x2_bf16x2(kc.y >> 16));
+				*reinterpret_cast<uint4*>(kt + TILE + dst) = make_uint4(e4m3x2_bf16x2(vc.x & 0xffffu), e4m3x2_bf16x2(vc.x >> 16),
+											e4m3x2_bf16x2(vc.y & 0xffffu), e4m3x2_bf16x2(vc.y >> 16));
+			}
+			sk = *reinterpret_cast<const float*>(st + 2 * TILE8);
+			sv = *reinterpret_cast<const float*>(st + 2 * TILE8 + 4);
+			kb = wbs + STAGES * STAGEB;
+			__syncwarp();
+		}
+		const uint32_t vb = kb + TILE;
 		// S = Q K^T: two n-tiles of 8 tokens.
 		float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
 		{
@@ -490,6 +560,13 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 					mma<T>(s1, qh_[s][0], 0u, qh_[s][2], 0u, b10, b11);
 					mma<T>(s1, ql_[s][0], 0u, ql_[s][2], 0u, b10, b11);
 				}
+			}
+		}
+		if constexpr (KV8) {
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				s0[e] *= sk;
+				s1[e] *= sk;
 			}
 		}
 		// Mask tokens past the valid ones (token index: 2t + e, 8 + 2t + e).
@@ -521,6 +598,13 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 			if (TWO) {
 				acc[n][2] *= alpha[1];
 				acc[n][3] *= alpha[1];
+			}
+		}
+		if constexpr (KV8) {
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				s0[e] *= sv;
+				s1[e] *= sv;
 			}
 		}
 		// P as the A operand (rows = heads, k = the page's 16 tokens),
@@ -688,6 +772,20 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 					     per_head, fuse, pdl);                                                 \
 	}
 
+// fp8 records (KV8): the scales follow K and V.
+#define ATTEND8(NAME, D, W, ST, TWO)                                                                               \
+	extern "C" __global__ void __launch_bounds__(32 * W) NAME(                                                    \
+	    const unsigned char* K, const unsigned char* V, const float* ksc, const float* vsc, const int* indptr,  \
+	    const int* pages, const int* last_len, const float* q, const int* item_seq, const int* item_row,       \
+	    const int* item_lo, const int* item_hi, const int* lists, float* part_o, float* part_lse,              \
+	    const int* row_item, int* counter, float* out_o, float* out_lse, i64 qh, i64 kvh, i64 per_head,        \
+	    i64 fuse, i64 pdl) {                                                                                   \
+		attend_mma<__nv_bfloat16, D, W, ST, TWO, true>(                                                     \
+		    reinterpret_cast<const __nv_bfloat16*>(K), reinterpret_cast<const __nv_bfloat16*>(V), indptr,  \
+		    pages, last_len, q, item_seq, item_row, item_lo, item_hi, lists, part_o, part_lse, row_item,    \
+		    counter, out_o, out_lse, qh, kvh, per_head, fuse, pdl, ksc, vsc);                               \
+	}
+
 SCORE(f16, __half, 64)
 SCORE(f16, __half, 128)
 SCORE(bf16, __nv_bfloat16, 64)
@@ -711,3 +809,10 @@ ATTEND(quest_attendmma_bf16_d128_w4s2, __nv_bfloat16, 128, 4, 2, false)
 ATTEND(quest_attendmma_bf16_d128_w8s2, __nv_bfloat16, 128, 8, 2, false)
 ATTEND(quest_attendmma_bf16_d128_w2s3, __nv_bfloat16, 128, 2, 3, false)
 ATTEND(quest_attendmma_bf16_d128_w4s4, __nv_bfloat16, 128, 4, 4, false)
+// fp8 records, converted to bf16 tiles in shared memory (the default for
+// plan.FP8 pages of S = 16 and D 64 or 128; quest_attend_fp8 is the
+// CUDA-core kernel).
+ATTEND8(quest_attendmma_fp8_d64, 64, 4, 3, false)
+ATTEND8(quest_attendmma_fp8_d64_h16, 64, 4, 3, true)
+ATTEND8(quest_attendmma_fp8_d128, 128, 4, 3, false)
+ATTEND8(quest_attendmma_fp8_d128_h16, 128, 4, 3, true)

@@ -26,6 +26,14 @@ func attendSmem(d, warps, stages, heads int) int {
 	return max(warps*stages*2*16*d*2, warps*heads*d*4+2*warps*heads*4)
 }
 
+// attendSmem8 is attendSmem for fp8 records: each stage holds the page's K
+// and V codes (16 rows of D bytes each) and their two scales (padded to
+// 128 bytes), and each warp one pair of bf16 tiles the codes are converted
+// into.
+func attendSmem8(d, warps, stages, heads int) int {
+	return max(warps*(stages*(2*16*d+128)+2*16*d*2), warps*heads*d*4+2*warps*heads*4)
+}
+
 // mmaKernels lists mma.cu's kernels as instantiated there.
 func mmaKernels() []mmaKernel {
 	var ks []mmaKernel
@@ -47,6 +55,13 @@ func mmaKernels() []mmaKernel {
 		for _, v := range []string{"", "_h16"} {
 			ks = append(ks, mmaKernel{name: fmt.Sprintf("quest_score8mma_d%d%s", d, v)})
 		}
+		for _, h16 := range []bool{false, true} {
+			name, heads := fmt.Sprintf("quest_attendmma_fp8_d%d", d), 8
+			if h16 {
+				name, heads = name+"_h16", 16
+			}
+			ks = append(ks, mmaKernel{name: name, attend: true, warps: 4, smem: attendSmem8(d, 4, 3, heads)})
+		}
 	}
 	for _, v := range []struct{ w, s int }{{4, 2}, {8, 2}, {2, 3}, {4, 4}} {
 		ks = append(ks, mmaKernel{name: fmt.Sprintf("quest_attendmma_bf16_d128_w%ds%d", v.w, v.s), attend: true, warps: v.w, smem: attendSmem(128, v.w, v.s, 8)})
@@ -59,6 +74,17 @@ func mmaKernels() []mmaKernel {
 func useMMA(s kernels.Shape, dt plan.DType) bool {
 	return (dt == plan.Float16 || dt == plan.BFloat16) && s.PageSize == 16 && (s.HeadDim == 64 || s.HeadDim == 128) && s.Group() <= 16
 }
+
+// useMMA8 reports whether the tensor-core attention takes fp8 records of
+// this shape (as useMMA: S = 16, D 64 or 128, at most 16 query heads per KV
+// head), unless Config.AttendKernel asks for the CUDA-core kernel
+// quest_attend_fp8.
+func (b *Backend) useMMA8(s kernels.Shape) bool {
+	return s.PageSize == 16 && (s.HeadDim == 64 || s.HeadDim == 128) && s.Group() <= 16 && b.cfg.AttendKernel != fp8CoreAttend
+}
+
+// fp8CoreAttend is the CUDA-core attention over fp8 records (kvfp8.cuh).
+const fp8CoreAttend = "quest_attend_fp8"
 
 // mmaAttendName picks the attention kernel for heads rows per item: the
 // default, or Config.AttendKernel when it is a variant of the default
