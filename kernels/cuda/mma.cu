@@ -21,11 +21,6 @@ typedef long long i64;
 
 #define NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ float ex2(float x) {
-	float y;
-	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-	return y;
-}
 
 // nanmax is max that propagates NaN (fmaxf drops it): a tile maximum is
 // NaN when a score of the tile is, which sends the row to the radix top-K.
@@ -431,7 +426,7 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 		const i64 lp = lists[li];
 		const int valid = lp == np - 1 ? tail : S;
 		const i64 rec = (i64)pages[p0 + lp] * kvh + kv;
-		if constexpr (KV8) {
+		if (KV8) {
 			const unsigned char* ks = reinterpret_cast<const unsigned char*>(K) + rec * TILE8;
 			const unsigned char* vs = reinterpret_cast<const unsigned char*>(V) + rec * TILE8;
 			unsigned char* kd = wb + stage * STAGEB;
@@ -518,7 +513,7 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 		const int valid = lp == np - 1 ? tail : S;
 		uint32_t kb = wbs + stage * STAGEB;
 		float sk = 1.f, sv = 1.f;
-		if constexpr (KV8) {
+		if (KV8) {
 			// Codes to the bf16 tiles: 8 codes (one 16-byte row chunk) at a time.
 			const unsigned char* st = wb + stage * STAGEB;
 			unsigned char* kt = wb + STAGES * STAGEB;
@@ -562,7 +557,7 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 				}
 			}
 		}
-		if constexpr (KV8) {
+		if (KV8) {
 #pragma unroll
 			for (int e = 0; e < 4; e++) {
 				s0[e] *= sk;
@@ -600,7 +595,7 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 				acc[n][3] *= alpha[1];
 			}
 		}
-		if constexpr (KV8) {
+		if (KV8) {
 #pragma unroll
 			for (int e = 0; e < 4; e++) {
 				s0[e] *= sv;

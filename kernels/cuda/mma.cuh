@@ -1,7 +1,7 @@
 // Tensor-core helpers shared by mma.cu (Quest's score and attention) and
 // model.cu (the GEMV of the device executor): 16-bit pairs, the hi + lo
 // split of a float operand, one m16n8k16 mma with fp32 accumulation, and
-// the streaming 16-byte load.
+// the streaming 16-byte load and ex2.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -53,4 +53,12 @@ __device__ __forceinline__ uint4 ldg_nc(const void* p) {
 		     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
 		     : "l"(p));
 	return r;
+}
+
+// ex2 is 2^x with subnormal results flushed to zero (one MUFU.EX2, no
+// fix-up around it as exp2f needs): softmax weights below 2^-126 are zero.
+__device__ __forceinline__ float ex2(float x) {
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+	return y;
 }

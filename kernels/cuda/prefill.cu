@@ -209,7 +209,7 @@ PREFILL_GEMM(128, 128, 64, 64, 4)
 // K/V tiles of BN positions, double-buffered with cp.async, gathered page
 // by page through the table (shift is log2(S) when S is a power of two,
 // else -1). FlashAttention-2's schedule: the scores are scaled by
-// log2(e) / sqrt(D) (folded into q), exponentiated with exp2, the
+// log2(e) / sqrt(D) (folded into q), exponentiated with ex2 (mma.cuh), the
 // running maximum and sum kept per row; positions past the diagonal, and
 // rows past the chunk, are -inf.
 //
@@ -392,13 +392,13 @@ __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const
 				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
 				float mn = fmaxf(m[mt][r], mx);
 				float base = mn == -INFINITY ? 0.f : mn;
-				scale_old[r] = exp2f(m[mt][r] - base);
+				scale_old[r] = ex2(m[mt][r] - base);
 				m[mt][r] = mn;
 				float sum = 0.f;
 #pragma unroll
 				for (int i = 0; i < BN / 8; i++) {
-					s[mt][i][2 * r] = exp2f(s[mt][i][2 * r] - base);
-					s[mt][i][2 * r + 1] = exp2f(s[mt][i][2 * r + 1] - base);
+					s[mt][i][2 * r] = ex2(s[mt][i][2 * r] - base);
+					s[mt][i][2 * r + 1] = ex2(s[mt][i][2 * r + 1] - base);
 					sum += s[mt][i][2 * r] + s[mt][i][2 * r + 1];
 				}
 				sum += __shfl_xor_sync(0xffffffffu, sum, 1);
