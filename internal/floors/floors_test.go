@@ -35,7 +35,7 @@ func floorOf(p string) (floor int, ok bool) {
 		"internal/testmodels", "internal/tmpfstest", "internal/floors", "internal/invariants", "internal/yield", "internal/parfor",
 		"internal/redact", "internal/memwatch"):
 		return 0, true
-	case under("kernels", "pagestore", "collective", "internal/offload"):
+	case under("kernels", "pagestore", "collective", "internal/offload", "internal/metastore"):
 		return 1, true
 	case under("shard"):
 		return 2, true
