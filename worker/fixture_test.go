@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"encoding/hex"
 	"encoding/json"
 	"math/rand/v2"
 	"os"
@@ -9,8 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/questrt/questrt/internal/metastore/metastoretest"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -91,32 +89,6 @@ func writeFixture(t *testing.T, dst string) {
 	}
 }
 
-// dumpTable returns the contents of the bbolt file path, bucket by
-// bucket, opened read-only.
-func dumpTable(t *testing.T, path string) map[string]map[string]string {
-	t.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	out := map[string]map[string]string{}
-	err = db.View(func(tx *bolt.Tx) error {
-		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-			m := map[string]string{}
-			out[string(name)] = m
-			return b.ForEach(func(k, v []byte) error {
-				m[hex.EncodeToString(k)] = string(v)
-				return nil
-			})
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // recoverFixture opens a copy of the data directory dir and returns what
 // it recovered.
 func recoverFixture(t *testing.T, dir string) fixtureWant {
@@ -155,7 +127,7 @@ func TestTableFixture(t *testing.T) {
 		}
 		writeFixture(t, fixtureDir)
 		w := recoverFixture(t, fixtureDir)
-		w.Table = dumpTable(t, filepath.Join(fixtureDir, tableName))
+		w.Table = metastoretest.BoltContents(t, filepath.Join(fixtureDir, tableName))
 		if err := os.WriteFile(wantPath, marshalWant(t, w), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -173,13 +145,13 @@ func TestTableFixture(t *testing.T) {
 		t.Fatalf("the fixture holds %d markers, %d entries, %d recovered; want 1, 3, 3", len(want.Table["steps"]), len(want.Table["seqs"]), len(want.Recovered))
 	}
 	got := recoverFixture(t, fixtureDir)
-	got.Table = dumpTable(t, filepath.Join(fixtureDir, tableName))
+	got.Table = metastoretest.BoltContents(t, filepath.Join(fixtureDir, tableName))
 	if g, w := marshalWant(t, got), marshalWant(t, want); string(g) != string(w) {
 		t.Errorf("the fixture recovers as\n%s\nwant\n%s", g, w)
 	}
 	fresh := t.TempDir()
 	writeFixture(t, fresh)
-	g := marshalWant(t, fixtureWant{Table: dumpTable(t, filepath.Join(fresh, tableName))})
+	g := marshalWant(t, fixtureWant{Table: metastoretest.BoltContents(t, filepath.Join(fresh, tableName))})
 	if w := marshalWant(t, fixtureWant{Table: want.Table}); string(g) != string(w) {
 		t.Errorf("the workload writes the table\n%s\nwant\n%s", g, w)
 	}

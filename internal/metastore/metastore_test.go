@@ -2,7 +2,6 @@ package metastore_test
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
@@ -38,32 +37,6 @@ var (
 	stepMark = metastore.StepMark{Step: 3, Lens: [][]int{{15, 15}, nil}}
 )
 
-// dump returns the contents of the bbolt file path: bucket -> hex key
-// -> value.
-func dump(t *testing.T, path string) map[string]map[string]string {
-	t.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	out := map[string]map[string]string{}
-	err = db.View(func(tx *bolt.Tx) error {
-		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-			m := map[string]string{}
-			out[string(name)] = m
-			return b.ForEach(func(k, v []byte) error {
-				m[hex.EncodeToString(k)] = string(v)
-				return nil
-			})
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // TestBoltLayout: the file holds the buckets, keys and JSON of the
 // tables written before this package (worker/testdata/table-v1 has the
 // same records, written by that code).
@@ -94,7 +67,7 @@ func TestBoltLayout(t *testing.T) {
 		"steps": {"0000000000000001": `{"step":3,"lens":[[15,15],null]}`},
 	}
 	st.Close()
-	if got := dump(t, path); !reflect.DeepEqual(got, want) {
+	if got := metastoretest.BoltContents(t, path); !reflect.DeepEqual(got, want) {
 		t.Fatalf("the file holds\n%q\nwant\n%q", got, want)
 	}
 }
