@@ -33,11 +33,7 @@ var (
 )
 
 // boltTable is a SeqTable in a bbolt file.
-type boltTable struct {
-	db       *bolt.DB
-	readOnly bool
-	closed   atomic.Bool
-}
+type boltTable struct{ boltFile }
 
 // OpenBolt opens the bbolt sequence table at path, creating it (mode
 // 0600) unless opt.ReadOnly. The file is checked first
@@ -45,11 +41,11 @@ type boltTable struct {
 // ErrCorrupt, and a lock held past opt.Timeout with ErrInUse. Other
 // errors (permissions, a missing file read-only) are the system's.
 func OpenBolt(path string, opt Options) (SeqTable, error) {
-	db, err := openChecked(path, opt)
+	db, err := openChecked(path, opt, bolt.FreelistArrayType)
 	if err != nil {
 		return nil, err
 	}
-	return &boltTable{db: db, readOnly: opt.ReadOnly}, nil
+	return &boltTable{boltFile{db: db, readOnly: opt.ReadOnly}}, nil
 }
 
 // CheckFile opens the bbolt file at path read-only through the checks
@@ -58,7 +54,7 @@ func OpenBolt(path string, opt Options) (SeqTable, error) {
 // holds it past timeout. Any bbolt file of a data directory may be
 // checked so (the page stores' and the disk tier's too).
 func CheckFile(path string, timeout time.Duration) error {
-	db, err := openChecked(path, Options{ReadOnly: true, Timeout: timeout})
+	db, err := openChecked(path, Options{ReadOnly: true, Timeout: timeout}, bolt.FreelistArrayType)
 	if err != nil {
 		return err
 	}
@@ -66,9 +62,10 @@ func CheckFile(path string, timeout time.Duration) error {
 }
 
 // openChecked is boltcheck.OpenChecked with its errors as this
-// package's.
-func openChecked(path string, opt Options) (*bolt.DB, error) {
-	bo := &bolt.Options{Timeout: opt.Timeout}
+// package's; freelist is the freelist's type in memory (the file is the
+// same with either).
+func openChecked(path string, opt Options, freelist bolt.FreelistType) (*bolt.DB, error) {
+	bo := &bolt.Options{Timeout: opt.Timeout, FreelistType: freelist}
 	if opt.ReadOnly {
 		bo.ReadOnly, bo.PreLoadFreelist = true, true
 	}
@@ -84,37 +81,52 @@ func openChecked(path string, opt Options) (*bolt.DB, error) {
 	return db, nil
 }
 
+// boltFile is an open bbolt file of this package.
+type boltFile struct {
+	db       *bolt.DB
+	readOnly bool
+	closed   atomic.Bool
+}
+
 // view runs fn in a checked read transaction.
-func (t *boltTable) view(ctx context.Context, fn func(*bolt.Tx) error) error {
-	if err := t.usable(ctx); err != nil {
+func (f *boltFile) view(ctx context.Context, fn func(*bolt.Tx) error) error {
+	if err := f.usable(ctx); err != nil {
 		return err
 	}
-	return t.fail(boltcheck.View(t.db, fn))
+	return txError(boltcheck.View(f.db, fn))
 }
 
 // update runs fn in a checked write transaction: one commit.
-func (t *boltTable) update(ctx context.Context, fn func(*bolt.Tx) error) error {
-	if err := t.usable(ctx); err != nil {
+func (f *boltFile) update(ctx context.Context, fn func(*bolt.Tx) error) error {
+	if err := f.usable(ctx); err != nil {
 		return err
 	}
-	if t.readOnly {
+	if f.readOnly {
 		return ErrReadOnly
 	}
-	return t.fail(boltcheck.Update(t.db, fn))
+	return txError(boltcheck.Update(f.db, fn))
 }
 
-func (t *boltTable) usable(ctx context.Context) error {
+func (f *boltFile) usable(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if t.closed.Load() {
+	if f.closed.Load() {
 		return ErrClosed
 	}
 	return nil
 }
 
-// fail returns a transaction's error as this package's.
-func (t *boltTable) fail(err error) error {
+// Close closes the file; idempotent.
+func (f *boltFile) Close() error {
+	if f.closed.Swap(true) {
+		return nil
+	}
+	return f.db.Close()
+}
+
+// txError returns a transaction's error as this package's.
+func txError(err error) error {
 	switch {
 	case err == nil:
 		return nil
@@ -311,11 +323,4 @@ func (t *boltTable) ClearMarks(ctx context.Context) error {
 		_, err := tx.CreateBucket(bkSteps)
 		return err
 	})
-}
-
-func (t *boltTable) Close() error {
-	if t.closed.Swap(true) {
-		return nil
-	}
-	return t.db.Close()
 }

@@ -6,12 +6,14 @@
 // conformance suite (metastoretest.Run), as hashicorp raft keeps its
 // LogStore and StableStore with raft-boltdb and InmemStore.
 //
-// Today it holds the worker's sequence table ([SeqTable]: the format
-// record of a data directory, one entry per sequence naming its store
-// sequence on every hosted rank, and the step markers that make a
-// decode step atomic across a crash). The page stores' manifests and
-// the disk tier's index are still in bbolt files of their own
-// (pagestore, pagestore/disktier), to move here next (issue 31, item 2).
+// It holds the worker's sequence table ([SeqTable]: the format record
+// of a data directory, one entry per sequence naming its store sequence
+// on every hosted rank, and the step markers that make a decode step
+// atomic across a crash) and a page store's manifests ([Manifests]: its
+// geometry, one manifest per persisted sequence naming the slab slots
+// of its pages, and each slot's payload checksum). The disk tier's
+// index (pagestore/disktier) is still a bbolt file of its own, to move
+// here next (issue 31, item 2).
 //
 // Every bbolt file is opened through internal/boltcheck: a damaged file
 // is refused with an error wrapping [ErrCorrupt] before anything walks

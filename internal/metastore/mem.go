@@ -1,6 +1,7 @@
 package metastore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -15,8 +16,7 @@ import (
 // safe for concurrent use.
 type Mem struct {
 	mu      sync.Mutex
-	readers int  // open read-only tables
-	writer  bool // a writable table is open
+	lock    memLock
 	format  []byte
 	next    uint64
 	entries map[uint64]Entry
@@ -32,40 +32,90 @@ func NewMem() *Mem {
 func (m *Mem) Open(opt Options) (SeqTable, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.writer || (!opt.ReadOnly && m.readers > 0) {
-		return nil, fmt.Errorf("metastore: memory table: %w", ErrInUse)
+	h, err := openMem(&m.mu, &m.lock, opt.ReadOnly)
+	if err != nil {
+		return nil, fmt.Errorf("metastore: memory table: %w", err)
 	}
-	if opt.ReadOnly {
-		m.readers++
+	return &memTable{memHandle: h, m: m}, nil
+}
+
+// memLock is the lock of a memory file (under its owner's mutex): a
+// writer excludes every other open, readers share it.
+type memLock struct {
+	readers int  // open read-only
+	writer  bool // open writable
+}
+
+func (l *memLock) take(readOnly bool) error {
+	if l.writer || (!readOnly && l.readers > 0) {
+		return ErrInUse
+	}
+	if readOnly {
+		l.readers++
 	} else {
-		m.writer = true
+		l.writer = true
 	}
-	return &memTable{m: m, readOnly: opt.ReadOnly}, nil
+	return nil
+}
+
+func (l *memLock) release(readOnly bool) {
+	if readOnly {
+		l.readers--
+	} else {
+		l.writer = false
+	}
+}
+
+// memHandle is one open of a memory file: the file's mutex and lock.
+type memHandle struct {
+	mu       *sync.Mutex
+	lock     *memLock
+	readOnly bool
+	closed   bool // under *mu
+}
+
+// openMem takes lock (under mu) for a new handle.
+func openMem(mu *sync.Mutex, lock *memLock, readOnly bool) (memHandle, error) {
+	if err := lock.take(readOnly); err != nil {
+		return memHandle{}, err
+	}
+	return memHandle{mu: mu, lock: lock, readOnly: readOnly}, nil
+}
+
+// enter takes the file's mutex for a call of ctx, failing as a closed or
+// read-only handle does (write: the call writes); on nil the caller
+// unlocks it.
+func (h *memHandle) enter(ctx context.Context, write bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	switch {
+	case h.closed:
+		h.mu.Unlock()
+		return ErrClosed
+	case write && h.readOnly:
+		h.mu.Unlock()
+		return ErrReadOnly
+	}
+	return nil
+}
+
+// Close releases the handle's lock; idempotent.
+func (h *memHandle) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.closed {
+		h.closed = true
+		h.lock.release(h.readOnly)
+	}
+	return nil
 }
 
 // memTable is one open of a Mem.
 type memTable struct {
-	m        *Mem
-	readOnly bool
-	closed   bool // under m.mu
-}
-
-// lock takes the Mem's lock for a call of ctx, failing as a closed or
-// read-only table does (write: the call writes).
-func (t *memTable) lock(ctx context.Context, write bool) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	t.m.mu.Lock()
-	switch {
-	case t.closed:
-		t.m.mu.Unlock()
-		return ErrClosed
-	case write && t.readOnly:
-		t.m.mu.Unlock()
-		return ErrReadOnly
-	}
-	return nil
+	memHandle
+	m *Mem
 }
 
 func (t *memTable) Init(ctx context.Context, f Format) error {
@@ -73,7 +123,7 @@ func (t *memTable) Init(ctx context.Context, f Format) error {
 	if err != nil {
 		return err
 	}
-	if err := t.lock(ctx, true); err != nil {
+	if err := t.enter(ctx, true); err != nil {
 		return err
 	}
 	defer t.m.mu.Unlock()
@@ -85,7 +135,7 @@ func (t *memTable) Init(ctx context.Context, f Format) error {
 }
 
 func (t *memTable) Format(ctx context.Context) (Format, bool, error) {
-	if err := t.lock(ctx, false); err != nil {
+	if err := t.enter(ctx, false); err != nil {
 		return Format{}, false, err
 	}
 	raw := t.m.format
@@ -98,7 +148,7 @@ func (t *memTable) Format(ctx context.Context) (Format, bool, error) {
 }
 
 func (t *memTable) put(ctx context.Context, key uint64, e Entry) (uint64, error) {
-	if err := t.lock(ctx, true); err != nil {
+	if err := t.enter(ctx, true); err != nil {
 		return 0, err
 	}
 	defer t.m.mu.Unlock()
@@ -122,7 +172,7 @@ func (t *memTable) Put(ctx context.Context, key uint64, e Entry) error {
 }
 
 func (t *memTable) Delete(ctx context.Context, keys ...uint64) error {
-	if err := t.lock(ctx, true); err != nil {
+	if err := t.enter(ctx, true); err != nil {
 		return err
 	}
 	defer t.m.mu.Unlock()
@@ -133,7 +183,7 @@ func (t *memTable) Delete(ctx context.Context, keys ...uint64) error {
 }
 
 func (t *memTable) Entries(ctx context.Context) ([]Record, error) {
-	if err := t.lock(ctx, false); err != nil {
+	if err := t.enter(ctx, false); err != nil {
 		return nil, err
 	}
 	defer t.m.mu.Unlock()
@@ -141,20 +191,12 @@ func (t *memTable) Entries(ctx context.Context) ([]Record, error) {
 	for k, e := range t.m.entries {
 		out = append(out, Record{Key: k, Entry: cloneEntry(e)})
 	}
-	slices.SortFunc(out, func(a, b Record) int {
-		switch {
-		case a.Key < b.Key:
-			return -1
-		case a.Key > b.Key:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b Record) int { return cmp.Compare(a.Key, b.Key) })
 	return out, nil
 }
 
 func (t *memTable) PutMarks(ctx context.Context, marks map[uint64]StepMark) error {
-	if err := t.lock(ctx, true); err != nil {
+	if err := t.enter(ctx, true); err != nil {
 		return err
 	}
 	defer t.m.mu.Unlock()
@@ -165,7 +207,7 @@ func (t *memTable) PutMarks(ctx context.Context, marks map[uint64]StepMark) erro
 }
 
 func (t *memTable) DeleteMarks(ctx context.Context, keys ...uint64) error {
-	if err := t.lock(ctx, true); err != nil {
+	if err := t.enter(ctx, true); err != nil {
 		return err
 	}
 	defer t.m.mu.Unlock()
@@ -176,7 +218,7 @@ func (t *memTable) DeleteMarks(ctx context.Context, keys ...uint64) error {
 }
 
 func (t *memTable) Marks(ctx context.Context) (map[uint64]StepMark, error) {
-	if err := t.lock(ctx, false); err != nil {
+	if err := t.enter(ctx, false); err != nil {
 		return nil, err
 	}
 	defer t.m.mu.Unlock()
@@ -188,26 +230,11 @@ func (t *memTable) Marks(ctx context.Context) (map[uint64]StepMark, error) {
 }
 
 func (t *memTable) ClearMarks(ctx context.Context) error {
-	if err := t.lock(ctx, true); err != nil {
+	if err := t.enter(ctx, true); err != nil {
 		return err
 	}
 	defer t.m.mu.Unlock()
 	clear(t.m.marks)
-	return nil
-}
-
-func (t *memTable) Close() error {
-	t.m.mu.Lock()
-	defer t.m.mu.Unlock()
-	if t.closed {
-		return nil
-	}
-	t.closed = true
-	if t.readOnly {
-		t.m.readers--
-	} else {
-		t.m.writer = false
-	}
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package metastore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/questrt/questrt/internal/boltcheck"
 	"github.com/questrt/questrt/internal/metastore"
 	"github.com/questrt/questrt/internal/metastore/metastoretest"
+	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -189,5 +191,91 @@ func TestBoltDamage(t *testing.T) {
 	}
 	if _, ok, err := st.Format(ctx); ok || !errors.Is(err, metastore.ErrCorrupt) {
 		t.Fatalf("format version 2: ok %v, %v; want ErrCorrupt", ok, err)
+	}
+}
+
+func TestBoltManifests(t *testing.T) {
+	metastoretest.RunManifests(t, func(t *testing.T) metastoretest.ManifestsOpener {
+		path := filepath.Join(t.TempDir(), "store.db")
+		return func(opt metastore.Options) (metastore.Manifests, error) {
+			return metastore.OpenBoltManifests(path, opt)
+		}
+	})
+}
+
+func TestMemManifests(t *testing.T) {
+	metastoretest.RunManifests(t, func(t *testing.T) metastoretest.ManifestsOpener { return metastore.NewMemManifests().Open })
+}
+
+// TestBoltManifestsDamage: a header, a table chunk and a slot record
+// whose checksums fail are reported per record, wrapping ErrCorrupt and
+// tier.ErrCorrupt, and the others load.
+func TestBoltManifestsDamage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store.db")
+	m, err := metastore.OpenBoltManifests(path, metastore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := metastore.ManifestFormat{Layers: 2, KVHeads: 2, HeadDim: 16, PageSize: 16, DType: plan.FP8}
+	if err := m.Init(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	var put []metastore.Manifest
+	for id := uint64(1); id <= 3; id++ {
+		put = append(put, metastore.Manifest{ID: id, LenRec: int32(id), Lens: []int{32, 31}, Slots: []int32{int32(2 * id), int32(2*id + 1)}})
+	}
+	if err := m.Commit(ctx, metastore.ManifestBatch{Put: put, SlotCRC: map[int32]uint32{2: 1, 3: 2, 4: 3}, NextID: 4}); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		flip := func(bucket string, key []byte) error {
+			b := tx.Bucket([]byte(bucket))
+			v := bytes.Clone(b.Get(key))
+			v[5] ^= 1
+			return b.Put(key, v)
+		}
+		if got := tx.Bucket([]byte("meta")).Get([]byte("format")); len(got) != 21 || got[20] != byte(plan.FP8) {
+			t.Errorf("fp8 format record %x, want 21 bytes ending in the dtype", got)
+		}
+		return errors.Join(flip("seqs", []byte{0, 0, 0, 0, 0, 0, 0, 1}), flip("tables", []byte{0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0}), flip("slots", []byte{0, 0, 0, 3}))
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err = metastore.OpenBoltManifests(path, metastore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Init(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	ld, err := m.Load(ctx)
+	if err != nil || len(ld.Manifests) != 3 || ld.NextID != 4 {
+		t.Fatalf("load: %+v, %v", ld, err)
+	}
+	for i, want := range []string{"manifest: value checksum", "table chunk 0: value checksum", ""} {
+		r := ld.Manifests[i]
+		if want == "" {
+			if r.Err != nil || !reflect.DeepEqual(r.Manifest, put[i]) {
+				t.Errorf("manifest 3: %+v, want it whole", r)
+			}
+			continue
+		}
+		if !errors.Is(r.Err, metastore.ErrCorrupt) || !errors.Is(r.Err, tier.ErrCorrupt) || !strings.HasPrefix(r.Err.Error(), want) || r.Manifest.ID != uint64(i+1) {
+			t.Errorf("manifest %d: %+v, want %q (ErrCorrupt, tier.ErrCorrupt)", i+1, r, want)
+		}
+	}
+	if len(ld.Manifests[1].Manifest.Lens) != 2 {
+		t.Errorf("manifest 2, its table damaged: %+v, want its header's lengths", ld.Manifests[1].Manifest)
+	}
+	if e := ld.BadSlots[3]; !errors.Is(e, tier.ErrCorrupt) || !strings.HasPrefix(e.Error(), "slot 3 record: ") || len(ld.SlotCRC) != 2 {
+		t.Errorf("slot records: %v good, %v bad; want slot 3 bad", ld.SlotCRC, ld.BadSlots)
 	}
 }
