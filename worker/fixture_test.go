@@ -119,8 +119,8 @@ func marshalWant(t *testing.T, w fixtureWant) []byte {
 // TestTableFixture opens the fixture written by the code before the
 // sequence table's move (see above): its table holds what it held then,
 // it recovers as it did then, and the current code writes the same
-// table contents and page store manifests, byte for byte, from the same
-// workload.
+// table contents, page store manifests and disk tier indexes, byte for
+// byte, from the same workload.
 func TestTableFixture(t *testing.T) {
 	wantPath := fixtureDir + ".want.json"
 	if os.Getenv("QUESTRT_WRITE_FIXTURE") == "1" {
@@ -157,21 +157,24 @@ func TestTableFixture(t *testing.T) {
 	if w := marshalWant(t, fixtureWant{Table: want.Table}); string(g) != string(w) {
 		t.Errorf("the workload writes the table\n%s\nwant\n%s", g, w)
 	}
-	// The ranks' page store manifests (store.db), written by the same
-	// older code, are written the same too.
-	slots := 0
+	// The ranks' page store manifests (store.db) and disk tier indexes
+	// (index.db), written by the same older code, are written the same
+	// too.
+	slots := map[string]int{}
 	for _, r := range []Rank{{CP: 0}, {CP: 1}} {
-		path := filepath.Join(RankDir(fixtureDir, r), "store.db")
-		old, now := metastoretest.BoltContents(t, path), metastoretest.BoltContents(t, filepath.Join(RankDir(fresh, r), "store.db"))
-		if len(old["seqs"]) != 3 {
-			t.Fatalf("%s holds %d manifests, want 3", path, len(old["seqs"]))
-		}
-		slots += len(old["slots"])
-		if !reflect.DeepEqual(old, now) {
-			t.Errorf("rank %v: the workload writes the manifests\n%q\nwant (%s)\n%q", r, now, path, old)
+		for _, name := range []string{"store.db", "index.db"} {
+			path := filepath.Join(RankDir(fixtureDir, r), name)
+			old, now := metastoretest.BoltContents(t, path), metastoretest.BoltContents(t, filepath.Join(RankDir(fresh, r), name))
+			if len(old["meta"]) == 0 {
+				t.Fatalf("%s holds no format record", path)
+			}
+			slots[name] += len(old["slots"])
+			if !reflect.DeepEqual(old, now) {
+				t.Errorf("rank %v: the workload writes %s\n%q\nwant (%s)\n%q", r, name, now, path, old)
+			}
 		}
 	}
-	if slots == 0 {
-		t.Fatal("the fixture's page stores hold no slot record")
+	if slots["store.db"] == 0 || slots["index.db"] == 0 {
+		t.Fatalf("the fixture's page stores hold %v slot records: none to compare", slots)
 	}
 }

@@ -9,11 +9,13 @@
 // It holds the worker's sequence table ([SeqTable]: the format record
 // of a data directory, one entry per sequence naming its store sequence
 // on every hosted rank, and the step markers that make a decode step
-// atomic across a crash) and a page store's manifests ([Manifests]: its
+// atomic across a crash), a page store's manifests ([Manifests]: its
 // geometry, one manifest per persisted sequence naming the slab slots
-// of its pages, and each slot's payload checksum). The disk tier's
-// index (pagestore/disktier) is still a bbolt file of its own, to move
-// here next (issue 31, item 2).
+// of its pages, and each slot's payload checksum) and a disk tier's
+// index ([SlotIndex]: the slab geometry and each written slot's payload
+// length and checksum). Each is a bbolt file of its own in its owner's
+// directory, with the buckets, keys and encodings those owners wrote
+// before this package existed.
 //
 // Every bbolt file is opened through internal/boltcheck: a damaged file
 // is refused with an error wrapping [ErrCorrupt] before anything walks

@@ -279,3 +279,16 @@ func TestBoltManifestsDamage(t *testing.T) {
 		t.Errorf("slot records: %v good, %v bad; want slot 3 bad", ld.SlotCRC, ld.BadSlots)
 	}
 }
+
+func TestBoltSlotIndex(t *testing.T) {
+	metastoretest.RunSlotIndex(t, func(t *testing.T) metastoretest.SlotIndexOpener {
+		path := filepath.Join(t.TempDir(), "index.db")
+		return func(opt metastore.Options) (metastore.SlotIndex, error) {
+			return metastore.OpenBoltSlotIndex(path, opt)
+		}
+	})
+}
+
+func TestMemSlotIndex(t *testing.T) {
+	metastoretest.RunSlotIndex(t, func(t *testing.T) metastoretest.SlotIndexOpener { return metastore.NewMemSlotIndex().Open })
+}
