@@ -13,13 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
-
-	"github.com/questrt/questrt/internal/boltcheck"
+	"github.com/questrt/questrt/internal/metastore"
 	"github.com/questrt/questrt/pagestore/disktier"
 	"github.com/questrt/questrt/pagestore/tier"
-	"github.com/questrt/questrt/plan"
 )
 
 // Durability says when a persisting store's ([Config.DataDir]) changes
@@ -76,20 +72,8 @@ const (
 	lengthsName = "lengths"
 )
 
-var (
-	bkMeta   = []byte("meta")
-	bkSeqs   = []byte("seqs")
-	bkTables = []byte("tables")
-	bkSlots  = []byte("slots")
-	kFormat  = []byte("format")
-	kNextID  = []byte("next_id")
-)
-
-const (
-	manifestVersion = 1
-	chunkSlots      = 1024 // slots per table chunk value (4 KiB)
-)
-
+// castagnoli is the CRC32C table of the payloads' and the lengths
+// file's checksums (the manifests' own are metastore's).
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // RecoveryReport says what [New] found in a data directory.
@@ -176,7 +160,7 @@ type seqView struct {
 type persist struct {
 	dir  string
 	mode Durability
-	db   *bolt.DB
+	db   metastore.Manifests
 	dt   *disktier.Tier
 	lenF *os.File
 
@@ -254,11 +238,11 @@ func (s *Store) openPersist() error {
 		return fail(opCreateDir, dir, err)
 	}
 	dbPath := filepath.Join(dir, storeDBName)
-	db, err := boltcheck.OpenChecked(dbPath, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond, FreelistType: bolt.FreelistMapType})
-	if errors.Is(err, berrors.ErrTimeout) {
+	db, err := metastore.OpenBoltManifests(dbPath, metastore.Options{Timeout: 100 * time.Millisecond})
+	if errors.Is(err, metastore.ErrInUse) {
 		return fmt.Errorf("pagestore: data dir %s: %s is locked by another store, in this process or another: %w", dir, dbPath, ErrInUse)
 	}
-	if errors.Is(err, boltcheck.ErrCorrupt) {
+	if errors.Is(err, metastore.ErrCorrupt) {
 		// Damaged: nothing of it is read (its caller may quarantine the
 		// directory and start afresh).
 		return fmt.Errorf("pagestore: data dir %s: %w: %w", dir, tier.ErrCorrupt, err)
@@ -332,110 +316,17 @@ func (pr *persist) closeFiles() error {
 	return errors.Join(pr.lenF.Close(), pr.dt.Close(), pr.db.Close())
 }
 
-// format is the fixed geometry of a data directory.
-func (c Config) persistFormat() []byte {
-	b := make([]byte, 20)
-	binary.LittleEndian.PutUint32(b[0:], manifestVersion)
-	binary.LittleEndian.PutUint32(b[4:], uint32(c.Layers))
-	binary.LittleEndian.PutUint32(b[8:], uint32(c.KVHeads))
-	binary.LittleEndian.PutUint32(b[12:], uint32(c.HeadDim))
-	binary.LittleEndian.PutUint32(b[16:], uint32(c.PageSize))
-	if c.DType == plan.FP8 {
-		// f32 directories keep their 20-byte format; fp8 ones say so.
-		b = append(b, byte(plan.FP8))
-	}
-	return b
+// manifestFormat is the fixed geometry of a data directory.
+func (c Config) manifestFormat() metastore.ManifestFormat {
+	return metastore.ManifestFormat{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: c.DType}
 }
 
-func seqKey(id SeqID) []byte { return binary.BigEndian.AppendUint64(nil, uint64(id)) }
-
-func chunkKey(id SeqID, c int) []byte {
-	return binary.BigEndian.AppendUint32(seqKey(id), uint32(c))
+// manifest is v as metastore keeps it.
+func (v seqView) manifest() metastore.Manifest {
+	return metastore.Manifest{ID: uint64(v.id), LenRec: v.lenRec, Lens: v.lens, Slots: v.slots}
 }
 
-func slotKey(sl int32) []byte { return binary.BigEndian.AppendUint32(nil, uint32(sl)) }
-
-// sealValue appends the CRC32C of key and v to v.
-func sealValue(key, v []byte) []byte {
-	crc := crc32.Update(crc32.Update(0, castagnoli, key), castagnoli, v)
-	return binary.LittleEndian.AppendUint32(v, crc)
-}
-
-// openValue checks and strips sealValue's checksum.
-func openValue(key, v []byte) ([]byte, error) {
-	if len(v) < 4 {
-		return nil, fmt.Errorf("value of %d bytes: %w", len(v), tier.ErrCorrupt)
-	}
-	body := v[:len(v)-4]
-	want := binary.LittleEndian.Uint32(v[len(v)-4:])
-	if got := crc32.Update(crc32.Update(0, castagnoli, key), castagnoli, body); got != want {
-		return nil, fmt.Errorf("value checksum %08x, stored %08x: %w", got, want, tier.ErrCorrupt)
-	}
-	return body, nil
-}
-
-// header: version u8, 3 zero bytes, lenRec u32, slots u32, layers u32,
-// lens u32 x layers, CRC32C.
-func encodeHeader(v seqView) []byte {
-	b := make([]byte, 16, 16+4*len(v.lens)+4)
-	b[0] = manifestVersion
-	binary.LittleEndian.PutUint32(b[4:], uint32(v.lenRec))
-	binary.LittleEndian.PutUint32(b[8:], uint32(len(v.slots)))
-	binary.LittleEndian.PutUint32(b[12:], uint32(len(v.lens)))
-	for _, n := range v.lens {
-		b = binary.LittleEndian.AppendUint32(b, uint32(n))
-	}
-	return sealValue(seqKey(v.id), b)
-}
-
-func decodeHeader(id SeqID, raw []byte, layers int) (seqView, int, error) {
-	b, err := openValue(seqKey(id), raw)
-	if err != nil {
-		return seqView{}, 0, fmt.Errorf("manifest: %w", err)
-	}
-	if len(b) < 16 || b[0] != manifestVersion || int(binary.LittleEndian.Uint32(b[12:])) != layers || len(b) != 16+4*layers {
-		return seqView{}, 0, fmt.Errorf("manifest of %d bytes, version %d: %w", len(b), b[0], tier.ErrCorrupt)
-	}
-	v := seqView{id: id, lenRec: int32(binary.LittleEndian.Uint32(b[4:])), lens: make([]int, layers)}
-	for l := range v.lens {
-		v.lens[l] = int(binary.LittleEndian.Uint32(b[16+4*l:]))
-	}
-	return v, int(binary.LittleEndian.Uint32(b[8:])), nil
-}
-
-func encodeChunk(id SeqID, c int, slots []int32) []byte {
-	b := make([]byte, 0, 4*len(slots)+4)
-	for _, sl := range slots {
-		b = binary.LittleEndian.AppendUint32(b, uint32(sl))
-	}
-	return sealValue(chunkKey(id, c), b)
-}
-
-// slot record: version u8, 3 zero bytes, payload CRC32C u32, CRC32C.
-func encodeSlotRec(sl int32, crc uint32) []byte {
-	b := make([]byte, 8)
-	b[0] = manifestVersion
-	binary.LittleEndian.PutUint32(b[4:], crc)
-	return sealValue(slotKey(sl), b)
-}
-
-func chunkOf(slots []int32, c int) []int32 {
-	return slots[c*chunkSlots : min((c+1)*chunkSlots, len(slots))]
-}
-
-func equal32(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// commitLocked makes views and deletions durable in one bbolt transaction
+// commitLocked makes views and deletions durable in one commit
 // (pr.mu held), after syncing the slabs in periodic mode, then updates the
 // committed references and frees the slots nothing holds.
 func (pr *persist) commitLocked(views []seqView, dels []SeqID, nextID SeqID) error {
@@ -447,50 +338,18 @@ func (pr *persist) commitLocked(views []seqView, dels []SeqID, nextID SeqID) err
 			return err
 		}
 	}
+	b := metastore.ManifestBatch{SlotCRC: pr.pendingRec}
+	for _, v := range views {
+		b.Put = append(b.Put, v.manifest())
+	}
+	for _, id := range dels {
+		b.Delete = append(b.Delete, uint64(id))
+	}
+	if nextID > pr.nextID {
+		b.NextID = uint64(nextID)
+	}
 	err := pr.do(opCommit, filepath.Join(pr.dir, storeDBName), func() error {
-		return boltcheck.Update(pr.db, func(tx *bolt.Tx) error {
-			sb, tb, slb := tx.Bucket(bkSeqs), tx.Bucket(bkTables), tx.Bucket(bkSlots)
-			for sl, crc := range pr.pendingRec {
-				if err := slb.Put(slotKey(sl), encodeSlotRec(sl, crc)); err != nil {
-					return err
-				}
-			}
-			for _, v := range views {
-				old := pr.committed[v.id]
-				if err := sb.Put(seqKey(v.id), encodeHeader(v)); err != nil {
-					return err
-				}
-				nc, oc := (len(v.slots)+chunkSlots-1)/chunkSlots, (len(old)+chunkSlots-1)/chunkSlots
-				for c := range nc {
-					if c < oc && equal32(chunkOf(old, c), chunkOf(v.slots, c)) {
-						continue
-					}
-					if err := tb.Put(chunkKey(v.id, c), encodeChunk(v.id, c, chunkOf(v.slots, c))); err != nil {
-						return err
-					}
-				}
-				for c := nc; c < oc; c++ {
-					if err := tb.Delete(chunkKey(v.id, c)); err != nil {
-						return err
-					}
-				}
-			}
-			for _, id := range dels {
-				old := pr.committed[id]
-				if err := sb.Delete(seqKey(id)); err != nil {
-					return err
-				}
-				for c := range (len(old) + chunkSlots - 1) / chunkSlots {
-					if err := tb.Delete(chunkKey(id, c)); err != nil {
-						return err
-					}
-				}
-			}
-			if nextID > pr.nextID {
-				return tx.Bucket(bkMeta).Put(kNextID, seqKey(nextID))
-			}
-			return nil
-		})
+		return pr.db.Commit(context.Background(), b)
 	})
 	if err != nil {
 		return err

@@ -1,7 +1,6 @@
 package pagestore
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/binary"
@@ -12,9 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	bolt "go.etcd.io/bbolt"
-
-	"github.com/questrt/questrt/internal/boltcheck"
+	"github.com/questrt/questrt/internal/metastore"
 	"github.com/questrt/questrt/pagestore/tier"
 )
 
@@ -35,81 +32,25 @@ func (s *Store) recoverAll() error {
 		err    error
 	}
 	var seqs []found
-	slotRec := map[int32]uint32{}
-	badRec := map[int32]error{}
-	var nextID SeqID
-	err := boltcheck.Update(pr.db, func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bkMeta, bkSeqs, bkTables, bkSlots} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
+	ctx := context.Background()
+	dbPath := filepath.Join(pr.dir, storeDBName)
+	if err := pr.db.Init(ctx, c.manifestFormat()); err != nil {
+		var fe *metastore.FormatError
+		if errors.As(err, &fe) {
+			return fmt.Errorf("pagestore: data dir %s: %w: %w: data directory holds pages of another geometry (format %x, config %x)",
+				pr.dir, ErrInvalidConfig, ErrOtherFormat, fe.Have, fe.Want)
 		}
-		mb := tx.Bucket(bkMeta)
-		want := c.persistFormat()
-		if have := mb.Get(kFormat); have != nil && !bytes.Equal(have, want) {
-			return fmt.Errorf("%w: %w: data directory holds pages of another geometry (format %x, config %x)", ErrInvalidConfig, ErrOtherFormat, have, want)
-		}
-		if err := mb.Put(kFormat, want); err != nil {
-			return err
-		}
-		if v := mb.Get(kNextID); len(v) == 8 {
-			nextID = SeqID(binary.BigEndian.Uint64(v))
-		}
-		tb := tx.Bucket(bkTables)
-		err := tx.Bucket(bkSeqs).ForEach(func(k, raw []byte) error {
-			if len(k) != 8 {
-				return nil
-			}
-			id := SeqID(binary.BigEndian.Uint64(k))
-			v, n, err := decodeHeader(id, raw, c.Layers)
-			f := found{v: v, nslots: n, err: err}
-			if err == nil {
-				for ch := 0; ch*chunkSlots < n; ch++ {
-					key := chunkKey(id, ch)
-					body, err := openValue(key, tb.Get(key))
-					want := min(chunkSlots, n-ch*chunkSlots)
-					if err == nil && len(body) != 4*want {
-						err = fmt.Errorf("%d bytes, want %d slots: %w", len(body), want, tier.ErrCorrupt)
-					}
-					if err != nil {
-						f.err = fmt.Errorf("table chunk %d: %w", ch, err)
-						break
-					}
-					for i := range want {
-						f.v.slots = append(f.v.slots, int32(binary.LittleEndian.Uint32(body[4*i:])))
-					}
-				}
-			} else {
-				f.v.id = id
-			}
-			seqs = append(seqs, f)
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		return tx.Bucket(bkSlots).ForEach(func(k, raw []byte) error {
-			if len(k) != 4 {
-				return nil
-			}
-			sl := int32(binary.BigEndian.Uint32(k))
-			body, err := openValue(k, raw)
-			if err == nil && (len(body) != 8 || body[0] != manifestVersion) {
-				err = fmt.Errorf("slot record of %d bytes: %w", len(body), tier.ErrCorrupt)
-			}
-			if err != nil {
-				badRec[sl] = fmt.Errorf("slot %d record: %w", sl, err)
-				return nil
-			}
-			slotRec[sl] = binary.LittleEndian.Uint32(body[4:])
-			return nil
-		})
-	})
+		return fmt.Errorf("pagestore: open data dir: %w", pr.fail(opRecover, dbPath, err))
+	}
+	ld, err := pr.db.Load(ctx)
 	if err != nil {
-		if errors.Is(err, ErrInvalidConfig) {
-			return fmt.Errorf("pagestore: data dir %s: %w", pr.dir, err)
-		}
-		return fmt.Errorf("pagestore: open data dir: %w", pr.fail(opRecover, filepath.Join(pr.dir, storeDBName), err))
+		return fmt.Errorf("pagestore: open data dir: %w", pr.fail(opRecover, dbPath, err))
+	}
+	nextID := SeqID(ld.NextID)
+	slotRec, badRec := ld.SlotCRC, ld.BadSlots
+	for _, r := range ld.Manifests {
+		m := r.Manifest
+		seqs = append(seqs, found{v: seqView{id: SeqID(m.ID), lens: m.Lens, slots: m.Slots, lenRec: m.LenRec}, nslots: len(m.Slots), err: r.Err})
 	}
 
 	// Check every sequence's pages, reading each slot once.
@@ -121,7 +62,6 @@ func (s *Store) recoverAll() error {
 	}
 	state := map[int32]*slotState{}
 	buf := make([]byte, c.PayloadBytes())
-	ctx := context.Background()
 	corrupt := map[int]bool{}
 	var good []found
 	slices.SortFunc(seqs, func(a, b found) int { return cmp.Compare(a.v.id, b.v.id) })
@@ -315,38 +255,11 @@ func (s *Store) recoverAll() error {
 		return fmt.Errorf("pagestore: data dir %s: %w: %w", pr.dir, ErrPersist, err)
 	}
 	pr.alloc = alloc
-	err = boltcheck.Update(pr.db, func(tx *bolt.Tx) error {
-		sb, tb, slb := tx.Bucket(bkSeqs), tx.Bucket(bkTables), tx.Bucket(bkSlots)
-		for _, d := range rep.Damaged {
-			if err := sb.Delete(seqKey(d.ID)); err != nil {
-				return err
-			}
-			c := tb.Cursor()
-			pre := seqKey(d.ID)
-			var ks [][]byte
-			for k, _ := c.Seek(pre); k != nil && bytes.HasPrefix(k, pre); k, _ = c.Next() {
-				ks = append(ks, bytes.Clone(k))
-			}
-			for _, k := range ks {
-				if err := tb.Delete(k); err != nil {
-					return err
-				}
-			}
-		}
-		var stale [][]byte
-		_ = slb.ForEach(func(k, _ []byte) error {
-			if len(k) != 4 || !used[int32(binary.BigEndian.Uint32(k))] {
-				stale = append(stale, bytes.Clone(k))
-			}
-			return nil
-		})
-		for _, k := range stale {
-			if err := slb.Delete(k); err != nil {
-				return err
-			}
-		}
-		return tx.Bucket(bkMeta).Put(kNextID, seqKey(s.nextID))
-	})
+	b := metastore.ManifestBatch{RetainSlots: used, NextID: uint64(s.nextID)}
+	for _, d := range rep.Damaged {
+		b.Delete = append(b.Delete, uint64(d.ID))
+	}
+	err = pr.db.Commit(ctx, b)
 	if err != nil {
 		return fmt.Errorf("pagestore: open data dir: %w", pr.fail(opRecover, filepath.Join(pr.dir, storeDBName), err))
 	}

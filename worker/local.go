@@ -7,10 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/internal/metastore"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
@@ -45,10 +44,9 @@ type Local struct {
 	began  bool   // a step was ever begun (last is valid)
 
 	// Persistence (Config.DataDir; see persist.go): the sequence table,
-	// the next entry key, the recovered sequences not claimed yet (by
-	// key) and what NewLocal recovered.
-	db      *bolt.DB
-	nextKey uint64
+	// the recovered sequences not claimed yet (by key) and what
+	// NewLocal recovered.
+	db      metastore.SeqTable
 	parked  map[uint64]*seqState
 	nparked atomic.Int64 // len(parked), read without mu
 	report  RecoveryReport

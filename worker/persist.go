@@ -2,8 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -12,10 +10,7 @@ import (
 	"strconv"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
-
-	"github.com/questrt/questrt/internal/boltcheck"
+	"github.com/questrt/questrt/internal/metastore"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/plan"
@@ -23,11 +18,12 @@ import (
 
 // Persistence of a worker (Config.DataDir). Layout of the directory:
 //
-//	DIR/worker.db              bbolt: meta/format (the grid, the hosted
-//	                           ranks and the geometry), meta/next (the
-//	                           next entry key), seqs/<key> one entry per
-//	                           sequence: its coordinator id, layout and
-//	                           store id on every hosted rank (JSON)
+//	DIR/worker.db              the sequence table (metastore.SeqTable in
+//	                           bbolt): the format record (the grid, the
+//	                           hosted ranks and the geometry), one entry
+//	                           per sequence (its coordinator id, layout
+//	                           and store id on every hosted rank) under a
+//	                           key the table gives, and the step markers
 //	DIR/rank-tp<T>-cp<C>/      each hosted rank's page store
 //	                           (pagestore.Config.DataDir)
 //
@@ -39,16 +35,17 @@ import (
 // at recovery; an entry whose store sequence did not come back (a
 // damaged page, or a periodic store that had not committed it) is
 // reported damaged and deleted.
+//
+// The table's writes take context.Background(): each is one step of an
+// operation that checked its caller's context at its start, and one
+// abandoned half-way would leave the state the order of writes above
+// guards against.
 
 // tableName is the worker's sequence table in a data directory.
 const tableName = "worker.db"
 
-var (
-	bkWorkerMeta = []byte("meta")
-	bkWorkerSeqs = []byte("seqs")
-	kWorkerFmt   = []byte("format")
-	kWorkerNext  = []byte("next")
-)
+// tableTimeout bounds the wait for another opener's lock on the table.
+const tableTimeout = 100 * time.Millisecond
 
 // RankDir is the page store directory of rank r in a worker's data
 // directory dir.
@@ -186,35 +183,6 @@ type DamagedSeq struct {
 	Err  error
 }
 
-// entry is one sequence table value.
-type entry struct {
-	Seq        uint64      `json:"seq"`
-	Grid       string      `json:"grid,omitempty"`
-	Nodes      []string    `json:"nodes,omitempty"` // the grid's placement (Config.Placement)
-	Placement  int         `json:"placement"`
-	BlockPages int         `json:"block_pages"`
-	Ranks      []entryRank `json:"ranks"`
-}
-
-type entryRank struct {
-	TP    int             `json:"tp"`
-	CP    int             `json:"cp"`
-	Store pagestore.SeqID `json:"store"`
-}
-
-// tableFormat is what a data directory was made for: a worker on it
-// must host the same ranks of the same grid and geometry.
-type tableFormat struct {
-	Version int `json:"version"`
-	Layers  int `json:"layers"`
-	plan.Geometry
-	CP    int    `json:"cp"`
-	TP    int    `json:"tp"`
-	Ranks []Rank `json:"ranks"`
-}
-
-func entryKey(k uint64) []byte { return binary.BigEndian.AppendUint64(nil, k) }
-
 // openTable opens (or creates) the sequence table of l's data directory
 // and checks its format.
 func (l *Local) openTable(ranks []Rank) error {
@@ -224,47 +192,34 @@ func (l *Local) openTable(ranks []Rank) error {
 		return fmt.Errorf("worker: open data dir: %w", l.ioError("create data directory", dir, err))
 	}
 	path := filepath.Join(dir, tableName)
-	db, err := boltcheck.OpenChecked(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond})
-	if errors.Is(err, berrors.ErrTimeout) {
+	db, err := metastore.OpenBolt(path, metastore.Options{Timeout: tableTimeout})
+	if errors.Is(err, metastore.ErrInUse) {
 		return fmt.Errorf("worker: data dir %s: %s is locked by another worker, in this process or another: %w", dir, path, pagestore.ErrInUse)
 	}
-	if errors.Is(err, boltcheck.ErrCorrupt) {
+	if errors.Is(err, metastore.ErrCorrupt) {
 		return fmt.Errorf("worker: data dir %s: %w: %w", dir, tier.ErrCorrupt, err)
 	}
 	if err != nil {
 		return fmt.Errorf("worker: open data dir: %w", l.ioError("open sequence table", path, err))
 	}
-	f := tableFormat{Version: 1, Layers: c.Layers, Geometry: c.Geometry, CP: c.CP, TP: c.TP}
-	f.Ranks = ranks
-	want, _ := json.Marshal(f)
-	err = boltcheck.Update(db, func(tx *bolt.Tx) error {
-		mb, err := tx.CreateBucketIfNotExists(bkWorkerMeta)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.CreateBucketIfNotExists(bkWorkerSeqs); err != nil {
-			return err
-		}
-		if have := mb.Get(kWorkerFmt); have != nil && string(have) != string(want) {
-			return fmt.Errorf("%w: %w: the directory holds the ranks of another grid or geometry (%s; this worker: %s)", pagestore.ErrInvalidConfig, pagestore.ErrOtherFormat, have, want)
-		}
-		if v := mb.Get(kWorkerNext); len(v) == 8 {
-			l.nextKey = binary.BigEndian.Uint64(v)
-		}
-		return mb.Put(kWorkerFmt, want)
-	})
+	f := metastore.Format{Layers: c.Layers, Geometry: c.Geometry, CP: c.CP, TP: c.TP}
+	for _, r := range ranks {
+		f.Ranks = append(f.Ranks, metastore.Rank(r))
+	}
+	err = db.Init(context.Background(), f)
 	if err != nil {
 		db.Close()
-		if errors.Is(err, pagestore.ErrInvalidConfig) {
-			return fmt.Errorf("worker: data dir %s: %w", dir, err)
+		var fe *metastore.FormatError
+		if errors.As(err, &fe) {
+			return fmt.Errorf("worker: data dir %s: %w: %w: the directory holds the ranks of another grid or geometry (%s; this worker: %s)",
+				dir, pagestore.ErrInvalidConfig, pagestore.ErrOtherFormat, fe.Have, fe.Want)
 		}
-		if errors.Is(err, boltcheck.ErrCorrupt) {
+		if errors.Is(err, metastore.ErrCorrupt) {
 			// Damage the open's check let through, met by its write.
 			return fmt.Errorf("worker: data dir %s: %w: %w", dir, tier.ErrCorrupt, err)
 		}
 		return fmt.Errorf("worker: open data dir: %w", l.ioError("commit sequence table", path, err))
 	}
-	l.nextKey = max(l.nextKey, 1)
 	l.db = db
 	return nil
 }
@@ -296,31 +251,20 @@ func (l *Local) putEntry(seq uint64, sq *seqState) error {
 	if len(nodes) == 0 {
 		nodes = l.cfg.Placement
 	}
-	e := entry{Seq: seq, Grid: grid, Nodes: nodes, Placement: int(sq.layout.Placement), BlockPages: sq.layout.BlockPages}
+	e := metastore.Entry{Seq: seq, Grid: grid, Nodes: nodes, Placement: sq.layout.Placement, BlockPages: sq.layout.BlockPages}
 	for i, rk := range l.ranks {
-		e.Ranks = append(e.Ranks, entryRank{TP: rk.id.TP, CP: rk.id.CP, Store: sq.local[i]})
+		e.Ranks = append(e.Ranks, metastore.EntryRank{TP: rk.id.TP, CP: rk.id.CP, Store: uint64(sq.local[i])})
 	}
-	b, err := json.Marshal(e)
-	if err != nil {
-		return err
-	}
-	key := sq.key
+	key, err := sq.key, error(nil)
 	if key == 0 {
-		key = l.nextKey
+		key, err = l.db.Add(context.Background(), e)
+	} else {
+		err = l.db.Put(context.Background(), key, e)
 	}
-	err = boltcheck.Update(l.db, func(tx *bolt.Tx) error {
-		if err := tx.Bucket(bkWorkerSeqs).Put(entryKey(key), b); err != nil {
-			return err
-		}
-		return tx.Bucket(bkWorkerMeta).Put(kWorkerNext, entryKey(max(l.nextKey, key+1)))
-	})
 	if err != nil {
 		return l.ioError("commit sequence table", l.tablePath(), err)
 	}
-	if sq.key == 0 {
-		sq.key = key
-		l.nextKey++
-	}
+	sq.key = key
 	sq.grid, sq.nodes = grid, nodes
 	return nil
 }
@@ -330,8 +274,7 @@ func (l *Local) deleteEntry(sq *seqState) error {
 	if l.db == nil || sq.key == 0 {
 		return nil
 	}
-	err := boltcheck.Update(l.db, func(tx *bolt.Tx) error { return tx.Bucket(bkWorkerSeqs).Delete(entryKey(sq.key)) })
-	if err != nil {
+	if err := l.db.Delete(context.Background(), sq.key); err != nil {
 		return l.ioError("commit sequence table", l.tablePath(), err)
 	}
 	return nil
@@ -363,40 +306,22 @@ func (l *Local) recoverTable() error {
 			damagedStore[i][d.ID] = d.Err
 		}
 	}
-	type kv struct {
-		key uint64
-		e   entry
-		err error
-	}
-	var entries []kv
-	err := boltcheck.View(l.db, func(tx *bolt.Tx) error {
-		return tx.Bucket(bkWorkerSeqs).ForEach(func(k, v []byte) error {
-			it := kv{}
-			if len(k) != 8 {
-				return nil
-			}
-			it.key = binary.BigEndian.Uint64(k)
-			if err := json.Unmarshal(v, &it.e); err != nil {
-				it.err = fmt.Errorf("table entry %d: %w", it.key, err)
-			}
-			entries = append(entries, it)
-			return nil
-		})
-	})
+	ctx := context.Background()
+	entries, err := l.db.Entries(ctx)
 	if err != nil {
 		return fmt.Errorf("worker: open data dir: %w", l.ioError("read sequence table", l.tablePath(), err))
 	}
-	marks, err := l.readMarks()
+	marks, err := l.db.Marks(ctx)
 	if err != nil {
 		return fmt.Errorf("worker: open data dir: %w", l.ioError("read step markers", l.tablePath(), err))
 	}
 	var dead []uint64
 	for _, it := range entries {
-		e := it.e
-		lay := plan.Layout{CP: c.CP, TP: c.TP, Placement: plan.Placement(e.Placement), BlockPages: e.BlockPages}
-		sq := &seqState{layout: lay, key: it.key, grid: e.Grid, nodes: e.Nodes, local: make([]pagestore.SeqID, len(l.ranks)),
+		e := it.Entry
+		lay := plan.Layout{CP: c.CP, TP: c.TP, Placement: e.Placement, BlockPages: e.BlockPages}
+		sq := &seqState{layout: lay, key: it.Key, grid: e.Grid, nodes: e.Nodes, local: make([]pagestore.SeqID, len(l.ranks)),
 			recovered: &recoveredAs{seq: e.Seq, grid: e.Grid}}
-		err := it.err
+		err := it.Err
 		if err == nil {
 			err = lay.Validate(c.KVHeads)
 		}
@@ -410,16 +335,16 @@ func (l *Local) recoverTable() error {
 				err = fmt.Errorf("table entry rank %d is (tp %d, cp %d), the worker hosts %v there", i, er.TP, er.CP, rk.id)
 				break
 			}
-			sq.local[i] = er.Store
-			f := stores[i][er.Store]
+			sq.local[i] = pagestore.SeqID(er.Store)
+			f := stores[i][sq.local[i]]
 			switch {
 			case f != nil && f.used:
 				err = fmt.Errorf("rank %v: store sequence %d named twice", rk.id, er.Store)
 			case f != nil:
 				f.used = true
 				marked = append(marked, f)
-			case damagedStore[i][er.Store] != nil:
-				err = fmt.Errorf("rank %v: %w", rk.id, damagedStore[i][er.Store])
+			case damagedStore[i][sq.local[i]] != nil:
+				err = fmt.Errorf("rank %v: %w", rk.id, damagedStore[i][sq.local[i]])
 			default:
 				err = fmt.Errorf("rank %v: store sequence %d was not persisted", rk.id, er.Store)
 			}
@@ -427,7 +352,7 @@ func (l *Local) recoverTable() error {
 		var had []int         // per hosted rank: its store length before the stop
 		var hadLens [][]int   // per hosted rank and layer: the same
 		var hadExact [][]bool // per hosted rank and layer: hadLens exact
-		m, hasMark := marks[it.key]
+		m, hasMark := marks[it.Key]
 		for i := 0; err == nil && i < len(l.ranks); i++ {
 			var mark []int
 			if hasMark && len(m.Lens) == len(l.ranks) {
@@ -454,7 +379,7 @@ func (l *Local) recoverTable() error {
 				r.RolledBack = cut
 			}
 			if err == nil {
-				l.parked[it.key] = sq
+				l.parked[it.Key] = sq
 				rep.Sequences = append(rep.Sequences, r)
 				continue
 			}
@@ -463,8 +388,8 @@ func (l *Local) recoverTable() error {
 		for _, f := range marked {
 			f.used, f.damaged = false, true
 		}
-		rep.Damaged = append(rep.Damaged, DamagedSeq{Key: it.key, Seq: e.Seq, Grid: e.Grid, Err: err})
-		dead = append(dead, it.key)
+		rep.Damaged = append(rep.Damaged, DamagedSeq{Key: it.Key, Seq: e.Seq, Grid: e.Grid, Err: err})
+		dead = append(dead, it.Key)
 	}
 	for i, rk := range l.ranks {
 		for id, f := range stores[i] {
@@ -476,21 +401,13 @@ func (l *Local) recoverTable() error {
 		}
 	}
 	if len(marks) > 0 {
-		if err := l.dropAllMarks(); err != nil {
+		if err := l.db.ClearMarks(ctx); err != nil {
 			return fmt.Errorf("worker: open data dir: %w", l.ioError("delete step markers", l.tablePath(), err))
 		}
 	}
 	if len(dead) > 0 {
-		err := boltcheck.Update(l.db, func(tx *bolt.Tx) error {
-			b := tx.Bucket(bkWorkerSeqs)
-			for _, k := range dead {
-				if err := b.Delete(entryKey(k)); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if errors.Is(err, boltcheck.ErrCorrupt) {
+		err := l.db.Delete(ctx, dead...)
+		if errors.Is(err, metastore.ErrCorrupt) {
 			return fmt.Errorf("worker: data dir %s: %w: %w", l.cfg.DataDir, tier.ErrCorrupt, err)
 		}
 		if err != nil {
@@ -818,34 +735,28 @@ type DataDirFormat struct {
 // (created, never committed: NewLocal writes one).
 func ReadDataDirFormat(dir string, timeout time.Duration) (f DataDirFormat, ok bool, err error) {
 	path := filepath.Join(dir, tableName)
-	db, err := boltcheck.OpenChecked(path, 0o600, &bolt.Options{ReadOnly: true, PreLoadFreelist: true, Timeout: timeout})
+	db, err := metastore.OpenBolt(path, metastore.Options{ReadOnly: true, Timeout: timeout})
 	switch {
-	case errors.Is(err, berrors.ErrTimeout):
+	case errors.Is(err, metastore.ErrInUse):
 		return f, false, fmt.Errorf("worker: %s is locked by a running worker: %w", path, pagestore.ErrInUse)
-	case errors.Is(err, boltcheck.ErrCorrupt):
+	case errors.Is(err, metastore.ErrCorrupt):
 		return f, false, fmt.Errorf("worker: %w: %w", tier.ErrCorrupt, err)
 	case err != nil:
 		return f, false, fmt.Errorf("worker: open %s: %w", path, err)
 	}
 	defer db.Close()
-	var raw []byte
-	err = boltcheck.View(db, func(tx *bolt.Tx) error {
-		if mb := tx.Bucket(bkWorkerMeta); mb != nil {
-			raw = slices.Clone(mb.Get(kWorkerFmt))
-		}
-		return nil
-	})
+	tf, ok, err := db.Format(context.Background())
 	if err != nil {
 		return f, false, fmt.Errorf("worker: read %s: %w: %w", path, tier.ErrCorrupt, err)
 	}
-	if raw == nil {
+	if !ok {
 		return f, false, nil
 	}
-	var tf tableFormat
-	if err := json.Unmarshal(raw, &tf); err != nil || tf.Version != 1 {
-		return f, false, fmt.Errorf("worker: %s: format record %q does not decode (version %d, %v): %w", path, raw, tf.Version, err, tier.ErrCorrupt)
+	f = DataDirFormat{Layers: tf.Layers, Geometry: tf.Geometry, CP: tf.CP, TP: tf.TP}
+	for _, r := range tf.Ranks {
+		f.Ranks = append(f.Ranks, Rank(r))
 	}
-	return DataDirFormat{Layers: tf.Layers, Geometry: tf.Geometry, CP: tf.CP, TP: tf.TP, Ranks: tf.Ranks}, true, nil
+	return f, true, nil
 }
 
 // TableSeq names one sequence of a data directory's sequence table.
@@ -858,7 +769,7 @@ type TableSeq struct {
 
 // TableSeqs lists, by increasing key, the sequences that the sequence
 // table of data directory dir names, opening it read-only and checked
-// (internal/boltcheck): what a worker that could not open dir held (a
+// (internal/metastore): what a worker that could not open dir held (a
 // directory moved aside as damaged), for its owner to report. It fails
 // when the table is missing, damaged or locked.
 func TableSeqs(dir string) ([]TableSeq, error) {
@@ -866,32 +777,22 @@ func TableSeqs(dir string) ([]TableSeq, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("worker: sequence table: %w", err)
 	}
-	db, err := boltcheck.OpenChecked(path, 0o600, &bolt.Options{ReadOnly: true, PreLoadFreelist: true, Timeout: 100 * time.Millisecond})
+	db, err := metastore.OpenBolt(path, metastore.Options{ReadOnly: true, Timeout: tableTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("worker: sequence table: %w", err)
 	}
 	defer db.Close()
-	var out []TableSeq
-	err = boltcheck.View(db, func(tx *bolt.Tx) error {
-		b := tx.Bucket(bkWorkerSeqs)
-		if b == nil {
-			return nil
-		}
-		return b.ForEach(func(k, v []byte) error {
-			if len(k) != 8 {
-				return nil
-			}
-			s := TableSeq{Key: binary.BigEndian.Uint64(k)}
-			var e entry
-			if json.Unmarshal(v, &e) == nil {
-				s.Seq, s.Grid = e.Seq, e.Grid
-			}
-			out = append(out, s)
-			return nil
-		})
-	})
+	recs, err := db.Entries(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("worker: sequence table: %w", err)
+	}
+	var out []TableSeq
+	for _, r := range recs {
+		s := TableSeq{Key: r.Key}
+		if r.Err == nil {
+			s.Seq, s.Grid = r.Entry.Seq, r.Entry.Grid
+		}
+		out = append(out, s)
 	}
 	return out, nil
 }

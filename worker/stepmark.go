@@ -1,13 +1,10 @@
 package worker
 
 import (
-	"encoding/binary"
-	"encoding/json"
+	"context"
 	"fmt"
 
-	bolt "go.etcd.io/bbolt"
-
-	"github.com/questrt/questrt/internal/boltcheck"
+	"github.com/questrt/questrt/internal/metastore"
 )
 
 // Step markers: what makes a decode step atomic across a crash or a
@@ -30,19 +27,9 @@ import (
 // written, synchronously or by the periodic flusher; tail pages never
 // are), and a Close while the step is open (which saves tail pages).
 // BeginStep commits the markers of the first case, Close those of the
-// second; the other steps cost no disk write.
-
-var bkWorkerSteps = []byte("steps")
-
-// stepMark is one sequence's marker (JSON in bkWorkerSteps, keyed by its
-// entry key).
-type stepMark struct {
-	Step uint64 `json:"step"`
-	// Lens are the store lengths per hosted rank (Local.ranks order) and
-	// layer when the step began: -1 for a layer or rank the step does
-	// not append to, nil for a rank that stores none of its tokens.
-	Lens [][]int `json:"lens"`
-}
+// second; the other steps cost no disk write. A marker
+// (metastore.StepMark) is kept in the sequence table under its
+// sequence's entry key; its Lens are in Local.ranks order.
 
 // takeMarks records, at BeginStep (l.mu held, persisting workers only),
 // the store lengths of the layers the step may append to on the ranks
@@ -93,47 +80,27 @@ func (l *Local) sealsPage(st *stepState, si int) bool {
 }
 
 // putMarks commits the markers of the batch entries idx of the open
-// step in one transaction (l.mu held) and remembers them.
+// step in one commit (l.mu held) and remembers them.
 func (l *Local) putMarks(st *stepState, idx []int) error {
 	if l.db == nil || len(idx) == 0 {
 		return nil
 	}
-	type kv struct {
-		key uint64
-		b   []byte
-	}
-	var put []kv
+	put := map[uint64]metastore.StepMark{}
 	for _, si := range idx {
 		sq := st.sq[si]
 		if sq.key == 0 || st.marks[si] == nil {
 			continue
 		}
-		b, err := json.Marshal(stepMark{Step: st.id, Lens: st.marks[si]})
-		if err != nil {
-			return err
-		}
-		put = append(put, kv{sq.key, b})
+		put[sq.key] = metastore.StepMark{Step: st.id, Lens: st.marks[si]}
 	}
-	err := boltcheck.Update(l.db, func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bkWorkerSteps)
-		if err != nil {
-			return err
-		}
-		for _, p := range put {
-			if err := b.Put(entryKey(p.key), p.b); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := l.db.PutMarks(context.Background(), put); err != nil {
 		return l.ioError("commit step marker", l.tablePath(), err)
 	}
 	if l.marked == nil {
 		l.marked = map[uint64]bool{}
 	}
-	for _, p := range put {
-		l.marked[p.key] = true
+	for k := range put {
+		l.marked[k] = true
 	}
 	return nil
 }
@@ -143,61 +110,15 @@ func (l *Local) clearMarks() error {
 	if l.db == nil || l.closed || len(l.marked) == 0 {
 		return nil
 	}
-	err := boltcheck.Update(l.db, func(tx *bolt.Tx) error {
-		b := tx.Bucket(bkWorkerSteps)
-		if b == nil {
-			return nil
-		}
-		for k := range l.marked {
-			if err := b.Delete(entryKey(k)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	keys := make([]uint64, 0, len(l.marked))
+	for k := range l.marked {
+		keys = append(keys, k)
+	}
+	if err := l.db.DeleteMarks(context.Background(), keys...); err != nil {
 		return l.ioError("delete step marker", l.tablePath(), err)
 	}
 	clear(l.marked)
 	return nil
-}
-
-// readMarks returns the markers of the table (recovery).
-func (l *Local) readMarks() (map[uint64]stepMark, error) {
-	out := map[uint64]stepMark{}
-	err := boltcheck.View(l.db, func(tx *bolt.Tx) error {
-		b := tx.Bucket(bkWorkerSteps)
-		if b == nil {
-			return nil
-		}
-		return b.ForEach(func(k, v []byte) error {
-			if len(k) != 8 {
-				return nil
-			}
-			var m stepMark
-			if json.Unmarshal(v, &m) != nil {
-				return nil // a damaged marker: the bbolt check passed, its JSON did not; ignored
-			}
-			out[binary.BigEndian.Uint64(k)] = m
-			return nil
-		})
-	})
-	return out, err
-}
-
-// dropAllMarks deletes the markers bucket's contents (recovery, once
-// applied).
-func (l *Local) dropAllMarks() error {
-	return boltcheck.Update(l.db, func(tx *bolt.Tx) error {
-		if tx.Bucket(bkWorkerSteps) == nil {
-			return nil
-		}
-		if err := tx.DeleteBucket(bkWorkerSteps); err != nil {
-			return err
-		}
-		_, err := tx.CreateBucket(bkWorkerSteps)
-		return err
-	})
 }
 
 // stepDone reports whether the step of marker m had appended its token
@@ -213,7 +134,7 @@ func (l *Local) dropAllMarks() error {
 // step's first to the model's last: a step that ends before the last
 // layer is never done here, and an interrupted one is rolled back
 // (a crash after its answer and before EndStep included).
-func (l *Local) stepDone(sq *seqState, m stepMark) (bool, error) {
+func (l *Local) stepDone(sq *seqState, m metastore.StepMark) (bool, error) {
 	if len(m.Lens) != len(l.ranks) {
 		return false, nil // undoStep refuses it
 	}
@@ -248,7 +169,7 @@ func (l *Local) stepDone(sq *seqState, m stepMark) (bool, error) {
 // records took the interrupted step's token, never acknowledged. It
 // returns, per layer, the global tokens cut (the largest over the
 // hosted ranks: TP ranks hold shares of the same tokens).
-func (l *Local) undoStep(sq *seqState, m stepMark) ([]int, error) {
+func (l *Local) undoStep(sq *seqState, m metastore.StepMark) ([]int, error) {
 	c := l.cfg
 	cut := make([]int, c.Layers)
 	if len(m.Lens) != len(l.ranks) {

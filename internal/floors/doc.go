@@ -5,5 +5,7 @@
 // only through the step seam (package decode) and the kernels' compute
 // API. The arrows that still break the rule are listed, each with the
 // issue that removes it; the test fails when a new one appears and when a
-// listed one is gone (so that the list only shrinks).
+// listed one is gone (so that the list only shrinks). Another test checks
+// that durable metadata has one home: only internal/metastore (and the
+// bbolt checks it opens files with, internal/boltcheck) imports bbolt.
 package floors

@@ -35,7 +35,7 @@ func floorOf(p string) (floor int, ok bool) {
 		"internal/testmodels", "internal/tmpfstest", "internal/floors", "internal/invariants", "internal/yield", "internal/parfor",
 		"internal/redact", "internal/memwatch"):
 		return 0, true
-	case under("kernels", "pagestore", "collective", "internal/offload"):
+	case under("kernels", "pagestore", "collective", "internal/offload", "internal/metastore"):
 		return 1, true
 	case under("shard"):
 		return 2, true
@@ -82,6 +82,66 @@ type pkg struct {
 // import of another package of the module (test files excluded: tests
 // may reach anywhere to check).
 func TestImportFloors(t *testing.T) {
+	pkgs := listModule(t)
+	seen := map[string]bool{}
+	for _, bad := range violations(pkgs, seen) {
+		t.Error(bad)
+	}
+	for arrow, why := range known {
+		if !seen[arrow] {
+			t.Errorf("%s (%s) no longer exists: remove it from known", arrow, why)
+		}
+	}
+}
+
+// boltHomes are the packages that may import bbolt: the home of durable
+// metadata (issue 31, item 2) and the checks it opens files with.
+var boltHomes = []string{"internal/metastore", "internal/boltcheck"}
+
+// TestBoltHome checks that only boltHomes import bbolt (go.etcd.io/bbolt
+// and its packages; test files excluded): every other package keeps its
+// durable metadata through internal/metastore's interfaces.
+func TestBoltHome(t *testing.T) {
+	for _, bad := range boltImporters(listModule(t)) {
+		t.Errorf("%s imports bbolt: keep durable metadata behind internal/metastore", bad)
+	}
+}
+
+// boltImporters returns the packages of pkgs outside boltHomes that
+// import bbolt.
+func boltImporters(pkgs []pkg) []string {
+	var out []string
+	for _, p := range pkgs {
+		from, ok := strings.CutPrefix(p.ImportPath, module)
+		if !ok || slices.ContainsFunc(boltHomes, func(h string) bool { return from == h || strings.HasPrefix(from, h+"/") }) {
+			continue
+		}
+		if slices.ContainsFunc(p.Imports, func(imp string) bool {
+			return imp == "go.etcd.io/bbolt" || strings.HasPrefix(imp, "go.etcd.io/bbolt/")
+		}) {
+			out = append(out, from)
+		}
+	}
+	return out
+}
+
+// TestBoltImporters checks boltImporters on a made-up module.
+func TestBoltImporters(t *testing.T) {
+	got := boltImporters([]pkg{
+		{module + "pagestore", []string{"go.etcd.io/bbolt", "fmt"}},
+		{module + "worker", []string{"go.etcd.io/bbolt/errors"}},
+		{module + "internal/metastore", []string{"go.etcd.io/bbolt"}},
+		{module + "internal/metastore/metastoretest", []string{"go.etcd.io/bbolt"}},
+		{module + "shard", []string{module + "internal/metastore"}},
+	})
+	if want := []string{"pagestore", "worker"}; !slices.Equal(got, want) {
+		t.Errorf("bbolt importers %v, want %v", got, want)
+	}
+}
+
+// listModule returns the module's packages with their imports.
+func listModule(t *testing.T) []pkg {
+	t.Helper()
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skipf("no go command: %v", err)
@@ -108,15 +168,7 @@ func TestImportFloors(t *testing.T) {
 	if len(pkgs) < 20 {
 		t.Fatalf("go list found %d packages: not the module", len(pkgs))
 	}
-	seen := map[string]bool{}
-	for _, bad := range violations(pkgs, seen) {
-		t.Error(bad)
-	}
-	for arrow, why := range known {
-		if !seen[arrow] {
-			t.Errorf("%s (%s) no longer exists: remove it from known", arrow, why)
-		}
-	}
+	return pkgs
 }
 
 // violations returns one line per import that breaks the floors and is

@@ -11,13 +11,11 @@ import (
 	"sync"
 	"sync/atomic"
 
-	bolt "go.etcd.io/bbolt"
-
-	"github.com/questrt/questrt/internal/boltcheck"
+	"github.com/questrt/questrt/internal/metastore"
 	"github.com/questrt/questrt/pagestore/tier"
 )
 
-// indexName is the bbolt file of a directory.
+// indexName is the index file of a directory (bbolt).
 const indexName = "index.db"
 
 // stripes is the number of slot locks: calls on slots equal mod stripes
@@ -31,7 +29,7 @@ type Tier struct {
 	slotBytes int64
 	dir       string // absolute
 	index     string // path of index.db
-	db        *bolt.DB
+	db        metastore.SlotIndex
 
 	closeMu sync.Mutex // serializes Close
 	life    sync.RWMutex
@@ -82,15 +80,12 @@ func Open(cfg Config) (*Tier, error) {
 	index := filepath.Join(dir, indexName)
 	_, statErr := os.Stat(index)
 	fresh := errors.Is(statErr, fs.ErrNotExist)
-	db, err := boltcheck.OpenChecked(index, 0o600, &bolt.Options{
-		Timeout:      cfg.LockTimeout,
-		FreelistType: bolt.FreelistMapType,
-	})
-	if isLockTimeout(err) {
+	db, err := metastore.OpenBoltSlotIndex(index, metastore.Options{Timeout: cfg.LockTimeout})
+	if errors.Is(err, metastore.ErrInUse) {
 		return nil, fmt.Errorf("disktier: open %s: its index %s is locked by another open tier, in this process or another (waited %v): %w",
 			dir, index, cfg.LockTimeout, ErrInUse)
 	}
-	if isInvalidIndex(err) || errors.Is(err, boltcheck.ErrCorrupt) {
+	if errors.Is(err, metastore.ErrCorrupt) {
 		return nil, fmt.Errorf("disktier: open %s: index %s: %w: %w", dir, index, err, tier.ErrCorrupt)
 	}
 	if err != nil {
@@ -102,10 +97,13 @@ func Open(cfg Config) (*Tier, error) {
 			return nil, fmt.Errorf("disktier: open %s: %w", dir, err)
 		}
 	}
-	entries, err := initIndex(db, cfg, index)
+	entries, err := db.Init(context.Background(), slotFormatOf(cfg))
 	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("disktier: open %s: %w", dir, err)
+		if errors.Is(err, metastore.ErrOtherFormat) {
+			err = fmt.Errorf("%w: %w", err, ErrMismatch)
+		}
+		return nil, fmt.Errorf("disktier: open %s: index %s: %w", dir, index, err)
 	}
 	nfiles := (cfg.Slots + cfg.SlotsPerFile - 1) / cfg.SlotsPerFile
 	t := &Tier{
@@ -243,7 +241,7 @@ func (t *Tier) Write(ctx context.Context, slot int, payload []byte) error {
 	if err != nil {
 		return fmt.Errorf("disktier %s: write slot %d: %w", t.dir, slot, err)
 	}
-	e := entry{used: true, crc: checksum(slot, payload)}
+	e := entry{Used: true, CRC: checksum(slot, payload)}
 	if _, err := f.WriteAt(payload, off); err != nil {
 		return fmt.Errorf("disktier %s: write slot %d to %s at %d: %w", t.dir, slot, f.Name(), off, err)
 	}
@@ -255,7 +253,8 @@ func (t *Tier) Write(ctx context.Context, slot int, payload []byte) error {
 	if err := datasync(f); err != nil {
 		return fmt.Errorf("disktier %s: write slot %d: %w", t.dir, slot, err)
 	}
-	if err := commit(t.db, map[int]entry{slot: e}, t.cfg.PayloadBytes); err != nil {
+	// The payload is on disk: its entry commits even if ctx ends now.
+	if err := t.db.Commit(context.WithoutCancel(ctx), map[int]entry{slot: e}); err != nil {
 		return fmt.Errorf("disktier %s: write slot %d: index %s: %w", t.dir, slot, t.index, err)
 	}
 	t.entries[slot] = e
@@ -275,7 +274,7 @@ func (t *Tier) Read(ctx context.Context, slot int, dst []byte) error {
 	l.RLock()
 	defer l.RUnlock()
 	e := t.entries[slot]
-	if !e.used {
+	if !e.Used {
 		return fmt.Errorf("disktier %s: read slot %d: %w", t.dir, slot, tier.ErrEmpty)
 	}
 	fi, off := t.where(slot)
@@ -294,11 +293,11 @@ func (t *Tier) Read(ctx context.Context, slot int, dst []byte) error {
 		}
 		return fmt.Errorf("disktier %s: read slot %d from %s at %d: %w", t.dir, slot, f.Name(), off, err)
 	}
-	if got := checksum(slot, dst); got != e.crc {
+	if got := checksum(slot, dst); got != e.CRC {
 		clear(dst)
 		t.corrupt.Add(1)
 		return fmt.Errorf("disktier %s: read slot %d from %s at %d: checksum %08x, index has %08x: %w",
-			t.dir, slot, f.Name(), off, got, e.crc, tier.ErrCorrupt)
+			t.dir, slot, f.Name(), off, got, e.CRC, tier.ErrCorrupt)
 	}
 	return nil
 }
@@ -314,7 +313,7 @@ func (t *Tier) Free(ctx context.Context, slot int) error {
 	l := t.lock(slot)
 	l.Lock()
 	defer l.Unlock()
-	if !t.entries[slot].used {
+	if !t.entries[slot].Used {
 		return fmt.Errorf("disktier %s: free slot %d: %w", t.dir, slot, tier.ErrEmpty)
 	}
 	if t.cfg.Durability != SyncOnWrite {
@@ -322,7 +321,7 @@ func (t *Tier) Free(ctx context.Context, slot int) error {
 		t.queue(slot, entry{}, -1)
 		return nil
 	}
-	if err := commit(t.db, map[int]entry{slot: {}}, t.cfg.PayloadBytes); err != nil {
+	if err := t.db.Commit(context.WithoutCancel(ctx), map[int]entry{slot: {}}); err != nil {
 		return fmt.Errorf("disktier %s: free slot %d: index %s: %w", t.dir, slot, t.index, err)
 	}
 	t.entries[slot] = entry{}
@@ -343,7 +342,7 @@ func (t *Tier) Used() []int {
 	}
 	var used []int
 	for s, e := range t.entries {
-		if e.used {
+		if e.Used {
 			used = append(used, s)
 		}
 	}

@@ -1,7 +1,8 @@
 // Package disktier is the disk tier of the page store: a tier.Tier that
 // keeps page payloads in fixed-slot slab files and only its index in bbolt
-// (go.etcd.io/bbolt), as DESIGN.md section 5 asks: large values fragment
-// bbolt, and long read transactions block its remapping.
+// (go.etcd.io/bbolt, through internal/metastore's SlotIndex), as DESIGN.md
+// section 5 asks: large values fragment bbolt, and long read transactions
+// block its remapping.
 //
 // # Layout of a directory
 //

@@ -41,7 +41,7 @@ func (t *Tier) flush() error {
 	}
 	err := t.syncFiles(files)
 	if err == nil {
-		if cerr := commit(t.db, batch, t.cfg.PayloadBytes); cerr != nil {
+		if cerr := t.db.Commit(context.Background(), batch); cerr != nil {
 			err = fmt.Errorf("index %s: %w", t.index, cerr)
 		}
 	}

@@ -14,11 +14,8 @@ import (
 	"strings"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
-
 	"github.com/questrt/questrt/collective"
-	"github.com/questrt/questrt/internal/boltcheck"
+	"github.com/questrt/questrt/internal/metastore"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/pagestore/tier"
@@ -118,8 +115,8 @@ var shapeRe = regexp.MustCompile(`-cap([0-9]+)-r[0-9a-f]{12}\.[0-9]+$`)
 
 // VerifyDataDir checks every grid directory of the server data
 // directory dir (ServerConfig.DataDir) offline: it takes the directory's
-// lock (ErrDataDirInUse while a server runs on it), opens every bbolt
-// file read-only through boltcheck, checks each grid's format record
+// lock (ErrDataDirInUse while a server runs on it), checks every bbolt
+// file read-only (metastore.CheckFile), checks each grid's format record
 // against its directory's name, then opens the grid as a server would
 // on a copy (under dir, removed after: the recovery writes) and reads
 // back every page of every recovered sequence, checking the slab
@@ -204,17 +201,16 @@ func verifyGrid(ctx context.Context, g, tmp string, be kernels.Backend, cfg Veri
 		return v, err
 	}
 	for _, p := range dbs {
-		db, err := boltcheck.OpenChecked(p, 0o600, &bolt.Options{ReadOnly: true, PreLoadFreelist: true, Timeout: cfg.LockTimeout})
+		err := metastore.CheckFile(p, cfg.LockTimeout)
 		rel, _ := filepath.Rel(g, p)
 		switch {
-		case errors.Is(err, berrors.ErrTimeout):
+		case errors.Is(err, metastore.ErrInUse):
 			return v, fmt.Errorf("%s: %w (bbolt's lock is held)", rel, ErrDataDirInUse)
-		case errors.Is(err, boltcheck.ErrCorrupt):
+		case errors.Is(err, metastore.ErrCorrupt):
 			return refuse(fmt.Errorf("%s: %w: %w", rel, tier.ErrCorrupt, err))
 		case err != nil:
 			return v, fmt.Errorf("%s: %w", rel, err)
 		}
-		db.Close()
 	}
 	f, ok, err := worker.ReadDataDirFormat(g, cfg.LockTimeout)
 	if errors.Is(err, pagestore.ErrInUse) {
