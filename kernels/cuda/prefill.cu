@@ -23,6 +23,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// 4-byte asynchronous copy global -> shared; zero-fills when !valid.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+	int n = valid ? 4 : 0;
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* smem) {
 	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -216,9 +222,11 @@ PREFILL_GEMM(128, 128, 64, 64, 4)
 // KV8: the pages are fp8 records (plan.FP8: E4M3fn codes [page][kvh][S][D]
 // with a float32 scale per (page, KV head) in ks and vs, kvfp8.cuh). Each
 // element is decoded as the CPU store decodes it (code value times scale,
-// rounded to float32) and rounded to T (bf16) in shared memory; the loads
-// are synchronous (the tile after the current one is read and converted
-// before the current one's products, as the cp.async path issues it).
+// rounded to float32) and rounded to T (bf16) in shared memory: the codes
+// and each position's two scales are copied with cp.async into staging
+// buffers of their own (double-buffered like the 16-bit tiles, so the next
+// tile's copies fly during the current tile's products), and the block
+// converts the current tile into the T tiles before its products.
 template <typename T, int D, int MT, int BN, int W, bool KV8>
 __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const void* Vp, const float* ks, const float* vs,
 				 const int* pages, i64 start, i64 n, i64 qh, i64 kvh, i64 S, i64 shift) {
@@ -234,6 +242,11 @@ __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const
 	T* Qs = reinterpret_cast<T*>(attend_smem);
 	T* Ks = Qs + BM * DP;	     // [2][BN][DP]
 	T* Vs = Ks + 2 * BN * DP; // [2][BN][DP]
+	// KV8 staging: codes [2][BN][D] of K, then of V; scales [2][2][BN]
+	// (buffer, K or V, position).
+	unsigned char* K8s = reinterpret_cast<unsigned char*>(Vs + 2 * BN * DP);
+	unsigned char* V8s = K8s + 2 * BN * D;
+	float* Scs = reinterpret_cast<float*>(V8s + 2 * BN * D);
 
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int G = (int)(qh / kvh);
@@ -258,24 +271,37 @@ __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const
 	const i64 hs = h * S;
 	const int s32 = (int)S, sh = (int)shift;
 
-	// load8 is load for fp8 pages: 8 codes of K and of V per thread and
-	// step, decoded under their record's scale, rounded to T and stored.
+	// load8 is load for fp8 pages: the tile's codes (16 a copy) and, with
+	// each position's first chunk, its record's two scales, into the
+	// staging buffers (zeros past kv_end).
 	auto load8 = [&](int buf, int tile) {
 		const int p0 = tile * BN;
+		for (int c = tid; c < BN * (D / 16); c += blockDim.x) {
+			int j = c / (D / 16), d = (c % (D / 16)) * 16;
+			const int pos = p0 + j;
+			const bool ok = pos < kv_end;
+			i64 off = 0, rec = 0;
+			if (ok) {
+				const int pg = sh >= 0 ? pos >> sh : pos / s32;
+				rec = (i64)pages[pg] * kvh + h;
+				off = (rec * S + (pos - pg * s32)) * D + d;
+			}
+			cp_async16(K8s + (buf * BN + j) * D + d, K8 + off, ok);
+			cp_async16(V8s + (buf * BN + j) * D + d, V8 + off, ok);
+			if (d == 0) {
+				cp_async4(Scs + (buf * 2) * BN + j, ks + rec, ok);
+				cp_async4(Scs + (buf * 2 + 1) * BN + j, vs + rec, ok);
+			}
+		}
+	};
+	// convert8 decodes the staged tile buf into the T tiles: each element
+	// as the CPU decodes it, rounded to T.
+	auto convert8 = [&](int buf) {
 		for (int c = tid; c < BN * (D / 8); c += blockDim.x) {
 			int j = c / (D / 8), d = (c % (D / 8)) * 8;
-			const int pos = p0 + j;
-			uint2 kc = make_uint2(0u, 0u), vc = make_uint2(0u, 0u);
-			float ksc = 0.f, vsc = 0.f;
-			if (pos < kv_end) {
-				const int pg = sh >= 0 ? pos >> sh : pos / s32;
-				const i64 rec = (i64)pages[pg] * kvh + h;
-				const i64 off = (rec * S + (pos - pg * s32)) * D + d;
-				kc = *reinterpret_cast<const uint2*>(K8 + off);
-				vc = *reinterpret_cast<const uint2*>(V8 + off);
-				ksc = ks[rec];
-				vsc = vs[rec];
-			}
+			const uint2 kc = *reinterpret_cast<const uint2*>(K8s + (buf * BN + j) * D + d);
+			const uint2 vc = *reinterpret_cast<const uint2*>(V8s + (buf * BN + j) * D + d);
+			const float ksc = Scs[(buf * 2) * BN + j], vsc = Scs[(buf * 2 + 1) * BN + j];
 			uint32_t* kd = reinterpret_cast<uint32_t*>(Ks + (buf * BN + j) * DP + d);
 			uint32_t* vd = reinterpret_cast<uint32_t*>(Vs + (buf * BN + j) * DP + d);
 #pragma unroll
@@ -341,6 +367,10 @@ __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const
 		cp_commit();
 		cp_wait<1>();
 		__syncthreads();
+		if (KV8) {
+			convert8(tile & 1);
+			__syncthreads();
+		}
 		const T* ks = Ks + (tile & 1) * BN * DP;
 		const T* vs = Vs + (tile & 1) * BN * DP;
 

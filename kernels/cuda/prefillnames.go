@@ -63,8 +63,16 @@ func (a AttendKernel) String() string { return a.name() }
 func (a AttendKernel) rows() int { return 16 * a.MT * a.W }
 
 // smem is the variant's dynamic shared memory: q's rows and two buffers
-// of K and V tiles, rows of D + 8 16-bit elements.
-func (a AttendKernel) smem() int { return (a.rows() + 4*a.BN) * (a.D + 8) * 2 }
+// of K and V tiles, rows of D + 8 16-bit elements; for fp8 records also
+// two buffers of K and V codes (rows of D bytes) and of each position's
+// two scales.
+func (a AttendKernel) smem() int {
+	n := (a.rows() + 4*a.BN) * (a.D + 8) * 2
+	if a.DType == plan.FP8 {
+		n += 4*a.BN*a.D + 4*a.BN*4
+	}
+	return n
+}
 
 // AttendKernels lists the compiled attention variants (the
 // PREFILL_ATTEND_M lines of prefill.cu): the default of each page type
