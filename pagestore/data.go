@@ -134,8 +134,7 @@ func (h *hostData) emptySubs(subs []float32) {
 
 func (h *hostData) Write(layer int, pages []int32, slot int, k, v []float32) error {
 	if h.fp8 {
-		h.writeFP8(layer, pages, slot, k, v)
-		return nil
+		return h.writeFP8(layer, pages, slot, k, v)
 	}
 	if h.res != nil {
 		h.res.mu.Lock()
@@ -225,8 +224,7 @@ func (h *hostData) Reset(pages []int32) error {
 
 func (h *hostData) Copy(dst, src int32, valid []int) error {
 	if h.fp8 {
-		h.copyFP8(dst, src, valid)
-		return nil
+		return h.copyFP8(dst, src, valid)
 	}
 	D := h.cfg.HeadDim
 	kvs, kvd := src, dst
@@ -267,8 +265,7 @@ func (h *hostData) Drop(SeqID) error { return nil }
 
 func (h *hostData) Rescan(p int32, valid int) error {
 	if h.fp8 {
-		h.rescanFP8(p, valid)
-		return nil
+		return h.rescanFP8(p, valid)
 	}
 	D := h.cfg.HeadDim
 	kvp := p

@@ -293,11 +293,6 @@ func TestFP8Persistence(t *testing.T) {
 
 func TestFP8ConfigErrors(t *testing.T) {
 	c := fp8Config()
-	c.DeviceBudget = 4
-	if _, err := pagestore.New(c); err == nil {
-		t.Fatal("fp8 with offload: want an error (not implemented)")
-	}
-	c = fp8Config()
 	c.DType = plan.BFloat16
 	if _, err := pagestore.New(c); err == nil {
 		t.Fatal("a bf16 CPU store: want an error")

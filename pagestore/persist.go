@@ -459,6 +459,10 @@ func (r *residency) payload(ctx context.Context, p int32, b []byte) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if sl := r.slot[p]; sl >= 0 {
+		if r.fp8 {
+			packFP8(r.layers, r.blk, r.heads, sl, b)
+			return nil
+		}
 		packTo(r.layers, r.blk, sl, b)
 		return nil
 	}
