@@ -261,6 +261,13 @@ func (s *Store) openPersist() error {
 	}
 	dt, err := disktier.Open(dc)
 	if err != nil {
+		var fe *metastore.FormatError
+		if errors.Is(err, disktier.ErrMismatch) && errors.As(db.Init(context.Background(), c.manifestFormat()), &fe) {
+			// The slabs' payload size differs: say how the formats do
+			// (the page types, when they differ).
+			db.Close()
+			return fmt.Errorf("pagestore: data dir %s: %w: %w: %s: %w", dir, ErrInvalidConfig, ErrOtherFormat, otherFormat(fe), err)
+		}
 		db.Close()
 		if errors.Is(err, disktier.ErrInUse) {
 			return fmt.Errorf("pagestore: data dir %s: %w: %w", dir, ErrInUse, err)

@@ -37,8 +37,7 @@ func (s *Store) recoverAll() error {
 	if err := pr.db.Init(ctx, c.manifestFormat()); err != nil {
 		var fe *metastore.FormatError
 		if errors.As(err, &fe) {
-			return fmt.Errorf("pagestore: data dir %s: %w: %w: data directory holds pages of another geometry (format %x, config %x)",
-				pr.dir, ErrInvalidConfig, ErrOtherFormat, fe.Have, fe.Want)
+			return fmt.Errorf("pagestore: data dir %s: %w: %w: %s", pr.dir, ErrInvalidConfig, ErrOtherFormat, otherFormat(fe))
 		}
 		return fmt.Errorf("pagestore: open data dir: %w", pr.fail(opRecover, dbPath, err))
 	}
@@ -358,4 +357,14 @@ func (s *Store) restoreF32(p int32, b []byte, idx int, lens []int) {
 			}
 		}
 	}
+}
+
+// otherFormat says how a data directory's format record differs from the
+// config's: the page types when they differ (fp8 against f32), else the
+// records.
+func otherFormat(fe *metastore.FormatError) string {
+	if have, want := metastore.ManifestFormatDType(fe.Have), metastore.ManifestFormatDType(fe.Want); have != want {
+		return fmt.Sprintf("data directory holds %v pages, the config asks for %v", have, want)
+	}
+	return fmt.Sprintf("data directory holds pages of another geometry (format %x, config %x)", fe.Have, fe.Want)
 }
