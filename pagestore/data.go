@@ -227,19 +227,15 @@ func (h *hostData) Copy(dst, src int32, valid []int) error {
 		return h.copyFP8(dst, src, valid)
 	}
 	D := h.cfg.HeadDim
-	kvs, kvd := src, dst
 	if h.res != nil {
-		r := h.res
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		two := [2]int32{dst, src}
-		if _, err := r.ensure(context.Background(), two[:], false); err != nil {
-			return err
-		}
-		kvs, kvd = r.slot[src], r.slot[dst]
-		r.clean[dst] = false
+		h.res.mu.Lock()
+		defer h.res.mu.Unlock()
 	}
-	so, do := int(kvs)*h.pageBlk, int(kvd)*h.pageBlk
+	kvd, kvs, err := h.copySlots(dst, src)
+	if err != nil {
+		return err
+	}
+	so, do := kvs*h.pageBlk, kvd*h.pageBlk
 	ss, ds := int(src)*h.sumPage, int(dst)*h.sumPage
 	for l, ld := range h.layers {
 		n := valid[l] * D

@@ -105,6 +105,22 @@ func (h *hostData) writeFP8(layer int, pages []int32, slot int, k, v []float32) 
 	return nil
 }
 
+// copySlots makes pages dst and src resident when the store offloads
+// (h.res.mu held), marks dst's tier copy stale and returns the K/V
+// indices of both in the pool arrays (their ids without offload).
+func (h *hostData) copySlots(dst, src int32) (kvd, kvs int, err error) {
+	r := h.res
+	if r == nil {
+		return int(dst), int(src), nil
+	}
+	two := [2]int32{dst, src}
+	if _, err := r.ensure(context.Background(), two[:], false); err != nil {
+		return 0, 0, err
+	}
+	r.clean[dst] = false
+	return int(r.slot[dst]), int(r.slot[src]), nil
+}
+
 // kvSlot makes pages resident when the store offloads (h.res.mu held)
 // and returns the index of pages[0]'s K/V in the pool arrays: its
 // device slot, or its id without offload. dirty marks pages[0]'s tier
@@ -150,17 +166,13 @@ func (h *hostData) summarizeCodes(ld LayerData, phys, hd int, codes []uint8, sca
 // summaries (with offload, between the device slots of both pages).
 func (h *hostData) copyFP8(dst, src int32, valid []int) error {
 	D, H := h.cfg.HeadDim, h.cfg.KVHeads
-	kvs, kvd := int(src), int(dst)
 	if h.res != nil {
-		r := h.res
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		two := [2]int32{dst, src}
-		if _, err := r.ensure(context.Background(), two[:], false); err != nil {
-			return err
-		}
-		kvs, kvd = int(r.slot[src]), int(r.slot[dst])
-		r.clean[dst] = false
+		h.res.mu.Lock()
+		defer h.res.mu.Unlock()
+	}
+	kvd, kvs, err := h.copySlots(dst, src)
+	if err != nil {
+		return err
 	}
 	ss, ds := int(src)*h.sumPage, int(dst)*h.sumPage
 	for l, ld := range h.layers {

@@ -121,21 +121,7 @@ func TestFP8OffloadMatchesPlain(t *testing.T) {
 			off := mustStore(t, c)
 			defer off.Close()
 			m := &opsModel{t: t, rng: rand.New(rand.NewPCG(26, uint64(tc.ev)+1)), plain: plain, off: off, maxSeqs: 3, recallLimit: 8, prefetch: tc.prefetch, fp8: true}
-			if tc.prefetch {
-				m.loader = newAsyncLoader(off)
-			}
-			for range ops {
-				m.step()
-				m.check()
-			}
-			if tc.prefetch {
-				m.loader.stop()
-				off.CancelPrefetch(m.queued)
-				m.check()
-			}
-			st := off.ResidencyStats()
-			t.Logf("%+v", st)
-			if st.Evictions == 0 || st.BytesIn == 0 || st.BytesOut == 0 || st.Misses == 0 {
+			if st := m.run(ops); st.Evictions == 0 || st.BytesIn == 0 || st.BytesOut == 0 || st.Misses == 0 {
 				t.Errorf("the workload did not exercise the tier: %+v", st)
 			}
 		})

@@ -248,6 +248,28 @@ func (m *opsModel) check() {
 	}
 }
 
+// run drives the model through ops random operations, checking after
+// each (with prefetch: reads on the model's loader, whose queue it
+// drains and whose leftover reservations it cancels at the end), and
+// returns the offloading store's counters.
+func (m *opsModel) run(ops int) ResidencyStats {
+	if m.prefetch {
+		m.loader = newAsyncLoader(m.off)
+	}
+	for range ops {
+		m.step()
+		m.check()
+	}
+	if m.prefetch {
+		m.loader.stop()
+		m.off.CancelPrefetch(m.queued)
+		m.check()
+	}
+	st := m.off.ResidencyStats()
+	m.t.Logf("%+v", st)
+	return st
+}
+
 // both runs f on both stores and reports whether it succeeded (on both,
 // or on neither: a full pool fails both alike).
 func (m *opsModel) both(what string, f func(s *Store, id SeqID) error, i int) bool {
@@ -377,20 +399,7 @@ func TestOffloadMatchesPlain(t *testing.T) {
 			off := mustStore(t, c)
 			defer off.Close()
 			m := &opsModel{t: t, rng: rand.New(rand.NewPCG(7, uint64(tc.ev)+1)), plain: plain, off: off, maxSeqs: 3, recallLimit: 10, prefetch: tc.prefetch}
-			if tc.prefetch {
-				m.loader = newAsyncLoader(off)
-			}
-			for range ops {
-				m.step()
-				m.check()
-			}
-			if tc.prefetch {
-				m.loader.stop()
-				off.CancelPrefetch(m.queued)
-				m.check()
-			}
-			st := off.ResidencyStats()
-			t.Logf("%+v", st)
+			st := m.run(ops)
 			if st.Evictions == 0 || st.BytesIn == 0 || st.BytesOut == 0 || st.Hits == 0 || st.Misses == 0 {
 				t.Errorf("the workload did not exercise the tier: %+v", st)
 			}
