@@ -218,9 +218,7 @@ func (c Config) sizes() (sizes, error) {
 		// New holds float32 (or FP8); a device's pools (NewWithData,
 		// NewWithSlots) may hold the 16-bit types.
 	case plan.FP8:
-		if c.Offload() {
-			return sizes{}, fmt.Errorf("%w: dtype fp8 with a DeviceBudget: offload of fp8 pages is not implemented yet", ErrInvalidConfig)
-		}
+		// Offload moves the records as stored (residency.pack).
 	default:
 		return sizes{}, fmt.Errorf("%w: unknown dtype %v", ErrInvalidConfig, c.DType)
 	}

@@ -134,8 +134,7 @@ func (h *hostData) emptySubs(subs []float32) {
 
 func (h *hostData) Write(layer int, pages []int32, slot int, k, v []float32) error {
 	if h.fp8 {
-		h.writeFP8(layer, pages, slot, k, v)
-		return nil
+		return h.writeFP8(layer, pages, slot, k, v)
 	}
 	if h.res != nil {
 		h.res.mu.Lock()
@@ -225,23 +224,18 @@ func (h *hostData) Reset(pages []int32) error {
 
 func (h *hostData) Copy(dst, src int32, valid []int) error {
 	if h.fp8 {
-		h.copyFP8(dst, src, valid)
-		return nil
+		return h.copyFP8(dst, src, valid)
 	}
 	D := h.cfg.HeadDim
-	kvs, kvd := src, dst
 	if h.res != nil {
-		r := h.res
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		two := [2]int32{dst, src}
-		if _, err := r.ensure(context.Background(), two[:], false); err != nil {
-			return err
-		}
-		kvs, kvd = r.slot[src], r.slot[dst]
-		r.clean[dst] = false
+		h.res.mu.Lock()
+		defer h.res.mu.Unlock()
 	}
-	so, do := int(kvs)*h.pageBlk, int(kvd)*h.pageBlk
+	kvd, kvs, err := h.copySlots(dst, src)
+	if err != nil {
+		return err
+	}
+	so, do := kvs*h.pageBlk, kvd*h.pageBlk
 	ss, ds := int(src)*h.sumPage, int(dst)*h.sumPage
 	for l, ld := range h.layers {
 		n := valid[l] * D
@@ -267,8 +261,7 @@ func (h *hostData) Drop(SeqID) error { return nil }
 
 func (h *hostData) Rescan(p int32, valid int) error {
 	if h.fp8 {
-		h.rescanFP8(p, valid)
-		return nil
+		return h.rescanFP8(p, valid)
 	}
 	D := h.cfg.HeadDim
 	kvp := p

@@ -97,6 +97,9 @@
 // comes and goes. Every write of K/V (append, copy-on-write copy) makes
 // the page dirty.
 //
+// fp8 pages (plan.FP8) offload as their stored records, codes and
+// scales byte for byte (see fp8.go).
+//
 // Pins: each sequence pins its first PinFirst and last PinLast (at least
 // one: the tail page appends write) pages; eviction never takes a pinned
 // page. Appends, copies and rescans bring the pages they touch in first

@@ -2,9 +2,11 @@ package pagestore_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/questrt/questrt/pagestore"
@@ -283,21 +285,40 @@ func TestFP8Persistence(t *testing.T) {
 		}
 	}
 	checkFP8(t, s2, q, true, rng)
+	if err := s2.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	f32 := cfg
 	f32.DType = plan.Float32
-	if _, err := pagestore.New(f32); err == nil {
-		t.Fatal("an f32 store opened a directory of fp8 pages")
+	_, err = pagestore.New(f32)
+	if err == nil || !strings.Contains(err.Error(), "holds fp8 pages, the config asks for f32") || !errors.Is(err, pagestore.ErrOtherFormat) {
+		t.Fatalf("an f32 store opening a directory of fp8 pages: %v; want an error naming both types", err)
+	}
+	// And the other way round: a directory of f32 pages with fp8.
+	f32.DataDir = t.TempDir()
+	s3, err := pagestore.New(f32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := s3.Create()
+	for l := range f8L {
+		if err := s3.Append(id, l, make([]float32, 20*f8H*f8D), make([]float32, 20*f8H*f8D)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s3.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.DataDir = f32.DataDir
+	_, err = pagestore.New(cfg)
+	if err == nil || !strings.Contains(err.Error(), "holds f32 pages, the config asks for fp8") || !errors.Is(err, pagestore.ErrOtherFormat) {
+		t.Fatalf("an fp8 store opening a directory of f32 pages: %v; want an error naming both types", err)
 	}
 }
 
 func TestFP8ConfigErrors(t *testing.T) {
 	c := fp8Config()
-	c.DeviceBudget = 4
-	if _, err := pagestore.New(c); err == nil {
-		t.Fatal("fp8 with offload: want an error (not implemented)")
-	}
-	c = fp8Config()
 	c.DType = plan.BFloat16
 	if _, err := pagestore.New(c); err == nil {
 		t.Fatal("a bf16 CPU store: want an error")

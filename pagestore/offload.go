@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/questrt/questrt/kernels/fp8"
 )
 
 // Recall makes the K/V of the physical pages resident in the device pool
@@ -138,11 +136,7 @@ func (s *Store) ReadKV(ctx context.Context, layer int, p int32, k, v []float32) 
 		ld := h.layers[layer]
 		o := int(p) * h.pageBlk
 		if h.fp8 {
-			for hd := 0; hd < s.cfg.KVHeads; hd++ {
-				rec, b := int(p)*s.cfg.KVHeads+hd, hd*h.headBlk
-				fp8.Decode(k[b:b+h.headBlk], ld.K8[o+b:o+b+h.headBlk], ld.KScale[rec])
-				fp8.Decode(v[b:b+h.headBlk], ld.V8[o+b:o+b+h.headBlk], ld.VScale[rec])
-			}
+			decodeFP8Records(ld, h.pageBlk, s.cfg.KVHeads, p, k, v)
 			return nil
 		}
 		copy(k, ld.K[o:o+h.pageBlk])

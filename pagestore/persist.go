@@ -261,6 +261,13 @@ func (s *Store) openPersist() error {
 	}
 	dt, err := disktier.Open(dc)
 	if err != nil {
+		var fe *metastore.FormatError
+		if errors.Is(err, disktier.ErrMismatch) && errors.As(db.Init(context.Background(), c.manifestFormat()), &fe) {
+			// The slabs' payload size differs: say how the formats do
+			// (the page types, when they differ).
+			db.Close()
+			return fmt.Errorf("pagestore: data dir %s: %w: %w: %s: %w", dir, ErrInvalidConfig, ErrOtherFormat, otherFormat(fe), err)
+		}
 		db.Close()
 		if errors.Is(err, disktier.ErrInUse) {
 			return fmt.Errorf("pagestore: data dir %s: %w: %w", dir, ErrInUse, err)
@@ -459,6 +466,10 @@ func (r *residency) payload(ctx context.Context, p int32, b []byte) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if sl := r.slot[p]; sl >= 0 {
+		if r.fp8 {
+			packFP8(r.layers, r.blk, r.heads, sl, b)
+			return nil
+		}
 		packTo(r.layers, r.blk, sl, b)
 		return nil
 	}

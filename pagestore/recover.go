@@ -37,8 +37,7 @@ func (s *Store) recoverAll() error {
 	if err := pr.db.Init(ctx, c.manifestFormat()); err != nil {
 		var fe *metastore.FormatError
 		if errors.As(err, &fe) {
-			return fmt.Errorf("pagestore: data dir %s: %w: %w: data directory holds pages of another geometry (format %x, config %x)",
-				pr.dir, ErrInvalidConfig, ErrOtherFormat, fe.Have, fe.Want)
+			return fmt.Errorf("pagestore: data dir %s: %w: %w: %s", pr.dir, ErrInvalidConfig, ErrOtherFormat, otherFormat(fe))
 		}
 		return fmt.Errorf("pagestore: open data dir: %w", pr.fail(opRecover, dbPath, err))
 	}
@@ -282,26 +281,23 @@ func (s *Store) checkView(v seqView, n int) error {
 }
 
 // restoreFP8 is restorePage for fp8 records (packFP8's layout): codes
-// and scales as they were stored, summaries over the dequantized keys.
+// and scales as they were stored (in the pool without offload; the
+// caller writes the payload to the tier with it), summaries over the
+// dequantized keys.
 func (s *Store) restoreFP8(p int32, b []byte, idx int, lens []int) {
 	h := s.host
 	S, H := s.cfg.PageSize, s.cfg.KVHeads
-	o, r := int(p)*h.pageBlk, int(p)*H
+	if s.res == nil {
+		unpackFP8(h.layers, h.pageBlk, H, p, b)
+	}
 	x := make([]float32, h.headBlk)
+	lb := fp8LayerBytes(h.pageBlk, H)
 	for l, ld := range h.layers {
-		for _, a := range [2]struct {
-			codes  []uint8
-			scales []float32
-		}{{ld.K8, ld.KScale}, {ld.V8, ld.VScale}} {
-			b = b[copy(a.codes[o:o+h.pageBlk], b):]
-			for i := range H {
-				a.scales[r+i] = math.Float32frombits(binary.LittleEndian.Uint32(b))
-				b = b[4:]
-			}
-		}
+		kb := b[l*lb:]
 		valid := min(max(lens[l]-idx*S, 0), S)
 		for hd := 0; hd < H; hd++ {
-			h.summarizeFP8(ld, int(p), hd, valid, x)
+			sc := math.Float32frombits(binary.LittleEndian.Uint32(kb[h.pageBlk+4*hd:]))
+			h.summarizeCodes(ld, int(p), hd, kb[hd*h.headBlk:(hd+1)*h.headBlk], sc, valid, x)
 		}
 	}
 }
@@ -314,8 +310,26 @@ func (s *Store) restorePage(p int32, b []byte, idx int, lens []int) error {
 	h := s.host
 	if h.fp8 {
 		s.restoreFP8(p, b, idx, lens)
-		return nil
+	} else {
+		s.restoreF32(p, b, idx, lens)
 	}
+	if s.res != nil {
+		r := s.res
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if err := r.tier.Write(context.Background(), int(p), b); err != nil {
+			return err
+		}
+		r.clean[p] = true
+		r.ntier++
+	}
+	return nil
+}
+
+// restoreF32 is restorePage for float32 pages: K/V into the pool
+// without offload, summaries from the valid keys.
+func (s *Store) restoreF32(p int32, b []byte, idx int, lens []int) {
+	h := s.host
 	S, D := s.cfg.PageSize, s.cfg.HeadDim
 	blk := h.pageBlk
 	k := make([]float32, blk)
@@ -343,15 +357,14 @@ func (s *Store) restorePage(p int32, b []byte, idx int, lens []int) error {
 			}
 		}
 	}
-	if s.res != nil {
-		r := s.res
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if err := r.tier.Write(context.Background(), int(p), b); err != nil {
-			return err
-		}
-		r.clean[p] = true
-		r.ntier++
+}
+
+// otherFormat says how a data directory's format record differs from the
+// config's: the page types when they differ (fp8 against f32), else the
+// records.
+func otherFormat(fe *metastore.FormatError) string {
+	if have, want := metastore.ManifestFormatDType(fe.Have), metastore.ManifestFormatDType(fe.Want); have != want {
+		return fmt.Sprintf("data directory holds %v pages, the config asks for %v", have, want)
 	}
-	return nil
+	return fmt.Sprintf("data directory holds pages of another geometry (format %x, config %x)", fe.Have, fe.Want)
 }

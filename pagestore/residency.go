@@ -94,7 +94,9 @@ type residency struct {
 	mu       sync.Mutex
 	budget   int
 	layers   []LayerData // the pool arrays: K/V of budget slots
-	blk      int         // floats of one slot's K (or V) in one layer
+	blk      int         // elements of one slot's K (or V) in one layer
+	heads    int         // KV heads: fp8 records (scales) per slot's K (or V) in one layer
+	fp8      bool        // the pool arrays hold fp8 records (packFP8's payloads)
 	tier     tier.Tier
 	ownTier  bool
 	ev       Evictor
@@ -144,6 +146,8 @@ func newResidency(cfg Config, layers []LayerData, dev SlotData) (*residency, err
 		dev:      dev,
 		dt:       cfg.DType,
 		blk:      cfg.PageElems(),
+		heads:    cfg.KVHeads,
+		fp8:      cfg.DType == plan.FP8 && dev == nil,
 		tier:     cfg.Tier,
 		nativeLE: binary.NativeEndian.Uint16([]byte{1, 0}) == 1,
 		slot:     make([]int32, cfg.Capacity),
@@ -466,8 +470,13 @@ func f32bytes(f []float32) []byte {
 
 // pack copies slot s's K/V of every layer into r.buf in the tier layout:
 // layer-major, K then V, each the slot's [KVHeads][PageSize][HeadDim]
-// block, little-endian float32.
+// block, little-endian float32; fp8 records go as stored, codes and
+// scales (packFP8's layout, that of persistence).
 func (r *residency) pack(s int32) {
+	if r.fp8 {
+		packFP8(r.layers, r.blk, r.heads, s, r.buf)
+		return
+	}
 	o, n := int(s)*r.blk, r.blk
 	b := r.buf
 	for _, ld := range r.layers {
@@ -489,6 +498,10 @@ func (r *residency) unpack(s int32) { r.unpackFrom(s, r.buf) }
 
 // unpackFrom copies payload b into slot s.
 func (r *residency) unpackFrom(s int32, b []byte) {
+	if r.fp8 {
+		unpackFP8(r.layers, r.blk, r.heads, s, b)
+		return
+	}
 	o, n := int(s)*r.blk, r.blk
 	for _, ld := range r.layers {
 		for _, a := range [2][]float32{ld.K[o : o+n], ld.V[o : o+n]} {
@@ -523,6 +536,10 @@ func (r *residency) readKV(ctx context.Context, layer int, p int32, k, v []float
 		}
 		ld := r.layers[layer]
 		o := int(s) * r.blk
+		if r.fp8 {
+			decodeFP8Records(ld, r.blk, r.heads, s, k, v)
+			return nil
+		}
 		copy(k, ld.K[o:o+r.blk])
 		copy(v, ld.V[o:o+r.blk])
 		return nil
@@ -536,6 +553,10 @@ func (r *residency) readKV(ctx context.Context, layer int, p int32, k, v []float
 	// the device's queued copies) in the pool's element type.
 	if err := r.tier.Read(ctx, int(p), r.buf); err != nil {
 		return fmt.Errorf("read page %d: %w", p, err)
+	}
+	if r.fp8 {
+		decodeFP8Payload(layer, r.blk, r.heads, r.buf, k, v)
+		return nil
 	}
 	n := r.dt.Bytes() * r.blk
 	off := layer * 2 * n

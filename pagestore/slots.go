@@ -71,6 +71,8 @@ func NewWithSlots(cfg Config, data SlotData) (*Store, error) {
 		return nil, fmt.Errorf("%w: NewWithSlots needs a tier the device maps (Config.Tier)", ErrInvalidConfig)
 	case data == nil:
 		return nil, fmt.Errorf("%w: nil slot data", ErrInvalidConfig)
+	case cfg.DType == plan.FP8:
+		return nil, fmt.Errorf("%w: dtype fp8: device slot pools of fp8 records are not implemented (New offloads fp8 pages from host pools)", ErrInvalidConfig)
 	case cfg.DataDir != "":
 		return nil, fmt.Errorf("%w: DataDir %q: persistence needs the store's own pools (New), not outside page data", ErrInvalidConfig, cfg.DataDir)
 	}

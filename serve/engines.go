@@ -17,8 +17,8 @@ import (
 // are the runtime's defaults.
 type GridSpec struct {
 	// Layers and Geometry are the model's (model.Geometry.Shape): its
-	// page size is Policy's, its storage type Config.KVDType with a
-	// Backend (float32 without).
+	// page size is Policy's, its storage type Config.KVDType (float32,
+	// the zero value, or fp8 on the CPU; a GPU's with a Backend).
 	Layers   int
 	Geometry plan.Geometry
 	// Policy is the selection policy; it attends densely on no layer of
@@ -135,9 +135,9 @@ func (s *Server) gridSpec(pol plan.Policy, capacity int) GridSpec {
 	geo.PageSize = pol.PageSize
 	gs := GridSpec{Layers: layers, Geometry: geo, Policy: pol, CapacityPages: capacity,
 		CP: s.cfg.CP, TP: s.cfg.TP, Selection: s.cfg.Selection, MemoryLimit: s.cfg.MemoryLimit}
+	gs.Geometry.DType = s.cfg.KVDType
 	if s.cfg.Backend != nil {
 		gs.Backend, gs.DeviceResident = s.cfg.Backend, s.cfg.DeviceResident
-		gs.Geometry.DType = s.cfg.KVDType
 	}
 	return gs
 }

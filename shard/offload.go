@@ -107,7 +107,8 @@ func next(e *uint32, marks []uint32) uint32 {
 }
 
 // attnLayer is the kernels' view of layer l for attention on an
-// offloading shard: the device pool's K/V slots, with the summary pool cut
+// offloading shard: the device pool's K/V slots (float32 blocks or fp8
+// records), with the summary pool cut
 // to as many pages so that the layer is one pool of DeviceBudget pages
 // (attention reads no summaries; scoring gets the whole summary pool).
 //
@@ -118,7 +119,8 @@ func (s *Shard) attnLayer(l int) kernels.Layer {
 		return kernels.Layer{Device: s.dev[l]}
 	}
 	h := s.store.Layer(l)
-	return kernels.Layer{K: h.K, V: h.V, Summary: h.Summary[:s.off.budget*s.off.sumPage]}
+	return kernels.Layer{K: h.K, V: h.V, K8: h.K8, V8: h.V8, KScale: h.KScale, VScale: h.VScale,
+		Summary: h.Summary[:s.off.budget*s.off.sumPage]}
 }
 
 // collect gathers the step's working set: every physical page some row

@@ -53,6 +53,12 @@ var fakeDev tier.Tier = onDevice{}
 
 func newOffPair(t *testing.T, layers, qh, kvh, d, s, capacity, budget int, pol plan.Policy, ev pagestore.Eviction, tr tier.Tier, pf prefetchOpt) *offPair {
 	t.Helper()
+	return newOffPairOf(t, plan.Float32, layers, qh, kvh, d, s, capacity, budget, pol, ev, tr, pf)
+}
+
+// newOffPairOf is newOffPair with K/V of type dt in both stores.
+func newOffPairOf(t *testing.T, dt plan.DType, layers, qh, kvh, d, s, capacity, budget int, pol plan.Policy, ev pagestore.Eviction, tr tier.Tier, pf prefetchOpt) *offPair {
+	t.Helper()
 	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2, AttendChunk: 4, ScoreChunk: 8})
 	t.Cleanup(func() { cpu.Close() })
 	var be kernels.Backend = cpu
@@ -61,7 +67,7 @@ func newOffPair(t *testing.T, layers, qh, kvh, d, s, capacity, budget int, pol p
 		tr = nil
 	}
 	pol.PageSize = s
-	st := pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: capacity}
+	st := pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s, DType: dt}, Capacity: capacity}
 	ref, err := New(Config{Store: st, Policy: pol}, be)
 	if err != nil {
 		t.Fatal(err)
@@ -316,15 +322,22 @@ func TestOffloadProperty(t *testing.T) {
 // TestPrefetchProperty, over a slow tier tr).
 func offloadProperty(t *testing.T, seed int, pol plan.Policy, budget int, ev pagestore.Eviction, pf prefetchOpt, tr tier.Tier) {
 	const layers, qh, kvh, d, s = 2, 4, 2, 8, 4
+	offloadPropertyOf(t, newOffPair(t, layers, qh, kvh, d, s, 400, budget, pol, ev, tr, pf), seed, budget, pf)
+}
+
+// offloadPropertyOf runs offloadProperty's random operations on pair p
+// (built with a device budget of budget pages and prefetch pf).
+func offloadPropertyOf(t *testing.T, p *offPair, seed, budget int, pf prefetchOpt) {
+	c := p.ref.Config().Store
+	layers, s := c.Layers, c.PageSize
 	const maxSeqs = 4
-	p := newOffPair(t, layers, qh, kvh, d, s, 400, budget, pol, ev, tr, pf)
 	rng := rand.New(rand.NewPCG(uint64(seed), 77))
 	var live []pagestore.SeqID
 	for op := range 150 {
 		switch r := rng.IntN(10); {
 		case len(live) == 0 || (r == 0 && len(live) < maxSeqs):
 			id := p.create()
-			p.append(rng, id, 1+rng.IntN(200))
+			p.append(rng, id, (1+rng.IntN(200))*s/4) // as many pages at any S
 			live = append(live, id)
 		case r <= 2:
 			p.append(rng, live[rng.IntN(len(live))], 1+rng.IntN(40))

@@ -81,7 +81,7 @@ func newGridWrapped(t *testing.T, cfg Config, split bool, wrap func(collective.T
 	}
 	ref, err := shard.New(shard.Config{
 		Store: pagestore.Config{
-			Geometry: plan.Geometry{QHeads: cfg.QHeads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, PageSize: cfg.PageSize, DType: plan.Float32},
+			Geometry: plan.Geometry{QHeads: cfg.QHeads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, PageSize: cfg.PageSize, DType: cfg.DType},
 			Layers:   cfg.Layers,
 			Capacity: cfg.Capacity * cfg.CP,
 		},

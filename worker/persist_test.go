@@ -102,11 +102,19 @@ func equalBits(a, b []float32) bool {
 // lengths in every layer, no lost tokens, the same summary records bit
 // for bit and the same pages in use (the fork's sharing kept), and the
 // next steps give the same outputs, bit for bit, as a grid of the same
-// workers that never stopped, fed the same data.
+// workers that never stopped, fed the same data. On f32 and fp8 pages;
+// the fp8 grid with offload too (recovered pages come back into the
+// device pool from the tier).
 func TestPersistRestart(t *testing.T) {
-	for _, split := range []bool{false, true} {
-		t.Run(fmt.Sprintf("split%v", split), func(t *testing.T) {
+	for _, tc := range []struct {
+		split  bool
+		dt     plan.DType
+		budget int
+	}{{false, plan.Float32, 0}, {true, plan.Float32, 0}, {false, plan.FP8, 0}, {true, plan.FP8, 20}} {
+		split := tc.split
+		t.Run(fmt.Sprintf("split%v_%v_budget%d", split, tc.dt, tc.budget), func(t *testing.T) {
 			cfg := testConfig(Exact)
+			cfg.DType, cfg.DeviceBudgetPages = tc.dt, tc.budget
 			g, live := newGrid(t, cfg, split), newGrid(t, cfg, split)
 			var dirs []string
 			for range g.workers {
@@ -216,6 +224,16 @@ func TestPersistRestart(t *testing.T) {
 				}
 			}
 			step(ids, []int{48, 48, 48}, 0, 2, true)
+			if tc.budget > 0 {
+				for _, wk := range g.workers {
+					l := wk.(*Local)
+					for _, r := range l.Ranks() {
+						if st := l.Shard(r).OffloadStats(); st.Misses == 0 || st.MultiPass != 0 {
+							t.Fatalf("rank %v: recalls of recovered pages not exercised, or several passes: %+v", r, st)
+						}
+					}
+				}
+			}
 		})
 	}
 }

@@ -274,7 +274,9 @@ type DeviceConfig struct {
 	Ordinals []int
 	// KVCacheDType is the storage type of K, V and summaries on the GPU:
 	// f32, f16 or bf16 [--kv-cache-dtype]. Default bf16. Only with
-	// --backend cuda.
+	// --backend cuda; or fp8 with --backend cpu, --model and
+	// --serve-layout local: the served model's in-process engine keeps
+	// fp8 K/V records (summaries f32).
 	KVCacheDType plan.DType
 }
 

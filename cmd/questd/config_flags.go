@@ -291,7 +291,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		}
 		return nil
 	})
-	d.text("kv-cache-dtype", "bf16", "with --backend cuda: storage type of K, V and summaries in GPU memory, `f32|f16|bf16`", func(s string) (err error) {
+	d.text("kv-cache-dtype", "bf16", "storage type of the KV pages, `f32|f16|bf16|fp8`: with --backend cuda f32, f16 or bf16 (K, V and summaries in GPU memory); with --backend cpu fp8 (E4M3 codes with a float32 scale per page, layer and KV head, summaries f32 over the stored keys: a quarter of f32's K/V bytes) for the served model's pages (--model, --serve-layout local; the grids this node hosts for the cluster store f32)", func(s string) (err error) {
 		c.Devices.KVCacheDType, err = plan.ParseDType(s)
 		return err
 	})

@@ -241,15 +241,18 @@ func (p PolicyConfig) Validate() error {
 
 // Validate reports the first setting of the group that breaks its rule:
 // cuda needs a -tags cuda build, the devices and a storage type other
-// than bf16 need cuda, fp8 is not served.
+// than bf16 and fp8 need cuda, fp8 is served on the CPU only (where,
+// [Config.validateAcross]).
 func (d DeviceConfig) Validate() error {
 	switch {
 	case d.Backend == "cuda" && !cudaBuild:
 		return bad("backend", "cuda", "needs a questd built with -tags cuda (README: building for a GPU host)")
 	case len(d.Ordinals) > 0 && d.Backend != "cuda":
 		return bad("devices", joinInts(d.Ordinals), "needs --backend cuda")
+	case d.KVCacheDType == plan.FP8 && d.Backend == "cuda":
+		return bad("kv-cache-dtype", "fp8", "not served with --backend cuda yet: the CUDA backend decodes fp8 pages (questctl bench decode --kv-cache-dtype fp8), but questd's GPU paths (GPU prefill, offload slots) do not take them; --backend cpu serves fp8 pages")
 	case d.KVCacheDType == plan.FP8:
-		return bad("kv-cache-dtype", "fp8", "not served yet: the CUDA backend decodes fp8 pages (questctl bench decode --kv-cache-dtype fp8), but questd's serving paths (GPU prefill, offload slots, remote workers) do not take them, and its CPU grids store f32")
+		// The CPU backend stores and attends fp8 records.
 	case d.KVCacheDType != plan.BFloat16 && d.Backend != "cuda":
 		return bad("kv-cache-dtype", d.KVCacheDType.String(), "needs --backend cuda (the CPU backend stores f32)")
 	}
@@ -505,6 +508,10 @@ func (c Config) validateAcross() error {
 		return bad("data-dir", c.Storage.DataDir, "not with --selection replicated (its summary mirrors are not persisted)")
 	case c.Storage.DataDir != "" && c.Devices.Backend == "cuda":
 		return bad("data-dir", c.Storage.DataDir, "not with --backend cuda (pages in GPU memory do not persist)")
+	case c.Devices.KVCacheDType == plan.FP8 && c.Serve.Model == "":
+		return bad("kv-cache-dtype", "fp8", "needs --model (with --serve-layout local): the served model's in-process engine stores fp8 pages; the grids this node hosts for the cluster store f32 (the worker wire carries no page type)")
+	case c.Devices.KVCacheDType == plan.FP8 && c.Serve.Layout != "local":
+		return bad("kv-cache-dtype", "fp8", "not with --serve-layout %s: the worker wire (worker/remote) carries no page type, so the cluster's grids store f32; --serve-layout local serves fp8 pages", c.Serve.Layout)
 	case c.Serve.Layout == "device" && c.Devices.Backend != "cuda":
 		return bad("serve-layout", c.Serve.Layout, "needs --backend cuda (the device executor runs on a GPU)")
 	case c.Serve.Layout == "cluster" && c.servePagesPerRank() > c.hostPages():

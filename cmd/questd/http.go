@@ -14,6 +14,7 @@ import (
 	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/internal/serveengine"
+	"github.com/questrt/questrt/plan"
 	completion "github.com/questrt/questrt/serve"
 )
 
@@ -47,6 +48,9 @@ type completions struct {
 func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc := completion.DefaultConfig()
 	sc.Engines = serveengine.Engines()
+	if c.Devices.Backend == "cpu" && c.Devices.KVCacheDType == plan.FP8 {
+		sc.KVDType = plan.FP8 // the in-process engine's CPU pages (--serve-layout local)
+	}
 	sc.ModelName = c.Serve.ModelName
 	sc.Policy = c.engineConfig().Policy
 	sc.CP, sc.TP = c.Serve.CP, c.Serve.TP

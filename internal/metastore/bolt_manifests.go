@@ -87,6 +87,17 @@ func encodeManifestFormat(f ManifestFormat) []byte {
 	return b
 }
 
+// ManifestFormatDType returns the page type that a manifest format
+// record (a *FormatError's Have or Want from Manifests.Init) names:
+// plan.FP8 for the records of fp8 directories, plan.Float32 for the
+// 20-byte records of f32 ones.
+func ManifestFormatDType(rec []byte) plan.DType {
+	if len(rec) > 20 {
+		return plan.DType(rec[20])
+	}
+	return plan.Float32
+}
+
 func (m *boltManifests) Init(ctx context.Context, f ManifestFormat) error {
 	want := encodeManifestFormat(f)
 	err := m.update(ctx, func(tx *bolt.Tx) error {
