@@ -52,8 +52,7 @@ var appendGeometry = model.Geometry{Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16
 // dev and an empty sequence in it, closed with the test.
 func appendTensorEngine(t *testing.T, dev Device, dt plan.DType) (*engine.Engine, decode.SeqID) {
 	t.Helper()
-	pol := plan.DefaultPolicy()
-	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 64, 0
+	pol := tinyPolicy()
 	cfg := engine.ModelConfig(appendGeometry, pol, 64)
 	cfg.Geometry.DType = dt
 	cfg.Backend, cfg.DeviceResident = dev, true

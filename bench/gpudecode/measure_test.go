@@ -7,7 +7,6 @@ import (
 
 	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/model/gpu"
-	"github.com/questrt/questrt/plan"
 )
 
 // TestBenchTwin runs Measure on the CPU twin with a small random model:
@@ -17,13 +16,8 @@ import (
 func TestBenchTwin(t *testing.T) {
 	ctx := context.Background()
 	dev := twin(t)
-	x, err := gpu.NewRandom(ctx, dev, tinyConfig(t), 3, gpu.Options{MaxBatch: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close(ctx)
-	pol := plan.DefaultPolicy()
-	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 64, 0
+	x := tinyExecutor(t, dev)
+	pol := tinyPolicy()
 	var got []Result
 	cfg := Config{Contexts: []int{100, 400}, Batches: []int{1, 2}, Warmup: 1, Steps: 3, Policy: &pol, Dense: true}
 	if err := Measure(ctx, dev, x, cfg, func(r Result) error { got = append(got, r); return nil }, t.Logf); err != nil {
@@ -66,11 +60,7 @@ func TestBenchTwin(t *testing.T) {
 	w, a := gpu.Need(tinyConfig(t), gpu.Options{MaxBatch: 2})
 	small := twin(t)
 	small.Capacity = w + a + gpu.Reserve + 1<<20
-	xs, err := gpu.NewRandom(ctx, small, tinyConfig(t), 3, gpu.Options{MaxBatch: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer xs.Close(ctx)
+	xs := tinyExecutor(t, small)
 	if err := Measure(ctx, small, xs, Config{Contexts: []int{3000}, Batches: []int{2}}, func(Result) error { t.Fatal("emitted"); return nil }, t.Logf); !errors.Is(err, gpu.ErrNoMemory) {
 		t.Errorf("pages past the device: %v, want gpu.ErrNoMemory", err)
 	}
@@ -118,13 +108,8 @@ func (p *profilingTwin) ProfilerStop(context.Context) error {
 func TestBenchProfileRange(t *testing.T) {
 	ctx := context.Background()
 	dev := &profilingTwin{QueuedDevice: twin(t)}
-	x, err := gpu.NewRandom(ctx, dev, tinyConfig(t), 3, gpu.Options{MaxBatch: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close(ctx)
-	pol := plan.DefaultPolicy()
-	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 64, 0
+	x := tinyExecutor(t, dev)
+	pol := tinyPolicy()
 	cfg := Config{Contexts: []int{100, 400}, Batches: []int{1}, Warmup: 2, Steps: 2, Policy: &pol, Dense: true, Profile: true}
 	n := 0
 	if err := Measure(ctx, dev, x, cfg, func(Result) error { n++; return nil }, t.Logf); err != nil {
@@ -139,13 +124,9 @@ func TestBenchProfileRange(t *testing.T) {
 		t.Fatalf("warm-up 0: %v, %d starts", err, dev.starts)
 	}
 	plain := twin(t)
-	px, err := gpu.NewRandom(ctx, plain, tinyConfig(t), 3, gpu.Options{MaxBatch: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer px.Close(ctx)
+	px := tinyExecutor(t, plain)
 	n = 0
-	err = Measure(ctx, plain, px, cfg, func(Result) error { n++; return nil }, t.Logf)
+	err := Measure(ctx, plain, px, cfg, func(Result) error { n++; return nil }, t.Logf)
 	if !errors.Is(err, gpu.ErrBadInput) || n != 0 {
 		t.Fatalf("no profiler: %v after %d results, want gpu.ErrBadInput before any", err, n)
 	}
@@ -180,13 +161,8 @@ func TestBenchPhases(t *testing.T) {
 	ctx := context.Background()
 	dev := &markingTwin{QueuedDevice: twin(t)}
 	cfgm := tinyConfig(t)
-	x, err := gpu.NewRandom(ctx, dev, cfgm, 3, gpu.Options{MaxBatch: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Close(ctx)
-	pol := plan.DefaultPolicy()
-	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 64, 0
+	x := tinyExecutor(t, dev)
+	pol := tinyPolicy()
 	cfg := Config{Contexts: []int{100}, Batches: []int{1, 2}, Warmup: 1, Steps: 2, Policy: &pol, Dense: true, Phases: true}
 	var got []Result
 	if err := Measure(ctx, dev, x, cfg, func(r Result) error { got = append(got, r); return nil }, t.Logf); err != nil {
@@ -229,12 +205,8 @@ func TestBenchPhases(t *testing.T) {
 		t.Errorf("marks left on after the bench: %v, %d marks in a run without the split", err, dev.total-total)
 	}
 	plain := twin(t)
-	px, err := gpu.NewRandom(ctx, plain, tinyConfig(t), 3, gpu.Options{MaxBatch: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer px.Close(ctx)
-	err = Measure(ctx, plain, px, cfg, func(Result) error { t.Error("a result without marks"); return nil }, t.Logf)
+	px := tinyExecutor(t, plain)
+	err := Measure(ctx, plain, px, cfg, func(Result) error { t.Error("a result without marks"); return nil }, t.Logf)
 	if !errors.Is(err, gpu.ErrBadInput) {
 		t.Fatalf("no marks: %v, want gpu.ErrBadInput", err)
 	}

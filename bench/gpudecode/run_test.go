@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/questrt/questrt/plan"
 )
 
 // TestRunTwin runs the whole benchmark on the CPU twin with random
@@ -16,8 +14,7 @@ import (
 // then one per prefilled prompt, with the anchor's fields; the weights'
 // progress goes to logf.
 func TestRunTwin(t *testing.T) {
-	pol := plan.DefaultPolicy()
-	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 64, 0
+	pol := tinyPolicy()
 	s := Spec{Model: tinyConfig(t), Prefill: []int{50, 200},
 		Measure: Config{Contexts: []int{100}, Batches: []int{2}, Warmup: 1, Steps: 2, Policy: &pol, Dense: true, Seed: 5}}
 	var out bytes.Buffer

@@ -1,11 +1,14 @@
 package gpudecode
 
 import (
+	"context"
 	"testing"
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/model/gpu"
+	"github.com/questrt/questrt/plan"
 )
 
 // twin is the CPU twin of a device, closed with the test.
@@ -28,4 +31,25 @@ func tinyConfig(t *testing.T) model.Config {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// tinyExecutor is an executor of tinyConfig's random weights (seed 3)
+// for batches of up to 2 rows on dev, closed with the test.
+func tinyExecutor(t *testing.T, dev Device) *gpu.Executor {
+	t.Helper()
+	ctx := context.Background()
+	x, err := gpu.NewRandom(ctx, dev, tinyConfig(t), 3, gpu.Options{MaxBatch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close(ctx) })
+	return x
+}
+
+// tinyPolicy is pages of 16 tokens, a budget of 64 tokens (4 pages) and
+// no dense layers: sparse from 5 pages on.
+func tinyPolicy() plan.Policy {
+	pol := plan.DefaultPolicy()
+	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 64, 0
+	return pol
 }
