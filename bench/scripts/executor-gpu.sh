@@ -6,6 +6,7 @@
 #
 #   questctl.gz      go build -tags cuda -ldflags="-s -w" ./cmd/questctl, gzipped
 #   gpu.test.gz      go test -c -tags cuda ./model/gpu/, gzipped
+#   gpudecode.test.gz  go test -c -tags cuda ./bench/gpudecode/, gzipped
 #   cuda.test.gz     go test -c -tags cuda ./kernels/cuda/, gzipped
 #   config-8b-1m.json  examples/llama-3.1-8b/config.json with
 #                    max_position_embeddings 1048576
@@ -14,8 +15,8 @@
 #   OUT=/some/dir bench/scripts/executor-gpu.sh DIR [PARTS]
 #
 # PARTS (default "tests b1 b8 anchor"; add "fp8-1m" on a GPU with
-# 110+ GB): tests = the CUDA tests of model/gpu (the device fill equals
-# the host's, greedy tokens against the CPU executor, with bf16 and fp8
+# 110+ GB): tests = the CUDA tests of model/gpu and bench/gpudecode (the
+# device fill equals the host's, greedy tokens against the CPU executor, with bf16 and fp8
 # pages prefilled on the device) and the prefill attention's float64
 # conformance (bf16, f16, fp8 pages); b1 = bench decode at batch 1 over
 # 1K/32K/128K/512K with --phases (a marked step's device timeline per
@@ -31,7 +32,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$dir"
 out=${OUT:?set OUT to the folder for the results}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-for f in questctl gpu.test cuda.test; do gunzip -kf $f.gz && chmod +x $f; done
+for f in questctl gpu.test gpudecode.test cuda.test; do gunzip -kf $f.gz && chmod +x $f; done
 has() { [[ " $parts " == *" $1 "* ]]; }
 t() { # t NAME CMD...: runs CMD, its output to OUT/NAME.txt, its time to OUT/times.txt
 	local name=$1 t0=$SECONDS
@@ -41,8 +42,10 @@ t() { # t NAME CMD...: runs CMD, its output to OUT/NAME.txt, its time to OUT/tim
 }
 if has tests; then
 	(cd "$root/model/gpu" && QUESTRT_TEST_MODEL="$dir/models/passkey-llama-v1" timeout 180 "$dir/gpu.test" \
-		-test.run 'TestAppendTensorOnDevice|TestGreedyMatchesCPU|TestGreedyPrefillMatchesCPU|TestPageBytesOnDevice' -test.v 2>&1 |
+		-test.run 'TestGreedyMatchesCPU|TestGreedyPrefillMatchesCPU|TestPageBytesOnDevice' -test.v 2>&1 |
 		grep -E '^(--- |ok|FAIL|PASS|panic)|equal|pages take|within' | tee "$out/tests.txt")
+	(cd "$root/bench/gpudecode" && timeout 60 "$dir/gpudecode.test" -test.run 'TestAppendTensorOnDevice' -test.v 2>&1 |
+		grep -E '^(--- |ok|FAIL|PASS|panic)|equal' | tee -a "$out/tests.txt")
 	(cd "$root/kernels/cuda" && timeout 120 "$dir/cuda.test" -test.run 'TestPrefillMatchesFloat64|TestPTXMatchesSource' -test.v 2>&1 |
 		grep -E '^(--- |ok|FAIL|PASS|panic)' | tee "$out/cudatests.txt")
 fi

@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/questrt/questrt/bench/localgroup"
 	"github.com/questrt/questrt/bench/rankproc"
 	"github.com/questrt/questrt/collective"
-	"github.com/questrt/questrt/collective/grpctransport"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/worker/remote"
 )
@@ -214,12 +214,8 @@ runs.`,
 		if byNodes && !slices.Contains(names, "grpc") {
 			return usageError{fmt.Errorf("--nodes with --transport %s: the processes talk grpc; add it (--transport grpc, or inproc,grpc for goroutine lines too)", *transports)}
 		}
-		c.Transport, c.NewTransports = names[0], nil
-		sw.Transport, sw.NewTransports = names[0], nil
-		if names[0] == "grpc" {
-			c.NewTransports = grpcGroup(ctx, 0)
-			sw.NewTransports = grpcGroup(ctx, 0)
-		}
+		c.Transport, c.NewTransports = names[0], localgroup.NewTransports(ctx, names[0], 0)
+		sw.Transport, sw.NewTransports = names[0], localgroup.NewTransports(ctx, names[0], 0)
 		if sweep {
 			err = sw.Validate()
 		} else {
@@ -252,17 +248,11 @@ runs.`,
 			case sweep && name == "grpc" && byNodes:
 				err = sweepNodes(ctx, sw, *timeout, emitSweep)
 			case sweep:
-				if name == "grpc" {
-					sw.NewTransports = grpcGroup(ctx, sw.MaxMsgBytes())
-				}
-				err = collective.BenchSweep(ctx, sw, emitSweep)
+				err = localgroup.Sweep(ctx, sw, emitSweep)
 			case name == "grpc" && byNodes:
 				err = benchNodes(ctx, c, *timeout, emit)
 			default:
-				if name == "grpc" {
-					c.NewTransports = grpcGroup(ctx, 0)
-				}
-				err = collective.BenchCollective(ctx, c, emit)
+				err = localgroup.Bench(ctx, c, emit)
 			}
 			if err != nil {
 				return err
@@ -287,26 +277,6 @@ func sizeList(name, s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
-}
-
-// grpcGroup returns a NewTransports that builds an n-rank gRPC group on
-// 127.0.0.1 (plaintext loopback streams, ephemeral ports) whose members
-// accept messages of maxMsg bytes (at least the default limit).
-func grpcGroup(ctx context.Context, maxMsg int64) func(n int) ([]collective.Transport, error) {
-	return func(n int) ([]collective.Transport, error) {
-		cfg := grpctransport.DefaultConfig()
-		cfg.Plaintext = true
-		cfg.MaxMessageBytes = max(cfg.MaxMessageBytes, int(maxMsg))
-		g, err := grpctransport.NewLocalGroup(ctx, n, cfg)
-		if err != nil {
-			return nil, fmt.Errorf("grpc group of %d: %w", n, err)
-		}
-		trs := make([]collective.Transport, n)
-		for i, t := range g {
-			trs[i] = t
-		}
-		return trs, nil
-	}
 }
 
 // sizeFlag defines --name, a byte size (8, 4K, 128M: binary units, as

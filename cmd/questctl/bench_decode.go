@@ -10,28 +10,18 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 
+	"github.com/questrt/questrt/bench/gpudecode"
 	"github.com/questrt/questrt/internal/readlimit"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
 )
 
-// decodeBench is one run of 'questctl bench decode'.
+// decodeBench is one run of 'questctl bench decode': the benchmark's
+// spec and the CUDA backend's settings.
 type decodeBench struct {
-	cfg           model.Config
-	modelDir      string // --model: a checkpoint to load (empty: random weights)
-	contexts      []int
-	batches       []int
-	prefill       []int // --prefill: prompt lengths whose time to first token is timed
-	steps, warmup int
-	pol           plan.Policy
-	kvDType       plan.DType
-	f32Weights    bool
-	dense, noPDL  bool
-	profileRange  bool
-	phases        bool              // --phases: a marked step's device timeline per measurement
-	summary       plan.SummaryDType // --summary-dtype
-	cudaKernels   string            // --cuda-kernels: the backend's tuning overrides
-	seed          uint64
+	gpudecode.Spec
+	summary     plan.SummaryDType // --summary-dtype
+	cudaKernels string            // --cuda-kernels: the backend's tuning overrides
 }
 
 func runBenchDecode(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -85,8 +75,9 @@ and weights_GB. Progress goes to stderr.`)
 		if *backend != "cuda" {
 			return usageError{fmt.Errorf("--backend %q: bench decode times the device executor, --backend cuda (for the CPU, see generate and bench serve)", *backend)}
 		}
-		b := decodeBench{steps: *steps, warmup: *warmup, dense: *dense, noPDL: *noPDL, seed: *seed, profileRange: *profileRange, phases: *phases,
-			summary: summary.types[0], cudaKernels: *cudaKernels}
+		b := decodeBench{summary: summary.types[0], cudaKernels: *cudaKernels}
+		b.Executor.NoPDL = *noPDL
+		b.Measure = gpudecode.Config{Warmup: *warmup, Steps: *steps, Dense: *dense, Seed: *seed, Profile: *profileRange, Phases: *phases}
 		var err error
 		switch {
 		case (*configPath == "") == (*modelDir == ""):
@@ -103,7 +94,7 @@ and weights_GB. Progress goes to stderr.`)
 		switch *weights {
 		case "bf16":
 		case "f32":
-			b.f32Weights = true
+			b.Executor.Float32Weights = true
 		default:
 			return usageError{fmt.Errorf("--weights-dtype %q: want bf16 or f32", *weights)}
 		}
@@ -111,33 +102,33 @@ and weights_GB. Progress goes to stderr.`)
 		if *modelDir != "" {
 			path = filepath.Join(*modelDir, "config.json")
 			if *loadFormat == "auto" {
-				b.modelDir = *modelDir
+				b.ModelDir = *modelDir
 			}
 		}
 		raw, err := readlimit.ReadFile(path, maxInputFile)
 		if err != nil {
 			return usageError{fmt.Errorf("model config: %w", err)}
 		}
-		if b.cfg, err = model.ParseConfig(raw); err != nil {
+		if b.Model, err = model.ParseConfig(raw); err != nil {
 			return usageError{fmt.Errorf("%s: %w", path, err)}
 		}
-		if b.contexts, err = intList(*contexts); err != nil {
+		if b.Measure.Contexts, err = intList(*contexts); err != nil {
 			return usageError{fmt.Errorf("--context: %w", err)}
 		}
-		if b.batches, err = intList(*batches); err != nil {
+		if b.Measure.Batches, err = intList(*batches); err != nil {
 			return usageError{fmt.Errorf("--batch: %w", err)}
 		}
 		if *prefill != "" {
-			if b.prefill, err = intList(*prefill); err != nil {
+			if b.Prefill, err = intList(*prefill); err != nil {
 				return usageError{fmt.Errorf("--prefill: %w", err)}
 			}
-			for _, n := range b.prefill {
-				if mp := b.cfg.MaxPositions; mp > 0 && n > mp {
+			for _, n := range b.Prefill {
+				if mp := b.Model.MaxPositions; mp > 0 && n > mp {
 					return usageError{fmt.Errorf("--prefill %d: beyond the model's %d positions (max_position_embeddings)", n, mp)}
 				}
 			}
 		}
-		for _, n := range b.batches {
+		for _, n := range b.Measure.Batches {
 			if n > 16 {
 				return usageError{fmt.Errorf("--batch %d: at most 16", n)}
 			}
@@ -146,23 +137,25 @@ and weights_GB. Progress goes to stderr.`)
 		if *dense {
 			need *= 2
 		}
-		for _, n := range b.contexts {
-			if mp := b.cfg.MaxPositions; mp > 0 && n+need > mp {
+		for _, n := range b.Measure.Contexts {
+			if mp := b.Model.MaxPositions; mp > 0 && n+need > mp {
 				return usageError{fmt.Errorf("--context %d: with %d steps past it, beyond the model's %d positions (max_position_embeddings)", n, need, mp)}
 			}
 		}
-		if b.kvDType, err = plan.ParseDType(*kvDType); err != nil {
+		if b.Measure.KVDType, err = plan.ParseDType(*kvDType); err != nil {
 			return usageError{fmt.Errorf("--kv-cache-dtype: %w", err)}
 		}
-		if len(b.prefill) > 0 && b.kvDType == plan.Float32 {
-			return usageError{fmt.Errorf("--prefill with --kv-cache-dtype %v: the GPU prefill reads bf16, f16 or fp8 pages (f32 pages are decoded, not prefilled)", b.kvDType)}
+		if len(b.Prefill) > 0 && b.Measure.KVDType == plan.Float32 {
+			return usageError{fmt.Errorf("--prefill with --kv-cache-dtype %v: the GPU prefill reads bf16, f16 or fp8 pages (f32 pages are decoded, not prefilled)", b.Measure.KVDType)}
 		}
-		b.pol = plan.DefaultPolicy()
-		b.pol.PageSize, b.pol.BudgetTokens, b.pol.DenseLayers = *pageSize, *budget, min(*denseLayers, b.cfg.Layers)
-		b.pol.DenseRho = *denseRho
-		if err := b.pol.Validate(); err != nil {
+		b.PrefillDType = b.Measure.KVDType
+		pol := plan.DefaultPolicy()
+		pol.PageSize, pol.BudgetTokens, pol.DenseLayers = *pageSize, *budget, min(*denseLayers, b.Model.Layers)
+		pol.DenseRho = *denseRho
+		if err := pol.Validate(); err != nil {
 			return usageError{err}
 		}
+		b.Measure.Policy = &pol
 		if *cpuProfile != "" {
 			stop, err := startCPUProfile(*cpuProfile)
 			if err != nil {

@@ -305,7 +305,7 @@ func (x *Executor) finish(ctx context.Context, err error) (*Executor, error) {
 	alloc(&x.up, inter)
 	alloc(&x.logits, c.VocabSize)
 	alloc(&x.csd, c.HeadDim)
-	p, chunk := &x.pre, x.prefillChunk()
+	p, chunk := &x.pre, x.PrefillChunk()
 	for _, a := range []struct {
 		t     *decode.Tensor
 		width int
@@ -340,6 +340,13 @@ func (x *Executor) Close(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Config is the model's config.
+func (x *Executor) Config() model.Config { return x.cfg }
+
+// MaxBatch is the most rows one Decode call takes (Options.MaxBatch, or
+// its default).
+func (x *Executor) MaxBatch() int { return x.opt.MaxBatch }
 
 // WeightBytes is the device memory the weights take.
 func (x *Executor) WeightBytes() int64 {

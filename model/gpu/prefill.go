@@ -20,8 +20,9 @@ type Prefiller interface {
 // stream once a chunk).
 const DefaultPrefillChunk = 2048
 
-// prefillChunk is the executor's chunk.
-func (x *Executor) prefillChunk() int {
+// PrefillChunk is the most prompt tokens one Prefill pass runs through
+// the layers (Options.PrefillChunk, or DefaultPrefillChunk).
+func (x *Executor) PrefillChunk() int {
 	if x.opt.PrefillChunk > 0 {
 		return x.opt.PrefillChunk
 	}
@@ -56,7 +57,7 @@ func (x *Executor) Prefill(ctx context.Context, pf Prefiller, seq decode.SeqID, 
 	h, qd, kvd, inter := c.HiddenSize, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.IntermediateSize
 	eps := float32(c.RMSNormEps)
 	be := x.be
-	chunk := x.prefillChunk()
+	chunk := x.PrefillChunk()
 	ids := make([]int32, 0, chunk)
 	cs := make([]float32, 0, chunk*c.HeadDim)
 	var last decode.Tensor

@@ -1,6 +1,6 @@
 //go:build cuda
 
-package gpu
+package gpudecode
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/questrt/questrt/kernels/cuda"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/model/gpu"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -24,7 +25,7 @@ import (
 // does: bf16 weights and pages, pages of 16, a budget of 4096 tokens,
 // Quest and dense (every layer dense) in the same run, BATCH rows, model
 // kernels launched as programmatic dependents (PDL=0 turns them off).
-// One JSON line per measurement (Bench). Runs only with QUESTRT_BENCH=1
+// One JSON line per measurement (Measure). Runs only with QUESTRT_BENCH=1
 // (it needs a GPU with room for the model); questctl bench decode is
 // the same from the command line.
 func TestBenchDecode(t *testing.T) {
@@ -44,14 +45,14 @@ func TestBenchDecode(t *testing.T) {
 	}
 	defer be.Close()
 	t0 := time.Now()
-	x, err := NewRandom(ctx, be, c, 1, Options{MaxBatch: maxBatch, NoPDL: os.Getenv("PDL") == "0"})
+	x, err := gpu.NewRandom(ctx, be, c, 1, gpu.Options{MaxBatch: maxBatch, NoPDL: os.Getenv("PDL") == "0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer x.Close(ctx)
 	t.Logf("random weights: %.2f GB in %v", float64(x.WeightBytes())/1e9, time.Since(t0))
-	cfg := BenchConfig{Contexts: envInts(t, "CTX", "1024,32768"), Batches: batches, KVDType: plan.BFloat16, Dense: true}
-	err = Bench(ctx, be, x, cfg, func(r BenchResult) error {
+	cfg := Config{Contexts: envInts(t, "CTX", "1024,32768"), Batches: batches, KVDType: plan.BFloat16, Dense: true}
+	err = Measure(ctx, be, x, cfg, func(r Result) error {
 		line, err := json.Marshal(r)
 		fmt.Println(string(line))
 		return err
@@ -100,7 +101,7 @@ func envInts(t *testing.T, name, def string) []int {
 // prompts of PREFILL tokens (default 32768,131072) with the executor's
 // device prefill, random weights of QUESTRT_BENCH_CONFIG (as
 // TestBenchDecode), bf16 weights and pages, chunks of CHUNK tokens
-// (default DefaultPrefillChunk), the attention variant PREFILL_ATTEND
+// (default gpu.DefaultPrefillChunk), the attention variant PREFILL_ATTEND
 // (default: the backend's); one JSON line per prompt, the anchor's
 // prefill fields. QUESTRT_BENCH=1 only.
 func TestBenchPrefill(t *testing.T) {
@@ -114,12 +115,12 @@ func TestBenchPrefill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer be.Close()
-	x, err := NewRandom(ctx, be, c, 1, Options{MaxBatch: 1, PrefillChunk: envInts(t, "CHUNK", "0")[0]})
+	x, err := gpu.NewRandom(ctx, be, c, 1, gpu.Options{MaxBatch: 1, PrefillChunk: envInts(t, "CHUNK", "0")[0]})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer x.Close(ctx)
-	err = BenchPrefill(ctx, be, x, envInts(t, "PREFILL", "32768,131072"), plan.BFloat16, 2, func(r PrefillResult) error {
+	err = MeasurePrefill(ctx, be, x, envInts(t, "PREFILL", "32768,131072"), plan.BFloat16, 2, func(r PrefillResult) error {
 		line, err := json.Marshal(r)
 		fmt.Println(string(line))
 		return err

@@ -1,4 +1,4 @@
-package gpu
+package gpudecode
 
 import (
 	"context"
@@ -7,10 +7,11 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/model/gpu"
 	"github.com/questrt/questrt/plan"
 )
 
-// PrefillResult is one line of BenchPrefill: the fields of the PyTorch
+// PrefillResult is one line of MeasurePrefill: the fields of the PyTorch
 // anchor's prefill lines (../shared/anchors/llama_decode_anchor.py).
 type PrefillResult struct {
 	Runtime string `json:"runtime"`
@@ -26,34 +27,32 @@ type PrefillResult struct {
 	PromptTokensPerS float64 `json:"prompt_tokens_per_s"`
 }
 
-// BenchPrefill times x.Prefill of prompts of each length of prompts
+// MeasurePrefill times x.Prefill of prompts of each length of prompts
 // (random tokens) into a fresh sequence of an in-process engine on dev
 // (pages device-resident, of kv, pages of 16): the time from the call to
 // the last token's logits on the host (time to first token), best of
 // reps after one untimed run of the same length. One result per length,
 // to emit.
-func BenchPrefill(ctx context.Context, dev BenchDevice, x *Executor, prompts []int, kv plan.DType, reps int, emit func(PrefillResult) error) error {
-	c := x.cfg
+func MeasurePrefill(ctx context.Context, dev Device, x *gpu.Executor, prompts []int, kv plan.DType, reps int, emit func(PrefillResult) error) error {
+	c := x.Config()
 	reps = max(reps, 1)
 	for _, n := range prompts {
 		if n < 1 || (c.MaxPositions > 0 && n > c.MaxPositions) {
-			return fmt.Errorf("%w: prompt of %d tokens outside the model's %d positions", ErrBadInput, n, c.MaxPositions)
+			return fmt.Errorf("%w: prompt of %d tokens outside the model's %d positions", gpu.ErrBadInput, n, c.MaxPositions)
 		}
 	}
 	pol := plan.DefaultPolicy()
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 4096, 0
 	g := c.Geometry()
 	gemm := ""
-	if ge, ok := dev.(interface {
-		GemmEngine(context.Context) (string, error)
-	}); ok {
+	if ge, ok := dev.(gemmEngine); ok {
 		gemm, _ = ge.GemmEngine(ctx)
 	}
 	for _, n := range prompts {
 		ecfg := engine.ModelConfig(g, pol, (n+pol.PageSize-1)/pol.PageSize+1)
 		ecfg.Geometry.DType = kv
 		ecfg.Backend, ecfg.DeviceResident = dev, true
-		if err := Admit(ctx, dev, mustPages(ecfg), fmt.Sprintf("%d pages of K/V", ecfg.CapacityPages)); err != nil {
+		if err := gpu.Admit(ctx, dev, mustPages(ecfg), fmt.Sprintf("%d pages of K/V", ecfg.CapacityPages)); err != nil {
 			return err
 		}
 		e, err := engine.New(ecfg)
@@ -90,7 +89,7 @@ func BenchPrefill(ctx context.Context, dev BenchDevice, x *Executor, prompts []i
 			return fmt.Errorf("prompt %d: %w", n, err)
 		}
 		ms := float64(best.Microseconds()) / 1e3
-		if err := emit(PrefillResult{Runtime: "questrt", Mode: "prefill", Layers: c.Layers, Prompt: n, Chunk: x.prefillChunk(), Gemm: gemm,
+		if err := emit(PrefillResult{Runtime: "questrt", Mode: "prefill", Layers: c.Layers, Prompt: n, Chunk: x.PrefillChunk(), Gemm: gemm,
 			Ms: ms, PromptTokensPerS: float64(n) * 1e3 / ms}); err != nil {
 			return err
 		}

@@ -1,23 +1,19 @@
-package gpu
+package gpudecode
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
-	"runtime"
-	"sync"
 	"time"
 
-	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/model/gpu"
 	"github.com/questrt/questrt/plan"
 )
 
-// BenchConfig sizes Bench. Zero fields take the defaults noted.
-type BenchConfig struct {
+// Config sizes Measure. Zero fields take the defaults noted.
+type Config struct {
 	// Contexts are the tokens every sequence holds before the timed
 	// steps (random K/V, no prefill) (default 1024 and 32768).
 	Contexts []int
@@ -44,7 +40,7 @@ type BenchConfig struct {
 	Profile bool
 	// Phases adds one step after the timed Quest steps of each
 	// measurement with marks between its phases (the device must be a
-	// PhaseMarker; Executor.MarkPhases): the result's Phases and
+	// gpu.PhaseMarker; gpu.Executor.MarkPhases): the result's Phases and
 	// ProjGBps. The marked step is not a timed one. Off by default.
 	Phases bool
 }
@@ -57,9 +53,9 @@ type Profiler interface {
 	ProfilerStop(context.Context) error
 }
 
-// BenchResult is one line of Bench (the fields of the PyTorch anchor's
+// Result is one line of Measure (the fields of the PyTorch anchor's
 // decode lines, ../shared/anchors/llama_decode_anchor.py, and more).
-type BenchResult struct {
+type Result struct {
 	Runtime string `json:"runtime"`
 	Mode    string `json:"mode"` // quest or dense
 	// Context is the tokens each sequence held before the mode's first
@@ -71,7 +67,7 @@ type BenchResult struct {
 	MsPerStep  float64 `json:"ms_per_step"`
 	TokensPerS float64 `json:"tokens_per_s"`
 	// EnqueueMs, EndWaitMs and HeadMs split a step's host time
-	// (Executor.LastTiming), means over the timed steps.
+	// (gpu.Executor.LastTiming), means over the timed steps.
 	EnqueueMs float64 `json:"enqueue_ms"`
 	EndWaitMs float64 `json:"end_wait_ms"`
 	HeadMs    float64 `json:"head_ms"`
@@ -83,26 +79,28 @@ type BenchResult struct {
 	// WeightsGB is the device memory of the weights.
 	WeightsGB float64 `json:"weights_GB"`
 	// Phases is the device timeline of one marked step after the timed
-	// ones (BenchConfig.Phases; Quest only), and ProjGBps the decoder
+	// ones (Config.Phases; Quest only), and ProjGBps the decoder
 	// layers' weight bytes over its In + Out time (the projections'
 	// streaming rate, RoPE and SiLU included).
-	Phases   *Phases `json:"phases_ms,omitempty"`
-	ProjGBps float64 `json:"proj_GBps,omitempty"`
+	Phases   *gpu.Phases `json:"phases_ms,omitempty"`
+	ProjGBps float64     `json:"proj_GBps,omitempty"`
 }
 
-// BenchDevice holds the pages of the benchmark's engine and runs the
+// Device holds the pages of the benchmark's engine and runs the
 // executor's kernels (the CUDA backend, or its CPU twin in tests).
-type BenchDevice interface {
+type Device interface {
 	kernels.Backend
 	kernels.ModelDevice
 }
 
-// Bench times x's decode steps over an in-process engine on dev (pages
+// Measure times x's decode steps over an in-process engine on dev (pages
 // device-resident): for each context and batch, sequences holding that
 // many tokens of random K/V, then Warmup + Steps greedy steps of all of
 // them together, Quest and (with Dense) every layer dense. One result per
-// measurement, handed to emit as it is made; progress to logf.
-func Bench(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig, emit func(BenchResult) error, logf func(string, ...any)) error {
+// measurement, handed to emit as it is made; progress to logf. A
+// configuration x or dev cannot run is refused with gpu.gpu.ErrBadInput
+// before anything runs.
+func Measure(ctx context.Context, dev Device, x *gpu.Executor, cfg Config, emit func(Result) error, logf func(string, ...any)) error {
 	if len(cfg.Contexts) == 0 {
 		cfg.Contexts = []int{1024, 32768}
 	}
@@ -120,7 +118,7 @@ func Bench(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig, e
 	if cfg.Policy != nil {
 		pol = *cfg.Policy
 	}
-	c := x.cfg
+	c := x.Config()
 	steps := cfg.Warmup + cfg.Steps
 	if cfg.Dense {
 		steps *= 2
@@ -130,27 +128,27 @@ func Bench(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig, e
 	}
 	for _, n := range cfg.Contexts {
 		if n < 1 || (c.MaxPositions > 0 && n+steps > c.MaxPositions) {
-			return fmt.Errorf("%w: context %d (+%d steps) outside the model's %d positions", ErrBadInput, n, steps, c.MaxPositions)
+			return fmt.Errorf("%w: context %d (+%d steps) outside the model's %d positions", gpu.ErrBadInput, n, steps, c.MaxPositions)
 		}
 	}
 	for _, b := range cfg.Batches {
-		if b < 1 || b > x.opt.MaxBatch {
-			return fmt.Errorf("%w: batch %d outside 1..%d", ErrBadInput, b, x.opt.MaxBatch)
+		if b < 1 || b > x.MaxBatch() {
+			return fmt.Errorf("%w: batch %d outside 1..%d", gpu.ErrBadInput, b, x.MaxBatch())
 		}
 	}
-	if _, ok := dev.(PhaseMarker); cfg.Phases && !ok {
-		return fmt.Errorf("%w: a phase split needs a device with phase marks (the CUDA backend)", ErrBadInput)
+	if _, ok := dev.(gpu.PhaseMarker); cfg.Phases && !ok {
+		return fmt.Errorf("%w: a phase split needs a device with phase marks (the CUDA backend)", gpu.ErrBadInput)
 	}
 	if _, ok := dev.(Profiler); cfg.Profile && !ok {
-		return fmt.Errorf("%w: a profiled run needs a device with a profiler range (the CUDA backend)", ErrBadInput)
+		return fmt.Errorf("%w: a profiled run needs a device with a profiler range (the CUDA backend)", gpu.ErrBadInput)
 	}
 	if cfg.Steps < 0 || cfg.Warmup < 0 {
-		return fmt.Errorf("%w: %d steps after %d warm-up steps", ErrBadInput, cfg.Steps, cfg.Warmup)
+		return fmt.Errorf("%w: %d steps after %d warm-up steps", gpu.ErrBadInput, cfg.Steps, cfg.Warmup)
 	}
 	g := c.Geometry()
 	for _, n := range cfg.Contexts {
 		for _, bs := range cfg.Batches {
-			if err := benchOne(ctx, dev, x, cfg, pol, g, n, bs, emit, logf); err != nil {
+			if err := measureOne(ctx, dev, x, cfg, pol, g, n, bs, emit, logf); err != nil {
 				return fmt.Errorf("context %d batch %d: %w", n, bs, err)
 			}
 		}
@@ -158,8 +156,9 @@ func Bench(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig, e
 	return nil
 }
 
-func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig, pol plan.Policy, g model.Geometry, n, bs int, emit func(BenchResult) error, logf func(string, ...any)) error {
-	c := x.cfg
+// measureOne runs the modes of one context n and batch bs.
+func measureOne(ctx context.Context, dev Device, x *gpu.Executor, cfg Config, pol plan.Policy, g model.Geometry, n, bs int, emit func(Result) error, logf func(string, ...any)) error {
+	c := x.Config()
 	modes := []bool{false}
 	if cfg.Dense {
 		modes = append(modes, true)
@@ -171,7 +170,7 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 	ecfg := engine.ModelConfig(g, pol, bs*((total+pol.PageSize-1)/pol.PageSize+2))
 	ecfg.Geometry.DType = cfg.KVDType
 	ecfg.Backend, ecfg.DeviceResident = dev, true
-	if err := Admit(ctx, dev, mustPages(ecfg), fmt.Sprintf("%d pages of K/V", ecfg.CapacityPages)); err != nil {
+	if err := gpu.Admit(ctx, dev, mustPages(ecfg), fmt.Sprintf("%d pages of K/V", ecfg.CapacityPages)); err != nil {
 		return err
 	}
 	e, err := engine.New(ecfg)
@@ -180,7 +179,7 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 	}
 	defer e.Close()
 	t0 := time.Now()
-	rows := make([]Row, bs)
+	rows := make([]gpu.Row, bs)
 	for i := range rows {
 		id, err := e.Create(plan.Striped)
 		if err != nil {
@@ -189,7 +188,7 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 		if err := fillRandom(ctx, dev, e, id, c.Layers, n, c.KVHeads*c.HeadDim, cfg.Seed<<8|uint64(i)); err != nil {
 			return err
 		}
-		rows[i] = Row{Seq: id, Token: 1 + i%max(c.VocabSize-1, 1), Pos: n}
+		rows[i] = gpu.Row{Seq: id, Token: 1 + i%max(c.VocabSize-1, 1), Pos: n}
 	}
 	logf("context %d batch %d: random K/V of %d tokens in %v", n, bs, n, time.Since(t0).Round(time.Millisecond))
 	for _, dense := range modes {
@@ -197,7 +196,7 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 			rows[i].Dense = dense
 		}
 		var el time.Duration
-		var tm Timing
+		var tm gpu.Timing
 		held := rows[0].Pos
 		for s := range cfg.Warmup + cfg.Steps {
 			prof := cfg.Profile && !dense && s == cfg.Warmup-1
@@ -230,7 +229,7 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 		steps := max(cfg.Steps, 1)
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(steps) }
 		sm := model.Summarize(x.LastSteps(0), pol.PageSize)
-		var ph *Phases
+		var ph *gpu.Phases
 		if cfg.Phases && !dense {
 			p, err := markedStep(ctx, x, e, rows)
 			if err != nil {
@@ -242,7 +241,7 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 		if dense {
 			mode = "dense"
 		}
-		r := BenchResult{Runtime: "questrt", Mode: mode, Context: held, Batch: bs, Layers: c.Layers,
+		r := Result{Runtime: "questrt", Mode: mode, Context: held, Batch: bs, Layers: c.Layers,
 			MsPerStep: ms(el), EnqueueMs: ms(tm.Enqueue), EndWaitMs: ms(tm.EndWait), HeadMs: ms(tm.Head),
 			Rho: sm.Rho, RhoFormula: sm.RhoFormula, WeightsGB: float64(x.WeightBytes()) / 1e9, Phases: ph}
 		if ph != nil && ph.In+ph.Out > 0 {
@@ -258,18 +257,16 @@ func benchOne(ctx context.Context, dev BenchDevice, x *Executor, cfg BenchConfig
 	return nil
 }
 
-// mustPages is PageBytes of a one-rank config (0 for another layout,
-// which engine.New then judges).
 // markedStep decodes rows once more with phase marks on and returns its
 // device timeline; the rows move on by the step.
-func markedStep(ctx context.Context, x *Executor, e *engine.Engine, rows []Row) (Phases, error) {
+func markedStep(ctx context.Context, x *gpu.Executor, e *engine.Engine, rows []gpu.Row) (gpu.Phases, error) {
 	if err := x.MarkPhases(true); err != nil {
-		return Phases{}, err
+		return gpu.Phases{}, err
 	}
 	defer x.MarkPhases(false)
 	next, err := x.Decode(ctx, e, rows)
 	if err != nil {
-		return Phases{}, fmt.Errorf("marked step: %w", err)
+		return gpu.Phases{}, fmt.Errorf("marked step: %w", err)
 	}
 	for i := range rows {
 		rows[i].Token, rows[i].Pos = next[i], rows[i].Pos+1
@@ -277,81 +274,12 @@ func markedStep(ctx context.Context, x *Executor, e *engine.Engine, rows []Row) 
 	return x.LastPhases(), nil
 }
 
+// mustPages is gpu.PageBytes of a one-rank config (0 for another layout,
+// which engine.New then judges).
 func mustPages(ecfg engine.Config) int64 {
-	n, err := PageBytes(ecfg)
+	n, err := gpu.PageBytes(ecfg)
 	if err != nil {
 		return 0
 	}
 	return n
-}
-
-// fillRandom appends n tokens of uniform random K/V in [-1, 1) to every
-// layer of sequence id: made on dev and appended there (nothing crosses
-// the host) when the engine takes dev's tensors, else made on every core
-// of the host and appended through it.
-func fillRandom(ctx context.Context, dev BenchDevice, e *engine.Engine, id decode.SeqID, layers, n, row int, seed uint64) error {
-	const chunk = 1 << 15 // tokens per Append
-	seedOf := func(l, lo int, v uint64) uint64 { return seed<<40 | uint64(l)<<20 | uint64(lo>>15)<<1 | v }
-	onDevice := true
-	for l := range layers {
-		for lo := 0; lo < n; lo += chunk {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			m := min(chunk, n-lo)
-			if onDevice {
-				err := appendRandomOn(ctx, dev, e, id, l, m, row, seedOf(l, lo, 0), seedOf(l, lo, 1))
-				if err == nil {
-					continue
-				}
-				if !errors.Is(err, decode.ErrDeviceTensor) || l > 0 || lo > 0 {
-					return fmt.Errorf("random K/V of layer %d at %d: %w", l, lo, err)
-				}
-				onDevice = false // the engine takes host tokens only
-			}
-			k, v := randomHost(m*row, seedOf(l, lo, 0)), randomHost(m*row, seedOf(l, lo, 1))
-			if err := e.AppendContext(ctx, id, l, k, v); err != nil {
-				return fmt.Errorf("random K/V of layer %d at %d: %w", l, lo, err)
-			}
-		}
-	}
-	return nil
-}
-
-// appendRandomOn appends m tokens of random K/V made on dev (rows of row
-// floats, from seeds sk and sv) to layer l of id through the engine's
-// device path.
-func appendRandomOn(ctx context.Context, dev BenchDevice, e *engine.Engine, id decode.SeqID, l, m, row int, sk, sv uint64) error {
-	km, err := dev.RandomMatrix(ctx, m, row, plan.Float32, sk, 1, 0)
-	if err != nil {
-		return err
-	}
-	defer dev.FreeMatrix(ctx, km)
-	vm, err := dev.RandomMatrix(ctx, m, row, plan.Float32, sv, 1, 0)
-	if err != nil {
-		return err
-	}
-	defer dev.FreeMatrix(ctx, vm)
-	d := dev.Device()
-	return e.AppendTensor(ctx, id, l, decode.OnDevice(d, km.Ptr, m*row, 0), decode.OnDevice(d, vm.Ptr, m*row, 0))
-}
-
-// randomHost returns n uniform floats in [-1, 1) from seed, made on every
-// core.
-func randomHost(n int, seed uint64) []float32 {
-	dst := make([]float32, n)
-	var wg sync.WaitGroup
-	w := runtime.GOMAXPROCS(0)
-	per := (n + w - 1) / w
-	for j := 0; j*per < n; j++ {
-		part := dst[j*per : min((j+1)*per, n)]
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(seed, uint64(j)))
-			for i := range part {
-				part[i] = float32(r.Float64()*2 - 1)
-			}
-		})
-	}
-	wg.Wait()
-	return dst
 }
