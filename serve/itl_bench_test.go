@@ -18,10 +18,16 @@ import (
 // token budget (Config.MaxBatchedTokens) on passkey-llama-v1 (CPU): four
 // greedy streams decode on one server; their inter-token gaps (as the
 // client reads the events) are taken for 5 s alone, then while one long
-// prompt (tokens=N) is prefilled beside them, in the same run. It
-// reports both p99 gaps, their ratio (target: at most 3) and the long
-// prompt's time to its answer (its prefill and one token). batched=0 is
-// the server without a budget (ChunkTokens, 512, per iteration); with
+// prompt (tokens=N) is prefilled beside them, then for 5 s alone again,
+// in the same run. The streams' decode step grows with their context
+// (the Quest scores read every page), which grows by thousands of
+// tokens during a long prefill, so the gaps without the prefill are
+// those of both windows around it (itl-alone-*; the first window alone:
+// itl-before-*). It reports the p99 gaps, their ratio (p99-ratio,
+// target: at most 3; p99-ratio-before against the first window) and
+// the long prompt's time to its answer (its prefill and one token).
+// batched=0 is the server without a budget (ChunkTokens, 512, per
+// iteration, the default before 2026-12-07); with
 // running=R (Config.MaxRunning) and batched=B, an iteration beside the
 // four decoding streams prefills B-4 prompt tokens. itl=F adds the
 // latency budget (Config.MaxITLFactor F; without it, off): an
@@ -31,13 +37,8 @@ func BenchmarkPrefillITL(b *testing.B) {
 	m, tok, dir := passkeyModel(b)
 	name := dir[strings.LastIndex(dir, "/")+1:]
 	const streams = 4
-	filler := "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 	for _, n := range []int{8192, 16384} {
-		var sb strings.Builder
-		for i := 0; sb.Len() < n; i++ {
-			fmt.Fprintf(&sb, "Line %d: %s", i, filler)
-		}
-		long := sb.String()[:n-1] // with BOS: n tokens (the byte tokenizer)
+		long := itlPrompt(n)
 		for _, c := range []struct {
 			running, batched int
 			itl              float64
@@ -56,23 +57,71 @@ func BenchmarkPrefillITL(b *testing.B) {
 					cfg.PrefixCaching = false
 					cfg.RequestTimeout = 0 // a small budget prefills for minutes
 					_, ts := startServer(b, m, tok, cfg)
-					r := measureITL(b, ts.URL, name, long, streams)
-					if got := r.promptTokens; got != n {
-						b.Fatalf("the long prompt has %d tokens, want %d", got, n)
-					}
-					b.ReportMetric(r.alone.p50, "itl-alone-p50-ms")
-					b.ReportMetric(r.alone.p99, "itl-alone-p99-ms")
-					b.ReportMetric(r.alone.p90, "itl-alone-p90-ms")
-					b.ReportMetric(r.during.p50, "itl-prefill-p50-ms")
-					b.ReportMetric(r.during.p90, "itl-prefill-p90-ms")
-					b.ReportMetric(r.during.p99, "itl-prefill-p99-ms")
-					b.ReportMetric(r.during.p99/r.alone.p99, "p99-ratio")
-					b.ReportMetric(r.prefill.Seconds(), "prefill-s")
-					b.ReportMetric(float64(r.during.n), "gaps-during")
+					reportITL(b, measureITL(b, ts.URL, name, long, streams), n)
 				}
 			})
 		}
 	}
+}
+
+// BenchmarkPrefillITLDefaults is BenchmarkPrefillITL's measurement of
+// the server's defaults (Config defaults but the pool, 4096 pages):
+// default=old with MaxITLFactor 0, the default before 2026-12-07 (512
+// prompt tokens an iteration beside the streams), default=new with
+// DefaultConfig's. Each name is a leaf, so a pattern ending in $ runs
+// one configuration alone (a pattern deeper than a name runs that name
+// too, unreported, to look for sub-benchmarks).
+func BenchmarkPrefillITLDefaults(b *testing.B) {
+	m, tok, dir := passkeyModel(b)
+	name := dir[strings.LastIndex(dir, "/")+1:]
+	for _, n := range []int{8192, 16384} {
+		long := itlPrompt(n)
+		for _, def := range []string{"old", "new"} {
+			b.Run(fmt.Sprintf("tokens=%d/default=%s", n, def), func(b *testing.B) {
+				for range b.N {
+					cfg := testConfig(name)
+					cfg.CapacityPages = 4096
+					cfg.MaxITLFactor = DefaultConfig().MaxITLFactor
+					if def == "old" {
+						cfg.MaxITLFactor = 0
+					}
+					cfg.RequestTimeout = 0
+					_, ts := startServer(b, m, tok, cfg)
+					reportITL(b, measureITL(b, ts.URL, name, long, 4), n)
+				}
+			})
+		}
+	}
+}
+
+// itlPrompt is a prompt of n tokens (the byte tokenizer, with BOS).
+func itlPrompt(n int) string {
+	filler := "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+	var sb strings.Builder
+	for i := 0; sb.Len() < n; i++ {
+		fmt.Fprintf(&sb, "Line %d: %s", i, filler)
+	}
+	return sb.String()[:n-1]
+}
+
+// reportITL reports r's metrics; the long prompt must have n tokens.
+func reportITL(b *testing.B, r itlResult, n int) {
+	b.Helper()
+	if got := r.promptTokens; got != n {
+		b.Fatalf("the long prompt has %d tokens, want %d", got, n)
+	}
+	b.ReportMetric(r.alone.p50, "itl-alone-p50-ms")
+	b.ReportMetric(r.alone.p99, "itl-alone-p99-ms")
+	b.ReportMetric(r.alone.p90, "itl-alone-p90-ms")
+	b.ReportMetric(r.before.p50, "itl-before-p50-ms")
+	b.ReportMetric(r.before.p99, "itl-before-p99-ms")
+	b.ReportMetric(r.during.p50, "itl-prefill-p50-ms")
+	b.ReportMetric(r.during.p90, "itl-prefill-p90-ms")
+	b.ReportMetric(r.during.p99, "itl-prefill-p99-ms")
+	b.ReportMetric(r.during.p99/r.alone.p99, "p99-ratio")
+	b.ReportMetric(r.during.p99/r.before.p99, "p99-ratio-before")
+	b.ReportMetric(r.prefill.Seconds(), "prefill-s")
+	b.ReportMetric(float64(r.during.n), "gaps-during")
 }
 
 // gapStats are percentiles of inter-token gaps, in milliseconds.
@@ -95,15 +144,17 @@ func percentiles(gaps []time.Duration) gapStats {
 }
 
 type itlResult struct {
-	alone, during gapStats
-	prefill       time.Duration
-	promptTokens  int
+	// alone is the gaps of both windows without the long prompt, before
+	// it and after; before the first window's alone.
+	alone, before, during gapStats
+	prefill               time.Duration
+	promptTokens          int
 }
 
 // measureITL starts k streams, takes their gaps for 5 s, then sends the
-// long prompt and takes their gaps until its answer; it cancels the
-// streams at the end. A stream that ends before the long prompt's
-// answer fails the benchmark.
+// long prompt and takes their gaps until its answer, then for 5 s more;
+// it cancels the streams at the end. A stream that ends before the
+// last window's end fails the benchmark.
 func measureITL(b *testing.B, url, name, long string, k int) itlResult {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -157,21 +208,26 @@ func measureITL(b *testing.B, url, name, long string, k int) itlResult {
 	t1 := time.Now()
 	c := complete(b, url, map[string]any{"model": name, "prompt": long, "max_tokens": 1, "temperature": 0})
 	t2 := time.Now()
+	time.Sleep(5 * time.Second)
+	t3 := time.Now()
 	mu.Lock()
 	defer mu.Unlock()
-	var alone, during []time.Duration
+	var before, after, during []time.Duration
 	for i, ts := range arrivals {
-		if !ended[i].IsZero() && ended[i].Before(t2) {
-			b.Fatalf("stream %d ended before the long prompt's answer (%d events)", i, len(ts))
+		if !ended[i].IsZero() && ended[i].Before(t3) {
+			b.Fatalf("stream %d ended before the last window's end (%d events)", i, len(ts))
 		}
 		for j := 1; j < len(ts); j++ {
 			switch {
 			case !ts[j-1].Before(t0) && ts[j].Before(t1):
-				alone = append(alone, ts[j].Sub(ts[j-1]))
+				before = append(before, ts[j].Sub(ts[j-1]))
 			case !ts[j-1].Before(t1) && ts[j].Before(t2):
 				during = append(during, ts[j].Sub(ts[j-1]))
+			case !ts[j-1].Before(t2) && ts[j].Before(t3):
+				after = append(after, ts[j].Sub(ts[j-1]))
 			}
 		}
 	}
-	return itlResult{alone: percentiles(alone), during: percentiles(during), prefill: t2.Sub(t1), promptTokens: c.Usage.PromptTokens}
+	return itlResult{alone: percentiles(append(slices.Clone(before), after...)), before: percentiles(before), during: percentiles(during),
+		prefill: t2.Sub(t1), promptTokens: c.Usage.PromptTokens}
 }
