@@ -115,14 +115,17 @@ func (s *Server) iterate() bool {
 	// too (s.itl): a decode step's worth times factor - 1, plus what the
 	// iterations before left unspent when not even a token fitted.
 	lim := prefillLimit{}
-	if s.itl != nil && len(decoding) > 0 {
+	if s.itl != nil {
 		a, ok := s.itl.allowance()
-		lim.on = true
-		lim.seconds = a + s.itl.credit
-		// A token at least: before a decode step is measured, with
-		// factor 1 (no allowance), or after itlMaxHeld iterations held.
-		lim.force = !ok || a <= 0 || s.itl.mustRun()
 		lim.allowance = a
+		if len(decoding) > 0 {
+			lim.on = true
+			lim.seconds = a + s.itl.credit
+			// A token at least: before a decode step is measured, with
+			// factor 1 (no allowance), or after itlMaxHeld iterations
+			// held.
+			lim.force = !ok || a <= 0 || s.itl.mustRun()
+		}
 	}
 	prefilled, ran, held := s.prefill(budget, lim)
 	if ran {
@@ -168,7 +171,9 @@ type prefillLimit struct {
 	// seconds is the prefill time left to the iteration: its allowance
 	// and the credit of the iterations held before it.
 	seconds float64
-	// allowance is the iteration's own share of seconds.
+	// allowance is the iteration's own share of seconds (set whenever
+	// the bound is configured: a prompt that starts decoding mid-iteration
+	// turns it on).
 	allowance float64
 	// force makes the first chunk at least one token, whatever it is
 	// predicted to cost.
@@ -182,7 +187,9 @@ type prefillLimit struct {
 // CPU are also cut to what fits lim's time by s.itl's costs; when not
 // even one token fits, the iteration prefills nothing (held: the
 // caller banks its allowance, so that the token runs once the credit
-// covers it) unless lim.force makes its first chunk a token. Chunks
+// covers it) unless lim.force makes its first chunk a token. A prompt
+// finished here starts decoding: its first token is out, so the chunks
+// after it are bounded by lim's allowance even when lim was off. Chunks
 // prefilled on the device (Config.Prefiller) keep the token bounds
 // alone: their time is mostly per chunk, not per token, which the
 // fitted line per token would shrink towards one token per iteration.
@@ -304,6 +311,13 @@ func (s *Server) prefill(budget int, lim prefillLimit) (int, bool, bool) {
 			continue
 		}
 		s.prompted(j, logits)
+		if s.itl != nil && !lim.on && j.attn != nil && !j.ended {
+			// j's first token is out: the rest of the iteration's
+			// prefill is in its first gap, so the bound holds from here
+			// (the jobs after j in the order are longer prompts, whose
+			// whole chunk would otherwise follow it).
+			lim.on, lim.seconds = true, lim.allowance
+		}
 	}
 	return total - budget, worked, held && !ranChunk
 }
