@@ -57,7 +57,7 @@ func BenchmarkPrefillITL(b *testing.B) {
 					cfg.PrefixCaching = false
 					cfg.RequestTimeout = 0 // a small budget prefills for minutes
 					_, ts := startServer(b, m, tok, cfg)
-					reportITL(b, measureITL(b, ts.URL, name, long, streams), n)
+					reportITL(b, measureITL(b, ts.URL, name, long, streams, 12000), n)
 				}
 			})
 		}
@@ -70,24 +70,31 @@ func BenchmarkPrefillITL(b *testing.B) {
 // prompt tokens an iteration beside the streams), default=new with
 // DefaultConfig's. Each name is a leaf, so a pattern ending in $ runs
 // one configuration alone (a pattern deeper than a name runs that name
-// too, unreported, to look for sub-benchmarks).
+// too, unreported, to look for sub-benchmarks). tokens=32767 is the
+// longest prompt of the model's 32,768 positions (with its one token);
+// its streams decode up to 30,000 tokens each (a pool of 16,384 pages
+// holds them), as the new defaults prefill it for minutes.
 func BenchmarkPrefillITLDefaults(b *testing.B) {
 	m, tok, dir := passkeyModel(b)
 	name := dir[strings.LastIndex(dir, "/")+1:]
-	for _, n := range []int{8192, 16384} {
+	for _, n := range []int{8192, 16384, 32767} {
 		long := itlPrompt(n)
 		for _, def := range []string{"old", "new"} {
 			b.Run(fmt.Sprintf("tokens=%d/default=%s", n, def), func(b *testing.B) {
 				for range b.N {
 					cfg := testConfig(name)
 					cfg.CapacityPages = 4096
+					streamTokens := 12000
+					if n > 16384 {
+						cfg.CapacityPages, streamTokens = 16384, 30000
+					}
 					cfg.MaxITLFactor = DefaultConfig().MaxITLFactor
 					if def == "old" {
 						cfg.MaxITLFactor = 0
 					}
 					cfg.RequestTimeout = 0
 					_, ts := startServer(b, m, tok, cfg)
-					reportITL(b, measureITL(b, ts.URL, name, long, 4), n)
+					reportITL(b, measureITL(b, ts.URL, name, long, 4, streamTokens), n)
 				}
 			})
 		}
@@ -151,11 +158,11 @@ type itlResult struct {
 	promptTokens          int
 }
 
-// measureITL starts k streams, takes their gaps for 5 s, then sends the
+// measureITL starts k streams (of streamTokens tokens), takes their gaps for 5 s, then sends the
 // long prompt and takes their gaps until its answer, then for 5 s more;
 // it cancels the streams at the end. A stream that ends before the
 // last window's end fails the benchmark.
-func measureITL(b *testing.B, url, name, long string, k int) itlResult {
+func measureITL(b *testing.B, url, name, long string, k, streamTokens int) itlResult {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -167,7 +174,7 @@ func measureITL(b *testing.B, url, name, long string, k int) itlResult {
 	started := make(chan struct{}, k)
 	for i := range k {
 		body, _ := json.Marshal(map[string]any{"model": name, "prompt": fmt.Sprintf("Stream %d. The grass is green. The sky is blue.", i),
-			"max_tokens": 12000, "temperature": 0, "stream": true})
+			"max_tokens": streamTokens, "temperature": 0, "stream": true})
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(string(body)))
 		req.Header.Set("Content-Type", "application/json")
 		wg.Add(1)
