@@ -57,7 +57,7 @@ func BenchmarkPrefillITL(b *testing.B) {
 					cfg.PrefixCaching = false
 					cfg.RequestTimeout = 0 // a small budget prefills for minutes
 					_, ts := startServer(b, m, tok, cfg)
-					reportITL(b, measureITL(b, ts.URL, name, long, streams, 12000), n)
+					reportITL(b, measureITL(b, ts.URL, name, long, streams, 12000, false), n)
 				}
 			})
 		}
@@ -73,19 +73,30 @@ func BenchmarkPrefillITL(b *testing.B) {
 // too, unreported, to look for sub-benchmarks). tokens=32767 is the
 // longest prompt of the model's 32,768 positions (with its one token);
 // its streams decode up to 30,000 tokens each (a pool of 16,384 pages
-// holds them), as the new defaults prefill it for minutes.
+// holds them), as the new defaults prefill it for minutes. Those
+// streams' decode step grows with their context during the prefill;
+// tokens=N/relaunch/default=D measures streams of 256 tokens each, sent
+// again as each ends, whose decode step stays put, so that the windows
+// before and after compare like with like.
 func BenchmarkPrefillITLDefaults(b *testing.B) {
 	m, tok, dir := passkeyModel(b)
 	name := dir[strings.LastIndex(dir, "/")+1:]
 	for _, n := range []int{8192, 16384, 32767} {
 		long := itlPrompt(n)
-		for _, def := range []string{"old", "new"} {
-			b.Run(fmt.Sprintf("tokens=%d/default=%s", n, def), func(b *testing.B) {
+		for _, v := range []struct {
+			sub, def string
+			relaunch bool
+		}{{"", "old", false}, {"", "new", false}, {"relaunch/", "old", true}, {"relaunch/", "new", true}} {
+			def := v.def
+			b.Run(fmt.Sprintf("tokens=%d/%sdefault=%s", n, v.sub, def), func(b *testing.B) {
 				for range b.N {
 					cfg := testConfig(name)
 					cfg.CapacityPages = 4096
 					streamTokens := 12000
-					if n > 16384 {
+					switch {
+					case v.relaunch:
+						streamTokens = 256
+					case n > 16384:
 						cfg.CapacityPages, streamTokens = 16384, 30000
 					}
 					cfg.MaxITLFactor = DefaultConfig().MaxITLFactor
@@ -94,7 +105,7 @@ func BenchmarkPrefillITLDefaults(b *testing.B) {
 					}
 					cfg.RequestTimeout = 0
 					_, ts := startServer(b, m, tok, cfg)
-					reportITL(b, measureITL(b, ts.URL, name, long, 4, streamTokens), n)
+					reportITL(b, measureITL(b, ts.URL, name, long, 4, streamTokens, v.relaunch), n)
 				}
 			})
 		}
@@ -158,52 +169,69 @@ type itlResult struct {
 	promptTokens          int
 }
 
-// measureITL starts k streams (of streamTokens tokens), takes their gaps for 5 s, then sends the
-// long prompt and takes their gaps until its answer, then for 5 s more;
-// it cancels the streams at the end. A stream that ends before the
-// last window's end fails the benchmark.
-func measureITL(b *testing.B, url, name, long string, k, streamTokens int) itlResult {
+// measureITL starts k streams (of streamTokens tokens), takes their
+// gaps for 5 s, then sends the long prompt and takes their gaps until
+// its answer, then for 5 s more; it cancels the streams at the end.
+// With relaunch each stream is sent again as soon as it ends (a steady
+// population of short streams, whose decode step does not grow with
+// the benchmark's length); else a stream that ends before the last
+// window's end fails the benchmark. A gap is between two events of one
+// request.
+func measureITL(b *testing.B, url, name, long string, k, streamTokens int, relaunch bool) itlResult {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
 	var mu sync.Mutex
-	arrivals := make([][]time.Time, k)
+	var arrivals [][]time.Time // a request's events
 	ended := make([]time.Time, k)
 	started := make(chan struct{}, k)
 	for i := range k {
 		body, _ := json.Marshal(map[string]any{"model": name, "prompt": fmt.Sprintf("Stream %d. The grass is green. The sky is blue.", i),
 			"max_tokens": streamTokens, "temperature": 0, "stream": true})
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(string(body)))
-		req.Header.Set("Content-Type", "application/json")
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				started <- struct{}{}
-				return
-			}
-			defer resp.Body.Close()
-			sc := bufio.NewScanner(resp.Body)
 			first := true
-			for sc.Scan() {
-				if !strings.HasPrefix(sc.Text(), "data: {") {
-					continue
-				}
-				now := time.Now()
-				mu.Lock()
-				arrivals[i] = append(arrivals[i], now)
-				mu.Unlock()
+			defer func() {
 				if first {
-					first = false
 					started <- struct{}{}
 				}
+			}()
+			for ctx.Err() == nil {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(string(body)))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				r := len(arrivals)
+				arrivals = append(arrivals, nil)
+				mu.Unlock()
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					if !strings.HasPrefix(sc.Text(), "data: {") {
+						continue
+					}
+					now := time.Now()
+					mu.Lock()
+					arrivals[r] = append(arrivals[r], now)
+					mu.Unlock()
+					if first {
+						first = false
+						started <- struct{}{}
+					}
+				}
+				resp.Body.Close()
+				if !relaunch {
+					mu.Lock()
+					ended[i] = time.Now()
+					mu.Unlock()
+					return
+				}
 			}
-			mu.Lock()
-			ended[i] = time.Now()
-			mu.Unlock()
 		}()
 	}
 	for range k {
@@ -219,11 +247,13 @@ func measureITL(b *testing.B, url, name, long string, k, streamTokens int) itlRe
 	t3 := time.Now()
 	mu.Lock()
 	defer mu.Unlock()
-	var before, after, during []time.Duration
-	for i, ts := range arrivals {
-		if !ended[i].IsZero() && ended[i].Before(t3) {
-			b.Fatalf("stream %d ended before the last window's end (%d events)", i, len(ts))
+	for i, e := range ended {
+		if !e.IsZero() && e.Before(t3) {
+			b.Fatalf("stream %d ended before the last window's end", i)
 		}
+	}
+	var before, after, during []time.Duration
+	for _, ts := range arrivals {
 		for j := 1; j < len(ts); j++ {
 			switch {
 			case !ts[j-1].Before(t0) && ts[j].Before(t1):
