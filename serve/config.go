@@ -168,14 +168,20 @@ type Config struct {
 	// the running streams' inter-token latency near factor times their
 	// decode step while a long prompt prefills, whatever the prompt's
 	// context; MaxBatchedTokens and ChunkTokens still bound the tokens.
-	// Every iteration prefills at least one prompt token while a prompt
-	// waits, so no prefill starves (one token costs about a decode step
-	// of a few streams even at 16K context on a CPU). 0 (the default)
-	// turns it off (the token bounds alone): measured on a loaded 2-core
-	// CPU, 2 kept the gaps lower than a fixed token budget at 16K but not
-	// at 8K, and it is not measured on the GPU, where it shortens chunks
-	// and lengthens the time to first token; else 1 to 100 (1: one
-	// prompt token per iteration).
+	// When not even one prompt token fits, the iteration prefills none
+	// and its unspent time carries over to the next ones, so a token
+	// dearer than one iteration's share runs once they cover it (a long
+	// context's token on a CPU costs about a decode step of a few
+	// streams); after 16 such iterations in a row a token runs whatever
+	// it is predicted to cost, so no prefill starves. Without decoding
+	// sequences a prompt prefills in ChunkTokens chunks as without the
+	// bound. It bounds the prompts prefilled on the CPU only: a device
+	// chunk (Prefiller) costs mostly per chunk, not per token, so those
+	// keep the token bounds alone. 2 (the default): the running streams'
+	// gaps about twice their decode step while a prompt prefills beside
+	// them (2026-12-07-prefill-itl-defaults-cpu.md); 0 turns it off (the
+	// token bounds alone); else 1 to 100 (1: one prompt token per
+	// iteration).
 	MaxITLFactor float64
 	// MaxContext bounds a request's prompt plus max_tokens (0: the
 	// model's max_position_embeddings; no bound when both are 0 besides
@@ -285,7 +291,7 @@ func DefaultConfig() Config {
 		GridRetries:      1,
 		GridRetryWait:    10 * time.Second,
 		ChunkTokens:      512,
-		MaxITLFactor:     0,
+		MaxITLFactor:     2,
 		MaxBodyBytes:     1 << 20,
 		RequestTimeout:   5 * time.Minute,
 		SSEKeepAlive:     15 * time.Second,

@@ -18,10 +18,16 @@ import (
 // token budget (Config.MaxBatchedTokens) on passkey-llama-v1 (CPU): four
 // greedy streams decode on one server; their inter-token gaps (as the
 // client reads the events) are taken for 5 s alone, then while one long
-// prompt (tokens=N) is prefilled beside them, in the same run. It
-// reports both p99 gaps, their ratio (target: at most 3) and the long
-// prompt's time to its answer (its prefill and one token). batched=0 is
-// the server without a budget (ChunkTokens, 512, per iteration); with
+// prompt (tokens=N) is prefilled beside them, then for 5 s alone again,
+// in the same run. The streams' decode step grows with their context
+// (the Quest scores read every page), which grows by thousands of
+// tokens during a long prefill, so the gaps without the prefill are
+// those of both windows around it (itl-alone-*; the first window alone:
+// itl-before-*). It reports the p99 gaps, their ratio (p99-ratio,
+// target: at most 3; p99-ratio-before against the first window) and
+// the long prompt's time to its answer (its prefill and one token).
+// batched=0 is the server without a budget (ChunkTokens, 512, per
+// iteration, the default before 2026-12-07); with
 // running=R (Config.MaxRunning) and batched=B, an iteration beside the
 // four decoding streams prefills B-4 prompt tokens. itl=F adds the
 // latency budget (Config.MaxITLFactor F; without it, off): an
@@ -31,13 +37,8 @@ func BenchmarkPrefillITL(b *testing.B) {
 	m, tok, dir := passkeyModel(b)
 	name := dir[strings.LastIndex(dir, "/")+1:]
 	const streams = 4
-	filler := "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 	for _, n := range []int{8192, 16384} {
-		var sb strings.Builder
-		for i := 0; sb.Len() < n; i++ {
-			fmt.Fprintf(&sb, "Line %d: %s", i, filler)
-		}
-		long := sb.String()[:n-1] // with BOS: n tokens (the byte tokenizer)
+		long := itlPrompt(n)
 		for _, c := range []struct {
 			running, batched int
 			itl              float64
@@ -56,23 +57,89 @@ func BenchmarkPrefillITL(b *testing.B) {
 					cfg.PrefixCaching = false
 					cfg.RequestTimeout = 0 // a small budget prefills for minutes
 					_, ts := startServer(b, m, tok, cfg)
-					r := measureITL(b, ts.URL, name, long, streams)
-					if got := r.promptTokens; got != n {
-						b.Fatalf("the long prompt has %d tokens, want %d", got, n)
-					}
-					b.ReportMetric(r.alone.p50, "itl-alone-p50-ms")
-					b.ReportMetric(r.alone.p99, "itl-alone-p99-ms")
-					b.ReportMetric(r.alone.p90, "itl-alone-p90-ms")
-					b.ReportMetric(r.during.p50, "itl-prefill-p50-ms")
-					b.ReportMetric(r.during.p90, "itl-prefill-p90-ms")
-					b.ReportMetric(r.during.p99, "itl-prefill-p99-ms")
-					b.ReportMetric(r.during.p99/r.alone.p99, "p99-ratio")
-					b.ReportMetric(r.prefill.Seconds(), "prefill-s")
-					b.ReportMetric(float64(r.during.n), "gaps-during")
+					reportITL(b, measureITL(b, ts.URL, name, long, streams, 12000, false), n)
 				}
 			})
 		}
 	}
+}
+
+// BenchmarkPrefillITLDefaults is BenchmarkPrefillITL's measurement of
+// the server's defaults (Config defaults but the pool, 4096 pages):
+// default=old with MaxITLFactor 0, the default before 2026-12-07 (512
+// prompt tokens an iteration beside the streams), default=new with
+// DefaultConfig's. Each name is a leaf, so a pattern ending in $ runs
+// one configuration alone (a pattern deeper than a name runs that name
+// too, unreported, to look for sub-benchmarks). tokens=32767 is the
+// longest prompt of the model's 32,768 positions (with its one token);
+// its streams decode up to 30,000 tokens each (a pool of 16,384 pages
+// holds them), as the new defaults prefill it for minutes. Those
+// streams' decode step grows with their context during the prefill;
+// tokens=N/relaunch/default=D measures streams of 256 tokens each, sent
+// again as each ends, whose decode step stays put, so that the windows
+// before and after compare like with like.
+func BenchmarkPrefillITLDefaults(b *testing.B) {
+	m, tok, dir := passkeyModel(b)
+	name := dir[strings.LastIndex(dir, "/")+1:]
+	for _, n := range []int{8192, 16384, 32767} {
+		long := itlPrompt(n)
+		for _, v := range []struct {
+			sub, def string
+			relaunch bool
+		}{{"", "old", false}, {"", "new", false}, {"relaunch/", "old", true}, {"relaunch/", "new", true}} {
+			def := v.def
+			b.Run(fmt.Sprintf("tokens=%d/%sdefault=%s", n, v.sub, def), func(b *testing.B) {
+				for range b.N {
+					cfg := testConfig(name)
+					cfg.CapacityPages = 4096
+					streamTokens := 12000
+					switch {
+					case v.relaunch:
+						streamTokens = 256
+					case n > 16384:
+						cfg.CapacityPages, streamTokens = 16384, 30000
+					}
+					cfg.MaxITLFactor = DefaultConfig().MaxITLFactor
+					if def == "old" {
+						cfg.MaxITLFactor = 0
+					}
+					cfg.RequestTimeout = 0
+					_, ts := startServer(b, m, tok, cfg)
+					reportITL(b, measureITL(b, ts.URL, name, long, 4, streamTokens, v.relaunch), n)
+				}
+			})
+		}
+	}
+}
+
+// itlPrompt is a prompt of n tokens (the byte tokenizer, with BOS).
+func itlPrompt(n int) string {
+	filler := "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+	var sb strings.Builder
+	for i := 0; sb.Len() < n; i++ {
+		fmt.Fprintf(&sb, "Line %d: %s", i, filler)
+	}
+	return sb.String()[:n-1]
+}
+
+// reportITL reports r's metrics; the long prompt must have n tokens.
+func reportITL(b *testing.B, r itlResult, n int) {
+	b.Helper()
+	if got := r.promptTokens; got != n {
+		b.Fatalf("the long prompt has %d tokens, want %d", got, n)
+	}
+	b.ReportMetric(r.alone.p50, "itl-alone-p50-ms")
+	b.ReportMetric(r.alone.p99, "itl-alone-p99-ms")
+	b.ReportMetric(r.alone.p90, "itl-alone-p90-ms")
+	b.ReportMetric(r.before.p50, "itl-before-p50-ms")
+	b.ReportMetric(r.before.p99, "itl-before-p99-ms")
+	b.ReportMetric(r.during.p50, "itl-prefill-p50-ms")
+	b.ReportMetric(r.during.p90, "itl-prefill-p90-ms")
+	b.ReportMetric(r.during.p99, "itl-prefill-p99-ms")
+	b.ReportMetric(r.during.p99/r.alone.p99, "p99-ratio")
+	b.ReportMetric(r.during.p99/r.before.p99, "p99-ratio-before")
+	b.ReportMetric(r.prefill.Seconds(), "prefill-s")
+	b.ReportMetric(float64(r.during.n), "gaps-during")
 }
 
 // gapStats are percentiles of inter-token gaps, in milliseconds.
@@ -95,57 +162,76 @@ func percentiles(gaps []time.Duration) gapStats {
 }
 
 type itlResult struct {
-	alone, during gapStats
-	prefill       time.Duration
-	promptTokens  int
+	// alone is the gaps of both windows without the long prompt, before
+	// it and after; before the first window's alone.
+	alone, before, during gapStats
+	prefill               time.Duration
+	promptTokens          int
 }
 
-// measureITL starts k streams, takes their gaps for 5 s, then sends the
-// long prompt and takes their gaps until its answer; it cancels the
-// streams at the end. A stream that ends before the long prompt's
-// answer fails the benchmark.
-func measureITL(b *testing.B, url, name, long string, k int) itlResult {
+// measureITL starts k streams (of streamTokens tokens), takes their
+// gaps for 5 s, then sends the long prompt and takes their gaps until
+// its answer, then for 5 s more; it cancels the streams at the end.
+// With relaunch each stream is sent again as soon as it ends (a steady
+// population of short streams, whose decode step does not grow with
+// the benchmark's length); else a stream that ends before the last
+// window's end fails the benchmark. A gap is between two events of one
+// request.
+func measureITL(b *testing.B, url, name, long string, k, streamTokens int, relaunch bool) itlResult {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
 	var mu sync.Mutex
-	arrivals := make([][]time.Time, k)
+	var arrivals [][]time.Time // a request's events
 	ended := make([]time.Time, k)
 	started := make(chan struct{}, k)
 	for i := range k {
 		body, _ := json.Marshal(map[string]any{"model": name, "prompt": fmt.Sprintf("Stream %d. The grass is green. The sky is blue.", i),
-			"max_tokens": 12000, "temperature": 0, "stream": true})
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(string(body)))
-		req.Header.Set("Content-Type", "application/json")
+			"max_tokens": streamTokens, "temperature": 0, "stream": true})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				started <- struct{}{}
-				return
-			}
-			defer resp.Body.Close()
-			sc := bufio.NewScanner(resp.Body)
 			first := true
-			for sc.Scan() {
-				if !strings.HasPrefix(sc.Text(), "data: {") {
-					continue
-				}
-				now := time.Now()
-				mu.Lock()
-				arrivals[i] = append(arrivals[i], now)
-				mu.Unlock()
+			defer func() {
 				if first {
-					first = false
 					started <- struct{}{}
 				}
+			}()
+			for ctx.Err() == nil {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(string(body)))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				r := len(arrivals)
+				arrivals = append(arrivals, nil)
+				mu.Unlock()
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					if !strings.HasPrefix(sc.Text(), "data: {") {
+						continue
+					}
+					now := time.Now()
+					mu.Lock()
+					arrivals[r] = append(arrivals[r], now)
+					mu.Unlock()
+					if first {
+						first = false
+						started <- struct{}{}
+					}
+				}
+				resp.Body.Close()
+				if !relaunch {
+					mu.Lock()
+					ended[i] = time.Now()
+					mu.Unlock()
+					return
+				}
 			}
-			mu.Lock()
-			ended[i] = time.Now()
-			mu.Unlock()
 		}()
 	}
 	for range k {
@@ -157,21 +243,28 @@ func measureITL(b *testing.B, url, name, long string, k int) itlResult {
 	t1 := time.Now()
 	c := complete(b, url, map[string]any{"model": name, "prompt": long, "max_tokens": 1, "temperature": 0})
 	t2 := time.Now()
+	time.Sleep(5 * time.Second)
+	t3 := time.Now()
 	mu.Lock()
 	defer mu.Unlock()
-	var alone, during []time.Duration
-	for i, ts := range arrivals {
-		if !ended[i].IsZero() && ended[i].Before(t2) {
-			b.Fatalf("stream %d ended before the long prompt's answer (%d events)", i, len(ts))
+	for i, e := range ended {
+		if !e.IsZero() && e.Before(t3) {
+			b.Fatalf("stream %d ended before the last window's end", i)
 		}
+	}
+	var before, after, during []time.Duration
+	for _, ts := range arrivals {
 		for j := 1; j < len(ts); j++ {
 			switch {
 			case !ts[j-1].Before(t0) && ts[j].Before(t1):
-				alone = append(alone, ts[j].Sub(ts[j-1]))
+				before = append(before, ts[j].Sub(ts[j-1]))
 			case !ts[j-1].Before(t1) && ts[j].Before(t2):
 				during = append(during, ts[j].Sub(ts[j-1]))
+			case !ts[j-1].Before(t2) && ts[j].Before(t3):
+				after = append(after, ts[j].Sub(ts[j-1]))
 			}
 		}
 	}
-	return itlResult{alone: percentiles(alone), during: percentiles(during), prefill: t2.Sub(t1), promptTokens: c.Usage.PromptTokens}
+	return itlResult{alone: percentiles(append(slices.Clone(before), after...)), before: percentiles(before), during: percentiles(during),
+		prefill: t2.Sub(t1), promptTokens: c.Usage.PromptTokens}
 }

@@ -180,52 +180,9 @@ func TestITLBudgetServer(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	started := make(chan error, streams)
-	launch := func(i int) {
-		body, _ := json.Marshal(map[string]any{"model": name, "prompt": fmt.Sprintf("Stream %d. The grass is green. The sky is blue.", i),
-			"max_tokens": 3000, "temperature": 0, "stream": true})
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions", strings.NewReader(string(body)))
-		req.Header.Set("Content-Type", "application/json")
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				started <- err
-				return
-			}
-			defer resp.Body.Close()
-			sc := bufio.NewScanner(resp.Body)
-			first := true
-			for sc.Scan() {
-				if first && strings.HasPrefix(sc.Text(), "data: {") {
-					first = false
-					started <- nil
-				}
-			}
-			if first {
-				started <- fmt.Errorf("stream %d: no token (status %s)", i, resp.Status)
-			}
-		}()
-	}
-	// One stream first, the others once it decodes: their prompts are
-	// then prefilled in chunks beside its decode rows, at several
-	// contexts, so the budget's fitted line has a spread to take its
-	// slope from (four prompts prefilled together at context 0 give one
-	// point, a slope of 0, and a first chunk of the long prompt one token
-	// short of the made-up costs' count).
-	launch(0)
-	if err := <-started; err != nil {
-		t.Fatal(err)
-	}
-	for i := 1; i < streams; i++ {
-		launch(i)
-	}
-	for i := 1; i < streams; i++ {
-		if err := <-started; err != nil {
-			t.Fatal(err)
-		}
-	}
+	startStreams(t, ctx, &wg, ts.URL, name, streams, func(i int) string {
+		return fmt.Sprintf("Stream %d. The grass is green. The sky is blue.", i)
+	})
 	// A stream's first token reaches its client before the iteration
 	// that sampled it is recorded: wait for an iteration of the four
 	// streams' decode rows alone (their prompts all prefilled).
@@ -283,4 +240,212 @@ func TestITLBudgetServer(t *testing.T) {
 		}
 	}
 	t.Logf("%d prompt tokens in %d iterations beside the streams, first %v, last %v", len(ids), len(prompt), want[:3], want[len(want)-3:])
+}
+
+// startStreams starts k greedy streams of 3000 tokens (prompt(i) the
+// i-th's) and returns once each has its first token: one stream first,
+// the others once it decodes, so that their prompts are prefilled
+// beside its decode rows, at several contexts, and the latency budget's
+// fitted line has a spread to take its slope from (four prompts
+// prefilled together at context 0 give one point, a slope of 0). The
+// streams end with ctx; wg waits for their readers.
+func startStreams(t *testing.T, ctx context.Context, wg *sync.WaitGroup, url, name string, k int, prompt func(int) string) {
+	t.Helper()
+	started := make(chan error, k)
+	launch := func(i int) {
+		body, _ := json.Marshal(map[string]any{"model": name, "prompt": prompt(i), "max_tokens": 3000, "temperature": 0, "stream": true})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(string(body)))
+		req.Header.Set("Content-Type", "application/json")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				started <- err
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			first := true
+			for sc.Scan() {
+				if first && strings.HasPrefix(sc.Text(), "data: {") {
+					first = false
+					started <- nil
+				}
+			}
+			if first {
+				started <- fmt.Errorf("stream %d: no token (status %s)", i, resp.Status)
+			}
+		}()
+	}
+	launch(0)
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < k; i++ {
+		launch(i)
+	}
+	for i := 1; i < k; i++ {
+		if err := <-started; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestITLBudgetHolds: with MaxITLFactor 2 and made-up costs (a decode
+// step 10ms, so an iteration's allowance is 10ms; every prompt token
+// the same cost at any context), a prompt token dearer than the
+// allowance waits for the credit of the iterations that prefilled
+// nothing: at 25ms a token, two iterations hold (credit 10, then 20ms)
+// and the third prefills it (30ms left, 25 spent; two tokens would be
+// 50ms), so the long prompt goes one token every third iteration; at
+// 1s a token, 16 iterations hold (credit 160ms, short of it) and the
+// 17th prefills it anyway (the progress guarantee; beside one stream,
+// whose prompt is prefilled alone, so that no other prompt waits 17
+// iterations a token). Every iteration decodes the streams, and the
+// prompt's answer is the one it gets alone.
+func TestITLBudgetHolds(t *testing.T) {
+	m, tok, dir := passkeyModel(t)
+	name := dir[strings.LastIndex(dir, "/")+1:]
+	const decode = 10 * ms
+	for _, c := range []struct {
+		token   time.Duration // a prompt token's made-up prefill time
+		held    int           // the iterations with no prompt token before each with one
+		streams int
+	}{
+		{25 * ms, 2, 4},
+		{time.Second, itlMaxHeld, 1},
+	} {
+		streams := c.streams
+		t.Run(fmt.Sprint(c.token), func(t *testing.T) {
+			cfg := testConfig(name)
+			cfg.CapacityPages = 4096
+			cfg.MaxRunning = 8
+			cfg.PrefixCaching = false
+			cfg.MaxITLFactor = 2
+			type iter struct{ rows, prompt int }
+			var mu sync.Mutex
+			var iters []iter
+			s, err := newServer(m, tok, cfg, hooks{
+				batched: func(rows, prompt int) {
+					mu.Lock()
+					iters = append(iters, iter{rows, prompt})
+					mu.Unlock()
+				},
+				prefillTook: func(_, n int) time.Duration { return time.Duration(n) * c.token },
+				decodeTook:  func(int) time.Duration { return decode },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts := httptest.NewServer(s)
+			t.Cleanup(func() {
+				ts.Close()
+				s.Close()
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			defer cancel()
+			// The streams that prefill beside the first hold too.
+			startStreams(t, ctx, &wg, ts.URL, name, streams, func(i int) string {
+				return fmt.Sprintf("Stream %d. The grass is green. The sky is blue.", i)
+			})
+			// Past the streams' prompts: an iteration of every
+			// stream's row, which needs them all prefilled.
+			from := -1
+			for deadline := time.Now().Add(time.Minute); from < 0 && time.Now().Before(deadline); {
+				mu.Lock()
+				for k, it := range iters {
+					if it.rows == streams {
+						from = k
+					}
+				}
+				mu.Unlock()
+				time.Sleep(10 * ms)
+			}
+			if from < 0 {
+				t.Fatal("no iteration decoded the four streams within a minute")
+			}
+			const prompt = "The grass is green."
+			ids := model.PromptIDs(tok, prompt)
+			got := complete(t, ts.URL, map[string]any{"model": name, "prompt": prompt, "max_tokens": 6, "temperature": 0})
+			if want := tok.Decode(alone(t, m, tok, cfg.Policy, ids, 6)); got.Choices[0].Text != want {
+				t.Errorf("the prompt beside the streams: %q; alone %q", got.Choices[0].Text, want)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			// From the prompt's first token to its last, every iteration
+			// decodes the streams, and holds or prefills one token.
+			var at []int // the iterations with a prompt token
+			for k := from + 1; k < len(iters); k++ {
+				if iters[k].prompt > 0 {
+					at = append(at, k)
+				}
+			}
+			if len(at) != len(ids) {
+				t.Fatalf("the %d-token prompt ran in %d iterations, want one a token: %v", len(ids), len(at), iters[from:])
+			}
+			for k := at[0]; k <= at[len(at)-1]; k++ {
+				if it := iters[k]; it.rows != streams || it.prompt > 1 {
+					t.Errorf("iteration %d: %d prompt tokens beside %d decode rows, want at most 1 beside %d", k, it.prompt, it.rows, streams)
+				}
+			}
+			for i := 1; i < len(at); i++ {
+				if h := at[i] - at[i-1] - 1; h != c.held {
+					t.Errorf("token %d of the prompt: %d iterations held before it, want %d", i, h, c.held)
+				}
+			}
+		})
+	}
+}
+
+// TestITLBudgetCredit checks the credit of held iterations by hand.
+func TestITLBudgetCredit(t *testing.T) {
+	b := newITLBudget(2)
+	b.observeDecode(10 * ms)
+	b.observePrefill(0, 1, 25*ms) // 25ms a token at any context
+	a, _ := b.allowance()
+	// 10ms: no token fits; held twice, the credit is 20ms, and 30ms fit
+	// one token (two would be 50ms).
+	for i, want := range []int{0, 0, 1} {
+		if got := b.tokens(8000, a+b.credit); got != want {
+			t.Fatalf("iteration %d: %d tokens in %.0fms, want %d", i, got, 1e3*(a+b.credit), want)
+		}
+		if want == 0 {
+			b.hold(a)
+		}
+	}
+	if b.held != 2 || math.Abs(b.credit-0.020) > 1e-12 {
+		t.Errorf("after two holds: held %d, credit %v, want 2 and 20ms", b.held, b.credit)
+	}
+	b.ran()
+	if b.held != 0 || b.credit != 0 {
+		t.Errorf("after a run: held %d, credit %v, want 0 and 0", b.held, b.credit)
+	}
+	for i := range itlMaxHeld {
+		if b.mustRun() {
+			t.Fatalf("must run after %d holds, want after %d", i, itlMaxHeld)
+		}
+		b.hold(a)
+	}
+	if !b.mustRun() {
+		t.Errorf("no run forced after %d holds", itlMaxHeld)
+	}
+}
+
+// TestITLBudgetTinySlope: a line fitted to costs flat in the context
+// whose slope is rounding's (1e-20 s per token of context here) fits
+// the tokens that the flat cost does: 80ms of 25ms tokens is 3, not 0
+// (the quadratic's textbook root cancels to 0).
+func TestITLBudgetTinySlope(t *testing.T) {
+	b := newITLBudget(2)
+	b.w, b.sx, b.sy = 1, 0, 0.025
+	b.sxx, b.sxy = 1, 1e-20 // variance 1, slope 1e-20
+	if _, _, slope, _ := b.line(); slope != 1e-20 {
+		t.Fatalf("slope %v, want 1e-20", slope)
+	}
+	if got := b.tokens(0, 0.080); got != 3 {
+		t.Errorf("tokens(0, 80ms) = %d, want 3", got)
+	}
 }

@@ -30,6 +30,13 @@ type itlBudget struct {
 	// the mean context of a chunk's tokens, y its time per token in
 	// seconds; w is the sum of the weights.
 	w, sx, sy, sxx, sxy float64
+	// credit is the allowance, in seconds, of the iterations in a row
+	// that prefilled nothing because one prompt token did not fit
+	// (held): the next iteration may spend it, so that a token costlier
+	// than one iteration's allowance runs once enough of them went by.
+	credit float64
+	// held counts those iterations.
+	held int
 }
 
 const (
@@ -44,6 +51,11 @@ const (
 	// as a share of the observations' mean (a line extrapolated below
 	// the contexts it was fitted on must not promise free tokens).
 	itlFloor = 0.05
+	// itlMaxHeld is the most iterations in a row that may prefill
+	// nothing while a prompt waits: the next one prefills a token
+	// whatever its predicted cost (progress, even when the fitted costs
+	// are wrong).
+	itlMaxHeld = 16
 )
 
 // newITLBudget returns the budget for factor (Config.MaxITLFactor, at
@@ -133,9 +145,13 @@ func (b *itlBudget) tokens(c int, time float64) int {
 	if slope == 0 {
 		n = time / p
 	} else {
-		// slope/2 n^2 + (p - slope/2) n - time = 0, the positive root.
+		// slope/2 n^2 + (p - slope/2) n - time = 0, the positive root,
+		// (-q + sqrt(q^2 + 2 slope time)) / slope written as
+		// 2 time / (q + sqrt(...)): the first form cancels to 0 when
+		// the slope is tiny beside q (a line fitted to costs flat in
+		// the context, with rounding's slope), the second does not.
 		q := p - slope/2
-		n = (-q + math.Sqrt(q*q+2*slope*time)) / slope
+		n = 2 * time / (q + math.Sqrt(q*q+2*slope*time))
 	}
 	n = math.Floor(n * (1 + 1e-12)) // 2.9999999 from rounding is 3
 	if n > 1<<30 {
@@ -154,3 +170,19 @@ func (b *itlBudget) cost(c, n int) float64 {
 	}
 	return float64(n) * (p + slope*float64(n-1)/2)
 }
+
+// hold records an iteration that prefilled nothing while a prompt
+// waited, because not even one token fitted its allowance (seconds):
+// the allowance goes to the credit.
+func (b *itlBudget) hold(allowance float64) {
+	b.credit += max(0, allowance)
+	b.held++
+}
+
+// ran records an iteration that prefilled prompt tokens: the credit is
+// spent.
+func (b *itlBudget) ran() { b.credit, b.held = 0, 0 }
+
+// mustRun reports whether the next iteration must prefill a token
+// whatever it costs: itlMaxHeld iterations in a row prefilled nothing.
+func (b *itlBudget) mustRun() bool { return b.held >= itlMaxHeld }

@@ -112,15 +112,32 @@ func (s *Server) iterate() bool {
 		budget = max(0, min(budget, b-len(decoding)))
 	}
 	// Beside decoding sequences, MaxITLFactor bounds the prefill's time
-	// too (s.itl): a decode step's worth times factor - 1.
+	// too (s.itl): a decode step's worth times factor - 1, plus what the
+	// iterations before left unspent when not even a token fitted.
 	lim := prefillLimit{}
-	if s.itl != nil && len(decoding) > 0 {
-		lim.on = true
-		lim.seconds, _ = s.itl.allowance() // 0 before a decode step is measured: a token
+	if s.itl != nil {
+		a, ok := s.itl.allowance()
+		lim.allowance = a
+		if len(decoding) > 0 {
+			lim.on = true
+			lim.seconds = a + s.itl.credit
+			// A token at least: before a decode step is measured, with
+			// factor 1 (no allowance), or after itlMaxHeld iterations
+			// held.
+			lim.force = !ok || a <= 0 || s.itl.mustRun()
+		}
 	}
-	prefilled, ran := s.prefill(budget, lim)
+	prefilled, ran, held := s.prefill(budget, lim)
 	if ran {
 		worked = true
+	}
+	if lim.on {
+		switch {
+		case prefilled > 0:
+			s.itl.ran()
+		case held:
+			s.itl.hold(lim.allowance)
+		}
 	}
 	t0 := time.Now()
 	rows := s.decode(decoding)
@@ -150,23 +167,39 @@ func (s *Server) live() []*job {
 // prefillLimit is the time an iteration's prefill may take
 // (Config.MaxITLFactor), when on.
 type prefillLimit struct {
-	on      bool
+	on bool
+	// seconds is the prefill time left to the iteration: its allowance
+	// and the credit of the iterations held before it.
 	seconds float64
+	// allowance is the iteration's own share of seconds (set whenever
+	// the bound is configured: a prompt that starts decoding mid-iteration
+	// turns it on).
+	allowance float64
+	// force makes the first chunk at least one token, whatever it is
+	// predicted to cost.
+	force bool
 }
 
 // prefill runs up to budget prompt tokens of the jobs still
 // prefilling, shortest remaining prompt first, a chunk per job; a job
 // whose prompt is done moves its keys and values into the engine and
-// samples its first token. With lim on, the chunks are also cut to
-// what fits lim's time by s.itl's costs, but the first chunk has at
-// least one token: every iteration moves a prompt on, so none starves
-// (a chunk every N iterations instead would put a whole chunk's time
-// into one gap of the running streams). On a cluster a job's prefill
-// starts once its sequence is created (startCreate). It reports the
-// prompt tokens it ran and whether it ran a chunk or ended a job.
-func (s *Server) prefill(budget int, lim prefillLimit) (int, bool) {
+// samples its first token. With lim on, the chunks prefilled on the
+// CPU are also cut to what fits lim's time by s.itl's costs; when not
+// even one token fits, the iteration prefills nothing (held: the
+// caller banks its allowance, so that the token runs once the credit
+// covers it) unless lim.force makes its first chunk a token. A prompt
+// finished here starts decoding: its first token is out, so the chunks
+// after it are bounded by lim's allowance even when lim was off. Chunks
+// prefilled on the device (Config.Prefiller) keep the token bounds
+// alone: their time is mostly per chunk, not per token, which the
+// fitted line per token would shrink towards one token per iteration.
+// On a cluster a job's prefill starts once its sequence is created
+// (startCreate). It reports the prompt tokens it ran, whether it ran a
+// chunk or ended a job, and whether a prompt waited for want of time.
+func (s *Server) prefill(budget int, lim prefillLimit) (int, bool, bool) {
 	worked := false
 	ranChunk := false
+	held := false
 	total := budget
 	// Shortest remaining prompt first (the older among equals): a short
 	// prompt that arrives while a long one is being prefilled gets the
@@ -237,13 +270,14 @@ func (s *Server) prefill(budget int, lim prefillLimit) (int, bool) {
 		// After the prefix lookup: a hit moves j.filled on.
 		rest := min(budget, len(j.p.ids)-j.filled)
 		n := rest
-		if lim.on {
+		if lim.on && j.pre == nil {
 			n = min(rest, s.itl.tokens(j.filled, lim.seconds))
-			if !ranChunk {
-				n = max(n, min(1, rest)) // progress: a token each iteration at least
+			if !ranChunk && lim.force {
+				n = max(n, min(1, rest)) // progress: a token whatever it costs
 			}
 			if n == 0 {
-				continue // its sequence is set up: it goes on next iteration
+				held = true
+				continue // its sequence is set up: it goes on in a later iteration
 			}
 		}
 		budget -= n
@@ -256,7 +290,7 @@ func (s *Server) prefill(budget int, lim prefillLimit) (int, bool) {
 		} else {
 			logits, err = s.m.Forward(j.ctx, j.dense, j.p.ids[j.filled:j.filled+n], model.ForwardOptions{AllLogits: all})
 		}
-		if s.itl != nil && err == nil {
+		if s.itl != nil && err == nil && j.pre == nil {
 			took := time.Since(t0)
 			if s.hooks.prefillTook != nil {
 				took = s.hooks.prefillTook(j.filled, n)
@@ -277,8 +311,15 @@ func (s *Server) prefill(budget int, lim prefillLimit) (int, bool) {
 			continue
 		}
 		s.prompted(j, logits)
+		if s.itl != nil && !lim.on && j.attn != nil && !j.ended {
+			// j's first token is out: the rest of the iteration's
+			// prefill is in its first gap, so the bound holds from here
+			// (the jobs after j in the order are longer prompts, whose
+			// whole chunk would otherwise follow it).
+			lim.on, lim.seconds = true, lim.allowance
+		}
 	}
-	return total - budget, worked
+	return total - budget, worked, held && !ranChunk
 }
 
 // start sets up j's stop strings and sampler before its first token; a

@@ -405,9 +405,11 @@ type ServeConfig struct {
 	MaxBatchedTokens int
 	// MaxITLFactor bounds a scheduler iteration beside decoding
 	// sequences to this many times their decode step by measured costs:
-	// it prefills only the prompt tokens that fit, at least one
-	// [--max-itl-factor]. Default 0, off (the token bounds alone); else
-	// 1..100.
+	// it prefills on the CPU only the prompt tokens that fit, none when
+	// not even one does (the unspent time is kept for the next
+	// iterations, and a token runs after 16 such iterations in a row
+	// whatever it costs) [--max-itl-factor]. Default 2; 0 is off (the
+	// token bounds alone); else 1..100.
 	MaxITLFactor float64
 	// DevicePrefill prefills prompts on the GPU with --serve-layout device
 	// (the executor's GEMMs and prefill attention; needs bf16 or f16

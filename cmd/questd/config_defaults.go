@@ -93,7 +93,7 @@ func DefaultStorageConfig() StorageConfig {
 // fields' docs.
 func DefaultServeConfig() ServeConfig {
 	return ServeConfig{MaxRunning: 16, MaxQueued: 64, DefaultMaxTokens: 16, MaxRequestBytes: 32 << 20,
-		RequestTimeout: 30 * time.Minute, SSEKeepAlive: 15 * time.Second, PrefillChunk: 512, DevicePrefill: true,
+		RequestTimeout: 30 * time.Minute, SSEKeepAlive: 15 * time.Second, PrefillChunk: 512, MaxITLFactor: 2, DevicePrefill: true,
 		MemoryFraction: 0.5, PrefixCaching: true, Layout: "local", CP: 1, TP: 1, PolicyGrids: 2,
 		GridRetries: 1, GridRetryWait: 10 * time.Second, MonitorQueue: 64, RequestHistory: 64,
 		LogStatsInterval: 10 * time.Second}

@@ -254,8 +254,8 @@ func TestMaxITLFactorFlag(t *testing.T) {
 		args []string
 		want float64
 	}{
-		{nil, 0},
-		{[]string{"--max-itl-factor", "2"}, 2},
+		{nil, 2},
+		{[]string{"--max-itl-factor", "0"}, 0},
 		{[]string{"--max-itl-factor", "1"}, 1},
 		{[]string{"--max-itl-factor", "3.5"}, 3.5},
 		{[]string{"--max-itl-factor", "100", "--max-batched-tokens", "64"}, 100},
