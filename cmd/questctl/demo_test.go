@@ -133,8 +133,10 @@ func TestDemoOneStep(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, " 0.0x") || strings.Contains(out, "NaN") {
-		t.Errorf("output shows 0.0x or NaN:\n%s", out)
+	// Speedups below 1 keep two significant digits (a cold step on a
+	// loaded host is slow, not zero): 0x would be a zero dense time.
+	if strings.Contains(out, " 0x") || strings.Contains(out, "NaN") {
+		t.Errorf("output shows 0x or NaN:\n%s", out)
 	}
 }
 

@@ -227,9 +227,9 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (Summary, error) {
 		if v := rel.value(); !math.IsNaN(v) {
 			relText = fmt.Sprintf("%.4f", v)
 		}
-		fmt.Fprintf(w, "%4d %3s %6d/%-6d %7.4f %7.4f %6s %7s %7s %8.2f %7.2f %7.2f %7.2f %8.2f %9.2f %7.1fx\n",
+		fmt.Fprintf(w, "%4d %3s %6d/%-6d %7.4f %7.4f %6s %7s %7s %8.2f %7.2f %7.2f %7.2f %8.2f %9.2f %7sx\n",
 			step, ask(askB), read, total, rho, formula, num(recall.value(), 3), num(mass.value(), 4), relText,
-			ms(score), ms(topk), ms(attn), ms(coll), ms(questT), ms(denseT), sp)
+			ms(score), ms(topk), ms(attn), ms(coll), ms(questT), ms(denseT), stepSpeedup(sp))
 		if askB {
 			recallB.add(recall.value())
 			massB.add(mass.value())
@@ -318,11 +318,21 @@ func num(x float64, prec int) string {
 	return strconv.FormatFloat(x, 'f', prec, 64)
 }
 
+// stepSpeedup formats a speedup: one decimal from 1 up, two
+// significant digits below (a step stalled by the host, such as a cold
+// first step on a loaded machine, shows 0.014 rather than 0.0).
+func stepSpeedup(x float64) string {
+	if x >= 1 {
+		return strconv.FormatFloat(x, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(x, 'g', 2, 64)
+}
+
 func ratio(x float64) string {
 	if math.IsNaN(x) {
 		return "n/a"
 	}
-	return fmt.Sprintf("%.1fx", x)
+	return stepSpeedup(x) + "x"
 }
 
 // limitText says what the memory was checked against.
