@@ -163,8 +163,7 @@ func TestUpDataDirRealQuestd(t *testing.T) {
 	data := filepath.Join(t.TempDir(), "data")
 	args := []string{"--nodes", "2", "--cp", "2", "--questd", bin, "--timeout", "25s", "--stop-timeout", "5s", "--insecure", "--data-dir", data, "--",
 		"--layers", "2", "--q-heads", "8", "--kv-heads", "4", "--head-dim", "16", "--page-size", "4",
-		"--capacity-pages", "128", "--budget-tokens", "24", "--dense-layers", "1", "--max-memory", "none", "--drain-timeout", "1s",
-		"--probe-interval", "100ms", "--probe-timeout", "50ms", "--suspicion-mult", "2", "--gossip-interval", "50ms"}
+		"--capacity-pages", "128", "--budget-tokens", "24", "--dense-layers", "1", "--max-memory", "none", "--drain-timeout", "1s"}
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	dial := func(addr string) *client.Client {

@@ -919,8 +919,7 @@ func TestUpRealQuestd(t *testing.T) {
 		t.Fatalf("go build ./cmd/questd: %v\n%s", err, out)
 	}
 	small := []string{"--layers", "2", "--q-heads", "8", "--kv-heads", "4", "--head-dim", "16", "--page-size", "4",
-		"--capacity-pages", "128", "--budget-tokens", "24", "--dense-layers", "1", "--max-memory", "none", "--drain-timeout", "1s",
-		"--probe-interval", "100ms", "--probe-timeout", "50ms", "--suspicion-mult", "2", "--gossip-interval", "50ms"}
+		"--capacity-pages", "128", "--budget-tokens", "24", "--dense-layers", "1", "--max-memory", "none", "--drain-timeout", "1s"}
 	for _, insecure := range []bool{false, true} {
 		name := "tls"
 		args := []string{"--nodes", "2", "--questd", bin, "--timeout", "25s", "--stop-timeout", "5s"}
