@@ -81,7 +81,7 @@ func engineConfig(cp, tp int, mode plan.SelectMode) engine.Config {
 func workerConfig(c engine.Config) worker.Config {
 	return worker.Config{
 		Layers:      c.Layers,
-		Geometry:    plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize},
+		Geometry:    plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: c.DType},
 		CP:          c.CP,
 		TP:          c.TP,
 		Capacity:    c.CapacityPages,
