@@ -5,8 +5,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -21,17 +19,7 @@ import (
 // f32).
 func TestServeClusterFP8(t *testing.T) {
 	v1 := passkeyModel(t)
-	b, err := os.ReadFile(filepath.Join(v1, "reference.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ref struct {
-		InputIDs []int `json:"input_ids"`
-		Greedy   []int `json:"greedy_continuation_ids"`
-	}
-	if err := json.Unmarshal(b, &ref); err != nil {
-		t.Fatal(err)
-	}
+	ref := passkeyReference(t, v1)
 	serve := []string{"--model", v1, "--http-addr", "127.0.0.1:0", "--budget-tokens", "256", "--prefill-chunk-tokens", "4096", "--prefix-caching=false"}
 	complete := func(addr string) (string, []float64) {
 		t.Helper()

@@ -25,17 +25,7 @@ import (
 // layers), and differ from the f32 run's (the pages are fp8).
 func TestServeCompletionsFP8(t *testing.T) {
 	v1 := passkeyModel(t)
-	b, err := os.ReadFile(filepath.Join(v1, "reference.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ref struct {
-		InputIDs []int `json:"input_ids"`
-		Greedy   []int `json:"greedy_continuation_ids"`
-	}
-	if err := json.Unmarshal(b, &ref); err != nil {
-		t.Fatal(err)
-	}
+	ref := passkeyReference(t, v1)
 	steps := len(ref.Greedy)
 	args := append(append([]string(nil), smallNode...), "--model", v1, "--http-addr", "127.0.0.1:0", "--budget-tokens", "256",
 		"--kv-cache-dtype", "fp8", "--prefill-chunk-tokens", "4096")
@@ -115,6 +105,27 @@ func TestServeCompletionsFP8(t *testing.T) {
 	if apart <= 10*worst {
 		t.Errorf("fp8 and f32 runs differ by %.3g only: the served pages may not be fp8", apart)
 	}
+}
+
+// passkeyRef is a passkey model's reference.json: the prompt's token
+// ids and its greedy continuation's.
+type passkeyRef struct {
+	InputIDs []int `json:"input_ids"`
+	Greedy   []int `json:"greedy_continuation_ids"`
+}
+
+// passkeyReference reads the reference.json of the model at dir.
+func passkeyReference(t *testing.T, dir string) passkeyRef {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref passkeyRef
+	if err := json.Unmarshal(b, &ref); err != nil {
+		t.Fatal(err)
+	}
+	return ref
 }
 
 // logSoftmaxAt returns log softmax(logits)[i] in float64.

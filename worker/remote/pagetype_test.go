@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -106,7 +103,7 @@ func TestOpenGridPageType(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	old := startOldNode(t)
+	old := startNode(t, DefaultServerConfig(), func(s *Server) workerv1.WorkerServer { return oldWorker{s} })
 	mixed := []NodeRanks{{Conn: nodes[0].conn, Ranks: []worker.Rank{{CP: 0}}}, {Conn: old.conn, Ranks: []worker.Rank{{CP: 1}}}}
 	_, err = OpenGrid(ctx, mixed, GridRef{Grid: "mixed", View: 1}, wc)
 	if !errors.Is(err, ErrPageType) || !strings.Contains(err.Error(), "the node stores f32") {
@@ -144,31 +141,6 @@ func (o oldWorker) OpenGrid(ctx context.Context, r *workerv1.OpenGridRequest) (*
 		rep.KvDtype = ""
 	}
 	return rep, err
-}
-
-// startOldNode starts a node whose worker API is oldWorker's.
-func startOldNode(t *testing.T) *node {
-	t.Helper()
-	cfg := DefaultServerConfig()
-	cfg.Plaintext = true
-	srv, err := NewServer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	workerv1.RegisterWorkerServer(gs, oldWorker{srv})
-	go gs.Serve(lis) // ends with Stop
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nd := &node{srv: srv, gs: gs, conn: conn}
-	t.Cleanup(func() { conn.Close(); nd.stop() })
-	return nd
 }
 
 // slotDevice is a device-resident node's backend as pageType sees it:
