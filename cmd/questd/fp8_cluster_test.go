@@ -1,10 +1,7 @@
 package main
 
 import (
-	"encoding/json"
-	"io"
 	"math"
-	"net/http"
 	"strings"
 	"testing"
 )
@@ -23,26 +20,7 @@ func TestServeClusterFP8(t *testing.T) {
 	serve := []string{"--model", v1, "--http-addr", "127.0.0.1:0", "--budget-tokens", "256", "--prefill-chunk-tokens", "4096", "--prefix-caching=false"}
 	complete := func(addr string) (string, []float64) {
 		t.Helper()
-		req, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": ref.InputIDs, "max_tokens": len(ref.Greedy), "temperature": 0, "logprobs": 0})
-		resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(string(req)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		var out struct {
-			Choices []struct {
-				Text     string `json:"text"`
-				Logprobs struct {
-					Tokens        []string  `json:"tokens"`
-					TokenLogprobs []float64 `json:"token_logprobs"`
-				} `json:"logprobs"`
-			} `json:"choices"`
-		}
-		if err := json.Unmarshal(body, &out); err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) != 1 {
-			t.Fatalf("completion: %d %s (%v)", resp.StatusCode, body, err)
-		}
-		c := out.Choices[0]
+		c := greedyLogprobs(t, addr, ref)
 		return strings.Join(c.Logprobs.Tokens, "\x00"), c.Logprobs.TokenLogprobs
 	}
 	// local serves with --serve-layout local and the extra flags (none:
