@@ -79,19 +79,28 @@ func TestServeOnDevice(t *testing.T) {
 func deviceTwin(t *testing.T) (*model.Model, model.Tokenizer, *backendtest.QueuedDevice, *gpu.Executor, Config, *httptest.Server) {
 	t.Helper()
 	m, tok := tinyModel(t)
-	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
-	t.Cleanup(func() { cpu.Close() })
-	dev := &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
-	ctx := context.Background()
-	x, err := gpu.New(ctx, dev, m, gpu.Options{Float32Weights: true, MaxBatch: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { x.Close(ctx) })
+	dev, x := twinExecutor(t, m, 0)
 	cfg := testConfig("tiny")
 	cfg.Policy.BudgetTokens = 4 * cfg.Policy.PageSize
 	_, cpuTS := startServer(t, m, tok, cfg)
 	return m, tok, dev, x, cfg, cpuTS
+}
+
+// twinExecutor makes m's executor (float32 weights, batches up to 16,
+// prefill chunks of prefillChunk tokens, 0 the default) on the CPU twin
+// of a device.
+func twinExecutor(t *testing.T, m *model.Model, prefillChunk int) (*backendtest.QueuedDevice, *gpu.Executor) {
+	t.Helper()
+	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
+	t.Cleanup(func() { cpu.Close() })
+	dev := &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
+	ctx := context.Background()
+	x, err := gpu.New(ctx, dev, m, gpu.Options{Float32Weights: true, MaxBatch: 16, PrefillChunk: prefillChunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close(ctx) })
+	return dev, x
 }
 
 // countingPrefiller counts the device prefill's chunks and tokens.
@@ -118,15 +127,7 @@ func (c *countingPrefiller) Prefill(ctx context.Context, a model.Attention, toke
 // token but the echoed one's.
 func TestServeOnDevicePrefill(t *testing.T) {
 	m, tok := tinyModel(t)
-	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 2})
-	t.Cleanup(func() { cpu.Close() })
-	dev := &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}
-	ctx := context.Background()
-	x, err := gpu.New(ctx, dev, m, gpu.Options{Float32Weights: true, MaxBatch: 16, PrefillChunk: 32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { x.Close(ctx) })
+	dev, x := twinExecutor(t, m, 32)
 	cfg := testConfig("tiny")
 	cfg.Policy.BudgetTokens = 4 * cfg.Policy.PageSize
 	cfg.ChunkTokens = 48

@@ -273,10 +273,14 @@ type DeviceConfig struct {
 	// --backend cuda.
 	Ordinals []int
 	// KVCacheDType is the storage type of K, V and summaries on the GPU:
-	// f32, f16 or bf16 [--kv-cache-dtype]. Default bf16. Only with
-	// --backend cuda; or fp8 with --backend cpu, --model and
-	// --serve-layout local: the served model's in-process engine keeps
-	// fp8 K/V records (summaries f32).
+	// f32, f16, bf16 or fp8 [--kv-cache-dtype]. Default bf16. Only with
+	// --backend cuda; or fp8 with --backend cpu and --model. fp8 (K/V
+	// records, summaries f32) is also the served model's pages in every
+	// --serve-layout: the in-process engine's (local), the cluster's
+	// grids' (cluster: worker.Config.DType, named to the nodes on the
+	// worker wire) or the GPU's (device); not with --device-budget-pages
+	// on --backend cuda (the GPU's offload slot pools hold no fp8
+	// records).
 	KVCacheDType plan.DType
 }
 

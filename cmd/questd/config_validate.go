@@ -241,18 +241,16 @@ func (p PolicyConfig) Validate() error {
 
 // Validate reports the first setting of the group that breaks its rule:
 // cuda needs a -tags cuda build, the devices and a storage type other
-// than bf16 and fp8 need cuda, fp8 is served on the CPU only (where,
-// [Config.validateAcross]).
+// than bf16 and fp8 need cuda; fp8 is served on either backend (where,
+// and not with GPU offload: [Config.validateAcross]).
 func (d DeviceConfig) Validate() error {
 	switch {
 	case d.Backend == "cuda" && !cudaBuild:
 		return bad("backend", "cuda", "needs a questd built with -tags cuda (README: building for a GPU host)")
 	case len(d.Ordinals) > 0 && d.Backend != "cuda":
 		return bad("devices", joinInts(d.Ordinals), "needs --backend cuda")
-	case d.KVCacheDType == plan.FP8 && d.Backend == "cuda":
-		return bad("kv-cache-dtype", "fp8", "not served with --backend cuda yet: the CUDA backend decodes fp8 pages (questctl bench decode --kv-cache-dtype fp8), but questd's GPU paths (GPU prefill, offload slots) do not take them; --backend cpu serves fp8 pages")
 	case d.KVCacheDType == plan.FP8:
-		// The CPU backend stores and attends fp8 records.
+		// Both backends store and attend fp8 records.
 	case d.KVCacheDType != plan.BFloat16 && d.Backend != "cuda":
 		return bad("kv-cache-dtype", d.KVCacheDType.String(), "needs --backend cuda (the CPU backend stores f32)")
 	}
@@ -508,10 +506,10 @@ func (c Config) validateAcross() error {
 		return bad("data-dir", c.Storage.DataDir, "not with --selection replicated (its summary mirrors are not persisted)")
 	case c.Storage.DataDir != "" && c.Devices.Backend == "cuda":
 		return bad("data-dir", c.Storage.DataDir, "not with --backend cuda (pages in GPU memory do not persist)")
-	case c.Devices.KVCacheDType == plan.FP8 && c.Serve.Model == "":
-		return bad("kv-cache-dtype", "fp8", "needs --model (with --serve-layout local): the served model's in-process engine stores fp8 pages; the grids this node hosts for the cluster store f32 (the worker wire carries no page type)")
-	case c.Devices.KVCacheDType == plan.FP8 && c.Serve.Layout != "local":
-		return bad("kv-cache-dtype", "fp8", "not with --serve-layout %s: the worker wire (worker/remote) carries no page type, so the cluster's grids store f32; --serve-layout local serves fp8 pages", c.Serve.Layout)
+	case c.Devices.KVCacheDType == plan.FP8 && c.Serve.Model == "" && c.Devices.Backend != "cuda":
+		return bad("kv-cache-dtype", "fp8", "needs --model (or --backend cuda): it sets the served model's pages; the grids a CPU node hosts for the cluster store the type their coordinator names")
+	case c.Devices.KVCacheDType == plan.FP8 && c.Devices.Backend == "cuda" && c.Offload.DeviceBudgetPages > 0:
+		return bad("device-budget-pages", itoa(c.Offload.DeviceBudgetPages), "not with --kv-cache-dtype fp8 on --backend cuda: the GPU's offload slot pools hold no fp8 records (pagestore.NewWithSlots); --backend cpu offloads fp8 pages")
 	case c.Serve.Layout == "device" && c.Devices.Backend != "cuda":
 		return bad("serve-layout", c.Serve.Layout, "needs --backend cuda (the device executor runs on a GPU)")
 	case c.Serve.Layout == "cluster" && c.servePagesPerRank() > c.hostPages():

@@ -25,17 +25,7 @@ import (
 // layers), and differ from the f32 run's (the pages are fp8).
 func TestServeCompletionsFP8(t *testing.T) {
 	v1 := passkeyModel(t)
-	b, err := os.ReadFile(filepath.Join(v1, "reference.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ref struct {
-		InputIDs []int `json:"input_ids"`
-		Greedy   []int `json:"greedy_continuation_ids"`
-	}
-	if err := json.Unmarshal(b, &ref); err != nil {
-		t.Fatal(err)
-	}
+	ref := passkeyReference(t, v1)
 	steps := len(ref.Greedy)
 	args := append(append([]string(nil), smallNode...), "--model", v1, "--http-addr", "127.0.0.1:0", "--budget-tokens", "256",
 		"--kv-cache-dtype", "fp8", "--prefill-chunk-tokens", "4096")
@@ -44,27 +34,10 @@ func TestServeCompletionsFP8(t *testing.T) {
 		t.Fatal(err)
 	}
 	ready, _, stop := runServe(t, cfg)
-	req, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": ref.InputIDs, "max_tokens": steps, "temperature": 0, "logprobs": 0})
-	resp, err := http.Post("http://"+ready["http"]+"/v1/completions", "application/json", strings.NewReader(string(req)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	var out struct {
-		Choices []struct {
-			Text     string `json:"text"`
-			Logprobs struct {
-				TokenLogprobs []float64 `json:"token_logprobs"`
-			} `json:"logprobs"`
-		} `json:"choices"`
-	}
-	if err := json.Unmarshal(body, &out); err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) != 1 {
-		t.Fatalf("completion: %d %s (%v)", resp.StatusCode, body, err)
-	}
-	got := out.Choices[0].Logprobs.TokenLogprobs
-	if len(got) != steps || !strings.Contains(out.Choices[0].Text, "48213") {
-		t.Fatalf("completion %q with %d log-probabilities, want the pass key in %d tokens", out.Choices[0].Text, len(got), steps)
+	out := greedyLogprobs(t, ready["http"], ref)
+	got := out.Logprobs.TokenLogprobs
+	if len(got) != steps || !strings.Contains(out.Text, "48213") {
+		t.Fatalf("completion %q with %d log-probabilities, want the pass key in %d tokens", out.Text, len(got), steps)
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -108,13 +81,65 @@ func TestServeCompletionsFP8(t *testing.T) {
 		worst = max(worst, math.Abs(got[i]-fp8LP[i]))
 		apart = max(apart, math.Abs(fp8LP[i]-f32LP[i]))
 	}
-	t.Logf("served fp8 tokens: %q; engine fp8 tokens %v; |served - engine fp8| <= %.3g, |fp8 - f32| up to %.3g", out.Choices[0].Text, fp8Toks, worst, apart)
+	t.Logf("served fp8 tokens: %q; engine fp8 tokens %v; |served - engine fp8| <= %.3g, |fp8 - f32| up to %.3g", out.Text, fp8Toks, worst, apart)
 	if worst > 1e-4 {
 		t.Errorf("served log-probabilities %v, the engine's fp8 run %v", got, fp8LP)
 	}
 	if apart <= 10*worst {
 		t.Errorf("fp8 and f32 runs differ by %.3g only: the served pages may not be fp8", apart)
 	}
+}
+
+// greedyCompletion is a completion's text, tokens and their
+// log-probabilities.
+type greedyCompletion struct {
+	Text     string `json:"text"`
+	Logprobs struct {
+		Tokens        []string  `json:"tokens"`
+		TokenLogprobs []float64 `json:"token_logprobs"`
+	} `json:"logprobs"`
+}
+
+// greedyLogprobs returns the greedy completion of ref's prompt (its
+// continuation's length) that the completions API at addr serves, with
+// the log-probabilities of its tokens.
+func greedyLogprobs(t *testing.T, addr string, ref passkeyRef) greedyCompletion {
+	t.Helper()
+	req, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": ref.InputIDs, "max_tokens": len(ref.Greedy), "temperature": 0, "logprobs": 0})
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(string(req)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var out struct {
+		Choices []greedyCompletion `json:"choices"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) != 1 {
+		t.Fatalf("completion: %d %s (%v)", resp.StatusCode, body, err)
+	}
+	return out.Choices[0]
+}
+
+// passkeyRef is a passkey model's reference.json: the prompt's token
+// ids and its greedy continuation's.
+type passkeyRef struct {
+	InputIDs []int `json:"input_ids"`
+	Greedy   []int `json:"greedy_continuation_ids"`
+}
+
+// passkeyReference reads the reference.json of the model at dir.
+func passkeyReference(t *testing.T, dir string) passkeyRef {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref passkeyRef
+	if err := json.Unmarshal(b, &ref); err != nil {
+		t.Fatal(err)
+	}
+	return ref
 }
 
 // logSoftmaxAt returns log softmax(logits)[i] in float64.

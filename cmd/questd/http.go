@@ -48,8 +48,12 @@ type completions struct {
 func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc := completion.DefaultConfig()
 	sc.Engines = serveengine.Engines()
-	if c.Devices.Backend == "cpu" && c.Devices.KVCacheDType == plan.FP8 {
-		sc.KVDType = plan.FP8 // the in-process engine's CPU pages (--serve-layout local)
+	if c.Devices.KVCacheDType == plan.FP8 {
+		// The served grids' pages: the in-process engine's CPU pages
+		// (--serve-layout local, either backend), the cluster's grids'
+		// (cluster: the grid config names the type to its nodes) or the
+		// GPU's (device: loadDeviceServer sets it too).
+		sc.KVDType = plan.FP8
 	}
 	sc.ModelName = c.Serve.ModelName
 	sc.Policy = c.engineConfig().Policy

@@ -12,7 +12,6 @@ import (
 	"github.com/questrt/questrt/kernels/cuda"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/model/gpu"
-	"github.com/questrt/questrt/plan"
 	completion "github.com/questrt/questrt/serve"
 )
 
@@ -66,8 +65,8 @@ func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*comp
 	prefill := "cpu"
 	switch {
 	case !cfg.Serve.DevicePrefill:
-	case cfg.Devices.KVCacheDType != plan.BFloat16 && cfg.Devices.KVCacheDType != plan.Float16:
-		log.Warn("prompts are prefilled on the CPU: the GPU's prefill attention reads bf16 or f16 pages", "kv_cache_dtype", cfg.Devices.KVCacheDType.String())
+	case !devicePrefills(cfg.Devices.KVCacheDType):
+		log.Warn("prompts are prefilled on the CPU: the GPU's prefill attention reads bf16, f16 or fp8 pages", "kv_cache_dtype", cfg.Devices.KVCacheDType.String())
 	default:
 		sc.Prefiller, prefill = dec, "gpu"
 		if g, err := be.GemmEngine(ctx); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/internal/serveengine"
+	"github.com/questrt/questrt/plan"
 	completion "github.com/questrt/questrt/serve"
 )
 
@@ -44,4 +45,12 @@ func (c Config) serveCluster(n *node.Node) completion.Cluster {
 		return nil
 	}
 	return serveengine.CoordinatorCluster(n.Coordinator())
+}
+
+// devicePrefills reports whether --serve-layout device prefills prompts
+// on the GPU (--device-prefill) for pages of dt: the GPU's prefill
+// attention reads bf16, f16 and fp8 pages (kernels/cuda PrefillWith),
+// not f32.
+func devicePrefills(dt plan.DType) bool {
+	return dt == plan.BFloat16 || dt == plan.Float16 || dt == plan.FP8
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker"
 )
 
@@ -204,6 +205,31 @@ func (c *Client) EndStep(ctx context.Context, m worker.EndRequest) error {
 	return FromStatus(err)
 }
 
+// ErrPageType is OpenGrid's error when a node would store a grid's pages
+// in another type than the grid's config names: an fp8 grid on a node
+// whose worker predates the page type on the wire (it ignores
+// GridConfig.kv_dtype, stores f32 and answers ""), or a type the reply
+// does not name.
+var ErrPageType = errors.New("node stores another page type")
+
+// checkPageType checks a node's OpenGridReply.kv_dtype (got) against the
+// grid's storage type want: an fp8 grid needs "fp8". An f32 grid takes
+// any type the node names (a device-resident node stores its devices'
+// type, as it did before the field).
+func checkPageType(want plan.DType, got string) error {
+	if want == plan.Float32 {
+		return nil
+	}
+	have, err := parseWireDType(got)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %w", ErrPageType, err)
+	case have != want:
+		return fmt.Errorf("%w: the grid's pages are %v, the node stores %v (a questd older than the page type on the worker wire stores f32: upgrade it, or serve f32 pages)", ErrPageType, want, have)
+	}
+	return nil
+}
+
 // NodeRanks is a node that hosts ranks of a grid: the connection to its
 // worker API and the ranks.
 type NodeRanks struct {
@@ -269,6 +295,10 @@ func OpenGrid(ctx context.Context, nodes []NodeRanks, ref GridRef, cfg worker.Co
 			opened[i] = true
 			if len(rep.Addrs) != len(n.Ranks) {
 				errs[i] = fmt.Errorf("open grid %s on node %d: %w: %d addresses for %d ranks", ref.Grid, i, errBadReply, len(rep.Addrs), len(n.Ranks))
+				return
+			}
+			if err := checkPageType(cfg.DType, rep.GetKvDtype()); err != nil {
+				errs[i] = fmt.Errorf("open grid %s on node %d: %w", ref.Grid, i, err)
 				return
 			}
 			for k, r := range n.Ranks {

@@ -151,17 +151,19 @@ type GridRef struct {
 func (r GridRef) proto() *workerv1.GridRef { return &workerv1.GridRef{Grid: r.Grid, View: r.View} }
 
 // encodeConfig is worker.Config as a GridConfig (MemoryLimit and
-// DeviceResident are each node's own business and do not travel; nor
-// does DType: a worker's page stores hold plan.Float32, the zero value,
-// which is what decodeConfig gives, and another type is refused). The
+// DeviceResident are each node's own business and do not travel). DType
+// travels as kv_dtype (wireDType): plan.Float32 as "" (what nodes older
+// than the field read as f32), plan.FP8 as "fp8"; the GPU's 16-bit types
+// are refused (a device-resident node stores its backend's type). The
 // policy's page size is the geometry's (plan.Policy.WithGeometry), as the
 // workers use it. The offload settings (DeviceBudgetPages, Eviction,
 // PrefetchPages, PrefetchCrossLayer) travel: every rank of a grid offloads
 // alike.
 func encodeConfig(c worker.Config) (*workerv1.GridConfig, error) {
 	e := &enc{what: "grid config"}
-	if c.DType != plan.Float32 {
-		e.fail(worker.ErrBadMessage, "dtype %v does not travel (workers store f32)", c.DType)
+	kv, ok := wireDType(c.DType)
+	if !ok {
+		e.fail(worker.ErrBadMessage, "dtype %v does not travel (grids store f32 or fp8)", c.DType)
 	}
 	p, err := wire.PolicyProto(c.Policy.WithGeometry(c.Geometry))
 	if err != nil {
@@ -175,6 +177,7 @@ func encodeConfig(c worker.Config) (*workerv1.GridConfig, error) {
 		Mode:              c.Mode.String(),
 		DeviceBudgetPages: e.u32("device budget pages", c.DeviceBudgetPages),
 		PrefetchPages:     e.u32("prefetch pages", c.PrefetchPages), PrefetchCrossLayer: c.PrefetchCrossLayer,
+		KvDtype: kv,
 	}
 	switch c.Eviction {
 	case pagestore.EvictLRU, pagestore.EvictScore:
@@ -241,7 +244,38 @@ func decodeConfig(g *workerv1.GridConfig) (worker.Config, error) {
 	if c.Eviction, err = pagestore.ParseEviction(g.Eviction); err != nil {
 		d.fail("eviction: %v", err)
 	}
+	if c.DType, err = parseWireDType(g.KvDtype); err != nil {
+		d.fail("%v", err)
+	}
 	return c, d.err
+}
+
+// wireDType is the kv_dtype of GridConfig and OpenGridReply for the
+// pages' storage type dt: "" for plan.Float32 (the zero value, what a
+// node older than the field reads and answers), "fp8" for plan.FP8; ok
+// is false for a type that does not travel.
+func wireDType(dt plan.DType) (s string, ok bool) {
+	switch dt {
+	case plan.Float32:
+		return "", true
+	case plan.FP8:
+		return dt.String(), true
+	}
+	return "", false
+}
+
+// parseWireDType is the storage type a kv_dtype names: "" is
+// plan.Float32, "fp8" plan.FP8; any other value (a type of a newer peer,
+// or a GPU type) is refused, so that no grid stores another type than
+// the one its coordinator asked for.
+func parseWireDType(s string) (plan.DType, error) {
+	switch s {
+	case "":
+		return plan.Float32, nil
+	case plan.FP8.String():
+		return plan.FP8, nil
+	}
+	return 0, fmt.Errorf("kv dtype %q: this node stores f32 (\"\") or fp8 pages", s)
 }
 
 func encodeLayout(e *enc, l plan.Layout) *workerv1.Layout {

@@ -12,6 +12,8 @@ import (
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/collective/grpctransport"
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker"
 )
 
@@ -173,6 +175,7 @@ func (s *Server) OpenGrid(ctx context.Context, r *workerv1.OpenGridRequest) (*wo
 		return p
 	}
 	rep := &workerv1.OpenGridReply{}
+	rep.KvDtype, _ = wireDType(g.cfg.DType)
 	for range g.ranks {
 		l, err := net.Listen("tcp", net.JoinHostPort(s.cfg.Host, "0"))
 		if err != nil {
@@ -206,6 +209,9 @@ func (s *Server) newGrid(r *workerv1.OpenGridRequest) (*grid, error) {
 		return nil, err
 	}
 	cfg.MemoryLimit, cfg.DeviceResident = s.cfg.MemoryLimit, s.cfg.DeviceResident
+	if cfg.DType, err = s.pageType(cfg.DType); err != nil {
+		return nil, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", worker.ErrBadMessage, err)
 	}
@@ -237,6 +243,42 @@ func (s *Server) newGrid(r *workerv1.OpenGridRequest) (*grid, error) {
 		pages: cfg.Capacity * len(ranks), bytes: need, deadline: time.Now().Add(s.cfg.ConnectTimeout)}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	return g, nil
+}
+
+// pageType is the storage type the node's ranks of a grid hold when its
+// coordinator asks for want (GridConfig.kv_dtype). A node whose pools
+// are in host memory stores want. A device-resident node stores its
+// devices' type (kernels.SlotStore.PoolDType, questd's --kv-cache-dtype):
+// an f32 grid takes it, as it always has (bf16 or f16 pages on a GPU,
+// fp8 on one of fp8 pools); an fp8 grid is refused unless every device
+// stores fp8, so that no grid asked for fp8 pages holds another type.
+func (s *Server) pageType(want plan.DType) (plan.DType, error) {
+	if !s.cfg.DeviceResident {
+		return want, nil
+	}
+	have := plan.Float32
+	for i, be := range s.bes {
+		ss, ok := be.(kernels.SlotStore)
+		dt := plan.Float32
+		if ok {
+			dt = ss.PoolDType()
+		}
+		switch {
+		case i == 0:
+			have = dt
+		case dt != have:
+			have = plan.Float32 // devices of mixed types: only f32 grids
+		}
+	}
+	switch {
+	case want == plan.Float32 && have == plan.FP8:
+		return plan.FP8, nil
+	case want == plan.Float32:
+		return want, nil
+	case have != want:
+		return 0, fmt.Errorf("%w: grid asks for %v pages; this node's devices store %v (its --kv-cache-dtype)", worker.ErrBadMessage, want, have)
+	}
+	return want, nil
 }
 
 // reserve checks g against the node's bounds and adds it (s.mu held).

@@ -40,29 +40,36 @@ func (n *node) stop() {
 // them.
 func startNodes(t testing.TB, n int, cfg ServerConfig) []*node {
 	t.Helper()
-	cfg.Plaintext = true
 	var out []*node
 	for range n {
-		srv, err := NewServer(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		gs := grpc.NewServer()
-		workerv1.RegisterWorkerServer(gs, srv)
-		go gs.Serve(lis) // ends with Stop
-		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		nd := &node{srv: srv, gs: gs, conn: conn}
-		t.Cleanup(func() { conn.Close(); nd.stop() })
-		out = append(out, nd)
+		out = append(out, startNode(t, cfg, func(s *Server) workerv1.WorkerServer { return s }))
 	}
 	return out
+}
+
+// startNode starts one node with cfg (Plaintext is set) whose worker API
+// is api(its Server); cleanup stops it.
+func startNode(t testing.TB, cfg ServerConfig, api func(*Server) workerv1.WorkerServer) *node {
+	t.Helper()
+	cfg.Plaintext = true
+	srv, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	workerv1.RegisterWorkerServer(gs, api(srv))
+	go gs.Serve(lis) // ends with Stop
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd := &node{srv: srv, gs: gs, conn: conn}
+	t.Cleanup(func() { conn.Close(); nd.stop() })
+	return nd
 }
 
 // engineConfig is the small geometry of the tests.
@@ -81,7 +88,7 @@ func engineConfig(cp, tp int, mode plan.SelectMode) engine.Config {
 func workerConfig(c engine.Config) worker.Config {
 	return worker.Config{
 		Layers:      c.Layers,
-		Geometry:    plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize},
+		Geometry:    plan.Geometry{QHeads: c.QHeads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, PageSize: c.PageSize, DType: c.DType},
 		CP:          c.CP,
 		TP:          c.TP,
 		Capacity:    c.CapacityPages,

@@ -631,8 +631,16 @@ type GridConfig struct {
 	Eviction           string `protobuf:"bytes,12,opt,name=eviction,proto3" json:"eviction,omitempty"`
 	PrefetchPages      uint32 `protobuf:"varint,13,opt,name=prefetch_pages,json=prefetchPages,proto3" json:"prefetch_pages,omitempty"`
 	PrefetchCrossLayer bool   `protobuf:"varint,14,opt,name=prefetch_cross_layer,json=prefetchCrossLayer,proto3" json:"prefetch_cross_layer,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// kv_dtype is the storage type of the grid's K/V pages
+	// (worker.Config.DType): "" is f32, the type of every grid before
+	// this field; "fp8" is E4M3 records with a float32 scale per page,
+	// layer and KV head (summaries f32). A node refuses a type it does
+	// not store, and names the type it stores in OpenGridReply.kv_dtype:
+	// a node older than this field ignores it and answers "", which the
+	// coordinator refuses for an fp8 grid rather than have it store f32.
+	KvDtype       string `protobuf:"bytes,15,opt,name=kv_dtype,json=kvDtype,proto3" json:"kv_dtype,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GridConfig) Reset() {
@@ -763,6 +771,13 @@ func (x *GridConfig) GetPrefetchCrossLayer() bool {
 	return false
 }
 
+func (x *GridConfig) GetKvDtype() string {
+	if x != nil {
+		return x.KvDtype
+	}
+	return ""
+}
+
 type OpenGridRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Ref    *GridRef               `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
@@ -828,7 +843,11 @@ type OpenGridReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// addrs are the collective listeners' addresses (host:port), one per
 	// requested rank, in request order.
-	Addrs         []string `protobuf:"bytes,1,rep,name=addrs,proto3" json:"addrs,omitempty"`
+	Addrs []string `protobuf:"bytes,1,rep,name=addrs,proto3" json:"addrs,omitempty"`
+	// kv_dtype is the storage type the node's ranks of the grid hold, as
+	// GridConfig.kv_dtype names it ("" is f32; nodes older than the field
+	// always answer "").
+	KvDtype       string `protobuf:"bytes,2,opt,name=kv_dtype,json=kvDtype,proto3" json:"kv_dtype,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -868,6 +887,13 @@ func (x *OpenGridReply) GetAddrs() []string {
 		return x.Addrs
 	}
 	return nil
+}
+
+func (x *OpenGridReply) GetKvDtype() string {
+	if x != nil {
+		return x.KvDtype
+	}
+	return ""
 }
 
 type ConnectGridRequest struct {
@@ -3379,7 +3405,7 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\freuse_layers\x18\x0e \x03(\rR\vreuseLayers\x1a>\n" +
 	"\x10LayerBudgetEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xc3\x03\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xde\x03\n" +
 	"\n" +
 	"GridConfig\x12\x16\n" +
 	"\x06layers\x18\x01 \x01(\rR\x06layers\x12\x17\n" +
@@ -3396,13 +3422,15 @@ const file_worker_v1_worker_proto_rawDesc = "" +
 	"\x13device_budget_pages\x18\v \x01(\rR\x11deviceBudgetPages\x12\x1a\n" +
 	"\beviction\x18\f \x01(\tR\beviction\x12%\n" +
 	"\x0eprefetch_pages\x18\r \x01(\rR\rprefetchPages\x120\n" +
-	"\x14prefetch_cross_layer\x18\x0e \x01(\bR\x12prefetchCrossLayer\"\xa5\x01\n" +
+	"\x14prefetch_cross_layer\x18\x0e \x01(\bR\x12prefetchCrossLayer\x12\x19\n" +
+	"\bkv_dtype\x18\x0f \x01(\tR\akvDtype\"\xa5\x01\n" +
 	"\x0fOpenGridRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x125\n" +
 	"\x06config\x18\x02 \x01(\v2\x1d.questrt.worker.v1.GridConfigR\x06config\x12-\n" +
-	"\x05ranks\x18\x03 \x03(\v2\x17.questrt.worker.v1.RankR\x05ranks\"%\n" +
+	"\x05ranks\x18\x03 \x03(\v2\x17.questrt.worker.v1.RankR\x05ranks\"@\n" +
 	"\rOpenGridReply\x12\x14\n" +
-	"\x05addrs\x18\x01 \x03(\tR\x05addrs\"v\n" +
+	"\x05addrs\x18\x01 \x03(\tR\x05addrs\x12\x19\n" +
+	"\bkv_dtype\x18\x02 \x01(\tR\akvDtype\"v\n" +
 	"\x12ConnectGridRequest\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.questrt.worker.v1.GridRefR\x03ref\x12\x14\n" +
 	"\x05peers\x18\x02 \x03(\tR\x05peers\x12\x1c\n" +
