@@ -18,8 +18,9 @@ const (
 	BFloat16
 	// FP8 stores K and V as OCP FP8 E4M3 codes with one float32 scale
 	// per (page, KV head) record (kernels/fp8, "KV records"); summaries
-	// stay float32, taken over the dequantized stored keys. CPU backend
-	// only for now: the CUDA backend refuses it.
+	// stay float32, taken over the dequantized stored keys. The CPU page
+	// store and the CUDA backend both keep it (the GPU's offload slot
+	// pools do not).
 	FP8
 )
 
