@@ -319,11 +319,6 @@ func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int
 		if err != nil {
 			return err
 		}
-		// fp8 records: the scales follow K and V.
-		scales := []uint64{}
-		if kv8 {
-			scales = []uint64{u(dl.KScale), u(dl.VScale)}
-		}
 		smem, ok := b.smem[name]
 		if !ok {
 			return fmt.Errorf("cuda: no tensor-core attention kernel %s", name)
@@ -333,10 +328,16 @@ func (b *Backend) launchAttendReduce(dl *DeviceLayer, s kernels.Shape, heads int
 		if err != nil {
 			return err
 		}
-		args := append([]uint64{u(dl.K), u(dl.V)}, scales...)
-		args = append(args, u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
-			u(a.rowItem), u(ctr), u(a.o), u(a.lse), uint64(s.QHeads), uint64(s.KVHeads), perHead, b2u(fuse), b2u(pdl))
-		if err := b.launchMode(pdl, name, [3]int{a.items, 1, 1}, 32*b.warps[name], smem, args...); err != nil {
+		// fp8 records: the scales follow K and V. A fixed array keeps the
+		// launch free of allocations.
+		var args [maxParams]uint64
+		n := copy(args[:], []uint64{u(dl.K), u(dl.V)})
+		if kv8 {
+			n += copy(args[n:], []uint64{u(dl.KScale), u(dl.VScale)})
+		}
+		n += copy(args[n:], []uint64{u(a.ind), u(a.pg), u(a.last), u(a.q), u(a.iSeq), u(a.iRow), u(a.iLo), u(a.iHi), u(a.lists), u(po), u(pl),
+			u(a.rowItem), u(ctr), u(a.o), u(a.lse), uint64(s.QHeads), uint64(s.KVHeads), perHead, b2u(fuse), b2u(pdl)})
+		if err := b.launchMode(pdl, name, [3]int{a.items, 1, 1}, 32*b.warps[name], smem, args[:n]...); err != nil {
 			return err
 		}
 		if fuse {
