@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -152,51 +153,22 @@ func TestITLBudgetServer(t *testing.T) {
 	cfg.MaxRunning = 8
 	cfg.PrefixCaching = false
 	cfg.MaxITLFactor = 2
-	type iter struct{ rows, prompt int }
-	var mu sync.Mutex
-	var iters []iter
-	s, err := newServer(m, tok, cfg, hooks{
-		batched: func(rows, prompt int) {
-			mu.Lock()
-			iters = append(iters, iter{rows, prompt})
-			mu.Unlock()
-		},
-		prefillTook: func(c, n int) time.Duration {
-			x := float64(c) + float64(n-1)/2
-			return time.Duration(float64(n) * (a + slope*x) * float64(time.Second))
-		},
-		decodeTook: func(int) time.Duration { return decode },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(func() {
-		ts.Close()
-		s.Close()
-	})
+	url, rec := itlServer(t, m, tok, cfg, func(c, n int) time.Duration {
+		x := float64(c) + float64(n-1)/2
+		return time.Duration(float64(n) * (a + slope*x) * float64(time.Second))
+	}, decode)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	startStreams(t, ctx, &wg, ts.URL, name, streams, func(i int) string {
+	startStreams(t, ctx, &wg, url, name, streams, func(i int) string {
 		return fmt.Sprintf("Stream %d. The grass is green. The sky is blue.", i)
 	})
 	// A stream's first token reaches its client before the iteration
 	// that sampled it is recorded: wait for an iteration of the four
 	// streams' decode rows alone (their prompts all prefilled).
-	from := -1
-	for deadline := time.Now().Add(time.Minute); from < 0 && time.Now().Before(deadline); {
-		mu.Lock()
-		for k, it := range iters {
-			if it.rows == streams && it.prompt == 0 {
-				from = k
-			}
-		}
-		mu.Unlock()
-		time.Sleep(10 * ms)
-	}
+	from := rec.waitLast(func(it itlIter) bool { return it.rows == streams && it.prompt == 0 })
 	if from < 0 {
 		t.Fatal("no iteration decoded the four streams alone within a minute")
 	}
@@ -206,7 +178,7 @@ func TestITLBudgetServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := model.PromptIDs(tok, p.Text())
-	got := complete(t, ts.URL, map[string]any{"model": name, "prompt": p.Text(), "max_tokens": 6, "temperature": 0})
+	got := complete(t, url, map[string]any{"model": name, "prompt": p.Text(), "max_tokens": 6, "temperature": 0})
 	if want := tok.Decode(alone(t, m, tok, cfg.Policy, ids, 6)); got.Choices[0].Text != want {
 		t.Errorf("the long prompt beside the streams: %q; alone %q", got.Choices[0].Text, want)
 	}
@@ -222,10 +194,8 @@ func TestITLBudgetServer(t *testing.T) {
 		want = append(want, n)
 		c += n
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	var prompt []iter
-	for _, it := range iters[from:] {
+	var prompt []itlIter
+	for _, it := range rec.snapshot()[from:] {
 		if it.prompt > 0 {
 			prompt = append(prompt, it)
 		}
@@ -240,6 +210,64 @@ func TestITLBudgetServer(t *testing.T) {
 		}
 	}
 	t.Logf("%d prompt tokens in %d iterations beside the streams, first %v, last %v", len(ids), len(prompt), want[:3], want[len(want)-3:])
+}
+
+// itlIter is one scheduler iteration: its decode rows and prompt tokens.
+type itlIter struct{ rows, prompt int }
+
+// itlRecorder records a server's iterations (its hooks.batched).
+type itlRecorder struct {
+	mu    sync.Mutex
+	iters []itlIter
+}
+
+func (r *itlRecorder) batched(rows, prompt int) {
+	r.mu.Lock()
+	r.iters = append(r.iters, itlIter{rows, prompt})
+	r.mu.Unlock()
+}
+
+// snapshot returns the iterations recorded so far.
+func (r *itlRecorder) snapshot() []itlIter {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.iters)
+}
+
+// waitLast returns the index of the last recorded iteration ok takes,
+// polling for up to a minute until there is one; -1 if none came.
+func (r *itlRecorder) waitLast(ok func(itlIter) bool) int {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * ms) {
+		iters := r.snapshot()
+		for k := len(iters) - 1; k >= 0; k-- {
+			if ok(iters[k]) {
+				return k
+			}
+		}
+	}
+	return -1
+}
+
+// itlServer starts a server of cfg whose prompt chunks and decode steps
+// take the made-up times prefillTook and decode, with its iterations
+// recorded; it closes with the test.
+func itlServer(t *testing.T, m *model.Model, tok model.Tokenizer, cfg Config, prefillTook func(c, n int) time.Duration, decode time.Duration) (string, *itlRecorder) {
+	t.Helper()
+	rec := &itlRecorder{}
+	s, err := newServer(m, tok, cfg, hooks{
+		batched:     rec.batched,
+		prefillTook: prefillTook,
+		decodeTook:  func(int) time.Duration { return decode },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(func() {
+		ts.Close()
+		s.Close()
+	})
+	return ts.URL, rec
 }
 
 // startStreams starts k greedy streams of 3000 tokens (prompt(i) the
@@ -323,58 +351,28 @@ func TestITLBudgetHolds(t *testing.T) {
 			cfg.MaxRunning = 8
 			cfg.PrefixCaching = false
 			cfg.MaxITLFactor = 2
-			type iter struct{ rows, prompt int }
-			var mu sync.Mutex
-			var iters []iter
-			s, err := newServer(m, tok, cfg, hooks{
-				batched: func(rows, prompt int) {
-					mu.Lock()
-					iters = append(iters, iter{rows, prompt})
-					mu.Unlock()
-				},
-				prefillTook: func(_, n int) time.Duration { return time.Duration(n) * c.token },
-				decodeTook:  func(int) time.Duration { return decode },
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ts := httptest.NewServer(s)
-			t.Cleanup(func() {
-				ts.Close()
-				s.Close()
-			})
+			url, rec := itlServer(t, m, tok, cfg, func(_, n int) time.Duration { return time.Duration(n) * c.token }, decode)
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
 			defer wg.Wait()
 			defer cancel()
 			// The streams that prefill beside the first hold too.
-			startStreams(t, ctx, &wg, ts.URL, name, streams, func(i int) string {
+			startStreams(t, ctx, &wg, url, name, streams, func(i int) string {
 				return fmt.Sprintf("Stream %d. The grass is green. The sky is blue.", i)
 			})
 			// Past the streams' prompts: an iteration of every
 			// stream's row, which needs them all prefilled.
-			from := -1
-			for deadline := time.Now().Add(time.Minute); from < 0 && time.Now().Before(deadline); {
-				mu.Lock()
-				for k, it := range iters {
-					if it.rows == streams {
-						from = k
-					}
-				}
-				mu.Unlock()
-				time.Sleep(10 * ms)
-			}
+			from := rec.waitLast(func(it itlIter) bool { return it.rows == streams })
 			if from < 0 {
 				t.Fatal("no iteration decoded the four streams within a minute")
 			}
 			const prompt = "The grass is green."
 			ids := model.PromptIDs(tok, prompt)
-			got := complete(t, ts.URL, map[string]any{"model": name, "prompt": prompt, "max_tokens": 6, "temperature": 0})
+			got := complete(t, url, map[string]any{"model": name, "prompt": prompt, "max_tokens": 6, "temperature": 0})
 			if want := tok.Decode(alone(t, m, tok, cfg.Policy, ids, 6)); got.Choices[0].Text != want {
 				t.Errorf("the prompt beside the streams: %q; alone %q", got.Choices[0].Text, want)
 			}
-			mu.Lock()
-			defer mu.Unlock()
+			iters := rec.snapshot()
 			// From the prompt's first token to its last, every iteration
 			// decodes the streams, and holds or prefills one token.
 			var at []int // the iterations with a prompt token
