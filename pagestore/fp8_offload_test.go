@@ -9,7 +9,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/questrt/questrt/pagestore/disktier"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -108,15 +107,7 @@ func TestFP8OffloadMatchesPlain(t *testing.T) {
 			plain := mustStore(t, c)
 			c.DeviceBudget, c.Eviction, c.PinFirst = 12, tc.ev, 1
 			if tc.disk {
-				dc := disktier.DefaultConfig()
-				dc.Dir, dc.Slots, dc.PayloadBytes, dc.SlotsPerFile = t.TempDir(), c.Capacity, c.PayloadBytes(), 16
-				dc.Durability, dc.SlotAlign = disktier.SyncNone, 1
-				d, err := disktier.Open(dc)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer d.Close()
-				c.Tier = d
+				c.Tier = testDiskTier(t, c)
 			}
 			off := mustStore(t, c)
 			defer off.Close()

@@ -386,15 +386,7 @@ func TestOffloadMatchesPlain(t *testing.T) {
 			plain := mustStore(t, c)
 			c.DeviceBudget, c.Eviction, c.PinFirst, c.PinLast = 12, tc.ev, tc.first, tc.last
 			if tc.disk {
-				dc := disktier.DefaultConfig()
-				dc.Dir, dc.Slots, dc.PayloadBytes, dc.SlotsPerFile = t.TempDir(), c.Capacity, c.PayloadBytes(), 16
-				dc.Durability, dc.SlotAlign = disktier.SyncNone, 1
-				d, err := disktier.Open(dc)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer d.Close()
-				c.Tier = d
+				c.Tier = testDiskTier(t, c)
 			}
 			off := mustStore(t, c)
 			defer off.Close()
@@ -672,3 +664,18 @@ func TestLRUMatchesList(t *testing.T) {
 type refuseSet map[int32]bool
 
 func (r refuseSet) Evictable(p int32) bool { return !r[p] }
+
+// testDiskTier opens a disk tier of c's slots and payload in a temporary
+// directory (16 slots a file, no syncs), closed with the test.
+func testDiskTier(t *testing.T, c Config) *disktier.Tier {
+	t.Helper()
+	dc := disktier.DefaultConfig()
+	dc.Dir, dc.Slots, dc.PayloadBytes, dc.SlotsPerFile = t.TempDir(), c.Capacity, c.PayloadBytes(), 16
+	dc.Durability, dc.SlotAlign = disktier.SyncNone, 1
+	d, err := disktier.Open(dc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
