@@ -3,7 +3,6 @@ package serve
 import (
 	"testing"
 
-	"github.com/questrt/questrt/model/gpu"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -18,18 +17,8 @@ import (
 // the fp8 records themselves are only read on a GPU
 // (model/gpu TestGreedyPrefillMatchesCPU "fp8 pages").
 func TestServeOnDeviceFP8Host(t *testing.T) {
-	m, tok := tinyModel(t)
-	dev, x := twinExecutor(t, m, 32)
-	cfg := testConfig("tiny")
-	cfg.Policy.BudgetTokens = 4 * cfg.Policy.PageSize
-	cfg.ChunkTokens = 48
-	_, cpuTS := startServer(t, m, tok, cfg)
-	dec := &gpu.Decoder{X: x}
-	pf := &countingPrefiller{Prefiller: dec}
-	dcfg := cfg
-	dcfg.KVDType = plan.FP8
-	dcfg.Backend, dcfg.DeviceResident, dcfg.Decoder, dcfg.Prefiller = dev, true, dec, pf
-	_, devTS := startServer(t, m, tok, dcfg)
+	tw := prefillTwin(t, func(c *Config) { c.KVDType = plan.FP8 })
+	dev, cpuTS, devTS, pf := tw.dev, tw.cpuTS, tw.devTS, tw.pf
 	prompt := 0
 	for _, p := range []string{"the quick brown fox jumps over the lazy dog, again and again and again", "0123456789 ", "a"} {
 		r := map[string]any{"model": "tiny", "prompt": p, "max_tokens": 10, "temperature": 0}

@@ -86,6 +86,40 @@ func deviceTwin(t *testing.T) (*model.Model, model.Tokenizer, *backendtest.Queue
 	return m, tok, dev, x, cfg, cpuTS
 }
 
+// prefillPair is a CPU server and a device server of the same config on
+// the CPU twin of a device (prefillTwin).
+type prefillPair struct {
+	m            *model.Model
+	tok          model.Tokenizer
+	dev          *backendtest.QueuedDevice
+	cfg          Config // the CPU server's
+	cpuTS, devTS *httptest.Server
+	pf           *countingPrefiller // the device server's prompt tokens
+}
+
+// prefillTwin makes a CPU server of the test config (a budget of four
+// pages, chunks of 48 tokens) and a device server of the same config,
+// changed by device when set, whose prompts the executor on the CPU twin
+// prefills in chunks of 32.
+func prefillTwin(t *testing.T, device func(*Config)) prefillPair {
+	t.Helper()
+	m, tok := tinyModel(t)
+	dev, x := twinExecutor(t, m, 32)
+	cfg := testConfig("tiny")
+	cfg.Policy.BudgetTokens = 4 * cfg.Policy.PageSize
+	cfg.ChunkTokens = 48
+	_, cpuTS := startServer(t, m, tok, cfg)
+	dec := &gpu.Decoder{X: x}
+	pf := &countingPrefiller{Prefiller: dec}
+	dcfg := cfg
+	if device != nil {
+		device(&dcfg)
+	}
+	dcfg.Backend, dcfg.DeviceResident, dcfg.Decoder, dcfg.Prefiller = dev, true, dec, pf
+	_, devTS := startServer(t, m, tok, dcfg)
+	return prefillPair{m, tok, dev, cfg, cpuTS, devTS, pf}
+}
+
 // twinExecutor makes m's executor (float32 weights, batches up to 16,
 // prefill chunks of prefillChunk tokens, 0 the default) on the CPU twin
 // of a device.
@@ -126,17 +160,8 @@ func (c *countingPrefiller) Prefill(ctx context.Context, a model.Attention, toke
 // prefilled on the CPU and agrees too. The prefiller saw every prompt
 // token but the echoed one's.
 func TestServeOnDevicePrefill(t *testing.T) {
-	m, tok := tinyModel(t)
-	dev, x := twinExecutor(t, m, 32)
-	cfg := testConfig("tiny")
-	cfg.Policy.BudgetTokens = 4 * cfg.Policy.PageSize
-	cfg.ChunkTokens = 48
-	_, cpuTS := startServer(t, m, tok, cfg)
-	dec := &gpu.Decoder{X: x}
-	pf := &countingPrefiller{Prefiller: dec}
-	dcfg := cfg
-	dcfg.Backend, dcfg.DeviceResident, dcfg.Decoder, dcfg.Prefiller = dev, true, dec, pf
-	_, devTS := startServer(t, m, tok, dcfg)
+	tw := prefillTwin(t, nil)
+	m, tok, cfg, cpuTS, devTS, pf := tw.m, tw.tok, tw.cfg, tw.cpuTS, tw.devTS, tw.pf
 
 	long := strings.Repeat("the quick brown fox jumps over the lazy dog. ", 4)
 	reqs := []map[string]any{
