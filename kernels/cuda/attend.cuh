@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "cpasync.cuh"
 
 // attend: split-K sparse paged attention. One block per work item (sequence,
 // row, chunk of the row's page list); one warp per query head of the row
@@ -96,13 +97,6 @@ __device__ void attend(const T* K, const T* V, const int* indptr, const int* pag
 	if (lane == 0) part_lse[it * heads + warp] = l > 0.f ? m + __logf(l) : __int_as_float(0xff800000);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-	const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
-
 // Loads N consecutive elements of T at p as floats (N*sizeof(T) bytes,
 // aligned to that size).
 template <typename T, int N> __device__ __forceinline__ void loadn(const T* p, float* out) {
@@ -189,7 +183,7 @@ __device__ void attend_pipe(const T* K, const T* V, const int* indptr, const int
 	}
 	for (i64 li = lo; li < hi; li++) {
 		const int stage = (int)((li - lo) % STAGES);
-		asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+		cp_async_wait<STAGES - 2>();
 		__syncthreads();
 		if (active) {
 			const i64 valid = valid_of(li);
@@ -302,7 +296,7 @@ __device__ void attend_s16(const T* K, const T* V, const int* indptr, const int*
 	}
 	for (i64 li = lo; li < hi; li++) {
 		const int stage = (int)((li - lo) % STAGES);
-		asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+		cp_async_wait<STAGES - 2>();
 		__syncthreads();
 		if (active) {
 			const int valid = s_valid[li - lo];

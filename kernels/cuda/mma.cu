@@ -15,6 +15,7 @@
 // instead); the tensor cores have throughput to spare in these
 // memory-bound kernels.
 
+#include "cpasync.cuh"
 #include "mma.cuh"
 
 typedef long long i64;
@@ -328,17 +329,6 @@ __device__ void score_mma8(const unsigned char* codes, const float* scales, cons
 
 // ---- attention ----
 
-__device__ __forceinline__ void cp_async16z(void* smem, const void* gmem, int bytes) {
-	const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-	const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
-}
-
 // e4m3x2_bf16x2: two E4M3fn codes (low byte first) as a bf16 pair, exact.
 __device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t c) {
 	uint32_t h;
@@ -435,8 +425,8 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 			for (int i = 0; i < TILE8 / 16 / 32; i++) {
 				const int c = lane + 32 * i;
 				const int bytes = c * 16 / D < valid ? 16 : 0;
-				cp_async16z(kd + c * 16, ks + c * 16, bytes);
-				cp_async16z(vd + c * 16, vs + c * 16, bytes);
+				cp_async16(kd + c * 16, ks + c * 16, bytes);
+				cp_async16(vd + c * 16, vs + c * 16, bytes);
 			}
 			if (lane == 0) {
 				cp_async4(vd + TILE8, ksc + rec);
@@ -456,8 +446,8 @@ __device__ void attend_mma(const T* K, const T* V, const int* indptr, const int*
 			const int dst = tr * ROWB + ((cc ^ (tr & 7)) << 4);
 			const int src = tr * ROWB + (cc << 4);
 			const int bytes = tr < valid ? 16 : 0;
-			cp_async16z(kd + dst, ks + src, bytes);
-			cp_async16z(vd + dst, vs + src, bytes);
+			cp_async16(kd + dst, ks + src, bytes);
+			cp_async16(vd + dst, vs + src, bytes);
 		}
 	};
 

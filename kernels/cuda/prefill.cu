@@ -11,24 +11,10 @@
 
 #include "common.cuh"
 #include "fp8.cuh"
+#include "cpasync.cuh"
 #include "mma.cuh"
 
 typedef __nv_bfloat16 bf16;
-
-// 16-byte asynchronous copy global -> shared; zero-fills when !valid.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-	int n = valid ? 16 : 0;
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-// 4-byte asynchronous copy global -> shared; zero-fills when !valid.
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-	int n = valid ? 4 : 0;
-	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t* r, const void* smem) {
 	unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -111,14 +97,14 @@ __device__ __forceinline__ void gemm(float* y0, float* y1, float* y2, const floa
 			int row = c >> 2, kc = (c & 3) * 8;
 			i64 gr = bm + row, gk = k0 + kc;
 			bool ok = gr < M && gk < K;
-			cp_async16(As + (stage * BM + row) * GEMM_LD + kc, ok ? a + gr * K + gk : a, ok);
+			cp_async16(As + (stage * BM + row) * GEMM_LD + kc, ok ? a + gr * K + gk : a, ok ? 16 : 0);
 		}
 #pragma unroll
 		for (int c = tid; c < BN * 4; c += THREADS) {
 			int row = c >> 2, kc = (c & 3) * 8;
 			i64 gn = bn + row, gk = k0 + kc;
 			bool ok = gn < N && gk < K;
-			cp_async16(Bs + (stage * BN + row) * GEMM_LD + kc, ok ? w + gn * K + gk : w, ok);
+			cp_async16(Bs + (stage * BN + row) * GEMM_LD + kc, ok ? w + gn * K + gk : w, ok ? 16 : 0);
 		}
 	};
 
@@ -133,14 +119,14 @@ __device__ __forceinline__ void gemm(float* y0, float* y1, float* y2, const floa
 #pragma unroll
 	for (int s = 0; s < STAGES - 1; s++) {
 		if (s < kt_n) load(s, s);
-		cp_commit();
+		cp_async_commit();
 	}
 	for (int kt = 0; kt < kt_n; kt++) {
-		cp_wait<STAGES - 2>();
+		cp_async_wait<STAGES - 2>();
 		__syncthreads();
 		int nk = kt + STAGES - 1;
 		if (nk < kt_n) load(nk % STAGES, nk);
-		cp_commit();
+		cp_async_commit();
 		const int st = kt % STAGES;
 		const bf16* as = As + st * BM * GEMM_LD;
 		const bf16* bs = Bs + st * BN * GEMM_LD;
@@ -166,7 +152,7 @@ __device__ __forceinline__ void gemm(float* y0, float* y1, float* y2, const floa
 					mma<bf16>(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bfr[ni][0], bfr[ni][1]);
 		}
 	}
-	cp_wait<0>();
+	cp_async_wait<0>();
 
 	const i64 w01 = w0 + w1;
 #pragma unroll
@@ -286,11 +272,11 @@ __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const
 				rec = (i64)pages[pg] * kvh + h;
 				off = (rec * S + (pos - pg * s32)) * D + d;
 			}
-			cp_async16(K8s + (buf * BN + j) * D + d, K8 + off, ok);
-			cp_async16(V8s + (buf * BN + j) * D + d, V8 + off, ok);
+			cp_async16(K8s + (buf * BN + j) * D + d, K8 + off, ok ? 16 : 0);
+			cp_async16(V8s + (buf * BN + j) * D + d, V8 + off, ok ? 16 : 0);
 			if (d == 0) {
-				cp_async4(Scs + (buf * 2) * BN + j, ks + rec, ok);
-				cp_async4(Scs + (buf * 2 + 1) * BN + j, vs + rec, ok);
+				cp_async4(Scs + (buf * 2) * BN + j, ks + rec, ok ? 4 : 0);
+				cp_async4(Scs + (buf * 2 + 1) * BN + j, vs + rec, ok ? 4 : 0);
 			}
 		}
 	};
@@ -328,12 +314,12 @@ __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const
 				const int pg = sh >= 0 ? pos >> sh : pos / s32;
 				off = (((i64)pages[pg] * kvh) * S + hs + (pos - pg * s32)) * D + d;
 			}
-			cp_async16(Ks + (buf * BN + j) * DP + d, K + off, ok);
-			cp_async16(Vs + (buf * BN + j) * DP + d, V + off, ok);
+			cp_async16(Ks + (buf * BN + j) * DP + d, K + off, ok ? 16 : 0);
+			cp_async16(Vs + (buf * BN + j) * DP + d, V + off, ok ? 16 : 0);
 		}
 	};
 	load(0, 0);
-	cp_commit();
+	cp_async_commit();
 	__syncthreads();
 
 	int qpos[MT][2]; // positions fit an int
@@ -364,8 +350,8 @@ __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const
 
 	for (int tile = 0; tile < tiles; tile++) {
 		if (tile + 1 < tiles) load((tile + 1) & 1, tile + 1);
-		cp_commit();
-		cp_wait<1>();
+		cp_async_commit();
+		cp_async_wait<1>();
 		__syncthreads();
 		if (KV8) {
 			convert8(tile & 1);
@@ -466,7 +452,7 @@ __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const
 		}
 		__syncthreads();
 	}
-	cp_wait<0>();
+	cp_async_wait<0>();
 
 #pragma unroll
 	for (int mt = 0; mt < MT; mt++)
