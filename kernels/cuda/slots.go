@@ -80,27 +80,15 @@ func (b *Backend) NewSlotPool(ctx context.Context, pages, slots, kvHeads, headDi
 		return nil, fmt.Errorf("cuda: slot pool of fp8 records of %d x %d x %d codes: the tier moves 4-byte words (want a multiple of 4)", kvHeads, pageSize, headDim)
 	}
 	err := b.do(ctx, func() error {
-		if err := b.allocLayer(l); err != nil {
-			return err
-		}
-		if err := b.allocScales(l); err != nil {
-			return err
-		}
-		if err := b.allocFP8(l); err != nil {
-			freeScales(l)
+		if err := b.allocPool(l); err != nil {
 			return err
 		}
 		// Unwritten slots read as zeros (fp8: codes and scales 0), as
 		// on the CPU.
-		n := l.kvPages() * l.KVHeads * l.PageSize * l.HeadDim * l.DType.Bytes() / 4
+		n := int64(l.kvPages()) * l.kvPageBytes() / 4
 		for _, p := range []cu.DevicePtr{l.K, l.V} {
-			if err := cu.MemsetD32(p, 0, int64(n)); err != nil {
-				freeFP8(l)
-				freeScales(l)
-				cu.MemFree(l.K)
-				cu.MemFree(l.V)
-				cu.MemFree(l.Summary)
-				l.K, l.V, l.Summary = 0, 0, 0
+			if err := cu.MemsetD32(p, 0, n); err != nil {
+				release(l)
 				return fmt.Errorf("cuda: clear slot pool: %w", err)
 			}
 		}
