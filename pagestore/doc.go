@@ -98,7 +98,8 @@
 // the page dirty.
 //
 // fp8 pages (plan.FP8) offload as their stored records, codes and
-// scales byte for byte (see fp8.go).
+// scales byte for byte (see fp8.go), from host pools and from a device's
+// slot pools alike ([NewWithSlots]).
 //
 // Pins: each sequence pins its first PinFirst and last PinLast (at least
 // one: the tail page appends write) pages; eviction never takes a pinned

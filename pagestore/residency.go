@@ -96,7 +96,7 @@ type residency struct {
 	layers   []LayerData // the pool arrays: K/V of budget slots
 	blk      int         // elements of one slot's K (or V) in one layer
 	heads    int         // KV heads: fp8 records (scales) per slot's K (or V) in one layer
-	fp8      bool        // the pool arrays hold fp8 records (packFP8's payloads)
+	fp8      bool        // the host pool arrays hold fp8 records (packFP8's payloads; a device pool's are its own)
 	tier     tier.Tier
 	ownTier  bool
 	ev       Evictor
@@ -554,7 +554,7 @@ func (r *residency) readKV(ctx context.Context, layer int, p int32, k, v []float
 	if err := r.tier.Read(ctx, int(p), r.buf); err != nil {
 		return fmt.Errorf("read page %d: %w", p, err)
 	}
-	if r.fp8 {
+	if r.dt == plan.FP8 { // the host pools' packFP8 or a device pool's records: one layout
 		decodeFP8Payload(layer, r.blk, r.heads, r.buf, k, v)
 		return nil
 	}

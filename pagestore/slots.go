@@ -54,8 +54,10 @@ type SlotData interface {
 // device's memory: data holds the summaries of cfg.Capacity pages and the
 // K/V of cfg.DeviceBudget slots, and cfg.Tier (required) holds the pages
 // out of the device, in memory data's device moves payloads to and from
-// directly. Everything else is as with [New] and offload: recall on
-// selection, eviction, pins, prefetch reservations, the same counters.
+// directly, in the tier layout of cfg.DType (fp8 records: their codes and
+// scales as stored, packFP8's layout, which [Store.ReadKV] decodes).
+// Everything else is as with [New] and offload: recall on selection,
+// eviction, pins, prefetch reservations, the same counters.
 // [Store.Layer], [Store.PageKV] and [Store.PageSummary] are unavailable;
 // [Store.ReadKV] works. Persistence ([Config.DataDir]) is not available
 // with outside data.
@@ -71,8 +73,6 @@ func NewWithSlots(cfg Config, data SlotData) (*Store, error) {
 		return nil, fmt.Errorf("%w: NewWithSlots needs a tier the device maps (Config.Tier)", ErrInvalidConfig)
 	case data == nil:
 		return nil, fmt.Errorf("%w: nil slot data", ErrInvalidConfig)
-	case cfg.DType == plan.FP8:
-		return nil, fmt.Errorf("%w: dtype fp8: device slot pools of fp8 records are not implemented (New offloads fp8 pages from host pools)", ErrInvalidConfig)
 	case cfg.DataDir != "":
 		return nil, fmt.Errorf("%w: DataDir %q: persistence needs the store's own pools (New), not outside page data", ErrInvalidConfig, cfg.DataDir)
 	}

@@ -20,7 +20,7 @@ const (
 	// per (page, KV head) record (kernels/fp8, "KV records"); summaries
 	// stay float32, taken over the dequantized stored keys. The CPU page
 	// store and the CUDA backend both keep it (the GPU's offload slot
-	// pools do not).
+	// pools included).
 	FP8
 )
 

@@ -15,14 +15,18 @@ import (
 // TestDeviceResidentFollowsStore runs the same operations (prefill, decode
 // steps, fork with copy-on-write tails, rollbacks inside and across pages)
 // on a plain shard and on one whose pages and page tables live only on a
-// pretend device: every step's output and diagnostics must be identical.
+// pretend device: every step's output and diagnostics must be identical,
+// on float32 pages and on fp8 records (quantized on append by the store
+// and, independently, by the pretend device).
 func TestDeviceResidentFollowsStore(t *testing.T) {
-	for _, sel := range []plan.Selector{plan.Quest, plan.Oracle} {
-		t.Run(sel.String(), func(t *testing.T) { testDeviceResident(t, sel) })
+	for _, dt := range []plan.DType{plan.Float32, plan.FP8} {
+		for _, sel := range []plan.Selector{plan.Quest, plan.Oracle} {
+			t.Run(dt.String()+"_"+sel.String(), func(t *testing.T) { testDeviceResident(t, dt, sel) })
+		}
 	}
 }
 
-func testDeviceResident(t *testing.T, sel plan.Selector) {
+func testDeviceResident(t *testing.T, dt plan.DType, sel plan.Selector) {
 	const layers, qh, kvh, d, s = 2, 4, 2, 8, 4
 	pol := plan.DefaultPolicy()
 	pol.Selector = sel
@@ -32,9 +36,9 @@ func testDeviceResident(t *testing.T, sel plan.Selector) {
 	mk := func(dev bool) *Shard {
 		var be kernels.Backend = cpu
 		if dev {
-			be = backendtest.FakeDevice{CPU: cpu}
+			be = backendtest.FakeDevice{CPU: cpu, DType: dt}
 		}
-		sh, err := New(Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: 64},
+		sh, err := New(Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s, DType: dt}, Capacity: 64},
 			Policy: pol, DeviceResident: dev}, be)
 		if err != nil {
 			t.Fatal(err)

@@ -8,18 +8,26 @@ import (
 
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/plan"
 )
 
 // TestOffloadFP8BitIdentical: on fp8 K/V records, decode steps over a
 // ragged batch with tails of 1, 15, 16 and 17 tokens give bit-identical
 // o, lse, plans and selected pages with a device budget far below the
-// pages (the records go to the tier and back as stored) and without one.
+// pages (the records go to the tier and back as stored) and without one;
+// also with the offloading shard DeviceResident on the pretend device
+// (fp8 slot pools that quantize on append, as the GPU's do).
 func TestOffloadFP8BitIdentical(t *testing.T) {
 	const layers, qh, kvh, d, s = 2, 8, 2, 16, 16
 	lens := []int{1, 15, 16, 17, 16*100 + 15, 16*150 + 1}
 	for _, gqa := range []kernels.GQAMode{kernels.GroupMax, kernels.PerHead} {
-		for i, ev := range []pagestore.Eviction{pagestore.EvictLRU, pagestore.EvictScore} {
+		const device = pagestore.Eviction(-1) // a marker: LRU on the pretend device
+		for i, ev := range []pagestore.Eviction{pagestore.EvictLRU, pagestore.EvictScore, device} {
+			var tr tier.Tier
+			if ev == device {
+				ev, tr = pagestore.EvictLRU, fakeDev
+			}
 			pf := prefetchOpts[(i+int(gqa))%len(prefetchOpts)]
 			pol := plan.DefaultPolicy()
 			pol.BudgetTokens, pol.DenseLayers, pol.GQA, pol.SinkPages, pol.LocalPages = 4*s, 0, gqa, 1, 1
@@ -28,8 +36,8 @@ func TestOffloadFP8BitIdentical(t *testing.T) {
 				rows = qh
 			}
 			budget := len(lens) * (2 + rows*2)
-			t.Run(fmt.Sprintf("%v_%v_%v_budget%d", gqa, ev, pf, budget), func(t *testing.T) {
-				p := newOffPairOf(t, plan.FP8, layers, qh, kvh, d, s, 300, budget, pol, ev, nil, pf)
+			t.Run(fmt.Sprintf("%v_%v_%v_dev%v_budget%d", gqa, ev, pf, tr != nil, budget), func(t *testing.T) {
+				p := newOffPairOf(t, plan.FP8, layers, qh, kvh, d, s, 300, budget, pol, ev, tr, pf)
 				rng := rand.New(rand.NewPCG(26, uint64(budget)))
 				var ids []pagestore.SeqID
 				for _, n := range lens {
@@ -63,7 +71,8 @@ func TestOffloadFP8BitIdentical(t *testing.T) {
 // TestOffloadFP8Property runs the random operations of
 // TestOffloadProperty (appends, forks, rollbacks inside and across
 // offloaded pages, releases, steps) on fp8 records with S = 16: every
-// step bit-identical to the shard without a device budget.
+// step bit-identical to the shard without a device budget, with host
+// pools and DeviceResident on the pretend device's fp8 slot pools.
 func TestOffloadFP8Property(t *testing.T) {
 	const layers, qh, kvh, d, s = 2, 4, 2, 8, 16
 	for seed := range 3 {
@@ -77,9 +86,11 @@ func TestOffloadFP8Property(t *testing.T) {
 		budget := 4*2 + 4*(2+rows*3)
 		ev := []pagestore.Eviction{pagestore.EvictLRU, pagestore.EvictScore}[seed%2]
 		pf := prefetchOpts[seed%len(prefetchOpts)]
-		t.Run(fmt.Sprintf("seed%d_%v_%v_%v", seed, pol.GQA, ev, pf), func(t *testing.T) {
-			p := newOffPairOf(t, plan.FP8, layers, qh, kvh, d, s, 400, budget, pol, ev, nil, pf)
-			offloadPropertyOf(t, p, seed, budget, pf)
-		})
+		for _, tr := range []tier.Tier{nil, fakeDev} {
+			t.Run(fmt.Sprintf("seed%d_%v_%v_%v_dev%v", seed, pol.GQA, ev, pf, tr != nil), func(t *testing.T) {
+				p := newOffPairOf(t, plan.FP8, layers, qh, kvh, d, s, 400, budget, pol, ev, tr, pf)
+				offloadPropertyOf(t, p, seed, budget, pf)
+			})
+		}
 	}
 }

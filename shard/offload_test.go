@@ -75,7 +75,7 @@ func newOffPairOf(t *testing.T, dt plan.DType, layers, qh, kvh, d, s, capacity, 
 	st.DeviceBudget, st.Eviction, st.Tier = budget, ev, tr
 	offBe := be
 	if dev {
-		offBe = backendtest.FakeDevice{CPU: cpu}
+		offBe = backendtest.FakeDevice{CPU: cpu, DType: dt}
 	}
 	off, err := New(Config{Store: st, Policy: pol, PrefetchPages: pf.pages, PrefetchCrossLayer: pf.cross, DeviceResident: dev}, offBe)
 	if err != nil {

@@ -278,9 +278,8 @@ type DeviceConfig struct {
 	// records, summaries f32) is also the served model's pages in every
 	// --serve-layout: the in-process engine's (local), the cluster's
 	// grids' (cluster: worker.Config.DType, named to the nodes on the
-	// worker wire) or the GPU's (device); not with --device-budget-pages
-	// on --backend cuda (the GPU's offload slot pools hold no fp8
-	// records).
+	// worker wire) or the GPU's (device); with --device-budget-pages
+	// the GPU's offload slot pools hold fp8 records too.
 	KVCacheDType plan.DType
 }
 

@@ -291,7 +291,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		}
 		return nil
 	})
-	d.text("kv-cache-dtype", "bf16", "storage type of the KV pages, `f32|f16|bf16|fp8`: with --backend cuda f32, f16, bf16 or fp8 (K, V and summaries in GPU memory; fp8 not with --device-budget-pages); fp8 is E4M3 codes with a float32 scale per page, layer and KV head, summaries f32 over the stored keys (a quarter of f32's K/V bytes), and with --model sets the served model's pages in every --serve-layout (cluster: the grid config names it to the nodes, whose CPU pools store it and whose GPUs must hold fp8); with --backend cpu only fp8 (with --model) changes the pages (the CPU stores f32 otherwise)", func(s string) (err error) {
+	d.text("kv-cache-dtype", "bf16", "storage type of the KV pages, `f32|f16|bf16|fp8`: with --backend cuda f32, f16, bf16 or fp8 (K, V and summaries in GPU memory; with --device-budget-pages fp8 K/V offload as stored, codes and scales); fp8 is E4M3 codes with a float32 scale per page, layer and KV head, summaries f32 over the stored keys (a quarter of f32's K/V bytes), and with --model sets the served model's pages in every --serve-layout (cluster: the grid config names it to the nodes, whose CPU pools store it and whose GPUs must hold fp8); with --backend cpu only fp8 (with --model) changes the pages (the CPU stores f32 otherwise)", func(s string) (err error) {
 		c.Devices.KVCacheDType, err = plan.ParseDType(s)
 		return err
 	})

@@ -508,8 +508,6 @@ func (c Config) validateAcross() error {
 		return bad("data-dir", c.Storage.DataDir, "not with --backend cuda (pages in GPU memory do not persist)")
 	case c.Devices.KVCacheDType == plan.FP8 && c.Serve.Model == "" && c.Devices.Backend != "cuda":
 		return bad("kv-cache-dtype", "fp8", "needs --model (or --backend cuda): it sets the served model's pages; the grids a CPU node hosts for the cluster store the type their coordinator names")
-	case c.Devices.KVCacheDType == plan.FP8 && c.Devices.Backend == "cuda" && c.Offload.DeviceBudgetPages > 0:
-		return bad("device-budget-pages", itoa(c.Offload.DeviceBudgetPages), "not with --kv-cache-dtype fp8 on --backend cuda: the GPU's offload slot pools hold no fp8 records (pagestore.NewWithSlots); --backend cpu offloads fp8 pages")
 	case c.Serve.Layout == "device" && c.Devices.Backend != "cuda":
 		return bad("serve-layout", c.Serve.Layout, "needs --backend cuda (the device executor runs on a GPU)")
 	case c.Serve.Layout == "cluster" && c.servePagesPerRank() > c.hostPages():

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/questrt/questrt/kernels"
+	"github.com/questrt/questrt/plan"
 )
 
 // FakeDevice is a CPU backend with a pretend device, for testing the code
@@ -16,8 +17,14 @@ import (
 // its kernels, given a Layer.Device, read only those. A page operation
 // routed to the wrong place shows up as a wrong result. The page
 // operations are written here, independently of the page store's.
+//
+// DType is the pools' storage type: plan.Float32 (the zero value) or
+// plan.FP8, whose pools hold fp8 K/V records (E4M3 codes and a scale per
+// (page, KV head) record, summaries float32 over the dequantized keys:
+// kernels/fp8 "KV records", fakefp8.go), as the CUDA backend's do.
 type FakeDevice struct {
 	*kernels.CPU
+	DType plan.DType
 }
 
 var (
@@ -30,7 +37,8 @@ var (
 
 // FakePool is one pretend device pool (a FakeDevice's Layer.Device).
 // slots > 0 makes it a slot pool (kernels.SlotStore): K/V of slots slots,
-// summaries of every page.
+// summaries of every page. K/V are float32 (Layer.K, V) or fp8 records
+// (Layer.K8, V8, KScale, VScale).
 type FakePool struct {
 	kernels.Layer
 	kvh, d, s int
@@ -39,16 +47,32 @@ type FakePool struct {
 
 func fakePool(pool any) (*FakePool, error) {
 	p, ok := pool.(*FakePool)
-	if !ok || p.K == nil {
+	if !ok || p.Summary == nil {
 		return nil, fmt.Errorf("fake device: pool %T is not a live *FakePool", pool)
 	}
 	return p, nil
 }
 
 // NewPool implements kernels.DeviceStore.
-func (FakeDevice) NewPool(_ context.Context, pages, kvh, d, s int) (any, error) {
-	n := pages * kvh * s * d
-	return &FakePool{kernels.Layer{K: make([]float32, n), V: make([]float32, n), Summary: make([]float32, pages*kvh*2*d)}, kvh, d, s, 0}, nil
+func (f FakeDevice) NewPool(_ context.Context, pages, kvh, d, s int) (any, error) {
+	return f.newPool(pages, pages, kvh, d, s, 0)
+}
+
+// newPool makes a pool of f's type with K/V of kvPages pages (slots > 0:
+// a slot pool of that many slots) and summaries of pages pages.
+func (f FakeDevice) newPool(pages, kvPages, kvh, d, s, slots int) (*FakePool, error) {
+	n := kvPages * kvh * s * d
+	l := kernels.Layer{Summary: make([]float32, pages*kvh*2*d)}
+	switch f.DType {
+	case plan.Float32:
+		l.K, l.V = make([]float32, n), make([]float32, n)
+	case plan.FP8:
+		l.K8, l.V8 = make([]uint8, n), make([]uint8, n)
+		l.KScale, l.VScale = make([]float32, kvPages*kvh), make([]float32, kvPages*kvh)
+	default:
+		return nil, fmt.Errorf("fake device: %w: %v pools (float32 and fp8 only)", kernels.ErrUnsupportedDType, f.DType)
+	}
+	return &FakePool{l, kvh, d, s, slots}, nil
 }
 
 // FreePool implements kernels.DeviceStore.
@@ -88,6 +112,9 @@ func (p *FakePool) write(pages, kv []int32, kvOK func(int32) error, slot int, k,
 	if len(k) != len(v) || len(k)%tok != 0 || (slot+len(k)/tok+p.s-1)/p.s != len(pages) || len(kv) != len(pages) {
 		return errors.New("fake device: tokens do not fit the pages")
 	}
+	if p.FP8() {
+		return p.write8(pages, kv, kvOK, slot, k, v)
+	}
 	for t := range len(k) / tok {
 		i, sl := (slot+t)/p.s, (slot+t)%p.s
 		pg, ks := pages[i], kv[i]
@@ -124,18 +151,25 @@ func (FakeDevice) Rescan(_ context.Context, pool any, pages []int32, valid int) 
 		if err := p.page(pg); err != nil {
 			return err
 		}
-		for h := range p.kvh {
-			rec := p.Summary[(int(pg)*p.kvh+h)*2*p.d:][:2*p.d]
-			for j := range p.d {
-				rec[j], rec[p.d+j] = float32(math.Inf(1)), float32(math.Inf(-1))
-				for r := range valid {
-					x := p.K[((int(pg)*p.kvh+h)*p.s+r)*p.d+j]
-					rec[j], rec[p.d+j] = min(rec[j], x), max(rec[p.d+j], x)
-				}
+		p.rescan(pg, pg, valid)
+	}
+	return nil
+}
+
+// rescan sets the summaries of page pg to the box of the first valid
+// keys stored at K/V index kv (the page itself, or its slot in a slot
+// pool; fp8 records: their dequantized keys).
+func (p *FakePool) rescan(pg, kv int32, valid int) {
+	for h := range p.kvh {
+		rec := p.Summary[(int(pg)*p.kvh+h)*2*p.d:][:2*p.d]
+		for j := range p.d {
+			rec[j], rec[p.d+j] = float32(math.Inf(1)), float32(math.Inf(-1))
+			for r := range valid {
+				x := p.key(kv, h, r, j)
+				rec[j], rec[p.d+j] = min(rec[j], x), max(rec[p.d+j], x)
 			}
 		}
 	}
-	return nil
 }
 
 // CopyPage implements kernels.DeviceStore.
@@ -150,9 +184,8 @@ func (FakeDevice) CopyPage(_ context.Context, pool any, dst, src int32) error {
 	if err := errors.Join(p.page(dst), p.page(src)); err != nil {
 		return err
 	}
-	kv, sum := p.kvh*p.s*p.d, p.kvh*2*p.d
-	copy(p.K[int(dst)*kv:][:kv], p.K[int(src)*kv:])
-	copy(p.V[int(dst)*kv:][:kv], p.V[int(src)*kv:])
+	p.copyKV(dst, src)
+	sum := p.kvh * 2 * p.d
 	copy(p.Summary[int(dst)*sum:][:sum], p.Summary[int(src)*sum:])
 	return nil
 }
@@ -165,15 +198,15 @@ func (FakeDevice) ReadPages(_ context.Context, pool any, pages []int32) (kernels
 	if err != nil {
 		return kernels.Layer{}, err
 	}
-	kv, sum := p.kvh*p.s*p.d, p.kvh*2*p.d
+	sum := p.kvh * 2 * p.d
 	var out kernels.Layer
 	for _, pg := range pages {
 		if err := p.page(pg); err != nil {
 			return kernels.Layer{}, err
 		}
 		if p.slots == 0 {
-			out.K = append(out.K, p.K[int(pg)*kv:][:kv]...)
-			out.V = append(out.V, p.V[int(pg)*kv:][:kv]...)
+			k, v := p.readKV(pg)
+			out.K, out.V = append(out.K, k...), append(out.V, v...)
 		}
 		out.Summary = append(out.Summary, p.Summary[int(pg)*sum:][:sum]...)
 	}
@@ -276,7 +309,9 @@ func (f FakeDevice) dev(l kernels.Layer, withKV bool) kernels.Layer {
 			return p.Layer
 		}
 		if withKV {
-			return kernels.Layer{K: p.K, V: p.V, Summary: p.Summary[:p.slots*p.kvh*2*p.d]}
+			l := p.Layer
+			l.Summary = l.Summary[:p.slots*p.kvh*2*p.d]
+			return l
 		}
 		return kernels.Layer{Summary: p.Summary}
 	}

@@ -2,10 +2,8 @@ package backendtest
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 
 	"github.com/questrt/questrt/kernels"
@@ -17,17 +15,16 @@ import (
 // kernels.DeviceStore on a slot pool, whose K/V are addressed by slot.
 var errSlotPool = errors.New("fake device: a slot pool's K/V are addressed by slot (use the kernels.SlotStore methods)")
 
-// PoolDType implements kernels.SlotStore: the fake pools hold float32.
-func (FakeDevice) PoolDType() plan.DType { return plan.Float32 }
+// PoolDType implements kernels.SlotStore: the pools' type, f.DType.
+func (f FakeDevice) PoolDType() plan.DType { return f.DType }
 
 // NewSlotPool implements kernels.SlotStore: summaries of pages pages, K/V
 // of slots slots.
-func (FakeDevice) NewSlotPool(_ context.Context, pages, slots, kvh, d, s int) (any, error) {
+func (f FakeDevice) NewSlotPool(_ context.Context, pages, slots, kvh, d, s int) (any, error) {
 	if pages < 1 || slots < 1 || slots > pages {
 		return nil, fmt.Errorf("fake device: slot pool of %d slots for %d pages", slots, pages)
 	}
-	n := slots * kvh * s * d
-	return &FakePool{kernels.Layer{K: make([]float32, n), V: make([]float32, n), Summary: make([]float32, pages*kvh*2*d)}, kvh, d, s, slots}, nil
+	return f.newPool(pages, slots, kvh, d, s, slots)
 }
 
 func slotPool(pool any) (*FakePool, error) {
@@ -66,16 +63,10 @@ func (FakeDevice) RescanSlot(_ context.Context, pool any, page, slot int32, vali
 	if err := errors.Join(p.page(page), p.slot(slot)); err != nil {
 		return err
 	}
-	for h := range p.kvh {
-		rec := p.Summary[(int(page)*p.kvh+h)*2*p.d:][:2*p.d]
-		for j := range p.d {
-			rec[j], rec[p.d+j] = float32(math.Inf(1)), float32(math.Inf(-1))
-			for r := range valid {
-				x := p.K[((int(slot)*p.kvh+h)*p.s+r)*p.d+j]
-				rec[j], rec[p.d+j] = min(rec[j], x), max(rec[p.d+j], x)
-			}
-		}
+	if valid < 0 || valid > p.s {
+		return fmt.Errorf("fake device: rescan of %d valid slots outside 0..%d", valid, p.s)
 	}
+	p.rescan(page, slot, valid)
 	return nil
 }
 
@@ -88,9 +79,8 @@ func (FakeDevice) CopySlot(_ context.Context, pool any, dst, src, dstSlot, srcSl
 	if err := errors.Join(p.page(dst), p.page(src), p.slot(dstSlot), p.slot(srcSlot)); err != nil {
 		return err
 	}
-	kv, sum := p.kvh*p.s*p.d, p.kvh*2*p.d
-	copy(p.K[int(dstSlot)*kv:][:kv], p.K[int(srcSlot)*kv:])
-	copy(p.V[int(dstSlot)*kv:][:kv], p.V[int(srcSlot)*kv:])
+	p.copyKV(dstSlot, srcSlot)
+	sum := p.kvh * 2 * p.d
 	copy(p.Summary[int(dst)*sum:][:sum], p.Summary[int(src)*sum:])
 	return nil
 }
@@ -104,13 +94,14 @@ func (FakeDevice) ReadSlotKV(_ context.Context, pool any, slot int32) ([]float32
 	if err := p.slot(slot); err != nil {
 		return nil, nil, err
 	}
-	kv := p.kvh * p.s * p.d
-	return append([]float32(nil), p.K[int(slot)*kv:][:kv]...), append([]float32(nil), p.V[int(slot)*kv:][:kv]...), nil
+	k, v := p.readKV(slot)
+	return k, v, nil
 }
 
 // FakeHostTier is the pretend host tier of a FakeDevice: payloads in a
-// byte array, float32 little-endian (the fake pools' type), written by
-// MoveSlots as the device would and by Write as the host would.
+// byte array in the tier layout of the pools' type (FakePool.pack),
+// written by MoveSlots as the device would and by Write as the host
+// would.
 type FakeHostTier struct {
 	mu      sync.Mutex
 	payload int
@@ -196,25 +187,27 @@ func (t *FakeHostTier) Close() error {
 }
 
 // MoveSlots implements kernels.SlotStore: every save, then every load, of
-// every pool's slot, in the tier layout (layer-major, K then V).
+// every pool's slot, in the tier layout (layer-major, each layer as
+// FakePool.pack writes it).
 func (FakeDevice) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTier, saves, loads []kernels.SlotMove) error {
 	t, ok := ht.(*FakeHostTier)
 	if !ok {
 		return fmt.Errorf("fake device: host tier %T is not a *FakeHostTier", ht)
 	}
 	ps := make([]*FakePool, len(pools))
-	blk := 0
+	size := 0
 	for i, pool := range pools {
 		p, err := slotPool(pool)
 		if err != nil {
 			return err
 		}
-		ps[i], blk = p, p.kvh*p.s*p.d
+		ps[i] = p
+		size += p.payloadBytes()
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(ps)*2*blk*4 != t.payload {
-		return fmt.Errorf("fake device: %d pools of %d-float blocks do not make a %d-byte payload", len(ps), blk, t.payload)
+	if size != t.payload {
+		return fmt.Errorf("fake device: %d pools of %d payload bytes do not make a %d-byte payload", len(ps), size, t.payload)
 	}
 	// Everything is checked before anything moves: a load of a page
 	// nobody saved (nor wrote) fails with tier.ErrEmpty.
@@ -238,16 +231,7 @@ func (FakeDevice) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTie
 		for _, m := range moves {
 			b := t.data[int(m.Page)*t.payload:][:t.payload]
 			for _, p := range ps {
-				for _, a := range [2][]float32{p.K[int(m.Slot)*blk:][:blk], p.V[int(m.Slot)*blk:][:blk]} {
-					for i := range a {
-						if pass == 0 {
-							binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(a[i]))
-						} else {
-							a[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-						}
-					}
-					b = b[4*blk:]
-				}
+				b = p.move(m.Slot, b, pass == 0)
 			}
 			if pass == 0 {
 				t.full[m.Page] = true

@@ -86,7 +86,7 @@ func (b *Backend) appendFrom(l *DeviceLayer, pageTable []int32, pos0, n int, kp,
 	}
 	touched := (pos0+n-1)/l.PageSize - pos0/l.PageSize + 1
 	if l.kv8() {
-		if err := b.append8(l, pt, kp, vp, pos0, n, touched); err != nil {
+		if err := b.append8(l, pt, 0, kp, vp, pos0, n, touched); err != nil {
 			return err
 		}
 		return b.encodeFP8(l, pt, int64(pos0/l.PageSize), touched)

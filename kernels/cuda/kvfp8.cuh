@@ -51,17 +51,20 @@ __device__ __forceinline__ float kv8_value(unsigned char c, float sc) { return _
 // grows the earlier slots are decoded under the old scale and re-encoded
 // under the new one; the new tokens are encoded under it (every code 0 for
 // scale 0). The K block then rebuilds the page's float32 summary from its
-// valid dequantized keys. Grid (pages touched, kvh, 2); block: 128 threads
-// (a multiple of 32, at most 1024). Callers that pass only the touched
-// pages give pos0 < S.
+// valid dequantized keys. slots, when not null, holds the device slot of
+// each page_table entry: the codes and scales go to that slot of a slot
+// pool (slots.go) while the summary stays indexed by physical page; null
+// stores the records at the physical page. Grid (pages touched, kvh, 2);
+// block: 128 threads (a multiple of 32, at most 1024). Callers that pass
+// only the touched pages give pos0 < S.
 __device__ void append8(unsigned char* K, unsigned char* V, float* ks, float* vs, float* sum, const int* page_table,
-			const float* k, const float* v, i64 pos0, i64 n, i64 kvh, i64 D, i64 S) {
+			const int* slots, const float* k, const float* v, i64 pos0, i64 n, i64 kvh, i64 D, i64 S) {
 	__shared__ float red[32];
 	const i64 page = pos0 / S + blockIdx.x, h = blockIdx.y;
 	const bool isK = blockIdx.z == 0;
 	const i64 t_lo = max(pos0, page * S), t_hi = min(pos0 + n, (page + 1) * S);
 	if (t_lo >= t_hi) return;
-	const i64 phys = page_table[page], rec = phys * kvh + h;
+	const i64 phys = page_table[page], rec = (slots ? (i64)slots[page] : phys) * kvh + h;
 	const i64 slot = t_lo % S, cnt = t_hi - t_lo;
 	unsigned char* codes = (isK ? K : V) + rec * S * D;
 	float* scale = isK ? ks : vs;
@@ -92,7 +95,7 @@ __device__ void append8(unsigned char* K, unsigned char* V, float* ks, float* vs
 	if (threadIdx.x == 0) scale[rec] = sc;
 	if (!isK) return;
 	__syncthreads();  // the record's codes are written
-	float* out = sum + rec * 2 * D;
+	float* out = sum + (phys * kvh + h) * 2 * D;
 	for (i64 j = threadIdx.x; j < D; j += blockDim.x) {
 		float lo = __int_as_float(0x7f800000), hi = __int_as_float(0xff800000);
 		for (i64 t = 0; t < slot + cnt; t++) {
@@ -107,12 +110,15 @@ __device__ void append8(unsigned char* K, unsigned char* V, float* ks, float* vs
 
 // rescan8: rebuilds the float32 summaries of the physical pages
 // list[0..gridDim.x) from their first valid dequantized keys (valid = 0
-// gives the empty box). Grid (pages, kvh); threads over D.
-__device__ void rescan8(const unsigned char* K, const float* ks, float* sum, const int* list, i64 kvh, i64 D, i64 S, i64 valid) {
-	const i64 p = list[blockIdx.x], h = blockIdx.y, rec = p * kvh + h;
+// gives the empty box), read from the pages' records or, when slots is
+// not null, from the records of slot slots[i] of a slot pool. Grid
+// (pages, kvh); threads over D.
+__device__ void rescan8(const unsigned char* K, const float* ks, float* sum, const int* list, const int* slots, i64 kvh,
+			i64 D, i64 S, i64 valid) {
+	const i64 p = list[blockIdx.x], h = blockIdx.y, rec = (slots ? (i64)slots[blockIdx.x] : p) * kvh + h;
 	const unsigned char* blk = K + rec * S * D;
-	const float sc = ks[rec];
-	float* out = sum + rec * 2 * D;
+	const float sc = valid > 0 ? ks[rec] : 0.f;  // valid 0: p may have no record (a slot pool's page)
+	float* out = sum + (p * kvh + h) * 2 * D;
 	for (i64 j = threadIdx.x; j < D; j += blockDim.x) {
 		float lo = __int_as_float(0x7f800000), hi = __int_as_float(0xff800000);
 		for (i64 t = 0; t < valid; t++) {
@@ -210,15 +216,22 @@ __device__ void attend8(const unsigned char* K, const unsigned char* V, const fl
 	if (lane == 0) part_lse[it * heads + warp] = l > 0.f ? m + __logf(l) : __int_as_float(0xff800000);
 }
 
+// pt: the page table; st: the pages' slots in a slot pool, or null.
 extern "C" __global__ void quest_append_fp8(unsigned char* K, unsigned char* V, float* ks, float* vs, float* sum,
-					    const int* pt, const float* k, const float* v, i64 pos0, i64 n, i64 kvh, i64 D,
-					    i64 S) {
-	append8(K, V, ks, vs, sum, pt, k, v, pos0, n, kvh, D, S);
+					    const int* pt, const int* st, const float* k, const float* v, i64 pos0, i64 n,
+					    i64 kvh, i64 D, i64 S) {
+	append8(K, V, ks, vs, sum, pt, st, k, v, pos0, n, kvh, D, S);
 }
 
 extern "C" __global__ void quest_rescan_fp8(const unsigned char* K, const float* ks, float* sum, const int* list, i64 kvh,
 					    i64 D, i64 S, i64 valid) {
-	rescan8(K, ks, sum, list, kvh, D, S, valid);
+	rescan8(K, ks, sum, list, nullptr, kvh, D, S, valid);
+}
+
+// The rescan of a slot pool (slots.go): page pages[i] from slot slots[i].
+extern "C" __global__ void quest_rescan_slots_fp8(const unsigned char* K, const float* ks, float* sum, const int* pages,
+						  const int* slots, i64 kvh, i64 D, i64 S, i64 valid) {
+	rescan8(K, ks, sum, pages, slots, kvh, D, S, valid);
 }
 
 extern "C" __global__ void __launch_bounds__(1024) quest_attend_fp8(

@@ -26,7 +26,10 @@ import (
 // does), rescans and copies keep the scales, and attention dequantizes
 // in the kernel (quest_attend_fp8, CUDA cores). Scoring reads the
 // float32 summaries (or their fp8 copy, Config.SummaryDType) as for any
-// other type. Slot pools (offload) and the GPU prefill refuse fp8 pages.
+// other type. Slot pools (offload, slots.go) hold fp8 records too: codes
+// and scales indexed by slot, summaries by physical page; a page's tier
+// payload is its records as stored (codes and scales, packFP8's layout).
+// The GPU prefill refuses fp8 pages.
 
 // kv8 reports whether l holds fp8 K/V records.
 func (l *DeviceLayer) kv8() bool { return l.DType == plan.FP8 }
@@ -89,11 +92,12 @@ func freeScales(l *DeviceLayer) {
 }
 
 // append8 queues quest_append_fp8 for n tokens (float32 in device memory
-// at kp and vp) at positions pos0.. of the device page table pt (touched pages from pos0/S on; device goroutine
-// only).
-func (b *Backend) append8(l *DeviceLayer, pt, kp, vp cu.DevicePtr, pos0, n, touched int) error {
+// at kp and vp) at positions pos0.. of the device page table pt (touched
+// pages from pos0/S on); st, when not 0, holds the pages' slots in a slot
+// pool (device goroutine only).
+func (b *Backend) append8(l *DeviceLayer, pt, st, kp, vp cu.DevicePtr, pos0, n, touched int) error {
 	return b.launch("quest_append_fp8", [3]int{touched, l.KVHeads, 2}, 128, 0,
-		u(l.K), u(l.V), u(l.KScale), u(l.VScale), u(l.Summary), u(pt), u(kp), u(vp), uint64(pos0), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize))
+		u(l.K), u(l.V), u(l.KScale), u(l.VScale), u(l.Summary), u(pt), u(st), u(kp), u(vp), uint64(pos0), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize))
 }
 
 // copyScales queues the copy of page src's K and V scales to page dst.

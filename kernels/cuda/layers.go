@@ -88,23 +88,27 @@ func (l *DeviceLayer) checkTokenLens(what string, pages, slot, nk, nv int) error
 // NewLayer allocates a device pool of pages pages.
 func (b *Backend) NewLayer(ctx context.Context, pages, kvHeads, headDim, pageSize int, dt plan.DType) (*DeviceLayer, error) {
 	l := &DeviceLayer{Pages: pages, KVHeads: kvHeads, HeadDim: headDim, PageSize: pageSize, DType: dt}
-	err := b.do(ctx, func() error {
-		if err := b.allocLayer(l); err != nil {
-			return err
-		}
-		if err := b.allocScales(l); err != nil {
-			return err
-		}
-		if err := b.allocFP8(l); err != nil {
-			freeScales(l)
-			return err
-		}
-		return nil
-	})
-	if err != nil {
+	if err := b.do(ctx, func() error { return b.allocPool(l) }); err != nil {
 		return nil, err
 	}
 	return l, nil
+}
+
+// allocPool allocates l's arrays: K, V and summaries, and the fp8 scales
+// and fp8 summaries where l keeps them. On failure nothing stays
+// allocated (device goroutine only).
+func (b *Backend) allocPool(l *DeviceLayer) error {
+	if err := b.allocLayer(l); err != nil {
+		return err
+	}
+	if err := b.allocScales(l); err != nil {
+		return err
+	}
+	if err := b.allocFP8(l); err != nil {
+		freeScales(l)
+		return err
+	}
+	return nil
 }
 
 func (b *Backend) allocLayer(l *DeviceLayer) error {
@@ -129,16 +133,21 @@ func (b *Backend) allocLayer(l *DeviceLayer) error {
 // FreeLayer releases a layer's device memory.
 func (b *Backend) FreeLayer(ctx context.Context, l *DeviceLayer) error {
 	return b.do(ctx, func() error {
-		for _, p := range []cu.DevicePtr{l.K, l.V, l.Summary} {
-			if p != 0 {
-				cu.MemFree(p)
-			}
-		}
-		freeFP8(l)
-		freeScales(l)
-		l.K, l.V, l.Summary, l.Pages = 0, 0, 0, 0
+		release(l)
 		return nil
 	})
+}
+
+// release frees l's device memory (device goroutine only).
+func release(l *DeviceLayer) {
+	for _, p := range []cu.DevicePtr{l.K, l.V, l.Summary} {
+		if p != 0 {
+			cu.MemFree(p)
+		}
+	}
+	freeFP8(l)
+	freeScales(l)
+	l.K, l.V, l.Summary, l.Pages = 0, 0, 0, 0
 }
 
 // Upload copies a host pool (float32, the CPU layout) into l, converting

@@ -13,6 +13,7 @@ import (
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/kernels/backendtest"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/shard"
 )
@@ -26,20 +27,30 @@ func randF32(rng *rand.Rand, n int) []float32 {
 }
 
 // TestSlotStoreMatchesFake runs the same random slot-pool operations
-// (token writes across pages, rescans, slot copies, saves to and loads
-// from the host tier) on the GPU (float32 pools) and on
+// (token writes across pages, of varying magnitude, rescans, slot copies,
+// saves to and loads from the host tier) on the GPU and on
 // backendtest.FakeDevice, whose slot operations are written independently
-// on the CPU: every slot's K/V, every page's summaries and every tier
-// payload must be bit-identical after each round.
+// on the CPU, for float32 pools and fp8 records (quantized on append,
+// codes and scales moved as the tier's payload): every slot's K/V (fp8:
+// decoded), every page's summaries and every tier payload must be
+// bit-identical after each round.
 func TestSlotStoreMatchesFake(t *testing.T) {
+	for _, dt := range []plan.DType{plan.Float32, plan.FP8} {
+		t.Run(dt.String(), func(t *testing.T) { testSlotStoreMatchesFake(t, dt) })
+	}
+}
+
+func testSlotStoreMatchesFake(t *testing.T, dt plan.DType) {
 	ctx := context.Background()
 	const layers, kvh, d, s, pages, slots = 2, 2, 64, 16, 40, 12
-	b := newBackend(t, plan.Float32)
+	b := newBackend(t, dt)
 	defer b.Close()
 	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
 	defer cpu.Close()
-	f := backendtest.FakeDevice{CPU: cpu}
-	payload := layers * 2 * kvh * s * d * 4
+	f := backendtest.FakeDevice{CPU: cpu, DType: dt}
+	// fp8: 4112 bytes a layer, whose V codes start at 2056 (the move
+	// kernel's 4-byte path) and K codes at 0 (its 16-byte path).
+	payload := tier.PagePayloadBytes(layers, plan.Geometry{KVHeads: kvh, HeadDim: d, PageSize: s, DType: dt})
 	var gp, fp []any
 	for range layers {
 		g, err := b.NewSlotPool(ctx, pages, slots, kvh, d, s)
@@ -87,6 +98,10 @@ func TestSlotStoreMatchesFake(t *testing.T) {
 			}
 			l := rng.IntN(layers)
 			k, v := randF32(rng, n*kvh*d), randF32(rng, n*kvh*d)
+			mag := []float32{0.25, 1, 4}[rng.IntN(3)] // fp8: scales grow (re-encoding) or not
+			for i := range k {
+				k[i], v[i] = k[i]*mag, v[i]*mag
+			}
 			if err := b.WriteSlotTokens(ctx, gp[l], pg, sl, slot, k, v); err != nil {
 				t.Fatal(err)
 			}
@@ -168,8 +183,9 @@ func TestSlotStoreMatchesFake(t *testing.T) {
 // one holding every page on the device, one keeping the K/V of 70 pages
 // (of up to about 400) on the device, enough for every step to
 // attend in one pass, and the others in the mapped host tier. Every
-// step's o and lse must be bit-identical, for bf16 and f32 pools, with
-// and without prefetch.
+// step's o and lse must be bit-identical, for bf16, f32 and fp8 pools
+// (fp8 records: quantized on the device by both, moved to the tier and
+// back as stored), with fp8 summaries too, with and without prefetch.
 func TestDeviceOffloadBitIdentical(t *testing.T) {
 	const layers, qh, kvh, d, s = 2, 8, 2, 64, 16
 	for _, c := range []struct {
@@ -177,10 +193,16 @@ func TestDeviceOffloadBitIdentical(t *testing.T) {
 		budget   int
 		prefetch int
 		ev       pagestore.Eviction
-	}{{plan.BFloat16, 70, 0, pagestore.EvictLRU}, {plan.BFloat16, 70, 6, pagestore.EvictScore}, {plan.Float32, 70, 4, pagestore.EvictLRU}} {
-		t.Run(fmt.Sprintf("%v_budget%d_prefetch%d_%v", c.dt, c.budget, c.prefetch, c.ev), func(t *testing.T) {
+		sum      plan.SummaryDType
+	}{{plan.BFloat16, 70, 0, pagestore.EvictLRU, plan.SummaryKV}, {plan.BFloat16, 70, 6, pagestore.EvictScore, plan.SummaryKV},
+		{plan.Float32, 70, 4, pagestore.EvictLRU, plan.SummaryKV}, {plan.FP8, 70, 0, pagestore.EvictLRU, plan.SummaryKV},
+		{plan.FP8, 70, 5, pagestore.EvictScore, plan.SummaryFP8}, {plan.BFloat16, 70, 0, pagestore.EvictLRU, plan.SummaryFP8}} {
+		t.Run(fmt.Sprintf("%v_sum%v_budget%d_prefetch%d_%v", c.dt, c.sum, c.budget, c.prefetch, c.ev), func(t *testing.T) {
 			ctx := context.Background()
-			b := newBackend(t, c.dt)
+			b, err := New(Config{DType: c.dt, SummaryDType: c.sum})
+			if err != nil {
+				t.Fatal(err)
+			}
 			defer b.Close()
 			pol := plan.DefaultPolicy()
 			pol.PageSize, pol.BudgetTokens, pol.DenseLayers, pol.SinkPages, pol.LocalPages = s, 4*s, 0, 1, 1

@@ -134,11 +134,13 @@ func (b *Backend) ReadPages(ctx context.Context, pool any, pages []int32) (kerne
 			}
 			first, n := int64(pages[i]), j-i
 			if l.kv8() {
-				k, v, err := b.readDecoded(l, first, n)
-				if err != nil {
-					return fmt.Errorf("cuda: read pages: %w", err)
+				if l.Slots == 0 { // a slot pool's K/V are addressed by slot (ReadSlotKV)
+					k, v, err := b.readDecoded(l, first, n)
+					if err != nil {
+						return fmt.Errorf("cuda: read pages: %w", err)
+					}
+					out.K, out.V = append(out.K, k...), append(out.V, v...)
 				}
-				out.K, out.V = append(out.K, k...), append(out.V, v...)
 				x, err := readAs(b, l.Summary+cu.DevicePtr(first*l.sumPageBytes()), n*sumN, plan.Float32)
 				if err != nil {
 					return fmt.Errorf("cuda: read pages: %w", err)

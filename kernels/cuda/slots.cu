@@ -3,11 +3,14 @@
 // and the moves of page payloads between those slots and a host tier in
 // pinned memory the device maps (zero-copy: the kernels read and write the
 // tier over PCIe directly, one launch for any number of pages). Tokens
-// are appended to a slot pool by quest.cu's append (page.cuh) given the
-// pages' slots.
+// are appended to a slot pool by quest.cu's append (page.cuh; fp8 records:
+// kvfp8.cuh) given the pages' slots, and fp8 slots are rescanned there too
+// (quest_rescan_slots_fp8).
 //
-// Tier payload layout (pagestore/tier): layer-major, K then V, each one
-// slot's [KVHeads][PageSize][HeadDim] block in the pool's storage type.
+// Tier payload layout (pagestore/tier): layer-major, each layer a run of
+// segments, one slot's part of each of the layer's slot arrays: K then V,
+// each [KVHeads][PageSize][HeadDim] in the pool's storage type; for fp8
+// records K codes, K scales, V codes, V scales (pagestore's packFP8).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -25,23 +28,36 @@ template <> __device__ __forceinline__ __half sl_from_f<__half>(float x) { retur
 template <> __device__ __forceinline__ __nv_bfloat16 sl_from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // quest_slots_move copies page payloads between the mapped host tier and
-// the slot pools. Grid (moves, 2 * layers): block (m, w) copies block w
-// (layer w / 2, K when w is even, V when odd) of move m; moves[2m] is the
-// tier page, moves[2m + 1] the slot. kv[w] is the device address of the
-// pool array of block w (K0, V0, K1, V1, ...). blk is the bytes of one
-// slot's K (or V) block, a multiple of 16, as is payload. save != 0 copies
-// slot to tier, else tier to slot.
-extern "C" __global__ void quest_slots_move(const long long* kv, unsigned char* tier, const int* moves, i64 blk,
-					    i64 payload, i64 save) {
+// the slot pools. A payload is a run of segments; segs holds three 64-bit
+// values per segment w: the device address of the slot array it comes
+// from (K0, V0, K1, ... or, for fp8 records, K0 codes, K0 scales, V0
+// codes, ...), its bytes (one slot's part of that array, also the array's
+// stride per slot, a multiple of 4) and its offset in the payload. Grid
+// (moves, segments): block (m, w) copies segment w of move m; moves[2m] is
+// the tier page, moves[2m + 1] the slot. save != 0 copies slot to tier,
+// else tier to slot. A segment whose two ends and size are 16-byte aligned
+// moves in 16-byte words, another in 4-byte words.
+template <typename W>
+__device__ __forceinline__ void move_words(void* dst, const void* src, i64 bytes) {
+	W* d = reinterpret_cast<W*>(dst);
+	const W* s = reinterpret_cast<const W*>(src);
+	const i64 n = bytes / (i64)sizeof(W);
+	for (i64 i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
+}
+
+extern "C" __global__ void quest_slots_move(const long long* segs, unsigned char* tier, const int* moves, i64 payload,
+					    i64 save) {
 	const i64 m = blockIdx.x, w = blockIdx.y;
 	const i64 page = moves[2 * m], slot = moves[2 * m + 1];
-	uint4* dev = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(kv[w]) + slot * blk);
-	uint4* host = reinterpret_cast<uint4*>(tier + page * payload + w * blk);
-	const i64 n = blk / 16;
-	if (save) {
-		for (i64 i = threadIdx.x; i < n; i += blockDim.x) host[i] = dev[i];
+	const i64 size = segs[3 * w + 1];
+	unsigned char* dev = reinterpret_cast<unsigned char*>(segs[3 * w]) + slot * size;
+	unsigned char* host = tier + page * payload + segs[3 * w + 2];
+	unsigned char* dst = save ? host : dev;
+	const unsigned char* src = save ? dev : host;
+	if (((reinterpret_cast<unsigned long long>(dev) | reinterpret_cast<unsigned long long>(host) | (unsigned long long)size) & 15) == 0) {
+		move_words<uint4>(dst, src, size);
 	} else {
-		for (i64 i = threadIdx.x; i < n; i += blockDim.x) dev[i] = host[i];
+		move_words<unsigned>(dst, src, size);
 	}
 }
 

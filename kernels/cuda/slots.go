@@ -34,7 +34,10 @@ import (
 // The offload side of the backend (kernels.SlotStore): slot pools, whose
 // K/V live in fewer device slots than the pool has pages, and a host tier
 // in pinned memory the device maps, between which one kernel launch moves
-// any number of page payloads (slots.cu).
+// any number of page payloads (slots.cu). Every storage type, fp8
+// records included (their codes and scales indexed by slot, a page's tier
+// payload its records as stored), and fp8 summaries (Config.SummaryDType,
+// kept by physical page like the master summaries).
 
 var _ kernels.SlotStore = (*Backend)(nil)
 
@@ -72,15 +75,26 @@ func (b *Backend) NewSlotPool(ctx context.Context, pages, slots, kvHeads, headDi
 	if slots < 1 || slots > pages {
 		return nil, fmt.Errorf("cuda: slot pool of %d slots for %d pages (want 1..pages)", slots, pages)
 	}
-	if b.cfg.DType == plan.FP8 {
-		return nil, fmt.Errorf("cuda: slot pools (offload): %w: fp8 K/V pages stay device-resident (offload moves 16- and 32-bit slots)", kernels.ErrUnsupportedDType)
-	}
-	if b.cfg.SummaryDType == plan.SummaryFP8 {
-		// The slot-pool writes keep no fp8 copy of the summaries.
-		return nil, errors.New("cuda: slot pools (offload) keep bf16 summaries only; fp8 summaries (SummaryDType) are not available with offload")
-	}
 	l := &DeviceLayer{Pages: pages, Slots: slots, KVHeads: kvHeads, HeadDim: headDim, PageSize: pageSize, DType: b.cfg.DType}
-	if err := b.do(ctx, func() error { return b.allocLayer(l) }); err != nil {
+	if l.kv8() && (kvHeads*pageSize*headDim)%4 != 0 {
+		return nil, fmt.Errorf("cuda: slot pool of fp8 records of %d x %d x %d codes: the tier moves 4-byte words (want a multiple of 4)", kvHeads, pageSize, headDim)
+	}
+	err := b.do(ctx, func() error {
+		if err := b.allocPool(l); err != nil {
+			return err
+		}
+		// Unwritten slots read as zeros (fp8: codes and scales 0), as
+		// on the CPU.
+		n := int64(l.kvPages()) * l.kvPageBytes() / 4
+		for _, p := range []cu.DevicePtr{l.K, l.V} {
+			if err := cu.MemsetD32(p, 0, n); err != nil {
+				release(l)
+				return fmt.Errorf("cuda: clear slot pool: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -107,8 +121,9 @@ func (l *DeviceLayer) checkSlots(slots ...int32) error {
 }
 
 // WriteSlotTokens implements kernels.SlotStore with one kernel, queued:
-// the append of every pool (quest_append_*, page.cuh) given the pages'
-// slots.
+// the append of every pool (quest_append_*, page.cuh; fp8 records:
+// quest_append_fp8, which quantizes as the page-addressed append does)
+// given the pages' slots, then the touched pages' fp8 summaries, if kept.
 func (b *Backend) WriteSlotTokens(ctx context.Context, pool any, pages, slots []int32, slot int, k, v []float32) error {
 	l, err := slotPool(pool)
 	if err != nil {
@@ -141,12 +156,22 @@ func (b *Backend) WriteSlotTokens(ctx context.Context, pool any, pages, slots []
 		if err != nil {
 			return err
 		}
-		return b.launch("quest_append_"+l.DType.String(), [3]int{len(pages), l.KVHeads, 1}, min(l.HeadDim, 256), 0,
-			u(l.K), u(l.V), u(l.Summary), u(pt), u(st), u(kp), u(vp), uint64(slot), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize))
+		if l.kv8() {
+			err = b.append8(l, pt, st, kp, vp, slot, n, len(pages))
+		} else {
+			err = b.launch("quest_append_"+l.DType.String(), [3]int{len(pages), l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+				u(l.K), u(l.V), u(l.Summary), u(pt), u(st), u(kp), u(vp), uint64(slot), uint64(n), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize))
+		}
+		if err != nil {
+			return err
+		}
+		return b.encodeFP8(l, pt, 0, len(pages))
 	})
 }
 
-// RescanSlot implements kernels.SlotStore with one kernel, queued.
+// RescanSlot implements kernels.SlotStore with one kernel (fp8 records:
+// over the dequantized keys, quest_rescan_slots_fp8), queued, then the
+// page's fp8 summaries, if kept.
 func (b *Backend) RescanSlot(ctx context.Context, pool any, page, slot int32, valid int) error {
 	l, err := slotPool(pool)
 	if err != nil {
@@ -167,13 +192,22 @@ func (b *Backend) RescanSlot(ctx context.Context, pool any, page, slot int32, va
 		if err != nil {
 			return err
 		}
-		return b.launch("quest_rescan_slots_"+l.DType.String(), [3]int{1, l.KVHeads, 1}, min(l.HeadDim, 256), 0,
-			u(l.K), u(l.Summary), u(pp), u(sp), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize), uint64(valid))
+		if l.kv8() {
+			err = b.launch("quest_rescan_slots_fp8", [3]int{1, l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+				u(l.K), u(l.KScale), u(l.Summary), u(pp), u(sp), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize), uint64(valid))
+		} else {
+			err = b.launch("quest_rescan_slots_"+l.DType.String(), [3]int{1, l.KVHeads, 1}, min(l.HeadDim, 256), 0,
+				u(l.K), u(l.Summary), u(pp), u(sp), uint64(l.KVHeads), uint64(l.HeadDim), uint64(l.PageSize), uint64(valid))
+		}
+		if err != nil {
+			return err
+		}
+		return b.encodeFP8(l, pp, 0, 1)
 	})
 }
 
-// CopySlot implements kernels.SlotStore: three device-to-device copies,
-// queued.
+// CopySlot implements kernels.SlotStore: three device-to-device copies
+// (fp8 records: their scales too; fp8 summaries: theirs), queued.
 func (b *Backend) CopySlot(ctx context.Context, pool any, dst, src, dstSlot, srcSlot int32) error {
 	l, err := slotPool(pool)
 	if err != nil {
@@ -194,11 +228,15 @@ func (b *Backend) CopySlot(ctx context.Context, pool any, dst, src, dstSlot, src
 				return fmt.Errorf("cuda: copy slot %d to %d: %w", c.src, c.dst, err)
 			}
 		}
-		return nil
+		if err := b.copyScales(l, dstSlot, srcSlot); err != nil {
+			return err
+		}
+		return b.copyFP8(l, dst, src)
 	})
 }
 
-// ReadSlotKV implements kernels.SlotStore: it waits for the queued work.
+// ReadSlotKV implements kernels.SlotStore: it waits for the queued work
+// (fp8 records come back decoded, code value times scale).
 func (b *Backend) ReadSlotKV(ctx context.Context, pool any, slot int32) (k, v []float32, err error) {
 	l, err := slotPool(pool)
 	if err != nil {
@@ -209,6 +247,16 @@ func (b *Backend) ReadSlotKV(ctx context.Context, pool any, slot int32) (k, v []
 	}
 	n := l.KVHeads * l.PageSize * l.HeadDim
 	err = b.do(ctx, func() error {
+		if l.kv8() {
+			if err := cu.Synchronize(); err != nil {
+				return fmt.Errorf("cuda: read slot %d: %w", slot, err)
+			}
+			var err error
+			if k, v, err = b.readDecoded(l, int64(slot), 1); err != nil {
+				return fmt.Errorf("cuda: read slot %d: %w", slot, err)
+			}
+			return nil
+		}
 		off := cu.DevicePtr(int64(slot) * l.kvPageBytes())
 		var err error
 		if k, err = readAs(b, l.K+off, n, l.DType); err != nil {
@@ -241,8 +289,8 @@ type HostTier struct {
 
 // NewHostTier implements kernels.SlotStore.
 func (b *Backend) NewHostTier(ctx context.Context, pages, payload int) (kernels.HostTier, error) {
-	if pages < 1 || payload < 16 || payload%16 != 0 {
-		return nil, fmt.Errorf("cuda: host tier of %d pages of %d bytes (want pages >= 1 and a payload that is a positive multiple of 16)", pages, payload)
+	if pages < 1 || payload < 4 || payload%4 != 0 {
+		return nil, fmt.Errorf("cuda: host tier of %d pages of %d bytes (want pages >= 1 and a payload that is a positive multiple of 4)", pages, payload)
 	}
 	t := &HostTier{b: b, pages: pages, payload: payload, full: make([]bool, pages)}
 	size := C.size_t(int64(pages) * int64(payload))
@@ -358,8 +406,28 @@ func (t *HostTier) Close() error {
 	})
 }
 
+// slotSegments appends, for each slot array of l in the tier's payload
+// order, its device address and its bytes per slot: K then V, or for fp8
+// records K codes, K scales, V codes, V scales (packFP8's layout).
+func (l *DeviceLayer) slotSegments(segs []slotSegment) []slotSegment {
+	kv := l.kvPageBytes()
+	if !l.kv8() {
+		return append(segs, slotSegment{l.K, kv}, slotSegment{l.V, kv})
+	}
+	sc := int64(l.KVHeads) * 4
+	return append(segs, slotSegment{l.K, kv}, slotSegment{l.KScale, sc}, slotSegment{l.V, kv}, slotSegment{l.VScale, sc})
+}
+
+// slotSegment is one slot array of a pool: its device address and the
+// bytes of one slot's part (the stride between slots).
+type slotSegment struct {
+	base cu.DevicePtr
+	size int64
+}
+
 // MoveSlots implements kernels.SlotStore: one kernel for the saves, one
-// for the loads, queued.
+// for the loads, queued. A payload is the segments of every pool in
+// order (slotSegments), each a multiple of 4 bytes.
 func (b *Backend) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTier, saves, loads []kernels.SlotMove) error {
 	t, ok := ht.(*HostTier)
 	if !ok || t.b != b {
@@ -369,19 +437,27 @@ func (b *Backend) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTie
 		return errors.New("cuda: move slots of no pools")
 	}
 	ls := make([]*DeviceLayer, len(pools))
+	var segs []slotSegment
 	for i, p := range pools {
 		l, err := slotPool(p)
 		if err != nil {
 			return err
 		}
-		if i > 0 && (l.Slots != ls[0].Slots || l.kvPageBytes() != ls[0].kvPageBytes()) {
+		if i > 0 && (l.Slots != ls[0].Slots || l.kvPageBytes() != ls[0].kvPageBytes() || l.DType != ls[0].DType || l.KVHeads != ls[0].KVHeads) {
 			return errors.New("cuda: move slots of pools of different geometry")
 		}
 		ls[i] = l
+		segs = l.slotSegments(segs)
 	}
-	blk := ls[0].kvPageBytes()
-	if int64(len(ls))*2*blk != int64(t.payload) || blk%16 != 0 {
-		return fmt.Errorf("cuda: %d pools of %d-byte K/V slots do not make the tier's %d-byte payload", len(ls), blk, t.payload)
+	var total int64
+	for _, sg := range segs {
+		if sg.size%4 != 0 {
+			return fmt.Errorf("cuda: a %d-byte slot segment is not a multiple of 4", sg.size)
+		}
+		total += sg.size
+	}
+	if total != int64(t.payload) {
+		return fmt.Errorf("cuda: %d pools of %v slots (%d bytes) do not make the tier's %d-byte payload", len(ls), ls[0].DType, total, t.payload)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -402,13 +478,17 @@ func (b *Backend) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTie
 		}
 	}
 	err := b.do(ctx, func() error {
-		ptrs := make([]int32, 0, 4*len(ls))
-		for _, l := range ls {
-			for _, p := range []cu.DevicePtr{l.K, l.V} {
-				ptrs = append(ptrs, int32(uint32(p)), int32(uint32(uint64(p)>>32)))
+		// Three 64-bit values per segment: address, bytes, payload
+		// offset (as int32 pairs, little-endian).
+		desc := make([]int32, 0, 6*len(segs))
+		off := int64(0)
+		for _, sg := range segs {
+			for _, x := range []uint64{uint64(sg.base), uint64(sg.size), uint64(off)} {
+				desc = append(desc, int32(uint32(x)), int32(uint32(x>>32)))
 			}
+			off += sg.size
 		}
-		kv, err := upload(b, "slots.kv", ptrs)
+		sp, err := upload(b, "slots.segs", desc)
 		if err != nil {
 			return err
 		}
@@ -421,8 +501,8 @@ func (b *Backend) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTie
 			if err != nil {
 				return err
 			}
-			if err := b.launch("quest_slots_move", [3]int{len(ms), 2 * len(ls), 1}, 256, 0,
-				u(kv), u(t.dev), u(mp), uint64(blk), uint64(t.payload), uint64(1-i)); err != nil {
+			if err := b.launch("quest_slots_move", [3]int{len(ms), len(segs), 1}, 256, 0,
+				u(sp), u(t.dev), u(mp), uint64(t.payload), uint64(1-i)); err != nil {
 				return err
 			}
 		}
