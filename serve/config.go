@@ -150,6 +150,27 @@ type Config struct {
 	// host memory besides the pool while it is cached).
 	PrefixCaching    bool
 	PrefixCachePages int
+	// GrowReservations reserves a request's pages as its sequence grows,
+	// as vLLM does, instead of its whole context (prompt plus max_tokens)
+	// when it starts: a request starts when the pages of its prompt and
+	// its next token fit, and every decode step reserves the page it is
+	// about to open. When the pool has no page left for it (the prefix
+	// cache gave way first), the newest running request that grows is
+	// preempted (vLLM's recompute): its sequence is released, its pages
+	// go back to the pool, and it returns to the front of the queue; when
+	// its pages fit again its prompt is prefilled anew and the tokens it
+	// had generated are fed through decode steps (their logits unused),
+	// so that it goes on where it was: its greedy tokens are those of a
+	// run without preemption and a sampled request's sampler goes on
+	// with its own stream; the client sees only the pause
+	// (Stats.Preemptions counts them). Only requests of one sequence (one
+	// prompt, n = 1) on the main in-process engine grow: a request of
+	// several choices (whose forks share its pages), one of its own
+	// selection options (whose engine its reservation sizes) and, with a
+	// Cluster, every request reserve their whole context as without it.
+	// A request whose whole context could never fit the pool is still
+	// refused (400). Off by default.
+	GrowReservations bool
 	// MaxRunning caps the sequences prefilling or decoding at once, the
 	// decode batch (16); each choice of a request (n, a batch of
 	// prompts) is a sequence.
