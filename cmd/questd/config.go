@@ -430,6 +430,11 @@ type ServeConfig struct {
 	// sized from memory takes [--serve-memory-fraction]. Default 0.5
 	// (serve.DefaultMemoryFraction).
 	MemoryFraction float64
+	// GrowReservations reserves a request's pages as it grows, and
+	// preempts the newest request when the pool runs out
+	// (serve.Config.GrowReservations) [--grow-reservations]. Default
+	// false: a request reserves its whole context when it starts.
+	GrowReservations bool
 	// GPUMemoryUtilization is, with Layout device and CapacityPages 0,
 	// the share of the GPU's total memory questd takes in all (weights,
 	// activations, scratch and the pool, which gets what is left once

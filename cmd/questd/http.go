@@ -62,6 +62,7 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc.GridRetries, sc.GridRetryWait = c.Serve.GridRetries, c.Serve.GridRetryWait
 	sc.CapacityPages, sc.MemoryFraction = c.servePages(), c.Serve.MemoryFraction
 	sc.DeviceMemoryFraction = c.Serve.GPUMemoryUtilization
+	sc.GrowReservations = c.Serve.GrowReservations
 	sc.PrefixCaching, sc.PrefixCachePages = c.Serve.PrefixCaching, c.Serve.PrefixCachePages
 	sc.MemoryLimit = c.Capacity.MaxMemory
 	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.Serve.MaxRunning, c.Serve.MaxQueued, c.Serve.PrefillChunk

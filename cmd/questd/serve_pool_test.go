@@ -84,6 +84,23 @@ func TestServePoolDefaults(t *testing.T) {
 	}
 }
 
+// TestGrowReservationsFlag: --grow-reservations reaches the server's
+// config, off by default.
+func TestGrowReservationsFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{{nil, false}, {[]string{"--grow-reservations"}, true}} {
+		cfg, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.serveConfig(nil).GrowReservations; got != c.want {
+			t.Errorf("%v: GrowReservations %v, want %v", c.args, got, c.want)
+		}
+	}
+}
+
 // TestDefaultMaxTokensFlag: --default-max-tokens reaches the server's
 // config: 16 by default, -1 is the rest of the context
 // (completion.RestOfContext).
