@@ -239,3 +239,60 @@ func TestGrowReservationsCancelPreempted(t *testing.T) {
 		}
 	}
 }
+
+// TestGrowReservationsMix: growing reservations under a pool of 10 pages
+// with up to 4 running requests, a mix of 8 requests arriving together:
+// greedy and seeded sampled requests of one sequence (which grow and
+// may be preempted), n = 2 and a request with its own sink pages (which
+// reserve their whole context), and one whose prompt starts with
+// another's. Every choice returns what it returns
+// alone on a server with a pool of 512 pages and the whole contexts
+// reserved, and afterwards nothing but the prefix cache's pages is held.
+func TestGrowReservationsMix(t *testing.T) {
+	m, tok := tinyModel(t)
+	long := "the quick brown fox jumps over the lazy dog "
+	reqs := []map[string]any{
+		{"prompt": long, "max_tokens": 50, "temperature": 0},
+		{"prompt": "0123456789", "max_tokens": 60, "temperature": 0},
+		{"prompt": long + "again", "max_tokens": 30, "temperature": 0},
+		{"prompt": "abc", "max_tokens": 70, "temperature": 0.8, "seed": 3},
+		{"prompt": "xyz xyz", "max_tokens": 40, "temperature": 0, "n": 2},
+		{"prompt": "sink", "max_tokens": 40, "temperature": 0, "quest": map[string]any{"sink": 1}},
+		{"prompt": "hello there", "max_tokens": 55, "temperature": 0.7, "top_p": 0.9, "seed": 9},
+		{"prompt": "0123", "max_tokens": 45, "temperature": 0},
+	}
+	for _, r := range reqs {
+		r["model"] = "tiny"
+	}
+	_, refTS := startServer(t, m, tok, testConfig("tiny"))
+	want := make([]Completion, len(reqs))
+	for i, r := range reqs {
+		want[i] = complete(t, refTS.URL, r)
+	}
+	cfg := testConfig("tiny")
+	cfg.CapacityPages, cfg.MaxRunning, cfg.GrowReservations = 10, 4, true
+	s, ts, release := heldModel(t, m, tok, cfg)
+	got := make([]Completion, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Go(func() { got[i] = complete(t, ts.URL, r) })
+	}
+	waitQueued(t, s, len(reqs)+1) // n = 2: two sequences
+	release()
+	wg.Wait()
+	for i := range reqs {
+		for c := range want[i].Choices {
+			if got[i].Choices[c].Text != want[i].Choices[c].Text {
+				t.Errorf("request %d choice %d: %q, alone %q", i, c, got[i].Choices[c].Text, want[i].Choices[c].Text)
+			}
+		}
+	}
+	st := s.Stats()
+	if st.Completed != uint64(len(reqs)) || st.Running != 0 || st.Queued != 0 || st.ReservedPages != 0 || st.EngineSequences != st.PrefixCacheEntries || st.UsedPages != st.PrefixCachePages || st.OwnEnginesOpen != 0 {
+		t.Errorf("after the requests %+v, want nothing held but the prefix cache's", st)
+	}
+	if st.Preemptions == 0 {
+		t.Errorf("no preemption in a pool of 10 pages: %+v", st)
+	}
+	t.Logf("%d preemptions, %d decode rows in %d steps, %d prompt tokens prefilled, prefix cache %d hits", st.Preemptions, st.StepSequences, st.Steps, st.PromptTokens, st.PrefixCacheHits)
+}
