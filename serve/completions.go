@@ -196,7 +196,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, p params, arrived t
 // (forks of the first's sequence), in index order, all notifying one
 // channel.
 func (s *Server) newGroup(ctx context.Context, p params, arrived time.Time) *group {
-	g := &group{ctx: ctx, notify: make(chan struct{}, 1)}
+	g := &group{ctx: ctx, notify: make(chan struct{}, 1), grows: s.grows(p)}
 	for pi, ids := range p.prompts {
 		var lead *job
 		for c := range p.n {
@@ -205,9 +205,14 @@ func (s *Server) newGroup(ctx context.Context, p params, arrived time.Time) *gro
 			q.ids, q.echoText, q.index = ids, p.echoes[pi], pi*p.n+c
 			jctx, jcancel := context.WithCancel(ctx)
 			j := &job{ctx: jctx, cancel: jcancel, p: q, g: g, notify: g.notify, clock: reqClock{arrived: arrived}}
-			if c == 0 {
+			switch {
+			case g.grows:
+				// The prompt and the first decode step's token: the
+				// decode steps reserve the pages after.
+				lead, j.pages = j, s.pagesFor(len(ids)+min(p.maxTokens, 1))
+			case c == 0:
 				lead, j.pages = j, s.pagesFor(len(ids)+p.maxTokens)
-			} else {
+			default:
 				j.leader, j.pages = lead, s.forkPages(len(ids), p.maxTokens)
 				lead.forks = append(lead.forks, j)
 			}

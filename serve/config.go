@@ -104,13 +104,26 @@ type Config struct {
 	// over the host bytes one page costs on every shard, at most the
 	// pages of MaxRunning requests of the longest context (MaxContext or
 	// the model's), and New fails, naming the flags, when not even one
-	// request of that context fits. Only for the in-process engine on
-	// the CPU: with a Cluster or a device Backend give it.
+	// request of that context fits. With a device Backend whose pages
+	// are DeviceResident (the device executor's layout) it is sized from
+	// the device's memory instead, read when New runs, so after the
+	// executor's weights and workspace are allocated: the pool takes
+	// what DeviceMemoryFraction of the device's total memory leaves
+	// besides what is used already, at the device bytes a page costs
+	// (Engines.DeviceBytes: K/V in the pages' type, summaries, page
+	// tables), with the same bounds and refusal. With a Cluster, or a
+	// Backend without DeviceResident, give it.
 	// Server.PoolSize says how it was sized.
 	CapacityPages int
 	// MemoryFraction is the share of the available memory a pool sized
 	// from memory takes (DefaultMemoryFraction, 0.5; 0 < f <= 0.95).
 	MemoryFraction float64
+	// DeviceMemoryFraction is, for a pool sized from a device's memory
+	// (CapacityPages 0 with DeviceResident pages on a Backend), the share
+	// of the device's total memory the process may take in all: weights,
+	// workspace, scratch and the pool, as vLLM's gpu_memory_utilization
+	// (memlimit.DefaultDeviceFraction, 0.9; 0 < f <= 1).
+	DeviceMemoryFraction float64
 	// MemAvailable reads the memory available for a pool sized from
 	// memory (nil: memlimit.Available); tests give a fake.
 	MemAvailable func() (int64, error)
@@ -137,6 +150,27 @@ type Config struct {
 	// host memory besides the pool while it is cached).
 	PrefixCaching    bool
 	PrefixCachePages int
+	// GrowReservations reserves a request's pages as its sequence grows,
+	// as vLLM does, instead of its whole context (prompt plus max_tokens)
+	// when it starts: a request starts when the pages of its prompt and
+	// its next token fit, and every decode step reserves the page it is
+	// about to open. When the pool has no page left for it (the prefix
+	// cache gave way first), the newest running request that grows is
+	// preempted (vLLM's recompute): its sequence is released, its pages
+	// go back to the pool, and it returns to the front of the queue; when
+	// its pages fit again its prompt is prefilled anew and the tokens it
+	// had generated are fed through decode steps (their logits unused),
+	// so that it goes on where it was: its greedy tokens are those of a
+	// run without preemption and a sampled request's sampler goes on
+	// with its own stream; the client sees only the pause
+	// (Stats.Preemptions counts them). Only requests of one sequence (one
+	// prompt, n = 1) on the main in-process engine grow: a request of
+	// several choices (whose forks share its pages), one of its own
+	// selection options (whose engine its reservation sizes) and, with a
+	// Cluster, every request reserve their whole context as without it.
+	// A request whose whole context could never fit the pool is still
+	// refused (400). Off by default.
+	GrowReservations bool
 	// MaxRunning caps the sequences prefilling or decoding at once, the
 	// decode batch (16); each choice of a request (n, a batch of
 	// prompts) is a sequence.
@@ -279,27 +313,28 @@ const ITLFactorMax = 100
 // DefaultConfig returns the documented defaults (ModelName empty).
 func DefaultConfig() Config {
 	return Config{
-		Policy:           plan.DefaultPolicy(),
-		CP:               1,
-		TP:               1,
-		Selection:        plan.Exact,
-		CapacityPages:    0,
-		MemoryFraction:   DefaultMemoryFraction,
-		MaxRunning:       16,
-		MaxQueued:        64,
-		PolicyGrids:      2,
-		GridRetries:      1,
-		GridRetryWait:    10 * time.Second,
-		ChunkTokens:      512,
-		MaxITLFactor:     2,
-		MaxBodyBytes:     1 << 20,
-		RequestTimeout:   5 * time.Minute,
-		SSEKeepAlive:     15 * time.Second,
-		DefaultMaxTokens: 16,
-		RetryAfter:       time.Second,
-		Monitor:          MonitorConfig{Queue: 64, TopR: 10},
-		History:          64,
-		PrefixCaching:    true,
+		Policy:               plan.DefaultPolicy(),
+		CP:                   1,
+		TP:                   1,
+		Selection:            plan.Exact,
+		CapacityPages:        0,
+		MemoryFraction:       DefaultMemoryFraction,
+		DeviceMemoryFraction: memlimit.DefaultDeviceFraction,
+		MaxRunning:           16,
+		MaxQueued:            64,
+		PolicyGrids:          2,
+		GridRetries:          1,
+		GridRetryWait:        10 * time.Second,
+		ChunkTokens:          512,
+		MaxITLFactor:         2,
+		MaxBodyBytes:         1 << 20,
+		RequestTimeout:       5 * time.Minute,
+		SSEKeepAlive:         15 * time.Second,
+		DefaultMaxTokens:     16,
+		RetryAfter:           time.Second,
+		Monitor:              MonitorConfig{Queue: 64, TopR: 10},
+		History:              64,
+		PrefixCaching:        true,
 	}
 }
 
@@ -320,6 +355,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: capacity %d pages: want 0 (sized from memory) or more", c.CapacityPages)
 	case c.CapacityPages == 0 && !(c.MemoryFraction > 0 && c.MemoryFraction <= 0.95):
 		return fmt.Errorf("serve config: memory fraction %v: want 0 < f <= 0.95 (a pool sized from memory)", c.MemoryFraction)
+	case c.CapacityPages == 0 && c.Backend != nil && c.DeviceResident && !(c.DeviceMemoryFraction > 0 && c.DeviceMemoryFraction <= 1):
+		return fmt.Errorf("serve config: device memory fraction %v: want 0 < f <= 1 (a pool sized from the device's memory)", c.DeviceMemoryFraction)
 	case c.MemoryLimit < memlimit.NoLimit:
 		return fmt.Errorf("serve config: memory limit %d: want bytes, 0 (available memory) or -1 (no check)", c.MemoryLimit)
 	case c.PrefixCachePages < 0 || (c.CapacityPages > 0 && c.PrefixCachePages > c.CapacityPages):

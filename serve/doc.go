@@ -140,7 +140,13 @@
 // running requests have reserved: a request that does not fit now
 // waits in the queue (bounded by the request timeout) until running
 // ones end, and the requests behind it wait too, so none is overtaken
-// for ever. A started request therefore never runs out of pages. On a cluster ([Config.Cluster]) a request's
+// for ever. A started request therefore never runs out of pages. With
+// [Config.GrowReservations] a request of one sequence reserves instead
+// the pages of its prompt and next token when it starts and a page more
+// as its decode steps open one; when the pool has none left, the newest
+// running request is preempted (its pages back to the pool, it waits at
+// the front of the queue and runs again from its prompt and the tokens
+// it had generated, with the same greedy tokens). On a cluster ([Config.Cluster]) a request's
 // sequence is created, at its turn to prefill, on a goroutine of its own
 // (a grid opening may take seconds) that hands it to the scheduler at an
 // iteration boundary; the running requests go on decoding meanwhile. A

@@ -51,6 +51,12 @@ type Engines interface {
 	// DeviceResident, the host side only). New sizes a pool from memory
 	// with it (Config.CapacityPages 0).
 	HostBytes(spec GridSpec) (int64, error)
+	// DeviceBytes returns the device memory an engine of spec with
+	// DeviceResident takes on its Backend's device (the pools of all its
+	// ranks, their summaries and page tables, and the backend's scratch
+	// kept free beside them; 0 without DeviceResident). New sizes a
+	// device's pool with it (Config.CapacityPages 0).
+	DeviceBytes(spec GridSpec) (int64, error)
 }
 
 // Engine is an in-process attention engine: the server's main engine,

@@ -60,11 +60,12 @@ type job struct {
 	stopWake func() bool
 	next     int // the token the next decode step feeds
 	tokens   int // tokens generated
-	// With Config.GridRetries on a cluster: gen is the tokens generated;
-	// retries counts the times j ran again after its grid was lost;
-	// replay, after a retry's prefill, is the generated tokens before
-	// next still to feed to the new sequence (decode steps whose logits
-	// are not used).
+	// With Config.GridRetries on a cluster, or a growing reservation
+	// (group.grows): gen is the tokens generated; retries counts the
+	// times j ran again after its grid was lost; replay, after a retry's
+	// or a preempted job's prefill, is the generated tokens before next
+	// still to feed to the new sequence (decode steps whose logits are
+	// not used).
 	gen     []int
 	retries int
 	replay  []int
@@ -117,6 +118,9 @@ type group struct {
 	// reserved (the Server's mu) says that the pages are reserved: from
 	// the first job's start to the last job's end.
 	reserved bool
+	// grows says that pages reserves the group's one sequence as it
+	// grows (Config.GrowReservations), not its whole context.
+	grows bool
 }
 
 // result is how a job ended.

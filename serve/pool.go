@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"context"
 	"fmt"
 	"math"
 
@@ -39,10 +40,22 @@ type PoolSize struct {
 	// pages than MaxRunning requests of the longest context can reserve
 	// at once) or "plan" (plan.MaxPages).
 	Bound string
+	// Device is true when the pool was sized from the free memory of
+	// the Backend's device (pages DeviceResident) instead of the host's:
+	// then Available is the device's free memory when New ran (after the
+	// executor's weights and workspace), Total the device's memory,
+	// Fraction Config.DeviceMemoryFraction (the share of Total the
+	// process takes in all: vLLM's gpu_memory_utilization), Budget
+	// what that leaves for the pool (Fraction x Total - (Total -
+	// Available)), and PageBytes and FixedBytes device bytes
+	// (Engines.DeviceBytes: FixedBytes holds the backend's scratch).
+	Device        bool
+	Total, Budget int64
 }
 
-// Bytes is the host memory of the pool (FixedBytes + Pages x
-// PageBytes); 0 when it was not sized from memory.
+// Bytes is the memory of the pool (FixedBytes + Pages x PageBytes): the
+// host's, or the device's with Device; 0 when it was not sized from
+// memory.
 func (p PoolSize) Bytes() int64 {
 	return memlimit.Add(p.FixedBytes, memlimit.Mul(int64(p.Pages), p.PageBytes))
 }
@@ -57,7 +70,13 @@ func poolPages(avail int64, fraction float64, fixed, perPage int64, slack, need,
 	if perPage <= 0 || budget <= float64(fixed) {
 		return 0, "memory"
 	}
-	pages := int64((budget-float64(fixed))/float64(perPage)) - int64(slack)
+	return boundPages(int64((budget-float64(fixed))/float64(perPage))-int64(slack), need, maxRunning)
+}
+
+// boundPages bounds the pages that memory holds (bound "memory") by
+// maxRunning requests of need pages each (need 0: no such bound) and by
+// plan.MaxPages (at least 0).
+func boundPages(pages int64, need, maxRunning int) (int, string) {
 	bound := "memory"
 	if need > 0 {
 		if most := int64(need) * int64(maxRunning); most < pages {
@@ -76,8 +95,11 @@ func poolPages(avail int64, fraction float64, fixed, perPage int64, slack, need,
 // capped by a positive MemoryLimit), at most MaxRunning requests of
 // maxContext tokens, and must hold one request of maxContext tokens.
 func (s *Server) sizePool(cfg Config, maxContext int) (PoolSize, error) {
+	if cfg.Cluster == nil && cfg.Backend != nil && cfg.DeviceResident {
+		return s.sizeDevicePool(cfg, maxContext)
+	}
 	if cfg.Cluster != nil || cfg.Backend != nil || cfg.Decoder != nil {
-		return PoolSize{}, fmt.Errorf("serve config: capacity 0 pages sizes the pool from this host's memory, which does not hold the pages with a Cluster or a device Backend: give CapacityPages (questd --serve-capacity-pages)")
+		return PoolSize{}, fmt.Errorf("serve config: capacity 0 pages sizes the pool from this host's memory, or from the device's with a Backend's DeviceResident pages; with a Cluster, or a Backend without DeviceResident, give CapacityPages (questd --serve-capacity-pages)")
 	}
 	read := cfg.MemAvailable
 	if read == nil {
@@ -108,6 +130,45 @@ func (s *Server) sizePool(cfg Config, maxContext int) (PoolSize, error) {
 	if ps.Pages < max(need, 1) {
 		return ps, fmt.Errorf("serve: a pool of %.2f of the %s of memory available holds %d pages per shard (%s a page over the %d x %d shards); one request of max_model_len %d tokens needs %d: lower questd --max-model-len, raise --serve-memory-fraction or give --serve-capacity-pages: %w",
 			cfg.MemoryFraction, memlimit.Bytes(avail), ps.Pages, memlimit.Bytes(ps.PageBytes), cfg.TP, cfg.CP, maxContext, max(need, 1), memlimit.ErrTooLarge)
+	}
+	return ps, nil
+}
+
+// sizeDevicePool resolves cfg.CapacityPages 0 for a pool of
+// DeviceResident pages on cfg.Backend's device: the device's memory is
+// read now, once the caller allocated the executor's weights and
+// workspace there, and the pool takes what cfg.DeviceMemoryFraction of
+// the device's total leaves (memlimit.ReadDevice), at Engines.DeviceBytes
+// a page, at most MaxRunning requests of maxContext tokens and
+// plan.MaxPages; it must hold one request of maxContext tokens.
+func (s *Server) sizeDevicePool(cfg Config, maxContext int) (PoolSize, error) {
+	dm, ok := cfg.Backend.(memlimit.DeviceMemory)
+	if !ok {
+		return PoolSize{}, fmt.Errorf("serve config: capacity 0 pages sizes the pool from the device's free memory, which backend %s does not report: give CapacityPages (questd --serve-capacity-pages)", cfg.Backend.Name())
+	}
+	b, err := memlimit.ReadDevice(context.Background(), dm, cfg.DeviceMemoryFraction)
+	if err != nil {
+		return PoolSize{}, fmt.Errorf("serve: size the pool from the device's memory (or give questd --serve-capacity-pages): %w", err)
+	}
+	one, err := cfg.Engines.DeviceBytes(s.gridSpec(cfg.Policy, 1))
+	if err != nil {
+		return PoolSize{}, fmt.Errorf("serve: size the pool from the device's memory: %w", err)
+	}
+	two, err := cfg.Engines.DeviceBytes(s.gridSpec(cfg.Policy, 2))
+	if err != nil {
+		return PoolSize{}, fmt.Errorf("serve: size the pool from the device's memory: %w", err)
+	}
+	ps := PoolSize{FromMemory: true, Device: true, Available: b.Free, Total: b.Total, Budget: b.Bytes,
+		Fraction: b.Fraction, PageBytes: two - one}
+	ps.FixedBytes = one - ps.PageBytes
+	need := 0
+	if maxContext > 0 {
+		need = s.pagesFor(maxContext)
+	}
+	ps.Pages, ps.Bound = boundPages(b.Fit(ps.FixedBytes, ps.PageBytes), need, cfg.MaxRunning)
+	if ps.Pages < max(need, 1) {
+		return ps, fmt.Errorf("serve: the device's pool holds %d pages (%s a page, %s beside them) in the %s that %.2f of its %s leaves with %s free after the weights and workspace; one request of max_model_len %d tokens needs %d: lower questd --max-model-len, raise --gpu-memory-utilization or give --serve-capacity-pages: %w",
+			ps.Pages, memlimit.Bytes(ps.PageBytes), memlimit.Bytes(ps.FixedBytes), memlimit.Bytes(b.Bytes), b.Fraction, memlimit.Bytes(b.Total), memlimit.Bytes(b.Free), maxContext, max(need, 1), memlimit.ErrTooLarge)
 	}
 	return ps, nil
 }

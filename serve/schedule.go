@@ -72,7 +72,9 @@ func (s *Server) iterate() bool {
 			s.reserved += g.pages
 			g.reserved = true
 		}
-		j.clock.started = time.Now()
+		if j.clock.started.IsZero() { // a preempted job keeps its first start
+			j.clock.started = time.Now()
+		}
 		s.running = append(s.running, j)
 		s.queue = s.queue[1:]
 	}
@@ -139,6 +141,7 @@ func (s *Server) iterate() bool {
 			s.itl.hold(lim.allowance)
 		}
 	}
+	decoding = s.grow(decoding)
 	t0 := time.Now()
 	rows := s.decode(decoding)
 	if s.itl != nil && rows > 0 {
@@ -623,7 +626,7 @@ func (s *Server) picked(j *job, id, greedy int, logits []float32) {
 		j.out = append(j.out, id)
 		j.argmax = append(j.argmax, greedy)
 	}
-	if s.retries() {
+	if s.retries() || j.g.grows {
 		j.gen = append(j.gen, id)
 	}
 	j.tokens++
@@ -857,6 +860,107 @@ func (s *Server) retry(j *job, err error) (bool, string) {
 		j.promptLP = nil // recorded again by the prefill
 	}
 	return true, ""
+}
+
+// grows reports whether a request of params p reserves its pages as its
+// sequence grows (Config.GrowReservations): one sequence (one prompt, n
+// = 1) on the main in-process engine.
+func (s *Server) grows(p params) bool {
+	return s.cfg.GrowReservations && s.cfg.Cluster == nil && !p.own && len(p.prompts) == 1 && p.n == 1
+}
+
+// grow reserves, with Config.GrowReservations, the page that the decode
+// step about to run opens for each job of decoding whose group grows,
+// the oldest first. A page the pool does not have, once the prefix
+// cache gave way, preempts the newest running job that grows (preempt),
+// which may be the job itself. It returns the jobs of decoding still
+// running.
+func (s *Server) grow(decoding []*job) []*job {
+	if !s.cfg.GrowReservations {
+		return decoding
+	}
+	out := decoding[:0:0]
+	for _, j := range decoding {
+		for !j.ended && j.attn != nil && j.g.grows {
+			d := s.pagesFor(j.attn.Len()+1) - j.g.pages
+			if d <= 0 {
+				break
+			}
+			s.mu.Lock()
+			drop := s.evictPrefixes(d)
+			fits := s.reserved+d <= s.cfg.CapacityPages
+			var v *job
+			if fits {
+				s.reserved += d
+				j.g.pages += d
+				j.pages += d
+			} else {
+				v = s.requeueNewest()
+			}
+			s.mu.Unlock()
+			if len(drop) > 0 {
+				s.dropPrefixes(drop, 0)
+			}
+			if v != nil {
+				s.preempt(v)
+			}
+		}
+		if !j.ended && j.attn != nil {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// requeueNewest takes the newest running job that grows out of the
+// running ones, returns its pages to the pool and puts it at the front
+// of the queue, reserving there the pages its prompt and generated
+// tokens fill after the first decode step it will run (the caller
+// releases its sequence: preempt). Called under s.mu; a job of
+// decoding's that grows is running, so there is one.
+func (s *Server) requeueNewest() *job {
+	i := len(s.running) - 1
+	for !s.running[i].g.grows {
+		i--
+	}
+	v := s.running[i]
+	s.running = slices.Delete(s.running, i, i+1)
+	if v.g.reserved {
+		s.reserved -= v.g.pages
+		v.g.reserved = false
+	}
+	v.pages = s.pagesFor(len(v.p.ids) + max(v.tokens, min(v.p.maxTokens, 1)))
+	v.g.pages = v.pages
+	s.queue = slices.Insert(s.queue, 0, v)
+	s.stats.Preemptions++
+	return v
+}
+
+// preempt releases the sequence of j, just requeued (requeueNewest), and
+// sets it to run again from its prompt, as retry does for a lost grid:
+// its next prefill looks the prompt up in the prefix cache again, and
+// when j had generated tokens they are fed through decode steps
+// (j.replay) before j decodes on from j.next, its sampler, penalties,
+// stop strings and text where they were.
+func (s *Server) preempt(j *job) {
+	s.log.Info("pool full: preempting the newest request (it runs again from its prompt)", "request", j.id, "tokens", j.tokens)
+	for _, a := range []**jobAttention{&j.attn, &j.pre, &j.base} {
+		if *a != nil {
+			if err := (*a).Release(); err != nil {
+				s.log.Warn("release sequence", "request", j.id, "err", err)
+			}
+			*a = nil
+		}
+	}
+	if j.eng != nil {
+		j.eng.release()
+		j.eng = nil
+	}
+	j.cached, j.from, j.probed = 0, nil, false
+	j.dense, j.filled, j.replay = nil, 0, nil
+	if j.tokens == 0 {
+		j.promptLP = nil // recorded again by the prefill
+	}
 }
 
 // stepError is the failure of j's step: its context's end when that is

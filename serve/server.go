@@ -142,6 +142,10 @@ type Stats struct {
 	// GridRetries counts, with Config.Cluster, the times a request ran
 	// again on a new grid after its grid was lost (Config.GridRetries).
 	GridRetries uint64
+	// Preemptions counts the times a running request gave its pages
+	// back to the pool for an older one's next page and went back to the
+	// queue (Config.GrowReservations).
+	Preemptions uint64
 	// The quality monitor's (layer, KV head) samples: taken, dropped
 	// because the replay queue was full, replayed, and failed (a fork or
 	// replay error, or the request's step failing).

@@ -421,13 +421,25 @@ type ServeConfig struct {
 	DevicePrefill bool
 	// CapacityPages is the page pool of the served model's engine
 	// [--serve-capacity-pages]. Default 0: with Layout local sized
-	// from memory (serve.Config.CapacityPages 0, MemoryFraction),
-	// with cluster or device defaultServePages (servePages).
+	// from memory (serve.Config.CapacityPages 0, MemoryFraction), with
+	// device from the GPU's memory (GPUMemoryUtilization), with cluster
+	// defaultServePages (servePages).
 	CapacityPages int
 	// MemoryFraction is the share of the available memory a pool
 	// sized from memory takes [--serve-memory-fraction]. Default 0.5
 	// (serve.DefaultMemoryFraction).
 	MemoryFraction float64
+	// GrowReservations reserves a request's pages as it grows, and
+	// preempts the newest request when the pool runs out
+	// (serve.Config.GrowReservations) [--grow-reservations]. Default
+	// false: a request reserves its whole context when it starts.
+	GrowReservations bool
+	// GPUMemoryUtilization is, with Layout device and CapacityPages 0,
+	// the share of the GPU's total memory questd takes in all (weights,
+	// activations, scratch and the pool, which gets what is left once
+	// the others are allocated), as vLLM's gpu_memory_utilization
+	// [--gpu-memory-utilization]. Default 0.9; 0 < F <= 1.
+	GPUMemoryUtilization float64
 	// PrefixCaching keeps prompts' full pages for later requests with
 	// the same token prefix [--prefix-caching] (serve.Config's; every
 	// layout: with cluster, on the requests' grid). Default true.

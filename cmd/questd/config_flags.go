@@ -366,7 +366,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		return nil
 	})
 	d.bool(&c.Serve.DevicePrefill, "device-prefill", def.Serve.DevicePrefill, "with --serve-layout device: prefill prompts on the GPU (needs --kv-cache-dtype bf16 or f16); false: on the CPU, into the GPU's pages")
-	d.int(&c.Serve.CapacityPages, "serve-capacity-pages", def.Serve.CapacityPages, "page pool of the served model's engine, in pages; a request starts when its pages fit beside the running ones' and waits in the queue until then (one that could never fit gets 400) (--serve-layout cluster: the pool of every rank of the served grid); 0: with --serve-layout local, sized from memory as vLLM's gpu_memory_utilization (--serve-memory-fraction of the memory available once the model is loaded, at most --max-running requests of --max-model-len, and questd refuses to start when not even one such request fits), with cluster or device 4096")
+	d.int(&c.Serve.CapacityPages, "serve-capacity-pages", def.Serve.CapacityPages, "page pool of the served model's engine, in pages; a request starts when its pages fit beside the running ones' and waits in the queue until then (one that could never fit gets 400) (--serve-layout cluster: the pool of every rank of the served grid); 0: with --serve-layout local, sized from memory as vLLM's gpu_memory_utilization (--serve-memory-fraction of the memory available once the model is loaded, at most --max-running requests of --max-model-len, and questd refuses to start when not even one such request fits), with device likewise from the GPU's memory once the weights and activations are allocated (--gpu-memory-utilization), with cluster 4096")
 	d.text("serve-memory-fraction", "0.5", "share `F` of the memory available (MemAvailable, capped by the memory cgroup and --max-memory) that the serving pool takes when --serve-capacity-pages is 0 with --serve-layout local; the rest holds the CPU prefill's copies of cached prompts' keys and values, activations and the heap; 0 < F <= 0.95", func(v string) error {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || !(f > 0 && f <= 0.95) {
@@ -375,6 +375,15 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		c.Serve.MemoryFraction = f
 		return nil
 	})
+	d.text("gpu-memory-utilization", "0.9", "with --serve-layout device and --serve-capacity-pages 0: share `F` of the GPU's total memory questd takes in all, as vLLM's gpu_memory_utilization; the pool gets F x total less what the weights, activations and anything else on the GPU hold once they are allocated, less 256 MiB of scratch; 0 < F <= 1", func(v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0 && f <= 1) {
+			return errors.New("want 0 < F <= 1")
+		}
+		c.Serve.GPUMemoryUtilization = f
+		return nil
+	})
+	d.bool(&c.Serve.GrowReservations, "grow-reservations", def.Serve.GrowReservations, "reserve a request's pages as its sequence grows (its prompt's and next token's when it starts, a page more as it opens one) instead of its whole prompt plus max_tokens, as vLLM does; when the pool has no page for a request's next token (the prefix cache gave way first) the newest running request is preempted: its pages go back to the pool and it runs again from its prompt and the tokens it generated (recompute) once they fit, the client seeing a pause only; requests with n > 1, several prompts or quest options of their own, and every request with --serve-layout cluster, reserve their whole context")
 	d.bool(&c.Serve.PrefixCaching, "prefix-caching", def.Serve.PrefixCaching, "keep the full pages of prompts (with their summaries) so that later requests with the same token prefix fork them instead of prefilling it again; cached pages give way, least recently used first, to any request that needs the pool (every --serve-layout; with cluster the cached pages stay on the requests' grid, and a lost grid's are dropped)")
 	d.int(&c.Serve.PrefixCachePages, "prefix-cache-pages", def.Serve.PrefixCachePages, "pages of the serving pool the prefix cache may hold at most, 0..--serve-capacity-pages; 0: whatever the running requests leave free with the GPU prefill, else a quarter of the pool (a prompt prefilled on the CPU keeps a float32 copy of its keys and values in host memory while cached)")
 	d.text("serve-layout", "local", "where the served requests' KV pages live, `local|cluster|device`: local (an in-process engine on this node), cluster (a --serve-cp x --serve-tp grid of the cluster's nodes coordinated by this node; the model runs here, attention steps go to the grid's workers) or device (with --backend cuda: the model's decode steps and the pages on the first GPU of --devices, through the device executor; prompts are prefilled on the GPU, or on the CPU into the GPU's pages with --device-prefill=false)", func(v string) error {

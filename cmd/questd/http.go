@@ -61,6 +61,8 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc.PolicyGrids = c.Serve.PolicyGrids
 	sc.GridRetries, sc.GridRetryWait = c.Serve.GridRetries, c.Serve.GridRetryWait
 	sc.CapacityPages, sc.MemoryFraction = c.servePages(), c.Serve.MemoryFraction
+	sc.DeviceMemoryFraction = c.Serve.GPUMemoryUtilization
+	sc.GrowReservations = c.Serve.GrowReservations
 	sc.PrefixCaching, sc.PrefixCachePages = c.Serve.PrefixCaching, c.Serve.PrefixCachePages
 	sc.MemoryLimit = c.Capacity.MaxMemory
 	sc.MaxRunning, sc.MaxQueued, sc.ChunkTokens = c.Serve.MaxRunning, c.Serve.MaxQueued, c.Serve.PrefillChunk
@@ -153,7 +155,10 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 	st := srv.Stats()
 	attrs := []any{"addr", h.addr, "tls", cert != nil, "model", srv.Name(), "layout", cfg.Serve.Layout, "cp", cfg.Serve.CP, "tp", cfg.Serve.TP,
 		"max_model_len", srv.MaxModelLen(), "pool_pages", st.CapacityPages, "pool_tokens_per_shard", st.CapacityPages * cfg.Grid.PageSize}
-	if ps := srv.PoolSize(); ps.FromMemory {
+	if ps := srv.PoolSize(); ps.Device {
+		attrs = append(attrs, "pool_sized_from", "gpu memory", "pool_bytes", memlimit.Bytes(ps.Bytes()), "gpu_free", memlimit.Bytes(ps.Available),
+			"gpu_total", memlimit.Bytes(ps.Total), "gpu_memory_utilization", ps.Fraction, "page_bytes", ps.PageBytes, "pool_bound", ps.Bound)
+	} else if ps.FromMemory {
 		attrs = append(attrs, "pool_sized_from", "memory", "pool_bytes", memlimit.Bytes(ps.Bytes()), "memory_available", memlimit.Bytes(ps.Available),
 			"serve_memory_fraction", ps.Fraction, "pool_bound", ps.Bound)
 	} else if cfg.Serve.CapacityPages == 0 {

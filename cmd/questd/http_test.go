@@ -150,6 +150,8 @@ func TestServeCompletionsFlags(t *testing.T) {
 		{[]string{"--default-max-tokens", "-2"}, "--default-max-tokens"},
 		{[]string{"--default-max-tokens", "500", "--max-model-len", "400"}, "--default-max-tokens"},
 		{[]string{"--serve-memory-fraction", "0"}, "--serve-memory-fraction"},
+		{[]string{"--gpu-memory-utilization", "0"}, "--gpu-memory-utilization"},
+		{[]string{"--gpu-memory-utilization", "1.01"}, "--gpu-memory-utilization"},
 		{[]string{"--prefix-cache-pages", "-1"}, "--prefix-cache-pages"},
 		{[]string{"--serve-layout", "cluster", "--model", "/m", "--http-addr", "127.0.0.1:0", "--prefix-cache-pages", "4097"}, "--prefix-cache-pages"},
 		{[]string{"--serve-capacity-pages", "64", "--prefix-cache-pages", "65"}, "--prefix-cache-pages"},

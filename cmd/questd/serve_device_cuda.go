@@ -21,8 +21,13 @@ import (
 // through the device executor (model/gpu.Decoder); the weights, the
 // activations of --max-running rows and the pages of
 // --serve-capacity-pages are admitted against the GPU's free memory
-// before anything is allocated there. The returned func frees the
-// executor and the backend (after the server closed).
+// before anything is allocated there. With --serve-capacity-pages 0
+// the weights and activations are admitted and allocated first, and
+// serve.New sizes the pool from the GPU's memory left then
+// (--gpu-memory-utilization); when not even one request of
+// --max-model-len fits, the start stops with that error and everything
+// allocated is freed. The returned func frees the executor and the
+// backend (after the server closed).
 func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*completion.Server, func(), error) {
 	ctx := context.Background()
 	ord := 0
@@ -47,12 +52,16 @@ func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*comp
 		return nil, nil, fmt.Errorf("GPU %d: %w", ord, err)
 	}
 	opt := gpu.Options{MaxBatch: min(sc.MaxRunning, 16), PrefillChunk: min(sc.ChunkTokens, gpu.DefaultPrefillChunk)}
-	ec := engine.ModelConfig(m.Geometry(), sc.Policy, sc.CapacityPages)
-	ec.Geometry.DType = cfg.Devices.KVCacheDType
-	if err := gpu.AdmitAll(ctx, be, m.Config, opt, ec); err != nil {
-		be.Close()
-		m.Close()
-		return nil, nil, err
+	if sc.CapacityPages > 0 {
+		// A pool sized from memory (0) is sized by completion.New
+		// once the executor is allocated; gpu.New admits the rest.
+		ec := engine.ModelConfig(m.Geometry(), sc.Policy, sc.CapacityPages)
+		ec.Geometry.DType = cfg.Devices.KVCacheDType
+		if err := gpu.AdmitAll(ctx, be, m.Config, opt, ec); err != nil {
+			be.Close()
+			m.Close()
+			return nil, nil, err
+		}
 	}
 	x, err := gpu.New(ctx, be, m, opt)
 	if err != nil {

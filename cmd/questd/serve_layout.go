@@ -8,19 +8,20 @@ import (
 )
 
 // defaultServePages is the pool of --serve-capacity-pages 0 with
-// --serve-layout cluster or device, whose pages are not in this host's
-// memory (the workers' or the GPU's, which check their own).
+// --serve-layout cluster, whose pages are in the workers' memory (which
+// check their own).
 const defaultServePages = 4096
 
 // servePages is the serving pool the serve package gets: Serve.CapacityPages, or
-// with 0 defaultServePages for the cluster and device layouts, and 0
-// (sized from memory by serve.New) for local.
+// with 0 defaultServePages for the cluster layout, and 0 for local
+// (sized from this host's memory by serve.New) and device (from the
+// GPU's memory once the executor is loaded, --gpu-memory-utilization).
 func (c Config) servePages() int { return c.Serve.pages() }
 
 // pages is the serving pool: CapacityPages, or with 0 defaultServePages
-// for the cluster and device layouts, and 0 (sized from memory) for local.
+// for the cluster layout, and 0 (sized from memory) for local and device.
 func (s ServeConfig) pages() int {
-	if s.CapacityPages == 0 && s.Layout != "local" {
+	if s.CapacityPages == 0 && s.Layout == "cluster" {
 		return defaultServePages
 	}
 	return s.CapacityPages

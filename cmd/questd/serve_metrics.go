@@ -35,7 +35,7 @@ func newServeCounts(srv *completion.Server) *serveCounts {
 		prefixHeld:    prometheus.NewDesc("questrt_prefix_cache", "The prefix cache now, by kind: entries (engine sequences, or cluster sequences with --serve-layout cluster) and pages (per shard, of --serve-capacity-pages; pages running requests share count here too).", []string{"kind"}, nil),
 		prefixLost:    prometheus.NewDesc("questrt_prefix_cache_lost_entries_total", "Prefix cache entries dropped with their grid (--serve-layout cluster: a node of the grid lost); requests run again after the loss prefill anew.", nil, nil),
 		pagesRead:     prometheus.NewDesc("questrt_serve_pages_read_total", "KV pages the completions API's decode steps read, per KV head (the requests' usage pages_read summed), by kind: read, and dense (what dense attention would have read: usage pages_total); read over dense is the bytes read vs a dense read. Counted here whatever --serve-layout (questrt_pages_read_total counts the steps of the node's coordinator, which the local and device layouts do not use).", []string{"kind"}, nil),
-		retries:       prometheus.NewDesc("questrt_request_retries_total", "Times a completions request ran again, by reason: grid_lost (--serve-layout cluster: its grid lost a node; run again on a new grid from its prompt and the tokens already generated, at most --serve-grid-retries times a request).", []string{"reason"}, nil),
+		retries:       prometheus.NewDesc("questrt_request_retries_total", "Times a completions request ran again, by reason: grid_lost (--serve-layout cluster: its grid lost a node; run again on a new grid from its prompt and the tokens already generated, at most --serve-grid-retries times a request) and preempted (--grow-reservations: the pool had no page for an older request's next token, so the newest gave its pages back and ran again from its prompt and the tokens already generated once the pool had room; vLLM's num_preemptions).", []string{"reason"}, nil),
 		policyRefused: prometheus.NewDesc("questrt_serve_policy_grid_refusals_total", "Requests refused (429) because their quest options would open one grid more than --serve-policy-grids (--serve-layout cluster).", nil, nil),
 	}
 }
@@ -75,6 +75,7 @@ func (c *serveCounts) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.pages, st.CapacityPages, "capacity")
 	counter(c.policyRefused, st.PolicyGridsRefused)
 	counter(c.retries, st.GridRetries, "grid_lost")
+	counter(c.retries, st.Preemptions, "preempted")
 	counter(c.prefixReqs, st.PrefixCacheHits, "hit")
 	counter(c.prefixReqs, st.PrefixCacheMisses, "miss")
 	counter(c.prefixTokens, st.PrefixCacheQueryTokens, "queries")

@@ -56,6 +56,51 @@ func TestServePoolFromMemory(t *testing.T) {
 	}
 }
 
+// TestServePoolDefaults: --serve-capacity-pages 0 reaches the serve
+// package as 0 (sized from memory) with the local and device layouts,
+// the device's with --gpu-memory-utilization (0.9 by default, vLLM's),
+// and as 4096 pages with cluster; a given pool is passed as given.
+func TestServePoolDefaults(t *testing.T) {
+	for _, c := range []struct {
+		layout string
+		args   []string
+		pages  int
+		frac   float64
+	}{
+		{"local", nil, 0, 0.9},
+		{"device", nil, 0, 0.9},
+		{"device", []string{"--gpu-memory-utilization", "0.75"}, 0, 0.75},
+		{"device", []string{"--serve-capacity-pages", "300"}, 300, 0.9},
+		{"cluster", nil, 4096, 0.9},
+	} {
+		cfg, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%s %v: %v", c.layout, c.args, err)
+		}
+		cfg.Serve.Layout = c.layout
+		if sc := cfg.serveConfig(nil); sc.CapacityPages != c.pages || sc.DeviceMemoryFraction != c.frac {
+			t.Errorf("%s %v: %d pages, device fraction %v; want %d, %v", c.layout, c.args, sc.CapacityPages, sc.DeviceMemoryFraction, c.pages, c.frac)
+		}
+	}
+}
+
+// TestGrowReservationsFlag: --grow-reservations reaches the server's
+// config, off by default.
+func TestGrowReservationsFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{{nil, false}, {[]string{"--grow-reservations"}, true}} {
+		cfg, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.serveConfig(nil).GrowReservations; got != c.want {
+			t.Errorf("%v: GrowReservations %v, want %v", c.args, got, c.want)
+		}
+	}
+}
+
 // TestDefaultMaxTokensFlag: --default-max-tokens reaches the server's
 // config: 16 by default, -1 is the rest of the context
 // (completion.RestOfContext).

@@ -6,7 +6,9 @@ import (
 	"fmt"
 
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/model/gpu"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/serve"
 )
@@ -39,6 +41,34 @@ func (engines) HostBytes(spec serve.GridSpec) (int64, error) {
 		return 0, fmt.Errorf("engine config: %w", err)
 	}
 	return n, nil
+}
+
+// PageTableBytes is the device memory a page costs in the device's page
+// tables (kernels.DeviceStore.WriteTable): an int32 entry in tables that
+// grow by doubling, so up to two entries' room.
+const PageTableBytes = 8
+
+// DeviceBytes is the device memory an engine of spec (DeviceResident,
+// on spec.Backend's device) takes: the K/V and summary pools of its
+// CP x TP ranks in the pages' type (model/gpu.PageBytes: K and V of
+// every layer as float32, bf16 or f16 elements with summaries of that
+// type, or fp8 codes with a float32 scale per (page, KV head) record and
+// float32 summaries), PageTableBytes a page for the page tables, and
+// gpu.Reserve once (the backend's scratch and staging and the driver's
+// own, which gpu.Admit keeps free too). 0 without DeviceResident.
+func (engines) DeviceBytes(spec serve.GridSpec) (int64, error) {
+	if !spec.DeviceResident {
+		return 0, nil
+	}
+	ec := EngineConfig(spec)
+	rank := ec
+	rank.CP, rank.TP, rank.Geometry = 1, 1, ec.Geometry.Split(ec.TP)
+	pools, err := gpu.PageBytes(rank)
+	if err != nil {
+		return 0, fmt.Errorf("engine config: %w", err)
+	}
+	per := memlimit.Add(pools, memlimit.Mul(int64(spec.CapacityPages), PageTableBytes))
+	return memlimit.Add(memlimit.Mul(per, int64(ec.CP), int64(ec.TP)), gpu.Reserve), nil
 }
 
 // EngineConfig is the engine config of a server's grid: the engine's

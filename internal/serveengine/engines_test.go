@@ -87,3 +87,38 @@ func TestEnginesValidate(t *testing.T) {
 			ec.StepTimeout, ec.BlockPages, ec.TP, ec.CapacityPages, ec.PageSize, def.StepTimeout, def.BlockPages)
 	}
 }
+
+// TestDeviceBytes: the device memory of smallSpec's pools of 16 pages,
+// computed by hand per page of one rank holding both KV heads: 2 layers
+// x 2 heads x (K and V of 4 x 8 elements + a 2 x 8 summary) = 2 x 2 x
+// (64 + 16) elements, as float32 (1280 bytes), bf16 (640), or fp8 (2 x 2
+// x (64 one-byte codes + 2 float32 scales + 16 float32 summary
+// elements) = 544), and 8 bytes of page table; gpu.Reserve (256 MiB)
+// once. TP 2 splits the heads (the same pool bytes) over two tables; CP
+// 2 doubles the pages. Without DeviceResident: nothing.
+func TestDeviceBytes(t *testing.T) {
+	const reserve = 256 << 20
+	for _, c := range []struct {
+		cp, tp int
+		dt     plan.DType
+		want   int64
+	}{
+		{1, 1, plan.Float32, 16*(1280+8) + reserve},
+		{1, 1, plan.BFloat16, 16*(640+8) + reserve},
+		{1, 1, plan.Float16, 16*(640+8) + reserve},
+		{1, 1, plan.FP8, 16*(544+8) + reserve},
+		{1, 2, plan.Float32, 16*(1280+2*8) + reserve},
+		{2, 1, plan.BFloat16, 2*16*(640+8) + reserve},
+	} {
+		spec, _ := smallSpec(c.cp, c.tp)
+		spec.Geometry.DType, spec.DeviceResident = c.dt, true
+		got, err := Engines().DeviceBytes(spec)
+		if err != nil || got != c.want {
+			t.Errorf("%d x %d %v: %d bytes (%v), want %d", c.cp, c.tp, c.dt, got, err, c.want)
+		}
+	}
+	spec, _ := smallSpec(1, 1)
+	if got, err := Engines().DeviceBytes(spec); got != 0 || err != nil {
+		t.Errorf("host pages: %d device bytes (%v), want 0", got, err)
+	}
+}
