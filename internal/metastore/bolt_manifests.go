@@ -29,6 +29,12 @@ import (
 //	                chunkSlots slots, u32 LE each
 //	slots/<slot>    a slot record: version u8, 3 zero bytes, payload
 //	                CRC32C u32 (4-byte big-endian slot)
+//	sums/<slot>     the slot's summary record: version u8, 3 zero
+//	                bytes, the payload CRC32C it describes u32, the
+//	                summary bytes (absent in files written before it:
+//	                Init adds the empty bucket, which older code
+//	                ignores; a record whose payload CRC32C is not the
+//	                slot record's is stale and not returned)
 //
 // Every value but the format record ends with the CRC32C of its key and
 // body. Names, keys and encodings are those of the files written before
@@ -38,6 +44,7 @@ var (
 	bkManSeqs   = []byte("seqs")
 	bkManTables = []byte("tables")
 	bkManSlots  = []byte("slots")
+	bkManSums   = []byte("sums")
 	kManFormat  = []byte("format")
 	kManNextID  = []byte("next_id")
 )
@@ -101,7 +108,7 @@ func ManifestFormatDType(rec []byte) plan.DType {
 func (m *boltManifests) Init(ctx context.Context, f ManifestFormat) error {
 	want := encodeManifestFormat(f)
 	err := m.update(ctx, func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bkManMeta, bkManSeqs, bkManTables, bkManSlots} {
+		for _, b := range [][]byte{bkManMeta, bkManSeqs, bkManTables, bkManSlots, bkManSums} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -188,6 +195,15 @@ func encodeSlotRec(sl int32, crc uint32) []byte {
 	return sealValue(slotKey(sl), b)
 }
 
+// encodeSumRec is slot sl's summary record: sum, describing the
+// payload of checksum crc.
+func encodeSumRec(sl int32, crc uint32, sum []byte) []byte {
+	b := make([]byte, 8, 8+len(sum)+4)
+	b[0] = manifestVersion
+	binary.LittleEndian.PutUint32(b[4:], crc)
+	return sealValue(slotKey(sl), append(b, sum...))
+}
+
 func chunkOf(slots []int32, c int) []int32 {
 	return slots[c*chunkSlots : min((c+1)*chunkSlots, len(slots))]
 }
@@ -235,7 +251,7 @@ func (m *boltManifests) Load(ctx context.Context) (Loaded, error) {
 		if err != nil {
 			return err
 		}
-		return slb.ForEach(func(k, raw []byte) error {
+		err = slb.ForEach(func(k, raw []byte) error {
 			if len(k) != 4 {
 				return nil
 			}
@@ -249,6 +265,42 @@ func (m *boltManifests) Load(ctx context.Context) (Loaded, error) {
 				return nil
 			}
 			out.SlotCRC[sl] = binary.LittleEndian.Uint32(body[4:])
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		smb := tx.Bucket(bkManSums)
+		if smb == nil {
+			return nil // written before summary records
+		}
+		return smb.ForEach(func(k, raw []byte) error {
+			if len(k) != 4 {
+				return nil
+			}
+			sl := int32(binary.BigEndian.Uint32(k))
+			crc, ok := out.SlotCRC[sl]
+			if !ok {
+				return nil // no valid slot record: the slot is not usable anyway
+			}
+			body, err := openValue(k, raw)
+			if err == nil && (len(body) < 8 || body[0] != manifestVersion) {
+				err = fmt.Errorf("summary record of %d bytes: %w", len(body), tier.ErrCorrupt)
+			}
+			if err != nil {
+				if out.BadSummaries == nil {
+					out.BadSummaries = map[int32]error{}
+				}
+				out.BadSummaries[sl] = corrupt(fmt.Errorf("slot %d summary record: %w", sl, err))
+				return nil
+			}
+			if binary.LittleEndian.Uint32(body[4:]) != crc {
+				return nil // of an older payload of the slot
+			}
+			if out.Summaries == nil {
+				out.Summaries = map[int32][]byte{}
+			}
+			out.Summaries[sl] = bytes.Clone(body[8:])
 			return nil
 		})
 	})
@@ -274,12 +326,21 @@ func (m *boltManifests) Commit(ctx context.Context, b ManifestBatch) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	err := m.update(ctx, func(tx *bolt.Tx) error {
-		sb, tb, slb := tx.Bucket(bkManSeqs), tx.Bucket(bkManTables), tx.Bucket(bkManSlots)
-		if sb == nil || tb == nil || slb == nil {
+		sb, tb, slb, smb := tx.Bucket(bkManSeqs), tx.Bucket(bkManTables), tx.Bucket(bkManSlots), tx.Bucket(bkManSums)
+		if sb == nil || tb == nil || slb == nil || smb == nil {
 			return fmt.Errorf("metastore: commit manifests before Init")
 		}
 		for sl, crc := range b.SlotCRC {
 			if err := slb.Put(slotKey(sl), encodeSlotRec(sl, crc)); err != nil {
+				return err
+			}
+			var err error
+			if sum, ok := b.Summaries[sl]; ok {
+				err = smb.Put(slotKey(sl), encodeSumRec(sl, crc, sum))
+			} else {
+				err = smb.Delete(slotKey(sl))
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -331,6 +392,21 @@ func (m *boltManifests) Commit(ctx context.Context, b ManifestBatch) error {
 			}
 			for _, k := range stale {
 				if err := slb.Delete(k); err != nil {
+					return err
+				}
+			}
+			stale = stale[:0]
+			err = smb.ForEach(func(k, _ []byte) error {
+				if len(k) != 4 || !b.RetainSlots[int32(binary.BigEndian.Uint32(k))] {
+					stale = append(stale, bytes.Clone(k))
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			for _, k := range stale {
+				if err := smb.Delete(k); err != nil {
 					return err
 				}
 			}

@@ -68,16 +68,33 @@ type Loaded struct {
 	// and tier.ErrCorrupt).
 	SlotCRC  map[int32]uint32
 	BadSlots map[int32]error
+	// Summaries are the page summaries recorded with a slot (see
+	// ManifestBatch.Summaries), of the slots whose summary record
+	// passed its check and describes the payload SlotCRC names (a
+	// record of an older payload of the slot is not returned);
+	// BadSummaries why the others failed their check (wrapping
+	// ErrCorrupt and tier.ErrCorrupt). Both are nil when empty: a
+	// directory written before summary records holds none.
+	Summaries    map[int32][]byte
+	BadSummaries map[int32]error
 }
 
-// ManifestBatch is one Commit: it records SlotCRC, replaces the
+// ManifestBatch is one Commit: it records SlotCRC (with, for the slots
+// in Summaries, their summary record: the bytes and the payload
+// checksum they describe; a slot of SlotCRC without one loses any
+// summary record it had), replaces the
 // manifests of Put, deletes those of Delete, then (when RetainSlots is
-// not nil) deletes every slot record whose slot is not in RetainSlots,
+// not nil) deletes every slot and summary record whose slot is not in
+// RetainSlots,
 // and records NextID when it is not 0. Commit reads the batch only, but
 // may keep the Slots of Put (to rewrite only what the next commit of
 // the same manifest changes): the caller does not change them after.
 type ManifestBatch struct {
-	SlotCRC     map[int32]uint32
+	SlotCRC map[int32]uint32
+	// Summaries: a slot's summary bytes (opaque here), recorded only
+	// with the slot's SlotCRC of the same batch (an entry without one
+	// is ignored). Commit reads them only.
+	Summaries   map[int32][]byte
 	Put         []Manifest
 	Delete      []uint64
 	RetainSlots map[int32]bool

@@ -19,11 +19,12 @@ type MemManifests struct {
 	nextID    uint64
 	manifests map[uint64]Manifest
 	slots     map[int32]uint32
+	sums      map[int32][]byte
 }
 
 // NewMemManifests returns empty MemManifests.
 func NewMemManifests() *MemManifests {
-	return &MemManifests{manifests: map[uint64]Manifest{}, slots: map[int32]uint32{}}
+	return &MemManifests{manifests: map[uint64]Manifest{}, slots: map[int32]uint32{}, sums: map[int32][]byte{}}
 }
 
 // Open opens the manifests.
@@ -69,6 +70,12 @@ func (t *memManifests) Load(ctx context.Context) (Loaded, error) {
 	for sl, crc := range t.m.slots {
 		out.SlotCRC[sl] = crc
 	}
+	for sl, sum := range t.m.sums {
+		if out.Summaries == nil {
+			out.Summaries = map[int32][]byte{}
+		}
+		out.Summaries[sl] = bytes.Clone(sum)
+	}
 	return out, nil
 }
 
@@ -82,6 +89,11 @@ func (t *memManifests) Commit(ctx context.Context, b ManifestBatch) error {
 	}
 	for sl, crc := range b.SlotCRC {
 		t.m.slots[sl] = crc
+		if sum, ok := b.Summaries[sl]; ok {
+			t.m.sums[sl] = bytes.Clone(sum)
+		} else {
+			delete(t.m.sums, sl)
+		}
 	}
 	for _, man := range b.Put {
 		t.m.manifests[man.ID] = cloneManifest(man)
@@ -93,6 +105,7 @@ func (t *memManifests) Commit(ctx context.Context, b ManifestBatch) error {
 		for sl := range t.m.slots {
 			if !b.RetainSlots[sl] {
 				delete(t.m.slots, sl)
+				delete(t.m.sums, sl)
 			}
 		}
 	}

@@ -30,6 +30,7 @@ func RunManifests(t *testing.T, newStorage func(t *testing.T) ManifestsOpener) {
 		{"Closed", testManClosed},
 		{"Context", testManContext},
 		{"Copies", testManCopies},
+		{"Summaries", testManSummaries},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, newStorage(t)) })
 	}
@@ -214,5 +215,44 @@ func testManCopies(t *testing.T, o ManifestsOpener) {
 	got := load(t, m)
 	got.Manifests[0].Manifest.Slots[0] = 98
 	want.Manifests = append(want.Manifests, metastore.ManifestRecord{Manifest: manifest(6, 8)})
+	wantLoaded(t, m, want)
+}
+
+// testManSummaries: a slot's summary record comes back with its slot
+// record, goes with a rewrite of the slot that carries none and with
+// RetainSlots, and is a copy both ways.
+func testManSummaries(t *testing.T, o ManifestsOpener) {
+	ctx := context.Background()
+	m := openMan(t, o, false)
+	want := fillMan(t, m)
+	if got := load(t, m); got.Summaries != nil || got.BadSummaries != nil {
+		t.Fatalf("summaries %v, bad %v before any was recorded", got.Summaries, got.BadSummaries)
+	}
+	sum5, sum6 := []byte{1, 2, 3, 4, 5}, []byte{6}
+	must(t, m.Commit(ctx, metastore.ManifestBatch{
+		SlotCRC:   map[int32]uint32{5: 15, 6: 16, 0: 20},
+		Summaries: map[int32][]byte{5: sum5, 6: sum6, 9: {9}}, // 9: no slot record, ignored
+		Put:       []metastore.Manifest{manifest(7, 5, 6)},
+	}))
+	sum5[0] = 99
+	want.Manifests = append(want.Manifests, metastore.ManifestRecord{Manifest: manifest(7, 5, 6)})
+	want.SlotCRC[5], want.SlotCRC[6], want.SlotCRC[0] = 15, 16, 20
+	want.Summaries = map[int32][]byte{5: {1, 2, 3, 4, 5}, 6: {6}}
+	wantLoaded(t, m, want)
+	got := load(t, m)
+	got.Summaries[5][0] = 42
+	wantLoaded(t, m, want)
+	// Slot 6 rewritten without a summary: its record goes.
+	must(t, m.Commit(ctx, metastore.ManifestBatch{SlotCRC: map[int32]uint32{6: 26}}))
+	want.SlotCRC[6] = 26
+	delete(want.Summaries, 6)
+	wantLoaded(t, m, want)
+	// RetainSlots drops the summary records of the slots it drops.
+	must(t, m.Commit(ctx, metastore.ManifestBatch{SlotCRC: map[int32]uint32{6: 26}, Summaries: map[int32][]byte{6: {7}}}))
+	must(t, m.Commit(ctx, metastore.ManifestBatch{RetainSlots: map[int32]bool{0: true, 1: true, 3: true, 4: true, 6: true}}))
+	want.Manifests = want.Manifests[:2]
+	must(t, m.Commit(ctx, metastore.ManifestBatch{Delete: []uint64{7}}))
+	want.SlotCRC = map[int32]uint32{0: 20, 1: 11, 3: 13, 4: 14, 6: 26}
+	want.Summaries = map[int32][]byte{6: {7}}
 	wantLoaded(t, m, want)
 }
