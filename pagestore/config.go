@@ -86,6 +86,16 @@ type Config struct {
 	// must not call the store. nil (the default): errors are only
 	// returned.
 	OnPersistError func(*IOError)
+	// Verify is when a persisting store reads and checks the page
+	// payloads it recovers: VerifyAtOpen (the default) in [New],
+	// VerifyOnRead at each page's first use and by a background scrub
+	// (New then reads metadata and the persisted summaries only). Unused
+	// without DataDir.
+	Verify Verify
+	// ScrubRate bounds the bytes per second the background scrub of
+	// VerifyOnRead reads (0: the default DefaultScrubRate; negative: no
+	// scrub, pages are checked at first use only). Unused otherwise.
+	ScrubRate int64
 
 	// SubBoxes > 1 keeps, besides the page summary, SubBoxes contiguous
 	// sub-box summaries per page, layer and KV head, each the min/max
@@ -95,6 +105,13 @@ type Config struct {
 	// persistence (DataDir) and outside page data ([NewWithData],
 	// [NewWithSlots]) refuse it. 0 (the default) and 1: off.
 	SubBoxes int
+}
+
+func (c Config) scrubRate() int64 {
+	if c.ScrubRate == 0 {
+		return DefaultScrubRate
+	}
+	return c.ScrubRate
 }
 
 func (c Config) syncInterval() time.Duration {
@@ -238,6 +255,8 @@ func (c Config) sizes() (sizes, error) {
 	switch {
 	case c.Durability < SyncOnWrite || c.Durability > SyncPeriodic:
 		return sizes{}, fmt.Errorf("%w: unknown Durability %d", ErrInvalidConfig, int(c.Durability))
+	case c.Verify < VerifyAtOpen || c.Verify > VerifyOnRead:
+		return sizes{}, fmt.Errorf("%w: unknown Verify %d", ErrInvalidConfig, int(c.Verify))
 	case c.SyncInterval < 0:
 		return sizes{}, fmt.Errorf("%w: SyncInterval = %v must not be negative", ErrInvalidConfig, c.SyncInterval)
 	case c.DataDir != "" && (c.PayloadBytes() <= 0 || 2*int64(c.Capacity) > math.MaxInt32):

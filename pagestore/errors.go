@@ -48,4 +48,12 @@ var (
 	// that derives the directory's name from the config (worker/remote)
 	// knows it is damage and treats it as tier.ErrCorrupt.
 	ErrOtherFormat = errors.New("pagestore: data directory of another format")
+	// ErrDamaged: a recovered sequence's persisted page failed its check
+	// when first read ([VerifyOnRead]: its payload's checksum, or its
+	// persisted summaries against the keys). The sequence was released
+	// (its manifest deleted, as recovery does with a damaged sequence)
+	// and every later operation on its id returns ErrDamaged too; the
+	// error also wraps tier.ErrCorrupt. Other sequences are unaffected
+	// unless they share the bad page. See [Store.Scrub].
+	ErrDamaged = errors.New("pagestore: sequence damaged")
 )

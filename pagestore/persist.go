@@ -107,6 +107,21 @@ type RecoveryReport struct {
 	OrphanSlots int
 	// Pages is the number of physical pages the recovered sequences hold.
 	Pages int
+	// BadSummaries are the slab slots whose persisted summary record
+	// failed its checksum or differed from the summaries of the keys
+	// read at open; it was rewritten from the keys. (A directory of the
+	// code before summary records gets its records written at its first
+	// open, not counted here.)
+	BadSummaries []int
+	// Pending is the number of recovered pages whose payload was not
+	// read at open ([VerifyOnRead]: their summaries came from their
+	// summary records); each is read and checked at its sequence's
+	// first use or by the scrub ([Store.Scrub]). 0 with VerifyAtOpen.
+	Pending int
+	// PayloadBytesRead is the number of page payload bytes read from
+	// the slabs at open: every page's with VerifyAtOpen, those without
+	// a usable summary record with VerifyOnRead.
+	PayloadBytesRead int64
 }
 
 // RecoveredSeq is one recovered sequence.
@@ -176,6 +191,7 @@ type persist struct {
 	cref       []int32 // slot: references by committed manifests
 	committed  map[SeqID][]int32
 	pendingRec map[int32]uint32 // written slots whose record is not committed
+	pendingSum map[int32][]byte // their summary records (sumBytes)
 	dirty      map[SeqID]bool
 	lenFree    []int32
 	lenNext    int32
@@ -186,6 +202,13 @@ type persist struct {
 	bufs sync.Pool
 	stop chan struct{}
 	done chan struct{}
+
+	lazy lazyState // VerifyOnRead (lazy.go)
+	// pend (page -> slab slot whose payload is not read yet, -1) and
+	// pendCRC (its payload checksum) are guarded by mu.
+	pend      []int32
+	pendCRC   []uint32
+	bytesRead atomic.Int64 // payload bytes read from the slabs
 
 	onErr   func(*IOError) // Config.OnPersistError
 	closing atomic.Bool    // Close is saving the sequences
@@ -301,11 +324,14 @@ func (s *Store) openPersist() error {
 		cref:       make([]int32, dc.Slots),
 		committed:  map[SeqID][]int32{},
 		pendingRec: map[int32]uint32{},
+		pendingSum: map[int32][]byte{},
 		dirty:      map[SeqID]bool{},
 	}
+	pr.pend, pr.pendCRC = make([]int32, c.Capacity), make([]uint32, c.Capacity)
 	for p := range pr.pslot {
-		pr.pslot[p] = -1
+		pr.pslot[p], pr.pend[p] = -1, -1
 	}
+	pr.lazy.init()
 	s.pers = pr
 	if err := s.recoverAll(); err != nil {
 		pr.closeFiles()
@@ -316,6 +342,7 @@ func (s *Store) openPersist() error {
 		pr.stop, pr.done = make(chan struct{}), make(chan struct{})
 		go s.flusher(c.syncInterval())
 	}
+	s.startScrub()
 	return nil
 }
 
@@ -345,7 +372,7 @@ func (pr *persist) commitLocked(views []seqView, dels []SeqID, nextID SeqID) err
 			return err
 		}
 	}
-	b := metastore.ManifestBatch{SlotCRC: pr.pendingRec}
+	b := metastore.ManifestBatch{SlotCRC: pr.pendingRec, Summaries: pr.pendingSum}
 	for _, v := range views {
 		b.Put = append(b.Put, v.manifest())
 	}
@@ -362,6 +389,7 @@ func (pr *persist) commitLocked(views []seqView, dels []SeqID, nextID SeqID) err
 		return err
 	}
 	clear(pr.pendingRec)
+	clear(pr.pendingSum)
 	pr.nextID = max(pr.nextID, nextID)
 	var drop []int32
 	for _, v := range views {
@@ -389,6 +417,7 @@ func (pr *persist) commitLocked(views []seqView, dels []SeqID, nextID SeqID) err
 // names it; recovery frees such orphans).
 func (pr *persist) freeSlotLocked(sl int32) {
 	delete(pr.pendingRec, sl)
+	delete(pr.pendingSum, sl)
 	_ = pr.alloc.Release(int(sl))
 }
 
@@ -402,6 +431,7 @@ func (pr *persist) unholdLocked(sl int32) {
 // dropPage forgets page p's slot: p was freed or is written again.
 func (pr *persist) dropPage(p int32) {
 	pr.mu.Lock()
+	pr.dropPendingLocked(p)
 	if sl := pr.pslot[p]; sl >= 0 {
 		pr.unholdLocked(sl)
 		pr.pslot[p] = -1
@@ -436,6 +466,7 @@ func (s *Store) writeSlot(p int32, sealed bool) error {
 		return fmt.Errorf("page %d: %w", p, err)
 	}
 	crc := crc32.Checksum(b, castagnoli)
+	sum := s.sumBytes(p, nil)
 	pr.mu.Lock()
 	if old := pr.pslot[p]; old >= 0 {
 		pr.unholdLocked(old)
@@ -443,6 +474,7 @@ func (s *Store) writeSlot(p int32, sealed bool) error {
 	pr.pslot[p], pr.psealed[p] = int32(sl), sealed
 	pr.hold[sl] = true
 	pr.pendingRec[int32(sl)] = crc
+	pr.pendingSum[int32(sl)] = sum
 	pr.mu.Unlock()
 	return nil
 }
@@ -712,6 +744,7 @@ func (s *Store) flusher(every time.Duration) {
 // closes the data directory's files. The store must be quiet.
 func (s *Store) closePersist() error {
 	pr := s.pers
+	s.stopScrub()
 	if pr.stop != nil {
 		close(pr.stop)
 		<-pr.done
@@ -734,8 +767,14 @@ func (s *Store) closePersist() error {
 	s.seqMu.RUnlock()
 	snap := map[int32]bool{} // tail pages written by this Close
 	for _, id := range ids {
-		sq, err := s.lock(id)
+		sq, err := s.lockNoLoad(id)
 		if err != nil {
+			continue
+		}
+		if sq.pend {
+			// Never used since the open: its committed manifest is
+			// what it holds (its payloads were not even read).
+			sq.mu.Unlock()
 			continue
 		}
 		v, err := s.sealPages(id, sq)

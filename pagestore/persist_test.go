@@ -33,8 +33,18 @@ func pConfig(dir string) pagestore.Config {
 	return pagestore.Config{
 		Layers:   pLayers,
 		Geometry: plan.Geometry{QHeads: pQH, KVHeads: pKVH, HeadDim: pD, PageSize: pS, DType: plan.Float32},
-		Capacity: 96, MemoryLimit: -1, DataDir: dir,
+		Capacity: 96, MemoryLimit: -1, DataDir: dir, Verify: envVerify(),
 	}
+}
+
+// envVerify is Config.Verify for the persistence tests:
+// QUESTRT_TEST_VERIFY=on-read runs them with lazy recovery (those that
+// expect damage at open then fail, as they should), unset the default.
+func envVerify() pagestore.Verify {
+	if os.Getenv("QUESTRT_TEST_VERIFY") == "on-read" {
+		return pagestore.VerifyOnRead
+	}
+	return pagestore.VerifyAtOpen
 }
 
 func openP(t testing.TB, c pagestore.Config) *pagestore.Store {

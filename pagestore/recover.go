@@ -1,12 +1,12 @@
 package pagestore
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math"
 	"path/filepath"
 	"slices"
@@ -62,6 +62,7 @@ func (s *Store) recoverAll() error {
 	state := map[int32]*slotState{}
 	buf := make([]byte, c.PayloadBytes())
 	corrupt := map[int]bool{}
+	sumFix := map[int32][]byte{} // summary records to (re)write
 	var good []found
 	slices.SortFunc(seqs, func(a, b found) int { return cmp.Compare(a.v.id, b.v.id) })
 	for _, f := range seqs {
@@ -83,18 +84,23 @@ func (s *Store) recoverAll() error {
 				if st.err == nil && !ok {
 					st.err = fmt.Errorf("slot %d has no record: %w", sl, tier.ErrCorrupt)
 				}
-				if st.err == nil {
-					st.err = pr.dt.Read(ctx, int(sl), buf)
-				}
-				if st.err == nil {
-					if got := crc32.Checksum(buf, castagnoli); got != crc {
-						st.err = fmt.Errorf("slot %d payload checksum %08x, record has %08x: %w", sl, got, crc, tier.ErrCorrupt)
-					}
+				sum, hasSum := ld.Summaries[sl]
+				lazy := c.Verify == VerifyOnRead && hasSum && len(sum) == s.sumLen()
+				if st.err == nil && !lazy {
+					st.err = pr.readSlot(ctx, sl, crc, buf)
 				}
 				if st.err != nil {
 					corrupt[int(sl)] = true
 				} else if len(s.free) == 0 {
 					st.err = fmt.Errorf("slot %d: %w: the pool of %d pages is full", sl, ErrPoolExhausted, c.Capacity)
+				} else if lazy {
+					// Summaries only: the payload is read at first use
+					// or by the scrub (see lazy.go).
+					p := s.popLocked()
+					s.ref[p] = 0
+					s.setSum(p, sum)
+					pr.pend[p], pr.pendCRC[p] = sl, crc
+					st.page = p
 				} else {
 					p := s.popLocked()
 					s.ref[p] = 0
@@ -102,6 +108,16 @@ func (s *Store) recoverAll() error {
 						return fmt.Errorf("pagestore: data dir %s: restore page: %w", pr.dir, err)
 					}
 					st.page = p
+					// The summary record: checked against the keys,
+					// written when absent (a directory of the code
+					// before summary records) or wrong.
+					got := s.sumBytes(p, nil)
+					if !hasSum || !bytes.Equal(got, sum) {
+						if hasSum || ld.BadSummaries[sl] != nil {
+							rep.BadSummaries = append(rep.BadSummaries, int(sl))
+						}
+						sumFix[sl] = got
+					}
 				}
 			}
 			if st.err != nil {
@@ -133,6 +149,11 @@ func (s *Store) recoverAll() error {
 			pr.pslot[p] = sl
 			pr.hold[sl] = true
 			pr.cref[sl]++
+		}
+		for _, p := range sq.pages {
+			if pr.pend[p] >= 0 {
+				sq.pend = true
+			}
 		}
 		sq.sealedUpTo = minLen(v.lens) / S
 		for _, p := range sq.pages[:sq.sealedUpTo] {
@@ -255,6 +276,15 @@ func (s *Store) recoverAll() error {
 	}
 	pr.alloc = alloc
 	b := metastore.ManifestBatch{RetainSlots: used, NextID: uint64(s.nextID)}
+	for sl, sum := range sumFix {
+		if used[sl] {
+			if b.SlotCRC == nil {
+				b.SlotCRC, b.Summaries = map[int32]uint32{}, map[int32][]byte{}
+			}
+			b.SlotCRC[sl], b.Summaries[sl] = slotRec[sl], sum
+		}
+	}
+	slices.Sort(rep.BadSummaries)
 	for _, d := range rep.Damaged {
 		b.Delete = append(b.Delete, uint64(d.ID))
 	}
@@ -263,6 +293,12 @@ func (s *Store) recoverAll() error {
 		return fmt.Errorf("pagestore: open data dir: %w", pr.fail(opRecover, filepath.Join(pr.dir, storeDBName), err))
 	}
 	pr.nextID = s.nextID
+	for _, st := range state {
+		if st.page >= 0 && pr.pend[st.page] >= 0 && s.ref[st.page] > 0 {
+			rep.Pending++
+		}
+	}
+	rep.PayloadBytesRead = pr.bytesRead.Load()
 	pr.report = rep
 	return nil
 }

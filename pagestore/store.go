@@ -100,6 +100,7 @@ type seq struct {
 	lenStale   bool  // a write of its length record failed: rewrite it whole
 	dirty      bool  // periodic: queued for the flusher
 	unsaved    bool  // sync-on-write: its last persist failed
+	pend       bool  // VerifyOnRead: pages whose payload is not read yet
 }
 
 type cowPage struct {
@@ -345,12 +346,18 @@ func (s *Store) lock(id SeqID) (*seq, error) {
 	sq, ok := s.seqs[id]
 	s.seqMu.RUnlock()
 	if !ok {
-		return nil, ErrUnknownSequence
+		return nil, s.gone(id)
 	}
 	sq.mu.Lock()
 	if sq.released { // released between the lookup and the lock
 		sq.mu.Unlock()
-		return nil, ErrUnknownSequence
+		return nil, s.gone(id)
+	}
+	if sq.pend { // recovered, payloads not read yet (VerifyOnRead)
+		if err := s.loadSeq(id, sq); err != nil {
+			sq.mu.Unlock()
+			return nil, err
+		}
 	}
 	return sq, nil
 }
