@@ -159,8 +159,12 @@
 //	                   (per-layer lengths, page count, length record);
 //	                   tables/<id><chunk> its page -> slot list, 1024
 //	                   slots per value; slots/<slot> the CRC32C of the
-//	                   payload in that slot. Every value carries a CRC32C
-//	                   of its key and bytes.
+//	                   payload in that slot; sums/<slot> the page's
+//	                   summaries (every layer's records, float32 LE)
+//	                   with the payload CRC32C they describe (absent in
+//	                   directories written before them: the first open
+//	                   reads those pages and writes the records). Every
+//	                   value carries a CRC32C of its key and bytes.
 //	DIR/index.db       the disk tier's own bbolt index (its CRC32C per slot)
 //	DIR/slab-NNNNNN    the disk tier's slab files (pagestore/disktier),
 //	                   2 x Capacity slots of one page payload each
@@ -187,10 +191,11 @@
 // overwritten while a committed manifest names it: a rewritten page (a
 // rollback into a sealed page, a recovered tail that fills up) goes to a
 // new slot and the old one is freed after the commit that stops naming
-// it, so a crash at any point leaves a consistent state. Summaries are
-// not stored: recovery recomputes them from the recovered keys in slot
-// order, which gives what the appends computed bit for bit (min and max
-// are exact). The tail page (not sealed) is written only by a graceful
+// it, so a crash at any point leaves a consistent state. A page's
+// summaries are committed with its slot record (sums/<slot>); they are
+// what recomputing them from the page's keys in slot order gives, bit
+// for bit (min and max are exact), which every read of the payload
+// checks, so the bound (invariant 1) holds over the stored keys. The tail page (not sealed) is written only by a graceful
 // [Store.Close], which persists every sequence in full.
 //
 // Durability ([Config.Durability]): SyncOnWrite writes and fdatasyncs the
@@ -234,6 +239,22 @@
 // the last commit, or of freed pages) are freed, so recycled pages never
 // bring stale data back. With offload on, recovered pages start in the
 // tier (page p in tier slot p), not resident.
+//
+// [Config.Verify] says when the payloads are read. VerifyAtOpen (the
+// default) reads every page at open, as above, checks its summary
+// record against the keys (a bad one is reported in
+// [RecoveryReport.BadSummaries] and rewritten) and writes the missing
+// ones. VerifyOnRead reads the metadata and the summary records only
+// (a page without a valid record is read at open as above): the pool
+// holds every recovered page's summaries, and its payload is read,
+// checked (checksum, summaries recomputed bit for bit) and put in place
+// at the first operation on a sequence naming it, or before by the
+// background scrub, owned by the store, paced to [Config.ScrubRate]
+// bytes per second and stopped by Close ([Store.Scrub] reports it). A
+// page that fails then damages only the sequences naming it: each is
+// released (its manifest deleted) and its operations return an error
+// wrapping [ErrDamaged] and tier.ErrCorrupt. A sequence never used
+// since the open is left as committed by Close (its pages unread).
 //
 // # Concurrency
 //
