@@ -185,12 +185,12 @@ func (s *Store) lockNoLoad(id SeqID) (*seq, error) {
 }
 
 // loadSeq reads and checks every pending page of sq (sq locked, pend
-// set); a page that fails damages sq (released) and the error, wrapping
-// ErrDamaged, is returned.
-func (s *Store) loadSeq(id SeqID, sq *seq) error {
+// set) and returns the first failure (the caller damages sq: see
+// damage).
+func (s *Store) loadSeq(sq *seq) error {
 	for i, p := range sq.pages {
 		if _, err := s.loadPage(context.Background(), p, i, sq.lens); err != nil {
-			return s.damageLocked(id, sq, fmt.Errorf("page %d: %w", i, err))
+			return fmt.Errorf("page %d: %w", i, err)
 		}
 	}
 	sq.pend = false
@@ -255,22 +255,32 @@ func (s *Store) loadPage(ctx context.Context, p int32, idx int, lens []int) (int
 	return n, err
 }
 
-// damageLocked releases sq (locked), whose page failed its check with
-// cause, as Release does (its manifest deleted), records it and returns
-// the error every operation on id returns from now on.
-func (s *Store) damageLocked(id SeqID, sq *seq, cause error) error {
-	tok := maxLen(sq.lens)
-	err := fmt.Errorf("seq %d: %w: %w", id, ErrDamaged, cause)
+// damage releases sq (not locked by the caller), whose page failed its
+// check with cause, as Release does (in Release's lock order: the map,
+// then the sequence; its manifest deleted), records it and returns the
+// error every operation on id returns from now on. When a Release or
+// another damage took sq first, it returns what an operation on id
+// then gets.
+func (s *Store) damage(id SeqID, sq *seq, cause error) error {
 	pr := s.pers
-	pr.lazy.mu.Lock()
-	pr.lazy.damaged[id] = err
-	pr.lazy.rep.Damaged = append(pr.lazy.rep.Damaged, DamagedSeq{ID: id, Tokens: tok, Err: err})
-	pr.lazy.mu.Unlock()
+	err := fmt.Errorf("seq %d: %w: %w", id, ErrDamaged, cause)
 	s.seqMu.Lock()
-	if s.seqs[id] == sq {
+	own := s.seqs[id] == sq
+	if own {
 		delete(s.seqs, id)
+		pr.lazy.mu.Lock()
+		pr.lazy.damaged[id] = err
+		pr.lazy.mu.Unlock()
 	}
 	s.seqMu.Unlock()
+	if !own {
+		return s.gone(id)
+	}
+	sq.mu.Lock()
+	defer sq.mu.Unlock()
+	pr.lazy.mu.Lock()
+	pr.lazy.rep.Damaged = append(pr.lazy.rep.Damaged, DamagedSeq{ID: id, Tokens: maxLen(sq.lens), Err: err})
+	pr.lazy.mu.Unlock()
 	sq.released = true
 	s.setPins(sq, nil)
 	s.poolMu.Lock()
@@ -349,8 +359,8 @@ func (s *Store) scrub(ctx context.Context, ids []SeqID, rate int64) {
 					sq.mu.Unlock()
 					return
 				}
-				_ = s.damageLocked(id, sq, fmt.Errorf("page %d: %w", i, err))
 				sq.mu.Unlock()
+				_ = s.damage(id, sq, fmt.Errorf("page %d: %w", i, err))
 				break
 			}
 			sq.mu.Unlock()

@@ -354,9 +354,9 @@ func (s *Store) lock(id SeqID) (*seq, error) {
 		return nil, s.gone(id)
 	}
 	if sq.pend { // recovered, payloads not read yet (VerifyOnRead)
-		if err := s.loadSeq(id, sq); err != nil {
+		if err := s.loadSeq(sq); err != nil {
 			sq.mu.Unlock()
-			return nil, err
+			return nil, s.damage(id, sq, err)
 		}
 	}
 	return sq, nil
