@@ -626,8 +626,10 @@ func TestTopKSampleAdversarial(t *testing.T) {
 // (radix/<variant> for each of topkRadixVariants; radix/v0 is
 // quest_topk_radix) and the dispatch's choice, in us per call with the
 // scores in L2 (us/call, as after the score kernel) and after an L2 flush
-// (cold-us/call). The 65536 and 131072 rows are for tuning topkRadixMinN
-// (the dispatch takes the threshold and two-stage kernels there).
+// (cold-us/call). The 8192 and 32768 rows are a decode step's rows at
+// 128K and 512K tokens (S = 16); the 65536 and 131072 rows are for tuning
+// topkRadixMinN (the dispatch takes the threshold and two-stage kernels
+// there).
 //
 // The sample variants also report their candidates per row (cand/row: mean C) and
 // the share of rows that took the global-memory narrowing (global/row) or
@@ -635,7 +637,7 @@ func TestTopKSampleAdversarial(t *testing.T) {
 //
 //	cd kernels/cuda && ../../.gpubuild/cuda.test -test.run '^$' -test.bench TopKLong -test.benchtime 100x
 func BenchmarkTopKLong(b *testing.B) {
-	for _, n := range []int{65536, 131072, 655360, 4194304} {
+	for _, n := range []int{8192, 32768, 65536, 131072, 655360, 4194304} {
 		paths := append(append([]string{"onestage"}, variantPaths(false)...), "auto")
 		for _, path := range paths {
 			b.Run(fmt.Sprintf("n%d_rows8_k256/%s", n, path), func(b *testing.B) { benchTopKLong(b, n, 8, 256, path) })
