@@ -177,7 +177,7 @@ func (s *Store) lockNoLoad(id SeqID) (*seq, error) {
 		return nil, s.gone(id)
 	}
 	sq.mu.Lock()
-	if sq.released {
+	if sq.released { // released between the lookup and the lock
 		sq.mu.Unlock()
 		return nil, s.gone(id)
 	}

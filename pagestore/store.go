@@ -342,16 +342,9 @@ func (s *Store) Release(id SeqID) error {
 
 // lock returns the live sequence id with its mutex held.
 func (s *Store) lock(id SeqID) (*seq, error) {
-	s.seqMu.RLock()
-	sq, ok := s.seqs[id]
-	s.seqMu.RUnlock()
-	if !ok {
-		return nil, s.gone(id)
-	}
-	sq.mu.Lock()
-	if sq.released { // released between the lookup and the lock
-		sq.mu.Unlock()
-		return nil, s.gone(id)
+	sq, err := s.lockNoLoad(id)
+	if err != nil {
+		return nil, err
 	}
 	if sq.pend { // recovered, payloads not read yet (VerifyOnRead)
 		if err := s.loadSeq(sq); err != nil {
