@@ -297,23 +297,7 @@ func TestPoolLimit(t *testing.T) {
 func held(t testing.TB, cfg Config) (s *Server, ts *httptest.Server, release func()) {
 	t.Helper()
 	m, tok := tinyModel(t)
-	gate := make(chan struct{})
-	s, err := newServer(m, tok, cfg, hooks{iteration: func(ctx context.Context) {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-		}
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts = httptest.NewServer(s)
-	t.Cleanup(func() {
-		ts.Close()
-		s.Close()
-	})
-	var once sync.Once
-	return s, ts, func() { once.Do(func() { close(gate) }) }
+	return heldModel(t, m, tok, cfg)
 }
 
 // span is the scheduler iterations in which a request had a running
