@@ -241,11 +241,13 @@
 // tier (page p in tier slot p), not resident.
 //
 // [Config.Verify] says when the payloads are read. VerifyAtOpen (the
-// default) reads every page at open, as above, checks its summary
-// record against the keys (a bad one is reported in
-// [RecoveryReport.BadSummaries] and rewritten) and writes the missing
-// ones. VerifyOnRead reads the metadata and the summary records only
-// (a page without a valid record is read at open as above): the pool
+// default) reads every page at open, as above, and checks a summary
+// record where one exists against the keys (a bad one is reported in
+// [RecoveryReport.BadSummaries] and rewritten); such a store writes no
+// summary records (they cost its appends and syncs). A VerifyOnRead
+// store writes one with every slot record and, at open, reads the
+// metadata and the summary records only (a page without a valid record
+// is read at open as above, and its record written): the pool
 // holds every recovered page's summaries, and its payload is read,
 // checked (checksum, summaries recomputed bit for bit) and put in place
 // at the first operation on a sequence naming it, or before by the

@@ -108,15 +108,19 @@ func (s *Store) recoverAll() error {
 						return fmt.Errorf("pagestore: data dir %s: restore page: %w", pr.dir, err)
 					}
 					st.page = p
-					// The summary record: checked against the keys,
-					// written when absent (a directory of the code
-					// before summary records) or wrong.
-					got := s.sumBytes(p, nil)
-					if !hasSum || !bytes.Equal(got, sum) {
-						if hasSum || ld.BadSummaries[sl] != nil {
-							rep.BadSummaries = append(rep.BadSummaries, int(sl))
+					// The summary record: checked against the keys and
+					// rewritten when wrong; written when absent only by
+					// a VerifyOnRead store (a directory of the code
+					// before summary records, or of a VerifyAtOpen
+					// store, which writes none: see writeSlot).
+					if hasSum || ld.BadSummaries[sl] != nil || c.Verify == VerifyOnRead {
+						got := s.sumBytes(p, nil)
+						if !hasSum || !bytes.Equal(got, sum) {
+							if hasSum || ld.BadSummaries[sl] != nil {
+								rep.BadSummaries = append(rep.BadSummaries, int(sl))
+							}
+							sumFix[sl] = got
 						}
-						sumFix[sl] = got
 					}
 				}
 			}

@@ -26,6 +26,9 @@ func BenchmarkOpen(b *testing.B) {
 			Layers:   2,
 			Geometry: plan.Geometry{QHeads: 16, KVHeads: 4, HeadDim: 128, PageSize: 16, DType: plan.Float32},
 			Capacity: n, MemoryLimit: -1, DataDir: dir, Durability: SyncPeriodic,
+			// Written as a VerifyOnRead deployment writes it: with a
+			// summary record per slot (a VerifyAtOpen store writes none).
+			Verify: VerifyOnRead, ScrubRate: -1,
 		}
 		s, err := New(c)
 		if err != nil {
