@@ -31,6 +31,15 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		if err != nil {
 			return err
 		}
+		tab, err := slotUse(l, dl)
+		if err != nil {
+			return err
+		}
+		if tab != nil {
+			if _, err := b.bySlot(tab, bt.Total(), &a); err != nil {
+				return err
+			}
+		}
 		heads, perHead := headsOf(s, lists.Mode)
 		if err := b.launchAttendReduce(dl, s, heads, perHead, a, false); err != nil {
 			return err

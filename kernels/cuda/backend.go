@@ -90,6 +90,7 @@ type Backend struct {
 	// buffer over (tests).
 	stageWraps int
 	host       *DeviceLayer // scratch layer for host-array inputs
+	slotIn     []int32      // WriteSlotTable's upload: pages, then slots
 
 	// One upload and one download per attention or step call: b.in packs
 	// the inputs, b.out lays out o, lse and the lists (regions outO,

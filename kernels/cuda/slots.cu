@@ -90,3 +90,37 @@ __device__ void rescan_slots(const T* K, T* sum, const int* pages, const int* sl
 SLOTS_INSTANTIATE(f32, float)
 SLOTS_INSTANTIATE(f16, __half)
 SLOTS_INSTANTIATE(bf16, __nv_bfloat16)
+
+// The page -> slot table of a slot pool (slottable.go): slot[page] is the
+// page's device slot (-1: not resident), use[page] the tick of the last
+// fused step that attended the page through the table.
+
+// quest_slot_table_write sets slot[ps[i]] = ps[n + i] for i < n (the
+// pages, then their slots, in one array). One thread per entry.
+extern "C" __global__ void quest_slot_table_write(int* slot, const int* ps, i64 n) {
+	const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n) slot[ps[i]] = ps[n + i];
+}
+
+// quest_slot_translate writes out[i] = slot[pages[i]] for the n pages of
+// a batch (slot 0 for a page without one: the fused step attends only
+// resident pages), so that attention reads a slot pool's K/V by slot
+// while the score reads the summaries by page. One thread per page.
+extern "C" __global__ void quest_slot_translate(const int* slot, const int* pages, int* out, i64 n) {
+	const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n) out[i] = max(slot[pages[i]], 0);
+}
+
+// quest_slot_stamp writes use[page] = tick for every page an attention
+// work item reads: item w covers list positions [lo[w], hi[w]) of
+// sequence seq[w], whose pages start at ind[seq] in pages; lists holds
+// logical pages (the iota for lists of every page). Grid (items).
+extern "C" __global__ void quest_slot_stamp(const int* ind, const int* pages, const int* seq, const int* lo,
+					    const int* hi, const int* lists, unsigned long long* use, i64 tick) {
+	const i64 w = blockIdx.x;
+	const i64 base = ind[seq[w]];
+	for (i64 j = lo[w] + threadIdx.x; j < hi[w]; j += blockDim.x) {
+		const int lp = lists[j];
+		if (lp >= 0) use[pages[base + lp]] = (unsigned long long)tick;
+	}
+}
