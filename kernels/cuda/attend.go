@@ -36,7 +36,7 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 			return err
 		}
 		if tab != nil {
-			if _, err := b.bySlot(tab, bt.Total(), &a); err != nil {
+			if err := b.bySlot(tab, bt.Total(), &a, false, 0, false); err != nil {
 				return err
 			}
 		}

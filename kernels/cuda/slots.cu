@@ -102,25 +102,29 @@ extern "C" __global__ void quest_slot_table_write(int* slot, const int* ps, i64 
 	if (i < n) slot[ps[i]] = ps[n + i];
 }
 
-// quest_slot_translate writes out[i] = slot[pages[i]] for the n pages of
-// a batch (slot 0 for a page without one: the fused step attends only
-// resident pages), so that attention reads a slot pool's K/V by slot
-// while the score reads the summaries by page. One thread per page.
-extern "C" __global__ void quest_slot_translate(const int* slot, const int* pages, int* out, i64 n) {
-	const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-	if (i < n) out[i] = max(slot[pages[i]], 0);
-}
-
-// quest_slot_stamp writes use[page] = tick for every page an attention
-// work item reads: item w covers list positions [lo[w], hi[w]) of
-// sequence seq[w], whose pages start at ind[seq] in pages; lists holds
-// logical pages (the iota for lists of every page). Grid (items).
-extern "C" __global__ void quest_slot_stamp(const int* ind, const int* pages, const int* seq, const int* lo,
-					    const int* hi, const int* lists, unsigned long long* use, i64 tick) {
+// quest_slot_resolve readdresses the pages a step attends by slot and
+// stamps their uses: attention work item w covers list positions
+// [lo[w], hi[w]) of sequence seq[w], whose physical pages start at
+// ind[seq] in pages; lists holds logical pages (the iota for lists of
+// every page). For each listed page p at batch position i it writes
+// out[i] = slot[p] (slot 0 for a page without one: only resident pages
+// are attended this way) and, when use is set, use[p] = tick. out holds
+// valid entries only at listed positions, the only ones attention reads.
+// Launched as a programmatic dependent of the top-K that writes the
+// lists (griddepcontrol.wait first); the attention is its dependent in
+// turn. Grid (items).
+extern "C" __global__ void quest_slot_resolve(const int* ind, const int* pages, const int* seq, const int* lo,
+					      const int* hi, const int* lists, const int* slot, unsigned long long* use,
+					      int* out, i64 tick) {
+	asm volatile("griddepcontrol.wait;\n" ::: "memory");
 	const i64 w = blockIdx.x;
 	const i64 base = ind[seq[w]];
 	for (i64 j = lo[w] + threadIdx.x; j < hi[w]; j += blockDim.x) {
 		const int lp = lists[j];
-		if (lp >= 0) use[pages[base + lp]] = (unsigned long long)tick;
+		if (lp < 0) continue;
+		const i64 i = base + lp;
+		const int p = pages[i];
+		out[i] = max(slot[p], 0);
+		if (use) use[p] = (unsigned long long)tick;
 	}
 }

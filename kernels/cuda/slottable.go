@@ -16,7 +16,8 @@ import (
 // The page -> slot table of a slot pool (kernels.SlotTables, slots.cu):
 // a fused step over resident pages scores the summaries by page and
 // attends K/V by slot through it, and stamps the pages it attends with
-// the step's tick, all on the device.
+// the step's tick, all on the device: one small kernel between the top-K
+// and the attention (quest_slot_resolve) over the listed pages only.
 
 var _ kernels.SlotTables = (*Backend)(nil)
 
@@ -164,30 +165,29 @@ func slotUse(l kernels.Layer, dl *DeviceLayer) (*SlotTable, error) {
 	return t, nil
 }
 
-// bySlot readdresses attention by slot through table t (device goroutine
-// only): the batch's total physical pages at a.pg, translated into a
-// scratch array that replaces a.pg. It returns the physical pages for
-// the score.
-func (b *Backend) bySlot(t *SlotTable, total int, a *attendArgs) (cu.DevicePtr, error) {
-	pg := a.pg
-	if total == 0 {
-		return pg, nil
+// bySlot readdresses the attention of a by slot through table t (device
+// goroutine only): one kernel over the attention's work items writes the
+// slots of the listed pages at their batch positions in a scratch array
+// that replaces a.pg (the score has read the physical pages already),
+// and, with stamp, the listed pages' use stamps (tick). pdl launches it
+// as a programmatic dependent of the top-K that wrote the lists; the
+// attention may then be its dependent in turn.
+func (b *Backend) bySlot(t *SlotTable, total int, a *attendArgs, stamp bool, tick uint64, pdl bool) error {
+	if total == 0 || a.items == 0 {
+		return nil
 	}
 	sg, err := b.buf("slottab.pages", int64(total)*4)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	if err := b.launch("quest_slot_translate", [3]int{(total + 255) / 256, 1, 1}, 256, 0, u(t.Slot), u(pg), u(sg), uint64(total)); err != nil {
-		return 0, err
+	use := cu.DevicePtr(0)
+	if stamp {
+		use = t.Use
+	}
+	if err := b.launchMode(pdl, "quest_slot_resolve", [3]int{a.items, 1, 1}, 64, 0,
+		u(a.ind), u(a.pg), u(a.iSeq), u(a.iLo), u(a.iHi), u(a.lists), u(t.Slot), u(use), u(sg), tick); err != nil {
+		return err
 	}
 	a.pg = sg
-	return pg, nil
-}
-
-// stamp writes tick into the use entries of every page the attention
-// work items of a read (device goroutine only); pg are the physical
-// pages.
-func (b *Backend) stamp(t *SlotTable, tick uint64, pg cu.DevicePtr, a attendArgs) error {
-	return b.launch("quest_slot_stamp", [3]int{a.items, 1, 1}, 64, 0,
-		u(a.ind), u(pg), u(a.iSeq), u(a.iLo), u(a.iHi), u(a.lists), u(t.Use), tick)
+	return nil
 }

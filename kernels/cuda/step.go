@@ -96,16 +96,10 @@ func (b *Backend) stepDevice(queued bool, s kernels.Shape, l kernels.Layer, bt *
 		a.q, a.o, a.lse = dev.q, dev.o, dev.lse
 	}
 	// A slot pool read through its page -> slot table: the score reads
-	// the summaries by page (pg), attention the K/V by slot (a.pg).
+	// the summaries by page, attention the K/V by slot (bySlot, below).
 	tab, err := slotUse(l, dl)
 	if err != nil {
 		return err
-	}
-	pg := a.pg
-	if tab != nil {
-		if pg, err = b.bySlot(tab, bt.Total(), &a); err != nil {
-			return err
-		}
 	}
 	if err := b.probe.mark(1); err != nil {
 		return err
@@ -116,19 +110,17 @@ func (b *Backend) stepDevice(queued bool, s kernels.Shape, l kernels.Layer, bt *
 	}
 	heads, perHead := headsOf(s, lists.Mode)
 	if plan.Rows() > 0 {
-		if _, err := b.scoreTopK(dl, s, bt, lists.Mode, plan, a.ind, pg, a.q, ptrs, a.lists, tiles); err != nil {
+		if _, err := b.scoreTopK(dl, s, bt, lists.Mode, plan, a.ind, a.pg, a.q, ptrs, a.lists, tiles); err != nil {
+			return err
+		}
+	}
+	if tab != nil {
+		if err := b.bySlot(tab, bt.Total(), &a, true, l.Slots.Tick, plan.Rows() > 0); err != nil {
 			return err
 		}
 	}
 	if err := b.launchAttendReduce(dl, s, heads, perHead, a, plan.Rows() > 0); err != nil {
 		return err
-	}
-	if tab != nil {
-		// After the attention: it stays the top-K's programmatic
-		// dependent.
-		if err := b.stamp(tab, l.Slots.Tick, pg, a); err != nil {
-			return err
-		}
 	}
 	if err := b.probe.mark(2); err != nil {
 		return err
