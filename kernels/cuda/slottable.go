@@ -26,6 +26,11 @@ var _ kernels.SlotTables = (*Backend)(nil)
 type SlotTable struct {
 	Slot, Use cu.DevicePtr
 	Pages     int
+	// WriteSlotTable's scratch: page -> epoch of the write that last
+	// listed it (its entries run in parallel on the device, so a page
+	// written twice in one call goes up once, with its last slot).
+	seen  []uint32
+	epoch uint32
 }
 
 func slotTableOf(t any) (*SlotTable, error) {
@@ -113,12 +118,28 @@ func (b *Backend) WriteSlotTable(ctx context.Context, table any, pages, slots []
 		if t.Slot == 0 {
 			return errors.New("cuda write slot table: the table is freed")
 		}
-		b.slotIn = append(append(b.slotIn[:0], pages...), slots...)
+		// The last entry of each page, pages then slots (the kernel's
+		// threads write in no order).
+		if t.seen == nil {
+			t.seen = make([]uint32, t.Pages)
+		}
+		if t.epoch++; t.epoch == 0 {
+			clear(t.seen)
+			t.epoch = 1
+		}
+		b.slotIn, b.slotIn2 = b.slotIn[:0], b.slotIn2[:0]
+		for i := len(pages) - 1; i >= 0; i-- {
+			if p := pages[i]; t.seen[p] != t.epoch {
+				t.seen[p] = t.epoch
+				b.slotIn, b.slotIn2 = append(b.slotIn, p), append(b.slotIn2, slots[i])
+			}
+		}
+		n := len(b.slotIn)
+		b.slotIn = append(b.slotIn, b.slotIn2...)
 		in, err := upload(b, "slottab.in", b.slotIn)
 		if err != nil {
 			return err
 		}
-		n := len(pages)
 		return b.launch("quest_slot_table_write", [3]int{(n + 255) / 256, 1, 1}, 256, 0, u(t.Slot), u(in), uint64(n))
 	})
 }
