@@ -476,7 +476,8 @@ type SlotTables interface {
 	// FreeSlotTable releases a table.
 	FreeSlotTable(ctx context.Context, table any) error
 	// WriteSlotTable sets the slot of page pages[i] to slots[i] (-1:
-	// none). Queued, not waited for.
+	// none), in order: a page listed more than once gets its last
+	// entry. Queued, not waited for.
 	WriteSlotTable(ctx context.Context, table any, pages, slots []int32) error
 	// ReadSlotTable waits for the queued work and returns copies of the
 	// table's slots and use stamps (one of each per page).
