@@ -74,6 +74,24 @@ type Layer struct {
 	// may then be nil. A backend that gets no Device uploads the host
 	// arrays for the call.
 	Device any
+	// Slots, with a slot pool as Device (SlotStore.NewSlotPool), makes
+	// the kernels address the pool's K/V by physical page through a
+	// device page -> slot table (SlotTables): the batch lists physical
+	// pages for attention as it does for scoring, and page p's K/V are
+	// read from the slot the table gives it, so a step over pages that
+	// are all resident runs like one over a pool holding every page.
+	// Nil: a slot pool is attended by slot (the batch's pages are slots).
+	Slots *SlotUse
+}
+
+// SlotUse names a device page -> slot table (SlotTables.NewSlotTable)
+// for a call on a slot pool (Layer.Slots), and the tick a Stepper stamps
+// into the table's use entry of every page a row attends: the recency of
+// the selected pages, kept on the device and read back only when the
+// host needs it (SlotTables.ReadSlotTable).
+type SlotUse struct {
+	Table any
+	Tick  uint64
 }
 
 // FP8 reports whether the layer holds fp8 K/V records (K8 set).
@@ -442,6 +460,43 @@ type SlotStore interface {
 	// ReadSlotKV returns float32 copies of the K and V of slot (each
 	// [KVHeads][PageSize][HeadDim]). For diagnostics and tests.
 	ReadSlotKV(ctx context.Context, pool any, slot int32) (k, v []float32, err error)
+}
+
+// SlotTables is implemented by SlotStores whose kernels can read a slot
+// pool's K/V through a page -> slot table in device memory (Layer.Slots):
+// one int32 slot per physical page (-1: not resident) and one use stamp
+// per page, both written on the device, in order with the kernels and
+// the moves. A page a call attends through the table must have a slot
+// (the CUDA kernels read slot 0 for one that has none; the pretend device
+// fails the call).
+type SlotTables interface {
+	// NewSlotTable makes a table of pages pages, every page without a
+	// slot and every use stamp 0.
+	NewSlotTable(ctx context.Context, pages int) (any, error)
+	// FreeSlotTable releases a table.
+	FreeSlotTable(ctx context.Context, table any) error
+	// WriteSlotTable sets the slot of page pages[i] to slots[i] (-1:
+	// none), in order: a page listed more than once gets its last
+	// entry. Queued, not waited for.
+	WriteSlotTable(ctx context.Context, table any, pages, slots []int32) error
+	// ReadSlotTable waits for the queued work and returns copies of the
+	// table's slots and use stamps (one of each per page).
+	ReadSlotTable(ctx context.Context, table any) (slots []int32, uses []uint64, err error)
+}
+
+// CheckSlotUse validates a call's Layer.Slots: only on a slot pool, with
+// a table.
+func CheckSlotUse(l Layer, slotPool bool) error {
+	if l.Slots == nil {
+		return nil
+	}
+	if !slotPool {
+		return errors.New("kernels: Layer.Slots (a page -> slot table) on a pool that is not a slot pool")
+	}
+	if l.Slots.Table == nil {
+		return errors.New("kernels: Layer.Slots without a table")
+	}
+	return nil
 }
 
 // HostTier is a page tier in host memory that a SlotStore's device maps:

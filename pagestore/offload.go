@@ -43,6 +43,11 @@ func (s *Store) Recall(ctx context.Context, pages []int32) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("recall: %w", err)
 	}
+	// Uses stamped on the device by earlier steps (StepResident) come
+	// before this recall's.
+	if err := r.syncUses(ctx); err != nil {
+		return fmt.Errorf("recall: %w", err)
+	}
 	r.tick++
 	missing, err := r.ensure(ctx, pages, true)
 	r.st.Recalls++
@@ -194,6 +199,9 @@ func (s *Store) CheckResidency() error {
 	}
 	s.res.mu.Lock()
 	defer s.res.mu.Unlock()
+	if err := s.res.checkTable(context.Background()); err != nil {
+		return err
+	}
 	for p, n := range want {
 		if s.res.pins[p] != n {
 			return fmt.Errorf("page %d has %d pins, the sequences hold %d", p, s.res.pins[p], n)

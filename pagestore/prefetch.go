@@ -90,6 +90,9 @@ func (e prefetchEligible) Evictable(p int32) bool {
 // held).
 func (r *residency) prefetchSlot() (int32, bool) {
 	if len(r.free) == 0 {
+		if r.syncUses(context.Background()) != nil {
+			return 0, false
+		}
 		v := r.ev.Victim(prefetchEligible{r})
 		if v < 0 {
 			return 0, false
@@ -172,12 +175,13 @@ func (s *Store) LoadPrefetch(ctx context.Context, f Fetch, buf []byte) error {
 		r.st.PrefetchWasted++ // recycled while being read
 		return nil
 	}
-	r.slot[p] = sl
+	r.setSlot(p, sl)
 	r.ntier--
 	if r.pins[p] > 0 {
 		r.pinnedRes++
 	}
 	r.pf[p] = true
+	r.adm[p] = r.tick
 	r.ev.Admit(p, r.tick)
 	r.st.PrefetchLoaded++
 	r.st.PrefetchBytes += int64(len(buf))

@@ -68,6 +68,11 @@ type ResidencyStats struct {
 	// their read had started: it read the page itself into the reserved
 	// slot (a miss, not a prefetch hit).
 	PrefetchTaken int64
+	// ResidentSteps counts steps that found every page with data
+	// resident and attended through the device's page -> slot table
+	// ([Store.StepResident]) instead of recalling: their pages count
+	// neither as hits nor as misses.
+	ResidentSteps int64
 	// PrefetchWaits counts the times an operation waited for a prefetch
 	// read in flight (of a page it needed, or to free room), and
 	// PrefetchWait the time it waited (part of Stall for step recalls).
@@ -130,6 +135,7 @@ type residency struct {
 	gen     []uint32      // page: bumped when the page is recycled
 	pf      []bool        // page: resident by a prefetch no operation has used yet
 	used    []uint64      // page: the tick of the last step recall that wanted it
+	adm     []uint64      // page: the tick it was last admitted (made resident)
 	npend   int           // pages with pend >= 0
 	age     uint64        // ReservePrefetch in progress: victims unused for more ticks
 	ntier   int           // pages whose K/V only the tier holds (clean, not resident)
@@ -137,6 +143,14 @@ type residency struct {
 	loaded  chan struct{} // closed when a prefetch read ends; nil: nobody waits
 
 	st ResidencyStats // the counters (Recalls ... PrefetchWait)
+
+	// The device's page -> slot table (SlotTable; slottable.go), when
+	// dev keeps one: the slot changes queued for it, and whether steps
+	// stamped uses into it since the last syncUses.
+	tab                SlotTable
+	tabPages, tabSlots []int32
+	devUses            bool
+	touch              []pageUse
 }
 
 func newResidency(cfg Config, layers []LayerData, dev SlotData) (*residency, error) {
@@ -162,7 +176,9 @@ func newResidency(cfg Config, layers []LayerData, dev SlotData) (*residency, err
 		gen:      make([]uint32, cfg.Capacity),
 		pf:       make([]bool, cfg.Capacity),
 		used:     make([]uint64, cfg.Capacity),
+		adm:      make([]uint64, cfg.Capacity),
 	}
+	r.tab, _ = dev.(SlotTable)
 	ev, err := NewEvictor(cfg.Eviction, cfg.Capacity, cfg.scoreDecay())
 	if err != nil {
 		return nil, err
@@ -238,6 +254,9 @@ func (r *residency) ensure(ctx context.Context, pages []int32, step bool) (int, 
 // fails from then on (r.fault, wrapping ErrData), every later operation
 // that needs the device pool returning it.
 func (r *residency) flush(ctx context.Context) error {
+	if err := r.flushTable(); err != nil {
+		return err
+	}
 	if r.dev == nil || len(r.saves)+len(r.loads) == 0 {
 		return nil
 	}
@@ -362,10 +381,12 @@ func (r *residency) loadInto(ctx context.Context, p, s int32) error {
 		r.st.BytesIn += int64(len(r.buf))
 		r.ntier--
 	}
-	r.slot[p], r.owner[s] = s, p
+	r.setSlot(p, s)
+	r.owner[s] = p
 	if r.pins[p] > 0 {
 		r.pinnedRes++
 	}
+	r.adm[p] = r.tick
 	r.ev.Admit(p, r.tick)
 	return nil
 }
@@ -373,6 +394,9 @@ func (r *residency) loadInto(ctx context.Context, p, s int32) error {
 // takeSlot pops a free slot, evicting a page when none is free.
 func (r *residency) takeSlot(ctx context.Context) (int32, error) {
 	if len(r.free) == 0 {
+		if err := r.syncUses(ctx); err != nil {
+			return 0, err
+		}
 		v := r.ev.Victim(r)
 		if v < 0 {
 			return 0, fmt.Errorf("no device slot free or evictable (budget %d, %d held by pinned pages): %w", r.budget, r.pinnedRes, ErrDeviceFull)
@@ -405,7 +429,8 @@ func (r *residency) evict(ctx context.Context, v int32) error {
 		r.st.BytesOut += int64(len(r.buf))
 		r.st.WriteBacks++
 	}
-	r.slot[v], r.owner[s] = -1, -1
+	r.setSlot(v, -1)
+	r.owner[s] = -1
 	r.free = append(r.free, s)
 	r.ev.Remove(v, false)
 	r.st.Evictions++
@@ -431,7 +456,8 @@ func (r *residency) drop(p int32) {
 		r.ntier--
 	}
 	if s := r.slot[p]; s >= 0 {
-		r.slot[p], r.owner[s] = -1, -1
+		r.setSlot(p, -1)
+		r.owner[s] = -1
 		r.free = append(r.free, s)
 		if r.pins[p] > 0 {
 			r.pinnedRes--

@@ -15,7 +15,11 @@ import (
 // backend keeps scores, the top-K output and the lists on the device), the
 // selector is quest, and the shard holds every page of every part (one CP
 // rank), so its local top-K is the global one, and the shard does not
-// offload (Store.DeviceBudget 0). It reports whether it ran;
+// offload (Store.DeviceBudget 0) or, offloading on the device
+// (DeviceResident with a backend that keeps a device page -> slot
+// table, kernels.SlotTables, and no prefetch), finds every page resident
+// (pagestore.Store.StepResident): the step then reads K/V through the
+// table, and nothing is done on the host per page. It reports whether it ran;
 // when it did not, nothing happened and the caller runs the phases. After
 // a fused step ls.O and ls.LSE hold the partial states, Time.Fused the
 // step's time; Scored is false and RowCandidates empty (the scores never
@@ -65,7 +69,7 @@ func (s *Shard) fusedInto(ctx context.Context, ls *LocalStep, step stepFunc, o, 
 // fusedRun builds the top-K plan and lists of ls and runs them as one
 // call of run, when the shard can fuse (see FusedStep).
 func (s *Shard) fusedRun(ctx context.Context, ls *LocalStep, run func(ctx context.Context, sh kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists) error) (bool, error) {
-	if _, hier := s.canHier(); s.cfg.Policy.Selector != plan.Quest || s.off != nil || hier {
+	if _, hier := s.canHier(); s.cfg.Policy.Selector != plan.Quest || (s.off != nil && !s.canFuseOffload()) || hier {
 		// An offloading shard runs phased: its pages are brought in
 		// between selection and attention (see attendOffload).
 		return false, nil
@@ -78,6 +82,22 @@ func (s *Shard) fusedRun(ctx context.Context, ls *LocalStep, run func(ctx contex
 		if !p.Plan.Dense && p.Plan.Pages != np {
 			return false, nil // the plan counts pages held elsewhere
 		}
+	}
+	kl, b := ls.kl, &ls.batch
+	if s.off != nil {
+		// Fused only when every page is resident: then the step reads
+		// K/V by page through the device's page -> slot table.
+		tick, ok, err := s.store.StepResident()
+		if err != nil {
+			return true, fmt.Errorf("fused step layer %d: %w", ls.layer, err)
+		}
+		if !ok {
+			return false, nil
+		}
+		s.off.fused++
+		ls.slotUse = kernels.SlotUse{Table: s.slotTab, Tick: tick}
+		kl.Slots = &ls.slotUse
+		b = &ls.rankBatch // the device page tables
 	}
 	ls.scored = false
 	ls.cands = ls.cands[:0]
@@ -118,9 +138,17 @@ func (s *Shard) fusedRun(ctx context.Context, ls *LocalStep, run func(ctx contex
 		}
 	}
 	t0 := time.Now()
-	if err := run(ctx, s.shape, ls.kl, &ls.batch, ls.q, &ls.topk, &ls.lists); err != nil {
+	if err := run(ctx, s.shape, kl, b, ls.q, &ls.topk, &ls.lists); err != nil {
 		return true, fmt.Errorf("fused step layer %d: %w", ls.layer, err)
 	}
 	ls.Time.Fused = time.Since(t0)
 	return true, nil
+}
+
+// canFuseOffload reports whether an offloading shard may run a step fused
+// when its pages are all resident: its device keeps a page -> slot table
+// and it does not prefetch (a prefetching step ranks more pages than it
+// attends).
+func (s *Shard) canFuseOffload() bool {
+	return s.slotTab != nil && s.pfPlan == nil && s.pf == nil
 }

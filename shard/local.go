@@ -75,6 +75,7 @@ type LocalStep struct {
 	// hostTab says whose and of which table generation it is, hostSeqs
 	// and hostPtr of which sequences and page counts.
 	rankBatch kernels.Batch
+	slotUse   kernels.SlotUse // an offloading fused step's Layer.Slots
 	hostTab   hostTab
 	hostPages []int32
 	hostSeqs  []uint64

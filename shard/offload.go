@@ -29,6 +29,10 @@ type OffloadStats struct {
 	// critical path (the reads are not).
 	PrefetchSteps, PrefetchRanked int64
 	PrefetchPlan                  time.Duration
+	// Fused counts steps that found every page resident and ran fused,
+	// reading K/V through the device's page -> slot table (see
+	// FusedStep; not in Steps).
+	Fused int64
 }
 
 // StallPerStep is the mean time a step spent in its recalls (Stall /
@@ -47,7 +51,7 @@ func (s *Shard) OffloadStats() OffloadStats {
 	}
 	s.mu.Lock()
 	o := s.off
-	st := OffloadStats{Steps: o.steps, MultiPass: o.multi, Passes: o.passes}
+	st := OffloadStats{Steps: o.steps, MultiPass: o.multi, Passes: o.passes, Fused: o.fused}
 	if pp := s.pfPlan; pp != nil {
 		st.PrefetchSteps, st.PrefetchRanked, st.PrefetchPlan = pp.steps, pp.ranked, pp.time
 	}
@@ -82,7 +86,7 @@ type offload struct {
 	lists                  kernels.Lists // a pass's lists
 	o, lse                 []float32     // a pass's partial states
 
-	steps, multi, passes int64
+	steps, multi, passes, fused int64
 }
 
 func newOffload(c pagestore.Config) *offload {

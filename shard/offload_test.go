@@ -22,6 +22,7 @@ type offPair struct {
 	t        *testing.T
 	ref, off *Shard
 	ids      map[pagestore.SeqID]pagestore.SeqID // ref id -> off id
+	fused    int                                 // offloading steps that ran fused (checkFused)
 }
 
 // prefetchOpt is the prefetch of an offPair's offloading shard.
@@ -121,20 +122,43 @@ func (p *offPair) step(rng *rand.Rand, layer int, ids []pagestore.SeqID, budgets
 		ra = append(ra, SeqStep{Seq: id, Q: q, K: k, V: v, BudgetTokens: budgets[i]})
 		rb = append(rb, SeqStep{Seq: p.ids[id], Q: q, K: k, V: v, BudgetTokens: budgets[i]})
 	}
-	before := p.off.OffloadStats().MultiPass
+	st0 := p.off.OffloadStats()
+	before := st0.MultiPass
 	if err := p.ref.Step(context.Background(), layer, ra, opt, &want); err != nil {
 		p.t.Fatal(err)
 	}
 	if err := p.off.Step(context.Background(), layer, rb, opt, &got); err != nil {
 		p.t.Fatal(err)
 	}
-	if got.Time.Fused != 0 {
-		p.t.Fatal("an offloading shard ran a fused step")
-	}
+	p.checkFused(st0, got, opt)
 	if err := p.off.Store().CheckResidency(); err != nil {
 		p.t.Fatal(err)
 	}
 	return want, got, p.off.OffloadStats().MultiPass == before
+}
+
+// checkFused checks how an offloading step ran, given the offload stats
+// before it (st0): fused exactly when the shard keeps a device page ->
+// slot table, does not prefetch, the options allow fusing and every page
+// with data was resident (none only in the tier), counted once in
+// OffloadStats.Fused and ResidentSteps and in nothing a recall counts.
+func (p *offPair) checkFused(st0 OffloadStats, got StepResult, opt StepOptions) {
+	p.t.Helper()
+	st := p.off.OffloadStats()
+	can := p.off.slotTab != nil && p.off.pfPlan == nil && !opt.Phased && !opt.Diagnostics &&
+		st0.TierOnly == 0 && st0.PrefetchPending == 0
+	fused := got.Time.Fused != 0
+	if fused != can {
+		p.t.Fatalf("the offloading step ran fused: %v, expected %v (tier-only pages %d, slot table %v)", fused, can, st0.TierOnly, p.off.slotTab != nil)
+	}
+	if fused {
+		p.fused++
+		if st.Fused != st0.Fused+1 || st.ResidentSteps != st0.ResidentSteps+1 || st.Recalls != st0.Recalls || st.Steps != st0.Steps {
+			p.t.Fatalf("a fused offloading step counted %+v, before %+v", st, st0)
+		}
+	} else if st.Fused != st0.Fused || st.ResidentSteps != st0.ResidentSteps {
+		p.t.Fatalf("a phased offloading step counted as fused: %+v, before %+v", st, st0)
+	}
 }
 
 func sameDiag(t *testing.T, want, got []Diagnostics) {

@@ -130,6 +130,8 @@ type Shard struct {
 	tables   any                 // device page tables (DeviceResident)
 	hostTier kernels.HostTier    // the backend's host tier (DeviceResident with offload)
 	slots    *slotData           // the store's slot data (DeviceResident with offload)
+	slotTab  any                 // the device page -> slot table (offload on a kernels.SlotTables)
+	slotTabs kernels.SlotTables
 
 	readBack atomic.Int64 // bytes of page data copied out for host readers (ReadBackBytes)
 
@@ -246,7 +248,12 @@ func (s *Shard) Close() error {
 			first = err
 		}
 	}
-	s.dev, s.tables, s.hostTier = nil, nil, nil
+	if s.slotTab != nil {
+		if err := s.slotTabs.FreeSlotTable(context.Background(), s.slotTab); err != nil && first == nil {
+			first = err
+		}
+	}
+	s.dev, s.tables, s.hostTier, s.slotTab = nil, nil, nil, nil
 	return first
 }
 

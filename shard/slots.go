@@ -130,7 +130,16 @@ func (s *Shard) newDeviceOffload(cfg Config) error {
 	s.tables = tables
 	c.Tier = t
 	s.slots = &slotData{ss: ss, pools: s.dev, tier: t, tables: tables, pages: c.Capacity}
-	st, err := pagestore.NewWithSlots(c, s.slots)
+	var data pagestore.SlotData = s.slots
+	if sts, ok := ss.(kernels.SlotTables); ok {
+		tab, err := sts.NewSlotTable(ctx, c.Capacity)
+		if err != nil {
+			return fmt.Errorf("shard: device slot table: %w", err)
+		}
+		s.slotTab, s.slotTabs = tab, sts
+		data = &tableSlotData{slotData: s.slots, st: sts, tab: tab}
+	}
+	st, err := pagestore.NewWithSlots(c, data)
 	if err != nil {
 		return fmt.Errorf("shard: %w", err)
 	}
@@ -141,4 +150,24 @@ func (s *Shard) newDeviceOffload(cfg Config) error {
 		s.pf = newPrefetcher(st)
 	}
 	return nil
+}
+
+// tableSlotData is the slotData of a backend that keeps a device page ->
+// slot table (kernels.SlotTables): the store writes its residency
+// changes into it, and the fused steps of an all-resident shard read K/V
+// through it.
+type tableSlotData struct {
+	*slotData
+	st  kernels.SlotTables
+	tab any
+}
+
+var _ pagestore.SlotTable = (*tableSlotData)(nil)
+
+func (d *tableSlotData) WriteSlotTable(pages, slots []int32) error {
+	return d.st.WriteSlotTable(context.Background(), d.tab, pages, slots)
+}
+
+func (d *tableSlotData) ReadSlotTable(ctx context.Context) ([]int32, []uint64, error) {
+	return d.st.ReadSlotTable(ctx, d.tab)
 }

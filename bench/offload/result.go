@@ -45,6 +45,10 @@ type Result struct {
 	D2HBytesPerStep float64 `json:"d2h_bytes_per_step"`
 	PassesPerStep   float64 `json:"passes_per_step"`
 	MultiPassSteps  int64   `json:"multi_pass_steps"`
+	// FusedSteps counts the timed steps that found every page resident
+	// and ran fused, reading K/V through the device's page -> slot table
+	// (shard.OffloadStats.Fused; --backend cuda, no prefetch).
+	FusedSteps int64 `json:"fused_steps"`
 	// Prefetch counters per step: pages reserved, pages a step found
 	// resident only because of a prefetch, prefetched pages that left
 	// unused, and the time steps waited for reads in flight.

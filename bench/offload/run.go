@@ -179,6 +179,7 @@ func runShard(ctx context.Context, c Config, be kernels.Backend, n, budget, pct,
 	r.D2HBytesPerStep = per(after.BytesOut, before.BytesOut)
 	r.PassesPerStep = per(after.Passes, before.Passes)
 	r.MultiPassSteps = after.MultiPass - before.MultiPass
+	r.FusedSteps = after.Fused - before.Fused
 	r.PrefetchIssuedPerStep = per(after.PrefetchIssued, before.PrefetchIssued)
 	r.PrefetchHitsPerStep = per(after.PrefetchHits, before.PrefetchHits)
 	r.PrefetchWastedPerStep = per(after.PrefetchWasted, before.PrefetchWasted)

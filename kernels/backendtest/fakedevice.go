@@ -327,24 +327,55 @@ func (f FakeDevice) Score(ctx context.Context, s kernels.Shape, l kernels.Layer,
 	return f.CPU.Score(ctx, s, f.dev(l, false), b, q, mode, out)
 }
 
-// Attend runs the CPU kernel on the pretend device pool and tables.
+// Attend runs the CPU kernel on the pretend device pool and tables (a
+// slot pool with Layer.Slots: through its page -> slot table).
 func (f FakeDevice) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, lists *kernels.Lists, o, lse []float32) error {
+	return f.attend(ctx, s, l, b, q, lists, o, lse, false)
+}
+
+// attend is Attend; stamp writes the use stamps of a slot table (Step).
+func (f FakeDevice) attend(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, lists *kernels.Lists, o, lse []float32, stamp bool) error {
 	b, err := f.batch(b)
 	if err != nil {
 		return err
+	}
+	p, _ := l.Device.(*FakePool)
+	if err := kernels.CheckSlotUse(l, p != nil && p.slots > 0); err != nil {
+		return err
+	}
+	if l.Slots != nil {
+		if _, err := lists.Check(b, s.Rows(lists.Mode), nil); err != nil {
+			return err
+		}
+		if b, err = f.bySlot(l, b, s.Rows(lists.Mode), lists, stamp); err != nil {
+			return err
+		}
 	}
 	return f.CPU.Attend(ctx, s, f.dev(l, true), b, q, lists, o, lse)
 }
 
 // Step implements kernels.Stepper as Score, TopK and Attend on the pretend
-// device (the embedded CPU's Step would read the host arrays).
+// device (the embedded CPU's Step would read the host arrays). On a slot
+// pool with Layer.Slots it stamps the attended pages' use entries.
 func (f FakeDevice) Step(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error {
 	var c kernels.StepCheck
 	if err := c.Check(b, s.Rows(lists.Mode), plan, lists); err != nil {
 		return err
 	}
-	_, err := kernels.Compose(ctx, f, nil, s, l, b, q, plan, lists, o, lse)
-	return err
+	if l.Slots == nil {
+		_, err := kernels.Compose(ctx, f, nil, s, l, b, q, plan, lists, o, lse)
+		return err
+	}
+	if plan.Rows() > 0 {
+		scores := make([]float32, b.Total()*s.Rows(lists.Mode))
+		if err := f.Score(ctx, s, l, b, q, lists.Mode, scores); err != nil {
+			return err
+		}
+		if err := f.TopK(ctx, scores, plan, lists.Pages); err != nil {
+			return err
+		}
+	}
+	return f.attend(ctx, s, l, b, q, lists, o, lse, true)
 }
 
 // Rank implements kernels.Ranker as Score and TopK on the pretend device.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/questrt/questrt/kernels"
@@ -239,4 +240,121 @@ func (FakeDevice) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTie
 		}
 	}
 	return nil
+}
+
+// fakeSlotTable is a pretend device page -> slot table (kernels.SlotTables).
+type fakeSlotTable struct {
+	mu   sync.Mutex
+	slot []int32
+	use  []uint64
+	free bool
+}
+
+var _ kernels.SlotTables = FakeDevice{}
+
+func slotTable(t any) (*fakeSlotTable, error) {
+	st, ok := t.(*fakeSlotTable)
+	if !ok || st.free {
+		return nil, fmt.Errorf("fake device: slot table %T is not a live *fakeSlotTable", t)
+	}
+	return st, nil
+}
+
+// NewSlotTable implements kernels.SlotTables.
+func (FakeDevice) NewSlotTable(_ context.Context, pages int) (any, error) {
+	if pages < 1 {
+		return nil, fmt.Errorf("fake device: slot table of %d pages", pages)
+	}
+	t := &fakeSlotTable{slot: make([]int32, pages), use: make([]uint64, pages)}
+	for i := range t.slot {
+		t.slot[i] = -1
+	}
+	return t, nil
+}
+
+// FreeSlotTable implements kernels.SlotTables.
+func (FakeDevice) FreeSlotTable(_ context.Context, table any) error {
+	t, err := slotTable(table)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.free = true
+	return nil
+}
+
+// WriteSlotTable implements kernels.SlotTables.
+func (FakeDevice) WriteSlotTable(_ context.Context, table any, pages, slots []int32) error {
+	t, err := slotTable(table)
+	if err != nil {
+		return err
+	}
+	if len(pages) != len(slots) {
+		return fmt.Errorf("fake device: %d slots for %d pages", len(slots), len(pages))
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, p := range pages {
+		if p < 0 || int(p) >= len(t.slot) || slots[i] < -1 {
+			return fmt.Errorf("fake device: slot table entry (page %d, slot %d) outside the table of %d pages", p, slots[i], len(t.slot))
+		}
+	}
+	for i, p := range pages {
+		t.slot[p] = slots[i]
+	}
+	return nil
+}
+
+// ReadSlotTable implements kernels.SlotTables.
+func (FakeDevice) ReadSlotTable(_ context.Context, table any) ([]int32, []uint64, error) {
+	t, err := slotTable(table)
+	if err != nil {
+		return nil, nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.slot), slices.Clone(t.use), nil
+}
+
+// bySlot readdresses b (host pages) by device slot through l.Slots's
+// table for attention on a slot pool: every page a row of lists reads
+// must have a slot (the others read slot 0, as on the GPU). With stamp
+// set it writes the table's use stamps of the listed pages.
+func (f FakeDevice) bySlot(l kernels.Layer, b *kernels.Batch, rows int, lists *kernels.Lists, stamp bool) (*kernels.Batch, error) {
+	t, err := slotTable(l.Slots.Table)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := &kernels.Batch{Indptr: b.Indptr, LastLen: b.LastLen, Pages: make([]int32, len(b.Pages))}
+	for j, p := range b.Pages {
+		if p < 0 || int(p) >= len(t.slot) {
+			return nil, fmt.Errorf("fake device: page %d outside the slot table of %d pages", p, len(t.slot))
+		}
+		c.Pages[j] = max(t.slot[p], 0)
+	}
+	for i := range b.Len() {
+		pages := b.Pages[b.Indptr[i]:b.Indptr[i+1]]
+		for r := range rows {
+			listed := pages
+			if !lists.All {
+				k := i*rows + r
+				listed = nil
+				for _, lp := range lists.Pages[lists.Indptr[k]:lists.Indptr[k+1]] {
+					listed = append(listed, pages[lp])
+				}
+			}
+			for _, p := range listed {
+				if t.slot[p] < 0 {
+					return nil, fmt.Errorf("fake device: page %d is attended through the slot table but has no slot", p)
+				}
+				if stamp {
+					t.use[p] = l.Slots.Tick
+				}
+			}
+		}
+	}
+	return c, nil
 }

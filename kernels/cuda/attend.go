@@ -31,6 +31,15 @@ func (b *Backend) Attend(ctx context.Context, s kernels.Shape, l kernels.Layer, 
 		if err != nil {
 			return err
 		}
+		tab, err := slotUse(l, dl)
+		if err != nil {
+			return err
+		}
+		if tab != nil {
+			if err := b.bySlot(tab, bt.Total(), &a, false, 0, false); err != nil {
+				return err
+			}
+		}
 		heads, perHead := headsOf(s, lists.Mode)
 		if err := b.launchAttendReduce(dl, s, heads, perHead, a, false); err != nil {
 			return err

@@ -90,6 +90,8 @@ type Backend struct {
 	// buffer over (tests).
 	stageWraps int
 	host       *DeviceLayer // scratch layer for host-array inputs
+	slotIn     []int32      // WriteSlotTable's upload: pages, then slots
+	slotIn2    []int32      // and its slots, before they join
 
 	// One upload and one download per attention or step call: b.in packs
 	// the inputs, b.out lays out o, lse and the lists (regions outO,

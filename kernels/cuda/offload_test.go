@@ -315,9 +315,11 @@ func TestDeviceOffloadBitIdentical(t *testing.T) {
 
 // BenchmarkDeviceOffloadStep times one served decode layer-step (batch 1,
 // Llama-3.1-8B layer shape, bf16, S 16, budget 4096 tokens) at 1M tokens
-// on a DeviceResident shard holding every page and on one keeping 10% of
-// the pages' K/V on the device, with the same query every step (after the
-// first, every selected page is resident: the offload path's own cost).
+// on a DeviceResident shard holding every page, on one keeping 100% of the
+// pages' K/V in its slot pool (every page resident: the fused step through
+// the device's page -> slot table; fused_steps reports it) and on one
+// keeping 10%, with the same query every step (after the first, every
+// selected page is resident: the offload path's own cost).
 func BenchmarkDeviceOffloadStep(b *testing.B) {
 	const n, qh, kvh, d, s = 1 << 20, 32, 8, 128, 16
 	be := newBackend(&testing.T{}, plan.BFloat16)
@@ -328,7 +330,7 @@ func BenchmarkDeviceOffloadStep(b *testing.B) {
 	for _, c := range []struct {
 		pct    int
 		phased bool
-	}{{0, false}, {0, true}, {10, false}} {
+	}{{0, false}, {0, true}, {100, false}, {10, false}} {
 		pct := c.pct
 		b.Run(fmt.Sprintf("device%d%%_phased%v", pct, c.phased), func(b *testing.B) {
 			st := pagestore.Config{Layers: 1, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: pages}
@@ -375,6 +377,174 @@ func BenchmarkDeviceOffloadStep(b *testing.B) {
 			b.ReportMetric(float64(t.Recall.Microseconds()), "recall_us")
 			b.ReportMetric(float64(t.Attend.Microseconds()), "attend_us")
 			b.ReportMetric(float64(t.TopK.Microseconds()), "topk_us")
+			b.ReportMetric(float64(sh.OffloadStats().Fused), "fused_steps")
+		})
+	}
+}
+
+// TestDeviceOffloadFusedResident: an offloading DeviceResident shard whose
+// slot pools hold every page runs every step fused on the GPU (score by
+// page, K/V by slot through the device page -> slot table, the selected
+// pages' use stamps written on the device) through random appends, forks,
+// rollbacks, releases and recycled pages: every o and lse bit-identical
+// to the shard holding every page, the device slot table equal to the
+// store's map after every operation (CheckResidency reads it back), and
+// no recall. Then a small sequence stepped fused keeps its pages resident
+// while a big one spills (the device's use stamps reach the evictor
+// first), and after the big one's release the steps are fused again.
+func TestDeviceOffloadFusedResident(t *testing.T) {
+	const layers, qh, kvh, d, s, capacity = 2, 8, 2, 64, 16, 300
+	for _, dt := range []plan.DType{plan.BFloat16, plan.FP8} {
+		t.Run(dt.String(), func(t *testing.T) {
+			ctx := context.Background()
+			b, err := New(Config{DType: dt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			pol := plan.DefaultPolicy()
+			pol.PageSize, pol.BudgetTokens, pol.DenseLayers, pol.SinkPages, pol.LocalPages = s, 4*s, 1, 1, 1
+			st := pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: capacity}
+			ref, err := shard.New(shard.Config{Store: st, Policy: pol, DeviceResident: true}, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ref.Close()
+			st.DeviceBudget = capacity
+			off, err := shard.New(shard.Config{Store: st, Policy: pol, DeviceResident: true}, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer off.Close()
+			rng := rand.New(rand.NewPCG(71, 2))
+			ids := map[pagestore.SeqID]pagestore.SeqID{}
+			var live []pagestore.SeqID
+			appendBoth := func(id pagestore.SeqID, n int) {
+				for l := range layers {
+					k, v := randF32(rng, n*kvh*d), randF32(rng, n*kvh*d)
+					if err := ref.Append(id, l, k, v); err != nil {
+						t.Fatal(err)
+					}
+					if err := off.Append(ids[id], l, k, v); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			create := func(n int) pagestore.SeqID {
+				id := ref.Store().Create()
+				ids[id] = off.Store().Create()
+				appendBoth(id, n)
+				return id
+			}
+			release := func(id pagestore.SeqID) {
+				if err := ref.Release(id); err != nil {
+					t.Fatal(err)
+				}
+				if err := off.Release(ids[id]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			steps := 0
+			step := func(what string, fused bool, seqs ...pagestore.SeqID) {
+				t.Helper()
+				var ra, rb []shard.SeqStep
+				for _, id := range seqs {
+					q := randF32(rng, qh*d)
+					bud := []int{0, 2 * s, 6 * s}[rng.IntN(3)]
+					ra = append(ra, shard.SeqStep{Seq: id, Q: q, BudgetTokens: bud})
+					rb = append(rb, shard.SeqStep{Seq: ids[id], Q: q, BudgetTokens: bud})
+				}
+				for l := range layers {
+					var want, got shard.StepResult
+					if err := ref.Step(ctx, l, ra, shard.StepOptions{}, &want); err != nil {
+						t.Fatal(err)
+					}
+					if err := off.Step(ctx, l, rb, shard.StepOptions{}, &got); err != nil {
+						t.Fatal(err)
+					}
+					if (got.Time.Fused != 0) != fused {
+						t.Fatalf("%s layer %d: fused %v, want %v (%+v)", what, l, got.Time.Fused != 0, fused, off.OffloadStats())
+					}
+					if fused {
+						steps++
+					}
+					if !slices.Equal(want.O, got.O) || !slices.Equal(want.LSE, got.LSE) {
+						t.Fatalf("%s layer %d: outputs differ", what, l)
+					}
+				}
+			}
+			for op := range 80 {
+				switch r := rng.IntN(8); {
+				case len(live) == 0:
+					live = append(live, create([]int{1, 15, 16, 17, 300, 900}[rng.IntN(6)]))
+				case r == 0 && len(live) < 3:
+					a, err := ref.Fork(live[0])
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ids[a], err = off.Fork(ids[live[0]]); err != nil {
+						t.Fatal(err)
+					}
+					live = append(live, a)
+				case r == 1:
+					id := live[rng.IntN(len(live))]
+					if n, _ := ref.Store().Len(id); n > 1 {
+						cut := 1 + rng.IntN(n-1)
+						if err := ref.Rollback(id, cut); err != nil {
+							t.Fatal(err)
+						}
+						if err := off.Rollback(ids[id], cut); err != nil {
+							t.Fatal(err)
+						}
+					}
+				case r == 2:
+					i := rng.IntN(len(live))
+					release(live[i])
+					live = slices.Delete(live, i, i+1)
+				case r == 3:
+					appendBoth(live[rng.IntN(len(live))], 1+rng.IntN(40))
+				default:
+					step(fmt.Sprintf("op %d", op), true, live...)
+				}
+				if err := off.Store().CheckResidency(); err != nil {
+					t.Fatalf("op %d: %v", op, err)
+				}
+			}
+			if st := off.OffloadStats(); steps == 0 || st.Fused != int64(steps) || st.Recalls != 0 {
+				t.Fatalf("%d fused steps, stats %+v", steps, st)
+			}
+			for _, id := range live {
+				release(id)
+			}
+			// The spill: capacity 300 pages, the device holds them all,
+			// so the small and the big sequence are made to exceed it
+			// through a second shard with a budget of 60.
+			st.DeviceBudget = 60
+			off2, err := shard.New(shard.Config{Store: st, Policy: pol, DeviceResident: true}, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer off2.Close()
+			off = off2
+			small := create(10 * s)
+			step("small", true, small)
+			step("small again", true, small)
+			big := create(80 * s) // 90 pages for 60 slots
+			table, err := off.Store().AppendPageTable(nil, ids[small])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, pg := range table {
+				if off.Store().DeviceSlot(pg) < 0 {
+					t.Fatalf("page %d of the small sequence (stepped fused) was evicted before the big one's", i)
+				}
+			}
+			step("small after the spill", false, small)
+			release(big)
+			step("small, the big one released", true, small)
+			if err := off.Store().CheckResidency(); err != nil {
+				t.Fatal(err)
+			}
 		})
 	}
 }

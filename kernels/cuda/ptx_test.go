@@ -13,7 +13,7 @@ func TestPTXMatchesSource(t *testing.T) {
 		kernels   []string
 	}{
 		{"quest", PTX, []string{"quest_topk", "quest_reduce", "quest_merge", "quest_score_bf16", "quest_attend_f16", "quest_append_f32", "quest_convert_bf16", "quest_append_fp8", "quest_rescan_slots_fp8"}},
-		{"slots", PTXSlots, []string{"quest_slots_move", "quest_rescan_slots_bf16", "quest_rescan_slots_f32"}},
+		{"slots", PTXSlots, []string{"quest_slots_move", "quest_rescan_slots_bf16", "quest_rescan_slots_f32", "quest_slot_table_write", "quest_slot_resolve"}},
 		{"mma", PTXMMA, []string{"quest_scoremma_bf16_d128", "quest_scoremma_f16_d64_h16", "quest_attendmma_bf16_d128", "quest_attendmma_f16_d64_h16"}},
 		{"model", PTXModel, modelKernelNames()},
 		{"prefill", PTXPrefill, prefillKernelNames()},

@@ -90,3 +90,41 @@ __device__ void rescan_slots(const T* K, T* sum, const int* pages, const int* sl
 SLOTS_INSTANTIATE(f32, float)
 SLOTS_INSTANTIATE(f16, __half)
 SLOTS_INSTANTIATE(bf16, __nv_bfloat16)
+
+// The page -> slot table of a slot pool (slottable.go): slot[page] is the
+// page's device slot (-1: not resident), use[page] the tick of the last
+// fused step that attended the page through the table.
+
+// quest_slot_table_write sets slot[ps[i]] = ps[n + i] for i < n (the
+// pages, then their slots, in one array). One thread per entry.
+extern "C" __global__ void quest_slot_table_write(int* slot, const int* ps, i64 n) {
+	const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n) slot[ps[i]] = ps[n + i];
+}
+
+// quest_slot_resolve readdresses the pages a step attends by slot and
+// stamps their uses: attention work item w covers list positions
+// [lo[w], hi[w]) of sequence seq[w], whose physical pages start at
+// ind[seq] in pages; lists holds logical pages (the iota for lists of
+// every page). For each listed page p at batch position i it writes
+// out[i] = slot[p] (slot 0 for a page without one: only resident pages
+// are attended this way) and, when use is set, use[p] = tick. out holds
+// valid entries only at listed positions, the only ones attention reads.
+// Launched as a programmatic dependent of the top-K that writes the
+// lists (griddepcontrol.wait first); the attention is its dependent in
+// turn. Grid (items).
+extern "C" __global__ void quest_slot_resolve(const int* ind, const int* pages, const int* seq, const int* lo,
+					      const int* hi, const int* lists, const int* slot, unsigned long long* use,
+					      int* out, i64 tick) {
+	asm volatile("griddepcontrol.wait;\n" ::: "memory");
+	const i64 w = blockIdx.x;
+	const i64 base = ind[seq[w]];
+	for (i64 j = lo[w] + threadIdx.x; j < hi[w]; j += blockDim.x) {
+		const int lp = lists[j];
+		if (lp < 0) continue;
+		const i64 i = base + lp;
+		const int p = pages[i];
+		out[i] = max(slot[p], 0);
+		if (use) use[p] = (unsigned long long)tick;
+	}
+}

@@ -52,7 +52,7 @@ func loadSlotKernels(fn map[string]cu.Function) (cu.Module, error) {
 	if err != nil {
 		return mod, fmt.Errorf("cuda: load offload PTX: %w", err)
 	}
-	names := []string{"quest_slots_move"}
+	names := []string{"quest_slots_move", "quest_slot_table_write", "quest_slot_resolve"}
 	for _, dt := range []plan.DType{plan.Float32, plan.Float16, plan.BFloat16} {
 		names = append(names, "quest_rescan_slots_"+dt.String())
 	}

@@ -95,6 +95,12 @@ func (b *Backend) stepDevice(queued bool, s kernels.Shape, l kernels.Layer, bt *
 	if dev != nil {
 		a.q, a.o, a.lse = dev.q, dev.o, dev.lse
 	}
+	// A slot pool read through its page -> slot table: the score reads
+	// the summaries by page, attention the K/V by slot (bySlot, below).
+	tab, err := slotUse(l, dl)
+	if err != nil {
+		return err
+	}
 	if err := b.probe.mark(1); err != nil {
 		return err
 	}
@@ -105,6 +111,11 @@ func (b *Backend) stepDevice(queued bool, s kernels.Shape, l kernels.Layer, bt *
 	heads, perHead := headsOf(s, lists.Mode)
 	if plan.Rows() > 0 {
 		if _, err := b.scoreTopK(dl, s, bt, lists.Mode, plan, a.ind, a.pg, a.q, ptrs, a.lists, tiles); err != nil {
+			return err
+		}
+	}
+	if tab != nil {
+		if err := b.bySlot(tab, bt.Total(), &a, true, l.Slots.Tick, plan.Rows() > 0); err != nil {
 			return err
 		}
 	}

@@ -17,7 +17,7 @@ func validate(s kernels.Shape, l kernels.Layer, bt *kernels.Batch, withKV bool) 
 		return fmt.Errorf("cuda: %w (%d per page)", kernels.ErrSubBoxes, l.SubBoxes)
 	}
 	if dl, ok := l.Device.(*DeviceLayer); ok {
-		if withKV {
+		if withKV && l.Slots == nil {
 			return bt.ValidatePool(s, dl.kvPages()) // a slot pool is attended by slot
 		}
 		return bt.ValidatePool(s, dl.Pages)
