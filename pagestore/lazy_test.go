@@ -347,8 +347,12 @@ func TestScrubStopsOnClose(t *testing.T) {
 	lazyWrite(t, c)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	s := openP(t, c)
-	time.Sleep(20 * time.Millisecond)
+	// The first page is read at once, the next after its bytes' time at
+	// the pace: wait (bounded) for the first on a loaded machine.
 	sc := s.Scrub()
+	for deadline := time.Now().Add(10 * time.Second); sc.Verified < 1 && time.Now().Before(deadline); sc = s.Scrub() {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if !sc.Running || sc.Verified != 1 {
 		t.Fatalf("a slow scrub: %+v, want running after one page", sc)
 	}
@@ -404,7 +408,8 @@ func seqIDs(r pagestore.RecoveryReport) []pagestore.SeqID {
 }
 
 // TestScrubConcurrent: the scrub runs while the sequences are used
-// (first uses, appends, forks, releases from several goroutines): the
+// (first uses, appends, releases and lengths from several goroutines; no
+// fork, rollback or truncation of a pending sequence yet): the
 // result equals, bit for bit, the same operations on an eager open of
 // the same directory, and the pool's invariants hold (run with -race).
 func TestScrubConcurrent(t *testing.T) {

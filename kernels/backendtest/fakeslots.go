@@ -100,7 +100,7 @@ func (FakeDevice) ReadSlotKV(_ context.Context, pool any, slot int32) ([]float32
 }
 
 // FakeHostTier is the pretend host tier of a FakeDevice: payloads in a
-// byte array in the tier layout of the pools' type (FakePool.pack),
+// byte array in the tier layout of the pools' type (FakePool.move),
 // written by MoveSlots as the device would and by Write as the host
 // would.
 type FakeHostTier struct {
@@ -189,7 +189,7 @@ func (t *FakeHostTier) Close() error {
 
 // MoveSlots implements kernels.SlotStore: every save, then every load, of
 // every pool's slot, in the tier layout (layer-major, each layer as
-// FakePool.pack writes it).
+// FakePool.move writes it).
 func (FakeDevice) MoveSlots(ctx context.Context, pools []any, ht kernels.HostTier, saves, loads []kernels.SlotMove) error {
 	t, ok := ht.(*FakeHostTier)
 	if !ok {

@@ -29,7 +29,7 @@ import (
 // other type. Slot pools (offload, slots.go) hold fp8 records too: codes
 // and scales indexed by slot, summaries by physical page; a page's tier
 // payload is its records as stored (codes and scales, packFP8's layout).
-// The GPU prefill refuses fp8 pages.
+// The GPU prefill reads fp8 pages too (prefill_attend_fp8_*, prefill.go).
 
 // kv8 reports whether l holds fp8 K/V records.
 func (l *DeviceLayer) kv8() bool { return l.DType == plan.FP8 }
