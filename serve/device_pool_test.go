@@ -2,6 +2,7 @@ package serve
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -71,6 +72,18 @@ func TestServeDevicePoolFromMemory(t *testing.T) {
 			}
 			if got := complete(t, ts.URL, map[string]any{"model": "tiny", "prompt": "0123456789 ", "max_tokens": 6, "temperature": 0}); got.Usage.CompletionTokens != 6 {
 				t.Errorf("completion on the sized pool: %+v", got.Usage)
+			}
+			// Options of its own would open an engine, and a pool, of
+			// their own on the device beside the sized one: refused,
+			// nothing reserved or opened.
+			before := dev.Allocated()
+			sink := s.cfg.Policy.SinkPages + 1
+			status, _, body := post(t, ts.URL+"/v1/completions", `{"model": "tiny", "prompt": "0123456789 ", "max_tokens": 2, "quest": {"sink": `+strconv.Itoa(sink)+`}}`)
+			if status != 400 || !strings.Contains(string(body), "--serve-capacity-pages") {
+				t.Errorf("own options on a device pool sized from memory: status %d %s, want 400 naming --serve-capacity-pages", status, body)
+			}
+			if st := s.Stats(); st.ReservedPages != 0 || st.OwnEngines != 0 || dev.Allocated() != before {
+				t.Errorf("after the refusal: %d pages reserved, %d own engines, device %d bytes (before %d)", st.ReservedPages, st.OwnEngines, dev.Allocated(), before)
 			}
 		})
 	}

@@ -408,6 +408,12 @@ func (s *Server) questParams(q *QuestOptions, p *params) *apiError {
 	}
 	p.own = p.sel.Selector != pol.Selector || p.sel.GQA != pol.GQA ||
 		p.sel.SinkPages != pol.SinkPages || p.sel.LocalPages != pol.LocalPages
+	if p.own && s.pool.Device {
+		// Its own engine would allocate a pool of its own on the GPU
+		// beside the main one, which already takes what the memory
+		// fraction leaves: refuse before anything is allocated.
+		return badParam("quest", "invalid_value", "quest.gqa, quest.sink and quest.local other than the server's need an engine of their own on the GPU, and this server's pool was sized from the GPU's memory (questd --gpu-memory-utilization); give --serve-capacity-pages to size it and leave room, or drop the options")
+	}
 	return nil
 }
 

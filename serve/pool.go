@@ -165,7 +165,9 @@ func (s *Server) sizeDevicePool(cfg Config, maxContext int) (PoolSize, error) {
 	if maxContext > 0 {
 		need = s.pagesFor(maxContext)
 	}
-	ps.Pages, ps.Bound = boundPages(b.Fit(ps.FixedBytes, ps.PageBytes), need, cfg.MaxRunning)
+	// The engine's pool is CapacityPages plus the quality monitor's
+	// slack (see New), as the host path counts it.
+	ps.Pages, ps.Bound = boundPages(max(0, b.Fit(ps.FixedBytes, ps.PageBytes)-int64(s.monitorSlack())), need, cfg.MaxRunning)
 	if ps.Pages < max(need, 1) {
 		return ps, fmt.Errorf("serve: the device's pool holds %d pages (%s a page, %s beside them) in the %s that %.2f of its %s leaves with %s free after the weights and workspace; one request of max_model_len %d tokens needs %d: lower questd --max-model-len, raise --gpu-memory-utilization or give --serve-capacity-pages: %w",
 			ps.Pages, memlimit.Bytes(ps.PageBytes), memlimit.Bytes(ps.FixedBytes), memlimit.Bytes(b.Bytes), b.Fraction, memlimit.Bytes(b.Total), memlimit.Bytes(b.Free), maxContext, max(need, 1), memlimit.ErrTooLarge)
