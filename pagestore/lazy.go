@@ -281,14 +281,7 @@ func (s *Store) damage(id SeqID, sq *seq, cause error) error {
 	pr.lazy.mu.Lock()
 	pr.lazy.rep.Damaged = append(pr.lazy.rep.Damaged, DamagedSeq{ID: id, Tokens: maxLen(sq.lens), Err: err})
 	pr.lazy.mu.Unlock()
-	sq.released = true
-	s.setPins(sq, nil)
-	s.poolMu.Lock()
-	for _, p := range sq.pages {
-		s.unrefLocked(p)
-	}
-	s.poolMu.Unlock()
-	sq.pages = nil
+	s.releasePages(sq)
 	sq.pend = false
 	// Best effort, as Create's: a failure leaves the manifest, which the
 	// next open finds damaged again.

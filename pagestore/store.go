@@ -321,14 +321,7 @@ func (s *Store) Release(id SeqID) error {
 	}
 	sq.mu.Lock()
 	defer sq.mu.Unlock()
-	sq.released = true
-	s.setPins(sq, nil)
-	s.poolMu.Lock()
-	for _, p := range sq.pages {
-		s.unrefLocked(p)
-	}
-	s.poolMu.Unlock()
-	sq.pages = nil
+	s.releasePages(sq)
 	if err := s.data.Drop(id); err != nil {
 		return fmt.Errorf("release seq %d: %w: %w", id, ErrData, err)
 	}
@@ -338,6 +331,19 @@ func (s *Store) Release(id SeqID) error {
 		}
 	}
 	return nil
+}
+
+// releasePages marks sq (locked, already out of the map) released and
+// gives its pages back: pins dropped, references counted down.
+func (s *Store) releasePages(sq *seq) {
+	sq.released = true
+	s.setPins(sq, nil)
+	s.poolMu.Lock()
+	for _, p := range sq.pages {
+		s.unrefLocked(p)
+	}
+	s.poolMu.Unlock()
+	sq.pages = nil
 }
 
 // lock returns the live sequence id with its mutex held.

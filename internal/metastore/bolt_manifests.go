@@ -380,33 +380,8 @@ func (m *boltManifests) Commit(ctx context.Context, b ManifestBatch) error {
 			}
 		}
 		if b.RetainSlots != nil {
-			var stale [][]byte
-			err := slb.ForEach(func(k, _ []byte) error {
-				if len(k) != 4 || !b.RetainSlots[int32(binary.BigEndian.Uint32(k))] {
-					stale = append(stale, bytes.Clone(k))
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			for _, k := range stale {
-				if err := slb.Delete(k); err != nil {
-					return err
-				}
-			}
-			stale = stale[:0]
-			err = smb.ForEach(func(k, _ []byte) error {
-				if len(k) != 4 || !b.RetainSlots[int32(binary.BigEndian.Uint32(k))] {
-					stale = append(stale, bytes.Clone(k))
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			for _, k := range stale {
-				if err := smb.Delete(k); err != nil {
+			for _, bk := range []*bolt.Bucket{slb, smb} {
+				if err := pruneSlots(bk, b.RetainSlots); err != nil {
 					return err
 				}
 			}
@@ -424,6 +399,27 @@ func (m *boltManifests) Commit(ctx context.Context, b ManifestBatch) error {
 	}
 	for _, id := range b.Delete {
 		delete(m.committed, id)
+	}
+	return nil
+}
+
+// pruneSlots deletes the keys of bk (4-byte big-endian slots) that keep
+// does not name, and any key of another length.
+func pruneSlots(bk *bolt.Bucket, keep map[int32]bool) error {
+	var stale [][]byte
+	err := bk.ForEach(func(k, _ []byte) error {
+		if len(k) != 4 || !keep[int32(binary.BigEndian.Uint32(k))] {
+			stale = append(stale, bytes.Clone(k))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := bk.Delete(k); err != nil {
+			return err
+		}
 	}
 	return nil
 }
