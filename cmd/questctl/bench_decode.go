@@ -68,7 +68,7 @@ and weights_GB. Progress goes to stderr.`)
 	kvDType := kvCacheDTypeFlagFP8(fs, "")
 	phases := fs.Bool("phases", false, "after the timed Quest steps of each measurement, one more step with CUDA events between its phases: the result's phases_ms (per token, summed over layers: in = normalised q|k|v projection and RoPE, attention = the engine's layer step, out = o, gate|up, SiLU and down, end_gap = the host's end of the step, head = the LM head) and proj_GBps (the layers' weight bytes over in + out); the events end the kernels' programmatic overlap there, so that step is not a timed one")
 	summary := summaryDTypeFlag(fs, "")
-	cudaKernels := fs.String("cuda-kernels", "", "tuning overrides of the CUDA backend, comma-separated: attend=NAME and score=NAME (kernel variants of kernels/cuda/mma.cu), score-chunk=N and attend-chunk=N (pages per scoring block / attention work item); empty: the defaults")
+	cudaKernels := fs.String("cuda-kernels", "", "tuning overrides of the CUDA backend, comma-separated: attend=NAME and score=NAME (kernel variants of kernels/cuda/mma.cu), topk=thr|twostage|radix|onestage (force a top-K kernel), score-chunk=N and attend-chunk=N (pages per scoring block / attention work item); empty: the defaults")
 	profileRange := fs.Bool("profile-range", false, "bracket the last warm-up Quest step of each measurement with cuProfilerStart/Stop, so that a profiler started with capture off records that one step's kernels (ncu --profile-from-start off); the timed steps are other steps")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the host's side of the whole run to this file (go tool pprof reads it); empty: none")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {

@@ -57,8 +57,8 @@ func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtyp
 }
 
 // parseCUDAKernels sets the tuning overrides of --cuda-kernels (attend=NAME,
-// score=NAME, score-chunk=N, attend-chunk=N, comma-separated) in cfg; the
-// backend checks the names when it starts.
+// score=NAME, topk=PATH, score-chunk=N, attend-chunk=N, comma-separated)
+// in cfg; the backend checks the names when it starts.
 func parseCUDAKernels(spec string, cfg *cuda.Config) error {
 	if spec == "" {
 		return nil
@@ -70,6 +70,8 @@ func parseCUDAKernels(spec string, cfg *cuda.Config) error {
 			cfg.AttendKernel = v
 		case ok && k == "score":
 			cfg.ScoreKernel = v
+		case ok && k == "topk":
+			cfg.TopKPath = v
 		case ok && (k == "score-chunk" || k == "attend-chunk"):
 			n, err := strconv.Atoi(v)
 			if err != nil || n <= 0 {
@@ -81,7 +83,7 @@ func parseCUDAKernels(spec string, cfg *cuda.Config) error {
 				cfg.AttendChunk = n
 			}
 		default:
-			return usageError{fmt.Errorf("--cuda-kernels: %q is not attend=NAME, score=NAME, score-chunk=N or attend-chunk=N", kv)}
+			return usageError{fmt.Errorf("--cuda-kernels: %q is not attend=NAME, score=NAME, topk=PATH, score-chunk=N or attend-chunk=N", kv)}
 		}
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 
 	"gorgonia.org/cu"
@@ -48,7 +49,17 @@ type Config struct {
 	// that does not fit the call's shape is an error. ScoreKernel
 	// ScoreFP8CUDACores scores fp8 summaries with the CUDA-core kernels.
 	AttendKernel, ScoreKernel string
+	// TopKPath forces the top-K kernel for tuning and benchmarks: "thr"
+	// (the threshold kernel, one block per row), "twostage", "radix" (the
+	// multi-block select for long rows) or "onestage" (the radix select,
+	// one block per row); "" lets the dispatch choose. A plan the forced
+	// kernel does not take (twostage: rows too short or k too large;
+	// radix: k over 4,096) runs the dispatch's choice.
+	TopKPath string
 }
+
+// topkPaths are the values of Config.TopKPath.
+var topkPaths = []string{"", "thr", "twostage", "radix", "onestage"}
 
 // Backend runs the Quest kernels on one GPU. One goroutine, locked to its
 // OS thread, creates the CUDA context and the modules and tears them down
@@ -124,6 +135,9 @@ var (
 // New starts a backend on cfg.Device: creates a context on a locked OS
 // thread and loads the embedded PTX.
 func New(cfg Config) (*Backend, error) {
+	if !slices.Contains(topkPaths, cfg.TopKPath) {
+		return nil, fmt.Errorf("cuda: top-K path %q: want thr, twostage, radix or onestage", cfg.TopKPath)
+	}
 	b := &Backend{cfg: cfg, turn: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 		gemmKernel: defaultGemm, fn: map[string]cu.Function{}, smem: map[string]int{}, warps: map[string]int{}, bufs: map[string]devBuf{}}
 	ready := make(chan error, 1)

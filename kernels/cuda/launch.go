@@ -16,7 +16,7 @@ import (
 // questKernelNames lists the kernels of the Quest module (quest.cu) that
 // loop looks up by name, besides fp8KernelNames.
 func questKernelNames() []string {
-	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_radix", "quest_topk_sample_t1024", "quest_topk_sample_t512", "quest_topk_sample_t256", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge", "quest_gather_tables", "quest_pick_scores",
+	names := []string{"quest_topk", "quest_topk_thr", "quest_topk_thr_prof", "quest_topk_radix", "quest_topk_sample_t1024", "quest_topk_sample_t512", "quest_topk_sample_t256", "quest_topk_local", "quest_topk_merge", "quest_reduce", "quest_merge", "quest_gather_tables", "quest_pick_scores",
 		"quest_append_fp8", "quest_rescan_fp8", "quest_rescan_slots_fp8", "quest_attend_fp8"}
 	for _, dt := range []plan.DType{plan.Float32, plan.Float16, plan.BFloat16} {
 		for _, k := range []string{"convert", "append", "score", "attend", "fill", "summarize", "rescan"} {

@@ -68,6 +68,20 @@ func (b *Backend) TopK(ctx context.Context, scores []float32, plan *kernels.TopK
 // kernel as a programmatic dependent of the score kernel.
 func (b *Backend) launchTopK(plan *kernels.TopKPlan, scores, tmax cu.DevicePtr, ptrs [5]cu.DevicePtr, out cu.DevicePtr, pdl bool) error {
 	rows := plan.Rows()
+	switch b.cfg.TopKPath {
+	case "thr":
+		return b.launchMode(pdl, "quest_topk_thr", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(tmax), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
+	case "twostage":
+		if slice, slices, kmax := topkSlices(plan); slices > 0 {
+			return b.launchTopKTwoStage(plan, scores, ptrs, out, slice, slices, kmax)
+		}
+	case "radix":
+		if topkRadixFits(plan) {
+			return b.launchTopKVariant(plan, scores, ptrs, out, topkRadixVariants[topkRadixDefault])
+		}
+	case "onestage":
+		return b.launch("quest_topk", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
+	}
 	if topkThr(plan) {
 		return b.launchMode(pdl, "quest_topk_thr", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(tmax), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
 	}
@@ -78,6 +92,14 @@ func (b *Backend) launchTopK(plan *kernels.TopKPlan, scores, tmax cu.DevicePtr, 
 	if slices == 0 {
 		return b.launch("quest_topk", [3]int{rows, 1, 1}, 1024, 0, u(scores), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(out))
 	}
+	return b.launchTopKTwoStage(plan, scores, ptrs, out, slice, slices, kmax)
+}
+
+// launchTopKTwoStage runs the two-stage top-K (quest_topk_local over
+// slices of slice scores a row, keeping kmax each, then quest_topk_merge)
+// with topkSlices' choice.
+func (b *Backend) launchTopKTwoStage(plan *kernels.TopKPlan, scores cu.DevicePtr, ptrs [5]cu.DevicePtr, out cu.DevicePtr, slice, slices, kmax int) error {
+	rows := plan.Rows()
 	ck, err := b.buf("topk.ckey", int64(rows*slices*kmax)*4)
 	if err != nil {
 		return err
@@ -175,16 +197,22 @@ const (
 func topkRadix(plan *kernels.TopKPlan) bool {
 	maxN := 0
 	for r := range plan.Rows() {
-		n, k := int(plan.N[r]), int(plan.K[r])
-		if k <= 0 || k >= n {
-			continue
+		if n, k := int(plan.N[r]), int(plan.K[r]); k > 0 && k < n {
+			maxN = max(maxN, n)
 		}
-		if k > topkRadixMaxK {
+	}
+	return maxN >= topkRadixMinN && topkRadixFits(plan)
+}
+
+// topkRadixFits reports whether the multi-block radix select takes plan:
+// every row with 0 < k < n keeps at most topkRadixMaxK.
+func topkRadixFits(plan *kernels.TopKPlan) bool {
+	for r := range plan.Rows() {
+		if n, k := int(plan.N[r]), int(plan.K[r]); k > 0 && k < n && k > topkRadixMaxK {
 			return false
 		}
-		maxN = max(maxN, n)
 	}
-	return maxN >= topkRadixMinN
+	return true
 }
 
 // launchTopKRadix runs quest_topk_radix over every row of plan (any n and

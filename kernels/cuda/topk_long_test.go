@@ -163,9 +163,24 @@ func runTopKPath(b *Backend, scores []float32, p *kernels.TopKPlan, path string)
 }
 
 func launchTopKPath(b *Backend, p *kernels.TopKPlan, path string, sp cu.DevicePtr, ptrs [5]cu.DevicePtr, op cu.DevicePtr) error {
+	return launchTopKPathTmax(b, p, path, sp, 0, ptrs, op)
+}
+
+// launchTopKPathTmax is launchTopKPath with tile maxima tp (laid out like
+// the scores, as the score kernel writes them; 0 for none) for the
+// threshold path "thr"; "twostage" forces the two-stage top-K.
+func launchTopKPathTmax(b *Backend, p *kernels.TopKPlan, path string, sp, tp cu.DevicePtr, ptrs [5]cu.DevicePtr, op cu.DevicePtr) error {
 	switch path {
 	case "auto":
-		return b.launchTopK(p, sp, 0, ptrs, op, false)
+		return b.launchTopK(p, sp, tp, ptrs, op, false)
+	case "thr":
+		return b.launch("quest_topk_thr", [3]int{p.Rows(), 1, 1}, 1024, 0, u(sp), u(tp), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(op))
+	case "twostage":
+		slice, slices, kmax := topkSlices(p)
+		if slices == 0 {
+			return fmt.Errorf("two-stage top-K does not take this plan")
+		}
+		return b.launchTopKTwoStage(p, sp, ptrs, op, slice, slices, kmax)
 	case "radix":
 		return b.launchTopKRadix(p, sp, ptrs, op)
 	case "onestage":
@@ -639,6 +654,18 @@ func TestTopKSampleAdversarial(t *testing.T) {
 func BenchmarkTopKLong(b *testing.B) {
 	for _, n := range []int{8192, 32768, 65536, 131072, 655360, 4194304} {
 		paths := append(append([]string{"onestage"}, variantPaths(false)...), "auto")
+		if n <= topkThrMaxN {
+			// The threshold kernel with the tile maxima the score kernel
+			// writes in a step, and the two-stage kernels where they apply.
+			paths = append(paths, "thr", "thr+tmax")
+			var p kernels.TopKPlan
+			for r := range 8 {
+				p.Add(r*n, n, 0, 256, r*256)
+			}
+			if _, slices, _ := topkSlices(&p); slices > 0 {
+				paths = append(paths, "twostage")
+			}
+		}
 		for _, path := range paths {
 			b.Run(fmt.Sprintf("n%d_rows8_k256/%s", n, path), func(b *testing.B) { benchTopKLong(b, n, 8, 256, path) })
 		}
@@ -680,10 +707,16 @@ func benchTopKLong(b *testing.B, n, rows, k int, path string) {
 		if err != nil {
 			return err
 		}
+		var tp cu.DevicePtr
+		if path == "thr+tmax" {
+			if tp, err = upload(be, "bench.tk.tmax", tileMaxima(scores, &p)); err != nil {
+				return err
+			}
+		}
 		if err := cu.Synchronize(); err != nil {
 			return err
 		}
-		f := func() error { return launchTopKPath(be, &p, path, sp, ptrs, op) }
+		f := func() error { return launchTopKPathTmax(be, &p, strings.TrimSuffix(path, "+tmax"), sp, tp, ptrs, op) }
 		if err := f(); err != nil { // (allocates the buffers)
 			return err
 		}
@@ -716,5 +749,116 @@ func benchTopKLong(b *testing.B, n, rows, k int, path string) {
 		b.ReportMetric(float64(st.global)/float64(st.finishes), "global/row")
 		b.ReportMetric(float64(st.fallbacks)/float64(st.finishes), "fallback/row")
 		b.Logf("%s: %+v", path, st)
+	}
+}
+
+// tileMaxima is the score kernel's tile maxima output for scores and p:
+// laid out like the scores, entry ScoreOff[r]+t the maximum of row r's
+// scores 8t..8t+7.
+func tileMaxima(scores []float32, p *kernels.TopKPlan) []float32 {
+	tm := make([]float32, len(scores))
+	for r := range p.Rows() {
+		row := scores[p.ScoreOff[r]:][:p.N[r]]
+		for t := 0; 8*t < len(row); t++ {
+			m := float32(math.Inf(-1))
+			for _, x := range row[8*t : min(len(row), 8*t+8)] {
+				m = max(m, x)
+			}
+			tm[int(p.ScoreOff[r])+t] = m
+		}
+	}
+	return tm
+}
+
+// BenchmarkTopKThrPhases times the threshold top-K's phases
+// (quest_topk_thr_prof: the SM clock at each phase's end, thread 0 of each
+// block) on 8 rows x n Quest-like scores, k = 256, with the tile maxima a
+// step's score kernel writes: cycles from the start to the end of the tile
+// maxima (c1), the threshold (c2), the qualifying tiles (c3), the gather of
+// candidates (c4), the cut's histogram (c5), the ranking of the cut's ties
+// (c6) and the output (c7), the mean over rows of the last call; also the
+// qualifying tiles, candidates and ties at the cut per row.
+//
+//	cd kernels/cuda && ../../.gpubuild/cuda.test -test.run '^$' -test.bench TopKThrPhases -test.benchtime 50x
+func BenchmarkTopKThrPhases(b *testing.B) {
+	for _, n := range []int{8192, 32768, 65536} {
+		b.Run(fmt.Sprintf("n%d_rows8_k256", n), func(b *testing.B) {
+			const rows, k = 8, 256
+			be, err := New(Config{DType: plan.BFloat16})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer be.Close()
+			rng := rand.New(rand.NewPCG(21, 22))
+			scores := make([]float32, n*rows)
+			for i := range scores {
+				scores[i] = float32(100 + 10*rng.NormFloat64())
+			}
+			var p kernels.TopKPlan
+			for r := range rows {
+				p.Add(r*n, n, 0, k, r*k)
+			}
+			prof := make([]int64, 16*rows)
+			var warm float64
+			err = be.do(context.Background(), func() error {
+				sp, err := upload(be, "bench.tk.scores", scores)
+				if err != nil {
+					return err
+				}
+				tp, err := upload(be, "bench.tk.tmax", tileMaxima(scores, &p))
+				if err != nil {
+					return err
+				}
+				var ptrs [5]cu.DevicePtr
+				for i, a := range [][]int32{p.ScoreOff, p.N, p.Base, p.K, p.OutOff} {
+					if ptrs[i], err = upload(be, fmt.Sprintf("bench.tk.plan%d", i), a); err != nil {
+						return err
+					}
+				}
+				op, err := be.buf("bench.tk.out", int64(rows*k)*4)
+				if err != nil {
+					return err
+				}
+				pp, err := upload(be, "bench.tk.prof", prof)
+				if err != nil {
+					return err
+				}
+				f := func() error {
+					return be.launch("quest_topk_thr_prof", [3]int{rows, 1, 1}, 1024, 0, u(sp), u(tp), u(ptrs[0]), u(ptrs[1]), u(ptrs[2]), u(ptrs[3]), u(ptrs[4]), u(op), u(pp))
+				}
+				if err := f(); err != nil {
+					return err
+				}
+				tm, err := newTimer()
+				if err != nil {
+					return err
+				}
+				defer tm.destroy()
+				b.ResetTimer()
+				if warm, err = tm.median(b.N, f); err != nil {
+					return err
+				}
+				b.StopTimer()
+				return download(be, prof, pp)
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(warm, "us/call")
+			for ph := 1; ph <= 7; ph++ {
+				var sum float64
+				for r := range rows {
+					sum += float64(prof[16*r+ph] - prof[16*r])
+				}
+				b.ReportMetric(sum/rows, fmt.Sprintf("c%d", ph))
+			}
+			for i, name := range []string{"tiles/row", "cand/row", "cut/row"} {
+				var sum float64
+				for r := range rows {
+					sum += float64(prof[16*r+10+i])
+				}
+				b.ReportMetric(sum/rows, name)
+			}
+		})
 	}
 }

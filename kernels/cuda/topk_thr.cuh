@@ -42,8 +42,15 @@ __device__ __forceinline__ float nanmax(float a, float b) { return (a != a || a 
 #define THR_TILES 8192
 #define THR_BINS 2048
 #define THR_CAND 4096
-extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* scores, const float* tmax, const int* soff, const int* nn,
-					  const int* base, const int* kk, const int* ooff, int* out) {
+// topk_thr is quest_topk_thr's body. With PROF, thread 0 writes the SM
+// clock at each phase's end to prof[16*r + 0..8] and the row's qualifying
+// tiles, candidates and ties at the cut to prof[16*r + 10..12]
+// (quest_topk_thr_prof, for BenchmarkTopKThrPhases only).
+#define THR_MARK(i) do { if (PROF && threadIdx.x == 0) prof[16 * r + (i)] = clock64(); } while (0)
+#define THR_NOTE(i, val) do { if (PROF && threadIdx.x == 0) prof[16 * r + (i)] = (val); } while (0)
+template <bool PROF>
+__device__ __forceinline__ void topk_thr(const float* scores, const float* tmax, const int* soff, const int* nn,
+					 const int* base, const int* kk, const int* ooff, int* out, long long* prof) {
 	__shared__ float tm[THR_TILES];  // tile maxima, then candidate keys and indices
 	__shared__ int hist[THR_BINS];
 	__shared__ int scratch[33];
@@ -58,6 +65,7 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 	// Launched as a programmatic dependent of the score kernel: the plan
 	// (uploaded before the pipeline) is read above, the scores below.
 	asm volatile("griddepcontrol.wait;\n" ::: "memory");
+	THR_MARK(0);
 	if (k <= 0) return;
 	if (k >= n) {
 		for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = b + i;
@@ -109,6 +117,7 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 		topk_row(s, n, k, b, o);
 		return;
 	}
+	THR_MARK(1);
 	float tau = NINF;  // every score qualifies when k >= nt (n <= 8k)
 	if (k < nt) {
 		// 2. Range of the tile maxima.
@@ -146,6 +155,7 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 		tau = red[0];
 		for (int w = 1; w < nw; w++) tau = fminf(tau, red[w]);
 	}
+	THR_MARK(2);
 	// 6. The qualifying tiles (maximum >= tau), listed in index order in
 	// qt (hist's space): thread t owns tiles [t*TPT, (t+1)*TPT).
 	const int TPT = (nt + blockDim.x - 1) / blockDim.x;  // <= 8
@@ -166,6 +176,8 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 		if (tl < nt && tm[tl] >= tau) qt[qpos++] = tl;
 	}
 	__syncthreads();
+	THR_MARK(3);
+	THR_NOTE(10, nq);
 	// 7. Gather the scores >= tau of the listed tiles in index order: thread
 	// t reads tile qt[t] (8 independent loads, one round trip per 1024
 	// tiles).
@@ -202,6 +214,8 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 		return;
 	}
 	__syncthreads();
+	THR_MARK(4);
+	THR_NOTE(11, m);
 	// 8. The k best candidates, emitted in index order: a histogram of the
 	// candidates' keys (linear bins between their min and max) finds the
 	// bin b2 where the k-th best falls; the candidates of b2 (usually one or
@@ -232,6 +246,8 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 	}
 	__syncthreads();
 	const int b2 = s_bin, need2 = s_need, cnt2 = s_cnt;
+	THR_MARK(5);
+	THR_NOTE(12, cnt2);
 	if (cnt2 > 1024) {
 		smem_select(ckey, m, k, hist, &s_prefix, &s_k);
 		const uint32_t T = s_prefix;
@@ -267,6 +283,7 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 		tkey = s_tkey;
 		tidx = s_tidx;
 	}
+	THR_MARK(6);
 	// Emit: thread t owns candidates [t*CPT, (t+1)*CPT) (index order).
 	const int CPT = (m + blockDim.x - 1) / blockDim.x;  // <= 4
 	int nsel = 0;
@@ -286,4 +303,17 @@ extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* s
 			if (bn < b2 || (bn == b2 && (ckey[p] < tkey || (ckey[p] == tkey && cidx[p] <= tidx)))) o[pos++] = b + cidx[p];
 		}
 	}
+	THR_MARK(7);
+}
+#undef THR_MARK
+#undef THR_NOTE
+
+extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr(const float* scores, const float* tmax, const int* soff, const int* nn,
+					  const int* base, const int* kk, const int* ooff, int* out) {
+	topk_thr<false>(scores, tmax, soff, nn, base, kk, ooff, out, nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) quest_topk_thr_prof(const float* scores, const float* tmax, const int* soff, const int* nn,
+					       const int* base, const int* kk, const int* ooff, int* out, long long* prof) {
+	topk_thr<true>(scores, tmax, soff, nn, base, kk, ooff, out, prof);
 }

@@ -43,7 +43,7 @@ func (b *Backend) buf(name string, n int64) (cu.DevicePtr, error) {
 // pinned staging buffer, asynchronously on the default stream (the copy is
 // ordered before later launches; the staging space is reused only after a
 // synchronizing download or cu.Synchronize).
-func upload[T int32 | float32 | float64](b *Backend, name string, s []T) (cu.DevicePtr, error) {
+func upload[T int32 | int64 | float32 | float64](b *Backend, name string, s []T) (cu.DevicePtr, error) {
 	n := int64(len(s)) * int64(unsafe.Sizeof(*new(T)))
 	p, err := b.buf(name, n)
 	if err != nil || len(s) == 0 {
@@ -90,7 +90,7 @@ func (b *Backend) stage(n int64) (unsafe.Pointer, error) {
 
 // download copies src into dst synchronously; every copy and kernel queued
 // before it is then done, so the staging buffer starts over.
-func download[T int32 | float32](b *Backend, dst []T, src cu.DevicePtr) error {
+func download[T int32 | int64 | float32](b *Backend, dst []T, src cu.DevicePtr) error {
 	if len(dst) == 0 {
 		return nil
 	}
