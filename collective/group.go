@@ -360,7 +360,7 @@ func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 		}
 		if strictlyAscending(in) {
 			copy(keys, in)
-		} else if g.sorter.sortKeys(keys, in, slo, shi); !strictlyAscending(keys) {
+		} else if !g.sorter.sortKeys(keys, in, slo, shi) {
 			// A candidate given twice: the frame fails every member's
 			// check, this one's too (parseSelect then decodes it).
 			g.ownDup = true

@@ -11,7 +11,8 @@ import (
 // (clustered, tied, spread over every magnitude, infinite, zeros of both
 // signs, the smallest subnormals), pages up to math.MaxInt32 and the row
 // length, including rows that reuse a larger row's scratch, and leaves
-// its input as it was.
+// its input as it was; it reports a key given twice (rows with repeated
+// candidates among them) exactly when the sorted row has one.
 func TestSortKeys(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	dists := []func() float32{
@@ -45,6 +46,11 @@ func TestSortKeys(t *testing.T) {
 			}
 			keys[i] = sortKey(Candidate{Score: dist(), Page: page})
 		}
+		if trial%4 == 1 && n > 1 { // some candidates given twice
+			for range 1 + rng.IntN(3) {
+				keys[rng.IntN(n)] = keys[rng.IntN(n)]
+			}
+		}
 		want := slices.Clone(keys)
 		slices.Sort(want)
 		lo, hi := uint32(math.MaxUint32), uint32(0)
@@ -53,9 +59,12 @@ func TestSortKeys(t *testing.T) {
 		}
 		in := slices.Clone(keys)
 		got := make([]uint64, n)
-		s.sortKeys(got, in, lo, hi)
+		strict := s.sortKeys(got, in, lo, hi)
 		if !slices.Equal(got, want) {
 			t.Fatalf("trial %d: %d keys not sorted", trial, n)
+		}
+		if strict != strictlyAscending(want) {
+			t.Fatalf("trial %d: strict %v for %d keys, want %v", trial, strict, n, !strict)
 		}
 		if !slices.Equal(in, keys) {
 			t.Fatalf("trial %d: input changed", trial)
@@ -66,7 +75,8 @@ func TestSortKeys(t *testing.T) {
 // TestInsertionSort: insertionSort sorts like slices.Sort any input, not
 // only the nearly sorted rows sortKeys hands it: random, reversed,
 // sorted, few distinct values, keys two or more places from home, and
-// the lengths 0 to 3 around its first step.
+// the lengths 0 to 3 around its first step; and it reports a repeated key
+// exactly when the sorted input has one.
 func TestInsertionSort(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 9))
 	for trial := range 20000 {
@@ -99,9 +109,12 @@ func TestInsertionSort(t *testing.T) {
 			}
 		}
 		want := slices.Sorted(slices.Values(a))
-		insertionSort(a)
+		strict := insertionSort(a)
 		if !slices.Equal(a, want) {
 			t.Fatalf("trial %d: got %v, want %v", trial, a, want)
+		}
+		if strict != strictlyAscending(want) {
+			t.Fatalf("trial %d: strict %v for %v", trial, strict, want)
 		}
 	}
 }
