@@ -89,9 +89,9 @@ type Config struct {
 	CloseTimeout time.Duration
 
 	// ServerOptions and DialOptions are added after the transport's own
-	// gRPC options (credentials, limits, keepalive, reconnect backoff), so
-	// they can override them: interceptors, stats handlers, a context
-	// dialer.
+	// gRPC options (credentials, limits, codec, keepalive, reconnect
+	// backoff), so they can override them: interceptors, stats handlers,
+	// a context dialer.
 	ServerOptions []grpc.ServerOption
 	DialOptions   []grpc.DialOption
 
@@ -213,6 +213,7 @@ func (c Config) serverOptions() []grpc.ServerOption {
 		grpc.Creds(c.credentials()),
 		grpc.MaxRecvMsgSize(c.grpcLimit()),
 		grpc.MaxSendMsgSize(c.grpcLimit()),
+		grpc.ForceServerCodecV2(frameCodec{}),
 		grpc.ConnectionTimeout(serverHandshakeTimeout),
 		grpc.MaxConcurrentStreams(serverMaxStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
@@ -237,6 +238,7 @@ func (c Config) dialOptions() []grpc.DialOption {
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(c.grpcLimit()),
 			grpc.MaxCallSendMsgSize(c.grpcLimit()),
+			grpc.ForceCodecV2(frameCodec{}),
 		),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
 			Time:                c.KeepaliveTime,
