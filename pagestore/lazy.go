@@ -48,6 +48,18 @@ func (v Verify) String() string {
 	return fmt.Sprintf("Verify(%d)", int(v))
 }
 
+// ParseVerify parses "at-open" or "on-read" (the names String gives;
+// "" means at-open).
+func ParseVerify(s string) (Verify, error) {
+	switch s {
+	case "", "at-open":
+		return VerifyAtOpen, nil
+	case "on-read":
+		return VerifyOnRead, nil
+	}
+	return 0, fmt.Errorf("%w: unknown verify mode %q (want at-open or on-read)", ErrInvalidConfig, s)
+}
+
 // DefaultScrubRate is the default [Config.ScrubRate]: 64 MiB/s, a small
 // share of a local SSD's read bandwidth, so that the scrub does not slow
 // the first steps of the recovered sequences (whose pages are read at

@@ -127,7 +127,7 @@ func TestLazyOpenReadsNoPayload(t *testing.T) {
 				t.Fatalf("lazy open of garbage slabs: %+v", r)
 			}
 			for _, id := range ids {
-				if _, err := g.Len(id); !errors.Is(err, pagestore.ErrDamaged) || !errors.Is(err, tier.ErrCorrupt) {
+				if _, err := g.View(id, 0); !errors.Is(err, pagestore.ErrDamaged) || !errors.Is(err, tier.ErrCorrupt) {
 					t.Fatalf("seq %d on garbage slabs: %v, want ErrDamaged", id, err)
 				}
 			}
@@ -175,7 +175,7 @@ func TestLazyCorruptPayload(t *testing.T) {
 	appendN(t, ref, rst, z, 3, 7)
 	sameStores(t, "intact", s, ref, []pagestore.SeqID{y, z})
 	for _, id := range []pagestore.SeqID{x, x, w} {
-		if _, err := s.Len(id); !errors.Is(err, pagestore.ErrDamaged) || !errors.Is(err, tier.ErrCorrupt) {
+		if _, err := s.View(id, 0); !errors.Is(err, pagestore.ErrDamaged) || !errors.Is(err, tier.ErrCorrupt) {
 			t.Fatalf("seq %d: %v, want ErrDamaged", id, err)
 		}
 	}
@@ -330,7 +330,7 @@ func TestCorruptSummaryRecord(t *testing.T) {
 			if len(r.Damaged) != 0 || r.BadSummaries != nil {
 				t.Fatalf("open: %+v", r)
 			}
-			if _, err := s.Len(ids[1]); !errors.Is(err, pagestore.ErrDamaged) || !errors.Is(err, tier.ErrCorrupt) {
+			if _, err := s.View(ids[1], 0); !errors.Is(err, pagestore.ErrDamaged) || !errors.Is(err, tier.ErrCorrupt) {
 				t.Fatalf("y with a lying summary record: %v", err)
 			}
 			for _, id := range []pagestore.SeqID{ids[0], ids[2], ids[3]} {
@@ -474,5 +474,23 @@ func TestScrubConcurrent(t *testing.T) {
 	sameStores(t, "concurrent", lz, ref, live)
 	if err := lz.CheckInvariants(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestParseVerify: String's names parse back, "" is the default, and
+// anything else is ErrInvalidConfig.
+func TestParseVerify(t *testing.T) {
+	for _, v := range []pagestore.Verify{pagestore.VerifyAtOpen, pagestore.VerifyOnRead} {
+		if got, err := pagestore.ParseVerify(v.String()); err != nil || got != v {
+			t.Errorf("ParseVerify(%q) = %v, %v; want %v", v.String(), got, err, v)
+		}
+	}
+	if got, err := pagestore.ParseVerify(""); err != nil || got != pagestore.VerifyAtOpen {
+		t.Errorf(`ParseVerify("") = %v, %v; want at-open`, got, err)
+	}
+	for _, bad := range []string{"lazy", "open", "On-Read", "at-open "} {
+		if _, err := pagestore.ParseVerify(bad); !errors.Is(err, pagestore.ErrInvalidConfig) {
+			t.Errorf("ParseVerify(%q) = %v; want ErrInvalidConfig", bad, err)
+		}
 	}
 }

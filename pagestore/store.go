@@ -363,8 +363,11 @@ func (s *Store) lock(id SeqID) (*seq, error) {
 
 // Len returns the number of tokens present in every layer of the sequence
 // (the minimum of the layer lengths; between decode steps all layers agree).
+// It reads no page: a recovered sequence's pages are not read and checked
+// by it ([VerifyOnRead]), so a length is answered for a sequence whose
+// damage the first operation reading its pages will find.
 func (s *Store) Len(id SeqID) (int, error) {
-	sq, err := s.lock(id)
+	sq, err := s.lockNoLoad(id)
 	if err != nil {
 		return 0, fmt.Errorf("len seq %d: %w", id, err)
 	}
@@ -376,12 +379,13 @@ func (s *Store) Len(id SeqID) (int, error) {
 	return n, nil
 }
 
-// LayerLen returns the number of tokens of one layer of the sequence.
+// LayerLen returns the number of tokens of one layer of the sequence. As
+// [Store.Len], it reads no page.
 func (s *Store) LayerLen(id SeqID, layer int) (int, error) {
 	if err := s.checkLayer(layer); err != nil {
 		return 0, fmt.Errorf("len seq %d layer %d: %w", id, layer, err)
 	}
-	sq, err := s.lock(id)
+	sq, err := s.lockNoLoad(id)
 	if err != nil {
 		return 0, fmt.Errorf("len seq %d layer %d: %w", id, layer, err)
 	}
