@@ -91,6 +91,17 @@ type Config struct {
 	// Create, Fork, Release and Claim in either mode.
 	Durability   pagestore.Durability
 	SyncInterval time.Duration
+	// Verify and ScrubRate are when the hosted ranks' page stores read
+	// and check the pages they recover (pagestore.Config.Verify:
+	// pagestore.VerifyAtOpen, the default, in NewLocal;
+	// pagestore.VerifyOnRead at each page's first use, a sequence whose
+	// page fails then being released with pagestore.ErrDamaged) and the
+	// bytes per second of each store's background scrub with
+	// VerifyOnRead (pagestore.Config.ScrubRate: 0 is
+	// pagestore.DefaultScrubRate, negative no scrub); unused without
+	// DataDir.
+	Verify    pagestore.Verify
+	ScrubRate int64
 	// GridID names the grid the worker is part of (worker/remote sets
 	// the coordinator's grid id). A persisting worker records it with
 	// each sequence it creates or forks ([RecoveredSeq.Grid]; a claim
@@ -172,6 +183,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("worker config: unknown durability %d", int(c.Durability))
 	case c.SyncInterval < 0:
 		return fmt.Errorf("worker config: sync interval %v must not be negative", c.SyncInterval)
+	case c.Verify < pagestore.VerifyAtOpen || c.Verify > pagestore.VerifyOnRead:
+		return fmt.Errorf("worker config: unknown verify mode %d", int(c.Verify))
 	}
 	return c.policy().Validate()
 }
@@ -203,6 +216,7 @@ func (c Config) shardConfig(r Rank) shard.Config {
 	st.MemoryLimit = memlimit.NoLimit
 	if c.DataDir != "" {
 		st.DataDir, st.Durability, st.SyncInterval = RankDir(c.DataDir, r), c.Durability, c.SyncInterval
+		st.Verify, st.ScrubRate = c.Verify, c.ScrubRate
 		st.OnPersistError = c.OnPersistError
 	}
 	return shard.Config{Store: st, Policy: c.policy(), DeviceResident: c.DeviceResident,

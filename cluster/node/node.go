@@ -132,6 +132,11 @@ type Config struct {
 	DataDir      string
 	Durability   pagestore.Durability
 	SyncInterval time.Duration
+	// Verify and ScrubRate are when the grids' page stores check the
+	// pages they recover, and their scrub's bytes per second
+	// (remote.ServerConfig's fields of the same name).
+	Verify    pagestore.Verify
+	ScrubRate int64
 	// OnPersistError, when set with DataDir, gets every failed operation
 	// on a file of DataDir (remote.ServerConfig.OnPersistError).
 	OnPersistError func(*pagestore.IOError)
@@ -282,7 +287,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if n.ws, err = remote.NewServer(remote.ServerConfig{Host: host, MaxPages: cfg.MaxPages, MemoryLimit: cfg.MemoryLimit,
 		TLS: cfg.TLS, Plaintext: cfg.Plaintext, Logger: log.With("component", "worker"),
 		CollectiveServerOptions: g.serverOptions(), CollectiveDialOptions: append(tokenDial(cfg.Token), replyDial(replyLimit)),
-		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, OnPersistError: cfg.OnPersistError, OnQuarantine: cfg.OnQuarantine,
+		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, Verify: cfg.Verify, ScrubRate: cfg.ScrubRate, OnPersistError: cfg.OnPersistError, OnQuarantine: cfg.OnQuarantine,
 		Backends: bes, DeviceResident: cfg.DeviceResident}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}

@@ -344,6 +344,18 @@ type StorageConfig struct {
 	// SyncInterval is the flush period of --durability periodic
 	// [--sync-interval]. Default 1s.
 	SyncInterval time.Duration
+	// Verify is when a grid opened on a data directory reads and checks
+	// the pages it recovers: at-open (every page read, its checksum and
+	// summaries checked, before the grid opens) or on-read (the grid
+	// opens on the metadata and the persisted summaries; a page is read
+	// and checked at its sequence's first use or by a background scrub,
+	// and a page that fails releases the sequences naming it, reported
+	// damaged) [--recovery-verify]. Default at-open.
+	Verify pagestore.Verify
+	// ScrubRate is the bytes per second each store's background scrub
+	// reads with --recovery-verify on-read, or -1 for no scrub (pages
+	// checked at first use only) [--scrub-rate]. Default 64 MiB/s.
+	ScrubRate int64
 }
 
 // ServeConfig is the OpenAI-compatible completions API (package serve,

@@ -326,6 +326,17 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		return nil
 	})
 	d.dur(&c.Storage.SyncInterval, "sync-interval", def.Storage.SyncInterval, "with --durability periodic: time between two flushes, above 0 and at most 1h")
+	d.text("recovery-verify", def.Storage.Verify.String(), "with --data-dir, when recovered pages are read and checked, `at-open|on-read`: at-open (every persisted page read and checked before its grid opens) or on-read (the grid opens on metadata and persisted summaries; each page is read and checked at its sequence's first use or by a background scrub at --scrub-rate; a damaged page releases the sequences naming it; each sealed page then also persists its summaries, which costs saves)", func(s string) (err error) {
+		if c.Storage.Verify, err = pagestore.ParseVerify(s); err != nil || s == "" {
+			return errors.New("want at-open or on-read")
+		}
+		return nil
+	})
+	d.text("scrub-rate", "64MiB", "with --recovery-verify on-read, `bytes|off`: bytes per second each page store's background scrub reads (like 64MiB), or off (pages checked at first use only)", func(s string) error {
+		r, err := parseScrubRate(s)
+		c.Storage.ScrubRate = r
+		return err
+	})
 
 	d.group("Timing and failure detection")
 	d.dur(&c.Grid.StepTimeout, "step-timeout", def.Grid.StepTimeout, "deadline of one decode step when the client's is later, above 0 and at most 1h")
@@ -448,6 +459,19 @@ func parseMaxMemory(s string) (int64, error) {
 	v, err := memlimit.ParseBytes(s)
 	if err != nil {
 		return 0, errors.New("not a size (want bytes like 8GiB or 512MiB, auto or none)")
+	}
+	return v, nil
+}
+
+// parseScrubRate reads --scrub-rate: off (-1) or a positive size for
+// memlimit.ParseBytes.
+func parseScrubRate(s string) (int64, error) {
+	if strings.TrimSpace(s) == "off" {
+		return -1, nil
+	}
+	v, err := memlimit.ParseBytes(s)
+	if err != nil || v <= 0 {
+		return 0, errors.New("want bytes per second above 0 (like 64MiB), or off")
 	}
 	return v, nil
 }

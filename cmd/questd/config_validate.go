@@ -298,6 +298,10 @@ func (s StorageConfig) Validate() error {
 		return bad("sync-interval", s.SyncInterval.String(), "want at most %v", time.Hour)
 	case s.SyncInterval <= 0:
 		return bad("sync-interval", s.SyncInterval.String(), "must be positive")
+	case s.Verify != pagestore.VerifyAtOpen && s.Verify != pagestore.VerifyOnRead:
+		return bad("recovery-verify", s.Verify.String(), "want at-open or on-read")
+	case s.ScrubRate == 0 || s.ScrubRate < -1:
+		return bad("scrub-rate", strconv.FormatInt(s.ScrubRate, 10), "want bytes per second above 0, or off")
 	}
 	return nil
 }

@@ -563,3 +563,41 @@ func equalBits(a, b []float32) bool {
 	}
 	return true
 }
+
+// TestRecoveryVerifyFlags: --recovery-verify and --scrub-rate, their
+// defaults (at-open, 64 MiB/s), from the config file, the environment
+// and the command line, and the errors naming them for bad values.
+func TestRecoveryVerifyFlags(t *testing.T) {
+	c, err := load(t, nil, "--plaintext")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Storage.Verify != pagestore.VerifyAtOpen || c.Storage.ScrubRate != pagestore.DefaultScrubRate {
+		t.Fatalf("defaults: verify %v, scrub rate %d; want at-open, %d", c.Storage.Verify, c.Storage.ScrubRate, pagestore.DefaultScrubRate)
+	}
+	file := writeFile(t, "questd.yaml", "data-dir: /var/lib/questd\nrecovery-verify: on-read\nscrub-rate: 8MiB\n")
+	if c, err = load(t, nil, "--plaintext", "--config", file); err != nil {
+		t.Fatal(err)
+	}
+	if c.Storage.Verify != pagestore.VerifyOnRead || c.Storage.ScrubRate != 8<<20 {
+		t.Fatalf("from the file: verify %v, scrub rate %d", c.Storage.Verify, c.Storage.ScrubRate)
+	}
+	if c, err = load(t, map[string]string{"QUESTRT_RECOVERY_VERIFY": "on-read"}, "--plaintext", "--scrub-rate", "off"); err != nil {
+		t.Fatal(err)
+	}
+	if c.Storage.Verify != pagestore.VerifyOnRead || c.Storage.ScrubRate != -1 {
+		t.Fatalf("from the environment and the command line: verify %v, scrub rate %d", c.Storage.Verify, c.Storage.ScrubRate)
+	}
+	for _, bad := range []struct{ flag, val, want string }{
+		{"--recovery-verify", "lazy", "want at-open or on-read"},
+		{"--recovery-verify", "", "want at-open or on-read"},
+		{"--scrub-rate", "0", "above 0"},
+		{"--scrub-rate", "-5", "above 0"},
+		{"--scrub-rate", "fast", "above 0"},
+	} {
+		_, err := load(t, nil, "--plaintext", bad.flag, bad.val)
+		if err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(bad.flag, "--")) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s %q: %v, want an error naming %s and saying %q", bad.flag, bad.val, err, bad.flag, bad.want)
+		}
+	}
+}

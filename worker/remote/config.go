@@ -82,6 +82,12 @@ type ServerConfig struct {
 	// (worker.Config.Durability, SyncInterval); unused without DataDir.
 	Durability   pagestore.Durability
 	SyncInterval time.Duration
+	// Verify and ScrubRate are when the grids' page stores read and
+	// check the pages they recover, and their background scrub's bytes
+	// per second (worker.Config.Verify, ScrubRate); unused without
+	// DataDir.
+	Verify    pagestore.Verify
+	ScrubRate int64
 	// OnPersistError, when set with DataDir, gets every failed operation
 	// on a file of DataDir (worker.Config.OnPersistError of every grid).
 	OnPersistError func(*pagestore.IOError)
@@ -121,6 +127,8 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("worker server config: unknown durability %d", int(c.Durability))
 	case c.SyncInterval < 0:
 		return fmt.Errorf("worker server config: sync interval %v must not be negative", c.SyncInterval)
+	case c.Verify < pagestore.VerifyAtOpen || c.Verify > pagestore.VerifyOnRead:
+		return fmt.Errorf("worker server config: unknown verify mode %d", int(c.Verify))
 	}
 	return nil
 }

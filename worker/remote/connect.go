@@ -195,6 +195,7 @@ func (s *Server) connect(ctx context.Context, g *grid, dir string, lis []net.Lis
 	}
 	if dir != "" {
 		c.DataDir, c.Durability, c.SyncInterval, c.GridID = dir, s.cfg.Durability, s.cfg.SyncInterval, g.id
+		c.Verify, c.ScrubRate = s.cfg.Verify, s.cfg.ScrubRate
 		c.OnPersistError = s.cfg.OnPersistError
 		if len(placement) == c.TP*c.CP {
 			c.Placement = slices.Clone(placement)
