@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker"
 )
@@ -46,25 +47,17 @@ type RecoveredPart struct {
 	Missing bool
 	// Key is the worker's handle of it (worker.RecoveredSeq.Key).
 	Key uint64
-	// Lens are the global lengths per layer the worker's ranks hold (the
-	// end of their last token; the other workers may hold more), and
-	// Had the length before the stop as far as they know
-	// (worker.RecoveredSeq.Lens and Had).
-	Lens []int
-	Had  int
-	// HadLens, when not nil, are per layer the length the layer held
-	// before the stop as far as the worker's ranks know
-	// (worker.RecoveredSeq.HadLens); nil from a worker that does not
-	// report them (Had stands for every layer then).
-	HadLens []int
-	// RolledBack, when not nil, are the tokens per layer the worker's
-	// recovery cut as the appends of an interrupted step
-	// (worker.RecoveredSeq.RolledBack).
-	RolledBack []int
-	// HadExact, when not nil, says per layer whether HadLens[layer] is
-	// exact (worker.RecoveredSeq.HadExact); nil: every one an upper
-	// bound.
-	HadExact []bool
+	// Recovered are the worker's lengths (worker.RecoveredSeq's, as
+	// it reported them): Lens, the global lengths per layer the
+	// worker's ranks hold (the end of their last token; the other
+	// workers may hold more); Had, the length before the stop as far as
+	// they know; HadLens, when not nil, the same per layer (nil from a
+	// worker that does not report them: Had stands for every layer
+	// then); RolledBack, when not nil, the tokens per layer the
+	// worker's recovery cut as the appends of an interrupted step;
+	// HadExact, when not nil, per layer whether HadLens[layer] is exact
+	// (nil: every one an upper bound).
+	decode.Recovered
 	// Why, when Missing, is what the worker reported of the sequence
 	// (it found it damaged, or its data directory was quarantined);
 	// "" when it reported nothing.

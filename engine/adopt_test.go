@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
@@ -101,7 +102,7 @@ func (g *persistGrid) recovered() []Recovered {
 				by[s.Seq] = r
 				ids = append(ids, s.Seq)
 			}
-			r.Parts[w] = RecoveredPart{Key: s.Key, Lens: s.Lens, Had: s.Had}
+			r.Parts[w] = RecoveredPart{Key: s.Key, Recovered: decode.Recovered{Lens: s.Lens, Had: s.Had}}
 		}
 	}
 	slices.Sort(ids)
@@ -293,7 +294,7 @@ func TestAdoptBadInput(t *testing.T) {
 	defer g.close()
 	ctx := context.Background()
 	lay := plan.Layout{CP: 2, TP: 1, Placement: plan.Striped, BlockPages: cfg.BlockPages}
-	part := RecoveredPart{Key: 1, Lens: []int{4, 4}, Had: 4}
+	part := RecoveredPart{Key: 1, Recovered: decode.Recovered{Lens: []int{4, 4}, Had: 4}}
 	for _, r := range []Recovered{
 		{Seq: 1, Layout: lay, Parts: []RecoveredPart{part}},
 		{Seq: 0, Layout: lay, Parts: []RecoveredPart{part, part}},
@@ -350,8 +351,8 @@ func TestAgreeLostExact(t *testing.T) {
 	// 0..15) of the 16 recovered. Worker 0 survived the step at length
 	// 20 that reached layer 0 only (exact: 21 and 20); worker 1 was
 	// killed and estimates both layers from its longest (21).
-	survived := RecoveredPart{Key: 1, Lens: []int{16, 16}, Had: 21, HadLens: []int{21, 20}, HadExact: []bool{true, true}}
-	killed := RecoveredPart{Key: 2, Lens: []int{16, 16}, Had: 21, HadLens: []int{21, 21}, HadExact: []bool{false, false}}
+	survived := RecoveredPart{Key: 1, Recovered: decode.Recovered{Lens: []int{16, 16}, Had: 21, HadLens: []int{21, 20}, HadExact: []bool{true, true}}}
+	killed := RecoveredPart{Key: 2, Recovered: decode.Recovered{Lens: []int{16, 16}, Had: 21, HadLens: []int{21, 21}, HadExact: []bool{false, false}}}
 	silent := killed
 	silent.HadExact = nil
 	noLens := survived

@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/datadriven"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/worker"
 )
 
@@ -204,7 +205,7 @@ func (env *interaction) adopt(name string) string {
 				continue
 			}
 			r.Layout, found = s.Layout, true
-			r.Parts[w] = RecoveredPart{Key: s.Key, Lens: s.Lens, Had: s.Had, HadLens: s.HadLens, RolledBack: s.RolledBack}
+			r.Parts[w] = RecoveredPart{Key: s.Key, Recovered: decode.Recovered{Lens: s.Lens, Had: s.Had, HadLens: s.HadLens, RolledBack: s.RolledBack}}
 		}
 		p := r.Parts[w]
 		switch {

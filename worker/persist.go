@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/internal/metastore"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/pagestore/tier"
@@ -121,35 +122,33 @@ type RecoveredSeq struct {
 	// wrote its entry first (Config.Placement there); empty when none
 	// was recorded. A coordinator adopts it only on the same placement.
 	Placement []string
-	// Lens are its recovered lengths per layer, in global tokens: the
-	// position just past the last token the hosted ranks hold in that
-	// layer (so never more than were appended; a worker hosting only
-	// some CP ranks cannot see the tokens of the others, and reports
-	// the end of its own). Layers may differ: after a graceful Close as
-	// the layers were, after a crash as their sealed pages hold them,
-	// in both cases less the tokens of an interrupted step (RolledBack).
-	// Every hosted rank holds exactly its share of them: a rank that
-	// had persisted more was rolled back to the longest length all the
+	// Recovered are its lengths (decode.Recovered). Lens: the position
+	// just past the last token the hosted ranks hold in each layer (so
+	// never more than were appended; a worker hosting only some CP
+	// ranks cannot see the tokens of the others, and reports the end of
+	// its own). Layers may differ: after a graceful Close as the layers
+	// were, after a crash as their sealed pages hold them, in both
+	// cases less the tokens of an interrupted step (RolledBack). Every
+	// hosted rank holds exactly its share of them: a rank that had
+	// persisted more was rolled back to the longest length all the
 	// hosted ranks agree on. Ranks on other workers are not known here:
 	// their coordinator reconciles ([MaxLens] gives the longest global
 	// lengths these tokens are consistent with).
-	Lens []int
-	// RolledBack, when not nil, are the tokens per layer that recovery
-	// cut because the step that appended them had not ended when the
-	// worker stopped (its step marker, stepmark.go) and had not reached
-	// its last layer on every hosted rank: the step's result never
-	// reached its caller, so they were never acknowledged (a step that
-	// had is kept). They are counted in Had and LostTokens as well.
-	RolledBack []int
-	// Had is the sequence's length when the worker stopped, as far as
-	// the hosted ranks know (from the stores' length records: exact
-	// after a process crash, kill -9), and LostTokens = Had - max(Lens),
-	// the tokens to re-append from position max(Lens); 0 after a
-	// graceful Close. A coordinator whose grid spans several workers
-	// takes the smallest Lens and the largest Had over them.
-	Had, LostTokens int
-	// HadLens are, per layer, the global length the layer held before
-	// the stop as far as the hosted ranks know; Had is at least their
+	//
+	// RolledBack: the tokens per layer that recovery cut because the
+	// step that appended them had not ended when the worker stopped
+	// (its step marker, stepmark.go) and had not reached its last layer
+	// on every hosted rank: the step's result never reached its caller,
+	// so they were never acknowledged (a step that had is kept). They
+	// are counted in Had and LostTokens as well.
+	//
+	// Had: the length when the worker stopped, as far as the hosted
+	// ranks know (from the stores' length records: exact after a
+	// process crash, kill -9). A coordinator whose grid spans several
+	// workers takes the smallest Lens and the largest Had over them.
+	//
+	// HadLens: per layer, the global length the layer held before the
+	// stop as far as the hosted ranks know; Had is at least their
 	// largest. Exact after a graceful Close (with or without a step
 	// open) and, for the layers a step marker covers, after a crash
 	// (the marker's lengths, plus the interrupted step's token where a
@@ -160,19 +159,19 @@ type RecoveredSeq struct {
 	// longest layer's length (exact when the layers were even).
 	// HadLens[l] - Lens[l] is the tokens the layer lost, RolledBack[l]
 	// of them never acknowledged.
-	HadLens []int
-	// HadExact says per layer whether HadLens[l] is exact (else an upper
+	//
+	// HadExact: per layer whether HadLens[l] is exact (else an upper
 	// bound): a hosted rank that knows its length exactly (rankHad)
 	// reaches it, so the others' upper bounds do not exceed it. Not
 	// exact: a crash, a layer no step marker covers and no per-layer
 	// length record gives, whose length the record's longest layer
 	// gives and its persisted pages do not; a coordinator adds the
 	// other workers'.
-	HadExact []bool
+	decode.Recovered
+	// LostTokens = Had - max(Lens), the tokens to re-append from
+	// position max(Lens); 0 after a graceful Close.
+	LostTokens int
 }
-
-// Len is the shortest layer's length.
-func (s RecoveredSeq) Len() int { return slices.Min(s.Lens) }
 
 // DamagedSeq is a sequence that could not be recovered.
 type DamagedSeq struct {
@@ -482,7 +481,7 @@ func (l *Local) rankHad(i int, sq *seqState, rec pagestore.RecoveredSeq, mark []
 func (l *Local) reconcile(sq *seqState, seq uint64, rankHad []int, rankLens [][]int, rankExact [][]bool) (RecoveredSeq, error) {
 	c := l.cfg
 	S := c.PageSize
-	r := RecoveredSeq{Key: sq.key, Seq: seq, Layout: sq.layout, Lens: make([]int, c.Layers), HadLens: make([]int, c.Layers)}
+	r := RecoveredSeq{Key: sq.key, Seq: seq, Layout: sq.layout, Recovered: decode.Recovered{Lens: make([]int, c.Layers), HadLens: make([]int, c.Layers)}}
 	had := 0 // the global length before the stop: the furthest token a rank held
 	for i, rk := range l.ranks {
 		p := sq.layout.Place(rk.id.CP)

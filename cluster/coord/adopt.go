@@ -316,7 +316,7 @@ func (c *Coordinator) matchRecoveredLocked(g *grid) []adoption {
 				}
 				out = append(out, a)
 			}
-			out[i].rec.Parts[w] = engine.RecoveredPart{Key: r.Key, Lens: r.Lens, Had: r.Had, HadLens: r.HadLens, HadExact: r.HadExact, RolledBack: r.RolledBack}
+			out[i].rec.Parts[w] = engine.RecoveredPart{Key: r.Key, Recovered: r.Recovered}
 			if out[i].placement == nil && len(r.Placement) > 0 {
 				out[i].placement = slices.Clone(r.Placement)
 			}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/worker"
 )
 
@@ -253,7 +254,7 @@ func encodeRecovered(e *enc, r worker.RecoveredSeq) *workerv1.RecoveredSeq {
 // decodeRecovered is the client's side of encodeRecovered.
 func decodeRecovered(d *dec, r *workerv1.RecoveredSeq, layers int) worker.RecoveredSeq {
 	out := worker.RecoveredSeq{Key: r.GetKey(), Seq: r.GetSeq(), Grid: r.GetGrid(), Placement: r.GetPlacement(), Layout: decodeLayout(d, r.GetLayout()),
-		Had: toInt(d, "had", r.GetHad()), LostTokens: toInt(d, "lost_tokens", r.GetLostTokens())}
+		Recovered: decode.Recovered{Had: toInt(d, "had", r.GetHad())}, LostTokens: toInt(d, "lost_tokens", r.GetLostTokens())}
 	if n := len(r.GetPlacement()); n != 0 && n != out.Layout.CP*out.Layout.TP {
 		d.fail("recovered sequence %d: placement of %d nodes for %d ranks", r.GetKey(), n, out.Layout.CP*out.Layout.TP)
 		return out

@@ -133,7 +133,7 @@ func TestRecoverUnevenAdopt(t *testing.T) {
 		s := rec[0]
 		t.Logf("node %d: lens %v had %d lost %d rolled back %v", i, s.Lens, s.Had, s.LostTokens, s.RolledBack)
 		r.Layout = s.Layout
-		r.Parts[i] = engine.RecoveredPart{Key: s.Key, Lens: s.Lens, Had: s.Had, HadLens: s.HadLens, HadExact: s.HadExact, RolledBack: s.RolledBack}
+		r.Parts[i] = engine.RecoveredPart{Key: s.Key, Recovered: s.Recovered}
 	}
 	if p := r.Parts[1].Lens; p[0] == p[1] {
 		t.Fatalf("node 1 recovered even layers %v: the test needs uneven ones", p)
