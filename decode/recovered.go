@@ -36,3 +36,36 @@ type Recovered struct {
 
 // Len is the shortest layer's length.
 func (r Recovered) Len() int { return slices.Min(r.Lens) }
+
+// LostTokens is Had - max(Lens), or 0 where no layer lost a token: the
+// tokens of every layer to append again, from position max(Lens),
+// before the sequence decodes as it would have.
+func (r Recovered) LostTokens() int {
+	hi := 0
+	if len(r.Lens) > 0 {
+		hi = slices.Max(r.Lens)
+	}
+	return max(r.Had-hi, 0)
+}
+
+// Lost are, per layer, the tokens the layer lacks of what it held when
+// its node stopped: HadLens[l] - Lens[l], or Had - Lens[l] where HadLens
+// is nil (an upper bound where the layers were uneven at the stop); 0
+// where the layer holds as much. Lost[l] - RolledBack[l] are the
+// acknowledged tokens to append again to layer l from Lens[l].
+func (r Recovered) Lost() []int {
+	out := make([]int, len(r.Lens))
+	for l, n := range r.Lens {
+		h := r.Had
+		if r.HadLens != nil {
+			h = r.HadLens[l]
+		}
+		out[l] = max(h-n, 0)
+	}
+	return out
+}
+
+// LostExact says per layer whether Lost()[l] is exact (HadExact: the
+// lengths now are exact, so the loss is as exact as HadLens); nil: every
+// one an upper bound.
+func (r Recovered) LostExact() []bool { return r.HadExact }

@@ -64,37 +64,33 @@ type RecoveredPart struct {
 	Why string
 }
 
-// Adopted is what Adopt made of a recovered sequence.
-type Adopted struct {
-	// Lens are its lengths per layer now: the smallest over the workers.
-	Lens []int
-	// Had is its length before the stop (the largest the workers know)
-	// and LostTokens = Had - max(Lens): the tokens of every layer to
-	// append again, from position max(Lens), before it decodes as it
-	// would have (0 after a graceful stop of every worker).
-	Had, LostTokens int
-	// Lost are, per layer, the tokens that layer lacks of what it held
-	// at the stop: the largest of the workers' RecoveredPart.HadLens
-	// less Lens[layer] (those past the length every worker holds are
-	// cut from the workers that held more); Had - Lens[layer] when a
-	// worker reported no HadLens (an upper bound where the layers were
-	// uneven at the stop). Lost[layer] - RolledBack[layer] are the
-	// acknowledged tokens to append again to that layer from
-	// Lens[layer].
-	Lost []int
-	// RolledBack, when not nil, are per layer the tokens of an
-	// interrupted step (never acknowledged) that the workers' recovery
-	// cut, the largest over the workers; counted in Lost and LostTokens
-	// as well.
-	RolledBack []int
-	// LostExact says per layer whether Lost[layer] is exact: a worker
-	// that knows the layer's length at the stop exactly reports the
-	// largest (RecoveredPart.HadExact), so no other worker's upper bound
-	// exceeds it. Otherwise Lost[layer] is an upper bound (a worker killed
-	// inside a step estimates from its length record, which holds only
-	// the longest layer).
-	LostExact []bool
-}
+// Adopted is what Adopt made of a recovered sequence, as
+// decode.Recovered describes one:
+//   - Lens are its lengths per layer now: the smallest over the workers;
+//   - Had is its length before the stop (the largest the workers know);
+//     LostTokens() = Had - max(Lens) the tokens of every layer to append
+//     again, from position max(Lens), before it decodes as it would have
+//     (0 after a graceful stop of every worker);
+//   - HadLens, when every worker reported them, are per layer the
+//     largest of the workers' RecoveredPart.HadLens, so that Lost() is
+//     per layer the tokens that layer lacks of what it held at the stop
+//     (those past the length every worker holds are cut from the
+//     workers that held more); nil when a worker reported none, Lost()
+//     being Had - Lens[layer] then (an upper bound where the layers
+//     were uneven at the stop). Lost()[layer] - RolledBack[layer] are
+//     the acknowledged tokens to append again to that layer from
+//     Lens[layer];
+//   - RolledBack, when not nil, are per layer the tokens of an
+//     interrupted step (never acknowledged) that the workers' recovery
+//     cut, the largest over the workers; counted in Lost() and
+//     LostTokens() as well;
+//   - HadExact (LostExact()) says per layer whether Lost()[layer] is
+//     exact: a worker that knows the layer's length at the stop exactly
+//     reports the largest (RecoveredPart.HadExact), so no other
+//     worker's upper bound exceeds it. Otherwise Lost()[layer] is an
+//     upper bound (a worker killed inside a step estimates from its
+//     length record, which holds only the longest layer).
+type Adopted = decode.Recovered
 
 // ErrIncomplete: a recovered sequence that not every worker of its grid
 // recovered, or that the workers cannot agree on; Adopt freed what the
@@ -249,26 +245,18 @@ func (e *Engine) agree(r Recovered) (Adopted, error) {
 			return Adopted{}, fmt.Errorf("%w: worker %d: %d exact flags for %d layers", ErrIncomplete, w, len(p.HadExact), c.Layers)
 		}
 	}
-	a.LostExact = make([]bool, c.Layers)
+	exact := make([]bool, c.Layers)
 	for _, p := range r.Parts {
 		if had == nil || p.HadExact == nil {
 			continue
 		}
 		for l, n := range p.HadLens {
 			if p.HadExact[l] && n == had[l] {
-				a.LostExact[l] = true
+				exact[l] = true
 			}
 		}
 	}
-	a.LostTokens = max(a.Had-slices.Max(a.Lens), 0)
-	a.Lost = make([]int, c.Layers)
-	for l, n := range a.Lens {
-		h := a.Had
-		if had != nil {
-			h = had[l]
-		}
-		a.Lost[l] = max(h-n, 0)
-	}
+	a.HadLens, a.HadExact = had, exact
 	// A worker that holds more is cut back in trim: by one Rollback per
 	// rank when it holds the same surplus in every layer, else per layer.
 	return a, nil

@@ -125,7 +125,7 @@ func TestAdoptLostClaimReplyParks(t *testing.T) {
 	if err != nil {
 		t.Fatalf("adopt after the failed one: %v", err)
 	}
-	if n, err := e.Len(a); err != nil || n != 16 || ad.LostTokens != 0 {
+	if n, err := e.Len(a); err != nil || n != 16 || ad.LostTokens() != 0 {
 		t.Errorf("adopted again: len %d (%v), adopted %+v, want 16 tokens", n, err, ad)
 	}
 	if err := e.Release(a); err != nil {

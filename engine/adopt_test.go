@@ -229,7 +229,7 @@ func TestAdoptAfterCrash(t *testing.T) {
 	// Worker 0 holds 32 as far as its rank knows (its pages 0, 2, 4 and
 	// 6: every position before page 8 it owns) and is rolled back; rank
 	// 1's length record knows the 30 tokens.
-	if want := []int{12, 12}; !slices.Equal(ad.Lens, want) || ad.Had != n || ad.LostTokens != n-12 {
+	if want := []int{12, 12}; !slices.Equal(ad.Lens, want) || ad.Had != n || ad.LostTokens() != n-12 {
 		t.Fatalf("adopted %+v, want lens %v, had %d, lost %d", ad, want, n, n-12)
 	}
 	if _, err := g.eng.Adopt(ctx, recs[1]); !errors.Is(err, ErrIncomplete) {
@@ -374,8 +374,8 @@ func TestAgreeLostExact(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if !slices.Equal(a.Lens, []int{16, 16}) || !slices.Equal(a.Lost, tc.lost) || !slices.Equal(a.LostExact, tc.exact) {
-			t.Errorf("%s: lens %v, lost %v, exact %v; want [16 16], %v, %v", tc.name, a.Lens, a.Lost, a.LostExact, tc.lost, tc.exact)
+		if !slices.Equal(a.Lens, []int{16, 16}) || !slices.Equal(a.Lost(), tc.lost) || !slices.Equal(a.LostExact(), tc.exact) {
+			t.Errorf("%s: lens %v, lost %v, exact %v; want [16 16], %v, %v", tc.name, a.Lens, a.Lost(), a.LostExact(), tc.lost, tc.exact)
 		}
 	}
 	bad := survived

@@ -160,7 +160,7 @@ func (env *interaction) restart(t *testing.T, ws []int, crash map[int]bool, engi
 		fmt.Fprintf(&b, "w%d %s and reopened: %d recovered, %d damaged, %d orphan store sequences\n",
 			w, how[w], len(rep.Sequences), len(rep.Damaged), rep.OrphanSeqs)
 		for _, s := range rep.Sequences {
-			fmt.Fprintf(&b, "w%d   recovered key=%d seq=%d grid=%s lens=%v had=%d lost=%d", w, s.Key, s.Seq, s.Grid, s.Lens, s.Had, s.LostTokens)
+			fmt.Fprintf(&b, "w%d   recovered key=%d seq=%d grid=%s lens=%v had=%d lost=%d", w, s.Key, s.Seq, s.Grid, s.Lens, s.Had, s.LostTokens())
 			if slices.Min(s.HadLens) != slices.Max(s.HadLens) {
 				fmt.Fprintf(&b, " had-per-layer=%v", s.HadLens)
 			}
@@ -225,9 +225,9 @@ func (env *interaction) adopt(name string) string {
 	if err != nil {
 		fmt.Fprintf(&b, "error: %v\n", err)
 	} else {
-		fmt.Fprintf(&b, "adopted %s = seq %d: lens=%v had=%d lost=%d", name, id, a.Lens, a.Had, a.LostTokens)
-		if slices.Min(a.Lost) != slices.Max(a.Lost) {
-			fmt.Fprintf(&b, " lost-per-layer=%v", a.Lost)
+		fmt.Fprintf(&b, "adopted %s = seq %d: lens=%v had=%d lost=%d", name, id, a.Lens, a.Had, a.LostTokens())
+		if slices.Min(a.Lost()) != slices.Max(a.Lost()) {
+			fmt.Fprintf(&b, " lost-per-layer=%v", a.Lost())
 		}
 		if a.RolledBack != nil {
 			fmt.Fprintf(&b, " rolled-back=%v", a.RolledBack)

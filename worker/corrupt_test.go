@@ -425,8 +425,8 @@ func (w *corruptWorkload) trial(dir string) (what string, err error) {
 		// lengths file still knows how long the sequence was).
 		n := w.lens[r.Seq]
 		if m := slices.Max(r.Lens); m < n {
-			if r.Had < n || r.LostTokens != r.Had-m {
-				return "", fmt.Errorf("recovered silently shorter: sequence %d: %v tokens, had %d, lost %d; wrote %d", r.Seq, r.Lens, r.Had, r.LostTokens, n)
+			if r.Had < n || r.LostTokens() != r.Had-m {
+				return "", fmt.Errorf("recovered silently shorter: sequence %d: %v tokens, had %d, lost %d; wrote %d", r.Seq, r.Lens, r.Had, r.LostTokens(), n)
 			}
 			what = "loss reported"
 		}

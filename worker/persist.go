@@ -78,7 +78,7 @@ type RecoveryReport struct {
 func (r RecoveryReport) LostTokens() int {
 	n := 0
 	for _, s := range r.Sequences {
-		n += s.LostTokens
+		n += s.LostTokens()
 	}
 	return n
 }
@@ -167,10 +167,10 @@ type RecoveredSeq struct {
 	// length record gives, whose length the record's longest layer
 	// gives and its persisted pages do not; a coordinator adds the
 	// other workers'.
-	decode.Recovered
-	// LostTokens = Had - max(Lens), the tokens to re-append from
+	//
+	// LostTokens() = Had - max(Lens) are the tokens to re-append from
 	// position max(Lens); 0 after a graceful Close.
-	LostTokens int
+	decode.Recovered
 }
 
 // DamagedSeq is a sequence that could not be recovered.
@@ -541,7 +541,6 @@ func (l *Local) reconcile(sq *seqState, seq uint64, rankHad []int, rankLens [][]
 		r.Lens[layer] = end
 	}
 	r.Had = had
-	r.LostTokens = max(had-slices.Max(r.Lens), 0)
 	return r, nil
 }
 

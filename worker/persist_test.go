@@ -180,7 +180,7 @@ func TestPersistRestart(t *testing.T) {
 					}
 				}
 				for i, r := range rep.Sequences {
-					if r.Seq != ids[i] || r.LostTokens != 0 || r.Layout != g.layouts[r.Seq] {
+					if r.Seq != ids[i] || r.LostTokens() != 0 || r.Layout != g.layouts[r.Seq] {
 						t.Fatalf("worker %d: recovered %+v, want sequence %d, layout %+v, no lost tokens", w, r, ids[i], g.layouts[ids[i]])
 					}
 					// A worker reports the end of its own tokens (never
@@ -229,7 +229,7 @@ func TestPersistRestart(t *testing.T) {
 			for _, wk := range g.workers {
 				l := wk.(*Local)
 				for _, r := range l.Recovery().Sequences {
-					if r.Lens[0] > g.lens[r.Seq] || maxLen(l, r) < g.lens[r.Seq] || r.Had > g.lens[r.Seq] || r.LostTokens != 0 {
+					if r.Lens[0] > g.lens[r.Seq] || maxLen(l, r) < g.lens[r.Seq] || r.Had > g.lens[r.Seq] || r.LostTokens() != 0 {
 						t.Fatalf("second restart: sequence %d has %d tokens, want %d", r.Seq, r.Lens[0], g.lens[r.Seq])
 					}
 					g.must(l.Claim(context.Background(), r.Key, r.Seq))
@@ -525,8 +525,8 @@ func TestPersistCrash(t *testing.T) {
 				l := wk.(*Local)
 				r := l.Recovery().Sequences[0]
 				g.must(l.Claim(ctx, r.Key, 1))
-				if !split && r.LostTokens != n-16 {
-					t.Fatalf("lost %d tokens, want %d", r.LostTokens, n-16)
+				if !split && r.LostTokens() != n-16 {
+					t.Fatalf("lost %d tokens, want %d", r.LostTokens(), n-16)
 				}
 				// Each worker reports the end of the tokens it holds:
 				// split, rank 0 holds pages 0, 2 and 4 (up to 80),

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/worker/remote"
 )
@@ -47,25 +48,15 @@ type RecoveredSeq struct {
 	// that was taken or not this coordinator's (RenamedFrom is the old
 	// one then, or "<grid>#<engine id>" for another coordinator's).
 	ID, RenamedFrom string
-	// Lens are its lengths per layer when adopted; Had its length at the
-	// stop and LostTokens the tokens to append again from max(Lens)
-	// (engine.Adopted).
-	Lens            []int
-	Had, LostTokens int
-	// Lost are the tokens per layer lost (what the layer held at the stop
-	// less Lens[layer], engine.Adopted) and
-	// RolledBack, when not nil, those of them that an interrupted decode
-	// step had appended, never acknowledged (engine.Adopted).
-	Lost, RolledBack []int
-	// LostExact says per layer whether Lost[layer] is exact, else an
-	// upper bound (engine.Adopted).
-	LostExact []bool
+	// Recovered are its lengths when adopted (engine.Adopted): Lens
+	// per layer, Had its length at the stop, LostTokens() the tokens to
+	// append again from max(Lens), Lost() those per layer and
+	// LostExact() which of those are exact, RolledBack those of them an
+	// interrupted decode step had appended, never acknowledged.
+	decode.Recovered
 	// Nodes host its ranks, by rank tp*CP+cp.
 	Nodes []string
 }
-
-// Len is its length when adopted (the shortest layer).
-func (r RecoveredSeq) Len() int { return slices.Min(r.Lens) }
 
 // DamagedSeq is a recovered sequence that was not adopted: its pages
 // were freed (a node of its grid answered without it, or its nodes
@@ -471,12 +462,11 @@ func (c *Coordinator) adopt(ctx context.Context, g *grid, recs []adoption) {
 				from = a.grid + "#" + strconv.FormatUint(a.seq, 10)
 			}
 		}
-		r := RecoveredSeq{ID: a.name, RenamedFrom: from, Lens: ad.Lens, Had: ad.Had, LostTokens: ad.LostTokens,
-			Lost: ad.Lost, RolledBack: ad.RolledBack, LostExact: ad.LostExact, Nodes: slices.Clone(g.nodes)}
+		r := RecoveredSeq{ID: a.name, RenamedFrom: from, Recovered: ad, Nodes: slices.Clone(g.nodes)}
 		c.adopted[a.name] = r
 		c.mu.Unlock()
 		c.log.Info("recovered sequence adopted", "grid", g.ref.Grid, "seq", a.name, "renamed_from", from,
-			"lens", ad.Lens, "had", ad.Had, "lost_tokens", ad.LostTokens, "lost", ad.Lost, "lost_exact", ad.LostExact, "rolled_back", ad.RolledBack)
+			"lens", ad.Lens, "had", ad.Had, "lost_tokens", ad.LostTokens(), "lost", ad.Lost(), "lost_exact", ad.LostExact(), "rolled_back", ad.RolledBack)
 	}
 }
 

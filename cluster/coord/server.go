@@ -809,17 +809,17 @@ func recoveryProto(r Recovery) ([]*decodev1.RecoveredSequence, []*decodev1.Damag
 	var seqs []*decodev1.RecoveredSequence
 	for _, q := range r.Sequences {
 		p := &decodev1.RecoveredSequence{Sequence: q.ID, Length: uint64(q.Len()), Had: uint64(q.Had),
-			LostTokens: uint64(q.LostTokens), Nodes: q.Nodes, RenamedFrom: q.RenamedFrom}
+			LostTokens: uint64(q.LostTokens()), Nodes: q.Nodes, RenamedFrom: q.RenamedFrom}
 		for _, n := range q.Lens {
 			p.Lens = append(p.Lens, uint64(n))
 		}
-		for _, n := range q.Lost {
+		for _, n := range q.Lost() {
 			p.Lost = append(p.Lost, uint64(n))
 		}
 		for _, n := range q.RolledBack {
 			p.RolledBack = append(p.RolledBack, uint64(n))
 		}
-		p.LostExact = q.LostExact
+		p.LostExact = q.LostExact()
 		seqs = append(seqs, p)
 	}
 	var dmg []*decodev1.DamagedSequence

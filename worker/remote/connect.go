@@ -132,7 +132,7 @@ func (s *Server) noteRecovery(g *grid, rep worker.RecoveryReport) {
 	s.log.Info("worker server: grid recovered", "grid", g.id, "dir", rep.Dir, "sequences", len(rep.Sequences),
 		"lost_tokens", rep.LostTokens(), "rolled_back_tokens", rep.RolledBackTokens(), "damaged", len(rep.Damaged), "corrupt_slots", corrupt, "orphans", rep.OrphanSeqs)
 	for _, r := range rep.Sequences {
-		s.log.Info("worker server: recovered sequence", "grid", g.id, "from_grid", r.Grid, "key", r.Key, "seq", r.Seq, "lens", r.Lens, "lost_tokens", r.LostTokens, "rolled_back", r.RolledBack)
+		s.log.Info("worker server: recovered sequence", "grid", g.id, "from_grid", r.Grid, "key", r.Key, "seq", r.Seq, "lens", r.Lens, "lost_tokens", r.LostTokens(), "rolled_back", r.RolledBack)
 	}
 	for _, d := range rep.Damaged {
 		s.log.Warn("worker server: sequence not recovered", "grid", g.id, "key", d.Key, "seq", d.Seq, "err", d.Err)

@@ -237,7 +237,7 @@ func cutGridID(id string) (name, instance string, ok bool) {
 // encodeRecovered is a node's ConnectGridReply.recovered entry.
 func encodeRecovered(e *enc, r worker.RecoveredSeq) *workerv1.RecoveredSeq {
 	out := &workerv1.RecoveredSeq{Key: r.Key, Seq: r.Seq, Grid: r.Grid, Placement: r.Placement, Layout: encodeLayout(e, r.Layout),
-		Had: e.u32("had", r.Had), LostTokens: e.u32("lost tokens", r.LostTokens)}
+		Had: e.u32("had", r.Had), LostTokens: e.u32("lost tokens", r.LostTokens())}
 	for _, n := range r.Lens {
 		out.Lens = append(out.Lens, e.u32("lens", n))
 	}
@@ -254,7 +254,7 @@ func encodeRecovered(e *enc, r worker.RecoveredSeq) *workerv1.RecoveredSeq {
 // decodeRecovered is the client's side of encodeRecovered.
 func decodeRecovered(d *dec, r *workerv1.RecoveredSeq, layers int) worker.RecoveredSeq {
 	out := worker.RecoveredSeq{Key: r.GetKey(), Seq: r.GetSeq(), Grid: r.GetGrid(), Placement: r.GetPlacement(), Layout: decodeLayout(d, r.GetLayout()),
-		Recovered: decode.Recovered{Had: toInt(d, "had", r.GetHad())}, LostTokens: toInt(d, "lost_tokens", r.GetLostTokens())}
+		Recovered: decode.Recovered{Had: toInt(d, "had", r.GetHad())}}
 	if n := len(r.GetPlacement()); n != 0 && n != out.Layout.CP*out.Layout.TP {
 		d.fail("recovered sequence %d: placement of %d nodes for %d ranks", r.GetKey(), n, out.Layout.CP*out.Layout.TP)
 		return out

@@ -131,7 +131,7 @@ func TestRecoverUnevenAdopt(t *testing.T) {
 			t.Fatalf("node %d recovered %+v, want 1 sequence", i, rec)
 		}
 		s := rec[0]
-		t.Logf("node %d: lens %v had %d lost %d rolled back %v", i, s.Lens, s.Had, s.LostTokens, s.RolledBack)
+		t.Logf("node %d: lens %v had %d lost %d rolled back %v", i, s.Lens, s.Had, s.LostTokens(), s.RolledBack)
 		r.Layout = s.Layout
 		r.Parts[i] = engine.RecoveredPart{Key: s.Key, Recovered: s.Recovered}
 	}
@@ -152,10 +152,10 @@ func TestRecoverUnevenAdopt(t *testing.T) {
 	// whose crash left its per-layer length record (layer 1: 10 of its
 	// tokens, global 18): exact too.
 	n := a.Lens[0]
-	if a.LostTokens != 24-n || a.Lost[0] != 24-n || !a.LostExact[0] || a.RolledBack != nil {
+	if a.LostTokens() != 24-n || a.Lost()[0] != 24-n || !a.LostExact()[0] || a.RolledBack != nil {
 		t.Fatalf("adopted %+v: want lost %d (exact) in layer 0, nothing rolled back", a, 24-n)
 	}
-	if !a.LostExact[1] || a.Lost[1] != 18-n {
+	if !a.LostExact()[1] || a.Lost()[1] != 18-n {
 		t.Fatalf("adopted %+v: want layer 1's loss exact, %d", a, 18-n)
 	}
 	for i, c := range clients {

@@ -276,7 +276,7 @@ func verifyGrid(ctx context.Context, g, tmp string, be kernels.Backend, cfg Veri
 	rep := l.Recovery()
 	v.Damaged, v.CorruptSlots = rep.Damaged, rep.CorruptSlots()
 	for _, r := range rep.Sequences {
-		s := SeqVerdict{Grid: r.Grid, Seq: r.Seq, Lens: r.Lens, Had: r.Had, LostTokens: r.LostTokens}
+		s := SeqVerdict{Grid: r.Grid, Seq: r.Seq, Lens: r.Lens, Had: r.Had, LostTokens: r.LostTokens()}
 		if err := l.Claim(ctx, r.Key, r.Key); err != nil {
 			s.Err = err
 		} else {
