@@ -65,7 +65,7 @@ func CheckFile(path string, timeout time.Duration) error {
 // package's; freelist is the freelist's type in memory (the file is the
 // same with either).
 func openChecked(path string, opt Options, freelist bolt.FreelistType) (*bolt.DB, error) {
-	bo := &bolt.Options{Timeout: opt.Timeout, FreelistType: freelist}
+	bo := &bolt.Options{Timeout: opt.Timeout, FreelistType: freelist, InitialMmapSize: max(opt.MmapBytes, 0)}
 	if opt.ReadOnly {
 		bo.ReadOnly, bo.PreLoadFreelist = true, true
 	}

@@ -373,3 +373,60 @@ func TestBoltSummariesDamage(t *testing.T) {
 		t.Fatalf("load without the bucket: %+v, %v", ld, err)
 	}
 }
+
+// TestBoltManifestsMmapBytes: a file opened with MmapBytes far above
+// what it holds stays the size of what was written (the map is address
+// space only), and 256 summary records of 8 KiB committed at once
+// through it load back whole, reopened without the option.
+func TestBoltManifestsMmapBytes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store.db")
+	m, err := metastore.OpenBoltManifests(path, metastore.Options{MmapBytes: 256 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := metastore.ManifestFormat{Layers: 2, KVHeads: 4, HeadDim: 128, PageSize: 16, DType: plan.Float32}
+	if err := m.Init(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	b := metastore.ManifestBatch{SlotCRC: map[int32]uint32{}, Summaries: map[int32][]byte{}, NextID: 2}
+	var slots []int32
+	for sl := range int32(256) {
+		sum := make([]byte, 8<<10)
+		for i := range sum {
+			sum[i] = byte(int(sl)*7 + i)
+		}
+		b.SlotCRC[sl], b.Summaries[sl] = uint32(sl)+1, sum
+		slots = append(slots, sl)
+	}
+	b.Put = []metastore.Manifest{{ID: 1, LenRec: 0, Lens: []int{256 * 16, 256 * 16}, Slots: slots}}
+	if err := m.Commit(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() > 32<<20 {
+		t.Fatalf("store.db is %d bytes after 2 MiB of records: the map grew the file", st.Size())
+	}
+	m, err = metastore.OpenBoltManifests(path, metastore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Init(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	ld, err := m.Load(ctx)
+	if err != nil || len(ld.Manifests) != 1 || len(ld.Summaries) != 256 || len(ld.BadSummaries) != 0 {
+		t.Fatalf("load: %d manifests, %d summaries, %d bad, %v", len(ld.Manifests), len(ld.Summaries), len(ld.BadSummaries), err)
+	}
+	for sl, want := range b.Summaries {
+		if !bytes.Equal(ld.Summaries[sl], want) {
+			t.Fatalf("slot %d: summary record differs", sl)
+		}
+	}
+}

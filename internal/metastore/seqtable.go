@@ -85,6 +85,14 @@ type Options struct {
 	// Timeout bounds the wait for another opener's lock, then the open
 	// fails with ErrInUse; 0 waits for ever (bbolt) or not at all (Mem).
 	Timeout time.Duration
+	// MmapBytes, when above 0, is how much of a bbolt file is mapped at
+	// open (bolt.Options.InitialMmapSize): a file that grows within it
+	// is never remapped, and a remap inside a write transaction copies
+	// every value the transaction holds out of the map (a commit of
+	// many large values then spends most of its CPU there). Address
+	// space only: the file grows as written. 0: bbolt's default (the
+	// map doubles with the file). Mem ignores it.
+	MmapBytes int
 }
 
 // Format is what a data directory was made for: a worker on it must
