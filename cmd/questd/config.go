@@ -349,7 +349,8 @@ type StorageConfig struct {
 	// summaries checked, before the grid opens) or on-read (the grid
 	// opens on the metadata and the persisted summaries; a page is read
 	// and checked at its sequence's first use or by a background scrub,
-	// and a page that fails releases the sequences naming it, reported
+	// and a page that fails releases the sequences naming it: their
+	// calls fail with the damage, and the next restart reports them
 	// damaged) [--recovery-verify]. Default at-open.
 	Verify pagestore.Verify
 	// ScrubRate is the bytes per second each store's background scrub
