@@ -174,9 +174,15 @@ func TestPersistRestart(t *testing.T) {
 					t.Fatalf("worker %d: recovered %d sequences, want %d: %+v", w, len(rep.Sequences), len(ids), rep.Sequences)
 				}
 				for _, r := range l.Ranks() {
-					sr := l.Shard(r).Store().Recovery()
+					st := l.Shard(r).Store()
+					sr, sc := st.Recovery(), st.Scrub()
 					if lazy := tc.verify == pagestore.VerifyOnRead; lazy != (sr.PayloadBytesRead == 0) || lazy != (sr.Pending == sr.Pages && sr.Pages > 0) {
 						t.Fatalf("worker %d rank %v, verify %v: the open read %d payload bytes, %d of %d pages pending", w, r, tc.verify, sr.PayloadBytesRead, sr.Pending, sr.Pages)
+					}
+					// Nor did the worker's recovery (the sequences'
+					// lengths, the cuts) read a page since.
+					if tc.verify == pagestore.VerifyOnRead && (sc.BytesRead != 0 || sc.Pending != sr.Pending) {
+						t.Fatalf("worker %d rank %v: the worker's recovery read %d payload bytes, %d of %d pages pending", w, r, sc.BytesRead, sc.Pending, sr.Pending)
 					}
 				}
 				for i, r := range rep.Sequences {
