@@ -123,8 +123,8 @@ func printVerify(w io.Writer, rep remote.VerifyReport, repair bool) {
 				state = "damaged: " + s.Err.Error()
 			}
 			lost := ""
-			if s.LostTokens > 0 {
-				lost = fmt.Sprintf(", %d tokens to re-append (had %d)", s.LostTokens, s.Had)
+			if s.LostTokens() > 0 {
+				lost = fmt.Sprintf(", %d tokens to re-append (had %d)", s.LostTokens(), s.Had)
 			}
 			fmt.Fprintf(w, "  sequence %d of grid %s: %s tokens%s: %s\n", s.Seq, s.Grid, lens(s.Lens), lost, state)
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/internal/metastore"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
@@ -96,13 +97,12 @@ func (g GridVerdict) OK() bool {
 
 // SeqVerdict is one recovered sequence of a grid.
 type SeqVerdict struct {
-	// Grid and Seq name it (worker.RecoveredSeq); Lens its recovered
-	// lengths per layer; Had and LostTokens as there (tokens of a crash
-	// to re-append: not damage).
-	Grid            string
-	Seq             uint64
-	Lens            []int
-	Had, LostTokens int
+	// Grid and Seq name it (worker.RecoveredSeq); Recovered its
+	// recovered lengths as there (LostTokens(): tokens of a crash to
+	// re-append, not damage).
+	Grid string
+	Seq  uint64
+	decode.Recovered
 	// Pages is the pages read back, over the layers and hosted ranks.
 	Pages int
 	// Err is the first page that did not read back.
@@ -276,7 +276,7 @@ func verifyGrid(ctx context.Context, g, tmp string, be kernels.Backend, cfg Veri
 	rep := l.Recovery()
 	v.Damaged, v.CorruptSlots = rep.Damaged, rep.CorruptSlots()
 	for _, r := range rep.Sequences {
-		s := SeqVerdict{Grid: r.Grid, Seq: r.Seq, Lens: r.Lens, Had: r.Had, LostTokens: r.LostTokens()}
+		s := SeqVerdict{Grid: r.Grid, Seq: r.Seq, Recovered: r.Recovered}
 		if err := l.Claim(ctx, r.Key, r.Key); err != nil {
 			s.Err = err
 		} else {

@@ -127,7 +127,7 @@ func TestVerifyDataDir(t *testing.T) {
 			var got []uint64
 			for _, s := range g.Sequences {
 				got = append(got, s.Seq)
-				if s.Grid != "coord-a/1/1" || s.Err != nil || s.Pages != wantPages || s.LostTokens != 0 || slices.ContainsFunc(s.Lens, func(n int) bool { return n != wantLen }) {
+				if s.Grid != "coord-a/1/1" || s.Err != nil || s.Pages != wantPages || s.LostTokens() != 0 || slices.ContainsFunc(s.Lens, func(n int) bool { return n != wantLen }) {
 					t.Errorf("node %d: sequence %+v, want grid coord-a/1/1, lengths %d, %d pages", i, s, wantLen, wantPages)
 				}
 			}
