@@ -16,6 +16,7 @@ import (
 	"github.com/questrt/questrt/collective"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker"
 )
@@ -43,6 +44,7 @@ func TestStatusRoundTrip(t *testing.T) {
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), codes.DeadlineExceeded, nil},
 		{fmt.Errorf("x: %w", context.Canceled), codes.Canceled, nil},
 		{fmt.Errorf("x: %w", worker.ErrChanged), codes.Internal, nil},
+		{fmt.Errorf("x: %w: page 3: %w", pagestore.ErrDamaged, tier.ErrCorrupt), codes.DataLoss, []error{pagestore.ErrDamaged}},
 		{fmt.Errorf("append: %w: %w", worker.ErrChanged, pagestore.ErrPoolExhausted), codes.ResourceExhausted, nil},
 		{errors.New("something else"), codes.Internal, nil},
 	}

@@ -77,6 +77,9 @@ var reasons = []struct {
 	{"UNAVAILABLE", ErrUnavailable, codes.Unavailable},
 	{"DEADLINE_EXCEEDED", context.DeadlineExceeded, codes.DeadlineExceeded},
 	{"CANCELED", context.Canceled, codes.Canceled},
+	// A sequence whose recovered page failed its check at first use
+	// (pagestore.VerifyOnRead): released on the node.
+	{"DAMAGED", pagestore.ErrDamaged, codes.DataLoss},
 	// After every code a lost or closed peer decides (a node lost stays
 	// lost when its error also says the disk is full).
 	{"DISK_FULL", pagestore.ErrDiskFull, codes.ResourceExhausted},
@@ -91,7 +94,8 @@ var reasons = []struct {
 // step, a wrong view or grid state, RESOURCE_EXHAUSTED for a full pool,
 // node or memory and for too many sequences, UNAVAILABLE for lost or
 // aborted collective peers and closed workers or transports,
-// DEADLINE_EXCEEDED, CANCELED, else
+// DEADLINE_EXCEEDED, CANCELED, DATA_LOSS for a sequence damaged at its
+// first use (pagestore.ErrDamaged), else
 // INTERNAL), its message, and one errdetails.ErrorInfo (domain
 // "questrt.worker") per sentinel it wraps, so that [FromStatus] rebuilds
 // an error that errors.Is every one of them (worker.ErrChanged together

@@ -153,7 +153,7 @@ func (s *Server) with(ctx context.Context, ref *workerv1.GridRef, f func(ctx con
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(g.ctx, cancel)()
-	return statusErr(f(ctx, g))
+	return statusErr(s.scrubDamage(g, f(ctx, g)))
 }
 
 // OpenGrid implements workerv1.WorkerServer: it validates the config and

@@ -15,6 +15,7 @@ import (
 
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
 	"github.com/questrt/questrt/decode"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/worker"
 )
 
@@ -336,6 +337,27 @@ func scrubPaths(err error, root, dir string) string {
 	}
 	return msg
 }
+
+// scrubDamage takes the server's paths out of err's message when err is
+// a sequence's damage found at its first use (pagestore.ErrDamaged:
+// the message names the slab file under the data directory), as
+// scrubPaths does for a recovery's reasons; errors.Is still sees every
+// sentinel it wraps. Other errors are returned as they are.
+func (s *Server) scrubDamage(g *grid, err error) error {
+	if err == nil || g.dir == "" || !errors.Is(err, pagestore.ErrDamaged) {
+		return err
+	}
+	return &scrubbedError{msg: scrubPaths(err, s.cfg.DataDir, g.dir), err: err}
+}
+
+// scrubbedError is err with the message msg.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
 
 // Claim implements workerv1.WorkerServer (worker.Local.Claim).
 func (s *Server) Claim(ctx context.Context, r *workerv1.ClaimRequest) (*workerv1.Ack, error) {

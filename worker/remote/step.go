@@ -75,7 +75,7 @@ func (s *Server) Layer(ctx context.Context, r *workerv1.LayerRequest) (*workerv1
 			return fmt.Errorf("layer %d of step %d: %w", r.Layer, r.Step, err)
 		}
 		var out worker.LayerReply
-		lerr := g.local.Layer(ctx, m, &out)
+		lerr := s.scrubDamage(g, g.local.Layer(ctx, m, &out))
 		if lerr != nil && refused(lerr, &out) {
 			return lerr
 		}
