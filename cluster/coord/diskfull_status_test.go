@@ -13,6 +13,7 @@ import (
 
 	"github.com/questrt/questrt/cluster/coord"
 	"github.com/questrt/questrt/pagestore"
+	"github.com/questrt/questrt/pagestore/tier"
 	"github.com/questrt/questrt/worker"
 	"github.com/questrt/questrt/worker/remote"
 )
@@ -79,6 +80,27 @@ func TestPersistErrorStatusCombined(t *testing.T) {
 		}
 		if api, _ := status.FromError(coord.Status(fmt.Errorf("append m0/1.3: %w", back))); api.Code() != c.api || !strings.Contains(api.Message(), "disk full") {
 			t.Errorf("%s: client API %v %q, want %v saying disk full", c.name, api.Code(), api.Message(), c.api)
+		}
+	}
+}
+
+// TestDamagedStatus: a sequence found damaged at its first use on a
+// node (pagestore.ErrDamaged, recovered pages verified on read) crosses
+// the worker API and the client API as DATA_LOSS (from a node or from a
+// worker in the coordinator's process), and the coordinator's rebuilt
+// error still wraps pagestore.ErrDamaged.
+func TestDamagedStatus(t *testing.T) {
+	err := fmt.Errorf("keys: page table seq 1: seq 1: %w: page 0: disktier rank-tp0-cp0: read slot 0: %w", pagestore.ErrDamaged, tier.ErrCorrupt)
+	st := remote.ToStatus(err)
+	back := remote.FromStatus(st.Err())
+	if st.Code() != codes.DataLoss || !errors.Is(back, pagestore.ErrDamaged) {
+		t.Fatalf("worker API %v %q, rebuilt %v; want DATA_LOSS wrapping ErrDamaged", st.Code(), st.Message(), back)
+	}
+	// From a node (the rebuilt error) and from a worker in this process
+	// (the error itself).
+	for _, e := range []error{back, err} {
+		if api, _ := status.FromError(coord.Status(fmt.Errorf("step m0/1.3: %w", e))); api.Code() != codes.DataLoss || !strings.Contains(api.Message(), "sequence damaged") {
+			t.Fatalf("client API %v %q, want DATA_LOSS saying the sequence is damaged", api.Code(), api.Message())
 		}
 	}
 }

@@ -842,7 +842,8 @@ func recoveryProto(r Recovery) ([]*decodev1.RecoveredSequence, []*decodev1.Damag
 // sequences NOT_FOUND, no pages, no node with capacity or a grid full of
 // sequences (worker.ErrTooManySequences) RESOURCE_EXHAUSTED, broken
 // sequences FAILED_PRECONDITION, a lost grid or an unreachable node
-// UNAVAILABLE, a closed coordinator UNAVAILABLE.
+// UNAVAILABLE, a closed coordinator UNAVAILABLE, a sequence whose
+// recovered page failed its check at first use DATA_LOSS.
 func Status(err error) error {
 	if err == nil {
 		return nil
@@ -871,6 +872,11 @@ func Status(err error) error {
 		code = codes.Unavailable
 	case errors.Is(err, pagestore.ErrDiskFull):
 		code = codes.ResourceExhausted
+	case errors.Is(err, pagestore.ErrDamaged):
+		// A recovered page failed its check at first use
+		// (--recovery-verify on-read): the sequence is gone on that
+		// node.
+		code = codes.DataLoss
 	case errors.Is(err, decode.ErrStepOpen):
 		// Another step held the sequences' grid until the deadline:
 		// try again.
