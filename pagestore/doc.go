@@ -244,15 +244,18 @@
 // default) reads every page at open, as above, and checks a summary
 // record where one exists against the keys (a bad one is reported in
 // [RecoveryReport.BadSummaries] and rewritten); such a store writes no
-// summary records (they cost its appends and syncs). A VerifyOnRead
-// store writes one with every slot record and, at open, reads the
+// summary records. A VerifyOnRead store writes one with every slot
+// record (mapping its metadata file for them at open, so that their
+// commits do not remap it as it grows) and, at open, reads the
 // metadata and the summary records only (a page without a valid record
 // is read at open as above, and its record written): the pool
 // holds every recovered page's summaries, and its payload is read,
-// checked (checksum, summaries recomputed bit for bit) and put in place
-// at the first operation on a sequence naming it, or before by the
-// background scrub, owned by the store, paced to [Config.ScrubRate]
-// bytes per second and stopped by Close ([Store.Scrub] reports it). A
+// checked (checksum, summaries recomputed bit for bit) and put in
+// place at the first operation on a sequence naming it that reads its
+// pages (not [Store.Len] or [Store.LayerLen]: lengths are metadata),
+// or before by the background scrub, owned by the store, paced to
+// [Config.ScrubRate] bytes per second and stopped by Close
+// ([Store.Scrub] reports it). A
 // page that fails then damages only the sequences naming it: each is
 // released (its manifest deleted) and its operations return an error
 // wrapping [ErrDamaged] and tier.ErrCorrupt. A sequence never used

@@ -29,7 +29,8 @@ const (
 	// with VerifyAtOpen). A page's payload is read and checked
 	// (checksum, and its persisted summaries against the summaries of
 	// its keys, bit for bit) at the first operation on a sequence that
-	// names it, or before that by the background scrub
+	// names it and reads its pages (Len and LayerLen do not), or before
+	// that by the background scrub
 	// ([Config.ScrubRate], [Store.Scrub]). A page that fails damages
 	// the sequences naming it: the operation returns an error wrapping
 	// [ErrDamaged] and tier.ErrCorrupt, the sequence is released, and
