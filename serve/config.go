@@ -169,7 +169,9 @@ type Config struct {
 	// selection options (whose engine its reservation sizes) and, with a
 	// Cluster, every request reserve their whole context as without it.
 	// A request whose whole context could never fit the pool is still
-	// refused (400). Off by default.
+	// refused (400). On by default (DefaultConfig); off, every request
+	// reserves its whole context when it starts, so fewer run at once
+	// but none is ever preempted.
 	GrowReservations bool
 	// MaxRunning caps the sequences prefilling or decoding at once, the
 	// decode batch (16); each choice of a request (n, a batch of
@@ -245,11 +247,11 @@ type Config struct {
 	// OpenAI's legacy completions), or RestOfContext (-1): the rest of
 	// the context after the prompt (the longest of a batch), vLLM's
 	// default, which needs a context bound (MaxContext or the model's
-	// positions). A started request reserves the pages of its prompt
-	// plus max_tokens in the pool at once (the reservation does not grow
-	// as it generates), so with RestOfContext every request without
-	// max_tokens reserves a whole max_model_len of pages and fewer run
-	// at once. A completion that reaches max_tokens ends with
+	// positions). Without GrowReservations (or for a request that
+	// does not grow) a started request reserves the pages of its prompt
+	// plus max_tokens in the pool at once, so with RestOfContext every
+	// such request reserves a whole max_model_len of pages and fewer run
+	// at once; growing requests reserve only what they fill. A completion that reaches max_tokens ends with
 	// finish_reason "length"; a prompt plus max_tokens past the context
 	// or the pool gets 400 context_length_exceeded.
 	DefaultMaxTokens int
@@ -335,6 +337,7 @@ func DefaultConfig() Config {
 		Monitor:              MonitorConfig{Queue: 64, TopR: 10},
 		History:              64,
 		PrefixCaching:        true,
+		GrowReservations:     true,
 	}
 }
 

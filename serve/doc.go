@@ -135,20 +135,24 @@
 // caps; otherwise it gets 429 with Retry-After, naming questd
 // --max-queued, and nothing changes (a request that could never fit the
 // pool or the caps gets 400 naming n, or prompt). Queued requests start
-// in admission order, each when the pages its choices' prompts and
-// max_tokens can fill fit the engine's pool next to the pages the
-// running requests have reserved: a request that does not fit now
-// waits in the queue (bounded by the request timeout) until running
-// ones end, and the requests behind it wait too, so none is overtaken
-// for ever. A started request therefore never runs out of pages. With
-// [Config.GrowReservations] a request of one sequence reserves instead
-// the pages of its prompt and next token when it starts and a page more
-// as its decode steps open one; when the pool has none left, the newest
-// running request is preempted (its pages back to the pool, it waits at
-// the front of the queue and runs again from its prompt and the tokens
-// it had generated, with the same greedy tokens). On a cluster ([Config.Cluster]) a request's
-// sequence is created, at its turn to prefill, on a goroutine of its own
-// (a grid opening may take seconds) that hands it to the scheduler at an
-// iteration boundary; the running requests go on decoding meanwhile. A
-// cluster that cannot hold the request's grid answers it with 503.
+// in admission order, each when the pages it reserves fit the engine's
+// pool next to the pages the running requests have reserved: a request
+// that does not fit now waits in the queue (bounded by the request
+// timeout) until running ones end, and the requests behind it wait too,
+// so none is overtaken for ever. By default ([Config.GrowReservations],
+// as vLLM) a request of one sequence reserves the pages of its prompt
+// and next token when it starts and a page more as its decode steps
+// open one; when the pool has none left, the newest running request is
+// preempted (its pages back to the pool, it waits at the front of the
+// queue and runs again from its prompt and the tokens it had generated,
+// with the same greedy tokens), so a request never gives its pages to
+// a newer one and the pool cannot deadlock. Requests of several sequences (n, a batch of
+// prompts), of their own selection options, on a cluster, and every
+// request with GrowReservations off reserve the pages their prompts and
+// max_tokens can fill when they start, and so never run out of pages.
+// On a cluster ([Config.Cluster]) a request's sequence is created, at
+// its turn to prefill, on a goroutine of its own (a grid opening may
+// take seconds) that hands it to the scheduler at an iteration
+// boundary; the running requests go on decoding meanwhile. A cluster
+// that cannot hold the request's grid answers it with 503.
 package serve

@@ -518,14 +518,16 @@ func TestRequestTimeout(t *testing.T) {
 	}
 }
 
-// TestQueueNoOvertaking: a request at the head of the queue that waits
-// for pages (13 beside a running request's 13, of 20) is not overtaken
-// by a small one behind it that would fit now (1 page): the small one
-// starts no earlier than the big one, which starts after the running
-// one ended.
+// TestQueueNoOvertaking: with whole-context reservations (the
+// reservation mode it tests: growing ones would start the big request
+// beside the first with 7 pages), a request at the head of the queue
+// that waits for pages (13 beside a running request's 13, of 20) is not
+// overtaken by a small one behind it that would fit now (1 page): the
+// small one starts no earlier than the big one, which starts after the
+// running one ended.
 func TestQueueNoOvertaking(t *testing.T) {
 	cfg := testConfig("tiny")
-	cfg.CapacityPages = 20
+	cfg.CapacityPages, cfg.GrowReservations = 20, false
 	s, ts, release, runs := heldRuns(t, cfg)
 	url := ts.URL + "/v1/completions"
 	bodies := []string{

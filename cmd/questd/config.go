@@ -445,7 +445,7 @@ type ServeConfig struct {
 	// GrowReservations reserves a request's pages as it grows, and
 	// preempts the newest request when the pool runs out
 	// (serve.Config.GrowReservations) [--grow-reservations]. Default
-	// false: a request reserves its whole context when it starts.
+	// true; false: a request reserves its whole context when it starts.
 	GrowReservations bool
 	// GPUMemoryUtilization is, with Layout device and CapacityPages 0,
 	// the share of the GPU's total memory questd takes in all (weights,

@@ -85,12 +85,12 @@ func TestServePoolDefaults(t *testing.T) {
 }
 
 // TestGrowReservationsFlag: --grow-reservations reaches the server's
-// config, off by default.
+// config, on by default; --grow-reservations=false turns it off.
 func TestGrowReservationsFlag(t *testing.T) {
 	for _, c := range []struct {
 		args []string
 		want bool
-	}{{nil, false}, {[]string{"--grow-reservations"}, true}} {
+	}{{nil, true}, {[]string{"--grow-reservations"}, true}, {[]string{"--grow-reservations=false"}, false}} {
 		cfg, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
 		if err != nil {
 			t.Fatal(err)
