@@ -10,13 +10,22 @@ import (
 // together, takes about Config.MaxITLFactor times the decode step alone
 // (the running streams' inter-token latency while a prompt prefills).
 //
-// It learns two costs from what the scheduler measured: the decode
+// It learns the costs from what the scheduler measured: the decode
 // step's time (an exponentially weighted moving average) and a prompt
-// token's prefill time as a line in the context it is prefilled at,
-// a + b*context (the dense prefill attention reads the whole context),
-// fitted by exponentially weighted least squares over the recent
-// chunks. A chunk of n tokens starting at context c then costs
-// n*(a + b*(c + (n-1)/2)).
+// chunk's prefill time as a fixed cost F per chunk plus a line per
+// token in the context it is prefilled at, a + b*context (the dense
+// prefill attention reads the whole context), fitted by exponentially
+// weighted least squares over the recent chunks. A chunk of n tokens
+// starting at context c then costs F + n*(a + b*(c + (n-1)/2)). F is
+// what a chunk costs whatever its tokens (every layer's weights read
+// once, the kernels' start): on a 2-core CPU it is about the time of a
+// decode step of a few streams (2026-12-07-prefill-chunk-cost-cpu.md),
+// so that chunks of a token or two cost mostly F. F is fitted only
+// while the recent chunks differ enough in their token counts (else it
+// cannot be told from a); in between the last fitted F holds (0 before
+// any: the per-token line alone). A chunk is not run until its tokens'
+// time is at least itlMinUseful times F (the allowance carries over),
+// so that prefill beside decoding streams is not spent mostly on F.
 //
 // It is pure arithmetic on durations handed in: the scheduler owns the
 // clock, and tests drive it with made-up costs. Not safe for
@@ -30,6 +39,12 @@ type itlBudget struct {
 	// the mean context of a chunk's tokens, y its time per token in
 	// seconds; w is the sum of the weights.
 	w, sx, sy, sxx, sxy float64
+	// The sums of u, 1/n of a chunk of n tokens (the share of F in its
+	// time per token), for the fixed cost's fit.
+	su, suu, sxu, suy float64
+	// fixed is the fitted fixed cost of a chunk, in seconds: the last
+	// fit while the chunks' token counts differed enough (0 before).
+	fixed float64
 	// credit is the allowance, in seconds, of the iterations in a row
 	// that prefilled nothing because one prompt token did not fit
 	// (held): the next iteration may spend it, so that a token costlier
@@ -56,6 +71,16 @@ const (
 	// whatever its predicted cost (progress, even when the fitted costs
 	// are wrong).
 	itlMaxHeld = 16
+	// itlMinUseful is the least time of a chunk's tokens, as a share of
+	// the chunk's fixed cost, for it to run beside decoding streams
+	// (unless forced): 1, at most half of a chunk's time is its fixed
+	// cost.
+	itlMinUseful = 1.0
+	// itlFixedSpread is the least variance of 1/n over the recent chunks,
+	// as a share of its squared mean, for the fixed cost to be fitted (1/n
+	// must differ by about a tenth of its mean: chunks of 2 and 3 tokens
+	// do, of 7 and 8 do not).
+	itlFixedSpread = 0.01
 )
 
 // newITLBudget returns the budget for factor (Config.MaxITLFactor, at
@@ -83,28 +108,82 @@ func (b *itlBudget) observePrefill(c, n int, d time.Duration) {
 	}
 	x := float64(c) + float64(n-1)/2 // the mean context of its tokens
 	y := d.Seconds() / float64(n)
+	u := 1 / float64(n)
 	k := itlPrefillDecay
 	b.w = k*b.w + 1
 	b.sx = k*b.sx + x
 	b.sy = k*b.sy + y
 	b.sxx = k*b.sxx + x*x
 	b.sxy = k*b.sxy + x*y
+	b.su = k*b.su + u
+	b.suu = k*b.suu + u*u
+	b.sxu = k*b.sxu + x*u
+	b.suy = k*b.suy + u*y
+	if f, ok := b.fitFixed(); ok {
+		b.fixed = f
+	}
 }
 
-// line returns the fitted per-token cost: mean context mx, mean cost
-// my, slope (seconds per token per token of context, never negative),
-// and whether there is any observation. With the observations at one
-// context (no spread to fit a slope on) the slope is 0.
+// fitFixed fits the per-chunk cost F of y = a + b*x + F*u (y a chunk's
+// time per token, x its mean context, u = 1/n) over the weighted
+// observations; ok is false when their 1/n do not spread enough to
+// tell F from a (itlFixedSpread). F is at least 0, and at most what
+// leaves the mean per-token cost itlFloor of the mean.
+func (b *itlBudget) fitFixed() (f float64, ok bool) {
+	if b.w == 0 {
+		return 0, false
+	}
+	mx, my, mu := b.sx/b.w, b.sy/b.w, b.su/b.w
+	vu := b.suu/b.w - mu*mu
+	if vu <= itlFixedSpread*mu*mu {
+		return 0, false
+	}
+	vx := b.sxx/b.w - mx*mx
+	cxu, cxy, cuy := b.sxu/b.w-mx*mu, b.sxy/b.w-mx*my, b.suy/b.w-mu*my
+	f = cuy / vu // no spread of contexts: y = a' + F*u
+	if vx > 1e-9*(1+mx*mx) {
+		if det := vx*vu - cxu*cxu; det > 1e-6*vx*vu {
+			slope := (cxy*vu - cuy*cxu) / det
+			f = (cuy*vx - cxy*cxu) / det
+			if slope < 0 { // the slope is clamped to 0 (line): F alone
+				f = cuy / vu
+			}
+		}
+	}
+	if f < 1e-9 { // rounding's, or a cost falling with 1/n
+		f = 0
+	}
+	return min(f, (1-itlFloor)*my/mu), true
+}
+
+// line returns the fitted per-token cost net of the chunks' fixed cost
+// (b.fixed): mean context mx, mean cost my, slope (seconds per token
+// per token of context, never negative), and whether there is any
+// observation. With the observations at one context (no spread to fit
+// a slope on) the slope is 0.
 func (b *itlBudget) line() (mx, my, slope float64, ok bool) {
 	if b.w == 0 {
 		return 0, 0, 0, false
 	}
-	mx, my = b.sx/b.w, b.sy/b.w
+	f := b.fixedCost()
+	mx, my = b.sx/b.w, b.sy/b.w-f*b.su/b.w
 	vx := b.sxx/b.w - mx*mx
 	if vx > 1e-9*(1+mx*mx) {
-		slope = max(0, (b.sxy/b.w-mx*my)/vx)
+		// The covariance of x with y - F*u.
+		c := b.sxy/b.w - f*b.sxu/b.w - mx*my
+		slope = max(0, c/vx)
 	}
 	return mx, my, slope, true
+}
+
+// fixedCost is the fixed cost of a chunk in seconds: the last fitted,
+// at most what leaves the recent chunks' mean per-token cost itlFloor
+// of their mean (a fit from older chunks must not make tokens free).
+func (b *itlBudget) fixedCost() float64 {
+	if b.fixed == 0 || b.su == 0 {
+		return 0
+	}
+	return min(b.fixed, (1-itlFloor)*b.sy/b.su)
 }
 
 // perToken is the predicted prefill time of one token at context c, in
@@ -129,8 +208,10 @@ func (b *itlBudget) allowance() (float64, bool) {
 
 // tokens returns how many prompt tokens, starting at context c, fit
 // time seconds of prefill by the fitted costs: the largest n with
-// n*(p + slope*(n-1)/2) <= time, p the per-token cost at c. With no
-// observation yet it returns 1 (a probe: its time is the first
+// F + n*(p + slope*(n-1)/2) <= time, F the chunk's fixed cost and p the
+// per-token cost at c; 0 when those tokens' time would be less than
+// itlMinUseful times F (the caller holds and the time carries over).
+// With no observation yet it returns 1 (a probe: its time is the first
 // observation). The result is at least 0; callers cap it.
 func (b *itlBudget) tokens(c int, time float64) int {
 	_, _, slope, _ := b.line()
@@ -138,6 +219,8 @@ func (b *itlBudget) tokens(c int, time float64) int {
 	if !ok {
 		return 1
 	}
+	f := b.fixedCost()
+	time -= f
 	if time <= 0 {
 		return 0
 	}
@@ -157,18 +240,22 @@ func (b *itlBudget) tokens(c int, time float64) int {
 	if n > 1<<30 {
 		return 1 << 30
 	}
-	return int(max(0, n))
+	if n < 1 || f > 0 && n*(p+slope*(n-1)/2) < itlMinUseful*f {
+		return 0
+	}
+	return int(n)
 }
 
 // cost is the predicted time of a chunk of n tokens starting at
-// context c, in seconds (0 with no observation).
+// context c, its fixed cost included, in seconds (0 with no
+// observation).
 func (b *itlBudget) cost(c, n int) float64 {
 	_, _, slope, _ := b.line()
 	p, ok := b.perToken(float64(c))
 	if !ok || n < 1 {
 		return 0
 	}
-	return float64(n) * (p + slope*float64(n-1)/2)
+	return b.fixedCost() + float64(n)*(p+slope*float64(n-1)/2)
 }
 
 // hold records an iteration that prefilled nothing while a prompt
