@@ -22,8 +22,8 @@ import (
 // decode step of a few streams (2026-12-07-prefill-chunk-cost-cpu.md),
 // so that chunks of a token or two cost mostly F. F is fitted only
 // while the recent chunks differ enough in their token counts (else it
-// cannot be told from a); in between the last fitted F holds (0 before
-// any: the per-token line alone). A chunk is not run until its tokens'
+// cannot be told from a), and its fits are averaged; in between the
+// average holds (0 before any fit: the per-token line alone). A chunk is not run until its tokens'
 // time is at least itlMinUseful times F (the allowance carries over),
 // so that prefill beside decoding streams is not spent mostly on F.
 //
@@ -42,9 +42,12 @@ type itlBudget struct {
 	// The sums of u, 1/n of a chunk of n tokens (the share of F in its
 	// time per token), for the fixed cost's fit.
 	su, suu, sxu, suy float64
-	// fixed is the fitted fixed cost of a chunk, in seconds: the last
-	// fit while the chunks' token counts differed enough (0 before).
+	// fixed is the fixed cost of a chunk, in seconds: the moving
+	// average of its fits (itlFixedWeight), one for each chunk observed
+	// while the recent chunks' token counts differed enough (0 before
+	// any); fits counts them.
 	fixed float64
+	fits  int
 	// credit is the allowance, in seconds, of the iterations in a row
 	// that prefilled nothing because one prompt token did not fit
 	// (held): the next iteration may spend it, so that a token costlier
@@ -81,6 +84,10 @@ const (
 	// must differ by about a tenth of its mean: chunks of 2 and 3 tokens
 	// do, of 7 and 8 do not).
 	itlFixedSpread = 0.01
+	// itlFixedWeight is the weight of the newest fit of the fixed cost
+	// in its moving average: a chunk's time on a busy CPU is noisy, and
+	// one fit over a few chunks of nearby token counts with it.
+	itlFixedWeight = 0.2
 )
 
 // newITLBudget returns the budget for factor (Config.MaxITLFactor, at
@@ -120,17 +127,24 @@ func (b *itlBudget) observePrefill(c, n int, d time.Duration) {
 	b.sxu = k*b.sxu + x*u
 	b.suy = k*b.suy + u*y
 	if f, ok := b.fitFixed(); ok {
-		b.fixed = f
+		if b.fits == 0 {
+			b.fixed = f
+		} else {
+			b.fixed += itlFixedWeight * (f - b.fixed)
+		}
+		b.fits++
 	}
 }
 
 // fitFixed fits the per-chunk cost F of y = a + b*x + F*u (y a chunk's
 // time per token, x its mean context, u = 1/n) over the weighted
-// observations; ok is false when their 1/n do not spread enough to
-// tell F from a (itlFixedSpread). F is at least 0, and at most what
-// leaves the mean per-token cost itlFloor of the mean.
+// observations; ok is false with fewer than 3 chunks' weight, when their
+// 1/n do not spread enough to tell F from a (itlFixedSpread), or when
+// 1/n and the context move together (no telling F from b). F is at least
+// 0, and at most what leaves the mean per-token cost itlFloor of the
+// mean.
 func (b *itlBudget) fitFixed() (f float64, ok bool) {
-	if b.w == 0 {
+	if b.w < 2.5 {
 		return 0, false
 	}
 	mx, my, mu := b.sx/b.w, b.sy/b.w, b.su/b.w
@@ -142,13 +156,13 @@ func (b *itlBudget) fitFixed() (f float64, ok bool) {
 	cxu, cxy, cuy := b.sxu/b.w-mx*mu, b.sxy/b.w-mx*my, b.suy/b.w-mu*my
 	f = cuy / vu // no spread of contexts: y = a' + F*u
 	if vx > 1e-9*(1+mx*mx) {
-		if det := vx*vu - cxu*cxu; det > 1e-6*vx*vu {
-			slope := (cxy*vu - cuy*cxu) / det
-			f = (cuy*vx - cxy*cxu) / det
-			if slope < 0 { // the slope is clamped to 0 (line): F alone
-				f = cuy / vu
-			}
+		det := vx*vu - cxu*cxu
+		if det <= 1e-6*vx*vu {
+			return 0, false
 		}
+		if slope := (cxy*vu - cuy*cxu) / det; slope >= 0 {
+			f = (cuy*vx - cxy*cxu) / det
+		} // else the slope is clamped to 0 (line): F alone
 	}
 	if f < 1e-9 { // rounding's, or a cost falling with 1/n
 		f = 0

@@ -299,6 +299,8 @@ func (s *Server) prefill(budget int, lim prefillLimit) (int, bool, bool) {
 				took = s.hooks.prefillTook(j.filled, n)
 			}
 			s.itl.observePrefill(j.filled, n, took)
+			s.log.Debug("prefill chunk", "request", j.id, "context", j.filled, "tokens", n, "took", took, "decoding", lim.on,
+				"fixed_cost", time.Duration(s.itl.fixedCost()*1e9), "decode_step", time.Duration(s.itl.decode*1e9))
 			lim.seconds -= took.Seconds()
 		}
 		s.count(func(st *Stats) { st.PrefillChunks++; st.PromptTokens += uint64(n) })
