@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -77,16 +78,19 @@ func BenchmarkPrefillITL(b *testing.B) {
 // streams' decode step grows with their context during the prefill;
 // tokens=N/relaunch/default=D measures streams of 256 tokens each, sent
 // again as each ends, whose decode step stays put, so that the windows
-// before and after compare like with like.
+// before and after compare like with like; tokens=N/relaunch/
+// default=pertoken is the new defaults with the budget's per-chunk fixed
+// cost left out (the default of 2026-12-07's morning), so that the two
+// compare.
 func BenchmarkPrefillITLDefaults(b *testing.B) {
 	m, tok, dir := passkeyModel(b)
 	name := dir[strings.LastIndex(dir, "/")+1:]
-	for _, n := range []int{8192, 16384, 32767} {
+	for _, n := range []int{4096, 8192, 16384, 32767} {
 		long := itlPrompt(n)
 		for _, v := range []struct {
 			sub, def string
 			relaunch bool
-		}{{"", "old", false}, {"", "new", false}, {"relaunch/", "old", true}, {"relaunch/", "new", true}} {
+		}{{"", "old", false}, {"", "new", false}, {"relaunch/", "old", true}, {"relaunch/", "new", true}, {"relaunch/", "pertoken", true}} {
 			def := v.def
 			b.Run(fmt.Sprintf("tokens=%d/%sdefault=%s", n, v.sub, def), func(b *testing.B) {
 				for range b.N {
@@ -104,8 +108,14 @@ func BenchmarkPrefillITLDefaults(b *testing.B) {
 						cfg.MaxITLFactor = 0
 					}
 					cfg.RequestTimeout = 0
-					_, ts := startServer(b, m, tok, cfg)
+					s, err := newServer(m, tok, cfg, hooks{perTokenOnly: def == "pertoken"})
+					if err != nil {
+						b.Fatal(err)
+					}
+					ts := httptest.NewServer(s)
 					reportITL(b, measureITL(b, ts.URL, name, long, 4, streamTokens, v.relaunch), n)
+					ts.Close()
+					s.Close()
 				}
 			})
 		}

@@ -48,6 +48,9 @@ type itlBudget struct {
 	// any); fits counts them.
 	fixed float64
 	fits  int
+	// perTokenOnly leaves the fixed cost out (hooks.perTokenOnly): the
+	// per-token line absorbs it, and a chunk runs once a token fits.
+	perTokenOnly bool
 	// credit is the allowance, in seconds, of the iterations in a row
 	// that prefilled nothing because one prompt token did not fit
 	// (held): the next iteration may spend it, so that a token costlier
@@ -194,7 +197,7 @@ func (b *itlBudget) line() (mx, my, slope float64, ok bool) {
 // at most what leaves the recent chunks' mean per-token cost itlFloor
 // of their mean (a fit from older chunks must not make tokens free).
 func (b *itlBudget) fixedCost() float64 {
-	if b.fixed == 0 || b.su == 0 {
+	if b.perTokenOnly || b.fixed == 0 || b.su == 0 {
 		return 0
 	}
 	return min(b.fixed, (1-itlFloor)*b.sy/b.su)

@@ -186,8 +186,12 @@ type hooks struct {
 	// prefillTook and decodeTook, when set, replace the measured times
 	// that the latency budget (Config.MaxITLFactor) learns from: a
 	// prefill chunk of n tokens at context c, a decode step of rows.
-	prefillTook func(c, n int) time.Duration
-	decodeTook  func(rows int) time.Duration
+	// perTokenOnly, when set, leaves the per-chunk fixed cost out of
+	// the ITL budget (the per-token line alone, as before 2026-12-07's
+	// fixed cost), for the benchmark that compares the two.
+	perTokenOnly bool
+	prefillTook  func(c, n int) time.Duration
+	decodeTook   func(rows int) time.Duration
 }
 
 func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Server, error) {
@@ -266,6 +270,7 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 		grids: map[gridKey]*policyGrid{}}
 	if cfg.MaxITLFactor > 0 {
 		s.itl = newITLBudget(cfg.MaxITLFactor)
+		s.itl.perTokenOnly = hk.perTokenOnly
 	}
 	t := now()
 	s.created = t.Unix()
