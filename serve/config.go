@@ -199,8 +199,12 @@ type Config struct {
 	// decode, to this many times their decode step alone: the iteration
 	// prefills only as many prompt tokens as fit (factor - 1) decode
 	// steps by the costs the scheduler measures (the decode step's
-	// moving average, and a prompt token's prefill time as a line in its
-	// context, which the dense prefill attention reads whole). It keeps
+	// moving average, and a prompt chunk's prefill time as a fixed cost
+	// per chunk plus a line per token in its context, which the dense
+	// prefill attention reads whole), and a chunk only once its tokens
+	// take at least its fixed cost (on a 2-core CPU the fixed cost is
+	// about a decode step of a few streams, so one-token chunks were
+	// mostly fixed cost: 2026-12-07-prefill-chunk-cost-cpu.md). It keeps
 	// the running streams' inter-token latency near factor times their
 	// decode step while a long prompt prefills, whatever the prompt's
 	// context; MaxBatchedTokens and ChunkTokens still bound the tokens.
