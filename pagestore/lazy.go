@@ -385,6 +385,25 @@ func (s *Store) scrub(ctx context.Context, ids []SeqID, rate int64) {
 	}
 }
 
+// DamagedFrom returns the sequences a [VerifyOnRead] store released
+// since [New] because a page of theirs failed its check (at first use
+// or by the scrub), from the from-th on, in the order they were found:
+// [ScrubReport.Damaged][from:], without copying the rest of the report.
+// A caller that keeps how many it has seen learns of each once.
+func (s *Store) DamagedFrom(from int) []DamagedSeq {
+	pr := s.pers
+	if pr == nil {
+		return nil
+	}
+	l := &pr.lazy
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if from >= len(l.rep.Damaged) {
+		return nil
+	}
+	return slices.Clone(l.rep.Damaged[from:])
+}
+
 // Scrub says what a [VerifyOnRead] store has read and checked of its
 // recovered pages since [New] (a zero report otherwise).
 func (s *Store) Scrub() ScrubReport {

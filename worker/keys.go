@@ -11,8 +11,8 @@ const MaxKeysPages = 1 << 16
 
 // Keys implements Worker.
 func (l *Local) Keys(ctx context.Context, m KeysRequest, rep *KeysReply) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	rep.K = rep.K[:0]
 	if l.closed {
 		return ErrClosed

@@ -53,6 +53,15 @@ type Local struct {
 	// marked are the entry keys whose step marker is committed
 	// (stepmark.go): deleted at EndStep.
 	marked map[uint64]bool
+
+	// Damage found after the open (damage.go): the stores' releases
+	// not handled yet, the live sequences (by id) and parked ones (by
+	// key) dropped for it, and all of them in the order found.
+	damagePending []damageEvent
+	lost          map[uint64]lostSeq
+	lostKeys      map[uint64]lostSeq
+	damagedSince  []DamagedSeq
+	storesClosed  bool // Close closed the ranks' shards
 }
 
 var _ Worker = (*Local)(nil)
@@ -65,6 +74,9 @@ type rank struct {
 	g      *collective.Group
 	mirror *shard.Mirror // Replicated only
 	w      rankWork
+	// damagedSeen is how many of its store's damaged sequences
+	// (pagestore.Store.DamagedFrom) the worker has handled.
+	damagedSeen int
 }
 
 // seqState is a sequence of the worker: its layout and its store ids on
@@ -117,7 +129,8 @@ func NewLocal(cfg Config, ranks []RankSpec) (*Local, error) {
 		return nil, err
 	}
 	cfg.Policy = cfg.policy()
-	l := &Local{cfg: cfg, byRank: map[Rank]int{}, seqs: map[uint64]*seqState{}, parked: map[uint64]*seqState{}}
+	l := &Local{cfg: cfg, byRank: map[Rank]int{}, seqs: map[uint64]*seqState{}, parked: map[uint64]*seqState{},
+		lost: map[uint64]lostSeq{}, lostKeys: map[uint64]lostSeq{}}
 	if cfg.DataDir != "" {
 		ids := make([]Rank, len(ranks))
 		for i, sp := range ranks {
@@ -161,6 +174,11 @@ func NewLocal(cfg Config, ranks []RankSpec) (*Local, error) {
 			l.Close()
 			return nil, err
 		}
+		// Damage a scrub found during the recovery: recoverTable
+		// reported it (or the sequence is dropped now).
+		l.mu.Lock()
+		l.sweepDamaged(false)
+		l.mu.Unlock()
 	}
 	return l, nil
 }
@@ -172,8 +190,8 @@ func NewLocal(cfg Config, ranks []RankSpec) (*Local, error) {
 // (ErrUnknownSequence, the first such) or one twice (ErrBadMessage). nil
 // when the batch is not larger; BeginStep checks the rest.
 func (l *Local) CheckBatch(n int, seqs iter.Seq[uint64]) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	return l.checkBatch(n, seqs)
 }
 
@@ -217,8 +235,8 @@ func (l *Local) Shard(r Rank) *shard.Shard {
 // the Worker boundary. The caller keeps the sequence from changing while
 // it reads the shard.
 func (l *Local) StoreSeq(seq uint64, r Rank) (pagestore.SeqID, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	i, ok := l.byRank[r]
 	if !ok {
 		return 0, fmt.Errorf("%w: %v", ErrNotHosted, r)
@@ -253,12 +271,15 @@ func (l *Local) Close() error {
 			first = fmt.Errorf("worker: close: the open step's appends are saved without their marker: %w", err)
 		}
 	}
+	l.sweepDamaged(true)
 	l.closed = true
 	for _, rk := range l.ranks {
 		if err := rk.sh.Close(); err != nil && first == nil {
 			first = err
 		}
 	}
+	l.storesClosed = true
+	l.sweepDamaged(true) // what the scrub found until it stopped
 	if l.db != nil {
 		if err := l.db.Close(); err != nil && first == nil {
 			first = fmt.Errorf("worker: close: %w", l.ioError("close sequence table", l.tablePath(), err))
@@ -283,6 +304,9 @@ func (l *Local) lookup(seq uint64) (*seqState, error) {
 	}
 	sq, ok := l.seqs[seq]
 	if !ok {
+		if ls, lost := l.lost[seq]; lost {
+			return nil, fmt.Errorf("sequence %d: %w", seq, ls.err)
+		}
 		return nil, fmt.Errorf("%w: %d", ErrUnknownSequence, seq)
 	}
 	return sq, nil

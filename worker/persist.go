@@ -321,6 +321,11 @@ func (l *Local) recoverTable() error {
 		sq := &seqState{layout: lay, key: it.Key, grid: e.Grid, nodes: e.Nodes, local: make([]pagestore.SeqID, len(l.ranks)),
 			recovered: &recoveredAs{seq: e.Seq, grid: e.Grid}}
 		err := it.Err
+		if err == nil && e.Damaged != "" {
+			// A tombstone (damage.go): dropped after an open, its
+			// store sequences released then.
+			err = fmt.Errorf("%w: found after an earlier open: %s", pagestore.ErrDamaged, e.Damaged)
+		}
 		if err == nil {
 			err = lay.Validate(c.KVHeads)
 		}
@@ -584,16 +589,16 @@ func globalMax(p plan.Place, S, k int) int {
 // report without one). Sequences lists the recovered sequences at
 // NewLocal, claimed ones included.
 func (l *Local) Recovery() RecoveryReport {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	return l.report
 }
 
 // Parked returns the keys of the recovered sequences not claimed or
 // dropped yet, in increasing order.
 func (l *Local) Parked() []uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	keys := make([]uint64, 0, len(l.parked))
 	for k := range l.parked {
 		keys = append(keys, k)
@@ -615,8 +620,8 @@ func (l *Local) ParkedCount() int { return int(l.nparked.Load()) }
 // (Config.GridID), whose workers claimed it under that id. [Local.Park]
 // undoes a claim.
 func (l *Local) Claim(ctx context.Context, key, seq uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	if l.closed {
 		return ErrClosed
 	}
@@ -625,6 +630,9 @@ func (l *Local) Claim(ctx context.Context, key, seq uint64) error {
 	}
 	sq, ok := l.parked[key]
 	if !ok {
+		if ls, lost := l.lostKeys[key]; lost {
+			return fmt.Errorf("claim recovered %d: %w", key, ls.err)
+		}
 		return fmt.Errorf("claim: %w: no recovered sequence %d", ErrUnknownSequence, key)
 	}
 	if _, ok := l.seqs[seq]; ok {
@@ -641,14 +649,15 @@ func (l *Local) Claim(ctx context.Context, key, seq uint64) error {
 	delete(l.parked, key)
 	l.nparked.Store(int64(len(l.parked)))
 	l.seqs[seq] = sq
+	_, _ = l.forgetLost(l.lost, seq)
 	return nil
 }
 
 // DropRecovered frees the recovered sequence key that nobody will claim:
 // its table entry and its pages on every hosted rank.
 func (l *Local) DropRecovered(ctx context.Context, key uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	if l.closed {
 		return ErrClosed
 	}
@@ -657,6 +666,13 @@ func (l *Local) DropRecovered(ctx context.Context, key uint64) error {
 	}
 	sq, ok := l.parked[key]
 	if !ok {
+		if ok, err := l.forgetLost(l.lostKeys, key); ok {
+			// Dropped as damaged (damage.go): its tombstone goes.
+			if err != nil {
+				return fmt.Errorf("drop recovered %d: %w", key, err)
+			}
+			return nil
+		}
 		return fmt.Errorf("drop recovered: %w: no recovered sequence %d", ErrUnknownSequence, key)
 	}
 	if err := l.deleteEntry(sq); err != nil {
@@ -685,8 +701,8 @@ func (l *Local) DropRecovered(ctx context.Context, key uint64) error {
 // is not live, ErrBadMessage when it was not claimed (created or forked
 // since the worker started) and ErrStepOpen when an open step holds it.
 func (l *Local) Park(ctx context.Context, seq uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -1,7 +1,9 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -598,8 +600,8 @@ func maxLen(l *Local, r RecoveredSeq) int {
 // close opens without reading a payload and recovers every sequence
 // (the damage is not seen yet); the first append to a damaged
 // sequence returns an error wrapping pagestore.ErrDamaged and
-// tier.ErrCorrupt, and so does every later one. With the default
-// VerifyAtOpen the same directory's damage is found at open instead.
+// tier.ErrCorrupt, and so does every later one. With VerifyAtOpen the
+// same directory's damage is found at open instead.
 func TestPersistVerifyOnReadDamage(t *testing.T) {
 	cfg := testConfig(Exact)
 	cfg.CP, cfg.Verify, cfg.ScrubRate = 1, pagestore.VerifyOnRead, -1
@@ -668,14 +670,235 @@ func TestPersistVerifyOnReadDamage(t *testing.T) {
 	l.Close()
 
 	// The same damage, verified at open: found there for sequence 2.
-	// Sequence 1's store sequence was released when its damage was
-	// found; the worker's table still names it (the worker does not
-	// drop a damaged sequence yet), so it is reported damaged again.
+	// Sequence 1 was dropped when its damage was found: its tombstone
+	// says so, with the checksum's failure as the reason.
 	cfg.Verify = pagestore.VerifyAtOpen
 	l = open(cfg)
 	defer l.Close()
 	rep = l.Recovery()
 	if len(rep.Sequences) != 0 || len(rep.Damaged) != 2 || rep.Damaged[0].Seq != 1 || rep.Damaged[1].Seq != 2 || !errors.Is(rep.Damaged[1].Err, tier.ErrCorrupt) {
 		t.Fatalf("open verifying at open: recovered %+v, damaged %+v; want both damaged, 2 corrupt", rep.Sequences, rep.Damaged)
+	}
+	if e := rep.Damaged[0].Err; !errors.Is(e, pagestore.ErrDamaged) || !strings.Contains(e.Error(), "checksum") || strings.Contains(e.Error(), "not persisted") {
+		t.Fatalf("sequence 1 damaged after the earlier open: %v, want ErrDamaged with its checksum failure", e)
+	}
+}
+
+// flipKeys flips one bit of the slab bytes that hold k (a token's keys,
+// as appended: float32) in rank r's slab of a worker data directory,
+// and fails unless they appear exactly once.
+func flipKeys(t *testing.T, dir string, r Rank, k []float32) {
+	t.Helper()
+	slab := filepath.Join(RankDir(dir, r), "slab-000000")
+	b, err := os.ReadFile(slab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pat := make([]byte, 0, 4*len(k))
+	for _, x := range k {
+		pat = binary.LittleEndian.AppendUint32(pat, math.Float32bits(x))
+	}
+	i := bytes.Index(b, pat)
+	if i < 0 || bytes.Index(b[i+1:], pat) >= 0 {
+		t.Fatalf("keys found at %d in %s (and again: %v)", i, slab, i >= 0)
+	}
+	b[i+1] ^= 0x40
+	if err := os.WriteFile(slab, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// seqKeys reads every page's keys of seq, layer by layer, on rank r.
+func seqKeys(t *testing.T, l *Local, seq uint64, r Rank, pages int) [][]float32 {
+	t.Helper()
+	var out [][]float32
+	for layer := range l.Config().Layers {
+		var rep KeysReply
+		if err := l.Keys(context.Background(), KeysRequest{Seq: seq, Rank: r, Layer: layer, From: 0, Count: pages}, &rep); err != nil {
+			t.Fatalf("keys of sequence %d layer %d: %v", seq, layer, err)
+		}
+		out = append(out, slices.Clone(rep.K))
+	}
+	return out
+}
+
+// TestPersistDamagedDropped: with pagestore.VerifyOnRead, a sequence
+// whose page fails its check after the open is dropped by the worker:
+// from its table (a tombstone naming the failure), from the live
+// sequences (every later call fails with pagestore.ErrDamaged) or the
+// parked ones (found by the scrub: Claim fails so, Parked omits it).
+// The next open reports it damaged with the check's failure as the
+// reason (not "store sequence N was not persisted"), and the undamaged
+// sequences' keys read back bit for bit after every open. Release and
+// DropRecovered forget a dropped sequence and its tombstone.
+func TestPersistDamagedDropped(t *testing.T) {
+	cfg := testConfig(Exact)
+	cfg.CP, cfg.Verify, cfg.ScrubRate = 1, pagestore.VerifyOnRead, -1
+	cfg.DataDir = t.TempDir()
+	be := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
+	defer be.Close()
+	open := func(c Config) *Local {
+		tr := collective.NewInprocGroup(1)
+		t.Cleanup(func() { tr[0].Close() })
+		l, err := NewLocal(c, []RankSpec{{Rank: Rank{}, Backend: be, Transport: tr[0]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(5, 5))
+	tok := cfg.KVHeads * cfg.HeadDim
+	const n, pages = 40, 3 // 40 tokens: two full pages of 16 and a tail
+	l := open(cfg)
+	first := map[uint64][]float32{} // each sequence's first token's keys in layer 0, head 0
+	for seq := uint64(1); seq <= 5; seq++ {
+		if err := l.Create(ctx, CreateRequest{Seq: seq, Layout: plan.Layout{CP: 1, TP: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		for layer := range cfg.Layers {
+			k := randVec(rng, n*tok)
+			if layer == 0 {
+				first[seq] = k[:cfg.HeadDim] // head 0 (a page holds each head's tokens together)
+			}
+			if err := l.Append(ctx, AppendRequest{Seq: seq, Layer: layer, Tokens: n, K: k, V: randVec(rng, n*tok)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := map[uint64][][]float32{}
+	for _, seq := range []uint64{2, 4} {
+		want[seq] = seqKeys(t, l, seq, Rank{}, pages)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	flipKeys(t, cfg.DataDir, Rank{}, first[1])
+	flipKeys(t, cfg.DataDir, Rank{}, first[3])
+	flipKeys(t, cfg.DataDir, Rank{}, first[5])
+	same := func(l *Local, seq uint64) {
+		t.Helper()
+		got := seqKeys(t, l, seq, Rank{}, pages)
+		for layer := range got {
+			if !equalBits(got[layer], want[seq][layer]) {
+				t.Fatalf("sequence %d layer %d: keys differ from those before the restart", seq, layer)
+			}
+		}
+	}
+	keyOf := func(rep RecoveryReport, seq uint64) uint64 {
+		for _, r := range rep.Sequences {
+			if r.Seq == seq {
+				return r.Key
+			}
+		}
+		t.Fatalf("sequence %d not recovered: %+v", seq, rep.Sequences)
+		return 0
+	}
+
+	// Open 1, no scrub: sequence 1 claimed and found damaged by its
+	// first append; 3 stays parked, its damage unseen.
+	l = open(cfg)
+	rep := l.Recovery()
+	if len(rep.Sequences) != 5 || len(rep.Damaged) != 0 {
+		t.Fatalf("lazy open: recovered %+v, damaged %+v; want all 5, none damaged yet", rep.Sequences, rep.Damaged)
+	}
+	for _, seq := range []uint64{1, 2, 4, 5} {
+		if err := l.Claim(ctx, keyOf(rep, seq), seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		err := l.Append(ctx, AppendRequest{Seq: 1, Layer: 0, Start: n, Tokens: 1, K: randVec(rng, tok), V: randVec(rng, tok)})
+		if !errors.Is(err, pagestore.ErrDamaged) || !errors.Is(err, tier.ErrCorrupt) {
+			t.Fatalf("append to damaged sequence 1: %v, want ErrDamaged and tier.ErrCorrupt", err)
+		}
+	}
+	// Sequence 5, damaged too, is released by its client: forgotten,
+	// tombstone and all.
+	if err := l.Append(ctx, AppendRequest{Seq: 5, Layer: 0, Start: n, Tokens: 1, K: randVec(rng, tok), V: randVec(rng, tok)}); !errors.Is(err, pagestore.ErrDamaged) {
+		t.Fatalf("append to damaged sequence 5: %v, want ErrDamaged", err)
+	}
+	if err := l.Release(ctx, ReleaseRequest{Seq: 5}); err != nil {
+		t.Fatalf("release of damaged sequence 5: %v", err)
+	}
+	if err := l.Append(ctx, AppendRequest{Seq: 5, Layer: 0, Start: n, Tokens: 1, K: randVec(rng, tok), V: randVec(rng, tok)}); !errors.Is(err, ErrUnknownSequence) {
+		t.Fatalf("append to released sequence 5: %v, want ErrUnknownSequence", err)
+	}
+	if d := l.Damaged(); len(d) != 2 || d[0].Seq != 1 || d[1].Seq != 5 || !errors.Is(d[0].Err, pagestore.ErrDamaged) {
+		t.Fatalf("damaged since the open: %+v, want sequences 1 and 5", d)
+	}
+	same(l, 2)
+	same(l, 4)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Open 2, with a scrub: sequence 1's tombstone is reported with
+	// its reason; the scrub finds parked sequence 3 damaged and the
+	// worker drops it.
+	cfg.ScrubRate = 1 << 30
+	l = open(cfg)
+	rep = l.Recovery()
+	if len(rep.Damaged) != 1 || rep.Damaged[0].Seq != 1 || len(rep.Sequences) != 3 || rep.OrphanSeqs != 0 {
+		t.Fatalf("second open: recovered %+v, damaged %+v, %d orphans; want 2, 3 and 4, 1 damaged, none", rep.Sequences, rep.Damaged, rep.OrphanSeqs)
+	}
+	if e := rep.Damaged[0].Err; !errors.Is(e, pagestore.ErrDamaged) || !strings.Contains(e.Error(), "checksum") || strings.Contains(e.Error(), "not persisted") {
+		t.Fatalf("sequence 1 after the restart: %v, want ErrDamaged naming the failed checksum", e)
+	}
+	st := l.Shard(Rank{}).Store()
+	deadline := time.Now().Add(10 * time.Second)
+	for st.Scrub().Running && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if sr := st.Scrub(); sr.Running || len(sr.Damaged) != 1 {
+		t.Fatalf("scrub: %+v, want done with one damaged sequence", sr)
+	}
+	var key3 uint64
+	for _, r := range rep.Sequences {
+		if r.Seq == 3 {
+			key3 = r.Key
+		}
+	}
+	if slices.Contains(l.Parked(), key3) {
+		t.Fatalf("parked %v still holds damaged sequence 3 (key %d)", l.Parked(), key3)
+	}
+	if d := l.Damaged(); len(d) != 1 || d[0].Seq != 3 || !errors.Is(d[0].Err, tier.ErrCorrupt) {
+		t.Fatalf("damaged since the open: %+v, want sequence 3", d)
+	}
+	if err := l.Claim(ctx, key3, 3); !errors.Is(err, pagestore.ErrDamaged) {
+		t.Fatalf("claim of damaged sequence 3: %v, want ErrDamaged", err)
+	}
+	for _, seq := range []uint64{2, 4} {
+		if err := l.Claim(ctx, keyOf(rep, seq), seq); err != nil {
+			t.Fatal(err)
+		}
+		same(l, seq)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Open 3, verifying at open: 3 reported with its reason, 2 and 4
+	// recovered whole.
+	cfg.Verify, cfg.ScrubRate = pagestore.VerifyAtOpen, -1
+	l = open(cfg)
+	rep = l.Recovery()
+	if len(rep.Sequences) != 2 || rep.Sequences[0].Seq != 2 || rep.Sequences[1].Seq != 4 || len(rep.Damaged) != 1 || rep.Damaged[0].Seq != 3 {
+		t.Fatalf("third open: recovered %+v, damaged %+v; want 2 and 4, 3 damaged", rep.Sequences, rep.Damaged)
+	}
+	if e := rep.Damaged[0].Err; !errors.Is(e, pagestore.ErrDamaged) || !strings.Contains(e.Error(), "checksum") || strings.Contains(e.Error(), "not persisted") {
+		t.Fatalf("sequence 3 after the restart: %v, want ErrDamaged naming the failed checksum", e)
+	}
+	if rep.OrphanSeqs != 0 {
+		t.Fatalf("third open released %d orphans, want 0", rep.OrphanSeqs)
+	}
+	for _, seq := range []uint64{2, 4} {
+		if err := l.Claim(ctx, keyOf(rep, seq), seq); err != nil {
+			t.Fatal(err)
+		}
+		same(l, seq)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

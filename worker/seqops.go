@@ -10,8 +10,8 @@ import (
 
 // Create implements Worker.
 func (l *Local) Create(ctx context.Context, m CreateRequest) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	if l.closed {
 		return ErrClosed
 	}
@@ -46,13 +46,14 @@ func (l *Local) Create(ctx context.Context, m CreateRequest) error {
 		}
 	}
 	l.seqs[m.Seq] = sq
+	_, _ = l.forgetLost(l.lost, m.Seq) // an id reused: its tombstone goes
 	return nil
 }
 
 // Fork implements Worker.
 func (l *Local) Fork(ctx context.Context, m ForkRequest) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	sq, err := l.mutable(m.Parent)
 	if err != nil {
 		return fmt.Errorf("fork: %w", err)
@@ -102,13 +103,21 @@ func (l *Local) Fork(ctx context.Context, m ForkRequest) error {
 		}
 	}
 	l.seqs[m.Child] = child
+	_, _ = l.forgetLost(l.lost, m.Child)
 	return nil
 }
 
 // Release implements Worker.
 func (l *Local) Release(ctx context.Context, m ReleaseRequest) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
+	if ok, err := l.forgetLost(l.lost, m.Seq); ok {
+		// Dropped as damaged (damage.go): its tombstone goes.
+		if err != nil {
+			return fmt.Errorf("release damaged sequence %d: %w", m.Seq, err)
+		}
+		return nil
+	}
 	sq, err := l.mutable(m.Seq)
 	if err != nil {
 		return fmt.Errorf("release: %w", err)
@@ -133,8 +142,8 @@ func (l *Local) Release(ctx context.Context, m ReleaseRequest) error {
 
 // Check implements Worker.
 func (l *Local) Check(ctx context.Context, m CheckRequest) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	sq, err := l.mutable(m.Seq)
 	if err != nil {
 		return fmt.Errorf("check: %w", err)
@@ -185,8 +194,8 @@ func (l *Local) Check(ctx context.Context, m CheckRequest) error {
 
 // Append implements Worker.
 func (l *Local) Append(ctx context.Context, m AppendRequest) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	sq, err := l.mutable(m.Seq)
 	if err != nil {
 		return fmt.Errorf("append: %w", err)
@@ -240,8 +249,8 @@ func (l *Local) Append(ctx context.Context, m AppendRequest) error {
 
 // Rollback implements Worker.
 func (l *Local) Rollback(ctx context.Context, m RollbackRequest) (RollbackReply, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	sq, err := l.mutable(m.Seq)
 	if err != nil {
 		return RollbackReply{}, fmt.Errorf("rollback: %w", err)

@@ -59,8 +59,8 @@ func (st *stepState) reset(m BeginRequest, ranks int) {
 
 // BeginStep implements Worker.
 func (l *Local) BeginStep(ctx context.Context, m BeginRequest) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	if l.closed {
 		return ErrClosed
 	}
@@ -187,8 +187,8 @@ func (l *Local) plan(layer int, s StepSeq, dense bool) (plan.Plan, error) {
 
 // Layer implements Worker.
 func (l *Local) Layer(ctx context.Context, m LayerRequest, rep *LayerReply) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	rep.Ranks = resizeOutputs(rep.Ranks, len(l.ranks))
 	for i, rk := range l.ranks {
 		rep.Ranks[i].Rank, rep.Ranks[i].Appended = rk.id, 0
@@ -311,8 +311,8 @@ func (l *Local) checkLayerRequest(st *stepState, m LayerRequest) ([]int, error) 
 // layer, and a bad list must not stop the step from ending and the
 // valid layers' tags from being forgotten.
 func (l *Local) EndStep(ctx context.Context, m EndRequest) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	st := l.step
 	if st == nil || st.id != m.Step {
 		return fmt.Errorf("end step %d: %w: not the open step", m.Step, ErrStep)

@@ -55,8 +55,8 @@ var _ TensorWorker = (*Local)(nil)
 // selection, no replicated mirror, and a shard that takes device tensors
 // (shard.Shard.TensorDevice).
 func (l *Local) TensorDevice() (decode.Device, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	return l.tensorDevice()
 }
 
@@ -69,8 +69,8 @@ func (l *Local) tensorDevice() (decode.Device, bool) {
 
 // CheckTensor implements TensorWorker.
 func (l *Local) CheckTensor(what string, t decode.Tensor, n int) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	if _, ok := l.tensorDevice(); !ok {
 		return fmt.Errorf("%w: this worker takes host tensors only", decode.ErrDeviceTensor)
 	}
@@ -79,8 +79,8 @@ func (l *Local) CheckTensor(what string, t decode.Tensor, n int) error {
 
 // LayerTensor implements TensorWorker.
 func (l *Local) LayerTensor(ctx context.Context, step uint64, layer int, q, k, v, o, lse decode.Tensor) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	if l.closed {
 		return 0, ErrClosed
 	}
@@ -213,8 +213,8 @@ func (l *Local) AppendTensor(ctx context.Context, seq uint64, layer, start int, 
 // tensorChunk checks a chunk of device tokens for layer of seq (which
 // must hold start tokens there) and runs it on the one rank's shard.
 func (l *Local) tensorChunk(ctx context.Context, op string, seq uint64, layer, start int, run func(*shard.Shard, pagestore.SeqID) error) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.lock()
+	defer l.unlock()
 	if l.closed {
 		return ErrClosed
 	}

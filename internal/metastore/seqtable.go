@@ -128,6 +128,13 @@ type Entry struct {
 	// Ranks name the sequence's store sequence on every hosted rank, in
 	// the format's order.
 	Ranks []EntryRank `json:"ranks"`
+	// Damaged, when not empty, makes the entry a tombstone: the
+	// sequence was dropped because a page of it failed its check after
+	// the open (its store sequences are released, Ranks is empty), and
+	// Damaged says why, for the next open to report it. A table reader
+	// that does not know the field finds an entry naming no rank,
+	// which it reports damaged too.
+	Damaged string `json:"damaged,omitempty"`
 }
 
 // EntryRank is one hosted rank of an entry and the id of the sequence
