@@ -65,7 +65,28 @@ func CheckFile(path string, timeout time.Duration) error {
 // package's; freelist is the freelist's type in memory (the file is the
 // same with either).
 func openChecked(path string, opt Options, freelist bolt.FreelistType) (*bolt.DB, error) {
-	bo := &bolt.Options{Timeout: opt.Timeout, FreelistType: freelist, InitialMmapSize: max(opt.MmapBytes, 0)}
+	m := max(opt.MmapBytes, 0)
+	for {
+		db, err := openCheckedMap(path, opt, freelist, m)
+		if err == nil || m == 0 || errors.Is(err, ErrInUse) || errors.Is(err, ErrCorrupt) {
+			return db, err
+		}
+		// The map may not fit the address space (ulimit -v): map less,
+		// down to bbolt's default, which the file's size bounds. An
+		// error of another cause is met again at 0 and returned then.
+		if m /= 4; m < mmapFloor {
+			m = 0
+		}
+	}
+}
+
+// mmapFloor is the smallest Options.MmapBytes openChecked tries after a
+// failed open before bbolt's default.
+const mmapFloor = 1 << 20
+
+// openCheckedMap is openChecked mapping mmap bytes at open.
+func openCheckedMap(path string, opt Options, freelist bolt.FreelistType, mmap int) (*bolt.DB, error) {
+	bo := &bolt.Options{Timeout: opt.Timeout, FreelistType: freelist, InitialMmapSize: mmap}
 	if opt.ReadOnly {
 		bo.ReadOnly, bo.PreLoadFreelist = true, true
 	}

@@ -91,7 +91,9 @@ type Options struct {
 	// every value the transaction holds out of the map (a commit of
 	// many large values then spends most of its CPU there). Address
 	// space only: the file grows as written. 0: bbolt's default (the
-	// map doubles with the file). Mem ignores it.
+	// map doubles with the file). An open whose map fails (an address
+	// space limit, ulimit -v) is retried mapping a quarter as much,
+	// down to 1 MiB, then with bbolt's default. Mem ignores it.
 	MmapBytes int
 }
 
