@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/questrt/questrt/pagestore"
 	"slices"
 	"strconv"
 	"strings"
@@ -99,6 +100,50 @@ func (c *Coordinator) Recovery() Recovery {
 	slices.SortFunc(r.Sequences, func(a, b RecoveredSeq) int { return strings.Compare(a.ID, b.ID) })
 	r.Damaged = slices.Clone(c.damaged)
 	return r
+}
+
+// damage moves s, when it is an adopted sequence, from the adopted to
+// the damaged ones (Recovery) when err says a node found it damaged at
+// its first use (pagestore.ErrDamaged, DATA_LOSS: --recovery-verify
+// on-read, a persisted page that failed its check after the nodes'
+// open): it stays known, its calls failing so, until released. It
+// returns err.
+func (c *Coordinator) damage(s *seq, err error) error {
+	if err == nil || !errors.Is(err, pagestore.ErrDamaged) {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.adopted[s.name]
+	if !ok {
+		return err
+	}
+	delete(c.adopted, s.name)
+	c.damaged = append(c.damaged, DamagedSeq{ID: s.name, Grid: s.g.ref.Grid, Seq: uint64(s.id), Err: err,
+		Reason: fmt.Sprintf("found damaged at its first use since its adoption: %v", err)})
+	c.log.Warn("adopted sequence damaged", "grid", s.g.ref.Grid, "id", s.name, "nodes", r.Nodes, "err", err)
+	return err
+}
+
+// damageOne is damage for the rows of a failed step on one grid: a
+// grid's part of one row only names the sequence that failed (with
+// several, each is found at its next call of its own).
+func (c *Coordinator) damageOne(g *grid, ids []engine.SeqID, err error) {
+	if len(ids) != 1 || !errors.Is(err, pagestore.ErrDamaged) {
+		return
+	}
+	c.mu.Lock()
+	var s *seq
+	for _, q := range c.seqs {
+		if q.g == g && q.id == ids[0] {
+			s = q
+			break
+		}
+	}
+	c.mu.Unlock()
+	if s != nil {
+		c.damage(s, err)
+	}
 }
 
 // DefaultRecoverWait is Config.RecoverWait's default.

@@ -372,8 +372,9 @@ type parkedKey struct {
 
 // seq is a sequence this node coordinates.
 type seq struct {
-	g  *grid
-	id engine.SeqID
+	name string
+	g    *grid
+	id   engine.SeqID
 	// h is its handle in this coordinator's decode.Stepper (see Handle).
 	h decode.SeqID
 }
@@ -381,7 +382,7 @@ type seq struct {
 // addSeqLocked registers sequence name with a new Stepper handle.
 func (c *Coordinator) addSeqLocked(name string, s *seq) {
 	c.nextHandle++
-	s.h = c.nextHandle
+	s.h, s.name = c.nextHandle, name
 	c.seqs[name] = s
 	c.handles[s.h] = s
 }
@@ -776,7 +777,7 @@ func (c *Coordinator) Append(ctx context.Context, id string, layer int, k, v []f
 	if err != nil {
 		return err
 	}
-	return c.check(s.g, s.g.eng.AppendContext(ctx, s.id, layer, k, v))
+	return c.damage(s, c.check(s.g, s.g.eng.AppendContext(ctx, s.id, layer, k, v)))
 }
 
 // SeqConfig returns the config of the grid sequence id lives on.
@@ -809,7 +810,7 @@ func (c *Coordinator) Fork(ctx context.Context, id string) (string, error) {
 	}
 	child := engine.SeqID(n)
 	if err := s.g.eng.ForkIDContext(ctx, s.id, child); err != nil {
-		return "", c.check(s.g, err)
+		return "", c.damage(s, c.check(s.g, err))
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -825,7 +826,7 @@ func (c *Coordinator) Rollback(ctx context.Context, id string, n int) error {
 	if err != nil {
 		return err
 	}
-	return c.check(s.g, s.g.eng.RollbackContext(ctx, s.id, n))
+	return c.damage(s, c.check(s.g, s.g.eng.RollbackContext(ctx, s.id, n)))
 }
 
 // Release frees a sequence; a sequence of a lost grid is forgotten.

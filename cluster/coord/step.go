@@ -85,6 +85,9 @@ func (c *Coordinator) step(ctx context.Context, layer int, items []StepItem, opt
 		if p.err != nil && failed == nil {
 			failed = p.err
 		}
+		if p.err != nil && len(p.reqs) == 1 {
+			c.damageOne(p.g, []engine.SeqID{p.reqs[0].Seq}, p.err)
+		}
 		for _, pe := range p.peers {
 			st.PeerErrors = appendPeer(st.PeerErrors, pe)
 		}

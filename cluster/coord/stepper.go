@@ -104,6 +104,9 @@ func (c *Coordinator) Begin(ctx context.Context, b decode.Batch) (decode.Step, e
 			return err
 		})
 		if err != nil {
+			if len(p.b.Rows) == 1 {
+				c.damageOne(p.g, []engine.SeqID{p.b.Rows[0].Seq}, err)
+			}
 			for _, q := range st.parts[:i] {
 				_ = q.step.End(ctx)
 			}
@@ -227,6 +230,9 @@ func (st *coordStep) Layer(ctx context.Context, layer int, q, k, v decode.Tensor
 		}
 		if p.err != nil && first == nil {
 			first = p.err
+		}
+		if p.err != nil && len(p.b.Rows) == 1 {
+			st.c.damageOne(p.g, []engine.SeqID{p.b.Rows[0].Seq}, p.err)
 		}
 		for _, pe := range p.peers {
 			peers = appendPeer(peers, pe)
