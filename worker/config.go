@@ -93,9 +93,10 @@ type Config struct {
 	SyncInterval time.Duration
 	// Verify and ScrubRate are when the hosted ranks' page stores read
 	// and check the pages they recover (pagestore.Config.Verify:
-	// pagestore.VerifyAtOpen, the default, in NewLocal;
-	// pagestore.VerifyOnRead at each page's first use, a sequence whose
-	// page fails then being released with pagestore.ErrDamaged) and the
+	// pagestore.VerifyOnRead, DefaultConfig's, at each page's first use
+	// or by the scrub, a sequence whose page fails then being dropped
+	// with pagestore.ErrDamaged, see damage.go; pagestore.VerifyAtOpen,
+	// the zero value, in NewLocal) and the
 	// bytes per second of each store's background scrub with
 	// VerifyOnRead (pagestore.Config.ScrubRate: 0 is
 	// pagestore.DefaultScrubRate, negative no scrub); unused without
@@ -139,7 +140,7 @@ type Config struct {
 // defaults.
 func DefaultConfig() Config {
 	return Config{Layers: 4, Geometry: plan.Geometry{QHeads: 32, KVHeads: 8, HeadDim: 128, PageSize: 16}, CP: 1, TP: 1,
-		Capacity: 1024, Policy: plan.DefaultPolicy()}
+		Capacity: 1024, Policy: plan.DefaultPolicy(), Verify: pagestore.VerifyOnRead}
 }
 
 // Validate reports whether the config is usable.

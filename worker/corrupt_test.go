@@ -199,6 +199,9 @@ func (w *corruptWorkload) checkPrefix(l *Local, seq uint64, n int) error {
 func TestCorruptionContained(t *testing.T) {
 	cfg := testConfig(Exact)
 	cfg.CP, cfg.Capacity = 1, 320
+	// At open: every damaged copy is refused or reported by the
+	// recovery (VerifyOnRead reports a damaged page at first use).
+	cfg.Verify = pagestore.VerifyAtOpen
 	be := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
 	defer be.Close()
 	w := &corruptWorkload{cfg: cfg, be: be, lens: map[uint64]int{}, k: map[uint64][][]float32{}, v: map[uint64][][]float32{}}

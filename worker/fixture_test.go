@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/questrt/questrt/internal/metastore/metastoretest"
+	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -48,6 +49,9 @@ func fixtureConfig() Config {
 	cfg := testConfig(Exact)
 	cfg.Capacity = 8
 	cfg.GridID, cfg.Placement = "fixture-grid", []string{"node-a", "node-b"}
+	// The fixture's stores verify at open: they write no summary
+	// records (store.db as the fixture has it).
+	cfg.Verify = pagestore.VerifyAtOpen
 	return cfg
 }
 

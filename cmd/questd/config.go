@@ -350,8 +350,10 @@ type StorageConfig struct {
 	// opens on the metadata and the persisted summaries; a page is read
 	// and checked at its sequence's first use or by a background scrub,
 	// and a page that fails releases the sequences naming it: their
-	// calls fail with the damage, and the next restart reports them
-	// damaged) [--recovery-verify]. Default at-open.
+	// calls fail with the damage (DATA_LOSS), the coordinator lists an
+	// adopted one as damaged from then on, and the next restart reports
+	// them damaged with the failed check) [--recovery-verify]. Default
+	// on-read.
 	Verify pagestore.Verify
 	// ScrubRate is the bytes per second each store's background scrub
 	// reads with --recovery-verify on-read, or -1 for no scrub (pages

@@ -84,11 +84,11 @@ func DefaultOffloadConfig() OffloadConfig {
 }
 
 // DefaultStorageConfig is no persistence (sync durability, flushed every
-// 1s when periodic; recovered pages verified at open, a 64 MiB/s scrub
-// when on read).
+// 1s when periodic; recovered pages verified on read, with a 64 MiB/s
+// scrub).
 func DefaultStorageConfig() StorageConfig {
 	return StorageConfig{Durability: pagestore.SyncOnWrite, SyncInterval: time.Second,
-		Verify: pagestore.VerifyAtOpen, ScrubRate: pagestore.DefaultScrubRate}
+		Verify: pagestore.VerifyOnRead, ScrubRate: pagestore.DefaultScrubRate}
 }
 
 // DefaultServeConfig is no model served; once one is, the limits of the

@@ -24,7 +24,7 @@ var notFlags = []string{"Membership.Keys", "Security.Token", "Policy.LayerBudget
 var altText = map[string]string{
 	"dense-rho": "0.5", "reuse-steps": "2", "reuse-layers": "3,5", "gqa": "per_head", "selector": "oracle", "selection": "union",
 	"backend": "cuda", "devices": "1", "kv-cache-dtype": "f16", "max-memory": "1GiB", "eviction": "score",
-	"durability": "periodic", "recovery-verify": "on-read", "scrub-rate": "1MiB", "max-itl-factor": "3", "serve-memory-fraction": "0.25", "gpu-memory-utilization": "0.5", "serve-layout": "cluster",
+	"durability": "periodic", "recovery-verify": "at-open", "scrub-rate": "1MiB", "max-itl-factor": "3", "serve-memory-fraction": "0.25", "gpu-memory-utilization": "0.5", "serve-layout": "cluster",
 	"monitor-rate": "0.5", "log-level": "debug", "log-format": "json",
 }
 

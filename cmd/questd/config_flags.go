@@ -326,7 +326,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 		return nil
 	})
 	d.dur(&c.Storage.SyncInterval, "sync-interval", def.Storage.SyncInterval, "with --durability periodic: time between two flushes, above 0 and at most 1h")
-	d.text("recovery-verify", def.Storage.Verify.String(), "with --data-dir, when recovered pages are read and checked, `at-open|on-read`: at-open (every persisted page is read and checked before its grid opens, damage reported by the recovery) or on-read (the grid opens on metadata and persisted summaries, reading no page; each page is read and checked at its sequence's first use or by a background scrub at --scrub-rate, and a damaged page makes the calls on the sequences naming it fail; each sealed page also persists its summaries, 1/page-size of its bytes)", func(s string) (err error) {
+	d.text("recovery-verify", def.Storage.Verify.String(), "with --data-dir, when recovered pages are read and checked, `at-open|on-read`: on-read (the grid opens on metadata and persisted summaries, reading no page; each page is read and checked at its sequence's first use or by a background scrub at --scrub-rate, and a damaged page makes the calls on the sequences naming it fail with DATA_LOSS, the coordinator then listing them damaged, as the next restart does with the failed check as the reason; each sealed page also persists its summaries, 1/page-size of its bytes) or at-open (every persisted page is read and checked before its grid opens, damage reported by the recovery)", func(s string) (err error) {
 		if c.Storage.Verify, err = pagestore.ParseVerify(s); err != nil || s == "" {
 			return errors.New("want at-open or on-read")
 		}

@@ -68,7 +68,7 @@ func TestDefaults(t *testing.T) {
 		Devices:  DeviceConfig{Backend: "cpu", KVCacheDType: plan.BFloat16},
 		Capacity: CapacityConfig{MaxPages: 0, MaxMemory: 0},
 		Offload:  OffloadConfig{offload.Settings{DeviceBudgetPages: 0, Eviction: pagestore.EvictLRU, PrefetchPages: 0, PrefetchCrossLayer: false}},
-		Storage:  StorageConfig{DataDir: "", Durability: pagestore.SyncOnWrite, SyncInterval: time.Second, Verify: pagestore.VerifyAtOpen, ScrubRate: pagestore.DefaultScrubRate},
+		Storage:  StorageConfig{DataDir: "", Durability: pagestore.SyncOnWrite, SyncInterval: time.Second, Verify: pagestore.VerifyOnRead, ScrubRate: pagestore.DefaultScrubRate},
 		Serve: ServeConfig{Model: "", Addr: "", ModelName: "", MaxRunning: 16, MaxQueued: 64, PrefillChunk: 512, MaxITLFactor: 2, DevicePrefill: true,
 			DefaultMaxTokens: 16, CapacityPages: 0, MemoryFraction: 0.5, GPUMemoryUtilization: 0.9, PrefixCaching: true, GrowReservations: true, MonitorQueue: 64, RequestHistory: 64,
 			MaxModelLen: 0, MaxRequestBytes: 32 << 20, RequestTimeout: 30 * time.Minute, SSEKeepAlive: 15 * time.Second, LogStatsInterval: 10 * time.Second,

@@ -565,21 +565,21 @@ func equalBits(a, b []float32) bool {
 }
 
 // TestRecoveryVerifyFlags: --recovery-verify and --scrub-rate, their
-// defaults (at-open, 64 MiB/s), from the config file, the environment
+// defaults (on-read, 64 MiB/s), from the config file, the environment
 // and the command line, and the errors naming them for bad values.
 func TestRecoveryVerifyFlags(t *testing.T) {
 	c, err := load(t, nil, "--plaintext")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Storage.Verify != pagestore.VerifyAtOpen || c.Storage.ScrubRate != pagestore.DefaultScrubRate {
-		t.Fatalf("defaults: verify %v, scrub rate %d; want at-open, %d", c.Storage.Verify, c.Storage.ScrubRate, pagestore.DefaultScrubRate)
+	if c.Storage.Verify != pagestore.VerifyOnRead || c.Storage.ScrubRate != pagestore.DefaultScrubRate {
+		t.Fatalf("defaults: verify %v, scrub rate %d; want on-read, %d", c.Storage.Verify, c.Storage.ScrubRate, pagestore.DefaultScrubRate)
 	}
-	file := writeFile(t, "questd.yaml", "data-dir: /var/lib/questd\nrecovery-verify: on-read\nscrub-rate: 8MiB\n")
+	file := writeFile(t, "questd.yaml", "data-dir: /var/lib/questd\nrecovery-verify: at-open\nscrub-rate: 8MiB\n")
 	if c, err = load(t, nil, "--plaintext", "--config", file); err != nil {
 		t.Fatal(err)
 	}
-	if c.Storage.Verify != pagestore.VerifyOnRead || c.Storage.ScrubRate != 8<<20 {
+	if c.Storage.Verify != pagestore.VerifyAtOpen || c.Storage.ScrubRate != 8<<20 {
 		t.Fatalf("from the file: verify %v, scrub rate %d", c.Storage.Verify, c.Storage.ScrubRate)
 	}
 	if c, err = load(t, map[string]string{"QUESTRT_RECOVERY_VERIFY": "on-read"}, "--plaintext", "--scrub-rate", "off"); err != nil {
