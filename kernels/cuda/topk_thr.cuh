@@ -31,9 +31,15 @@ template <typename T> __device__ void block_minmax(T& mn, T& mx, T* red) {
 	}
 	if (lane == 0) { red[warp] = mn; red[32 + warp] = mx; }
 	__syncthreads();
-	mn = red[0];
-	mx = red[32];
-	for (int w = 1; w < nw; w++) { mn = min(mn, red[w]); mx = max(mx, red[32 + w]); }
+	// Each warp reduces the warps' values with shuffles (one shared load a
+	// lane instead of a serial chain of nw).
+	mn = red[lane < nw ? lane : 0];
+	mx = red[32 + (lane < nw ? lane : 0)];
+#pragma unroll
+	for (int x = 16; x > 0; x >>= 1) {
+		mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, x));
+		mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+	}
 }
 
 // nanmax is max that propagates NaN (fmaxf drops it).
@@ -152,8 +158,9 @@ __device__ __forceinline__ void topk_thr(const float* scores, const float* tmax,
 		for (int x = 16; x > 0; x >>= 1) lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, x));
 		if (lane == 0) red[warp] = lo;
 		__syncthreads();
-		tau = red[0];
-		for (int w = 1; w < nw; w++) tau = fminf(tau, red[w]);
+		tau = red[lane < nw ? lane : 0];
+#pragma unroll
+		for (int x = 16; x > 0; x >>= 1) tau = fminf(tau, __shfl_xor_sync(0xffffffffu, tau, x));
 	}
 	THR_MARK(2);
 	// 6. The qualifying tiles (maximum >= tau), listed in index order in
