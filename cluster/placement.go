@@ -148,3 +148,45 @@ func rendezvous(coordinator, node string) uint64 {
 	x ^= x >> 33
 	return x
 }
+
+// RankPages returns the most pages that each of ranks ranks of equal
+// size can reserve with all of them placed on nodes: the largest need
+// for which [PlaceGrid]'s rule (a node hosts FreePages / need ranks)
+// leaves room for ranks ranks, so that PlaceGrid of any grid of that
+// many ranks at that need succeeds on nodes. It is 0 when the nodes'
+// free pages are fewer than ranks or ranks < 1.
+//
+// Ranks of equal need use up whole slots of a node, so the ranks of
+// several grids fit one after another exactly when their sum fits at
+// once (placing k ranks on a node of s slots leaves s - k): ranks may
+// count the ranks of every grid that will be placed at that need.
+func RankPages(nodes []NodeInfo, ranks int) uint64 {
+	if ranks < 1 {
+		return 0
+	}
+	fits := func(need uint64) bool {
+		n := uint64(0)
+		for _, node := range nodes {
+			if n += node.FreePages / need; n >= uint64(ranks) {
+				return true
+			}
+		}
+		return false
+	}
+	var most uint64
+	for _, n := range nodes {
+		most = max(most, n.FreePages)
+	}
+	// The largest need in [1, most] that fits (fits is monotone: a
+	// larger need leaves no more slots on any node).
+	lo, hi := uint64(0), most
+	for lo < hi {
+		mid := hi - (hi-lo)/2
+		if fits(mid) {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
+}

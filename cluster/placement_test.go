@@ -321,3 +321,75 @@ func ExamplePlaceGrid() {
 	// tp 1 cp 1: node-a
 	// cluster: place grid cp 8 x tp 2: no capacity: 16 ranks of 1024 pages each, room for 12 on 3 nodes (most free on a node: 4096 pages)
 }
+
+// TestRankPages: the most pages per rank that a number of ranks can
+// reserve on nodes, by hand, and PlaceGrid's answer at that need and
+// one page more.
+func TestRankPages(t *testing.T) {
+	three := []NodeInfo{{"a", 1000}, {"b", 700}, {"c", 300}}
+	for _, c := range []struct {
+		nodes []NodeInfo
+		ranks int
+		want  uint64
+	}{
+		{three, 1, 1000},
+		{three, 2, 700},  // a 1 + b 1; at 701 only a
+		{three, 3, 500},  // a 2 + b 1; at 501 a 1 + b 1
+		{three, 4, 350},  // a 2 + b 2; at 351 a 2 + b 1
+		{three, 6, 300},  // a 3 + b 2 + c 1; at 301 c holds none
+		{three, 2000, 1}, // every free page a rank
+		{three, 2001, 0}, // fewer free pages than ranks
+		{[]NodeInfo{{"a", 4096}}, 3, 1365},
+		{nil, 1, 0},
+		{three, 0, 0},
+	} {
+		got := RankPages(c.nodes, c.ranks)
+		if got != c.want {
+			t.Errorf("RankPages(%v, %d) = %d, want %d", c.nodes, c.ranks, got, c.want)
+		}
+		if got == 0 || c.ranks < 1 {
+			continue
+		}
+		if _, err := PlaceGrid(c.nodes, c.ranks, 1, "a", int(got)); err != nil {
+			t.Errorf("%v: %d ranks of %d pages: %v", c.nodes, c.ranks, got, err)
+		}
+		if _, err := PlaceGrid(c.nodes, c.ranks, 1, "a", int(got)+1); !errors.Is(err, ErrNoCapacity) {
+			t.Errorf("%v: %d ranks of %d pages: %v, want ErrNoCapacity", c.nodes, c.ranks, got+1, err)
+		}
+	}
+}
+
+// TestRankPagesGrids: grids placed one after another at RankPages of
+// all their ranks all fit, each taking its ranks' pages from the nodes'
+// free pages as the workers do, and one grid more does not.
+func TestRankPagesGrids(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 29))
+	for range 300 {
+		nodes := nodesN(1+r.IntN(5), 0)
+		for i := range nodes {
+			nodes[i].FreePages = uint64(r.IntN(5000))
+		}
+		cp, tp, grids := 1+r.IntN(4), 1+r.IntN(2), 1+r.IntN(3)
+		need := RankPages(nodes, cp*tp*grids)
+		if need == 0 {
+			continue
+		}
+		free := slices.Clone(nodes)
+		for g := range grids + 1 {
+			ranks, err := PlaceGrid(free, cp, tp, nodes[0].Name, int(need))
+			if g == grids {
+				if err == nil && RankPages(nodes, cp*tp*(grids+1)) < need {
+					t.Errorf("%v: grid %d of cp %d x tp %d at %d pages placed past the bound", nodes, g, cp, tp, need)
+				}
+				break
+			}
+			if err != nil {
+				t.Fatalf("%v: grid %d of %d (cp %d x tp %d) at %d pages: %v", nodes, g, grids, cp, tp, need, err)
+			}
+			for _, n := range ranks {
+				i := slices.IndexFunc(free, func(f NodeInfo) bool { return f.Name == n })
+				free[i].FreePages -= need
+			}
+		}
+	}
+}
