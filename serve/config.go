@@ -93,6 +93,12 @@ type Config struct {
 	// choose it again. Its attempts back off from 50ms to 1s; the
 	// request's own deadline bounds them too.
 	GridRetryWait time.Duration
+	// ClusterWait bounds, with a Cluster that reports its nodes' free
+	// pages (ClusterCapacity) and CapacityPages 0, how long New asks it
+	// until the pool it sizes from them holds one request of the
+	// longest context (30s; 0: one look); New then fails with
+	// ErrNoClusterCapacity.
+	ClusterWait time.Duration
 	// CapacityPages is the engine's page pool per shard; with Cluster,
 	// the pool of every rank of the requests' grids. Every started
 	// request reserves the pages of its prompt plus max_tokens in it
@@ -111,8 +117,17 @@ type Config struct {
 	// what DeviceMemoryFraction of the device's total memory leaves
 	// besides what is used already, at the device bytes a page costs
 	// (Engines.DeviceBytes: K/V in the pages' type, summaries, page
-	// tables), with the same bounds and refusal. With a Cluster, or a
-	// Backend without DeviceResident, give it.
+	// tables), with the same bounds and refusal. With a Cluster that
+	// reports its nodes' free pages (ClusterCapacity) it is sized from
+	// them when New runs: the most pages per rank with which the ranks
+	// of the server's grid and of PolicyGrids grids of requests' own
+	// options all fit the nodes' free pages (each rank reserves the
+	// whole pool on its node), with the same bounds, waiting up to
+	// ClusterWait for one request of the longest context to fit; it is
+	// not sized again as nodes come and go (the coordinator keys grids
+	// by their pool, so a resized pool would open a new grid beside the
+	// old one's pages). With another Cluster, or a Backend without
+	// DeviceResident, give it.
 	// Server.PoolSize says how it was sized.
 	CapacityPages int
 	// MemoryFraction is the share of the available memory a pool sized
@@ -331,6 +346,7 @@ func DefaultConfig() Config {
 		PolicyGrids:          2,
 		GridRetries:          1,
 		GridRetryWait:        10 * time.Second,
+		ClusterWait:          30 * time.Second,
 		ChunkTokens:          512,
 		MaxITLFactor:         2,
 		MaxBodyBytes:         1 << 20,
@@ -378,6 +394,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: grid retries %d: want 0 (never) or more", c.GridRetries)
 	case c.GridRetryWait < 0:
 		return fmt.Errorf("serve config: grid retry wait %v: want 0 (one attempt) or more", c.GridRetryWait)
+	case c.ClusterWait < 0:
+		return fmt.Errorf("serve config: cluster wait %v: want 0 (one look) or more", c.ClusterWait)
 	case c.ChunkTokens < 1:
 		return fmt.Errorf("serve config: chunk %d tokens: want at least 1", c.ChunkTokens)
 	case c.MaxBatchedTokens != 0 && c.MaxBatchedTokens < c.MaxRunning:

@@ -2,8 +2,12 @@ package serve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"time"
+
+	"github.com/questrt/questrt/cluster"
 
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
@@ -51,6 +55,18 @@ type PoolSize struct {
 	// (Engines.DeviceBytes: FixedBytes holds the backend's scratch).
 	Device        bool
 	Total, Budget int64
+	// Cluster is true when CapacityPages was 0 and the pool was sized
+	// from the free pages the cluster's nodes report (Config.Cluster a
+	// ClusterCapacity): then Nodes is how many nodes a grid could be
+	// placed on, NodePages their free pages summed, and Ranks the ranks
+	// the pool was sized for (CP x TP x (1 + PolicyGrids): the server's
+	// grid and every grid of requests' own options, each rank reserving
+	// the pool plus the monitor's slack on its node). Bound is "nodes"
+	// when the nodes' pages bounded Pages.
+	Cluster   bool
+	Nodes     int
+	NodePages uint64
+	Ranks     int
 }
 
 // Bytes is the memory of the pool (FixedBytes + Pages x PageBytes): the
@@ -98,8 +114,11 @@ func (s *Server) sizePool(cfg Config, maxContext int) (PoolSize, error) {
 	if cfg.Cluster == nil && cfg.Backend != nil && cfg.DeviceResident {
 		return s.sizeDevicePool(cfg, maxContext)
 	}
+	if cc, ok := cfg.Cluster.(ClusterCapacity); ok {
+		return s.sizeClusterPool(cfg, cc, maxContext)
+	}
 	if cfg.Cluster != nil || cfg.Backend != nil || cfg.Decoder != nil {
-		return PoolSize{}, fmt.Errorf("serve config: capacity 0 pages sizes the pool from this host's memory, or from the device's with a Backend's DeviceResident pages; with a Cluster, or a Backend without DeviceResident, give CapacityPages (questd --serve-capacity-pages)")
+		return PoolSize{}, fmt.Errorf("serve config: capacity 0 pages sizes the pool from this host's memory, from the device's with a Backend's DeviceResident pages, or from the nodes' free pages with a Cluster that reports them (ClusterCapacity); with another Cluster, or a Backend without DeviceResident, give CapacityPages (questd --serve-capacity-pages)")
 	}
 	read := cfg.MemAvailable
 	if read == nil {
@@ -173,4 +192,87 @@ func (s *Server) sizeDevicePool(cfg Config, maxContext int) (PoolSize, error) {
 			ps.Pages, memlimit.Bytes(ps.PageBytes), memlimit.Bytes(ps.FixedBytes), memlimit.Bytes(b.Bytes), b.Fraction, memlimit.Bytes(b.Total), memlimit.Bytes(b.Free), maxContext, max(need, 1), memlimit.ErrTooLarge)
 	}
 	return ps, nil
+}
+
+// ErrNoClusterCapacity means that no node of the cluster reported free
+// pages enough for the server's grids within Config.ClusterWait, when
+// CapacityPages 0 sizes the pool from them.
+var ErrNoClusterCapacity = errors.New("serve: no cluster capacity for the pool")
+
+// ClusterCapacity is a Cluster that reports the pages its nodes can
+// still host, so that CapacityPages 0 sizes the pool from them
+// (internal/serveengine's CoordinatorCluster). NodePages is called from
+// New only, before any sequence is created.
+type ClusterCapacity interface {
+	Cluster
+	// NodePages returns the nodes that a grid may be placed on now, each
+	// with the pages it can still host (cluster.NodesOf a membership
+	// view, less the nodes placement refuses). ctx bounds it.
+	NodePages(ctx context.Context) ([]cluster.NodeInfo, error)
+}
+
+// sizeClusterPool resolves cfg.CapacityPages 0 with a Cluster that
+// reports its nodes' free pages. Every rank of a grid reserves the
+// whole pool (plus the monitor's slack) on the node placement puts it
+// on: CP shards a sequence's pages over its CP ranks and TP its heads
+// over its TP ranks, and either way each rank holds a pool of
+// CapacityPages pages, a node hosting as many ranks as its free pages
+// hold pools (cluster.PlaceGrid). The server opens its own grid and up
+// to PolicyGrids grids of requests' own options, CP x TP ranks each, so
+// the pool is the most pages per rank with which all those ranks fit
+// the nodes' free pages together (cluster.RankPages; grids of one pool
+// placed in turn fit exactly when that holds), less the slack, at most
+// MaxRunning requests of maxContext tokens and plan.MaxPages. It asks
+// the cluster until the pool holds one request of maxContext tokens, for
+// cfg.ClusterWait at most (a node that just started may not see its
+// peers yet), then fails with ErrNoClusterCapacity naming the numbers.
+func (s *Server) sizeClusterPool(cfg Config, cc ClusterCapacity, maxContext int) (PoolSize, error) {
+	need := 0
+	if maxContext > 0 {
+		need = s.pagesFor(maxContext)
+	}
+	ps := PoolSize{Cluster: true, Ranks: cfg.CP * cfg.TP * (1 + cfg.PolicyGrids)}
+	deadline := time.Now().Add(cfg.ClusterWait)
+	// A look (the last one at the deadline too) takes what the
+	// cluster's answer takes, up to 5s.
+	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(5*time.Second))
+	defer cancel()
+	var err error
+	for wait, looks := 20*time.Millisecond, 1; ; wait, looks = min(2*wait, 500*time.Millisecond), looks+1 {
+		var nodes []cluster.NodeInfo
+		if nodes, err = cc.NodePages(ctx); err == nil {
+			ps.Nodes, ps.NodePages = len(nodes), 0
+			for _, n := range nodes {
+				ps.NodePages += n.FreePages
+			}
+			rank := int64(min(cluster.RankPages(nodes, ps.Ranks), math.MaxInt64))
+			ps.Pages, ps.Bound = boundPages(rank-int64(s.monitorSlack()), need, cfg.MaxRunning)
+			if ps.Bound == "memory" {
+				ps.Bound = "nodes"
+			}
+			if ps.Pages >= max(need, 1) {
+				return ps, nil
+			}
+		}
+		if looks == 1 && cfg.Logger != nil {
+			cfg.Logger.Info("waiting for the cluster's nodes to report free pages for the serving pool", "wait", cfg.ClusterWait,
+				"nodes", ps.Nodes, "free_pages", ps.NodePages, "ranks", ps.Ranks, "pages_per_rank", ps.Pages, "need", max(need, 1), "err", err)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			if err != nil {
+				return ps, fmt.Errorf("serve: size the pool from the cluster's nodes (or give questd --serve-capacity-pages): %w: %w (for %v)", ErrNoClusterCapacity, err, cfg.ClusterWait)
+			}
+			return ps, fmt.Errorf("serve: %w: after %v, %d node(s) report %d free pages, where %d ranks (a %d x %d grid, and %d grids of requests' own options beside the server's) get %d pages each (beside %d of the monitor's); one request of max_model_len %d tokens needs %d pages per rank: add nodes or free pages (questd --max-pages), lower --max-model-len or --serve-policy-grids, or give --serve-capacity-pages",
+				ErrNoClusterCapacity, cfg.ClusterWait, ps.Nodes, ps.NodePages, ps.Ranks, cfg.CP, cfg.TP, cfg.PolicyGrids, ps.Pages, s.monitorSlack(), maxContext, max(need, 1))
+		}
+		// Looks back off from 20ms to 500ms, the last at the deadline.
+		t := time.NewTimer(min(wait, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ps, fmt.Errorf("serve: size the pool from the cluster's nodes: %w: %w", ErrNoClusterCapacity, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
 }

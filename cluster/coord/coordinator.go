@@ -633,6 +633,14 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 	}
 }
 
+// Placeable returns the nodes that placement may use now, with the
+// pages each can still host: those of the current view (cluster.NodesOf)
+// less those Config.Vet refuses. ctx bounds the vetting.
+func (c *Coordinator) Placeable(ctx context.Context) ([]cluster.NodeInfo, error) {
+	nodes, _, err := c.placeable(ctx, c.cfg.View())
+	return nodes, err
+}
+
 // placeable returns the nodes of v that placement may use
 // (cluster.NodesOf) less those Config.Vet refuses, and how many it
 // refused. The members are vetted concurrently; ctx ending fails it.

@@ -29,10 +29,22 @@ import (
 // coordinator's grids do: the server bounds the grids it opens for
 // option sets other than its policy's (serve.Config.PolicyGrids). The
 // sequences the coordinator adopts after a node restart (a node's data
-// directory) are not the server's; it does not release them.
+// directory) are not the server's; it does not release them. It is a
+// serve.ClusterCapacity: the nodes it reports are those the coordinator
+// may place a grid on now (co.Placeable), with the free pages their
+// membership metadata advertises, so that a pool of 0 pages is sized
+// from them.
 func CoordinatorCluster(co *coord.Coordinator) serve.Cluster { return coordCluster{co} }
 
 type coordCluster struct{ co *coord.Coordinator }
+
+var _ serve.ClusterCapacity = coordCluster{}
+
+// NodePages returns the nodes the coordinator may place a grid on now,
+// with their free pages (serve.ClusterCapacity).
+func (c coordCluster) NodePages(ctx context.Context) ([]cluster.NodeInfo, error) {
+	return c.co.Placeable(ctx)
+}
 
 func (c coordCluster) Create(ctx context.Context, spec serve.GridSpec) (model.Sequence, error) {
 	ec := EngineConfig(spec)
