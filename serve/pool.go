@@ -261,9 +261,9 @@ func (s *Server) sizeClusterPool(cfg Config, cc ClusterCapacity, maxContext int)
 		left := time.Until(deadline)
 		if left <= 0 {
 			if err != nil {
-				return ps, fmt.Errorf("serve: size the pool from the cluster's nodes (or give questd --serve-capacity-pages): %w: %w (for %v)", ErrNoClusterCapacity, err, cfg.ClusterWait)
+				return ps, fmt.Errorf("%w: size it from the nodes' free pages (or give questd --serve-capacity-pages) for %v: %w", ErrNoClusterCapacity, cfg.ClusterWait, err)
 			}
-			return ps, fmt.Errorf("serve: %w: after %v, %d node(s) report %d free pages, where %d ranks (a %d x %d grid, and %d grids of requests' own options beside the server's) get %d pages each (beside %d of the monitor's); one request of max_model_len %d tokens needs %d pages per rank: add nodes or free pages (questd --max-pages), lower --max-model-len or --serve-policy-grids, or give --serve-capacity-pages",
+			return ps, fmt.Errorf("%w: after %v, %d node(s) report %d free pages, where %d ranks (a %d x %d grid, and %d grids of requests' own options beside the server's) get %d pages each (beside %d of the monitor's); one request of max_model_len %d tokens needs %d pages per rank: add nodes or free pages (questd --max-pages), lower --max-model-len or --serve-policy-grids, or give --serve-capacity-pages",
 				ErrNoClusterCapacity, cfg.ClusterWait, ps.Nodes, ps.NodePages, ps.Ranks, cfg.CP, cfg.TP, cfg.PolicyGrids, ps.Pages, s.monitorSlack(), maxContext, max(need, 1))
 		}
 		// Looks back off from 20ms to 500ms, the last at the deadline.
@@ -271,7 +271,7 @@ func (s *Server) sizeClusterPool(cfg Config, cc ClusterCapacity, maxContext int)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return ps, fmt.Errorf("serve: size the pool from the cluster's nodes: %w: %w", ErrNoClusterCapacity, context.Cause(ctx))
+			return ps, fmt.Errorf("%w: size it from the nodes' free pages: %w", ErrNoClusterCapacity, context.Cause(ctx))
 		case <-t.C:
 		}
 	}

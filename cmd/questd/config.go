@@ -438,7 +438,7 @@ type ServeConfig struct {
 	// [--serve-capacity-pages]. Default 0: with Layout local sized
 	// from memory (serve.Config.CapacityPages 0, MemoryFraction), with
 	// device from the GPU's memory (GPUMemoryUtilization), with cluster
-	// defaultServePages (servePages).
+	// from the free pages the nodes advertise (servePages).
 	CapacityPages int
 	// MemoryFraction is the share of the available memory a pool
 	// sized from memory takes [--serve-memory-fraction]. Default 0.5

@@ -161,8 +161,11 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 	} else if ps.FromMemory {
 		attrs = append(attrs, "pool_sized_from", "memory", "pool_bytes", memlimit.Bytes(ps.Bytes()), "memory_available", memlimit.Bytes(ps.Available),
 			"serve_memory_fraction", ps.Fraction, "pool_bound", ps.Bound)
-	} else if cfg.Serve.CapacityPages == 0 {
-		attrs = append(attrs, "pool_sized_from", "the default for --serve-layout "+cfg.Serve.Layout)
+	} else if ps.Cluster {
+		// Each of the ranks (the served grid's and those of
+		// --serve-policy-grids more) reserves the pool on a node.
+		attrs = append(attrs, "pool_sized_from", "the nodes' free pages", "nodes", ps.Nodes, "nodes_free_pages", ps.NodePages,
+			"ranks", ps.Ranks, "serve_policy_grids", cfg.Serve.PolicyGrids, "pool_bound", ps.Bound)
 	} else {
 		attrs = append(attrs, "pool_sized_from", "--serve-capacity-pages")
 	}

@@ -173,7 +173,7 @@ func TestServeLayoutFlags(t *testing.T) {
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-grid-retry-wait", "-1s"}, "--serve-grid-retry-wait"},
 		// 9000 pages per rank on a node of 8 x 1024.
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-capacity-pages", "9000"}, "--serve-capacity-pages"},
-		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--max-pages", "4100", "--monitor-rate", "0.1"}, "--max-pages 4100"},
+		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-capacity-pages", "4096", "--max-pages", "4100", "--monitor-rate", "0.1"}, "--max-pages 4100"},
 		{[]string{"--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "device"}, "needs --backend cuda"},
 		{[]string{"--serve-layout", "device"}, "--serve-layout"},
 	} {
@@ -236,5 +236,55 @@ func TestServeGridRetriesFlags(t *testing.T) {
 		if sc := cfg.serveConfig(nil); sc.GridRetries != c.retries || sc.GridRetryWait != c.wait {
 			t.Errorf("%v: serve config GridRetries %d, GridRetryWait %v; want %d, %v", c.args, sc.GridRetries, sc.GridRetryWait, c.retries, c.wait)
 		}
+	}
+}
+
+// TestServeClusterPoolFromNodes: with --serve-layout cluster and no
+// --serve-capacity-pages, the pool per rank is sized from the free
+// pages the nodes advertise: a node of --max-pages 3000 serving a
+// --serve-cp 2 grid with --serve-policy-grids 1 beside a peer of 1700
+// has 4 ranks to place, which get 1000 pages each (3 + 1 pools; at 1001,
+// 2 + 1; the serving node alone would give 750; 16 requests of
+// --max-model-len 2048 would take 4096), and a request runs on the grid
+// placed at that pool.
+func TestServeClusterPoolFromNodes(t *testing.T) {
+	v1 := passkeyModel(t)
+	peer, err := load(t, nil, append(append([]string(nil), smallNode...), "--name", "m1", "--max-pages", "1700")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pready, _, pstop := runServe(t, peer)
+	cfg, err := load(t, nil, append(append([]string(nil), smallNode...), "--join", pready["gossip"], "--max-pages", "3000",
+		"--model", v1, "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-cp", "2", "--serve-policy-grids", "1",
+		"--max-model-len", "2048", "--budget-tokens", "512", "--prefix-caching=false")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, _, stop := runServe(t, cfg)
+	m0 := ready["metrics"]
+	if g := gauge(t, m0, "questrt_serve_pages", "state", "capacity"); g != 1000 {
+		t.Errorf("serving pool %v pages per rank, want 1000 from the nodes' 3000 and 1700 free pages", g)
+	}
+	req, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": passkeyText, "max_tokens": 5, "temperature": 0})
+	resp, err := http.Post("http://"+ready["http"]+"/v1/completions", "application/json", strings.NewReader(string(req)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "48213") {
+		t.Errorf("completion on the grid of 1000-page pools: %d %s", resp.StatusCode, b)
+	}
+	// The grid's two ranks took 1000 pages each: 3000 + 1700 - 2000
+	// free on the nodes, as m0 advertises them.
+	waitGauges(t, "the grid's pools reserved", func() bool {
+		return gauge(t, m0, "questrt_pages", "state", "free")+gauge(t, pready["metrics"], "questrt_pages", "state", "free") == 2700
+	})
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	if err := stop(); err != nil {
+		t.Errorf("serve m0 after the signal: %v", err)
+	}
+	if err := pstop(); err != nil {
+		t.Errorf("serve m1 after the signal: %v", err)
 	}
 }

@@ -7,31 +7,25 @@ import (
 	completion "github.com/questrt/questrt/serve"
 )
 
-// defaultServePages is the pool of --serve-capacity-pages 0 with
-// --serve-layout cluster, whose pages are in the workers' memory (which
-// check their own).
-const defaultServePages = 4096
-
-// servePages is the serving pool the serve package gets: Serve.CapacityPages, or
-// with 0 defaultServePages for the cluster layout, and 0 for local
-// (sized from this host's memory by serve.New) and device (from the
-// GPU's memory once the executor is loaded, --gpu-memory-utilization).
+// servePages is the serving pool the serve package gets:
+// Serve.CapacityPages, whose 0 serve.New sizes from this host's memory
+// (local), from the GPU's once the executor is loaded (device,
+// --gpu-memory-utilization) or from the free pages the cluster's nodes
+// advertise in their membership metadata (cluster: the coordinator's
+// Cluster reports them, serve.ClusterCapacity).
 func (c Config) servePages() int { return c.Serve.pages() }
 
-// pages is the serving pool: CapacityPages, or with 0 defaultServePages
-// for the cluster layout, and 0 (sized from memory) for local and device.
-func (s ServeConfig) pages() int {
-	if s.CapacityPages == 0 && s.Layout == "cluster" {
-		return defaultServePages
-	}
-	return s.CapacityPages
-}
+// pages is the serving pool: CapacityPages, 0 when sized from memory or
+// the nodes' pages.
+func (s ServeConfig) pages() int { return s.CapacityPages }
 
 // servePagesPerRank is the pages every rank of the served grid reserves
 // on its node with --serve-layout cluster: --serve-capacity-pages, and
-// the quality monitor's forks (--monitor-queue) with --monitor-rate.
+// the quality monitor's forks (--monitor-queue) with --monitor-rate; 0
+// when the pool is sized from the nodes' pages (the monitor's slack is
+// then taken off the pool).
 func (c Config) servePagesPerRank() int {
-	if c.Serve.MonitorRate > 0 {
+	if c.servePages() > 0 && c.Serve.MonitorRate > 0 {
 		return c.servePages() + c.Serve.MonitorQueue
 	}
 	return c.servePages()

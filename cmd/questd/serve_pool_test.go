@@ -59,7 +59,8 @@ func TestServePoolFromMemory(t *testing.T) {
 // TestServePoolDefaults: --serve-capacity-pages 0 reaches the serve
 // package as 0 (sized from memory) with the local and device layouts,
 // the device's with --gpu-memory-utilization (0.9 by default, vLLM's),
-// and as 4096 pages with cluster; a given pool is passed as given.
+// and with cluster (sized from the nodes' free pages); a given pool is
+// passed as given.
 func TestServePoolDefaults(t *testing.T) {
 	for _, c := range []struct {
 		layout string
@@ -71,7 +72,8 @@ func TestServePoolDefaults(t *testing.T) {
 		{"device", nil, 0, 0.9},
 		{"device", []string{"--gpu-memory-utilization", "0.75"}, 0, 0.75},
 		{"device", []string{"--serve-capacity-pages", "300"}, 300, 0.9},
-		{"cluster", nil, 4096, 0.9},
+		{"cluster", nil, 0, 0.9},
+		{"cluster", []string{"--serve-capacity-pages", "300"}, 300, 0.9},
 	} {
 		cfg, err := load(t, nil, append([]string{"--insecure"}, c.args...)...)
 		if err != nil {
