@@ -151,8 +151,19 @@ func TestServerPoolFromCluster(t *testing.T) {
 		}
 	}
 
-	// A given pool is used as given: the nodes are not asked.
+	// A prefix cache bound above the 850 pages sized is refused.
 	cfg := testConfig("tiny-cpool")
+	cfg.CapacityPages, cfg.CP, cfg.PrefixCachePages = 0, 2, 851
+	cfg.Cluster = &capacityCluster{nodes: fixed(threeNodes)}
+	if s, err := New(m, tok, cfg); err == nil || !strings.Contains(err.Error(), "prefix cache 851 pages: more than the 850 pages of the pool sized from the nodes' free pages") {
+		if err == nil {
+			s.Close()
+		}
+		t.Errorf("prefix cache above the pool: %v", err)
+	}
+
+	// A given pool is used as given: the nodes are not asked.
+	cfg = testConfig("tiny-cpool")
 	cfg.CapacityPages = 300
 	cfg.Cluster = &capacityCluster{nodes: func(int) ([]cluster.NodeInfo, error) {
 		t.Error("nodes asked for an explicit pool")

@@ -239,7 +239,11 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 		cfg.CapacityPages = pool.Pages
 		s.cfg = cfg
 		if cfg.PrefixCachePages > cfg.CapacityPages {
-			return nil, fmt.Errorf("serve config: prefix cache %d pages: more than the %d pages of the pool sized from memory", cfg.PrefixCachePages, cfg.CapacityPages)
+			from := "memory"
+			if pool.Cluster {
+				from = "the nodes' free pages"
+			}
+			return nil, fmt.Errorf("serve config: prefix cache %d pages: more than the %d pages of the pool sized from %s", cfg.PrefixCachePages, cfg.CapacityPages, from)
 		}
 	}
 	gs := s.gridSpec(cfg.Policy, cfg.CapacityPages+s.monitorSlack())

@@ -153,7 +153,7 @@ func TestServeCompletionsFlags(t *testing.T) {
 		{[]string{"--gpu-memory-utilization", "0"}, "--gpu-memory-utilization"},
 		{[]string{"--gpu-memory-utilization", "1.01"}, "--gpu-memory-utilization"},
 		{[]string{"--prefix-cache-pages", "-1"}, "--prefix-cache-pages"},
-		{[]string{"--serve-layout", "cluster", "--model", "/m", "--http-addr", "127.0.0.1:0", "--prefix-cache-pages", "4097"}, "--prefix-cache-pages"},
+		{[]string{"--serve-layout", "cluster", "--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-capacity-pages", "4096", "--prefix-cache-pages", "4097"}, "--prefix-cache-pages"},
 		{[]string{"--serve-capacity-pages", "64", "--prefix-cache-pages", "65"}, "--prefix-cache-pages"},
 		{[]string{"--prefix-caching=maybe"}, "prefix-caching"},
 		{[]string{"--max-model-len", "-1"}, "--max-model-len"},
