@@ -445,12 +445,16 @@ func TestDeviceOffloadFusedResident(t *testing.T) {
 				}
 			}
 			steps := 0
+			allPages := false // steps read every page of their sequences
 			step := func(what string, fused bool, seqs ...pagestore.SeqID) {
 				t.Helper()
 				var ra, rb []shard.SeqStep
 				for _, id := range seqs {
 					q := randF32(rng, qh*d)
 					bud := []int{0, 2 * s, 6 * s}[rng.IntN(3)]
+					if allPages {
+						bud = capacity * s
+					}
 					ra = append(ra, shard.SeqStep{Seq: id, Q: q, BudgetTokens: bud})
 					rb = append(rb, shard.SeqStep{Seq: ids[id], Q: q, BudgetTokens: bud})
 				}
@@ -526,10 +530,18 @@ func TestDeviceOffloadFusedResident(t *testing.T) {
 			}
 			defer off2.Close()
 			off = off2
+			// As TestOffloadFusedRecency (the CPU twin): the small
+			// sequence's fused steps read every one of its pages (only the
+			// pages a step attends are stamped), the last of them after
+			// the big sequence's first pages were admitted, so that LRU
+			// must evict those before the small sequence's.
+			allPages = true
 			small := create(10 * s)
 			step("small", true, small)
 			step("small again", true, small)
-			big := create(80 * s) // 90 pages for 60 slots
+			big := create(30 * s) // 40 pages for 60 slots: all resident
+			step("both resident", true, small)
+			appendBoth(big, 40*s) // 80 pages for 60 slots
 			table, err := off.Store().AppendPageTable(nil, ids[small])
 			if err != nil {
 				t.Fatal(err)
