@@ -7,7 +7,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/questrt/questrt/cluster"
 
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
@@ -201,14 +200,25 @@ var ErrNoClusterCapacity = errors.New("serve: no cluster capacity for the pool")
 
 // ClusterCapacity is a Cluster that reports the pages its nodes can
 // still host, so that CapacityPages 0 sizes the pool from them
-// (internal/serveengine's CoordinatorCluster). NodePages is called from
+// (internal/serveengine's CoordinatorCluster). RankPages is called from
 // New only, before any sequence is created.
 type ClusterCapacity interface {
 	Cluster
-	// NodePages returns the nodes that a grid may be placed on now, each
-	// with the pages it can still host (cluster.NodesOf a membership
-	// view, less the nodes placement refuses). ctx bounds it.
-	NodePages(ctx context.Context) ([]cluster.NodeInfo, error)
+	// RankPages reports the nodes that a grid may be placed on now (the
+	// membership's nodes less those placement refuses): how many, their
+	// free pages summed, and the most pages each of ranks equal ranks
+	// can reserve on them together (cluster.RankPages over
+	// cluster.NodesOf; placement's rule). ctx bounds it.
+	RankPages(ctx context.Context, ranks int) (NodeCapacity, error)
+}
+
+// NodeCapacity is what a ClusterCapacity reports: Nodes nodes with
+// FreePages pages free in all, of which PerRank pages each for the
+// ranks asked about.
+type NodeCapacity struct {
+	Nodes     int
+	FreePages uint64
+	PerRank   uint64
 }
 
 // sizeClusterPool resolves cfg.CapacityPages 0 with a Cluster that
@@ -239,13 +249,10 @@ func (s *Server) sizeClusterPool(cfg Config, cc ClusterCapacity, maxContext int)
 	defer cancel()
 	var err error
 	for wait, looks := 20*time.Millisecond, 1; ; wait, looks = min(2*wait, 500*time.Millisecond), looks+1 {
-		var nodes []cluster.NodeInfo
-		if nodes, err = cc.NodePages(ctx); err == nil {
-			ps.Nodes, ps.NodePages = len(nodes), 0
-			for _, n := range nodes {
-				ps.NodePages += n.FreePages
-			}
-			rank := int64(min(cluster.RankPages(nodes, ps.Ranks), math.MaxInt64))
+		var nc NodeCapacity
+		if nc, err = cc.RankPages(ctx, ps.Ranks); err == nil {
+			ps.Nodes, ps.NodePages = nc.Nodes, nc.FreePages
+			rank := int64(min(nc.PerRank, math.MaxInt64))
 			ps.Pages, ps.Bound = boundPages(rank-int64(s.monitorSlack()), need, cfg.MaxRunning)
 			if ps.Bound == "memory" {
 				ps.Bound = "nodes"

@@ -25,8 +25,16 @@ type capacityCluster struct {
 	nodes func(look int) ([]cluster.NodeInfo, error)
 }
 
-func (c *capacityCluster) NodePages(ctx context.Context) ([]cluster.NodeInfo, error) {
-	return c.nodes(int(c.looks.Add(1)) - 1)
+func (c *capacityCluster) RankPages(ctx context.Context, ranks int) (NodeCapacity, error) {
+	nodes, err := c.nodes(int(c.looks.Add(1)) - 1)
+	if err != nil {
+		return NodeCapacity{}, err
+	}
+	nc := NodeCapacity{Nodes: len(nodes), PerRank: cluster.RankPages(nodes, ranks)}
+	for _, n := range nodes {
+		nc.FreePages += n.FreePages
+	}
+	return nc, nil
 }
 
 // threeNodes are free pages of 3000, 1700 and 1100: 2 ranks (a 2 x 1

@@ -40,10 +40,25 @@ type coordCluster struct{ co *coord.Coordinator }
 
 var _ serve.ClusterCapacity = coordCluster{}
 
-// NodePages returns the nodes the coordinator may place a grid on now,
-// with their free pages (serve.ClusterCapacity).
-func (c coordCluster) NodePages(ctx context.Context) ([]cluster.NodeInfo, error) {
-	return c.co.Placeable(ctx)
+// RankPages reports the nodes the coordinator may place a grid on now,
+// their free pages and the pages each of ranks ranks can reserve on them
+// (serve.ClusterCapacity).
+func (c coordCluster) RankPages(ctx context.Context, ranks int) (serve.NodeCapacity, error) {
+	nodes, err := c.co.Placeable(ctx)
+	if err != nil {
+		return serve.NodeCapacity{}, err
+	}
+	return NodeCapacity(nodes, ranks), nil
+}
+
+// NodeCapacity sums nodes' free pages and sizes ranks equal ranks on
+// them by placement's rule (cluster.RankPages).
+func NodeCapacity(nodes []cluster.NodeInfo, ranks int) serve.NodeCapacity {
+	nc := serve.NodeCapacity{Nodes: len(nodes), PerRank: cluster.RankPages(nodes, ranks)}
+	for _, n := range nodes {
+		nc.FreePages += n.FreePages
+	}
+	return nc
 }
 
 func (c coordCluster) Create(ctx context.Context, spec serve.GridSpec) (model.Sequence, error) {
