@@ -11,7 +11,7 @@ import (
 
 	"github.com/questrt/questrt/cluster/client"
 
-	"github.com/questrt/questrt/internal/demo"
+	"github.com/questrt/questrt/cmd/questctl/internal/demo"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/plan"
 )

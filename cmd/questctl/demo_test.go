@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/questrt/questrt/internal/demo"
+	"github.com/questrt/questrt/cmd/questctl/internal/demo"
 	"github.com/questrt/questrt/internal/memlimit"
 )
 

@@ -12,9 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/questrt/questrt/cmd/questctl/internal/plots"
 	"github.com/questrt/questrt/eval"
 	"github.com/questrt/questrt/internal/memlimit"
-	"github.com/questrt/questrt/internal/plots"
 	"github.com/questrt/questrt/internal/readlimit"
 )
 

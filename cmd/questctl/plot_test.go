@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/questrt/questrt/internal/plots"
+	"github.com/questrt/questrt/cmd/questctl/internal/plots"
 )
 
 const resultsDir = "../../bench/results"

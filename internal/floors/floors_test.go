@@ -47,7 +47,7 @@ func floorOf(p string) (floor int, ok bool) {
 		return 5, true
 	case under("serve"):
 		return 6, true
-	case under("cmd", "bench", "replay", "e2e", "internal/demo", "internal/plots", "internal/evalengine",
+	case under("cmd", "bench", "replay", "e2e", "internal/evalengine",
 		"internal/serveengine"):
 		return 7, true
 	}

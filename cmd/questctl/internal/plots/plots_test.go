@@ -15,7 +15,7 @@ import (
 // dumpDir keeps the test figures for a look: go test -args -dump DIR.
 var dumpDir = flag.String("dump", "", "write the figures drawn from bench/results to this directory")
 
-const results = "../../bench/results"
+const results = "../../../../bench/results"
 
 func readFiles(t *testing.T, kind Kind, paths ...string) *Data {
 	t.Helper()
