@@ -7,7 +7,6 @@ import (
 	"math"
 	"time"
 
-
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
 )
