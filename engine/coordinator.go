@@ -55,7 +55,11 @@ type Engine struct {
 	begin        worker.BeginRequest
 	routed, took []int // per request: ranks the new token went to, ranks that took it
 	ran          []int // the layer a step ran, for end
-	errs         []error
+	// Reused by each open step (one at a time, under mu): its ran layers
+	// and the rows whose new tokens a device layer queued.
+	stepRan    []int
+	stepQueued []bool
+	errs       []error
 }
 
 // slot is where a rank lives: worker w, entry k of its ranks.

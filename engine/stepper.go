@@ -91,10 +91,15 @@ type stepState struct {
 	nNew  int
 	err   error // the failure that ended the layer runs
 	ended bool
-	// queued lists the rows whose new tokens a device layer queued
+	// queued marks the rows whose new tokens a device layer queued
 	// (layerTensor; End waits for them).
-	queued []int
+	queued []bool
 	device bool // a layer ran on device tensors
+	// dctx bounds the step's device layers (layerTensor): derived from
+	// the first one's context (dparent) with StepTimeout, reused while
+	// the layers pass that context; dcancel releases it at End.
+	dctx, dparent context.Context
+	dcancel       context.CancelFunc
 	// ahead is the BeginStep sent ahead of the first layer to the one
 	// worker across a network (nil: none, or its answer came).
 	ahead *aheadBegin
@@ -147,7 +152,7 @@ func (e *Engine) open(ctx context.Context, b decode.Batch) (*stepState, error) {
 		return nil, fmt.Errorf("begin step: %w: empty batch", ErrBadInput)
 	}
 	st := &stepState{e: e, opt: b.Options, first: b.FirstLayer, next: b.FirstLayer, last: b.LastLayer(c.Layers),
-		reqs: make([]Request, len(b.Rows)), lens: make([]int, len(b.Rows))}
+		reqs: make([]Request, len(b.Rows)), lens: make([]int, len(b.Rows)), ran: e.stepRan[:0]}
 	seen := make(map[SeqID]bool, len(b.Rows))
 	for i, r := range b.Rows {
 		sq, err := e.lookup(r.Seq)
@@ -376,12 +381,26 @@ func (st *stepState) End(ctx context.Context) error {
 		_ = a.settle(actx)
 		cancel()
 	}
+	defer st.release()
 	if st.device {
 		return st.endTensor(ctx)
 	}
 	e.ran = append(e.ran[:0], st.ran...)
 	e.end(st.id, st.err != nil, e.ran, len(e.workers))
 	return nil
+}
+
+// release gives the step's buffers back to the engine for the next step
+// and its device layers' context (End, e.mu held).
+func (st *stepState) release() {
+	if st.dcancel != nil {
+		st.dcancel()
+		st.dctx, st.dparent, st.dcancel = nil, nil, nil
+	}
+	st.e.stepRan, st.ran = st.ran[:0], nil
+	if st.queued != nil {
+		st.e.stepQueued, st.queued = st.queued[:0], nil
+	}
 }
 
 // eachWorker calls f for every worker but skip (-1: none), all at once

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/questrt/questrt/decode"
@@ -90,11 +91,13 @@ func (st *stepState) layerTensor(ctx context.Context, layer int, q, k, v decode.
 		return fmt.Errorf("layer %d: %w", layer, err)
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, c.StepTimeout)
-	defer cancel()
+	ctx = st.deviceContext(ctx)
 	st.next = layer + 1
 	st.ran = append(st.ran, layer)
 	st.device = true
+	if st.queued == nil {
+		st.queued = append(e.stepQueued[:0], make([]bool, n)...)
+	}
 	appended, err := tw.LayerTensor(ctx, st.id, layer, q, k, v, res.O, decode.Tensor{})
 	// The worker appended the first `appended` new tokens (one rank: a
 	// row's token is all there or not at all).
@@ -105,7 +108,7 @@ func (st *stepState) layerTensor(ctx context.Context, layer int, q, k, v decode.
 		}
 		if j < appended {
 			st.seqs[i].lens[layer]++
-			st.queued = append(st.queued, i)
+			st.queued[i] = true
 		}
 		j++
 	}
@@ -119,6 +122,31 @@ func (st *stepState) layerTensor(ctx context.Context, layer int, q, k, v decode.
 	res.Time = decode.Times{Total: time.Since(start)}
 	res.Plans = plans
 	return nil
+}
+
+// deviceContext returns the context of a device layer called with ctx:
+// ctx bounded by StepTimeout from the step's first device layer (the
+// timeout bounds the step; a device layer only queues work). One context
+// serves every layer that passes the first one's ctx: no timer a layer.
+func (st *stepState) deviceContext(ctx context.Context) context.Context {
+	if st.dctx != nil && sameContext(ctx, st.dparent) {
+		return st.dctx
+	}
+	if st.dcancel != nil {
+		st.dcancel()
+	}
+	st.dparent = ctx
+	st.dctx, st.dcancel = context.WithTimeout(ctx, st.e.cfg.StepTimeout)
+	return st.dctx
+}
+
+// sameContext reports whether a and b are the same context value (false
+// when either cannot be compared).
+func sameContext(a, b context.Context) bool {
+	if a == nil || b == nil || reflect.TypeOf(a) != reflect.TypeOf(b) || !reflect.TypeOf(a).Comparable() {
+		return false
+	}
+	return a == b
 }
 
 // endTensor ends a step that queued work on a device: the worker's
@@ -139,8 +167,10 @@ func (st *stepState) endTensor(ctx context.Context) error {
 	if err == nil {
 		return nil
 	}
-	for _, i := range st.queued {
-		st.seqs[i].broken = true
+	for i, q := range st.queued {
+		if q {
+			st.seqs[i].broken = true
+		}
 	}
 	return fmt.Errorf("end step: %w: %w", decode.ErrStepFailed, err)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/questrt/questrt/decode"
@@ -158,6 +159,8 @@ type Executor struct {
 	steps                                [][]model.StepInfo // [row][layer] of the last Decode
 	greedy                               []int              // each row's argmax in the last Decode
 	marker                               PhaseMarker        // phase marks (MarkPhases), or nil
+	qkv                                  [3]decode.Tensor   // attnIn's GemvNorm outputs (no slice allocated a layer)
+	gateUp                               [2]decode.Tensor   // attnOut's
 	phases                               Phases             // of the last marked Decode
 }
 
@@ -451,9 +454,11 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 		return nil, fmt.Errorf("gpu: phase mark: %w", err)
 	}
 	res := decode.Result{O: o}
-	x.steps = x.steps[:0]
-	for range n {
-		x.steps = append(x.steps, make([]model.StepInfo, 0, c.Layers))
+	// Each row's steps reuse the last Decode's (LastSteps' slices are
+	// the executor's until the next Decode).
+	x.steps = slices.Grow(x.steps[:0], n)[:n]
+	for i := range x.steps {
+		x.steps[i] = slices.Grow(x.steps[i][:0], c.Layers)
 	}
 	for li := range x.layers {
 		l := &x.layers[li]
@@ -526,8 +531,9 @@ func (x *Executor) Decode(ctx context.Context, st decode.Stepper, rows []Row) ([
 // of x normalised (one GEMV or GEMM), and their rotation.
 func (x *Executor) attnIn(ctx context.Context, l *layer, xx, q, k, v, cs decode.Tensor, n int) error {
 	c := x.cfg
+	x.qkv = [3]decode.Tensor{q, k, v}
 	return errors.Join(
-		x.be.GemvNorm(ctx, l.qkv, xx, l.attnNorm, float32(c.RMSNormEps), n, q, k, v),
+		x.be.GemvNorm(ctx, l.qkv, xx, l.attnNorm, float32(c.RMSNormEps), n, x.qkv[:]...),
 		x.be.Rope(ctx, q, k, n, c.Heads, c.KVHeads, c.HeadDim, cs),
 	)
 }
@@ -536,9 +542,10 @@ func (x *Executor) attnIn(ctx context.Context, l *layer, xx, q, k, v, cs decode.
 // projection added to the residual x, and the MLP (SwiGLU) added too.
 func (x *Executor) attnOut(ctx context.Context, l *layer, xx, o, gate, up decode.Tensor, n int) error {
 	be := x.be
+	x.gateUp = [2]decode.Tensor{gate, up}
 	return errors.Join(
 		be.Gemv(ctx, xx, l.wo, o, xx, n),
-		be.GemvNorm(ctx, l.gateUp, xx, l.mlpNorm, float32(x.cfg.RMSNormEps), n, gate, up),
+		be.GemvNorm(ctx, l.gateUp, xx, l.mlpNorm, float32(x.cfg.RMSNormEps), n, x.gateUp[:]...),
 		be.SiluMul(ctx, gate, up),
 		be.Gemv(ctx, xx, l.down, gate, xx, n),
 	)
