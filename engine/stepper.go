@@ -100,6 +100,12 @@ type stepState struct {
 	// the layers pass that context; dcancel releases it at End.
 	dctx, dparent context.Context
 	dcancel       context.CancelFunc
+	// tw is the worker of the step's device layers (on twDev), checked
+	// is each tensor of layerTensor's checks (q, k, v, output) that the
+	// backend took at an earlier layer of the step.
+	tw      worker.TensorWorker
+	twDev   decode.Device
+	checked [4]decode.Tensor
 	// ahead is the BeginStep sent ahead of the first layer to the one
 	// worker across a network (nil: none, or its answer came).
 	ahead *aheadBegin

@@ -51,11 +51,15 @@ func (st *stepState) layerTensor(ctx context.Context, layer int, q, k, v decode.
 	if st.opt.Phased {
 		return fmt.Errorf("layer %d: %w: a phased step runs on host tensors", layer, decode.ErrDeviceTensor)
 	}
-	tw, err := e.tensorWorker(dev)
-	if err != nil {
-		return fmt.Errorf("layer %d: %w", layer, err)
+	tw := st.tw
+	if tw == nil || dev != st.twDev {
+		var err error
+		if tw, err = e.tensorWorker(dev); err != nil {
+			return fmt.Errorf("layer %d: %w", layer, err)
+		}
+		st.tw, st.twDev = tw, dev
 	}
-	for _, t := range [...]struct {
+	for ti, t := range [...]struct {
 		name string
 		t    decode.Tensor
 		n    int
@@ -70,12 +74,16 @@ func (st *stepState) layerTensor(ctx context.Context, layer int, q, k, v decode.
 			return fmt.Errorf("layer %d: %w: %s is on %v, q on %v", layer, decode.ErrDeviceTensor, t.name, t.t.Device, dev)
 		case t.t.Len != t.n:
 			return fmt.Errorf("layer %d: %w: %s has %d floats, want %d", layer, ErrBadInput, t.name, t.t.Len, t.n)
+		case sameTensor(st.checked[ti], t.t):
+			// Checked by an earlier layer of the step (the worker checks
+			// it again before it queues anything).
 		default:
 			// The backend's own conditions (stream, address), before any
 			// state changes.
 			if err := tw.CheckTensor(t.name, t.t, t.n); err != nil {
 				return fmt.Errorf("layer %d: %w", layer, err)
 			}
+			st.checked[ti] = t.t
 		}
 	}
 	// The step reads q in more than one kernel and writes the output:
@@ -122,6 +130,11 @@ func (st *stepState) layerTensor(ctx context.Context, layer int, q, k, v decode.
 	res.Time = decode.Times{Total: time.Since(start)}
 	res.Plans = plans
 	return nil
+}
+
+// sameTensor reports whether a and b are the same device tensor view.
+func sameTensor(a, b decode.Tensor) bool {
+	return !a.OnHost() && a.Device == b.Device && a.Ptr == b.Ptr && a.Len == b.Len && a.Stream == b.Stream && b.Data == nil
 }
 
 // deviceContext returns the context of a device layer called with ctx:
