@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/questrt/questrt/collective"
+	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
@@ -30,6 +31,9 @@ type stepState struct {
 	own         [][]int        // per hosted rank: the New sequences whose token it stores
 	plans       []plan.Plan    // the current layer's plan per batch index
 	marks       [][][]int      // per batch index: its step marker's lengths (stepmark.go), nil if none
+	// checked holds each tensor of checkTensorLayer (q, k, v, o, lse)
+	// that the shard took at an earlier layer of the step.
+	checked [5]decode.Tensor
 	// Layer scratch.
 	order []int
 	seen  []bool
@@ -41,6 +45,7 @@ type stepState struct {
 // them all).
 func (st *stepState) reset(m BeginRequest, ranks int) {
 	st.id, st.first, st.next, st.ran, st.failed, st.queued = m.Step, m.Layer, m.Layer, st.ran[:0], false, false
+	st.checked = [5]decode.Tensor{}
 	st.phased, st.diag, st.dense = m.Phased || m.Diagnostics, m.Diagnostics, m.ForceDense
 	st.seqs = append(st.seqs[:0], m.Seqs...)
 	if st.index == nil {

@@ -147,7 +147,7 @@ func (l *Local) checkTensorLayer(step uint64, layer int, q, k, v, o, lse decode.
 	if layer < st.next {
 		return fmt.Errorf("%w: layers must increase (next %d)", ErrStep, st.next)
 	}
-	for _, t := range [...]struct {
+	for ti, t := range [...]struct {
 		name string
 		t    decode.Tensor
 		n    int
@@ -161,9 +161,13 @@ func (l *Local) checkTensorLayer(step uint64, layer int, q, k, v, o, lse decode.
 		if t.t.Zero() && (t.n == 0 || t.name == "lse") {
 			continue // no new tokens: k and v may be empty; lse not wanted
 		}
+		if c := st.checked[ti]; !c.OnHost() && c.Device == t.t.Device && c.Ptr == t.t.Ptr && c.Len == t.t.Len && c.Len == t.n && c.Stream == t.t.Stream && t.t.Data == nil {
+			continue // the shard took this view at an earlier layer of the step
+		}
 		if err := l.ranks[0].sh.CheckTensor(t.name, t.t, t.n); err != nil {
 			return fmt.Errorf("%w: %w", ErrBadMessage, err)
 		}
+		st.checked[ti] = t.t
 	}
 	if layer != st.first {
 		for si, s := range st.seqs {
