@@ -122,39 +122,48 @@ func BenchmarkDecodeHost(b *testing.B) {
 	}
 }
 
-func benchDecodeHost(b *testing.B, noop bool) {
-	const ctxTokens = 4096
+// hostSetup is an executor of c on a hostDevice with an engine whose
+// pages are there, and a row that holds ctxTokens prompt tokens and room
+// for steps more (closed with tb).
+func hostSetup(tb testing.TB, c model.Config, ctxTokens, steps int) (*hostDevice, *engine.Engine, *Executor, []Row) {
+	tb.Helper()
 	ctx := context.Background()
-	c := hostBenchConfig(b)
 	cpu := kernels.NewCPU(kernels.CPUConfig{Workers: 1})
-	defer cpu.Close()
+	tb.Cleanup(func() { cpu.Close() })
 	dev := &hostDevice{QueuedDevice: &backendtest.QueuedDevice{FakeDevice: backendtest.FakeDevice{CPU: cpu}}}
 	pol := plan.DefaultPolicy()
 	pol.PageSize, pol.BudgetTokens, pol.DenseLayers = 16, 1024, 2
-	cfg := engine.ModelConfig(c.Geometry(), pol, (ctxTokens+b.N)/pol.PageSize+4)
+	cfg := engine.ModelConfig(c.Geometry(), pol, (ctxTokens+steps)/pol.PageSize+4)
 	cfg.Backend, cfg.DeviceResident = dev, true
 	e, err := engine.New(cfg)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	defer e.Close()
+	tb.Cleanup(func() { e.Close() })
 	x, err := NewRandom(ctx, dev, c, 7, Options{Float32Weights: true, MaxBatch: 1, PrefillChunk: 1024})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	defer x.Close(ctx)
+	tb.Cleanup(func() { x.Close(ctx) })
 	id, err := e.Create(plan.Striped)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	prompt := make([]int, ctxTokens)
 	for i := range prompt {
 		prompt[i] = 3 + (i*7+i*i/5)%290
 	}
 	if _, err := x.Prefill(ctx, e, id, prompt, 0); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	rows := []Row{{Seq: id, Token: 5, Pos: ctxTokens}}
+	return dev, e, x, []Row{{Seq: id, Token: 5, Pos: ctxTokens}}
+}
+
+func benchDecodeHost(b *testing.B, noop bool) {
+	const ctxTokens = 4096
+	ctx := context.Background()
+	c := hostBenchConfig(b)
+	dev, e, x, rows := hostSetup(b, c, ctxTokens, b.N)
 	dev.noop = noop
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
@@ -174,5 +183,30 @@ func benchDecodeHost(b *testing.B, noop bool) {
 	b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/perLayer, "allocs/layer")
 	if s := x.LastSteps(0); len(s) != c.Layers {
 		b.Fatal(fmt.Sprintf("%d layer steps", len(s)))
+	}
+}
+
+// TestDecodeHostAllocs: a Decode's host logic on the device path
+// allocates nothing a layer (the kernels switched off, hostDevice): a
+// model of 8 layers allocates what one of 2 does, a step.
+func TestDecodeHostAllocs(t *testing.T) {
+	ctx := context.Background()
+	allocs := map[int]float64{}
+	for _, layers := range []int{2, 8} {
+		c := tinyConfig(t)
+		c.Layers = layers
+		dev, e, x, rows := hostSetup(t, c, 100, 200)
+		dev.noop = true
+		allocs[layers] = testing.AllocsPerRun(50, func() {
+			next, err := x.Decode(ctx, e, rows)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows[0].Token, rows[0].Pos = next[0], rows[0].Pos+1
+		})
+	}
+	t.Logf("allocations a Decode: %v (by layers)", allocs)
+	if allocs[8] > allocs[2] {
+		t.Errorf("a Decode of 8 layers allocates %v times, of 2 layers %v: allocations a layer", allocs[8], allocs[2])
 	}
 }
