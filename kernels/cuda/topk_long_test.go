@@ -672,12 +672,10 @@ func BenchmarkTopKLong(b *testing.B) {
 	}
 }
 
-func benchTopKLong(b *testing.B, n, rows, k int, path string) {
-	be, err := New(Config{DType: plan.BFloat16})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer be.Close()
+// longTopKInput is the long-row benchmarks' input: rows rows of n
+// Quest-like scores (normal, mean 100, deviation 10; seeded), each row
+// keeping k.
+func longTopKInput(n, rows, k int) ([]float32, kernels.TopKPlan) {
 	rng := rand.New(rand.NewPCG(21, 22))
 	scores := make([]float32, n*rows)
 	for i := range scores {
@@ -687,6 +685,16 @@ func benchTopKLong(b *testing.B, n, rows, k int, path string) {
 	for r := range rows {
 		p.Add(r*n, n, 0, k, r*k)
 	}
+	return scores, p
+}
+
+func benchTopKLong(b *testing.B, n, rows, k int, path string) {
+	be, err := New(Config{DType: plan.BFloat16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	scores, p := longTopKInput(n, rows, k)
 	if path == "auto" {
 		b.Logf("dispatch: %s", topkPath(&p))
 	}
@@ -789,15 +797,7 @@ func BenchmarkTopKThrPhases(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer be.Close()
-			rng := rand.New(rand.NewPCG(21, 22))
-			scores := make([]float32, n*rows)
-			for i := range scores {
-				scores[i] = float32(100 + 10*rng.NormFloat64())
-			}
-			var p kernels.TopKPlan
-			for r := range rows {
-				p.Add(r*n, n, 0, k, r*k)
-			}
+			scores, p := longTopKInput(n, rows, k)
 			prof := make([]int64, 16*rows)
 			var warm float64
 			err = be.do(context.Background(), func() error {
