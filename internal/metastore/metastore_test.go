@@ -374,6 +374,24 @@ func TestBoltSummariesDamage(t *testing.T) {
 	}
 }
 
+// summaryBatch is a batch putting manifest 1, of two layers of n pages
+// in slots 0..n-1, with an 8 KiB summary record a slot (byte i of slot
+// sl's is sl*mul + i).
+func summaryBatch(n int32, mul int) metastore.ManifestBatch {
+	b := metastore.ManifestBatch{SlotCRC: map[int32]uint32{}, Summaries: map[int32][]byte{}, NextID: 2}
+	var slots []int32
+	for sl := range n {
+		sum := make([]byte, 8<<10)
+		for i := range sum {
+			sum[i] = byte(int(sl)*mul + i)
+		}
+		b.SlotCRC[sl], b.Summaries[sl] = uint32(sl)+1, sum
+		slots = append(slots, sl)
+	}
+	b.Put = []metastore.Manifest{{ID: 1, Lens: []int{int(n) * 16, int(n) * 16}, Slots: slots}}
+	return b
+}
+
 // TestBoltManifestsMmapBytes: a file opened with MmapBytes far above
 // what it holds stays the size of what was written (the map is address
 // space only), and 256 summary records of 8 KiB committed at once
@@ -388,17 +406,7 @@ func TestBoltManifestsMmapBytes(t *testing.T) {
 	if err := m.Init(ctx, f); err != nil {
 		t.Fatal(err)
 	}
-	b := metastore.ManifestBatch{SlotCRC: map[int32]uint32{}, Summaries: map[int32][]byte{}, NextID: 2}
-	var slots []int32
-	for sl := range int32(256) {
-		sum := make([]byte, 8<<10)
-		for i := range sum {
-			sum[i] = byte(int(sl)*7 + i)
-		}
-		b.SlotCRC[sl], b.Summaries[sl] = uint32(sl)+1, sum
-		slots = append(slots, sl)
-	}
-	b.Put = []metastore.Manifest{{ID: 1, LenRec: 0, Lens: []int{256 * 16, 256 * 16}, Slots: slots}}
+	b := summaryBatch(256, 7)
 	if err := m.Commit(ctx, b); err != nil {
 		t.Fatal(err)
 	}

@@ -49,18 +49,7 @@ func TestBoltMmapFallback(t *testing.T) {
 	if err := m.Init(ctx, f); err != nil {
 		t.Fatal(err)
 	}
-	b := metastore.ManifestBatch{SlotCRC: map[int32]uint32{}, Summaries: map[int32][]byte{}, NextID: 2}
-	var slots []int32
-	for sl := range int32(64) {
-		sum := make([]byte, 8<<10)
-		for i := range sum {
-			sum[i] = byte(int(sl)*5 + i)
-		}
-		b.SlotCRC[sl], b.Summaries[sl] = uint32(sl)+1, sum
-		slots = append(slots, sl)
-	}
-	b.Put = []metastore.Manifest{{ID: 1, Lens: []int{64 * 16, 64 * 16}, Slots: slots}}
-	if err := m.Commit(ctx, b); err != nil {
+	if err := m.Commit(ctx, summaryBatch(64, 5)); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Close(); err != nil {
