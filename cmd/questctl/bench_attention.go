@@ -66,7 +66,7 @@ L2 where one layer's summaries fit in it).`)
 	fs.IntVar(&c.Iters, "iters", c.Iters, fmt.Sprintf("timed steps per configuration (1..%d)", bench.MaxIters))
 	maxMem := maxMemoryFlag(fs)
 	asJSON := fs.Bool("json", false, "no table on stderr: JSON lines on stdout, progress lines on stderr (default also prints a table to stderr)")
-	cudaKernels := fs.String("cuda-kernels", "", "cuda: tuning overrides, comma-separated: attend=NAME and score=NAME (tensor-core kernel variants of kernels/cuda/mma.cu; score=quest_score8 scores fp8 summaries on the CUDA cores), topk=thr|twostage|radix|onestage (force a top-K kernel), score-chunk=N and attend-chunk=N (pages per block / work item)")
+	cudaKernels := fs.String("cuda-kernels", "", "cuda: tuning overrides, comma-separated: attend=NAME and score=NAME (tensor-core kernel variants of kernels/cuda/mma.cu; score=quest_score8 scores fp8 summaries on the CUDA cores), topk=thr|twostage|radix|onestage (force a top-K kernel), score-chunk=N and attend-chunk=N (pages per block / work item), uploads=always (copy a call's inputs even when the device holds the same bytes)")
 	plotOut := fs.String("plot", "", "after the run, draw time per step vs context (log-log) from its JSON lines to this PNG file (as 'questctl plot')")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
 		var err error

@@ -57,7 +57,8 @@ func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtyp
 }
 
 // parseCUDAKernels sets the tuning overrides of --cuda-kernels (attend=NAME,
-// score=NAME, topk=PATH, score-chunk=N, attend-chunk=N, comma-separated)
+// score=NAME, topk=PATH, score-chunk=N, attend-chunk=N, uploads=always,
+// comma-separated)
 // in cfg; the backend checks the names when it starts.
 func parseCUDAKernels(spec string, cfg *cuda.Config) error {
 	if spec == "" {
@@ -72,6 +73,11 @@ func parseCUDAKernels(spec string, cfg *cuda.Config) error {
 			cfg.ScoreKernel = v
 		case ok && k == "topk":
 			cfg.TopKPath = v
+		case ok && k == "uploads":
+			if v != "always" {
+				return usageError{fmt.Errorf("--cuda-kernels: uploads=%q: the only value is always", v)}
+			}
+			cfg.AlwaysUpload = true
 		case ok && (k == "score-chunk" || k == "attend-chunk"):
 			n, err := strconv.Atoi(v)
 			if err != nil || n <= 0 {
@@ -83,7 +89,7 @@ func parseCUDAKernels(spec string, cfg *cuda.Config) error {
 				cfg.AttendChunk = n
 			}
 		default:
-			return usageError{fmt.Errorf("--cuda-kernels: %q is not attend=NAME, score=NAME, topk=PATH, score-chunk=N or attend-chunk=N", kv)}
+			return usageError{fmt.Errorf("--cuda-kernels: %q is not attend=NAME, score=NAME, topk=PATH, score-chunk=N, attend-chunk=N or uploads=always", kv)}
 		}
 	}
 	return nil

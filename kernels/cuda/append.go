@@ -80,7 +80,7 @@ func (b *Backend) appendTokens(l *DeviceLayer, pageTable []int32, pos0 int, k, v
 // appendFrom is appendTokens of n tokens whose k and v are float32 in
 // device memory at kp and vp (device goroutine only).
 func (b *Backend) appendFrom(l *DeviceLayer, pageTable []int32, pos0, n int, kp, vp cu.DevicePtr) error {
-	pt, err := upload(b, "append.pt", pageTable)
+	pt, err := upload(b, keptAppendPages, pageTable)
 	if err != nil {
 		return err
 	}

@@ -162,7 +162,7 @@ func (b *Backend) prepareAttend(s kernels.Shape, l kernels.Layer, bt *kernels.Ba
 	if extra != nil {
 		extra(in)
 	}
-	if err := b.send(in, "call.in"); err != nil {
+	if err := b.send(in, keptCallIn); err != nil {
 		return nil, attendArgs{}, err
 	}
 	pg := in.ptr(idx[1])

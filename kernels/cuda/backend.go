@@ -56,6 +56,11 @@ type Config struct {
 	// kernel does not take (twostage: rows too short or k too large;
 	// radix: k over 4,096) runs the dispatch's choice.
 	TopKPath string
+	// AlwaysUpload copies a call's packed arrays and an append's touched
+	// pages to the device even when the device already holds the same
+	// bytes from the previous such call (default false: that copy is
+	// skipped, see keptCopy). For benchmarks' side-by-side runs.
+	AlwaysUpload bool
 }
 
 // topkPaths are the values of Config.TopKPath.
@@ -100,9 +105,15 @@ type Backend struct {
 	// stageWraps counts the synchronizations stage made to start the
 	// buffer over (tests).
 	stageWraps int
-	host       *DeviceLayer // scratch layer for host-array inputs
-	slotIn     []int32      // WriteSlotTable's upload: pages, then slots
-	slotIn2    []int32      // and its slots, before they join
+	// kept are the scratch buffers whose uploads are skipped when the
+	// device holds the same bytes (keptCopy), by name; skipped counts the
+	// uploads skipped (tests).
+	kept    map[string]*keptCopy
+	skipped int
+	image   []byte       // send's image of the packed arrays (keptCopy)
+	host    *DeviceLayer // scratch layer for host-array inputs
+	slotIn  []int32      // WriteSlotTable's upload: pages, then slots
+	slotIn2 []int32      // and its slots, before they join
 
 	// One upload and one download per attention or step call: b.in packs
 	// the inputs, b.out lays out o, lse and the lists (regions outO,
@@ -139,7 +150,8 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: top-K path %q: want thr, twostage, radix or onestage", cfg.TopKPath)
 	}
 	b := &Backend{cfg: cfg, turn: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
-		gemmKernel: defaultGemm, fn: map[string]cu.Function{}, smem: map[string]int{}, warps: map[string]int{}, bufs: map[string]devBuf{}}
+		gemmKernel: defaultGemm, fn: map[string]cu.Function{}, smem: map[string]int{}, warps: map[string]int{}, bufs: map[string]devBuf{},
+		kept: map[string]*keptCopy{keptCallIn: {}, keptAppendPages: {}}}
 	ready := make(chan error, 1)
 	go b.loop(ready)
 	if err := <-ready; err != nil {

@@ -140,7 +140,7 @@ func (b *Backend) WriteSlotTokens(ctx context.Context, pool any, pages, slots []
 		return err
 	}
 	return b.do(ctx, func() error {
-		pt, err := upload(b, "append.pt", pages)
+		pt, err := upload(b, keptAppendPages, pages)
 		if err != nil {
 			return err
 		}

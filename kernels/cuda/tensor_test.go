@@ -195,3 +195,135 @@ func TestEngineDeviceTensors(t *testing.T) {
 		})
 	}
 }
+
+// TestKeptUploads runs the same decode steps with every tensor on the
+// device (AppendTensor, BeginTensor, FusedStepTensor, the executor's
+// path) on two backends: one skips an upload when the device holds its
+// bytes (keptCopy), the other always uploads (AlwaysUpload). Outputs are
+// bit-identical, and at batch 1 the Quest layers after a step's first
+// one skip their inputs' copy: they have the same batch, page tables and
+// plan, while their top-K wrote the previous layer's picks into the
+// inputs' lists (a skipped copy leaves those; the top-K rewrites them).
+func TestKeptUploads(t *testing.T) {
+	const layers, qh, kvh, d, s, rounds = 5, 32, 8, 128, 16, 6
+	for _, batch := range []int{1, 3} {
+		t.Run(fmt.Sprintf("batch%d", batch), func(t *testing.T) {
+			var outs [2][][]float32
+			var skipped [2]int
+			for bi, always := range []bool{false, true} {
+				be, err := New(Config{DType: plan.BFloat16, AlwaysUpload: always})
+				if err != nil {
+					t.Fatal(err)
+				}
+				outs[bi] = keptUploadSteps(t, be, batch, layers, rounds, qh, kvh, d, s)
+				skipped[bi] = be.skipped
+				be.Close()
+			}
+			for i := range outs[0] {
+				if !slices.Equal(outs[0][i], outs[1][i]) {
+					t.Fatalf("output %d (round %d, layer %d, o/lse %d) differs between skipped and repeated uploads", i, i/(2*layers), i/2%layers, i%2)
+				}
+			}
+			// Layer 0 is dense and layer 1 the first Quest layer of a
+			// step: layers 2.. repeat layer 1's inputs.
+			if want := rounds * (layers - 2); batch == 1 && skipped[0] < want {
+				t.Fatalf("batch 1: %d uploads skipped, want at least %d", skipped[0], want)
+			}
+			if skipped[1] != 0 {
+				t.Fatalf("AlwaysUpload skipped %d uploads", skipped[1])
+			}
+			t.Logf("batch %d: %d uploads skipped in %d rounds of %d layers", batch, skipped[0], rounds, layers)
+		})
+	}
+}
+
+// keptUploadSteps runs rounds decode steps of batch sequences (contexts of
+// 700.. tokens, budget 256) over layers layers on be with device tensors
+// and returns each layer's o and lse in order.
+func keptUploadSteps(t *testing.T, be *Backend, batch, layers, rounds, qh, kvh, d, s int) [][]float32 {
+	t.Helper()
+	pol := plan.DefaultPolicy()
+	pol.DenseLayers = 1
+	pol.BudgetTokens = 256
+	cfg := shard.Config{Store: pagestore.Config{Layers: layers, Geometry: plan.Geometry{QHeads: qh, KVHeads: kvh, HeadDim: d, PageSize: s}, Capacity: 4 * 200},
+		Policy: pol, DeviceResident: true}
+	sh, err := shard.New(cfg, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	rng := rand.New(rand.NewPCG(5, 6))
+	vec := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		return x
+	}
+	up := func(x []float32) decode.Tensor {
+		tt, err := be.AllocTensor(len(x))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := be.UploadTensor(tt, x); err != nil {
+			t.Fatal(err)
+		}
+		return tt
+	}
+	var ids []pagestore.SeqID
+	for i := range batch {
+		id := sh.Store().Create()
+		n := 700 + 333*i + 13 // crosses a page boundary within the rounds
+		for l := range layers {
+			if err := sh.Append(id, l, vec(n*kvh*d), vec(n*kvh*d)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids = append(ids, id)
+	}
+	ctx := context.Background()
+	var ls shard.LocalStep
+	var res [][]float32
+	for round := range rounds {
+		var ts []decode.Tensor
+		for l := range layers {
+			var parts []shard.SeqPart
+			for _, id := range ids {
+				if err := sh.AppendTensor(id, l, up(vec(kvh*d)), up(vec(kvh*d))); err != nil {
+					t.Fatalf("round %d layer %d: append tensor: %v", round, l, err)
+				}
+				pl, err := cfg.Policy.Plan(l, cfg.Store.Pages(mustLen(t, sh, id, l)), 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				parts = append(parts, shard.SeqPart{Seq: id, Plan: pl})
+			}
+			if err := sh.BeginTensor(&ls, l, parts); err != nil {
+				t.Fatal(err)
+			}
+			o, err := be.AllocTensor(batch * qh * d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lse, err := be.AllocTensor(batch * qh)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if done, err := sh.FusedStepTensor(ctx, &ls, up(vec(batch*qh*d)), o, lse); err != nil || !done {
+				t.Fatalf("round %d layer %d: fused step on tensors: %v, %v", round, l, done, err)
+			}
+			ts = append(ts, o, lse)
+		}
+		if err := sh.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, tt := range ts {
+			x, err := be.DownloadTensor(ctx, tt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res = append(res, x)
+		}
+	}
+	return res
+}

@@ -3,6 +3,8 @@
 package cuda
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"unsafe"
@@ -26,6 +28,9 @@ func (b *Backend) buf(name string, n int64) (cu.DevicePtr, error) {
 	} else if ok {
 		cu.MemFree(bf.ptr)
 		delete(b.bufs, name)
+		if k := b.kept[name]; k != nil {
+			k.forget() // a new allocation may reuse the address
+		}
 	}
 	size := int64(1)
 	for size < n {
@@ -49,13 +54,25 @@ func upload[T int32 | int64 | float32 | float64](b *Backend, name string, s []T)
 	if err != nil || len(s) == 0 {
 		return p, err
 	}
+	k := b.kept[name]
+	img := unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), n)
+	if k != nil && !b.cfg.AlwaysUpload && k.same(p, img) {
+		b.skipped++
+		return p, nil
+	}
 	src, err := b.stage(n)
 	if err != nil {
 		return 0, err
 	}
 	copy(unsafe.Slice((*T)(src), len(s)), s)
 	if err := cu.MemcpyHtoDAsync(p, src, n, cu.Stream{}); err != nil {
+		if k != nil {
+			k.forget()
+		}
 		return 0, fmt.Errorf("cuda: upload %s: %w", name, err)
+	}
+	if k != nil {
+		k.keep(p, img)
 	}
 	b.staged = true
 	return p, nil
@@ -168,6 +185,20 @@ func setHost[T int32 | float32](p *packed, i int, s []T) {
 	}
 }
 
+// image appends p's layout and the bytes of its host arrays to dst (the
+// 256-byte padding between arrays left out): two calls whose images are
+// equal copy the same bytes to the same places.
+func (p *packed) image(dst []byte) []byte {
+	for i := range p.n {
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(p.offs[i]))
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(p.sizes[i]))
+		if p.sizes[i] > 0 && p.srcs[i] != nil {
+			dst = append(dst, unsafe.Slice((*byte)(p.srcs[i]), p.sizes[i])...)
+		}
+	}
+	return binary.LittleEndian.AppendUint64(dst, uint64(p.total))
+}
+
 // ptr is the device address of array i after send.
 func (p *packed) ptr(i int) cu.DevicePtr { return p.base + cu.DevicePtr(p.offs[i]) }
 
@@ -182,6 +213,15 @@ func (b *Backend) send(p *packed, name string) error {
 	if p.total == 0 {
 		return nil
 	}
+	k := b.kept[name]
+	if k != nil {
+		b.image = p.image(b.image[:0])
+		if !b.cfg.AlwaysUpload && k.same(dev, b.image) {
+			clear(p.srcs[:p.n]) // keep no reference to the caller's arrays
+			b.skipped++
+			return nil
+		}
+	}
 	host, err := b.stage(p.total)
 	if err != nil {
 		return err
@@ -193,7 +233,13 @@ func (b *Backend) send(p *packed, name string) error {
 	}
 	clear(p.srcs[:p.n]) // keep no reference to the caller's arrays
 	if err := cu.MemcpyHtoDAsync(dev, host, p.total, cu.Stream{}); err != nil {
+		if k != nil {
+			k.forget()
+		}
 		return fmt.Errorf("cuda: upload %s: %w", name, err)
+	}
+	if k != nil {
+		k.keep(dev, b.image)
 	}
 	b.staged = true
 	return nil
@@ -266,3 +312,44 @@ func readAs(b *Backend, p cu.DevicePtr, n int, dt plan.DType) ([]float32, error)
 	}
 	return out, nil
 }
+
+// Names of the scratch buffers whose uploads are skipped when the device
+// already holds their bytes.
+const (
+	keptCallIn      = "call.in"   // a step or attention call's packed inputs (prepareAttend)
+	keptAppendPages = "append.pt" // an append's page table (appendFrom, the slot pools' append)
+)
+
+// keptCopy remembers what the last upload into one scratch buffer copied
+// there, so that an upload of the same bytes to the same allocation can be
+// skipped. A decode step queues the same inputs for every layer: the batch,
+// its page tables' addresses, the work items, the top-K plan and the page
+// of the new token are the same from one layer to the next (each layer has
+// its own pool, addressed by the same pages), and each copy is an operation
+// in the stream between two kernels (it ends their programmatic overlap).
+//
+// A buffer qualifies only when no kernel changes its device bytes in a way
+// that a later call with the same bytes would read before rewriting them:
+// append.pt is only read; in call.in, a step's top-K writes its picks into
+// the lists region, and a call with the same image has the same plan, so
+// its own top-K rewrites the same places before its attention reads them
+// (a call of another kind packs other arrays: its image differs). buf
+// forgets a buffer's copy when it reallocates it.
+type keptCopy struct {
+	ptr  cu.DevicePtr
+	data []byte
+	ok   bool
+}
+
+// same reports whether the last upload copied img to ptr.
+func (k *keptCopy) same(ptr cu.DevicePtr, img []byte) bool {
+	return k.ok && k.ptr == ptr && bytes.Equal(k.data, img)
+}
+
+// keep records that img was copied to ptr.
+func (k *keptCopy) keep(ptr cu.DevicePtr, img []byte) {
+	k.ptr, k.data, k.ok = ptr, append(k.data[:0], img...), true
+}
+
+// forget drops the record (the buffer was freed or its upload failed).
+func (k *keptCopy) forget() { k.ok = false }
