@@ -530,4 +530,28 @@ func testArgmax(t *testing.T, dev kernels.ModelDevice) {
 			t.Errorf("row %d: argmax %d, want %d", r, got[r], want[r])
 		}
 	}
+	// Rows longer than eight strides of a 1,024-thread block (a kernel may
+	// read several of a thread's elements at once): ties within one
+	// thread's batch of reads, across batches and threads, and the last
+	// element.
+	const w = 20011
+	long := make([]float32, 3*w)
+	for _, i := range []int{5 + 3*1024, 5 + 6*1024, 2 + 12*1024} {
+		long[i] = 7 // the first: 3077
+	}
+	long[w+w-1] = 1 // the last
+	for _, i := range []int{1 + 16*1024, 1 + 8*1024, 9 + 8*1024} {
+		long[2*w+i] = -0.5 // below the zeros: the first zero
+	}
+	long[2*w+0] = -1
+	wantLong := []int32{5 + 3*1024, w - 1, 1}
+	gotLong, err := dev.Argmax(ctx, upload(t, dev, long), 3, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range wantLong {
+		if gotLong[r] != wantLong[r] {
+			t.Errorf("row %d of %d logits: argmax %d, want %d", r, w, gotLong[r], wantLong[r])
+		}
+	}
 }

@@ -86,19 +86,31 @@ __device__ void score_mma(const T* sum, const int* indptr, const int* pages, con
 	const i64 rows = per_head ? qh : kvh;
 	float* o = out + p0 * rows;
 	const int* pt = pages + p0;
-	for (i64 t0 = lo + 8 * warp; t0 < hi; t0 += 8 * nw * U) {
+	// The page numbers of a warp's next pages are loaded while its current
+	// records are in flight: the records' loads do not wait for a page
+	// table load of their own (two dependent global loads an iteration
+	// become one).
+	const i64 stride = 8 * nw * U;
+	int pn[U];
+#pragma unroll
+	for (int u = 0; u < U; u++) {
+		const i64 pp = lo + 8 * warp + u * 8 * nw + g;
+		pn[u] = pp < hi ? __ldg(pt + pp) : 0;
+	}
+	for (i64 t0 = lo + 8 * warp; t0 < hi; t0 += stride) {
 		uint4 x[U][NL];
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			const i64 pp = t0 + u * 8 * nw + g;
 			if (pp < hi) {
-				const T* r = sum + ((i64)pt[pp] * kvh + h) * (2 * D) + 8 * t;
+				const T* r = sum + ((i64)pn[u] * kvh + h) * (2 * D) + 8 * t;
 #pragma unroll
 				for (int i = 0; i < NL; i++) x[u][i] = ldg_nc(r + 32 * i);
 			} else {
 #pragma unroll
 				for (int i = 0; i < NL; i++) x[u][i] = make_uint4(0, 0, 0, 0);
 			}
+			pn[u] = pp + stride < hi ? __ldg(pt + pp + stride) : 0;
 		}
 #pragma unroll
 		for (int u = 0; u < U; u++) {
@@ -231,7 +243,16 @@ __device__ void score_mma8(const unsigned char* codes, const float* scales, cons
 	const i64 rows = per_head ? qh : kvh;
 	float* o = out + p0 * rows;
 	const int* pt = pages + p0;
-	for (i64 t0 = lo + 8 * warp; t0 < hi; t0 += 8 * nw * U) {
+	// The next pages' numbers are loaded while the current records are in
+	// flight (as in score_mma).
+	const i64 stride = 8 * nw * U;
+	int pn[U];
+#pragma unroll
+	for (int u = 0; u < U; u++) {
+		const i64 pp = lo + 8 * warp + u * 8 * nw + g;
+		pn[u] = pp < hi ? __ldg(pt + pp) : 0;
+	}
+	for (i64 t0 = lo + 8 * warp; t0 < hi; t0 += stride) {
 		uint4 x[U][NL];
 		float sc[U];
 #pragma unroll
@@ -239,7 +260,7 @@ __device__ void score_mma8(const unsigned char* codes, const float* scales, cons
 			const i64 pp = t0 + u * 8 * nw + g;
 			sc[u] = 0.f;
 			if (pp < hi) {
-				const i64 rec = (i64)pt[pp] * kvh + h;
+				const i64 rec = (i64)pn[u] * kvh + h;
 				const unsigned char* r = codes + rec * (2 * D) + 16 * t;
 #pragma unroll
 				for (int i = 0; i < NL; i++) x[u][i] = ldg_nc(r + 64 * i);
@@ -248,6 +269,7 @@ __device__ void score_mma8(const unsigned char* codes, const float* scales, cons
 #pragma unroll
 				for (int i = 0; i < NL; i++) x[u][i] = make_uint4(0, 0, 0, 0);
 			}
+			pn[u] = pp + stride < hi ? __ldg(pt + pp + stride) : 0;
 		}
 #pragma unroll
 		for (int u = 0; u < U; u++) {
