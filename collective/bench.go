@@ -282,6 +282,12 @@ type BenchResult struct {
 	// the ranks' selection start times (last start minus first): how far
 	// apart the barrier released them, included in the select latencies.
 	StartSkewP50 float64 `json:"start_skew_p50_us"`
+	// BaselineStartSkewP50 is the same spread for the baseline of the
+	// select (the ranks' BaselineStart): what the barrier's exit costs an
+	// operation that starts with no work of its own, so the excess of
+	// StartSkewP50 over it is start skew the select's own work causes
+	// (the barrier's last message waiting behind a rank's encode).
+	BaselineStartSkewP50 float64 `json:"baseline_start_skew_p50_us"`
 	// Processes is the number of OS processes the ranks ran in: 1 for
 	// BenchCollective (goroutines of one process), Shards when every rank
 	// had its own (BenchRank; questctl bench collective --nodes).
@@ -834,11 +840,12 @@ func BenchCombine(cfg BenchConfig, batch int, samples []BenchSamples) (BenchResu
 		Shards: n, Batch: batch, Transport: cfg.Transport, Steps: cfg.Steps,
 		Rows: rows, K: cfg.PageBudget, States: states, HeadDim: cfg.HeadDim,
 	}
-	var sel, mrg, skew, bs, bm, pp []float64
+	var sel, mrg, skew, bskew, bs, bm, pp []float64
 	for s := range cfg.Steps {
 		sel = append(sel, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.SelectStart, b.SelectEnd }))
 		mrg = append(mrg, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.MergeStart, b.MergeEnd }))
 		skew = append(skew, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.SelectStart, b.SelectStart }))
+		bskew = append(bskew, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.BaselineStart, b.BaselineStart }))
 		bs = append(bs, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.BaselineStart, b.BaselineEnd }))
 		bm = append(bm, groupLatencyUS(byRank, s, func(b *BenchSamples) ([]int64, []int64) { return b.MergeBaselineStart, b.MergeBaselineEnd }))
 		// Rank 0 times the round trip alone.
@@ -859,12 +866,12 @@ func BenchCombine(cfg BenchConfig, batch int, samples []BenchSamples) (BenchResu
 	res.MergeBytes, res.MergeMsgs = res.MergeBytes/steps, res.MergeMsgs/steps
 	res.BaselineBytes, res.BaselineMsgs = res.BaselineBytes/steps, res.BaselineMsgs/steps
 	res.MergeBaselineBytes, res.MergeBaselineMsgs = res.MergeBaselineBytes/steps, res.MergeBaselineMsgs/steps
-	for _, xs := range [][]float64{sel, mrg, skew, bs, bm, pp} {
+	for _, xs := range [][]float64{sel, mrg, skew, bskew, bs, bm, pp} {
 		slices.Sort(xs)
 	}
 	res.SelectP50, res.SelectP95, res.SelectP99, res.SelectMax = quantile(sel, 0.50), quantile(sel, 0.95), quantile(sel, 0.99), sel[len(sel)-1]
 	res.MergeP50, res.MergeP95, res.MergeP99, res.MergeMax = quantile(mrg, 0.50), quantile(mrg, 0.95), quantile(mrg, 0.99), mrg[len(mrg)-1]
-	res.StartSkewP50 = quantile(skew, 0.50)
+	res.StartSkewP50, res.BaselineStartSkewP50 = quantile(skew, 0.50), quantile(bskew, 0.50)
 	res.BaselineP50, res.BaselineP99 = quantile(bs, 0.50), quantile(bs, 0.99)
 	res.MergeBaselineP50, res.MergeBaselineP99 = quantile(bm, 0.50), quantile(bm, 0.99)
 	res.OverheadVsBaseline = ratio(res.SelectP50, res.BaselineP50)

@@ -458,6 +458,39 @@ func TestBenchCombineRefuses(t *testing.T) {
 	}
 }
 
+// TestBenchCombineSkew: the start skews are the median spread of the
+// ranks' start times, the select's and its baseline's each from its own.
+func TestBenchCombineSkew(t *testing.T) {
+	c := smallBench()
+	c.Steps = 3
+	// Per step, rank 1 starts the select 10, 20, 30 us and the baseline
+	// 1, 2, 3 us after rank 0.
+	mk := func(rank int) collective.BenchSamples {
+		s := collective.BenchSamples{Rank: rank, BaseNS: 1e9}
+		for step := range int64(3) {
+			at := step * 1e6
+			sel, base := at, at+5e5
+			if rank == 1 {
+				sel += (step + 1) * 10e3
+				base += (step + 1) * 1e3
+			}
+			s.SelectStart, s.SelectEnd = append(s.SelectStart, sel), append(s.SelectEnd, sel+1e5)
+			s.MergeStart, s.MergeEnd = append(s.MergeStart, at+2e5), append(s.MergeEnd, at+3e5)
+			s.BaselineStart, s.BaselineEnd = append(s.BaselineStart, base), append(s.BaselineEnd, base+1e5)
+			s.MergeBaselineStart, s.MergeBaselineEnd = append(s.MergeBaselineStart, at+7e5), append(s.MergeBaselineEnd, at+8e5)
+			s.PingPongStart, s.PingPongEnd = append(s.PingPongStart, at+9e5), append(s.PingPongEnd, at+95e4)
+		}
+		return s
+	}
+	res, err := collective.BenchCombine(c, 1, []collective.BenchSamples{mk(1), mk(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StartSkewP50 != 20 || res.BaselineStartSkewP50 != 2 {
+		t.Errorf("skew p50: select %v us, baseline %v us; want 20 and 2", res.StartSkewP50, res.BaselineStartSkewP50)
+	}
+}
+
 // TestBenchRankCancelled: BenchRank stops within a step when ctx ends,
 // with an error wrapping ctx's, and refuses invalid sizes.
 func TestBenchRankCancelled(t *testing.T) {

@@ -71,7 +71,9 @@ a ping-pong of ranks 0 and 1 over their stream. Lines carry
 baseline_p50_us, baseline_p99_us and overhead_vs_baseline (select p50 /
 baseline p50), merge_baseline_* and merge_overhead_vs_baseline,
 pingpong_p50_us and pingpong_p99_us, and the baseline's bytes, equal to
-the operations'. Every line also carries "kind", the host (CPU model,
+the operations'. start_skew_p50_us and baseline_start_skew_p50_us are the
+median spread of the ranks' start times (last minus first) of the
+selection and of its baseline: part of their latencies. Every line also carries "kind", the host (CPU model,
 cores, load average, kernel), go_version, questrt_version, commit (from
 the binary's VCS stamp, "unknown" without one), commit_modified and tls.
 
