@@ -351,7 +351,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 			aerr.param = "messages" // the rendered messages are the prompt
 		}
 	}
-	s.invalid()
+	s.notResolved(aerr)
 	aerr.write(w)
 }
 

@@ -48,9 +48,26 @@ var ErrClusterUnavailable = errors.New("serve: cluster unavailable")
 // on a new grid may run it (Config.GridRetries).
 var ErrGridLost = errors.New("serve: the sequence's grid was lost")
 
+// ErrClusterFull marks, beside ErrClusterUnavailable, a failure for
+// want of pages on the cluster's nodes: placement found no room for the
+// grid (cluster.ErrNoCapacity), or a node refused its pools
+// (remote.ErrNodeFull). Several coordinators that serve on one cluster
+// (two questd with --serve-layout cluster on the same nodes) size their
+// pools from the same free pages, and the first to open its grids gets
+// them: the others' requests fail with it (503 "cluster_unavailable",
+// whose message names the cause) until their pools follow the pages
+// left (Config.ClusterResize).
+var ErrClusterFull = errors.New("serve: no room on the cluster's nodes")
+
 // clusterUnavailable is the 503 of a request the cluster could not run.
 func (s *Server) clusterUnavailable(err error) *apiError {
 	s.log.Warn("cluster unavailable", "err", err)
+	if errors.Is(err, ErrClusterFull) {
+		return &apiError{status: http.StatusServiceUnavailable, typ: typeServer, code: "cluster_unavailable", retry: s.cfg.RetryAfter,
+			message: "The cluster's nodes have no room for the request's attention grid now: their pages are reserved by other grids " +
+				"(another coordinator's, such as a second questd serving on these nodes, which takes them first come, first served; " +
+				"or this server's grids of an earlier pool size until they close idle); retry later: " + err.Error()}
+	}
 	return &apiError{status: http.StatusServiceUnavailable, typ: typeServer, code: "cluster_unavailable", retry: s.cfg.RetryAfter,
 		message: "The cluster cannot run the request's attention grid now; retry later: " + err.Error()}
 }
@@ -127,7 +144,7 @@ func (s *Server) createClusterSeq(ctx context.Context, j *job, retry bool) (mode
 	if j.p.own {
 		pol = j.p.sel
 	}
-	gs := s.gridSpec(pol, s.cfg.CapacityPages+s.monitorSlack())
+	gs := s.gridSpec(pol, s.capacity()+s.monitorSlack())
 	seq, err := s.cfg.Cluster.Create(ctx, gs)
 	if retry {
 		deadline := time.Now().Add(s.cfg.GridRetryWait)
@@ -233,7 +250,7 @@ func (s *Server) startCreate(j *job) {
 	j.creating = true
 	j.stopWake = context.AfterFunc(j.ctx, s.poke)
 	s.creates.Add(1)
-	retry := j.retries > 0
+	retry := j.retries > 0 || j.requeued
 	go func() {
 		defer s.creates.Done()
 		seq, err := s.createClusterSeq(j.ctx, j, retry)

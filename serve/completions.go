@@ -75,7 +75,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.invalid()
+	s.notResolved(aerr)
 	aerr.write(w)
 }
 

@@ -99,6 +99,24 @@ type Config struct {
 	// longest context (30s; 0: one look); New then fails with
 	// ErrNoClusterCapacity.
 	ClusterWait time.Duration
+	// ClusterResize, with a pool sized from a ClusterCapacity's nodes
+	// (CapacityPages 0), is how often the server looks at the nodes
+	// again to follow them as they join and leave (2s; 0: the pool is
+	// sized once, at New). A look sizes the pool as New does, counting
+	// the pools of the server's own grids as free on their nodes; when
+	// the looks agree on another size for 2s (the nodes gossip their
+	// free pages a moment after a grid opens or closes), the pool takes
+	// it at the scheduler's next iteration. It shrinks
+	// at once: the newest running requests that no longer fit go back
+	// to the queue to run again from their prompt (with GridRetries, one
+	// choice each), else fail with 503 (code "pool_shrunk"), as do
+	// queued ones that will never fit. It grows only as far as a grid
+	// of the new size fits beside the server's grids open now (the
+	// coordinator keys grids by their pool: the old ones stay until
+	// their sequences end and the coordinator closes them idle). New
+	// sequences are created on grids of the new size; the prefix cache
+	// is emptied.
+	ClusterResize time.Duration
 	// CapacityPages is the engine's page pool per shard; with Cluster,
 	// the pool of every rank of the requests' grids. Every started
 	// request reserves the pages of its prompt plus max_tokens in it
@@ -123,10 +141,9 @@ type Config struct {
 	// of the server's grid and of PolicyGrids grids of requests' own
 	// options all fit the nodes' free pages (each rank reserves the
 	// whole pool on its node), with the same bounds, waiting up to
-	// ClusterWait for one request of the longest context to fit; it is
-	// not sized again as nodes come and go (the coordinator keys grids
-	// by their pool, so a resized pool would open a new grid beside the
-	// old one's pages). With another Cluster, or a Backend without
+	// ClusterWait for one request of the longest context to fit, then
+	// follows the nodes as they come and go (ClusterResize). With
+	// another Cluster, or a Backend without
 	// DeviceResident, give it.
 	// Server.PoolSize says how it was sized.
 	CapacityPages int
@@ -347,6 +364,7 @@ func DefaultConfig() Config {
 		GridRetries:          1,
 		GridRetryWait:        10 * time.Second,
 		ClusterWait:          30 * time.Second,
+		ClusterResize:        2 * time.Second,
 		ChunkTokens:          512,
 		MaxITLFactor:         2,
 		MaxBodyBytes:         1 << 20,
@@ -396,6 +414,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("serve config: grid retry wait %v: want 0 (one attempt) or more", c.GridRetryWait)
 	case c.ClusterWait < 0:
 		return fmt.Errorf("serve config: cluster wait %v: want 0 (one look) or more", c.ClusterWait)
+	case c.ClusterResize < 0:
+		return fmt.Errorf("serve config: cluster resize %v: want 0 (sized once) or more", c.ClusterResize)
 	case c.ChunkTokens < 1:
 		return fmt.Errorf("serve config: chunk %d tokens: want at least 1", c.ChunkTokens)
 	case c.MaxBatchedTokens != 0 && c.MaxBatchedTokens < c.MaxRunning:

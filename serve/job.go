@@ -68,9 +68,13 @@ type job struct {
 	// not used).
 	gen     []int
 	retries int
-	replay  []int
-	text    *stopText
-	ended   bool
+	// requeued says that j went back to the queue when the pool that
+	// follows the cluster shrank: its new sequence is created as a
+	// retry's (while the cluster answers unavailable).
+	requeued bool
+	replay   []int
+	text     *stopText
+	ended    bool
 	// With a history (Config.History): the tokens generated, the
 	// logits' most likely token at each, and the text sent.
 	keep        bool

@@ -248,9 +248,12 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 		return p, badParam(param, "invalid_value", "%d prompts x n %d = %d choices; the server runs and queues at most %d sequences (questd --max-running, --max-queued)",
 			len(list), p.n, c, most)
 	}
-	if len(list)*p.n > 1 && pages > s.cfg.CapacityPages {
+	if len(list)*p.n > 1 && pages > s.capacity() {
+		if e := s.shrunk(pages); e != nil {
+			return p, e
+		}
 		return p, badParam(param, "invalid_value", "%d prompts x n %d choices with max_tokens %d need %d KV pages per shard together; the engine's pool holds %d (questd --serve-capacity-pages)",
-			len(list), p.n, p.maxTokens, pages, s.cfg.CapacityPages)
+			len(list), p.n, p.maxTokens, pages, s.capacity())
 	}
 	p.ids = p.prompts[0]
 	return p, nil
@@ -305,14 +308,17 @@ func (s *Server) checkLength(n, maxTokens int) *apiError {
 			"This model's maximum context length is %d tokens, however you requested %d tokens (%d in your prompt; %d for the completion). Please reduce your prompt or completion length.",
 			c, n+maxTokens, n, maxTokens)
 	}
-	if need := s.pagesFor(n + maxTokens); need > s.cfg.CapacityPages {
+	if need := s.pagesFor(n + maxTokens); need > s.capacity() {
+		if e := s.shrunk(need); e != nil {
+			return e
+		}
 		param := "max_tokens"
-		if s.pagesFor(n) > s.cfg.CapacityPages {
+		if s.pagesFor(n) > s.capacity() {
 			param = "prompt" // the prompt alone does not fit
 		}
 		return badParam(param, "context_length_exceeded",
 			"the prompt's %d tokens plus max_tokens %d need %d pages per shard; the engine's pool holds %d (questd --serve-capacity-pages). Please reduce your prompt or completion length.",
-			n, maxTokens, need, s.cfg.CapacityPages)
+			n, maxTokens, need, s.capacity())
 	}
 	return nil
 }

@@ -200,24 +200,31 @@ var ErrNoClusterCapacity = errors.New("serve: no cluster capacity for the pool")
 // ClusterCapacity is a Cluster that reports the pages its nodes can
 // still host, so that CapacityPages 0 sizes the pool from them
 // (internal/serveengine's CoordinatorCluster). RankPages is called from
-// New only, before any sequence is created.
+// New, before any sequence is created, and then every
+// Config.ClusterResize from a goroutine of the server's, concurrently
+// with Create.
 type ClusterCapacity interface {
 	Cluster
 	// RankPages reports the nodes that a grid may be placed on now (the
 	// membership's nodes less those placement refuses): how many, their
 	// free pages summed, and the most pages each of ranks equal ranks
 	// can reserve on them together (cluster.RankPages over
-	// cluster.NodesOf; placement's rule). ctx bounds it.
+	// cluster.NodesOf; placement's rule), the pools of the grids this
+	// Cluster created the server's sequences on counted as free on
+	// their nodes. ctx bounds it.
 	RankPages(ctx context.Context, ranks int) (NodeCapacity, error)
 }
 
 // NodeCapacity is what a ClusterCapacity reports: Nodes nodes with
-// FreePages pages free in all, of which PerRank pages each for the
-// ranks asked about.
+// FreePages pages free in all (the server's own grids' pools counted
+// free), of which PerRank pages each for the ranks asked about; Open is
+// what each of them can reserve beside the server's grids open now
+// (PerRank when it has none).
 type NodeCapacity struct {
 	Nodes     int
 	FreePages uint64
 	PerRank   uint64
+	Open      uint64
 }
 
 // sizeClusterPool resolves cfg.CapacityPages 0 with a Cluster that
@@ -251,11 +258,7 @@ func (s *Server) sizeClusterPool(cfg Config, cc ClusterCapacity, maxContext int)
 		var nc NodeCapacity
 		if nc, err = cc.RankPages(ctx, ps.Ranks); err == nil {
 			ps.Nodes, ps.NodePages = nc.Nodes, nc.FreePages
-			rank := int64(min(nc.PerRank, math.MaxInt64))
-			ps.Pages, ps.Bound = boundPages(rank-int64(s.monitorSlack()), need, cfg.MaxRunning)
-			if ps.Bound == "memory" {
-				ps.Bound = "nodes"
-			}
+			ps.Pages, ps.Bound = s.clusterPages(nc.PerRank, need, cfg.MaxRunning)
 			if ps.Pages >= max(need, 1) {
 				return ps, nil
 			}
@@ -281,4 +284,17 @@ func (s *Server) sizeClusterPool(cfg Config, cc ClusterCapacity, maxContext int)
 		case <-t.C:
 		}
 	}
+}
+
+// clusterPages is the pool of ranks that can each reserve perRank pages
+// on the nodes: less the monitor's slack, at most maxRunning requests
+// of need pages and plan.MaxPages; the bound "nodes" when the nodes'
+// pages bounded it.
+func (s *Server) clusterPages(perRank uint64, need, maxRunning int) (int, string) {
+	rank := int64(min(perRank, math.MaxInt64))
+	pages, bound := boundPages(rank-int64(s.monitorSlack()), need, maxRunning)
+	if bound == "memory" {
+		bound = "nodes"
+	}
+	return pages, bound
 }

@@ -324,7 +324,7 @@ func (s *Server) evictPrefixes(pages int) []*prefixEntry {
 	if s.pc == nil {
 		return nil
 	}
-	room := s.cfg.CapacityPages - s.reserved - pages
+	room := s.capacity() - s.reserved - pages
 	if s.pc.pages() <= room {
 		return nil
 	}

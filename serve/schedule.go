@@ -47,6 +47,7 @@ func (s *Server) iterate() bool {
 			return false // closing: the loop stops
 		}
 	}
+	resized := s.resizePool()
 	s.mu.Lock()
 	var gone []*job
 	s.queue = slices.DeleteFunc(s.queue, func(j *job) bool {
@@ -66,7 +67,7 @@ func (s *Server) iterate() bool {
 			// Cached prefixes give way first: they never keep a
 			// request that fits the pool waiting.
 			dropped = append(dropped, s.evictPrefixes(g.pages)...)
-			if s.reserved+g.pages > s.cfg.CapacityPages {
+			if s.reserved+g.pages > s.capacity() {
 				break // resolve refused requests that never fit: pages free as running ones end
 			}
 			s.reserved += g.pages
@@ -83,7 +84,7 @@ func (s *Server) iterate() bool {
 	if len(dropped) > 0 {
 		s.dropPrefixes(dropped, 0)
 	}
-	worked := len(gone) > 0
+	worked := len(gone) > 0 || resized
 	for _, j := range gone {
 		s.end(j, nil, ctxError(j.ctx), "")
 	}
@@ -890,7 +891,7 @@ func (s *Server) grow(decoding []*job) []*job {
 			}
 			s.mu.Lock()
 			drop := s.evictPrefixes(d)
-			fits := s.reserved+d <= s.cfg.CapacityPages
+			fits := s.reserved+d <= s.capacity()
 			var v *job
 			if fits {
 				s.reserved += d

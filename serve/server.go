@@ -38,8 +38,12 @@ type Server struct {
 	// clusterSeqs counts the sequences held on Config.Cluster (the
 	// requests' and the monitor's forks).
 	clusterSeqs atomic.Int64
-	maxContext  int      // prompt + max_tokens bound (0: none)
-	pool        PoolSize // how the pool was sized (PoolSize)
+	maxContext  int // prompt + max_tokens bound (0: none)
+	// pool is how the pool was sized (PoolSize), and resized as it
+	// follows the cluster's nodes (s.mu); capPages is its Pages, for
+	// any goroutine (capacity).
+	pool     PoolSize
+	capPages atomic.Int64
 	// chatErr is why the checkpoint's chat template could not be used
 	// (nil: it has none, or Config.ChatTemplate is set).
 	chatErr error
@@ -70,6 +74,9 @@ type Server struct {
 	creates sync.WaitGroup
 	// ignored is the request field names already logged as ignored.
 	ignored ignoredFields
+	// follows owns the goroutine that follows the cluster's nodes
+	// (follow; Config.ClusterResize).
+	follows sync.WaitGroup
 
 	mu       sync.Mutex
 	closed   bool
@@ -84,7 +91,11 @@ type Server struct {
 	grids map[gridKey]*policyGrid
 	// made are the cluster sequences created for running jobs, not yet
 	// taken by the scheduler.
-	made      []madeSeq
+	made []madeSeq
+	// resize is the pool size the follower asks the scheduler for (nil:
+	// none); mostPages the largest pool the server had.
+	resize    *PoolSize
+	mostPages int
 	stats     Stats
 	closeOnce sync.Once
 }
@@ -144,8 +155,12 @@ type Stats struct {
 	GridRetries uint64
 	// Preemptions counts the times a running request gave its pages
 	// back to the pool for an older one's next page and went back to the
-	// queue (Config.GrowReservations).
+	// queue (Config.GrowReservations), or because the pool that follows
+	// the cluster's nodes shrank (Config.ClusterResize).
 	Preemptions uint64
+	// PoolResizes counts the times the pool followed the cluster's
+	// nodes to another size (Config.ClusterResize).
+	PoolResizes uint64
 	// The quality monitor's (layer, KV head) samples: taken, dropped
 	// because the replay queue was full, replayed, and failed (a fork or
 	// replay error, or the request's step failing).
@@ -281,6 +296,8 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 	s.instance = strconv.FormatInt(t.UnixNano(), 36)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.stats.CapacityPages = cfg.CapacityPages
+	s.capPages.Store(int64(cfg.CapacityPages))
+	s.mostPages = cfg.CapacityPages
 	s.hist.max = cfg.History
 	s.replaying = make(chan struct{}, 1)
 	if cfg.PrefixCaching {
@@ -297,6 +314,14 @@ func newServer(m *model.Model, tok model.Tokenizer, cfg Config, hk hooks) (*Serv
 		s.mon = newMonitor(cfg.Monitor, m.Geometry(), cfg.Seed, s.replay)
 	}
 	go s.loop()
+	if cc, ok := cfg.Cluster.(ClusterCapacity); ok && pool.Cluster && cfg.ClusterResize > 0 {
+		need := 0
+		if maxContext > 0 {
+			need = s.pagesFor(maxContext)
+		}
+		s.follows.Add(1)
+		go s.follow(cc, need)
+	}
 	return s, nil
 }
 
@@ -350,8 +375,13 @@ func (s *Server) Name() string { return s.name }
 func (s *Server) MaxModelLen() int { return s.maxContext }
 
 // PoolSize says how the page pool was sized: Config.CapacityPages as
-// given, or from memory when it was 0.
-func (s *Server) PoolSize() PoolSize { return s.pool }
+// given, or from memory when it was 0; a pool sized from the cluster's
+// nodes as it follows them now (Config.ClusterResize).
+func (s *Server) PoolSize() PoolSize {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pool
+}
 
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() Stats {
@@ -423,6 +453,7 @@ func (s *Server) Close() error {
 		close(s.stop)
 		s.cancel()
 		<-s.exited
+		s.follows.Wait() // s.stop is closed: it returns
 		s.replays.Wait() // s.ctx is done: they end
 		if s.mon != nil {
 			s.mon.stop()
@@ -491,6 +522,19 @@ func (s *Server) admit(g *group) *apiError {
 func (s *Server) invalid() {
 	s.mu.Lock()
 	s.stats.Invalid++
+	s.mu.Unlock()
+}
+
+// notResolved counts a request that resolve refused: for its parameters
+// (Invalid), or because the pool that follows the cluster does not hold
+// it now (Refused: 503 pool_shrunk).
+func (s *Server) notResolved(e *apiError) {
+	if e.code != "pool_shrunk" {
+		s.invalid()
+		return
+	}
+	s.mu.Lock()
+	s.stats.Refused++
 	s.mu.Unlock()
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -558,7 +559,12 @@ func (c *Coordinator) gridFor(ctx context.Context, ec engine.Config) (*grid, err
 			c.mu.Unlock()
 			return nil, ErrClosed
 		}
-		nodes, err := cluster.PlaceGrid(cand, ec.CP, ec.TP, c.cfg.Name, ec.CapacityPages)
+		// The pools of this coordinator's live grids of ec's worker
+		// config count as free on their nodes: a placement that finds
+		// one of them again joins it (its nodes' advertised free pages
+		// leave its pools out, and a grid that took a node's last pages
+		// would otherwise place no second sequence).
+		nodes, err := cluster.PlaceGrid(c.withOwnLocked(cand, ec), ec.CP, ec.TP, c.cfg.Name, ec.CapacityPages)
 		if err != nil {
 			c.mu.Unlock()
 			if refused > 0 {
@@ -937,4 +943,52 @@ func (c *Coordinator) Close() error {
 	c.mu.Unlock()
 	c.wg.Wait()
 	return nil
+}
+
+// Reserved returns the pages that this coordinator's open grids (those
+// not lost) whose config keep accepts (nil: every one) reserve on each
+// node: every rank's pool (Engine.CapacityPages) on the node placement
+// put it on, by node name. A grid being opened is not counted yet, nor
+// a lost one, whose nodes free its pools as they close it. The nodes'
+// advertised free pages (cluster.NodeMeta.FreePages) leave these out,
+// once their next metadata update is gossiped; a caller that sizes
+// grids of its own adds them back (internal/serveengine).
+func (c *Coordinator) Reserved(keep func(engine.Config) bool) map[string]uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]uint64{}
+	for _, g := range c.grids {
+		if g.lost != nil || (keep != nil && !keep(g.ec)) {
+			continue
+		}
+		for _, n := range g.nodes {
+			out[n] += uint64(max(g.ec.CapacityPages, 0))
+		}
+	}
+	return out
+}
+
+// withOwnLocked returns nodes with the pages that this coordinator's
+// live grids of ec's worker config reserve added to their free pages
+// (nodes itself when there are none; c.mu held).
+func (c *Coordinator) withOwnLocked(nodes []cluster.NodeInfo, ec engine.Config) []cluster.NodeInfo {
+	wc := ec.WorkerConfig()
+	held := map[string]uint64{}
+	for _, g := range c.grids {
+		if g.lost != nil || !reflect.DeepEqual(g.ec.WorkerConfig(), wc) {
+			continue
+		}
+		for _, n := range g.nodes {
+			held[n] += uint64(max(g.ec.CapacityPages, 0))
+		}
+	}
+	if len(held) == 0 {
+		return nodes
+	}
+	out := make([]cluster.NodeInfo, len(nodes))
+	for i, n := range nodes {
+		n.FreePages += held[n.Name]
+		out[i] = n
+	}
+	return out
 }

@@ -493,6 +493,16 @@ type ServeConfig struct {
 	// [--serve-grid-retry-wait]. Defaults 1 and 10s.
 	GridRetries   int
 	GridRetryWait time.Duration
+	// ClusterWait bounds, with Layout cluster and a pool sized from the
+	// nodes (CapacityPages 0), how long startup waits for the nodes to
+	// advertise free pages for one request of MaxModelLen
+	// (serve.Config.ClusterWait) [--serve-cluster-wait]; 0: one look.
+	// ClusterResize is how often such a pool looks at the nodes again
+	// to follow them as they join and leave (serve.Config.ClusterResize)
+	// [--serve-cluster-resize]; 0: sized once at startup. Defaults 30s
+	// and 2s.
+	ClusterWait   time.Duration
+	ClusterResize time.Duration
 	// MonitorRate is the fraction of decode steps' (layer, KV head) pairs
 	// the quality monitor replays with dense attention on the side
 	// [--monitor-rate], 0..1. Default 0: off.

@@ -97,7 +97,7 @@ func DefaultServeConfig() ServeConfig {
 	return ServeConfig{MaxRunning: 16, MaxQueued: 64, DefaultMaxTokens: 16, MaxRequestBytes: 32 << 20,
 		RequestTimeout: 30 * time.Minute, SSEKeepAlive: 15 * time.Second, PrefillChunk: 512, MaxITLFactor: 2, DevicePrefill: true,
 		MemoryFraction: 0.5, GPUMemoryUtilization: memlimit.DefaultDeviceFraction, PrefixCaching: true, GrowReservations: true, Layout: "local", CP: 1, TP: 1, PolicyGrids: 2,
-		GridRetries: 1, GridRetryWait: 10 * time.Second, MonitorQueue: 64, RequestHistory: 64,
+		GridRetries: 1, GridRetryWait: 10 * time.Second, ClusterWait: 30 * time.Second, ClusterResize: 2 * time.Second, MonitorQueue: 64, RequestHistory: 64,
 		LogStatsInterval: 10 * time.Second}
 }
 

@@ -332,6 +332,7 @@ func (s ServeConfig) Validate() error {
 		durBound{"request-timeout", s.RequestTimeout, 168 * time.Hour}, durBound{"sse-keepalive", s.SSEKeepAlive, time.Hour},
 		durBound{"log-stats-interval", s.LogStatsInterval, time.Hour},
 		durBound{"serve-grid-retry-wait", s.GridRetryWait, time.Hour},
+		durBound{"serve-cluster-wait", s.ClusterWait, time.Hour}, durBound{"serve-cluster-resize", s.ClusterResize, time.Hour},
 	); err != nil {
 		return err
 	}
@@ -366,6 +367,10 @@ func (s ServeConfig) Validate() error {
 		return bad("serve-tp", itoa(s.TP), "want 1..64")
 	case s.GridRetryWait < 0:
 		return bad("serve-grid-retry-wait", s.GridRetryWait.String(), "must not be negative")
+	case s.ClusterWait < 0:
+		return bad("serve-cluster-wait", s.ClusterWait.String(), "must not be negative (0: one look)")
+	case s.ClusterResize < 0:
+		return bad("serve-cluster-resize", s.ClusterResize.String(), "must not be negative (0: sized once)")
 	case s.Model == "" && s.Layout != "local":
 		return bad("serve-layout", s.Layout, "needs --model and --http-addr (the completions API whose KV pages it places)")
 	case s.Model == "" && (s.CP != 1 || s.TP != 1):

@@ -60,6 +60,7 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	sc.CP, sc.TP = c.Serve.CP, c.Serve.TP
 	sc.PolicyGrids = c.Serve.PolicyGrids
 	sc.GridRetries, sc.GridRetryWait = c.Serve.GridRetries, c.Serve.GridRetryWait
+	sc.ClusterWait, sc.ClusterResize = c.Serve.ClusterWait, c.Serve.ClusterResize
 	sc.CapacityPages, sc.MemoryFraction = c.servePages(), c.Serve.MemoryFraction
 	sc.DeviceMemoryFraction = c.Serve.GPUMemoryUtilization
 	sc.GrowReservations = c.Serve.GrowReservations

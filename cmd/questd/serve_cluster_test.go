@@ -2,8 +2,10 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -235,6 +237,44 @@ func TestServeGridRetriesFlags(t *testing.T) {
 		}
 		if sc := cfg.serveConfig(nil); sc.GridRetries != c.retries || sc.GridRetryWait != c.wait {
 			t.Errorf("%v: serve config GridRetries %d, GridRetryWait %v; want %d, %v", c.args, sc.GridRetries, sc.GridRetryWait, c.retries, c.wait)
+		}
+	}
+}
+
+// TestServeClusterFollowFlags: --serve-cluster-wait and
+// --serve-cluster-resize are the serve package's ClusterWait and
+// ClusterResize (defaults 30s and 2s), --help shows them with their
+// defaults, and negative or too long ones are refused, naming the flag.
+func TestServeClusterFollowFlags(t *testing.T) {
+	for _, c := range []struct {
+		args         []string
+		wait, resize time.Duration
+	}{
+		{nil, 30 * time.Second, 2 * time.Second},
+		{[]string{"--serve-cluster-wait", "0", "--serve-cluster-resize", "0"}, 0, 0},
+		{[]string{"--serve-cluster-wait", "2m", "--serve-cluster-resize", "500ms"}, 2 * time.Minute, 500 * time.Millisecond},
+	} {
+		cfg, err := load(t, nil, append([]string{"--insecure", "--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster"}, c.args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if sc := cfg.serveConfig(nil); sc.ClusterWait != c.wait || sc.ClusterResize != c.resize {
+			t.Errorf("%v: serve config ClusterWait %v, ClusterResize %v; want %v, %v", c.args, sc.ClusterWait, sc.ClusterResize, c.wait, c.resize)
+		}
+	}
+	for _, args := range [][]string{{"--serve-cluster-wait", "-1s"}, {"--serve-cluster-resize", "-1s"}, {"--serve-cluster-wait", "2h"}} {
+		_, err := load(t, nil, append([]string{"--insecure", "--model", "/m", "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster"}, args...)...)
+		if err == nil || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("%v: err %v, want a refusal naming %s", args, err, args[0])
+		}
+	}
+	var out bytes.Buffer
+	if _, err := loadConfig([]string{"--help"}, envOf(nil), &out); !errors.Is(err, errHelp) {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"--serve-cluster-wait", "(default 30s)", "--serve-cluster-resize", "shrink as they leave", "--serve-cluster-wait for the nodes"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("--help lacks %q", w)
 		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
+	"sync"
 
 	"github.com/questrt/questrt/cluster"
 	"github.com/questrt/questrt/cluster/coord"
@@ -33,37 +35,83 @@ import (
 // serve.ClusterCapacity: the nodes it reports are those the coordinator
 // may place a grid on now (co.Placeable), with the free pages their
 // membership metadata advertises, so that a pool of 0 pages is sized
-// from them.
-func CoordinatorCluster(co *coord.Coordinator) serve.Cluster { return coordCluster{co} }
+// from them, and followed as the membership changes (serve.Config.
+// ClusterResize): the pages of the grids it opened for the server count
+// as free on their nodes (the server's own), those of every other grid
+// (another coordinator's, a Decode API client's) as taken.
+func CoordinatorCluster(co *coord.Coordinator) serve.Cluster { return &coordCluster{co: co} }
 
-type coordCluster struct{ co *coord.Coordinator }
+type coordCluster struct {
+	co *coord.Coordinator
+	mu sync.Mutex
+	// own are the configs of the grids sequences were created on
+	// through this Cluster (one per pool size and option set).
+	own []engine.Config
+}
 
-var _ serve.ClusterCapacity = coordCluster{}
+var _ serve.ClusterCapacity = (*coordCluster)(nil)
 
 // RankPages reports the nodes the coordinator may place a grid on now,
 // their free pages and the pages each of ranks ranks can reserve on them
-// (serve.ClusterCapacity).
-func (c coordCluster) RankPages(ctx context.Context, ranks int) (serve.NodeCapacity, error) {
+// (serve.ClusterCapacity): PerRank with the pools of the server's own
+// open grids counted free on their nodes, Open beside them.
+func (c *coordCluster) RankPages(ctx context.Context, ranks int) (serve.NodeCapacity, error) {
 	nodes, err := c.co.Placeable(ctx)
 	if err != nil {
 		return serve.NodeCapacity{}, err
 	}
-	return NodeCapacity(nodes, ranks), nil
+	open := cluster.RankPages(nodes, ranks)
+	held := c.co.Reserved(c.isOwn)
+	if len(held) > 0 {
+		with := make([]cluster.NodeInfo, len(nodes))
+		for i, n := range nodes {
+			n.FreePages += held[n.Name]
+			with[i] = n
+		}
+		nodes = with
+	}
+	nc := NodeCapacity(nodes, ranks)
+	nc.Open = open
+	return nc, nil
+}
+
+// isOwn reports whether ec is the config of a grid this Cluster created
+// a sequence on.
+func (c *coordCluster) isOwn(ec engine.Config) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.ContainsFunc(c.own, func(o engine.Config) bool { return sameGridConfig(o, ec) })
+}
+
+// remember records ec as the config of one of the server's grids.
+func (c *coordCluster) remember(ec engine.Config) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !slices.ContainsFunc(c.own, func(o engine.Config) bool { return sameGridConfig(o, ec) }) {
+		c.own = append(c.own, ec)
+	}
 }
 
 // NodeCapacity sums nodes' free pages and sizes ranks equal ranks on
-// them by placement's rule (cluster.RankPages).
+// them by placement's rule (cluster.RankPages); Open is PerRank (the
+// caller sets it when some of the pages are its own).
 func NodeCapacity(nodes []cluster.NodeInfo, ranks int) serve.NodeCapacity {
 	nc := serve.NodeCapacity{Nodes: len(nodes), PerRank: cluster.RankPages(nodes, ranks)}
 	for _, n := range nodes {
 		nc.FreePages += n.FreePages
 	}
+	nc.Open = nc.PerRank
 	return nc
 }
 
-func (c coordCluster) Create(ctx context.Context, spec serve.GridSpec) (model.Sequence, error) {
+func (c *coordCluster) Create(ctx context.Context, spec serve.GridSpec) (model.Sequence, error) {
 	ec := EngineConfig(spec)
 	cr, err := c.co.Create(ctx, plan.Striped, &ec)
+	if err == nil {
+		if got, cerr := c.co.SeqConfig(cr.ID); cerr == nil {
+			c.remember(got)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("create a sequence on a %d x %d grid: %w", ec.CP, ec.TP, ClusterError(err))
 	}
@@ -85,7 +133,7 @@ func (c coordCluster) Create(ctx context.Context, spec serve.GridSpec) (model.Se
 // adopted onto grids of other configs (the Decode API's clients') are
 // left alone. Best effort: a release that fails leaves the sequence
 // listed for the next Create to try again.
-func (c coordCluster) releaseAdopted(ctx context.Context, id string) {
+func (c *coordCluster) releaseAdopted(ctx context.Context, id string) {
 	rec := c.co.Recovery()
 	if len(rec.Sequences) == 0 {
 		return
@@ -212,13 +260,17 @@ func (s coordSeq) Release(ctx context.Context) error {
 // ClusterError marks err, an error of a coordinator's, with
 // serve.ErrClusterUnavailable when it is the cluster's failure (a node
 // unreachable or full, a grid unknown or lost, no capacity, the
-// coordinator closed), and with serve.ErrGridLost too when it is a
-// grid's loss: the errors the server answers with 503 or retries.
+// coordinator closed), with serve.ErrGridLost too when it is a grid's
+// loss, and with serve.ErrClusterFull too when it is a want of pages
+// on the nodes: the errors the server answers with 503 or retries.
 func ClusterError(err error) error {
 	if errors.Is(err, coord.ErrGridLost) && !errors.Is(err, coord.ErrClosed) {
 		return fmt.Errorf("%w: %w: %w", serve.ErrClusterUnavailable, serve.ErrGridLost, err)
 	}
-	for _, e := range []error{coord.ErrGridLost, coord.ErrClosed, remote.ErrUnavailable, remote.ErrNodeFull, remote.ErrUnknownGrid, cluster.ErrNoCapacity} {
+	if errors.Is(err, remote.ErrNodeFull) || errors.Is(err, cluster.ErrNoCapacity) {
+		return fmt.Errorf("%w: %w: %w", serve.ErrClusterUnavailable, serve.ErrClusterFull, err)
+	}
+	for _, e := range []error{coord.ErrGridLost, coord.ErrClosed, remote.ErrUnavailable, remote.ErrUnknownGrid} {
 		if errors.Is(err, e) {
 			return fmt.Errorf("%w: %w", serve.ErrClusterUnavailable, err)
 		}

@@ -1,0 +1,264 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/cluster/node/nodetest"
+	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/model"
+)
+
+// TestFollowSize: a look at the nodes shrinks the pool at once, grows
+// it only as far as a grid of the new size fits beside the grids open
+// now (NodeCapacity.Open), and asks nothing when the size is the same.
+func TestFollowSize(t *testing.T) {
+	s := &Server{cfg: Config{MaxRunning: 64}, pool: PoolSize{Ranks: 2}}
+	s.capPages.Store(100)
+	for _, c := range []struct {
+		nc        NodeCapacity
+		want      int
+		change    bool
+		wantBound string
+	}{
+		{NodeCapacity{Nodes: 2, FreePages: 400, PerRank: 200, Open: 200}, 200, true, "nodes"},
+		// The old grid holds its pages: no room for a larger one yet.
+		{NodeCapacity{Nodes: 2, FreePages: 400, PerRank: 200, Open: 100}, 100, false, "nodes (beside the grids open now)"},
+		{NodeCapacity{Nodes: 2, FreePages: 400, PerRank: 200, Open: 150}, 150, true, "nodes (beside the grids open now)"},
+		{NodeCapacity{Nodes: 1, FreePages: 100, PerRank: 50, Open: 0}, 50, true, "nodes"},
+		{NodeCapacity{Nodes: 1, FreePages: 200, PerRank: 100, Open: 0}, 100, false, "nodes"},
+		// 64 requests of 16 pages bound it.
+		{NodeCapacity{Nodes: 9, FreePages: 1 << 20, PerRank: 1 << 19, Open: 1 << 19}, 1024, true, "max running"},
+	} {
+		ps, change := s.followSize(c.nc, 16)
+		if ps.Pages != c.want || change != c.change || ps.Bound != c.wantBound || ps.Nodes != c.nc.Nodes || ps.NodePages != c.nc.FreePages {
+			t.Errorf("followSize(%+v) = %+v, %v; want %d pages (%s), %v", c.nc, ps, change, c.want, c.wantBound, c.change)
+		}
+	}
+}
+
+// followGoroutines counts the goroutines in Server.follow.
+func followGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "serve.(*Server).follow(")
+}
+
+// TestServerPoolFollowsNodes: a 2 x 1 server sizes its pool from one
+// node of 200 pages (100 per rank); a second node of 200 joins and the
+// pool grows to 200 once the first grid closed idle (a grid of 200 fits
+// then), and a request runs on a grid of that size; three long requests
+// run, reserving more than 100 pages together; the second node leaves
+// while the scheduler is held, the pool shrinks back to 100, and the
+// newest requests go back to the queue (preempted) and every request
+// still ends, completed or refused with a clear 503, none hanging; the
+// nodes hold no page after, and the follower's goroutine ends with the
+// server.
+func TestServerPoolFollowsNodes(t *testing.T) {
+	dir := writeTinyModel(t, "tiny-follow", 2048)
+	m, err := model.Load(dir, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tok, err := model.LoadTokenizer(dir, m.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	geo := nodetest.Geometry(1, 1, engine.Exact)
+	geo.StepTimeout = 10 * time.Second
+	tune := func(_ int, c *node.Config) { c.MaxPages, c.GridIdle = 200, 200*time.Millisecond }
+	nodes := nodetest.Start(t, "follow", 1, geo, tune)
+
+	cfg := testConfig("tiny-follow")
+	cfg.CapacityPages, cfg.CP, cfg.PolicyGrids, cfg.MaxRunning = 0, 2, 0, 64
+	cfg.PrefixCaching = false
+	cfg.ClusterResize = 50 * time.Millisecond
+	cfg.Cluster = CoordinatorCluster(nodes[0].Coordinator())
+	var hold atomic.Bool
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	s, err := newServer(m, tok, cfg, hooks{iteration: func(ctx context.Context) {
+		if hold.CompareAndSwap(true, false) {
+			held <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	defer ts.Close()
+	defer s.Close()
+	if ps := s.PoolSize(); ps.Pages != 100 || ps.Nodes != 1 || ps.Ranks != 2 {
+		t.Fatalf("pool %+v, want 100 pages per rank from one node of 200 for 2 ranks", ps)
+	}
+	if n := followGoroutines(); n != 1 {
+		t.Fatalf("%d follower goroutines, want 1", n)
+	}
+	complete(t, ts.URL, map[string]any{"model": "tiny-follow", "prompt": "abc", "max_tokens": 4, "temperature": 0})
+
+	// A node joins.
+	mc := nodetest.Member("follow1")
+	mc.Join = []string{nodes[0].GossipAddr()}
+	ncfg := node.Config{GRPCAddr: "127.0.0.1:0", Member: mc, Engine: geo, Plaintext: true,
+		MemoryLimit: memlimit.NoLimit, DrainTimeout: time.Second, MetaInterval: 100 * time.Millisecond, Version: "test"}
+	tune(1, &ncfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	joined, err := node.Start(ctx, ncfg)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stopJoined := func() {
+		if !stopped {
+			stopped = true
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			joined.Stop(ctx)
+			cancel()
+		}
+	}
+	defer stopJoined()
+	waitPool(t, s, 200)
+	if st := s.Stats(); st.CapacityPages != 200 || st.PoolResizes < 1 {
+		t.Errorf("after the join: stats capacity %d, resizes %d; want 200 and at least 1", st.CapacityPages, st.PoolResizes)
+	}
+	complete(t, ts.URL, map[string]any{"model": "tiny-follow", "prompt": "abc", "max_tokens": 4, "temperature": 0})
+	// Its grid closes idle and the nodes advertise their pages free
+	// again (a Create in between finds them taken: 503).
+	waitFree(t, nodes[0], 400)
+
+	// Three requests of 1500 tokens (48 pages per shard each, 144
+	// together: more than 100) run; the node leaves while the scheduler
+	// is held.
+	type answer struct {
+		status int
+		body   string
+	}
+	answers := make(chan answer, 3)
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Go(func() {
+			b, _ := json.Marshal(map[string]any{"model": "tiny-follow", "prompt": fmt.Sprintf("request %d", i), "max_tokens": 1500, "temperature": 0})
+			resp, err := http.Post(ts.URL+"/v1/completions", "application/json", strings.NewReader(string(b)))
+			if err != nil {
+				answers <- answer{0, err.Error()}
+				return
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			answers <- answer{resp.StatusCode, string(body)}
+		})
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for st := s.Stats(); st.Running < 3 || st.CompletionTokens < 20; st = s.Stats() {
+		if time.Now().After(deadline) || st.Failed > 0 {
+			for len(answers) > 0 {
+				a := <-answers
+				t.Logf("answer %d %s", a.status, a.body)
+			}
+			t.Fatalf("the three requests did not all start decoding: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	hold.Store(true)
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the scheduler did not stop at the hold")
+	}
+	stopJoined()
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		s.mu.Lock()
+		r := s.resize
+		s.mu.Unlock()
+		if r != nil && r.Pages == 100 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower asked for no pool of 100 pages after the node left (asks %+v)", r)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	close(answers)
+	for a := range answers {
+		switch {
+		case a.status == http.StatusOK:
+		case a.status == http.StatusServiceUnavailable && (strings.Contains(a.body, "pool_shrunk") || strings.Contains(a.body, "cluster_unavailable")):
+			t.Logf("refused: %s", a.body)
+		default:
+			t.Errorf("a request ended with %d %s; want 200 or a clear 503", a.status, a.body)
+		}
+	}
+	st := s.Stats()
+	if ps := s.PoolSize(); ps.Pages != 100 || st.CapacityPages != 100 {
+		t.Errorf("after the leave: pool %+v, stats capacity %d; want 100", ps, st.CapacityPages)
+	}
+	if st.Preemptions < 1 {
+		t.Errorf("no request preempted when the pool shrank below the 144 pages reserved: %+v", st)
+	}
+	if st.Running != 0 || st.Queued != 0 || st.ReservedPages != 0 {
+		t.Errorf("after the requests: %d running, %d queued, %d pages reserved; want none", st.Running, st.Queued, st.ReservedPages)
+	}
+	t.Logf("stats after the leave: completed %d, failed %d, preemptions %d, grid retries %d, resizes %d",
+		st.Completed, st.Failed, st.Preemptions, st.GridRetries, st.PoolResizes)
+	ts.Close()
+	waitNodes(t, nodes, s)
+	if n := followGoroutines(); n != 0 {
+		t.Errorf("%d follower goroutines after Close, want 0", n)
+	}
+}
+
+// waitPool waits (20 s at most) until s's pool has pages pages.
+func waitPool(t *testing.T, s *Server, pages int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for s.PoolSize().Pages != pages {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool %+v, want %d pages", s.PoolSize(), pages)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitFree waits (20 s at most) until the nodes that nd's coordinator
+// may place on advertise want free pages in all.
+func waitFree(t *testing.T, nd *node.Node, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		nodes, err := nd.Coordinator().Placeable(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum uint64
+		for _, n := range nodes {
+			sum += n.FreePages
+		}
+		if sum == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the nodes advertise %v free pages, want %d in all", nodes, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
