@@ -262,3 +262,84 @@ func waitFree(t *testing.T, nd *node.Node, want uint64) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestTwoServersOneCluster: two servers, each on its own node's
+// coordinator, size their pools from the same two nodes of 200 pages
+// (200 per rank each: neither sees the other's grids before they open).
+// The first's grid takes every page; the second's request is refused
+// with a 503 that names the cause (another coordinator's grids), and its
+// pool follows the pages left (none: its requests get 503 pool_shrunk)
+// rather than over-reserving the nodes; once the first's grid closes
+// idle, the second's pool grows back and its request runs. Nothing is
+// left on the nodes.
+func TestTwoServersOneCluster(t *testing.T) {
+	dir := writeTinyModel(t, "tiny-two", 2048)
+	m, err := model.Load(dir, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tok, err := model.LoadTokenizer(dir, m.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	geo := nodetest.Geometry(1, 1, engine.Exact)
+	geo.StepTimeout = 10 * time.Second
+	nodes := nodetest.Start(t, "two", 2, geo, func(_ int, c *node.Config) { c.MaxPages, c.GridIdle = 200, 300*time.Millisecond })
+	var servers []*Server
+	var urls []string
+	for i := range 2 {
+		cfg := testConfig("tiny-two")
+		cfg.CapacityPages, cfg.CP, cfg.PolicyGrids, cfg.MaxRunning = 0, 2, 0, 64
+		cfg.PrefixCaching = false
+		cfg.ClusterResize = 50 * time.Millisecond
+		cfg.Cluster = CoordinatorCluster(nodes[i].Coordinator())
+		s, ts := startServer(t, m, tok, cfg)
+		if ps := s.PoolSize(); ps.Pages != 200 {
+			t.Fatalf("server %d: pool %+v, want 200 pages per rank", i, ps)
+		}
+		servers, urls = append(servers, s), append(urls, ts.URL)
+	}
+	// The first server's request holds its grid (both nodes' pages)
+	// while the second's arrives.
+	type answer struct {
+		status int
+		body   string
+	}
+	first := make(chan answer, 1)
+	go func() {
+		status, _, body := post(t, urls[0]+"/v1/completions", `{"model": "tiny-two", "prompt": "first", "max_tokens": 1500, "temperature": 0}`)
+		first <- answer{status, string(body)}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for st := servers[0].Stats(); st.CompletionTokens < 5; st = servers[0].Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the first server's request does not decode: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	waitFree(t, nodes[1], 0)
+	status, _, body := post(t, urls[1]+"/v1/completions", `{"model": "tiny-two", "prompt": "second", "max_tokens": 4, "temperature": 0}`)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "another coordinator's") {
+		t.Errorf("the second server's request while the first's grid holds the nodes: %d %s; want 503 naming another coordinator's grids", status, body)
+	}
+	// The second server's pool follows the pages left: none.
+	waitPool(t, servers[1], 0)
+	status, _, body = post(t, urls[1]+"/v1/completions", `{"model": "tiny-two", "prompt": "second", "max_tokens": 4, "temperature": 0}`)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "pool_shrunk") {
+		t.Errorf("the second server's request on its shrunk pool: %d %s; want 503 pool_shrunk", status, body)
+	}
+	if ps := servers[0].PoolSize(); ps.Pages != 200 {
+		t.Errorf("the first server's pool %+v: want 200 still (its own grid's pages count as its own)", ps)
+	}
+	if a := <-first; a.status != http.StatusOK {
+		t.Errorf("the first server's request: %d %s", a.status, a.body)
+	}
+	// Its grid closes idle: the second server's pool grows back.
+	waitPool(t, servers[1], 200)
+	complete(t, urls[1], map[string]any{"model": "tiny-two", "prompt": "second", "max_tokens": 4, "temperature": 0})
+	if st := servers[1].Stats(); st.Refused != 1 || st.Failed != 1 || st.PoolResizes != 2 {
+		t.Errorf("the second server's stats: refused %d, failed %d, resizes %d; want 1, 1, 2", st.Refused, st.Failed, st.PoolResizes)
+	}
+	waitNodes(t, nodes, servers...)
+}

@@ -13,25 +13,28 @@ import (
 
 // TestClusterError: which of a coordinator's errors the server answers
 // with 503 (serve.ErrClusterUnavailable) and which it may retry on a new
-// grid (serve.ErrGridLost too), each still wrapping the original.
+// grid (serve.ErrGridLost too), which are a want of the nodes' pages
+// (serve.ErrClusterFull too), each still wrapping the original.
 func TestClusterError(t *testing.T) {
 	for _, c := range []struct {
-		err               error
-		unavailable, lost bool
+		err                     error
+		unavailable, lost, full bool
 	}{
-		{fmt.Errorf("grid g: %w", coord.ErrGridLost), true, true},
-		{fmt.Errorf("%w: %w", coord.ErrGridLost, coord.ErrClosed), true, false},
-		{coord.ErrClosed, true, false},
-		{fmt.Errorf("node n: %w", remote.ErrUnavailable), true, false},
-		{remote.ErrNodeFull, true, false},
-		{remote.ErrUnknownGrid, true, false},
-		{fmt.Errorf("place: %w", cluster.ErrNoCapacity), true, false},
-		{errors.New("bad input"), false, false},
+		{fmt.Errorf("grid g: %w", coord.ErrGridLost), true, true, false},
+		{fmt.Errorf("%w: %w", coord.ErrGridLost, coord.ErrClosed), true, false, false},
+		{coord.ErrClosed, true, false, false},
+		{fmt.Errorf("node n: %w", remote.ErrUnavailable), true, false, false},
+		{remote.ErrNodeFull, true, false, true},
+		{remote.ErrUnknownGrid, true, false, false},
+		{fmt.Errorf("place: %w", cluster.ErrNoCapacity), true, false, true},
+		{errors.New("bad input"), false, false, false},
 	} {
 		got := ClusterError(c.err)
-		if errors.Is(got, serve.ErrClusterUnavailable) != c.unavailable || errors.Is(got, serve.ErrGridLost) != c.lost || !errors.Is(got, c.err) {
-			t.Errorf("ClusterError(%v) = %v: unavailable %v, lost %v, wraps the original %v; want %v, %v, true",
-				c.err, got, errors.Is(got, serve.ErrClusterUnavailable), errors.Is(got, serve.ErrGridLost), errors.Is(got, c.err), c.unavailable, c.lost)
+		if errors.Is(got, serve.ErrClusterUnavailable) != c.unavailable || errors.Is(got, serve.ErrGridLost) != c.lost ||
+			errors.Is(got, serve.ErrClusterFull) != c.full || !errors.Is(got, c.err) {
+			t.Errorf("ClusterError(%v) = %v: unavailable %v, lost %v, full %v, wraps the original %v; want %v, %v, %v, true",
+				c.err, got, errors.Is(got, serve.ErrClusterUnavailable), errors.Is(got, serve.ErrGridLost), errors.Is(got, serve.ErrClusterFull),
+				errors.Is(got, c.err), c.unavailable, c.lost, c.full)
 		}
 	}
 }
