@@ -328,3 +328,68 @@ func TestServeClusterPoolFromNodes(t *testing.T) {
 		t.Errorf("serve m1 after the signal: %v", err)
 	}
 }
+
+// TestServeClusterPoolFollowsNodes: the pool sized from the nodes
+// follows them (--serve-cluster-resize): a --serve-cp 2 grid with
+// --serve-policy-grids 1 on nodes of 3000 and 1700 pages gets 1000 pages
+// per rank; a third node of 3000 joins and, once the first grid closed
+// idle (--grid-idle-timeout), the pool grows to 1500 (2 + 1 + 2 pools of
+// 1500 for the 4 ranks) and a request runs on it; the third node leaves
+// and the pool shrinks back to 1000; questrt_serve_pool_resizes_total
+// counts both.
+func TestServeClusterPoolFollowsNodes(t *testing.T) {
+	v1 := passkeyModel(t)
+	peer, err := load(t, nil, append(append([]string(nil), smallNode...), "--name", "m1", "--max-pages", "1700")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pready, _, pstop := runServe(t, peer)
+	cfg, err := load(t, nil, append(append([]string(nil), smallNode...), "--join", pready["gossip"], "--max-pages", "3000",
+		"--model", v1, "--http-addr", "127.0.0.1:0", "--serve-layout", "cluster", "--serve-cp", "2", "--serve-policy-grids", "1",
+		"--max-model-len", "2048", "--max-running", "64", "--budget-tokens", "512", "--prefix-caching=false",
+		"--serve-cluster-resize", "100ms", "--grid-idle-timeout", "300ms")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, _, stop := runServe(t, cfg)
+	m0 := ready["metrics"]
+	if g := gauge(t, m0, "questrt_serve_pages", "state", "capacity"); g != 1000 {
+		t.Errorf("serving pool %v pages per rank, want 1000 from the nodes' 3000 and 1700 free pages", g)
+	}
+	complete := func(what string) {
+		t.Helper()
+		req, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": passkeyText, "max_tokens": 5, "temperature": 0})
+		resp, err := http.Post("http://"+ready["http"]+"/v1/completions", "application/json", strings.NewReader(string(req)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "48213") {
+			t.Errorf("completion %s: %d %s", what, resp.StatusCode, b)
+		}
+	}
+	complete("on the first grid")
+	third, err := load(t, nil, append(append([]string(nil), smallNode...), "--name", "m2", "--join", pready["gossip"], "--max-pages", "3000")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, tstop := runServe(t, third)
+	waitGauges(t, "the pool grown to 1500 pages", func() bool { return gauge(t, m0, "questrt_serve_pages", "state", "capacity") == 1500 })
+	complete("on the grown pool")
+	if err := tstop(); err != nil {
+		t.Errorf("serve m2 after the signal: %v", err)
+	}
+	waitGauges(t, "the pool shrunk back to 1000 pages", func() bool { return gauge(t, m0, "questrt_serve_pages", "state", "capacity") == 1000 })
+	if g := metric(t, scrape(t, m0), "questrt_serve_pool_resizes_total").GetCounter().GetValue(); g != 2 {
+		t.Errorf("questrt_serve_pool_resizes_total %v, want 2", g)
+	}
+	complete("on the shrunk pool")
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	if err := stop(); err != nil {
+		t.Errorf("serve m0 after the signal: %v", err)
+	}
+	if err := pstop(); err != nil {
+		t.Errorf("serve m1 after the signal: %v", err)
+	}
+}
