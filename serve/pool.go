@@ -60,7 +60,10 @@ type PoolSize struct {
 	// the pool was sized for (CP x TP x (1 + PolicyGrids): the server's
 	// grid and every grid of requests' own options, each rank reserving
 	// the pool plus the monitor's slack on its node). Bound is "nodes"
-	// when the nodes' pages bounded Pages.
+	// when the nodes' pages bounded Pages. As the pool follows the nodes
+	// (Config.ClusterResize), Server.PoolSize reports the look that
+	// resized it last; a growth bounded by what fits beside the grids
+	// open then says so in Bound.
 	Cluster   bool
 	Nodes     int
 	NodePages uint64
