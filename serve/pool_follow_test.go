@@ -49,11 +49,26 @@ func TestFollowSize(t *testing.T) {
 	}
 }
 
-// followGoroutines counts the goroutines in Server.follow.
-func followGoroutines() int {
+// waitFollowers waits (5 s at most) until want goroutines are in
+// Server.follow (a goroutine running on another thread has no stack in
+// runtime.Stack: its count may be short for a moment).
+func waitFollowers(t *testing.T, want int) {
+	t.Helper()
 	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	return strings.Count(string(buf), "serve.(*Server).follow(")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n := runtime.Stack(buf, true)
+		if n == len(buf) {
+			buf = make([]byte, 2*len(buf))
+			continue
+		}
+		got := strings.Count(string(buf[:n]), "serve.(*Server).follow(")
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines in Server.follow, want %d", got, want)
+		}
+	}
 }
 
 // TestServerPoolFollowsNodes: a 2 x 1 server sizes its pool from one
@@ -66,6 +81,9 @@ func followGoroutines() int {
 // still ends, completed or refused with a clear 503, none hanging; the
 // nodes hold no page after, and the follower's goroutine ends with the
 // server.
+//
+// With GridRetries 0 the requests that no longer fit cannot run again
+// from their prompt: they fail with 503 pool_shrunk instead.
 func TestServerPoolFollowsNodes(t *testing.T) {
 	dir := writeTinyModel(t, "tiny-follow", 2048)
 	m, err := model.Load(dir, model.LoadOptions{})
@@ -77,13 +95,22 @@ func TestServerPoolFollowsNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Run("requeued", func(t *testing.T) { followNodes(t, m, tok, 1) })
+	t.Run("failed", func(t *testing.T) { followNodes(t, m, tok, 0) })
+}
+
+// followNodes is TestServerPoolFollowsNodes with Config.GridRetries
+// retries.
+func followNodes(t *testing.T, m *model.Model, tok model.Tokenizer, retries int) {
 	geo := nodetest.Geometry(1, 1, engine.Exact)
 	geo.StepTimeout = 10 * time.Second
 	tune := func(_ int, c *node.Config) { c.MaxPages, c.GridIdle = 200, 200*time.Millisecond }
-	nodes := nodetest.Start(t, "follow", 1, geo, tune)
+	prefix := fmt.Sprintf("follow%d-", retries)
+	nodes := nodetest.Start(t, prefix, 1, geo, tune)
 
 	cfg := testConfig("tiny-follow")
 	cfg.CapacityPages, cfg.CP, cfg.PolicyGrids, cfg.MaxRunning = 0, 2, 0, 64
+	cfg.GridRetries = retries
 	cfg.PrefixCaching = false
 	cfg.ClusterResize = 50 * time.Millisecond
 	cfg.Cluster = CoordinatorCluster(nodes[0].Coordinator())
@@ -107,13 +134,11 @@ func TestServerPoolFollowsNodes(t *testing.T) {
 	if ps := s.PoolSize(); ps.Pages != 100 || ps.Nodes != 1 || ps.Ranks != 2 {
 		t.Fatalf("pool %+v, want 100 pages per rank from one node of 200 for 2 ranks", ps)
 	}
-	if n := followGoroutines(); n != 1 {
-		t.Fatalf("%d follower goroutines, want 1", n)
-	}
+	waitFollowers(t, 1)
 	complete(t, ts.URL, map[string]any{"model": "tiny-follow", "prompt": "abc", "max_tokens": 4, "temperature": 0})
 
 	// A node joins.
-	mc := nodetest.Member("follow1")
+	mc := nodetest.Member(prefix + "1")
 	mc.Join = []string{nodes[0].GossipAddr()}
 	ncfg := node.Config{GRPCAddr: "127.0.0.1:0", Member: mc, Engine: geo, Plaintext: true,
 		MemoryLimit: memlimit.NoLimit, DrainTimeout: time.Second, MetaInterval: 100 * time.Millisecond, Version: "test"}
@@ -199,10 +224,14 @@ func TestServerPoolFollowsNodes(t *testing.T) {
 	close(release)
 	wg.Wait()
 	close(answers)
+	shrunk := 0
 	for a := range answers {
 		switch {
 		case a.status == http.StatusOK:
-		case a.status == http.StatusServiceUnavailable && (strings.Contains(a.body, "pool_shrunk") || strings.Contains(a.body, "cluster_unavailable")):
+		case a.status == http.StatusServiceUnavailable && strings.Contains(a.body, "pool_shrunk"):
+			shrunk++
+			t.Logf("refused: %s", a.body)
+		case a.status == http.StatusServiceUnavailable && strings.Contains(a.body, "cluster_unavailable"):
 			t.Logf("refused: %s", a.body)
 		default:
 			t.Errorf("a request ended with %d %s; want 200 or a clear 503", a.status, a.body)
@@ -212,8 +241,11 @@ func TestServerPoolFollowsNodes(t *testing.T) {
 	if ps := s.PoolSize(); ps.Pages != 100 || st.CapacityPages != 100 {
 		t.Errorf("after the leave: pool %+v, stats capacity %d; want 100", ps, st.CapacityPages)
 	}
-	if st.Preemptions < 1 {
+	if retries > 0 && st.Preemptions < 1 {
 		t.Errorf("no request preempted when the pool shrank below the 144 pages reserved: %+v", st)
+	}
+	if retries == 0 && (st.Preemptions != 0 || shrunk < 1) {
+		t.Errorf("without grid retries: %d preempted, %d refused with pool_shrunk; want none and at least one", st.Preemptions, shrunk)
 	}
 	if st.Running != 0 || st.Queued != 0 || st.ReservedPages != 0 {
 		t.Errorf("after the requests: %d running, %d queued, %d pages reserved; want none", st.Running, st.Queued, st.ReservedPages)
@@ -222,9 +254,7 @@ func TestServerPoolFollowsNodes(t *testing.T) {
 		st.Completed, st.Failed, st.Preemptions, st.GridRetries, st.PoolResizes)
 	ts.Close()
 	waitNodes(t, nodes, s)
-	if n := followGoroutines(); n != 0 {
-		t.Errorf("%d follower goroutines after Close, want 0", n)
-	}
+	waitFollowers(t, 0)
 }
 
 // waitPool waits (20 s at most) until s's pool has pages pages.
