@@ -106,11 +106,13 @@ type Config struct {
 	// the pools of the server's own grids as free on their nodes; when
 	// the looks agree on another size for 2s (the nodes gossip their
 	// free pages a moment after a grid opens or closes), the pool takes
-	// it at the scheduler's next iteration. It shrinks
-	// at once: the newest running requests that no longer fit go back
-	// to the queue to run again from their prompt (with GridRetries, one
-	// choice each), else fail with 503 (code "pool_shrunk"), as do
-	// queued ones that will never fit. It grows only as far as a grid
+	// it at the scheduler's next iteration. It shrinks unless a grid of
+	// the server's at the pool now is still open (its pages are the
+	// server's, whoever took the rest); then the newest running requests
+	// that no longer fit go back to the queue to run again from their
+	// prompt (with GridRetries, one choice each), else fail with 503
+	// (code "pool_shrunk"), as do queued ones that will never fit. It
+	// grows only as far as a grid
 	// of the new size fits beside the server's grids open now (the
 	// coordinator keys grids by their pool: the old ones stay until
 	// their sequences end and the coordinator closes them idle). New

@@ -222,12 +222,14 @@ type ClusterCapacity interface {
 // FreePages pages free in all (the server's own grids' pools counted
 // free), of which PerRank pages each for the ranks asked about; Open is
 // what each of them can reserve beside the server's grids open now
-// (PerRank when it has none).
+// (PerRank when it has none), and Held the largest pool per rank of the
+// server's grids open now (the monitor's slack included; 0: none).
 type NodeCapacity struct {
 	Nodes     int
 	FreePages uint64
 	PerRank   uint64
 	Open      uint64
+	Held      uint64
 }
 
 // sizeClusterPool resolves cfg.CapacityPages 0 with a Cluster that

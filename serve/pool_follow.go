@@ -67,13 +67,18 @@ func (s *Server) follow(cc ClusterCapacity, need int) {
 
 // followSize is the pool that a look at the nodes, nc, asks for, and
 // whether it differs from the pool now: the pool New would size from
-// nc when smaller (it shrinks at once), else, when larger, as large as
-// ranks of the server's grids can reserve beside those open now (nc.Open)
-// allows, so that the grid of the new size can be placed.
+// nc when smaller (it shrinks), unless a grid of the server's of the
+// pool now is still open (nc.Held: its pages are the server's, whoever
+// took the rest); when larger, as large as ranks of the server's grids
+// can reserve beside those open now (nc.Open) allows, so that the grid
+// of the new size can be placed.
 func (s *Server) followSize(nc NodeCapacity, need int) (PoolSize, bool) {
 	cur := s.capacity()
 	ps := PoolSize{Cluster: true, Nodes: nc.Nodes, NodePages: nc.FreePages, Ranks: s.pool.Ranks}
 	ps.Pages, ps.Bound = s.clusterPages(nc.PerRank, need, s.cfg.MaxRunning)
+	if ps.Pages < cur && nc.Held >= uint64(cur+s.monitorSlack()) {
+		return ps, false
+	}
 	if ps.Pages > cur {
 		open, bound := s.clusterPages(min(nc.Open, nc.PerRank), need, s.cfg.MaxRunning)
 		if open < ps.Pages {

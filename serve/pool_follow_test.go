@@ -21,7 +21,8 @@ import (
 	"github.com/questrt/questrt/model"
 )
 
-// TestFollowSize: a look at the nodes shrinks the pool at once, grows
+// TestFollowSize: a look at the nodes shrinks the pool (unless a grid
+// of the pool now is still open), grows
 // it only as far as a grid of the new size fits beside the grids open
 // now (NodeCapacity.Open), and asks nothing when the size is the same.
 func TestFollowSize(t *testing.T) {
@@ -38,6 +39,10 @@ func TestFollowSize(t *testing.T) {
 		{NodeCapacity{Nodes: 2, FreePages: 400, PerRank: 200, Open: 100}, 100, false, "nodes (beside the grids open now)"},
 		{NodeCapacity{Nodes: 2, FreePages: 400, PerRank: 200, Open: 150}, 150, true, "nodes (beside the grids open now)"},
 		{NodeCapacity{Nodes: 1, FreePages: 100, PerRank: 50, Open: 0}, 50, true, "nodes"},
+		// Others took pages, but a grid of the pool now is open: it
+		// holds the server's pages, no shrink.
+		{NodeCapacity{Nodes: 1, FreePages: 100, PerRank: 50, Open: 0, Held: 100}, 50, false, "nodes"},
+		{NodeCapacity{Nodes: 1, FreePages: 100, PerRank: 50, Open: 0, Held: 99}, 50, true, "nodes"},
 		{NodeCapacity{Nodes: 1, FreePages: 200, PerRank: 100, Open: 0}, 100, false, "nodes"},
 		// 64 requests of 16 pages bound it.
 		{NodeCapacity{Nodes: 9, FreePages: 1 << 20, PerRank: 1 << 19, Open: 1 << 19}, 1024, true, "max running"},
@@ -371,5 +376,63 @@ func TestTwoServersOneCluster(t *testing.T) {
 	if st := servers[1].Stats(); st.Refused != 1 || st.Failed != 1 || st.PoolResizes != 2 {
 		t.Errorf("the second server's stats: refused %d, failed %d, resizes %d; want 1, 1, 2", st.Refused, st.Failed, st.PoolResizes)
 	}
+	waitNodes(t, nodes, servers...)
+}
+
+// TestTwoServersKeepGrids: a server whose pool counted on pages that
+// another server's grids took since keeps its pool while its own grid
+// of that pool is open (those pages are its own), and serves on: the
+// first server (a 2 x 1 grid and 1 grid of own options: 4 ranks) gets
+// 200 pages per rank from two nodes of 400 and opens its grid (200 on
+// each node); the second (2 ranks) sizes 400, finds 200 left on each
+// node, is refused with a clear 503 and follows them down to 200, opens
+// its grid there, and the nodes are full. The first server's look now
+// gives its 4 ranks 100 pages each, yet it keeps 200 and its requests
+// complete on its grid.
+func TestTwoServersKeepGrids(t *testing.T) {
+	dir := writeTinyModel(t, "tiny-keep", 2048)
+	m, err := model.Load(dir, model.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tok, err := model.LoadTokenizer(dir, m.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	geo := nodetest.Geometry(1, 1, engine.Exact)
+	geo.StepTimeout = 10 * time.Second
+	nodes := nodetest.Start(t, "keep", 2, geo, func(_ int, c *node.Config) { c.MaxPages = 400 })
+	var servers []*Server
+	var urls []string
+	for i, grids := range []int{1, 0} {
+		cfg := testConfig("tiny-keep")
+		cfg.CapacityPages, cfg.CP, cfg.PolicyGrids, cfg.MaxRunning = 0, 2, grids, 64
+		cfg.PrefixCaching = false
+		cfg.ClusterResize = 50 * time.Millisecond
+		cfg.Cluster = CoordinatorCluster(nodes[i].Coordinator())
+		s, ts := startServer(t, m, tok, cfg)
+		servers, urls = append(servers, s), append(urls, ts.URL)
+	}
+	if p0, p1 := servers[0].PoolSize().Pages, servers[1].PoolSize().Pages; p0 != 200 || p1 != 400 {
+		t.Fatalf("pools %d and %d pages per rank, want 200 and 400", p0, p1)
+	}
+	req := map[string]any{"model": "tiny-keep", "prompt": "abc", "max_tokens": 4, "temperature": 0}
+	complete(t, urls[0], req)
+	waitFree(t, nodes[1], 400)
+	status, _, body := post(t, urls[1]+"/v1/completions", `{"model": "tiny-keep", "prompt": "abc", "max_tokens": 4, "temperature": 0}`)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "another coordinator's") {
+		t.Errorf("the second server's request beside the first's grid: %d %s; want 503 naming another coordinator's grids", status, body)
+	}
+	waitPool(t, servers[1], 200)
+	complete(t, urls[1], req)
+	waitFree(t, nodes[0], 0)
+	// Longer than the follower's settling: the first server keeps its
+	// pool, and serves on its grid.
+	time.Sleep(3 * followSettle / 2)
+	if ps := servers[0].PoolSize(); ps.Pages != 200 || servers[0].Stats().PoolResizes != 0 {
+		t.Errorf("the first server's pool %+v after %d resizes; want 200 and none (its grid is open)", ps, servers[0].Stats().PoolResizes)
+	}
+	complete(t, urls[0], req)
 	waitNodes(t, nodes, servers...)
 }

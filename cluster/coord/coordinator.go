@@ -945,6 +945,21 @@ func (c *Coordinator) Close() error {
 	return nil
 }
 
+// LargestPool returns the largest pool per rank (Engine.CapacityPages)
+// of this coordinator's open grids (those not lost) whose config keep
+// accepts (nil: every one); 0 when there is none.
+func (c *Coordinator) LargestPool(keep func(engine.Config) bool) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	most := 0
+	for _, g := range c.grids {
+		if g.lost == nil && (keep == nil || keep(g.ec)) {
+			most = max(most, g.ec.CapacityPages)
+		}
+	}
+	return most
+}
+
 // Reserved returns the pages that this coordinator's open grids (those
 // not lost) whose config keep accepts (nil: every one) reserve on each
 // node: every rank's pool (Engine.CapacityPages) on the node placement

@@ -54,7 +54,8 @@ var _ serve.ClusterCapacity = (*coordCluster)(nil)
 // RankPages reports the nodes the coordinator may place a grid on now,
 // their free pages and the pages each of ranks ranks can reserve on them
 // (serve.ClusterCapacity): PerRank with the pools of the server's own
-// open grids counted free on their nodes, Open beside them.
+// open grids counted free on their nodes, Open beside them, Held the
+// largest of those pools.
 func (c *coordCluster) RankPages(ctx context.Context, ranks int) (serve.NodeCapacity, error) {
 	nodes, err := c.co.Placeable(ctx)
 	if err != nil {
@@ -72,6 +73,7 @@ func (c *coordCluster) RankPages(ctx context.Context, ranks int) (serve.NodeCapa
 	}
 	nc := NodeCapacity(nodes, ranks)
 	nc.Open = open
+	nc.Held = uint64(c.co.LargestPool(c.isOwn))
 	return nc, nil
 }
 
