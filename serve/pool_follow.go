@@ -107,6 +107,11 @@ func (s *Server) resizePool() bool {
 		return false
 	}
 	old := s.capacity()
+	if ps.Pages == old {
+		// Asked again before the scheduler took the first ask.
+		s.mu.Unlock()
+		return false
+	}
 	s.capPages.Store(int64(ps.Pages))
 	s.mostPages = max(s.mostPages, ps.Pages)
 	s.pool.Pages, s.pool.Bound, s.pool.Nodes, s.pool.NodePages = ps.Pages, ps.Bound, ps.Nodes, ps.NodePages
