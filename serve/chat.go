@@ -158,12 +158,14 @@ func decodeChatRequest(body []byte) (*ChatRequest, *apiError) {
 	if req.Echo && req.Logprobs {
 		return nil, badParam("echo", "invalid_value", "echo with logprobs is not supported for chat (the prompt's log-probabilities are a completion's: /v1/completions)")
 	}
-	req.Common.MaxTokens = maxCompletion
+	req.Common.MaxTokens, req.Common.maxTokensField = maxCompletion, "max_completion_tokens"
 	if maxTokens != nil {
 		if maxCompletion != nil && *maxCompletion != *maxTokens {
 			return nil, badParam("max_tokens", "invalid_value", "max_tokens %d and max_completion_tokens %d disagree (give one)", *maxTokens, *maxCompletion)
 		}
-		req.Common.MaxTokens = maxTokens
+		if maxCompletion == nil {
+			req.Common.MaxTokens, req.Common.maxTokensField = maxTokens, "max_tokens"
+		}
 	}
 	return req, nil
 }

@@ -165,7 +165,8 @@ func TestChatBadRequests(t *testing.T) {
 		{"logprobs", `{"model": "tiny", "messages": [` + user + `], "logprobs": 1}`, "logprobs", 400},
 		{"top_logprobs", `{"model": "tiny", "messages": [` + user + `], "logprobs": true, "top_logprobs": -1}`, "top_logprobs", 400},
 		{"max tokens disagree", `{"model": "tiny", "messages": [` + user + `], "max_tokens": 3, "max_completion_tokens": 4}`, "max_tokens", 400},
-		{"max tokens zero", `{"model": "tiny", "messages": [` + user + `], "max_completion_tokens": 0}`, "max_tokens", 400},
+		{"max tokens zero", `{"model": "tiny", "messages": [` + user + `], "max_completion_tokens": 0}`, "max_completion_tokens", 400},
+		{"old max tokens zero", `{"model": "tiny", "messages": [` + user + `], "max_tokens": 0}`, "max_tokens", 400},
 		{"n", `{"model": "tiny", "messages": [` + user + `], "n": 17}`, "n", 400},
 		{"too long", `{"model": "tiny", "messages": [{"role": "user", "content": "` + strings.Repeat("a", 4100) + `"}]}`, "messages", 400},
 		{"unknown model", `{"model": "other", "messages": [` + user + `, ` + user + `]}`, "model", 404},
@@ -174,6 +175,15 @@ func TestChatBadRequests(t *testing.T) {
 		var e ErrorBody
 		if err := json.Unmarshal(body, &e); err != nil || status != c.status || e.Error.Param == nil || *e.Error.Param != c.param {
 			t.Errorf("%s: %d %s, want %d naming %s", c.name, status, body, c.status, c.param)
+		}
+	}
+	// The error names the field the body gave, and says nothing of a
+	// completion's echo (a chat's echo does not allow max_tokens 0).
+	for _, field := range []string{"max_completion_tokens", "max_tokens"} {
+		_, _, body := post(t, ts.URL+"/v1/chat/completions", `{"model": "tiny", "messages": [`+user+`], "`+field+`": -1}`)
+		var e ErrorBody
+		if err := json.Unmarshal(body, &e); err != nil || !strings.HasPrefix(e.Error.Message, field+" -1: ") || strings.Contains(e.Error.Message, "echo") {
+			t.Errorf("%s -1: %s, want a message about %s without echo", field, body, field)
 		}
 	}
 	if status, _, body := post(t, ts.URL+"/v1/chat/completions", `{"model": "tiny", "messages": [`+user+`], "max_tokens": 2, "temperature": 0, "logprobs": false, "top_logprobs": null}`); status != 200 {

@@ -80,6 +80,9 @@ func (s *Server) resolve(req *CompletionRequest) (params, *apiError) {
 	p.maxTokens = s.cfg.DefaultMaxTokens
 	if req.MaxTokens != nil {
 		if *req.MaxTokens < 1 && !(p.echo && *req.MaxTokens == 0) {
+			if f := req.maxTokensField; f != "" { // a chat's: no echo allows 0
+				return p, badParam(f, "invalid_value", "%s %d: want at least 1", f, *req.MaxTokens)
+			}
 			return p, badParam("max_tokens", "invalid_value", "max_tokens %d: want at least 1 (0 only with echo)", *req.MaxTokens)
 		}
 		p.maxTokens = *req.MaxTokens

@@ -111,6 +111,10 @@ type CompletionRequest struct {
 	// ignored are the fields of the body the server does not know, in
 	// order ("stream_options.x" for one inside stream_options).
 	ignored []string
+	// maxTokensField is the chat field MaxTokens came from
+	// (max_completion_tokens or max_tokens), named by its errors; ""
+	// for a completion.
+	maxTokensField string
 }
 
 // MarshalJSON writes r as the server reads it: the prompt is Prompt or,
