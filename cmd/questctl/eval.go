@@ -383,7 +383,7 @@ func printEvalTable(w io.Writer, recs []eval.Record) {
 	if offsetCol {
 		fmt.Fprintf(w, "%-8s ", "offset")
 	}
-	fmt.Fprintf(w, "%-8s %-8s %6s %4s %8s %6s %8s %7s %7s  mass recall per layer (teacher-forced)\n", "length", "selector", "budget", "n", "accuracy", "agree", "pages", "rho", "1/S+K/P")
+	fmt.Fprintf(w, "%-8s %-8s %6s %4s %8s %6s %8s %7s %7s  mass recall per layer (teacher-forced)\n", "length", "selector", "budget", "n", "accuracy", "agree", "pages/P", "rho", "1/S+K/P")
 	for _, r := range recs {
 		agree, pages, rho, formula := "-", "-", "-", "-"
 		var mass []string
@@ -407,6 +407,9 @@ func printEvalTable(w io.Writer, recs []eval.Record) {
 		}
 		fmt.Fprintf(w, "%-8d %-8s %6d %4d %8.3f %6s %8s %7s %7s  %s\n", r.Length, sel, r.Budget, r.N, r.Accuracy, agree, pages, rho, formula, strings.Join(mass, " "))
 	}
+	fmt.Fprintln(w, "(budget: tokens per KV head, 0 dense; accuracy: share of prompts whose greedy answer is right; agree: share of answer tokens equal to dense's, teacher-forced;")
+	fmt.Fprintln(w, " pages/P: share of the sparse layers' (KV head, page) pairs read; rho: their bytes read over dense's, next to the formula 1/S + K/P;")
+	fmt.Fprintln(w, " mass recall: dense attention mass inside the pages read, per layer from layer 0, dense layers 1.000)")
 }
 
 // evalInts parses a comma-separated list of integers in [lo, hi].

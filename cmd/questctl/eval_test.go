@@ -449,3 +449,25 @@ func evalRecord(t *testing.T, n int, extra ...string) eval.Record {
 	}
 	return r
 }
+
+// TestEvalTableLegend: the text table says what its columns are: the
+// pages column is a share of the pages (not a count), and a legend under
+// the rows names every column's meaning and unit.
+func TestEvalTableLegend(t *testing.T) {
+	agree, mass := 0.7, 0.31
+	recs := []eval.Record{{Length: 2048, Selector: "quest", Budget: 64, N: 4, Accuracy: 0.25,
+		TeacherForced: &eval.Phase{TokenAgreement: &agree, SparsePagesFraction: 0.031, SparseRho: 0.093, SparseRhoFormula: 0.093,
+			Layers: []eval.LayerRecord{{MassRecall: &mass}}}}}
+	var b bytes.Buffer
+	printEvalTable(&b, recs)
+	out := b.String()
+	header, _, _ := strings.Cut(out, "\n")
+	if !strings.Contains(header, " pages/P ") {
+		t.Errorf("header %q: want the pages column named pages/P (a share)", header)
+	}
+	for _, want := range []string{"accuracy:", "agree:", "pages/P:", "rho:", "mass recall:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table without %q in its legend:\n%s", want, out)
+		}
+	}
+}
