@@ -85,6 +85,9 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 	if err == nil {
 		err = checkTLSFiles(cfg)
 	}
+	if err == nil {
+		err = checkServeFiles(cfg)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "questd:", err)
 		return 2
