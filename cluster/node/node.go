@@ -252,6 +252,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	base := log // the membership names the node itself
 	log = log.With("node", cfg.Member.Name)
 	creds := insecure.NewCredentials()
 	if cfg.TLS != nil {
@@ -300,7 +301,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		}
 	}
 	mc := cfg.Member
-	mc.Logger = log.With("component", "cluster")
+	mc.Logger = base.With("component", "cluster")
 	total := uint64(cfg.MaxPages)
 	mc.Meta = cluster.NodeMeta{GRPCAddr: n.addr, Version: cfg.Version, Backend: kind, Devices: ndev, FreePages: total, TotalPages: total,
 		Transport: cluster.TransportPlaintext}
