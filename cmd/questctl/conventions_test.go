@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -193,5 +194,19 @@ func TestGridAliases(t *testing.T) {
 	_, help, _ := runCLI(t, "demo", "--help")
 	if !strings.Contains(help, "-tensor-parallel-size value\n    \tthe same as --tp (vLLM's name)") {
 		t.Errorf("demo --help lacks --tensor-parallel-size:\n%s", help)
+	}
+}
+
+// TestTopUsageListsCommands: questctl --help names every benchmark that
+// bench runs (decode included: it prints its help in every build) and
+// both ways calibrate takes its prompts (--prompts or --lengths).
+func TestTopUsageListsCommands(t *testing.T) {
+	for _, name := range []string{"attention", "collective", "decode", "offload", "selection", "serve"} {
+		if !regexp.MustCompile(`(?m)^  questctl bench +` + name + ` `).MatchString(usage) {
+			t.Errorf("questctl --help has no line for bench %s", name)
+		}
+	}
+	if !strings.Contains(usage, "questctl calibrate --model DIR --prompts F|--lengths L") {
+		t.Errorf("questctl --help: calibrate's line does not say --prompts F|--lengths L")
 	}
 }

@@ -9,7 +9,7 @@
 //	questctl devices  [--json]
 //	questctl generate --model DIR --prompt TEXT [flags]
 //	questctl eval     passkey --model DIR [flags]
-//	questctl calibrate --model DIR --prompts FILE [--out policy.yaml]
+//	questctl calibrate --model DIR --prompts FILE|--lengths L [--out policy.yaml]
 //	questctl plot     --in FILE.jsonl[,...] --out FILE.png [--kind passkey|attention|auto]
 //	questctl up       --nodes N [--cp C --tp T] [--model DIR] [-- questd flags]
 //	questctl status   --addr HOST:PORT [--json]
@@ -58,13 +58,14 @@ Usage:
   questctl replay gen [flags]           write a generated replay case (geometry and seed)
   questctl bench  attention [flags]     one-layer Quest vs dense attention benchmark, JSON lines
   questctl bench  collective [flags]    latency of the CP selection exchange and merge, JSON lines
+  questctl bench  decode [flags]        whole-model decode tokens/s (and TTFT) on GPU 0, Quest vs dense, JSON lines (a -tags cuda build)
   questctl bench  offload [flags]       offload with a device page budget: step time vs all resident, hit rate, bytes moved, JSON lines
   questctl bench  selection [flags]     exact vs union vs replicated CP selection on the same data, JSON lines
   questctl bench serve --addr HOST:PORT [...]        load test of a completions API: TTFT, inter-token latency, tokens/s, passkey accuracy, JSON lines
   questctl devices [--json]             the node's NVIDIA GPUs (NVML): name, UUID, memory, PCI, NVLink, topology
   questctl generate --model DIR --prompt TEXT [...]  decode a Llama checkpoint through the engine (Quest or dense): text, pages read vs total, tokens/s
   questctl eval passkey --model DIR [...]            passkey accuracy, recall and attention-mass recall per layer vs dense, JSON lines
-  questctl calibrate --model DIR --prompts F [...]   per-layer budgets reaching a target attention-mass recall; writes a --policy file
+  questctl calibrate --model DIR --prompts F|--lengths L [...]  per-layer budgets reaching a target attention-mass recall; writes a --policy file
   questctl plot --in FILE.jsonl --out FILE.png       PNG figure of eval passkey or bench attention JSON lines
   questctl up --nodes N [--cp C --tp T] [--model DIR] [-- questd flags]  start a local questd cluster on loopback (--model: the completions API on node 0) until Ctrl-C
   questctl status --addr HOST:PORT [--json]          one questd's view: members and their state, devices, grid config
