@@ -50,24 +50,7 @@ func TestTensorStepMatchesQueued(t *testing.T) {
 			if got, ok := dev.TensorDevice(); !ok || got != be.Device() {
 				t.Fatalf("TensorDevice = %v, %v", got, ok)
 			}
-			rng := rand.New(rand.NewPCG(3, 4))
-			vec := func(n int) []float32 {
-				x := make([]float32, n)
-				for i := range x {
-					x[i] = float32(rng.NormFloat64())
-				}
-				return x
-			}
-			up := func(x []float32) decode.Tensor {
-				tt, err := be.AllocTensor(len(x))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := be.UploadTensor(tt, x); err != nil {
-					t.Fatal(err)
-				}
-				return tt
-			}
+			vec, up := normals(rand.New(rand.NewPCG(3, 4))), uploader(t, be)
 			var hid, did []pagestore.SeqID
 			for i := range 4 {
 				a, b := host.Store().Create(), dev.Store().Create()
@@ -148,6 +131,33 @@ func TestTensorStepMatchesQueued(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// normals returns a function that draws n standard normal floats from
+// rng.
+func normals(rng *rand.Rand) func(n int) []float32 {
+	return func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		return x
+	}
+}
+
+// uploader returns a function that copies x into a new device tensor of
+// be (failing t on an error).
+func uploader(t *testing.T, be *Backend) func(x []float32) decode.Tensor {
+	return func(x []float32) decode.Tensor {
+		tt, err := be.AllocTensor(len(x))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := be.UploadTensor(tt, x); err != nil {
+			t.Fatal(err)
+		}
+		return tt
 	}
 }
 
@@ -252,24 +262,7 @@ func keptUploadSteps(t *testing.T, be *Backend, batch, layers, rounds, qh, kvh, 
 		t.Fatal(err)
 	}
 	defer sh.Close()
-	rng := rand.New(rand.NewPCG(5, 6))
-	vec := func(n int) []float32 {
-		x := make([]float32, n)
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
-		return x
-	}
-	up := func(x []float32) decode.Tensor {
-		tt, err := be.AllocTensor(len(x))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := be.UploadTensor(tt, x); err != nil {
-			t.Fatal(err)
-		}
-		return tt
-	}
+	vec, up := normals(rand.New(rand.NewPCG(5, 6))), uploader(t, be)
 	var ids []pagestore.SeqID
 	for i := range batch {
 		id := sh.Store().Create()
