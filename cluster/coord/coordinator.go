@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -943,67 +942,4 @@ func (c *Coordinator) Close() error {
 	c.mu.Unlock()
 	c.wg.Wait()
 	return nil
-}
-
-// LargestPool returns the largest pool per rank (Engine.CapacityPages)
-// of this coordinator's open grids (those not lost) whose config keep
-// accepts (nil: every one); 0 when there is none.
-func (c *Coordinator) LargestPool(keep func(engine.Config) bool) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	most := 0
-	for _, g := range c.grids {
-		if g.lost == nil && (keep == nil || keep(g.ec)) {
-			most = max(most, g.ec.CapacityPages)
-		}
-	}
-	return most
-}
-
-// Reserved returns the pages that this coordinator's open grids (those
-// not lost) whose config keep accepts (nil: every one) reserve on each
-// node: every rank's pool (Engine.CapacityPages) on the node placement
-// put it on, by node name. A grid being opened is not counted yet, nor
-// a lost one, whose nodes free its pools as they close it. The nodes'
-// advertised free pages (cluster.NodeMeta.FreePages) leave these out,
-// once their next metadata update is gossiped; a caller that sizes
-// grids of its own adds them back (internal/serveengine).
-func (c *Coordinator) Reserved(keep func(engine.Config) bool) map[string]uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := map[string]uint64{}
-	for _, g := range c.grids {
-		if g.lost != nil || (keep != nil && !keep(g.ec)) {
-			continue
-		}
-		for _, n := range g.nodes {
-			out[n] += uint64(max(g.ec.CapacityPages, 0))
-		}
-	}
-	return out
-}
-
-// withOwnLocked returns nodes with the pages that this coordinator's
-// live grids of ec's worker config reserve added to their free pages
-// (nodes itself when there are none; c.mu held).
-func (c *Coordinator) withOwnLocked(nodes []cluster.NodeInfo, ec engine.Config) []cluster.NodeInfo {
-	wc := ec.WorkerConfig()
-	held := map[string]uint64{}
-	for _, g := range c.grids {
-		if g.lost != nil || !reflect.DeepEqual(g.ec.WorkerConfig(), wc) {
-			continue
-		}
-		for _, n := range g.nodes {
-			held[n] += uint64(max(g.ec.CapacityPages, 0))
-		}
-	}
-	if len(held) == 0 {
-		return nodes
-	}
-	out := make([]cluster.NodeInfo, len(nodes))
-	for i, n := range nodes {
-		n.FreePages += held[n.Name]
-		out[i] = n
-	}
-	return out
 }
