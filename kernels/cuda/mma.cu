@@ -31,6 +31,19 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 	return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// page_numbers loads into pn the page numbers (pt[pp], 0 at pp >= hi) of
+// the U pages lane g of a warp reads in the score loop's iteration at t0,
+// for blocks of nw warps: the score kernels load an iteration's numbers
+// while the previous iteration's records are in flight.
+template <int U>
+__device__ __forceinline__ void page_numbers(int (&pn)[U], const int* pt, i64 t0, i64 hi, int nw, int g) {
+#pragma unroll
+	for (int u = 0; u < U; u++) {
+		const i64 pp = t0 + u * 8 * nw + g;
+		pn[u] = pp < hi ? __ldg(pt + pp) : 0;
+	}
+}
+
 // ---- score ----
 //
 // U[row][page] = sum_k W[row][k] * R[page][k] over the 2D elements of a
@@ -92,11 +105,7 @@ __device__ void score_mma(const T* sum, const int* indptr, const int* pages, con
 	// become one).
 	const i64 stride = 8 * nw * U;
 	int pn[U];
-#pragma unroll
-	for (int u = 0; u < U; u++) {
-		const i64 pp = lo + 8 * warp + u * 8 * nw + g;
-		pn[u] = pp < hi ? __ldg(pt + pp) : 0;
-	}
+	page_numbers<U>(pn, pt, lo + 8 * warp, hi, nw, g);
 	for (i64 t0 = lo + 8 * warp; t0 < hi; t0 += stride) {
 		uint4 x[U][NL];
 #pragma unroll
@@ -110,8 +119,8 @@ __device__ void score_mma(const T* sum, const int* indptr, const int* pages, con
 #pragma unroll
 				for (int i = 0; i < NL; i++) x[u][i] = make_uint4(0, 0, 0, 0);
 			}
-			pn[u] = pp + stride < hi ? __ldg(pt + pp + stride) : 0;
 		}
+		page_numbers<U>(pn, pt, t0 + stride, hi, nw, g);
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -247,11 +256,7 @@ __device__ void score_mma8(const unsigned char* codes, const float* scales, cons
 	// flight (as in score_mma).
 	const i64 stride = 8 * nw * U;
 	int pn[U];
-#pragma unroll
-	for (int u = 0; u < U; u++) {
-		const i64 pp = lo + 8 * warp + u * 8 * nw + g;
-		pn[u] = pp < hi ? __ldg(pt + pp) : 0;
-	}
+	page_numbers<U>(pn, pt, lo + 8 * warp, hi, nw, g);
 	for (i64 t0 = lo + 8 * warp; t0 < hi; t0 += stride) {
 		uint4 x[U][NL];
 		float sc[U];
@@ -269,8 +274,8 @@ __device__ void score_mma8(const unsigned char* codes, const float* scales, cons
 #pragma unroll
 				for (int i = 0; i < NL; i++) x[u][i] = make_uint4(0, 0, 0, 0);
 			}
-			pn[u] = pp + stride < hi ? __ldg(pt + pp + stride) : 0;
 		}
+		page_numbers<U>(pn, pt, t0 + stride, hi, nw, g);
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			// SPLIT: the hi and lo products in two accumulators (two
