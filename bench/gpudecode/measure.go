@@ -274,10 +274,10 @@ func markedStep(ctx context.Context, x *gpu.Executor, e *engine.Engine, rows []g
 	return x.LastPhases(), nil
 }
 
-// mustPages is gpu.PageBytes of a one-rank config (0 for another layout,
+// mustPages is engine.Config.DevicePageBytes of a one-rank config (0 for another layout,
 // which engine.New then judges).
 func mustPages(ecfg engine.Config) int64 {
-	n, err := gpu.PageBytes(ecfg)
+	n, err := ecfg.DevicePageBytes()
 	if err != nil {
 		return 0
 	}

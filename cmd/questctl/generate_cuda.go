@@ -42,7 +42,11 @@ func generateCUDA(ctx context.Context, g gpuGenerate, stdout, stderr io.Writer) 
 		return usageError{err}
 	}
 	opt := gpu.Options{MaxBatch: 1}
-	if err := gpu.AdmitAll(ctx, be, g.m.Config, opt, cfg); err != nil {
+	pb, err := cfg.DevicePageBytes()
+	if err != nil {
+		return usageError{err}
+	}
+	if err := gpu.AdmitAll(ctx, be, g.m.Config, opt, cfg.CapacityPages, pb); err != nil {
 		return err
 	}
 	eng, err := engine.New(cfg)

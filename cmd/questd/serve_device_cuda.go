@@ -57,7 +57,11 @@ func loadDeviceServer(cfg Config, sc completion.Config, log *slog.Logger) (*comp
 		// once the executor is allocated; gpu.New admits the rest.
 		ec := engine.ModelConfig(m.Geometry(), sc.Policy, sc.CapacityPages)
 		ec.Geometry.DType = cfg.Devices.KVCacheDType
-		if err := gpu.AdmitAll(ctx, be, m.Config, opt, ec); err != nil {
+		pb, err := ec.DevicePageBytes()
+		if err == nil {
+			err = gpu.AdmitAll(ctx, be, m.Config, opt, ec.CapacityPages, pb)
+		}
+		if err != nil {
 			be.Close()
 			m.Close()
 			return nil, nil, err

@@ -50,7 +50,7 @@ const PageTableBytes = 8
 
 // DeviceBytes is the device memory an engine of spec (DeviceResident,
 // on spec.Backend's device) takes: the K/V and summary pools of its
-// CP x TP ranks in the pages' type (model/gpu.PageBytes: K and V of
+// CP x TP ranks in the pages' type (engine.Config.DevicePageBytes: K and V of
 // every layer as float32, bf16 or f16 elements with summaries of that
 // type, or fp8 codes with a float32 scale per (page, KV head) record and
 // float32 summaries), PageTableBytes a page for the page tables, and
@@ -63,7 +63,7 @@ func (engines) DeviceBytes(spec serve.GridSpec) (int64, error) {
 	ec := EngineConfig(spec)
 	rank := ec
 	rank.CP, rank.TP, rank.Geometry = 1, 1, ec.Geometry.Split(ec.TP)
-	pools, err := gpu.PageBytes(rank)
+	pools, err := rank.DevicePageBytes()
 	if err != nil {
 		return 0, fmt.Errorf("engine config: %w", err)
 	}

@@ -9,10 +9,8 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/decode"
-	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels"
 	"github.com/questrt/questrt/model"
-	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -99,38 +97,15 @@ func Admit(ctx context.Context, dev kernels.ModelDevice, need int64, what string
 	return nil
 }
 
-// PageBytes returns the device memory of the K/V and summary pools of
-// ecfg, an engine of one rank (CP 1 x TP 1, the executor's layout) with
-// device-resident pages, stored as ecfg.Geometry.DType (a device's pools
-// hold K/V and summaries in the pages' type; the host store's PoolBytes
-// counts float32; for plan.FP8 the device holds the store's own records,
-// one byte per element plus a float32 scale per record, and float32
-// summaries, which PoolBytes counts as they are).
-func PageBytes(ecfg engine.Config) (int64, error) {
-	if ecfg.CP*ecfg.TP != 1 {
-		return 0, fmt.Errorf("gpu: page memory of %d x %d ranks: the executor runs one", ecfg.CP, ecfg.TP)
-	}
-	kv, sum, err := pagestore.Config{Layers: ecfg.Layers, Geometry: ecfg.Geometry, Capacity: ecfg.CapacityPages}.PoolBytes()
-	if err != nil {
-		return 0, fmt.Errorf("gpu: %w", err)
-	}
-	if ecfg.Geometry.DType == plan.FP8 {
-		return int64(kv) + int64(sum), nil
-	}
-	return (int64(kv) + int64(sum)) / 4 * int64(ecfg.Geometry.DType.Bytes()), nil
-}
-
 // AdmitAll checks, before anything is allocated, that an executor of
-// config c with options opt and the pages of ecfg fit dev's free memory
-// (and Reserve): ErrNoMemory naming each part when they do not.
-func AdmitAll(ctx context.Context, dev kernels.ModelDevice, c model.Config, opt Options, ecfg engine.Config) error {
-	pages, err := PageBytes(ecfg)
-	if err != nil {
-		return err
-	}
+// config c with options opt and pages pages of K/V and summaries taking
+// pageBytes of device memory (engine.Config.DevicePageBytes) fit dev's
+// free memory (and Reserve): ErrNoMemory naming each part when they do
+// not.
+func AdmitAll(ctx context.Context, dev kernels.ModelDevice, c model.Config, opt Options, pages int, pageBytes int64) error {
 	w, a := Need(c, opt)
-	return Admit(ctx, dev, w+a+pages, fmt.Sprintf("the weights (%.2f GB), activations (%.2f GB) and %d pages (%.2f GB)",
-		float64(w)/1e9, float64(a)/1e9, ecfg.CapacityPages, float64(pages)/1e9))
+	return Admit(ctx, dev, w+a+pageBytes, fmt.Sprintf("the weights (%.2f GB), activations (%.2f GB) and %d pages (%.2f GB)",
+		float64(w)/1e9, float64(a)/1e9, pages, float64(pageBytes)/1e9))
 }
 
 // admitModel checks the executor's own memory before it allocates.

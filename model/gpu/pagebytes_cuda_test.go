@@ -13,7 +13,7 @@ import (
 
 // TestPageBytesOnDevice: the device memory an engine of device-resident
 // pages takes on the CUDA backend (MemInfo before and after engine.New)
-// is what PageBytes says, in float32 and bf16, within the driver's
+// is what engine.Config.DevicePageBytes says, in float32 and bf16, within the driver's
 // allocation granularity.
 func TestPageBytesOnDevice(t *testing.T) {
 	ctx := context.Background()
@@ -27,7 +27,7 @@ func TestPageBytesOnDevice(t *testing.T) {
 		ecfg.CP, ecfg.TP, ecfg.CapacityPages = 1, 1, 4096
 		ecfg.Geometry.DType = dt
 		ecfg.Backend, ecfg.DeviceResident = be, true
-		want, err := PageBytes(ecfg)
+		want, err := ecfg.DevicePageBytes()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,9 +44,9 @@ func TestPageBytesOnDevice(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := free0 - free1
-		t.Logf("%v: %d pages take %.1f MB on the device, PageBytes %.1f MB", dt, ecfg.CapacityPages, float64(got)/1e6, float64(want)/1e6)
+		t.Logf("%v: %d pages take %.1f MB on the device, DevicePageBytes %.1f MB", dt, ecfg.CapacityPages, float64(got)/1e6, float64(want)/1e6)
 		if slack := int64(64 << 20); got < want || got > want+slack {
-			t.Errorf("%v: the pages took %d bytes, PageBytes says %d (+ up to %d of allocation granularity and staging)", dt, got, want, slack)
+			t.Errorf("%v: the pages took %d bytes, DevicePageBytes says %d (+ up to %d of allocation granularity and staging)", dt, got, want, slack)
 		}
 		e.Close()
 		be.Close()
