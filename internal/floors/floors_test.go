@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -228,5 +229,84 @@ func TestViolationsFindsArrows(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("violations:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestPackageTable checks that the package table of docs/architecture.md
+// (section 9) names every package of the module in a row's first column
+// (one or more backquoted import paths without the module prefix,
+// separated by commas) and names no package that does not exist, so the
+// table follows the tree (issue 31: "the package table of
+// docs/architecture.md matches the tree").
+func TestPackageTable(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named, err := tablePackages(string(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, p := range listModule(t) {
+		from, ok := strings.CutPrefix(p.ImportPath, module)
+		if !ok {
+			continue
+		}
+		have[from] = true
+		if !named[from] {
+			t.Errorf("package %s has no row in docs/architecture.md's package table", from)
+		}
+	}
+	for p := range named {
+		if !have[p] {
+			t.Errorf("docs/architecture.md's package table names %s, which is not a package of the module", p)
+		}
+	}
+}
+
+// tablePackages returns the packages named in the first column of the
+// table under the "## 9. Packages" heading of doc.
+func tablePackages(doc string) (map[string]bool, error) {
+	_, sec, ok := strings.Cut(doc, "\n## 9. Packages")
+	if !ok {
+		return nil, fmt.Errorf("no \"## 9. Packages\" section")
+	}
+	if i := strings.Index(sec, "\n## "); i >= 0 {
+		sec = sec[:i]
+	}
+	named := map[string]bool{}
+	for _, line := range strings.Split(sec, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 3 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
+			continue
+		}
+		for _, c := range strings.Split(cells[1], ",") {
+			c = strings.TrimSpace(c)
+			p, ok := strings.CutPrefix(c, "`")
+			if p, ok = strings.CutSuffix(p, "`"); !ok || p == "" {
+				return nil, fmt.Errorf("row %q: first column entry %q is not a backquoted package path", line, c)
+			}
+			named[p] = true
+		}
+	}
+	if len(named) == 0 {
+		return nil, fmt.Errorf("no package rows in section 9")
+	}
+	return named, nil
+}
+
+// TestTablePackages checks tablePackages on a made-up document.
+func TestTablePackages(t *testing.T) {
+	doc := "# x\n## 9. Packages\n\n| package | owns |\n| --- | --- |\n| `a`, `a/b` | things, with `c` |\n| `d` | x |\n## 10. Next\n| `e` | y |\n"
+	got, err := tablePackages(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || !got["a"] || !got["a/b"] || !got["d"] {
+		t.Errorf("got %v, want a, a/b, d", got)
+	}
+	if _, err := tablePackages("## 9. Packages\n| `a`, b | x |\n"); err == nil {
+		t.Error("an unquoted entry was accepted")
 	}
 }
