@@ -30,6 +30,12 @@
 // next step finds them resident. Prefetch changes residency only, never
 // what a step selects or computes.
 //
+// One step program (Program, run by Run after Begin) drives a layer's
+// phases on a shard: fused step, ranking, selection, top-p, attention
+// with its recall, merge. Step runs it for a shard alone; the worker runs
+// it for each rank of a CP x TP grid with the rank's Group.
+//
 // A shard never talks to other shards; exchanges between CP ranks belong to
-// package collective.
+// package collective, which the program reaches only through the Group its
+// caller passes.
 package shard

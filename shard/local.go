@@ -32,13 +32,14 @@ type SeqPart struct {
 // global logical page index (the collective's wire type).
 type Candidate = plan.Candidate
 
-// LocalStep is the state of one step of one layer on one shard, driven
-// phase by phase by a single-shard Step or by a sharded engine: Begin,
-// Score, Candidates, then Attend with the selected pages. The caller owns
-// it and reuses it across steps; its buffers are kept. The kernels read
-// the pages (and, on a DeviceResident shard, the page tables) when they
-// run, so the step's sequences must not change (Append, Rollback,
-// Release) between Begin and Attend; the engine holds its lock across.
+// LocalStep is the state of one step of one layer on one shard: Begin
+// loads it, then the one step program (Run, see Program) drives its
+// phases, for a single-shard Step and for each rank of a sharded grid
+// alike. The caller owns it and reuses it across steps; its buffers are
+// kept. The kernels read the pages (and, on a DeviceResident shard, the
+// page tables) when they run, so the step's sequences must not change
+// (Append, Rollback, Release) between Begin and the end of Run; the
+// worker holds its lock across.
 type LocalStep struct {
 	layer int
 	mode  kernels.GQAMode
@@ -59,7 +60,7 @@ type LocalStep struct {
 	sel       []int32
 	selScores []float32 // RankCandidates: the scores of sel
 
-	// An offloading shard's device ranking (rankOffload): the prefetch
+	// A prefetching shard's device ranking (rankDevice): the prefetch
 	// candidates ranked below the selection, and scratch.
 	pfCand    []cand
 	pfRanked  bool // pfCand is this step's (prefetchNext uses it)
@@ -83,6 +84,16 @@ type LocalStep struct {
 
 	lists kernels.Lists
 	topp  toppState // Policy.TopP: see TopPLocal
+
+	// A step program's scratch (Run): the plans of SelectReplicated, the
+	// top-p messages, and the exact exchange's rows (local candidates,
+	// K and the global rows).
+	plans    []plan.Plan
+	toppMsgs [][]byte
+	xLocal   [][]Candidate
+	xK       []int
+	xRows    [][]int32
+
 	// O and LSE are the partial states after Attend: [seqs][QHeads][D]
 	// and [seqs][QHeads].
 	O, LSE []float32
@@ -389,24 +400,10 @@ func (ls *LocalStep) fillCandidates(score func(base, j int, lp int32) float32) {
 func (s *Shard) RankCandidates(ctx context.Context, ls *LocalStep, quota func(plan.Plan) int) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if c, ok := s.canHier(); ok {
-		if err := s.rankHier(ctx, c, ls, quota); err != nil {
-			return true, err
-		}
-		return true, nil
-	}
-	rk, ok := s.be.(kernels.Ranker)
-	if !ok || s.cfg.Policy.Selector != plan.Quest || s.pf != nil {
-		// A prefetching shard ranks its prefetch from the scores.
-		return false, nil
-	}
-	if err := s.rank(ctx, ls, rk, quota, nil); err != nil {
-		return true, fmt.Errorf("rank layer %d: %w", ls.layer, err)
-	}
-	return true, nil
+	return s.rankOne(ctx, ls, quota, false)
 }
 
-// rank is RankCandidates' work (and an offloading step's, rankOffload):
+// rank is rankDevice's work:
 // one Rank call for the best quota(plan) pages of every ranked row, their
 // scores kept; split, when set, rewrites the rows' outputs before they
 // become the candidates.

@@ -2,46 +2,11 @@ package shard
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"slices"
 
 	"github.com/questrt/questrt/kernels"
-	"github.com/questrt/questrt/plan"
 )
-
-// rankOffload is the selection of an offloading shard's step when the
-// backend can rank on the device (a kernels.Ranker, the quest selector):
-// one Rank call scores and selects, only the chosen pages come back, so
-// no O(pages) scores cross to the host. With within-layer prefetch it
-// asks for the best K + PrefetchPages pages of each row and splits them
-// on the host: the best K (by score, ties to the lower page, which is
-// exactly the top-K) are the selection, the others the row's prefetch
-// candidates (ls.pfCand), ranked below the selection as prefetchNext
-// would rank them. It reports whether it ran; when it did not, nothing
-// changed and the caller runs Score and Candidates.
-func (s *Shard) rankOffload(ctx context.Context, ls *LocalStep) (bool, error) {
-	rk, ok := s.be.(kernels.Ranker)
-	if !ok || s.cfg.Policy.Selector != plan.Quest || (s.pfPlan != nil && s.pfPlan.cross) {
-		// Cross-layer prefetch scores layer l+1 from the host's copy of
-		// the batch; it keeps the phased path.
-		return false, nil
-	}
-	extra := 0
-	if s.pfPlan != nil {
-		extra = s.pfPlan.pages
-	}
-	ls.pfCand = ls.pfCand[:0]
-	ls.pfRanked = extra > 0
-	var split func()
-	if extra > 0 {
-		split = ls.splitPrefetch
-	}
-	if err := s.rank(ctx, ls, rk, func(pl plan.Plan) int { return pl.Rank + extra }, split); err != nil {
-		return true, fmt.Errorf("rank: %w", err)
-	}
-	return true, nil
-}
 
 // splitPrefetch keeps, in each ranked row's output, the plan's K best
 // pages (score descending, ties to the lower page) in ascending page

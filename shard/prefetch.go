@@ -169,7 +169,7 @@ func (s *Shard) prefetchNext(ctx context.Context, ls *LocalStep) error {
 		if ls.topk.Rows() == 0 {
 			return nil // nothing ranked (dense or unranked plans), as below
 		}
-		// rankOffload ranked the candidates on the device.
+		// rankDevice ranked the candidates on the device.
 		ep := next(&pp.epoch, pp.seen)
 		pp.cand = pp.cand[:0]
 		for _, c := range ls.pfCand {

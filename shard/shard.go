@@ -362,6 +362,10 @@ type PhaseTimes struct {
 	// TopP is the top-p pruning's host work (TopPLocal and TopPCut;
 	// Policy.TopP), the attention over the kept tokens being Attend.
 	TopP time.Duration
+	// Select and Merge are the waits of a program run with a Group (see
+	// Run): the selection exchanges (candidates, top-p messages) and the
+	// merge of the partial states. Zero for a shard alone.
+	Select, Merge time.Duration
 }
 
 // Diagnostics describe one sequence's selection in one step (see
@@ -401,8 +405,7 @@ type workspace struct {
 	parts []SeqPart
 	ls    LocalStep
 	sel   Chosen
-
-	toppMsgs [][]byte // the one top-p message of a single-shard step
+	prog  Program
 }
 
 // Step runs one decode step of one layer for a batch of sequences on this
@@ -449,75 +452,26 @@ func (s *Shard) Step(ctx context.Context, layer int, reqs []SeqStep, opt StepOpt
 	if err := s.begin(ls, layer, ws.parts, false); err != nil {
 		return err
 	}
-	topp := s.cfg.Policy.TopPOn() && ls.anySparse()
-	if !opt.Phased && !opt.Diagnostics && !topp {
-		if qs, ok := s.be.(kernels.QueuedStepper); ok && opt.Queue {
-			n := len(reqs)
-			res.O = resize(res.O, n*s.shape.QHeads*s.shape.HeadDim)
-			res.LSE = resize(res.LSE, n*s.shape.QHeads)
-			done, err := s.fusedInto(ctx, ls, qs.StepQueued, res.O, res.LSE)
-			if done {
-				if err != nil {
-					return fmt.Errorf("step layer %d: %w", layer, err)
-				}
-				res.Queued = true
-				res.Time = ls.Time
-				res.Diag = res.Diag[:0]
-				return nil
-			}
-		}
-		if done, err := s.fused(ctx, ls); done {
-			if err != nil {
-				return fmt.Errorf("step layer %d: %w", layer, err)
-			}
-			res.O = append(res.O[:0], ls.O...)
-			res.LSE = append(res.LSE[:0], ls.LSE...)
-			res.Time = ls.Time
-			res.Diag = res.Diag[:0]
-			return nil
-		}
+	p := &ws.prog
+	*p = Program{Phased: opt.Phased, Diagnostics: opt.Diagnostics, Fuse: true, Queue: opt.Queue}
+	if opt.Queue {
+		n := len(reqs)
+		res.O = resize(res.O, n*s.shape.QHeads*s.shape.HeadDim)
+		res.LSE = resize(res.LSE, n*s.shape.QHeads)
+		p.QueueO, p.QueueLSE = res.O, res.LSE
 	}
-	ranked := false
-	ls.pfRanked = false
-	if s.off != nil && !opt.Phased && !opt.Diagnostics {
-		var err error
-		if ranked, err = s.rankOffload(ctx, ls); err != nil {
-			return fmt.Errorf("step layer %d: %w", layer, err)
-		}
-	}
-	if c, ok := s.canHier(); ok && !ranked && !opt.Diagnostics {
-		// Diagnostics need every page's score: they run flat.
-		if err := s.rankHier(ctx, c, ls, rankQuota); err != nil {
-			return fmt.Errorf("step layer %d: %w", layer, err)
-		}
-		ranked = true
-	}
-	if !ranked {
-		if err := s.score(ctx, ls, opt.Diagnostics); err != nil {
-			return fmt.Errorf("step layer %d: %w", layer, err)
-		}
-		if err := s.candidates(ctx, ls, rankQuota); err != nil {
-			return fmt.Errorf("step layer %d: %w", layer, err)
-		}
-	}
-	ls.LocalSelection(&ws.sel)
-	if topp {
-		msg, err := s.toppLocal(ctx, ls, &ws.sel)
-		if err != nil {
-			return fmt.Errorf("step layer %d: %w", layer, err)
-		}
-		ws.toppMsgs = append(ws.toppMsgs[:0], msg)
-		if err := s.toppCut(ls, ws.toppMsgs, s.cfg.Policy.TopP, true); err != nil {
-			return fmt.Errorf("step layer %d: %w", layer, err)
-		}
-	}
-	if err := s.attend(ctx, ls, &ws.sel); err != nil {
+	pr, err := s.run(ctx, ls, &ws.sel, p)
+	if err != nil {
 		return fmt.Errorf("step layer %d: %w", layer, err)
+	}
+	res.Time = ls.Time
+	res.Diag = res.Diag[:0]
+	if pr.Queued {
+		res.Queued = true
+		return nil
 	}
 	res.O = append(res.O[:0], ls.O...)
 	res.LSE = append(res.LSE[:0], ls.LSE...)
-	res.Time = ls.Time
-	res.Diag = res.Diag[:0]
 	if opt.Diagnostics {
 		for i := range reqs {
 			dg, err := s.diagnose(ctx, ls, i, res, opt)

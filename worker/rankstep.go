@@ -19,9 +19,8 @@ type rankWork struct {
 	parts []shard.SeqPart
 	ls    shard.LocalStep
 	sel   shard.Chosen
-	local [][]collective.Candidate
-	k     []int
-	lists [][]int32
+	prog  shard.Program
+	grp   stepGroup
 	t     Times
 	// Selection reuse (reuse.go): per batch index, whether the layer
 	// reuses the sequence's kept selection; scratch for the rewrite.
@@ -30,6 +29,45 @@ type rankWork struct {
 	// before's selection (plan.Policy.ReuseLayers).
 	fromLayer []bool
 	tmp       shard.Chosen
+	// The program's hooks, made once per rank: the reuse of the layer
+	// in progress (at) and the union quota.
+	at         reuseAt
+	selected   func(*shard.Chosen)
+	unionQuota func(plan.Plan) int
+}
+
+// reuseAt is the layer a rank's step program runs, for its Selected
+// hook: the step, the hosted rank, the layer and whether a sequence
+// reuses a kept selection.
+type reuseAt struct {
+	st       *stepState
+	i, layer int
+	any      bool
+}
+
+// stepGroup is a rank's collective group as the step program's
+// shard.Group: the exchanges of one (step, layer), under its tags.
+type stepGroup struct {
+	g          *collective.Group
+	rank, size int
+	d          int
+	step       uint64
+	layer      int
+}
+
+func (g *stepGroup) Rank() int { return g.rank }
+func (g *stepGroup) Size() int { return g.size }
+
+func (g *stepGroup) SelectExact(ctx context.Context, local [][]collective.Candidate, k []int, dst [][]int32) ([][]int32, error) {
+	return g.g.SelectExact(ctx, collective.MakeTag(g.step, g.layer, collective.OpSelect), local, k, dst)
+}
+
+func (g *stepGroup) AllGather(ctx context.Context, msg []byte) ([][]byte, error) {
+	return g.g.AllGather(ctx, collective.MakeTag(g.step, g.layer, collective.OpTopP), msg)
+}
+
+func (g *stepGroup) Reduce(ctx context.Context, o, lse []float32) error {
+	return g.g.Reduce(ctx, collective.MakeTag(g.step, g.layer, collective.OpReduce), 0, g.d, o, lse)
 }
 
 // abort tells the peers of rk that wait on its messages of (step, layer)
@@ -108,221 +146,92 @@ func (l *Local) takeNew(st *stepState, i, layer int, in *RankInput, out *RankOut
 	return nil
 }
 
-// rankStep is one rank's step program for one layer: local scoring and
+// rankStep is one rank's step program for one layer: the shard's one
+// step program (shard.Program) with the rank's group: local scoring and
 // candidates, the selection exchange (exact), the mirror's global top-K
-// (replicated) or the local picks (union), sparse attention over the
+// (replicated) or the local picks (union), the kept selections of
+// selection reuse (reuse.go), top-p pruning, sparse attention over the
 // selected and forced pages the rank holds, and the merge of the partial
 // states at CP rank 0 of the TP group. The merged states stay in the
 // rank's LocalStep (O, LSE).
 func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []float32) error {
 	c := l.cfg
 	rk := l.ranks[i]
-	d := c.HeadDim
-	qd := c.QHeadsPerRank() * d
+	qd := c.QHeadsPerRank() * c.HeadDim
 	w := &rk.w
 	w.t = Times{}
-	sh, g := rk.sh, rk.g
-	selTag := collective.MakeTag(st.id, layer, collective.OpSelect)
-	redTag := collective.MakeTag(st.id, layer, collective.OpReduce)
-	// fail tells the peers that wait on this rank's messages: the
-	// selection exchange if this rank has not sent its candidates yet, and
-	// the merge at the root if this rank is not the root.
-	selSent := c.Mode != Exact
-	toppSent := !l.toppExchange(st)
-	fail := func(err error) error {
-		l.abort(rk, st.id, layer, err, !selSent, !toppSent)
-		return err
-	}
 	w.parts = w.parts[:0]
 	for si, sq := range st.sq {
 		w.parts = append(w.parts, shard.SeqPart{Seq: sq.local[i], Place: sq.layout.Place(rk.id.CP), Plan: st.plans[si], Q: q[si*qd : (si+1)*qd]})
 	}
-	if err := sh.Begin(&w.ls, layer, w.parts); err != nil {
-		return fail(err)
+	if err := rk.sh.Begin(&w.ls, layer, w.parts); err != nil {
+		l.abort(rk, st.id, layer, err, c.Mode == Exact, l.toppExchange(st))
+		return err
 	}
 	anyReuse, noRank := l.planReuse(st, i, layer)
-	if noRank {
-		// Every sequence that would rank reuses its kept selection: no
-		// score phase (but for diagnostics) and no selection exchange.
-		selSent = true
-		if st.diag {
-			if err := sh.Score(ctx, &w.ls, true); err != nil {
-				return fail(err)
-			}
-		}
-		w.sel.Reset()
-		for range len(st.plans) * w.ls.Rows() {
-			w.sel.Indptr = append(w.sel.Indptr, 0)
-		}
-		return l.finishRank(ctx, st, i, layer, anyReuse, noRank, st.diag, fail, &toppSent)
-	}
-	if c.CP == 1 && !st.phased && !l.toppOn(st) && !c.Policy.ReuseOn() && !c.Policy.ReuseLayersOn() {
+	w.grp = stepGroup{g: rk.g, rank: rk.id.CP, size: c.CP, d: c.HeadDim, step: st.id, layer: layer}
+	p := &w.prog
+	*p = shard.Program{
+		Group:       &w.grp,
+		Phased:      st.phased,
+		Diagnostics: st.diag,
 		// One rank holds every page: its local top-K is the global one,
 		// and a fusing backend runs the whole local step in one call.
 		// (Not under selection reuse, across steps or layers: a ranking
 		// step must hand back the selection it keeps, which the fused
 		// call does not.)
-		done, err := sh.FusedStep(ctx, &w.ls)
-		if err != nil {
-			return fail(err)
-		}
-		if done {
-			w.t.Fused = w.ls.Time.Fused
-			t0 := time.Now()
-			err := g.Reduce(ctx, redTag, 0, d, w.ls.O, w.ls.LSE)
-			w.t.Merge = time.Since(t0)
-			return err
-		}
+		Fuse:     c.CP == 1 && !c.Policy.ReuseOn() && !c.Policy.ReuseLayersOn(),
+		NoRank:   noRank,
+		Selected: l.selectedHook(w),
 	}
-	if c.Mode != Replicated && !st.diag && allDense(st.plans) {
-		// Every rank attends all its pages (a dense layer, or budgets
-		// that cover the sequences): nothing to score, rank or exchange
-		// (DESIGN: dense layers skip steps 1-3). Every rank of the group
-		// plans from the same BeginStep, so all of them skip the
-		// exchange together.
-		selSent = true
-		w.sel.Reset()
-		for range len(st.plans) * w.ls.Rows() {
-			w.sel.Indptr = append(w.sel.Indptr, 0)
-		}
-		// finishRank keeps the reuse state (a dense plan drops a
-		// sequence's kept selection) and attends.
-		return l.finishRank(ctx, st, i, layer, anyReuse, false, false, fail, &toppSent)
-	}
-	quota := func(pl plan.Plan) int { return pl.Rank }
-	if c.Mode == Union {
-		quota = func(pl plan.Plan) int { return plan.UnionQuota(pl.Rank, c.CP) }
-	}
-	// A ranking backend scores and picks the candidates in one call: only
-	// the candidates come back from the device.
-	ranked := false
-	if c.Mode != Replicated && !st.phased {
-		var err error
-		if ranked, err = sh.RankCandidates(ctx, &w.ls, quota); err != nil {
-			return fail(err)
-		}
-	}
-	scoreLocal := c.Mode != Replicated || st.diag
-	if scoreLocal && !ranked {
-		if err := sh.Score(ctx, &w.ls, st.diag); err != nil {
-			return fail(err)
-		}
-	}
+	w.at = reuseAt{st: st, i: i, layer: layer, any: anyReuse}
 	switch c.Mode {
-	case Exact, Union:
-		if !ranked {
-			if err := sh.Candidates(ctx, &w.ls, quota); err != nil {
-				return fail(err)
-			}
+	case Exact:
+		p.Selection = shard.SelectExact
+	case Union:
+		if w.unionQuota == nil {
+			cp := c.CP
+			w.unionQuota = func(pl plan.Plan) int { return plan.UnionQuota(pl.Rank, cp) }
 		}
-		if c.Mode == Union {
-			w.ls.LocalSelection(&w.sel)
-			break
-		}
-		rows := w.ls.Rows()
-		w.local, w.k = w.local[:0], w.k[:0]
-		for si, pl := range st.plans {
-			for r := range rows {
-				w.local = append(w.local, w.ls.RowCandidates(si, r))
-				k := 0
-				if !pl.Dense {
-					k = pl.Rank
-				}
-				w.k = append(w.k, k)
-			}
-		}
-		t0 := time.Now()
-		lists, err := g.SelectExact(ctx, selTag, w.local, w.k, w.lists)
-		w.t.Select = time.Since(t0)
-		selSent = true // the group aborted its own peers if it failed
-		if err != nil {
-			return fail(err)
-		}
-		w.lists = lists
-		w.sel.Reset()
-		for _, row := range lists {
-			w.sel.Pages = append(w.sel.Pages, row...)
-			w.sel.Indptr = append(w.sel.Indptr, int32(len(w.sel.Pages)))
-		}
+		p.Selection, p.Quota = shard.SelectLocal, w.unionQuota
 	case Replicated:
-		t0 := time.Now()
-		if err := sh.ReplicatedSelect(ctx, rk.mirror, layer, st.ids, st.plans, q, &w.sel); err != nil {
-			return fail(err)
-		}
-		w.t.Score = time.Since(t0)
+		p.Selection, p.Mirror, p.IDs = shard.SelectReplicated, rk.mirror, st.ids
 	}
-	return l.finishRank(ctx, st, i, layer, anyReuse, noRank, scoreLocal, fail, &toppSent)
-}
-
-// finishRank is the end of rankStep once the step's selection is in
-// w.sel: the reused rows rewritten and the kept selections updated
-// (reuse.go), top-p pruning, attention and the merge at the root.
-func (l *Local) finishRank(ctx context.Context, st *stepState, i, layer int, anyReuse, noRank, scoreLocal bool, fail func(error) error, toppSent *bool) error {
-	c := l.cfg
-	rk := l.ranks[i]
-	w := &rk.w
-	sh, g := rk.sh, rk.g
-	redTag := collective.MakeTag(st.id, layer, collective.OpReduce)
-	if anyReuse {
-		l.applyReuse(st, i, layer, w.ls.Rows(), &w.sel, &w.tmp)
-	}
-	l.keepReuse(st, i, layer, w.ls.Rows(), &w.sel)
-	w.t.RankSkipped = noRank
-	w.t.Reused = 0
-	for _, r := range w.reuse {
-		if r {
-			w.t.Reused++
-		}
-	}
-	if l.toppOn(st) {
-		msg, err := sh.TopPLocal(ctx, &w.ls, &w.sel)
-		if err != nil {
-			return fail(err)
-		}
-		msgs := [][]byte{msg}
-		if l.toppExchange(st) {
-			t0 := time.Now()
-			msgs, err = g.AllGather(ctx, collective.MakeTag(st.id, layer, collective.OpTopP), msg)
-			w.t.Select += time.Since(t0)
-			*toppSent = true // the group aborted its own peers if it failed
-			if err != nil {
-				return fail(err)
+	pr, err := rk.sh.Run(ctx, &w.ls, &w.sel, p)
+	lt := w.ls.Time
+	w.t.Score, w.t.TopK, w.t.Select, w.t.Attend, w.t.Merge, w.t.Fused = lt.Score, lt.TopK, lt.Select, lt.Attend, lt.Merge, lt.Fused
+	if !pr.Fused {
+		w.t.RankSkipped = noRank
+		for _, r := range w.reuse {
+			if r {
+				w.t.Reused++
 			}
 		}
-		if err := sh.TopPCut(&w.ls, msgs, c.Policy.TopP, rk.id.CP == 0); err != nil {
-			return fail(err)
-		}
 	}
-	return l.attendReduce(ctx, rk, redTag, scoreLocal, fail)
-}
-
-// attendReduce attends rank rk's pages of its selection (rk.w.sel) and
-// merges the partial states at CP rank 0 of the TP group; scored says
-// the rank scored its pages in this layer (their time is reported).
-func (l *Local) attendReduce(ctx context.Context, rk *rank, redTag uint64, scored bool, fail func(error) error) error {
-	w := &rk.w
-	if err := rk.sh.Attend(ctx, &w.ls, &w.sel); err != nil {
-		return fail(err)
+	if err != nil && !pr.Reduced {
+		// Tell the peers that wait on this rank's messages: the
+		// selection exchange and the top-p messages if this rank has not
+		// settled them, and the merge at the root if this rank is not the
+		// root. (A failed merge told the group itself.)
+		l.abort(rk, st.id, layer, err, !pr.Selected, !pr.TopPSent)
 	}
-	lt := w.ls.Time
-	if scored {
-		w.t.Score = lt.Score
-	}
-	w.t.TopK, w.t.Attend = lt.TopK, lt.Attend
-	t0 := time.Now()
-	err := rk.g.Reduce(ctx, redTag, 0, l.cfg.HeadDim, w.ls.O, w.ls.LSE)
-	w.t.Merge = time.Since(t0)
 	return err
 }
 
-// allDense reports whether every plan reads all its pages.
-func allDense(plans []plan.Plan) bool {
-	for _, pl := range plans {
-		if !pl.Dense {
-			return false
+// selectedHook returns rank work w's Selected hook (made once): the
+// reused rows rewritten and the kept selections updated (reuse.go) for
+// the layer in w.at.
+func (l *Local) selectedHook(w *rankWork) func(*shard.Chosen) {
+	if w.selected == nil {
+		w.selected = func(sel *shard.Chosen) {
+			at := &w.at
+			if at.any {
+				l.applyReuse(at.st, at.i, at.layer, w.ls.Rows(), sel, &w.tmp)
+			}
+			l.keepReuse(at.st, at.i, at.layer, w.ls.Rows(), sel)
 		}
 	}
-	return true
+	return w.selected
 }
 
 // toppOn reports whether the step prunes by top-p (Policy.TopP) after
