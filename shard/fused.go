@@ -10,26 +10,6 @@ import (
 	"github.com/questrt/questrt/plan"
 )
 
-// FusedStep runs the Score, Candidates and Attend phases of ls in one
-// backend call when it can: the backend is a kernels.Stepper (the CUDA
-// backend keeps scores, the top-K output and the lists on the device), the
-// selector is quest, and the shard holds every page of every part (one CP
-// rank), so its local top-K is the global one, and the shard does not
-// offload (Store.DeviceBudget 0) or, offloading on the device
-// (DeviceResident with a backend that keeps a device page -> slot
-// table, kernels.SlotTables, and no prefetch), finds every page resident
-// (pagestore.Store.StepResident): the step then reads K/V through the
-// table, and nothing is done on the host per page. It reports whether it ran;
-// when it did not, nothing happened and the caller runs the phases. After
-// a fused step ls.O and ls.LSE hold the partial states, Time.Fused the
-// step's time; Scored is false and RowCandidates empty (the scores never
-// reached the host).
-func (s *Shard) FusedStep(ctx context.Context, ls *LocalStep) (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.fused(ctx, ls)
-}
-
 // Sync waits for the steps queued with StepOptions.Queue and fills their
 // results; their errors surface here. With nothing queued, or a backend
 // that does not queue, it returns at once.
@@ -44,6 +24,20 @@ func (s *Shard) Sync(ctx context.Context) error {
 	return nil
 }
 
+// fused runs the score, candidates and attend phases of ls in one
+// backend call when it can: the backend is a kernels.Stepper (the CUDA
+// backend keeps scores, the top-K output and the lists on the device), the
+// selector is quest, and the shard holds every page of every part (one CP
+// rank), so its local top-K is the global one, and the shard does not
+// offload (Store.DeviceBudget 0) or, offloading on the device
+// (DeviceResident with a backend that keeps a device page -> slot
+// table, kernels.SlotTables, and no prefetch), finds every page resident
+// (pagestore.Store.StepResident): the step then reads K/V through the
+// table, and nothing is done on the host per page. It reports whether it ran;
+// when it did not, nothing happened and the program runs the phases. After
+// a fused step ls.O and ls.LSE hold the partial states, Time.Fused the
+// step's time; Scored is false and the candidates empty (the scores never
+// reached the host).
 func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 	st, ok := s.be.(kernels.Stepper)
 	if !ok {
@@ -59,7 +53,7 @@ func (s *Shard) fused(ctx context.Context, ls *LocalStep) (bool, error) {
 type stepFunc func(ctx context.Context, s kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists, o, lse []float32) error
 
 // fusedInto runs ls as one call of step with outputs o and lse, when the
-// shard can fuse (see FusedStep).
+// shard can fuse (see fused).
 func (s *Shard) fusedInto(ctx context.Context, ls *LocalStep, step stepFunc, o, lse []float32) (bool, error) {
 	return s.fusedRun(ctx, ls, func(ctx context.Context, sh kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists) error {
 		return step(ctx, sh, l, b, q, plan, lists, o, lse)
@@ -67,7 +61,7 @@ func (s *Shard) fusedInto(ctx context.Context, ls *LocalStep, step stepFunc, o, 
 }
 
 // fusedRun builds the top-K plan and lists of ls and runs them as one
-// call of run, when the shard can fuse (see FusedStep).
+// call of run, when the shard can fuse (see fused).
 func (s *Shard) fusedRun(ctx context.Context, ls *LocalStep, run func(ctx context.Context, sh kernels.Shape, l kernels.Layer, b *kernels.Batch, q []float32, plan *kernels.TopKPlan, lists *kernels.Lists) error) (bool, error) {
 	if _, hier := s.canHier(); s.cfg.Policy.Selector != plan.Quest || (s.off != nil && !s.canFuseOffload()) || hier {
 		// An offloading shard runs phased: its pages are brought in

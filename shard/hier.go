@@ -91,7 +91,7 @@ func (s *Shard) canHier() (*kernels.CPU, bool) {
 		s.dev == nil && s.off == nil && s.pf == nil
 }
 
-// rankHier is RankCandidates by the hierarchical search (s.mu held).
+// rankHier is rankOne by the hierarchical search (s.mu held).
 func (s *Shard) rankHier(ctx context.Context, c *kernels.CPU, ls *LocalStep, quota func(plan.Plan) int) error {
 	if s.hier == nil {
 		s.hier = &hierState{trees: map[hierKey]*hierTree{}}

@@ -58,7 +58,7 @@ type LocalStep struct {
 
 	topk      kernels.TopKPlan
 	sel       []int32
-	selScores []float32 // RankCandidates: the scores of sel
+	selScores []float32 // rank, rankHier: the scores of sel
 
 	// A prefetching shard's device ranking (rankDevice): the prefetch
 	// candidates ranked below the selection, and scratch.
@@ -83,7 +83,7 @@ type LocalStep struct {
 	hostPtr   []int32
 
 	lists kernels.Lists
-	topp  toppState // Policy.TopP: see TopPLocal
+	topp  toppState // Policy.TopP: see toppLocal
 
 	// A step program's scratch (Run): the plans of SelectReplicated, the
 	// top-p messages, and the exact exchange's rows (local candidates,
@@ -94,7 +94,7 @@ type LocalStep struct {
 	xK       []int
 	xRows    [][]int32
 
-	// O and LSE are the partial states after Attend: [seqs][QHeads][D]
+	// O and LSE are the partial states after attend: [seqs][QHeads][D]
 	// and [seqs][QHeads].
 	O, LSE []float32
 	// Time holds the phases' wall times.
@@ -105,9 +105,9 @@ type LocalStep struct {
 // group_max, query heads for per_head).
 func (ls *LocalStep) Rows() int { return ls.rows }
 
-// RowCandidates returns the candidates of (sequence i, row r) after
-// Candidates ran, in ascending page order.
-func (ls *LocalStep) RowCandidates(i, r int) []Candidate {
+// rowCandidates returns the candidates of (sequence i, row r) after
+// candidates ran, in ascending page order.
+func (ls *LocalStep) rowCandidates(i, r int) []Candidate {
 	k := i*ls.rows + r
 	return ls.cands[ls.cPtr[k]:ls.cPtr[k+1]]
 }
@@ -270,15 +270,9 @@ func (ls *LocalStep) hostTables(s *Shard, gen uint64) error {
 	return nil
 }
 
-// Score computes the selector's score of every local page for every row,
+// score computes the selector's score of every local page for every row,
 // if any plan ranks pages or force is set (diagnostics). Recent and dense
 // selectors score nothing.
-func (s *Shard) Score(ctx context.Context, ls *LocalStep, force bool) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.score(ctx, ls, force)
-}
-
 func (s *Shard) score(ctx context.Context, ls *LocalStep, force bool) error {
 	ranked := force
 	for _, p := range ls.parts {
@@ -305,16 +299,10 @@ func (s *Shard) score(ctx context.Context, ls *LocalStep, force bool) error {
 	return err
 }
 
-// Candidates proposes, per (sequence, row), this shard's best quota(plan)
+// candidates proposes, per (sequence, row), this shard's best quota(plan)
 // candidate pages among its pages inside the plan's candidate range
 // (scores descending, ties to the lower page). For the recent selector the
 // candidates are the most recent pages (score = page index).
-func (s *Shard) Candidates(ctx context.Context, ls *LocalStep, quota func(plan.Plan) int) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.candidates(ctx, ls, quota)
-}
-
 func (s *Shard) candidates(ctx context.Context, ls *LocalStep, quota func(plan.Plan) int) error {
 	ls.cands = ls.cands[:0]
 	ls.cPtr = append(ls.cPtr[:0], 0)
@@ -389,20 +377,6 @@ func (ls *LocalStep) fillCandidates(score func(base, j int, lp int32) float32) {
 	}
 }
 
-// RankCandidates runs Score and Candidates in one backend call when the
-// backend is a kernels.Ranker and the selector is quest: the scores stay
-// where they are computed (on the device for the CUDA backend) and only
-// the candidates come back. It reports whether it ran; when it did not,
-// nothing happened and the caller runs Score and Candidates. Afterwards
-// Scored is false (PageScore is unavailable) and Time.Score holds the
-// call's time. A prefetching shard (Config.PrefetchPages) declines: its
-// prefetch ranks the pages below the selection from the scores.
-func (s *Shard) RankCandidates(ctx context.Context, ls *LocalStep, quota func(plan.Plan) int) (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.rankOne(ctx, ls, quota, false)
-}
-
 // rank is rankDevice's work:
 // one Rank call for the best quota(plan) pages of every ranked row, their
 // scores kept; split, when set, rewrites the rows' outputs before they
@@ -433,7 +407,7 @@ func (s *Shard) rank(ctx context.Context, ls *LocalStep, rk kernels.Ranker, quot
 }
 
 // Chosen lists, per (sequence, row) in CSR form, the global pages chosen
-// by ranking (forced pages excluded; they are added by Attend).
+// by ranking (forced pages excluded; they are added by attend).
 type Chosen struct {
 	Indptr []int32
 	Pages  []int32
@@ -445,9 +419,9 @@ func (sel *Chosen) Reset() {
 	sel.Pages = sel.Pages[:0]
 }
 
-// LocalSelection turns this shard's own candidates into the selection: the
+// localSelection turns this shard's own candidates into the selection: the
 // global top-K when the shard holds every page.
-func (ls *LocalStep) LocalSelection(sel *Chosen) {
+func (ls *LocalStep) localSelection(sel *Chosen) {
 	sel.Reset()
 	for k := range len(ls.cPtr) - 1 {
 		for _, c := range ls.cands[ls.cPtr[k]:ls.cPtr[k+1]] {
@@ -457,7 +431,7 @@ func (ls *LocalStep) LocalSelection(sel *Chosen) {
 	}
 }
 
-// Attend attends each (sequence, row) over the forced pages and the
+// attend attends each (sequence, row) over the forced pages and the
 // selected pages that this shard holds (every local page for dense plans)
 // and leaves the partial states in ls.O and ls.LSE. Selected pages the
 // shard does not hold are skipped: another CP rank attends them. An
@@ -465,12 +439,6 @@ func (ls *LocalStep) LocalSelection(sel *Chosen) {
 // (Time.Recall); a tier failure fails the step with the tier's error, and
 // pages that do not fit at once are attended in passes (see
 // [OffloadStats]).
-func (s *Shard) Attend(ctx context.Context, ls *LocalStep, sel *Chosen) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.attend(ctx, ls, sel)
-}
-
 func (s *Shard) attend(ctx context.Context, ls *LocalStep, sel *Chosen) error {
 	sh := s.shape
 	if err := ls.buildLists(sel); err != nil {
@@ -554,7 +522,7 @@ func (ls *LocalStep) allDense() bool {
 	return true
 }
 
-// Scored reports whether Score computed page scores in this step.
+// Scored reports whether the step scored page scores in this step.
 func (ls *LocalStep) Scored() bool { return ls.scored }
 
 // LocalPages is the number of this shard's pages of sequence i.

@@ -155,11 +155,11 @@ func (m *Mirror) Summary(id uint64, layer int) ([]float32, int, error) {
 	return sq.sum[layer], sq.lens[layer], nil
 }
 
-// ReplicatedSelect computes, from the mirror alone, the global selection of
+// replicatedSelect computes, from the mirror alone, the global selection of
 // every (sequence, row) for the given plans and queries (ids[i], plans[i],
 // q [seqs][QHeads][D]): the same top-K as a single shard holding every
 // page. It uses the shard's backend and policy.
-func (s *Shard) ReplicatedSelect(ctx context.Context, m *Mirror, layer int, ids []uint64, plans []plan.Plan, q []float32, sel *Chosen) error {
+func (s *Shard) replicatedSelect(ctx context.Context, m *Mirror, layer int, ids []uint64, plans []plan.Plan, q []float32, sel *Chosen) error {
 	sh := s.shape
 	mode := s.cfg.Policy.GQA
 	rows := sh.Rows(mode)

@@ -31,7 +31,7 @@ type OffloadStats struct {
 	PrefetchPlan                  time.Duration
 	// Fused counts steps that found every page resident and ran fused,
 	// reading K/V through the device's page -> slot table (see
-	// FusedStep; not in Steps).
+	// fused; not in Steps).
 	Fused int64
 }
 

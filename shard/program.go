@@ -40,7 +40,7 @@ const (
 	// each rank derives the same global top-K.
 	SelectExact
 	// SelectReplicated computes the global top-K from the Program's
-	// Mirror alone (ReplicatedSelect); the shard scores nothing but for
+	// Mirror alone (replicatedSelect); the shard scores nothing but for
 	// diagnostics.
 	SelectReplicated
 )
@@ -49,13 +49,13 @@ const (
 // Begin: the single shard's Step and each rank of a CP x TP grid (the
 // worker) run it. Its phases, each skipped where it has nothing to do:
 //
-//  1. fused: the whole local step in one backend call (FusedStep) when
+//  1. fused: the whole local step in one backend call (fused) when
 //     Fuse allows it and the step is neither phased nor pruned by top-p;
 //     then only the merge (Group.Reduce) is left;
 //  2. ranking: no sequence ranks (NoRank, or every plan dense and the
 //     selection not replicated): empty selection rows; otherwise, unless
 //     phased, the hierarchical search or one Ranker call for the local
-//     candidates, else Score and Candidates;
+//     candidates, else score and candidates;
 //  3. selection: the local candidates, the exact exchange or the mirror
 //     (Selection), then the caller's Selected hook;
 //  4. top-p (Policy.TopP, a sparse plan): local logits, their exchange
@@ -149,17 +149,19 @@ func (s *Shard) run(ctx context.Context, ls *LocalStep, sel *Chosen, p *Program)
 	}
 	ls.pfRanked = false
 	skip := p.NoRank || (p.Selection != SelectReplicated && !p.Diagnostics && ls.allDense())
+	if p.Diagnostics && (skip || p.Selection == SelectReplicated) {
+		// Diagnostics read every page's score, which the selection below
+		// does not compute.
+		if err := s.score(ctx, ls, true); err != nil {
+			return pr, err
+		}
+	}
 	switch {
 	case skip:
-		// No sequence ranks: nothing to score (but for diagnostics), rank
-		// or exchange (DESIGN: dense layers skip steps 1-3). Every rank
-		// of a group decides alike from the same plans.
+		// No sequence ranks: nothing to score, rank or exchange (DESIGN:
+		// dense layers skip steps 1-3). Every rank of a group decides
+		// alike from the same plans.
 		pr.Selected = true
-		if p.Diagnostics {
-			if err := s.score(ctx, ls, true); err != nil {
-				return pr, err
-			}
-		}
 		sel.Reset()
 		ls.cands = ls.cands[:0]
 		ls.cPtr = append(ls.cPtr[:0], 0)
@@ -168,17 +170,12 @@ func (s *Shard) run(ctx context.Context, ls *LocalStep, sel *Chosen, p *Program)
 			ls.cPtr = append(ls.cPtr, 0)
 		}
 	case p.Selection == SelectReplicated:
-		if p.Diagnostics {
-			if err := s.score(ctx, ls, true); err != nil {
-				return pr, err
-			}
-		}
 		t0 := time.Now()
 		ls.plans = ls.plans[:0]
 		for _, pt := range ls.parts {
 			ls.plans = append(ls.plans, pt.Plan)
 		}
-		if err := s.ReplicatedSelect(ctx, p.Mirror, ls.layer, p.IDs, ls.plans, ls.q, sel); err != nil {
+		if err := s.replicatedSelect(ctx, p.Mirror, ls.layer, p.IDs, ls.plans, ls.q, sel); err != nil {
 			return pr, err
 		}
 		if !p.Diagnostics {
@@ -189,7 +186,7 @@ func (s *Shard) run(ctx context.Context, ls *LocalStep, sel *Chosen, p *Program)
 			return pr, err
 		}
 		if p.Selection == SelectLocal {
-			ls.LocalSelection(sel)
+			ls.localSelection(sel)
 			break
 		}
 		if err := s.selectExact(ctx, ls, p.Group, sel, &pr); err != nil {
@@ -248,7 +245,7 @@ func (s *Shard) runFused(ctx context.Context, ls *LocalStep, p *Program, pr *Pro
 
 // rankLocal computes the shard's candidates: unless phased, by the
 // hierarchical search or one ranking backend call (rankDevice), else by
-// Score (of every page with force) and Candidates.
+// score (of every page with force) and candidates.
 func (s *Shard) rankLocal(ctx context.Context, ls *LocalStep, quota func(plan.Plan) int, phased, force, alone bool) error {
 	if !phased {
 		ranked, err := s.rankOne(ctx, ls, quota, alone)
@@ -279,7 +276,7 @@ func (s *Shard) selectExact(ctx context.Context, ls *LocalStep, g Group, sel *Ch
 	ls.xLocal, ls.xK = ls.xLocal[:0], ls.xK[:0]
 	for i, pt := range ls.parts {
 		for r := range ls.rows {
-			ls.xLocal = append(ls.xLocal, ls.RowCandidates(i, r))
+			ls.xLocal = append(ls.xLocal, ls.rowCandidates(i, r))
 			k := 0
 			if !pt.Plan.Dense {
 				k = pt.Plan.Rank

@@ -24,7 +24,7 @@ type Config struct {
 	// Store.DeviceBudget > 0 turns offload on (see pagestore.Config): at
 	// most that many pages' K/V stay in the pool arrays, the others in
 	// Store.Tier, and every step brings the pages it attends in before
-	// attention (see [Shard.Attend]). New pins each sequence's sink and
+	// attention (see [Program]). New pins each sequence's sink and
 	// local pages (Store.PinFirst and PinLast raised to the policy's
 	// SinkPages and LocalPages). Steps then run phased, never fused.
 	// With DeviceResident the backend must be a kernels.SlotStore (the
@@ -64,9 +64,11 @@ type Config struct {
 	// waits for it; one whose read has not started it reads itself (see
 	// pagestore.Store.ReservePrefetch). Steps that attend in several
 	// passes, dense steps and selectors without scores (recent) do not
-	// prefetch. The counters are in [OffloadStats]. Prefetch needs the
-	// step's scores on the host, so RankCandidates declines on a
-	// prefetching shard. In [0, Store.Capacity]; 0 (the default): off.
+	// prefetch. The counters are in [OffloadStats]. A shard alone ranks
+	// the step's K plus PrefetchPages pages per row in one ranking call
+	// and splits them; a rank of a CP group ranks its prefetch from the
+	// step's scores on the host (see [Program]). In [0, Store.Capacity];
+	// 0 (the default): off.
 	PrefetchPages int
 	// PrefetchCrossLayer ranks the prefetch of a step of layer l < Layers-1
 	// by layer l+1's summaries scored with layer l's queries (one more
@@ -141,7 +143,7 @@ type Shard struct {
 
 	hier *hierState // box trees (Policy.HierGroup), made at the first search
 
-	toppStats TopPStats // Policy.TopP's counts (TopPCut with count)
+	toppStats TopPStats // Policy.TopP's counts (toppCut with count)
 }
 
 // New builds a shard over backend be (which the caller keeps and closes).
@@ -353,13 +355,13 @@ type StepResult struct {
 }
 
 // PhaseTimes is the wall time of each phase of a step. A fused step
-// (see FusedStep) reports its whole time as Fused and zero phases. Recall
-// is the part of Attend an offloading shard spent bringing pages into the
+// (see fused) reports its whole time as Fused and zero phases. Recall
+// is the part of the attention an offloading shard spent bringing pages into the
 // device pool (zero without offload).
 type PhaseTimes struct {
 	Score, TopK, Attend, Fused time.Duration
 	Recall                     time.Duration
-	// TopP is the top-p pruning's host work (TopPLocal and TopPCut;
+	// TopP is the top-p pruning's host work (toppLocal and toppCut;
 	// Policy.TopP), the attention over the kept tokens being Attend.
 	TopP time.Duration
 	// Select and Merge are the waits of a program run with a Group (see
@@ -386,10 +388,10 @@ type StepOptions struct {
 	// reference step on the same data).
 	ForceDense bool
 	// Phased runs score, top-K and attention as separate backend calls
-	// even when the backend can fuse them (see FusedStep): per-phase
+	// even when the backend can fuse them (see fused): per-phase
 	// times, and a reference for the fused path. Diagnostics imply it.
 	Phased bool
-	// Queue lets a fused step (see FusedStep) whose backend is a
+	// Queue lets a fused step (see fused) whose backend is a
 	// kernels.QueuedStepper return without waiting for the device:
 	// StepResult.Queued is then set and O and LSE are written by the
 	// next Sync, one host synchronisation for many layers. A step that

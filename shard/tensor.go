@@ -67,12 +67,12 @@ func tensorDevice(dev decode.Device, ok bool) string {
 	return "tensors on " + dev.String()
 }
 
-// FusedStepTensor is FusedStep with the parts' queries in q
+// FusedStepTensor is the fused step (fused) with the parts' queries in q
 // ([parts][QHeads][HeadDim], the parts' Q unused) and the outputs written
 // to o and lse (lse may be the zero Tensor: not wanted), all on
 // TensorDevice: it queues the step and returns
 // without waiting (Sync waits). It reports false, with nothing queued,
-// when the step cannot be fused (see FusedStep); ls.O and ls.LSE are left
+// when the step cannot be fused (see fused); ls.O and ls.LSE are left
 // alone. ls must come from BeginTensor.
 func (s *Shard) FusedStepTensor(ctx context.Context, ls *LocalStep, q, o, lse decode.Tensor) (bool, error) {
 	dev, ok := s.TensorDevice()

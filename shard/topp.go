@@ -12,13 +12,13 @@ import (
 )
 
 // Top-p pruning after the page selection (plan.Policy.TopP). A step that
-// prunes runs, between the selection and Attend:
+// prunes runs, between the selection and attend:
 //
-//	TopPLocal    this shard's candidate tokens' logits, as a message
+//	toppLocal    this shard's candidate tokens' logits, as a message
 //	(exchange)   the CP ranks of the TP group all-gather their messages
-//	TopPCut      every rank derives the same cuts from all messages
+//	toppCut      every rank derives the same cuts from all messages
 //
-// and Attend then reads only the kept tokens. The message carries, for
+// and attend then reads only the kept tokens. The message carries, for
 // each sequence with a sparse plan and each of the shard's query heads,
 // the (logit, global position) pairs of the tokens the rank would read,
 // so every CP rank sees the same candidate set as a single shard would
@@ -26,7 +26,7 @@ import (
 
 // toppState is a LocalStep's top-p data.
 type toppState struct {
-	ready  bool // TopPCut ran: Attend reads the kept tokens
+	ready  bool // toppCut ran: attend reads the kept tokens
 	off    []int
 	stats  TopPStats // this step's counts, added to the shard's at the end
 	logits []float32
@@ -89,16 +89,10 @@ func (s *Shard) checkTopP() (*kernels.CPU, error) {
 // anySparse reports whether a part of the step has a sparse plan.
 func (ls *LocalStep) anySparse() bool { return !ls.allDense() }
 
-// TopPLocal computes the logits of the tokens this shard would read for
+// toppLocal computes the logits of the tokens this shard would read for
 // the selection sel (forced and selected pages of the sparse parts) and
 // returns the step's top-p message for the exchange (valid until the
-// next TopPLocal on ls). It changes no shard state.
-func (s *Shard) TopPLocal(ctx context.Context, ls *LocalStep, sel *Chosen) ([]byte, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.toppLocal(ctx, ls, sel)
-}
-
+// next toppLocal on ls). It changes no shard state.
 func (s *Shard) toppLocal(ctx context.Context, ls *LocalStep, sel *Chosen) ([]byte, error) {
 	c, err := s.checkTopP()
 	if err != nil {
@@ -165,16 +159,10 @@ func (s *Shard) toppLocal(ctx context.Context, ls *LocalStep, sel *Chosen) ([]by
 // errTopPMessage marks a malformed top-p message.
 var errTopPMessage = errors.New("top-p message malformed")
 
-// TopPCut derives the step's cuts from the messages of every CP rank of
+// toppCut derives the step's cuts from the messages of every CP rank of
 // the TP group (msgs, in rank order; one for a single shard) with mass
-// p, after which Attend reads only the kept tokens; count adds the
+// p, after which attend reads only the kept tokens; count adds the
 // step's rows to the shard's TopPStats (true on one rank per TP group).
-func (s *Shard) TopPCut(ls *LocalStep, msgs [][]byte, p float64, count bool) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.toppCut(ls, msgs, p, count)
-}
-
 func (s *Shard) toppCut(ls *LocalStep, msgs [][]byte, p float64, count bool) error {
 	t0 := time.Now()
 	tp := &ls.topp
@@ -261,7 +249,7 @@ func (s *Shard) toppCut(ls *LocalStep, msgs [][]byte, p float64, count bool) err
 	return nil
 }
 
-// attendTopP is Attend over the kept tokens (s.mu held; TopPCut ran).
+// attendTopP is attend over the kept tokens (s.mu held; toppCut ran).
 func (s *Shard) attendTopP(ctx context.Context, ls *LocalStep) error {
 	c, err := s.checkTopP()
 	if err != nil {

@@ -137,7 +137,7 @@ type BeginRequest struct {
 	// Seqs are the step's sequences in batch order (no duplicates).
 	Seqs []StepSeq
 	// Phased keeps score, top-K and attention separate backend calls
-	// (see shard.FusedStep); Diagnostics implies it and makes Layer
+	// (see shard.Program); Diagnostics implies it and makes Layer
 	// return the selection and page scores; ForceDense attends every
 	// page.
 	Phased, Diagnostics, ForceDense bool
