@@ -115,8 +115,8 @@ type Progress struct {
 
 // Run runs program p over ls (after Begin) and leaves the step's
 // selection in sel and the partial states in ls.O and ls.LSE (merged at
-// CP rank 0 with a Group). The shard's lock is held but across the
-// Group's exchanges.
+// CP rank 0 with a Group). Run holds the shard's lock throughout but
+// for the Group's exchanges.
 func (s *Shard) Run(ctx context.Context, ls *LocalStep, sel *Chosen, p *Program) (Progress, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
