@@ -24,6 +24,12 @@ func TestPasskeyFP8KV(t *testing.T) {
 	if testing.Short() {
 		t.Skip("prefills of 2K tokens")
 	}
+	if raceEnabled {
+		// As TestPasskeyAccuracy2K: numbers the run without the
+		// detector checks (8 minutes under race on a loaded 2-core
+		// machine).
+		t.Skip("prefills of 2K tokens: checked without -race")
+	}
 	n := 3
 	if s := os.Getenv("QUESTRT_FP8_N"); s != "" {
 		var err error
