@@ -53,7 +53,14 @@ func decodeRun(t testing.TB, m *Model, attn Attention, ids []int, steps int) ([]
 // 1e-4, on one shard and on CP 2 x TP 2.
 func TestEngineFullBudgetMatchesDense(t *testing.T) {
 	modelsDir(t) // skip the whole test, not only its subtests, without checkpoints
-	for _, name := range []string{"passkey-llama-v1", "passkey-llama-v2"} {
+	names := []string{"passkey-llama-v1", "passkey-llama-v2"}
+	if raceEnabled {
+		// The engine's goroutines are raced on the small checkpoint;
+		// v2's numbers (about two thirds of the test's 4 minutes
+		// under race on 2 cores) are checked without the detector.
+		names = names[:1]
+	}
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			m, ref := testModel(t, name)
 			steps := len(ref.Greedy)
