@@ -35,6 +35,12 @@ type MemberConfig struct {
 	// AdvertisePort is the port other nodes reach this one at. Default 0:
 	// the bind port. With BindPort 0 it is always the port picked.
 	AdvertisePort int
+	// Listener, when set, is the gossip sockets bound beforehand by
+	// [ListenGossip] on BindAddr and BindPort: [NewMembership] gossips on
+	// them instead of binding its own (BindPort 0: the port they hold)
+	// and takes them over, closing them when it fails and at Shutdown.
+	// Default nil: NewMembership binds.
+	Listener *GossipListener
 
 	// Join lists the "host:port" gossip addresses of existing members that
 	// [NewMembership] contacts. Empty starts a new cluster.
@@ -260,10 +266,14 @@ func (c MemberConfig) memberlistConfig(d *delegate, logger *log.Logger) (*member
 	mc.Name = c.Name
 	mc.BindAddr = c.BindAddr
 	mc.BindPort = c.BindPort
+	if c.Listener != nil {
+		mc.Transport = c.Listener.nt
+		mc.BindPort = c.Listener.Port()
+	}
 	mc.AdvertiseAddr = c.AdvertiseAddr
 	mc.AdvertisePort = c.AdvertisePort
 	if c.AdvertisePort == 0 {
-		mc.AdvertisePort = c.BindPort
+		mc.AdvertisePort = mc.BindPort
 	}
 	mc.Label = c.Label
 	mc.SkipInboundLabelCheck = false

@@ -106,7 +106,16 @@ var ErrClosed = errors.New("membership shut down")
 // new address waits until the others declared its old process dead, and
 // is taken in then); on failure
 // everything it started is stopped.
-func NewMembership(ctx context.Context, cfg MemberConfig) (*Membership, error) {
+func NewMembership(ctx context.Context, cfg MemberConfig) (m *Membership, err error) {
+	if cfg.Listener != nil {
+		// Taken over: closed on failure; past memberlist.Create its
+		// Shutdown closes the transport.
+		defer func() {
+			if err != nil {
+				cfg.Listener.Close()
+			}
+		}()
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -120,7 +129,7 @@ func NewMembership(ctx context.Context, cfg MemberConfig) (*Membership, error) {
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("cluster: node %s: instance id: %w", cfg.Name, err)
 	}
-	m := &Membership{
+	m = &Membership{
 		cfg:      cfg,
 		log:      logger.With("node", cfg.Name),
 		instance: binary.LittleEndian.Uint64(id[:]),
@@ -145,6 +154,9 @@ func NewMembership(ctx context.Context, cfg MemberConfig) (*Membership, error) {
 		return nil, fmt.Errorf("cluster: node %s: %w", cfg.Name, err)
 	}
 	ml, err := memberlist.Create(mc)
+	if err == nil && cfg.Listener != nil {
+		cfg.Listener.taken()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cluster: node %s: start gossip on %s:%d: %w", cfg.Name, cfg.BindAddr, cfg.BindPort, err)
 	}

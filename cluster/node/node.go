@@ -46,6 +46,12 @@ type Config struct {
 	// nothing, stay idle or stop answering pings, and caps the streams of
 	// one connection (defaultConnLimits).
 	GRPCAddr string
+	// Listener, when set, is the gRPC server's listener, bound beforehand
+	// (on GRPCAddr): Start serves on it instead of listening itself, and
+	// takes it over (closed when Start fails and at Stop). With
+	// Member.Listener too, a server can bind every address it needs
+	// before it starts anything. Default nil: Start listens on GRPCAddr.
+	Listener net.Listener
 	// Advertise is the host other nodes reach this node's gRPC server
 	// and collective listeners at; default: the host of GRPCAddr.
 	Advertise string
@@ -231,6 +237,17 @@ type Node struct {
 // Start starts a node: it listens, starts the worker service, joins the
 // cluster (ctx bounds the join) and serves. Stop it with Stop.
 func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+	defer func() {
+		// The listeners handed in are Start's whatever happens.
+		if err != nil {
+			if cfg.Listener != nil {
+				cfg.Listener.Close()
+			}
+			if cfg.Member.Listener != nil {
+				cfg.Member.Listener.Close()
+			}
+		}
+	}()
 	if (cfg.TLS == nil) == !cfg.Plaintext {
 		return nil, errors.New("node: set exactly one of TLS and Plaintext")
 	}
@@ -265,8 +282,10 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 			made.close()
 		}
 	}()
-	if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
-		return nil, fmt.Errorf("node: listen on %q: %w", cfg.GRPCAddr, err)
+	if n.lis = cfg.Listener; n.lis == nil {
+		if n.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+			return nil, fmt.Errorf("node: listen on %q: %w", cfg.GRPCAddr, err)
+		}
 	}
 	host := cfg.Advertise
 	if host == "" {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"time"
 
@@ -77,10 +78,16 @@ func (c Config) serveConfig(log *slog.Logger) completion.Config {
 	return sc
 }
 
-// startCompletions loads --model and serves it on --http-addr, its
+// startCompletions loads --model and serves it on lis, the listener of
+// --http-addr, which it takes over (closed when it fails), its
 // requests' sequences on n's cluster with --serve-layout cluster; with
 // --monitor-rate the quality monitor's metrics go to reg.
-func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *slog.Logger) (*completions, error) {
+func startCompletions(cfg Config, lis net.Listener, n *node.Node, reg *prometheus.Registry, log *slog.Logger) (_ *completions, err error) {
+	defer func() {
+		if err != nil {
+			lis.Close()
+		}
+	}()
 	sc := cfg.serveConfig(log)
 	sc.Cluster = cfg.serveCluster(n)
 	name := sc.ModelName
@@ -145,7 +152,7 @@ func startCompletions(cfg Config, n *node.Node, reg *prometheus.Registry, log *s
 		hc.TLS = cert.tlsConfig()
 	}
 	handler := allowOrigins(cfg.Serve.AllowedOrigins, adminLoopback(cfg.Security.Token, apiHandler(srv, cfg.Security.Token, reg, log)))
-	h, err := startHTTP("completions", "http-addr", cfg.Serve.Addr, handler, hc, reg, log)
+	h, err := serveHTTP("completions", "http-addr", lis, handler, hc, reg, log)
 	if err != nil {
 		closeAll()
 		return nil, err

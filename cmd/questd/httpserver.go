@@ -144,22 +144,19 @@ type httpServer struct {
 	addr string
 }
 
-// startMetricsServer listens on addr (--metrics-addr) and serves h until
-// shutdown.
-func startMetricsServer(addr string, h http.Handler, hc httpServerConfig, reg prometheus.Registerer, log *slog.Logger) (*httpServer, error) {
-	return startHTTP("metrics", "metrics-addr", addr, h, hc.forMetrics(), reg, log)
+// startMetricsServer serves h on lis, the listener of --metrics-addr,
+// until shutdown; it takes lis over (closed when it fails).
+func startMetricsServer(lis net.Listener, h http.Handler, hc httpServerConfig, reg prometheus.Registerer, log *slog.Logger) (*httpServer, error) {
+	return serveHTTP("metrics", "metrics-addr", lis, h, hc.forMetrics(), reg, log)
 }
 
 // startHTTP listens on addr (the value of --flag) and serves h under hc
 // until shutdown. Its connection metrics go to reg, labelled
 // server=name.
 func startHTTP(name, flag, addr string, h http.Handler, hc httpServerConfig, reg prometheus.Registerer, log *slog.Logger) (*httpServer, error) {
-	if err := hc.Validate(); err != nil {
-		return nil, fmt.Errorf("--%s: %w", flag, err)
-	}
-	tl, err := net.Listen("tcp", addr)
+	tl, err := listenTCP(flag, addr)
 	if err != nil {
-		return nil, fmt.Errorf("--%s %q: %w", flag, addr, err)
+		return nil, err
 	}
 	return serveHTTP(name, flag, tl, h, hc, reg, log)
 }
@@ -167,6 +164,10 @@ func startHTTP(name, flag, addr string, h http.Handler, hc httpServerConfig, reg
 // serveHTTP is startHTTP on tl, a listener it takes over (closed when
 // it fails).
 func serveHTTP(name, flag string, tl net.Listener, h http.Handler, hc httpServerConfig, reg prometheus.Registerer, log *slog.Logger) (*httpServer, error) {
+	if err := hc.Validate(); err != nil {
+		tl.Close()
+		return nil, fmt.Errorf("--%s: %w", flag, err)
+	}
 	cl := &connListener{Listener: tl, flag: flag, max: hc.MaxConns, log: log, done: make(chan struct{})}
 	if err := cl.register(name, reg); err != nil {
 		tl.Close()

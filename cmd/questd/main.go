@@ -68,8 +68,8 @@ func main() {
 
 // run is questd with its arguments, environment and output: it returns
 // the exit status (0 after a signal's drain, 2 for bad flags or config,
-// TLS files that do not load included, 1 for a failure to start or
-// serve).
+// TLS files that do not load and addresses that cannot be bound
+// included, 1 for a failure to start or serve).
 func run(ctx context.Context, args []string, getenv func(string) (string, bool), stdout, stderr io.Writer) int {
 	if isVerify(args) {
 		return runVerify(ctx, args, stdout, stderr)
@@ -100,9 +100,16 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := newLogger(cfg, stderr)
+	// Every address first: one in use stops questd before anything
+	// starts, as a bad flag does.
+	ls, err := bindListeners(cfg, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "questd:", err)
+		return 2
+	}
 	// The one registry of the process: no default (global) registry.
 	reg := prometheus.NewRegistry()
-	if err := serve(ctx, cfg, log, stdout, reg, hup); err != nil {
+	if err := serveOn(ctx, cfg, ls, log, stdout, reg, hup); err != nil {
 		log.Error("questd failed", "err", err)
 		if cfg.Log.Format == "json" {
 			// The text log already reads as a line; a JSON one gets a

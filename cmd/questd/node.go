@@ -94,6 +94,17 @@ const metricsShutdown = 2 * time.Second
 // Every signal received on hup (SIGHUP) reloads the TLS files; hup may
 // be nil.
 func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, reg *prometheus.Registry, hup <-chan os.Signal) error {
+	ls, err := bindListeners(cfg, log)
+	if err != nil {
+		return err
+	}
+	return serveOn(ctx, cfg, ls, log, stdout, reg, hup)
+}
+
+// serveOn is serve on the listeners of bindListeners, which it takes
+// over (every one is closed when it returns).
+func serveOn(ctx context.Context, cfg Config, ls *listeners, log *slog.Logger, stdout io.Writer, reg *prometheus.Registry, hup <-chan os.Signal) error {
+	defer ls.close() // those not handed over yet
 	var (
 		rl *certReloader
 		tc *tls.Config
@@ -114,8 +125,8 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	pw := newPersistWatch(m, log.With("component", "persist"))
 	warnOpenFiles(cfg, log)
 	var ms *httpServer
-	if cfg.Node.MetricsAddr != "" {
-		if ms, err = startMetricsServer(cfg.Node.MetricsAddr, httpHandler(reg, st.ready, log), cfg.httpServer(), reg, log.With("component", "metrics")); err != nil {
+	if ls.metrics != nil {
+		if ms, err = startMetricsServer(take(&ls.metrics), httpHandler(reg, st.ready, log), cfg.httpServer(), reg, log.With("component", "metrics")); err != nil {
 			return err
 		}
 		defer func() {
@@ -130,8 +141,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 		return err
 	}
 	defer closeDevs() // after the node stopped (deferred below it)
+	mc := cfg.memberConfig()
+	mc.Listener = take(&ls.gossip)
 	n, err := node.Start(ctx, node.Config{
-		GRPCAddr: cfg.Node.GRPCAddr, Advertise: cfg.Node.Advertise, GRPCAdvertise: cfg.Node.GRPCAdvertise, Member: cfg.memberConfig(), Engine: cfg.engineConfig(),
+		GRPCAddr: cfg.Node.GRPCAddr, Listener: take(&ls.grpc), Advertise: cfg.Node.Advertise, GRPCAdvertise: cfg.Node.GRPCAdvertise, Member: mc, Engine: cfg.engineConfig(),
 		MaxPages: cfg.hostPages(), MemoryLimit: cfg.Capacity.MaxMemory, TLS: tc, Plaintext: cfg.Security.Plaintext, Token: cfg.Security.Token, RequireCertRoles: cfg.Security.RequireCertRoles,
 		DrainTimeout: cfg.Node.DrainTimeout, GridIdle: cfg.Node.GridIdle, Version: version, Logger: log, Observe: m.observe,
 		DataDir: cfg.Storage.DataDir, Durability: cfg.Storage.Durability, SyncInterval: cfg.Storage.SyncInterval,
@@ -144,7 +157,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger, stdout io.Writer, 
 	}
 	var api *completions
 	if cfg.Serve.Model != "" {
-		if api, err = startCompletions(cfg, n, reg, log.With("component", "serve")); err != nil {
+		if api, err = startCompletions(cfg, take(&ls.http), n, reg, log.With("component", "serve")); err != nil {
 			lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 			defer cancel()
 			n.Stop(lctx)

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+
+	"github.com/questrt/questrt/cluster"
+)
+
+// listeners are the sockets questd serves on, bound by bindListeners
+// before anything starts (no node, data directory, model or goroutine
+// of its own), so that an address in use, or one the host does not
+// have, stops questd at once with one line naming the flag, exit 2; the
+// servers then take them over (no second bind, no race with another
+// process between a check and the bind).
+type listeners struct {
+	grpc    net.Listener            // --grpc-addr
+	gossip  *cluster.GossipListener // --gossip-addr, TCP and UDP
+	metrics net.Listener            // --metrics-addr; nil when ""
+	http    net.Listener            // --http-addr; nil without --model
+}
+
+// bindListeners binds every address of cfg that questd listens on: the
+// gRPC API, gossip (TCP and UDP), the metrics server (unless off) and
+// the completions API (with --model). On failure it closes those it
+// bound and names the first that failed: "--http-addr 127.0.0.1:8000:
+// address already in use". log gets the gossip transport's logs.
+func bindListeners(cfg Config, log *slog.Logger) (_ *listeners, err error) {
+	ls := &listeners{}
+	defer func() {
+		if err != nil {
+			ls.close()
+		}
+	}()
+	if ls.grpc, err = listenTCP("grpc-addr", cfg.Node.GRPCAddr); err != nil {
+		return nil, err
+	}
+	mc := cfg.memberConfig()
+	if ls.gossip, err = cluster.ListenGossip(mc.BindAddr, mc.BindPort, log.With("node", cfg.Node.Name)); err != nil {
+		return nil, addrError("gossip-addr", cfg.Membership.GossipAddr, err)
+	}
+	if cfg.Node.MetricsAddr != "" {
+		if ls.metrics, err = listenTCP("metrics-addr", cfg.Node.MetricsAddr); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Serve.Model != "" && cfg.Serve.Addr != "" {
+		if ls.http, err = listenTCP("http-addr", cfg.Serve.Addr); err != nil {
+			return nil, err
+		}
+	}
+	return ls, nil
+}
+
+// listenTCP listens on addr, the value of --flag.
+func listenTCP(flag, addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, addrError(flag, addr, err)
+	}
+	return l, nil
+}
+
+// addrError is a failed bind of addr, the value of --flag, in one line:
+// "--flag ADDR: address already in use" (the system's reason, without
+// net's "listen tcp ADDR: bind:" before it).
+func addrError(flag, addr string, err error) error {
+	var se *os.SyscallError
+	if errors.As(err, &se) {
+		err = se.Err
+	}
+	return fmt.Errorf("--%s %s: %w", flag, addr, err)
+}
+
+// take hands l over: it returns l and forgets it, so that close leaves
+// it to its new owner.
+func take[L any](l *L) L {
+	v := *l
+	var zero L
+	*l = zero
+	return v
+}
+
+// close closes the listeners not handed over.
+func (ls *listeners) close() {
+	if ls == nil {
+		return
+	}
+	for _, l := range []net.Listener{ls.grpc, ls.metrics, ls.http} {
+		if l != nil {
+			l.Close()
+		}
+	}
+	if ls.gossip != nil {
+		ls.gossip.Close()
+	}
+	*ls = listeners{}
+}
