@@ -429,7 +429,7 @@ func TestChoicesCancelled(t *testing.T) {
 // its usage, the first token of any choice and every choice's
 // inter-token times; a request of n = 3 whose deadline passes while it
 // is queued (its first choice ends first, failing the forks waiting for
-// its prompt) is seen once too, as cancelled.
+// its prompt) is seen once too, as timed out.
 func TestChoicesObserved(t *testing.T) {
 	cfg := testConfig("tiny")
 	// Observe runs after the answer and after the counters move, so the
@@ -445,7 +445,7 @@ func TestChoicesObserved(t *testing.T) {
 		t.Fatalf("the queued request's stream: %q", events)
 	}
 	release()
-	waitStats(t, s, "the timed-out request ended", func(st Stats) bool { return st.Cancelled == 1 && st.Running+st.Queued == 0 })
+	waitStats(t, s, "the timed-out request ended", func(st Stats) bool { return st.TimedOut == 1 && st.Cancelled == 0 && st.Running+st.Queued == 0 })
 	c := complete(t, ts.URL, map[string]any{"model": "tiny", "prompt": "abc", "max_tokens": 5, "n": 3, "temperature": 0})
 	var seen []RequestTiming
 	for len(seen) < 2 {
@@ -461,8 +461,8 @@ func TestChoicesObserved(t *testing.T) {
 		t.Fatalf("a third timing for two requests: %+v", rt)
 	case <-time.After(100 * time.Millisecond):
 	}
-	if seen[0].Outcome != "cancelled" {
-		t.Errorf("cancelled n = 3: %+v", seen[0])
+	if seen[0].Outcome != "timeout" {
+		t.Errorf("timed-out n = 3: %+v", seen[0])
 	}
 	rt := seen[1]
 	if rt.ID != c.ID || rt.Outcome != "completed" || rt.Usage != *c.Usage || rt.FirstToken <= 0 || len(rt.InterToken) != 3*4 {

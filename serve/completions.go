@@ -103,7 +103,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 		s.invalid()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			(&apiError{status: http.StatusRequestTimeout, typ: typeTimeout, code: "request_timeout",
-				message: "The request body did not arrive within the server's request timeout of " + s.cfg.RequestTimeout.String() + "."}).write(w)
+				message: "The request body did not arrive within the server's request timeout (questd --request-timeout " + s.cfg.RequestTimeout.String() + ")."}).write(w)
 			return nil, false
 		}
 		var mbe *http.MaxBytesError
@@ -252,7 +252,7 @@ func (s *Server) news(j *job) ([]byte, []tokenLogprob, bool, result) {
 	gone := j.ctx.Err() != nil
 	text, lps, done, res := j.take()
 	if !done && gone {
-		done, res = true, result{err: ctxError(j.ctx)}
+		done, res = true, result{err: s.ctxError(j.ctx)}
 	}
 	return text, lps, done, res
 }

@@ -151,7 +151,7 @@ func (s *Server) replayDense(ctx context.Context, rec *RequestRecord) (*ReplayRe
 	case s.replaying <- struct{}{}:
 		defer func() { <-s.replaying }()
 	case <-ctx.Done():
-		return nil, ctxError(ctx)
+		return nil, s.ctxError(ctx)
 	}
 	rep := &ReplayReport{ID: rec.ID, PromptTokens: len(rec.PromptTokens), Settings: rec.Settings, FirstDivergence: -1,
 		Tokens: make([]ReplayToken, 0, len(rec.OutputTokens))}
@@ -164,7 +164,7 @@ func (s *Server) replayDense(ctx context.Context, rec *RequestRecord) (*ReplayRe
 			if s.ctx.Err() != nil {
 				return errClosed
 			}
-			return ctxError(ctx)
+			return s.ctxError(ctx)
 		}
 		return internal(fmt.Errorf("dense replay of %s: %s: %w", rec.ID, what, err))
 	}

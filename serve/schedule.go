@@ -86,7 +86,7 @@ func (s *Server) iterate() bool {
 	}
 	worked := len(gone) > 0 || resized
 	for _, j := range gone {
-		s.end(j, nil, ctxError(j.ctx), "")
+		s.end(j, nil, s.ctxError(j.ctx), "")
 	}
 	if s.takeCreated() {
 		worked = true
@@ -96,7 +96,7 @@ func (s *Server) iterate() bool {
 	}
 	for _, j := range running {
 		if j.ctx.Err() != nil && !j.ended {
-			s.end(j, nil, ctxError(j.ctx), "")
+			s.end(j, nil, s.ctxError(j.ctx), "")
 			worked = true
 		}
 	}
@@ -712,10 +712,12 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 			s.reserved -= g.pages
 			g.reserved = false
 		}
-		switch err := g.err; {
-		case err == nil:
+		switch outcome(g.err) {
+		case "completed":
 			s.stats.Completed++
-		case err.status == http.StatusGatewayTimeout || err.status == statusClientGone:
+		case "timeout":
+			s.stats.TimedOut++
+		case "cancelled":
 			s.stats.Cancelled++
 		default:
 			s.stats.Failed++
@@ -783,13 +785,34 @@ func (s *Server) count(f func(*Stats)) {
 // written; the code is nginx's "client closed request").
 const statusClientGone = 499
 
-// ctxError is the failure of a job whose context ended.
-func ctxError(ctx context.Context) *apiError {
+// ctxError is the failure of a job whose context ended: past its
+// deadline (Config.RequestTimeout) 504 request_timeout naming the limit
+// and questd's flag, else its client gone (the request's context
+// cancelled).
+func (s *Server) ctxError(ctx context.Context) *apiError {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return &apiError{status: http.StatusGatewayTimeout, typ: typeTimeout, code: "request_timeout",
-			message: "The request ran past the server's request timeout."}
+		msg := "The request exceeded the server's request timeout."
+		if d := s.cfg.RequestTimeout; d > 0 {
+			msg = "The request exceeded the server's request timeout (questd --request-timeout " + d.String() + ", from its arrival to its last token)."
+		}
+		return &apiError{status: http.StatusGatewayTimeout, typ: typeTimeout, code: "request_timeout", message: msg}
 	}
 	return &apiError{status: statusClientGone, typ: typeInvalid, code: "client_closed_request", message: "The client closed the request."}
+}
+
+// outcome is how a request that ended with err ended: "completed"
+// (nil), "timeout" (past Config.RequestTimeout), "cancelled" (its
+// client gone) or "failed".
+func outcome(err *apiError) string {
+	switch {
+	case err == nil:
+		return "completed"
+	case err.status == http.StatusGatewayTimeout:
+		return "timeout"
+	case err.status == statusClientGone:
+		return "cancelled"
+	}
+	return "failed"
 }
 
 // retries reports whether a job whose grid is lost may run again
@@ -971,7 +994,7 @@ func (s *Server) preempt(j *job) {
 func (s *Server) stepError(j *job, err error) *apiError {
 	switch {
 	case j.ctx.Err() != nil && isCtxErr(err):
-		return ctxError(j.ctx)
+		return s.ctxError(j.ctx)
 	case s.ctx.Err() != nil:
 		return errClosed
 	case errors.Is(err, ErrClusterUnavailable):

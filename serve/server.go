@@ -111,10 +111,11 @@ type Stats struct {
 	// admission (429) or while draining (503); Invalid those refused for
 	// their parameters (4xx).
 	Admitted, Refused, Invalid uint64
-	// Completed, Cancelled and Failed count the admitted requests that
-	// ended with a completion, with their client gone or their deadline
-	// past, and with an error.
-	Completed, Cancelled, Failed uint64
+	// Completed, TimedOut, Cancelled and Failed count the admitted
+	// requests that ended with a completion, past their deadline
+	// (Config.RequestTimeout, 504), with their client gone, and with an
+	// error.
+	Completed, TimedOut, Cancelled, Failed uint64
 	// PromptTokens and CompletionTokens count the tokens prefilled and
 	// generated.
 	PromptTokens, CompletionTokens uint64

@@ -10,8 +10,9 @@ type RequestTiming struct {
 	// /v1/chat/completions.
 	ID   string
 	Chat bool
-	// Outcome is "completed", "cancelled" (client gone or past the
-	// request timeout) or "failed".
+	// Outcome is "completed", "timeout" (past the request timeout,
+	// Config.RequestTimeout: answered 504 request_timeout), "cancelled"
+	// (the client gone) or "failed".
 	Outcome string
 	// Finish is the finish reason of a completed request ("stop" or
 	// "length"; its first choice's).
@@ -82,13 +83,8 @@ func (s *Server) observe(g *group) {
 	} else {
 		t.Queue = started.Sub(j.clock.arrived)
 	}
-	switch {
-	case g.err == nil:
-		t.Outcome, t.Finish = "completed", j.res.finish
-	case g.err.status == 504 || g.err.status == statusClientGone:
-		t.Outcome = "cancelled"
-	default:
-		t.Outcome = "failed"
+	if t.Outcome = outcome(g.err); g.err == nil {
+		t.Finish = j.res.finish
 	}
 	s.cfg.Observe(t)
 }

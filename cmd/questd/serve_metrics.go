@@ -25,7 +25,7 @@ func newServeCounts(srv *completion.Server) *serveCounts {
 	return &serveCounts{
 		srv:           srv,
 		reqs:          prometheus.NewDesc("questrt_serve_requests", "Completions API sequences now (one per choice of a request: n x prompts), by state: running (prefilling or decoding, at most --max-running) and queued (admitted, waiting for a running slot or for their request's pages; running plus queued at most --max-running + --max-queued).", []string{"state"}, nil),
-		outcomes:      prometheus.NewDesc("questrt_serve_requests_total", "Completions API requests by outcome: admitted; refused (429 by admission, or 503 while draining); invalid (4xx for their parameters); and of the admitted: completed, cancelled (client gone or deadline past), failed (an error).", []string{"outcome"}, nil),
+		outcomes:      prometheus.NewDesc("questrt_serve_requests_total", "Completions API requests by outcome: admitted; refused (429 by admission, or 503 while draining); invalid (4xx for their parameters); and of the admitted: completed, timeout (past --request-timeout: 504 request_timeout), cancelled (the client gone), failed (an error).", []string{"outcome"}, nil),
 		tokens:        prometheus.NewDesc("questrt_serve_tokens_total", "Tokens of the completions API, by kind: prompt (prefilled) and completion (generated).", []string{"kind"}, nil),
 		steps:         prometheus.NewDesc("questrt_serve_decode_total", "Decode steps of the completions API (kind=steps, batches) and the sequences they decoded (kind=sequences): their ratio is the mean decode batch.", []string{"kind"}, nil),
 		prefill:       prometheus.NewDesc("questrt_serve_prefill_chunks_total", "Prefill chunks (--prefill-chunk-tokens) the completions API ran.", nil, nil),
@@ -63,7 +63,7 @@ func (c *serveCounts) Collect(ch chan<- prometheus.Metric) {
 	for _, o := range []struct {
 		name string
 		v    uint64
-	}{{"admitted", st.Admitted}, {"refused", st.Refused}, {"invalid", st.Invalid}, {"completed", st.Completed}, {"cancelled", st.Cancelled}, {"failed", st.Failed}} {
+	}{{"admitted", st.Admitted}, {"refused", st.Refused}, {"invalid", st.Invalid}, {"completed", st.Completed}, {"timeout", st.TimedOut}, {"cancelled", st.Cancelled}, {"failed", st.Failed}} {
 		counter(c.outcomes, o.v, o.name)
 	}
 	counter(c.tokens, st.PromptTokens, "prompt")

@@ -24,7 +24,7 @@ func (l *statsLine) next(st completion.Stats, now time.Time) ([]any, bool) {
 	prev, at := l.last, l.lastAt
 	l.last, l.lastAt = st, now
 	busy := st.Running+st.Queued > 0 || prev.Running+prev.Queued > 0
-	ended := func(s completion.Stats) uint64 { return s.Completed + s.Cancelled + s.Failed }
+	ended := func(s completion.Stats) uint64 { return s.Completed + s.TimedOut + s.Cancelled + s.Failed }
 	if !busy && st.PromptTokens == prev.PromptTokens && st.CompletionTokens == prev.CompletionTokens &&
 		ended(st) == ended(prev) && st.Refused == prev.Refused && st.Invalid == prev.Invalid {
 		return nil, false

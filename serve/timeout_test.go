@@ -1,0 +1,72 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTimeoutOrCancelled: a request past Config.RequestTimeout gets 504
+// request_timeout naming the limit and questd's flag, counts as timed
+// out and is observed with outcome "timeout"; a request whose client
+// leaves before its deadline counts as cancelled, outcome "cancelled".
+func TestTimeoutOrCancelled(t *testing.T) {
+	cfg := testConfig("tiny")
+	observed := make(chan RequestTiming, 4)
+	cfg.Observe = func(rt RequestTiming) { observed <- rt }
+	cfg.RequestTimeout = 300 * time.Millisecond
+	// The scheduler held: a request waits queued until release, and
+	// leaves (is counted and observed) at the first iteration after it.
+	s, ts, release := held(t, cfg)
+	next := func() RequestTiming {
+		t.Helper()
+		select {
+		case rt := <-observed:
+			return rt
+		case <-time.After(10 * time.Second):
+			t.Fatal("no request observed in 10 s")
+		}
+		return RequestTiming{}
+	}
+
+	// Held in the queue past its deadline.
+	status, _, body := post(t, ts.URL+"/v1/completions", `{"model": "tiny", "prompt": "late", "max_tokens": 5}`)
+	var e struct {
+		Error struct{ Message, Type, Code string }
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Fatalf("504 body %q: %v", body, err)
+	}
+	if status != http.StatusGatewayTimeout || e.Error.Code != "request_timeout" || e.Error.Type != "timeout_error" ||
+		!strings.Contains(e.Error.Message, "--request-timeout 300ms") {
+		t.Errorf("past the deadline: %d %s; want 504 request_timeout naming --request-timeout 300ms", status, body)
+	}
+	release()
+	if rt := next(); rt.Outcome != "timeout" {
+		t.Errorf("the timed-out request observed as %q, want timeout", rt.Outcome)
+	}
+	waitStats(t, s, "the timed-out request counted", func(st Stats) bool { return st.TimedOut == 1 && st.Cancelled == 0 && st.Running+st.Queued == 0 })
+
+	// Its client gone well before its deadline.
+	cfg.RequestTimeout = time.Minute
+	s, ts, release = held(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions", strings.NewReader(`{"model": "tiny", "prompt": "gone", "max_tokens": 5}`))
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the leaving client got %d", resp.StatusCode)
+	}
+	// net/http cancels the request's context once it reads the
+	// connection's close: give it that before the scheduler runs.
+	time.Sleep(200 * time.Millisecond)
+	release()
+	if rt := next(); rt.Outcome != "cancelled" {
+		t.Errorf("the leaving client's request observed as %q, want cancelled", rt.Outcome)
+	}
+	waitStats(t, s, "the cancelled request counted", func(st Stats) bool { return st.TimedOut == 0 && st.Cancelled == 1 && st.Running+st.Queued == 0 })
+}
