@@ -513,7 +513,7 @@ func TestRequestTimeout(t *testing.T) {
 	}
 	release()
 	st := waitStats(t, s, "the timed-out requests gone", func(st Stats) bool { return st.Queued+st.Running == 0 })
-	if st.Cancelled != 2 || st.ReservedPages != 0 || st.EngineSequences != st.PrefixCacheEntries {
+	if st.TimedOut != 2 || st.Cancelled != 0 || st.ReservedPages != 0 || st.EngineSequences != st.PrefixCacheEntries {
 		t.Errorf("stats: %+v", st)
 	}
 }

@@ -764,7 +764,7 @@ func (s *Server) shutdown() {
 	jobs := append(slices.Clone(s.running), s.queue...)
 	s.mu.Unlock()
 	for _, j := range jobs {
-		s.end(j, nil, errClosed, "")
+		s.end(j, nil, errStopped, "")
 	}
 	// Every job ended, so every Create's context is done.
 	s.waitCreates()

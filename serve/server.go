@@ -410,6 +410,10 @@ var (
 		message: "The server is draining: it finishes the requests it has and admits no new ones."}
 	errClosed = &apiError{status: http.StatusServiceUnavailable, typ: typeServer, code: "server_shutting_down",
 		message: "The server is shutting down."}
+	// errStopped fails the requests still running or queued when the
+	// server closes: those its drain did not finish.
+	errStopped = &apiError{status: http.StatusServiceUnavailable, typ: typeServer, code: "server_shutting_down",
+		message: "The server shut down before the request finished: it did not end within the server's drain (questd --drain-timeout); retry it."}
 )
 
 // Accepting reports whether the server admits requests: not draining

@@ -11,8 +11,9 @@ import (
 )
 
 // TestServeDrainEndsStreams: a stream still running when the drain's
-// deadline passes gets an error event (server_shutting_down) before its
-// connection closes, instead of being cut mid-response.
+// deadline passes gets an error event (server_shutting_down, naming
+// --drain-timeout) before its connection closes, instead of being cut
+// mid-response.
 func TestServeDrainEndsStreams(t *testing.T) {
 	v1 := passkeyModel(t)
 	cfg, err := load(t, nil, append(append([]string(nil), smallNode...), "--model", v1, "--http-addr", "127.0.0.1:0", "--drain-timeout", "100ms")...)
@@ -65,7 +66,7 @@ func TestServeDrainEndsStreams(t *testing.T) {
 	}
 	select {
 	case out := <-got:
-		if !strings.Contains(out, `"code":"server_shutting_down"`) {
+		if !strings.Contains(out, `"code":"server_shutting_down"`) || !strings.Contains(out, "questd --drain-timeout") {
 			t.Errorf("stream cut by the drain: %q, want an error event with code server_shutting_down", out)
 		}
 	case <-time.After(30 * time.Second):

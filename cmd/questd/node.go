@@ -198,6 +198,15 @@ wait:
 			}
 		}
 	}
+	if ctx.Err() != nil {
+		// Said at once: the drain may take --drain-timeout.
+		attrs := []any{"why", context.Cause(ctx).Error(), "drain_timeout", cfg.Node.DrainTimeout}
+		if api != nil {
+			as := api.srv.Stats()
+			attrs = append(attrs, "requests_running", as.Running, "requests_queued", as.Queued)
+		}
+		log.Info("stopping: draining, then leaving the cluster", attrs...)
+	}
 	st.drain()
 	pw.beginStop()
 	if api != nil {

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestSigtermDuringPrefill: a questd process that gets SIGTERM while a
+// long prompt prefills logs at once that it stops (the signal, the
+// drain's bound and the requests in flight), exits 0 within
+// --drain-timeout and a prefill chunk, and the stream's client gets an
+// error event that says the server shut down before the request
+// finished, naming --drain-timeout.
+func TestSigtermDuringPrefill(t *testing.T) {
+	v1 := passkeyModel(t)
+	args := append(append([]string(nil), smallNode...), "--model", v1, "--http-addr", "127.0.0.1:0", "--log-format", "json", "--drain-timeout", "500ms")
+	p := startQuestd(t, args...)
+	// 16K token ids: the prefill takes tens of seconds on the CPU.
+	ids := make([]int, 16000)
+	for i := range ids {
+		ids[i] = 65 + (i*7)%26
+	}
+	body, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": ids, "max_tokens": 16, "stream": true})
+	admitted := make(chan error, 1)
+	got := make(chan string, 1)
+	go func() {
+		c := &http.Client{Timeout: 60 * time.Second}
+		resp, err := c.Post("http://"+p.ready["http"]+"/v1/completions", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			admitted <- err
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			admitted <- fmt.Errorf("%s: %s", resp.Status, b)
+			return
+		}
+		admitted <- nil
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			got <- "read error after " + string(b) + ": " + err.Error()
+			return
+		}
+		got <- string(b)
+	}()
+	select {
+	case err := <-admitted:
+		if err != nil {
+			t.Fatalf("the stream before the signal: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stream was not admitted in 30 s")
+	}
+	time.Sleep(200 * time.Millisecond) // into the prefill
+	signalled := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 30*time.Second); code != 0 {
+		t.Errorf("questd exited %d after SIGTERM, want 0", code)
+	}
+	took := time.Since(signalled)
+	t.Logf("questd exited %v after SIGTERM", took)
+	if took > 15*time.Second {
+		t.Errorf("questd took %v to stop after SIGTERM with --drain-timeout 500ms", took)
+	}
+	select {
+	case out := <-got:
+		if !strings.Contains(out, `"code":"server_shutting_down"`) || !strings.Contains(out, "--drain-timeout") {
+			t.Errorf("the stream after SIGTERM: %q, want an error event server_shutting_down naming --drain-timeout", out)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stream did not end after the stop")
+	}
+	recs := p.logRecords("stopping: draining, then leaving the cluster")
+	if len(recs) != 1 || recs[0]["why"] != "terminated signal received" || recs[0]["drain_timeout"] == nil || recs[0]["requests_running"] != 1.0 {
+		t.Errorf("the stop's log line: %v, want one naming the signal, the drain timeout and 1 request running", recs)
+	}
+}
