@@ -76,8 +76,8 @@ func TestAddrInUse(t *testing.T) {
 
 // TestListenersHandedOn: bindListeners binds every address once (free
 // ports for port 0, the gossip port free over both TCP and UDP) and the
-// node serves on those very sockets (its ready line names their ports),
-// closing them all at its stop.
+// node serves on those very sockets (its ready line and --insecure's
+// warning name their ports), closing them all at its stop.
 func TestListenersHandedOn(t *testing.T) {
 	cfg, err := load(t, nil, smallNode...)
 	if err != nil {
@@ -98,11 +98,12 @@ func TestListenersHandedOn(t *testing.T) {
 	if _, err := bindListeners(bound, log); err == nil || !strings.HasPrefix(err.Error(), "--grpc-addr "+bound.Node.GRPCAddr+": ") {
 		t.Errorf("a second bind: %v", err)
 	}
+	var logs lockedBuffer
 	ctx, cancel := context.WithCancel(t.Context())
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		err := serveOn(ctx, cfg, ls, log, pw, prometheus.NewRegistry(), nil)
+		err := serveOn(ctx, cfg, ls, slog.New(slog.NewJSONHandler(&logs, nil)), pw, prometheus.NewRegistry(), nil)
 		pw.Close()
 		done <- err
 	}()
@@ -119,6 +120,10 @@ func TestListenersHandedOn(t *testing.T) {
 		if !strings.Contains(line, w) {
 			t.Errorf("ready line %q does not say %s", line, w)
 		}
+	}
+	// --insecure's warning names the address bound, not port 0.
+	if !strings.Contains(logs.String(), `"msg":"gRPC without TLS`) || !strings.Contains(logs.String(), `"grpc":"`+bound.Node.GRPCAddr+`"`) {
+		t.Errorf("the plaintext warning does not name %s:\n%s", bound.Node.GRPCAddr, logs.String())
 	}
 	// Everything closed at the stop: the addresses are free again.
 	again, err := bindListeners(bound, log)

@@ -116,7 +116,11 @@ func serveOn(ctx context.Context, cfg Config, ls *listeners, log *slog.Logger, s
 		}
 		tc = rl.config()
 	}
-	warnInsecure(cfg, log)
+	wc := cfg // the warning names the address bound (port 0: the one picked)
+	if ls.grpc != nil {
+		wc.Node.GRPCAddr = ls.grpc.Addr().String()
+	}
+	warnInsecure(wc, log)
 	var st readiness
 	m, err := newMetrics(reg, &st)
 	if err != nil {
