@@ -157,6 +157,12 @@ func serveOn(ctx context.Context, cfg Config, ls *listeners, log *slog.Logger, s
 		Devices:      devs, DeviceResident: len(devs) > 0,
 	})
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			// A signal during the join (--join retrying a peer that is
+			// not up yet): a stop asked for, not a failure.
+			log.Info("stopped before the node joined the cluster", "why", context.Cause(ctx).Error(), "join", err)
+			return nil
+		}
 		return err
 	}
 	var api *completions
@@ -169,6 +175,8 @@ func serveOn(ctx context.Context, cfg Config, ls *listeners, log *slog.Logger, s
 		}
 	}
 	st.set(n)
+	// A signal during the start (the model's load) stops the node
+	// without a ready line: it never served.
 	line := map[string]string{"event": "ready", "name": n.Name(), "grpc": n.Addr(), "gossip": n.GossipAddr()}
 	if ms != nil {
 		line["metrics"] = ms.addr
@@ -177,8 +185,10 @@ func serveOn(ctx context.Context, cfg Config, ls *listeners, log *slog.Logger, s
 		line["http"] = api.http.addr
 	}
 	ready, _ := json.Marshal(line)
-	fmt.Fprintf(stdout, "%s\n", ready)
-	if cfg.Node.ReadyFile != "" {
+	if ctx.Err() == nil {
+		fmt.Fprintf(stdout, "%s\n", ready)
+	}
+	if cfg.Node.ReadyFile != "" && ctx.Err() == nil {
 		if err := os.WriteFile(cfg.Node.ReadyFile, append(ready, '\n'), 0o644); err != nil {
 			log.Warn("ready file", "path", cfg.Node.ReadyFile, "err", err)
 		}

@@ -1,14 +1,19 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestSigtermDuringPrefill: a questd process that gets SIGTERM while a
@@ -82,5 +87,35 @@ func TestSigtermDuringPrefill(t *testing.T) {
 	recs := p.logRecords("stopping: draining, then leaving the cluster")
 	if len(recs) != 1 || recs[0]["why"] != "terminated signal received" || recs[0]["drain_timeout"] == nil || recs[0]["requests_running"] != 1.0 {
 		t.Errorf("the stop's log line: %v, want one naming the signal, the drain timeout and 1 request running", recs)
+	}
+}
+
+// TestSignalBeforeReady: a signal that comes while questd starts (its
+// join retrying a peer that is not up, or anything before its ready
+// line) stops it as a stop asked for: serve returns nil (exit 0), and
+// no ready line is printed for a node that never served.
+func TestSignalBeforeReady(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		extra []string
+	}{
+		{"joining", []string{"--join", "127.0.0.1:1"}},
+		{"starting", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := load(t, nil, append(append([]string(nil), smallNode...), c.extra...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			cancel() // the signal, already there
+			var out bytes.Buffer
+			if err := serve(ctx, cfg, slog.New(slog.DiscardHandler), &out, prometheus.NewRegistry(), nil); err != nil {
+				t.Errorf("serve stopped by a signal while it starts: %v, want nil (exit 0)", err)
+			}
+			if out.Len() != 0 {
+				t.Errorf("stdout %q, want no ready line", out.String())
+			}
+		})
 	}
 }
