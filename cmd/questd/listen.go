@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
+	"syscall"
 
 	"github.com/questrt/questrt/cluster"
 )
@@ -26,8 +28,9 @@ type listeners struct {
 // bindListeners binds every address of cfg that questd listens on: the
 // gRPC API, gossip (TCP and UDP), the metrics server (unless off) and
 // the completions API (with --model). On failure it closes those it
-// bound and names the first that failed: "--http-addr 127.0.0.1:8000:
-// address already in use". log gets the gossip transport's logs.
+// bound and names every one that failed, in one line:
+// "--http-addr 127.0.0.1:8000: address already in use", with a hint
+// when an address is in use. log gets the gossip transport's logs.
 func bindListeners(cfg Config, log *slog.Logger) (_ *listeners, err error) {
 	ls := &listeners{}
 	defer func() {
@@ -35,25 +38,51 @@ func bindListeners(cfg Config, log *slog.Logger) (_ *listeners, err error) {
 			ls.close()
 		}
 	}()
-	if ls.grpc, err = listenTCP("grpc-addr", cfg.Node.GRPCAddr); err != nil {
-		return nil, err
+	var errs []error
+	tcp := func(l *net.Listener, flag, addr string) {
+		var e error
+		if *l, e = listenTCP(flag, addr); e != nil {
+			errs = append(errs, e)
+		}
 	}
+	tcp(&ls.grpc, "grpc-addr", cfg.Node.GRPCAddr)
 	mc := cfg.memberConfig()
-	if ls.gossip, err = cluster.ListenGossip(mc.BindAddr, mc.BindPort, log.With("node", cfg.Node.Name)); err != nil {
-		return nil, addrError("gossip-addr", cfg.Membership.GossipAddr, err)
+	var e error
+	if ls.gossip, e = cluster.ListenGossip(mc.BindAddr, mc.BindPort, log.With("node", cfg.Node.Name)); e != nil {
+		errs = append(errs, addrError("gossip-addr", cfg.Membership.GossipAddr, e))
 	}
 	if cfg.Node.MetricsAddr != "" {
-		if ls.metrics, err = listenTCP("metrics-addr", cfg.Node.MetricsAddr); err != nil {
-			return nil, err
-		}
+		tcp(&ls.metrics, "metrics-addr", cfg.Node.MetricsAddr)
 	}
 	if cfg.Serve.Model != "" && cfg.Serve.Addr != "" {
-		if ls.http, err = listenTCP("http-addr", cfg.Serve.Addr); err != nil {
-			return nil, err
-		}
+		tcp(&ls.http, "http-addr", cfg.Serve.Addr)
 	}
-	return ls, nil
+	if len(errs) == 0 {
+		return ls, nil
+	}
+	err = bindErrors(errs)
+	if len(errs) == 1 {
+		err = errs[0]
+	}
+	if errors.Is(err, syscall.EADDRINUSE) {
+		err = fmt.Errorf("%w (another questd on this host? give each node its own ports, or port 0)", err)
+	}
+	return nil, err
 }
+
+// bindErrors is the failed binds, on one line ("; " between them);
+// errors.Is sees each.
+type bindErrors []error
+
+func (e bindErrors) Error() string {
+	msgs := make([]string, len(e))
+	for i, err := range e {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (e bindErrors) Unwrap() []error { return e }
 
 // listenTCP listens on addr, the value of --flag.
 func listenTCP(flag, addr string) (net.Listener, error) {

@@ -62,7 +62,7 @@ func TestAddrInUse(t *testing.T) {
 			args := append(append([]string(nil), smallNode...), "--data-dir", dir, "--model", model, "--http-addr", "127.0.0.1:0", "--"+c.flag, addr)
 			var out, errOut bytes.Buffer
 			code := run(context.Background(), args, envOf(nil), &out, &errOut)
-			want := "questd: --" + c.flag + " " + addr + ": " + c.proto + "address already in use\n"
+			want := "questd: --" + c.flag + " " + addr + ": " + c.proto + "address already in use" + inUseHint + "\n"
 			if code != 2 || errOut.String() != want || out.Len() != 0 {
 				t.Errorf("questd with --%s %s taken: exit %d, stderr %q, stdout %q; want exit 2, stderr %q", c.flag, addr, code, errOut.String(), out.String(), want)
 			}
@@ -71,6 +71,33 @@ func TestAddrInUse(t *testing.T) {
 			}
 			goleak.VerifyNone(t, goleak.IgnoreCurrent())
 		})
+	}
+}
+
+// inUseHint ends the line of an address in use.
+const inUseHint = " (another questd on this host? give each node its own ports, or port 0)"
+
+// TestAddrsInUse: with every address taken (another questd's), the one
+// line names them all, so that a second node on a host is fixed in one
+// go.
+func TestAddrsInUse(t *testing.T) {
+	cfg, err := load(t, nil, smallNode...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	first, err := bindListeners(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.close()
+	grpc, gossip, metrics := first.grpc.Addr().String(), "127.0.0.1:"+strconv.Itoa(first.gossip.Port()), first.metrics.Addr().String()
+	args := append(append([]string(nil), smallNode...), "--grpc-addr", grpc, "--gossip-addr", gossip, "--metrics-addr", metrics)
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, envOf(nil), &out, &errOut)
+	want := "questd: --grpc-addr " + grpc + ": address already in use; --gossip-addr " + gossip + ": tcp: address already in use; --metrics-addr " + metrics + ": address already in use" + inUseHint + "\n"
+	if code != 2 || errOut.String() != want || out.Len() != 0 {
+		t.Errorf("questd on another's addresses: exit %d, stderr %q, stdout %q; want exit 2, stderr %q", code, errOut.String(), out.String(), want)
 	}
 }
 

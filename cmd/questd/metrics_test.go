@@ -411,7 +411,7 @@ func TestServeMetricsAddrInUse(t *testing.T) {
 	}
 	var out bytes.Buffer
 	err = serve(t.Context(), cfg, slog.New(slog.DiscardHandler), &out, prometheus.NewRegistry(), nil)
-	if err == nil || err.Error() != "--metrics-addr "+strings.TrimPrefix(taken.URL, "http://")+": address already in use" || out.Len() != 0 {
+	if err == nil || err.Error() != "--metrics-addr "+strings.TrimPrefix(taken.URL, "http://")+": address already in use"+inUseHint || out.Len() != 0 {
 		t.Errorf("serve on a taken metrics address: %v, stdout %q", err, out.String())
 	}
 }
