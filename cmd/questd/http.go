@@ -221,7 +221,7 @@ func (c *completions) stop(ctx context.Context, log *slog.Logger) {
 		defer c.stopStats() // the drain's last seconds logged too
 	}
 	if err := c.srv.Drain(ctx); err != nil {
-		log.Warn("completions drain", "err", err)
+		log.Warn("completions drain: --drain-timeout passed; the requests left fail with 503 server_shutting_down", "err", err)
 	}
 	if err := c.srv.Close(); err != nil {
 		log.Warn("completions close", "err", err)

@@ -84,6 +84,9 @@ func TestSigtermDuringPrefill(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the stream did not end after the stop")
 	}
+	if recs := p.logRecords("completions drain: --drain-timeout passed; the requests left fail with 503 server_shutting_down"); len(recs) != 1 {
+		t.Errorf("%d log lines saying the drain ended at --drain-timeout, want 1", len(recs))
+	}
 	recs := p.logRecords("stopping: draining, then leaving the cluster")
 	if len(recs) != 1 || recs[0]["why"] != "terminated signal received" || recs[0]["drain_timeout"] == nil || recs[0]["requests_running"] != 1.0 {
 		t.Errorf("the stop's log line: %v, want one naming the signal, the drain timeout and 1 request running", recs)
