@@ -345,7 +345,7 @@ func newFlagSet(c *Config, hostname string) (*flag.FlagSet, []flagGroup) {
 	d.int(&c.Membership.SuspicionMult, "suspicion-mult", def.Membership.SuspicionMult, "a suspect member has suspicion-mult x max(1, log10(nodes)) x --probe-interval to refute before it is declared dead; with the defaults a killed node is declared dead in about 6s in a 3-node cluster (5.8s measured on loopback); 1..100")
 	d.dur(&c.Membership.GossipInterval, "gossip-interval", def.Membership.GossipInterval, "time between two gossip rounds (joins, failures and meta updates spread by them), above 0 and at most 1m")
 	d.dur(&c.Membership.DeadNodeReclaim, "dead-node-reclaim", def.Membership.DeadNodeReclaim, "how long after a member is declared dead a restarted node may take over its name from another address (a restart before that waits in its join until the others declare the old process dead, then is taken in), above 0 and at most 1h")
-	d.dur(&c.Node.DrainTimeout, "drain-timeout", def.Node.DrainTimeout, "how long SIGTERM or SIGINT waits for in-flight steps before leaving the cluster, 0..1h (0: leave at once)")
+	d.dur(&c.Node.DrainTimeout, "drain-timeout", def.Node.DrainTimeout, "how long SIGTERM or SIGINT waits for in-flight steps and completions requests before leaving the cluster, 0..1h (0: leave at once; the completions API waits at least 1s)")
 	d.dur(&c.Node.GridIdle, "grid-idle-timeout", def.Node.GridIdle, "close a grid this node coordinates once it has held no sequence for this long, freeing the pages its ranks reserve on every node (a grid per sequence config and placement; 0: keep grids open until the node stops), 0..168h")
 
 	d.group("Metrics and probes")

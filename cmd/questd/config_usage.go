@@ -14,13 +14,20 @@ gossip (--join), hosts the shards of the sequences placed on this node,
 and serves the client and worker gRPC APIs and the gRPC health service on
 --grpc-addr, and Prometheus metrics (/metrics), liveness (/healthz) and
 readiness (/readyz: 200 once joined and serving, 503 while draining) over
-HTTP on --metrics-addr. Once serving it prints one line on stdout (and to
---ready-file when set; "metrics" only with a --metrics-addr):
+HTTP on --metrics-addr; with --model, the completions API on --http-addr.
+Every one of these addresses is bound before anything starts: one that
+cannot be (in use, not an address of this host) stops questd with exit
+status 2 and one line naming the flags. Once serving it prints one line
+on stdout (and to --ready-file when set; "metrics" only with a
+--metrics-addr, "http" only with --model):
 
   {"event":"ready","name":"NAME","grpc":"HOST:PORT","gossip":"HOST:PORT","metrics":"HOST:PORT"}
 
-SIGTERM or SIGINT drains: in-flight steps get --drain-timeout to finish,
-then the node leaves the cluster and exits 0. SIGHUP reads --tls-cert,
+SIGTERM or SIGINT drains: in-flight steps and completions requests get
+--drain-timeout to finish (new requests get 503; those still running
+then fail with server_shutting_down, 503 or a stream's error event), then
+the node leaves the cluster and exits 0; a signal before the ready line
+stops it too, exit 0, with no ready line. SIGHUP reads --tls-cert,
 --tls-key and --tls-ca again: new connections, incoming and outgoing,
 use the new certificate and CAs, open ones go on; a file that does not
 load keeps the old ones (logged).

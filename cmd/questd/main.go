@@ -37,10 +37,17 @@
 // --verify-data --data-dir DIR [--repair]` checks such a directory
 // offline instead of serving (verify.go).
 //
-// SIGTERM or SIGINT drains the in-flight calls (up to --drain-timeout),
-// leaves the cluster and exits 0 (a --data-dir node persists every
-// sequence, tails included, first; when it cannot, a full disk, it logs
-// which files failed and exits 1). SIGHUP reloads the TLS certificate,
+// Every address it listens on (--grpc-addr, --gossip-addr over TCP and
+// UDP, --metrics-addr, --http-addr) is bound before anything starts and
+// handed to its server (listen.go): one that cannot be bound stops
+// questd with exit 2 and one line naming the flags and addresses.
+//
+// SIGTERM or SIGINT drains the in-flight calls and completions requests
+// (up to --drain-timeout), leaves the cluster and exits 0 (a --data-dir
+// node persists every sequence, tails included, first; when it cannot, a
+// full disk, it logs which files failed and exits 1); a signal before
+// the ready line, during the join or the model's load, stops it without
+// one, exit 0. SIGHUP reloads the TLS certificate,
 // key and CA (new connections, incoming and outgoing, use them; a file
 // that does not load keeps the old ones). --token-file guards the client API with a bearer token;
 // --print-config prints the effective configuration as YAML for
