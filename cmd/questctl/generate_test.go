@@ -119,3 +119,15 @@ func TestGenerateFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestInterruptedSaysSo: a command stopped by Ctrl-C (its context
+// cancelled mid-run) says it was interrupted, first, in its one line,
+// exit 1.
+func TestInterruptedSaysSo(t *testing.T) {
+	v1 := filepath.Join(testModels(t), "passkey-llama-v1")
+	code, stdout, stderr := runCLICancelled(t, "generate", "--model", v1, "--prompt", "The grass is green.", "--max-tokens", "3")
+	lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+	if code != 1 || stdout != "" || !strings.HasPrefix(lines[len(lines)-1], "questctl generate: interrupted: ") {
+		t.Errorf("generate interrupted: exit %d, stdout %q, stderr %q; want exit 1 and a line questctl generate: interrupted: ...", code, stdout, stderr)
+	}
+}

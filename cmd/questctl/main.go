@@ -141,6 +141,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if strings.HasPrefix(msg, name+":") || strings.HasPrefix(msg, args[0]+" ") {
 		prefix = "questctl "
 	}
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) && !strings.Contains(msg, "interrupted") {
+		// Ctrl-C (SIGINT): said first, not only as the context's error
+		// at the end of whatever the command was doing.
+		msg = "interrupted: " + msg
+	}
 	fmt.Fprintf(stderr, "%s%s\n", prefix, strings.ReplaceAll(msg, "\n", " "))
 	if errors.As(err, new(usageError)) || errors.Is(err, memlimit.ErrTooLarge) {
 		return exitUsage
