@@ -135,7 +135,11 @@ type Config struct {
 	// persistent (remote.ServerConfig's fields of the same name): Start
 	// fails with remote.ErrDataDirInUse when another process holds
 	// DataDir. Default "": nothing persists.
-	DataDir      string
+	DataDir string
+	// DataDirLock, when set, is DataDir's lock taken beforehand
+	// (remote.LockDataDir): Start takes it over (released at Stop, and
+	// when Start fails), as it does Listener.
+	DataDirLock  *remote.DataDirLock
 	Durability   pagestore.Durability
 	SyncInterval time.Duration
 	// Verify and ScrubRate are when the grids' page stores check the
@@ -246,6 +250,9 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 			if cfg.Member.Listener != nil {
 				cfg.Member.Listener.Close()
 			}
+			if cfg.DataDirLock != nil {
+				cfg.DataDirLock.Close()
+			}
 		}
 	}()
 	if (cfg.TLS == nil) == !cfg.Plaintext {
@@ -307,7 +314,7 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	if n.ws, err = remote.NewServer(remote.ServerConfig{Host: host, MaxPages: cfg.MaxPages, MemoryLimit: cfg.MemoryLimit,
 		TLS: cfg.TLS, Plaintext: cfg.Plaintext, Logger: log.With("component", "worker"),
 		CollectiveServerOptions: g.serverOptions(), CollectiveDialOptions: append(tokenDial(cfg.Token), replyDial(replyLimit)),
-		DataDir: cfg.DataDir, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, Verify: cfg.Verify, ScrubRate: cfg.ScrubRate, OnPersistError: cfg.OnPersistError, OnQuarantine: cfg.OnQuarantine,
+		DataDir: cfg.DataDir, DataDirLock: cfg.DataDirLock, Durability: cfg.Durability, SyncInterval: cfg.SyncInterval, Verify: cfg.Verify, ScrubRate: cfg.ScrubRate, OnPersistError: cfg.OnPersistError, OnQuarantine: cfg.OnQuarantine,
 		Backends: bes, DeviceResident: cfg.DeviceResident}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}

@@ -10,10 +10,11 @@ import (
 	"syscall"
 
 	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/worker/remote"
 )
 
-// listeners are the sockets questd serves on, bound by bindListeners
-// before anything starts (no node, data directory, model or goroutine
+// listeners are the sockets questd serves on (and its data directory's
+// lock), bound by bindListeners before anything starts (no node, data directory, model or goroutine
 // of its own), so that an address in use, or one the host does not
 // have, stops questd at once with one line naming the flag, exit 2; the
 // servers then take them over (no second bind, no race with another
@@ -23,6 +24,10 @@ type listeners struct {
 	gossip  *cluster.GossipListener // --gossip-addr, TCP and UDP
 	metrics net.Listener            // --metrics-addr; nil when ""
 	http    net.Listener            // --http-addr; nil without --model
+	// dataLock is --data-dir's lock (nil without one), taken once every
+	// address is bound: a directory another questd holds stops questd
+	// as an address in use does.
+	dataLock *remote.DataDirLock
 }
 
 // bindListeners binds every address of cfg that questd listens on: the
@@ -56,6 +61,13 @@ func bindListeners(cfg Config, log *slog.Logger) (_ *listeners, err error) {
 	}
 	if cfg.Serve.Model != "" && cfg.Serve.Addr != "" {
 		tcp(&ls.http, "http-addr", cfg.Serve.Addr)
+	}
+	if len(errs) == 0 && cfg.Storage.DataDir != "" {
+		// After the addresses: a questd that cannot listen creates no
+		// directory.
+		if ls.dataLock, e = remote.LockDataDir(cfg.Storage.DataDir); e != nil {
+			return nil, fmt.Errorf("--data-dir %s: %w", cfg.Storage.DataDir, e)
+		}
 	}
 	if len(errs) == 0 {
 		return ls, nil
@@ -125,6 +137,9 @@ func (ls *listeners) close() {
 	}
 	if ls.gossip != nil {
 		ls.gossip.Close()
+	}
+	if ls.dataLock != nil {
+		ls.dataLock.Close()
 	}
 	*ls = listeners{}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+
+	"github.com/questrt/questrt/worker/remote"
 )
 
 // TestAddrInUse: each address questd listens on (--grpc-addr,
@@ -158,4 +161,42 @@ func TestListenersHandedOn(t *testing.T) {
 		t.Fatalf("the addresses after the stop: %v", err)
 	}
 	again.close()
+}
+
+// TestDataDirInUse: a --data-dir another process holds stops questd
+// before anything starts, exit 2, one line naming the flag, the
+// directory and the holder, its addresses freed; once questd ran on a
+// directory and stopped, the directory is free again.
+func TestDataDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	held, err := remote.LockDataDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append(append([]string(nil), smallNode...), "--data-dir", dir)
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, envOf(nil), &out, &errOut)
+	want := "questd: --data-dir " + dir + ": data directory in use by another process (pid " + strconv.Itoa(os.Getpid()) + " holds " + filepath.Join(dir, "LOCK") + ")\n"
+	if code != 2 || errOut.String() != want || out.Len() != 0 {
+		t.Errorf("questd on a held --data-dir: exit %d, stderr %q, stdout %q; want exit 2, stderr %q", code, errOut.String(), out.String(), want)
+	}
+	goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	held.Close()
+
+	cfg, err := load(t, nil, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, stop := runServe(t, cfg)
+	if _, err := remote.LockDataDir(dir); !errors.Is(err, remote.ErrDataDirInUse) {
+		t.Errorf("the data dir while questd serves: %v, want it held", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := remote.LockDataDir(dir)
+	if err != nil {
+		t.Fatalf("the data dir after questd stopped: %v", err)
+	}
+	again.Close()
 }

@@ -28,8 +28,9 @@
 // the same coordinator's grid of the same shape recovers them when it
 // opens again (the recovery is logged, lost tail tokens exactly, and
 // counted in questrt_recovery_*). One questd per directory: a second one
-// exits 1 naming it. A full disk (ENOSPC, EDQUOT) fails the calls that
-// persist with RESOURCE_EXHAUSTED, "disk full" and no server path in the
+// exits 2 before anything starts, naming it and the holder's pid (the
+// lock is taken with the addresses, listen.go). A full disk (ENOSPC,
+// EDQUOT) fails the calls that persist with RESOURCE_EXHAUSTED, "disk full" and no server path in the
 // message (the change is in memory, not durable; the next one persists
 // it once there is space); another I/O error fails them with INTERNAL.
 // The node logs each failure with its file and counts it in

@@ -151,7 +151,7 @@ func serveOn(ctx context.Context, cfg Config, ls *listeners, log *slog.Logger, s
 		GRPCAddr: cfg.Node.GRPCAddr, Listener: take(&ls.grpc), Advertise: cfg.Node.Advertise, GRPCAdvertise: cfg.Node.GRPCAdvertise, Member: mc, Engine: cfg.engineConfig(),
 		MaxPages: cfg.hostPages(), MemoryLimit: cfg.Capacity.MaxMemory, TLS: tc, Plaintext: cfg.Security.Plaintext, Token: cfg.Security.Token, RequireCertRoles: cfg.Security.RequireCertRoles,
 		DrainTimeout: cfg.Node.DrainTimeout, GridIdle: cfg.Node.GridIdle, Version: version, Logger: log, Observe: m.observe,
-		DataDir: cfg.Storage.DataDir, Durability: cfg.Storage.Durability, SyncInterval: cfg.Storage.SyncInterval,
+		DataDir: cfg.Storage.DataDir, DataDirLock: take(&ls.dataLock), Durability: cfg.Storage.Durability, SyncInterval: cfg.Storage.SyncInterval,
 		Verify: cfg.Storage.Verify, ScrubRate: cfg.Storage.ScrubRate, OnPersistError: pw.report,
 		OnQuarantine: func(string, string, error) { m.quarantined.Inc() },
 		Devices:      devs, DeviceResident: len(devs) > 0,

@@ -78,6 +78,11 @@ type ServerConfig struct {
 	// ErrDataDirInUse. Not with DeviceResident. "" (the default):
 	// nothing persists.
 	DataDir string
+	// DataDirLock, when set, is DataDir's lock taken beforehand
+	// ([LockDataDir] on DataDir): NewServer takes it over instead of
+	// locking (released at Close, and when NewServer fails). Default
+	// nil: NewServer locks DataDir.
+	DataDirLock *DataDirLock
 	// Durability and SyncInterval are the grids' page store durability
 	// (worker.Config.Durability, SyncInterval); unused without DataDir.
 	Durability   pagestore.Durability

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -50,13 +51,23 @@ type dataLock struct{ f *os.File }
 // error names the directory and, when another process holds it, the pid
 // it wrote.
 func lockDataDir(dir string) (*dataLock, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	l, err := lockDir(dir)
+	if err != nil {
 		return nil, fmt.Errorf("worker server: data dir %s: %w", dir, err)
+	}
+	return l, nil
+}
+
+// lockDir is lockDataDir with errors that do not name dir (those of
+// another process's lock name its pid and the lock file).
+func lockDir(dir string) (*dataLock, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
 	}
 	path := filepath.Join(dir, lockName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("worker server: data dir %s: %w", dir, err)
+		return nil, err
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		b := make([]byte, 32)
@@ -67,14 +78,42 @@ func lockDataDir(dir string) (*dataLock, error) {
 			if holder == "" {
 				holder = "?"
 			}
-			return nil, fmt.Errorf("worker server: data dir %s: %w (pid %s holds %s)", dir, ErrDataDirInUse, holder, path)
+			return nil, fmt.Errorf("%w (pid %s holds %s)", ErrDataDirInUse, holder, path)
 		}
-		return nil, fmt.Errorf("worker server: data dir %s: lock %s: %w", dir, path, err)
+		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return &dataLock{f: f}, nil
+}
+
+// DataDirLock is a data directory's lock taken before its server is
+// made (LockDataDir), so that a process can claim everything it needs
+// before it starts anything and hand it on ([ServerConfig.DataDirLock]).
+type DataDirLock struct {
+	dir  string
+	l    *dataLock
+	once sync.Once
+}
+
+// LockDataDir creates dir and takes its lock, as [NewServer] does,
+// without waiting: another process's lock fails with [ErrDataDirInUse]
+// naming its pid and the lock file (the error does not name dir).
+// Close it, or hand it to NewServer, which takes it over.
+func LockDataDir(dir string) (*DataDirLock, error) {
+	l, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &DataDirLock{dir: dir, l: l}, nil
+}
+
+// Close releases the lock; later calls do nothing.
+func (d *DataDirLock) Close() error {
+	var err error
+	d.once.Do(func() { err = d.l.unlock() })
+	return err
 }
 
 // unlock releases the lock (closing the file drops the flock).

@@ -2,7 +2,9 @@ package remote
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"sync"
 
@@ -64,7 +66,14 @@ var _ workerv1.WorkerServer = (*Server)(nil)
 func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 // NewServer makes a server with no grids.
-func NewServer(cfg ServerConfig) (*Server, error) {
+func NewServer(cfg ServerConfig) (_ *Server, err error) {
+	if cfg.DataDirLock != nil {
+		defer func() {
+			if err != nil {
+				cfg.DataDirLock.Close()
+			}
+		}()
+	}
 	def := DefaultServerConfig()
 	if cfg.Host == "" {
 		cfg.Host = def.Host
@@ -84,7 +93,13 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.DataDir != "" {
+	switch {
+	case cfg.DataDirLock != nil:
+		if filepath.Clean(cfg.DataDirLock.dir) != filepath.Clean(cfg.DataDir) {
+			return nil, fmt.Errorf("worker server: data dir %s: the lock given is of %s", cfg.DataDir, cfg.DataDirLock.dir)
+		}
+		s.lock = cfg.DataDirLock.l
+	case cfg.DataDir != "":
 		lk, err := lockDataDir(cfg.DataDir)
 		if err != nil {
 			return nil, err
@@ -96,6 +111,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		s.bes = []kernels.Backend{s.ownBe}
 	}
 	s.onDev = make([]int, len(s.bes))
+	if cfg.DataDirLock != nil {
+		cfg.DataDirLock.once.Do(func() {}) // the server's now: Close releases it
+	}
 	return s, nil
 }
 
