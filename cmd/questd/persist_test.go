@@ -188,6 +188,21 @@ func (p *questdProc) recovered() []string {
 	return out
 }
 
+// recoveredN is recovered once it lists n sequences, or after 5 s: the
+// process logs them before its answer to the create that opened the
+// grid, but its stderr reaches p.stderr through a pipe, which the test
+// may read first.
+func (p *questdProc) recoveredN(n int) []string {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := p.recovered()
+		if len(got) >= n || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestQuestdKill9Recovery runs questd as a process with --data-dir:
 // sequences get appends that seal pages and leave tails, then kill -9.
 // The restarted questd (a second questd on the same directory meanwhile
@@ -263,15 +278,16 @@ func TestQuestdKill9Recovery(t *testing.T) {
 	}
 
 	p2 := startQuestd(t, args("m0")...)
-	// A second questd on the same directory refuses to start.
+	// A second questd on the same directory refuses to start, before
+	// anything starts: exit 2, one line.
 	p3, err := spawnQuestd(t, args("m1")...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code := p3.wait(t, 20*time.Second); code != 1 {
-		t.Fatalf("second questd on %s: exit code %d, want 1", dir, code)
+	if code := p3.wait(t, 20*time.Second); code != 2 {
+		t.Fatalf("second questd on %s: exit code %d, want 2", dir, code)
 	}
-	if msg := p3.stderr.String(); !strings.Contains(msg, dir) || !strings.Contains(msg, "in use") {
+	if msg := p3.stderr.String(); !strings.Contains(msg, dir) || !strings.Contains(msg, "in use") || strings.Count(msg, "\n") != 1 {
 		t.Fatalf("second questd on %s: stderr does not name the directory in use:\n%s", dir, msg)
 	}
 	t.Logf("second questd: %s", strings.TrimSpace(p3.stderr.String()[strings.LastIndex(strings.TrimSpace(p3.stderr.String()), "\n")+1:]))
@@ -284,7 +300,7 @@ func TestQuestdKill9Recovery(t *testing.T) {
 		t.Logf("after kill -9: %v", r)
 	}
 	want := []string{"seq 1 lens [36 36] lost 3", "seq 2 lens [40 40] lost 2"}
-	if got := p2.recovered(); !slices.Equal(got, want) {
+	if got := p2.recoveredN(len(want)); !slices.Equal(got, want) {
 		t.Fatalf("after kill -9 recovered %q, want %q", got, want)
 	}
 	// The coordinator adopted both when the grid opened: none parked.
@@ -322,7 +338,7 @@ func TestQuestdKill9Recovery(t *testing.T) {
 	create(dial(p4), 0)
 	// The new sequence's number comes after the adopted ones'.
 	want = []string{"seq 1 lens [36 36] lost 0", "seq 2 lens [40 40] lost 0", "seq 3 lens [11 10] lost 0"}
-	if got := p4.recovered(); !slices.Equal(got, want) {
+	if got := p4.recoveredN(len(want)); !slices.Equal(got, want) {
 		t.Fatalf("after SIGTERM recovered %q, want %q", got, want)
 	}
 	if got := gauge(p4, "questrt_recovery_lost_tokens"); got != 0 {
