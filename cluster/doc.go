@@ -53,6 +53,6 @@
 // rendezvous-hash order of (coordinator, node), skipping nodes without
 // room for one more rank ([ErrNoCapacity] when the grid does not fit).
 // Two nodes whose views agree place alike. The coordinator side (grids,
-// sequences, the client API) is package cluster/coord; a whole node is
-// package cluster/node.
+// sequences, the client API) is package coord; a whole node is
+// package node.
 package cluster

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/client"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/faultproxy"
 	"github.com/questrt/questrt/plan"
@@ -64,7 +64,7 @@ import (
 // Nothing leaks: the test's goroutines (goleak), the processes (ended by
 // PID), the namespaces and links (deleted, checked).
 //
-// Two bugs these tests found, fixed in cluster/coord (knownIssue names
+// Two bugs these tests found, fixed in coord (knownIssue names
 // them should they come back): the wedge of chaosSkipResetEnv, and after
 // a partition heals, now and then (6 of 22 runs before the fix), a grid
 // swept by the healed node while its view still showed the coordinator
@@ -94,7 +94,7 @@ const (
 	// can land on an EndStep, whose error engine.end ignores: the worker
 	// keeps that step open and refuses the grid's next BeginStep
 	// (worker.ErrStepOpen), which the coordinator takes as the grid's
-	// loss (cluster/coord's check; before that fix the grid was wedged
+	// loss (coord's check; before that fix the grid was wedged
 	// for good).
 	chaosSkipResetEnv = "QUESTRT_CHAOS_SKIP_RESET"
 )
@@ -649,7 +649,7 @@ func knownIssue(err error) string {
 	case status.Code(err) == codes.NotFound && strings.Contains(err.Error(), "unknown grid"):
 		return " (REGRESSION: after a partition heals, a node whose view still shows the coordinator gone sweeps the grid the " +
 			"coordinator just opened on it (node.sweep); the coordinator must take the worker's unknown grid as the grid's loss " +
-			"and answer UNAVAILABLE (create on a fresh grid), cluster/coord's check and Create; TestSweptGridIsLost)"
+			"and answer UNAVAILABLE (create on a fresh grid), coord's check and Create; TestSweptGridIsLost)"
 	}
 	return ""
 }

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/client"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/plan"
@@ -39,7 +39,7 @@ import (
 // root namespace has no address or route in. Nothing else is touched: the
 // namespaces and the one root-namespace veth are deleted in cleanup.
 
-// Geometry of the netns cluster (that of cluster/node's tests): every
+// Geometry of the netns cluster (that of node's tests): every
 // sequence has CP 3 ranks, so with 3 nodes each spans all of them.
 const (
 	netnsCP          = 3
@@ -347,7 +347,7 @@ func netnsMedian(d []time.Duration) time.Duration {
 // CP 3 on 3 nodes puts every sequence on every node, so the sequences
 // still working after the link loss are the ones created after it (CP 3
 // ranks on the 2 survivors); the "some sequences unaffected" case of a
-// partial placement is TestClusterNodeLoss's (cluster/node, CP 2).
+// partial placement is TestClusterNodeLoss's (node, CP 2).
 func TestNetnsCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("network-namespace cluster test: skipped with -short")

@@ -20,9 +20,9 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
-	"github.com/questrt/questrt/cluster/client"
-	"github.com/questrt/questrt/cluster/node/nodetest"
+	"github.com/questrt/questrt/client"
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/node/nodetest"
 	"github.com/questrt/questrt/plan"
 	"github.com/questrt/questrt/worker/remote"
 )

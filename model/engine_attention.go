@@ -116,7 +116,7 @@ type LayerStepper interface {
 type StepperSequence = Sequence
 
 // SequenceOf is a sequence whose forks are of its own type S, such as
-// cluster/client.Sequence: [NewAttentionOf] drives it as a [Sequence].
+// client.Sequence: [NewAttentionOf] drives it as a [Sequence].
 type SequenceOf[S any] interface {
 	Append(ctx context.Context, layer int, k, v []float32) error
 	Stepper() decode.Stepper

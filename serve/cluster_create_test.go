@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/questrt/questrt/cluster/node"
-	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/node"
+	"github.com/questrt/questrt/node/nodetest"
 )
 
 // slowCluster holds every Create after the first until release is

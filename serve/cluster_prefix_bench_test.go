@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/questrt/questrt/cluster/node"
-	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/node"
+	"github.com/questrt/questrt/node/nodetest"
 )
 
 // BenchmarkClusterPrefixCacheTTFT is benchPrefixTTFT in the cluster

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/questrt/questrt/cluster/node"
-	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/node"
+	"github.com/questrt/questrt/node/nodetest"
 )
 
 // startCluster starts a 2-node in-process cluster (real gossip and gRPC

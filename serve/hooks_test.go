@@ -3,7 +3,7 @@ package serve
 import (
 	"testing"
 
-	"github.com/questrt/questrt/cluster/coord"
+	"github.com/questrt/questrt/coord"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/shard"
 )

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/cluster"
-	"github.com/questrt/questrt/cluster/node"
-	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/node"
+	"github.com/questrt/questrt/node/nodetest"
 )
 
 // capacityCluster is a ClusterCapacity whose nodes report free pages

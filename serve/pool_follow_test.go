@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/questrt/questrt/cluster/node"
-	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/node"
+	"github.com/questrt/questrt/node/nodetest"
 )
 
 // TestFollowSize: a look at the nodes shrinks the pool (unless a grid

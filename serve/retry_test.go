@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/questrt/questrt/cluster/coord"
-	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/coord"
+	"github.com/questrt/questrt/node"
 	"github.com/questrt/questrt/worker/remote"
 )
 

@@ -5,7 +5,7 @@
 // plan.Policy).
 //
 // It is a leaf: it imports the generated messages and plan, nothing of
-// the runtime, so that the Go client (cluster/client) decodes what the
+// the runtime, so that the Go client (client) decodes what the
 // nodes send without importing them. worker/remote builds its message
 // codecs on it.
 //

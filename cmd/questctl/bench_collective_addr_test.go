@@ -13,8 +13,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/questrt/questrt/cluster/node"
-	"github.com/questrt/questrt/cluster/node/nodetest"
+	"github.com/questrt/questrt/node"
+	"github.com/questrt/questrt/node/nodetest"
 )
 
 // addrLine is what the tests read of a bench collective --addr line.

@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/client"
 
 	"github.com/questrt/questrt/cmd/questctl/internal/demo"
 	"github.com/questrt/questrt/kernels"

@@ -5,8 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
+	"github.com/questrt/questrt/node/nodetest"
 )
 
 // generate --addr decodes the passkey checkpoint with its KV pages on a

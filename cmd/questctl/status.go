@@ -25,7 +25,7 @@ import (
 
 	decodev1 "github.com/questrt/questrt/api/decode/v1"
 	workerv1 "github.com/questrt/questrt/api/worker/v1"
-	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/client"
 	"github.com/questrt/questrt/internal/certgen"
 	"github.com/questrt/questrt/internal/readlimit"
 )

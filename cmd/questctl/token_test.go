@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/questrt/questrt/cluster/node"
-	"github.com/questrt/questrt/cluster/node/nodetest"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/certgen"
+	"github.com/questrt/questrt/node"
+	"github.com/questrt/questrt/node/nodetest"
 )
 
 // TestStatusTokenFile: against a node with a bearer token, status without

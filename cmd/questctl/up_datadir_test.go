@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/client"
 	"github.com/questrt/questrt/plan"
 )
 

@@ -8,8 +8,8 @@ import (
 
 	"gorgonia.org/cu"
 
-	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/kernels/cuda"
+	"github.com/questrt/questrt/node"
 )
 
 // cudaBuild reports whether this questd has the CUDA backend.

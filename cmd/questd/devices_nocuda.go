@@ -6,7 +6,7 @@ import (
 	"errors"
 	"log/slog"
 
-	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/node"
 )
 
 // cudaBuild reports whether this questd has the CUDA backend.

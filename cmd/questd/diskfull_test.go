@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/client"
 	"github.com/questrt/questrt/plan"
 )
 

@@ -12,9 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/questrt/questrt/chat"
-	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/internal/serveengine"
+	"github.com/questrt/questrt/node"
 	"github.com/questrt/questrt/plan"
 	completion "github.com/questrt/questrt/serve"
 )

@@ -1,7 +1,7 @@
 // Command questd is the questrt node daemon. It hosts the shards of the
 // sequences placed on this node (package worker, served over gRPC by
 // worker/remote), coordinates the sequences created through it (package
-// cluster/coord: placement on grids of nodes, the client Decode API,
+// coord: placement on grids of nodes, the client Decode API,
 // forwarding of calls for sequences coordinated elsewhere), joins the
 // cluster by memberlist gossip (package cluster) and serves the standard
 // gRPC health service (NOT_SERVING until the node has joined and serves,
@@ -14,7 +14,7 @@
 // or stay idle and cap those open (--http-read-header-timeout,
 // --http-idle-timeout, --http-max-conns: httpserver.go), so that a flood
 // of idle connections cannot take the node's file descriptors; the gRPC
-// server bounds its connections too (cluster/node). Run `questd --help`
+// server bounds its connections too (node). Run `questd --help`
 // for the flags, the config file and the environment; `questd
 // --version` prints the version line.
 //

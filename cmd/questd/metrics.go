@@ -11,9 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/questrt/questrt/cluster/coord"
-	"github.com/questrt/questrt/cluster/node"
+	"github.com/questrt/questrt/coord"
 	"github.com/questrt/questrt/internal/buildinfo"
+	"github.com/questrt/questrt/node"
 )
 
 // metrics are questd's Prometheus metrics, registered on the registry

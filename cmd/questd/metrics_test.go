@@ -27,12 +27,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/questrt/questrt/cluster/client"
-	"github.com/questrt/questrt/cluster/node"
-	"github.com/questrt/questrt/cluster/node/nodetest"
+	"github.com/questrt/questrt/client"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/buildinfo"
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/node"
+	"github.com/questrt/questrt/node/nodetest"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -107,7 +107,7 @@ next:
 }
 
 // TestServeMetrics runs questd's serve path: the ready line names the
-// metrics server; steps through cluster/client show in /metrics (phase
+// metrics server; steps through client show in /metrics (phase
 // histograms, steps by kind and code, pages read vs dense, the node's
 // state, build info, Go and process metrics); /healthz and /readyz
 // answer 200; the gRPC health service says SERVING; a signal drains and

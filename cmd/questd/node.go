@@ -16,8 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/internal/buildinfo"
+	"github.com/questrt/questrt/node"
 )
 
 // leaveTimeout bounds the leave after the drain.

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/client"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
 )

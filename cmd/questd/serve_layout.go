@@ -1,8 +1,8 @@
 package main
 
 import (
-	"github.com/questrt/questrt/cluster/node"
 	"github.com/questrt/questrt/internal/serveengine"
+	"github.com/questrt/questrt/node"
 	"github.com/questrt/questrt/plan"
 	completion "github.com/questrt/questrt/serve"
 )

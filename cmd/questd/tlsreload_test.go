@@ -26,10 +26,10 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
-	"github.com/questrt/questrt/cluster/client"
-	"github.com/questrt/questrt/cluster/node"
-	"github.com/questrt/questrt/cluster/node/nodetest"
+	"github.com/questrt/questrt/client"
 	"github.com/questrt/questrt/internal/testcert"
+	"github.com/questrt/questrt/node"
+	"github.com/questrt/questrt/node/nodetest"
 	"github.com/questrt/questrt/plan"
 )
 

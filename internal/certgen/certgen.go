@@ -146,7 +146,7 @@ func (ca *CA) IssueRole(role identity.Role, name string, hosts ...string) (*Leaf
 
 // IssueFor is Issue with exactly the subject alternative names hosts
 // (DefaultHosts not added). The certificate carries no role: servers
-// that accept such certificates treat them as nodes' (cluster/node).
+// that accept such certificates treat them as nodes' (node).
 func (ca *CA) IssueFor(name string, hosts ...string) (*Leaf, error) {
 	return ca.issue(name, nil, hosts)
 }

@@ -42,7 +42,7 @@ func floorOf(p string) (floor int, ok bool) {
 		return 2, true
 	case under("worker"):
 		return 3, true
-	case under("engine", "cluster"):
+	case under("engine", "cluster", "node", "coord", "client"):
 		return 4, true
 	case under("model", "eval"):
 		return 5, true

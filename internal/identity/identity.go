@@ -2,7 +2,7 @@
 // carries: a URI subject alternative name questrt://ROLE/NAME, ROLE
 // being "node" (a questd of the cluster) or "client" (a caller of the
 // client API), NAME the node's or client's name. internal/certgen issues
-// certificates with it; cluster/node authorizes every gRPC call by it.
+// certificates with it; node authorizes every gRPC call by it.
 package identity
 
 import (

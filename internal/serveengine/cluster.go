@@ -9,7 +9,7 @@ import (
 	"sync"
 
 	"github.com/questrt/questrt/cluster"
-	"github.com/questrt/questrt/cluster/coord"
+	"github.com/questrt/questrt/coord"
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
@@ -19,7 +19,7 @@ import (
 )
 
 // CoordinatorCluster is the serve.Cluster of a node's coordinator (in
-// process: cluster/node.Node.Coordinator). Every sequence is created with
+// process: node.Node.Coordinator). Every sequence is created with
 // co.Create (striped placement) on the grid the coordinator places for
 // the request's grid (EngineConfig), over the cluster's nodes (rank (0, 0) on
 // the coordinator's node when it has room), and driven with co.Append,

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/questrt/questrt/cluster"
-	"github.com/questrt/questrt/cluster/coord"
+	"github.com/questrt/questrt/coord"
 	"github.com/questrt/questrt/serve"
 	"github.com/questrt/questrt/worker/remote"
 )

@@ -104,7 +104,7 @@ func (s *Server) call(ctx context.Context, c *workerv1.Call) *workerv1.Answer {
 			return status.Errorf(codes.Internal, "calls: request %T is no protobuf message", m)
 		}
 		// The embedded request is counted before it is decoded, as the
-		// node's codec counts a request of its own (cluster/node).
+		// node's codec counts a request of its own (node).
 		if err := checkCounts(c.GetRequest(), pm, MaxRequestElements(s.cfg.MaxPages)); err != nil {
 			return err
 		}

@@ -90,7 +90,7 @@
 // its count of repeated elements (MaxRequestElements: 2 per page of
 // ServerConfig.MaxPages, at least 65,536; wire.CheckCounts walks the
 // encoding without decoding it): a Call of a Calls stream past it is
-// answered RESOURCE_EXHAUSTED, and cluster/node's gRPC server refuses a
+// answered RESOURCE_EXHAUSTED, and node's gRPC server refuses a
 // request of its own so with a codec of its own. A grid holds at most
 // worker.Config.MaxSequences sequences (CP x Capacity, at least 1024);
 // a Create or Fork past it is answered RESOURCE_EXHAUSTED.

@@ -6,7 +6,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/client"
 
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/questrt/questrt/cluster/client"
+	"github.com/questrt/questrt/client"
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/plan"
