@@ -97,21 +97,9 @@ func (c Config) ActivationBytes(n int) int64 {
 // (release it).
 func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt ForwardOptions) ([]float32, error) {
 	start := time.Now()
-	c := m.Config
 	n := len(tokens)
-	pos0 := attn.Len()
-	if n == 0 {
-		return nil, fmt.Errorf("%w: no tokens", ErrBadInput)
-	}
-	for i, t := range tokens {
-		if t < 0 || t >= c.VocabSize {
-			return nil, fmt.Errorf("%w: token %d at index %d outside the vocabulary of %d", ErrBadInput, t, i, c.VocabSize)
-		}
-	}
-	if c.MaxPositions > 0 && pos0+n > c.MaxPositions {
-		return nil, fmt.Errorf("%w: positions up to %d exceed max_position_embeddings %d", ErrBadInput, pos0+n, c.MaxPositions)
-	}
-	if err := memlimit.Check(fmt.Sprintf("model: activations of %d tokens", n), c.ActivationBytes(n), m.MemoryLimit); err != nil {
+	pos0, err := m.checkPass(attn, tokens)
+	if err != nil {
 		return nil, err
 	}
 	a := m.newPass(tokens)
@@ -131,11 +119,7 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 		}
 	}
 	for li := range m.layers {
-		q, k, v := m.attnIn(a, li)
-		rows(m.workers, n, func(lo, hi int) {
-			m.rope.apply(q[lo*qd:hi*qd], hi-lo, c.Heads, pos0+lo)
-			m.rope.apply(k[lo*kvd:hi*kvd], hi-lo, c.KVHeads, pos0+lo)
-		})
+		q, k, v := m.attnInAt(a, li, pos0)
 		t0 := time.Now()
 		var err error
 		switch {
@@ -147,10 +131,8 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 				g = nil
 				err = attn.Decode(ctx, li, q, k, v, a.o)
 			}
-		case n == 1:
-			err = attn.Decode(ctx, li, q, k, v, a.o)
 		default:
-			err = attn.Prefill(ctx, li, q, k, v, a.o)
+			err = m.attend(ctx, attn, a, li, q, k, v)
 		}
 		attnTime += time.Since(t0)
 		if err != nil {
@@ -179,6 +161,113 @@ func (m *Model) Forward(ctx context.Context, attn Attention, tokens []int, opt F
 		opt.Timing.Total += time.Since(start)
 	}
 	return logits, nil
+}
+
+// checkPass validates a pass over tokens after attn's tokens and
+// returns the position of its first token: bad input (ErrBadInput) and
+// a pass over the memory limit change nothing.
+func (m *Model) checkPass(attn Attention, tokens []int) (int, error) {
+	c := m.Config
+	n := len(tokens)
+	pos0 := attn.Len()
+	if n == 0 {
+		return 0, fmt.Errorf("%w: no tokens", ErrBadInput)
+	}
+	for i, t := range tokens {
+		if t < 0 || t >= c.VocabSize {
+			return 0, fmt.Errorf("%w: token %d at index %d outside the vocabulary of %d", ErrBadInput, t, i, c.VocabSize)
+		}
+	}
+	if c.MaxPositions > 0 && pos0+n > c.MaxPositions {
+		return 0, fmt.Errorf("%w: positions up to %d exceed max_position_embeddings %d", ErrBadInput, pos0+n, c.MaxPositions)
+	}
+	if err := memlimit.Check(fmt.Sprintf("model: activations of %d tokens", n), c.ActivationBytes(n), m.MemoryLimit); err != nil {
+		return 0, err
+	}
+	return pos0, nil
+}
+
+// attnInAt is attnIn with RoPE applied at the rows' positions (the
+// first at pos0).
+func (m *Model) attnInAt(a *pass, li, pos0 int) (q, k, v []float32) {
+	c := m.Config
+	q, k, v = m.attnIn(a, li)
+	qd, kvd := a.qd, a.kvd
+	rows(m.workers, a.n, func(lo, hi int) {
+		m.rope.apply(q[lo*qd:hi*qd], hi-lo, c.Heads, pos0+lo)
+		m.rope.apply(k[lo*kvd:hi*kvd], hi-lo, c.KVHeads, pos0+lo)
+	})
+	return q, k, v
+}
+
+// attend runs layer li's attention of a pass's rows one layer at a time:
+// a decode step for one row, a prefill for more.
+func (m *Model) attend(ctx context.Context, attn Attention, a *pass, li int, q, k, v []float32) error {
+	if a.n == 1 {
+		return attn.Decode(ctx, li, q, k, v, a.o)
+	}
+	return attn.Prefill(ctx, li, q, k, v, a.o)
+}
+
+// Pass is a forward pass whose layers run a few at a time, in separate
+// calls (Run), the calls of other sequences in between: the scheduler's
+// way of spreading a prompt chunk over the iterations of the sequences
+// that decode beside it. Its layers compute what Forward's do, in the
+// same order, so that the logits are Forward's bit for bit, except that
+// a decode row of a BatchAttention runs Decode layer by layer, never one
+// step of its Stepper. Until the last layer has run, the attention holds
+// the pass's tokens in its first layers and not in the others; nothing
+// else may use it in between. Not safe for concurrent use.
+type Pass struct {
+	m    *Model
+	attn Attention
+	a    *pass
+	pos0 int
+	next int
+}
+
+// StartPass checks a forward pass over tokens after attn's tokens, as
+// Forward does (bad input and a pass over the memory limit change
+// nothing), and returns it with no layer run.
+func (m *Model) StartPass(attn Attention, tokens []int) (*Pass, error) {
+	pos0, err := m.checkPass(attn, tokens)
+	if err != nil {
+		return nil, err
+	}
+	return &Pass{m: m, attn: attn, a: m.newPass(tokens), pos0: pos0}, nil
+}
+
+// Tokens returns the tokens the pass runs.
+func (p *Pass) Tokens() int { return p.a.n }
+
+// Left returns the layers still to run.
+func (p *Pass) Left() int { return len(p.m.layers) - p.next }
+
+// Run runs the next k layers (at most those left). An error leaves the
+// attention holding the pass's tokens in some layers and not in others
+// (release it), as Forward's.
+func (p *Pass) Run(ctx context.Context, k int) error {
+	for range min(k, p.Left()) {
+		li := p.next
+		q, kk, v := p.m.attnInAt(p.a, li, p.pos0)
+		if err := p.m.attend(ctx, p.attn, p.a, li, q, kk, v); err != nil {
+			return fmt.Errorf("layer %d attention: %w", li, err)
+		}
+		p.m.attnOut(p.a, li)
+		p.next++
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Logits returns the last token's logits once every layer has run.
+func (p *Pass) Logits() ([]float32, error) {
+	if p.Left() > 0 {
+		return nil, fmt.Errorf("model: pass logits with %d layers left", p.Left())
+	}
+	return p.m.head(p.a, p.a.n-1), nil
 }
 
 // pass holds one forward pass's activations over n token rows: the
