@@ -87,6 +87,14 @@ const (
 	// must differ by about a tenth of its mean: chunks of 2 and 3 tokens
 	// do, of 7 and 8 do not).
 	itlFixedSpread = 0.01
+	// itlMaxSpend is the most allowances of decode steps that a whole
+	// chunk beside decoding streams may take (spending the credit of
+	// the iterations held before it): when no chunk worth its fixed
+	// cost (itlMinUseful) fits, the chunk's layers spread over the
+	// iterations instead (split), so that an iteration's gap stays
+	// near the factor's bound however large the fixed cost grows with
+	// the context (2026-12-07-serve-32k-itl-2-cpu.md).
+	itlMaxSpend = 3.0
 	// itlFixedWeight is the weight of the newest fit of the fixed cost
 	// in its moving average: a chunk's time on a busy CPU is noisy, and
 	// one fit over a few chunks of nearby token counts with it.
@@ -237,7 +245,24 @@ func (b *itlBudget) tokens(c int, time float64) int {
 		return 1
 	}
 	f := b.fixedCost()
-	time -= f
+	n := b.fit(c, time)
+	if n < 1 || f > 0 && float64(n)*(p+slope*float64(n-1)/2) < itlMinUseful*f {
+		return 0
+	}
+	return n
+}
+
+// fit returns the largest n whose chunk, starting at context c, takes
+// at most time seconds by the fitted costs, F + n*(p + slope*(n-1)/2)
+// (0 when not even one token fits; 1 with no observation yet), with no
+// regard to what share of it F is (tokens' rule).
+func (b *itlBudget) fit(c int, time float64) int {
+	_, _, slope, _ := b.line()
+	p, ok := b.perToken(float64(c))
+	if !ok {
+		return 1
+	}
+	time -= b.fixedCost()
 	if time <= 0 {
 		return 0
 	}
@@ -257,10 +282,33 @@ func (b *itlBudget) tokens(c int, time float64) int {
 	if n > 1<<30 {
 		return 1 << 30
 	}
-	if n < 1 || f > 0 && n*(p+slope*(n-1)/2) < itlMinUseful*f {
+	return int(max(0, n))
+}
+
+// split returns the tokens of a chunk starting at context c whose
+// layers (layers of them) should run over the next iterations, about a
+// layer's share of its time in an iteration, when no whole chunk worth
+// its fixed cost fits itlMaxSpend allowances: the tokens whose chunk
+// takes layers allowances (tokens' rule, the fixed cost included), or
+// when none of those is worth the fixed cost, the tokens that fit them
+// (at least 1); 0 otherwise (whole chunks, as tokens says), and
+// without a fixed cost.
+func (b *itlBudget) split(c int, allowance float64, layers int) int {
+	if layers < 2 || allowance <= 0 || b.perTokenOnly || b.fixedCost() == 0 {
 		return 0
 	}
-	return int(n)
+	if b.tokens(c, itlMaxSpend*allowance) > 0 {
+		return 0
+	}
+	t := float64(layers) * allowance
+	if n := b.tokens(c, t); n > 0 {
+		return n
+	}
+	// Not even layers allowances pay for tokens worth the fixed cost:
+	// the tokens that fit them, one at least (a layer's share of it may
+	// then wait for the credit of held iterations, a smaller gap than
+	// the whole chunk's).
+	return max(1, b.fit(c, t))
 }
 
 // cost is the predicted time of a chunk of n tokens starting at

@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/model"
@@ -38,7 +39,12 @@ type job struct {
 	pen    *penalties
 	dense  *model.Dense // the prefill's recorder; nil once loaded
 	filled int          // prompt tokens prefilled
-	attn   *jobAttention
+	// pass is the prompt chunk (after filled) whose layers run over
+	// several iterations beside decoding streams (itlBudget.split), nil
+	// between chunks; passTook is the time its layers took so far.
+	pass     *model.Pass
+	passTook time.Duration
+	attn     *jobAttention
 	// pre is the sequence a device prefill (Config.Prefiller) fills,
 	// until the prompt is done and it becomes attn.
 	pre *jobAttention

@@ -130,13 +130,13 @@ func (s *Server) iterate() bool {
 			lim.force = !ok || a <= 0 || s.itl.mustRun()
 		}
 	}
-	prefilled, ran, held := s.prefill(budget, lim)
+	prefilled, ran, held, layered := s.prefill(budget, lim)
 	if ran {
 		worked = true
 	}
 	if lim.on {
 		switch {
-		case prefilled > 0:
+		case prefilled > 0 || layered:
 			s.itl.ran()
 		case held:
 			s.itl.hold(lim.allowance)
@@ -198,12 +198,15 @@ type prefillLimit struct {
 // alone: their time is mostly per chunk, not per token, which the
 // fitted line per token would shrink towards one token per iteration.
 // On a cluster a job's prefill starts once its sequence is created
-// (startCreate). It reports the prompt tokens it ran, whether it ran a
-// chunk or ended a job, and whether a prompt waited for want of time.
-func (s *Server) prefill(budget int, lim prefillLimit) (int, bool, bool) {
+// (startCreate). It reports the prompt tokens it ran (a chunk's when
+// its last layer ran), whether it ran a chunk or ended a job, whether a
+// prompt waited for want of time, and whether it ran layers of a chunk
+// spread over iterations (itlBudget.split) that did not finish it.
+func (s *Server) prefill(budget int, lim prefillLimit) (int, bool, bool, bool) {
 	worked := false
 	ranChunk := false
 	held := false
+	layered := false
 	total := budget
 	// Shortest remaining prompt first (the older among equals): a short
 	// prompt that arrives while a long one is being prefilled gets the
@@ -274,8 +277,23 @@ func (s *Server) prefill(budget int, lim prefillLimit) (int, bool, bool) {
 		// After the prefix lookup: a hit moves j.filled on.
 		rest := min(budget, len(j.p.ids)-j.filled)
 		n := rest
-		if lim.on && j.pre == nil {
-			n = min(rest, s.itl.tokens(j.filled, lim.seconds))
+		split := false // a chunk whose layers spread over iterations
+		if j.pass != nil {
+			n = j.pass.Tokens()
+		} else if lim.on && j.pre == nil {
+			layers := s.m.Config.Layers
+			if ns := min(rest, s.itl.split(j.filled, lim.allowance, layers)); ns > 0 && !all {
+				// No whole chunk worth its fixed cost fits itlMaxSpend
+				// allowances: this one's layers run over the next
+				// iterations, once its first fits.
+				if s.itl.cost(j.filled, ns)/float64(layers) <= lim.seconds {
+					n, split = ns, true
+				} else {
+					n = 0
+				}
+			} else {
+				n = min(rest, s.itl.tokens(j.filled, lim.seconds))
+			}
 			if !ranChunk && lim.force {
 				n = max(n, min(1, rest)) // progress: a token whatever it costs
 			}
@@ -283,6 +301,33 @@ func (s *Server) prefill(budget int, lim prefillLimit) (int, bool, bool) {
 				held = true
 				continue // its sequence is set up: it goes on in a later iteration
 			}
+		}
+		if split || j.pass != nil {
+			done, ok := s.prefillLayers(j, n, split, &lim, ranChunk)
+			if !ok {
+				continue // ended
+			}
+			if done == 0 {
+				held = true
+				continue
+			}
+			ranChunk = true
+			if j.pass.Left() > 0 {
+				layered = true
+				continue // its next layers in a later iteration
+			}
+			budget -= n
+			logits, err := j.passLogits()
+			if err != nil {
+				s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
+				continue
+			}
+			j.filled += n
+			if j.filled < len(j.p.ids) {
+				continue
+			}
+			s.prompted(j, logits)
+			continue
 		}
 		budget -= n
 		ranChunk = true
@@ -299,9 +344,7 @@ func (s *Server) prefill(budget int, lim prefillLimit) (int, bool, bool) {
 			if s.hooks.prefillTook != nil {
 				took = s.hooks.prefillTook(j.filled, n)
 			}
-			s.itl.observePrefill(j.filled, n, took)
-			s.log.Debug("prefill chunk", "request", j.id, "context", j.filled, "tokens", n, "took", took, "decoding", lim.on,
-				"fixed_cost", time.Duration(s.itl.fixedCost()*1e9), "decode_step", time.Duration(s.itl.decode*1e9))
+			s.observeChunk(j, n, took, lim.on, false)
 			lim.seconds -= took.Seconds()
 		}
 		s.count(func(st *Stats) { st.PrefillChunks++; st.PromptTokens += uint64(n) })
@@ -325,7 +368,75 @@ func (s *Server) prefill(budget int, lim prefillLimit) (int, bool, bool) {
 			lim.on, lim.seconds = true, lim.allowance
 		}
 	}
-	return total - budget, worked, held && !ranChunk
+	return total - budget, worked, held && !ranChunk, layered
+}
+
+// observeChunk records a CPU prompt chunk of n tokens after j.filled
+// that took took (its layers' times together, for a chunk spread over
+// iterations: spread) in the latency budget, and logs it.
+func (s *Server) observeChunk(j *job, n int, took time.Duration, decoding, spread bool) {
+	s.itl.observePrefill(j.filled, n, took)
+	s.log.Debug("prefill chunk", "request", j.id, "context", j.filled, "tokens", n, "took", took, "decoding", decoding, "spread", spread,
+		"fixed_cost", time.Duration(s.itl.fixedCost()*1e9), "decode_step", time.Duration(s.itl.decode*1e9))
+}
+
+// prefillLayers runs layers of j's chunk of n tokens after j.filled
+// whose layers spread over iterations (itlBudget.split): a new one when
+// start (j.pass nil), else j.pass's next. Beside decoding streams it
+// runs the layers whose share of the chunk's predicted time fits
+// lim.seconds (one, forced, when none does and no chunk ran yet in the
+// iteration; none, and the prompt holds, otherwise); with no stream
+// decoding, all that are left. It returns the layers it ran and false
+// when j ended (a failed layer). Once the last layer has run, j.pass
+// stays for passLogits, the chunk is observed, and counted.
+func (s *Server) prefillLayers(j *job, n int, start bool, lim *prefillLimit, ranChunk bool) (int, bool) {
+	if start {
+		p, err := s.m.StartPass(j.dense, j.p.ids[j.filled:j.filled+n])
+		if err != nil {
+			s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
+			return 0, false
+		}
+		j.pass, j.passTook = p, 0
+	}
+	layers := s.m.Config.Layers
+	k := j.pass.Left()
+	if lim.on {
+		per := s.itl.cost(j.filled, n) / float64(layers)
+		if per > 0 {
+			k = min(k, int(lim.seconds/per))
+		}
+		if k <= 0 && !ranChunk && lim.force {
+			k = 1 // progress
+		}
+		if k <= 0 {
+			return 0, true
+		}
+	}
+	t0 := time.Now()
+	err := j.pass.Run(j.ctx, k)
+	took := time.Since(t0)
+	if err != nil {
+		s.end(j, nil, s.stepError(j, fmt.Errorf("prefill: %w", err)), "")
+		return k, false
+	}
+	if s.hooks.prefillTook != nil {
+		took = s.hooks.prefillTook(j.filled, n) * time.Duration(k) / time.Duration(layers)
+	}
+	j.passTook += took
+	lim.seconds -= took.Seconds()
+	if j.pass.Left() == 0 {
+		s.observeChunk(j, n, j.passTook, lim.on, true)
+		s.count(func(st *Stats) { st.PrefillChunks++; st.PromptTokens += uint64(n) })
+	}
+	return k, true
+}
+
+// passLogits returns the logits of j's chunk spread over iterations once
+// its last layer has run, and clears it.
+func (j *job) passLogits() ([]float32, error) {
+	p := j.pass
+	j.pass, j.passTook = nil, 0
+	return p.Logits()
 }
 
 // start sets up j's stop strings and sampler before its first token; a
@@ -681,7 +792,7 @@ func (s *Server) end(j *job, text []byte, err *apiError, finish string) {
 		j.eng.release()
 		j.eng = nil
 	}
-	j.dense = nil
+	j.dense, j.pass = nil, nil
 	if j.stopWake != nil {
 		j.stopWake()
 		j.stopWake = nil
@@ -881,7 +992,7 @@ func (s *Server) retry(j *job, err error) (bool, string) {
 	// The new prefill looks the prompt up again: the lost grid's
 	// prefixes are gone (stepFailed), a new grid's may be cached.
 	j.cached, j.from, j.probed = 0, nil, false
-	j.dense, j.filled, j.replay = nil, 0, nil
+	j.dense, j.filled, j.replay, j.pass = nil, 0, nil, nil
 	if j.tokens == 0 {
 		j.promptLP = nil // recorded again by the prefill
 	}
@@ -983,7 +1094,7 @@ func (s *Server) preempt(j *job) {
 		j.eng = nil
 	}
 	j.cached, j.from, j.probed = 0, nil, false
-	j.dense, j.filled, j.replay = nil, 0, nil
+	j.dense, j.filled, j.replay, j.pass = nil, 0, nil, nil
 	if j.tokens == 0 {
 		j.promptLP = nil // recorded again by the prefill
 	}
