@@ -95,6 +95,13 @@ const (
 	// near the factor's bound however large the fixed cost grows with
 	// the context (2026-12-07-serve-32k-itl-2-cpu.md).
 	itlMaxSpend = 3.0
+	// itlSpreadShare is the allowances that a layer's share of a chunk
+	// spread over iterations (split) takes: 2, an iteration that runs
+	// one after one that held takes a decode step and 2 allowances (3
+	// decode steps at factor 2), and the chunk is about twice the
+	// tokens that one allowance a layer would give (its fixed cost a
+	// smaller share of it).
+	itlSpreadShare = 2.0
 	// itlFixedWeight is the weight of the newest fit of the fixed cost
 	// in its moving average: a chunk's time on a busy CPU is noisy, and
 	// one fit over a few chunks of nearby token counts with it.
@@ -286,13 +293,13 @@ func (b *itlBudget) fit(c int, time float64) int {
 }
 
 // split returns the tokens of a chunk starting at context c whose
-// layers (layers of them) should run over the next iterations, about a
+// layers (layers of them) should run over the next iterations, a
 // layer's share of its time in an iteration, when no whole chunk worth
 // its fixed cost fits itlMaxSpend allowances: the tokens whose chunk
-// takes layers allowances (tokens' rule, the fixed cost included), or
-// when none of those is worth the fixed cost, the tokens that fit them
-// (at least 1); 0 otherwise (whole chunks, as tokens says), and
-// without a fixed cost.
+// takes layers x itlSpreadShare allowances (tokens' rule, the fixed
+// cost included), or when none of those is worth the fixed cost, the
+// tokens that fit them (at least 1); 0 otherwise (whole chunks, as
+// tokens says), and without a fixed cost.
 func (b *itlBudget) split(c int, allowance float64, layers int) int {
 	if layers < 2 || allowance <= 0 || b.perTokenOnly || b.fixedCost() == 0 {
 		return 0
@@ -300,7 +307,7 @@ func (b *itlBudget) split(c int, allowance float64, layers int) int {
 	if b.tokens(c, itlMaxSpend*allowance) > 0 {
 		return 0
 	}
-	t := float64(layers) * allowance
+	t := float64(layers) * itlSpreadShare * allowance
 	if n := b.tokens(c, t); n > 0 {
 		return n
 	}

@@ -18,14 +18,15 @@ import (
 // 10ms. With F 8ms a whole chunk worth F fits itlMaxSpend allowances
 // (30ms: 11 tokens, 22ms), so chunks stay whole (0); with F 15ms none
 // does (30ms fits 7 tokens, 14ms, less than F), and the chunk whose
-// layers spread over 6 iterations takes 6 allowances: 22 tokens (59ms);
-// with F 45ms none of those is worth F, and the chunk is the tokens
-// that fit 60ms: 7 (59ms); with F 70ms not one token does: 1.
+// layers spread over 6 iterations takes 6 x itlSpreadShare allowances,
+// 120ms: 52 tokens (119ms); with F 45ms 37 (119ms); with F 71ms none
+// of those is worth F (24 tokens, 48ms), and the chunk is the tokens
+// that fit 120ms: 24; with F 125ms not one token does: 1.
 func TestITLBudgetSplit(t *testing.T) {
 	for _, c := range []struct {
 		f    time.Duration
 		want int
-	}{{8 * ms, 0}, {15 * ms, 22}, {45 * ms, 7}, {70 * ms, 1}} {
+	}{{8 * ms, 0}, {15 * ms, 52}, {45 * ms, 37}, {71 * ms, 24}, {125 * ms, 1}} {
 		b := newITLBudget(2)
 		for _, n := range []int{1, 30, 2, 17, 5, 64} {
 			b.observePrefill(0, n, c.f+time.Duration(n)*2*ms)
@@ -52,9 +53,10 @@ func TestITLBudgetSplit(t *testing.T) {
 // fixed part no whole chunk can pay within itlMaxSpend allowances (a
 // decode step 10ms; a prompt chunk 15ms plus 2ms a token), a 300-token
 // prompt sent while four streams decode is prefilled beside them in
-// chunks of 22 tokens whose 6 layers run one an iteration (59ms / 6,
-// within the 10ms allowance), so every iteration decodes the streams
-// and none holds, and its answer is the one it gets alone.
+// chunks of 52 tokens whose 6 layers run one every other iteration
+// (119ms / 6 = 19.8ms, within two allowances: the iteration before
+// holds), so every iteration decodes the streams, and its answer is the
+// one it gets alone.
 func TestITLBudgetServerSplit(t *testing.T) {
 	m, tok, dir := passkeyModel(t)
 	name := dir[strings.LastIndex(dir, "/")+1:]
@@ -64,7 +66,7 @@ func TestITLBudgetServerSplit(t *testing.T) {
 		token   = 2 * ms
 		decode  = 10 * ms
 		long    = 300
-		chunk   = 22
+		chunk   = 52
 	)
 	layers := m.Config.Layers
 	cfg := testConfig(name)
@@ -110,8 +112,8 @@ func TestITLBudgetServerSplit(t *testing.T) {
 		if it := iters[k]; it.rows != streams || it.prompt != min(chunk, len(ids)-chunk*i) {
 			t.Errorf("chunk %d: %d prompt tokens beside %d decode rows, want %d beside %d", i, it.prompt, it.rows, min(chunk, len(ids)-chunk*i), streams)
 		}
-		if i > 0 && i < len(at)-1 && at[i]-at[i-1] != layers {
-			t.Errorf("chunk %d: %d iterations after the one before, want %d (a layer an iteration)", i, at[i]-at[i-1], layers)
+		if i > 0 && i < len(at)-1 && at[i]-at[i-1] != 2*layers {
+			t.Errorf("chunk %d: %d iterations after the one before, want %d (a layer every other iteration)", i, at[i]-at[i-1], 2*layers)
 		}
 	}
 	for k := at[0]; k <= at[len(at)-1]; k++ {
