@@ -191,8 +191,11 @@ type prefillLimit struct {
 // CPU are also cut to what fits lim's time by s.itl's costs; when not
 // even one token fits, the iteration prefills nothing (held: the
 // caller banks its allowance, so that the token runs once the credit
-// covers it) unless lim.force makes its first chunk a token. A prompt
-// finished here starts decoding: its first token is out, so the chunks
+// covers it) unless lim.force makes its first chunk a token. When no
+// whole chunk worth its fixed cost fits itlMaxSpend allowances (a long
+// context's), a chunk's layers run over the next iterations instead
+// (itlBudget.split, prefillLayers), a layer's share of its time in an
+// iteration. A prompt finished here starts decoding: its first token is out, so the chunks
 // after it are bounded by lim's allowance even when lim was off. Chunks
 // prefilled on the device (Config.Prefiller) keep the token bounds
 // alone: their time is mostly per chunk, not per token, which the
