@@ -29,29 +29,7 @@ func TestServeDrainEndsStreams(t *testing.T) {
 	// loaded machine stop the server before the request was admitted
 	// (connection refused, or server_draining).
 	posted := time.Now()
-	admitted := make(chan error, 1)
-	got := make(chan string, 1)
-	go func() {
-		c := &http.Client{Timeout: 60 * time.Second}
-		resp, err := c.Post("http://"+ready["http"]+"/v1/completions", "application/json", strings.NewReader(string(body)))
-		if err != nil {
-			admitted <- err
-			return
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			b, _ := io.ReadAll(resp.Body)
-			admitted <- fmt.Errorf("%s: %s", resp.Status, b)
-			return
-		}
-		admitted <- nil
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			got <- "read error after " + string(b) + ": " + err.Error()
-			return
-		}
-		got <- string(b)
-	}()
+	admitted, got := postCompletion(ready["http"], body)
 	select {
 	case err := <-admitted:
 		if err != nil {
@@ -72,4 +50,35 @@ func TestServeDrainEndsStreams(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the stream did not end after the stop")
 	}
+}
+
+// postCompletion posts body to the completions API at addr from a
+// goroutine that ends with the request (a 60 s client timeout at most):
+// admitted gets nil once a 200 answer's headers are in (or the error, or
+// the status and body of another answer), then got the whole streamed
+// body (or what came before a read error, and the error).
+func postCompletion(addr string, body []byte) (admitted chan error, got chan string) {
+	admitted, got = make(chan error, 1), make(chan string, 1)
+	go func() {
+		c := &http.Client{Timeout: 60 * time.Second}
+		resp, err := c.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			admitted <- err
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			admitted <- fmt.Errorf("%s: %s", resp.Status, b)
+			return
+		}
+		admitted <- nil
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			got <- "read error after " + string(b) + ": " + err.Error()
+			return
+		}
+		got <- string(b)
+	}()
+	return admitted, got
 }

@@ -4,10 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,29 +29,7 @@ func TestSigtermDuringPrefill(t *testing.T) {
 		ids[i] = 65 + (i*7)%26
 	}
 	body, _ := json.Marshal(map[string]any{"model": "passkey-llama-v1", "prompt": ids, "max_tokens": 16, "stream": true})
-	admitted := make(chan error, 1)
-	got := make(chan string, 1)
-	go func() {
-		c := &http.Client{Timeout: 60 * time.Second}
-		resp, err := c.Post("http://"+p.ready["http"]+"/v1/completions", "application/json", strings.NewReader(string(body)))
-		if err != nil {
-			admitted <- err
-			return
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			b, _ := io.ReadAll(resp.Body)
-			admitted <- fmt.Errorf("%s: %s", resp.Status, b)
-			return
-		}
-		admitted <- nil
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			got <- "read error after " + string(b) + ": " + err.Error()
-			return
-		}
-		got <- string(b)
-	}()
+	admitted, got := postCompletion(p.ready["http"], body)
 	select {
 	case err := <-admitted:
 		if err != nil {
