@@ -78,11 +78,20 @@ func TestConnLimitsClose(t *testing.T) {
 	}
 
 	t.Run("idle", func(t *testing.T) {
-		if err := check(5 * time.Second); err != nil {
-			t.Fatal(err)
+		// On a loaded machine (CI under -race) the server may already
+		// have closed the connection for idleness between the call's
+		// end and GetState; try a few calls for one that leaves it READY.
+		ready := false
+		var s connectivity.State
+		for try := 0; try < 5 && !ready; try++ {
+			if err := check(5 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			s = cc.GetState()
+			ready = s == connectivity.Ready
 		}
-		if s := cc.GetState(); s != connectivity.Ready {
-			t.Fatalf("state %v after a call, want READY", s)
+		if !ready {
+			t.Fatalf("state %v after each of 5 calls, want READY", s)
 		}
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
