@@ -13,6 +13,7 @@ import (
 	"github.com/questrt/questrt/bench/gpudecode"
 	"github.com/questrt/questrt/internal/readlimit"
 	"github.com/questrt/questrt/model"
+	"github.com/questrt/questrt/model/gpu"
 	"github.com/questrt/questrt/plan"
 )
 
@@ -53,6 +54,7 @@ and weights_GB. Progress goes to stderr.`)
 	loadFormat := fs.String("load-format", "auto", "auto (--model's weights, random with --config) or dummy (random weights of --model's config, as vLLM's --load-format dummy)")
 	contexts := fs.String("context", "1024,32768", "comma-separated context lengths in tokens")
 	batches := fs.String("batch", "1", "comma-separated batch sizes (1..16)")
+	prefillChunk := fs.Int("prefill-chunk", 0, fmt.Sprintf("prompt tokens one --prefill pass runs through the layers (1..1048576; 0: the executor's default, %d)", gpu.DefaultPrefillChunk))
 	prefill := fs.String("prefill", "", "comma-separated prompt lengths in tokens: also time the GPU prefill of a random prompt of each (time to first token; bf16, f16 or fp8 pages); empty: none")
 	steps := fs.Int("steps", 20, "timed decode steps per measurement (1..10000)")
 	warmup := fs.Int("warmup", 3, "untimed steps before them (0..1000)")
@@ -68,7 +70,7 @@ and weights_GB. Progress goes to stderr.`)
 	kvDType := kvCacheDTypeFlagFP8(fs, "")
 	phases := fs.Bool("phases", false, "after the timed Quest steps of each measurement, one more step with CUDA events between its phases: the result's phases_ms (per token, summed over layers: in = normalised q|k|v projection and RoPE, attention = the engine's layer step, out = o, gate|up, SiLU and down, end_gap = the host's end of the step, head = the LM head) and proj_GBps (the layers' weight bytes over in + out); the events end the kernels' programmatic overlap there, so that step is not a timed one")
 	summary := summaryDTypeFlag(fs, "")
-	cudaKernels := fs.String("cuda-kernels", "", "tuning overrides of the CUDA backend, comma-separated: attend=NAME and score=NAME (kernel variants of kernels/cuda/mma.cu), topk=thr|twostage|radix|onestage (force a top-K kernel), score-chunk=N and attend-chunk=N (pages per scoring block / attention work item), uploads=always (copy a layer's step inputs even when the device holds the same bytes from the previous layer; default: skip that copy); empty: the defaults")
+	cudaKernels := fs.String("cuda-kernels", "", "tuning overrides of the CUDA backend, comma-separated: attend=NAME and score=NAME (kernel variants of kernels/cuda/mma.cu), prefill=NAME (a prefill attention variant of kernels/cuda/prefill.cu, used where its page type and head dimension fit), topk=thr|twostage|radix|onestage (force a top-K kernel), score-chunk=N and attend-chunk=N (pages per scoring block / attention work item), uploads=always (copy a layer's step inputs even when the device holds the same bytes from the previous layer; default: skip that copy); empty: the defaults")
 	profileRange := fs.Bool("profile-range", false, "bracket the last warm-up Quest step of each measurement with cuProfilerStart/Stop, so that a profiler started with capture off records that one step's kernels (ncu --profile-from-start off); the timed steps are other steps")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the host's side of the whole run to this file (go tool pprof reads it); empty: none")
 	return fs, func(ctx context.Context, stdout, stderr io.Writer) error {
@@ -77,6 +79,10 @@ and weights_GB. Progress goes to stderr.`)
 		}
 		b := decodeBench{summary: summary.types[0], cudaKernels: *cudaKernels}
 		b.Executor.NoPDL = *noPDL
+		if *prefillChunk < 0 || *prefillChunk > 1<<20 {
+			return usageError{fmt.Errorf("--prefill-chunk %d: want 1..1048576 tokens, or 0 for the default", *prefillChunk)}
+		}
+		b.Executor.PrefillChunk = *prefillChunk
 		b.Measure = gpudecode.Config{Warmup: *warmup, Steps: *steps, Dense: *dense, Seed: *seed, Profile: *profileRange, Phases: *phases}
 		var err error
 		switch {

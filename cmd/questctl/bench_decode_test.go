@@ -29,6 +29,8 @@ func TestBenchDecodeRefusals(t *testing.T) {
 		{[]string{"--config", "no-such-config.json"}, "model config"},
 		{[]string{"--config", cfg, "--kv-cache-dtype", "fp4"}, "--kv-cache-dtype \"fp4\": want f32, f16, bf16 or fp8"},
 		{[]string{"--config", cfg, "--kv-cache-dtype", "f32", "--prefill", "128"}, "--prefill with --kv-cache-dtype f32"},
+		{[]string{"--config", cfg, "--prefill-chunk", "-1"}, "--prefill-chunk -1"},
+		{[]string{"--config", cfg, "--prefill-chunk", "1048577"}, "--prefill-chunk 1048577"},
 	} {
 		code, stdout, stderr := runCLI(t, append([]string{"bench", "decode"}, c.args...)...)
 		if code != 2 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, c.want) {

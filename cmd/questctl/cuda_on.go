@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -57,7 +58,7 @@ func benchCUDA(ctx context.Context, c bench.AttentionConfig, batches []int, dtyp
 }
 
 // parseCUDAKernels sets the tuning overrides of --cuda-kernels (attend=NAME,
-// score=NAME, topk=PATH, score-chunk=N, attend-chunk=N, uploads=always,
+// score=NAME, prefill=NAME, topk=PATH, score-chunk=N, attend-chunk=N, uploads=always,
 // comma-separated)
 // in cfg; the backend checks the names when it starts.
 func parseCUDAKernels(spec string, cfg *cuda.Config) error {
@@ -71,6 +72,15 @@ func parseCUDAKernels(spec string, cfg *cuda.Config) error {
 			cfg.AttendKernel = v
 		case ok && k == "score":
 			cfg.ScoreKernel = v
+		case ok && k == "prefill":
+			var names []string
+			for _, a := range cuda.AttendKernels() {
+				names = append(names, a.String())
+			}
+			if !slices.Contains(names, v) {
+				return usageError{fmt.Errorf("--cuda-kernels: prefill=%q is not a compiled prefill attention (%s)", v, strings.Join(names, ", "))}
+			}
+			cfg.PrefillKernel = v
 		case ok && k == "topk":
 			cfg.TopKPath = v
 		case ok && k == "uploads":
@@ -89,7 +99,7 @@ func parseCUDAKernels(spec string, cfg *cuda.Config) error {
 				cfg.AttendChunk = n
 			}
 		default:
-			return usageError{fmt.Errorf("--cuda-kernels: %q is not attend=NAME, score=NAME, topk=PATH, score-chunk=N, attend-chunk=N or uploads=always", kv)}
+			return usageError{fmt.Errorf("--cuda-kernels: %q is not attend=NAME, score=NAME, prefill=NAME, topk=PATH, score-chunk=N, attend-chunk=N or uploads=always", kv)}
 		}
 	}
 	return nil
