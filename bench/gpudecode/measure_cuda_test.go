@@ -120,7 +120,7 @@ func TestBenchPrefill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer x.Close(ctx)
-	err = MeasurePrefill(ctx, be, x, envInts(t, "PREFILL", "32768,131072"), plan.BFloat16, 2, func(r PrefillResult) error {
+	err = MeasurePrefill(ctx, be, x, envInts(t, "PREFILL", "32768,131072"), plan.BFloat16, 2, false, func(r PrefillResult) error {
 		line, err := json.Marshal(r)
 		fmt.Println(string(line))
 		return err

@@ -25,17 +25,38 @@ type PrefillResult struct {
 	// PromptTokensPerS is Prompt over the time to the first token's
 	// logits on the host.
 	PromptTokensPerS float64 `json:"prompt_tokens_per_s"`
+	// Phases is the device timeline of one more prefill of the prompt
+	// with marks between its phases (MeasurePrefill's phases), and
+	// AttentionTFLOPs the causal attention's arithmetic (CausalFLOPs)
+	// over Phases.Attention.
+	Phases          *gpu.PrefillPhases `json:"phases_ms,omitempty"`
+	AttentionTFLOPs float64            `json:"attention_tflops,omitempty"`
+}
+
+// CausalFLOPs is the arithmetic of the causal attention of a prompt of n
+// tokens from position 0 over layers layers of qHeads query heads of
+// dimension d: each query at position p scores and sums p + 1 keys, 2d
+// flops each for q.k and for the weighted v, so 4 d qHeads layers
+// n(n+1)/2 (the same count FlashAttention's benchmarks report for a
+// causal forward pass).
+func CausalFLOPs(n, layers, qHeads, d int) float64 {
+	return 4 * float64(d) * float64(qHeads) * float64(layers) * float64(n) * float64(n+1) / 2
 }
 
 // MeasurePrefill times x.Prefill of prompts of each length of prompts
 // (random tokens) into a fresh sequence of an in-process engine on dev
 // (pages device-resident, of kv, pages of 16): the time from the call to
 // the last token's logits on the host (time to first token), best of
-// reps after one untimed run of the same length. One result per length,
-// to emit.
-func MeasurePrefill(ctx context.Context, dev Device, x *gpu.Executor, prompts []int, kv plan.DType, reps int, emit func(PrefillResult) error) error {
+// reps after one untimed run of the same length. With phases (dev must be
+// a gpu.PhaseMarker), one more run with marks between every layer's
+// phases gives the result's Phases (not a timed run: a mark ends the
+// kernels' programmatic overlap). One result per length, to emit.
+func MeasurePrefill(ctx context.Context, dev Device, x *gpu.Executor, prompts []int, kv plan.DType, reps int, phases bool, emit func(PrefillResult) error) error {
 	c := x.Config()
 	reps = max(reps, 1)
+	if _, ok := dev.(gpu.PhaseMarker); phases && !ok {
+		return fmt.Errorf("%w: prefill phases need a device with phase marks (the CUDA backend)", gpu.ErrBadInput)
+	}
 	for _, n := range prompts {
 		if n < 1 || (c.MaxPositions > 0 && n > c.MaxPositions) {
 			return fmt.Errorf("%w: prompt of %d tokens outside the model's %d positions", gpu.ErrBadInput, n, c.MaxPositions)
@@ -65,22 +86,35 @@ func MeasurePrefill(ctx context.Context, dev Device, x *gpu.Executor, prompts []
 			tokens[i] = rng.IntN(c.VocabSize)
 		}
 		best := time.Duration(0)
-		for r := range reps + 1 {
+		var ph *gpu.PrefillPhases
+		runs := reps + 1
+		if phases {
+			runs++
+		}
+		for r := range runs {
+			marked := phases && r == runs-1
+			if marked {
+				if err := x.MarkPhases(true); err != nil {
+					e.Close()
+					return fmt.Errorf("prompt %d: %w", n, err)
+				}
+			}
 			id, err := e.Create(plan.Striped)
+			if err == nil {
+				t0 := time.Now()
+				if _, err = x.Prefill(ctx, e, id, tokens, 0); err == nil {
+					if d := time.Since(t0); r > 0 && !marked && (best == 0 || d < best) {
+						best = d
+					}
+					err = e.Release(id)
+				}
+			}
+			if marked {
+				x.MarkPhases(false)
+				p := x.LastPrefillPhases()
+				ph = &p
+			}
 			if err != nil {
-				e.Close()
-				return fmt.Errorf("prompt %d: %w", n, err)
-			}
-			t0 := time.Now()
-			if _, err := x.Prefill(ctx, e, id, tokens, 0); err != nil {
-				e.Close()
-				return fmt.Errorf("prompt %d: %w", n, err)
-			}
-			d := time.Since(t0)
-			if r > 0 && (best == 0 || d < best) {
-				best = d
-			}
-			if err := e.Release(id); err != nil {
 				e.Close()
 				return fmt.Errorf("prompt %d: %w", n, err)
 			}
@@ -89,8 +123,12 @@ func MeasurePrefill(ctx context.Context, dev Device, x *gpu.Executor, prompts []
 			return fmt.Errorf("prompt %d: %w", n, err)
 		}
 		ms := float64(best.Microseconds()) / 1e3
-		if err := emit(PrefillResult{Runtime: "questrt", Mode: "prefill", Layers: c.Layers, Prompt: n, Chunk: x.PrefillChunk(), Gemm: gemm,
-			Ms: ms, PromptTokensPerS: float64(n) * 1e3 / ms}); err != nil {
+		res := PrefillResult{Runtime: "questrt", Mode: "prefill", Layers: c.Layers, Prompt: n, Chunk: x.PrefillChunk(), Gemm: gemm,
+			Ms: ms, PromptTokensPerS: float64(n) * 1e3 / ms, Phases: ph}
+		if ph != nil && ph.Attention > 0 {
+			res.AttentionTFLOPs = CausalFLOPs(n, c.Layers, c.Heads, c.HeadDim) / (ph.Attention * 1e-3) / 1e12
+		}
+		if err := emit(res); err != nil {
 			return err
 		}
 	}

@@ -81,7 +81,7 @@ func Run(ctx context.Context, dev Device, s Spec, out io.Writer, logf func(strin
 			logf("prefill projections on %s (%v)", g, why)
 		}
 	}
-	return MeasurePrefill(ctx, dev, x, s.Prefill, s.PrefillDType, 2, func(r PrefillResult) error { return bench.WriteJSONLine(out, r) })
+	return MeasurePrefill(ctx, dev, x, s.Prefill, s.PrefillDType, 2, s.Measure.Phases, func(r PrefillResult) error { return bench.WriteJSONLine(out, r) })
 }
 
 // gemmEngine is a device that says what runs the prefill's projections,

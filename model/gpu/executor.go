@@ -137,6 +137,7 @@ type Executor struct {
 	qkv                                  [3]decode.Tensor   // attnIn's GemvNorm outputs (no slice allocated a layer)
 	gateUp                               [2]decode.Tensor   // attnOut's
 	phases                               Phases             // of the last marked Decode
+	prePhases                            PrefillPhases      // of the last marked Prefill
 }
 
 // activations are a prefill chunk's rows in device memory.

@@ -38,9 +38,23 @@ type Phases struct {
 	Head float64 `json:"head"`
 }
 
-// MarkPhases turns marks between the phases of every Decode on or off
-// (LastPhases reads them); a device that is not a PhaseMarker is refused
-// with ErrBadInput.
+// PrefillPhases is the device timeline of one marked Prefill in
+// milliseconds, summed over its chunks and layers (Executor.MarkPhases).
+type PrefillPhases struct {
+	// In is each layer's normalised q|k|v projection (GEMMs) and RoPE.
+	In float64 `json:"in"`
+	// Attention is each layer's PrefillTensor: the chunk's keys and
+	// values appended to the pages and its causal attention over the
+	// sequence.
+	Attention float64 `json:"attention"`
+	// Out is each layer's o projection, normalised gate|up projection,
+	// SiLU and down projection.
+	Out float64 `json:"out"`
+}
+
+// MarkPhases turns marks between the phases of every Decode and Prefill
+// on or off (LastPhases and LastPrefillPhases read them); a device that
+// is not a PhaseMarker is refused with ErrBadInput.
 func (x *Executor) MarkPhases(on bool) error {
 	if !on {
 		x.marker = nil
@@ -57,6 +71,10 @@ func (x *Executor) MarkPhases(on bool) error {
 // LastPhases is the device timeline of the last successful Decode with
 // marks on (the zero Phases when they were off).
 func (x *Executor) LastPhases() Phases { return x.phases }
+
+// LastPrefillPhases is the device timeline of the last successful
+// Prefill with marks on (the zero PrefillPhases when they were off).
+func (x *Executor) LastPrefillPhases() PrefillPhases { return x.prePhases }
 
 // LayerWeightBytes is the bytes of the decoder layers' weights (norms and
 // projections, without the embedding and the head): what In and Out
@@ -102,5 +120,26 @@ func (x *Executor) readPhases(ctx context.Context, layers int) error {
 	}
 	p.EndGap, p.Head = ts[3*layers], ts[3*layers+1]
 	x.phases = p
+	return nil
+}
+
+// addChunkPhases reads the marks of one Prefill chunk over layers layers
+// (one before the first layer, three per layer: after In, Attention,
+// Out) and adds them to p. A chunk's marks are read before the next
+// chunk's are queued, so a prompt of any length stays within the
+// device's bound on queued marks.
+func (x *Executor) addChunkPhases(ctx context.Context, layers int, p *PrefillPhases) error {
+	ts, err := x.marker.PhaseTimes(ctx)
+	if err != nil {
+		return err
+	}
+	if len(ts) != 3*layers {
+		return fmt.Errorf("gpu: %d prefill phase intervals, want %d", len(ts), 3*layers)
+	}
+	for l := range layers {
+		p.In += ts[3*l]
+		p.Attention += ts[3*l+1]
+		p.Out += ts[3*l+2]
+	}
 	return nil
 }

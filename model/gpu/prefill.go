@@ -61,6 +61,13 @@ func (x *Executor) Prefill(ctx context.Context, pf Prefiller, seq decode.SeqID, 
 	ids := make([]int32, 0, chunk)
 	cs := make([]float32, 0, chunk*c.HeadDim)
 	var last decode.Tensor
+	var ph PrefillPhases
+	if x.marker != nil {
+		// Marks a failed call left queued.
+		if _, err := x.marker.PhaseTimes(ctx); err != nil {
+			return nil, fmt.Errorf("gpu: prefill phase marks: %w", err)
+		}
+	}
 	for c0 := 0; c0 < len(tokens); c0 += chunk {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -81,17 +88,34 @@ func (x *Executor) Prefill(ctx context.Context, pf Prefiller, seq decode.SeqID, 
 		if err := be.Embed(ctx, xx, x.embed, ids); err != nil {
 			return nil, fmt.Errorf("gpu: prefill embed: %w", err)
 		}
+		if err := x.mark(ctx); err != nil {
+			return nil, fmt.Errorf("gpu: prefill phase mark: %w", err)
+		}
 		for li := range x.layers {
 			l := &x.layers[li]
 			err := x.attnIn(ctx, l, xx, q, k, v, csd, n)
 			if err == nil {
+				err = x.mark(ctx)
+			}
+			if err == nil {
 				err = pf.PrefillTensor(ctx, seq, li, q, k, v, o)
+			}
+			if err == nil {
+				err = x.mark(ctx)
 			}
 			if err == nil {
 				err = x.attnOut(ctx, l, xx, o, gate, up, n)
 			}
+			if err == nil {
+				err = x.mark(ctx)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("gpu: prefill tokens %d..%d layer %d: %w", c0, c0+n-1, li, err)
+			}
+		}
+		if x.marker != nil {
+			if err := x.addChunkPhases(ctx, len(x.layers), &ph); err != nil {
+				return nil, fmt.Errorf("gpu: prefill phase marks: %w", err)
 			}
 		}
 		last = xx.Slice((n-1)*h, h)
@@ -104,5 +128,6 @@ func (x *Executor) Prefill(ctx context.Context, pf Prefiller, seq decode.SeqID, 
 	if err != nil {
 		return nil, fmt.Errorf("gpu: prefill logits: %w", err)
 	}
+	x.prePhases = ph
 	return out, nil
 }
