@@ -62,20 +62,3 @@ __device__ __forceinline__ float ex2(float x) {
 	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
 	return y;
 }
-
-// ex2_poly is ex2 on the FMA and integer pipes instead of the MUFU, for
-// x <= 0 (softmax exponents): 2^x = 2^j * 2^f with j = round(x) (the
-// 1.5 * 2^23 rounding trick) and 2^f on [-1/2, 1/2] by a degree-3
-// minimax polynomial (relative error 7.5e-5, below bf16's 2^-9 rounding
-// of the probabilities the tensor cores read), j added to the exponent
-// bits. As ex2's flush, results below 2^-126 (and x = -inf) are 0.
-__device__ __forceinline__ float ex2_poly(float x) {
-	const float xc = fmaxf(x, -126.f);
-	const float t = xc + 12582912.f; // 1.5 * 2^23: t's low mantissa bits hold round(xc)
-	const float f = xc - (t - 12582912.f);
-	float p = fmaf(0.055171669074864f, f, 0.2426111221943308f);
-	p = fmaf(p, f, 0.6932609854573362f);
-	p = fmaf(p, f, 0.9999280735404956f);
-	const float y = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-	return x < -126.f ? 0.f : y;
-}

@@ -213,7 +213,7 @@ PREFILL_GEMM(128, 128, 64, 64, 4)
 // buffers of their own (double-buffered like the 16-bit tiles, so the next
 // tile's copies fly during the current tile's products), and the block
 // converts the current tile into the T tiles before its products.
-template <typename T, int D, int MT, int BN, int W, bool KV8, int POLY>
+template <typename T, int D, int MT, int BN, int W, bool KV8>
 __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const void* Vp, const float* ks, const float* vs,
 				 const int* pages, i64 start, i64 n, i64 qh, i64 kvh, i64 S, i64 shift) {
 	const T* K = reinterpret_cast<const T*>(Kp);
@@ -413,30 +413,20 @@ __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const
 				float sum = 0.f;
 #pragma unroll
 				for (int i = 0; i < BN / 8; i++) {
-					if (i < POLY) { // on the FMA pipe, beside the MUFU's
-						s[mt][i][2 * r] = ex2_poly(s[mt][i][2 * r] - base);
-						s[mt][i][2 * r + 1] = ex2_poly(s[mt][i][2 * r + 1] - base);
-					} else {
-						s[mt][i][2 * r] = ex2(s[mt][i][2 * r] - base);
-						s[mt][i][2 * r + 1] = ex2(s[mt][i][2 * r + 1] - base);
-					}
+					s[mt][i][2 * r] = ex2(s[mt][i][2 * r] - base);
+					s[mt][i][2 * r + 1] = ex2(s[mt][i][2 * r + 1] - base);
 					sum += s[mt][i][2 * r] + s[mt][i][2 * r + 1];
 				}
 				sum += __shfl_xor_sync(0xffffffffu, sum, 1);
 				sum += __shfl_xor_sync(0xffffffffu, sum, 2);
 				l[mt][r] = l[mt][r] * scale_old[r] + sum;
 			}
-			// Once the rows' maxima settle (most tiles of a long
-			// prompt) every scale is exactly 1: the warp skips the
-			// multiplications, which would change nothing (x * 1 == x).
-			if (!__all_sync(0xffffffffu, scale_old[0] == 1.f && scale_old[1] == 1.f)) {
 #pragma unroll
-				for (int i = 0; i < DT; i++) {
-					oacc[mt][i][0] *= scale_old[0];
-					oacc[mt][i][1] *= scale_old[0];
-					oacc[mt][i][2] *= scale_old[1];
-					oacc[mt][i][3] *= scale_old[1];
-				}
+			for (int i = 0; i < DT; i++) {
+				oacc[mt][i][0] *= scale_old[0];
+				oacc[mt][i][1] *= scale_old[0];
+				oacc[mt][i][2] *= scale_old[1];
+				oacc[mt][i][3] *= scale_old[1];
 			}
 		}
 #pragma unroll
@@ -486,15 +476,7 @@ __device__ void prefill_attend_m(float* o, const float* q, const void* Kp, const
 	extern "C" __global__ void __launch_bounds__(32 * W) prefill_attend_##SUF##_d##D##_m##MT##n##BN##w##W(                    \
 	    float* o, const float* q, const void* K, const void* V, const float* ks, const float* vs, const int* pages, i64 start,   \
 	    i64 n, i64 qh, i64 kvh, i64 S, i64 shift) {                                                                                 \
-		prefill_attend_m<T, D, MT, BN, W, KV8, 0>(o, q, K, V, ks, vs, pages, start, n, qh, kvh, S, shift);               \
-	}
-// PREFILL_ATTEND_P is a variant whose first P of each row's BN / 8
-// column groups take ex2_poly instead of ex2 (name suffix p<P>).
-#define PREFILL_ATTEND_P(T, SUF, D, MT, BN, W, KV8, P)                                                                             \
-	extern "C" __global__ void __launch_bounds__(32 * W) prefill_attend_##SUF##_d##D##_m##MT##n##BN##w##W##p##P(              \
-	    float* o, const float* q, const void* K, const void* V, const float* ks, const float* vs, const int* pages, i64 start,   \
-	    i64 n, i64 qh, i64 kvh, i64 S, i64 shift) {                                                                                 \
-		prefill_attend_m<T, D, MT, BN, W, KV8, P>(o, q, K, V, ks, vs, pages, start, n, qh, kvh, S, shift);               \
+		prefill_attend_m<T, D, MT, BN, W, KV8>(o, q, K, V, ks, vs, pages, start, n, qh, kvh, S, shift);                  \
 	}
 PREFILL_ATTEND_M(__nv_bfloat16, bf16, 32, 2, 64, 4, false)
 PREFILL_ATTEND_M(__nv_bfloat16, bf16, 64, 2, 64, 4, false)
@@ -503,8 +485,6 @@ PREFILL_ATTEND_M(__half, f16, 64, 2, 64, 4, false)
 PREFILL_ATTEND_M(__half, f16, 128, 2, 32, 4, false)
 
 PREFILL_ATTEND_M(__nv_bfloat16, bf16, 128, 2, 64, 8, false)
-PREFILL_ATTEND_P(__nv_bfloat16, bf16, 128, 2, 64, 8, false, 2)
-PREFILL_ATTEND_P(__nv_bfloat16, bf16, 128, 2, 64, 8, false, 4)
 
 PREFILL_ATTEND_M(__nv_bfloat16, fp8, 32, 2, 64, 4, true)
 PREFILL_ATTEND_M(__nv_bfloat16, fp8, 64, 2, 64, 4, true)

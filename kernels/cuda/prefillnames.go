@@ -44,22 +44,16 @@ var defaultGemm = GemmKernel{128, 128, 64, 64, 4}
 var prefillHeadDims = [...]int{32, 64, 128}
 
 // AttendKernel names one compiled variant of the prefill attention
-// (prefill_attend_<T>_d<D>_m<MT>n<BN>w<W>[p<Poly>] in prefill.cu): MT m
-// tiles of 16 rows a warp, W warps (16 MT W rows a block), K/V tiles of
-// BN positions; Poly of each row's BN/8 column groups exponentiated by
-// a polynomial on the FMA pipe (ex2_poly, mma.cuh) instead of the MUFU.
+// (prefill_attend_<T>_d<D>_m<MT>n<BN>w<W> in prefill.cu): MT m tiles of
+// 16 rows a warp, W warps (16 MT W rows a block), K/V tiles of BN
+// positions.
 type AttendKernel struct {
 	DType        plan.DType
 	D, MT, BN, W int
-	Poly         int
 }
 
 func (a AttendKernel) name() string {
-	n := fmt.Sprintf("prefill_attend_%s_d%d_m%dn%dw%d", a.DType, a.D, a.MT, a.BN, a.W)
-	if a.Poly > 0 {
-		n += fmt.Sprintf("p%d", a.Poly)
-	}
-	return n
+	return fmt.Sprintf("prefill_attend_%s_d%d_m%dn%dw%d", a.DType, a.D, a.MT, a.BN, a.W)
 }
 
 // String is the kernel's name.
@@ -81,22 +75,15 @@ func (a AttendKernel) smem() int {
 }
 
 // AttendKernels lists the compiled attention variants (the
-// PREFILL_ATTEND_M and PREFILL_ATTEND_P lines of prefill.cu): the
-// default of each page type (bf16, f16, and fp8 records computed in
-// bf16) and head dimension (defaultAttend), then bf16 D 128's default
-// with 2 and 4 of its 8 column groups exponentiated by ex2_poly (not
-// yet measured against it on a GPU).
+// PREFILL_ATTEND_M lines of prefill.cu): the default of each page type
+// (bf16, f16, and fp8 records computed in bf16) and head dimension
+// (defaultAttend).
 func AttendKernels() []AttendKernel {
 	var out []AttendKernel
 	for _, dt := range []plan.DType{plan.BFloat16, plan.Float16, plan.FP8} {
 		for _, d := range prefillHeadDims {
 			out = append(out, defaultAttend(dt, d))
 		}
-	}
-	for _, p := range []int{2, 4} {
-		a := defaultAttend(plan.BFloat16, 128)
-		a.Poly = p
-		out = append(out, a)
 	}
 	return out
 }
@@ -112,11 +99,11 @@ func AttendKernels() []AttendKernel {
 func defaultAttend(dt plan.DType, d int) AttendKernel {
 	switch {
 	case d == 128 && (dt == plan.BFloat16 || dt == plan.FP8):
-		return AttendKernel{DType: dt, D: d, MT: 2, BN: 64, W: 8}
+		return AttendKernel{dt, d, 2, 64, 8}
 	case d == 128:
-		return AttendKernel{DType: dt, D: d, MT: 2, BN: 32, W: 4}
+		return AttendKernel{dt, d, 2, 32, 4}
 	}
-	return AttendKernel{DType: dt, D: d, MT: 2, BN: 64, W: 4}
+	return AttendKernel{dt, d, 2, 64, 4}
 }
 
 // prefillKernelNames lists the kernels of prefill.cu.
