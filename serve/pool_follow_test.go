@@ -323,15 +323,48 @@ func TestTwoServersOneCluster(t *testing.T) {
 	nodes := nodetest.Start(t, "two", 2, geo, func(_ int, c *node.Config) { c.MaxPages, c.GridIdle = 200, 300*time.Millisecond })
 	var servers []*Server
 	var urls []string
+	// The first server's scheduler stops once its request has 8 tokens,
+	// until hold closes, so that the request holds its grid while the
+	// second server's pool settles (2 s and more): left to run, the tiny
+	// model's 1,500 tokens took about a second here and the grid closed
+	// first.
+	hold := make(chan struct{})
+	var holdOnce sync.Once
+	release := func() { holdOnce.Do(func() { close(hold) }) }
+	defer release()
+	var first0 atomic.Pointer[Server]
 	for i := range 2 {
 		cfg := testConfig("tiny-two")
 		cfg.CapacityPages, cfg.CP, cfg.PolicyGrids, cfg.MaxRunning = 0, 2, 0, 64
 		cfg.PrefixCaching = false
 		cfg.ClusterResize = 50 * time.Millisecond
 		cfg.Cluster = CoordinatorCluster(nodes[i].Coordinator())
-		s, ts := startServer(t, m, tok, cfg)
+		var h hooks
+		if i == 0 {
+			h.iteration = func(ctx context.Context) {
+				if s := first0.Load(); s != nil && s.Stats().CompletionTokens >= 8 {
+					select {
+					case <-hold:
+					case <-ctx.Done():
+					}
+				}
+			}
+		}
+		s, err := newServer(m, tok, cfg, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(s)
+		t.Cleanup(func() {
+			release()
+			ts.Close()
+			s.Close()
+		})
 		if ps := s.PoolSize(); ps.Pages != 200 {
 			t.Fatalf("server %d: pool %+v, want 200 pages per rank", i, ps)
+		}
+		if i == 0 {
+			first0.Store(s)
 		}
 		servers, urls = append(servers, s), append(urls, ts.URL)
 	}
@@ -367,6 +400,7 @@ func TestTwoServersOneCluster(t *testing.T) {
 	if ps := servers[0].PoolSize(); ps.Pages != 200 {
 		t.Errorf("the first server's pool %+v: want 200 still (its own grid's pages count as its own)", ps)
 	}
+	release()
 	if a := <-first; a.status != http.StatusOK {
 		t.Errorf("the first server's request: %d %s", a.status, a.body)
 	}
