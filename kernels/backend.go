@@ -235,21 +235,31 @@ func (b *Batch) ScoreOffset(i, rows int) int { return int(b.Indptr[i]) * rows }
 // TopKPlan lists top-K rows in CSR-like arrays (one entry per row). Row r
 // selects K[r] of the N[r] candidate scores starting at scores[ScoreOff[r]];
 // candidate i is logical page Base[r]+i. The chosen logical pages are written
-// in ascending order to out[OutOff[r]:OutOff[r]+min(K[r],N[r])].
+// in ascending order to out[OutOff[r]:OutOff[r]+min(K[r],N[r])], or, when
+// BestFirst is set, in either that order or best first.
 type TopKPlan struct {
 	ScoreOff []int32
 	N        []int32
 	Base     []int32
 	K        []int32
 	OutOff   []int32
+	// BestFirst says that the caller takes each row's pages best first
+	// as well as ascending: a backend may then write them in plan.Compare's
+	// order (score descending, ties to the lower page; -0 ties with +0),
+	// what the exact selection's exchange sends (package collective sorts
+	// a row that does not come in that order). The set written is the
+	// same either way. The CPU backend writes best first; the CUDA
+	// backend writes ascending.
+	BestFirst bool
 }
 
 // Rows is the number of rows in the plan.
 func (p *TopKPlan) Rows() int { return len(p.N) }
 
-// Reset empties the plan, keeping its storage.
+// Reset empties the plan, keeping its storage, and clears BestFirst.
 func (p *TopKPlan) Reset() {
 	p.ScoreOff, p.N, p.Base, p.K, p.OutOff = p.ScoreOff[:0], p.N[:0], p.Base[:0], p.K[:0], p.OutOff[:0]
+	p.BestFirst = false
 }
 
 // Add appends a row.

@@ -94,6 +94,15 @@ func BenchmarkAttention(b *testing.B) {
 				}
 			}
 		})
+		plan.BestFirst = true
+		b.Run(fmt.Sprintf("topk-bestfirst/ctx=%d", ctxLen), func(b *testing.B) {
+			for b.Loop() {
+				if err := be.TopK(ctx, scores, &plan, sel); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		plan.BestFirst = false
 		sparse := &kernels.Lists{Mode: kernels.GroupMax, Indptr: []int32{0}}
 		for h := range s.KVHeads {
 			sparse.Pages = append(sparse.Pages, sel[h*k:h*k+k-1]...)

@@ -101,6 +101,7 @@ func NewCPU(cfg CPUConfig) *CPU {
 	c.score.fp8 = cfg.SummaryDType == plan.SummaryFP8
 	c.score.r8 = make([]fp8Scratch, slots)
 	c.topk.idx = make([][]int32, slots)
+	c.topk.keys = make([][]uint64, slots)
 	c.attend.scratch = make([]attendScratch, slots)
 	return c
 }
@@ -324,7 +325,8 @@ type topkTask struct {
 	scores []float32
 	plan   *TopKPlan
 	out    []int32
-	idx    [][]int32 // per worker scratch
+	idx    [][]int32  // per worker scratch
+	keys   [][]uint64 // per worker scratch (BestFirst)
 }
 
 // TopK implements Backend.
@@ -348,13 +350,13 @@ func (t *topkTask) run(worker, r int) {
 	p := t.plan
 	n, k, base := int(p.N[r]), int(p.K[r]), p.Base[r]
 	out := t.out[p.OutOff[r]:]
-	if k >= n {
+	if k >= n && !p.BestFirst {
 		for i := range n {
 			out[i] = base + int32(i)
 		}
 		return
 	}
-	if k <= 0 {
+	if k <= 0 || n == 0 {
 		return
 	}
 	idx := t.idx[worker]
@@ -366,12 +368,51 @@ func (t *topkTask) run(worker, r int) {
 	for i := range idx {
 		idx[i] = int32(i)
 	}
-	SelectTopK(t.scores[p.ScoreOff[r]:][:n], idx, k)
+	scores := t.scores[p.ScoreOff[r]:][:n]
+	k = min(k, n)
+	if k < n {
+		SelectTopK(scores, idx, k)
+	}
 	sel := idx[:k]
+	if p.BestFirst {
+		t.keys[worker] = sortBestFirst(scores, sel, t.keys[worker], base, out[:k])
+		return
+	}
 	slices.Sort(sel)
 	for i, v := range sel {
 		out[i] = base + v
 	}
+}
+
+// sortBestFirst writes base+i for the indices i of sel (into scores, not
+// NaN) to out best first: score descending, ties to the lower index (-0
+// ties with +0), plan.Compare's order. It sorts one key per entry (the
+// score's order-preserving bits, inverted, above the index) in keys,
+// grown as needed and returned.
+func sortBestFirst(scores []float32, sel []int32, keys []uint64, base int32, out []int32) []uint64 {
+	keys = slices.Grow(keys[:0], len(sel))[:len(sel)]
+	for i, v := range sel {
+		keys[i] = bestFirstKey(scores[v], uint32(v))
+	}
+	slices.Sort(keys)
+	for i, key := range keys {
+		out[i] = base + int32(uint32(key))
+	}
+	return keys
+}
+
+// bestFirstKey maps (score, i) to a key whose ascending order is score
+// descending, then i ascending; -0 folds into +0 (they compare equal).
+// It is the sort key of package collective's wire format.
+func bestFirstKey(score float32, i uint32) uint64 {
+	b := math.Float32bits(score)
+	// Flip every bit of a negative score and the sign bit of a positive
+	// one: the bits then order as the floats do, -0 just below +0.
+	u := b ^ (uint32(int32(b)>>31) | 1<<31)
+	if u == 1<<31-1 {
+		u = 1 << 31 // -0 -> +0
+	}
+	return uint64(^u)<<32 | uint64(i)
 }
 
 // SelectTopK reorders idx (indices into scores) so that idx[:k] holds the k

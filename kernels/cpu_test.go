@@ -2,7 +2,9 @@ package kernels_test
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/questrt/questrt/kernels"
@@ -138,5 +140,62 @@ func TestCPUNoAllocsFP8(t *testing.T) {
 	score()
 	if n := testing.AllocsPerRun(20, score); n != 0 {
 		t.Fatalf("a warm fp8 score allocates %v times", n)
+	}
+}
+
+// TestTopKBestFirst: with TopKPlan.BestFirst the CPU backend writes each
+// row's pages in plan.Compare's order (score descending, ties to the lower
+// page, -0 tying with +0), exactly the first min(k, n) candidates of the
+// row sorted that way, the same set as without BestFirst.
+func TestTopKBestFirst(t *testing.T) {
+	c := kernels.NewCPU(kernels.CPUConfig{Workers: 3})
+	defer c.Close()
+	rng := rand.New(rand.NewPCG(30, 1))
+	type row struct{ n, k, levels int }
+	rows := []row{{0, 3, 2}, {1, 1, 2}, {5, 0, 2}, {7, 7, 3}, {9, 20, 3}, {100, 7, 3}, {300, 64, 1}, {1000, 128, 1 << 20}, {4096, 128, 50}}
+	for trial := range 20 {
+		var pl kernels.TopKPlan
+		var scores []float32
+		outOff := 0
+		for _, r := range rows {
+			base := rng.IntN(50)
+			pl.Add(len(scores), r.n, base, r.k, outOff)
+			for range r.n {
+				x := float32(rng.IntN(r.levels)-r.levels/2) * 0.5
+				if x == 0 && rng.IntN(2) == 0 {
+					x = float32(math.Copysign(0, -1)) // -0 ties with +0
+				}
+				scores = append(scores, x)
+			}
+			outOff += min(r.k, r.n)
+		}
+		asc := make([]int32, outOff)
+		if err := c.TopK(context.Background(), scores, &pl, asc); err != nil {
+			t.Fatal(err)
+		}
+		pl.BestFirst = true
+		best := make([]int32, outOff)
+		if err := c.TopK(context.Background(), scores, &pl, best); err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range rows {
+			base := pl.Base[i]
+			row := scores[pl.ScoreOff[i]:][:r.n]
+			all := make([]plan.Candidate, r.n)
+			for j, x := range row {
+				all[j] = plan.Candidate{Score: x, Page: base + int32(j)}
+			}
+			slices.SortFunc(all, plan.Compare)
+			m := min(r.k, r.n)
+			got := best[pl.OutOff[i]:][:m]
+			for j, c := range all[:m] {
+				if got[j] != c.Page {
+					t.Fatalf("trial %d row %d (n=%d k=%d): entry %d is page %d, want %d (%v)", trial, i, r.n, r.k, j, got[j], c.Page, got[:min(m, 10)])
+				}
+			}
+			if a := asc[pl.OutOff[i]:][:m]; !slices.Equal(slices.Sorted(slices.Values(got)), a) {
+				t.Fatalf("trial %d row %d: best first set %v, ascending %v", trial, i, got, a)
+			}
+		}
 	}
 }

@@ -101,6 +101,7 @@ type hierScratch struct {
 	stamp []uint32
 	gen   uint32
 	idx   []int32
+	keys  []uint64 // BestFirst's sort keys (flat)
 	u     [maxScoreGroup]float32
 }
 
@@ -389,7 +390,11 @@ func (t *hierTask) run(worker, r int) {
 		}
 	}
 	*memo = hierMemo{}
-	slices.SortFunc(sc.top, func(a, b plan.Candidate) int { return int(a.Page - b.Page) })
+	if t.plan.BestFirst {
+		slices.SortFunc(sc.top, compareCand)
+	} else {
+		slices.SortFunc(sc.top, func(a, b plan.Candidate) int { return int(a.Page - b.Page) })
+	}
 	for j, c := range sc.top {
 		out[j], outSc[j] = c.Page, c.Score
 	}
@@ -409,7 +414,8 @@ func (t *hierTask) flat(sc *hierScratch, e rowEval, base, n, k int, out []int32,
 		scores[i] = e.page(base + i)
 		st.Pages++
 	}
-	if k >= n {
+	best := t.plan.BestFirst
+	if k >= n && !best {
 		for i := range n {
 			out[i], outSc[i] = int32(base+i), scores[i]
 		}
@@ -419,8 +425,18 @@ func (t *hierTask) flat(sc *hierScratch, e rowEval, base, n, k int, out []int32,
 	for i := range sc.idx {
 		sc.idx[i] = int32(i)
 	}
-	SelectTopK(scores, sc.idx, k)
+	k = min(k, n)
+	if k < n {
+		SelectTopK(scores, sc.idx, k)
+	}
 	sel := sc.idx[:k]
+	if best {
+		sc.keys = sortBestFirst(scores, sel, sc.keys, int32(base), out[:k])
+		for j, p := range out[:k] {
+			outSc[j] = scores[int(p)-base]
+		}
+		return
+	}
 	slices.Sort(sel)
 	for j, v := range sel {
 		out[j], outSc[j] = int32(base)+v, scores[v]

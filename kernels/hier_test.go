@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/questrt/questrt/plan"
 )
 
 // hierFixture is a batch of sequences over a pool of pages whose
@@ -180,6 +182,26 @@ func TestHierRankEqualsFlat(t *testing.T) {
 			want, wantSc := make([]int32, n), make([]float32, n)
 			if err := c.Rank(ctx, s, f.l, &f.b, f.q, mode, pl, want, wantSc); err != nil {
 				t.Fatal(err)
+			}
+			if iter%2 == 1 {
+				// Best first: Rank's own rows come in Compare order, the
+				// same sets; the search must give exactly those.
+				asc := want
+				pl.BestFirst = true
+				want, wantSc = make([]int32, n), make([]float32, n)
+				if err := c.Rank(ctx, s, f.l, &f.b, f.q, mode, pl, want, wantSc); err != nil {
+					t.Fatal(err)
+				}
+				for r := range pl.Rows() {
+					oo, m := int(pl.OutOff[r]), min(int(pl.K[r]), int(pl.N[r]))
+					row := make([]plan.Candidate, m)
+					for j := range m {
+						row[j] = plan.Candidate{Score: wantSc[oo+j], Page: want[oo+j]}
+					}
+					if !slices.IsSortedFunc(row, plan.Compare) || !slices.Equal(slices.Sorted(slices.Values(want[oo:oo+m])), asc[oo:oo+m]) {
+						t.Fatalf("iter %d row %d: best first %v, ascending %v", iter, r, row, asc[oo:oo+m])
+					}
+				}
 			}
 			for ci, cfg := range cfgs {
 				got, gotSc := make([]int32, n), make([]float32, n)

@@ -435,6 +435,36 @@ func testTopK(t *testing.T, nb NewBackend) {
 			}
 		}
 	}
+	// BestFirst: the same set, each row ascending or best first.
+	plan.BestFirst = true
+	best := make([]int32, outOff)
+	if err := be.TopK(context.Background(), scores, &plan, best); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rows {
+		row := scores[plan.ScoreOff[i]:][:r.n]
+		m := min(r.k, r.n)
+		asc, got := out[plan.OutOff[i]:][:m], best[plan.OutOff[i]:][:m]
+		if !slices.Equal(slices.Sorted(slices.Values(got)), asc) {
+			t.Fatalf("row %d (n=%d k=%d): best first set %v, ascending %v", i, r.n, r.k, got[:min(10, m)], asc[:min(10, m)])
+		}
+		if !slices.IsSorted(got) && !InBestFirstOrder(row, got, int32(r.base)) {
+			t.Fatalf("row %d (n=%d k=%d): %v neither ascending nor best first", i, r.n, r.k, got[:min(10, m)])
+		}
+	}
+}
+
+// InBestFirstOrder reports whether pages (base + an index into scores)
+// come best first: score descending, ties to the lower page
+// (plan.Compare's order).
+func InBestFirstOrder(scores []float32, pages []int32, base int32) bool {
+	for j := 1; j < len(pages); j++ {
+		a, b := scores[pages[j-1]-base], scores[pages[j]-base]
+		if a < b || (a == b && pages[j-1] >= pages[j]) {
+			return false
+		}
+	}
+	return true
 }
 
 // randomLists picks, per row, a random subset of pages in random order.
