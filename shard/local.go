@@ -57,6 +57,7 @@ type LocalStep struct {
 	scores []float32
 
 	topk      kernels.TopKPlan
+	bestFirst bool // planTopK asks for rows best first (TopKPlan.BestFirst)
 	sel       []int32
 	selScores []float32 // rank, rankHier: the scores of sel
 
@@ -106,7 +107,9 @@ type LocalStep struct {
 func (ls *LocalStep) Rows() int { return ls.rows }
 
 // rowCandidates returns the candidates of (sequence i, row r) after
-// candidates ran, in ascending page order.
+// candidates ran: in ascending page order, or best first (plan.Compare's
+// order) when ls.bestFirst was set and the backend writes them so (the
+// CPU backend does; the recent selector's always are then).
 func (ls *LocalStep) rowCandidates(i, r int) []Candidate {
 	k := i*ls.rows + r
 	return ls.cands[ls.cPtr[k]:ls.cPtr[k+1]]
@@ -313,7 +316,12 @@ func (s *Shard) candidates(ctx context.Context, ls *LocalStep, quota func(plan.P
 			for range ls.rows {
 				if !pl.Dense && pl.Rank > 0 && sel == plan.Recent {
 					lo, hi := ls.localRange(i, pl.Lo(), pl.Hi())
-					for lp := max(lo, hi-quota(pl)); lp < hi; lp++ {
+					from := max(lo, hi-quota(pl))
+					for j := range hi - from {
+						lp := from + j
+						if ls.bestFirst {
+							lp = hi - 1 - j // the highest score first
+						}
 						g := ls.global(i, lp)
 						ls.cands = append(ls.cands, Candidate{Score: float32(g), Page: g})
 					}
@@ -336,9 +344,11 @@ func (s *Shard) candidates(ctx context.Context, ls *LocalStep, quota func(plan.P
 
 // planTopK lays out the top-K rows of the candidates in ls.topk: per
 // ranked (sequence, row), the best quota(plan) of the local pages inside
-// the plan's candidate range. It returns the output length.
+// the plan's candidate range, best first if ls.bestFirst. It returns the
+// output length.
 func (ls *LocalStep) planTopK(quota func(plan.Plan) int) int {
 	ls.topk.Reset()
+	ls.topk.BestFirst = ls.bestFirst
 	total := 0
 	for i, p := range ls.parts {
 		pl := p.Plan

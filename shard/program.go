@@ -19,8 +19,9 @@ type Group interface {
 	Rank() int
 	Size() int
 	// SelectExact derives each row's global top-K (k[row] pages) from
-	// every member's candidates (local: this member's, per row in
-	// ascending page order), as collective.Group.SelectExact.
+	// every member's candidates (local: this member's, per row best
+	// first, plan.Compare's order, where the backend writes them so,
+	// else in ascending page order), as collective.Group.SelectExact.
 	SelectExact(ctx context.Context, local [][]Candidate, k []int, dst [][]int32) ([][]int32, error)
 	// AllGather returns every member's message in rank order.
 	AllGather(ctx context.Context, msg []byte) ([][]byte, error)
@@ -182,6 +183,9 @@ func (s *Shard) run(ctx context.Context, ls *LocalStep, sel *Chosen, p *Program)
 			ls.Time.Score = time.Since(t0)
 		}
 	default:
+		// The exact exchange takes candidates in any order and skips its
+		// sort for rows that come best first.
+		ls.bestFirst = p.Selection == SelectExact
 		if err := s.rankLocal(ctx, ls, quota, phased, p.Diagnostics, p.Group == nil); err != nil {
 			return pr, err
 		}
