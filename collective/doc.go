@@ -23,7 +23,11 @@
 //
 //   - exact (default): each rank proposes its local top-K candidates per
 //     row; Group.SelectExact all-gathers them and every rank derives the
-//     same global top-K (score descending, ties to the lower page index).
+//     same global top-K (score descending, ties to the lower page index),
+//     each row's pages ascending; Group.SelectExactUnordered derives the
+//     same sets without ordering them (the worker's, whose attention takes
+//     a row as a set). Candidates handed over best first (the CPU
+//     backend's top-K with kernels.TopKPlan.BestFirst) are not sorted again.
 //   - union (opt-in, approximate): each rank keeps its local top
 //     plan.UnionQuota(K, N) = ceil(K/N) pages with no exchange at all; lower
 //     latency, but a page of the true top-K is missed whenever one rank

@@ -268,14 +268,32 @@ func (g *Group) AllGather(ctx context.Context, tag uint64, msg []byte) ([][]byte
 // from the N sorted lists without sorting them again, and its pages are
 // put in ascending order through a bitmap over their range.
 func (g *Group) SelectExact(ctx context.Context, tag uint64, local [][]Candidate, k []int, dst [][]int32) ([][]int32, error) {
-	out, err := g.selectExact(ctx, tag, local, k, dst)
+	out, err := g.selectExact(ctx, tag, local, k, dst, true)
 	if err != nil {
 		return nil, fmt.Errorf("select tag %#x: %w", tag, err)
 	}
 	return out, nil
 }
 
-func (g *Group) selectExact(ctx context.Context, tag uint64, local [][]Candidate, k []int, dst [][]int32) ([][]int32, error) {
+// SelectExactUnordered is SelectExact with each row's pages in no
+// particular order: the same set of pages per row as SelectExact's, in an
+// order that is the same on every member (each rank's taken candidates
+// in rank order, best first within a rank, unless the row's pages span
+// more than anyBitmapWords*64 pages: then ascending). It sends the same
+// frames, and differs only in the merge's last pass: the taken pages are
+// written as they are cut from the members' lists, and a bitmap over
+// their range only checks that no page comes twice (O(t), no scan of the
+// range). For callers that take a row as a set (kernels.Lists, the
+// shard's attention and top-p).
+func (g *Group) SelectExactUnordered(ctx context.Context, tag uint64, local [][]Candidate, k []int, dst [][]int32) ([][]int32, error) {
+	out, err := g.selectExact(ctx, tag, local, k, dst, false)
+	if err != nil {
+		return nil, fmt.Errorf("select tag %#x: %w", tag, err)
+	}
+	return out, nil
+}
+
+func (g *Group) selectExact(ctx context.Context, tag uint64, local [][]Candidate, k []int, dst [][]int32, ordered bool) ([][]int32, error) {
 	rows := len(local)
 	if err := g.encodeSelect(local, k); err != nil {
 		g.abortAll(ctx, tag, OpSelect, err)
@@ -291,7 +309,7 @@ func (g *Group) selectExact(ctx context.Context, tag uint64, local [][]Candidate
 	}
 	dst = dst[:rows]
 	for row := range rows {
-		out, err := g.selectRow(row, k[row], dst[row][:0])
+		out, err := g.selectRow(row, k[row], dst[row][:0], ordered)
 		if err != nil {
 			return nil, err
 		}

@@ -22,16 +22,24 @@ import (
 //
 // The taken pages are then put in ascending order through a bitmap over
 // their range (O(t + range/64), which also finds duplicates), or by a sort
-// when the range is too wide for it. Nothing is allocated once g's scratch
-// and dst's rows have grown to the call's sizes.
+// when the range is too wide for it; SelectExactUnordered writes them as
+// they are cut and checks for duplicates through the bitmap alone (O(t)).
+// Nothing is allocated once g's scratch and dst's rows have grown to the
+// call's sizes.
 
 // bitmapWords bounds the bitmap of a row of t pages, in 64-bit words:
 // scanning a word costs about what one step of a sort does, and a sort of
 // t pages makes about t*log2(t) steps, more than 4t for t > 16.
 func bitmapWords(t int) int { return 4*t + 64 }
 
-// selectRow appends row's global top-k pages, ascending, to out (empty).
-func (g *Group) selectRow(row, k int, out []int32) ([]int32, error) {
+// anyBitmapWords bounds the bitmap of emitAny, in 64-bit words (512 KiB:
+// rows whose pages span up to 4Mi pages); it is touched only at the
+// taken pages, so its size costs memory, not time.
+const anyBitmapWords = 1 << 16
+
+// selectRow appends row's global top-k pages to out (empty): ascending
+// when ordered, else in emitAny's order.
+func (g *Group) selectRow(row, k int, out []int32, ordered bool) ([]int32, error) {
 	n := g.size
 	at, cnt, cut := g.rowAt[row*n:][:n], g.cnt[row*n:][:n], g.pos[:n]
 	total := 0
@@ -48,6 +56,9 @@ func (g *Group) selectRow(row, k int, out []int32) ([]int32, error) {
 		cut[1] = t - cut[0]
 	default:
 		g.cutN(at, cnt, t, cut)
+	}
+	if !ordered {
+		return g.emitAny(row, at, cut, t, out)
 	}
 	return g.emitRow(row, at, cut, t, out)
 }
@@ -99,6 +110,60 @@ func (g *Group) cutN(at, cnt []int, t int, cut []int) {
 	}
 }
 
+// emitAny writes the pages of the first cut[r] keys of each rank's list
+// of row (t in all) to out in rank order, each rank's best first, and
+// reports a page taken twice as emitRow does. A bitmap over the pages'
+// range (set, tested and cleared at the taken pages only) finds a page
+// taken twice; a range wider than anyBitmapWords goes to emitRow.
+func (g *Group) emitAny(row int, at, cut []int, t int, out []int32) ([]int32, error) {
+	if t == 0 {
+		return out[:0], nil
+	}
+	lo, hi := g.pageRange(row, cut)
+	words := int((hi-lo)>>6) + 1
+	if words > anyBitmapWords {
+		return g.emitRow(row, at, cut, t, out)
+	}
+	if cap(out) < t {
+		out = make([]int32, t)
+	}
+	out = out[:t]
+	if cap(g.bits) < words {
+		g.bits = make([]uint64, words, max(words, 2*cap(g.bits)))
+	}
+	bm := g.bits[:words]
+	j, dup := 0, uint64(0)
+	for r, c := range cut {
+		for _, key := range g.keys[r][at[r]:][:c] {
+			o := uint32(key) - lo
+			w, b := &bm[o>>6], uint64(1)<<(o&63)
+			dup |= *w & b
+			*w |= b
+			out[j] = int32(uint32(key))
+			j++
+		}
+	}
+	for _, p := range out {
+		bm[(uint32(p)-lo)>>6] = 0 // only taken pages' bits are set
+	}
+	if dup != 0 {
+		return g.emitRow(row, at, cut, t, out) // names the page
+	}
+	return out, nil
+}
+
+// pageRange returns the smallest and largest page of the ranks with a
+// cut[r] > 0 in row: it bounds the range of the taken pages.
+func (g *Group) pageRange(row int, cut []int) (lo, hi uint32) {
+	lo, hi = uint32(math.MaxUint32), uint32(0)
+	for r, c := range cut {
+		if c > 0 {
+			lo, hi = min(lo, g.plo[row*g.size+r]), max(hi, g.phi[row*g.size+r])
+		}
+	}
+	return lo, hi
+}
+
 // emitRow writes the pages of the first cut[r] keys of each rank's list
 // of row (t in all) to out in ascending order.
 func (g *Group) emitRow(row int, at, cut []int, t int, out []int32) ([]int32, error) {
@@ -110,12 +175,7 @@ func (g *Group) emitRow(row int, at, cut []int, t int, out []int32) ([]int32, er
 		return out, nil
 	}
 	// The range of the ranks' pages bounds that of the taken ones.
-	lo, hi := uint32(math.MaxUint32), uint32(0)
-	for r, c := range cut {
-		if c > 0 {
-			lo, hi = min(lo, g.plo[row*g.size+r]), max(hi, g.phi[row*g.size+r])
-		}
-	}
+	lo, hi := g.pageRange(row, cut)
 	if words := int((hi-lo)>>6) + 1; words <= bitmapWords(t) {
 		if g.emitBitmap(at, cut, lo, words, out) {
 			return out, nil

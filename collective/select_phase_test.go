@@ -44,7 +44,7 @@ func phaseCase(n, rows, k int) ([][][]Candidate, []int) {
 // write the frame; shuffled input, input already in Compare order, and
 // input in page order as the CPU top-K returns it),
 // parse (check and decode the peers' frames) and merge (every row's
-// global top-k, pages ascending).
+// global top-k, pages ascending; merge-unordered: SelectExactUnordered's).
 func BenchmarkSelectPhases(b *testing.B) {
 	const k = 128
 	for _, sz := range [][2]int{{2, 8}, {4, 8}, {2, 128}, {4, 128}} {
@@ -99,21 +99,27 @@ func BenchmarkSelectPhases(b *testing.B) {
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("shards=%d/rows=%d/merge", n, rows), func(b *testing.B) {
-			// The peers' keys, also when the parse case did not run
-			// (-bench .../merge alone).
-			if err := g.parseSelect(rows, budgets); err != nil {
-				b.Fatal(err)
+		for _, ordered := range []bool{true, false} {
+			name := "merge"
+			if !ordered {
+				name = "merge-unordered"
 			}
-			dst := make([][]int32, rows)
-			for b.Loop() {
-				for row := range rows {
-					var err error
-					if dst[row], err = g.selectRow(row, k, dst[row][:0]); err != nil {
-						b.Fatal(err)
+			b.Run(fmt.Sprintf("shards=%d/rows=%d/%s", n, rows, name), func(b *testing.B) {
+				// The peers' keys, also when the parse case did not run
+				// (-bench .../merge alone).
+				if err := g.parseSelect(rows, budgets); err != nil {
+					b.Fatal(err)
+				}
+				dst := make([][]int32, rows)
+				for b.Loop() {
+					for row := range rows {
+						var err error
+						if dst[row], err = g.selectRow(row, k, dst[row][:0], ordered); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
-			}
-		})
+			})
+		}
 	}
 }

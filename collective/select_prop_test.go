@@ -95,10 +95,13 @@ func propCase(rng *rand.Rand, n int) selectCase {
 // TestSelectExactMatchesMergeTopK: on random problems (many ties, random
 // budgets, 1 to 6 ranks, 1 to 9 rows) every rank's SelectExact returns
 // exactly plan.MergeTopK of the same candidates, reusing its dst, whether
-// it views the frames' keys in place or copies them.
+// it views the frames' keys in place or copies them; SelectExactUnordered
+// returns the same sets, in one order on every rank.
 func TestSelectExactMatchesMergeTopK(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
+	dstAny := make([][][][]int32, 6)
 	for n := 1; n <= 6; n++ {
+		dstAny[n-1] = make([][][]int32, n)
 		gs, done := newGroups(n, nil)
 		dst := make([][][]int32, n)
 		trials := 150
@@ -136,20 +139,66 @@ func TestSelectExactMatchesMergeTopK(t *testing.T) {
 			for r, o := range res {
 				dst[r] = o.val
 			}
+			// The unordered variant: the same sets, one order on every
+			// member, each rank's taken pages best first in rank order
+			// (ascending for rows too wide for its bitmap).
+			tag = collective.MakeTag(uint64(trial), 2, collective.OpSelect)
+			unord := runRanks(n, func(r int) ([][]int32, error) {
+				return gs[r].SelectExactUnordered(bg(), tag, c.local[r], c.k, dstAny[n-1][r])
+			})
+			for row := range c.k {
+				want := res[0].val[row]
+				for r, o := range unord {
+					if o.err != nil {
+						t.Fatalf("n=%d trial %d rank %d unordered: %v", n, trial, r, o.err)
+					}
+					got := o.val[row]
+					if !slices.Equal(slices.Sorted(slices.Values(got)), want) {
+						t.Fatalf("n=%d trial %d rank %d row %d: unordered %v, ordered %v", n, trial, r, row, got, want)
+					}
+					if !slices.Equal(got, unord[0].val[row]) {
+						t.Fatalf("n=%d trial %d row %d: rank %d has %v, rank 0 %v", n, trial, row, r, got, unord[0].val[row])
+					}
+				}
+				if got := unord[0].val[row]; !slices.IsSorted(got) && !slices.Equal(got, rankOrder(c, row, want)) {
+					t.Fatalf("n=%d trial %d row %d: unordered %v neither ascending nor in rank order %v", n, trial, row, got, rankOrder(c, row, want))
+				}
+			}
+			for r, o := range unord {
+				dstAny[n-1][r] = o.val
+			}
 		}
 		done()
 	}
 }
 
+// rankOrder returns the pages of set (a row's selection) in rank order,
+// each rank's best first: SelectExactUnordered's order.
+func rankOrder(c selectCase, row int, set []int32) []int32 {
+	out := []int32{}
+	for r := range c.n {
+		for _, x := range slices.SortedFunc(slices.Values(c.local[r][row]), plan.Compare) {
+			if _, ok := slices.BinarySearch(set, x.Page); ok {
+				out = append(out, x.Page)
+			}
+		}
+	}
+	return out
+}
+
 // TestSelectExactDuplicateInSelection: a page that two ranks propose with
 // the same score, and that makes the global top-k, fails every rank with
 // ErrDuplicatePage whatever the path that orders the pages (dense or
-// sparse page ranges); a duplicate that misses the top-k goes unnoticed,
-// as it always did.
+// sparse page ranges), in SelectExact and SelectExactUnordered (whose
+// bitmap covers the middle range that SelectExact sorts); a duplicate
+// that misses the top-k goes unnoticed, as it always did.
 func TestSelectExactDuplicateInSelection(t *testing.T) {
-	for _, spread := range []int32{1, 1 << 20} {
-		for _, selected := range []bool{true, false} {
-			t.Run(fmt.Sprintf("spread=%d/selected=%v", spread, selected), func(t *testing.T) {
+	for _, spread := range []int32{1, 1 << 10, 1 << 20} {
+		for _, v := range []struct {
+			selected, ordered bool
+		}{{true, true}, {false, true}, {true, false}, {false, false}} {
+			selected := v.selected
+			t.Run(fmt.Sprintf("spread=%d/selected=%v/ordered=%v", spread, selected, v.ordered), func(t *testing.T) {
 				const n, k = 3, 100
 				local := make([][][]collective.Candidate, n)
 				for r := range n {
@@ -169,6 +218,9 @@ func TestSelectExactDuplicateInSelection(t *testing.T) {
 				gs, done := newGroups(n, nil)
 				defer done()
 				res := runRanks(n, func(r int) ([][]int32, error) {
+					if !v.ordered {
+						return gs[r].SelectExactUnordered(bg(), 1, local[r], []int{k}, nil)
+					}
 					return gs[r].SelectExact(bg(), 1, local[r], []int{k}, nil)
 				})
 				for r, o := range res {
