@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/internal/memlimit"
+	"github.com/questrt/questrt/plan"
 )
 
 // Limits of the BenchConfig fields that size the benchmark, checked by
@@ -323,9 +324,11 @@ type BenchResult struct {
 
 // BenchCollective runs, for every shard count N and batch size of cfg (in
 // that order, batches inner), Warmup + Steps layer-steps on N goroutines
-// over N transports: (a) SelectExact with batch x KVHeads rows, each rank
-// proposing up to PageBudget candidates per row from its own stripe of the
-// pages, and (b) Reduce to rank 0 of batch x QHeads partial states of
+// over N transports: (a) SelectExactUnordered (what the worker runs) with
+// batch x KVHeads rows, each rank proposing up to PageBudget candidates
+// per row from its own stripe of the pages, best first as the CPU
+// backend's top-K hands them to the exchange (kernels.TopKPlan.BestFirst),
+// and (b) Reduce to rank 0 of batch x QHeads partial states of
 // HeadDim floats, each followed in the same step by its baseline (a plain
 // round of the same bytes over the same transports) and then a ping-pong.
 // It reports latency percentiles of each operation and its baseline
@@ -489,6 +492,9 @@ func newBenchRanks(cfg BenchConfig, n, batch int, keep func(r int) bool) []*benc
 				}
 			}
 			if kept {
+				// Best first, as the shard's candidates come from the
+				// CPU backend (the draws are the same in any order).
+				slices.SortFunc(c, plan.Compare)
 				br.local[row] = c
 			}
 		}
@@ -515,7 +521,7 @@ func newBenchRanks(cfg BenchConfig, n, batch int, keep func(r int) bool) []*benc
 
 // benchLoop is the measured loop of one rank, the same whether the ranks
 // are goroutines of one process (BenchCollective) or processes
-// (BenchRank): Warmup + Steps layer-steps, each a SelectExact and a Reduce
+// (BenchRank): Warmup + Steps layer-steps, each a SelectExactUnordered and a Reduce
 // to rank 0 over ct, then their baselines (plainAllGather of the select
 // frame's bytes, plainGather of the state frame's) and a pingPong. Before
 // each operation it waits at meet (not timed); it reads the operation's
@@ -531,7 +537,7 @@ func benchLoop(ctx context.Context, cfg BenchConfig, ct *countingTransport, br *
 		b0, m0 := ct.bytes.Load(), ct.msgs.Load()
 		br.selStart[s] = now()
 		var err error
-		dst, err = g.SelectExact(ctx, MakeTag(uint64(s), 0, OpSelect), br.local, br.budgets, dst)
+		dst, err = g.SelectExactUnordered(ctx, MakeTag(uint64(s), 0, OpSelect), br.local, br.budgets, dst)
 		br.selEnd[s] = now()
 		if err != nil {
 			return err
