@@ -417,7 +417,9 @@ func (s *Shard) rank(ctx context.Context, ls *LocalStep, rk kernels.Ranker, quot
 }
 
 // Chosen lists, per (sequence, row) in CSR form, the global pages chosen
-// by ranking (forced pages excluded; they are added by attend).
+// by ranking (forced pages excluded; they are added by attend). A row is
+// a set: its pages come in no particular order (the exact exchange's
+// rows are unordered), each once.
 type Chosen struct {
 	Indptr []int32
 	Pages  []int32

@@ -21,7 +21,9 @@ type Group interface {
 	// SelectExact derives each row's global top-K (k[row] pages) from
 	// every member's candidates (local: this member's, per row best
 	// first, plan.Compare's order, where the backend writes them so,
-	// else in ascending page order), as collective.Group.SelectExact.
+	// else in ascending page order), as collective.Group.SelectExact
+	// or SelectExactUnordered: a row's pages may come in any order (the
+	// shard takes a row as a set), the same on every member.
 	SelectExact(ctx context.Context, local [][]Candidate, k []int, dst [][]int32) ([][]int32, error)
 	// AllGather returns every member's message in rank order.
 	AllGather(ctx context.Context, msg []byte) ([][]byte, error)

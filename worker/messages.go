@@ -219,7 +219,7 @@ type RankDiag struct {
 	// Indptr and Pages list, per (sequence, row) in CSR form, the global
 	// pages the rank's selection ranked (forced pages excluded): the
 	// global top-K for exact and replicated selection, the rank's own
-	// picks for union.
+	// picks for union; a row's pages come in no particular order.
 	Indptr, Pages []int32
 	// Scores holds per sequence the selector's score of every page the
 	// rank holds, [Rows][local pages] (local page l is global page

@@ -58,8 +58,10 @@ type stepGroup struct {
 func (g *stepGroup) Rank() int { return g.rank }
 func (g *stepGroup) Size() int { return g.size }
 
+// SelectExact is the group's SelectExactUnordered: the shard takes a
+// row as a set (shard.Group).
 func (g *stepGroup) SelectExact(ctx context.Context, local [][]collective.Candidate, k []int, dst [][]int32) ([][]int32, error) {
-	return g.g.SelectExact(ctx, collective.MakeTag(g.step, g.layer, collective.OpSelect), local, k, dst)
+	return g.g.SelectExactUnordered(ctx, collective.MakeTag(g.step, g.layer, collective.OpSelect), local, k, dst)
 }
 
 func (g *stepGroup) AllGather(ctx context.Context, msg []byte) ([][]byte, error) {
@@ -188,6 +190,12 @@ func (l *Local) rankStep(ctx context.Context, st *stepState, i, layer int, q []f
 	switch c.Mode {
 	case Exact:
 		p.Selection = shard.SelectExact
+		if c.CP == 1 {
+			// One rank's local top-K is the global one: no exchange, and
+			// the rows keep the top-K's ascending order, as the fused
+			// step's (the exchange's rows come in no particular order).
+			p.Selection = shard.SelectLocal
+		}
 	case Union:
 		if w.unionQuota == nil {
 			cp := c.CP

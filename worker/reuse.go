@@ -163,8 +163,9 @@ func (l *Local) planReuse(st *stepState, i, layer int) (any, none bool) {
 
 // applyReuse rewrites the selection rows of the reusing sequences in
 // sel (rows per sequence): to the layer before's rows (ReuseLayers), or
-// to their kept pages plus the candidates added since the ranking step,
-// ascending (ReuseSteps).
+// to their kept pages (in the kept order) followed by the candidates
+// added since the ranking step, ascending (ReuseSteps). A row is a set:
+// the exact exchange's rows come in no particular order.
 func (l *Local) applyReuse(st *stepState, i, layer, rows int, sel *shard.Chosen, tmp *shard.Chosen) {
 	w := &l.ranks[i].w
 	tmp.Reset()
