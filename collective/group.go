@@ -68,6 +68,8 @@ type Group struct {
 	pos      []int    // per rank: its candidates taken into the row being merged
 	bits     []uint64 // page bitmap of the row being merged; all zero between rows
 	flat     []int32  // the row's pages out of bits, with slack (emitBitmap)
+	stamp    []uint32 // per page of a row's range: the row (gen) that took it (emitAny)
+	gen      uint32   // emitAny's row count, never 0 in stamp's use
 	acc      []float32
 	tmp      []float32
 }
@@ -279,10 +281,10 @@ func (g *Group) SelectExact(ctx context.Context, tag uint64, local [][]Candidate
 // particular order: the same set of pages per row as SelectExact's, in an
 // order that is the same on every member (each rank's taken candidates
 // in rank order, best first within a rank, unless the row's pages span
-// more than anyBitmapWords*64 pages: then ascending). It sends the same
-// frames, and differs only in the merge's last pass: the taken pages are
-// written as they are cut from the members' lists, and a bitmap over
-// their range only checks that no page comes twice (O(t), no scan of the
+// more than anyPages pages: then ascending). It sends the same frames,
+// and differs only in the merge's last pass: the taken pages are written
+// as they are cut from the members' lists, and a stamp per page of their
+// range only checks that no page comes twice (O(t), no scan of the
 // range). For callers that take a row as a set (kernels.Lists, the
 // shard's attention and top-p).
 func (g *Group) SelectExactUnordered(ctx context.Context, tag uint64, local [][]Candidate, k []int, dst [][]int32) ([][]int32, error) {
@@ -354,7 +356,8 @@ func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 		own = g.all
 	}
 	// Each row is validated, sorted and written in one go, while its keys
-	// are in L1: its keys are made in g.in and sorted into the frame.
+	// are in L1: its keys are made in the frame and, unless they come in
+	// Compare order, copied to g.in and sorted back into the frame.
 	if cap(g.in) < maxRow {
 		g.in = make([]uint64, maxRow)
 	}
@@ -367,21 +370,26 @@ func (g *Group) encodeSelect(local [][]Candidate, k []int) error {
 		if len(c) > k[row] {
 			return fmt.Errorf("row %d: %d local candidates exceed the budget %d", row, len(c), k[row])
 		}
+		// The keys go to the frame; a row not in Compare order is then
+		// sorted from a copy (g.in) back into it.
 		keys := own[at : at+len(c)]
-		in := g.in[:len(c)]
-		i, slo, shi, plo, phi := putKeys(in, c)
+		i, slo, shi, plo, phi, strict := putKeys(keys, c)
 		if i >= 0 {
 			if x := c[i]; x.Score != x.Score {
 				return fmt.Errorf("row %d: page %d has a NaN score", row, x.Page)
 			}
 			return fmt.Errorf("row %d: negative page %d", row, c[i].Page)
 		}
-		if strictlyAscending(in) {
-			copy(keys, in)
-		} else if !g.sorter.sortKeys(keys, in, slo, shi) {
-			// A candidate given twice: the frame fails every member's
-			// check, this one's too (parseSelect then decodes it).
-			g.ownDup = true
+		// A row in Compare order (a top-K that returns its candidates
+		// best first) is not sorted.
+		if !strict {
+			in := g.in[:len(c)]
+			copy(in, keys)
+			if !g.sorter.sortKeys(keys, in, slo, shi) {
+				// A candidate given twice: the frame fails every member's
+				// check, this one's too (parseSelect then decodes it).
+				g.ownDup = true
+			}
 		}
 		binary.LittleEndian.PutUint32(b[cntAt+4*row:], uint32(len(c)))
 		j := row*g.size + g.rank
@@ -416,24 +424,29 @@ func putKeysLE(b []byte, keys []uint64) {
 }
 
 // putKeys sets keys[i] to sortKey(c[i]) and returns the smallest and
-// largest score part (key>>32) and page. It returns as i the index of the
-// first candidate with a NaN score or a negative page (its key and those
-// after it are not set), or -1.
-func putKeys(keys []uint64, c []Candidate) (i int, slo, shi, plo, phi uint32) {
+// largest score part (key>>32) and page, and whether the keys ascend
+// strictly (c in Compare order, no candidate twice). It returns as i the
+// index of the first candidate with a NaN score or a negative page (its
+// key and those after it are not set), or -1.
+func putKeys(keys []uint64, c []Candidate) (i int, slo, shi, plo, phi uint32, strict bool) {
 	keys = keys[:len(c)]
 	slo, plo = math.MaxUint32, math.MaxUint32
+	// prev: the last key written; 0 is below every valid key (minKey).
+	prev, down := uint64(0), false
 	for i, x := range c {
 		score, page := math.Float32bits(x.Score), uint32(x.Page)
 		if score&^(1<<31) > 0x7f800000 || int32(page) < 0 {
-			return i, slo, shi, plo, phi
+			return i, slo, shi, plo, phi, false
 		}
 		key := keyOf(score, page)
 		keys[i] = key
+		down = down || key <= prev
+		prev = key
 		sp := uint32(key >> 32)
 		slo, shi = min(slo, sp), max(shi, sp)
 		plo, phi = min(plo, page), max(phi, page)
 	}
-	return -1, slo, shi, plo, phi
+	return -1, slo, shi, plo, phi, !down
 }
 
 // checkKeys returns the smallest and largest page of keys. It returns as

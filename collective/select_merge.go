@@ -23,7 +23,7 @@ import (
 // The taken pages are then put in ascending order through a bitmap over
 // their range (O(t + range/64), which also finds duplicates), or by a sort
 // when the range is too wide for it; SelectExactUnordered writes them as
-// they are cut and checks for duplicates through the bitmap alone (O(t)).
+// they are cut and checks for duplicates through per-page stamps (O(t)).
 // Nothing is allocated once g's scratch and dst's rows have grown to the
 // call's sizes.
 
@@ -32,10 +32,10 @@ import (
 // t pages makes about t*log2(t) steps, more than 4t for t > 16.
 func bitmapWords(t int) int { return 4*t + 64 }
 
-// anyBitmapWords bounds the bitmap of emitAny, in 64-bit words (512 KiB:
-// rows whose pages span up to 4Mi pages); it is touched only at the
-// taken pages, so its size costs memory, not time.
-const anyBitmapWords = 1 << 16
+// anyPages bounds the page range of a row that emitAny stamps (4 MiB of
+// stamps: 16Mi tokens at 16-token pages); the stamps are touched only at
+// the taken pages, so their size costs memory, not time.
+const anyPages = 1 << 20
 
 // selectRow appends row's global top-k pages to out (empty): ascending
 // when ordered, else in emitAny's order.
@@ -112,41 +112,45 @@ func (g *Group) cutN(at, cnt []int, t int, cut []int) {
 
 // emitAny writes the pages of the first cut[r] keys of each rank's list
 // of row (t in all) to out in rank order, each rank's best first, and
-// reports a page taken twice as emitRow does. A bitmap over the pages'
-// range (set, tested and cleared at the taken pages only) finds a page
-// taken twice; a range wider than anyBitmapWords goes to emitRow.
+// reports a page taken twice as emitRow does. A page is taken twice when
+// its stamp (g.stamp over the pages' range, no clearing between rows)
+// already holds this row's generation; a range wider than anyPages goes
+// to emitRow.
 func (g *Group) emitAny(row int, at, cut []int, t int, out []int32) ([]int32, error) {
 	if t == 0 {
 		return out[:0], nil
 	}
 	lo, hi := g.pageRange(row, cut)
-	words := int((hi-lo)>>6) + 1
-	if words > anyBitmapWords {
+	span := int(hi-lo) + 1
+	if span > anyPages {
 		return g.emitRow(row, at, cut, t, out)
 	}
 	if cap(out) < t {
 		out = make([]int32, t)
 	}
 	out = out[:t]
-	if cap(g.bits) < words {
-		g.bits = make([]uint64, words, max(words, 2*cap(g.bits)))
+	if len(g.stamp) < span {
+		g.stamp = make([]uint32, max(span, 2*len(g.stamp)))
+		g.gen = 0
 	}
-	bm := g.bits[:words]
-	j, dup := 0, uint64(0)
+	g.gen++
+	if g.gen == 0 { // wrapped: stamps of old rows could match
+		clear(g.stamp)
+		g.gen = 1
+	}
+	gen, stamp := g.gen, g.stamp[:span]
+	j, dup := 0, false
 	for r, c := range cut {
 		for _, key := range g.keys[r][at[r]:][:c] {
-			o := uint32(key) - lo
-			w, b := &bm[o>>6], uint64(1)<<(o&63)
-			dup |= *w & b
-			*w |= b
-			out[j] = int32(uint32(key))
+			p := uint32(key)
+			s := &stamp[p-lo]
+			dup = dup || *s == gen
+			*s = gen
+			out[j] = int32(p)
 			j++
 		}
 	}
-	for _, p := range out {
-		bm[(uint32(p)-lo)>>6] = 0 // only taken pages' bits are set
-	}
-	if dup != 0 {
+	if dup {
 		return g.emitRow(row, at, cut, t, out) // names the page
 	}
 	return out, nil

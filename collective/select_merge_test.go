@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -140,5 +141,50 @@ func TestEmitBitmap(t *testing.T) {
 		if slices.ContainsFunc(g.bits, func(w uint64) bool { return w != 0 }) {
 			t.Fatalf("trial %d: bitmap not left zero", trial)
 		}
+	}
+}
+
+// TestEmitAnyStamps: emitAny writes the taken pages in rank order, each
+// rank's list in order, and reports a page taken twice in the row (not
+// one taken in an earlier row), across rows that reuse the stamps and
+// across the wrap of their generation.
+func TestEmitAnyStamps(t *testing.T) {
+	rng := rand.New(rand.NewPCG(30, 3))
+	const n = 2
+	g := &Group{size: n, plo: make([]uint32, n), phi: make([]uint32, n), keys: make([][]uint64, n)}
+	g.gen = math.MaxUint32 - 50
+	for trial := range 200 {
+		span := 1 + rng.IntN(300)
+		lo := uint32(rng.IntN(1000))
+		at, cut := make([]int, n), make([]int, n)
+		var want []int32
+		seen := map[int32]bool{}
+		dup := false
+		for r := range n {
+			g.keys[r] = g.keys[r][:0]
+			g.plo[r], g.phi[r] = math.MaxUint32, 0
+			for range rng.IntN(40) {
+				p := int32(lo + uint32(rng.IntN(span)))
+				if seen[p] && rng.IntN(10) != 0 {
+					continue
+				}
+				dup = dup || seen[p]
+				seen[p] = true
+				want = append(want, p)
+				g.keys[r] = append(g.keys[r], sortKey(Candidate{Score: 1, Page: p}))
+				g.plo[r], g.phi[r] = min(g.plo[r], uint32(p)), max(g.phi[r], uint32(p))
+			}
+			cut[r] = len(g.keys[r])
+		}
+		out, err := g.emitAny(0, at, cut, len(want), nil)
+		if dup != (err != nil) || (dup && !errors.Is(err, ErrDuplicatePage)) {
+			t.Fatalf("trial %d (gen %d): duplicate %v, error %v", trial, g.gen, dup, err)
+		}
+		if !dup && !slices.Equal(out, want) {
+			t.Fatalf("trial %d: got %v, want %v", trial, out, want)
+		}
+	}
+	if g.gen > 1000 {
+		t.Fatalf("generation %d: the test did not wrap it", g.gen)
 	}
 }

@@ -237,24 +237,30 @@ func TestSelectExactDuplicateInSelection(t *testing.T) {
 }
 
 // TestSelectExactDuplicateCandidate: a rank that proposes one candidate
-// twice sends a frame that every rank rejects, itself included.
+// twice, its row shuffled or in Compare order (the two copies side by
+// side), sends a frame that every rank rejects, itself included.
 func TestSelectExactDuplicateCandidate(t *testing.T) {
 	const n = 2
-	var row []collective.Candidate
-	for i := range 40 {
-		row = append(row, collective.Candidate{Score: float32(i % 5), Page: int32(2 * i)})
-	}
-	row = append(row, row[17])
-	local := [][][]collective.Candidate{{row}, {{{Score: 1, Page: 1}}}}
-	gs, done := newGroups(n, nil)
-	defer done()
-	res := runRanks(n, func(r int) ([][]int32, error) {
-		return gs[r].SelectExact(bg(), 1, local[r], []int{len(row)}, nil)
-	})
-	for r, o := range res {
-		var re *collective.RankError
-		if !errors.Is(o.err, collective.ErrBadMessage) || !errors.As(o.err, &re) || re.Rank != 0 {
-			t.Errorf("rank %d: %v, want ErrBadMessage from rank 0", r, o.err)
+	for _, sorted := range []bool{false, true} {
+		var row []collective.Candidate
+		for i := range 40 {
+			row = append(row, collective.Candidate{Score: float32(i % 5), Page: int32(2 * i)})
+		}
+		row = append(row, row[17])
+		if sorted {
+			slices.SortFunc(row, plan.Compare)
+		}
+		local := [][][]collective.Candidate{{row}, {{{Score: 1, Page: 1}}}}
+		gs, done := newGroups(n, nil)
+		res := runRanks(n, func(r int) ([][]int32, error) {
+			return gs[r].SelectExact(bg(), 1, local[r], []int{len(row)}, nil)
+		})
+		done()
+		for r, o := range res {
+			var re *collective.RankError
+			if !errors.Is(o.err, collective.ErrBadMessage) || !errors.As(o.err, &re) || re.Rank != 0 {
+				t.Errorf("sorted %v: rank %d: %v, want ErrBadMessage from rank 0", sorted, r, o.err)
+			}
 		}
 	}
 }
