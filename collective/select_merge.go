@@ -130,7 +130,7 @@ func (g *Group) emitAny(row int, at, cut []int, t int, out []int32) ([]int32, er
 	}
 	out = out[:t]
 	if len(g.stamp) < span {
-		g.stamp = make([]uint32, max(span, 2*len(g.stamp)))
+		g.stamp = make([]uint32, min(max(span, 2*len(g.stamp)), anyPages))
 		g.gen = 0
 	}
 	g.gen++
