@@ -3,6 +3,7 @@ package kernels_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/questrt/questrt/kernels"
@@ -150,5 +151,35 @@ func BenchmarkScore(b *testing.B) {
 			}
 		})
 		be.Close()
+	}
+}
+
+// BenchmarkTopKOrder times the CPU top-K of the selection exchange's
+// shape at 2 CP ranks, batch 16: 128 rows (16 sequences x 8 KV heads),
+// each the best 128 of a rank's 4096 pages (normal scores), written
+// ascending or best first (TopKPlan.BestFirst).
+func BenchmarkTopKOrder(b *testing.B) {
+	const rows, n, k = 128, 4096, 128
+	be := kernels.NewCPU(kernels.CPUConfig{Workers: 1}) // one core: less of the host's noise
+	defer be.Close()
+	rng := rand.New(rand.NewPCG(30, 4))
+	scores := make([]float32, rows*n)
+	for i := range scores {
+		scores[i] = float32(rng.NormFloat64())
+	}
+	var plan kernels.TopKPlan
+	for r := range rows {
+		plan.Add(r*n, n, 0, k, r*k)
+	}
+	out := make([]int32, rows*k)
+	for _, best := range []bool{false, true} {
+		plan.BestFirst = best
+		b.Run(fmt.Sprintf("bestfirst=%v", best), func(b *testing.B) {
+			for b.Loop() {
+				if err := be.TopK(context.Background(), scores, &plan, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
