@@ -2,8 +2,10 @@ package grpctransport
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
+	"time"
 )
 
 // Send refuses a message over its own or the peer's limit with
@@ -45,7 +47,11 @@ func TestLargeMessage(t *testing.T) {
 		t.Skip("16 MiB message")
 	}
 	trs := newGroup(t, 2, nil)
-	ctx := ctxT(t)
+	// The deadline only bounds a hang: what is tested is that the
+	// message crosses intact, not how fast. 16 MiB through gRPC under
+	// -race on a loaded 2-core machine passed ctxT's 10 s.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	msg := make([]byte, DefaultMaxMessageBytes)
 	for i := range msg {
 		msg[i] = byte(i * 7)
