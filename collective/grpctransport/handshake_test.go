@@ -25,32 +25,20 @@ func TestHandshakeRefused(t *testing.T) {
 		{"size", func(c *Config) { c.Peers = append(c.Peers, "127.0.0.1:1") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var cfgs [2]Config
-			for r := range cfgs {
-				ln, err := net.Listen("tcp", "127.0.0.1:0")
-				if err != nil {
-					t.Fatal(err)
-				}
-				cfgs[r] = plaintext()
-				cfgs[r].Group, cfgs[r].Rank, cfgs[r].Listener = "g", r, ln
-			}
-			peers := []string{cfgs[0].Listener.Addr().String(), cfgs[1].Listener.Addr().String()}
-			cfgs[0].Peers, cfgs[1].Peers = peers, append([]string(nil), peers...)
-			tc.tweak(&cfgs[1])
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			defer cancel()
+			// The listener's New ends at its deadline; the dialer's must
+			// end sooner, refused. A loaded machine (-race, 2 busy cores)
+			// can take the whole deadline to connect at all: a dialer
+			// that failed with DeadlineExceeded tries again with twice
+			// the deadline, up to 4.8 s. One that was never refused still
+			// fails at each.
 			var errs [2]error
-			var wg sync.WaitGroup
-			for r := range cfgs {
-				wg.Go(func() {
-					tr, err := New(ctx, cfgs[r])
-					if err == nil {
-						tr.Close()
-					}
-					errs[r] = err
-				})
+			for deadline := 300 * time.Millisecond; ; deadline *= 2 {
+				errs = handshake(t, tc.tweak, deadline)
+				if errors.Is(errs[1], ErrHandshake) || !errors.Is(errs[1], context.DeadlineExceeded) || deadline >= 4800*time.Millisecond {
+					break
+				}
+				t.Logf("dialer: %v within %v: trying again", errs[1], deadline)
 			}
-			wg.Wait()
 			if !errors.Is(errs[1], ErrHandshake) {
 				t.Errorf("dialer: %v, want ErrHandshake", errs[1])
 			}
@@ -59,6 +47,38 @@ func TestHandshakeRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// handshake starts a group of two whose rank 1 tweak changes, with a
+// deadline d for both News, and returns their errors.
+func handshake(t *testing.T, tweak func(c *Config), d time.Duration) [2]error {
+	var cfgs [2]Config
+	for r := range cfgs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfgs[r] = plaintext()
+		cfgs[r].Group, cfgs[r].Rank, cfgs[r].Listener = "g", r, ln
+	}
+	peers := []string{cfgs[0].Listener.Addr().String(), cfgs[1].Listener.Addr().String()}
+	cfgs[0].Peers, cfgs[1].Peers = peers, append([]string(nil), peers...)
+	tweak(&cfgs[1])
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var errs [2]error
+	var wg sync.WaitGroup
+	for r := range cfgs {
+		wg.Go(func() {
+			tr, err := New(ctx, cfgs[r])
+			if err == nil {
+				tr.Close()
+			}
+			errs[r] = err
+		})
+	}
+	wg.Wait()
+	return errs
 }
 
 // Each pair of members shares exactly one connection and one stream, used
