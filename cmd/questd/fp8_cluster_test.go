@@ -45,7 +45,11 @@ func TestServeClusterFP8(t *testing.T) {
 	}
 	pready, _, pstop := runServe(t, peer)
 	cfg, err := load(t, nil, append(append(append([]string(nil), smallNode...), serve...), "--join", pready["gossip"],
-		"--kv-cache-dtype", "fp8", "--serve-layout", "cluster", "--serve-cp", "2", "--serve-capacity-pages", "256")...)
+		"--kv-cache-dtype", "fp8", "--serve-layout", "cluster", "--serve-cp", "2", "--serve-capacity-pages", "256",
+		// The prompt's one 4096-token chunk is loaded onto the peer
+		// under the step deadline; the default 2s failed it under -race
+		// on a loaded machine. The test is about fp8 pages, not timing.
+		"--step-timeout", "1m")...)
 	if err != nil {
 		t.Fatal(err)
 	}
