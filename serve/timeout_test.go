@@ -50,20 +50,45 @@ func TestTimeoutOrCancelled(t *testing.T) {
 	}
 	waitStats(t, s, "the timed-out request counted", func(st Stats) bool { return st.TimedOut == 1 && st.Cancelled == 0 && st.Running+st.Queued == 0 })
 
-	// Its client gone well before its deadline.
+	// Its client gone well before its deadline: it leaves once its
+	// request is queued, and the scheduler runs once the server has
+	// seen it go. (A client deadline of 50 ms and a 200 ms sleep for
+	// the server to notice were guesses that a loaded machine can
+	// outlast: a request still live at release runs and completes.)
 	cfg.RequestTimeout = time.Minute
 	s, ts, release = held(t, cfg)
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions", strings.NewReader(`{"model": "tiny", "prompt": "gone", "max_tokens": 5}`))
 	req.Header.Set("Content-Type", "application/json")
-	if resp, err := http.DefaultClient.Do(req); err == nil {
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- 0
+			return
+		}
 		resp.Body.Close()
-		t.Fatalf("the leaving client got %d", resp.StatusCode)
+		answered <- resp.StatusCode
+	}()
+	waitStats(t, s, "the request queued", func(st Stats) bool { return st.Queued == 1 })
+	cancel()
+	if code := <-answered; code != 0 {
+		t.Fatalf("the leaving client got %d", code)
 	}
 	// net/http cancels the request's context once it reads the
-	// connection's close: give it that before the scheduler runs.
-	time.Sleep(200 * time.Millisecond)
+	// connection's close: wait for that before the scheduler runs.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		s.mu.Lock()
+		gone := len(s.queue) == 1 && s.queue[0].ctx.Err() != nil
+		s.mu.Unlock()
+		if gone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not see the client leave in 20 s")
+		}
+	}
 	release()
 	if rt := next(); rt.Outcome != "cancelled" {
 		t.Errorf("the leaving client's request observed as %q, want cancelled", rt.Outcome)
