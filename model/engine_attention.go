@@ -102,7 +102,7 @@ type Sequence interface {
 // LayerStepper is a [Sequence] that runs a step of one layer for itself
 // alone, diagnostics included (a measured step): the in-process
 // engine's sequences (engine.Sequence), whose Stepper refuses
-// diagnostics inside an open step, and serve's sequences of a
+// diagnostics inside an open step, and completion's sequences of a
 // coordinator. row.Seq and row.New are ignored: the sequence is the
 // step's one row, with a new token when k and v are set.
 type LayerStepper interface {

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/questrt/questrt/serve"
+	"github.com/questrt/questrt/completion"
 )
 
 // ErrModelNotListed is wrapped by Run's error when Config.Model names a
@@ -53,7 +53,7 @@ func (cl *client) modelID(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("GET %s/v1/models: %v", cl.base, err)
 	}
-	var list serve.ModelList
+	var list completion.ModelList
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &list) != nil || list.Object != "list" {
 		return "", fmt.Errorf("GET %s/v1/models: HTTP %d, %s: not a completions API (--addr is questd's --http-addr)", cl.base, resp.StatusCode, errorMessage(body))
 	}
@@ -71,7 +71,7 @@ func (cl *client) modelID(ctx context.Context) (string, error) {
 	return list.Data[0].ID, nil
 }
 
-func modelIDs(l serve.ModelList) string {
+func modelIDs(l completion.ModelList) string {
 	var ids []string
 	for _, m := range l.Data {
 		ids = append(ids, m.ID)
@@ -84,7 +84,7 @@ func modelIDs(l serve.ModelList) string {
 
 // errorMessage is an error answer's message, or the start of the body.
 func errorMessage(body []byte) string {
-	var e serve.ErrorBody
+	var e completion.ErrorBody
 	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
 		return e.Error.Message
 	}
@@ -128,9 +128,9 @@ func (cl *client) body(p prompt, sel string, maxTokens int) []byte {
 
 // streamChunk is what bench serve reads of a stream's event.
 type streamChunk struct {
-	Choices []serve.Choice     `json:"choices"`
-	Usage   *serve.Usage       `json:"usage"`
-	Error   *serve.ErrorDetail `json:"error"`
+	Choices []completion.Choice     `json:"choices"`
+	Usage   *completion.Usage       `json:"usage"`
+	Error   *completion.ErrorDetail `json:"error"`
 }
 
 // stream sends one streaming request and measures it; opened, when set,

@@ -1,6 +1,6 @@
 // Package serveload is the load test behind `questctl bench serve`: it
 // sends passkey prompts (eval.Passkey) as streaming completions to a
-// running completions API (package serve, as questd serves it), level
+// running completions API (package completion, as questd serves it), level
 // by level (a number of requests in flight, a selector), and measures
 // each level's time to first token, inter-token latency, throughput and
 // passkey accuracy; optionally while one long prompt is prefilled in

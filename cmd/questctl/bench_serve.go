@@ -26,7 +26,7 @@ func benchServeCommand() (*flag.FlagSet, action) {
 	fs := newFlags("bench serve", `Usage: questctl bench serve --addr HOST:PORT [flags]
 
 Load test of a running completions API (questd --model DIR --http-addr
-HOST:PORT, package serve): passkey prompts of about --prompt-len bytes
+HOST:PORT, package completion): passkey prompts of about --prompt-len bytes
 (eval.Passkey; the test models' tokens are bytes) are sent as streaming
 requests (server-sent events, greedy, --max-tokens) with --concurrency
 of them in flight, for each selector on the same prompts: quest (the

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/internal/serveengine"
 	"github.com/questrt/questrt/model"
-	"github.com/questrt/questrt/serve"
 )
 
 // TestBenchServeBadFlags: every bad setting exits 2 with one line on
@@ -122,17 +122,17 @@ func TestBenchServeUnreachable(t *testing.T) {
 	}
 }
 
-// serveTestServer serves passkey-llama-v1 through package serve on an
+// serveTestServer serves passkey-llama-v1 through package completion on an
 // httptest server (skipping without the checkpoints); it returns the
 // address and the server.
-func serveTestServer(t *testing.T) (string, *serve.Server) {
+func serveTestServer(t *testing.T) (string, *completion.Server) {
 	t.Helper()
 	return serveTestServerWith(t, nil)
 }
 
 // serveTestServerWith is serveTestServer with edit applied to the
 // serving config (nil: none).
-func serveTestServerWith(t *testing.T, edit func(*serve.Config)) (string, *serve.Server) {
+func serveTestServerWith(t *testing.T, edit func(*completion.Config)) (string, *completion.Server) {
 	t.Helper()
 	dir := filepath.Join(testModels(t), "passkey-llama-v1")
 	m, err := model.Load(dir, model.LoadOptions{})
@@ -144,7 +144,7 @@ func serveTestServerWith(t *testing.T, edit func(*serve.Config)) (string, *serve
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := serve.DefaultConfig()
+	cfg := completion.DefaultConfig()
 	cfg.Engines = serveengine.Engines()
 	cfg.ModelName = "passkey-llama-v1"
 	cfg.CapacityPages = 1024
@@ -154,7 +154,7 @@ func serveTestServerWith(t *testing.T, edit func(*serve.Config)) (string, *serve
 	if edit != nil {
 		edit(&cfg)
 	}
-	s, err := serve.New(m, tok, cfg)
+	s, err := completion.New(m, tok, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +290,7 @@ func TestBenchServeSharedPrefix(t *testing.T) {
 	args := []string{"--concurrency", "1", "--selector", "quest", "--shared-prefix-len", "1024", "--prefix-groups", "2",
 		"--requests", "4", "--max-tokens", "2", "--seed", "3", "--timeout", benchServeTestTimeout.String()}
 	for _, caching := range []bool{true, false} {
-		addr, s := serveTestServerWith(t, func(c *serve.Config) { c.PrefixCaching = caching })
+		addr, s := serveTestServerWith(t, func(c *completion.Config) { c.PrefixCaching = caching })
 		code, stdout, stderr := runCLI(t, append([]string{"bench", "serve", "--addr", addr}, args...)...)
 		if code != 0 {
 			t.Fatalf("caching %t: exit %d: %s", caching, code, stderr)

@@ -15,8 +15,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/internal/readlimit"
-	completion "github.com/questrt/questrt/serve"
 )
 
 func runReplayRequest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -75,7 +75,7 @@ margin of its choice over Quest's, dense's log-probability of the token)
 and where they first diverge: a token where dense agrees is the model's
 choice (an error there is the model's); the first where it does not is
 where Quest's page selection changed the output. With --json it prints
-the server's answer (serve.ReplayReport) as one JSON line.
+the server's answer (completion.ReplayReport) as one JSON line.
 
 --addr is the completions API's address (questd --http-addr), HOST:PORT
 or an http:// URL. An unknown or forgotten ID is a one-line error

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/questrt/questrt/serve"
+	"github.com/questrt/questrt/completion"
 )
 
 // completeOn posts a greedy completion to the API at addr and returns
@@ -21,7 +21,7 @@ func completeOn(t *testing.T, addr string, body map[string]any) string {
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
-	var c serve.Completion
+	var c completion.Completion
 	if err := json.Unmarshal(raw, &c); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("completion: %s %s", resp.Status, raw)
 	}
@@ -52,7 +52,7 @@ func TestReplayRequest(t *testing.T) {
 	if code != 0 || stderr != "" || strings.Count(stdout, "\n") != 1 {
 		t.Fatalf("--json: exit %d, stderr %q, stdout %q", code, stderr, stdout)
 	}
-	var rep serve.ReplayReport
+	var rep completion.ReplayReport
 	if err := json.Unmarshal([]byte(stdout), &rep); err != nil || rep.ID != sparse || len(rep.Tokens) == 0 {
 		t.Fatalf("--json: %v %+v", err, rep)
 	}

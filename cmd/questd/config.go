@@ -19,7 +19,7 @@ import (
 // Config is the configuration of one questd node, in groups as pebble's
 // Options: each group is a struct of its own with its defaults documented
 // on its fields and its own Validate, and the configs of the packages
-// questd wires (engine.Config, cluster.MemberConfig, serve.Config,
+// questd wires (engine.Config, cluster.MemberConfig, completion.Config,
 // node.Config) are built from the groups (config_derived.go).
 // [loadConfig] fills it from the command line, QUESTRT_* environment
 // variables, a YAML file and the defaults, in that order of precedence,
@@ -361,7 +361,7 @@ type StorageConfig struct {
 	ScrubRate int64
 }
 
-// ServeConfig is the OpenAI-compatible completions API (package serve,
+// ServeConfig is the OpenAI-compatible completions API (package completion,
 // built by [Config.serveConfig]): the model runs on this node under this
 // node's selection policy, its KV pages in an in-process engine or on a
 // grid of the cluster's nodes (Layout).
@@ -399,7 +399,7 @@ type ServeConfig struct {
 	MaxQueued int
 	// DefaultMaxTokens is max_tokens of a request that gives none
 	// [--default-max-tokens]: at least 1, or -1 for the rest of
-	// MaxModelLen after the prompt (serve.RestOfContext). Default 16.
+	// MaxModelLen after the prompt (completion.RestOfContext). Default 16.
 	DefaultMaxTokens int
 	// MaxModelLen bounds a request's prompt plus max_tokens
 	// [--max-model-len]. Default 0: the model's max_position_embeddings.
@@ -436,17 +436,17 @@ type ServeConfig struct {
 	DevicePrefill bool
 	// CapacityPages is the page pool of the served model's engine
 	// [--serve-capacity-pages]. Default 0: with Layout local sized
-	// from memory (serve.Config.CapacityPages 0, MemoryFraction), with
+	// from memory (completion.Config.CapacityPages 0, MemoryFraction), with
 	// device from the GPU's memory (GPUMemoryUtilization), with cluster
 	// from the free pages the nodes advertise (servePages).
 	CapacityPages int
 	// MemoryFraction is the share of the available memory a pool
 	// sized from memory takes [--serve-memory-fraction]. Default 0.5
-	// (serve.DefaultMemoryFraction).
+	// (completion.DefaultMemoryFraction).
 	MemoryFraction float64
 	// GrowReservations reserves a request's pages as it grows, and
 	// preempts the newest request when the pool runs out
-	// (serve.Config.GrowReservations) [--grow-reservations]. Default
+	// (completion.Config.GrowReservations) [--grow-reservations]. Default
 	// true; false: a request reserves its whole context when it starts.
 	GrowReservations bool
 	// GPUMemoryUtilization is, with Layout device and CapacityPages 0,
@@ -456,7 +456,7 @@ type ServeConfig struct {
 	// [--gpu-memory-utilization]. Default 0.9; 0 < F <= 1.
 	GPUMemoryUtilization float64
 	// PrefixCaching keeps prompts' full pages for later requests with
-	// the same token prefix [--prefix-caching] (serve.Config's; every
+	// the same token prefix [--prefix-caching] (completion.Config's; every
 	// layout: with cluster, on the requests' grid). Default true.
 	PrefixCaching bool
 	// PrefixCachePages bounds the pages per shard the prefix cache holds
@@ -476,7 +476,7 @@ type ServeConfig struct {
 	CP, TP int
 	// PolicyGrids bounds, with Layout cluster, the grids
 	// opened for requests whose quest options (selector, gqa, sink,
-	// local) differ from the node's policy (serve.Config.PolicyGrids):
+	// local) differ from the node's policy (completion.Config.PolicyGrids):
 	// each counts while this node runs (the coordinator may close it
 	// once idle, --grid-idle-timeout, and reopen it), every rank reserving
 	// CapacityPages pages, and a request that would open one more gets 429
@@ -486,7 +486,7 @@ type ServeConfig struct {
 	// request whose grid is lost (a node of it killed, restarted or
 	// unreachable) runs again on a new grid, from its prompt and the
 	// tokens already generated, before it fails with 503 or an error
-	// event (serve.Config.GridRetries) [--serve-grid-retries]; 0: never.
+	// event (completion.Config.GridRetries) [--serve-grid-retries]; 0: never.
 	// GridRetryWait bounds how long a retry keeps trying to create
 	// its new grid while the cluster is unavailable (a killed node may
 	// be placed again until membership declares it dead)
@@ -496,9 +496,9 @@ type ServeConfig struct {
 	// ClusterWait bounds, with Layout cluster and a pool sized from the
 	// nodes (CapacityPages 0), how long startup waits for the nodes to
 	// advertise free pages for one request of MaxModelLen
-	// (serve.Config.ClusterWait) [--serve-cluster-wait]; 0: one look.
+	// (completion.Config.ClusterWait) [--serve-cluster-wait]; 0: one look.
 	// ClusterResize is how often such a pool looks at the nodes again
-	// to follow them as they join and leave (serve.Config.ClusterResize)
+	// to follow them as they join and leave (completion.Config.ClusterResize)
 	// [--serve-cluster-resize]; 0: sized once at startup. Defaults 30s
 	// and 2s.
 	ClusterWait   time.Duration

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
-	completion "github.com/questrt/questrt/serve"
 )
 
 // versionFlag is --version: a flag of the command line only (no

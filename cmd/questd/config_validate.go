@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/pagestore"
 	"github.com/questrt/questrt/plan"
-	completion "github.com/questrt/questrt/serve"
 )
 
 // checkMember applies set to a valid member config and reports whether

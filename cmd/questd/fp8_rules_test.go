@@ -10,7 +10,7 @@ import (
 
 // TestFP8Rules: --kv-cache-dtype fp8 is served in every layout (the
 // worker wire names the page type to the cluster's nodes) and on
-// either backend, the served grids' pages are fp8 (serve's KVDType),
+// either backend, the served grids' pages are fp8 (completion's KVDType),
 // the GPU prefills fp8 pages (--serve-layout device), and offload
 // (--device-budget-pages) takes fp8 pages on either backend (the GPU's
 // slot pools hold fp8 records). The CUDA rules are checked on the

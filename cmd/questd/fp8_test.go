@@ -11,10 +11,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/internal/serveengine"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
-	completion "github.com/questrt/questrt/serve"
 )
 
 // TestServeCompletionsFP8: questd --kv-cache-dtype fp8 (--backend cpu,
@@ -43,7 +43,7 @@ func TestServeCompletionsFP8(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The engine's own runs: the served grid (serve's gridSpec) on fp8
+	// The engine's own runs: the served grid (completion's gridSpec) on fp8
 	// and on f32 pages, the policy's dense layers planned dense.
 	m, err := model.Load(v1, model.LoadOptions{})
 	if err != nil {

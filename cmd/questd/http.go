@@ -12,15 +12,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/questrt/questrt/chat"
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/internal/serveengine"
 	"github.com/questrt/questrt/node"
 	"github.com/questrt/questrt/plan"
-	completion "github.com/questrt/questrt/serve"
 )
 
 // completions is the OpenAI-compatible completions API of --model and
-// --http-addr: the serve.Server and its HTTP server (POST
+// --http-addr: the completion.Server and its HTTP server (POST
 // /v1/completions and /v1/chat/completions, GET /v1/models, GET /health,
 // GET /metrics (the node's, as on --metrics-addr), and the last --request-history
 // requests under /admin/requests for questctl replay-request). With

@@ -27,7 +27,7 @@ import (
 //
 // Why no write timeout on the completions API: net/http's WriteTimeout
 // bounds a whole response from the end of its request's headers, and a
-// completion may stream tokens for minutes (serve.Config.RequestTimeout
+// completion may stream tokens for minutes (completion.Config.RequestTimeout
 // bounds it from arrival, 5 min). It gets WriteStall instead, which
 // bounds each write, not the response; idle connections are closed by
 // IdleTimeout and ReadHeaderTimeout, and MaxConns caps what is left.
@@ -55,7 +55,7 @@ type httpServerConfig struct {
 	// start; 0: no bound. Safe with streaming: net/http clears the read
 	// deadline once the body is read (the handler's background read), so
 	// it never cancels a response in progress; POST /v1/completions sets
-	// its own body deadline (serve.Config.RequestTimeout) and clears it.
+	// its own body deadline (completion.Config.RequestTimeout) and clears it.
 	// Default 1 min; the metrics server's 10s (its requests have no
 	// body).
 	ReadTimeout time.Duration

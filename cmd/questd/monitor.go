@@ -6,11 +6,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	completion "github.com/questrt/questrt/serve"
+	"github.com/questrt/questrt/completion"
 )
 
 // monitorMetrics are the histograms of the completions API's quality
-// monitor (--monitor-rate), by layer, fed by serve's MonitorSample on
+// monitor (--monitor-rate), by layer, fed by completion's MonitorSample on
 // the monitor's goroutine, and its sample counts read from the server's
 // Stats at every scrape.
 type monitorMetrics struct {
@@ -50,7 +50,7 @@ func newMonitorMetrics(reg prometheus.Registerer) (*monitorMetrics, error) {
 	return m, nil
 }
 
-// observe records one sample (serve.MonitorConfig.Observe).
+// observe records one sample (completion.MonitorConfig.Observe).
 func (m *monitorMetrics) observe(s completion.MonitorSample) {
 	l := strconv.Itoa(s.Layer)
 	m.recall.WithLabelValues(l).Observe(s.PageRecall)

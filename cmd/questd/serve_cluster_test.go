@@ -59,7 +59,7 @@ func TestServeClusterLayout(t *testing.T) {
 		"--model", v1, "--http-addr", "127.0.0.1:0", "--max-running", "4", "--budget-tokens", "512",
 		"--serve-layout", "cluster", "--serve-cp", "2", "--serve-capacity-pages", "256",
 		// The prefix cache would keep the prompt's full pages on the grid
-		// (serve's TestClusterPrefixCache* cover it): off, so that the
+		// (completion's TestClusterPrefixCache* cover it): off, so that the
 		// cancelled stream below leaves no pages on either node.
 		"--prefix-caching=false")...)
 	if err != nil {

@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"path/filepath"
 
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/kernels/cuda"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/model/gpu"
-	completion "github.com/questrt/questrt/serve"
 )
 
 // loadDeviceServer loads --model for --serve-layout device: a CUDA
@@ -23,7 +23,7 @@ import (
 // --serve-capacity-pages are admitted against the GPU's free memory
 // before anything is allocated there. With --serve-capacity-pages 0
 // the weights and activations are admitted and allocated first, and
-// serve.New sizes the pool from the GPU's memory left then
+// completion.New sizes the pool from the GPU's memory left then
 // (--gpu-memory-utilization); when not even one request of
 // --max-model-len fits, the start stops with that error and everything
 // allocated is freed. The returned func frees the executor and the

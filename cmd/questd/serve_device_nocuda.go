@@ -6,7 +6,7 @@ import (
 	"errors"
 	"log/slog"
 
-	completion "github.com/questrt/questrt/serve"
+	"github.com/questrt/questrt/completion"
 )
 
 // loadDeviceServer needs the CUDA backend (Validate refuses

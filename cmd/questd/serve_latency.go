@@ -8,12 +8,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	completion "github.com/questrt/questrt/serve"
+	"github.com/questrt/questrt/completion"
 )
 
 // serveLatency is the completions API's latency histograms, labelled
 // with the model's name as vLLM's are (model_name), and the per-request
-// log line: serve.Config.Observe gets every finished request.
+// log line: completion.Config.Observe gets every finished request.
 type serveLatency struct {
 	model                string
 	ttft, itl, e2e, wait *prometheus.HistogramVec

@@ -1,18 +1,18 @@
 package main
 
 import (
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/internal/serveengine"
 	"github.com/questrt/questrt/node"
 	"github.com/questrt/questrt/plan"
-	completion "github.com/questrt/questrt/serve"
 )
 
 // servePages is the serving pool the serve package gets:
-// Serve.CapacityPages, whose 0 serve.New sizes from this host's memory
+// Serve.CapacityPages, whose 0 completion.New sizes from this host's memory
 // (local), from the GPU's once the executor is loaded (device,
 // --gpu-memory-utilization) or from the free pages the cluster's nodes
 // advertise in their membership metadata (cluster: the coordinator's
-// Cluster reports them, serve.ClusterCapacity).
+// Cluster reports them, completion.ClusterCapacity).
 func (c Config) servePages() int { return c.Serve.pages() }
 
 // pages is the serving pool: CapacityPages, 0 when sized from memory or

@@ -3,10 +3,10 @@ package main
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	completion "github.com/questrt/questrt/serve"
+	"github.com/questrt/questrt/completion"
 )
 
-// serveCounts exports the completions API's counters (serve.Stats) on
+// serveCounts exports the completions API's counters (completion.Stats) on
 // /metrics: sequences by state (one per choice of a request), requests
 // by outcome, tokens, decode steps and batch, prefill chunks, and the
 // pages the started requests reserved.

@@ -8,8 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/internal/memlimit"
-	completion "github.com/questrt/questrt/serve"
 )
 
 // TestServePoolFromMemory: with the default --serve-capacity-pages 0

@@ -5,12 +5,12 @@ import (
 	"math"
 	"time"
 
-	completion "github.com/questrt/questrt/serve"
+	"github.com/questrt/questrt/completion"
 )
 
 // statsLine is the completions API's periodic stats line (vLLM's "Avg
 // prompt throughput: ... tokens/s, Running: ... reqs" line), built from
-// two readings of serve.Stats.
+// two readings of completion.Stats.
 type statsLine struct {
 	last   completion.Stats
 	lastAt time.Time

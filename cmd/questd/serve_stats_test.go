@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/internal/serveengine"
-	completion "github.com/questrt/questrt/serve"
 )
 
 // TestStatsLineNext: the stats line's rates are the counters' growth

@@ -46,7 +46,7 @@ func floorOf(p string) (floor int, ok bool) {
 		return 4, true
 	case under("model", "eval"):
 		return 5, true
-	case under("serve"):
+	case under("completion"):
 		return 6, true
 	case under("cmd", "bench", "replay", "e2e", "internal/evalengine",
 		"internal/serveengine"):
@@ -58,7 +58,7 @@ func floorOf(p string) (floor int, ok bool) {
 // seamOnly reports whether p may reach floors 1 to 4 only through the
 // step seam and the kernels' compute API (DESIGN.md: the model executor
 // sees runners only through the Stepper seam; model and eval never reach
-// into shards; serve sits above model and eval).
+// into shards; completion sits above model and eval).
 func seamOnly(p string) bool {
 	f, _ := floorOf(p)
 	return f == 5 || f == 6
@@ -218,7 +218,7 @@ func TestViolationsFindsArrows(t *testing.T) {
 	pkgs := []pkg{
 		{module + "shard", []string{module + "engine", module + "kernels", "fmt"}},
 		{module + "model", []string{module + "shard", module + "kernels", module + "decode"}},
-		{module + "serve", []string{module + "model", module + "plan"}},
+		{module + "completion", []string{module + "model", module + "plan"}},
 		{module + "newthing", nil},
 	}
 	got := violations(pkgs, map[string]bool{})

@@ -9,16 +9,16 @@ import (
 	"sync"
 
 	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/coord"
 	"github.com/questrt/questrt/decode"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
-	"github.com/questrt/questrt/serve"
 	"github.com/questrt/questrt/worker/remote"
 )
 
-// CoordinatorCluster is the serve.Cluster of a node's coordinator (in
+// CoordinatorCluster is the completion.Cluster of a node's coordinator (in
 // process: node.Node.Coordinator). Every sequence is created with
 // co.Create (striped placement) on the grid the coordinator places for
 // the request's grid (EngineConfig), over the cluster's nodes (rank (0, 0) on
@@ -29,17 +29,17 @@ import (
 // Requests with the same engine config share a grid, which stays open
 // on its nodes (its pools reserved) while the coordinator lives, as the
 // coordinator's grids do: the server bounds the grids it opens for
-// option sets other than its policy's (serve.Config.PolicyGrids). The
+// option sets other than its policy's (completion.Config.PolicyGrids). The
 // sequences the coordinator adopts after a node restart (a node's data
 // directory) are not the server's; it does not release them. It is a
-// serve.ClusterCapacity: the nodes it reports are those the coordinator
+// completion.ClusterCapacity: the nodes it reports are those the coordinator
 // may place a grid on now (co.Placeable), with the free pages their
 // membership metadata advertises, so that a pool of 0 pages is sized
-// from them, and followed as the membership changes (serve.Config.
+// from them, and followed as the membership changes (completion.Config.
 // ClusterResize): the pages of the grids it opened for the server count
 // as free on their nodes (the server's own), those of every other grid
 // (another coordinator's, a Decode API client's) as taken.
-func CoordinatorCluster(co *coord.Coordinator) serve.Cluster { return &coordCluster{co: co} }
+func CoordinatorCluster(co *coord.Coordinator) completion.Cluster { return &coordCluster{co: co} }
 
 type coordCluster struct {
 	co *coord.Coordinator
@@ -49,17 +49,17 @@ type coordCluster struct {
 	own []engine.Config
 }
 
-var _ serve.ClusterCapacity = (*coordCluster)(nil)
+var _ completion.ClusterCapacity = (*coordCluster)(nil)
 
 // RankPages reports the nodes the coordinator may place a grid on now,
 // their free pages and the pages each of ranks ranks can reserve on them
-// (serve.ClusterCapacity): PerRank with the pools of the server's own
+// (completion.ClusterCapacity): PerRank with the pools of the server's own
 // open grids counted free on their nodes, Open beside them, Held the
 // largest of those pools.
-func (c *coordCluster) RankPages(ctx context.Context, ranks int) (serve.NodeCapacity, error) {
+func (c *coordCluster) RankPages(ctx context.Context, ranks int) (completion.NodeCapacity, error) {
 	nodes, err := c.co.Placeable(ctx)
 	if err != nil {
-		return serve.NodeCapacity{}, err
+		return completion.NodeCapacity{}, err
 	}
 	open := cluster.RankPages(nodes, ranks)
 	held := c.co.Reserved(c.isOwn)
@@ -97,8 +97,8 @@ func (c *coordCluster) remember(ec engine.Config) {
 // NodeCapacity sums nodes' free pages and sizes ranks equal ranks on
 // them by placement's rule (cluster.RankPages); Open is PerRank (the
 // caller sets it when some of the pages are its own).
-func NodeCapacity(nodes []cluster.NodeInfo, ranks int) serve.NodeCapacity {
-	nc := serve.NodeCapacity{Nodes: len(nodes), PerRank: cluster.RankPages(nodes, ranks)}
+func NodeCapacity(nodes []cluster.NodeInfo, ranks int) completion.NodeCapacity {
+	nc := completion.NodeCapacity{Nodes: len(nodes), PerRank: cluster.RankPages(nodes, ranks)}
 	for _, n := range nodes {
 		nc.FreePages += n.FreePages
 	}
@@ -106,7 +106,7 @@ func NodeCapacity(nodes []cluster.NodeInfo, ranks int) serve.NodeCapacity {
 	return nc
 }
 
-func (c *coordCluster) Create(ctx context.Context, spec serve.GridSpec) (model.Sequence, error) {
+func (c *coordCluster) Create(ctx context.Context, spec completion.GridSpec) (model.Sequence, error) {
 	ec := EngineConfig(spec)
 	cr, err := c.co.Create(ctx, plan.Striped, &ec)
 	if err == nil {
@@ -175,7 +175,7 @@ func (s coordSeq) Stepper() decode.Stepper { return clusterStepper{s.co} }
 func (s coordSeq) SeqID() decode.SeqID { return s.h }
 
 // clusterStepper is a coordinator's Stepper whose errors say when they
-// are the cluster's (serve.ErrClusterUnavailable).
+// are the cluster's (completion.ErrClusterUnavailable).
 type clusterStepper struct{ co *coord.Coordinator }
 
 func (c clusterStepper) Begin(ctx context.Context, b decode.Batch) (decode.Step, error) {
@@ -260,21 +260,21 @@ func (s coordSeq) Release(ctx context.Context) error {
 }
 
 // ClusterError marks err, an error of a coordinator's, with
-// serve.ErrClusterUnavailable when it is the cluster's failure (a node
+// completion.ErrClusterUnavailable when it is the cluster's failure (a node
 // unreachable or full, a grid unknown or lost, no capacity, the
-// coordinator closed), with serve.ErrGridLost too when it is a grid's
-// loss, and with serve.ErrClusterFull too when it is a want of pages
+// coordinator closed), with completion.ErrGridLost too when it is a grid's
+// loss, and with completion.ErrClusterFull too when it is a want of pages
 // on the nodes: the errors the server answers with 503 or retries.
 func ClusterError(err error) error {
 	if errors.Is(err, coord.ErrGridLost) && !errors.Is(err, coord.ErrClosed) {
-		return fmt.Errorf("%w: %w: %w", serve.ErrClusterUnavailable, serve.ErrGridLost, err)
+		return fmt.Errorf("%w: %w: %w", completion.ErrClusterUnavailable, completion.ErrGridLost, err)
 	}
 	if errors.Is(err, remote.ErrNodeFull) || errors.Is(err, cluster.ErrNoCapacity) {
-		return fmt.Errorf("%w: %w: %w", serve.ErrClusterUnavailable, serve.ErrClusterFull, err)
+		return fmt.Errorf("%w: %w: %w", completion.ErrClusterUnavailable, completion.ErrClusterFull, err)
 	}
 	for _, e := range []error{coord.ErrGridLost, coord.ErrClosed, remote.ErrUnavailable, remote.ErrUnknownGrid} {
 		if errors.Is(err, e) {
-			return fmt.Errorf("%w: %w", serve.ErrClusterUnavailable, err)
+			return fmt.Errorf("%w: %w", completion.ErrClusterUnavailable, err)
 		}
 	}
 	return err

@@ -6,15 +6,15 @@ import (
 	"testing"
 
 	"github.com/questrt/questrt/cluster"
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/coord"
-	"github.com/questrt/questrt/serve"
 	"github.com/questrt/questrt/worker/remote"
 )
 
 // TestClusterError: which of a coordinator's errors the server answers
-// with 503 (serve.ErrClusterUnavailable) and which it may retry on a new
-// grid (serve.ErrGridLost too), which are a want of the nodes' pages
-// (serve.ErrClusterFull too), each still wrapping the original.
+// with 503 (completion.ErrClusterUnavailable) and which it may retry on a new
+// grid (completion.ErrGridLost too), which are a want of the nodes' pages
+// (completion.ErrClusterFull too), each still wrapping the original.
 func TestClusterError(t *testing.T) {
 	for _, c := range []struct {
 		err                     error
@@ -30,10 +30,10 @@ func TestClusterError(t *testing.T) {
 		{errors.New("bad input"), false, false, false},
 	} {
 		got := ClusterError(c.err)
-		if errors.Is(got, serve.ErrClusterUnavailable) != c.unavailable || errors.Is(got, serve.ErrGridLost) != c.lost ||
-			errors.Is(got, serve.ErrClusterFull) != c.full || !errors.Is(got, c.err) {
+		if errors.Is(got, completion.ErrClusterUnavailable) != c.unavailable || errors.Is(got, completion.ErrGridLost) != c.lost ||
+			errors.Is(got, completion.ErrClusterFull) != c.full || !errors.Is(got, c.err) {
 			t.Errorf("ClusterError(%v) = %v: unavailable %v, lost %v, full %v, wraps the original %v; want %v, %v, %v, true",
-				c.err, got, errors.Is(got, serve.ErrClusterUnavailable), errors.Is(got, serve.ErrGridLost), errors.Is(got, serve.ErrClusterFull),
+				c.err, got, errors.Is(got, completion.ErrClusterUnavailable), errors.Is(got, completion.ErrGridLost), errors.Is(got, completion.ErrClusterFull),
 				errors.Is(got, c.err), c.unavailable, c.lost, c.full)
 		}
 	}

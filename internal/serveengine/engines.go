@@ -5,22 +5,22 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/internal/memlimit"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/model/gpu"
 	"github.com/questrt/questrt/plan"
-	"github.com/questrt/questrt/serve"
 )
 
-// Engines is the serve.Engines of the in-process engine (package
-// engine): serve.Config.Engines for a server of this runtime.
-func Engines() serve.Engines { return engines{} }
+// Engines is the completion.Engines of the in-process engine (package
+// engine): completion.Config.Engines for a server of this runtime.
+func Engines() completion.Engines { return engines{} }
 
 type engines struct{}
 
 // New opens an in-process engine of spec (engine.New).
-func (engines) New(spec serve.GridSpec) (serve.Engine, error) {
+func (engines) New(spec completion.GridSpec) (completion.Engine, error) {
 	e, err := engine.New(EngineConfig(spec))
 	if err != nil {
 		return nil, err
@@ -29,12 +29,12 @@ func (engines) New(spec serve.GridSpec) (serve.Engine, error) {
 }
 
 // Validate checks the engine config of spec (engine.Config.Validate).
-func (engines) Validate(spec serve.GridSpec) error { return EngineConfig(spec).Validate() }
+func (engines) Validate(spec completion.GridSpec) error { return EngineConfig(spec).Validate() }
 
 // HostBytes is the host memory of an engine of spec: the pools of its
 // CP x TP ranks (worker.Config.HostBytes, which engine.New checks
 // against the memory limit).
-func (engines) HostBytes(spec serve.GridSpec) (int64, error) {
+func (engines) HostBytes(spec completion.GridSpec) (int64, error) {
 	ec := EngineConfig(spec)
 	n, err := ec.WorkerConfig().HostBytes(ec.CP * ec.TP)
 	if err != nil {
@@ -56,7 +56,7 @@ const PageTableBytes = 8
 // float32 summaries), PageTableBytes a page for the page tables, and
 // gpu.Reserve once (the backend's scratch and staging and the driver's
 // own, which gpu.Admit keeps free too). 0 without DeviceResident.
-func (engines) DeviceBytes(spec serve.GridSpec) (int64, error) {
+func (engines) DeviceBytes(spec completion.GridSpec) (int64, error) {
 	if !spec.DeviceResident {
 		return 0, nil
 	}
@@ -75,7 +75,7 @@ func (engines) DeviceBytes(spec serve.GridSpec) (int64, error) {
 // defaults (engine.DefaultConfig: step timeout, placement block) with
 // the fields spec sets. A cluster's grids (CoordinatorCluster) get it
 // too.
-func EngineConfig(spec serve.GridSpec) engine.Config {
+func EngineConfig(spec completion.GridSpec) engine.Config {
 	ec := engine.DefaultConfig()
 	ec.Layers, ec.Geometry = spec.Layers, spec.Geometry
 	ec.Policy, ec.CapacityPages = spec.Policy, spec.CapacityPages
@@ -84,14 +84,14 @@ func EngineConfig(spec serve.GridSpec) engine.Config {
 	return ec
 }
 
-// inProcess is an engine as a serve.Engine. The embedded engine's
+// inProcess is an engine as a completion.Engine. The embedded engine's
 // accessors (Shard, Config) stay reachable for tests that look at the
 // page stores.
 type inProcess struct{ *engine.Engine }
 
 // NewAttention creates an empty sequence (striped placement) driven as
 // model attention; its sequences mark engine.ErrClosed with
-// serve.ErrEngineClosed.
+// completion.ErrEngineClosed.
 func (e *inProcess) NewAttention(ctx context.Context, g model.Geometry) (*model.EngineAttention, error) {
 	layers, c := e.Shape()
 	if layers != g.Layers || c.QHeads != g.Heads || c.KVHeads != g.KVHeads || c.HeadDim != g.HeadDim {
@@ -107,8 +107,8 @@ func (e *inProcess) NewAttention(ctx context.Context, g model.Geometry) (*model.
 
 // Usage reads the shards' page stores: the sequences of rank (0, 0),
 // the most pages used and the fewest free on one shard.
-func (e *inProcess) Usage() serve.EngineUsage {
-	var u serve.EngineUsage
+func (e *inProcess) Usage() completion.EngineUsage {
+	var u completion.EngineUsage
 	cfg := e.Config()
 	first := true
 	for tp := range cfg.TP {
@@ -132,7 +132,7 @@ func (e *inProcess) Usage() serve.EngineUsage {
 }
 
 // sequence is an engine sequence whose Fork and Release errors after the
-// engine closed wrap serve.ErrEngineClosed (the embedded sequence's
+// engine closed wrap completion.ErrEngineClosed (the embedded sequence's
 // Append, Stepper, SeqID, Rollback and StepLayer are its own).
 type sequence struct{ *engine.Sequence }
 
@@ -146,11 +146,11 @@ func (s sequence) Fork(ctx context.Context) (sequence, error) {
 
 func (s sequence) Release(ctx context.Context) error { return closedError(s.Sequence.Release(ctx)) }
 
-// closedError marks err with serve.ErrEngineClosed when it is the
+// closedError marks err with completion.ErrEngineClosed when it is the
 // engine's engine.ErrClosed (still wrapping it).
 func closedError(err error) error {
-	if errors.Is(err, engine.ErrClosed) && !errors.Is(err, serve.ErrEngineClosed) {
-		return fmt.Errorf("%w: %w", serve.ErrEngineClosed, err)
+	if errors.Is(err, engine.ErrClosed) && !errors.Is(err, completion.ErrEngineClosed) {
+		return fmt.Errorf("%w: %w", completion.ErrEngineClosed, err)
 	}
 	return err
 }

@@ -5,27 +5,27 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/questrt/questrt/completion"
 	"github.com/questrt/questrt/engine"
 	"github.com/questrt/questrt/model"
 	"github.com/questrt/questrt/plan"
-	"github.com/questrt/questrt/serve"
 )
 
 // smallSpec is a 2-layer grid of 4 query and 2 KV heads of 8, pages of
 // 4 tokens, on cp x tp ranks of 16 pages each.
-func smallSpec(cp, tp int) (serve.GridSpec, model.Geometry) {
+func smallSpec(cp, tp int) (completion.GridSpec, model.Geometry) {
 	g := model.Geometry{Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8}
 	layers, pg := g.Shape()
 	pol := plan.DefaultPolicy()
 	pol.PageSize = 4
 	pg.PageSize = pol.PageSize
-	return serve.GridSpec{Layers: layers, Geometry: pg, Policy: pol, CapacityPages: 16, CP: cp, TP: tp,
+	return completion.GridSpec{Layers: layers, Geometry: pg, Policy: pol, CapacityPages: 16, CP: cp, TP: tp,
 		Selection: plan.Exact, MemoryLimit: -1}, g
 }
 
 // TestEnginesUsage: an engine of a GridSpec holds what its sequences
 // append (pages of 4 tokens on each of 2 CP ranks, striped), and after
-// Close a sequence's release fails with serve.ErrEngineClosed, still
+// Close a sequence's release fails with completion.ErrEngineClosed, still
 // wrapping engine.ErrClosed.
 func TestEnginesUsage(t *testing.T) {
 	spec, g := smallSpec(2, 1)
@@ -39,7 +39,7 @@ func TestEnginesUsage(t *testing.T) {
 			e.Close()
 		}
 	}()
-	if u := e.Usage(); u != (serve.EngineUsage{FreePages: 16}) {
+	if u := e.Usage(); u != (completion.EngineUsage{FreePages: 16}) {
 		t.Errorf("empty engine: usage %+v, want no sequence, 0 used, 16 free", u)
 	}
 	ctx := context.Background()
@@ -54,7 +54,7 @@ func TestEnginesUsage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if u := e.Usage(); u != (serve.EngineUsage{Sequences: 1, UsedPages: 2, FreePages: 14}) {
+	if u := e.Usage(); u != (completion.EngineUsage{Sequences: 1, UsedPages: 2, FreePages: 14}) {
 		t.Errorf("one sequence of %d tokens: usage %+v, want 1 sequence, 2 used and 14 free on the fuller rank", tokens, u)
 	}
 	if _, err := e.NewAttention(ctx, model.Geometry{Layers: 3, Heads: 4, KVHeads: 2, HeadDim: 8}); err == nil {
@@ -64,8 +64,8 @@ func TestEnginesUsage(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Release(); !errors.Is(err, serve.ErrEngineClosed) || !errors.Is(err, engine.ErrClosed) {
-		t.Errorf("release after Close: %v, want serve.ErrEngineClosed wrapping engine.ErrClosed", err)
+	if err := a.Release(); !errors.Is(err, completion.ErrEngineClosed) || !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("release after Close: %v, want completion.ErrEngineClosed wrapping engine.ErrClosed", err)
 	}
 }
 
