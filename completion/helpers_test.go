@@ -188,7 +188,13 @@ func testConfig(name string) Config {
 // at the test's end.
 func startServer(t testing.TB, m *model.Model, tok model.Tokenizer, cfg Config) (*Server, *httptest.Server) {
 	t.Helper()
-	s, err := New(m, tok, cfg)
+	return startServerHooks(t, m, tok, cfg, hooks{})
+}
+
+// startServerHooks is startServer with the scheduler's test hooks h.
+func startServerHooks(t testing.TB, m *model.Model, tok model.Tokenizer, cfg Config, h hooks) (*Server, *httptest.Server) {
+	t.Helper()
+	s, err := newServer(m, tok, cfg, h)
 	if err != nil {
 		t.Fatal(err)
 	}

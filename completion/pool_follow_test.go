@@ -350,16 +350,7 @@ func TestTwoServersOneCluster(t *testing.T) {
 				}
 			}
 		}
-		s, err := newServer(m, tok, cfg, h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts := httptest.NewServer(s)
-		t.Cleanup(func() {
-			release()
-			ts.Close()
-			s.Close()
-		})
+		s, ts := startServerHooks(t, m, tok, cfg, h)
 		if ps := s.PoolSize(); ps.Pages != 200 {
 			t.Fatalf("server %d: pool %+v, want 200 pages per rank", i, ps)
 		}

@@ -113,11 +113,7 @@ func (x *Executor) readPhases(ctx context.Context, layers int) error {
 		return fmt.Errorf("gpu: %d phase intervals, want %d", len(ts), 3*layers+2)
 	}
 	var p Phases
-	for l := range layers {
-		p.In += ts[3*l]
-		p.Attention += ts[3*l+1]
-		p.Out += ts[3*l+2]
-	}
+	p.In, p.Attention, p.Out = sumLayers(ts, layers)
 	p.EndGap, p.Head = ts[3*layers], ts[3*layers+1]
 	x.phases = p
 	return nil
@@ -136,10 +132,20 @@ func (x *Executor) addChunkPhases(ctx context.Context, layers int, p *PrefillPha
 	if len(ts) != 3*layers {
 		return fmt.Errorf("gpu: %d prefill phase intervals, want %d", len(ts), 3*layers)
 	}
-	for l := range layers {
-		p.In += ts[3*l]
-		p.Attention += ts[3*l+1]
-		p.Out += ts[3*l+2]
-	}
+	in, attn, out := sumLayers(ts, layers)
+	p.In += in
+	p.Attention += attn
+	p.Out += out
 	return nil
+}
+
+// sumLayers sums the first 3 layers intervals of ts, each layer's In,
+// Attention and Out in turn, per phase.
+func sumLayers(ts []float64, layers int) (in, attn, out float64) {
+	for l := range layers {
+		in += ts[3*l]
+		attn += ts[3*l+1]
+		out += ts[3*l+2]
+	}
+	return in, attn, out
 }
